@@ -1,0 +1,28 @@
+# The README's two commands. Both create .venv on first use; nothing else is needed.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+DATA ?= $(firstword $(wildcard ../shared/data/mnist) $(EC2GPU_DATA_DIR))
+
+.PHONY: demo test install clean bench
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	# torch 2.13.0 first: on these machines it is a CPU build on disk; unpinned, pip would fetch GBs of CUDA.
+	$(BIN)/pip install -q "torch==2.13.0"
+	$(BIN)/pip install -q -e ".[train,dev]"
+	touch $@
+
+install: $(BIN)/.installed
+
+demo: install
+	EC2GPU_DATA_DIR=$(abspath $(DATA)) $(BIN)/ec2gpu train mnist --sandbox
+
+test: install
+	EC2GPU_DATA_DIR=$(abspath $(DATA)) $(BIN)/python -m pytest -q
+
+bench: install
+	$(BIN)/python scripts/bench_trainer.py --data-dir $(abspath $(DATA))
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

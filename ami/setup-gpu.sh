@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Make an instance ready to train: report the GPU and driver, find (or install) a Python with
+# torch, and write what was found to a JSON file the controller reads.
+# Idempotent: a second run finds what the first one made and changes nothing.
+# Usage: setup-gpu.sh [OUT_JSON]      (default ./setup.json)
+set -euo pipefail
+out=${1:-setup.json}
+venv="$HOME/.ec2gpu-venv"
+
+gpu_name=""; driver=""; gpu_count=0
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
+  driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n 1)
+  gpu_count=$(nvidia-smi -L | wc -l)
+  echo "GPU: ${gpu_count} x ${gpu_name}, NVIDIA driver ${driver}"
+else
+  echo "no NVIDIA GPU found (nvidia-smi missing or failing): training will run on the CPU"
+fi
+
+has_torch() { "$1" -c 'import torch, numpy' >/dev/null 2>&1; }
+python=""
+# EC2GPU_PYTHON, then the Deep Learning AMI's PyTorch environments, then python3 on PATH, then ours.
+for cand in "${EC2GPU_PYTHON:-}" /opt/pytorch/bin/python3 /opt/conda/envs/pytorch/bin/python3 \
+            "$(command -v python3 || true)" "$venv/bin/python3"; do
+  if [ -n "$cand" ] && [ -x "$cand" ] && has_torch "$cand"; then python=$cand; break; fi
+done
+if [ -z "$python" ]; then
+  echo "no Python with torch found: creating $venv and installing torch (takes a few minutes)"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --upgrade pip
+  "$venv/bin/pip" install -q torch numpy matplotlib
+  python="$venv/bin/python3"
+fi
+
+"$python" - "$out" "$gpu_name" "$driver" "$gpu_count" <<'PY'
+import json, sys
+import torch
+out, gpu_name, driver, count = sys.argv[1:]
+info = {"python": sys.executable, "torch_version": torch.__version__,
+        "cuda_available": torch.cuda.is_available(), "cuda_version": torch.version.cuda,
+        "gpu_name": gpu_name or None, "driver_version": driver or None, "gpu_count": int(count)}
+with open(out, "w") as f:
+    json.dump(info, f, indent=2)
+print(f"python {sys.executable}: torch {torch.__version__}, CUDA available: {info['cuda_available']}")
+PY

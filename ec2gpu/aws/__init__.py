@@ -1,0 +1,1 @@
+"""The AWS layer: the only package that imports boto3."""

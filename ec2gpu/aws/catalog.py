@@ -1,0 +1,96 @@
+"""GPU instance types: GPU model and count, vCPUs, memory, on-demand price; retired types.
+
+Specifications: https://aws.amazon.com/ec2/instance-types/ (accelerated computing tab).
+On-demand prices: USD per hour, Linux, shared tenancy, region us-east-1, from
+https://aws.amazon.com/ec2/pricing/on-demand/ as transcribed on PRICES_AS_OF. They are a
+reference for estimates; the bill follows AWS's current price list.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import RetiredInstanceType, UsageError
+
+PRICES_AS_OF = "2025-06 (us-east-1, Linux on-demand)"
+PRICE_REGION = "us-east-1"
+BILLING_MINIMUM_SECONDS = 60  # per-second billing, 60 s minimum: https://aws.amazon.com/ec2/pricing/
+
+
+@dataclass(frozen=True)
+class InstanceType:
+    """One GPU instance type. ``on_demand_usd_h`` is USD/h in PRICE_REGION."""
+
+    name: str
+    gpu: str
+    gpu_count: int
+    gpu_memory_gib: int  # per GPU
+    vcpus: int
+    memory_gib: float
+    on_demand_usd_h: float
+
+    @property
+    def family(self) -> str:
+        return self.name.split(".")[0]
+
+
+def _t(name, gpu, count, gmem, vcpus, mem, price):
+    return InstanceType(name, gpu, count, gmem, vcpus, mem, price)
+
+
+CATALOG: dict[str, InstanceType] = {t.name: t for t in [
+    _t("g4dn.xlarge", "T4", 1, 16, 4, 16, 0.526),
+    _t("g4dn.2xlarge", "T4", 1, 16, 8, 32, 0.752),
+    _t("g4dn.4xlarge", "T4", 1, 16, 16, 64, 1.204),
+    _t("g4dn.8xlarge", "T4", 1, 16, 32, 128, 2.176),
+    _t("g4dn.12xlarge", "T4", 4, 16, 48, 192, 3.912),
+    _t("g4dn.16xlarge", "T4", 1, 16, 64, 256, 4.352),
+    _t("g5.xlarge", "A10G", 1, 24, 4, 16, 1.006),
+    _t("g5.2xlarge", "A10G", 1, 24, 8, 32, 1.212),
+    _t("g5.4xlarge", "A10G", 1, 24, 16, 64, 1.624),
+    _t("g5.8xlarge", "A10G", 1, 24, 32, 128, 2.448),
+    _t("g5.12xlarge", "A10G", 4, 24, 48, 192, 5.672),
+    _t("g5.16xlarge", "A10G", 1, 24, 64, 256, 4.096),
+    _t("g5.24xlarge", "A10G", 4, 24, 96, 384, 8.144),
+    _t("g5.48xlarge", "A10G", 8, 24, 192, 768, 16.288),
+    _t("g6.xlarge", "L4", 1, 24, 4, 16, 0.8048),
+    _t("g6.2xlarge", "L4", 1, 24, 8, 32, 0.9776),
+    _t("g6.4xlarge", "L4", 1, 24, 16, 64, 1.3232),
+    _t("g6.8xlarge", "L4", 1, 24, 32, 128, 2.0144),
+    _t("g6.12xlarge", "L4", 4, 24, 48, 192, 4.6016),
+    _t("g6.16xlarge", "L4", 1, 24, 64, 256, 3.3968),
+    _t("g6.24xlarge", "L4", 4, 24, 96, 384, 6.6752),
+    _t("g6.48xlarge", "L4", 8, 24, 192, 768, 13.3504),
+    _t("p3.2xlarge", "V100", 1, 16, 8, 61, 3.06),
+    _t("p3.8xlarge", "V100", 4, 16, 32, 244, 12.24),
+    _t("p3.16xlarge", "V100", 8, 16, 64, 488, 24.48),
+    _t("p4d.24xlarge", "A100", 8, 40, 96, 1152, 32.7726),
+    _t("p5.48xlarge", "H100", 8, 80, 192, 2048, 98.32),
+]}
+
+#: Retired instance type -> (why, suggested replacement). g2 (NVIDIA GRID K520, Kepler) is no
+#: longer offered and current NVIDIA drivers and CUDA 12 no longer support Kepler GPUs.
+RETIRED: dict[str, tuple[str, str]] = {
+    "g2.2xlarge": ("retired by AWS (NVIDIA GRID K520, Kepler: unsupported by current drivers and CUDA)", "g4dn.xlarge"),
+    "g2.8xlarge": ("retired by AWS (4x NVIDIA GRID K520, Kepler: unsupported by current drivers and CUDA)", "g4dn.12xlarge"),
+    "p2.xlarge": ("retired by AWS (NVIDIA K80, Kepler: unsupported by current drivers and CUDA)", "g4dn.xlarge"),
+}
+
+
+def lookup(name: str) -> InstanceType:
+    """Return the catalog entry for ``name``.
+
+    Raises RetiredInstanceType for g2/p2 (with the replacement) and UsageError for an unknown or
+    non-GPU type.
+    """
+    name = name.strip().lower()
+    if name in RETIRED:
+        why, instead = RETIRED[name]
+        raise RetiredInstanceType(f"{name} is {why}", f"use --instance-type {instead}")
+    if name in CATALOG:
+        return CATALOG[name]
+    family = name.split(".")[0]
+    known = sorted({t.family for t in CATALOG.values()})
+    if "." in name and family not in known and family[:1] not in ("g", "p"):
+        raise UsageError(f"{name} has no NVIDIA GPU", f"choose a GPU instance type, e.g. g4dn.xlarge ({', '.join(known)})")
+    raise UsageError(f"unknown GPU instance type {name!r}",
+                     f"known families: {', '.join(known)}; e.g. g4dn.xlarge (T4), g5.xlarge (A10G), g6.xlarge (L4)")

@@ -1,0 +1,152 @@
+"""Instances: build the run_instances request (pure), launch on-demand or spot, wait, terminate.
+
+Waiters: https://boto3.amazonaws.com/v1/documentation/api/latest/guide/clients.html#waiters
+"""
+from __future__ import annotations
+
+import base64
+import math
+from dataclasses import dataclass
+from datetime import datetime
+
+import botocore.exceptions
+
+from ..errors import AwsError, CapacityError, WaitTimeout
+from . import tags as T
+from .session import describe, error_code
+
+#: Errors that mean "no room here": try another zone or type (issue: capacity fallback).
+CAPACITY_ERRORS = {"InsufficientInstanceCapacity", "InsufficientCapacity", "SpotMaxPriceTooLow",
+                   "Unsupported", "InstanceLimitExceeded", "VcpuLimitExceeded",
+                   "MaxSpotInstanceCountExceeded"}
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What to launch. ``max_runtime_minutes`` schedules a shutdown (= terminate) in user data."""
+
+    run_id: str
+    owner: str
+    name: str
+    instance_type: str
+    image_id: str
+    root_device_name: str
+    key_name: str
+    security_group_id: str
+    spot: bool = False
+    root_volume_gib: int = 100
+    max_runtime_minutes: int | None = 120
+    count: int = 1
+    subnet_id: str | None = None
+
+
+def user_data(max_runtime_minutes: int | None) -> str:
+    """Cloud-init script: schedule a shutdown after ``max_runtime_minutes`` (None: nothing)."""
+    lines = ["#!/bin/bash"]
+    if max_runtime_minutes:
+        # InstanceInitiatedShutdownBehavior=terminate turns this shutdown into a termination,
+        # so a controller that crashed or lost its network never leaves a GPU running.
+        lines.append(f"shutdown -h +{int(max_runtime_minutes)} 'ec2gpu: max runtime reached'")
+    return "\n".join(lines) + "\n"
+
+
+def run_request(spec: LaunchSpec) -> dict:
+    """run_instances kwargs for ``spec`` (pure; tested without any AWS)."""
+    req = {
+        "ImageId": spec.image_id, "InstanceType": spec.instance_type,
+        "MinCount": spec.count, "MaxCount": spec.count,
+        "KeyName": spec.key_name, "SecurityGroupIds": [spec.security_group_id],
+        "InstanceInitiatedShutdownBehavior": "terminate",
+        # IMDSv2 only: https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/configuring-IMDS-new-instances.html
+        "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 1},
+        "BlockDeviceMappings": [{"DeviceName": spec.root_device_name, "Ebs": {
+            "VolumeSize": spec.root_volume_gib, "VolumeType": "gp3", "Encrypted": True,
+            "DeleteOnTermination": True}}],
+        "UserData": base64.b64encode(user_data(spec.max_runtime_minutes).encode()).decode(),
+        "TagSpecifications": [T.tag_spec("instance", spec.run_id, spec.owner, spec.name),
+                              T.tag_spec("volume", spec.run_id, spec.owner, spec.name)],
+    }
+    if spec.spot:
+        req["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
+            "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}
+    if spec.subnet_id:
+        req["SubnetId"] = spec.subnet_id
+    return req
+
+
+def launch(ec2, spec: LaunchSpec) -> list[dict]:
+    """Send run_instances for ``spec``; return the Instances list.
+
+    Raises CapacityError for capacity/quota codes (so the caller may fall over), AwsError otherwise.
+    """
+    try:
+        return ec2.run_instances(**run_request(spec))["Instances"]
+    except botocore.exceptions.ClientError as exc:
+        if error_code(exc) in CAPACITY_ERRORS:
+            raise CapacityError(f"{spec.instance_type}: {describe(exc)}",
+                                "try another --instance-type or --region, or on-demand instead of --spot")
+        raise AwsError(f"run_instances failed: {describe(exc)}", "see docs/iam-policy.json for the permissions needed")
+
+
+def _waiter_config(timeout_s: float, delay_s: float) -> dict:
+    return {"Delay": delay_s, "MaxAttempts": max(1, math.ceil(timeout_s / delay_s))}
+
+
+def wait_running(ec2, instance_ids: list[str], timeout_s: float = 600, delay_s: float = 2) -> list[dict]:
+    """Wait until the instances are running; return their descriptions.
+
+    Raises WaitTimeout after ``timeout_s`` seconds, AwsError if one terminated instead.
+    """
+    try:
+        ec2.get_waiter("instance_running").wait(InstanceIds=instance_ids,
+                                                WaiterConfig=_waiter_config(timeout_s, delay_s))
+    except botocore.exceptions.WaiterError as exc:
+        if "terminal failure" in str(exc).lower():
+            raise AwsError(f"instance {', '.join(instance_ids)} stopped before running: {exc}",
+                           "see `aws ec2 describe-instances` for its StateReason")
+        raise WaitTimeout(f"instance {', '.join(instance_ids)} not running after {timeout_s:.0f} s",
+                          "AWS may be short of capacity; try another zone or type")
+    return describe_instances(ec2, instance_ids)
+
+
+def describe_instances(ec2, instance_ids: list[str]) -> list[dict]:
+    """Descriptions of ``instance_ids`` (reservations flattened)."""
+    res = ec2.describe_instances(InstanceIds=instance_ids)["Reservations"]
+    return [i for r in res for i in r["Instances"]]
+
+
+def terminate(ec2, instance_ids: list[str], wait: bool = True, timeout_s: float = 600,
+              delay_s: float = 2) -> None:
+    """Terminate the instances and (``wait``) wait until they are terminated.
+
+    Raises WaitTimeout if they are still shutting down after ``timeout_s`` seconds.
+    """
+    if not instance_ids:
+        return
+    ec2.terminate_instances(InstanceIds=instance_ids)
+    if wait:
+        try:
+            ec2.get_waiter("instance_terminated").wait(InstanceIds=instance_ids,
+                                                       WaiterConfig=_waiter_config(timeout_s, delay_s))
+        except botocore.exceptions.WaiterError:
+            raise WaitTimeout(f"instances {', '.join(instance_ids)} not terminated after {timeout_s:.0f} s",
+                              "check with `ec2gpu ls` and `ec2gpu down --all`")
+
+
+def market(instance: dict) -> str:
+    """'spot' or 'on-demand' from a description."""
+    return "spot" if instance.get("InstanceLifecycle") == "spot" else "on-demand"
+
+
+def summary(instance: dict) -> dict:
+    """The fields `ec2gpu ls` shows, from one describe_instances entry."""
+    tg = T.as_dict(instance.get("Tags"))
+    launched = instance.get("LaunchTime")
+    return {
+        "name": tg.get(T.NAME, ""), "run_id": tg.get(T.RUN, ""), "instance_id": instance["InstanceId"],
+        "instance_type": instance["InstanceType"], "market": market(instance),
+        "state": instance["State"]["Name"], "public_ip": instance.get("PublicIpAddress"),
+        "private_ip": instance.get("PrivateIpAddress"),
+        "zone": instance.get("Placement", {}).get("AvailabilityZone"),
+        "launched_at": launched.isoformat() if isinstance(launched, datetime) else launched,
+    }

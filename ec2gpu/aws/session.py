@@ -1,0 +1,82 @@
+"""boto3 clients: retry mode "adaptive", an endpoint override (the sandbox), clear credential errors.
+
+Retry modes: https://boto3.amazonaws.com/v1/documentation/api/latest/guide/retries.html
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import boto3
+import botocore.config
+import botocore.exceptions
+
+from ..errors import AwsError, UsageError
+
+RETRIES = {"mode": "adaptive", "max_attempts": 8}  # throttling backs off, bounded
+#: for calls whose failure means "try the next zone/type": no SDK retries at all
+FAIL_FAST = {"mode": "standard", "max_attempts": 1}
+
+
+@dataclass
+class Aws:
+    """One region's clients. ``endpoint_url`` points every client at the sandbox when set."""
+
+    region: str
+    endpoint_url: str | None = None
+    _session: boto3.session.Session = field(init=False, repr=False)
+    _clients: dict = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self):
+        self._session = boto3.session.Session(region_name=self.region)
+        if self.region not in self._session.get_available_regions("ec2") + ["local"]:
+            raise UsageError(f"unknown AWS region {self.region!r}",
+                             "use a region code such as us-east-1, us-west-2 or eu-west-1 (--region)")
+
+    def client(self, service: str, fail_fast: bool = False):
+        """A cached boto3 client for ``service``; ``fail_fast`` disables SDK retries."""
+        key = (service, fail_fast)
+        if key not in self._clients:
+            cfg = botocore.config.Config(retries=FAIL_FAST if fail_fast else RETRIES,
+                                         connect_timeout=10, read_timeout=60)
+            self._clients[key] = self._session.client(service, endpoint_url=self.endpoint_url, config=cfg)
+        return self._clients[key]
+
+    @property
+    def ec2(self):
+        return self.client("ec2")
+
+    def check_credentials(self) -> dict:
+        """Return the caller identity (Account, Arn, UserId).
+
+        Raises AwsError with a hint when there are no credentials or they are rejected.
+        """
+        try:
+            return self.client("sts").get_caller_identity()
+        except botocore.exceptions.NoCredentialsError:
+            raise AwsError("no AWS credentials found",
+                           "run `aws configure`, set AWS_PROFILE, or export AWS_ACCESS_KEY_ID and "
+                           "AWS_SECRET_ACCESS_KEY; or try everything locally with --sandbox")
+        except botocore.exceptions.ClientError as exc:
+            raise AwsError(f"AWS rejected the credentials: {describe(exc)}",
+                           "check the access key, its expiry (aws sso login) and the region")
+        except botocore.exceptions.EndpointConnectionError as exc:
+            raise AwsError(f"cannot reach AWS: {exc}", "check the network, or use --sandbox")
+
+
+def describe(exc: botocore.exceptions.ClientError) -> str:
+    """'Code: Message' of a ClientError."""
+    err = exc.response.get("Error", {})
+    return f"{err.get('Code', '?')}: {err.get('Message', '')}".strip()
+
+
+def error_code(exc: Exception) -> str | None:
+    """The AWS error code of a ClientError, else None."""
+    if isinstance(exc, botocore.exceptions.ClientError):
+        return exc.response.get("Error", {}).get("Code")
+    return None
+
+
+def sandbox_endpoint() -> str | None:
+    """The endpoint URL from AWS_ENDPOINT_URL (what `ec2gpu sandbox env` exports), if any."""
+    return os.environ.get("AWS_ENDPOINT_URL") or None

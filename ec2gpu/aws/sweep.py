@@ -1,0 +1,78 @@
+"""Sweep: find everything carrying the tool's tags, and delete it (instances first)."""
+from __future__ import annotations
+
+import time
+
+import botocore.exceptions
+
+from . import instances as inst
+from . import tags as T
+from .network import delete_key_pair
+from .session import error_code
+
+LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
+
+
+def find_instances(ec2, run_id: str | None = None, name: str | None = None,
+                   states: list[str] | None = None) -> list[dict]:
+    """Instances tagged by the tool (optionally one run or Name), in ``states`` (default: live)."""
+    filters = [{"Name": "tag-key", "Values": [T.RUN]},
+               {"Name": "instance-state-name", "Values": states or LIVE_STATES}]
+    if run_id:
+        filters.append({"Name": f"tag:{T.RUN}", "Values": [run_id]})
+    if name:
+        filters.append({"Name": f"tag:{T.NAME}", "Values": [name]})
+    pages = ec2.get_paginator("describe_instances").paginate(Filters=filters)
+    return [i for page in pages for r in page["Reservations"] for i in r["Instances"]]
+
+
+def find_security_groups(ec2, run_id: str | None = None) -> list[dict]:
+    """Security groups tagged by the tool (optionally one run)."""
+    filters = [{"Name": "tag-key", "Values": [T.RUN]}]
+    if run_id:
+        filters.append({"Name": f"tag:{T.RUN}", "Values": [run_id]})
+    return ec2.describe_security_groups(Filters=filters)["SecurityGroups"]
+
+
+def find_key_pairs(ec2, run_id: str | None = None) -> list[dict]:
+    """Key pairs tagged by the tool (optionally one run)."""
+    filters = [{"Name": "tag-key", "Values": [T.RUN]}]
+    if run_id:
+        filters.append({"Name": f"tag:{T.RUN}", "Values": [run_id]})
+    return ec2.describe_key_pairs(Filters=filters)["KeyPairs"]
+
+
+def delete_security_group(ec2, group_id: str, timeout_s: float = 300, delay_s: float = 3) -> None:
+    """Delete a security group, retrying DependencyViolation while its instances terminate."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            ec2.delete_security_group(GroupId=group_id)
+            return
+        except botocore.exceptions.ClientError as exc:
+            code = error_code(exc)
+            if code == "InvalidGroup.NotFound":
+                return
+            if code != "DependencyViolation" or time.monotonic() > deadline:
+                raise
+            time.sleep(delay_s)
+
+
+def delete_run(ec2, run_id: str, keys_dir, log=lambda msg: None) -> dict:
+    """Terminate the run's instances, then delete its security groups and key pairs.
+
+    Returns {'instances': [...], 'security_groups': [...], 'key_pairs': [...]} of what was removed.
+    """
+    removed = {"instances": [], "security_groups": [], "key_pairs": []}
+    ids = [i["InstanceId"] for i in find_instances(ec2, run_id=run_id)]
+    if ids:
+        log(f"terminating {', '.join(ids)}")
+        inst.terminate(ec2, ids)
+        removed["instances"] = ids
+    for sg in find_security_groups(ec2, run_id):
+        delete_security_group(ec2, sg["GroupId"])
+        removed["security_groups"].append(sg["GroupId"])
+    for kp in find_key_pairs(ec2, run_id):
+        delete_key_pair(ec2, kp["KeyName"], keys_dir)
+        removed["key_pairs"].append(kp["KeyName"])
+    return removed

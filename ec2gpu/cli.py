@@ -1,0 +1,410 @@
+"""The `ec2gpu` command: parse, call the runs/aws layers, render with rich. Nothing else.
+
+Heavy modules (boto3, fabric, torch) are imported inside the commands, so `ec2gpu --help`
+starts fast. The one error boundary is ``main()``: an Ec2GpuError becomes one line and a hint
+and its exit code; ``--debug`` (anywhere on the line) shows the traceback instead.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+
+from .errors import Ec2GpuError, ExitCode, UsageError
+
+app = typer.Typer(help="Rent a GPU on AWS EC2 for exactly as long as a training job needs it.",
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+train_app = typer.Typer(help="Train a built-in job on a new instance, then terminate it.", no_args_is_help=True)
+sandbox_app = typer.Typer(help="The local sandbox: moto's AWS server + one real sshd per instance.",
+                          no_args_is_help=True)
+app.add_typer(train_app, name="train")
+app.add_typer(sandbox_app, name="sandbox")
+
+out = Console()
+err = Console(stderr=True)
+DEBUG = False
+
+SANDBOX = typer.Option(False, "--sandbox", help="Use the local sandbox (started for this command if none is up). "
+                       "Also EC2GPU_SANDBOX=1.")
+REGION = typer.Option(None, "--region", help="AWS region (default: EC2GPU_REGION, AWS_REGION, us-east-1).")
+JSON = typer.Option(False, "--json", help="Print JSON for scripts instead of a table.")
+
+
+class Context:
+    """Settings, AWS clients and the SSH resolver for one command (sandbox or AWS)."""
+
+    def __init__(self, region: str | None, sandbox: bool, persistent: bool = False):
+        from . import settings as settings_mod
+        self.settings = settings_mod.load({"region": region, "sandbox": sandbox or None})
+        self.sandbox, self.persistent = self.settings.sandbox, persistent
+
+    def __enter__(self):
+        import contextlib
+        import getpass
+        from dataclasses import replace
+
+        from .aws.session import Aws
+        from .sandbox import control
+
+        self._stack = contextlib.ExitStack()
+        self.resolver = None
+        state = control.read_state(self.settings.home)
+        if self.sandbox and self.persistent:  # what is launched must outlive this command
+            if not state:
+                err.print("[dim]starting the sandbox; it keeps running until `ec2gpu sandbox down`[/]")
+            state = control.up(self.settings.home)
+            os.environ.update(control.env_vars(state))
+        elif self.sandbox:
+            state = self._stack.enter_context(control.session(self.settings.home))
+        if state and os.environ.get("AWS_ENDPOINT_URL") == state["endpoint"]:
+            # the sandbox's endpoint is in use (--sandbox, or `eval "$(ec2gpu sandbox env)"`)
+            self.resolver = control.resolver(self.settings.home)
+            self.settings = replace(self.settings, ssh_user=getpass.getuser())
+        self.aws = Aws(self.settings.region, endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None)
+        return self
+
+    def __exit__(self, *exc):
+        return self._stack.__exit__(*exc)
+
+
+def _sandbox_flag(flag: bool) -> bool:
+    return flag or os.environ.get("EC2GPU_SANDBOX", "").lower() in ("1", "true", "yes")
+
+
+class RichReporter:
+    """Pipeline reporter: a spinner with elapsed seconds per phase, log lines above it."""
+
+    def __init__(self, console: Console, quiet: bool = False):
+        from .runs.pipeline import Reporter
+        self.inner, self.console, self.quiet = Reporter(), console, quiet
+        self.phases = self.inner.phases
+        self.notes = self.inner.notes
+
+    def phase(self, name: str):
+        import contextlib
+        import time
+
+        @contextlib.contextmanager
+        def cm():
+            t0 = time.monotonic()
+            status = None if self.quiet else self.console.status(f"[bold]{name}[/] ...")
+            if status:
+                status.start()
+            ok = False
+            try:
+                with self.inner.phase(name):
+                    yield
+                ok = True
+            finally:
+                if status:
+                    status.stop()
+                mark = "[green]done[/]" if ok else "[red]stopped[/]"
+                self._print(f"{mark} {name} [dim]{time.monotonic() - t0:.1f} s[/]")
+        return cm()
+
+    def log(self, line: str) -> None:
+        from rich.text import Text
+        self._print(Text.assemble(("| ", "cyan"), line))
+
+    def note(self, text: str) -> None:
+        from rich.text import Text
+        self.inner.note(text)
+        self._print(Text(text, style="dim"))
+
+    def _print(self, text) -> None:
+        if not self.quiet:
+            self.console.print(text, highlight=False)
+
+
+def _print_record(record: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(record, indent=2, default=str))
+        return
+    from rich.table import Table
+
+    s = record.get("summary", {})
+    t = Table(title=f"run {record['run_id']}", show_header=False, box=None)
+    rows = [("instance", f"{record.get('instance_id', 'local')} {record['instance_type']} "
+             f"{record['market']} {record.get('zone') or ''}"),
+            ("test accuracy", f"{100 * record['test_acc']:.2f}%" if record.get("test_acc") is not None else "-"),
+            ("training", f"{s.get('epochs')} epochs of {s.get('model')} on {s.get('device')}"
+             f"{' (' + s['gpu_name'] + ')' if s.get('gpu_name') else ''}: {s.get('train_seconds')} s train, "
+             f"{s.get('wall_seconds')} s wall")]
+    rows += [(f"  {k}", f"{v:.1f} s") for k, v in record.get("phases", {}).items()]
+    if "cost_usd" in record:
+        rows.append(("cost", f"${record['cost_usd']:.4f} = {record['billed_seconds']:.0f} s billed x "
+                     f"${record['usd_per_hour']}/h ({record['price_note']})"))
+    rows.append(("artifacts", record["artifacts"]))
+    for k, v in rows:
+        t.add_row(f"[bold]{k}[/]", v)
+    out.print(t)
+
+
+@train_app.command("mnist")
+def train_mnist(
+    instance_type: str = typer.Option(None, "--instance-type", "-t", help="GPU instance type, e.g. g4dn.xlarge "
+                                      "(T4), g5.xlarge (A10G), g6.xlarge (L4)."),
+    spot: bool = typer.Option(False, "--spot", help="Use a spot instance (one-time, terminated on interruption)."),
+    model: str = typer.Option("cnn", "--model", "-m", help="cnn (fast default), lenet, mlp or dbn."),
+    epochs: Optional[int] = typer.Option(None, "--epochs", "-e", min=1, help="Epochs (default: the model preset's)."),
+    seed: int = typer.Option(0, "--seed", help="Random seed of the trainer."),
+    keep: bool = typer.Option(False, "--keep", help="Leave the instance running afterwards (it still "
+                              "terminates itself after --max-runtime)."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Where artifacts go (default runs/<run-id>/)."),
+    local: bool = typer.Option(False, "--local", help="Train on this machine instead (needs torch)."),
+    ssh_cidr: Optional[str] = typer.Option(None, "--ssh-cidr", help="CIDR allowed to SSH (default: your public IP/32)."),
+    ami: Optional[str] = typer.Option(None, "--ami", help="AMI id (default: the AWS Deep Learning AMI, PyTorch)."),
+    max_runtime: int = typer.Option(120, "--max-runtime", min=5, help="Minutes after which the instance "
+                                    "shuts itself down (= terminates), whatever happens to this command."),
+    data_dir: Optional[str] = typer.Option(None, "--data-dir", help="MNIST directory for --local "
+                                           "(default EC2GPU_DATA_DIR, else downloaded)."),
+    trainer_arg: List[str] = typer.Option([], "--trainer-arg", help="Extra trainer flag, repeatable: "
+                                          "--trainer-arg=--lr=0.05"),
+    region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
+):
+    """Launch a GPU instance, train MNIST on it, download the results, terminate everything."""
+    from .runs import pipeline
+
+    if model not in ("cnn", "lenet", "mlp", "dbn"):
+        raise UsageError(f"unknown model {model!r}", "choose cnn, lenet, mlp or dbn")
+    if data_dir and not Path(data_dir).is_dir():
+        raise UsageError(f"data directory {data_dir} does not exist", "pass a directory with the four MNIST files")
+    opts = pipeline.TrainOptions(
+        model=model, epochs=epochs, seed=seed, keep=keep, out=out_dir, ssh_cidr=ssh_cidr, ami=ami,
+        spot=spot, trainer_args=list(trainer_arg), max_runtime_minutes=max_runtime,
+        instance_type=instance_type or "g4dn.xlarge")
+    ui = RichReporter(err)
+    if local:
+        record = pipeline.train_local(opts, ui, data_dir)
+    else:
+        with Context(region, _sandbox_flag(sandbox)) as ctx:
+            if not instance_type:
+                opts.instance_type = ctx.settings.instance_type
+            record = pipeline.train(ctx.aws, ctx.settings, opts, ui, ctx.resolver)
+    _print_record(record, as_json)
+
+
+@app.command()
+def launch(
+    instance_type: str = typer.Option(None, "--instance-type", "-t", help="GPU instance type."),
+    spot: bool = typer.Option(False, "--spot", help="Spot instead of on-demand."),
+    name: Optional[str] = typer.Option(None, "--name", help="Name tag (default ec2gpu-<run-id>)."),
+    ssh_cidr: Optional[str] = typer.Option(None, "--ssh-cidr", help="CIDR allowed to SSH (default: your IP/32)."),
+    ami: Optional[str] = typer.Option(None, "--ami", help="AMI id (default: the AWS Deep Learning AMI)."),
+    max_runtime: int = typer.Option(120, "--max-runtime", min=5, help="Minutes until it terminates itself."),
+    region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
+):
+    """Launch an instance and leave it running (until `ec2gpu down NAME` or --max-runtime)."""
+    from .aws import catalog
+    from .runs import pipeline
+
+    with Context(region, _sandbox_flag(sandbox), persistent=True) as ctx:
+        itype = catalog.lookup(instance_type or ctx.settings.instance_type)
+        ctx.aws.check_credentials()
+        run_id = pipeline.new_run_id()
+        opts = pipeline.TrainOptions(instance_type=itype.name, spot=spot, name=name, ssh_cidr=ssh_cidr, ami=ami,
+                                     max_runtime_minutes=max_runtime)
+        prov = pipeline.Provisioned(run_id)
+        ui = RichReporter(err, quiet=as_json)
+        try:
+            pipeline.provision(ctx.aws, ctx.settings, opts, run_id, ui, prov)
+        except BaseException:
+            pipeline.teardown(ctx.aws, ctx.settings, prov, ui)
+            raise
+        from .aws.instances import summary
+        rows = [summary(i) for i in prov.instances]
+        if as_json:
+            print(json.dumps(rows, indent=2))
+        else:
+            for r in rows:
+                out.print(f"{r['name']}: {r['instance_id']} {r['instance_type']} {r['market']} {r['state']} "
+                          f"{r['public_ip']}; `ec2gpu ssh {r['name']}` to log in, `ec2gpu down {r['name']}` to remove")
+
+
+def _find(ctx: Context, name: str) -> list[dict]:
+    from .aws import sweep
+
+    found = [i for i in sweep.find_instances(ctx.aws.ec2, states=["pending", "running"])
+             if name in (i["InstanceId"], {t["Key"]: t["Value"] for t in i.get("Tags", [])}.get("Name"),
+                         {t["Key"]: t["Value"] for t in i.get("Tags", [])}.get("ec2gpu:run"))]
+    if not found:
+        raise UsageError(f"no running instance named {name!r}", "see `ec2gpu ls`")
+    return found
+
+
+@app.command("ls")
+def ls(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
+    """List the instances this tool launched that are still alive."""
+    from .aws import instances, sweep
+
+    with Context(region, _sandbox_flag(sandbox)) as ctx:
+        rows = [instances.summary(i) for i in sweep.find_instances(ctx.aws.ec2)]
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        out.print("no ec2gpu instances are running")
+        return
+    from rich.table import Table
+    t = Table("name", "instance id", "type", "market", "zone", "state", "public ip", "launched (UTC)")
+    for r in rows:
+        t.add_row(r["name"], r["instance_id"], r["instance_type"], r["market"], r["zone"] or "", r["state"],
+                  r["public_ip"] or "", (r["launched_at"] or "")[:19])
+    out.print(t)
+
+
+@app.command("ssh", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def ssh_cmd(ctx_: typer.Context, name: str = typer.Argument(..., help="Name, instance id or run id."),
+            region: Optional[str] = REGION, sandbox: bool = SANDBOX):
+    """Open a shell on an instance, or run a command after `--`: ec2gpu ssh NAME -- nvidia-smi."""
+    import shutil
+    import subprocess
+
+    from .runs.pipeline import ssh_target
+
+    with Context(region, _sandbox_flag(sandbox)) as ctx:
+        inst = _find(ctx, name)[0]
+        host, port = ssh_target(inst, ctx.resolver)
+        key = ctx.settings.keys_dir / f"{inst['KeyName']}.pem"
+        if not key.exists():
+            raise UsageError(f"the private key {key} is missing", "it lives on the machine that launched the instance")
+        known = ctx.settings.home / "known_hosts" / inst["InstanceId"]
+        known.parent.mkdir(parents=True, exist_ok=True)
+        argv = [shutil.which("ssh") or "ssh", "-i", str(key), "-p", str(port), "-o", "IdentitiesOnly=yes",
+                "-o", f"UserKnownHostsFile={known}", "-o", "StrictHostKeyChecking=accept-new",
+                "-o", "LogLevel=ERROR", f"{ctx.settings.ssh_user}@{host}", *ctx_.args]
+        code = subprocess.call(argv)
+    raise typer.Exit(code)
+
+
+@app.command()
+def down(name: Optional[str] = typer.Argument(None, help="Name, instance id or run id."),
+         all_: bool = typer.Option(False, "--all", help="Remove everything ec2gpu created in the region."),
+         region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
+    """Terminate instances and delete their security groups and key pairs."""
+    from .aws import sweep
+    from .aws import tags as T
+
+    if bool(name) == all_:
+        raise UsageError("say which instances to remove", "ec2gpu down NAME, or ec2gpu down --all")
+    with Context(region, _sandbox_flag(sandbox)) as ctx:
+        ec2 = ctx.aws.ec2
+        if all_:
+            runs = {T.as_dict(r.get("Tags")).get(T.RUN) for r in
+                    sweep.find_instances(ec2) + sweep.find_security_groups(ec2) + sweep.find_key_pairs(ec2)}
+        else:
+            runs = {T.as_dict(i.get("Tags")).get(T.RUN) for i in _find(ctx, name)}
+        removed = {}
+        for run_id in sorted(r for r in runs if r):
+            removed[run_id] = sweep.delete_run(ec2, run_id, ctx.settings.keys_dir,
+                                               log=lambda m: err.print(f"[dim]{m}[/]"))
+    if as_json:
+        print(json.dumps(removed, indent=2))
+    elif not removed:
+        out.print("nothing to remove")
+    else:
+        for run_id, r in removed.items():
+            out.print(f"run {run_id}: removed " + "; ".join(f"{k.replace('_', ' ')} {', '.join(v)}"
+                                                          for k, v in r.items() if v))
+
+
+@sandbox_app.command("up")
+def sandbox_up(as_json: bool = JSON):
+    """Start the sandbox in the background; it keeps its state until `ec2gpu sandbox down`."""
+    from .sandbox import control
+    from .settings import load
+    state = control.up(load().home)
+    print(json.dumps(state, indent=2)) if as_json else out.print(
+        f"sandbox up: AWS endpoint {state['endpoint']} (pid {state['pid']}); "
+        "`eval \"$(ec2gpu sandbox env)\"` points any AWS client at it")
+
+
+@sandbox_app.command("down")
+def sandbox_down():
+    """Stop the sandbox and every sshd and process it started."""
+    from .sandbox import control
+    from .settings import load
+    out.print("sandbox stopped" if control.down(load().home) else "no sandbox was running")
+
+
+@sandbox_app.command("status")
+def sandbox_status(as_json: bool = JSON):
+    """Say whether the sandbox runs, where, and which instances have an sshd."""
+    from .sandbox import control
+    from .settings import load
+    state = control.read_state(load().home)
+    if as_json:
+        print(json.dumps(state or {"running": False}, indent=2))
+    elif not state:
+        out.print("no sandbox is running (`ec2gpu sandbox up` starts one)")
+    else:
+        out.print(f"sandbox running: pid {state['pid']}, AWS endpoint {state['endpoint']}, "
+                  f"{len(state['instances'])} instance(s)")
+        for iid, i in state["instances"].items():
+            out.print(f"  {iid}: sshd {i['host']}:{i['port']} (pid {i['sshd_pid']})")
+
+
+@sandbox_app.command("env")
+def sandbox_env():
+    """Print `export` lines that point AWS clients (boto3, the aws CLI) at the running sandbox."""
+    import shlex
+
+    from .errors import SandboxError
+    from .sandbox import control
+    from .settings import load
+    state = control.read_state(load().home)
+    if not state:
+        raise SandboxError("no sandbox is running", "start it with `ec2gpu sandbox up`")
+    for k, v in control.env_vars(state).items():
+        print(f"export {k}={shlex.quote(v)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; return the exit code. The only place exceptions become messages."""
+    import click
+
+    global DEBUG
+    argv = list(sys.argv[1:] if argv is None else argv)
+    DEBUG = "--debug" in argv or os.environ.get("EC2GPU_DEBUG") == "1"
+    argv = [a for a in argv if a != "--debug"]
+    import signal
+
+    def on_sigterm(*_):
+        raise KeyboardInterrupt  # same path as Ctrl-C: clean up, exit 130
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        app(args=argv, prog_name="ec2gpu", standalone_mode=False)
+        return 0
+    except Ec2GpuError as exc:
+        if DEBUG:
+            raise
+        err.print(f"[red]error:[/] {exc.message}", highlight=False, markup=True)
+        if getattr(exc, "tail", ""):
+            err.print(exc.tail, highlight=False, markup=False)
+        if exc.hint:
+            err.print(f"[yellow]hint:[/] {exc.hint}", highlight=False)
+        return int(exc.exit_code)
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        err.print("interrupted: what this command created was removed (see above)")
+        return ExitCode.CTRL_C
+    except click.ClickException as exc:
+        exc.show()
+        return ExitCode.USAGE
+    except Exception as exc:  # the one boundary: anything else is a bug or an unmapped AWS error
+        if DEBUG:
+            raise
+        err.print(f"[red]error:[/] {type(exc).__name__}: {exc}", highlight=False, markup=False)
+        err.print("[yellow]hint:[/] run again with --debug for the traceback")
+        return ExitCode.ERROR
+
+
+def run() -> None:
+    """Console-script entry point."""
+    sys.exit(main())

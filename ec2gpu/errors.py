@@ -1,0 +1,76 @@
+"""The Ec2GpuError tree: every error a user can meet, with a message, a hint and an exit code.
+
+Only the CLI turns these into output (one line + hint, or a traceback with --debug).
+"""
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """Process exit codes of the ``ec2gpu`` command."""
+
+    SUCCESS = 0
+    ERROR = 1
+    USAGE = 2  # bad flag, unknown instance type, unreadable data dir
+    AWS = 3  # credentials, permissions, API errors
+    CAPACITY = 4  # no capacity / quota for the requested instance types
+    REMOTE = 5  # the instance, SSH or the job on it failed
+    TIMEOUT = 6  # a wait ran past its bound
+    SPOT_INTERRUPTED = 75  # the trainer's exit code after a spot interruption notice
+    CTRL_C = 130
+
+
+class Ec2GpuError(Exception):
+    """Base class: ``message`` says what is wrong, ``hint`` how to fix it."""
+
+    exit_code = ExitCode.ERROR
+
+    def __init__(self, message: str, hint: str = ""):
+        super().__init__(message)
+        self.message, self.hint = message, hint
+
+
+class UsageError(Ec2GpuError):
+    """The user asked for something that cannot work (flag value, instance type, path)."""
+
+    exit_code = ExitCode.USAGE
+
+
+class RetiredInstanceType(UsageError):
+    """The instance type was retired by AWS (g2: Kepler K520)."""
+
+
+class AwsError(Ec2GpuError):
+    """Credentials, region, permissions or an AWS API call failed."""
+
+    exit_code = ExitCode.AWS
+
+
+class CapacityError(Ec2GpuError):
+    """No capacity for the requested instance types in the tried availability zones."""
+
+    exit_code = ExitCode.CAPACITY
+
+
+class RemoteError(Ec2GpuError):
+    """A command on the instance failed: what ran, where, how it ended, the last lines of output."""
+
+    exit_code = ExitCode.REMOTE
+
+    def __init__(self, message: str, hint: str = "", *, command: str = "", host: str = "",
+                 exit_status: int | None = None, tail: str = ""):
+        super().__init__(message, hint)
+        self.command, self.host, self.exit_status, self.tail = command, host, exit_status, tail
+
+
+class WaitTimeout(Ec2GpuError):
+    """A bounded wait (instance running, SSH, job) ran out."""
+
+    exit_code = ExitCode.TIMEOUT
+
+
+class SandboxError(Ec2GpuError):
+    """The local sandbox (moto server, sshd) could not be started or reached."""
+
+    exit_code = ExitCode.ERROR

@@ -1,0 +1,1 @@
+"""The remote layer: the only package that imports fabric/paramiko."""

@@ -1,0 +1,156 @@
+"""Start, stop, find and use the sandbox daemon (server.py) from the controller's side.
+
+The two seams the rest of the tool sees: ``env_vars()`` (an endpoint URL and dummy credentials
+for boto3) and ``resolver()`` (instance id -> the loopback address of its sshd).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ..errors import SandboxError, WaitTimeout
+from .sshd import sshd_binary
+
+REGION = "us-east-1"
+ACCOUNT_ID = "123456789012"  # moto's default account
+
+
+def state_dir(home: Path) -> Path:
+    return Path(home) / "sandbox"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def read_state(home: Path) -> dict | None:
+    """The running sandbox's state (endpoint, pid, instances), or None when none is running."""
+    path = state_dir(home) / "state.json"
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return state if _alive(state["pid"]) else None
+
+
+def instance_env() -> dict[str, str]:
+    """Environment of sessions on sandbox instances: this Python (with torch) first on PATH, as
+    the Deep Learning AMI has its PyTorch; EC2GPU_DATA_DIR when the controller has one, as an
+    instance with the data set cached."""
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"}
+    if os.environ.get("EC2GPU_DATA_DIR"):
+        env["EC2GPU_DATA_DIR"] = str(Path(os.environ["EC2GPU_DATA_DIR"]).resolve())
+    return env
+
+
+def up(home: Path, timeout_s: float = 60.0) -> dict:
+    """Start the sandbox daemon in the background unless one is running; return its state.
+
+    Raises SandboxError when sshd is missing or the daemon does not come up in ``timeout_s``.
+    """
+    state = read_state(home)
+    if state:
+        return state
+    try:
+        sshd_binary()
+    except FileNotFoundError as exc:
+        raise SandboxError(str(exc), "then run the command again")
+    d = state_dir(home)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "state.json").unlink(missing_ok=True)
+    env = {**os.environ, "EC2GPU_SANDBOX_INSTANCE_ENV": json.dumps(instance_env())}
+    with open(d / "server.log", "ab") as logf:
+        proc = subprocess.Popen([sys.executable, "-m", "ec2gpu.sandbox.server", str(d)], env=env,
+                                stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = read_state(home)
+        if state:
+            return state
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    if proc.poll() is None:
+        proc.kill()
+    log = (d / "server.log").read_text()[-1500:]
+    raise SandboxError(f"the sandbox did not start: {log}", f"see {d / 'server.log'}")
+
+
+def down(home: Path, timeout_s: float = 30.0) -> bool:
+    """Stop the sandbox daemon (it stops every sshd and process it started). Returns False if none ran."""
+    state = read_state(home)
+    if not state:
+        return False
+    os.kill(state["pid"], signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and _alive(state["pid"]):
+        try:
+            os.waitpid(state["pid"], os.WNOHANG)
+        except ChildProcessError:
+            pass
+        time.sleep(0.1)
+    if _alive(state["pid"]):
+        raise SandboxError(f"sandbox pid {state['pid']} did not stop in {timeout_s:.0f} s",
+                           f"kill {state['pid']}")
+    return True
+
+
+def env_vars(state: dict) -> dict[str, str]:
+    """What makes any AWS client (boto3, the aws CLI) and this tool use the sandbox."""
+    return {
+        "AWS_ENDPOINT_URL": state["endpoint"], "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
+        "AWS_DEFAULT_REGION": os.environ.get("AWS_DEFAULT_REGION", REGION),
+        "EC2GPU_CHECKIP_URL": state["checkip_url"],
+    }
+
+
+def resolver(home: Path):
+    """Return resolve(instance_id, timeout_s) -> (host, port) of that instance's sshd.
+
+    resolve raises WaitTimeout when the sandbox has no sshd for the instance in time.
+    """
+    def resolve(instance_id: str, timeout_s: float = 30.0) -> tuple[str, int]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            state = read_state(home) or {}
+            inst = state.get("instances", {}).get(instance_id)
+            if inst:
+                return inst["host"], inst["port"]
+            if time.monotonic() > deadline:
+                raise WaitTimeout(f"the sandbox has no sshd for {instance_id} after {timeout_s:.0f} s",
+                                  f"see {state_dir(home) / 'server.log'}")
+            time.sleep(0.1)
+    return resolve
+
+
+@contextlib.contextmanager
+def session(home: Path):
+    """Use the running sandbox, or start one for the duration of the block and stop it after.
+
+    Sets the sandbox's environment variables in os.environ for the block. Yields the state.
+    """
+    started = read_state(home) is None
+    state = up(home)
+    saved = {k: os.environ.get(k) for k in env_vars(state)}
+    os.environ.update(env_vars(state))
+    try:
+        yield state
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        if started:
+            down(home)

@@ -1,0 +1,154 @@
+"""The sandbox daemon: moto's AWS server, a checkip endpoint, and one sshd per running instance.
+
+Run as ``python -m ec2gpu.sandbox.server STATE_DIR`` (``ec2gpu sandbox up`` does it). It writes
+STATE_DIR/state.json (endpoint, pids, instance -> SSH address) atomically and keeps it current:
+every instance that is running in the emulator gets an sshd on 127.0.0.N that accepts the
+instance's key pair; an instance that is terminated (or vanishes) has its sshd and processes
+stopped. SIGTERM stops everything it started.
+"""
+from __future__ import annotations
+
+import gzip
+import http.server
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from importlib import resources
+from pathlib import Path
+
+from . import sshd
+
+#: The sandbox's stand-in for the AWS Deep Learning AMI, found the way images.py finds the real one.
+DLAMI = {
+    "ami_id": "ami-0ec29b0d1a0000001", "state": "available", "public": True,
+    "owner_id": "898082745236", "image_location": "amazon/ec2gpu-sandbox-dlami",
+    "sriov": "simple", "root_device_type": "ebs", "root_device_name": "/dev/sda1",
+    "description": "ec2gpu sandbox stand-in for the Deep Learning OSS Nvidia Driver AMI (PyTorch)",
+    "image_type": "machine", "platform": None, "architecture": "x86_64",
+    "name": "Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.7 (Ubuntu 22.04) 20251101",
+    "virtualization_type": "hvm", "hypervisor": "xen", "creation_date": "2025-11-01T00:00:00.000Z",
+}
+
+
+def write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+
+
+def _amis_file(state_dir: Path) -> Path:
+    default = json.loads(gzip.decompress((resources.files("moto") / "ec2/resources/amis.json.gz").read_bytes()))
+    path = state_dir / "amis.json"
+    path.write_text(json.dumps(default + [DLAMI]))
+    return path
+
+
+class CheckIp(http.server.BaseHTTPRequestHandler):
+    """GET /checkip -> the client's address, as https://checkip.amazonaws.com answers."""
+
+    def do_GET(self):
+        body = (self.client_address[0] + "\n").encode()
+        self.send_response(200 if self.path.startswith("/checkip") else 404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+class Sandbox:
+    """The daemon's state: moto server, instance sshds, the state file."""
+
+    def __init__(self, state_dir: Path, host: str = "127.0.0.1"):
+        self.state_dir, self.host = state_dir, host
+        self.instances: dict[str, sshd.SshdInstance] = {}
+        self.next_address = 2
+        self.stopping = threading.Event()
+        self.instance_env = json.loads(os.environ.get("EC2GPU_SANDBOX_INSTANCE_ENV", "{}"))
+
+    def start(self) -> None:
+        os.environ["MOTO_AMIS_PATH"] = str(_amis_file(self.state_dir))
+        from moto.server import ThreadedMotoServer  # after MOTO_AMIS_PATH: moto reads it on import
+
+        port = sshd.free_port(self.host)
+        self.moto = ThreadedMotoServer(ip_address=self.host, port=port, verbose=False)
+        self.moto.start()
+        self.endpoint = f"http://{self.host}:{port}"
+        self.checkip = http.server.ThreadingHTTPServer((self.host, 0), CheckIp)
+        threading.Thread(target=self.checkip.serve_forever, daemon=True).start()
+        self.checkip_url = f"http://{self.host}:{self.checkip.server_address[1]}/checkip"
+        self.save()
+
+    def save(self) -> None:
+        write_json(self.state_dir / "state.json", {
+            "pid": os.getpid(), "endpoint": self.endpoint, "checkip_url": self.checkip_url,
+            "instances": {i: {"host": s.host, "port": s.port, "sshd_pid": s.pid, "directory": str(s.directory)}
+                          for i, s in self.instances.items()},
+        })
+
+    def _running(self) -> dict[str, str]:
+        """instance id -> public key of its key pair, for every running instance in every region."""
+        from moto.ec2.models import ec2_backends
+
+        out = {}
+        for account in list(ec2_backends.keys()):
+            for region in list(ec2_backends[account].keys()):
+                backend = ec2_backends[account][region]
+                for inst in list(backend.all_instances()):
+                    if inst.state == "running" and inst.key_name in backend.key_pairs:
+                        out[inst.id] = backend.key_pairs[inst.key_name].material_public.decode()
+        return out
+
+    def reconcile(self) -> None:
+        """Start sshd for new running instances; stop it for the ones no longer running."""
+        try:
+            running = self._running()
+        except RuntimeError:  # a dict changed size while moto served a request: try next tick
+            return
+        changed = False
+        for iid, key in running.items():
+            if iid not in self.instances:
+                host = f"127.0.0.{self.next_address}"
+                self.next_address = 2 if self.next_address >= 254 else self.next_address + 1
+                self.instances[iid] = sshd.start(iid, self.state_dir / "instances" / iid, host, key,
+                                                 self.instance_env)
+                changed = True
+        for iid in [i for i in self.instances if i not in running]:
+            s = self.instances.pop(iid)
+            sshd.stop(s.pid, iid)
+            changed = True
+        if changed:
+            self.save()
+
+    def loop(self, interval_s: float = 0.2) -> None:
+        while not self.stopping.is_set():
+            self.reconcile()
+            self.stopping.wait(interval_s)
+        for iid, s in list(self.instances.items()):
+            sshd.stop(s.pid, iid)
+        self.instances.clear()
+        self.checkip.shutdown()
+        self.moto.stop()
+        (self.state_dir / "state.json").unlink(missing_ok=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    state_dir = Path(argv[0])
+    state_dir.mkdir(parents=True, exist_ok=True)
+    box = Sandbox(state_dir)
+    signal.signal(signal.SIGTERM, lambda *_: box.stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: box.stopping.set())
+    box.start()
+    print(f"sandbox up: {box.endpoint}", flush=True)
+    box.loop()
+    print("sandbox down", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""One real OpenSSH sshd per sandbox instance, on a loopback address of its own.
+
+The "instance" is a directory: host key, sshd_config, authorized_keys (the run's key pair) and
+a home. Sessions get HOME set to that home, so every instance has its own file system root for
+the tool's files, and EC2GPU_SANDBOX_INSTANCE so the sandbox can find and stop the processes an
+instance started (a detached training job too) when the instance is terminated.
+"""
+from __future__ import annotations
+
+import getpass
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+MARKER = "EC2GPU_SANDBOX_INSTANCE"
+
+
+def sshd_binary() -> str:
+    """Absolute path of sshd (sshd refuses a relative one). Raises FileNotFoundError if absent."""
+    for path in (shutil.which("sshd"), "/usr/sbin/sshd", "/usr/local/sbin/sshd"):
+        if path and os.path.exists(path):
+            return path
+    raise FileNotFoundError("sshd not found: install OpenSSH server (apt-get install -y openssh-server)")
+
+
+def free_port(host: str) -> int:
+    """An unused TCP port on ``host`` (the kernel's choice)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class SshdInstance:
+    """A running sshd: where it listens and its process id."""
+
+    instance_id: str
+    host: str
+    port: int
+    pid: int
+    directory: Path
+
+
+def config_text(d: Path, host: str, port: int, user: str, env: dict[str, str]) -> str:
+    """sshd_config for one instance directory (pure)."""
+    setenv = " ".join(f'"{k}={v}"' for k, v in env.items())
+    return "\n".join([
+        f"ListenAddress {host}", f"Port {port}",
+        f"HostKey {d / 'ssh_host_ed25519_key'}", f"PidFile {d / 'sshd.pid'}",
+        f"AuthorizedKeysFile {d / 'authorized_keys'}",
+        "PubkeyAuthentication yes", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
+        "PermitRootLogin prohibit-password", "UsePAM no", "StrictModes no", "LogLevel ERROR",
+        f"AllowUsers {user}", "Subsystem sftp internal-sftp", "PrintMotd no",
+        f"SetEnv {setenv}", "",
+    ])
+
+
+def start(instance_id: str, directory: Path, host: str, public_key: str, env: dict[str, str],
+          timeout_s: float = 10.0) -> SshdInstance:
+    """Start sshd for ``instance_id`` on ``host`` (a free port) accepting ``public_key``.
+
+    Returns once it accepts TCP connections. Raises RuntimeError if it does not within
+    ``timeout_s`` seconds (its log is in the message).
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "home").mkdir(exist_ok=True)
+    key = directory / "ssh_host_ed25519_key"
+    if not key.exists():
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    (directory / "authorized_keys").write_text(public_key.strip() + "\n")
+    port = free_port(host)
+    env = {"HOME": str(directory / "home"), MARKER: instance_id, **env}
+    (directory / "sshd_config").write_text(config_text(directory, host, port, getpass.getuser(), env))
+    if os.geteuid() == 0:
+        os.makedirs("/run/sshd", exist_ok=True)  # privilege separation directory
+    logf = open(directory / "sshd.log", "ab")
+    proc = subprocess.Popen([sshd_binary(), "-D", "-e", "-f", str(directory / "sshd_config")],
+                            stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            break
+        try:
+            socket.create_connection((host, port), timeout=0.5).close()
+            return SshdInstance(instance_id, host, port, proc.pid, directory)
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"sshd for {instance_id} did not start: {(directory / 'sshd.log').read_text()[-2000:]}")
+
+
+def instance_processes(instance_id: str) -> list[int]:
+    """Pids whose environment carries MARKER=instance_id (what the instance's sessions started)."""
+    needle = f"{MARKER}={instance_id}".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+def stop(sshd_pid: int, instance_id: str, grace_s: float = 3.0) -> None:
+    """Stop the instance: its sshd (by pid) and every process its sessions started (by pid)."""
+    targets = [sshd_pid] + instance_processes(instance_id)
+    for pid in targets:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace_s
+    for pid in targets:
+        while time.monotonic() < deadline and _alive(pid):
+            time.sleep(0.05)
+        if _alive(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purposes
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
