@@ -54,6 +54,8 @@ def parse_args(argv: list[str] | None) -> tuple[Hparams, argparse.Namespace]:
                    help="mixed precision on CUDA: bf16 where supported, else fp16 + grad scaler")
     p.add_argument("--threads", type=int, default=0, help="CPU threads (0: torch's default)")
     p.add_argument("--no-plot", action="store_true", help="skip curves.png")
+    p.add_argument("--train-subset", type=int, default=0, metavar="N",
+                   help="train on the first N training images only (smoke tests; 0: all 60,000)")
     for f in dataclasses.fields(Hparams):
         if f.name != "model":
             p.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=None,
@@ -107,8 +109,9 @@ class Trainer:
                 x = x.contiguous(memory_format=torch.channels_last)
             return x
 
-        self.x_train, self.x_test = prep(d.train_images), prep(d.test_images)
-        self.y_train = torch.from_numpy(d.train_labels).to(self.device)
+        n = self.args.train_subset or len(d.train_images)
+        self.x_train, self.x_test = prep(d.train_images[:n]), prep(d.test_images)
+        self.y_train = torch.from_numpy(d.train_labels[:n]).to(self.device)
         self.y_test = torch.from_numpy(d.test_labels).to(self.device)
 
     def build(self) -> None:

@@ -1,0 +1,96 @@
+"""The AWS layer against a real moto server (the sandbox's), through the same boto3 calls."""
+import os
+import stat
+
+import pytest
+from botocore.stub import Stubber
+
+from ec2gpu.aws import images, instances, network, sweep
+from ec2gpu.aws.session import Aws
+from ec2gpu.errors import AwsError, UsageError
+
+
+@pytest.fixture
+def aws(sandbox_env):
+    return Aws("us-east-1", endpoint_url=os.environ["AWS_ENDPOINT_URL"])
+
+
+def test_key_pair_is_ed25519_written_0600_and_tagged(aws, tmp_path):
+    name, path = network.create_key_pair(aws.ec2, "run-k", "alice", tmp_path / "keys")
+    try:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert path.read_bytes().startswith(b"-----BEGIN OPENSSH PRIVATE KEY-----")
+        (kp,) = aws.ec2.describe_key_pairs(KeyNames=[name])["KeyPairs"]
+        assert kp["KeyType"] == "ed25519"
+        assert sweep.find_key_pairs(aws.ec2, "run-k")[0]["KeyName"] == name
+    finally:
+        network.delete_key_pair(aws.ec2, name, tmp_path / "keys")
+    assert not path.exists()
+
+
+def test_security_group_admits_ssh_from_the_caller_only(aws):
+    cidr = network.ssh_cidr(None)  # the sandbox's checkip answers 127.0.0.1
+    assert cidr == "127.0.0.1/32"
+    gid = network.create_security_group(aws.ec2, "run-sg", "alice", cidr)
+    try:
+        (sg,) = aws.ec2.describe_security_groups(GroupIds=[gid])["SecurityGroups"]
+        ranges = [r["CidrIp"] for p in sg["IpPermissions"] for r in p["IpRanges"]]
+        assert ranges == ["127.0.0.1/32"] and "0.0.0.0/0" not in ranges
+        assert {t["Key"] for t in sg["Tags"]} >= {"ec2gpu:run", "ec2gpu:owner", "Name"}
+    finally:
+        sweep.delete_security_group(aws.ec2, gid)
+
+
+def test_ami_falls_back_to_newest_deep_learning_ami_by_name(aws):
+    ami = images.resolve_ami(aws.client("ssm"), aws.ec2)
+    assert ami["source"].startswith("describe_images") and "Deep Learning" in ami["Name"]
+
+
+def test_ami_comes_from_the_ssm_public_parameter_first(aws):
+    target = images.resolve_ami(aws.client("ssm"), aws.ec2)["ImageId"]
+    ssm = aws.client("ssm")
+    with Stubber(ssm) as stub:
+        stub.add_response("get_parameter", {"Parameter": {"Name": images.SSM_PARAMETERS[0], "Value": target}},
+                          {"Name": images.SSM_PARAMETERS[0]})
+        ami = images.resolve_ami(ssm, aws.ec2)
+    assert ami["ImageId"] == target and ami["source"] == f"ssm:{images.SSM_PARAMETERS[0]}"
+
+
+def test_unknown_ami_override_is_a_clear_error(aws):
+    with pytest.raises(AwsError):
+        images.resolve_ami(aws.client("ssm"), aws.ec2, "ami-00000000000000000")
+
+
+def test_spot_launch_is_recorded_as_spot_and_teardown_removes_everything(aws, tmp_path):
+    ec2 = aws.ec2
+    key, _ = network.create_key_pair(ec2, "run-l", "alice", tmp_path)
+    gid = network.create_security_group(ec2, "run-l", "alice", "127.0.0.1/32")
+    ami = images.resolve_ami(aws.client("ssm"), ec2)
+    spec = instances.LaunchSpec(run_id="run-l", owner="alice", name="lab", instance_type="g4dn.xlarge",
+                                image_id=ami["ImageId"], root_device_name=ami["RootDeviceName"], key_name=key,
+                                security_group_id=gid, spot=True)
+    (inst,) = instances.launch(ec2, spec)
+    (desc,) = instances.wait_running(ec2, [inst["InstanceId"]], timeout_s=30)
+    row = instances.summary(desc)
+    assert (row["market"], row["state"], row["name"], row["run_id"]) == ("spot", "running", "lab", "run-l")
+    assert desc["MetadataOptions"]["HttpTokens"] == "required"
+    removed = sweep.delete_run(ec2, "run-l", tmp_path)
+    assert removed["instances"] == [inst["InstanceId"]] and removed["security_groups"] == [gid]
+    assert sweep.find_instances(ec2, run_id="run-l") == []
+    assert sweep.find_security_groups(ec2, "run-l") == [] and sweep.find_key_pairs(ec2, "run-l") == []
+
+
+def test_unknown_region_is_a_usage_error():
+    with pytest.raises(UsageError, match="region"):
+        Aws("mars-north-1")
+
+
+def test_missing_credentials_are_reported_with_a_hint(monkeypatch, tmp_path):
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with pytest.raises(AwsError) as exc:
+        Aws("us-east-1").check_credentials()
+    assert "aws configure" in exc.value.hint

@@ -1,0 +1,76 @@
+"""The remote layer against a real OpenSSH sshd on a loopback address."""
+import time
+
+import pytest
+
+from ec2gpu.aws.network import generate_key, write_private_key
+from ec2gpu.errors import RemoteError
+from ec2gpu.remote import jobs, ssh
+from ec2gpu.sandbox import sshd
+
+
+@pytest.fixture
+def server(tmp_path):
+    try:
+        sshd.sshd_binary()
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    private, public = generate_key()
+    key = tmp_path / "id.pem"
+    write_private_key(key, private)
+    inst = sshd.start("i-test0001", tmp_path / "inst", "127.0.0.99", public, {})
+    yield inst, key, tmp_path / "known_hosts"
+    sshd.stop(inst.pid, inst.instance_id)
+    assert not sshd._alive(inst.pid)
+
+
+def _connect(server, **kw):
+    import getpass
+    inst, key, known = server
+    return ssh.wait_for_ssh(inst.host, inst.port, getpass.getuser(), key, known, timeout_s=20, **kw)
+
+
+def test_host_key_is_pinned_on_first_use_and_a_changed_key_is_refused(server):
+    notes = []
+    conn = _connect(server, log=notes.append)
+    conn.close()
+    known = server[2]
+    assert known.exists() and "ssh-ed25519" in known.read_text() and "first use" in notes[0]
+    line = known.read_text().split()
+    _, other = generate_key()
+    known.write_text(f"{line[0]} {other}\n")
+    with pytest.raises(RemoteError, match="host key"):
+        _connect(server)
+
+
+def test_job_survives_a_dropped_connection_and_its_log_is_followed_byte_for_byte(server):
+    conn = _connect(server)
+    run_dir = jobs.remote_run_dir(conn, "r1")
+    ssh.run(conn, f"mkdir -p {run_dir}")
+    script = "for i in 1 2 3 4 5 6; do echo line $i >> out.log; sleep 0.3; done; exit 3"
+    jobs.start(conn, run_dir, ["bash", "-c", script])
+    time.sleep(0.5)
+    conn.close()  # the controller's SSH connection drops mid-job
+    conn = _connect(server)
+    got = bytearray()
+    status, offset = jobs.follow(conn, run_dir, "out.log", got.extend, poll_s=0.1, timeout_s=30)
+    assert status == 3
+    assert bytes(got) == b"".join(b"line %d\n" % i for i in range(1, 7)) and offset == len(got)
+    conn.close()
+
+
+def test_failed_command_reports_command_host_status_and_output(server):
+    conn = _connect(server)
+    with pytest.raises(RemoteError) as exc:
+        ssh.run(conn, "echo boom >&2; exit 7")
+    assert exc.value.exit_status == 7 and "boom" in exc.value.tail and exc.value.host == server[0].host
+    conn.close()
+
+
+def test_fetch_downloads_every_file(server, tmp_path):
+    conn = _connect(server)
+    run_dir = jobs.remote_run_dir(conn, "r2")
+    ssh.run(conn, f"mkdir -p {run_dir}/out && printf 'a' > {run_dir}/out/x.txt && printf 'bb' > {run_dir}/out/y.json")
+    got = jobs.fetch(conn, f"{run_dir}/out", tmp_path / "dl")
+    assert sorted(p.name for p in got) == ["x.txt", "y.json"] and (tmp_path / "dl" / "y.json").read_text() == "bb"
+    conn.close()

@@ -1,0 +1,100 @@
+"""Pure request builders and catalog rules: no AWS, no mocks."""
+import base64
+
+import pytest
+
+from ec2gpu.aws import catalog, instances, network
+from ec2gpu.errors import RetiredInstanceType, UsageError
+from ec2gpu.runs import costs, pipeline
+
+
+def spec(**kw):
+    base = dict(run_id="r1", owner="alice", name="ec2gpu-r1", instance_type="g4dn.xlarge", image_id="ami-1",
+                root_device_name="/dev/sda1", key_name="k", security_group_id="sg-1")
+    return instances.LaunchSpec(**{**base, **kw})
+
+
+def test_run_request_requires_imdsv2_encrypted_gp3_root_and_terminate_on_shutdown():
+    req = instances.run_request(spec())
+    assert req["MetadataOptions"]["HttpTokens"] == "required"
+    ebs = req["BlockDeviceMappings"][0]["Ebs"]
+    assert req["BlockDeviceMappings"][0]["DeviceName"] == "/dev/sda1"
+    assert ebs["Encrypted"] is True and ebs["VolumeType"] == "gp3" and ebs["DeleteOnTermination"] is True
+    assert req["InstanceInitiatedShutdownBehavior"] == "terminate"
+    assert "InstanceMarketOptions" not in req
+
+
+def test_run_request_tags_instance_and_volume_with_run_owner_and_name():
+    req = instances.run_request(spec())
+    kinds = {t["ResourceType"]: {x["Key"]: x["Value"] for x in t["Tags"]} for t in req["TagSpecifications"]}
+    for kind in ("instance", "volume"):
+        assert kinds[kind] == {"ec2gpu:run": "r1", "ec2gpu:owner": "alice", "Name": "ec2gpu-r1"}
+
+
+def test_spot_request_is_one_time_and_terminates_on_interruption():
+    opts = instances.run_request(spec(spot=True))["InstanceMarketOptions"]
+    assert opts == {"MarketType": "spot", "SpotOptions": {"SpotInstanceType": "one-time",
+                                                          "InstanceInterruptionBehavior": "terminate"}}
+
+
+def test_user_data_schedules_shutdown_after_max_runtime():
+    data = base64.b64decode(instances.run_request(spec(max_runtime_minutes=90))["UserData"]).decode()
+    assert "shutdown -h +90" in data
+    assert "shutdown" not in instances.user_data(None)
+
+
+def test_ingress_opens_port_22_to_the_given_cidr_only():
+    req = network.ingress_request("sg-1", "203.0.113.7/32")
+    (perm,) = req["IpPermissions"]
+    assert (perm["FromPort"], perm["ToPort"], perm["IpProtocol"]) == (22, 22, "tcp")
+    assert [r["CidrIp"] for r in perm["IpRanges"]] == ["203.0.113.7/32"]
+
+
+def test_ssh_cidr_uses_caller_ip_slash_32_and_validates_explicit_cidr(monkeypatch):
+    monkeypatch.setattr(network, "caller_ip", lambda url=None: "198.51.100.4")
+    assert network.ssh_cidr(None) == "198.51.100.4/32"
+    assert network.ssh_cidr("10.0.0.0/8") == "10.0.0.0/8"
+    with pytest.raises(UsageError):
+        network.ssh_cidr("not-a-cidr")
+
+
+def test_g2_is_retired_and_suggests_g4dn():
+    with pytest.raises(RetiredInstanceType) as exc:
+        catalog.lookup("g2.2xlarge")
+    assert "K520" in exc.value.message and "g4dn.xlarge" in exc.value.hint
+
+
+@pytest.mark.parametrize("name", ["t3.micro", "c5.large", "g9.huge"])
+def test_non_gpu_or_unknown_types_are_refused(name):
+    with pytest.raises(UsageError):
+        catalog.lookup(name)
+
+
+def test_catalog_knows_the_supported_families():
+    assert {catalog.lookup(n).gpu for n in ("g4dn.xlarge", "g5.xlarge", "g6.xlarge", "p4d.24xlarge")} == \
+        {"T4", "A10G", "L4", "A100"}
+
+
+def test_billing_is_per_second_with_a_60_second_minimum():
+    from datetime import datetime, timedelta
+    t0 = datetime(2026, 1, 1)
+    assert costs.billed_seconds(t0, t0 + timedelta(seconds=20)) == 60
+    assert costs.billed_seconds(t0, t0 + timedelta(seconds=125.5)) == 125.5
+    assert costs.cost_usd(3600, 0.526) == pytest.approx(0.526)
+
+
+def test_trainer_argv_passes_model_epochs_seed_and_extra_flags():
+    opts = pipeline.TrainOptions(model="lenet", epochs=3, seed=7, trainer_args=["--lr", "0.05"])
+    argv = pipeline.trainer_argv("/py", opts, "/o")
+    assert argv[:3] == ["/py", "-m", "ec2gpu.train.mnist"]
+    assert argv[argv.index("--model") + 1] == "lenet" and argv[argv.index("--epochs") + 1] == "3"
+    assert argv[argv.index("--seed") + 1] == "7" and argv[-2:] == ["--lr", "0.05"]
+
+
+def test_line_splitter_emits_whole_lines_across_chunk_boundaries():
+    got = []
+    split = pipeline.LineSplitter(got.append)
+    for chunk in (b"ab", b"c\nde", b"f\n", b"tail"):
+        split(chunk)
+    split.flush()
+    assert got == ["abc", "def", "tail"]
