@@ -1,0 +1,1 @@
+"""Runs: the pipeline that does a whole job, and what it costs."""
