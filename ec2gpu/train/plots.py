@@ -13,6 +13,7 @@ def plot_curves(history: list[dict], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     epochs = [r["epoch"] for r in history]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
@@ -23,6 +24,8 @@ def plot_curves(history: list[dict], path: Path) -> None:
     ax2.set_xlabel("epoch"); ax2.set_ylabel("test accuracy (%)"); ax2.grid(alpha=0.3)
     best = max(history, key=lambda r: r["test_acc"])
     ax2.set_title(f"best {100 * best['test_acc']:.2f}% at epoch {best['epoch']}")
+    for ax in (ax1, ax2):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
