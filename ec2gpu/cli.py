@@ -228,10 +228,10 @@ def launch(
 
 def _find(ctx: Context, name: str) -> list[dict]:
     from .aws import sweep
+    from .aws import tags as T
 
     found = [i for i in sweep.find_instances(ctx.aws.ec2, states=["pending", "running"])
-             if name in (i["InstanceId"], {t["Key"]: t["Value"] for t in i.get("Tags", [])}.get("Name"),
-                         {t["Key"]: t["Value"] for t in i.get("Tags", [])}.get("ec2gpu:run"))]
+             if name in (i["InstanceId"], T.as_dict(i.get("Tags")).get(T.NAME), T.as_dict(i.get("Tags")).get(T.RUN))]
     if not found:
         raise UsageError(f"no running instance named {name!r}", "see `ec2gpu ls`")
     return found

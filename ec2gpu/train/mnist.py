@@ -74,6 +74,33 @@ class Stop(Exception):
         self.code = code
 
 
+class StepTimer:
+    """Training seconds between laps: CUDA events + synchronize on a GPU, perf_counter on the CPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self._reset()
+
+    def _reset(self) -> None:
+        if self.cuda:
+            self.start = torch.cuda.Event(enable_timing=True)
+            self.start.record()
+        else:
+            self.t0 = time.perf_counter()
+
+    def lap(self) -> float:
+        """Seconds since construction or the previous lap; starts the next lap."""
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            torch.cuda.synchronize()
+            seconds = self.start.elapsed_time(end) / 1000.0
+        else:
+            seconds = time.perf_counter() - self.t0
+        self._reset()
+        return seconds
+
+
 class Trainer:
     """One training run. ``run()`` returns the summary dict; raises Stop on SIGTERM or spot notice."""
 
@@ -256,40 +283,30 @@ class Trainer:
 
     # ---------------------------------------------------------------- epochs
     def run_epoch(self) -> None:
-        hp, cuda = self.hp, self.device.type == "cuda"
         g = torch.Generator().manual_seed(self.args.seed * 100_003 + self.epoch)
         perm = torch.randperm(len(self.x_train), generator=g).to(self.device)
-        seconds, t0 = 0.0, time.perf_counter()
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
+        timer = StepTimer(self.device)
         loss_sum = torch.zeros((), device=self.device)
+
+        def bank() -> None:  # move time and loss so far into the run's totals (before a checkpoint)
+            self.train_seconds += timer.lap()
+            self.loss_sum += loss_sum.item()
+            loss_sum.zero_()
+
         while self.step < self.steps_per_epoch:
             if self._should_stop(self.step):
-                seconds = self._elapsed(cuda, t0, locals().get("start"), locals().get("end"))
-                self.train_seconds += seconds
-                self.loss_sum += loss_sum.item()
+                bank()
                 self._stop()
             loss_sum += self.train_step(*self._batch(perm, self.step))
             self.step += 1
             if self.args.checkpoint_every and self.step % self.args.checkpoint_every == 0:
-                seconds = self._elapsed(cuda, t0, locals().get("start"), locals().get("end"))
-                self.train_seconds += seconds; self.loss_sum += loss_sum.item()
-                loss_sum.zero_(); self.save_checkpoint()
-                t0 = time.perf_counter()
-                if cuda:
-                    start.record()
-        self.train_seconds += self._elapsed(cuda, t0, locals().get("start"), locals().get("end"))
-        self.loss_sum += loss_sum.item()
-        if hp.schedule != "onecycle":
+                bank()
+                self.save_checkpoint()
+                timer.lap()  # checkpoint writing is not training time
+        bank()
+        if self.hp.schedule != "onecycle":
             self.sched.step()
         self.end_epoch()
-
-    def _elapsed(self, cuda: bool, t0: float, start, end) -> float:
-        if cuda:
-            end.record(); torch.cuda.synchronize()
-            return start.elapsed_time(end) / 1000.0
-        return time.perf_counter() - t0
 
     def end_epoch(self) -> None:
         train_loss = self.loss_sum / self.steps_per_epoch
