@@ -5,8 +5,10 @@ The classic recipe (pytorch/examples mnist/main.py): conv3x3(32) -> conv3x3(64) 
 dropout 0.25 -> FC 128 -> dropout 0.5 -> FC 10, Adadelta lr 1.0, StepLR gamma 0.7, batch 64,
 test accuracy measured after each epoch. Both read the same resident tensors and are timed
 the same way (training steps only, evaluation excluded), in one process on one machine.
-Prints both times, the ratio, and the accuracies. Usage:
+Prints both times, the ratio, and the accuracies. ``--presets`` instead runs every preset once
+(its own epochs, seed 0) and prints the README's preset table. Usage:
     python scripts/bench_trainer.py --data-dir ../shared/data/mnist [--seeds 0 1 2]
+    python scripts/bench_trainer.py --data-dir ../shared/data/mnist --presets
 """
 from __future__ import annotations
 
@@ -74,9 +76,9 @@ def classic_time_to_99(data_dir: str, max_epochs: int, seed: int = 1) -> tuple[f
     return None, accs
 
 
-def cnn_run(data_dir: str, seed: int) -> dict:
+def cnn_run(data_dir: str, seed: int, model: str = "cnn") -> dict:
     with tempfile.TemporaryDirectory() as out:
-        subprocess.run([sys.executable, "-m", "ec2gpu.train.mnist", "--model", "cnn", "--seed", str(seed),
+        subprocess.run([sys.executable, "-m", "ec2gpu.train.mnist", "--model", model, "--seed", str(seed),
                         "--data-dir", data_dir, "--out", out, "--no-plot", "--device", "cpu"],
                        check=True, stdout=subprocess.DEVNULL)
         with open(os.path.join(out, "summary.json")) as f:
@@ -88,7 +90,10 @@ def main() -> int:
     p.add_argument("--data-dir", default=os.environ.get("EC2GPU_DATA_DIR", "../shared/data/mnist"))
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--classic-max-epochs", type=int, default=14, help="the example's default epoch count")
+    p.add_argument("--presets", action="store_true", help="run each preset once and print its accuracy and time")
     args = p.parse_args()
+    if args.presets:
+        return presets(args.data_dir)
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads")
     runs = [cnn_run(args.data_dir, s) for s in args.seeds]
@@ -106,6 +111,18 @@ def main() -> int:
     print(f"classic: {classic_s:.1f} s of training to first reach 99.0%")
     print(f"ratio (classic / cnn): {classic_s / mean_s:.1f}x  [target >= 10x with mean accuracy >= 0.990]")
     return 0 if classic_s / mean_s >= 10 and mean_acc >= 0.99 else 1
+
+
+def presets(data_dir: str) -> int:
+    """One run of every preset (seed 0, its own epochs) on the CPU; a Markdown table row each."""
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}")
+    print("| preset | epochs | test accuracy | training s | trainer wall s | time to 99% (s) |\n|---|---|---|---|---|---|")
+    for model in ("dbn", "mlp", "lenet", "cnn"):
+        r = cnn_run(data_dir, 0, model)
+        ttt = r["time_to_target_seconds"]
+        print(f"| `{model}` | {r['epochs']} | {100 * r['test_acc']:.2f}% | {r['train_seconds']:.1f} | "
+              f"{r['wall_seconds']:.1f} | {'-' if ttt is None else f'{ttt:.1f}'} |", flush=True)
+    return 0
 
 
 if __name__ == "__main__":

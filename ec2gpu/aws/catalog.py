@@ -1,18 +1,23 @@
 """GPU instance types: GPU model and count, vCPUs, memory, on-demand price; retired types.
 
 Specifications: https://aws.amazon.com/ec2/instance-types/ (accelerated computing tab).
-On-demand prices: USD per hour, Linux, shared tenancy, region us-east-1, from
-https://aws.amazon.com/ec2/pricing/on-demand/ as transcribed on PRICES_AS_OF. They are a
-reference for estimates; the bill follows AWS's current price list.
+On-demand prices: USD per hour, Linux, shared tenancy, from
+https://aws.amazon.com/ec2/pricing/on-demand/ as transcribed on PRICES_AS_OF for us-east-1; the
+same list prices apply in us-east-2 and us-west-2 (SHIPPED_PRICE_REGIONS). For any other region, or
+to replace the shipped table, ``ec2gpu prices --refresh`` fetches the AWS Price List API
+(aws/pricing.py) and caches the result; ``on_demand_price`` prefers that cache.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..errors import RetiredInstanceType, UsageError
 
 PRICES_AS_OF = "2025-06 (us-east-1, Linux on-demand)"
 PRICE_REGION = "us-east-1"
+SHIPPED_PRICE_REGIONS = ("us-east-1", "us-east-2", "us-west-2")  # same Linux on-demand list prices
 BILLING_MINIMUM_SECONDS = 60  # per-second billing, 60 s minimum: https://aws.amazon.com/ec2/pricing/
 
 
@@ -67,6 +72,10 @@ CATALOG: dict[str, InstanceType] = {t.name: t for t in [
     _t("p5.48xlarge", "H100", 8, 80, 192, 2048, 98.32),
 ]}
 
+#: Last known on-demand price of the retired types, USD/h, us-east-1 (AWS's previous-generation
+#: price list: g2.2xlarge $0.65/h, g2.8xlarge $2.60/h, p2.xlarge $0.90/h).
+RETIRED_LAST_PRICE: dict[str, float] = {"g2.2xlarge": 0.65, "g2.8xlarge": 2.60, "p2.xlarge": 0.90}
+
 #: Retired instance type -> (why, suggested replacement). g2 (NVIDIA GRID K520, Kepler) is no
 #: longer offered and current NVIDIA drivers and CUDA 12 no longer support Kepler GPUs.
 RETIRED: dict[str, tuple[str, str]] = {
@@ -94,3 +103,41 @@ def lookup(name: str) -> InstanceType:
         raise UsageError(f"{name} has no NVIDIA GPU", f"choose a GPU instance type, e.g. g4dn.xlarge ({', '.join(known)})")
     raise UsageError(f"unknown GPU instance type {name!r}",
                      f"known families: {', '.join(known)}; e.g. g4dn.xlarge (T4), g5.xlarge (A10G), g6.xlarge (L4)")
+
+
+@dataclass(frozen=True)
+class Price:
+    """An hourly price and where it came from. ``usd_per_hour`` is None when unknown."""
+
+    usd_per_hour: float | None
+    source: str
+
+
+def price_cache_path(home: Path, region: str) -> Path:
+    """Where ``ec2gpu prices --refresh`` caches a region's on-demand prices (JSON)."""
+    return home / "prices" / f"{region}.json"
+
+
+def read_price_cache(home: Path | None, region: str) -> dict | None:
+    """The cached Price List result for ``region``: {"fetched_at", "source", "prices": {type: USD/h}}."""
+    if home is None:
+        return None
+    path = price_cache_path(home, region)
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def on_demand_price(name: str, region: str, home: Path | None = None) -> Price:
+    """USD/h of ``name`` on-demand in ``region``: the refreshed cache, else the shipped table.
+
+    Returns Price(None, ...) when neither knows the region; raises like ``lookup`` for bad names.
+    """
+    itype = lookup(name)
+    cache = read_price_cache(home, region)
+    if cache and itype.name in cache.get("prices", {}):
+        return Price(float(cache["prices"][itype.name]), f"AWS Price List API, fetched {cache['fetched_at'][:10]}")
+    if region in SHIPPED_PRICE_REGIONS:
+        return Price(itype.on_demand_usd_h, f"shipped table, {PRICES_AS_OF}")
+    return Price(None, f"no shipped price for {region}; run `ec2gpu prices --refresh --region {region}`")

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import base64
 import math
+import re
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 
 import botocore.exceptions
 
@@ -38,6 +39,7 @@ class LaunchSpec:
     max_runtime_minutes: int | None = 120
     count: int = 1
     subnet_id: str | None = None
+    max_price: float | None = None  # spot only: the highest USD/h to pay (None: up to on-demand)
 
 
 def user_data(max_runtime_minutes: int | None) -> str:
@@ -67,8 +69,11 @@ def run_request(spec: LaunchSpec) -> dict:
                               T.tag_spec("volume", spec.run_id, spec.owner, spec.name)],
     }
     if spec.spot:
+        req["TagSpecifications"].append(T.tag_spec("spot-instances-request", spec.run_id, spec.owner, spec.name))
         req["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
             "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}
+        if spec.max_price is not None:
+            req["InstanceMarketOptions"]["SpotOptions"]["MaxPrice"] = f"{spec.max_price:.4f}"
     if spec.subnet_id:
         req["SubnetId"] = spec.subnet_id
     return req
@@ -130,7 +135,7 @@ def terminate(ec2, instance_ids: list[str], wait: bool = True, timeout_s: float 
                                                        WaiterConfig=_waiter_config(timeout_s, delay_s))
         except botocore.exceptions.WaiterError:
             raise WaitTimeout(f"instances {', '.join(instance_ids)} not terminated after {timeout_s:.0f} s",
-                              "check with `ec2gpu ls` and `ec2gpu down --all`")
+                              "check with `ec2gpu ls` and `ec2gpu cleanup`")
 
 
 def market(instance: dict) -> str:
@@ -150,3 +155,18 @@ def summary(instance: dict) -> dict:
         "zone": instance.get("Placement", {}).get("AvailabilityZone"),
         "launched_at": launched.isoformat() if isinstance(launched, datetime) else launched,
     }
+
+
+_REASON_TIME = re.compile(r"\((\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}) (?:GMT|UTC)\)")
+
+
+def transition_time(instance: dict) -> datetime | None:
+    """When the instance last changed state, from its StateTransitionReason (UTC), or None.
+
+    EC2 writes e.g. "User initiated (2026-11-21 10:02:03 GMT)" on stop and terminate; this is the
+    instance's own record of its termination time, used for billing.
+    """
+    m = _REASON_TIME.search(instance.get("StateTransitionReason") or "")
+    if not m:
+        return None
+    return datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc)

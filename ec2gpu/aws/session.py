@@ -42,6 +42,15 @@ class Aws:
             self._clients[key] = self._session.client(service, endpoint_url=self.endpoint_url, config=cfg)
         return self._clients[key]
 
+    def pricing(self):
+        """A Price List API client; that API is served from us-east-1 whatever the region."""
+        key = ("pricing", False)
+        if key not in self._clients:
+            cfg = botocore.config.Config(retries=RETRIES, connect_timeout=10, read_timeout=60)
+            self._clients[key] = self._session.client("pricing", region_name="us-east-1",
+                                                      endpoint_url=self.endpoint_url, config=cfg)
+        return self._clients[key]
+
     @property
     def ec2(self):
         return self.client("ec2")

@@ -42,6 +42,59 @@ def find_key_pairs(ec2, run_id: str | None = None) -> list[dict]:
     return ec2.describe_key_pairs(Filters=filters)["KeyPairs"]
 
 
+def find_spot_requests(ec2, run_id: str | None = None) -> list[dict]:
+    """Open or active spot instance requests tagged by the tool (optionally one run)."""
+    filters = [{"Name": "tag-key", "Values": [T.RUN]}, {"Name": "state", "Values": ["open", "active"]}]
+    if run_id:
+        filters.append({"Name": f"tag:{T.RUN}", "Values": [run_id]})
+    return ec2.describe_spot_instance_requests(Filters=filters)["SpotInstanceRequests"]
+
+
+def inventory(ec2) -> dict[str, list[dict]]:
+    """Everything the tool created that still exists in the client's region, by kind.
+
+    Keys: instances (live states), spot_requests (open/active), security_groups, key_pairs; each
+    entry has ``id``, ``run_id`` and ``name`` (from the tags) and, for instances, ``state``.
+    """
+    def row(res: dict, id_key: str, **extra) -> dict:
+        tg = T.as_dict(res.get("Tags"))
+        return {"id": res[id_key], "run_id": tg.get(T.RUN, ""), "name": tg.get(T.NAME, ""), **extra}
+
+    return {
+        "instances": [row(i, "InstanceId", state=i["State"]["Name"], instance_type=i["InstanceType"])
+                      for i in find_instances(ec2)],
+        "spot_requests": [row(r, "SpotInstanceRequestId", state=r["State"]) for r in find_spot_requests(ec2)],
+        "security_groups": [row(g, "GroupId") for g in find_security_groups(ec2)],
+        "key_pairs": [row(k, "KeyName") for k in find_key_pairs(ec2)],
+    }
+
+
+def delete_everything(ec2, found: dict[str, list[dict]], keys_dir, log=lambda msg: None) -> dict[str, list[str]]:
+    """Remove what ``inventory`` found: cancel spot requests, terminate instances (waiting), then
+    delete security groups (retrying DependencyViolation) and key pairs with their local files.
+    Returns the ids removed, by kind."""
+    removed: dict[str, list[str]] = {k: [] for k in found}
+    if found["spot_requests"]:
+        ids = [r["id"] for r in found["spot_requests"]]
+        log(f"cancelling spot requests {', '.join(ids)}")
+        ec2.cancel_spot_instance_requests(SpotInstanceRequestIds=ids)
+        removed["spot_requests"] = ids
+    if found["instances"]:
+        ids = [r["id"] for r in found["instances"]]
+        log(f"terminating {', '.join(ids)}")
+        inst.terminate(ec2, ids)
+        removed["instances"] = ids
+    for g in found["security_groups"]:
+        log(f"deleting security group {g['id']}")
+        delete_security_group(ec2, g["id"])
+        removed["security_groups"].append(g["id"])
+    for k in found["key_pairs"]:
+        log(f"deleting key pair {k['id']}")
+        delete_key_pair(ec2, k["id"], keys_dir)
+        removed["key_pairs"].append(k["id"])
+    return removed
+
+
 def delete_security_group(ec2, group_id: str, timeout_s: float = 300, delay_s: float = 3) -> None:
     """Delete a security group, retrying DependencyViolation while its instances terminate."""
     deadline = time.monotonic() + timeout_s
@@ -64,6 +117,8 @@ def delete_run(ec2, run_id: str, keys_dir, log=lambda msg: None) -> dict:
     Returns {'instances': [...], 'security_groups': [...], 'key_pairs': [...]} of what was removed.
     """
     removed = {"instances": [], "security_groups": [], "key_pairs": []}
+    for r in find_spot_requests(ec2, run_id):
+        ec2.cancel_spot_instance_requests(SpotInstanceRequestIds=[r["SpotInstanceRequestId"]])
     ids = [i["InstanceId"] for i in find_instances(ec2, run_id=run_id)]
     if ids:
         log(f"terminating {', '.join(ids)}")

@@ -1,13 +1,34 @@
-"""What a run costs: per-second billing with a 60-second minimum, at the catalog's hourly price.
+"""What a run costs: the estimate before it, and the bill after it.
 
-Billing rules: https://aws.amazon.com/ec2/pricing/ (Linux instances are billed per second,
-with a minimum of 60 seconds, from the running state to termination).
+Billing rules (https://aws.amazon.com/ec2/pricing/, "Per Second Billing"): Linux instances,
+on-demand and spot, are billed per second with a minimum of 60 seconds. A spot instance pays the
+spot price in effect in its availability zone for each second, so a price change during a run
+splits the bill at the change. docs/cost-model.md explains the estimate and its defaults.
 """
 from __future__ import annotations
 
+import statistics
+from dataclasses import asdict, dataclass
 from datetime import datetime
 
 from ..aws.catalog import BILLING_MINIMUM_SECONDS
+
+#: Phase seconds assumed when the ledger has no earlier run of the same instance type and backend.
+#: Assumptions, not measurements: boot = requesting + pending -> running + first SSH login of a
+#: Deep Learning AMI (AWS quotes "a few minutes"); setup = ami/setup-gpu.sh checks on a DLAMI that
+#: already has the driver, CUDA and PyTorch; teardown = download + terminate waiter.
+DEFAULT_PHASE_SECONDS = {"boot": 150.0, "setup": 45.0, "teardown": 75.0}
+
+#: Seconds of one epoch of each model on a T4 (g4dn), and seconds of trainer start-up (import
+#: torch, CUDA init, MNIST download + md5). Assumptions scaled from the public one-epoch recipe
+#: (0.76 s on a GTX 1660 Ti, a T4-class GPU), not measured by this project; replaced by the
+#: ledger's measurements after the first run of a model on a GPU model.
+DEFAULT_EPOCH_SECONDS_T4 = {"cnn": 2.0, "lenet": 2.5, "mlp": 1.5, "dbn": 1.5}
+DEFAULT_TRAINER_STARTUP_SECONDS = 30.0
+
+#: Relative training speed of each GPU model to a T4 for these small models (assumed, from the
+#: GPUs' published FP16/BF16 tensor throughput, capped because MNIST-sized steps are launch-bound).
+GPU_SPEEDUP = {"T4": 1.0, "A10G": 2.0, "L4": 1.8, "V100": 2.0, "A100": 3.0, "H100": 4.0}
 
 
 def billed_seconds(launched_at: datetime, ended_at: datetime) -> float:
@@ -18,3 +39,163 @@ def billed_seconds(launched_at: datetime, ended_at: datetime) -> float:
 def cost_usd(seconds: float, usd_per_hour: float) -> float:
     """USD for ``seconds`` billed at ``usd_per_hour`` (seconds already include the minimum)."""
     return seconds * usd_per_hour / 3600.0
+
+
+def price_at(history: list[tuple[datetime, float]], when: datetime) -> float:
+    """The spot price (USD/h) in effect at ``when``: the newest entry at or before it.
+
+    ``history`` is [(timestamp, USD/h)] sorted by time. Before the first entry, the first applies.
+    Raises ValueError for an empty history.
+    """
+    if not history:
+        raise ValueError("no spot price history")
+    current = history[0][1]
+    for ts, price in history:
+        if ts > when:
+            break
+        current = price
+    return current
+
+
+def spot_cost_usd(history: list[tuple[datetime, float]], launched_at: datetime, ended_at: datetime) -> float:
+    """USD for a spot instance alive from ``launched_at`` to ``ended_at``, following price changes.
+
+    Each second pays the price in effect then; a run shorter than 60 s pays 60 s at its launch price
+    (the minimum). ``history`` as for ``price_at``. Raises ValueError for an empty history.
+    """
+    seconds = (ended_at - launched_at).total_seconds()
+    if seconds < BILLING_MINIMUM_SECONDS:
+        return cost_usd(BILLING_MINIMUM_SECONDS, price_at(history, launched_at))
+    cuts = [launched_at] + [ts for ts, _ in history if launched_at < ts < ended_at] + [ended_at]
+    return sum(cost_usd((b - a).total_seconds(), price_at(history, a)) for a, b in zip(cuts, cuts[1:]))
+
+
+@dataclass
+class Estimate:
+    """The expected time (s) and cost (USD) of one run on one instance type."""
+
+    instance_type: str
+    market: str  # on-demand | spot
+    usd_per_hour: float | None
+    price_source: str
+    boot_seconds: float
+    setup_seconds: float
+    train_seconds: float  # trainer start-up + epochs
+    teardown_seconds: float
+    time_source: str  # "ledger (N runs)" or "default (T4 x speedup)"
+    billed_seconds: float = 0.0
+    cost_usd: float | None = None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def estimate(instance_type: str, gpu: str, market: str, usd_per_hour: float | None, price_source: str,
+             model: str, epochs: int, history: list[dict]) -> Estimate:
+    """Estimate a run of ``model`` for ``epochs`` on ``instance_type`` (pure).
+
+    ``history`` holds earlier runs of the same backend from the ledger, newest first, as dicts
+    with ``instance_type``, ``gpu``, ``model``, ``phases`` {phase: s}, ``train_seconds`` and
+    ``epochs``. Phase times come from runs of the same instance type, the epoch time from runs of
+    the same model on the same GPU model; each falls back to the documented defaults above.
+    """
+    same_type = [r for r in history if r.get("instance_type") == instance_type and r.get("phases")][:5]
+    same_gpu = [r for r in history if r.get("gpu") == gpu and r.get("model") == model
+                and r.get("train_seconds") and r.get("epochs") and r.get("phases", {}).get("training")][:5]
+
+    def phase(names: tuple[str, ...], key: str) -> float:
+        got = _median([sum(r["phases"].get(n, 0.0) for n in names) for r in same_type])
+        return DEFAULT_PHASE_SECONDS[key] if got is None else got
+
+    boot = phase(("requesting", "waiting for running", "waiting for SSH"), "boot")
+    setup = phase(("setup", "upload"), "setup")
+    teardown = phase(("download", "terminating"), "teardown")
+    if same_gpu:
+        epoch_s = _median([r["train_seconds"] / r["epochs"] for r in same_gpu])
+        startup = _median([max(0.0, r["phases"]["training"] - r["train_seconds"]) for r in same_gpu])
+        source = f"ledger ({len(same_gpu)} earlier run(s) of {model} on {gpu})"
+    else:
+        speed = GPU_SPEEDUP.get(gpu, 1.0)
+        epoch_s = DEFAULT_EPOCH_SECONDS_T4.get(model, 2.0) / speed
+        startup = DEFAULT_TRAINER_STARTUP_SECONDS
+        source = f"default for {gpu} (assumed, docs/cost-model.md)"
+    if same_type and not same_gpu:
+        source += f"; phases from ledger ({len(same_type)} run(s))"
+    est = Estimate(instance_type, market, usd_per_hour, price_source, round(boot, 1), round(setup, 1),
+                   round(startup + epochs * epoch_s, 1), round(teardown, 1), source)
+    # billing starts at launch (part of "boot") and ends at termination (end of "teardown")
+    est.billed_seconds = round(max(float(BILLING_MINIMUM_SECONDS), boot + setup + est.train_seconds + teardown), 1)
+    if usd_per_hour is not None:
+        est.cost_usd = round(cost_usd(est.billed_seconds, usd_per_hour), 4)
+    return est
+
+
+def backend_of(resolver) -> str:
+    """'sandbox' when instances are reached through the sandbox's resolver, else 'aws'."""
+    return "sandbox" if resolver else "aws"
+
+
+def hourly_price(aws, home, instance_type: str, spot: bool, max_price: float | None = None):
+    """The USD/h a new instance of ``instance_type`` would pay now, as a ``catalog.Price``.
+
+    On-demand: the refreshed Price List cache, else the shipped table. Spot: the highest current
+    spot price over the region's availability zones (the launch may land in any of them), capped
+    at ``max_price``; with no spot price known, the on-demand price (spot's ceiling).
+    """
+    from ..aws import catalog, pricing
+
+    on_demand = catalog.on_demand_price(instance_type, aws.region, home)
+    if not spot:
+        return on_demand
+    zones = pricing.current_spot_prices(aws.ec2, [instance_type]).get(instance_type, {})
+    if not zones:
+        return catalog.Price(on_demand.usd_per_hour, "no spot price found; on-demand price as the ceiling")
+    worst = max(zones.values())
+    if max_price is not None and max_price < worst:
+        return catalog.Price(max_price, f"--max-price (current spot {min(zones.values()):.4f}-{worst:.4f} USD/h)")
+    return catalog.Price(worst, f"spot now, highest of {len(zones)} zone(s)")
+
+
+def estimate_run(aws, home, instance_type: str, spot: bool, model: str, epochs: int | None, backend: str,
+                 max_price: float | None = None) -> Estimate:
+    """Estimate time and cost of one `train` run from current prices and the ledger's history."""
+    from ..aws import catalog
+    from ..train.presets import PRESETS
+    from . import ledger
+
+    itype = catalog.lookup(instance_type)
+    price = hourly_price(aws, home, itype.name, spot, max_price)
+    history = [r for r in ledger.runs(home, backend=backend, limit=50) if r["status"] == "completed"]
+    return estimate(itype.name, itype.gpu, "spot" if spot else "on-demand", price.usd_per_hour, price.source,
+                    model, epochs or PRESETS[model].epochs, history)
+
+
+def actual_cost(aws, home, instance: dict, ended_fallback: datetime) -> dict:
+    """Billed seconds and USD of one instance from its own launch and termination times.
+
+    ``instance`` is a describe_instances entry after termination. Its StateTransitionReason gives
+    the termination time (``ended_fallback``, the controller's clock, when it has none). Spot
+    instances pay the spot price history of their zone over their lifetime; on-demand ones the
+    catalog's price. Returns the ledger's columns: launched_at, terminated_at, billed_seconds,
+    usd_per_hour, cost_usd (None when no price is known), price_source.
+    """
+    from ..aws import catalog, instances, pricing
+
+    launched = instance["LaunchTime"]
+    ended = instances.transition_time(instance) or ended_fallback
+    seconds = billed_seconds(launched, ended)
+    row = {"launched_at": launched.isoformat(), "terminated_at": ended.isoformat(), "billed_seconds": round(seconds, 1)}
+    itype, zone = instance["InstanceType"], instance.get("Placement", {}).get("AvailabilityZone")
+    if instances.market(instance) == "spot":
+        history = pricing.spot_price_history(aws.ec2, itype, zone, launched, ended)
+        if history:
+            usd = spot_cost_usd(history, launched, ended)
+            return {**row, "usd_per_hour": round(usd * 3600 / seconds, 6), "cost_usd": round(usd, 6),
+                    "price_source": f"spot price history of {zone} ({len(history)} price(s) in effect)"}
+    price = catalog.on_demand_price(itype, aws.region, home)
+    cost = None if price.usd_per_hour is None else round(cost_usd(seconds, price.usd_per_hour), 6)
+    return {**row, "usd_per_hour": price.usd_per_hour, "cost_usd": cost, "price_source": price.source}

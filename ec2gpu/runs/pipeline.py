@@ -21,7 +21,7 @@ from ..aws import catalog, images, instances, network, sweep
 from ..aws.session import Aws
 from ..errors import RemoteError, UsageError
 from ..settings import Settings
-from .costs import billed_seconds, cost_usd
+from . import costs, ledger
 
 PHASES = ("requesting", "waiting for running", "waiting for SSH", "setup", "upload", "training",
           "download", "terminating")
@@ -44,6 +44,9 @@ class TrainOptions:
     ami: str | None = None
     name: str | None = None
     max_runtime_minutes: int = 120
+    budget_usd: float | None = None  # refuse a run whose estimate is above this
+    max_price: float | None = None  # spot: the highest USD/h to pay
+    command: str = "ec2gpu train mnist"  # as typed, for the ledger
 
 
 class Reporter:
@@ -58,6 +61,7 @@ class Reporter:
         t0 = time.monotonic()
         try:
             yield
+            _fault_pause(name)
         finally:
             self.phases[name] = round(time.monotonic() - t0, 2)
 
@@ -66,6 +70,17 @@ class Reporter:
 
     def note(self, text: str) -> None:
         self.notes.append(text)
+
+
+PAUSE_ENV = "EC2GPU_TEST_PAUSE_IN_PHASE"
+
+
+def _fault_pause(name: str) -> None:
+    """Fault injection for the interrupt tests: with EC2GPU_TEST_PAUSE_IN_PHASE=<phase>, sleep 60 s
+    at the end of that phase's work (still inside it), so a signal surely lands there."""
+    if os.environ.get(PAUSE_ENV) == name:
+        print(f"{PAUSE_ENV}: pausing in phase {name}", file=sys.stderr, flush=True)
+        time.sleep(60)
 
 
 def new_run_id() -> str:
@@ -103,7 +118,8 @@ def provision(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, ui:
             run_id=run_id, owner=settings.owner, name=name, instance_type=opts.instance_type,
             image_id=ami["ImageId"], root_device_name=ami["RootDeviceName"], key_name=prov.key_name,
             security_group_id=prov.security_group_id, spot=opts.spot,
-            root_volume_gib=settings.root_volume_gib, max_runtime_minutes=opts.max_runtime_minutes)
+            root_volume_gib=settings.root_volume_gib, max_runtime_minutes=opts.max_runtime_minutes,
+            max_price=opts.max_price if opts.spot else None)
         prov.instances = instances.launch(aws.client("ec2", fail_fast=True), spec)
         ui.note(f"launched {', '.join(prov.instance_ids)} ({opts.instance_type}, "
                 f"{'spot' if opts.spot else 'on-demand'})")
@@ -117,7 +133,7 @@ def teardown(aws: Aws, settings: Settings, prov: Provisioned, ui: Reporter) -> d
     A second Ctrl-C during teardown is answered with how to finish by hand. Returns what was removed.
     """
     def on_sigint(*_):
-        ui.note("cleanup is under way; if you stop it, finish by hand with `ec2gpu down --all`")
+        ui.note("cleanup is under way; if you stop it, finish by hand with `ec2gpu cleanup`")
     previous = signal.signal(signal.SIGINT, on_sigint) if _main_thread() else None
     removed: dict = {"instances": [], "security_groups": [], "key_pairs": []}
     try:
@@ -213,34 +229,99 @@ def run_remote(conn, run_id: str, opts: TrainOptions, ui: Reporter, local_out: P
     return json.loads((local_out / "summary.json").read_text())
 
 
+def check_estimate(aws: Aws, settings: Settings, opts: TrainOptions, backend: str, ui: Reporter) -> costs.Estimate:
+    """Estimate the run, tell the user, and refuse it (UsageError) when above ``opts.budget_usd``
+    or when ``opts.max_price`` is below the spot price in every zone. Creates nothing."""
+    from ..aws import pricing
+
+    if opts.max_price is not None and not opts.spot:
+        raise UsageError("--max-price applies to spot instances only", "add --spot, or drop --max-price")
+    if opts.max_price is not None:
+        zones = pricing.current_spot_prices(aws.ec2, [opts.instance_type]).get(opts.instance_type, {})
+        if zones and min(zones.values()) > opts.max_price:
+            raise UsageError(f"--max-price {opts.max_price:.4f} USD/h is below the spot price of {opts.instance_type} "
+                             f"in every zone (lowest {min(zones.values()):.4f} USD/h now)",
+                             "raise --max-price, or see `ec2gpu prices`")
+    est = costs.estimate_run(aws, settings.home, opts.instance_type, opts.spot, opts.model, opts.epochs, backend,
+                             opts.max_price)
+    cost = "unknown (no price)" if est.cost_usd is None else f"${est.cost_usd:.4f}"
+    ui.note(f"estimate: {cost} for ~{est.billed_seconds:.0f} s billed at "
+            f"{'?' if est.usd_per_hour is None else f'{est.usd_per_hour:.4f}'} USD/h ({est.price_source}); "
+            f"boot {est.boot_seconds:.0f} s, setup {est.setup_seconds:.0f} s, training {est.train_seconds:.0f} s, "
+            f"teardown {est.teardown_seconds:.0f} s [{est.time_source}]")
+    if opts.budget_usd is not None:
+        if est.cost_usd is None:
+            raise UsageError("--budget needs a price, and none is known for this region",
+                             f"run `ec2gpu prices --refresh --region {aws.region}` first")
+        if est.cost_usd > opts.budget_usd:
+            raise UsageError(f"the estimate ${est.cost_usd:.4f} is above --budget ${opts.budget_usd:.4f}",
+                             "raise --budget, use --spot, a cheaper --instance-type or fewer --epochs")
+    return est
+
+
+def _status(exc: BaseException | None) -> str:
+    if exc is None:
+        return "completed"
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted"
+    if isinstance(exc, RemoteError) and exc.exit_status == EXIT_SPOT_INTERRUPTED:
+        return "spot-interrupted"
+    return "failed"
+
+
+def _ledger(settings: Settings, row: dict, ui: Reporter) -> None:
+    """Write ``row`` to the ledger; a ledger problem is reported, never allowed to stop a run."""
+    import sqlite3
+    try:
+        ledger.record(settings.home, row)
+    except (sqlite3.Error, OSError) as exc:
+        ui.note(f"warning: could not write the ledger {ledger.path_in(settings.home)}: {exc}")
+
+
 def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, resolver=None) -> dict:
     """Run ``opts`` on a new instance end to end; return the run record (also saved as run.json).
 
-    Raises UsageError before creating anything for a bad instance type; AwsError, CapacityError,
-    RemoteError, WaitTimeout as they happen (after teardown); KeyboardInterrupt after teardown.
+    Shows the estimate first and refuses (UsageError, nothing created) a run above the budget. The
+    run is in the ledger from its start; at the end it gets its status, billed seconds and cost from
+    the instance's own launch and termination times. Raises UsageError before creating anything
+    for a bad instance type; AwsError, CapacityError, RemoteError, WaitTimeout as they happen
+    (after teardown); KeyboardInterrupt after teardown.
     """
     from ..remote import ssh
 
     itype = catalog.lookup(opts.instance_type)
+    opts.instance_type = itype.name
     aws.check_credentials()
+    backend = costs.backend_of(resolver)
+    est = check_estimate(aws, settings, opts, backend, ui)
     run_id = new_run_id()
     out = Path(opts.out or Path("runs") / run_id).resolve()
     prov = Provisioned(run_id)
-    record = {"run_id": run_id, "instance_type": itype.name, "market": "spot" if opts.spot else "on-demand",
-              "region": aws.region, "artifacts": str(out), "status": "failed"}
-    conn = None
+    record = {"run_id": run_id, "command": opts.command, "backend": backend, "instance_type": itype.name,
+              "gpu": itype.gpu, "market": "spot" if opts.spot else "on-demand", "model": opts.model,
+              "epochs": opts.epochs, "region": aws.region, "artifacts": str(out),
+              "status": "running", "started_at": datetime.now(timezone.utc).isoformat(),
+              "estimated_cost_usd": est.cost_usd, "estimate": est.as_dict()}
+    _ledger(settings, record, ui)
+    conn, error = None, None
     try:
         provision(aws, settings, opts, run_id, ui, prov)
         instance = prov.instances[0]
-        record.update(instance_id=instance["InstanceId"], zone=instance["Placement"]["AvailabilityZone"],
-                      launched_at=instance["LaunchTime"].isoformat())
+        record.update(instance_id=instance["InstanceId"], instance_ids=prov.instance_ids,
+                      zone=instance["Placement"]["AvailabilityZone"], launched_at=instance["LaunchTime"].isoformat())
+        _ledger(settings, record, ui)
         with ui.phase("waiting for SSH"):
             host, port = ssh_target(instance, resolver)
             conn = ssh.wait_for_ssh(host, port, settings.ssh_user, prov.key_path,
                                     settings.home / "known_hosts" / instance["InstanceId"], log=ui.note)
         summary = run_remote(conn, run_id, opts, ui, out)
-        record.update(status="completed", test_acc=summary["test_acc"], summary=summary)
+        record.update(test_acc=summary["test_acc"], summary=summary, epochs=summary.get("epochs"),
+                      train_seconds=summary.get("train_seconds"), samples_per_second=summary.get("samples_per_second"),
+                      exit_status=0)
         return record
+    except BaseException as exc:
+        error = exc
+        raise
     finally:
         if conn is not None:
             conn.close()
@@ -250,19 +331,32 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, resolv
         elif prov.key_name or prov.security_group_id or prov.instances:
             teardown(aws, settings, prov, ui)
             if prov.instances:
-                ended = datetime.now(timezone.utc)
-                seconds = billed_seconds(prov.instances[0]["LaunchTime"], ended)
-                record.update(ended_at=ended.isoformat(), billed_seconds=round(seconds, 1),
-                              usd_per_hour=itype.on_demand_usd_h, price_note=f"on-demand list price, {catalog.PRICES_AS_OF}",
-                              cost_usd=round(cost_usd(seconds, itype.on_demand_usd_h), 4))
-        record["phases"] = dict(ui.phases)
+                record.setdefault("instance_ids", prov.instance_ids)
+                _measure(aws, settings, prov, record, ui)
+        record.update(status=_status(error), phases=dict(ui.phases), ended_at=datetime.now(timezone.utc).isoformat())
+        if isinstance(error, RemoteError) and error.exit_status is not None:
+            record["exit_status"] = error.exit_status
+        _ledger(settings, record, ui)
         if out.exists() or record["status"] == "completed":
             out.mkdir(parents=True, exist_ok=True)
             (out / "run.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
 
 
-def train_local(opts: TrainOptions, ui: Reporter, data_dir: str | None = None) -> dict:
-    """Run the same trainer on this machine (needs torch); return its summary.json.
+def _measure(aws: Aws, settings: Settings, prov: Provisioned, record: dict, ui: Reporter) -> None:
+    """Fill ``record`` with the billed seconds and cost of the run's (terminated) instance."""
+    ended = datetime.now(timezone.utc)
+    try:
+        inst = instances.describe_instances(aws.ec2, prov.instance_ids[:1])[0]
+    except Exception as exc:  # the bill is still computable from what launch returned
+        ui.note(f"could not read the instance's termination time ({exc}); using this machine's clock")
+        inst = prov.instances[0]
+    record.update(costs.actual_cost(aws, settings.home, inst, ended))
+
+
+def train_local(opts: TrainOptions, ui: Reporter, data_dir: str | None = None, settings: Settings | None = None) -> dict:
+    """Run the same trainer on this machine (needs torch); return its run record.
+
+    With ``settings``, the run goes into the ledger (backend "local", no cost).
 
     Raises UsageError when torch is missing, RemoteError when the trainer fails.
     """
@@ -271,6 +365,7 @@ def train_local(opts: TrainOptions, ui: Reporter, data_dir: str | None = None) -
     if importlib.util.find_spec("torch") is None:
         raise UsageError("--local needs PyTorch on this machine", "pip install 'ec2gpu[train]' (or make demo)")
     run_id = new_run_id()
+    started = datetime.now(timezone.utc).isoformat()
     out = Path(opts.out or Path("runs") / run_id).resolve()
     argv = trainer_argv(sys.executable, opts, str(out))
     if data_dir:
@@ -284,9 +379,15 @@ def train_local(opts: TrainOptions, ui: Reporter, data_dir: str | None = None) -
     if status != 0:
         raise RemoteError(f"the trainer exited {status}", f"see {out / 'train.log'}", exit_status=status)
     summary = json.loads((out / "summary.json").read_text())
-    return {"run_id": run_id, "status": "completed", "instance_type": "local", "market": "local",
-            "artifacts": str(out), "test_acc": summary["test_acc"], "summary": summary,
-            "phases": dict(ui.phases)}
+    record = {"run_id": run_id, "command": opts.command, "backend": "local", "status": "completed",
+              "instance_type": "local", "market": "local", "model": opts.model, "epochs": summary.get("epochs"),
+              "artifacts": str(out), "test_acc": summary["test_acc"], "summary": summary,
+              "train_seconds": summary.get("train_seconds"), "samples_per_second": summary.get("samples_per_second"),
+              "phases": dict(ui.phases), "started_at": started, "ended_at": datetime.now(timezone.utc).isoformat(),
+              "exit_status": 0, "billed_seconds": 0.0, "cost_usd": 0.0}
+    if settings is not None:
+        _ledger(settings, record, ui)
+    return record
 
 
 def as_json(record: dict) -> str:

@@ -23,6 +23,18 @@ def leftovers(home):
     return live, groups, keys
 
 
+def sandbox_settles(home, timeout_s: float = 10) -> bool:
+    """True once the sandbox has stopped the sshd of every instance that is no longer running
+    (it reconciles every 0.2 s, and stops an instance's processes with a grace period)."""
+    import time
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not any(sshd._alive(i["sshd_pid"]) for i in control.read_state(home)["instances"].values()):
+            return True
+        time.sleep(0.2)
+    return False
+
+
 def test_train_mnist_in_the_sandbox_reaches_99_percent_and_leaves_nothing(sandbox_env, tmp_path, capsys):
     home, _ = sandbox_env
     code = cli.main(["train", "mnist", "--sandbox", "--epochs", "1", "--out", str(tmp_path / "run"), "--json"])
@@ -37,10 +49,56 @@ def test_train_mnist_in_the_sandbox_reaches_99_percent_and_leaves_nothing(sandbo
     assert set(record["phases"]) == {"requesting", "waiting for running", "waiting for SSH", "setup", "upload",
                                      "training", "download", "terminating"}
     assert leftovers(home) == ([], [], [])
-    state = control.read_state(home)
-    assert state["instances"] == {} or not any(sshd._alive(i["sshd_pid"]) for i in state["instances"].values())
+    assert sandbox_settles(home), control.read_state(home)
     assert not (home / "keys" / f"ec2gpu-{record['run_id']}.pem").exists()
     assert not sshd.instance_processes(record["instance_id"])
+    check_the_ledger_bills_the_instance_own_times(record, capsys)
+
+
+def check_the_ledger_bills_the_instance_own_times(record, capsys):
+    """`ec2gpu runs` has the run, billed from the instance's launch and termination times."""
+    from ec2gpu.aws.instances import transition_time
+    ec2 = boto3.client("ec2", endpoint_url=os.environ["AWS_ENDPOINT_URL"], region_name="us-east-1")
+    (inst,) = [i for r in ec2.describe_instances(InstanceIds=[record["instance_id"]])["Reservations"]
+               for i in r["Instances"]]
+    lifetime = (transition_time(inst) - inst["LaunchTime"]).total_seconds()
+    assert cli.main(["runs", "--json"]) == 0
+    (row,) = [r for r in json.loads(capsys.readouterr().out) if r["run_id"] == record["run_id"]]
+    assert row["status"] == "completed" and row["instance_ids"] == [record["instance_id"]]
+    assert row["billed_seconds"] == max(60.0, lifetime)
+    assert row["cost_usd"] == pytest.approx(row["billed_seconds"] * 0.526 / 3600, abs=1e-6)  # g4dn.xlarge table
+    assert row["estimated_cost_usd"] > 0 and row["test_acc"] == record["test_acc"]
+    assert cli.main(["runs", "show", record["run_id"][:17], "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["phases"]["training"] > 0 and shown["estimate"]["instance_type"] == "g4dn.xlarge"
+    assert cli.main(["runs", "--since", "1d", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["total"]["cost_usd"] >= row["cost_usd"]
+    # the next estimate for the same model on the same GPU uses this run's measured times
+    assert cli.main(["cost", "--sandbox", "-t", "g4dn.xlarge", "--json"]) == 0
+    (est,) = json.loads(capsys.readouterr().out)
+    assert est["time_source"].startswith("ledger") and est["usd_per_hour"] == 0.526
+
+
+def test_prices_in_the_sandbox_show_spot_per_zone_and_retired_types(sandbox_env, capsys):
+    assert cli.main(["prices", "--sandbox", "--gpu", "T4", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    g4 = next(r for r in data["instance_types"] if r["instance_type"] == "g4dn.xlarge")
+    assert g4["on_demand_usd_per_hour"] == 0.526 and len(g4["spot_usd_per_hour"]) >= 2
+    assert g4["spot_saving_pct"] == pytest.approx(100 * (1 - min(g4["spot_usd_per_hour"].values()) / 0.526), abs=0.1)
+    assert {r["gpu"] for r in data["instance_types"]} == {"T4"}
+    assert cli.main(["prices", "--sandbox", "--json"]) == 0
+    retired = json.loads(capsys.readouterr().out)["retired"]
+    assert {"instance_type": "g2.2xlarge", "replacement": "g4dn.xlarge"}.items() <= retired[0].items()
+
+
+def test_budget_below_the_estimate_refuses_the_run_and_creates_nothing(sandbox_env, capsys):
+    home, _ = sandbox_env
+    assert cli.main(["train", "mnist", "--sandbox", "--budget", "0.001"]) == 2
+    err = capsys.readouterr().err
+    assert "above --budget $0.0010" in err and "Traceback" not in err
+    assert cli.main(["train", "mnist", "--sandbox", "--spot", "--max-price", "0.01"]) == 2
+    assert "below the spot price" in capsys.readouterr().err
+    assert leftovers(home) == ([], [], [])
 
 
 def test_launch_ls_ssh_down_in_the_sandbox(sandbox_env, capsys):
@@ -54,6 +112,7 @@ def test_launch_ls_ssh_down_in_the_sandbox(sandbox_env, capsys):
     assert set(listed[0]) >= {"name", "instance_id", "instance_type", "market", "state", "public_ip", "launched_at"}
     control.resolver(home)(row["instance_id"], timeout_s=10)
     assert cli.main(["ssh", "lab", "--", "test", "-n", "$EC2GPU_SANDBOX_INSTANCE"]) == 0
+    assert cli.main(["ssh", "lab", "--", "exit", "3"]) == 3  # the remote exit status is ours
     assert cli.main(["down", "lab"]) == 0
     assert leftovers(home) == ([], [], [])
 
@@ -64,6 +123,11 @@ def test_launch_ls_ssh_down_in_the_sandbox(sandbox_env, capsys):
     (["train", "mnist", "--sandbox", "--region", "mars-1"], 2, "unknown AWS region"),
     (["train", "mnist", "--local", "--data-dir", "/nonexistent/mnist"], 2, "does not exist"),
     (["down"], 2, "say which"),
+    (["train", "mnist", "--sandbox", "--max-price", "0.1"], 2, "spot instances only"),
+    (["runs", "--since", "lately"], 2, "not a duration"),
+    (["runs", "show", "no-such-run"], 2, "no run"),
+    (["prices", "--sandbox", "--refresh"], 2, "no AWS Price List API"),
+    (["prices", "--gpu", "Z80"], 2, "unknown GPU model"),
 ])
 def test_bad_input_is_one_clear_line_and_creates_nothing(sandbox_env, capsys, argv, code, words):
     home, _ = sandbox_env
@@ -92,3 +156,26 @@ def test_help_does_not_import_boto3_fabric_or_torch():
             "print([m for m in ('boto3', 'fabric', 'torch') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
     assert out.strip().endswith("[]")
+
+
+def test_cleanup_dry_run_lists_and_cleanup_removes_everything_tagged(sandbox_env, capsys):
+    home, _ = sandbox_env
+    assert cli.main(["launch", "--sandbox", "--name", "left-on", "--json"]) == 0
+    assert cli.main(["launch", "--sandbox", "--spot", "--name", "left-spot", "--json"]) == 0
+    capsys.readouterr()
+    assert cli.main(["ls", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {r["name"] for r in rows} == {"left-on", "left-spot"}
+    on = next(r for r in rows if r["name"] == "left-on")
+    assert on["usd_per_hour"] == 0.526 and on["cost_so_far_usd"] >= round(60 * 0.526 / 3600, 4)
+    assert on["age_seconds"] >= 0
+    assert cli.main(["cleanup", "--dry-run", "--json"]) == 0
+    planned = json.loads(capsys.readouterr().out)["regions"]["us-east-1"]
+    assert sorted(planned["instances"]) == sorted(r["instance_id"] for r in rows) and len(planned["key_pairs"]) == 2
+    assert leftovers(home)[0] and len(list((home / "keys").glob("*.pem"))) == 2  # nothing removed yet
+    assert cli.main(["cleanup", "--json"]) == 0
+    removed = json.loads(capsys.readouterr().out)["regions"]["us-east-1"]
+    assert sorted(removed["security_groups"]) == sorted(planned["security_groups"])
+    assert leftovers(home) == ([], [], []) and not list((home / "keys").glob("*.pem"))
+    assert cli.main(["cleanup"]) == 0
+    assert "nothing of ec2gpu's found" in capsys.readouterr().out

@@ -15,7 +15,7 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from .errors import Ec2GpuError, ExitCode, UsageError
+from ..errors import Ec2GpuError, ExitCode, UsageError
 
 app = typer.Typer(help="Rent a GPU on AWS EC2 for exactly as long as a training job needs it.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -39,7 +39,7 @@ class Context:
     """Settings, AWS clients and the SSH resolver for one command (sandbox or AWS)."""
 
     def __init__(self, region: str | None, sandbox: bool, persistent: bool = False):
-        from . import settings as settings_mod
+        from .. import settings as settings_mod
         self.settings = settings_mod.load({"region": region, "sandbox": sandbox or None})
         self.sandbox, self.persistent = self.settings.sandbox, persistent
 
@@ -48,8 +48,8 @@ class Context:
         import getpass
         from dataclasses import replace
 
-        from .aws.session import Aws
-        from .sandbox import control
+        from ..aws.session import Aws
+        from ..sandbox import control
 
         self._stack = contextlib.ExitStack()
         self.resolver = None
@@ -80,7 +80,7 @@ class RichReporter:
     """Pipeline reporter: a spinner with elapsed seconds per phase, log lines above it."""
 
     def __init__(self, console: Console, quiet: bool = False):
-        from .runs.pipeline import Reporter
+        from ..runs.pipeline import Reporter
         self.inner, self.console, self.quiet = Reporter(), console, quiet
         self.phases = self.inner.phases
         self.notes = self.inner.notes
@@ -121,6 +121,22 @@ class RichReporter:
             self.console.print(text, highlight=False)
 
 
+def cost_rows(record: dict) -> list[tuple[str, str]]:
+    """'estimate' and 'actual' lines of a run record, side by side in the summary."""
+    rows = []
+    est = record.get("estimate") or {}
+    if record.get("estimated_cost_usd") is not None:
+        rows.append(("estimate", f"${record['estimated_cost_usd']:.4f} for {est.get('billed_seconds', 0):.0f} s "
+                     f"[{est.get('time_source', '')}]"))
+    if record.get("billed_seconds") is not None and record.get("market") != "local":
+        usd = record.get("cost_usd")
+        rows.append(("actual", ("unknown" if usd is None else f"${usd:.4f}") +
+                     f" = {record['billed_seconds']:.0f} s billed (launch {str(record.get('launched_at', ''))[11:19]}"
+                     f" to termination {str(record.get('terminated_at', ''))[11:19]} UTC) x "
+                     f"{record.get('usd_per_hour') or 0:.4f} USD/h ({record.get('price_source')})"))
+    return rows
+
+
 def _print_record(record: dict, as_json: bool) -> None:
     if as_json:
         print(json.dumps(record, indent=2, default=str))
@@ -136,9 +152,7 @@ def _print_record(record: dict, as_json: bool) -> None:
              f"{' (' + s['gpu_name'] + ')' if s.get('gpu_name') else ''}: {s.get('train_seconds')} s train, "
              f"{s.get('wall_seconds')} s wall")]
     rows += [(f"  {k}", f"{v:.1f} s") for k, v in record.get("phases", {}).items()]
-    if "cost_usd" in record:
-        rows.append(("cost", f"${record['cost_usd']:.4f} = {record['billed_seconds']:.0f} s billed x "
-                     f"${record['usd_per_hour']}/h ({record['price_note']})"))
+    rows += cost_rows(record)
     rows.append(("artifacts", record["artifacts"]))
     for k, v in rows:
         t.add_row(f"[bold]{k}[/]", v)
@@ -165,10 +179,14 @@ def train_mnist(
                                            "(default EC2GPU_DATA_DIR, else downloaded)."),
     trainer_arg: List[str] = typer.Option([], "--trainer-arg", help="Extra trainer flag, repeatable: "
                                           "--trainer-arg=--lr=0.05"),
+    budget: Optional[float] = typer.Option(None, "--budget", min=0, help="Refuse the run (creating nothing) "
+                                           "if its estimated cost in USD is above this."),
+    max_price: Optional[float] = typer.Option(None, "--max-price", min=0, help="With --spot: the highest "
+                                              "spot price to pay, USD/h (default: up to the on-demand price)."),
     region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
 ):
     """Launch a GPU instance, train MNIST on it, download the results, terminate everything."""
-    from .runs import pipeline
+    from ..runs import pipeline
 
     if model not in ("cnn", "lenet", "mlp", "dbn"):
         raise UsageError(f"unknown model {model!r}", "choose cnn, lenet, mlp or dbn")
@@ -177,10 +195,12 @@ def train_mnist(
     opts = pipeline.TrainOptions(
         model=model, epochs=epochs, seed=seed, keep=keep, out=out_dir, ssh_cidr=ssh_cidr, ami=ami,
         spot=spot, trainer_args=list(trainer_arg), max_runtime_minutes=max_runtime,
-        instance_type=instance_type or "g4dn.xlarge")
+        instance_type=instance_type or "g4dn.xlarge", budget_usd=budget, max_price=max_price,
+        command=" ".join(["ec2gpu"] + sys.argv[1:]) if sys.argv[0].endswith("ec2gpu") else "ec2gpu train mnist")
     ui = RichReporter(err)
     if local:
-        record = pipeline.train_local(opts, ui, data_dir)
+        from ..settings import load
+        record = pipeline.train_local(opts, ui, data_dir, load())
     else:
         with Context(region, _sandbox_flag(sandbox)) as ctx:
             if not instance_type:
@@ -200,8 +220,8 @@ def launch(
     region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
 ):
     """Launch an instance and leave it running (until `ec2gpu down NAME` or --max-runtime)."""
-    from .aws import catalog
-    from .runs import pipeline
+    from ..aws import catalog
+    from ..runs import pipeline
 
     with Context(region, _sandbox_flag(sandbox), persistent=True) as ctx:
         itype = catalog.lookup(instance_type or ctx.settings.instance_type)
@@ -216,7 +236,7 @@ def launch(
         except BaseException:
             pipeline.teardown(ctx.aws, ctx.settings, prov, ui)
             raise
-        from .aws.instances import summary
+        from ..aws.instances import summary
         rows = [summary(i) for i in prov.instances]
         if as_json:
             print(json.dumps(rows, indent=2))
@@ -227,8 +247,8 @@ def launch(
 
 
 def _find(ctx: Context, name: str) -> list[dict]:
-    from .aws import sweep
-    from .aws import tags as T
+    from ..aws import sweep
+    from ..aws import tags as T
 
     found = [i for i in sweep.find_instances(ctx.aws.ec2, states=["pending", "running"])
              if name in (i["InstanceId"], T.as_dict(i.get("Tags")).get(T.NAME), T.as_dict(i.get("Tags")).get(T.RUN))]
@@ -239,11 +259,21 @@ def _find(ctx: Context, name: str) -> list[dict]:
 
 @app.command("ls")
 def ls(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
-    """List the instances this tool launched that are still alive."""
-    from .aws import instances, sweep
+    """List the instances this tool launched that are still alive: age, price and cost so far."""
+    from datetime import datetime, timezone
+
+    from ..aws import catalog, instances, sweep
 
     with Context(region, _sandbox_flag(sandbox)) as ctx:
         rows = [instances.summary(i) for i in sweep.find_instances(ctx.aws.ec2)]
+        now = datetime.now(timezone.utc)
+        for r in rows:
+            age = (now - datetime.fromisoformat(r["launched_at"])).total_seconds() if r["launched_at"] else 0.0
+            price = catalog.on_demand_price(r["instance_type"], ctx.aws.region, ctx.settings.home) \
+                if r["instance_type"] in catalog.CATALOG else catalog.Price(None, "not a catalog type")
+            r.update(age_seconds=round(age), usd_per_hour=price.usd_per_hour, price_source=price.source,
+                     cost_so_far_usd=None if price.usd_per_hour is None else
+                     round(max(60.0, age) * price.usd_per_hour / 3600, 4))
     if as_json:
         print(json.dumps(rows, indent=2))
         return
@@ -251,11 +281,55 @@ def ls(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = 
         out.print("no ec2gpu instances are running")
         return
     from rich.table import Table
-    t = Table("name", "instance id", "type", "market", "zone", "state", "public ip", "launched (UTC)")
+    t = Table("name", "instance id", "type", "market", "zone", "state", "age", "$/h", "cost so far")
     for r in rows:
+        m, sec = divmod(r["age_seconds"], 60)
         t.add_row(r["name"], r["instance_id"], r["instance_type"], r["market"], r["zone"] or "", r["state"],
-                  r["public_ip"] or "", (r["launched_at"] or "")[:19])
+                  f"{m // 60}h{m % 60:02d}m" if m >= 60 else f"{m}m{sec:02d}s",
+                  "-" if r["usd_per_hour"] is None else f"{r['usd_per_hour']:.4f}",
+                  "-" if r["cost_so_far_usd"] is None else f"${r['cost_so_far_usd']:.4f}")
     out.print(t)
+    if any(r["market"] == "spot" for r in rows):
+        out.print("[dim]spot instances are shown at the on-demand price (their ceiling); the bill uses the spot "
+                  "price history[/]")
+
+
+@app.command()
+def cleanup(dry_run: bool = typer.Option(False, "--dry-run", help="Only list what would be removed."),
+            all_regions: bool = typer.Option(False, "--all-regions", help="Every region the account can use."),
+            region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
+    """Find by tag and remove everything ec2gpu created: instances, spot requests, security groups,
+    key pairs (and their local key files)."""
+    from ..aws import sweep
+    from ..aws.session import Aws
+
+    with Context(region, _sandbox_flag(sandbox)) as ctx:
+        ctx.aws.check_credentials()
+        regions = [ctx.aws.region]
+        if all_regions:
+            regions = sorted(r["RegionName"] for r in ctx.aws.ec2.describe_regions()["Regions"])
+        report = {}
+        for name in regions:
+            aws = ctx.aws if name == ctx.aws.region else Aws(name, endpoint_url=ctx.aws.endpoint_url)
+            found = sweep.inventory(aws.ec2)
+            if not any(found.values()):
+                continue
+            if dry_run:
+                report[name] = {k: [r["id"] for r in v] for k, v in found.items()}
+            else:
+                report[name] = sweep.delete_everything(aws.ec2, found, ctx.settings.keys_dir,
+                                                       log=lambda m, n=name: err.print(f"[dim]{n}: {m}[/]"))
+    if as_json:
+        print(json.dumps({"dry_run": dry_run, "regions": report}, indent=2))
+        return
+    if not report:
+        out.print(f"nothing of ec2gpu's found in {', '.join(regions) if len(regions) < 4 else f'{len(regions)} regions'}")
+        return
+    verb = "would remove" if dry_run else "removed"
+    for name, kinds in report.items():
+        out.print(f"{name}: {verb} " + "; ".join(f"{k.replace('_', ' ')} {', '.join(v)}" for k, v in kinds.items() if v))
+    if dry_run:
+        out.print("[dim]run again without --dry-run to remove them[/]")
 
 
 @app.command("ssh", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -265,7 +339,7 @@ def ssh_cmd(ctx_: typer.Context, name: str = typer.Argument(..., help="Name, ins
     import shutil
     import subprocess
 
-    from .runs.pipeline import ssh_target
+    from ..runs.pipeline import ssh_target
 
     with Context(region, _sandbox_flag(sandbox)) as ctx:
         inst = _find(ctx, name)[0]
@@ -287,8 +361,8 @@ def down(name: Optional[str] = typer.Argument(None, help="Name, instance id or r
          all_: bool = typer.Option(False, "--all", help="Remove everything ec2gpu created in the region."),
          region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
     """Terminate instances and delete their security groups and key pairs."""
-    from .aws import sweep
-    from .aws import tags as T
+    from ..aws import sweep
+    from ..aws import tags as T
 
     if bool(name) == all_:
         raise UsageError("say which instances to remove", "ec2gpu down NAME, or ec2gpu down --all")
@@ -316,8 +390,8 @@ def down(name: Optional[str] = typer.Argument(None, help="Name, instance id or r
 @sandbox_app.command("up")
 def sandbox_up(as_json: bool = JSON):
     """Start the sandbox in the background; it keeps its state until `ec2gpu sandbox down`."""
-    from .sandbox import control
-    from .settings import load
+    from ..sandbox import control
+    from ..settings import load
     state = control.up(load().home)
     print(json.dumps(state, indent=2)) if as_json else out.print(
         f"sandbox up: AWS endpoint {state['endpoint']} (pid {state['pid']}); "
@@ -327,16 +401,16 @@ def sandbox_up(as_json: bool = JSON):
 @sandbox_app.command("down")
 def sandbox_down():
     """Stop the sandbox and every sshd and process it started."""
-    from .sandbox import control
-    from .settings import load
+    from ..sandbox import control
+    from ..settings import load
     out.print("sandbox stopped" if control.down(load().home) else "no sandbox was running")
 
 
 @sandbox_app.command("status")
 def sandbox_status(as_json: bool = JSON):
     """Say whether the sandbox runs, where, and which instances have an sshd."""
-    from .sandbox import control
-    from .settings import load
+    from ..sandbox import control
+    from ..settings import load
     state = control.read_state(load().home)
     if as_json:
         print(json.dumps(state or {"running": False}, indent=2))
@@ -354,14 +428,17 @@ def sandbox_env():
     """Print `export` lines that point AWS clients (boto3, the aws CLI) at the running sandbox."""
     import shlex
 
-    from .errors import SandboxError
-    from .sandbox import control
-    from .settings import load
+    from ..errors import SandboxError
+    from ..sandbox import control
+    from ..settings import load
     state = control.read_state(load().home)
     if not state:
         raise SandboxError("no sandbox is running", "start it with `ec2gpu sandbox up`")
     for k, v in control.env_vars(state).items():
         print(f"export {k}={shlex.quote(v)}")
+
+
+from . import costs as _costs  # noqa: E402,F401  (registers prices, cost, runs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -378,8 +455,11 @@ def main(argv: list[str] | None = None) -> int:
         raise KeyboardInterrupt  # same path as Ctrl-C: clean up, exit 130
     signal.signal(signal.SIGTERM, on_sigterm)
     try:
-        app(args=argv, prog_name="ec2gpu", standalone_mode=False)
-        return 0
+        # without standalone mode, click/typer *return* the code of typer.Exit and 130 for Ctrl-C
+        code = app(args=argv, prog_name="ec2gpu", standalone_mode=False)
+        if code == ExitCode.CTRL_C:
+            raise KeyboardInterrupt
+        return code if isinstance(code, int) else 0
     except Ec2GpuError as exc:
         if DEBUG:
             raise

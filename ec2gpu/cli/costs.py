@@ -1,0 +1,198 @@
+"""Commands about money: `ec2gpu prices`, `ec2gpu cost`, `ec2gpu runs` (the ledger).
+
+Only parsing and rendering; prices come from aws/catalog.py and aws/pricing.py, estimates from
+runs/costs.py, history from runs/ledger.py.
+"""
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+
+from . import JSON, REGION, SANDBOX, Context, _sandbox_flag, app, err, out, cost_rows
+from ..errors import UsageError
+
+runs_app = typer.Typer(help="The ledger of runs: what ran, how it ended, what it cost.",
+                       invoke_without_command=True)
+app.add_typer(runs_app, name="runs")
+
+
+def _offered(ec2, names: list[str]) -> set[str] | None:
+    """Which of ``names`` the region offers (describe_instance_type_offerings), None if unknown."""
+    import botocore.exceptions
+    try:
+        pages = ec2.get_paginator("describe_instance_type_offerings").paginate(
+            LocationType="region", Filters=[{"Name": "instance-type", "Values": names}])
+        return {o["InstanceType"] for p in pages for o in p["InstanceTypeOfferings"]}
+    except botocore.exceptions.ClientError:
+        return None
+
+
+def _usd(v: float | None, digits: int = 4) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+@app.command()
+def prices(gpu: Optional[str] = typer.Option(None, "--gpu", help="Only this GPU model: T4, A10G, L4, V100, A100, H100."),
+           refresh: bool = typer.Option(False, "--refresh", help="Fetch on-demand prices from the AWS Price List "
+                                        "API and cache them (otherwise the shipped table or the cache)."),
+           region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
+    """GPU instance types of the region: GPUs, vCPUs, RAM, on-demand and current spot USD/h, saving."""
+    from ..aws import catalog, pricing
+
+    known_gpus = sorted({t.gpu for t in catalog.CATALOG.values()})
+    if gpu and gpu.upper() not in {g.upper() for g in known_gpus} | {"K520", "K80"}:
+        raise UsageError(f"unknown GPU model {gpu!r}", f"choose one of {', '.join(known_gpus)}")
+    with Context(region, _sandbox_flag(sandbox)) as ctx:
+        aws, home = ctx.aws, ctx.settings.home
+        if refresh and ctx.resolver:
+            raise UsageError("the sandbox has no AWS Price List API (moto does not implement it)",
+                             "drop --refresh: the sandbox uses the shipped on-demand table")
+        if refresh:
+            cache = pricing.refresh_cache(aws.pricing(), aws.region, home)
+            err.print(f"[dim]fetched {len(cache['prices'])} on-demand prices for {aws.region} from the Price List "
+                      f"API into {catalog.price_cache_path(home, aws.region)}[/]")
+        types = [t for t in catalog.CATALOG.values() if not gpu or t.gpu.upper() == gpu.upper()]
+        offered = _offered(aws.ec2, [t.name for t in types]) if types else set()
+        if offered is not None:
+            types = [t for t in types if t.name in offered]
+        spot = pricing.current_spot_prices(aws.ec2, [t.name for t in types]) if types else {}
+        rows = []
+        for t in types:
+            od = catalog.on_demand_price(t.name, aws.region, home)
+            zones = spot.get(t.name, {})
+            low = min(zones.values()) if zones else None
+            saving = None if low is None or not od.usd_per_hour else round(100 * (1 - low / od.usd_per_hour), 1)
+            rows.append({"instance_type": t.name, "gpu": t.gpu, "gpu_count": t.gpu_count,
+                         "gpu_memory_gib": t.gpu_memory_gib, "vcpus": t.vcpus, "memory_gib": t.memory_gib,
+                         "on_demand_usd_per_hour": od.usd_per_hour, "on_demand_source": od.source,
+                         "spot_usd_per_hour": zones, "spot_saving_pct": saving})
+        retired = [{"instance_type": n, "retired": True, "why": why, "replacement": instead,
+                    "last_known_on_demand_usd_per_hour": catalog.RETIRED_LAST_PRICE.get(n)}
+                   for n, (why, instead) in catalog.RETIRED.items()
+                   if not gpu or gpu.upper() in why.upper()]
+        sandbox_note = "sandbox: spot prices come from the sandbox's simulated market" if ctx.resolver else None
+    if as_json:
+        print(json.dumps({"region": aws.region, "instance_types": rows, "retired": retired,
+                          **({"note": sandbox_note} if sandbox_note else {})}, indent=2))
+        return
+    from rich.table import Table
+    t = Table("type", "GPUs", "vCPU/RAM", "on-demand", "spot $/h by zone", "saving",
+              title=f"GPU instance types in {aws.region}, USD/h")
+    for r in rows:
+        zones = " ".join(f"{z[-1]}:{p:.4f}" for z, p in r["spot_usd_per_hour"].items())
+        t.add_row(r["instance_type"], f"{r['gpu_count']}x {r['gpu']} {r['gpu_memory_gib']}G",
+                  f"{r['vcpus']}/{r['memory_gib']:g}G", _usd(r["on_demand_usd_per_hour"]), zones or "-",
+                  "-" if r["spot_saving_pct"] is None else f"{r['spot_saving_pct']:.0f}%")
+    for r in retired:
+        t.add_row(f"[dim]{r['instance_type']}[/]", "[dim]retired[/]", "",
+                  f"[dim]{_usd(r['last_known_on_demand_usd_per_hour'])}[/]", f"[dim]last price; use {r['replacement']}[/]", "")
+    out.print(t)
+    sources = sorted({r["on_demand_source"] for r in rows})
+    out.print(f"[dim]on-demand: {'; '.join(sources) or '-'}. spot: describe_spot_price_history, newest price per zone."
+              f"{' ' + sandbox_note + '.' if sandbox_note else ''}[/]")
+
+
+@app.command()
+def cost(instance_type: str = typer.Option("g4dn.xlarge,g5.xlarge,g6.xlarge", "--instance-type", "-t",
+                                           help="Candidate instance types, comma-separated."),
+         spot: bool = typer.Option(False, "--spot", help="Estimate with current spot prices."),
+         max_price: Optional[float] = typer.Option(None, "--max-price", min=0, help="With --spot: cap, USD/h."),
+         model: str = typer.Option("cnn", "--model", "-m", help="cnn, lenet, mlp or dbn."),
+         epochs: Optional[int] = typer.Option(None, "--epochs", "-e", min=1, help="Epochs (default: the preset's)."),
+         region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
+    """Estimate the seconds (boot, setup, training) and USD of `train mnist` on each candidate type."""
+    from ..aws import catalog
+    from ..runs import costs
+
+    if model not in ("cnn", "lenet", "mlp", "dbn"):
+        raise UsageError(f"unknown model {model!r}", "choose cnn, lenet, mlp or dbn")
+    if max_price is not None and not spot:
+        raise UsageError("--max-price applies to spot instances only", "add --spot, or drop --max-price")
+    names = [catalog.lookup(n).name for n in instance_type.split(",") if n.strip()]
+    if not names:
+        raise UsageError("no instance type given", "e.g. --instance-type g4dn.xlarge,g5.xlarge")
+    with Context(region, _sandbox_flag(sandbox)) as ctx:
+        backend = costs.backend_of(ctx.resolver)
+        ests = [costs.estimate_run(ctx.aws, ctx.settings.home, n, spot, model, epochs, backend, max_price)
+                for n in names]
+    if as_json:
+        print(json.dumps([e.as_dict() for e in ests], indent=2))
+        return
+    from rich.table import Table
+    t = Table("type", "$/h", "boot", "setup", "train", "teardown", "billed", "USD",
+              title=f"estimate: `train mnist --model {model}{f' --epochs {epochs}' if epochs else ''}`, "
+              f"{'spot' if spot else 'on-demand'}, {backend}; seconds")
+    for e in ests:
+        t.add_row(e.instance_type, _usd(e.usd_per_hour), f"{e.boot_seconds:.0f}", f"{e.setup_seconds:.0f}",
+                  f"{e.train_seconds:.0f}", f"{e.teardown_seconds:.0f}", f"{e.billed_seconds:.0f}", _usd(e.cost_usd))
+    out.print(t)
+    out.print("[dim]per-second billing, 60 s minimum.[/]")
+    for e in ests:
+        out.print(f"[dim]{e.instance_type}: price {e.price_source}; times {e.time_source}[/]")
+
+
+@runs_app.callback()
+def runs(ctx: typer.Context,
+         since: Optional[str] = typer.Option(None, "--since", help="Only runs started since: 30d, 12h, 2w or a date; "
+                                             "prints the total spend."),
+         as_json: bool = JSON):
+    """List runs from the ledger, newest first (`ec2gpu runs show ID` for one)."""
+    if ctx.invoked_subcommand:
+        return
+    from ..runs import ledger
+    from ..settings import load
+
+    start = ledger.parse_since(since) if since else None
+    rows = ledger.runs(load().home, since=start)
+    keys = ("run_id", "status", "backend", "instance_type", "market", "model", "test_acc", "billed_seconds",
+            "cost_usd", "estimated_cost_usd", "started_at", "region", "zone", "instance_ids", "artifacts")
+    total = ledger.totals(rows)
+    if as_json:
+        body = [{k: r.get(k) for k in keys} for r in rows]
+        print(json.dumps({"runs": body, "total": total, "since": start.isoformat() if start else None}
+                         if since else body, indent=2))
+        return
+    if not rows:
+        out.print("no runs in the ledger" + (f" since {since}" if since else ""))
+        return
+    from rich.table import Table
+    t = Table("run id", "started (UTC)", "status", "type", "market", "model", "test acc", "billed s", "cost $",
+              "estimate $")
+    for r in rows:
+        t.add_row(r["run_id"], r["started_at"][:19].replace("T", " "), r["status"], r.get("instance_type") or "",
+                  r.get("market") or "", r.get("model") or "",
+                  "-" if r.get("test_acc") is None else f"{100 * r['test_acc']:.2f}%",
+                  "-" if r.get("billed_seconds") is None else f"{r['billed_seconds']:.0f}",
+                  _usd(r.get("cost_usd")), _usd(r.get("estimated_cost_usd")))
+    out.print(t)
+    if since:
+        out.print(f"total since {start:%Y-%m-%d %H:%M} UTC: {total['runs']} run(s), {total['billed_seconds']:.0f} s "
+                  f"billed, ${total['cost_usd']:.4f} (estimated ${total['estimated_cost_usd']:.4f})")
+
+
+@runs_app.command("show")
+def runs_show(run_id: str = typer.Argument(..., help="Run id (or a unique prefix)."), as_json: bool = JSON):
+    """Everything the ledger knows about one run: instances, phases, estimate and actual cost."""
+    from ..runs import ledger
+    from ..settings import load
+
+    r = ledger.get(load().home, run_id)
+    if as_json:
+        print(json.dumps(r, indent=2, default=str))
+        return
+    from rich.table import Table
+    t = Table(show_header=False, box=None, title=f"run {r['run_id']}")
+    acc = "-" if r.get("test_acc") is None else f"{100 * r['test_acc']:.2f}%"
+    rows = [("command", r["command"]), ("status", f"{r['status']} (exit {r.get('exit_status')})"),
+            ("where", f"{r['backend']} {r.get('region') or ''} {r.get('zone') or ''}"),
+            ("instances", f"{', '.join(r.get('instance_ids') or []) or '-'} {r.get('instance_type')} {r.get('market')}"),
+            ("model", f"{r.get('model')} x {r.get('epochs')} epochs; test accuracy {acc}"),
+            ("started", r["started_at"]), ("ended", r.get("ended_at") or "-")]
+    rows += [(f"  {k}", f"{v:.1f} s") for k, v in (r.get("phases") or {}).items()]
+    rows += cost_rows(r)
+    rows.append(("artifacts", r.get("artifacts") or "-"))
+    for k, v in rows:
+        t.add_row(f"[bold]{k}[/]", str(v))
+    out.print(t)

@@ -1,0 +1,149 @@
+"""The ledger: a SQLite history of runs in the tool's home ($EC2GPU_HOME/ledger.sqlite).
+
+A run is recorded when it starts (status "running") and updated when it ends, so a controller that
+died mid-run still leaves a row. Schema changes are appended to MIGRATIONS and applied in order;
+``PRAGMA user_version`` records how many have run. Never edit or remove an applied migration.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from contextlib import closing
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from ..errors import UsageError
+
+MIGRATIONS: list[str] = [
+    # 1: the runs table
+    """
+    CREATE TABLE runs (
+        run_id TEXT PRIMARY KEY,
+        command TEXT NOT NULL,
+        backend TEXT NOT NULL,            -- aws | sandbox | local
+        region TEXT,
+        zone TEXT,
+        instance_ids TEXT NOT NULL DEFAULT '[]',   -- JSON list
+        instance_type TEXT,
+        gpu TEXT,
+        market TEXT,                      -- on-demand | spot | local
+        model TEXT,
+        epochs INTEGER,
+        status TEXT NOT NULL,             -- running | completed | failed | interrupted | spot-interrupted
+        exit_status INTEGER,
+        test_acc REAL,
+        started_at TEXT NOT NULL,         -- ISO 8601 UTC, when the command started
+        ended_at TEXT,
+        launched_at TEXT,                 -- the instance's LaunchTime
+        terminated_at TEXT,               -- from the instance's StateTransitionReason
+        billed_seconds REAL,
+        usd_per_hour REAL,
+        cost_usd REAL,
+        price_source TEXT,
+        estimated_cost_usd REAL,
+        estimate TEXT,                    -- JSON: costs.Estimate
+        phases TEXT NOT NULL DEFAULT '{}',  -- JSON: phase -> seconds
+        train_seconds REAL,
+        samples_per_second REAL,
+        artifacts TEXT
+    )
+    """,
+    # 2: listing by time (`ec2gpu runs --since`)
+    "CREATE INDEX runs_started_at ON runs (started_at)",
+]
+
+JSON_COLUMNS = ("instance_ids", "estimate", "phases")
+
+
+def path_in(home: Path) -> Path:
+    return home / "ledger.sqlite"
+
+
+def connect(home: Path) -> sqlite3.Connection:
+    """Open (creating and migrating) the ledger in ``home``."""
+    home.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(path_in(home), timeout=10)
+    db.row_factory = sqlite3.Row
+    migrate(db)
+    return db
+
+
+def migrate(db: sqlite3.Connection) -> int:
+    """Apply the migrations not yet applied; return the schema version now."""
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    for i, sql in enumerate(MIGRATIONS[version:], start=version + 1):
+        with db:
+            db.execute(sql)
+            db.execute(f"PRAGMA user_version = {i}")
+    return len(MIGRATIONS)
+
+
+def _columns(db: sqlite3.Connection) -> set[str]:
+    return {r[1] for r in db.execute("PRAGMA table_info(runs)")}
+
+
+def record(home: Path, row: dict) -> None:
+    """Insert or update the run ``row['run_id']`` with the known columns of ``row``."""
+    with closing(connect(home)) as db, db:
+        cols = [k for k in row if k in _columns(db)]
+        values = [json.dumps(row[k], default=str) if k in JSON_COLUMNS else row[k] for k in cols]
+        db.execute(f"INSERT INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))}) "
+                   f"ON CONFLICT(run_id) DO UPDATE SET {', '.join(f'{c}=excluded.{c}' for c in cols)}", values)
+
+
+def _row(r: sqlite3.Row) -> dict:
+    d = dict(r)
+    for k in JSON_COLUMNS:
+        if d.get(k) is not None:
+            d[k] = json.loads(d[k])
+    return d
+
+
+def parse_since(text: str, now: datetime | None = None) -> datetime:
+    """'30d', '12h', '2w' or an ISO date ('2026-11-01') -> an aware UTC datetime.
+
+    Raises UsageError for anything else.
+    """
+    now = now or datetime.now(timezone.utc)
+    m = re.fullmatch(r"(\d+)\s*([hdw])", text.strip().lower())
+    if m:
+        n, unit = int(m.group(1)), m.group(2)
+        return now - timedelta(hours=n) * {"h": 1, "d": 24, "w": 24 * 7}[unit]
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise UsageError(f"--since {text!r} is not a duration or a date", "use e.g. 30d, 12h, 2w or 2026-11-01")
+    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+
+
+def runs(home: Path, since: datetime | None = None, backend: str | None = None, limit: int | None = None) -> list[dict]:
+    """Runs newest first, optionally started at or after ``since`` and of one ``backend``."""
+    if not path_in(home).exists():
+        return []
+    sql, args = "SELECT * FROM runs WHERE 1=1", []
+    if since:
+        sql, args = sql + " AND started_at >= ?", args + [since.astimezone(timezone.utc).isoformat()]
+    if backend:
+        sql, args = sql + " AND backend = ?", args + [backend]
+    sql += " ORDER BY started_at DESC" + (f" LIMIT {int(limit)}" if limit else "")
+    with closing(connect(home)) as db:
+        return [_row(r) for r in db.execute(sql, args)]
+
+
+def get(home: Path, run_id: str) -> dict:
+    """One run by id (or a unique prefix of it). Raises UsageError when none or several match."""
+    found = [r for r in runs(home) if r["run_id"] == run_id] or \
+        [r for r in runs(home) if r["run_id"].startswith(run_id)]
+    if len(found) != 1:
+        raise UsageError(f"no run {run_id!r} in the ledger" if not found else f"{run_id!r} matches {len(found)} runs",
+                         "see `ec2gpu runs` for the ids")
+    return found[0]
+
+
+def totals(rows: list[dict]) -> dict:
+    """Count, billed seconds, actual and estimated USD over ``rows`` (None values count as 0)."""
+    return {"runs": len(rows),
+            "billed_seconds": round(sum(r.get("billed_seconds") or 0 for r in rows), 1),
+            "cost_usd": round(sum(r.get("cost_usd") or 0 for r in rows), 4),
+            "estimated_cost_usd": round(sum(r.get("estimated_cost_usd") or 0 for r in rows), 4)}

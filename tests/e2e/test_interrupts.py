@@ -1,0 +1,62 @@
+"""Ctrl-C (SIGINT) in every phase of `ec2gpu train mnist --sandbox` leaves nothing behind."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ec2gpu.runs import ledger
+from ec2gpu.runs.pipeline import PAUSE_ENV
+from ec2gpu.sandbox import sshd
+
+from test_sandbox_train import leftovers  # same folder (pytest prepend import mode)
+
+pytestmark = pytest.mark.e2e
+EC2GPU = str(Path(sys.executable).parent / "ec2gpu")
+
+
+def run_and_interrupt(env: dict, trigger: str, timeout_s: float = 120) -> tuple[int, str]:
+    """Start a sandbox train run, send SIGINT once ``trigger`` appears on its stderr; (code, stderr)."""
+    proc = subprocess.Popen([EC2GPU, "train", "mnist", "--sandbox"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    lines, sent, deadline = [], False, time.monotonic() + timeout_s
+    try:
+        for line in proc.stderr:
+            lines.append(line)
+            if not sent and trigger in line:
+                proc.send_signal(signal.SIGINT)
+                sent = True
+            if time.monotonic() > deadline:
+                break
+        code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert sent, f"never saw {trigger!r}:\n{''.join(lines)}"
+    return code, "".join(lines)
+
+
+@pytest.mark.parametrize("phase", ["requesting", "waiting for running", "waiting for SSH", "setup", "upload",
+                                   "training", "download"])
+def test_sigint_in_each_phase_cleans_up_and_exits_130(sandbox_env, phase):
+    home, _ = sandbox_env
+    env = dict(os.environ)
+    if phase == "training":  # a real interrupt while the trainer runs: at its first log line
+        trigger = "| "
+    else:
+        env[PAUSE_ENV] = phase
+        trigger = f"pausing in phase {phase}"
+    code, err = run_and_interrupt(env, trigger)
+    assert code == 130, err
+    assert f"stopped {phase}" in err and "Traceback" not in err
+    assert "removed: instances" in err
+    assert leftovers(home) == ([], [], [])
+    run = ledger.runs(home, limit=1)[0]
+    assert run["status"] == "interrupted" and run["billed_seconds"] >= 60
+    assert not (home / "keys" / f"ec2gpu-{run['run_id']}.pem").exists()
+    for iid in run["instance_ids"]:
+        assert not sshd.instance_processes(iid)

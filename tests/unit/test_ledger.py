@@ -1,0 +1,56 @@
+"""The SQLite ledger: migrations, upserts, --since, totals."""
+import sqlite3
+from datetime import datetime, timezone
+
+import pytest
+
+from ec2gpu.errors import UsageError
+from ec2gpu.runs import ledger
+
+
+def test_a_version_1_ledger_is_migrated_without_losing_runs(tmp_path):
+    db = sqlite3.connect(ledger.path_in(tmp_path))
+    db.execute(ledger.MIGRATIONS[0])
+    db.execute("PRAGMA user_version = 1")
+    db.execute("INSERT INTO runs (run_id, command, backend, status, started_at) VALUES ('old', 'c', 'aws', "
+               "'completed', '2026-01-01T00:00:00+00:00')")
+    db.commit()
+    db.close()
+    assert [r["run_id"] for r in ledger.runs(tmp_path)] == ["old"]
+    with sqlite3.connect(ledger.path_in(tmp_path)) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == len(ledger.MIGRATIONS)
+        assert db.execute("SELECT name FROM sqlite_master WHERE name='runs_started_at'").fetchone()
+
+
+def test_record_inserts_then_updates_one_row(tmp_path):
+    start = {"run_id": "r1", "command": "ec2gpu train mnist", "backend": "sandbox", "status": "running",
+             "started_at": "2026-11-21T10:00:00+00:00", "phases": {}, "not_a_column": 1}
+    ledger.record(tmp_path, start)
+    ledger.record(tmp_path, {**start, "status": "completed", "phases": {"training": 12.5}, "cost_usd": 0.0088,
+                             "instance_ids": ["i-1"]})
+    (row,) = ledger.runs(tmp_path)
+    assert row["status"] == "completed" and row["phases"] == {"training": 12.5} and row["instance_ids"] == ["i-1"]
+    assert ledger.get(tmp_path, "r") == row
+
+
+def test_since_filters_and_totals(tmp_path):
+    for i, day in enumerate(["2026-10-01", "2026-11-15", "2026-11-20"]):
+        ledger.record(tmp_path, {"run_id": f"r{i}", "command": "c", "backend": "aws", "status": "completed",
+                                 "started_at": f"{day}T12:00:00+00:00", "billed_seconds": 100.0, "cost_usd": 0.25,
+                                 "estimated_cost_usd": 0.3})
+    now = datetime(2026, 11, 21, tzinfo=timezone.utc)
+    rows = ledger.runs(tmp_path, since=ledger.parse_since("30d", now))
+    assert [r["run_id"] for r in rows] == ["r2", "r1"]
+    assert ledger.totals(rows) == {"runs": 2, "billed_seconds": 200.0, "cost_usd": 0.5, "estimated_cost_usd": 0.6}
+    assert ledger.parse_since("2026-11-01") == datetime(2026, 11, 1, tzinfo=timezone.utc)
+
+
+@pytest.mark.parametrize("text", ["soon", "30x", ""])
+def test_bad_since_is_a_usage_error(text):
+    with pytest.raises(UsageError):
+        ledger.parse_since(text)
+
+
+def test_unknown_run_is_a_usage_error(tmp_path):
+    with pytest.raises(UsageError):
+        ledger.get(tmp_path, "nope")
