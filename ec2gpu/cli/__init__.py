@@ -127,7 +127,7 @@ def cost_rows(record: dict) -> list[tuple[str, str]]:
     est = record.get("estimate") or {}
     if record.get("estimated_cost_usd") is not None:
         rows.append(("estimate", f"${record['estimated_cost_usd']:.4f} for {est.get('billed_seconds', 0):.0f} s "
-                     f"[{est.get('time_source', '')}]"))
+                     f"(times: {est.get('time_source', '')})"))
     if record.get("billed_seconds") is not None and record.get("market") != "local":
         usd = record.get("cost_usd")
         rows.append(("actual", ("unknown" if usd is None else f"${usd:.4f}") +
@@ -161,9 +161,12 @@ def _print_record(record: dict, as_json: bool) -> None:
 
 @train_app.command("mnist")
 def train_mnist(
-    instance_type: str = typer.Option(None, "--instance-type", "-t", help="GPU instance type, e.g. g4dn.xlarge "
-                                      "(T4), g5.xlarge (A10G), g6.xlarge (L4)."),
+    instance_type: str = typer.Option(None, "--instance-type", "-t", help="GPU instance type, or several in order "
+                                      "of preference: g4dn.xlarge,g5.xlarge,g6.xlarge (T4, A10G, L4). Each is tried "
+                                      "in every zone that offers it before the next."),
     spot: bool = typer.Option(False, "--spot", help="Use a spot instance (one-time, terminated on interruption)."),
+    spot_fallback: Optional[str] = typer.Option(None, "--spot-fallback", help="on-demand: when no zone or type has "
+                                                "spot capacity, make a last on-demand try."),
     model: str = typer.Option("cnn", "--model", "-m", help="cnn (fast default), lenet, mlp or dbn."),
     epochs: Optional[int] = typer.Option(None, "--epochs", "-e", min=1, help="Epochs (default: the model preset's)."),
     seed: int = typer.Option(0, "--seed", help="Random seed of the trainer."),
@@ -195,7 +198,7 @@ def train_mnist(
     opts = pipeline.TrainOptions(
         model=model, epochs=epochs, seed=seed, keep=keep, out=out_dir, ssh_cidr=ssh_cidr, ami=ami,
         spot=spot, trainer_args=list(trainer_arg), max_runtime_minutes=max_runtime,
-        instance_type=instance_type or "g4dn.xlarge", budget_usd=budget, max_price=max_price,
+        instance_type=instance_type or "g4dn.xlarge", budget_usd=budget, max_price=max_price, spot_fallback=spot_fallback,
         command=" ".join(["ec2gpu"] + sys.argv[1:]) if sys.argv[0].endswith("ec2gpu") else "ec2gpu train mnist")
     ui = RichReporter(err)
     if local:
@@ -224,10 +227,10 @@ def launch(
     from ..runs import pipeline
 
     with Context(region, _sandbox_flag(sandbox), persistent=True) as ctx:
-        itype = catalog.lookup(instance_type or ctx.settings.instance_type)
+        types = [catalog.lookup(t).name for t in (instance_type or ctx.settings.instance_type).split(",") if t.strip()]
         ctx.aws.check_credentials()
         run_id = pipeline.new_run_id()
-        opts = pipeline.TrainOptions(instance_type=itype.name, spot=spot, name=name, ssh_cidr=ssh_cidr, ami=ami,
+        opts = pipeline.TrainOptions(instance_type=",".join(types), spot=spot, name=name, ssh_cidr=ssh_cidr, ami=ami,
                                      max_runtime_minutes=max_runtime)
         prov = pipeline.Provisioned(run_id)
         ui = RichReporter(err, quiet=as_json)
@@ -281,13 +284,16 @@ def ls(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = 
         out.print("no ec2gpu instances are running")
         return
     from rich.table import Table
-    t = Table("name", "instance id", "type", "market", "zone", "state", "age", "$/h", "cost so far")
+    from rich import box
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, padding=(0, 1))
+    for col in ("name", "instance id", "type", "zone", "state", "age", "$/h", "so far $"):
+        t.add_column(col, overflow="fold")
     for r in rows:
         m, sec = divmod(r["age_seconds"], 60)
-        t.add_row(r["name"], r["instance_id"], r["instance_type"], r["market"], r["zone"] or "", r["state"],
-                  f"{m // 60}h{m % 60:02d}m" if m >= 60 else f"{m}m{sec:02d}s",
+        t.add_row(r["name"], r["instance_id"], r["instance_type"] + (" spot" if r["market"] == "spot" else ""),
+                  r["zone"] or "", r["state"], f"{m // 60}h{m % 60:02d}m" if m >= 60 else f"{m}m{sec:02d}s",
                   "-" if r["usd_per_hour"] is None else f"{r['usd_per_hour']:.4f}",
-                  "-" if r["cost_so_far_usd"] is None else f"${r['cost_so_far_usd']:.4f}")
+                  "-" if r["cost_so_far_usd"] is None else f"{r['cost_so_far_usd']:.4f}")
     out.print(t)
     if any(r["market"] == "spot" for r in rows):
         out.print("[dim]spot instances are shown at the on-demand price (their ceiling); the bill uses the spot "

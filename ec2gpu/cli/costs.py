@@ -158,11 +158,14 @@ def runs(ctx: typer.Context,
         out.print("no runs in the ledger" + (f" since {since}" if since else ""))
         return
     from rich.table import Table
-    t = Table("run id", "started (UTC)", "status", "type", "market", "model", "test acc", "billed s", "cost $",
-              "estimate $")
+    from rich import box
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, padding=(0, 1))
+    t.add_column("run id (start UTC)", no_wrap=True)
+    for name in ("status", "type", "acc", "billed", "cost $", "est. $"):
+        t.add_column(name, no_wrap=True)
     for r in rows:
-        t.add_row(r["run_id"], r["started_at"][:19].replace("T", " "), r["status"], r.get("instance_type") or "",
-                  r.get("market") or "", r.get("model") or "",
+        kind = (r.get("instance_type") or "") + (" spot" if r.get("market") == "spot" else "")
+        t.add_row(r["run_id"], r["status"], kind,
                   "-" if r.get("test_acc") is None else f"{100 * r['test_acc']:.2f}%",
                   "-" if r.get("billed_seconds") is None else f"{r['billed_seconds']:.0f}",
                   _usd(r.get("cost_usd")), _usd(r.get("estimated_cost_usd")))

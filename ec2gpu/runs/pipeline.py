@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..aws import catalog, images, instances, network, sweep
+from ..aws import capacity, catalog, images, instances, network, sweep
 from ..aws.session import Aws
 from ..errors import RemoteError, UsageError
 from ..settings import Settings
@@ -32,8 +32,9 @@ EXIT_SPOT_INTERRUPTED = 75  # the trainer's code after a spot interruption notic
 class TrainOptions:
     """What `ec2gpu train mnist` was asked to do."""
 
-    instance_type: str = "g4dn.xlarge"
+    instance_type: str = "g4dn.xlarge"  # one type, or several in order of preference: "g4dn.xlarge,g5.xlarge"
     spot: bool = False
+    spot_fallback: str | None = None  # "on-demand": a last on-demand try when spot has no capacity
     model: str = "cnn"
     epochs: int | None = None  # None: the preset's
     seed: int = 0
@@ -47,6 +48,10 @@ class TrainOptions:
     budget_usd: float | None = None  # refuse a run whose estimate is above this
     max_price: float | None = None  # spot: the highest USD/h to pay
     command: str = "ec2gpu train mnist"  # as typed, for the ledger
+
+    @property
+    def instance_types(self) -> list[str]:
+        return [t.strip() for t in self.instance_type.split(",") if t.strip()]
 
 
 class Reporter:
@@ -115,14 +120,16 @@ def provision(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, ui:
         prov.key_name, prov.key_path = network.create_key_pair(ec2, run_id, settings.owner, settings.keys_dir)
         prov.security_group_id = network.create_security_group(ec2, run_id, settings.owner, cidr)
         spec = instances.LaunchSpec(
-            run_id=run_id, owner=settings.owner, name=name, instance_type=opts.instance_type,
+            run_id=run_id, owner=settings.owner, name=name, instance_type=opts.instance_types[0],
             image_id=ami["ImageId"], root_device_name=ami["RootDeviceName"], key_name=prov.key_name,
             security_group_id=prov.security_group_id, spot=opts.spot,
             root_volume_gib=settings.root_volume_gib, max_runtime_minutes=opts.max_runtime_minutes,
             max_price=opts.max_price if opts.spot else None)
-        prov.instances = instances.launch(aws.client("ec2", fail_fast=True), spec)
-        ui.note(f"launched {', '.join(prov.instance_ids)} ({opts.instance_type}, "
-                f"{'spot' if opts.spot else 'on-demand'})")
+        prov.instances, attempts = capacity.launch_with_fallback(
+            aws.client("ec2", fail_fast=True), spec, opts.instance_types, opts.spot_fallback == "on-demand", log=ui.note)
+        got = attempts[-1]
+        ui.note(f"launched {', '.join(prov.instance_ids)} ({got.instance_type}, {got.market}, {got.zone or 'any zone'}"
+                f"{f', attempt {len(attempts)}' if len(attempts) > 1 else ''})")
     with ui.phase("waiting for running"):
         prov.instances = instances.wait_running(ec2, prov.instance_ids)
 
@@ -237,12 +244,13 @@ def check_estimate(aws: Aws, settings: Settings, opts: TrainOptions, backend: st
     if opts.max_price is not None and not opts.spot:
         raise UsageError("--max-price applies to spot instances only", "add --spot, or drop --max-price")
     if opts.max_price is not None:
-        zones = pricing.current_spot_prices(aws.ec2, [opts.instance_type]).get(opts.instance_type, {})
+        first = opts.instance_types[0]
+        zones = pricing.current_spot_prices(aws.ec2, [first]).get(first, {})
         if zones and min(zones.values()) > opts.max_price:
-            raise UsageError(f"--max-price {opts.max_price:.4f} USD/h is below the spot price of {opts.instance_type} "
+            raise UsageError(f"--max-price {opts.max_price:.4f} USD/h is below the spot price of {first} "
                              f"in every zone (lowest {min(zones.values()):.4f} USD/h now)",
                              "raise --max-price, or see `ec2gpu prices`")
-    est = costs.estimate_run(aws, settings.home, opts.instance_type, opts.spot, opts.model, opts.epochs, backend,
+    est = costs.estimate_run(aws, settings.home, opts.instance_types[0], opts.spot, opts.model, opts.epochs, backend,
                              opts.max_price)
     cost = "unknown (no price)" if est.cost_usd is None else f"${est.cost_usd:.4f}"
     ui.note(f"estimate: {cost} for ~{est.billed_seconds:.0f} s billed at "
@@ -289,11 +297,20 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, resolv
     """
     from ..remote import ssh
 
-    itype = catalog.lookup(opts.instance_type)
-    opts.instance_type = itype.name
+    types = [catalog.lookup(t).name for t in opts.instance_types]
+    if not types:
+        raise UsageError("no instance type given", "e.g. --instance-type g4dn.xlarge,g5.xlarge")
+    if opts.spot_fallback not in (None, "on-demand"):
+        raise UsageError(f"--spot-fallback {opts.spot_fallback!r} is not known", "the only fallback is on-demand")
+    opts.instance_type = ",".join(types)
+    itype = catalog.lookup(types[0])
     aws.check_credentials()
     backend = costs.backend_of(resolver)
     est = check_estimate(aws, settings, opts, backend, ui)
+    checked = capacity.check_quota(aws.client("service-quotas"), aws.ec2, itype.name, opts.spot, log=ui.note)
+    if checked:
+        ui.note(f"vCPU quota {checked['quota']}: {checked['in_use']} in use + {checked['needed']} needed "
+                f"<= {checked['value']:g}")
     run_id = new_run_id()
     out = Path(opts.out or Path("runs") / run_id).resolve()
     prov = Provisioned(run_id)
@@ -307,7 +324,9 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, resolv
     try:
         provision(aws, settings, opts, run_id, ui, prov)
         instance = prov.instances[0]
-        record.update(instance_id=instance["InstanceId"], instance_ids=prov.instance_ids,
+        got = catalog.CATALOG.get(instance["InstanceType"])
+        record.update(instance_type=instance["InstanceType"], gpu=got.gpu if got else None,
+                      market=instances.market(instance), instance_id=instance["InstanceId"], instance_ids=prov.instance_ids,
                       zone=instance["Placement"]["AvailabilityZone"], launched_at=instance["LaunchTime"].isoformat())
         _ledger(settings, record, ui)
         with ui.phase("waiting for SSH"):

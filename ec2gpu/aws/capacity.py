@@ -1,0 +1,168 @@
+"""Capacity: try the next availability zone, then the next instance type; check vCPU quotas first.
+
+Capacity errors (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/troubleshooting-launch.html):
+InsufficientInstanceCapacity, InsufficientCapacity (capacity-not-available), SpotMaxPriceTooLow and
+Unsupported (the type is not offered in that zone) mean "not here": the launch moves on at once,
+with no SDK retries. Throttling (RequestLimitExceeded) is retried with exponential backoff.
+Quotas: Service Quotas codes for G and VT instances, on-demand L-DB2E81BA ("Running On-Demand G and
+VT instances") and spot L-3819A6DF ("All G and VT Spot Instance Requests"); both count vCPUs.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+import botocore.exceptions
+
+from ..errors import AwsError, CapacityError
+from . import catalog
+from .instances import LaunchSpec, run_request
+from .session import describe, error_code
+
+#: codes that move the launch to the next zone / type
+NEXT_ZONE = {"InsufficientInstanceCapacity", "InsufficientCapacity", "SpotMaxPriceTooLow", "Unsupported",
+             "InsufficientHostCapacity", "InsufficientReservedInstanceCapacity"}
+#: codes retried in place with backoff
+THROTTLED = {"RequestLimitExceeded", "Throttling", "ThrottlingException"}
+#: codes that no other zone or type will fix (the account's limits)
+LIMITS = {"VcpuLimitExceeded", "InstanceLimitExceeded", "MaxSpotInstanceCountExceeded"}
+
+QUOTA_CODES = {"on-demand": ("L-DB2E81BA", "Running On-Demand G and VT instances"),
+               "spot": ("L-3819A6DF", "All G and VT Spot Instance Requests")}
+GVT_FAMILIES = ("g", "vt")  # families that count against the G and VT quotas
+
+
+@dataclass
+class Attempt:
+    """One run_instances try: where, and how it ended ('launched' or the AWS error code)."""
+
+    instance_type: str
+    zone: str | None
+    market: str
+    outcome: str
+    message: str = ""
+
+
+def zones_offering(ec2, instance_type: str) -> list[str]:
+    """Availability zones of the client's region that offer ``instance_type``, sorted."""
+    pages = ec2.get_paginator("describe_instance_type_offerings").paginate(
+        LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": [instance_type]}])
+    return sorted({o["Location"] for p in pages for o in p["InstanceTypeOfferings"]})
+
+
+def default_subnets(ec2) -> dict[str, str]:
+    """Availability zone -> the default VPC's default subnet there."""
+    subnets = ec2.describe_subnets(Filters=[{"Name": "default-for-az", "Values": ["true"]}])["Subnets"]
+    return {s["AvailabilityZone"]: s["SubnetId"] for s in subnets}
+
+
+def plan(ec2, instance_types: list[str], spot: bool, spot_fallback_on_demand: bool) -> list[tuple[str, str | None, str | None, bool]]:
+    """The launch order: [(instance type, zone, subnet id, spot)], each type's zones in turn.
+
+    Zones come from describe_instance_type_offerings and need a default subnet; with none known
+    (no default VPC subnets) the type is tried once without a zone. A final on-demand pass over
+    the first type's zones is added when ``spot_fallback_on_demand``.
+    """
+    subnets = default_subnets(ec2)
+    order = []
+    for itype in instance_types:
+        zones = [z for z in zones_offering(ec2, itype) if z in subnets]
+        order += [(itype, z, subnets[z], spot) for z in zones] or [(itype, None, None, spot)]
+    if spot and spot_fallback_on_demand:
+        first = instance_types[0]
+        order += [(t, z, s, False) for t, z, s, sp in order if t == first]
+    return order
+
+
+def _run_instances(ec2, request: dict, max_throttle_retries: int = 5, base_delay_s: float = 1.0) -> list[dict]:
+    for attempt in range(max_throttle_retries + 1):
+        try:
+            return ec2.run_instances(**request)["Instances"]
+        except botocore.exceptions.ClientError as exc:
+            if error_code(exc) not in THROTTLED or attempt == max_throttle_retries:
+                raise
+            time.sleep(min(20.0, base_delay_s * 2 ** attempt))
+    raise AssertionError("unreachable")
+
+
+def launch_with_fallback(ec2, spec: LaunchSpec, instance_types: list[str], spot_fallback_on_demand: bool = False,
+                         log=lambda msg: None) -> tuple[list[dict], list[Attempt]]:
+    """Launch ``spec`` as the first type and zone that has capacity; return (instances, attempts).
+
+    ``ec2`` should be a fail-fast client (no SDK retries). Each failed attempt is reported
+    through ``log``. Raises CapacityError listing every attempt when none succeeds (or at once
+    for an account limit), AwsError for any other error.
+    """
+    attempts: list[Attempt] = []
+    order = plan(ec2, instance_types, spec.spot, spot_fallback_on_demand)
+    for itype, zone, subnet, spot in order:
+        market = "spot" if spot else "on-demand"
+        try_spec = replace(spec, instance_type=itype, subnet_id=subnet, spot=spot,
+                           max_price=spec.max_price if spot else None)
+        try:
+            found = _run_instances(ec2, run_request(try_spec))
+        except botocore.exceptions.ClientError as exc:
+            code = error_code(exc)
+            attempts.append(Attempt(itype, zone, market, code or "?", describe(exc)))
+            if code in NEXT_ZONE:
+                log(f"{itype} {market} in {zone or 'any zone'}: {code}; trying the next zone or type")
+                continue
+            if code in LIMITS:
+                raise CapacityError(f"{itype} {market}: {describe(exc)}", quota_hint(market))
+            raise AwsError(f"run_instances failed: {describe(exc)}", "see docs/iam-policy.json for the permissions needed")
+        attempts.append(Attempt(itype, zone, market, "launched"))
+        return found, attempts
+    tried = "; ".join(f"{a.instance_type} {a.market} {a.zone or ''}: {a.outcome}" for a in attempts)
+    raise CapacityError(f"no capacity for {', '.join(instance_types)} in {len(attempts)} attempt(s): {tried}",
+                        "try later, another --region, more types (--instance-type a,b,c)"
+                        + ("" if spot_fallback_on_demand or not spec.spot else ", or --spot-fallback on-demand"))
+
+
+def quota_hint(market: str) -> str:
+    code, name = QUOTA_CODES[market]
+    return (f"ask for more in Service Quotas (\"{name}\", {code}): aws service-quotas request-service-quota-increase "
+            f"--service-code ec2 --quota-code {code} --desired-value N, or "
+            f"https://console.aws.amazon.com/servicequotas/home/services/ec2/quotas/{code}")
+
+
+def gvt_vcpus_in_use(ec2, spot: bool) -> int:
+    """vCPUs of pending/running G and VT instances of the market (from the catalog, else DescribeInstanceTypes)."""
+    pages = ec2.get_paginator("describe_instances").paginate(
+        Filters=[{"Name": "instance-state-name", "Values": ["pending", "running"]}])
+    total = 0
+    for page in pages:
+        for r in page["Reservations"]:
+            for i in r["Instances"]:
+                if (i.get("InstanceLifecycle") == "spot") != spot:
+                    continue
+                itype = i["InstanceType"]
+                if not itype.startswith(GVT_FAMILIES):
+                    continue
+                cpu = i.get("CpuOptions", {})
+                total += catalog.CATALOG[itype].vcpus if itype in catalog.CATALOG else \
+                    cpu.get("CoreCount", 1) * cpu.get("ThreadsPerCore", 1)
+    return total
+
+
+def check_quota(quotas, ec2, instance_type: str, spot: bool, count: int = 1, log=lambda msg: None) -> dict | None:
+    """Refuse (CapacityError) a launch that would exceed the account's G/VT vCPU quota.
+
+    ``quotas`` is a Service Quotas client. Returns {quota, value, in_use, needed} when checked,
+    None when the type is not a G/VT type or the quota cannot be read (reported through ``log``).
+    """
+    if not instance_type.startswith(GVT_FAMILIES):
+        return None  # p-family quotas (L-417A185B) are checked by EC2 itself at launch
+    market = "spot" if spot else "on-demand"
+    code, name = QUOTA_CODES[market]
+    try:
+        value = quotas.get_service_quota(ServiceCode="ec2", QuotaCode=code)["Quota"]["Value"]
+    except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
+        why = describe(exc) if isinstance(exc, botocore.exceptions.ClientError) else str(exc)
+        log(f"could not read the vCPU quota {code} ({why.splitlines()[0][:120]}); not checked")
+        return None
+    needed = catalog.lookup(instance_type).vcpus * count
+    in_use = gvt_vcpus_in_use(ec2, spot)
+    if in_use + needed > value:
+        raise CapacityError(f"{instance_type} {market} needs {needed} vCPUs, but the quota \"{name}\" ({code}) "
+                            f"is {value:g} vCPUs and {in_use} are in use", quota_hint(market))
+    return {"quota": code, "value": value, "in_use": in_use, "needed": needed}

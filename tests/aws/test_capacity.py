@@ -1,0 +1,132 @@
+"""Capacity fallback and quota checks against moto, with AWS errors injected through botocore's
+event hooks (a `before-call` handler that answers instead of the server)."""
+import os
+
+import pytest
+from botocore.awsrequest import AWSResponse
+
+from ec2gpu.aws import capacity, images, instances, network, sweep
+from ec2gpu.aws.session import Aws
+from ec2gpu.errors import CapacityError
+
+
+@pytest.fixture
+def aws(sandbox_env):
+    return Aws("us-east-1", endpoint_url=os.environ["AWS_ENDPOINT_URL"])
+
+
+@pytest.fixture
+def spec(aws, tmp_path):
+    """A launch spec with a real key pair and security group; everything launched is removed after."""
+    key, _ = network.create_key_pair(aws.ec2, "run-cap", "alice", tmp_path)
+    group = network.create_security_group(aws.ec2, "run-cap", "alice", "127.0.0.1/32")
+    ami = images.resolve_ami(aws.client("ssm"), aws.ec2)
+    yield instances.LaunchSpec(run_id="run-cap", owner="alice", name="cap", instance_type="g4dn.xlarge",
+                               image_id=ami["ImageId"], root_device_name=ami["RootDeviceName"], key_name=key,
+                               security_group_id=group)
+    sweep.delete_run(aws.ec2, "run-cap", tmp_path)
+
+
+def inject(client, fail: dict[tuple[str, str | None, bool], str], calls: list):
+    """Answer RunInstances with ``fail[(type, zone, spot)]`` (an error code) where listed."""
+    zone_of = {s: z for z, s in capacity.default_subnets(client).items()}
+
+    def before_call(params, **_):
+        body = params["body"]
+        key = (body["InstanceType"], zone_of.get(body.get("SubnetId")), "InstanceMarketOptions.MarketType" in body)
+        calls.append(key)
+        if key in fail:
+            error = {"Error": {"Code": fail[key], "Message": f"injected {fail[key]}"},
+                     "ResponseMetadata": {"HTTPStatusCode": 500}}
+            return AWSResponse("https://ec2.amazonaws.com/", 500, {}, None), error
+        return None
+    client.meta.events.register("before-call.ec2.RunInstances", before_call)
+
+
+def test_full_zones_then_a_full_type_fall_over_in_order(aws, spec):
+    ec2 = aws.client("ec2", fail_fast=True)
+    zones = capacity.zones_offering(ec2, "g4dn.xlarge")
+    assert len(zones) >= 2
+    fail = {("g4dn.xlarge", z, False): "InsufficientInstanceCapacity" for z in zones}
+    g5_zones = capacity.zones_offering(ec2, "g5.xlarge")
+    fail[("g5.xlarge", g5_zones[0], False)] = "Unsupported"
+    calls, log = [], []
+    inject(ec2, fail, calls)
+    found, attempts = capacity.launch_with_fallback(ec2, spec, ["g4dn.xlarge", "g5.xlarge"], log=log.append)
+    expected = [("g4dn.xlarge", z, False) for z in zones] + [("g5.xlarge", g5_zones[0], False),
+                                                             ("g5.xlarge", g5_zones[1], False)]
+    assert calls == expected
+    assert [a.outcome for a in attempts] == ["InsufficientInstanceCapacity"] * len(zones) + ["Unsupported", "launched"]
+    assert found[0]["InstanceType"] == "g5.xlarge" and found[0]["Placement"]["AvailabilityZone"] == g5_zones[1]
+    assert len(log) == len(zones) + 1 and "trying the next zone or type" in log[0]
+
+
+def test_spot_without_capacity_anywhere_falls_back_to_on_demand_when_asked(aws, spec):
+    ec2 = aws.client("ec2", fail_fast=True)
+    zones = capacity.zones_offering(ec2, "g4dn.xlarge")
+    calls = []
+    inject(ec2, {("g4dn.xlarge", z, True): "SpotMaxPriceTooLow" for z in zones}, calls)
+    spot = instances.LaunchSpec(**{**spec.__dict__, "spot": True})
+    with pytest.raises(CapacityError) as info:
+        capacity.launch_with_fallback(ec2, spot, ["g4dn.xlarge"])
+    assert "--spot-fallback on-demand" in info.value.hint and len(calls) == len(zones)
+    assert not sweep.find_instances(aws.ec2, run_id="run-cap")  # nothing was launched
+    found, attempts = capacity.launch_with_fallback(ec2, spot, ["g4dn.xlarge"], spot_fallback_on_demand=True)
+    assert attempts[-1].market == "on-demand" and instances.market(found[0]) == "on-demand"
+
+
+def test_an_account_limit_stops_at_once_with_the_quota_to_raise(aws, spec):
+    ec2 = aws.client("ec2", fail_fast=True)
+    zones = capacity.zones_offering(ec2, "g4dn.xlarge")
+    calls = []
+    inject(ec2, {("g4dn.xlarge", zones[0], False): "VcpuLimitExceeded"}, calls)
+    with pytest.raises(CapacityError) as info:
+        capacity.launch_with_fallback(ec2, spec, ["g4dn.xlarge", "g5.xlarge"])
+    assert len(calls) == 1 and "L-DB2E81BA" in info.value.hint
+
+
+def quota_answer(client, value: float):
+    def before_call(**_):
+        body = {"Quota": {"ServiceCode": "ec2", "QuotaCode": "L-DB2E81BA", "Value": value,
+                          "QuotaName": "Running On-Demand G and VT instances"}, "ResponseMetadata": {}}
+        return AWSResponse("https://servicequotas.amazonaws.com/", 200, {}, None), body
+    client.meta.events.register("before-call.service-quotas.GetServiceQuota", before_call)
+
+
+def test_quota_too_small_refuses_before_anything_is_created(aws):
+    quotas = Aws("us-east-1", endpoint_url=os.environ["AWS_ENDPOINT_URL"]).client("service-quotas")
+    quota_answer(quotas, 0.0)  # a new account: 0 vCPUs for G and VT
+    with pytest.raises(CapacityError) as info:
+        capacity.check_quota(quotas, aws.ec2, "g4dn.xlarge", spot=False)
+    assert "needs 4 vCPUs" in info.value.message and "is 0 vCPUs" in info.value.message
+    assert "request-service-quota-increase" in info.value.hint and "L-DB2E81BA" in info.value.hint
+
+
+def test_quota_large_enough_passes_and_an_unreadable_quota_is_only_reported(aws):
+    quotas = Aws("us-east-1", endpoint_url=os.environ["AWS_ENDPOINT_URL"]).client("service-quotas")
+    quota_answer(quotas, 8.0)
+    assert capacity.check_quota(quotas, aws.ec2, "g4dn.xlarge", spot=False) == {
+        "quota": "L-DB2E81BA", "value": 8.0, "in_use": 0, "needed": 4}
+    log = []
+    fresh = Aws("us-east-1", endpoint_url=os.environ["AWS_ENDPOINT_URL"]).client("service-quotas")
+    assert capacity.check_quota(fresh, aws.ec2, "g5.xlarge", spot=True, log=log.append) is None
+    assert "not checked" in log[0]  # moto has no EC2 quotas: the launch goes on
+
+
+def test_train_refused_by_the_quota_exits_4_and_creates_nothing(sandbox_env, monkeypatch, capsys):
+    from ec2gpu import cli
+    original = Aws.client
+
+    def client(self, service, fail_fast=False):
+        c = original(self, service, fail_fast)
+        if service == "service-quotas" and not getattr(c, "_quota_injected", False):
+            quota_answer(c, 0.0)
+            c._quota_injected = True
+        return c
+    monkeypatch.setattr(Aws, "client", client)
+    ec2 = Aws("us-east-1", endpoint_url=os.environ["AWS_ENDPOINT_URL"]).ec2
+    before = (sweep.find_instances(ec2), sweep.find_security_groups(ec2), sweep.find_key_pairs(ec2))
+    assert cli.main(["train", "mnist", "--sandbox"]) == 4
+    err = capsys.readouterr().err
+    assert "L-DB2E81BA" in err and "Traceback" not in err
+    assert (sweep.find_instances(ec2), sweep.find_security_groups(ec2), sweep.find_key_pairs(ec2)) == before
