@@ -362,6 +362,37 @@ def ssh_cmd(ctx_: typer.Context, name: str = typer.Argument(..., help="Name, ins
     raise typer.Exit(code)
 
 
+@app.command("ssh-config")
+def ssh_config(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
+    """Write ~/.ec2gpu/ssh_config so plain `ssh NAME`, scp and editors reach the running instances."""
+    from ..aws import sweep
+    from ..aws import tags as T
+    from ..remote import ssh_config as sc
+    from ..runs.pipeline import ssh_target
+
+    with Context(region, _sandbox_flag(sandbox)) as ctx:
+        entries, skipped = [], []
+        for inst in sweep.find_instances(ctx.aws.ec2, states=["running"]):
+            key = ctx.settings.keys_dir / f"{inst.get('KeyName')}.pem"
+            if not key.exists():
+                skipped.append(inst["InstanceId"])
+                continue
+            host, port = ssh_target(inst, ctx.resolver)
+            name = T.as_dict(inst.get("Tags")).get(T.NAME)
+            entries.append(sc.HostEntry(tuple(a for a in (name, inst["InstanceId"]) if a), host, port,
+                                        ctx.settings.ssh_user, key, ctx.settings.home / "known_hosts" / inst["InstanceId"]))
+        path = ctx.settings.home / "ssh_config"
+        (ctx.settings.home / "known_hosts").mkdir(parents=True, exist_ok=True)  # OpenSSH won't create it
+        sc.write(path, sc.render(entries, path))
+    if as_json:
+        print(json.dumps({"path": str(path), "hosts": [e.aliases[0] for e in entries], "skipped": skipped}, indent=2))
+        return
+    out.print(f"wrote {path} with {len(entries)} host(s): {', '.join(e.aliases[0] for e in entries) or '-'}")
+    if skipped:
+        out.print(f"[yellow]skipped[/] {', '.join(skipped)}: their private keys are not on this machine")
+    out.print(f"[dim]add this line to ~/.ssh/config once: Include {path}[/]")
+
+
 @app.command()
 def down(name: Optional[str] = typer.Argument(None, help="Name, instance id or run id."),
          all_: bool = typer.Option(False, "--all", help="Remove everything ec2gpu created in the region."),

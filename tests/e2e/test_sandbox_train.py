@@ -179,3 +179,29 @@ def test_cleanup_dry_run_lists_and_cleanup_removes_everything_tagged(sandbox_env
     assert leftovers(home) == ([], [], []) and not list((home / "keys").glob("*.pem"))
     assert cli.main(["cleanup"]) == 0
     assert "nothing of ec2gpu's found" in capsys.readouterr().out
+
+
+def test_ssh_config_lets_plain_openssh_reach_an_instance(sandbox_env, capsys):
+    import shutil
+    import stat
+    import subprocess
+    home, _ = sandbox_env
+    assert cli.main(["launch", "--sandbox", "--name", "plain", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    try:
+        control.resolver(home)(row["instance_id"], timeout_s=10)
+        assert cli.main(["ssh-config", "--sandbox", "--json"]) == 0
+        written = json.loads(capsys.readouterr().out)
+        config = home / "ssh_config"
+        assert written["hosts"] == ["plain"] and stat.S_IMODE(config.stat().st_mode) == 0o600
+        assert "StrictHostKeyChecking accept-new" in config.read_text()  # not pinned yet: said so
+        ssh = [shutil.which("ssh"), "-F", str(config), "-o", "BatchMode=yes"]
+        done = subprocess.run(ssh + ["plain", "echo", "$EC2GPU_SANDBOX_INSTANCE"], capture_output=True, text=True,
+                              timeout=30)
+        assert done.returncode == 0 and done.stdout.strip() == row["instance_id"], done.stderr
+        # the first connection pinned the host key; the rewritten config now insists on it
+        assert cli.main(["ssh-config", "--sandbox"]) == 0
+        assert "StrictHostKeyChecking yes" in config.read_text()
+        assert subprocess.run(ssh + [row["instance_id"], "true"], timeout=30).returncode == 0
+    finally:
+        assert cli.main(["down", "plain"]) == 0
