@@ -170,3 +170,33 @@ def transition_time(instance: dict) -> datetime | None:
     if not m:
         return None
     return datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc)
+
+
+_FINGERPRINTS = re.compile(r"-----BEGIN SSH HOST KEY FINGERPRINTS-----(.*?)-----END SSH HOST KEY FINGERPRINTS-----",
+                           re.S)
+
+
+def parse_host_key_fingerprints(console: str) -> list[str]:
+    """'SHA256:...' fingerprints from the block cloud-init prints to the console (pure); [] if none."""
+    found: list[str] = []
+    for block in _FINGERPRINTS.findall(console or ""):
+        found += re.findall(r"SHA256:[A-Za-z0-9+/]+", block)
+    return found
+
+
+def host_key_fingerprints(ec2, instance_id: str) -> list[str]:
+    """The instance's SSH host key fingerprints from its console output ([] until cloud-init printed them).
+
+    GetConsoleOutput (Latest=True) is its own record, out of band from the SSH connection, so a
+    key that does not match is refused (remote/ssh.py). Errors reading it count as "none yet".
+    """
+    try:
+        try:
+            out = ec2.get_console_output(InstanceId=instance_id, Latest=True).get("Output") or ""
+        except botocore.exceptions.ClientError as exc:
+            if error_code(exc) not in ("UnsupportedOperation", "InvalidParameterValue", "InvalidParameterCombination"):
+                raise
+            out = ec2.get_console_output(InstanceId=instance_id).get("Output") or ""  # Latest needs Nitro
+    except botocore.exceptions.ClientError:
+        return []
+    return parse_host_key_fingerprints(out)

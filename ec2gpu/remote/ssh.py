@@ -1,7 +1,9 @@
 """SSH connections (fabric over paramiko): bounded wait-for-SSH, per-instance host-key pinning.
 
-Host keys are trusted on first use and pinned in a known_hosts file per instance
-($EC2GPU_HOME/known_hosts/<instance-id>); a changed key is refused, never silently accepted.
+Host keys are pinned in a known_hosts file per instance ($EC2GPU_HOME/known_hosts/<instance-id>).
+An unknown key is checked against the fingerprints the instance printed to its console (cloud-init,
+read through the EC2 API: out of band) and refused if it is not among them; only when the console
+has none yet is it trusted on first use, and the user is told. A changed key is always refused.
 """
 from __future__ import annotations
 
@@ -17,17 +19,25 @@ from ..errors import RemoteError, WaitTimeout
 
 
 class PinOnFirstUse(paramiko.MissingHostKeyPolicy):
-    """Accept an unknown host key once, write it to ``known_hosts`` and report it through ``log``."""
+    """Accept an unknown host key if it matches ``expected`` fingerprints (or, with none, on first
+    use), write it to ``known_hosts`` and report it through ``log``. A key that ``expected`` does
+    not list raises RemoteError."""
 
-    def __init__(self, known_hosts: Path, log):
-        self.known_hosts, self.log = known_hosts, log
+    def __init__(self, known_hosts: Path, log, expected: list[str] | None = None):
+        self.known_hosts, self.log, self.expected = known_hosts, log, list(expected or [])
 
     def missing_host_key(self, client, hostname, key):
+        fp = "SHA256:" + _fingerprint(key)
+        if self.expected and fp not in self.expected:
+            raise RemoteError(f"host key {key.get_name()} {fp} of {hostname} is not one the instance printed to its "
+                              f"console ({', '.join(self.expected)})",
+                              "someone may be intercepting the connection; nothing was sent. Run `ec2gpu cleanup`")
         self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
         client.get_host_keys().add(hostname, key.get_name(), key)
         client.save_host_keys(str(self.known_hosts))
-        self.log(f"trusting host key {key.get_name()} SHA256:{_fingerprint(key)} of {hostname} on first use "
-                 f"(pinned in {self.known_hosts})")
+        how = "verified against the console output" if self.expected else \
+            "trusted on first use (the console output had no fingerprints yet)"
+        self.log(f"host key {key.get_name()} {fp} of {hostname} {how}; pinned in {self.known_hosts}")
 
 
 def _fingerprint(key) -> str:
@@ -37,7 +47,7 @@ def _fingerprint(key) -> str:
 
 
 def connect(host: str, port: int, user: str, key_path: Path, known_hosts: Path,
-            log=lambda msg: None, timeout_s: float = 10.0) -> Connection:
+            log=lambda msg: None, timeout_s: float = 10.0, expected: list[str] | None = None) -> Connection:
     """Open a fabric Connection with only ``key_path`` (no agent, no other keys).
 
     Raises RemoteError on a host-key mismatch, paramiko/socket errors as they are.
@@ -48,7 +58,7 @@ def connect(host: str, port: int, user: str, key_path: Path, known_hosts: Path,
     conn.client.get_host_keys().clear()
     if known_hosts.exists():
         conn.client.load_host_keys(str(known_hosts))
-    conn.client.set_missing_host_key_policy(PinOnFirstUse(known_hosts, log))
+    conn.client.set_missing_host_key_policy(PinOnFirstUse(known_hosts, log, expected))
     try:
         conn.open()
     except paramiko.BadHostKeyException as exc:
@@ -58,15 +68,19 @@ def connect(host: str, port: int, user: str, key_path: Path, known_hosts: Path,
 
 
 def wait_for_ssh(host: str, port: int, user: str, key_path: Path, known_hosts: Path,
-                 timeout_s: float = 300.0, log=lambda msg: None) -> Connection:
+                 timeout_s: float = 300.0, log=lambda msg: None, fingerprints=None) -> Connection:
     """Retry connecting (with backoff up to 5 s) until SSH answers and ``true`` runs.
 
-    Raises WaitTimeout after ``timeout_s`` seconds with the last error in the message.
+    ``fingerprints()`` returns the host key fingerprints the instance published (console output);
+    it is asked before each attempt until it has some. Raises WaitTimeout after ``timeout_s``
+    seconds with the last error in the message, RemoteError for a host key that does not match.
     """
-    deadline, delay, last = time.monotonic() + timeout_s, 0.5, None
+    deadline, delay, last, expected = time.monotonic() + timeout_s, 0.5, None, []
     while time.monotonic() < deadline:
+        if fingerprints and not expected:
+            expected = fingerprints()
         try:
-            conn = connect(host, port, user, key_path, known_hosts, log)
+            conn = connect(host, port, user, key_path, known_hosts, log, expected=expected)
             conn.run("true", hide=True, in_stream=False)
             return conn
         except RemoteError:

@@ -332,7 +332,8 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, resolv
         with ui.phase("waiting for SSH"):
             host, port = ssh_target(instance, resolver)
             conn = ssh.wait_for_ssh(host, port, settings.ssh_user, prov.key_path,
-                                    settings.home / "known_hosts" / instance["InstanceId"], log=ui.note)
+                                    settings.home / "known_hosts" / instance["InstanceId"], log=ui.note,
+                                    fingerprints=lambda: instances.host_key_fingerprints(aws.ec2, instance["InstanceId"]))
         summary = run_remote(conn, run_id, opts, ui, out)
         record.update(test_acc=summary["test_acc"], summary=summary, epochs=summary.get("epochs"),
                       train_seconds=summary.get("train_seconds"), samples_per_second=summary.get("samples_per_second"),

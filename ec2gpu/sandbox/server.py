@@ -74,8 +74,9 @@ class Sandbox:
         os.environ["MOTO_AMIS_PATH"] = str(_amis_file(self.state_dir))
         from moto.server import ThreadedMotoServer  # after MOTO_AMIS_PATH: moto reads it on import
 
-        from . import market
+        from . import console, market
         market.install()  # a simulated spot market instead of moto's 0.00001 USD/h
+        console.install(self.state_dir / "instances")  # cloud-init's host key fingerprints
 
         port = sshd.free_port(self.host)
         self.moto = ThreadedMotoServer(ip_address=self.host, port=port, verbose=False)

@@ -43,6 +43,30 @@ def test_host_key_is_pinned_on_first_use_and_a_changed_key_is_refused(server):
         _connect(server)
 
 
+def test_host_key_matching_the_console_fingerprint_is_pinned_and_a_wrong_one_refused(server):
+    from ec2gpu.aws.instances import parse_host_key_fingerprints
+    from ec2gpu.sandbox.console import cloud_init_block
+    inst, _, known = server
+    console = "boot log\n" + cloud_init_block(inst.directory / "ssh_host_ed25519_key.pub", inst.instance_id)
+    good = parse_host_key_fingerprints(console)
+    assert len(good) == 1 and good[0].startswith("SHA256:")
+    asked, notes = [], []
+    _connect(server, log=notes.append, fingerprints=lambda: asked.append(1) or good).close()
+    assert "verified against the console output" in notes[0] and known.exists() and asked
+    known.unlink()
+    _, other = generate_key()
+    wrong = parse_host_key_fingerprints(cloud_init_block_for(other))
+    with pytest.raises(RemoteError, match="not one the instance printed"):
+        _connect(server, fingerprints=lambda: wrong)
+    assert not known.exists()  # nothing pinned, nothing sent
+
+
+def cloud_init_block_for(public_line: str) -> str:
+    from ec2gpu.sandbox.console import fingerprint_of_public_key
+    return ("-----BEGIN SSH HOST KEY FINGERPRINTS-----\n"
+            f"256 {fingerprint_of_public_key(public_line)} root@x (ED25519)\n-----END SSH HOST KEY FINGERPRINTS-----\n")
+
+
 def test_job_survives_a_dropped_connection_and_its_log_is_followed_byte_for_byte(server):
     conn = _connect(server)
     run_dir = jobs.remote_run_dir(conn, "r1")

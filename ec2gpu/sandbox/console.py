@@ -1,0 +1,46 @@
+"""The sandbox's console output: what cloud-init prints on a real instance, host key fingerprints included.
+
+moto answers GetConsoleOutput with a fixed kernel log. On EC2, cloud-init writes the instance's SSH
+host key fingerprints to the console between "-----BEGIN SSH HOST KEY FINGERPRINTS-----" and
+"-----END SSH HOST KEY FINGERPRINTS-----"; ec2gpu pins the host key against them. This patch (in the
+sandbox daemon only) appends that block with the fingerprint of the sshd the sandbox started for
+the instance, once it exists, so the real pinning path runs end to end.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+from pathlib import Path
+
+
+def fingerprint_of_public_key(line: str) -> str:
+    """'ssh-ed25519 AAAA... comment' -> 'SHA256:...' as ssh-keygen -l prints it."""
+    blob = base64.b64decode(line.split()[1])
+    return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+
+
+def cloud_init_block(public_key_file: Path, instance_id: str) -> str:
+    """The fingerprint block cloud-init prints, for one ed25519 host key."""
+    fp = fingerprint_of_public_key(public_key_file.read_text())
+    return ("ec2: \n-----BEGIN SSH HOST KEY FINGERPRINTS-----\n"
+            f"ec2: 256 {fp} root@{instance_id} (ED25519)\n"
+            "-----END SSH HOST KEY FINGERPRINTS-----\n")
+
+
+def install(instances_dir: Path) -> None:
+    """Patch moto's GetConsoleOutput (call in the daemon after importing moto)."""
+    from moto.core.responses import ActionResult
+    from moto.core.utils import utcnow
+    from moto.ec2.responses import general
+    from moto.ec2.utils import Base64EncodedString
+
+    def get_console_output(self) -> ActionResult:
+        instance = self.ec2_backend.get_instance(self._get_param("InstanceId"))
+        text = general.SAMPLE_CONSOLE_OUTPUT
+        pub = instances_dir / instance.id / "ssh_host_ed25519_key.pub"
+        if pub.exists():
+            text += cloud_init_block(pub, instance.id)
+        return ActionResult({"InstanceId": instance.id, "Timestamp": utcnow(),
+                             "Output": Base64EncodedString.from_raw_string(text)})
+
+    general.General.get_console_output = get_console_output
