@@ -1,0 +1,41 @@
+"""Least privilege, proven: every AWS operation a sandbox session calls is allowed by docs/iam-policy.json."""
+import fnmatch
+import json
+from pathlib import Path
+
+import pytest
+
+from ec2gpu import cli
+from ec2gpu.aws.session import Aws
+
+pytestmark = pytest.mark.e2e
+POLICY = Path(__file__).resolve().parents[2] / "docs" / "iam-policy.json"
+
+
+def allowed_actions() -> list[str]:
+    statements = json.loads(POLICY.read_text())["Statement"]
+    return [a for s in statements if s["Effect"] == "Allow" for a in s["Action"]]
+
+
+def test_every_operation_of_launch_train_and_cleanup_is_in_the_policy(sandbox_env, monkeypatch, capsys):
+    called: set[str] = set()
+    original = Aws.client
+
+    def client(self, service, fail_fast=False):
+        c = original(self, service, fail_fast)
+        if not getattr(c, "_recording", False):
+            prefix = c.meta.service_model.signing_name  # the IAM service prefix (ec2, sts, servicequotas, ...)
+            c.meta.events.register("before-call", lambda model, **_: called.add(f"{prefix}:{model.name}"))
+            c._recording = True
+        return c
+    monkeypatch.setattr(Aws, "client", client)
+    for argv in (["prices", "--sandbox"], ["cost", "--sandbox", "--spot"],
+                 ["train", "mnist", "--sandbox", "--trainer-arg=--train-subset=2000"],
+                 ["launch", "--sandbox", "--spot", "--name", "iam"], ["ls", "--sandbox"], ["ssh-config", "--sandbox"],
+                 ["cleanup", "--sandbox", "--dry-run"], ["cleanup", "--sandbox"], ["down", "--all", "--sandbox"]):
+        assert cli.main(argv) == 0, argv
+    capsys.readouterr()
+    assert {"ec2:RunInstances", "ec2:TerminateInstances", "ec2:GetConsoleOutput", "sts:GetCallerIdentity"} <= called
+    patterns = allowed_actions()
+    missing = sorted(a for a in called if not any(fnmatch.fnmatchcase(a, p) for p in patterns))
+    assert not missing, f"called but not allowed by {POLICY.name}: {missing}"
