@@ -176,8 +176,9 @@ def train_mnist(
     local: bool = typer.Option(False, "--local", help="Train on this machine instead (needs torch)."),
     ssh_cidr: Optional[str] = typer.Option(None, "--ssh-cidr", help="CIDR allowed to SSH (default: your public IP/32)."),
     ami: Optional[str] = typer.Option(None, "--ami", help="AMI id (default: the AWS Deep Learning AMI, PyTorch)."),
-    max_runtime: int = typer.Option(120, "--max-runtime", min=5, help="Minutes after which the instance "
-                                    "shuts itself down (= terminates), whatever happens to this command."),
+    max_runtime: Optional[int] = typer.Option(None, "--max-runtime", min=5, help="Minutes after which the instance "
+                                    "shuts itself down (= terminates), whatever happens to this command "
+                                    "(default 120; --keep needs it given explicitly)."),
     data_dir: Optional[str] = typer.Option(None, "--data-dir", help="MNIST directory for --local "
                                            "(default EC2GPU_DATA_DIR, else downloaded)."),
     trainer_arg: List[str] = typer.Option([], "--trainer-arg", help="Extra trainer flag, repeatable: "
@@ -193,6 +194,10 @@ def train_mnist(
 
     if model not in ("cnn", "lenet", "mlp", "dbn"):
         raise UsageError(f"unknown model {model!r}", "choose cnn, lenet, mlp or dbn")
+    if keep and max_runtime is None:
+        raise UsageError("--keep needs an explicit --max-runtime MINUTES",
+                         "say how long the kept instance may live, e.g. --keep --max-runtime 240")
+    max_runtime = max_runtime or 120
     if data_dir and not Path(data_dir).is_dir():
         raise UsageError(f"data directory {data_dir} does not exist", "pass a directory with the four MNIST files")
     opts = pipeline.TrainOptions(
@@ -360,6 +365,32 @@ def ssh_cmd(ctx_: typer.Context, name: str = typer.Argument(..., help="Name, ins
                 "-o", "LogLevel=ERROR", f"{ctx.settings.ssh_user}@{host}", *ctx_.args]
         code = subprocess.call(argv)
     raise typer.Exit(code)
+
+
+@app.command()
+def doctor(instance_type: Optional[str] = typer.Option(None, "--instance-type", "-t", help="The type to check for."),
+           spot: bool = typer.Option(False, "--spot", help="Check the spot quota instead of on-demand."),
+           region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
+    """Check credentials, region, default VPC, GPU quota, AMI, your IP, prices, ssh and key files."""
+    from ..runs import doctor as doc
+
+    with Context(region, _sandbox_flag(sandbox)) as ctx:
+        checks = doc.run_checks(ctx.aws, ctx.settings, instance_type or ctx.settings.instance_type, spot,
+                                bool(ctx.resolver))
+    failed = [c for c in checks if c.ok is False]
+    if as_json:
+        print(json.dumps([c.as_dict() for c in checks], indent=2))
+    else:
+        for c in checks:
+            mark = {True: "[green]ok  [/]", False: "[red]FAIL[/]", None: "[yellow]?   [/]"}[c.ok]
+            out.print(f"{mark} {c.name}: {c.detail}" + (f"\n     [yellow]fix:[/] {c.fix}" if c.fix and not c.ok else ""),
+                      highlight=False)
+        unknown = [c.name for c in checks if c.ok is None]
+        out.print((f"{len(checks) - len(failed) - len(unknown)} of {len(checks)} checks passed" if not failed else
+                   f"[red]{len(failed)} check(s) failed[/]: {', '.join(c.name for c in failed)}") +
+                  (f"; could not tell: {', '.join(unknown)}" if unknown else ""))
+    if failed:
+        raise typer.Exit(1)
 
 
 @app.command("ssh-config")

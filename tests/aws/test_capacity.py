@@ -130,3 +130,24 @@ def test_train_refused_by_the_quota_exits_4_and_creates_nothing(sandbox_env, mon
     err = capsys.readouterr().err
     assert "L-DB2E81BA" in err and "Traceback" not in err
     assert (sweep.find_instances(ec2), sweep.find_security_groups(ec2), sweep.find_key_pairs(ec2)) == before
+
+
+def test_throttling_is_retried_in_place_with_backoff(aws, spec, monkeypatch):
+    ec2 = aws.client("ec2", fail_fast=True)
+    zone = capacity.zones_offering(ec2, "g4dn.xlarge")[0]
+    calls, sleeps = [], []
+    monkeypatch.setattr(capacity.time, "sleep", sleeps.append)
+    throttled = {"left": 2}
+
+    def before_call(params, **_):
+        calls.append(params["body"].get("SubnetId"))
+        if throttled["left"]:
+            throttled["left"] -= 1
+            return AWSResponse("https://ec2.amazonaws.com/", 503, {}, None), {
+                "Error": {"Code": "RequestLimitExceeded", "Message": "slow down"}, "ResponseMetadata": {}}
+        return None
+    ec2.meta.events.register("before-call.ec2.RunInstances", before_call)
+    found, attempts = capacity.launch_with_fallback(ec2, spec, ["g4dn.xlarge"])
+    assert len(calls) == 3 and len(set(calls)) == 1  # same zone each time
+    assert sleeps == [1.0, 2.0] and [a.outcome for a in attempts] == ["launched"]
+    assert found[0]["Placement"]["AvailabilityZone"] == zone

@@ -18,8 +18,8 @@ pytestmark = pytest.mark.e2e
 EC2GPU = str(Path(sys.executable).parent / "ec2gpu")
 
 
-def run_and_interrupt(env: dict, trigger: str, timeout_s: float = 120) -> tuple[int, str]:
-    """Start a sandbox train run, send SIGINT once ``trigger`` appears on its stderr; (code, stderr)."""
+def run_and_interrupt(env: dict, trigger: str, timeout_s: float = 120, sig=signal.SIGINT) -> tuple[int, str]:
+    """Start a sandbox train run, send ``sig`` once ``trigger`` appears on its stderr; (code, stderr)."""
     proc = subprocess.Popen([EC2GPU, "train", "mnist", "--sandbox"], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     lines, sent, deadline = [], False, time.monotonic() + timeout_s
@@ -27,7 +27,7 @@ def run_and_interrupt(env: dict, trigger: str, timeout_s: float = 120) -> tuple[
         for line in proc.stderr:
             lines.append(line)
             if not sent and trigger in line:
-                proc.send_signal(signal.SIGINT)
+                proc.send_signal(sig)
                 sent = True
             if time.monotonic() > deadline:
                 break
@@ -40,9 +40,10 @@ def run_and_interrupt(env: dict, trigger: str, timeout_s: float = 120) -> tuple[
     return code, "".join(lines)
 
 
-@pytest.mark.parametrize("phase", ["requesting", "waiting for running", "waiting for SSH", "setup", "upload",
-                                   "training", "download"])
-def test_sigint_in_each_phase_cleans_up_and_exits_130(sandbox_env, phase):
+@pytest.mark.parametrize("phase, sig", [(p, signal.SIGINT) for p in (
+    "requesting", "waiting for running", "waiting for SSH", "setup", "upload", "training", "download")] + [
+    ("setup", signal.SIGTERM)])
+def test_sigint_in_each_phase_cleans_up_and_exits_130(sandbox_env, phase, sig):
     home, _ = sandbox_env
     env = dict(os.environ)
     if phase == "training":  # a real interrupt while the trainer runs: at its first log line
@@ -50,7 +51,7 @@ def test_sigint_in_each_phase_cleans_up_and_exits_130(sandbox_env, phase):
     else:
         env[PAUSE_ENV] = phase
         trigger = f"pausing in phase {phase}"
-    code, err = run_and_interrupt(env, trigger)
+    code, err = run_and_interrupt(env, trigger, sig=sig)
     assert code == 130, err
     assert f"stopped {phase}" in err and "Traceback" not in err
     assert "removed: instances" in err

@@ -127,6 +127,8 @@ def test_launch_ls_ssh_down_in_the_sandbox(sandbox_env, capsys):
     (["down"], 2, "say which"),
     (["train", "mnist", "--sandbox", "--max-price", "0.1"], 2, "spot instances only"),
     (["runs", "--since", "lately"], 2, "not a duration"),
+    (["train", "mnist", "--sandbox", "--keep"], 2, "explicit --max-runtime"),
+    (["train", "mnist", "--sandbox", "--spot", "--spot-fallback", "reserved"], 2, "only fallback is on-demand"),
     (["runs", "show", "no-such-run"], 2, "no run"),
     (["prices", "--sandbox", "--refresh"], 2, "no AWS Price List API"),
     (["prices", "--gpu", "Z80"], 2, "unknown GPU model"),
@@ -207,3 +209,23 @@ def test_ssh_config_lets_plain_openssh_reach_an_instance(sandbox_env, capsys):
         assert subprocess.run(ssh + [row["instance_id"], "true"], timeout=30).returncode == 0
     finally:
         assert cli.main(["down", "plain"]) == 0
+
+
+def test_doctor_passes_in_the_sandbox_and_names_the_fix_for_a_loose_key_file(sandbox_env, capsys):
+    home, _ = sandbox_env
+    assert cli.main(["doctor", "--sandbox", "--json"]) == 0
+    checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)}
+    assert {"credentials", "region", "default VPC", "GPU vCPU quota", "AMI", "your IP", "price", "ssh client",
+            "key files", "sshd (sandbox)"} <= set(checks)
+    assert checks["GPU vCPU quota"]["ok"] is None  # moto has no EC2 quotas: reported, not failed
+    assert all(c["ok"] is not False for c in checks.values())
+    loose = home / "keys" / "ec2gpu-loose.pem"
+    loose.parent.mkdir(exist_ok=True)
+    loose.write_text("x")
+    loose.chmod(0o644)
+    try:
+        assert cli.main(["doctor", "--sandbox"]) == 1
+        shown = capsys.readouterr().out
+        assert "FAIL key files" in shown and f"chmod 600 {loose}" in shown.replace("\n", "")
+    finally:
+        loose.unlink()
