@@ -42,6 +42,10 @@ class Aws:
             self._clients[key] = self._session.client(service, endpoint_url=self.endpoint_url, config=cfg)
         return self._clients[key]
 
+    def partition_regions(self) -> list[str]:
+        """The EC2 regions of the standard AWS partition that botocore knows."""
+        return self._session.get_available_regions("ec2")
+
     def pricing(self):
         """A Price List API client; that API is served from us-east-1 whatever the region."""
         key = ("pricing", False)

@@ -318,7 +318,8 @@ def cleanup(dry_run: bool = typer.Option(False, "--dry-run", help="Only list wha
         ctx.aws.check_credentials()
         regions = [ctx.aws.region]
         if all_regions:
-            regions = sorted(r["RegionName"] for r in ctx.aws.ec2.describe_regions()["Regions"])
+            known = set(ctx.aws.partition_regions())  # describe_regions may list other partitions' (China, GovCloud)
+            regions = sorted(r["RegionName"] for r in ctx.aws.ec2.describe_regions()["Regions"] if r["RegionName"] in known)
         report = {}
         for name in regions:
             aws = ctx.aws if name == ctx.aws.region else Aws(name, endpoint_url=ctx.aws.endpoint_url)

@@ -12,7 +12,7 @@ from ec2gpu.runs import ledger
 from ec2gpu.runs.pipeline import PAUSE_ENV
 from ec2gpu.sandbox import sshd
 
-from test_sandbox_train import leftovers  # same folder (pytest prepend import mode)
+from test_sandbox_train import leftovers, sandbox_settles  # same folder (pytest prepend import mode)
 
 pytestmark = pytest.mark.e2e
 EC2GPU = str(Path(sys.executable).parent / "ec2gpu")
@@ -20,8 +20,11 @@ EC2GPU = str(Path(sys.executable).parent / "ec2gpu")
 
 def run_and_interrupt(env: dict, trigger: str, timeout_s: float = 120, sig=signal.SIGINT) -> tuple[int, str]:
     """Start a sandbox train run, send ``sig`` once ``trigger`` appears on its stderr; (code, stderr)."""
+    # a shell without job control starts background jobs with SIGINT ignored, and Python then never
+    # turns it into KeyboardInterrupt: give the child the default disposition, as a terminal would
     proc = subprocess.Popen([EC2GPU, "train", "mnist", "--sandbox"], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines, sent, deadline = [], False, time.monotonic() + timeout_s
     try:
         for line in proc.stderr:
@@ -61,3 +64,4 @@ def test_sigint_in_each_phase_cleans_up_and_exits_130(sandbox_env, phase, sig):
     assert not (home / "keys" / f"ec2gpu-{run['run_id']}.pem").exists()
     for iid in run["instance_ids"]:
         assert not sshd.instance_processes(iid)
+    assert sandbox_settles(home)  # no sshd of a terminated instance is left alive

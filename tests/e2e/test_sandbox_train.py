@@ -229,3 +229,16 @@ def test_doctor_passes_in_the_sandbox_and_names_the_fix_for_a_loose_key_file(san
         assert "FAIL key files" in shown and f"chmod 600 {loose}" in shown.replace("\n", "")
     finally:
         loose.unlink()
+
+
+def test_cleanup_all_regions_finds_what_another_region_holds(sandbox_env, capsys):
+    assert cli.main(["launch", "--sandbox", "--region", "eu-west-1", "--name", "far", "--json"]) == 0
+    capsys.readouterr()
+    assert cli.main(["cleanup", "--sandbox", "--dry-run", "--json"]) == 0  # this region only: nothing
+    assert json.loads(capsys.readouterr().out)["regions"] == {}
+    assert cli.main(["cleanup", "--sandbox", "--all-regions", "--json"]) == 0
+    removed = json.loads(capsys.readouterr().out)["regions"]
+    assert list(removed) == ["eu-west-1"] and len(removed["eu-west-1"]["instances"]) == 1
+    ec2 = boto3.client("ec2", endpoint_url=os.environ["AWS_ENDPOINT_URL"], region_name="eu-west-1")
+    assert not [i for r in ec2.describe_instances(Filters=[{"Name": "instance-state-name", "Values": ["running"]}])[
+        "Reservations"] for i in r["Instances"]]
