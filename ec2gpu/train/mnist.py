@@ -432,6 +432,9 @@ def main(argv: list[str] | None = None) -> int:
         log.info(f"done: test_acc {summary['test_acc']:.4f} in {summary['train_seconds']:.2f} s of training "
                  f"({summary['wall_seconds']:.1f} s wall); outputs in {out}")
     if trainer.world > 1:
+        # every rank waits for rank 0's files, then all leave together: once, in a full-suite run
+        # here, rank 1 died of SIGABRT tearing down gloo while rank 0 was still writing its outputs
+        dist.barrier()
         dist.destroy_process_group()
     return EXIT_OK
 
