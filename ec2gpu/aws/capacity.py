@@ -50,6 +50,16 @@ def zones_offering(ec2, instance_type: str) -> list[str]:
     return sorted({o["Location"] for p in pages for o in p["InstanceTypeOfferings"]})
 
 
+def offered_in_region(ec2, names: list[str]) -> set[str] | None:
+    """Which of ``names`` the client's region offers at all; None when the API refuses."""
+    try:
+        pages = ec2.get_paginator("describe_instance_type_offerings").paginate(
+            LocationType="region", Filters=[{"Name": "instance-type", "Values": names}])
+        return {o["InstanceType"] for p in pages for o in p["InstanceTypeOfferings"]}
+    except botocore.exceptions.ClientError:
+        return None
+
+
 def default_subnets(ec2) -> dict[str, str]:
     """Availability zone -> the default VPC's default subnet there."""
     subnets = ec2.describe_subnets(Filters=[{"Name": "default-for-az", "Values": ["true"]}])["Subnets"]

@@ -50,8 +50,8 @@ def find_spot_requests(ec2, run_id: str | None = None) -> list[dict]:
     return ec2.describe_spot_instance_requests(Filters=filters)["SpotInstanceRequests"]
 
 
-def inventory(ec2) -> dict[str, list[dict]]:
-    """Everything the tool created that still exists in the client's region, by kind.
+def inventory(ec2, run_id: str | None = None) -> dict[str, list[dict]]:
+    """Everything the tool created (or one run) that still exists in the client's region, by kind.
 
     Keys: instances (live states), spot_requests (open/active), security_groups, key_pairs; each
     entry has ``id``, ``run_id`` and ``name`` (from the tags) and, for instances, ``state``.
@@ -62,10 +62,10 @@ def inventory(ec2) -> dict[str, list[dict]]:
 
     return {
         "instances": [row(i, "InstanceId", state=i["State"]["Name"], instance_type=i["InstanceType"])
-                      for i in find_instances(ec2)],
-        "spot_requests": [row(r, "SpotInstanceRequestId", state=r["State"]) for r in find_spot_requests(ec2)],
-        "security_groups": [row(g, "GroupId") for g in find_security_groups(ec2)],
-        "key_pairs": [row(k, "KeyName") for k in find_key_pairs(ec2)],
+                      for i in find_instances(ec2, run_id)],
+        "spot_requests": [row(r, "SpotInstanceRequestId", state=r["State"]) for r in find_spot_requests(ec2, run_id)],
+        "security_groups": [row(g, "GroupId") for g in find_security_groups(ec2, run_id)],
+        "key_pairs": [row(k, "KeyName") for k in find_key_pairs(ec2, run_id)],
     }
 
 
@@ -111,23 +111,6 @@ def delete_security_group(ec2, group_id: str, timeout_s: float = 300, delay_s: f
             time.sleep(delay_s)
 
 
-def delete_run(ec2, run_id: str, keys_dir, log=lambda msg: None) -> dict:
-    """Terminate the run's instances, then delete its security groups and key pairs.
-
-    Returns {'instances': [...], 'security_groups': [...], 'key_pairs': [...]} of what was removed.
-    """
-    removed = {"instances": [], "security_groups": [], "key_pairs": []}
-    for r in find_spot_requests(ec2, run_id):
-        ec2.cancel_spot_instance_requests(SpotInstanceRequestIds=[r["SpotInstanceRequestId"]])
-    ids = [i["InstanceId"] for i in find_instances(ec2, run_id=run_id)]
-    if ids:
-        log(f"terminating {', '.join(ids)}")
-        inst.terminate(ec2, ids)
-        removed["instances"] = ids
-    for sg in find_security_groups(ec2, run_id):
-        delete_security_group(ec2, sg["GroupId"])
-        removed["security_groups"].append(sg["GroupId"])
-    for kp in find_key_pairs(ec2, run_id):
-        delete_key_pair(ec2, kp["KeyName"], keys_dir)
-        removed["key_pairs"].append(kp["KeyName"])
-    return removed
+def delete_run(ec2, run_id: str, keys_dir, log=lambda msg: None) -> dict[str, list[str]]:
+    """Remove everything of one run (see ``delete_everything``); returns the ids removed, by kind."""
+    return delete_everything(ec2, inventory(ec2, run_id), keys_dir, log)

@@ -18,17 +18,6 @@ runs_app = typer.Typer(help="The ledger of runs: what ran, how it ended, what it
 app.add_typer(runs_app, name="runs")
 
 
-def _offered(ec2, names: list[str]) -> set[str] | None:
-    """Which of ``names`` the region offers (describe_instance_type_offerings), None if unknown."""
-    import botocore.exceptions
-    try:
-        pages = ec2.get_paginator("describe_instance_type_offerings").paginate(
-            LocationType="region", Filters=[{"Name": "instance-type", "Values": names}])
-        return {o["InstanceType"] for p in pages for o in p["InstanceTypeOfferings"]}
-    except botocore.exceptions.ClientError:
-        return None
-
-
 def _usd(v: float | None, digits: int = 4) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
 
@@ -39,7 +28,7 @@ def prices(gpu: Optional[str] = typer.Option(None, "--gpu", help="Only this GPU 
                                         "API and cache them (otherwise the shipped table or the cache)."),
            region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
     """GPU instance types of the region: GPUs, vCPUs, RAM, on-demand and current spot USD/h, saving."""
-    from ..aws import catalog, pricing
+    from ..aws import capacity, catalog, pricing
 
     known_gpus = sorted({t.gpu for t in catalog.CATALOG.values()})
     if gpu and gpu.upper() not in {g.upper() for g in known_gpus} | {"K520", "K80"}:
@@ -54,7 +43,7 @@ def prices(gpu: Optional[str] = typer.Option(None, "--gpu", help="Only this GPU 
             err.print(f"[dim]fetched {len(cache['prices'])} on-demand prices for {aws.region} from the Price List "
                       f"API into {catalog.price_cache_path(home, aws.region)}[/]")
         types = [t for t in catalog.CATALOG.values() if not gpu or t.gpu.upper() == gpu.upper()]
-        offered = _offered(aws.ec2, [t.name for t in types]) if types else set()
+        offered = capacity.offered_in_region(aws.ec2, [t.name for t in types]) if types else set()
         if offered is not None:
             types = [t for t in types if t.name in offered]
         spot = pricing.current_spot_prices(aws.ec2, [t.name for t in types]) if types else {}

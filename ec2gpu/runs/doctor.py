@@ -1,7 +1,6 @@
 """`ec2gpu doctor`: every precondition of a run, checked in order, one line each: pass, or what to fix."""
 from __future__ import annotations
 
-import os
 import shutil
 import stat
 from dataclasses import asdict, dataclass
@@ -97,7 +96,3 @@ def key_files(keys_dir: Path):
         return False, f"{len(loose)} key file(s) readable by others: {', '.join(k.name for k in loose)}", \
             f"chmod 600 {' '.join(str(k) for k in loose)}"
     return True, f"{len(keys)} key file(s) in {keys_dir}, all 0600" if keys else f"none yet ({keys_dir})"
-
-
-def environment_note() -> str:
-    return "AWS_ENDPOINT_URL=" + os.environ["AWS_ENDPOINT_URL"] if os.environ.get("AWS_ENDPOINT_URL") else ""

@@ -15,7 +15,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from importlib import resources
 from pathlib import Path
 

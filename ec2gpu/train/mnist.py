@@ -13,7 +13,6 @@ import copy
 import dataclasses
 import json
 import logging
-import math
 import os
 import signal
 import sys
