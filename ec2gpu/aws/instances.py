@@ -1,4 +1,6 @@
-"""Instances: build the run_instances request (pure), launch on-demand or spot, wait, terminate.
+"""Instances: build the run_instances request (pure), wait, describe, terminate.
+
+Sending the request, with zone and type fallback, is aws/capacity.py.
 
 Waiters: https://boto3.amazonaws.com/v1/documentation/api/latest/guide/clients.html#waiters
 """
@@ -12,15 +14,9 @@ from datetime import datetime, timezone
 
 import botocore.exceptions
 
-from ..errors import AwsError, CapacityError, WaitTimeout
+from ..errors import AwsError, WaitTimeout
 from . import tags as T
-from .session import describe, error_code
-
-#: Errors that mean "no room here": try another zone or type (issue: capacity fallback).
-CAPACITY_ERRORS = {"InsufficientInstanceCapacity", "InsufficientCapacity", "SpotMaxPriceTooLow",
-                   "Unsupported", "InstanceLimitExceeded", "VcpuLimitExceeded",
-                   "MaxSpotInstanceCountExceeded"}
-
+from .session import error_code
 
 @dataclass(frozen=True)
 class LaunchSpec:
@@ -77,20 +73,6 @@ def run_request(spec: LaunchSpec) -> dict:
     if spec.subnet_id:
         req["SubnetId"] = spec.subnet_id
     return req
-
-
-def launch(ec2, spec: LaunchSpec) -> list[dict]:
-    """Send run_instances for ``spec``; return the Instances list.
-
-    Raises CapacityError for capacity/quota codes (so the caller may fall over), AwsError otherwise.
-    """
-    try:
-        return ec2.run_instances(**run_request(spec))["Instances"]
-    except botocore.exceptions.ClientError as exc:
-        if error_code(exc) in CAPACITY_ERRORS:
-            raise CapacityError(f"{spec.instance_type}: {describe(exc)}",
-                                "try another --instance-type or --region, or on-demand instead of --spot")
-        raise AwsError(f"run_instances failed: {describe(exc)}", "see docs/iam-policy.json for the permissions needed")
 
 
 def _waiter_config(timeout_s: float, delay_s: float) -> dict:

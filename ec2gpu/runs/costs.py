@@ -144,9 +144,11 @@ def hourly_price(aws, home, instance_type: str, spot: bool, max_price: float | N
 
     On-demand: the refreshed Price List cache, else the shipped table. Spot: the highest current
     spot price over the region's availability zones (the launch may land in any of them), capped
-    at ``max_price``; with no spot price known, the on-demand price (spot's ceiling).
+    at ``max_price``; with no spot price known, the on-demand price (spot's ceiling). Raises
+    UsageError when ``max_price`` is below the spot price in every zone (no launch could succeed).
     """
     from ..aws import catalog, pricing
+    from ..errors import UsageError
 
     on_demand = catalog.on_demand_price(instance_type, aws.region, home)
     if not spot:
@@ -154,9 +156,12 @@ def hourly_price(aws, home, instance_type: str, spot: bool, max_price: float | N
     zones = pricing.current_spot_prices(aws.ec2, [instance_type]).get(instance_type, {})
     if not zones:
         return catalog.Price(on_demand.usd_per_hour, "no spot price found; on-demand price as the ceiling")
-    worst = max(zones.values())
+    worst, lowest = max(zones.values()), min(zones.values())
+    if max_price is not None and max_price < lowest:
+        raise UsageError(f"--max-price {max_price:.4f} USD/h is below the spot price of {instance_type} in every "
+                         f"zone (lowest {lowest:.4f} USD/h now)", "raise --max-price, or see `ec2gpu prices`")
     if max_price is not None and max_price < worst:
-        return catalog.Price(max_price, f"--max-price (current spot {min(zones.values()):.4f}-{worst:.4f} USD/h)")
+        return catalog.Price(max_price, f"--max-price (current spot {lowest:.4f}-{worst:.4f} USD/h)")
     return catalog.Price(worst, f"spot now, highest of {len(zones)} zone(s)")
 
 

@@ -71,8 +71,7 @@ def run_checks(aws, settings, instance_type: str, spot: bool, sandbox: bool) -> 
 
     checks += [
         _run("region", lambda: (True, f"{aws.region}" + (" (sandbox)" if sandbox else ""))),
-        _run("instance type", lambda: (True, f"{catalog.lookup(instance_type).name}: "
-                                             f"{catalog.lookup(instance_type).gpu_count}x {catalog.lookup(instance_type).gpu}")),
+        _run("instance type", lambda: (True, "{0.name}: {0.gpu_count}x {0.gpu}".format(catalog.lookup(instance_type)))),
         _run("default VPC", vpc),
         _run("GPU vCPU quota", quota),
         _run("AMI", ami),

@@ -133,8 +133,8 @@ def runs(home: Path, since: datetime | None = None, backend: str | None = None, 
 
 def get(home: Path, run_id: str) -> dict:
     """One run by id (or a unique prefix of it). Raises UsageError when none or several match."""
-    found = [r for r in runs(home) if r["run_id"] == run_id] or \
-        [r for r in runs(home) if r["run_id"].startswith(run_id)]
+    every = runs(home)
+    found = [r for r in every if r["run_id"] == run_id] or [r for r in every if r["run_id"].startswith(run_id)]
     if len(found) != 1:
         raise UsageError(f"no run {run_id!r} in the ledger" if not found else f"{run_id!r} matches {len(found)} runs",
                          "see `ec2gpu runs` for the ids")

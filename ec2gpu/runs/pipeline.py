@@ -239,17 +239,8 @@ def run_remote(conn, run_id: str, opts: TrainOptions, ui: Reporter, local_out: P
 def check_estimate(aws: Aws, settings: Settings, opts: TrainOptions, backend: str, ui: Reporter) -> costs.Estimate:
     """Estimate the run, tell the user, and refuse it (UsageError) when above ``opts.budget_usd``
     or when ``opts.max_price`` is below the spot price in every zone. Creates nothing."""
-    from ..aws import pricing
-
     if opts.max_price is not None and not opts.spot:
         raise UsageError("--max-price applies to spot instances only", "add --spot, or drop --max-price")
-    if opts.max_price is not None:
-        first = opts.instance_types[0]
-        zones = pricing.current_spot_prices(aws.ec2, [first]).get(first, {})
-        if zones and min(zones.values()) > opts.max_price:
-            raise UsageError(f"--max-price {opts.max_price:.4f} USD/h is below the spot price of {first} "
-                             f"in every zone (lowest {min(zones.values()):.4f} USD/h now)",
-                             "raise --max-price, or see `ec2gpu prices`")
     est = costs.estimate_run(aws, settings.home, opts.instance_types[0], opts.spot, opts.model, opts.epochs, backend,
                              opts.max_price)
     cost = "unknown (no price)" if est.cost_usd is None else f"${est.cost_usd:.4f}"

@@ -151,3 +151,13 @@ def test_throttling_is_retried_in_place_with_backoff(aws, spec, monkeypatch):
     assert len(calls) == 3 and len(set(calls)) == 1  # same zone each time
     assert sleeps == [1.0, 2.0] and [a.outcome for a in attempts] == ["launched"]
     assert found[0]["Placement"]["AvailabilityZone"] == zone
+
+
+def test_quota_counts_the_running_g_instances(aws, spec):
+    (inst,), _ = capacity.launch_with_fallback(aws.client("ec2", fail_fast=True), spec, ["g4dn.xlarge"])
+    instances.wait_running(aws.ec2, [inst["InstanceId"]], timeout_s=30)
+    quotas = Aws("us-east-1", endpoint_url=os.environ["AWS_ENDPOINT_URL"]).client("service-quotas")
+    quota_answer(quotas, 7.0)  # 4 vCPUs running + 4 needed > 7
+    with pytest.raises(CapacityError, match="4 are in use"):
+        capacity.check_quota(quotas, aws.ec2, "g4dn.xlarge", spot=False)
+    assert capacity.gvt_vcpus_in_use(aws.ec2, spot=True) == 0  # spot instances count against the other quota

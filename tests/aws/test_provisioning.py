@@ -1,12 +1,15 @@
 """The AWS layer against a real moto server (the sandbox's), through the same boto3 calls."""
 import os
+from datetime import datetime, timezone
 import stat
 
 import pytest
 from botocore.stub import Stubber
 
-from ec2gpu.aws import images, instances, network, sweep
+from ec2gpu.aws import capacity, images, instances, network, sweep
 from ec2gpu.aws.session import Aws
+from ec2gpu.runs import costs
+from ec2gpu.sandbox import market
 from ec2gpu.errors import AwsError, UsageError
 
 
@@ -69,7 +72,7 @@ def test_spot_launch_is_recorded_as_spot_and_teardown_removes_everything(aws, tm
     spec = instances.LaunchSpec(run_id="run-l", owner="alice", name="lab", instance_type="g4dn.xlarge",
                                 image_id=ami["ImageId"], root_device_name=ami["RootDeviceName"], key_name=key,
                                 security_group_id=gid, spot=True)
-    (inst,) = instances.launch(ec2, spec)
+    (inst,), _ = capacity.launch_with_fallback(aws.client("ec2", fail_fast=True), spec, ["g4dn.xlarge"])
     (desc,) = instances.wait_running(ec2, [inst["InstanceId"]], timeout_s=30)
     row = instances.summary(desc)
     assert (row["market"], row["state"], row["name"], row["run_id"]) == ("spot", "running", "lab", "run-l")
@@ -78,6 +81,14 @@ def test_spot_launch_is_recorded_as_spot_and_teardown_removes_everything(aws, tm
     assert removed["instances"] == [inst["InstanceId"]] and removed["security_groups"] == [gid]
     assert sweep.find_instances(ec2, run_id="run-l") == []
     assert sweep.find_security_groups(ec2, "run-l") == [] and sweep.find_key_pairs(ec2, "run-l") == []
+    # the bill of a spot instance follows its zone's spot price history (the sandbox's market)
+    (gone,) = instances.describe_instances(ec2, [inst["InstanceId"]])
+    bill = costs.actual_cost(aws, tmp_path, gone, ended_fallback=datetime.now(timezone.utc))
+    zone = gone["Placement"]["AvailabilityZone"]
+    assert "spot price history of " + zone in bill["price_source"]
+    assert bill["usd_per_hour"] == pytest.approx(market.spot_price("g4dn.xlarge", zone))
+    assert bill["usd_per_hour"] < 0.526  # below the on-demand price
+    assert bill["cost_usd"] == pytest.approx(bill["billed_seconds"] * bill["usd_per_hour"] / 3600)
 
 
 def test_unknown_region_is_a_usage_error():

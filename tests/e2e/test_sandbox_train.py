@@ -126,6 +126,7 @@ def test_launch_ls_ssh_down_in_the_sandbox(sandbox_env, capsys):
     (["train", "mnist", "--local", "--data-dir", "/nonexistent/mnist"], 2, "does not exist"),
     (["down"], 2, "say which"),
     (["train", "mnist", "--sandbox", "--max-price", "0.1"], 2, "spot instances only"),
+    (["cost", "--sandbox", "--spot", "--max-price", "0.01"], 2, "below the spot price"),
     (["runs", "--since", "lately"], 2, "not a duration"),
     (["train", "mnist", "--sandbox", "--keep"], 2, "explicit --max-runtime"),
     (["train", "mnist", "--sandbox", "--spot", "--spot-fallback", "reserved"], 2, "only fallback is on-demand"),
