@@ -66,17 +66,19 @@ def default_subnets(ec2) -> dict[str, str]:
     return {s["AvailabilityZone"]: s["SubnetId"] for s in subnets}
 
 
-def plan(ec2, instance_types: list[str], spot: bool, spot_fallback_on_demand: bool) -> list[tuple[str, str | None, str | None, bool]]:
+def plan(ec2, instance_types: list[str], spot: bool, spot_fallback_on_demand: bool,
+         avoid_zones: tuple[str, ...] | list[str] = ()) -> list[tuple[str, str | None, str | None, bool]]:
     """The launch order: [(instance type, zone, subnet id, spot)], each type's zones in turn.
 
     Zones come from describe_instance_type_offerings and need a default subnet; with none known
-    (no default VPC subnets) the type is tried once without a zone. A final on-demand pass over
-    the first type's zones is added when ``spot_fallback_on_demand``.
+    (no default VPC subnets) the type is tried once without a zone. ``avoid_zones`` (where an
+    earlier attempt was interrupted) go last within each type. A final on-demand pass over the
+    first type's zones is added when ``spot_fallback_on_demand``.
     """
     subnets = default_subnets(ec2)
     order = []
     for itype in instance_types:
-        zones = [z for z in zones_offering(ec2, itype) if z in subnets]
+        zones = sorted((z for z in zones_offering(ec2, itype) if z in subnets), key=lambda z: z in avoid_zones)
         order += [(itype, z, subnets[z], spot) for z in zones] or [(itype, None, None, spot)]
     if spot and spot_fallback_on_demand:
         first = instance_types[0]
@@ -96,15 +98,15 @@ def _run_instances(ec2, request: dict, max_throttle_retries: int = 5, base_delay
 
 
 def launch_with_fallback(ec2, spec: LaunchSpec, instance_types: list[str], spot_fallback_on_demand: bool = False,
-                         log=lambda msg: None) -> tuple[list[dict], list[Attempt]]:
+                         log=lambda msg: None, avoid_zones=()) -> tuple[list[dict], list[Attempt]]:
     """Launch ``spec`` as the first type and zone that has capacity; return (instances, attempts).
 
-    ``ec2`` should be a fail-fast client (no SDK retries). Each failed attempt is reported
+    ``ec2`` should be a fail-fast client (no SDK retries). ``avoid_zones`` are tried last (plan). Each failed attempt is reported
     through ``log``. Raises CapacityError listing every attempt when none succeeds (or at once
     for an account limit), AwsError for any other error.
     """
     attempts: list[Attempt] = []
-    order = plan(ec2, instance_types, spec.spot, spot_fallback_on_demand)
+    order = plan(ec2, instance_types, spec.spot, spot_fallback_on_demand, avoid_zones)
     for itype, zone, subnet, spot in order:
         market = "spot" if spot else "on-demand"
         try_spec = replace(spec, instance_type=itype, subnet_id=subnet, spot=spot,

@@ -112,12 +112,17 @@ def terminate(ec2, instance_ids: list[str], wait: bool = True, timeout_s: float 
         return
     ec2.terminate_instances(InstanceIds=instance_ids)
     if wait:
-        try:
-            ec2.get_waiter("instance_terminated").wait(InstanceIds=instance_ids,
-                                                       WaiterConfig=_waiter_config(timeout_s, delay_s))
-        except botocore.exceptions.WaiterError:
-            raise WaitTimeout(f"instances {', '.join(instance_ids)} not terminated after {timeout_s:.0f} s",
-                              "check with `ec2gpu ls` and `ec2gpu cleanup`")
+        wait_terminated(ec2, instance_ids, timeout_s, delay_s)
+
+
+def wait_terminated(ec2, instance_ids: list[str], timeout_s: float = 600, delay_s: float = 2) -> None:
+    """Wait until the instances are terminated. Raises WaitTimeout after ``timeout_s`` seconds."""
+    try:
+        ec2.get_waiter("instance_terminated").wait(InstanceIds=instance_ids,
+                                                   WaiterConfig=_waiter_config(timeout_s, delay_s))
+    except botocore.exceptions.WaiterError:
+        raise WaitTimeout(f"instances {', '.join(instance_ids)} not terminated after {timeout_s:.0f} s",
+                          "check with `ec2gpu ls` and `ec2gpu cleanup`")
 
 
 def market(instance: dict) -> str:

@@ -137,6 +137,16 @@ def cost_rows(record: dict) -> list[tuple[str, str]]:
     return rows
 
 
+def attempt_rows(attempts: list[dict]) -> list[tuple[str, str]]:
+    """One line per instance of a managed run: where it ran, its bill, why it ended."""
+    rows = []
+    for a in attempts:
+        usd = a.get("cost_usd")
+        rows.append((f"attempt {a['attempt']}", f"{a['instance_id']} {a['instance_type']} {a['market']} {a.get('zone') or ''}: "
+                     f"{a.get('billed_seconds', 0):.0f} s, {'?' if usd is None else f'${usd:.4f}'}; {a['ended']}"))
+    return rows
+
+
 def _print_record(record: dict, as_json: bool) -> None:
     if as_json:
         print(json.dumps(record, indent=2, default=str))
@@ -153,6 +163,8 @@ def _print_record(record: dict, as_json: bool) -> None:
              f"{s.get('wall_seconds')} s wall")]
     rows += [(f"  {k}", f"{v:.1f} s") for k, v in record.get("phases", {}).items()]
     rows += cost_rows(record)
+    if len(record.get("attempts") or []) > 1:
+        rows += attempt_rows(record["attempts"])
     rows.append(("artifacts", record["artifacts"]))
     for k, v in rows:
         t.add_row(f"[bold]{k}[/]", v)
@@ -187,9 +199,22 @@ def train_mnist(
                                            "if its estimated cost in USD is above this."),
     max_price: Optional[float] = typer.Option(None, "--max-price", min=0, help="With --spot: the highest "
                                               "spot price to pay, USD/h (default: up to the on-demand price)."),
+    max_attempts: Optional[int] = typer.Option(None, "--max-attempts", min=1, help="Instances to try before "
+                                                "giving up: a lost instance (spot interruption, terminated, SSH "
+                                                "unreachable) is replaced and training resumes from its last "
+                                                "checkpoint (default 3 with --spot, else 1)."),
+    checkpoint_uri: Optional[str] = typer.Option(None, "--checkpoint-uri", help="s3://BUCKET/PREFIX: also copy each "
+                                                 "checkpoint there (from this machine; the instance gets no "
+                                                 "credentials). Checkpoints always come home to --out."),
+    unreachable_after: float = typer.Option(120.0, "--unreachable-after", min=5, help="Seconds of SSH "
+                                            "unreachability after which the instance counts as lost."),
     region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
 ):
-    """Launch a GPU instance, train MNIST on it, download the results, terminate everything."""
+    """Launch a GPU instance, train MNIST on it, download the results, terminate everything.
+
+    With --spot the run is managed: on an interruption the newest checkpoint (brought home as the
+    trainer writes it) goes to a replacement instance, which resumes training.
+    """
     from ..runs import pipeline
 
     if model not in ("cnn", "lenet", "mlp", "dbn"):
@@ -204,6 +229,7 @@ def train_mnist(
         model=model, epochs=epochs, seed=seed, keep=keep, out=out_dir, ssh_cidr=ssh_cidr, ami=ami,
         spot=spot, trainer_args=list(trainer_arg), max_runtime_minutes=max_runtime,
         instance_type=instance_type or "g4dn.xlarge", budget_usd=budget, max_price=max_price, spot_fallback=spot_fallback,
+        max_attempts=max_attempts, checkpoint_uri=checkpoint_uri, unreachable_s=unreachable_after,
         command=" ".join(["ec2gpu"] + sys.argv[1:]) if sys.argv[0].endswith("ec2gpu") else "ec2gpu train mnist")
     ui = RichReporter(err)
     if local:
@@ -369,6 +395,70 @@ def ssh_cmd(ctx_: typer.Context, name: str = typer.Argument(..., help="Name, ins
 
 
 @app.command()
+def logs(name: str = typer.Argument(..., help="Run id, name or instance id."),
+         follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming until the job ends, "
+                                     "reconnecting when SSH drops (no line missed or repeated)."),
+         region: Optional[str] = REGION, sandbox: bool = SANDBOX):
+    """Print a run's training log (train.log, byte for byte) from its instance, or from the
+    artifacts once the run is over. With --follow, exit with the job's exit status."""
+    from ..aws import instances
+    from ..aws import tags as T
+    from ..errors import RemoteError
+    from ..remote import jobs, ssh
+    from ..runs import ledger
+    from ..runs.pipeline import ssh_target
+
+    stdout = sys.stdout.buffer
+
+    def write(chunk: bytes) -> None:
+        stdout.write(chunk)
+        stdout.flush()
+
+    with Context(region, _sandbox_flag(sandbox)) as ctx:
+        try:
+            inst = _find(ctx, name)[0]
+        except UsageError:
+            inst = None
+        if inst is None:  # over: the log as it was brought home
+            try:
+                path = Path(ledger.get(ctx.settings.home, name).get("artifacts") or "") / "train.log"
+            except UsageError as exc:
+                raise UsageError(f"no running instance named {name!r}, and {exc.message}", "see `ec2gpu ls` and `ec2gpu runs`")
+            if not path.is_file():
+                raise UsageError(f"run {name!r} has no instance left and no log at {path}",
+                                 "its artifacts were moved or never downloaded")
+            write(path.read_bytes())
+            return
+        run_id, iid = T.as_dict(inst.get("Tags")).get(T.RUN), inst["InstanceId"]
+        host, port = ssh_target(inst, ctx.resolver)
+        key = ctx.settings.keys_dir / f"{inst['KeyName']}.pem"
+        if not key.exists():
+            raise UsageError(f"the private key {key} is missing", "it lives on the machine that launched the instance")
+        known = ctx.settings.home / "known_hosts" / iid
+        note = lambda m: err.print(f"[dim]{m}[/]", highlight=False)  # noqa: E731
+        conn = ssh.wait_for_ssh(host, port, ctx.settings.ssh_user, key, known, timeout_s=60, log=note,
+                                fingerprints=lambda: instances.host_key_fingerprints(ctx.aws.ec2, iid))
+        run_dir = jobs.remote_run_dir(conn, run_id)
+        cursor = jobs.LogCursor(write)
+        status = None
+        try:
+            if follow:
+                try:
+                    status, conn = jobs.follow_reconnecting(
+                        lambda: ssh.connect(host, port, ctx.settings.ssh_user, key, known, note), run_dir,
+                        "out/train.log", cursor, conn=conn, log=note)
+                except jobs.Unreachable as exc:
+                    raise RemoteError(f"{iid}: {exc}", "see `ec2gpu ls`; the instance may have been terminated")
+            else:
+                cursor.deliver(jobs.read_from(conn, f"{run_dir}/out/train.log", 0))
+        finally:
+            conn.close()
+    if follow:
+        err.print(f"[dim]the job on {iid} ended with exit status {status}; `ec2gpu down {run_id}` removes the instance[/]")
+        raise typer.Exit(status)
+
+
+@app.command()
 def doctor(instance_type: Optional[str] = typer.Option(None, "--instance-type", "-t", help="The type to check for."),
            spot: bool = typer.Option(False, "--spot", help="Check the spot quota instead of on-demand."),
            region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
@@ -490,6 +580,23 @@ def sandbox_status(as_json: bool = JSON):
                   f"{len(state['instances'])} instance(s)")
         for iid, i in state["instances"].items():
             out.print(f"  {iid}: sshd {i['host']}:{i['port']} (pid {i['sshd_pid']})")
+
+
+@sandbox_app.command("interrupt")
+def sandbox_interrupt(instance_id: str = typer.Argument(..., help="A running spot instance of the sandbox."),
+                      notice_seconds: float = typer.Option(120.0, "--notice-seconds", min=0,
+                                                           help="Seconds between the notice and the termination "
+                                                           "(EC2 gives 120)."),
+                      as_json: bool = JSON):
+    """Interrupt a spot instance as EC2 does: a notice on its metadata service, then termination."""
+    from ..sandbox import control
+    from ..settings import load
+    done = control.interrupt(load().home, instance_id, notice_seconds)
+    if as_json:
+        print(json.dumps(done, indent=2))
+    else:
+        out.print(f"{instance_id}: spot interruption notice published (action {done['notice']['action']} at "
+                  f"{done['notice']['time']}); the sandbox terminates it in {notice_seconds:g} s")
 
 
 @sandbox_app.command("env")

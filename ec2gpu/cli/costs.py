@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from . import JSON, REGION, SANDBOX, Context, _sandbox_flag, app, err, out, cost_rows
+from . import JSON, REGION, SANDBOX, Context, _sandbox_flag, app, err, out, attempt_rows, cost_rows
 from ..errors import UsageError
 
 runs_app = typer.Typer(help="The ledger of runs: what ran, how it ended, what it cost.",
@@ -184,6 +184,7 @@ def runs_show(run_id: str = typer.Argument(..., help="Run id (or a unique prefix
             ("started", r["started_at"]), ("ended", r.get("ended_at") or "-")]
     rows += [(f"  {k}", f"{v:.1f} s") for k, v in (r.get("phases") or {}).items()]
     rows += cost_rows(r)
+    rows += attempt_rows(r.get("attempts") or [])
     rows.append(("artifacts", r.get("artifacts") or "-"))
     for k, v in rows:
         t.add_row(f"[bold]{k}[/]", str(v))

@@ -7,18 +7,22 @@ exactly where it stopped.
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import shlex
+import socket
 import stat
 import tarfile
 import time
 from pathlib import Path
 
+import paramiko
 from fabric import Connection
 
 from ..errors import WaitTimeout
 from . import ssh
 
+READ_TIMEOUT_S = 30.0  # seconds without an answer before a read counts as a dropped connection
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # .../ec2gpu
 
 
@@ -57,13 +61,17 @@ def start(conn: Connection, run_dir: str, argv: list[str], env: dict[str, str] |
               f"{shlex.join(argv)}; echo $? > exit_status.tmp; mv exit_status.tmp exit_status\n")
     conn.put(io.BytesIO(script.encode()), f"{run_dir}/job.sh")
     ssh.run(conn, f"rm -f {run_dir}/exit_status")
-    out = ssh.run(conn, f"cd {run_dir} && setsid nohup bash job.sh > console.log 2>&1 < /dev/null & echo $!")
+    # not `cd X && setsid ... &`: that backgrounds a subshell that keeps the session's stdout open,
+    # and the SSH command (so this call) would then last as long as the job
+    out = ssh.run(conn, f"cd {shlex.quote(run_dir)} || exit 1; setsid nohup bash job.sh > console.log 2>&1 < /dev/null "
+                        "& echo $!")
     return int(out.strip().splitlines()[-1])
 
 
 def read_from(conn: Connection, path: str, offset: int) -> bytes:
     """Bytes of remote ``path`` from ``offset`` to its current end (b'' if it does not exist yet)."""
     sftp = conn.sftp()
+    sftp.get_channel().settimeout(READ_TIMEOUT_S)  # a silent network drop raises instead of hanging
     try:
         with sftp.open(path, "rb") as f:
             f.seek(offset)
@@ -78,26 +86,83 @@ def exit_status(conn: Connection, run_dir: str) -> int | None:
     return int(data) if data else None
 
 
-def follow(conn: Connection, run_dir: str, log_name: str, on_bytes, offset: int = 0,
-           poll_s: float = 0.5, timeout_s: float | None = None) -> tuple[int, int]:
-    """Stream ``log_name`` to ``on_bytes(chunk)`` until the job ends; return (exit status, offset).
+class LogCursor:
+    """How far a remote log has been delivered: ``offset`` bytes, every one exactly once."""
 
-    Raises WaitTimeout after ``timeout_s`` seconds (the job keeps running on the instance).
+    def __init__(self, on_bytes, offset: int = 0):
+        self.on_bytes, self.offset = on_bytes, offset
+
+    def deliver(self, chunk: bytes) -> None:
+        if chunk:
+            self.on_bytes(chunk)
+            self.offset += len(chunk)
+
+
+def follow(conn: Connection, run_dir: str, log_name: str, cursor: LogCursor, poll_s: float = 0.5,
+           timeout_s: float | None = None, on_poll=None) -> int:
+    """Stream ``log_name`` through ``cursor`` until the job ends; return its exit status.
+
+    ``on_poll(conn)`` runs after every poll (it may raise to stop following). Raises WaitTimeout
+    after ``timeout_s`` seconds (the job keeps running on the instance), and the connection's
+    errors (OSError, EOFError, paramiko.SSHException) as they come: ``cursor.offset`` then says
+    where to resume.
     """
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     path = f"{run_dir}/{log_name}"
     while True:
         status = exit_status(conn, run_dir)
-        chunk = read_from(conn, path, offset)  # after the status: nothing written is missed
-        if chunk:
-            on_bytes(chunk)
-            offset += len(chunk)
+        cursor.deliver(read_from(conn, path, cursor.offset))  # after the status: nothing written is missed
         if status is not None:
-            return status, offset
+            return status
+        if on_poll:
+            on_poll(conn)
         if deadline and time.monotonic() > deadline:
             raise WaitTimeout(f"the job in {run_dir} did not end in {timeout_s:.0f} s",
                               "it is still running on the instance")
         time.sleep(poll_s)
+
+
+#: what a dropped connection raises from paramiko/fabric
+CONNECTION_ERRORS = (OSError, EOFError, socket.timeout, paramiko.SSHException)
+
+
+class Unreachable(Exception):
+    """SSH stayed unreachable longer than the bound given to ``follow_reconnecting``."""
+
+
+def follow_reconnecting(connect, run_dir: str, log_name: str, cursor: LogCursor, *, conn: Connection | None = None,
+                        unreachable_s: float = 120.0, on_poll=None, log=lambda msg: None,
+                        poll_s: float = 0.5) -> tuple[int, Connection]:
+    """``follow`` that survives dropped connections: reconnect with backoff (0.5 s doubling to 8 s)
+    through ``connect()`` and resume at ``cursor.offset``, so no byte is missed or repeated.
+
+    ``on_poll(conn)`` also runs while disconnected, with ``conn`` None (to check the instance's
+    state, say). Returns (exit status, the open connection). Raises Unreachable once no connection
+    succeeded for ``unreachable_s`` seconds; whatever ``on_poll`` raises.
+    """
+    lost_since, delay = None, 0.5
+    while True:
+        try:
+            if conn is None:
+                conn = connect()
+                if lost_since is not None:
+                    log(f"reconnected after {time.monotonic() - lost_since:.1f} s; the log resumes at byte "
+                        f"{cursor.offset:,}")
+                lost_since, delay = None, 0.5
+            return follow(conn, run_dir, log_name, cursor, poll_s=poll_s, on_poll=on_poll), conn
+        except CONNECTION_ERRORS as exc:
+            with contextlib.suppress(Exception):
+                conn.close()
+            conn = None
+            if lost_since is None:
+                lost_since = time.monotonic()
+                log(f"SSH connection lost ({type(exc).__name__}: {exc}); the job keeps running, reconnecting")
+            if on_poll:
+                on_poll(None)
+            if time.monotonic() - lost_since > unreachable_s:
+                raise Unreachable(f"SSH unreachable for {time.monotonic() - lost_since:.0f} s (last error: {exc})")
+            time.sleep(delay)
+            delay = min(delay * 2, 8.0)
 
 
 def fetch(conn: Connection, remote_dir: str, local_dir: Path) -> list[Path]:

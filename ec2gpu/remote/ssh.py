@@ -61,6 +61,7 @@ def connect(host: str, port: int, user: str, key_path: Path, known_hosts: Path,
     conn.client.set_missing_host_key_policy(PinOnFirstUse(known_hosts, log, expected))
     try:
         conn.open()
+        conn.transport.set_keepalive(15)  # notice a dead peer within seconds, not at the next read
     except paramiko.BadHostKeyException as exc:
         raise RemoteError(f"host key of {host} changed: {exc}",
                           f"someone may be intercepting; if the instance was replaced, delete {known_hosts}")

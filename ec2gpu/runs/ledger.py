@@ -51,9 +51,11 @@ MIGRATIONS: list[str] = [
     """,
     # 2: listing by time (`ec2gpu runs --since`)
     "CREATE INDEX runs_started_at ON runs (started_at)",
+    # 3: one entry per instance a managed run used: instance, zone, market, seconds, cost, why it ended
+    "ALTER TABLE runs ADD COLUMN attempts TEXT NOT NULL DEFAULT '[]'",
 ]
 
-JSON_COLUMNS = ("instance_ids", "estimate", "phases")
+JSON_COLUMNS = ("instance_ids", "estimate", "phases", "attempts")
 
 
 def path_in(home: Path) -> Path:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..aws import capacity, catalog, images, instances, network, sweep
 from ..aws.session import Aws
-from ..errors import RemoteError, UsageError
+from ..errors import RemoteError, UsageError, WaitTimeout
 from ..settings import Settings
 from . import costs, ledger
 
@@ -47,7 +47,14 @@ class TrainOptions:
     max_runtime_minutes: int = 120
     budget_usd: float | None = None  # refuse a run whose estimate is above this
     max_price: float | None = None  # spot: the highest USD/h to pay
+    max_attempts: int | None = None  # instances to try before giving up; None: 3 with spot, else 1
+    checkpoint_uri: str | None = None  # s3://bucket/prefix: a second home for checkpoints
+    unreachable_s: float = 120.0  # SSH unreachable this long (s) counts as a lost instance
     command: str = "ec2gpu train mnist"  # as typed, for the ledger
+
+    @property
+    def attempts_allowed(self) -> int:
+        return self.max_attempts or (3 if self.spot else 1)
 
     @property
     def instance_types(self) -> list[str]:
@@ -68,7 +75,8 @@ class Reporter:
             yield
             _fault_pause(name)
         finally:
-            self.phases[name] = round(time.monotonic() - t0, 2)
+            # a managed run repeats phases on each attempt: their times add up
+            self.phases[name] = round(self.phases.get(name, 0.0) + time.monotonic() - t0, 2)
 
     def log(self, line: str) -> None:
         """One line of the job's log."""
@@ -101,7 +109,9 @@ class Provisioned:
     key_name: str | None = None
     key_path: Path | None = None
     security_group_id: str | None = None
-    instances: list[dict] = field(default_factory=list)
+    ami: dict | None = None
+    instances: list[dict] = field(default_factory=list)  # every instance of the run, in launch order
+    ended: set[str] = field(default_factory=set)  # those already terminated (interrupted attempts)
 
     @property
     def instance_ids(self) -> list[str]:
@@ -109,29 +119,41 @@ class Provisioned:
 
 
 def provision(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, ui: Reporter,
-              prov: Provisioned) -> None:
-    """Create key pair, security group and instance (filling ``prov`` as it goes), wait running."""
+              prov: Provisioned, avoid_zones=()) -> list[dict]:
+    """Create the key pair and security group (once per run) and launch an instance, filling
+    ``prov`` as it goes; wait until it runs and return its description(s).
+
+    ``avoid_zones`` are tried last (where an earlier attempt was interrupted).
+    """
     ec2 = aws.ec2
     name = opts.name or f"ec2gpu-{run_id}"
-    cidr = network.ssh_cidr(opts.ssh_cidr)
-    ami = images.resolve_ami(aws.client("ssm"), ec2, opts.ami)
-    ui.note(f"AMI {ami['ImageId']} ({ami['Name']}) via {ami['source']}; SSH allowed from {cidr}")
+    if prov.key_name is None:
+        cidr = network.ssh_cidr(opts.ssh_cidr)
+        prov.ami = images.resolve_ami(aws.client("ssm"), ec2, opts.ami)
+        ui.note(f"AMI {prov.ami['ImageId']} ({prov.ami['Name']}) via {prov.ami['source']}; SSH allowed from {cidr}")
+    ami = prov.ami
     with ui.phase("requesting"):
-        prov.key_name, prov.key_path = network.create_key_pair(ec2, run_id, settings.owner, settings.keys_dir)
-        prov.security_group_id = network.create_security_group(ec2, run_id, settings.owner, cidr)
+        if prov.key_name is None:
+            prov.key_name, prov.key_path = network.create_key_pair(ec2, run_id, settings.owner, settings.keys_dir)
+            prov.security_group_id = network.create_security_group(ec2, run_id, settings.owner, cidr)
         spec = instances.LaunchSpec(
             run_id=run_id, owner=settings.owner, name=name, instance_type=opts.instance_types[0],
             image_id=ami["ImageId"], root_device_name=ami["RootDeviceName"], key_name=prov.key_name,
             security_group_id=prov.security_group_id, spot=opts.spot,
             root_volume_gib=settings.root_volume_gib, max_runtime_minutes=opts.max_runtime_minutes,
             max_price=opts.max_price if opts.spot else None)
-        prov.instances, attempts = capacity.launch_with_fallback(
-            aws.client("ec2", fail_fast=True), spec, opts.instance_types, opts.spot_fallback == "on-demand", log=ui.note)
+        new, attempts = capacity.launch_with_fallback(
+            aws.client("ec2", fail_fast=True), spec, opts.instance_types, opts.spot_fallback == "on-demand",
+            log=ui.note, avoid_zones=tuple(avoid_zones))
+        prov.instances += new
+        ids = [i["InstanceId"] for i in new]
         got = attempts[-1]
-        ui.note(f"launched {', '.join(prov.instance_ids)} ({got.instance_type}, {got.market}, {got.zone or 'any zone'}"
-                f"{f', attempt {len(attempts)}' if len(attempts) > 1 else ''})")
+        ui.note(f"launched {', '.join(ids)} ({got.instance_type}, {got.market}, {got.zone or 'any zone'}"
+                f"{f', after {len(attempts) - 1} refusal(s)' if len(attempts) > 1 else ''})")
     with ui.phase("waiting for running"):
-        prov.instances = instances.wait_running(ec2, prov.instance_ids)
+        running = {i["InstanceId"]: i for i in instances.wait_running(ec2, ids)}
+        prov.instances = [running.get(i["InstanceId"], i) for i in prov.instances]
+    return [running[i] for i in ids]
 
 
 def teardown(aws: Aws, settings: Settings, prov: Provisioned, ui: Reporter) -> dict:
@@ -146,9 +168,11 @@ def teardown(aws: Aws, settings: Settings, prov: Provisioned, ui: Reporter) -> d
     try:
         with ui.phase("terminating"):
             ec2 = aws.ec2
-            if prov.instance_ids:
-                instances.terminate(ec2, prov.instance_ids)
-                removed["instances"] = prov.instance_ids
+            live = [i for i in prov.instance_ids if i not in prov.ended]
+            if live:
+                instances.terminate(ec2, live)
+                prov.ended.update(live)
+            removed["instances"] = prov.instance_ids
             if prov.security_group_id:
                 sweep.delete_security_group(ec2, prov.security_group_id)
                 removed["security_groups"] = [prov.security_group_id]
@@ -204,36 +228,63 @@ def trainer_argv(python: str, opts: TrainOptions, out_dir: str) -> list[str]:
     return argv + list(opts.trainer_args)
 
 
-def run_remote(conn, run_id: str, opts: TrainOptions, ui: Reporter, local_out: Path) -> dict:
-    """Setup, upload, train (log followed live) and download on an open connection.
+def run_attempt(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, ui: Reporter, prov: Provisioned,
+                instance: dict, local_out: Path, resolver, n: int, checkpoints) -> dict:
+    """One attempt on a running instance: SSH, setup, upload (with the checkpoint when resuming),
+    train with the log followed live through dropped connections, download.
 
-    Returns the trainer's summary.json. Raises RemoteError when the trainer fails (after
-    fetching what it wrote, so train.log is on disk).
+    The streamed log is also written to ``local_out``/attempt-N.log, byte for byte. Returns the
+    trainer's summary.json. Raises recovery.Interrupted when the instance is lost (the run goes on
+    elsewhere), RemoteError when the trainer fails (after fetching what it wrote).
     """
-    from ..remote import jobs, setup
+    from ..remote import jobs, setup, ssh
+    from . import recovery
 
-    run_dir = jobs.remote_run_dir(conn, run_id)
-    with ui.phase("setup"):
-        info = setup.setup(conn, run_dir, log=ui.note)
-    with ui.phase("upload"):
-        size = jobs.push_code(conn, run_dir)
-        ui.note(f"uploaded the trainer ({size:,} bytes) to {conn.host}:{run_dir}")
-    with ui.phase("training"):
-        jobs.start(conn, run_dir, trainer_argv(info["python"], opts, f"{run_dir}/out"))
-        lines = LineSplitter(ui.log)
-        status, _ = jobs.follow(conn, run_dir, "out/train.log", lines)
-        lines.flush()
-    with ui.phase("download"):
-        jobs.fetch(conn, f"{run_dir}/out", local_out)
-        (local_out / "console.log").write_bytes(jobs.read_from(conn, f"{run_dir}/console.log", 0))
-    if status == EXIT_SPOT_INTERRUPTED:
-        raise RemoteError("the spot instance received an interruption notice; the trainer checkpointed and stopped",
-                          f"the checkpoint is in {local_out}; run again, or use on-demand", exit_status=status)
-    if status != 0:
-        raise RemoteError(f"the trainer on {conn.host} exited {status}", f"see {local_out / 'console.log'}",
-                          command="python -m ec2gpu.train.mnist", host=conn.host, exit_status=status,
-                          tail=jobs.tail(conn, f"{run_dir}/console.log"))
-    return json.loads((local_out / "summary.json").read_text())
+    iid = instance["InstanceId"]
+    known = settings.home / "known_hosts" / iid
+    watch = recovery.InstanceWatch(aws.ec2, iid, checkpoints, ui.note)
+    conn = None
+    try:
+        with ui.phase("waiting for SSH"):
+            host, port = ssh_target(instance, resolver)
+            conn = ssh.wait_for_ssh(host, port, settings.ssh_user, prov.key_path, known, log=ui.note,
+                                    fingerprints=lambda: instances.host_key_fingerprints(aws.ec2, iid))
+        run_dir = jobs.remote_run_dir(conn, run_id)
+        checkpoints.remote = f"{run_dir}/out/checkpoint.pt"
+        with ui.phase("setup"):
+            info = setup.setup(conn, run_dir, log=ui.note)
+        with ui.phase("upload"):
+            size = jobs.push_code(conn, run_dir)
+            ui.note(f"uploaded the trainer ({size:,} bytes) to {conn.host}:{run_dir}")
+            resume = n > 1
+            if resume and checkpoints.local.exists():
+                ssh.run(conn, f"mkdir -p {run_dir}/out")
+                ui.note(f"pushed the checkpoint ({checkpoints.push(conn):,} bytes); the trainer resumes from it")
+        with ui.phase("training"):
+            jobs.start(conn, run_dir, trainer_argv(info["python"], opts, f"{run_dir}/out") + (["--resume"] if resume else []))
+            lines = LineSplitter(ui.log)
+            local_out.mkdir(parents=True, exist_ok=True)
+            with open(local_out / f"attempt-{n}.log", "wb") as tee:
+                def deliver(chunk: bytes) -> None:
+                    tee.write(chunk)
+                    tee.flush()
+                    lines(chunk)
+                connect = lambda: ssh.connect(host, port, settings.ssh_user, prov.key_path, known, ui.note)  # noqa: E731
+                status, conn = recovery.follow_training(conn, connect, run_dir, jobs.LogCursor(deliver), watch, ui,
+                                                        opts.unreachable_s)
+            lines.flush()
+        with ui.phase("download"):
+            jobs.fetch(conn, f"{run_dir}/out", local_out)
+            (local_out / "console.log").write_bytes(jobs.read_from(conn, f"{run_dir}/console.log", 0))
+        if status != 0:
+            raise recovery.remote_failure(conn, run_dir, status, local_out)
+        return recovery.summary_of(local_out)
+    except (*jobs.CONNECTION_ERRORS, WaitTimeout, RemoteError):
+        watch.check()  # lost with its instance (Interrupted), or a failure of its own (re-raised)
+        raise
+    finally:
+        if conn is not None:
+            conn.close()
 
 
 def check_estimate(aws: Aws, settings: Settings, opts: TrainOptions, backend: str, ui: Reporter) -> costs.Estimate:
@@ -258,13 +309,16 @@ def check_estimate(aws: Aws, settings: Settings, opts: TrainOptions, backend: st
     return est
 
 
-def _status(exc: BaseException | None) -> str:
+def _status(exc: BaseException | None, spot: bool = False) -> str:
     if exc is None:
         return "completed"
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted"
     if isinstance(exc, RemoteError) and exc.exit_status == EXIT_SPOT_INTERRUPTED:
         return "spot-interrupted"
+    from .recovery import AttemptsExhausted
+    if isinstance(exc, AttemptsExhausted):
+        return "spot-interrupted" if spot else "failed"
     return "failed"
 
 
@@ -281,18 +335,20 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, resolv
     """Run ``opts`` on a new instance end to end; return the run record (also saved as run.json).
 
     Shows the estimate first and refuses (UsageError, nothing created) a run above the budget. The
-    run is in the ledger from its start; at the end it gets its status, billed seconds and cost from
-    the instance's own launch and termination times. Raises UsageError before creating anything
-    for a bad instance type; AwsError, CapacityError, RemoteError, WaitTimeout as they happen
-    (after teardown); KeyboardInterrupt after teardown.
+    run is in the ledger from its start; at the end it gets its status, its attempts (one per
+    instance: a lost instance is replaced and the trainer resumes from its checkpoint, up to
+    ``opts.attempts_allowed``), and billed seconds and cost from each instance's own launch and
+    termination times. Raises UsageError before creating anything for a bad instance type or
+    --checkpoint-uri; AwsError, CapacityError, RemoteError, WaitTimeout as they happen, and
+    recovery.AttemptsExhausted (all after teardown); KeyboardInterrupt after teardown.
     """
-    from ..remote import ssh
-
     types = [catalog.lookup(t).name for t in opts.instance_types]
     if not types:
         raise UsageError("no instance type given", "e.g. --instance-type g4dn.xlarge,g5.xlarge")
     if opts.spot_fallback not in (None, "on-demand"):
         raise UsageError(f"--spot-fallback {opts.spot_fallback!r} is not known", "the only fallback is on-demand")
+    from .recovery import parse_checkpoint_uri
+    parse_checkpoint_uri(opts.checkpoint_uri)
     opts.instance_type = ",".join(types)
     itype = catalog.lookup(types[0])
     aws.check_credentials()
@@ -311,21 +367,11 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, resolv
               "status": "running", "started_at": datetime.now(timezone.utc).isoformat(),
               "estimated_cost_usd": est.cost_usd, "estimate": est.as_dict()}
     _ledger(settings, record, ui)
-    conn, error = None, None
+    attempts: list[dict] = []
+    record["attempts"] = attempts
+    error = None
     try:
-        provision(aws, settings, opts, run_id, ui, prov)
-        instance = prov.instances[0]
-        got = catalog.CATALOG.get(instance["InstanceType"])
-        record.update(instance_type=instance["InstanceType"], gpu=got.gpu if got else None,
-                      market=instances.market(instance), instance_id=instance["InstanceId"], instance_ids=prov.instance_ids,
-                      zone=instance["Placement"]["AvailabilityZone"], launched_at=instance["LaunchTime"].isoformat())
-        _ledger(settings, record, ui)
-        with ui.phase("waiting for SSH"):
-            host, port = ssh_target(instance, resolver)
-            conn = ssh.wait_for_ssh(host, port, settings.ssh_user, prov.key_path,
-                                    settings.home / "known_hosts" / instance["InstanceId"], log=ui.note,
-                                    fingerprints=lambda: instances.host_key_fingerprints(aws.ec2, instance["InstanceId"]))
-        summary = run_remote(conn, run_id, opts, ui, out)
+        summary = _run_attempts(aws, settings, opts, run_id, ui, prov, out, resolver, record)
         record.update(test_acc=summary["test_acc"], summary=summary, epochs=summary.get("epochs"),
                       train_seconds=summary.get("train_seconds"), samples_per_second=summary.get("samples_per_second"),
                       exit_status=0)
@@ -334,17 +380,20 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, resolv
         error = exc
         raise
     finally:
-        if conn is not None:
-            conn.close()
+        if attempts and attempts[-1]["ended"] == "running":
+            attempts[-1]["ended"] = "completed" if error is None else \
+                "stopped by the user" if isinstance(error, KeyboardInterrupt) else f"failed: {error}"[:200]
         if opts.keep and prov.instances:
             ui.note(f"--keep: {', '.join(prov.instance_ids)} keeps running (and billing) until "
                     f"`ec2gpu down {opts.name or 'ec2gpu-' + run_id}` or {opts.max_runtime_minutes} min pass")
         elif prov.key_name or prov.security_group_id or prov.instances:
             teardown(aws, settings, prov, ui)
-            if prov.instances:
-                record.setdefault("instance_ids", prov.instance_ids)
-                _measure(aws, settings, prov, record, ui)
-        record.update(status=_status(error), phases=dict(ui.phases), ended_at=datetime.now(timezone.utc).isoformat())
+            for att in attempts:
+                if "billed_seconds" not in att:
+                    att.update(_bill(aws, settings, att["instance_id"], prov, ui))
+            record.update(_totals(attempts))
+        record.update(instance_ids=prov.instance_ids, status=_status(error, opts.spot), phases=dict(ui.phases),
+                      ended_at=datetime.now(timezone.utc).isoformat())
         if isinstance(error, RemoteError) and error.exit_status is not None:
             record["exit_status"] = error.exit_status
         _ledger(settings, record, ui)
@@ -353,15 +402,81 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, resolv
             (out / "run.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
 
 
-def _measure(aws: Aws, settings: Settings, prov: Provisioned, record: dict, ui: Reporter) -> None:
-    """Fill ``record`` with the billed seconds and cost of the run's (terminated) instance."""
+def _run_attempts(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, ui: Reporter, prov: Provisioned,
+                  out: Path, resolver, record: dict) -> dict:
+    """Attempt after attempt (recovery.py) until the trainer finishes; return its summary.
+
+    Raises recovery.AttemptsExhausted when the last attempt allowed is interrupted too.
+    """
+    from . import recovery
+
+    attempts = record["attempts"]
+    target = recovery.parse_checkpoint_uri(opts.checkpoint_uri)
+    if target:
+        target = (target[0], "/".join(p for p in (target[1], run_id, "checkpoint.pt") if p))
+    checkpoints = recovery.CheckpointHome(remote="", local=out / "checkpoint.pt", log=ui.note, target=target,
+                                          s3=aws.client("s3") if target else None)
+    avoid: list[str] = []
+    for n in range(1, opts.attempts_allowed + 1):
+        if n > 1:
+            ui.note(f"attempt {n} of {opts.attempts_allowed}: launching a replacement"
+                    + (f" (zones {', '.join(avoid)} last)" if avoid else ""))
+        (instance,) = provision(aws, settings, opts, run_id, ui, prov, avoid_zones=avoid)
+        attempts.append(recovery.attempt_row(n, instance))
+        got = catalog.CATALOG.get(instance["InstanceType"])
+        record.update(instance_type=instance["InstanceType"], gpu=got.gpu if got else None,
+                      market=instances.market(instance), instance_id=instance["InstanceId"],
+                      instance_ids=prov.instance_ids, zone=attempts[-1]["zone"],
+                      launched_at=prov.instances[0]["LaunchTime"].isoformat())
+        _ledger(settings, record, ui)
+        try:
+            return run_attempt(aws, settings, opts, run_id, ui, prov, instance, out, resolver, n, checkpoints)
+        except recovery.Interrupted as why:
+            att = attempts[-1]
+            att["ended"] = why.reason
+            ui.note(f"attempt {n} interrupted on {att['instance_id']} ({att['zone']}): {why.reason}")
+            if att["zone"]:
+                avoid.append(att["zone"])
+            _end_instance(aws, prov, att["instance_id"], ui)
+            att.update(_bill(aws, settings, att["instance_id"], prov, ui))
+            _ledger(settings, record, ui)
+    raise recovery.exhausted(attempts, checkpoints.local, opts.spot)
+
+
+def _end_instance(aws: Aws, prov: Provisioned, instance_id: str, ui: Reporter) -> None:
+    """Make sure an interrupted attempt's instance is terminated (EC2 may have done it already)."""
+    with ui.phase("terminating"):
+        state = instances.describe_instances(aws.ec2, [instance_id])[0]["State"]["Name"]
+        if state in ("shutting-down", "terminated"):
+            instances.wait_terminated(aws.ec2, [instance_id])  # keeps EC2's own reason and time
+        else:
+            instances.terminate(aws.ec2, [instance_id])
+        prov.ended.add(instance_id)
+
+
+def _bill(aws: Aws, settings: Settings, instance_id: str, prov: Provisioned, ui: Reporter) -> dict:
+    """Billed seconds and cost of one (terminated) instance, from its own launch and termination times."""
     ended = datetime.now(timezone.utc)
     try:
-        inst = instances.describe_instances(aws.ec2, prov.instance_ids[:1])[0]
+        inst = instances.describe_instances(aws.ec2, [instance_id])[0]
     except Exception as exc:  # the bill is still computable from what launch returned
-        ui.note(f"could not read the instance's termination time ({exc}); using this machine's clock")
-        inst = prov.instances[0]
-    record.update(costs.actual_cost(aws, settings.home, inst, ended))
+        ui.note(f"could not read the termination time of {instance_id} ({exc}); using this machine's clock")
+        inst = next(i for i in prov.instances if i["InstanceId"] == instance_id)
+    return costs.actual_cost(aws, settings.home, inst, ended)
+
+
+def _totals(attempts: list[dict]) -> dict:
+    """The run's bill from its attempts' bills (pure): sums, first launch, last termination."""
+    billed = [a for a in attempts if "billed_seconds" in a]
+    if not billed:
+        return {}
+    seconds = sum(a["billed_seconds"] for a in billed)
+    usd = None if any(a.get("cost_usd") is None for a in billed) else round(sum(a["cost_usd"] for a in billed), 6)
+    one = len(billed) == 1
+    return {"billed_seconds": round(seconds, 1), "cost_usd": usd,
+            "usd_per_hour": billed[0]["usd_per_hour"] if one else (None if usd is None else round(usd * 3600 / seconds, 6)),
+            "price_source": billed[0]["price_source"] if one else f"sum of {len(billed)} attempts' bills",
+            "launched_at": billed[0]["launched_at"], "terminated_at": billed[-1]["terminated_at"]}
 
 
 def train_local(opts: TrainOptions, ui: Reporter, data_dir: str | None = None, settings: Settings | None = None) -> dict:

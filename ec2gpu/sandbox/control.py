@@ -45,9 +45,11 @@ def read_state(home: Path) -> dict | None:
 
 def instance_env() -> dict[str, str]:
     """Environment of sessions on sandbox instances: this Python (with torch) first on PATH, as
-    the Deep Learning AMI has its PyTorch; EC2GPU_DATA_DIR when the controller has one, as an
+    the Deep Learning AMI has its PyTorch; spot notices polled every second; EC2GPU_DATA_DIR when the controller has one, as an
     instance with the data set cached."""
-    env = {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"}
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin",
+           # EC2 is polled every 5 s (train/spot.py); the sandbox's short notices need 1 s
+           "EC2GPU_SPOT_POLL_SECONDS": "1"}
     if os.environ.get("EC2GPU_DATA_DIR"):
         env["EC2GPU_DATA_DIR"] = str(Path(os.environ["EC2GPU_DATA_DIR"]).resolve())
     return env
@@ -113,6 +115,29 @@ def env_vars(state: dict) -> dict[str, str]:
         "AWS_DEFAULT_REGION": os.environ.get("AWS_DEFAULT_REGION", REGION),
         "EC2GPU_CHECKIP_URL": state["checkip_url"],
     }
+
+
+def interrupt(home: Path, instance_id: str, notice_seconds: float) -> dict:
+    """Publish a spot interruption notice for ``instance_id`` on the sandbox's metadata service;
+    the sandbox terminates the instance ``notice_seconds`` later. Returns the notice.
+
+    Raises SandboxError when no sandbox runs, or for an unknown, stopped or on-demand instance.
+    """
+    import urllib.error
+    import urllib.request
+
+    state = read_state(home)
+    if not state:
+        raise SandboxError("no sandbox is running", "start it with `ec2gpu sandbox up`")
+    req = urllib.request.Request(f"{state['imds_url']}/control/interrupt", method="POST",
+                                 data=json.dumps({"instance_id": instance_id, "notice_seconds": notice_seconds}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        raise SandboxError(json.loads(exc.read() or b"{}").get("error", str(exc)),
+                           "see `ec2gpu ls --sandbox` for the running instances")
 
 
 def resolver(home: Path):

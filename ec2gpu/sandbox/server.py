@@ -1,10 +1,12 @@
-"""The sandbox daemon: moto's AWS server, a checkip endpoint, and one sshd per running instance.
+"""The sandbox daemon: moto's AWS server, a checkip and metadata endpoint, one sshd per running instance.
 
 Run as ``python -m ec2gpu.sandbox.server STATE_DIR`` (``ec2gpu sandbox up`` does it). It writes
 STATE_DIR/state.json (endpoint, pids, instance -> SSH address) atomically and keeps it current:
 every instance that is running in the emulator gets an sshd on 127.0.0.N that accepts the
 instance's key pair; an instance that is terminated (or vanishes) has its sshd and processes
-stopped. SIGTERM stops everything it started.
+stopped. Each instance's sessions reach their own instance metadata service (imds.py) at
+EC2GPU_IMDS_ENDPOINT, where `ec2gpu sandbox interrupt` publishes spot interruption notices.
+SIGTERM stops everything it started.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import threading
 from importlib import resources
 from pathlib import Path
 
-from . import sshd
+from . import imds, sshd
 
 #: The sandbox's stand-in for the AWS Deep Learning AMI, found the way images.py finds the real one.
 DLAMI = {
@@ -45,18 +47,72 @@ def _amis_file(state_dir: Path) -> Path:
     return path
 
 
-class CheckIp(http.server.BaseHTTPRequestHandler):
-    """GET /checkip -> the client's address, as https://checkip.amazonaws.com answers."""
+class Http(http.server.BaseHTTPRequestHandler):
+    """GET /checkip -> the client's address, as https://checkip.amazonaws.com answers; everything
+    else is the instance metadata service and its control endpoint (imds.py)."""
 
-    def do_GET(self):
-        body = (self.client_address[0] + "\n").encode()
-        self.send_response(200 if self.path.startswith("/checkip") else 404)
+    meta: imds.Metadata
+    find = staticmethod(lambda instance_id: None)
+
+    def _answer(self, method: str) -> None:
+        if method == "GET" and self.path.startswith("/checkip"):
+            status, ctype, text = 200, "text/plain", self.client_address[0] + "\n"
+        else:
+            length = int(self.headers.get("Content-Length") or 0)
+            status, ctype, text = imds.handle(self.meta, method, self.path, self.headers,
+                                              self.rfile.read(length) if length else b"", self.find)
+        body = text.encode()
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
 
+    def do_GET(self):
+        self._answer("GET")
+
+    def do_PUT(self):
+        self._answer("PUT")
+
+    def do_POST(self):
+        self._answer("POST")
+
     def log_message(self, *args):
         pass
+
+
+def _moto_instance(instance_id: str):
+    """moto's Instance object for ``instance_id`` in any account and region, or None."""
+    from moto.ec2.models import ec2_backends
+
+    for account in list(ec2_backends.keys()):
+        for region in list(ec2_backends[account].keys()):
+            for inst in list(ec2_backends[account][region].all_instances()):
+                if inst.id == instance_id:
+                    return inst
+    return None
+
+
+def find_instance(instance_id: str) -> tuple[str, str] | None:
+    """(state, 'spot' | 'on-demand') of a sandbox instance, or None."""
+    inst = _moto_instance(instance_id)
+    return (inst.state, "spot" if inst.lifecycle == "spot" else "on-demand") if inst else None
+
+
+def reclaim_spot_instance(instance_id: str) -> None:
+    """Terminate ``instance_id`` in the emulator as EC2 does at the end of a spot notice: state
+    terminated, StateReason Server.SpotInstanceTermination, the time in StateTransitionReason."""
+    from datetime import datetime, timezone
+
+    from moto.ec2.models.instances import StateReason
+
+    inst = _moto_instance(instance_id)
+    if inst is None or inst.state in ("terminated", "shutting-down"):
+        return
+    inst.terminate()
+    inst._reason = f"Service initiated ({datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S} GMT)"
+    inst.state_reason = StateReason("Server.SpotInstanceTermination: Spot instance termination",
+                                    "Server.SpotInstanceTermination")
 
 
 class Sandbox:
@@ -81,14 +137,18 @@ class Sandbox:
         self.moto = ThreadedMotoServer(ip_address=self.host, port=port, verbose=False)
         self.moto.start()
         self.endpoint = f"http://{self.host}:{port}"
-        self.checkip = http.server.ThreadingHTTPServer((self.host, 0), CheckIp)
-        threading.Thread(target=self.checkip.serve_forever, daemon=True).start()
-        self.checkip_url = f"http://{self.host}:{self.checkip.server_address[1]}/checkip"
+        handler = type("Handler", (Http,), {"meta": imds.Metadata(reclaim_spot_instance),
+                                            "find": staticmethod(find_instance)})
+        self.http = http.server.ThreadingHTTPServer((self.host, 0), handler)
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+        base = f"http://{self.host}:{self.http.server_address[1]}"
+        self.checkip_url, self.imds_url = f"{base}/checkip", base
         self.save()
 
     def save(self) -> None:
         write_json(self.state_dir / "state.json", {
             "pid": os.getpid(), "endpoint": self.endpoint, "checkip_url": self.checkip_url,
+            "imds_url": self.imds_url,
             "instances": {i: {"host": s.host, "port": s.port, "sshd_pid": s.pid, "directory": str(s.directory)}
                           for i, s in self.instances.items()},
         })
@@ -117,8 +177,8 @@ class Sandbox:
             if iid not in self.instances:
                 host = f"127.0.0.{self.next_address}"
                 self.next_address = 2 if self.next_address >= 254 else self.next_address + 1
-                self.instances[iid] = sshd.start(iid, self.state_dir / "instances" / iid, host, key,
-                                                 self.instance_env)
+                env = {**self.instance_env, "EC2GPU_IMDS_ENDPOINT": f"{self.imds_url}/{iid}"}
+                self.instances[iid] = sshd.start(iid, self.state_dir / "instances" / iid, host, key, env)
                 changed = True
         for iid in [i for i in self.instances if i not in running]:
             s = self.instances.pop(iid)
@@ -134,7 +194,7 @@ class Sandbox:
         for iid, s in list(self.instances.items()):
             sshd.stop(s.pid, iid)
         self.instances.clear()
-        self.checkip.shutdown()
+        self.http.shutdown()
         self.moto.stop()
         (self.state_dir / "state.json").unlink(missing_ok=True)
 

@@ -109,9 +109,27 @@ def instance_processes(instance_id: str) -> list[int]:
     return pids
 
 
+def descendants(pid: int) -> list[int]:
+    """Pids of every process under ``pid`` (its SSH connections' sshd-session processes, for an
+    sshd). A job started with setsid and reparented is not among them: instance_processes finds it."""
+    parent = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit():
+                parent[int(entry.name)] = int((entry / "stat").read_text().rsplit(") ", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    tree, grew = {pid}, True
+    while grew:
+        more = {p for p, pp in parent.items() if pp in tree} - tree
+        tree, grew = tree | more, bool(more)
+    return sorted(tree - {pid})
+
+
 def stop(sshd_pid: int, instance_id: str, grace_s: float = 3.0) -> None:
-    """Stop the instance: its sshd (by pid) and every process its sessions started (by pid)."""
-    targets = [sshd_pid] + instance_processes(instance_id)
+    """Stop the instance: its sshd and open SSH connections, and every process its sessions
+    started (all by pid), as a terminated instance drops its connections."""
+    targets = [sshd_pid] + descendants(sshd_pid) + instance_processes(instance_id)
     for pid in targets:
         try:
             os.kill(pid, signal.SIGTERM)

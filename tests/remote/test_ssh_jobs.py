@@ -67,20 +67,52 @@ def cloud_init_block_for(public_line: str) -> str:
             f"256 {fingerprint_of_public_key(public_line)} root@x (ED25519)\n-----END SSH HOST KEY FINGERPRINTS-----\n")
 
 
+def drop_connections(sshd_pid: int) -> int:
+    """Kill the server side of every SSH connection (by pid), as a network drop would end them."""
+    import os
+    import signal
+    kids = sshd.descendants(sshd_pid)  # the per-connection sshd-session processes
+    for pid in kids:
+        os.kill(pid, signal.SIGKILL)
+    return len(kids)
+
+
 def test_job_survives_a_dropped_connection_and_its_log_is_followed_byte_for_byte(server):
+    inst = server[0]
     conn = _connect(server)
     run_dir = jobs.remote_run_dir(conn, "r1")
     ssh.run(conn, f"mkdir -p {run_dir}")
-    script = "for i in 1 2 3 4 5 6; do echo line $i >> out.log; sleep 0.3; done; exit 3"
+    script = "for i in $(seq 1 12); do echo line $i >> out.log; sleep 0.25; done; exit 3"
     jobs.start(conn, run_dir, ["bash", "-c", script])
-    time.sleep(0.5)
-    conn.close()  # the controller's SSH connection drops mid-job
-    conn = _connect(server)
-    got = bytearray()
-    status, offset = jobs.follow(conn, run_dir, "out.log", got.extend, poll_s=0.1, timeout_s=30)
+    polls, notes, got = [], [], bytearray()
+
+    def on_poll(c):  # mid-job, the controller's connection dies under it
+        polls.append(c)
+        if len(polls) == 4:
+            assert drop_connections(inst.pid) >= 1
+
+    cursor = jobs.LogCursor(got.extend)
+    status, conn = jobs.follow_reconnecting(lambda: _connect(server), run_dir, "out.log", cursor, conn=conn,
+                                            on_poll=on_poll, log=notes.append, poll_s=0.1, unreachable_s=30)
     assert status == 3
-    assert bytes(got) == b"".join(b"line %d\n" % i for i in range(1, 7)) and offset == len(got)
+    assert bytes(got) == b"".join(b"line %d\n" % i for i in range(1, 13)) and cursor.offset == len(got)
+    assert any("connection lost" in n for n in notes) and any("reconnected" in n for n in notes), notes
     conn.close()
+
+
+def test_follow_gives_up_when_ssh_stays_unreachable(server):
+    inst = server[0]
+    conn = _connect(server)
+    run_dir = jobs.remote_run_dir(conn, "r3")
+    ssh.run(conn, f"mkdir -p {run_dir}")
+    jobs.start(conn, run_dir, ["sleep", "30"])
+    sshd.stop(inst.pid, inst.instance_id)  # the instance is gone: its sshd and its job
+
+    def refuse():
+        raise ConnectionRefusedError("connection refused")
+    with pytest.raises(jobs.Unreachable, match="unreachable"):
+        jobs.follow_reconnecting(refuse, run_dir, "out.log", jobs.LogCursor(lambda b: None), conn=conn,
+                                 unreachable_s=1.5, poll_s=0.1)
 
 
 def test_failed_command_reports_command_host_status_and_output(server):
