@@ -36,6 +36,8 @@ class LaunchSpec:
     count: int = 1
     subnet_id: str | None = None
     max_price: float | None = None  # spot only: the highest USD/h to pay (None: up to on-demand)
+    placement_group: str | None = None  # a cluster placement group for multi-node runs
+    cluster: str | None = None  # the cluster's name (tag ec2gpu:cluster) for multi-node runs
 
 
 def user_data(max_runtime_minutes: int | None) -> str:
@@ -72,7 +74,22 @@ def run_request(spec: LaunchSpec) -> dict:
             req["InstanceMarketOptions"]["SpotOptions"]["MaxPrice"] = f"{spec.max_price:.4f}"
     if spec.subnet_id:
         req["SubnetId"] = spec.subnet_id
+    if spec.placement_group:
+        req["Placement"] = {"GroupName": spec.placement_group}
+    if spec.cluster:
+        for ts in req["TagSpecifications"]:
+            ts["Tags"].append({"Key": T.CLUSTER, "Value": spec.cluster})
     return req
+
+
+def tag_nodes(ec2, instances_: list[dict], name: str, first_index: int = 0) -> list[dict]:
+    """Number the instances of one launch as cluster nodes (tags ec2gpu:node and Name NAME-K, in
+    AmiLaunchIndex order); return them in node order."""
+    ordered = sorted(instances_, key=lambda i: i.get("AmiLaunchIndex", 0))
+    for k, inst in enumerate(ordered, start=first_index):
+        ec2.create_tags(Resources=[inst["InstanceId"]], Tags=[{"Key": T.NODE, "Value": str(k)},
+                                                              {"Key": T.NAME, "Value": f"{name}-{k}"}])
+    return ordered
 
 
 def _waiter_config(timeout_s: float, delay_s: float) -> dict:
@@ -136,6 +153,7 @@ def summary(instance: dict) -> dict:
     launched = instance.get("LaunchTime")
     return {
         "name": tg.get(T.NAME, ""), "run_id": tg.get(T.RUN, ""), "instance_id": instance["InstanceId"],
+        "cluster": tg.get(T.CLUSTER), "node": int(tg[T.NODE]) if tg.get(T.NODE, "").isdigit() else None,
         "instance_type": instance["InstanceType"], "market": market(instance),
         "state": instance["State"]["Name"], "public_ip": instance.get("PublicIpAddress"),
         "private_ip": instance.get("PrivateIpAddress"),

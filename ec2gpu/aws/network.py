@@ -77,6 +77,13 @@ def create_security_group(ec2, run_id: str, owner: str, cidr: str) -> str:
     return group_id
 
 
+def allow_within_group(ec2, group_id: str) -> None:
+    """Let the group's members reach each other on every port and protocol (torchrun's rendezvous
+    on 29500, NCCL/gloo's own ports): a rule whose source is the group itself, not an address."""
+    ec2.authorize_security_group_ingress(GroupId=group_id, IpPermissions=[
+        {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group_id, "Description": "ec2gpu cluster members"}]}])
+
+
 def generate_key() -> tuple[bytes, str]:
     """A fresh ed25519 key: (private key in OpenSSH PEM format, public key 'ssh-ed25519 AAAA...')."""
     key = Ed25519PrivateKey.generate()

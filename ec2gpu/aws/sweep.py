@@ -6,6 +6,7 @@ import time
 import botocore.exceptions
 
 from . import instances as inst
+from . import placement
 from . import tags as T
 from .network import delete_key_pair
 from .session import error_code
@@ -53,7 +54,8 @@ def find_spot_requests(ec2, run_id: str | None = None) -> list[dict]:
 def inventory(ec2, run_id: str | None = None) -> dict[str, list[dict]]:
     """Everything the tool created (or one run) that still exists in the client's region, by kind.
 
-    Keys: instances (live states), spot_requests (open/active), security_groups, key_pairs; each
+    Keys: instances (live states), spot_requests (open/active), security_groups, key_pairs,
+    placement_groups; each
     entry has ``id``, ``run_id`` and ``name`` (from the tags) and, for instances, ``state``.
     """
     def row(res: dict, id_key: str, **extra) -> dict:
@@ -66,6 +68,7 @@ def inventory(ec2, run_id: str | None = None) -> dict[str, list[dict]]:
         "spot_requests": [row(r, "SpotInstanceRequestId", state=r["State"]) for r in find_spot_requests(ec2, run_id)],
         "security_groups": [row(g, "GroupId") for g in find_security_groups(ec2, run_id)],
         "key_pairs": [row(k, "KeyName") for k in find_key_pairs(ec2, run_id)],
+        "placement_groups": [row(g, "GroupName") for g in placement.find(ec2, run_id)],
     }
 
 
@@ -92,6 +95,10 @@ def delete_everything(ec2, found: dict[str, list[dict]], keys_dir, log=lambda ms
         log(f"deleting key pair {k['id']}")
         delete_key_pair(ec2, k["id"], keys_dir)
         removed["key_pairs"].append(k["id"])
+    for g in found.get("placement_groups", []):
+        log(f"deleting placement group {g['id']}")
+        placement.delete(ec2, g["id"])
+        removed["placement_groups"].append(g["id"])
     return removed
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 RUN = "ec2gpu:run"
 OWNER = "ec2gpu:owner"
 NAME = "Name"
+CLUSTER = "ec2gpu:cluster"  # the cluster's name, on every node of a multi-node run or standing cluster
+NODE = "ec2gpu:node"  # the node's index in its cluster (0 hosts the torchrun rendezvous)
 
 
 def tags(run_id: str, owner: str, name: str) -> list[dict]:

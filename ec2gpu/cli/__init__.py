@@ -142,7 +142,8 @@ def attempt_rows(attempts: list[dict]) -> list[tuple[str, str]]:
     rows = []
     for a in attempts:
         usd = a.get("cost_usd")
-        rows.append((f"attempt {a['attempt']}", f"{a['instance_id']} {a['instance_type']} {a['market']} {a.get('zone') or ''}: "
+        node = "" if a.get("node") is None else f" node {a['node']}"
+        rows.append((f"attempt {a['attempt']}{node}", f"{a['instance_id']} {a['instance_type']} {a['market']} {a.get('zone') or ''}: "
                      f"{a.get('billed_seconds', 0):.0f} s, {'?' if usd is None else f'${usd:.4f}'}; {a['ended']}"))
     return rows
 
@@ -163,7 +164,7 @@ def _print_record(record: dict, as_json: bool) -> None:
              f"{s.get('wall_seconds')} s wall")]
     rows += [(f"  {k}", f"{v:.1f} s") for k, v in record.get("phases", {}).items()]
     rows += cost_rows(record)
-    if len(record.get("attempts") or []) > 1:
+    if len(record.get("attempts") or []) > 1:  # several attempts, or a cluster's nodes
         rows += attempt_rows(record["attempts"])
     rows.append(("artifacts", record["artifacts"]))
     for k, v in rows:
@@ -199,6 +200,9 @@ def train_mnist(
                                            "if its estimated cost in USD is above this."),
     max_price: Optional[float] = typer.Option(None, "--max-price", min=0, help="With --spot: the highest "
                                               "spot price to pay, USD/h (default: up to the on-demand price)."),
+    nodes: int = typer.Option(1, "--nodes", "-n", min=1, max=64, help="Instances that train together through "
+                              "torchrun (c10d rendezvous on node 0), in one security group and a cluster placement "
+                              "group where the type supports it."),
     max_attempts: Optional[int] = typer.Option(None, "--max-attempts", min=1, help="Instances to try before "
                                                 "giving up: a lost instance (spot interruption, terminated, SSH "
                                                 "unreachable) is replaced and training resumes from its last "
@@ -229,7 +233,7 @@ def train_mnist(
         model=model, epochs=epochs, seed=seed, keep=keep, out=out_dir, ssh_cidr=ssh_cidr, ami=ami,
         spot=spot, trainer_args=list(trainer_arg), max_runtime_minutes=max_runtime,
         instance_type=instance_type or "g4dn.xlarge", budget_usd=budget, max_price=max_price, spot_fallback=spot_fallback,
-        max_attempts=max_attempts, checkpoint_uri=checkpoint_uri, unreachable_s=unreachable_after,
+        max_attempts=max_attempts, checkpoint_uri=checkpoint_uri, unreachable_s=unreachable_after, nodes=nodes,
         command=" ".join(["ec2gpu"] + sys.argv[1:]) if sys.argv[0].endswith("ec2gpu") else "ec2gpu train mnist")
     ui = RichReporter(err)
     if local:
@@ -251,9 +255,12 @@ def launch(
     ssh_cidr: Optional[str] = typer.Option(None, "--ssh-cidr", help="CIDR allowed to SSH (default: your IP/32)."),
     ami: Optional[str] = typer.Option(None, "--ami", help="AMI id (default: the AWS Deep Learning AMI)."),
     max_runtime: int = typer.Option(120, "--max-runtime", min=5, help="Minutes until it terminates itself."),
+    nodes: int = typer.Option(1, "--nodes", "-n", min=1, max=64, help="A standing cluster of N nodes (tag "
+                              "ec2gpu:cluster = NAME): one security group open between its members, a cluster "
+                              "placement group where supported. `ec2gpu scale NAME N` resizes it."),
     region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
 ):
-    """Launch an instance and leave it running (until `ec2gpu down NAME` or --max-runtime)."""
+    """Launch an instance (or a cluster) and leave it running (until `ec2gpu down NAME` or --max-runtime)."""
     from ..aws import catalog
     from ..runs import pipeline
 
@@ -262,7 +269,7 @@ def launch(
         ctx.aws.check_credentials()
         run_id = pipeline.new_run_id()
         opts = pipeline.TrainOptions(instance_type=",".join(types), spot=spot, name=name, ssh_cidr=ssh_cidr, ami=ami,
-                                     max_runtime_minutes=max_runtime)
+                                     max_runtime_minutes=max_runtime, nodes=nodes)
         prov = pipeline.Provisioned(run_id)
         ui = RichReporter(err, quiet=as_json)
         try:
@@ -285,10 +292,31 @@ def _find(ctx: Context, name: str) -> list[dict]:
     from ..aws import tags as T
 
     found = [i for i in sweep.find_instances(ctx.aws.ec2, states=["pending", "running"])
-             if name in (i["InstanceId"], T.as_dict(i.get("Tags")).get(T.NAME), T.as_dict(i.get("Tags")).get(T.RUN))]
+             if name in (i["InstanceId"], *(T.as_dict(i.get("Tags")).get(k) for k in (T.NAME, T.RUN, T.CLUSTER)))]
     if not found:
         raise UsageError(f"no running instance named {name!r}", "see `ec2gpu ls`")
     return found
+
+
+@app.command()
+def scale(name: str = typer.Argument(..., help="The standing cluster's name (ec2gpu launch --nodes N --name NAME)."),
+          nodes: int = typer.Argument(..., help="How many nodes it should have (at least 1; node 0 always stays)."),
+          max_runtime: int = typer.Option(120, "--max-runtime", min=5, help="Minutes until new nodes terminate "
+                                          "themselves."),
+          region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
+    """Grow or shrink a standing cluster; new nodes join its security group, zone and placement group."""
+    from .. import cluster
+
+    with Context(region, _sandbox_flag(sandbox), persistent=True) as ctx:
+        ctx.aws.check_credentials()
+        done = cluster.scale(ctx.aws, ctx.settings, name, nodes, max_runtime, log=lambda m: err.print(f"[dim]{m}[/]"))
+    if as_json:
+        print(json.dumps(done, indent=2))
+    elif not done["added"] and not done["removed"]:
+        out.print(f"{name} already has {done['nodes']} node(s)")
+    else:
+        change = f"added {', '.join(done['added'])}" if done["added"] else f"removed {', '.join(done['removed'])}"
+        out.print(f"{name}: {change}; {done['nodes']} node(s) now")
 
 
 @app.command("ls")
@@ -319,7 +347,16 @@ def ls(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = 
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, padding=(0, 1))
     for col in ("name", "instance id", "type", "zone", "state", "age", "$/h", "so far $"):
         t.add_column(col, overflow="fold")
+    rows.sort(key=lambda r: (r["cluster"] is None, r["cluster"] or "", r["node"] or 0, r["launched_at"] or ""))
+    group = object()  # no group yet
     for r in rows:
+        if r["cluster"] != group:  # one section per cluster, then the single instances
+            if r is not rows[0]:
+                t.add_section()
+            group = r["cluster"]
+            if group is not None:
+                n = sum(1 for x in rows if x["cluster"] == group)
+                t.add_row(f"[bold]cluster {group}[/]", f"{n} node(s)", "", "", "", "", "", "")
         m, sec = divmod(r["age_seconds"], 60)
         t.add_row(r["name"], r["instance_id"], r["instance_type"] + (" spot" if r["market"] == "spot" else ""),
                   r["zone"] or "", r["state"], f"{m // 60}h{m % 60:02d}m" if m >= 60 else f"{m}m{sec:02d}s",
@@ -656,7 +693,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # the one boundary: anything else is a bug or an unmapped AWS error
         if DEBUG:
             raise
-        err.print(f"[red]error:[/] {type(exc).__name__}: {exc}", highlight=False, markup=False)
+        from rich.text import Text
+        err.print(Text.assemble(("error:", "red"), f" {type(exc).__name__}: {exc}"), highlight=False)
         err.print("[yellow]hint:[/] run again with --debug for the traceback")
         return ExitCode.ERROR
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..aws import capacity, catalog, images, instances, network, sweep
+from ..aws import capacity, catalog, images, instances, network, placement, sweep
 from ..aws.session import Aws
 from ..errors import RemoteError, UsageError, WaitTimeout
 from ..settings import Settings
@@ -47,6 +47,7 @@ class TrainOptions:
     max_runtime_minutes: int = 120
     budget_usd: float | None = None  # refuse a run whose estimate is above this
     max_price: float | None = None  # spot: the highest USD/h to pay
+    nodes: int = 1  # instances training together through torchrun (cluster.py)
     max_attempts: int | None = None  # instances to try before giving up; None: 3 with spot, else 1
     checkpoint_uri: str | None = None  # s3://bucket/prefix: a second home for checkpoints
     unreachable_s: float = 120.0  # SSH unreachable this long (s) counts as a lost instance
@@ -109,6 +110,7 @@ class Provisioned:
     key_name: str | None = None
     key_path: Path | None = None
     security_group_id: str | None = None
+    placement_group: str | None = None
     ami: dict | None = None
     instances: list[dict] = field(default_factory=list)  # every instance of the run, in launch order
     ended: set[str] = field(default_factory=set)  # those already terminated (interrupted attempts)
@@ -136,15 +138,22 @@ def provision(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, ui:
         if prov.key_name is None:
             prov.key_name, prov.key_path = network.create_key_pair(ec2, run_id, settings.owner, settings.keys_dir)
             prov.security_group_id = network.create_security_group(ec2, run_id, settings.owner, cidr)
+            if opts.nodes > 1:
+                network.allow_within_group(ec2, prov.security_group_id)
+                prov.placement_group, how = placement.create(ec2, run_id, settings.owner, name, opts.instance_types[0])
+                ui.note(f"{opts.nodes} nodes: one security group that also admits its own members; {how}")
         spec = instances.LaunchSpec(
             run_id=run_id, owner=settings.owner, name=name, instance_type=opts.instance_types[0],
             image_id=ami["ImageId"], root_device_name=ami["RootDeviceName"], key_name=prov.key_name,
             security_group_id=prov.security_group_id, spot=opts.spot,
             root_volume_gib=settings.root_volume_gib, max_runtime_minutes=opts.max_runtime_minutes,
-            max_price=opts.max_price if opts.spot else None)
+            max_price=opts.max_price if opts.spot else None, count=opts.nodes,
+            placement_group=prov.placement_group, cluster=name if opts.nodes > 1 else None)
         new, attempts = capacity.launch_with_fallback(
             aws.client("ec2", fail_fast=True), spec, opts.instance_types, opts.spot_fallback == "on-demand",
             log=ui.note, avoid_zones=tuple(avoid_zones))
+        if opts.nodes > 1:
+            new = instances.tag_nodes(ec2, new, name)
         prov.instances += new
         ids = [i["InstanceId"] for i in new]
         got = attempts[-1]
@@ -164,7 +173,7 @@ def teardown(aws: Aws, settings: Settings, prov: Provisioned, ui: Reporter) -> d
     def on_sigint(*_):
         ui.note("cleanup is under way; if you stop it, finish by hand with `ec2gpu cleanup`")
     previous = signal.signal(signal.SIGINT, on_sigint) if _main_thread() else None
-    removed: dict = {"instances": [], "security_groups": [], "key_pairs": []}
+    removed: dict = {"instances": [], "security_groups": [], "key_pairs": [], "placement_groups": []}
     try:
         with ui.phase("terminating"):
             ec2 = aws.ec2
@@ -179,6 +188,9 @@ def teardown(aws: Aws, settings: Settings, prov: Provisioned, ui: Reporter) -> d
             if prov.key_name:
                 network.delete_key_pair(ec2, prov.key_name, settings.keys_dir)
                 removed["key_pairs"] = [prov.key_name]
+            if prov.placement_group:
+                placement.delete(ec2, prov.placement_group)
+                removed["placement_groups"] = [prov.placement_group]
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
@@ -294,9 +306,13 @@ def check_estimate(aws: Aws, settings: Settings, opts: TrainOptions, backend: st
         raise UsageError("--max-price applies to spot instances only", "add --spot, or drop --max-price")
     est = costs.estimate_run(aws, settings.home, opts.instance_types[0], opts.spot, opts.model, opts.epochs, backend,
                              opts.max_price)
+    if opts.nodes > 1 and est.cost_usd is not None:  # N instances for the same time (docs/cost-model.md)
+        from dataclasses import replace
+        est = replace(est, cost_usd=round(est.cost_usd * opts.nodes, 6))
     cost = "unknown (no price)" if est.cost_usd is None else f"${est.cost_usd:.4f}"
     ui.note(f"estimate: {cost} for ~{est.billed_seconds:.0f} s billed at "
-            f"{'?' if est.usd_per_hour is None else f'{est.usd_per_hour:.4f}'} USD/h ({est.price_source}); "
+            f"{'?' if est.usd_per_hour is None else f'{est.usd_per_hour:.4f}'} USD/h"
+            f"{f' x {opts.nodes} nodes' if opts.nodes > 1 else ''} ({est.price_source}); "
             f"boot {est.boot_seconds:.0f} s, setup {est.setup_seconds:.0f} s, training {est.train_seconds:.0f} s, "
             f"teardown {est.teardown_seconds:.0f} s [{est.time_source}]")
     if opts.budget_usd is not None:
@@ -354,7 +370,8 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, resolv
     aws.check_credentials()
     backend = costs.backend_of(resolver)
     est = check_estimate(aws, settings, opts, backend, ui)
-    checked = capacity.check_quota(aws.client("service-quotas"), aws.ec2, itype.name, opts.spot, log=ui.note)
+    checked = capacity.check_quota(aws.client("service-quotas"), aws.ec2, itype.name, opts.spot, count=opts.nodes,
+                                   log=ui.note)
     if checked:
         ui.note(f"vCPU quota {checked['quota']}: {checked['in_use']} in use + {checked['needed']} needed "
                 f"<= {checked['value']:g}")
@@ -380,9 +397,10 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, resolv
         error = exc
         raise
     finally:
-        if attempts and attempts[-1]["ended"] == "running":
-            attempts[-1]["ended"] = "completed" if error is None else \
-                "stopped by the user" if isinstance(error, KeyboardInterrupt) else f"failed: {error}"[:200]
+        for att in attempts:
+            if att["ended"] == "running":
+                att["ended"] = "completed" if error is None else \
+                    "stopped by the user" if isinstance(error, KeyboardInterrupt) else f"failed: {error}"[:200]
         if opts.keep and prov.instances:
             ui.note(f"--keep: {', '.join(prov.instance_ids)} keeps running (and billing) until "
                     f"`ec2gpu down {opts.name or 'ec2gpu-' + run_id}` or {opts.max_runtime_minutes} min pass")
@@ -421,8 +439,10 @@ def _run_attempts(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str,
         if n > 1:
             ui.note(f"attempt {n} of {opts.attempts_allowed}: launching a replacement"
                     + (f" (zones {', '.join(avoid)} last)" if avoid else ""))
-        (instance,) = provision(aws, settings, opts, run_id, ui, prov, avoid_zones=avoid)
-        attempts.append(recovery.attempt_row(n, instance))
+        nodes = provision(aws, settings, opts, run_id, ui, prov, avoid_zones=avoid)
+        instance = nodes[0]
+        mine = [recovery.attempt_row(n, i, k if len(nodes) > 1 else None) for k, i in enumerate(nodes)]
+        attempts += mine
         got = catalog.CATALOG.get(instance["InstanceType"])
         record.update(instance_type=instance["InstanceType"], gpu=got.gpu if got else None,
                       market=instances.market(instance), instance_id=instance["InstanceId"],
@@ -430,28 +450,34 @@ def _run_attempts(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str,
                       launched_at=prov.instances[0]["LaunchTime"].isoformat())
         _ledger(settings, record, ui)
         try:
+            if len(nodes) > 1:
+                from .. import cluster
+                return cluster.run_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, resolver, n,
+                                           checkpoints.local)
             return run_attempt(aws, settings, opts, run_id, ui, prov, instance, out, resolver, n, checkpoints)
         except recovery.Interrupted as why:
-            att = attempts[-1]
-            att["ended"] = why.reason
-            ui.note(f"attempt {n} interrupted on {att['instance_id']} ({att['zone']}): {why.reason}")
-            if att["zone"]:
-                avoid.append(att["zone"])
-            _end_instance(aws, prov, att["instance_id"], ui)
-            att.update(_bill(aws, settings, att["instance_id"], prov, ui))
+            ui.note(f"attempt {n} interrupted on {', '.join(a['instance_id'] for a in mine)} "
+                    f"({mine[0]['zone']}): {why.reason}")
+            if mine[0]["zone"]:
+                avoid.append(mine[0]["zone"])
+            _end_instances(aws, prov, [a["instance_id"] for a in mine], ui)
+            for att in mine:
+                att["ended"] = why.reason
+                att.update(_bill(aws, settings, att["instance_id"], prov, ui))
             _ledger(settings, record, ui)
-    raise recovery.exhausted(attempts, checkpoints.local, opts.spot)
+    raise recovery.exhausted(attempts, checkpoints.local, opts.spot, opts.attempts_allowed)
 
 
-def _end_instance(aws: Aws, prov: Provisioned, instance_id: str, ui: Reporter) -> None:
-    """Make sure an interrupted attempt's instance is terminated (EC2 may have done it already)."""
+def _end_instances(aws: Aws, prov: Provisioned, instance_ids: list[str], ui: Reporter) -> None:
+    """Make sure an interrupted attempt's instances are terminated (EC2 may have done it already)."""
     with ui.phase("terminating"):
-        state = instances.describe_instances(aws.ec2, [instance_id])[0]["State"]["Name"]
-        if state in ("shutting-down", "terminated"):
-            instances.wait_terminated(aws.ec2, [instance_id])  # keeps EC2's own reason and time
-        else:
-            instances.terminate(aws.ec2, [instance_id])
-        prov.ended.add(instance_id)
+        states = {i["InstanceId"]: i["State"]["Name"] for i in instances.describe_instances(aws.ec2, instance_ids)}
+        live = [i for i in instance_ids if states.get(i) not in ("shutting-down", "terminated")]
+        if live:
+            instances.terminate(aws.ec2, live)
+        # those EC2 is terminating keep EC2's own reason and time
+        instances.wait_terminated(aws.ec2, instance_ids)
+        prov.ended.update(instance_ids)
 
 
 def _bill(aws: Aws, settings: Settings, instance_id: str, prov: Provisioned, ui: Reporter) -> dict:
@@ -475,7 +501,7 @@ def _totals(attempts: list[dict]) -> dict:
     one = len(billed) == 1
     return {"billed_seconds": round(seconds, 1), "cost_usd": usd,
             "usd_per_hour": billed[0]["usd_per_hour"] if one else (None if usd is None else round(usd * 3600 / seconds, 6)),
-            "price_source": billed[0]["price_source"] if one else f"sum of {len(billed)} attempts' bills",
+            "price_source": billed[0]["price_source"] if one else f"sum of {len(billed)} instances' bills",
             "launched_at": billed[0]["launched_at"], "terminated_at": billed[-1]["terminated_at"]}
 
 

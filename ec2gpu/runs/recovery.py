@@ -139,9 +139,9 @@ class InstanceWatch:
             raise Interrupted(f"EC2 reports the instance {state}" + (f" ({why})" if why else ""))
 
 
-def attempt_row(n: int, instance: dict) -> dict:
-    """The ledger's record of one attempt, before it ends (pure)."""
-    return {"attempt": n, "instance_id": instance["InstanceId"], "instance_type": instance["InstanceType"],
+def attempt_row(n: int, instance: dict, node: int | None = None) -> dict:
+    """The ledger's record of one instance of attempt ``n`` (``node`` K of a cluster), before it ends (pure)."""
+    return {"attempt": n, "node": node, "instance_id": instance["InstanceId"], "instance_type": instance["InstanceType"],
             "zone": instance.get("Placement", {}).get("AvailabilityZone"), "market": instances.market(instance),
             "ended": "running"}
 
@@ -170,11 +170,11 @@ def summary_of(local_out: Path) -> dict:
     return json.loads((local_out / "summary.json").read_text())
 
 
-def exhausted(attempts: list[dict], local_ckpt: Path, spot: bool) -> AttemptsExhausted:
+def exhausted(attempts: list[dict], local_ckpt: Path, spot: bool, allowed: int) -> AttemptsExhausted:
     """The error for a run whose last allowed attempt was interrupted."""
     where = f"the last checkpoint is {local_ckpt}" if local_ckpt.exists() else "no checkpoint was brought home"
     return AttemptsExhausted(
-        f"stopped after {len(attempts)} attempt(s), each interrupted (last: {attempts[-1]['ended']}); {where}",
+        f"stopped after {allowed} attempt(s), each interrupted (last: {attempts[-1]['ended']}); {where}",
         "raise --max-attempts" + (", add --spot-fallback on-demand, or run on-demand" if spot else ""))
 
 

@@ -354,9 +354,29 @@ class Trainer:
             self.run_epoch()
         return self.summary(time.perf_counter() - wall0, resumed)
 
+    def per_node(self) -> list[dict]:
+        """Samples/s of each node (summed over its ranks), gathered from every rank (a collective:
+        every rank calls it). Node = torchrun's GROUP_RANK; one entry without torchrun."""
+        import socket
+        mine = {"node_rank": int(os.environ.get("GROUP_RANK", 0)), "host": socket.gethostname(),
+                "samples_per_second": self.epoch * self.steps_per_epoch * (self.hp.batch_size // self.world)
+                / max(self.train_seconds, 1e-9)}
+        every = [mine]
+        if self.world > 1:
+            every = [None] * self.world
+            dist.all_gather_object(every, mine)
+        nodes: dict[int, dict] = {}
+        for r in every:
+            n = nodes.setdefault(r["node_rank"], {"node_rank": r["node_rank"], "host": r["host"], "ranks": 0,
+                                                  "samples_per_second": 0.0})
+            n["ranks"] += 1
+            n["samples_per_second"] += r["samples_per_second"]
+        return [{**n, "samples_per_second": round(n["samples_per_second"], 1)} for _, n in sorted(nodes.items())]
+
     def summary(self, wall: float, resumed: dict | None) -> dict:
         last = self.history[-1] if self.history else {}
         cuda = self.device.type == "cuda"
+        per_node = self.per_node()
         return {
             "status": "completed", "model": self.hp.model, "epochs": self.epoch,
             "test_acc": last.get("test_acc"), "test_loss": last.get("test_loss"),
@@ -365,6 +385,7 @@ class Trainer:
             "target_acc": self.args.target_acc,
             "samples_per_second": last.get("samples_per_second"),
             "device": str(self.device.type), "world_size": self.world, "params": self.params,
+            "nodes": len(per_node), "per_node": per_node,
             "gpu_name": torch.cuda.get_device_name(self.device) if cuda else None,
             "torch_version": torch.__version__, "cuda_version": torch.version.cuda,
             "amp_dtype": str(self.amp_dtype).replace("torch.", "") if self.amp_dtype else None,

@@ -1,0 +1,55 @@
+"""Cluster placement groups: the nodes of a multi-node run close together on the network.
+
+https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/placement-strategies.html#placement-groups-cluster
+The GPU families the catalog lists (g4dn, g5, g6, p3, p4d, p5) all support the cluster strategy.
+Where the API refuses (an account without the permission, an emulator such as moto that does not
+implement placement groups), the run goes on without one and says so: placement is a speed-up,
+never a requirement.
+"""
+from __future__ import annotations
+
+import botocore.exceptions
+
+from . import tags as T
+from .session import describe
+
+CLUSTER_FAMILIES = ("g4dn", "g5", "g6", "g6e", "p3", "p3dn", "p4d", "p4de", "p5", "p5e")
+
+
+def supports_cluster(instance_type: str) -> bool:
+    """Whether ``instance_type``'s family can join a cluster placement group (page above)."""
+    return instance_type.split(".")[0] in CLUSTER_FAMILIES
+
+
+def create(ec2, run_id: str, owner: str, name: str, instance_type: str) -> tuple[str | None, str]:
+    """Create the run's cluster placement group; return (its name or None, a note for the user)."""
+    if not supports_cluster(instance_type):
+        return None, f"no placement group: {instance_type} does not support the cluster strategy"
+    group = f"ec2gpu-{run_id}"
+    try:
+        ec2.create_placement_group(GroupName=group, Strategy="cluster", TagSpecifications=[
+            {"ResourceType": "placement-group", "Tags": T.tags(run_id, owner, name)}])
+    except Exception as exc:  # noqa: BLE001 - any refusal (moto answers 500) means "go on without one"
+        why = describe(exc) if isinstance(exc, botocore.exceptions.ClientError) else f"{type(exc).__name__}"
+        return None, f"no placement group (CreatePlacementGroup refused: {why.splitlines()[0][:120]}); launching without"
+    return group, f"cluster placement group {group}"
+
+
+def find(ec2, run_id: str | None = None) -> list[dict]:
+    """Placement groups tagged by the tool (optionally one run); [] where the API is unavailable."""
+    filters = [{"Name": "tag-key", "Values": [T.RUN]}]
+    if run_id:
+        filters.append({"Name": f"tag:{T.RUN}", "Values": [run_id]})
+    try:
+        return ec2.describe_placement_groups(Filters=filters)["PlacementGroups"]
+    except Exception:  # noqa: BLE001 - unavailable (moto answers 500): none to find
+        return []
+
+
+def delete(ec2, group_name: str) -> None:
+    """Delete a placement group (after its instances are terminated); a missing one is fine."""
+    try:
+        ec2.delete_placement_group(GroupName=group_name)
+    except botocore.exceptions.ClientError as exc:
+        if "NotFound" not in (exc.response.get("Error", {}).get("Code") or ""):
+            raise

@@ -1,0 +1,386 @@
+"""Multi-node runs: N instances, one c10d rendezvous on node 0, PyTorch's ``torchrun`` on each.
+
+No scheduler of our own: every node runs
+``python -m torch.distributed.run --nnodes N --nproc-per-node G --rdzv-backend c10d
+--rdzv-endpoint <node 0 private IP>:29500 --rdzv-id <run id> -m ec2gpu.train.mnist ...``
+(https://pytorch.org/docs/stable/elastic/run.html), node 0 with ``--rdzv-conf is_host=1``, so it
+hosts the rendezvous store whatever its address looks like. Standing clusters use elastic bounds
+(``--nnodes 1:N``) so `ec2gpu scale` can change the node count between runs.
+
+The controller follows every node's console (all its ranks' lines, prefixed ``node K``), brings
+rank 0's checkpoints home, and when one node fails or is lost, stops the others; the run's
+teardown then terminates every node. In the sandbox each node is an sshd on its own loopback
+address, and that address stands in for the instance's private IP: the rendezvous and gloo's
+collectives are real TCP between real processes.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import RemoteError, WaitTimeout
+
+RDZV_PORT = 29500  # torchrun's default rendezvous port (page above)
+GRACE_S = 10.0  # after a node fails, how long the others may take to fail or finish by themselves
+
+
+def torchrun_argv(python: str, nnodes: str, nproc_per_node: int, endpoint: str, run_id: str, is_host: bool,
+                  local_addr: str, module_argv: list[str]) -> list[str]:
+    """The command line of one node (pure). ``module_argv`` is ['-m', 'ec2gpu.train.mnist', ...];
+    ``nnodes`` is 'N', or 'MIN:MAX' for an elastic (standing) cluster."""
+    return [python, "-m", "torch.distributed.run", "--nnodes", nnodes, "--nproc-per-node", str(nproc_per_node),
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", run_id,
+            "--rdzv-conf", f"is_host={1 if is_host else 0}", "--local-addr", local_addr, "--max-restarts", "0",
+            *module_argv]
+
+
+def private_address(instance: dict, resolver=None) -> str:
+    """The address other nodes reach ``instance`` at: its private IP, or in the sandbox the loopback
+    address of its sshd (which stands in for that private IP)."""
+    if resolver:
+        return resolver(instance["InstanceId"])[0]
+    return instance["PrivateIpAddress"]
+
+
+def processes_per_node(info: dict) -> int:
+    """One process per GPU; one (gloo on the CPU) where torch sees no GPU."""
+    return max(1, int(info.get("gpu_count") or 0)) if info.get("cuda_available") else 1
+
+
+@dataclass
+class Node:
+    """One node of a cluster attempt, as the controller follows it."""
+
+    index: int
+    instance: dict
+    host: str = ""
+    port: int = 22
+    conn: object = None
+    connect: object = None  # () -> a fresh Connection
+    run_dir: str = ""
+    info: dict = field(default_factory=dict)
+    pid: int | None = None
+    watch: object = None  # recovery.InstanceWatch
+    result: object = None  # exit status, Interrupted, or another exception
+
+    @property
+    def instance_id(self) -> str:
+        return self.instance["InstanceId"]
+
+
+class _Stopped(Exception):
+    """Raised in a follower when another node failed and the run is stopping."""
+
+
+def parallel(fn, nodes: list[Node]) -> list:
+    """``fn(node)`` for every node at once (setup can take minutes per node); re-raises the first error."""
+    with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
+        return list(pool.map(fn, nodes))
+
+
+def run_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[dict], local_out: Path, resolver,
+                n: int, local_checkpoint: Path, nnodes: str | None = None) -> dict:
+    """Train on a cluster of running instances (node 0 first); return rank 0's summary.json.
+
+    Raises recovery.Interrupted when a node is lost (EC2 reports it gone, SSH unreachable too
+    long, or its trainer stopped for a spot notice), RemoteError when a node's job fails (after
+    stopping the others), WaitTimeout when SSH never answers.
+    """
+    from .aws import instances
+    from .remote import jobs, setup, ssh
+    from .runs import pipeline, recovery
+
+    nodes = [Node(k, inst) for k, inst in enumerate(instances_)]
+
+    def open_node(nd: Node) -> None:
+        nd.host, nd.port = pipeline.ssh_target(nd.instance, resolver)
+        known = settings.home / "known_hosts" / nd.instance_id
+        nd.connect = lambda: ssh.connect(nd.host, nd.port, settings.ssh_user, prov.key_path, known, ui.note)
+        nd.conn = ssh.wait_for_ssh(nd.host, nd.port, settings.ssh_user, prov.key_path, known, log=ui.note,
+                                   fingerprints=lambda: instances.host_key_fingerprints(aws.ec2, nd.instance_id))
+        nd.run_dir = jobs.remote_run_dir(nd.conn, run_id)
+        home = recovery.CheckpointHome(remote=f"{nd.run_dir}/out/checkpoint.pt", local=local_checkpoint, log=ui.note)
+        nd.watch = recovery.InstanceWatch(aws.ec2, nd.instance_id, home, ui.note)
+
+    def prepare(nd: Node) -> None:
+        nd.info = setup.setup(nd.conn, nd.run_dir, log=lambda line: ui.note(f"node {nd.index}: {line}"))
+
+    def upload(nd: Node) -> None:
+        jobs.push_code(nd.conn, nd.run_dir)
+        if n > 1 and local_checkpoint.exists():  # every rank restores the same state
+            ssh.run(nd.conn, f"mkdir -p {nd.run_dir}/out")
+            nd.watch.checkpoints.push(nd.conn)
+
+    try:
+        with ui.phase("waiting for SSH"):
+            parallel(open_node, nodes)
+        with ui.phase("setup"):
+            parallel(prepare, nodes)
+        with ui.phase("upload"):
+            parallel(upload, nodes)
+            ui.note(f"uploaded the trainer to {len(nodes)} nodes"
+                    + ("; pushed the checkpoint to each, the trainer resumes from it"
+                       if n > 1 and local_checkpoint.exists() else ""))
+        endpoint = f"{private_address(nodes[0].instance, resolver)}:{RDZV_PORT}"
+        nproc = processes_per_node(nodes[0].info)
+        ui.note(f"torchrun on {len(nodes)} nodes x {nproc} process(es): c10d rendezvous at {endpoint}, id {run_id}")
+        threads = []
+        if resolver and not nodes[0].info.get("cuda_available"):
+            # sandbox nodes share this machine's cores: each takes its share, or their CPU threads
+            # fight (2 nodes x 2 threads on 2 cores ran 15x slower than 1 x 2 here)
+            threads = ["--threads", str(max(1, (os.cpu_count() or 1) // len(nodes)))]
+        with ui.phase("training"):
+            for nd in nodes:
+                module = pipeline.trainer_argv(nd.info["python"], opts, f"{nd.run_dir}/out")[1:] + threads
+                argv = torchrun_argv(nd.info["python"], nnodes or str(len(nodes)), nproc, endpoint, run_id,
+                                     nd.index == 0, private_address(nd.instance, resolver),
+                                     module + (["--resume"] if n > 1 else []))
+                nd.pid = jobs.start(nd.conn, nd.run_dir, argv)
+            follow_all(nodes, ui, local_out, n, opts.unreachable_s)
+        _judge(nodes)
+        with ui.phase("download"):
+            return _download(nodes, local_out)
+    except (*jobs.CONNECTION_ERRORS, WaitTimeout, RemoteError):
+        for nd in nodes:
+            if nd.watch:
+                nd.watch.check()  # a lost node explains the failure: Interrupted
+        raise
+    finally:
+        for nd in nodes:
+            if nd.conn is not None:
+                with contextlib.suppress(Exception):
+                    nd.conn.close()
+
+
+def follow_all(nodes: list[Node], ui, local_out: Path, attempt: int, unreachable_s: float) -> None:
+    """Follow every node's console.log at once, each line shown as ``node K | line`` (and teed to
+    attempt-N-node-K.log). The first node to fail stops the others (their jobs get SIGTERM).
+    Sets each node's ``result``. Ctrl-C stops the followers and is re-raised."""
+    from .remote import jobs
+    from .runs import recovery
+    from .runs.pipeline import LineSplitter
+
+    stop = threading.Event()  # followers end at their next poll
+    failed = threading.Event()  # a node failed: the others get GRACE_S to end by themselves
+    lock = threading.Lock()
+    local_out.mkdir(parents=True, exist_ok=True)
+
+    def follow(nd: Node) -> None:
+        def emit(line: str) -> None:
+            with lock:
+                ui.log(f"node {nd.index} | {line}")
+        lines = LineSplitter(emit)
+
+        def on_poll(conn) -> None:
+            if stop.is_set():
+                raise _Stopped()
+            nd.watch(conn)
+        with open(local_out / f"attempt-{attempt}-node-{nd.index}.log", "wb") as tee:
+            def deliver(chunk: bytes) -> None:
+                tee.write(chunk)
+                lines(chunk)
+            try:
+                status, nd.conn = jobs.follow_reconnecting(nd.connect, nd.run_dir, "console.log", jobs.LogCursor(deliver),
+                                                           conn=nd.conn, unreachable_s=unreachable_s, on_poll=on_poll,
+                                                           log=lambda m: ui.note(f"node {nd.index}: {m}"))
+                nd.result = status
+            except _Stopped:
+                nd.result = "stopped"
+            except jobs.Unreachable as exc:
+                nd.result = recovery.Interrupted(str(exc))
+            except BaseException as exc:  # noqa: BLE001 - carried to the main thread
+                nd.result = exc
+            finally:
+                lines.flush()
+        if nd.result != 0:
+            failed.set()
+
+    threads = [threading.Thread(target=follow, args=(nd,), name=f"follow-node-{nd.index}", daemon=True) for nd in nodes]
+    for t in threads:
+        t.start()
+    failed_at = None
+    try:
+        while any(t.is_alive() for t in threads):
+            for t in threads:
+                t.join(0.2)
+            if failed.is_set() and failed_at is None:
+                failed_at = time.monotonic()
+            if failed_at is not None and time.monotonic() - failed_at > GRACE_S:
+                stop.set()
+    except BaseException:
+        stop.set()
+        for t in threads:
+            t.join(10)
+        raise
+    failed = [nd for nd in nodes if nd.result not in (0, "stopped")]
+    if failed:
+        first = failed[0]
+        ui.note(f"node {first.index} ({first.instance_id}) ended with {_describe(first.result)}; "
+                f"stopping the other nodes")
+        for nd in nodes:
+            if nd.result == "stopped":
+                stop_job(nd)
+
+
+def stop_job(nd: Node) -> None:
+    """SIGTERM the node's job (torchrun and its workers; the job script then records the exit status)."""
+    from .remote import ssh
+    with contextlib.suppress(Exception):
+        conn = nd.connect()
+        try:
+            ssh.run(conn, f"pkill -TERM -P {nd.pid} || true", timeout_s=20)
+        finally:
+            conn.close()
+
+
+def _describe(result) -> str:
+    return f"exit status {result}" if isinstance(result, int) else f"{type(result).__name__}: {result}"
+
+
+def _judge(nodes: list[Node]) -> None:
+    """Turn the nodes' results into the attempt's outcome: return when all exited 0; raise
+    Interrupted for a lost node (or a spot notice), the first node's error otherwise."""
+    from .runs import recovery
+
+    for nd in nodes:
+        if isinstance(nd.result, recovery.Interrupted):
+            raise recovery.Interrupted(f"node {nd.index} ({nd.instance_id}): {nd.result.reason}")
+    for nd in nodes:
+        if isinstance(nd.result, BaseException):
+            raise nd.result
+    bad = [nd for nd in nodes if nd.result not in (0, "stopped")]
+    if not bad:
+        return
+    for nd in nodes:  # a node EC2 took away explains every other failure
+        try:
+            nd.watch.check()
+        except recovery.Interrupted as why:
+            raise recovery.Interrupted(f"node {nd.index} ({nd.instance_id}): {why.reason}")
+    tails = {nd.index: _tail(nd, 40) for nd in bad}
+    if any("stopped: spot interruption notice" in t for t in tails.values()):  # train/mnist.py's words
+        raise recovery.Interrupted(f"node {bad[0].index} ({bad[0].instance_id}): spot interruption notice")
+    # the root cause: a node whose worker died of a signal (torchrun: "exitcode : -9"); the others'
+    # collectives then failed because that peer vanished
+    killed = [nd for nd in bad if re.search(r"exitcode\s*:\s*-\d+", tails[nd.index])]
+    first = (killed or bad)[0]
+    sig = re.search(r"Signal (\d+) \((SIG\w+)\)|exitcode\s*:\s*-(\d+)", tails[first.index])
+    why = "" if not sig else f" (a worker died of {sig.group(2) or _signal_name(int(sig.group(1) or sig.group(3)))})"
+    also = [f"node {nd.index} exited {nd.result}" for nd in bad if nd is not first]
+    raise RemoteError(f"node {first.index} ({first.instance_id}) exited {first.result}{why}; "
+                      + (f"then {', '.join(also)}; " if also else "") + "the other nodes were stopped",
+                      "its console is shown above; every node is terminated", exit_status=first.result,
+                      host=first.host, command="torchrun ... -m ec2gpu.train.mnist", tail=_root_cause(tails[first.index]))
+
+
+def _root_cause(console_tail: str) -> str:
+    """torchrun's "Root Cause (first observed failure)" block when the tail has one, else the tail."""
+    at = console_tail.find("Root Cause")
+    return console_tail[at:].strip() if at >= 0 else console_tail
+
+
+def _signal_name(number: int) -> str:
+    import signal
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _tail(nd: Node, lines: int = 15) -> str:
+    from .remote import jobs
+    try:
+        conn = nd.connect()
+    except Exception:
+        return ""
+    try:
+        return jobs.tail(conn, f"{nd.run_dir}/console.log", lines)
+    except Exception:
+        return ""
+    finally:
+        conn.close()
+
+
+def _download(nodes: list[Node], local_out: Path) -> dict:
+    """Fetch rank 0's outputs (from whichever node it ran on) and every node's console log."""
+    import json
+
+    from .remote import jobs
+
+    rank0 = None
+    for nd in nodes:
+        if jobs.read_from(nd.conn, f"{nd.run_dir}/out/summary.json", 0):
+            rank0 = nd
+        (local_out / f"console-node-{nd.index}.log").write_bytes(jobs.read_from(nd.conn, f"{nd.run_dir}/console.log", 0))
+    if rank0 is None:
+        raise RemoteError("no node has rank 0's summary.json", "see the console-node-K.log files")
+    jobs.fetch(rank0.conn, f"{rank0.run_dir}/out", local_out)
+    return json.loads((local_out / "summary.json").read_text())
+
+
+def members(ec2, name: str) -> list[dict]:
+    """The pending/running instances of cluster ``name`` (tag ec2gpu:cluster), in node order."""
+    from .aws import sweep
+    from .aws import tags as T
+
+    found = [i for i in sweep.find_instances(ec2, states=["pending", "running"])
+             if T.as_dict(i.get("Tags")).get(T.CLUSTER) == name]
+    return sorted(found, key=lambda i: int(T.as_dict(i.get("Tags")).get(T.NODE, "0") or 0))
+
+
+def scale(aws, settings, name: str, target: int, max_runtime_minutes: int, log=lambda msg: None) -> dict:
+    """Grow or shrink standing cluster ``name`` to ``target`` nodes; return {added, removed, nodes}.
+
+    New nodes copy node 0's type, market, AMI, key pair, security group, subnet (so its zone) and
+    placement group, and get the next node indices; shrinking terminates the highest indices
+    (node 0 hosts the rendezvous and always stays). Raises UsageError for an unknown cluster or a
+    target below 1, CapacityError/AwsError when EC2 refuses the new nodes.
+    """
+    from dataclasses import replace
+
+    import botocore.exceptions
+
+    from .aws import capacity, instances
+    from .aws import tags as T
+    from .aws.session import describe, error_code
+    from .errors import AwsError, CapacityError, UsageError
+
+    if target < 1:
+        raise UsageError("a cluster needs at least 1 node", "to remove it entirely: ec2gpu down NAME")
+    nodes = members(aws.ec2, name)
+    if not nodes:
+        raise UsageError(f"no running cluster named {name!r}", "start one with `ec2gpu launch --nodes N --name NAME`")
+    current, added, removed = len(nodes), [], []
+    if target > current:
+        head = nodes[0]
+        tg = T.as_dict(head.get("Tags"))
+        image = aws.ec2.describe_images(ImageIds=[head["ImageId"]])["Images"][0]
+        spec = instances.LaunchSpec(
+            run_id=tg[T.RUN], owner=tg.get(T.OWNER, settings.owner), name=name, instance_type=head["InstanceType"],
+            image_id=head["ImageId"], root_device_name=image.get("RootDeviceName", "/dev/sda1"),
+            key_name=head["KeyName"], security_group_id=head["SecurityGroups"][0]["GroupId"],
+            spot=instances.market(head) == "spot", root_volume_gib=settings.root_volume_gib,
+            max_runtime_minutes=max_runtime_minutes, subnet_id=head.get("SubnetId"),
+            placement_group=(head.get("Placement") or {}).get("GroupName") or None, cluster=name)
+        spec = replace(spec, count=target - current)
+        try:
+            new = capacity._run_instances(aws.client("ec2", fail_fast=True), instances.run_request(spec))
+        except botocore.exceptions.ClientError as exc:
+            err = CapacityError if error_code(exc) in capacity.NEXT_ZONE | capacity.LIMITS else AwsError
+            raise err(f"could not add {target - current} node(s) to {name}: {describe(exc)}",
+                      "try again later, or a smaller target")
+        last = max(int(T.as_dict(i.get("Tags")).get(T.NODE, "0") or 0) for i in nodes)
+        new = instances.tag_nodes(aws.ec2, new, name, first_index=last + 1)
+        added = [i["InstanceId"] for i in new]
+        log(f"launched {', '.join(added)}; waiting until they run")
+        instances.wait_running(aws.ec2, added)
+    elif target < current:
+        removed = [i["InstanceId"] for i in nodes[target:]]
+        log(f"terminating {', '.join(removed)}")
+        instances.terminate(aws.ec2, removed)
+    return {"cluster": name, "added": added, "removed": removed, "nodes": len(members(aws.ec2, name))}

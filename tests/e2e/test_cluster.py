@@ -1,0 +1,119 @@
+"""Multi-node training through torchrun in the sandbox, and standing clusters that grow and shrink."""
+import json
+import os
+import re
+import signal
+import subprocess
+from pathlib import Path
+
+import boto3
+import pytest
+
+from ec2gpu import cli
+from ec2gpu.cluster import torchrun_argv
+from ec2gpu.sandbox import control, sshd
+
+from test_sandbox_train import leftovers, sandbox_settles  # same folder (pytest prepend import mode)
+from test_spot_recovery import EC2GPU, drive
+
+pytestmark = pytest.mark.e2e
+
+
+def test_torchrun_command_line_has_the_rendezvous_and_elastic_bounds():
+    argv = torchrun_argv("/py", "1:4", 8, "10.0.0.5:29500", "run-1", True, "10.0.0.5", ["-m", "ec2gpu.train.mnist"])
+    assert argv[:3] == ["/py", "-m", "torch.distributed.run"]
+    joined = " ".join(argv)
+    for part in ("--nnodes 1:4", "--nproc-per-node 8", "--rdzv-backend c10d", "--rdzv-endpoint 10.0.0.5:29500",
+                 "--rdzv-id run-1", "--rdzv-conf is_host=1", "-m ec2gpu.train.mnist"):
+        assert part in joined
+
+
+def test_two_nodes_train_together_and_leave_nothing(sandbox_env, tmp_path, capsys):
+    home, _ = sandbox_env
+    out = tmp_path / "run"
+    code = cli.main(["train", "mnist", "--sandbox", "--nodes", "2", "--epochs", "1", "--out", str(out), "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    record = json.loads(captured.out)
+    summary = json.loads((out / "summary.json").read_text())
+    assert record["status"] == "completed" and summary["test_acc"] >= 0.985
+    assert summary["world_size"] == 2 and summary["nodes"] == 2
+    assert [n["node_rank"] for n in summary["per_node"]] == [0, 1]
+    assert all(n["samples_per_second"] > 0 for n in summary["per_node"])
+    # every rank's lines reach the user, prefixed with their node
+    assert re.search(r"node 0 \| \[rank 0\] .*epoch 1/1", captured.err)
+    assert re.search(r"node 1 \| \[rank 1\] .*epoch 1/1", captured.err)
+    assert "c10d rendezvous at 127.0.0." in captured.err
+    assert len(record["instance_ids"]) == 2 and {a["node"] for a in record["attempts"]} == {0, 1}
+    assert record["billed_seconds"] == sum(a["billed_seconds"] for a in record["attempts"])
+    assert leftovers(home) == ([], [], [])
+    assert sandbox_settles(home)
+    for iid in record["instance_ids"]:
+        assert not sshd.instance_processes(iid)
+
+
+def trainer_pids(instance_id: str) -> list[int]:
+    """The trainer worker processes (not torchrun itself) an instance runs."""
+    pids = []
+    for pid in sshd.instance_processes(instance_id):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"ec2gpu.train.mnist" in cmd and b"torch.distributed.run" not in cmd:
+            pids.append(pid)
+    return pids
+
+
+def test_killing_one_node_trainer_stops_the_run_cleanly(sandbox_env, tmp_path):
+    home, _ = sandbox_env
+    killed = []
+
+    def kill_node_1(line, lines):
+        node1 = re.findall(r"launched (i-[0-9a-f]+), (i-[0-9a-f]+)", "".join(lines))[-1][1]
+        killed.extend(trainer_pids(node1))
+        assert killed, "node 1 runs no trainer"
+        for pid in killed:
+            os.kill(pid, signal.SIGKILL)
+    code, _, err = drive(["train", "mnist", "--sandbox", "--nodes", "2", "--epochs", "1", "--out", str(tmp_path / "r")],
+                         [("node 1 | [rank 1]", kill_node_1)], timeout_s=300)
+    assert code == 5, err  # the job failed on an instance
+    assert re.search(r"error: node 1 \(i-[0-9a-f]+\) exited \d+ \(a worker died of SIGKILL\)", err), err
+    assert "Traceback (most recent call last)" not in err.split("error:")[-1]
+    assert leftovers(home) == ([], [], [])
+    assert sandbox_settles(home)
+
+
+def test_a_standing_cluster_grows_and_shrinks(sandbox_env):
+    home, state = sandbox_env
+    env = dict(os.environ)
+
+    def ec2gpu(*args) -> subprocess.CompletedProcess:
+        return subprocess.run([EC2GPU, *args, "--sandbox"], env=env, capture_output=True, text=True, timeout=120)
+
+    def nodes() -> list[tuple[str, int]]:
+        rows = json.loads(ec2gpu("ls", "--json").stdout)
+        return sorted((r["name"], r["node"]) for r in rows if r["cluster"] == "lab")
+    assert ec2gpu("launch", "--nodes", "2", "--name", "lab").returncode == 0
+    try:
+        assert nodes() == [("lab-0", 0), ("lab-1", 1)]
+        ec2 = boto3.client("ec2", endpoint_url=state["endpoint"], region_name="us-east-1")
+        (sg,) = {i["SecurityGroups"][0]["GroupId"] for r in ec2.describe_instances()["Reservations"]
+                 for i in r["Instances"] if i["State"]["Name"] == "running"}
+        rules = ec2.describe_security_groups(GroupIds=[sg])["SecurityGroups"][0]["IpPermissions"]
+        assert any(p["IpProtocol"] == "-1" and p["UserIdGroupPairs"][0]["GroupId"] == sg for p in rules)
+        grown = ec2gpu("scale", "lab", "4", "--json")
+        assert grown.returncode == 0, grown.stderr
+        assert len(json.loads(grown.stdout)["added"]) == 2
+        assert nodes() == [("lab-0", 0), ("lab-1", 1), ("lab-2", 2), ("lab-3", 3)]
+        ssh = ec2gpu("ssh", "lab-3", "--", "echo", "ok")  # a new node is a real instance with an sshd
+        assert ssh.returncode == 0 and ssh.stdout.strip() == "ok", ssh.stderr
+        shrunk = ec2gpu("scale", "lab", "1")
+        assert shrunk.returncode == 0 and "1 node(s) now" in shrunk.stdout
+        assert nodes() == [("lab-0", 0)]
+        bad = ec2gpu("scale", "lab", "0")
+        assert bad.returncode == 2 and "at least 1 node" in bad.stderr
+    finally:
+        assert ec2gpu("down", "lab").returncode == 0
+    assert leftovers(home) == ([], [], [])
+    assert sandbox_settles(home)
