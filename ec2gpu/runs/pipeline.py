@@ -397,6 +397,11 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, resolv
         error = exc
         raise
     finally:
+        from .recovery import attempt_row
+        known, n = {a["instance_id"] for a in attempts}, max((a["attempt"] for a in attempts), default=0) + 1
+        for inst in prov.instances:  # launched, but stopped before its attempt began (Ctrl-C while requesting)
+            if inst["InstanceId"] not in known:
+                attempts.append(attempt_row(n, inst))
         for att in attempts:
             if att["ended"] == "running":
                 att["ended"] = "completed" if error is None else \

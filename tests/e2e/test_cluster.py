@@ -13,7 +13,7 @@ from ec2gpu import cli
 from ec2gpu.cluster import torchrun_argv
 from ec2gpu.sandbox import control, sshd
 
-from test_sandbox_train import leftovers, sandbox_settles  # same folder (pytest prepend import mode)
+from test_sandbox_train import leftovers, processes_gone, sandbox_settles  # same folder (pytest prepend import mode)
 from test_spot_recovery import EC2GPU, drive
 
 pytestmark = pytest.mark.e2e
@@ -48,8 +48,7 @@ def test_two_nodes_train_together_and_leave_nothing(sandbox_env, tmp_path, capsy
     assert record["billed_seconds"] == sum(a["billed_seconds"] for a in record["attempts"])
     assert leftovers(home) == ([], [], [])
     assert sandbox_settles(home)
-    for iid in record["instance_ids"]:
-        assert not sshd.instance_processes(iid)
+    assert processes_gone(record["instance_ids"])
 
 
 def trainer_pids(instance_id: str) -> list[int]:

@@ -10,9 +10,8 @@ import pytest
 
 from ec2gpu.runs import ledger
 from ec2gpu.runs.pipeline import PAUSE_ENV
-from ec2gpu.sandbox import sshd
 
-from test_sandbox_train import leftovers, sandbox_settles  # same folder (pytest prepend import mode)
+from test_sandbox_train import leftovers, processes_gone, sandbox_settles  # same folder (pytest prepend import mode)
 
 pytestmark = pytest.mark.e2e
 EC2GPU = str(Path(sys.executable).parent / "ec2gpu")
@@ -62,6 +61,5 @@ def test_sigint_in_each_phase_cleans_up_and_exits_130(sandbox_env, phase, sig):
     run = ledger.runs(home, limit=1)[0]
     assert run["status"] == "interrupted" and run["billed_seconds"] >= 60
     assert not (home / "keys" / f"ec2gpu-{run['run_id']}.pem").exists()
-    for iid in run["instance_ids"]:
-        assert not sshd.instance_processes(iid)
+    assert processes_gone(run["instance_ids"])
     assert sandbox_settles(home)  # no sshd of a terminated instance is left alive

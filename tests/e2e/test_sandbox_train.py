@@ -35,6 +35,19 @@ def sandbox_settles(home, timeout_s: float = 10) -> bool:
     return False
 
 
+def processes_gone(instance_ids, timeout_s: float = 15) -> bool:
+    """True once no process of these (terminated) instances is left. The sandbox stops them after
+    EC2 reports the termination: SIGTERM, which a trainer answers by writing its checkpoint, then
+    SIGKILL after a grace period."""
+    import time
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not any(sshd.instance_processes(i) for i in instance_ids):
+            return True
+        time.sleep(0.2)
+    return False
+
+
 def test_train_mnist_in_the_sandbox_reaches_99_percent_and_leaves_nothing(sandbox_env, tmp_path, capsys):
     home, _ = sandbox_env
     code = cli.main(["train", "mnist", "--sandbox", "--epochs", "1", "--out", str(tmp_path / "run"), "--json"])
@@ -53,7 +66,7 @@ def test_train_mnist_in_the_sandbox_reaches_99_percent_and_leaves_nothing(sandbo
     assert leftovers(home) == ([], [], [])
     assert sandbox_settles(home), control.read_state(home)
     assert not (home / "keys" / f"ec2gpu-{record['run_id']}.pem").exists()
-    assert not sshd.instance_processes(record["instance_id"])
+    assert processes_gone([record["instance_id"]])
     check_the_ledger_bills_the_instance_own_times(record, capsys)
 
 

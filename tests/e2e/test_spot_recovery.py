@@ -15,7 +15,7 @@ import pytest
 from ec2gpu.runs import ledger
 from ec2gpu.sandbox import control, sshd
 
-from test_sandbox_train import leftovers, sandbox_settles  # same folder (pytest prepend import mode)
+from test_sandbox_train import leftovers, processes_gone, sandbox_settles  # same folder (pytest prepend import mode)
 
 pytestmark = pytest.mark.e2e
 EC2GPU = str(Path(sys.executable).parent / "ec2gpu")
@@ -56,8 +56,7 @@ def interrupt(home, notice_seconds: float):
 def assert_nothing_left(home, record):
     assert leftovers(home) == ([], [], [])
     assert sandbox_settles(home)
-    for iid in record["instance_ids"]:
-        assert not sshd.instance_processes(iid)
+    assert processes_gone(record["instance_ids"])
     assert not (home / "keys" / f"ec2gpu-{record['run_id']}.pem").exists()
 
 
