@@ -200,6 +200,9 @@ def train_mnist(
                                            "if its estimated cost in USD is above this."),
     max_price: Optional[float] = typer.Option(None, "--max-price", min=0, help="With --spot: the highest "
                                               "spot price to pay, USD/h (default: up to the on-demand price)."),
+    on_cluster: Optional[str] = typer.Option(None, "--cluster", help="Train on the nodes a standing cluster has "
+                                             "now (ec2gpu launch --nodes N --name NAME; torchrun --nnodes 1:N) "
+                                             "and leave it running."),
     nodes: int = typer.Option(1, "--nodes", "-n", min=1, max=64, help="Instances that train together through "
                               "torchrun (c10d rendezvous on node 0), in one security group and a cluster placement "
                               "group where the type supports it."),
@@ -223,6 +226,9 @@ def train_mnist(
 
     if model not in ("cnn", "lenet", "mlp", "dbn"):
         raise UsageError(f"unknown model {model!r}", "choose cnn, lenet, mlp or dbn")
+    if on_cluster and (nodes > 1 or spot or instance_type or keep):
+        raise UsageError("--cluster trains on an existing cluster as it is",
+                         "drop --nodes/--spot/--instance-type/--keep, or `ec2gpu scale NAME N` first")
     if keep and max_runtime is None:
         raise UsageError("--keep needs an explicit --max-runtime MINUTES",
                          "say how long the kept instance may live, e.g. --keep --max-runtime 240")
@@ -243,7 +249,10 @@ def train_mnist(
         with Context(region, _sandbox_flag(sandbox)) as ctx:
             if not instance_type:
                 opts.instance_type = ctx.settings.instance_type
-            record = pipeline.train(ctx.aws, ctx.settings, opts, ui, ctx.resolver)
+            if on_cluster:
+                record = pipeline.train_on_cluster(ctx.aws, ctx.settings, opts, ui, on_cluster, ctx.resolver)
+            else:
+                record = pipeline.train(ctx.aws, ctx.settings, opts, ui, ctx.resolver)
     _print_record(record, as_json)
 
 
@@ -654,10 +663,21 @@ def sandbox_env():
 from . import costs as _costs  # noqa: E402,F401  (registers prices, cost, runs)
 
 
+def _click_errors(name: str) -> tuple[type, ...]:
+    """click's exception class ``name``, from click and from the copy typer >= 0.2x vendors as
+    ``typer._click`` (a usage error raised by typer is not a ``click.ClickException``)."""
+    import importlib
+    found = []
+    for module in ("click.exceptions", "typer._click.exceptions"):
+        try:
+            found.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):
+            continue
+    return tuple(found)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; return the exit code. The only place exceptions become messages."""
-    import click
-
     global DEBUG
     argv = list(sys.argv[1:] if argv is None else argv)
     DEBUG = "--debug" in argv or os.environ.get("EC2GPU_DEBUG") == "1"
@@ -682,12 +702,12 @@ def main(argv: list[str] | None = None) -> int:
         if exc.hint:
             err.print(f"[yellow]hint:[/] {exc.hint}", highlight=False)
         return int(exc.exit_code)
-    except click.exceptions.Exit as exc:
+    except _click_errors("Exit") as exc:
         return exc.exit_code
-    except (click.exceptions.Abort, KeyboardInterrupt):
+    except (*_click_errors("Abort"), KeyboardInterrupt):
         err.print("interrupted: what this command created was removed (see above)")
         return ExitCode.CTRL_C
-    except click.ClickException as exc:
+    except _click_errors("ClickException") as exc:
         exc.show()
         return ExitCode.USAGE
     except Exception as exc:  # the one boundary: anything else is a bug or an unmapped AWS error

@@ -510,6 +510,58 @@ def _totals(attempts: list[dict]) -> dict:
             "launched_at": billed[0]["launched_at"], "terminated_at": billed[-1]["terminated_at"]}
 
 
+def train_on_cluster(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, cluster_name: str,
+                     resolver=None) -> dict:
+    """Train on the nodes a standing cluster has now (``ec2gpu launch --nodes N --name NAME``),
+    with torchrun's elastic bounds ``--nnodes 1:N``, and leave the cluster running.
+
+    The run is in the ledger without a cost of its own (the cluster's instances bill as they
+    stand; `ec2gpu ls` shows it). Raises UsageError for an unknown cluster or a missing key file,
+    RemoteError/recovery.Interrupted when a node fails or is lost (the cluster stays up).
+    """
+    from .. import cluster
+    from ..aws import tags as T
+
+    nodes = cluster.members(aws.ec2, cluster_name)
+    if not nodes:
+        raise UsageError(f"no running cluster named {cluster_name!r}",
+                         "start one with `ec2gpu launch --nodes N --name NAME` (see `ec2gpu ls`)")
+    key = settings.keys_dir / f"{nodes[0]['KeyName']}.pem"
+    if not key.exists():
+        raise UsageError(f"the private key {key} is missing", "it lives on the machine that launched the cluster")
+    nodes = instances.wait_running(aws.ec2, [i["InstanceId"] for i in nodes])  # fresh descriptions
+    order = {i["InstanceId"]: int(T.as_dict(i.get("Tags")).get(T.NODE, "0") or 0) for i in nodes}
+    nodes.sort(key=lambda i: order[i["InstanceId"]])
+    run_id = new_run_id()
+    out = Path(opts.out or Path("runs") / run_id).resolve()
+    prov = Provisioned(T.as_dict(nodes[0].get("Tags")).get(T.RUN, run_id), key_name=nodes[0]["KeyName"], key_path=key)
+    itype = catalog.CATALOG.get(nodes[0]["InstanceType"])
+    record = {"run_id": run_id, "command": opts.command, "backend": costs.backend_of(resolver),
+              "instance_type": nodes[0]["InstanceType"], "gpu": itype.gpu if itype else None,
+              "market": instances.market(nodes[0]), "model": opts.model, "epochs": opts.epochs, "region": aws.region,
+              "artifacts": str(out), "status": "running", "started_at": datetime.now(timezone.utc).isoformat(),
+              "instance_ids": [i["InstanceId"] for i in nodes], "instance_id": nodes[0]["InstanceId"],
+              "zone": nodes[0].get("Placement", {}).get("AvailabilityZone")}
+    ui.note(f"cluster {cluster_name}: {len(nodes)} node(s) now; torchrun --nnodes 1:{len(nodes)}")
+    _ledger(settings, record, ui)
+    error = None
+    try:
+        summary = cluster.run_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, resolver, 1,
+                                      out / "checkpoint.pt", nnodes=f"1:{len(nodes)}")
+        record.update(test_acc=summary["test_acc"], summary=summary, epochs=summary.get("epochs"),
+                      train_seconds=summary.get("train_seconds"), samples_per_second=summary.get("samples_per_second"),
+                      exit_status=0)
+        return record
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        record.update(status=_status(error), phases=dict(ui.phases), ended_at=datetime.now(timezone.utc).isoformat())
+        _ledger(settings, record, ui)
+        if out.exists():
+            (out / "run.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+
+
 def train_local(opts: TrainOptions, ui: Reporter, data_dir: str | None = None, settings: Settings | None = None) -> dict:
     """Run the same trainer on this machine (needs torch); return its run record.
 

@@ -83,12 +83,14 @@ def test_killing_one_node_trainer_stops_the_run_cleanly(sandbox_env, tmp_path):
     assert sandbox_settles(home)
 
 
-def test_a_standing_cluster_grows_and_shrinks(sandbox_env):
+def test_a_standing_cluster_grows_and_shrinks(sandbox_env, tmp_path):
     home, state = sandbox_env
     env = dict(os.environ)
 
     def ec2gpu(*args) -> subprocess.CompletedProcess:
-        return subprocess.run([EC2GPU, *args, "--sandbox"], env=env, capture_output=True, text=True, timeout=120)
+        at = args.index("--") if "--" in args else len(args)  # options go before `--`
+        return subprocess.run([EC2GPU, *args[:at], "--sandbox", *args[at:]], env=env, capture_output=True, text=True,
+                              timeout=180)
 
     def nodes() -> list[tuple[str, int]]:
         rows = json.loads(ec2gpu("ls", "--json").stdout)
@@ -101,6 +103,13 @@ def test_a_standing_cluster_grows_and_shrinks(sandbox_env):
                  for i in r["Instances"] if i["State"]["Name"] == "running"}
         rules = ec2.describe_security_groups(GroupIds=[sg])["SecurityGroups"][0]["IpPermissions"]
         assert any(p["IpProtocol"] == "-1" and p["UserIdGroupPairs"][0]["GroupId"] == sg for p in rules)
+        # a run on the cluster as it stands: torchrun's elastic bounds, and the cluster stays up
+        trained = ec2gpu("train", "mnist", "--cluster", "lab", "--epochs", "1", "--trainer-arg=--train-subset=6000",
+                         "--out", str(tmp_path / "elastic"), "--json")
+        assert trained.returncode == 0, trained.stderr
+        assert "torchrun --nnodes 1:2" in trained.stderr
+        assert json.loads((tmp_path / "elastic" / "summary.json").read_text())["world_size"] == 2
+        assert nodes() == [("lab-0", 0), ("lab-1", 1)]  # still up
         grown = ec2gpu("scale", "lab", "4", "--json")
         assert grown.returncode == 0, grown.stderr
         assert len(json.loads(grown.stdout)["added"]) == 2
@@ -108,7 +117,7 @@ def test_a_standing_cluster_grows_and_shrinks(sandbox_env):
         ssh = ec2gpu("ssh", "lab-3", "--", "echo", "ok")  # a new node is a real instance with an sshd
         assert ssh.returncode == 0 and ssh.stdout.strip() == "ok", ssh.stderr
         shrunk = ec2gpu("scale", "lab", "1")
-        assert shrunk.returncode == 0 and "1 node(s) now" in shrunk.stdout
+        assert shrunk.returncode == 0 and "1 node(s) now" in " ".join(shrunk.stdout.split())
         assert nodes() == [("lab-0", 0)]
         bad = ec2gpu("scale", "lab", "0")
         assert bad.returncode == 2 and "at least 1 node" in bad.stderr

@@ -146,6 +146,13 @@ def test_launch_ls_ssh_down_in_the_sandbox(sandbox_env, capsys):
     (["runs", "show", "no-such-run"], 2, "no run"),
     (["prices", "--sandbox", "--refresh"], 2, "no AWS Price List API"),
     (["prices", "--gpu", "Z80"], 2, "unknown GPU model"),
+    (["train", "mnist", "--bogus"], 2, "No such option"),
+    (["train", "mnist", "--sandbox", "--checkpoint-uri", "gs://bucket/x"], 2, "not an S3 URI"),
+    (["train", "mnist", "--sandbox", "--cluster", "lab", "--nodes", "2"], 2, "existing cluster"),
+    (["train", "mnist", "--sandbox", "--cluster", "nolab"], 2, "no running cluster"),
+    (["scale", "nolab", "2", "--sandbox"], 2, "no running cluster"),
+    (["logs", "no-such-run", "--sandbox"], 2, "no running instance named"),
+    (["sandbox", "interrupt", "i-0123456789abcdef0"], 1, "not a running sandbox instance"),
 ])
 def test_bad_input_is_one_clear_line_and_creates_nothing(sandbox_env, capsys, argv, code, words):
     home, _ = sandbox_env
