@@ -279,9 +279,13 @@ def _judge(nodes: list[Node]) -> None:
 
 
 def _root_cause(console_tail: str) -> str:
-    """torchrun's "Root Cause (first observed failure)" block when the tail has one, else the tail."""
+    """The trainer's "error:" lines and torchrun's "Root Cause (first observed failure)" block when
+    the tail has one, else the tail."""
     at = console_tail.find("Root Cause")
-    return console_tail[at:].strip() if at >= 0 else console_tail
+    if at < 0:
+        return console_tail
+    said = [line for line in console_tail[:at].splitlines() if "error:" in line][-3:]  # the trainer's own words
+    return "\n".join(said + [console_tail[at:].strip()])
 
 
 def _signal_name(number: int) -> str:

@@ -149,8 +149,12 @@ class Trainer:
             torch.backends.cudnn.benchmark = True
         self.params = sum(p.numel() for p in self.model.parameters())
         self.steps_per_epoch = len(self.x_train) // hp.batch_size
-        if hp.batch_size % self.world:
-            raise ValueError(f"--batch-size {hp.batch_size} is not divisible by world size {self.world}")
+        # the global batch is split as evenly as it goes: 128 over 3 ranks is 43 + 43 + 42
+        base, extra = divmod(hp.batch_size, self.world)
+        if base == 0:
+            raise ValueError(f"--batch-size {hp.batch_size} is smaller than world size {self.world}")
+        self.local_batch = base + (1 if self.rank < extra else 0)
+        self.local_start = self.rank * base + min(self.rank, extra)
         if hp.optimizer == "sgd":
             opt = torch.optim.SGD(self.model.parameters(), lr=hp.lr, momentum=hp.momentum,
                                   nesterov=hp.momentum > 0 and hp.schedule == "onecycle",
@@ -213,8 +217,8 @@ class Trainer:
 
     # ---------------------------------------------------------------- steps
     def _batch(self, perm: torch.Tensor, step: int):
-        b = self.hp.batch_size // self.world
-        idx = perm[step * self.hp.batch_size + self.rank * b:step * self.hp.batch_size + (self.rank + 1) * b]
+        start = step * self.hp.batch_size + self.local_start
+        idx = perm[start:start + self.local_batch]
         return self.x_train[idx], self.y_train[idx]
 
     def train_step(self, x, y) -> torch.Tensor:
@@ -359,7 +363,7 @@ class Trainer:
         every rank calls it). Node = torchrun's GROUP_RANK; one entry without torchrun."""
         import socket
         mine = {"node_rank": int(os.environ.get("GROUP_RANK", 0)), "host": socket.gethostname(),
-                "samples_per_second": self.epoch * self.steps_per_epoch * (self.hp.batch_size // self.world)
+                "samples_per_second": self.epoch * self.steps_per_epoch * self.local_batch
                 / max(self.train_seconds, 1e-9)}
         every = [mine]
         if self.world > 1:
