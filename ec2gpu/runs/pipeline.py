@@ -389,11 +389,7 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, resolv
     record["attempts"] = attempts
     error = None
     try:
-        summary = _run_attempts(aws, settings, opts, run_id, ui, prov, out, resolver, record)
-        record.update(test_acc=summary["test_acc"], summary=summary, epochs=summary.get("epochs"),
-                      train_seconds=summary.get("train_seconds"), samples_per_second=summary.get("samples_per_second"),
-                      exit_status=0)
-        return record
+        return _with_summary(record, _run_attempts(aws, settings, opts, run_id, ui, prov, out, resolver, record))
     except BaseException as exc:
         error = exc
         raise
@@ -424,6 +420,14 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, resolv
         if out.exists() or record["status"] == "completed":
             out.mkdir(parents=True, exist_ok=True)
             (out / "run.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+
+
+def _with_summary(record: dict, summary: dict) -> dict:
+    """``record`` with the trainer's summary.json and the ledger columns taken from it."""
+    record.update(test_acc=summary["test_acc"], summary=summary, epochs=summary.get("epochs"),
+                  train_seconds=summary.get("train_seconds"), samples_per_second=summary.get("samples_per_second"),
+                  exit_status=0)
+    return record
 
 
 def _run_attempts(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, ui: Reporter, prov: Provisioned,
@@ -547,12 +551,8 @@ def train_on_cluster(aws: Aws, settings: Settings, opts: TrainOptions, ui: Repor
     _ledger(settings, record, ui)
     error = None
     try:
-        summary = cluster.run_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, resolver, 1,
-                                      out / "checkpoint.pt", nnodes=f"1:{len(nodes)}")
-        record.update(test_acc=summary["test_acc"], summary=summary, epochs=summary.get("epochs"),
-                      train_seconds=summary.get("train_seconds"), samples_per_second=summary.get("samples_per_second"),
-                      exit_status=0)
-        return record
+        return _with_summary(record, cluster.run_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, resolver, 1,
+                                                         out / "checkpoint.pt", nnodes=f"1:{len(nodes)}"))
     except BaseException as exc:
         error = exc
         raise
