@@ -73,6 +73,48 @@ class Node:
     def instance_id(self) -> str:
         return self.instance["InstanceId"]
 
+    def close(self) -> None:
+        if self.conn is not None:
+            with contextlib.suppress(Exception):
+                self.conn.close()
+
+
+def open_node(nd: Node, aws, settings, prov, run_id: str, resolver, checkpoints, log) -> None:
+    """Connect to a node (waiting for SSH; the host key checked against its console output), find
+    its run directory, and give it an EC2 watch with its own copy of ``checkpoints`` (a
+    recovery.CheckpointHome). The watch exists before SSH answers, so a failed wait can ask EC2
+    whether the instance is gone. Raises WaitTimeout, RemoteError (host key)."""
+    from dataclasses import replace
+
+    from .aws import instances
+    from .remote import jobs, ssh
+    from .runs import pipeline, recovery
+
+    nd.watch = recovery.InstanceWatch(aws.ec2, nd.instance_id, replace(checkpoints), log)
+    nd.host, nd.port = pipeline.ssh_target(nd.instance, resolver)
+    known = settings.home / "known_hosts" / nd.instance_id
+    nd.connect = lambda: ssh.connect(nd.host, nd.port, settings.ssh_user, prov.key_path, known, log)
+    nd.conn = ssh.wait_for_ssh(nd.host, nd.port, settings.ssh_user, prov.key_path, known, log=log,
+                               fingerprints=lambda: instances.host_key_fingerprints(aws.ec2, nd.instance_id))
+    nd.run_dir = jobs.remote_run_dir(nd.conn, run_id)
+    nd.watch.checkpoints.remote = f"{nd.run_dir}/out/checkpoint.pt"
+
+
+def prepare_node(nd: Node, log) -> None:
+    """Run ami/setup-gpu.sh on the node; ``nd.info`` gets what it found (python, GPUs)."""
+    from .remote import setup
+    nd.info = setup.setup(nd.conn, nd.run_dir, log=log)
+
+
+def upload_node(nd: Node, resume: bool, log) -> None:
+    """Push the trainer, and when resuming the checkpoint brought home (every rank restores it)."""
+    from .remote import jobs, ssh
+    size = jobs.push_code(nd.conn, nd.run_dir)
+    log(f"uploaded the trainer ({size:,} bytes) to {nd.host}:{nd.run_dir}")
+    if resume and nd.watch.checkpoints.local.exists():
+        ssh.run(nd.conn, f"mkdir -p {nd.run_dir}/out")
+        log(f"pushed the checkpoint ({nd.watch.checkpoints.push(nd.conn):,} bytes); the trainer resumes from it")
+
 
 class _Stopped(Exception):
     """Raised in a follower when another node failed and the run is stopping."""
@@ -85,48 +127,28 @@ def parallel(fn, nodes: list[Node]) -> list:
 
 
 def run_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[dict], local_out: Path, resolver,
-                n: int, local_checkpoint: Path, nnodes: str | None = None) -> dict:
+                n: int, checkpoints, nnodes: str | None = None) -> dict:
     """Train on a cluster of running instances (node 0 first); return rank 0's summary.json.
 
-    Raises recovery.Interrupted when a node is lost (EC2 reports it gone, SSH unreachable too
-    long, or its trainer stopped for a spot notice), RemoteError when a node's job fails (after
-    stopping the others), WaitTimeout when SSH never answers.
+    ``checkpoints`` (a recovery.CheckpointHome) says where rank 0's checkpoints come home. Raises
+    recovery.Interrupted when a node is lost (EC2 reports it gone, SSH unreachable too long, or
+    its trainer stopped for a spot notice), RemoteError when a node's job fails (after stopping
+    the others), WaitTimeout when SSH never answers.
     """
-    from .aws import instances
-    from .remote import jobs, setup, ssh
-    from .runs import pipeline, recovery
+    from .remote import jobs
+    from .runs import pipeline
 
     nodes = [Node(k, inst) for k, inst in enumerate(instances_)]
 
-    def open_node(nd: Node) -> None:
-        nd.host, nd.port = pipeline.ssh_target(nd.instance, resolver)
-        known = settings.home / "known_hosts" / nd.instance_id
-        nd.connect = lambda: ssh.connect(nd.host, nd.port, settings.ssh_user, prov.key_path, known, ui.note)
-        nd.conn = ssh.wait_for_ssh(nd.host, nd.port, settings.ssh_user, prov.key_path, known, log=ui.note,
-                                   fingerprints=lambda: instances.host_key_fingerprints(aws.ec2, nd.instance_id))
-        nd.run_dir = jobs.remote_run_dir(nd.conn, run_id)
-        home = recovery.CheckpointHome(remote=f"{nd.run_dir}/out/checkpoint.pt", local=local_checkpoint, log=ui.note)
-        nd.watch = recovery.InstanceWatch(aws.ec2, nd.instance_id, home, ui.note)
-
-    def prepare(nd: Node) -> None:
-        nd.info = setup.setup(nd.conn, nd.run_dir, log=lambda line: ui.note(f"node {nd.index}: {line}"))
-
-    def upload(nd: Node) -> None:
-        jobs.push_code(nd.conn, nd.run_dir)
-        if n > 1 and local_checkpoint.exists():  # every rank restores the same state
-            ssh.run(nd.conn, f"mkdir -p {nd.run_dir}/out")
-            nd.watch.checkpoints.push(nd.conn)
-
+    def say(nd: Node):
+        return lambda line: ui.note(f"node {nd.index}: {line}")
     try:
         with ui.phase("waiting for SSH"):
-            parallel(open_node, nodes)
+            parallel(lambda nd: open_node(nd, aws, settings, prov, run_id, resolver, checkpoints, ui.note), nodes)
         with ui.phase("setup"):
-            parallel(prepare, nodes)
+            parallel(lambda nd: prepare_node(nd, say(nd)), nodes)
         with ui.phase("upload"):
-            parallel(upload, nodes)
-            ui.note(f"uploaded the trainer to {len(nodes)} nodes"
-                    + ("; pushed the checkpoint to each, the trainer resumes from it"
-                       if n > 1 and local_checkpoint.exists() else ""))
+            parallel(lambda nd: upload_node(nd, n > 1, say(nd)), nodes)
         endpoint = f"{private_address(nodes[0].instance, resolver)}:{RDZV_PORT}"
         nproc = processes_per_node(nodes[0].info)
         ui.note(f"torchrun on {len(nodes)} nodes x {nproc} process(es): c10d rendezvous at {endpoint}, id {run_id}")
@@ -153,9 +175,7 @@ def run_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[dic
         raise
     finally:
         for nd in nodes:
-            if nd.conn is not None:
-                with contextlib.suppress(Exception):
-                    nd.conn.close()
+            nd.close()
 
 
 def follow_all(nodes: list[Node], ui, local_out: Path, attempt: int, unreachable_s: float) -> None:
@@ -218,9 +238,9 @@ def follow_all(nodes: list[Node], ui, local_out: Path, attempt: int, unreachable
         for t in threads:
             t.join(10)
         raise
-    failed = [nd for nd in nodes if nd.result not in (0, "stopped")]
-    if failed:
-        first = failed[0]
+    bad = [nd for nd in nodes if nd.result not in (0, "stopped")]
+    if bad:
+        first = bad[0]
         ui.note(f"node {first.index} ({first.instance_id}) ended with {_describe(first.result)}; "
                 f"stopping the other nodes")
         for nd in nodes:
@@ -373,7 +393,7 @@ def scale(aws, settings, name: str, target: int, max_runtime_minutes: int, log=l
             placement_group=(head.get("Placement") or {}).get("GroupName") or None, cluster=name)
         spec = replace(spec, count=target - current)
         try:
-            new = capacity._run_instances(aws.client("ec2", fail_fast=True), instances.run_request(spec))
+            new = capacity.run_instances(aws.client("ec2", fail_fast=True), instances.run_request(spec))
         except botocore.exceptions.ClientError as exc:
             err = CapacityError if error_code(exc) in capacity.NEXT_ZONE | capacity.LIMITS else AwsError
             raise err(f"could not add {target - current} node(s) to {name}: {describe(exc)}",

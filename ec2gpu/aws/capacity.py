@@ -86,7 +86,9 @@ def plan(ec2, instance_types: list[str], spot: bool, spot_fallback_on_demand: bo
     return order
 
 
-def _run_instances(ec2, request: dict, max_throttle_retries: int = 5, base_delay_s: float = 1.0) -> list[dict]:
+def run_instances(ec2, request: dict, max_throttle_retries: int = 5, base_delay_s: float = 1.0) -> list[dict]:
+    """Send one run_instances ``request``; retry throttling in place (1, 2, 4 ... s, at most 20 s).
+    Any other ClientError is raised at once for the caller to judge."""
     for attempt in range(max_throttle_retries + 1):
         try:
             return ec2.run_instances(**request)["Instances"]
@@ -112,7 +114,7 @@ def launch_with_fallback(ec2, spec: LaunchSpec, instance_types: list[str], spot_
         try_spec = replace(spec, instance_type=itype, subnet_id=subnet, spot=spot,
                            max_price=spec.max_price if spot else None)
         try:
-            found = _run_instances(ec2, run_request(try_spec))
+            found = run_instances(ec2, run_request(try_spec))
         except botocore.exceptions.ClientError as exc:
             code = error_code(exc)
             attempts.append(Attempt(itype, zone, market, code or "?", describe(exc)))

@@ -110,7 +110,7 @@ def create_key_pair(ec2, run_id: str, owner: str, keys_dir: Path) -> tuple[str, 
     """
     name = f"ec2gpu-{run_id}"
     private, public = generate_key()
-    path = keys_dir / f"{name}.pem"
+    path = private_key_path(keys_dir, name)
     write_private_key(path, private)
     try:
         ec2.import_key_pair(KeyName=name, PublicKeyMaterial=public.encode(),
@@ -124,4 +124,18 @@ def create_key_pair(ec2, run_id: str, owner: str, keys_dir: Path) -> tuple[str, 
 def delete_key_pair(ec2, name: str, keys_dir: Path) -> None:
     """Delete key pair ``name`` in AWS and its local private key file."""
     ec2.delete_key_pair(KeyName=name)
-    (keys_dir / f"{name}.pem").unlink(missing_ok=True)
+    private_key_path(keys_dir, name).unlink(missing_ok=True)
+
+
+def private_key_path(keys_dir: Path, name: str) -> Path:
+    """Where the private key of key pair ``name`` lives on this machine (it never leaves it)."""
+    return Path(keys_dir) / f"{name}.pem"
+
+
+def require_private_key(keys_dir: Path, name: str) -> Path:
+    """The private key file of key pair ``name``; UsageError when it is not on this machine."""
+    from ..errors import UsageError
+    path = private_key_path(keys_dir, name)
+    if not path.exists():
+        raise UsageError(f"the private key {path} is missing", "it lives on the machine that launched the instance")
+    return path

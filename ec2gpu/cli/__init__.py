@@ -423,14 +423,13 @@ def ssh_cmd(ctx_: typer.Context, name: str = typer.Argument(..., help="Name, ins
     import shutil
     import subprocess
 
+    from ..aws import network
     from ..runs.pipeline import ssh_target
 
     with Context(region, _sandbox_flag(sandbox)) as ctx:
         inst = _find(ctx, name)[0]
         host, port = ssh_target(inst, ctx.resolver)
-        key = ctx.settings.keys_dir / f"{inst['KeyName']}.pem"
-        if not key.exists():
-            raise UsageError(f"the private key {key} is missing", "it lives on the machine that launched the instance")
+        key = network.require_private_key(ctx.settings.keys_dir, inst["KeyName"])
         known = ctx.settings.home / "known_hosts" / inst["InstanceId"]
         known.parent.mkdir(parents=True, exist_ok=True)
         argv = [shutil.which("ssh") or "ssh", "-i", str(key), "-p", str(port), "-o", "IdentitiesOnly=yes",
@@ -447,7 +446,7 @@ def logs(name: str = typer.Argument(..., help="Run id, name or instance id."),
          region: Optional[str] = REGION, sandbox: bool = SANDBOX):
     """Print a run's training log (train.log, byte for byte) from its instance, or from the
     artifacts once the run is over. With --follow, exit with the job's exit status."""
-    from ..aws import instances
+    from ..aws import instances, network
     from ..aws import tags as T
     from ..errors import RemoteError
     from ..remote import jobs, ssh
@@ -477,9 +476,7 @@ def logs(name: str = typer.Argument(..., help="Run id, name or instance id."),
             return
         run_id, iid = T.as_dict(inst.get("Tags")).get(T.RUN), inst["InstanceId"]
         host, port = ssh_target(inst, ctx.resolver)
-        key = ctx.settings.keys_dir / f"{inst['KeyName']}.pem"
-        if not key.exists():
-            raise UsageError(f"the private key {key} is missing", "it lives on the machine that launched the instance")
+        key = network.require_private_key(ctx.settings.keys_dir, inst["KeyName"])
         known = ctx.settings.home / "known_hosts" / iid
         note = lambda m: err.print(f"[dim]{m}[/]", highlight=False)  # noqa: E731
         conn = ssh.wait_for_ssh(host, port, ctx.settings.ssh_user, key, known, timeout_s=60, log=note,
@@ -533,7 +530,7 @@ def doctor(instance_type: Optional[str] = typer.Option(None, "--instance-type", 
 @app.command("ssh-config")
 def ssh_config(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
     """Write ~/.ec2gpu/ssh_config so plain `ssh NAME`, scp and editors reach the running instances."""
-    from ..aws import sweep
+    from ..aws import network, sweep
     from ..aws import tags as T
     from ..remote import ssh_config as sc
     from ..runs.pipeline import ssh_target
@@ -541,7 +538,7 @@ def ssh_config(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json:
     with Context(region, _sandbox_flag(sandbox)) as ctx:
         entries, skipped = [], []
         for inst in sweep.find_instances(ctx.aws.ec2, states=["running"]):
-            key = ctx.settings.keys_dir / f"{inst.get('KeyName')}.pem"
+            key = network.private_key_path(ctx.settings.keys_dir, inst.get("KeyName") or "")
             if not key.exists():
                 skipped.append(inst["InstanceId"])
                 continue

@@ -250,31 +250,21 @@ def run_attempt(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, u
     trainer's summary.json. Raises recovery.Interrupted when the instance is lost (the run goes on
     elsewhere), RemoteError when the trainer fails (after fetching what it wrote).
     """
-    from ..remote import jobs, setup, ssh
+    from .. import cluster
+    from ..remote import jobs
     from . import recovery
 
-    iid = instance["InstanceId"]
-    known = settings.home / "known_hosts" / iid
-    watch = recovery.InstanceWatch(aws.ec2, iid, checkpoints, ui.note)
-    conn = None
+    nd = cluster.Node(0, instance)
     try:
         with ui.phase("waiting for SSH"):
-            host, port = ssh_target(instance, resolver)
-            conn = ssh.wait_for_ssh(host, port, settings.ssh_user, prov.key_path, known, log=ui.note,
-                                    fingerprints=lambda: instances.host_key_fingerprints(aws.ec2, iid))
-        run_dir = jobs.remote_run_dir(conn, run_id)
-        checkpoints.remote = f"{run_dir}/out/checkpoint.pt"
+            cluster.open_node(nd, aws, settings, prov, run_id, resolver, checkpoints, ui.note)
         with ui.phase("setup"):
-            info = setup.setup(conn, run_dir, log=ui.note)
+            cluster.prepare_node(nd, ui.note)
         with ui.phase("upload"):
-            size = jobs.push_code(conn, run_dir)
-            ui.note(f"uploaded the trainer ({size:,} bytes) to {conn.host}:{run_dir}")
-            resume = n > 1
-            if resume and checkpoints.local.exists():
-                ssh.run(conn, f"mkdir -p {run_dir}/out")
-                ui.note(f"pushed the checkpoint ({checkpoints.push(conn):,} bytes); the trainer resumes from it")
+            cluster.upload_node(nd, n > 1, ui.note)
         with ui.phase("training"):
-            jobs.start(conn, run_dir, trainer_argv(info["python"], opts, f"{run_dir}/out") + (["--resume"] if resume else []))
+            jobs.start(nd.conn, nd.run_dir, trainer_argv(nd.info["python"], opts, f"{nd.run_dir}/out")
+                       + (["--resume"] if n > 1 else []))
             lines = LineSplitter(ui.log)
             local_out.mkdir(parents=True, exist_ok=True)
             with open(local_out / f"attempt-{n}.log", "wb") as tee:
@@ -282,22 +272,21 @@ def run_attempt(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, u
                     tee.write(chunk)
                     tee.flush()
                     lines(chunk)
-                connect = lambda: ssh.connect(host, port, settings.ssh_user, prov.key_path, known, ui.note)  # noqa: E731
-                status, conn = recovery.follow_training(conn, connect, run_dir, jobs.LogCursor(deliver), watch, ui,
-                                                        opts.unreachable_s)
+                status, nd.conn = recovery.follow_training(nd.conn, nd.connect, nd.run_dir, jobs.LogCursor(deliver),
+                                                           nd.watch, ui, opts.unreachable_s)
             lines.flush()
         with ui.phase("download"):
-            jobs.fetch(conn, f"{run_dir}/out", local_out)
-            (local_out / "console.log").write_bytes(jobs.read_from(conn, f"{run_dir}/console.log", 0))
+            jobs.fetch(nd.conn, f"{nd.run_dir}/out", local_out)
+            (local_out / "console.log").write_bytes(jobs.read_from(nd.conn, f"{nd.run_dir}/console.log", 0))
         if status != 0:
-            raise recovery.remote_failure(conn, run_dir, status, local_out)
+            raise recovery.remote_failure(nd.conn, nd.run_dir, status, local_out)
         return recovery.summary_of(local_out)
     except (*jobs.CONNECTION_ERRORS, WaitTimeout, RemoteError):
-        watch.check()  # lost with its instance (Interrupted), or a failure of its own (re-raised)
+        if nd.watch:
+            nd.watch.check()  # lost with its instance (Interrupted), or a failure of its own (re-raised)
         raise
     finally:
-        if conn is not None:
-            conn.close()
+        nd.close()
 
 
 def check_estimate(aws: Aws, settings: Settings, opts: TrainOptions, backend: str, ui: Reporter) -> costs.Estimate:
@@ -408,9 +397,7 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, resolv
                     f"`ec2gpu down {opts.name or 'ec2gpu-' + run_id}` or {opts.max_runtime_minutes} min pass")
         elif prov.key_name or prov.security_group_id or prov.instances:
             teardown(aws, settings, prov, ui)
-            for att in attempts:
-                if "billed_seconds" not in att:
-                    att.update(_bill(aws, settings, att["instance_id"], prov, ui))
+            _bill(aws, settings, [a for a in attempts if "billed_seconds" not in a], prov, ui)
             record.update(_totals(attempts))
         record.update(instance_ids=prov.instance_ids, status=_status(error, opts.spot), phases=dict(ui.phases),
                       ended_at=datetime.now(timezone.utc).isoformat())
@@ -462,8 +449,7 @@ def _run_attempts(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str,
         try:
             if len(nodes) > 1:
                 from .. import cluster
-                return cluster.run_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, resolver, n,
-                                           checkpoints.local)
+                return cluster.run_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, resolver, n, checkpoints)
             return run_attempt(aws, settings, opts, run_id, ui, prov, instance, out, resolver, n, checkpoints)
         except recovery.Interrupted as why:
             ui.note(f"attempt {n} interrupted on {', '.join(a['instance_id'] for a in mine)} "
@@ -473,7 +459,7 @@ def _run_attempts(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str,
             _end_instances(aws, prov, [a["instance_id"] for a in mine], ui)
             for att in mine:
                 att["ended"] = why.reason
-                att.update(_bill(aws, settings, att["instance_id"], prov, ui))
+            _bill(aws, settings, mine, prov, ui)
             _ledger(settings, record, ui)
     raise recovery.exhausted(attempts, checkpoints.local, opts.spot, opts.attempts_allowed)
 
@@ -483,22 +469,26 @@ def _end_instances(aws: Aws, prov: Provisioned, instance_ids: list[str], ui: Rep
     with ui.phase("terminating"):
         states = {i["InstanceId"]: i["State"]["Name"] for i in instances.describe_instances(aws.ec2, instance_ids)}
         live = [i for i in instance_ids if states.get(i) not in ("shutting-down", "terminated")]
-        if live:
-            instances.terminate(aws.ec2, live)
-        # those EC2 is terminating keep EC2's own reason and time
+        if live:  # those EC2 is terminating already keep EC2's own reason and time
+            instances.terminate(aws.ec2, live, wait=False)
         instances.wait_terminated(aws.ec2, instance_ids)
         prov.ended.update(instance_ids)
 
 
-def _bill(aws: Aws, settings: Settings, instance_id: str, prov: Provisioned, ui: Reporter) -> dict:
-    """Billed seconds and cost of one (terminated) instance, from its own launch and termination times."""
+def _bill(aws: Aws, settings: Settings, attempts: list[dict], prov: Provisioned, ui: Reporter) -> None:
+    """Add billed seconds and cost to each attempt row, from its (terminated) instance's own launch
+    and termination times (one DescribeInstances for all of them)."""
+    if not attempts:
+        return
     ended = datetime.now(timezone.utc)
+    ids = [a["instance_id"] for a in attempts]
     try:
-        inst = instances.describe_instances(aws.ec2, [instance_id])[0]
+        described = {i["InstanceId"]: i for i in instances.describe_instances(aws.ec2, ids)}
     except Exception as exc:  # the bill is still computable from what launch returned
-        ui.note(f"could not read the termination time of {instance_id} ({exc}); using this machine's clock")
-        inst = next(i for i in prov.instances if i["InstanceId"] == instance_id)
-    return costs.actual_cost(aws, settings.home, inst, ended)
+        ui.note(f"could not read the termination times of {', '.join(ids)} ({exc}); using this machine's clock")
+        described = {i["InstanceId"]: i for i in prov.instances}
+    for att in attempts:
+        att.update(costs.actual_cost(aws, settings.home, described[att["instance_id"]], ended))
 
 
 def _totals(attempts: list[dict]) -> dict:
@@ -526,14 +516,13 @@ def train_on_cluster(aws: Aws, settings: Settings, opts: TrainOptions, ui: Repor
     """
     from .. import cluster
     from ..aws import tags as T
+    from . import recovery
 
     nodes = cluster.members(aws.ec2, cluster_name)
     if not nodes:
         raise UsageError(f"no running cluster named {cluster_name!r}",
                          "start one with `ec2gpu launch --nodes N --name NAME` (see `ec2gpu ls`)")
-    key = settings.keys_dir / f"{nodes[0]['KeyName']}.pem"
-    if not key.exists():
-        raise UsageError(f"the private key {key} is missing", "it lives on the machine that launched the cluster")
+    key = network.require_private_key(settings.keys_dir, nodes[0]["KeyName"])
     nodes = instances.wait_running(aws.ec2, [i["InstanceId"] for i in nodes])  # fresh descriptions
     order = {i["InstanceId"]: int(T.as_dict(i.get("Tags")).get(T.NODE, "0") or 0) for i in nodes}
     nodes.sort(key=lambda i: order[i["InstanceId"]])
@@ -551,8 +540,9 @@ def train_on_cluster(aws: Aws, settings: Settings, opts: TrainOptions, ui: Repor
     _ledger(settings, record, ui)
     error = None
     try:
+        checkpoints = recovery.CheckpointHome(remote="", local=out / "checkpoint.pt", log=ui.note)
         return _with_summary(record, cluster.run_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, resolver, 1,
-                                                         out / "checkpoint.pt", nnodes=f"1:{len(nodes)}"))
+                                                         checkpoints, nnodes=f"1:{len(nodes)}"))
     except BaseException as exc:
         error = exc
         raise

@@ -11,7 +11,7 @@ import pytest
 
 from ec2gpu import cli
 from ec2gpu.cluster import torchrun_argv
-from ec2gpu.sandbox import control, sshd
+from ec2gpu.sandbox import sshd
 
 from test_sandbox_train import leftovers, processes_gone, sandbox_settles  # same folder (pytest prepend import mode)
 from test_spot_recovery import EC2GPU, drive

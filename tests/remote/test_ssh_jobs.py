@@ -1,5 +1,4 @@
 """The remote layer against a real OpenSSH sshd on a loopback address."""
-import time
 
 import pytest
 
