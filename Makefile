@@ -19,7 +19,7 @@ demo: install
 	EC2GPU_DATA_DIR=$(abspath $(DATA)) $(BIN)/ec2gpu train mnist --sandbox
 
 test: install
-	EC2GPU_DATA_DIR=$(abspath $(DATA)) $(BIN)/python -m pytest -q
+	EC2GPU_DATA_DIR=$(abspath $(DATA)) $(BIN)/python -m pytest -q --durations=10
 
 bench: install
 	$(BIN)/python scripts/bench_trainer.py --data-dir $(abspath $(DATA))

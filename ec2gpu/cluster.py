@@ -101,7 +101,7 @@ def open_node(nd: Node, aws, settings, prov, run_id: str, resolver, checkpoints,
 
 
 def prepare_node(nd: Node, log) -> None:
-    """Run ami/setup-gpu.sh on the node; ``nd.info`` gets what it found (python, GPUs)."""
+    """Run ec2gpu/ami/setup-gpu.sh on the node; ``nd.info`` gets what it found (python, GPUs)."""
     from .remote import setup
     nd.info = setup.setup(nd.conn, nd.run_dir, log=log)
 

@@ -47,6 +47,11 @@ class AwsError(Ec2GpuError):
     exit_code = ExitCode.AWS
 
 
+class SpotRoleMissing(AwsError):
+    """The account's first spot request needs the service-linked role AWSServiceRoleForEC2Spot,
+    and the caller may not create it (AuthFailure.ServiceLinkedRoleCreationNotPermitted)."""
+
+
 class CapacityError(Ec2GpuError):
     """No capacity for the requested instance types in the tried availability zones."""
 

@@ -45,3 +45,41 @@ def sandbox_env(sandbox_home, monkeypatch):
     for k, v in control.env_vars(state).items():
         monkeypatch.setenv(k, v)
     return home, state
+
+
+class _Raw:
+    """The body of a canned HTTP response, as botocore reads it (AWSResponse.raw.stream())."""
+
+    def __init__(self, body: bytes):
+        self.body = body
+
+    def stream(self, **_):
+        yield self.body
+
+
+@pytest.fixture
+def wire_errors(monkeypatch):
+    """(inject, calls, sleeps). inject(client, operation, code, times, status=400, when=None): the
+    next ``times`` calls of ``operation`` (those whose request body ``when(body)`` accepts) are
+    answered on the wire with EC2's error XML for ``code`` (a `before-send` hook, so botocore parses
+    it and its retry logic runs as for a real answer). ``calls``: the call count per operation;
+    ``sleeps``: every retry delay botocore slept (sleeping is skipped)."""
+    from botocore.awsrequest import AWSResponse
+
+    calls: dict[str, int] = {}
+    sleeps: list[float] = []
+    monkeypatch.setattr("botocore.endpoint.time.sleep", sleeps.append)
+
+    def inject(client, operation: str, code: str, times: int, status: int = 400, when=None):
+        left = {"n": times}
+
+        def before_send(request, **_):
+            calls[operation] = calls.get(operation, 0) + 1
+            if left["n"] <= 0 or (when and not when(request.body)):
+                return None
+            left["n"] -= 1
+            body = (f"<Response><Errors><Error><Code>{code}</Code><Message>injected</Message></Error></Errors>"
+                    "<RequestID>test</RequestID></Response>").encode()
+            return AWSResponse(request.url, status, {}, _Raw(body))
+        client.meta.events.register(f"before-send.ec2.{operation}", before_send)
+    return inject, calls, sleeps

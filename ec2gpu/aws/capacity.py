@@ -3,18 +3,18 @@
 Capacity errors (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/troubleshooting-launch.html):
 InsufficientInstanceCapacity, InsufficientCapacity (capacity-not-available), SpotMaxPriceTooLow and
 Unsupported (the type is not offered in that zone) mean "not here": the launch moves on at once,
-with no SDK retries. Throttling (RequestLimitExceeded) is retried with exponential backoff.
+with no SDK retries. Throttling (RequestLimitExceeded) is retried with exponential backoff
+(aws/session.py, also by the fail-fast client).
 Quotas: Service Quotas codes for G and VT instances, on-demand L-DB2E81BA ("Running On-Demand G and
 VT instances") and spot L-3819A6DF ("All G and VT Spot Instance Requests"); both count vCPUs.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 
 import botocore.exceptions
 
-from ..errors import AwsError, CapacityError
+from ..errors import AwsError, CapacityError, SpotRoleMissing
 from . import catalog
 from .instances import LaunchSpec, run_request
 from .session import describe, error_code
@@ -22,8 +22,12 @@ from .session import describe, error_code
 #: codes that move the launch to the next zone / type
 NEXT_ZONE = {"InsufficientInstanceCapacity", "InsufficientCapacity", "SpotMaxPriceTooLow", "Unsupported",
              "InsufficientHostCapacity", "InsufficientReservedInstanceCapacity"}
-#: codes retried in place with backoff
-THROTTLED = {"RequestLimitExceeded", "Throttling", "ThrottlingException"}
+#: the account's first spot request creates the service-linked role AWSServiceRoleForEC2Spot; a
+#: caller without iam:CreateServiceLinkedRole gets this code, in every zone, for every type
+#: (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/service-linked-roles-spot-instance-requests.html)
+SPOT_ROLE_MISSING = "AuthFailure.ServiceLinkedRoleCreationNotPermitted"
+SPOT_ROLE = "AWSServiceRoleForEC2Spot"
+SPOT_ROLE_COMMAND = "aws iam create-service-linked-role --aws-service-name spot.amazonaws.com"
 #: codes that no other zone or type will fix (the account's limits)
 LIMITS = {"VcpuLimitExceeded", "InstanceLimitExceeded", "MaxSpotInstanceCountExceeded"}
 
@@ -86,17 +90,14 @@ def plan(ec2, instance_types: list[str], spot: bool, spot_fallback_on_demand: bo
     return order
 
 
-def run_instances(ec2, request: dict, max_throttle_retries: int = 5, base_delay_s: float = 1.0) -> list[dict]:
-    """Send one run_instances ``request``; retry throttling in place (1, 2, 4 ... s, at most 20 s).
-    Any other ClientError is raised at once for the caller to judge."""
-    for attempt in range(max_throttle_retries + 1):
-        try:
-            return ec2.run_instances(**request)["Instances"]
-        except botocore.exceptions.ClientError as exc:
-            if error_code(exc) not in THROTTLED or attempt == max_throttle_retries:
-                raise
-            time.sleep(min(20.0, base_delay_s * 2 ** attempt))
-    raise AssertionError("unreachable")
+def run_instances(ec2, request: dict) -> list[dict]:
+    """Send one run_instances ``request``; return the instances.
+
+    Throttling, and a security group or key pair not visible yet (eventual consistency), are
+    retried in place by the client itself (session.retry_handler, the fail-fast client included).
+    Any other ClientError is raised at once for the caller to judge.
+    """
+    return ec2.run_instances(**request)["Instances"]
 
 
 def launch_with_fallback(ec2, spec: LaunchSpec, instance_types: list[str], spot_fallback_on_demand: bool = False,
@@ -109,8 +110,11 @@ def launch_with_fallback(ec2, spec: LaunchSpec, instance_types: list[str], spot_
     """
     attempts: list[Attempt] = []
     order = plan(ec2, instance_types, spec.spot, spot_fallback_on_demand, avoid_zones)
+    spot_refused = False  # the spot role is missing: no spot launch can succeed, on-demand still may
     for itype, zone, subnet, spot in order:
         market = "spot" if spot else "on-demand"
+        if spot and spot_refused:
+            continue
         try_spec = replace(spec, instance_type=itype, subnet_id=subnet, spot=spot,
                            max_price=spec.max_price if spot else None)
         try:
@@ -121,6 +125,12 @@ def launch_with_fallback(ec2, spec: LaunchSpec, instance_types: list[str], spot_
             if code in NEXT_ZONE:
                 log(f"{itype} {market} in {zone or 'any zone'}: {code}; trying the next zone or type")
                 continue
+            if code == SPOT_ROLE_MISSING:
+                if not spot_fallback_on_demand:
+                    raise SpotRoleMissing(spot_role_message(), spot_role_hint(with_fallback=True))
+                log(f"spot refused: {spot_role_message()}; trying on-demand (--spot-fallback on-demand)")
+                spot_refused = True
+                continue
             if code in LIMITS:
                 raise CapacityError(f"{itype} {market}: {describe(exc)}", quota_hint(market))
             raise AwsError(f"run_instances failed: {describe(exc)}", "see docs/iam-policy.json for the permissions needed")
@@ -130,6 +140,28 @@ def launch_with_fallback(ec2, spec: LaunchSpec, instance_types: list[str], spot_
     raise CapacityError(f"no capacity for {', '.join(instance_types)} in {len(attempts)} attempt(s): {tried}",
                         "try later, another --region, more types (--instance-type a,b,c)"
                         + ("" if spot_fallback_on_demand or not spec.spot else ", or --spot-fallback on-demand"))
+
+
+def spot_role_message() -> str:
+    return (f"this account's first spot request needs the service-linked role {SPOT_ROLE}, "
+            "and these credentials may not create it (iam:CreateServiceLinkedRole)")
+
+
+def spot_role_hint(with_fallback: bool = False) -> str:
+    return (f"create it once: `{SPOT_ROLE_COMMAND}` (or add iam:CreateServiceLinkedRole for spot.amazonaws.com, "
+            "docs/iam-policy.json)" + ("; or run on-demand (drop --spot, or add --spot-fallback on-demand)"
+                                       if with_fallback else ""))
+
+
+def spot_role_exists(iam) -> bool | None:
+    """Whether the account has AWSServiceRoleForEC2Spot: True, False, or None when it cannot be read."""
+    try:
+        iam.get_role(RoleName=SPOT_ROLE)
+        return True
+    except botocore.exceptions.ClientError as exc:
+        if error_code(exc) == "NoSuchEntity":
+            return False
+        return None
 
 
 def quota_hint(market: str) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..errors import RetiredInstanceType, UsageError
 
-PRICES_AS_OF = "2025-06 (us-east-1, Linux on-demand)"
+PRICES_AS_OF = "2025-06 (us-east-1, Linux on-demand; P4d/P5 after the 2025-06-05 cut)"
 PRICE_REGION = "us-east-1"
 SHIPPED_PRICE_REGIONS = ("us-east-1", "us-east-2", "us-west-2")  # same Linux on-demand list prices
 BILLING_MINIMUM_SECONDS = 60  # per-second billing, 60 s minimum: https://aws.amazon.com/ec2/pricing/
@@ -68,8 +68,11 @@ CATALOG: dict[str, InstanceType] = {t.name: t for t in [
     _t("p3.2xlarge", "V100", 1, 16, 8, 61, 3.06),
     _t("p3.8xlarge", "V100", 4, 16, 32, 244, 12.24),
     _t("p3.16xlarge", "V100", 8, 16, 64, 488, 24.48),
-    _t("p4d.24xlarge", "A100", 8, 40, 96, 1152, 32.7726),
-    _t("p5.48xlarge", "H100", 8, 80, 192, 2048, 98.32),
+    # P4d and P5 after AWS's price cut of June 2025 ("up to 45% price reduction for Amazon EC2
+    # NVIDIA GPU-accelerated instances", What's New, 2025-06-05: P4 -33%, P5 -44%, on-demand);
+    # before it they were 32.7726 and 98.32 USD/h. `ec2gpu prices --refresh` reads the current list.
+    _t("p4d.24xlarge", "A100", 8, 40, 96, 1152, 21.96),
+    _t("p5.48xlarge", "H100", 8, 80, 192, 2048, 55.04),
 ]}
 
 #: Last known on-demand price of the retired types, USD/h, us-east-1 (AWS's previous-generation

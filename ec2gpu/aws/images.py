@@ -1,60 +1,105 @@
 """AMI resolution: the AWS Deep Learning AMI (PyTorch, Ubuntu) through SSM public parameters.
 
-Parameter names: https://docs.aws.amazon.com/dlami/latest/devguide/find-dlami-id.html
-When no parameter resolves (older partitions, permissions), the newest image owned by Amazon
-whose name matches the DLAMI pattern is used. ``--ami`` overrides both.
+Parameter names: /aws/service/deeplearning/ami/x86_64/<ami type>/latest/ami-id, where the AMI type
+is the DLAMI's name without "deep learning ami", e.g.
+``oss-nvidia-driver-gpu-pytorch-2.7-ubuntu-24.04`` (https://docs.aws.amazon.com/dlami/latest/devguide/find-dlami-id.html).
+The newest PyTorch DLAMI for Ubuntu 24.04 is preferred: the Ubuntu 22.04 line has passed its end
+of patching (DLAMI support policy, https://docs.aws.amazon.com/dlami/latest/devguide/support-policy.html)
+and is used only where no 24.04 image is published, and then said. The parameters are listed with
+GetParametersByPath; where that is refused, a fixed list of names is tried, then the newest image
+owned by Amazon whose name matches. ``--ami`` overrides all of it.
 """
 from __future__ import annotations
+
+import re
 
 import botocore.exceptions
 
 from ..errors import AwsError
 
-SSM_PARAMETERS = (
-    "/aws/service/deeplearning/ami/x86_64/oss-nvidia-driver-gpu-pytorch-2.7-ubuntu-22.04/latest/ami-id",
-    "/aws/service/deeplearning/ami/x86_64/oss-nvidia-driver-gpu-pytorch-2.6-ubuntu-22.04/latest/ami-id",
-    "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id",
-)
-NAME_PATTERNS = (
-    "Deep Learning OSS Nvidia Driver AMI GPU PyTorch * (Ubuntu 22.04) *",
-    "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) *",
-)
+DLAMI_PATH = "/aws/service/deeplearning/ami/x86_64"
+#: Ubuntu releases in order of preference, with why a later one is only a fallback
+UBUNTU_RELEASES = ("24.04", "22.04")
+FALLBACK_WHY = {"22.04": "past its end of patching; used because this region publishes no Ubuntu 24.04 PyTorch DLAMI"}
+_PYTORCH = re.compile(rf"^{DLAMI_PATH}/oss-nvidia-driver-gpu-pytorch-(\d+)\.(\d+)-ubuntu-(\d+\.\d+)/latest/ami-id$")
+#: tried one by one when GetParametersByPath is refused
+SSM_PARAMETERS = tuple(f"{DLAMI_PATH}/oss-nvidia-driver-gpu-pytorch-{torch}-ubuntu-{ubuntu}/latest/ami-id"
+                       for ubuntu in UBUNTU_RELEASES for torch in ("2.9", "2.8", "2.7", "2.6"))
+NAME_PATTERNS = tuple(f"Deep Learning OSS Nvidia Driver AMI GPU PyTorch * (Ubuntu {u}) *" for u in UBUNTU_RELEASES)
+
+
+def pick_parameter(parameters: dict[str, str]) -> tuple[str, str, str] | None:
+    """From {parameter name: AMI id}, the PyTorch DLAMI to use (pure): (name, AMI id, Ubuntu
+    release) for the first release of UBUNTU_RELEASES that has one, newest PyTorch first; None."""
+    found = []
+    for name, value in parameters.items():
+        m = _PYTORCH.match(name)
+        if m:
+            found.append(((int(m.group(1)), int(m.group(2))), m.group(3), name, value))
+    for release in UBUNTU_RELEASES:
+        mine = sorted((f for f in found if f[1] == release), reverse=True)
+        if mine:
+            return mine[0][2], mine[0][3], release
+    return None
+
+
+def _by_path(ssm) -> dict[str, str] | None:
+    """Every DLAMI parameter of the region ({name: AMI id}), or None when the call is refused."""
+    try:
+        pages = ssm.get_paginator("get_parameters_by_path").paginate(Path=DLAMI_PATH, Recursive=True)
+        return {p["Name"]: p["Value"] for page in pages for p in page.get("Parameters", [])}
+    except botocore.exceptions.ClientError:
+        return None
+
+
+def _by_name(ssm) -> tuple[str, str, str] | None:
+    for name in SSM_PARAMETERS:
+        try:
+            value = ssm.get_parameter(Name=name)["Parameter"]["Value"]
+        except botocore.exceptions.ClientError:
+            continue
+        return pick_parameter({name: value})
+    return None
 
 
 def resolve_ami(ssm, ec2, override: str | None = None) -> dict:
-    """Return the image to launch: {'ImageId', 'Name', 'RootDeviceName', 'source'}.
+    """Return the image to launch: {'ImageId', 'Name', 'RootDeviceName', 'source', 'why'}.
 
-    Order: ``override``, the SSM parameters above, then describe_images by name (owner amazon,
-    newest CreationDate). Raises AwsError when none is found.
+    Order: ``override``, the newest Ubuntu 24.04 PyTorch DLAMI among the SSM parameters (then
+    22.04), then describe_images by name (owner amazon, newest CreationDate, 24.04 first). ``why``
+    says in words which image this is and why it was chosen. Raises AwsError when none is found.
     """
-    image_id, source = override, "--ami"
-    if not image_id:
-        for name in SSM_PARAMETERS:
-            try:
-                image_id = ssm.get_parameter(Name=name)["Parameter"]["Value"]
-                source = f"ssm:{name}"
-                break
-            except botocore.exceptions.ClientError:
-                continue
-    if image_id:
-        try:
-            images = ec2.describe_images(ImageIds=[image_id])["Images"]
-        except botocore.exceptions.ClientError as exc:
-            raise AwsError(f"AMI {image_id} cannot be described: {exc}", "check --ami and the region")
-        if not images:
-            raise AwsError(f"AMI {image_id} does not exist in this region", "check --ami and the region")
-        return _pick(images[0], source)
-    for pattern in NAME_PATTERNS:
+    if override:
+        return _describe(ec2, override, "--ami", "given with --ami")
+    params = _by_path(ssm)
+    picked = pick_parameter(params) if params is not None else _by_name(ssm)
+    if picked:
+        name, image_id, release = picked
+        why = f"newest PyTorch DLAMI for Ubuntu {release}" + (f" ({FALLBACK_WHY[release]})" if release in FALLBACK_WHY else "")
+        return _describe(ec2, image_id, f"ssm:{name}", why)
+    for pattern, release in zip(NAME_PATTERNS, UBUNTU_RELEASES):
         images = ec2.describe_images(Owners=["amazon"], Filters=[
             {"Name": "name", "Values": [pattern]}, {"Name": "state", "Values": ["available"]},
             {"Name": "architecture", "Values": ["x86_64"]}])["Images"]
         if images:
             newest = max(images, key=lambda i: i.get("CreationDate", ""))
-            return _pick(newest, f"describe_images:{pattern}")
+            why = f"newest image named like the Ubuntu {release} PyTorch DLAMI (no SSM parameter could be read)" + \
+                (f"; {FALLBACK_WHY[release]}" if release in FALLBACK_WHY else "")
+            return _pick(newest, f"describe_images:{pattern}", why)
     raise AwsError("no AWS Deep Learning AMI found in this region",
                    "pass --ami ami-... (an Ubuntu image with the NVIDIA driver)")
 
 
-def _pick(image: dict, source: str) -> dict:
+def _describe(ec2, image_id: str, source: str, why: str) -> dict:
+    try:
+        images = ec2.describe_images(ImageIds=[image_id])["Images"]
+    except botocore.exceptions.ClientError as exc:
+        raise AwsError(f"AMI {image_id} cannot be described: {exc}", "check --ami and the region")
+    if not images:
+        raise AwsError(f"AMI {image_id} does not exist in this region", "check --ami and the region")
+    return _pick(images[0], source, why)
+
+
+def _pick(image: dict, source: str, why: str) -> dict:
     return {"ImageId": image["ImageId"], "Name": image.get("Name", ""),
-            "RootDeviceName": image.get("RootDeviceName", "/dev/sda1"), "source": source}
+            "RootDeviceName": image.get("RootDeviceName", "/dev/sda1"), "source": source, "why": why}

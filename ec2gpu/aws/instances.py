@@ -6,7 +6,6 @@ Waiters: https://boto3.amazonaws.com/v1/documentation/api/latest/guide/clients.h
 """
 from __future__ import annotations
 
-import base64
 import math
 import re
 from dataclasses import dataclass
@@ -62,7 +61,10 @@ def run_request(spec: LaunchSpec) -> dict:
         "BlockDeviceMappings": [{"DeviceName": spec.root_device_name, "Ebs": {
             "VolumeSize": spec.root_volume_gib, "VolumeType": "gp3", "Encrypted": True,
             "DeleteOnTermination": True}}],
-        "UserData": base64.b64encode(user_data(spec.max_runtime_minutes).encode()).decode(),
+        # plain text: boto3 base64-encodes UserData for RunInstances itself (botocore handlers.py,
+        # base64_encode_user_data); encoding it here too would hand the instance base64 text that
+        # cloud-init never runs (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/user-data.html)
+        "UserData": user_data(spec.max_runtime_minutes),
         "TagSpecifications": [T.tag_spec("instance", spec.run_id, spec.owner, spec.name),
                               T.tag_spec("volume", spec.run_id, spec.owner, spec.name)],
     }
@@ -96,21 +98,49 @@ def _waiter_config(timeout_s: float, delay_s: float) -> dict:
     return {"Delay": delay_s, "MaxAttempts": max(1, math.ceil(timeout_s / delay_s))}
 
 
+#: key added to the descriptions wait_running returns: when billing began, as far as this machine
+#: saw it. EC2 bills an instance from the moment it is ``running``, not while ``pending``
+#: (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/ec2-instance-lifecycle.html), and reports
+#: no time for that transition; the last moment it was seen ``pending`` (its LaunchTime at the
+#: least) is the earliest it can have started, so billing from there never bills too little.
+BILLING_START = "Ec2gpuBillingStart"
+
+
 def wait_running(ec2, instance_ids: list[str], timeout_s: float = 600, delay_s: float = 2) -> list[dict]:
-    """Wait until the instances are running; return their descriptions.
+    """Wait until the instances are running; return their descriptions, each with BILLING_START.
 
     Raises WaitTimeout after ``timeout_s`` seconds, AwsError if one terminated instead.
     """
+    seen_pending: dict[str, datetime] = {}
+
+    def observe(parsed, **_):  # every DescribeInstances the waiter makes: who is still pending, when
+        now = datetime.now(timezone.utc)
+        for r in parsed.get("Reservations", []):
+            for i in r.get("Instances", []):
+                if i.get("State", {}).get("Name") == "pending":
+                    seen_pending[i["InstanceId"]] = now
+
+    ec2.meta.events.register("after-call.ec2.DescribeInstances", observe)
     try:
         ec2.get_waiter("instance_running").wait(InstanceIds=instance_ids,
                                                 WaiterConfig=_waiter_config(timeout_s, delay_s))
     except botocore.exceptions.WaiterError as exc:
-        if "terminal failure" in str(exc).lower():
-            raise AwsError(f"instance {', '.join(instance_ids)} stopped before running: {exc}",
+        states = {i.get("InstanceId"): i.get("State", {}).get("Name")
+                  for r in (exc.last_response or {}).get("Reservations", []) for i in r.get("Instances", [])}
+        ended = {i: st for i, st in states.items() if st in ("shutting-down", "terminated", "stopping", "stopped")}
+        if ended:
+            raise AwsError(f"instance {', '.join(f'{i} ({st})' for i, st in ended.items())} stopped before running",
                            "see `aws ec2 describe-instances` for its StateReason")
         raise WaitTimeout(f"instance {', '.join(instance_ids)} not running after {timeout_s:.0f} s",
                           "AWS may be short of capacity; try another zone or type")
-    return describe_instances(ec2, instance_ids)
+    finally:
+        ec2.meta.events.unregister("after-call.ec2.DescribeInstances", observe)
+    described = describe_instances(ec2, instance_ids)
+    for inst in described:
+        launched = inst.get("LaunchTime")
+        pending = seen_pending.get(inst["InstanceId"])
+        inst[BILLING_START] = max(launched, pending) if pending and launched else (launched or pending)
+    return described
 
 
 def describe_instances(ec2, instance_ids: list[str]) -> list[dict]:

@@ -4,7 +4,7 @@ Price List API (service ``pricing``, action ``GetProducts``):
 https://docs.aws.amazon.com/awsaccountbilling/latest/aboutv2/using-price-list-query-api.html
 Its endpoints live in us-east-1, eu-central-1 and ap-south-1 only; the products of every region are
 served from each. One product per instance type matches Linux, shared tenancy, no pre-installed
-software and capacitystatus "Used"; its ``terms.OnDemand.*.priceDimensions.*.pricePerUnit.USD`` is
+software, capacitystatus "Used" and marketoption "OnDemand"; its ``terms.OnDemand.*.priceDimensions.*.pricePerUnit.USD`` is
 the hourly price. Spot: https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_DescribeSpotPriceHistory.html
 """
 from __future__ import annotations
@@ -22,8 +22,10 @@ SPOT_PRODUCT = "Linux/UNIX"  # ProductDescription of Linux spot prices in a VPC
 
 def product_filters(region: str) -> list[dict]:
     """GetProducts filters for Linux on-demand GPU instances in ``region`` (pure)."""
+    # marketoption pins on-demand products: without it the Capacity Block products of P-family
+    # types match too, and their prices are not on-demand prices
     terms = {"regionCode": region, "operatingSystem": "Linux", "tenancy": "Shared", "preInstalledSw": "NA",
-             "capacitystatus": "Used", "instanceFamily": "GPU instance"}
+             "capacitystatus": "Used", "instanceFamily": "GPU instance", "marketoption": "OnDemand"}
     return [{"Type": "TERM_MATCH", "Field": k, "Value": v} for k, v in terms.items()]
 
 

@@ -14,8 +14,44 @@ import botocore.exceptions
 from ..errors import AwsError, UsageError
 
 RETRIES = {"mode": "adaptive", "max_attempts": 8}  # throttling backs off, bounded
-#: for calls whose failure means "try the next zone/type": no SDK retries at all
-FAIL_FAST = {"mode": "standard", "max_attempts": 1}
+#: for calls whose failure means "try the next zone/type": no SDK retries at all (EC2 answers
+#: InsufficientInstanceCapacity with HTTP 500, which the SDK's modes would retry in place)
+FAIL_FAST = {"mode": "standard", "total_max_attempts": 1}  # max_attempts counts retries: 1 would retry once
+#: error codes that mean "slow down": retried in place even by the fail-fast client
+THROTTLED = frozenset({"RequestLimitExceeded", "Throttling", "ThrottlingException"})
+
+#: EC2's eventual consistency: a resource made a moment ago can be "not found" by the next call
+#: (https://docs.aws.amazon.com/ec2/latest/devguide/eventual-consistency.html). botocore retries
+#: none of these, so they are retried with bounded backoff here: these codes, for these operations only.
+NOT_YET_VISIBLE: dict[str, frozenset[str]] = {
+    "CreateTags": frozenset({"InvalidInstanceID.NotFound"}),
+    "DescribeInstances": frozenset({"InvalidInstanceID.NotFound"}),
+    "GetConsoleOutput": frozenset({"InvalidInstanceID.NotFound"}),
+    "TerminateInstances": frozenset({"InvalidInstanceID.NotFound"}),
+    "AuthorizeSecurityGroupIngress": frozenset({"InvalidGroup.NotFound"}),
+    "RunInstances": frozenset({"InvalidGroup.NotFound", "InvalidKeyPair.NotFound"}),
+}
+EXTRA_ATTEMPTS = 7  # at most 7 retries: 0.25, 0.5, 1, 2, 4, 4, 4 s (about 16 s in all)
+
+
+def backoff_s(attempt: int, base_s: float = 0.25, cap_s: float = 4.0) -> float:
+    """Seconds to wait before retry number ``attempt`` (1-based): base doubling, capped (pure)."""
+    return min(cap_s, base_s * 2 ** (attempt - 1))
+
+
+def retry_handler(codes_by_operation: dict[str, frozenset[str]], also: frozenset[str] = frozenset(),
+                  max_retries: int = EXTRA_ATTEMPTS):
+    """A botocore ``needs-retry`` handler: the delay (s) when the error code is listed for the
+    operation (or in ``also``, for any operation) and fewer than ``max_retries`` retries were made;
+    None otherwise, leaving the decision to the client's own retry mode."""
+    def needs_retry(attempts, response=None, operation=None, **_):
+        if response is None or operation is None or attempts > max_retries:
+            return None
+        code = response[1].get("Error", {}).get("Code")
+        if code in also or code in codes_by_operation.get(operation.name, ()):
+            return backoff_s(attempts)
+        return None
+    return needs_retry
 
 
 @dataclass
@@ -39,7 +75,11 @@ class Aws:
         if key not in self._clients:
             cfg = botocore.config.Config(retries=FAIL_FAST if fail_fast else RETRIES,
                                          connect_timeout=10, read_timeout=60)
-            self._clients[key] = self._session.client(service, endpoint_url=self.endpoint_url, config=cfg)
+            client = self._session.client(service, endpoint_url=self.endpoint_url, config=cfg)
+            if service == "ec2":  # consulted when the retry mode's own handler declines (returns None)
+                client.meta.events.register("needs-retry.ec2", retry_handler(
+                    NOT_YET_VISIBLE, also=THROTTLED if fail_fast else frozenset()))
+            self._clients[key] = client
         return self._clients[key]
 
     def partition_regions(self) -> list[str]:

@@ -131,7 +131,8 @@ def cost_rows(record: dict) -> list[tuple[str, str]]:
     if record.get("billed_seconds") is not None and record.get("market") != "local":
         usd = record.get("cost_usd")
         rows.append(("actual", ("unknown" if usd is None else f"${usd:.4f}") +
-                     f" = {record['billed_seconds']:.0f} s billed (launch {str(record.get('launched_at', ''))[11:19]}"
+                     f" = {record['billed_seconds']:.0f} s billed (running from "
+                     f"{str(record.get('billing_started_at') or record.get('launched_at', ''))[11:19]}"
                      f" to termination {str(record.get('terminated_at', ''))[11:19]} UTC) x "
                      f"{record.get('usd_per_hour') or 0:.4f} USD/h ({record.get('price_source')})"))
     return rows
@@ -189,7 +190,7 @@ def train_mnist(
     local: bool = typer.Option(False, "--local", help="Train on this machine instead (needs torch)."),
     ssh_cidr: Optional[str] = typer.Option(None, "--ssh-cidr", help="CIDR allowed to SSH (default: your public IP/32)."),
     ami: Optional[str] = typer.Option(None, "--ami", help="AMI id (default: the AWS Deep Learning AMI, PyTorch)."),
-    max_runtime: Optional[int] = typer.Option(None, "--max-runtime", min=5, help="Minutes after which the instance "
+    max_runtime: Optional[int] = typer.Option(None, "--max-runtime", min=1, help="Minutes after which the instance "
                                     "shuts itself down (= terminates), whatever happens to this command "
                                     "(default 120; --keep needs it given explicitly)."),
     data_dir: Optional[str] = typer.Option(None, "--data-dir", help="MNIST directory for --local "
@@ -263,7 +264,7 @@ def launch(
     name: Optional[str] = typer.Option(None, "--name", help="Name tag (default ec2gpu-<run-id>)."),
     ssh_cidr: Optional[str] = typer.Option(None, "--ssh-cidr", help="CIDR allowed to SSH (default: your IP/32)."),
     ami: Optional[str] = typer.Option(None, "--ami", help="AMI id (default: the AWS Deep Learning AMI)."),
-    max_runtime: int = typer.Option(120, "--max-runtime", min=5, help="Minutes until it terminates itself."),
+    max_runtime: int = typer.Option(120, "--max-runtime", min=1, help="Minutes until it terminates itself (user data runs `shutdown -h +M`; whole minutes, 1 at least)."),
     nodes: int = typer.Option(1, "--nodes", "-n", min=1, max=64, help="A standing cluster of N nodes (tag "
                               "ec2gpu:cluster = NAME): one security group open between its members, a cluster "
                               "placement group where supported. `ec2gpu scale NAME N` resizes it."),
@@ -419,22 +420,29 @@ def cleanup(dry_run: bool = typer.Option(False, "--dry-run", help="Only list wha
 @app.command("ssh", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def ssh_cmd(ctx_: typer.Context, name: str = typer.Argument(..., help="Name, instance id or run id."),
             region: Optional[str] = REGION, sandbox: bool = SANDBOX):
-    """Open a shell on an instance, or run a command after `--`: ec2gpu ssh NAME -- nvidia-smi."""
+    """Open a shell on an instance, or run a command after `--`: ec2gpu ssh NAME -- nvidia-smi.
+
+    Uses the config `ec2gpu ssh-config` writes and the instance's pinned host key (verified against
+    its console output first if it is not pinned yet): OpenSSH refuses any other key."""
     import shutil
     import subprocess
 
-    from ..aws import network
+    from ..aws import instances, network
+    from ..remote import ssh
     from ..runs.pipeline import ssh_target
 
     with Context(region, _sandbox_flag(sandbox)) as ctx:
         inst = _find(ctx, name)[0]
-        host, port = ssh_target(inst, ctx.resolver)
-        key = network.require_private_key(ctx.settings.keys_dir, inst["KeyName"])
-        known = ctx.settings.home / "known_hosts" / inst["InstanceId"]
-        known.parent.mkdir(parents=True, exist_ok=True)
-        argv = [shutil.which("ssh") or "ssh", "-i", str(key), "-p", str(port), "-o", "IdentitiesOnly=yes",
-                "-o", f"UserKnownHostsFile={known}", "-o", "StrictHostKeyChecking=accept-new",
-                "-o", "LogLevel=ERROR", f"{ctx.settings.ssh_user}@{host}", *ctx_.args]
+        iid = inst["InstanceId"]
+        known = ctx.settings.home / "known_hosts" / iid
+        if not (known.is_file() and known.stat().st_size):
+            host, port = ssh_target(inst, ctx.resolver)
+            key = network.require_private_key(ctx.settings.keys_dir, inst["KeyName"])
+            ssh.wait_for_ssh(host, port, ctx.settings.ssh_user, key, known, timeout_s=ssh.FINGERPRINT_WAIT_S + 60,
+                             log=lambda m: err.print(f"[dim]{m}[/]", highlight=False),
+                             fingerprints=lambda: instances.host_key_fingerprints(ctx.aws.ec2, iid)).close()
+        config, _, _ = _write_ssh_config(ctx)
+        argv = [shutil.which("ssh") or "ssh", "-F", str(config), "-o", "LogLevel=ERROR", iid, *ctx_.args]
         code = subprocess.call(argv)
     raise typer.Exit(code)
 
@@ -527,28 +535,35 @@ def doctor(instance_type: Optional[str] = typer.Option(None, "--instance-type", 
         raise typer.Exit(1)
 
 
-@app.command("ssh-config")
-def ssh_config(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
-    """Write ~/.ec2gpu/ssh_config so plain `ssh NAME`, scp and editors reach the running instances."""
+def _write_ssh_config(ctx: Context) -> tuple[Path, list, list[str]]:
+    """Write $EC2GPU_HOME/ssh_config for every running instance whose key is here: (path, entries,
+    instance ids skipped for want of their private key)."""
     from ..aws import network, sweep
     from ..aws import tags as T
     from ..remote import ssh_config as sc
     from ..runs.pipeline import ssh_target
 
+    entries, skipped = [], []
+    for inst in sweep.find_instances(ctx.aws.ec2, states=["running"]):
+        key = network.private_key_path(ctx.settings.keys_dir, inst.get("KeyName") or "")
+        if not key.exists():
+            skipped.append(inst["InstanceId"])
+            continue
+        host, port = ssh_target(inst, ctx.resolver)
+        name = T.as_dict(inst.get("Tags")).get(T.NAME)
+        entries.append(sc.HostEntry(tuple(a for a in (name, inst["InstanceId"]) if a), host, port,
+                                    ctx.settings.ssh_user, key, ctx.settings.home / "known_hosts" / inst["InstanceId"]))
+    path = ctx.settings.home / "ssh_config"
+    (ctx.settings.home / "known_hosts").mkdir(parents=True, exist_ok=True)  # OpenSSH won't create it
+    sc.write(path, sc.render(entries, path))
+    return path, entries, skipped
+
+
+@app.command("ssh-config")
+def ssh_config(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
+    """Write ~/.ec2gpu/ssh_config so plain `ssh NAME`, scp and editors reach the running instances."""
     with Context(region, _sandbox_flag(sandbox)) as ctx:
-        entries, skipped = [], []
-        for inst in sweep.find_instances(ctx.aws.ec2, states=["running"]):
-            key = network.private_key_path(ctx.settings.keys_dir, inst.get("KeyName") or "")
-            if not key.exists():
-                skipped.append(inst["InstanceId"])
-                continue
-            host, port = ssh_target(inst, ctx.resolver)
-            name = T.as_dict(inst.get("Tags")).get(T.NAME)
-            entries.append(sc.HostEntry(tuple(a for a in (name, inst["InstanceId"]) if a), host, port,
-                                        ctx.settings.ssh_user, key, ctx.settings.home / "known_hosts" / inst["InstanceId"]))
-        path = ctx.settings.home / "ssh_config"
-        (ctx.settings.home / "known_hosts").mkdir(parents=True, exist_ok=True)  # OpenSSH won't create it
-        sc.write(path, sc.render(entries, path))
+        path, entries, skipped = _write_ssh_config(ctx)
     if as_json:
         print(json.dumps({"path": str(path), "hosts": [e.aliases[0] for e in entries], "skipped": skipped}, indent=2))
         return
@@ -590,14 +605,21 @@ def down(name: Optional[str] = typer.Argument(None, help="Name, instance id or r
 
 
 @sandbox_app.command("up")
-def sandbox_up(as_json: bool = JSON):
+def sandbox_up(like_aws: bool = typer.Option(False, "--like-aws", help="Behave like EC2 where moto does not: "
+                                             "instances pending for a few seconds, sshd and the console's host key "
+                                             "fingerprints later still, NotFound for just-created resources now and "
+                                             "then, occasional RequestLimitExceeded (docs/sandbox.md). Also "
+                                             "EC2GPU_SANDBOX_LIKE_AWS=1."),
+               as_json: bool = JSON):
     """Start the sandbox in the background; it keeps its state until `ec2gpu sandbox down`."""
     from ..sandbox import control
     from ..settings import load
-    state = control.up(load().home)
+    state = control.up(load().home, like_aws=like_aws or None)
+    if like_aws and not state.get("like_aws"):
+        err.print("[yellow]a sandbox without --like-aws is already running; `ec2gpu sandbox down` first[/]")
     print(json.dumps(state, indent=2)) if as_json else out.print(
-        f"sandbox up: AWS endpoint {state['endpoint']} (pid {state['pid']}); "
-        "`eval \"$(ec2gpu sandbox env)\"` points any AWS client at it")
+        f"sandbox up{' (like AWS)' if state.get('like_aws') else ''}: AWS endpoint {state['endpoint']} "
+        f"(pid {state['pid']}); `eval \"$(ec2gpu sandbox env)\"` points any AWS client at it")
 
 
 @sandbox_app.command("down")

@@ -51,15 +51,22 @@ def push_code(conn: Connection, run_dir: str) -> int:
     return len(blob)
 
 
+def job_script(run_dir: str, argv: list[str], env: dict[str, str] | None = None) -> str:
+    """The job.sh that runs ``argv`` in ``run_dir`` and records its exit status there (pure)."""
+    exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in (env or {}).items())
+    d = shlex.quote(run_dir)
+    # `|| exit` (shellcheck SC2164): a failed cd must not run the job elsewhere, and the exit status
+    # goes to an absolute path, so it can never be written anywhere the controller does not look
+    return (f"cd {d} || exit 1; export PYTHONPATH={shlex.quote(run_dir + '/code')}; {exports}"
+            f"{shlex.join(argv)}; echo $? > {d}/exit_status.tmp; mv {d}/exit_status.tmp {d}/exit_status\n")
+
+
 def start(conn: Connection, run_dir: str, argv: list[str], env: dict[str, str] | None = None) -> int:
     """Start ``argv`` in ``run_dir`` detached from the SSH session; return its process id.
 
     stdout/stderr go to ``run_dir``/console.log, the exit status to ``run_dir``/exit_status.
     """
-    exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in (env or {}).items())
-    script = (f"cd {shlex.quote(run_dir)}; export PYTHONPATH={shlex.quote(run_dir + '/code')}; {exports}"
-              f"{shlex.join(argv)}; echo $? > exit_status.tmp; mv exit_status.tmp exit_status\n")
-    conn.put(io.BytesIO(script.encode()), f"{run_dir}/job.sh")
+    conn.put(io.BytesIO(job_script(run_dir, argv, env).encode()), f"{run_dir}/job.sh")
     ssh.run(conn, f"rm -f {run_dir}/exit_status")
     # not `cd X && setsid ... &`: that backgrounds a subshell that keeps the session's stdout open,
     # and the SSH command (so this call) would then last as long as the job

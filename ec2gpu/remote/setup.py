@@ -1,4 +1,4 @@
-"""Instance setup: run ami/setup-gpu.sh (idempotent) and read what the instance has."""
+"""Instance setup: run ec2gpu/ami/setup-gpu.sh (idempotent, shipped as package data) and read what the instance has."""
 from __future__ import annotations
 
 import json
@@ -13,9 +13,8 @@ SCRIPT = "setup-gpu.sh"
 
 
 def script_path() -> Path:
-    """ami/setup-gpu.sh of the source tree (editable install), else the copy inside the package."""
-    source = Path(__file__).resolve().parents[2] / "ami" / SCRIPT
-    return source if source.exists() else Path(str(resources.files("ec2gpu") / "ami" / SCRIPT))
+    """The setup script inside the installed package (package data: a wheel carries it too)."""
+    return Path(str(resources.files("ec2gpu") / "ami" / SCRIPT))
 
 
 def setup(conn: Connection, run_dir: str, log=lambda line: None) -> dict:

@@ -68,18 +68,42 @@ def connect(host: str, port: int, user: str, key_path: Path, known_hosts: Path,
     return conn
 
 
+#: how long to wait for the console's host key fingerprints before trusting on first use (s).
+#: cloud-init prints them in its final stage (keys_to_console), after sshd already answers; on EC2
+#: that is typically within a minute or two of boot.
+FINGERPRINT_WAIT_S = 180.0
+
+
+def _pinned(known_hosts: Path) -> bool:
+    return known_hosts.is_file() and known_hosts.stat().st_size > 0
+
+
 def wait_for_ssh(host: str, port: int, user: str, key_path: Path, known_hosts: Path,
-                 timeout_s: float = 300.0, log=lambda msg: None, fingerprints=None) -> Connection:
+                 timeout_s: float = 300.0, log=lambda msg: None, fingerprints=None,
+                 fingerprint_wait_s: float = FINGERPRINT_WAIT_S) -> Connection:
     """Retry connecting (with backoff up to 5 s) until SSH answers and ``true`` runs.
 
-    ``fingerprints()`` returns the host key fingerprints the instance published (console output);
-    it is asked before each attempt until it has some. Raises WaitTimeout after ``timeout_s``
-    seconds with the last error in the message, RemoteError for a host key that does not match.
+    ``fingerprints()`` returns the host key fingerprints the instance published (its console
+    output). Unless ``known_hosts`` already pins a key, no connection is made before it has some,
+    for up to ``fingerprint_wait_s`` seconds; only then is the key trusted on first use, and
+    ``log`` says which happened. Raises WaitTimeout after ``timeout_s`` seconds with the last error
+    in the message, RemoteError for a host key that does not match.
     """
-    deadline, delay, last, expected = time.monotonic() + timeout_s, 0.5, None, []
+    start = time.monotonic()
+    deadline, delay, last, expected, waiting_said = start + timeout_s, 0.5, None, [], False
     while time.monotonic() < deadline:
-        if fingerprints and not expected:
+        if fingerprints and not expected and not _pinned(known_hosts):
             expected = fingerprints()
+            if not expected and time.monotonic() - start < fingerprint_wait_s:
+                if not waiting_said:
+                    log(f"waiting for {host}'s console to show its host key fingerprints (cloud-init prints them "
+                        f"once booted; up to {fingerprint_wait_s:.0f} s) so the key can be verified, not trusted")
+                    waiting_said = True
+                time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+                delay = min(delay * 2, 5.0)
+                continue
+            if not expected:
+                log(f"no host key fingerprints on {host}'s console after {fingerprint_wait_s:.0f} s")
         try:
             conn = connect(host, port, user, key_path, known_hosts, log, expected=expected)
             conn.run("true", hide=True, in_stream=False)

@@ -15,7 +15,7 @@ from ..aws.catalog import BILLING_MINIMUM_SECONDS
 
 #: Phase seconds assumed when the ledger has no earlier run of the same instance type and backend.
 #: Assumptions, not measurements: boot = requesting + pending -> running + first SSH login of a
-#: Deep Learning AMI (AWS quotes "a few minutes"); setup = ami/setup-gpu.sh checks on a DLAMI that
+#: Deep Learning AMI (AWS quotes "a few minutes"); setup = ec2gpu/ami/setup-gpu.sh checks on a DLAMI that
 #: already has the driver, CUDA and PyTorch; teardown = download + terminate waiter.
 DEFAULT_PHASE_SECONDS = {"boot": 150.0, "setup": 45.0, "teardown": 75.0}
 
@@ -179,26 +179,30 @@ def estimate_run(aws, home, instance_type: str, spot: bool, model: str, epochs: 
                     model, epochs or PRESETS[model].epochs, history)
 
 
-def actual_cost(aws, home, instance: dict, ended_fallback: datetime) -> dict:
-    """Billed seconds and USD of one instance from its own launch and termination times.
+def actual_cost(aws, home, instance: dict, ended_fallback: datetime, billing_start: datetime | None = None) -> dict:
+    """Billed seconds and USD of one instance from its own times.
 
-    ``instance`` is a describe_instances entry after termination. Its StateTransitionReason gives
-    the termination time (``ended_fallback``, the controller's clock, when it has none). Spot
-    instances pay the spot price history of their zone over their lifetime; on-demand ones the
-    catalog's price. Returns the ledger's columns: launched_at, terminated_at, billed_seconds,
-    usd_per_hour, cost_usd (None when no price is known), price_source.
+    ``instance`` is a describe_instances entry after termination. Billing runs from when it was
+    ``running`` (``billing_start``, aws/instances.BILLING_START: pending is not billed), else from
+    its LaunchTime, to its termination time from StateTransitionReason (``ended_fallback``, the
+    controller's clock, when it has none). Spot instances pay the spot price history of their zone
+    over that time; on-demand ones the catalog's price. Returns the ledger's columns: launched_at,
+    billing_started_at, terminated_at, billed_seconds, usd_per_hour, cost_usd (None when no price
+    is known), price_source.
     """
     from ..aws import catalog, instances, pricing
 
     launched = instance["LaunchTime"]
+    start = max(billing_start, launched) if billing_start else launched
     ended = instances.transition_time(instance) or ended_fallback
-    seconds = billed_seconds(launched, ended)
-    row = {"launched_at": launched.isoformat(), "terminated_at": ended.isoformat(), "billed_seconds": round(seconds, 1)}
+    seconds = billed_seconds(start, ended)
+    row = {"launched_at": launched.isoformat(), "billing_started_at": start.isoformat(),
+           "terminated_at": ended.isoformat(), "billed_seconds": round(seconds, 1)}
     itype, zone = instance["InstanceType"], instance.get("Placement", {}).get("AvailabilityZone")
     if instances.market(instance) == "spot":
-        history = pricing.spot_price_history(aws.ec2, itype, zone, launched, ended)
+        history = pricing.spot_price_history(aws.ec2, itype, zone, start, ended)
         if history:
-            usd = spot_cost_usd(history, launched, ended)
+            usd = spot_cost_usd(history, start, ended)
             return {**row, "usd_per_hour": round(usd * 3600 / seconds, 6), "cost_usd": round(usd, 6),
                     "price_source": f"spot price history of {zone} ({len(history)} price(s) in effect)"}
     price = catalog.on_demand_price(itype, aws.region, home)

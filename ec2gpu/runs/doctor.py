@@ -62,7 +62,18 @@ def run_checks(aws, settings, instance_type: str, spot: bool, sandbox: bool) -> 
 
     def ami():
         a = images.resolve_ami(aws.client("ssm"), ec2)
-        return True, f"{a['ImageId']} {a['Name']} (via {a['source'].split(':')[0]})"
+        return True, f"{a['ImageId']} {a['Name']}: {a['why']} (via {a['source'].split(':')[0]})"
+
+    def spot_role():
+        exists = capacity.spot_role_exists(aws.client("iam"))
+        if exists:
+            return True, f"{capacity.SPOT_ROLE} exists"
+        if exists is None:
+            return None, f"could not read the role {capacity.SPOT_ROLE} (iam:GetRole, docs/iam-policy.json)"
+        return (False if spot else None), (
+            f"{capacity.SPOT_ROLE} does not exist yet: the account's first spot request creates it only if these "
+            "credentials may (iam:CreateServiceLinkedRole)" + ("" if spot else "; needed for --spot only")), \
+            capacity.SPOT_ROLE_COMMAND
 
     def price():
         p = catalog.on_demand_price(instance_type, aws.region, settings.home)
@@ -75,6 +86,7 @@ def run_checks(aws, settings, instance_type: str, spot: bool, sandbox: bool) -> 
         _run("default VPC", vpc),
         _run("GPU vCPU quota", quota),
         _run("AMI", ami),
+        _run("spot role", spot_role),
         _run("your IP", lambda: (True, f"SSH will be allowed from {network.ssh_cidr(None)} only")),
         _run("price", price),
         _run("ssh client", lambda: (bool(shutil.which("ssh")), shutil.which("ssh") or "no `ssh` on PATH",

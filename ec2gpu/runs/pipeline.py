@@ -132,7 +132,8 @@ def provision(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, ui:
     if prov.key_name is None:
         cidr = network.ssh_cidr(opts.ssh_cidr)
         prov.ami = images.resolve_ami(aws.client("ssm"), ec2, opts.ami)
-        ui.note(f"AMI {prov.ami['ImageId']} ({prov.ami['Name']}) via {prov.ami['source']}; SSH allowed from {cidr}")
+        ui.note(f"AMI {prov.ami['ImageId']} ({prov.ami['Name']}): {prov.ami['why']}, via {prov.ami['source']}; "
+                f"SSH allowed from {cidr}")
     ami = prov.ami
     with ui.phase("requesting"):
         if prov.key_name is None:
@@ -488,7 +489,8 @@ def _bill(aws: Aws, settings: Settings, attempts: list[dict], prov: Provisioned,
         ui.note(f"could not read the termination times of {', '.join(ids)} ({exc}); using this machine's clock")
         described = {i["InstanceId"]: i for i in prov.instances}
     for att in attempts:
-        att.update(costs.actual_cost(aws, settings.home, described[att["instance_id"]], ended))
+        start = datetime.fromisoformat(att["billing_started_at"]) if att.get("billing_started_at") else None
+        att.update(costs.actual_cost(aws, settings.home, described[att["instance_id"]], ended, start))
 
 
 def _totals(attempts: list[dict]) -> dict:
@@ -502,7 +504,8 @@ def _totals(attempts: list[dict]) -> dict:
     return {"billed_seconds": round(seconds, 1), "cost_usd": usd,
             "usd_per_hour": billed[0]["usd_per_hour"] if one else (None if usd is None else round(usd * 3600 / seconds, 6)),
             "price_source": billed[0]["price_source"] if one else f"sum of {len(billed)} instances' bills",
-            "launched_at": billed[0]["launched_at"], "terminated_at": billed[-1]["terminated_at"]}
+            "launched_at": billed[0]["launched_at"], "billing_started_at": billed[0].get("billing_started_at"),
+            "terminated_at": billed[-1]["terminated_at"]}
 
 
 def train_on_cluster(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, cluster_name: str,

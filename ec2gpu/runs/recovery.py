@@ -141,9 +141,10 @@ class InstanceWatch:
 
 def attempt_row(n: int, instance: dict, node: int | None = None) -> dict:
     """The ledger's record of one instance of attempt ``n`` (``node`` K of a cluster), before it ends (pure)."""
+    start = instance.get(instances.BILLING_START)
     return {"attempt": n, "node": node, "instance_id": instance["InstanceId"], "instance_type": instance["InstanceType"],
             "zone": instance.get("Placement", {}).get("AvailabilityZone"), "market": instances.market(instance),
-            "ended": "running"}
+            "ended": "running", "billing_started_at": start.isoformat() if start else None}
 
 
 def follow_training(conn, connect, run_dir: str, cursor, watch: InstanceWatch, ui, unreachable_s: float):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import time
 from pathlib import Path
 
 
@@ -27,8 +28,12 @@ def cloud_init_block(public_key_file: Path, instance_id: str) -> str:
             "-----END SSH HOST KEY FINGERPRINTS-----\n")
 
 
-def install(instances_dir: Path) -> None:
-    """Patch moto's GetConsoleOutput (call in the daemon after importing moto)."""
+def install(instances_dir: Path, delay_s: float = 0.0) -> None:
+    """Patch moto's GetConsoleOutput (call in the daemon after importing moto).
+
+    The fingerprints appear ``delay_s`` seconds after the instance's host key was made (its sshd
+    started): on EC2 cloud-init prints them in its final stage, after sshd already answers.
+    """
     from moto.core.responses import ActionResult
     from moto.core.utils import utcnow
     from moto.ec2.responses import general
@@ -38,7 +43,7 @@ def install(instances_dir: Path) -> None:
         instance = self.ec2_backend.get_instance(self._get_param("InstanceId"))
         text = general.SAMPLE_CONSOLE_OUTPUT
         pub = instances_dir / instance.id / "ssh_host_ed25519_key.pub"
-        if pub.exists():
+        if pub.exists() and time.time() - pub.stat().st_mtime >= delay_s:
             text += cloud_init_block(pub, instance.id)
         return ActionResult({"InstanceId": instance.id, "Timestamp": utcnow(),
                              "Output": Base64EncodedString.from_raw_string(text)})

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from ..errors import SandboxError, WaitTimeout
+from . import likeaws
 from .sshd import sshd_binary
 
 REGION = "us-east-1"
@@ -55,10 +56,12 @@ def instance_env() -> dict[str, str]:
     return env
 
 
-def up(home: Path, timeout_s: float = 60.0) -> dict:
+def up(home: Path, timeout_s: float = 60.0, like_aws: bool | None = None) -> dict:
     """Start the sandbox daemon in the background unless one is running; return its state.
 
-    Raises SandboxError when sshd is missing or the daemon does not come up in ``timeout_s``.
+    ``like_aws`` True starts it in the AWS-like mode (likeaws.py); None leaves that to
+    EC2GPU_SANDBOX_LIKE_AWS. Raises SandboxError when sshd is missing or the daemon does not come
+    up in ``timeout_s``.
     """
     state = read_state(home)
     if state:
@@ -71,6 +74,8 @@ def up(home: Path, timeout_s: float = 60.0) -> dict:
     d.mkdir(parents=True, exist_ok=True)
     (d / "state.json").unlink(missing_ok=True)
     env = {**os.environ, "EC2GPU_SANDBOX_INSTANCE_ENV": json.dumps(instance_env())}
+    if like_aws:
+        env[likeaws.ENV] = "1"
     with open(d / "server.log", "ab") as logf:
         proc = subprocess.Popen([sys.executable, "-m", "ec2gpu.sandbox.server", str(d)], env=env,
                                 stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True)

@@ -44,3 +44,32 @@ def install(since: datetime | None = None) -> None:
         return ActionResult({"SpotPriceHistory": history})
 
     SpotInstances.describe_spot_price_history = describe_spot_price_history
+
+
+SPOT_ROLE_PATH = "/aws-service-role/spot.amazonaws.com/"
+SPOT_TRUST = ('{"Version": "2012-10-17", "Statement": [{"Effect": "Allow", '
+              '"Principal": {"Service": "spot.amazonaws.com"}, "Action": "sts:AssumeRole"}]}')
+
+
+def install_spot_role() -> None:
+    """Patch moto's RunInstances so the first spot request creates the service-linked role
+    AWSServiceRoleForEC2Spot, as EC2 does for a caller that may create it
+    (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/service-linked-roles-spot-instance-requests.html);
+    moto creates none, so `ec2gpu doctor --spot` would otherwise never see it."""
+    from moto.ec2.models.instances import InstanceBackend
+    from moto.iam.models import iam_backends
+
+    from ..aws.capacity import SPOT_ROLE
+
+    original = InstanceBackend.run_instances
+
+    def run_instances(self, *args, **kwargs):
+        reservation = original(self, *args, **kwargs)
+        if kwargs.get("instance_market_options"):
+            iam = iam_backends[self.account_id]["aws"]
+            if all(r.name != SPOT_ROLE for r in list(iam.roles.values())):
+                iam.create_role(SPOT_ROLE, SPOT_TRUST, SPOT_ROLE_PATH, None,
+                                "Default EC2 Spot Service Linked Role", [], None, linked_service="spot.amazonaws.com")
+        return reservation
+
+    InstanceBackend.run_instances = run_instances

@@ -3,9 +3,12 @@
 Run as ``python -m ec2gpu.sandbox.server STATE_DIR`` (``ec2gpu sandbox up`` does it). It writes
 STATE_DIR/state.json (endpoint, pids, instance -> SSH address) atomically and keeps it current:
 every instance that is running in the emulator gets an sshd on 127.0.0.N that accepts the
-instance's key pair; an instance that is terminated (or vanishes) has its sshd and processes
-stopped. Each instance's sessions reach their own instance metadata service (imds.py) at
-EC2GPU_IMDS_ENDPOINT, where `ec2gpu sandbox interrupt` publishes spot interruption notices.
+instance's key pair, and on its first boot runs its user data as cloud-init would (cloudinit.py);
+an instance that is terminated or stopped (or vanishes) has its sshd and processes stopped. Each
+instance's sessions reach their own instance metadata service (imds.py) at EC2GPU_IMDS_ENDPOINT,
+where `ec2gpu sandbox interrupt` publishes spot interruption notices, and the daemon's control
+endpoint at EC2GPU_SANDBOX_CONTROL, where `shutdown` on the instance asks to be ended (guest.py).
+With EC2GPU_SANDBOX_LIKE_AWS=1 it behaves like EC2 where moto does not (likeaws.py).
 SIGTERM stops everything it started.
 """
 from __future__ import annotations
@@ -17,22 +20,12 @@ import os
 import signal
 import sys
 import threading
+import time
+from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
 
-from . import imds, sshd
-
-#: The sandbox's stand-in for the AWS Deep Learning AMI, found the way images.py finds the real one.
-DLAMI = {
-    "ami_id": "ami-0ec29b0d1a0000001", "state": "available", "public": True,
-    "owner_id": "898082745236", "image_location": "amazon/ec2gpu-sandbox-dlami",
-    "sriov": "simple", "root_device_type": "ebs", "root_device_name": "/dev/sda1",
-    "description": "ec2gpu sandbox stand-in for the Deep Learning OSS Nvidia Driver AMI (PyTorch)",
-    "image_type": "machine", "platform": None, "architecture": "x86_64",
-    "name": "Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.7 (Ubuntu 22.04) 20251101",
-    "virtualization_type": "hvm", "hypervisor": "xen", "creation_date": "2025-11-01T00:00:00.000Z",
-}
-
+from . import cloudinit, dlami, imds, likeaws, sshd
 
 def write_json(path: Path, data: dict) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
@@ -43,7 +36,7 @@ def write_json(path: Path, data: dict) -> None:
 def _amis_file(state_dir: Path) -> Path:
     default = json.loads(gzip.decompress((resources.files("moto") / "ec2/resources/amis.json.gz").read_bytes()))
     path = state_dir / "amis.json"
-    path.write_text(json.dumps(default + [DLAMI]))
+    path.write_text(json.dumps(default + list(dlami.IMAGES.values())))
     return path
 
 
@@ -53,10 +46,17 @@ class Http(http.server.BaseHTTPRequestHandler):
 
     meta: imds.Metadata
     find = staticmethod(lambda instance_id: None)
+    shutdown = staticmethod(lambda request: {})
 
     def _answer(self, method: str) -> None:
         if method == "GET" and self.path.startswith("/checkip"):
             status, ctype, text = 200, "text/plain", self.client_address[0] + "\n"
+        elif method == "POST" and self.path == "/control/shutdown":
+            length = int(self.headers.get("Content-Length") or 0)
+            try:
+                status, ctype, text = 200, "application/json", json.dumps(self.shutdown(json.loads(self.rfile.read(length))))
+            except (LookupError, ValueError, TypeError) as exc:
+                status, ctype, text = 400, "application/json", json.dumps({"error": str(exc).strip("'")})
         else:
             length = int(self.headers.get("Content-Length") or 0)
             status, ctype, text = imds.handle(self.meta, method, self.path, self.headers,
@@ -93,6 +93,24 @@ def _moto_instance(instance_id: str):
     return None
 
 
+def end_from_inside(instance_id: str) -> str:
+    """The instance's OS shut down: stop or terminate it as its InstanceInitiatedShutdownBehavior
+    says, with the reason EC2 gives (Client.InstanceInitiatedShutdown). Returns the new state."""
+    from moto.ec2.models.instances import StateReason
+
+    inst = _moto_instance(instance_id)
+    if inst is None or inst.state not in ("pending", "running"):
+        return inst.state if inst else "unknown"
+    if inst.instance_initiated_shutdown_behavior == "terminate":
+        inst.terminate()
+    else:
+        inst.stop()
+    inst._reason = f"User initiated ({datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S} GMT)"
+    inst.state_reason = StateReason("Client.InstanceInitiatedShutdown: Instance initiated shutdown",
+                                    "Client.InstanceInitiatedShutdown")
+    return inst.state
+
+
 def find_instance(instance_id: str) -> tuple[str, str] | None:
     """(state, 'spot' | 'on-demand') of a sandbox instance, or None."""
     inst = _moto_instance(instance_id)
@@ -115,46 +133,91 @@ def reclaim_spot_instance(instance_id: str) -> None:
                                     "Server.SpotInstanceTermination")
 
 
+def moto_server(host: str, port: int, middleware=None):
+    """moto's ThreadedMotoServer, its WSGI app wrapped in ``middleware`` (the AWS-like mode) when given."""
+    from moto.moto_server.threaded_moto_server import ThreadedMotoServer
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+    from werkzeug.serving import make_server
+
+    class Server(ThreadedMotoServer):
+        def _server_entry(self) -> None:  # moto's own, with the app wrapped
+            app = DomainDispatcherApplication(create_backend_app)
+            self._server = make_server(self._ip_address, self._port, middleware(app) if middleware else app, True)
+            self._server_ready_event.set()
+            self._server.serve_forever()
+
+    return Server(ip_address=host, port=port, verbose=False)
+
+
 class Sandbox:
     """The daemon's state: moto server, instance sshds, the state file."""
 
     def __init__(self, state_dir: Path, host: str = "127.0.0.1"):
         self.state_dir, self.host = state_dir, host
         self.instances: dict[str, sshd.SshdInstance] = {}
+        self.running_since: dict[str, float] = {}  # instance id -> when reconcile first saw it running
+        self.booted: set[str] = set()  # instances whose user data ran (once per instance, as cloud-init)
+        self.shutdowns: dict[str, threading.Timer] = {}  # scheduled `shutdown +N` per instance
         self.next_address = 2
         self.stopping = threading.Event()
         self.instance_env = json.loads(os.environ.get("EC2GPU_SANDBOX_INSTANCE_ENV", "{}"))
+        self.like_aws = likeaws.Behaviour.from_env()
 
     def start(self) -> None:
         os.environ["MOTO_AMIS_PATH"] = str(_amis_file(self.state_dir))
-        from moto.server import ThreadedMotoServer  # after MOTO_AMIS_PATH: moto reads it on import
-
-        from . import console, market
+        from . import console, market  # moto is imported after MOTO_AMIS_PATH: it reads it on import
         market.install()  # a simulated spot market instead of moto's 0.00001 USD/h
-        console.install(self.state_dir / "instances")  # cloud-init's host key fingerprints
+        market.install_spot_role()  # the first spot request creates AWSServiceRoleForEC2Spot, as on EC2
+        dlami.install_parameters()  # the DLAMIs' SSM public parameters
+        console.install(self.state_dir / "instances",  # cloud-init's host key fingerprints
+                        delay_s=self.like_aws.console_delay_s if self.like_aws else 0.0)
+        middleware = None
+        if self.like_aws:
+            likeaws.install_pending(self.like_aws)
+            middleware = lambda app: likeaws.Middleware(app, self.like_aws)  # noqa: E731
 
         port = sshd.free_port(self.host)
-        self.moto = ThreadedMotoServer(ip_address=self.host, port=port, verbose=False)
+        self.moto = moto_server(self.host, port, middleware)
         self.moto.start()
         self.endpoint = f"http://{self.host}:{port}"
         handler = type("Handler", (Http,), {"meta": imds.Metadata(reclaim_spot_instance),
-                                            "find": staticmethod(find_instance)})
+                                            "find": staticmethod(find_instance),
+                                            "shutdown": staticmethod(self.shutdown_request)})
         self.http = http.server.ThreadingHTTPServer((self.host, 0), handler)
         threading.Thread(target=self.http.serve_forever, daemon=True).start()
         base = f"http://{self.host}:{self.http.server_address[1]}"
-        self.checkip_url, self.imds_url = f"{base}/checkip", base
+        self.checkip_url, self.imds_url, self.control_url = f"{base}/checkip", base, base
         self.save()
+
+    def shutdown_request(self, request: dict) -> dict:
+        """`shutdown` on an instance (guest.py): schedule, cancel, or do at once what EC2 does when
+        an instance's OS powers off. Raises LookupError for an unknown instance."""
+        iid = request["instance_id"]
+        if find_instance(iid) is None:
+            raise LookupError(f"{iid} is not a sandbox instance")
+        old = self.shutdowns.pop(iid, None)
+        if old:
+            old.cancel()
+        if request.get("action") == "cancel":
+            return {"instance_id": iid, "cancelled": bool(old)}
+        delay = max(0.0, float(request.get("delay_s", 0)))
+        timer = threading.Timer(delay, end_from_inside, args=(iid,))
+        timer.daemon = True
+        timer.start()
+        self.shutdowns[iid] = timer
+        at = datetime.now(timezone.utc).timestamp() + delay
+        return {"instance_id": iid, "delay_s": delay, "at": datetime.fromtimestamp(at, timezone.utc).isoformat()}
 
     def save(self) -> None:
         write_json(self.state_dir / "state.json", {
             "pid": os.getpid(), "endpoint": self.endpoint, "checkip_url": self.checkip_url,
-            "imds_url": self.imds_url,
+            "imds_url": self.imds_url, "like_aws": bool(self.like_aws),
             "instances": {i: {"host": s.host, "port": s.port, "sshd_pid": s.pid, "directory": str(s.directory)}
                           for i, s in self.instances.items()},
         })
 
-    def _running(self) -> dict[str, str]:
-        """instance id -> public key of its key pair, for every running instance in every region."""
+    def _running(self) -> dict[str, tuple[str, object]]:
+        """instance id -> (public key of its key pair, moto's Instance), for every running instance."""
         from moto.ec2.models import ec2_backends
 
         out = {}
@@ -163,23 +226,39 @@ class Sandbox:
                 backend = ec2_backends[account][region]
                 for inst in list(backend.all_instances()):
                     if inst.state == "running" and inst.key_name in backend.key_pairs:
-                        out[inst.id] = backend.key_pairs[inst.key_name].material_public.decode()
+                        out[inst.id] = (backend.key_pairs[inst.key_name].material_public.decode(), inst)
         return out
 
+    def _boot(self, iid: str, key: str, inst) -> None:
+        """Start the instance's sshd on an address of its own and, on its first boot, its user data."""
+        directory = self.state_dir / "instances" / iid
+        sbin = cloudinit.install_shims(directory)
+        env = {**self.instance_env, "PATH": f"{sbin}:{self.instance_env.get('PATH', os.environ['PATH'])}",
+               "EC2GPU_IMDS_ENDPOINT": f"{self.imds_url}/{iid}", "EC2GPU_SANDBOX_CONTROL": self.control_url}
+        host = f"127.0.0.{self.next_address}"
+        self.next_address = 2 if self.next_address >= 254 else self.next_address + 1
+        self.instances[iid] = sshd.start(iid, directory, host, key, env)
+        if iid not in self.booted:
+            self.booted.add(iid)
+            cloudinit.run_user_data(directory, cloudinit.decoded_user_data(inst),
+                                    sshd.session_env(iid, directory, env))
+
     def reconcile(self) -> None:
-        """Start sshd for new running instances; stop it for the ones no longer running."""
+        """Start sshd for new running instances (in the AWS-like mode, a moment after they run);
+        stop it for the ones no longer running."""
         try:
             running = self._running()
         except RuntimeError:  # a dict changed size while moto served a request: try next tick
             return
-        changed = False
-        for iid, key in running.items():
-            if iid not in self.instances:
-                host = f"127.0.0.{self.next_address}"
-                self.next_address = 2 if self.next_address >= 254 else self.next_address + 1
-                env = {**self.instance_env, "EC2GPU_IMDS_ENDPOINT": f"{self.imds_url}/{iid}"}
-                self.instances[iid] = sshd.start(iid, self.state_dir / "instances" / iid, host, key, env)
+        changed, now = False, time.monotonic()
+        delay = self.like_aws.sshd_delay_s if self.like_aws else 0.0
+        for iid, (key, inst) in running.items():
+            since = self.running_since.setdefault(iid, now)
+            if iid not in self.instances and now - since >= delay:
+                self._boot(iid, key, inst)
                 changed = True
+        for iid in [i for i in self.running_since if i not in running]:
+            del self.running_since[iid]
         for iid in [i for i in self.instances if i not in running]:
             s = self.instances.pop(iid)
             sshd.stop(s.pid, iid)
@@ -191,6 +270,8 @@ class Sandbox:
         while not self.stopping.is_set():
             self.reconcile()
             self.stopping.wait(interval_s)
+        for timer in self.shutdowns.values():
+            timer.cancel()
         for iid, s in list(self.instances.items()):
             sshd.stop(s.pid, iid)
         self.instances.clear()

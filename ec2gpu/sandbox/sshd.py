@@ -60,6 +60,11 @@ def config_text(d: Path, host: str, port: int, user: str, env: dict[str, str]) -
     ])
 
 
+def session_env(instance_id: str, directory: Path, env: dict[str, str]) -> dict[str, str]:
+    """The environment of everything that runs on the instance: its home, its marker, ``env``."""
+    return {"HOME": str(directory / "home"), MARKER: instance_id, **env}
+
+
 def start(instance_id: str, directory: Path, host: str, public_key: str, env: dict[str, str],
           timeout_s: float = 10.0) -> SshdInstance:
     """Start sshd for ``instance_id`` on ``host`` (a free port) accepting ``public_key``.
@@ -74,7 +79,7 @@ def start(instance_id: str, directory: Path, host: str, public_key: str, env: di
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     (directory / "authorized_keys").write_text(public_key.strip() + "\n")
     port = free_port(host)
-    env = {"HOME": str(directory / "home"), MARKER: instance_id, **env}
+    env = session_env(instance_id, directory, env)
     (directory / "sshd_config").write_text(config_text(directory, host, port, getpass.getuser(), env))
     if os.geteuid() == 0:
         os.makedirs("/run/sshd", exist_ok=True)  # privilege separation directory

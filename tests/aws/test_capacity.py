@@ -5,26 +5,12 @@ import os
 import pytest
 from botocore.awsrequest import AWSResponse
 
-from ec2gpu.aws import capacity, images, instances, network, sweep
+from ec2gpu.aws import capacity, instances, sweep
 from ec2gpu.aws.session import Aws
 from ec2gpu.errors import CapacityError
 
 
-@pytest.fixture
-def aws(sandbox_env):
-    return Aws("us-east-1", endpoint_url=os.environ["AWS_ENDPOINT_URL"])
-
-
-@pytest.fixture
-def spec(aws, tmp_path):
-    """A launch spec with a real key pair and security group; everything launched is removed after."""
-    key, _ = network.create_key_pair(aws.ec2, "run-cap", "alice", tmp_path)
-    group = network.create_security_group(aws.ec2, "run-cap", "alice", "127.0.0.1/32")
-    ami = images.resolve_ami(aws.client("ssm"), aws.ec2)
-    yield instances.LaunchSpec(run_id="run-cap", owner="alice", name="cap", instance_type="g4dn.xlarge",
-                               image_id=ami["ImageId"], root_device_name=ami["RootDeviceName"], key_name=key,
-                               security_group_id=group)
-    sweep.delete_run(aws.ec2, "run-cap", tmp_path)
+RUN_ID = "run-cap"  # the spec fixture's (conftest.py)
 
 
 def inject(client, fail: dict[tuple[str, str | None, bool], str], calls: list):
@@ -132,25 +118,25 @@ def test_train_refused_by_the_quota_exits_4_and_creates_nothing(sandbox_env, mon
     assert (sweep.find_instances(ec2), sweep.find_security_groups(ec2), sweep.find_key_pairs(ec2)) == before
 
 
-def test_throttling_is_retried_in_place_with_backoff(aws, spec, monkeypatch):
+def test_throttling_is_retried_in_place_with_backoff_even_by_the_fail_fast_client(aws, spec, wire_errors):
+    inject, calls, sleeps = wire_errors
     ec2 = aws.client("ec2", fail_fast=True)
     zone = capacity.zones_offering(ec2, "g4dn.xlarge")[0]
-    calls, sleeps = [], []
-    monkeypatch.setattr(capacity.time, "sleep", sleeps.append)
-    throttled = {"left": 2}
-
-    def before_call(params, **_):
-        calls.append(params["body"].get("SubnetId"))
-        if throttled["left"]:
-            throttled["left"] -= 1
-            return AWSResponse("https://ec2.amazonaws.com/", 503, {}, None), {
-                "Error": {"Code": "RequestLimitExceeded", "Message": "slow down"}, "ResponseMetadata": {}}
-        return None
-    ec2.meta.events.register("before-call.ec2.RunInstances", before_call)
+    inject(ec2, "RunInstances", "RequestLimitExceeded", times=2, status=503)
+    inject(ec2, "DescribeInstanceTypeOfferings", "RequestLimitExceeded", times=1, status=503)
     found, attempts = capacity.launch_with_fallback(ec2, spec, ["g4dn.xlarge"])
-    assert len(calls) == 3 and len(set(calls)) == 1  # same zone each time
-    assert sleeps == [1.0, 2.0] and [a.outcome for a in attempts] == ["launched"]
+    assert calls["RunInstances"] == 3 and sleeps == [0.25, 0.25, 0.5]  # in place, backing off
+    assert [a.outcome for a in attempts] == ["launched"]  # one attempt: the zone was not given up
     assert found[0]["Placement"]["AvailabilityZone"] == zone
+
+
+def test_a_capacity_error_is_not_retried_in_place(aws, spec, wire_errors):
+    inject, calls, sleeps = wire_errors
+    ec2 = aws.client("ec2", fail_fast=True)
+    inject(ec2, "RunInstances", "InsufficientInstanceCapacity", times=1, status=500)
+    found, attempts = capacity.launch_with_fallback(ec2, spec, ["g4dn.xlarge"])
+    assert [a.outcome for a in attempts] == ["InsufficientInstanceCapacity", "launched"]
+    assert attempts[0].zone != attempts[1].zone and calls["RunInstances"] == 2
 
 
 def test_quota_counts_the_running_g_instances(aws, spec):

@@ -1,5 +1,4 @@
 """The AWS layer against a real moto server (the sandbox's), through the same boto3 calls."""
-import os
 from datetime import datetime, timezone
 import stat
 
@@ -11,11 +10,6 @@ from ec2gpu.aws.session import Aws
 from ec2gpu.runs import costs
 from ec2gpu.sandbox import market
 from ec2gpu.errors import AwsError, UsageError
-
-
-@pytest.fixture
-def aws(sandbox_env):
-    return Aws("us-east-1", endpoint_url=os.environ["AWS_ENDPOINT_URL"])
 
 
 def test_key_pair_is_ed25519_written_0600_and_tagged(aws, tmp_path):
@@ -44,19 +38,32 @@ def test_security_group_admits_ssh_from_the_caller_only(aws):
         sweep.delete_security_group(aws.ec2, gid)
 
 
-def test_ami_falls_back_to_newest_deep_learning_ami_by_name(aws):
-    ami = images.resolve_ami(aws.client("ssm"), aws.ec2)
-    assert ami["source"].startswith("describe_images") and "Deep Learning" in ami["Name"]
+def _refuse_ssm(stub, answer_name: str | None = None, value: str | None = None):
+    """GetParametersByPath refused; GetParameter refused for every name (or answered for one)."""
+    stub.add_client_error("get_parameters_by_path", "AccessDeniedException")
+    for name in images.SSM_PARAMETERS:
+        if name == answer_name:
+            stub.add_response("get_parameter", {"Parameter": {"Name": name, "Value": value}}, {"Name": name})
+            return
+        stub.add_client_error("get_parameter", "ParameterNotFound")
 
 
-def test_ami_comes_from_the_ssm_public_parameter_first(aws):
-    target = images.resolve_ami(aws.client("ssm"), aws.ec2)["ImageId"]
+def test_ami_falls_back_to_the_newest_24_04_deep_learning_ami_by_name_when_ssm_is_refused(aws):
     ssm = aws.client("ssm")
     with Stubber(ssm) as stub:
-        stub.add_response("get_parameter", {"Parameter": {"Name": images.SSM_PARAMETERS[0], "Value": target}},
-                          {"Name": images.SSM_PARAMETERS[0]})
+        _refuse_ssm(stub)
         ami = images.resolve_ami(ssm, aws.ec2)
-    assert ami["ImageId"] == target and ami["source"] == f"ssm:{images.SSM_PARAMETERS[0]}"
+    assert ami["source"].startswith("describe_images") and "(Ubuntu 24.04)" in ami["Name"]
+
+
+def test_ami_comes_from_a_named_ssm_parameter_when_listing_them_is_refused(aws):
+    target = images.resolve_ami(aws.client("ssm"), aws.ec2)["ImageId"]
+    ssm = aws.client("ssm")
+    name = images.SSM_PARAMETERS[1]
+    with Stubber(ssm) as stub:
+        _refuse_ssm(stub, name, target)
+        ami = images.resolve_ami(ssm, aws.ec2)
+    assert ami["ImageId"] == target and ami["source"] == f"ssm:{name}"
 
 
 def test_unknown_ami_override_is_a_clear_error(aws):

@@ -32,14 +32,16 @@ def test_every_operation_of_launch_train_and_cleanup_is_in_the_policy(sandbox_en
     for argv in (["prices", "--sandbox"], ["cost", "--sandbox", "--spot"],
                  ["train", "mnist", "--sandbox", "--trainer-arg=--train-subset=2000"],
                  ["train", "mnist", "--sandbox", "--nodes", "2", "--trainer-arg=--train-subset=2000"],
-                 ["launch", "--sandbox", "--spot", "--name", "iam"], ["ls", "--sandbox"], ["ssh-config", "--sandbox"],
+                 ["launch", "--sandbox", "--spot", "--name", "iam"], ["doctor", "--sandbox", "--spot"],
+                 ["ls", "--sandbox"], ["ssh-config", "--sandbox"],
                  ["launch", "--sandbox", "--nodes", "2", "--name", "iamc"], ["scale", "iamc", "3", "--sandbox"],
                  ["scale", "iamc", "1", "--sandbox"], ["down", "iamc", "--sandbox"],
                  ["cleanup", "--sandbox", "--dry-run"], ["cleanup", "--sandbox"], ["down", "--all", "--sandbox"]):
         assert cli.main(argv) == 0, argv
     capsys.readouterr()
     assert {"ec2:RunInstances", "ec2:TerminateInstances", "ec2:GetConsoleOutput", "sts:GetCallerIdentity",
-            "ec2:CreatePlacementGroup", "ec2:CreateTags", "ec2:DescribePlacementGroups"} <= called
+            "ec2:CreatePlacementGroup", "ec2:CreateTags", "ec2:DescribePlacementGroups", "iam:GetRole",
+            "ssm:GetParametersByPath"} <= called
     patterns = allowed_actions()
     missing = sorted(a for a in called if not any(fnmatch.fnmatchcase(a, p) for p in patterns))
     assert not missing, f"called but not allowed by {POLICY.name}: {missing}"

@@ -126,7 +126,22 @@ def test_launch_ls_ssh_down_in_the_sandbox(sandbox_env, capsys):
     assert [r["instance_id"] for r in listed] == [row["instance_id"]]
     assert set(listed[0]) >= {"name", "instance_id", "instance_type", "market", "state", "public_ip", "launched_at"}
     control.resolver(home)(row["instance_id"], timeout_s=10)
+    known = home / "known_hosts" / row["instance_id"]
+    # a console that lists another key (someone in the middle): refused, nothing pinned
+    from ec2gpu.aws import instances as inst_mod
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(inst_mod, "host_key_fingerprints", lambda ec2, iid: ["SHA256:" + "A" * 43])
+        assert cli.main(["ssh", "lab", "--", "true"]) == 5
+    assert "not one the instance printed" in capsys.readouterr().err and not known.exists()
     assert cli.main(["ssh", "lab", "--", "test", "-n", "$EC2GPU_SANDBOX_INSTANCE"]) == 0
+    assert "verified against the console output" in capsys.readouterr().err and known.stat().st_size
+    # OpenSSH runs with ssh-config's file and the pinned key only: a changed key is refused
+    assert "StrictHostKeyChecking yes" in (home / "ssh_config").read_text()
+    from ec2gpu.aws.network import generate_key
+    pinned = known.read_text()
+    known.write_text(f"{pinned.split()[0]} {generate_key()[1]}\n")
+    assert cli.main(["ssh", "lab", "--", "true"]) == 255  # ssh's own refusal
+    known.write_text(pinned)
     assert cli.main(["ssh", "lab", "--", "exit", "3"]) == 3  # the remote exit status is ours
     assert cli.main(["down", "lab"]) == 0
     assert leftovers(home) == ([], [], [])

@@ -129,3 +129,22 @@ def test_fetch_downloads_every_file(server, tmp_path):
     got = jobs.fetch(conn, f"{run_dir}/out", tmp_path / "dl")
     assert sorted(p.name for p in got) == ["x.txt", "y.json"] and (tmp_path / "dl" / "y.json").read_text() == "bb"
     conn.close()
+
+
+def test_no_connection_before_the_console_shows_fingerprints_then_the_key_is_verified_not_trusted(server):
+    from ec2gpu.aws.instances import parse_host_key_fingerprints
+    from ec2gpu.sandbox.console import cloud_init_block
+    inst, _, known = server
+    good = parse_host_key_fingerprints(cloud_init_block(inst.directory / "ssh_host_ed25519_key.pub", inst.instance_id))
+    answers = iter([[], [], good])  # cloud-init prints them after sshd already answers
+    notes = []
+    _connect(server, log=notes.append, fingerprints=lambda: next(answers)).close()
+    assert any("waiting for" in n and "fingerprints" in n for n in notes)
+    assert any("verified against the console output" in n for n in notes)
+    assert not any("first use" in n for n in notes) and known.exists()
+
+
+def test_trust_on_first_use_only_after_the_fingerprint_wait_and_said(server):
+    notes = []
+    _connect(server, log=notes.append, fingerprints=lambda: [], fingerprint_wait_s=1.0).close()
+    assert any("no host key fingerprints" in n for n in notes) and any("first use" in n for n in notes)

@@ -49,7 +49,8 @@ def test_fetch_on_demand_pages_through_get_products_with_linux_shared_filters(tm
     assert cache["prices"] == {"g4dn.xlarge": 0.587, "g5.xlarge": 1.123}
     fields = {f["Field"]: f["Value"] for f in expected["Filters"]}
     assert fields == {"regionCode": "eu-west-1", "operatingSystem": "Linux", "tenancy": "Shared",
-                      "preInstalledSw": "NA", "capacitystatus": "Used", "instanceFamily": "GPU instance"}
+                      "preInstalledSw": "NA", "capacitystatus": "Used", "instanceFamily": "GPU instance",
+                      "marketoption": "OnDemand"}
     # the cache is what on_demand_price uses from now on, for a region the shipped table lacks
     price = catalog.on_demand_price("g4dn.xlarge", "eu-west-1", tmp_path)
     assert price.usd_per_hour == 0.587 and "Price List" in price.source

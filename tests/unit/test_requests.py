@@ -1,5 +1,4 @@
 """Pure request builders and catalog rules: no AWS, no mocks."""
-import base64
 
 import pytest
 
@@ -37,9 +36,9 @@ def test_spot_request_is_one_time_and_terminates_on_interruption():
                                                           "InstanceInterruptionBehavior": "terminate"}}
 
 
-def test_user_data_schedules_shutdown_after_max_runtime():
-    data = base64.b64decode(instances.run_request(spec(max_runtime_minutes=90))["UserData"]).decode()
-    assert "shutdown -h +90" in data
+def test_user_data_is_the_plain_script_boto3_encodes_once():
+    data = instances.run_request(spec(max_runtime_minutes=90))["UserData"]
+    assert data.startswith("#!/bin/bash\n") and "shutdown -h +90" in data
     assert "shutdown" not in instances.user_data(None)
 
 
@@ -98,3 +97,31 @@ def test_line_splitter_emits_whole_lines_across_chunk_boundaries():
         split(chunk)
     split.flush()
     assert got == ["abc", "def", "tail"]
+
+
+def test_job_script_stops_when_its_directory_is_gone_and_writes_status_only_there(tmp_path):
+    import subprocess
+
+    from ec2gpu.remote import jobs
+    gone = tmp_path / "run-dir-removed"
+    script = jobs.job_script(str(gone), ["touch", "ran-here"])
+    done = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True)
+    assert done.returncode == 1 and list(tmp_path.iterdir()) == []  # nothing ran, no exit_status elsewhere
+    gone.mkdir()
+    subprocess.run(["bash", "-c", jobs.job_script(str(gone), ["sh", "-c", "cd / && exit 4"])], cwd=tmp_path, check=True)
+    assert (gone / "exit_status").read_text().strip() == "4"
+
+
+def test_the_shell_shipped_to_instances_passes_shellcheck(tmp_path):
+    import shutil
+    import subprocess
+
+    import pytest
+
+    from ec2gpu.remote import jobs, setup
+    if not shutil.which("shellcheck"):
+        pytest.skip("shellcheck is not installed (.ci/run installs it)")
+    job = tmp_path / "job.sh"
+    job.write_text("#!/bin/bash\n" + jobs.job_script("/home/ubuntu/ec2gpu/runs/r1", ["python3", "-m", "x"], {"A": "b c"}))
+    done = subprocess.run(["shellcheck", str(setup.script_path()), str(job)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout

@@ -18,14 +18,22 @@ else
 fi
 
 has_torch() { "$1" -c 'import torch, numpy' >/dev/null 2>&1; }
+as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo -n "$@"; fi; }
 python=""
-# EC2GPU_PYTHON, then the Deep Learning AMI's PyTorch environments, then python3 on PATH, then ours.
-for cand in "${EC2GPU_PYTHON:-}" /opt/pytorch/bin/python3 /opt/conda/envs/pytorch/bin/python3 \
+# EC2GPU_PYTHON, then the Deep Learning AMI's PyTorch environment (/opt/pytorch/bin/python on the
+# Ubuntu 24.04 DLAMIs, python3 beside it on older ones, conda on the oldest), python3 on PATH, ours.
+for cand in "${EC2GPU_PYTHON:-}" /opt/pytorch/bin/python /opt/pytorch/bin/python3 /opt/conda/envs/pytorch/bin/python3 \
             "$(command -v python3 || true)" "$venv/bin/python3"; do
   if [ -n "$cand" ] && [ -x "$cand" ] && has_torch "$cand"; then python=$cand; break; fi
 done
 if [ -z "$python" ]; then
   echo "no Python with torch found: creating $venv and installing torch (takes a few minutes)"
+  if ! python3 -c 'import ensurepip' >/dev/null 2>&1; then
+    # Debian and Ubuntu ship venv's pip bootstrap separately: `python3 -m venv` fails without it
+    echo "python3-venv is missing: installing it with apt-get"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv
+  fi
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q --upgrade pip
   "$venv/bin/pip" install -q torch numpy matplotlib

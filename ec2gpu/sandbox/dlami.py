@@ -1,0 +1,54 @@
+"""The sandbox's Deep Learning AMIs, found the way aws/images.py finds the real ones.
+
+Two stand-in images (the Ubuntu 22.04 and 24.04 PyTorch DLAMIs) in moto's image list, and the SSM
+public parameters that name them under /aws/service/deeplearning/ami/x86_64/, which moto does not
+have. An instance launched from either is the same sandbox instance: what differs is only which
+one the tool picks, and why.
+"""
+from __future__ import annotations
+
+from ..aws.images import DLAMI_PATH
+
+OWNER = "898082745236"  # the account that publishes the DLAMIs
+
+
+def _image(ami_id: str, torch: str, ubuntu: str, date: str) -> dict:
+    return {
+        "ami_id": ami_id, "state": "available", "public": True, "owner_id": OWNER,
+        "image_location": f"amazon/ec2gpu-sandbox-dlami-{ubuntu}", "sriov": "simple", "root_device_type": "ebs",
+        "root_device_name": "/dev/sda1", "image_type": "machine", "platform": None, "architecture": "x86_64",
+        "description": f"ec2gpu sandbox stand-in for the Deep Learning OSS Nvidia Driver AMI (PyTorch {torch}, "
+                       f"Ubuntu {ubuntu})",
+        "name": f"Deep Learning OSS Nvidia Driver AMI GPU PyTorch {torch} (Ubuntu {ubuntu}) {date}",
+        "virtualization_type": "hvm", "hypervisor": "xen", "creation_date": f"{date[:4]}-{date[4:6]}-{date[6:]}T00:00:00.000Z",
+    }
+
+
+IMAGES = {
+    f"{DLAMI_PATH}/oss-nvidia-driver-gpu-pytorch-2.7-ubuntu-22.04/latest/ami-id":
+        _image("ami-0ec29b0d1a0000001", "2.7", "22.04", "20251101"),
+    f"{DLAMI_PATH}/oss-nvidia-driver-gpu-pytorch-2.9-ubuntu-24.04/latest/ami-id":
+        _image("ami-0ec29b0d1a0002404", "2.9", "24.04", "20261101"),
+}
+
+
+def install_parameters() -> None:
+    """Patch moto's SSM (in the daemon) so every region has the DLAMI parameters above."""
+    from collections import defaultdict
+
+    from moto.core.utils import utcnow
+    from moto.ssm.models import Parameter, ParameterDict
+
+    original = ParameterDict._check_loading_status
+
+    def check_loading_status(self, key: str) -> None:
+        original(self, key)
+        if key.startswith("/aws/service/deeplearning") and not getattr(self, "_ec2gpu_dlami", False):
+            self._ec2gpu_dlami = True
+            for name, image in IMAGES.items():
+                defaultdict.__getitem__(self, name).append(Parameter(  # not self[name]: that would recurse
+                    account_id=self.account_id, name=name, value=image["ami_id"], parameter_type="String",
+                    description=None, allowed_pattern=None, keyid=None, last_modified_date=utcnow(), version=1,
+                    data_type="aws:ec2:image"))
+
+    ParameterDict._check_loading_status = check_loading_status
