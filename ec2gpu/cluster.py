@@ -178,10 +178,12 @@ def run_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[dic
             nd.close()
 
 
-def follow_all(nodes: list[Node], ui, local_out: Path, attempt: int, unreachable_s: float) -> None:
-    """Follow every node's console.log at once, each line shown as ``node K | line`` (and teed to
-    attempt-N-node-K.log). The first node to fail stops the others (their jobs get SIGTERM).
-    Sets each node's ``result``. Ctrl-C stops the followers and is re-raised."""
+def follow_all(nodes: list[Node], ui, local_out: Path, attempt: int, unreachable_s: float,
+               log_name: str = "console.log", mask=None) -> None:
+    """Follow every node's ``log_name`` at once, each line shown as ``node K | line`` (just the line
+    for a single node) and teed to attempt-N-node-K.log; ``mask(line)`` hides secrets in both.
+    The first node to fail stops the others (their jobs get SIGTERM). Sets each node's
+    ``result``. Ctrl-C stops the followers and is re-raised."""
     from .remote import jobs
     from .runs import recovery
     from .runs.pipeline import LineSplitter
@@ -192,21 +194,27 @@ def follow_all(nodes: list[Node], ui, local_out: Path, attempt: int, unreachable
     local_out.mkdir(parents=True, exist_ok=True)
 
     def follow(nd: Node) -> None:
+        tee = open(local_out / f"attempt-{attempt}-node-{nd.index}.log", "w" if mask else "wb")
+
         def emit(line: str) -> None:
+            if mask:
+                line = mask(line)
+                tee.write(line + "\n")
             with lock:
-                ui.log(f"node {nd.index} | {line}")
+                ui.log(line if len(nodes) == 1 and mask else f"node {nd.index} | {line}")
         lines = LineSplitter(emit)
 
         def on_poll(conn) -> None:
             if stop.is_set():
                 raise _Stopped()
             nd.watch(conn)
-        with open(local_out / f"attempt-{attempt}-node-{nd.index}.log", "wb") as tee:
+        with tee:
             def deliver(chunk: bytes) -> None:
-                tee.write(chunk)
+                if not mask:  # byte for byte; a masked log is written line by line in emit
+                    tee.write(chunk)
                 lines(chunk)
             try:
-                status, nd.conn = jobs.follow_reconnecting(nd.connect, nd.run_dir, "console.log", jobs.LogCursor(deliver),
+                status, nd.conn = jobs.follow_reconnecting(nd.connect, nd.run_dir, log_name, jobs.LogCursor(deliver),
                                                            conn=nd.conn, unreachable_s=unreachable_s, on_poll=on_poll,
                                                            log=lambda m: ui.note(f"node {nd.index}: {m}"))
                 nd.result = status
@@ -241,8 +249,8 @@ def follow_all(nodes: list[Node], ui, local_out: Path, attempt: int, unreachable
     bad = [nd for nd in nodes if nd.result not in (0, "stopped")]
     if bad:
         first = bad[0]
-        ui.note(f"node {first.index} ({first.instance_id}) ended with {_describe(first.result)}; "
-                f"stopping the other nodes")
+        ui.note(f"node {first.index} ({first.instance_id}) ended with {_describe(first.result)}"
+                + ("; stopping the other nodes" if len(nodes) > 1 else ""))
         for nd in nodes:
             if nd.result == "stopped":
                 stop_job(nd)

@@ -15,6 +15,7 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
+from .. import backend
 from ..errors import Ec2GpuError, ExitCode, UsageError
 
 app = typer.Typer(help="Rent a GPU on AWS EC2 for exactly as long as a training job needs it.",
@@ -35,45 +36,14 @@ REGION = typer.Option(None, "--region", help="AWS region (default: EC2GPU_REGION
 JSON = typer.Option(False, "--json", help="Print JSON for scripts instead of a table.")
 
 
-class Context:
-    """Settings, AWS clients and the SSH resolver for one command (sandbox or AWS)."""
+class Context(backend.Context):
+    """backend.Context, telling the terminal when it starts a sandbox for good."""
 
     def __init__(self, region: str | None, sandbox: bool, persistent: bool = False):
-        from .. import settings as settings_mod
-        self.settings = settings_mod.load({"region": region, "sandbox": sandbox or None})
-        self.sandbox, self.persistent = self.settings.sandbox, persistent
-
-    def __enter__(self):
-        import contextlib
-        import getpass
-        from dataclasses import replace
-
-        from ..aws.session import Aws
-        from ..sandbox import control
-
-        self._stack = contextlib.ExitStack()
-        self.resolver = None
-        state = control.read_state(self.settings.home)
-        if self.sandbox and self.persistent:  # what is launched must outlive this command
-            if not state:
-                err.print("[dim]starting the sandbox; it keeps running until `ec2gpu sandbox down`[/]")
-            state = control.up(self.settings.home)
-            os.environ.update(control.env_vars(state))
-        elif self.sandbox:
-            state = self._stack.enter_context(control.session(self.settings.home))
-        if state and os.environ.get("AWS_ENDPOINT_URL") == state["endpoint"]:
-            # the sandbox's endpoint is in use (--sandbox, or `eval "$(ec2gpu sandbox env)"`)
-            self.resolver = control.resolver(self.settings.home)
-            self.settings = replace(self.settings, ssh_user=getpass.getuser())
-        self.aws = Aws(self.settings.region, endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None)
-        return self
-
-    def __exit__(self, *exc):
-        return self._stack.__exit__(*exc)
+        super().__init__(region, sandbox, persistent, note=lambda text: err.print(f"[dim]{text}[/]"))
 
 
-def _sandbox_flag(flag: bool) -> bool:
-    return flag or os.environ.get("EC2GPU_SANDBOX", "").lower() in ("1", "true", "yes")
+_sandbox_flag = backend.sandbox_from_env
 
 
 class RichReporter:
@@ -155,14 +125,18 @@ def _print_record(record: dict, as_json: bool) -> None:
         return
     from rich.table import Table
 
-    s = record.get("summary", {})
+    s = record.get("summary") or {}
     t = Table(title=f"run {record['run_id']}", show_header=False, box=None)
     rows = [("instance", f"{record.get('instance_id', 'local')} {record['instance_type']} "
-             f"{record['market']} {record.get('zone') or ''}"),
-            ("test accuracy", f"{100 * record['test_acc']:.2f}%" if record.get("test_acc") is not None else "-"),
-            ("training", f"{s.get('epochs')} epochs of {s.get('model')} on {s.get('device')}"
-             f"{' (' + s['gpu_name'] + ')' if s.get('gpu_name') else ''}: {s.get('train_seconds')} s train, "
-             f"{s.get('wall_seconds')} s wall")]
+             f"{record['market']} {record.get('zone') or ''}")]
+    if record.get("task") not in (None, "mnist"):  # a user's task: its exit and its own summary.json
+        rows += [("task", f"{record['task']}: exit {record.get('exit_status')}"),
+                 ("summary", json.dumps(s, default=str)[:200] if s else "- (the job wrote no summary.json)")]
+    else:
+        rows += [("test accuracy", f"{100 * record['test_acc']:.2f}%" if record.get("test_acc") is not None else "-"),
+                 ("training", f"{s.get('epochs')} epochs of {s.get('model')} on {s.get('device')}"
+                  f"{' (' + s['gpu_name'] + ')' if s.get('gpu_name') else ''}: {s.get('train_seconds')} s train, "
+                  f"{s.get('wall_seconds')} s wall")]
     rows += [(f"  {k}", f"{v:.1f} s") for k, v in record.get("phases", {}).items()]
     rows += cost_rows(record)
     if len(record.get("attempts") or []) > 1:  # several attempts, or a cluster's nodes
@@ -680,6 +654,7 @@ def sandbox_env():
 
 
 from . import costs as _costs  # noqa: E402,F401  (registers prices, cost, runs)
+from . import tasks as _tasks  # noqa: E402,F401  (registers run, exec)
 
 
 def _click_errors(name: str) -> tuple[type, ...]:

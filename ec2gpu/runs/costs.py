@@ -103,17 +103,9 @@ def estimate(instance_type: str, gpu: str, market: str, usd_per_hour: float | No
     ``epochs``. Phase times come from runs of the same instance type, the epoch time from runs of
     the same model on the same GPU model; each falls back to the documented defaults above.
     """
-    same_type = [r for r in history if r.get("instance_type") == instance_type and r.get("phases")][:5]
     same_gpu = [r for r in history if r.get("gpu") == gpu and r.get("model") == model
                 and r.get("train_seconds") and r.get("epochs") and r.get("phases", {}).get("training")][:5]
-
-    def phase(names: tuple[str, ...], key: str) -> float:
-        got = _median([sum(r["phases"].get(n, 0.0) for n in names) for r in same_type])
-        return DEFAULT_PHASE_SECONDS[key] if got is None else got
-
-    boot = phase(("requesting", "waiting for running", "waiting for SSH"), "boot")
-    setup = phase(("setup", "upload"), "setup")
-    teardown = phase(("download", "terminating"), "teardown")
+    boot, setup, teardown, same_type = _phase_seconds(history, instance_type)
     if same_gpu:
         epoch_s = _median([r["train_seconds"] / r["epochs"] for r in same_gpu])
         startup = _median([max(0.0, r["phases"]["training"] - r["train_seconds"]) for r in same_gpu])
@@ -125,13 +117,45 @@ def estimate(instance_type: str, gpu: str, market: str, usd_per_hour: float | No
         source = f"default for {gpu} (assumed, docs/cost-model.md)"
     if same_type and not same_gpu:
         source += f"; phases from ledger ({len(same_type)} run(s))"
-    est = Estimate(instance_type, market, usd_per_hour, price_source, round(boot, 1), round(setup, 1),
-                   round(startup + epochs * epoch_s, 1), round(teardown, 1), source)
+    return _priced(Estimate(instance_type, market, usd_per_hour, price_source, round(boot, 1), round(setup, 1),
+                            round(startup + epochs * epoch_s, 1), round(teardown, 1), source))
+
+
+def _phase_seconds(history: list[dict], instance_type: str) -> tuple[float, float, float, list[dict]]:
+    """(boot, setup, teardown) seconds: medians of up to 5 earlier runs on ``instance_type``, else
+    the defaults; and those runs (pure)."""
+    same_type = [r for r in history if r.get("instance_type") == instance_type and r.get("phases")][:5]
+
+    def phase(names: tuple[str, ...], key: str) -> float:
+        got = _median([sum(r["phases"].get(n, 0.0) for n in names) for r in same_type])
+        return DEFAULT_PHASE_SECONDS[key] if got is None else got
+
+    return (phase(("requesting", "waiting for running", "waiting for SSH"), "boot"), phase(("setup", "upload"), "setup"),
+            phase(("download", "terminating"), "teardown"), same_type)
+
+
+def _priced(est: Estimate) -> Estimate:
     # billing starts at launch (part of "boot") and ends at termination (end of "teardown")
-    est.billed_seconds = round(max(float(BILLING_MINIMUM_SECONDS), boot + setup + est.train_seconds + teardown), 1)
-    if usd_per_hour is not None:
-        est.cost_usd = round(cost_usd(est.billed_seconds, usd_per_hour), 4)
+    est.billed_seconds = round(max(float(BILLING_MINIMUM_SECONDS), est.boot_seconds + est.setup_seconds
+                                   + est.train_seconds + est.teardown_seconds), 1)
+    if est.usd_per_hour is not None:
+        est.cost_usd = round(cost_usd(est.billed_seconds, est.usd_per_hour), 4)
     return est
+
+
+def estimate_job(aws, home, instance_type: str, spot: bool, job_seconds: float, job_source: str, backend: str,
+                 max_price: float | None = None) -> Estimate:
+    """Estimate a user's task: its job runs ``job_seconds`` (said by ``job_source``); boot, setup
+    and teardown from the ledger's runs on the same instance type, else the defaults."""
+    from ..aws import catalog
+    from . import ledger
+
+    itype = catalog.lookup(instance_type)
+    price = hourly_price(aws, home, itype.name, spot, max_price)
+    history = [r for r in ledger.runs(home, backend=backend, limit=50) if r["status"] == "completed"]
+    boot, setup, teardown, _ = _phase_seconds(history, itype.name)
+    return _priced(Estimate(itype.name, "spot" if spot else "on-demand", price.usd_per_hour, price.source,
+                            round(boot, 1), round(setup, 1), round(job_seconds, 1), round(teardown, 1), job_source))
 
 
 def backend_of(resolver) -> str:

@@ -53,9 +53,13 @@ MIGRATIONS: list[str] = [
     "CREATE INDEX runs_started_at ON runs (started_at)",
     # 3: one entry per instance a managed run used: instance, zone, market, seconds, cost, why it ended
     "ALTER TABLE runs ADD COLUMN attempts TEXT NOT NULL DEFAULT '[]'",
+    # 4: which task ran (`ec2gpu run`: the task's name; the built-in job: mnist)
+    "ALTER TABLE runs ADD COLUMN task TEXT",
+    # 5: the job's own summary.json (from $EC2GPU_OUTPUT_DIR), when it wrote one
+    "ALTER TABLE runs ADD COLUMN summary TEXT",
 ]
 
-JSON_COLUMNS = ("instance_ids", "estimate", "phases", "attempts")
+JSON_COLUMNS = ("instance_ids", "estimate", "phases", "attempts", "summary")
 
 
 def path_in(home: Path) -> Path:

@@ -52,6 +52,8 @@ class TrainOptions:
     checkpoint_uri: str | None = None  # s3://bucket/prefix: a second home for checkpoints
     unreachable_s: float = 120.0  # SSH unreachable this long (s) counts as a lost instance
     command: str = "ec2gpu train mnist"  # as typed, for the ledger
+    task: object | None = None  # engine.TaskJob: a user's task (`ec2gpu run`) instead of the built-in trainer
+    expect_minutes: float | None = None  # a task's expected job time (--expect), when the ledger has none
 
     @property
     def attempts_allowed(self) -> int:
@@ -295,8 +297,15 @@ def check_estimate(aws: Aws, settings: Settings, opts: TrainOptions, backend: st
     or when ``opts.max_price`` is below the spot price in every zone. Creates nothing."""
     if opts.max_price is not None and not opts.spot:
         raise UsageError("--max-price applies to spot instances only", "add --spot, or drop --max-price")
-    est = costs.estimate_run(aws, settings.home, opts.instance_types[0], opts.spot, opts.model, opts.epochs, backend,
-                             opts.max_price)
+    if opts.task is not None:
+        from . import engine
+        minutes, source = engine.estimate_minutes(settings.home, opts.task, opts.instance_types[0], opts.expect_minutes,
+                                                  backend)
+        est = costs.estimate_job(aws, settings.home, opts.instance_types[0], opts.spot, minutes * 60, source, backend,
+                                 opts.max_price)
+    else:
+        est = costs.estimate_run(aws, settings.home, opts.instance_types[0], opts.spot, opts.model, opts.epochs,
+                                 backend, opts.max_price)
     if opts.nodes > 1 and est.cost_usd is not None:  # N instances for the same time (docs/cost-model.md)
         from dataclasses import replace
         est = replace(est, cost_usd=round(est.cost_usd * opts.nodes, 6))
@@ -304,7 +313,8 @@ def check_estimate(aws: Aws, settings: Settings, opts: TrainOptions, backend: st
     ui.note(f"estimate: {cost} for ~{est.billed_seconds:.0f} s billed at "
             f"{'?' if est.usd_per_hour is None else f'{est.usd_per_hour:.4f}'} USD/h"
             f"{f' x {opts.nodes} nodes' if opts.nodes > 1 else ''} ({est.price_source}); "
-            f"boot {est.boot_seconds:.0f} s, setup {est.setup_seconds:.0f} s, training {est.train_seconds:.0f} s, "
+            f"boot {est.boot_seconds:.0f} s, setup {est.setup_seconds:.0f} s, "
+            f"{'job' if opts.task is not None else 'training'} {est.train_seconds:.0f} s, "
             f"teardown {est.teardown_seconds:.0f} s [{est.time_source}]")
     if opts.budget_usd is not None:
         if est.cost_usd is None:
@@ -316,12 +326,12 @@ def check_estimate(aws: Aws, settings: Settings, opts: TrainOptions, backend: st
     return est
 
 
-def _status(exc: BaseException | None, spot: bool = False) -> str:
+def _status(exc: BaseException | None, spot: bool = False, task: bool = False) -> str:
     if exc is None:
         return "completed"
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted"
-    if isinstance(exc, RemoteError) and exc.exit_status == EXIT_SPOT_INTERRUPTED:
+    if not task and isinstance(exc, RemoteError) and exc.exit_status == EXIT_SPOT_INTERRUPTED:
         return "spot-interrupted"
     from .recovery import AttemptsExhausted
     if isinstance(exc, AttemptsExhausted):
@@ -369,9 +379,11 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, resolv
     run_id = new_run_id()
     out = Path(opts.out or Path("runs") / run_id).resolve()
     prov = Provisioned(run_id)
+    task = opts.task
     record = {"run_id": run_id, "command": opts.command, "backend": backend, "instance_type": itype.name,
-              "gpu": itype.gpu, "market": "spot" if opts.spot else "on-demand", "model": opts.model,
-              "epochs": opts.epochs, "region": aws.region, "artifacts": str(out),
+              "gpu": itype.gpu, "market": "spot" if opts.spot else "on-demand",
+              "task": task.name if task is not None else "mnist", "model": None if task is not None else opts.model,
+              "epochs": None if task is not None else opts.epochs, "region": aws.region, "artifacts": str(out),
               "status": "running", "started_at": datetime.now(timezone.utc).isoformat(),
               "estimated_cost_usd": est.cost_usd, "estimate": est.as_dict()}
     _ledger(settings, record, ui)
@@ -400,7 +412,8 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, resolv
             teardown(aws, settings, prov, ui)
             _bill(aws, settings, [a for a in attempts if "billed_seconds" not in a], prov, ui)
             record.update(_totals(attempts))
-        record.update(instance_ids=prov.instance_ids, status=_status(error, opts.spot), phases=dict(ui.phases),
+        record.update(instance_ids=prov.instance_ids, status=_status(error, opts.spot, task is not None),
+                      phases=dict(ui.phases),
                       ended_at=datetime.now(timezone.utc).isoformat())
         if isinstance(error, RemoteError) and error.exit_status is not None:
             record["exit_status"] = error.exit_status
@@ -411,10 +424,12 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, resolv
 
 
 def _with_summary(record: dict, summary: dict) -> dict:
-    """``record`` with the trainer's summary.json and the ledger columns taken from it."""
-    record.update(test_acc=summary["test_acc"], summary=summary, epochs=summary.get("epochs"),
-                  train_seconds=summary.get("train_seconds"), samples_per_second=summary.get("samples_per_second"),
-                  exit_status=0)
+    """``record`` with the job's summary.json ({} when it wrote none) and the ledger columns the
+    built-in trainer's summary fills (test accuracy, epochs, train seconds, samples/s)."""
+    record.update(summary=summary or None, exit_status=0)
+    if "test_acc" in summary:
+        record.update(test_acc=summary["test_acc"], epochs=summary.get("epochs"),
+                      train_seconds=summary.get("train_seconds"), samples_per_second=summary.get("samples_per_second"))
     return record
 
 
@@ -427,11 +442,14 @@ def _run_attempts(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str,
     from . import recovery
 
     attempts = record["attempts"]
-    target = recovery.parse_checkpoint_uri(opts.checkpoint_uri)
-    if target:
-        target = (target[0], "/".join(p for p in (target[1], run_id, "checkpoint.pt") if p))
-    checkpoints = recovery.CheckpointHome(remote="", local=out / "checkpoint.pt", log=ui.note, target=target,
-                                          s3=aws.client("s3") if target else None)
+    if opts.task is not None:
+        checkpoints = recovery.DirCheckpoints(remote="", local=out / "checkpoints", log=ui.note)
+    else:
+        target = recovery.parse_checkpoint_uri(opts.checkpoint_uri)
+        if target:
+            target = (target[0], "/".join(p for p in (target[1], run_id, "checkpoint.pt") if p))
+        checkpoints = recovery.CheckpointHome(remote="", local=out / "checkpoint.pt", log=ui.note, target=target,
+                                              s3=aws.client("s3") if target else None)
     avoid: list[str] = []
     for n in range(1, opts.attempts_allowed + 1):
         if n > 1:
@@ -448,6 +466,9 @@ def _run_attempts(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str,
                       launched_at=prov.instances[0]["LaunchTime"].isoformat())
         _ledger(settings, record, ui)
         try:
+            if opts.task is not None:
+                from . import engine
+                return engine.run_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, resolver, n, checkpoints)
             if len(nodes) > 1:
                 from .. import cluster
                 return cluster.run_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, resolver, n, checkpoints)

@@ -111,6 +111,76 @@ class CheckpointHome:
         return True
 
 
+@dataclass
+class NoCheckpoints:
+    """For nodes whose checkpoints do not come home (every node of a task but node 0)."""
+
+    remote: str = ""
+
+    def sync(self, conn) -> bool:
+        return False
+
+
+@dataclass
+class DirCheckpoints:
+    """Brings a task's checkpoint directory (``remote`` on node 0) home to ``local``, at most every
+    ``every_s`` seconds: files new or changed since the last look (by size and mtime), each
+    replaced atomically. ``push`` gives a replacement instance the directory as it came home."""
+
+    remote: str
+    local: Path
+    log: object = print
+    every_s: float = 5.0
+    seen: dict = None  # relative path -> (size, mtime) of the copy brought home
+    last: float = 0.0
+
+    def has_any(self) -> bool:
+        return self.local.is_dir() and any(p.is_file() for p in self.local.rglob("*"))
+
+    def sync(self, conn, force: bool = False) -> bool:
+        """Copy what changed (``force``: even within ``every_s`` of the last look); return whether
+        anything did. Connection errors propagate."""
+        import shlex
+        if not force and time.monotonic() - self.last < self.every_s:
+            return False
+        self.last = time.monotonic()
+        self.seen = self.seen if self.seen is not None else {}
+        listing = conn.run(f"find {shlex.quote(self.remote)} -type f -printf '%P\\t%s\\t%T@\\n' 2>/dev/null || true",
+                           hide=True, in_stream=False).stdout
+        changed = []
+        for line in listing.splitlines():
+            rel, size, mtime = line.rsplit("\t", 2)
+            if not rel.startswith(".") and self.seen.get(rel) != (size, mtime):
+                changed.append((rel, size, mtime))
+        sftp = conn.sftp()
+        for rel, size, mtime in changed:
+            target = self.local / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(f".{target.name}.part")
+            try:
+                sftp.get(f"{self.remote}/{rel}", str(tmp))
+            except FileNotFoundError:
+                continue
+            os.replace(tmp, target)
+            self.seen[rel] = (size, mtime)
+        if changed:
+            self.log(f"checkpoint directory: {len(changed)} file(s) brought home to {self.local}")
+        return bool(changed)
+
+    def push(self, conn, remote_dir: str) -> int:
+        """Upload the local directory to ``remote_dir`` on a replacement; return the file count."""
+        import shlex
+        files = [p for p in self.local.rglob("*") if p.is_file() and not p.name.startswith(".")]
+        conn.run(f"mkdir -p {shlex.quote(remote_dir)}", hide=True, in_stream=False)
+        sftp = conn.sftp()
+        for path in files:
+            rel = path.relative_to(self.local).as_posix()
+            if "/" in rel:
+                conn.run(f"mkdir -p {shlex.quote(remote_dir + '/' + rel.rsplit('/', 1)[0])}", hide=True, in_stream=False)
+            sftp.put(str(path), f"{remote_dir}/{rel}")
+        return len(files)
+
+
 class InstanceWatch:
     """``on_poll`` for jobs.follow_reconnecting: brings checkpoints home while connected, and asks
     EC2 about the instance every ``every_s`` seconds, or at once while disconnected. Raises

@@ -1,0 +1,133 @@
+"""The instance-side agent: runs one job, writes status.json, and watches for the spot interruption notice.
+
+Shipped with every `ec2gpu run` job and started detached from SSH as
+``python3 agent.py --dir RUN_DIR -- bash -c '<the task's run>'``. Standard library only: it runs
+on whatever Python the image has. It
+
+- starts the job in a process group of its own, its stdout and stderr appended to RUN_DIR/job.log;
+- writes RUN_DIR/status.json (atomically, by rename) when the job starts and when it ends:
+  ``{"state": "running" | "succeeded" | "failed" | "interrupted", "pid", "exit_code", "signal",
+  "started_at", "ended_at", "notice"}`` (times UTC, ISO 8601);
+- polls the instance metadata service (IMDSv2: a token PUT, then
+  ``/latest/meta-data/spot/instance-action``) every EC2GPU_SPOT_POLL_SECONDS (5) seconds; on a
+  notice it records it and sends SIGTERM to the job's process group, then SIGKILL after
+  EC2GPU_STOP_GRACE_SECONDS (90) if the job has not ended
+  (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/spot-instance-termination-notices.html);
+- forwards its own SIGTERM and SIGINT to the job's process group.
+
+The controller reads status.json; it never parses the log.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from datetime import datetime, timezone
+
+IMDS = "http://169.254.169.254"
+EXIT_NOTICE = 75  # the agent's exit code when a notice stopped the job (EX_TEMPFAIL: try again elsewhere)
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def write_status(run_dir: str, status: dict) -> None:
+    """RUN_DIR/status.json, replaced atomically (a reader sees the old or the new, never half)."""
+    tmp = os.path.join(run_dir, ".status.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(status, f, indent=2)
+    os.replace(tmp, os.path.join(run_dir, "status.json"))
+
+
+def spot_notice(endpoint: str, timeout_s: float = 2.0) -> dict | None:
+    """The spot interruption notice ({"action", "time"}) if one is published, else None (also when
+    the metadata service cannot be reached: an on-demand instance or none at all)."""
+    try:
+        put = urllib.request.Request(f"{endpoint}/latest/api/token", method="PUT",
+                                     headers={"X-aws-ec2-metadata-token-ttl-seconds": "300"})
+        with urllib.request.urlopen(put, timeout=timeout_s) as resp:
+            token = resp.read().decode()
+        get = urllib.request.Request(f"{endpoint}/latest/meta-data/spot/instance-action",
+                                     headers={"X-aws-ec2-metadata-token": token})
+        with urllib.request.urlopen(get, timeout=timeout_s) as resp:
+            return json.loads(resp.read())
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+def run(run_dir: str, argv: list[str], endpoint: str, poll_s: float, grace_s: float, env: dict | None = None) -> int:
+    """Run ``argv`` to its end under the rules above, with ``env`` added to the environment; return
+    the agent's exit code (the job's, 128+N for signal N, or 75 when a notice stopped it)."""
+    status = {"state": "running", "started_at": now(), "exit_code": None, "signal": None,
+              "ended_at": None, "notice": None, "agent_pid": os.getpid()}
+    full_env = {**os.environ, **(env or {})}
+    with open(os.path.join(run_dir, "job.log"), "ab") as log:
+        job = subprocess.Popen(argv, cwd=full_env.get("EC2GPU_WORKDIR") or run_dir, env=full_env,
+                               stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    status["pid"] = job.pid
+    write_status(run_dir, status)
+
+    def stop_job(*_):
+        try:
+            os.killpg(job.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    signal.signal(signal.SIGTERM, stop_job)
+    signal.signal(signal.SIGINT, stop_job)
+
+    def watch():
+        while job.poll() is None:
+            notice = spot_notice(endpoint)
+            if notice:
+                status["notice"] = {**notice, "seen_at": now()}
+                write_status(run_dir, status)
+                stop_job()
+                deadline = time.monotonic() + grace_s
+                while job.poll() is None and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                if job.poll() is None:
+                    try:
+                        os.killpg(job.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                return
+            time.sleep(poll_s)
+    threading.Thread(target=watch, daemon=True).start()
+    code = job.wait()
+    status.update(ended_at=now(), exit_code=code if code >= 0 else None, signal=-code if code < 0 else None)
+    status["state"] = "interrupted" if status["notice"] else "succeeded" if code == 0 else "failed"
+    write_status(run_dir, status)
+    if status["notice"]:
+        return EXIT_NOTICE
+    return code if code >= 0 else 128 - code
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dir", required=True, help="the run directory: status.json and job.log go there")
+    p.add_argument("--env-file", help="a JSON object of environment variables for the job (mode 0600: it may "
+                                      "hold secrets, which never appear on a command line)")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- the job's command line")
+    args = p.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        p.error("no command after --")
+    env = {}
+    if args.env_file:
+        with open(args.env_file) as f:
+            env = {str(k): str(v) for k, v in json.load(f).items()}
+    return run(args.dir, command, os.environ.get("EC2GPU_IMDS_ENDPOINT", IMDS),
+               float(os.environ.get("EC2GPU_SPOT_POLL_SECONDS", "5")),
+               float(os.environ.get("EC2GPU_STOP_GRACE_SECONDS", "90")), env)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

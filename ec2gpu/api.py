@@ -1,0 +1,134 @@
+"""The Python API: what the CLI's `run` and `exec` call, for scripts and notebooks.
+
+    import ec2gpu
+    record = ec2gpu.run("examples/quickstart/task.yaml", sandbox=True, expect="1m")
+    print(record["status"], record["cost_usd"], record["summary"])
+
+Every function returns the run record (the dict also saved as run.json and in the ledger) and
+raises the ec2gpu.errors tree (UsageError for bad input before anything is created; AwsError,
+CapacityError, RemoteError for a failed job (its outputs still come home), WaitTimeout).
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from pathlib import Path
+from typing import Optional, Sequence, Union
+
+from .errors import UsageError
+from .remote.sync import MAX_UPLOAD_BYTES
+
+
+def load_task(task=None, command: Optional[Sequence[str]] = None, workdir: Optional[str] = None,
+              name: Optional[str] = None):
+    """A tasks.load.LoadedTask from a task file path, a Task, or a ``command`` run in ``workdir``.
+
+    Raises UsageError when neither or both are given, or for a bad task file.
+    """
+    from .tasks import load
+    from .tasks.spec import Task
+    if (task is None) == (not command):
+        raise UsageError("say what to run: a task file, or a command",
+                         "e.g. `ec2gpu run task.yaml` or `ec2gpu run --gpu T4 -- python train.py`")
+    if isinstance(task, (str, Path)):
+        if workdir:
+            raise UsageError("--workdir is for a command; a task file names its own workdir", "set workdir: in the file")
+        loaded = load.load(task)
+    elif isinstance(task, Task):
+        base = Path(workdir or ".").resolve()
+        loaded = load.LoadedTask(task, None, None if task.workdir is None else (base / task.workdir).resolve())
+    else:
+        base = Path(workdir or ".").resolve()
+        if not base.is_dir():
+            raise UsageError(f"--workdir {base} is not a directory", "give the directory to send")
+        default = re.sub(r"[^A-Za-z0-9_.-]", "-", base.name).strip("-.")[:63] or "task"
+        loaded = load.LoadedTask(Task(name=name or default, workdir=str(base), run=shlex.join(command)), None, base)
+    if name:
+        loaded.task = loaded.task.model_copy(update={"name": name})
+    return loaded
+
+
+def _job(loaded, env, secrets, max_upload, include_secrets):
+    from .runs import engine
+    if secrets:
+        loaded.task = loaded.task.model_copy(update={"secrets": sorted(set(loaded.task.secrets) | set(secrets))})
+    return engine.prepare(loaded, os.environ, max_upload, include_secrets, {**{k: None for k in secrets}, **(env or {})})
+
+
+def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequence[str]] = None,
+        workdir: Optional[str] = None, name: Optional[str] = None, gpu: Optional[str] = None,
+        instance_type: Optional[str] = None, spot: Optional[bool] = None, spot_fallback: Optional[str] = None,
+        nodes: Optional[int] = None, env: Optional[dict] = None, secrets: Sequence[str] = (),
+        max_runtime: Union[str, float, None] = None, expect: Union[str, float, None] = None,
+        budget: Optional[float] = None, max_price: Optional[float] = None, max_attempts: Optional[int] = None,
+        max_upload: int = MAX_UPLOAD_BYTES, include_secrets: bool = False, out: Optional[Path] = None,
+        ssh_cidr: Optional[str] = None, ami: Optional[str] = None, region: Optional[str] = None,
+        sandbox: bool = False, reporter=None, on_warning=lambda text: None, as_typed: Optional[str] = None) -> dict:
+    """Run a task on new instances end to end (estimate, launch, sync, setup, job, outputs home,
+    teardown, bill); return its run record.
+
+    ``task``: a task file path or a tasks.spec.Task; or ``command`` (argv) run in ``workdir``.
+    Flags override the task's own values: ``gpu`` ('T4', 'A10G:4') or ``instance_type`` ('g5.xlarge'
+    or 'g5.xlarge,g6.xlarge'), ``spot``, ``nodes``, ``env`` ({K: V, or K: None from this
+    environment}), ``secrets`` (names, masked everywhere), ``max_runtime`` and ``expect`` (minutes
+    or '90m', '2h'), ``budget`` (USD), ``max_price`` (USD/h), ``max_upload`` (bytes). ``reporter``:
+    a runs.pipeline.Reporter (default: silent). Raises as the module docstring says.
+    """
+    from dataclasses import replace
+
+    from .backend import Context
+    from .runs import engine, pipeline
+    from .tasks import resolve
+    from .tasks.spec import minutes
+
+    loaded = load_task(task, command, workdir, name)
+    for w in loaded.warnings:
+        on_warning(w)
+    job = _job(loaded, env, secrets, max_upload, include_secrets)
+    reporter = reporter or pipeline.Reporter()
+    if engine.manifest_note(job):
+        reporter.note(engine.manifest_note(job))
+    res = job.task.resources
+    try:
+        runtime = minutes(max_runtime) if max_runtime is not None else job.task.max_runtime_minutes
+        expect_min = minutes(expect) if expect is not None else None
+    except ValueError as exc:
+        raise UsageError(str(exc), "e.g. --max-runtime 90m, --expect 20m")
+    with Context(region, sandbox) as ctx:
+        if gpu:
+            types = [resolve.instance_type_for_gpu(gpu)]
+        elif instance_type:
+            types = instance_type.split(",")
+        else:
+            types = resolve.instance_types(res, ctx.settings.instance_type)
+        settings = replace(ctx.settings, root_volume_gib=res.disk_gib) if res.disk_gib else ctx.settings
+        opts = pipeline.TrainOptions(
+            instance_type=",".join(types), spot=res.spot if spot is None else spot, spot_fallback=spot_fallback,
+            out=out, ssh_cidr=ssh_cidr, ami=ami, name=name, max_runtime_minutes=int(runtime or 120),
+            budget_usd=budget if budget is not None else job.task.budget,
+            max_price=max_price if max_price is not None else res.max_price, nodes=nodes or job.task.nodes,
+            max_attempts=max_attempts, task=job, expect_minutes=expect_min,
+            command=job.mask(as_typed or f"ec2gpu.run({job.name!r})"))
+        return pipeline.train(ctx.aws, settings, opts, reporter, ctx.resolver)
+
+
+def exec(target: str, task=None, *, command: Optional[Sequence[str]] = None, workdir: Optional[str] = None,  # noqa: A001
+         env: Optional[dict] = None, secrets: Sequence[str] = (), max_upload: int = MAX_UPLOAD_BYTES,
+         include_secrets: bool = False, out: Optional[Path] = None, region: Optional[str] = None,
+         sandbox: bool = False, reporter=None, on_warning=lambda text: None, as_typed: Optional[str] = None) -> dict:
+    """Run a task once on the standing instance or cluster ``target`` and leave it running; return
+    the run record. A setup that already ran there is skipped; rsync sends only what changed."""
+    from .backend import Context
+    from .runs import engine, pipeline
+
+    loaded = load_task(task, command, workdir, None)
+    for w in loaded.warnings:
+        on_warning(w)
+    job = _job(loaded, env, secrets, max_upload, include_secrets)
+    reporter = reporter or pipeline.Reporter()
+    if engine.manifest_note(job):
+        reporter.note(engine.manifest_note(job))
+    with Context(region, sandbox) as ctx:
+        return engine.exec_on_standing(ctx.aws, ctx.settings, job, reporter, target,
+                                       ctx.resolver, out, job.mask(as_typed or f"ec2gpu.exec({target!r})"))

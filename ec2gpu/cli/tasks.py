@@ -1,0 +1,113 @@
+"""`ec2gpu run` and `ec2gpu exec`: the user's own job (a task file, or a command) on new or standing instances."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from ..errors import UsageError
+from . import JSON, REGION, SANDBOX, RichReporter, _print_record, _sandbox_flag, app, err
+
+
+def _size(text: str) -> int:
+    """'1G', '500M', '2048' (bytes) -> bytes. Raises UsageError."""
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    t = text.strip().lower().removesuffix("b").removesuffix("i")
+    try:
+        return int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
+    except (ValueError, KeyError):
+        raise UsageError(f"--max-upload {text!r} is not a size", "use e.g. 500M or 2G")
+
+
+def _env_flags(values: list[str]) -> dict[str, Optional[str]]:
+    """--env K=V (a value) or --env K (taken from this machine)."""
+    out = {}
+    for v in values:
+        k, eq, val = v.partition("=")
+        out[k] = val if eq else None
+    return out
+
+
+@app.command("run")
+def run_cmd(
+    args: List[str] = typer.Argument(None, help="A task file (task.yaml), or after -- the command to run in the "
+                                     "current directory: ec2gpu run --gpu T4 -- python train.py --epochs 3"),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU model and count, e.g. T4, A10G:4 (the cheapest type "
+                                      "that has it); overrides the task's resources."),
+    instance_type: Optional[str] = typer.Option(None, "--instance-type", "-t", help="Instance type, or several in "
+                                                "order of preference (g5.xlarge,g6.xlarge)."),
+    spot: Optional[bool] = typer.Option(None, "--spot/--on-demand", help="Spot (managed: a lost instance is replaced "
+                                        "and the job restarts with EC2GPU_RESUME=1) or on-demand."),
+    spot_fallback: Optional[str] = typer.Option(None, "--spot-fallback", help="on-demand: a last on-demand try."),
+    nodes: Optional[int] = typer.Option(None, "--nodes", "-n", min=1, max=64, help="Instances running the job together."),
+    env: List[str] = typer.Option([], "--env", "-e", help="K=V, or K to take it from this environment; repeatable."),
+    secret: List[str] = typer.Option([], "--secret", help="K: like --env K, and its value is masked everywhere."),
+    workdir: Optional[str] = typer.Option(None, "--workdir", help="For a command: the directory to send (default .)."),
+    name: Optional[str] = typer.Option(None, "--name", help="The run's name (default: the task's, or the directory's)."),
+    max_runtime: Optional[str] = typer.Option(None, "--max-runtime", help="Minutes (or 90m, 2h) after which the "
+                                              "instance terminates itself (default: the task's, else 120)."),
+    expect: Optional[str] = typer.Option(None, "--expect", help="How long the job should run (20m, 1h), for the "
+                                         "estimate when no earlier run of the task says."),
+    budget: Optional[float] = typer.Option(None, "--budget", min=0, help="Refuse the run if its estimate in USD is above."),
+    max_price: Optional[float] = typer.Option(None, "--max-price", min=0, help="Spot: the highest USD/h to pay."),
+    max_attempts: Optional[int] = typer.Option(None, "--max-attempts", min=1, help="Instances to try (default 3 "
+                                               "with spot, else 1)."),
+    max_upload: str = typer.Option("1G", "--max-upload", help="Refuse a workdir larger than this (bytes, 500M, 2G)."),
+    include_secrets: bool = typer.Option(False, "--include-secrets", help="Also send .git/, .env*, *.pem, *.key and "
+                                         "private keys (never sent otherwise)."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Where outputs and logs come home (default runs/<run-id>/)."),
+    ssh_cidr: Optional[str] = typer.Option(None, "--ssh-cidr", help="CIDR allowed to SSH (default: your public IP/32)."),
+    ami: Optional[str] = typer.Option(None, "--ami", help="AMI id (default: the PyTorch Deep Learning AMI)."),
+    region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
+):
+    """Run your own job on new GPU instances: send the workdir, set up, run, bring outputs home, terminate.
+
+    The job runs in the synced workdir with EC2GPU_OUTPUT_DIR, EC2GPU_CHECKPOINT_DIR, EC2GPU_RESUME,
+    EC2GPU_NODE_RANK, EC2GPU_NUM_NODES, EC2GPU_HEAD_IP (and SkyPilot's SKYPILOT_* names) set;
+    docs/tasks.md has the task file and the job's contract. Exit 5 when the job fails (its outputs
+    still come home)."""
+    from .. import api
+
+    task_file = _task_file(args)
+    record = api.run(
+        task_file, command=None if task_file else list(args or []) or None, workdir=workdir, name=name, gpu=gpu, instance_type=instance_type, spot=spot, spot_fallback=spot_fallback,
+        nodes=nodes, env=_env_flags(env), secrets=secret, max_runtime=max_runtime, expect=expect, budget=budget,
+        max_price=max_price, max_attempts=max_attempts, max_upload=_size(max_upload), include_secrets=include_secrets,
+        out=out_dir, ssh_cidr=ssh_cidr, ami=ami, region=region, sandbox=_sandbox_flag(sandbox),
+        reporter=RichReporter(err), on_warning=_warn, as_typed=" ".join(["ec2gpu", *sys.argv[1:]]))
+    _print_record(record, as_json)
+
+
+@app.command("exec")
+def exec_cmd(
+    target: str = typer.Argument(..., help="A standing instance or cluster (ec2gpu launch --name NAME)."),
+    args: List[str] = typer.Argument(None, help="A task file, or after -- a command to run in the current directory."),
+    env: List[str] = typer.Option([], "--env", "-e", help="K=V, or K to take it from this environment; repeatable."),
+    secret: List[str] = typer.Option([], "--secret", help="K: like --env K, and its value is masked everywhere."),
+    workdir: Optional[str] = typer.Option(None, "--workdir", help="For a command: the directory to send (default .)."),
+    max_upload: str = typer.Option("1G", "--max-upload", help="Refuse a workdir larger than this."),
+    include_secrets: bool = typer.Option(False, "--include-secrets", help="Also send .git/, .env*, keys."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Where outputs and logs come home."),
+    region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
+):
+    """Run a task on a standing instance or cluster and leave it running: the workdir is synced
+    again (rsync sends only what changed) and a setup that already ran there is skipped."""
+    from .. import api
+
+    task_file = _task_file(args)
+    record = api.exec(target, task_file, command=None if task_file else list(args or []) or None, workdir=workdir,
+                      env=_env_flags(env), secrets=secret, max_upload=_size(max_upload),
+                      include_secrets=include_secrets, out=out_dir, region=region, sandbox=_sandbox_flag(sandbox),
+                      reporter=RichReporter(err), on_warning=_warn, as_typed=" ".join(["ec2gpu", *sys.argv[1:]]))
+    _print_record(record, as_json)
+
+
+def _task_file(args) -> str | None:
+    """ARGS is a task file when it is one *.yaml / *.yml path; otherwise a command."""
+    return args[0] if args and len(args) == 1 and args[0].endswith((".yaml", ".yml")) else None
+
+
+def _warn(text: str) -> None:
+    err.print(f"[yellow]warning:[/] {text}", highlight=False)

@@ -1,0 +1,416 @@
+"""`ec2gpu run` / `ec2gpu exec`: a user's task on N nodes (one instance is a cluster of one).
+
+An attempt, on every node at once: SSH (host key verified) -> the workdir up (rsync, else SFTP) ->
+machine setup (ec2gpu/ami/setup-gpu.sh) and the task's ``setup`` (skipped when the same text
+already ran on that instance) -> the job, started detached under the instance agent
+(ec2gpu/agent/agent.py) -> its log followed live -> outputs home -> judged from the agent's
+status.json. Provisioning, replacement after a spot interruption (the job restarts with
+EC2GPU_RESUME=1 and its checkpoint directory as last brought home), teardown, billing and the
+ledger are the managed-run machinery of pipeline.py and recovery.py.
+
+The job's environment (docs/tasks.md, "The job's contract"): the task's envs, and EC2GPU_RUN_ID,
+EC2GPU_OUTPUT_DIR, EC2GPU_CHECKPOINT_DIR, EC2GPU_RESUME, EC2GPU_NODE_RANK, EC2GPU_NUM_NODES,
+EC2GPU_HEAD_IP, EC2GPU_NODE_IP, EC2GPU_GPUS_PER_NODE, EC2GPU_WORKDIR, with SkyPilot's names for the
+same (SKYPILOT_NODE_RANK, SKYPILOT_NUM_NODES, SKYPILOT_NODE_IPS, SKYPILOT_NUM_GPUS_PER_NODE).
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import RemoteError, UsageError, WaitTimeout
+from ..remote import sync
+from ..tasks.load import LoadedTask
+
+AGENT = Path(__file__).resolve().parents[1] / "agent" / "agent.py"
+MASK = "****"
+TAIL_LINES = 20  # log lines shown when a job fails
+
+
+@dataclass
+class TaskJob:
+    """A task made ready to run: the task, its environment (secrets resolved), the files to send."""
+
+    loaded: LoadedTask
+    env: dict[str, str]
+    manifest: sync.Manifest | None
+    include_secrets: bool = False
+    secret_values: list[str] = field(default_factory=list)
+
+    @property
+    def task(self):
+        return self.loaded.task
+
+    @property
+    def name(self) -> str:
+        return self.task.name or (self.loaded.path.stem if self.loaded.path else "task")
+
+    def mask(self, text: str) -> str:
+        """``text`` with every secret value replaced by ****."""
+        for v in self.secret_values:
+            text = text.replace(v, MASK)
+        return text
+
+
+def prepare(loaded: LoadedTask, environ, max_upload: int = sync.MAX_UPLOAD_BYTES,
+            include_secrets: bool = False, extra_env: dict[str, str | None] | None = None) -> TaskJob:
+    """Resolve the task's environment and list its workdir, before anything is created.
+
+    ``extra_env`` (``--env K[=V]``) adds to the task's envs; a value of None comes from ``environ``.
+    Raises UsageError for a variable that is null and unset here, or a workdir over ``max_upload``.
+    """
+    from ..tasks.load import env_values
+
+    task = loaded.task
+    if extra_env:
+        task = task.model_copy(update={"envs": {**task.envs, **extra_env}})
+        loaded = LoadedTask(task, loaded.path, loaded.workdir, loaded.warnings, loaded.skypilot)
+    env = env_values(task, environ)
+    manifest = None
+    if loaded.workdir is not None:
+        manifest = sync.manifest(loaded.workdir, allow_secrets=include_secrets)
+        sync.check_size(manifest, max_upload)
+    secrets = [env[k] for k in task.secrets if env.get(k)]
+    return TaskJob(loaded, env, manifest, include_secrets, sorted(secrets, key=len, reverse=True))
+
+
+def manifest_note(job: TaskJob) -> str | None:
+    """What will be sent, in one line (None when the task syncs nothing)."""
+    m = job.manifest
+    if m is None:
+        return None
+    held = ""
+    if m.withheld:
+        held = f"; withheld (secrets): {', '.join(m.withheld[:5])}" + (" ..." if len(m.withheld) > 5 else "") + \
+            " (--include-secrets sends them)"
+    return f"workdir {m.root}: {len(m.files):,} files, {m.bytes:,} bytes to send{held}"
+
+
+def setup_hash(task) -> str:
+    """What identifies a setup on an instance: the sha256 of its text (pure)."""
+    return hashlib.sha256((task.setup or "").encode()).hexdigest()
+
+
+def workdir_of(run_dir: str, job: TaskJob) -> str:
+    """Where the task's workdir lives on an instance: $HOME/ec2gpu/workdirs/<task name>, the same for
+    every run of the task there, so a rerun (`ec2gpu exec`) sends only what changed (pure)."""
+    return f"{run_dir.rsplit('/runs/', 1)[0]}/workdirs/{job.name}"
+
+
+def node_env(job: TaskJob, run_id: str, run_dir: str, index: int, addresses: list[str], gpus: int,
+             resume: bool) -> dict[str, str]:
+    """The environment of the job on node ``index`` (pure): the task's envs, then ours."""
+    workdir = workdir_of(run_dir, job)
+    ckpt = f"{workdir}/{job.task.checkpoint_dir}" if job.task.checkpoint_dir else f"{run_dir}/checkpoints"
+    ours = {
+        "EC2GPU_RUN_ID": run_id, "EC2GPU_OUTPUT_DIR": f"{run_dir}/out", "EC2GPU_CHECKPOINT_DIR": ckpt,
+        "EC2GPU_RESUME": "1" if resume else "0", "EC2GPU_NODE_RANK": str(index), "EC2GPU_NUM_NODES": str(len(addresses)),
+        "EC2GPU_HEAD_IP": addresses[0], "EC2GPU_NODE_IP": addresses[index], "EC2GPU_GPUS_PER_NODE": str(gpus),
+        "EC2GPU_WORKDIR": workdir,
+        # SkyPilot's names, so its users' scripts run unchanged
+        "SKYPILOT_NODE_RANK": str(index), "SKYPILOT_NUM_NODES": str(len(addresses)),
+        "SKYPILOT_NODE_IPS": "\n".join(addresses), "SKYPILOT_NUM_GPUS_PER_NODE": str(gpus),
+    }
+    return {**job.env, **ours}
+
+
+def checkpoint_remote(job: TaskJob, run_dir: str) -> str:
+    return node_env(job, "", run_dir, 0, ["-"], 0, False)["EC2GPU_CHECKPOINT_DIR"]
+
+
+def _put_private(conn, text: str, path: str) -> None:
+    """Write ``text`` to ``path`` on the instance, mode 0600 before any byte is in it."""
+    conn.run(f"umask 077 && : > {shlex.quote(path)}", hide=True, in_stream=False)
+    conn.put(io.BytesIO(text.encode()), path)
+
+
+def upload_node(nd, job: TaskJob, ssh_config: Path | None, run_id: str, addresses: list[str], resume: bool,
+                checkpoints, log) -> None:
+    """Send the workdir, the agent and the job's environment (0600) to node ``nd``; on a
+    replacement, the checkpoint directory brought home."""
+    from ..cluster import processes_per_node
+    workdir = workdir_of(nd.run_dir, job)
+    if job.manifest is not None:
+        how = sync.push(nd.conn, job.manifest, workdir, ssh_config, nd.instance_id)
+        log(f"workdir: {len(job.manifest.files):,} files, {job.manifest.bytes:,} bytes sent by {how}")
+    else:
+        nd.conn.run(f"mkdir -p {shlex.quote(workdir)}", hide=True, in_stream=False)
+    nd.conn.run(f"mkdir -p {shlex.quote(nd.run_dir)}/out", hide=True, in_stream=False)
+    nd.conn.put(str(AGENT), f"{nd.run_dir}/agent.py")
+    gpus = processes_per_node(nd.info) if nd.info.get("cuda_available") else int(nd.info.get("gpu_count") or 0)
+    env = node_env(job, run_id, nd.run_dir, nd.index, addresses, gpus, resume)
+    _put_private(nd.conn, json.dumps(env), f"{nd.run_dir}/job.env.json")
+    if resume and checkpoints is not None and checkpoints.has_any():
+        count = checkpoints.push(nd.conn, env["EC2GPU_CHECKPOINT_DIR"])
+        log(f"pushed the checkpoint directory ({count} file(s)); the job resumes with EC2GPU_RESUME=1")
+
+
+def setup_node(nd, job: TaskJob, log) -> None:
+    """Run the task's setup on node ``nd`` unless the same setup text already ran on that instance.
+
+    Raises RemoteError (with the setup's last lines) when it fails.
+    """
+    task = job.task
+    if not task.setup:
+        return
+    marker = f"$HOME/.ec2gpu/setup-done/{setup_hash(task)}"
+    done = nd.conn.run(f"cat {marker} 2>/dev/null", hide=True, warn=True, in_stream=False)
+    if done.ok and done.stdout.strip():
+        log(f"setup unchanged since it ran on this instance at {done.stdout.strip()}: skipped")
+        return
+    script = (f"cd {shlex.quote(workdir_of(nd.run_dir, job))} || exit 1; "
+              f"eval \"$({shlex.quote(str(nd.info.get('python') or 'python3'))} -c "
+              f"{shlex.quote(_EXPORTS)} {shlex.quote(nd.run_dir)}/job.env.json)\"; {task.setup}")
+    out = _LineWriter(lambda line: log(job.mask(line)))
+    result = nd.conn.run(f"bash -c {shlex.quote(script)}", hide=True, warn=True, in_stream=False, out_stream=out,
+                         err_stream=out, timeout=3600)
+    out.flush()
+    if not result.ok:
+        tail = "\n".join(job.mask(result.stdout + result.stderr).strip().splitlines()[-TAIL_LINES:])
+        raise RemoteError(f"the task's setup on node {nd.index} ({nd.instance_id}) exited {result.exited}",
+                          "fix the setup (its output is shown above); nothing else ran", command="setup",
+                          host=nd.host, exit_status=result.exited, tail=tail)
+    nd.conn.run(f"mkdir -p $HOME/.ec2gpu/setup-done && date -u +%Y-%m-%dT%H:%M:%SZ > {marker}", hide=True,
+                in_stream=False)
+
+
+#: prints `export K=V` lines from a JSON file (the job's environment, secrets included, without
+#: putting them on a command line)
+_EXPORTS = "import json,shlex,sys;print(''.join(f'export {k}={shlex.quote(v)};' for k,v in json.load(open(sys.argv[1])).items()))"
+
+
+class _LineWriter(io.TextIOBase):
+    """A text stream that hands whole lines to ``emit`` (fabric's out_stream)."""
+
+    def __init__(self, emit):
+        self.emit, self.buf = emit, ""
+
+    def write(self, s: str) -> int:
+        self.buf += s
+        *lines, self.buf = self.buf.split("\n")
+        for line in lines:
+            self.emit(line)
+        return len(s)
+
+    def flush(self) -> None:
+        if self.buf:
+            self.emit(self.buf)
+            self.buf = ""
+
+
+def job_argv(nd, job: TaskJob) -> list[str]:
+    """The agent's command line on node ``nd`` (pure apart from the node's facts)."""
+    python = nd.info.get("python") or "python3"
+    return [python, f"{nd.run_dir}/agent.py", "--dir", nd.run_dir, "--env-file", f"{nd.run_dir}/job.env.json",
+            "--", "bash", "-c", job.task.run]
+
+
+def read_status(conn, run_dir: str) -> dict | None:
+    """The agent's status.json on an instance, or None when there is none."""
+    from ..remote import jobs
+    data = jobs.read_from(conn, f"{run_dir}/status.json", 0)
+    return json.loads(data) if data else None
+
+
+def judge(nodes, job: TaskJob) -> None:
+    """The attempt's outcome from the agents' status.json files: return when every node's job
+    succeeded; raise recovery.Interrupted for a lost node or a spot notice, RemoteError (exit 5,
+    with the exit code and the last log lines) for a job that failed."""
+    from ..remote import jobs
+    from . import recovery
+
+    for nd in nodes:
+        if isinstance(nd.result, recovery.Interrupted):
+            raise recovery.Interrupted(f"node {nd.index} ({nd.instance_id}): {nd.result.reason}")
+    for nd in nodes:
+        if isinstance(nd.result, BaseException):
+            raise nd.result
+    for nd in nodes:  # a node EC2 took away explains every other failure
+        try:
+            nd.watch.check()
+        except recovery.Interrupted as why:
+            raise recovery.Interrupted(f"node {nd.index} ({nd.instance_id}): {why.reason}")
+    statuses = {nd.index: read_status(nd.conn, nd.run_dir) for nd in nodes}
+    for nd in nodes:
+        st = statuses[nd.index] or {}
+        if st.get("state") == "interrupted":
+            import contextlib
+            with contextlib.suppress(*jobs.CONNECTION_ERRORS):
+                nodes[0].watch.checkpoints.sync(nodes[0].conn, force=True)  # what the job wrote as it stopped
+            raise recovery.Interrupted(f"node {nd.index} ({nd.instance_id}): spot interruption notice at "
+                                       f"{(st.get('notice') or {}).get('time', '?')}; the job was stopped")
+    bad = [nd for nd in nodes if (statuses[nd.index] or {}).get("state") != "succeeded" and nd.result != "stopped"]
+    if not bad:
+        return
+    first = bad[0]
+    st = statuses[first.index]
+    if st is None:
+        how = "did not start (no status.json from the agent)"
+        tail = jobs.tail(first.conn, f"{first.run_dir}/console.log", TAIL_LINES)
+    else:
+        how = f"exited {st['exit_code']}" if st.get("exit_code") is not None else f"was killed by signal {st.get('signal')}"
+        tail = jobs.tail(first.conn, f"{first.run_dir}/job.log", TAIL_LINES)
+    others = [f"node {nd.index}" for nd in bad[1:]]
+    raise RemoteError(f"the job on node {first.index} ({first.instance_id}) {how}"
+                      + (f"; {', '.join(others)} failed too" if others else ""),
+                      "its last lines are above; outputs were brought home and every instance is terminated",
+                      command=job.task.run, host=first.host,
+                      exit_status=(st or {}).get("exit_code") or 1, tail=job.mask(tail))
+
+
+def download(nodes, job: TaskJob, local_out: Path, ssh_config: Path | None, log) -> dict | None:
+    """Bring node 0's outputs (the task's ``outputs`` globs, else all of $EC2GPU_OUTPUT_DIR) to
+    ``local_out``/outputs and every node's job.log and status.json home (masked); return the
+    job's summary.json when it wrote one."""
+    from ..remote import jobs
+    head = nodes[0]
+    files, how = sync.pull(head.conn, f"{head.run_dir}/out", local_out / "outputs", job.task.outputs, ssh_config,
+                           head.instance_id)
+    log(f"outputs: {len(files)} file(s) brought home by {how} to {local_out / 'outputs'}")
+    for nd in nodes:
+        suffix = "" if len(nodes) == 1 else f"-node-{nd.index}"
+        (local_out / f"job{suffix}.log").write_text(job.mask(jobs.read_from(nd.conn, f"{nd.run_dir}/job.log", 0)
+                                                             .decode(errors="replace")))
+        status = jobs.read_from(nd.conn, f"{nd.run_dir}/status.json", 0)
+        if status:
+            (local_out / f"status{suffix}.json").write_bytes(status)
+    summary = local_out / "outputs" / "summary.json"
+    try:
+        return json.loads(summary.read_text()) if summary.is_file() else None
+    except ValueError:
+        log(f"warning: {summary} is not JSON; not recorded")
+        return None
+
+
+def run_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[dict], local_out: Path, resolver,
+                n: int, checkpoints) -> dict:
+    """One attempt of the task ``opts.task`` (a TaskJob) on running instances (node 0 first);
+    return the job's summary.json ({} when it wrote none).
+
+    ``checkpoints`` (recovery.DirCheckpoints) brings node 0's checkpoint directory home while the
+    job runs. Raises recovery.Interrupted when a node is lost or gets a spot notice, RemoteError
+    when the setup or the job fails (after its outputs came home), WaitTimeout when SSH never answers.
+    """
+    from dataclasses import replace
+
+    from .. import cluster
+    from ..remote import jobs
+    from ..remote import ssh_config as sc
+    from .recovery import NoCheckpoints
+
+    job: TaskJob = opts.task
+    nodes = [cluster.Node(k, inst) for k, inst in enumerate(instances_)]
+    config = settings.home / "ssh" / f"{run_id}.config"
+
+    def say(nd):
+        return (lambda line: ui.note(f"node {nd.index}: {line}")) if len(nodes) > 1 else ui.note
+    try:
+        with ui.phase("waiting for SSH"):
+            cluster.parallel(lambda nd: cluster.open_node(nd, aws, settings, prov, run_id, resolver, NoCheckpoints(),
+                                                          ui.note), nodes)
+            nodes[0].watch.checkpoints = replace(checkpoints, remote=checkpoint_remote(job, nodes[0].run_dir))
+            known = settings.home / "known_hosts"
+            sc.write(config, sc.render([sc.HostEntry((nd.instance_id,), nd.host, nd.port, settings.ssh_user,
+                                                     prov.key_path, known / nd.instance_id) for nd in nodes], config))
+        with ui.phase("setup"):
+            cluster.parallel(lambda nd: cluster.prepare_node(nd, say(nd)), nodes)
+        addresses = [cluster.private_address(nd.instance, resolver) for nd in nodes]
+        with ui.phase("upload"):
+            cluster.parallel(lambda nd: upload_node(nd, job, config, run_id, addresses, n > 1, checkpoints, say(nd)),
+                             nodes)
+        with ui.phase("setup"):
+            cluster.parallel(lambda nd: setup_node(nd, job, say(nd)), nodes)
+        with ui.phase("running"):
+            for nd in nodes:
+                nd.pid = jobs.start(nd.conn, nd.run_dir, job_argv(nd, job))
+            ui.note(f"job started on {len(nodes)} node(s) under the agent; its log follows")
+            cluster.follow_all(nodes, ui, local_out, n, opts.unreachable_s, log_name="job.log", mask=job.mask)
+        with ui.phase("download"):
+            summary = download(nodes, job, local_out, config, ui.note)
+        judge(nodes, job)
+        return summary or {}
+    except (*jobs.CONNECTION_ERRORS, WaitTimeout, RemoteError):
+        for nd in nodes:
+            if nd.watch:
+                nd.watch.check()  # a lost instance explains the failure: Interrupted
+        raise
+    finally:
+        for nd in nodes:
+            nd.close()
+        config.unlink(missing_ok=True)
+
+
+def estimate_minutes(home: Path, job: TaskJob, instance_type: str, expect_minutes: float | None,
+                     backend: str) -> tuple[float, str]:
+    """Minutes the job should run, and where that figure comes from: the ledger's past completed
+    runs of the same task on the same instance type (their mean), else ``--expect``, else the
+    task's max_runtime. Raises UsageError when none of them says."""
+    from . import ledger
+    past = [r for r in ledger.runs(home, backend=backend, limit=200)
+            if r.get("task") == job.name and r.get("instance_type") == instance_type and r["status"] == "completed"
+            and (r.get("phases") or {}).get("running")]
+    if past:
+        mean = sum(r["phases"]["running"] for r in past) / len(past) / 60
+        return mean, f"mean of {len(past)} past run(s) of task {job.name} on {instance_type} (ledger)"
+    if expect_minutes:
+        return expect_minutes, "--expect"
+    if job.task.max_runtime_minutes:
+        return float(job.task.max_runtime_minutes), "the task's max_runtime (an upper bound)"
+    raise UsageError(f"no estimate for task {job.name}: it has not run on {instance_type} before",
+                     "say how long it should take: --expect 20m (or set max_runtime in the task file)")
+
+
+def exec_on_standing(aws, settings, job: TaskJob, ui, target: str, resolver, out: Path | None, command: str) -> dict:
+    """Run ``job`` once on the standing instance or cluster ``target`` (its Name, cluster name or
+    instance id) and leave it running; return the run record (in the ledger, without a cost of its
+    own: the instances bill as they stand). Raises UsageError for an unknown target or a missing
+    key file; RemoteError, recovery.Interrupted as the attempt raises them."""
+    from datetime import datetime, timezone
+
+    from .. import cluster
+    from ..aws import instances, network, sweep
+    from ..aws import tags as T
+    from . import costs, pipeline, recovery
+
+    found = cluster.members(aws.ec2, target) or [
+        i for i in sweep.find_instances(aws.ec2, states=["pending", "running"])
+        if target in (i["InstanceId"], T.as_dict(i.get("Tags")).get(T.NAME))]
+    if not found:
+        raise UsageError(f"no running instance or cluster named {target!r}",
+                         "start one with `ec2gpu launch --name NAME` (see `ec2gpu ls`)")
+    key = network.require_private_key(settings.keys_dir, found[0]["KeyName"])
+    nodes = instances.wait_running(aws.ec2, [i["InstanceId"] for i in found])
+    order = {i["InstanceId"]: int(T.as_dict(i.get("Tags")).get(T.NODE, "0") or 0) for i in nodes}
+    nodes.sort(key=lambda i: order[i["InstanceId"]])
+    run_id = pipeline.new_run_id()
+    out = Path(out or Path("runs") / run_id).resolve()
+    prov = pipeline.Provisioned(T.as_dict(nodes[0].get("Tags")).get(T.RUN, run_id), key_name=nodes[0]["KeyName"],
+                                key_path=key)
+    opts = pipeline.TrainOptions(task=job, nodes=len(nodes), command=command)
+    record = {"run_id": run_id, "command": command, "backend": costs.backend_of(resolver), "task": job.name,
+              "instance_type": nodes[0]["InstanceType"], "market": instances.market(nodes[0]), "region": aws.region,
+              "artifacts": str(out), "status": "running", "started_at": datetime.now(timezone.utc).isoformat(),
+              "instance_ids": [i["InstanceId"] for i in nodes], "instance_id": nodes[0]["InstanceId"],
+              "zone": nodes[0].get("Placement", {}).get("AvailabilityZone")}
+    ui.note(f"{target}: {len(nodes)} node(s); they keep running afterwards")
+    pipeline._ledger(settings, record, ui)
+    error = None
+    try:
+        checkpoints = recovery.DirCheckpoints(remote="", local=out / "checkpoints", log=ui.note)
+        return pipeline._with_summary(record, run_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, resolver,
+                                                          1, checkpoints))
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        record.update(status=pipeline._status(error, task=True), phases=dict(ui.phases),
+                      ended_at=datetime.now(timezone.utc).isoformat())
+        if isinstance(error, RemoteError) and error.exit_status is not None:
+            record["exit_status"] = error.exit_status
+        pipeline._ledger(settings, record, ui)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "run.json").write_text(json.dumps(record, indent=2, default=str) + "\n")

@@ -1,0 +1,1 @@
+"""Task files: the model (spec), the loader (load), resources -> instance types (resolve), built-ins."""

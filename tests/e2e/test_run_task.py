@@ -1,0 +1,209 @@
+"""`ec2gpu run` / `ec2gpu exec` with a user's own project (not MNIST) in the sandbox: the workdir
+sync and what never leaves this machine, the job's contract (environment, outputs, exit code),
+spot resume, cached setup on a standing instance, SkyPilot task files, secrets."""
+import json
+import shutil
+import sqlite3
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ec2gpu import cli
+from ec2gpu.sandbox import control
+
+from test_sandbox_train import leftovers, processes_gone, sandbox_settles  # same folder (pytest prepend import mode)
+from test_spot_recovery import drive, launched
+
+pytestmark = pytest.mark.e2e
+QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
+SECRET = "s3cr3t-value-4242"
+PRINT_ENV = ("python3 -c \"import os; [print(k, '=', os.environ[k]) for k in sorted(os.environ) "
+             "if k.startswith(('EC2GPU_', 'SKYPILOT_', 'EPOCHS'))]\"")
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    """A user project: the quickstart's train.py, a task file, and files that must not travel."""
+    root = tmp_path / "proj"
+    root.mkdir()
+    shutil.copy(QUICKSTART / "train.py", root / "train.py")
+    (root / ".gitignore").write_text("data/\nout/\ncheckpoints/\n")
+    (root / ".ec2gpuignore").write_text("notes.txt\n")
+    (root / "notes.txt").write_text("private notes\n")
+    (root / ".env").write_text(f"MY_TOKEN={SECRET}\n")
+    (root / "deploy.pem").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nxx\n")
+    (root / "data").mkdir()
+    with open(root / "data" / "big.bin", "wb") as f:  # gitignored, 50 MB
+        f.truncate(50 * 1024 * 1024)
+    (root / "task.yaml").write_text(textwrap.dedent(f"""\
+        name: proj
+        workdir: .
+        setup: echo setting up
+        run: |
+          echo "token $MY_TOKEN"
+          {PRINT_ENV}
+          python3 train.py
+        envs:
+          EPOCHS: 6
+          SECONDS_PER_EPOCH: 0.1
+          MY_TOKEN:
+        secrets: [MY_TOKEN]
+        outputs: ["summary.json", "metrics.jsonl"]
+        """))
+    monkeypatch.setenv("MY_TOKEN", SECRET)
+    monkeypatch.chdir(tmp_path)
+    return root
+
+
+def instance_dir(home, instance_id: str) -> Path:
+    return home / "sandbox" / "instances" / instance_id / "home" / "ec2gpu"
+
+
+def assert_nothing_left(home, record):
+    assert leftovers(home) == ([], [], [])
+    assert sandbox_settles(home) and processes_gone(record["instance_ids"])
+
+
+def test_a_user_project_runs_end_to_end_and_what_must_stay_home_stays(sandbox_env, project, tmp_path):
+    home, _ = sandbox_env
+    code, stdout, err = drive(["run", "--sandbox", str(project / "task.yaml"), "--expect", "1m", "--json",
+                               "--out", str(tmp_path / "r")], [])
+    assert code == 0, err
+    record = json.loads(stdout)
+    assert record["status"] == "completed" and record["task"] == "proj" and record["exit_status"] == 0
+    assert record["summary"]["epochs"] == 6  # the job's own summary.json, in the run record
+    outputs = tmp_path / "r" / "outputs"
+    assert sorted(p.name for p in outputs.iterdir()) == ["metrics.jsonl", "summary.json"]
+    # on the instance's disk: the workdir without the gitignored, .ec2gpuignored and secret files
+    workdir = instance_dir(home, record["instance_id"]) / "workdirs" / "proj"
+    sent = sorted(p.relative_to(workdir).as_posix() for p in workdir.rglob("*") if p.is_file())
+    assert sent == [".ec2gpuignore", ".gitignore", "task.yaml", "train.py"], sent
+    assert "withheld (secrets): .env, deploy.pem (--include-secrets sends them)" in " ".join(err.split())
+    # the job's contract: its environment
+    log = (tmp_path / "r" / "job.log").read_text()
+    for line in ("EC2GPU_NODE_RANK = 0", "EC2GPU_NUM_NODES = 1", "EC2GPU_RESUME = 0", "SKYPILOT_NODE_RANK = 0",
+                 "SKYPILOT_NUM_NODES = 1", f"EC2GPU_RUN_ID = {record['run_id']}", "EPOCHS = 6"):
+        assert line in log, line
+    assert "EC2GPU_OUTPUT_DIR = " in log and "EC2GPU_CHECKPOINT_DIR = " in log and "EC2GPU_HEAD_IP = 127.0.0." in log
+    # the secret: used by the job, written nowhere
+    assert "token ****" in log and "token ****" in err
+    run_json = (tmp_path / "r" / "run.json").read_text()
+    ledger_bytes = (home / "ledger.sqlite").read_bytes()
+    for where in (stdout, err, log, run_json, ledger_bytes.decode(errors="replace"),
+                  (tmp_path / "r" / "attempt-1-node-0.log").read_text()):
+        assert SECRET not in where
+    row = sqlite3.connect(home / "ledger.sqlite").execute(
+        "SELECT task, status, exit_status, summary FROM runs WHERE run_id = ?", (record["run_id"],)).fetchone()
+    assert row[:3] == ("proj", "completed", 0) and json.loads(row[3])["epochs"] == 6
+    assert_nothing_left(home, record)
+
+
+def test_a_failing_job_exits_5_with_its_outputs_home_and_nothing_left(sandbox_env, project, tmp_path):
+    home, _ = sandbox_env
+    code, _, err = drive(["run", "--sandbox", str(project / "task.yaml"), "--expect", "1m", "--env",
+                          "FAIL_AT_EPOCH=3", "--out", str(tmp_path / "r")], [])
+    assert code == 5, err
+    assert "the job on node 0" in err and "exited 3" in err and "failing at epoch 3" in err  # the last lines
+    assert "Traceback" not in err
+    assert (tmp_path / "r" / "outputs" / "metrics.jsonl").read_text().count("\n") == 3  # outputs came home
+    record = json.loads((tmp_path / "r" / "run.json").read_text())
+    assert record["status"] == "failed" and record["exit_status"] == 3
+    assert_nothing_left(home, record)
+
+
+def test_a_spot_interruption_restarts_the_job_with_EC2GPU_RESUME_and_its_checkpoint(sandbox_env, project, tmp_path):
+    home, _ = sandbox_env
+    code, stdout, err = drive(["run", "--sandbox", str(project / "task.yaml"), "--spot", "--expect", "1m", "--json",
+                               "--env", "EPOCHS=30", "--env", "SECONDS_PER_EPOCH=0.3", "--out", str(tmp_path / "r")],
+                              [("epoch 8/30", lambda line, lines: control.interrupt(home, launched(lines), 1.0))])
+    assert code == 0, err
+    record = json.loads(stdout)
+    first, second = record["attempts"]
+    assert "spot interruption notice" in first["ended"] and second["ended"] == "completed"
+    log = (tmp_path / "r" / "job.log").read_text()
+    assert "EC2GPU_RESUME = 1" in log and "resumed from" in log
+    resumed_at = int(log.split("resumed from")[1].split("at epoch")[1].split()[0])
+    assert resumed_at >= 3  # the checkpoint directory came home and went to the replacement
+    assert record["summary"]["epochs"] == 30
+    assert_nothing_left(home, record)
+
+
+def test_exec_on_a_standing_instance_skips_a_setup_that_already_ran(sandbox_env, project, tmp_path, capsys):
+    home, _ = sandbox_env
+    assert cli.main(["launch", "--sandbox", "--name", "dev", "--max-runtime", "30"]) == 0
+    try:
+        capsys.readouterr()
+        assert cli.main(["exec", "dev", str(project / "task.yaml"), "--sandbox", "--out", str(tmp_path / "a")]) == 0
+        first = capsys.readouterr().err
+        assert "setting up" in first and "skipped" not in first
+        (project / "train.py").write_text((project / "train.py").read_text() + "\n# changed\n")
+        assert cli.main(["exec", "dev", str(project / "task.yaml"), "--sandbox", "--out", str(tmp_path / "b")]) == 0
+        second = " ".join(capsys.readouterr().err.split())
+        assert "setup unchanged since it ran on this instance" in second and "setting up" not in second
+        assert json.loads((tmp_path / "b" / "outputs" / "summary.json").read_text())["epochs"] == 6
+    finally:
+        assert cli.main(["down", "dev", "--sandbox"]) == 0
+    assert leftovers(home) == ([], [], [])
+
+
+def test_a_skypilot_task_file_runs_on_two_nodes_and_names_what_it_ignores(sandbox_env, project, tmp_path):
+    home, _ = sandbox_env
+    (project / "sky.yaml").write_text(textwrap.dedent("""\
+        # written the way SkyPilot's docs write a multi-node task
+        name: sky-proj
+        num_nodes: 2
+        resources:
+          cloud: aws
+          accelerators: T4:1
+          use_spot: false
+          disk_size: 100
+        file_mounts:
+          /data: s3://my-bucket/data
+        workdir: .
+        envs:
+          EPOCHS: 2
+          SECONDS_PER_EPOCH: 0
+        setup: |
+          echo "setup on $(hostname)"
+        run: |
+          echo "rank $SKYPILOT_NODE_RANK of $SKYPILOT_NUM_NODES, gpus $SKYPILOT_NUM_GPUS_PER_NODE"
+          echo "ips $(echo "$SKYPILOT_NODE_IPS" | tr '\\n' ' ')"
+          python3 train.py
+        """))
+    code, stdout, err = drive(["run", "--sandbox", str(project / "sky.yaml"), "--expect", "1m", "--json",
+                               "--out", str(tmp_path / "r")], [])
+    assert code == 0, err
+    flat = " ".join(err.split())
+    assert "warning: ignored SkyPilot field(s) ec2gpu does not support: file_mounts, resources.cloud" in flat
+    record = json.loads(stdout)
+    assert len(record["instance_ids"]) == 2 and record["task"] == "sky-proj"
+    assert "node 0 | rank 0 of 2" in err and "node 1 | rank 1 of 2" in err
+    assert_nothing_left(home, record)
+
+
+@pytest.mark.parametrize("text, words", [
+    ("run: [unclosed\n", "task.yaml:1: not valid YAML"),
+    ("name: x\nrun: y\nreosurces: {}\n", "task.yaml:3: reosurces: unknown field"),
+    ("name: x\nrun: y\nresources:\n  gpu: T9\n", "task.yaml:4: resources.gpu: no instance type in the catalog"),
+    ("name: x\nrun: y\nnodes: two\n", "task.yaml:3: nodes:"),
+    ("name: x\nnum_nodes: 0\nrun: y\n", "task.yaml:2: num_nodes:"),
+    ("name: x\nrun: y\nenvs: {A: null}\nsecrets: [B]\n", "secrets B are not in envs"),
+    ("name: x\n", "run: missing"),
+])
+def test_a_bad_task_file_is_one_line_exit_2_and_nothing_created(sandbox_env, tmp_path, capsys, text, words):
+    home, _ = sandbox_env
+    (tmp_path / "task.yaml").write_text(text)
+    assert cli.main(["run", "--sandbox", str(tmp_path / "task.yaml")]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert words in err and "Traceback" not in err and err.startswith("error:")
+    assert leftovers(home) == ([], [], [])
+
+
+def test_the_python_api_runs_a_task_and_returns_its_record(sandbox_env, project, tmp_path):
+    import ec2gpu
+    home, _ = sandbox_env
+    record = ec2gpu.run(project / "task.yaml", sandbox=True, expect="1m", env={"EPOCHS": "2"}, out=tmp_path / "r")
+    assert record["status"] == "completed" and record["summary"]["epochs"] == 2
+    assert json.loads((tmp_path / "r" / "run.json").read_text())["run_id"] == record["run_id"]
+    assert_nothing_left(home, record)
