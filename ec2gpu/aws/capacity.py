@@ -204,7 +204,7 @@ def check_quota(quotas, ec2, instance_type: str, spot: bool, count: int = 1, log
         value = quotas.get_service_quota(ServiceCode="ec2", QuotaCode=code)["Quota"]["Value"]
     except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
         why = describe(exc) if isinstance(exc, botocore.exceptions.ClientError) else str(exc)
-        log(f"could not read the vCPU quota {code} ({why.splitlines()[0][:120]}); not checked")
+        log(f"could not read the vCPU quota {code} ({why.splitlines()[0]}); not checked")
         return None
     needed = catalog.lookup(instance_type).vcpus * count
     in_use = gvt_vcpus_in_use(ec2, spot)

@@ -135,7 +135,8 @@ def runs(ctx: typer.Context,
 
     start = ledger.parse_since(since) if since else None
     rows = ledger.runs(load().home, since=start)
-    keys = ("run_id", "status", "backend", "instance_type", "market", "model", "test_acc", "billed_seconds",
+    keys = ("run_id", "status", "backend", "task", "instance_type", "market", "model", "test_acc", "exit_status",
+            "summary", "billed_seconds",
             "cost_usd", "estimated_cost_usd", "started_at", "region", "zone", "instance_ids", "artifacts")
     total = ledger.totals(rows)
     if as_json:
@@ -150,18 +151,26 @@ def runs(ctx: typer.Context,
     from rich import box
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, padding=(0, 1))
     t.add_column("run id (start UTC)", no_wrap=True)
-    for name in ("status", "type", "acc", "billed", "cost $", "est. $"):
-        t.add_column(name, no_wrap=True)
+    for name in ("status", "task", "type", "result", "billed", "cost $", "est. $"):
+        t.add_column(name, no_wrap=name not in ("result",))
     for r in rows:
         kind = (r.get("instance_type") or "") + (" spot" if r.get("market") == "spot" else "")
-        t.add_row(r["run_id"], r["status"], kind,
-                  "-" if r.get("test_acc") is None else f"{100 * r['test_acc']:.2f}%",
+        t.add_row(r["run_id"], r["status"], r.get("task") or "mnist", kind, _result(r),
                   "-" if r.get("billed_seconds") is None else f"{r['billed_seconds']:.0f}",
                   _usd(r.get("cost_usd")), _usd(r.get("estimated_cost_usd")))
     out.print(t)
     if since:
         out.print(f"total since {start:%Y-%m-%d %H:%M} UTC: {total['runs']} run(s), {total['billed_seconds']:.0f} s "
                   f"billed, ${total['cost_usd']:.4f} (estimated ${total['estimated_cost_usd']:.4f})")
+
+
+def _result(r: dict) -> str:
+    """Test accuracy for the built-in MNIST job; the job's own summary.json otherwise (compact)."""
+    if r.get("test_acc") is not None:
+        return f"acc {100 * r['test_acc']:.2f}%"
+    if r.get("summary"):
+        return ", ".join(f"{k} {v}" for k, v in list(r["summary"].items())[:3])
+    return "-" if r.get("exit_status") in (None, 0) else f"exit {r['exit_status']}"
 
 
 @runs_app.command("show")
@@ -180,7 +189,8 @@ def runs_show(run_id: str = typer.Argument(..., help="Run id (or a unique prefix
     rows = [("command", r["command"]), ("status", f"{r['status']} (exit {r.get('exit_status')})"),
             ("where", f"{r['backend']} {r.get('region') or ''} {r.get('zone') or ''}"),
             ("instances", f"{', '.join(r.get('instance_ids') or []) or '-'} {r.get('instance_type')} {r.get('market')}"),
-            ("model", f"{r.get('model')} x {r.get('epochs')} epochs; test accuracy {acc}"),
+            (("model", f"{r.get('model')} x {r.get('epochs')} epochs; test accuracy {acc}") if r.get("model") else
+             ("task", f"{r.get('task')}: summary {json.dumps(r.get('summary')) if r.get('summary') else '-'}")),
             ("started", r["started_at"]), ("ended", r.get("ended_at") or "-")]
     rows += [(f"  {k}", f"{v:.1f} s") for k, v in (r.get("phases") or {}).items()]
     rows += cost_rows(r)

@@ -207,3 +207,18 @@ def test_the_python_api_runs_a_task_and_returns_its_record(sandbox_env, project,
     assert record["status"] == "completed" and record["summary"]["epochs"] == 2
     assert json.loads((tmp_path / "r" / "run.json").read_text())["run_id"] == record["run_id"]
     assert_nothing_left(home, record)
+
+
+@pytest.mark.parametrize("example, extra, check", [
+    ("skypilot-quickstart.yaml", [], lambda r: r["summary"]["epochs"] == 10),
+    ("pytorch-ddp/task.yaml", ["--gpu", "T4"], lambda r: r["summary"]["world_size"] == 2),  # 2 nodes, torchrun
+])
+def test_the_examples_run_in_the_sandbox_as_the_readme_says(sandbox_env, tmp_path, example, extra, check):
+    home, _ = sandbox_env
+    path = QUICKSTART.parent / example
+    code, stdout, err = drive(["run", "--sandbox", str(path), *extra, "--expect", "2m", "--json",
+                               "--out", str(tmp_path / "r")], [])
+    assert code == 0, err
+    record = json.loads(stdout)
+    assert record["status"] == "completed" and check(record), record
+    assert_nothing_left(home, record)
