@@ -130,5 +130,5 @@ def exec(target: str, task=None, *, command: Optional[Sequence[str]] = None, wor
     if engine.manifest_note(job):
         reporter.note(engine.manifest_note(job))
     with Context(region, sandbox) as ctx:
-        return engine.exec_on_standing(ctx.aws, ctx.settings, job, reporter, target,
+        return pipeline.exec_task(ctx.aws, ctx.settings, job, reporter, target,
                                        ctx.resolver, out, job.mask(as_typed or f"ec2gpu.exec({target!r})"))

@@ -88,10 +88,10 @@ def open_node(nd: Node, aws, settings, prov, run_id: str, resolver, checkpoints,
 
     from .aws import instances
     from .remote import jobs, ssh
-    from .runs import pipeline, recovery
+    from .runs import recovery
 
     nd.watch = recovery.InstanceWatch(aws.ec2, nd.instance_id, replace(checkpoints), log)
-    nd.host, nd.port = pipeline.ssh_target(nd.instance, resolver)
+    nd.host, nd.port = ssh.target(nd.instance, resolver)
     known = settings.home / "known_hosts" / nd.instance_id
     nd.connect = lambda: ssh.connect(nd.host, nd.port, settings.ssh_user, prov.key_path, known, log)
     nd.conn = ssh.wait_for_ssh(nd.host, nd.port, settings.ssh_user, prov.key_path, known, log=log,
@@ -127,16 +127,16 @@ def parallel(fn, nodes: list[Node]) -> list:
 
 
 def run_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[dict], local_out: Path, resolver,
-                n: int, checkpoints, nnodes: str | None = None) -> dict:
+                n: int, checkpoints, trainer_argv, nnodes: str | None = None) -> dict:
     """Train on a cluster of running instances (node 0 first); return rank 0's summary.json.
 
+    ``trainer_argv(python, out_dir)`` is the trainer's command line (runs/pipeline.trainer_argv).
     ``checkpoints`` (a recovery.CheckpointHome) says where rank 0's checkpoints come home. Raises
     recovery.Interrupted when a node is lost (EC2 reports it gone, SSH unreachable too long, or
     its trainer stopped for a spot notice), RemoteError when a node's job fails (after stopping
     the others), WaitTimeout when SSH never answers.
     """
     from .remote import jobs
-    from .runs import pipeline
 
     nodes = [Node(k, inst) for k, inst in enumerate(instances_)]
 
@@ -159,7 +159,7 @@ def run_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[dic
             threads = ["--threads", str(max(1, (os.cpu_count() or 1) // len(nodes)))]
         with ui.phase("training"):
             for nd in nodes:
-                module = pipeline.trainer_argv(nd.info["python"], opts, f"{nd.run_dir}/out")[1:] + threads
+                module = trainer_argv(nd.info["python"], f"{nd.run_dir}/out")[1:] + threads
                 argv = torchrun_argv(nd.info["python"], nnodes or str(len(nodes)), nproc, endpoint, run_id,
                                      nd.index == 0, private_address(nd.instance, resolver),
                                      module + (["--resume"] if n > 1 else []))
@@ -186,7 +186,6 @@ def follow_all(nodes: list[Node], ui, local_out: Path, attempt: int, unreachable
     ``result``. Ctrl-C stops the followers and is re-raised."""
     from .remote import jobs
     from .runs import recovery
-    from .runs.pipeline import LineSplitter
 
     stop = threading.Event()  # followers end at their next poll
     failed = threading.Event()  # a node failed: the others get GRACE_S to end by themselves
@@ -202,7 +201,7 @@ def follow_all(nodes: list[Node], ui, local_out: Path, attempt: int, unreachable
                 tee.write(line + "\n")
             with lock:
                 ui.log(line if len(nodes) == 1 and mask else f"node {nd.index} | {line}")
-        lines = LineSplitter(emit)
+        lines = jobs.LineSplitter(emit)
 
         def on_poll(conn) -> None:
             if stop.is_set():
@@ -353,66 +352,3 @@ def _download(nodes: list[Node], local_out: Path) -> dict:
         raise RemoteError("no node has rank 0's summary.json", "see the console-node-K.log files")
     jobs.fetch(rank0.conn, f"{rank0.run_dir}/out", local_out)
     return json.loads((local_out / "summary.json").read_text())
-
-
-def members(ec2, name: str) -> list[dict]:
-    """The pending/running instances of cluster ``name`` (tag ec2gpu:cluster), in node order."""
-    from .aws import sweep
-    from .aws import tags as T
-
-    found = [i for i in sweep.find_instances(ec2, states=["pending", "running"])
-             if T.as_dict(i.get("Tags")).get(T.CLUSTER) == name]
-    return sorted(found, key=lambda i: int(T.as_dict(i.get("Tags")).get(T.NODE, "0") or 0))
-
-
-def scale(aws, settings, name: str, target: int, max_runtime_minutes: int, log=lambda msg: None) -> dict:
-    """Grow or shrink standing cluster ``name`` to ``target`` nodes; return {added, removed, nodes}.
-
-    New nodes copy node 0's type, market, AMI, key pair, security group, subnet (so its zone) and
-    placement group, and get the next node indices; shrinking terminates the highest indices
-    (node 0 hosts the rendezvous and always stays). Raises UsageError for an unknown cluster or a
-    target below 1, CapacityError/AwsError when EC2 refuses the new nodes.
-    """
-    from dataclasses import replace
-
-    import botocore.exceptions
-
-    from .aws import capacity, instances
-    from .aws import tags as T
-    from .aws.session import describe, error_code
-    from .errors import AwsError, CapacityError, UsageError
-
-    if target < 1:
-        raise UsageError("a cluster needs at least 1 node", "to remove it entirely: ec2gpu down NAME")
-    nodes = members(aws.ec2, name)
-    if not nodes:
-        raise UsageError(f"no running cluster named {name!r}", "start one with `ec2gpu launch --nodes N --name NAME`")
-    current, added, removed = len(nodes), [], []
-    if target > current:
-        head = nodes[0]
-        tg = T.as_dict(head.get("Tags"))
-        image = aws.ec2.describe_images(ImageIds=[head["ImageId"]])["Images"][0]
-        spec = instances.LaunchSpec(
-            run_id=tg[T.RUN], owner=tg.get(T.OWNER, settings.owner), name=name, instance_type=head["InstanceType"],
-            image_id=head["ImageId"], root_device_name=image.get("RootDeviceName", "/dev/sda1"),
-            key_name=head["KeyName"], security_group_id=head["SecurityGroups"][0]["GroupId"],
-            spot=instances.market(head) == "spot", root_volume_gib=settings.root_volume_gib,
-            max_runtime_minutes=max_runtime_minutes, subnet_id=head.get("SubnetId"),
-            placement_group=(head.get("Placement") or {}).get("GroupName") or None, cluster=name)
-        spec = replace(spec, count=target - current)
-        try:
-            new = capacity.run_instances(aws.client("ec2", fail_fast=True), instances.run_request(spec))
-        except botocore.exceptions.ClientError as exc:
-            err = CapacityError if error_code(exc) in capacity.NEXT_ZONE | capacity.LIMITS else AwsError
-            raise err(f"could not add {target - current} node(s) to {name}: {describe(exc)}",
-                      "try again later, or a smaller target")
-        last = max(int(T.as_dict(i.get("Tags")).get(T.NODE, "0") or 0) for i in nodes)
-        new = instances.tag_nodes(aws.ec2, new, name, first_index=last + 1)
-        added = [i["InstanceId"] for i in new]
-        log(f"launched {', '.join(added)}; waiting until they run")
-        instances.wait_running(aws.ec2, added)
-    elif target < current:
-        removed = [i["InstanceId"] for i in nodes[target:]]
-        log(f"terminating {', '.join(removed)}")
-        instances.terminate(aws.ec2, removed)
-    return {"cluster": name, "added": added, "removed": removed, "nodes": len(members(aws.ec2, name))}

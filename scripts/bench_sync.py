@@ -39,7 +39,7 @@ def main() -> int:
     from ec2gpu.aws import sweep
     from ec2gpu.backend import Context
     from ec2gpu.remote import ssh, sync
-    from ec2gpu.runs.pipeline import ssh_target
+    from ec2gpu.remote.ssh import target as ssh_target
     from ec2gpu.sandbox import control
 
     tree = tmp / "tree"

@@ -289,11 +289,11 @@ def scale(name: str = typer.Argument(..., help="The standing cluster's name (ec2
                                           "themselves."),
           region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
     """Grow or shrink a standing cluster; new nodes join its security group, zone and placement group."""
-    from .. import cluster
+    from ..aws import clusters
 
     with Context(region, _sandbox_flag(sandbox), persistent=True) as ctx:
         ctx.aws.check_credentials()
-        done = cluster.scale(ctx.aws, ctx.settings, name, nodes, max_runtime, log=lambda m: err.print(f"[dim]{m}[/]"))
+        done = clusters.scale(ctx.aws, ctx.settings, name, nodes, max_runtime, log=lambda m: err.print(f"[dim]{m}[/]"))
     if as_json:
         print(json.dumps(done, indent=2))
     elif not done["added"] and not done["removed"]:
@@ -403,7 +403,7 @@ def ssh_cmd(ctx_: typer.Context, name: str = typer.Argument(..., help="Name, ins
 
     from ..aws import instances, network
     from ..remote import ssh
-    from ..runs.pipeline import ssh_target
+    from ..remote.ssh import target as ssh_target
 
     with Context(region, _sandbox_flag(sandbox)) as ctx:
         inst = _find(ctx, name)[0]
@@ -433,7 +433,7 @@ def logs(name: str = typer.Argument(..., help="Run id, name or instance id."),
     from ..errors import RemoteError
     from ..remote import jobs, ssh
     from ..runs import ledger
-    from ..runs.pipeline import ssh_target
+    from ..remote.ssh import target as ssh_target
 
     stdout = sys.stdout.buffer
 
@@ -515,7 +515,7 @@ def _write_ssh_config(ctx: Context) -> tuple[Path, list, list[str]]:
     from ..aws import network, sweep
     from ..aws import tags as T
     from ..remote import ssh_config as sc
-    from ..runs.pipeline import ssh_target
+    from ..remote.ssh import target as ssh_target
 
     entries, skipped = [], []
     for inst in sweep.find_instances(ctx.aws.ec2, states=["running"]):

@@ -189,3 +189,21 @@ def tail(conn: Connection, path: str, lines: int = 20) -> str:
     """The last ``lines`` lines of remote ``path`` ('' if absent)."""
     text = read_from(conn, path, 0).decode(errors="replace")
     return "\n".join(text.splitlines()[-lines:])
+
+
+class LineSplitter:
+    """Turn a byte stream into whole lines for ``emit``."""
+
+    def __init__(self, emit):
+        self.emit, self.buf = emit, b""
+
+    def __call__(self, chunk: bytes) -> None:
+        self.buf += chunk
+        *lines, self.buf = self.buf.split(b"\n")
+        for line in lines:
+            self.emit(line.decode(errors="replace"))
+
+    def flush(self) -> None:
+        if self.buf:
+            self.emit(self.buf.decode(errors="replace"))
+            self.buf = b""

@@ -207,35 +207,6 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def ssh_target(instance: dict, resolver=None) -> tuple[str, int]:
-    """(host, port) to reach ``instance``: the sandbox's resolver, else its public IP on port 22."""
-    if resolver:
-        return resolver(instance["InstanceId"])
-    ip = instance.get("PublicIpAddress")
-    if not ip:
-        raise RemoteError(f"{instance['InstanceId']} has no public IP address",
-                          "the default subnet must assign public IPs (MapPublicIpOnLaunch)")
-    return ip, 22
-
-
-class LineSplitter:
-    """Turn a byte stream into whole lines for ``emit``."""
-
-    def __init__(self, emit):
-        self.emit, self.buf = emit, b""
-
-    def __call__(self, chunk: bytes) -> None:
-        self.buf += chunk
-        *lines, self.buf = self.buf.split(b"\n")
-        for line in lines:
-            self.emit(line.decode(errors="replace"))
-
-    def flush(self) -> None:
-        if self.buf:
-            self.emit(self.buf.decode(errors="replace"))
-            self.buf = b""
-
-
 def trainer_argv(python: str, opts: TrainOptions, out_dir: str) -> list[str]:
     """The trainer's command line (pure)."""
     argv = [python, "-m", "ec2gpu.train.mnist", "--model", opts.model, "--out", out_dir, "--seed", str(opts.seed)]
@@ -268,7 +239,7 @@ def run_attempt(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, u
         with ui.phase("training"):
             jobs.start(nd.conn, nd.run_dir, trainer_argv(nd.info["python"], opts, f"{nd.run_dir}/out")
                        + (["--resume"] if n > 1 else []))
-            lines = LineSplitter(ui.log)
+            lines = jobs.LineSplitter(ui.log)
             local_out.mkdir(parents=True, exist_ok=True)
             with open(local_out / f"attempt-{n}.log", "wb") as tee:
                 def deliver(chunk: bytes) -> None:
@@ -471,7 +442,8 @@ def _run_attempts(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str,
                 return engine.run_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, resolver, n, checkpoints)
             if len(nodes) > 1:
                 from .. import cluster
-                return cluster.run_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, resolver, n, checkpoints)
+                return cluster.run_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, resolver, n, checkpoints,
+                                           lambda python, out_dir: trainer_argv(python, opts, out_dir))
             return run_attempt(aws, settings, opts, run_id, ui, prov, instance, out, resolver, n, checkpoints)
         except recovery.Interrupted as why:
             ui.note(f"attempt {n} interrupted on {', '.join(a['instance_id'] for a in mine)} "
@@ -539,10 +511,11 @@ def train_on_cluster(aws: Aws, settings: Settings, opts: TrainOptions, ui: Repor
     RemoteError/recovery.Interrupted when a node fails or is lost (the cluster stays up).
     """
     from .. import cluster
+    from ..aws import clusters
     from ..aws import tags as T
     from . import recovery
 
-    nodes = cluster.members(aws.ec2, cluster_name)
+    nodes = clusters.members(aws.ec2, cluster_name)
     if not nodes:
         raise UsageError(f"no running cluster named {cluster_name!r}",
                          "start one with `ec2gpu launch --nodes N --name NAME` (see `ec2gpu ls`)")
@@ -565,8 +538,9 @@ def train_on_cluster(aws: Aws, settings: Settings, opts: TrainOptions, ui: Repor
     error = None
     try:
         checkpoints = recovery.CheckpointHome(remote="", local=out / "checkpoint.pt", log=ui.note)
-        return _with_summary(record, cluster.run_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, resolver, 1,
-                                                         checkpoints, nnodes=f"1:{len(nodes)}"))
+        return _with_summary(record, cluster.run_attempt(
+            aws, settings, opts, run_id, ui, prov, nodes, out, resolver, 1, checkpoints,
+            lambda python, out_dir: trainer_argv(python, opts, out_dir), nnodes=f"1:{len(nodes)}"))
     except BaseException as exc:
         error = exc
         raise
@@ -575,6 +549,54 @@ def train_on_cluster(aws: Aws, settings: Settings, opts: TrainOptions, ui: Repor
         _ledger(settings, record, ui)
         if out.exists():
             (out / "run.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+
+
+def exec_task(aws, settings, job, ui, target: str, resolver, out: Path | None, command: str) -> dict:
+    """Run ``job`` once on the standing instance or cluster ``target`` (its Name, cluster name or
+    instance id) and leave it running; return the run record (in the ledger, without a cost of its
+    own: the instances bill as they stand). Raises UsageError for an unknown target or a missing
+    key file; RemoteError, recovery.Interrupted as the attempt raises them."""
+    from ..aws import clusters, sweep
+    from ..aws import tags as T
+    from . import engine, recovery
+
+    found = clusters.members(aws.ec2, target) or [
+        i for i in sweep.find_instances(aws.ec2, states=["pending", "running"])
+        if target in (i["InstanceId"], T.as_dict(i.get("Tags")).get(T.NAME))]
+    if not found:
+        raise UsageError(f"no running instance or cluster named {target!r}",
+                         "start one with `ec2gpu launch --name NAME` (see `ec2gpu ls`)")
+    key = network.require_private_key(settings.keys_dir, found[0]["KeyName"])
+    nodes = instances.wait_running(aws.ec2, [i["InstanceId"] for i in found])
+    order = {i["InstanceId"]: int(T.as_dict(i.get("Tags")).get(T.NODE, "0") or 0) for i in nodes}
+    nodes.sort(key=lambda i: order[i["InstanceId"]])
+    run_id = new_run_id()
+    out = Path(out or Path("runs") / run_id).resolve()
+    prov = Provisioned(T.as_dict(nodes[0].get("Tags")).get(T.RUN, run_id), key_name=nodes[0]["KeyName"], key_path=key)
+    opts = TrainOptions(task=job, nodes=len(nodes), command=command)
+    record = {"run_id": run_id, "command": command, "backend": costs.backend_of(resolver), "task": job.name,
+              "instance_type": nodes[0]["InstanceType"], "market": instances.market(nodes[0]), "region": aws.region,
+              "artifacts": str(out), "status": "running", "started_at": datetime.now(timezone.utc).isoformat(),
+              "instance_ids": [i["InstanceId"] for i in nodes], "instance_id": nodes[0]["InstanceId"],
+              "zone": nodes[0].get("Placement", {}).get("AvailabilityZone")}
+    ui.note(f"{target}: {len(nodes)} node(s); they keep running afterwards")
+    _ledger(settings, record, ui)
+    error = None
+    try:
+        checkpoints = recovery.DirCheckpoints(remote="", local=out / "checkpoints", log=ui.note)
+        return _with_summary(record, engine.run_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, resolver, 1,
+                                                        checkpoints))
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        record.update(status=_status(error, task=True), phases=dict(ui.phases),
+                      ended_at=datetime.now(timezone.utc).isoformat())
+        if isinstance(error, RemoteError) and error.exit_status is not None:
+            record["exit_status"] = error.exit_status
+        _ledger(settings, record, ui)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "run.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
 
 
 def train_local(opts: TrainOptions, ui: Reporter, data_dir: str | None = None, settings: Settings | None = None) -> dict:

@@ -4,6 +4,7 @@ import pytest
 
 from ec2gpu.aws import catalog, instances, network
 from ec2gpu.errors import RetiredInstanceType, UsageError
+from ec2gpu.remote import jobs
 from ec2gpu.runs import costs, pipeline
 
 
@@ -92,7 +93,7 @@ def test_trainer_argv_passes_model_epochs_seed_and_extra_flags():
 
 def test_line_splitter_emits_whole_lines_across_chunk_boundaries():
     got = []
-    split = pipeline.LineSplitter(got.append)
+    split = jobs.LineSplitter(got.append)
     for chunk in (b"ab", b"c\nde", b"f\n", b"tail"):
         split(chunk)
     split.flush()

@@ -1,0 +1,68 @@
+"""Standing clusters in AWS: their members (found by the ec2gpu:cluster tag) and their scale.
+
+A cluster is N instances of one launch, numbered by the tags ec2gpu:node and Name NAME-K
+(instances.tag_nodes); `ec2gpu launch --nodes N --name NAME` makes one, `ec2gpu scale NAME M`
+resizes it. Running a job on the members is runs/ (cluster.py, engine.py).
+"""
+from __future__ import annotations
+
+import botocore.exceptions
+
+from ..errors import AwsError, CapacityError, UsageError
+from . import capacity, instances, sweep
+from . import tags as T
+from .session import describe, error_code
+
+
+def members(ec2, name: str) -> list[dict]:
+    """The pending/running instances of cluster ``name`` (tag ec2gpu:cluster), in node order."""
+    found = [i for i in sweep.find_instances(ec2, states=["pending", "running"])
+             if T.as_dict(i.get("Tags")).get(T.CLUSTER) == name]
+    return sorted(found, key=lambda i: int(T.as_dict(i.get("Tags")).get(T.NODE, "0") or 0))
+
+
+def scale(aws, settings, name: str, target: int, max_runtime_minutes: int, log=lambda msg: None) -> dict:
+    """Grow or shrink standing cluster ``name`` to ``target`` nodes; return {added, removed, nodes}.
+
+    New nodes copy node 0's type, market, AMI, key pair, security group, subnet (so its zone) and
+    placement group, and get the next node indices; shrinking terminates the highest indices
+    (node 0 hosts the rendezvous and always stays). Raises UsageError for an unknown cluster or a
+    target below 1, CapacityError/AwsError when EC2 refuses the new nodes.
+    """
+    from dataclasses import replace
+
+
+    if target < 1:
+        raise UsageError("a cluster needs at least 1 node", "to remove it entirely: ec2gpu down NAME")
+    nodes = members(aws.ec2, name)
+    if not nodes:
+        raise UsageError(f"no running cluster named {name!r}", "start one with `ec2gpu launch --nodes N --name NAME`")
+    current, added, removed = len(nodes), [], []
+    if target > current:
+        head = nodes[0]
+        tg = T.as_dict(head.get("Tags"))
+        image = aws.ec2.describe_images(ImageIds=[head["ImageId"]])["Images"][0]
+        spec = instances.LaunchSpec(
+            run_id=tg[T.RUN], owner=tg.get(T.OWNER, settings.owner), name=name, instance_type=head["InstanceType"],
+            image_id=head["ImageId"], root_device_name=image.get("RootDeviceName", "/dev/sda1"),
+            key_name=head["KeyName"], security_group_id=head["SecurityGroups"][0]["GroupId"],
+            spot=instances.market(head) == "spot", root_volume_gib=settings.root_volume_gib,
+            max_runtime_minutes=max_runtime_minutes, subnet_id=head.get("SubnetId"),
+            placement_group=(head.get("Placement") or {}).get("GroupName") or None, cluster=name)
+        spec = replace(spec, count=target - current)
+        try:
+            new = capacity.run_instances(aws.client("ec2", fail_fast=True), instances.run_request(spec))
+        except botocore.exceptions.ClientError as exc:
+            err = CapacityError if error_code(exc) in capacity.NEXT_ZONE | capacity.LIMITS else AwsError
+            raise err(f"could not add {target - current} node(s) to {name}: {describe(exc)}",
+                      "try again later, or a smaller target")
+        last = max(int(T.as_dict(i.get("Tags")).get(T.NODE, "0") or 0) for i in nodes)
+        new = instances.tag_nodes(aws.ec2, new, name, first_index=last + 1)
+        added = [i["InstanceId"] for i in new]
+        log(f"launched {', '.join(added)}; waiting until they run")
+        instances.wait_running(aws.ec2, added)
+    elif target < current:
+        removed = [i["InstanceId"] for i in nodes[target:]]
+        log(f"terminating {', '.join(removed)}")
+        instances.terminate(aws.ec2, removed)
+    return {"cluster": name, "added": added, "removed": removed, "nodes": len(members(aws.ec2, name))}
