@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 DATA ?= $(firstword $(wildcard ../shared/data/mnist) $(EC2GPU_DATA_DIR))
 
-.PHONY: demo test install clean bench
+.PHONY: demo test test-fast install clean bench
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,9 @@ demo: install
 
 test: install
 	EC2GPU_DATA_DIR=$(abspath $(DATA)) $(BIN)/python -m pytest -q --durations=10
+
+test-fast: install  # the pure, AWS-layer and SSH-layer tests only (about 30 s); `make test` runs everything
+	EC2GPU_DATA_DIR=$(abspath $(DATA)) $(BIN)/python -m pytest -q --durations=10 tests/unit tests/aws tests/remote
 
 bench: install
 	$(BIN)/python scripts/bench_trainer.py --data-dir $(abspath $(DATA))

@@ -17,7 +17,10 @@ class ExitCode(IntEnum):
     CAPACITY = 4  # no capacity / quota for the requested instance types
     REMOTE = 5  # the instance, SSH or the job on it failed
     TIMEOUT = 6  # a wait ran past its bound
-    SPOT_INTERRUPTED = 75  # the trainer's exit code after a spot interruption notice
+    # 75 (EX_TEMPFAIL, "try again later"): a spot interruption ended the run (every attempt allowed was
+    # interrupted). The instance side mirrors it: train/spot.py and agent/agent.py exit 75 on a notice
+    # (they run on the instance without this package, so they repeat the number).
+    SPOT_INTERRUPTED = 75
     CTRL_C = 130
 
 
@@ -67,6 +70,24 @@ class RemoteError(Ec2GpuError):
                  exit_status: int | None = None, tail: str = ""):
         super().__init__(message, hint)
         self.command, self.host, self.exit_status, self.tail = command, host, exit_status, tail
+
+
+class Interrupted(Ec2GpuError):
+    """An attempt's instance was lost (spot notice, EC2 terminated it, SSH unreachable too long);
+    ``reason`` says how. Inside a managed run it means "replace the instance and resume"; one that
+    reaches the user (a standing cluster's run, say) exits 75."""
+
+    exit_code = ExitCode.SPOT_INTERRUPTED
+
+    def __init__(self, reason: str, hint: str = "run again; with --spot a lost instance is replaced and the job resumes"):
+        super().__init__(reason, hint)
+        self.reason = reason
+
+
+class AttemptsExhausted(Ec2GpuError):
+    """Every attempt allowed by --max-attempts was interrupted."""
+
+    exit_code = ExitCode.SPOT_INTERRUPTED
 
 
 class WaitTimeout(Ec2GpuError):

@@ -12,19 +12,25 @@ MNIST = Path(os.environ.get("EC2GPU_DATA_DIR") or ROOT.parent / "shared" / "data
 
 @pytest.fixture(scope="session")
 def mnist_dir() -> Path:
-    if not (MNIST / "t10k-labels-idx1-ubyte.gz").exists() and not (MNIST / "t10k-labels-idx1-ubyte").exists():
+    if not has_mnist():
         pytest.skip(f"real MNIST not found at {MNIST} (set EC2GPU_DATA_DIR)")
     return MNIST
 
 
+def has_mnist() -> bool:
+    return (MNIST / "t10k-labels-idx1-ubyte.gz").exists() or (MNIST / "t10k-labels-idx1-ubyte").exists()
+
+
 @pytest.fixture(scope="session")
-def sandbox_home(tmp_path_factory, mnist_dir):
-    """A sandbox that runs for the whole session in its own EC2GPU_HOME; stopped by pid after."""
+def sandbox_home(tmp_path_factory):
+    """A sandbox that runs for the whole session in its own EC2GPU_HOME; stopped by pid after.
+    Its instances see MNIST when this machine has it (the tests that train ask for ``mnist_dir``)."""
     from ec2gpu.sandbox import control
 
     home = tmp_path_factory.mktemp("ec2gpu-home")
     saved = {k: os.environ.get(k) for k in ("EC2GPU_DATA_DIR",)}
-    os.environ["EC2GPU_DATA_DIR"] = str(mnist_dir)
+    if has_mnist():
+        os.environ["EC2GPU_DATA_DIR"] = str(MNIST)
     state = control.up(home)
     yield home, state
     control.down(home)

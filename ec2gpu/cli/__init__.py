@@ -670,6 +670,29 @@ def _click_errors(name: str) -> tuple[type, ...]:
     return tuple(found)
 
 
+def _aws_error(exc: Exception):
+    """An AwsError (exit 3) for a botocore error (its code, message and operation), else None."""
+    import sys as _sys
+    if "botocore" not in _sys.modules:  # nothing AWS ran: not an AWS error (and no import for it)
+        return None
+    import botocore.exceptions
+
+    from ..errors import AwsError
+    if isinstance(exc, botocore.exceptions.ClientError):
+        e = exc.response.get("Error", {})
+        code, op = e.get("Code", "?"), getattr(exc, "operation_name", "?")
+        hint = ("these credentials lack the permission: see docs/iam-policy.json"
+                if code in ("AccessDenied", "AccessDeniedException", "UnauthorizedOperation", "AuthFailure")
+                else "AWS's own words are above; `ec2gpu doctor` checks every precondition")
+        return AwsError(f"AWS refused {op}: {code}: {e.get('Message', '')}", hint + "; anything the run made is "
+                        "removed by its teardown, or by `ec2gpu cleanup`")
+    if isinstance(exc, botocore.exceptions.BotoCoreError):
+        return AwsError(f"AWS could not be reached or asked: {exc}",
+                        "check the network and credentials (`ec2gpu doctor`); `ec2gpu cleanup` removes what a "
+                        "run may have left")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; return the exit code. The only place exceptions become messages."""
     global DEBUG
@@ -704,9 +727,14 @@ def main(argv: list[str] | None = None) -> int:
     except _click_errors("ClickException") as exc:
         exc.show()
         return ExitCode.USAGE
-    except Exception as exc:  # the one boundary: anything else is a bug or an unmapped AWS error
+    except Exception as exc:  # the one boundary: an AWS error the layers below did not map, or a bug
         if DEBUG:
             raise
+        aws = _aws_error(exc)
+        if aws is not None:
+            err.print(f"[red]error:[/] {aws.message}", highlight=False)
+            err.print(f"[yellow]hint:[/] {aws.hint}", highlight=False)
+            return int(aws.exit_code)
         from rich.text import Text
         err.print(Text.assemble(("error:", "red"), f" {type(exc).__name__}: {exc}"), highlight=False)
         err.print("[yellow]hint:[/] run again with --debug for the traceback")

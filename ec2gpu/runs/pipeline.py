@@ -19,13 +19,12 @@ from pathlib import Path
 
 from ..aws import capacity, catalog, images, instances, network, placement, sweep
 from ..aws.session import Aws
-from ..errors import RemoteError, UsageError, WaitTimeout
+from ..errors import ExitCode, RemoteError, UsageError, WaitTimeout
 from ..settings import Settings
 from . import costs, ledger
 
 PHASES = ("requesting", "waiting for running", "waiting for SSH", "setup", "upload", "training",
           "download", "terminating")
-EXIT_SPOT_INTERRUPTED = 75  # the trainer's code after a spot interruption notice (train/spot.py)
 
 
 @dataclass
@@ -170,35 +169,53 @@ def provision(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, ui:
 
 
 def teardown(aws: Aws, settings: Settings, prov: Provisioned, ui: Reporter) -> dict:
-    """Terminate the run's instances (waiting), delete its security group and key pair.
+    """Terminate the run's instances (waiting), delete its security group, key pair and placement
+    group: each step tried on its own, best-effort. Never raises (an exception here would hide the
+    error that ended the run): a step that fails is reported with the `ec2gpu cleanup` command and
+    listed under "failed". The security group is left while its instances may still exist (EC2
+    refuses to delete a group in use). A second Ctrl-C is answered with how to finish by hand.
 
-    A second Ctrl-C during teardown is answered with how to finish by hand. Returns what was removed.
+    Returns {"instances", "security_groups", "key_pairs", "placement_groups": ids removed, "failed":
+    ["what: why", ...]}.
     """
     def on_sigint(*_):
         ui.note("cleanup is under way; if you stop it, finish by hand with `ec2gpu cleanup`")
     previous = signal.signal(signal.SIGINT, on_sigint) if _main_thread() else None
-    removed: dict = {"instances": [], "security_groups": [], "key_pairs": [], "placement_groups": []}
+    removed: dict = {"instances": [], "security_groups": [], "key_pairs": [], "placement_groups": [], "failed": []}
+
+    def step(what: str, fn) -> bool:
+        try:
+            fn()
+            return True
+        except Exception as exc:  # noqa: BLE001 - every failure is reported and the next step runs
+            removed["failed"].append(f"{what}: {type(exc).__name__}: {exc}"[:300])
+            ui.note(f"could not remove the {what} ({type(exc).__name__}: {exc}); finish with `ec2gpu cleanup "
+                    f"--region {aws.region}` (it finds everything by the ec2gpu:run tag {prov.run_id})")
+            return False
     try:
         with ui.phase("terminating"):
             ec2 = aws.ec2
             live = [i for i in prov.instance_ids if i not in prov.ended]
-            if live:
-                instances.terminate(ec2, live)
+            gone = not live or step("instances", lambda: instances.terminate(ec2, live))
+            if live and gone:
                 prov.ended.update(live)
-            removed["instances"] = prov.instance_ids
+            if gone:
+                removed["instances"] = prov.instance_ids
             if prov.security_group_id:
-                sweep.delete_security_group(ec2, prov.security_group_id)
-                removed["security_groups"] = [prov.security_group_id]
-            if prov.key_name:
-                network.delete_key_pair(ec2, prov.key_name, settings.keys_dir)
+                if not gone:
+                    removed["failed"].append(f"security group: {prov.security_group_id} is still in use by the instances")
+                elif step("security group", lambda: sweep.delete_security_group(ec2, prov.security_group_id)):
+                    removed["security_groups"] = [prov.security_group_id]
+            if prov.key_name and step("key pair", lambda: network.delete_key_pair(ec2, prov.key_name, settings.keys_dir)):
                 removed["key_pairs"] = [prov.key_name]
-            if prov.placement_group:
-                placement.delete(ec2, prov.placement_group)
+            if prov.placement_group and gone and step("placement group", lambda: placement.delete(ec2, prov.placement_group)):
                 removed["placement_groups"] = [prov.placement_group]
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
-    ui.note("removed: " + "; ".join(f"{k.replace('_', ' ')} {', '.join(v)}" for k, v in removed.items() if v))
+    done = "; ".join(f"{k.replace('_', ' ')} {', '.join(v)}" for k, v in removed.items() if v and k != "failed")
+    if done:
+        ui.note("removed: " + done)
     return removed
 
 
@@ -302,7 +319,7 @@ def _status(exc: BaseException | None, spot: bool = False, task: bool = False) -
         return "completed"
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted"
-    if not task and isinstance(exc, RemoteError) and exc.exit_status == EXIT_SPOT_INTERRUPTED:
+    if not task and isinstance(exc, RemoteError) and exc.exit_status == ExitCode.SPOT_INTERRUPTED:
         return "spot-interrupted"
     from .recovery import AttemptsExhausted
     if isinstance(exc, AttemptsExhausted):
@@ -380,9 +397,12 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, resolv
             ui.note(f"--keep: {', '.join(prov.instance_ids)} keeps running (and billing) until "
                     f"`ec2gpu down {opts.name or 'ec2gpu-' + run_id}` or {opts.max_runtime_minutes} min pass")
         elif prov.key_name or prov.security_group_id or prov.instances:
-            teardown(aws, settings, prov, ui)
-            _bill(aws, settings, [a for a in attempts if "billed_seconds" not in a], prov, ui)
-            record.update(_totals(attempts))
+            record["teardown_failed"] = teardown(aws, settings, prov, ui)["failed"]
+            try:
+                _bill(aws, settings, [a for a in attempts if "billed_seconds" not in a], prov, ui)
+                record.update(_totals(attempts))
+            except Exception as exc:  # noqa: BLE001 - a bill we cannot compute must not hide the run's end
+                ui.note(f"warning: could not compute the bill ({type(exc).__name__}: {exc})")
         record.update(instance_ids=prov.instance_ids, status=_status(error, opts.spot, task is not None),
                       phases=dict(ui.phases),
                       ended_at=datetime.now(timezone.utc).isoformat())
@@ -392,6 +412,11 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, resolv
         if out.exists() or record["status"] == "completed":
             out.mkdir(parents=True, exist_ok=True)
             (out / "run.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+        if error is None and record.get("teardown_failed"):
+            from ..errors import AwsError
+            raise AwsError(f"the run {record['status']}, but teardown left: {'; '.join(record['teardown_failed'])}",
+                           f"remove it now: ec2gpu cleanup --region {aws.region} (everything carries ec2gpu:run "
+                           f"{run_id}); the instances also terminate themselves after --max-runtime")
 
 
 def _with_summary(record: dict, summary: dict) -> dict:

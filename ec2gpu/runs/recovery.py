@@ -25,26 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..aws import instances
-from ..errors import Ec2GpuError, ExitCode, RemoteError, UsageError
+from ..errors import AttemptsExhausted, ExitCode, Interrupted, RemoteError, UsageError  # noqa: F401 (re-exported)
 
-EXIT_SPOT_INTERRUPTED = 75  # train/spot.py
+EXIT_SPOT_INTERRUPTED = ExitCode.SPOT_INTERRUPTED  # the trainer's exit after a notice (train/spot.py mirrors it)
 EXIT_SIGTERM = 143  # train/mnist.py: SIGTERM, checkpoint written
 GONE_STATES = ("shutting-down", "terminated", "stopping", "stopped")
 STATE_EVERY_S = 5.0  # how often EC2 is asked about the instance while the job runs
-
-
-class Interrupted(Exception):
-    """The attempt's instance was lost; ``reason`` says how. The run goes on with a replacement."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
-
-
-class AttemptsExhausted(Ec2GpuError):
-    """Every attempt allowed by --max-attempts was interrupted."""
-
-    exit_code = ExitCode.SPOT_INTERRUPTED
 
 
 def parse_checkpoint_uri(uri: str | None) -> tuple[str, str] | None:

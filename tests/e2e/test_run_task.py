@@ -16,6 +16,7 @@ from test_sandbox_train import leftovers, processes_gone, sandbox_settles  # sam
 from test_spot_recovery import drive, launched
 
 pytestmark = pytest.mark.e2e
+NEEDS_MNIST = False  # a user project, not the built-in trainer
 QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
 SECRET = "s3cr3t-value-4242"
 PRINT_ENV = ("python3 -c \"import os; [print(k, '=', os.environ[k]) for k in sorted(os.environ) "
