@@ -40,9 +40,9 @@ class Behaviour:
     """How the sandbox departs from moto; all times in seconds. Short enough for tests."""
 
     seed: int = 0
-    pending_s: float = 3.0
-    sshd_delay_s: float = 1.5
-    console_delay_s: float = 4.0
+    pending_s: float = 2.0
+    sshd_delay_s: float = 1.0
+    console_delay_s: float = 2.5
     fresh_s: float = 15.0
     not_found_p: float = 0.5
     throttle_p: float = 0.03
