@@ -98,7 +98,7 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
     with Context(region, sandbox) as ctx:
         if gpu:
             types = [resolve.instance_type_for_gpu(gpu)]
-        elif instance_type:
+        elif instance_type is not None:  # an empty entry is refused by pipeline.train, never a silent default
             types = instance_type.split(",")
         else:
             types = resolve.instance_types(res, ctx.settings.instance_type)

@@ -13,7 +13,8 @@ on whatever Python the image has. It
   notice it records it and sends SIGTERM to the job's process group, then SIGKILL after
   EC2GPU_STOP_GRACE_SECONDS (90) if the job has not ended
   (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/spot-instance-termination-notices.html);
-- forwards its own SIGTERM and SIGINT to the job's process group.
+- forwards its own SIGTERM and SIGINT to the job's process group;
+- puts the directory of EC2GPU_PYTHON (the Python with torch that setup found) first on PATH.
 
 The controller reads status.json; it never parses the log.
 """
@@ -69,6 +70,8 @@ def run(run_dir: str, argv: list[str], endpoint: str, poll_s: float, grace_s: fl
     status = {"state": "running", "started_at": now(), "exit_code": None, "signal": None,
               "ended_at": None, "notice": None, "agent_pid": os.getpid()}
     full_env = {**os.environ, **(env or {})}
+    if full_env.get("EC2GPU_PYTHON"):  # the Python with torch first: `python3` in the job means that one
+        full_env["PATH"] = os.path.dirname(full_env["EC2GPU_PYTHON"]) + os.pathsep + full_env.get("PATH", "")
     with open(os.path.join(run_dir, "job.log"), "ab") as log:
         job = subprocess.Popen(argv, cwd=full_env.get("EC2GPU_WORKDIR") or run_dir, env=full_env,
                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -35,13 +35,24 @@ def caller_ip(url: str | None = None, timeout: float = 5.0) -> str:
                        "pass --ssh-cidr YOUR.IP.ADDR.ESS/32")
 
 
+def check_cidr(explicit: str, warn=lambda msg: None) -> str:
+    """``explicit`` as a normalized CIDR; ``warn`` says who can reach port 22 when its prefix is
+    shorter than /24 (0.0.0.0/0: anyone). Raises UsageError for anything that is not a CIDR."""
+    try:
+        net = ipaddress.ip_network(explicit, strict=False)
+    except ValueError:
+        raise UsageError(f"--ssh-cidr {explicit!r} is not a CIDR", "use e.g. 203.0.113.7/32 (your public IP)")
+    if net.prefixlen < 24:
+        who = "anyone on the internet" if net.prefixlen == 0 else f"{net.num_addresses:,} addresses"
+        warn(f"warning: --ssh-cidr {net} lets {who} reach port 22 of your instances (the key still guards "
+             "them); the default is your own IP/32")
+    return str(net)
+
+
 def ssh_cidr(explicit: str | None, url: str | None = None) -> str:
     """The CIDR allowed to reach port 22: ``explicit`` if given (validated), else caller IP/32."""
     if explicit:
-        try:
-            return str(ipaddress.ip_network(explicit, strict=False))
-        except ValueError:
-            raise UsageError(f"--ssh-cidr {explicit!r} is not a CIDR", "use e.g. 203.0.113.7/32")
+        return check_cidr(explicit)
     return f"{caller_ip(url)}/32"
 
 

@@ -213,7 +213,8 @@ def train_mnist(
     opts = pipeline.TrainOptions(
         model=model, epochs=epochs, seed=seed, keep=keep, out=out_dir, ssh_cidr=ssh_cidr, ami=ami,
         spot=spot, trainer_args=list(trainer_arg), max_runtime_minutes=max_runtime,
-        instance_type=instance_type or "g4dn.xlarge", budget_usd=budget, max_price=max_price, spot_fallback=spot_fallback,
+        instance_type="g4dn.xlarge" if instance_type is None else instance_type, budget_usd=budget,
+        max_price=max_price, spot_fallback=spot_fallback,
         max_attempts=max_attempts, checkpoint_uri=checkpoint_uri, unreachable_s=unreachable_after, nodes=nodes,
         command=" ".join(["ec2gpu"] + sys.argv[1:]) if sys.argv[0].endswith("ec2gpu") else "ec2gpu train mnist")
     ui = RichReporter(err)
@@ -222,7 +223,7 @@ def train_mnist(
         record = pipeline.train_local(opts, ui, data_dir, load())
     else:
         with Context(region, _sandbox_flag(sandbox)) as ctx:
-            if not instance_type:
+            if instance_type is None:
                 opts.instance_type = ctx.settings.instance_type
             if on_cluster:
                 record = pipeline.train_on_cluster(ctx.aws, ctx.settings, opts, ui, on_cluster, ctx.resolver)
@@ -249,7 +250,10 @@ def launch(
     from ..runs import pipeline
 
     with Context(region, _sandbox_flag(sandbox), persistent=True) as ctx:
-        types = [catalog.lookup(t).name for t in (instance_type or ctx.settings.instance_type).split(",") if t.strip()]
+        asked = ctx.settings.instance_type if instance_type is None else instance_type
+        if any(not t.strip() for t in asked.split(",")):
+            raise UsageError(f"--instance-type {asked!r} has an empty entry", "name each type, e.g. g4dn.xlarge")
+        types = [catalog.lookup(t).name for t in asked.split(",")]
         ctx.aws.check_credentials()
         run_id = pipeline.new_run_id()
         opts = pipeline.TrainOptions(instance_type=",".join(types), spot=spot, name=name, ssh_cidr=ssh_cidr, ami=ami,

@@ -102,15 +102,19 @@ def workdir_of(run_dir: str, job: TaskJob) -> str:
 
 
 def node_env(job: TaskJob, run_id: str, run_dir: str, index: int, addresses: list[str], gpus: int,
-             resume: bool) -> dict[str, str]:
-    """The environment of the job on node ``index`` (pure): the task's envs, then ours."""
+             resume: bool, python: str = "python3") -> dict[str, str]:
+    """The environment of the job on node ``index`` (pure): the task's envs, then ours.
+
+    EC2GPU_PYTHON is the Python with torch that setup found (the Deep Learning AMI's is not the
+    first python3 on PATH): the agent and the setup put its directory first on PATH.
+    """
     workdir = workdir_of(run_dir, job)
     ckpt = f"{workdir}/{job.task.checkpoint_dir}" if job.task.checkpoint_dir else f"{run_dir}/checkpoints"
     ours = {
         "EC2GPU_RUN_ID": run_id, "EC2GPU_OUTPUT_DIR": f"{run_dir}/out", "EC2GPU_CHECKPOINT_DIR": ckpt,
         "EC2GPU_RESUME": "1" if resume else "0", "EC2GPU_NODE_RANK": str(index), "EC2GPU_NUM_NODES": str(len(addresses)),
         "EC2GPU_HEAD_IP": addresses[0], "EC2GPU_NODE_IP": addresses[index], "EC2GPU_GPUS_PER_NODE": str(gpus),
-        "EC2GPU_WORKDIR": workdir,
+        "EC2GPU_WORKDIR": workdir, "EC2GPU_PYTHON": python,
         # SkyPilot's names, so its users' scripts run unchanged
         "SKYPILOT_NODE_RANK": str(index), "SKYPILOT_NUM_NODES": str(len(addresses)),
         "SKYPILOT_NODE_IPS": "\n".join(addresses), "SKYPILOT_NUM_GPUS_PER_NODE": str(gpus),
@@ -142,7 +146,7 @@ def upload_node(nd, job: TaskJob, ssh_config: Path | None, run_id: str, addresse
     nd.conn.run(f"mkdir -p {shlex.quote(nd.run_dir)}/out", hide=True, in_stream=False)
     nd.conn.put(str(AGENT), f"{nd.run_dir}/agent.py")
     gpus = processes_per_node(nd.info) if nd.info.get("cuda_available") else int(nd.info.get("gpu_count") or 0)
-    env = node_env(job, run_id, nd.run_dir, nd.index, addresses, gpus, resume)
+    env = node_env(job, run_id, nd.run_dir, nd.index, addresses, gpus, resume, nd.info.get("python") or "python3")
     _put_private(nd.conn, json.dumps(env), f"{nd.run_dir}/job.env.json")
     if resume and checkpoints is not None and checkpoints.has_any():
         count = checkpoints.push(nd.conn, env["EC2GPU_CHECKPOINT_DIR"])
@@ -162,9 +166,10 @@ def setup_node(nd, job: TaskJob, log) -> None:
     if done.ok and done.stdout.strip():
         log(f"setup unchanged since it ran on this instance at {done.stdout.strip()}: skipped")
         return
+    python = str(nd.info.get("python") or "python3")
     script = (f"cd {shlex.quote(workdir_of(nd.run_dir, job))} || exit 1; "
-              f"eval \"$({shlex.quote(str(nd.info.get('python') or 'python3'))} -c "
-              f"{shlex.quote(_EXPORTS)} {shlex.quote(nd.run_dir)}/job.env.json)\"; {task.setup}")
+              f"eval \"$({shlex.quote(python)} -c {shlex.quote(_EXPORTS)} {shlex.quote(nd.run_dir)}/job.env.json)\"; "
+              f"export PATH=\"$(dirname {shlex.quote(python)}):$PATH\"; {task.setup}")
     out = _LineWriter(lambda line: log(job.mask(line)))
     result = nd.conn.run(f"bash -c {shlex.quote(script)}", hide=True, warn=True, in_stream=False, out_stream=out,
                          err_stream=out, timeout=3600)

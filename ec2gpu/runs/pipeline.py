@@ -347,13 +347,16 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, resolv
     --checkpoint-uri; AwsError, CapacityError, RemoteError, WaitTimeout as they happen, and
     recovery.AttemptsExhausted (all after teardown); KeyboardInterrupt after teardown.
     """
+    if any(not t.strip() for t in opts.instance_type.split(",")):
+        raise UsageError(f"--instance-type {opts.instance_type!r} has an empty entry",
+                         "name each type, e.g. --instance-type g4dn.xlarge,g5.xlarge")
     types = [catalog.lookup(t).name for t in opts.instance_types]
-    if not types:
-        raise UsageError("no instance type given", "e.g. --instance-type g4dn.xlarge,g5.xlarge")
     if opts.spot_fallback not in (None, "on-demand"):
         raise UsageError(f"--spot-fallback {opts.spot_fallback!r} is not known", "the only fallback is on-demand")
     from .recovery import parse_checkpoint_uri
     parse_checkpoint_uri(opts.checkpoint_uri)
+    if opts.ssh_cidr:  # before any AWS call: a bad CIDR creates nothing and leaves no ledger row
+        network.check_cidr(opts.ssh_cidr, ui.note)
     opts.instance_type = ",".join(types)
     itype = catalog.lookup(types[0])
     aws.check_credentials()

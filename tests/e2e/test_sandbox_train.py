@@ -6,6 +6,7 @@ import boto3
 import pytest
 
 from ec2gpu import cli
+from ec2gpu.runs import ledger
 from ec2gpu.sandbox import control, sshd
 
 pytestmark = pytest.mark.e2e
@@ -168,13 +169,18 @@ def test_launch_ls_ssh_down_in_the_sandbox(sandbox_env, capsys):
     (["scale", "nolab", "2", "--sandbox"], 2, "no running cluster"),
     (["logs", "no-such-run", "--sandbox"], 2, "no running instance named"),
     (["sandbox", "interrupt", "i-0123456789abcdef0"], 1, "not a running sandbox instance"),
+    (["train", "mnist", "--sandbox", "--ssh-cidr", "notacidr"], 2, "is not a CIDR"),
+    (["train", "mnist", "--sandbox", "--instance-type", "g4dn.xlarge,,"], 2, "has an empty entry"),
+    (["train", "mnist", "--sandbox", "--instance-type", ""], 2, "has an empty entry"),
 ])
 def test_bad_input_is_one_clear_line_and_creates_nothing(sandbox_env, capsys, argv, code, words):
     home, _ = sandbox_env
+    runs_before = len(ledger.runs(home))
     assert cli.main(argv) == code
     captured = capsys.readouterr()
-    assert words in captured.err and "Traceback" not in captured.err
+    assert words in " ".join(captured.err.split()) and "Traceback" not in captured.err
     assert leftovers(home) == ([], [], [])
+    assert len(ledger.runs(home)) == runs_before  # not even a ledger row
 
 
 def test_missing_credentials_exit_3_without_traceback(monkeypatch, tmp_path, capsys):

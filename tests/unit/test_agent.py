@@ -3,6 +3,7 @@ import http.server
 import json
 import sys
 import threading
+from pathlib import Path
 
 from ec2gpu.agent import agent
 
@@ -47,3 +48,9 @@ def test_a_spot_notice_stops_the_job_and_says_interrupted(tmp_path):
         server.shutdown()
     assert code == agent.EXIT_NOTICE and st["state"] == "interrupted" and st["signal"] == 15
     assert st["notice"]["action"] == "terminate"
+
+
+def test_the_python_with_torch_comes_first_on_path(tmp_path):
+    code, _, log = run_agent(tmp_path, ["bash", "-c", "command -v python3"],
+                             env={"EC2GPU_PYTHON": sys.executable})
+    assert code == 0 and log.strip() == str(Path(sys.executable).parent / "python3")

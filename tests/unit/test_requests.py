@@ -126,3 +126,13 @@ def test_the_shell_shipped_to_instances_passes_shellcheck(tmp_path):
     job.write_text("#!/bin/bash\n" + jobs.job_script("/home/ubuntu/ec2gpu/runs/r1", ["python3", "-m", "x"], {"A": "b c"}))
     done = subprocess.run(["shellcheck", str(setup.script_path()), str(job)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout
+
+
+def test_a_wide_ssh_cidr_is_said_and_a_bad_one_refused():
+    said = []
+    assert network.check_cidr("0.0.0.0/0", said.append) == "0.0.0.0/0" and "anyone on the internet" in said[0]
+    assert network.check_cidr("203.0.113.7", said.append) == "203.0.113.7/32" and len(said) == 1
+    network.check_cidr("10.0.0.0/16", said.append)
+    assert "65,536 addresses" in said[1]
+    with pytest.raises(UsageError, match="not a CIDR"):
+        network.check_cidr("notacidr")
