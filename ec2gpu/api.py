@@ -49,11 +49,20 @@ def load_task(task=None, command: Optional[Sequence[str]] = None, workdir: Optio
     return loaded
 
 
-def _job(loaded, env, secrets, max_upload, include_secrets):
-    from .runs import engine
+def _prepare(task, command, workdir, name, env, secrets, max_upload, include_secrets, reporter, on_warning):
+    """(engine.TaskJob, reporter): the task loaded, its warnings said, its environment resolved and its
+    workdir listed (what will be sent said), before anything is created."""
+    from .runs import engine, pipeline
+    loaded = load_task(task, command, workdir, name)
+    for w in loaded.warnings:
+        on_warning(w)
     if secrets:
         loaded.task = loaded.task.model_copy(update={"secrets": sorted(set(loaded.task.secrets) | set(secrets))})
-    return engine.prepare(loaded, os.environ, max_upload, include_secrets, {**{k: None for k in secrets}, **(env or {})})
+    job = engine.prepare(loaded, os.environ, max_upload, include_secrets, {**{k: None for k in secrets}, **(env or {})})
+    reporter = reporter or pipeline.Reporter()
+    if engine.manifest_note(job):
+        reporter.note(engine.manifest_note(job))
+    return job, reporter
 
 
 def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequence[str]] = None,
@@ -78,17 +87,12 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
     from dataclasses import replace
 
     from .backend import Context
-    from .runs import engine, pipeline
+    from .runs import pipeline
     from .tasks import resolve
     from .tasks.spec import minutes
 
-    loaded = load_task(task, command, workdir, name)
-    for w in loaded.warnings:
-        on_warning(w)
-    job = _job(loaded, env, secrets, max_upload, include_secrets)
-    reporter = reporter or pipeline.Reporter()
-    if engine.manifest_note(job):
-        reporter.note(engine.manifest_note(job))
+    job, reporter = _prepare(task, command, workdir, name, env, secrets, max_upload, include_secrets, reporter,
+                             on_warning)
     res = job.task.resources
     try:
         runtime = minutes(max_runtime) if max_runtime is not None else job.task.max_runtime_minutes
@@ -120,15 +124,10 @@ def exec(target: str, task=None, *, command: Optional[Sequence[str]] = None, wor
     """Run a task once on the standing instance or cluster ``target`` and leave it running; return
     the run record. A setup that already ran there is skipped; rsync sends only what changed."""
     from .backend import Context
-    from .runs import engine, pipeline
+    from .runs import pipeline
 
-    loaded = load_task(task, command, workdir, None)
-    for w in loaded.warnings:
-        on_warning(w)
-    job = _job(loaded, env, secrets, max_upload, include_secrets)
-    reporter = reporter or pipeline.Reporter()
-    if engine.manifest_note(job):
-        reporter.note(engine.manifest_note(job))
+    job, reporter = _prepare(task, command, workdir, None, env, secrets, max_upload, include_secrets, reporter,
+                             on_warning)
     with Context(region, sandbox) as ctx:
         return pipeline.exec_task(ctx.aws, ctx.settings, job, reporter, target,
                                        ctx.resolver, out, job.mask(as_typed or f"ec2gpu.exec({target!r})"))

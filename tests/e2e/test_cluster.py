@@ -66,18 +66,20 @@ def trainer_pids(instance_id: str) -> list[int]:
 
 def test_killing_one_node_trainer_stops_the_run_cleanly(sandbox_env, tmp_path):
     home, _ = sandbox_env
-    killed = []
+    killed, node = [], []
 
-    def kill_node_1(line, lines):
-        node1 = re.findall(r"launched (i-[0-9a-f]+), (i-[0-9a-f]+)", "".join(lines))[-1][1]
-        killed.extend(trainer_pids(node1))
-        assert killed, "node 1 runs no trainer"
+    def kill_rank_1(line, lines):
+        # c10d hands out ranks in its own order: rank 1 may run on node 0
+        node.append(int(re.search(r"node (\d) \| \[rank 1\]", line).group(1)))
+        instance = re.findall(r"launched (i-[0-9a-f]+), (i-[0-9a-f]+)", "".join(lines))[-1][node[0]]
+        killed.extend(trainer_pids(instance))
+        assert killed, f"node {node[0]} runs no trainer"
         for pid in killed:
             os.kill(pid, signal.SIGKILL)
     code, _, err = drive(["train", "mnist", "--sandbox", "--nodes", "2", "--epochs", "1", "--out", str(tmp_path / "r")],
-                         [("node 1 | [rank 1]", kill_node_1)], timeout_s=300)
+                         [(" | [rank 1]", kill_rank_1)], timeout_s=300)
     assert code == 5, err  # the job failed on an instance
-    assert re.search(r"error: node 1 \(i-[0-9a-f]+\) exited \d+ \(a worker died of SIGKILL\)", err), err
+    assert re.search(rf"error: node {node[0]} \(i-[0-9a-f]+\) exited \d+ \(a worker died of SIGKILL\)", err), err
     assert "Traceback (most recent call last)" not in err.split("error:")[-1]
     assert leftovers(home) == ([], [], [])
     assert sandbox_settles(home)

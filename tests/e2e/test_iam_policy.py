@@ -17,7 +17,7 @@ def allowed_actions() -> list[str]:
     return [a for s in statements if s["Effect"] == "Allow" for a in s["Action"]]
 
 
-def test_every_operation_of_launch_train_and_cleanup_is_in_the_policy(sandbox_env, monkeypatch, capsys):
+def test_every_operation_of_launch_train_and_cleanup_is_in_the_policy(sandbox_env, monkeypatch, capsys, tmp_path):
     called: set[str] = set()
     original = Aws.client
 
@@ -32,7 +32,9 @@ def test_every_operation_of_launch_train_and_cleanup_is_in_the_policy(sandbox_en
     for argv in (["prices", "--sandbox"], ["cost", "--sandbox", "--spot"],
                  ["train", "mnist", "--sandbox", "--trainer-arg=--train-subset=2000"],
                  ["train", "mnist", "--sandbox", "--nodes", "2", "--trainer-arg=--train-subset=2000"],
+                 ["run", "--sandbox", "--expect", "1m", "--workdir", str(tmp_path), "--", "true"],
                  ["launch", "--sandbox", "--spot", "--name", "iam"], ["doctor", "--sandbox", "--spot"],
+                 ["exec", "iam", "--sandbox", "--workdir", str(tmp_path), "--", "true"],
                  ["ls", "--sandbox"], ["ssh-config", "--sandbox"],
                  ["launch", "--sandbox", "--nodes", "2", "--name", "iamc"], ["scale", "iamc", "3", "--sandbox"],
                  ["scale", "iamc", "1", "--sandbox"], ["down", "iamc", "--sandbox"],
