@@ -106,9 +106,10 @@ def run(run_dir: str, argv: list[str], endpoint: str, poll_s: float, grace_s: fl
     threading.Thread(target=watch, daemon=True).start()
     code = job.wait()
     status.update(ended_at=now(), exit_code=code if code >= 0 else None, signal=-code if code < 0 else None)
-    status["state"] = "interrupted" if status["notice"] else "succeeded" if code == 0 else "failed"
+    # a job that finished (exit 0) as the notice came is done: nothing to resume elsewhere
+    status["state"] = "succeeded" if code == 0 else "interrupted" if status["notice"] else "failed"
     write_status(run_dir, status)
-    if status["notice"]:
+    if status["state"] == "interrupted":
         return EXIT_NOTICE
     return code if code >= 0 else 128 - code
 
