@@ -27,7 +27,7 @@ class PinOnFirstUse(paramiko.MissingHostKeyPolicy):
         self.known_hosts, self.log, self.expected = known_hosts, log, list(expected or [])
 
     def missing_host_key(self, client, hostname, key):
-        fp = "SHA256:" + _fingerprint(key)
+        fp = key.fingerprint  # "SHA256:...", as ssh-keygen -l prints it
         if self.expected and fp not in self.expected:
             raise RemoteError(f"host key {key.get_name()} {fp} of {hostname} is not one the instance printed to its "
                               f"console ({', '.join(self.expected)})",
@@ -38,12 +38,6 @@ class PinOnFirstUse(paramiko.MissingHostKeyPolicy):
         how = "verified against the console output" if self.expected else \
             "trusted on first use (the console output had no fingerprints yet)"
         self.log(f"host key {key.get_name()} {fp} of {hostname} {how}; pinned in {self.known_hosts}")
-
-
-def _fingerprint(key) -> str:
-    import base64
-    import hashlib
-    return base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
 
 
 def connect(host: str, port: int, user: str, key_path: Path, known_hosts: Path,

@@ -9,15 +9,15 @@ the instance, once it exists, so the real pinning path runs end to end.
 from __future__ import annotations
 
 import base64
-import hashlib
 import time
 from pathlib import Path
 
 
 def fingerprint_of_public_key(line: str) -> str:
-    """'ssh-ed25519 AAAA... comment' -> 'SHA256:...' as ssh-keygen -l prints it."""
-    blob = base64.b64decode(line.split()[1])
-    return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+    """'ssh-ed25519 AAAA... comment' -> 'SHA256:...' as ssh-keygen -l prints it (paramiko computes it)."""
+    import paramiko
+    key_type, blob = line.split()[:2]
+    return paramiko.PKey.from_type_string(key_type, base64.b64decode(blob)).fingerprint
 
 
 def cloud_init_block(public_key_file: Path, instance_id: str) -> str:

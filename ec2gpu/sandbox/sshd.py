@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 MARKER = "EC2GPU_SANDBOX_INSTANCE"
 
 
@@ -101,34 +103,21 @@ def start(instance_id: str, directory: Path, host: str, public_key: str, env: di
 
 def instance_processes(instance_id: str) -> list[int]:
     """Pids whose environment carries MARKER=instance_id (what the instance's sessions started)."""
-    needle = f"{MARKER}={instance_id}".encode()
     pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if needle in (entry / "environ").read_bytes().split(b"\0"):
-                pids.append(int(entry.name))
-        except OSError:
-            continue
+    for proc in psutil.process_iter(["environ"]):
+        env = proc.info.get("environ") or {}  # None where we may not read it (another user's process)
+        if env.get(MARKER) == instance_id:
+            pids.append(proc.pid)
     return pids
 
 
 def descendants(pid: int) -> list[int]:
     """Pids of every process under ``pid`` (its SSH connections' sshd-session processes, for an
     sshd). A job started with setsid and reparented is not among them: instance_processes finds it."""
-    parent = {}
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit():
-                parent[int(entry.name)] = int((entry / "stat").read_text().rsplit(") ", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-    tree, grew = {pid}, True
-    while grew:
-        more = {p for p, pp in parent.items() if pp in tree} - tree
-        tree, grew = tree | more, bool(more)
-    return sorted(tree - {pid})
+    try:
+        return sorted(p.pid for p in psutil.Process(pid).children(recursive=True))
+    except psutil.NoSuchProcess:
+        return []
 
 
 def stop(sshd_pid: int, instance_id: str, grace_s: float = 3.0) -> None:
@@ -152,15 +141,12 @@ def stop(sshd_pid: int, instance_id: str, grace_s: float = 3.0) -> None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether ``pid`` still runs; a zombie (reaped here when it is our child) counts as gone."""
     try:
         os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
         pass
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead for our purposes
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except (OSError, IndexError):
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
