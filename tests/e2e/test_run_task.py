@@ -117,11 +117,13 @@ def test_a_spot_interruption_restarts_the_job_with_EC2GPU_RESUME_and_its_checkpo
     home, _ = sandbox_env
     code, stdout, err = drive(["run", "--sandbox", str(project / "task.yaml"), "--spot", "--expect", "1m", "--json",
                                "--env", "EPOCHS=30", "--env", "SECONDS_PER_EPOCH=0.3", "--out", str(tmp_path / "r")],
-                              [("epoch 8/30", lambda line, lines: control.interrupt(home, launched(lines), 1.0))])
+                              [("epoch 8/30", lambda line, lines: control.interrupt(home, launched(lines), 3.0))])
     assert code == 0, err
     record = json.loads(stdout)
     first, second = record["attempts"]
-    assert "spot interruption notice" in first["ended"] and second["ended"] == "completed"
+    # the agent saw the notice (status.json), or the controller saw EC2 terminate it first: both interrupt
+    assert "spot interruption notice" in first["ended"] or "SpotInstanceTermination" in first["ended"], first
+    assert second["ended"] == "completed"
     log = (tmp_path / "r" / "job.log").read_text()
     assert "EC2GPU_RESUME = 1" in log and "resumed from" in log
     resumed_at = int(log.split("resumed from")[1].split("at epoch")[1].split()[0])
