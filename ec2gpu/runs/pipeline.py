@@ -529,6 +529,26 @@ def _totals(attempts: list[dict]) -> dict:
             "terminated_at": billed[-1]["terminated_at"]}
 
 
+def _standing(aws: Aws, settings: Settings, found: list[dict], out, resolver, command: str):
+    """A run on standing instances ``found``: (their fresh descriptions in node order, run id,
+    absolute artifacts dir, Provisioned with their key, the run record's common columns).
+    Raises UsageError when their private key is not on this machine."""
+    from ..aws import tags as T
+
+    key = network.require_private_key(settings.keys_dir, found[0]["KeyName"])
+    nodes = instances.wait_running(aws.ec2, [i["InstanceId"] for i in found])  # fresh descriptions
+    nodes.sort(key=lambda i: int(T.as_dict(i.get("Tags")).get(T.NODE, "0") or 0))
+    run_id = new_run_id()
+    out = Path(out or Path("runs") / run_id).resolve()
+    prov = Provisioned(T.as_dict(nodes[0].get("Tags")).get(T.RUN, run_id), key_name=nodes[0]["KeyName"], key_path=key)
+    record = {"run_id": run_id, "command": command, "backend": costs.backend_of(resolver),
+              "instance_type": nodes[0]["InstanceType"], "market": instances.market(nodes[0]), "region": aws.region,
+              "artifacts": str(out), "status": "running", "started_at": datetime.now(timezone.utc).isoformat(),
+              "instance_ids": [i["InstanceId"] for i in nodes], "instance_id": nodes[0]["InstanceId"],
+              "zone": nodes[0].get("Placement", {}).get("AvailabilityZone")}
+    return nodes, run_id, out, prov, record
+
+
 def train_on_cluster(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, cluster_name: str,
                      resolver=None) -> dict:
     """Train on the nodes a standing cluster has now (``ec2gpu launch --nodes N --name NAME``),
@@ -540,27 +560,15 @@ def train_on_cluster(aws: Aws, settings: Settings, opts: TrainOptions, ui: Repor
     """
     from .. import cluster
     from ..aws import clusters
-    from ..aws import tags as T
     from . import recovery
 
     nodes = clusters.members(aws.ec2, cluster_name)
     if not nodes:
         raise UsageError(f"no running cluster named {cluster_name!r}",
                          "start one with `ec2gpu launch --nodes N --name NAME` (see `ec2gpu ls`)")
-    key = network.require_private_key(settings.keys_dir, nodes[0]["KeyName"])
-    nodes = instances.wait_running(aws.ec2, [i["InstanceId"] for i in nodes])  # fresh descriptions
-    order = {i["InstanceId"]: int(T.as_dict(i.get("Tags")).get(T.NODE, "0") or 0) for i in nodes}
-    nodes.sort(key=lambda i: order[i["InstanceId"]])
-    run_id = new_run_id()
-    out = Path(opts.out or Path("runs") / run_id).resolve()
-    prov = Provisioned(T.as_dict(nodes[0].get("Tags")).get(T.RUN, run_id), key_name=nodes[0]["KeyName"], key_path=key)
+    nodes, run_id, out, prov, record = _standing(aws, settings, nodes, opts.out, resolver, opts.command)
     itype = catalog.CATALOG.get(nodes[0]["InstanceType"])
-    record = {"run_id": run_id, "command": opts.command, "backend": costs.backend_of(resolver),
-              "instance_type": nodes[0]["InstanceType"], "gpu": itype.gpu if itype else None,
-              "market": instances.market(nodes[0]), "model": opts.model, "epochs": opts.epochs, "region": aws.region,
-              "artifacts": str(out), "status": "running", "started_at": datetime.now(timezone.utc).isoformat(),
-              "instance_ids": [i["InstanceId"] for i in nodes], "instance_id": nodes[0]["InstanceId"],
-              "zone": nodes[0].get("Placement", {}).get("AvailabilityZone")}
+    record.update(gpu=itype.gpu if itype else None, model=opts.model, epochs=opts.epochs)
     ui.note(f"cluster {cluster_name}: {len(nodes)} node(s) now; torchrun --nnodes 1:{len(nodes)}")
     _ledger(settings, record, ui)
     error = None
@@ -594,19 +602,9 @@ def exec_task(aws, settings, job, ui, target: str, resolver, out: Path | None, c
     if not found:
         raise UsageError(f"no running instance or cluster named {target!r}",
                          "start one with `ec2gpu launch --name NAME` (see `ec2gpu ls`)")
-    key = network.require_private_key(settings.keys_dir, found[0]["KeyName"])
-    nodes = instances.wait_running(aws.ec2, [i["InstanceId"] for i in found])
-    order = {i["InstanceId"]: int(T.as_dict(i.get("Tags")).get(T.NODE, "0") or 0) for i in nodes}
-    nodes.sort(key=lambda i: order[i["InstanceId"]])
-    run_id = new_run_id()
-    out = Path(out or Path("runs") / run_id).resolve()
-    prov = Provisioned(T.as_dict(nodes[0].get("Tags")).get(T.RUN, run_id), key_name=nodes[0]["KeyName"], key_path=key)
+    nodes, run_id, out, prov, record = _standing(aws, settings, found, out, resolver, command)
     opts = TrainOptions(task=job, nodes=len(nodes), command=command)
-    record = {"run_id": run_id, "command": command, "backend": costs.backend_of(resolver), "task": job.name,
-              "instance_type": nodes[0]["InstanceType"], "market": instances.market(nodes[0]), "region": aws.region,
-              "artifacts": str(out), "status": "running", "started_at": datetime.now(timezone.utc).isoformat(),
-              "instance_ids": [i["InstanceId"] for i in nodes], "instance_id": nodes[0]["InstanceId"],
-              "zone": nodes[0].get("Placement", {}).get("AvailabilityZone")}
+    record["task"] = job.name
     ui.note(f"{target}: {len(nodes)} node(s); they keep running afterwards")
     _ledger(settings, record, ui)
     error = None
