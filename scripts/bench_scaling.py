@@ -38,7 +38,7 @@ def main() -> int:
             if done.returncode != 0:
                 print(done.stderr[-3000:], file=sys.stderr)
                 return done.returncode
-            s = json.loads((out / "summary.json").read_text())
+            s = json.loads((out / "outputs" / "summary.json").read_text())
             rows.append((n, s["world_size"], s["samples_per_second"], [x["samples_per_second"] for x in s["per_node"]],
                          s["train_seconds"], s["test_acc"]))
             print(f"nodes {n}: world_size {s['world_size']}, {s['samples_per_second']:.0f} samples/s in all "

@@ -14,7 +14,12 @@ on whatever Python the image has. It
   EC2GPU_STOP_GRACE_SECONDS (90) if the job has not ended
   (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/spot-instance-termination-notices.html);
 - forwards its own SIGTERM and SIGINT to the job's process group;
-- puts the directory of EC2GPU_PYTHON (the Python with torch that setup found) first on PATH.
+- puts the directory of EC2GPU_PYTHON (the Python with torch that setup found) first on PATH,
+  sets EC2GPU_AGENT=1 (the built-in trainer then leaves the notice to the agent) and
+  TORCHELASTIC_ERROR_FILE=RUN_DIR/error.json: torchrun writes a failed worker's root cause there
+  (https://pytorch.org/docs/stable/elastic/errors.html), and status.json carries it as ``error``
+  (``{"message", "exit_code", "rank", "timestamp"}``; a negative exit_code is the signal that
+  killed the worker).
 
 The controller reads status.json; it never parses the log.
 """
@@ -64,12 +69,30 @@ def spot_notice(endpoint: str, timeout_s: float = 2.0) -> dict | None:
         return None
 
 
+def root_cause(error_file: str) -> dict | None:
+    """A torchelastic error file (written by torchrun, or by ec2gpu.train.launch) as
+    ``{"message", "exit_code", "rank", "timestamp"}``; None when there is none or it is unreadable."""
+    try:
+        with open(error_file) as f:
+            data = json.load(f)["message"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if isinstance(data, str):
+        return {"message": data, "exit_code": None, "rank": None, "timestamp": None}
+    extra = data.get("extraInfo") or {}
+    return {"message": str(data.get("message", ""))[:2000], "exit_code": data.get("errorCode"),
+            "rank": data.get("rank"), "timestamp": extra.get("timestamp")}
+
+
 def run(run_dir: str, argv: list[str], endpoint: str, poll_s: float, grace_s: float, env: dict | None = None) -> int:
     """Run ``argv`` to its end under the rules above, with ``env`` added to the environment; return
     the agent's exit code (the job's, 128+N for signal N, or 75 when a notice stopped it)."""
     status = {"state": "running", "started_at": now(), "exit_code": None, "signal": None,
               "ended_at": None, "notice": None, "agent_pid": os.getpid()}
-    full_env = {**os.environ, **(env or {})}
+    full_env = {**os.environ, **(env or {}), "EC2GPU_AGENT": "1"}
+    error_file = full_env.setdefault("TORCHELASTIC_ERROR_FILE", os.path.join(run_dir, "error.json"))
+    if os.path.exists(error_file):
+        os.remove(error_file)  # a previous job's
     if full_env.get("EC2GPU_PYTHON"):  # the Python with torch first: `python3` in the job means that one
         full_env["PATH"] = os.path.dirname(full_env["EC2GPU_PYTHON"]) + os.pathsep + full_env.get("PATH", "")
     with open(os.path.join(run_dir, "job.log"), "ab") as log:
@@ -108,6 +131,8 @@ def run(run_dir: str, argv: list[str], endpoint: str, poll_s: float, grace_s: fl
     status.update(ended_at=now(), exit_code=code if code >= 0 else None, signal=-code if code < 0 else None)
     # a job that finished (exit 0) as the notice came is done: nothing to resume elsewhere
     status["state"] = "succeeded" if code == 0 else "interrupted" if status["notice"] else "failed"
+    if code != 0:
+        status["error"] = root_cause(error_file)
     write_status(run_dir, status)
     if status["state"] == "interrupted":
         return EXIT_NOTICE

@@ -430,8 +430,8 @@ def logs(name: str = typer.Argument(..., help="Run id, name or instance id."),
          follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming until the job ends, "
                                      "reconnecting when SSH drops (no line missed or repeated)."),
          region: Optional[str] = REGION, sandbox: bool = SANDBOX):
-    """Print a run's training log (train.log, byte for byte) from its instance, or from the
-    artifacts once the run is over. With --follow, exit with the job's exit status."""
+    """Print a run's job log (job.log: the job's output, byte for byte) from its instance, or from
+    the artifacts once the run is over. With --follow, exit with the job's exit status."""
     from ..aws import instances, network
     from ..aws import tags as T
     from ..errors import RemoteError
@@ -452,7 +452,9 @@ def logs(name: str = typer.Argument(..., help="Run id, name or instance id."),
             inst = None
         if inst is None:  # over: the log as it was brought home
             try:
-                path = Path(ledger.get(ctx.settings.home, name).get("artifacts") or "") / "train.log"
+                artifacts = Path(ledger.get(ctx.settings.home, name).get("artifacts") or "")
+                path = next((p for p in (artifacts / "job.log", artifacts / "job-node-0.log") if p.is_file()),
+                            artifacts / "job.log")
             except UsageError as exc:
                 raise UsageError(f"no running instance named {name!r}, and {exc.message}", "see `ec2gpu ls` and `ec2gpu runs`")
             if not path.is_file():
@@ -475,11 +477,11 @@ def logs(name: str = typer.Argument(..., help="Run id, name or instance id."),
                 try:
                     status, conn = jobs.follow_reconnecting(
                         lambda: ssh.connect(host, port, ctx.settings.ssh_user, key, known, note), run_dir,
-                        "out/train.log", cursor, conn=conn, log=note)
+                        "job.log", cursor, conn=conn, log=note)
                 except jobs.Unreachable as exc:
                     raise RemoteError(f"{iid}: {exc}", "see `ec2gpu ls`; the instance may have been terminated")
             else:
-                cursor.deliver(jobs.read_from(conn, f"{run_dir}/out/train.log", 0))
+                cursor.deliver(jobs.read_from(conn, f"{run_dir}/job.log", 0))
         finally:
             conn.close()
     if follow:

@@ -103,12 +103,14 @@ def estimate(instance_type: str, gpu: str, market: str, usd_per_hour: float | No
     ``epochs``. Phase times come from runs of the same instance type, the epoch time from runs of
     the same model on the same GPU model; each falls back to the documented defaults above.
     """
+    def job_s(r):  # the job's phase: "running" (before the one engine: "training")
+        return (r.get("phases") or {}).get("running") or (r.get("phases") or {}).get("training")
     same_gpu = [r for r in history if r.get("gpu") == gpu and r.get("model") == model
-                and r.get("train_seconds") and r.get("epochs") and r.get("phases", {}).get("training")][:5]
+                and r.get("train_seconds") and r.get("epochs") and job_s(r)][:5]
     boot, setup, teardown, same_type = _phase_seconds(history, instance_type)
     if same_gpu:
         epoch_s = _median([r["train_seconds"] / r["epochs"] for r in same_gpu])
-        startup = _median([max(0.0, r["phases"]["training"] - r["train_seconds"]) for r in same_gpu])
+        startup = _median([max(0.0, job_s(r) - r["train_seconds"]) for r in same_gpu])
         source = f"ledger ({len(same_gpu)} earlier run(s) of {model} on {gpu})"
     else:
         speed = GPU_SPEEDUP.get(gpu, 1.0)

@@ -40,6 +40,8 @@ class TaskJob:
     manifest: sync.Manifest | None
     include_secrets: bool = False
     secret_values: list[str] = field(default_factory=list)
+    args: list[str] = field(default_factory=list)  # the run script's "$@" (a built-in task's flags)
+    builtin: str | None = None  # "mnist" for `ec2gpu train mnist`
 
     @property
     def task(self):
@@ -76,6 +78,16 @@ def prepare(loaded: LoadedTask, environ, max_upload: int = sync.MAX_UPLOAD_BYTES
         sync.check_size(manifest, max_upload)
     secrets = [env[k] for k in task.secrets if env.get(k)]
     return TaskJob(loaded, env, manifest, include_secrets, sorted(secrets, key=len, reverse=True))
+
+
+def builtin_job(name: str, args: list[str]) -> TaskJob:
+    """The built-in task ``name`` (tasks/builtin/NAME.yaml) with ``args`` as its "$@"; its workdir
+    is ec2gpu's trainer: ec2gpu/__init__.py and ec2gpu/train/*.py (torch and numpy only)."""
+    from ..tasks import builtin
+    package = Path(__file__).resolve().parents[1]
+    files = ["ec2gpu/__init__.py"] + [f"ec2gpu/train/{p.name}" for p in sorted((package / "train").glob("*.py"))]
+    manifest = sync.Manifest(package.parent, files, sum((package.parent / f).stat().st_size for f in files))
+    return TaskJob(builtin.load(name), {}, manifest, args=list(args), builtin=name)
 
 
 def manifest_note(job: TaskJob) -> str | None:
@@ -136,7 +148,7 @@ def upload_node(nd, job: TaskJob, ssh_config: Path | None, run_id: str, addresse
                 checkpoints, log) -> None:
     """Send the workdir, the agent and the job's environment (0600) to node ``nd``; on a
     replacement, the checkpoint directory brought home."""
-    from ..cluster import processes_per_node
+    from .nodes import processes_per_node
     workdir = workdir_of(nd.run_dir, job)
     if job.manifest is not None:
         how = sync.push(nd.conn, job.manifest, workdir, ssh_config, nd.instance_id)
@@ -208,10 +220,11 @@ class _LineWriter(io.TextIOBase):
 
 
 def job_argv(nd, job: TaskJob) -> list[str]:
-    """The agent's command line on node ``nd`` (pure apart from the node's facts)."""
+    """The agent's command line on node ``nd`` (pure apart from the node's facts): the task's run
+    script under ``bash -c``, $0 the task's name, "$@" the job's args."""
     python = nd.info.get("python") or "python3"
     return [python, f"{nd.run_dir}/agent.py", "--dir", nd.run_dir, "--env-file", f"{nd.run_dir}/job.env.json",
-            "--", "bash", "-c", job.task.run]
+            "--", "bash", "-c", job.task.run, job.name, *job.args]
 
 
 def read_status(conn, run_dir: str) -> dict | None:
@@ -251,20 +264,51 @@ def judge(nodes, job: TaskJob) -> None:
     bad = [nd for nd in nodes if (statuses[nd.index] or {}).get("state") != "succeeded" and nd.result != "stopped"]
     if not bad:
         return
-    first = bad[0]
+    first = root_cause_node(bad, statuses)
     st = statuses[first.index]
     if st is None:
         how = "did not start (no status.json from the agent)"
         tail = jobs.tail(first.conn, f"{first.run_dir}/console.log", TAIL_LINES)
     else:
         how = f"exited {st['exit_code']}" if st.get("exit_code") is not None else f"was killed by signal {st.get('signal')}"
+        how += worker_failure(st.get("error"))
         tail = jobs.tail(first.conn, f"{first.run_dir}/job.log", TAIL_LINES)
-    others = [f"node {nd.index}" for nd in bad[1:]]
+    others = [f"node {nd.index}" for nd in bad if nd is not first]
     raise RemoteError(f"the job on node {first.index} ({first.instance_id}) {how}"
-                      + (f"; {', '.join(others)} failed too" if others else ""),
+                      + (f"; then {', '.join(others)} failed too" if others else ""),
                       "its last lines are above; outputs were brought home and every instance is terminated",
                       command=job.task.run, host=first.host,
                       exit_status=(st or {}).get("exit_code") or 1, tail=job.mask(tail))
+
+
+def root_cause_node(bad: list, statuses: dict):
+    """Of the nodes whose job failed, the one that failed first (pure): a node whose worker was
+    killed by a signal (its peers' collectives then fail), else the earliest torchelastic error
+    (status.json's ``error``), else the first node that failed without one; node order breaks ties."""
+    def key(nd):
+        err = (statuses.get(nd.index) or {}).get("error") or {}
+        code, stamp = err.get("exit_code"), err.get("timestamp")
+        killed = isinstance(code, int) and code < 0
+        return (0 if killed else 1 if stamp else 2, float(stamp) if stamp else 0.0, nd.index)
+    return min(bad, key=key)
+
+
+def worker_failure(error: dict | None) -> str:
+    """' (a worker died of SIGKILL)' or ' (rank 3 failed: ValueError: ...)' from status.json's
+    ``error`` (pure); '' without one."""
+    if not error:
+        return ""
+    code = error.get("exit_code")
+    if isinstance(code, int) and code < 0:
+        import signal
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f" (a worker died of {name})"
+    first = (error.get("message") or "").strip().splitlines()[:1]
+    rank = f"rank {error['rank']}" if error.get("rank") is not None else "a worker"
+    return f" ({rank} failed" + (f": {first[0][:200]}" if first else f" with exit code {code}") + ")"
 
 
 def download(nodes, job: TaskJob, local_out: Path, ssh_config: Path | None, log) -> dict | None:
@@ -302,38 +346,37 @@ def run_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[dic
     """
     from dataclasses import replace
 
-    from .. import cluster
     from ..remote import jobs
     from ..remote import ssh_config as sc
-    from .recovery import NoCheckpoints
+    from . import nodes as N
 
     job: TaskJob = opts.task
-    nodes = [cluster.Node(k, inst) for k, inst in enumerate(instances_)]
+    nodes = [N.Node(k, inst) for k, inst in enumerate(instances_)]
     config = settings.home / "ssh" / f"{run_id}.config"
 
     def say(nd):
         return (lambda line: ui.note(f"node {nd.index}: {line}")) if len(nodes) > 1 else ui.note
     try:
         with ui.phase("waiting for SSH"):
-            cluster.parallel(lambda nd: cluster.open_node(nd, aws, settings, prov, run_id, resolver, NoCheckpoints(),
-                                                          ui.note), nodes)
+            N.parallel(lambda nd: N.open_node(nd, aws, settings, prov, run_id, resolver, ui.note), nodes)
             nodes[0].watch.checkpoints = replace(checkpoints, remote=checkpoint_remote(job, nodes[0].run_dir))
             known = settings.home / "known_hosts"
             sc.write(config, sc.render([sc.HostEntry((nd.instance_id,), nd.host, nd.port, settings.ssh_user,
                                                      prov.key_path, known / nd.instance_id) for nd in nodes], config))
         with ui.phase("setup"):
-            cluster.parallel(lambda nd: cluster.prepare_node(nd, say(nd)), nodes)
-        addresses = [cluster.private_address(nd.instance, resolver) for nd in nodes]
+            N.parallel(lambda nd: N.prepare_node(nd, say(nd)), nodes)
+        addresses = [N.private_address(nd.instance, resolver) for nd in nodes]
         with ui.phase("upload"):
-            cluster.parallel(lambda nd: upload_node(nd, job, config, run_id, addresses, n > 1, checkpoints, say(nd)),
-                             nodes)
-        with ui.phase("setup"):
-            cluster.parallel(lambda nd: setup_node(nd, job, say(nd)), nodes)
+            N.parallel(lambda nd: upload_node(nd, job, config, run_id, addresses, n > 1, checkpoints, say(nd)), nodes)
+        if job.task.setup:
+            with ui.phase("setup"):
+                N.parallel(lambda nd: setup_node(nd, job, say(nd)), nodes)
         with ui.phase("running"):
             for nd in nodes:
                 nd.pid = jobs.start(nd.conn, nd.run_dir, job_argv(nd, job))
-            ui.note(f"job started on {len(nodes)} node(s) under the agent; its log follows")
-            cluster.follow_all(nodes, ui, local_out, n, opts.unreachable_s, log_name="job.log", mask=job.mask)
+            ui.note(f"job started on {len(nodes)} node(s) under the agent"
+                    + (f" (head {addresses[0]})" if len(nodes) > 1 else "") + "; its log follows")
+            N.follow_all(nodes, ui, local_out, n, opts.unreachable_s, mask=job.mask if job.secret_values else None)
         with ui.phase("download"):
             summary = download(nodes, job, local_out, config, ui.note)
         judge(nodes, job)
@@ -347,6 +390,67 @@ def run_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[dic
         for nd in nodes:
             nd.close()
         config.unlink(missing_ok=True)
+
+
+def run_local(job: TaskJob, run_id: str, out: Path, ui, poll_s: float = 0.2) -> dict:
+    """Run ``job`` on this machine as node 0 of 1, under the same agent and job contract as on an
+    instance: the workdir is used where it is (nothing is copied), outputs go to ``out``/outputs,
+    checkpoints to ``out``/checkpoints, the log to ``out``/job.log (followed live through ``ui.log``).
+    Returns the job's summary.json ({} when it wrote none). Raises RemoteError (exit 5) when the
+    job fails, with its exit code and last log lines."""
+    import subprocess
+    import sys
+    import time
+
+    out.mkdir(parents=True, exist_ok=True)
+    gpus = 0
+    try:
+        import torch
+        gpus = torch.cuda.device_count()
+    except ImportError:
+        pass
+    workdir = job.manifest.root if job.manifest is not None else (job.loaded.workdir or Path.cwd())
+    env = {**node_env(job, run_id, str(out), 0, ["127.0.0.1"], gpus, False, sys.executable),
+           "EC2GPU_OUTPUT_DIR": str(out / "outputs"), "EC2GPU_CHECKPOINT_DIR": str(out / "checkpoints"),
+           "EC2GPU_WORKDIR": str(workdir)}
+    env_file = out / "job.env.json"
+    env_file.touch(mode=0o600)
+    env_file.write_text(json.dumps(env))
+    argv = [sys.executable, str(AGENT), "--dir", str(out), "--env-file", str(env_file), "--",
+            "bash", "-c", job.task.run, job.name, *job.args]
+    log_path = out / "job.log"
+    log_path.unlink(missing_ok=True)
+    lines = _LineWriter(lambda line: ui.log(job.mask(line)))
+    agent = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+    offset = 0
+    try:
+        while True:
+            done = agent.poll() is not None
+            if log_path.exists():
+                with open(log_path, "rb") as f:
+                    f.seek(offset)
+                    chunk = f.read()
+                offset += len(chunk)
+                lines.write(chunk.decode(errors="replace"))
+            if done:
+                break
+            time.sleep(poll_s)
+    except BaseException:
+        agent.terminate()  # the agent forwards SIGTERM to the job's process group
+        agent.wait(30)
+        raise
+    finally:
+        lines.flush()
+        env_file.unlink(missing_ok=True)
+    status = json.loads((out / "status.json").read_text()) if (out / "status.json").exists() else {}
+    if status.get("state") != "succeeded":
+        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-TAIL_LINES:]) if log_path.exists() else ""
+        code = status.get("exit_code")
+        raise RemoteError(f"the job on this machine {'exited ' + str(code) if code is not None else 'did not finish'}"
+                          + worker_failure(status.get("error")), f"its last lines are above; see {log_path}",
+                          command=job.task.run, host="local", exit_status=code or 1, tail=job.mask(tail))
+    summary = out / "outputs" / "summary.json"
+    return json.loads(summary.read_text()) if summary.is_file() else {}
 
 
 def estimate_minutes(home: Path, job: TaskJob, instance_type: str, expect_minutes: float | None,

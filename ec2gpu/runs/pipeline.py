@@ -10,7 +10,6 @@ import json
 import os
 import secrets
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -19,11 +18,11 @@ from pathlib import Path
 
 from ..aws import capacity, catalog, images, instances, network, placement, sweep
 from ..aws.session import Aws
-from ..errors import ExitCode, RemoteError, UsageError, WaitTimeout
+from ..errors import RemoteError, UsageError
 from ..settings import Settings
 from . import costs, ledger
 
-PHASES = ("requesting", "waiting for running", "waiting for SSH", "setup", "upload", "training",
+PHASES = ("requesting", "waiting for running", "waiting for SSH", "setup", "upload", "running",
           "download", "terminating")
 
 
@@ -224,60 +223,24 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def trainer_argv(python: str, opts: TrainOptions, out_dir: str) -> list[str]:
-    """The trainer's command line (pure)."""
-    argv = [python, "-m", "ec2gpu.train.mnist", "--model", opts.model, "--out", out_dir, "--seed", str(opts.seed)]
-    if opts.epochs:
-        argv += ["--epochs", str(opts.epochs)]
-    return argv + list(opts.trainer_args)
+def mnist_args(opts: TrainOptions, sandbox: bool = False) -> list[str]:
+    """The built-in trainer's flags for `ec2gpu train mnist` (pure): "$@" of tasks/builtin/mnist.yaml.
 
-
-def run_attempt(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, ui: Reporter, prov: Provisioned,
-                instance: dict, local_out: Path, resolver, n: int, checkpoints) -> dict:
-    """One attempt on a running instance: SSH, setup, upload (with the checkpoint when resuming),
-    train with the log followed live through dropped connections, download.
-
-    The streamed log is also written to ``local_out``/attempt-N.log, byte for byte. Returns the
-    trainer's summary.json. Raises recovery.Interrupted when the instance is lost (the run goes on
-    elsewhere), RemoteError when the trainer fails (after fetching what it wrote).
+    In the sandbox, the nodes of a cluster share this machine's cores: each takes its share, or
+    their CPU threads fight (2 nodes x 2 threads on 2 cores ran 15x slower than 1 x 2 here).
     """
-    from .. import cluster
-    from ..remote import jobs
-    from . import recovery
+    args = ["--model", opts.model, "--seed", str(opts.seed)]
+    if opts.epochs:
+        args += ["--epochs", str(opts.epochs)]
+    if sandbox and opts.nodes > 1:
+        args += ["--threads", str(max(1, (os.cpu_count() or 1) // opts.nodes))]
+    return args + list(opts.trainer_args)
 
-    nd = cluster.Node(0, instance)
-    try:
-        with ui.phase("waiting for SSH"):
-            cluster.open_node(nd, aws, settings, prov, run_id, resolver, checkpoints, ui.note)
-        with ui.phase("setup"):
-            cluster.prepare_node(nd, ui.note)
-        with ui.phase("upload"):
-            cluster.upload_node(nd, n > 1, ui.note)
-        with ui.phase("training"):
-            jobs.start(nd.conn, nd.run_dir, trainer_argv(nd.info["python"], opts, f"{nd.run_dir}/out")
-                       + (["--resume"] if n > 1 else []))
-            lines = jobs.LineSplitter(ui.log)
-            local_out.mkdir(parents=True, exist_ok=True)
-            with open(local_out / f"attempt-{n}.log", "wb") as tee:
-                def deliver(chunk: bytes) -> None:
-                    tee.write(chunk)
-                    tee.flush()
-                    lines(chunk)
-                status, nd.conn = recovery.follow_training(nd.conn, nd.connect, nd.run_dir, jobs.LogCursor(deliver),
-                                                           nd.watch, ui, opts.unreachable_s)
-            lines.flush()
-        with ui.phase("download"):
-            jobs.fetch(nd.conn, f"{nd.run_dir}/out", local_out)
-            (local_out / "console.log").write_bytes(jobs.read_from(nd.conn, f"{nd.run_dir}/console.log", 0))
-        if status != 0:
-            raise recovery.remote_failure(nd.conn, nd.run_dir, status, local_out)
-        return recovery.summary_of(local_out)
-    except (*jobs.CONNECTION_ERRORS, WaitTimeout, RemoteError):
-        if nd.watch:
-            nd.watch.check()  # lost with its instance (Interrupted), or a failure of its own (re-raised)
-        raise
-    finally:
-        nd.close()
+
+def builtin_task(opts: TrainOptions, sandbox: bool = False):
+    """``opts.task``, or the built-in MNIST task with ``opts``' trainer flags (an engine.TaskJob)."""
+    from . import engine
+    return opts.task if opts.task is not None else engine.builtin_job("mnist", mnist_args(opts, sandbox))
 
 
 def check_estimate(aws: Aws, settings: Settings, opts: TrainOptions, backend: str, ui: Reporter) -> costs.Estimate:
@@ -285,7 +248,7 @@ def check_estimate(aws: Aws, settings: Settings, opts: TrainOptions, backend: st
     or when ``opts.max_price`` is below the spot price in every zone. Creates nothing."""
     if opts.max_price is not None and not opts.spot:
         raise UsageError("--max-price applies to spot instances only", "add --spot, or drop --max-price")
-    if opts.task is not None:
+    if opts.task is not None and opts.task.builtin != "mnist":
         from . import engine
         minutes, source = engine.estimate_minutes(settings.home, opts.task, opts.instance_types[0], opts.expect_minutes,
                                                   backend)
@@ -302,7 +265,7 @@ def check_estimate(aws: Aws, settings: Settings, opts: TrainOptions, backend: st
             f"{'?' if est.usd_per_hour is None else f'{est.usd_per_hour:.4f}'} USD/h"
             f"{f' x {opts.nodes} nodes' if opts.nodes > 1 else ''} ({est.price_source}); "
             f"boot {est.boot_seconds:.0f} s, setup {est.setup_seconds:.0f} s, "
-            f"{'job' if opts.task is not None else 'training'} {est.train_seconds:.0f} s, "
+            f"{'training' if opts.task is None or opts.task.builtin == 'mnist' else 'job'} {est.train_seconds:.0f} s, "
             f"teardown {est.teardown_seconds:.0f} s [{est.time_source}]")
     if opts.budget_usd is not None:
         if est.cost_usd is None:
@@ -314,13 +277,11 @@ def check_estimate(aws: Aws, settings: Settings, opts: TrainOptions, backend: st
     return est
 
 
-def _status(exc: BaseException | None, spot: bool = False, task: bool = False) -> str:
+def _status(exc: BaseException | None, spot: bool = False) -> str:
     if exc is None:
         return "completed"
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted"
-    if not task and isinstance(exc, RemoteError) and exc.exit_status == ExitCode.SPOT_INTERRUPTED:
-        return "spot-interrupted"
     from .recovery import AttemptsExhausted
     if isinstance(exc, AttemptsExhausted):
         return "spot-interrupted" if spot else "failed"
@@ -359,6 +320,7 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, resolv
         network.check_cidr(opts.ssh_cidr, ui.note)
     opts.instance_type = ",".join(types)
     itype = catalog.lookup(types[0])
+    opts.task = builtin_task(opts, sandbox=resolver is not None)
     aws.check_credentials()
     backend = costs.backend_of(resolver)
     est = check_estimate(aws, settings, opts, backend, ui)
@@ -370,11 +332,11 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, resolv
     run_id = new_run_id()
     out = Path(opts.out or Path("runs") / run_id).resolve()
     prov = Provisioned(run_id)
-    task = opts.task
+    mnist = opts.task.builtin == "mnist"
     record = {"run_id": run_id, "command": opts.command, "backend": backend, "instance_type": itype.name,
-              "gpu": itype.gpu, "market": "spot" if opts.spot else "on-demand",
-              "task": task.name if task is not None else "mnist", "model": None if task is not None else opts.model,
-              "epochs": None if task is not None else opts.epochs, "region": aws.region, "artifacts": str(out),
+              "gpu": itype.gpu, "market": "spot" if opts.spot else "on-demand", "task": opts.task.name,
+              "model": opts.model if mnist else None, "epochs": opts.epochs if mnist else None,
+              "region": aws.region, "artifacts": str(out),
               "status": "running", "started_at": datetime.now(timezone.utc).isoformat(),
               "estimated_cost_usd": est.cost_usd, "estimate": est.as_dict()}
     _ledger(settings, record, ui)
@@ -406,7 +368,7 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, resolv
                 record.update(_totals(attempts))
             except Exception as exc:  # noqa: BLE001 - a bill we cannot compute must not hide the run's end
                 ui.note(f"warning: could not compute the bill ({type(exc).__name__}: {exc})")
-        record.update(instance_ids=prov.instance_ids, status=_status(error, opts.spot, task is not None),
+        record.update(instance_ids=prov.instance_ids, status=_status(error, opts.spot),
                       phases=dict(ui.phases),
                       ended_at=datetime.now(timezone.utc).isoformat())
         if isinstance(error, RemoteError) and error.exit_status is not None:
@@ -434,21 +396,15 @@ def _with_summary(record: dict, summary: dict) -> dict:
 
 def _run_attempts(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, ui: Reporter, prov: Provisioned,
                   out: Path, resolver, record: dict) -> dict:
-    """Attempt after attempt (recovery.py) until the trainer finishes; return its summary.
+    """Attempt after attempt (recovery.py) of ``opts.task`` until its job finishes; return its summary.
 
     Raises recovery.AttemptsExhausted when the last attempt allowed is interrupted too.
     """
-    from . import recovery
+    from . import engine, recovery
 
     attempts = record["attempts"]
-    if opts.task is not None:
-        checkpoints = recovery.DirCheckpoints(remote="", local=out / "checkpoints", log=ui.note)
-    else:
-        target = recovery.parse_checkpoint_uri(opts.checkpoint_uri)
-        if target:
-            target = (target[0], "/".join(p for p in (target[1], run_id, "checkpoint.pt") if p))
-        checkpoints = recovery.CheckpointHome(remote="", local=out / "checkpoint.pt", log=ui.note, target=target,
-                                              s3=aws.client("s3") if target else None)
+    checkpoints = recovery.DirCheckpoints(remote="", local=out / "checkpoints", log=ui.note,
+                                          **recovery.s3_home(aws, opts.checkpoint_uri, run_id))
     avoid: list[str] = []
     for n in range(1, opts.attempts_allowed + 1):
         if n > 1:
@@ -465,14 +421,7 @@ def _run_attempts(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str,
                       launched_at=prov.instances[0]["LaunchTime"].isoformat())
         _ledger(settings, record, ui)
         try:
-            if opts.task is not None:
-                from . import engine
-                return engine.run_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, resolver, n, checkpoints)
-            if len(nodes) > 1:
-                from .. import cluster
-                return cluster.run_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, resolver, n, checkpoints,
-                                           lambda python, out_dir: trainer_argv(python, opts, out_dir))
-            return run_attempt(aws, settings, opts, run_id, ui, prov, instance, out, resolver, n, checkpoints)
+            return engine.run_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, resolver, n, checkpoints)
         except recovery.Interrupted as why:
             ui.note(f"attempt {n} interrupted on {', '.join(a['instance_id'] for a in mine)} "
                     f"({mine[0]['zone']}): {why.reason}")
@@ -551,47 +500,28 @@ def _standing(aws: Aws, settings: Settings, found: list[dict], out, resolver, co
 
 def train_on_cluster(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, cluster_name: str,
                      resolver=None) -> dict:
-    """Train on the nodes a standing cluster has now (``ec2gpu launch --nodes N --name NAME``),
-    with torchrun's elastic bounds ``--nnodes 1:N``, and leave the cluster running.
-
-    The run is in the ledger without a cost of its own (the cluster's instances bill as they
-    stand; `ec2gpu ls` shows it). Raises UsageError for an unknown cluster or a missing key file,
-    RemoteError/recovery.Interrupted when a node fails or is lost (the cluster stays up).
-    """
-    from .. import cluster
+    """Train MNIST on the nodes a standing cluster has now (``ec2gpu launch --nodes N --name NAME``)
+    and leave the cluster running: ``exec_task`` with the built-in task. Raises UsageError for an
+    unknown cluster or a missing key file; RemoteError/recovery.Interrupted as the attempt raises them."""
     from ..aws import clusters
-    from . import recovery
 
     nodes = clusters.members(aws.ec2, cluster_name)
     if not nodes:
         raise UsageError(f"no running cluster named {cluster_name!r}",
                          "start one with `ec2gpu launch --nodes N --name NAME` (see `ec2gpu ls`)")
-    nodes, run_id, out, prov, record = _standing(aws, settings, nodes, opts.out, resolver, opts.command)
-    itype = catalog.CATALOG.get(nodes[0]["InstanceType"])
-    record.update(gpu=itype.gpu if itype else None, model=opts.model, epochs=opts.epochs)
-    ui.note(f"cluster {cluster_name}: {len(nodes)} node(s) now; torchrun --nnodes 1:{len(nodes)}")
-    _ledger(settings, record, ui)
-    error = None
-    try:
-        checkpoints = recovery.CheckpointHome(remote="", local=out / "checkpoint.pt", log=ui.note)
-        return _with_summary(record, cluster.run_attempt(
-            aws, settings, opts, run_id, ui, prov, nodes, out, resolver, 1, checkpoints,
-            lambda python, out_dir: trainer_argv(python, opts, out_dir), nnodes=f"1:{len(nodes)}"))
-    except BaseException as exc:
-        error = exc
-        raise
-    finally:
-        record.update(status=_status(error), phases=dict(ui.phases), ended_at=datetime.now(timezone.utc).isoformat())
-        _ledger(settings, record, ui)
-        if out.exists():
-            (out / "run.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+    opts.nodes = len(nodes)
+    job = builtin_task(opts, sandbox=resolver is not None)
+    return exec_task(aws, settings, job, ui, cluster_name, resolver, opts.out, opts.command,
+                     extra={"model": opts.model, "epochs": opts.epochs})
 
 
-def exec_task(aws, settings, job, ui, target: str, resolver, out: Path | None, command: str) -> dict:
+def exec_task(aws, settings, job, ui, target: str, resolver, out: Path | None, command: str,
+              extra: dict | None = None) -> dict:
     """Run ``job`` once on the standing instance or cluster ``target`` (its Name, cluster name or
     instance id) and leave it running; return the run record (in the ledger, without a cost of its
     own: the instances bill as they stand). Raises UsageError for an unknown target or a missing
-    key file; RemoteError, recovery.Interrupted as the attempt raises them."""
+    key file; RemoteError, recovery.Interrupted as the attempt raises them. ``extra``: more columns
+    for the record (a built-in task's model and epochs)."""
     from ..aws import clusters, sweep
     from ..aws import tags as T
     from . import engine, recovery
@@ -604,7 +534,9 @@ def exec_task(aws, settings, job, ui, target: str, resolver, out: Path | None, c
                          "start one with `ec2gpu launch --name NAME` (see `ec2gpu ls`)")
     nodes, run_id, out, prov, record = _standing(aws, settings, found, out, resolver, command)
     opts = TrainOptions(task=job, nodes=len(nodes), command=command)
-    record["task"] = job.name
+    record.update(task=job.name, **(extra or {}))
+    itype = catalog.CATALOG.get(nodes[0]["InstanceType"])
+    record["gpu"] = itype.gpu if itype else None
     ui.note(f"{target}: {len(nodes)} node(s); they keep running afterwards")
     _ledger(settings, record, ui)
     error = None
@@ -616,7 +548,7 @@ def exec_task(aws, settings, job, ui, target: str, resolver, out: Path | None, c
         error = exc
         raise
     finally:
-        record.update(status=_status(error, task=True), phases=dict(ui.phases),
+        record.update(status=_status(error), phases=dict(ui.phases),
                       ended_at=datetime.now(timezone.utc).isoformat())
         if isinstance(error, RemoteError) and error.exit_status is not None:
             record["exit_status"] = error.exit_status
@@ -626,7 +558,8 @@ def exec_task(aws, settings, job, ui, target: str, resolver, out: Path | None, c
 
 
 def train_local(opts: TrainOptions, ui: Reporter, data_dir: str | None = None, settings: Settings | None = None) -> dict:
-    """Run the same trainer on this machine (needs torch); return its run record.
+    """Run the built-in MNIST task on this machine (needs torch), under the same agent and with the
+    same job contract as on an instance (engine.run_local); return its run record.
 
     With ``settings``, the run goes into the ledger (backend "local", no cost).
 
@@ -634,29 +567,23 @@ def train_local(opts: TrainOptions, ui: Reporter, data_dir: str | None = None, s
     """
     import importlib.util
 
+    from . import engine
+
     if importlib.util.find_spec("torch") is None:
         raise UsageError("--local needs PyTorch on this machine", "pip install 'ec2gpu[train]' (or make demo)")
+    opts.trainer_args = list(opts.trainer_args) + (["--data-dir", data_dir] if data_dir else [])
+    job = builtin_task(opts)
     run_id = new_run_id()
     started = datetime.now(timezone.utc).isoformat()
     out = Path(opts.out or Path("runs") / run_id).resolve()
-    argv = trainer_argv(sys.executable, opts, str(out))
-    if data_dir:
-        argv += ["--data-dir", data_dir]
-    with ui.phase("training"):
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        for raw in proc.stdout:
-            ui.log(raw.decode(errors="replace").rstrip("\n"))
-        status = proc.wait()
-    if status != 0:
-        raise RemoteError(f"the trainer exited {status}", f"see {out / 'train.log'}", exit_status=status)
-    summary = json.loads((out / "summary.json").read_text())
-    record = {"run_id": run_id, "command": opts.command, "backend": "local", "status": "completed",
-              "instance_type": "local", "market": "local", "model": opts.model, "epochs": summary.get("epochs"),
-              "artifacts": str(out), "test_acc": summary["test_acc"], "summary": summary,
-              "train_seconds": summary.get("train_seconds"), "samples_per_second": summary.get("samples_per_second"),
+    with ui.phase("running"):
+        summary = engine.run_local(job, run_id, out, ui)
+    record = {"run_id": run_id, "command": opts.command, "backend": "local", "status": "completed", "task": job.name,
+              "instance_type": "local", "market": "local", "model": opts.model, "artifacts": str(out),
               "phases": dict(ui.phases), "started_at": started, "ended_at": datetime.now(timezone.utc).isoformat(),
-              "exit_status": 0, "billed_seconds": 0.0, "cost_usd": 0.0}
+              "billed_seconds": 0.0, "cost_usd": 0.0}
+    _with_summary(record, summary)
+    (out / "run.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
     if settings is not None:
         _ledger(settings, record, ui)
     return record

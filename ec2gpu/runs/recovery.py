@@ -1,12 +1,13 @@
 """Managed runs: instance after instance until the job finishes, resuming from its checkpoint.
 
-An attempt is one instance: launch, SSH, setup, push the code (and the newest checkpoint), start the
-trainer with ``--resume``, follow its log. While it trains, every new checkpoint is brought home
-(and to ``--checkpoint-uri s3://...``). The attempt is *interrupted* when
+An attempt is the run's instances (engine.py): launch, SSH, setup, the workdir up (and, on a
+replacement, the checkpoint directory as last brought home), the job started with
+EC2GPU_RESUME=1, its log followed. While it runs, node 0's checkpoint directory is brought home
+(and to ``--checkpoint-uri s3://...``) as it changes. The attempt is *interrupted* when
 
-- the trainer exits 75 (it saw a spot interruption notice and checkpointed) or 143 (SIGTERM, as at
-  shutdown),
-- EC2 reports the instance shutting down, stopping or terminated (checked every 5 s, and at once
+- the instance agent saw a spot interruption notice and stopped the job (status.json's state
+  "interrupted"),
+- EC2 reports an instance shutting down, stopping or terminated (checked every 5 s, and at once
   whenever SSH drops), or
 - SSH stays unreachable longer than a bound (``unreachable_s``, default 120 s).
 
@@ -17,18 +18,14 @@ interruption: the job runs detached, and the log resumes from the byte it had re
 """
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..aws import instances
-from ..errors import AttemptsExhausted, ExitCode, Interrupted, RemoteError, UsageError  # noqa: F401 (re-exported)
+from ..errors import AttemptsExhausted, Interrupted, UsageError  # noqa: F401 (re-exported)
 
-EXIT_SPOT_INTERRUPTED = ExitCode.SPOT_INTERRUPTED  # the trainer's exit after a notice (train/spot.py mirrors it)
-EXIT_SIGTERM = 143  # train/mnist.py: SIGTERM, checkpoint written
 GONE_STATES = ("shutting-down", "terminated", "stopping", "stopped")
 STATE_EVERY_S = 5.0  # how often EC2 is asked about the instance while the job runs
 
@@ -43,58 +40,13 @@ def parse_checkpoint_uri(uri: str | None) -> tuple[str, str] | None:
     return bucket, prefix.strip("/")
 
 
-@dataclass
-class CheckpointHome:
-    """Brings the trainer's newest checkpoint from the instance to ``local`` (and S3)."""
-
-    remote: str  # absolute path on the instance
-    local: Path
-    s3: object | None = None  # an S3 client, with ``target``
-    target: tuple[str, str] | None = None  # (bucket, key)
-    log: object = print
-    seen: tuple | None = None  # (mtime, size) of the last copy brought home
-
-    def push(self, conn) -> int:
-        """Upload the local checkpoint to ``remote`` (a replacement instance); return its size in bytes."""
-        conn.sftp().put(str(self.local), self.remote)
-        st = conn.sftp().stat(self.remote)
-        self.seen = (st.st_mtime, st.st_size)  # not new: no need to bring it home again
-        return st.st_size
-
-    def sync(self, conn) -> bool:
-        """Copy the remote checkpoint if it changed since the last copy; return whether it did.
-
-        The trainer replaces the file atomically (rename), so an open handle reads one whole
-        version; a copy whose size differs from the stat is dropped and retried at the next poll.
-        Connection errors propagate (the caller reconnects).
-        """
-        sftp = conn.sftp()
-        try:
-            st = sftp.stat(self.remote)
-        except FileNotFoundError:
-            return False
-        if (st.st_mtime, st.st_size) == self.seen:
-            return False
-        self.local.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.local.with_name(f".{self.local.name}.part")
-        try:
-            sftp.get(self.remote, str(tmp))
-        except FileNotFoundError:
-            return False
-        if tmp.stat().st_size != st.st_size:
-            tmp.unlink(missing_ok=True)
-            return False
-        os.replace(tmp, self.local)
-        self.seen = (st.st_mtime, st.st_size)
-        where = str(self.local)
-        if self.s3 is not None and self.target:
-            try:
-                self.s3.upload_file(str(self.local), *self.target)
-                where += f" and s3://{'/'.join(self.target)}"
-            except Exception as exc:  # S3 is a second copy: a failure is reported, never fatal
-                self.log(f"warning: could not upload the checkpoint to s3://{'/'.join(self.target)}: {exc}")
-        self.log(f"checkpoint ({st.st_size:,} bytes) brought home to {where}")
-        return True
+def s3_home(aws, uri: str | None, run_id: str) -> dict:
+    """DirCheckpoints' S3 fields for ``--checkpoint-uri s3://bucket/prefix``: files go to
+    s3://bucket/prefix/<run id>/<path in the checkpoint directory>; {} without a URI."""
+    target = parse_checkpoint_uri(uri)
+    if not target:
+        return {}
+    return {"s3": aws.client("s3"), "target": (target[0], "/".join(p for p in (target[1], run_id) if p))}
 
 
 @dataclass
@@ -119,6 +71,8 @@ class DirCheckpoints:
     every_s: float = 5.0
     seen: dict = None  # relative path -> (size, mtime) of the copy brought home
     last: float = 0.0
+    s3: object | None = None  # an S3 client, with ``target``: a second home (--checkpoint-uri)
+    target: tuple[str, str] | None = None  # (bucket, key prefix)
 
     def has_any(self) -> bool:
         return self.local.is_dir() and any(p.is_file() for p in self.local.rglob("*"))
@@ -149,9 +103,19 @@ class DirCheckpoints:
                 continue
             os.replace(tmp, target)
             self.seen[rel] = (size, mtime)
+            self._to_s3(target, rel)
         if changed:
-            self.log(f"checkpoint directory: {len(changed)} file(s) brought home to {self.local}")
+            also = f" and s3://{'/'.join(self.target)}/" if self.s3 is not None and self.target else ""
+            self.log(f"checkpoint directory: {len(changed)} file(s) brought home to {self.local}{also}")
         return bool(changed)
+
+    def _to_s3(self, path: Path, rel: str) -> None:
+        if self.s3 is None or not self.target:
+            return
+        try:
+            self.s3.upload_file(str(path), self.target[0], f"{self.target[1]}/{rel}".lstrip("/"))
+        except Exception as exc:  # S3 is a second copy: a failure is reported, never fatal
+            self.log(f"warning: could not upload {rel} to s3://{self.target[0]}/{self.target[1]}: {exc}")
 
     def push(self, conn, remote_dir: str) -> int:
         """Upload the local directory to ``remote_dir`` on a replacement; return the file count."""
@@ -172,7 +136,7 @@ class InstanceWatch:
     EC2 about the instance every ``every_s`` seconds, or at once while disconnected. Raises
     Interrupted when EC2 reports it gone."""
 
-    def __init__(self, ec2, instance_id: str, checkpoints: CheckpointHome, log, every_s: float = STATE_EVERY_S):
+    def __init__(self, ec2, instance_id: str, checkpoints, log, every_s: float = STATE_EVERY_S):
         self.ec2, self.instance_id, self.checkpoints, self.log, self.every_s = ec2, instance_id, checkpoints, log, every_s
         self.last = time.monotonic()
 
@@ -203,40 +167,9 @@ def attempt_row(n: int, instance: dict, node: int | None = None) -> dict:
             "ended": "running", "billing_started_at": start.isoformat() if start else None}
 
 
-def follow_training(conn, connect, run_dir: str, cursor, watch: InstanceWatch, ui, unreachable_s: float):
-    """Follow the job's log to its end through dropped connections; return (exit status, connection).
-
-    Raises Interrupted for exits 75/143, an instance EC2 reports gone, or SSH unreachable too long.
-    """
-    from ..remote import jobs
-
-    try:
-        status, conn = jobs.follow_reconnecting(connect, run_dir, "out/train.log", cursor, conn=conn,
-                                                unreachable_s=unreachable_s, on_poll=watch, log=ui.note)
-    except jobs.Unreachable as exc:
-        raise Interrupted(str(exc))
-    if status in (EXIT_SPOT_INTERRUPTED, EXIT_SIGTERM):
-        with contextlib.suppress(*jobs.CONNECTION_ERRORS):
-            watch.checkpoints.sync(conn)  # the one the trainer wrote as it stopped
-        raise Interrupted("spot interruption notice: the trainer checkpointed and exited 75"
-                          if status == EXIT_SPOT_INTERRUPTED else "the trainer was stopped by SIGTERM (exit 143)")
-    return status, conn
-
-
-def summary_of(local_out: Path) -> dict:
-    return json.loads((local_out / "summary.json").read_text())
-
-
 def exhausted(attempts: list[dict], local_ckpt: Path, spot: bool, allowed: int) -> AttemptsExhausted:
     """The error for a run whose last allowed attempt was interrupted."""
-    where = f"the last checkpoint is {local_ckpt}" if local_ckpt.exists() else "no checkpoint was brought home"
+    where = f"the last checkpoints are in {local_ckpt}" if local_ckpt.exists() else "no checkpoint was brought home"
     return AttemptsExhausted(
         f"stopped after {allowed} attempt(s), each interrupted (last: {attempts[-1]['ended']}); {where}",
         "raise --max-attempts" + (", add --spot-fallback on-demand, or run on-demand" if spot else ""))
-
-
-def remote_failure(conn, run_dir: str, status: int, local_out: Path) -> RemoteError:
-    from ..remote import jobs
-    return RemoteError(f"the trainer on {conn.host} exited {status}", f"see {local_out / 'console.log'}",
-                       command="python -m ec2gpu.train.mnist", host=conn.host, exit_status=status,
-                       tail=jobs.tail(conn, f"{run_dir}/console.log"))

@@ -1,10 +1,12 @@
 """`python -m ec2gpu.train.mnist`: train an MNIST preset, in one process or under torchrun.
 
 Imports torch and numpy only (never boto3 or fabric): this file is shipped to the instance.
-Outputs in ``--out``: train.log, metrics.jsonl (one object per epoch), checkpoint.pt,
-model.pt, summary.json, curves.png. Exit codes: 0 done, 2 bad input or data,
-75 stopped by a spot interruption notice (checkpoint written), 143 stopped by SIGTERM
-(checkpoint written). ``--resume`` continues from ``--out``/checkpoint.pt.
+Outputs in ``--out``: train.log, metrics.jsonl (one object per epoch), model.pt, summary.json,
+curves.png; checkpoint.pt in ``--checkpoint-dir`` (default ``--out``). Exit codes: 0 done, 2 bad
+input or data, 75 stopped by a spot interruption notice (checkpoint written), 143 stopped by
+SIGTERM (checkpoint written). ``--resume`` continues from the checkpoint directory's checkpoint.pt.
+Under ec2gpu's instance agent (EC2GPU_AGENT set) the agent watches for the spot notice and sends
+SIGTERM; alone, the trainer watches the metadata service itself (train/spot.py).
 """
 from __future__ import annotations
 
@@ -47,7 +49,8 @@ def parse_args(argv: list[str] | None) -> tuple[Hparams, argparse.Namespace]:
                    help="test accuracy whose first attainment sets time_to_target_seconds")
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
                    help="also checkpoint every STEPS optimizer steps (0: at epoch ends only)")
-    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    p.add_argument("--checkpoint-dir", help="where checkpoint.pt is written and read (default: --out)")
+    p.add_argument("--resume", action="store_true", help="continue from CHECKPOINT_DIR/checkpoint.pt")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--amp", default="auto", choices=["auto", "off"],
                    help="mixed precision on CUDA: bf16 where supported, else fp16 + grad scaler")
@@ -105,6 +108,7 @@ class Trainer:
 
     def __init__(self, hp: Hparams, args: argparse.Namespace):
         self.hp, self.args, self.out = hp, args, Path(args.out)
+        self.checkpoint = Path(args.checkpoint_dir or args.out) / ckpt.FILENAME
         self.rank = int(os.environ.get("RANK", 0))
         self.world = int(os.environ.get("WORLD_SIZE", 1))
         self.local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -213,7 +217,7 @@ class Trainer:
 
     def save_checkpoint(self) -> None:
         if self.rank == 0:
-            ckpt.save(self.out / ckpt.FILENAME, self.state())
+            ckpt.save(self.checkpoint, self.state())
 
     # ---------------------------------------------------------------- steps
     def _batch(self, perm: torch.Tensor, step: int):
@@ -339,8 +343,8 @@ class Trainer:
         self.load_data()
         self.build()
         resumed = None
-        if self.args.resume and (self.out / ckpt.FILENAME).exists():
-            self.restore(ckpt.load(self.out / ckpt.FILENAME, self.device))
+        if self.args.resume and self.checkpoint.exists():
+            self.restore(ckpt.load(self.checkpoint, self.device))
             resumed = {"epoch": self.epoch, "step": self.step}
             log.info(f"resumed from checkpoint at epoch {self.epoch} step {self.step}")
         elif self.args.resume:
@@ -349,7 +353,7 @@ class Trainer:
             pretrain_rbm(self.model.hidden, self.x_train.flatten(1), self.hp.pretrain_epochs,
                          self.hp.pretrain_lr, self.hp.batch_size, torch.Generator().manual_seed(self.args.seed),
                          log=log.info)
-        if self.spot.start_if_available():
+        if not os.environ.get("EC2GPU_AGENT") and self.spot.start_if_available():
             log.info("watching the instance metadata service for spot interruption notices")
         self.warm_up()
         log.info(f"training {self.hp.model} ({self.params:,} parameters) on {self.device} "
@@ -431,6 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     hp, args = parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.checkpoint_dir:
+        Path(args.checkpoint_dir).mkdir(parents=True, exist_ok=True)
     rank = int(os.environ.get("RANK", 0))
     _setup_logging(out, rank)
     if args.threads:

@@ -43,12 +43,12 @@ def run_and_interrupt(env: dict, trigger: str, timeout_s: float = 120, sig=signa
 
 
 @pytest.mark.parametrize("phase, sig", [(p, signal.SIGINT) for p in (
-    "requesting", "waiting for running", "waiting for SSH", "setup", "upload", "training", "download")] + [
+    "requesting", "waiting for running", "waiting for SSH", "setup", "upload", "running", "download")] + [
     ("setup", signal.SIGTERM)])
 def test_sigint_in_each_phase_cleans_up_and_exits_130(sandbox_env, phase, sig):
     home, _ = sandbox_env
     env = dict(os.environ)
-    if phase == "training":  # a real interrupt while the trainer runs: at its first log line
+    if phase == "running":  # a real interrupt while the trainer runs: at its first log line
         trigger = "| "
     else:
         env[PAUSE_ENV] = phase

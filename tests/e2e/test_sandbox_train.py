@@ -57,13 +57,14 @@ def test_train_mnist_in_the_sandbox_reaches_99_percent_and_leaves_nothing(sandbo
     record = json.loads(captured.out)
     assert "verified against the console output" in captured.err  # host key pinned out of band
     assert record["status"] == "completed" and record["test_acc"] >= 0.99
-    for name in ("train.log", "metrics.jsonl", "summary.json", "model.pt", "curves.png", "run.json"):
+    for name in ("outputs/train.log", "outputs/metrics.jsonl", "outputs/summary.json", "outputs/model.pt",
+                 "outputs/curves.png", "run.json", "job.log", "status.json"):
         assert (tmp_path / "run" / name).exists(), name
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    summary = json.loads((tmp_path / "run" / "outputs" / "summary.json").read_text())
     assert summary["world_size"] == 1 and summary["epochs"] == 1 and summary["model"] == "cnn"
     assert record["billed_seconds"] >= 60 and record["cost_usd"] > 0
     assert set(record["phases"]) == {"requesting", "waiting for running", "waiting for SSH", "setup", "upload",
-                                     "training", "download", "terminating"}
+                                     "running", "download", "terminating"}
     assert leftovers(home) == ([], [], [])
     assert sandbox_settles(home), control.read_state(home)
     assert not (home / "keys" / f"ec2gpu-{record['run_id']}.pem").exists()
@@ -86,7 +87,7 @@ def check_the_ledger_bills_the_instance_own_times(record, capsys):
     assert row["estimated_cost_usd"] > 0 and row["test_acc"] == record["test_acc"]
     assert cli.main(["runs", "show", record["run_id"][:17], "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
-    assert shown["phases"]["training"] > 0 and shown["estimate"]["instance_type"] == "g4dn.xlarge"
+    assert shown["phases"]["running"] > 0 and shown["estimate"]["instance_type"] == "g4dn.xlarge"
     assert cli.main(["runs", "--since", "1d", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["total"]["cost_usd"] >= row["cost_usd"]
     # the next estimate for the same model on the same GPU uses this run's measured times

@@ -49,7 +49,7 @@ def test_estimate_uses_defaults_without_history_and_says_so():
 def test_estimate_uses_the_ledger_when_it_has_runs_of_the_same_model_and_gpu():
     run = {"instance_type": "g4dn.xlarge", "gpu": "T4", "model": "cnn", "epochs": 2, "train_seconds": 4.0,
            "phases": {"requesting": 1, "waiting for running": 5, "waiting for SSH": 4, "setup": 2, "upload": 1,
-                      "training": 10.0, "download": 1, "terminating": 3}}
+                      "running": 10.0, "download": 1, "terminating": 3}}
     other = {**run, "model": "mlp", "train_seconds": 400.0}
     e = costs.estimate("g4dn.xlarge", "T4", "on-demand", 0.526, "table", "cnn", 4, [other, run])
     assert (e.boot_seconds, e.setup_seconds, e.teardown_seconds) == (10, 3, 4)

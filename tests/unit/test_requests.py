@@ -83,12 +83,22 @@ def test_billing_is_per_second_with_a_60_second_minimum():
     assert costs.cost_usd(3600, 0.526) == pytest.approx(0.526)
 
 
-def test_trainer_argv_passes_model_epochs_seed_and_extra_flags():
+def test_train_mnist_flags_become_the_builtin_task_args():
     opts = pipeline.TrainOptions(model="lenet", epochs=3, seed=7, trainer_args=["--lr", "0.05"])
-    argv = pipeline.trainer_argv("/py", opts, "/o")
-    assert argv[:3] == ["/py", "-m", "ec2gpu.train.mnist"]
+    job = pipeline.builtin_task(opts)
+    argv = job.args
+    assert job.builtin == "mnist" and job.task.name == "mnist"
     assert argv[argv.index("--model") + 1] == "lenet" and argv[argv.index("--epochs") + 1] == "3"
     assert argv[argv.index("--seed") + 1] == "7" and argv[-2:] == ["--lr", "0.05"]
+    # its workdir is the trainer: torch and numpy only, never the AWS or SSH layers
+    assert "ec2gpu/train/mnist.py" in job.manifest.files and "ec2gpu/train/launch.py" in job.manifest.files
+    assert not [f for f in job.manifest.files if f.startswith(("ec2gpu/aws", "ec2gpu/remote", "ec2gpu/runs"))]
+
+
+def test_sandbox_cluster_nodes_share_the_cores():
+    opts = pipeline.TrainOptions(nodes=2)
+    assert "--threads" in pipeline.mnist_args(opts, sandbox=True)
+    assert "--threads" not in pipeline.mnist_args(opts, sandbox=False)
 
 
 def test_line_splitter_emits_whole_lines_across_chunk_boundaries():

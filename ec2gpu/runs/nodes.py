@@ -1,0 +1,184 @@
+"""The nodes of an attempt: one instance each (a single instance is a cluster of one).
+
+Opening a node (SSH with the host key checked against its console output, its run directory, an
+EC2 watch), preparing it (ec2gpu/ami/setup-gpu.sh), doing something on every node at once, and
+following every node's job log together: each line shown as ``node K | line`` (just the line for a
+single node), the first node to fail stopping the others. In the sandbox each node is an sshd on
+its own loopback address, and that address stands in for the instance's private IP, so torchrun's
+rendezvous and gloo's collectives are real TCP between real processes.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+GRACE_S = 10.0  # after a node fails, how long the others may take to fail or finish by themselves
+
+
+def private_address(instance: dict, resolver=None) -> str:
+    """The address other nodes reach ``instance`` at: its private IP, or in the sandbox the loopback
+    address of its sshd (which stands in for that private IP)."""
+    if resolver:
+        return resolver(instance["InstanceId"])[0]
+    return instance["PrivateIpAddress"]
+
+
+def processes_per_node(info: dict) -> int:
+    """One process per GPU; one (gloo on the CPU) where torch sees no GPU."""
+    return max(1, int(info.get("gpu_count") or 0)) if info.get("cuda_available") else 1
+
+
+@dataclass
+class Node:
+    """One node of a cluster attempt, as the controller follows it."""
+
+    index: int
+    instance: dict
+    host: str = ""
+    port: int = 22
+    conn: object = None
+    connect: object = None  # () -> a fresh Connection
+    run_dir: str = ""
+    info: dict = field(default_factory=dict)
+    pid: int | None = None
+    watch: object = None  # recovery.InstanceWatch
+    result: object = None  # exit status, Interrupted, or another exception
+
+    @property
+    def instance_id(self) -> str:
+        return self.instance["InstanceId"]
+
+    def close(self) -> None:
+        if self.conn is not None:
+            with contextlib.suppress(Exception):
+                self.conn.close()
+
+
+def open_node(nd: Node, aws, settings, prov, run_id: str, resolver, log) -> None:
+    """Connect to a node (waiting for SSH; the host key checked against its console output), find
+    its run directory, and give it an EC2 watch (bringing nothing home until the engine gives node
+    0 its checkpoints). The watch exists before SSH answers, so a failed wait can ask EC2 whether
+    the instance is gone. Raises WaitTimeout, RemoteError (host key)."""
+    from ..aws import instances
+    from ..remote import jobs, ssh
+    from . import recovery
+
+    nd.watch = recovery.InstanceWatch(aws.ec2, nd.instance_id, recovery.NoCheckpoints(), log)
+    nd.host, nd.port = ssh.target(nd.instance, resolver)
+    known = settings.home / "known_hosts" / nd.instance_id
+    nd.connect = lambda: ssh.connect(nd.host, nd.port, settings.ssh_user, prov.key_path, known, log)
+    nd.conn = ssh.wait_for_ssh(nd.host, nd.port, settings.ssh_user, prov.key_path, known, log=log,
+                               fingerprints=lambda: instances.host_key_fingerprints(aws.ec2, nd.instance_id))
+    nd.run_dir = jobs.remote_run_dir(nd.conn, run_id)
+
+
+def prepare_node(nd: Node, log) -> None:
+    """Run ec2gpu/ami/setup-gpu.sh on the node; ``nd.info`` gets what it found (python, GPUs)."""
+    from ..remote import setup
+    nd.info = setup.setup(nd.conn, nd.run_dir, log=log)
+
+
+class _Stopped(Exception):
+    """Raised in a follower when another node failed and the run is stopping."""
+
+
+def parallel(fn, nodes: list[Node]) -> list:
+    """``fn(node)`` for every node at once (setup can take minutes per node); re-raises the first error."""
+    with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
+        return list(pool.map(fn, nodes))
+
+
+def follow_all(nodes: list[Node], ui, local_out: Path, attempt: int, unreachable_s: float,
+               log_name: str = "job.log", mask=None) -> None:
+    """Follow every node's ``log_name`` at once, each line shown as ``node K | line`` (just the line
+    for a single node) and teed to attempt-N-node-K.log; ``mask(line)`` hides secrets in both.
+    The first node to fail stops the others (their jobs get SIGTERM). Sets each node's
+    ``result``. Ctrl-C stops the followers and is re-raised."""
+    from ..remote import jobs
+    from . import recovery
+
+    stop = threading.Event()  # followers end at their next poll
+    failed = threading.Event()  # a node failed: the others get GRACE_S to end by themselves
+    lock = threading.Lock()
+    local_out.mkdir(parents=True, exist_ok=True)
+
+    def follow(nd: Node) -> None:
+        tee = open(local_out / f"attempt-{attempt}-node-{nd.index}.log", "w" if mask else "wb")
+
+        def emit(line: str) -> None:
+            if mask:
+                line = mask(line)
+                tee.write(line + "\n")
+            with lock:
+                ui.log(line if len(nodes) == 1 else f"node {nd.index} | {line}")
+        lines = jobs.LineSplitter(emit)
+
+        def on_poll(conn) -> None:
+            if stop.is_set():
+                raise _Stopped()
+            nd.watch(conn)
+        with tee:
+            def deliver(chunk: bytes) -> None:
+                if not mask:  # byte for byte; a masked log is written line by line in emit
+                    tee.write(chunk)
+                lines(chunk)
+            try:
+                status, nd.conn = jobs.follow_reconnecting(nd.connect, nd.run_dir, log_name, jobs.LogCursor(deliver),
+                                                           conn=nd.conn, unreachable_s=unreachable_s, on_poll=on_poll,
+                                                           log=lambda m: ui.note(f"node {nd.index}: {m}"))
+                nd.result = status
+            except _Stopped:
+                nd.result = "stopped"
+            except jobs.Unreachable as exc:
+                nd.result = recovery.Interrupted(str(exc))
+            except BaseException as exc:  # noqa: BLE001 - carried to the main thread
+                nd.result = exc
+            finally:
+                lines.flush()
+        if nd.result != 0:
+            failed.set()
+
+    threads = [threading.Thread(target=follow, args=(nd,), name=f"follow-node-{nd.index}", daemon=True) for nd in nodes]
+    for t in threads:
+        t.start()
+    failed_at = None
+    try:
+        while any(t.is_alive() for t in threads):
+            for t in threads:
+                t.join(0.2)
+            if failed.is_set() and failed_at is None:
+                failed_at = time.monotonic()
+            if failed_at is not None and time.monotonic() - failed_at > GRACE_S:
+                stop.set()
+    except BaseException:
+        stop.set()
+        for t in threads:
+            t.join(10)
+        raise
+    bad = [nd for nd in nodes if nd.result not in (0, "stopped")]
+    if bad:
+        first = bad[0]
+        ui.note(f"node {first.index} ({first.instance_id}) ended with {_describe(first.result)}"
+                + ("; stopping the other nodes" if len(nodes) > 1 else ""))
+        for nd in nodes:
+            if nd.result == "stopped":
+                stop_job(nd)
+
+
+def stop_job(nd: Node) -> None:
+    """SIGTERM the node's job (torchrun and its workers; the job script then records the exit status)."""
+    from ..remote import ssh
+    with contextlib.suppress(Exception):
+        conn = nd.connect()
+        try:
+            ssh.run(conn, f"pkill -TERM -P {nd.pid} || true", timeout_s=20)
+        finally:
+            conn.close()
+
+
+def _describe(result) -> str:
+    return f"exit status {result}" if isinstance(result, int) else f"{type(result).__name__}: {result}"
