@@ -367,7 +367,9 @@ def run_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[dic
             N.parallel(lambda nd: N.prepare_node(nd, say(nd)), nodes)
         addresses = [N.private_address(nd.instance, resolver) for nd in nodes]
         with ui.phase("upload"):
-            N.parallel(lambda nd: upload_node(nd, job, config, run_id, addresses, n > 1, checkpoints, say(nd)), nodes)
+            # node 0's copy (its watch's) learns what it was given, so it is not brought home again
+            N.parallel(lambda nd: upload_node(nd, job, config, run_id, addresses, n > 1,
+                                              nd.watch.checkpoints if nd.index == 0 else checkpoints, say(nd)), nodes)
         if job.task.setup:
             with ui.phase("setup"):
                 N.parallel(lambda nd: setup_node(nd, job, say(nd)), nodes)

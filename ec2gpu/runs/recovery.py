@@ -80,18 +80,11 @@ class DirCheckpoints:
     def sync(self, conn, force: bool = False) -> bool:
         """Copy what changed (``force``: even within ``every_s`` of the last look); return whether
         anything did. Connection errors propagate."""
-        import shlex
         if not force and time.monotonic() - self.last < self.every_s:
             return False
         self.last = time.monotonic()
         self.seen = self.seen if self.seen is not None else {}
-        listing = conn.run(f"find {shlex.quote(self.remote)} -type f -printf '%P\\t%s\\t%T@\\n' 2>/dev/null || true",
-                           hide=True, in_stream=False).stdout
-        changed = []
-        for line in listing.splitlines():
-            rel, size, mtime = line.rsplit("\t", 2)
-            if not rel.startswith(".") and self.seen.get(rel) != (size, mtime):
-                changed.append((rel, size, mtime))
+        changed = [(rel, *got) for rel, got in self._listing(conn, self.remote).items() if self.seen.get(rel) != got]
         sftp = conn.sftp()
         for rel, size, mtime in changed:
             target = self.local / rel
@@ -128,7 +121,23 @@ class DirCheckpoints:
             if "/" in rel:
                 conn.run(f"mkdir -p {shlex.quote(remote_dir + '/' + rel.rsplit('/', 1)[0])}", hide=True, in_stream=False)
             sftp.put(str(path), f"{remote_dir}/{rel}")
+        if remote_dir == self.remote:  # what it has now came from here: not brought home again
+            self.seen = self._listing(conn, remote_dir)
         return len(files)
+
+    @staticmethod
+    def _listing(conn, remote_dir: str) -> dict:
+        """{relative path: (size, mtime)} of the files under ``remote_dir`` (none: {}), hidden ones
+        (a file being written, by the atomic-rename convention) left out."""
+        import shlex
+        listing = conn.run(f"find {shlex.quote(remote_dir)} -type f -printf '%P\\t%s\\t%T@\\n' 2>/dev/null || true",
+                           hide=True, in_stream=False).stdout
+        out = {}
+        for line in listing.splitlines():
+            rel, size, mtime = line.rsplit("\t", 2)
+            if not rel.startswith(".") and "/." not in rel:
+                out[rel] = (size, mtime)
+        return out
 
 
 class InstanceWatch:

@@ -285,3 +285,26 @@ def test_cleanup_all_regions_finds_what_another_region_holds(sandbox_env, capsys
     ec2 = boto3.client("ec2", endpoint_url=os.environ["AWS_ENDPOINT_URL"], region_name="eu-west-1")
     assert not [i for r in ec2.describe_instances(Filters=[{"Name": "instance-state-name", "Values": ["running"]}])[
         "Reservations"] for i in r["Instances"]]
+
+
+def test_local_runs_the_same_builtin_task_under_the_agent(tmp_path, capsys, mnist_dir):
+    out = tmp_path / "local"
+    code = cli.main(["train", "mnist", "--local", "--epochs", "1", "--trainer-arg=--train-subset=3000",
+                     "--out", str(out), "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    record = json.loads(captured.out)
+    assert record["task"] == "mnist" and record["backend"] == "local" and record["test_acc"] > 0.5
+    # the same layout and the same agent as on an instance
+    assert json.loads((out / "status.json").read_text())["state"] == "succeeded"
+    assert json.loads((out / "outputs" / "summary.json").read_text())["epochs"] == 1
+    assert (out / "checkpoints" / "checkpoint.pt").is_file() and "epoch 1/1" in (out / "job.log").read_text()
+    assert "epoch 1/1" in captured.err  # the log, followed live
+
+
+@pytest.mark.parametrize("where", [["--local"], ["--sandbox"]])
+def test_a_bad_trainer_arg_shows_the_trainer_own_error_and_exits_5(sandbox_env, tmp_path, capsys, where):
+    code = cli.main(["train", "mnist", *where, "--trainer-arg=--lr=abc", "--out", str(tmp_path / "r")])
+    err = " ".join(capsys.readouterr().err.split())
+    assert code == 5, err
+    assert "exited 2" in err and "argument --lr: invalid float value: 'abc'" in err and "Traceback" not in err

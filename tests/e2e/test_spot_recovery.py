@@ -155,7 +155,8 @@ def test_a_dropped_ssh_connection_loses_no_log_line_and_stops_no_training(sandbo
 
 def test_killing_the_controller_leaves_training_running_and_logs_follow_picks_it_up(sandbox_env, tmp_path):
     home, _ = sandbox_env
-    proc = subprocess.Popen([EC2GPU, "train", "mnist", "--sandbox", "--epochs", "1", "--out", str(tmp_path / "r")],
+    proc = subprocess.Popen([EC2GPU, "train", "mnist", "--sandbox", "--epochs", "1", "--out", str(tmp_path / "r"),
+                             "--trainer-arg=--train-subset=12000"],
                             env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     lines = []
     try:
