@@ -124,10 +124,10 @@ def exec(target: str, task=None, *, command: Optional[Sequence[str]] = None, wor
     """Run a task once on the standing instance or cluster ``target`` and leave it running; return
     the run record. A setup that already ran there is skipped; rsync sends only what changed."""
     from .backend import Context
-    from .runs import pipeline
+    from .runs import standing
 
     job, reporter = _prepare(task, command, workdir, None, env, secrets, max_upload, include_secrets, reporter,
                              on_warning)
     with Context(region, sandbox) as ctx:
-        return pipeline.exec_task(ctx.aws, ctx.settings, job, reporter, target,
-                                       ctx.resolver, out, job.mask(as_typed or f"ec2gpu.exec({target!r})"))
+        return standing.exec_task(ctx.aws, ctx.settings, job, reporter, target,
+                                  ctx.resolver, out, job.mask(as_typed or f"ec2gpu.exec({target!r})"))

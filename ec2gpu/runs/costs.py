@@ -10,6 +10,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass
 from datetime import datetime
+from pathlib import Path
 
 from ..aws.catalog import BILLING_MINIMUM_SECONDS
 
@@ -234,3 +235,24 @@ def actual_cost(aws, home, instance: dict, ended_fallback: datetime, billing_sta
     price = catalog.on_demand_price(itype, aws.region, home)
     cost = None if price.usd_per_hour is None else round(cost_usd(seconds, price.usd_per_hour), 6)
     return {**row, "usd_per_hour": price.usd_per_hour, "cost_usd": cost, "price_source": price.source}
+
+
+def estimate_minutes(home: Path, job, instance_type: str, expect_minutes: float | None,
+                     backend: str) -> tuple[float, str]:
+    """Minutes the job should run, and where that figure comes from: the ledger's past completed
+    runs of the same task on the same instance type (their mean), else ``--expect``, else the
+    task's max_runtime. Raises UsageError when none of them says."""
+    from ..errors import UsageError
+    from . import ledger
+    past = [r for r in ledger.runs(home, backend=backend, limit=200)
+            if r.get("task") == job.name and r.get("instance_type") == instance_type and r["status"] == "completed"
+            and (r.get("phases") or {}).get("running")]
+    if past:
+        mean = sum(r["phases"]["running"] for r in past) / len(past) / 60
+        return mean, f"mean of {len(past)} past run(s) of task {job.name} on {instance_type} (ledger)"
+    if expect_minutes:
+        return expect_minutes, "--expect"
+    if job.task.max_runtime_minutes:
+        return float(job.task.max_runtime_minutes), "the task's max_runtime (an upper bound)"
+    raise UsageError(f"no estimate for task {job.name}: it has not run on {instance_type} before",
+                     "say how long it should take: --expect 20m (or set max_runtime in the task file)")

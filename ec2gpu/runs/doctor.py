@@ -34,6 +34,21 @@ def _run(name: str, fn) -> Check:
         return Check(name, False, str(exc).splitlines()[0][:200], "see docs/iam-policy.json and docs/troubleshooting.md")
 
 
+def _spot_role(aws, spot: bool) -> tuple:
+    """The spot service-linked role: present (ok), unreadable (unknown), or missing (a failure only
+    when --spot is asked for), with the command that creates it."""
+    from ..aws import capacity
+    exists = capacity.spot_role_exists(aws.client("iam"))
+    if exists:
+        return True, f"{capacity.SPOT_ROLE} exists"
+    if exists is None:
+        return None, f"could not read the role {capacity.SPOT_ROLE} (iam:GetRole, docs/iam-policy.json)"
+    return (False if spot else None), (
+        f"{capacity.SPOT_ROLE} does not exist yet: the account's first spot request creates it only if these "
+        "credentials may (iam:CreateServiceLinkedRole)" + ("" if spot else "; needed for --spot only")), \
+        capacity.SPOT_ROLE_COMMAND
+
+
 def run_checks(aws, settings, instance_type: str, spot: bool, sandbox: bool) -> list[Check]:
     """All checks for launching ``instance_type`` with ``aws`` (an aws.session.Aws) and ``settings``."""
     from ..aws import capacity, catalog, images, network
@@ -64,17 +79,6 @@ def run_checks(aws, settings, instance_type: str, spot: bool, sandbox: bool) -> 
         a = images.resolve_ami(aws.client("ssm"), ec2)
         return True, f"{a['ImageId']} {a['Name']}: {a['why']} (via {a['source'].split(':')[0]})"
 
-    def spot_role():
-        exists = capacity.spot_role_exists(aws.client("iam"))
-        if exists:
-            return True, f"{capacity.SPOT_ROLE} exists"
-        if exists is None:
-            return None, f"could not read the role {capacity.SPOT_ROLE} (iam:GetRole, docs/iam-policy.json)"
-        return (False if spot else None), (
-            f"{capacity.SPOT_ROLE} does not exist yet: the account's first spot request creates it only if these "
-            "credentials may (iam:CreateServiceLinkedRole)" + ("" if spot else "; needed for --spot only")), \
-            capacity.SPOT_ROLE_COMMAND
-
     def price():
         p = catalog.on_demand_price(instance_type, aws.region, settings.home)
         return (p.usd_per_hour is not None, f"{instance_type} on-demand {p.usd_per_hour} USD/h ({p.source})") + \
@@ -86,7 +90,7 @@ def run_checks(aws, settings, instance_type: str, spot: bool, sandbox: bool) -> 
         _run("default VPC", vpc),
         _run("GPU vCPU quota", quota),
         _run("AMI", ami),
-        _run("spot role", spot_role),
+        _run("spot role", lambda: _spot_role(aws, spot)),
         _run("your IP", lambda: (True, f"SSH will be allowed from {network.ssh_cidr(None)} only")),
         _run("price", price),
         _run("ssh client", lambda: (bool(shutil.which("ssh")), shutil.which("ssh") or "no `ssh` on PATH",

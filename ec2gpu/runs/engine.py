@@ -22,7 +22,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import RemoteError, UsageError, WaitTimeout
+from ..errors import RemoteError, WaitTimeout
 from ..remote import sync
 from ..tasks.load import LoadedTask
 
@@ -392,85 +392,3 @@ def run_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[dic
         for nd in nodes:
             nd.close()
         config.unlink(missing_ok=True)
-
-
-def run_local(job: TaskJob, run_id: str, out: Path, ui, poll_s: float = 0.2) -> dict:
-    """Run ``job`` on this machine as node 0 of 1, under the same agent and job contract as on an
-    instance: the workdir is used where it is (nothing is copied), outputs go to ``out``/outputs,
-    checkpoints to ``out``/checkpoints, the log to ``out``/job.log (followed live through ``ui.log``).
-    Returns the job's summary.json ({} when it wrote none). Raises RemoteError (exit 5) when the
-    job fails, with its exit code and last log lines."""
-    import subprocess
-    import sys
-    import time
-
-    out.mkdir(parents=True, exist_ok=True)
-    gpus = 0
-    try:
-        import torch
-        gpus = torch.cuda.device_count()
-    except ImportError:
-        pass
-    workdir = job.manifest.root if job.manifest is not None else (job.loaded.workdir or Path.cwd())
-    env = {**node_env(job, run_id, str(out), 0, ["127.0.0.1"], gpus, False, sys.executable),
-           "EC2GPU_OUTPUT_DIR": str(out / "outputs"), "EC2GPU_CHECKPOINT_DIR": str(out / "checkpoints"),
-           "EC2GPU_WORKDIR": str(workdir)}
-    env_file = out / "job.env.json"
-    env_file.touch(mode=0o600)
-    env_file.write_text(json.dumps(env))
-    argv = [sys.executable, str(AGENT), "--dir", str(out), "--env-file", str(env_file), "--",
-            "bash", "-c", job.task.run, job.name, *job.args]
-    log_path = out / "job.log"
-    log_path.unlink(missing_ok=True)
-    lines = _LineWriter(lambda line: ui.log(job.mask(line)))
-    agent = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
-    offset = 0
-    try:
-        while True:
-            done = agent.poll() is not None
-            if log_path.exists():
-                with open(log_path, "rb") as f:
-                    f.seek(offset)
-                    chunk = f.read()
-                offset += len(chunk)
-                lines.write(chunk.decode(errors="replace"))
-            if done:
-                break
-            time.sleep(poll_s)
-    except BaseException:
-        agent.terminate()  # the agent forwards SIGTERM to the job's process group
-        agent.wait(30)
-        raise
-    finally:
-        lines.flush()
-        env_file.unlink(missing_ok=True)
-    status = json.loads((out / "status.json").read_text()) if (out / "status.json").exists() else {}
-    if status.get("state") != "succeeded":
-        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-TAIL_LINES:]) if log_path.exists() else ""
-        code = status.get("exit_code")
-        raise RemoteError(f"the job on this machine {'exited ' + str(code) if code is not None else 'did not finish'}"
-                          + worker_failure(status.get("error")), f"its last lines are above; see {log_path}",
-                          command=job.task.run, host="local", exit_status=code or 1, tail=job.mask(tail))
-    summary = out / "outputs" / "summary.json"
-    return json.loads(summary.read_text()) if summary.is_file() else {}
-
-
-def estimate_minutes(home: Path, job: TaskJob, instance_type: str, expect_minutes: float | None,
-                     backend: str) -> tuple[float, str]:
-    """Minutes the job should run, and where that figure comes from: the ledger's past completed
-    runs of the same task on the same instance type (their mean), else ``--expect``, else the
-    task's max_runtime. Raises UsageError when none of them says."""
-    from . import ledger
-    past = [r for r in ledger.runs(home, backend=backend, limit=200)
-            if r.get("task") == job.name and r.get("instance_type") == instance_type and r["status"] == "completed"
-            and (r.get("phases") or {}).get("running")]
-    if past:
-        mean = sum(r["phases"]["running"] for r in past) / len(past) / 60
-        return mean, f"mean of {len(past)} past run(s) of task {job.name} on {instance_type} (ledger)"
-    if expect_minutes:
-        return expect_minutes, "--expect"
-    if job.task.max_runtime_minutes:
-        return float(job.task.max_runtime_minutes), "the task's max_runtime (an upper bound)"
-    raise UsageError(f"no estimate for task {job.name}: it has not run on {instance_type} before",
-                     "say how long it should take: --expect 20m (or set max_runtime in the task file)")
-

@@ -98,47 +98,18 @@ def follow_all(nodes: list[Node], ui, local_out: Path, attempt: int, unreachable
     for a single node) and teed to attempt-N-node-K.log; ``mask(line)`` hides secrets in both.
     The first node to fail stops the others (their jobs get SIGTERM). Sets each node's
     ``result``. Ctrl-C stops the followers and is re-raised."""
-    from ..remote import jobs
-    from . import recovery
-
     stop = threading.Event()  # followers end at their next poll
     failed = threading.Event()  # a node failed: the others get GRACE_S to end by themselves
     lock = threading.Lock()
     local_out.mkdir(parents=True, exist_ok=True)
 
+    def show(nd: Node, line: str) -> None:
+        with lock:
+            ui.log(line if len(nodes) == 1 else f"node {nd.index} | {line}")
+
     def follow(nd: Node) -> None:
-        tee = open(local_out / f"attempt-{attempt}-node-{nd.index}.log", "w" if mask else "wb")
-
-        def emit(line: str) -> None:
-            if mask:
-                line = mask(line)
-                tee.write(line + "\n")
-            with lock:
-                ui.log(line if len(nodes) == 1 else f"node {nd.index} | {line}")
-        lines = jobs.LineSplitter(emit)
-
-        def on_poll(conn) -> None:
-            if stop.is_set():
-                raise _Stopped()
-            nd.watch(conn)
-        with tee:
-            def deliver(chunk: bytes) -> None:
-                if not mask:  # byte for byte; a masked log is written line by line in emit
-                    tee.write(chunk)
-                lines(chunk)
-            try:
-                status, nd.conn = jobs.follow_reconnecting(nd.connect, nd.run_dir, log_name, jobs.LogCursor(deliver),
-                                                           conn=nd.conn, unreachable_s=unreachable_s, on_poll=on_poll,
-                                                           log=lambda m: ui.note(f"node {nd.index}: {m}"))
-                nd.result = status
-            except _Stopped:
-                nd.result = "stopped"
-            except jobs.Unreachable as exc:
-                nd.result = recovery.Interrupted(str(exc))
-            except BaseException as exc:  # noqa: BLE001 - carried to the main thread
-                nd.result = exc
-            finally:
-                lines.flush()
+        _follow_node(nd, local_out / f"attempt-{attempt}-node-{nd.index}.log", log_name, unreachable_s, mask,
+                     lambda line: show(nd, line), lambda m: ui.note(f"node {nd.index}: {m}"), stop)
         if nd.result != 0:
             failed.set()
 
@@ -160,24 +131,68 @@ def follow_all(nodes: list[Node], ui, local_out: Path, attempt: int, unreachable
             t.join(10)
         raise
     bad = [nd for nd in nodes if nd.result not in (0, "stopped")]
-    if bad:
-        first = bad[0]
-        ui.note(f"node {first.index} ({first.instance_id}) ended with {_describe(first.result)}"
-                + ("; stopping the other nodes" if len(nodes) > 1 else ""))
+    if bad and len(nodes) > 1:
+        ui.note(f"node {bad[0].index} ({bad[0].instance_id}) ended with {_describe(bad[0].result)}; "
+                "stopping the other nodes")
         for nd in nodes:
             if nd.result == "stopped":
-                stop_job(nd)
+                stop_job(nd, ui.note)
 
 
-def stop_job(nd: Node) -> None:
-    """SIGTERM the node's job (torchrun and its workers; the job script then records the exit status)."""
-    from ..remote import ssh
-    with contextlib.suppress(Exception):
+def _follow_node(nd: Node, tee_path: Path, log_name: str, unreachable_s: float, mask, show, note,
+                 stop: threading.Event) -> None:
+    """Follow one node's log to its end through dropped connections (its EC2 watch polled on the
+    way), each line to ``show`` and teed to ``tee_path`` (byte for byte, or masked line by line);
+    set ``nd.result``: the exit status, "stopped" once ``stop`` is set, Interrupted when SSH stays
+    unreachable, or the exception that ended it."""
+    from ..remote import jobs
+    from . import recovery
+
+    def on_poll(conn) -> None:
+        if stop.is_set():
+            raise _Stopped()
+        nd.watch(conn)
+    with open(tee_path, "w" if mask else "wb") as tee:
+        def emit(line: str) -> None:
+            if mask:
+                line = mask(line)
+                tee.write(line + "\n")
+            show(line)
+        lines = jobs.LineSplitter(emit)
+
+        def deliver(chunk: bytes) -> None:
+            if not mask:  # byte for byte; a masked log is written line by line in emit
+                tee.write(chunk)
+            lines(chunk)
+        try:
+            status, nd.conn = jobs.follow_reconnecting(nd.connect, nd.run_dir, log_name, jobs.LogCursor(deliver),
+                                                       conn=nd.conn, unreachable_s=unreachable_s, on_poll=on_poll,
+                                                       log=note)
+            nd.result = status
+        except _Stopped:
+            nd.result = "stopped"
+        except jobs.Unreachable as exc:
+            nd.result = recovery.Interrupted(str(exc))
+        except BaseException as exc:  # noqa: BLE001 - carried to the main thread
+            nd.result = exc
+        finally:
+            lines.flush()
+
+
+def stop_job(nd: Node, log) -> None:
+    """SIGTERM the node's job: its agent, which passes it to the job's process group (torchrun and
+    its workers). A node that cannot be reached is reported through ``log``; teardown ends it anyway."""
+    from ..errors import RemoteError, WaitTimeout
+    from ..remote import jobs, ssh
+    try:
         conn = nd.connect()
         try:
             ssh.run(conn, f"pkill -TERM -P {nd.pid} || true", timeout_s=20)
         finally:
             conn.close()
+    except (*jobs.CONNECTION_ERRORS, RemoteError, WaitTimeout) as exc:
+        log(f"node {nd.index} ({nd.instance_id}): could not stop its job ({type(exc).__name__}: {exc}); "
+            "terminating the instance ends it")
 
 
 def _describe(result) -> str:

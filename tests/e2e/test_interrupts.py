@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from ec2gpu.runs import ledger
-from ec2gpu.runs.pipeline import PAUSE_ENV
 
 from test_sandbox_train import leftovers, processes_gone, sandbox_settles  # same folder (pytest prepend import mode)
 
@@ -17,11 +16,18 @@ pytestmark = pytest.mark.e2e
 EC2GPU = str(Path(sys.executable).parent / "ec2gpu")
 
 
-def run_and_interrupt(env: dict, trigger: str, timeout_s: float = 120, sig=signal.SIGINT) -> tuple[int, str]:
-    """Start a sandbox train run, send ``sig`` once ``trigger`` appears on its stderr; (code, stderr)."""
+PAUSE = str(Path(__file__).with_name("pause_in_phase.py"))  # the CLI with a pause at the end of one phase
+
+
+def run_and_interrupt(env: dict, trigger: str, timeout_s: float = 120, sig=signal.SIGINT,
+                      pause_in: str | None = None) -> tuple[int, str]:
+    """Start a sandbox train run (pausing at the end of phase ``pause_in``), send ``sig`` once
+    ``trigger`` appears on its stderr; (code, stderr)."""
+    argv = ["train", "mnist", "--sandbox"]
+    command = [EC2GPU, *argv] if pause_in is None else [sys.executable, PAUSE, pause_in, *argv]
     # a shell without job control starts background jobs with SIGINT ignored, and Python then never
     # turns it into KeyboardInterrupt: give the child the default disposition, as a terminal would
-    proc = subprocess.Popen([EC2GPU, "train", "mnist", "--sandbox"], env=env, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines, sent, deadline = [], False, time.monotonic() + timeout_s
@@ -47,13 +53,10 @@ def run_and_interrupt(env: dict, trigger: str, timeout_s: float = 120, sig=signa
     ("setup", signal.SIGTERM)])
 def test_sigint_in_each_phase_cleans_up_and_exits_130(sandbox_env, phase, sig):
     home, _ = sandbox_env
-    env = dict(os.environ)
     if phase == "running":  # a real interrupt while the trainer runs: at its first log line
-        trigger = "| "
+        code, err = run_and_interrupt(dict(os.environ), "| ", sig=sig)
     else:
-        env[PAUSE_ENV] = phase
-        trigger = f"pausing in phase {phase}"
-    code, err = run_and_interrupt(env, trigger, sig=sig)
+        code, err = run_and_interrupt(dict(os.environ), f"pausing in phase {phase}", sig=sig, pause_in=phase)
     assert code == 130, err
     assert f"stopped {phase}" in err and "Traceback" not in err
     assert "removed: instances" in err

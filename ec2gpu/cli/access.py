@@ -1,0 +1,112 @@
+"""Reaching an instance: ssh, ssh-config (OpenSSH with the pinned host keys), logs."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..errors import UsageError
+from . import JSON, REGION, SANDBOX, Context, _sandbox_flag, app, err, out
+from .instances import _find
+
+
+@app.command("ssh", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def ssh_cmd(ctx_: typer.Context, name: str = typer.Argument(..., help="Name, instance id or run id."),
+            region: Optional[str] = REGION, sandbox: bool = SANDBOX):
+    """Open a shell on an instance, or run a command after `--`: ec2gpu ssh NAME -- nvidia-smi.
+
+    Uses the config `ec2gpu ssh-config` writes and the instance's pinned host key (verified against
+    its console output first if it is not pinned yet): OpenSSH refuses any other key."""
+    import shutil
+    import subprocess
+
+    from ..aws import instances, network
+    from ..remote import ssh
+    from ..remote.ssh import target as ssh_target
+
+    with Context(region, _sandbox_flag(sandbox)) as ctx:
+        inst = _find(ctx, name)[0]
+        iid = inst["InstanceId"]
+        known = ctx.settings.home / "known_hosts" / iid
+        if not (known.is_file() and known.stat().st_size):
+            host, port = ssh_target(inst, ctx.resolver)
+            key = network.require_private_key(ctx.settings.keys_dir, inst["KeyName"])
+            ssh.wait_for_ssh(host, port, ctx.settings.ssh_user, key, known, timeout_s=ssh.FINGERPRINT_WAIT_S + 60,
+                             log=lambda m: err.print(f"[dim]{m}[/]", highlight=False),
+                             fingerprints=lambda: instances.host_key_fingerprints(ctx.aws.ec2, iid)).close()
+        config, _, _ = _write_ssh_config(ctx)
+        argv = [shutil.which("ssh") or "ssh", "-F", str(config), "-o", "LogLevel=ERROR", iid, *ctx_.args]
+        code = subprocess.call(argv)
+    raise typer.Exit(code)
+
+
+@app.command()
+def logs(name: str = typer.Argument(..., help="Run id, name or instance id."),
+         follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming until the job ends, "
+                                     "reconnecting when SSH drops (no line missed or repeated)."),
+         region: Optional[str] = REGION, sandbox: bool = SANDBOX):
+    """Print a run's job log (job.log: the job's output, byte for byte) from its instance, or from
+    the artifacts once the run is over. With --follow, exit with the job's exit status."""
+    from ..runs import logs as run_logs
+
+    stdout = sys.stdout.buffer
+
+    def write(chunk: bytes) -> None:
+        stdout.write(chunk)
+        stdout.flush()
+
+    with Context(region, _sandbox_flag(sandbox)) as ctx:
+        try:
+            inst = _find(ctx, name)[0]
+        except UsageError:
+            inst = None
+        if inst is None:  # over: the log as it was brought home
+            write(run_logs.saved_log(ctx.settings.home, name).read_bytes())
+            return
+        status, run_id = run_logs.stream(ctx, inst, follow, write,
+                                         note=lambda m: err.print(f"[dim]{m}[/]", highlight=False))
+    if follow:
+        err.print(f"[dim]the job on {inst['InstanceId']} ended with exit status {status}; "
+                  f"`ec2gpu down {run_id}` removes the instance[/]")
+        raise typer.Exit(status)
+
+
+def _write_ssh_config(ctx: Context) -> tuple[Path, list, list[str]]:
+    """Write $EC2GPU_HOME/ssh_config for every running instance whose key is here: (path, entries,
+    instance ids skipped for want of their private key)."""
+    from ..aws import network, sweep
+    from ..aws import tags as T
+    from ..remote import ssh_config as sc
+    from ..remote.ssh import target as ssh_target
+
+    entries, skipped = [], []
+    for inst in sweep.find_instances(ctx.aws.ec2, states=["running"]):
+        key = network.private_key_path(ctx.settings.keys_dir, inst.get("KeyName") or "")
+        if not key.exists():
+            skipped.append(inst["InstanceId"])
+            continue
+        host, port = ssh_target(inst, ctx.resolver)
+        name = T.as_dict(inst.get("Tags")).get(T.NAME)
+        entries.append(sc.HostEntry(tuple(a for a in (name, inst["InstanceId"]) if a), host, port,
+                                    ctx.settings.ssh_user, key, ctx.settings.home / "known_hosts" / inst["InstanceId"]))
+    path = ctx.settings.home / "ssh_config"
+    (ctx.settings.home / "known_hosts").mkdir(parents=True, exist_ok=True)  # OpenSSH won't create it
+    sc.write(path, sc.render(entries, path))
+    return path, entries, skipped
+
+
+@app.command("ssh-config")
+def ssh_config(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
+    """Write ~/.ec2gpu/ssh_config so plain `ssh NAME`, scp and editors reach the running instances."""
+    with Context(region, _sandbox_flag(sandbox)) as ctx:
+        path, entries, skipped = _write_ssh_config(ctx)
+    if as_json:
+        print(json.dumps({"path": str(path), "hosts": [e.aliases[0] for e in entries], "skipped": skipped}, indent=2))
+        return
+    out.print(f"wrote {path} with {len(entries)} host(s): {', '.join(e.aliases[0] for e in entries) or '-'}")
+    if skipped:
+        out.print(f"[yellow]skipped[/] {', '.join(skipped)}: their private keys are not on this machine")
+    out.print(f"[dim]add this line to ~/.ssh/config once: Include {path}[/]")

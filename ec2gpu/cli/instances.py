@@ -1,0 +1,230 @@
+"""Standing instances and clusters: launch, scale, ls, down, cleanup, doctor."""
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+
+from ..errors import UsageError
+from . import JSON, REGION, SANDBOX, Context, RichReporter, _sandbox_flag, app, err, out
+
+
+@app.command()
+def launch(
+    instance_type: str = typer.Option(None, "--instance-type", "-t", help="GPU instance type."),
+    spot: bool = typer.Option(False, "--spot", help="Spot instead of on-demand."),
+    name: Optional[str] = typer.Option(None, "--name", help="Name tag (default ec2gpu-<run-id>)."),
+    ssh_cidr: Optional[str] = typer.Option(None, "--ssh-cidr", help="CIDR allowed to SSH (default: your IP/32)."),
+    ami: Optional[str] = typer.Option(None, "--ami", help="AMI id (default: the AWS Deep Learning AMI)."),
+    max_runtime: int = typer.Option(120, "--max-runtime", min=1, help="Minutes until it terminates itself (user data runs `shutdown -h +M`; whole minutes, 1 at least)."),
+    nodes: int = typer.Option(1, "--nodes", "-n", min=1, max=64, help="A standing cluster of N nodes (tag "
+                              "ec2gpu:cluster = NAME): one security group open between its members, a cluster "
+                              "placement group where supported. `ec2gpu scale NAME N` resizes it."),
+    region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
+):
+    """Launch an instance (or a cluster) and leave it running (until `ec2gpu down NAME` or --max-runtime)."""
+    from ..aws import catalog
+    from ..runs import pipeline, provision
+
+    with Context(region, _sandbox_flag(sandbox), persistent=True) as ctx:
+        asked = ctx.settings.instance_type if instance_type is None else instance_type
+        if any(not t.strip() for t in asked.split(",")):
+            raise UsageError(f"--instance-type {asked!r} has an empty entry", "name each type, e.g. g4dn.xlarge")
+        types = [catalog.lookup(t).name for t in asked.split(",")]
+        ctx.aws.check_credentials()
+        run_id = pipeline.new_run_id()
+        opts = pipeline.TrainOptions(instance_type=",".join(types), spot=spot, name=name, ssh_cidr=ssh_cidr, ami=ami,
+                                     max_runtime_minutes=max_runtime, nodes=nodes)
+        prov = provision.Provisioned(run_id)
+        ui = RichReporter(err, quiet=as_json)
+        try:
+            provision.provision(ctx.aws, ctx.settings, opts, run_id, ui, prov)
+        except BaseException:
+            provision.teardown(ctx.aws, ctx.settings, prov, ui)
+            raise
+        from ..aws.instances import summary
+        rows = [summary(i) for i in prov.instances]
+        if as_json:
+            print(json.dumps(rows, indent=2))
+        else:
+            for r in rows:
+                out.print(f"{r['name']}: {r['instance_id']} {r['instance_type']} {r['market']} {r['state']} "
+                          f"{r['public_ip']}; `ec2gpu ssh {r['name']}` to log in, `ec2gpu down {r['name']}` to remove")
+
+
+def _find(ctx: Context, name: str) -> list[dict]:
+    from ..aws import sweep
+    from ..aws import tags as T
+
+    found = [i for i in sweep.find_instances(ctx.aws.ec2, states=["pending", "running"])
+             if name in (i["InstanceId"], *(T.as_dict(i.get("Tags")).get(k) for k in (T.NAME, T.RUN, T.CLUSTER)))]
+    if not found:
+        raise UsageError(f"no running instance named {name!r}", "see `ec2gpu ls`")
+    return found
+
+
+@app.command()
+def scale(name: str = typer.Argument(..., help="The standing cluster's name (ec2gpu launch --nodes N --name NAME)."),
+          nodes: int = typer.Argument(..., help="How many nodes it should have (at least 1; node 0 always stays)."),
+          max_runtime: int = typer.Option(120, "--max-runtime", min=5, help="Minutes until new nodes terminate "
+                                          "themselves."),
+          region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
+    """Grow or shrink a standing cluster; new nodes join its security group, zone and placement group."""
+    from ..aws import clusters
+
+    with Context(region, _sandbox_flag(sandbox), persistent=True) as ctx:
+        ctx.aws.check_credentials()
+        done = clusters.scale(ctx.aws, ctx.settings, name, nodes, max_runtime, log=lambda m: err.print(f"[dim]{m}[/]"))
+    if as_json:
+        print(json.dumps(done, indent=2))
+    elif not done["added"] and not done["removed"]:
+        out.print(f"{name} already has {done['nodes']} node(s)")
+    else:
+        change = f"added {', '.join(done['added'])}" if done["added"] else f"removed {', '.join(done['removed'])}"
+        out.print(f"{name}: {change}; {done['nodes']} node(s) now")
+
+
+@app.command("ls")
+def ls(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
+    """List the instances this tool launched that are still alive: age, price and cost so far."""
+    from datetime import datetime, timezone
+
+    from ..aws import catalog, instances, sweep
+
+    with Context(region, _sandbox_flag(sandbox)) as ctx:
+        rows = [instances.summary(i) for i in sweep.find_instances(ctx.aws.ec2)]
+        now = datetime.now(timezone.utc)
+        for r in rows:
+            age = (now - datetime.fromisoformat(r["launched_at"])).total_seconds() if r["launched_at"] else 0.0
+            price = catalog.on_demand_price(r["instance_type"], ctx.aws.region, ctx.settings.home) \
+                if r["instance_type"] in catalog.CATALOG else catalog.Price(None, "not a catalog type")
+            r.update(age_seconds=round(age), usd_per_hour=price.usd_per_hour, price_source=price.source,
+                     cost_so_far_usd=None if price.usd_per_hour is None else
+                     round(max(60.0, age) * price.usd_per_hour / 3600, 4))
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        out.print("no ec2gpu instances are running")
+        return
+    from rich.table import Table
+    from rich import box
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, padding=(0, 1))
+    for col in ("name", "instance id", "type", "zone", "state", "age", "$/h", "so far $"):
+        t.add_column(col, overflow="fold")
+    rows.sort(key=lambda r: (r["cluster"] is None, r["cluster"] or "", r["node"] or 0, r["launched_at"] or ""))
+    group = object()  # no group yet
+    for r in rows:
+        if r["cluster"] != group:  # one section per cluster, then the single instances
+            if r is not rows[0]:
+                t.add_section()
+            group = r["cluster"]
+            if group is not None:
+                n = sum(1 for x in rows if x["cluster"] == group)
+                t.add_row(f"[bold]cluster {group}[/]", f"{n} node(s)", "", "", "", "", "", "")
+        m, sec = divmod(r["age_seconds"], 60)
+        t.add_row(r["name"], r["instance_id"], r["instance_type"] + (" spot" if r["market"] == "spot" else ""),
+                  r["zone"] or "", r["state"], f"{m // 60}h{m % 60:02d}m" if m >= 60 else f"{m}m{sec:02d}s",
+                  "-" if r["usd_per_hour"] is None else f"{r['usd_per_hour']:.4f}",
+                  "-" if r["cost_so_far_usd"] is None else f"{r['cost_so_far_usd']:.4f}")
+    out.print(t)
+    if any(r["market"] == "spot" for r in rows):
+        out.print("[dim]spot instances are shown at the on-demand price (their ceiling); the bill uses the spot "
+                  "price history[/]")
+
+
+@app.command()
+def cleanup(dry_run: bool = typer.Option(False, "--dry-run", help="Only list what would be removed."),
+            all_regions: bool = typer.Option(False, "--all-regions", help="Every region the account can use."),
+            region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
+    """Find by tag and remove everything ec2gpu created: instances, spot requests, security groups,
+    key pairs (and their local key files)."""
+    from ..aws import sweep
+    from ..aws.session import Aws
+
+    with Context(region, _sandbox_flag(sandbox)) as ctx:
+        ctx.aws.check_credentials()
+        regions = [ctx.aws.region]
+        if all_regions:
+            known = set(ctx.aws.partition_regions())  # describe_regions may list other partitions' (China, GovCloud)
+            regions = sorted(r["RegionName"] for r in ctx.aws.ec2.describe_regions()["Regions"] if r["RegionName"] in known)
+        report = {}
+        for name in regions:
+            aws = ctx.aws if name == ctx.aws.region else Aws(name, endpoint_url=ctx.aws.endpoint_url)
+            found = sweep.inventory(aws.ec2)
+            if not any(found.values()):
+                continue
+            if dry_run:
+                report[name] = {k: [r["id"] for r in v] for k, v in found.items()}
+            else:
+                report[name] = sweep.delete_everything(aws.ec2, found, ctx.settings.keys_dir,
+                                                       log=lambda m, n=name: err.print(f"[dim]{n}: {m}[/]"))
+    if as_json:
+        print(json.dumps({"dry_run": dry_run, "regions": report}, indent=2))
+        return
+    if not report:
+        out.print(f"nothing of ec2gpu's found in {', '.join(regions) if len(regions) < 4 else f'{len(regions)} regions'}")
+        return
+    verb = "would remove" if dry_run else "removed"
+    for name, kinds in report.items():
+        out.print(f"{name}: {verb} " + "; ".join(f"{k.replace('_', ' ')} {', '.join(v)}" for k, v in kinds.items() if v))
+    if dry_run:
+        out.print("[dim]run again without --dry-run to remove them[/]")
+
+
+@app.command()
+def doctor(instance_type: Optional[str] = typer.Option(None, "--instance-type", "-t", help="The type to check for."),
+           spot: bool = typer.Option(False, "--spot", help="Check the spot quota instead of on-demand."),
+           region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
+    """Check credentials, region, default VPC, GPU quota, AMI, your IP, prices, ssh and key files."""
+    from ..runs import doctor as doc
+
+    with Context(region, _sandbox_flag(sandbox)) as ctx:
+        checks = doc.run_checks(ctx.aws, ctx.settings, instance_type or ctx.settings.instance_type, spot,
+                                bool(ctx.resolver))
+    failed = [c for c in checks if c.ok is False]
+    if as_json:
+        print(json.dumps([c.as_dict() for c in checks], indent=2))
+    else:
+        for c in checks:
+            mark = {True: "[green]ok  [/]", False: "[red]FAIL[/]", None: "[yellow]?   [/]"}[c.ok]
+            out.print(f"{mark} {c.name}: {c.detail}" + (f"\n     [yellow]fix:[/] {c.fix}" if c.fix and not c.ok else ""),
+                      highlight=False)
+        unknown = [c.name for c in checks if c.ok is None]
+        out.print((f"{len(checks) - len(failed) - len(unknown)} of {len(checks)} checks passed" if not failed else
+                   f"[red]{len(failed)} check(s) failed[/]: {', '.join(c.name for c in failed)}") +
+                  (f"; could not tell: {', '.join(unknown)}" if unknown else ""))
+    if failed:
+        raise typer.Exit(1)
+
+
+@app.command()
+def down(name: Optional[str] = typer.Argument(None, help="Name, instance id or run id."),
+         all_: bool = typer.Option(False, "--all", help="Remove everything ec2gpu created in the region."),
+         region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
+    """Terminate instances and delete their security groups and key pairs."""
+    from ..aws import sweep
+    from ..aws import tags as T
+
+    if bool(name) == all_:
+        raise UsageError("say which instances to remove", "ec2gpu down NAME, or ec2gpu down --all")
+    with Context(region, _sandbox_flag(sandbox)) as ctx:
+        ec2 = ctx.aws.ec2
+        if all_:
+            runs = {T.as_dict(r.get("Tags")).get(T.RUN) for r in
+                    sweep.find_instances(ec2) + sweep.find_security_groups(ec2) + sweep.find_key_pairs(ec2)}
+        else:
+            runs = {T.as_dict(i.get("Tags")).get(T.RUN) for i in _find(ctx, name)}
+        removed = {}
+        for run_id in sorted(r for r in runs if r):
+            removed[run_id] = sweep.delete_run(ec2, run_id, ctx.settings.keys_dir,
+                                               log=lambda m: err.print(f"[dim]{m}[/]"))
+    if as_json:
+        print(json.dumps(removed, indent=2))
+    elif not removed:
+        out.print("nothing to remove")
+    else:
+        for run_id, r in removed.items():
+            out.print(f"run {run_id}: removed " + "; ".join(f"{k.replace('_', ' ')} {', '.join(v)}"
+                                                          for k, v in r.items() if v))

@@ -1,0 +1,83 @@
+"""`ec2gpu sandbox ...`: the local stand-in for AWS (moto + one sshd per instance)."""
+from __future__ import annotations
+
+import json
+
+import typer
+
+from . import JSON, err, out, sandbox_app
+
+
+@sandbox_app.command("up")
+def sandbox_up(like_aws: bool = typer.Option(False, "--like-aws", help="Behave like EC2 where moto does not: "
+                                             "instances pending for a few seconds, sshd and the console's host key "
+                                             "fingerprints later still, NotFound for just-created resources now and "
+                                             "then, occasional RequestLimitExceeded (docs/sandbox.md). Also "
+                                             "EC2GPU_SANDBOX_LIKE_AWS=1."),
+               as_json: bool = JSON):
+    """Start the sandbox in the background; it keeps its state until `ec2gpu sandbox down`."""
+    from ..sandbox import control
+    from ..settings import load
+    state = control.up(load().home, like_aws=like_aws or None)
+    if like_aws and not state.get("like_aws"):
+        err.print("[yellow]a sandbox without --like-aws is already running; `ec2gpu sandbox down` first[/]")
+    print(json.dumps(state, indent=2)) if as_json else out.print(
+        f"sandbox up{' (like AWS)' if state.get('like_aws') else ''}: AWS endpoint {state['endpoint']} "
+        f"(pid {state['pid']}); `eval \"$(ec2gpu sandbox env)\"` points any AWS client at it")
+
+
+@sandbox_app.command("down")
+def sandbox_down():
+    """Stop the sandbox and every sshd and process it started."""
+    from ..sandbox import control
+    from ..settings import load
+    out.print("sandbox stopped" if control.down(load().home) else "no sandbox was running")
+
+
+@sandbox_app.command("status")
+def sandbox_status(as_json: bool = JSON):
+    """Say whether the sandbox runs, where, and which instances have an sshd."""
+    from ..sandbox import control
+    from ..settings import load
+    state = control.read_state(load().home)
+    if as_json:
+        print(json.dumps(state or {"running": False}, indent=2))
+    elif not state:
+        out.print("no sandbox is running (`ec2gpu sandbox up` starts one)")
+    else:
+        out.print(f"sandbox running: pid {state['pid']}, AWS endpoint {state['endpoint']}, "
+                  f"{len(state['instances'])} instance(s)")
+        for iid, i in state["instances"].items():
+            out.print(f"  {iid}: sshd {i['host']}:{i['port']} (pid {i['sshd_pid']})")
+
+
+@sandbox_app.command("interrupt")
+def sandbox_interrupt(instance_id: str = typer.Argument(..., help="A running spot instance of the sandbox."),
+                      notice_seconds: float = typer.Option(120.0, "--notice-seconds", min=0,
+                                                           help="Seconds between the notice and the termination "
+                                                           "(EC2 gives 120)."),
+                      as_json: bool = JSON):
+    """Interrupt a spot instance as EC2 does: a notice on its metadata service, then termination."""
+    from ..sandbox import control
+    from ..settings import load
+    done = control.interrupt(load().home, instance_id, notice_seconds)
+    if as_json:
+        print(json.dumps(done, indent=2))
+    else:
+        out.print(f"{instance_id}: spot interruption notice published (action {done['notice']['action']} at "
+                  f"{done['notice']['time']}); the sandbox terminates it in {notice_seconds:g} s")
+
+
+@sandbox_app.command("env")
+def sandbox_env():
+    """Print `export` lines that point AWS clients (boto3, the aws CLI) at the running sandbox."""
+    import shlex
+
+    from ..errors import SandboxError
+    from ..sandbox import control
+    from ..settings import load
+    state = control.read_state(load().home)
+    if not state:
+        raise SandboxError("no sandbox is running", "start it with `ec2gpu sandbox up`")
+    for k, v in control.env_vars(state).items():
+        print(f"export {k}={shlex.quote(v)}")

@@ -1,0 +1,108 @@
+"""`ec2gpu train mnist`: the built-in task on a new instance (or --cluster, --local)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from ..errors import UsageError
+from . import JSON, REGION, SANDBOX, Context, RichReporter, _print_record, _sandbox_flag, err, train_app
+
+
+# the options of `train mnist` (module level: the command's signature stays readable)
+INSTANCE_TYPE_OPT = typer.Option(None, "--instance-type", "-t", help="GPU instance type, or several in order "
+                                 "of preference: g4dn.xlarge,g5.xlarge,g6.xlarge (T4, A10G, L4). Each is tried "
+                                 "in every zone that offers it before the next.")
+SPOT_OPT = typer.Option(False, "--spot", help="Use a spot instance (one-time, terminated on interruption).")
+SPOT_FALLBACK_OPT = typer.Option(None, "--spot-fallback", help="on-demand: when no zone or type has "
+                                 "spot capacity, make a last on-demand try.")
+MODEL_OPT = typer.Option("cnn", "--model", "-m", help="cnn (fast default), lenet, mlp or dbn.")
+EPOCHS_OPT = typer.Option(None, "--epochs", "-e", min=1, help="Epochs (default: the model preset's).")
+SEED_OPT = typer.Option(0, "--seed", help="Random seed of the trainer.")
+KEEP_OPT = typer.Option(False, "--keep", help="Leave the instance running afterwards (it still "
+                        "terminates itself after --max-runtime).")
+OUT_DIR_OPT = typer.Option(None, "--out", help="Where artifacts go (default runs/<run-id>/).")
+LOCAL_OPT = typer.Option(False, "--local", help="Train on this machine instead (needs torch).")
+SSH_CIDR_OPT = typer.Option(None, "--ssh-cidr", help="CIDR allowed to SSH (default: your public IP/32).")
+AMI_OPT = typer.Option(None, "--ami", help="AMI id (default: the AWS Deep Learning AMI, PyTorch).")
+MAX_RUNTIME_OPT = typer.Option(None, "--max-runtime", min=1, help="Minutes after which the instance "
+                               "shuts itself down (= terminates), whatever happens to this command "
+                               "(default 120; --keep needs it given explicitly).")
+DATA_DIR_OPT = typer.Option(None, "--data-dir", help="MNIST directory for --local "
+                            "(default EC2GPU_DATA_DIR, else downloaded).")
+TRAINER_ARG_OPT = typer.Option([], "--trainer-arg", help="Extra trainer flag, repeatable: "
+                               "--trainer-arg=--lr=0.05")
+BUDGET_OPT = typer.Option(None, "--budget", min=0, help="Refuse the run (creating nothing) "
+                          "if its estimated cost in USD is above this.")
+MAX_PRICE_OPT = typer.Option(None, "--max-price", min=0, help="With --spot: the highest "
+                             "spot price to pay, USD/h (default: up to the on-demand price).")
+ON_CLUSTER_OPT = typer.Option(None, "--cluster", help="Train on the nodes a standing cluster has "
+                              "now (ec2gpu launch --nodes N --name NAME) and leave it running.")
+NODES_OPT = typer.Option(1, "--nodes", "-n", min=1, max=64, help="Instances that train together through "
+                         "torchrun (rank 0 on node 0), in one security group and a cluster placement "
+                         "group where the type supports it.")
+MAX_ATTEMPTS_OPT = typer.Option(None, "--max-attempts", min=1, help="Instances to try before "
+                                "giving up: a lost instance (spot interruption, terminated, SSH "
+                                "unreachable) is replaced and training resumes from its last "
+                                "checkpoint (default 3 with --spot, else 1).")
+CHECKPOINT_URI_OPT = typer.Option(None, "--checkpoint-uri", help="s3://BUCKET/PREFIX: also copy each "
+                                  "checkpoint to PREFIX/RUN_ID/ there (from this machine; the instance gets no "
+                                  "credentials). Checkpoints always come home to --out/checkpoints.")
+UNREACHABLE_AFTER_OPT = typer.Option(120.0, "--unreachable-after", min=5, help="Seconds of SSH "
+                                     "unreachability after which the instance counts as lost.")
+
+
+@train_app.command("mnist")
+def train_mnist(
+    instance_type: str = INSTANCE_TYPE_OPT, spot: bool = SPOT_OPT, spot_fallback: Optional[str] = SPOT_FALLBACK_OPT,
+    model: str = MODEL_OPT, epochs: Optional[int] = EPOCHS_OPT, seed: int = SEED_OPT, keep: bool = KEEP_OPT,
+    out_dir: Optional[Path] = OUT_DIR_OPT, local: bool = LOCAL_OPT, ssh_cidr: Optional[str] = SSH_CIDR_OPT,
+    ami: Optional[str] = AMI_OPT, max_runtime: Optional[int] = MAX_RUNTIME_OPT,
+    data_dir: Optional[str] = DATA_DIR_OPT, trainer_arg: List[str] = TRAINER_ARG_OPT,
+    budget: Optional[float] = BUDGET_OPT, max_price: Optional[float] = MAX_PRICE_OPT,
+    on_cluster: Optional[str] = ON_CLUSTER_OPT, nodes: int = NODES_OPT,
+    max_attempts: Optional[int] = MAX_ATTEMPTS_OPT, checkpoint_uri: Optional[str] = CHECKPOINT_URI_OPT,
+    unreachable_after: float = UNREACHABLE_AFTER_OPT,
+    region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
+):
+    """Launch a GPU instance, train MNIST on it, download the results, terminate everything.
+
+    With --spot the run is managed: on an interruption the newest checkpoint (brought home as the
+    trainer writes it) goes to a replacement instance, which resumes training.
+    """
+    from ..runs import pipeline, standing
+
+    if model not in ("cnn", "lenet", "mlp", "dbn"):
+        raise UsageError(f"unknown model {model!r}", "choose cnn, lenet, mlp or dbn")
+    if on_cluster and (nodes > 1 or spot or instance_type or keep):
+        raise UsageError("--cluster trains on an existing cluster as it is",
+                         "drop --nodes/--spot/--instance-type/--keep, or `ec2gpu scale NAME N` first")
+    if keep and max_runtime is None:
+        raise UsageError("--keep needs an explicit --max-runtime MINUTES",
+                         "say how long the kept instance may live, e.g. --keep --max-runtime 240")
+    max_runtime = max_runtime or 120
+    if data_dir and not Path(data_dir).is_dir():
+        raise UsageError(f"data directory {data_dir} does not exist", "pass a directory with the four MNIST files")
+    opts = pipeline.TrainOptions(
+        model=model, epochs=epochs, seed=seed, keep=keep, out=out_dir, ssh_cidr=ssh_cidr, ami=ami,
+        spot=spot, trainer_args=list(trainer_arg), max_runtime_minutes=max_runtime,
+        instance_type="g4dn.xlarge" if instance_type is None else instance_type, budget_usd=budget,
+        max_price=max_price, spot_fallback=spot_fallback,
+        max_attempts=max_attempts, checkpoint_uri=checkpoint_uri, unreachable_s=unreachable_after, nodes=nodes,
+        command=" ".join(["ec2gpu"] + sys.argv[1:]) if sys.argv[0].endswith("ec2gpu") else "ec2gpu train mnist")
+    ui = RichReporter(err)
+    if local:
+        from ..settings import load
+        from ..runs import local as run_local
+        record = run_local.train_local(opts, ui, data_dir, load())
+    else:
+        with Context(region, _sandbox_flag(sandbox)) as ctx:
+            if instance_type is None:
+                opts.instance_type = ctx.settings.instance_type
+            if on_cluster:
+                record = standing.train_on_cluster(ctx.aws, ctx.settings, opts, ui, on_cluster, ctx.resolver)
+            else:
+                record = pipeline.train(ctx.aws, ctx.settings, opts, ui, ctx.resolver)
+    _print_record(record, as_json)

@@ -1,0 +1,184 @@
+"""What a run creates on AWS and how it goes: the key pair, security group, placement group and
+instances of a run (``provision``), their removal on every exit path (``teardown``, best-effort per
+resource), an interrupted attempt's instances ended, and each instance billed from its own times.
+"""
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..aws import capacity, images, instances, network, placement, sweep
+from ..aws.session import Aws
+from ..settings import Settings
+from . import costs
+
+if TYPE_CHECKING:  # annotations only: pipeline imports this module
+    from .pipeline import Reporter, TrainOptions
+
+
+@dataclass
+class Provisioned:
+    """What a run created, so teardown removes exactly that."""
+
+    run_id: str
+    key_name: str | None = None
+    key_path: Path | None = None
+    security_group_id: str | None = None
+    placement_group: str | None = None
+    ami: dict | None = None
+    instances: list[dict] = field(default_factory=list)  # every instance of the run, in launch order
+    ended: set[str] = field(default_factory=set)  # those already terminated (interrupted attempts)
+
+    @property
+    def instance_ids(self) -> list[str]:
+        return [i["InstanceId"] for i in self.instances]
+
+
+def provision(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, ui: Reporter,
+              prov: Provisioned, avoid_zones=()) -> list[dict]:
+    """Create the key pair and security group (once per run) and launch an instance, filling
+    ``prov`` as it goes; wait until it runs and return its description(s).
+
+    ``avoid_zones`` are tried last (where an earlier attempt was interrupted).
+    """
+    ec2 = aws.ec2
+    name = opts.name or f"ec2gpu-{run_id}"
+    if prov.key_name is None:
+        cidr = network.ssh_cidr(opts.ssh_cidr)
+        prov.ami = images.resolve_ami(aws.client("ssm"), ec2, opts.ami)
+        ui.note(f"AMI {prov.ami['ImageId']} ({prov.ami['Name']}): {prov.ami['why']}, via {prov.ami['source']}; "
+                f"SSH allowed from {cidr}")
+    ami = prov.ami
+    with ui.phase("requesting"):
+        if prov.key_name is None:
+            prov.key_name, prov.key_path = network.create_key_pair(ec2, run_id, settings.owner, settings.keys_dir)
+            prov.security_group_id = network.create_security_group(ec2, run_id, settings.owner, cidr)
+            if opts.nodes > 1:
+                network.allow_within_group(ec2, prov.security_group_id)
+                prov.placement_group, how = placement.create(ec2, run_id, settings.owner, name, opts.instance_types[0])
+                ui.note(f"{opts.nodes} nodes: one security group that also admits its own members; {how}")
+        spec = instances.LaunchSpec(
+            run_id=run_id, owner=settings.owner, name=name, instance_type=opts.instance_types[0],
+            image_id=ami["ImageId"], root_device_name=ami["RootDeviceName"], key_name=prov.key_name,
+            security_group_id=prov.security_group_id, spot=opts.spot,
+            root_volume_gib=settings.root_volume_gib, max_runtime_minutes=opts.max_runtime_minutes,
+            max_price=opts.max_price if opts.spot else None, count=opts.nodes,
+            # a cluster placement group lives in one zone: a replacement elsewhere goes without it
+            placement_group=None if avoid_zones else prov.placement_group, cluster=name if opts.nodes > 1 else None)
+        new, attempts = capacity.launch_with_fallback(
+            aws.client("ec2", fail_fast=True), spec, opts.instance_types, opts.spot_fallback == "on-demand",
+            log=ui.note, avoid_zones=tuple(avoid_zones))
+        if opts.nodes > 1:
+            new = instances.tag_nodes(ec2, new, name)
+        prov.instances += new
+        ids = [i["InstanceId"] for i in new]
+        got = attempts[-1]
+        ui.note(f"launched {', '.join(ids)} ({got.instance_type}, {got.market}, {got.zone or 'any zone'}"
+                f"{f', after {len(attempts) - 1} refusal(s)' if len(attempts) > 1 else ''})")
+    with ui.phase("waiting for running"):
+        running = {i["InstanceId"]: i for i in instances.wait_running(ec2, ids)}
+        prov.instances = [running.get(i["InstanceId"], i) for i in prov.instances]
+    return [running[i] for i in ids]
+
+
+def teardown(aws: Aws, settings: Settings, prov: Provisioned, ui: Reporter) -> dict:
+    """Terminate the run's instances (waiting), delete its security group, key pair and placement
+    group: each step tried on its own, best-effort. Never raises (an exception here would hide the
+    error that ended the run): a step that fails is reported with the `ec2gpu cleanup` command and
+    listed under "failed". The security group is left while its instances may still exist (EC2
+    refuses to delete a group in use). A second Ctrl-C is answered with how to finish by hand.
+
+    Returns {"instances", "security_groups", "key_pairs", "placement_groups": ids removed, "failed":
+    ["what: why", ...]}.
+    """
+    def on_sigint(*_):
+        ui.note("cleanup is under way; if you stop it, finish by hand with `ec2gpu cleanup`")
+    previous = signal.signal(signal.SIGINT, on_sigint) if _main_thread() else None
+    removed: dict = {"instances": [], "security_groups": [], "key_pairs": [], "placement_groups": [], "failed": []}
+
+    def step(what: str, fn) -> bool:
+        try:
+            fn()
+            return True
+        except Exception as exc:  # noqa: BLE001 - every failure is reported and the next step runs
+            removed["failed"].append(f"{what}: {type(exc).__name__}: {exc}"[:300])
+            ui.note(f"could not remove the {what} ({type(exc).__name__}: {exc}); finish with `ec2gpu cleanup "
+                    f"--region {aws.region}` (it finds everything by the ec2gpu:run tag {prov.run_id})")
+            return False
+    try:
+        with ui.phase("terminating"):
+            ec2 = aws.ec2
+            live = [i for i in prov.instance_ids if i not in prov.ended]
+            gone = not live or step("instances", lambda: instances.terminate(ec2, live))
+            if live and gone:
+                prov.ended.update(live)
+            if gone:
+                removed["instances"] = prov.instance_ids
+            if prov.security_group_id:
+                if not gone:
+                    removed["failed"].append(f"security group: {prov.security_group_id} is still in use by the instances")
+                elif step("security group", lambda: sweep.delete_security_group(ec2, prov.security_group_id)):
+                    removed["security_groups"] = [prov.security_group_id]
+            if prov.key_name and step("key pair", lambda: network.delete_key_pair(ec2, prov.key_name, settings.keys_dir)):
+                removed["key_pairs"] = [prov.key_name]
+            if prov.placement_group and gone and step("placement group", lambda: placement.delete(ec2, prov.placement_group)):
+                removed["placement_groups"] = [prov.placement_group]
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    done = "; ".join(f"{k.replace('_', ' ')} {', '.join(v)}" for k, v in removed.items() if v and k != "failed")
+    if done:
+        ui.note("removed: " + done)
+    return removed
+
+
+def _main_thread() -> bool:
+    import threading
+    return threading.current_thread() is threading.main_thread()
+
+
+def end_instances(aws: Aws, prov: Provisioned, instance_ids: list[str], ui: Reporter) -> None:
+    """Make sure an interrupted attempt's instances are terminated (EC2 may have done it already)."""
+    with ui.phase("terminating"):
+        states = {i["InstanceId"]: i["State"]["Name"] for i in instances.describe_instances(aws.ec2, instance_ids)}
+        live = [i for i in instance_ids if states.get(i) not in ("shutting-down", "terminated")]
+        if live:  # those EC2 is terminating already keep EC2's own reason and time
+            instances.terminate(aws.ec2, live, wait=False)
+        instances.wait_terminated(aws.ec2, instance_ids)
+        prov.ended.update(instance_ids)
+
+
+def bill(aws: Aws, settings: Settings, attempts: list[dict], prov: Provisioned, ui: Reporter) -> None:
+    """Add billed seconds and cost to each attempt row, from its (terminated) instance's own launch
+    and termination times (one DescribeInstances for all of them)."""
+    if not attempts:
+        return
+    ended = datetime.now(timezone.utc)
+    ids = [a["instance_id"] for a in attempts]
+    try:
+        described = {i["InstanceId"]: i for i in instances.describe_instances(aws.ec2, ids)}
+    except Exception as exc:  # the bill is still computable from what launch returned
+        ui.note(f"could not read the termination times of {', '.join(ids)} ({exc}); using this machine's clock")
+        described = {i["InstanceId"]: i for i in prov.instances}
+    for att in attempts:
+        start = datetime.fromisoformat(att["billing_started_at"]) if att.get("billing_started_at") else None
+        att.update(costs.actual_cost(aws, settings.home, described[att["instance_id"]], ended, start))
+
+
+def totals(attempts: list[dict]) -> dict:
+    """The run's bill from its attempts' bills (pure): sums, first launch, last termination."""
+    billed = [a for a in attempts if "billed_seconds" in a]
+    if not billed:
+        return {}
+    seconds = sum(a["billed_seconds"] for a in billed)
+    usd = None if any(a.get("cost_usd") is None for a in billed) else round(sum(a["cost_usd"] for a in billed), 6)
+    one = len(billed) == 1
+    return {"billed_seconds": round(seconds, 1), "cost_usd": usd,
+            "usd_per_hour": billed[0]["usd_per_hour"] if one else (None if usd is None else round(usd * 3600 / seconds, 6)),
+            "price_source": billed[0]["price_source"] if one else f"sum of {len(billed)} instances' bills",
+            "launched_at": billed[0]["launched_at"], "billing_started_at": billed[0].get("billing_started_at"),
+            "terminated_at": billed[-1]["terminated_at"]}
+

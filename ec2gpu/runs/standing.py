@@ -1,0 +1,97 @@
+"""Runs on standing instances (`ec2gpu launch`): `ec2gpu exec NAME TASK` and `train mnist --cluster
+NAME` run one attempt there through the engine and leave the instances running; the run is in the
+ledger without a cost of its own (the instances bill as they stand; `ec2gpu ls` shows it).
+"""
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ..aws import catalog, instances, network
+from ..aws.session import Aws
+from ..errors import RemoteError, UsageError
+from ..settings import Settings
+from . import costs
+from .pipeline import Reporter, TrainOptions, _ledger, _status, _with_summary, builtin_task, new_run_id
+from .provision import Provisioned
+
+
+def _standing(aws: Aws, settings: Settings, found: list[dict], out, resolver, command: str):
+    """A run on standing instances ``found``: (their fresh descriptions in node order, run id,
+    absolute artifacts dir, Provisioned with their key, the run record's common columns).
+    Raises UsageError when their private key is not on this machine."""
+    from ..aws import tags as T
+
+    key = network.require_private_key(settings.keys_dir, found[0]["KeyName"])
+    nodes = instances.wait_running(aws.ec2, [i["InstanceId"] for i in found])  # fresh descriptions
+    nodes.sort(key=lambda i: int(T.as_dict(i.get("Tags")).get(T.NODE, "0") or 0))
+    run_id = new_run_id()
+    out = Path(out or Path("runs") / run_id).resolve()
+    prov = Provisioned(T.as_dict(nodes[0].get("Tags")).get(T.RUN, run_id), key_name=nodes[0]["KeyName"], key_path=key)
+    record = {"run_id": run_id, "command": command, "backend": costs.backend_of(resolver),
+              "instance_type": nodes[0]["InstanceType"], "market": instances.market(nodes[0]), "region": aws.region,
+              "artifacts": str(out), "status": "running", "started_at": datetime.now(timezone.utc).isoformat(),
+              "instance_ids": [i["InstanceId"] for i in nodes], "instance_id": nodes[0]["InstanceId"],
+              "zone": nodes[0].get("Placement", {}).get("AvailabilityZone")}
+    return nodes, run_id, out, prov, record
+
+
+def train_on_cluster(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, cluster_name: str,
+                     resolver=None) -> dict:
+    """Train MNIST on the nodes a standing cluster has now (``ec2gpu launch --nodes N --name NAME``)
+    and leave the cluster running: ``exec_task`` with the built-in task. Raises UsageError for an
+    unknown cluster or a missing key file; RemoteError/recovery.Interrupted as the attempt raises them."""
+    from ..aws import clusters
+
+    nodes = clusters.members(aws.ec2, cluster_name)
+    if not nodes:
+        raise UsageError(f"no running cluster named {cluster_name!r}",
+                         "start one with `ec2gpu launch --nodes N --name NAME` (see `ec2gpu ls`)")
+    opts.nodes = len(nodes)
+    job = builtin_task(opts, sandbox=resolver is not None)
+    return exec_task(aws, settings, job, ui, cluster_name, resolver, opts.out, opts.command,
+                     extra={"model": opts.model, "epochs": opts.epochs})
+
+
+def exec_task(aws, settings, job, ui, target: str, resolver, out: Path | None, command: str,
+              extra: dict | None = None) -> dict:
+    """Run ``job`` once on the standing instance or cluster ``target`` (its Name, cluster name or
+    instance id) and leave it running; return the run record (in the ledger, without a cost of its
+    own: the instances bill as they stand). Raises UsageError for an unknown target or a missing
+    key file; RemoteError, recovery.Interrupted as the attempt raises them. ``extra``: more columns
+    for the record (a built-in task's model and epochs)."""
+    from ..aws import clusters, sweep
+    from ..aws import tags as T
+    from . import engine, recovery
+
+    found = clusters.members(aws.ec2, target) or [
+        i for i in sweep.find_instances(aws.ec2, states=["pending", "running"])
+        if target in (i["InstanceId"], T.as_dict(i.get("Tags")).get(T.NAME))]
+    if not found:
+        raise UsageError(f"no running instance or cluster named {target!r}",
+                         "start one with `ec2gpu launch --name NAME` (see `ec2gpu ls`)")
+    nodes, run_id, out, prov, record = _standing(aws, settings, found, out, resolver, command)
+    opts = TrainOptions(task=job, nodes=len(nodes), command=command)
+    record.update(task=job.name, **(extra or {}))
+    itype = catalog.CATALOG.get(nodes[0]["InstanceType"])
+    record["gpu"] = itype.gpu if itype else None
+    ui.note(f"{target}: {len(nodes)} node(s); they keep running afterwards")
+    _ledger(settings, record, ui)
+    error = None
+    try:
+        checkpoints = recovery.DirCheckpoints(remote="", local=out / "checkpoints", log=ui.note)
+        return _with_summary(record, engine.run_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, resolver, 1,
+                                                        checkpoints))
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        record.update(status=_status(error), phases=dict(ui.phases),
+                      ended_at=datetime.now(timezone.utc).isoformat())
+        if isinstance(error, RemoteError) and error.exit_status is not None:
+            record["exit_status"] = error.exit_status
+        _ledger(settings, record, ui)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "run.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+
