@@ -9,6 +9,7 @@ never a requirement.
 from __future__ import annotations
 
 import botocore.exceptions
+import botocore.parsers
 
 from . import tags as T
 from .session import describe
@@ -35,15 +36,34 @@ def create(ec2, run_id: str, owner: str, name: str, instance_type: str) -> tuple
     return group, f"cluster placement group {group}"
 
 
-def find(ec2, run_id: str | None = None) -> list[dict]:
-    """Placement groups tagged by the tool (optionally one run); [] where the API is unavailable."""
+def unavailable(exc: Exception) -> bool:
+    """Whether ``exc`` says the placement-group API is not there (an emulator's 5xx or an answer
+    botocore cannot parse; moto does not implement placement groups), as opposed to a refusal
+    (AccessDenied, UnauthorizedOperation) that the caller must hear about."""
+    if isinstance(exc, botocore.parsers.ResponseParserError):
+        return True
+    if isinstance(exc, botocore.exceptions.ClientError):
+        return exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) >= 500
+    return False
+
+
+def find(ec2, run_id: str | None = None, log=lambda msg: None) -> list[dict]:
+    """Placement groups tagged by the tool (optionally one run). Where the API is unavailable
+    (``unavailable``) there are none to find, and ``log`` says so; any other error propagates."""
     filters = [{"Name": "tag-key", "Values": [T.RUN]}]
     if run_id:
         filters.append({"Name": f"tag:{T.RUN}", "Values": [run_id]})
     try:
         return ec2.describe_placement_groups(Filters=filters)["PlacementGroups"]
-    except Exception:  # noqa: BLE001 - unavailable (moto answers 500): none to find
+    except (botocore.exceptions.ClientError, botocore.parsers.ResponseParserError) as exc:
+        if not unavailable(exc):
+            raise
+        log(f"placement groups not listed: the API is unavailable here ({type(exc).__name__})")
         return []
+
+
+#: EC2's code for a placement group that does not exist (Amazon EC2 API, "Error codes")
+MISSING = "InvalidPlacementGroup.Unknown"
 
 
 def delete(ec2, group_name: str) -> None:
@@ -51,5 +71,5 @@ def delete(ec2, group_name: str) -> None:
     try:
         ec2.delete_placement_group(GroupName=group_name)
     except botocore.exceptions.ClientError as exc:
-        if "NotFound" not in (exc.response.get("Error", {}).get("Code") or ""):
+        if exc.response.get("Error", {}).get("Code") != MISSING:
             raise

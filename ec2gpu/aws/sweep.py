@@ -51,12 +51,13 @@ def find_spot_requests(ec2, run_id: str | None = None) -> list[dict]:
     return ec2.describe_spot_instance_requests(Filters=filters)["SpotInstanceRequests"]
 
 
-def inventory(ec2, run_id: str | None = None) -> dict[str, list[dict]]:
+def inventory(ec2, run_id: str | None = None, log=lambda msg: None) -> dict[str, list[dict]]:
     """Everything the tool created (or one run) that still exists in the client's region, by kind.
 
     Keys: instances (live states), spot_requests (open/active), security_groups, key_pairs,
     placement_groups; each
     entry has ``id``, ``run_id`` and ``name`` (from the tags) and, for instances, ``state``.
+    ``log`` hears what could not be listed (placement groups where that API is unavailable).
     """
     def row(res: dict, id_key: str, **extra) -> dict:
         tg = T.as_dict(res.get("Tags"))
@@ -68,7 +69,7 @@ def inventory(ec2, run_id: str | None = None) -> dict[str, list[dict]]:
         "spot_requests": [row(r, "SpotInstanceRequestId", state=r["State"]) for r in find_spot_requests(ec2, run_id)],
         "security_groups": [row(g, "GroupId") for g in find_security_groups(ec2, run_id)],
         "key_pairs": [row(k, "KeyName") for k in find_key_pairs(ec2, run_id)],
-        "placement_groups": [row(g, "GroupName") for g in placement.find(ec2, run_id)],
+        "placement_groups": [row(g, "GroupName") for g in placement.find(ec2, run_id, log)],
     }
 
 

@@ -24,6 +24,16 @@ sandbox_app = typer.Typer(help="The local sandbox: moto's AWS server + one real 
 app.add_typer(train_app, name="train")
 app.add_typer(sandbox_app, name="sandbox")
 
+
+
+def _flag_type_hidden(display=typer.core.TyperOption.display_type_rich):
+    """typer 0.29 prints "<bool>" after every on/off flag in --help, where it says nothing a user
+    needs: show the type column for options that take a value only."""
+    return lambda self, ctx: None if self.is_flag else display(self, ctx)
+
+
+typer.core.TyperOption.display_type_rich = _flag_type_hidden()
+
 out = Console()
 err = Console(stderr=True)
 DEBUG = False
@@ -32,6 +42,19 @@ SANDBOX = typer.Option(False, "--sandbox", help="Use the local sandbox (started 
                        "Also EC2GPU_SANDBOX=1.")
 REGION = typer.Option(None, "--region", help="AWS region (default: EC2GPU_REGION, AWS_REGION, us-east-1).")
 JSON = typer.Option(False, "--json", help="Print JSON for scripts instead of a table.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from .. import __version__
+        print(f"ec2gpu {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """Rent a GPU on AWS EC2 for exactly as long as a training job needs it."""
 
 
 class Context(backend.Context):
@@ -117,6 +140,18 @@ def attempt_rows(attempts: list[dict]) -> list[tuple[str, str]]:
     return rows
 
 
+def _training_row(s: dict) -> str:
+    """'1 epoch of cnn on cpu: 12.00 s training, 15.8 s wall' from the trainer's summary.json (pure).
+    After a resume the training seconds add up every attempt's; the wall time is the last attempt's."""
+    if not s:
+        return "- (no summary.json)"
+    epochs = s.get("epochs")
+    gpu = f" ({s['gpu_name']})" if s.get("gpu_name") else ""
+    resumed = " (last attempt)" if s.get("resumed_from") else ""
+    return (f"{epochs} epoch{'' if epochs == 1 else 's'} of {s.get('model')} on {s.get('device')}{gpu}: "
+            f"{s.get('train_seconds') or 0:.2f} s training, {s.get('wall_seconds') or 0:.1f} s wall{resumed}")
+
+
 def _print_record(record: dict, as_json: bool) -> None:
     if as_json:
         print(json.dumps(record, indent=2, default=str))
@@ -125,16 +160,16 @@ def _print_record(record: dict, as_json: bool) -> None:
 
     s = record.get("summary") or {}
     t = Table(title=f"run {record['run_id']}", show_header=False, box=None)
-    rows = [("instance", f"{record.get('instance_id', 'local')} {record['instance_type']} "
-             f"{record['market']} {record.get('zone') or ''}")]
+    where = "this machine" if record.get("market") == "local" else \
+        f"{record.get('instance_id')} {record['instance_type']} {record['market']} {record.get('zone') or ''}"
+    rows = [("instance", where)]
     if record.get("task") not in (None, "mnist"):  # a user's task: its exit and its own summary.json
-        rows += [("task", f"{record['task']}: exit {record.get('exit_status')}"),
+        code = record.get("exit_status")
+        rows += [("task", f"{record['task']}: " + (f"exit {code}" if code is not None else record.get("status", "?"))),
                  ("summary", json.dumps(s, default=str)[:200] if s else "- (the job wrote no summary.json)")]
     else:
         rows += [("test accuracy", f"{100 * record['test_acc']:.2f}%" if record.get("test_acc") is not None else "-"),
-                 ("training", f"{s.get('epochs')} epochs of {s.get('model')} on {s.get('device')}"
-                  f"{' (' + s['gpu_name'] + ')' if s.get('gpu_name') else ''}: {s.get('train_seconds')} s train, "
-                  f"{s.get('wall_seconds')} s wall")]
+                 ("training", _training_row(s))]
     rows += [(f"  {k}", f"{v:.1f} s") for k, v in record.get("phases", {}).items()]
     rows += cost_rows(record)
     if len(record.get("attempts") or []) > 1:  # several attempts, or a cluster's nodes

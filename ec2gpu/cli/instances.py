@@ -152,7 +152,7 @@ def cleanup(dry_run: bool = typer.Option(False, "--dry-run", help="Only list wha
         report = {}
         for name in regions:
             aws = ctx.aws if name == ctx.aws.region else Aws(name, endpoint_url=ctx.aws.endpoint_url)
-            found = sweep.inventory(aws.ec2)
+            found = sweep.inventory(aws.ec2, log=lambda m: err.print(f"[dim]{name}: {m}[/]", highlight=False))
             if not any(found.values()):
                 continue
             if dry_run:

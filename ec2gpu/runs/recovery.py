@@ -24,10 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..aws import instances
-from ..errors import AttemptsExhausted, Interrupted, UsageError  # noqa: F401 (re-exported)
+from ..errors import AttemptsExhausted, AwsError, Interrupted, UsageError  # noqa: F401 (re-exported)
 
 GONE_STATES = ("shutting-down", "terminated", "stopping", "stopped")
 STATE_EVERY_S = 5.0  # how often EC2 is asked about the instance while the job runs
+MAX_API_FAILURES = 12  # DescribeInstances errors in a row (about a minute of polls) before the run gives up
 
 
 def parse_checkpoint_uri(uri: str | None) -> tuple[str, str] | None:
@@ -148,6 +149,7 @@ class InstanceWatch:
     def __init__(self, ec2, instance_id: str, checkpoints, log, every_s: float = STATE_EVERY_S):
         self.ec2, self.instance_id, self.checkpoints, self.log, self.every_s = ec2, instance_id, checkpoints, log, every_s
         self.last = time.monotonic()
+        self.failures = 0  # API errors in a row
 
     def __call__(self, conn) -> None:
         if conn is not None:
@@ -157,11 +159,21 @@ class InstanceWatch:
             self.check()
 
     def check(self) -> None:
+        """Raise Interrupted when EC2 reports the instance gone. An API error (botocore's) is not an
+        interruption: it is reported and asked again at the next poll, up to MAX_API_FAILURES in a
+        row, then AwsError (the run cannot watch its instance, so it stops and tears down)."""
+        import botocore.exceptions
         try:
             inst = instances.describe_instances(self.ec2, [self.instance_id])[0]
-        except Exception as exc:  # an API hiccup is not an interruption: ask again at the next poll
-            self.log(f"could not read the state of {self.instance_id}: {exc}")
+        except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
+            self.failures += 1
+            self.log(f"could not read the state of {self.instance_id} ({self.failures} of {MAX_API_FAILURES}): {exc}")
+            if self.failures >= MAX_API_FAILURES:
+                raise AwsError(f"EC2 did not answer for the state of {self.instance_id} {self.failures} times in a row "
+                               f"({type(exc).__name__})", "check the network and the AWS endpoint, then rerun; "
+                               "`ec2gpu ls` shows what still stands") from exc
             return
+        self.failures = 0
         state = inst["State"]["Name"]
         if state in GONE_STATES:
             why = (inst.get("StateReason") or {}).get("Message") or inst.get("StateTransitionReason") or ""

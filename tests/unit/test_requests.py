@@ -146,3 +146,47 @@ def test_a_wide_ssh_cidr_is_said_and_a_bad_one_refused():
     assert "65,536 addresses" in said[1]
     with pytest.raises(UsageError, match="not a CIDR"):
         network.check_cidr("notacidr")
+
+
+def test_placement_groups_unlisted_only_where_the_api_is_unavailable_never_on_a_refusal():
+    import boto3
+    import botocore.exceptions
+    from botocore.stub import Stubber
+
+    from ec2gpu.aws import placement
+    ec2 = boto3.client("ec2", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    said = []
+    with Stubber(ec2) as stub:
+        stub.add_client_error("describe_placement_groups", "InternalError", http_status_code=500)
+        assert placement.find(ec2, log=said.append) == [] and "unavailable" in said[0]
+        stub.add_client_error("describe_placement_groups", "UnauthorizedOperation", http_status_code=403)
+        with pytest.raises(botocore.exceptions.ClientError):  # cleanup must not skip them in silence
+            placement.find(ec2, log=said.append)
+        stub.add_client_error("delete_placement_group", placement.MISSING, http_status_code=400)
+        placement.delete(ec2, "gone")  # already gone: fine
+        stub.add_client_error("delete_placement_group", "InvalidPlacementGroup.InUse", http_status_code=400)
+        with pytest.raises(botocore.exceptions.ClientError):
+            placement.delete(ec2, "busy")
+
+
+def test_the_instance_watch_reports_api_errors_then_gives_up_and_lets_bugs_through():
+    import botocore.exceptions
+
+    from ec2gpu.errors import AwsError
+    from ec2gpu.runs import recovery
+
+    class Ec2:
+        error: Exception = botocore.exceptions.EndpointConnectionError(endpoint_url="http://x")
+
+        def describe_instances(self, **kw):
+            raise self.error
+    said = []
+    watch = recovery.InstanceWatch(Ec2(), "i-1", recovery.NoCheckpoints(), said.append)
+    for _ in range(recovery.MAX_API_FAILURES - 1):
+        watch.check()  # reported, not an interruption
+    assert len(said) == recovery.MAX_API_FAILURES - 1 and "i-1" in said[0]
+    with pytest.raises(AwsError):
+        watch.check()
+    Ec2.error = KeyError("a bug")
+    with pytest.raises(KeyError):  # not swallowed as an "API hiccup"
+        recovery.InstanceWatch(Ec2(), "i-1", recovery.NoCheckpoints(), said.append).check()

@@ -25,3 +25,16 @@ def test_unknown_key_in_config_file_is_a_usage_error(tmp_path):
 def test_sandbox_flag_from_environment():
     assert settings.load({}, {"EC2GPU_SANDBOX": "1"}).sandbox is True
     assert settings.load({}, {}).sandbox is False
+
+
+def test_version_is_printed_and_exits_0(capsys):
+    from ec2gpu import __version__, cli
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"ec2gpu {__version__}"
+
+
+def test_help_shows_no_type_after_on_off_flags(capsys):
+    from ec2gpu import cli
+    assert cli.main(["train", "mnist", "--help"]) == 0
+    shown = capsys.readouterr().out
+    assert "--spot" in shown and "<bool>" not in shown and "<int>" in shown  # value options keep their type
