@@ -2,7 +2,7 @@
 
 A cluster is N instances of one launch, numbered by the tags ec2gpu:node and Name NAME-K
 (instances.tag_nodes); `ec2gpu launch --nodes N --name NAME` makes one, `ec2gpu scale NAME M`
-resizes it. Running a job on the members is runs/ (cluster.py, engine.py).
+resizes it. Running a job on the members is runs/ (standing.py, engine.py).
 """
 from __future__ import annotations
 

@@ -58,6 +58,14 @@ def logs(name: str = typer.Argument(..., help="Run id, name or instance id."),
         stdout.write(chunk)
         stdout.flush()
 
+    from ..settings import load
+    home = load({"region": region}).home
+    row = run_logs.finished(home, name)
+    if row is not None:  # over: the log is on this machine, no AWS needed
+        write(run_logs.saved_log(home, row["run_id"]).read_bytes())
+        if follow:
+            raise typer.Exit(run_logs.exit_status_of(row))
+        return
     with Context(region, _sandbox_flag(sandbox)) as ctx:
         try:
             inst = _find(ctx, name)[0]

@@ -1,4 +1,4 @@
-"""Jobs on an instance: push the code, start it detached from SSH, follow its log, fetch results.
+"""Jobs on an instance: start one detached from SSH, follow its log, fetch results.
 
 The job runs under ``setsid nohup`` so a dropped SSH connection (or a dead controller) does not
 stop it. It writes its exit status to ``exit_status`` when it ends; the controller reads files,
@@ -12,7 +12,6 @@ import io
 import shlex
 import socket
 import stat
-import tarfile
 import time
 from pathlib import Path
 
@@ -23,7 +22,6 @@ from ..errors import WaitTimeout
 from . import ssh
 
 READ_TIMEOUT_S = 30.0  # seconds without an answer before a read counts as a dropped connection
-PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # .../ec2gpu
 
 
 def remote_run_dir(conn: Connection, run_id: str) -> str:
@@ -32,32 +30,13 @@ def remote_run_dir(conn: Connection, run_id: str) -> str:
     return f"{home}/ec2gpu/runs/{run_id}"
 
 
-def code_archive() -> bytes:
-    """A tar.gz of the trainer: ec2gpu/__init__.py and ec2gpu/train/*.py (no boto3, no fabric)."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        tar.add(PACKAGE_ROOT / "__init__.py", arcname="ec2gpu/__init__.py")
-        for path in sorted((PACKAGE_ROOT / "train").glob("*.py")):
-            tar.add(path, arcname=f"ec2gpu/train/{path.name}")
-    return buf.getvalue()
-
-
-def push_code(conn: Connection, run_dir: str) -> int:
-    """Upload and unpack the trainer into ``run_dir``/code; return the archive size in bytes."""
-    blob = code_archive()
-    ssh.run(conn, f"mkdir -p {run_dir}/code")
-    conn.put(io.BytesIO(blob), f"{run_dir}/code.tar.gz")
-    ssh.run(conn, f"tar -xzf {run_dir}/code.tar.gz -C {run_dir}/code")
-    return len(blob)
-
-
 def job_script(run_dir: str, argv: list[str], env: dict[str, str] | None = None) -> str:
     """The job.sh that runs ``argv`` in ``run_dir`` and records its exit status there (pure)."""
     exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in (env or {}).items())
     d = shlex.quote(run_dir)
     # `|| exit` (shellcheck SC2164): a failed cd must not run the job elsewhere, and the exit status
     # goes to an absolute path, so it can never be written anywhere the controller does not look
-    return (f"cd {d} || exit 1; export PYTHONPATH={shlex.quote(run_dir + '/code')}; {exports}"
+    return (f"cd {d} || exit 1; {exports}"
             f"{shlex.join(argv)}; echo $? > {d}/exit_status.tmp; mv {d}/exit_status.tmp {d}/exit_status\n")
 
 

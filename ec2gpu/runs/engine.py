@@ -1,4 +1,5 @@
-"""`ec2gpu run` / `ec2gpu exec`: a user's task on N nodes (one instance is a cluster of one).
+"""The one attempt engine: a task on N nodes (one instance is a cluster of one), for `ec2gpu run`,
+`ec2gpu exec` and `ec2gpu train mnist` (the built-in task tasks/builtin/mnist.yaml) alike.
 
 An attempt, on every node at once: SSH (host key verified) -> the workdir up (rsync, else SFTP) ->
 machine setup (ec2gpu/ami/setup-gpu.sh) and the task's ``setup`` (skipped when the same text
@@ -6,7 +7,7 @@ already ran on that instance) -> the job, started detached under the instance ag
 (ec2gpu/agent/agent.py) -> its log followed live -> outputs home -> judged from the agent's
 status.json. Provisioning, replacement after a spot interruption (the job restarts with
 EC2GPU_RESUME=1 and its checkpoint directory as last brought home), teardown, billing and the
-ledger are the managed-run machinery of pipeline.py and recovery.py.
+ledger are the managed-run machinery of pipeline.py, provision.py and recovery.py.
 
 The job's environment (docs/tasks.md, "The job's contract"): the task's envs, and EC2GPU_RUN_ID,
 EC2GPU_OUTPUT_DIR, EC2GPU_CHECKPOINT_DIR, EC2GPU_RESUME, EC2GPU_NODE_RANK, EC2GPU_NUM_NODES,
@@ -160,6 +161,8 @@ def upload_node(nd, job: TaskJob, ssh_config: Path | None, run_id: str, addresse
     gpus = processes_per_node(nd.info) if nd.info.get("cuda_available") else int(nd.info.get("gpu_count") or 0)
     env = node_env(job, run_id, nd.run_dir, nd.index, addresses, gpus, resume, nd.info.get("python") or "python3")
     _put_private(nd.conn, json.dumps(env), f"{nd.run_dir}/job.env.json")
+    # the names (never the values) of the secrets, so `ec2gpu logs` can mask job.log as it shows it
+    nd.conn.put(io.BytesIO(json.dumps(sorted(job.task.secrets)).encode()), f"{nd.run_dir}/secret_names.json")
     if resume and checkpoints is not None and checkpoints.has_any():
         count = checkpoints.push(nd.conn, env["EC2GPU_CHECKPOINT_DIR"])
         log(f"pushed the checkpoint directory ({count} file(s)); the job resumes with EC2GPU_RESUME=1")
@@ -256,9 +259,6 @@ def judge(nodes, job: TaskJob) -> None:
     for nd in nodes:
         st = statuses[nd.index] or {}
         if st.get("state") == "interrupted":
-            import contextlib
-            with contextlib.suppress(*jobs.CONNECTION_ERRORS):
-                nodes[0].watch.checkpoints.sync(nodes[0].conn, force=True)  # what the job wrote as it stopped
             raise recovery.Interrupted(f"node {nd.index} ({nd.instance_id}): spot interruption notice at "
                                        f"{(st.get('notice') or {}).get('time', '?')}; the job was stopped")
     bad = [nd for nd in nodes if (statuses[nd.index] or {}).get("state") != "succeeded" and nd.result != "stopped"]
@@ -312,11 +312,13 @@ def worker_failure(error: dict | None) -> str:
 
 
 def download(nodes, job: TaskJob, local_out: Path, ssh_config: Path | None, log) -> dict | None:
-    """Bring node 0's outputs (the task's ``outputs`` globs, else all of $EC2GPU_OUTPUT_DIR) to
-    ``local_out``/outputs and every node's job.log and status.json home (masked); return the
+    """Bring node 0's checkpoint directory (once more, whatever the job wrote as it stopped) and
+    its outputs (the task's ``outputs`` globs, else all of $EC2GPU_OUTPUT_DIR, to
+    ``local_out``/outputs) and every node's job.log and status.json home (masked); return the
     job's summary.json when it wrote one."""
     from ..remote import jobs
     head = nodes[0]
+    head.watch.checkpoints.sync(head.conn, force=True)  # first: what a replacement resumes from
     files, how = sync.pull(head.conn, f"{head.run_dir}/out", local_out / "outputs", job.task.outputs, ssh_config,
                            head.instance_id)
     log(f"outputs: {len(files)} file(s) brought home by {how} to {local_out / 'outputs'}")

@@ -7,6 +7,36 @@ from pathlib import Path
 from ..errors import RemoteError, UsageError
 
 
+def finished(home: Path, name: str) -> dict | None:
+    """The ledger's row for run ``name`` (an id or a unique prefix) once it is over, else None: its
+    log is then on this machine and needs no AWS."""
+    from . import ledger
+    try:
+        row = ledger.get(home, name)
+    except UsageError:
+        return None
+    return None if row["status"] == "running" else row
+
+
+def exit_status_of(row: dict) -> int:
+    """What `logs --follow` exits with for a finished run (pure): the job's exit status, 0 for a
+    completed run, 1 when the run ended before its job did (interrupted, teardown, AWS)."""
+    if row["status"] == "completed":
+        return 0
+    return int(row.get("exit_status") or 1)
+
+
+def run_id_on(home: Path, inst: dict) -> str:
+    """The newest run on instance ``inst``: the ledger's newest row that lists it (an `ec2gpu exec`
+    on a standing instance has its own run id), else the run id of its tag."""
+    from ..aws import tags as T
+    from . import ledger
+    for row in ledger.runs(home, limit=200):
+        if inst["InstanceId"] in (row.get("instance_ids") or []):
+            return row["run_id"]
+    return T.as_dict(inst.get("Tags")).get(T.RUN, "")
+
+
 def saved_log(home: Path, name: str) -> Path:
     """The job log a finished run brought home (job.log, or node 0's of a cluster run).
 
@@ -29,22 +59,29 @@ def stream(ctx, inst: dict, follow: bool, write, note) -> tuple[int | None, str]
     (bytes), as it is now or, with ``follow``, to the job's end; return (the job's exit status, or
     None without ``follow``; the run id). The host key is checked against the console output.
 
-    Raises RemoteError when the instance stays unreachable, UsageError without its private key.
+    Raises RemoteError when the instance stays unreachable, UsageError without its private key or
+    when no job has run there.
     """
     from ..aws import instances, network
-    from ..aws import tags as T
     from ..remote import jobs, ssh
 
-    run_id, iid = T.as_dict(inst.get("Tags")).get(T.RUN), inst["InstanceId"]
+    run_id, iid = run_id_on(ctx.settings.home, inst), inst["InstanceId"]
     host, port = ssh.target(inst, ctx.resolver)
     key = network.require_private_key(ctx.settings.keys_dir, inst["KeyName"])
     known = ctx.settings.home / "known_hosts" / iid
     conn = ssh.wait_for_ssh(host, port, ctx.settings.ssh_user, key, known, timeout_s=60, log=note,
                             fingerprints=lambda: instances.host_key_fingerprints(ctx.aws.ec2, iid))
     run_dir = jobs.remote_run_dir(conn, run_id)
-    cursor = jobs.LogCursor(write)
     status = None
+    splitter = None
     try:
+        if not jobs.read_from(conn, f"{run_dir}/status.json", 0):
+            raise UsageError(f"no job has run on {iid} yet (run {run_id})",
+                             "start one there with `ec2gpu exec NAME TASK.yaml` (or `-- CMD`)")
+        secrets = secret_values(conn, run_dir)
+        if secrets:  # masked line by line, as the run showed it; else byte for byte
+            splitter = jobs.LineSplitter(lambda line: write((mask(line, secrets) + "\n").encode()))
+        cursor = jobs.LogCursor(splitter or write)
         if follow:
             try:
                 status, conn = jobs.follow_reconnecting(
@@ -55,5 +92,27 @@ def stream(ctx, inst: dict, follow: bool, write, note) -> tuple[int | None, str]
         else:
             cursor.deliver(jobs.read_from(conn, f"{run_dir}/job.log", 0))
     finally:
+        if splitter:
+            splitter.flush()
         conn.close()
     return status, run_id
+
+
+def secret_values(conn, run_dir: str) -> list[str]:
+    """The values of the run's secrets (names in secret_names.json, values in the 0600
+    job.env.json), longest first; [] for a run without secrets."""
+    import json
+
+    from ..remote import jobs
+    names = json.loads(jobs.read_from(conn, f"{run_dir}/secret_names.json", 0) or b"[]")
+    if not names:
+        return []
+    env = json.loads(jobs.read_from(conn, f"{run_dir}/job.env.json", 0) or b"{}")
+    return sorted((env[k] for k in names if env.get(k)), key=len, reverse=True)
+
+
+def mask(line: str, secrets: list[str]) -> str:
+    """``line`` with every secret value replaced by **** (pure)."""
+    for v in secrets:
+        line = line.replace(v, "****")
+    return line

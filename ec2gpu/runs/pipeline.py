@@ -45,7 +45,7 @@ class TrainOptions:
     max_runtime_minutes: int = 120
     budget_usd: float | None = None  # refuse a run whose estimate is above this
     max_price: float | None = None  # spot: the highest USD/h to pay
-    nodes: int = 1  # instances training together through torchrun (cluster.py)
+    nodes: int = 1  # instances running the job together (engine.py; torchrun for the built-in task)
     max_attempts: int | None = None  # instances to try before giving up; None: 3 with spot, else 1
     checkpoint_uri: str | None = None  # s3://bucket/prefix: a second home for checkpoints
     unreachable_s: float = 120.0  # SSH unreachable this long (s) counts as a lost instance

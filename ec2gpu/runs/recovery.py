@@ -56,7 +56,7 @@ class NoCheckpoints:
 
     remote: str = ""
 
-    def sync(self, conn) -> bool:
+    def sync(self, conn, force: bool = False) -> bool:
         return False
 
 

@@ -2,8 +2,10 @@
 sync and what never leaves this machine, the job's contract (environment, outputs, exit code),
 spot resume, cached setup on a standing instance, SkyPilot task files, secrets."""
 import json
+import os
 import shutil
 import sqlite3
+import subprocess
 import textwrap
 from pathlib import Path
 
@@ -13,7 +15,7 @@ from ec2gpu import cli
 from ec2gpu.sandbox import control
 
 from test_sandbox_train import leftovers, processes_gone, sandbox_settles  # same folder (pytest prepend import mode)
-from test_spot_recovery import drive, launched
+from test_spot_recovery import EC2GPU, drive, launched
 
 pytestmark = pytest.mark.e2e
 NEEDS_MNIST = False  # a user project, not the built-in trainer
@@ -111,6 +113,14 @@ def test_a_failing_job_exits_5_with_its_outputs_home_and_nothing_left(sandbox_en
     record = json.loads((tmp_path / "r" / "run.json").read_text())
     assert record["status"] == "failed" and record["exit_status"] == 3
     assert_nothing_left(home, record)
+    # its log is on this machine: `logs --follow` needs no AWS (an endpoint nobody answers) and
+    # exits with the job's exit status
+    env = {**os.environ, "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}
+    env.pop("EC2GPU_SANDBOX", None)
+    shown = subprocess.run([EC2GPU, "logs", record["run_id"], "--follow"], env=env, capture_output=True, text=True,
+                           timeout=60)
+    assert shown.returncode == 3, shown.stderr
+    assert "failing at epoch 3" in shown.stdout and SECRET not in shown.stdout
 
 
 def test_a_spot_interruption_restarts_the_job_with_EC2GPU_RESUME_and_its_checkpoint(sandbox_env, project, tmp_path):
@@ -140,6 +150,10 @@ def test_exec_on_a_standing_instance_skips_a_setup_that_already_ran(sandbox_env,
         assert cli.main(["exec", "dev", str(project / "task.yaml"), "--sandbox", "--out", str(tmp_path / "a")]) == 0
         first = capsys.readouterr().err
         assert "setting up" in first and "skipped" not in first
+        # `logs NAME` on the standing instance shows its newest run's job log, the secret masked
+        assert cli.main(["logs", "dev", "--sandbox"]) == 0
+        shown = capsys.readouterr().out
+        assert "token ****" in shown and SECRET not in shown and "EC2GPU_RUN_ID" in shown
         (project / "train.py").write_text((project / "train.py").read_text() + "\n# changed\n")
         assert cli.main(["exec", "dev", str(project / "task.yaml"), "--sandbox", "--out", str(tmp_path / "b")]) == 0
         second = " ".join(capsys.readouterr().err.split())

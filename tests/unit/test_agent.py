@@ -54,3 +54,39 @@ def test_the_python_with_torch_comes_first_on_path(tmp_path):
     code, _, log = run_agent(tmp_path, ["bash", "-c", "command -v python3"],
                              env={"EC2GPU_PYTHON": sys.executable})
     assert code == 0 and log.strip() == str(Path(sys.executable).parent / "python3")
+
+
+def test_a_torchelastic_error_file_becomes_status_json_error_and_a_stale_one_is_removed(tmp_path):
+    from ec2gpu.train.launch import failure_record
+    # what ec2gpu.train.launch writes for a worker killed by SIGKILL (torch leaves no file of its own)
+    record = failure_record(-9, 1, 1700000000, "Signal 9 (SIGKILL) received by PID 42", None)
+    script = f"printf '%s' {json.dumps(json.dumps(record))} > \"$TORCHELASTIC_ERROR_FILE\"; exit 1"
+    code, st, _ = run_agent(tmp_path, ["bash", "-c", script])
+    assert code == 1 and st["error"] == {"message": "Signal 9 (SIGKILL) received by PID 42", "exit_code": -9,
+                                         "rank": 1, "timestamp": "1700000000"}
+    # the next job on the same run directory does not inherit it
+    code, st, _ = run_agent(tmp_path, ["bash", "-c", "exit 3"])
+    assert code == 3 and st["error"] is None
+
+
+def test_a_worker_own_error_record_keeps_its_message_and_gets_the_exit_code():
+    from ec2gpu.train.launch import failure_record
+    child = {"message": {"message": "ValueError: bad lr", "extraInfo": {"timestamp": "5"}}}
+    got = failure_record(1, 3, 9, "ignored", child)["message"]
+    assert (got["message"], got["errorCode"], got["rank"], got["extraInfo"]["timestamp"]) == ("ValueError: bad lr", 1, 3, "5")
+
+
+def test_the_root_cause_is_the_killed_worker_else_the_earliest_error():
+    from types import SimpleNamespace
+
+    from ec2gpu.runs import engine
+    nodes = [SimpleNamespace(index=k) for k in range(3)]
+    statuses = {0: {"error": {"exit_code": 1, "timestamp": "20", "message": "RuntimeError: peer gone"}},
+                1: {"error": {"exit_code": -9, "timestamp": "30", "message": "Signal 9"}},
+                2: {"error": None}}
+    assert engine.root_cause_node(nodes, statuses).index == 1
+    assert engine.worker_failure(statuses[1]["error"]) == " (a worker died of SIGKILL)"
+    del statuses[1]
+    assert engine.root_cause_node([nodes[0], nodes[2]], statuses).index == 0  # an error beats none
+    assert "rank" not in engine.worker_failure(statuses[0]["error"]) and "peer gone" in engine.worker_failure(
+        statuses[0]["error"])
