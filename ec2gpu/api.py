@@ -114,7 +114,7 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
             max_price=max_price if max_price is not None else res.max_price, nodes=nodes or job.task.nodes,
             max_attempts=max_attempts, task=job, expect_minutes=expect_min,
             command=job.mask(as_typed or f"ec2gpu.run({job.name!r})"))
-        return pipeline.train(ctx.aws, settings, opts, reporter, ctx.resolver)
+        return pipeline.train(ctx.aws, settings, opts, reporter, ctx.backend)
 
 
 def exec(target: str, task=None, *, command: Optional[Sequence[str]] = None, workdir: Optional[str] = None,  # noqa: A001
@@ -130,4 +130,4 @@ def exec(target: str, task=None, *, command: Optional[Sequence[str]] = None, wor
                              on_warning)
     with Context(region, sandbox) as ctx:
         return standing.exec_task(ctx.aws, ctx.settings, job, reporter, target,
-                                  ctx.resolver, out, job.mask(as_typed or f"ec2gpu.exec({target!r})"))
+                                  ctx.backend, out, job.mask(as_typed or f"ec2gpu.exec({target!r})"))

@@ -1,9 +1,52 @@
-"""Where a command runs: AWS, or the sandbox. One object holds the settings, the AWS clients and,
-in the sandbox, the resolver from instance id to its sshd; the CLI and the Python API both use it."""
+"""Where a command runs: AWS, or the sandbox. ``Backend`` says which and how SSH reaches an
+instance; ``Context`` holds it with the settings and the AWS clients for one command. The CLI and
+the Python API both use them, and everything below is handed the ``Backend``: nothing decides
+"this is the sandbox" any other way."""
 from __future__ import annotations
 
 import contextlib
 import os
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from .errors import RemoteError
+
+
+@dataclass(frozen=True)
+class Backend:
+    """Where instances live: ``name`` "aws" or "sandbox" (also the ledger's ``backend`` column),
+    the EC2 endpoint (None: AWS's own), and in the sandbox ``resolve(instance_id, timeout_s) ->
+    (host, port)`` of the sshd that stands in for the instance."""
+
+    name: str = "aws"
+    endpoint_url: Optional[str] = None
+    resolve: Optional[Callable[..., tuple[str, int]]] = None
+
+    @property
+    def is_sandbox(self) -> bool:
+        return self.name == "sandbox"
+
+    def ssh_target(self, instance: dict) -> tuple[str, int]:
+        """(host, port) to reach ``instance`` (a DescribeInstances entry) over SSH: its public IP on
+        port 22, or the sandbox's sshd. Raises RemoteError when an AWS instance has no public IP,
+        WaitTimeout when the sandbox has no sshd for it."""
+        if self.resolve is not None:
+            return self.resolve(instance["InstanceId"])
+        ip = instance.get("PublicIpAddress")
+        if not ip:
+            raise RemoteError(f"{instance['InstanceId']} has no public IP address",
+                              "the default subnet must assign public IPs (MapPublicIpOnLaunch)")
+        return ip, 22
+
+    def private_address(self, instance: dict) -> str:
+        """The address other nodes reach ``instance`` at: its private IP, or in the sandbox the
+        loopback address of its sshd (which stands in for that private IP)."""
+        if self.resolve is not None:
+            return self.resolve(instance["InstanceId"])[0]
+        return instance["PrivateIpAddress"]
+
+
+AWS = Backend()
 
 
 def sandbox_from_env(flag: bool = False) -> bool:
@@ -12,7 +55,7 @@ def sandbox_from_env(flag: bool = False) -> bool:
 
 
 class Context:
-    """Settings, AWS clients and the SSH resolver for one command (sandbox or AWS); a context manager.
+    """Settings, AWS clients and the ``Backend`` for one command (sandbox or AWS); a context manager.
 
     ``persistent``: what the command launches must outlive it, so a sandbox it starts keeps running.
     ``note(text)`` is told when a sandbox is started for good.
@@ -31,7 +74,7 @@ class Context:
         from .sandbox import control
 
         self._stack = contextlib.ExitStack()
-        self.resolver = None
+        self.backend = AWS
         state = control.read_state(self.settings.home)
         if self.sandbox and self.persistent:  # what is launched must outlive this command
             if not state:
@@ -42,7 +85,7 @@ class Context:
             state = self._stack.enter_context(control.session(self.settings.home))
         if state and os.environ.get("AWS_ENDPOINT_URL") == state["endpoint"]:
             # the sandbox's endpoint is in use (--sandbox, or `eval "$(ec2gpu sandbox env)"`)
-            self.resolver = control.resolver(self.settings.home)
+            self.backend = Backend("sandbox", state["endpoint"], control.resolver(self.settings.home))
             self.settings = replace(self.settings, ssh_user=getpass.getuser())
         self.aws = Aws(self.settings.region, endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None)
         return self

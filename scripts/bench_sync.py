@@ -39,7 +39,6 @@ def main() -> int:
     from ec2gpu.aws import sweep
     from ec2gpu.backend import Context
     from ec2gpu.remote import ssh, sync
-    from ec2gpu.remote.ssh import target as ssh_target
     from ec2gpu.sandbox import control
 
     tree = tmp / "tree"
@@ -59,7 +58,7 @@ def main() -> int:
         with Context(None, True) as ctx:
             (inst,) = [i for i in sweep.find_instances(ctx.aws.ec2, states=["running"])]
             iid = inst["InstanceId"]
-            host, port = ssh_target(inst, ctx.resolver)
+            host, port = ctx.backend.ssh_target(inst)
             from ec2gpu.aws import network
             key = network.private_key_path(ctx.settings.keys_dir, inst["KeyName"])
             conn = ssh.connect(host, port, ctx.settings.ssh_user, key, home / "known_hosts" / iid)

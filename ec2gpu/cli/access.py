@@ -25,14 +25,13 @@ def ssh_cmd(ctx_: typer.Context, name: str = typer.Argument(..., help="Name, ins
 
     from ..aws import instances, network
     from ..remote import ssh
-    from ..remote.ssh import target as ssh_target
 
     with Context(region, _sandbox_flag(sandbox)) as ctx:
         inst = _find(ctx, name)[0]
         iid = inst["InstanceId"]
         known = ctx.settings.home / "known_hosts" / iid
         if not (known.is_file() and known.stat().st_size):
-            host, port = ssh_target(inst, ctx.resolver)
+            host, port = ctx.backend.ssh_target(inst)
             key = network.require_private_key(ctx.settings.keys_dir, inst["KeyName"])
             ssh.wait_for_ssh(host, port, ctx.settings.ssh_user, key, known, timeout_s=ssh.FINGERPRINT_WAIT_S + 60,
                              log=lambda m: err.print(f"[dim]{m}[/]", highlight=False),
@@ -88,7 +87,6 @@ def _write_ssh_config(ctx: Context) -> tuple[Path, list, list[str]]:
     from ..aws import network, sweep
     from ..aws import tags as T
     from ..remote import ssh_config as sc
-    from ..remote.ssh import target as ssh_target
 
     entries, skipped = [], []
     for inst in sweep.find_instances(ctx.aws.ec2, states=["running"]):
@@ -96,7 +94,7 @@ def _write_ssh_config(ctx: Context) -> tuple[Path, list, list[str]]:
         if not key.exists():
             skipped.append(inst["InstanceId"])
             continue
-        host, port = ssh_target(inst, ctx.resolver)
+        host, port = ctx.backend.ssh_target(inst)
         name = T.as_dict(inst.get("Tags")).get(T.NAME)
         entries.append(sc.HostEntry(tuple(a for a in (name, inst["InstanceId"]) if a), host, port,
                                     ctx.settings.ssh_user, key, ctx.settings.home / "known_hosts" / inst["InstanceId"]))

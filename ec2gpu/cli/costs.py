@@ -35,7 +35,7 @@ def prices(gpu: Optional[str] = typer.Option(None, "--gpu", help="Only this GPU 
         raise UsageError(f"unknown GPU model {gpu!r}", f"choose one of {', '.join(known_gpus)}")
     with Context(region, _sandbox_flag(sandbox)) as ctx:
         aws, home = ctx.aws, ctx.settings.home
-        if refresh and ctx.resolver:
+        if refresh and ctx.backend.is_sandbox:
             raise UsageError("the sandbox has no AWS Price List API (moto does not implement it)",
                              "drop --refresh: the sandbox uses the shipped on-demand table")
         if refresh:
@@ -61,7 +61,7 @@ def prices(gpu: Optional[str] = typer.Option(None, "--gpu", help="Only this GPU 
                     "last_known_on_demand_usd_per_hour": catalog.RETIRED_LAST_PRICE.get(n)}
                    for n, (why, instead) in catalog.RETIRED.items()
                    if not gpu or gpu.upper() in why.upper()]
-        sandbox_note = "sandbox: spot prices come from the sandbox's simulated market" if ctx.resolver else None
+        sandbox_note = "sandbox: spot prices come from the sandbox's simulated market" if ctx.backend.is_sandbox else None
     if as_json:
         print(json.dumps({"region": aws.region, "instance_types": rows, "retired": retired,
                           **({"note": sandbox_note} if sandbox_note else {})}, indent=2))
@@ -103,7 +103,7 @@ def cost(instance_type: str = typer.Option("g4dn.xlarge,g5.xlarge,g6.xlarge", "-
     if not names:
         raise UsageError("no instance type given", "e.g. --instance-type g4dn.xlarge,g5.xlarge")
     with Context(region, _sandbox_flag(sandbox)) as ctx:
-        backend = costs.backend_of(ctx.resolver)
+        backend = ctx.backend.name
         ests = [costs.estimate_run(ctx.aws, ctx.settings.home, n, spot, model, epochs, backend, max_price)
                 for n in names]
     if as_json:

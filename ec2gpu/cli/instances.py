@@ -182,7 +182,7 @@ def doctor(instance_type: Optional[str] = typer.Option(None, "--instance-type", 
 
     with Context(region, _sandbox_flag(sandbox)) as ctx:
         checks = doc.run_checks(ctx.aws, ctx.settings, instance_type or ctx.settings.instance_type, spot,
-                                bool(ctx.resolver))
+                                ctx.backend.is_sandbox)
     failed = [c for c in checks if c.ok is False]
     if as_json:
         print(json.dumps([c.as_dict() for c in checks], indent=2))

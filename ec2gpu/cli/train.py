@@ -102,7 +102,7 @@ def train_mnist(
             if instance_type is None:
                 opts.instance_type = ctx.settings.instance_type
             if on_cluster:
-                record = standing.train_on_cluster(ctx.aws, ctx.settings, opts, ui, on_cluster, ctx.resolver)
+                record = standing.train_on_cluster(ctx.aws, ctx.settings, opts, ui, on_cluster, ctx.backend)
             else:
-                record = pipeline.train(ctx.aws, ctx.settings, opts, ui, ctx.resolver)
+                record = pipeline.train(ctx.aws, ctx.settings, opts, ui, ctx.backend)
     _print_record(record, as_json)

@@ -121,14 +121,3 @@ def run(conn: Connection, command: str, hide: bool = True, timeout_s: float | No
         tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-15:])
         raise RemoteError(f"`{command}` on {conn.host} exited {r.exited}", "its output is shown above",
                           command=command, host=conn.host, exit_status=r.exited, tail=tail)
-
-
-def target(instance: dict, resolver=None) -> tuple[str, int]:
-    """(host, port) to reach ``instance``: the sandbox's resolver, else its public IP on port 22."""
-    if resolver:
-        return resolver(instance["InstanceId"])
-    ip = instance.get("PublicIpAddress")
-    if not ip:
-        raise RemoteError(f"{instance['InstanceId']} has no public IP address",
-                          "the default subnet must assign public IPs (MapPublicIpOnLaunch)")
-    return ip, 22

@@ -161,11 +161,6 @@ def estimate_job(aws, home, instance_type: str, spot: bool, job_seconds: float, 
                             round(boot, 1), round(setup, 1), round(job_seconds, 1), round(teardown, 1), job_source))
 
 
-def backend_of(resolver) -> str:
-    """'sandbox' when instances are reached through the sandbox's resolver, else 'aws'."""
-    return "sandbox" if resolver else "aws"
-
-
 def hourly_price(aws, home, instance_type: str, spot: bool, max_price: float | None = None):
     """The USD/h a new instance of ``instance_type`` would pay now, as a ``catalog.Price``.
 

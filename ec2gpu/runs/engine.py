@@ -337,7 +337,7 @@ def download(nodes, job: TaskJob, local_out: Path, ssh_config: Path | None, log)
         return None
 
 
-def run_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[dict], local_out: Path, resolver,
+def run_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[dict], local_out: Path, backend,
                 n: int, checkpoints) -> dict:
     """One attempt of the task ``opts.task`` (a TaskJob) on running instances (node 0 first);
     return the job's summary.json ({} when it wrote none).
@@ -360,14 +360,14 @@ def run_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[dic
         return (lambda line: ui.note(f"node {nd.index}: {line}")) if len(nodes) > 1 else ui.note
     try:
         with ui.phase("waiting for SSH"):
-            N.parallel(lambda nd: N.open_node(nd, aws, settings, prov, run_id, resolver, ui.note), nodes)
+            N.parallel(lambda nd: N.open_node(nd, aws, settings, prov, run_id, backend, ui.note), nodes)
             nodes[0].watch.checkpoints = replace(checkpoints, remote=checkpoint_remote(job, nodes[0].run_dir))
             known = settings.home / "known_hosts"
             sc.write(config, sc.render([sc.HostEntry((nd.instance_id,), nd.host, nd.port, settings.ssh_user,
                                                      prov.key_path, known / nd.instance_id) for nd in nodes], config))
         with ui.phase("setup"):
             N.parallel(lambda nd: N.prepare_node(nd, say(nd)), nodes)
-        addresses = [N.private_address(nd.instance, resolver) for nd in nodes]
+        addresses = [backend.private_address(nd.instance) for nd in nodes]
         with ui.phase("upload"):
             # node 0's copy (its watch's) learns what it was given, so it is not brought home again
             N.parallel(lambda nd: upload_node(nd, job, config, run_id, addresses, n > 1,

@@ -66,7 +66,7 @@ def stream(ctx, inst: dict, follow: bool, write, note) -> tuple[int | None, str]
     from ..remote import jobs, ssh
 
     run_id, iid = run_id_on(ctx.settings.home, inst), inst["InstanceId"]
-    host, port = ssh.target(inst, ctx.resolver)
+    host, port = ctx.backend.ssh_target(inst)
     key = network.require_private_key(ctx.settings.keys_dir, inst["KeyName"])
     known = ctx.settings.home / "known_hosts" / iid
     conn = ssh.wait_for_ssh(host, port, ctx.settings.ssh_user, key, known, timeout_s=60, log=note,

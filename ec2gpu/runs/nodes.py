@@ -19,14 +19,6 @@ from pathlib import Path
 GRACE_S = 10.0  # after a node fails, how long the others may take to fail or finish by themselves
 
 
-def private_address(instance: dict, resolver=None) -> str:
-    """The address other nodes reach ``instance`` at: its private IP, or in the sandbox the loopback
-    address of its sshd (which stands in for that private IP)."""
-    if resolver:
-        return resolver(instance["InstanceId"])[0]
-    return instance["PrivateIpAddress"]
-
-
 def processes_per_node(info: dict) -> int:
     """One process per GPU; one (gloo on the CPU) where torch sees no GPU."""
     return max(1, int(info.get("gpu_count") or 0)) if info.get("cuda_available") else 1
@@ -58,7 +50,7 @@ class Node:
                 self.conn.close()
 
 
-def open_node(nd: Node, aws, settings, prov, run_id: str, resolver, log) -> None:
+def open_node(nd: Node, aws, settings, prov, run_id: str, backend, log) -> None:
     """Connect to a node (waiting for SSH; the host key checked against its console output), find
     its run directory, and give it an EC2 watch (bringing nothing home until the engine gives node
     0 its checkpoints). The watch exists before SSH answers, so a failed wait can ask EC2 whether
@@ -68,7 +60,7 @@ def open_node(nd: Node, aws, settings, prov, run_id: str, resolver, log) -> None
     from . import recovery
 
     nd.watch = recovery.InstanceWatch(aws.ec2, nd.instance_id, recovery.NoCheckpoints(), log)
-    nd.host, nd.port = ssh.target(nd.instance, resolver)
+    nd.host, nd.port = backend.ssh_target(nd.instance)
     known = settings.home / "known_hosts" / nd.instance_id
     nd.connect = lambda: ssh.connect(nd.host, nd.port, settings.ssh_user, prov.key_path, known, log)
     nd.conn = ssh.wait_for_ssh(nd.host, nd.port, settings.ssh_user, prov.key_path, known, log=log,

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ..aws import capacity, catalog, instances, network
 from ..aws.session import Aws
+from ..backend import AWS, Backend
 from ..errors import RemoteError, UsageError
 from ..settings import Settings
 from . import costs, ledger, provision
@@ -171,7 +172,7 @@ def _ledger(settings: Settings, row: dict, ui: Reporter) -> None:
         ui.note(f"warning: could not write the ledger {ledger.path_in(settings.home)}: {exc}")
 
 
-def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, resolver=None) -> dict:
+def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, backend: Backend = AWS) -> dict:
     """Run ``opts`` on a new instance end to end; return the run record (also saved as run.json).
 
     Shows the estimate first and refuses (UsageError, nothing created) a run above the budget. The
@@ -183,10 +184,9 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, resolv
     recovery.AttemptsExhausted (all after teardown); KeyboardInterrupt after teardown.
     """
     itype = _check_options(opts, ui)
-    opts.task = builtin_task(opts, sandbox=resolver is not None)
+    opts.task = builtin_task(opts, sandbox=backend.is_sandbox)
     aws.check_credentials()
-    backend = costs.backend_of(resolver)
-    est = check_estimate(aws, settings, opts, backend, ui)
+    est = check_estimate(aws, settings, opts, backend.name, ui)
     checked = capacity.check_quota(aws.client("service-quotas"), aws.ec2, itype.name, opts.spot, count=opts.nodes,
                                    log=ui.note)
     if checked:
@@ -196,7 +196,7 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, resolv
     out = Path(opts.out or Path("runs") / run_id).resolve()
     prov = provision.Provisioned(run_id)
     mnist = opts.task.builtin == "mnist"
-    record = {"run_id": run_id, "command": opts.command, "backend": backend, "instance_type": itype.name,
+    record = {"run_id": run_id, "command": opts.command, "backend": backend.name, "instance_type": itype.name,
               "gpu": itype.gpu, "market": "spot" if opts.spot else "on-demand", "task": opts.task.name,
               "model": opts.model if mnist else None, "epochs": opts.epochs if mnist else None,
               "region": aws.region, "artifacts": str(out),
@@ -207,7 +207,7 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, resolv
     record["attempts"] = attempts
     error = None
     try:
-        return _with_summary(record, _run_attempts(aws, settings, opts, run_id, ui, prov, out, resolver, record))
+        return _with_summary(record, _run_attempts(aws, settings, opts, run_id, ui, prov, out, backend, record))
     except BaseException as exc:
         error = exc
         raise
@@ -288,7 +288,7 @@ def _with_summary(record: dict, summary: dict) -> dict:
 
 
 def _run_attempts(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, ui: Reporter, prov: provision.Provisioned,
-                  out: Path, resolver, record: dict) -> dict:
+                  out: Path, backend: Backend, record: dict) -> dict:
     """Attempt after attempt (recovery.py) of ``opts.task`` until its job finishes; return its summary.
 
     Raises recovery.AttemptsExhausted when the last attempt allowed is interrupted too.
@@ -314,7 +314,7 @@ def _run_attempts(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str,
                       launched_at=prov.instances[0]["LaunchTime"].isoformat())
         _ledger(settings, record, ui)
         try:
-            return engine.run_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, resolver, n, checkpoints)
+            return engine.run_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, backend, n, checkpoints)
         except recovery.Interrupted as why:
             ui.note(f"attempt {n} interrupted on {', '.join(a['instance_id'] for a in mine)} "
                     f"({mine[0]['zone']}): {why.reason}")

@@ -10,14 +10,14 @@ from pathlib import Path
 
 from ..aws import catalog, instances, network
 from ..aws.session import Aws
+from ..backend import AWS
 from ..errors import RemoteError, UsageError
 from ..settings import Settings
-from . import costs
 from .pipeline import Reporter, TrainOptions, _ledger, _status, _with_summary, builtin_task, new_run_id
 from .provision import Provisioned
 
 
-def _standing(aws: Aws, settings: Settings, found: list[dict], out, resolver, command: str):
+def _standing(aws: Aws, settings: Settings, found: list[dict], out, backend, command: str):
     """A run on standing instances ``found``: (their fresh descriptions in node order, run id,
     absolute artifacts dir, Provisioned with their key, the run record's common columns).
     Raises UsageError when their private key is not on this machine."""
@@ -29,7 +29,7 @@ def _standing(aws: Aws, settings: Settings, found: list[dict], out, resolver, co
     run_id = new_run_id()
     out = Path(out or Path("runs") / run_id).resolve()
     prov = Provisioned(T.as_dict(nodes[0].get("Tags")).get(T.RUN, run_id), key_name=nodes[0]["KeyName"], key_path=key)
-    record = {"run_id": run_id, "command": command, "backend": costs.backend_of(resolver),
+    record = {"run_id": run_id, "command": command, "backend": backend.name,
               "instance_type": nodes[0]["InstanceType"], "market": instances.market(nodes[0]), "region": aws.region,
               "artifacts": str(out), "status": "running", "started_at": datetime.now(timezone.utc).isoformat(),
               "instance_ids": [i["InstanceId"] for i in nodes], "instance_id": nodes[0]["InstanceId"],
@@ -38,7 +38,7 @@ def _standing(aws: Aws, settings: Settings, found: list[dict], out, resolver, co
 
 
 def train_on_cluster(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, cluster_name: str,
-                     resolver=None) -> dict:
+                     backend=AWS) -> dict:
     """Train MNIST on the nodes a standing cluster has now (``ec2gpu launch --nodes N --name NAME``)
     and leave the cluster running: ``exec_task`` with the built-in task. Raises UsageError for an
     unknown cluster or a missing key file; RemoteError/recovery.Interrupted as the attempt raises them."""
@@ -49,12 +49,12 @@ def train_on_cluster(aws: Aws, settings: Settings, opts: TrainOptions, ui: Repor
         raise UsageError(f"no running cluster named {cluster_name!r}",
                          "start one with `ec2gpu launch --nodes N --name NAME` (see `ec2gpu ls`)")
     opts.nodes = len(nodes)
-    job = builtin_task(opts, sandbox=resolver is not None)
-    return exec_task(aws, settings, job, ui, cluster_name, resolver, opts.out, opts.command,
+    job = builtin_task(opts, sandbox=backend.is_sandbox)
+    return exec_task(aws, settings, job, ui, cluster_name, backend, opts.out, opts.command,
                      extra={"model": opts.model, "epochs": opts.epochs})
 
 
-def exec_task(aws, settings, job, ui, target: str, resolver, out: Path | None, command: str,
+def exec_task(aws, settings, job, ui, target: str, backend, out: Path | None, command: str,
               extra: dict | None = None) -> dict:
     """Run ``job`` once on the standing instance or cluster ``target`` (its Name, cluster name or
     instance id) and leave it running; return the run record (in the ledger, without a cost of its
@@ -71,7 +71,7 @@ def exec_task(aws, settings, job, ui, target: str, resolver, out: Path | None, c
     if not found:
         raise UsageError(f"no running instance or cluster named {target!r}",
                          "start one with `ec2gpu launch --name NAME` (see `ec2gpu ls`)")
-    nodes, run_id, out, prov, record = _standing(aws, settings, found, out, resolver, command)
+    nodes, run_id, out, prov, record = _standing(aws, settings, found, out, backend, command)
     opts = TrainOptions(task=job, nodes=len(nodes), command=command)
     record.update(task=job.name, **(extra or {}))
     itype = catalog.CATALOG.get(nodes[0]["InstanceType"])
@@ -81,7 +81,7 @@ def exec_task(aws, settings, job, ui, target: str, resolver, out: Path | None, c
     error = None
     try:
         checkpoints = recovery.DirCheckpoints(remote="", local=out / "checkpoints", log=ui.note)
-        return _with_summary(record, engine.run_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, resolver, 1,
+        return _with_summary(record, engine.run_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, backend, 1,
                                                         checkpoints))
     except BaseException as exc:
         error = exc
