@@ -28,6 +28,9 @@ def load_task(task=None, command: Optional[Sequence[str]] = None, workdir: Optio
     """
     from .tasks import load
     from .tasks.spec import Task
+    if name is not None:
+        from .aws.tags import check_name
+        check_name(name)
     if (task is None) == (not command):
         raise UsageError("say what to run: a task file, or a command",
                          "e.g. `ec2gpu run task.yaml` or `ec2gpu run --gpu T4 -- python train.py`")

@@ -178,8 +178,12 @@ def market(instance: dict) -> str:
 
 
 def summary(instance: dict) -> dict:
-    """The fields `ec2gpu ls` shows, from one describe_instances entry."""
+    """The fields `ec2gpu ls` shows, from one describe_instances entry. A Name, run id or cluster
+    tag that is not safe to show or paste into a command (tags.safe) is left out ("" / None) and
+    ``unsafe_tags`` names it."""
     tg = T.as_dict(instance.get("Tags"))
+    unsafe = [k for k in (T.NAME, T.RUN, T.CLUSTER) if k in tg and not T.safe(tg[k])]
+    tg = {k: v for k, v in tg.items() if k not in unsafe}
     launched = instance.get("LaunchTime")
     return {
         "name": tg.get(T.NAME, ""), "run_id": tg.get(T.RUN, ""), "instance_id": instance["InstanceId"],
@@ -189,6 +193,7 @@ def summary(instance: dict) -> dict:
         "private_ip": instance.get("PrivateIpAddress"),
         "zone": instance.get("Placement", {}).get("AvailabilityZone"),
         "launched_at": launched.isoformat() if isinstance(launched, datetime) else launched,
+        "unsafe_tags": unsafe,
     }
 
 

@@ -1,8 +1,6 @@
 """Sweep: find everything carrying the tool's tags, and delete it (instances first)."""
 from __future__ import annotations
 
-import time
-
 import botocore.exceptions
 
 from . import instances as inst
@@ -104,19 +102,22 @@ def delete_everything(ec2, found: dict[str, list[dict]], keys_dir, log=lambda ms
 
 
 def delete_security_group(ec2, group_id: str, timeout_s: float = 300, delay_s: float = 3) -> None:
-    """Delete a security group, retrying DependencyViolation while its instances terminate."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            ec2.delete_security_group(GroupId=group_id)
-            return
-        except botocore.exceptions.ClientError as exc:
-            code = error_code(exc)
-            if code == "InvalidGroup.NotFound":
-                return
-            if code != "DependencyViolation" or time.monotonic() > deadline:
-                raise
-            time.sleep(delay_s)
+    """Delete a security group, retrying DependencyViolation (every ``delay_s`` for up to
+    ``timeout_s`` seconds) while its instances terminate; a group already gone is fine. Raises
+    the last ClientError otherwise."""
+    import tenacity
+
+    def in_use(exc: BaseException) -> bool:
+        return isinstance(exc, botocore.exceptions.ClientError) and error_code(exc) == "DependencyViolation"
+
+    for attempt in tenacity.Retrying(retry=tenacity.retry_if_exception(in_use), wait=tenacity.wait_fixed(delay_s),
+                                     stop=tenacity.stop_after_delay(timeout_s), reraise=True):
+        with attempt:
+            try:
+                ec2.delete_security_group(GroupId=group_id)
+            except botocore.exceptions.ClientError as exc:
+                if error_code(exc) != "InvalidGroup.NotFound":
+                    raise
 
 
 def delete_run(ec2, run_id: str, keys_dir, log=lambda msg: None) -> dict[str, list[str]]:

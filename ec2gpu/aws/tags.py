@@ -1,11 +1,34 @@
 """Tags: the tool's identity for every resource it creates (no local state is needed to find them)."""
 from __future__ import annotations
 
+import re
+
 RUN = "ec2gpu:run"
 OWNER = "ec2gpu:owner"
 NAME = "Name"
 CLUSTER = "ec2gpu:cluster"  # the cluster's name, on every node of a multi-node run or standing cluster
 NODE = "ec2gpu:node"  # the node's index in its cluster (0 hosts the torchrun rendezvous)
+
+
+#: a name the user gives (--name, a task's name): safe in tags, file names, an ssh_config Host
+#: line and a shell word, as it is (letters, digits, then also . _ -; 63 characters at most)
+NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+_SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # a tag value read back (a cluster node adds -K)
+
+
+def safe(value: str | None) -> bool:
+    """Whether a tag value read from EC2 may go into an ssh_config, a hint or a shell string as it
+    is. Anyone who can tag resources in the account can set one, so it is never trusted (pure)."""
+    return bool(value) and _SAFE.match(value) is not None
+
+
+def check_name(name: str, flag: str = "--name") -> str:
+    """``name`` if it matches NAME_RE; else UsageError naming the allowed characters."""
+    from ..errors import UsageError
+    if re.match(NAME_RE, name) is None:
+        raise UsageError(f"{flag} {name!r} is not a safe name",
+                         "use letters, digits, '.', '_' and '-' (starting with a letter or digit), 63 at most")
+    return name
 
 
 def tags(run_id: str, owner: str, name: str) -> list[dict]:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 
 from ..errors import UsageError
 from . import JSON, REGION, SANDBOX, Context, _sandbox_flag, app, err, out
@@ -36,7 +37,7 @@ def ssh_cmd(ctx_: typer.Context, name: str = typer.Argument(..., help="Name, ins
             ssh.wait_for_ssh(host, port, ctx.settings.ssh_user, key, known, timeout_s=ssh.FINGERPRINT_WAIT_S + 60,
                              log=lambda m: err.print(f"[dim]{m}[/]", highlight=False),
                              fingerprints=lambda: instances.host_key_fingerprints(ctx.aws.ec2, iid)).close()
-        config, _, _ = _write_ssh_config(ctx)
+        config, _, _ = _write_ssh_config(ctx, lambda line: err.print(f"[yellow]warning:[/] {escape(line)}"))
         argv = [shutil.which("ssh") or "ssh", "-F", str(config), "-o", "LogLevel=ERROR", iid, *ctx_.args]
         code = subprocess.call(argv)
     raise typer.Exit(code)
@@ -81,9 +82,11 @@ def logs(name: str = typer.Argument(..., help="Run id, name or instance id."),
         raise typer.Exit(status)
 
 
-def _write_ssh_config(ctx: Context) -> tuple[Path, list, list[str]]:
+def _write_ssh_config(ctx: Context, warn=lambda line: None) -> tuple[Path, list, list[str]]:
     """Write $EC2GPU_HOME/ssh_config for every running instance whose key is here: (path, entries,
-    instance ids skipped for want of their private key)."""
+    instance ids skipped for want of their private key). A Name tag that is not safe in a Host line
+    (tags.safe: anyone who can tag in the account could plant a ProxyCommand) is left out, and
+    ``warn`` says so; the instance is still reachable by its id."""
     from ..aws import network, sweep
     from ..aws import tags as T
     from ..remote import ssh_config as sc
@@ -96,6 +99,10 @@ def _write_ssh_config(ctx: Context) -> tuple[Path, list, list[str]]:
             continue
         host, port = ctx.backend.ssh_target(inst)
         name = T.as_dict(inst.get("Tags")).get(T.NAME)
+        if name is not None and not T.safe(name):
+            warn(f"{inst['InstanceId']}: its Name tag {name!r} has characters that are not safe in an ssh_config; "
+                 "left out (use the instance id)")
+            name = None
         entries.append(sc.HostEntry(tuple(a for a in (name, inst["InstanceId"]) if a), host, port,
                                     ctx.settings.ssh_user, key, ctx.settings.home / "known_hosts" / inst["InstanceId"]))
     path = ctx.settings.home / "ssh_config"
@@ -108,7 +115,7 @@ def _write_ssh_config(ctx: Context) -> tuple[Path, list, list[str]]:
 def ssh_config(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
     """Write ~/.ec2gpu/ssh_config so plain `ssh NAME`, scp and editors reach the running instances."""
     with Context(region, _sandbox_flag(sandbox)) as ctx:
-        path, entries, skipped = _write_ssh_config(ctx)
+        path, entries, skipped = _write_ssh_config(ctx, lambda line: err.print(f"[yellow]warning:[/] {escape(line)}"))
     if as_json:
         print(json.dumps({"path": str(path), "hosts": [e.aliases[0] for e in entries], "skipped": skipped}, indent=2))
         return

@@ -150,9 +150,10 @@ def runs(ctx: typer.Context,
     from rich.table import Table
     from rich import box
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, padding=(0, 1))
-    t.add_column("run id (start UTC)", no_wrap=True)
+    # the run id is what a user copies (`ec2gpu runs show ID`): it never wraps or shrinks; words fold
+    t.add_column("run id (start UTC)", no_wrap=True, min_width=max(len(r["run_id"]) for r in rows))
     for name in ("status", "task", "type", "result", "billed", "cost $", "est. $"):
-        t.add_column(name, no_wrap=name not in ("result",))
+        t.add_column(name, overflow="fold", no_wrap=name in ("billed", "cost $", "est. $"))
     for r in rows:
         kind = (r.get("instance_type") or "") + (" spot" if r.get("market") == "spot" else "")
         t.add_row(r["run_id"], r["status"], r.get("task") or "mnist", kind, _result(r),

@@ -27,6 +27,12 @@ def launch(
     from ..aws import catalog
     from ..runs import pipeline, provision
 
+    from ..aws import tags
+    if name is not None:
+        tags.check_name(name)  # it goes into tags, ssh_config Host lines and commands shown to you
+    if ssh_cidr is not None:
+        from ..aws import network
+        network.check_cidr(ssh_cidr, lambda line: err.print(f"[yellow]{line}[/]"))
     with Context(region, _sandbox_flag(sandbox), persistent=True) as ctx:
         asked = ctx.settings.instance_type if instance_type is None else instance_type
         if any(not t.strip() for t in asked.split(",")):
@@ -112,7 +118,10 @@ def ls(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = 
     from rich import box
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, padding=(0, 1))
     for col in ("name", "instance id", "type", "zone", "state", "age", "$/h", "so far $"):
-        t.add_column(col, overflow="fold")
+        if col == "instance id":  # what a user copies: it never wraps or shrinks; the other columns fold
+            t.add_column(col, no_wrap=True, min_width=max(len(r["instance_id"]) for r in rows))
+        else:
+            t.add_column(col, overflow="fold")
     rows.sort(key=lambda r: (r["cluster"] is None, r["cluster"] or "", r["node"] or 0, r["launched_at"] or ""))
     group = object()  # no group yet
     for r in rows:
@@ -129,6 +138,10 @@ def ls(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = 
                   "-" if r["usd_per_hour"] is None else f"{r['usd_per_hour']:.4f}",
                   "-" if r["cost_so_far_usd"] is None else f"{r['cost_so_far_usd']:.4f}")
     out.print(t)
+    for r in rows:
+        if r["unsafe_tags"]:
+            err.print(f"[yellow]warning:[/] {r['instance_id']}: its {', '.join(r['unsafe_tags'])} tag has characters "
+                      "that are not safe to show or paste into a command; left out (use the instance id)")
     if any(r["market"] == "spot" for r in rows):
         out.print("[dim]spot instances are shown at the on-demand price (their ceiling); the bill uses the spot "
                   "price history[/]")

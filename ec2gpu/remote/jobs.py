@@ -119,36 +119,42 @@ class Unreachable(Exception):
 def follow_reconnecting(connect, run_dir: str, log_name: str, cursor: LogCursor, *, conn: Connection | None = None,
                         unreachable_s: float = 120.0, on_poll=None, log=lambda msg: None,
                         poll_s: float = 0.5) -> tuple[int, Connection]:
-    """``follow`` that survives dropped connections: reconnect with backoff (0.5 s doubling to 8 s)
-    through ``connect()`` and resume at ``cursor.offset``, so no byte is missed or repeated.
+    """``follow`` that survives dropped connections: reconnect with backoff (0.5 s doubling to 8 s,
+    tenacity) through ``connect()`` and resume at ``cursor.offset``, so no byte is missed or repeated.
 
     ``on_poll(conn)`` also runs while disconnected, with ``conn`` None (to check the instance's
     state, say). Returns (exit status, the open connection). Raises Unreachable once no connection
     succeeded for ``unreachable_s`` seconds; whatever ``on_poll`` raises.
     """
-    lost_since, delay = None, 0.5
+    import tenacity
+
+    def reconnect(lost_since: float) -> Connection:
+        def on_failure(state: tenacity.RetryCallState) -> None:  # before each backoff sleep
+            if on_poll:
+                on_poll(None)  # may raise (the instance is gone): that ends the wait
+        try:
+            return tenacity.Retrying(
+                retry=tenacity.retry_if_exception_type(CONNECTION_ERRORS), before_sleep=on_failure,
+                wait=tenacity.wait_exponential(multiplier=0.5, max=8.0),  # 0.5, 1, 2, 4, 8, 8, ... s
+                stop=tenacity.stop_before_delay(max(0.0, lost_since + unreachable_s - time.monotonic())))(connect)
+        except tenacity.RetryError as exc:
+            raise Unreachable(f"SSH unreachable for {time.monotonic() - lost_since:.0f} s "
+                              f"(last error: {exc.last_attempt.exception()})") from None
+
+    if conn is None:
+        conn = reconnect(time.monotonic())
     while True:
         try:
-            if conn is None:
-                conn = connect()
-                if lost_since is not None:
-                    log(f"reconnected after {time.monotonic() - lost_since:.1f} s; the log resumes at byte "
-                        f"{cursor.offset:,}")
-                lost_since, delay = None, 0.5
             return follow(conn, run_dir, log_name, cursor, poll_s=poll_s, on_poll=on_poll), conn
         except CONNECTION_ERRORS as exc:
             with contextlib.suppress(Exception):
                 conn.close()
-            conn = None
-            if lost_since is None:
-                lost_since = time.monotonic()
-                log(f"SSH connection lost ({type(exc).__name__}: {exc}); the job keeps running, reconnecting")
+            lost_since = time.monotonic()
+            log(f"SSH connection lost ({type(exc).__name__}: {exc}); the job keeps running, reconnecting")
             if on_poll:
                 on_poll(None)
-            if time.monotonic() - lost_since > unreachable_s:
-                raise Unreachable(f"SSH unreachable for {time.monotonic() - lost_since:.0f} s (last error: {exc})")
-            time.sleep(delay)
-            delay = min(delay * 2, 8.0)
+            conn = reconnect(lost_since)
+            log(f"reconnected after {time.monotonic() - lost_since:.1f} s; the log resumes at byte {cursor.offset:,}")
 
 
 def fetch(conn: Connection, remote_dir: str, local_dir: Path) -> list[Path]:

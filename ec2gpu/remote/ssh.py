@@ -83,31 +83,34 @@ def wait_for_ssh(host: str, port: int, user: str, key_path: Path, known_hosts: P
     ``log`` says which happened. Raises WaitTimeout after ``timeout_s`` seconds with the last error
     in the message, RemoteError for a host key that does not match.
     """
+    import tenacity
+
     start = time.monotonic()
-    deadline, delay, last, expected, waiting_said = start + timeout_s, 0.5, None, [], False
-    while time.monotonic() < deadline:
-        if fingerprints and not expected and not _pinned(known_hosts):
-            expected = fingerprints()
-            if not expected and time.monotonic() - start < fingerprint_wait_s:
-                if not waiting_said:
-                    log(f"waiting for {host}'s console to show its host key fingerprints (cloud-init prints them "
-                        f"once booted; up to {fingerprint_wait_s:.0f} s) so the key can be verified, not trusted")
-                    waiting_said = True
-                time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-                delay = min(delay * 2, 5.0)
-                continue
+    backoff = tenacity.wait_exponential(multiplier=0.5, max=5.0)  # 0.5, 1, 2, 4, 5, 5, ... s
+    expected: list[str] = []
+    if fingerprints and not _pinned(known_hosts):
+        expected = fingerprints()
+        if not expected:
+            log(f"waiting for {host}'s console to show its host key fingerprints (cloud-init prints them "
+                f"once booted; up to {fingerprint_wait_s:.0f} s) so the key can be verified, not trusted")
+            expected = tenacity.Retrying(
+                retry=tenacity.retry_if_result(lambda got: not got), wait=backoff,
+                stop=tenacity.stop_before_delay(min(fingerprint_wait_s, timeout_s)),
+                retry_error_callback=lambda state: [])(fingerprints)
             if not expected:
                 log(f"no host key fingerprints on {host}'s console after {fingerprint_wait_s:.0f} s")
-        try:
-            conn = connect(host, port, user, key_path, known_hosts, log, expected=expected)
-            conn.run("true", hide=True, in_stream=False)
-            return conn
-        except RemoteError:
-            raise
-        except (OSError, socket.timeout, paramiko.SSHException, EOFError) as exc:
-            last = exc
-        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-        delay = min(delay * 2, 5.0)
+
+    def attempt() -> Connection:
+        conn = connect(host, port, user, key_path, known_hosts, log, expected=expected)
+        conn.run("true", hide=True, in_stream=False)
+        return conn
+
+    try:  # RemoteError (a host key that does not match) is not retried
+        return tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type((OSError, socket.timeout, paramiko.SSHException, EOFError)),
+            wait=backoff, stop=tenacity.stop_before_delay(max(0.0, start + timeout_s - time.monotonic())))(attempt)
+    except tenacity.RetryError as exc:
+        last = exc.last_attempt.exception()
     raise WaitTimeout(f"SSH to {user}@{host}:{port} did not answer in {timeout_s:.0f} s (last error: {last})",
                       "the instance may still be booting, or the security group does not admit your IP")
 

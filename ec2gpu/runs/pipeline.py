@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..aws import capacity, catalog, instances, network
+from ..aws import capacity, catalog, instances, network, tags
 from ..aws.session import Aws
 from ..backend import AWS, Backend
 from ..errors import RemoteError, UsageError
@@ -120,8 +120,9 @@ def builtin_task(opts: TrainOptions, sandbox: bool = False):
 
 
 def check_estimate(aws: Aws, settings: Settings, opts: TrainOptions, backend: str, ui: Reporter) -> costs.Estimate:
-    """Estimate the run, tell the user, and refuse it (UsageError) when above ``opts.budget_usd``
-    or when ``opts.max_price`` is below the spot price in every zone. Creates nothing."""
+    """Estimate the run, tell the user, and refuse it (UsageError) when above ``opts.budget_usd``,
+    when the job alone would outlast ``opts.max_runtime_minutes`` (the instance would end itself
+    first), or when ``opts.max_price`` is below the spot price in every zone. Creates nothing."""
     if opts.max_price is not None and not opts.spot:
         raise UsageError("--max-price applies to spot instances only", "add --spot, or drop --max-price")
     if opts.task is not None and opts.task.builtin != "mnist":
@@ -142,6 +143,12 @@ def check_estimate(aws: Aws, settings: Settings, opts: TrainOptions, backend: st
             f"boot {est.boot_seconds:.0f} s, setup {est.setup_seconds:.0f} s, "
             f"{'training' if opts.task is None or opts.task.builtin == 'mnist' else 'job'} {est.train_seconds:.0f} s, "
             f"teardown {est.teardown_seconds:.0f} s [{est.time_source}]")
+    if est.train_seconds > opts.max_runtime_minutes * 60:  # it would end itself first (user data's shutdown)
+        raise UsageError(f"the estimate says the job needs ~{est.train_seconds / 60:,.0f} min, longer than "
+                         f"--max-runtime {opts.max_runtime_minutes} min: the instance would terminate itself "
+                         "before the job finishes",
+                         f"raise --max-runtime to at least {int(est.train_seconds // 60) + 1} (minutes), or make the "
+                         "job shorter (fewer --epochs)")
     if opts.budget_usd is not None:
         if est.cost_usd is None:
             raise UsageError("--budget needs a price, and none is known for this region",
@@ -252,6 +259,8 @@ def _check_options(opts: TrainOptions, ui: Reporter):
     if any(not t.strip() for t in opts.instance_type.split(",")):
         raise UsageError(f"--instance-type {opts.instance_type!r} has an empty entry",
                          "name each type, e.g. --instance-type g4dn.xlarge,g5.xlarge")
+    if opts.name is not None:
+        tags.check_name(opts.name)
     types = [catalog.lookup(t).name for t in opts.instance_types]
     if opts.spot_fallback not in (None, "on-demand"):
         raise UsageError(f"--spot-fallback {opts.spot_fallback!r} is not known", "the only fallback is on-demand")

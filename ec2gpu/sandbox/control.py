@@ -150,17 +150,18 @@ def resolver(home: Path):
 
     resolve raises WaitTimeout when the sandbox has no sshd for the instance in time.
     """
+    import tenacity
+
     def resolve(instance_id: str, timeout_s: float = 30.0) -> tuple[str, int]:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            state = read_state(home) or {}
-            inst = state.get("instances", {}).get(instance_id)
-            if inst:
-                return inst["host"], inst["port"]
-            if time.monotonic() > deadline:
-                raise WaitTimeout(f"the sandbox has no sshd for {instance_id} after {timeout_s:.0f} s",
-                                  f"see {state_dir(home) / 'server.log'}")
-            time.sleep(0.1)
+        def look() -> dict | None:
+            return (read_state(home) or {}).get("instances", {}).get(instance_id)
+        try:
+            inst = tenacity.Retrying(retry=tenacity.retry_if_result(lambda found: not found),
+                                     wait=tenacity.wait_fixed(0.1), stop=tenacity.stop_after_delay(timeout_s))(look)
+        except tenacity.RetryError:
+            raise WaitTimeout(f"the sandbox has no sshd for {instance_id} after {timeout_s:.0f} s",
+                              f"see {state_dir(home) / 'server.log'}") from None
+        return inst["host"], inst["port"]
     return resolve
 
 

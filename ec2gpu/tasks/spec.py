@@ -14,8 +14,9 @@ from typing import Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ..aws.tags import NAME_RE
+
 SCHEMA_PATH = Path(__file__).with_name("task.schema.json")
-NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"  # safe in tags, file names and shell words
 ENV_NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
 

@@ -3,6 +3,7 @@ from datetime import datetime, timezone
 import stat
 
 import pytest
+import botocore.exceptions
 from botocore.stub import Stubber
 
 from ec2gpu.aws import capacity, images, instances, network, sweep
@@ -112,3 +113,37 @@ def test_missing_credentials_are_reported_with_a_hint(monkeypatch, tmp_path):
     with pytest.raises(AwsError) as exc:
         Aws("us-east-1").check_credentials()
     assert "aws configure" in exc.value.hint
+
+
+class _GroupInUse:
+    """An EC2 client whose DeleteSecurityGroup answers DependencyViolation ``busy`` times, then
+    ``then`` (None: success)."""
+
+    def __init__(self, busy: int, then: str | None = None):
+        self.busy, self.then, self.calls = busy, then, 0
+
+    def delete_security_group(self, GroupId):
+        self.calls += 1
+        code = "DependencyViolation" if self.calls <= self.busy else self.then
+        if code:
+            raise botocore.exceptions.ClientError({"Error": {"Code": code, "Message": "m"}}, "DeleteSecurityGroup")
+
+
+def test_a_group_in_use_is_deleted_once_its_instances_are_gone_and_a_gone_group_is_fine():
+    ec2 = _GroupInUse(busy=3)
+    sweep.delete_security_group(ec2, "sg-1", timeout_s=5, delay_s=0.01)
+    assert ec2.calls == 4
+    ec2 = _GroupInUse(busy=1, then="InvalidGroup.NotFound")
+    sweep.delete_security_group(ec2, "sg-1", timeout_s=5, delay_s=0.01)
+    assert ec2.calls == 2
+
+
+def test_a_group_still_in_use_at_the_deadline_or_another_error_is_raised():
+    ec2 = _GroupInUse(busy=10**6)
+    with pytest.raises(botocore.exceptions.ClientError, match="DependencyViolation"):
+        sweep.delete_security_group(ec2, "sg-1", timeout_s=0.2, delay_s=0.05)
+    assert 2 <= ec2.calls <= 6
+    ec2 = _GroupInUse(busy=0, then="UnauthorizedOperation")
+    with pytest.raises(botocore.exceptions.ClientError, match="UnauthorizedOperation"):
+        sweep.delete_security_group(ec2, "sg-1", timeout_s=5, delay_s=0.01)
+    assert ec2.calls == 1

@@ -145,7 +145,20 @@ def test_launch_ls_ssh_down_in_the_sandbox(sandbox_env, capsys):
     assert cli.main(["ssh", "lab", "--", "true"]) == 255  # ssh's own refusal
     known.write_text(pinned)
     assert cli.main(["ssh", "lab", "--", "exit", "3"]) == 3  # the remote exit status is ours
-    assert cli.main(["down", "lab"]) == 0
+    # anyone who can tag in the account plants a command in the Name tag: it never reaches ssh_config
+    planted = home / "planted"
+    boto3.client("ec2", region_name="us-east-1").create_tags(
+        Resources=[row["instance_id"]], Tags=[{"Key": "Name", "Value": f"x\n    ProxyCommand touch {planted}"}])
+    capsys.readouterr()
+    assert cli.main(["ssh-config", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["hosts"] == [row["instance_id"]]
+    assert "ProxyCommand" not in (home / "ssh_config").read_text()
+    assert cli.main(["ssh", row["instance_id"], "--", "true"]) == 0
+    assert "not safe in an ssh_config" in " ".join(capsys.readouterr().err.split()) and not planted.exists()
+    assert cli.main(["ls"]) == 0
+    shown = capsys.readouterr()
+    assert "ProxyCommand" not in shown.out and "Name tag has characters that are not safe" in " ".join(shown.err.split())
+    assert cli.main(["down", row["instance_id"]]) == 0
     assert leftovers(home) == ([], [], [])
 
 
@@ -173,6 +186,10 @@ def test_launch_ls_ssh_down_in_the_sandbox(sandbox_env, capsys):
     (["train", "mnist", "--sandbox", "--ssh-cidr", "notacidr"], 2, "is not a CIDR"),
     (["train", "mnist", "--sandbox", "--instance-type", "g4dn.xlarge,,"], 2, "has an empty entry"),
     (["train", "mnist", "--sandbox", "--instance-type", ""], 2, "has an empty entry"),
+    (["train", "mnist", "--sandbox", "--epochs", "100000000"], 2, "the instance would terminate itself before"),
+    (["launch", "--sandbox", "--name", "lab\nProxyCommand touch /tmp/x"], 2, "is not a safe name"),
+    (["launch", "--sandbox", "--ssh-cidr", "notacidr"], 2, "is not a CIDR"),
+    (["run", "--sandbox", "--name", "$(reboot)", "--expect", "1m", "--", "true"], 2, "is not a safe name"),
 ])
 def test_bad_input_is_one_clear_line_and_creates_nothing(sandbox_env, capsys, argv, code, words):
     home, _ = sandbox_env

@@ -54,3 +54,21 @@ def test_bad_since_is_a_usage_error(text):
 def test_unknown_run_is_a_usage_error(tmp_path):
     with pytest.raises(UsageError):
         ledger.get(tmp_path, "nope")
+
+
+def test_runs_at_80_columns_keeps_each_run_id_whole_on_one_line(tmp_path):
+    import os
+    import subprocess
+    import sys
+    ids = ["20261122-052235-dea6", "20261122-061500-0f3c"]
+    for rid in ids:
+        ledger.record(tmp_path, {"run_id": rid, "command": "ec2gpu run", "backend": "aws", "status": "spot-interrupted",
+                                 "started_at": "2026-11-22T05:22:35+00:00", "task": "a-rather-long-task-name",
+                                 "instance_type": "g4dn.12xlarge", "market": "spot", "billed_seconds": 1234.0,
+                                 "cost_usd": 0.0441, "estimated_cost_usd": 0.05,
+                                 "summary": {"loss": 0.0123, "epochs": 3, "note": "a summary long enough to fold"}})
+    env = {**os.environ, "EC2GPU_HOME": str(tmp_path), "COLUMNS": "80", "TERM": "dumb"}
+    shown = subprocess.run([sys.executable, "-m", "ec2gpu", "runs"], env=env, capture_output=True, text=True,
+                           check=True).stdout
+    assert all(len(line) <= 80 for line in shown.splitlines()), shown
+    assert all(sum(rid in line for line in shown.splitlines()) == 1 for rid in ids), shown
