@@ -13,7 +13,7 @@ class ExitCode(IntEnum):
     SUCCESS = 0
     ERROR = 1
     USAGE = 2  # bad flag, unknown instance type, unreadable data dir
-    AWS = 3  # credentials, permissions, API errors
+    AWS = 3  # credentials, permissions, API errors; state the tool cannot read (the ledger)
     CAPACITY = 4  # no capacity / quota for the requested instance types
     REMOTE = 5  # the instance, SSH or the job on it failed
     TIMEOUT = 6  # a wait ran past its bound
@@ -46,6 +46,24 @@ class RetiredInstanceType(UsageError):
 
 class AwsError(Ec2GpuError):
     """Credentials, region, permissions or an AWS API call failed."""
+
+    exit_code = ExitCode.AWS
+
+
+class NoCredentials(AwsError):
+    """boto3 found no AWS credentials (botocore's NoCredentialsError). The CLI adds to the hint
+    when a sandbox is running, since that is usually what the user meant."""
+
+    HINT = ("run `aws configure`, set AWS_PROFILE, or export AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; "
+            "or try everything locally with --sandbox")
+
+    def __init__(self, message: str = "no AWS credentials found", hint: str = HINT):
+        super().__init__(message, hint)
+
+
+class LedgerError(Ec2GpuError):
+    """The ledger (an SQLite file in EC2GPU_HOME) cannot be read or written: corrupt, not a
+    database, or unreadable. A run goes on without it; `ec2gpu runs` stops with this."""
 
     exit_code = ExitCode.AWS
 

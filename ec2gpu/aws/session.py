@@ -11,7 +11,7 @@ import boto3
 import botocore.config
 import botocore.exceptions
 
-from ..errors import AwsError, UsageError
+from ..errors import AwsError, NoCredentials, UsageError
 
 RETRIES = {"mode": "adaptive", "max_attempts": 8}  # throttling backs off, bounded
 #: for calls whose failure means "try the next zone/type": no SDK retries at all (EC2 answers
@@ -107,9 +107,7 @@ class Aws:
         try:
             return self.client("sts").get_caller_identity()
         except botocore.exceptions.NoCredentialsError:
-            raise AwsError("no AWS credentials found",
-                           "run `aws configure`, set AWS_PROFILE, or export AWS_ACCESS_KEY_ID and "
-                           "AWS_SECRET_ACCESS_KEY; or try everything locally with --sandbox")
+            raise NoCredentials() from None
         except botocore.exceptions.ClientError as exc:
             raise AwsError(f"AWS rejected the credentials: {describe(exc)}",
                            "check the access key, its expiry (aws sso login) and the region")

@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 
 from .. import backend
-from ..errors import Ec2GpuError, ExitCode
+from ..errors import Ec2GpuError, ExitCode, NoCredentials
 
 app = typer.Typer(help="Rent a GPU on AWS EC2 for exactly as long as a training job needs it.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -210,6 +210,8 @@ def _aws_error(exc: Exception):
     import botocore.exceptions
 
     from ..errors import AwsError
+    if isinstance(exc, botocore.exceptions.NoCredentialsError):
+        return _no_credentials(NoCredentials())
     if isinstance(exc, botocore.exceptions.ClientError):
         e = exc.response.get("Error", {})
         code, op = e.get("Code", "?"), getattr(exc, "operation_name", "?")
@@ -223,6 +225,21 @@ def _aws_error(exc: Exception):
                         "check the network and credentials (`ec2gpu doctor`); `ec2gpu cleanup` removes what a "
                         "run may have left")
     return None
+
+
+def _no_credentials(exc: NoCredentials) -> NoCredentials:
+    """``exc``, its hint naming the sandbox when one runs in this EC2GPU_HOME (the user most
+    likely meant it: `sandbox up` was run, then a command without --sandbox)."""
+    from ..sandbox import control
+    from ..settings import load
+    try:
+        state = control.read_state(load().home)
+    except Exception:  # noqa: BLE001 - unreadable settings or state: the plain hint is still right
+        state = None
+    if state:
+        exc.hint = (f"a sandbox is running here (pid {state['pid']}): add --sandbox, or point this shell at it with "
+                    "`eval \"$(ec2gpu sandbox env)\"`; for AWS itself, run `aws configure` or set AWS_PROFILE")
+    return exc
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -245,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     except Ec2GpuError as exc:
         if DEBUG:
             raise
+        if isinstance(exc, NoCredentials):
+            exc = _no_credentials(exc)
         err.print(f"[red]error:[/] {exc.message}", highlight=False, markup=True)
         if getattr(exc, "tail", ""):
             err.print(exc.tail, highlight=False, markup=False)

@@ -77,6 +77,11 @@ def prices(gpu: Optional[str] = typer.Option(None, "--gpu", help="Only this GPU 
     for r in retired:
         t.add_row(f"[dim]{r['instance_type']}[/]", "[dim]retired[/]", "",
                   f"[dim]{_usd(r['last_known_on_demand_usd_per_hour'])}[/]", f"[dim]last price; use {r['replacement']}[/]", "")
+    if not rows and not retired:  # never an empty table with no word
+        listed = ", ".join(n for n, c in catalog.CATALOG.items() if not gpu or c.gpu.upper() == gpu.upper())
+        out.print(f"no instance type with {gpu.upper() if gpu else 'NVIDIA'} GPUs is offered in {aws.region} (the "
+                  f"catalog's: {listed}); try another --region")
+        return
     out.print(t)
     sources = sorted({r["on_demand_source"] for r in rows})
     out.print(f"[dim]on-demand: {'; '.join(sources) or '-'}. spot: describe_spot_price_history, newest price per zone."

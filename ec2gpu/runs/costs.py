@@ -155,7 +155,7 @@ def estimate_job(aws, home, instance_type: str, spot: bool, job_seconds: float, 
 
     itype = catalog.lookup(instance_type)
     price = hourly_price(aws, home, itype.name, spot, max_price)
-    history = [r for r in ledger.runs(home, backend=backend, limit=50) if r["status"] == "completed"]
+    history = [r for r in ledger.runs(home, backend=backend, limit=50, tolerant=True) if r["status"] == "completed"]
     boot, setup, teardown, _ = _phase_seconds(history, itype.name)
     return _priced(Estimate(itype.name, "spot" if spot else "on-demand", price.usd_per_hour, price.source,
                             round(boot, 1), round(setup, 1), round(job_seconds, 1), round(teardown, 1), job_source))
@@ -196,7 +196,7 @@ def estimate_run(aws, home, instance_type: str, spot: bool, model: str, epochs: 
 
     itype = catalog.lookup(instance_type)
     price = hourly_price(aws, home, itype.name, spot, max_price)
-    history = [r for r in ledger.runs(home, backend=backend, limit=50) if r["status"] == "completed"]
+    history = [r for r in ledger.runs(home, backend=backend, limit=50, tolerant=True) if r["status"] == "completed"]
     return estimate(itype.name, itype.gpu, "spot" if spot else "on-demand", price.usd_per_hour, price.source,
                     model, epochs or PRESETS[model].epochs, history)
 
@@ -239,7 +239,7 @@ def estimate_minutes(home: Path, job, instance_type: str, expect_minutes: float 
     task's max_runtime. Raises UsageError when none of them says."""
     from ..errors import UsageError
     from . import ledger
-    past = [r for r in ledger.runs(home, backend=backend, limit=200)
+    past = [r for r in ledger.runs(home, backend=backend, limit=200, tolerant=True)
             if r.get("task") == job.name and r.get("instance_type") == instance_type and r["status"] == "completed"
             and (r.get("phases") or {}).get("running")]
     if past:

@@ -13,7 +13,7 @@ from contextlib import closing
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from ..errors import UsageError
+from ..errors import LedgerError, UsageError
 
 MIGRATIONS: list[str] = [
     # 1: the runs table
@@ -66,12 +66,24 @@ def path_in(home: Path) -> Path:
     return home / "ledger.sqlite"
 
 
+def unreadable(home: Path, exc: Exception) -> LedgerError:
+    """The LedgerError for ``exc`` (sqlite3 or OS error) on the ledger in ``home``: names the file and
+    how to set it aside."""
+    path = path_in(home)
+    return LedgerError(f"the ledger {path} cannot be used ({type(exc).__name__}: {exc})",
+                       f"set it aside with `mv {path} {path}.bad` (a new ledger starts; nothing on AWS depends on it)")
+
+
 def connect(home: Path) -> sqlite3.Connection:
-    """Open (creating and migrating) the ledger in ``home``."""
-    home.mkdir(parents=True, exist_ok=True)
-    db = sqlite3.connect(path_in(home), timeout=10)
-    db.row_factory = sqlite3.Row
-    migrate(db)
+    """Open (creating and migrating) the ledger in ``home``. Raises LedgerError when it is not a
+    usable SQLite database."""
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(path_in(home), timeout=10)
+        db.row_factory = sqlite3.Row
+        migrate(db)
+    except (sqlite3.Error, OSError) as exc:
+        raise unreadable(home, exc) from None
     return db
 
 
@@ -90,12 +102,18 @@ def _columns(db: sqlite3.Connection) -> set[str]:
 
 
 def record(home: Path, row: dict) -> None:
-    """Insert or update the run ``row['run_id']`` with the known columns of ``row``."""
-    with closing(connect(home)) as db, db:
-        cols = [k for k in row if k in _columns(db)]
-        values = [json.dumps(row[k], default=str) if k in JSON_COLUMNS else row[k] for k in cols]
-        db.execute(f"INSERT INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))}) "
-                   f"ON CONFLICT(run_id) DO UPDATE SET {', '.join(f'{c}=excluded.{c}' for c in cols)}", values)
+    """Insert or update the run ``row['run_id']`` with the known columns of ``row``. Raises
+    LedgerError when the ledger cannot be written."""
+    with closing(connect(home)) as db:
+        try:
+            with db:
+                cols = [k for k in row if k in _columns(db)]
+                values = [json.dumps(row[k], default=str) if k in JSON_COLUMNS else row[k] for k in cols]
+                db.execute(f"INSERT INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))}) "
+                           f"ON CONFLICT(run_id) DO UPDATE SET {', '.join(f'{c}=excluded.{c}' for c in cols)}",
+                           values)
+        except sqlite3.Error as exc:
+            raise unreadable(home, exc) from None
 
 
 def _row(r: sqlite3.Row) -> dict:
@@ -123,10 +141,31 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
     return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
 
 
-def runs(home: Path, since: datetime | None = None, backend: str | None = None, limit: int | None = None) -> list[dict]:
-    """Runs newest first, optionally started at or after ``since`` and of one ``backend``."""
+def runs(home: Path, since: datetime | None = None, backend: str | None = None, limit: int | None = None,
+         tolerant: bool = False) -> list[dict]:
+    """Runs newest first, optionally started at or after ``since`` and of one ``backend``. Raises
+    LedgerError when the ledger cannot be read, unless ``tolerant`` (then: no runs; for estimates,
+    which the run has already warned about, see ``check``)."""
     if not path_in(home).exists():
         return []
+    try:
+        return _runs(home, since, backend, limit)
+    except LedgerError:
+        if tolerant:
+            return []
+        raise
+
+
+def check(home: Path) -> LedgerError | None:
+    """None when the ledger in ``home`` can be read (or does not exist yet), else the LedgerError."""
+    try:
+        runs(home, limit=1)
+    except LedgerError as exc:
+        return exc
+    return None
+
+
+def _runs(home: Path, since: datetime | None, backend: str | None, limit: int | None) -> list[dict]:
     sql, args = "SELECT * FROM runs WHERE 1=1", []
     if since:
         sql, args = sql + " AND started_at >= ?", args + [since.astimezone(timezone.utc).isoformat()]
@@ -134,7 +173,10 @@ def runs(home: Path, since: datetime | None = None, backend: str | None = None, 
         sql, args = sql + " AND backend = ?", args + [backend]
     sql += " ORDER BY started_at DESC" + (f" LIMIT {int(limit)}" if limit else "")
     with closing(connect(home)) as db:
-        return [_row(r) for r in db.execute(sql, args)]
+        try:
+            return [_row(r) for r in db.execute(sql, args)]
+        except (sqlite3.Error, ValueError) as exc:  # ValueError: a JSON column that is not JSON
+            raise unreadable(home, exc) from None
 
 
 def get(home: Path, run_id: str) -> dict:

@@ -171,12 +171,18 @@ def _status(exc: BaseException | None, spot: bool = False) -> str:
 
 
 def _ledger(settings: Settings, row: dict, ui: Reporter) -> None:
-    """Write ``row`` to the ledger; a ledger problem is reported, never allowed to stop a run."""
-    import sqlite3
+    """Write ``row`` to the ledger; a ledger problem is reported (once per run), never allowed to
+    stop a run."""
+    from ..errors import LedgerError
     try:
         ledger.record(settings.home, row)
-    except (sqlite3.Error, OSError) as exc:
-        ui.note(f"warning: could not write the ledger {ledger.path_in(settings.home)}: {exc}")
+    except LedgerError as exc:
+        if row["run_id"] not in _LEDGER_WARNED:
+            _LEDGER_WARNED.add(row["run_id"])
+            ui.note(f"warning: {exc.message}; this run goes on without it. To fix: {exc.hint}")
+
+
+_LEDGER_WARNED: set[str] = set()  # run ids whose ledger problem was already said
 
 
 def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, backend: Backend = AWS) -> dict:

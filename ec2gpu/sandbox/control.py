@@ -79,18 +79,34 @@ def up(home: Path, timeout_s: float = 60.0, like_aws: bool | None = None) -> dic
     with open(d / "server.log", "ab") as logf:
         proc = subprocess.Popen([sys.executable, "-m", "ec2gpu.sandbox.server", str(d)], env=env,
                                 stdin=subprocess.DEVNULL, stdout=logf, stderr=logf, start_new_session=True)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        state = read_state(home)
-        if state:
-            return state
-        if proc.poll() is not None:
-            break
-        time.sleep(0.1)
-    if proc.poll() is None:
-        proc.kill()
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            state = read_state(home)
+            if state:
+                return state
+            if proc.poll() is not None:
+                break
+            time.sleep(0.1)
+    except BaseException:  # Ctrl-C while it starts: the half-started daemon goes too (it stops what it started)
+        _stop_started(proc, home)
+        raise
+    _stop_started(proc, home)
     log = (d / "server.log").read_text()[-1500:]
     raise SandboxError(f"the sandbox did not start: {log}", f"see {d / 'server.log'}")
+
+
+def _stop_started(proc: subprocess.Popen, home: Path) -> None:
+    """Stop a daemon this process started (SIGTERM: it stops its sshds; SIGKILL after 10 s) and
+    forget its state file."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    (state_dir(home) / "state.json").unlink(missing_ok=True)
 
 
 def down(home: Path, timeout_s: float = 30.0) -> bool:

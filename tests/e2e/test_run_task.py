@@ -217,6 +217,24 @@ def test_a_bad_task_file_is_one_line_exit_2_and_nothing_created(sandbox_env, tmp
     assert leftovers(home) == ([], [], [])
 
 
+def test_a_corrupt_ledger_does_not_stop_a_run_and_is_named_once(sandbox_env, project, tmp_path):
+    home, _ = sandbox_env
+    path = home / "ledger.sqlite"
+    kept = path.read_bytes() if path.exists() else None
+    path.write_bytes(b"not a database" * 500)
+    try:
+        code, stdout, err = drive(["run", "--sandbox", str(project / "task.yaml"), "--expect", "1m", "--env",
+                                   "EPOCHS=1", "--json", "--out", str(tmp_path / "r")], [])
+    finally:
+        path.write_bytes(kept) if kept is not None else path.unlink()
+    assert code == 0, err
+    said = " ".join(err.split())
+    assert said.count(f"warning: the ledger {path} cannot be used") == 1 and f"mv {path} {path}.bad" in said
+    record = json.loads(stdout)
+    assert record["status"] == "completed"
+    assert_nothing_left(home, record)
+
+
 def test_the_python_api_runs_a_task_and_returns_its_record(sandbox_env, project, tmp_path):
     import ec2gpu
     home, _ = sandbox_env

@@ -213,6 +213,22 @@ def test_missing_credentials_exit_3_without_traceback(monkeypatch, tmp_path, cap
     assert "no AWS credentials" in err and "Traceback" not in err and not (tmp_path / "keys").exists()
 
 
+@pytest.mark.parametrize("argv", [["ls"], ["ssh-config"], ["logs", "lab"], ["ssh", "lab"], ["down", "lab"],
+                                  ["cost", "--spot"], ["train", "mnist"], ["cleanup", "--dry-run"]])
+def test_without_credentials_every_command_says_so_and_points_at_the_running_sandbox(sandbox_env, monkeypatch,
+                                                                                      capsys, argv):
+    home, state = sandbox_env
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(home / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(home / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    assert cli.main(argv) == 3
+    err = " ".join(capsys.readouterr().err.split())
+    assert "no AWS credentials found" in err and f"a sandbox is running here (pid {state['pid']})" in err, err
+    assert "Traceback" not in err and "--debug" not in err
+
+
 def test_help_does_not_import_boto3_fabric_or_torch():
     import subprocess
     import sys
@@ -325,3 +341,39 @@ def test_a_bad_trainer_arg_shows_the_trainer_own_error_and_exits_5(sandbox_env, 
     err = " ".join(capsys.readouterr().err.split())
     assert code == 5, err
     assert "exited 2" in err and "argument --lr: invalid float value: 'abc'" in err and "Traceback" not in err
+
+
+def test_ctrl_c_while_the_sandbox_starts_leaves_no_server_running(tmp_path):
+    import contextlib
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+    env = {**os.environ, "EC2GPU_HOME": str(tmp_path)}
+    cli_proc = subprocess.Popen([sys.executable, "-m", "ec2gpu", "sandbox", "up"], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline, started = time.monotonic() + 30, []
+    while not started and time.monotonic() < deadline:  # the daemon is forked, not ready yet
+        started = psutil.Process(cli_proc.pid).children(recursive=True)
+        time.sleep(0.02)
+    try:
+        assert started and not control.read_state(tmp_path)
+        cli_proc.send_signal(signal.SIGINT)
+        _, err = cli_proc.communicate(timeout=30)
+        assert cli_proc.returncode == 130 and "what this command created was removed" in err
+        gone, alive = psutil.wait_procs(started, timeout=15)
+        assert not alive, [p.pid for p in alive]
+        assert control.read_state(tmp_path) is None
+    finally:  # the test's own processes, by pid, whatever happened
+        for p in started:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.terminate()
+        psutil.wait_procs(started, timeout=10)
+
+
+def test_prices_for_a_gpu_the_region_does_not_offer_says_so_instead_of_an_empty_table(sandbox_env, capsys):
+    assert cli.main(["prices", "--gpu", "V100", "--sandbox"]) == 0  # the sandbox's us-east-1 offers no p3
+    said = " ".join(capsys.readouterr().out.split())
+    assert "no instance type with V100 GPUs is offered in us-east-1" in said and "p3.2xlarge" in said

@@ -72,3 +72,28 @@ def test_runs_at_80_columns_keeps_each_run_id_whole_on_one_line(tmp_path):
                            check=True).stdout
     assert all(len(line) <= 80 for line in shown.splitlines()), shown
     assert all(sum(rid in line for line in shown.splitlines()) == 1 for rid in ids), shown
+
+
+def test_a_corrupt_ledger_is_named_with_the_way_out_and_estimates_go_on_without_it(tmp_path):
+    from ec2gpu.errors import LedgerError
+    ledger.path_in(tmp_path).write_bytes(b"this is not an SQLite database, it is a note\n" * 100)
+    with pytest.raises(LedgerError) as exc:
+        ledger.runs(tmp_path)
+    assert str(ledger.path_in(tmp_path)) in exc.value.message and "mv " in exc.value.hint
+    assert exc.value.exit_code == 3
+    with pytest.raises(LedgerError):
+        ledger.record(tmp_path, {"run_id": "r1", "command": "c", "backend": "aws", "status": "running",
+                                 "started_at": "2026-11-22T00:00:00+00:00"})
+    assert ledger.runs(tmp_path, tolerant=True) == []
+    assert isinstance(ledger.check(tmp_path), LedgerError)
+
+
+def test_runs_on_a_corrupt_ledger_exits_3_naming_the_file(tmp_path):
+    import os
+    import subprocess
+    import sys
+    ledger.path_in(tmp_path).write_bytes(b"garbage" * 1000)
+    done = subprocess.run([sys.executable, "-m", "ec2gpu", "runs"], env={**os.environ, "EC2GPU_HOME": str(tmp_path)},
+                          capture_output=True, text=True)
+    err = " ".join(done.stderr.split())
+    assert done.returncode == 3 and "ledger.sqlite cannot be used" in err and "Traceback" not in err, err
