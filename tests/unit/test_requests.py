@@ -190,3 +190,38 @@ def test_the_instance_watch_reports_api_errors_then_gives_up_and_lets_bugs_throu
     Ec2.error = KeyError("a bug")
     with pytest.raises(KeyError):  # not swallowed as an "API hiccup"
         recovery.InstanceWatch(Ec2(), "i-1", recovery.NoCheckpoints(), said.append).check()
+
+
+def _builtin_argv(tmp_path, nodes: int, index: int, gpus: int, args=("--epochs", "1")) -> list[str]:
+    """What the built-in task's run script executes on node ``index`` of ``nodes`` (a fake Python
+    records its argv), with the environment the engine gives that node."""
+    import subprocess
+
+    from ec2gpu.runs import engine
+    fake = tmp_path / "python"
+    fake.write_text('#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done\n')
+    fake.chmod(0o755)
+    job = pipeline.builtin_task(pipeline.TrainOptions(nodes=nodes))
+    addresses = [f"10.0.0.{k + 1}" for k in range(nodes)]
+    env = engine.node_env(job, "r1", str(tmp_path / "run"), index, addresses, gpus, resume=False, python=str(fake))
+    done = subprocess.run(["bash", "-c", job.task.run, job.name, *args], env={"PATH": "/usr/bin:/bin", **env},
+                          capture_output=True, text=True, check=True)
+    return done.stdout.splitlines()
+
+
+def test_torchrun_rendezvous_is_on_node_0_and_each_node_binds_its_own_address(tmp_path):
+    for index in (0, 1):
+        argv = _builtin_argv(tmp_path, nodes=2, index=index, gpus=0)
+        assert argv[:2] == ["-m", "ec2gpu.train.launch"]
+        flag = {f: argv[argv.index(f) + 1] for f in ("--nnodes", "--nproc-per-node", "--node-rank", "--master-addr",
+                                                     "--local-addr", "--max-restarts")}
+        assert flag == {"--nnodes": "2", "--nproc-per-node": "1", "--node-rank": str(index),
+                        "--master-addr": "10.0.0.1", "--local-addr": f"10.0.0.{index + 1}", "--max-restarts": "0"}
+        assert argv[argv.index("-m", 2) + 1] == "ec2gpu.train.mnist" and argv[-2:] == ["--epochs", "1"]
+
+
+def test_one_gpu_on_one_node_runs_the_trainer_directly_and_four_gpus_get_four_processes(tmp_path):
+    argv = _builtin_argv(tmp_path, nodes=1, index=0, gpus=1)
+    assert argv[:2] == ["-m", "ec2gpu.train.mnist"] and "--nnodes" not in argv
+    argv = _builtin_argv(tmp_path, nodes=1, index=0, gpus=4)
+    assert argv[argv.index("--nproc-per-node") + 1] == "4" and argv[argv.index("--master-addr") + 1] == "10.0.0.1"
