@@ -41,6 +41,23 @@ def find_key_pairs(ec2, run_id: str | None = None) -> list[dict]:
     return ec2.describe_key_pairs(Filters=filters)["KeyPairs"]
 
 
+def runs_named(ec2, name: str) -> set[str]:
+    """The run ids whose resources answer to ``name`` (an instance id, a Name, run or cluster tag),
+    found in every instance state (an interrupted spot instance is ``terminated`` and still listed
+    by EC2 for a while) and on security groups and key pairs, which outlive their instances."""
+    keys = (T.NAME, T.RUN, T.CLUSTER)
+    found = set()
+    for i in find_instances(ec2, states=LIVE_STATES + ["terminated"]):
+        tg = T.as_dict(i.get("Tags"))
+        if name == i["InstanceId"] or name in (tg.get(k) for k in keys):
+            found.add(tg.get(T.RUN))
+    for res in find_security_groups(ec2) + find_key_pairs(ec2):
+        tg = T.as_dict(res.get("Tags"))
+        if name in (tg.get(k) for k in keys):
+            found.add(tg.get(T.RUN))
+    return {r for r in found if r}
+
+
 def find_spot_requests(ec2, run_id: str | None = None) -> list[dict]:
     """Open or active spot instance requests tagged by the tool (optionally one run)."""
     filters = [{"Name": "tag-key", "Values": [T.RUN]}, {"Name": "state", "Values": ["open", "active"]}]

@@ -138,9 +138,15 @@ def runs(ctx: typer.Context,
     from ..runs import ledger
     from ..settings import load
 
+    from ..runs import reconcile
+
     start = ledger.parse_since(since) if since else None
     rows = ledger.runs(load().home, since=start)
-    keys = ("run_id", "status", "backend", "task", "instance_type", "market", "model", "test_acc", "exit_status",
+    lost = [r["run_id"] for r in rows if reconcile.controller_gone(r)]
+    for r in rows:
+        r["controller_gone"] = r["run_id"] in lost
+    keys = ("run_id", "status", "controller_gone", "backend", "task", "instance_type", "market", "model", "test_acc",
+            "exit_status",
             "summary", "billed_seconds",
             "cost_usd", "estimated_cost_usd", "started_at", "region", "zone", "instance_ids", "artifacts")
     total = ledger.totals(rows)
@@ -161,10 +167,14 @@ def runs(ctx: typer.Context,
         t.add_column(name, overflow="fold", no_wrap=name in ("billed", "cost $", "est. $"))
     for r in rows:
         kind = (r.get("instance_type") or "") + (" spot" if r.get("market") == "spot" else "")
-        t.add_row(r["run_id"], r["status"], r.get("task") or "mnist", kind, _result(r),
+        t.add_row(r["run_id"], "controller gone" if r["controller_gone"] else r["status"], r.get("task") or "mnist",
+                  kind, _result(r),
                   "-" if r.get("billed_seconds") is None else f"{r['billed_seconds']:.0f}",
                   _usd(r.get("cost_usd")), _usd(r.get("estimated_cost_usd")))
     out.print(t)
+    for run_id in lost:
+        out.print(f"[yellow]run {run_id}: its controller ended without closing it[/] (killed?); `ec2gpu down {run_id}` "
+                  "removes what it left and bills it from the instances' own times")
     if since:
         out.print(f"total since {start:%Y-%m-%d %H:%M} UTC: {total['runs']} run(s), {total['billed_seconds']:.0f} s "
                   f"billed, ${total['cost_usd']:.4f} (estimated ${total['estimated_cost_usd']:.4f})")

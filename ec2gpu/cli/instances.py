@@ -59,6 +59,14 @@ def launch(
                           f"{r['public_ip']}; `ec2gpu ssh {r['name']}` to log in, `ec2gpu down {r['name']}` to remove")
 
 
+def _settle(ctx: Context, run_ids: set[str] | None = None) -> None:
+    """Settle the ledger's runs (of this backend and region; only ``run_ids`` if given) whose
+    controller died and whose instances have terminated (runs/reconcile.py); each is said."""
+    from ..runs import reconcile
+    reconcile.settle_all(ctx.aws, ctx.settings.home, ctx.backend.name, run_ids,
+                         log=lambda m: err.print(f"[yellow]{m}[/]", highlight=False))
+
+
 def _find(ctx: Context, name: str) -> list[dict]:
     from ..aws import sweep
     from ..aws import tags as T
@@ -99,6 +107,7 @@ def ls(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = 
     from ..aws import catalog, instances, sweep
 
     with Context(region, _sandbox_flag(sandbox)) as ctx:
+        _settle(ctx)  # runs whose controller died and whose instances have ended by themselves
         rows = [instances.summary(i) for i in sweep.find_instances(ctx.aws.ec2)]
         now = datetime.now(timezone.utc)
         for r in rows:
@@ -173,6 +182,8 @@ def cleanup(dry_run: bool = typer.Option(False, "--dry-run", help="Only list wha
             else:
                 report[name] = sweep.delete_everything(aws.ec2, found, ctx.settings.keys_dir,
                                                        log=lambda m, n=name: err.print(f"[dim]{n}: {m}[/]"))
+        if not dry_run:
+            _settle(ctx)
     if as_json:
         print(json.dumps({"dry_run": dry_run, "regions": report}, indent=2))
         return
@@ -227,17 +238,23 @@ def down(name: Optional[str] = typer.Argument(None, help="Name, instance id or r
         if all_:
             runs = {T.as_dict(r.get("Tags")).get(T.RUN) for r in
                     sweep.find_instances(ec2) + sweep.find_security_groups(ec2) + sweep.find_key_pairs(ec2)}
-        else:
-            runs = {T.as_dict(i.get("Tags")).get(T.RUN) for i in _find(ctx, name)}
+        else:  # terminated instances too: an interrupted spot instance leaves its group and key pair
+            runs = sweep.runs_named(ec2, name)
+            if not runs:
+                raise UsageError(f"nothing of ec2gpu's is named {name!r}", "see `ec2gpu ls`; `ec2gpu cleanup` "
+                                 "removes everything the tool created")
         removed = {}
         for run_id in sorted(r for r in runs if r):
             removed[run_id] = sweep.delete_run(ec2, run_id, ctx.settings.keys_dir,
                                                log=lambda m: err.print(f"[dim]{m}[/]"))
+        _settle(ctx, set(removed))
     if as_json:
         print(json.dumps(removed, indent=2))
-    elif not removed:
+    elif not any(v for r in removed.values() for v in r.values()):
         out.print("nothing to remove")
     else:
         for run_id, r in removed.items():
+            if not any(r.values()):
+                continue
             out.print(f"run {run_id}: removed " + "; ".join(f"{k.replace('_', ' ')} {', '.join(v)}"
                                                           for k, v in r.items() if v))

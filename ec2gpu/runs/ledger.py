@@ -57,9 +57,12 @@ MIGRATIONS: list[str] = [
     "ALTER TABLE runs ADD COLUMN task TEXT",
     # 5: the job's own summary.json (from $EC2GPU_OUTPUT_DIR), when it wrote one
     "ALTER TABLE runs ADD COLUMN summary TEXT",
+    # 6: the process that runs it (JSON: host, pid, start time), so a run whose controller died
+    # can be told from one still running; such a run ends as status controller-lost (reconcile.py)
+    "ALTER TABLE runs ADD COLUMN controller TEXT",
 ]
 
-JSON_COLUMNS = ("instance_ids", "estimate", "phases", "attempts", "summary")
+JSON_COLUMNS = ("instance_ids", "estimate", "phases", "attempts", "summary", "controller")
 
 
 def path_in(home: Path) -> Path:

@@ -21,7 +21,7 @@ from ..aws.session import Aws
 from ..backend import AWS, Backend
 from ..errors import RemoteError, UsageError
 from ..settings import Settings
-from . import costs, ledger, provision
+from . import costs, ledger, provision, reconcile
 
 PHASES = ("requesting", "waiting for running", "waiting for SSH", "setup", "upload", "running",
           "download", "terminating")
@@ -214,6 +214,7 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, backen
               "model": opts.model if mnist else None, "epochs": opts.epochs if mnist else None,
               "region": aws.region, "artifacts": str(out),
               "status": "running", "started_at": datetime.now(timezone.utc).isoformat(),
+              "controller": reconcile.this_controller(),
               "estimated_cost_usd": est.cost_usd, "estimate": est.as_dict()}
     _ledger(settings, record, ui)
     attempts: list[dict] = []

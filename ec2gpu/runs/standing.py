@@ -13,6 +13,7 @@ from ..aws.session import Aws
 from ..backend import AWS
 from ..errors import RemoteError, UsageError
 from ..settings import Settings
+from . import reconcile
 from .pipeline import Reporter, TrainOptions, _ledger, _status, _with_summary, builtin_task, new_run_id
 from .provision import Provisioned
 
@@ -32,6 +33,7 @@ def _standing(aws: Aws, settings: Settings, found: list[dict], out, backend, com
     record = {"run_id": run_id, "command": command, "backend": backend.name,
               "instance_type": nodes[0]["InstanceType"], "market": instances.market(nodes[0]), "region": aws.region,
               "artifacts": str(out), "status": "running", "started_at": datetime.now(timezone.utc).isoformat(),
+              "controller": reconcile.this_controller(),
               "instance_ids": [i["InstanceId"] for i in nodes], "instance_id": nodes[0]["InstanceId"],
               "zone": nodes[0].get("Placement", {}).get("AvailabilityZone")}
     return nodes, run_id, out, prov, record

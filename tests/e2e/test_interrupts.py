@@ -66,3 +66,25 @@ def test_sigint_in_each_phase_cleans_up_and_exits_130(sandbox_env, phase, sig):
     assert not (home / "keys" / f"ec2gpu-{run['run_id']}.pem").exists()
     assert processes_gone(run["instance_ids"])
     assert sandbox_settles(home)  # no sshd of a terminated instance is left alive
+
+
+def test_a_controller_killed_with_sigkill_leaves_a_run_that_runs_and_down_settle(sandbox_env):
+    import json
+    home, _ = sandbox_env
+    code, err = run_and_interrupt(dict(os.environ), "| ", sig=signal.SIGKILL)  # no cleanup can run
+    assert code == -signal.SIGKILL, err
+    row = ledger.runs(home)[0]
+    assert row["status"] == "running" and row["attempts"]  # the instance it launched is still billing
+    shown = subprocess.run([EC2GPU, "runs", "--json"], capture_output=True, text=True, check=True).stdout
+    listed = next(r for r in json.loads(shown) if r["run_id"] == row["run_id"])
+    assert listed["controller_gone"] is True and listed["status"] == "running"
+    said = subprocess.run([EC2GPU, "runs"], capture_output=True, text=True, check=True).stdout
+    assert f"ec2gpu down {row['run_id']}" in " ".join(said.split())
+    done = subprocess.run([EC2GPU, "down", row["run_id"], "--sandbox"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "settled as controller-lost" in " ".join(done.stderr.split())
+    settled = ledger.get(home, row["run_id"])
+    assert settled["status"] == "controller-lost" and settled["billed_seconds"] >= 60 and settled["cost_usd"] > 0
+    assert settled["attempts"][0]["terminated_at"] == settled["terminated_at"] and settled["ended_at"]
+    assert leftovers(home) == ([], [], []) and sandbox_settles(home)
+    assert processes_gone(settled["instance_ids"])

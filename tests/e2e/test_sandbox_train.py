@@ -377,3 +377,27 @@ def test_prices_for_a_gpu_the_region_does_not_offer_says_so_instead_of_an_empty_
     assert cli.main(["prices", "--gpu", "V100", "--sandbox"]) == 0  # the sandbox's us-east-1 offers no p3
     said = " ".join(capsys.readouterr().out.split())
     assert "no instance type with V100 GPUs is offered in us-east-1" in said and "p3.2xlarge" in said
+
+
+def test_down_removes_what_an_interrupted_standing_spot_instance_left(sandbox_env, capsys):
+    import time
+    home, _ = sandbox_env
+    assert cli.main(["launch", "--sandbox", "--spot", "--name", "gone", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    control.interrupt(home, row["instance_id"], 0.0)
+    ec2 = boto3.client("ec2", endpoint_url=os.environ["AWS_ENDPOINT_URL"], region_name="us-east-1")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        state = ec2.describe_instances(InstanceIds=[row["instance_id"]])["Reservations"][0]["Instances"][0]["State"]
+        if state["Name"] == "terminated":
+            break
+        time.sleep(0.2)
+    assert state["Name"] == "terminated"
+    _, groups, keys = leftovers(home)
+    assert groups and keys  # its security group and key pair are still there
+    assert cli.main(["down", "gone", "--json"]) == 0
+    removed = json.loads(capsys.readouterr().out)[row["run_id"]]
+    assert removed["security_groups"] and removed["key_pairs"]
+    assert leftovers(home) == ([], [], [])
+    assert cli.main(["down", "gone"]) == 0 and "nothing to remove" in capsys.readouterr().out
+    assert cli.main(["down", "never-was"]) == 2
