@@ -113,6 +113,49 @@ def mnist_args(opts: TrainOptions, sandbox: bool = False) -> list[str]:
     return args + list(opts.trainer_args)
 
 
+def sandbox_data_args(trainer_args: list[str], reachable=None) -> list[str]:
+    """The trainer flags that give a sandbox instance this run's MNIST: ``--data-dir`` with
+    $EC2GPU_DATA_DIR as this command has it (so each run's own setting reaches its instance, not
+    the one the sandbox started with), else with this machine's cache when it holds the files;
+    [] when the user passed --data-dir, or when the public mirrors answer (the instance downloads
+    from them, as a real one does). ``reachable(url) -> bool`` asks the first mirror.
+
+    Raises UsageError, before anything is created, for a $EC2GPU_DATA_DIR that is not a directory,
+    or when there is no data here and the mirrors cannot be reached.
+    """
+    from ..train import sources
+    if any(a == "--data-dir" or a.startswith("--data-dir=") for a in trainer_args):
+        return []
+    given = os.environ.get("EC2GPU_DATA_DIR")
+    if given:
+        path = Path(given).expanduser().resolve()
+        if not path.is_dir():
+            raise UsageError(f"EC2GPU_DATA_DIR {path} is not a directory",
+                             "point it at the four MNIST IDX files, e.g. DATA=/path/to/mnist make demo")
+        return ["--data-dir", str(path)]
+    if sources.has_all(sources.DEFAULT_CACHE):
+        return ["--data-dir", str(sources.DEFAULT_CACHE)]
+    if (reachable or _reachable)(sources.MIRRORS[0]):
+        return []
+    raise UsageError("no MNIST for the sandbox: EC2GPU_DATA_DIR is not set, this machine has no cached copy, and the "
+                     f"public mirrors ({sources.MIRRORS[0]}) cannot be reached from here",
+                     "give the four IDX files: EC2GPU_DATA_DIR=/path/to/mnist ec2gpu train mnist --sandbox "
+                     "(or DATA=/path/to/mnist make demo)")
+
+
+def _reachable(url: str, timeout_s: float = 5.0) -> bool:
+    """Whether ``url``'s host answers HTTP within ``timeout_s`` (any status counts)."""
+    import urllib.error
+    import urllib.request
+    try:
+        urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout_s).close()
+        return True
+    except urllib.error.HTTPError:
+        return True  # it answered
+    except (OSError, ValueError):
+        return False
+
+
 def builtin_task(opts: TrainOptions, sandbox: bool = False):
     """``opts.task``, or the built-in MNIST task with ``opts``' trainer flags (an engine.TaskJob)."""
     from . import engine
@@ -197,6 +240,8 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, backen
     recovery.AttemptsExhausted (all after teardown); KeyboardInterrupt after teardown.
     """
     itype = _check_options(opts, ui)
+    if backend.is_sandbox and opts.task is None:  # the built-in job: its data, before anything is created
+        opts.trainer_args = [*opts.trainer_args, *sandbox_data_args(opts.trainer_args)]
     opts.task = builtin_task(opts, sandbox=backend.is_sandbox)
     aws.check_credentials()
     est = check_estimate(aws, settings, opts, backend.name, ui)

@@ -14,7 +14,8 @@ from ..backend import AWS
 from ..errors import RemoteError, UsageError
 from ..settings import Settings
 from . import reconcile
-from .pipeline import Reporter, TrainOptions, _ledger, _status, _with_summary, builtin_task, new_run_id
+from .pipeline import (Reporter, TrainOptions, _ledger, _status, _with_summary, builtin_task, new_run_id,
+                       sandbox_data_args)
 from .provision import Provisioned
 
 
@@ -51,6 +52,8 @@ def train_on_cluster(aws: Aws, settings: Settings, opts: TrainOptions, ui: Repor
         raise UsageError(f"no running cluster named {cluster_name!r}",
                          "start one with `ec2gpu launch --nodes N --name NAME` (see `ec2gpu ls`)")
     opts.nodes = len(nodes)
+    if backend.is_sandbox:
+        opts.trainer_args = [*opts.trainer_args, *sandbox_data_args(opts.trainer_args)]
     job = builtin_task(opts, sandbox=backend.is_sandbox)
     return exec_task(aws, settings, job, ui, cluster_name, backend, opts.out, opts.command,
                      extra={"model": opts.model, "epochs": opts.epochs})

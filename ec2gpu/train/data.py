@@ -19,22 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-#: name -> (bytes uncompressed, md5 of the uncompressed IDX content). Source: the checksums
-#: published with the original files (also listed in shared/data/mnist/README.md).
-FILES: dict[str, tuple[int, str]] = {
-    "train-images-idx3-ubyte": (47040016, "6bbc9ace898e44ae57da46a324031adb"),
-    "train-labels-idx1-ubyte": (60008, "a25bea736e30d166cdddb491f175f624"),
-    "t10k-images-idx3-ubyte": (7840016, "2646ac647ad5339dbf082846283269ea"),
-    "t10k-labels-idx1-ubyte": (10008, "27ae3e4e09519cfbb04c329615203637"),
-}
-
-#: Public mirrors tried in order (the same list torchvision uses, as of 2026-11).
-MIRRORS = (
-    "https://ossci-datasets.s3.amazonaws.com/mnist/",
-    "https://storage.googleapis.com/cvdf-datasets/mnist/",
-)
-
-DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ec2gpu" / "mnist"
+from .sources import DEFAULT_CACHE, FILES, MIRRORS  # noqa: F401 - this module's public names too
+from .sources import candidates as _candidates
 
 
 class DataError(Exception):
@@ -51,10 +37,6 @@ class Mnist:
     test_labels: np.ndarray
     source: str
     md5: dict[str, str]
-
-
-def _candidates(directory: Path, name: str) -> list[Path]:
-    return [directory / f"{name}.gz", directory / name]
 
 
 def _read_raw(path: Path) -> bytes:

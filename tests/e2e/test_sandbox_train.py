@@ -401,3 +401,12 @@ def test_down_removes_what_an_interrupted_standing_spot_instance_left(sandbox_en
     assert leftovers(home) == ([], [], [])
     assert cli.main(["down", "gone"]) == 0 and "nothing to remove" in capsys.readouterr().out
     assert cli.main(["down", "never-was"]) == 2
+
+
+def test_a_data_directory_that_is_not_there_is_refused_before_anything_is_created(sandbox_env, monkeypatch, capsys):
+    home, _ = sandbox_env
+    runs_before = len(ledger.runs(home))
+    monkeypatch.setenv("EC2GPU_DATA_DIR", str(home / "no-such-mnist"))
+    assert cli.main(["train", "mnist", "--sandbox"]) == 2
+    assert "EC2GPU_DATA_DIR" in capsys.readouterr().err
+    assert leftovers(home) == ([], [], []) and len(ledger.runs(home)) == runs_before

@@ -225,3 +225,23 @@ def test_one_gpu_on_one_node_runs_the_trainer_directly_and_four_gpus_get_four_pr
     assert argv[:2] == ["-m", "ec2gpu.train.mnist"] and "--nnodes" not in argv
     argv = _builtin_argv(tmp_path, nodes=1, index=0, gpus=4)
     assert argv[argv.index("--nproc-per-node") + 1] == "4" and argv[argv.index("--master-addr") + 1] == "10.0.0.1"
+
+
+def test_the_sandbox_gets_this_runs_data_directory_or_a_clear_refusal_before_anything(tmp_path, monkeypatch):
+    from ec2gpu.train import sources
+    monkeypatch.setattr(sources, "DEFAULT_CACHE", tmp_path / "no-cache")
+    monkeypatch.setenv("EC2GPU_DATA_DIR", str(tmp_path))
+    assert pipeline.sandbox_data_args([]) == ["--data-dir", str(tmp_path.resolve())]  # this run's, not the sandbox's
+    assert pipeline.sandbox_data_args(["--data-dir=/x"]) == []  # the user's own wins
+    monkeypatch.setenv("EC2GPU_DATA_DIR", str(tmp_path / "missing"))
+    with pytest.raises(UsageError, match="is not a directory"):
+        pipeline.sandbox_data_args([])
+    monkeypatch.delenv("EC2GPU_DATA_DIR")
+    assert pipeline.sandbox_data_args([], reachable=lambda url: True) == []  # the instance downloads, as on EC2
+    with pytest.raises(UsageError, match="cannot be reached from here") as exc:
+        pipeline.sandbox_data_args([], reachable=lambda url: False)
+    assert "EC2GPU_DATA_DIR=/path/to/mnist" in exc.value.hint
+    for name in sources.FILES:  # a cached copy on this machine is used
+        (tmp_path / "no-cache").mkdir(exist_ok=True)
+        (tmp_path / "no-cache" / f"{name}.gz").write_bytes(b"")
+    assert pipeline.sandbox_data_args([], reachable=lambda url: False) == ["--data-dir", str(tmp_path / "no-cache")]
