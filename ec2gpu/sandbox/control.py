@@ -2,12 +2,21 @@
 
 The two seams the rest of the tool sees: ``env_vars()`` (an endpoint URL and dummy credentials
 for boto3) and ``resolver()`` (instance id -> the loopback address of its sshd).
+
+One sandbox per EC2GPU_HOME: starting it holds a lock (``sandbox/lock``, flock), so commands
+started at the same instant share one server. Commands that only need it for their own length
+(``session``) register in ``sandbox/users/``; the last one to leave stops it, unless it was
+started for good (`ec2gpu sandbox up`, `launch`: the ``sandbox/persistent`` marker). A server
+killed with SIGKILL cannot stop its instances' sshds: the next start stops every process it can
+prove is one of this home's instances (sshd.orphans) before it starts a new server.
 """
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -16,7 +25,7 @@ from pathlib import Path
 
 from ..errors import SandboxError, WaitTimeout
 from . import likeaws
-from .sshd import sshd_binary
+from .sshd import orphans, sshd_binary
 
 REGION = "us-east-1"
 ACCOUNT_ID = "123456789012"  # moto's default account
@@ -24,6 +33,19 @@ ACCOUNT_ID = "123456789012"  # moto's default account
 
 def state_dir(home: Path) -> Path:
     return Path(home) / "sandbox"
+
+
+@contextlib.contextmanager
+def _locked(home: Path):
+    """Hold this home's sandbox lock (an exclusive flock) for the block."""
+    d = state_dir(home)
+    d.mkdir(parents=True, exist_ok=True)
+    with open(d / "lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _alive(pid: int) -> bool:
@@ -56,16 +78,33 @@ def instance_env() -> dict[str, str]:
     return env
 
 
-def up(home: Path, timeout_s: float = 60.0, like_aws: bool | None = None) -> dict:
+def up(home: Path, timeout_s: float = 60.0, like_aws: bool | None = None, persistent: bool = True) -> dict:
     """Start the sandbox daemon in the background unless one is running; return its state.
 
     ``like_aws`` True starts it in the AWS-like mode (likeaws.py); None leaves that to
-    EC2GPU_SANDBOX_LIKE_AWS. Raises SandboxError when sshd is missing or the daemon does not come
-    up in ``timeout_s``.
+    EC2GPU_SANDBOX_LIKE_AWS. ``persistent``: it keeps running until `ec2gpu sandbox down` (else
+    the last ``session`` to end stops it). Raises SandboxError when sshd is missing or the daemon
+    does not come up in ``timeout_s``.
     """
+    with _locked(home):
+        state = _up(home, timeout_s, like_aws)
+        if persistent:
+            (state_dir(home) / "persistent").touch()
+        return state
+
+
+def _up(home: Path, timeout_s: float, like_aws: bool | None) -> dict:
+    """``up`` with the lock held."""
     state = read_state(home)
     if state:
         return state
+    d = state_dir(home)
+    reaped = orphans(d / "instances", stop=True)  # a server killed with SIGKILL left its instances' sshds
+    if reaped:
+        print(f"sandbox: stopped {len(reaped)} process(es) a previous sandbox left: {reaped}", file=sys.stderr)
+    (d / "persistent").unlink(missing_ok=True)
+    for f in (d / "users").glob("*") if (d / "users").is_dir() else []:
+        f.unlink(missing_ok=True)
     try:
         sshd_binary()
     except FileNotFoundError as exc:
@@ -183,12 +222,17 @@ def resolver(home: Path):
 
 @contextlib.contextmanager
 def session(home: Path):
-    """Use the running sandbox, or start one for the duration of the block and stop it after.
+    """Use the running sandbox, or start one, for the duration of the block; the last session to
+    end stops a sandbox nobody started for good (see the module docstring).
 
     Sets the sandbox's environment variables in os.environ for the block. Yields the state.
     """
-    started = read_state(home) is None
-    state = up(home)
+    users = state_dir(home) / "users"
+    with _locked(home):
+        state = _up(home, 60.0, None)
+        users.mkdir(parents=True, exist_ok=True)
+        me = users / f"{os.getpid()}-{secrets.token_hex(4)}"
+        me.write_text(str(os.getpid()))
     saved = {k: os.environ.get(k) for k in env_vars(state)}
     os.environ.update(env_vars(state))
     try:
@@ -199,5 +243,22 @@ def session(home: Path):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        if started:
-            down(home)
+        with _locked(home):
+            me.unlink(missing_ok=True)
+            if not _other_users(users) and not (state_dir(home) / "persistent").exists():
+                down(home)
+
+
+def _other_users(users: Path) -> list[Path]:
+    """The registrations in ``users`` whose process still runs; the others are removed."""
+    live = []
+    for f in users.glob("*"):
+        try:
+            pid = int(f.read_text())
+        except (OSError, ValueError):
+            continue
+        if _alive(pid):
+            live.append(f)
+        else:
+            f.unlink(missing_ok=True)
+    return live

@@ -7,6 +7,7 @@ instance started (a detached training job too) when the instance is terminated.
 """
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import shutil
@@ -109,6 +110,31 @@ def instance_processes(instance_id: str) -> list[int]:
         if env.get(MARKER) == instance_id:
             pids.append(proc.pid)
     return pids
+
+
+def orphans(instances_dir: Path, stop: bool = False) -> list[int]:
+    """Pids of processes that are provably one of this sandbox's instances: an sshd whose config
+    is under ``instances_dir``, or a process whose environment carries MARKER and a HOME under it
+    (what an instance's sessions started). Only a server that died without stopping them (SIGKILL)
+    leaves any. ``stop``: SIGTERM them, SIGKILL after 3 s."""
+    root = str(Path(instances_dir).resolve()) + os.sep
+    found = []
+    for proc in psutil.process_iter(["cmdline", "environ"]):
+        cmdline = proc.info.get("cmdline") or []
+        env = proc.info.get("environ") or {}  # None where we may not read it (another user's process)
+        if any(a.startswith(root) and a.endswith("sshd_config") for a in cmdline) or \
+                (env.get(MARKER) and env.get("HOME", "").startswith(root)):
+            found.append(proc)
+    if stop and found:
+        for proc in found:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.terminate()
+        _, alive = psutil.wait_procs(found, timeout=3)
+        for proc in alive:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
+        psutil.wait_procs(alive, timeout=3)
+    return sorted(p.pid for p in found)
 
 
 def descendants(pid: int) -> list[int]:
