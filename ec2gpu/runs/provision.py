@@ -118,8 +118,8 @@ def teardown(aws: Aws, settings: Settings, prov: Provisioned, ui: Reporter) -> d
             if gone:
                 removed["instances"] = prov.instance_ids
             if prov.security_group_id:
-                if not gone:
-                    removed["failed"].append(f"security group: {prov.security_group_id} is still in use by the instances")
+                if not gone:  # EC2 refuses to delete a group its instances still use: not tried
+                    removed["failed"].append(f"security group {prov.security_group_id}: still in use by the instances")
                 elif step("security group", lambda: sweep.delete_security_group(ec2, prov.security_group_id)):
                     removed["security_groups"] = [prov.security_group_id]
             if prov.key_name and step("key pair", lambda: network.delete_key_pair(ec2, prov.key_name, settings.keys_dir)):
@@ -132,7 +132,22 @@ def teardown(aws: Aws, settings: Settings, prov: Provisioned, ui: Reporter) -> d
     done = "; ".join(f"{k.replace('_', ' ')} {', '.join(v)}" for k, v in removed.items() if v and k != "failed")
     if done:
         ui.note("removed: " + done)
+    left = leftovers(prov, removed)
+    if left:
+        ui.note(f"may still exist (and bill, for instances): {left}; `ec2gpu cleanup --region {aws.region}` removes "
+                f"them once AWS answers (they carry the ec2gpu:run tag {prov.run_id})")
     return removed
+
+
+def leftovers(prov: Provisioned, removed: dict) -> str:
+    """What the run created that teardown did not remove, by kind and id (pure): '' when nothing."""
+    kinds = [("instances", [i for i in prov.instance_ids if i not in removed["instances"]]),
+             ("security group", [prov.security_group_id] if prov.security_group_id and not removed["security_groups"]
+              else []),
+             ("key pair", [prov.key_name] if prov.key_name and not removed["key_pairs"] else []),
+             ("placement group", [prov.placement_group] if prov.placement_group and not removed["placement_groups"]
+              else [])]
+    return "; ".join(f"{kind} {', '.join(ids)}" for kind, ids in kinds if ids)
 
 
 def _main_thread() -> bool:

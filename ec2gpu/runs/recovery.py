@@ -167,7 +167,9 @@ class InstanceWatch:
             inst = instances.describe_instances(self.ec2, [self.instance_id])[0]
         except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
             self.failures += 1
-            self.log(f"could not read the state of {self.instance_id} ({self.failures} of {MAX_API_FAILURES}): {exc}")
+            if self.failures <= MAX_API_FAILURES:
+                self.log(f"could not read the state of {self.instance_id} ({self.failures} of {MAX_API_FAILURES}): "
+                         f"{exc}")
             if self.failures >= MAX_API_FAILURES:
                 raise AwsError(f"EC2 did not answer for the state of {self.instance_id} {self.failures} times in a row "
                                f"({type(exc).__name__})", "check the network and the AWS endpoint, then rerun; "

@@ -41,6 +41,8 @@ def test_a_failed_teardown_step_is_reported_the_others_run_and_the_ledger_is_fin
     assert f"could not remove the {step}" in err and "ec2gpu cleanup" in err
     found = leftovers(home)
     assert tuple(bool(x) for x in found) == left, found  # only what that step (and its dependents) holds
+    said = err[err.index("may still exist"):]  # one line names every id that is left
+    assert all(x in said for x in found[0] + found[1] + found[2]), (found, said)
     row = ledger.runs(home, limit=1)[0]
     assert row["status"] == ("failed" if job_fails else "completed") and row["ended_at"]
     assert json.loads((tmp_path / "r" / "run.json").read_text())["teardown_failed"]
