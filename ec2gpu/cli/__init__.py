@@ -68,13 +68,16 @@ _sandbox_flag = backend.sandbox_from_env
 
 
 class RichReporter:
-    """Pipeline reporter: a spinner with elapsed seconds per phase, log lines above it."""
+    """Pipeline reporter: per phase a spinner with its live elapsed seconds and, once the job
+    writes progress (its $EC2GPU_PROGRESS_FILE), a bar with its label, rate and ETA; log lines
+    above them; a "done"/"stopped" line with the seconds when the phase ends."""
 
     def __init__(self, console: Console, quiet: bool = False):
         from ..runs.pipeline import Reporter
         self.inner, self.console, self.quiet = Reporter(), console, quiet
         self.phases = self.inner.phases
         self.notes = self.inner.notes
+        self._live = None  # (rich Progress, task id) of the phase under way
 
     def phase(self, name: str):
         import contextlib
@@ -82,21 +85,38 @@ class RichReporter:
 
         @contextlib.contextmanager
         def cm():
+            from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
             t0 = time.monotonic()
-            status = None if self.quiet else self.console.status(f"[bold]{name}[/] ...")
-            if status:
-                status.start()
+            live = None if self.quiet else Progress(
+                SpinnerColumn(), TextColumn("[bold]{task.description}[/]"), TimeElapsedColumn(),
+                BarColumn(bar_width=24), TextColumn("{task.fields[detail]}"), console=self.console, transient=True)
+            if live:
+                self._live = (live, live.add_task(name, total=None, detail="", start=True))
+                live.start()
             ok = False
             try:
                 with self.inner.phase(name):
                     yield
                 ok = True
             finally:
-                if status:
-                    status.stop()
+                if live:
+                    live.stop()
+                    self._live = None
                 mark = "[green]done[/]" if ok else "[red]stopped[/]"
                 self._print(f"{mark} {name} [dim]{time.monotonic() - t0:.1f} s[/]")
         return cm()
+
+    def progress(self, p: dict) -> None:
+        """Show the job's progress (runs/nodes.ProgressReader) as the phase's bar."""
+        self.inner.progress(p)
+        if self._live is None:
+            return
+        live, task = self._live
+        rate = f"{p['rate']:,.0f} {p.get('rate_unit', '/s')}" if isinstance(p.get("rate"), (int, float)) else ""
+        eta = p.get("eta_s")
+        eta = f"ETA {int(eta) // 60}:{int(eta) % 60:02d}" if isinstance(eta, (int, float)) else ""
+        live.update(task, total=p["total"], completed=p["done"],
+                    detail="  ".join(x for x in (str(p.get("label") or ""), rate, eta) if x))
 
     def log(self, line: str) -> None:
         from rich.text import Text

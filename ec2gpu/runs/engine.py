@@ -11,8 +11,9 @@ ledger are the managed-run machinery of pipeline.py, provision.py and recovery.p
 
 The job's environment (docs/tasks.md, "The job's contract"): the task's envs, and EC2GPU_RUN_ID,
 EC2GPU_OUTPUT_DIR, EC2GPU_CHECKPOINT_DIR, EC2GPU_RESUME, EC2GPU_NODE_RANK, EC2GPU_NUM_NODES,
-EC2GPU_HEAD_IP, EC2GPU_NODE_IP, EC2GPU_GPUS_PER_NODE, EC2GPU_WORKDIR, with SkyPilot's names for the
-same (SKYPILOT_NODE_RANK, SKYPILOT_NUM_NODES, SKYPILOT_NODE_IPS, SKYPILOT_NUM_GPUS_PER_NODE).
+EC2GPU_HEAD_IP, EC2GPU_NODE_IP, EC2GPU_GPUS_PER_NODE, EC2GPU_WORKDIR, EC2GPU_PROGRESS_FILE (a progress
+bar's source: runs/nodes.ProgressReader), with SkyPilot's names for the same (SKYPILOT_NODE_RANK,
+SKYPILOT_NUM_NODES, SKYPILOT_NODE_IPS, SKYPILOT_NUM_GPUS_PER_NODE).
 """
 from __future__ import annotations
 
@@ -127,6 +128,7 @@ def node_env(job: TaskJob, run_id: str, run_dir: str, index: int, addresses: lis
         "EC2GPU_RUN_ID": run_id, "EC2GPU_OUTPUT_DIR": f"{run_dir}/out", "EC2GPU_CHECKPOINT_DIR": ckpt,
         "EC2GPU_RESUME": "1" if resume else "0", "EC2GPU_NODE_RANK": str(index), "EC2GPU_NUM_NODES": str(len(addresses)),
         "EC2GPU_HEAD_IP": addresses[0], "EC2GPU_NODE_IP": addresses[index], "EC2GPU_GPUS_PER_NODE": str(gpus),
+        "EC2GPU_PROGRESS_FILE": f"{run_dir}/progress.json",  # runs/nodes.PROGRESS_FILE, read from node 0
         "EC2GPU_WORKDIR": workdir, "EC2GPU_PYTHON": python,
         # SkyPilot's names, so its users' scripts run unchanged
         "SKYPILOT_NODE_RANK": str(index), "SKYPILOT_NUM_NODES": str(len(addresses)),

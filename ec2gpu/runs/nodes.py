@@ -10,6 +10,7 @@ rendezvous and gloo's collectives are real TCP between real processes.
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -101,7 +102,8 @@ def follow_all(nodes: list[Node], ui, local_out: Path, attempt: int, unreachable
 
     def follow(nd: Node) -> None:
         _follow_node(nd, local_out / f"attempt-{attempt}-node-{nd.index}.log", log_name, unreachable_s, mask,
-                     lambda line: show(nd, line), lambda m: ui.note(f"node {nd.index}: {m}"), stop)
+                     lambda line: show(nd, line), lambda m: ui.note(f"node {nd.index}: {m}"), stop,
+                     ProgressReader(nd.run_dir, ui.progress) if nd.index == 0 else None)
         if nd.result != 0:
             failed.set()
 
@@ -131,8 +133,36 @@ def follow_all(nodes: list[Node], ui, local_out: Path, attempt: int, unreachable
                 stop_job(nd, ui.note)
 
 
+class ProgressReader:
+    """Reads the job's progress file (node 0's $EC2GPU_PROGRESS_FILE, docs/tasks.md) at most every
+    ``every_s`` seconds while the log is followed, and passes each new, well-formed content to
+    ``show(progress)``: a dict with ``done`` and ``total`` (numbers), and optional ``label``,
+    ``rate`` with ``rate_unit``, ``eta_s``. A missing, partial or malformed file is skipped: the
+    progress display is a courtesy, never a reason to fail the run."""
+
+    def __init__(self, run_dir: str, show, every_s: float = 1.0):
+        self.path, self.show, self.every_s, self.last, self.seen = f"{run_dir}/{PROGRESS_FILE}", show, every_s, 0.0, None
+
+    def __call__(self, conn) -> None:
+        if conn is None or time.monotonic() - self.last < self.every_s:
+            return
+        self.last = time.monotonic()
+        from ..remote import jobs
+        try:
+            p = json.loads(jobs.read_from(conn, self.path, 0) or b"null")
+        except ValueError:
+            return
+        if isinstance(p, dict) and isinstance(p.get("done"), (int, float)) and isinstance(p.get("total"), (int, float)) \
+                and p != self.seen:
+            self.seen = p
+            self.show(p)
+
+
+PROGRESS_FILE = "progress.json"  # in the run's directory on the instance: $EC2GPU_PROGRESS_FILE
+
+
 def _follow_node(nd: Node, tee_path: Path, log_name: str, unreachable_s: float, mask, show, note,
-                 stop: threading.Event) -> None:
+                 stop: threading.Event, progress: ProgressReader | None = None) -> None:
     """Follow one node's log to its end through dropped connections (its EC2 watch polled on the
     way), each line to ``show`` and teed to ``tee_path`` (byte for byte, or masked line by line);
     set ``nd.result``: the exit status, "stopped" once ``stop`` is set, Interrupted when SSH stays
@@ -144,6 +174,8 @@ def _follow_node(nd: Node, tee_path: Path, log_name: str, unreachable_s: float, 
         if stop.is_set():
             raise _Stopped()
         nd.watch(conn)
+        if progress is not None:
+            progress(conn)
     with open(tee_path, "w" if mask else "wb") as tee:
         def emit(line: str) -> None:
             if mask:

@@ -90,6 +90,10 @@ class Reporter:
     def log(self, line: str) -> None:
         """One line of the job's log."""
 
+    def progress(self, p: dict) -> None:
+        """The job's progress as it last wrote it (runs/nodes.ProgressReader): ``done``, ``total``,
+        optional ``label``, ``rate`` and ``rate_unit``, ``eta_s``."""
+
     def note(self, text: str) -> None:
         self.notes.append(text)
 

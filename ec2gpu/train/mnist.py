@@ -2,7 +2,8 @@
 
 Imports torch and numpy only (never boto3 or fabric): this file is shipped to the instance.
 Outputs in ``--out``: train.log, metrics.jsonl (one object per epoch), model.pt, summary.json,
-curves.png; checkpoint.pt in ``--checkpoint-dir`` (default ``--out``). Exit codes: 0 done, 2 bad
+curves.png (training loss every LOSS_EVERY steps and test accuracy per epoch); while it trains,
+$EC2GPU_PROGRESS_FILE when set (rank 0: the epoch's steps, samples/s, ETA); checkpoint.pt in ``--checkpoint-dir`` (default ``--out``). Exit codes: 0 done, 2 bad
 input or data, 75 stopped by a spot interruption notice (checkpoint written), 143 stopped by
 SIGTERM (checkpoint written). ``--resume`` continues from the checkpoint directory's checkpoint.pt.
 Under ec2gpu's instance agent (EC2GPU_AGENT set) the agent watches for the spot notice and sends
@@ -32,6 +33,8 @@ from .spot import EXIT_SPOT_INTERRUPTED, SpotWatcher
 
 EXIT_OK, EXIT_USAGE, EXIT_SIGTERM = 0, 2, 143
 MEAN, STD = 0.1307, 0.3081  # MNIST training-set pixel mean and std (after /255)
+LOSS_EVERY = 20  # steps between the training losses kept for curves.png (one .item() sync each)
+PROGRESS_EVERY_S = 1.0  # seconds between rewrites of $EC2GPU_PROGRESS_FILE
 log = logging.getLogger("ec2gpu.train")
 
 
@@ -117,6 +120,9 @@ class Trainer:
             dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
         self.stop_reason: str | None = None
         self.spot = SpotWatcher(log=log.warning)
+        # the controller's progress bar reads this (rank 0 writes it; docs/tasks.md, the job's contract)
+        self.progress_file = os.environ.get("EC2GPU_PROGRESS_FILE") if self.rank == 0 else None
+        self._progress_at = 0.0
 
     def _pick_device(self, want: str) -> torch.device:
         if want == "cuda" and not torch.cuda.is_available():
@@ -191,6 +197,7 @@ class Trainer:
             self.net = torch.nn.parallel.DistributedDataParallel(self.net, device_ids=ids)
         self.epoch, self.step, self.train_seconds = 0, 0, 0.0
         self.loss_sum, self.history, self.time_to_target = 0.0, [], None
+        self.step_losses: list[list[float]] = []  # [global step, rank 0's training loss] every LOSS_EVERY steps
 
     # ---------------------------------------------------------------- state
     def state(self) -> dict:
@@ -199,7 +206,7 @@ class Trainer:
             "scheduler": self.sched.state_dict(), "scaler": self.scaler.state_dict(),
             "rng": ckpt.rng_state(), "epoch": self.epoch, "step": self.step,
             "loss_sum": self.loss_sum, "train_seconds": self.train_seconds,
-            "history": self.history, "time_to_target": self.time_to_target,
+            "history": self.history, "time_to_target": self.time_to_target, "step_losses": self.step_losses,
             "hparams": dataclasses.asdict(self.hp), "seed": self.args.seed, "world_size": self.world,
         }
 
@@ -214,6 +221,7 @@ class Trainer:
         self.epoch, self.step, self.loss_sum = s["epoch"], s["step"], s["loss_sum"]
         self.train_seconds, self.history = s["train_seconds"], s["history"]
         self.time_to_target = s["time_to_target"]
+        self.step_losses = s.get("step_losses", [])  # checkpoints written before it was kept have none
 
     def save_checkpoint(self) -> None:
         if self.rank == 0:
@@ -300,12 +308,18 @@ class Trainer:
             self.loss_sum += loss_sum.item()
             loss_sum.zero_()
 
+        wall0, step0 = time.perf_counter(), self.step
         while self.step < self.steps_per_epoch:
             if self._should_stop(self.step):
                 bank()
                 self._stop()
-            loss_sum += self.train_step(*self._batch(perm, self.step))
+            loss = self.train_step(*self._batch(perm, self.step))
+            loss_sum += loss
             self.step += 1
+            if self.rank == 0 and self.step % LOSS_EVERY == 0:
+                self.step_losses.append([self.epoch * self.steps_per_epoch + self.step, round(loss.item(), 5)])
+            if self.progress_file and time.perf_counter() - self._progress_at >= PROGRESS_EVERY_S:
+                self.write_progress((self.step - step0) / max(time.perf_counter() - wall0, 1e-9))
             if self.args.checkpoint_every and self.step % self.args.checkpoint_every == 0:
                 bank()
                 self.save_checkpoint()
@@ -314,6 +328,24 @@ class Trainer:
         if self.hp.schedule != "onecycle":
             self.sched.step()
         self.end_epoch()
+
+    def write_progress(self, steps_per_second: float) -> None:
+        """Replace the progress file (atomically): this epoch's steps done of its total, samples/s
+        (all ranks together), and an ETA for the remaining steps of every epoch (s, at this rate;
+        evaluation time not included)."""
+        self._progress_at = time.perf_counter()
+        left = (self.hp.epochs - self.epoch) * self.steps_per_epoch - self.step
+        p = {"label": f"epoch {self.epoch + 1}/{self.hp.epochs}", "done": self.step, "total": self.steps_per_epoch,
+             "rate": round(steps_per_second * self.hp.batch_size, 1), "rate_unit": "samples/s",
+             "eta_s": round(left / steps_per_second, 1) if steps_per_second > 0 else None}
+        tmp = f"{self.progress_file}.tmp"
+        try:
+            with open(tmp, "w") as f:
+                json.dump(p, f)
+            os.replace(tmp, self.progress_file)
+        except OSError as exc:  # a display aid: never a reason to stop training
+            log.warning(f"could not write {self.progress_file}: {exc}")
+            self.progress_file = None
 
     def end_epoch(self) -> None:
         train_loss = self.loss_sum / self.steps_per_epoch
@@ -425,7 +457,11 @@ def _write_outputs(trainer: Trainer, summary: dict) -> None:
     if not trainer.args.no_plot:
         try:
             from .plots import plot_curves
-            plot_curves(trainer.history, out / "curves.png")
+            run = os.environ.get("EC2GPU_RUN_ID")
+            plot_curves(trainer.history, out / "curves.png", trainer.step_losses, trainer.steps_per_epoch,
+                        f"{'run ' + run + ': ' if run else ''}{summary['model']}, {summary['epochs']} epoch"
+                        f"{'' if summary['epochs'] == 1 else 's'} on {summary['device']}, world size "
+                        f"{summary['world_size']}")
         except ImportError as exc:  # matplotlib is optional on the instance
             log.info(f"curves.png skipped: {exc}")
 

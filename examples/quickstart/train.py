@@ -1,6 +1,7 @@
 """A small job in the shape of a real one, standard library only: fits y = 3x + 1 by gradient
 descent, writes a checkpoint every epoch, resumes from it on a replacement instance
-(EC2GPU_RESUME=1), and leaves its results in $EC2GPU_OUTPUT_DIR. Runs anywhere, the sandbox too.
+(EC2GPU_RESUME=1), reports its progress ($EC2GPU_PROGRESS_FILE) and leaves its results in
+$EC2GPU_OUTPUT_DIR. Runs anywhere, the sandbox too.
 
     EPOCHS=20 python train.py          # locally: outputs go to ./out
 """
@@ -42,6 +43,11 @@ for epoch in range(state["epoch"], epochs):
     with open(out / "metrics.jsonl", "a") as f:
         f.write(json.dumps({"epoch": epoch + 1, "loss": loss}) + "\n")
     print(f"epoch {epoch + 1}/{epochs} loss {loss:.5f}", flush=True)
+    if os.environ.get("EC2GPU_PROGRESS_FILE"):  # ec2gpu draws a progress bar from it (docs/tasks.md)
+        progress = Path(os.environ["EC2GPU_PROGRESS_FILE"])
+        progress.with_suffix(".tmp").write_text(json.dumps({"label": f"epoch {epoch + 1}/{epochs}",
+                                                            "done": epoch + 1, "total": epochs}))
+        progress.with_suffix(".tmp").replace(progress)
     time.sleep(seconds_per_epoch)
 (out / "summary.json").write_text(json.dumps({"epochs": epochs, "w": round(state["w"], 4), "b": round(state["b"], 4),
                                               "loss": round(loss, 6)}))

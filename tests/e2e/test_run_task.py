@@ -237,9 +237,19 @@ def test_a_corrupt_ledger_does_not_stop_a_run_and_is_named_once(sandbox_env, pro
 
 def test_the_python_api_runs_a_task_and_returns_its_record(sandbox_env, project, tmp_path):
     import ec2gpu
+    from ec2gpu.runs.pipeline import Reporter
     home, _ = sandbox_env
-    record = ec2gpu.run(project / "task.yaml", sandbox=True, expect="1m", env={"EPOCHS": "2"}, out=tmp_path / "r")
-    assert record["status"] == "completed" and record["summary"]["epochs"] == 2
+
+    class Recording(Reporter):
+        seen: list = []
+
+        def progress(self, p):
+            self.seen.append(p)
+    record = ec2gpu.run(project / "task.yaml", sandbox=True, expect="1m", env={"EPOCHS": "12", "SECONDS_PER_EPOCH": "0.25"},
+                        out=tmp_path / "r", reporter=Recording())
+    assert record["status"] == "completed" and record["summary"]["epochs"] == 12
+    # the progress the job wrote reached the reporter, as written (no log text parsed)
+    assert Recording.seen and all(p["total"] == 12 and p["label"] == f"epoch {p['done']}/12" for p in Recording.seen)
     assert json.loads((tmp_path / "r" / "run.json").read_text())["run_id"] == record["run_id"]
     assert_nothing_left(home, record)
 

@@ -20,8 +20,16 @@ def trainer(out, *args, env=None, **kw):
 
 
 def test_outputs_and_summary_fields(mnist_dir, tmp_path):
-    r = trainer(tmp_path, "--data-dir", str(mnist_dir), "--epochs", "2", "--train-subset", "8192", "--threads", "1")
+    progress = tmp_path / "progress.json"
+    r = trainer(tmp_path, "--data-dir", str(mnist_dir), "--epochs", "2", "--train-subset", "8192", "--threads", "1",
+                "--checkpoint-dir", str(tmp_path / "ckpt"), env={"EC2GPU_PROGRESS_FILE": str(progress)})
     assert r.returncode == 0, r.stdout + r.stderr
+    p = json.loads(progress.read_text())  # the controller's progress bar: structured, not log text
+    assert p["label"].startswith("epoch ") and p["label"].endswith("/2") and 0 < p["done"] <= p["total"] == 8192 // 128
+    assert p["rate"] > 0 and p["rate_unit"] == "samples/s" and p["eta_s"] >= 0
+    import torch
+    losses = torch.load(tmp_path / "ckpt" / "checkpoint.pt", weights_only=False)["step_losses"]
+    assert len(losses) == 2 * (8192 // 128 // 20) and all(0 < v < 5 for _, v in losses)  # every 20 steps
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [row["epoch"] for row in rows] == [1, 2]
     s = json.loads((tmp_path / "summary.json").read_text())
@@ -106,3 +114,13 @@ def test_two_processes_under_torchrun_with_gloo(mnist_dir, tmp_path):
 def test_missing_data_is_exit_2_with_a_clear_message(tmp_path):
     r = trainer(tmp_path / "o", "--data-dir", str(tmp_path / "none"))
     assert r.returncode == 2 and "does not exist" in r.stdout + r.stderr
+
+
+def test_curves_of_a_one_epoch_run_keep_accuracy_within_0_100_and_plot_the_loss_per_step(tmp_path):
+    pytest.importorskip("matplotlib")
+    from ec2gpu.train.plots import accuracy_limits, plot_curves
+    assert accuracy_limits([99.1]) == (98.6, 99.6) and accuracy_limits([99.9, 100.0])[1] == 100.0
+    assert accuracy_limits([10.0, 90.0]) == (0.0, 100.0)
+    history = [{"epoch": 1, "train_loss": 0.15, "test_loss": 0.06, "test_acc": 0.991}]
+    plot_curves(history, tmp_path / "curves.png", [[20, 1.9], [40, 0.8], [60, 0.4]], 469, "run r1: cnn, 1 epoch")
+    assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
