@@ -149,10 +149,13 @@ def runs(ctx: typer.Context,
             "exit_status",
             "summary", "billed_seconds",
             "cost_usd", "estimated_cost_usd", "started_at", "region", "zone", "instance_ids", "artifacts")
-    total = ledger.totals(rows)
+    # real money and the sandbox's simulated bills are never added up together
+    total = ledger.totals([r for r in rows if r.get("backend") == "aws"])
+    sandbox_total = ledger.totals([r for r in rows if r.get("backend") == "sandbox"])
     if as_json:
         body = [{k: r.get(k) for k in keys} for r in rows]
-        print(json.dumps({"runs": body, "total": total, "since": start.isoformat() if start else None}
+        print(json.dumps({"runs": body, "total": total, "sandbox_total": sandbox_total,
+                          "since": start.isoformat() if start else None}
                          if since else body, indent=2))
         return
     if not rows:
@@ -176,8 +179,12 @@ def runs(ctx: typer.Context,
         out.print(f"[yellow]run {run_id}: its controller ended without closing it[/] (killed?); `ec2gpu down {run_id}` "
                   "removes what it left and bills it from the instances' own times")
     if since:
-        out.print(f"total since {start:%Y-%m-%d %H:%M} UTC: {total['runs']} run(s), {total['billed_seconds']:.0f} s "
-                  f"billed, ${total['cost_usd']:.4f} (estimated ${total['estimated_cost_usd']:.4f})")
+        out.print(f"total on AWS since {start:%Y-%m-%d %H:%M} UTC: {total['runs']} run(s), "
+                  f"{total['billed_seconds']:.0f} s billed, ${total['cost_usd']:.4f} "
+                  f"(estimated ${total['estimated_cost_usd']:.4f})")
+        if sandbox_total["runs"]:
+            out.print(f"[dim]not counted: {sandbox_total['runs']} sandbox run(s), whose bills are simulated "
+                      f"(${sandbox_total['cost_usd']:.4f})[/]")
 
 
 def _result(r: dict) -> str:

@@ -90,9 +90,9 @@ def test_mnist_run_passes_with_the_host_key_verified(like_aws, standing, tmp_pat
 def test_spot_interruption_recovers_verifies_host_keys_and_bills_from_running(like_aws, tmp_path):
     home, ec2 = like_aws
     code, stdout, err = drive(
-        ["train", "mnist", "--sandbox", "--spot", "--epochs", "3", "--json", "--out", str(tmp_path / "r"),
-         "--trainer-arg=--train-subset=30000"],
-        [("epoch 1/3", interrupt(home, 2.0))])
+        ["train", "mnist", "--sandbox", "--spot", "--epochs", "2", "--json", "--out", str(tmp_path / "r"),
+         "--trainer-arg=--train-subset=10000"],
+        [("epoch 1/2", interrupt(home, 2.0))])
     assert code == 0, err
     record = json.loads(stdout)
     first, second = record["attempts"]
