@@ -123,3 +123,24 @@ def ssh_config(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json:
     if skipped:
         out.print(f"[yellow]skipped[/] {', '.join(skipped)}: their private keys are not on this machine")
     out.print(f"[dim]add this line to ~/.ssh/config once: Include {path}[/]")
+
+
+@app.command()
+def fetch(run_id: str = typer.Argument(..., help="Run id (or a unique prefix), as `ec2gpu runs` lists it."),
+          out_dir: Optional[Path] = typer.Option(None, "--out", help="Where to (default: the run's artifacts "
+                                                 "directory)."),
+          region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
+    """Bring home what a run's job has written so far (outputs, checkpoints, job.log, status.json)
+    from its running instance: for a run whose controller died, before `ec2gpu down RUN`."""
+    from ..runs import ledger, logs
+
+    with Context(region, _sandbox_flag(sandbox)) as ctx:
+        row = ledger.get(ctx.settings.home, run_id)
+        head = logs.head_instance(ctx.aws.ec2, row)
+        if head is None:
+            raise UsageError(f"run {row['run_id']} has no running instance to fetch from",
+                             f"what it brought home is in {row.get('artifacts') or 'runs/' + row['run_id']}")
+        out = Path(out_dir or row.get("artifacts") or Path("runs") / row["run_id"]).resolve()
+        got = logs.fetch(ctx, head, row["run_id"], out, lambda m: err.print(f"[dim]{escape(m)}[/]", highlight=False))
+    if as_json:
+        print(json.dumps({"run_id": row["run_id"], "out": str(out), **got}, indent=2))

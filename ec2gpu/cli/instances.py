@@ -67,6 +67,29 @@ def _settle(ctx: Context, run_ids: set[str] | None = None) -> None:
                          log=lambda m: err.print(f"[yellow]{m}[/]", highlight=False))
 
 
+def _fetch_abandoned(ctx: Context, run_ids: set[str] | None = None) -> None:
+    """Before their instances go: bring home what the jobs of runs whose controller died wrote
+    (runs/reconcile.py, runs/logs.fetch) to each run's artifacts directory. A run that cannot be
+    reached is reported; removing it goes on."""
+    from pathlib import Path
+
+    from ..errors import Ec2GpuError
+    from ..remote.jobs import CONNECTION_ERRORS
+    from ..runs import logs, reconcile
+    for row in reconcile.abandoned(ctx.settings.home, ctx.backend.name):
+        if run_ids is not None and row["run_id"] not in run_ids:
+            continue
+        head = logs.head_instance(ctx.aws.ec2, row)
+        if head is None:
+            continue
+        out = Path(row.get("artifacts") or Path("runs") / row["run_id"])
+        try:
+            logs.fetch(ctx, head, row["run_id"], out, lambda m: err.print(f"[dim]{m}[/]", highlight=False))
+        except (Ec2GpuError, *CONNECTION_ERRORS) as exc:
+            err.print(f"[yellow]run {row['run_id']}: could not bring its files home first[/] ({exc}); removing it "
+                      "anyway", highlight=False)
+
+
 def _find(ctx: Context, name: str) -> list[dict]:
     from ..aws import sweep
     from ..aws import tags as T
@@ -159,14 +182,19 @@ def ls(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = 
 @app.command()
 def cleanup(dry_run: bool = typer.Option(False, "--dry-run", help="Only list what would be removed."),
             all_regions: bool = typer.Option(False, "--all-regions", help="Every region the account can use."),
+            no_fetch: bool = typer.Option(False, "--no-fetch", help="Do not bring home first what the jobs of runs "
+                                          "whose controller died wrote (it is, by default)."),
             region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
     """Find by tag and remove everything ec2gpu created: instances, spot requests, security groups,
-    key pairs (and their local key files)."""
+    key pairs (and their local key files). Runs whose controller died get their files brought home
+    first (this region) and their bills settled."""
     from ..aws import sweep
     from ..aws.session import Aws
 
     with Context(region, _sandbox_flag(sandbox)) as ctx:
         ctx.aws.check_credentials()
+        if not dry_run and not no_fetch:
+            _fetch_abandoned(ctx)
         regions = [ctx.aws.region]
         if all_regions:
             known = set(ctx.aws.partition_regions())  # describe_regions may list other partitions' (China, GovCloud)
@@ -226,8 +254,12 @@ def doctor(instance_type: Optional[str] = typer.Option(None, "--instance-type", 
 @app.command()
 def down(name: Optional[str] = typer.Argument(None, help="Name, instance id or run id."),
          all_: bool = typer.Option(False, "--all", help="Remove everything ec2gpu created in the region."),
+         no_fetch: bool = typer.Option(False, "--no-fetch", help="Do not bring home first what the job of a run "
+                                       "whose controller died wrote (it is, by default)."),
          region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
-    """Terminate instances and delete their security groups and key pairs."""
+    """Terminate instances and delete their security groups and key pairs. A run whose controller
+    died (`ec2gpu runs` says so) gets its outputs, checkpoints and log brought home first, and its
+    bill settled from the instances' own times."""
     from ..aws import sweep
     from ..aws import tags as T
 
@@ -243,6 +275,8 @@ def down(name: Optional[str] = typer.Argument(None, help="Name, instance id or r
             if not runs:
                 raise UsageError(f"nothing of ec2gpu's is named {name!r}", "see `ec2gpu ls`; `ec2gpu cleanup` "
                                  "removes everything the tool created")
+        if not no_fetch:
+            _fetch_abandoned(ctx, {r for r in runs if r})
         removed = {}
         for run_id in sorted(r for r in runs if r):
             removed[run_id] = sweep.delete_run(ec2, run_id, ctx.settings.keys_dir,

@@ -24,7 +24,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import RemoteError, WaitTimeout
+from ..errors import AwsError, RemoteError, WaitTimeout
 from ..remote import sync
 from ..tasks.load import LoadedTask
 
@@ -383,6 +383,9 @@ def run_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[dic
             ui.note(f"job started on {len(nodes)} node(s) under the agent"
                     + (f" (head {addresses[0]})" if len(nodes) > 1 else "") + "; its log follows")
             N.follow_all(nodes, ui, local_out, n, opts.unreachable_s, mask=job.mask if job.secret_values else None)
+            for nd in nodes:  # AWS stopped answering about an instance: nothing more can be done on it
+                if isinstance(nd.result, AwsError):
+                    raise nd.result
         with ui.phase("download"):
             summary = download(nodes, job, local_out, config, ui.note)
         judge(nodes, job)

@@ -116,3 +116,50 @@ def mask(line: str, secrets: list[str]) -> str:
     for v in secrets:
         line = line.replace(v, "****")
     return line
+
+
+def head_instance(ec2, row: dict) -> dict | None:
+    """The running instance of ledger row ``row`` whose job's files count (node 0 of its newest
+    attempt: the first of its ``instance_ids`` still running), or None."""
+    from ..aws import sweep
+    ids = row.get("instance_ids") or []
+    live = {i["InstanceId"]: i for i in sweep.find_instances(ec2, states=["running"]) if i["InstanceId"] in ids}
+    return next((live[i] for i in ids if i in live), None)
+
+
+def fetch(ctx, inst: dict, run_id: str, out: Path, note) -> dict:
+    """Bring home what the job of run ``run_id`` wrote on instance ``inst`` so far, as a finished run
+    would have: its output directory to ``out``/outputs, its checkpoint directory (the default one,
+    in the run's directory) to ``out``/checkpoints, and job.log (secrets masked) and status.json to
+    ``out``. For a run whose controller died, before `down` terminates the instance. The host key
+    is checked against the console output. Returns {"outputs": [...], "checkpoints": [...],
+    "files": [...]} (paths relative to their directory).
+
+    Raises RemoteError when the instance cannot be reached, UsageError without its private key.
+    """
+    from ..aws import instances, network
+    from ..remote import jobs, ssh, sync
+
+    iid = inst["InstanceId"]
+    host, port = ctx.backend.ssh_target(inst)
+    key = network.require_private_key(ctx.settings.keys_dir, inst["KeyName"])
+    known = ctx.settings.home / "known_hosts" / iid
+    conn = ssh.wait_for_ssh(host, port, ctx.settings.ssh_user, key, known, timeout_s=60, log=note,
+                            fingerprints=lambda: instances.host_key_fingerprints(ctx.aws.ec2, iid))
+    try:
+        run_dir = jobs.remote_run_dir(conn, run_id)
+        got = {"outputs": sync.pull(conn, f"{run_dir}/out", out / "outputs", [], None, iid)[0],
+               "checkpoints": sync.pull(conn, f"{run_dir}/checkpoints", out / "checkpoints", [], None, iid)[0],
+               "files": []}
+        secrets = secret_values(conn, run_dir)
+        for name in ("job.log", "status.json"):  # never job.env.json: it holds the secrets' values
+            data = jobs.read_from(conn, f"{run_dir}/{name}", 0)
+            if data:
+                text = data.decode(errors="replace")
+                (out / name).write_text("\n".join(mask(line, secrets) for line in text.split("\n")))
+                got["files"].append(name)
+    finally:
+        conn.close()
+    note(f"{iid}: {len(got['outputs'])} output file(s), {len(got['checkpoints'])} checkpoint file(s) and "
+         f"{', '.join(got['files']) or 'no log'} brought home to {out}")
+    return got

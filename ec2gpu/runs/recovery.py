@@ -172,8 +172,8 @@ class InstanceWatch:
                          f"{exc}")
             if self.failures >= MAX_API_FAILURES:
                 raise AwsError(f"EC2 did not answer for the state of {self.instance_id} {self.failures} times in a row "
-                               f"({type(exc).__name__})", "check the network and the AWS endpoint, then rerun; "
-                               "`ec2gpu ls` shows what still stands") from exc
+                               f"({type(exc).__name__})", "check the network and the AWS endpoint; once it answers, "
+                               "`ec2gpu cleanup` removes what the run left (listed above)") from exc
             return
         self.failures = 0
         state = inst["State"]["Name"]

@@ -23,7 +23,7 @@ def run_and_interrupt(env: dict, trigger: str, timeout_s: float = 120, sig=signa
                       pause_in: str | None = None) -> tuple[int, str]:
     """Start a sandbox train run (pausing at the end of phase ``pause_in``), send ``sig`` once
     ``trigger`` appears on its stderr; (code, stderr)."""
-    argv = ["train", "mnist", "--sandbox"]
+    argv = ["train", "mnist", "--sandbox", "--trainer-arg=--train-subset=4096"]  # what is tested is the cleanup
     command = [EC2GPU, *argv] if pause_in is None else [sys.executable, PAUSE, pause_in, *argv]
     # a shell without job control starts background jobs with SIGINT ignored, and Python then never
     # turns it into KeyboardInterrupt: give the child the default disposition, as a terminal would
@@ -80,9 +80,16 @@ def test_a_controller_killed_with_sigkill_leaves_a_run_that_runs_and_down_settle
     assert listed["controller_gone"] is True and listed["status"] == "running"
     said = subprocess.run([EC2GPU, "runs"], capture_output=True, text=True, check=True).stdout
     assert f"ec2gpu down {row['run_id']}" in " ".join(said.split())
+    fetched = subprocess.run([EC2GPU, "fetch", row["run_id"], "--sandbox", "--json", "--out", str(Path(row["artifacts"]) / "f")],
+                             capture_output=True, text=True)
+    assert fetched.returncode == 0, fetched.stderr
+    assert {"job.log", "status.json"} <= set(json.loads(fetched.stdout)["files"])  # never job.env.json
     done = subprocess.run([EC2GPU, "down", row["run_id"], "--sandbox"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert "settled as controller-lost" in " ".join(done.stderr.split())
+    said = " ".join(done.stderr.split())
+    assert "settled as controller-lost" in said and "brought home to" in said
+    # what the job had written came home before the instance went (down fetches first)
+    assert "training cnn" in (Path(row["artifacts"]) / "job.log").read_text()
     settled = ledger.get(home, row["run_id"])
     assert settled["status"] == "controller-lost" and settled["billed_seconds"] >= 60 and settled["cost_usd"] > 0
     assert settled["attempts"][0]["terminated_at"] == settled["terminated_at"] and settled["ended_at"]
