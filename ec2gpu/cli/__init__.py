@@ -87,7 +87,8 @@ class RichReporter:
         def cm():
             from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
             t0 = time.monotonic()
-            live = None if self.quiet else Progress(
+            # live only on a terminal: elsewhere (a pipe, CI, a log file) it could not redraw
+            live = None if self.quiet or not self.console.is_terminal else Progress(
                 SpinnerColumn(), TextColumn("[bold]{task.description}[/]"), TimeElapsedColumn(),
                 BarColumn(bar_width=24), TextColumn("{task.fields[detail]}"), console=self.console, transient=True)
             if live:

@@ -389,7 +389,7 @@ class Trainer:
             log.info("watching the instance metadata service for spot interruption notices")
         self.warm_up()
         log.info(f"training {self.hp.model} ({self.params:,} parameters) on {self.device} "
-                 f"world_size {self.world} for {self.hp.epochs} epochs")
+                 f"world_size {self.world} for {self.hp.epochs} epoch{'' if self.hp.epochs == 1 else 's'}")
         while self.epoch < self.hp.epochs:
             self.run_epoch()
         return self.summary(time.perf_counter() - wall0, resumed)
