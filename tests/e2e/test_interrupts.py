@@ -1,5 +1,6 @@
 """Ctrl-C (SIGINT) in every phase of `ec2gpu train mnist --sandbox` leaves nothing behind."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -95,3 +96,38 @@ def test_a_controller_killed_with_sigkill_leaves_a_run_that_runs_and_down_settle
     assert settled["attempts"][0]["terminated_at"] == settled["terminated_at"] and settled["ended_at"]
     assert leftovers(home) == ([], [], []) and sandbox_settles(home)
     assert processes_gone(settled["instance_ids"])
+
+
+def test_the_aws_endpoint_lost_mid_run_says_what_may_still_exist_exit_3_and_writes_what_is_known(tmp_path, mnist_dir):
+    import json
+
+    from ec2gpu.sandbox import control
+    home = tmp_path / "home"
+    state = control.up(home)  # a sandbox of its own: this test stops it under the run
+    env = {**os.environ, "EC2GPU_HOME": str(home), "EC2GPU_DATA_DIR": str(mnist_dir), **control.env_vars(state)}
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("impatient_watch.py")), "2", "train", "mnist",
+                             "--sandbox", "--out", str(tmp_path / "r")], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    lines = []
+    try:
+        for line in proc.stderr:
+            lines.append(line)
+            if "| " in line and "training" in line:
+                control.down(home)  # AWS and the instance both out of reach, as when the network goes
+        code = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        control.down(home)
+    err = " ".join("".join(lines).split())
+    assert code == 3, err
+    assert "EC2 did not answer for the state of" in err and "Traceback" not in err
+    launched = re.search(r"launched (i-[0-9a-f]+)", err).group(1)
+    left = err[err.index("may still exist"):]
+    assert launched in left and "security group sg-" in left and "key pair ec2gpu-" in left
+    assert "ec2gpu cleanup --region us-east-1" in left
+    record = json.loads((tmp_path / "r" / "run.json").read_text())
+    assert record["status"] == "failed" and record["teardown_failed"]
+    from ec2gpu.runs import ledger
+    assert ledger.get(home, record["run_id"])["status"] == "failed"  # not left "running"

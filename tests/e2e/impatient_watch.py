@@ -1,0 +1,16 @@
+"""Test-only entry point: `python impatient_watch.py N ARGV...` runs the ec2gpu CLI with ARGV, its
+instance watch giving up after N failed DescribeInstances in a row instead of
+recovery.MAX_API_FAILURES (12, about 100 s here), so a lost AWS endpoint ends the run in seconds."""
+import sys
+
+from ec2gpu import cli
+from ec2gpu.runs import recovery
+
+
+def main() -> int:
+    recovery.MAX_API_FAILURES = int(sys.argv[1])
+    return cli.main(sys.argv[2:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
