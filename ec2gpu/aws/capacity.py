@@ -15,7 +15,6 @@ from dataclasses import dataclass, replace
 import botocore.exceptions
 
 from ..errors import AwsError, CapacityError, SpotRoleMissing
-from . import catalog
 from .instances import LaunchSpec, run_request
 from .session import describe, error_code
 
@@ -172,21 +171,19 @@ def quota_hint(market: str) -> str:
 
 
 def gvt_vcpus_in_use(ec2, spot: bool) -> int:
-    """vCPUs of pending/running G and VT instances of the market (from the catalog, else DescribeInstanceTypes)."""
+    """vCPUs of pending/running G and VT instances of the market: each type's from
+    DescribeInstanceTypes (types.py), else the instance's own CpuOptions."""
+    from . import types
     pages = ec2.get_paginator("describe_instances").paginate(
         Filters=[{"Name": "instance-state-name", "Values": ["pending", "running"]}])
+    running = [i for page in pages for r in page["Reservations"] for i in r["Instances"]
+               if (i.get("InstanceLifecycle") == "spot") == spot and i["InstanceType"].startswith(GVT_FAMILIES)]
+    known = types.describe(ec2, [i["InstanceType"] for i in running]) if running else {}
     total = 0
-    for page in pages:
-        for r in page["Reservations"]:
-            for i in r["Instances"]:
-                if (i.get("InstanceLifecycle") == "spot") != spot:
-                    continue
-                itype = i["InstanceType"]
-                if not itype.startswith(GVT_FAMILIES):
-                    continue
-                cpu = i.get("CpuOptions", {})
-                total += catalog.CATALOG[itype].vcpus if itype in catalog.CATALOG else \
-                    cpu.get("CoreCount", 1) * cpu.get("ThreadsPerCore", 1)
+    for i in running:
+        cpu = i.get("CpuOptions", {})
+        total += known[i["InstanceType"]].vcpus if i["InstanceType"] in known else \
+            cpu.get("CoreCount", 1) * cpu.get("ThreadsPerCore", 1)
     return total
 
 
@@ -206,7 +203,8 @@ def check_quota(quotas, ec2, instance_type: str, spot: bool, count: int = 1, log
         why = describe(exc) if isinstance(exc, botocore.exceptions.ClientError) else str(exc)
         log(f"could not read the vCPU quota {code} ({why.splitlines()[0]}); not checked")
         return None
-    needed = catalog.lookup(instance_type).vcpus * count
+    from . import types
+    needed = types.facts(ec2, instance_type, log).vcpus * count  # EC2's own figure, the table offline
     in_use = gvt_vcpus_in_use(ec2, spot)
     if in_use + needed > value:
         raise CapacityError(f"{instance_type} {market} needs {needed} vCPUs, but the quota \"{name}\" ({code}) "

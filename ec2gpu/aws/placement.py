@@ -17,14 +17,12 @@ from .session import describe
 CLUSTER_FAMILIES = ("g4dn", "g5", "g6", "g6e", "p3", "p3dn", "p4d", "p4de", "p5", "p5e")
 
 
-def supports_cluster(instance_type: str) -> bool:
-    """Whether ``instance_type``'s family can join a cluster placement group (page above)."""
-    return instance_type.split(".")[0] in CLUSTER_FAMILIES
-
-
 def create(ec2, run_id: str, owner: str, name: str, instance_type: str) -> tuple[str | None, str]:
-    """Create the run's cluster placement group; return (its name or None, a note for the user)."""
-    if not supports_cluster(instance_type):
+    """Create the run's cluster placement group; return (its name or None, a note for the user).
+    Whether the type may join one comes from DescribeInstanceTypes (types.py; the family list
+    offline)."""
+    from . import types
+    if not types.facts(ec2, instance_type).cluster_placement:
         return None, f"no placement group: {instance_type} does not support the cluster strategy"
     group = f"ec2gpu-{run_id}"
     try:

@@ -47,14 +47,19 @@ def prices(gpu: Optional[str] = typer.Option(None, "--gpu", help="Only this GPU 
         if offered is not None:
             types = [t for t in types if t.name in offered]
         spot = pricing.current_spot_prices(aws.ec2, [t.name for t in types]) if types else {}
+        from ..aws import types as type_facts
+        facts = type_facts.describe(aws.ec2, [t.name for t in types],
+                                    log=lambda m: err.print(f"[dim]{m}[/]", highlight=False)) if types else {}
         rows = []
         for t in types:
             od = catalog.on_demand_price(t.name, aws.region, home)
             zones = spot.get(t.name, {})
             low = min(zones.values()) if zones else None
             saving = None if low is None or not od.usd_per_hour else round(100 * (1 - low / od.usd_per_hour), 1)
-            rows.append({"instance_type": t.name, "gpu": t.gpu, "gpu_count": t.gpu_count,
-                         "gpu_memory_gib": t.gpu_memory_gib, "vcpus": t.vcpus, "memory_gib": t.memory_gib,
+            f = facts.get(t.name) or type_facts.from_table(t)
+            rows.append({"instance_type": t.name, "gpu": f.gpu, "gpu_count": f.gpu_count,
+                         "gpu_memory_gib": f.gpu_memory_gib, "vcpus": f.vcpus, "memory_gib": f.memory_gib,
+                         "facts_source": f.source,
                          "on_demand_usd_per_hour": od.usd_per_hour, "on_demand_source": od.source,
                          "spot_usd_per_hour": zones, "spot_saving_pct": saving})
         retired = [{"instance_type": n, "retired": True, "why": why, "replacement": instead,
@@ -84,7 +89,8 @@ def prices(gpu: Optional[str] = typer.Option(None, "--gpu", help="Only this GPU 
         return
     out.print(t)
     sources = sorted({r["on_demand_source"] for r in rows})
-    out.print(f"[dim]on-demand: {'; '.join(sources) or '-'}. spot: describe_spot_price_history, newest price per zone."
+    out.print(f"[dim]GPUs, vCPUs, memory: {'; '.join(sorted({r['facts_source'] for r in rows}))}. "
+              f"on-demand: {'; '.join(sources) or '-'}. spot: describe_spot_price_history, newest price per zone."
               f"{' ' + sandbox_note + '.' if sandbox_note else ''}[/]")
 
 

@@ -49,6 +49,13 @@ def _spot_role(aws, spot: bool) -> tuple:
         capacity.SPOT_ROLE_COMMAND
 
 
+def _type_facts(aws, instance_type: str) -> tuple:
+    """The instance type's GPUs and vCPUs as EC2 describes them (aws/types.py), and from where."""
+    from ..aws import types
+    f = types.facts(aws.ec2, instance_type)
+    return True, f"{f.name}: {f.gpu_count}x {f.gpu}, {f.vcpus} vCPUs ({f.source})"
+
+
 def run_checks(aws, settings, instance_type: str, spot: bool, sandbox: bool) -> list[Check]:
     """All checks for launching ``instance_type`` with ``aws`` (an aws.session.Aws) and ``settings``."""
     from ..aws import capacity, catalog, images, network
@@ -86,7 +93,7 @@ def run_checks(aws, settings, instance_type: str, spot: bool, sandbox: bool) -> 
 
     checks += [
         _run("region", lambda: (True, f"{aws.region}" + (" (sandbox)" if sandbox else ""))),
-        _run("instance type", lambda: (True, "{0.name}: {0.gpu_count}x {0.gpu}".format(catalog.lookup(instance_type)))),
+        _run("instance type", lambda: _type_facts(aws, instance_type)),
         _run("default VPC", vpc),
         _run("GPU vCPU quota", quota),
         _run("AMI", ami),

@@ -1,0 +1,71 @@
+"""Instance type facts from EC2 itself: GPUs, vCPUs, memory and placement strategies, read with
+DescribeInstanceTypes (``GpuInfo``, ``VCpuInfo``, ``MemoryInfo``, ``PlacementGroupInfo``;
+https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_DescribeInstanceTypes.html). The
+catalog's table (catalog.py) is kept as the fallback where the API cannot answer (no network, a
+policy without ec2:DescribeInstanceTypes) and for prices, which the API does not give.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import botocore.exceptions
+
+from . import catalog
+from .session import describe as describe_error
+
+API = "DescribeInstanceTypes"
+TABLE = "the catalog's table (offline fallback)"
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the launch needs to know about one instance type; ``source`` says where it came from."""
+
+    name: str
+    gpu: str | None  # the GPU model, e.g. "A10G"; None for a type without GPUs
+    gpu_count: int
+    gpu_memory_gib: float  # per GPU
+    vcpus: int
+    memory_gib: float
+    cluster_placement: bool  # may join a cluster placement group
+    source: str
+
+
+def _from_api(t: dict) -> Facts:
+    gpus = (t.get("GpuInfo") or {}).get("Gpus") or [{}]
+    g = gpus[0]
+    return Facts(t["InstanceType"], g.get("Name"), sum(x.get("Count", 0) for x in gpus if x),
+                 round((g.get("MemoryInfo") or {}).get("SizeInMiB", 0) / 1024, 1),
+                 t["VCpuInfo"]["DefaultVCpus"], round(t["MemoryInfo"]["SizeInMiB"] / 1024, 1),
+                 "cluster" in (t.get("PlacementGroupInfo") or {}).get("SupportedStrategies", []), API)
+
+
+def from_table(t: catalog.InstanceType) -> Facts:
+    """The catalog table's facts for ``t`` (pure); placement from the cluster families' list."""
+    from .placement import CLUSTER_FAMILIES
+    return Facts(t.name, t.gpu, t.gpu_count, t.gpu_memory_gib, t.vcpus, t.memory_gib, t.family in CLUSTER_FAMILIES,
+                 TABLE)
+
+
+def describe(ec2, names: list[str], log=lambda msg: None) -> dict[str, Facts]:
+    """Facts for ``names`` (instance type names) from DescribeInstanceTypes, one call per 100;
+    a type the API does not answer for (or every type, when it fails: ``log`` says why) comes from
+    the catalog's table when the table has it, else is left out. Never raises for an API error."""
+    names = sorted(set(names))
+    found: dict[str, Facts] = {}
+    try:
+        for i in range(0, len(names), 100):
+            for page in ec2.get_paginator("describe_instance_types").paginate(InstanceTypes=names[i:i + 100]):
+                found.update({t["InstanceType"]: _from_api(t) for t in page["InstanceTypes"]})
+    except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
+        why = describe_error(exc) if isinstance(exc, botocore.exceptions.ClientError) else type(exc).__name__
+        log(f"{API} did not answer ({why.splitlines()[0][:160]}); using {TABLE}")
+    for n in names:
+        if n not in found and n in catalog.CATALOG:
+            found[n] = from_table(catalog.CATALOG[n])
+    return found
+
+
+def facts(ec2, name: str, log=lambda msg: None) -> Facts:
+    """Facts for one catalog type (``describe``); the table's when the API leaves it out."""
+    return describe(ec2, [name], log).get(name) or from_table(catalog.lookup(name))
