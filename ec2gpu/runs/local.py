@@ -13,6 +13,7 @@ from pathlib import Path
 from ..errors import RemoteError, UsageError
 from ..settings import Settings
 from . import engine
+from . import record as run_record
 from .pipeline import Reporter, TrainOptions, _ledger, _with_summary, builtin_task, new_run_id
 
 
@@ -33,10 +34,10 @@ def train_local(opts: TrainOptions, ui: Reporter, data_dir: str | None = None, s
     out = Path(opts.out or Path("runs") / run_id).resolve()
     with ui.phase("running"):
         summary = run_local(job, run_id, out, ui)
-    record = {"run_id": run_id, "command": opts.command, "backend": "local", "status": "completed", "task": job.name,
-              "instance_type": "local", "market": "local", "model": opts.model, "artifacts": str(out),
-              "phases": dict(ui.phases), "started_at": started, "ended_at": datetime.now(timezone.utc).isoformat(),
-              "billed_seconds": 0.0, "cost_usd": 0.0}
+    record = run_record.new(run_id, opts.command, "local", out, status="completed", task=job.name,
+                            instance_type="local", market="local", model=opts.model, phases=dict(ui.phases),
+                            ended_at=datetime.now(timezone.utc).isoformat(), billed_seconds=0.0, cost_usd=0.0)
+    record["started_at"] = started
     _with_summary(record, summary)
     (out / "run.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
     if settings is not None:

@@ -21,7 +21,8 @@ from ..aws.session import Aws
 from ..backend import AWS, Backend
 from ..errors import RemoteError, UsageError
 from ..settings import Settings
-from . import costs, ledger, provision, reconcile
+from . import costs, ledger, provision
+from . import record as run_record
 
 PHASES = ("requesting", "waiting for running", "waiting for SSH", "setup", "upload", "running",
           "download", "terminating")
@@ -232,7 +233,7 @@ def _ledger(settings: Settings, row: dict, ui: Reporter) -> None:
 _LEDGER_WARNED: set[str] = set()  # run ids whose ledger problem was already said
 
 
-def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, backend: Backend = AWS) -> dict:
+def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, backend: Backend = AWS) -> run_record.RunRecord:
     """Run ``opts`` on a new instance end to end; return the run record (also saved as run.json).
 
     Shows the estimate first and refuses (UsageError, nothing created) a run above the budget. The
@@ -258,13 +259,10 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, backen
     out = Path(opts.out or Path("runs") / run_id).resolve()
     prov = provision.Provisioned(run_id)
     mnist = opts.task.builtin == "mnist"
-    record = {"run_id": run_id, "command": opts.command, "backend": backend.name, "instance_type": itype.name,
-              "gpu": itype.gpu, "market": "spot" if opts.spot else "on-demand", "task": opts.task.name,
-              "model": opts.model if mnist else None, "epochs": opts.epochs if mnist else None,
-              "region": aws.region, "artifacts": str(out),
-              "status": "running", "started_at": datetime.now(timezone.utc).isoformat(),
-              "controller": reconcile.this_controller(),
-              "estimated_cost_usd": est.cost_usd, "estimate": est.as_dict()}
+    record = run_record.new(run_id, opts.command, backend.name, out, instance_type=itype.name, gpu=itype.gpu,
+                            market="spot" if opts.spot else "on-demand", task=opts.task.name,
+                            model=opts.model if mnist else None, epochs=opts.epochs if mnist else None,
+                            region=aws.region, estimated_cost_usd=est.cost_usd, estimate=est.as_dict())
     _ledger(settings, record, ui)
     attempts: list[dict] = []
     record["attempts"] = attempts

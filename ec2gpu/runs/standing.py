@@ -13,7 +13,7 @@ from ..aws.session import Aws
 from ..backend import AWS
 from ..errors import RemoteError, UsageError
 from ..settings import Settings
-from . import reconcile
+from . import record as run_record
 from .pipeline import (Reporter, TrainOptions, _ledger, _status, _with_summary, builtin_task, new_run_id,
                        sandbox_data_args)
 from .provision import Provisioned
@@ -31,12 +31,10 @@ def _standing(aws: Aws, settings: Settings, found: list[dict], out, backend, com
     run_id = new_run_id()
     out = Path(out or Path("runs") / run_id).resolve()
     prov = Provisioned(T.as_dict(nodes[0].get("Tags")).get(T.RUN, run_id), key_name=nodes[0]["KeyName"], key_path=key)
-    record = {"run_id": run_id, "command": command, "backend": backend.name,
-              "instance_type": nodes[0]["InstanceType"], "market": instances.market(nodes[0]), "region": aws.region,
-              "artifacts": str(out), "status": "running", "started_at": datetime.now(timezone.utc).isoformat(),
-              "controller": reconcile.this_controller(),
-              "instance_ids": [i["InstanceId"] for i in nodes], "instance_id": nodes[0]["InstanceId"],
-              "zone": nodes[0].get("Placement", {}).get("AvailabilityZone")}
+    record = run_record.new(run_id, command, backend.name, out, instance_type=nodes[0]["InstanceType"],
+                            market=instances.market(nodes[0]), region=aws.region,
+                            instance_ids=[i["InstanceId"] for i in nodes], instance_id=nodes[0]["InstanceId"],
+                            zone=nodes[0].get("Placement", {}).get("AvailabilityZone"))
     return nodes, run_id, out, prov, record
 
 

@@ -97,3 +97,15 @@ def test_runs_on_a_corrupt_ledger_exits_3_naming_the_file(tmp_path):
                           capture_output=True, text=True)
     err = " ".join(done.stderr.split())
     assert done.returncode == 3 and "ledger.sqlite cannot be used" in err and "Traceback" not in err, err
+
+
+def test_the_run_record_type_covers_every_ledger_column_and_only_a_running_run_names_its_controller(tmp_path):
+    from contextlib import closing
+
+    from ec2gpu.runs.record import RunRecord, new
+    with closing(ledger.connect(tmp_path)) as db:
+        columns = {r[1] for r in db.execute("PRAGMA table_info(runs)")}
+    assert columns <= set(RunRecord.__annotations__), columns - set(RunRecord.__annotations__)
+    running = new("r1", "ec2gpu run", "aws", tmp_path, task="t")
+    assert running["status"] == "running" and running["controller"]["pid"] > 0 and running["artifacts"] == str(tmp_path)
+    assert "controller" not in new("r2", "ec2gpu train mnist --local", "local", tmp_path, status="completed")

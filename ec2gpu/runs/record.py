@@ -1,0 +1,59 @@
+"""The run record: what `ec2gpu run`, `train mnist` and `exec` return, save as run.json, print with
+--json and write to the ledger (its columns are the keys the ledger knows). One type, built by
+``new`` in every place a run starts, so the three kinds of run cannot drift apart."""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Optional, TypedDict
+
+
+class RunRecord(TypedDict, total=False):
+    """One run. Times are ISO 8601 UTC strings, seconds are s, money is USD."""
+
+    run_id: str  # YYYYmmdd-HHMMSS-xxxx
+    command: str  # as typed, secrets masked
+    backend: str  # aws | sandbox | local
+    status: str  # running | completed | failed | interrupted | spot-interrupted | controller-lost
+    started_at: str
+    ended_at: Optional[str]
+    controller: Optional[dict]  # host, pid, started (reconcile.py)
+    task: Optional[str]
+    model: Optional[str]  # the built-in job's preset
+    epochs: Optional[int]
+    region: Optional[str]
+    zone: Optional[str]
+    instance_type: Optional[str]
+    gpu: Optional[str]
+    market: Optional[str]  # on-demand | spot | local
+    instance_id: Optional[str]  # node 0 of the last attempt
+    instance_ids: list[str]
+    attempts: list[dict]  # one per instance: recovery.attempt_row, then its bill
+    artifacts: str  # the local directory of run.json, outputs/, logs
+    estimate: Optional[dict]  # costs.Estimate.as_dict()
+    estimated_cost_usd: Optional[float]
+    billed_seconds: Optional[float]
+    cost_usd: Optional[float]
+    usd_per_hour: Optional[float]
+    price_source: Optional[str]
+    launched_at: Optional[str]
+    billing_started_at: Optional[str]
+    terminated_at: Optional[str]
+    phases: dict  # phase -> seconds
+    summary: Optional[dict]  # the job's summary.json
+    exit_status: Optional[int]
+    test_acc: Optional[float]
+    train_seconds: Optional[float]
+    samples_per_second: Optional[float]
+    teardown_failed: list[str]
+
+
+def new(run_id: str, command: str, backend: str, artifacts, status: str = "running", **fields) -> RunRecord:
+    """A run record as a run starts: its id, command, backend, artifacts directory, status and
+    start time, and for a run that is still going the process that runs it (reconcile.py), plus
+    ``fields`` (RunRecord's keys)."""
+    from . import reconcile
+    record = RunRecord(run_id=run_id, command=command, backend=backend, artifacts=str(artifacts), status=status,
+                       started_at=datetime.now(timezone.utc).isoformat(), **fields)
+    if status == "running":
+        record["controller"] = reconcile.this_controller()
+    return record
