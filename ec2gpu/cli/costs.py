@@ -1,7 +1,7 @@
 """Commands about money: `ec2gpu prices`, `ec2gpu cost`, `ec2gpu runs` (the ledger).
 
-Only parsing and rendering; prices come from aws/catalog.py and aws/pricing.py, estimates from
-runs/costs.py, history from runs/ledger.py.
+Only parsing and rendering; the price table and estimates come from runs/costs.py (over
+aws/catalog.py, aws/pricing.py and aws/types.py), history from runs/ledger.py.
 """
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ def prices(gpu: Optional[str] = typer.Option(None, "--gpu", help="Only this GPU 
                                         "API and cache them (otherwise the shipped table or the cache)."),
            region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
     """GPU instance types of the region: GPUs, vCPUs, RAM, on-demand and current spot USD/h, saving."""
-    from ..aws import capacity, catalog, pricing
+    from ..aws import catalog, pricing
+    from ..runs import costs
 
     known_gpus = sorted({t.gpu for t in catalog.CATALOG.values()})
     if gpu and gpu.upper() not in {g.upper() for g in known_gpus} | {"K520", "K80"}:
@@ -42,30 +43,7 @@ def prices(gpu: Optional[str] = typer.Option(None, "--gpu", help="Only this GPU 
             cache = pricing.refresh_cache(aws.pricing(), aws.region, home)
             err.print(f"[dim]fetched {len(cache['prices'])} on-demand prices for {aws.region} from the Price List "
                       f"API into {catalog.price_cache_path(home, aws.region)}[/]")
-        types = [t for t in catalog.CATALOG.values() if not gpu or t.gpu.upper() == gpu.upper()]
-        offered = capacity.offered_in_region(aws.ec2, [t.name for t in types]) if types else set()
-        if offered is not None:
-            types = [t for t in types if t.name in offered]
-        spot = pricing.current_spot_prices(aws.ec2, [t.name for t in types]) if types else {}
-        from ..aws import types as type_facts
-        facts = type_facts.describe(aws.ec2, [t.name for t in types],
-                                    log=lambda m: err.print(f"[dim]{m}[/]", highlight=False)) if types else {}
-        rows = []
-        for t in types:
-            od = catalog.on_demand_price(t.name, aws.region, home)
-            zones = spot.get(t.name, {})
-            low = min(zones.values()) if zones else None
-            saving = None if low is None or not od.usd_per_hour else round(100 * (1 - low / od.usd_per_hour), 1)
-            f = facts.get(t.name) or type_facts.from_table(t)
-            rows.append({"instance_type": t.name, "gpu": f.gpu, "gpu_count": f.gpu_count,
-                         "gpu_memory_gib": f.gpu_memory_gib, "vcpus": f.vcpus, "memory_gib": f.memory_gib,
-                         "facts_source": f.source,
-                         "on_demand_usd_per_hour": od.usd_per_hour, "on_demand_source": od.source,
-                         "spot_usd_per_hour": zones, "spot_saving_pct": saving})
-        retired = [{"instance_type": n, "retired": True, "why": why, "replacement": instead,
-                    "last_known_on_demand_usd_per_hour": catalog.RETIRED_LAST_PRICE.get(n)}
-                   for n, (why, instead) in catalog.RETIRED.items()
-                   if not gpu or gpu.upper() in why.upper()]
+        rows, retired = costs.price_rows(aws, home, gpu, log=lambda m: err.print(f"[dim]{m}[/]", highlight=False))
         sandbox_note = "sandbox: spot prices come from the sandbox's simulated market" if ctx.backend.is_sandbox else None
     if as_json:
         print(json.dumps({"region": aws.region, "instance_types": rows, "retired": retired,

@@ -251,3 +251,32 @@ def estimate_minutes(home: Path, job, instance_type: str, expect_minutes: float 
         return float(job.task.max_runtime_minutes), "the task's max_runtime (an upper bound)"
     raise UsageError(f"no estimate for task {job.name}: it has not run on {instance_type} before",
                      "say how long it should take: --expect 20m (or set max_runtime in the task file)")
+
+
+def price_rows(aws, home, gpu: str | None = None, log=lambda msg: None) -> tuple[list[dict], list[dict]]:
+    """`ec2gpu prices`: (rows, retired). One row per catalog type (of GPU model ``gpu``) the region
+    offers: GPUs, vCPUs and memory as EC2 describes them (aws/types.py, with their source), the
+    on-demand USD/h and its source, the newest spot USD/h per zone and the saving (percent). Retired
+    types (of ``gpu``) with their last known price and replacement."""
+    from ..aws import capacity, catalog, pricing, types as type_facts
+    types = [t for t in catalog.CATALOG.values() if not gpu or t.gpu.upper() == gpu.upper()]
+    offered = capacity.offered_in_region(aws.ec2, [t.name for t in types]) if types else set()
+    if offered is not None:
+        types = [t for t in types if t.name in offered]
+    spot = pricing.current_spot_prices(aws.ec2, [t.name for t in types]) if types else {}
+    facts = type_facts.describe(aws.ec2, [t.name for t in types], log=log) if types else {}
+    rows = []
+    for t in types:
+        od = catalog.on_demand_price(t.name, aws.region, home)
+        zones = spot.get(t.name, {})
+        low = min(zones.values()) if zones else None
+        saving = None if low is None or not od.usd_per_hour else round(100 * (1 - low / od.usd_per_hour), 1)
+        f = facts.get(t.name) or type_facts.from_table(t)
+        rows.append({"instance_type": t.name, "gpu": f.gpu, "gpu_count": f.gpu_count,
+                     "gpu_memory_gib": f.gpu_memory_gib, "vcpus": f.vcpus, "memory_gib": f.memory_gib,
+                     "facts_source": f.source, "on_demand_usd_per_hour": od.usd_per_hour,
+                     "on_demand_source": od.source, "spot_usd_per_hour": zones, "spot_saving_pct": saving})
+    retired = [{"instance_type": n, "retired": True, "why": why, "replacement": instead,
+                "last_known_on_demand_usd_per_hour": catalog.RETIRED_LAST_PRICE.get(n)}
+               for n, (why, instead) in catalog.RETIRED.items() if not gpu or gpu.upper() in why.upper()]
+    return rows, retired
