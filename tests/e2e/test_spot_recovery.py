@@ -103,17 +103,18 @@ def test_interrupted_in_the_first_epoch_and_again_on_the_replacement_still_finis
     home, _ = sandbox_env
     code, stdout, err = drive(
         ["train", "mnist", "--sandbox", "--spot", "--epochs", "1", "--max-attempts", "3", "--json",
-         "--out", str(tmp_path / "run")],
+         "--out", str(tmp_path / "run"), "--trainer-arg=--train-subset=20000"],  # the recovery is tested
         # attempt 1: reclaimed at once, in its first epoch (no time to checkpoint: EC2's state tells)
         [("training cnn", interrupt(home, 0.0)),
          # attempt 2: a notice as soon as it trains
          ("attempt 2 of 3", lambda line, lines: None), ("training cnn", interrupt(home, 1.0))])
     assert code == 0, err
     record = json.loads(stdout)
-    assert record["status"] == "completed" and record["test_acc"] >= 0.99
+    assert record["status"] == "completed" and record["test_acc"] >= 0.95  # it learned, from 20,000 images
     ended = [a["ended"] for a in record["attempts"]]
     assert len(ended) == 3 and ended[-1] == "completed", ended
-    assert all(e != "completed" for e in ended[:2])
+    # both ended as interruptions: EC2 reclaimed the first (its state says so), the second had a notice
+    assert all("interruption notice" in e or "SpotInstanceTermination" in e for e in ended[:2]), ended
     assert len({a["instance_id"] for a in record["attempts"]}) == 3
     assert_nothing_left(home, record)
 
