@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import AwsError, RemoteError, WaitTimeout
+from .nodes import PROGRESS_FILE
 from ..remote import sync
 from ..tasks.load import LoadedTask
 
@@ -128,7 +129,7 @@ def node_env(job: TaskJob, run_id: str, run_dir: str, index: int, addresses: lis
         "EC2GPU_RUN_ID": run_id, "EC2GPU_OUTPUT_DIR": f"{run_dir}/out", "EC2GPU_CHECKPOINT_DIR": ckpt,
         "EC2GPU_RESUME": "1" if resume else "0", "EC2GPU_NODE_RANK": str(index), "EC2GPU_NUM_NODES": str(len(addresses)),
         "EC2GPU_HEAD_IP": addresses[0], "EC2GPU_NODE_IP": addresses[index], "EC2GPU_GPUS_PER_NODE": str(gpus),
-        "EC2GPU_PROGRESS_FILE": f"{run_dir}/progress.json",  # runs/nodes.PROGRESS_FILE, read from node 0
+        "EC2GPU_PROGRESS_FILE": f"{run_dir}/{PROGRESS_FILE}",  # node 0's is read: nodes.ProgressReader
         "EC2GPU_WORKDIR": workdir, "EC2GPU_PYTHON": python,
         # SkyPilot's names, so its users' scripts run unchanged
         "SKYPILOT_NODE_RANK": str(index), "SKYPILOT_NUM_NODES": str(len(addresses)),
