@@ -24,14 +24,12 @@ def launch(
     region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
 ):
     """Launch an instance (or a cluster) and leave it running (until `ec2gpu down NAME` or --max-runtime)."""
-    from ..aws import catalog
+    from ..aws import catalog, network, tags
     from ..runs import pipeline, provision
 
-    from ..aws import tags
     if name is not None:
         tags.check_name(name)  # it goes into tags, ssh_config Host lines and commands shown to you
     if ssh_cidr is not None:
-        from ..aws import network
         network.check_cidr(ssh_cidr, lambda line: err.print(f"[yellow]{line}[/]"))
     with Context(region, _sandbox_flag(sandbox), persistent=True) as ctx:
         asked = ctx.settings.instance_type if instance_type is None else instance_type
