@@ -54,6 +54,22 @@ def saved_log(home: Path, name: str) -> Path:
     return path
 
 
+def _open(ctx, inst: dict, note):
+    """(an SSH connection to ``inst``, a function that opens another): the run's key, the host key
+    pinned (checked against the console output first if it is not yet). Raises RemoteError or
+    WaitTimeout when it does not answer in 60 s, UsageError without the private key."""
+    from ..aws import instances, network
+    from ..remote import ssh
+
+    iid = inst["InstanceId"]
+    host, port = ctx.backend.ssh_target(inst)
+    key = network.require_private_key(ctx.settings.keys_dir, inst["KeyName"])
+    known = ctx.settings.home / "known_hosts" / iid
+    conn = ssh.wait_for_ssh(host, port, ctx.settings.ssh_user, key, known, timeout_s=60, log=note,
+                            fingerprints=lambda: instances.host_key_fingerprints(ctx.aws.ec2, iid))
+    return conn, lambda: ssh.connect(host, port, ctx.settings.ssh_user, key, known, note)
+
+
 def stream(ctx, inst: dict, follow: bool, write, note) -> tuple[int | None, str]:
     """Write the job log of the run on instance ``inst`` (a DescribeInstances dict) to ``write``
     (bytes), as it is now or, with ``follow``, to the job's end; return (the job's exit status, or
@@ -62,15 +78,10 @@ def stream(ctx, inst: dict, follow: bool, write, note) -> tuple[int | None, str]
     Raises RemoteError when the instance stays unreachable, UsageError without its private key or
     when no job has run there.
     """
-    from ..aws import instances, network
-    from ..remote import jobs, ssh
+    from ..remote import jobs
 
     run_id, iid = run_id_on(ctx.settings.home, inst), inst["InstanceId"]
-    host, port = ctx.backend.ssh_target(inst)
-    key = network.require_private_key(ctx.settings.keys_dir, inst["KeyName"])
-    known = ctx.settings.home / "known_hosts" / iid
-    conn = ssh.wait_for_ssh(host, port, ctx.settings.ssh_user, key, known, timeout_s=60, log=note,
-                            fingerprints=lambda: instances.host_key_fingerprints(ctx.aws.ec2, iid))
+    conn, reconnect = _open(ctx, inst, note)
     run_dir = jobs.remote_run_dir(conn, run_id)
     status = None
     splitter = None
@@ -85,7 +96,7 @@ def stream(ctx, inst: dict, follow: bool, write, note) -> tuple[int | None, str]
         if follow:
             try:
                 status, conn = jobs.follow_reconnecting(
-                    lambda: ssh.connect(host, port, ctx.settings.ssh_user, key, known, note), run_dir,
+                    reconnect, run_dir,
                     "job.log", cursor, conn=conn, log=note)
             except jobs.Unreachable as exc:
                 raise RemoteError(f"{iid}: {exc}", "see `ec2gpu ls`; the instance may have been terminated")
@@ -137,15 +148,10 @@ def fetch(ctx, inst: dict, run_id: str, out: Path, note) -> dict:
 
     Raises RemoteError when the instance cannot be reached, UsageError without its private key.
     """
-    from ..aws import instances, network
-    from ..remote import jobs, ssh, sync
+    from ..remote import jobs, sync
 
     iid = inst["InstanceId"]
-    host, port = ctx.backend.ssh_target(inst)
-    key = network.require_private_key(ctx.settings.keys_dir, inst["KeyName"])
-    known = ctx.settings.home / "known_hosts" / iid
-    conn = ssh.wait_for_ssh(host, port, ctx.settings.ssh_user, key, known, timeout_s=60, log=note,
-                            fingerprints=lambda: instances.host_key_fingerprints(ctx.aws.ec2, iid))
+    conn, _ = _open(ctx, inst, note)
     try:
         run_dir = jobs.remote_run_dir(conn, run_id)
         got = {"outputs": sync.pull(conn, f"{run_dir}/out", out / "outputs", [], None, iid)[0],
