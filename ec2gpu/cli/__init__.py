@@ -44,6 +44,13 @@ REGION = typer.Option(None, "--region", help="AWS region (default: EC2GPU_REGION
 JSON = typer.Option(False, "--json", help="Print JSON for scripts instead of a table.")
 
 
+def render_json(obj) -> None:
+    """The one way every command's ``--json`` is printed: ``obj`` (dicts, lists, numbers, strings;
+    anything else, e.g. a datetime or a Path, as its ``str()``) as JSON indented 2, on stdout, so
+    that ``ec2gpu ... --json | jq`` always gets the same shape of document."""
+    print(json.dumps(obj, indent=2, default=str))
+
+
 def _version(value: bool) -> None:
     if value:
         from .. import __version__
@@ -175,7 +182,7 @@ def _training_row(s: dict) -> str:
 
 def _print_record(record: dict, as_json: bool) -> None:
     if as_json:
-        print(json.dumps(record, indent=2, default=str))
+        render_json(record)
         return
     from rich.table import Table
 

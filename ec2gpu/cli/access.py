@@ -1,7 +1,6 @@
 """Reaching an instance: ssh, ssh-config (OpenSSH with the pinned host keys), logs."""
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Optional
@@ -10,7 +9,7 @@ import typer
 from rich.markup import escape
 
 from ..errors import UsageError
-from . import JSON, REGION, SANDBOX, Context, _sandbox_flag, app, err, out
+from . import JSON, REGION, SANDBOX, Context, _sandbox_flag, app, err, out, render_json
 from .instances import _find
 
 
@@ -117,7 +116,7 @@ def ssh_config(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json:
     with Context(region, _sandbox_flag(sandbox)) as ctx:
         path, entries, skipped = _write_ssh_config(ctx, lambda line: err.print(f"[yellow]warning:[/] {escape(line)}"))
     if as_json:
-        print(json.dumps({"path": str(path), "hosts": [e.aliases[0] for e in entries], "skipped": skipped}, indent=2))
+        render_json({"path": str(path), "hosts": [e.aliases[0] for e in entries], "skipped": skipped})
         return
     out.print(f"wrote {path} with {len(entries)} host(s): {', '.join(e.aliases[0] for e in entries) or '-'}")
     if skipped:
@@ -143,4 +142,4 @@ def fetch(run_id: str = typer.Argument(..., help="Run id (or a unique prefix), a
         out = Path(out_dir or row.get("artifacts") or Path("runs") / row["run_id"]).resolve()
         got = logs.fetch(ctx, head, row["run_id"], out, lambda m: err.print(f"[dim]{escape(m)}[/]", highlight=False))
     if as_json:
-        print(json.dumps({"run_id": row["run_id"], "out": str(out), **got}, indent=2))
+        render_json({"run_id": row["run_id"], "out": str(out), **got})

@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from . import JSON, REGION, SANDBOX, Context, _sandbox_flag, app, err, out, attempt_rows, cost_rows
+from . import JSON, REGION, SANDBOX, Context, _sandbox_flag, app, err, out, attempt_rows, cost_rows, render_json
 from ..errors import UsageError
 
 runs_app = typer.Typer(help="The ledger of runs: what ran, how it ended, what it cost.",
@@ -46,8 +46,8 @@ def prices(gpu: Optional[str] = typer.Option(None, "--gpu", help="Only this GPU 
         rows, retired = costs.price_rows(aws, home, gpu, log=lambda m: err.print(f"[dim]{m}[/]", highlight=False))
         sandbox_note = "sandbox: spot prices come from the sandbox's simulated market" if ctx.backend.is_sandbox else None
     if as_json:
-        print(json.dumps({"region": aws.region, "instance_types": rows, "retired": retired,
-                          **({"note": sandbox_note} if sandbox_note else {})}, indent=2))
+        render_json({"region": aws.region, "instance_types": rows, "retired": retired,
+                     **({"note": sandbox_note} if sandbox_note else {})})
         return
     from rich.table import Table
     t = Table("type", "GPUs", "vCPU/RAM", "on-demand", "spot $/h by zone", "saving",
@@ -96,7 +96,7 @@ def cost(instance_type: str = typer.Option("g4dn.xlarge,g5.xlarge,g6.xlarge", "-
         ests = [costs.estimate_run(ctx.aws, ctx.settings.home, n, spot, model, epochs, backend, max_price)
                 for n in names]
     if as_json:
-        print(json.dumps([e.as_dict() for e in ests], indent=2))
+        render_json([e.as_dict() for e in ests])
         return
     from rich.table import Table
     t = Table("type", "$/h", "boot", "setup", "train", "teardown", "billed", "USD",
@@ -138,9 +138,8 @@ def runs(ctx: typer.Context,
     sandbox_total = ledger.totals([r for r in rows if r.get("backend") == "sandbox"])
     if as_json:
         body = [{k: r.get(k) for k in keys} for r in rows]
-        print(json.dumps({"runs": body, "total": total, "sandbox_total": sandbox_total,
-                          "since": start.isoformat() if start else None}
-                         if since else body, indent=2))
+        render_json({"runs": body, "total": total, "sandbox_total": sandbox_total,
+                     "since": start.isoformat() if start else None} if since else body)
         return
     if not rows:
         out.print("no runs in the ledger" + (f" since {since}" if since else ""))
@@ -188,7 +187,7 @@ def runs_show(run_id: str = typer.Argument(..., help="Run id (or a unique prefix
 
     r = ledger.get(load().home, run_id)
     if as_json:
-        print(json.dumps(r, indent=2, default=str))
+        render_json(r)
         return
     from rich.table import Table
     t = Table(show_header=False, box=None, title=f"run {r['run_id']}")

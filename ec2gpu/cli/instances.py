@@ -1,13 +1,12 @@
 """Standing instances and clusters: launch, scale, ls, down, cleanup, doctor."""
 from __future__ import annotations
 
-import json
 from typing import Optional
 
 import typer
 
 from ..errors import UsageError
-from . import JSON, REGION, SANDBOX, Context, RichReporter, _sandbox_flag, app, err, out
+from . import JSON, REGION, SANDBOX, Context, RichReporter, _sandbox_flag, app, err, out, render_json
 
 
 @app.command()
@@ -50,7 +49,7 @@ def launch(
         from ..aws.instances import summary
         rows = [summary(i) for i in prov.instances]
         if as_json:
-            print(json.dumps(rows, indent=2))
+            render_json(rows)
         else:
             for r in rows:
                 out.print(f"{r['name']}: {r['instance_id']} {r['instance_type']} {r['market']} {r['state']} "
@@ -112,7 +111,7 @@ def scale(name: str = typer.Argument(..., help="The standing cluster's name (ec2
         ctx.aws.check_credentials()
         done = clusters.scale(ctx.aws, ctx.settings, name, nodes, max_runtime, log=lambda m: err.print(f"[dim]{m}[/]"))
     if as_json:
-        print(json.dumps(done, indent=2))
+        render_json(done)
     elif not done["added"] and not done["removed"]:
         out.print(f"{name} already has {done['nodes']} node(s)")
     else:
@@ -139,7 +138,7 @@ def ls(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = 
                      cost_so_far_usd=None if price.usd_per_hour is None else
                      round(max(60.0, age) * price.usd_per_hour / 3600, 4))
     if as_json:
-        print(json.dumps(rows, indent=2))
+        render_json(rows)
         return
     if not rows:
         out.print("no ec2gpu instances are running")
@@ -211,7 +210,7 @@ def cleanup(dry_run: bool = typer.Option(False, "--dry-run", help="Only list wha
         if not dry_run:
             _settle(ctx)
     if as_json:
-        print(json.dumps({"dry_run": dry_run, "regions": report}, indent=2))
+        render_json({"dry_run": dry_run, "regions": report})
         return
     if not report:
         out.print(f"nothing of ec2gpu's found in {', '.join(regions) if len(regions) < 4 else f'{len(regions)} regions'}")
@@ -235,7 +234,7 @@ def doctor(instance_type: Optional[str] = typer.Option(None, "--instance-type", 
                                 ctx.backend.is_sandbox)
     failed = [c for c in checks if c.ok is False]
     if as_json:
-        print(json.dumps([c.as_dict() for c in checks], indent=2))
+        render_json([c.as_dict() for c in checks])
     else:
         for c in checks:
             mark = {True: "[green]ok  [/]", False: "[red]FAIL[/]", None: "[yellow]?   [/]"}[c.ok]
@@ -281,7 +280,7 @@ def down(name: Optional[str] = typer.Argument(None, help="Name, instance id or r
                                                log=lambda m: err.print(f"[dim]{m}[/]"))
         _settle(ctx, set(removed))
     if as_json:
-        print(json.dumps(removed, indent=2))
+        render_json(removed)
     elif not any(v for r in removed.values() for v in r.values()):
         out.print("nothing to remove")
     else:

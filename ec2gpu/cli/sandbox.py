@@ -1,11 +1,9 @@
 """`ec2gpu sandbox ...`: the local stand-in for AWS (moto + one sshd per instance)."""
 from __future__ import annotations
 
-import json
-
 import typer
 
-from . import JSON, err, out, sandbox_app
+from . import JSON, err, out, sandbox_app, render_json
 
 
 @sandbox_app.command("up")
@@ -21,7 +19,7 @@ def sandbox_up(like_aws: bool = typer.Option(False, "--like-aws", help="Behave l
     state = control.up(load().home, like_aws=like_aws or None)
     if like_aws and not state.get("like_aws"):
         err.print("[yellow]a sandbox without --like-aws is already running; `ec2gpu sandbox down` first[/]")
-    print(json.dumps(state, indent=2)) if as_json else out.print(
+    render_json(state) if as_json else out.print(
         f"sandbox up{' (like AWS)' if state.get('like_aws') else ''}: AWS endpoint {state['endpoint']} "
         f"(pid {state['pid']}); `eval \"$(ec2gpu sandbox env)\"` points any AWS client at it")
 
@@ -41,7 +39,7 @@ def sandbox_status(as_json: bool = JSON):
     from ..settings import load
     state = control.read_state(load().home)
     if as_json:
-        print(json.dumps(state or {"running": False}, indent=2))
+        render_json(state or {"running": False})
     elif not state:
         out.print("no sandbox is running (`ec2gpu sandbox up` starts one)")
     else:
@@ -62,7 +60,7 @@ def sandbox_interrupt(instance_id: str = typer.Argument(..., help="A running spo
     from ..settings import load
     done = control.interrupt(load().home, instance_id, notice_seconds)
     if as_json:
-        print(json.dumps(done, indent=2))
+        render_json(done)
     else:
         out.print(f"{instance_id}: spot interruption notice published (action {done['notice']['action']} at "
                   f"{done['notice']['time']}); the sandbox terminates it in {notice_seconds:g} s")
