@@ -214,6 +214,7 @@ from . import train as _train  # noqa: E402,F401  (registers train mnist)
 from . import instances as _instances  # noqa: E402,F401  (registers launch, scale, ls, down, cleanup, doctor)
 from . import access as _access  # noqa: E402,F401  (registers ssh, ssh-config, logs)
 from . import costs as _costs  # noqa: E402,F401  (registers prices, cost, runs)
+from . import bench as _bench  # noqa: E402,F401  (registers bench)
 from . import sandbox as _sandbox  # noqa: E402,F401  (registers sandbox up/down/status/interrupt/env)
 
 

@@ -26,6 +26,7 @@ DEFAULT_PHASE_SECONDS = {"boot": 150.0, "setup": 45.0, "teardown": 75.0}
 #: ledger's measurements after the first run of a model on a GPU model.
 DEFAULT_EPOCH_SECONDS_T4 = {"cnn": 2.0, "lenet": 2.5, "mlp": 1.5, "dbn": 1.5}
 DEFAULT_TRAINER_STARTUP_SECONDS = 30.0
+TRAIN_IMAGES = 60_000  # MNIST's training set: one epoch (http://yann.lecun.com/exdb/mnist/)
 
 #: Relative training speed of each GPU model to a T4 for these small models (assumed, from the
 #: GPUs' published FP16/BF16 tensor throughput, capped because MNIST-sized steps are launch-bound).
@@ -102,17 +103,25 @@ def estimate(instance_type: str, gpu: str, market: str, usd_per_hour: float | No
     ``history`` holds earlier runs of the same backend from the ledger, newest first, as dicts
     with ``instance_type``, ``gpu``, ``model``, ``phases`` {phase: s}, ``train_seconds`` and
     ``epochs``. Phase times come from runs of the same instance type, the epoch time from runs of
-    the same model on the same GPU model; each falls back to the documented defaults above.
+    the same model on the same GPU model, else from the samples/s `ec2gpu bench` measured on that
+    type or GPU model (bench_speed); each falls back to the documented defaults above.
     """
     def job_s(r):  # the job's phase: "running" (before the one engine: "training")
         return (r.get("phases") or {}).get("running") or (r.get("phases") or {}).get("training")
     same_gpu = [r for r in history if r.get("gpu") == gpu and r.get("model") == model
                 and r.get("train_seconds") and r.get("epochs") and job_s(r)][:5]
     boot, setup, teardown, same_type = _phase_seconds(history, instance_type)
+    measured = bench_speed(history, instance_type, gpu, model)
     if same_gpu:
         epoch_s = _median([r["train_seconds"] / r["epochs"] for r in same_gpu])
         startup = _median([max(0.0, job_s(r) - r["train_seconds"]) for r in same_gpu])
         source = f"ledger ({len(same_gpu)} earlier run(s) of {model} on {gpu})"
+    elif measured:
+        epoch_s = TRAIN_IMAGES / measured["samples_per_second"]
+        startup = DEFAULT_TRAINER_STARTUP_SECONDS
+        source = (f"measured: {measured['samples_per_second']:,.0f} samples/s for {model} on the "
+                  f"{'GPU' if measured['device'] == 'cuda' else 'CPU'} of {measured['instance_type']} by bench "
+                  f"{measured['run_id']}{' (quick sizes)' if measured['quick'] else ''}")
     else:
         speed = GPU_SPEEDUP.get(gpu, 1.0)
         epoch_s = DEFAULT_EPOCH_SECONDS_T4.get(model, 2.0) / speed
@@ -122,6 +131,27 @@ def estimate(instance_type: str, gpu: str, market: str, usd_per_hour: float | No
         source += f"; phases from ledger ({len(same_type)} run(s))"
     return _priced(Estimate(instance_type, market, usd_per_hour, price_source, round(boot, 1), round(setup, 1),
                             round(startup + epochs * epoch_s, 1), round(teardown, 1), source))
+
+
+def bench_speed(history: list[dict], instance_type: str, gpu: str, model: str) -> dict | None:
+    """The samples/s `ec2gpu bench` measured for ``model`` on ``instance_type`` (else on another
+    type with the same GPU model), on its best device (pure). ``history``: the ledger's completed
+    runs, newest first; bench runs are those with task "bench" and a summary (train/bench.py's
+    summary_of). A full-size bench is preferred to a --quick one. Returns {"samples_per_second",
+    "device", "instance_type", "run_id", "quick"} or None."""
+    found = []
+    for r in history:
+        s = r.get("summary") or {}
+        if r.get("task") != "bench" or s.get("kind") != "bench":
+            continue
+        row = ((s.get("models") or {}).get(model) or {}).get(s.get("best_device"))
+        if not row or not row.get("samples_per_second") or (r.get("instance_type") != instance_type
+                                                            and r.get("gpu") != gpu):
+            continue
+        found.append(((r.get("instance_type") != instance_type, bool(s.get("quick"))),
+                      {"samples_per_second": row["samples_per_second"], "device": s["best_device"],
+                       "instance_type": r.get("instance_type"), "run_id": r.get("run_id"), "quick": bool(s.get("quick"))}))
+    return min(found, key=lambda f: f[0])[1] if found else None  # min keeps the newest of equals
 
 
 def _phase_seconds(history: list[dict], instance_type: str) -> tuple[float, float, float, list[dict]]:

@@ -187,7 +187,7 @@ class Trainer:
         else:
             raise ValueError(f"unknown --schedule {hp.schedule!r} (onecycle, exp, constant)")
         amp = self.args.amp == "auto" and self.device.type == "cuda"
-        self.amp_dtype = (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16) if amp else None
+        self.amp_dtype = (torch.bfloat16 if native_bf16() else torch.float16) if amp else None
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)
         self.net = self.model
         if self.args.compile:
@@ -432,6 +432,17 @@ class Trainer:
             "seed": self.args.seed, "hparams": dataclasses.asdict(self.hp), "data_md5": self.md5,
             "resumed_from": resumed,
         }
+
+
+def native_bf16() -> bool:
+    """Whether this CUDA GPU computes bf16 in hardware (compute capability 8.0 or newer: A10G, L4,
+    A100, H100). ``torch.cuda.is_bf16_supported()`` alone also says True where bf16 is only
+    emulated (its default ``including_emulation=True``, torch >= 2.3), as on the T4 of g4dn, where
+    bf16 autocast runs without tensor cores while fp16 has them."""
+    try:
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    except TypeError:  # torch < 2.3: no emulation clause, and the answer is the hardware's
+        return torch.cuda.is_bf16_supported()
 
 
 def _setup_logging(out: Path, rank: int) -> None:

@@ -1,11 +1,11 @@
-"""Built-in tasks: ordinary task files shipped in the package (mnist.yaml: `ec2gpu train mnist`)."""
+"""Built-in tasks: ordinary task files shipped in the package (mnist.yaml: `ec2gpu train mnist`; bench.yaml: `ec2gpu bench`)."""
 from __future__ import annotations
 
 from importlib import resources
 
 from ..load import LoadedTask, parse
 
-NAMES = ("mnist",)
+NAMES = ("mnist", "bench")
 
 
 def load(name: str) -> LoadedTask:

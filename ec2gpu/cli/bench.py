@@ -1,0 +1,137 @@
+"""`ec2gpu bench`: is the GPU worth it, and why: measured on the instance itself (runs/bench.py)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.markup import escape
+
+from ..errors import UsageError
+from . import JSON, REGION, SANDBOX, Context, RichReporter, _sandbox_flag, app, err, out, render_json
+
+DEVICE = {"cpu": "CPU", "cuda": "GPU"}
+
+
+@app.command("bench")
+def bench_cmd(
+    instance_type: Optional[str] = typer.Option(None, "--instance-type", "-t", help="GPU instance type, or several "
+                                                "(g4dn.xlarge,g5.xlarge,g6.xlarge): each is benched on its own "
+                                                "instance, one after another, and they are ranked by USD per run."),
+    spot: bool = typer.Option(False, "--spot", help="Spot instances (USD per run at the zone's spot price)."),
+    local: bool = typer.Option(False, "--local", help="Bench this machine instead (needs torch)."),
+    quick: bool = typer.Option(False, "--quick", help="Small sizes and a 6,000-image subset: seconds instead of "
+                               "minutes (the figures are rougher, the models do not reach their targets)."),
+    data_dir: Optional[str] = typer.Option(None, "--data-dir", help="MNIST directory for --local (default "
+                                           "EC2GPU_DATA_DIR, else downloaded)."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Where results go (default runs/<run-id>/; with "
+                                           "several types, one folder per type under it)."),
+    max_runtime: int = typer.Option(60, "--max-runtime", min=1, help="Minutes after which each instance terminates "
+                                    "itself, whatever happens to this command."),
+    budget: Optional[float] = typer.Option(None, "--budget", min=0, help="Refuse a type whose estimated cost in "
+                                           "USD is above this (nothing is created for it)."),
+    ssh_cidr: Optional[str] = typer.Option(None, "--ssh-cidr", help="CIDR allowed to SSH (default: your public IP/32)."),
+    ami: Optional[str] = typer.Option(None, "--ami", help="AMI id (default: the PyTorch Deep Learning AMI)."),
+    region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
+):
+    """Measure an instance's memory bandwidth, matmul TFLOP/s (against the GPU's datasheet peak) and
+    the seed experiment (dbn and cnn on its CPU and its GPU), bring home bench.json and bench.png,
+    terminate it. Results go into the ledger: later estimates of that type use them.
+
+    docs/why-gpus.md explains the figures. In the sandbox the instance is this machine: CPU only."""
+    from ..runs import bench, pipeline
+
+    if local and (instance_type or spot or _sandbox_flag(sandbox)):
+        raise UsageError("--local benches this machine", "drop --instance-type/--spot/--sandbox, or drop --local")
+    if data_dir and not Path(data_dir).is_dir():
+        raise UsageError(f"data directory {data_dir} does not exist", "pass a directory with the four MNIST files")
+    command = " ".join(["ec2gpu", *sys.argv[1:]]) if sys.argv[0].endswith("ec2gpu") else "ec2gpu bench"
+    opts = pipeline.TrainOptions(spot=spot, out=out_dir, ssh_cidr=ssh_cidr, ami=ami, max_runtime_minutes=max_runtime,
+                                 budget_usd=budget, command=command)
+    ui = RichReporter(err, quiet=as_json)
+    if local:
+        from ..settings import load
+        results = bench.local(opts, ui, load(), quick, data_dir)
+    else:
+        with Context(region, _sandbox_flag(sandbox)) as ctx:
+            opts.instance_type = instance_type or ctx.settings.instance_type
+            if ctx.backend.is_sandbox:
+                err.print("[dim]sandbox: the instance is this machine, without a GPU: the figures are its CPU's[/]")
+            results = bench.on_instances(ctx.aws, ctx.settings, opts, ui, ctx.backend, quick, data_dir)
+    if as_json:
+        render_json(results)
+        return
+    for r in results:
+        _show(r)
+    if len(results) > 1:
+        _show_ranking(results)
+    failed = [r for r in results if r.get("error")]
+    if failed and len(failed) == len(results):
+        raise typer.Exit(5)
+
+
+def _show(r: dict) -> None:
+    """One bench as rich tables: the machine, bandwidth and compute (with the peak), the seed experiment."""
+    from rich.table import Table
+    if r.get("error") or not r.get("bench"):
+        out.print(f"[red]{r['instance_type']}: {escape(r.get('error') or 'no bench.json came home')}[/]")
+        return
+    b = r["bench"]
+    m = b["machine"]
+    gpus = ", ".join(f"{g['name']} ({g['memory_bytes'] / 2**30:.0f} GiB)" for g in m["gpus"]) or "none (CPU only)"
+    out.print(f"[bold]{r['instance_type']}[/]: {m['cpu']}, {m['vcpus']} vCPUs, {m['ram_bytes'] / 2**30:.0f} GiB; "
+              f"GPU {gpus}; torch {m['torch']}, CUDA {m['cuda'] or '-'}, driver {m['driver'] or '-'}"
+              + (" [dim](quick sizes)[/]" if b["quick"] else ""), highlight=False)
+    peak = b.get("against_peak") or {}
+    t = Table("measure", *[DEVICE[d] for d in b["devices"]], "GPU peak", "of peak", title="memory and compute")
+    for key, label in (("copy_gbs", "copy GB/s"), ("triad_gbs", "triad GB/s"), ("h2d_pinned_gbs", "host->GPU pinned GB/s"),
+                       ("h2d_pageable_gbs", "host->GPU pageable GB/s"), ("d2h_pinned_gbs", "GPU->host pinned GB/s"),
+                       ("fp32_tflops", "matmul fp32 TFLOP/s"), ("tf32_tflops", "matmul tf32 TFLOP/s"),
+                       ("bf16_tflops", "matmul bf16 TFLOP/s"), ("fp16_tflops", "matmul fp16 TFLOP/s")):
+        cells = [b["bandwidth"][d].get(key, b["compute"][d].get(key)) for d in b["devices"]]
+        if all(c is None for c in cells):
+            continue
+        p = peak.get(key)
+        t.add_row(label, *["-" if c is None else f"{c:,.2f}" for c in cells],
+                  f"{p['peak']:,.1f}" if p else "-", f"{100 * p['fraction']:.0f}%" if p else "-")
+    out.print(t)
+    t = Table("model", "device", "batch", "seconds", "samples/s", "test accuracy", "to target", title="the seed experiment")
+    for model, by_device in b["training"]["models"].items():
+        for d, row in by_device.items():
+            if isinstance(row, dict):
+                t.add_row(model, DEVICE[d], str(row["batch_size"]), f"{row['train_seconds']:.2f}",
+                          f"{row['samples_per_second']:,.0f}", f"{100 * row['test_acc']:.2f}%",
+                          "-" if row["time_to_target_seconds"] is None else f"{row['time_to_target_seconds']:.2f} s")
+        if "speedup" in by_device:
+            t.add_row(model, "GPU/CPU", "", f"x{by_device['speedup']:.2f} faster", "", "", "")
+    out.print(t)
+    t = Table("device", "batch", "seconds", "samples/s", title="the dbn at a small and a large batch (the GPU needs "
+              "large ones to be filled)")
+    for d, by_batch in b["training"]["batch"].items():
+        for batch, row in by_batch.items():
+            t.add_row(DEVICE[d], batch, f"{row['train_seconds']:.2f}", f"{row['samples_per_second']:,.0f}")
+    out.print(t)
+    if r.get("usd_per_hour") is None:
+        out.print(f"USD per run: - (no price for {r['instance_type']}); results in {r['artifacts']}/outputs",
+                  highlight=False)
+        return
+    usd = ", ".join(f"{m} {_usd(v['usd'])} ({v['basis']})" for m, v in r["usd_per_run"].items())
+    out.print(f"USD per run at {r['usd_per_hour']:.4f} USD/h: {usd or '-'}; results in {r['artifacts']}/outputs",
+              highlight=False)
+
+
+def _usd(value: float | None) -> str:
+    return "?" if value is None else f"${value:.5f}"
+
+
+def _show_ranking(results: list[dict]) -> None:
+    from rich.table import Table
+    t = Table("rank", "instance type", "market", "USD/h", *[f"{m} USD per run" for m in ("cnn", "dbn")],
+              title="ranked by USD per run")
+    for i, r in enumerate(results, 1):
+        per = r.get("usd_per_run") or {}
+        t.add_row(str(i), r["instance_type"], r.get("market") or "-",
+                  "-" if r.get("usd_per_hour") is None else f"{r['usd_per_hour']:.4f}",
+                  *["-" if (per.get(m) or {}).get("usd") is None else f"{per[m]['usd']:.5f}" for m in ("cnn", "dbn")])
+    out.print(t)

@@ -1,0 +1,133 @@
+"""`ec2gpu bench`: the built-in bench task (tasks/builtin/bench.yaml, ec2gpu/train/bench.py) on one
+or several instance types, on this machine, or in the sandbox; each run ranked by USD per run.
+
+A bench is an ordinary run of the one engine: it is launched, measured, brought home and
+terminated like `ec2gpu train mnist`, and recorded in the ledger with task "bench" and the
+figures of its summary.json. costs.estimate then prefers those measured samples/s over its
+assumed defaults for the same instance type and model (costs.bench_speed).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ..aws.session import Aws
+from ..backend import Backend
+from ..errors import Ec2GpuError
+from ..settings import Settings
+from . import engine, pipeline
+from . import record as run_record
+
+#: Minutes a bench's job is assumed to take for its first estimate (before the ledger has one on
+#: that instance type): measured on this project's 2-vCPU machine without a GPU, the full bench's
+#: job took 67 s and --quick's 17-19 s (`ec2gpu bench --local [--quick]`); a GPU instance adds its
+#: GPU runs, which are faster than its CPU runs. Rounded up generously.
+EXPECT_MINUTES = {"full": 4.0, "quick": 1.0}
+
+#: The model whose USD per run ranks instance types first (the fast default), then the other.
+RANK_MODELS = ("cnn", "dbn")
+
+
+def job_args(quick: bool, sandbox: bool, data_dir: str | None = None) -> list[str]:
+    """bench.yaml's "$@": --quick, and MNIST for a sandbox instance (pipeline.sandbox_data_args:
+    raises UsageError, before anything is created, when there is none)."""
+    args = ["--quick"] if quick else []
+    if data_dir:
+        return args + ["--data-dir", data_dir]
+    return args + (pipeline.sandbox_data_args([]) if sandbox else [])
+
+
+def usd_per_run(summary: dict | None, usd_per_hour: float | None) -> dict:
+    """Per model of a bench's summary: the seconds that count (to the target accuracy on the best
+    device, else the whole training when the target was not reached), what they cost at
+    ``usd_per_hour`` (USD, None without a price), and which basis was used (pure)."""
+    out = {}
+    for model, by_device in ((summary or {}).get("models") or {}).items():
+        row = by_device.get(summary.get("best_device")) or by_device.get("cpu")
+        if not row:
+            continue
+        to_target = row.get("time_to_target_seconds")
+        secs = to_target if to_target is not None else row["train_seconds"]
+        out[model] = {"seconds": secs, "basis": "to target" if to_target is not None else "whole run (target not reached)",
+                      "usd": None if usd_per_hour is None else round(secs * usd_per_hour / 3600, 6)}
+    return out
+
+
+def rank(results: list[dict]) -> list[dict]:
+    """``results`` (each with ``usd_per_run``) cheapest first by RANK_MODELS' USD per run; those
+    without a price or a figure last, in their order (pure)."""
+    def key(r):
+        costs = [(r.get("usd_per_run") or {}).get(m, {}).get("usd") for m in RANK_MODELS]
+        return tuple((c is None, c or 0.0) for c in costs)
+    return sorted(results, key=key)
+
+
+def _result(record: dict) -> dict:
+    """One bench's line: run id, type, market, price, status, the bench.json it brought home."""
+    out = Path(record.get("artifacts") or ".")
+    bench_json = out / "outputs" / "bench.json"
+    price = record.get("usd_per_hour")
+    if price is None:
+        price = (record.get("estimate") or {}).get("usd_per_hour")
+    return {"run_id": record["run_id"], "instance_type": record.get("instance_type"), "market": record.get("market"),
+            "status": record.get("status"), "usd_per_hour": price, "cost_usd": record.get("cost_usd"),
+            "artifacts": str(out), "usd_per_run": usd_per_run(record.get("summary"), price),
+            "bench": json.loads(bench_json.read_text()) if bench_json.is_file() else None}
+
+
+def on_instances(aws: Aws, settings: Settings, opts: pipeline.TrainOptions, ui, backend: Backend, quick: bool,
+                 data_dir: str | None = None) -> list[dict]:
+    """Bench each of ``opts.instance_types`` on its own new instance, one after another (each
+    launched, measured, brought home and terminated by pipeline.train); return one result per type
+    (``_result``, plus ``error`` for a type whose run failed: the others still run), cheapest first.
+
+    Raises UsageError before anything is created for a bad type, no MNIST in the sandbox, or an
+    estimate above the budget; KeyboardInterrupt after the current run's teardown.
+    """
+    from ..aws import catalog
+    types = [catalog.lookup(t).name for t in opts.instance_types]  # every type checked before any launch
+    args = job_args(quick, backend.is_sandbox, data_dir)
+    results = []
+    for itype in types:
+        one = replace(opts, instance_type=itype, task=engine.builtin_job("bench", args),
+                      expect_minutes=EXPECT_MINUTES["quick" if quick else "full"],
+                      out=(opts.out / itype) if opts.out and len(types) > 1 else opts.out)
+        if len(types) > 1:
+            ui.note(f"bench {itype} ({types.index(itype) + 1} of {len(types)})")
+        try:
+            results.append(_result(pipeline.train(aws, settings, one, ui, backend)))
+        except Ec2GpuError as exc:
+            if len(types) == 1:
+                raise
+            ui.note(f"bench {itype} failed: {exc.message}; going on with the others")
+            results.append({"instance_type": itype, "status": "failed", "error": exc.message, "usd_per_run": {}})
+    return rank(results)
+
+
+def local(opts: pipeline.TrainOptions, ui, settings: Settings | None, quick: bool, data_dir: str | None) -> list[dict]:
+    """Bench this machine under the same agent and job contract as an instance (local.run_local);
+    the run goes into the ledger as backend "local", instance type "local", no cost. Raises
+    UsageError without torch, RemoteError when the bench fails."""
+    import importlib.util
+
+    from ..errors import UsageError
+    from .local import run_local
+    if importlib.util.find_spec("torch") is None:
+        raise UsageError("--local needs PyTorch on this machine", "pip install 'ec2gpu[train]' (or make demo)")
+    job = engine.builtin_job("bench", job_args(quick, False, data_dir))
+    run_id = pipeline.new_run_id()
+    out = Path(opts.out or Path("runs") / run_id).resolve()
+    started = datetime.now(timezone.utc).isoformat()
+    with ui.phase("running"):
+        summary = run_local(job, run_id, out, ui)
+    record = run_record.new(run_id, opts.command, "local", out, status="completed", task="bench",
+                            instance_type="local", market="local", phases=dict(ui.phases), summary=summary or None,
+                            exit_status=0, ended_at=datetime.now(timezone.utc).isoformat(), billed_seconds=0.0,
+                            cost_usd=0.0)
+    record["started_at"] = started
+    (out / "run.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+    if settings is not None:
+        pipeline._ledger(settings, record, ui)
+    return [_result(record)]
