@@ -18,6 +18,9 @@ from ..errors import RetiredInstanceType, UsageError
 PRICES_AS_OF = "2025-06 (us-east-1, Linux on-demand; P4d/P5 after the 2025-06-05 cut)"
 PRICE_REGION = "us-east-1"
 SHIPPED_PRICE_REGIONS = ("us-east-1", "us-east-2", "us-west-2")  # same Linux on-demand list prices
+#: gp3 storage, USD per GB-month, us-east-1 (https://aws.amazon.com/ebs/pricing/, as of 2026-11): what a
+#: stopped instance's root volume costs (the volume is billed whether the instance runs or not).
+EBS_GP3_USD_PER_GB_MONTH = 0.08
 BILLING_MINIMUM_SECONDS = 60  # per-second billing, 60 s minimum: https://aws.amazon.com/ec2/pricing/
 
 

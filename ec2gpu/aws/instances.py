@@ -81,6 +81,8 @@ def run_request(spec: LaunchSpec) -> dict:
     if spec.cluster:
         for ts in req["TagSpecifications"]:
             ts["Tags"].append({"Key": T.CLUSTER, "Value": spec.cluster})
+    if spec.max_runtime_minutes:
+        req["TagSpecifications"][0]["Tags"].append({"Key": T.MAX_RUNTIME, "Value": str(int(spec.max_runtime_minutes))})
     return req
 
 
@@ -170,6 +172,37 @@ def wait_terminated(ec2, instance_ids: list[str], timeout_s: float = 600, delay_
     except botocore.exceptions.WaiterError:
         raise WaitTimeout(f"instances {', '.join(instance_ids)} not terminated after {timeout_s:.0f} s",
                           "check with `ec2gpu ls` and `ec2gpu cleanup`")
+
+
+def stop(ec2, instance_ids: list[str], timeout_s: float = 600, delay_s: float = 2) -> None:
+    """Stop the instances and wait until they are stopped (EBS-backed instances keep their root
+    volume). Raises WaitTimeout after ``timeout_s`` seconds."""
+    ec2.stop_instances(InstanceIds=instance_ids)
+    try:
+        ec2.get_waiter("instance_stopped").wait(InstanceIds=instance_ids, WaiterConfig=_waiter_config(timeout_s, delay_s))
+    except botocore.exceptions.WaiterError:
+        raise WaitTimeout(f"instances {', '.join(instance_ids)} not stopped after {timeout_s:.0f} s",
+                          "check with `ec2gpu ls`; `ec2gpu down NAME` terminates them")
+
+
+def start(ec2, instance_ids: list[str], timeout_s: float = 600) -> list[dict]:
+    """Start stopped instances; return their descriptions once running (wait_running). Raises
+    WaitTimeout, AwsError (one stopped again instead, e.g. InsufficientInstanceCapacity)."""
+    ec2.start_instances(InstanceIds=instance_ids)
+    return wait_running(ec2, instance_ids, timeout_s)
+
+
+def root_volume_gib(ec2, instance_ids: list[str]) -> dict[str, int]:
+    """Instance id -> GiB of the EBS volumes attached to it (one DescribeVolumes call)."""
+    if not instance_ids:
+        return {}
+    sizes: dict[str, int] = {}
+    pages = ec2.get_paginator("describe_volumes").paginate(
+        Filters=[{"Name": "attachment.instance-id", "Values": list(instance_ids)}])
+    for v in (v for page in pages for v in page["Volumes"]):
+        for a in v.get("Attachments", []):
+            sizes[a["InstanceId"]] = sizes.get(a["InstanceId"], 0) + v["Size"]
+    return sizes
 
 
 def market(instance: dict) -> str:

@@ -23,23 +23,31 @@ def ssh_cmd(ctx_: typer.Context, name: str = typer.Argument(..., help="Name, ins
     import shutil
     import subprocess
 
+    with Context(region, _sandbox_flag(sandbox)) as ctx:
+        inst = _find(ctx, name)[0]
+        _pin_host_key(ctx, inst)
+        config, _, _ = _write_ssh_config(ctx, lambda line: err.print(f"[yellow]warning:[/] {escape(line)}"))
+        argv = [shutil.which("ssh") or "ssh", "-F", str(config), "-o", "LogLevel=ERROR", inst["InstanceId"],
+                *ctx_.args]
+        code = subprocess.call(argv)
+    raise typer.Exit(code)
+
+
+def _pin_host_key(ctx: Context, inst: dict) -> None:
+    """Before OpenSSH connects (StrictHostKeyChecking): pin the instance's host key, verified
+    against its console output, when it is not pinned yet. Raises RemoteError, WaitTimeout."""
     from ..aws import instances, network
     from ..remote import ssh
 
-    with Context(region, _sandbox_flag(sandbox)) as ctx:
-        inst = _find(ctx, name)[0]
-        iid = inst["InstanceId"]
-        known = ctx.settings.home / "known_hosts" / iid
-        if not (known.is_file() and known.stat().st_size):
-            host, port = ctx.backend.ssh_target(inst)
-            key = network.require_private_key(ctx.settings.keys_dir, inst["KeyName"])
-            ssh.wait_for_ssh(host, port, ctx.settings.ssh_user, key, known, timeout_s=ssh.FINGERPRINT_WAIT_S + 60,
-                             log=lambda m: err.print(f"[dim]{m}[/]", highlight=False),
-                             fingerprints=lambda: instances.host_key_fingerprints(ctx.aws.ec2, iid)).close()
-        config, _, _ = _write_ssh_config(ctx, lambda line: err.print(f"[yellow]warning:[/] {escape(line)}"))
-        argv = [shutil.which("ssh") or "ssh", "-F", str(config), "-o", "LogLevel=ERROR", iid, *ctx_.args]
-        code = subprocess.call(argv)
-    raise typer.Exit(code)
+    iid = inst["InstanceId"]
+    known = ctx.settings.home / "known_hosts" / iid
+    if known.is_file() and known.stat().st_size:
+        return
+    host, port = ctx.backend.ssh_target(inst)
+    key = network.require_private_key(ctx.settings.keys_dir, inst["KeyName"])
+    ssh.wait_for_ssh(host, port, ctx.settings.ssh_user, key, known, timeout_s=ssh.FINGERPRINT_WAIT_S + 60,
+                     log=lambda m: err.print(f"[dim]{m}[/]", highlight=False),
+                     fingerprints=lambda: instances.host_key_fingerprints(ctx.aws.ec2, iid)).close()
 
 
 @app.command()
@@ -108,6 +116,39 @@ def _write_ssh_config(ctx: Context, warn=lambda line: None) -> tuple[Path, list,
     (ctx.settings.home / "known_hosts").mkdir(parents=True, exist_ok=True)  # OpenSSH won't create it
     sc.write(path, sc.render(entries, path))
     return path, entries, skipped
+
+
+@app.command()
+def tunnel(name: str = typer.Argument(..., help="Name or instance id of a running instance."),
+           port: int = typer.Argument(..., min=1, max=65535, help="The port on the instance (a server on its "
+                                      "127.0.0.1 is enough)."),
+           local_port: Optional[int] = typer.Option(None, "--local-port", min=1, max=65535, help="The port here "
+                                                    "(default: the same one when free, else any free one)."),
+           region: Optional[str] = REGION, sandbox: bool = SANDBOX):
+    """Forward a port of a running instance to 127.0.0.1 here over SSH, until Ctrl-C: TensorBoard,
+    a notebook, any server. OpenSSH with the pinned host key; nothing is opened in the security
+    group. If SSH drops, it reconnects."""
+    import threading
+
+    from ..remote import tunnel as tn
+
+    with Context(region, _sandbox_flag(sandbox)) as ctx:
+        inst = _find(ctx, name)[0]
+        _pin_host_key(ctx, inst)
+        warn = lambda line: err.print(f"[yellow]warning:[/] {escape(line)}")  # noqa: E731
+        config, _, _ = _write_ssh_config(ctx, warn)
+        here = tn.free_local_port(local_port or port)
+        if local_port and here != local_port:
+            raise UsageError(f"--local-port {local_port} is in use on this machine", "choose another, or leave it out")
+        err.print(f"http://127.0.0.1:{here} -> {name}:{port} over SSH; Ctrl-C to stop", highlight=False)
+        stop = threading.Event()
+        try:
+            tn.keep_forwarding(tn.argv(config, inst["InstanceId"], port, here), here, stop,
+                               log=lambda m: err.print(f"[dim]{m}[/]", highlight=False),
+                               refresh=lambda: _write_ssh_config(ctx, warn))
+        except KeyboardInterrupt:
+            stop.set()
+            err.print("tunnel closed")
 
 
 @app.command("ssh-config")

@@ -88,14 +88,45 @@ def _fetch_abandoned(ctx: Context, run_ids: set[str] | None = None) -> None:
 
 
 def _find(ctx: Context, name: str) -> list[dict]:
-    from ..aws import sweep
-    from ..aws import tags as T
+    """The running (or pending) instances called ``name``; UsageError saying what they are instead."""
+    from ..runs import stopstart
+    return stopstart.find(ctx.aws.ec2, name, ["pending", "running"])
 
-    found = [i for i in sweep.find_instances(ctx.aws.ec2, states=["pending", "running"])
-             if name in (i["InstanceId"], *(T.as_dict(i.get("Tags")).get(k) for k in (T.NAME, T.RUN, T.CLUSTER)))]
-    if not found:
-        raise UsageError(f"no running instance named {name!r}", "see `ec2gpu ls`")
-    return found
+
+@app.command()
+def stop(name: str = typer.Argument(..., help="Name, instance id or cluster of a standing on-demand instance."),
+         region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
+    """Stop a standing on-demand instance (or cluster): the GPU stops billing, the disk stays (billed
+    per GB-month, `ec2gpu ls` shows how much). `ec2gpu start NAME` brings it back. Spot instances
+    cannot be stopped (say `ec2gpu down NAME`)."""
+    from ..runs import stopstart
+    with Context(region, _sandbox_flag(sandbox), persistent=True) as ctx:
+        ctx.aws.check_credentials()
+        rows = stopstart.stop(ctx.aws, name, log=lambda m: err.print(f"[dim]{m}[/]", highlight=False))
+    if as_json:
+        render_json(rows)
+        return
+    for r in rows:
+        out.print(f"{r['name'] or r['instance_id']}: {r['state']}; its disk is kept and billed (`ec2gpu ls`); "
+                  f"`ec2gpu start {name}` brings it back, `ec2gpu down {name}` removes it", highlight=False)
+
+
+@app.command()
+def start(name: str = typer.Argument(..., help="Name, instance id or cluster of a stopped instance."),
+          region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
+    """Start a stopped instance (or cluster) again: wait until it answers SSH with its pinned host key
+    at its new address, and schedule its --max-runtime shutdown again (a stop cancels it)."""
+    from ..runs import stopstart
+    with Context(region, _sandbox_flag(sandbox), persistent=True) as ctx:
+        ctx.aws.check_credentials()
+        rows = stopstart.start(ctx.aws, ctx.settings, ctx.backend, name,
+                               log=lambda m: err.print(f"[dim]{m}[/]", highlight=False))
+    if as_json:
+        render_json(rows)
+        return
+    for r in rows:
+        out.print(f"{r['name'] or r['instance_id']}: {r['state']} at {r['public_ip'] or '-'}; `ec2gpu ssh {name}` "
+                  "to log in", highlight=False)
 
 
 @app.command()
@@ -119,6 +150,24 @@ def scale(name: str = typer.Argument(..., help="The standing cluster's name (ec2
         out.print(f"{name}: {change}; {done['nodes']} node(s) now")
 
 
+def _state_cell(r: dict) -> str:
+    if r.get("disk_usd_per_month") is None:
+        return r["state"]
+    return f"{r['state']}: disk {r['disk_gib']} GiB, ${r['disk_usd_per_month']:.2f}/month"
+
+
+def _stopped_disks(ec2, rows: list[dict]) -> None:
+    """For stopped (or stopping) instances: no compute price (EC2 bills none while stopped), their
+    volumes' GiB and what those cost per month (gp3, catalog.EBS_GP3_USD_PER_GB_MONTH)."""
+    from ..aws import catalog, instances
+    stopped = [r for r in rows if r["state"] in ("stopping", "stopped")]
+    disks = instances.root_volume_gib(ec2, [r["instance_id"] for r in stopped])
+    for r in stopped:
+        gib = disks.get(r["instance_id"])
+        r.update(usd_per_hour=None, cost_so_far_usd=None, disk_gib=gib,
+                 disk_usd_per_month=None if gib is None else round(gib * catalog.EBS_GP3_USD_PER_GB_MONTH, 2))
+
+
 @app.command("ls")
 def ls(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
     """List the instances this tool launched that are still alive: age, price and cost so far."""
@@ -137,11 +186,12 @@ def ls(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = 
             r.update(age_seconds=round(age), usd_per_hour=price.usd_per_hour, price_source=price.source,
                      cost_so_far_usd=None if price.usd_per_hour is None else
                      round(max(60.0, age) * price.usd_per_hour / 3600, 4))
+        _stopped_disks(ctx.aws.ec2, rows)
     if as_json:
         render_json(rows)
         return
     if not rows:
-        out.print("no ec2gpu instances are running")
+        out.print("no ec2gpu instances are running or stopped")
         return
     from rich.table import Table
     from rich import box
@@ -163,7 +213,7 @@ def ls(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = 
                 t.add_row(f"[bold]cluster {group}[/]", f"{n} node(s)", "", "", "", "", "", "")
         m, sec = divmod(r["age_seconds"], 60)
         t.add_row(r["name"], r["instance_id"], r["instance_type"] + (" spot" if r["market"] == "spot" else ""),
-                  r["zone"] or "", r["state"], f"{m // 60}h{m % 60:02d}m" if m >= 60 else f"{m}m{sec:02d}s",
+                  r["zone"] or "", _state_cell(r), f"{m // 60}h{m % 60:02d}m" if m >= 60 else f"{m}m{sec:02d}s",
                   "-" if r["usd_per_hour"] is None else f"{r['usd_per_hour']:.4f}",
                   "-" if r["cost_so_far_usd"] is None else f"{r['cost_so_far_usd']:.4f}")
     out.print(t)

@@ -28,6 +28,18 @@ class PinOnFirstUse(paramiko.MissingHostKeyPolicy):
 
     def missing_host_key(self, client, hostname, key):
         fp = key.fingerprint  # "SHA256:...", as ssh-keygen -l prints it
+        pinned = pinned_keys(self.known_hosts)
+        if pinned:  # the instance is known at another address (a stopped and started one has a new IP)
+            if (key.get_name(), key.get_base64()) not in pinned:
+                raise RemoteError(f"host key {key.get_name()} {fp} of {hostname} is not the one pinned for this "
+                                  f"instance in {self.known_hosts}",
+                                  "someone may be intercepting the connection; nothing was sent. If the instance was "
+                                  f"replaced, delete {self.known_hosts}")
+            client.get_host_keys().add(hostname, key.get_name(), key)
+            client.save_host_keys(str(self.known_hosts))
+            self.log(f"host key {key.get_name()} {fp} of {hostname} is the one pinned for this instance at its "
+                     f"earlier address; pinned at this one too in {self.known_hosts}")
+            return
         if self.expected and fp not in self.expected:
             raise RemoteError(f"host key {key.get_name()} {fp} of {hostname} is not one the instance printed to its "
                               f"console ({', '.join(self.expected)})",
@@ -38,6 +50,15 @@ class PinOnFirstUse(paramiko.MissingHostKeyPolicy):
         how = "verified against the console output" if self.expected else \
             "trusted on first use (the console output had no fingerprints yet)"
         self.log(f"host key {key.get_name()} {fp} of {hostname} {how}; pinned in {self.known_hosts}")
+
+
+def pinned_keys(known_hosts: Path) -> set[tuple[str, str]]:
+    """(key type, base64) of every key ``known_hosts`` pins, whatever address it is under; empty
+    when the file does not exist yet."""
+    if not known_hosts.is_file():
+        return set()
+    keys = paramiko.HostKeys(str(known_hosts))
+    return {(k.get_name(), k.get_base64()) for host in keys.keys() for k in keys[host].values()}
 
 
 def connect(host: str, port: int, user: str, key_path: Path, known_hosts: Path,

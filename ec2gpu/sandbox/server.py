@@ -262,6 +262,9 @@ class Sandbox:
         for iid in [i for i in self.instances if i not in running]:
             s = self.instances.pop(iid)
             sshd.stop(s.pid, iid)
+            timer = self.shutdowns.pop(iid, None)  # a `shutdown +N` does not survive the OS stopping
+            if timer:
+                timer.cancel()
             changed = True
         if changed:
             self.save()

@@ -42,6 +42,25 @@ def test_host_key_is_pinned_on_first_use_and_a_changed_key_is_refused(server):
         _connect(server)
 
 
+def test_at_a_new_address_only_the_key_pinned_for_the_instance_is_accepted(server):
+    """A stopped and started instance answers at a new address: its pinned key is accepted there
+    (and pinned for that address too) whatever the console says; another key is refused."""
+    inst, _, known = server
+    _connect(server).close()
+    pinned = known.read_text().split()
+    known.write_text(f"[127.0.0.98]:2222 {pinned[1]} {pinned[2]}\n")  # pinned when it was at another address
+    notes = []
+    _connect(server, log=notes.append, fingerprints=lambda: []).close()
+    assert "is the one pinned for this instance at its earlier address" in notes[0]
+    assert [line.split()[0] for line in known.read_text().splitlines()] == ["[127.0.0.98]:2222",
+                                                                          f"[{inst.host}]:{inst.port}"]
+    _, other = generate_key()
+    known.write_text(f"[127.0.0.98]:2222 {other}\n")
+    with pytest.raises(RemoteError, match="not the one pinned for this instance"):
+        _connect(server, fingerprints=lambda: [])  # even when the console has no fingerprints to offer
+    assert len(known.read_text().splitlines()) == 1  # nothing added
+
+
 def test_host_key_matching_the_console_fingerprint_is_pinned_and_a_wrong_one_refused(server):
     from ec2gpu.aws.instances import parse_host_key_fingerprints
     from ec2gpu.sandbox.console import cloud_init_block

@@ -27,8 +27,19 @@ def test_run_request_requires_imdsv2_encrypted_gp3_root_and_terminate_on_shutdow
 def test_run_request_tags_instance_and_volume_with_run_owner_and_name():
     req = instances.run_request(spec())
     kinds = {t["ResourceType"]: {x["Key"]: x["Value"] for x in t["Tags"]} for t in req["TagSpecifications"]}
-    for kind in ("instance", "volume"):
-        assert kinds[kind] == {"ec2gpu:run": "r1", "ec2gpu:owner": "alice", "Name": "ec2gpu-r1"}
+    common = {"ec2gpu:run": "r1", "ec2gpu:owner": "alice", "Name": "ec2gpu-r1"}
+    assert kinds["volume"] == common
+    assert kinds["instance"] == {**common, "ec2gpu:max-runtime": "120"}  # `ec2gpu start` schedules it again
+
+
+def test_start_reads_the_max_runtime_tag_and_schedules_the_shutdown_with_the_logins_own_command():
+    from ec2gpu.runs import stopstart
+    assert stopstart.max_runtime_minutes({"Tags": [{"Key": "ec2gpu:max-runtime", "Value": "45"}]}) == 45
+    assert stopstart.max_runtime_minutes({"Tags": []}) == stopstart.DEFAULT_MAX_RUNTIME_MINUTES
+    assert stopstart.max_runtime_minutes({"Tags": [{"Key": "ec2gpu:max-runtime", "Value": "x; rm"}]}) == 120
+    line = stopstart.schedule_shutdown_command(45)
+    # sudo's secure_path would find /usr/sbin/shutdown even where the login's PATH has another
+    assert line.startswith("cmd=$(command -v shutdown) && ") and 'sudo -n "$cmd" -h +45' in line
 
 
 def test_spot_request_is_one_time_and_terminates_on_interruption():

@@ -1,0 +1,106 @@
+"""Stop and start standing instances (`ec2gpu stop NAME`, `ec2gpu start NAME`): keep the disk, stop
+paying for the GPU.
+
+EC2 bills a stopped instance nothing for compute and its EBS volumes as usual
+(https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/ec2-instance-lifecycle.html, "Stop and
+start"). A started instance usually has a new public IP; it is found again by its tags, and its
+host key must be the one pinned for it before (remote/ssh.py). The `--max-runtime` shutdown that
+user data scheduled does not survive a stop (the OS powers off; user data runs once per instance),
+so `start` schedules it again over SSH from the instance's ec2gpu:max-runtime tag.
+
+Spot instances cannot be stopped here: ec2gpu requests one-time spot instances, and EC2 stops only
+spot instances of a persistent request
+(https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/how-spot-instances-work.html).
+"""
+from __future__ import annotations
+
+from ..aws import instances, sweep
+from ..aws import tags as T
+from ..aws.session import Aws
+from ..errors import UsageError
+from ..settings import Settings
+
+#: Minutes `start` gives an instance launched before the ec2gpu:max-runtime tag existed (the
+#: `launch` default).
+DEFAULT_MAX_RUNTIME_MINUTES = 120
+
+
+def find(ec2, name: str, states: list[str]) -> list[dict]:
+    """The tool's instances called ``name`` (Name, instance id, run id or cluster) in ``states``.
+    Raises UsageError when there are none, naming the state they are in if they exist."""
+    every = [i for i in sweep.find_instances(ec2)
+             if name in (i["InstanceId"], *(T.as_dict(i.get("Tags")).get(k) for k in (T.NAME, T.RUN, T.CLUSTER)))]
+    found = [i for i in every if i["State"]["Name"] in states]
+    if not found:
+        if every:
+            now = sorted({i["State"]["Name"] for i in every})
+            hint = f"`ec2gpu start {name}` brings it back" if now == ["stopped"] else "see `ec2gpu ls`"
+            raise UsageError(f"{name} is {', '.join(now)}, not {' or '.join(states)}", hint)
+        raise UsageError(f"no instance named {name!r}", "see `ec2gpu ls`")
+    return found
+
+
+def refuse_spot(found: list[dict], name: str) -> None:
+    """Raise UsageError when any of ``found`` is a spot instance (module docstring)."""
+    spot = [i["InstanceId"] for i in found if instances.market(i) == "spot"]
+    if spot:
+        raise UsageError(f"{name} is a spot instance ({', '.join(spot)}): EC2 stops only spot instances of a "
+                         "persistent request, and ec2gpu's are one-time",
+                         f"`ec2gpu down {name}` terminates it (its disk goes too; bring files home first with "
+                         "`ec2gpu ssh` or scp)")
+
+
+def stop(aws: Aws, name: str, log=lambda msg: None, timeout_s: float = 600) -> list[dict]:
+    """Stop the on-demand standing instances called ``name`` and wait until they are stopped;
+    return their summaries (aws/instances.summary). Raises UsageError (none running, or spot),
+    WaitTimeout."""
+    found = find(aws.ec2, name, ["running", "pending"])
+    refuse_spot(found, name)
+    ids = [i["InstanceId"] for i in found]
+    log(f"stopping {', '.join(ids)}")
+    instances.stop(aws.ec2, ids, timeout_s)
+    return [instances.summary(i) for i in instances.describe_instances(aws.ec2, ids)]
+
+
+def start(aws: Aws, settings: Settings, backend, name: str, log=lambda msg: None, timeout_s: float = 600) -> list[dict]:
+    """Start the stopped instances called ``name``, wait until they run and answer SSH with the
+    host key pinned for them, and schedule their --max-runtime shutdown again; return their
+    summaries. Raises UsageError (none stopped, or their private key is not here), WaitTimeout,
+    RemoteError (a host key that is not the pinned one)."""
+    from ..aws import network
+    from ..remote import ssh
+
+    found = find(aws.ec2, name, ["stopped"])
+    ids = [i["InstanceId"] for i in found]
+    key = network.require_private_key(settings.keys_dir, found[0]["KeyName"])
+    log(f"starting {', '.join(ids)}")
+    started = instances.start(aws.ec2, ids, timeout_s)
+    for inst in started:
+        host, port = backend.ssh_target(inst)
+        known = settings.home / "known_hosts" / inst["InstanceId"]
+        conn = ssh.wait_for_ssh(host, port, settings.ssh_user, key, known, log=log,
+                                fingerprints=lambda i=inst["InstanceId"]: instances.host_key_fingerprints(aws.ec2, i))
+        try:
+            minutes = max_runtime_minutes(inst)
+            ssh.run(conn, schedule_shutdown_command(minutes))
+            log(f"{inst['InstanceId']} answers SSH at {host}:{port}; it terminates itself in {minutes} min "
+                "(--max-runtime, scheduled again)")
+        finally:
+            conn.close()
+    return [instances.summary(i) for i in started]
+
+
+def max_runtime_minutes(instance: dict) -> int:
+    """The instance's --max-runtime in minutes, from its ec2gpu:max-runtime tag (pure); the launch
+    default for an instance without it."""
+    value = T.as_dict(instance.get("Tags")).get(T.MAX_RUNTIME, "")
+    return int(value) if value.isdigit() and int(value) > 0 else DEFAULT_MAX_RUNTIME_MINUTES
+
+
+def schedule_shutdown_command(minutes: int) -> str:
+    """The shell line that schedules the instance's shutdown in ``minutes`` (pure): as root, or
+    through passwordless sudo (the DLAMI's ubuntu user has it), with the ``shutdown`` the login's
+    PATH finds resolved first, since sudo's secure_path would find another (the sandbox's stand-in
+    comes first on an instance's PATH there; on EC2 both are /usr/sbin/shutdown)."""
+    return (f'cmd=$(command -v shutdown) && if [ "$(id -u)" = 0 ]; then "$cmd" -h +{int(minutes)} '
+            f"'ec2gpu: max runtime reached'; else sudo -n \"$cmd\" -h +{int(minutes)} 'ec2gpu: max runtime reached'; fi")

@@ -1,0 +1,96 @@
+"""Interactive work in the sandbox: a standing instance stopped and started keeps its home and its
+pinned host key at its new address, a tunnel carries HTTP from a server on the instance, and a
+spot instance refuses `stop` with the reason."""
+import json
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+from ec2gpu.remote.tunnel import free_local_port
+
+from test_sandbox_train import leftovers, sandbox_settles  # same folder (pytest prepend import mode)
+from test_spot_recovery import EC2GPU
+
+pytestmark = pytest.mark.e2e
+NEEDS_MNIST = False
+
+
+def ec2gpu(*args, timeout=180) -> subprocess.CompletedProcess:
+    at = args.index("--") if "--" in args else len(args)  # options go before `--`
+    return subprocess.run([EC2GPU, *args[:at], "--sandbox", *args[at:]], env=dict(os.environ), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def keys_of(known_hosts) -> set[str]:
+    """The host keys (type and base64) a known_hosts file pins, whatever address they are under."""
+    return {" ".join(line.split()[1:3]) for line in known_hosts.read_text().splitlines() if line.strip()}
+
+
+def test_stop_and_start_keep_the_home_and_the_pinned_host_key_and_a_tunnel_carries_http(sandbox_env):
+    home, _ = sandbox_env
+    launched = ec2gpu("launch", "--name", "dev", "--max-runtime", "30", "--json")
+    assert launched.returncode == 0, launched.stderr
+    [inst] = json.loads(launched.stdout)
+    iid, address = inst["instance_id"], None
+    try:
+        assert ec2gpu("ssh", "dev", "--", "echo kept > kept.txt").returncode == 0
+        known = home / "known_hosts" / iid
+        pinned = keys_of(known)
+        address = known.read_text().split()[0]
+
+        stopped = ec2gpu("stop", "dev", "--json")
+        assert stopped.returncode == 0, stopped.stderr
+        assert [r["state"] for r in json.loads(stopped.stdout)] == ["stopped"]
+        [row] = [r for r in json.loads(ec2gpu("ls", "--json").stdout) if r["instance_id"] == iid]
+        assert row["state"] == "stopped" and row["disk_gib"] == 100 and row["usd_per_hour"] is None
+        assert row["disk_usd_per_month"] == pytest.approx(100 * 0.08)  # gp3, us-east-1 list price
+        refused = ec2gpu("ssh", "dev", "--", "true")
+        assert refused.returncode == 2 and "stopped" in refused.stderr and "ec2gpu start dev" in refused.stderr
+        assert sandbox_settles(home)  # its sshd is gone while it is stopped
+
+        started = ec2gpu("start", "dev", "--json")
+        assert started.returncode == 0, started.stderr
+        assert "scheduled again" in started.stderr  # the --max-runtime safety net survives the stop
+        assert ec2gpu("ssh", "dev", "--", "cat kept.txt").stdout.strip() == "kept"
+        hosts = [line.split()[0] for line in known.read_text().splitlines()]
+        assert hosts[0] == address and len(hosts) == 2 and hosts[1] != address  # a new address (as EC2 gives)
+        assert keys_of(known) == pinned  # ... and the same key, now pinned there too
+
+        port, local = free_local_port(), free_local_port()
+        assert ec2gpu("ssh", "dev", "--", f"nohup python3 -m http.server {port} --bind 127.0.0.1 "
+                      ">/dev/null 2>&1 &").returncode == 0
+        tunnel = subprocess.Popen([EC2GPU, "tunnel", "dev", str(port), "--local-port", str(local), "--sandbox"],
+                                  env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            body, deadline = None, time.monotonic() + 60
+            while body is None and time.monotonic() < deadline:
+                try:
+                    body = urllib.request.urlopen(f"http://127.0.0.1:{local}/kept.txt", timeout=5).read().decode()
+                except OSError:
+                    time.sleep(0.5)
+            assert body == "kept\n"
+        finally:
+            tunnel.send_signal(signal.SIGINT)
+            _, tunnel_err = tunnel.communicate(timeout=30)
+        assert tunnel.returncode == 0, tunnel_err
+        assert f"http://127.0.0.1:{local}" in tunnel_err
+    finally:
+        assert ec2gpu("down", "dev", "--no-fetch").returncode == 0
+    assert leftovers(home) == ([], [], []) and sandbox_settles(home)
+
+
+def test_a_spot_instance_refuses_stop_with_the_reason_and_the_way_out(sandbox_env):
+    home, _ = sandbox_env
+    assert ec2gpu("launch", "--spot", "--name", "sp", "--max-runtime", "30").returncode == 0
+    try:
+        refused = ec2gpu("stop", "sp")
+        assert refused.returncode == 2
+        assert "spot" in refused.stderr and "one-time" in refused.stderr and "ec2gpu down sp" in refused.stderr
+        assert [r["state"] for r in json.loads(ec2gpu("ls", "--json").stdout) if r["name"] == "sp"] == ["running"]
+    finally:
+        assert ec2gpu("down", "sp", "--no-fetch").returncode == 0
+    assert leftovers(home) == ([], [], [])
