@@ -48,7 +48,8 @@ def scale(aws, settings, name: str, target: int, max_runtime_minutes: int, log=l
             key_name=head["KeyName"], security_group_id=head["SecurityGroups"][0]["GroupId"],
             spot=instances.market(head) == "spot", root_volume_gib=settings.root_volume_gib,
             max_runtime_minutes=max_runtime_minutes, subnet_id=head.get("SubnetId"),
-            placement_group=(head.get("Placement") or {}).get("GroupName") or None, cluster=name)
+            placement_group=(head.get("Placement") or {}).get("GroupName") or None, cluster=name,
+            idle=instances.parse_idle_tag(T.as_dict(head.get("Tags")).get(T.IDLE)))  # new nodes keep the rule
         spec = replace(spec, count=target - current)
         try:
             new = capacity.run_instances(aws.client("ec2", fail_fast=True), instances.run_request(spec))

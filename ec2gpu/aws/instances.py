@@ -18,6 +18,30 @@ from . import tags as T
 from .session import error_code
 
 @dataclass(frozen=True)
+class IdleRule:
+    """--idle-stop / --idle-down: the instance stops (``action`` "stop") or terminates ("down")
+    itself after ``seconds`` without a job, an SSH connection or a busy GPU (ami/idle-watch.sh)."""
+
+    action: str  # "stop" | "down"
+    seconds: int
+
+    @property
+    def check_seconds(self) -> int:
+        """How often the instance looks (s): every 30 s, more often for a rule under 2 minutes."""
+        return max(2, min(30, self.seconds // 4))
+
+    def tag(self) -> str:
+        """The ec2gpu:idle tag's value, e.g. "down 3600" (parse_idle_tag reads it back)."""
+        return f"{self.action} {self.seconds}"
+
+
+def parse_idle_tag(value: str | None) -> IdleRule | None:
+    """The IdleRule an ec2gpu:idle tag holds, or None (no tag, or one not written by ``tag``) (pure)."""
+    action, _, seconds = (value or "").partition(" ")
+    return IdleRule(action, int(seconds)) if action in ("stop", "down") and seconds.isdigit() else None
+
+
+@dataclass(frozen=True)
 class LaunchSpec:
     """What to launch. ``max_runtime_minutes`` schedules a shutdown (= terminate) in user data."""
 
@@ -37,15 +61,40 @@ class LaunchSpec:
     max_price: float | None = None  # spot only: the highest USD/h to pay (None: up to on-demand)
     placement_group: str | None = None  # a cluster placement group for multi-node runs
     cluster: str | None = None  # the cluster's name (tag ec2gpu:cluster) for multi-node runs
+    idle: IdleRule | None = None  # a standing instance's idle rule (`launch --idle-stop/--idle-down`)
 
 
-def user_data(max_runtime_minutes: int | None) -> str:
-    """Cloud-init script: schedule a shutdown after ``max_runtime_minutes`` (None: nothing)."""
+#: Where the idle rule lives on an instance (root's; the sandbox sets EC2GPU_STATE_DIR per instance).
+STATE_DIR = '"${EC2GPU_STATE_DIR:-/var/lib/ec2gpu}"'
+
+#: Start the idle watcher of ``$dir`` unless it runs: a systemd service on an instance (it comes back
+#: after a stop and start); in the background where ec2gpu's sandbox stands in for the instance
+#: (EC2GPU_STATE_DIR is set there only, and the machine's systemd is not the instance's).
+START_IDLE_WATCH = """\
+read -r idle_s check_s <"$dir/idle-rule"
+if [ -z "${EC2GPU_STATE_DIR:-}" ] && [ -d /run/systemd/system ]; then
+  printf '[Unit]\\nDescription=ec2gpu idle rule\\n[Service]\\nExecStart=/bin/bash %s/idle-watch.sh %s %s\\nRestart=always\\n[Install]\\nWantedBy=multi-user.target\\n' "$dir" "$idle_s" "$check_s" >/etc/systemd/system/ec2gpu-idle.service
+  systemctl daemon-reload && systemctl enable --now ec2gpu-idle.service
+elif ! pgrep -f "$dir/idle-watch.sh" >/dev/null; then
+  nohup bash "$dir/idle-watch.sh" "$idle_s" "$check_s" >>"$dir/idle.log" 2>&1 </dev/null &
+fi"""
+
+
+def user_data(max_runtime_minutes: int | None, idle: IdleRule | None = None) -> str:
+    """Cloud-init script: schedule a shutdown after ``max_runtime_minutes`` (None: nothing), and
+    install and start the idle watcher (ami/idle-watch.sh) for ``idle``."""
     lines = ["#!/bin/bash"]
     if max_runtime_minutes:
-        # InstanceInitiatedShutdownBehavior=terminate turns this shutdown into a termination,
-        # so a controller that crashed or lost its network never leaves a GPU running.
+        # InstanceInitiatedShutdownBehavior turns this shutdown into a termination (or, with
+        # --idle-stop, a stop), so a controller that crashed or lost its network never leaves a
+        # GPU running.
         lines.append(f"shutdown -h +{int(max_runtime_minutes)} 'ec2gpu: max runtime reached'")
+    if idle:
+        from pathlib import Path
+        watch = (Path(__file__).resolve().parents[1] / "ami" / "idle-watch.sh").read_text().rstrip("\n")
+        lines += [f"dir={STATE_DIR}", 'mkdir -p "$dir"', "cat >\"$dir/idle-watch.sh\" <<'EC2GPU_IDLE_WATCH'", watch,
+                  "EC2GPU_IDLE_WATCH", 'chmod 755 "$dir/idle-watch.sh"',
+                  f'echo "{idle.seconds} {idle.check_seconds}" >"$dir/idle-rule"', START_IDLE_WATCH]
     return "\n".join(lines) + "\n"
 
 
@@ -55,7 +104,7 @@ def run_request(spec: LaunchSpec) -> dict:
         "ImageId": spec.image_id, "InstanceType": spec.instance_type,
         "MinCount": spec.count, "MaxCount": spec.count,
         "KeyName": spec.key_name, "SecurityGroupIds": [spec.security_group_id],
-        "InstanceInitiatedShutdownBehavior": "terminate",
+        "InstanceInitiatedShutdownBehavior": "stop" if spec.idle and spec.idle.action == "stop" else "terminate",
         # IMDSv2 only: https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/configuring-IMDS-new-instances.html
         "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 1},
         "BlockDeviceMappings": [{"DeviceName": spec.root_device_name, "Ebs": {
@@ -64,7 +113,7 @@ def run_request(spec: LaunchSpec) -> dict:
         # plain text: boto3 base64-encodes UserData for RunInstances itself (botocore handlers.py,
         # base64_encode_user_data); encoding it here too would hand the instance base64 text that
         # cloud-init never runs (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/user-data.html)
-        "UserData": user_data(spec.max_runtime_minutes),
+        "UserData": user_data(spec.max_runtime_minutes, spec.idle),
         "TagSpecifications": [T.tag_spec("instance", spec.run_id, spec.owner, spec.name),
                               T.tag_spec("volume", spec.run_id, spec.owner, spec.name)],
     }
@@ -83,6 +132,8 @@ def run_request(spec: LaunchSpec) -> dict:
             ts["Tags"].append({"Key": T.CLUSTER, "Value": spec.cluster})
     if spec.max_runtime_minutes:
         req["TagSpecifications"][0]["Tags"].append({"Key": T.MAX_RUNTIME, "Value": str(int(spec.max_runtime_minutes))})
+    if spec.idle:
+        req["TagSpecifications"][0]["Tags"].append({"Key": T.IDLE, "Value": spec.idle.tag()})
     return req
 
 
@@ -226,6 +277,7 @@ def summary(instance: dict) -> dict:
         "private_ip": instance.get("PrivateIpAddress"),
         "zone": instance.get("Placement", {}).get("AvailabilityZone"),
         "launched_at": launched.isoformat() if isinstance(launched, datetime) else launched,
+        "idle_rule": tg.get(T.IDLE),  # "stop 1800" / "down 3600" (IdleRule.tag), None without one
         "unsafe_tags": unsafe,
     }
 
@@ -257,19 +309,37 @@ def parse_host_key_fingerprints(console: str) -> list[str]:
     return found
 
 
+def idle_state(console: str, now: float) -> dict | None:
+    """What the instance's idle watcher last said on its console (ami/idle-watch.sh), as of ``now``
+    (epoch s) (pure): {"idle_seconds": s or None while busy, "busy": "job"|"ssh"|"gpu"|None}, or
+    None when it has said nothing yet."""
+    said = re.findall(r"^ec2gpu-idle: (idle since|busy (\w+) since) (\d+) rule \d+\s*$", console, re.M)
+    if not said:
+        return None
+    kind, busy, since = said[-1]
+    if kind == "idle since":
+        return {"idle_seconds": max(0, round(now - int(since))), "busy": None}
+    return {"idle_seconds": None, "busy": busy}
+
+
+def console_output(ec2, instance_id: str) -> str:
+    """The instance's console output, newest (Latest=True where the instance supports it); "" when
+    EC2 has none or refuses."""
+    try:
+        try:
+            return ec2.get_console_output(InstanceId=instance_id, Latest=True).get("Output") or ""
+        except botocore.exceptions.ClientError as exc:
+            if error_code(exc) not in ("UnsupportedOperation", "InvalidParameterValue", "InvalidParameterCombination"):
+                raise
+            return ec2.get_console_output(InstanceId=instance_id).get("Output") or ""  # Latest needs Nitro
+    except botocore.exceptions.ClientError:
+        return ""
+
+
 def host_key_fingerprints(ec2, instance_id: str) -> list[str]:
     """The instance's SSH host key fingerprints from its console output ([] until cloud-init printed them).
 
     GetConsoleOutput (Latest=True) is its own record, out of band from the SSH connection, so a
     key that does not match is refused (remote/ssh.py). Errors reading it count as "none yet".
     """
-    try:
-        try:
-            out = ec2.get_console_output(InstanceId=instance_id, Latest=True).get("Output") or ""
-        except botocore.exceptions.ClientError as exc:
-            if error_code(exc) not in ("UnsupportedOperation", "InvalidParameterValue", "InvalidParameterCombination"):
-                raise
-            out = ec2.get_console_output(InstanceId=instance_id).get("Output") or ""  # Latest needs Nitro
-    except botocore.exceptions.ClientError:
-        return []
-    return parse_host_key_fingerprints(out)
+    return parse_host_key_fingerprints(console_output(ec2, instance_id))

@@ -16,7 +16,14 @@ def launch(
     name: Optional[str] = typer.Option(None, "--name", help="Name tag (default ec2gpu-<run-id>)."),
     ssh_cidr: Optional[str] = typer.Option(None, "--ssh-cidr", help="CIDR allowed to SSH (default: your IP/32)."),
     ami: Optional[str] = typer.Option(None, "--ami", help="AMI id (default: the AWS Deep Learning AMI)."),
-    max_runtime: int = typer.Option(120, "--max-runtime", min=1, help="Minutes until it terminates itself (user data runs `shutdown -h +M`; whole minutes, 1 at least)."),
+    max_runtime: Optional[int] = typer.Option(None, "--max-runtime", min=1, help="Minutes until it terminates itself "
+                                              "(user data runs `shutdown -h +M`; default 120, required with --no-idle)."),
+    idle_stop: Optional[str] = typer.Option(None, "--idle-stop", help="Stop itself (disk kept, `ec2gpu start` brings "
+                                            "it back) after this long idle: no job, no SSH connection, every GPU "
+                                            "under 5% (30m, 1h). Then --max-runtime stops it too. On-demand only."),
+    idle_down: Optional[str] = typer.Option(None, "--idle-down", help="Terminate itself after this long idle "
+                                            "(default 60m)."),
+    no_idle: bool = typer.Option(False, "--no-idle", help="No idle rule (then --max-runtime must be given)."),
     nodes: int = typer.Option(1, "--nodes", "-n", min=1, max=64, help="A standing cluster of N nodes (tag "
                               "ec2gpu:cluster = NAME): one security group open between its members, a cluster "
                               "placement group where supported. `ec2gpu scale NAME N` resizes it."),
@@ -30,6 +37,8 @@ def launch(
         tags.check_name(name)  # it goes into tags, ssh_config Host lines and commands shown to you
     if ssh_cidr is not None:
         network.check_cidr(ssh_cidr, lambda line: err.print(f"[yellow]{line}[/]"))
+    idle = idle_rule(idle_stop, idle_down, no_idle, max_runtime, spot)
+    max_runtime = max_runtime or 120
     with Context(region, _sandbox_flag(sandbox), persistent=True) as ctx:
         asked = ctx.settings.instance_type if instance_type is None else instance_type
         if any(not t.strip() for t in asked.split(",")):
@@ -38,7 +47,7 @@ def launch(
         ctx.aws.check_credentials()
         run_id = pipeline.new_run_id()
         opts = pipeline.TrainOptions(instance_type=",".join(types), spot=spot, name=name, ssh_cidr=ssh_cidr, ami=ami,
-                                     max_runtime_minutes=max_runtime, nodes=nodes)
+                                     max_runtime_minutes=max_runtime, nodes=nodes, idle=idle)
         prov = provision.Provisioned(run_id)
         ui = RichReporter(err, quiet=as_json)
         try:
@@ -54,6 +63,38 @@ def launch(
             for r in rows:
                 out.print(f"{r['name']}: {r['instance_id']} {r['instance_type']} {r['market']} {r['state']} "
                           f"{r['public_ip']}; `ec2gpu ssh {r['name']}` to log in, `ec2gpu down {r['name']}` to remove")
+
+
+#: The idle rule `launch` gives when none is asked for (issue: instances that end themselves).
+DEFAULT_IDLE = ("down", "60m")
+
+
+def idle_rule(idle_stop: str | None, idle_down: str | None, no_idle: bool, max_runtime: int | None, spot: bool):
+    """The aws.instances.IdleRule of `launch`'s flags (None for --no-idle). Raises UsageError for two
+    rules at once, a duration that is not one (or under 10 s), --no-idle without --max-runtime,
+    and --idle-stop on spot (EC2 cannot stop ec2gpu's one-time spot instances)."""
+    from ..aws.instances import IdleRule
+    from ..tasks.spec import minutes
+
+    given = [(a, v) for a, v in (("stop", idle_stop), ("down", idle_down)) if v is not None]
+    if len(given) + no_idle > 1:
+        raise UsageError("--idle-stop, --idle-down and --no-idle exclude each other", "give one of them")
+    if no_idle:
+        if max_runtime is None:
+            raise UsageError("--no-idle needs an explicit --max-runtime MINUTES",
+                             "say how long the instance may live, e.g. --no-idle --max-runtime 480")
+        return None
+    action, text = given[0] if given else DEFAULT_IDLE
+    try:
+        seconds = round(minutes(text) * 60)
+    except ValueError as exc:
+        raise UsageError(f"--idle-{action}: {exc}", "e.g. --idle-down 30m") from None
+    if seconds < 10:
+        raise UsageError(f"--idle-{action} {text} is under 10 seconds", "give at least 10s (e.g. 30m)")
+    if action == "stop" and spot:
+        raise UsageError("--idle-stop cannot apply to a spot instance: EC2 stops only spot instances of a persistent "
+                         "request, and ec2gpu's are one-time", "use --idle-down (it terminates itself when idle)")
+    return IdleRule(action, seconds)
 
 
 def _settle(ctx: Context, run_ids: set[str] | None = None) -> None:
@@ -150,6 +191,38 @@ def scale(name: str = typer.Argument(..., help="The standing cluster's name (ec2
         out.print(f"{name}: {change}; {done['nodes']} node(s) now")
 
 
+def _idle_columns(ec2, rows: list[dict]) -> None:
+    """For running instances with an idle rule: how long they have been idle, or why they are busy,
+    from what their watcher last wrote to the console (read through the EC2 API: asking over SSH
+    would itself count as a connection and keep them busy)."""
+    import time
+
+    from ..aws import instances
+    for r in rows:
+        rule = instances.parse_idle_tag(r.get("idle_rule"))
+        state = instances.idle_state(instances.console_output(ec2, r["instance_id"]), time.time()) \
+            if rule and r["state"] == "running" else None
+        r.update(idle_seconds=(state or {}).get("idle_seconds"), busy=(state or {}).get("busy"))
+
+
+def _idle_cell(r: dict) -> str:
+    from ..aws import instances
+    rule = instances.parse_idle_tag(r.get("idle_rule"))
+    if rule is None:
+        return "-"
+    text = f"{rule.action} after {_duration(rule.seconds)}"
+    if r.get("idle_seconds") is not None:
+        return f"{text}; idle {_duration(r['idle_seconds'])}"
+    return f"{text}; busy ({r['busy']})" if r.get("busy") else text
+
+
+def _duration(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    if m >= 60:
+        return f"{m // 60}h{m % 60:02d}m"
+    return (f"{m}m{s:02d}s" if s else f"{m}m") if m else f"{s}s"
+
+
 def _state_cell(r: dict) -> str:
     if r.get("disk_usd_per_month") is None:
         return r["state"]
@@ -187,6 +260,7 @@ def ls(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = 
                      cost_so_far_usd=None if price.usd_per_hour is None else
                      round(max(60.0, age) * price.usd_per_hour / 3600, 4))
         _stopped_disks(ctx.aws.ec2, rows)
+        _idle_columns(ctx.aws.ec2, rows)
     if as_json:
         render_json(rows)
         return
@@ -196,7 +270,7 @@ def ls(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = 
     from rich.table import Table
     from rich import box
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, padding=(0, 1))
-    for col in ("name", "instance id", "type", "zone", "state", "age", "$/h", "so far $"):
+    for col in ("name", "instance id", "type", "zone", "state", "idle rule", "age", "$/h", "so far $"):
         if col == "instance id":  # what a user copies: it never wraps or shrinks; the other columns fold
             t.add_column(col, no_wrap=True, min_width=max(len(r["instance_id"]) for r in rows))
         else:
@@ -210,10 +284,10 @@ def ls(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = 
             group = r["cluster"]
             if group is not None:
                 n = sum(1 for x in rows if x["cluster"] == group)
-                t.add_row(f"[bold]cluster {group}[/]", f"{n} node(s)", "", "", "", "", "", "")
+                t.add_row(f"[bold]cluster {group}[/]", f"{n} node(s)", "", "", "", "", "", "", "")
         m, sec = divmod(r["age_seconds"], 60)
         t.add_row(r["name"], r["instance_id"], r["instance_type"] + (" spot" if r["market"] == "spot" else ""),
-                  r["zone"] or "", _state_cell(r), f"{m // 60}h{m % 60:02d}m" if m >= 60 else f"{m}m{sec:02d}s",
+                  r["zone"] or "", _state_cell(r), _idle_cell(r), f"{m // 60}h{m % 60:02d}m" if m >= 60 else f"{m}m{sec:02d}s",
                   "-" if r["usd_per_hour"] is None else f"{r['usd_per_hour']:.4f}",
                   "-" if r["cost_so_far_usd"] is None else f"{r['cost_so_far_usd']:.4f}")
     out.print(t)

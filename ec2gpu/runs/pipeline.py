@@ -54,6 +54,7 @@ class TrainOptions:
     command: str = "ec2gpu train mnist"  # as typed, for the ledger
     task: object | None = None  # engine.TaskJob: a user's task (`ec2gpu run`) instead of the built-in trainer
     expect_minutes: float | None = None  # a task's expected job time (--expect), when the ledger has none
+    idle: object | None = None  # aws.instances.IdleRule: a standing instance stops or ends itself when idle
 
     @property
     def attempts_allowed(self) -> int:

@@ -67,7 +67,8 @@ def provision(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, ui:
             root_volume_gib=settings.root_volume_gib, max_runtime_minutes=opts.max_runtime_minutes,
             max_price=opts.max_price if opts.spot else None, count=opts.nodes,
             # a cluster placement group lives in one zone: a replacement elsewhere goes without it
-            placement_group=None if avoid_zones else prov.placement_group, cluster=name if opts.nodes > 1 else None)
+            placement_group=None if avoid_zones else prov.placement_group, cluster=name if opts.nodes > 1 else None,
+            idle=opts.idle)
         new, attempts = capacity.launch_with_fallback(
             aws.client("ec2", fail_fast=True), spec, opts.instance_types, opts.spot_fallback == "on-demand",
             log=ui.note, avoid_zones=tuple(avoid_zones))

@@ -83,6 +83,7 @@ def start(aws: Aws, settings: Settings, backend, name: str, log=lambda msg: None
         try:
             minutes = max_runtime_minutes(inst)
             ssh.run(conn, schedule_shutdown_command(minutes))
+            ssh.run(conn, RESUME_IDLE_WATCH)
             log(f"{inst['InstanceId']} answers SSH at {host}:{port}; it terminates itself in {minutes} min "
                 "(--max-runtime, scheduled again)")
         finally:
@@ -95,6 +96,14 @@ def max_runtime_minutes(instance: dict) -> int:
     default for an instance without it."""
     value = T.as_dict(instance.get("Tags")).get(T.MAX_RUNTIME, "")
     return int(value) if value.isdigit() and int(value) > 0 else DEFAULT_MAX_RUNTIME_MINUTES
+
+
+#: After a start: the idle watcher (ami/idle-watch.sh) comes back by itself on an instance (a
+#: systemd service, enabled); where no systemd keeps it (the sandbox, EC2GPU_STATE_DIR set) it is
+#: started again from the rule user data left. A no-op for an instance without an idle rule.
+RESUME_IDLE_WATCH = (f'dir={instances.STATE_DIR}; if [ -n "${{EC2GPU_STATE_DIR:-}}" ] && [ -f "$dir/idle-rule" ] && '
+                     '! pgrep -f "$dir/idle-watch.sh" >/dev/null; then read -r idle_s check_s <"$dir/idle-rule"; '
+                     'nohup bash "$dir/idle-watch.sh" "$idle_s" "$check_s" >>"$dir/idle.log" 2>&1 </dev/null & fi')
 
 
 def schedule_shutdown_command(minutes: int) -> str:

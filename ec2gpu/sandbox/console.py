@@ -13,6 +13,10 @@ import time
 from pathlib import Path
 
 
+#: what the instance writes to its console (EC2GPU_CONSOLE there): appended to GetConsoleOutput
+CONSOLE_LOG = "console.log"
+
+
 def fingerprint_of_public_key(line: str) -> str:
     """'ssh-ed25519 AAAA... comment' -> 'SHA256:...' as ssh-keygen -l prints it (paramiko computes it)."""
     import paramiko
@@ -45,6 +49,9 @@ def install(instances_dir: Path, delay_s: float = 0.0) -> None:
         pub = instances_dir / instance.id / "ssh_host_ed25519_key.pub"
         if pub.exists() and time.time() - pub.stat().st_mtime >= delay_s:
             text += cloud_init_block(pub, instance.id)
+        written = instances_dir / instance.id / CONSOLE_LOG
+        if written.is_file():
+            text += written.read_text(errors="replace")[-32768:]
         return ActionResult({"InstanceId": instance.id, "Timestamp": utcnow(),
                              "Output": Base64EncodedString.from_raw_string(text)})
 

@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
 
-from . import cloudinit, dlami, imds, likeaws, sshd
+from . import cloudinit, console, dlami, imds, likeaws, sshd
 
 def write_json(path: Path, data: dict) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
@@ -165,7 +165,7 @@ class Sandbox:
 
     def start(self) -> None:
         os.environ["MOTO_AMIS_PATH"] = str(_amis_file(self.state_dir))
-        from . import console, market  # moto is imported after MOTO_AMIS_PATH: it reads it on import
+        from . import market  # moto is imported after MOTO_AMIS_PATH: it reads it on import
         market.install()  # a simulated spot market instead of moto's 0.00001 USD/h
         market.install_spot_role()  # the first spot request creates AWSServiceRoleForEC2Spot, as on EC2
         dlami.install_parameters()  # the DLAMIs' SSM public parameters
@@ -234,14 +234,17 @@ class Sandbox:
         directory = self.state_dir / "instances" / iid
         sbin = cloudinit.install_shims(directory)
         env = {**self.instance_env, "PATH": f"{sbin}:{self.instance_env.get('PATH', os.environ['PATH'])}",
-               "EC2GPU_IMDS_ENDPOINT": f"{self.imds_url}/{iid}", "EC2GPU_SANDBOX_CONTROL": self.control_url}
+               "EC2GPU_IMDS_ENDPOINT": f"{self.imds_url}/{iid}", "EC2GPU_SANDBOX_CONTROL": self.control_url,
+               # the instance's own state directory and console (ami/idle-watch.sh; console.py shows it)
+               "EC2GPU_STATE_DIR": str(directory / "state"), "EC2GPU_CONSOLE": str(directory / console.CONSOLE_LOG)}
         host = f"127.0.0.{self.next_address}"
         self.next_address = 2 if self.next_address >= 254 else self.next_address + 1
         self.instances[iid] = sshd.start(iid, directory, host, key, env)
         if iid not in self.booted:
             self.booted.add(iid)
+            s = self.instances[iid]
             cloudinit.run_user_data(directory, cloudinit.decoded_user_data(inst),
-                                    sshd.session_env(iid, directory, env))
+                                    {**sshd.session_env(iid, directory, env), **sshd.own_sshd(s.host, s.port)})
 
     def reconcile(self) -> None:
         """Start sshd for new running instances (in the AWS-like mode, a moment after they run);

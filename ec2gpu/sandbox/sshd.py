@@ -68,6 +68,12 @@ def session_env(instance_id: str, directory: Path, env: dict[str, str]) -> dict[
     return {"HOME": str(directory / "home"), MARKER: instance_id, **env}
 
 
+def own_sshd(host: str, port: int) -> dict[str, str]:
+    """The variables that tell an instance's idle watcher (ami/idle-watch.sh) which of this
+    machine's sshds is its own: on EC2 it is the one on port 22."""
+    return {"EC2GPU_SSH_ADDRESS": host, "EC2GPU_SSH_PORT": str(port)}
+
+
 def start(instance_id: str, directory: Path, host: str, public_key: str, env: dict[str, str],
           timeout_s: float = 10.0) -> SshdInstance:
     """Start sshd for ``instance_id`` on ``host`` (a free port) accepting ``public_key``.
@@ -82,7 +88,7 @@ def start(instance_id: str, directory: Path, host: str, public_key: str, env: di
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     (directory / "authorized_keys").write_text(public_key.strip() + "\n")
     port = free_port(host)
-    env = session_env(instance_id, directory, env)
+    env = {**session_env(instance_id, directory, env), **own_sshd(host, port)}
     (directory / "sshd_config").write_text(config_text(directory, host, port, getpass.getuser(), env))
     if os.geteuid() == 0:
         os.makedirs("/run/sshd", exist_ok=True)  # privilege separation directory

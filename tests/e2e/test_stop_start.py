@@ -56,6 +56,8 @@ def test_stop_and_start_keep_the_home_and_the_pinned_host_key_and_a_tunnel_carri
         assert started.returncode == 0, started.stderr
         assert "scheduled again" in started.stderr  # the --max-runtime safety net survives the stop
         assert ec2gpu("ssh", "dev", "--", "cat kept.txt").stdout.strip() == "kept"
+        # the idle rule (launch's default: down after 60 min) watches again: a stop had ended its watcher
+        assert ec2gpu("ssh", "dev", "--", "pgrep -f idle-watch.sh").stdout.strip()
         hosts = [line.split()[0] for line in known.read_text().splitlines()]
         assert hosts[0] == address and len(hosts) == 2 and hosts[1] != address  # a new address (as EC2 gives)
         assert keys_of(known) == pinned  # ... and the same key, now pinned there too
@@ -94,3 +96,44 @@ def test_a_spot_instance_refuses_stop_with_the_reason_and_the_way_out(sandbox_en
     finally:
         assert ec2gpu("down", "sp", "--no-fetch").returncode == 0
     assert leftovers(home) == ([], [], [])
+
+
+def _state(iid: str) -> str:
+    [row] = [r for r in json.loads(ec2gpu("ls", "--json").stdout) if r["instance_id"] == iid] or [{"state": "gone"}]
+    return row["state"]
+
+
+def test_an_idle_instance_ends_itself_and_one_with_an_ssh_session_open_does_not(sandbox_env):
+    """The rule is enforced on the instance (ami/idle-watch.sh): the controller only watches
+    through the EC2 API, as a laptop that was closed would not."""
+    home, state = sandbox_env
+    import boto3
+    ec2 = boto3.client("ec2", endpoint_url=state["endpoint"], region_name="us-east-1")
+    idle = ec2gpu("launch", "--name", "idle1", "--idle-down", "20s", "--max-runtime", "30", "--json")
+    busy = ec2gpu("launch", "--name", "busy1", "--idle-stop", "20s", "--max-runtime", "30", "--json")
+    assert idle.returncode == 0 and busy.returncode == 0, idle.stderr + busy.stderr
+    idle_id, busy_id = json.loads(idle.stdout)[0]["instance_id"], json.loads(busy.stdout)[0]["instance_id"]
+    session = subprocess.Popen([EC2GPU, "ssh", "busy1", "--sandbox", "--", "sleep 60"], env=dict(os.environ),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        seen_idle = None
+        deadline = time.monotonic() + 90
+        while _state(idle_id) == "running" and time.monotonic() < deadline:
+            rows = {r["instance_id"]: r for r in json.loads(ec2gpu("ls", "--json").stdout)}
+            if rows.get(idle_id, {}).get("idle_seconds") is not None:
+                seen_idle = rows[idle_id]
+            time.sleep(2)
+        assert seen_idle and seen_idle["idle_rule"] == "down 20" and seen_idle["busy"] is None  # ls said so
+        desc = ec2.describe_instances(InstanceIds=[idle_id])["Reservations"][0]["Instances"][0]
+        assert desc["State"]["Name"] == "terminated"  # --idle-down: InstanceInitiatedShutdownBehavior terminate
+        assert desc["StateReason"]["Code"] == "Client.InstanceInitiatedShutdown"
+        [row] = [r for r in json.loads(ec2gpu("ls", "--json").stdout) if r["instance_id"] == busy_id]
+        assert row["state"] == "running" and row["busy"] == "ssh" and row["idle_seconds"] is None
+        assert ec2.describe_instance_attribute(InstanceId=busy_id, Attribute="instanceInitiatedShutdownBehavior")[
+            "InstanceInitiatedShutdownBehavior"]["Value"] == "stop"  # --idle-stop
+    finally:
+        session.kill()
+        session.wait()
+        for name in ("idle1", "busy1"):
+            ec2gpu("down", name, "--no-fetch")
+    assert leftovers(home) == ([], [], []) and sandbox_settles(home)

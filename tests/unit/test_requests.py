@@ -32,6 +32,51 @@ def test_run_request_tags_instance_and_volume_with_run_owner_and_name():
     assert kinds["instance"] == {**common, "ec2gpu:max-runtime": "120"}  # `ec2gpu start` schedules it again
 
 
+def test_an_idle_rule_sets_the_shutdown_behaviour_tags_the_instance_and_ships_the_watcher():
+    from ec2gpu.aws.instances import IdleRule, parse_idle_tag
+    stop = instances.run_request(spec(idle=IdleRule("stop", 1800)))
+    assert stop["InstanceInitiatedShutdownBehavior"] == "stop"  # the watcher's shutdown stops it, keeping the disk
+    tags = {x["Key"]: x["Value"] for x in stop["TagSpecifications"][0]["Tags"]}
+    assert tags["ec2gpu:idle"] == "stop 1800" and parse_idle_tag(tags["ec2gpu:idle"]) == IdleRule("stop", 1800)
+    down = instances.run_request(spec(idle=IdleRule("down", 60)))
+    assert down["InstanceInitiatedShutdownBehavior"] == "terminate"
+    assert "idle-watch.sh" in down["UserData"] and 'echo "60 15"' in down["UserData"]  # checked every 15 s
+    assert "idle-watch.sh" not in instances.run_request(spec())["UserData"]
+    assert parse_idle_tag("x 5") is None and parse_idle_tag(None) is None and parse_idle_tag("down 1h") is None
+
+
+def test_the_console_says_how_long_the_instance_has_been_idle():
+    said = ("boot\nec2gpu-idle: idle since 1000 rule 60\nec2gpu-idle: busy ssh since 1010 rule 60\n"
+            "ec2gpu-idle: idle since 1040 rule 60\n")
+    assert instances.idle_state(said, now=1100.4) == {"idle_seconds": 60, "busy": None}
+    assert instances.idle_state(said.rsplit("ec2gpu-idle: idle", 1)[0], now=1100) == {"idle_seconds": None,
+                                                                                      "busy": "ssh"}
+    assert instances.idle_state("boot only\n", now=1) is None
+
+
+@pytest.mark.parametrize("flags, expected", [
+    ({}, ("down", 3600)), ({"idle_stop": "30m"}, ("stop", 1800)), ({"idle_down": "2h"}, ("down", 7200)),
+    ({"idle_down": "20s"}, ("down", 20)), ({"no_idle": True, "max_runtime": 60}, None),
+])
+def test_launch_gets_an_idle_rule_by_default(flags, expected):
+    from ec2gpu.cli.instances import idle_rule
+    rule = idle_rule(flags.get("idle_stop"), flags.get("idle_down"), flags.get("no_idle", False),
+                     flags.get("max_runtime"), spot=False)
+    assert (rule.action, rule.seconds) == expected if expected else rule is None
+
+
+@pytest.mark.parametrize("flags, message", [
+    ({"no_idle": True}, "explicit --max-runtime"), ({"idle_stop": "1h", "idle_down": "1h"}, "exclude each other"),
+    ({"idle_down": "soon"}, "not a duration"), ({"idle_down": "5s"}, "under 10 seconds"),
+    ({"idle_stop": "1h", "spot": True}, "spot"),
+])
+def test_launch_refuses_an_idle_rule_that_cannot_hold(flags, message):
+    from ec2gpu.cli.instances import idle_rule
+    with pytest.raises(UsageError, match=message):
+        idle_rule(flags.get("idle_stop"), flags.get("idle_down"), flags.get("no_idle", False), None,
+                  spot=flags.get("spot", False))
+
+
 def test_start_reads_the_max_runtime_tag_and_schedules_the_shutdown_with_the_logins_own_command():
     from ec2gpu.runs import stopstart
     assert stopstart.max_runtime_minutes({"Tags": [{"Key": "ec2gpu:max-runtime", "Value": "45"}]}) == 45
@@ -143,9 +188,15 @@ def test_the_shell_shipped_to_instances_passes_shellcheck(tmp_path):
     from ec2gpu.remote import jobs, setup
     if not shutil.which("shellcheck"):
         pytest.skip("shellcheck is not installed (.ci/run installs it)")
+    from ec2gpu.runs import stopstart
     job = tmp_path / "job.sh"
     job.write_text("#!/bin/bash\n" + jobs.job_script("/home/ubuntu/ec2gpu/runs/r1", ["python3", "-m", "x"], {"A": "b c"}))
-    done = subprocess.run(["shellcheck", str(setup.script_path()), str(job)], capture_output=True, text=True)
+    data = tmp_path / "user-data.sh"
+    data.write_text(instances.user_data(120, instances.IdleRule("down", 3600)))  # the idle watcher inside
+    start = tmp_path / "start.sh"
+    start.write_text("#!/bin/bash\n" + stopstart.RESUME_IDLE_WATCH + "\n" + stopstart.schedule_shutdown_command(5) + "\n")
+    done = subprocess.run(["shellcheck", str(setup.script_path()), str(job), str(data), str(start),
+                           str(setup.script_path().parent / "idle-watch.sh")], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout
 
 
