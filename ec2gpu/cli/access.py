@@ -36,18 +36,11 @@ def ssh_cmd(ctx_: typer.Context, name: str = typer.Argument(..., help="Name, ins
 def _pin_host_key(ctx: Context, inst: dict) -> None:
     """Before OpenSSH connects (StrictHostKeyChecking): pin the instance's host key, verified
     against its console output, when it is not pinned yet. Raises RemoteError, WaitTimeout."""
-    from ..aws import instances, network
-    from ..remote import ssh
-
-    iid = inst["InstanceId"]
-    known = ctx.settings.home / "known_hosts" / iid
-    if known.is_file() and known.stat().st_size:
-        return
-    host, port = ctx.backend.ssh_target(inst)
-    key = network.require_private_key(ctx.settings.keys_dir, inst["KeyName"])
-    ssh.wait_for_ssh(host, port, ctx.settings.ssh_user, key, known, timeout_s=ssh.FINGERPRINT_WAIT_S + 60,
-                     log=lambda m: err.print(f"[dim]{m}[/]", highlight=False),
-                     fingerprints=lambda: instances.host_key_fingerprints(ctx.aws.ec2, iid)).close()
+    from ..runs import standing
+    known = ctx.settings.home / "known_hosts" / inst["InstanceId"]
+    if not (known.is_file() and known.stat().st_size):
+        standing.pin_host_key(ctx.aws, ctx.settings, ctx.backend, inst,
+                              log=lambda m: err.print(f"[dim]{m}[/]", highlight=False)).close()
 
 
 @app.command()
@@ -89,33 +82,9 @@ def logs(name: str = typer.Argument(..., help="Run id, name or instance id."),
         raise typer.Exit(status)
 
 
-def _write_ssh_config(ctx: Context, warn=lambda line: None) -> tuple[Path, list, list[str]]:
-    """Write $EC2GPU_HOME/ssh_config for every running instance whose key is here: (path, entries,
-    instance ids skipped for want of their private key). A Name tag that is not safe in a Host line
-    (tags.safe: anyone who can tag in the account could plant a ProxyCommand) is left out, and
-    ``warn`` says so; the instance is still reachable by its id."""
-    from ..aws import network, sweep
-    from ..aws import tags as T
-    from ..remote import ssh_config as sc
-
-    entries, skipped = [], []
-    for inst in sweep.find_instances(ctx.aws.ec2, states=["running"]):
-        key = network.private_key_path(ctx.settings.keys_dir, inst.get("KeyName") or "")
-        if not key.exists():
-            skipped.append(inst["InstanceId"])
-            continue
-        host, port = ctx.backend.ssh_target(inst)
-        name = T.as_dict(inst.get("Tags")).get(T.NAME)
-        if name is not None and not T.safe(name):
-            warn(f"{inst['InstanceId']}: its Name tag {name!r} has characters that are not safe in an ssh_config; "
-                 "left out (use the instance id)")
-            name = None
-        entries.append(sc.HostEntry(tuple(a for a in (name, inst["InstanceId"]) if a), host, port,
-                                    ctx.settings.ssh_user, key, ctx.settings.home / "known_hosts" / inst["InstanceId"]))
-    path = ctx.settings.home / "ssh_config"
-    (ctx.settings.home / "known_hosts").mkdir(parents=True, exist_ok=True)  # OpenSSH won't create it
-    sc.write(path, sc.render(entries, path))
-    return path, entries, skipped
+def _write_ssh_config(ctx: Context, warn=lambda line: None):
+    from ..runs import standing
+    return standing.write_ssh_config(ctx.aws, ctx.settings, ctx.backend, warn)
 
 
 @app.command()
@@ -149,6 +118,68 @@ def tunnel(name: str = typer.Argument(..., help="Name or instance id of a runnin
         except KeyboardInterrupt:
             stop.set()
             err.print("tunnel closed")
+
+
+@app.command()
+def notebook(
+    instance_type: Optional[str] = typer.Option(None, "--instance-type", "-t", help="GPU instance type (for a new one)."),
+    spot: bool = typer.Option(False, "--spot", help="A spot instance (for a new one)."),
+    name: Optional[str] = typer.Option(None, "--name", help="Use this running instance, or name the new one."),
+    local_port: Optional[int] = typer.Option(None, "--local-port", min=1, max=65535, help="The port here (default: "
+                                             "a free one)."),
+    down_on_exit: bool = typer.Option(False, "--down-on-exit", help="Terminate the instance when this command ends "
+                                      "(default: it stays, with its idle rule)."),
+    idle_stop: Optional[str] = typer.Option(None, "--idle-stop", help="A new instance stops itself after this long "
+                                            "idle (30m, 1h)."),
+    idle_down: Optional[str] = typer.Option(None, "--idle-down", help="A new instance terminates itself after this "
+                                            "long idle (default 60m)."),
+    no_idle: bool = typer.Option(False, "--no-idle", help="No idle rule (then --max-runtime must be given)."),
+    max_runtime: Optional[int] = typer.Option(None, "--max-runtime", min=1, help="Minutes until a new instance "
+                                              "terminates itself (default 120)."),
+    ssh_cidr: Optional[str] = typer.Option(None, "--ssh-cidr", help="CIDR allowed to SSH (default: your IP/32)."),
+    ami: Optional[str] = typer.Option(None, "--ami", help="AMI id (default: the PyTorch Deep Learning AMI)."),
+    region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
+):
+    """JupyterLab on an instance, at a local URL: launched (or found by --name), started in the
+    instance's torch Python on its 127.0.0.1 with a random token, forwarded over SSH (pinned host
+    key; nothing opened in the security group), reconnecting if SSH drops, until Ctrl-C. The
+    instance then stays with its idle rule (--down-on-exit terminates it)."""
+    from ..aws import catalog, sweep
+    from ..aws import tags as T
+    from ..runs import notebook as nb
+    from ..runs import pipeline
+    from . import RichReporter
+    from .instances import idle_rule
+
+    if name is not None:
+        T.check_name(name)
+    idle = idle_rule(idle_stop, idle_down, no_idle, max_runtime, spot)
+    with Context(region, _sandbox_flag(sandbox), persistent=True) as ctx:
+        asked = instance_type or ctx.settings.instance_type
+        opts = pipeline.TrainOptions(instance_type=",".join(catalog.lookup(t).name for t in asked.split(",")),
+                                     spot=spot, name=name, ssh_cidr=ssh_cidr, ami=ami,
+                                     max_runtime_minutes=max_runtime or 120, idle=idle)
+
+        def show(info: dict) -> None:
+            if as_json:
+                render_json(info)
+                sys.stdout.flush()
+            else:
+                out.print(f"notebook: {info['url']}", highlight=False, soft_wrap=True)
+            err.print(f"[dim]on {info['name']} ({info['instance_id']}); Ctrl-C closes the tunnel[/]", highlight=False)
+
+        info = nb.serve(ctx.aws, ctx.settings, ctx.backend, opts, RichReporter(err, quiet=as_json), show, local_port)
+        if down_on_exit:
+            inst = sweep.find_instances(ctx.aws.ec2, states=["pending", "running", "stopping", "stopped"])
+            run_id = next((T.as_dict(i.get("Tags")).get(T.RUN) for i in inst if i["InstanceId"] == info["instance_id"]),
+                          None)
+            if run_id:
+                sweep.delete_run(ctx.aws.ec2, run_id, ctx.settings.keys_dir, log=lambda m: err.print(f"[dim]{m}[/]"))
+            err.print(f"notebook closed; {info['name']} terminated (--down-on-exit)", highlight=False)
+        else:
+            err.print(f"notebook closed; {info['name']} keeps running with its idle rule (`ec2gpu ls`). "
+                      f"`ec2gpu tunnel {info['name']} {info['port']}` reopens it, `ec2gpu down {info['name']}` "
+                      "removes it", highlight=False)
 
 
 @app.command("ssh-config")

@@ -31,7 +31,7 @@ def launch(
 ):
     """Launch an instance (or a cluster) and leave it running (until `ec2gpu down NAME` or --max-runtime)."""
     from ..aws import catalog, network, tags
-    from ..runs import pipeline, provision
+    from ..runs import pipeline, standing
 
     if name is not None:
         tags.check_name(name)  # it goes into tags, ssh_config Host lines and commands shown to you
@@ -44,19 +44,9 @@ def launch(
         if any(not t.strip() for t in asked.split(",")):
             raise UsageError(f"--instance-type {asked!r} has an empty entry", "name each type, e.g. g4dn.xlarge")
         types = [catalog.lookup(t).name for t in asked.split(",")]
-        ctx.aws.check_credentials()
-        run_id = pipeline.new_run_id()
         opts = pipeline.TrainOptions(instance_type=",".join(types), spot=spot, name=name, ssh_cidr=ssh_cidr, ami=ami,
                                      max_runtime_minutes=max_runtime, nodes=nodes, idle=idle)
-        prov = provision.Provisioned(run_id)
-        ui = RichReporter(err, quiet=as_json)
-        try:
-            provision.provision(ctx.aws, ctx.settings, opts, run_id, ui, prov)
-        except BaseException:
-            provision.teardown(ctx.aws, ctx.settings, prov, ui)
-            raise
-        from ..aws.instances import summary
-        rows = [summary(i) for i in prov.instances]
+        rows = standing.launch(ctx.aws, ctx.settings, opts, RichReporter(err, quiet=as_json))
         if as_json:
             render_json(rows)
         else:

@@ -7,6 +7,7 @@ restarting), it is started again with a growing pause, until the caller stops it
 """
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
 import subprocess
@@ -49,6 +50,26 @@ def wait_listening(port: int, proc: subprocess.Popen, timeout_s: float = 30.0) -
     return False
 
 
+@contextlib.contextmanager
+def forwarding(config: Path, host: str, ports: list[int], log):
+    """While the block runs, forward each of ``ports`` of ``host`` (its alias in ``config``) to
+    127.0.0.1 here, on the same port when it is free; ``log`` says where each one is."""
+    stop, threads = threading.Event(), []
+    for port in ports:
+        here = free_local_port(port)
+        log(f"port {port} of {host} is at http://127.0.0.1:{here} while the job runs")
+        t = threading.Thread(target=keep_forwarding, args=(argv(config, host, port, here), here, stop, lambda m: None),
+                             name=f"forward-{port}", daemon=True)
+        t.start()
+        threads.append(t)
+    try:
+        yield
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+
+
 def keep_forwarding(command: list[str], port: int, stop: threading.Event, log, refresh=lambda: None,
                     max_pause_s: float = 30.0) -> None:
     """Run the forward ``command`` (``argv``) until ``stop`` is set; when it ends by itself (SSH
@@ -78,4 +99,7 @@ def keep_forwarding(command: list[str], port: int, stop: threading.Event, log, r
         if stop.wait(pause):
             return
         pause = min(max_pause_s, pause * 2)
-        refresh()
+        try:
+            refresh()
+        except Exception as exc:  # noqa: BLE001 - e.g. AWS unreachable: the old config may still do; said
+            log(f"could not refresh the SSH config ({type(exc).__name__}: {exc}); trying with the old one")

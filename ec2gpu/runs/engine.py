@@ -351,7 +351,7 @@ def run_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[dic
     """
     from dataclasses import replace
 
-    from ..remote import jobs
+    from ..remote import jobs, tunnel
     from ..remote import ssh_config as sc
     from . import nodes as N
 
@@ -383,7 +383,8 @@ def run_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[dic
                 nd.pid = jobs.start(nd.conn, nd.run_dir, job_argv(nd, job))
             ui.note(f"job started on {len(nodes)} node(s) under the agent"
                     + (f" (head {addresses[0]})" if len(nodes) > 1 else "") + "; its log follows")
-            N.follow_all(nodes, ui, local_out, n, opts.unreachable_s, mask=job.mask if job.secret_values else None)
+            with tunnel.forwarding(config, nodes[0].instance_id, job.task.ports, ui.note):
+                N.follow_all(nodes, ui, local_out, n, opts.unreachable_s, mask=job.mask if job.secret_values else None)
             for nd in nodes:  # AWS stopped answering about an instance: nothing more can be done on it
                 if isinstance(nd.result, AwsError):
                     raise nd.result

@@ -98,3 +98,63 @@ def exec_task(aws, settings, job, ui, target: str, backend, out: Path | None, co
         out.mkdir(parents=True, exist_ok=True)
         (out / "run.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
 
+
+
+def launch(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter) -> list[dict]:
+    """`ec2gpu launch`: provision standing instances for ``opts`` (instance types, spot, name,
+    nodes, --max-runtime, idle rule) and leave them running; return their summaries
+    (aws/instances.summary). Whatever failed half-way is removed before the error is raised
+    (UsageError, AwsError, CapacityError, WaitTimeout, KeyboardInterrupt)."""
+    from . import provision
+    aws.check_credentials()
+    run_id = new_run_id()
+    prov = Provisioned(run_id)
+    try:
+        provision.provision(aws, settings, opts, run_id, ui, prov)
+    except BaseException:
+        provision.teardown(aws, settings, prov, ui)
+        raise
+    return [instances.summary(i) for i in prov.instances]
+
+
+def write_ssh_config(aws: Aws, settings: Settings, backend, warn=lambda line: None) -> tuple[Path, list, list[str]]:
+    """Write $EC2GPU_HOME/ssh_config for every running instance whose key is here: (path, entries,
+    instance ids skipped for want of their private key). A Name tag that is not safe in a Host line
+    (tags.safe: anyone who can tag in the account could plant a ProxyCommand) is left out, and
+    ``warn`` says so; the instance is still reachable by its id."""
+    from ..aws import sweep
+    from ..aws import tags as T
+    from ..remote import ssh_config as sc
+
+    entries, skipped = [], []
+    for inst in sweep.find_instances(aws.ec2, states=["running"]):
+        key = network.private_key_path(settings.keys_dir, inst.get("KeyName") or "")
+        if not key.exists():
+            skipped.append(inst["InstanceId"])
+            continue
+        host, port = backend.ssh_target(inst)
+        name = T.as_dict(inst.get("Tags")).get(T.NAME)
+        if name is not None and not T.safe(name):
+            warn(f"{inst['InstanceId']}: its Name tag {name!r} has characters that are not safe in an ssh_config; "
+                 "left out (use the instance id)")
+            name = None
+        entries.append(sc.HostEntry(tuple(a for a in (name, inst["InstanceId"]) if a), host, port,
+                                    settings.ssh_user, key, settings.home / "known_hosts" / inst["InstanceId"]))
+    path = settings.home / "ssh_config"
+    (settings.home / "known_hosts").mkdir(parents=True, exist_ok=True)  # OpenSSH won't create it
+    sc.write(path, sc.render(entries, path))
+    return path, entries, skipped
+
+
+def pin_host_key(aws: Aws, settings: Settings, backend, inst: dict, log=lambda msg: None):
+    """Connect to ``inst`` over SSH, pinning its host key (verified against its console output) when
+    it is not pinned yet; return the open Connection. Raises RemoteError, WaitTimeout, UsageError
+    (its private key is not on this machine)."""
+    from ..remote import ssh
+
+    iid = inst["InstanceId"]
+    host, port = backend.ssh_target(inst)
+    key = network.require_private_key(settings.keys_dir, inst["KeyName"])
+    return ssh.wait_for_ssh(host, port, settings.ssh_user, key, settings.home / "known_hosts" / iid,
+                            timeout_s=ssh.FINGERPRINT_WAIT_S + 60, log=log,
+                            fingerprints=lambda: instances.host_key_fingerprints(aws.ec2, iid))

@@ -10,7 +10,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Optional, Union
+from typing import Annotated, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -92,6 +92,9 @@ class Task(BaseModel):
     max_runtime: Optional[Union[int, float, str]] = Field(None, description="minutes (90) or 90m, 2h: the instance "
                                                                             "terminates itself after that")
     budget: Optional[float] = Field(None, gt=0, description="USD: refuse a run whose estimate is above it")
+    ports: list[Annotated[int, Field(ge=1, le=65535)]] = Field(
+        default_factory=list, description="ports of node 0 forwarded to 127.0.0.1 here over SSH while the job runs "
+                                          "(TensorBoard: [6006]); nothing is opened in the security group")
 
     @field_validator("envs")
     @classmethod

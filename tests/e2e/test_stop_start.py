@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -137,3 +138,56 @@ def test_an_idle_instance_ends_itself_and_one_with_an_ssh_session_open_does_not(
         for name in ("idle1", "busy1"):
             ec2gpu("down", name, "--no-fetch")
     assert leftovers(home) == ([], [], []) and sandbox_settles(home)
+
+
+def test_a_notebook_answers_through_the_printed_url_with_its_token_only_and_opens_nothing(sandbox_env):
+    home, state = sandbox_env
+    import boto3
+    ec2 = boto3.client("ec2", endpoint_url=state["endpoint"], region_name="us-east-1")
+    proc = subprocess.Popen([EC2GPU, "notebook", "--sandbox", "--name", "nb", "--down-on-exit", "--json"],
+                            env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        text = ""
+        while not text.rstrip().endswith("}"):  # the JSON document, printed once JupyterLab answers
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read()
+            text += line
+        info = json.loads(text)
+        assert info["url"] == f"http://127.0.0.1:{info['local_port']}/lab?token={info['token']}"
+        base = f"http://127.0.0.1:{info['local_port']}"
+        status = json.loads(urllib.request.urlopen(f"{base}/api/status?token={info['token']}", timeout=10).read())
+        assert "started" in status
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"{base}/api/status", timeout=10)
+        assert refused.value.code == 403  # the token is needed
+        [sg] = [g for g in ec2.describe_security_groups()["SecurityGroups"] if g["GroupName"].startswith("ec2gpu-")]
+        assert [(p["FromPort"], p["ToPort"]) for p in sg["IpPermissions"]] == [(22, 22)]  # ports travel over SSH
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "terminated (--down-on-exit)" in err
+    assert leftovers(home) == ([], [], []) and sandbox_settles(home)
+
+
+def test_a_tasks_ports_are_forwarded_while_its_job_runs(sandbox_env, tmp_path, monkeypatch):
+    from test_spot_recovery import drive
+    port = free_local_port()
+    (tmp_path / "task.yaml").write_text(
+        "name: board\nworkdir: .\n"
+        f"run: |\n  echo served > page.txt\n  python3 -m http.server {port} --bind 127.0.0.1 & sleep 12; kill %1\n"
+        f"ports: [{port}]\n")
+    monkeypatch.chdir(tmp_path)
+    got = []
+
+    def fetch(line, _):
+        url = line.split(" is at ")[1].split()[0]
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            try:
+                got.append(urllib.request.urlopen(f"{url}/page.txt", timeout=3).read().decode())
+            except OSError:
+                time.sleep(0.3)
+    code, _, err = drive(["run", "--sandbox", "task.yaml", "--expect", "1m"], [(f"port {port} of ", fetch)])
+    assert code == 0, err
+    assert got == ["served\n"]
