@@ -36,6 +36,8 @@ def test_every_operation_of_launch_train_and_cleanup_is_in_the_policy(sandbox_en
                  ["launch", "--sandbox", "--spot", "--name", "iam"], ["doctor", "--sandbox", "--spot"],
                  ["exec", "iam", "--sandbox", "--workdir", str(tmp_path), "--", "true"],
                  ["ls", "--sandbox"], ["ssh-config", "--sandbox"],
+                 ["launch", "--sandbox", "--name", "iamd"], ["stop", "iamd", "--sandbox"], ["ls", "--sandbox"],
+                 ["start", "iamd", "--sandbox"], ["down", "iamd", "--sandbox"],
                  ["launch", "--sandbox", "--nodes", "2", "--name", "iamc"], ["scale", "iamc", "3", "--sandbox"],
                  ["scale", "iamc", "1", "--sandbox"], ["down", "iamc", "--sandbox"],
                  ["cleanup", "--sandbox", "--dry-run"], ["cleanup", "--sandbox"], ["down", "--all", "--sandbox"]):
@@ -43,7 +45,7 @@ def test_every_operation_of_launch_train_and_cleanup_is_in_the_policy(sandbox_en
     capsys.readouterr()
     assert {"ec2:RunInstances", "ec2:TerminateInstances", "ec2:GetConsoleOutput", "sts:GetCallerIdentity",
             "ec2:CreatePlacementGroup", "ec2:CreateTags", "ec2:DescribePlacementGroups", "iam:GetRole",
-            "ssm:GetParametersByPath"} <= called
+            "ssm:GetParametersByPath", "ec2:StopInstances", "ec2:StartInstances", "ec2:DescribeVolumes"} <= called
     patterns = allowed_actions()
     missing = sorted(a for a in called if not any(fnmatch.fnmatchcase(a, p) for p in patterns))
     assert not missing, f"called but not allowed by {POLICY.name}: {missing}"
