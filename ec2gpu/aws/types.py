@@ -6,6 +6,7 @@ policy without ec2:DescribeInstanceTypes) and for prices, which the API does not
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import botocore.exceptions
@@ -47,16 +48,26 @@ def from_table(t: catalog.InstanceType) -> Facts:
                  TABLE)
 
 
+#: What EC2 said about each type, per client: an instance type's facts do not change while a
+#: command runs, and a run asks for them up to three times (quota, placement, the cluster).
+_ANSWERED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
 def describe(ec2, names: list[str], log=lambda msg: None) -> dict[str, Facts]:
-    """Facts for ``names`` (instance type names) from DescribeInstanceTypes, one call per 100;
-    a type the API does not answer for (or every type, when it fails: ``log`` says why) comes from
-    the catalog's table when the table has it, else is left out. Never raises for an API error."""
+    """Facts for ``names`` (instance type names) from DescribeInstanceTypes, one call per 100 and
+    none for a type this client was already told about; a type the API does not answer for (or
+    every type, when it fails: ``log`` says why) comes from the catalog's table when the table has
+    it, else is left out. Never raises for an API error."""
     names = sorted(set(names))
-    found: dict[str, Facts] = {}
+    answered = _ANSWERED.setdefault(ec2, {})
+    found: dict[str, Facts] = {n: answered[n] for n in names if n in answered}
+    asked = [n for n in names if n not in answered]
     try:
-        for i in range(0, len(names), 100):
-            for page in ec2.get_paginator("describe_instance_types").paginate(InstanceTypes=names[i:i + 100]):
-                found.update({t["InstanceType"]: _from_api(t) for t in page["InstanceTypes"]})
+        for i in range(0, len(asked), 100):
+            for page in ec2.get_paginator("describe_instance_types").paginate(InstanceTypes=asked[i:i + 100]):
+                facts = {t["InstanceType"]: _from_api(t) for t in page["InstanceTypes"]}
+                found.update(facts)
+                answered.update(facts)
     except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
         why = describe_error(exc) if isinstance(exc, botocore.exceptions.ClientError) else type(exc).__name__
         log(f"{API} did not answer ({why.splitlines()[0][:160]}); using {TABLE}")

@@ -226,12 +226,9 @@ def _ledger(settings: Settings, row: dict, ui: Reporter) -> None:
     try:
         ledger.record(settings.home, row)
     except LedgerError as exc:
-        if row["run_id"] not in _LEDGER_WARNED:
-            _LEDGER_WARNED.add(row["run_id"])
-            ui.note(f"warning: {exc.message}; this run goes on without it. To fix: {exc.hint}")
-
-
-_LEDGER_WARNED: set[str] = set()  # run ids whose ledger problem was already said
+        said = f"warning: {exc.message}; this run goes on without it. To fix: {exc.hint}"
+        if said not in ui.notes:  # once, not at the start and again at the end
+            ui.note(said)
 
 
 def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, backend: Backend = AWS) -> run_record.RunRecord:

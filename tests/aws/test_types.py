@@ -10,6 +10,16 @@ def test_gpus_vcpus_memory_and_placement_come_from_ec2(aws):
     assert got["g4dn.xlarge"].vcpus == catalog.CATALOG["g4dn.xlarge"].vcpus == 4
 
 
+def test_a_client_asks_about_a_type_once(aws):
+    asked = []
+    aws.ec2.meta.events.register("before-call.ec2.DescribeInstanceTypes", lambda **_: asked.append(1))
+    first = types.facts(aws.ec2, "g6.xlarge")
+    assert types.describe(aws.ec2, ["g6.xlarge"])["g6.xlarge"] == first and types.facts(aws.ec2, "g6.xlarge") == first
+    assert len(asked) == 1
+    types.describe(aws.ec2, ["g6.xlarge", "g5.xlarge"])
+    assert len(asked) == 2  # only g5.xlarge was new
+
+
 def test_without_the_api_the_catalogs_table_answers_and_says_so(aws, wire_errors):
     inject, calls, _ = wire_errors
     inject(aws.ec2, "DescribeInstanceTypes", "UnauthorizedOperation", times=1)
