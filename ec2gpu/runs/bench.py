@@ -22,7 +22,7 @@ from . import record as run_record
 
 #: Minutes a bench's job is assumed to take for its first estimate (before the ledger has one on
 #: that instance type): measured on this project's 2-vCPU machine without a GPU, the full bench's
-#: job took 67 s and --quick's 17-19 s (`ec2gpu bench --local [--quick]`); a GPU instance adds its
+#: job took 56 s and --quick's 9 s (`ec2gpu bench --local [--quick]`); a GPU instance adds its
 #: GPU runs, which are faster than its CPU runs. Rounded up generously.
 EXPECT_MINUTES = {"full": 4.0, "quick": 1.0}
 

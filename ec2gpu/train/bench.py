@@ -26,6 +26,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -200,18 +201,24 @@ def against_peak(measured: dict, model: str | None) -> dict:
 
 
 def train(model: str, device: str, out: Path, data_dir: str | None, extra: list[str]) -> dict:
-    """Train ``model`` on ``device`` with ec2gpu's trainer in a child process; its summary.json.
-    Raises RuntimeError (with the trainer's last lines) when it fails."""
-    cmd = [sys.executable, "-m", "ec2gpu.train.mnist", "--model", model, "--device", device, "--out", str(out),
-           "--no-plot", "--target-acc", str(TARGET_ACC.get(model, 0.99)), *extra]
-    if data_dir:
-        cmd += ["--data-dir", data_dir]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    env.pop("EC2GPU_PROGRESS_FILE", None)  # bench writes its own progress
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if done.returncode != 0:
-        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-10:])
-        raise RuntimeError(f"the trainer ({model} on {device}) exited {done.returncode}:\n{tail}")
+    """Train ``model`` on ``device`` with ec2gpu's trainer, in this process (torch and CUDA start
+    once for all the runs: a child process each cost 2-3 s more here); its summary.json. Its log
+    lines go to this process's output. Raises RuntimeError when it fails."""
+    from . import mnist
+    argv = ["--model", model, "--device", device, "--out", str(out), "--no-plot",
+            "--target-acc", str(TARGET_ACC.get(model, 0.99)), *extra, *(["--data-dir", data_dir] if data_dir else [])]
+    progress = os.environ.pop("EC2GPU_PROGRESS_FILE", None)  # the bench's own progress, not each run's
+    handler = signal.getsignal(signal.SIGTERM)  # the trainer sets its own (checkpoint, then stop)
+    try:
+        code = mnist.main(argv)
+    except Exception as exc:  # noqa: BLE001 - any failure of one run (CUDA out of memory, ...) is the bench's
+        raise RuntimeError(f"the trainer ({model} on {device}) failed: {type(exc).__name__}: {exc}") from exc
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+        if progress is not None:
+            os.environ["EC2GPU_PROGRESS_FILE"] = progress
+    if code != 0:
+        raise RuntimeError(f"the trainer ({model} on {device}) exited {code}; its log is above")
     return json.loads((out / "summary.json").read_text())
 
 

@@ -448,6 +448,8 @@ def native_bf16() -> bool:
 def _setup_logging(out: Path, rank: int) -> None:
     fmt = logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S")
     log.setLevel(logging.INFO)
+    for handler in log.handlers:  # a previous run's in this process (ec2gpu bench runs several)
+        handler.close()
     log.handlers.clear()
     stream = logging.StreamHandler(sys.stdout)
     stream.setFormatter(logging.Formatter(f"[rank {rank}] %(asctime)s %(message)s", "%H:%M:%S")
