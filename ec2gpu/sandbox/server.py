@@ -158,6 +158,8 @@ class Sandbox:
         self.running_since: dict[str, float] = {}  # instance id -> when reconcile first saw it running
         self.booted: set[str] = set()  # instances whose user data ran (once per instance, as cloud-init)
         self.shutdowns: dict[str, threading.Timer] = {}  # scheduled `shutdown +N` per instance
+        self.shutdown_at: dict[str, str] = {}  # ... and when (ISO 8601 UTC), shown in state.json
+        self._save_lock = threading.Lock()  # the reconcile loop and the HTTP threads both save
         self.next_address = 2
         self.stopping = threading.Event()
         self.instance_env = json.loads(os.environ.get("EC2GPU_SANDBOX_INSTANCE_ENV", "{}"))
@@ -199,22 +201,28 @@ class Sandbox:
         if old:
             old.cancel()
         if request.get("action") == "cancel":
+            self.shutdown_at.pop(iid, None)
+            self.save()
             return {"instance_id": iid, "cancelled": bool(old)}
         delay = max(0.0, float(request.get("delay_s", 0)))
         timer = threading.Timer(delay, end_from_inside, args=(iid,))
         timer.daemon = True
         timer.start()
         self.shutdowns[iid] = timer
-        at = datetime.now(timezone.utc).timestamp() + delay
-        return {"instance_id": iid, "delay_s": delay, "at": datetime.fromtimestamp(at, timezone.utc).isoformat()}
+        at = datetime.fromtimestamp(datetime.now(timezone.utc).timestamp() + delay, timezone.utc).isoformat()
+        self.shutdown_at[iid] = at
+        self.save()
+        return {"instance_id": iid, "delay_s": delay, "at": at}
 
     def save(self) -> None:
-        write_json(self.state_dir / "state.json", {
-            "pid": os.getpid(), "endpoint": self.endpoint, "checkip_url": self.checkip_url,
-            "imds_url": self.imds_url, "like_aws": bool(self.like_aws),
-            "instances": {i: {"host": s.host, "port": s.port, "sshd_pid": s.pid, "directory": str(s.directory)}
-                          for i, s in self.instances.items()},
-        })
+        with self._save_lock:
+            write_json(self.state_dir / "state.json", {
+                "pid": os.getpid(), "endpoint": self.endpoint, "checkip_url": self.checkip_url,
+                "imds_url": self.imds_url, "like_aws": bool(self.like_aws),
+                "instances": {i: {"host": s.host, "port": s.port, "sshd_pid": s.pid, "directory": str(s.directory)}
+                              for i, s in list(self.instances.items())},
+                "shutdowns": dict(self.shutdown_at),  # instance id -> when its OS powers off (`shutdown +N`)
+            })
 
     def _running(self) -> dict[str, tuple[str, object]]:
         """instance id -> (public key of its key pair, moto's Instance), for every running instance."""
@@ -268,6 +276,7 @@ class Sandbox:
             timer = self.shutdowns.pop(iid, None)  # a `shutdown +N` does not survive the OS stopping
             if timer:
                 timer.cancel()
+            self.shutdown_at.pop(iid, None)
             changed = True
         if changed:
             self.save()

@@ -43,6 +43,8 @@ def test_stop_and_start_keep_the_home_and_the_pinned_host_key_and_a_tunnel_carri
         pinned = keys_of(known)
         address = known.read_text().split()[0]
 
+        from ec2gpu.sandbox import control
+        armed = control.read_state(home)["shutdowns"][iid]  # user data's `shutdown -h +30`
         stopped = ec2gpu("stop", "dev", "--json")
         assert stopped.returncode == 0, stopped.stderr
         assert [r["state"] for r in json.loads(stopped.stdout)] == ["stopped"]
@@ -52,10 +54,12 @@ def test_stop_and_start_keep_the_home_and_the_pinned_host_key_and_a_tunnel_carri
         refused = ec2gpu("ssh", "dev", "--", "true")
         assert refused.returncode == 2 and "stopped" in refused.stderr and "ec2gpu start dev" in refused.stderr
         assert sandbox_settles(home)  # its sshd is gone while it is stopped
+        assert iid not in control.read_state(home)["shutdowns"]  # ... and its pending shutdown, as an OS's
 
         started = ec2gpu("start", "dev", "--json")
         assert started.returncode == 0, started.stderr
         assert "scheduled again" in started.stderr  # the --max-runtime safety net survives the stop
+        assert control.read_state(home)["shutdowns"][iid] > armed  # 30 min from the start, not from the launch
         assert ec2gpu("ssh", "dev", "--", "cat kept.txt").stdout.strip() == "kept"
         # the idle rule (launch's default: down after 60 min) watches again: a stop had ended its watcher
         assert ec2gpu("ssh", "dev", "--", "pgrep -f idle-watch.sh").stdout.strip()
