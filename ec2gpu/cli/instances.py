@@ -1,4 +1,4 @@
-"""Standing instances and clusters: launch, scale, ls, down, cleanup, doctor."""
+"""Standing instances and clusters: launch, stop, start, scale, ls, down, cleanup, doctor."""
 from __future__ import annotations
 
 from typing import Optional
@@ -29,7 +29,9 @@ def launch(
                               "placement group where supported. `ec2gpu scale NAME N` resizes it."),
     region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
 ):
-    """Launch an instance (or a cluster) and leave it running (until `ec2gpu down NAME` or --max-runtime)."""
+    """Launch an instance (or a cluster) and leave it running: until `ec2gpu down NAME`, its idle rule
+    (by default it terminates itself after 60 idle minutes: no job, no SSH connection, GPUs under
+    5%) or --max-runtime, whichever comes first."""
     from ..aws import catalog, network, tags
     from ..runs import pipeline, standing
 
@@ -181,20 +183,6 @@ def scale(name: str = typer.Argument(..., help="The standing cluster's name (ec2
         out.print(f"{name}: {change}; {done['nodes']} node(s) now")
 
 
-def _idle_columns(ec2, rows: list[dict]) -> None:
-    """For running instances with an idle rule: how long they have been idle, or why they are busy,
-    from what their watcher last wrote to the console (read through the EC2 API: asking over SSH
-    would itself count as a connection and keep them busy)."""
-    import time
-
-    from ..aws import instances
-    for r in rows:
-        rule = instances.parse_idle_tag(r.get("idle_rule"))
-        state = instances.idle_state(instances.console_output(ec2, r["instance_id"]), time.time()) \
-            if rule and r["state"] == "running" else None
-        r.update(idle_seconds=(state or {}).get("idle_seconds"), busy=(state or {}).get("busy"))
-
-
 def _idle_cell(r: dict) -> str:
     from ..aws import instances
     rule = instances.parse_idle_tag(r.get("idle_rule"))
@@ -219,38 +207,14 @@ def _state_cell(r: dict) -> str:
     return f"{r['state']}: disk {r['disk_gib']} GiB, ${r['disk_usd_per_month']:.2f}/month"
 
 
-def _stopped_disks(ec2, rows: list[dict]) -> None:
-    """For stopped (or stopping) instances: no compute price (EC2 bills none while stopped), their
-    volumes' GiB and what those cost per month (gp3, catalog.EBS_GP3_USD_PER_GB_MONTH)."""
-    from ..aws import catalog, instances
-    stopped = [r for r in rows if r["state"] in ("stopping", "stopped")]
-    disks = instances.root_volume_gib(ec2, [r["instance_id"] for r in stopped])
-    for r in stopped:
-        gib = disks.get(r["instance_id"])
-        r.update(usd_per_hour=None, cost_so_far_usd=None, disk_gib=gib,
-                 disk_usd_per_month=None if gib is None else round(gib * catalog.EBS_GP3_USD_PER_GB_MONTH, 2))
-
-
 @app.command("ls")
 def ls(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
     """List the instances this tool launched that are still alive: age, price and cost so far."""
-    from datetime import datetime, timezone
-
-    from ..aws import catalog, instances, sweep
+    from ..runs import standing
 
     with Context(region, _sandbox_flag(sandbox)) as ctx:
         _settle(ctx)  # runs whose controller died and whose instances have ended by themselves
-        rows = [instances.summary(i) for i in sweep.find_instances(ctx.aws.ec2)]
-        now = datetime.now(timezone.utc)
-        for r in rows:
-            age = (now - datetime.fromisoformat(r["launched_at"])).total_seconds() if r["launched_at"] else 0.0
-            price = catalog.on_demand_price(r["instance_type"], ctx.aws.region, ctx.settings.home) \
-                if r["instance_type"] in catalog.CATALOG else catalog.Price(None, "not a catalog type")
-            r.update(age_seconds=round(age), usd_per_hour=price.usd_per_hour, price_source=price.source,
-                     cost_so_far_usd=None if price.usd_per_hour is None else
-                     round(max(60.0, age) * price.usd_per_hour / 3600, 4))
-        _stopped_disks(ctx.aws.ec2, rows)
-        _idle_columns(ctx.aws.ec2, rows)
+        rows = standing.listing(ctx.aws, ctx.settings)
     if as_json:
         render_json(rows)
         return

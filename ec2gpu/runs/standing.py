@@ -158,3 +158,47 @@ def pin_host_key(aws: Aws, settings: Settings, backend, inst: dict, log=lambda m
     return ssh.wait_for_ssh(host, port, settings.ssh_user, key, settings.home / "known_hosts" / iid,
                             timeout_s=ssh.FINGERPRINT_WAIT_S + 60, log=log,
                             fingerprints=lambda: instances.host_key_fingerprints(aws.ec2, iid))
+
+
+def listing(aws: Aws, settings: Settings) -> list[dict]:
+    """`ec2gpu ls`: every live instance of the tool (aws/instances.summary) with its age (s), the
+    on-demand price (USD/h; the ceiling of a spot one) and the cost so far (USD, 60 s minimum);
+    for a stopped one its volumes and their monthly cost instead; for one with an idle rule, how
+    long it has been idle or why it is busy."""
+    import time
+
+    from ..aws import sweep
+    rows = [instances.summary(i) for i in sweep.find_instances(aws.ec2)]
+    now = datetime.now(timezone.utc)
+    for r in rows:
+        age = (now - datetime.fromisoformat(r["launched_at"])).total_seconds() if r["launched_at"] else 0.0
+        price = catalog.on_demand_price(r["instance_type"], aws.region, settings.home) \
+            if r["instance_type"] in catalog.CATALOG else catalog.Price(None, "not a catalog type")
+        r.update(age_seconds=round(age), usd_per_hour=price.usd_per_hour, price_source=price.source,
+                 cost_so_far_usd=None if price.usd_per_hour is None else
+                 round(max(60.0, age) * price.usd_per_hour / 3600, 4))
+    _stopped_disks(aws.ec2, rows)
+    _idle_columns(aws.ec2, rows, time.time())
+    return rows
+
+
+def _stopped_disks(ec2, rows: list[dict]) -> None:
+    """For stopped (or stopping) instances: no compute price (EC2 bills none while stopped), their
+    volumes' GiB and what those cost per month (gp3, catalog.EBS_GP3_USD_PER_GB_MONTH)."""
+    stopped = [r for r in rows if r["state"] in ("stopping", "stopped")]
+    disks = instances.root_volume_gib(ec2, [r["instance_id"] for r in stopped])
+    for r in stopped:
+        gib = disks.get(r["instance_id"])
+        r.update(usd_per_hour=None, cost_so_far_usd=None, disk_gib=gib,
+                 disk_usd_per_month=None if gib is None else round(gib * catalog.EBS_GP3_USD_PER_GB_MONTH, 2))
+
+
+def _idle_columns(ec2, rows: list[dict], now: float) -> None:
+    """For running instances with an idle rule: how long they have been idle, or why they are busy,
+    from what their watcher last wrote to the console (read through the EC2 API: asking over SSH
+    would itself count as a connection and keep them busy)."""
+    for r in rows:
+        rule = instances.parse_idle_tag(r.get("idle_rule"))
+        state = instances.idle_state(instances.console_output(ec2, r["instance_id"]), now) \
+            if rule and r["state"] == "running" else None
+        r.update(idle_seconds=(state or {}).get("idle_seconds"), busy=(state or {}).get("busy"))

@@ -114,8 +114,8 @@ def test_an_idle_instance_ends_itself_and_one_with_an_ssh_session_open_does_not(
     home, state = sandbox_env
     import boto3
     ec2 = boto3.client("ec2", endpoint_url=state["endpoint"], region_name="us-east-1")
-    idle = ec2gpu("launch", "--name", "idle1", "--idle-down", "20s", "--max-runtime", "30", "--json")
-    busy = ec2gpu("launch", "--name", "busy1", "--idle-stop", "20s", "--max-runtime", "30", "--json")
+    idle = ec2gpu("launch", "--name", "idle1", "--idle-down", "12s", "--max-runtime", "30", "--json")
+    busy = ec2gpu("launch", "--name", "busy1", "--idle-stop", "12s", "--max-runtime", "30", "--json")
     assert idle.returncode == 0 and busy.returncode == 0, idle.stderr + busy.stderr
     idle_id, busy_id = json.loads(idle.stdout)[0]["instance_id"], json.loads(busy.stdout)[0]["instance_id"]
     session = subprocess.Popen([EC2GPU, "ssh", "busy1", "--sandbox", "--", "sleep 60"], env=dict(os.environ),
@@ -128,7 +128,7 @@ def test_an_idle_instance_ends_itself_and_one_with_an_ssh_session_open_does_not(
             if rows.get(idle_id, {}).get("idle_seconds") is not None:
                 seen_idle = rows[idle_id]
             time.sleep(2)
-        assert seen_idle and seen_idle["idle_rule"] == "down 20" and seen_idle["busy"] is None  # ls said so
+        assert seen_idle and seen_idle["idle_rule"] == "down 12" and seen_idle["busy"] is None  # ls said so
         desc = ec2.describe_instances(InstanceIds=[idle_id])["Reservations"][0]["Instances"][0]
         assert desc["State"]["Name"] == "terminated"  # --idle-down: InstanceInitiatedShutdownBehavior terminate
         assert desc["StateReason"]["Code"] == "Client.InstanceInitiatedShutdown"
@@ -179,14 +179,14 @@ def test_a_tasks_ports_are_forwarded_while_its_job_runs(sandbox_env, tmp_path, m
     port = free_local_port()
     (tmp_path / "task.yaml").write_text(
         "name: board\nworkdir: .\n"
-        f"run: |\n  echo served > page.txt\n  python3 -m http.server {port} --bind 127.0.0.1 & sleep 12; kill %1\n"
+        f"run: |\n  echo served > page.txt\n  python3 -m http.server {port} --bind 127.0.0.1 & sleep 6; kill %1\n"
         f"ports: [{port}]\n")
     monkeypatch.chdir(tmp_path)
     got = []
 
     def fetch(line, _):
         url = line.split(" is at ")[1].split()[0]
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 6
         while not got and time.monotonic() < deadline:
             try:
                 got.append(urllib.request.urlopen(f"{url}/page.txt", timeout=3).read().decode())
