@@ -351,8 +351,7 @@ def run_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[dic
     """
     from dataclasses import replace
 
-    from ..remote import jobs, tunnel
-    from ..remote import ssh_config as sc
+    from ..remote import jobs, ssh_config as sc, tunnel
     from . import nodes as N
 
     job: TaskJob = opts.task
