@@ -43,7 +43,8 @@ def parse_idle_tag(value: str | None) -> IdleRule | None:
 
 @dataclass(frozen=True)
 class LaunchSpec:
-    """What to launch. ``max_runtime_minutes`` schedules a shutdown (= terminate) in user data."""
+    """What to launch. ``max_runtime_minutes`` schedules a shutdown in user data: a termination, or a
+    stop for an ``idle`` rule that stops (InstanceInitiatedShutdownBehavior follows the rule)."""
 
     run_id: str
     owner: str
