@@ -48,8 +48,9 @@ def logs(name: str = typer.Argument(..., help="Run id, name or instance id."),
          follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming until the job ends, "
                                      "reconnecting when SSH drops (no line missed or repeated)."),
          region: Optional[str] = REGION, sandbox: bool = SANDBOX):
-    """Print a run's job log (job.log: the job's output, byte for byte) from its instance, or from
-    the artifacts once the run is over. With --follow, exit with the job's exit status."""
+    """Print a run's job log, from its instance or, once the run is over, from its artifacts.
+
+    job.log is the job's output, byte for byte. With --follow, exit with the job's exit status."""
     from ..runs import logs as run_logs
 
     stdout = sys.stdout.buffer
@@ -94,9 +95,10 @@ def tunnel(name: str = typer.Argument(..., help="Name or instance id of a runnin
            local_port: Optional[int] = typer.Option(None, "--local-port", min=1, max=65535, help="The port here "
                                                     "(default: the same one when free, else any free one)."),
            region: Optional[str] = REGION, sandbox: bool = SANDBOX):
-    """Forward a port of a running instance to 127.0.0.1 here over SSH, until Ctrl-C: TensorBoard,
-    a notebook, any server. OpenSSH with the pinned host key; nothing is opened in the security
-    group. If SSH drops, it reconnects."""
+    """Forward a port of a running instance to 127.0.0.1 here over SSH, until Ctrl-C.
+
+    TensorBoard, a notebook, any server. OpenSSH with the pinned host key; nothing is opened in the
+    security group. If SSH drops, it reconnects."""
     import threading
 
     from ..remote import tunnel as tn
@@ -140,10 +142,12 @@ def notebook(
     ami: Optional[str] = typer.Option(None, "--ami", help="AMI id (default: the PyTorch Deep Learning AMI)."),
     region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
 ):
-    """JupyterLab on an instance, at a local URL: launched (or found by --name), started in the
-    instance's torch Python on its 127.0.0.1 with a random token, forwarded over SSH (pinned host
-    key; nothing opened in the security group), reconnecting if SSH drops, until Ctrl-C. The
-    instance then stays with its idle rule (--down-on-exit terminates it)."""
+    """JupyterLab on an instance, at a local URL, until Ctrl-C.
+
+    The instance is launched (or found by --name); JupyterLab starts in its torch Python on its
+    127.0.0.1 with a random token and is forwarded over SSH (pinned host key; nothing opened in the
+    security group), reconnecting if SSH drops. The instance then stays with its idle rule
+    (--down-on-exit terminates it)."""
     from ..aws import catalog, sweep
     from ..aws import tags as T
     from ..runs import notebook as nb
@@ -201,8 +205,10 @@ def fetch(run_id: str = typer.Argument(..., help="Run id (or a unique prefix), a
           out_dir: Optional[Path] = typer.Option(None, "--out", help="Where to (default: the run's artifacts "
                                                  "directory)."),
           region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
-    """Bring home what a run's job has written so far (outputs, checkpoints, job.log, status.json)
-    from its running instance: for a run whose controller died, before `ec2gpu down RUN`."""
+    """Bring home what a run's job has written so far, from its running instance.
+
+    Outputs, checkpoints, job.log, status.json: for a run whose controller died, before
+    `ec2gpu down RUN`."""
     from ..runs import ledger, logs
 
     with Context(region, _sandbox_flag(sandbox)) as ctx:

@@ -35,9 +35,11 @@ def bench_cmd(
     ami: Optional[str] = typer.Option(None, "--ami", help="AMI id (default: the PyTorch Deep Learning AMI)."),
     region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
 ):
-    """Measure an instance's memory bandwidth, matmul TFLOP/s (against the GPU's datasheet peak) and
-    the seed experiment (dbn and cnn on its CPU and its GPU), bring home bench.json and bench.png,
-    terminate it. Results go into the ledger: later estimates of that type use them.
+    """Is the GPU worth it: measure an instance's CPU and GPU, rank types by USD per run.
+
+    Memory bandwidth, matmul TFLOP/s (against the GPU's datasheet peak) and the seed experiment
+    (dbn and cnn on its CPU and its GPU); bench.json and bench.png come home, the instance is
+    terminated. Results go into the ledger: later estimates of that type use them.
 
     docs/why-gpus.md explains the figures. In the sandbox the instance is this machine: CPU only."""
     from ..runs import bench, pipeline

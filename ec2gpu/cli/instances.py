@@ -29,9 +29,10 @@ def launch(
                               "placement group where supported. `ec2gpu scale NAME N` resizes it."),
     region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
 ):
-    """Launch an instance (or a cluster) and leave it running: until `ec2gpu down NAME`, its idle rule
-    (by default it terminates itself after 60 idle minutes: no job, no SSH connection, GPUs under
-    5%) or --max-runtime, whichever comes first."""
+    """Launch an instance (or a cluster) and leave it running, until it idles out or is taken down.
+
+    It lives until `ec2gpu down NAME`, its idle rule (by default it terminates itself after 60
+    idle minutes: no job, no SSH connection, GPUs under 5%) or --max-runtime, whichever comes first."""
     from ..aws import catalog, network, tags
     from ..runs import pipeline, standing
 
@@ -129,9 +130,10 @@ def _find(ctx: Context, name: str) -> list[dict]:
 @app.command()
 def stop(name: str = typer.Argument(..., help="Name, instance id or cluster of a standing on-demand instance."),
          region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
-    """Stop a standing on-demand instance (or cluster): the GPU stops billing, the disk stays (billed
-    per GB-month, `ec2gpu ls` shows how much). `ec2gpu start NAME` brings it back. Spot instances
-    cannot be stopped (say `ec2gpu down NAME`)."""
+    """Stop a standing on-demand instance (or cluster): keep the disk, stop paying for the GPU.
+
+    The disk is billed per GB-month (`ec2gpu ls` shows how much); `ec2gpu start NAME` brings it
+    back. Spot instances cannot be stopped (say `ec2gpu down NAME`)."""
     from ..runs import stopstart
     with Context(region, _sandbox_flag(sandbox), persistent=True) as ctx:
         ctx.aws.check_credentials()
@@ -147,8 +149,10 @@ def stop(name: str = typer.Argument(..., help="Name, instance id or cluster of a
 @app.command()
 def start(name: str = typer.Argument(..., help="Name, instance id or cluster of a stopped instance."),
           region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
-    """Start a stopped instance (or cluster) again: wait until it answers SSH with its pinned host key
-    at its new address, and schedule its --max-runtime shutdown again (a stop cancels it)."""
+    """Start a stopped instance (or cluster) again.
+
+    Waits until it answers SSH with its pinned host key at its new address, and schedules its
+    --max-runtime shutdown again (a stop cancels it)."""
     from ..runs import stopstart
     with Context(region, _sandbox_flag(sandbox), persistent=True) as ctx:
         ctx.aws.check_credentials()
@@ -260,9 +264,10 @@ def cleanup(dry_run: bool = typer.Option(False, "--dry-run", help="Only list wha
             no_fetch: bool = typer.Option(False, "--no-fetch", help="Do not bring home first what the jobs of runs "
                                           "whose controller died wrote (it is, by default)."),
             region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
-    """Find by tag and remove everything ec2gpu created: instances, spot requests, security groups,
-    key pairs (and their local key files). Runs whose controller died get their files brought home
-    first (this region) and their bills settled."""
+    """Find by tag and remove everything ec2gpu created.
+
+    Instances, spot requests, security groups, key pairs (and their local key files). Runs whose
+    controller died get their files brought home first (this region) and their bills settled."""
     from ..aws import sweep
     from ..aws.session import Aws
 
@@ -332,9 +337,10 @@ def down(name: Optional[str] = typer.Argument(None, help="Name, instance id or r
          no_fetch: bool = typer.Option(False, "--no-fetch", help="Do not bring home first what the job of a run "
                                        "whose controller died wrote (it is, by default)."),
          region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
-    """Terminate instances and delete their security groups and key pairs. A run whose controller
-    died (`ec2gpu runs` says so) gets its outputs, checkpoints and log brought home first, and its
-    bill settled from the instances' own times."""
+    """Terminate instances and delete their security groups and key pairs.
+
+    A run whose controller died (`ec2gpu runs` says so) gets its outputs, checkpoints and log
+    brought home first, and its bill settled from the instances' own times."""
     from ..aws import sweep
     from ..aws import tags as T
 

@@ -92,8 +92,10 @@ def exec_cmd(
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Where outputs and logs come home."),
     region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
 ):
-    """Run a task on a standing instance or cluster and leave it running: the workdir is synced
-    again (rsync sends only what changed) and a setup that already ran there is skipped."""
+    """Run a task on a standing instance or cluster and leave it running.
+
+    The workdir is synced again (rsync sends only what changed) and a setup that already ran there
+    is skipped."""
     from .. import api
 
     task_file = _task_file(args)

@@ -33,3 +33,16 @@ def test_no_command_prints_json_by_itself():
     inside = {f"__init__.py:{n}" for n in range(first, first + len(lines))}
     assert [o for o in offenders if o not in inside] == []
     assert len(offenders) == 1  # render_json's own
+
+
+def test_each_command_says_what_it_does_in_one_line_for_the_root_help():
+    """`ec2gpu --help` shows each command's first paragraph: one sentence, not a wrapped block."""
+    long = []
+    for path in sorted(CLI.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and any(
+                    "command" in ast.unparse(d) for d in node.decorator_list):
+                first = (ast.get_docstring(node) or "").split("\n\n")[0]
+                if "\n" in first or not first:
+                    long.append(f"{path.name}:{node.name}")
+    assert long == []
