@@ -21,6 +21,8 @@ from pathlib import Path
 import psutil
 
 MARKER = "EC2GPU_SANDBOX_INSTANCE"
+#: Times orphans() and stop() look for an instance's processes: after stopping the ones found, again
+ROUNDS = 3
 
 
 def sshd_binary() -> str:
@@ -122,25 +124,36 @@ def orphans(instances_dir: Path, stop: bool = False) -> list[int]:
     """Pids of processes that are provably one of this sandbox's instances: an sshd whose config
     is under ``instances_dir``, or a process whose environment carries MARKER and a HOME under it
     (what an instance's sessions started). Only a server that died without stopping them (SIGKILL)
-    leaves any. ``stop``: SIGTERM them, SIGKILL after 3 s."""
+    leaves any. ``stop``: SIGTERM them, SIGKILL after 3 s, and look again (up to ROUNDS times): a
+    process caught starting another (user data starting the idle watcher) leaves that one behind."""
     root = str(Path(instances_dir).resolve()) + os.sep
-    found = []
-    for proc in psutil.process_iter(["cmdline", "environ"]):
-        cmdline = proc.info.get("cmdline") or []
-        env = proc.info.get("environ") or {}  # None where we may not read it (another user's process)
-        if any(a.startswith(root) and a.endswith("sshd_config") for a in cmdline) or \
-                (env.get(MARKER) and env.get("HOME", "").startswith(root)):
-            found.append(proc)
-    if stop and found:
-        for proc in found:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                proc.terminate()
-        _, alive = psutil.wait_procs(found, timeout=3)
-        for proc in alive:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                proc.kill()
-        psutil.wait_procs(alive, timeout=3)
-    return sorted(p.pid for p in found)
+
+    def scan() -> list:
+        found = []
+        for proc in psutil.process_iter(["cmdline", "environ"]):
+            cmdline = proc.info.get("cmdline") or []
+            env = proc.info.get("environ") or {}  # None where we may not read it (another user's process)
+            if any(a.startswith(root) and a.endswith("sshd_config") for a in cmdline) or \
+                    (env.get(MARKER) and env.get("HOME", "").startswith(root)):
+                found.append(proc)
+        return found
+
+    every = []
+    for _ in range(ROUNDS if stop else 1):
+        found = scan()
+        if not found:
+            break
+        every += found
+        if stop:
+            for proc in found:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    proc.terminate()
+            _, alive = psutil.wait_procs(found, timeout=3)
+            for proc in alive:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    proc.kill()
+            psutil.wait_procs(alive, timeout=3)
+    return sorted({p.pid for p in every})
 
 
 def descendants(pid: int) -> list[int]:
@@ -154,8 +167,18 @@ def descendants(pid: int) -> list[int]:
 
 def stop(sshd_pid: int, instance_id: str, grace_s: float = 3.0) -> None:
     """Stop the instance: its sshd and open SSH connections, and every process its sessions
-    started (all by pid), as a terminated instance drops its connections."""
-    targets = [sshd_pid] + descendants(sshd_pid) + instance_processes(instance_id)
+    started (all by pid), as a terminated instance drops its connections. Looks again (up to
+    ROUNDS times) for processes started while the first ones were being stopped."""
+    _stop_pids([sshd_pid] + descendants(sshd_pid) + instance_processes(instance_id), grace_s)
+    for _ in range(ROUNDS - 1):
+        late = instance_processes(instance_id)
+        if not late:
+            return
+        _stop_pids(late, grace_s)
+
+
+def _stop_pids(targets: list[int], grace_s: float) -> None:
+    """SIGTERM ``targets``, SIGKILL those still alive after ``grace_s`` seconds."""
     for pid in targets:
         try:
             os.kill(pid, signal.SIGTERM)
