@@ -76,7 +76,8 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
         budget: Optional[float] = None, max_price: Optional[float] = None, max_attempts: Optional[int] = None,
         max_upload: int = MAX_UPLOAD_BYTES, include_secrets: bool = False, out: Optional[Path] = None,
         ssh_cidr: Optional[str] = None, ami: Optional[str] = None, region: Optional[str] = None,
-        sandbox: bool = False, reporter=None, on_warning=lambda text: None, as_typed: Optional[str] = None) -> dict:
+        sandbox: bool = False, reporter=None, on_warning=lambda text: None, as_typed: Optional[str] = None,
+        baked: bool = True) -> dict:
     """Run a task on new instances end to end (estimate, launch, sync, setup, job, outputs home,
     teardown, bill); return its run record.
 
@@ -85,7 +86,8 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
     or 'g5.xlarge,g6.xlarge'), ``spot``, ``nodes``, ``env`` ({K: V, or K: None from this
     environment}), ``secrets`` (names, masked everywhere), ``max_runtime`` and ``expect`` (minutes
     or '90m', '2h'), ``budget`` (USD), ``max_price`` (USD/h), ``max_upload`` (bytes). ``reporter``:
-    a runs.pipeline.Reporter (default: silent). Raises as the module docstring says.
+    a runs.pipeline.Reporter (default: silent). ``baked``: launch from the newest image baked for
+    the task's setup (`ec2gpu image bake`) when the region has one. Raises as the module docstring says.
     """
     from dataclasses import replace
 
@@ -115,7 +117,7 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
             out=out, ssh_cidr=ssh_cidr, ami=ami, name=name, max_runtime_minutes=int(runtime or 120),
             budget_usd=budget if budget is not None else job.task.budget,
             max_price=max_price if max_price is not None else res.max_price, nodes=nodes or job.task.nodes,
-            max_attempts=max_attempts, task=job, expect_minutes=expect_min,
+            max_attempts=max_attempts, task=job, expect_minutes=expect_min, baked=baked,
             command=job.mask(as_typed or f"ec2gpu.run({job.name!r})"))
         return pipeline.train(ctx.aws, settings, opts, reporter, ctx.backend)
 
@@ -134,3 +136,31 @@ def exec(target: str, task=None, *, command: Optional[Sequence[str]] = None, wor
     with Context(region, sandbox) as ctx:
         return standing.exec_task(ctx.aws, ctx.settings, job, reporter, target,
                                   ctx.backend, out, job.mask(as_typed or f"ec2gpu.exec({target!r})"))
+
+
+def bake(task: Union[str, Path, object], *, base: str = "dlami", name: Optional[str] = None,
+         instance_type: Optional[str] = None, spot: bool = False, ssh_cidr: Optional[str] = None,
+         ami: Optional[str] = None, region: Optional[str] = None, sandbox: bool = False, reporter=None,
+         on_warning=lambda text: None, as_typed: Optional[str] = None) -> dict:
+    """Bake a machine image holding ``task``'s setup (a task file, a Task, or "mnist" for the
+    built-in job) from ``base`` ("dlami" or "ubuntu-24.04"); return the bake's run record, whose
+    summary names the image. Runs of a task with the same setup then launch from the image.
+    Raises as the module docstring says; UsageError for an unknown base before anything is created.
+    """
+    from .backend import Context
+    from .runs import bake as baking, engine, pipeline
+    from .tasks import resolve
+
+    if str(task) == "mnist":
+        job, reporter = engine.builtin_job("mnist", []), reporter or pipeline.Reporter()
+    else:
+        job, reporter = _prepare(task, None, None, None, None, (), MAX_UPLOAD_BYTES, False, reporter, on_warning)
+    with Context(region, sandbox, persistent=True, note=reporter.note) as ctx:  # the image outlives the command
+        types = instance_type.split(",") if instance_type is not None else \
+            resolve.instance_types(job.task.resources, ctx.settings.instance_type)
+        data = pipeline.sandbox_data_args([]) if ctx.backend.is_sandbox and job.builtin == "mnist" else []
+        plan = baking.plan(job, base, name, ctx.settings.home, ctx.backend.name, types[0].strip(),
+                           ctx.backend.is_sandbox, data[1] if data else None)
+        opts = pipeline.TrainOptions(instance_type=",".join(types), spot=spot, ssh_cidr=ssh_cidr, ami=ami, task=job,
+                                     bake=plan, command=as_typed or f"ec2gpu.bake({job.name!r})")
+        return pipeline.train(ctx.aws, ctx.settings, opts, reporter, ctx.backend)

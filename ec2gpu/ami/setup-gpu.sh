@@ -17,6 +17,28 @@ else
   echo "no NVIDIA GPU found (nvidia-smi missing or failing): training will run on the CPU"
 fi
 
+# A baked image (`ec2gpu image bake`) holds what setup found when the image was made: its Python is
+# trusted without importing torch (seconds); only this instance's GPUs are read again (the image
+# may have been baked on another instance type).
+baked="$HOME/.ec2gpu/baked-setup.json"
+if [ -f "$baked" ]; then
+  bpy=$(sed -n 's/^ *"python": "\(.*\)",*$/\1/p' "$baked")
+  if [ -n "$bpy" ] && [ -x "$bpy" ]; then
+    "$bpy" - "$baked" "$out" "$gpu_name" "$driver" "$gpu_count" <<'PY'
+import json, sys
+baked, out, gpu_name, driver, count = sys.argv[1:]
+info = json.load(open(baked))
+info.update(gpu_name=gpu_name or None, driver_version=driver or None, gpu_count=int(count),
+            cuda_available=bool(info.get("cuda_version")) and int(count) > 0, baked=True)
+with open(out, "w") as f:
+    json.dump(info, f, indent=2)
+print(f"baked image: python {info['python']}, torch {info['torch_version']} (checked when the image was made)")
+PY
+    exit 0
+  fi
+  echo "baked setup names a Python that is not there ($bpy): setting up as usual"
+fi
+
 has_torch() { "$1" -c 'import torch, numpy' >/dev/null 2>&1; }
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo -n "$@"; fi; }
 python=""

@@ -103,3 +103,24 @@ def _describe(ec2, image_id: str, source: str, why: str) -> dict:
 def _pick(image: dict, source: str, why: str) -> dict:
     return {"ImageId": image["ImageId"], "Name": image.get("Name", ""),
             "RootDeviceName": image.get("RootDeviceName", "/dev/sda1"), "source": source, "why": why}
+
+
+#: Canonical's SSM public parameter for its newest Ubuntu 24.04 server image (amd64, gp3 root):
+#: https://documentation.ubuntu.com/aws/aws-how-to/instances/find-ubuntu-images/
+UBUNTU_2404_PARAMETER = "/aws/service/canonical/ubuntu/server/24.04/stable/current/amd64/hvm/ebs-gp3/ami-id"
+#: what `ec2gpu image bake --from` accepts
+BASES = ("dlami", "ubuntu-24.04")
+
+
+def resolve_base(ssm, ec2, base: str, override: str | None = None) -> dict:
+    """The image a bake starts from (as resolve_ami returns it): the PyTorch DLAMI for "dlami",
+    Canonical's Ubuntu 24.04 (no NVIDIA driver, no torch) for "ubuntu-24.04". Raises AwsError when
+    the region has none."""
+    if override or base == "dlami":
+        return resolve_ami(ssm, ec2, override)
+    try:
+        image_id = ssm.get_parameter(Name=UBUNTU_2404_PARAMETER)["Parameter"]["Value"]
+    except botocore.exceptions.ClientError as exc:
+        raise AwsError(f"Canonical's Ubuntu 24.04 image cannot be found ({UBUNTU_2404_PARAMETER}: {exc})",
+                       "pass --ami ami-... (an Ubuntu 24.04 image), or bake --from dlami")
+    return _describe(ec2, image_id, f"ssm:{UBUNTU_2404_PARAMETER}", "Canonical's Ubuntu 24.04 server image")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import botocore.exceptions
 
+from . import baked
 from . import instances as inst
 from . import placement
 from . import tags as T
@@ -70,7 +71,7 @@ def inventory(ec2, run_id: str | None = None, log=lambda msg: None) -> dict[str,
     """Everything the tool created (or one run) that still exists in the client's region, by kind.
 
     Keys: instances (live states), spot_requests (open/active), security_groups, key_pairs,
-    placement_groups; each
+    placement_groups, images and snapshots (of bakes that did not complete); each
     entry has ``id``, ``run_id`` and ``name`` (from the tags) and, for instances, ``state``.
     ``log`` hears what could not be listed (placement groups where that API is unavailable).
     """
@@ -85,6 +86,9 @@ def inventory(ec2, run_id: str | None = None, log=lambda msg: None) -> dict[str,
         "security_groups": [row(g, "GroupId") for g in find_security_groups(ec2, run_id)],
         "key_pairs": [row(k, "KeyName") for k in find_key_pairs(ec2, run_id)],
         "placement_groups": [row(g, "GroupName") for g in placement.find(ec2, run_id, log)],
+        # a bake's image not yet complete (Ctrl-C, a crash): never a complete one (`ec2gpu image rm`)
+        "images": [row(i, "ImageId", state=i.get("State")) for i in baked.images(ec2, run_id, complete=False)],
+        "snapshots": [row(s, "SnapshotId") for s in baked.incomplete_snapshots(ec2, run_id)],
     }
 
 
@@ -111,6 +115,10 @@ def delete_everything(ec2, found: dict[str, list[dict]], keys_dir, log=lambda ms
         log(f"deleting key pair {k['id']}")
         delete_key_pair(ec2, k["id"], keys_dir)
         removed["key_pairs"].append(k["id"])
+    for i in found.get("images", []):  # images first: EC2 refuses to delete a snapshot an image uses
+        baked.deregister(ec2, i["id"], log)
+        removed["images"].append(i["id"])
+    removed["snapshots"] = baked.delete_snapshots(ec2, [s["id"] for s in found.get("snapshots", [])], log)
     for g in found.get("placement_groups", []):
         log(f"deleting placement group {g['id']}")
         placement.delete(ec2, g["id"])

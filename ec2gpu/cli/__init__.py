@@ -21,7 +21,10 @@ app = typer.Typer(help="Rent a GPU on AWS EC2 for exactly as long as a training 
 train_app = typer.Typer(help="Train a built-in job on a new instance, then terminate it.", no_args_is_help=True)
 sandbox_app = typer.Typer(help="The local sandbox: moto's AWS server + one real sshd per instance.",
                           no_args_is_help=True)
+image_app = typer.Typer(help="Machine images that already hold a task's setup: bake, list, remove.",
+                        no_args_is_help=True)
 app.add_typer(train_app, name="train")
+app.add_typer(image_app, name="image")
 app.add_typer(sandbox_app, name="sandbox")
 
 
@@ -191,7 +194,10 @@ def _print_record(record: dict, as_json: bool) -> None:
     where = "this machine" if record.get("market") == "local" else \
         f"{record.get('instance_id')} {record['instance_type']} {record['market']} {record.get('zone') or ''}"
     rows = [("instance", where)]
-    if record.get("task") not in (None, "mnist"):  # a user's task: its exit and its own summary.json
+    if record.get("task") == "bake":  # an image bake: the image it made
+        rows.append(("image", f"{s.get('image_id', '-')} {s.get('name', '')} (task {s.get('task')}, from {s.get('base')}; "
+                              f"torch {s.get('torch_version')})" if s else "- (none made)"))
+    elif record.get("task") not in (None, "mnist"):  # a user's task: its exit and its own summary.json
         code = record.get("exit_status")
         rows += [("task", f"{record['task']}: " + (f"exit {code}" if code is not None else record.get("status", "?"))),
                  ("summary", json.dumps(s, default=str)[:200] if s else "- (the job wrote no summary.json)")]
@@ -215,6 +221,7 @@ from . import instances as _instances  # noqa: E402,F401  (registers launch, sca
 from . import access as _access  # noqa: E402,F401  (registers ssh, ssh-config, logs)
 from . import costs as _costs  # noqa: E402,F401  (registers prices, cost, runs)
 from . import bench as _bench  # noqa: E402,F401  (registers bench)
+from . import images as _images  # noqa: E402,F401  (registers image bake/ls/rm)
 from . import sandbox as _sandbox  # noqa: E402,F401  (registers sandbox up/down/status/interrupt/env)
 
 

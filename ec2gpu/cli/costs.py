@@ -171,7 +171,10 @@ def runs(ctx: typer.Context,
 
 
 def _result(r: dict) -> str:
-    """Test accuracy for the built-in MNIST job; the job's own summary.json otherwise (compact)."""
+    """Test accuracy for the built-in MNIST job; the image a bake made; the job's own summary.json
+    otherwise (compact)."""
+    if r.get("task") == "bake" and (r.get("summary") or {}).get("image_id"):
+        return f"image {r['summary']['image_id']} ({r['summary'].get('task')})"
     if r.get("test_acc") is not None:
         return f"acc {100 * r['test_acc']:.2f}%"
     if r.get("summary"):

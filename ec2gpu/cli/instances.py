@@ -266,8 +266,10 @@ def cleanup(dry_run: bool = typer.Option(False, "--dry-run", help="Only list wha
             region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
     """Find by tag and remove everything ec2gpu created.
 
-    Instances, spot requests, security groups, key pairs (and their local key files). Runs whose
-    controller died get their files brought home first (this region) and their bills settled."""
+    Instances, spot requests, security groups, key pairs (and their local key files), placement
+    groups, and the images and snapshots of bakes that did not complete (a complete baked image
+    stays: `ec2gpu image rm`). Runs whose controller died get their files brought home first (this
+    region) and their bills settled."""
     from ..aws import sweep
     from ..aws.session import Aws
 

@@ -59,7 +59,10 @@ def run_cmd(
                                          "private keys (never sent otherwise)."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Where outputs and logs come home (default runs/<run-id>/)."),
     ssh_cidr: Optional[str] = typer.Option(None, "--ssh-cidr", help="CIDR allowed to SSH (default: your public IP/32)."),
-    ami: Optional[str] = typer.Option(None, "--ami", help="AMI id (default: the PyTorch Deep Learning AMI)."),
+    ami: Optional[str] = typer.Option(None, "--ami", help="AMI id (default: the newest image baked for the task's "
+                                      "setup, else the PyTorch Deep Learning AMI)."),
+    no_baked: bool = typer.Option(False, "--no-baked", help="Boot the Deep Learning AMI even when an image baked for "
+                                  "this setup exists (`ec2gpu image ls`)."),
     region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
 ):
     """Run your own job on new GPU instances: send the workdir, set up, run, bring outputs home, terminate.
@@ -76,7 +79,7 @@ def run_cmd(
         nodes=nodes, env=_env_flags(env), secrets=secret, max_runtime=max_runtime, expect=expect, budget=budget,
         max_price=max_price, max_attempts=max_attempts, max_upload=_size(max_upload), include_secrets=include_secrets,
         out=out_dir, ssh_cidr=ssh_cidr, ami=ami, region=region, sandbox=_sandbox_flag(sandbox),
-        reporter=RichReporter(err), on_warning=_warn, as_typed=" ".join(["ec2gpu", *sys.argv[1:]]))
+        reporter=RichReporter(err), on_warning=_warn, as_typed=" ".join(["ec2gpu", *sys.argv[1:]]), baked=not no_baked)
     _print_record(record, as_json)
 
 

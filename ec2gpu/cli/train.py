@@ -26,7 +26,9 @@ KEEP_OPT = typer.Option(False, "--keep", help="Leave the instance running afterw
 OUT_DIR_OPT = typer.Option(None, "--out", help="Where artifacts go (default runs/<run-id>/).")
 LOCAL_OPT = typer.Option(False, "--local", help="Train on this machine instead (needs torch).")
 SSH_CIDR_OPT = typer.Option(None, "--ssh-cidr", help="CIDR allowed to SSH (default: your public IP/32).")
-AMI_OPT = typer.Option(None, "--ami", help="AMI id (default: the AWS Deep Learning AMI, PyTorch).")
+AMI_OPT = typer.Option(None, "--ami", help="AMI id (default: the newest image baked for mnist, "
+                       "`ec2gpu image bake mnist`, else the AWS Deep Learning AMI, PyTorch).")
+NO_BAKED_OPT = typer.Option(False, "--no-baked", help="Boot the Deep Learning AMI even when a baked image exists.")
 MAX_RUNTIME_OPT = typer.Option(None, "--max-runtime", min=1, help="Minutes after which the instance "
                                "shuts itself down (= terminates), whatever happens to this command "
                                "(default 120; --keep needs it given explicitly).")
@@ -59,7 +61,7 @@ def train_mnist(
     instance_type: str = INSTANCE_TYPE_OPT, spot: bool = SPOT_OPT, spot_fallback: Optional[str] = SPOT_FALLBACK_OPT,
     model: str = MODEL_OPT, epochs: Optional[int] = EPOCHS_OPT, seed: int = SEED_OPT, keep: bool = KEEP_OPT,
     out_dir: Optional[Path] = OUT_DIR_OPT, local: bool = LOCAL_OPT, ssh_cidr: Optional[str] = SSH_CIDR_OPT,
-    ami: Optional[str] = AMI_OPT, max_runtime: Optional[int] = MAX_RUNTIME_OPT,
+    ami: Optional[str] = AMI_OPT, no_baked: bool = NO_BAKED_OPT, max_runtime: Optional[int] = MAX_RUNTIME_OPT,
     data_dir: Optional[str] = DATA_DIR_OPT, trainer_arg: List[str] = TRAINER_ARG_OPT,
     budget: Optional[float] = BUDGET_OPT, max_price: Optional[float] = MAX_PRICE_OPT,
     on_cluster: Optional[str] = ON_CLUSTER_OPT, nodes: int = NODES_OPT,
@@ -91,7 +93,7 @@ def train_mnist(
         instance_type="g4dn.xlarge" if instance_type is None else instance_type, budget_usd=budget,
         max_price=max_price, spot_fallback=spot_fallback,
         max_attempts=max_attempts, checkpoint_uri=checkpoint_uri, unreachable_s=unreachable_after, nodes=nodes,
-        command=" ".join(["ec2gpu"] + sys.argv[1:]) if sys.argv[0].endswith("ec2gpu") else "ec2gpu train mnist")
+        baked=not no_baked, command=" ".join(["ec2gpu"] + sys.argv[1:]) if sys.argv[0].endswith("ec2gpu") else "ec2gpu train mnist")
     ui = RichReporter(err)
     if local:
         from ..settings import load

@@ -182,7 +182,9 @@ def setup_node(nd, job: TaskJob, log) -> None:
     marker = f"$HOME/.ec2gpu/setup-done/{setup_hash(task)}"
     done = nd.conn.run(f"cat {marker} 2>/dev/null", hide=True, warn=True, in_stream=False)
     if done.ok and done.stdout.strip():
-        log(f"setup unchanged since it ran on this instance at {done.stdout.strip()}: skipped")
+        said = done.stdout.strip()
+        log(f"setup skipped: it ran at {said}" if "baked into image" in said else
+            f"setup unchanged since it ran on this instance at {said}: skipped")
         return
     python = str(nd.info.get("python") or "python3")
     script = (f"cd {shlex.quote(workdir_of(nd.run_dir, job))} || exit 1; "

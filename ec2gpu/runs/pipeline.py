@@ -55,6 +55,8 @@ class TrainOptions:
     task: object | None = None  # engine.TaskJob: a user's task (`ec2gpu run`) instead of the built-in trainer
     expect_minutes: float | None = None  # a task's expected job time (--expect), when the ledger has none
     idle: object | None = None  # aws.instances.IdleRule: a standing instance stops or ends itself when idle
+    baked: bool = True  # launch from the newest image baked for the task's setup, when there is one
+    bake: object | None = None  # bake.BakePlan: this run makes an image (`ec2gpu image bake`) instead of a job
 
     @property
     def attempts_allowed(self) -> int:
@@ -174,7 +176,10 @@ def check_estimate(aws: Aws, settings: Settings, opts: TrainOptions, backend: st
     first), or when ``opts.max_price`` is below the spot price in every zone. Creates nothing."""
     if opts.max_price is not None and not opts.spot:
         raise UsageError("--max-price applies to spot instances only", "add --spot, or drop --max-price")
-    if opts.task is not None and opts.task.builtin != "mnist":
+    if opts.bake is not None:
+        est = costs.estimate_job(aws, settings.home, opts.instance_types[0], opts.spot, opts.bake.minutes * 60,
+                                 opts.bake.minutes_source, backend, opts.max_price)
+    elif opts.task is not None and opts.task.builtin != "mnist":
         minutes, source = costs.estimate_minutes(settings.home, opts.task, opts.instance_types[0], opts.expect_minutes,
                                                   backend)
         est = costs.estimate_job(aws, settings.home, opts.instance_types[0], opts.spot, minutes * 60, source, backend,
@@ -190,7 +195,7 @@ def check_estimate(aws: Aws, settings: Settings, opts: TrainOptions, backend: st
             f"{'?' if est.usd_per_hour is None else f'{est.usd_per_hour:.4f}'} USD/h"
             f"{f' x {opts.nodes} nodes' if opts.nodes > 1 else ''} ({est.price_source}); "
             f"boot {est.boot_seconds:.0f} s, setup {est.setup_seconds:.0f} s, "
-            f"{'training' if opts.task is None or opts.task.builtin == 'mnist' else 'job'} {est.train_seconds:.0f} s, "
+            f"{'bake' if opts.bake else 'training' if opts.task.builtin == 'mnist' else 'job'} {est.train_seconds:.0f} s, "
             f"teardown {est.teardown_seconds:.0f} s [{est.time_source}]")
     if est.train_seconds > opts.max_runtime_minutes * 60:  # it would end itself first (user data's shutdown)
         raise UsageError(f"the estimate says the job needs ~{est.train_seconds / 60:,.0f} min, longer than "
@@ -255,10 +260,10 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, backen
                 f"<= {checked['value']:g}")
     run_id = new_run_id()
     out = Path(opts.out or Path("runs") / run_id).resolve()
-    prov = provision.Provisioned(run_id)
-    mnist = opts.task.builtin == "mnist"
+    prov = provision.Provisioned(run_id, bake=opts.bake is not None)
+    mnist = opts.task.builtin == "mnist" and opts.bake is None
     record = run_record.new(run_id, opts.command, backend.name, out, instance_type=itype.name, gpu=itype.gpu,
-                            market="spot" if opts.spot else "on-demand", task=opts.task.name,
+                            market="spot" if opts.spot else "on-demand", task="bake" if opts.bake else opts.task.name,
                             model=opts.model if mnist else None, epochs=opts.epochs if mnist else None,
                             region=aws.region, estimated_cost_usd=est.cost_usd, estimate=est.as_dict())
     _ledger(settings, record, ui)
@@ -354,9 +359,10 @@ def _run_attempts(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str,
 
     Raises recovery.AttemptsExhausted when the last attempt allowed is interrupted too.
     """
-    from . import engine, recovery
+    from . import bake, engine, recovery
 
     attempts = record["attempts"]
+    attempt = bake.bake_attempt if opts.bake is not None else engine.run_attempt
     checkpoints = recovery.DirCheckpoints(remote="", local=out / "checkpoints", log=ui.note,
                                           **recovery.s3_home(aws, opts.checkpoint_uri, run_id))
     avoid: list[str] = []
@@ -375,7 +381,7 @@ def _run_attempts(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str,
                       launched_at=prov.instances[0]["LaunchTime"].isoformat())
         _ledger(settings, record, ui)
         try:
-            return engine.run_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, backend, n, checkpoints)
+            return attempt(aws, settings, opts, run_id, ui, prov, nodes, out, backend, n, checkpoints)
         except recovery.Interrupted as why:
             ui.note(f"attempt {n} interrupted on {', '.join(a['instance_id'] for a in mine)} "
                     f"({mine[0]['zone']}): {why.reason}")

@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..aws import capacity, images, instances, network, placement, sweep
+from ..aws import baked, capacity, images, instances, network, placement, sweep
 from ..aws.session import Aws
 from ..settings import Settings
 from . import costs
@@ -29,6 +29,7 @@ class Provisioned:
     security_group_id: str | None = None
     placement_group: str | None = None
     ami: dict | None = None
+    bake: bool = False  # an image bake: teardown also removes the run's incomplete image and snapshots
     instances: list[dict] = field(default_factory=list)  # every instance of the run, in launch order
     ended: set[str] = field(default_factory=set)  # those already terminated (interrupted attempts)
 
@@ -48,7 +49,7 @@ def provision(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, ui:
     name = opts.name or f"ec2gpu-{run_id}"
     if prov.key_name is None:
         cidr = network.ssh_cidr(opts.ssh_cidr)
-        prov.ami = images.resolve_ami(aws.client("ssm"), ec2, opts.ami)
+        prov.ami = choose_image(aws, opts)
         ui.note(f"AMI {prov.ami['ImageId']} ({prov.ami['Name']}): {prov.ami['why']}, via {prov.ami['source']}; "
                 f"SSH allowed from {cidr}")
     ami = prov.ami
@@ -85,6 +86,26 @@ def provision(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, ui:
     return [running[i] for i in ids]
 
 
+def choose_image(aws: Aws, opts: TrainOptions) -> dict:
+    """The image to launch (as images.resolve_ami returns it): a bake's base image; else ``--ami``;
+    else the newest complete image baked for this task's setup in the region (found by its
+    ec2gpu:setup-hash tag) unless ``opts.baked`` is off; else the Deep Learning AMI."""
+    ssm, ec2 = aws.client("ssm"), aws.ec2
+    if opts.bake is not None:
+        return images.resolve_base(ssm, ec2, opts.bake.base, opts.ami)
+    if not opts.ami and opts.baked and opts.task is not None:
+        from .bake import bake_key
+        found = baked.newest_for(ec2, bake_key(opts.task))
+        if found:
+            tg = {t["Key"]: t["Value"] for t in found.get("Tags", [])}
+            return {"ImageId": found["ImageId"], "Name": found.get("Name", ""),
+                    "RootDeviceName": found.get("RootDeviceName", "/dev/sda1"), "baked": True,
+                    "source": f"tag {baked.SETUP_HASH}={tg.get(baked.SETUP_HASH, '')[:12]}...",
+                    "why": f"image baked for this task's setup on {found.get('CreationDate', '?')[:10]} "
+                           f"(torch {tg.get(baked.VERSIONS['torch_version'], '?')}; --no-baked boots the DLAMI)"}
+    return images.resolve_ami(ssm, ec2, opts.ami)
+
+
 def teardown(aws: Aws, settings: Settings, prov: Provisioned, ui: Reporter) -> dict:
     """Terminate the run's instances (waiting), delete its security group, key pair and placement
     group: each step tried on its own, best-effort. Never raises (an exception here would hide the
@@ -98,7 +119,8 @@ def teardown(aws: Aws, settings: Settings, prov: Provisioned, ui: Reporter) -> d
     def on_sigint(*_):
         ui.note("cleanup is under way; if you stop it, finish by hand with `ec2gpu cleanup`")
     previous = signal.signal(signal.SIGINT, on_sigint) if _main_thread() else None
-    removed: dict = {"instances": [], "security_groups": [], "key_pairs": [], "placement_groups": [], "failed": []}
+    removed: dict = {"instances": [], "security_groups": [], "key_pairs": [], "placement_groups": [], "images": [],
+                     "snapshots": [], "failed": []}
 
     def step(what: str, fn) -> bool:
         try:
@@ -125,6 +147,8 @@ def teardown(aws: Aws, settings: Settings, prov: Provisioned, ui: Reporter) -> d
                     removed["security_groups"] = [prov.security_group_id]
             if prov.key_name and step("key pair", lambda: network.delete_key_pair(ec2, prov.key_name, settings.keys_dir)):
                 removed["key_pairs"] = [prov.key_name]
+            if prov.bake:  # an image not yet complete, and snapshots no image holds: never kept
+                step("image", lambda: _remove_image(ec2, prov.run_id, removed, ui.note))
             if prov.placement_group and gone and step("placement group", lambda: placement.delete(ec2, prov.placement_group)):
                 removed["placement_groups"] = [prov.placement_group]
     finally:
@@ -138,6 +162,12 @@ def teardown(aws: Aws, settings: Settings, prov: Provisioned, ui: Reporter) -> d
         ui.note(f"may still exist (and bill, for instances): {left}; `ec2gpu cleanup --region {aws.region}` removes "
                 f"them once AWS answers (they carry the ec2gpu:run tag {prov.run_id})")
     return removed
+
+
+def _remove_image(ec2, run_id: str, removed: dict, log) -> None:
+    gone = baked.remove_incomplete(ec2, run_id, log)
+    removed["images"] = [i for i in gone if i.startswith("ami-")]
+    removed["snapshots"] = [i for i in gone if not i.startswith("ami-")]
 
 
 def leftovers(prov: Provisioned, removed: dict) -> str:

@@ -2,14 +2,15 @@
 
 Two stand-in images (the Ubuntu 22.04 and 24.04 PyTorch DLAMIs) in moto's image list, and the SSM
 public parameters that name them under /aws/service/deeplearning/ami/x86_64/, which moto does not
-have. An instance launched from either is the same sandbox instance: what differs is only which
+have; and Canonical's Ubuntu 24.04 under its parameter (`ec2gpu image bake --from ubuntu-24.04`). An instance launched from either is the same sandbox instance: what differs is only which
 one the tool picks, and why.
 """
 from __future__ import annotations
 
-from ..aws.images import DLAMI_PATH
+from ..aws.images import DLAMI_PATH, UBUNTU_2404_PARAMETER
 
 OWNER = "898082745236"  # the account that publishes the DLAMIs
+CANONICAL = "099720109477"  # Canonical's account (its Ubuntu images)
 
 
 def _image(ami_id: str, torch: str, ubuntu: str, date: str) -> dict:
@@ -29,6 +30,11 @@ IMAGES = {
         _image("ami-0ec29b0d1a0000001", "2.7", "22.04", "20251101"),
     f"{DLAMI_PATH}/oss-nvidia-driver-gpu-pytorch-2.9-ubuntu-24.04/latest/ami-id":
         _image("ami-0ec29b0d1a0002404", "2.9", "24.04", "20261101"),
+    UBUNTU_2404_PARAMETER: {
+        **_image("ami-0ca0ca1ca12404000", "-", "24.04", "20261101"), "owner_id": CANONICAL,
+        "image_location": "amazon/ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-20261101",
+        "name": "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-20261101",
+        "description": "ec2gpu sandbox stand-in for Canonical, Ubuntu, 24.04, amd64 noble image (no NVIDIA driver)"},
 }
 
 
@@ -43,7 +49,7 @@ def install_parameters() -> None:
 
     def check_loading_status(self, key: str) -> None:
         original(self, key)
-        if key.startswith("/aws/service/deeplearning") and not getattr(self, "_ec2gpu_dlami", False):
+        if key.startswith(("/aws/service/deeplearning", "/aws/service/canonical")) and not getattr(self, "_ec2gpu_dlami", False):
             self._ec2gpu_dlami = True
             for name, image in IMAGES.items():
                 defaultdict.__getitem__(self, name).append(Parameter(  # not self[name]: that would recurse

@@ -9,6 +9,8 @@ break on AWS. In this mode the sandbox behaves the way EC2 does, in the places t
 - **boot**: its sshd answers ``sshd_delay_s`` after it is running, and cloud-init prints the host
   key fingerprints to the console ``console_delay_s`` after that (they come in cloud-init's final
   stage, after sshd is up);
+- **images**: an image CreateImage made stays ``pending`` for ``image_pending_s`` (EC2 snapshots
+  the volume meanwhile: minutes there), so the image_available waiter really waits;
 - **eventual consistency**: the first describe, tag or use of a resource created less than
   ``fresh_s`` ago answers ``InvalidInstanceID.NotFound`` / ``InvalidGroup.NotFound`` /
   ``InvalidKeyPair.NotFound`` with probability ``not_found_p``
@@ -43,6 +45,7 @@ class Behaviour:
     pending_s: float = 2.0
     sshd_delay_s: float = 1.0
     console_delay_s: float = 2.5
+    image_pending_s: float = 3.0  # CreateImage: pending this long, then available (sandbox/images.py)
     fresh_s: float = 15.0
     not_found_p: float = 0.5
     throttle_p: float = 0.03

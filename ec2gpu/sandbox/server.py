@@ -21,11 +21,12 @@ import signal
 import sys
 import threading
 import time
+import uuid
 from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
 
-from . import cloudinit, console, dlami, imds, likeaws, sshd
+from . import cloudinit, console, dlami, images, imds, likeaws, sshd
 
 def write_json(path: Path, data: dict) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
@@ -170,7 +171,9 @@ class Sandbox:
         from . import market  # moto is imported after MOTO_AMIS_PATH: it reads it on import
         market.install()  # a simulated spot market instead of moto's 0.00001 USD/h
         market.install_spot_role()  # the first spot request creates AWSServiceRoleForEC2Spot, as on EC2
-        dlami.install_parameters()  # the DLAMIs' SSM public parameters
+        dlami.install_parameters()  # the DLAMIs' and Canonical's SSM public parameters
+        images.install(self.state_dir,  # CreateImage keeps the builder's home; reboots reboot
+                       pending_s=self.like_aws.image_pending_s if self.like_aws else 0.0)
         console.install(self.state_dir / "instances",  # cloud-init's host key fingerprints
                         delay_s=self.like_aws.console_delay_s if self.like_aws else 0.0)
         middleware = None
@@ -244,7 +247,12 @@ class Sandbox:
         env = {**self.instance_env, "PATH": f"{sbin}:{self.instance_env.get('PATH', os.environ['PATH'])}",
                "EC2GPU_IMDS_ENDPOINT": f"{self.imds_url}/{iid}", "EC2GPU_SANDBOX_CONTROL": self.control_url,
                # the instance's own state directory and console (ami/idle-watch.sh; console.py shows it)
-               "EC2GPU_STATE_DIR": str(directory / "state"), "EC2GPU_CONSOLE": str(directory / console.CONSOLE_LOG)}
+               "EC2GPU_STATE_DIR": str(directory / "state"), "EC2GPU_CONSOLE": str(directory / console.CONSOLE_LOG),
+               "EC2GPU_BOOT_ID_FILE": str(directory / "boot_id")}  # a new id each boot, as the kernel's
+        if iid not in self.booted:  # launched from an image made here: its disk holds what the builder's did
+            images.seed_home(self.state_dir, inst.image_id, directory / "home")
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "boot_id").write_text(f"{uuid.uuid4()}\n")
         host = f"127.0.0.{self.next_address}"
         self.next_address = 2 if self.next_address >= 254 else self.next_address + 1
         self.instances[iid] = sshd.start(iid, directory, host, key, env)
@@ -270,7 +278,8 @@ class Sandbox:
                 changed = True
         for iid in [i for i in self.running_since if i not in running]:
             del self.running_since[iid]
-        for iid in [i for i in self.instances if i not in running]:
+        rebooted = images.rebooted()  # RebootInstances: the OS goes down and comes up again (next tick)
+        for iid in [i for i in self.instances if i not in running or i in rebooted]:
             s = self.instances.pop(iid)
             sshd.stop(s.pid, iid)
             timer = self.shutdowns.pop(iid, None)  # a `shutdown +N` does not survive the OS stopping

@@ -158,3 +158,34 @@ def copy_to(directory: Path, source: Path) -> None:
             if path.exists():
                 shutil.copy2(path, directory / path.name)
                 break
+
+
+def prefetch(source: str | os.PathLike | None = None, directory: Path = DEFAULT_CACHE) -> Path:
+    """Put MNIST in ``directory`` (the cache the trainer reads when given no --data-dir): copied from
+    ``source`` when given, else downloaded from the mirrors; then every file's md5 is checked.
+    `ec2gpu image bake` runs it so an image holds the data set. Returns the directory; raises
+    DataError as load does."""
+    if source:
+        if not Path(source).is_dir():
+            raise DataError(f"data directory {source} does not exist or is not a directory")
+        copy_to(directory, Path(source))
+    else:
+        download(directory)
+    for name in FILES:
+        load_file(directory, name)
+    return directory
+
+
+if __name__ == "__main__":  # python -m ec2gpu.train.data --prefetch [--data-dir DIR]
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(description="put MNIST in the trainer's cache, checked")
+    parser.add_argument("--prefetch", action="store_true", required=True)
+    parser.add_argument("--data-dir", help="copy from this directory instead of downloading")
+    args, _ = parser.parse_known_args()
+    try:
+        print(f"MNIST in {prefetch(args.data_dir)} (md5 checked)")
+    except DataError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)

@@ -7,6 +7,7 @@ import pytest
 
 from ec2gpu import cli
 from ec2gpu.aws.session import Aws
+from ec2gpu.runs import bake
 
 pytestmark = pytest.mark.e2e
 POLICY = Path(__file__).resolve().parents[2] / "docs" / "iam-policy.json"
@@ -29,6 +30,12 @@ def test_every_operation_of_launch_train_and_cleanup_is_in_the_policy(sandbox_en
             c._recording = True
         return c
     monkeypatch.setattr(Aws, "client", client)
+    task = tmp_path / "task.yaml"
+    task.write_text("name: iam\nworkdir: .\nsetup: 'true'\nrun: 'true'\n")
+    (tmp_path / "ami").mkdir()  # a driver install that asks for one reboot (no GPU here): RebootInstances too
+    (tmp_path / "ami" / "install-cuda.sh").write_text('[ -f "$HOME/b" ] && exit 0; touch "$HOME/b"; exit 100\n')
+    (tmp_path / "ami" / "clean-for-image.sh").write_text((bake.AMI_DIR / "clean-for-image.sh").read_text())
+    monkeypatch.setattr(bake, "AMI_DIR", tmp_path / "ami")
     for argv in (["prices", "--sandbox"], ["cost", "--sandbox", "--spot"],
                  ["train", "mnist", "--sandbox", "--trainer-arg=--train-subset=2000"],
                  ["train", "mnist", "--sandbox", "--nodes", "2", "--trainer-arg=--train-subset=2000"],
@@ -40,12 +47,16 @@ def test_every_operation_of_launch_train_and_cleanup_is_in_the_policy(sandbox_en
                  ["start", "iamd", "--sandbox"], ["down", "iamd", "--sandbox"],
                  ["launch", "--sandbox", "--nodes", "2", "--name", "iamc"], ["scale", "iamc", "3", "--sandbox"],
                  ["scale", "iamc", "1", "--sandbox"], ["down", "iamc", "--sandbox"],
+                 ["image", "bake", str(task), "--sandbox", "--from", "ubuntu-24.04", "--name", "iam-image"],
+                 ["image", "ls", "--sandbox"], ["image", "rm", "iam-image", "--sandbox"],
                  ["cleanup", "--sandbox", "--dry-run"], ["cleanup", "--sandbox"], ["down", "--all", "--sandbox"]):
         assert cli.main(argv) == 0, argv
     capsys.readouterr()
     assert {"ec2:RunInstances", "ec2:TerminateInstances", "ec2:GetConsoleOutput", "sts:GetCallerIdentity",
             "ec2:CreatePlacementGroup", "ec2:CreateTags", "ec2:DescribePlacementGroups", "iam:GetRole",
-            "ssm:GetParametersByPath", "ec2:StopInstances", "ec2:StartInstances", "ec2:DescribeVolumes"} <= called
+            "ssm:GetParametersByPath", "ec2:StopInstances", "ec2:StartInstances", "ec2:DescribeVolumes", "ec2:CreateImage",
+            "ec2:DeregisterImage", "ec2:DeleteSnapshot", "ec2:DescribeSnapshots", "ec2:RebootInstances",
+            "ssm:GetParameter"} <= called
     patterns = allowed_actions()
     missing = sorted(a for a in called if not any(fnmatch.fnmatchcase(a, p) for p in patterns))
     assert not missing, f"called but not allowed by {POLICY.name}: {missing}"

@@ -196,7 +196,9 @@ def test_the_shell_shipped_to_instances_passes_shellcheck(tmp_path):
     start = tmp_path / "start.sh"
     start.write_text("#!/bin/bash\n" + stopstart.RESUME_IDLE_WATCH + "\n" + stopstart.schedule_shutdown_command(5) + "\n")
     done = subprocess.run(["shellcheck", str(setup.script_path()), str(job), str(data), str(start),
-                           str(setup.script_path().parent / "idle-watch.sh")], capture_output=True, text=True)
+                           *[str(setup.script_path().parent / f) for f in ("idle-watch.sh", "install-cuda.sh",
+                                                                             "clean-for-image.sh")]],
+                          capture_output=True, text=True)
     assert done.returncode == 0, done.stdout
 
 

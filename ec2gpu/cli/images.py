@@ -1,0 +1,90 @@
+"""`ec2gpu image bake|ls|rm`: machine images that already hold a task's setup (runs/bake.py)."""
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import typer
+
+from . import JSON, REGION, SANDBOX, RichReporter, _print_record, _sandbox_flag, err, image_app, out, render_json
+
+
+@image_app.command("bake")
+def bake_cmd(
+    task: str = typer.Argument(..., help="A task file (task.yaml), or mnist for the built-in job."),
+    instance_type: Optional[str] = typer.Option(None, "--instance-type", "-t", help="The builder's type (default: "
+                                                "the task's, else g4dn.xlarge); the image runs on every type."),
+    base: str = typer.Option("dlami", "--from", help="dlami (the PyTorch Deep Learning AMI: driver and torch "
+                             "inside) or ubuntu-24.04 (Canonical's image: the NVIDIA driver and torch installed)."),
+    name: Optional[str] = typer.Option(None, "--name", help="The image's name (default ec2gpu-<task>-<hash>-<time>)."),
+    spot: bool = typer.Option(False, "--spot", help="Build on a spot instance."),
+    ssh_cidr: Optional[str] = typer.Option(None, "--ssh-cidr", help="CIDR allowed to SSH (default: your public IP/32)."),
+    ami: Optional[str] = typer.Option(None, "--ami", help="Start from this AMI instead of --from's."),
+    region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
+):
+    """Make an image holding a task's setup; its runs then launch from it and skip that setup.
+
+    A builder instance runs the machine setup, the task's setup and (for mnist) the data download,
+    is cleaned of keys, histories and credentials, and imaged (CreateImage); the image and its
+    snapshots are tagged with the setup's hash, torch, CUDA and driver versions, and the builder is
+    terminated. Ctrl-C or an error leaves no builder, no half-made image and no snapshot."""
+    from .. import api
+    record = api.bake(task, base=base, name=name, instance_type=instance_type, spot=spot, ssh_cidr=ssh_cidr, ami=ami,
+                      region=region, sandbox=_sandbox_flag(sandbox), reporter=RichReporter(err),
+                      on_warning=lambda text: err.print(f"[yellow]warning:[/] {text}", highlight=False),
+                      as_typed=" ".join(["ec2gpu", *sys.argv[1:]]))
+    _print_record(record, as_json)
+
+
+@image_app.command("ls")
+def ls_cmd(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
+    """List the baked images of the region: what is inside, snapshot GiB and USD per month."""
+    from rich import box
+    from rich.table import Table
+
+    from ..aws import baked
+    from ..backend import Context
+    from ..runs import bake
+    with Context(region, _sandbox_flag(sandbox)) as ctx:
+        ctx.aws.check_credentials()
+        rows = bake.listing(ctx.aws)
+    if as_json:
+        render_json(rows)
+        return
+    if not rows:
+        out.print("no baked images here; make one with `ec2gpu image bake task.yaml`")
+        return
+    t = Table(title=f"baked images in {ctx.aws.region}", box=box.SIMPLE_HEAD)
+    for col in ("name", "image", "created", "GiB", "$/month"):
+        if col in ("name", "image"):  # what a user copies (`image rm`): never cut, never wrapped
+            key = "name" if col == "name" else "image_id"
+            t.add_column(col, no_wrap=True, min_width=max(len(r[key] or "") for r in rows))
+        else:
+            t.add_column(col, no_wrap=True, justify="right" if col in ("GiB", "$/month") else "left")
+    for r in rows:
+        t.add_row(r["name"], r["image_id"], (r["created"] or "")[:10], f"{r['snapshot_gib']:g}",
+                  f"{r['usd_per_month']:.2f}")
+    out.print(t)
+    for r in rows:  # what is inside, a line each (it would crowd the table's columns)
+        inside = ", ".join([f"task {r['task']} from {r['base']}", f"torch {r['torch'] or '-'}"]
+                           + [f"{k} {r[k.lower()]}" for k in ("CUDA", "driver") if r.get(k.lower())])
+        out.print(f"{r['name']}: {inside}", highlight=False)
+    if any(r["size_basis"] != "stored bytes" for r in rows):
+        out.print("[dim]GiB: the snapshot's volume size where EC2 does not report its stored bytes (an upper bound)[/]")
+    out.print(f"[dim]$/month: snapshot storage at {baked.SNAPSHOT_USD_PER_GB_MONTH} USD per GB-month (EBS standard "
+              "tier, us-east-1, https://aws.amazon.com/ebs/pricing/)[/]")
+
+
+@image_app.command("rm")
+def rm_cmd(image: str = typer.Argument(..., help="The image's name or AMI id (see `ec2gpu image ls`)."),
+           region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
+    """Deregister a baked image and delete its snapshots."""
+    from ..backend import Context
+    from ..runs import bake
+    with Context(region, _sandbox_flag(sandbox)) as ctx:
+        ctx.aws.check_credentials()
+        done = bake.remove(ctx.aws, image, log=lambda m: err.print(f"[dim]{m}[/]", highlight=False))
+    if as_json:
+        render_json(done)
+    else:
+        out.print(f"removed image {done['image_id']} ({done['name']}) and snapshots {', '.join(done['snapshots']) or '-'}")

@@ -1,0 +1,239 @@
+"""`ec2gpu image bake|ls|rm`: machine images that already hold a task's setup, so its runs start sooner.
+
+A bake is a run (pipeline.py: estimate, provision, teardown in ``finally``, bill, ledger with task
+"bake") whose attempt, instead of a job, makes an image of its builder instance:
+
+  SSH -> [bare Ubuntu: ami/install-cuda.sh, an EC2 reboot when the driver needs one, again]
+  -> machine setup (ami/setup-gpu.sh) -> workdir up -> the task's setup -> pre-fetch (MNIST for the
+  built-in task) -> ami/clean-for-image.sh -> CreateImage (image and snapshots tagged, ec2gpu:bake
+  incomplete) -> the image_available waiter -> tagged complete -> the builder terminated.
+
+Whatever stops it (an error, Ctrl-C) before the image is complete, teardown deregisters the image
+and deletes its snapshots (provision.teardown, aws/baked.remove_incomplete). A run whose task has
+the same bake key launches from the newest complete image (provision.choose_image): setup-gpu.sh
+then trusts the baked setup.json ($HOME/.ec2gpu/baked-setup.json) and the task's setup finds its
+marker ($HOME/.ec2gpu/setup-done/<hash>) and is skipped.
+"""
+from __future__ import annotations
+
+import hashlib
+import shlex
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from ..aws import baked, images
+from ..errors import RemoteError, UsageError, WaitTimeout
+
+AMI_DIR = Path(__file__).resolve().parents[1] / "ami"
+#: exit status of ami/install-cuda.sh: the driver is installed and loads after a reboot
+REBOOT_NEEDED = 100
+#: Minutes a bake is assumed to take before the ledger has one (an estimate's basis, said with it):
+#: not measured on AWS (no account here). On the DLAMI, setup is checks and the task's own setup;
+#: on bare Ubuntu the driver (apt, DKMS build) and torch's wheels come first. CreateImage of a
+#: 100 GiB gp3 root takes several minutes (it snapshots the volume).
+ASSUMED_MINUTES = {"dlami": 15.0, "ubuntu-24.04": 30.0}
+
+
+@dataclass
+class BakePlan:
+    """What a bake makes: the image's name, its base, and its key (``bake_key``)."""
+
+    name: str
+    base: str  # one of aws.images.BASES
+    key: str
+    minutes: float  # the bake's expected time (its estimate)
+    minutes_source: str
+    data_dir: str | None = None  # pre-fetch MNIST from this directory (on the instance) instead of downloading
+    image_timeout_s: float = 1800.0
+    image_delay_s: float = 15.0  # the waiter's poll interval (s): the sandbox polls faster
+
+
+def bake_key(job) -> str:
+    """What a baked image is matched on (pure): sha256 of the built-in task's name (its pre-fetched
+    data) and the task's setup text. Tag ec2gpu:setup-hash."""
+    return hashlib.sha256(f"{job.builtin or ''}\n{job.task.setup or ''}".encode()).hexdigest()
+
+
+def plan(job, base: str, name: str | None, home: Path, backend: str, instance_type: str, sandbox: bool,
+         data_dir: str | None = None) -> BakePlan:
+    """The bake of ``job`` from ``base``; its name defaults to <task>-<UTC time> (AMI names are unique
+    per account and region).
+    The expected minutes: the mean of past completed bakes on ``instance_type`` (ledger), else
+    ASSUMED_MINUTES. Raises UsageError for an unknown base or a bad name."""
+    from ..aws import tags
+    from . import ledger
+    if base not in images.BASES:
+        raise UsageError(f"--from {base!r} is not known", f"use one of: {', '.join(images.BASES)}")
+    key = bake_key(job)
+    name = tags.check_name(name) if name else f"{job.name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
+    past = [r for r in ledger.runs(home, backend=backend, limit=200, tolerant=True)
+            if r.get("task") == "bake" and r.get("instance_type") == instance_type and r["status"] == "completed"]
+    if past:
+        minutes = sum(sum((r.get("phases") or {}).values()) for r in past) / len(past) / 60
+        source = f"mean of {len(past)} past bake(s) on {instance_type} (ledger)"
+    else:
+        minutes, source = ASSUMED_MINUTES[base], f"assumed {ASSUMED_MINUTES[base]:g} min for a bake from {base}"
+    return BakePlan(name, base, key, minutes, source, data_dir=data_dir, image_delay_s=1.0 if sandbox else 15.0)
+
+
+def bake_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[dict], local_out: Path, backend,
+                 n: int, checkpoints) -> dict:
+    """The attempt of a bake on its builder (pipeline._run_attempts calls it for ``opts.bake``);
+    returns the bake's summary: the image's id, name, key, base, versions and snapshots. Raises
+    RemoteError when the driver install, the setup or the cleaning fails, AwsError or WaitTimeout
+    when the image does not become available: teardown then removes the half-made image."""
+    from ..remote import ssh_config as sc
+    from . import engine
+    from . import nodes as N
+
+    job, bp = opts.task, opts.bake
+    nd = N.Node(0, instances_[0])
+    config = settings.home / "ssh" / f"{run_id}.config"
+    try:
+        with ui.phase("waiting for SSH"):
+            N.open_node(nd, aws, settings, prov, run_id, backend, ui.note)
+        if bp.base == "ubuntu-24.04":
+            with ui.phase("driver"):
+                install_driver(aws, nd, backend, ui.note)
+        # rsync's ssh_config, written after any reboot (a sandbox instance's sshd moves on one)
+        sc.write(config, sc.render([sc.HostEntry((nd.instance_id,), nd.host, nd.port, settings.ssh_user,
+                                                 prov.key_path, settings.home / "known_hosts" / nd.instance_id)], config))
+        with ui.phase("setup"):
+            N.prepare_node(nd, ui.note)
+        with ui.phase("upload"):
+            engine.upload_node(nd, job, config, run_id, [backend.private_address(nd.instance)], False, None, ui.note)
+        with ui.phase("setup"):
+            engine.setup_node(nd, job, ui.note)
+            prefetch(nd, job, bp, ui.note)
+            keep_setup(nd, bp.name, ui.note)
+        with ui.phase("cleaning"):
+            run_script(nd, "clean-for-image.sh", [], ui.note)
+        return make_image(aws, settings, nd, job, bp, prov, run_id, ui)
+    finally:
+        nd.close()
+        config.unlink(missing_ok=True)
+
+
+def run_script(nd, script: str, args: list[str], log, ok=(0,)) -> int:
+    """Upload ami/SCRIPT to the node's run directory and run it, its lines to ``log``; its exit
+    status when in ``ok``, else RemoteError with its last lines."""
+    from .engine import TAIL_LINES, _LineWriter
+    nd.conn.run(f"mkdir -p {shlex.quote(nd.run_dir)}", hide=True, in_stream=False)
+    nd.conn.put(str(AMI_DIR / script), f"{nd.run_dir}/{script}")
+    out = _LineWriter(log)
+    result = nd.conn.run(" ".join(["bash", shlex.quote(f"{nd.run_dir}/{script}"), *map(shlex.quote, args)]),
+                         hide=True, warn=True, in_stream=False, out_stream=out, err_stream=out, timeout=3600)
+    out.flush()
+    if result.exited not in ok:
+        tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-TAIL_LINES:])
+        raise RemoteError(f"{script} on {nd.instance_id} exited {result.exited}", "its output is shown above",
+                          command=script, host=nd.host, exit_status=result.exited, tail=tail)
+    return result.exited
+
+
+def install_driver(aws, nd, backend, log, reboots: int = 2) -> None:
+    """ami/install-cuda.sh on a bare Ubuntu builder; when it asks for a reboot (exit 100), reboot
+    the instance through EC2 and run it again, ``reboots`` times at most. Raises RemoteError."""
+    itype = nd.instance["InstanceType"]
+    for k in range(reboots + 1):
+        if run_script(nd, "install-cuda.sh", [itype], log, ok=(0, REBOOT_NEEDED)) == 0:
+            return
+        if k == reboots:
+            break
+        reboot(aws, nd, backend, log)
+    raise RemoteError(f"the NVIDIA driver still does not load on {nd.instance_id} after {reboots} reboot(s)",
+                      "bake --from dlami (the Deep Learning AMI has the driver), or check the driver for this GPU")
+
+
+def boot_id(conn) -> str:
+    """The kernel's id of the current boot (a sandbox instance keeps its own in $EC2GPU_BOOT_ID_FILE)."""
+    return conn.run('cat "${EC2GPU_BOOT_ID_FILE:-/proc/sys/kernel/random/boot_id}"', hide=True,
+                    in_stream=False).stdout.strip()
+
+
+def reboot(aws, nd, backend, log, timeout_s: float = 900.0, every_s: float = 5.0) -> None:
+    """Reboot the node's instance (EC2 RebootInstances) and wait until SSH answers from a new boot
+    (its boot id changed), the host key still the one pinned. Raises WaitTimeout."""
+    from ..remote import jobs
+    before = boot_id(nd.conn)
+    aws.ec2.reboot_instances(InstanceIds=[nd.instance_id])
+    log(f"rebooting {nd.instance_id} (EC2 RebootInstances) so the NVIDIA driver loads")
+    nd.close()
+    nd.conn = None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(every_s if not backend.is_sandbox else 0.5)
+        try:
+            nd.host, nd.port = backend.ssh_target(nd.instance)  # the sandbox's sshd moves on a reboot
+            conn = nd.connect()
+            if boot_id(conn) != before:
+                nd.conn = conn
+                log(f"{nd.instance_id} is back from its reboot")
+                return
+            conn.close()
+        except (*jobs.CONNECTION_ERRORS, LookupError):
+            continue
+    raise WaitTimeout(f"{nd.instance_id} did not come back within {timeout_s:.0f} s of its reboot",
+                      "see its console: aws ec2 get-console-output --instance-id " + nd.instance_id)
+
+
+def prefetch(nd, job, bp: BakePlan, log) -> None:
+    """Put what the task declares it reads into the image: MNIST (checked) for the built-in task."""
+    if job.builtin != "mnist":
+        return
+    from .engine import workdir_of
+    python = shlex.quote(str(nd.info.get("python") or "python3"))
+    src = f" --data-dir {shlex.quote(bp.data_dir)}" if bp.data_dir else ""
+    done = nd.conn.run(f"cd {shlex.quote(workdir_of(nd.run_dir, job))} && {python} -m ec2gpu.train.data --prefetch{src}",
+                       hide=True, warn=True, in_stream=False, timeout=1800)
+    if not done.ok:
+        raise RemoteError(f"pre-fetching MNIST on {nd.instance_id} failed", "see its error below", command="prefetch",
+                          host=nd.host, exit_status=done.exited, tail=(done.stdout + done.stderr)[-2000:])
+    log(done.stdout.strip())
+
+
+def keep_setup(nd, name: str, log) -> None:
+    """Keep what setup-gpu.sh found as $HOME/.ec2gpu/baked-setup.json: on an instance of the image,
+    the machine setup reads it instead of importing torch again (ami/setup-gpu.sh). The task's
+    setup markers say which image holds them (engine.setup_node shows it when it skips)."""
+    nd.conn.run(f"mkdir -p $HOME/.ec2gpu/setup-done && cp {shlex.quote(nd.run_dir)}/setup.json "
+                "$HOME/.ec2gpu/baked-setup.json && for m in $HOME/.ec2gpu/setup-done/*; do [ -f \"$m\" ] && "
+                f"printf '%s, baked into image %s\\n' \"$(head -n 1 \"$m\")\" {shlex.quote(name)} > \"$m\"; done; true",
+                hide=True, in_stream=False)
+    log(f"machine setup kept for the image: python {nd.info.get('python')}, torch {nd.info.get('torch_version')}")
+
+
+def make_image(aws, settings, nd, job, bp: BakePlan, prov, run_id: str, ui) -> dict:
+    """CreateImage of the builder, wait until available, tag it complete; the bake's summary."""
+    ec2 = aws.ec2
+    base = prov.ami or {}
+    tag_list = baked.image_tags(run_id, settings.owner, bp.name, bp.key, job.name, bp.base, base.get("ImageId", ""),
+                                nd.info)
+    with ui.phase("imaging"):
+        image_id = baked.create(ec2, nd.instance_id, bp.name,
+                                f"ec2gpu bake of task {job.name} from {bp.base} ({base.get('Name', '')})", tag_list)
+        ui.note(f"CreateImage: {image_id} ({bp.name}); it is removed again unless it completes")
+    with ui.phase("waiting for image"):
+        image = baked.wait_available(ec2, image_id, bp.image_timeout_s, bp.image_delay_s)
+    baked.mark_complete(ec2, image)  # from here on the image is kept, whatever happens
+    ui.note(f"image {image_id} available and tagged complete: runs of task {job.name} with this setup launch from it")
+    return {"image_id": image_id, "name": bp.name, "task": job.name, "setup_hash": bp.key, "base": bp.base,
+            "base_image": base.get("ImageId"), "snapshots": baked.snapshot_ids(image),
+            **{k: nd.info.get(k) for k in ("python", "torch_version", "cuda_version", "driver_version")}}
+
+
+def listing(aws) -> list[dict]:
+    """`ec2gpu image ls`: aws.baked.listing of the region."""
+    return baked.listing(aws.ec2)
+
+
+def remove(aws, ref: str, log=lambda msg: None) -> dict:
+    """`ec2gpu image rm NAME|AMI_ID`: deregister the image and delete its snapshots; what was
+    removed. Raises UsageError when the tool made no image by that name or id here."""
+    image = baked.find(aws.ec2, ref)
+    if image is None:
+        raise UsageError(f"no image of ec2gpu's named {ref!r} in {aws.region}", "see `ec2gpu image ls`")
+    snaps = baked.delete(aws.ec2, image, log)
+    return {"image_id": image["ImageId"], "name": image.get("Name"), "snapshots": snaps}
