@@ -46,3 +46,64 @@ def test_each_command_says_what_it_does_in_one_line_for_the_root_help():
                 if "\n" in first or not first:
                     long.append(f"{path.name}:{node.name}")
     assert long == []
+
+
+def _console(monkeypatch, module, name="out", width=80):
+    import io
+
+    from rich.console import Console
+    buf = io.StringIO()
+    monkeypatch.setattr(module, name, Console(file=buf, width=width, force_terminal=False))
+    return buf
+
+
+def test_the_run_table_says_1_epoch_rounds_its_seconds_and_names_this_machine_once(monkeypatch):
+    buf = _console(monkeypatch, cli)
+    record = {"run_id": "20261122-170000-abcd", "market": "local", "instance_type": "local", "task": "mnist",
+              "test_acc": 0.991, "phases": {"running": 137.5573}, "artifacts": "/tmp/r",
+              "summary": {"epochs": 1, "model": "cnn", "device": "cpu", "train_seconds": 12.0, "wall_seconds": 15.84}}
+    cli._print_record(record, as_json=False)
+    shown = " ".join(buf.getvalue().split())
+    assert "1 epoch of cnn on cpu: 12.00 s training, 15.8 s wall" in shown and "1 epochs" not in shown
+    assert "instance this machine" in shown and "local local" not in shown
+    assert "137.6 s" in shown and "137.5573" not in shown and "None" not in shown
+
+
+def test_ls_at_80_columns_keeps_each_instance_id_whole_on_one_line(monkeypatch):
+    import contextlib
+
+    import ec2gpu.cli.instances as cli_instances
+    from ec2gpu.runs import standing
+    buf = _console(monkeypatch, cli_instances)
+    row = {"name": "a-rather-long-instance-name-for-a-standing-box", "instance_id": "i-0123456789abcdef0",
+           "instance_type": "g4dn.xlarge", "market": "spot", "zone": "us-east-1a", "state": "running",
+           "idle": None, "age_seconds": 4000, "usd_per_hour": 0.526, "cost_so_far_usd": 0.5844, "cluster": None,
+           "node": None, "launched_at": "2026-11-22T17:00:00+00:00", "unsafe_tags": [], "disk_usd_per_month": None}
+
+    class Ctx:
+        aws, settings = None, None
+    monkeypatch.setattr(cli_instances, "Context", lambda *a, **k: contextlib.nullcontext(Ctx()))
+    monkeypatch.setattr(cli_instances, "_settle", lambda ctx: None)
+    monkeypatch.setattr(cli_instances, "_idle_cell", lambda r: "down after 60m")
+    monkeypatch.setattr(standing, "listing", lambda aws, settings: [dict(row), {**row, "instance_id": "i-0fedcba9876543210"}])
+    cli_instances.ls(region=None, sandbox=False, as_json=False)
+    lines = buf.getvalue().splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    for iid in ("i-0123456789abcdef0", "i-0fedcba9876543210"):
+        assert any(iid in line for line in lines), buf.getvalue()
+
+
+def test_the_progress_reader_shows_each_new_well_formed_progress_once_and_skips_the_rest(monkeypatch):
+    from ec2gpu.remote import jobs
+    from ec2gpu.runs import nodes
+    contents = iter([b'{"done": 10, "total": 469, "label": "epoch 1/1", "rate": 5000, "rate_unit": "samples/s"}',
+                     b'{"done": 10, "total": 469, "label": "epoch 1/1", "rate": 5000, "rate_unit": "samples/s"}',
+                     b'{"done": 2', b"", b'["not", "a", "dict"]', b'{"done": 469, "total": 469, "eta_s": 0}'])
+    monkeypatch.setattr(jobs, "read_from", lambda conn, path, offset: next(contents))
+    shown = []
+    reader = nodes.ProgressReader("/home/u/ec2gpu/runs/r1", shown.append, every_s=0.0)
+    for _ in range(6):
+        reader(object())
+    assert [p["done"] for p in shown] == [10, 469]  # the repeat, the partial write and the non-dict are skipped
+    reader(None)  # no connection (SSH dropped): nothing, no error
+    assert len(shown) == 2
