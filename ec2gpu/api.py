@@ -147,6 +147,8 @@ def bake(task: Union[str, Path, object], *, base: str = "dlami", name: Optional[
     summary names the image. Runs of a task with the same setup then launch from the image.
     Raises as the module docstring says; UsageError for an unknown base before anything is created.
     """
+    from dataclasses import replace
+
     from .backend import Context
     from .runs import bake as baking, engine, pipeline
     from .tasks import resolve
@@ -163,4 +165,7 @@ def bake(task: Union[str, Path, object], *, base: str = "dlami", name: Optional[
                            ctx.backend.is_sandbox, data[1] if data else None)
         opts = pipeline.TrainOptions(instance_type=",".join(types), spot=spot, ssh_cidr=ssh_cidr, ami=ami, task=job,
                                      bake=plan, command=as_typed or f"ec2gpu.bake({job.name!r})")
-        return pipeline.train(ctx.aws, ctx.settings, opts, reporter, ctx.backend)
+        # the task's disk size: a run cannot launch from an image with a smaller root volume than the image's
+        disk = job.task.resources.disk_gib
+        settings = replace(ctx.settings, root_volume_gib=disk) if disk else ctx.settings
+        return pipeline.train(ctx.aws, settings, opts, reporter, ctx.backend)
