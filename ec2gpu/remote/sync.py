@@ -4,7 +4,8 @@ Which files: inside a git repository, ``git ls-files --cached --others --exclude
 .gitignore, .git/info/exclude and the global excludes, as git reads them); elsewhere the
 directory's own .gitignore read with pathspec. ``.ec2gpuignore`` (gitignore syntax) is applied on
 top, adding to .gitignore, never replacing it. ``.git/``, ``.env*``, ``*.pem``, ``*.key`` and private
-keys (SSH key file names, or a PEM "PRIVATE KEY" header) never go unless ``allow_secrets``.
+keys (SSH key file names, or a PEM "PRIVATE KEY" header) never go unless ``allow_secrets``; what
+ec2gpu brought home on earlier runs (``runs/<run id>/``) never goes.
 
 How: real ``rsync`` over the run's own SSH (an OpenSSH config with the run's key and the host key
 pinned, StrictHostKeyChecking yes) when both sides have it, so a rerun sends only what changed;
@@ -29,6 +30,10 @@ IGNORE_FILE = ".ec2gpuignore"
 #: never sent unless --include-secrets: credentials and version-control internals
 NEVER_SEND = [".git/", ".env", ".env.*", "*.pem", "*.key", "id_rsa", "id_dsa", "id_ecdsa", "id_ed25519",
               "*.p12", "*.pfx", ".aws/", ".ssh/"]
+#: never sent: what ec2gpu itself brought home into the workdir on earlier runs (runs/<run id>/, the
+#: default artifacts directory when a run starts in the project), matched by the run id's format
+#: (runs/pipeline.new_run_id) so a project's own runs/ files still go
+OWN_ARTIFACTS = ["/runs/[0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9]-[0-9][0-9][0-9][0-9][0-9][0-9]-[0-9a-f][0-9a-f]*/"]
 _KEY_HEADER = b"PRIVATE KEY-----"
 MAX_UPLOAD_BYTES = 1 << 30  # --max-upload default: 1 GiB
 
@@ -83,7 +88,7 @@ def manifest(root: Path, allow_secrets: bool = False) -> Manifest:
     if files is None:
         rules = (root / ".gitignore").read_text().splitlines() if (root / ".gitignore").is_file() else []
         files = _walk(root, pathspec.GitIgnoreSpec.from_lines(rules + [".git/"]))
-    files = [f for f in files if not pathspec.GitIgnoreSpec.from_lines(extra).match_file(f)]
+    files = [f for f in files if not pathspec.GitIgnoreSpec.from_lines(extra + OWN_ARTIFACTS).match_file(f)]
     never = pathspec.GitIgnoreSpec.from_lines(NEVER_SEND)
     m = Manifest(root)
     for rel in sorted(set(files)):

@@ -42,3 +42,18 @@ def test_a_workdir_above_max_upload_is_refused_with_its_largest_files(tmp_path):
     with pytest.raises(UsageError, match=r"a\.bin") as exc:
         sync.check_size(sync.manifest(tmp_path), max_bytes=1000)
     assert "--max-upload" in exc.value.message + exc.value.hint
+
+
+@pytest.mark.parametrize("repo", [False, True])
+def test_what_ec2gpu_brought_home_earlier_never_goes_up_again_and_a_projects_own_runs_do(tmp_path, repo):
+    (tmp_path / "train.py").write_text("x")
+    for rel in ("runs/20261122-203042-100a/run.json", "runs/20261122-203042-100a/outputs/model.pt",
+                "runs/sweep.yaml", "runs/2026-ablation/notes.md", "sub/runs/20261122-203042-100a/x"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("r")
+    if repo:
+        if not shutil.which("git"):
+            pytest.skip("git not installed")
+        subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    m = sync.manifest(tmp_path)
+    assert m.files == ["runs/2026-ablation/notes.md", "runs/sweep.yaml", "sub/runs/20261122-203042-100a/x", "train.py"]
