@@ -148,8 +148,7 @@ def notebook(
     127.0.0.1 with a random token and is forwarded over SSH (pinned host key; nothing opened in the
     security group), reconnecting if SSH drops. The instance then stays with its idle rule
     (--down-on-exit terminates it)."""
-    from ..aws import catalog, sweep
-    from ..aws import tags as T
+    from ..aws import catalog, sweep, tags as T
     from ..runs import notebook as nb
     from ..runs import pipeline
     from . import RichReporter
