@@ -3,11 +3,7 @@ skip that setup, and a bake stopped at any moment (Ctrl-C, an error, a lost Crea
 leaves no builder, no half-made image and no snapshot."""
 import json
 import os
-import signal
-import subprocess
-import sys
 import textwrap
-import time
 from pathlib import Path
 
 import boto3
@@ -18,11 +14,11 @@ from ec2gpu.aws import baked
 from ec2gpu.errors import WaitTimeout
 from ec2gpu.runs import bake
 
-from test_sandbox_train import leftovers, processes_gone, sandbox_settles  # same folder (pytest prepend import mode)
+from test_interrupts import run_and_interrupt  # same folder (pytest prepend import mode)
+from test_sandbox_train import leftovers, processes_gone, sandbox_settles
 
 pytestmark = pytest.mark.e2e
 NEEDS_MNIST = False
-PAUSE = str(Path(__file__).with_name("pause_in_phase.py"))
 SECRET = "image-secret-7319"
 
 
@@ -111,31 +107,11 @@ def test_a_baked_image_holds_the_setup_runs_skip_it_and_rm_leaves_nothing(sandbo
     assert "no image of ec2gpu's named" in " ".join(capsys.readouterr().err.split())
 
 
-def sigint_in_phase(phase: str, timeout_s: float = 120) -> tuple[int, str]:
-    """`ec2gpu image bake task.yaml --sandbox` paused at the end of ``phase``, then given SIGINT."""
-    proc = subprocess.Popen([sys.executable, PAUSE, phase, "image", "bake", "task.yaml", "--sandbox"],
-                            env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    lines, deadline = [], time.monotonic() + timeout_s
-    try:
-        for line in proc.stderr:
-            lines.append(line)
-            if f"pausing in phase {phase}" in line:
-                proc.send_signal(signal.SIGINT)
-            if time.monotonic() > deadline:
-                break
-        code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return code, "".join(lines)
-
-
 @pytest.mark.parametrize("phase", ["setup", "cleaning", "imaging", "waiting for image"])
 def test_ctrl_c_at_any_moment_of_a_bake_leaves_nothing(sandbox_env, project, phase):
     home, _ = sandbox_env
-    code, err = sigint_in_phase(phase)
+    code, err = run_and_interrupt(dict(os.environ), f"pausing in phase {phase}", pause_in=phase,
+                                  argv=["image", "bake", "task.yaml", "--sandbox"])
     assert code == 130, err
     if phase in ("imaging", "waiting for image"):  # the image existed and was taken back
         assert "deregistered ami-" in err and "deleted snapshot snap-" in err

@@ -21,10 +21,10 @@ PAUSE = str(Path(__file__).with_name("pause_in_phase.py"))  # the CLI with a pau
 
 
 def run_and_interrupt(env: dict, trigger: str, timeout_s: float = 120, sig=signal.SIGINT,
-                      pause_in: str | None = None) -> tuple[int, str]:
-    """Start a sandbox train run (pausing at the end of phase ``pause_in``), send ``sig`` once
-    ``trigger`` appears on its stderr; (code, stderr)."""
-    argv = ["train", "mnist", "--sandbox", "--trainer-arg=--train-subset=4096"]  # what is tested is the cleanup
+                      pause_in: str | None = None, argv: list[str] | None = None) -> tuple[int, str]:
+    """Start `ec2gpu ARGV` (default: a sandbox train run), pausing at the end of phase ``pause_in``,
+    and send ``sig`` once ``trigger`` appears on its stderr; (code, stderr)."""
+    argv = argv or ["train", "mnist", "--sandbox", "--trainer-arg=--train-subset=4096"]  # what is tested is the cleanup
     command = [EC2GPU, *argv] if pause_in is None else [sys.executable, PAUSE, pause_in, *argv]
     # a shell without job control starts background jobs with SIGINT ignored, and Python then never
     # turns it into KeyboardInterrupt: give the child the default disposition, as a terminal would
