@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import shlex
+import statistics
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -60,8 +61,8 @@ def plan(job, base: str, name: str | None, home: Path, backend: str, instance_ty
          data_dir: str | None = None) -> BakePlan:
     """The bake of ``job`` from ``base``; its name defaults to <task>-<UTC time> (AMI names are unique
     per account and region).
-    The expected minutes: the mean of past completed bakes on ``instance_type`` (ledger), else
-    ASSUMED_MINUTES. Raises UsageError for an unknown base or a bad name."""
+    The expected minutes: the mean of past completed bakes' own phases on ``instance_type``
+    (ledger, ``bake_seconds``), else ASSUMED_MINUTES. Raises UsageError for an unknown base or a bad name."""
     from ..aws import tags
     from . import ledger
     if base not in images.BASES:
@@ -70,12 +71,20 @@ def plan(job, base: str, name: str | None, home: Path, backend: str, instance_ty
     name = tags.check_name(name) if name else f"{job.name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
     past = [r for r in ledger.runs(home, backend=backend, limit=200, tolerant=True)
             if r.get("task") == "bake" and r.get("instance_type") == instance_type and r["status"] == "completed"]
-    if past:
-        minutes = sum(sum((r.get("phases") or {}).values()) for r in past) / len(past) / 60
+    if past:  # the bake's own phases (driver, cleaning, imaging, waiting for image): the estimate adds
+        # boot, setup and teardown from the ledger itself (costs.PHASE_GROUPS)
+        minutes = statistics.mean(bake_seconds(r.get("phases") or {}) for r in past) / 60
         source = f"mean of {len(past)} past bake(s) on {instance_type} (ledger)"
     else:
         minutes, source = ASSUMED_MINUTES[base], f"assumed {ASSUMED_MINUTES[base]:g} min for a bake from {base}"
     return BakePlan(name, base, key, minutes, source, data_dir=data_dir, image_delay_s=1.0 if sandbox else 15.0)
+
+
+def bake_seconds(phases: dict[str, float]) -> float:
+    """A bake's seconds besides the boot, setup and teardown an estimate counts anyway (pure)."""
+    from .costs import PHASE_GROUPS
+    counted = {name for group in PHASE_GROUPS.values() for name in group}
+    return sum(secs for name, secs in phases.items() if name not in counted)
 
 
 def bake_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[dict], local_out: Path, backend,

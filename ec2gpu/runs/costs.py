@@ -154,6 +154,11 @@ def bench_speed(history: list[dict], instance_type: str, gpu: str, model: str) -
     return min(found, key=lambda f: f[0])[1] if found else None  # min keeps the newest of equals
 
 
+#: the run phases an estimate counts as boot, setup and teardown; the rest is the job's (or a bake's)
+PHASE_GROUPS = {"boot": ("requesting", "waiting for running", "waiting for SSH"), "setup": ("setup", "upload"),
+                "teardown": ("download", "terminating")}
+
+
 def _phase_seconds(history: list[dict], instance_type: str) -> tuple[float, float, float, list[dict]]:
     """(boot, setup, teardown) seconds: medians of up to 5 earlier runs on ``instance_type``, else
     the defaults; and those runs (pure)."""
@@ -163,8 +168,8 @@ def _phase_seconds(history: list[dict], instance_type: str) -> tuple[float, floa
         got = _median([sum(r["phases"].get(n, 0.0) for n in names) for r in same_type])
         return DEFAULT_PHASE_SECONDS[key] if got is None else got
 
-    return (phase(("requesting", "waiting for running", "waiting for SSH"), "boot"), phase(("setup", "upload"), "setup"),
-            phase(("download", "terminating"), "teardown"), same_type)
+    return (phase(PHASE_GROUPS["boot"], "boot"), phase(PHASE_GROUPS["setup"], "setup"),
+            phase(PHASE_GROUPS["teardown"], "teardown"), same_type)
 
 
 def _priced(est: Estimate) -> Estimate:

@@ -176,3 +176,4 @@ def test_the_bake_key_is_the_builtin_task_and_the_setup_text():
     assert bake.bake_key(mnist) == bake.bake_key(engine.builtin_job("mnist", ["--epochs", "3"]))  # flags do not matter
     other = engine.builtin_job("bench", [])
     assert bake.bake_key(other) != bake.bake_key(mnist)
+

@@ -21,3 +21,18 @@ def test_snapshots_come_from_the_block_devices_and_their_stored_bytes_count_befo
     assert baked.stored_gib({"FullSnapshotSizeInBytes": 32 * 2**30, "VolumeSize": 100}) == (32.0, "stored bytes")
     assert baked.stored_gib({"VolumeSize": 100}) == (100.0, "volume size (upper bound)")
     assert 32 * baked.SNAPSHOT_USD_PER_GB_MONTH == pytest.approx(1.6)
+
+
+def test_a_bakes_estimate_counts_its_own_phases_once(tmp_path):
+    """The estimate adds boot, setup and teardown itself: a past bake contributes only the rest."""
+    from ec2gpu.runs import bake, engine, ledger
+    phases = {"requesting": 1.0, "waiting for running": 30.0, "waiting for SSH": 20.0, "driver": 100.0, "setup": 50.0,
+              "upload": 2.0, "cleaning": 3.0, "imaging": 1.0, "waiting for image": 236.0, "terminating": 40.0}
+    assert bake.bake_seconds(phases) == 340.0
+    ledger.record(tmp_path, {"run_id": "b1", "command": "ec2gpu image bake", "backend": "aws", "status": "completed",
+                             "task": "bake", "instance_type": "g4dn.xlarge", "phases": phases,
+                             "started_at": "2026-11-22T20:00:00+00:00"})
+    plan = bake.plan(engine.builtin_job("mnist", []), "dlami", None, tmp_path, "aws", "g4dn.xlarge", False)
+    assert plan.minutes == pytest.approx(340.0 / 60) and "1 past bake" in plan.minutes_source
+    fresh = bake.plan(engine.builtin_job("mnist", []), "ubuntu-24.04", None, tmp_path, "aws", "g5.xlarge", False)
+    assert fresh.minutes == bake.ASSUMED_MINUTES["ubuntu-24.04"] and fresh.minutes_source.startswith("assumed")
