@@ -21,10 +21,12 @@ from .remote.sync import MAX_UPLOAD_BYTES
 
 
 def load_task(task=None, command: Optional[Sequence[str]] = None, workdir: Optional[str] = None,
-              name: Optional[str] = None):
+              name: Optional[str] = None, workdir_outside: bool = False):
     """A tasks.load.LoadedTask from a task file path, a Task, or a ``command`` run in ``workdir``.
 
-    Raises UsageError when neither or both are given, or for a bad task file.
+    A task file's workdir may lie outside the file's directory only with ``workdir_outside``; no
+    directory to send may be the home directory or a credentials one (tasks.load.check_local_source).
+    Raises UsageError when neither or both are given, for a bad task file, or a refused directory.
     """
     from .tasks import load
     from .tasks.spec import Task
@@ -37,12 +39,12 @@ def load_task(task=None, command: Optional[Sequence[str]] = None, workdir: Optio
     if isinstance(task, (str, Path)):
         if workdir:
             raise UsageError("--workdir is for a command; a task file names its own workdir", "set workdir: in the file")
-        loaded = load.load(task)
+        loaded = load.load(task, workdir_outside)
     elif isinstance(task, Task):
         base = Path(workdir or ".").resolve()
-        loaded = load.LoadedTask(task, None, None if task.workdir is None else (base / task.workdir).resolve())
+        loaded = load.LoadedTask(task, None, None if task.workdir is None else _sendable(base / task.workdir, workdir))
     else:
-        base = Path(workdir or ".").resolve()
+        base = _sendable(Path(workdir or "."), workdir)
         if not base.is_dir():
             raise UsageError(f"--workdir {base} is not a directory", "give the directory to send")
         default = re.sub(r"[^A-Za-z0-9_.-]", "-", base.name).strip("-.")[:63] or "task"
@@ -52,11 +54,24 @@ def load_task(task=None, command: Optional[Sequence[str]] = None, workdir: Optio
     return loaded
 
 
-def _prepare(task, command, workdir, name, env, secrets, max_upload, include_secrets, reporter, on_warning):
+def _sendable(path: Path, workdir: Optional[str]) -> Path:
+    """``path`` resolved, when a command's (or a Task object's) directory may be sent: never the home
+    directory or a credentials one (tasks.load.check_local_source). Raises UsageError naming the fix."""
+    from .tasks import load
+    try:
+        return load.check_local_source(path)
+    except UsageError as exc:
+        where = "--workdir" if workdir else "the current directory (a command's workdir)"
+        raise UsageError(f"{where}: {exc.message}",
+                         "cd into your project's directory first (or give --workdir PROJECT): only it is sent")
+
+
+def _prepare(task, command, workdir, name, env, secrets, max_upload, include_secrets, reporter, on_warning,
+             workdir_outside: bool = False):
     """(engine.TaskJob, reporter): the task loaded, its warnings said, its environment resolved and its
     workdir listed (what will be sent said), before anything is created."""
     from .runs import engine, pipeline
-    loaded = load_task(task, command, workdir, name)
+    loaded = load_task(task, command, workdir, name, workdir_outside)
     for w in loaded.warnings:
         on_warning(w)
     if secrets:
@@ -77,11 +92,12 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
         max_upload: int = MAX_UPLOAD_BYTES, include_secrets: bool = False, out: Optional[Path] = None,
         ssh_cidr: Optional[str] = None, ami: Optional[str] = None, region: Optional[str] = None,
         sandbox: bool = False, reporter=None, on_warning=lambda text: None, as_typed: Optional[str] = None,
-        baked: bool = True) -> dict:
+        baked: bool = True, workdir_outside: bool = False) -> dict:
     """Run a task on new instances end to end (estimate, launch, sync, setup, job, outputs home,
     teardown, bill); return its run record.
 
     ``task``: a task file path or a tasks.spec.Task; or ``command`` (argv) run in ``workdir``.
+    ``workdir_outside``: send a task file's workdir that lies outside the file's directory.
     Flags override the task's own values: ``gpu`` ('T4', 'A10G:4') or ``instance_type`` ('g5.xlarge'
     or 'g5.xlarge,g6.xlarge'), ``spot``, ``nodes``, ``env`` ({K: V, or K: None from this
     environment}), ``secrets`` (names, masked everywhere), ``max_runtime`` and ``expect`` (minutes
@@ -97,7 +113,7 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
     from .tasks.spec import minutes
 
     job, reporter = _prepare(task, command, workdir, name, env, secrets, max_upload, include_secrets, reporter,
-                             on_warning)
+                             on_warning, workdir_outside)
     res = job.task.resources
     try:
         runtime = minutes(max_runtime) if max_runtime is not None else job.task.max_runtime_minutes
@@ -125,14 +141,16 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
 def exec(target: str, task=None, *, command: Optional[Sequence[str]] = None, workdir: Optional[str] = None,  # noqa: A001
          env: Optional[dict] = None, secrets: Sequence[str] = (), max_upload: int = MAX_UPLOAD_BYTES,
          include_secrets: bool = False, out: Optional[Path] = None, region: Optional[str] = None,
-         sandbox: bool = False, reporter=None, on_warning=lambda text: None, as_typed: Optional[str] = None) -> dict:
+         sandbox: bool = False, reporter=None, on_warning=lambda text: None, as_typed: Optional[str] = None,
+         workdir_outside: bool = False) -> dict:
     """Run a task once on the standing instance or cluster ``target`` and leave it running; return
-    the run record. A setup that already ran there is skipped; rsync sends only what changed."""
+    the run record. A setup that already ran there is skipped; rsync sends only what changed.
+    ``workdir_outside`` as for ``run``."""
     from .backend import Context
     from .runs import standing
 
     job, reporter = _prepare(task, command, workdir, None, env, secrets, max_upload, include_secrets, reporter,
-                             on_warning)
+                             on_warning, workdir_outside)
     with Context(region, sandbox) as ctx:
         return standing.exec_task(ctx.aws, ctx.settings, job, reporter, target,
                                   ctx.backend, out, job.mask(as_typed or f"ec2gpu.exec({target!r})"))
@@ -141,10 +159,11 @@ def exec(target: str, task=None, *, command: Optional[Sequence[str]] = None, wor
 def bake(task: Union[str, Path, object], *, base: str = "dlami", name: Optional[str] = None,
          instance_type: Optional[str] = None, spot: bool = False, ssh_cidr: Optional[str] = None,
          ami: Optional[str] = None, region: Optional[str] = None, sandbox: bool = False, reporter=None,
-         on_warning=lambda text: None, as_typed: Optional[str] = None) -> dict:
+         on_warning=lambda text: None, as_typed: Optional[str] = None, workdir_outside: bool = False) -> dict:
     """Bake a machine image holding ``task``'s setup (a task file, a Task, or "mnist" for the
     built-in job) from ``base`` ("dlami" or "ubuntu-24.04"); return the bake's run record, whose
     summary names the image. Runs of a task with the same setup then launch from the image.
+    ``workdir_outside`` as for ``run`` (the workdir is baked into the image).
     Raises as the module docstring says; UsageError for an unknown base before anything is created.
     """
     from dataclasses import replace
@@ -156,7 +175,8 @@ def bake(task: Union[str, Path, object], *, base: str = "dlami", name: Optional[
     if str(task) == "mnist":
         job, reporter = engine.builtin_job("mnist", []), reporter or pipeline.Reporter()
     else:
-        job, reporter = _prepare(task, None, None, None, None, (), MAX_UPLOAD_BYTES, False, reporter, on_warning)
+        job, reporter = _prepare(task, None, None, None, None, (), MAX_UPLOAD_BYTES, False, reporter, on_warning,
+                                 workdir_outside)
     with Context(region, sandbox, persistent=True, note=reporter.note) as ctx:  # the image outlives the command
         types = instance_type.split(",") if instance_type is not None else \
             resolve.instance_types(job.task.resources, ctx.settings.instance_type)

@@ -25,6 +25,14 @@ class Settings:
     ssh_user: str = "ubuntu"  # login user of the Deep Learning AMI (Ubuntu)
     root_volume_gib: int = 100  # root EBS volume (gp3, encrypted); the DLAMI needs >= 75 GiB
     data_dir: str | None = None  # MNIST directory used on the instance, if it has one
+    max_download_files: int = 10_000  # files one run brings home per directory (outputs, checkpoints): remote/files.py
+    max_download_bytes: int = 4 << 30  # bytes one run brings home per directory, 4 GiB: remote/files.py
+
+    @property
+    def download_limits(self):
+        """remote/files.Limits from max_download_files and max_download_bytes."""
+        from .remote.files import Limits
+        return Limits(self.max_download_files, self.max_download_bytes)
 
     @property
     def keys_dir(self) -> Path:
@@ -40,6 +48,7 @@ ENV = {
     "EC2GPU_HOME": "home", "EC2GPU_REGION": "region", "EC2GPU_INSTANCE_TYPE": "instance_type",
     "EC2GPU_OWNER": "owner", "EC2GPU_SANDBOX": "sandbox", "EC2GPU_SSH_USER": "ssh_user",
     "EC2GPU_ROOT_VOLUME_GIB": "root_volume_gib", "EC2GPU_DATA_DIR": "data_dir",
+    "EC2GPU_MAX_DOWNLOAD_FILES": "max_download_files", "EC2GPU_MAX_DOWNLOAD_BYTES": "max_download_bytes",
 }
 
 

@@ -21,11 +21,20 @@ on whatever Python the image has. It
   (``{"message", "exit_code", "rank", "timestamp"}``; a negative exit_code is the signal that
   killed the worker).
 
+With ``--key-file`` (the controller's, mode 0600, read and deleted before the job starts, so the
+job never sees it) every status.json carries ``signature``: HMAC-SHA256 of the record's canonical
+JSON (sorted keys, no spaces, without ``signature``) under that key. The controller believes only a
+record whose signature checks (runs/status.py): a job, or a process it left behind, cannot write
+the agent's record. When the job's process ends, the agent ends what is left of its process group
+(SIGTERM, then SIGKILL after 5 s) before its last write.
+
 The controller reads status.json; it never parses the log.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
+import hmac
 import json
 import os
 import signal
@@ -45,12 +54,53 @@ def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def write_status(run_dir: str, status: dict) -> None:
-    """RUN_DIR/status.json, replaced atomically (a reader sees the old or the new, never half)."""
+def canonical(record: dict) -> bytes:
+    """What a signature covers: ``record`` without ``signature``, as JSON with sorted keys and no spaces."""
+    return json.dumps({k: v for k, v in record.items() if k != "signature"}, sort_keys=True,
+                      separators=(",", ":")).encode()
+
+
+def sign(record: dict, key: bytes) -> str:
+    """HMAC-SHA256 of ``canonical(record)`` under ``key``, in hex (RFC 2104; Python's hmac)."""
+    return hmac.new(key, canonical(record), hashlib.sha256).hexdigest()
+
+
+def write_status(run_dir: str, status: dict, key: bytes | None = None) -> None:
+    """RUN_DIR/status.json, replaced atomically (a reader sees the old or the new, never half),
+    signed with ``key`` when there is one."""
+    record = {k: v for k, v in status.items() if k != "signature"}
+    if key:
+        record["signature"] = sign(record, key)
     tmp = os.path.join(run_dir, ".status.json.tmp")
     with open(tmp, "w") as f:
-        json.dump(status, f, indent=2)
+        json.dump(record, f, indent=2)
     os.replace(tmp, os.path.join(run_dir, "status.json"))
+
+
+def read_key(path: str | None) -> bytes | None:
+    """The controller's signing key from ``path``, which is deleted at once (None without one)."""
+    if not path:
+        return None
+    with open(path, "rb") as f:
+        key = f.read().strip()
+    os.remove(path)
+    return key or None
+
+
+def end_group(pgid: int, grace_s: float = 5.0) -> None:
+    """SIGTERM what is left of process group ``pgid`` (the job's children), SIGKILL after ``grace_s``."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            return
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except (ProcessLookupError, PermissionError):
+                return
+            time.sleep(0.1)
 
 
 def spot_notice(endpoint: str, timeout_s: float = 2.0) -> dict | None:
@@ -84,9 +134,11 @@ def root_cause(error_file: str) -> dict | None:
             "rank": data.get("rank"), "timestamp": extra.get("timestamp")}
 
 
-def run(run_dir: str, argv: list[str], endpoint: str, poll_s: float, grace_s: float, env: dict | None = None) -> int:
-    """Run ``argv`` to its end under the rules above, with ``env`` added to the environment; return
-    the agent's exit code (the job's, 128+N for signal N, or 75 when a notice stopped it)."""
+def run(run_dir: str, argv: list[str], endpoint: str, poll_s: float, grace_s: float, env: dict | None = None,
+        key: bytes | None = None) -> int:
+    """Run ``argv`` to its end under the rules above, with ``env`` added to the environment, each
+    status.json signed with ``key``; return the agent's exit code (the job's, 128+N for signal N,
+    or 75 when a notice stopped it)."""
     status = {"state": "running", "started_at": now(), "exit_code": None, "signal": None,
               "ended_at": None, "notice": None, "agent_pid": os.getpid()}
     full_env = {**os.environ, **(env or {}), "EC2GPU_AGENT": "1"}
@@ -99,7 +151,7 @@ def run(run_dir: str, argv: list[str], endpoint: str, poll_s: float, grace_s: fl
         job = subprocess.Popen(argv, cwd=full_env.get("EC2GPU_WORKDIR") or run_dir, env=full_env,
                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     status["pid"] = job.pid
-    write_status(run_dir, status)
+    write_status(run_dir, status, key)
 
     def stop_job(*_):
         try:
@@ -114,7 +166,7 @@ def run(run_dir: str, argv: list[str], endpoint: str, poll_s: float, grace_s: fl
             notice = spot_notice(endpoint)
             if notice:
                 status["notice"] = {**notice, "seen_at": now()}
-                write_status(run_dir, status)
+                write_status(run_dir, status, key)
                 stop_job()
                 deadline = time.monotonic() + grace_s
                 while job.poll() is None and time.monotonic() < deadline:
@@ -128,12 +180,13 @@ def run(run_dir: str, argv: list[str], endpoint: str, poll_s: float, grace_s: fl
             time.sleep(poll_s)
     threading.Thread(target=watch, daemon=True).start()
     code = job.wait()
+    end_group(job.pid)  # what the job left running in its group must not outlive it (or write after us)
     status.update(ended_at=now(), exit_code=code if code >= 0 else None, signal=-code if code < 0 else None)
     # a job that finished (exit 0) as the notice came is done: nothing to resume elsewhere
     status["state"] = "succeeded" if code == 0 else "interrupted" if status["notice"] else "failed"
     if code != 0:
         status["error"] = root_cause(error_file)
-    write_status(run_dir, status)
+    write_status(run_dir, status, key)
     if status["state"] == "interrupted":
         return EXIT_NOTICE
     return code if code >= 0 else 128 - code
@@ -144,18 +197,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dir", required=True, help="the run directory: status.json and job.log go there")
     p.add_argument("--env-file", help="a JSON object of environment variables for the job (mode 0600: it may "
                                       "hold secrets, which never appear on a command line)")
+    p.add_argument("--key-file", help="the key that signs status.json (read, then deleted before the job starts)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- the job's command line")
     args = p.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         p.error("no command after --")
+    key = read_key(args.key_file)
     env = {}
     if args.env_file:
         with open(args.env_file) as f:
             env = {str(k): str(v) for k, v in json.load(f).items()}
     return run(args.dir, command, os.environ.get("EC2GPU_IMDS_ENDPOINT", IMDS),
                float(os.environ.get("EC2GPU_SPOT_POLL_SECONDS", "5")),
-               float(os.environ.get("EC2GPU_STOP_GRACE_SECONDS", "90")), env)
+               float(os.environ.get("EC2GPU_STOP_GRACE_SECONDS", "90")), env, key)
 
 
 if __name__ == "__main__":

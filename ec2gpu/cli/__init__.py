@@ -12,9 +12,11 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from .. import backend
 from ..errors import Ec2GpuError, ExitCode, NoCredentials
+from ..inert import inert
 
 app = typer.Typer(help="Rent a GPU on AWS EC2 for exactly as long as a training job needs it.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
@@ -40,6 +42,30 @@ typer.core.TyperOption.display_type_rich = _flag_type_hidden()
 out = Console()
 err = Console(stderr=True)
 DEBUG = False
+
+
+def plain(text, style: str = "") -> Text:
+    """Text that is not ours (a job's log or summary.json, an instance's or AWS's words, a task
+    file's values, an error message quoting them) ready to print or to put in a table cell: its
+    control characters shown as escapes (ec2gpu.inert), never read as rich markup."""
+    return Text(inert(str(text)), style=style)
+
+
+def note(text: str, style: str = "dim") -> None:
+    """Say on stderr a note that a lower layer relays (its ``log=``/``note=`` callbacks: it may quote
+    an instance or a task file): in ``style``, inert, never markup."""
+    err.print(plain(text, style))
+
+
+def labelled(label: str, style: str, text: str) -> Text:
+    """'LABEL TEXT' with LABEL in ``style`` (error:, hint:, warning:), TEXT as ``plain``."""
+    return Text.assemble((label, style), " ", inert(str(text)))
+
+
+def warn(text: str) -> None:
+    """'warning: TEXT' on stderr, TEXT inert and never markup (a task file's warnings quote it)."""
+    err.print(labelled("warning:", "yellow", text))
+
 
 SANDBOX = typer.Option(False, "--sandbox", help="Use the local sandbox (started for this command if none is up). "
                        "Also EC2GPU_SANDBOX=1.")
@@ -71,7 +97,7 @@ class Context(backend.Context):
     """backend.Context, telling the terminal when it starts a sandbox for good."""
 
     def __init__(self, region: str | None, sandbox: bool, persistent: bool = False):
-        super().__init__(region, sandbox, persistent, note=lambda text: err.print(f"[dim]{text}[/]"))
+        super().__init__(region, sandbox, persistent, note=note)
 
 
 _sandbox_flag = backend.sandbox_from_env
@@ -100,7 +126,8 @@ class RichReporter:
             # live only on a terminal: elsewhere (a pipe, CI, a log file) it could not redraw
             live = None if self.quiet or not self.console.is_terminal else Progress(
                 SpinnerColumn(), TextColumn("[bold]{task.description}[/]"), TimeElapsedColumn(),
-                BarColumn(bar_width=24), TextColumn("{task.fields[detail]}"), console=self.console, transient=True)
+                BarColumn(bar_width=24), TextColumn("{task.fields[detail]}", markup=False), console=self.console,
+                transient=True)
             if live:
                 self._live = (live, live.add_task(name, total=None, detail="", start=True))
                 live.start()
@@ -126,17 +153,15 @@ class RichReporter:
         rate = f"{p['rate']:,.0f} {p.get('rate_unit', '/s')}" if isinstance(p.get("rate"), (int, float)) else ""
         eta = p.get("eta_s")
         eta = f"ETA {int(eta) // 60}:{int(eta) % 60:02d}" if isinstance(eta, (int, float)) else ""
-        live.update(task, total=p["total"], completed=p["done"],
-                    detail="  ".join(x for x in (str(p.get("label") or ""), rate, eta) if x))
+        live.update(task, total=p["total"], completed=p["done"],  # the job's words: inert, not markup
+                    detail=inert("  ".join(x for x in (str(p.get("label") or ""), rate, eta) if x)))
 
     def log(self, line: str) -> None:
-        from rich.text import Text
-        self._print(Text.assemble(("| ", "cyan"), line))
+        self._print(Text.assemble(("| ", "cyan"), inert(line)))
 
     def note(self, text: str) -> None:
-        from rich.text import Text
         self.inner.note(text)
-        self._print(Text(text, style="dim"))
+        self._print(plain(text, "dim"))
 
     def _print(self, text) -> None:
         if not self.quiet:
@@ -176,6 +201,8 @@ def _training_row(s: dict) -> str:
     After a resume the training seconds add up every attempt's; the wall time is the last attempt's."""
     if not s:
         return "- (no summary.json)"
+    if set(s) == {"invalid", "raw"}:  # runs/job_summary.py's marker: what the job wrote failed its schema
+        return f"- (summary.json not accepted: {s['invalid']})"
     epochs = s.get("epochs")
     gpu = f" ({s['gpu_name']})" if s.get("gpu_name") else ""
     resumed = " (last attempt)" if s.get("resumed_from") else ""
@@ -209,8 +236,8 @@ def _print_record(record: dict, as_json: bool) -> None:
     if len(record.get("attempts") or []) > 1:  # several attempts, or a cluster's nodes
         rows += attempt_rows(record["attempts"])
     rows.append(("artifacts", record["artifacts"]))
-    for k, v in rows:
-        t.add_row(f"[bold]{k}[/]", v)
+    for k, v in rows:  # values quote the job's summary.json, the task file, the instance: never markup
+        t.add_row(plain(k, "bold"), plain("" if v is None else v))
     out.print(t)
 
 
@@ -300,11 +327,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         if isinstance(exc, NoCredentials):
             exc = _no_credentials(exc)
-        err.print(f"[red]error:[/] {exc.message}", highlight=False, markup=True)
+        # messages, tails and hints quote task files, instances and AWS: inert, never markup
+        err.print(labelled("error:", "red", exc.message))
         if getattr(exc, "tail", ""):
-            err.print(exc.tail, highlight=False, markup=False)
+            err.print(plain(exc.tail))
         if exc.hint:
-            err.print(f"[yellow]hint:[/] {exc.hint}", highlight=False)
+            err.print(labelled("hint:", "yellow", exc.hint))
         return int(exc.exit_code)
     except _click_errors("Exit") as exc:
         return exc.exit_code
@@ -319,11 +347,10 @@ def main(argv: list[str] | None = None) -> int:
             raise
         aws = _aws_error(exc)
         if aws is not None:
-            err.print(f"[red]error:[/] {aws.message}", highlight=False)
-            err.print(f"[yellow]hint:[/] {aws.hint}", highlight=False)
+            err.print(labelled("error:", "red", aws.message))
+            err.print(labelled("hint:", "yellow", aws.hint))
             return int(aws.exit_code)
-        from rich.text import Text
-        err.print(Text.assemble(("error:", "red"), f" {type(exc).__name__}: {exc}"), highlight=False)
+        err.print(labelled("error:", "red", f"{type(exc).__name__}: {exc}"))
         err.print("[yellow]hint:[/] run again with --debug for the traceback")
         return ExitCode.ERROR
 

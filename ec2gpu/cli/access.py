@@ -1,15 +1,16 @@
 """Reaching an instance: ssh, ssh-config (OpenSSH with the pinned host keys), logs."""
 from __future__ import annotations
 
+import codecs
 import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.markup import escape
 
 from ..errors import UsageError
-from . import JSON, REGION, SANDBOX, Context, _sandbox_flag, app, err, out, render_json
+from ..inert import inert
+from . import JSON, REGION, SANDBOX, Context, _sandbox_flag, app, err, note, out, plain, render_json, warn
 from .instances import _find
 
 
@@ -26,7 +27,7 @@ def ssh_cmd(ctx_: typer.Context, name: str = typer.Argument(..., help="Name, ins
     with Context(region, _sandbox_flag(sandbox)) as ctx:
         inst = _find(ctx, name)[0]
         _pin_host_key(ctx, inst)
-        config, _, _ = _write_ssh_config(ctx, lambda line: err.print(f"[yellow]warning:[/] {escape(line)}"))
+        config, _, _ = _write_ssh_config(ctx, warn)
         argv = [shutil.which("ssh") or "ssh", "-F", str(config), "-o", "LogLevel=ERROR", inst["InstanceId"],
                 *ctx_.args]
         code = subprocess.call(argv)
@@ -39,8 +40,7 @@ def _pin_host_key(ctx: Context, inst: dict) -> None:
     from ..runs import standing
     known = ctx.settings.home / "known_hosts" / inst["InstanceId"]
     if not (known.is_file() and known.stat().st_size):
-        standing.pin_host_key(ctx.aws, ctx.settings, ctx.backend, inst,
-                              log=lambda m: err.print(f"[dim]{m}[/]", highlight=False)).close()
+        standing.pin_host_key(ctx.aws, ctx.settings, ctx.backend, inst, log=note).close()
 
 
 @app.command()
@@ -50,20 +50,17 @@ def logs(name: str = typer.Argument(..., help="Run id, name or instance id."),
          region: Optional[str] = REGION, sandbox: bool = SANDBOX):
     """Print a run's job log, from its instance or, once the run is over, from its artifacts.
 
-    job.log is the job's output, byte for byte. With --follow, exit with the job's exit status."""
+    job.log is the job's output, its control characters shown as escapes (ESC as \\x1b): none reaches
+    the terminal. With --follow, exit with the job's exit status."""
     from ..runs import logs as run_logs
 
-    stdout = sys.stdout.buffer
-
-    def write(chunk: bytes) -> None:
-        stdout.write(chunk)
-        stdout.flush()
+    write = InertWriter(sys.stdout.buffer)
 
     from ..settings import load
     home = load({"region": region}).home
     row = run_logs.finished(home, name)
     if row is not None:  # over: the log is on this machine, no AWS needed
-        write(run_logs.saved_log(home, row["run_id"]).read_bytes())
+        write(run_logs.saved_log(home, row["run_id"]).read_bytes(), final=True)
         if follow:
             raise typer.Exit(run_logs.exit_status_of(row))
         return
@@ -73,14 +70,34 @@ def logs(name: str = typer.Argument(..., help="Run id, name or instance id."),
         except UsageError:
             inst = None
         if inst is None:  # over: the log as it was brought home
-            write(run_logs.saved_log(ctx.settings.home, name).read_bytes())
+            write(run_logs.saved_log(ctx.settings.home, name).read_bytes(), final=True)
             return
-        status, run_id = run_logs.stream(ctx, inst, follow, write,
-                                         note=lambda m: err.print(f"[dim]{m}[/]", highlight=False))
+        try:
+            status, run_id = run_logs.stream(ctx, inst, follow, write, note=note)
+        finally:
+            write(b"", final=True)
     if follow:
         err.print(f"[dim]the job on {inst['InstanceId']} ended with exit status {status}; "
                   f"`ec2gpu down {run_id}` removes the instance[/]")
         raise typer.Exit(status)
+
+
+class InertWriter:
+    """Write a job log's bytes to ``stream`` as they come, made inert (ec2gpu.inert): UTF-8 decoded
+    across chunk boundaries (a byte that is not UTF-8 as U+FFFD), a CR at a chunk's end held until
+    the next chunk says whether it ends a line. ``final``: the log's end (flush what is held)."""
+
+    def __init__(self, stream):
+        self.stream, self.held = stream, ""
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def __call__(self, chunk: bytes, final: bool = False) -> None:
+        text = self.held + self.decoder.decode(chunk, final)
+        keep = len(text) if final else len(text.rstrip("\r"))
+        text, self.held = text[:keep], text[keep:]
+        if text:
+            self.stream.write(inert(text).encode())
+        self.stream.flush()
 
 
 def _write_ssh_config(ctx: Context, warn=lambda line: None):
@@ -106,7 +123,6 @@ def tunnel(name: str = typer.Argument(..., help="Name or instance id of a runnin
     with Context(region, _sandbox_flag(sandbox)) as ctx:
         inst = _find(ctx, name)[0]
         _pin_host_key(ctx, inst)
-        warn = lambda line: err.print(f"[yellow]warning:[/] {escape(line)}")  # noqa: E731
         config, _, _ = _write_ssh_config(ctx, warn)
         here = tn.free_local_port(local_port or port)
         if local_port and here != local_port:
@@ -115,8 +131,7 @@ def tunnel(name: str = typer.Argument(..., help="Name or instance id of a runnin
         stop = threading.Event()
         try:
             tn.keep_forwarding(tn.argv(config, inst["InstanceId"], port, here), here, stop,
-                               log=lambda m: err.print(f"[dim]{m}[/]", highlight=False),
-                               refresh=lambda: _write_ssh_config(ctx, warn))
+                               log=note, refresh=lambda: _write_ssh_config(ctx, warn))
         except KeyboardInterrupt:
             stop.set()
             err.print("tunnel closed")
@@ -168,7 +183,7 @@ def notebook(
                 render_json(info)
                 sys.stdout.flush()
             else:
-                out.print(f"notebook: {info['url']}", highlight=False, soft_wrap=True)
+                out.print(plain(f"notebook: {info['url']}"), soft_wrap=True)
             err.print(f"[dim]on {info['name']} ({info['instance_id']}); Ctrl-C closes the tunnel[/]", highlight=False)
 
         info = nb.serve(ctx.aws, ctx.settings, ctx.backend, opts, RichReporter(err, quiet=as_json), show, local_port)
@@ -177,7 +192,7 @@ def notebook(
             run_id = next((T.as_dict(i.get("Tags")).get(T.RUN) for i in inst if i["InstanceId"] == info["instance_id"]),
                           None)
             if run_id:
-                sweep.delete_run(ctx.aws.ec2, run_id, ctx.settings.keys_dir, log=lambda m: err.print(f"[dim]{m}[/]"))
+                sweep.delete_run(ctx.aws.ec2, run_id, ctx.settings.keys_dir, log=note)
             err.print(f"notebook closed; {info['name']} terminated (--down-on-exit)", highlight=False)
         else:
             err.print(f"notebook closed; {info['name']} keeps running with its idle rule (`ec2gpu ls`). "
@@ -189,7 +204,7 @@ def notebook(
 def ssh_config(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
     """Write ~/.ec2gpu/ssh_config so plain `ssh NAME`, scp and editors reach the running instances."""
     with Context(region, _sandbox_flag(sandbox)) as ctx:
-        path, entries, skipped = _write_ssh_config(ctx, lambda line: err.print(f"[yellow]warning:[/] {escape(line)}"))
+        path, entries, skipped = _write_ssh_config(ctx, warn)
     if as_json:
         render_json({"path": str(path), "hosts": [e.aliases[0] for e in entries], "skipped": skipped})
         return
@@ -203,12 +218,19 @@ def ssh_config(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json:
 def fetch(run_id: str = typer.Argument(..., help="Run id (or a unique prefix), as `ec2gpu runs` lists it."),
           out_dir: Optional[Path] = typer.Option(None, "--out", help="Where to (default: the run's artifacts "
                                                  "directory)."),
+          max_download: Optional[str] = typer.Option(None, "--max-download", help="Bytes brought home per directory "
+                                                     "(500M, 10G; default EC2GPU_MAX_DOWNLOAD_BYTES, else 4G)."),
+          max_files: Optional[int] = typer.Option(None, "--max-files", min=0, help="Files brought home per directory "
+                                                  "(default EC2GPU_MAX_DOWNLOAD_FILES, else 10000)."),
           region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
     """Bring home what a run's job has written so far, from its running instance.
 
     Outputs, checkpoints, job.log, status.json: for a run whose controller died, before
-    `ec2gpu down RUN`."""
+    `ec2gpu down RUN`; or what a run left on a standing instance above its download limits."""
+    from dataclasses import replace
+
     from ..runs import ledger, logs
+    from .tasks import _size
 
     with Context(region, _sandbox_flag(sandbox)) as ctx:
         row = ledger.get(ctx.settings.home, run_id)
@@ -217,6 +239,11 @@ def fetch(run_id: str = typer.Argument(..., help="Run id (or a unique prefix), a
             raise UsageError(f"run {row['run_id']} has no running instance to fetch from",
                              f"what it brought home is in {row.get('artifacts') or 'runs/' + row['run_id']}")
         out = Path(out_dir or row.get("artifacts") or Path("runs") / row["run_id"]).resolve()
-        got = logs.fetch(ctx, head, row["run_id"], out, lambda m: err.print(f"[dim]{escape(m)}[/]", highlight=False))
+        limits = ctx.settings.download_limits
+        if max_download is not None:
+            limits = replace(limits, bytes=_size(max_download, "--max-download"))
+        if max_files is not None:
+            limits = replace(limits, files=max_files)
+        got = logs.fetch(ctx, head, row["run_id"], out, note, limits)
     if as_json:
         render_json({"run_id": row["run_id"], "out": str(out), **got})

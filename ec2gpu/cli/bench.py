@@ -6,10 +6,10 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.markup import escape
 
 from ..errors import UsageError
-from . import JSON, REGION, SANDBOX, Context, RichReporter, _sandbox_flag, app, err, out, render_json
+from ..inert import inert
+from . import JSON, REGION, SANDBOX, Context, RichReporter, _sandbox_flag, app, err, out, plain, render_json
 
 DEVICE = {"cpu": "CPU", "cuda": "GPU"}
 
@@ -76,15 +76,20 @@ def bench_cmd(
 def _show(r: dict) -> None:
     """One bench as rich tables: the machine, bandwidth and compute (with the peak), the seed experiment."""
     from rich.table import Table
+    from rich.text import Text
     if r.get("error") or not r.get("bench"):
-        out.print(f"[red]{r['instance_type']}: {escape(r.get('error') or 'no bench.json came home')}[/]")
+        why = r.get("error") or (f"bench.json not accepted: {r['bench_invalid']}" if r.get("bench_invalid")
+                                 else "no bench.json came home")
+        out.print(plain(f"{r['instance_type']}: {why}", "red"))
         return
     b = r["bench"]
     m = b["machine"]
     gpus = ", ".join(f"{g['name']} ({g['memory_bytes'] / 2**30:.0f} GiB)" for g in m["gpus"]) or "none (CPU only)"
-    out.print(f"[bold]{r['instance_type']}[/]: {m['cpu']}, {m['vcpus']} vCPUs, {m['ram_bytes'] / 2**30:.0f} GiB; "
-              f"GPU {gpus}; torch {m['torch']}, CUDA {m['cuda'] or '-'}, driver {m['driver'] or '-'}"
-              + (" [dim](quick sizes)[/]" if b["quick"] else ""), highlight=False)
+    # bench.json is the instance's: what it says about itself is printed inert, never as markup
+    out.print(Text.assemble((r["instance_type"], "bold"),
+                            inert(f": {m['cpu']}, {m['vcpus']} vCPUs, {m['ram_bytes'] / 2**30:.0f} GiB; GPU {gpus}; "
+                                  f"torch {m['torch']}, CUDA {m['cuda'] or '-'}, driver {m['driver'] or '-'}"),
+                            (" (quick sizes)", "dim") if b["quick"] else ""))
     peak = b.get("against_peak") or {}
     t = Table("measure", *[DEVICE[d] for d in b["devices"]], "GPU peak", "of peak", title="memory and compute")
     for key, label in (("copy_gbs", "copy GB/s"), ("triad_gbs", "triad GB/s"), ("h2d_pinned_gbs", "host->GPU pinned GB/s"),
@@ -102,25 +107,23 @@ def _show(r: dict) -> None:
     for model, by_device in b["training"]["models"].items():
         for d, row in by_device.items():
             if isinstance(row, dict):
-                t.add_row(model, DEVICE[d], str(row["batch_size"]), f"{row['train_seconds']:.2f}",
+                t.add_row(plain(model), DEVICE[d], plain(row["batch_size"]), f"{row['train_seconds']:.2f}",
                           f"{row['samples_per_second']:,.0f}", f"{100 * row['test_acc']:.2f}%",
                           "-" if row["time_to_target_seconds"] is None else f"{row['time_to_target_seconds']:.2f} s")
         if "speedup" in by_device:
-            t.add_row(model, "GPU/CPU", "", f"x{by_device['speedup']:.2f} faster", "", "", "")
+            t.add_row(plain(model), "GPU/CPU", "", f"x{by_device['speedup']:.2f} faster", "", "", "")
     out.print(t)
     t = Table("device", "batch", "seconds", "samples/s", title="the dbn at a small and a large batch (the GPU needs "
               "large ones to be filled)")
     for d, by_batch in b["training"]["batch"].items():
         for batch, row in by_batch.items():
-            t.add_row(DEVICE[d], batch, f"{row['train_seconds']:.2f}", f"{row['samples_per_second']:,.0f}")
+            t.add_row(DEVICE[d], plain(batch), f"{row['train_seconds']:.2f}", f"{row['samples_per_second']:,.0f}")
     out.print(t)
     if r.get("usd_per_hour") is None:
-        out.print(f"USD per run: - (no price for {r['instance_type']}); results in {r['artifacts']}/outputs",
-                  highlight=False)
+        out.print(plain(f"USD per run: - (no price for {r['instance_type']}); results in {r['artifacts']}/outputs"))
         return
     usd = ", ".join(f"{m} {_usd(v['usd'])} ({v['basis']})" for m, v in r["usd_per_run"].items())
-    out.print(f"USD per run at {r['usd_per_hour']:.4f} USD/h: {usd or '-'}; results in {r['artifacts']}/outputs",
-              highlight=False)
+    out.print(plain(f"USD per run at {r['usd_per_hour']:.4f} USD/h: {usd or '-'}; results in {r['artifacts']}/outputs"))
 
 
 def _usd(value: float | None) -> str:

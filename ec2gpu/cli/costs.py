@@ -10,7 +10,8 @@ from typing import Optional
 
 import typer
 
-from . import JSON, REGION, SANDBOX, Context, _sandbox_flag, app, err, out, attempt_rows, cost_rows, render_json
+from . import (JSON, REGION, SANDBOX, Context, _sandbox_flag, app, attempt_rows, cost_rows, err, note, out, plain,
+               render_json)
 from ..errors import UsageError
 
 runs_app = typer.Typer(help="The ledger of runs: what ran, how it ended, what it cost.",
@@ -43,7 +44,7 @@ def prices(gpu: Optional[str] = typer.Option(None, "--gpu", help="Only this GPU 
             cache = pricing.refresh_cache(aws.pricing(), aws.region, home)
             err.print(f"[dim]fetched {len(cache['prices'])} on-demand prices for {aws.region} from the Price List "
                       f"API into {catalog.price_cache_path(home, aws.region)}[/]")
-        rows, retired = costs.price_rows(aws, home, gpu, log=lambda m: err.print(f"[dim]{m}[/]", highlight=False))
+        rows, retired = costs.price_rows(aws, home, gpu, log=note)
         sandbox_note = "sandbox: spot prices come from the sandbox's simulated market" if ctx.backend.is_sandbox else None
     if as_json:
         render_json({"region": aws.region, "instance_types": rows, "retired": retired,
@@ -131,7 +132,7 @@ def runs(ctx: typer.Context,
         r["controller_gone"] = r["run_id"] in lost
     keys = ("run_id", "status", "controller_gone", "backend", "task", "instance_type", "market", "model", "test_acc",
             "exit_status",
-            "summary", "billed_seconds",
+            "summary", "summary_schema", "billed_seconds",
             "cost_usd", "estimated_cost_usd", "started_at", "region", "zone", "instance_ids", "artifacts")
     # real money and the sandbox's simulated bills are never added up together
     total = ledger.totals([r for r in rows if r.get("backend") == "aws"])
@@ -151,12 +152,12 @@ def runs(ctx: typer.Context,
     t.add_column("run id (start UTC)", no_wrap=True, min_width=max(len(r["run_id"]) for r in rows))
     for name in ("status", "task", "type", "result", "billed", "cost $", "est. $"):
         t.add_column(name, overflow="fold", no_wrap=name in ("billed", "cost $", "est. $"))
-    for r in rows:
+    for r in rows:  # the result quotes the job's summary.json: every cell inert, none read as markup
         kind = (r.get("instance_type") or "") + (" spot" if r.get("market") == "spot" else "")
-        t.add_row(r["run_id"], "controller gone" if r["controller_gone"] else r["status"], r.get("task") or "mnist",
-                  kind, _result(r),
-                  "-" if r.get("billed_seconds") is None else f"{r['billed_seconds']:.0f}",
-                  _usd(r.get("cost_usd")), _usd(r.get("estimated_cost_usd")))
+        t.add_row(*map(plain, (r["run_id"], "controller gone" if r["controller_gone"] else r["status"],
+                               r.get("task") or "mnist", kind, _result(r),
+                               "-" if r.get("billed_seconds") is None else f"{r['billed_seconds']:.0f}",
+                               _usd(r.get("cost_usd")), _usd(r.get("estimated_cost_usd")))))
     out.print(t)
     for run_id in lost:
         out.print(f"[yellow]run {run_id}: its controller ended without closing it[/] (killed?); `ec2gpu down {run_id}` "
@@ -177,6 +178,8 @@ def _result(r: dict) -> str:
         return f"image {r['summary']['image_id']} ({r['summary'].get('task')})"
     if r.get("test_acc") is not None:
         return f"acc {100 * r['test_acc']:.2f}%"
+    if r.get("summary_schema") == "invalid":
+        return f"summary.json not accepted ({(r.get('summary') or {}).get('invalid')})"
     if r.get("summary"):
         return ", ".join(f"{k} {v}" for k, v in list(r["summary"].items())[:3])
     return "-" if r.get("exit_status") in (None, 0) else f"exit {r['exit_status']}"
@@ -205,6 +208,6 @@ def runs_show(run_id: str = typer.Argument(..., help="Run id (or a unique prefix
     rows += cost_rows(r)
     rows += attempt_rows(r.get("attempts") or [])
     rows.append(("artifacts", r.get("artifacts") or "-"))
-    for k, v in rows:
-        t.add_row(f"[bold]{k}[/]", str(v))
+    for k, v in rows:  # the summary, the task, the attempts' endings are not ours: never markup
+        t.add_row(plain(k, "bold"), plain(v))
     out.print(t)

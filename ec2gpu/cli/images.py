@@ -6,7 +6,8 @@ from typing import Optional
 
 import typer
 
-from . import JSON, REGION, SANDBOX, RichReporter, _print_record, _sandbox_flag, err, image_app, out, render_json
+from . import (JSON, REGION, SANDBOX, RichReporter, _print_record, _sandbox_flag, err, image_app, note, out, plain,
+               render_json, warn)
 
 
 @image_app.command("bake")
@@ -20,6 +21,8 @@ def bake_cmd(
     spot: bool = typer.Option(False, "--spot", help="Build on a spot instance."),
     ssh_cidr: Optional[str] = typer.Option(None, "--ssh-cidr", help="CIDR allowed to SSH (default: your public IP/32)."),
     ami: Optional[str] = typer.Option(None, "--ami", help="Start from this AMI instead of --from's."),
+    workdir_outside: bool = typer.Option(False, "--workdir-outside", help="Bake in a task file's workdir even when it "
+                                         "lies outside the task file's directory (never your home or credentials)."),
     region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
 ):
     """Make an image holding a task's setup; its runs then launch from it and skip that setup.
@@ -31,8 +34,7 @@ def bake_cmd(
     from .. import api
     record = api.bake(task, base=base, name=name, instance_type=instance_type, spot=spot, ssh_cidr=ssh_cidr, ami=ami,
                       region=region, sandbox=_sandbox_flag(sandbox), reporter=RichReporter(err),
-                      on_warning=lambda text: err.print(f"[yellow]warning:[/] {text}", highlight=False),
-                      as_typed=" ".join(["ec2gpu", *sys.argv[1:]]))
+                      on_warning=warn, as_typed=" ".join(["ec2gpu", *sys.argv[1:]]), workdir_outside=workdir_outside)
     _print_record(record, as_json)
 
 
@@ -61,14 +63,14 @@ def ls_cmd(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: boo
             t.add_column(col, no_wrap=True, min_width=max(len(r[key] or "") for r in rows))
         else:
             t.add_column(col, no_wrap=True, justify="right" if col in ("GiB", "$/month") else "left")
-    for r in rows:
-        t.add_row(r["name"], r["image_id"], (r["created"] or "")[:10], f"{r['snapshot_gib']:g}",
-                  f"{r['usd_per_month']:.2f}")
+    for r in rows:  # names and tags of images in the account (the task's name from its file): never markup
+        t.add_row(*map(plain, (r["name"], r["image_id"], (r["created"] or "")[:10], f"{r['snapshot_gib']:g}",
+                               f"{r['usd_per_month']:.2f}")))
     out.print(t)
     for r in rows:  # what is inside, a line each (it would crowd the table's columns)
         inside = ", ".join([f"task {r['task']} from {r['base']}", f"torch {r['torch'] or '-'}"]
                            + [f"{k} {r[k.lower()]}" for k in ("CUDA", "driver") if r.get(k.lower())])
-        out.print(f"{r['name']}: {inside}", highlight=False)
+        out.print(plain(f"{r['name']}: {inside}"))
     if any(r["size_basis"] != "stored bytes" for r in rows):
         out.print("[dim]GiB: the snapshot's volume size where EC2 does not report its stored bytes (an upper bound)[/]")
     out.print(f"[dim]$/month: snapshot storage at {baked.SNAPSHOT_USD_PER_GB_MONTH} USD per GB-month (EBS standard "
@@ -83,8 +85,9 @@ def rm_cmd(image: str = typer.Argument(..., help="The image's name or AMI id (se
     from ..runs import bake
     with Context(region, _sandbox_flag(sandbox)) as ctx:
         ctx.aws.check_credentials()
-        done = bake.remove(ctx.aws, image, log=lambda m: err.print(f"[dim]{m}[/]", highlight=False))
+        done = bake.remove(ctx.aws, image, log=note)
     if as_json:
         render_json(done)
     else:
-        out.print(f"removed image {done['image_id']} ({done['name']}) and snapshots {', '.join(done['snapshots']) or '-'}")
+        out.print(plain(f"removed image {done['image_id']} ({done['name']}) and snapshots "
+                        f"{', '.join(done['snapshots']) or '-'}"))

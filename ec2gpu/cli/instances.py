@@ -6,7 +6,7 @@ from typing import Optional
 import typer
 
 from ..errors import UsageError
-from . import JSON, REGION, SANDBOX, Context, RichReporter, _sandbox_flag, app, err, out, render_json
+from . import JSON, REGION, SANDBOX, Context, RichReporter, _sandbox_flag, app, err, note, out, plain, render_json
 
 
 @app.command()
@@ -39,7 +39,7 @@ def launch(
     if name is not None:
         tags.check_name(name)  # it goes into tags, ssh_config Host lines and commands shown to you
     if ssh_cidr is not None:
-        network.check_cidr(ssh_cidr, lambda line: err.print(f"[yellow]{line}[/]"))
+        network.check_cidr(ssh_cidr, lambda line: note(line, "yellow"))
     idle = idle_rule(idle_stop, idle_down, no_idle, max_runtime, spot)
     max_runtime = max_runtime or 120
     with Context(region, _sandbox_flag(sandbox), persistent=True) as ctx:
@@ -95,7 +95,7 @@ def _settle(ctx: Context, run_ids: set[str] | None = None) -> None:
     controller died and whose instances have terminated (runs/reconcile.py); each is said."""
     from ..runs import reconcile
     reconcile.settle_all(ctx.aws, ctx.settings.home, ctx.backend.name, run_ids,
-                         log=lambda m: err.print(f"[yellow]{m}[/]", highlight=False))
+                         log=lambda m: note(m, "yellow"))
 
 
 def _fetch_abandoned(ctx: Context, run_ids: set[str] | None = None) -> None:
@@ -115,10 +115,10 @@ def _fetch_abandoned(ctx: Context, run_ids: set[str] | None = None) -> None:
             continue
         out = Path(row.get("artifacts") or Path("runs") / row["run_id"])
         try:
-            logs.fetch(ctx, head, row["run_id"], out, lambda m: err.print(f"[dim]{m}[/]", highlight=False))
-        except (Ec2GpuError, *CONNECTION_ERRORS) as exc:
-            err.print(f"[yellow]run {row['run_id']}: could not bring its files home first[/] ({exc}); removing it "
-                      "anyway", highlight=False)
+            logs.fetch(ctx, head, row["run_id"], out, note)
+        except (Ec2GpuError, *CONNECTION_ERRORS) as exc:  # its words may quote the instance: inert
+            err.print(plain(f"run {row['run_id']}: could not bring its files home first", "yellow")
+                      + plain(f" ({exc}); removing it anyway"))
 
 
 def _find(ctx: Context, name: str) -> list[dict]:
@@ -137,13 +137,13 @@ def stop(name: str = typer.Argument(..., help="Name, instance id or cluster of a
     from ..runs import stopstart
     with Context(region, _sandbox_flag(sandbox), persistent=True) as ctx:
         ctx.aws.check_credentials()
-        rows = stopstart.stop(ctx.aws, name, log=lambda m: err.print(f"[dim]{m}[/]", highlight=False))
+        rows = stopstart.stop(ctx.aws, name, log=note)
     if as_json:
         render_json(rows)
         return
     for r in rows:
-        out.print(f"{r['name'] or r['instance_id']}: {r['state']}; its disk is kept and billed (`ec2gpu ls`); "
-                  f"`ec2gpu start {name}` brings it back, `ec2gpu down {name}` removes it", highlight=False)
+        out.print(plain(f"{r['name'] or r['instance_id']}: {r['state']}; its disk is kept and billed (`ec2gpu ls`); "
+                        f"`ec2gpu start {name}` brings it back, `ec2gpu down {name}` removes it"))
 
 
 @app.command()
@@ -156,14 +156,13 @@ def start(name: str = typer.Argument(..., help="Name, instance id or cluster of 
     from ..runs import stopstart
     with Context(region, _sandbox_flag(sandbox), persistent=True) as ctx:
         ctx.aws.check_credentials()
-        rows = stopstart.start(ctx.aws, ctx.settings, ctx.backend, name,
-                               log=lambda m: err.print(f"[dim]{m}[/]", highlight=False))
+        rows = stopstart.start(ctx.aws, ctx.settings, ctx.backend, name, log=note)
     if as_json:
         render_json(rows)
         return
     for r in rows:
-        out.print(f"{r['name'] or r['instance_id']}: {r['state']} at {r['public_ip'] or '-'}; `ec2gpu ssh {name}` "
-                  "to log in", highlight=False)
+        out.print(plain(f"{r['name'] or r['instance_id']}: {r['state']} at {r['public_ip'] or '-'}; "
+                        f"`ec2gpu ssh {name}` to log in"))
 
 
 @app.command()
@@ -177,7 +176,7 @@ def scale(name: str = typer.Argument(..., help="The standing cluster's name (ec2
 
     with Context(region, _sandbox_flag(sandbox), persistent=True) as ctx:
         ctx.aws.check_credentials()
-        done = clusters.scale(ctx.aws, ctx.settings, name, nodes, max_runtime, log=lambda m: err.print(f"[dim]{m}[/]"))
+        done = clusters.scale(ctx.aws, ctx.settings, name, nodes, max_runtime, log=note)
     if as_json:
         render_json(done)
     elif not done["added"] and not done["removed"]:
@@ -242,12 +241,15 @@ def ls(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = 
             group = r["cluster"]
             if group is not None:
                 n = sum(1 for x in rows if x["cluster"] == group)
-                t.add_row(f"[bold]cluster {group}[/]", f"{n} node(s)", "", "", "", "", "", "", "")
+                t.add_row(plain(f"cluster {group}", "bold"), f"{n} node(s)", "", "", "", "", "", "", "")
         m, sec = divmod(r["age_seconds"], 60)
-        t.add_row(r["name"], r["instance_id"], r["instance_type"] + (" spot" if r["market"] == "spot" else ""),
-                  r["zone"] or "", _state_cell(r), _idle_cell(r), f"{m // 60}h{m % 60:02d}m" if m >= 60 else f"{m}m{sec:02d}s",
-                  "-" if r["usd_per_hour"] is None else f"{r['usd_per_hour']:.4f}",
-                  "-" if r["cost_so_far_usd"] is None else f"{r['cost_so_far_usd']:.4f}")
+        # tags are set by ec2gpu, but anyone with the account's rights can change them: cells inert, never markup
+        t.add_row(*map(plain, (r["name"], r["instance_id"],
+                               r["instance_type"] + (" spot" if r["market"] == "spot" else ""),
+                               r["zone"] or "", _state_cell(r), _idle_cell(r),
+                               f"{m // 60}h{m % 60:02d}m" if m >= 60 else f"{m}m{sec:02d}s",
+                               "-" if r["usd_per_hour"] is None else f"{r['usd_per_hour']:.4f}",
+                               "-" if r["cost_so_far_usd"] is None else f"{r['cost_so_far_usd']:.4f}")))
     out.print(t)
     for r in rows:
         if r["unsafe_tags"]:
@@ -284,14 +286,14 @@ def cleanup(dry_run: bool = typer.Option(False, "--dry-run", help="Only list wha
         report = {}
         for name in regions:
             aws = ctx.aws if name == ctx.aws.region else Aws(name, endpoint_url=ctx.aws.endpoint_url)
-            found = sweep.inventory(aws.ec2, log=lambda m: err.print(f"[dim]{name}: {m}[/]", highlight=False))
+            found = sweep.inventory(aws.ec2, log=lambda m, n=name: note(f"{n}: {m}"))
             if not any(found.values()):
                 continue
             if dry_run:
                 report[name] = {k: [r["id"] for r in v] for k, v in found.items()}
             else:
                 report[name] = sweep.delete_everything(aws.ec2, found, ctx.settings.keys_dir,
-                                                       log=lambda m, n=name: err.print(f"[dim]{n}: {m}[/]"))
+                                                       log=lambda m, n=name: note(f"{n}: {m}"))
         if not dry_run:
             _settle(ctx)
     if as_json:
@@ -363,7 +365,7 @@ def down(name: Optional[str] = typer.Argument(None, help="Name, instance id or r
         removed = {}
         for run_id in sorted(r for r in runs if r):
             removed[run_id] = sweep.delete_run(ec2, run_id, ctx.settings.keys_dir,
-                                               log=lambda m: err.print(f"[dim]{m}[/]"))
+                                               log=note)
         _settle(ctx, set(removed))
     if as_json:
         render_json(removed)

@@ -8,26 +8,34 @@ from typing import List, Optional
 import typer
 
 from ..errors import UsageError
-from . import JSON, REGION, SANDBOX, RichReporter, _print_record, _sandbox_flag, app, err
+from . import JSON, REGION, SANDBOX, RichReporter, _print_record, _sandbox_flag, app, err, warn
 
 
-def _size(text: str) -> int:
-    """'1G', '500M', '2048' (bytes) -> bytes. Raises UsageError."""
+def _size(text: str, flag: str = "--max-upload") -> int:
+    """'1G', '500M', '2048' (bytes) -> bytes. Raises UsageError naming ``flag``."""
     units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
     t = text.strip().lower().removesuffix("b").removesuffix("i")
     try:
         return int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
     except (ValueError, KeyError):
-        raise UsageError(f"--max-upload {text!r} is not a size", "use e.g. 500M or 2G")
+        raise UsageError(f"{flag} {text!r} is not a size", "use e.g. 500M or 2G")
 
 
-def _env_flags(values: list[str]) -> dict[str, Optional[str]]:
-    """--env K=V (a value) or --env K (taken from this machine)."""
+def _env_flags(values: list[str], secrets: Optional[list[str]] = None) -> dict[str, Optional[str]]:
+    """--env K=V (a value) or --env K (taken from this machine); each K, and each --secret K in
+    ``secrets``, checked like a task file's envs. Raises UsageError for a K that is not a name."""
+    from ..tasks.load import check_env_name
+    for k in secrets or []:
+        check_env_name(k, "--secret")
     out = {}
     for v in values:
         k, eq, val = v.partition("=")
-        out[k] = val if eq else None
+        out[check_env_name(k, "--env")] = val if eq else None
     return out
+
+
+WORKDIR_OUTSIDE = typer.Option(False, "--workdir-outside", help="Send a task file's workdir even when it lies outside "
+                               "the task file's directory (your home and credentials directories are never sent).")
 
 
 @app.command("run")
@@ -55,14 +63,15 @@ def run_cmd(
     max_attempts: Optional[int] = typer.Option(None, "--max-attempts", min=1, help="Instances to try (default 3 "
                                                "with spot, else 1)."),
     max_upload: str = typer.Option("1G", "--max-upload", help="Refuse a workdir larger than this (bytes, 500M, 2G)."),
-    include_secrets: bool = typer.Option(False, "--include-secrets", help="Also send .git/, .env*, *.pem, *.key and "
-                                         "private keys (never sent otherwise)."),
+    include_secrets: bool = typer.Option(False, "--include-secrets", help="Also send .git/, .env*, keys and the "
+                                         "credential files docs/tasks.md lists (never sent otherwise)."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Where outputs and logs come home (default runs/<run-id>/)."),
     ssh_cidr: Optional[str] = typer.Option(None, "--ssh-cidr", help="CIDR allowed to SSH (default: your public IP/32)."),
     ami: Optional[str] = typer.Option(None, "--ami", help="AMI id (default: the newest image baked for the task's "
                                       "setup, else the PyTorch Deep Learning AMI)."),
     no_baked: bool = typer.Option(False, "--no-baked", help="Boot the Deep Learning AMI even when an image baked for "
                                   "this setup exists (`ec2gpu image ls`)."),
+    workdir_outside: bool = WORKDIR_OUTSIDE,
     region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
 ):
     """Run your own job on new GPU instances: send the workdir, set up, run, bring outputs home, terminate.
@@ -76,10 +85,11 @@ def run_cmd(
     task_file = _task_file(args)
     record = api.run(
         task_file, command=None if task_file else list(args or []) or None, workdir=workdir, name=name, gpu=gpu, instance_type=instance_type, spot=spot, spot_fallback=spot_fallback,
-        nodes=nodes, env=_env_flags(env), secrets=secret, max_runtime=max_runtime, expect=expect, budget=budget,
+        nodes=nodes, env=_env_flags(env, secret), secrets=secret, max_runtime=max_runtime, expect=expect, budget=budget,
         max_price=max_price, max_attempts=max_attempts, max_upload=_size(max_upload), include_secrets=include_secrets,
         out=out_dir, ssh_cidr=ssh_cidr, ami=ami, region=region, sandbox=_sandbox_flag(sandbox),
-        reporter=RichReporter(err), on_warning=_warn, as_typed=" ".join(["ec2gpu", *sys.argv[1:]]), baked=not no_baked)
+        reporter=RichReporter(err), on_warning=_warn, as_typed=" ".join(["ec2gpu", *sys.argv[1:]]), baked=not no_baked,
+        workdir_outside=workdir_outside)
     _print_record(record, as_json)
 
 
@@ -91,8 +101,9 @@ def exec_cmd(
     secret: List[str] = typer.Option([], "--secret", help="K: like --env K, and its value is masked everywhere."),
     workdir: Optional[str] = typer.Option(None, "--workdir", help="For a command: the directory to send (default .)."),
     max_upload: str = typer.Option("1G", "--max-upload", help="Refuse a workdir larger than this."),
-    include_secrets: bool = typer.Option(False, "--include-secrets", help="Also send .git/, .env*, keys."),
+    include_secrets: bool = typer.Option(False, "--include-secrets", help="Also send .git/, .env*, keys, credentials."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Where outputs and logs come home."),
+    workdir_outside: bool = WORKDIR_OUTSIDE,
     region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
 ):
     """Run a task on a standing instance or cluster and leave it running.
@@ -103,9 +114,10 @@ def exec_cmd(
 
     task_file = _task_file(args)
     record = api.exec(target, task_file, command=None if task_file else list(args or []) or None, workdir=workdir,
-                      env=_env_flags(env), secrets=secret, max_upload=_size(max_upload),
+                      env=_env_flags(env, secret), secrets=secret, max_upload=_size(max_upload),
                       include_secrets=include_secrets, out=out_dir, region=region, sandbox=_sandbox_flag(sandbox),
-                      reporter=RichReporter(err), on_warning=_warn, as_typed=" ".join(["ec2gpu", *sys.argv[1:]]))
+                      reporter=RichReporter(err), on_warning=_warn, as_typed=" ".join(["ec2gpu", *sys.argv[1:]]),
+                      workdir_outside=workdir_outside)
     _print_record(record, as_json)
 
 
@@ -115,4 +127,5 @@ def _task_file(args) -> str | None:
 
 
 def _warn(text: str) -> None:
-    err.print(f"[yellow]warning:[/] {text}", highlight=False)
+    """A task file's warning: it may quote the file's values (inert, never markup: cli.warn)."""
+    warn(text)

@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import shlex
 import socket
-import stat
 import time
-from pathlib import Path
 
 import paramiko
 from fabric import Connection
 
-from ..errors import WaitTimeout
+from ..errors import RemoteError, WaitTimeout
 from . import ssh
 
 READ_TIMEOUT_S = 30.0  # seconds without an answer before a read counts as a dropped connection
@@ -31,7 +30,13 @@ def remote_run_dir(conn: Connection, run_id: str) -> str:
 
 
 def job_script(run_dir: str, argv: list[str], env: dict[str, str] | None = None) -> str:
-    """The job.sh that runs ``argv`` in ``run_dir`` and records its exit status there (pure)."""
+    """The job.sh that runs ``argv`` in ``run_dir`` and records its exit status there (pure).
+
+    Raises ValueError for a key of ``env`` that is not an environment variable name (it would be
+    shell text in `export NAME=...`; values are quoted)."""
+    bad = [k for k in (env or {}) if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
+    if bad:
+        raise ValueError(f"not an environment variable name: {bad[0]!r}")
     exports = "".join(f"export {k}={shlex.quote(v)}; " for k, v in (env or {}).items())
     d = shlex.quote(run_dir)
     # `|| exit` (shellcheck SC2164): a failed cd must not run the job elsewhere, and the exit status
@@ -44,32 +49,71 @@ def start(conn: Connection, run_dir: str, argv: list[str], env: dict[str, str] |
     """Start ``argv`` in ``run_dir`` detached from the SSH session; return its process id.
 
     stdout/stderr go to ``run_dir``/console.log, the exit status to ``run_dir``/exit_status.
+    Raises RemoteError when the instance does not answer with a process id.
     """
     conn.put(io.BytesIO(job_script(run_dir, argv, env).encode()), f"{run_dir}/job.sh")
-    ssh.run(conn, f"rm -f {run_dir}/exit_status")
+    ssh.run(conn, f"rm -f {shlex.quote(run_dir + '/exit_status')}")
     # not `cd X && setsid ... &`: that backgrounds a subshell that keeps the session's stdout open,
     # and the SSH command (so this call) would then last as long as the job
     out = ssh.run(conn, f"cd {shlex.quote(run_dir)} || exit 1; setsid nohup bash job.sh > console.log 2>&1 < /dev/null "
                         "& echo $!")
-    return int(out.strip().splitlines()[-1])
+    last = (out.strip().splitlines() or [""])[-1].strip()
+    if not last.isdigit() or len(last) > 9:  # the instance's words (its shell may print anything): checked
+        raise RemoteError(f"starting the job on {conn.host} gave no process id (got {last[:80]!r})",
+                          "look at the instance's ~/.bashrc and ~/.profile: they print or change commands")
+    return int(last)
 
 
-def read_from(conn: Connection, path: str, offset: int) -> bytes:
-    """Bytes of remote ``path`` from ``offset`` to its current end (b'' if it does not exist yet)."""
+CHUNK_BYTES = 1 << 20  # at most this much of a remote file is read (and held) at once: 1 MiB
+PREFETCH_FROM = 64 * 1024  # reads larger than this are prefetched (paramiko SFTPFile.prefetch)
+EXIT_STATUS_RE = re.compile(rb"^\s*(-?[0-9]{1,9})\s*$")
+
+
+def read_from(conn: Connection, path: str, offset: int, limit: int = CHUNK_BYTES) -> bytes:
+    """Up to ``limit`` bytes of remote ``path`` from ``offset`` (b'' if it does not exist yet).
+    A file may be any size (the job writes it): read it in chunks (``drain``), never whole."""
     sftp = conn.sftp()
     sftp.get_channel().settimeout(READ_TIMEOUT_S)  # a silent network drop raises instead of hanging
     try:
         with sftp.open(path, "rb") as f:
             f.seek(offset)
-            return f.read()
+            end = min(int(f.stat().st_size or 0), offset + limit)
+            if end - offset > PREFETCH_FROM:  # many 32 KiB requests in flight at once, not one round trip each
+                f.prefetch(end, max_concurrent_requests=64)
+                return f.read(end - offset)
+            return f.read(limit)
     except FileNotFoundError:
         return b""
 
 
+def drain(conn: Connection, path: str, cursor: "LogCursor", limit: int | None = None) -> None:
+    """Deliver remote ``path`` from ``cursor.offset`` to its current end, one chunk at a time
+    (memory stays at CHUNK_BYTES); with ``limit``, stop once the cursor is at ``limit`` bytes."""
+    while limit is None or cursor.offset < limit:
+        want = CHUNK_BYTES if limit is None else min(CHUNK_BYTES, limit - cursor.offset)
+        chunk = read_from(conn, path, cursor.offset, want)
+        cursor.deliver(chunk)
+        if len(chunk) < want:
+            return
+
+
+def size_of(conn: Connection, path: str) -> int:
+    """The size in bytes of remote ``path`` (0 if it does not exist)."""
+    try:
+        return int(conn.sftp().stat(path).st_size or 0)
+    except FileNotFoundError:
+        return 0
+
+
 def exit_status(conn: Connection, run_dir: str) -> int | None:
-    """The job's exit status, or None while it is still running."""
-    data = read_from(conn, f"{run_dir}/exit_status", 0).strip()
-    return int(data) if data else None
+    """The job's exit status, or None while it is still running. The file is the instance's
+    (hostile input): anything but a small integer there reads as 255, an unknown failure, and the
+    controller then judges from the agent's status record (runs/engine.py)."""
+    data = read_from(conn, f"{run_dir}/exit_status", 0, 64)
+    if not data.strip():
+        return None
+    m = EXIT_STATUS_RE.match(data)
+    return int(m.group(1)) if m else 255
 
 
 class LogCursor:
@@ -97,15 +141,18 @@ def follow(conn: Connection, run_dir: str, log_name: str, cursor: LogCursor, pol
     path = f"{run_dir}/{log_name}"
     while True:
         status = exit_status(conn, run_dir)
-        cursor.deliver(read_from(conn, path, cursor.offset))  # after the status: nothing written is missed
-        if status is not None:
+        if status is not None:  # read after the status: nothing written is missed
+            drain(conn, path, cursor, limit=size_of(conn, path))  # its size now: a writer left behind cannot hold us
             return status
+        chunk = read_from(conn, path, cursor.offset)
+        cursor.deliver(chunk)
         if on_poll:
             on_poll(conn)
         if deadline and time.monotonic() > deadline:
             raise WaitTimeout(f"the job in {run_dir} did not end in {timeout_s:.0f} s",
                               "it is still running on the instance")
-        time.sleep(poll_s)
+        if len(chunk) < CHUNK_BYTES:  # a full chunk: more is waiting, read on at once
+            time.sleep(poll_s)
 
 
 #: what a dropped connection raises from paramiko/fabric
@@ -157,34 +204,29 @@ def follow_reconnecting(connect, run_dir: str, log_name: str, cursor: LogCursor,
             log(f"reconnected after {time.monotonic() - lost_since:.1f} s; the log resumes at byte {cursor.offset:,}")
 
 
-def fetch(conn: Connection, remote_dir: str, local_dir: Path) -> list[Path]:
-    """Download every regular file of ``remote_dir`` (not recursive) into ``local_dir``."""
-    local_dir.mkdir(parents=True, exist_ok=True)
-    sftp = conn.sftp()
-    got = []
-    for entry in sftp.listdir_attr(remote_dir):
-        if stat.S_ISREG(entry.st_mode) and not entry.filename.startswith("."):
-            target = local_dir / entry.filename
-            conn.get(f"{remote_dir}/{entry.filename}", str(target))
-            got.append(target)
-    return got
+TAIL_BYTES = 64 * 1024  # a failed job's last lines come from at most its log's last 64 KiB
 
 
 def tail(conn: Connection, path: str, lines: int = 20) -> str:
-    """The last ``lines`` lines of remote ``path`` ('' if absent)."""
-    text = read_from(conn, path, 0).decode(errors="replace")
+    """The last ``lines`` lines of remote ``path`` ('' if absent), from its last TAIL_BYTES bytes."""
+    start = max(0, size_of(conn, path) - TAIL_BYTES)
+    text = read_from(conn, path, start, TAIL_BYTES).decode(errors="replace")
     return "\n".join(text.splitlines()[-lines:])
 
 
 class LineSplitter:
-    """Turn a byte stream into whole lines for ``emit``."""
+    """Turn a byte stream into whole lines for ``emit``; a line longer than ``max_line`` bytes
+    (a job that prints no newline) is emitted in pieces of that size, so memory stays bounded."""
 
-    def __init__(self, emit):
-        self.emit, self.buf = emit, b""
+    def __init__(self, emit, max_line: int = 64 * 1024):
+        self.emit, self.buf, self.max_line = emit, b"", max_line
 
     def __call__(self, chunk: bytes) -> None:
         self.buf += chunk
         *lines, self.buf = self.buf.split(b"\n")
+        while len(self.buf) > self.max_line:
+            lines.append(self.buf[:self.max_line])
+            self.buf = self.buf[self.max_line:]
         for line in lines:
             self.emit(line.decode(errors="replace"))
 

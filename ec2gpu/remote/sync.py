@@ -3,8 +3,10 @@
 Which files: inside a git repository, ``git ls-files --cached --others --exclude-standard`` (every
 .gitignore, .git/info/exclude and the global excludes, as git reads them); elsewhere the
 directory's own .gitignore read with pathspec. ``.ec2gpuignore`` (gitignore syntax) is applied on
-top, adding to .gitignore, never replacing it. ``.git/``, ``.env*``, ``*.pem``, ``*.key`` and private
-keys (SSH key file names, or a PEM "PRIVATE KEY" header) never go unless ``allow_secrets``; what
+top, adding to .gitignore, never replacing it. ``.git/``, ``.env*`` and the ecosystem's credential
+files wherever they are (NEVER_SEND: keys, ~/.aws, ~/.ssh, .netrc, .git-credentials, .kube/,
+.docker/config.json, gcloud's, .pypirc, .pgpass, histories, keyrings, browser cookies, ...), and
+files that start like a private key, never go unless ``allow_secrets``; what
 ec2gpu brought home on earlier runs (``runs/<run id>/``) never goes.
 
 How: real ``rsync`` over the run's own SSH (an OpenSSH config with the run's key and the host key
@@ -25,16 +27,58 @@ from pathlib import Path
 import pathspec
 
 from ..errors import RemoteError, UsageError
+from . import files
 
 IGNORE_FILE = ".ec2gpuignore"
-#: never sent unless --include-secrets: credentials and version-control internals
-NEVER_SEND = [".git/", ".env", ".env.*", "*.pem", "*.key", "id_rsa", "id_dsa", "id_ecdsa", "id_ed25519",
-              "*.p12", "*.pfx", ".aws/", ".ssh/"]
+#: never sent unless --include-secrets, wherever they are in the workdir (gitignore syntax):
+#: credentials and version-control internals, each group with the documentation that names it
+NEVER_SEND = [
+    ".git/", ".env", ".env.*",  # git's internals; dotenv files (github.com/motdotla/dotenv)
+    # keys: PEM and PKCS#12 files; OpenSSH's key names (ssh-keygen(1), FILES); PuTTY's (.ppk)
+    "*.pem", "*.key", "*.p12", "*.pfx", "*.ppk", "id_rsa", "id_dsa", "id_ecdsa", "id_ecdsa_sk", "id_ed25519",
+    "id_ed25519_sk",
+    # credentials directories (also refused as a workdir: tasks/load.CREDENTIAL_DIRS): AWS CLI
+    # (docs.aws.amazon.com/cli/latest/userguide/cli-configure-files.html), OpenSSH (ssh(1) FILES),
+    # GnuPG (gnupg.org/documentation/manuals/gnupg/GPG-Configuration.html), kubectl
+    # (kubernetes.io/docs/concepts/configuration/organize-cluster-access-kubeconfig/), Azure CLI
+    # (learn.microsoft.com/cli/azure/azure-cli-configuration), pass (passwordstore.org), GNOME
+    # Keyring (wiki.gnome.org/Projects/GnomeKeyring), gcloud (cloud.google.com/sdk/docs/configurations),
+    # GitHub CLI's hosts.yml (cli.github.com/manual/gh_auth_login)
+    ".aws/", ".ssh/", ".gnupg/", ".kube/", ".azure/", ".password-store/", "**/.local/share/keyrings/", "*.keyring",
+    "**/.config/gcloud/", "**/.config/gh/",
+    # gcloud's credential files wherever they are (cloud.google.com/docs/authentication/application-default-credentials)
+    "application_default_credentials.json", "credentials.db", "access_tokens.db", "legacy_credentials/",
+    # login files: netrc (curl, git, pip: everything.curl.dev/usingcurl/netrc; _netrc on Windows),
+    # git-credential-store (git-scm.com/docs/git-credential-store), docker login
+    # (docs.docker.com/reference/cli/docker/login/), .pypirc (packaging.python.org/specifications/pypirc/),
+    # .pgpass (postgresql.org/docs/current/libpq-pgpass.html), .npmrc (docs.npmjs.com/cli/configuring-npm/npmrc),
+    # terraform login (developer.hashicorp.com/terraform/cli/config/config-file#credentials), vault login's
+    # token helper (developer.hashicorp.com/vault/docs/commands/token-helper), s3cmd (s3tools.org/kb/item14.htm),
+    # boto 2 (boto.cloudhackers.com/en/latest/boto_config_tut.html), Databricks CLI
+    # (docs.databricks.com/dev-tools/cli/profiles.html), Apache htpasswd, KeePass databases (*.kdbx)
+    ".netrc", "_netrc", ".git-credentials", "**/.docker/config.json", ".pypirc", ".pgpass", ".npmrc",
+    "credentials.tfrc.json", ".vault-token", ".s3cfg", ".boto", ".databrickscfg", ".htpasswd", "*.kdbx",
+    # shell and REPL histories (commands typed with tokens in them): bash(1) HISTFILE, zsh's
+    # .zsh_history/.zhistory/.histfile, Python's .python_history, psql, mysql, node, fish's
+    # fish_history, less(1) LESSHISTFILE, vim's viminfo
+    ".*_history", ".zhistory", ".histfile", "fish_history", ".lesshst", ".viminfo",
+    # browser cookie and password stores: Chrome/Chromium profiles (Cookies, Login Data, Web Data;
+    # chromium.org/developers/design-documents/user-data-directory), Firefox profiles (cookies.sqlite,
+    # logins.json, key4.db; support.mozilla.org/kb/profiles-where-firefox-stores-user-data)
+    "Cookies", "Cookies-journal", "Login Data", "Login Data-journal", "Web Data", "cookies.sqlite", "logins.json",
+    "key3.db", "key4.db",
+]
+#: a small file starting with one of these (in its first _SNIFF_BYTES) is a private key: PEM
+#: (RFC 7468: "-----BEGIN ... PRIVATE KEY-----", OpenSSH's too), OpenPGP (RFC 4880 armor), PuTTY
+_KEY_HEADERS = (b"PRIVATE KEY-----", b"PRIVATE KEY BLOCK-----", b"PuTTY-User-Key-File-")
+#: files whose token lines make them secret (Yarn Berry's .yarnrc.yml: yarnpkg.com/configuration/yarnrc);
+#: without one the project's own settings still go
+_TOKEN_FILES = {".yarnrc.yml": (b"npmAuthToken", b"npmAuthIdent", b"npmPassword")}
+_SNIFF_BYTES = 4096
 #: never sent: what ec2gpu itself brought home into the workdir on earlier runs (runs/<run id>/, the
 #: default artifacts directory when a run starts in the project), matched by the run id's format
 #: (runs/pipeline.new_run_id) so a project's own runs/ files still go
 OWN_ARTIFACTS = ["/runs/[0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9]-[0-9][0-9][0-9][0-9][0-9][0-9]-[0-9a-f][0-9a-f]*/"]
-_KEY_HEADER = b"PRIVATE KEY-----"
 MAX_UPLOAD_BYTES = 1 << 30  # --max-upload default: 1 GiB
 
 
@@ -69,13 +113,16 @@ def _walk(root: Path, spec: pathspec.PathSpec) -> list[str]:
 
 
 def _looks_like_private_key(path: Path) -> bool:
+    """Whether the file at ``path`` (64 KiB or less) holds a private key in its first _SNIFF_BYTES
+    (_KEY_HEADERS), or is one of _TOKEN_FILES with a token line. An unreadable file: False."""
     try:
         if path.stat().st_size > 64 * 1024:
             return False
         with open(path, "rb") as f:
-            return _KEY_HEADER in f.read(128)
+            head = f.read(64 * 1024 if path.name in _TOKEN_FILES else _SNIFF_BYTES)
     except OSError:
         return False
+    return any(h in head for h in _KEY_HEADERS + _TOKEN_FILES.get(path.name, ()))
 
 
 def manifest(root: Path, allow_secrets: bool = False) -> Manifest:
@@ -121,10 +168,11 @@ def rsync_available(conn) -> bool:
     return conn.run("command -v rsync", hide=True, warn=True, in_stream=False).ok
 
 
-def _rsync(ssh_config: Path, src: str, dst: str, files: list[str], what: str) -> None:
-    """rsync exactly ``files`` (relative to ``src``) to ``dst`` over ``ssh -F ssh_config``."""
-    args = ["-a", "--from0", "--files-from=-", "-e", f"ssh -F {shlex.quote(str(ssh_config))}", src, dst]
-    done = subprocess.run(["rsync", *args], input="\0".join(files).encode(), capture_output=True)
+def _rsync(ssh_config: Path, src: str, dst: str, names: list[str], what: str, mode: list[str] = ("-a",)) -> None:
+    """rsync exactly ``names`` (relative to ``src``) to ``dst`` over ``ssh -F ssh_config``, with
+    ``mode`` as its transfer options (``-a`` up; ``pull`` passes its own)."""
+    args = [*mode, "--from0", "--files-from=-", "-e", f"ssh -F {shlex.quote(str(ssh_config))}", src, dst]
+    done = subprocess.run(["rsync", *args], input="\0".join(names).encode(), capture_output=True)
     if done.returncode != 0:
         raise RemoteError(f"rsync ({what}) exited {done.returncode}", "its message is shown above",
                           command="rsync " + " ".join(shlex.quote(a) for a in args), exit_status=done.returncode,
@@ -155,24 +203,39 @@ def push(conn, m: Manifest, remote_dir: str, ssh_config: Path | None, host_alias
 
 
 def pull(conn, remote_dir: str, local_dir: Path, patterns: list[str], ssh_config: Path | None,
-         host_alias: str) -> tuple[list[str], str]:
-    """Bring ``remote_dir`` (recursively) home to ``local_dir``: every file, or those matching
-    ``patterns`` (gitignore-style globs, relative to ``remote_dir``). Returns (files, "rsync"|"sftp")."""
+         host_alias: str, limits: files.Limits = files.Limits(), warn=lambda line: None) -> tuple[list[str], str]:
+    """Bring the regular files under ``remote_dir`` (recursively) home to ``local_dir``: every one,
+    or those matching ``patterns`` (gitignore-style globs, relative to ``remote_dir``). Returns
+    (names brought home, "rsync" | "sftp" | "none").
+
+    The instance is hostile input (remote/files.py): names are listed over SFTP, checked, and
+    written only inside ``local_dir``; at most ``limits`` files and bytes come home; what is
+    skipped or left is said through ``warn`` (one line per kind). rsync gets exactly the checked
+    names (``--files-from``), with ``-t`` alone: no recursion into what it was not given, no
+    symbolic links (``--safe-links`` too), devices, permissions or owners from the instance, and no
+    file over the byte limit (``--max-size``). Raises RemoteError when rsync fails, the
+    connection's errors as they come.
+    """
     local_dir.mkdir(parents=True, exist_ok=True)
-    listing = conn.run(f"cd {shlex.quote(remote_dir)} 2>/dev/null && find . -type f -printf '%P\\0' || true",
-                       hide=True, in_stream=False).stdout
-    files = sorted(f for f in listing.split("\0") if f)
-    if patterns:
-        spec = pathspec.GitIgnoreSpec.from_lines(patterns)
-        files = [f for f in files if spec.match_file(f)]
-    if not files:
+    sftp = conn.sftp()
+    spec = pathspec.GitIgnoreSpec.from_lines(patterns) if patterns else None
+    sel = files.select(files.listing(sftp, remote_dir), local_dir, limits, spec.match_file if spec else None)
+    for line in sel.warnings(f"{remote_dir}", limits):
+        warn(line)
+    names = [f.name for f in sel.files]
+    if not names:
         return [], "none"
     if ssh_config is not None and rsync_available(conn):
-        _rsync(ssh_config, f"{host_alias}:{remote_dir}/", f"{local_dir}/", files, "outputs home")
-        return files, "rsync"
-    sftp = conn.sftp()
-    for rel in files:
-        target = local_dir / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        sftp.get(f"{remote_dir}/{rel}", str(target))
-    return files, "sftp"
+        _rsync(ssh_config, f"{host_alias}:{remote_dir}/", f"{local_dir}/", names, "outputs home",
+               ["-t", "--safe-links", f"--max-size={limits.bytes}"])
+        return [n for n in names if (local_dir / n).is_file()], "rsync"
+    got, budget = [], limits.bytes
+    for f in sel.files:  # each read bounded by what is left of the byte limit: a file may grow after its listing
+        try:
+            budget -= files.get_bounded(sftp, f"{remote_dir}/{f.name}", local_dir / f.name, budget)
+        except (FileNotFoundError, files.TooBig) as exc:
+            why = "gone" if isinstance(exc, FileNotFoundError) else "it grew past the limit"
+            warn(f"{remote_dir}: {f.name!r} not brought home ({why} while being copied)")
+            continue
+        got.append(f.name)
+    return got, "sftp"

@@ -42,14 +42,17 @@ def job_args(quick: bool, sandbox: bool, data_dir: str | None = None) -> list[st
 def usd_per_run(summary: dict | None, usd_per_hour: float | None) -> dict:
     """Per model of a bench's summary: the seconds that count (to the target accuracy on the best
     device, else the whole training when the target was not reached), what they cost at
-    ``usd_per_hour`` (USD, None without a price), and which basis was used (pure)."""
+    ``usd_per_hour`` (USD, None without a price), and which basis was used (pure). A summary that
+    is not the bench's, or has a figure out of bounds (job_summary.bench_figures), gives {}."""
+    from .job_summary import bench_figures
+    figures = bench_figures(summary)
     out = {}
-    for model, by_device in ((summary or {}).get("models") or {}).items():
-        row = by_device.get(summary.get("best_device")) or by_device.get("cpu")
+    for model, by_device in (figures.models if figures else {}).items():
+        row = by_device.get(figures.best_device) or by_device.get("cpu")
         if not row:
             continue
-        to_target = row.get("time_to_target_seconds")
-        secs = to_target if to_target is not None else row["train_seconds"]
+        to_target = row.time_to_target_seconds
+        secs = to_target if to_target is not None else row.train_seconds
         out[model] = {"seconds": secs, "basis": "to target" if to_target is not None else "whole run (target not reached)",
                       "usd": None if usd_per_hour is None else round(secs * usd_per_hour / 3600, 6)}
     return out
@@ -65,16 +68,19 @@ def rank(results: list[dict]) -> list[dict]:
 
 
 def _result(record: dict) -> dict:
-    """One bench's line: run id, type, market, price, status, the bench.json it brought home."""
+    """One bench's line: run id, type, market, price, status, the bench.json it brought home (as
+    job_summary.read_bench_report checks it: None, with ``bench_invalid`` saying why, when it is
+    not the bench's report)."""
+    from .job_summary import read_bench_report
     out = Path(record.get("artifacts") or ".")
-    bench_json = out / "outputs" / "bench.json"
+    report, why = read_bench_report(out / "outputs" / "bench.json", root=out)
     price = record.get("usd_per_hour")
     if price is None:
         price = (record.get("estimate") or {}).get("usd_per_hour")
     return {"run_id": record["run_id"], "instance_type": record.get("instance_type"), "market": record.get("market"),
             "status": record.get("status"), "usd_per_hour": price, "cost_usd": record.get("cost_usd"),
             "artifacts": str(out), "usd_per_run": usd_per_run(record.get("summary"), price),
-            "bench": json.loads(bench_json.read_text()) if bench_json.is_file() else None}
+            "bench": report, **({"bench_invalid": why} if why else {})}
 
 
 def on_instances(aws: Aws, settings: Settings, opts: pipeline.TrainOptions, ui, backend: Backend, quick: bool,
@@ -122,10 +128,11 @@ def local(opts: pipeline.TrainOptions, ui, settings: Settings | None, quick: boo
     started = datetime.now(timezone.utc).isoformat()
     with ui.phase("running"):
         summary = run_local(job, run_id, out, ui)
+    from .job_summary import columns
     record = run_record.new(run_id, opts.command, "local", out, status="completed", task="bench",
-                            instance_type="local", market="local", phases=dict(ui.phases), summary=summary or None,
-                            exit_status=0, ended_at=datetime.now(timezone.utc).isoformat(), billed_seconds=0.0,
-                            cost_usd=0.0)
+                            instance_type="local", market="local", phases=dict(ui.phases),
+                            **columns(summary, "bench"), exit_status=0,
+                            ended_at=datetime.now(timezone.utc).isoformat(), billed_seconds=0.0, cost_usd=0.0)
     record["started_at"] = started
     (out / "run.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
     if settings is not None:

@@ -106,15 +106,20 @@ def estimate(instance_type: str, gpu: str, market: str, usd_per_hour: float | No
     the same model on the same GPU model, else from the samples/s `ec2gpu bench` measured on that
     type or GPU model (bench_speed); each falls back to the documented defaults above.
     """
+    from .job_summary import figure
+
     def job_s(r):  # the job's phase: "running" (before the one engine: "training")
         return (r.get("phases") or {}).get("running") or (r.get("phases") or {}).get("training")
-    same_gpu = [r for r in history if r.get("gpu") == gpu and r.get("model") == model
-                and r.get("train_seconds") and r.get("epochs") and job_s(r)][:5]
+
+    def trained(r):  # (train seconds, epochs) the trainer reported, when both are valid figures (job_summary.py)
+        secs, epochs = figure("train_seconds", r.get("train_seconds")), figure("epochs", r.get("epochs"))
+        return (secs, epochs) if secs and epochs else None
+    same_gpu = [r for r in history if r.get("gpu") == gpu and r.get("model") == model and trained(r) and job_s(r)][:5]
     boot, setup, teardown, same_type = _phase_seconds(history, instance_type)
     measured = bench_speed(history, instance_type, gpu, model)
     if same_gpu:
-        epoch_s = _median([r["train_seconds"] / r["epochs"] for r in same_gpu])
-        startup = _median([max(0.0, job_s(r) - r["train_seconds"]) for r in same_gpu])
+        epoch_s = _median([trained(r)[0] / trained(r)[1] for r in same_gpu])
+        startup = _median([max(0.0, job_s(r) - trained(r)[0]) for r in same_gpu])
         source = f"ledger ({len(same_gpu)} earlier run(s) of {model} on {gpu})"
     elif measured:
         epoch_s = TRAIN_IMAGES / measured["samples_per_second"]
@@ -136,21 +141,23 @@ def estimate(instance_type: str, gpu: str, market: str, usd_per_hour: float | No
 def bench_speed(history: list[dict], instance_type: str, gpu: str, model: str) -> dict | None:
     """The samples/s `ec2gpu bench` measured for ``model`` on ``instance_type`` (else on another
     type with the same GPU model), on its best device (pure). ``history``: the ledger's completed
-    runs, newest first; bench runs are those with task "bench" and a summary (train/bench.py's
-    summary_of). A full-size bench is preferred to a --quick one. Returns {"samples_per_second",
+    runs, newest first; bench runs are those with task "bench" whose summary passed the built-in
+    bench's schema (summary_schema "bench"; on rows from before that column, None) and whose
+    figures are within physical bounds (job_summary.bench_figures: a -1 or 1e12 samples/s never
+    counts). A full-size bench is preferred to a --quick one. Returns {"samples_per_second",
     "device", "instance_type", "run_id", "quick"} or None."""
+    from .job_summary import bench_figures
     found = []
     for r in history:
-        s = r.get("summary") or {}
-        if r.get("task") != "bench" or s.get("kind") != "bench":
+        if r.get("task") != "bench" or r.get("summary_schema") not in ("bench", None):
+            continue  # a user's own task named "bench" is not the built-in bench
+        s = bench_figures(r.get("summary"))
+        row = s and s.models.get(model, {}).get(s.best_device)
+        if not row or (r.get("instance_type") != instance_type and r.get("gpu") != gpu):
             continue
-        row = ((s.get("models") or {}).get(model) or {}).get(s.get("best_device"))
-        if not row or not row.get("samples_per_second") or (r.get("instance_type") != instance_type
-                                                            and r.get("gpu") != gpu):
-            continue
-        found.append(((r.get("instance_type") != instance_type, bool(s.get("quick"))),
-                      {"samples_per_second": row["samples_per_second"], "device": s["best_device"],
-                       "instance_type": r.get("instance_type"), "run_id": r.get("run_id"), "quick": bool(s.get("quick"))}))
+        found.append(((r.get("instance_type") != instance_type, s.quick),
+                      {"samples_per_second": row.samples_per_second, "device": s.best_device,
+                       "instance_type": r.get("instance_type"), "run_id": r.get("run_id"), "quick": s.quick}))
     return min(found, key=lambda f: f[0])[1] if found else None  # min keeps the newest of equals
 
 

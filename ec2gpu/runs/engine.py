@@ -26,6 +26,7 @@ from pathlib import Path
 
 from ..errors import AwsError, RemoteError, WaitTimeout
 from .nodes import PROGRESS_FILE
+from .status import as_number
 from ..remote import sync
 from ..tasks.load import LoadedTask
 
@@ -66,11 +67,14 @@ def prepare(loaded: LoadedTask, environ, max_upload: int = sync.MAX_UPLOAD_BYTES
     """Resolve the task's environment and list its workdir, before anything is created.
 
     ``extra_env`` (``--env K[=V]``) adds to the task's envs; a value of None comes from ``environ``.
-    Raises UsageError for a variable that is null and unset here, or a workdir over ``max_upload``.
+    Raises UsageError for a variable that is null and unset here, a name in ``extra_env`` that is
+    not an environment variable name, or a workdir over ``max_upload``.
     """
-    from ..tasks.load import env_values
+    from ..tasks.load import check_env_name, env_values
 
     task = loaded.task
+    for k in extra_env or {}:
+        check_env_name(k, "env")
     if extra_env:
         task = task.model_copy(update={"envs": {**task.envs, **extra_env}})
         loaded = LoadedTask(task, loaded.path, loaded.workdir, loaded.warnings, loaded.skypilot)
@@ -164,6 +168,9 @@ def upload_node(nd, job: TaskJob, ssh_config: Path | None, run_id: str, addresse
     gpus = processes_per_node(nd.info) if nd.info.get("cuda_available") else int(nd.info.get("gpu_count") or 0)
     env = node_env(job, run_id, nd.run_dir, nd.index, addresses, gpus, resume, nd.info.get("python") or "python3")
     _put_private(nd.conn, json.dumps(env), f"{nd.run_dir}/job.env.json")
+    from . import status
+    nd.agent_key = status.new_key()  # signs the agent's status.json; the agent deletes the file before the job starts
+    _put_private(nd.conn, nd.agent_key, f"{nd.run_dir}/agent.key")
     # the names (never the values) of the secrets, so `ec2gpu logs` can mask job.log as it shows it
     nd.conn.put(io.BytesIO(json.dumps(sorted(job.task.secrets)).encode()), f"{nd.run_dir}/secret_names.json")
     if resume and checkpoints is not None and checkpoints.has_any():
@@ -188,7 +195,8 @@ def setup_node(nd, job: TaskJob, log) -> None:
         return
     python = str(nd.info.get("python") or "python3")
     script = (f"cd {shlex.quote(workdir_of(nd.run_dir, job))} || exit 1; "
-              f"eval \"$({shlex.quote(python)} -c {shlex.quote(_EXPORTS)} {shlex.quote(nd.run_dir)}/job.env.json)\"; "
+              f"_ec2gpu_env=\"$({shlex.quote(python)} -c {shlex.quote(_EXPORTS)} "
+              f"{shlex.quote(nd.run_dir)}/job.env.json)\" || exit 1; eval \"$_ec2gpu_env\"; unset _ec2gpu_env; "
               f"export PATH=\"$(dirname {shlex.quote(python)}):$PATH\"; {task.setup}")
     out = _LineWriter(lambda line: log(job.mask(line)))
     result = nd.conn.run(f"bash -c {shlex.quote(script)}", hide=True, warn=True, in_stream=False, out_stream=out,
@@ -204,8 +212,12 @@ def setup_node(nd, job: TaskJob, log) -> None:
 
 
 #: prints `export K=V` lines from a JSON file (the job's environment, secrets included, without
-#: putting them on a command line)
-_EXPORTS = "import json,shlex,sys;print(''.join(f'export {k}={shlex.quote(v)};' for k,v in json.load(open(sys.argv[1])).items()))"
+#: putting them on a command line), each value quoted; exits 1, printing nothing, when a name is
+#: not an environment variable name (prepare checks them; this holds whatever reaches the file)
+_EXPORTS = ("import json,re,shlex,sys;e=json.load(open(sys.argv[1]));"
+            "bad=[k for k in e if not re.fullmatch('[A-Za-z_][A-Za-z0-9_]*',k)];"
+            "sys.exit('not an environment variable name: %r'%bad[0]) if bad else "
+            "print(''.join(f'export {k}={shlex.quote(v)};' for k,v in e.items()))")
 
 
 class _LineWriter(io.TextIOBase):
@@ -229,17 +241,22 @@ class _LineWriter(io.TextIOBase):
 
 def job_argv(nd, job: TaskJob) -> list[str]:
     """The agent's command line on node ``nd`` (pure apart from the node's facts): the task's run
-    script under ``bash -c``, $0 the task's name, "$@" the job's args."""
+    script under ``bash -c``, $0 the task's name, "$@" the job's args; the agent signs its
+    status.json with the key upload_node left in agent.key (runs/status.py)."""
     python = nd.info.get("python") or "python3"
     return [python, f"{nd.run_dir}/agent.py", "--dir", nd.run_dir, "--env-file", f"{nd.run_dir}/job.env.json",
-            "--", "bash", "-c", job.task.run, job.name, *job.args]
+            "--key-file", f"{nd.run_dir}/agent.key", "--", "bash", "-c", job.task.run, job.name, *job.args]
 
 
-def read_status(conn, run_dir: str) -> dict | None:
-    """The agent's status.json on an instance, or None when there is none."""
-    from ..remote import jobs
-    data = jobs.read_from(conn, f"{run_dir}/status.json", 0)
-    return json.loads(data) if data else None
+def snapshot_statuses(nodes) -> None:
+    """Read each node's agent record once, now that its log has ended (``nd.status``,
+    runs/status.py: signature checked, fields validated); the verdict and the status.json written
+    at home use this copy, whatever the instance's file says later. Nodes whose follow ended
+    without an exit status (lost, stopped by an error) keep None. Raises the connection's errors."""
+    from . import status
+    for nd in nodes:
+        if isinstance(nd.result, int) and not isinstance(nd.result, bool):
+            nd.status = status.read(nd.conn, nd.run_dir, nd.agent_key)
 
 
 def judge(nodes, job: TaskJob) -> None:
@@ -260,7 +277,7 @@ def judge(nodes, job: TaskJob) -> None:
             nd.watch.check()
         except recovery.Interrupted as why:
             raise recovery.Interrupted(f"node {nd.index} ({nd.instance_id}): {why.reason}")
-    statuses = {nd.index: read_status(nd.conn, nd.run_dir) for nd in nodes}
+    statuses = {nd.index: nd.status for nd in nodes}
     for nd in nodes:
         st = statuses[nd.index] or {}
         if st.get("state") == "interrupted":
@@ -274,6 +291,13 @@ def judge(nodes, job: TaskJob) -> None:
     if st is None:
         how = "did not start (no status.json from the agent)"
         tail = jobs.tail(first.conn, f"{first.run_dir}/console.log", TAIL_LINES)
+    elif st.get("problem"):  # unreadable, or not written by the agent: the job's own word is not taken
+        how = f"ended, and its agent's record cannot be believed ({st['problem']})"
+        tail = jobs.tail(first.conn, f"{first.run_dir}/job.log", TAIL_LINES)
+    elif st["state"] not in ("succeeded", "failed"):
+        how = f"ended while its agent's record still says {st['state']!r} (the agent was killed, or something " \
+              "else wrote its exit status)"
+        tail = jobs.tail(first.conn, f"{first.run_dir}/job.log", TAIL_LINES)
     else:
         how = f"exited {st['exit_code']}" if st.get("exit_code") is not None else f"was killed by signal {st.get('signal')}"
         how += worker_failure(st.get("error"))
@@ -294,7 +318,8 @@ def root_cause_node(bad: list, statuses: dict):
         err = (statuses.get(nd.index) or {}).get("error") or {}
         code, stamp = err.get("exit_code"), err.get("timestamp")
         killed = isinstance(code, int) and code < 0
-        return (0 if killed else 1 if stamp else 2, float(stamp) if stamp else 0.0, nd.index)
+        stamp = as_number(stamp)  # the instance's text: a number or None, never a ValueError
+        return (0 if killed else 1 if stamp is not None else 2, stamp or 0.0, nd.index)
     return min(bad, key=key)
 
 
@@ -316,30 +341,63 @@ def worker_failure(error: dict | None) -> str:
     return f" ({rank} failed" + (f": {first[0][:200]}" if first else f" with exit code {code}") + ")"
 
 
-def download(nodes, job: TaskJob, local_out: Path, ssh_config: Path | None, log) -> dict | None:
+def download(nodes, job: TaskJob, local_out: Path, ssh_config: Path | None, log, limits=None) -> dict | None:
     """Bring node 0's checkpoint directory (once more, whatever the job wrote as it stopped) and
     its outputs (the task's ``outputs`` globs, else all of $EC2GPU_OUTPUT_DIR, to
-    ``local_out``/outputs) and every node's job.log and status.json home (masked); return the
-    job's summary.json when it wrote one."""
-    from ..remote import jobs
+    ``local_out``/outputs, at most ``limits``: remote/files.Limits) and every node's job.log
+    (masked, its last nodes.MAX_LOG_BYTES) and status record (the copy snapshot_statuses read)
+    home; return the job's summary.json when it wrote one (checked: runs/job_summary.py). Each
+    part is tried on its own: a hostile or broken one is reported through ``log`` and the others
+    still come home. Raises the connection's errors, and RemoteError for a transfer that failed
+    once every other part came home."""
+    from ..remote import files, jobs
     head = nodes[0]
-    head.watch.checkpoints.sync(head.conn, force=True)  # first: what a replacement resumes from
-    files, how = sync.pull(head.conn, f"{head.run_dir}/out", local_out / "outputs", job.task.outputs, ssh_config,
-                           head.instance_id)
-    log(f"outputs: {len(files)} file(s) brought home by {how} to {local_out / 'outputs'}")
+    steps = [("checkpoints", lambda: head.watch.checkpoints.sync(head.conn, force=True)),  # first: replacements resume from it
+             ("outputs", lambda: _outputs_home(head, job, local_out, ssh_config, log, limits or files.Limits()))]
     for nd in nodes:
         suffix = "" if len(nodes) == 1 else f"-node-{nd.index}"
-        (local_out / f"job{suffix}.log").write_text(job.mask(jobs.read_from(nd.conn, f"{nd.run_dir}/job.log", 0)
-                                                             .decode(errors="replace")))
-        status = jobs.read_from(nd.conn, f"{nd.run_dir}/status.json", 0)
-        if status:
-            (local_out / f"status{suffix}.json").write_bytes(status)
-    summary = local_out / "outputs" / "summary.json"
-    try:
-        return json.loads(summary.read_text()) if summary.is_file() else None
-    except ValueError:
-        log(f"warning: {summary} is not JSON; not recorded")
-        return None
+        steps.append((f"job{suffix}.log", lambda nd=nd, suffix=suffix: copy_log(
+            nd.conn, f"{nd.run_dir}/job.log", local_out / f"job{suffix}.log", job.mask)))
+        if nd.status is not None:
+            steps.append((f"status{suffix}.json", lambda nd=nd, suffix=suffix: (local_out / f"status{suffix}.json")
+                          .write_text(json.dumps(nd.status, indent=2))))
+    failed = None  # the first transfer that failed: raised once every other part came home
+    for what, step in steps:
+        try:
+            step()
+        except (RemoteError, ValueError, UnicodeError, OSError) as exc:
+            if isinstance(exc, jobs.CONNECTION_ERRORS) and not isinstance(exc, (FileNotFoundError, PermissionError)):
+                raise  # the connection is gone: the caller asks EC2 why
+            log(f"warning: {what} not brought home: {type(exc).__name__}: {exc}")
+            if isinstance(exc, RemoteError):  # a transfer that failed (rsync's exit): the run fails, as before
+                failed = failed or exc
+    from . import job_summary  # hostile input: bounded, masked, checked against the job's schema
+    summary = job_summary.read_summary(local_out / "outputs" / "summary.json", job_summary.schema_of(job),
+                                       job.secret_values, root=local_out)
+    if summary is not None and summary.schema == "invalid":
+        log(f"warning: outputs/summary.json not accepted ({summary['invalid']}); recorded as invalid, its start kept "
+            "as text")
+    if failed is not None:
+        raise failed
+    return summary
+
+
+def _outputs_home(head, job: TaskJob, local_out: Path, ssh_config: Path | None, log, limits) -> None:
+    names, how = sync.pull(head.conn, f"{head.run_dir}/out", local_out / "outputs", job.task.outputs, ssh_config,
+                           head.instance_id, limits, warn=lambda line: log(f"warning: {line}"))
+    log(f"outputs: {len(names)} file(s) brought home" + (f" by {how}" if names else "") + f" to {local_out / 'outputs'}")
+
+
+def copy_log(conn, remote: str, local: Path, mask) -> None:
+    """Copy the remote log ``remote`` to ``local``, its last nodes.MAX_LOG_BYTES bytes, in chunks
+    (memory stays bounded whatever its size), ``mask`` applied line by line."""
+    from ..remote import jobs
+    from .nodes import MAX_LOG_BYTES
+    start = max(0, jobs.size_of(conn, remote) - MAX_LOG_BYTES)
+    with open(local, "wb") as f:
+        lines = jobs.LineSplitter(lambda line: f.write((mask(line) + "\n").encode()))
+        jobs.drain(conn, remote, jobs.LogCursor(lines, start), limit=start + MAX_LOG_BYTES)
+        lines.flush()
 
 
 def run_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[dict], local_out: Path, backend,
@@ -389,9 +447,16 @@ def run_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[dic
             for nd in nodes:  # AWS stopped answering about an instance: nothing more can be done on it
                 if isinstance(nd.result, AwsError):
                     raise nd.result
+            snapshot_statuses(nodes)
+        brought, summary = None, None
         with ui.phase("download"):
-            summary = download(nodes, job, local_out, config, ui.note)
+            try:
+                summary = download(nodes, job, local_out, config, ui.note, settings.download_limits)
+            except RemoteError as exc:  # a part could not come home: the job's own failure is said first
+                brought = exc
         judge(nodes, job)
+        if brought is not None:
+            raise brought
         return summary or {}
     except (*jobs.CONNECTION_ERRORS, WaitTimeout, RemoteError):
         for nd in nodes:

@@ -7,6 +7,7 @@ died mid-run still leaves a row. Schema changes are appended to MIGRATIONS and a
 from __future__ import annotations
 
 import json
+import math
 import re
 import sqlite3
 from contextlib import closing
@@ -60,9 +61,14 @@ MIGRATIONS: list[str] = [
     # 6: the process that runs it (JSON: host, pid, start time), so a run whose controller died
     # can be told from one still running; such a run ends as status controller-lost (reconcile.py)
     "ALTER TABLE runs ADD COLUMN controller TEXT",
+    # 7: which check the summary passed (job_summary.py): mnist, bench or task; invalid when it failed
+    # (summary then holds {"invalid": why, "raw": text}); NULL on rows written before the checks
+    "ALTER TABLE runs ADD COLUMN summary_schema TEXT",
 ]
 
 JSON_COLUMNS = ("instance_ids", "estimate", "phases", "attempts", "summary", "controller")
+#: columns a table formats as numbers: a value that is not a finite number reads as None
+NUMBER_COLUMNS = ("billed_seconds", "usd_per_hour", "cost_usd", "estimated_cost_usd")
 
 
 def path_in(home: Path) -> Path:
@@ -107,6 +113,7 @@ def _columns(db: sqlite3.Connection) -> set[str]:
 def record(home: Path, row: dict) -> None:
     """Insert or update the run ``row['run_id']`` with the known columns of ``row``. Raises
     LedgerError when the ledger cannot be written."""
+    row = _checked(row)
     with closing(connect(home)) as db:
         try:
             with db:
@@ -119,11 +126,41 @@ def record(home: Path, row: dict) -> None:
             raise unreadable(home, exc) from None
 
 
+def _checked(row: dict) -> dict:
+    """``row`` with what a job wrote (its summary, the figures taken from it, its exit code) checked
+    again (job_summary.py), whoever made it: nothing unchecked is stored."""
+    from . import job_summary
+    row = dict(row)
+    if "summary" in row:
+        row["summary"], row["summary_schema"] = job_summary.for_ledger(row["summary"], row.get("summary_schema"))
+    row.update({k: job_summary.figure(k, row[k]) for k in job_summary.TRAINER_COLUMNS if k in row})
+    if "exit_status" in row:
+        row["exit_status"] = _exit_status(row["exit_status"])
+    return row
+
+
+def _exit_status(value):
+    return value if isinstance(value, int) and not isinstance(value, bool) and -2 ** 31 <= value < 2 ** 31 else None
+
+
+def _number(value):
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return value if ok else None
+
+
 def _row(r: sqlite3.Row) -> dict:
+    """One run as a dict, JSON columns parsed. What a job wrote is checked again (job_summary.py):
+    a row from an older version with a summary that is not an object, a test accuracy of "x" or
+    a figure out of bounds reads as a marked summary and None figures, never as an error."""
+    from . import job_summary
     d = dict(r)
+    d["summary"], d["summary_schema"] = job_summary.from_ledger(d.get("summary"), d.get("summary_schema"))
     for k in JSON_COLUMNS:
-        if d.get(k) is not None:
+        if k != "summary" and d.get(k) is not None:
             d[k] = json.loads(d[k])
+    d.update(job_summary.trainer_columns(d))
+    d.update({k: _number(d.get(k)) for k in NUMBER_COLUMNS})
+    d["exit_status"] = _exit_status(d.get("exit_status"))
     return d
 
 

@@ -98,5 +98,6 @@ def run_local(job: engine.TaskJob, run_id: str, out: Path, ui, poll_s: float = 0
         raise RemoteError(f"the job on this machine {'exited ' + str(code) if code is not None else 'did not finish'}"
                           + engine.worker_failure(status.get("error")), f"its last lines are above; see {log_path}",
                           command=job.task.run, host="local", exit_status=code or 1, tail=job.mask(tail))
-    summary = out / "outputs" / "summary.json"
-    return json.loads(summary.read_text()) if summary.is_file() else {}
+    from . import job_summary  # bounded, masked, checked against the job's schema, as from an instance
+    return job_summary.read_summary(out / "outputs" / "summary.json", job_summary.schema_of(job), job.secret_values,
+                                    root=out) or {}

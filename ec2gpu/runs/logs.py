@@ -2,6 +2,7 @@
 through dropped connections), else from the artifacts brought home."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from ..errors import RemoteError, UsageError
@@ -101,7 +102,7 @@ def stream(ctx, inst: dict, follow: bool, write, note) -> tuple[int | None, str]
             except jobs.Unreachable as exc:
                 raise RemoteError(f"{iid}: {exc}", "see `ec2gpu ls`; the instance may have been terminated")
         else:
-            cursor.deliver(jobs.read_from(conn, f"{run_dir}/job.log", 0))
+            jobs.drain(conn, f"{run_dir}/job.log", cursor)
     finally:
         if splitter:
             splitter.flush()
@@ -112,14 +113,16 @@ def stream(ctx, inst: dict, follow: bool, write, note) -> tuple[int | None, str]
 def secret_values(conn, run_dir: str) -> list[str]:
     """The values of the run's secrets (names in secret_names.json, values in the 0600
     job.env.json), longest first; [] for a run without secrets."""
-    import json
-
     from ..remote import jobs
-    names = json.loads(jobs.read_from(conn, f"{run_dir}/secret_names.json", 0) or b"[]")
-    if not names:
+    try:  # the instance's files: anything but the shapes ec2gpu wrote counts as no secrets to mask
+        names = json.loads(jobs.read_from(conn, f"{run_dir}/secret_names.json", 0) or b"[]")
+        env = json.loads(jobs.read_from(conn, f"{run_dir}/job.env.json", 0) or b"{}") if names else {}
+    except ValueError:
         return []
-    env = json.loads(jobs.read_from(conn, f"{run_dir}/job.env.json", 0) or b"{}")
-    return sorted((env[k] for k in names if env.get(k)), key=len, reverse=True)
+    if not isinstance(names, list) or not isinstance(env, dict):
+        return []
+    return sorted((env[k] for k in names if isinstance(k, str) and isinstance(env.get(k), str) and env[k]),
+                  key=len, reverse=True)
 
 
 def mask(line: str, secrets: list[str]) -> str:
@@ -138,32 +141,40 @@ def head_instance(ec2, row: dict) -> dict | None:
     return next((live[i] for i in ids if i in live), None)
 
 
-def fetch(ctx, inst: dict, run_id: str, out: Path, note) -> dict:
+def fetch(ctx, inst: dict, run_id: str, out: Path, note, limits=None) -> dict:
     """Bring home what the job of run ``run_id`` wrote on instance ``inst`` so far, as a finished run
     would have: its output directory to ``out``/outputs, its checkpoint directory (the default one,
-    in the run's directory) to ``out``/checkpoints, and job.log (secrets masked) and status.json to
-    ``out``. For a run whose controller died, before `down` terminates the instance. The host key
-    is checked against the console output. Returns {"outputs": [...], "checkpoints": [...],
+    in the run's directory) to ``out``/checkpoints (each at most ``limits``, remote/files.Limits;
+    default: the settings'), and job.log (secrets masked, its last nodes.MAX_LOG_BYTES) and the
+    agent's status record (validated: runs/status.py) to ``out``. For a run whose controller died,
+    before `down` terminates the instance. The host key is checked against the console output.
+    Names and contents are the instance's: checked as a run checks them (remote/files.py), what is
+    not brought home is said through ``note``. Returns {"outputs": [...], "checkpoints": [...],
     "files": [...]} (paths relative to their directory).
 
     Raises RemoteError when the instance cannot be reached, UsageError without its private key.
     """
     from ..remote import jobs, sync
+    from . import engine, status
 
     iid = inst["InstanceId"]
+    limits = limits or ctx.settings.download_limits
     conn, _ = _open(ctx, inst, note)
+    warn = lambda line: note(f"warning: {line}")  # noqa: E731
     try:
         run_dir = jobs.remote_run_dir(conn, run_id)
-        got = {"outputs": sync.pull(conn, f"{run_dir}/out", out / "outputs", [], None, iid)[0],
-               "checkpoints": sync.pull(conn, f"{run_dir}/checkpoints", out / "checkpoints", [], None, iid)[0],
+        got = {"outputs": sync.pull(conn, f"{run_dir}/out", out / "outputs", [], None, iid, limits, warn)[0],
+               "checkpoints": sync.pull(conn, f"{run_dir}/checkpoints", out / "checkpoints", [], None, iid, limits,
+                                        warn)[0],
                "files": []}
         secrets = secret_values(conn, run_dir)
-        for name in ("job.log", "status.json"):  # never job.env.json: it holds the secrets' values
-            data = jobs.read_from(conn, f"{run_dir}/{name}", 0)
-            if data:
-                text = data.decode(errors="replace")
-                (out / name).write_text("\n".join(mask(line, secrets) for line in text.split("\n")))
-                got["files"].append(name)
+        if jobs.size_of(conn, f"{run_dir}/job.log"):  # never job.env.json: it holds the secrets' values
+            engine.copy_log(conn, f"{run_dir}/job.log", out / "job.log", lambda line: mask(line, secrets))
+            got["files"].append("job.log")
+        record = status.read(conn, run_dir, None)  # the key died with the controller: validated, not verified
+        if record is not None:
+            (out / "status.json").write_text(json.dumps(record, indent=2))
+            got["files"].append("status.json")
     finally:
         conn.close()
     note(f"{iid}: {len(got['outputs'])} output file(s), {len(got['checkpoints'])} checkpoint file(s) and "

@@ -40,6 +40,8 @@ class Node:
     pid: int | None = None
     watch: object = None  # recovery.InstanceWatch
     result: object = None  # exit status, Interrupted, or another exception
+    agent_key: str | None = None  # the key the agent signs status.json with (runs/status.py)
+    status: dict | None = None  # the agent's record, read once when the job ended (engine.snapshot_statuses)
 
     @property
     def instance_id(self) -> str:
@@ -176,11 +178,11 @@ def _follow_node(nd: Node, tee_path: Path, log_name: str, unreachable_s: float, 
         nd.watch(conn)
         if progress is not None:
             progress(conn)
-    with open(tee_path, "w" if mask else "wb") as tee:
+    with LocalLog(tee_path) as tee:
         def emit(line: str) -> None:
             if mask:
                 line = mask(line)
-                tee.write(line + "\n")
+                tee.write((line + "\n").encode())
             show(line)
         lines = jobs.LineSplitter(emit)
 
@@ -201,6 +203,34 @@ def _follow_node(nd: Node, tee_path: Path, log_name: str, unreachable_s: float, 
             nd.result = exc
         finally:
             lines.flush()
+
+
+MAX_LOG_BYTES = 256 << 20  # a job log written on this machine stops growing here: 256 MiB
+
+
+class LocalLog:
+    """A job log on this machine, written through as bytes arrive (unbuffered: a controller killed
+    mid-run leaves every byte it received) and capped at ``max_bytes``, with one line saying so."""
+
+    def __init__(self, path: Path, max_bytes: int = MAX_LOG_BYTES):
+        self.path, self.max_bytes, self.written, self.f, self.capped = path, max_bytes, 0, None, False
+
+    def __enter__(self):
+        self.f = open(self.path, "wb", buffering=0)
+        return self
+
+    def write(self, data: bytes) -> None:
+        room = self.max_bytes - self.written
+        if room > 0:
+            self.f.write(data[:room])
+            self.written += min(len(data), room)
+        if len(data) > room and not self.capped:
+            self.capped = True
+            self.f.write(f"\n[ec2gpu: this log stops at {self.max_bytes:,} bytes; the job's whole log is "
+                         "job.log on the instance while it runs]\n".encode())
+
+    def __exit__(self, *exc) -> None:
+        self.f.close()
 
 
 def stop_job(nd: Node, log) -> None:

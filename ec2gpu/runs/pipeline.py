@@ -345,11 +345,11 @@ def _close_attempts(attempts: list[dict], prov, error: BaseException | None) -> 
 
 def _with_summary(record: dict, summary: dict) -> dict:
     """``record`` with the job's summary.json ({} when it wrote none) and the ledger columns the
-    built-in trainer's summary fills (test accuracy, epochs, train seconds, samples/s)."""
-    record.update(summary=summary or None, exit_status=0)
-    if "test_acc" in summary:
-        record.update(test_acc=summary["test_acc"], epochs=summary.get("epochs"),
-                      train_seconds=summary.get("train_seconds"), samples_per_second=summary.get("samples_per_second"))
+    built-in trainer's summary fills (test accuracy, epochs, train seconds, samples/s), as
+    job_summary.columns checks them: a summary that failed its checks is kept marked, and a figure
+    that is not a valid one is None."""
+    from . import job_summary
+    record.update(exit_status=0, **job_summary.columns(summary))
     return record
 
 

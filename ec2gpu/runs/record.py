@@ -39,7 +39,8 @@ class RunRecord(TypedDict, total=False):
     billing_started_at: Optional[str]
     terminated_at: Optional[str]
     phases: dict  # phase -> seconds
-    summary: Optional[dict]  # the job's summary.json
+    summary: Optional[dict]  # the job's summary.json as job_summary.py checked and masked it; {"invalid", "raw"} if it failed
+    summary_schema: Optional[str]  # the check it passed: mnist | bench | task; invalid (job_summary.py)
     exit_status: Optional[int]
     test_acc: Optional[float]
     train_seconds: Optional[float]

@@ -74,34 +74,60 @@ class DirCheckpoints:
     last: float = 0.0
     s3: object | None = None  # an S3 client, with ``target``: a second home (--checkpoint-uri)
     target: tuple[str, str] | None = None  # (bucket, key prefix)
+    limits: object = None  # remote/files.Limits: what may come home in all (None: its defaults)
+    warned: set = None  # names already reported as not brought home
+
+    def __post_init__(self):
+        if self.limits is None:
+            from ..remote import files
+            self.limits = files.Limits()
 
     def has_any(self) -> bool:
         return self.local.is_dir() and any(p.is_file() for p in self.local.rglob("*"))
 
     def sync(self, conn, force: bool = False) -> bool:
         """Copy what changed (``force``: even within ``every_s`` of the last look); return whether
-        anything did. Connection errors propagate."""
+        anything did. Names are the instance's (hostile input): each is checked and written only
+        inside ``local`` (remote/files.py), at most ``limits`` files and bytes in all, and what is
+        skipped is said once per name. Connection errors propagate."""
+        from ..remote import files
         if not force and time.monotonic() - self.last < self.every_s:
             return False
         self.last = time.monotonic()
         self.seen = self.seen if self.seen is not None else {}
-        changed = [(rel, *got) for rel, got in self._listing(conn, self.remote).items() if self.seen.get(rel) != got]
+        self.warned = self.warned if self.warned is not None else set()
         sftp = conn.sftp()
-        for rel, size, mtime in changed:
-            target = self.local / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_name(f".{target.name}.part")
+        listed = self._listing(conn, self.remote)
+        changed = [f for f in listed.values() if self.seen.get(f.name) != (f.size, f.mtime)]
+        left = self.limits_left({f.name for f in changed})
+        sel = files.select(changed, self.local, left)
+        for name, why in sel.skipped + [(f.name, "above the limit") for f in sel.left]:
+            if name not in self.warned:
+                self.warned.add(name)
+                self.log(f"warning: checkpoint file {name!r} not brought home: {why}")
+        copied, budget = 0, left.bytes
+        for f in sel.files:
+            target = self.local / f.name
             try:
-                sftp.get(f"{self.remote}/{rel}", str(tmp))
-            except FileNotFoundError:
-                continue
-            os.replace(tmp, target)
-            self.seen[rel] = (size, mtime)
-            self._to_s3(target, rel)
-        if changed:
+                budget -= files.get_bounded(sftp, f"{self.remote}/{f.name}", target, budget)
+            except (FileNotFoundError, files.TooBig):
+                continue  # replaced or growing while it was copied: the next look takes it
+            self.seen[f.name] = (f.size, f.mtime)
+            copied += 1
+            self._to_s3(target, f.name)
+        if copied:
             also = f" and s3://{'/'.join(self.target)}/" if self.s3 is not None and self.target else ""
-            self.log(f"checkpoint directory: {len(changed)} file(s) brought home to {self.local}{also}")
-        return bool(changed)
+            self.log(f"checkpoint directory: {copied} file(s) brought home to {self.local}{also}")
+        return bool(copied)
+
+    def limits_left(self, replacing: set = frozenset()):
+        """The download limits less what this directory already holds at home (the files named in
+        ``replacing``, about to be replaced, left out)."""
+        from ..remote import files
+        have = [p for p in self.local.rglob("*") if p.is_file() and not p.is_symlink()
+                and p.relative_to(self.local).as_posix() not in replacing] if self.local.is_dir() else []
+        return files.Limits(max(0, self.limits.files - len(have)),
+                            max(0, self.limits.bytes - sum(p.stat().st_size for p in have)))
 
     def _to_s3(self, path: Path, rel: str) -> None:
         if self.s3 is None or not self.target:
@@ -123,22 +149,16 @@ class DirCheckpoints:
                 conn.run(f"mkdir -p {shlex.quote(remote_dir + '/' + rel.rsplit('/', 1)[0])}", hide=True, in_stream=False)
             sftp.put(str(path), f"{remote_dir}/{rel}")
         if remote_dir == self.remote:  # what it has now came from here: not brought home again
-            self.seen = self._listing(conn, remote_dir)
+            self.seen = {f.name: (f.size, f.mtime) for f in self._listing(conn, remote_dir).values()}
         return len(files)
 
     @staticmethod
     def _listing(conn, remote_dir: str) -> dict:
-        """{relative path: (size, mtime)} of the files under ``remote_dir`` (none: {}), hidden ones
-        (a file being written, by the atomic-rename convention) left out."""
-        import shlex
-        listing = conn.run(f"find {shlex.quote(remote_dir)} -type f -printf '%P\\t%s\\t%T@\\n' 2>/dev/null || true",
-                           hide=True, in_stream=False).stdout
-        out = {}
-        for line in listing.splitlines():
-            rel, size, mtime = line.rsplit("\t", 2)
-            if not rel.startswith(".") and "/." not in rel:
-                out[rel] = (size, mtime)
-        return out
+        """{relative path: remote_files.RemoteFile} of the regular files under ``remote_dir`` (none:
+        {}), listed over SFTP (no shell), hidden ones (a file being written, by the atomic-rename
+        convention) left out."""
+        from ..remote import files
+        return {f.name: f for f in files.listing(conn.sftp(), remote_dir, hidden=False)}
 
 
 class InstanceWatch:

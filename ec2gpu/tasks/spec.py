@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 import sys
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Annotated, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -32,6 +32,24 @@ def minutes(value: Union[int, float, str]) -> float:
     if not m:
         raise ValueError(f"{value!r} is not a duration: use minutes (90) or a unit (90m, 2h, 45s)")
     return float(m.group(1)) * {"s": 1 / 60, "m": 1, "h": 60, "d": 1440}[m.group(2) or "m"]
+
+
+def inside_path(value: str, base: str, allow_dot: bool = False) -> str:
+    """``value`` when it is a relative path that stays inside ``base`` (pure): not empty, not
+    absolute (``/``, ``~``), no ``..`` component, not ``.`` alone unless ``allow_dot``.
+
+    Raises ValueError saying which rule it breaks, relative to ``base`` (e.g. "the workdir").
+    """
+    parts = PurePosixPath(value.replace("\\", "/")).parts
+    if not value.strip():
+        raise ValueError(f"empty: give a path relative to {base}")
+    if value.startswith(("/", "~", "\\")):
+        raise ValueError(f"{value!r} is absolute: give a path relative to {base}")
+    if ".." in parts:
+        raise ValueError(f"{value!r} goes up with '..': it must stay inside {base}")
+    if not allow_dot and not [p for p in parts if p != "."]:
+        raise ValueError(f"{value!r} is {base} itself: name a directory below it, e.g. checkpoints")
+    return value
 
 
 class Resources(BaseModel):
@@ -100,8 +118,20 @@ class Task(BaseModel):
     @classmethod
     def _env_names(cls, v):
         for k in v:
-            if not re.match(ENV_NAME_RE, k):
+            if not re.fullmatch(ENV_NAME_RE, k):  # fullmatch: `$` alone lets "A\n" through
                 raise ValueError(f"{k!r} is not an environment variable name (letters, digits, _)")
+        return v
+
+    @field_validator("checkpoint_dir")
+    @classmethod
+    def _checkpoint_dir(cls, v):
+        return v if v is None else inside_path(v, "the workdir")
+
+    @field_validator("outputs")
+    @classmethod
+    def _outputs(cls, v):
+        for glob in v:
+            inside_path(glob.removeprefix("!"), "$EC2GPU_OUTPUT_DIR", allow_dot=True)
         return v
 
     @field_validator("max_runtime")

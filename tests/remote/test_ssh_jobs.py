@@ -1,10 +1,15 @@
 """The remote layer against a real OpenSSH sshd on a loopback address."""
 
+import getpass
+import shlex
+import shutil
+from pathlib import Path
+
 import pytest
 
 from ec2gpu.aws.network import generate_key, write_private_key
 from ec2gpu.errors import RemoteError
-from ec2gpu.remote import jobs, ssh
+from ec2gpu.remote import jobs, ssh, sync
 from ec2gpu.sandbox import sshd
 
 
@@ -141,12 +146,79 @@ def test_failed_command_reports_command_host_status_and_output(server):
     conn.close()
 
 
-def test_fetch_downloads_every_file(server, tmp_path):
+def _hostile_home(conn, run_dir: str) -> None:
+    """What a hostile job does on its instance: shell functions in ~/.bashrc (sshd's non-interactive
+    commands read it) that list names leading out of the run directory, a symbolic link to a
+    directory outside, a FIFO, and a file whose name holds a newline."""
+    ssh.run(conn, f"mkdir -p {run_dir}/out/sub && printf 'a' > {run_dir}/out/x.txt && printf 'bb' > {run_dir}/out/sub/y.json"
+                  f" && printf 'nl' > {run_dir}/out/$'new\\nline.txt' && ln -s /etc {run_dir}/out/etc-link"
+                  f" && ln -s /etc/hostname {run_dir}/out/hostname-link && mkfifo {run_dir}/out/fifo")
+    bashrc = ("find() { printf '../dotdot_written.txt\\0/tmp/abs_written.txt\\0x.txt\\0'; }\n"
+              "rsync() { command rsync \"$@\"; }\n")
+    ssh.run(conn, f"printf %s {shlex.quote(bashrc)} >> ~/.bashrc")
+
+
+def _rsync_config(server, tmp_path):
+    from ec2gpu.remote import ssh_config as sc
+    inst, key, known = server
+    config = tmp_path / "ssh.config"
+    sc.write(config, sc.render([sc.HostEntry((inst.instance_id,), inst.host, inst.port, getpass.getuser(), key, known)],
+                               config))
+    return config
+
+
+@pytest.mark.parametrize("how", ["sftp", "rsync"])
+def test_pull_brings_home_regular_files_only_and_never_a_name_the_instance_chose_outside(server, tmp_path, how):
+    """Issue 26.1: the instance's shell listed '../dotdot_written.txt' and an absolute name, and the
+    controller wrote both outside the run (and overwrote an existing file). Now: the listing is
+    SFTP's, names are checked, and only regular files inside the directory come home."""
+    if how == "rsync" and not shutil.which("rsync"):
+        pytest.skip("no rsync here")
     conn = _connect(server)
     run_dir = jobs.remote_run_dir(conn, "r2")
-    ssh.run(conn, f"mkdir -p {run_dir}/out && printf 'a' > {run_dir}/out/x.txt && printf 'bb' > {run_dir}/out/y.json")
-    got = jobs.fetch(conn, f"{run_dir}/out", tmp_path / "dl")
-    assert sorted(p.name for p in got) == ["x.txt", "y.json"] and (tmp_path / "dl" / "y.json").read_text() == "bb"
+    _hostile_home(conn, run_dir)
+    local = tmp_path / "run" / "outputs"
+    outside = tmp_path / "run" / "dotdot_written.txt"
+    outside.parent.mkdir(parents=True)
+    outside.write_text("the user's own file")
+    warned = []
+    got, used = sync.pull(conn, f"{run_dir}/out", local, [], _rsync_config(server, tmp_path) if how == "rsync" else None,
+                          server[0].instance_id, warn=warned.append)
+    assert used == how and sorted(got) == ["new\nline.txt", "sub/y.json", "x.txt"]
+    assert sorted(p.relative_to(local).as_posix() for p in local.rglob("*")) == ["new\nline.txt", "sub", "sub/y.json",
+                                                                                "x.txt"]
+    assert not any(p.is_symlink() for p in local.rglob("*")) and (local / "sub" / "y.json").read_text() == "bb"
+    assert outside.read_text() == "the user's own file" and not Path("/tmp/abs_written.txt").exists()
+    conn.close()
+
+
+def test_pull_skips_a_name_whose_place_here_is_a_link_leading_out_and_says_so(server, tmp_path):
+    conn = _connect(server)
+    run_dir = jobs.remote_run_dir(conn, "r3")
+    ssh.run(conn, f"mkdir -p {run_dir}/out/escape && printf 'evil' > {run_dir}/out/escape/x && printf ok > {run_dir}/out/ok")
+    local, target = tmp_path / "outputs", tmp_path / "elsewhere"
+    local.mkdir()
+    target.mkdir()
+    (local / "escape").symlink_to(target)  # a link on this machine (the user's own): never written through
+    warned = []
+    got, _ = sync.pull(conn, f"{run_dir}/out", local, [], None, "i-test0001", warn=warned.append)
+    assert got == ["ok"] and list(target.iterdir()) == []
+    assert len(warned) == 1 and "'escape/x'" in warned[0] and "link" in warned[0]
+    conn.close()
+
+
+def test_pull_stops_at_its_limits_and_names_what_it_left(server, tmp_path):
+    """Issue 26.7: 5,000 files and a 2 GB sparse file were all written here with no word."""
+    from ec2gpu.remote import files
+    conn = _connect(server)
+    run_dir = jobs.remote_run_dir(conn, "r4")
+    ssh.run(conn, f"mkdir -p {run_dir}/out && cd {run_dir}/out && for i in $(seq 1 50); do printf x > f$i; done"
+                  " && truncate -s 2G sparse.bin")
+    warned = []
+    got, _ = sync.pull(conn, f"{run_dir}/out", tmp_path / "o", [], None, "i", files.Limits(files=10, bytes=1 << 20),
+                       warn=warned.append)
+    assert len(got) == 10 and not (tmp_path / "o" / "sparse.bin").exists()
+    assert len(warned) == 1 and "41 file(s)" in warned[0] and "ec2gpu fetch RUN --max-download" in warned[0]
     conn.close()
 
 

@@ -90,3 +90,96 @@ def test_the_root_cause_is_the_killed_worker_else_the_earliest_error():
     assert engine.root_cause_node([nodes[0], nodes[2]], statuses).index == 0  # an error beats none
     assert "rank" not in engine.worker_failure(statuses[0]["error"]) and "peer gone" in engine.worker_failure(
         statuses[0]["error"])
+
+
+def test_the_agent_signs_its_record_with_a_key_the_job_never_sees(tmp_path):
+    """Issue 26.6: a process the job left behind rewrote status.json after the agent's last write
+    and so changed the reported outcome. Now the controller believes only the agent's signed record."""
+    from ec2gpu.runs import status
+    key = status.new_key()
+    (tmp_path / "agent.key").write_text(key)
+    code = agent.main(["--dir", str(tmp_path), "--key-file", str(tmp_path / "agent.key"), "--",
+                       "bash", "-c", f"test -e {tmp_path}/agent.key && echo SAW-THE-KEY; exit 3"])
+    raw = (tmp_path / "status.json").read_bytes()
+    assert code == 3 and not (tmp_path / "agent.key").exists() and "SAW-THE-KEY" not in (tmp_path / "job.log").read_text()
+    got = status.parse(raw, key)
+    assert (got["state"], got["exit_code"], got["problem"]) == ("failed", 3, None)
+    # what a leftover process writes: the agent's own fields, claiming success, unsigned or re-signed with a guess
+    forged = {**json.loads(raw), "state": "succeeded", "exit_code": 0}
+    assert status.parse(json.dumps(forged).encode(), key)["state"] == "unverified"
+    assert status.parse(json.dumps({**forged, "signature": agent.sign(forged, b"guess")}).encode(), key)["state"] == \
+        "unverified"
+
+
+def test_what_the_job_leaves_running_in_its_group_ends_with_it(tmp_path):
+    import os
+    import time
+    start = time.monotonic()
+    code, _, _ = run_agent(tmp_path, ["bash", "-c", f"(sleep 60; touch {tmp_path}/late) & echo $! > {tmp_path}/pid"])
+    pid = int((tmp_path / "pid").read_text())
+    time.sleep(0.2)
+    assert code == 0 and time.monotonic() - start < 30
+    try:
+        os.kill(pid, 0)
+        alive = True
+    except ProcessLookupError:
+        alive = False
+    assert not alive
+
+
+def test_any_status_file_parses_to_the_record_shape_and_never_raises():
+    from ec2gpu.runs import status
+    for data in (b"[1, 2, 3]", b"garbage", b'{"state": "succeeded", "exit_code": "0"}', b'{"state": "pwned"}',
+                 b"[" * 100000, b" " * 70000, b'{"state": "failed", "error": {"timestamp": "soon", "rank": "x"}}',
+                 b'{"state": "failed", "exit_code": 1e400, "notice": [1]}'):
+        got = status.parse(data, None)
+        assert set(got) == {"state", "exit_code", "signal", "started_at", "ended_at", "notice", "error", "problem"}
+        assert got["exit_code"] is None or isinstance(got["exit_code"], int)
+        assert got["error"] is None or got["error"]["timestamp"] is None
+    assert status.parse(b"", None) is None
+
+
+def test_a_failed_job_with_hostile_records_is_judged_failed_not_crashed():
+    """Issue 26.6: a torchrun error file with a non-numeric timestamp, or `garbage` in exit_status,
+    ended the run with ValueError exit 1 and nothing home; now it is exit 5 with the job's lines."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    from ec2gpu.errors import RemoteError
+    from ec2gpu.remote import jobs
+    from ec2gpu.runs import engine, status
+    records = [status.parse(b'{"state": "failed", "exit_code": 1, "error": {"timestamp": "soon", "exit_code": 1}}', None),
+               status.parse(b'{"state": "failed", "exit_code": 2, "error": {"timestamp": "12", "exit_code": 2}}', None),
+               status.parse(b'{"state": "succeeded"}', status.new_key())]
+
+    class Watch:
+        def check(self):
+            return None
+    nodes = [SimpleNamespace(index=k, result=255, status=r, watch=Watch(), conn=None, run_dir="/r", instance_id=f"i-{k}",
+                             host="h") for k, r in enumerate(records)]
+    job = SimpleNamespace(task=SimpleNamespace(run="x"), mask=lambda t: t)
+    tails = []
+    orig = jobs.tail
+    jobs.tail = lambda conn, path, lines=20: tails.append(path) or "last line"
+    try:
+        with pytest.raises(RemoteError) as exc:
+            engine.judge(nodes, job)
+    finally:
+        jobs.tail = orig
+    assert exc.value.exit_code == 5 and "node 1" in exc.value.message and "exited 2" in exc.value.message
+    assert "node 2" in exc.value.message  # the unsigned record is a failure too
+    assert exc.value.tail == "last line"
+    assert engine.root_cause_node(nodes[:1], {0: {"error": {"timestamp": "soon"}}}).index == 0
+
+
+def test_garbage_in_exit_status_reads_as_an_unknown_failure():
+    from ec2gpu.remote import jobs
+    for data, want in ((b"garbage\n", 255), (b"3\n", 3), (b"", None), (b"  \n", None), (b"99999999999", 255)):
+        conn = type("C", (), {})()
+        orig = jobs.read_from
+        jobs.read_from = lambda c, path, offset, limit=0, data=data: data
+        try:
+            assert jobs.exit_status(conn, "/r") == want
+        finally:
+            jobs.read_from = orig

@@ -57,3 +57,33 @@ def test_what_ec2gpu_brought_home_earlier_never_goes_up_again_and_a_projects_own
         subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     m = sync.manifest(tmp_path)
     assert m.files == ["runs/2026-ablation/notes.md", "runs/sweep.yaml", "sub/runs/20261122-203042-100a/x", "train.py"]
+
+
+CREDENTIALS = [".netrc", "_netrc", ".git-credentials", ".kube/config", ".docker/config.json",
+               ".config/gcloud/configurations/config_default", "gcloud/application_default_credentials.json",
+               "gcloud/credentials.db", "gcloud/access_tokens.db", ".pypirc", ".pgpass", ".npmrc", ".bash_history",
+               ".zsh_history", ".python_history", ".psql_history", ".mysql_history", ".lesshst", ".viminfo",
+               ".local/share/keyrings/login.keyring", "work.keyring", ".password-store/aws.gpg",
+               "chrome/Default/Cookies", "chrome/Default/Login Data", "firefox/p.default/cookies.sqlite",
+               "firefox/p.default/logins.json", "firefox/p.default/key4.db", ".gnupg/private-keys-v1.d/k.key",
+               ".gnupg/pubring.kbx", ".azure/msal_token_cache.json", ".terraform.d/credentials.tfrc.json", ".vault-token", ".config/gh/hosts.yml", ".s3cfg", ".boto",
+               ".databrickscfg", "vault.kdbx", ".htpasswd", ".ssh/known_hosts", ".aws/credentials", "keys/pgp.asc",
+               "keys/putty.txt", "keys/bagged.txt", "web/.yarnrc.yml"]
+
+
+@pytest.mark.parametrize("under", ["", "home/user/"])
+def test_the_ecosystems_credential_files_are_withheld_wherever_they_are_unless_include_secrets(tmp_path, under):
+    """A workdir holding a home directory's credentials (a task file's `workdir: ../..` before it was refused)."""
+    for rel in CREDENTIALS + ["train.py", "web/package.json", "site/.yarnrc.yml", "loss_history.csv"]:
+        (tmp_path / under / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / under / rel).write_text("secret")
+    (tmp_path / under / "keys/pgp.asc").write_text("-----BEGIN PGP PRIVATE KEY BLOCK-----\n")
+    (tmp_path / under / "keys/putty.txt").write_text("PuTTY-User-Key-File-3: ssh-ed25519\n")
+    (tmp_path / under / "keys/bagged.txt").write_text("Bag Attributes\n" + "  x: y\n" * 40
+                                                     + "-----BEGIN PRIVATE KEY-----\n")
+    (tmp_path / under / "web/.yarnrc.yml").write_text("nodeLinker: node-modules\nnpmAuthToken: abc\n")
+    (tmp_path / under / "site/.yarnrc.yml").write_text("nodeLinker: node-modules\n")  # no token: the project's own
+    m = sync.manifest(tmp_path)
+    assert sorted(m.withheld) == sorted(under + rel for rel in CREDENTIALS)
+    assert m.files == [under + f for f in ("loss_history.csv", "site/.yarnrc.yml", "train.py", "web/package.json")]
+    assert len(sync.manifest(tmp_path, allow_secrets=True).files) == len(CREDENTIALS) + 4

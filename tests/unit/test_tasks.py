@@ -63,3 +63,169 @@ def test_secret_values_are_masked(tmp_path):
     task = load.parse("run: x\nworkdir: null\nenvs: {T: null}\nsecrets: [T]\n", "t.yaml", tmp_path)
     job = engine.prepare(task, {"T": "abc123"})
     assert job.mask("token=abc123!") == "token=****!"
+
+
+# --- a hostile task file or flag: what it may send, how big and deep it may be, which names it may export ---
+
+@pytest.fixture
+def said(monkeypatch, tmp_path):
+    """The CLI's stderr (a StringIO); EC2GPU_HOME is tmp_path/state, which a refusal never creates."""
+    import io
+
+    from rich.console import Console
+
+    from ec2gpu import cli
+    buf = io.StringIO()
+    monkeypatch.setattr(cli, "err", Console(file=buf, width=400))
+    monkeypatch.setenv("EC2GPU_HOME", str(tmp_path / "state"))
+    return buf
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A home directory ($HOME) with ~/.aws/credentials, ~/.config/gcloud and a project, ~/proj."""
+    home = tmp_path / "home"
+    for rel in (".aws/credentials", ".config/gcloud/credentials.db", ".netrc", "proj/train.py", "other/x.py"):
+        (home / rel).parent.mkdir(parents=True, exist_ok=True)
+        (home / rel).write_text("secret")
+    monkeypatch.setenv("HOME", str(home))
+    return home
+
+
+def _file(directory, text: str, name: str = "task.yaml") -> str:
+    path = directory / name
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize("workdir, why", [("..", "is your home directory"), ("../.aws", "is inside .*/.aws"),
+                                          ("../.config", "holds .*/.config/gcloud"), ("/", "holding your home"),
+                                          ("../..", "holding your home")])
+def test_a_workdir_that_is_or_holds_the_home_or_a_credentials_directory_is_refused_even_with_the_flag(home, workdir,
+                                                                                                    why):
+    path = _file(home / "proj", f"name: t\nworkdir: {workdir}\nrun: x\n")
+    with pytest.raises(UsageError, match=f"task.yaml:2: workdir: .*{why}.*refused") as exc:
+        load.load(path, allow_outside=True)
+    assert "credentials" in exc.value.hint
+
+
+def test_a_workdir_outside_the_task_files_directory_needs_workdir_outside(home, said, tmp_path):
+    from ec2gpu import cli
+    path = _file(home / "proj", "name: t\nworkdir: ../other\nrun: x\n")
+    with pytest.raises(UsageError, match=f"task.yaml:2: workdir: {home / 'other'} is outside {home / 'proj'}") as exc:
+        load.load(path)
+    assert "--workdir-outside" in exc.value.hint
+    assert load.load(path, allow_outside=True).workdir == home / "other"
+    (home / "proj" / "link").symlink_to(home / "other")  # a link inside that leads outside is outside
+    with pytest.raises(UsageError, match="is outside"):
+        load.load(_file(home / "proj", "name: t\nworkdir: link\nrun: x\n", "link.yaml"))
+    assert load.load(_file(home / "proj", "name: t\nworkdir: .\nrun: x\n", "here.yaml")).workdir == home / "proj"
+    for argv in (["run", "--sandbox", path], ["exec", "dev", "--sandbox", path], ["image", "bake", "--sandbox", path]):
+        assert cli.main(argv) == 2, argv
+    assert "--workdir-outside" in said.getvalue() and not (tmp_path / "state").exists()
+
+
+def test_a_command_run_from_the_home_directory_is_refused_with_a_hint_to_cd_into_the_project(home, said, tmp_path,
+                                                                                           monkeypatch):
+    from ec2gpu import cli
+    monkeypatch.chdir(home)
+    assert cli.main(["run", "--sandbox", "--expect", "1m", "--", "true"]) == 2
+    assert cli.main(["run", "--sandbox", "--expect", "1m", "--workdir", str(home / ".aws"), "--", "true"]) == 2
+    shown = said.getvalue()
+    assert "the current directory (a command's workdir): " in shown and "is your home directory" in shown
+    assert "--workdir: " in shown and "cd into your project's directory" in shown
+    assert "Traceback" not in shown and not (tmp_path / "state").exists()
+
+
+@pytest.mark.parametrize("value", ["/", "/etc", "..", "../x", "a/../../b", "''", ".", "./", "~/x"])
+def test_checkpoint_dir_must_stay_inside_the_workdir(tmp_path, value):
+    with pytest.raises(UsageError, match=r"t\.yaml:3: checkpoint_dir: "):
+        load.parse(f"name: t\nworkdir: null\ncheckpoint_dir: {value}\nrun: x\n", "t.yaml", tmp_path)
+
+
+def test_outputs_globs_must_stay_inside_the_output_dir_and_good_paths_load(tmp_path):
+    for bad in ("/etc/*", "../*", "a/../../x", "!/x"):
+        with pytest.raises(UsageError, match=r"t\.yaml:3: outputs: .*(absolute|'\.\.')"):
+            load.parse(f"name: t\nworkdir: null\noutputs: ['{bad}']\nrun: x\n", "t.yaml", tmp_path)
+    task = load.parse("name: t\nworkdir: null\noutputs: ['*.json', '!tmp/*', 'sub/**']\ncheckpoint_dir: ck/a\n"
+                      "run: x\n", "t.yaml", tmp_path).task
+    assert task.checkpoint_dir == "ck/a" and task.outputs == ["*.json", "!tmp/*", "sub/**"]
+
+
+BILLION_LAUGHS = 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n' + "".join(
+    f"{n}: &{n} [{','.join([f'*{p}'] * 9)}]\n" for p, n in zip("abcdefgh", "bcdefghi")) + "run: x\n"
+
+
+def test_yaml_bombs_are_refused_with_a_line(tmp_path):
+    assert len(BILLION_LAUGHS) < 1024
+    with pytest.raises(UsageError, match=r"t\.yaml:\d+: refused: more than 100,000 values once its aliases"):
+        load.parse(BILLION_LAUGHS, "t.yaml", tmp_path)
+    many = "x: &x 1\nl: [" + ",".join(["*x"] * 101) + "]\nrun: x\n"
+    with pytest.raises(UsageError, match=r"t\.yaml:2: refused: more than 100 aliases"):
+        load.parse(many, "t.yaml", tmp_path)
+    with pytest.raises(UsageError, match=r"t\.yaml:1: refused: the alias \*a is inside its own anchor"):
+        load.parse("a: &a [*a]\nrun: x\n", "t.yaml", tmp_path)
+    deep = "".join(" " * i + f"k{i}:\n" for i in range(100)) + " " * 100 + "v\n"
+    with pytest.raises(UsageError, match=r"t\.yaml:6\d: refused: nested deeper than 64 levels"):
+        load.parse(deep, "t.yaml", tmp_path)
+
+
+def test_a_20000_deep_task_file_is_a_usage_error_through_the_cli(said, tmp_path):
+    from ec2gpu import cli
+    assert cli.main(["run", _file(tmp_path, "run: x\nl: " + "[" * 20000 + "]" * 20000 + "\n")]) == 2
+    assert cli.main(["run", _file(tmp_path, "run: x\nl: " + "{a: " * 20000 + "1" + "}" * 20000 + "\n")]) == 2
+    shown = said.getvalue()
+    assert shown.count("task.yaml:2: refused: nested deeper than 64 levels") == 2 and "Traceback" not in shown
+
+
+def test_a_task_file_over_1_mib_is_refused_before_it_is_read_whole(tmp_path):
+    path = tmp_path / "big.yaml"
+    path.write_text("run: x\n" + "# pad\n" * (load.MAX_TASK_BYTES // 6 + 1))
+    with pytest.raises(UsageError, match=r"big\.yaml:1: refused: a task file holds at most 1024 KiB"):
+        load.load(path)
+    with pytest.raises(UsageError, match="at most 1024 KiB"):
+        load.parse(path.read_text(), "t.yaml", tmp_path)
+    with pytest.raises(UsageError, match="at most 1024 KiB"):  # counted in UTF-8 bytes, not characters
+        load.parse("run: x\n# " + "é" * (load.MAX_TASK_BYTES // 2) + "\n", "t.yaml", tmp_path)
+
+
+def test_a_task_file_with_a_few_anchors_and_a_merge_key_still_loads(tmp_path):
+    text = "name: t\nworkdir: null\nsecrets: &s {TOKEN: abc}\nenvs: {<<: *s, C: 3}\nsetup: &cmd echo hi\nrun: *cmd\n"
+    got = load.parse(text, "t.yaml", tmp_path).task
+    assert got.envs == {"TOKEN": "abc", "C": "3"} and got.secrets == ["TOKEN"] and got.setup == got.run == "echo hi"
+    with pytest.raises(UsageError, match=r"t\.yaml:3: envs: '1A' is not an environment variable name"):
+        load.parse("run: x\nsetup: &b x\nenvs: {1A: *b}\n", "t.yaml", tmp_path)
+
+
+@pytest.mark.parametrize("flags", [["--env", "X;touch /tmp/pwned;Y=1"], ["--env", "A\n=1"], ["--secret", "T B"],
+                                   ["-e", "1A=2"]])
+def test_env_names_from_flags_are_checked_like_the_task_files_before_anything_starts(said, tmp_path, monkeypatch,
+                                                                                    flags):
+    from ec2gpu import cli
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["run", "--sandbox", "--expect", "1m", *flags, "--", "true"]) == 2
+    assert cli.main(["exec", "dev", "--sandbox", *flags, "--", "true"]) == 2
+    shown = said.getvalue()
+    assert shown.count("not an environment variable name") == 2 and "Traceback" not in shown
+    assert not (tmp_path / "state").exists()
+
+
+def test_every_export_line_checks_its_names_and_quotes_its_values(tmp_path):
+    import subprocess
+    import sys
+
+    from ec2gpu.remote import jobs
+    loaded = load.parse("name: t\nworkdir: null\nrun: x\n", "t.yaml", tmp_path)
+    with pytest.raises(UsageError, match="env 'X;touch y;Y': not an environment variable name"):
+        engine.prepare(loaded, {}, extra_env={"X;touch y;Y": "1"})  # the Python API's env= and secrets=
+    with pytest.raises(ValueError, match="not an environment variable name"):
+        jobs.job_script("/r", ["true"], {"A=$(touch y)": "1"})
+    env = tmp_path / "job.env.json"
+    env.write_text(json.dumps({"A": "$(touch pwned) 'x'"}))
+    done = subprocess.run([sys.executable, "-c", engine._EXPORTS, str(env)], capture_output=True, text=True)
+    subprocess.run(["bash", "-c", done.stdout + ' test "$A" = "$(printf %s "\\$(touch pwned) \'x\'")"'], check=True,
+                   cwd=tmp_path)
+    assert not (tmp_path / "pwned").exists()
+    env.write_text(json.dumps({"X;touch pwned;Y": "1"}))
+    done = subprocess.run([sys.executable, "-c", engine._EXPORTS, str(env)], capture_output=True, text=True)
+    assert done.returncode == 1 and done.stdout == "" and "not an environment variable name" in done.stderr

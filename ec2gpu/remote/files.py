@@ -1,0 +1,216 @@
+"""What comes home from an instance: names checked, listed without a shell, transfers bounded.
+
+Everything an instance says is hostile input (docs/security.md): a job, or a compromised instance,
+chooses its file names, sizes and contents, and can replace the shell functions that a command
+run over SSH would call (``~/.bashrc`` is read by sshd's non-interactive commands). So:
+
+- files are listed over SFTP (``listdir_attr``: the server's lstat of each entry; no shell, no
+  ``find``), regular files only, symbolic links never followed on the instance's side;
+- every name is checked before it touches this machine (``check_name``): relative, no ``..`` or
+  empty component, no NUL, within Linux's length limits; and the place it would be written
+  (``local_target``) must lie inside its directory with no symbolic link or special file on the
+  way (this machine's side: only the user can have made one there, ec2gpu never does);
+- what is brought home is capped in count and bytes (``Limits``), the rest named, never silently
+  dropped; each file is read through a size bound, so a file that grows after it was listed (or a
+  sparse one) stops at the bound.
+
+A name that fails a check is skipped and reported once (``Selection.skipped``).
+"""
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+MAX_NAME_BYTES = 4096  # PATH_MAX on Linux (limits.h)
+MAX_COMPONENT_BYTES = 255  # NAME_MAX on Linux (limits.h)
+MAX_DEPTH = 32  # directory levels walked below the listed directory
+MAX_LISTED = 100_000  # entries looked at in one listing: bounds the controller's memory, not the files brought home
+DEFAULT_MAX_FILES = 10_000  # files brought home from one directory (EC2GPU_MAX_DOWNLOAD_FILES)
+DEFAULT_MAX_BYTES = 4 << 30  # bytes brought home from one directory: 4 GiB (EC2GPU_MAX_DOWNLOAD_BYTES)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How much one pull may write on this machine: ``files`` files and ``bytes`` bytes at most."""
+
+    files: int = DEFAULT_MAX_FILES
+    bytes: int = DEFAULT_MAX_BYTES
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """A regular file on the instance: its name relative to the listed directory (POSIX), its size
+    in bytes and its modification time (s since the epoch), as the SFTP server reported them."""
+
+    name: str
+    size: int
+    mtime: float
+
+
+@dataclass
+class Selection:
+    """What a pull brings home (``files``), what it skipped for its name or place (``skipped``:
+    (name, reason)) and what it left on the instance above its limits (``left``)."""
+
+    files: list[RemoteFile] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    left: list[RemoteFile] = field(default_factory=list)
+
+    @property
+    def bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def warnings(self, what: str, limits: Limits) -> list[str]:
+        """One line per kind of file not brought home, naming a few of them (inert: see ec2gpu.inert)."""
+        out = []
+        if self.skipped:
+            named = ", ".join(f"{n!r} ({why})" for n, why in self.skipped[:5])
+            out.append(f"{what}: {len(self.skipped)} file(s) not brought home, their names or places are unsafe: "
+                       f"{named}" + (" ..." if len(self.skipped) > 5 else ""))
+        if self.left:
+            size = sum(f.size for f in self.left)
+            out.append(f"{what}: {len(self.left):,} file(s), {size:,} bytes, not brought home: above the limit of "
+                       f"{limits.files:,} files and {limits.bytes:,} bytes (first left: {self.left[0].name!r}); raise "
+                       "EC2GPU_MAX_DOWNLOAD_FILES / EC2GPU_MAX_DOWNLOAD_BYTES (or ec2gpu.toml) for the next run; from "
+                       "an instance that still stands, `ec2gpu fetch RUN --max-download SIZE --max-files N` brings them")
+        return out
+
+
+def check_name(name: str) -> str | None:
+    """Why ``name`` (a path relative to a directory, as an instance gave it) may not be written
+    under that directory on this machine, or None when it may (pure).
+
+    Refused: empty, absolute, a ``.``, ``..`` or empty component, a NUL or backslash-free but
+    over-long name (over 4096 bytes, or a component over 255: Linux's PATH_MAX and NAME_MAX).
+    Control characters are allowed in a name (Linux allows them); they are made visible wherever
+    the name is printed.
+    """
+    if not name:
+        return "empty name"
+    if "\0" in name:
+        return "NUL in the name"
+    if name.startswith("/"):
+        return "absolute name"
+    raw = name.encode("utf-8", "surrogateescape")
+    if len(raw) > MAX_NAME_BYTES:
+        return "name too long"
+    parts = name.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        return "'..', '.' or empty component"
+    if any(len(p.encode("utf-8", "surrogateescape")) > MAX_COMPONENT_BYTES for p in parts):
+        return "component too long"
+    return None
+
+
+def local_target(root: Path, name: str) -> Path | None:
+    """Where ``name`` (checked by ``check_name``) goes under ``root`` on this machine, or None when
+    that place is unsafe: a component on the way that exists and is a symbolic link or not a
+    directory, a final path that exists and is not a regular file (a link, a directory, a FIFO, a
+    device), or a resolved path outside ``root``. Creates nothing."""
+    root = Path(root)
+    path = root
+    for part in PurePosixPath(name).parts[:-1]:
+        path = path / part
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            break  # created as a directory when the file is written
+        if not stat.S_ISDIR(st.st_mode):  # a symbolic link (lstat does not follow it) or a file
+            return None
+    target = root / name
+    try:
+        st = os.lstat(target)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+    except FileNotFoundError:
+        pass
+    except OSError:  # e.g. a component that is a file: ENOTDIR
+        return None
+    real_root = root.resolve()
+    if not target.resolve().is_relative_to(real_root):
+        return None
+    return target
+
+
+def listing(sftp, remote_dir: str, hidden: bool = True, max_entries: int = MAX_LISTED) -> list[RemoteFile]:
+    """The regular files under ``remote_dir`` on the instance, recursively, sorted by name, through
+    SFTP's READDIR (paramiko ``listdir_attr``): entries are the server's lstat, so a symbolic link
+    is neither listed nor followed. ``hidden`` False leaves out names with a component starting
+    with '.' (a file being written, by the atomic-rename convention). A missing ``remote_dir``
+    lists nothing. At most ``max_entries`` entries are looked at and ``MAX_DEPTH`` levels walked
+    (memory stays bounded whatever the instance holds). Raises the connection's errors."""
+    out: list[RemoteFile] = []
+    seen = 0
+    stack = [("", 0)]
+    while stack:
+        rel, depth = stack.pop()
+        try:
+            entries = sftp.listdir_attr(f"{remote_dir}/{rel}" if rel else remote_dir)
+        except (FileNotFoundError, PermissionError):
+            continue
+        except OSError as exc:  # NotADirectoryError and other SFTP status errors: not a directory we can list
+            if getattr(exc, "errno", None) is None and type(exc) is not OSError:
+                raise
+            continue
+        for e in entries:
+            seen += 1
+            if seen > max_entries:
+                return sorted(out, key=lambda f: f.name)
+            name = f"{rel}/{e.filename}" if rel else e.filename
+            if not hidden and e.filename.startswith("."):
+                continue
+            mode = e.st_mode or 0
+            if stat.S_ISDIR(mode) and depth < MAX_DEPTH and check_name(name) is None:
+                stack.append((name, depth + 1))
+            elif stat.S_ISREG(mode):
+                out.append(RemoteFile(name, int(e.st_size or 0), float(e.st_mtime or 0)))
+    return sorted(out, key=lambda f: f.name)
+
+
+def select(files: list[RemoteFile], root: Path, limits: Limits, wanted=None) -> Selection:
+    """Of ``files`` (a listing), those ``wanted(name)`` accepts (all when None), with safe names and
+    places under ``root``, in name order, until ``limits`` is reached (pure apart from looking at
+    ``root``). A file bigger than the byte limit on its own is left, the next ones still taken."""
+    sel = Selection()
+    for f in files:
+        if wanted is not None and not wanted(f.name):
+            continue
+        why = check_name(f.name)
+        if why is None and local_target(root, f.name) is None:
+            why = "a link, a special file or outside the directory on this machine"
+        if why:
+            sel.skipped.append((f.name, why))
+        elif len(sel.files) >= limits.files or sel.bytes + f.size > limits.bytes:
+            sel.left.append(f)
+        else:
+            sel.files.append(f)
+    return sel
+
+
+class TooBig(Exception):
+    """A file grew past the bound it was read with."""
+
+
+def get_bounded(sftp, remote_path: str, target: Path, max_bytes: int) -> int:
+    """Copy ``remote_path`` to ``target`` (written beside it as a hidden .part file, then renamed
+    into place, mode 0644 at most), reading at most ``max_bytes`` bytes; return the bytes written.
+    Raises TooBig (nothing left behind) when the file holds more, FileNotFoundError when it is gone,
+    and the connection's errors."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.part")
+    written = 0
+
+    def bound(done: int, _total: int) -> None:
+        if done > max_bytes:
+            raise TooBig(f"{remote_path} holds more than {max_bytes:,} bytes")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "wb") as f:
+            written = sftp.getfo(remote_path, f, callback=bound, prefetch=True)
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return written
