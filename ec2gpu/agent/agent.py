@@ -7,12 +7,19 @@ on whatever Python the image has. It
 - starts the job in a process group of its own, its stdout and stderr appended to RUN_DIR/job.log;
 - writes RUN_DIR/status.json (atomically, by rename) when the job starts and when it ends:
   ``{"state": "running" | "succeeded" | "failed" | "interrupted", "pid", "exit_code", "signal",
-  "started_at", "ended_at", "notice"}`` (times UTC, ISO 8601);
+  "started_at", "ended_at", "notice", "rebalance"}`` (times UTC, ISO 8601);
 - polls the instance metadata service (IMDSv2: a token PUT, then
   ``/latest/meta-data/spot/instance-action``) every EC2GPU_SPOT_POLL_SECONDS (5) seconds; on a
   notice it records it and sends SIGTERM to the job's process group, then SIGKILL after
   EC2GPU_STOP_GRACE_SECONDS (90) if the job has not ended
   (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/spot-instance-termination-notices.html);
+- on the same polls, ``/latest/meta-data/events/recommendations/rebalance``: EC2's rebalance
+  recommendation (``{"noticeTime": ...}``; 404 until there is one), the signal that a spot
+  instance is at elevated risk of interruption, often sooner than the two-minute notice
+  (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/rebalance-recommendations.html). It does
+  not stop the job: the agent writes ``{"notice_time", "seen_at"}`` to the file the job knows as
+  EC2GPU_REBALANCE_FILE (RUN_DIR/rebalance.json; absent until then), so a job that polls for it
+  can checkpoint early, and records the same in status.json as ``rebalance``;
 - forwards its own SIGTERM and SIGINT to the job's process group;
 - puts the directory of EC2GPU_PYTHON (the Python with torch that setup found) first on PATH,
   sets EC2GPU_AGENT=1 (the built-in trainer then leaves the notice to the agent) and
@@ -47,6 +54,9 @@ import urllib.request
 from datetime import datetime, timezone
 
 IMDS = "http://169.254.169.254"
+SPOT_ACTION = "/latest/meta-data/spot/instance-action"
+REBALANCE = "/latest/meta-data/events/recommendations/rebalance"
+REBALANCE_FILE = "rebalance.json"  # in the run directory: the job's EC2GPU_REBALANCE_FILE
 EXIT_NOTICE = 75  # the agent's exit code when a notice stopped the job (EX_TEMPFAIL: try again elsewhere)
 
 
@@ -68,13 +78,17 @@ def sign(record: dict, key: bytes) -> str:
 def write_status(run_dir: str, status: dict, key: bytes | None = None) -> None:
     """RUN_DIR/status.json, replaced atomically (a reader sees the old or the new, never half),
     signed with ``key`` when there is one."""
-    record = {k: v for k, v in status.items() if k != "signature"}
-    if key:
-        record["signature"] = sign(record, key)
-    tmp = os.path.join(run_dir, ".status.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(record, f, indent=2)
-    os.replace(tmp, os.path.join(run_dir, "status.json"))
+    with _WRITING:  # the watcher thread writes too (a notice, a rebalance recommendation): one at a time
+        record = {k: v for k, v in status.items() if k != "signature"}
+        if key:
+            record["signature"] = sign(record, key)
+        tmp = os.path.join(run_dir, ".status.json.tmp")
+        with open(tmp, "w") as f:
+            json.dump(record, f, indent=2)
+        os.replace(tmp, os.path.join(run_dir, "status.json"))
+
+
+_WRITING = threading.Lock()
 
 
 def read_key(path: str | None) -> bytes | None:
@@ -103,20 +117,47 @@ def end_group(pgid: int, grace_s: float = 5.0) -> None:
             time.sleep(0.1)
 
 
-def spot_notice(endpoint: str, timeout_s: float = 2.0) -> dict | None:
-    """The spot interruption notice ({"action", "time"}) if one is published, else None (also when
-    the metadata service cannot be reached: an on-demand instance or none at all)."""
+def metadata(endpoint: str, paths: list[str], timeout_s: float = 2.0) -> dict:
+    """{path: its JSON value} for each of ``paths`` the metadata service publishes now, under one
+    IMDSv2 token; a path it does not publish (404) is left out, and so is every path when it
+    cannot be reached (an instance without one, or none at all)."""
     try:
         put = urllib.request.Request(f"{endpoint}/latest/api/token", method="PUT",
                                      headers={"X-aws-ec2-metadata-token-ttl-seconds": "300"})
         with urllib.request.urlopen(put, timeout=timeout_s) as resp:
             token = resp.read().decode()
-        get = urllib.request.Request(f"{endpoint}/latest/meta-data/spot/instance-action",
-                                     headers={"X-aws-ec2-metadata-token": token})
-        with urllib.request.urlopen(get, timeout=timeout_s) as resp:
-            return json.loads(resp.read())
     except (urllib.error.URLError, OSError, ValueError):
-        return None
+        return {}
+    found = {}
+    for path in paths:
+        get = urllib.request.Request(f"{endpoint}{path}", headers={"X-aws-ec2-metadata-token": token})
+        try:
+            with urllib.request.urlopen(get, timeout=timeout_s) as resp:
+                found[path] = json.loads(resp.read(64 * 1024))
+        except (urllib.error.URLError, OSError, ValueError):
+            pass
+    return found
+
+
+def spot_notice(endpoint: str, timeout_s: float = 2.0) -> dict | None:
+    """The spot interruption notice ({"action", "time"}) if one is published, else None (also when
+    the metadata service cannot be reached: an on-demand instance or none at all)."""
+    return metadata(endpoint, [SPOT_ACTION], timeout_s).get(SPOT_ACTION)
+
+
+def rebalance_record(item) -> dict:
+    """What the agent keeps of a rebalance recommendation (``{"noticeTime": "..."}`` on EC2):
+    ``{"notice_time": str | None, "seen_at": now}`` (the instance's text, bounded)."""
+    notice = item.get("noticeTime") if isinstance(item, dict) else None
+    return {"notice_time": notice[:64] if isinstance(notice, str) else None, "seen_at": now()}
+
+
+def write_atomic(path: str, text: str) -> None:
+    """``path`` replaced whole by ``text`` (a reader sees nothing or all of it)."""
+    tmp = os.path.join(os.path.dirname(path), "." + os.path.basename(path) + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
 
 
 def root_cause(error_file: str) -> dict | None:
@@ -140,11 +181,13 @@ def run(run_dir: str, argv: list[str], endpoint: str, poll_s: float, grace_s: fl
     status.json signed with ``key``; return the agent's exit code (the job's, 128+N for signal N,
     or 75 when a notice stopped it)."""
     status = {"state": "running", "started_at": now(), "exit_code": None, "signal": None,
-              "ended_at": None, "notice": None, "agent_pid": os.getpid()}
-    full_env = {**os.environ, **(env or {}), "EC2GPU_AGENT": "1"}
+              "ended_at": None, "notice": None, "rebalance": None, "error": None, "agent_pid": os.getpid()}
+    rebalance_file = os.path.join(run_dir, REBALANCE_FILE)
+    full_env = {**os.environ, **(env or {}), "EC2GPU_AGENT": "1", "EC2GPU_REBALANCE_FILE": rebalance_file}
     error_file = full_env.setdefault("TORCHELASTIC_ERROR_FILE", os.path.join(run_dir, "error.json"))
-    if os.path.exists(error_file):
-        os.remove(error_file)  # a previous job's
+    for stale in (error_file, rebalance_file):  # a previous job's
+        if os.path.exists(stale):
+            os.remove(stale)
     if full_env.get("EC2GPU_PYTHON"):  # the Python with torch first: `python3` in the job means that one
         full_env["PATH"] = os.path.dirname(full_env["EC2GPU_PYTHON"]) + os.pathsep + full_env.get("PATH", "")
     with open(os.path.join(run_dir, "job.log"), "ab") as log:
@@ -158,38 +201,52 @@ def run(run_dir: str, argv: list[str], endpoint: str, poll_s: float, grace_s: fl
             os.killpg(job.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
-    signal.signal(signal.SIGTERM, stop_job)
-    signal.signal(signal.SIGINT, stop_job)
-
-    def watch():
-        while job.poll() is None:
-            notice = spot_notice(endpoint)
-            if notice:
-                status["notice"] = {**notice, "seen_at": now()}
-                write_status(run_dir, status, key)
-                stop_job()
-                deadline = time.monotonic() + grace_s
-                while job.poll() is None and time.monotonic() < deadline:
-                    time.sleep(0.2)
-                if job.poll() is None:
-                    try:
-                        os.killpg(job.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                return
-            time.sleep(poll_s)
-    threading.Thread(target=watch, daemon=True).start()
-    code = job.wait()
-    end_group(job.pid)  # what the job left running in its group must not outlive it (or write after us)
-    status.update(ended_at=now(), exit_code=code if code >= 0 else None, signal=-code if code < 0 else None)
-    # a job that finished (exit 0) as the notice came is done: nothing to resume elsewhere
-    status["state"] = "succeeded" if code == 0 else "interrupted" if status["notice"] else "failed"
-    if code != 0:
-        status["error"] = root_cause(error_file)
-    write_status(run_dir, status, key)
+    previous = {s: signal.signal(s, stop_job) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        threading.Thread(target=watch, args=(job, stop_job, status, run_dir, key, endpoint, poll_s, grace_s),
+                         daemon=True).start()
+        code = job.wait()
+        end_group(job.pid)  # what the job left running in its group must not outlive it (or write after us)
+        status.update(ended_at=now(), exit_code=code if code >= 0 else None, signal=-code if code < 0 else None)
+        # a job that finished (exit 0) as the notice came is done: nothing to resume elsewhere
+        status["state"] = "succeeded" if code == 0 else "interrupted" if status["notice"] else "failed"
+        if code != 0:
+            status["error"] = root_cause(error_file)
+        write_status(run_dir, status, key)
+    finally:  # the caller's handlers again (the agent in a process of its own has nothing after this)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     if status["state"] == "interrupted":
         return EXIT_NOTICE
     return code if code >= 0 else 128 - code
+
+
+def watch(job, stop_job, status: dict, run_dir: str, key: bytes | None, endpoint: str, poll_s: float,
+          grace_s: float) -> None:
+    """Poll the metadata service every ``poll_s`` seconds while ``job`` runs (module docstring): a
+    rebalance recommendation goes to the job's EC2GPU_REBALANCE_FILE and ``status``, once; a spot
+    notice goes to ``status`` and stops the job (``stop_job``), SIGKILL after ``grace_s``."""
+    while job.poll() is None:
+        found = metadata(endpoint, [SPOT_ACTION] + ([REBALANCE] if status["rebalance"] is None else []))
+        if REBALANCE in found:  # the job is told, once; it goes on
+            status["rebalance"] = rebalance_record(found[REBALANCE])
+            write_atomic(os.path.join(run_dir, REBALANCE_FILE), json.dumps(status["rebalance"]))
+            write_status(run_dir, status, key)
+        notice = found.get(SPOT_ACTION)
+        if notice:
+            status["notice"] = {**notice, "seen_at": now()}
+            write_status(run_dir, status, key)
+            stop_job()
+            deadline = time.monotonic() + grace_s
+            while job.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+            if job.poll() is None:
+                try:
+                    os.killpg(job.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            return
+        time.sleep(poll_s)
 
 
 def main(argv: list[str] | None = None) -> int:

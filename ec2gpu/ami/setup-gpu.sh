@@ -14,7 +14,8 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   gpu_count=$(nvidia-smi -L | wc -l)
   echo "GPU: ${gpu_count} x ${gpu_name}, NVIDIA driver ${driver}"
 else
-  echo "no NVIDIA GPU found (nvidia-smi missing or failing): training will run on the CPU"
+  # said of every job (a task may train nothing); the built-in trainer says its own device
+  echo "no NVIDIA GPU found (nvidia-smi missing or failing): the job will see no GPU"
 fi
 
 # A baked image (`ec2gpu image bake`) holds what setup found when the image was made: its Python is
@@ -53,8 +54,14 @@ if [ -z "$python" ]; then
   if ! python3 -c 'import ensurepip' >/dev/null 2>&1; then
     # Debian and Ubuntu ship venv's pip bootstrap separately: `python3 -m venv` fails without it
     echo "python3-venv is missing: installing it with apt-get"
-    as_root apt-get update -qq
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv
+    # a fresh Ubuntu's first boot runs unattended-upgrades, which holds the dpkg lock for minutes:
+    # let cloud-init finish (600 s at most), and wait up to 600 s for the lock (apt.conf(5),
+    # DPkg::Lock::Timeout)
+    if command -v cloud-init >/dev/null 2>&1 && [ -z "${EC2GPU_SANDBOX_INSTANCE:-}" ]; then
+      timeout 600 cloud-init status --wait >/dev/null || true
+    fi
+    as_root apt-get -o DPkg::Lock::Timeout=600 update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq python3-venv
   fi
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q --upgrade pip

@@ -9,7 +9,7 @@ from __future__ import annotations
 import botocore.exceptions
 
 from ..errors import AwsError, CapacityError, UsageError
-from . import capacity, instances, sweep
+from . import capacity, images, instances, sweep
 from . import tags as T
 from .session import describe, error_code
 
@@ -41,7 +41,7 @@ def scale(aws, settings, name: str, target: int, max_runtime_minutes: int, log=l
     if target > current:
         head = nodes[0]
         tg = T.as_dict(head.get("Tags"))
-        image = aws.ec2.describe_images(ImageIds=[head["ImageId"]])["Images"][0]
+        image = images.described(aws.ec2, ImageIds=[head["ImageId"]])[0]
         spec = instances.LaunchSpec(
             run_id=tg[T.RUN], owner=tg.get(T.OWNER, settings.owner), name=name, instance_type=head["InstanceType"],
             image_id=head["ImageId"], root_device_name=image.get("RootDeviceName", "/dev/sda1"),

@@ -6,8 +6,10 @@ is the DLAMI's name without "deep learning ami", e.g.
 The newest PyTorch DLAMI for Ubuntu 24.04 is preferred: the Ubuntu 22.04 line has passed its end
 of patching (DLAMI support policy, https://docs.aws.amazon.com/dlami/latest/devguide/support-policy.html)
 and is used only where no 24.04 image is published, and then said. The parameters are listed with
-GetParametersByPath; where that is refused, a fixed list of names is tried, then the newest image
-owned by Amazon whose name matches. ``--ami`` overrides all of it.
+GetParametersByPath, so the newest is found whatever it is; where that call is refused, the
+names of FALLBACK_TORCH are tried, newest first, and past the newest one that answers the next
+versions too (``_by_name``), then the newest image owned by Amazon whose name matches.
+``--ami`` overrides all of it.
 """
 from __future__ import annotations
 
@@ -22,10 +24,31 @@ DLAMI_PATH = "/aws/service/deeplearning/ami/x86_64"
 UBUNTU_RELEASES = ("24.04", "22.04")
 FALLBACK_WHY = {"22.04": "past its end of patching; used because this region publishes no Ubuntu 24.04 PyTorch DLAMI"}
 _PYTORCH = re.compile(rf"^{DLAMI_PATH}/oss-nvidia-driver-gpu-pytorch-(\d+)\.(\d+)-ubuntu-(\d+\.\d+)/latest/ami-id$")
+#: PyTorch versions of the DLAMI tried by name, newest first, when GetParametersByPath is refused:
+#: those of the DLAMI developer guide's release notes up to "Deep Learning ARM64 AMI OSS Nvidia
+#: Driver GPU PyTorch 2.11 (Ubuntu 24.04) 20261009" (page aws-deep-learning-ami-gpupt211ossarm64-
+#: ul2404-2026-10-09) and "Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.11 (Amazon Linux 2023)
+#: 20260905" (aws-deep-learning-ami-gpupt211oss-al2023-2026-09-07), read 2026-11. A newer release
+#: is still found: when the first of them answers, the versions after it are tried too.
+FALLBACK_TORCH = ("2.11", "2.10", "2.9", "2.8", "2.7", "2.6")
+#: at most this many versions past FALLBACK_TORCH[0] are tried (next minor, else next major's .0)
+MAX_NEWER = 12
+
+
+def parameter_name(torch: str, ubuntu: str) -> str:
+    """The SSM public parameter of the x86_64 PyTorch DLAMI ``torch`` for Ubuntu ``ubuntu`` (pure)."""
+    return f"{DLAMI_PATH}/oss-nvidia-driver-gpu-pytorch-{torch}-ubuntu-{ubuntu}/latest/ami-id"
+
+
 #: tried one by one when GetParametersByPath is refused
-SSM_PARAMETERS = tuple(f"{DLAMI_PATH}/oss-nvidia-driver-gpu-pytorch-{torch}-ubuntu-{ubuntu}/latest/ami-id"
-                       for ubuntu in UBUNTU_RELEASES for torch in ("2.9", "2.8", "2.7", "2.6"))
+SSM_PARAMETERS = tuple(parameter_name(torch, ubuntu) for ubuntu in UBUNTU_RELEASES for torch in FALLBACK_TORCH)
 NAME_PATTERNS = tuple(f"Deep Learning OSS Nvidia Driver AMI GPU PyTorch * (Ubuntu {u}) *" for u in UBUNTU_RELEASES)
+
+
+def described(ec2, **params) -> list[dict]:
+    """Every image DescribeImages answers for ``params``, over all its pages (boto3's paginator:
+    EC2 pages DescribeImages with NextToken when the answer is long)."""
+    return [i for page in ec2.get_paginator("describe_images").paginate(**params) for i in page["Images"]]
 
 
 def pick_parameter(parameters: dict[str, str]) -> tuple[str, str, str] | None:
@@ -52,14 +75,42 @@ def _by_path(ssm) -> dict[str, str] | None:
         return None
 
 
+def _get(ssm, name: str) -> str | None:
+    try:
+        return ssm.get_parameter(Name=name)["Parameter"]["Value"]
+    except botocore.exceptions.ClientError:
+        return None
+
+
 def _by_name(ssm) -> tuple[str, str, str] | None:
+    """SSM_PARAMETERS one by one, newest first (as pick_parameter); when the newest listed version
+    answers, the versions after it are tried until one is missing (``_newer``)."""
     for name in SSM_PARAMETERS:
-        try:
-            value = ssm.get_parameter(Name=name)["Parameter"]["Value"]
-        except botocore.exceptions.ClientError:
+        value = _get(ssm, name)
+        if value is None:
             continue
-        return pick_parameter({name: value})
+        found = {name: value}
+        m = _PYTORCH.match(name)
+        if f"{m.group(1)}.{m.group(2)}" == FALLBACK_TORCH[0]:
+            found.update(_newer(ssm, int(m.group(1)), int(m.group(2)), m.group(3)))
+        return pick_parameter(found)
     return None
+
+
+def _newer(ssm, major: int, minor: int, ubuntu: str) -> dict[str, str]:
+    """The parameters of the PyTorch DLAMIs after ``major.minor`` for ``ubuntu`` ({name: AMI id}):
+    the next minor version while one answers, else the next major version's .0; MAX_NEWER at most."""
+    found = {}
+    for _ in range(MAX_NEWER):
+        for candidate in ((major, minor + 1), (major + 1, 0)):
+            value = _get(ssm, parameter_name(f"{candidate[0]}.{candidate[1]}", ubuntu))
+            if value is not None:
+                found[parameter_name(f"{candidate[0]}.{candidate[1]}", ubuntu)] = value
+                major, minor = candidate
+                break
+        else:
+            return found
+    return found
 
 
 def resolve_ami(ssm, ec2, override: str | None = None) -> dict:
@@ -78,9 +129,9 @@ def resolve_ami(ssm, ec2, override: str | None = None) -> dict:
         why = f"newest PyTorch DLAMI for Ubuntu {release}" + (f" ({FALLBACK_WHY[release]})" if release in FALLBACK_WHY else "")
         return _describe(ec2, image_id, f"ssm:{name}", why)
     for pattern, release in zip(NAME_PATTERNS, UBUNTU_RELEASES):
-        images = ec2.describe_images(Owners=["amazon"], Filters=[
+        images = described(ec2, Owners=["amazon"], Filters=[
             {"Name": "name", "Values": [pattern]}, {"Name": "state", "Values": ["available"]},
-            {"Name": "architecture", "Values": ["x86_64"]}])["Images"]
+            {"Name": "architecture", "Values": ["x86_64"]}])
         if images:
             newest = max(images, key=lambda i: i.get("CreationDate", ""))
             why = f"newest image named like the Ubuntu {release} PyTorch DLAMI (no SSM parameter could be read)" + \
@@ -92,7 +143,7 @@ def resolve_ami(ssm, ec2, override: str | None = None) -> dict:
 
 def _describe(ec2, image_id: str, source: str, why: str) -> dict:
     try:
-        images = ec2.describe_images(ImageIds=[image_id])["Images"]
+        images = described(ec2, ImageIds=[image_id])
     except botocore.exceptions.ClientError as exc:
         raise AwsError(f"AMI {image_id} cannot be described: {exc}", "check --ami and the region")
     if not images:

@@ -73,16 +73,73 @@ def fetch_on_demand(pricing, region: str) -> dict[str, float]:
     return prices
 
 
+#: GetProducts filters of the EBS storage prices ``fetch_storage`` reads, by kind (catalog.ebs_price)
+STORAGE_PRODUCTS = {"gp3": {"productFamily": "Storage", "volumeApiName": "gp3"},
+                    "snapshot": {"productFamily": "Storage Snapshot"}}
+
+
+def parse_storage_price(price_list: list, kind: str) -> float | None:
+    """USD per GB-month of EBS ``kind`` from GetProducts' ``PriceList`` (pure): the "GB-Mo" dimension
+    of the product; for "snapshot", the standard tier's (usage type ``[REGION-]EBS:SnapshotUsage``,
+    not the archive tier's). None when no product has one."""
+    found = []
+    for raw in price_list:
+        product = json.loads(raw) if isinstance(raw, str) else raw
+        usage = product.get("product", {}).get("attributes", {}).get("usagetype", "")
+        if kind == "snapshot" and usage.rpartition("-")[2] != "EBS:SnapshotUsage":
+            continue
+        for term in product.get("terms", {}).get("OnDemand", {}).values():
+            for dim in term.get("priceDimensions", {}).values():
+                usd = dim.get("pricePerUnit", {}).get("USD")
+                if usd is not None and dim.get("unit") == "GB-Mo" and float(usd) > 0:
+                    found.append(float(usd))
+    return max(found) if found else None  # never low, as parse_price_list
+
+
+def fetch_storage(pricing, region: str) -> dict[str, float]:
+    """EBS gp3 and snapshot USD per GB-month in ``region`` from the Price List API: {kind: USD},
+    the kinds it found. Raises AwsError as ``fetch_on_demand``."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    out = {}
+    for kind, terms in STORAGE_PRODUCTS.items():
+        filters = [{"Type": "TERM_MATCH", "Field": k, "Value": v} for k, v in {"regionCode": region, **terms}.items()]
+        try:
+            pages = pricing.get_paginator("get_products").paginate(ServiceCode="AmazonEC2", Filters=filters,
+                                                                  FormatVersion="aws_v1")
+            usd = parse_storage_price([p for page in pages for p in page.get("PriceList", [])], kind)
+        except (ClientError, BotoCoreError) as exc:
+            raise AwsError(f"the AWS Price List API did not answer for EBS {kind}: {str(exc).splitlines()[0][:200]}",
+                           "it needs the pricing:GetProducts permission") from exc
+        if usd is not None:
+            out[kind] = usd
+    return out
+
+
+def refresh_storage(pricing, region: str, home: Path) -> dict[str, float]:
+    """Fetch ``region``'s EBS gp3 and snapshot prices (``fetch_storage``) into its cache, which
+    ``refresh_cache`` wrote first (``catalog.ebs_price`` reads them there); return them."""
+    path = catalog.price_cache_path(home, region)
+    cache = catalog.read_price_cache(home, region) or {"region": region, "prices": {},
+                                                        "fetched_at": datetime.now(timezone.utc).isoformat()}
+    cache["storage"] = fetch_storage(pricing, region)
+    _write(path, cache)
+    return cache["storage"]
+
+
+def _write(path: Path, cache: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(cache, indent=2) + "\n")
+    tmp.replace(path)
+
+
 def refresh_cache(pricing, region: str, home: Path) -> dict:
     """Fetch ``region``'s prices and write them to the cache ``catalog.on_demand_price`` reads."""
     prices = fetch_on_demand(pricing, region)
     cache = {"region": region, "fetched_at": datetime.now(timezone.utc).isoformat(),
              "source": "AWS Price List API (pricing:GetProducts)", "prices": dict(sorted(prices.items()))}
-    path = catalog.price_cache_path(home, region)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(cache, indent=2) + "\n")
-    tmp.replace(path)
+    _write(catalog.price_cache_path(home, region), cache)
     return cache
 
 

@@ -31,7 +31,8 @@ def find_security_groups(ec2, run_id: str | None = None) -> list[dict]:
     filters = [{"Name": "tag-key", "Values": [T.RUN]}]
     if run_id:
         filters.append({"Name": f"tag:{T.RUN}", "Values": [run_id]})
-    return ec2.describe_security_groups(Filters=filters)["SecurityGroups"]
+    pages = ec2.get_paginator("describe_security_groups").paginate(Filters=filters)
+    return [g for page in pages for g in page["SecurityGroups"]]
 
 
 def find_key_pairs(ec2, run_id: str | None = None) -> list[dict]:
@@ -64,7 +65,8 @@ def find_spot_requests(ec2, run_id: str | None = None) -> list[dict]:
     filters = [{"Name": "tag-key", "Values": [T.RUN]}, {"Name": "state", "Values": ["open", "active"]}]
     if run_id:
         filters.append({"Name": f"tag:{T.RUN}", "Values": [run_id]})
-    return ec2.describe_spot_instance_requests(Filters=filters)["SpotInstanceRequests"]
+    pages = ec2.get_paginator("describe_spot_instance_requests").paginate(Filters=filters)
+    return [r for page in pages for r in page["SpotInstanceRequests"]]
 
 
 def inventory(ec2, run_id: str | None = None, log=lambda msg: None) -> dict[str, list[dict]]:
@@ -148,3 +150,90 @@ def delete_security_group(ec2, group_id: str, timeout_s: float = 300, delay_s: f
 def delete_run(ec2, run_id: str, keys_dir, log=lambda msg: None) -> dict[str, list[str]]:
     """Remove everything of one run (see ``delete_everything``); returns the ids removed, by kind."""
     return delete_everything(ec2, inventory(ec2, run_id), keys_dir, log)
+
+
+#: EC2's StateReason code of an instance that its own OS shut down (`--max-runtime`, the idle rule):
+#: https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_StateReason.html
+SELF_SHUTDOWN = "Client.InstanceInitiatedShutdown"
+#: A run's key pair this old (s) with no instance of the run listed at all is taken as left behind:
+#: EC2 lists a terminated instance for about an hour after it ends
+#: (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/terminating-instances.html), and a run
+#: launches its first instance seconds after it creates its key pair.
+UNLISTED_AFTER_S = 2 * 3600
+
+
+def ended_runs(described: list[dict], key_pairs: list[dict], runs: set[str], now, keep=frozenset()) -> dict[str, str]:
+    """Of ``runs`` (run ids that hold a security group, key pair or placement group), those whose
+    instances have all ended, each with why (pure): "ended itself" when every instance of the run
+    in ``described`` (DescribeInstances entries, every state) is terminated and one of them by its
+    own shutdown (SELF_SHUTDOWN); "no instance listed any more" when none is listed and its key
+    pair (in ``key_pairs``) is older than UNLISTED_AFTER_S at ``now``. Never one of ``keep`` (runs
+    a controller may still be using: a spot run between an interruption and its replacement)."""
+    by_run: dict[str, list[dict]] = {}
+    for inst in described:
+        by_run.setdefault(T.as_dict(inst.get("Tags")).get(T.RUN, ""), []).append(inst)
+    created = {T.as_dict(k.get("Tags")).get(T.RUN): k["CreateTime"] for k in key_pairs if k.get("CreateTime")}
+    out = {}
+    for run in sorted(set(runs) - set(keep)):
+        mine = by_run.get(run, [])
+        if mine and all(i["State"]["Name"] == "terminated" for i in mine) and any(
+                (i.get("StateReason") or {}).get("Code") == SELF_SHUTDOWN for i in mine):
+            out[run] = "ended itself"
+        elif not mine and run in created and (now - created[run]).total_seconds() > UNLISTED_AFTER_S:
+            out[run] = "no instance listed any more"
+    return out
+
+
+def ended_leftovers(ec2, keep=frozenset()) -> dict[str, dict]:
+    """What runs whose instances have all ended left (``ended_runs``): run id -> {"why",
+    "security_groups", "key_pairs", "placement_groups": their ids}. Where the placement group API
+    is unavailable there are none (`cleanup` says so). Raises botocore errors."""
+    from datetime import datetime, timezone
+
+    held = {"security_groups": [(g, "GroupId") for g in find_security_groups(ec2)],
+            "key_pairs": [(k, "KeyName") for k in find_key_pairs(ec2)],
+            "placement_groups": [(g, "GroupName") for g in placement.find(ec2)]}
+    runs = {T.as_dict(r.get("Tags")).get(T.RUN) for found in held.values() for r, _ in found} - {None, ""}
+    if not runs:
+        return {}
+    ended = ended_runs(find_instances(ec2, states=LIVE_STATES + ["terminated"]), [k for k, _ in held["key_pairs"]],
+                       runs, datetime.now(timezone.utc), keep)
+    return {run: {"why": why, **{kind: [r[key] for r, key in found if T.as_dict(r.get("Tags")).get(T.RUN) == run]
+                                 for kind, found in held.items()}}
+            for run, why in ended.items()}
+
+
+def remove_leftovers(ec2, found: dict[str, dict], keys_dir) -> dict[str, dict[str, list[str]]]:
+    """Delete what ``ended_leftovers`` found, per run, best-effort: its security groups (one try
+    each: a group whose ended instance's network interface lingers is left for the next command),
+    then, once they are gone, its key pairs with their local key files and its placement groups.
+    Returns run id -> {kind: ids removed; "key_files": the local files deleted; "left": "what: why"
+    for what AWS refused or still holds}. Never raises for one resource."""
+    from .network import private_key_path
+
+    removed = {}
+    for run, what in found.items():
+        done: dict[str, list[str]] = {"security_groups": [], "key_pairs": [], "key_files": [], "placement_groups": [],
+                                      "left": []}
+        try:
+            for group in what["security_groups"]:
+                try:
+                    ec2.delete_security_group(GroupId=group)
+                    done["security_groups"].append(group)
+                except botocore.exceptions.ClientError as exc:
+                    if error_code(exc) != "InvalidGroup.NotFound":
+                        raise
+            for name in what["key_pairs"]:  # the run's date (ended_runs): kept while a group stays
+                had_file = private_key_path(keys_dir, name).exists()
+                delete_key_pair(ec2, name, keys_dir)
+                done["key_pairs"].append(name)
+                done["key_files"] += [str(private_key_path(keys_dir, name))] if had_file else []
+            for name in what["placement_groups"]:
+                placement.delete(ec2, name)
+                done["placement_groups"].append(name)
+        except botocore.exceptions.ClientError as exc:  # DependencyViolation: try again next time
+            kinds = ("security_groups", "key_pairs", "placement_groups")
+            rest = [x for k in kinds for x in what[k] if x not in done[k]]
+            done["left"].append(f"{', '.join(rest)} ({error_code(exc)})")
+        removed[run] = done
+    return removed

@@ -1,5 +1,5 @@
 """Instance type facts from EC2 itself: GPUs, vCPUs, memory and placement strategies, read with
-DescribeInstanceTypes (``GpuInfo``, ``VCpuInfo``, ``MemoryInfo``, ``PlacementGroupInfo``;
+DescribeInstanceTypes (``GpuInfo``, ``VCpuInfo``, ``MemoryInfo``, ``PlacementGroupInfo``, ``InstanceStorageInfo``;
 https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_DescribeInstanceTypes.html). The
 catalog's table (catalog.py) is kept as the fallback where the API cannot answer (no network, a
 policy without ec2:DescribeInstanceTypes) and for prices, which the API does not give.
@@ -30,6 +30,10 @@ class Facts:
     memory_gib: float
     cluster_placement: bool  # may join a cluster placement group
     source: str
+    # GB of instance-store NVMe (InstanceStorageInfo.TotalSizeInGB; 0 without: InstanceStorageSupported
+    # false); None when not known (the catalog's table). Its data is lost on a stop:
+    # https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/instance-store-lifetime.html
+    instance_store_gb: int | None = None
 
 
 def _from_api(t: dict) -> Facts:
@@ -38,7 +42,9 @@ def _from_api(t: dict) -> Facts:
     return Facts(t["InstanceType"], g.get("Name"), sum(x.get("Count", 0) for x in gpus if x),
                  round((g.get("MemoryInfo") or {}).get("SizeInMiB", 0) / 1024, 1),
                  t["VCpuInfo"]["DefaultVCpus"], round(t["MemoryInfo"]["SizeInMiB"] / 1024, 1),
-                 "cluster" in (t.get("PlacementGroupInfo") or {}).get("SupportedStrategies", []), API)
+                 "cluster" in (t.get("PlacementGroupInfo") or {}).get("SupportedStrategies", []), API,
+                 int((t.get("InstanceStorageInfo") or {}).get("TotalSizeInGB") or 0)
+                 if t.get("InstanceStorageSupported") else 0)
 
 
 def from_table(t: catalog.InstanceType) -> Facts:

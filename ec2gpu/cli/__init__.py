@@ -177,11 +177,20 @@ def cost_rows(record: dict) -> list[tuple[str, str]]:
                      f"(times: {est.get('time_source', '')})"))
     if record.get("billed_seconds") is not None and record.get("market") != "local":
         usd = record.get("cost_usd")
+        parts = [a for a in record.get("attempts") or [] if "compute_usd" in a]  # runs/costs.actual_cost's
+        compute = None if not parts or any(a["compute_usd"] is None for a in parts) else \
+            sum(a["compute_usd"] for a in parts)
+        rate = (compute or 0) * 3600 / record["billed_seconds"] if parts and record["billed_seconds"] else \
+            record.get("usd_per_hour") or 0
         rows.append(("actual", ("unknown" if usd is None else f"${usd:.4f}") +
-                     f" = {record['billed_seconds']:.0f} s billed (running from "
+                     (f": compute {'?' if compute is None else f'${compute:.4f}'} =" if parts else " =") +
+                     f" {record['billed_seconds']:.0f} s billed (running from "
                      f"{str(record.get('billing_started_at') or record.get('launched_at', ''))[11:19]}"
                      f" to termination {str(record.get('terminated_at', ''))[11:19]} UTC) x "
-                     f"{record.get('usd_per_hour') or 0:.4f} USD/h ({record.get('price_source')})"))
+                     f"{rate:.4f} USD/h ({record.get('price_source')})" +
+                     (f"; public IPv4 ${sum(a.get('public_ipv4_usd') or 0 for a in parts):.4f}; EBS "
+                      f"${sum(a.get('ebs_usd') or 0 for a in parts):.4f} "
+                      f"({sum(a.get('volume_gib') or 0 for a in parts):g} GiB gp3)" if parts else "")))
     return rows
 
 
@@ -313,13 +322,17 @@ def main(argv: list[str] | None = None) -> int:
     argv = [a for a in argv if a != "--debug"]
     import signal
 
-    def on_sigterm(*_):
-        raise KeyboardInterrupt  # same path as Ctrl-C: clean up, exit 130
-    signal.signal(signal.SIGTERM, on_sigterm)
+    received: list[str] = []  # the signals that interrupted this command: what the message says
+
+    def on_signal(signum, _frame):
+        received.append("Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name)
+        raise KeyboardInterrupt  # SIGTERM takes Ctrl-C's path: clean up, exit 130
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        # without standalone mode, click/typer *return* the code of typer.Exit and 130 for Ctrl-C
+        # without standalone mode, click/typer *return* the code of typer.Exit, and 130 for Ctrl-C:
+        # only a signal seen here makes a 130 an interruption (`logs --follow` passes on a job's 130)
         code = app(args=argv, prog_name="ec2gpu", standalone_mode=False)
-        if code == ExitCode.CTRL_C:
+        if code == ExitCode.CTRL_C and received:
             raise KeyboardInterrupt
         return code if isinstance(code, int) else 0
     except Ec2GpuError as exc:
@@ -337,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     except _click_errors("Exit") as exc:
         return exc.exit_code
     except (*_click_errors("Abort"), KeyboardInterrupt):
-        err.print("interrupted: what this command created was removed (see above)")
+        err.print(interrupted_message(received))
         return ExitCode.CTRL_C
     except _click_errors("ClickException") as exc:
         exc.show()
@@ -353,6 +366,15 @@ def main(argv: list[str] | None = None) -> int:
         err.print(labelled("error:", "red", f"{type(exc).__name__}: {exc}"))
         err.print("[yellow]hint:[/] run again with --debug for the traceback")
         return ExitCode.ERROR
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def interrupted_message(received: list[str]) -> str:
+    """The last line of an interrupted command (pure): which signal stopped it, and nothing it did
+    not do. What a command removed on its way out (a run's teardown) it says itself, above."""
+    return f"interrupted by {received[0]}" if received else "interrupted"
 
 
 def run() -> None:

@@ -35,11 +35,12 @@ def ssh_cmd(ctx_: typer.Context, name: str = typer.Argument(..., help="Name, ins
 
 
 def _pin_host_key(ctx: Context, inst: dict) -> None:
-    """Before OpenSSH connects (StrictHostKeyChecking): pin the instance's host key, verified
-    against its console output, when it is not pinned yet. Raises RemoteError, WaitTimeout."""
+    """Before OpenSSH connects (StrictHostKeyChecking yes, HostKeyAlias): pin the instance's host
+    key under its instance id, verified against its console output, when it is not pinned yet.
+    Raises RemoteError, WaitTimeout."""
+    from ..remote import ssh
     from ..runs import standing
-    known = ctx.settings.home / "known_hosts" / inst["InstanceId"]
-    if not (known.is_file() and known.stat().st_size):
+    if not ssh.pin_under_alias(ctx.settings.home / "known_hosts" / inst["InstanceId"], inst["InstanceId"], note):
         standing.pin_host_key(ctx.aws, ctx.settings, ctx.backend, inst, log=note).close()
 
 
@@ -100,9 +101,9 @@ class InertWriter:
         self.stream.flush()
 
 
-def _write_ssh_config(ctx: Context, warn=lambda line: None):
+def _write_ssh_config(ctx: Context, warn=lambda line: None, pin: bool = False):
     from ..runs import standing
-    return standing.write_ssh_config(ctx.aws, ctx.settings, ctx.backend, warn)
+    return standing.write_ssh_config(ctx.aws, ctx.settings, ctx.backend, warn, pin=pin, log=note)
 
 
 @app.command()
@@ -115,25 +116,21 @@ def tunnel(name: str = typer.Argument(..., help="Name or instance id of a runnin
     """Forward a port of a running instance to 127.0.0.1 here over SSH, until Ctrl-C.
 
     TensorBoard, a notebook, any server. OpenSSH with the pinned host key; nothing is opened in the
-    security group. If SSH drops, it reconnects."""
-    import threading
-
+    security group. If SSH drops, it reconnects. Ctrl-C, SIGTERM and SIGHUP end it and its ssh."""
     from ..remote import tunnel as tn
 
-    with Context(region, _sandbox_flag(sandbox)) as ctx:
+    with Context(region, _sandbox_flag(sandbox)) as ctx, tn.hangup_interrupts():
         inst = _find(ctx, name)[0]
         _pin_host_key(ctx, inst)
         config, _, _ = _write_ssh_config(ctx, warn)
         here = tn.free_local_port(local_port or port)
         if local_port and here != local_port:
             raise UsageError(f"--local-port {local_port} is in use on this machine", "choose another, or leave it out")
-        err.print(f"http://127.0.0.1:{here} -> {name}:{port} over SSH; Ctrl-C to stop", highlight=False)
-        stop = threading.Event()
-        try:
-            tn.keep_forwarding(tn.argv(config, inst["InstanceId"], port, here), here, stop,
-                               log=note, refresh=lambda: _write_ssh_config(ctx, warn))
+        err.print(plain(f"http://127.0.0.1:{here} -> {name}:{port} over SSH; Ctrl-C to stop"))
+        try:  # its ssh ends with this command, however it ends
+            tn.forward_until_interrupted(tn.argv(config, inst["InstanceId"], port, here), here, note,
+                                         refresh=lambda: _write_ssh_config(ctx, warn))
         except KeyboardInterrupt:
-            stop.set()
             err.print("tunnel closed")
 
 
@@ -160,10 +157,12 @@ def notebook(
     """JupyterLab on an instance, at a local URL, until Ctrl-C.
 
     The instance is launched (or found by --name); JupyterLab starts in its torch Python on its
-    127.0.0.1 with a random token and is forwarded over SSH (pinned host key; nothing opened in the
-    security group), reconnecting if SSH drops. The instance then stays with its idle rule
+    127.0.0.1 with a random token (or the one already running there is reused) and is forwarded
+    over SSH (pinned host key; nothing opened in the security group), reconnecting if SSH drops.
+    Ctrl-C, SIGTERM and SIGHUP close the tunnel. The instance then stays with its idle rule
     (--down-on-exit terminates it)."""
     from ..aws import catalog, sweep, tags as T
+    from ..remote import tunnel
     from ..runs import notebook as nb
     from ..runs import pipeline
     from . import RichReporter
@@ -172,7 +171,7 @@ def notebook(
     if name is not None:
         T.check_name(name)
     idle = idle_rule(idle_stop, idle_down, no_idle, max_runtime, spot)
-    with Context(region, _sandbox_flag(sandbox), persistent=True) as ctx:
+    with Context(region, _sandbox_flag(sandbox), persistent=True) as ctx, tunnel.hangup_interrupts():
         asked = instance_type or ctx.settings.instance_type
         opts = pipeline.TrainOptions(instance_type=",".join(catalog.lookup(t).name for t in asked.split(",")),
                                      spot=spot, name=name, ssh_cidr=ssh_cidr, ami=ami,
@@ -184,7 +183,7 @@ def notebook(
                 sys.stdout.flush()
             else:
                 out.print(plain(f"notebook: {info['url']}"), soft_wrap=True)
-            err.print(f"[dim]on {info['name']} ({info['instance_id']}); Ctrl-C closes the tunnel[/]", highlight=False)
+            err.print(plain(f"on {info['name']} ({info['instance_id']}); Ctrl-C closes the tunnel", "dim"))
 
         info = nb.serve(ctx.aws, ctx.settings, ctx.backend, opts, RichReporter(err, quiet=as_json), show, local_port)
         if down_on_exit:
@@ -193,25 +192,30 @@ def notebook(
                           None)
             if run_id:
                 sweep.delete_run(ctx.aws.ec2, run_id, ctx.settings.keys_dir, log=note)
-            err.print(f"notebook closed; {info['name']} terminated (--down-on-exit)", highlight=False)
+            err.print(plain(f"notebook closed; {info['name']} terminated (--down-on-exit)"))
         else:
-            err.print(f"notebook closed; {info['name']} keeps running with its idle rule (`ec2gpu ls`). "
-                      f"`ec2gpu tunnel {info['name']} {info['port']}` reopens it, `ec2gpu down {info['name']}` "
-                      "removes it", highlight=False)
+            again = f"`ec2gpu tunnel {info['name']} {info['port']}`" if "port" in info else \
+                f"`ec2gpu notebook --name {info['name']}`"
+            err.print(plain(f"notebook closed; {info['name']} keeps running with its idle rule (`ec2gpu ls`). "
+                            f"{again} reopens it, `ec2gpu down {info['name']}` removes it"))
 
 
 @app.command("ssh-config")
 def ssh_config(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
-    """Write ~/.ec2gpu/ssh_config so plain `ssh NAME`, scp and editors reach the running instances."""
+    """Write ~/.ec2gpu/ssh_config so plain `ssh NAME`, scp and editors reach the running instances.
+
+    Each entry insists on the instance's pinned host key (under its instance id, so a new address
+    after `ec2gpu start` is still the same host); an instance not pinned yet is pinned first,
+    checked against its console output, or left out with the reason."""
     with Context(region, _sandbox_flag(sandbox)) as ctx:
-        path, entries, skipped = _write_ssh_config(ctx, warn)
+        path, entries, skipped = _write_ssh_config(ctx, warn, pin=True)
     if as_json:
         render_json({"path": str(path), "hosts": [e.aliases[0] for e in entries], "skipped": skipped})
         return
-    out.print(f"wrote {path} with {len(entries)} host(s): {', '.join(e.aliases[0] for e in entries) or '-'}")
-    if skipped:
-        out.print(f"[yellow]skipped[/] {', '.join(skipped)}: their private keys are not on this machine")
-    out.print(f"[dim]add this line to ~/.ssh/config once: Include {path}[/]")
+    out.print(plain(f"wrote {path} with {len(entries)} host(s): {', '.join(e.aliases[0] for e in entries) or '-'}"))
+    for iid, why in skipped.items():  # the reason may quote the instance's console: inert
+        out.print(plain(f"skipped {iid}: {why}", "yellow"))
+    out.print(plain(f"add this line to ~/.ssh/config once: Include {path}", "dim"))
 
 
 @app.command()

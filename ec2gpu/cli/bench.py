@@ -22,9 +22,11 @@ def bench_cmd(
     spot: bool = typer.Option(False, "--spot", help="Spot instances (USD per run at the zone's spot price)."),
     local: bool = typer.Option(False, "--local", help="Bench this machine instead (needs torch)."),
     quick: bool = typer.Option(False, "--quick", help="Small sizes and a 6,000-image subset: seconds instead of "
-                               "minutes (the figures are rougher, the models do not reach their targets)."),
-    data_dir: Optional[str] = typer.Option(None, "--data-dir", help="MNIST directory for --local (default "
-                                           "EC2GPU_DATA_DIR, else downloaded)."),
+                               "minutes (the figures are rougher, the models do not reach their targets, and the "
+                               "dbn stays at chance in so few steps: it is marked \"did not train\")."),
+    data_dir: Optional[str] = typer.Option(None, "--data-dir", help="MNIST directory on this machine, for --local "
+                                           "and --sandbox (default EC2GPU_DATA_DIR, else downloaded; an instance on "
+                                           "AWS downloads it)."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Where results go (default runs/<run-id>/; with "
                                            "several types, one folder per type under it)."),
     max_runtime: int = typer.Option(60, "--max-runtime", min=1, help="Minutes after which each instance terminates "
@@ -48,6 +50,9 @@ def bench_cmd(
         raise UsageError("--local benches this machine", "drop --instance-type/--spot/--sandbox, or drop --local")
     if data_dir and not Path(data_dir).is_dir():
         raise UsageError(f"data directory {data_dir} does not exist", "pass a directory with the four MNIST files")
+    if data_dir and not (local or _sandbox_flag(sandbox)):
+        raise UsageError(f"--data-dir {data_dir} is a directory on this machine, which an instance on AWS cannot "
+                         "read", "drop --data-dir (the instance downloads MNIST), or add --local or --sandbox")
     command = " ".join(["ec2gpu", *sys.argv[1:]]) if sys.argv[0].endswith("ec2gpu") else "ec2gpu bench"
     opts = pipeline.TrainOptions(spot=spot, out=out_dir, ssh_cidr=ssh_cidr, ami=ami, max_runtime_minutes=max_runtime,
                                  budget_usd=budget, command=command)
@@ -77,6 +82,8 @@ def _show(r: dict) -> None:
     """One bench as rich tables: the machine, bandwidth and compute (with the peak), the seed experiment."""
     from rich.table import Table
     from rich.text import Text
+
+    from ..train.bench import TRAINED_MIN_ACC, trained  # stdlib only at import (not torch)
     if r.get("error") or not r.get("bench"):
         why = r.get("error") or (f"bench.json not accepted: {r['bench_invalid']}" if r.get("bench_invalid")
                                  else "no bench.json came home")
@@ -104,15 +111,24 @@ def _show(r: dict) -> None:
                   f"{p['peak']:,.1f}" if p else "-", f"{100 * p['fraction']:.0f}%" if p else "-")
     out.print(t)
     t = Table("model", "device", "batch", "seconds", "samples/s", "test accuracy", "to target", title="the seed experiment")
+    untrained = []  # (model, device) whose test accuracy says it did not train (train/bench.trained)
     for model, by_device in b["training"]["models"].items():
         for d, row in by_device.items():
             if isinstance(row, dict):
+                if not trained(row["test_acc"]):
+                    untrained.append(f"{model} on the {DEVICE[d]}")
                 t.add_row(plain(model), DEVICE[d], plain(row["batch_size"]), f"{row['train_seconds']:.2f}",
-                          f"{row['samples_per_second']:,.0f}", f"{100 * row['test_acc']:.2f}%",
+                          f"{row['samples_per_second']:,.0f}", f"{100 * row['test_acc']:.2f}%"
+                          + ("" if trained(row["test_acc"]) else " did not train"),
                           "-" if row["time_to_target_seconds"] is None else f"{row['time_to_target_seconds']:.2f} s")
         if "speedup" in by_device:
             t.add_row(plain(model), "GPU/CPU", "", f"x{by_device['speedup']:.2f} faster", "", "", "")
     out.print(t)
+    if untrained:
+        out.print(plain(f"did not train: {', '.join(untrained)} (test accuracy under {100 * TRAINED_MIN_ACC:.0f}%; "
+                        "chance is 10%): its seconds are a speed, not the cost of a trained model, and it has no USD "
+                        "per run" + (" (--quick is too short for it: run without --quick)" if b["quick"] else ""),
+                        "yellow"))
     t = Table("device", "batch", "seconds", "samples/s", title="the dbn at a small and a large batch (the GPU needs "
               "large ones to be filled)")
     for d, by_batch in b["training"]["batch"].items():
@@ -122,7 +138,8 @@ def _show(r: dict) -> None:
     if r.get("usd_per_hour") is None:
         out.print(plain(f"USD per run: - (no price for {r['instance_type']}); results in {r['artifacts']}/outputs"))
         return
-    usd = ", ".join(f"{m} {_usd(v['usd'])} ({v['basis']})" for m, v in r["usd_per_run"].items())
+    usd = ", ".join(f"{m} {'-' if v['seconds'] is None else _usd(v['usd'])} ({v['basis']})"
+                    for m, v in r["usd_per_run"].items())
     out.print(plain(f"USD per run at {r['usd_per_hour']:.4f} USD/h: {usd or '-'}; results in {r['artifacts']}/outputs"))
 
 

@@ -6,6 +6,7 @@ aws/catalog.py, aws/pricing.py and aws/types.py), history from runs/ledger.py.
 from __future__ import annotations
 
 import json
+import os
 from typing import Optional
 
 import typer
@@ -33,7 +34,7 @@ def prices(gpu: Optional[str] = typer.Option(None, "--gpu", help="Only this GPU 
     from ..runs import costs
 
     known_gpus = sorted({t.gpu for t in catalog.CATALOG.values()})
-    if gpu and gpu.upper() not in {g.upper() for g in known_gpus} | {"K520", "K80"}:
+    if gpu and gpu.upper() not in {g.upper() for g in known_gpus} | set(catalog.RETIRED_GPUS):
         raise UsageError(f"unknown GPU model {gpu!r}", f"choose one of {', '.join(known_gpus)}")
     with Context(region, _sandbox_flag(sandbox)) as ctx:
         aws, home = ctx.aws, ctx.settings.home
@@ -44,6 +45,9 @@ def prices(gpu: Optional[str] = typer.Option(None, "--gpu", help="Only this GPU 
             cache = pricing.refresh_cache(aws.pricing(), aws.region, home)
             err.print(f"[dim]fetched {len(cache['prices'])} on-demand prices for {aws.region} from the Price List "
                       f"API into {catalog.price_cache_path(home, aws.region)}[/]")
+            storage = pricing.refresh_storage(aws.pricing(), aws.region, home)
+            err.print("[dim]EBS, USD per GB-month: " + (", ".join(f"{k} {v:g}" for k, v in storage.items()) or
+                                                        "none listed for this region") + "[/]")
         rows, retired = costs.price_rows(aws, home, gpu, log=note)
         sandbox_note = "sandbox: spot prices come from the sandbox's simulated market" if ctx.backend.is_sandbox else None
     if as_json:
@@ -116,6 +120,8 @@ def cost(instance_type: str = typer.Option("g4dn.xlarge,g5.xlarge,g6.xlarge", "-
 def runs(ctx: typer.Context,
          since: Optional[str] = typer.Option(None, "--since", help="Only runs started since: 30d, 12h, 2w or a date; "
                                              "prints the total spend."),
+         sandbox: bool = typer.Option(False, "--sandbox", help="Only the sandbox's runs (the ledger is this "
+                                      "machine's: no sandbox is started for it). Also EC2GPU_SANDBOX=1."),
          as_json: bool = JSON):
     """List runs from the ledger, newest first (`ec2gpu runs show ID` for one)."""
     if ctx.invoked_subcommand:
@@ -126,12 +132,13 @@ def runs(ctx: typer.Context,
     from ..runs import reconcile
 
     start = ledger.parse_since(since) if since else None
-    rows = ledger.runs(load().home, since=start)
+    _up_to_date(load().home, _sandbox_flag(sandbox))
+    rows = ledger.runs(load().home, since=start, backend="sandbox" if _sandbox_flag(sandbox) else None)
     lost = [r["run_id"] for r in rows if reconcile.controller_gone(r)]
     for r in rows:
         r["controller_gone"] = r["run_id"] in lost
-    keys = ("run_id", "status", "controller_gone", "backend", "task", "instance_type", "market", "model", "test_acc",
-            "exit_status",
+    keys = ("run_id", "status", "controller_gone", "backend", "command", "task", "instance_type", "market", "model",
+            "test_acc", "exit_status",
             "summary", "summary_schema", "billed_seconds",
             "cost_usd", "estimated_cost_usd", "started_at", "region", "zone", "instance_ids", "artifacts")
     # real money and the sandbox's simulated bills are never added up together
@@ -143,7 +150,8 @@ def runs(ctx: typer.Context,
                      "since": start.isoformat() if start else None} if since else body)
         return
     if not rows:
-        out.print("no runs in the ledger" + (f" since {since}" if since else ""))
+        out.print(f"no {'sandbox ' if _sandbox_flag(sandbox) else ''}runs in the ledger" +
+                  (f" since {since}" if since else ""))
         return
     from rich.table import Table
     from rich import box
@@ -155,7 +163,7 @@ def runs(ctx: typer.Context,
     for r in rows:  # the result quotes the job's summary.json: every cell inert, none read as markup
         kind = (r.get("instance_type") or "") + (" spot" if r.get("market") == "spot" else "")
         t.add_row(*map(plain, (r["run_id"], "controller gone" if r["controller_gone"] else r["status"],
-                               r.get("task") or "mnist", kind, _result(r),
+                               _task(r), kind, _result(r),
                                "-" if r.get("billed_seconds") is None else f"{r['billed_seconds']:.0f}",
                                _usd(r.get("cost_usd")), _usd(r.get("estimated_cost_usd")))))
     out.print(t)
@@ -171,9 +179,54 @@ def runs(ctx: typer.Context,
                       f"(${sandbox_total['cost_usd']:.4f})[/]")
 
 
+def _up_to_date(home, sandbox: bool = False) -> None:
+    """Before `runs` lists the ledger: where it has rows still open (standing instances, runs whose
+    controller is gone, instances `--keep` left) of the backend this shell uses (the sandbox with
+    ``sandbox`` or its endpoint in AWS_ENDPOINT_URL), bring them up to date from AWS as `ec2gpu ls`
+    does (runs/reconcile.py: bills of instances that have ended; what they left removed), in each
+    of their regions. Where AWS cannot be reached (no credentials, no network), one line says so
+    and the ledger is listed as it is. A sandbox that is not up is not started for this."""
+    import botocore.exceptions
+
+    from ..errors import Ec2GpuError
+    from ..runs import reconcile
+    from ..sandbox import control
+    from .instances import _settle
+
+    pending = reconcile.open_rows(home) + reconcile.abandoned(home) + reconcile.kept(home)
+    endpoint = (control.read_state(home) or {}).get("endpoint")
+    sandbox = sandbox or bool(endpoint and os.environ.get("AWS_ENDPOINT_URL") == endpoint)
+    backend = "sandbox" if sandbox else "aws"
+    regions = sorted({r.get("region") or "" for r in pending if r.get("backend") == backend})
+    if not regions or (sandbox and not control.read_state(home)):
+        return
+    try:
+        for region in regions:
+            with Context(region or None, sandbox) as ctx:
+                _settle(ctx)
+    except (Ec2GpuError, botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+        note(f"could not bring the ledger's open rows up to date from AWS ({type(exc).__name__}: {exc}); "
+             "listed as they are", "yellow")
+
+
+def _task(r: dict) -> str:
+    """The task's name; for standing instances the command that made them (launch, notebook); for
+    rows older than the task column, the built-in job (pure)."""
+    from ..runs import reconcile
+    if r.get("task"):
+        return r["task"]
+    if r.get("status") in (reconcile.STANDING, reconcile.ENDED):
+        words = str(r.get("command") or "").split()
+        return words[1] if len(words) > 1 else "launch"
+    return "mnist"
+
+
 def _result(r: dict) -> str:
-    """Test accuracy for the built-in MNIST job; the image a bake made; the job's own summary.json
-    otherwise (compact)."""
+    """Test accuracy for the built-in MNIST job; the image a bake made; how standing instances
+    ended; the job's own summary.json otherwise (compact)."""
+    from ..runs import reconcile
+    if r.get("status") in (reconcile.STANDING, reconcile.ENDED):
+        return ", ".join(f"{a.get('instance_id')} {a.get('ended') or 'running'}" for a in r.get("attempts") or [])
     if r.get("task") == "bake" and (r.get("summary") or {}).get("image_id"):
         return f"image {r['summary']['image_id']} ({r['summary'].get('task')})"
     if r.get("test_acc") is not None:
@@ -202,6 +255,7 @@ def runs_show(run_id: str = typer.Argument(..., help="Run id (or a unique prefix
             ("where", f"{r['backend']} {r.get('region') or ''} {r.get('zone') or ''}"),
             ("instances", f"{', '.join(r.get('instance_ids') or []) or '-'} {r.get('instance_type')} {r.get('market')}"),
             (("model", f"{r.get('model')} x {r.get('epochs')} epochs; test accuracy {acc}") if r.get("model") else
+             ("how they ended", _result(r)) if r["status"] in ("standing", "ended") else
              ("task", f"{r.get('task')}: summary {json.dumps(r.get('summary')) if r.get('summary') else '-'}")),
             ("started", r["started_at"]), ("ended", r.get("ended_at") or "-")]
     rows += [(f"  {k}", f"{v:.1f} s") for k, v in (r.get("phases") or {}).items()]

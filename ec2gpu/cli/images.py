@@ -17,7 +17,8 @@ def bake_cmd(
                                                 "the task's, else g4dn.xlarge); the image runs on every type."),
     base: str = typer.Option("dlami", "--from", help="dlami (the PyTorch Deep Learning AMI: driver and torch "
                              "inside) or ubuntu-24.04 (Canonical's image: the NVIDIA driver and torch installed)."),
-    name: Optional[str] = typer.Option(None, "--name", help="The image's name (default ec2gpu-<task>-<hash>-<time>)."),
+    name: Optional[str] = typer.Option(None, "--name", help="The image's name: letters, digits, '.', '_' and '-', "
+                                       "63 at most (default <task>-<UTC time>, e.g. quickstart-20261122-184950)."),
     spot: bool = typer.Option(False, "--spot", help="Build on a spot instance."),
     ssh_cidr: Optional[str] = typer.Option(None, "--ssh-cidr", help="CIDR allowed to SSH (default: your public IP/32)."),
     ami: Optional[str] = typer.Option(None, "--ami", help="Start from this AMI instead of --from's."),

@@ -16,8 +16,9 @@ def launch(
     name: Optional[str] = typer.Option(None, "--name", help="Name tag (default ec2gpu-<run-id>)."),
     ssh_cidr: Optional[str] = typer.Option(None, "--ssh-cidr", help="CIDR allowed to SSH (default: your IP/32)."),
     ami: Optional[str] = typer.Option(None, "--ami", help="AMI id (default: the AWS Deep Learning AMI)."),
-    max_runtime: Optional[int] = typer.Option(None, "--max-runtime", min=1, help="Minutes until it terminates itself "
-                                              "(user data runs `shutdown -h +M`; default 120, required with --no-idle)."),
+    max_runtime: Optional[int] = typer.Option(None, "--max-runtime", min=1, help="Minutes until it ends itself "
+                                              "(user data runs `shutdown -h +M`: it terminates, or with --idle-stop "
+                                              "stops; default 120, required with --no-idle)."),
     idle_stop: Optional[str] = typer.Option(None, "--idle-stop", help="Stop itself (disk kept, `ec2gpu start` brings "
                                             "it back) after this long idle: no job, no SSH connection, every GPU "
                                             "under 5% (30m, 1h). Then --max-runtime stops it too. On-demand only."),
@@ -49,17 +50,35 @@ def launch(
         types = [catalog.lookup(t).name for t in asked.split(",")]
         opts = pipeline.TrainOptions(instance_type=",".join(types), spot=spot, name=name, ssh_cidr=ssh_cidr, ami=ami,
                                      max_runtime_minutes=max_runtime, nodes=nodes, idle=idle)
-        rows = standing.launch(ctx.aws, ctx.settings, opts, RichReporter(err, quiet=as_json))
+        rows = standing.launch(ctx.aws, ctx.settings, opts, RichReporter(err, quiet=as_json), ctx.backend)
         if as_json:
             render_json(rows)
         else:
             for r in rows:
                 out.print(f"{r['name']}: {r['instance_id']} {r['instance_type']} {r['market']} {r['state']} "
                           f"{r['public_ip']}; `ec2gpu ssh {r['name']}` to log in, `ec2gpu down {r['name']}` to remove")
+            out.print(lifetime_words(idle, max_runtime, len(rows)))
 
 
 #: The idle rule `launch` gives when none is asked for (issue: instances that end themselves).
 DEFAULT_IDLE = ("down", "60m")
+
+
+def lifetime_words(idle, max_runtime_minutes: int, count: int = 1) -> str:
+    """What `launch` set for how its instances end (pure): the idle rule (an aws.instances.IdleRule,
+    None for --no-idle) and the --max-runtime shutdown that user data schedules at first boot
+    (InstanceInitiatedShutdownBehavior: stop with --idle-stop, else terminate)."""
+    it = "it" if count == 1 else "each"
+    if idle is None:
+        return (f"no idle rule (--no-idle): {it} terminates itself {max_runtime_minutes} min after it boots "
+                "(--max-runtime)")
+    busy = "no job, no SSH connection, GPUs under 5%"
+    if idle.action == "stop":
+        return (f"{it} stops itself after {_duration(idle.seconds)} idle (--idle-stop: {busy}; its EBS disk is kept, "
+                f"`ec2gpu start` brings it back) or {max_runtime_minutes} min after it boots (--max-runtime), whichever "
+                "comes first")
+    return (f"{it} terminates itself after {_duration(idle.seconds)} idle (--idle-down: {busy}) or "
+            f"{max_runtime_minutes} min after it boots (--max-runtime), whichever comes first")
 
 
 def idle_rule(idle_stop: str | None, idle_down: str | None, no_idle: bool, max_runtime: int | None, spot: bool):
@@ -90,12 +109,20 @@ def idle_rule(idle_stop: str | None, idle_down: str | None, no_idle: bool, max_r
     return IdleRule(action, seconds)
 
 
-def _settle(ctx: Context, run_ids: set[str] | None = None) -> None:
-    """Settle the ledger's runs (of this backend and region; only ``run_ids`` if given) whose
-    controller died and whose instances have terminated (runs/reconcile.py); each is said."""
+def _settle(ctx: Context, run_ids: set[str] | None = None, ended: bool = True, keep=frozenset()) -> None:
+    """Bring the ledger up to date with the instances of this backend and region (runs/reconcile.py):
+    settle the runs (only ``run_ids`` if given) whose controller died and whose instances have
+    terminated, record the standing instances' running intervals and settle those that have all
+    ended; and (``ended``) remove what runs whose instances have all ended left, but ``keep``'s.
+    Each is said."""
     from ..runs import reconcile
-    reconcile.settle_all(ctx.aws, ctx.settings.home, ctx.backend.name, run_ids,
-                         log=lambda m: note(m, "yellow"))
+    home = ctx.settings.home
+    reconcile.settle_all(ctx.aws, home, ctx.backend.name, run_ids, log=lambda m: note(m, "yellow"),
+                         volume_gib=ctx.settings.root_volume_gib)
+    reconcile.sync_standing(ctx.aws, home, ctx.backend.name, log=note)
+    if ended:  # one line, however wide: a script or a log keeps it whole
+        reconcile.remove_ended(ctx.aws, home, ctx.settings.keys_dir, keep,
+                               log=lambda m: err.print(plain(m, "dim"), soft_wrap=True))
 
 
 def _fetch_abandoned(ctx: Context, run_ids: set[str] | None = None) -> None:
@@ -130,20 +157,33 @@ def _find(ctx: Context, name: str) -> list[dict]:
 @app.command()
 def stop(name: str = typer.Argument(..., help="Name, instance id or cluster of a standing on-demand instance."),
          region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
-    """Stop a standing on-demand instance (or cluster): keep the disk, stop paying for the GPU.
+    """Stop a standing on-demand instance (or cluster): keep the EBS disk, stop paying for the GPU.
 
-    The disk is billed per GB-month (`ec2gpu ls` shows how much); `ec2gpu start NAME` brings it
-    back. Spot instances cannot be stopped (say `ec2gpu down NAME`)."""
+    The EBS disk is billed per GB-month (`ec2gpu ls` shows how much); what was on the type's
+    instance-store NVMe, if it has one (/opt/dlami/nvme on the Deep Learning AMI), is lost.
+    `ec2gpu start NAME` brings it back. Spot instances cannot be stopped (say `ec2gpu down NAME`)."""
     from ..runs import stopstart
     with Context(region, _sandbox_flag(sandbox), persistent=True) as ctx:
         ctx.aws.check_credentials()
         rows = stopstart.stop(ctx.aws, name, log=note)
+        _settle(ctx, ended=False)  # the stop, dated by EC2, ends a running interval in the ledger
     if as_json:
         render_json(rows)
         return
     for r in rows:
-        out.print(plain(f"{r['name'] or r['instance_id']}: {r['state']}; its disk is kept and billed (`ec2gpu ls`); "
-                        f"`ec2gpu start {name}` brings it back, `ec2gpu down {name}` removes it"))
+        out.print(plain(stopped_words(r, name)))
+
+
+def stopped_words(r: dict, name: str) -> str:
+    """What `stop` says of one stopped instance (pure; ``r`` as runs/stopstart.stop returns it):
+    its EBS disk is kept and billed, and its instance-store NVMe, where the type has one, was
+    erased (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/instance-store-lifetime.html)."""
+    gb = r.get("instance_store_gb")
+    nvme = "instance-store NVMe (/opt/dlami/nvme on the Deep Learning AMI)"
+    lost = (f"; its {gb:,} GB {nvme} was erased: what was there is lost" if gb else
+            f"; if {r['instance_type']} has {nvme}, what was there is lost" if gb is None else "")
+    return (f"{r['name'] or r['instance_id']}: {r['state']}; its EBS disk is kept and billed (`ec2gpu ls`){lost}; "
+            f"`ec2gpu start {name}` brings it back, `ec2gpu down {name}` removes it")
 
 
 @app.command()
@@ -156,7 +196,9 @@ def start(name: str = typer.Argument(..., help="Name, instance id or cluster of 
     from ..runs import stopstart
     with Context(region, _sandbox_flag(sandbox), persistent=True) as ctx:
         ctx.aws.check_credentials()
+        _settle(ctx, ended=False)  # a stop no command has seen yet (--idle-stop) is recorded before the start
         rows = stopstart.start(ctx.aws, ctx.settings, ctx.backend, name, log=note)
+        _settle(ctx, ended=False)  # ... and the new running interval
     if as_json:
         render_json(rows)
         return
@@ -216,7 +258,7 @@ def ls(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = 
     from ..runs import standing
 
     with Context(region, _sandbox_flag(sandbox)) as ctx:
-        _settle(ctx)  # runs whose controller died and whose instances have ended by themselves
+        _settle(ctx)  # bills of instances that have ended (by themselves, too), and what they left
         rows = standing.listing(ctx.aws, ctx.settings)
     if as_json:
         render_json(rows)
@@ -279,6 +321,8 @@ def cleanup(dry_run: bool = typer.Option(False, "--dry-run", help="Only list wha
         ctx.aws.check_credentials()
         if not dry_run and not no_fetch:
             _fetch_abandoned(ctx)
+        if not dry_run:
+            _settle(ctx, set(), ended=False)  # a stopped instance's stop is dated before it goes
         regions = [ctx.aws.region]
         if all_regions:
             known = set(ctx.aws.partition_regions())  # describe_regions may list other partitions' (China, GovCloud)
@@ -313,7 +357,10 @@ def cleanup(dry_run: bool = typer.Option(False, "--dry-run", help="Only list wha
 def doctor(instance_type: Optional[str] = typer.Option(None, "--instance-type", "-t", help="The type to check for."),
            spot: bool = typer.Option(False, "--spot", help="Check the spot quota instead of on-demand."),
            region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
-    """Check credentials, region, default VPC, GPU quota, AMI, your IP, prices, ssh and key files."""
+    """Check credentials, region, default VPC, GPU quota, AMI, your IP, prices, ssh, rsync and key files.
+
+    Exit 0 when no check fails; 3 without usable AWS credentials (nothing else can be asked, as
+    for every command); 1 when another check fails."""
     from ..runs import doctor as doc
 
     with Context(region, _sandbox_flag(sandbox)) as ctx:
@@ -332,7 +379,7 @@ def doctor(instance_type: Optional[str] = typer.Option(None, "--instance-type", 
                    f"[red]{len(failed)} check(s) failed[/]: {', '.join(c.name for c in failed)}") +
                   (f"; could not tell: {', '.join(unknown)}" if unknown else ""))
     if failed:
-        raise typer.Exit(1)
+        raise typer.Exit(doc.exit_code(checks))
 
 
 @app.command()
@@ -362,11 +409,12 @@ def down(name: Optional[str] = typer.Argument(None, help="Name, instance id or r
                                  "removes everything the tool created")
         if not no_fetch:
             _fetch_abandoned(ctx, {r for r in runs if r})
+        _settle(ctx, set(), ended=False)  # a stopped instance's stop is dated before it goes
         removed = {}
         for run_id in sorted(r for r in runs if r):
             removed[run_id] = sweep.delete_run(ec2, run_id, ctx.settings.keys_dir,
                                                log=note)
-        _settle(ctx, set(removed))
+        _settle(ctx, set(removed), keep=set(removed))
     if as_json:
         render_json(removed)
     elif not any(v for r in removed.values() for v in r.values()):

@@ -54,13 +54,20 @@ def sandbox_interrupt(instance_id: str = typer.Argument(..., help="A running spo
                       notice_seconds: float = typer.Option(120.0, "--notice-seconds", min=0,
                                                            help="Seconds between the notice and the termination "
                                                            "(EC2 gives 120)."),
+                      rebalance: bool = typer.Option(False, "--rebalance",
+                                                     help="Publish a rebalance recommendation instead (the instance "
+                                                     "is at elevated risk of interruption), and nothing else: it "
+                                                     "keeps running."),
                       as_json: bool = JSON):
     """Interrupt a spot instance as EC2 does: a notice on its metadata service, then termination."""
     from ..sandbox import control
     from ..settings import load
-    done = control.interrupt(load().home, instance_id, notice_seconds)
+    done = control.interrupt(load().home, instance_id, notice_seconds, rebalance=rebalance)
     if as_json:
         render_json(done)
+    elif rebalance:
+        out.print(f"{instance_id}: rebalance recommendation published (noticeTime {done['rebalance']['noticeTime']}); "
+                  "it keeps running")
     else:
         out.print(f"{instance_id}: spot interruption notice published (action {done['notice']['action']} at "
                   f"{done['notice']['time']}); the sandbox terminates it in {notice_seconds:g} s")

@@ -1,9 +1,16 @@
 """SSH connections (fabric over paramiko): bounded wait-for-SSH, per-instance host-key pinning.
 
-Host keys are pinned in a known_hosts file per instance ($EC2GPU_HOME/known_hosts/<instance-id>).
-An unknown key is checked against the fingerprints the instance printed to its console (cloud-init,
-read through the EC2 API: out of band) and refused if it is not among them; only when the console
-has none yet is it trusted on first use, and the user is told. A changed key is always refused.
+Host keys are pinned in a known_hosts file per instance ($EC2GPU_HOME/known_hosts/<instance-id>),
+under the instance id (the file's name), not under an address: the key belongs to the instance,
+and its address changes (a stop and start, a tunnel refresh). OpenSSH looks them up the same way
+(`HostKeyAlias <instance-id>` in remote/ssh_config.py's entries). A key a file pins under another
+name (an address: written before keys were pinned under the instance id) is still the instance's
+key, and is pinned under the instance id too at the next connection or ssh_config.
+
+An unknown key is checked against the fingerprints the instance printed to its console
+(cloud-init, read through the EC2 API: out of band) and refused if it is not among them; only when
+the console has none yet is it trusted on first use, and the user is told. A changed key is always
+refused.
 """
 from __future__ import annotations
 
@@ -19,67 +26,111 @@ from ..errors import RemoteError, WaitTimeout
 
 
 class PinOnFirstUse(paramiko.MissingHostKeyPolicy):
-    """Accept an unknown host key if it matches ``expected`` fingerprints (or, with none, on first
-    use), write it to ``known_hosts`` and report it through ``log``. A key that ``expected`` does
-    not list raises RemoteError."""
+    """For an instance with no pinned key: accept its host key if it matches ``expected``
+    fingerprints (or, with none, on first use), pin it in ``known_hosts`` under ``alias`` (the
+    instance id) and report it through ``log``. A key that ``expected`` does not list raises
+    RemoteError."""
 
-    def __init__(self, known_hosts: Path, log, expected: list[str] | None = None):
+    def __init__(self, known_hosts: Path, log, expected: list[str] | None = None, alias: str | None = None):
         self.known_hosts, self.log, self.expected = known_hosts, log, list(expected or [])
+        self.alias = alias or known_hosts.name
 
     def missing_host_key(self, client, hostname, key):
         fp = key.fingerprint  # "SHA256:...", as ssh-keygen -l prints it
-        pinned = pinned_keys(self.known_hosts)
-        if pinned:  # the instance is known at another address (a stopped and started one has a new IP)
-            if (key.get_name(), key.get_base64()) not in pinned:
-                raise RemoteError(f"host key {key.get_name()} {fp} of {hostname} is not the one pinned for this "
-                                  f"instance in {self.known_hosts}",
-                                  "someone may be intercepting the connection; nothing was sent. If the instance was "
-                                  f"replaced, delete {self.known_hosts}")
+        pinned = pinned_keys(self.known_hosts, self.alias)
+        if pinned.get(key.get_name()) == key:  # pinned since this client last connected (fabric reopens it)
             client.get_host_keys().add(hostname, key.get_name(), key)
-            client.save_host_keys(str(self.known_hosts))
-            self.log(f"host key {key.get_name()} {fp} of {hostname} is the one pinned for this instance at its "
-                     f"earlier address; pinned at this one too in {self.known_hosts}")
             return
+        if pinned:  # pinned already: a key of another type is not the instance's
+            raise RemoteError(f"host key {key.get_name()} {fp} of {hostname} is not the one pinned for this "
+                              f"instance in {self.known_hosts}",
+                              "someone may be intercepting the connection; nothing was sent. If the instance was "
+                              f"replaced, delete {self.known_hosts}")
         if self.expected and fp not in self.expected:
             raise RemoteError(f"host key {key.get_name()} {fp} of {hostname} is not one the instance printed to its "
                               f"console ({', '.join(self.expected)})",
                               "someone may be intercepting the connection; nothing was sent. Run `ec2gpu cleanup`")
-        self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
-        client.get_host_keys().add(hostname, key.get_name(), key)
-        client.save_host_keys(str(self.known_hosts))
+        _append(self.known_hosts, self.alias, [key])
+        client.get_host_keys().add(hostname, key.get_name(), key)  # a reopened connection finds it
         how = "verified against the console output" if self.expected else \
             "trusted on first use (the console output had no fingerprints yet)"
         self.log(f"host key {key.get_name()} {fp} of {hostname} {how}; pinned in {self.known_hosts}")
 
 
-def pinned_keys(known_hosts: Path) -> set[tuple[str, str]]:
-    """(key type, base64) of every key ``known_hosts`` pins, whatever address it is under; empty
-    when the file does not exist yet."""
+def pinned_keys(known_hosts: Path, alias: str | None = None) -> dict[str, paramiko.PKey]:
+    """The host keys ``known_hosts`` pins for its instance, by key type ("ssh-ed25519"): those under
+    ``alias`` (default: the file's name, the instance id) when it has any, else those under any
+    name (a file written when keys were pinned under addresses: each was one of the instance's);
+    the first of each type. Empty when the file does not exist or pins nothing."""
     if not known_hosts.is_file():
-        return set()
-    keys = paramiko.HostKeys(str(known_hosts))
-    return {(k.get_name(), k.get_base64()) for host in keys.keys() for k in keys[host].values()}
+        return {}
+    pinned = paramiko.HostKeys(str(known_hosts))
+    under_alias = pinned.lookup(alias or known_hosts.name)
+    keys: dict[str, paramiko.PKey] = {}
+    for held in [under_alias] if under_alias else [pinned[name] for name in pinned.keys()]:
+        for kind, key in held.items():
+            keys.setdefault(kind, key)
+    return keys
+
+
+def pin_under_alias(known_hosts: Path, alias: str | None = None, log=lambda msg: None) -> bool:
+    """Make sure the keys ``known_hosts`` pins are pinned under ``alias`` (default: the file's name,
+    the instance id), so OpenSSH's `HostKeyAlias` lookup finds them: a file that holds them only
+    under an earlier address gets a line per key under the alias (no key is added: each is already
+    the instance's). Returns whether the file pins any key (False: nothing pinned yet)."""
+    keys = pinned_keys(known_hosts, alias)
+    if not keys:
+        return False
+    alias = alias or known_hosts.name
+    held = paramiko.HostKeys(str(known_hosts)).lookup(alias) or {}
+    missing = [k for k in keys.values() if k.get_name() not in held]
+    if missing:
+        _append(known_hosts, alias, missing)
+        log(f"host key {', '.join(k.get_name() + ' ' + k.fingerprint for k in missing)}, pinned for this instance "
+            f"at an earlier address, now pinned under {alias} in {known_hosts}")
+    return True
+
+
+def _append(known_hosts: Path, alias: str, keys: list[paramiko.PKey]) -> None:
+    """Add a known_hosts line under ``alias`` for each of ``keys`` (OpenSSH's format)."""
+    known_hosts.parent.mkdir(parents=True, exist_ok=True)
+    held = known_hosts.read_text() if known_hosts.is_file() else ""
+    with open(known_hosts, "a") as f:
+        f.write("" if not held or held.endswith("\n") else "\n")  # a hand-edited file's last line
+        f.writelines(f"{alias} {k.get_name()} {k.get_base64()}\n" for k in keys)
 
 
 def connect(host: str, port: int, user: str, key_path: Path, known_hosts: Path,
-            log=lambda msg: None, timeout_s: float = 10.0, expected: list[str] | None = None) -> Connection:
-    """Open a fabric Connection with only ``key_path`` (no agent, no other keys).
+            log=lambda msg: None, timeout_s: float = 10.0, expected: list[str] | None = None,
+            alias: str | None = None) -> Connection:
+    """Open a fabric Connection with only ``key_path`` (no agent, no other keys), accepting only the
+    host key ``known_hosts`` pins for the instance (``alias``, default the file's name: its
+    instance id), whatever address it answers at; with none pinned, see PinOnFirstUse.
 
     Raises RemoteError on a host-key mismatch, paramiko/socket errors as they are.
     """
+    alias = alias or known_hosts.name
     conn = Connection(host=host, port=port, user=user, connect_timeout=timeout_s, connect_kwargs={
         "key_filename": str(key_path), "look_for_keys": False, "allow_agent": False,
         "banner_timeout": timeout_s, "auth_timeout": timeout_s})
     conn.client.get_host_keys().clear()
-    if known_hosts.exists():
-        conn.client.load_host_keys(str(known_hosts))
-    conn.client.set_missing_host_key_policy(PinOnFirstUse(known_hosts, log, expected))
+    # paramiko has no HostKeyAlias: the instance's keys go under the name it looks up for this
+    # address (SSHClient.connect: "host" on port 22, else "[host]:port"), in memory only
+    lookup = host if port == 22 else f"[{host}]:{port}"
+    pinned = pinned_keys(known_hosts, alias)
+    for kind, key in pinned.items():
+        conn.client.get_host_keys().add(lookup, kind, key)
+    conn.client.set_missing_host_key_policy(PinOnFirstUse(known_hosts, log, expected, alias))
     try:
         conn.open()
         conn.transport.set_keepalive(15)  # notice a dead peer within seconds, not at the next read
     except paramiko.BadHostKeyException as exc:
-        raise RemoteError(f"host key of {host} changed: {exc}",
-                          f"someone may be intercepting; if the instance was replaced, delete {known_hosts}")
+        raise RemoteError(f"host key {exc.key.get_name()} {exc.key.fingerprint} of {host}:{port} is not the one "
+                          f"pinned for this instance ({alias}) in {known_hosts}",
+                          "someone may be intercepting the connection; nothing was sent. If the instance was "
+                          f"replaced, delete {known_hosts}") from None
+    if pinned:
+        pin_under_alias(known_hosts, alias, log)
     return conn
 
 
@@ -90,7 +141,7 @@ FINGERPRINT_WAIT_S = 180.0
 
 
 def _pinned(known_hosts: Path) -> bool:
-    return known_hosts.is_file() and known_hosts.stat().st_size > 0
+    return bool(pinned_keys(known_hosts))
 
 
 def wait_for_ssh(host: str, port: int, user: str, key_path: Path, known_hosts: Path,

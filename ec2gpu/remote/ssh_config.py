@@ -2,9 +2,11 @@
 remote modes reach them with the right key and the pinned host key.
 
 Written to $EC2GPU_HOME/ssh_config; the user adds `Include ~/.ec2gpu/ssh_config` to ~/.ssh/config
-once. Host keys: each instance has its own known_hosts file (remote/ssh.py pins into it); where it
-already holds the key, StrictHostKeyChecking is "yes", otherwise "accept-new" (trust on first use,
-said in a comment), never "no".
+once. Host keys: each instance has its own known_hosts file (remote/ssh.py pins into it, under the
+instance id); OpenSSH looks the key up under that id (HostKeyAlias), so a new address (a stop and
+start) is still the same pinned host, and accepts only that key (StrictHostKeyChecking yes, never
+"accept-new" nor "no"). An instance whose key is not pinned yet is pinned before its entry is
+written (runs/standing.write_ssh_config), never trusted on first use by OpenSSH.
 """
 from __future__ import annotations
 
@@ -23,25 +25,25 @@ class HostEntry:
     port: int
     user: str
     identity_file: Path
-    known_hosts: Path
+    known_hosts: Path  # $EC2GPU_HOME/known_hosts/<instance-id>
+
+    @property
+    def host_key_alias(self) -> str:
+        """The name the host key is pinned under: the known_hosts file's name, the instance id."""
+        return self.known_hosts.name
 
 
 def render(entries: list[HostEntry], include_path: Path) -> str:
-    """The config text for ``entries`` (pure)."""
-    lines = [f"# Written by `ec2gpu ssh-config` at {datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S} UTC; rewritten "
-             f"each time.", f"# Use it with `Include {include_path}` in ~/.ssh/config, or `ssh -F {include_path} NAME`.", ""]
+    """The config text for ``entries`` (pure). Each entry insists on the key its known_hosts file
+    pins under its instance id; OpenSSH refuses the host while none is pinned."""
+    lines = [f"# Written by ec2gpu at {datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S} UTC; ec2gpu rewrites it (edits "
+             "here are lost).", f"# Use it with `Include {include_path}` in ~/.ssh/config, or `ssh -F {include_path} NAME`.", ""]
     for e in entries:
-        pinned = e.known_hosts.is_file() and e.known_hosts.stat().st_size > 0
         lines += [f"Host {' '.join(e.aliases)}",
                   f"    HostName {e.host}", f"    Port {e.port}", f"    User {e.user}",
                   f"    IdentityFile {e.identity_file}", "    IdentitiesOnly yes",
-                  f"    UserKnownHostsFile {e.known_hosts}"]
-        if pinned:
-            lines.append("    StrictHostKeyChecking yes")
-        else:
-            lines += ["    # no host key pinned yet: the first connection pins it (trust on first use)",
-                      "    StrictHostKeyChecking accept-new"]
-        lines.append("")
+                  f"    UserKnownHostsFile {e.known_hosts}", f"    HostKeyAlias {e.host_key_alias}",
+                  "    CheckHostIP no", "    StrictHostKeyChecking yes", ""]
     return "\n".join(lines)
 
 

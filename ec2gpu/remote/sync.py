@@ -150,22 +150,62 @@ def manifest(root: Path, allow_secrets: bool = False) -> Manifest:
     return m
 
 
+def size_words(n: int) -> str:
+    """``n`` bytes for a person (pure, decimal units as the messages around it): "812 bytes",
+    "3.4 kB", "52.0 MB", "1.20 GB"."""
+    if n < 1000:
+        return f"{n:,} bytes"
+    for unit, scale, digits in (("kB", 1e3, 1), ("MB", 1e6, 1), ("GB", 1e9, 2)):
+        if n < scale * 1000 or unit == "GB":
+            return f"{n / scale:,.{digits}f} {unit}"
+    return f"{n:,} bytes"  # not reached
+
+
 def check_size(m: Manifest, max_bytes: int = MAX_UPLOAD_BYTES) -> None:
-    """Refuse (UsageError) a workdir above ``max_bytes``, naming its largest files."""
+    """Refuse (UsageError) a workdir above ``max_bytes``, naming its largest files with their sizes."""
     if m.bytes <= max_bytes:
         return
-    largest = sorted(m.files, key=lambda f: (m.root / f).stat().st_size, reverse=True)[:3]
+    sizes = {f: (m.root / f).stat().st_size for f in m.files}
+    largest = sorted(m.files, key=sizes.__getitem__, reverse=True)[:3]
     raise UsageError(f"the workdir {m.root} holds {m.bytes / 1e6:,.0f} MB in {len(m.files):,} files, above "
-                     f"--max-upload {max_bytes / 1e6:,.0f} MB (largest: {', '.join(largest)})",
+                     f"--max-upload {max_bytes / 1e6:,.0f} MB (largest: "
+                     f"{', '.join(f'{f} {size_words(sizes[f])}' for f in largest)})",
                      f"list data and outputs in .gitignore or {IGNORE_FILE} (and fetch data on the instance "
                      "in setup), or raise --max-upload")
 
 
-def rsync_available(conn) -> bool:
-    """Whether this machine and the instance both have rsync."""
+#: what a transfer without rsync costs, said with the reason it was not used
+WITHOUT_RSYNC = "the whole workdir as one archive each time, not only what changed"
+
+
+def rsync_missing(conn) -> str | None:
+    """Why rsync cannot move files over ``conn``: "rsync is missing on this machine" or "rsync is
+    missing on the instance" (``command -v rsync`` there failed); None when both sides have it."""
     if not shutil.which("rsync"):
-        return False
-    return conn.run("command -v rsync", hide=True, warn=True, in_stream=False).ok
+        return "rsync is missing on this machine"
+    if not conn.run("command -v rsync", hide=True, warn=True, in_stream=False).ok:
+        return "rsync is missing on the instance"
+    return None
+
+
+def rsync_available(conn) -> bool:
+    """Whether this machine and the instance both have rsync (``rsync_missing``)."""
+    return rsync_missing(conn) is None
+
+
+def local_rsync() -> tuple[str | None, str | None]:
+    """(path, version) of the rsync on this machine's PATH: its path and the version its
+    ``--version`` prints first (e.g. "3.2.7"); (None, None) without one, (path, None) when it
+    does not answer."""
+    path = shutil.which("rsync")
+    if path is None:
+        return None, None
+    try:
+        first = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10).stdout.split("\n")[0]
+    except (OSError, subprocess.SubprocessError):
+        return path, None
+    words = first.split()
+    return path, (words[words.index("version") + 1] if "version" in words[:-1] else None)
 
 
 def _rsync(ssh_config: Path, src: str, dst: str, names: list[str], what: str, mode: list[str] = ("-a",)) -> None:
@@ -180,14 +220,17 @@ def _rsync(ssh_config: Path, src: str, dst: str, names: list[str], what: str, mo
 
 
 def push(conn, m: Manifest, remote_dir: str, ssh_config: Path | None, host_alias: str) -> str:
-    """Send the manifest's files to ``remote_dir``; return how ("rsync" or "sftp").
+    """Send the manifest's files to ``remote_dir``; return how, in words for the run's log:
+    "rsync", or "sftp (WHY: ...)" with the reason rsync was not used (``rsync_missing``, or no
+    SSH config for it) and what that costs (WITHOUT_RSYNC).
 
     rsync runs as ``rsync -a --files-from=- -e 'ssh -F SSH_CONFIG' ROOT/ HOST_ALIAS:REMOTE_DIR/`` (only
     what changed moves); without rsync on either side, one tar.gz over SFTP is unpacked there.
     Raises RemoteError when the transfer fails.
     """
     conn.run(f"mkdir -p {shlex.quote(remote_dir)}", hide=True, in_stream=False)
-    if ssh_config is not None and rsync_available(conn):
+    why = "no SSH config for rsync" if ssh_config is None else rsync_missing(conn)
+    if why is None:
         _rsync(ssh_config, f"{m.root}/", f"{host_alias}:{remote_dir}/", m.files, "workdir up")
         return "rsync"
     buf = io.BytesIO()
@@ -199,7 +242,7 @@ def push(conn, m: Manifest, remote_dir: str, ssh_config: Path | None, host_alias
     conn.put(buf, archive)
     conn.run(f"tar -xzf {shlex.quote(archive)} -C {shlex.quote(remote_dir)} && rm -f {shlex.quote(archive)}",
              hide=True, in_stream=False)
-    return "sftp"
+    return f"sftp ({why}: {WITHOUT_RSYNC})"
 
 
 def pull(conn, remote_dir: str, local_dir: Path, patterns: list[str], ssh_config: Path | None,

@@ -21,7 +21,7 @@ import shlex
 import statistics
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from ..aws import baked, images
@@ -60,7 +60,7 @@ def bake_key(job) -> str:
 def plan(job, base: str, name: str | None, home: Path, backend: str, instance_type: str, sandbox: bool,
          data_dir: str | None = None) -> BakePlan:
     """The bake of ``job`` from ``base``; its name defaults to <task>-<UTC time> (AMI names are unique
-    per account and region).
+    per account and region), made a name CreateImage accepts (aws/baked.ami_name).
     The expected minutes: the mean of past completed bakes' own phases on ``instance_type``
     (ledger, ``bake_seconds``), else ASSUMED_MINUTES. Raises UsageError for an unknown base or a bad name."""
     from ..aws import tags
@@ -68,7 +68,7 @@ def plan(job, base: str, name: str | None, home: Path, backend: str, instance_ty
     if base not in images.BASES:
         raise UsageError(f"--from {base!r} is not known", f"use one of: {', '.join(images.BASES)}")
     key = bake_key(job)
-    name = tags.check_name(name) if name else f"{job.name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
+    name = tags.check_name(name) if name else baked.ami_name(job.name, datetime.now(timezone.utc))
     past = [r for r in ledger.runs(home, backend=backend, limit=200, tolerant=True)
             if r.get("task") == "bake" and r.get("instance_type") == instance_type and r["status"] == "completed"]
     if past:  # the bake's own phases (driver, cleaning, imaging, waiting for image): the estimate adds
@@ -105,7 +105,8 @@ def bake_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[di
             N.open_node(nd, aws, settings, prov, run_id, backend, ui.note)
         if bp.base == "ubuntu-24.04":
             with ui.phase("driver"):
-                install_driver(aws, nd, backend, ui.note)
+                install_driver(aws, nd, backend, ui.note,
+                               ends_at=max_runtime_deadline(nd.instance, opts.max_runtime_minutes))
         # rsync's ssh_config, written after any reboot (a sandbox instance's sshd moves on one)
         sc.write(config, sc.render([sc.HostEntry((nd.instance_id,), nd.host, nd.port, settings.ssh_user,
                                                  prov.key_path, settings.home / "known_hosts" / nd.instance_id)], config))
@@ -142,16 +143,22 @@ def run_script(nd, script: str, args: list[str], log, ok=(0,)) -> int:
     return result.exited
 
 
-def install_driver(aws, nd, backend, log, reboots: int = 2) -> None:
-    """ami/install-cuda.sh on a bare Ubuntu builder; when it asks for a reboot (exit 100), reboot
-    the instance through EC2 and run it again, ``reboots`` times at most. Raises RemoteError."""
+def install_driver(aws, nd, backend, log, reboots: int = 2, ends_at: datetime | None = None) -> None:
+    """ami/install-cuda.sh on a bare Ubuntu builder, told how many GPUs its instance type has
+    (DescribeInstanceTypes, else the catalog: it fails rather than bake an image without a driver
+    when none is seen; a sandbox instance is this machine, whose GPUs are not its type's, so 0);
+    when it asks for a reboot (exit 100), reboot the instance through EC2 and run it again,
+    ``reboots`` times at most; ``ends_at`` (UTC) is when the builder's --max-runtime ends it, armed
+    again after each reboot. Raises RemoteError."""
+    from ..aws import types
     itype = nd.instance["InstanceType"]
+    gpus = 0 if backend.is_sandbox else types.facts(aws.ec2, itype, log).gpu_count
     for k in range(reboots + 1):
-        if run_script(nd, "install-cuda.sh", [itype], log, ok=(0, REBOOT_NEEDED)) == 0:
+        if run_script(nd, "install-cuda.sh", [itype, str(gpus)], log, ok=(0, REBOOT_NEEDED)) == 0:
             return
         if k == reboots:
             break
-        reboot(aws, nd, backend, log)
+        reboot(aws, nd, backend, log, ends_at=ends_at)
     raise RemoteError(f"the NVIDIA driver still does not load on {nd.instance_id} after {reboots} reboot(s)",
                       "bake --from dlami (the Deep Learning AMI has the driver), or check the driver for this GPU")
 
@@ -162,11 +169,19 @@ def boot_id(conn) -> str:
                     in_stream=False).stdout.strip()
 
 
-def reboot(aws, nd, backend, log, timeout_s: float = 900.0, every_s: float = 5.0) -> None:
+def reboot(aws, nd, backend, log, timeout_s: float = 900.0, every_s: float = 5.0,
+           ends_at: datetime | None = None) -> None:
     """Reboot the node's instance (EC2 RebootInstances) and wait until SSH answers from a new boot
-    (its boot id changed), the host key still the one pinned. Raises WaitTimeout."""
+    (its boot id changed), the host key still the one pinned. A reboot forgets the --max-runtime
+    shutdown (systemd keeps a scheduled shutdown in /run, a tmpfs): with ``ends_at`` (UTC) it is
+    armed again for the time left, by a cloud-init per-boot script on the instance itself (so a
+    controller that dies during the reboot still leaves a builder that ends itself; not on a sandbox
+    instance, whose system is this machine's) and over SSH once the instance is back. Raises
+    WaitTimeout."""
     from ..remote import jobs
     before = boot_id(nd.conn)
+    if ends_at is not None and not backend.is_sandbox:
+        install_per_boot_script(nd, ends_at)
     aws.ec2.reboot_instances(InstanceIds=[nd.instance_id])
     log(f"rebooting {nd.instance_id} (EC2 RebootInstances) so the NVIDIA driver loads")
     nd.close()
@@ -180,12 +195,81 @@ def reboot(aws, nd, backend, log, timeout_s: float = 900.0, every_s: float = 5.0
             if boot_id(conn) != before:
                 nd.conn = conn
                 log(f"{nd.instance_id} is back from its reboot")
+                if ends_at is not None:
+                    rearm_max_runtime(nd, ends_at, log)
                 return
             conn.close()
         except (*jobs.CONNECTION_ERRORS, LookupError):
             continue
     raise WaitTimeout(f"{nd.instance_id} did not come back within {timeout_s:.0f} s of its reboot",
                       "see its console: aws ec2 get-console-output --instance-id " + nd.instance_id)
+
+
+#: cloud-init runs the scripts in this directory at every boot (its scripts_per_boot module, in
+#: Ubuntu's default cloud_final_modules: https://docs.cloud-init.io/en/latest/reference/modules.html);
+#: clean-for-image.sh deletes it (by this path) and `cloud-init clean` the rest of /var/lib/cloud,
+#: so no image holds it; and it acts only on the instance it was written for.
+PER_BOOT_SCRIPT = "/var/lib/cloud/scripts/per-boot/ec2gpu-max-runtime.sh"
+INSTANCE_ID_FILE = "/var/lib/cloud/data/instance-id"  # cloud-init's record of the instance it booted on
+SHUTDOWN_MESSAGE = "ec2gpu: max runtime reached"
+
+
+def max_runtime_deadline(instance: dict, minutes: int | None) -> datetime | None:
+    """When the instance's --max-runtime ends it (pure): its LaunchTime plus ``minutes``, UTC; user
+    data's `shutdown -h +M` ran a little after launch, so this is never later than that. None
+    without a max runtime or a LaunchTime. A reboot keeps LaunchTime (a stop and start would not)."""
+    launched = instance.get("LaunchTime")
+    if not minutes or not isinstance(launched, datetime):
+        return None
+    return launched + timedelta(minutes=int(minutes))
+
+
+def minutes_left(deadline: datetime, now: datetime) -> int:
+    """Whole minutes from ``now`` to ``deadline``, rounded down (pure): `shutdown +M` counts whole
+    minutes, and rounding down never ends the instance later than the deadline; 0 once it passed."""
+    return max(0, int((deadline - now).total_seconds() // 60))
+
+
+def rearm_max_runtime(nd, deadline: datetime, log) -> int:
+    """Schedule the node's --max-runtime shutdown again, for the minutes left until ``deadline``
+    (the deadline stays; a reboot does not give a fresh full period); the minutes scheduled."""
+    from .stopstart import schedule_shutdown_command
+    now = datetime.now(timezone.utc)
+    left = minutes_left(deadline, now)
+    nd.conn.run(schedule_shutdown_command(left), hide=True, in_stream=False)
+    log(f"{nd.instance_id}: its --max-runtime shutdown armed again for {now + timedelta(minutes=left):%H:%M} UTC "
+        f"({left} min left; a reboot forgets it)")
+    return left
+
+
+def per_boot_script(instance_id: str, deadline: datetime, id_file: str = INSTANCE_ID_FILE) -> str:
+    """The cloud-init per-boot script that arms the builder's --max-runtime shutdown at every boot
+    for the minutes left until ``deadline`` (pure); on any other instance (``id_file`` names
+    another) it does nothing."""
+    epoch = int(deadline.timestamp())
+    return "\n".join([
+        "#!/bin/sh",
+        f"# ec2gpu: {instance_id}'s --max-runtime, armed again at each boot (a reboot forgets shutdown +M)",
+        f'[ "$(cat {shlex.quote(id_file)} 2>/dev/null)" = {shlex.quote(instance_id)} ] || exit 0',
+        f"left=$(( ({epoch} - $(date +%s)) / 60 ))",
+        f"""if [ "$left" -gt 0 ]; then shutdown -h "+$left" '{SHUTDOWN_MESSAGE}'; """
+        f"else shutdown -h now '{SHUTDOWN_MESSAGE}'; fi", ""])
+
+
+def per_boot_install_command(source: str, path: str = PER_BOOT_SCRIPT) -> str:
+    """The shell line that installs the file ``source`` (on the instance) at ``path``, mode 755, as
+    root or through passwordless sudo (pure)."""
+    return ('r() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo -n "$@"; fi; }; '
+            f"r install -D -m 755 {shlex.quote(source)} {shlex.quote(path)}")
+
+
+def install_per_boot_script(nd, deadline: datetime) -> None:
+    """Put per_boot_script on the node's instance at PER_BOOT_SCRIPT (through its run directory)."""
+    import io
+    source = f"{nd.run_dir}/ec2gpu-max-runtime.sh"
+    nd.conn.run(f"mkdir -p {shlex.quote(nd.run_dir)}", hide=True, in_stream=False)
+    nd.conn.put(io.BytesIO(per_boot_script(nd.instance_id, deadline).encode()), source)
+    nd.conn.run(per_boot_install_command(source), hide=True, in_stream=False)
 
 
 def prefetch(nd, job, bp: BakePlan, log) -> None:
@@ -207,11 +291,15 @@ def keep_setup(nd, name: str, log) -> None:
     """Keep what setup-gpu.sh found as $HOME/.ec2gpu/baked-setup.json: on an instance of the image,
     the machine setup reads it instead of importing torch again (ami/setup-gpu.sh). The task's
     setup markers say which image holds them (engine.setup_node shows it when it skips)."""
-    nd.conn.run(f"mkdir -p $HOME/.ec2gpu/setup-done && cp {shlex.quote(nd.run_dir)}/setup.json "
-                "$HOME/.ec2gpu/baked-setup.json && for m in $HOME/.ec2gpu/setup-done/*; do [ -f \"$m\" ] && "
-                f"printf '%s, baked into image %s\\n' \"$(head -n 1 \"$m\")\" {shlex.quote(name)} > \"$m\"; done; true",
-                hide=True, in_stream=False)
+    nd.conn.run(keep_setup_command(nd.run_dir, name), hide=True, in_stream=False)
     log(f"machine setup kept for the image: python {nd.info.get('python')}, torch {nd.info.get('torch_version')}")
+
+
+def keep_setup_command(run_dir: str, name: str) -> str:
+    """keep_setup's shell line (pure; shellcheck reads it in tests/unit/test_requests.py)."""
+    return (f'mkdir -p "$HOME/.ec2gpu/setup-done" && cp {shlex.quote(run_dir)}/setup.json '
+            '"$HOME/.ec2gpu/baked-setup.json" && for m in "$HOME"/.ec2gpu/setup-done/*; do [ -f "$m" ] && '
+            f"""printf '%s, baked into image %s\\n' "$(head -n 1 "$m")" {shlex.quote(name)} > "$m"; done; true""")
 
 
 def make_image(aws, settings, nd, job, bp: BakePlan, prov, run_id: str, ui) -> dict:

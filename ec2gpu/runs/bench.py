@@ -36,20 +36,28 @@ def job_args(quick: bool, sandbox: bool, data_dir: str | None = None) -> list[st
     args = ["--quick"] if quick else []
     if data_dir:
         return args + ["--data-dir", data_dir]
-    return args + (pipeline.sandbox_data_args([]) if sandbox else [])
+    give = "ec2gpu bench --sandbox --data-dir /path/to/mnist (or EC2GPU_DATA_DIR=/path/to/mnist)"
+    return args + (pipeline.sandbox_data_args([], give=give) if sandbox else [])
 
 
 def usd_per_run(summary: dict | None, usd_per_hour: float | None) -> dict:
     """Per model of a bench's summary: the seconds that count (to the target accuracy on the best
     device, else the whole training when the target was not reached), what they cost at
-    ``usd_per_hour`` (USD, None without a price), and which basis was used (pure). A summary that
-    is not the bench's, or has a figure out of bounds (job_summary.bench_figures), gives {}."""
+    ``usd_per_hour`` (USD, None without a price), and which basis was used (pure). A model that
+    did not train (train/bench.trained: its test accuracy near chance) has no seconds and no USD:
+    what it ran is not a run that trains it. A summary that is not the bench's, or has a figure
+    out of bounds (job_summary.bench_figures), gives {}."""
+    from ..train.bench import TRAINED_MIN_ACC, trained
     from .job_summary import bench_figures
     figures = bench_figures(summary)
     out = {}
     for model, by_device in (figures.models if figures else {}).items():
         row = by_device.get(figures.best_device) or by_device.get("cpu")
         if not row:
+            continue
+        if row.test_acc is not None and not trained(row.test_acc):
+            out[model] = {"seconds": None, "usd": None, "basis": f"did not train (test accuracy "
+                          f"{100 * row.test_acc:.2f}%, under {100 * TRAINED_MIN_ACC:.0f}%)"}
             continue
         to_target = row.time_to_target_seconds
         secs = to_target if to_target is not None else row.train_seconds

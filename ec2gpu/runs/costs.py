@@ -243,35 +243,73 @@ def estimate_run(aws, home, instance_type: str, spot: bool, model: str, epochs: 
                     model, epochs or PRESETS[model].epochs, history)
 
 
-def actual_cost(aws, home, instance: dict, ended_fallback: datetime, billing_start: datetime | None = None) -> dict:
+def actual_cost(aws, home, instance: dict, ended_fallback: datetime, billing_start: datetime | None = None,
+                volume_gib: float | None = None) -> dict:
     """Billed seconds and USD of one instance from its own times.
 
     ``instance`` is a describe_instances entry after termination. Billing runs from when it was
     ``running`` (``billing_start``, aws/instances.BILLING_START: pending is not billed), else from
     its LaunchTime, to its termination time from StateTransitionReason (``ended_fallback``, the
     controller's clock, when it has none). Spot instances pay the spot price history of their zone
-    over that time; on-demand ones the catalog's price. Returns the ledger's columns: launched_at,
-    billing_started_at, terminated_at, billed_seconds, usd_per_hour, cost_usd (None when no price
-    is known), price_source.
+    over that time; on-demand ones the catalog's price. Its public IPv4 address and its root volume
+    of ``volume_gib`` GiB are added (``address_and_disk``). Returns the ledger's columns:
+    launched_at, billing_started_at, terminated_at, billed_seconds, usd_per_hour (compute),
+    compute_usd, public_ipv4_usd, ebs_usd, cost_usd (their sum; None when no compute price is
+    known), price_source.
     """
-    from ..aws import catalog, instances, pricing
+    from ..aws import instances
 
     launched = instance["LaunchTime"]
     start = max(billing_start, launched) if billing_start else launched
     ended = instances.transition_time(instance) or ended_fallback
-    seconds = billed_seconds(start, ended)
     row = {"launched_at": launched.isoformat(), "billing_started_at": start.isoformat(),
-           "terminated_at": ended.isoformat(), "billed_seconds": round(seconds, 1)}
+           "terminated_at": ended.isoformat(), "billed_seconds": round(billed_seconds(start, ended), 1),
+           **compute_cost(aws, home, instance, start, ended)}
+    row.update(address_and_disk(aws.region, home, (ended - start).total_seconds(),
+                                (ended - launched).total_seconds(), volume_gib))
+    return with_total(row)
+
+
+def compute_cost(aws, home, instance: dict, start: datetime, ended: datetime) -> dict:
+    """The compute bill of ``instance`` running from ``start`` to ``ended`` (one running interval,
+    60 s minimum): {"usd_per_hour", "compute_usd" (None when no price is known), "price_source"}.
+    Spot: the zone's spot price history over the interval; on-demand: the catalog's price."""
+    from ..aws import catalog, instances, pricing
+
+    seconds = billed_seconds(start, ended)
     itype, zone = instance["InstanceType"], instance.get("Placement", {}).get("AvailabilityZone")
     if instances.market(instance) == "spot":
         history = pricing.spot_price_history(aws.ec2, itype, zone, start, ended)
         if history:
             usd = spot_cost_usd(history, start, ended)
-            return {**row, "usd_per_hour": round(usd * 3600 / seconds, 6), "cost_usd": round(usd, 6),
+            return {"usd_per_hour": round(usd * 3600 / seconds, 6), "compute_usd": round(usd, 6),
                     "price_source": f"spot price history of {zone} ({len(history)} price(s) in effect)"}
     price = catalog.on_demand_price(itype, aws.region, home)
     cost = None if price.usd_per_hour is None else round(cost_usd(seconds, price.usd_per_hour), 6)
-    return {**row, "usd_per_hour": price.usd_per_hour, "cost_usd": cost, "price_source": price.source}
+    return {"usd_per_hour": price.usd_per_hour, "compute_usd": cost, "price_source": price.source}
+
+
+def address_and_disk(region: str, home, running_s: float, life_s: float, volume_gib: float | None) -> dict:
+    """What an instance costs beside its compute: its public IPv4 address for the ``running_s``
+    seconds it ran (catalog.PUBLIC_IPV4_USD_PER_HOUR, by the second), and its gp3 root volume of
+    ``volume_gib`` GiB for the ``life_s`` seconds it existed, stopped or not (catalog.ebs_price,
+    by the second, 60 s minimum, a 30-day month). Returns {"public_ipv4_usd", "ebs_usd" (None
+    when the size or the region's price is unknown), "volume_gib", "ebs_price_source"}."""
+    from ..aws import catalog
+
+    gp3 = catalog.ebs_price("gp3", region, home)
+    ebs = None if volume_gib is None or gp3.usd_per_gb_month is None else round(
+        volume_gib * gp3.usd_per_gb_month * max(float(BILLING_MINIMUM_SECONDS), life_s) / catalog.EBS_MONTH_SECONDS, 6)
+    return {"public_ipv4_usd": round(max(0.0, running_s) * catalog.PUBLIC_IPV4_USD_PER_HOUR / 3600, 6),
+            "ebs_usd": ebs, "volume_gib": volume_gib, "ebs_price_source": f"gp3 {gp3.source}"}
+
+
+def with_total(row: dict) -> dict:
+    """``row`` with cost_usd = compute_usd + public_ipv4_usd + ebs_usd (an unknown EBS part counts
+    0; an unknown compute part makes the total None)."""
+    parts = (row.get("compute_usd"), row.get("public_ipv4_usd"), row.get("ebs_usd"))
+    row["cost_usd"] = None if parts[0] is None else round(sum(p or 0.0 for p in parts), 6)
+    return row
 
 
 def estimate_minutes(home: Path, job, instance_type: str, expect_minutes: float | None,

@@ -1,6 +1,7 @@
 """`ec2gpu doctor`: every precondition of a run, checked in order, one line each: pass, or what to fix."""
 from __future__ import annotations
 
+import re
 import shutil
 import stat
 from dataclasses import asdict, dataclass
@@ -34,15 +35,19 @@ def _run(name: str, fn) -> Check:
         return Check(name, False, str(exc).splitlines()[0][:200], "see docs/iam-policy.json and docs/troubleshooting.md")
 
 
-def _spot_role(aws, spot: bool) -> tuple:
-    """The spot service-linked role: present (ok), unreadable (unknown), or missing (a failure only
-    when --spot is asked for), with the command that creates it."""
+def _spot_role(aws, spot: bool, sandbox: bool = False) -> tuple:
+    """The spot service-linked role: present (ok), unreadable (unknown), missing in the sandbox (ok:
+    its first spot request creates it, as EC2 does for a caller that may: sandbox/market.py), or
+    missing on AWS (a failure only when --spot is asked for), with the command that creates it."""
     from ..aws import capacity
     exists = capacity.spot_role_exists(aws.client("iam"))
     if exists:
         return True, f"{capacity.SPOT_ROLE} exists"
     if exists is None:
         return None, f"could not read the role {capacity.SPOT_ROLE} (iam:GetRole, docs/iam-policy.json)"
+    if sandbox:
+        return True, (f"{capacity.SPOT_ROLE} does not exist yet: the sandbox's first spot request creates it, as EC2 "
+                      "does for credentials that may (iam:CreateServiceLinkedRole)")
     return (False if spot else None), (
         f"{capacity.SPOT_ROLE} does not exist yet: the account's first spot request creates it only if these "
         "credentials may (iam:CreateServiceLinkedRole)" + ("" if spot else "; needed for --spot only")), \
@@ -97,17 +102,48 @@ def run_checks(aws, settings, instance_type: str, spot: bool, sandbox: bool) -> 
         _run("default VPC", vpc),
         _run("GPU vCPU quota", quota),
         _run("AMI", ami),
-        _run("spot role", lambda: _spot_role(aws, spot)),
+        _run("spot role", lambda: _spot_role(aws, spot, sandbox)),
         _run("your IP", lambda: (True, f"SSH will be allowed from {network.ssh_cidr(None)} only")),
         _run("price", price),
         _run("ssh client", lambda: (bool(shutil.which("ssh")), shutil.which("ssh") or "no `ssh` on PATH",
                                     "install OpenSSH's client (apt-get install openssh-client) for `ec2gpu ssh`")),
+        _run("rsync", rsync_check),
         _run("key files", lambda: key_files(settings.keys_dir)),
     ]
     if sandbox:
         from ..sandbox import sshd
         checks.append(_run("sshd (sandbox)", lambda: (True, sshd.sshd_binary())))
     return checks
+
+
+#: The first rsync that checks the file list a sender returns against the names asked for
+#: (CVE-2022-29154; rsync's NEWS for 3.2.5: https://download.samba.org/pub/rsync/NEWS#3.2.5)
+RSYNC_CHECKS_NAMES = (3, 2, 5)
+
+
+def rsync_check(local=None) -> tuple:
+    """(ok, detail[, fix]) of the rsync on this machine (``local() -> (path, version)``, default
+    remote/sync.local_rsync): missing is a failure (runs then send the whole workdir over SFTP
+    every time, README), one older than RSYNC_CHECKS_NAMES is said (docs/security.md)."""
+    from ..remote import sync
+    path, version = (local or sync.local_rsync)()
+    if path is None:
+        return False, f"no rsync on this machine: runs fall back to SFTP ({sync.WITHOUT_RSYNC})", \
+            "install rsync (apt-get install rsync; brew install rsync)"
+    parts = tuple(int(x) for x in re.findall(r"\d+", version or "")[:3])
+    old = bool(parts) and parts < RSYNC_CHECKS_NAMES
+    return True, (f"rsync {version or '(version not reported)'} at {path}: workdirs go up by rsync, only what "
+                  "changed" + ("; older than 3.2.5: it does not check the names an instance sends back "
+                               "(CVE-2022-29154, docs/security.md)" if old else ""))
+
+
+def exit_code(checks: list[Check]) -> int:
+    """`doctor`'s exit code (pure): 0 when no check failed, 3 (ExitCode.AWS) when the credentials
+    failed (the README: without credentials every command exits 3), else 1."""
+    from ..errors import ExitCode
+    if not any(c.ok is False for c in checks):
+        return ExitCode.SUCCESS
+    return ExitCode.AWS if any(c.name == "credentials" and c.ok is False for c in checks) else ExitCode.ERROR
 
 
 def key_files(keys_dir: Path):

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import AwsError, RemoteError, WaitTimeout
-from .nodes import PROGRESS_FILE
+from .nodes import PROGRESS_FILE, copy_log, record_steps  # noqa: F401 - copy_log: logs.py's
 from .status import as_number
 from ..remote import sync
 from ..tasks.load import LoadedTask
@@ -154,8 +154,8 @@ def _put_private(conn, text: str, path: str) -> None:
 
 def upload_node(nd, job: TaskJob, ssh_config: Path | None, run_id: str, addresses: list[str], resume: bool,
                 checkpoints, log) -> None:
-    """Send the workdir, the agent and the job's environment (0600) to node ``nd``; on a
-    replacement, the checkpoint directory brought home."""
+    """Send the workdir, the agent and the job's environment (0600) to node ``nd``, and make its
+    output and checkpoint directories; on a replacement, the checkpoint directory brought home."""
     from .nodes import processes_per_node
     workdir = workdir_of(nd.run_dir, job)
     if job.manifest is not None:
@@ -163,10 +163,12 @@ def upload_node(nd, job: TaskJob, ssh_config: Path | None, run_id: str, addresse
         log(f"workdir: {len(job.manifest.files):,} files, {job.manifest.bytes:,} bytes sent by {how}")
     else:
         nd.conn.run(f"mkdir -p {shlex.quote(workdir)}", hide=True, in_stream=False)
-    nd.conn.run(f"mkdir -p {shlex.quote(nd.run_dir)}/out", hide=True, in_stream=False)
-    nd.conn.put(str(AGENT), f"{nd.run_dir}/agent.py")
     gpus = processes_per_node(nd.info) if nd.info.get("cuda_available") else int(nd.info.get("gpu_count") or 0)
     env = node_env(job, run_id, nd.run_dir, nd.index, addresses, gpus, resume, nd.info.get("python") or "python3")
+    # both exist when the job starts: it may write "$EC2GPU_CHECKPOINT_DIR/state.txt" at once
+    nd.conn.run(f"mkdir -p {shlex.quote(env['EC2GPU_OUTPUT_DIR'])} {shlex.quote(env['EC2GPU_CHECKPOINT_DIR'])}",
+                hide=True, in_stream=False)
+    nd.conn.put(str(AGENT), f"{nd.run_dir}/agent.py")
     _put_private(nd.conn, json.dumps(env), f"{nd.run_dir}/job.env.json")
     from . import status
     nd.agent_key = status.new_key()  # signs the agent's status.json; the agent deletes the file before the job starts
@@ -186,7 +188,7 @@ def setup_node(nd, job: TaskJob, log) -> None:
     task = job.task
     if not task.setup:
         return
-    marker = f"$HOME/.ec2gpu/setup-done/{setup_hash(task)}"
+    marker = f'"$HOME/.ec2gpu/setup-done/{setup_hash(task)}"'  # quoted for the shell (shellcheck SC2086)
     done = nd.conn.run(f"cat {marker} 2>/dev/null", hide=True, warn=True, in_stream=False)
     if done.ok and done.stdout.strip():
         said = done.stdout.strip()
@@ -207,7 +209,7 @@ def setup_node(nd, job: TaskJob, log) -> None:
         raise RemoteError(f"the task's setup on node {nd.index} ({nd.instance_id}) exited {result.exited}",
                           "fix the setup (its output is shown above); nothing else ran", command="setup",
                           host=nd.host, exit_status=result.exited, tail=tail)
-    nd.conn.run(f"mkdir -p $HOME/.ec2gpu/setup-done && date -u +%Y-%m-%dT%H:%M:%SZ > {marker}", hide=True,
+    nd.conn.run(f'mkdir -p "$HOME/.ec2gpu/setup-done" && date -u +%Y-%m-%dT%H:%M:%SZ > {marker}', hide=True,
                 in_stream=False)
 
 
@@ -353,14 +355,8 @@ def download(nodes, job: TaskJob, local_out: Path, ssh_config: Path | None, log,
     from ..remote import files, jobs
     head = nodes[0]
     steps = [("checkpoints", lambda: head.watch.checkpoints.sync(head.conn, force=True)),  # first: replacements resume from it
-             ("outputs", lambda: _outputs_home(head, job, local_out, ssh_config, log, limits or files.Limits()))]
-    for nd in nodes:
-        suffix = "" if len(nodes) == 1 else f"-node-{nd.index}"
-        steps.append((f"job{suffix}.log", lambda nd=nd, suffix=suffix: copy_log(
-            nd.conn, f"{nd.run_dir}/job.log", local_out / f"job{suffix}.log", job.mask)))
-        if nd.status is not None:
-            steps.append((f"status{suffix}.json", lambda nd=nd, suffix=suffix: (local_out / f"status{suffix}.json")
-                          .write_text(json.dumps(nd.status, indent=2))))
+             ("outputs", lambda: _outputs_home(head, job, local_out, ssh_config, log, limits or files.Limits())),
+             *record_steps(nodes, job.mask, local_out)]
     failed = None  # the first transfer that failed: raised once every other part came home
     for what, step in steps:
         try:
@@ -386,18 +382,6 @@ def _outputs_home(head, job: TaskJob, local_out: Path, ssh_config: Path | None, 
     names, how = sync.pull(head.conn, f"{head.run_dir}/out", local_out / "outputs", job.task.outputs, ssh_config,
                            head.instance_id, limits, warn=lambda line: log(f"warning: {line}"))
     log(f"outputs: {len(names)} file(s) brought home" + (f" by {how}" if names else "") + f" to {local_out / 'outputs'}")
-
-
-def copy_log(conn, remote: str, local: Path, mask) -> None:
-    """Copy the remote log ``remote`` to ``local``, its last nodes.MAX_LOG_BYTES bytes, in chunks
-    (memory stays bounded whatever its size), ``mask`` applied line by line."""
-    from ..remote import jobs
-    from .nodes import MAX_LOG_BYTES
-    start = max(0, jobs.size_of(conn, remote) - MAX_LOG_BYTES)
-    with open(local, "wb") as f:
-        lines = jobs.LineSplitter(lambda line: f.write((mask(line) + "\n").encode()))
-        jobs.drain(conn, remote, jobs.LogCursor(lines, start), limit=start + MAX_LOG_BYTES)
-        lines.flush()
 
 
 def run_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[dict], local_out: Path, backend,
@@ -438,16 +422,26 @@ def run_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[dic
             with ui.phase("setup"):
                 N.parallel(lambda nd: setup_node(nd, job, say(nd)), nodes)
         with ui.phase("running"):
-            for nd in nodes:
-                nd.pid = jobs.start(nd.conn, nd.run_dir, job_argv(nd, job))
-            ui.note(f"job started on {len(nodes)} node(s) under the agent"
-                    + (f" (head {addresses[0]})" if len(nodes) > 1 else "") + "; its log follows")
-            with tunnel.forwarding(config, nodes[0].instance_id, job.task.ports, ui.note):
-                N.follow_all(nodes, ui, local_out, n, opts.unreachable_s, mask=job.mask if job.secret_values else None)
+            try:
+                for nd in nodes:
+                    nd.pid = jobs.start(nd.conn, nd.run_dir, job_argv(nd, job))
+                ui.note(f"job started on {len(nodes)} node(s) under the agent"
+                        + (f" (head {addresses[0]})" if len(nodes) > 1 else "") + "; its log follows")
+                with tunnel.forwarding(config, nodes[0].instance_id, job.task.ports, ui.note):
+                    N.follow_all(nodes, ui, local_out, n, opts.unreachable_s,
+                                 mask=job.mask if job.secret_values else None)
+            except KeyboardInterrupt:  # Ctrl-C or SIGTERM: what the job wrote comes home before the teardown
+                N.records_home_on_interrupt(nodes, job.mask, local_out, ui.note)
+                raise
             for nd in nodes:  # AWS stopped answering about an instance: nothing more can be done on it
                 if isinstance(nd.result, AwsError):
                     raise nd.result
             snapshot_statuses(nodes)
+            for nd in nodes:  # the agent passed EC2's rebalance recommendation on to the job (docs/tasks.md)
+                if (nd.status or {}).get("rebalance"):
+                    say(nd)(f"EC2 recommended a rebalance at {nd.status['rebalance']['notice_time']} (this spot "
+                            "instance was at elevated risk of interruption); the job was told through "
+                            "$EC2GPU_REBALANCE_FILE")
         brought, summary = None, None
         with ui.phase("download"):
             try:

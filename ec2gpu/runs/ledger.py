@@ -67,6 +67,7 @@ MIGRATIONS: list[str] = [
 ]
 
 JSON_COLUMNS = ("instance_ids", "estimate", "phases", "attempts", "summary", "controller")
+NULLABLE_JSON_COLUMNS = ("estimate", "summary", "controller")
 #: columns a table formats as numbers: a value that is not a finite number reads as None
 NUMBER_COLUMNS = ("billed_seconds", "usd_per_hour", "cost_usd", "estimated_cost_usd")
 
@@ -118,7 +119,10 @@ def record(home: Path, row: dict) -> None:
         try:
             with db:
                 cols = [k for k in row if k in _columns(db)]
-                values = [json.dumps(row[k], default=str) if k in JSON_COLUMNS else row[k] for k in cols]
+                # None in a JSON column that may be NULL is NULL, not the text "null" (which reads back as a
+                # summary that is "not a JSON object")
+                values = [json.dumps(row[k], default=str) if k in JSON_COLUMNS and not (
+                    row[k] is None and k in NULLABLE_JSON_COLUMNS) else row[k] for k in cols]
                 db.execute(f"INSERT INTO runs ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))}) "
                            f"ON CONFLICT(run_id) DO UPDATE SET {', '.join(f'{c}=excluded.{c}' for c in cols)}",
                            values)

@@ -72,9 +72,11 @@ def open_node(nd: Node, aws, settings, prov, run_id: str, backend, log) -> None:
 
 
 def prepare_node(nd: Node, log) -> None:
-    """Run ec2gpu/ami/setup-gpu.sh on the node; ``nd.info`` gets what it found (python, GPUs)."""
+    """Run ec2gpu/ami/setup-gpu.sh on the node, or reuse what the same script found on this same
+    instance (id and type) before (remote/setup.py); ``nd.info`` gets it (python, GPUs, ``reused``)."""
     from ..remote import setup
-    nd.info = setup.setup(nd.conn, nd.run_dir, log=log)
+    nd.info = setup.setup(nd.conn, nd.run_dir, log=log,
+                          machine=f"{nd.instance_id} {nd.instance.get('InstanceType', '?')}")
 
 
 class _Stopped(Exception):
@@ -102,29 +104,37 @@ def follow_all(nodes: list[Node], ui, local_out: Path, attempt: int, unreachable
         with lock:
             ui.log(line if len(nodes) == 1 else f"node {nd.index} | {line}")
 
+    ended = {nd.index: threading.Event() for nd in nodes}  # set by each follower as it ends
+
     def follow(nd: Node) -> None:
-        _follow_node(nd, local_out / f"attempt-{attempt}-node-{nd.index}.log", log_name, unreachable_s, mask,
-                     lambda line: show(nd, line), lambda m: ui.note(f"node {nd.index}: {m}"), stop,
-                     ProgressReader(nd.run_dir, ui.progress) if nd.index == 0 else None)
-        if nd.result != 0:
-            failed.set()
+        try:
+            _follow_node(nd, local_out / f"attempt-{attempt}-node-{nd.index}.log", log_name, unreachable_s, mask,
+                         lambda line: show(nd, line), lambda m: ui.note(f"node {nd.index}: {m}"), stop,
+                         ProgressReader(nd.run_dir, ui.progress) if nd.index == 0 else None)
+            if nd.result != 0:
+                failed.set()
+        finally:
+            ended[nd.index].set()
 
     threads = [threading.Thread(target=follow, args=(nd,), name=f"follow-node-{nd.index}", daemon=True) for nd in nodes]
     for t in threads:
         t.start()
     failed_at = None
     try:
-        while any(t.is_alive() for t in threads):
-            for t in threads:
-                t.join(0.2)
+        while not all(e.is_set() for e in ended.values()):
+            for e in ended.values():
+                e.wait(0.2)
             if failed.is_set() and failed_at is None:
                 failed_at = time.monotonic()
             if failed_at is not None and time.monotonic() - failed_at > GRACE_S:
                 stop.set()
     except BaseException:
+        # the followers' own Events, not Thread.join: after Ctrl-C interrupted a join, the next join
+        # returned at once while the thread still ran (CPython 3.11 here: tests/unit/test_follow_interrupt.py)
         stop.set()
-        for t in threads:
-            t.join(10)
+        deadline = time.monotonic() + 10
+        for e in ended.values():
+            e.wait(max(0.0, deadline - time.monotonic()))
         raise
     bad = [nd for nd in nodes if nd.result not in (0, "stopped")]
     if bad and len(nodes) > 1:
@@ -233,9 +243,92 @@ class LocalLog:
         self.f.close()
 
 
-def stop_job(nd: Node, log) -> None:
+def copy_log(conn, remote: str, local: Path, mask) -> None:
+    """Copy the remote log ``remote`` to ``local``, its last MAX_LOG_BYTES bytes, in chunks
+    (memory stays bounded whatever its size), ``mask`` applied line by line."""
+    from ..remote import jobs
+    start = max(0, jobs.size_of(conn, remote) - MAX_LOG_BYTES)
+    with open(local, "wb") as f:
+        lines = jobs.LineSplitter(lambda line: f.write((mask(line) + "\n").encode()))
+        jobs.drain(conn, remote, jobs.LogCursor(lines, start), limit=start + MAX_LOG_BYTES)
+        lines.flush()
+
+
+def record_steps(nodes, mask, local_out: Path, only=None) -> list:
+    """[(name, step)]: each node's job.log (``mask`` applied line by line, its last MAX_LOG_BYTES)
+    and its status record (the copy already read into ``nd.status``) to ``local_out``: job.log and
+    status.json, job-node-K.log and status-node-K.json for a cluster; ``only``: those nodes alone."""
+    steps = []
+    for nd in nodes if only is None else [nd for nd in nodes if any(nd is o for o in only)]:
+        suffix = "" if len(nodes) == 1 else f"-node-{nd.index}"
+        steps.append((f"job{suffix}.log", lambda nd=nd, suffix=suffix: copy_log(
+            nd.conn, f"{nd.run_dir}/job.log", local_out / f"job{suffix}.log", mask)))
+        if nd.status is not None:
+            steps.append((f"status{suffix}.json", lambda nd=nd, suffix=suffix: (local_out / f"status{suffix}.json")
+                          .write_text(json.dumps(nd.status, indent=2))))
+    return steps
+
+
+STOP_WAIT_S = 5.0  # after Ctrl-C, how long a stopped job may take to end before its records come home
+RECORDS_HOME_S = 30.0  # after Ctrl-C, the most the job's records may delay the teardown (s)
+
+
+def records_home_on_interrupt(nodes, mask, local_out: Path, log, wait_s: float = STOP_WAIT_S,
+                              budget_s: float = RECORDS_HOME_S) -> None:
+    """After Ctrl-C or SIGTERM while the job runs, before the teardown: ask each node's job to
+    stop (SIGTERM through its agent: a job that checkpoints on SIGTERM does so), give them
+    ``wait_s`` seconds in all to end, then bring each node's job.log (``mask`` applied) and status
+    record (as it is then, signature checked) home as a finished run does (record_steps). Nodes
+    whose connection was already lost are left out; all of it takes at most ``budget_s`` seconds
+    (then the teardown goes on, and ``log`` says what did not come home). Never raises but a
+    second KeyboardInterrupt, which ends the wait (the caller re-raises; the teardown runs)."""
+    reachable = [nd for nd in nodes if nd.pid is not None and nd.conn is not None  # followed to the end, or stopped
+                 and (nd.result in (None, "stopped") or type(nd.result) is int)]
+    done = threading.Event()
+
+    def work() -> None:
+        try:
+            _records_home(nodes, reachable, mask, local_out, log, wait_s)
+        except Exception as exc:  # noqa: BLE001 - a thread's error must not print a traceback; the teardown goes on
+            log(f"warning: the job's log and status not brought home ({type(exc).__name__}: {exc})")
+        finally:
+            done.set()
+    threading.Thread(target=work, name="records-home", daemon=True).start()
+    if not done.wait(budget_s):
+        log(f"warning: the job's log and status did not all come home in {budget_s:.0f} s; terminating without them")
+
+
+def _records_home(nodes, started, mask, local_out: Path, log, wait_s: float) -> None:
+    """records_home_on_interrupt's work, on the nodes ``started`` of ``nodes``."""
+    from ..errors import RemoteError
+    from ..remote import jobs
+    from . import status
+    stopped = [stop_job(nd, log) for nd in started]
+    deadline = time.monotonic() + wait_s
+    for nd in started:
+        try:
+            while jobs.exit_status(nd.conn, nd.run_dir) is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+            nd.status = status.read(nd.conn, nd.run_dir, nd.agent_key)
+        except (*jobs.CONNECTION_ERRORS, RemoteError) as exc:
+            log(f"warning: node {nd.index}: its job's record not read ({type(exc).__name__}: {exc})")
+    brought = []
+    local_out.mkdir(parents=True, exist_ok=True)
+    for what, step in record_steps(nodes, mask, local_out, only=started):
+        try:
+            step()
+            brought.append(what)
+        except (*jobs.CONNECTION_ERRORS, RemoteError, ValueError, UnicodeError) as exc:
+            log(f"warning: {what} not brought home: {type(exc).__name__}: {exc}")
+    if brought:
+        log(f"interrupted: {'the job was sent SIGTERM; ' if all(stopped) else ''}{', '.join(brought)} brought home "
+            f"to {local_out}")
+
+
+def stop_job(nd: Node, log) -> bool:
     """SIGTERM the node's job: its agent, which passes it to the job's process group (torchrun and
-    its workers). A node that cannot be reached is reported through ``log``; teardown ends it anyway."""
+    its workers); whether it was sent. A node that cannot be reached is reported through ``log``;
+    teardown ends it anyway."""
     from ..errors import RemoteError, WaitTimeout
     from ..remote import jobs, ssh
     try:
@@ -244,9 +337,11 @@ def stop_job(nd: Node, log) -> None:
             ssh.run(conn, f"pkill -TERM -P {nd.pid} || true", timeout_s=20)
         finally:
             conn.close()
+        return True
     except (*jobs.CONNECTION_ERRORS, RemoteError, WaitTimeout) as exc:
         log(f"node {nd.index} ({nd.instance_id}): could not stop its job ({type(exc).__name__}: {exc}); "
             "terminating the instance ends it")
+        return False
 
 
 def _describe(result) -> str:

@@ -4,31 +4,37 @@ The instance is a standing one (`ec2gpu launch`, with its idle rule), launched f
 found by ``--name``. JupyterLab runs in the instance's Python with torch (what ami/setup-gpu.sh
 finds), installed there with pip if that Python lacks it, bound to the instance's 127.0.0.1 with a
 random token (given in its environment, never on a command line), detached so that it outlives
-this command. Its port reaches this machine through OpenSSH's forwarding with the pinned host key
-(remote/tunnel.py); nothing is opened in the security group.
+this command; a later `notebook --name` reuses the one that runs (agent/notebook.py, on the
+instance). Its port reaches this machine through OpenSSH's forwarding with the pinned host key
+(remote/tunnel.py); nothing is opened in the security group. The forward's ssh ends with this
+command, however it ends (Ctrl-C, SIGTERM, SIGHUP).
 """
 from __future__ import annotations
 
-import io
-import secrets
+import re
 import shlex
-import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 from ..aws.session import Aws
+from ..backend import AWS
 from ..errors import RemoteError, UsageError, WaitTimeout
 from ..settings import Settings
 
-#: On the instance, under the login's home: JupyterLab's log, and setup-gpu.sh's report.
+#: On the instance, under the login's home: JupyterLab's token, record and log, setup-gpu.sh's report.
 REMOTE_DIR = "ec2gpu/notebook"
+#: The instance side (standard library only), uploaded next to them.
+SERVER_SCRIPT = Path(__file__).resolve().parents[1] / "agent" / "notebook.py"
+#: A token as the instance side makes it (secrets.token_urlsafe(32)); anything else is refused.
+TOKEN = re.compile(r"[A-Za-z0-9_-]{16,128}")
 
 
-def find_or_launch(aws: Aws, settings: Settings, opts, ui) -> dict:
+def find_or_launch(aws: Aws, settings: Settings, opts, ui, backend=AWS) -> dict:
     """The running instance ``opts.name`` names, else a new standing instance for ``opts``
-    (runs/standing.launch, its idle rule included); its description. Raises UsageError for a name
-    that is stopped (`ec2gpu start` it) or a cluster."""
+    (runs/standing.launch, its idle rule included, its host key pinned); its description. Raises
+    UsageError for a name that is stopped (`ec2gpu start` it) or a cluster."""
     from ..aws import instances, sweep
     from ..aws import tags as T
     from . import standing
@@ -42,34 +48,46 @@ def find_or_launch(aws: Aws, settings: Settings, opts, ui) -> dict:
             return running[0]
         if found:
             raise UsageError(f"{opts.name} is {found[0]['State']['Name']}", f"`ec2gpu start {opts.name}` first")
-    rows = standing.launch(aws, settings, opts, ui)
+    rows = standing.launch(aws, settings, opts, ui, backend)
     return instances.describe_instances(aws.ec2, [rows[0]["instance_id"]])[0]
 
 
-def start_server(conn, log) -> dict:
-    """Start JupyterLab on the instance behind ``conn`` (module docstring); return {"port" (on the
-    instance), "token", "pid", "python"}. Raises RemoteError when it cannot be installed or started."""
+def open_server(conn, log) -> dict:
+    """The JupyterLab of the instance behind ``conn``: the one that runs there, else a new one
+    (module docstring); {"port" (on the instance), "token", "pid", "python", "reused"}. Raises
+    RemoteError when it cannot be installed, started, or its record is not one ec2gpu wrote."""
     from ..remote import setup, ssh
 
     home = ssh.run(conn, 'printf %s "$HOME"').strip()
-    info = setup.setup(conn, f"{home}/{REMOTE_DIR}", log=log)
+    directory = f"{home}/{REMOTE_DIR}"
+    info = setup.setup(conn, directory, log=log)
     python = shlex.quote(info["python"])
     if not conn.run(f"{python} -c 'import jupyterlab'", warn=True, hide=True).ok:
         log(f"installing JupyterLab into {info['python']} (pip)")
         ssh.run(conn, f"{python} -m pip install --quiet jupyterlab", timeout_s=900)
-    port = int(ssh.run(conn, f"{python} -c 'import socket; s = socket.socket(); s.bind((\"127.0.0.1\", 0)); "
-                             "print(s.getsockname()[1])'").strip())
-    token = secrets.token_urlsafe(32)
-    secret = f"{home}/{REMOTE_DIR}/token"  # 0600: the token never appears on a command line (ps)
-    ssh.run(conn, f"umask 077 && : >{shlex.quote(secret)}")
-    conn.put(io.StringIO(token), secret)
-    # --allow-root only where the login is root (the sandbox: this machine's user); never on an instance
-    pid = ssh.run(conn, f"cd ~ || exit 1; JUPYTER_TOKEN=$(cat {shlex.quote(secret)}) nohup {python} -m jupyterlab "
-                        f"--no-browser --ip 127.0.0.1 --port {port} --ServerApp.port_retries=0 "
-                        '$([ "$(id -u)" = 0 ] && echo --allow-root) '
-                        f">>~/{REMOTE_DIR}/jupyter.log 2>&1 </dev/null & echo $!").strip()
-    log(f"JupyterLab started on the instance's 127.0.0.1:{port} (pid {pid}; log ~/{REMOTE_DIR}/jupyter.log)")
-    return {"port": port, "token": token, "pid": int(pid), "python": info["python"]}
+    conn.put(str(SERVER_SCRIPT), f"{directory}/server.py")
+    answer = ssh.run(conn, f"{python} {shlex.quote(directory + '/server.py')} {shlex.quote(directory)}",
+                     timeout_s=300).strip().splitlines()
+    server = _server_record(answer[-1] if answer else "")
+    how = "already runs there: reused" if server["reused"] else "started"
+    log(f"JupyterLab {how} on the instance's 127.0.0.1:{server['port']} (pid {server['pid']}; log "
+        f"~/{REMOTE_DIR}/jupyter.log)")
+    return {**server, "python": info["python"]}
+
+
+def _server_record(line: str) -> dict:
+    """The instance side's answer (one JSON line), checked: it is the instance's word."""
+    import json
+    try:
+        got = json.loads(line)
+        server = {"reused": got["reused"] is True, "port": int(got["port"]), "pid": int(got["pid"]),
+                  "token": str(got["token"])}
+    except (ValueError, KeyError, TypeError):
+        server = None
+    if not server or not 0 < server["port"] < 65536 or server["pid"] <= 0 or not TOKEN.fullmatch(server["token"]):
+        raise RemoteError("the instance's answer about its JupyterLab is not one ec2gpu's script gives",
+                          f"see ~/{REMOTE_DIR}/jupyter.log on the instance (`ec2gpu ssh NAME`)", tail=line[:500])
+    return server
 
 
 def wait_ready(local_port: int, token: str, timeout_s: float = 180.0) -> dict:
@@ -90,40 +108,34 @@ def wait_ready(local_port: int, token: str, timeout_s: float = 180.0) -> dict:
 
 
 def serve(aws: Aws, settings: Settings, backend, opts, ui, show_url, local_port: int | None = None) -> dict:
-    """Open a notebook (find_or_launch, start_server), forward it to a free local port and call
+    """Open a notebook (find_or_launch, open_server), forward it to a free local port and call
     ``show_url(info)`` once it answers (info: instance_id, name, url, local_port, port, token);
-    keep the forward up, reconnecting when SSH drops, until Ctrl-C (KeyboardInterrupt is caught:
-    this returns ``info``). Raises UsageError, RemoteError, WaitTimeout before the URL is shown."""
+    keep the forward up, reconnecting when SSH drops, until KeyboardInterrupt (Ctrl-C; the CLI
+    turns SIGTERM and SIGHUP into it too), which is caught: this returns ``info``, with only
+    instance_id and name when it came before the URL. Raises UsageError, RemoteError, WaitTimeout
+    before the URL is shown."""
     from ..aws import tags as T
     from ..remote import tunnel
     from . import standing
 
-    inst = find_or_launch(aws, settings, opts, ui)
-    conn = standing.pin_host_key(aws, settings, backend, inst, log=ui.note)
+    inst = find_or_launch(aws, settings, opts, ui, backend)
+    info = {"instance_id": inst["InstanceId"], "name": T.as_dict(inst.get("Tags")).get(T.NAME) or inst["InstanceId"]}
     try:
-        server = start_server(conn, ui.note)
-    finally:
-        conn.close()
-    config, _, _ = standing.write_ssh_config(aws, settings, backend, ui.note)
-    here = tunnel.free_local_port(local_port)
-    if local_port and here != local_port:
-        raise UsageError(f"--local-port {local_port} is in use on this machine", "choose another, or leave it out")
-    name = T.as_dict(inst.get("Tags")).get(T.NAME) or inst["InstanceId"]
-    info = {"instance_id": inst["InstanceId"], "name": name, "local_port": here, "port": server["port"],
-            "token": server["token"], "url": f"http://127.0.0.1:{here}/lab?token={server['token']}"}
-    stop = threading.Event()
-    forward = threading.Thread(target=tunnel.keep_forwarding, daemon=True, name="notebook-tunnel",
-                               args=(tunnel.argv(config, inst["InstanceId"], server["port"], here), here, stop,
-                                     ui.note, lambda: standing.write_ssh_config(aws, settings, backend)))
-    forward.start()
-    try:
-        wait_ready(here, server["token"])
-        show_url(info)
-        while forward.is_alive():
-            forward.join(0.5)
-        raise RemoteError("the notebook's tunnel ended", "run `ec2gpu notebook --name NAME` again")
+        conn = standing.pin_host_key(aws, settings, backend, inst, log=ui.note)
+        try:
+            server = open_server(conn, ui.note)
+        finally:
+            conn.close()
+        config, _, _ = standing.write_ssh_config(aws, settings, backend, ui.note, log=ui.note)
+        here = tunnel.free_local_port(local_port)
+        if local_port and here != local_port:
+            raise UsageError(f"--local-port {local_port} is in use on this machine", "choose another, or leave it out")
+        info.update(local_port=here, port=server["port"], token=server["token"],
+                    url=f"http://127.0.0.1:{here}/lab?token={server['token']}")
+        tunnel.forward_until_interrupted(  # its ssh ends with this command, however it ends
+            tunnel.argv(config, inst["InstanceId"], server["port"], here), here, ui.note,
+            refresh=lambda: standing.write_ssh_config(aws, settings, backend),
+            when_up=lambda: (wait_ready(here, server["token"]), show_url(info)))
     except KeyboardInterrupt:
-        return info
-    finally:
-        stop.set()
-        forward.join(10)
+        pass
+    return info

@@ -121,7 +121,11 @@ def mnist_args(opts: TrainOptions, sandbox: bool = False) -> list[str]:
     return args + list(opts.trainer_args)
 
 
-def sandbox_data_args(trainer_args: list[str], reachable=None) -> list[str]:
+#: how to give the sandbox MNIST, said when it has none (`ec2gpu train mnist`'s words; others pass theirs)
+GIVE_DATA = "EC2GPU_DATA_DIR=/path/to/mnist ec2gpu train mnist --sandbox (or DATA=/path/to/mnist make demo)"
+
+
+def sandbox_data_args(trainer_args: list[str], reachable=None, give: str = GIVE_DATA) -> list[str]:
     """The trainer flags that give a sandbox instance this run's MNIST: ``--data-dir`` with
     $EC2GPU_DATA_DIR as this command has it (so each run's own setting reaches its instance, not
     the one the sandbox started with), else with this machine's cache when it holds the files;
@@ -129,7 +133,8 @@ def sandbox_data_args(trainer_args: list[str], reachable=None) -> list[str]:
     from them, as a real one does). ``reachable(url) -> bool`` asks the first mirror.
 
     Raises UsageError, before anything is created, for a $EC2GPU_DATA_DIR that is not a directory,
-    or when there is no data here and the mirrors cannot be reached.
+    or when there is no data here and the mirrors cannot be reached (its hint: ``give``, the
+    command's own way to name the data).
     """
     from ..train import sources
     if any(a == "--data-dir" or a.startswith("--data-dir=") for a in trainer_args):
@@ -147,8 +152,7 @@ def sandbox_data_args(trainer_args: list[str], reachable=None) -> list[str]:
         return []
     raise UsageError("no MNIST for the sandbox: EC2GPU_DATA_DIR is not set, this machine has no cached copy, and the "
                      f"public mirrors ({sources.MIRRORS[0]}) cannot be reached from here",
-                     "give the four IDX files: EC2GPU_DATA_DIR=/path/to/mnist ec2gpu train mnist --sandbox "
-                     "(or DATA=/path/to/mnist make demo)")
+                     f"give the four IDX files: {give}")
 
 
 def _reachable(url: str, timeout_s: float = 5.0) -> bool:
@@ -209,8 +213,20 @@ def check_estimate(aws: Aws, settings: Settings, opts: TrainOptions, backend: st
                              f"run `ec2gpu prices --refresh --region {aws.region}` first")
         if est.cost_usd > opts.budget_usd:
             raise UsageError(f"the estimate ${est.cost_usd:.4f} is above --budget ${opts.budget_usd:.4f}",
-                             "raise --budget, use --spot, a cheaper --instance-type or fewer --epochs")
+                             budget_hint(opts, est.time_source))
     return est
+
+
+def budget_hint(opts: TrainOptions, time_source: str) -> str:
+    """How to get under --budget (pure): fewer --epochs only for the built-in trainer, the one job
+    that takes them; a user's task is told where its job's time came from (``time_source``:
+    costs.estimate_minutes' past runs, --expect or the task's max_runtime)."""
+    hint = "raise --budget, use --spot or a cheaper --instance-type"
+    if opts.bake is None and opts.task is not None and opts.task.builtin == "mnist":
+        return hint + ", or train fewer --epochs"
+    if opts.bake is None and opts.task is not None and opts.task.builtin is None:
+        return hint + f" (the job's time in the estimate: {time_source})"
+    return hint
 
 
 def _status(exc: BaseException | None, spot: bool = False) -> str:

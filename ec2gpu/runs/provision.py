@@ -211,7 +211,8 @@ def bill(aws: Aws, settings: Settings, attempts: list[dict], prov: Provisioned, 
         described = {i["InstanceId"]: i for i in prov.instances}
     for att in attempts:
         start = datetime.fromisoformat(att["billing_started_at"]) if att.get("billing_started_at") else None
-        att.update(costs.actual_cost(aws, settings.home, described[att["instance_id"]], ended, start))
+        att.update(costs.actual_cost(aws, settings.home, described[att["instance_id"]], ended, start,
+                                     settings.root_volume_gib))
 
 
 def totals(attempts: list[dict]) -> dict:

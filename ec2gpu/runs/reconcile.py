@@ -6,9 +6,14 @@ start time, so a reused pid is not mistaken for it); a row whose process is gone
 terminated (by themselves after --max-runtime, or removed by down/cleanup): status
 ``controller-lost``, each attempt billed from its instance's own launch and termination times
 (costs.actual_cost, as for any run), ended at the last termination.
+
+Standing instances (`launch`, `notebook`) have no controller waiting for them: their row opens
+with status ``standing`` and the same commands, and `runs`, settle it (status ``ended``) once every
+instance of the run has terminated, billed over each of its running intervals (runs/intervals.py).
 """
 from __future__ import annotations
 
+import json
 import os
 import socket
 from datetime import datetime, timezone
@@ -43,12 +48,14 @@ def abandoned(home, backend: str | None = None) -> list[dict]:
     return [r for r in ledger.runs(home, backend=backend, limit=500, tolerant=True) if controller_gone(r)]
 
 
-def settle(aws, home, row: dict, log=lambda msg: None) -> bool:
-    """Close ``row`` (an abandoned run) once every instance it launched has terminated: bill each
-    attempt from its instance's own times, set status LOST and ended_at, write the ledger. Returns
-    False (and changes nothing) while any of them still exists. Instances EC2 no longer lists (it
-    forgets terminated ones after about an hour) are billed as unknown, and ``log`` says so.
-    Raises botocore errors other than InvalidInstanceID.NotFound."""
+def settle(aws, home, row: dict, log=lambda msg: None, volume_gib: float | None = None) -> bool:
+    """Close ``row`` (an abandoned run, or a finished one whose instances ``--keep`` left running:
+    ``kept``) once every instance it launched has terminated: bill each attempt not billed yet
+    from its instance's own times (its root volume being ``volume_gib`` GiB), set an abandoned
+    run's status LOST and ended_at, write the ledger. Returns False (and changes nothing) while
+    any of them still exists. Instances EC2 no longer lists (it forgets terminated ones after
+    about an hour) are billed as unknown, and ``log`` says so. Raises botocore errors other than
+    InvalidInstanceID.NotFound."""
     import botocore.exceptions
 
     from ..aws import instances
@@ -67,33 +74,189 @@ def settle(aws, home, row: dict, log=lambda msg: None) -> bool:
     if any(i["State"]["Name"] != "terminated" for i in described.values()):
         return False
     now = datetime.now(timezone.utc)
+    lost = row.get("status") == "running"
     for att in attempts:
-        if "billed_seconds" in att:
+        if "billed_seconds" in att or att.get("bill_unknown"):
             continue
         inst = described.get(att["instance_id"])
         if inst is None:
             log(f"run {row['run_id']}: EC2 no longer lists {att['instance_id']}; its bill is unknown")
-            att.update(ended=LOST, cost_usd=None)
+            att.update(ended=LOST if lost else att.get("ended"), cost_usd=None, bill_unknown=True)
             continue
         start = datetime.fromisoformat(att["billing_started_at"]) if att.get("billing_started_at") else None
-        att.update(costs.actual_cost(aws, home, inst, now, start), ended=LOST)
+        att.update(costs.actual_cost(aws, home, inst, now, start, volume_gib), ended=LOST if lost else att.get("ended"))
     bill = provision.totals([a for a in attempts if "billed_seconds" in a])
-    ended = bill.get("terminated_at") or now.isoformat()
-    row.update(bill, status=LOST, ended_at=ended)
+    if lost:
+        row.update(status=LOST, ended_at=bill.get("terminated_at") or now.isoformat())
+    row.update(bill)
     ledger.record(home, row)
-    log(f"run {row['run_id']}: its controller ended without closing it; settled as {LOST}"
+    log(f"run {row['run_id']}: " + (f"its controller ended without closing it; settled as {LOST}" if lost else
+                                    "the instances it kept (--keep) have ended; billed")
         + (f", ${row['cost_usd']:.4f} for {row['billed_seconds']:.0f} s billed" if row.get("cost_usd") is not None
            else ""))
     return True
 
 
-def settle_all(aws, home, backend: str, run_ids: set[str] | None = None, log=lambda msg: None) -> list[str]:
-    """Settle every abandoned run of ``backend`` in ``aws``'s region (or only ``run_ids``) whose
-    instances have terminated; return the run ids settled."""
+def kept(home, backend: str | None = None) -> list[dict]:
+    """The ledger's finished runs (of ``backend``) with an instance not billed yet: what `--keep`
+    left running, or a bill that could not be computed at the end; [] when the ledger cannot be
+    read."""
+    return [r for r in ledger.runs(home, backend=backend, limit=500, tolerant=True)
+            if r.get("status") not in ("running", STANDING, ENDED)
+            and any("billed_seconds" not in a and not a.get("bill_unknown") for a in r.get("attempts") or [])]
+
+
+def settle_all(aws, home, backend: str, run_ids: set[str] | None = None, log=lambda msg: None,
+               volume_gib: float | None = None) -> list[str]:
+    """Settle every abandoned or ``kept`` run of ``backend`` in ``aws``'s region (or only
+    ``run_ids``) whose instances have terminated (root volumes of ``volume_gib`` GiB); return the
+    run ids settled."""
     done = []
-    for row in abandoned(home, backend):
+    for row in abandoned(home, backend) + kept(home, backend):
         if row.get("region") not in (None, aws.region) or (run_ids is not None and row["run_id"] not in run_ids):
             continue
-        if settle(aws, home, row, log):
+        if settle(aws, home, row, log, volume_gib):
             done.append(row["run_id"])
     return done
+
+
+# Standing instances (`launch`, `notebook`, the nodes `scale` adds) have no controller that waits
+# for them: their row (status STANDING) is opened at launch and settled by whichever later command
+# sees all of the run's instances terminated, as an abandoned run is.
+STANDING = "standing"  # the row's status while any instance of the run exists
+ENDED = "ended"  # ... once every one has terminated and been billed
+#: EC2's StateReason codes -> how the ledger says the instance ended
+#: (https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_StateReason.html)
+ENDINGS = {"Client.InstanceInitiatedShutdown": "ended itself", "Server.SpotInstanceTermination": "spot-interrupted",
+           "Client.UserInitiatedShutdown": "terminated"}
+
+
+def standing_attempt(instance: dict, volume_gib: float | None, now: datetime) -> dict:
+    """The ledger's record of one standing instance (``instance``: its description, from
+    instances.wait_running where it has the billing start) (pure): its first interval opened."""
+    from ..aws import instances
+    from ..aws import tags as T
+    from . import intervals
+
+    node = T.as_dict(instance.get("Tags")).get(T.NODE, "")
+    return {"attempt": 1, "node": int(node) if node.isdigit() else None, "instance_id": instance["InstanceId"],
+            "instance_type": instance["InstanceType"], "market": instances.market(instance),
+            "zone": instance.get("Placement", {}).get("AvailabilityZone"), "ended": "running",
+            "launched_at": instance["LaunchTime"].isoformat(), "volume_gib": volume_gib, "seen_at": now.isoformat(),
+            "intervals": intervals.observe([], instance, now, instance.get(instances.BILLING_START))}
+
+
+def standing_row(backend: str, region: str, run_id: str, command: str, described: list[dict],
+                 volume_gib: float | None) -> dict:
+    """The ledger row of the standing instances ``described`` just launched under ``run_id``
+    (status STANDING, no cost yet; root volumes of ``volume_gib`` GiB)."""
+    from . import record as run_record
+
+    now = datetime.now(timezone.utc)
+    first = described[0]
+    row = run_record.new(run_id, command, backend, "", status=STANDING, region=region,
+                         zone=first.get("Placement", {}).get("AvailabilityZone"), instance_type=first["InstanceType"],
+                         market=standing_attempt(first, None, now)["market"],
+                         instance_ids=[i["InstanceId"] for i in described], instance_id=first["InstanceId"],
+                         attempts=[standing_attempt(i, volume_gib, now) for i in described])
+    return row
+
+
+def open_rows(home, backend: str | None = None) -> list[dict]:
+    """The ledger's STANDING rows (of ``backend``); [] when the ledger cannot be read."""
+    return [r for r in ledger.runs(home, backend=backend, limit=500, tolerant=True) if r.get("status") == STANDING]
+
+
+def sync_standing(aws, home, backend: str, log=lambda msg: None) -> list[str]:
+    """Bring every STANDING row of ``backend`` in ``aws``'s region up to date with what EC2 shows
+    of its run's instances (one DescribeInstances, every state): intervals opened and closed
+    (runs/intervals.py), nodes the run gained (`scale`) added, each terminated instance billed, and
+    the row settled (status ENDED, its bill the sum of its instances') once none is left. Returns
+    the run ids settled; ``log`` says each. Raises botocore errors."""
+    from ..aws import sweep
+    from ..aws import tags as T
+
+    rows = [r for r in open_rows(home, backend) if r.get("region") in (None, aws.region)]
+    if not rows:
+        return []
+    found: dict[str, list[dict]] = {}
+    for inst in sweep.find_instances(aws.ec2, states=sweep.LIVE_STATES + ["terminated"]):
+        found.setdefault(T.as_dict(inst.get("Tags")).get(T.RUN, ""), []).append(inst)
+    return [r["run_id"] for r in rows if _sync_row(aws, home, r, found.get(r["run_id"], []), log)]
+
+
+def _sync_row(aws, home, row: dict, described: list[dict], log) -> bool:
+    """One STANDING row brought up to date with ``described`` (its run's instances); written when
+    anything changed. Returns whether it was settled."""
+    from ..aws import sweep
+    from . import intervals, provision
+
+    now = datetime.now(timezone.utc)
+    before = json.dumps(row, sort_keys=True, default=str)
+    attempts = {a["instance_id"]: a for a in row.get("attempts") or []}
+    volume = next((a.get("volume_gib") for a in attempts.values()), None)
+    for inst in described:
+        att = attempts.get(inst["InstanceId"])
+        if att is None:  # a node `ec2gpu scale` added to the run
+            att = attempts[inst["InstanceId"]] = standing_attempt(inst, volume, now)
+            row["attempts"].append(att)
+            row["instance_ids"] = [*row.get("instance_ids", []), inst["InstanceId"]]
+        if "billed_seconds" in att:
+            continue
+        att["seen_at"] = now.isoformat()
+        if inst["State"]["Name"] == "terminated":
+            code = (inst.get("StateReason") or {}).get("Code", "")
+            att.update(intervals.bill(aws, home, att, inst, now), ended=ENDINGS.get(code, "terminated"))
+        else:
+            att["intervals"] = intervals.observe(att.get("intervals") or [], inst, now)
+    seen = {i["InstanceId"] for i in described}
+    for att in attempts.values():  # unlisted for longer than EC2 lists a terminated instance: forgotten
+        if "billed_seconds" not in att and att["instance_id"] not in seen and (now - datetime.fromisoformat(
+                att.get("seen_at") or att["launched_at"])).total_seconds() > sweep.UNLISTED_AFTER_S:
+            log(f"run {row['run_id']}: EC2 no longer lists {att['instance_id']}; the end of its last running interval, "
+                "and so its bill, is unknown")
+            closed = [i for i in att.get("intervals") or [] if i["to"]]
+            att.update(ended="no longer listed by EC2", cost_usd=None, terminated_at=None, usd_per_hour=None,
+                       price_source="unknown: EC2 no longer lists the instance",
+                       billed_seconds=round(sum(costs_billed(i) for i in closed), 1))
+    settled = all("billed_seconds" in a for a in row["attempts"])
+    if settled:
+        row.update(provision.totals(row["attempts"]), status=ENDED)
+        row["ended_at"] = row.get("terminated_at") or now.isoformat()
+        usd = row.get("cost_usd")
+        log(f"run {row['run_id']} ({row.get('command') or 'launch'}): every instance has ended; "
+            + (f"${usd:.4f} for {row['billed_seconds']:.0f} s billed" if usd is not None else "its bill is unknown")
+            + " (`ec2gpu runs show " + row["run_id"] + "`)")
+    if json.dumps(row, sort_keys=True, default=str) != before:
+        ledger.record(home, row)
+    return settled
+
+
+def costs_billed(interval: dict) -> float:
+    """Billed seconds of one closed interval (60 s minimum) (pure)."""
+    from . import costs
+    return costs.billed_seconds(datetime.fromisoformat(interval["from"]), datetime.fromisoformat(interval["to"]))
+
+
+def remove_ended(aws, home, keys_dir, keep=frozenset(), log=lambda msg: None) -> dict[str, dict[str, list[str]]]:
+    """Remove what runs whose instances have all ended left behind (aws/sweep.ended_leftovers:
+    security groups, key pairs with their key files, placement groups), and say it in one line
+    through ``log``. Never the runs of ``keep`` nor those a controller in this ledger may still be
+    using (status running, its process not known to be gone). Returns run id -> {kind: ids}.
+    Raises botocore errors."""
+    from ..aws import sweep
+
+    busy = {r["run_id"] for r in ledger.runs(home, limit=500, tolerant=True)
+            if r.get("status") == "running" and not controller_gone(r)}
+    found = sweep.ended_leftovers(aws.ec2, busy | set(keep))
+    if not found:
+        return {}
+    removed = sweep.remove_leftovers(aws.ec2, found, keys_dir)
+    said = []
+    for run, done in removed.items():
+        items = [f"{kind.replace('_', ' ')[:-1]} {x}" for kind in ("security_groups", "key_pairs", "key_files",
+                                                                    "placement_groups") for x in done[kind]]
+        items += [f"not yet {x}: a later command tries again" for x in done["left"]]
+        said.append(f"run {run} ({found[run]['why']}): " + ", ".join(items))
+    log("removed what instances that have ended left behind: " + "; ".join(said))
+    return removed

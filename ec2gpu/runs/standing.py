@@ -1,6 +1,7 @@
 """Runs on standing instances (`ec2gpu launch`): `ec2gpu exec NAME TASK` and `train mnist --cluster
 NAME` run one attempt there through the engine and leave the instances running; the run is in the
-ledger without a cost of its own (the instances bill as they stand; `ec2gpu ls` shows it).
+ledger without a cost of its own: the instances' cost is in the row `launch` opened for them
+(runs/reconcile.py: settled once they have all ended; `ec2gpu ls` shows it so far).
 """
 from __future__ import annotations
 
@@ -100,38 +101,87 @@ def exec_task(aws, settings, job, ui, target: str, backend, out: Path | None, co
 
 
 
-def launch(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter) -> list[dict]:
+def launch(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, backend=AWS) -> list[dict]:
     """`ec2gpu launch`: provision standing instances for ``opts`` (instance types, spot, name,
-    nodes, --max-runtime, idle rule) and leave them running; return their summaries
-    (aws/instances.summary). Whatever failed half-way is removed before the error is raised
-    (UsageError, AwsError, CapacityError, WaitTimeout, KeyboardInterrupt)."""
-    from . import provision
+    nodes, --max-runtime, idle rule), pin each one's host key (verified against its console
+    output, as a run does: ``pin_all``), write $EC2GPU_HOME/ssh_config, and leave them running;
+    return their summaries (aws/instances.summary). Whatever failed half-way is removed before the
+    error is raised (UsageError, AwsError, CapacityError, WaitTimeout, RemoteError for a host key
+    the console does not list, KeyboardInterrupt)."""
+    from . import provision, reconcile
     aws.check_credentials()
     run_id = new_run_id()
     prov = Provisioned(run_id)
+
+    def in_the_ledger() -> None:  # every instance made has a row, settled once they have all ended
+        _ledger(settings, reconcile.standing_row(_backend_name(aws, settings, backend), aws.region, run_id,
+                                                 _command_line("ec2gpu launch"), prov.instances,
+                                                 settings.root_volume_gib), ui)
     try:
-        provision.provision(aws, settings, opts, run_id, ui, prov)
+        try:
+            provision.provision(aws, settings, opts, run_id, ui, prov)
+        finally:
+            if prov.instances:  # also those a failed wait leaves: teardown ends them, a later command bills them
+                in_the_ledger()
+        with ui.phase("waiting for SSH"):
+            pin_all(aws, settings, backend, prov.instances, ui.note)
+        path, _, _ = write_ssh_config(aws, settings, backend, ui.note, log=ui.note)
+        ui.note(f"wrote {path}: `ssh NAME` reaches the instance with its pinned host key once ~/.ssh/config has "
+                f"`Include {path}`")
     except BaseException:
         provision.teardown(aws, settings, prov, ui)
         raise
     return [instances.summary(i) for i in prov.instances]
 
 
-def write_ssh_config(aws: Aws, settings: Settings, backend, warn=lambda line: None) -> tuple[Path, list, list[str]]:
-    """Write $EC2GPU_HOME/ssh_config for every running instance whose key is here: (path, entries,
-    instance ids skipped for want of their private key). A Name tag that is not safe in a Host line
+def _backend_name(aws: Aws, settings: Settings, backend) -> str:
+    """The ledger's backend of instances launched through ``aws``: ``backend``'s, or "sandbox" where
+    that is the default AWS but the client talks to the sandbox's endpoint (as backend.Context
+    decides), so the sandbox's simulated bills never count as money."""
+    from ..sandbox import control
+    state = control.read_state(settings.home) or {}
+    return "sandbox" if backend.is_sandbox or (aws.endpoint_url and aws.endpoint_url == state.get("endpoint")) \
+        else backend.name
+
+
+def _command_line(default: str) -> str:
+    """The command as typed (`ec2gpu launch --name dev`), else ``default`` (the API, tests)."""
+    import sys
+    return " ".join(["ec2gpu", *sys.argv[1:]]) if sys.argv and sys.argv[0].endswith("ec2gpu") else default
+
+
+def write_ssh_config(aws: Aws, settings: Settings, backend, warn=lambda line: None,
+                     pin: bool = False, log=lambda line: None) -> tuple[Path, list, dict[str, str]]:
+    """Write $EC2GPU_HOME/ssh_config for every running instance whose key is here and whose host key
+    is pinned: (path, entries, {instance id: why it was left out}). With ``pin``, an instance not
+    pinned yet is pinned first (``pin_host_key``: verified against its console output; up to
+    ``PIN_TIMEOUT_S`` each; ``log`` says how) and left out only if that fails; without, it is left
+    out (OpenSSH never trusts on first use). A key pinned under an address is pinned under the
+    instance id too (remote/ssh.pin_under_alias). A Name tag that is not safe in a Host line
     (tags.safe: anyone who can tag in the account could plant a ProxyCommand) is left out, and
     ``warn`` says so; the instance is still reachable by its id."""
     from ..aws import sweep
     from ..aws import tags as T
+    from ..errors import Ec2GpuError
+    from ..remote import ssh
     from ..remote import ssh_config as sc
 
-    entries, skipped = [], []
+    entries, skipped = [], {}
     for inst in sweep.find_instances(aws.ec2, states=["running"]):
+        iid = inst["InstanceId"]
         key = network.private_key_path(settings.keys_dir, inst.get("KeyName") or "")
         if not key.exists():
-            skipped.append(inst["InstanceId"])
+            skipped[iid] = "its private key is not on this machine"
             continue
+        if not ssh.pin_under_alias(settings.home / "known_hosts" / iid, iid, log):
+            if not pin:
+                skipped[iid] = "its host key is not pinned yet (`ec2gpu ssh-config` pins it)"
+                continue
+            try:
+                pin_host_key(aws, settings, backend, inst, log=log).close()
+            except Ec2GpuError as exc:  # a key the console does not list, no answer: not written
+                skipped[iid] = f"its host key could not be pinned: {exc.message}"
+                continue
         host, port = backend.ssh_target(inst)
         name = T.as_dict(inst.get("Tags")).get(T.NAME)
         if name is not None and not T.safe(name):
@@ -146,51 +196,95 @@ def write_ssh_config(aws: Aws, settings: Settings, backend, warn=lambda line: No
     return path, entries, skipped
 
 
-def pin_host_key(aws: Aws, settings: Settings, backend, inst: dict, log=lambda msg: None):
-    """Connect to ``inst`` over SSH, pinning its host key (verified against its console output) when
-    it is not pinned yet; return the open Connection. Raises RemoteError, WaitTimeout, UsageError
-    (its private key is not on this machine)."""
+#: How long pinning a standing instance's host key waits for SSH (s): the console's fingerprints
+#: (remote/ssh.FINGERPRINT_WAIT_S) and a minute more; `run` waits 300 s, as `launch` does (pin_all).
+PIN_TIMEOUT_S = 180.0 + 60
+
+
+def pin_host_key(aws: Aws, settings: Settings, backend, inst: dict, log=lambda msg: None,
+                 timeout_s: float = PIN_TIMEOUT_S):
+    """Connect to ``inst`` over SSH, pinning its host key under its instance id (verified against
+    its console output) when it is not pinned yet; return the open Connection. Raises
+    RemoteError (a key the console does not list, or not the pinned one), WaitTimeout (no answer
+    in ``timeout_s`` seconds), UsageError (its private key is not on this machine)."""
     from ..remote import ssh
 
     iid = inst["InstanceId"]
     host, port = backend.ssh_target(inst)
     key = network.require_private_key(settings.keys_dir, inst["KeyName"])
     return ssh.wait_for_ssh(host, port, settings.ssh_user, key, settings.home / "known_hosts" / iid,
-                            timeout_s=ssh.FINGERPRINT_WAIT_S + 60, log=log,
+                            timeout_s=timeout_s, log=log,
                             fingerprints=lambda: instances.host_key_fingerprints(aws.ec2, iid))
 
 
+def pin_all(aws: Aws, settings: Settings, backend, found: list[dict], log=lambda msg: None) -> None:
+    """Pin the host key of each of ``found`` (at once; pin_host_key, waiting up to 300 s for SSH as
+    a run does: remote/ssh.wait_for_ssh's default). Raises the first error (RemoteError,
+    WaitTimeout, UsageError). The waits run in daemon threads, so that an interrupt here (the
+    caller then removes the instances) does not wait for the others' SSH at exit."""
+    import threading
+
+    if len(found) == 1:
+        pin_host_key(aws, settings, backend, found[0], log, timeout_s=300.0).close()
+        return
+    errors: list[BaseException] = []
+
+    def one(inst: dict) -> None:
+        try:
+            pin_host_key(aws, settings, backend, inst, lambda line: log(f"{inst['InstanceId']}: {line}"),
+                         timeout_s=300.0).close()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread below
+            errors.append(exc)
+    threads = [threading.Thread(target=one, args=(i,), daemon=True, name=f"pin-{i['InstanceId']}") for i in found]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
 def listing(aws: Aws, settings: Settings) -> list[dict]:
-    """`ec2gpu ls`: every live instance of the tool (aws/instances.summary) with its age (s), the
-    on-demand price (USD/h; the ceiling of a spot one) and the cost so far (USD, 60 s minimum);
-    for a stopped one its volumes and their monthly cost instead; for one with an idle rule, how
+    """`ec2gpu ls`: every live instance of the tool (aws/instances.summary) with its age (s: the
+    time it has run, over every running interval its ledger row recorded, runs/intervals.py), the
+    on-demand price (USD/h; the ceiling of a spot one) and the cost so far (USD: each interval's
+    compute with its 60 s minimum, its public IPv4 address, its root volume; ``so_far`` has the
+    parts); for a stopped one, its volumes and their monthly cost; for one with an idle rule, how
     long it has been idle or why it is busy."""
     import time
 
     from ..aws import sweep
-    rows = [instances.summary(i) for i in sweep.find_instances(aws.ec2)]
+    from . import intervals, reconcile
+    described = sweep.find_instances(aws.ec2)
+    rows = [instances.summary(i) for i in described]
+    known = {a["instance_id"]: a for r in reconcile.open_rows(settings.home) for a in r.get("attempts") or []}
+    disks = instances.root_volume_gib(aws.ec2, [r["instance_id"] for r in rows])
     now = datetime.now(timezone.utc)
-    for r in rows:
-        age = (now - datetime.fromisoformat(r["launched_at"])).total_seconds() if r["launched_at"] else 0.0
+    for r, inst in zip(rows, described):
+        att = known.get(r["instance_id"]) or {}
+        ivs = intervals.observe(att.get("intervals") or [], inst, now)
+        first = datetime.fromisoformat(att["launched_at"]) if att.get("launched_at") else inst["LaunchTime"]
         price = catalog.on_demand_price(r["instance_type"], aws.region, settings.home) \
             if r["instance_type"] in catalog.CATALOG else catalog.Price(None, "not a catalog type")
-        r.update(age_seconds=round(age), usd_per_hour=price.usd_per_hour, price_source=price.source,
-                 cost_so_far_usd=None if price.usd_per_hour is None else
-                 round(max(60.0, age) * price.usd_per_hour / 3600, 4))
-    _stopped_disks(aws.ec2, rows)
+        cost = intervals.so_far(ivs, now, price.usd_per_hour, aws.region, settings.home,
+                                disks.get(r["instance_id"]), first)
+        r.update(age_seconds=round(cost["running_seconds"]), running_intervals=len(ivs),
+                 intervals_recorded=bool(att), first_launched_at=first.isoformat(), usd_per_hour=price.usd_per_hour,
+                 price_source=price.source, so_far=cost,
+                 cost_so_far_usd=None if cost["cost_usd"] is None else round(cost["cost_usd"], 4))
+    _stopped_disks(aws.region, settings.home, rows, disks)
     _idle_columns(aws.ec2, rows, time.time())
     return rows
 
 
-def _stopped_disks(ec2, rows: list[dict]) -> None:
+def _stopped_disks(region: str, home, rows: list[dict], disks: dict[str, int]) -> None:
     """For stopped (or stopping) instances: no compute price (EC2 bills none while stopped), their
-    volumes' GiB and what those cost per month (gp3, catalog.EBS_GP3_USD_PER_GB_MONTH)."""
-    stopped = [r for r in rows if r["state"] in ("stopping", "stopped")]
-    disks = instances.root_volume_gib(ec2, [r["instance_id"] for r in stopped])
-    for r in stopped:
+    volumes' GiB (``disks``) and what those cost per month (gp3 in ``region``, catalog.ebs_price)."""
+    gp3 = catalog.ebs_price("gp3", region, home).usd_per_gb_month
+    for r in (r for r in rows if r["state"] in ("stopping", "stopped")):
         gib = disks.get(r["instance_id"])
-        r.update(usd_per_hour=None, cost_so_far_usd=None, disk_gib=gib,
-                 disk_usd_per_month=None if gib is None else round(gib * catalog.EBS_GP3_USD_PER_GB_MONTH, 2))
+        r.update(usd_per_hour=None, disk_gib=gib,
+                 disk_usd_per_month=None if gib is None or gp3 is None else round(gib * gp3, 2))
 
 
 def _idle_columns(ec2, rows: list[dict], now: float) -> None:

@@ -11,7 +11,8 @@ a record of the shape below and never raises: an unreadable or unsigned record i
 Shape: ``{"state": "running" | "succeeded" | "failed" | "interrupted" | "unreadable" | "unverified",
 "exit_code": int | None, "signal": int | None, "started_at": str | None, "ended_at": str | None,
 "notice": {"action": str, "time": str} | None, "error": {"message": str, "exit_code": int | None,
-"rank": int | None, "timestamp": float | None} | None, "problem": str | None}``.
+"rank": int | None, "timestamp": float | None} | None, "rebalance": {"notice_time": str | None, "seen_at":
+str | None} | None, "problem": str | None}``.
 """
 from __future__ import annotations
 
@@ -62,9 +63,15 @@ def _notice(v) -> dict | None:
     return {"action": _text(v.get("action")) or "", "time": _text(v.get("time")) or ""}
 
 
+def _rebalance(v) -> dict | None:
+    if not isinstance(v, dict):
+        return None
+    return {"notice_time": _text(v.get("notice_time")), "seen_at": _text(v.get("seen_at"))}
+
+
 def _problem(state: str, problem: str) -> dict:
     return {"state": state, "exit_code": None, "signal": None, "started_at": None, "ended_at": None,
-            "notice": None, "error": None, "problem": problem}
+            "notice": None, "error": None, "rebalance": None, "problem": problem}
 
 
 def parse(data: bytes | None, key: str | None) -> dict | None:
@@ -90,7 +97,8 @@ def parse(data: bytes | None, key: str | None) -> dict | None:
         return _problem("unreadable", "status.json has no known state")
     return {"state": state, "exit_code": _int(raw.get("exit_code")), "signal": _int(raw.get("signal"), 0, 1 << 16),
             "started_at": _text(raw.get("started_at")), "ended_at": _text(raw.get("ended_at")),
-            "notice": _notice(raw.get("notice")), "error": _error(raw.get("error")), "problem": None}
+            "notice": _notice(raw.get("notice")), "error": _error(raw.get("error")),
+            "rebalance": _rebalance(raw.get("rebalance")), "problem": None}
 
 
 def read(conn, run_dir: str, key: str | None) -> dict | None:

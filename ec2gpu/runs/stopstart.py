@@ -3,8 +3,9 @@ paying for the GPU.
 
 EC2 bills a stopped instance nothing for compute and its EBS volumes as usual
 (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/ec2-instance-lifecycle.html, "Stop and
-start"). A started instance usually has a new public IP; it is found again by its tags, and its
-host key must be the one pinned for it before (remote/ssh.py). The `--max-runtime` shutdown that
+start"). A started instance usually has a new public IP; it is found again by its tags, its host
+key must be the one pinned for it before (pinned under its instance id, not an address:
+remote/ssh.py), and `start` rewrites $EC2GPU_HOME/ssh_config with the new address. The `--max-runtime` shutdown that
 user data scheduled does not survive a stop (the OS powers off; user data runs once per instance),
 so `start` schedules it again over SSH from the instance's ec2gpu:max-runtime tag.
 
@@ -52,19 +53,24 @@ def refuse_spot(found: list[dict], name: str) -> None:
 
 def stop(aws: Aws, name: str, log=lambda msg: None, timeout_s: float = 600) -> list[dict]:
     """Stop the on-demand standing instances called ``name`` and wait until they are stopped;
-    return their summaries (aws/instances.summary). Raises UsageError (none running, or spot),
-    WaitTimeout."""
+    return their summaries (aws/instances.summary) with ``instance_store_gb``: the GB of
+    instance-store NVMe the stop erased (0: none; None: not known; aws/types.Facts). Raises
+    UsageError (none running, or spot), WaitTimeout."""
+    from ..aws import types
     found = find(aws.ec2, name, ["running", "pending"])
     refuse_spot(found, name)
     ids = [i["InstanceId"] for i in found]
     log(f"stopping {', '.join(ids)}")
     instances.stop(aws.ec2, ids, timeout_s)
-    return [instances.summary(i) for i in instances.describe_instances(aws.ec2, ids)]
+    rows = [instances.summary(i) for i in instances.describe_instances(aws.ec2, ids)]
+    facts = types.describe(aws.ec2, [r["instance_type"] for r in rows], log)
+    return [{**r, "instance_store_gb": getattr(facts.get(r["instance_type"]), "instance_store_gb", None)} for r in rows]
 
 
 def start(aws: Aws, settings: Settings, backend, name: str, log=lambda msg: None, timeout_s: float = 600) -> list[dict]:
     """Start the stopped instances called ``name``, wait until they run and answer SSH with the
-    host key pinned for them, and schedule their --max-runtime shutdown again; return their
+    host key pinned for them, schedule their --max-runtime shutdown again, and rewrite
+    $EC2GPU_HOME/ssh_config (runs/standing.write_ssh_config: their new addresses); return their
     summaries. Raises UsageError (none stopped, or their private key is not here), WaitTimeout,
     RemoteError (a host key that is not the pinned one)."""
     from ..aws import network
@@ -84,11 +90,23 @@ def start(aws: Aws, settings: Settings, backend, name: str, log=lambda msg: None
             minutes = max_runtime_minutes(inst)
             ssh.run(conn, schedule_shutdown_command(minutes))
             ssh.run(conn, RESUME_IDLE_WATCH)
-            log(f"{inst['InstanceId']} answers SSH at {host}:{port}; it terminates itself in {minutes} min "
-                "(--max-runtime, scheduled again)")
+            log(f"{inst['InstanceId']} answers SSH at {host}:{port}; {max_runtime_words(inst, minutes)}")
         finally:
             conn.close()
+    from . import standing
+    path, entries, _ = standing.write_ssh_config(aws, settings, backend, log=log)
+    log(f"wrote {path} ({len(entries)} host(s)) with the new address{'es' if len(started) > 1 else ''}")
     return [instances.summary(i) for i in started]
+
+
+def max_runtime_words(instance: dict, minutes: int) -> str:
+    """What the --max-runtime shutdown scheduled again in ``minutes`` does to ``instance`` (pure):
+    `launch --idle-stop` set InstanceInitiatedShutdownBehavior "stop" (aws/instances.run_request,
+    kept in the ec2gpu:idle tag), so it stops that one; every other instance terminates."""
+    rule = instances.parse_idle_tag(T.as_dict(instance.get("Tags")).get(T.IDLE))
+    if rule is not None and rule.action == "stop":
+        return f"it stops itself in {minutes} min (--max-runtime, scheduled again; its EBS disk is kept)"
+    return f"it terminates itself in {minutes} min (--max-runtime, scheduled again)"
 
 
 def max_runtime_minutes(instance: dict) -> int:

@@ -177,9 +177,10 @@ def env_vars(state: dict) -> dict[str, str]:
     }
 
 
-def interrupt(home: Path, instance_id: str, notice_seconds: float) -> dict:
+def interrupt(home: Path, instance_id: str, notice_seconds: float, rebalance: bool = False) -> dict:
     """Publish a spot interruption notice for ``instance_id`` on the sandbox's metadata service;
-    the sandbox terminates the instance ``notice_seconds`` later. Returns the notice.
+    the sandbox terminates the instance ``notice_seconds`` later. Returns the notice. With
+    ``rebalance``, a rebalance recommendation instead, and nothing else (sandbox/imds.py).
 
     Raises SandboxError when no sandbox runs, or for an unknown, stopped or on-demand instance.
     """
@@ -190,7 +191,8 @@ def interrupt(home: Path, instance_id: str, notice_seconds: float) -> dict:
     if not state:
         raise SandboxError("no sandbox is running", "start it with `ec2gpu sandbox up`")
     req = urllib.request.Request(f"{state['imds_url']}/control/interrupt", method="POST",
-                                 data=json.dumps({"instance_id": instance_id, "notice_seconds": notice_seconds}).encode(),
+                                 data=json.dumps({"instance_id": instance_id, "notice_seconds": notice_seconds,
+                                                  "rebalance": rebalance}).encode(),
                                  headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:

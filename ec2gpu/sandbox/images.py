@@ -12,6 +12,9 @@ does nothing on RebootInstances. Here (in the daemon only):
   unless NoReboot; the sandbox copies at once (the builder's files are all written by then).
 - An instance whose image has a stored home starts with a copy of it (``seed_home``); the stored
   home goes when its image is deregistered.
+- DeregisterImage with DeleteAssociatedSnapshots=True deletes the image's snapshots and answers
+  DeleteSnapshotResults, as EC2 does (moto ignores the parameter; botocore's ec2 model,
+  DeregisterImage; https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_DeregisterImage.html).
 - RebootInstances marks the instance; the daemon stops its sshd and processes and starts them
   again (``rebooted``) with a new boot id in $EC2GPU_BOOT_ID_FILE (/proc/sys/kernel/random/boot_id
   on a real machine), which is how the controller sees that the reboot happened.
@@ -34,6 +37,7 @@ def install(state_dir: Path, pending_s: float = 0.0) -> None:
     """Patch moto's CreateImage, DeregisterImage and Instance.reboot (after moto is imported)."""
     from moto.ec2.models.amis import AmiBackend
     from moto.ec2.models.instances import Instance
+    from moto.ec2.responses.amis import AmisResponse
 
     create_image, deregister_image, reboot = AmiBackend.create_image, AmiBackend.deregister_image, Instance.reboot
 
@@ -69,6 +73,33 @@ def install(state_dir: Path, pending_s: float = 0.0) -> None:
     AmiBackend.create_image = create
     AmiBackend.deregister_image = deregister
     Instance.reboot = reboot_marked
+    AmisResponse.deregister_image = deregister_with_snapshots
+
+
+def deregister_with_snapshots(self):
+    """moto's DeregisterImage response, with DeleteAssociatedSnapshots: the image's snapshots are
+    deleted after it, each reported with its ReturnCode (success, or client-error when EC2 would
+    refuse it, e.g. one another image still uses)."""
+    from moto.core.exceptions import ServiceException
+    from moto.core.responses import ActionResult
+
+    ami_id = self._get_param("ImageId")
+    delete = self._get_bool_param("DeleteAssociatedSnapshots", False)
+    self.error_on_dryrun()
+    ami = self.ec2_backend.amis.get(ami_id)
+    snapshot = getattr(ami, "ebs_snapshot", None)
+    self.ec2_backend.deregister_image(ami_id)
+    result: dict = {"Return": True}
+    if delete:
+        result["DeleteSnapshotResults"] = []
+        for sid in [snapshot.id] if snapshot is not None else []:
+            try:
+                self.ec2_backend.delete_snapshot(sid)
+                code = "success"
+            except ServiceException:  # EC2 refused it (moto's errors): the snapshot stays, as on EC2
+                code = "client-error"
+            result["DeleteSnapshotResults"].append({"SnapshotId": sid, "ReturnCode": code})
+    return ActionResult(result)
 
 
 def seed_home(state_dir: Path, ami_id: str, home: Path) -> bool:

@@ -10,7 +10,13 @@ break on AWS. In this mode the sandbox behaves the way EC2 does, in the places t
   key fingerprints to the console ``console_delay_s`` after that (they come in cloud-init's final
   stage, after sshd is up);
 - **images**: an image CreateImage made stays ``pending`` for ``image_pending_s`` (EC2 snapshots
-  the volume meanwhile: minutes there), so the image_available waiter really waits;
+  the volume meanwhile: minutes there), so the image_available waiter really waits; its first
+  DescribeImages by id may answer ``InvalidAMIID.NotFound`` as other fresh resources do (below);
+- **snapshots of a deregistered image**: DeleteSnapshot of one, less than ``snapshot_in_use_s``
+  after DeregisterImage without DeleteAssociatedSnapshots, answers ``InvalidSnapshot.InUse`` ("The
+  snapshot ... is currently in use by ami-..."), the race EC2 has between the two calls (moto frees
+  the snapshot at once; the documented way is DeleteAssociatedSnapshots:
+  https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_DeregisterImage.html);
 - **eventual consistency**: the first describe, tag or use of a resource created less than
   ``fresh_s`` ago answers ``InvalidInstanceID.NotFound`` / ``InvalidGroup.NotFound`` /
   ``InvalidKeyPair.NotFound`` with probability ``not_found_p``
@@ -46,6 +52,7 @@ class Behaviour:
     sshd_delay_s: float = 1.0
     console_delay_s: float = 2.5
     image_pending_s: float = 3.0  # CreateImage: pending this long, then available (sandbox/images.py)
+    snapshot_in_use_s: float = 2.0  # DeregisterImage: its snapshots answer InUse this long
     fresh_s: float = 15.0
     not_found_p: float = 0.5
     throttle_p: float = 0.03
@@ -75,6 +82,7 @@ class Consistency:
 
     behaviour: Behaviour
     created: dict[str, float] = field(default_factory=dict)  # resource id or key name -> monotonic time
+    released: dict[str, tuple[str, float]] = field(default_factory=dict)  # snapshot -> (its image, deregistered at)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self):
@@ -91,6 +99,18 @@ class Consistency:
             born = self.created.pop(name, None)
             return (born is not None and time.monotonic() - born < self.behaviour.fresh_s
                     and self.rng.random() < self.behaviour.not_found_p)
+
+    def release(self, image_id: str, snapshot_ids: list[str]) -> None:
+        """``image_id`` was deregistered and its snapshots left: they stay in use for a while."""
+        with self.lock:
+            for sid in snapshot_ids:
+                self.released[sid] = (image_id, time.monotonic())
+
+    def in_use_by(self, snapshot_id: str) -> str | None:
+        """The deregistered image that still holds ``snapshot_id``, or None."""
+        with self.lock:
+            image_id, at = self.released.get(snapshot_id, ("", float("-inf")))
+            return image_id if time.monotonic() - at < self.behaviour.snapshot_in_use_s else None
 
     def throttled(self) -> bool:
         with self.lock:
@@ -121,14 +141,36 @@ def fault_for(action: str, params: dict, state: Consistency) -> tuple[str, str] 
         for key in _values(params, "KeyName"):
             if state.first_touch(f"key:{key}"):
                 return "InvalidKeyPair.NotFound", f"The key pair '{key}' does not exist"
+    if action == "DescribeImages":
+        for ami in _values(params, "ImageId"):
+            if state.first_touch(ami):
+                return "InvalidAMIID.NotFound", f"The image id '[{ami}]' does not exist"
+    if action == "DeleteSnapshot":
+        for sid in _values(params, "SnapshotId"):
+            image_id = state.in_use_by(sid)
+            if image_id:
+                return "InvalidSnapshot.InUse", f"The snapshot {sid} is currently in use by {image_id}"
     return None
+
+
+def moto_image_snapshots(image_id: str) -> list[str]:
+    """The snapshots moto keeps for ``image_id`` (in the daemon: moto is imported there)."""
+    from moto.ec2.models import ec2_backends
+
+    for account in list(ec2_backends.keys()):
+        for region in list(ec2_backends[account].keys()):
+            ami = ec2_backends[account][region].amis.get(image_id)
+            if ami is not None:
+                snapshot = getattr(ami, "ebs_snapshot", None)
+                return [snapshot.id] if snapshot is not None else []
+    return []
 
 
 class Middleware:
     """WSGI middleware around moto's server: EC2's eventual consistency and throttling."""
 
-    def __init__(self, app, behaviour: Behaviour):
-        self.app, self.state = app, Consistency(behaviour)
+    def __init__(self, app, behaviour: Behaviour, image_snapshots=moto_image_snapshots):
+        self.app, self.state, self.image_snapshots = app, Consistency(behaviour), image_snapshots
 
     def __call__(self, environ, start_response):
         length = int(environ.get("CONTENT_LENGTH") or 0)
@@ -143,6 +185,7 @@ class Middleware:
             status, payload = _error(503 if fault[0] == "RequestLimitExceeded" else 400, *fault)
             start_response(status, [("Content-Type", "text/xml"), ("Content-Length", str(len(payload)))])
             return [payload]
+        held = self.image_snapshots((params.get("ImageId") or [""])[0]) if action == "DeregisterImage" else []
         captured = {}
 
         def capture(status, headers, exc_info=None):
@@ -156,6 +199,8 @@ class Middleware:
             getattr(result, "close", lambda: None)()
         if captured["status"].startswith("200"):
             self._record_created(action, params, payload)
+            if held and (params.get("DeleteAssociatedSnapshots") or ["false"])[0].lower() != "true":
+                self.state.release(params["ImageId"][0], held)
         start_response(captured["status"], captured["headers"])
         return [payload]
 
@@ -167,6 +212,8 @@ class Middleware:
             self.state.record(*re.findall(r"<groupId>(sg-[0-9a-f]+)</groupId>", text))
         elif action == "ImportKeyPair":
             self.state.record(*(f"key:{k}" for k in _values(params, "KeyName")))
+        elif action == "CreateImage":
+            self.state.record(*re.findall(r"<imageId>(ami-[0-9a-f]+)</imageId>", text))
 
 
 def install_pending(behaviour: Behaviour) -> None:

@@ -26,7 +26,7 @@ from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
 
-from . import cloudinit, console, dlami, images, imds, likeaws, sshd
+from . import cloudinit, console, dlami, images, imds, lifecycle, likeaws, sshd
 
 def write_json(path: Path, data: dict) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
@@ -172,6 +172,7 @@ class Sandbox:
         market.install()  # a simulated spot market instead of moto's 0.00001 USD/h
         market.install_spot_role()  # the first spot request creates AWSServiceRoleForEC2Spot, as on EC2
         dlami.install_parameters()  # the DLAMIs' and Canonical's SSM public parameters
+        lifecycle.install()  # a start sets LaunchTime again, as on EC2
         images.install(self.state_dir,  # CreateImage keeps the builder's home; reboots reboot
                        pending_s=self.like_aws.image_pending_s if self.like_aws else 0.0)
         console.install(self.state_dir / "instances",  # cloud-init's host key fingerprints

@@ -15,6 +15,7 @@ def instance_type_for_gpu(gpu: str) -> str:
     need = int(count or 1)
     fits = [t for t in catalog.CATALOG.values() if t.gpu.lower() == model.lower() and t.gpu_count >= need]
     if not fits:
+        catalog.refuse_retired_gpu(gpu)  # V100, K80, K520: why, and what instead
         have = sorted({f"{t.gpu}:{t.gpu_count}" for t in catalog.CATALOG.values()})
         raise UsageError(f"no instance type in the catalog has {need} x {model}",
                          f"GPUs with the most per instance: {', '.join(have)}")

@@ -7,7 +7,9 @@ $EC2GPU_PROGRESS_FILE when set (rank 0: the epoch's steps, samples/s, ETA); chec
 input or data, 75 stopped by a spot interruption notice (checkpoint written), 143 stopped by
 SIGTERM (checkpoint written). ``--resume`` continues from the checkpoint directory's checkpoint.pt.
 Under ec2gpu's instance agent (EC2GPU_AGENT set) the agent watches for the spot notice and sends
-SIGTERM; alone, the trainer watches the metadata service itself (train/spot.py).
+SIGTERM; alone, the trainer watches the metadata service itself (train/spot.py). A rebalance
+recommendation (the agent's $EC2GPU_REBALANCE_FILE appears, or the watcher sees it) makes it write
+a checkpoint at once, mid-epoch, and train on.
 """
 from __future__ import annotations
 
@@ -120,6 +122,8 @@ class Trainer:
             dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
         self.stop_reason: str | None = None
         self.spot = SpotWatcher(log=log.warning)
+        self.rebalance_file = os.environ.get("EC2GPU_REBALANCE_FILE")  # the agent writes it: docs/tasks.md
+        self.rebalanced = False  # the early checkpoint a rebalance recommendation asks for was written
         # the controller's progress bar reads this (rank 0 writes it; docs/tasks.md, the job's contract)
         self.progress_file = os.environ.get("EC2GPU_PROGRESS_FILE") if self.rank == 0 else None
         self._progress_at = 0.0
@@ -280,15 +284,20 @@ class Trainer:
         self.model.train()
         return correct.item() / len(self.x_test), loss.item() / len(self.x_test)
 
-    def _should_stop(self, step: int) -> bool:
+    def _signals(self, step: int) -> tuple[bool, bool]:
+        """(stop now, checkpoint now): SIGTERM or a spot notice; a rebalance recommendation seen on
+        any node, once. Every rank must act at the same step: they agree every 10 steps."""
         flag = self.stop_reason is not None or self.spot.notice.is_set()
-        if self.world > 1:  # every rank must stop at the same step; agree every 10 steps
+        early = not self.rebalanced and (self.spot.rebalance.is_set() or
+                                         bool(self.rebalance_file and os.path.exists(self.rebalance_file)))
+        if self.world > 1:
             if step % 10:
-                return False
-            t = torch.tensor([1.0 if flag else 0.0], device=self.device)
+                return False, False
+            t = torch.tensor([1.0 if flag else 0.0, 1.0 if early else 0.0], device=self.device)
             dist.all_reduce(t)
-            flag = t.item() > 0
-        return flag
+            flag, early = t[0].item() > 0, t[1].item() > 0 and not self.rebalanced
+        self.rebalanced = self.rebalanced or early
+        return flag, early
 
     def _stop(self) -> None:
         self.save_checkpoint()
@@ -310,9 +319,16 @@ class Trainer:
 
         wall0, step0 = time.perf_counter(), self.step
         while self.step < self.steps_per_epoch:
-            if self._should_stop(self.step):
+            stop, early = self._signals(self.step)
+            if stop:
                 bank()
                 self._stop()
+            if early:  # the instance is at elevated risk of interruption: a checkpoint now, then on
+                bank()
+                self.save_checkpoint()
+                timer.lap()
+                log.warning(f"rebalance recommendation: checkpoint written at epoch {self.epoch + 1} step {self.step}; "
+                            "training goes on")
             loss = self.train_step(*self._batch(perm, self.step))
             loss_sum += loss
             self.step += 1

@@ -2,6 +2,8 @@
 
 EC2 posts ``spot/instance-action`` two minutes before it reclaims a spot instance; see
 https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/spot-instance-termination-notices.html
+It may post ``events/recommendations/rebalance`` sooner, when the instance is at elevated risk of
+interruption: https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/rebalance-recommendations.html
 The endpoint is ``EC2GPU_IMDS_ENDPOINT`` (default http://169.254.169.254) so tests and the
 sandbox can serve a notice from a local HTTP server.
 """
@@ -30,15 +32,17 @@ def _token(endpoint: str, timeout: float) -> str:
         return resp.read().decode()
 
 
-def instance_action(endpoint: str | None = None, timeout: float = 1.0) -> str | None:
-    """Return the body of ``spot/instance-action`` (JSON text), or None when there is no notice.
+def instance_action(endpoint: str | None = None, timeout: float = 1.0,
+                    item: str = "spot/instance-action") -> str | None:
+    """Return the body of ``spot/instance-action`` (JSON text), or None when there is no notice;
+    ``item="events/recommendations/rebalance"``: the rebalance recommendation's, the same way.
 
     Raises OSError (URLError) when the metadata service cannot be reached at all.
     """
     endpoint = endpoint or _endpoint()
     token = _token(endpoint, timeout)
     req = urllib.request.Request(
-        f"{endpoint}/latest/meta-data/spot/instance-action",
+        f"{endpoint}/latest/meta-data/{item}",
         headers={"X-aws-ec2-metadata-token": token},
     )
     try:
@@ -51,7 +55,8 @@ def instance_action(endpoint: str | None = None, timeout: float = 1.0) -> str | 
 
 
 class SpotWatcher(threading.Thread):
-    """Daemon thread that sets ``notice`` (an Event) when an interruption notice appears.
+    """Daemon thread that sets ``notice`` (an Event) when an interruption notice appears, and
+    ``rebalance`` (an Event) when a rebalance recommendation does (it keeps watching for the notice).
 
     ``start_if_available()`` starts it only when the metadata service answers, so the trainer
     runs unchanged on a laptop or the sandbox without one.
@@ -61,6 +66,7 @@ class SpotWatcher(threading.Thread):
         super().__init__(name="spot-watcher", daemon=True)
         self.poll_seconds = float(os.environ.get("EC2GPU_SPOT_POLL_SECONDS", poll_seconds or POLL_SECONDS))
         self.notice = threading.Event()
+        self.rebalance = threading.Event()
         self.action: str | None = None
         self._stop = threading.Event()
         self._log = log
@@ -78,6 +84,9 @@ class SpotWatcher(threading.Thread):
         while not self._stop.is_set():
             try:
                 action = instance_action()
+                if not self.rebalance.is_set() and instance_action(item="events/recommendations/rebalance"):
+                    self._log("rebalance recommendation: this spot instance is at elevated risk of interruption")
+                    self.rebalance.set()
             except OSError:
                 action = None  # a missed poll is retried at the next interval
             if action:

@@ -99,8 +99,12 @@ def test_quota_large_enough_passes_and_an_unreadable_quota_is_only_reported(aws)
     assert "not checked" in log[0]  # moto has no EC2 quotas: the launch goes on
 
 
-def test_train_refused_by_the_quota_exits_4_and_creates_nothing(sandbox_env, monkeypatch, capsys):
+def test_train_refused_by_the_quota_exits_4_and_creates_nothing(sandbox_env, monkeypatch, capsys, tmp_path):
     from ec2gpu import cli
+    # The quota is read before any training: the run needs no MNIST, only a data directory that
+    # passes the (earlier, local) data check, so this test passes on a machine with no data set
+    # and no internet (`make test-fast DATA=/nonexistent`).
+    monkeypatch.setenv("EC2GPU_DATA_DIR", str(tmp_path))
     original = Aws.client
 
     def client(self, service, fail_fast=False):

@@ -96,7 +96,7 @@ def test_spot_launch_is_recorded_as_spot_and_teardown_removes_everything(aws, tm
     assert "spot price history of " + zone in bill["price_source"]
     assert bill["usd_per_hour"] == pytest.approx(market.spot_price("g4dn.xlarge", zone))
     assert bill["usd_per_hour"] < 0.526  # below the on-demand price
-    assert bill["cost_usd"] == pytest.approx(bill["billed_seconds"] * bill["usd_per_hour"] / 3600)
+    assert bill["compute_usd"] == pytest.approx(bill["billed_seconds"] * bill["usd_per_hour"] / 3600)
 
 
 def test_unknown_region_is_a_usage_error():

@@ -126,7 +126,7 @@ def test_billing_starts_when_the_instance_runs_not_at_launch():
     aws = type("A", (), {"region": "us-east-1"})()
     bill = costs.actual_cost(aws, None, inst, ended, billing_start=running)
     assert bill["billed_seconds"] == 300.0 and bill["billing_started_at"] == running.isoformat()
-    assert bill["cost_usd"] == pytest.approx(300 * 0.526 / 3600, abs=1e-6)
+    assert bill["compute_usd"] == pytest.approx(300 * 0.526 / 3600, abs=1e-6)
     assert costs.actual_cost(aws, None, inst, ended)["billed_seconds"] == 340.0  # not seen: from launch
 
 

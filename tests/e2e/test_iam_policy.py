@@ -27,6 +27,10 @@ def test_every_operation_of_launch_train_and_cleanup_is_in_the_policy(sandbox_en
         if not getattr(c, "_recording", False):
             prefix = c.meta.service_model.signing_name  # the IAM service prefix (ec2, sts, servicequotas, ...)
             c.meta.events.register("before-call", lambda model, **_: called.add(f"{prefix}:{model.name}"))
+            # DeregisterImage with DeleteAssociatedSnapshots deletes snapshots as ec2:DeleteSnapshot
+            # (a snapshot the caller may not delete comes back as ReturnCode missing-permissions)
+            c.meta.events.register("before-parameter-build.ec2.DeregisterImage", lambda params, **_: called.add(
+                "ec2:DeleteSnapshot") if params.get("DeleteAssociatedSnapshots") else None)
             c._recording = True
         return c
     monkeypatch.setattr(Aws, "client", client)

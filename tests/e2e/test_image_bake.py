@@ -13,6 +13,7 @@ from ec2gpu import cli
 from ec2gpu.aws import baked
 from ec2gpu.errors import WaitTimeout
 from ec2gpu.runs import bake
+from ec2gpu.sandbox import control
 
 from test_interrupts import run_and_interrupt  # same folder (pytest prepend import mode)
 from test_sandbox_train import leftovers, processes_gone, sandbox_settles
@@ -158,15 +159,38 @@ def test_a_bake_from_bare_ubuntu_installs_the_driver_reboots_when_asked_and_runs
         exit 100
         """))
     monkeypatch.setattr(bake, "AMI_DIR", ami)
+    shutdowns = []  # when the builder's OS will power off (sandbox state.json), each time the driver script runs
+    run_script = bake.run_script
+
+    def watched(nd, script, args, log, ok=(0,)):
+        if script == "install-cuda.sh":
+            state = json.loads((control.state_dir(home) / "state.json").read_text())
+            shutdowns.append((args, state["shutdowns"].get(nd.instance_id)))
+        return run_script(nd, script, args, log, ok)
+    monkeypatch.setattr(bake, "run_script", watched)
     code, record, err = run_json(capsys, ["image", "bake", "task.yaml", "--sandbox", "--from", "ubuntu-24.04"])
     assert code == 0, err
     said = " ".join(err.split())
     assert "Canonical's Ubuntu 24.04" in said and "RebootInstances" in said and "is back from its reboot" in said
     assert "driver loaded" in said and record["phases"]["driver"] > 0
     assert record["summary"]["base"] == "ubuntu-24.04"
+    # the reboot forgot user data's `shutdown -h +120`: it was armed again, for the time left, not 120 min more
+    (first_args, first), (_, again) = shutdowns
+    assert first_args == ["g4dn.xlarge", "0"]  # a sandbox instance has none of its type's GPUs
+    assert first and again and again <= first and "armed again" in said
+
     code, run, err = run_json(capsys, ["run", "task.yaml", "--sandbox", "--expect", "1m"])
     assert code == 0 and record["summary"]["image_id"] in err
-    assert cli.main(["image", "rm", record["summary"]["image_id"], "--sandbox"]) == 0
+
+    # an image deregistered without its snapshot (an `image rm` stopped in between): cleanup finds the
+    # snapshot by its bake tag although it says complete
+    image_id = record["summary"]["image_id"]
+    (snap,) = record["summary"]["snapshots"]
+    assert {"Key": baked.BAKE, "Value": "complete"} in \
+        ec2().describe_snapshots(SnapshotIds=[snap])["Snapshots"][0]["Tags"]
+    ec2().deregister_image(ImageId=image_id)
+    assert cli.main(["cleanup", "--sandbox"]) == 0
+    assert snap in capsys.readouterr().out
     nothing_left(home, run)
 
 

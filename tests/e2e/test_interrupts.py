@@ -1,4 +1,5 @@
 """Ctrl-C (SIGINT) in every phase of `ec2gpu train mnist --sandbox` leaves nothing behind."""
+import json
 import os
 import re
 import signal
@@ -67,6 +68,14 @@ def test_sigint_in_each_phase_cleans_up_and_exits_130(sandbox_env, phase, sig):
     assert not (home / "keys" / f"ec2gpu-{run['run_id']}.pem").exists()
     assert processes_gone(run["instance_ids"])
     assert sandbox_settles(home)  # no sshd of a terminated instance is left alive
+    if phase == "running":  # the job's log and its agent's record came home before the teardown
+        art = Path(run["artifacts"])
+        assert "training cnn" in (art / "attempt-1-node-0.log").read_text()  # streamed, written through
+        assert "training cnn" in (art / "job.log").read_text()
+        st = json.loads((art / "status.json").read_text())
+        assert st["state"] == "failed" and st["exit_code"] == 143  # the job was asked to stop (SIGTERM) first
+        shown = subprocess.run([EC2GPU, "logs", run["run_id"]], capture_output=True, text=True, timeout=60)
+        assert shown.returncode == 0 and "training cnn" in shown.stdout, shown.stderr
 
 
 def test_a_controller_killed_with_sigkill_leaves_a_run_that_runs_and_down_settle(sandbox_env):
@@ -75,6 +84,8 @@ def test_a_controller_killed_with_sigkill_leaves_a_run_that_runs_and_down_settle
     code, err = run_and_interrupt(dict(os.environ), "| ", sig=signal.SIGKILL)  # no cleanup can run
     assert code == -signal.SIGKILL, err
     row = ledger.runs(home)[0]
+    # every byte the controller received is in the streamed log: it is written through, unbuffered
+    assert "training cnn" in (Path(row["artifacts"]) / "attempt-1-node-0.log").read_text()
     assert row["status"] == "running" and row["attempts"]  # the instance it launched is still billing
     shown = subprocess.run([EC2GPU, "runs", "--json"], capture_output=True, text=True, check=True).stdout
     listed = next(r for r in json.loads(shown) if r["run_id"] == row["run_id"])

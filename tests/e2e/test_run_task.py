@@ -45,6 +45,10 @@ def project(tmp_path, monkeypatch):
         setup: echo setting up
         run: |
           echo "token $MY_TOKEN"
+          echo begun > "$EC2GPU_CHECKPOINT_DIR/begun.txt" || exit 9
+          if [ -n "${{WATCH_REBALANCE:-}}" ]; then
+            (while [ ! -f "$EC2GPU_REBALANCE_FILE" ]; do sleep 0.1; done; echo "rebalance seen") &
+          fi
           {PRINT_ENV}
           python3 train.py
         envs:
@@ -89,6 +93,8 @@ def test_a_user_project_runs_end_to_end_and_what_must_stay_home_stays(sandbox_en
                  "SKYPILOT_NUM_NODES = 1", f"EC2GPU_RUN_ID = {record['run_id']}", "EPOCHS = 6"):
         assert line in log, line
     assert "EC2GPU_OUTPUT_DIR = " in log and "EC2GPU_CHECKPOINT_DIR = " in log and "EC2GPU_HEAD_IP = 127.0.0." in log
+    # the checkpoint directory existed when the job started (its first write is before train.py makes it)
+    assert (tmp_path / "r" / "checkpoints" / "begun.txt").read_text() == "begun\n"
     # the secret: used by the job, written nowhere
     assert "token ****" in log and "token ****" in err
     run_json = (tmp_path / "r" / "run.json").read_text()
@@ -126,8 +132,12 @@ def test_a_failing_job_exits_5_with_its_outputs_home_and_nothing_left(sandbox_en
 def test_a_spot_interruption_restarts_the_job_with_EC2GPU_RESUME_and_its_checkpoint(sandbox_env, project, tmp_path):
     home, _ = sandbox_env
     code, stdout, err = drive(["run", "--sandbox", str(project / "task.yaml"), "--spot", "--expect", "1m", "--json",
-                               "--env", "EPOCHS=30", "--env", "SECONDS_PER_EPOCH=0.3", "--out", str(tmp_path / "r")],
-                              [("epoch 8/30", lambda line, lines: control.interrupt(home, launched(lines), 3.0))])
+                               "--env", "EPOCHS=30", "--env", "SECONDS_PER_EPOCH=0.3", "--env", "WATCH_REBALANCE=1",
+                               "--out", str(tmp_path / "r")],
+                              # first a rebalance recommendation, which reaches the job as $EC2GPU_REBALANCE_FILE
+                              [("epoch 3/30", lambda line, lines: control.interrupt(home, launched(lines), 0,
+                                                                                    rebalance=True)),
+                               ("rebalance seen", lambda line, lines: control.interrupt(home, launched(lines), 3.0))])
     assert code == 0, err
     record = json.loads(stdout)
     first, second = record["attempts"]
@@ -146,7 +156,8 @@ def test_exec_on_a_standing_instance_skips_a_setup_that_already_ran(sandbox_env,
     home, _ = sandbox_env
     assert cli.main(["launch", "--sandbox", "--name", "dev", "--max-runtime", "30"]) == 0
     try:
-        capsys.readouterr()
+        said = " ".join(capsys.readouterr().out.split())  # issue 27.21: launch says how its instance ends
+        assert "it terminates itself after 1h00m idle (--idle-down" in said and "30 min after it boots" in said
         assert cli.main(["exec", "dev", str(project / "task.yaml"), "--sandbox", "--out", str(tmp_path / "a")]) == 0
         first = capsys.readouterr().err
         assert "setting up" in first and "skipped" not in first
@@ -158,6 +169,11 @@ def test_exec_on_a_standing_instance_skips_a_setup_that_already_ran(sandbox_env,
         assert cli.main(["exec", "dev", str(project / "task.yaml"), "--sandbox", "--out", str(tmp_path / "b")]) == 0
         second = " ".join(capsys.readouterr().err.split())
         assert "setup unchanged since it ran on this instance" in second and "setting up" not in second
+        # the machine setup (setup-gpu.sh) is not redone either: the first exec's result is reused
+        assert "machine setup skipped" not in first and "machine setup skipped: setup-gpu.sh" in second
+        run = json.loads((tmp_path / "b" / "run.json").read_text())
+        used = json.loads((instance_dir(home, run["instance_id"]) / "runs" / run["run_id"] / "setup.json").read_text())
+        assert used["reused"] and used["python"]
         assert json.loads((tmp_path / "b" / "outputs" / "summary.json").read_text())["epochs"] == 6
     finally:
         assert cli.main(["down", "dev", "--sandbox"]) == 0

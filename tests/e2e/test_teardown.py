@@ -85,3 +85,36 @@ def test_an_unknown_ami_is_exit_3_and_creates_nothing(sandbox_env, tmp_path, mon
     err = " ".join(capsys.readouterr().err.split())
     assert "ami-00000000" in err and "Traceback" not in err
     assert leftovers(home) == ([], [], [])
+
+
+def test_what_an_instance_that_ended_itself_left_goes_with_the_next_ls_said_in_one_line(sandbox_env, capsys):
+    """Issue 27, item 15: an instance that ends itself (its OS shuts down, as --max-runtime and the
+    idle rule make it do: the sandbox's `shutdown`) leaves its security group, key pair and key
+    file; the next command that lists instances removes them and says so, once."""
+    import time
+
+    import boto3
+    home, state = sandbox_env
+    ec2 = boto3.client("ec2", endpoint_url=state["endpoint"], region_name="us-east-1")
+    assert cli.main(["launch", "--sandbox", "--name", "gone", "--no-idle", "--max-runtime", "30", "--json"]) == 0
+    [inst] = json.loads(capsys.readouterr().out)
+    key_file = home / "keys" / f"ec2gpu-{inst['run_id']}.pem"
+    cli.main(["ssh", "gone", "--sandbox", "--", "shutdown -h now"])  # the session ends with the instance
+
+    def state_of() -> str:
+        return ec2.describe_instances(InstanceIds=[inst["instance_id"]])["Reservations"][0]["Instances"][0]["State"][
+            "Name"]
+    deadline = time.monotonic() + 30
+    while state_of() != "terminated" and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert state_of() == "terminated" and key_file.exists() and leftovers(home)[1:] != ([], [])
+    capsys.readouterr()
+    assert cli.main(["ls", "--sandbox"]) == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if "left behind" in line]
+    assert len(said) == 1 and f"run {inst['run_id']} (ended itself): security group sg-" in said[0], said
+    assert f"key pair ec2gpu-{inst['run_id']}" in said[0] and f"key file {key_file}" in said[0]
+    assert leftovers(home) == ([], [], []) and not key_file.exists()
+    assert cli.main(["ls", "--sandbox"]) == 0
+    assert "left behind" not in capsys.readouterr().err  # said once: nothing is left
+    row = ledger.get(home, inst["run_id"])  # and its bill is settled
+    assert row["status"] == "ended" and row["attempts"][0]["ended"] == "ended itself" and row["cost_usd"] > 0

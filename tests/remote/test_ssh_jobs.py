@@ -23,7 +23,7 @@ def server(tmp_path):
     key = tmp_path / "id.pem"
     write_private_key(key, private)
     inst = sshd.start("i-test0001", tmp_path / "inst", "127.0.0.99", public, {})
-    yield inst, key, tmp_path / "known_hosts"
+    yield inst, key, tmp_path / "known_hosts" / inst.instance_id  # as $EC2GPU_HOME/known_hosts/<instance-id>
     sshd.stop(inst.pid, inst.instance_id)
     assert not sshd._alive(inst.pid)
 
@@ -48,17 +48,17 @@ def test_host_key_is_pinned_on_first_use_and_a_changed_key_is_refused(server):
 
 
 def test_at_a_new_address_only_the_key_pinned_for_the_instance_is_accepted(server):
-    """A stopped and started instance answers at a new address: its pinned key is accepted there
-    (and pinned for that address too) whatever the console says; another key is refused."""
+    """A stopped and started instance answers at a new address: a key an older version pinned under
+    its earlier address is accepted there (and pinned under the instance id, where OpenSSH's
+    HostKeyAlias looks) whatever the console says; another key is refused."""
     inst, _, known = server
     _connect(server).close()
     pinned = known.read_text().split()
     known.write_text(f"[127.0.0.98]:2222 {pinned[1]} {pinned[2]}\n")  # pinned when it was at another address
     notes = []
     _connect(server, log=notes.append, fingerprints=lambda: []).close()
-    assert "is the one pinned for this instance at its earlier address" in notes[0]
-    assert [line.split()[0] for line in known.read_text().splitlines()] == ["[127.0.0.98]:2222",
-                                                                          f"[{inst.host}]:{inst.port}"]
+    assert "pinned for this instance at an earlier address, now pinned under i-test0001" in notes[0]
+    assert [line.split()[0] for line in known.read_text().splitlines()] == ["[127.0.0.98]:2222", inst.instance_id]
     _, other = generate_key()
     known.write_text(f"[127.0.0.98]:2222 {other}\n")
     with pytest.raises(RemoteError, match="not the one pinned for this instance"):
@@ -239,3 +239,61 @@ def test_trust_on_first_use_only_after_the_fingerprint_wait_and_said(server):
     notes = []
     _connect(server, log=notes.append, fingerprints=lambda: [], fingerprint_wait_s=1.0).close()
     assert any("no host key fingerprints" in n for n in notes) and any("first use" in n for n in notes)
+
+
+def test_the_host_key_is_pinned_under_the_instance_id_so_paramiko_and_openssh_accept_a_new_address(server, tmp_path):
+    """Issue 27.11: the key is pinned under the instance id (OpenSSH's HostKeyAlias, the same name
+    in paramiko's lookup), not the address: the instance answering elsewhere (its sshd moved, as
+    after a stop and start: same host key, another address and port) is reached by both with
+    StrictHostKeyChecking yes and nothing added; a key an older version pinned under an address is
+    pinned under the id too; another key under the id is refused by both."""
+    import subprocess
+
+    from ec2gpu.remote import ssh_config as sc
+    inst, key, known = server
+    user = getpass.getuser()
+    _connect(server).close()
+    pinned = known.read_text()
+    assert [line.split()[0] for line in pinned.splitlines()] == [inst.instance_id]
+    moved_dir = tmp_path / "moved"
+    moved_dir.mkdir()
+    for name in ("ssh_host_ed25519_key", "ssh_host_ed25519_key.pub"):
+        shutil.copy2(inst.directory / name, moved_dir / name)
+    moved = sshd.start(inst.instance_id, moved_dir, "127.0.0.98", (inst.directory / "authorized_keys").read_text(), {})
+    try:
+        ssh.wait_for_ssh(moved.host, moved.port, user, key, known, timeout_s=20, fingerprints=lambda: []).close()
+        config = tmp_path / "ssh_config"
+        sc.write(config, sc.render([sc.HostEntry((inst.instance_id,), moved.host, moved.port, user, key, known)],
+                                   config))
+        assert "StrictHostKeyChecking yes" in config.read_text() and "accept-new" not in config.read_text()
+        openssh = [shutil.which("ssh"), "-F", str(config), "-o", "BatchMode=yes", inst.instance_id, "true"]
+        done = subprocess.run(openssh, capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        assert known.read_text() == pinned  # the same pin, whatever the address
+        # a file an older version wrote, the key under the address it had then
+        known.write_text(f"[{inst.host}]:{inst.port} {' '.join(pinned.split()[1:3])}\n")
+        assert subprocess.run(openssh, capture_output=True, timeout=30).returncode == 255  # not under the id yet
+        assert ssh.pin_under_alias(known, inst.instance_id)  # what ssh-config, ssh, tunnel and start do first
+        assert subprocess.run(openssh, capture_output=True, timeout=30).returncode == 0
+        _, other = generate_key()
+        known.write_text(f"{inst.instance_id} {other}\n")
+        with pytest.raises(RemoteError, match="not the one pinned for this instance"):
+            ssh.connect(moved.host, moved.port, user, key, known)
+        refused = subprocess.run(openssh, capture_output=True, text=True, timeout=30)
+        assert refused.returncode == 255 and "Host key verification failed" in refused.stderr
+        assert known.read_text() == f"{inst.instance_id} {other}\n"  # nothing pinned beside it
+    finally:
+        sshd.stop(moved.pid, moved.instance_id)
+
+
+def test_a_host_key_of_another_type_than_the_pinned_one_is_refused_even_without_console_fingerprints(server):
+    """A pinned instance that answers with a key of another type (an attacker offering only the
+    type not pinned) is refused: never trusted on first use again."""
+    import paramiko
+    inst, _, known = server
+    other = paramiko.ECDSAKey.generate()
+    known.parent.mkdir(parents=True, exist_ok=True)
+    known.write_text(f"{known.name} {other.get_name()} {other.get_base64()}\n")
+    with pytest.raises(RemoteError, match="not the one pinned"):
+        _connect(server, fingerprints=lambda: [])
+    assert known.read_text().count("\n") == 1  # nothing pinned beside it

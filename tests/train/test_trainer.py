@@ -87,16 +87,26 @@ class Imds(http.server.BaseHTTPRequestHandler):
 
 
 def test_spot_interruption_notice_checkpoints_and_exits_75(mnist_dir, tmp_path):
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Imds)
+    # and, first, a rebalance recommendation as the agent passes it on (issue 27.23): the file
+    # $EC2GPU_REBALANCE_FILE is there, so the trainer checkpoints at once, mid-epoch, and trains on
+    told = tmp_path / "rebalance.json"
+    told.write_text('{"notice_time": "2026-11-22T10:00:00Z", "seen_at": "2026-11-22T10:00:01+00:00"}')
+
+    class AfterACheckpoint(Imds):  # the notice comes once a checkpoint is written: the order is certain
+        def do_GET(self):
+            self._send(404, b"") if not (tmp_path / "checkpoint.pt").exists() else super().do_GET()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), AfterACheckpoint)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         r = trainer(tmp_path, "--data-dir", str(mnist_dir), "--model", "mlp", "--epochs", "50", *SUBSET,
                     env={"EC2GPU_IMDS_ENDPOINT": f"http://127.0.0.1:{server.server_address[1]}",
-                         "EC2GPU_SPOT_POLL_SECONDS": "0.2"})
+                         "EC2GPU_SPOT_POLL_SECONDS": "0.2", "EC2GPU_REBALANCE_FILE": str(told)})
     finally:
         server.shutdown()
     assert r.returncode == 75, r.stdout + r.stderr
-    assert (tmp_path / "checkpoint.pt").exists() and "spot interruption notice" in (tmp_path / "train.log").read_text()
+    log = (tmp_path / "train.log").read_text()
+    assert (tmp_path / "checkpoint.pt").exists() and "spot interruption notice" in log
+    assert log.count("rebalance recommendation: checkpoint written at epoch 1 step 0; training goes on") == 1
 
 
 def test_two_processes_under_torchrun_with_gloo(mnist_dir, tmp_path):

@@ -133,7 +133,8 @@ def test_any_status_file_parses_to_the_record_shape_and_never_raises():
                  b"[" * 100000, b" " * 70000, b'{"state": "failed", "error": {"timestamp": "soon", "rank": "x"}}',
                  b'{"state": "failed", "exit_code": 1e400, "notice": [1]}'):
         got = status.parse(data, None)
-        assert set(got) == {"state", "exit_code", "signal", "started_at", "ended_at", "notice", "error", "problem"}
+        assert set(got) == {"state", "exit_code", "signal", "started_at", "ended_at", "notice", "error", "rebalance",
+                            "problem"}
         assert got["exit_code"] is None or isinstance(got["exit_code"], int)
         assert got["error"] is None or got["error"]["timestamp"] is None
     assert status.parse(b"", None) is None
@@ -183,3 +184,102 @@ def test_garbage_in_exit_status_reads_as_an_unknown_failure():
             assert jobs.exit_status(conn, "/r") == want
         finally:
             jobs.read_from = orig
+
+
+class _Imds(http.server.BaseHTTPRequestHandler):
+    """IMDSv2 (token required) publishing what ``items`` holds: {path: JSON body}; 404 otherwise."""
+
+    items: dict = {}
+
+    def do_PUT(self):
+        self._send(200, b"token")
+
+    def do_GET(self):
+        if self.headers.get("X-aws-ec2-metadata-token") != "token":
+            return self._send(401, b"")
+        body = self.items.get(self.path)
+        self._send(404, b"") if body is None else self._send(200, body.encode())
+
+    def _send(self, status, body):
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_):
+        pass
+
+
+def _serve(items: dict):
+    handler = type("Imds", (_Imds,), {"items": items})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def test_a_rebalance_recommendation_reaches_the_job_as_a_file_and_status_json_and_the_job_goes_on(tmp_path):
+    """Issue 27.23: the agent watched only the two-minute notice. EC2's rebalance recommendation
+    (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/rebalance-recommendations.html) now reaches
+    the job as $EC2GPU_REBALANCE_FILE, which it can poll to checkpoint early; it is not stopped."""
+    server, endpoint = _serve({agent.REBALANCE: '{"noticeTime": "2026-11-22T10:00:00Z"}'})
+    job = ('for i in $(seq 100); do [ -f "$EC2GPU_REBALANCE_FILE" ] && break; sleep 0.1; done; '
+           'cat "$EC2GPU_REBALANCE_FILE"; echo; echo checkpointed early')
+    (tmp_path / "rebalance.json").write_text("{}")  # a previous job's: removed before this one starts
+    try:
+        code, st, log = run_agent(tmp_path, ["bash", "-c", job], endpoint)
+    finally:
+        server.shutdown()
+    assert code == 0 and st["state"] == "succeeded" and st["notice"] is None
+    assert st["rebalance"]["notice_time"] == "2026-11-22T10:00:00Z" and st["rebalance"]["seen_at"]
+    told = json.loads(log.splitlines()[0])
+    assert told == st["rebalance"] and "checkpointed early" in log
+    from ec2gpu.runs import status  # the controller keeps it in its validated copy
+    assert status.parse((tmp_path / "status.json").read_bytes(), None)["rebalance"] == st["rebalance"]
+
+
+def test_without_a_recommendation_there_is_no_rebalance_file(tmp_path):
+    code, st, log = run_agent(tmp_path, ["bash", "-c", 'test -e "$EC2GPU_REBALANCE_FILE" && echo THERE; '
+                                                      'echo "$EC2GPU_REBALANCE_FILE"'])
+    assert code == 0 and st["rebalance"] is None and "THERE" not in log
+    assert log.strip() == str(tmp_path / "rebalance.json")
+
+
+def test_the_trainers_own_watcher_sees_a_rebalance_recommendation_and_keeps_watching(monkeypatch):
+    """The built-in trainer without the agent (train/spot.py): the recommendation sets ``rebalance``,
+    not ``notice``; the notice, when it comes, still does."""
+    from ec2gpu.train import spot
+    items = {agent.REBALANCE: '{"noticeTime": "2026-11-22T10:00:00Z"}'}
+    server, endpoint = _serve(items)
+    monkeypatch.setenv("EC2GPU_IMDS_ENDPOINT", endpoint)
+    watcher = spot.SpotWatcher(poll_seconds=0.05, log=lambda line: None)
+    try:
+        assert watcher.start_if_available()
+        assert watcher.rebalance.wait(10) and not watcher.notice.is_set()
+        items[agent.SPOT_ACTION] = '{"action": "terminate", "time": "2026-11-22T10:02:00Z"}'
+        assert watcher.notice.wait(10)
+    finally:
+        watcher.stop()
+        server.shutdown()
+
+
+def test_the_sandbox_metadata_service_publishes_a_rebalance_recommendation_for_spot_instances_only():
+    from ec2gpu.sandbox import imds
+    meta = imds.Metadata(terminate=lambda iid: None)
+    find = {"i-spot": ("running", "spot"), "i-od": ("running", "on-demand")}.get
+    token = meta.new_token()
+
+    def get(iid):
+        return imds.handle(meta, "GET", f"/{iid}/latest/meta-data/events/recommendations/rebalance",
+                           {"X-aws-ec2-metadata-token": token}, b"", find)
+    assert get("i-spot")[0] == 404  # none yet, as on EC2
+    done = imds.handle(meta, "POST", "/control/interrupt", {}, json.dumps({"instance_id": "i-spot", "rebalance": True})
+                       .encode(), find)
+    assert done[0] == 200 and json.loads(done[2])["rebalance"]["noticeTime"]
+    code, _, body = get("i-spot")
+    assert code == 200 and json.loads(body) == json.loads(done[2])["rebalance"]
+    spot_action = imds.handle(meta, "GET", "/i-spot/latest/meta-data/spot/instance-action",
+                              {"X-aws-ec2-metadata-token": token}, b"", find)
+    assert spot_action[0] == 404  # a recommendation only: no notice, no termination
+    refused = imds.handle(meta, "POST", "/control/interrupt", {}, json.dumps({"instance_id": "i-od", "rebalance": True})
+                          .encode(), find)
+    assert refused[0] == 400 and "spot instances only" in json.loads(refused[2])["error"]

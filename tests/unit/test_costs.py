@@ -78,3 +78,110 @@ def test_max_price_goes_into_the_spot_options_only_for_spot():
     assert instances.run_request(spec)["InstanceMarketOptions"]["SpotOptions"]["MaxPrice"] == "0.2000"
     on_demand = instances.LaunchSpec(**{**spec.__dict__, "spot": False})
     assert "InstanceMarketOptions" not in instances.run_request(on_demand)
+
+
+# --- beside compute: the public IPv4 address and the root volume; standing instances' running intervals
+
+class _Aws:
+    """What costs.compute_cost reads of an Aws for an on-demand instance: its region."""
+    region = "us-east-1"
+    ec2 = None
+
+
+def described(state: str, launched: datetime, reason_at: datetime | None = None, spot: bool = False) -> dict:
+    """A DescribeInstances entry as EC2 gives one (times in StateTransitionReason, GMT)."""
+    return {"InstanceId": "i-1", "InstanceType": "g4dn.xlarge", "LaunchTime": launched, "State": {"Name": state},
+            "Placement": {"AvailabilityZone": "us-east-1a"}, **({"InstanceLifecycle": "spot"} if spot else {}),
+            "StateTransitionReason": f"User initiated ({reason_at:%Y-%m-%d %H:%M:%S} GMT)" if reason_at else ""}
+
+
+def test_the_public_ipv4_address_and_the_gp3_root_volume_are_billed_beside_compute(tmp_path):
+    from ec2gpu.aws import catalog
+    # https://aws.amazon.com/vpc/pricing/: 0.005 USD per public IPv4 address-hour, since 2024-02-01
+    parts = costs.address_and_disk("us-east-1", tmp_path, 3600, 43_200, 2000)
+    assert parts["public_ipv4_usd"] == pytest.approx(0.005, abs=1e-6)
+    # https://aws.amazon.com/ebs/pricing/'s example: 0.08 USD/GB-month x 2,000 GB x 43,200 s / (86,400 s x 30 days)
+    assert parts["ebs_usd"] == pytest.approx(0.08 * 2000 * 43_200 / (86_400 * 30), abs=1e-6)
+    assert costs.address_and_disk("us-east-1", tmp_path, 5, 5, 100)["ebs_usd"] == pytest.approx(
+        100 * 0.08 * 60 / catalog.EBS_MONTH_SECONDS, abs=1e-6)  # 60 s minimum
+    assert costs.address_and_disk("eu-west-1", tmp_path, 5, 5, 100)["ebs_usd"] is None  # no price known there
+    assert costs.with_total({"compute_usd": 1.0, "public_ipv4_usd": 0.5, "ebs_usd": None})["cost_usd"] == 1.5
+    assert costs.with_total({"compute_usd": None, "public_ipv4_usd": 0.5, "ebs_usd": 0.1})["cost_usd"] is None
+
+
+def test_ebs_prices_are_regional_with_their_source_and_a_refreshed_cache_wins(tmp_path):
+    import json
+
+    from ec2gpu.aws import catalog
+    gp3 = catalog.ebs_price("gp3", "us-west-2", tmp_path)
+    assert gp3.usd_per_gb_month == 0.08 and "ebs/pricing" in gp3.source and catalog.EBS_PRICES_AS_OF in gp3.source
+    assert catalog.ebs_price("snapshot", "us-east-2").usd_per_gb_month == 0.05
+    assert catalog.ebs_price("gp3", "eu-central-1", tmp_path).usd_per_gb_month is None
+    path = catalog.price_cache_path(tmp_path, "eu-central-1")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"fetched_at": "2026-11-20T00:00:00+00:00", "prices": {},
+                                "storage": {"gp3": 0.0952, "snapshot": 0.054}}))
+    got = catalog.ebs_price("gp3", "eu-central-1", tmp_path)
+    assert got.usd_per_gb_month == 0.0952 and "Price List" in got.source
+
+
+def test_the_price_list_gives_the_snapshot_price_of_the_standard_tier_not_the_archive_tier():
+    import json
+
+    from ec2gpu.aws import pricing
+
+    def storage(usage: str, usd: str) -> str:
+        return json.dumps({"product": {"productFamily": "Storage Snapshot", "attributes": {"usagetype": usage}},
+                           "terms": {"OnDemand": {"t": {"priceDimensions": {"d": {
+                               "unit": "GB-Mo", "pricePerUnit": {"USD": usd}}}}}}})
+    listed = [storage("EUC1-EBS:SnapshotArchiveStorage", "0.0135"), storage("EUC1-EBS:SnapshotUsage", "0.054")]
+    assert pricing.parse_storage_price(listed, "snapshot") == 0.054
+    assert pricing.parse_storage_price([storage("EBS:SnapshotUsage", "0.05")], "snapshot") == 0.05
+    assert pricing.parse_storage_price([], "gp3") is None
+
+
+def test_intervals_follow_a_stop_and_a_start_and_each_start_pays_its_own_minute():
+    from ec2gpu.runs import intervals
+    l1, s1, l2 = T0, T0 + timedelta(seconds=20), T0 + timedelta(hours=1)
+    ivs = intervals.observe([], described("running", l1), l1, billing_start=l1 + timedelta(seconds=3))
+    assert ivs == [{"launch": l1.isoformat(), "from": (l1 + timedelta(seconds=3)).isoformat(), "to": None}]
+    ivs = intervals.observe(ivs, described("stopped", l1, s1), T0 + timedelta(minutes=5))  # dated by EC2, not now
+    assert ivs[0]["to"] == s1.isoformat()
+    ivs = intervals.observe(ivs, described("running", l2), l2 + timedelta(seconds=30))  # LaunchTime set again
+    now = l2 + timedelta(seconds=30)
+    assert len(ivs) == 2 and ivs[1]["to"] is None
+    assert intervals.running_seconds(ivs, now) == 17 + 30  # not the hour it was stopped
+    so_far = intervals.so_far(ivs, now, 0.526, "us-east-1", None, 100, l1)
+    assert so_far["billed_seconds"] == 120  # two starts, a 60 s minimum each (not 60: one interval)
+    assert so_far["compute_usd"] == pytest.approx(120 * 0.526 / 3600, abs=1e-6)
+    assert so_far["public_ipv4_usd"] == pytest.approx(47 * 0.005 / 3600, abs=1e-6)
+    # the volume is billed while stopped too
+    assert so_far["ebs_usd"] == pytest.approx(100 * 0.08 * (now - l1).total_seconds() / (30 * 86400), abs=1e-6)
+    parts = so_far["compute_usd"] + so_far["public_ipv4_usd"] + so_far["ebs_usd"]
+    assert so_far["cost_usd"] == pytest.approx(parts, abs=1e-6)
+
+
+def test_an_unseen_stop_closes_at_the_next_start_and_a_stopped_instance_terminated_keeps_its_stop():
+    from ec2gpu.runs import intervals
+    l1, s1, l2 = T0, T0 + timedelta(minutes=2), T0 + timedelta(hours=1)
+    ivs = intervals.observe([], described("running", l1), l1)
+    after_restart = intervals.observe(ivs, described("running", l2), l2)  # stopped and started, never seen stopped
+    assert after_restart[0]["to"] == l2.isoformat() and after_restart[0]["to_source"] == "next start"
+    stopped = intervals.observe(ivs, described("stopped", l1, s1), l2)
+    gone = intervals.observe(stopped, described("terminated", l1, l2), l2)  # `down` while stopped
+    assert gone == stopped and gone[0]["to"] == s1.isoformat()  # compute ended at the stop
+
+
+def test_a_terminated_standing_instance_is_billed_over_every_interval(tmp_path):
+    from ec2gpu.runs import intervals
+    l1, s1, l2, t2 = T0, T0 + timedelta(seconds=100), T0 + timedelta(hours=2), T0 + timedelta(hours=2, seconds=10)
+    att = {"launched_at": l1.isoformat(), "volume_gib": 100,
+           "intervals": intervals.observe(intervals.observe([], described("running", l1), l1),
+                                          described("stopped", l1, s1), s1)}
+    bill = intervals.bill(_Aws(), tmp_path, att, described("terminated", l2, t2), t2 + timedelta(minutes=1))
+    assert bill["billed_seconds"] == 100 + 60 and len(bill["intervals"]) == 2
+    assert bill["compute_usd"] == pytest.approx(160 * 0.526 / 3600, abs=1e-6)
+    assert bill["public_ipv4_usd"] == pytest.approx(110 * 0.005 / 3600, abs=1e-6)
+    assert bill["ebs_usd"] == pytest.approx(100 * 0.08 * (t2 - l1).total_seconds() / (30 * 86400), abs=1e-6)
+    assert bill["cost_usd"] == pytest.approx(bill["compute_usd"] + bill["public_ipv4_usd"] + bill["ebs_usd"], abs=1e-6)
+    assert bill["terminated_at"] == t2.isoformat() and bill["launched_at"] == l1.isoformat()

@@ -109,3 +109,112 @@ def test_the_run_record_type_covers_every_ledger_column_and_only_a_running_run_n
     running = new("r1", "ec2gpu run", "aws", tmp_path, task="t")
     assert running["status"] == "running" and running["controller"]["pid"] > 0 and running["artifacts"] == str(tmp_path)
     assert "controller" not in new("r2", "ec2gpu train mnist --local", "local", tmp_path, status="completed")
+
+
+def test_a_standing_instance_has_a_row_settled_over_every_running_interval_and_runs_since_counts_it(tmp_path):
+    """Issue 27, item 16: `launch` opens a row, each command that sees the instance records its
+    intervals (a stop dated by EC2, a start's new LaunchTime), and once it has terminated the row
+    holds its actual cost, which `runs --since` adds up."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from datetime import timedelta
+
+    from ec2gpu.runs import reconcile
+
+    class Aws:  # what billing an on-demand instance reads of an Aws: its region
+        region, ec2 = "us-east-1", None
+
+    t0 = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(hours=3)
+    l1, s1, l2, t2 = t0, t0 + timedelta(seconds=200), t0 + timedelta(hours=1), t0 + timedelta(hours=1, seconds=30)
+
+    def seen(state, launched, at=None, code=""):
+        return {"InstanceId": "i-1", "InstanceType": "g4dn.xlarge", "LaunchTime": launched, "State": {"Name": state},
+                "Placement": {"AvailabilityZone": "us-east-1a"}, "Tags": [{"Key": "ec2gpu:run", "Value": "r1"}],
+                "StateTransitionReason": f"User initiated ({at:%Y-%m-%d %H:%M:%S} GMT)" if at else "",
+                **({"StateReason": {"Code": code}} if code else {})}
+    row = reconcile.standing_row("aws", "us-east-1", "r1", "ec2gpu launch --name dev", [seen("running", l1)], 100)
+    ledger.record(tmp_path, row)
+    said = []
+    for shown in (seen("stopped", l1, s1), seen("running", l2),
+                  seen("terminated", l2, t2, "Client.InstanceInitiatedShutdown")):
+        reconcile._sync_row(Aws(), tmp_path, ledger.get(tmp_path, "r1"), [shown], said.append)
+    done = ledger.get(tmp_path, "r1")
+    [att] = done["attempts"]
+    assert done["status"] == reconcile.ENDED and att["ended"] == "ended itself" and len(att["intervals"]) == 2
+    assert done["billed_seconds"] == 200 + 60  # the second start pays its own minimum
+    compute, ipv4 = 260 * 0.526 / 3600, 230 * 0.005 / 3600
+    ebs = 100 * 0.08 * (t2 - l1).total_seconds() / (30 * 86400)  # the volume is billed while stopped too
+    assert done["cost_usd"] == pytest.approx(compute + ipv4 + ebs, abs=1e-5)
+    assert "every instance has ended" in said[-1] and reconcile.open_rows(tmp_path) == []
+    env = {**os.environ, "EC2GPU_HOME": str(tmp_path)}
+    listed = json.loads(subprocess.run([sys.executable, "-m", "ec2gpu", "runs", "--since", "1d", "--json"], env=env,
+                                       capture_output=True, text=True, check=True).stdout)
+    assert listed["total"]["cost_usd"] == pytest.approx(done["cost_usd"], abs=1e-4)
+    assert [r["command"] for r in listed["runs"]] == ["ec2gpu launch --name dev"]
+
+
+def test_a_row_read_back_and_written_again_keeps_no_summary_as_none(tmp_path):
+    """A row settled later (reconcile.py reads it, bills it, writes it back) had its missing
+    summary stored as the text "null", which read back as an invalid summary."""
+    ledger.record(tmp_path, {"run_id": "r1", "command": "ec2gpu launch", "backend": "aws", "status": "standing",
+                             "started_at": "2026-11-22T00:00:00+00:00"})
+    row = ledger.get(tmp_path, "r1")
+    assert row["summary"] is None and row["summary_schema"] is None
+    ledger.record(tmp_path, {**row, "status": "ended"})
+    again = ledger.get(tmp_path, "r1")
+    assert again["summary"] is None and again["summary_schema"] is None and again["status"] == "ended"
+
+
+def test_a_standing_instance_not_listed_is_settled_as_unknown_only_after_ec2_would_have_forgotten_it(tmp_path):
+    """A DescribeInstances that misses a new instance (eventual consistency) settles nothing; one
+    that has not listed it for longer than EC2 lists a terminated instance settles it, its bill
+    unknown and said."""
+    from datetime import timedelta
+
+    from ec2gpu.aws import sweep
+    from ec2gpu.runs import reconcile
+    now = datetime.now(timezone.utc)
+    inst = {"InstanceId": "i-1", "InstanceType": "g4dn.xlarge", "LaunchTime": now, "State": {"Name": "running"}}
+    ledger.record(tmp_path, reconcile.standing_row("aws", "us-east-1", "r1", "ec2gpu launch", [inst], 100))
+    said = []
+    assert not reconcile._sync_row(None, tmp_path, ledger.get(tmp_path, "r1"), [], said.append)
+    assert ledger.get(tmp_path, "r1")["status"] == reconcile.STANDING and not said
+    row = ledger.get(tmp_path, "r1")
+    long_ago = (now - timedelta(seconds=sweep.UNLISTED_AFTER_S + 60)).isoformat()
+    row["attempts"][0]["seen_at"] = row["attempts"][0]["launched_at"] = long_ago
+    assert reconcile._sync_row(None, tmp_path, row, [], said.append)
+    done = ledger.get(tmp_path, "r1")
+    assert done["status"] == reconcile.ENDED and done["cost_usd"] is None and "no longer lists i-1" in said[0]
+
+
+def test_instances_a_run_kept_are_billed_into_its_row_once_they_have_ended(tmp_path):
+    """`run --keep` finishes with its instance running and unbilled; the first command that sees
+    it terminated bills it into the run's row, whose status stays the job's."""
+    from datetime import timedelta
+
+    from ec2gpu.runs import reconcile
+    t0 = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(hours=1)
+    ended = t0 + timedelta(seconds=600)
+    gone = {"InstanceId": "i-1", "InstanceType": "g4dn.xlarge", "LaunchTime": t0, "State": {"Name": "terminated"},
+            "StateTransitionReason": f"User initiated ({ended:%Y-%m-%d %H:%M:%S} GMT)", "Placement": {}}
+
+    class Ec2:
+        def describe_instances(self, InstanceIds):
+            return {"Reservations": [{"Instances": [gone]}]}
+
+    class Aws:
+        region, ec2 = "us-east-1", Ec2()
+    ledger.record(tmp_path, {"run_id": "r1", "command": "ec2gpu run --keep", "backend": "aws", "status": "completed",
+                             "started_at": t0.isoformat(), "attempts": [
+                                 {"attempt": 1, "instance_id": "i-1", "ended": "completed",
+                                  "billing_started_at": t0.isoformat()}]})
+    assert [r["run_id"] for r in reconcile.kept(tmp_path, "aws")] == ["r1"]
+    said = []
+    assert reconcile.settle_all(Aws(), tmp_path, "aws", log=said.append, volume_gib=100) == ["r1"]
+    row = ledger.get(tmp_path, "r1")
+    assert row["status"] == "completed" and row["billed_seconds"] == 600 and "--keep" in said[0]
+    assert row["cost_usd"] == pytest.approx(600 * 0.526 / 3600 + 600 * 0.005 / 3600 + 100 * 0.08 * 600 / (30 * 86400),
+                                            abs=1e-5)
+    assert reconcile.kept(tmp_path, "aws") == []

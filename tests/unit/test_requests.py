@@ -195,7 +195,16 @@ def test_the_shell_shipped_to_instances_passes_shellcheck(tmp_path):
     data.write_text(instances.user_data(120, instances.IdleRule("down", 3600)))  # the idle watcher inside
     start = tmp_path / "start.sh"
     start.write_text("#!/bin/bash\n" + stopstart.RESUME_IDLE_WATCH + "\n" + stopstart.schedule_shutdown_command(5) + "\n")
-    done = subprocess.run(["shellcheck", str(setup.script_path()), str(job), str(data), str(start),
+    from datetime import datetime, timezone
+
+    from ec2gpu.runs import bake  # the bake's one-liners and the builder's per-boot script
+    hook = bake.per_boot_script("i-0123", datetime(2026, 11, 22, tzinfo=timezone.utc))
+    baking = tmp_path / "bake.sh"
+    baking.write_text("#!/bin/bash\n" + bake.keep_setup_command("/home/ubuntu/ec2gpu/runs/r 1", "img (1)") + "\n" +
+                      bake.per_boot_install_command("/home/ubuntu/ec2gpu/runs/r 1/ec2gpu-max-runtime.sh") + "\n")
+    (tmp_path / "per-boot.sh").write_text(hook)
+    done = subprocess.run(["shellcheck", str(setup.script_path()), str(job), str(data), str(start), str(baking),
+                           str(tmp_path / "per-boot.sh"),
                            *[str(setup.script_path().parent / f) for f in ("idle-watch.sh", "install-cuda.sh",
                                                                              "clean-for-image.sh")]],
                           capture_output=True, text=True)

@@ -37,11 +37,17 @@ def test_inside_a_git_repository_git_decides_then_ec2gpuignore_adds(tmp_path):
     assert ".git/config" not in m.files + m.withheld
 
 
-def test_a_workdir_above_max_upload_is_refused_with_its_largest_files(tmp_path):
+def test_a_workdir_above_max_upload_is_refused_with_its_largest_files_and_their_sizes(tmp_path):
     (tmp_path / "a.bin").write_bytes(b"x" * 2000)
+    (tmp_path / "b.bin").write_bytes(b"x" * 1_500_000)
+    (tmp_path / "c.txt").write_bytes(b"x" * 10)
+    (tmp_path / "d.txt").write_bytes(b"x" * 5)
     with pytest.raises(UsageError, match=r"a\.bin") as exc:
         sync.check_size(sync.manifest(tmp_path), max_bytes=1000)
     assert "--max-upload" in exc.value.message + exc.value.hint
+    assert "(largest: b.bin 1.5 MB, a.bin 2.0 kB, c.txt 10 bytes)" in exc.value.message  # the three largest, sized
+    assert [sync.size_words(n) for n in (999, 1000, 52_000_000, 1_200_000_000)] == \
+        ["999 bytes", "1.0 kB", "52.0 MB", "1.20 GB"]
 
 
 @pytest.mark.parametrize("repo", [False, True])

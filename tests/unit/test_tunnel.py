@@ -26,3 +26,31 @@ def test_the_ssh_command_forwards_loopback_to_loopback_and_fails_rather_than_run
     argv = tunnel.argv(tmp_path / "ssh_config", "i-0abc", 8888, 18888)
     assert argv[1:3] == ["-F", str(tmp_path / "ssh_config")] and argv[-1] == "i-0abc" and "-N" in argv
     assert "127.0.0.1:18888:127.0.0.1:8888" in argv and "ExitOnForwardFailure=yes" in argv
+
+
+def test_the_forwards_ssh_runs_in_its_own_group_and_is_ended_and_reaped_by_whoever_stops_it():
+    """Issue 27.14: the thread that is told to stop (the main thread, on SIGTERM or SIGHUP) ends
+    the ssh itself, whatever the forwarding thread is doing (here: waiting for a port that never
+    listens), and reaps it; nothing is started after."""
+    import os
+    command = [sys.executable, "-c", "import time; time.sleep(120)"]  # an ssh whose forward never listens
+    stop, child = threading.Event(), tunnel.Child()
+    t = threading.Thread(target=tunnel.keep_forwarding, args=(command, tunnel.free_local_port(), stop, lambda m: None),
+                         kwargs={"child": child}, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 20
+    while child.proc is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc = child.proc
+    try:
+        assert os.getpgid(proc.pid) == proc.pid != os.getpgid(0)  # a terminal's signals reach us, not it
+        stop.set()
+        child.close()
+        assert proc.returncode is not None  # ended and reaped before close() returned
+        assert child.start(command) is None
+        t.join(10)
+        assert not t.is_alive()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
