@@ -170,8 +170,8 @@ def ended_runs(described: list[dict], key_pairs: list[dict], runs: set[str], now
     pair (in ``key_pairs``) is older than UNLISTED_AFTER_S at ``now``. Never one of ``keep`` (runs
     a controller may still be using: a spot run between an interruption and its replacement)."""
     by_run: dict[str, list[dict]] = {}
-    for inst in described:
-        by_run.setdefault(T.as_dict(inst.get("Tags")).get(T.RUN, ""), []).append(inst)
+    for described_one in described:
+        by_run.setdefault(T.as_dict(described_one.get("Tags")).get(T.RUN, ""), []).append(described_one)
     created = {T.as_dict(k.get("Tags")).get(T.RUN): k["CreateTime"] for k in key_pairs if k.get("CreateTime")}
     out = {}
     for run in sorted(set(runs) - set(keep)):

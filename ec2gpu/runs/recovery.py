@@ -18,7 +18,6 @@ interruption: the job runs detached, and the log resumes from the byte it had re
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path

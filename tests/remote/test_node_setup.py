@@ -7,10 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ec2gpu.aws.network import generate_key, write_private_key
 from ec2gpu.remote import setup, ssh
 from ec2gpu.runs import engine, nodes
-from ec2gpu.sandbox import sshd
 from ec2gpu.tasks import load
 
 #: a stand-in for setup-gpu.sh: counts its runs in $HOME/runs and writes a setup.json
@@ -23,21 +21,12 @@ echo "fake setup done"
 
 
 @pytest.fixture
-def instance(tmp_path):
+def instance(start_sshd, tmp_path):
     """(a fabric Connection to a fresh sshd, its $HOME on this machine); the sshd stopped by pid after."""
-    try:
-        sshd.sshd_binary()
-    except FileNotFoundError as exc:
-        pytest.skip(str(exc))
-    private, public = generate_key()
-    key = tmp_path / "id.pem"
-    write_private_key(key, private)
-    inst = sshd.start("i-setup0001", tmp_path / "inst", "127.0.0.98", public, {})
-    conn = ssh.wait_for_ssh(inst.host, inst.port, getpass.getuser(), key, tmp_path / "known_hosts", timeout_s=20)
-    yield conn, tmp_path / "inst" / "home"
+    inst, key, known = start_sshd("i-setup0001", "127.0.0.98")
+    conn = ssh.wait_for_ssh(inst.host, inst.port, getpass.getuser(), key, known, timeout_s=20)
+    yield conn, inst.directory / "home"
     conn.close()
-    sshd.stop(inst.pid, inst.instance_id)
-    assert not sshd._alive(inst.pid)
 
 
 def fake_script(monkeypatch, tmp_path, version: str):

@@ -7,25 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from ec2gpu.aws.network import generate_key, write_private_key
+from ec2gpu.aws.network import generate_key
 from ec2gpu.errors import RemoteError
 from ec2gpu.remote import jobs, ssh, sync
 from ec2gpu.sandbox import sshd
 
 
 @pytest.fixture
-def server(tmp_path):
-    try:
-        sshd.sshd_binary()
-    except FileNotFoundError as exc:
-        pytest.skip(str(exc))
-    private, public = generate_key()
-    key = tmp_path / "id.pem"
-    write_private_key(key, private)
-    inst = sshd.start("i-test0001", tmp_path / "inst", "127.0.0.99", public, {})
-    yield inst, key, tmp_path / "known_hosts" / inst.instance_id  # as $EC2GPU_HOME/known_hosts/<instance-id>
-    sshd.stop(inst.pid, inst.instance_id)
-    assert not sshd._alive(inst.pid)
+def server(start_sshd):
+    return start_sshd("i-test0001", "127.0.0.99")
 
 
 def _connect(server, **kw):

@@ -5,30 +5,18 @@ import shutil
 
 import pytest
 
-from ec2gpu.aws.network import generate_key, write_private_key
 from ec2gpu.remote import ssh, ssh_config as sc, sync
-from ec2gpu.sandbox import sshd
 
 
 @pytest.fixture
-def server(tmp_path):
-    try:
-        sshd.sshd_binary()
-    except FileNotFoundError as exc:
-        pytest.skip(str(exc))
-    private, public = generate_key()
-    key = tmp_path / "id.pem"
-    write_private_key(key, private)
-    inst = sshd.start("i-sync0001", tmp_path / "inst", "127.0.0.98", public, {})
-    known = tmp_path / "known_hosts" / inst.instance_id
+def server(start_sshd, tmp_path):
+    inst, key, known = start_sshd("i-sync0001", "127.0.0.98")
     conn = ssh.wait_for_ssh(inst.host, inst.port, getpass.getuser(), key, known, timeout_s=20)
     config = tmp_path / "ssh.config"
     sc.write(config, sc.render([sc.HostEntry((inst.instance_id,), inst.host, inst.port, getpass.getuser(), key, known)],
                                config))
     yield conn, config, inst.instance_id
     conn.close()
-    sshd.stop(inst.pid, inst.instance_id)
-    assert not sshd._alive(inst.pid)
 
 
 def _project(tmp_path):
