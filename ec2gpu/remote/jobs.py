@@ -77,6 +77,8 @@ def read_from(conn: Connection, path: str, offset: int, limit: int = CHUNK_BYTES
     try:
         with sftp.open(path, "rb") as f:
             f.seek(offset)
+            if limit <= PREFETCH_FROM:  # a record (exit_status, status.json): one read, no stat round trip
+                return f.read(limit)
             end = min(int(f.stat().st_size or 0), offset + limit)
             if end - offset > PREFETCH_FROM:  # many 32 KiB requests in flight at once, not one round trip each
                 f.prefetch(end, max_concurrent_requests=64)

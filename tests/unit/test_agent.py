@@ -23,27 +23,10 @@ def test_success_and_failure_are_recorded_with_the_exit_code(tmp_path):
 
 
 def test_a_spot_notice_stops_the_job_and_says_interrupted(tmp_path):
-    class Imds(http.server.BaseHTTPRequestHandler):
-        def do_PUT(self):
-            self._send(200, b"token")
-
-        def do_GET(self):
-            ok = self.headers.get("X-aws-ec2-metadata-token") == "token"
-            self._send(200 if ok else 401, json.dumps({"action": "terminate", "time": "2026-11-22T10:00:00Z"}).encode())
-
-        def _send(self, status, body):
-            self.send_response(status)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *_):
-            pass
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Imds)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server, endpoint = _serve({"/latest/meta-data/spot/instance-action":
+                               json.dumps({"action": "terminate", "time": "2026-11-22T10:00:00Z"})})
     try:
-        code, st, _ = run_agent(tmp_path, [sys.executable, "-c", "import time; time.sleep(30)"],
-                                f"http://127.0.0.1:{server.server_address[1]}")
+        code, st, _ = run_agent(tmp_path, [sys.executable, "-c", "import time; time.sleep(30)"], endpoint)
     finally:
         server.shutdown()
     assert code == agent.EXIT_NOTICE and st["state"] == "interrupted" and st["signal"] == 15
