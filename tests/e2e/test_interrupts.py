@@ -55,8 +55,10 @@ def run_and_interrupt(env: dict, trigger: str, timeout_s: float = 120, sig=signa
     ("setup", signal.SIGTERM)])
 def test_sigint_in_each_phase_cleans_up_and_exits_130(sandbox_env, phase, sig):
     home, _ = sandbox_env
-    if phase == "running":  # a real interrupt while the trainer runs: at its first log line
-        code, err = run_and_interrupt(dict(os.environ), "| ", sig=sig)
+    if phase == "running":  # a real interrupt while the trainer runs: at its first log line (a whole epoch of
+        # 60,000 images, so the job is still running when the stop reaches it on an idle machine too)
+        code, err = run_and_interrupt(dict(os.environ), "| ", sig=sig,
+                                      argv=["train", "mnist", "--sandbox", "--trainer-arg=--train-subset=60000"])
     else:
         code, err = run_and_interrupt(dict(os.environ), f"pausing in phase {phase}", sig=sig, pause_in=phase)
     assert code == 130, err
