@@ -159,12 +159,16 @@ def exec(target: str, task=None, *, command: Optional[Sequence[str]] = None, wor
 def bake(task: Union[str, Path, object], *, base: str = "dlami", name: Optional[str] = None,
          instance_type: Optional[str] = None, spot: bool = False, ssh_cidr: Optional[str] = None,
          ami: Optional[str] = None, region: Optional[str] = None, sandbox: bool = False, reporter=None,
-         on_warning=lambda text: None, as_typed: Optional[str] = None, workdir_outside: bool = False) -> dict:
+         on_warning=lambda text: None, as_typed: Optional[str] = None, workdir_outside: bool = False,
+         max_runtime: Optional[int] = None) -> dict:
     """Bake a machine image holding ``task``'s setup (a task file, a Task, or "mnist" for the
     built-in job) from ``base`` ("dlami" or "ubuntu-24.04"); return the bake's run record, whose
     summary names the image. Runs of a task with the same setup then launch from the image.
-    ``workdir_outside`` as for ``run`` (the workdir is baked into the image).
-    Raises as the module docstring says; UsageError for an unknown base before anything is created.
+    ``workdir_outside`` as for ``run`` (the workdir is baked into the image). ``max_runtime``:
+    minutes after its launch when the builder terminates itself (runs/bake.builder_max_runtime:
+    default 120, at least 10).
+    Raises as the module docstring says; UsageError for an unknown base or a max_runtime under 10
+    before anything is created.
     """
     from dataclasses import replace
 
@@ -172,6 +176,7 @@ def bake(task: Union[str, Path, object], *, base: str = "dlami", name: Optional[
     from .runs import bake as baking, engine, pipeline
     from .tasks import resolve
 
+    limit = baking.builder_max_runtime(max_runtime)
     if str(task) == "mnist":
         job, reporter = engine.builtin_job("mnist", []), reporter or pipeline.Reporter()
     else:
@@ -184,7 +189,8 @@ def bake(task: Union[str, Path, object], *, base: str = "dlami", name: Optional[
         plan = baking.plan(job, base, name, ctx.settings.home, ctx.backend.name, types[0].strip(),
                            ctx.backend.is_sandbox, data[1] if data else None)
         opts = pipeline.TrainOptions(instance_type=",".join(types), spot=spot, ssh_cidr=ssh_cidr, ami=ami, task=job,
-                                     bake=plan, command=as_typed or f"ec2gpu.bake({job.name!r})")
+                                     bake=plan, max_runtime_minutes=limit,
+                                     command=as_typed or f"ec2gpu.bake({job.name!r})")
         # the task's disk size: a run cannot launch from an image with a smaller root volume than the image's
         disk = job.task.resources.disk_gib
         settings = replace(ctx.settings, root_volume_gib=disk) if disk else ctx.settings

@@ -27,6 +27,7 @@ import botocore.exceptions
 import botocore.waiter
 
 from ..errors import AwsError, WaitTimeout
+from . import catalog
 from . import tags as T
 from .images import described as described_images
 
@@ -37,9 +38,10 @@ BASE = "ec2gpu:base"
 BASE_IMAGE = "ec2gpu:base-image"
 BAKE = "ec2gpu:bake"  # "incomplete" | "complete"
 VERSIONS = {"torch_version": "ec2gpu:torch", "cuda_version": "ec2gpu:cuda", "driver_version": "ec2gpu:driver"}
-#: EBS snapshot storage, standard tier, USD per GB-month (us-east-1, https://aws.amazon.com/ebs/pricing/,
-#: as of 2026-11). Billed for the blocks stored, not the volume's size.
-SNAPSHOT_USD_PER_GB_MONTH = 0.05
+#: EBS snapshot storage, standard tier, USD per GB-month in us-east-1 (catalog.EBS_USD_PER_GB_MONTH:
+#: https://aws.amazon.com/ebs/pricing/), for the docs and tests; a listing prices its own region's
+#: (catalog.ebs_price). Billed for the blocks stored, not the volume's size.
+SNAPSHOT_USD_PER_GB_MONTH = catalog.EBS_USD_PER_GB_MONTH["us-east-1"]["snapshot"]
 #: CreateImage's Name: "3-128 alphanumeric characters, parentheses (()), square brackets ([]), spaces
 #: ( ), periods (.), slashes (/), dashes (-), single quotes ('), at-signs (@), or underscores(_)"
 #: (Amazon EC2 API Reference, CreateImage, Request Parameters, Name; botocore's ec2 model: min 3,
@@ -279,8 +281,10 @@ def stored_gib(snapshot: dict) -> tuple[float, str]:
     return float(snapshot.get("VolumeSize") or 0), "volume size (upper bound)"
 
 
-def listing(ec2) -> list[dict]:
-    """Every complete baked image with what is inside and what its snapshots cost per month."""
+def listing(ec2, usd_per_gb_month: float | None) -> list[dict]:
+    """Every complete baked image with what is inside, its snapshots' stored GiB (``stored_gib``)
+    and what they cost per month: "usd_per_month", USD at ``usd_per_gb_month`` (the region's EBS
+    snapshot price, USD per GB-month: catalog.ebs_price), None when that price is not known."""
     snaps = {s["SnapshotId"]: s for s in snapshots(ec2)}
     rows = []
     for image in images(ec2):
@@ -294,5 +298,5 @@ def listing(ec2) -> list[dict]:
             **{key.removesuffix("_version"): tg.get(tag) for key, tag in VERSIONS.items()},
             "snapshots": snapshot_ids(image), "snapshot_gib": round(gib, 2),
             "size_basis": sizes[0][1] if sizes else "no snapshot found",
-            "usd_per_month": round(gib * SNAPSHOT_USD_PER_GB_MONTH, 4)})
+            "usd_per_month": None if usd_per_gb_month is None else round(gib * usd_per_gb_month, 4)})
     return rows

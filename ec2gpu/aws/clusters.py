@@ -21,16 +21,22 @@ def members(ec2, name: str) -> list[dict]:
     return sorted(found, key=lambda i: int(T.as_dict(i.get("Tags")).get(T.NODE, "0") or 0))
 
 
-def scale(aws, settings, name: str, target: int, max_runtime_minutes: int, log=lambda msg: None) -> dict:
-    """Grow or shrink standing cluster ``name`` to ``target`` nodes; return {added, removed, nodes}.
+def scale(aws, settings, name: str, target: int, max_runtime_minutes: int, log=lambda msg: None,
+          pin=lambda described: None) -> dict:
+    """Grow or shrink standing cluster ``name`` to ``target`` nodes; return {cluster, added,
+    removed (instance ids), nodes (how many it has now)}.
 
-    New nodes copy node 0's type, market, AMI, key pair, security group, subnet (so its zone) and
-    placement group, and get the next node indices; shrinking terminates the highest indices
-    (node 0 hosts the rendezvous and always stays). Raises UsageError for an unknown cluster or a
-    target below 1, CapacityError/AwsError when EC2 refuses the new nodes.
+    New nodes copy node 0's type, market, AMI, key pair, security group, subnet (so its zone),
+    placement group and idle rule, get the next node indices and end themselves
+    ``max_runtime_minutes`` minutes after boot; once they run, ``pin(described)`` is called with
+    their descriptions (the CLI pins each one's host key under its instance id, checked against
+    its console output, as `launch` does: runs/standing.pin_all). Shrinking terminates the
+    highest indices (node 0 hosts the rendezvous and always stays). Raises UsageError for an
+    unknown cluster or a target below 1, CapacityError/AwsError when EC2 refuses the new nodes;
+    what ``pin`` or the wait raises (RemoteError for a host key the console does not list,
+    WaitTimeout, KeyboardInterrupt) after the added nodes are terminated again.
     """
     from dataclasses import replace
-
 
     if target < 1:
         raise UsageError("a cluster needs at least 1 node", "to remove it entirely: ec2gpu down NAME")
@@ -57,11 +63,20 @@ def scale(aws, settings, name: str, target: int, max_runtime_minutes: int, log=l
             err = CapacityError if error_code(exc) in capacity.NEXT_ZONE | capacity.LIMITS else AwsError
             raise err(f"could not add {target - current} node(s) to {name}: {describe(exc)}",
                       "try again later, or a smaller target")
-        last = max(int(T.as_dict(i.get("Tags")).get(T.NODE, "0") or 0) for i in nodes)
-        new = instances.tag_nodes(aws.ec2, new, name, first_index=last + 1)
         added = [i["InstanceId"] for i in new]
-        log(f"launched {', '.join(added)}; waiting until they run")
-        instances.wait_running(aws.ec2, added)
+        try:
+            last = max(int(T.as_dict(i.get("Tags")).get(T.NODE, "0") or 0) for i in nodes)
+            added = [i["InstanceId"] for i in instances.tag_nodes(aws.ec2, new, name, first_index=last + 1)]
+            log(f"launched {', '.join(added)}; waiting until they run")
+            pin(instances.wait_running(aws.ec2, added))
+        except BaseException:  # a node nobody can reach safely, or a stop half-way: not left behind
+            log(f"terminating {', '.join(added)}: they did not become usable nodes")
+            try:
+                instances.terminate(aws.ec2, added)
+            except Exception as exc:  # noqa: BLE001 - said with the fix; the first error is the one raised
+                log(f"could not terminate them ({type(exc).__name__}: {exc}); they may still run: "
+                    f"`aws ec2 terminate-instances --instance-ids {' '.join(added)}`")
+            raise
     elif target < current:
         removed = [i["InstanceId"] for i in nodes[target:]]
         log(f"terminating {', '.join(removed)}")

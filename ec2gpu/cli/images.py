@@ -24,6 +24,10 @@ def bake_cmd(
     ami: Optional[str] = typer.Option(None, "--ami", help="Start from this AMI instead of --from's."),
     workdir_outside: bool = typer.Option(False, "--workdir-outside", help="Bake in a task file's workdir even when it "
                                          "lies outside the task file's directory (never your home or credentials)."),
+    max_runtime: Optional[int] = typer.Option(None, "--max-runtime", min=10, help="Minutes after its launch when the "
+                                              "builder terminates itself, even if this command died (user data's "
+                                              "`shutdown -h +M`, armed again after each driver reboot); at least "
+                                              "10, default 120. A bake whose estimate is longer is refused."),
     region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
 ):
     """Make an image holding a task's setup; its runs then launch from it and skip that setup.
@@ -31,26 +35,31 @@ def bake_cmd(
     A builder instance runs the machine setup, the task's setup and (for mnist) the data download,
     is cleaned of keys, histories and credentials, and imaged (CreateImage); the image and its
     snapshots are tagged with the setup's hash, torch, CUDA and driver versions, and the builder is
-    terminated. Ctrl-C or an error leaves no builder, no half-made image and no snapshot."""
+    terminated. Ctrl-C or an error leaves no builder, no half-made image and no snapshot; should
+    this command die, the builder still ends itself after --max-runtime minutes."""
     from .. import api
     record = api.bake(task, base=base, name=name, instance_type=instance_type, spot=spot, ssh_cidr=ssh_cidr, ami=ami,
                       region=region, sandbox=_sandbox_flag(sandbox), reporter=RichReporter(err),
-                      on_warning=warn, as_typed=" ".join(["ec2gpu", *sys.argv[1:]]), workdir_outside=workdir_outside)
+                      on_warning=warn, as_typed=" ".join(["ec2gpu", *sys.argv[1:]]), workdir_outside=workdir_outside,
+                      max_runtime=max_runtime)
     _print_record(record, as_json)
 
 
 @image_app.command("ls")
 def ls_cmd(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
-    """List the baked images of the region: what is inside, snapshot GiB and USD per month."""
+    """List the baked images of the region: what is inside, snapshot GiB and USD per month.
+
+    USD per month: the snapshots' stored GiB at the region's EBS snapshot price (the cache
+    `ec2gpu prices --refresh --region R` writes, else the shipped table); unknown where neither
+    has the region's."""
     from rich import box
     from rich.table import Table
 
-    from ..aws import baked
     from ..backend import Context
     from ..runs import bake
     with Context(region, _sandbox_flag(sandbox)) as ctx:
         ctx.aws.check_credentials()
-        rows = bake.listing(ctx.aws)
+        rows = bake.listing(ctx.aws, ctx.settings.home)
     if as_json:
         render_json(rows)
         return
@@ -66,7 +75,7 @@ def ls_cmd(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: boo
             t.add_column(col, no_wrap=True, justify="right" if col in ("GiB", "$/month") else "left")
     for r in rows:  # names and tags of images in the account (the task's name from its file): never markup
         t.add_row(*map(plain, (r["name"], r["image_id"], (r["created"] or "")[:10], f"{r['snapshot_gib']:g}",
-                               f"{r['usd_per_month']:.2f}")))
+                               "unknown" if r["usd_per_month"] is None else f"{r['usd_per_month']:.2f}")))
     out.print(t)
     for r in rows:  # what is inside, a line each (it would crowd the table's columns)
         inside = ", ".join([f"task {r['task']} from {r['base']}", f"torch {r['torch'] or '-'}"]
@@ -74,8 +83,17 @@ def ls_cmd(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: boo
         out.print(plain(f"{r['name']}: {inside}"))
     if any(r["size_basis"] != "stored bytes" for r in rows):
         out.print("[dim]GiB: the snapshot's volume size where EC2 does not report its stored bytes (an upper bound)[/]")
-    out.print(f"[dim]$/month: snapshot storage at {baked.SNAPSHOT_USD_PER_GB_MONTH} USD per GB-month (EBS standard "
-              "tier, us-east-1, https://aws.amazon.com/ebs/pricing/)[/]")
+    out.print(plain(snapshot_price_words(ctx.aws.region, rows[0]["usd_per_gb_month"], rows[0]["price_source"]),
+                    "dim"))
+
+
+def snapshot_price_words(region: str, usd_per_gb_month: float | None, source: str) -> str:
+    """The line under `image ls`'s table (pure): the EBS snapshot price (standard tier, USD per
+    GB-month) its $/month column uses in ``region`` and its ``source`` (aws/catalog.ebs_price), or
+    that the price is unknown there and how to get it."""
+    if usd_per_gb_month is None:
+        return f"$/month: unknown in {region}: {source}"
+    return f"$/month: snapshot storage at {usd_per_gb_month:g} USD per GB-month (EBS standard tier, {region}; {source})"
 
 
 @image_app.command("rm")

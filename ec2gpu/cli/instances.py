@@ -213,12 +213,21 @@ def scale(name: str = typer.Argument(..., help="The standing cluster's name (ec2
           max_runtime: int = typer.Option(120, "--max-runtime", min=5, help="Minutes until new nodes terminate "
                                           "themselves."),
           region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
-    """Grow or shrink a standing cluster; new nodes join its security group, zone and placement group."""
+    """Grow or shrink a standing cluster; new nodes join its security group, zone and placement group.
+
+    Each new node's host key is pinned under its instance id, checked against its console output,
+    as `launch` does, and $EC2GPU_HOME/ssh_config is written again; a node whose key cannot be
+    pinned is terminated."""
     from ..aws import clusters
+    from ..runs import standing
 
     with Context(region, _sandbox_flag(sandbox), persistent=True) as ctx:
         ctx.aws.check_credentials()
-        done = clusters.scale(ctx.aws, ctx.settings, name, nodes, max_runtime, log=note)
+        done = clusters.scale(ctx.aws, ctx.settings, name, nodes, max_runtime, log=note,
+                              pin=lambda found: standing.pin_all(ctx.aws, ctx.settings, ctx.backend, found, note))
+        if done["added"] or done["removed"]:
+            standing.write_ssh_config(ctx.aws, ctx.settings, ctx.backend, note, log=note)
+            _settle(ctx, ended=False)  # the nodes' running intervals, while EC2 still lists those that ended
     if as_json:
         render_json(done)
     elif not done["added"] and not done["removed"]:

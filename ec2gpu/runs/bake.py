@@ -35,6 +35,11 @@ REBOOT_NEEDED = 100
 #: on bare Ubuntu the driver (apt, DKMS build) and torch's wheels come first. CreateImage of a
 #: 100 GiB gp3 root takes several minutes (it snapshots the volume).
 ASSUMED_MINUTES = {"dlami": 15.0, "ubuntu-24.04": 30.0}
+#: Minutes after launch when a builder ends itself (`image bake --max-runtime`; user data's
+#: `shutdown -h +M`, armed again after each driver reboot): its end should this command die. The
+#: default is `run`'s and `launch`'s standing one; the least is 10: boot, setup and CreateImage's
+#: snapshot take minutes, and a bake whose estimate is longer is refused before anything is made.
+MAX_RUNTIME_MINUTES, MIN_MAX_RUNTIME_MINUTES = 120, 10
 
 
 @dataclass
@@ -49,6 +54,17 @@ class BakePlan:
     data_dir: str | None = None  # pre-fetch MNIST from this directory (on the instance) instead of downloading
     image_timeout_s: float = 1800.0
     image_delay_s: float = 15.0  # the waiter's poll interval (s): the sandbox polls faster
+
+
+def builder_max_runtime(minutes: int | None) -> int:
+    """The builder's --max-runtime in minutes (pure): ``minutes``, or MAX_RUNTIME_MINUTES for None.
+    Raises UsageError below MIN_MAX_RUNTIME_MINUTES."""
+    if minutes is None:
+        return MAX_RUNTIME_MINUTES
+    if minutes < MIN_MAX_RUNTIME_MINUTES:
+        raise UsageError(f"--max-runtime {minutes}: a builder needs at least {MIN_MAX_RUNTIME_MINUTES} minutes "
+                         "(boot, setup and the image's snapshot)", f"e.g. --max-runtime {MAX_RUNTIME_MINUTES}")
+    return int(minutes)
 
 
 def bake_key(job) -> str:
@@ -321,9 +337,15 @@ def make_image(aws, settings, nd, job, bp: BakePlan, prov, run_id: str, ui) -> d
             **{k: nd.info.get(k) for k in ("python", "torch_version", "cuda_version", "driver_version")}}
 
 
-def listing(aws) -> list[dict]:
-    """`ec2gpu image ls`: aws.baked.listing of the region."""
-    return baked.listing(aws.ec2)
+def listing(aws, home: Path | None = None) -> list[dict]:
+    """`ec2gpu image ls`: aws.baked.listing of the region, its snapshots priced at the region's EBS
+    snapshot price (aws/catalog.ebs_price: ``home``'s refreshed price cache, else the shipped
+    table); each row also has "usd_per_gb_month" (None, and "usd_per_month" None, where the
+    region's price is not known) and "price_source" (where the price comes from, or how to get it)."""
+    from ..aws import catalog
+    price = catalog.ebs_price("snapshot", aws.region, home)
+    return [{**row, "usd_per_gb_month": price.usd_per_gb_month, "price_source": price.source}
+            for row in baked.listing(aws.ec2, price.usd_per_gb_month)]
 
 
 def remove(aws, ref: str, log=lambda msg: None) -> dict:

@@ -7,7 +7,8 @@ random token (given in its environment, never on a command line), detached so th
 this command; a later `notebook --name` reuses the one that runs (agent/notebook.py, on the
 instance). Its port reaches this machine through OpenSSH's forwarding with the pinned host key
 (remote/tunnel.py); nothing is opened in the security group. The forward's ssh ends with this
-command, however it ends (Ctrl-C, SIGTERM, SIGHUP).
+command, however it ends (Ctrl-C, SIGTERM, SIGHUP). Stopped before JupyterLab answers, the command
+removes the instance it launched for the notebook (an instance found by ``--name`` stays).
 """
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ import urllib.request
 from pathlib import Path
 
 from ..aws.session import Aws
-from ..backend import AWS
 from ..errors import RemoteError, UsageError, WaitTimeout
 from ..settings import Settings
 
@@ -31,25 +31,24 @@ SERVER_SCRIPT = Path(__file__).resolve().parents[1] / "agent" / "notebook.py"
 TOKEN = re.compile(r"[A-Za-z0-9_-]{16,128}")
 
 
-def find_or_launch(aws: Aws, settings: Settings, opts, ui, backend=AWS) -> dict:
-    """The running instance ``opts.name`` names, else a new standing instance for ``opts``
-    (runs/standing.launch, its idle rule included, its host key pinned); its description. Raises
-    UsageError for a name that is stopped (`ec2gpu start` it) or a cluster."""
-    from ..aws import instances, sweep
+def find_running(aws: Aws, opts, ui) -> dict | None:
+    """The running instance ``opts.name`` names (its description; said through ``ui.note``), or
+    None when ``opts.name`` is None or names none. Raises UsageError for a name that is stopped
+    (`ec2gpu start` it)."""
+    from ..aws import sweep
     from ..aws import tags as T
-    from . import standing
 
-    if opts.name:
-        found = [i for i in sweep.find_instances(aws.ec2)
-                 if opts.name in (i["InstanceId"], T.as_dict(i.get("Tags")).get(T.NAME))]
-        running = [i for i in found if i["State"]["Name"] == "running"]
-        if running:
-            ui.note(f"{opts.name}: using the running instance {running[0]['InstanceId']}")
-            return running[0]
-        if found:
-            raise UsageError(f"{opts.name} is {found[0]['State']['Name']}", f"`ec2gpu start {opts.name}` first")
-    rows = standing.launch(aws, settings, opts, ui, backend)
-    return instances.describe_instances(aws.ec2, [rows[0]["instance_id"]])[0]
+    if not opts.name:
+        return None
+    found = [i for i in sweep.find_instances(aws.ec2)
+             if opts.name in (i["InstanceId"], T.as_dict(i.get("Tags")).get(T.NAME))]
+    running = [i for i in found if i["State"]["Name"] == "running"]
+    if running:
+        ui.note(f"{opts.name}: using the running instance {running[0]['InstanceId']}")
+        return running[0]
+    if found:
+        raise UsageError(f"{opts.name} is {found[0]['State']['Name']}", f"`ec2gpu start {opts.name}` first")
+    return None
 
 
 def open_server(conn, log) -> dict:
@@ -108,34 +107,83 @@ def wait_ready(local_port: int, token: str, timeout_s: float = 180.0) -> dict:
 
 
 def serve(aws: Aws, settings: Settings, backend, opts, ui, show_url, local_port: int | None = None) -> dict:
-    """Open a notebook (find_or_launch, open_server), forward it to a free local port and call
-    ``show_url(info)`` once it answers (info: instance_id, name, url, local_port, port, token);
-    keep the forward up, reconnecting when SSH drops, until KeyboardInterrupt (Ctrl-C; the CLI
-    turns SIGTERM and SIGHUP into it too), which is caught: this returns ``info``, with only
-    instance_id and name when it came before the URL. Raises UsageError, RemoteError, WaitTimeout
-    before the URL is shown."""
+    """Open a notebook on the running instance ``opts.name`` names, else on a new standing instance
+    (runs/standing.launch: ``opts``' type, idle rule, --max-runtime), with ``open_server``; forward
+    it to a free local port and call ``show_url(info)`` once it answers (info: instance_id, name,
+    url, local_port, port, token); keep the forward up, reconnecting when SSH drops, until
+    KeyboardInterrupt (Ctrl-C; the CLI turns SIGTERM and SIGHUP into it too), which is caught:
+    this returns ``info``, with only instance_id and name when it came before the URL.
+
+    An interrupt before the URL on an instance launched for this notebook removes that instance,
+    its security group, key pair and key file (``remove_launched``: the user never had the
+    notebook) and is raised again. Raises UsageError, RemoteError, WaitTimeout before the URL is
+    shown (an instance launched for it then stays, with its idle rule, to be looked at)."""
+    from ..aws import instances
     from ..aws import tags as T
     from ..remote import tunnel
     from . import standing
 
-    inst = find_or_launch(aws, settings, opts, ui, backend)
-    info = {"instance_id": inst["InstanceId"], "name": T.as_dict(inst.get("Tags")).get(T.NAME) or inst["InstanceId"]}
+    inst, launched, shown = find_running(aws, opts, ui), None, False
+    info = {} if inst is None else {"instance_id": inst["InstanceId"],
+                                    "name": T.as_dict(inst.get("Tags")).get(T.NAME) or inst["InstanceId"]}
     try:
-        conn = standing.pin_host_key(aws, settings, backend, inst, log=ui.note)
-        try:
-            server = open_server(conn, ui.note)
-        finally:
-            conn.close()
+        if inst is None:  # interrupted, standing.launch removes what it made and raises
+            launched = standing.launch(aws, settings, opts, ui, backend)[0]
+            info = {"instance_id": launched["instance_id"], "name": launched["name"] or launched["instance_id"]}
+            inst = instances.describe_instances(aws.ec2, [launched["instance_id"]])[0]
+        with ui.phase("setup"):  # the machine's setup; JupyterLab installed if need be, and started
+            conn = standing.pin_host_key(aws, settings, backend, inst, log=ui.note)
+            try:
+                server = open_server(conn, ui.note)
+            finally:
+                conn.close()
         config, _, _ = standing.write_ssh_config(aws, settings, backend, ui.note, log=ui.note)
         here = tunnel.free_local_port(local_port)
         if local_port and here != local_port:
             raise UsageError(f"--local-port {local_port} is in use on this machine", "choose another, or leave it out")
         info.update(local_port=here, port=server["port"], token=server["token"],
                     url=f"http://127.0.0.1:{here}/lab?token={server['token']}")
+
+        def when_up() -> None:
+            nonlocal shown
+            with ui.phase("waiting for JupyterLab"):
+                wait_ready(here, server["token"])
+            shown = True  # from here on the user may hold the URL: the instance is theirs to keep
+            show_url(info)
         tunnel.forward_until_interrupted(  # its ssh ends with this command, however it ends
             tunnel.argv(config, inst["InstanceId"], server["port"], here), here, ui.note,
-            refresh=lambda: standing.write_ssh_config(aws, settings, backend),
-            when_up=lambda: (wait_ready(here, server["token"]), show_url(info)))
+            refresh=lambda: standing.write_ssh_config(aws, settings, backend), when_up=when_up)
     except KeyboardInterrupt:
-        pass
+        if launched is not None and not shown:
+            remove_launched(aws, settings, launched, ui)
+            raise
+        if not info:  # nothing was found, or standing.launch removed what it made
+            raise
     return info
+
+
+def remove_launched(aws: Aws, settings: Settings, launched: dict, ui) -> dict[str, list[str]]:
+    """Remove the instance launched for a notebook that never answered (``launched``: its
+    aws/instances.summary) and what its run made (security group, key pair and key file: found
+    by its ec2gpu:run tag, aws/sweep.delete_run), with SIGINT, SIGTERM and SIGHUP held meanwhile so
+    that a second one cannot cut it short; say what was removed, or what may remain and how to
+    remove it. Returns the ids removed, by kind ({} when it failed). Never raises an AWS error: the
+    interrupt that brought it here is what the caller raises."""
+    from ..aws import sweep
+    from ..remote import tunnel
+
+    run_id = launched["run_id"]
+    if not run_id:  # a run tag summary() would not show: never a sweep without a run id (it would take all)
+        ui.note(f"{launched['instance_id']} was not removed: its ec2gpu:run tag is not readable; "
+                f"`ec2gpu down {launched['instance_id']}` removes it")
+        return {}
+    try:
+        with tunnel.signals_held(), ui.phase("terminating"):
+            removed = sweep.delete_run(aws.ec2, run_id, settings.keys_dir)
+    except Exception as exc:  # noqa: BLE001 - said with the fix; the interrupt goes on
+        ui.note(f"could not remove {launched['instance_id']} ({type(exc).__name__}: {exc}); it may still run and "
+                f"bill: `ec2gpu down {run_id}` removes it (`ec2gpu cleanup` finds it by its ec2gpu:run tag)")
+        return {}
+    done = "; ".join(f"{k.replace('_', ' ')} {', '.join(v)}" for k, v in removed.items() if v)
+    ui.note(f"removed: {done}" if done else "nothing of the notebook's was left to remove")
+    return removed
