@@ -21,8 +21,9 @@ from .remote.sync import MAX_UPLOAD_BYTES
 
 
 def load_task(task=None, command: Optional[Sequence[str]] = None, workdir: Optional[str] = None,
-              name: Optional[str] = None, workdir_outside: bool = False):
-    """A tasks.load.LoadedTask from a task file path, a Task, or a ``command`` run in ``workdir``.
+              name: Optional[str] = None, workdir_outside: bool = False, overrides: Optional[dict] = None):
+    """A tasks.load.LoadedTask from a task file path, a Task, or a ``command`` run in ``workdir``;
+    ``overrides``: resources fields set by flags (tasks.load.parse).
 
     A task file's workdir may lie outside the file's directory only with ``workdir_outside``; no
     directory to send may be the home directory or a credentials one (tasks.load.check_local_source).
@@ -39,7 +40,7 @@ def load_task(task=None, command: Optional[Sequence[str]] = None, workdir: Optio
     if isinstance(task, (str, Path)):
         if workdir:
             raise UsageError("--workdir is for a command; a task file names its own workdir", "set workdir: in the file")
-        loaded = load.load(task, workdir_outside)
+        loaded = load.load(task, workdir_outside, overrides)
     elif isinstance(task, Task):
         base = Path(workdir or ".").resolve()
         loaded = load.LoadedTask(task, None, None if task.workdir is None else _sendable(base / task.workdir, workdir))
@@ -51,6 +52,8 @@ def load_task(task=None, command: Optional[Sequence[str]] = None, workdir: Optio
         loaded = load.LoadedTask(Task(name=name or default, workdir=str(base), run=shlex.join(command)), None, base)
     if name:
         loaded.task = loaded.task.model_copy(update={"name": name})
+    if overrides and loaded.path is None:  # a file's are in place already
+        loaded.task = loaded.task.model_copy(update={"resources": loaded.task.resources.model_copy(update=overrides)})
     return loaded
 
 
@@ -67,11 +70,11 @@ def _sendable(path: Path, workdir: Optional[str]) -> Path:
 
 
 def _prepare(task, command, workdir, name, env, secrets, max_upload, include_secrets, reporter, on_warning,
-             workdir_outside: bool = False):
+             workdir_outside: bool = False, overrides: Optional[dict] = None):
     """(engine.TaskJob, reporter): the task loaded, its warnings said, its environment resolved and its
     workdir listed (what will be sent said), before anything is created."""
     from .runs import engine, pipeline
-    loaded = load_task(task, command, workdir, name, workdir_outside)
+    loaded = load_task(task, command, workdir, name, workdir_outside, overrides)
     for w in loaded.warnings:
         on_warning(w)
     if secrets:
@@ -92,7 +95,7 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
         max_upload: int = MAX_UPLOAD_BYTES, include_secrets: bool = False, out: Optional[Path] = None,
         ssh_cidr: Optional[str] = None, ami: Optional[str] = None, region: Optional[str] = None,
         sandbox: bool = False, reporter=None, on_warning=lambda text: None, as_typed: Optional[str] = None,
-        baked: bool = True, workdir_outside: bool = False) -> dict:
+        baked: bool = True, workdir_outside: bool = False, allow_larger: bool = False, dry_run: bool = False) -> dict:
     """Run a task on new instances end to end (estimate, launch, sync, setup, job, outputs home,
     teardown, bill); return its run record.
 
@@ -100,37 +103,70 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
     ``workdir_outside``: send a task file's workdir that lies outside the file's directory.
     Flags override the task's own values: ``gpu`` ('T4', 'A10G:4') or ``instance_type`` ('g5.xlarge'
     or 'g5.xlarge,g6.xlarge'), ``spot``, ``nodes``, ``env`` ({K: V, or K: None from this
-    environment}), ``secrets`` (names, masked everywhere), ``max_runtime`` and ``expect`` (minutes
-    or '90m', '2h'), ``budget`` (USD), ``max_price`` (USD/h), ``max_upload`` (bytes). ``reporter``:
+    environment}), ``secrets`` (names, masked everywhere), ``max_runtime`` (minutes or '90m', '2h';
+    'none': no limit; default: runs/limits.for_task, from the task's history, 24 h for its first
+    run), ``allow_larger`` (as the task's resources.allow_larger: with ``gpu``, where no type has
+    exactly the count asked, the cheapest with more, the job seeing only the count asked), ``expect`` (minutes: the job's expected time, for the estimate), ``budget`` (USD), ``max_price`` (USD/h), ``max_upload`` (bytes). ``reporter``:
     a runs.pipeline.Reporter (default: silent). ``baked``: launch from the newest image baked for
-    the task's setup (`ec2gpu image bake`) when the region has one. Raises as the module docstring says.
+    the task's setup (`ec2gpu image bake`) when the region has one. ``dry_run``: return the run's
+    plan instead (runs/dryrun.plan: instance types, prices, limit, environment, what changes), having
+    created nothing and called no AWS API. Raises as the module docstring says.
     """
     from dataclasses import replace
 
     from .backend import Context
-    from .runs import pipeline
+    from .aws.instances import IdleRule
+    from .runs import limits, pipeline
     from .tasks import resolve
     from .tasks.spec import minutes
 
+    warned: list[str] = []
+
+    def warn(text: str) -> None:
+        warned.append(text)
+        on_warning(text)
+
+    # a flag replaces the task's own choice, so that what runs (engine.node_env) follows the flag
+    overrides = ({"gpu": gpu, "instance_type": None, "any_of": [], "ordered": []} if gpu else
+                 {"instance_type": instance_type.split(","), "gpu": None, "any_of": [], "ordered": []}
+                 if instance_type is not None else {})
+    if allow_larger:
+        overrides["allow_larger"] = True
     job, reporter = _prepare(task, command, workdir, name, env, secrets, max_upload, include_secrets, reporter,
-                             on_warning, workdir_outside)
+                             warn, workdir_outside, overrides or None)
     res = job.task.resources
+    limits.parse(max_runtime)  # a bad value is refused before anything starts
     try:
-        runtime = minutes(max_runtime) if max_runtime is not None else job.task.max_runtime_minutes
         expect_min = minutes(expect) if expect is not None else None
     except ValueError as exc:
-        raise UsageError(str(exc), "e.g. --max-runtime 90m, --expect 20m")
-    with Context(region, sandbox) as ctx:
+        raise UsageError(f"--expect: {exc}", "e.g. --expect 20m")
+
+    def types_for(default: str) -> list[str]:
         if gpu:
-            types = [resolve.instance_type_for_gpu(gpu)]
-        elif instance_type is not None:  # an empty entry is refused by pipeline.train, never a silent default
-            types = instance_type.split(",")
-        else:
-            types = resolve.instance_types(res, ctx.settings.instance_type)
+            return [resolve.instance_type_for_gpu(gpu, res.allow_larger)]
+        if instance_type is not None:  # an empty entry is refused by pipeline.train, never a silent default
+            return instance_type.split(",")
+        return resolve.instance_types(res, default)
+
+    if dry_run:  # this machine's files alone: no Context (no sandbox started, no AWS client made)
+        from . import settings as settings_mod
+        from .runs import dryrun
+        st = settings_mod.load({"region": region, "sandbox": sandbox or None})
+        backend = "sandbox" if st.sandbox else "aws"
+        limit = limits.for_task(st.home, job.name, backend, max_runtime, job.task.max_runtime)
+        return dryrun.plan(job, st, [t.strip() for t in types_for(st.instance_type)], nodes=nodes or job.task.nodes,
+                           spot=res.spot if spot is None else spot, spot_fallback=spot_fallback, limit=limit,
+                           idle_seconds=limits.NO_LIMIT_IDLE_SECONDS if limit.minutes is None else None, ami=ami,
+                           baked=baked, expect_minutes=expect_min, backend=backend, warnings=warned)
+    with Context(region, sandbox) as ctx:
+        limit = limits.for_task(ctx.settings.home, job.name, ctx.backend.name, max_runtime, job.task.max_runtime)
+        types = types_for(ctx.settings.instance_type)
         settings = replace(ctx.settings, root_volume_gib=res.disk_gib) if res.disk_gib else ctx.settings
         opts = pipeline.TrainOptions(
             instance_type=",".join(types), spot=res.spot if spot is None else spot, spot_fallback=spot_fallback,
-            out=out, ssh_cidr=ssh_cidr, ami=ami, name=name, max_runtime_minutes=int(runtime or 120),
+            out=out, ssh_cidr=ssh_cidr, ami=ami, name=name, max_runtime_minutes=limit.minutes,
+            limit_source=limit.source,
+            idle=IdleRule("down", limits.NO_LIMIT_IDLE_SECONDS) if limit.minutes is None else None,
             budget_usd=budget if budget is not None else job.task.budget,
             max_price=max_price if max_price is not None else res.max_price, nodes=nodes or job.task.nodes,
             max_attempts=max_attempts, task=job, expect_minutes=expect_min, baked=baked,

@@ -90,6 +90,11 @@ class RemoteError(Ec2GpuError):
         self.command, self.host, self.exit_status, self.tail = command, host, exit_status, tail
 
 
+class LimitReached(RemoteError):
+    """The run's --max-runtime came before the job's end: the agent gave the job SIGTERM (and a
+    grace period to checkpoint) before its instance ended itself (runs/limits.py). Exit 5."""
+
+
 class Interrupted(Ec2GpuError):
     """An attempt's instance was lost (spot notice, EC2 terminated it, SSH unreachable too long);
     ``reason`` says how. Inside a managed run it means "replace the instance and resume"; one that

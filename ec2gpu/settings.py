@@ -27,6 +27,7 @@ class Settings:
     data_dir: str | None = None  # MNIST directory used on the instance, if it has one
     max_download_files: int = 10_000  # files one run brings home per directory (outputs, checkpoints): remote/files.py
     max_download_bytes: int = 4 << 30  # bytes one run brings home per directory, 4 GiB: remote/files.py
+    limit_grace_seconds: int = 120  # a job gets SIGTERM this long before its run's --max-runtime: runs/limits.py
 
     @property
     def download_limits(self):
@@ -49,6 +50,7 @@ ENV = {
     "EC2GPU_OWNER": "owner", "EC2GPU_SANDBOX": "sandbox", "EC2GPU_SSH_USER": "ssh_user",
     "EC2GPU_ROOT_VOLUME_GIB": "root_volume_gib", "EC2GPU_DATA_DIR": "data_dir",
     "EC2GPU_MAX_DOWNLOAD_FILES": "max_download_files", "EC2GPU_MAX_DOWNLOAD_BYTES": "max_download_bytes",
+    "EC2GPU_LIMIT_GRACE_SECONDS": "limit_grace_seconds",
 }
 
 

@@ -7,7 +7,11 @@ on whatever Python the image has. It
 - starts the job in a process group of its own, its stdout and stderr appended to RUN_DIR/job.log;
 - writes RUN_DIR/status.json (atomically, by rename) when the job starts and when it ends:
   ``{"state": "running" | "succeeded" | "failed" | "interrupted", "pid", "exit_code", "signal",
-  "started_at", "ended_at", "notice", "rebalance"}`` (times UTC, ISO 8601);
+  "started_at", "ended_at", "notice", "rebalance", "limit"}`` (times UTC, ISO 8601);
+- with ``--limit-at T`` (POSIX seconds: the run's --max-runtime, less ``--limit-grace`` seconds,
+  runs/limits.py), sends SIGTERM to the job's process group at T so it can checkpoint before the
+  instance ends itself, records ``limit`` (``{"ends_at", "stopped_at"}``) and state "failed", and
+  sends SIGKILL 5 s before the instance's end if the job is still running;
 - polls the instance metadata service (IMDSv2: a token PUT, then
   ``/latest/meta-data/spot/instance-action``) every EC2GPU_SPOT_POLL_SECONDS (5) seconds; on a
   notice it records it and sends SIGTERM to the job's process group, then SIGKILL after
@@ -176,12 +180,12 @@ def root_cause(error_file: str) -> dict | None:
 
 
 def run(run_dir: str, argv: list[str], endpoint: str, poll_s: float, grace_s: float, env: dict | None = None,
-        key: bytes | None = None) -> int:
+        key: bytes | None = None, limit: tuple[float, float] | None = None) -> int:
     """Run ``argv`` to its end under the rules above, with ``env`` added to the environment, each
-    status.json signed with ``key``; return the agent's exit code (the job's, 128+N for signal N,
-    or 75 when a notice stopped it)."""
-    status = {"state": "running", "started_at": now(), "exit_code": None, "signal": None,
-              "ended_at": None, "notice": None, "rebalance": None, "error": None, "agent_pid": os.getpid()}
+    status.json signed with ``key``; ``limit`` is (SIGTERM at, grace s), POSIX seconds, or None.
+    Return the agent's exit code (the job's, 128+N for signal N, or 75 when a notice stopped it)."""
+    status = {"state": "running", "started_at": now(), "exit_code": None, "signal": None, "ended_at": None,
+              "notice": None, "rebalance": None, "limit": None, "error": None, "agent_pid": os.getpid()}
     rebalance_file = os.path.join(run_dir, REBALANCE_FILE)
     full_env = {**os.environ, **(env or {}), "EC2GPU_AGENT": "1", "EC2GPU_REBALANCE_FILE": rebalance_file}
     error_file = full_env.setdefault("TORCHELASTIC_ERROR_FILE", os.path.join(run_dir, "error.json"))
@@ -203,13 +207,14 @@ def run(run_dir: str, argv: list[str], endpoint: str, poll_s: float, grace_s: fl
             pass
     previous = {s: signal.signal(s, stop_job) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        threading.Thread(target=watch, args=(job, stop_job, status, run_dir, key, endpoint, poll_s, grace_s),
+        threading.Thread(target=watch, args=(job, stop_job, status, run_dir, key, endpoint, poll_s, grace_s, limit),
                          daemon=True).start()
         code = job.wait()
         end_group(job.pid)  # what the job left running in its group must not outlive it (or write after us)
         status.update(ended_at=now(), exit_code=code if code >= 0 else None, signal=-code if code < 0 else None)
         # a job that finished (exit 0) as the notice came is done: nothing to resume elsewhere
-        status["state"] = "succeeded" if code == 0 else "interrupted" if status["notice"] else "failed"
+        status["state"] = ("failed" if status["limit"] else "succeeded" if code == 0
+                           else "interrupted" if status["notice"] else "failed")
         if code != 0:
             status["error"] = root_cause(error_file)
         write_status(run_dir, status, key)
@@ -222,11 +227,20 @@ def run(run_dir: str, argv: list[str], endpoint: str, poll_s: float, grace_s: fl
 
 
 def watch(job, stop_job, status: dict, run_dir: str, key: bytes | None, endpoint: str, poll_s: float,
-          grace_s: float) -> None:
+          grace_s: float, limit: tuple[float, float] | None = None) -> None:
     """Poll the metadata service every ``poll_s`` seconds while ``job`` runs (module docstring): a
     rebalance recommendation goes to the job's EC2GPU_REBALANCE_FILE and ``status``, once; a spot
-    notice goes to ``status`` and stops the job (``stop_job``), SIGKILL after ``grace_s``."""
+    notice goes to ``status`` and stops the job (``stop_job``), SIGKILL after ``grace_s``. At
+    ``limit`` (SIGTERM at, grace s) the job is stopped the same way, SIGKILL 5 s before the end."""
     while job.poll() is None:
+        if limit and time.time() >= limit[0]:
+            ends_at = limit[0] + limit[1]
+            status["limit"] = {"ends_at": datetime.fromtimestamp(ends_at, timezone.utc).isoformat(timespec="seconds"),
+                               "stopped_at": now()}
+            write_status(run_dir, status, key)
+            stop_job()
+            _kill_after(job, max(1.0, ends_at - 5 - time.time()))
+            return
         found = metadata(endpoint, [SPOT_ACTION] + ([REBALANCE] if status["rebalance"] is None else []))
         if REBALANCE in found:  # the job is told, once; it goes on
             status["rebalance"] = rebalance_record(found[REBALANCE])
@@ -237,16 +251,21 @@ def watch(job, stop_job, status: dict, run_dir: str, key: bytes | None, endpoint
             status["notice"] = {**notice, "seen_at": now()}
             write_status(run_dir, status, key)
             stop_job()
-            deadline = time.monotonic() + grace_s
-            while job.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.2)
-            if job.poll() is None:
-                try:
-                    os.killpg(job.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            _kill_after(job, grace_s)
             return
-        time.sleep(poll_s)
+        time.sleep(poll_s if not limit else max(0.05, min(poll_s, limit[0] - time.time())))
+
+
+def _kill_after(job, grace_s: float) -> None:
+    """SIGKILL ``job``'s process group unless it ends within ``grace_s`` seconds."""
+    deadline = time.monotonic() + grace_s
+    while job.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if job.poll() is None:
+        try:
+            os.killpg(job.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -255,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--env-file", help="a JSON object of environment variables for the job (mode 0600: it may "
                                       "hold secrets, which never appear on a command line)")
     p.add_argument("--key-file", help="the key that signs status.json (read, then deleted before the job starts)")
+    p.add_argument("--limit-at", type=float, help="POSIX seconds: SIGTERM the job then (the run's --max-runtime, "
+                                                  "less --limit-grace)")
+    p.add_argument("--limit-grace", type=float, default=120.0, help="seconds from --limit-at to the instance's end")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- the job's command line")
     args = p.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -267,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
             env = {str(k): str(v) for k, v in json.load(f).items()}
     return run(args.dir, command, os.environ.get("EC2GPU_IMDS_ENDPOINT", IMDS),
                float(os.environ.get("EC2GPU_SPOT_POLL_SECONDS", "5")),
-               float(os.environ.get("EC2GPU_STOP_GRACE_SECONDS", "90")), env, key)
+               float(os.environ.get("EC2GPU_STOP_GRACE_SECONDS", "90")), env, key,
+               (args.limit_at, args.limit_grace) if args.limit_at else None)
 
 
 if __name__ == "__main__":

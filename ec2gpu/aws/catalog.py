@@ -1,11 +1,16 @@
-"""GPU instance types: GPU model and count, vCPUs, memory, on-demand price; retired types.
+"""GPU instance types: GPU model and count, vCPUs, memory, on-demand price; retired types; GPU names.
 
 Specifications: https://aws.amazon.com/ec2/instance-types/ (accelerated computing tab).
 On-demand prices: USD per hour, Linux, shared tenancy, from
-https://aws.amazon.com/ec2/pricing/on-demand/ as transcribed on PRICES_AS_OF for us-east-1; the
-same list prices apply in us-east-2 and us-west-2 (SHIPPED_PRICE_REGIONS). For any other region, or
-to replace the shipped table, ``ec2gpu prices --refresh`` fetches the AWS Price List API
+https://aws.amazon.com/ec2/pricing/on-demand/ as transcribed on PRICES_AS_OF for us-east-1 (the
+rows added in 2026-11: from the AWS Price List API as SkyPilot's catalog lists it, PRICE_SOURCES);
+the same list prices apply in us-east-2 and us-west-2 (SHIPPED_PRICE_REGIONS). For any other
+region, or to replace the shipped table, ``ec2gpu prices --refresh`` fetches the AWS Price List API
 (aws/pricing.py) and caches the result; ``on_demand_price`` prefers that cache.
+
+GPU names: the catalog's (T4, A10G, L4, L40S, A100, A100-80GB, H100, H200, B200), other tools'
+names for them (GPU_ALIASES), and the GPUs a task may name that ec2gpu cannot run, each with why
+(NOT_SOLD, RETIRED_GPUS): ``canonical_gpu``.
 """
 from __future__ import annotations
 
@@ -87,7 +92,44 @@ CATALOG: dict[str, InstanceType] = {t.name: t for t in [
     # before it they were 32.7726 and 98.32 USD/h. `ec2gpu prices --refresh` reads the current list.
     _t("p4d.24xlarge", "A100", 8, 40, 96, 1152, 21.96),
     _t("p5.48xlarge", "H100", 8, 80, 192, 2048, 55.04),
+    # Added 2026-11 (NEW_TYPES_SOURCE): L40S (g6e), A100 80 GB (p4de), 1 x H100 (p5.4xlarge), H200
+    # (p5en) and B200 (p6-b200). GPU memory is the datasheet's per-GPU figure, as above (the API's
+    # MemoryInfo.SizeInMiB is a little less: L40S 45,776 MiB, B200 183,359 MiB).
+    _t("g6e.xlarge", "L40S", 1, 48, 4, 32, 1.861),
+    _t("g6e.2xlarge", "L40S", 1, 48, 8, 64, 2.24208),
+    _t("g6e.4xlarge", "L40S", 1, 48, 16, 128, 3.00424),
+    _t("g6e.8xlarge", "L40S", 1, 48, 32, 256, 4.52856),
+    _t("g6e.12xlarge", "L40S", 4, 48, 48, 384, 10.49264),
+    _t("g6e.16xlarge", "L40S", 1, 48, 64, 512, 7.57719),
+    _t("g6e.24xlarge", "L40S", 4, 48, 96, 768, 15.06559),
+    _t("g6e.48xlarge", "L40S", 8, 48, 192, 1536, 30.13118),
+    _t("p4de.24xlarge", "A100-80GB", 8, 80, 96, 1152, 27.44705),
+    _t("p5.4xlarge", "H100", 1, 80, 16, 256, 6.88),
+    _t("p5en.48xlarge", "H200", 8, 141, 192, 2048, 63.296),
+    _t("p6-b200.48xlarge", "B200", 8, 180, 192, 2048, 113.9328),
 ]}
+
+#: Where the rows added in 2026-11 come from: SkyPilot's AWS catalog, which SkyPilot builds from the
+#: AWS Price List API (us-east-1, Linux, shared tenancy, on-demand "Price" column), file
+#: catalogs/v8/aws/vms.csv of https://github.com/skypilot-org/skypilot-catalog at commit
+#: 00148f2af3672e2229b4f7bf8157d5a3f36e3c35, read 2026-11-24; vCPUs, memory and GPUs from the same
+#: rows (DescribeInstanceTypes' GpuInfo). The same rows give the same price in us-east-2 and
+#: us-west-2 (SHIPPED_PRICE_REGIONS) wherever the type is offered there (p4de is not in us-east-2).
+#: The older rows were checked against it then too (g4dn.xlarge 0.526, g6.xlarge 0.8048,
+#: p4d.24xlarge 21.957642, p5.48xlarge 55.04).
+NEW_TYPES_SOURCE = "2026-11, AWS Price List API via SkyPilot's catalog (us-east-1, Linux on-demand)"
+PRICE_SOURCES: dict[str, str] = {n: NEW_TYPES_SOURCE for n in (
+    "g6e.xlarge", "g6e.2xlarge", "g6e.4xlarge", "g6e.8xlarge", "g6e.12xlarge", "g6e.16xlarge", "g6e.24xlarge",
+    "g6e.48xlarge", "p4de.24xlarge", "p5.4xlarge", "p5en.48xlarge", "p6-b200.48xlarge")}
+
+#: GPU instance types EC2 sells that have no on-demand price to run them at: the same catalog has no
+#: Price for p5e.48xlarge (8 x H200) in any region: AWS sells it through EC2 Capacity Blocks for ML,
+#: reserved ahead for a fixed term (https://aws.amazon.com/ec2/capacityblocks/), which ec2gpu does
+#: not buy. H200 runs on p5en.48xlarge instead.
+NOT_ON_DEMAND: dict[str, tuple[str, str]] = {
+    "p5e.48xlarge": ("sold through EC2 Capacity Blocks for ML only (the price list has no on-demand price for it)",
+                     "p5en.48xlarge"),
+}
 
 #: Last known on-demand price of the retired types, USD/h, us-east-1 (AWS's previous-generation
 #: price list: g2.2xlarge $0.65/h, g2.8xlarge $2.60/h, p2.xlarge $0.90/h; p3 as this catalog listed
@@ -120,17 +162,72 @@ RETIRED: dict[str, tuple[str, str]] = {
 #: still name them, to be told why)
 RETIRED_GPUS = {"K520": "g2", "K80": "p2", "V100": "p3"}
 
+#: Other names for the GPUs the catalog has, upper-cased -> the catalog's name. Names are matched
+#: without regard to case, as SkyPilot matches them (sky/utils/accelerator_registry.py lower-cases
+#: both sides), so "A10g" is the A10G. SkyPilot calls p4de's GPU "A100-80GB" (its AWS catalog's
+#: AcceleratorName); RunPod-style names add the form factor, which on EC2 is always SXM for these:
+#: p4d/p4de carry A100 SXM4, p5 H100 SXM5, p5en H200 SXM (https://aws.amazon.com/ec2/instance-types/p5/,
+#: .../p4/).
+GPU_ALIASES: dict[str, str] = {
+    "A100-40GB": "A100", "A100-SXM4-40GB": "A100",
+    "A100-80GB-SXM": "A100-80GB", "A100-SXM4-80GB": "A100-80GB",
+    "H100-SXM": "H100", "H100-SXM5": "H100", "H100-80GB": "H100",
+    "H200-SXM": "H200", "H200-141GB": "H200",
+}
+
+_AMD = ("AMD Instinct: EC2 sells no instance with it (its AMD GPUs are g4ad's Radeon Pro V520)", None)
+_NEURON = ("an AWS chip (inf1, inf2, trn1, trn2 instances) programmed with the Neuron SDK, not CUDA; "
+           "ec2gpu runs NVIDIA GPU instances", None)
+_NOT_DLAMI = ("sold by EC2 (p6-b300, p6e-gb200), but on instances the Ubuntu 24.04 PyTorch DLAMI does not list "
+              "as supported (the comment on VOLTA), so ec2gpu does not offer it", "B200")
+#: GPUs a task may name that EC2 does not sell, or sells only on instances ec2gpu does not run,
+#: upper-cased -> (why, the catalog GPU to ask for instead: the closest in memory, or None). A task
+#: asking for one is refused saying why; in a list of candidates it is skipped for the next one
+#: (tasks/resolve.py). Names as SkyPilot's `sky show-gpus -a` lists them (docs.skypilot.co,
+#: "GPUs and Accelerators") and as other providers spell them.
+NOT_SOLD: dict[str, tuple[str, str | None]] = {
+    # GCP's a3-megagpu-8g: 8 x H100 whose multi-node jobs use GCP's GPUDirect-TCPXO NCCL plugin; the
+    # part is EC2's p5.48xlarge's, with EFA instead, so the task's network setup would not carry over.
+    "H100-MEGA": ("GCP's a3-megagpu-8g (8 x H100 with GCP's GPUDirect-TCPXO networking, which its NCCL setup "
+                  "needs); EC2's 8 x H100 is p5.48xlarge, with EFA", "H100"),
+    "A10": ("the A10 is Azure's and Lambda's; EC2 sells its variant, the A10G (g5)", "A10G"),
+    "L40": ("EC2 sells the L40S (g6e), not the L40", "L40S"),
+    "A40": ("a card EC2 does not sell", "L40S"),
+    "A6000": ("a workstation card EC2 does not sell", "L40S"),
+    "RTXA6000": ("a workstation card EC2 does not sell", "L40S"),
+    "RTX6000": ("a workstation card EC2 does not sell", "L40S"),
+    "A5000": ("a workstation card EC2 does not sell", "A10G"),
+    "A4000": ("a workstation card EC2 does not sell", "T4"),
+    "RTX4090": ("a consumer card EC2 does not sell", "L4"),
+    "RTX3090": ("a consumer card EC2 does not sell", "L4"),
+    "RTX3080": ("a consumer card EC2 does not sell", "T4"),
+    "P100": ("a Pascal card EC2 does not sell", "T4"),
+    "P4": ("a Pascal card EC2 does not sell", "T4"),
+    "GH200": ("NVIDIA Grace Hopper (an arm64 CPU with an H100): no EC2 instance type has it", "H100"),
+    "T4G": ("g5g's: a T4G beside a Graviton (arm64) CPU, and ec2gpu's images are x86_64", "T4"),
+    "M60": ("g3's (Maxwell, 2015): not offered by ec2gpu", "T4"),
+    "V100-32GB": (f"p3dn.24xlarge's: {VOLTA}", "L40S"),
+    "RADEON PRO V520": ("g4ad's AMD GPU: no CUDA", None),
+    "GAUDI HL-205": ("dl1's Habana Gaudi: no CUDA", None),
+    "B300": _NOT_DLAMI, "GB200": _NOT_DLAMI,
+    **{k: _AMD for k in ("MI300", "MI300X", "MI325X", "MI250", "MI250X", "MI210", "MI100")},
+    **{k: _NEURON for k in ("INFERENTIA", "INFERENTIA2", "TRAINIUM", "TRAINIUM2")},
+}
+
 
 def lookup(name: str) -> InstanceType:
     """Return the catalog entry for ``name``.
 
-    Raises RetiredInstanceType for g2/p2/p3 (with why and the replacement) and UsageError for an
-    unknown or non-GPU type.
+    Raises RetiredInstanceType for g2/p2/p3 (with why and the replacement) and UsageError for a
+    type without an on-demand price (NOT_ON_DEMAND) and for an unknown or non-GPU type.
     """
     name = name.strip().lower()
     if name in RETIRED:
         why, instead = RETIRED[name]
         raise RetiredInstanceType(f"{name} is {why}", f"use --instance-type {instead}")
+    if name in NOT_ON_DEMAND:
+        why, instead = NOT_ON_DEMAND[name]
+        raise UsageError(f"{name} is {why}", f"use --instance-type {instead}")
     if name in CATALOG:
         return CATALOG[name]
     family = name.split(".")[0]
@@ -150,6 +247,46 @@ def refuse_retired_gpu(gpu: str) -> None:
         why, instead = next(r for n, r in RETIRED.items() if n.startswith(family + "."))
         raise RetiredInstanceType(f"{model} GPUs are on {family} instances only, {why}",
                                   f"ask for gpu: {CATALOG[instead].gpu}{':' + count if count else ''} instead")
+
+
+def gpus() -> list[str]:
+    """The catalog's GPU models, cheapest instance type first: ['T4', 'L4', 'A10G', ...] (pure)."""
+    return list(dict.fromkeys(t.gpu for t in sorted(CATALOG.values(), key=lambda t: (t.on_demand_usd_h, t.name))))
+
+
+def _compact(name: str) -> str:
+    """``name`` upper-cased without spaces, '-' or '_' ('RTX 4090', 'rtx-4090' -> 'RTX4090') (pure)."""
+    return "".join(c for c in name.upper() if c not in " -_")
+
+
+def canonical_gpu(name: str, count: int | None = None) -> str:
+    """The catalog's name for the GPU ``name`` (pure): matched without regard to case, spaces, '-'
+    or '_', through GPU_ALIASES ('a10g' -> 'A10G', 'H100-SXM' -> 'H100', 'A100-80GB-SXM' -> 'A100-80GB').
+
+    Raises UsageError saying why for a GPU in NOT_SOLD or a TPU (hint: what to ask for instead),
+    RetiredInstanceType for one only on retired types (V100, K80, K520: refuse_retired_gpu), and
+    UsageError naming the catalog's GPUs for any other name. ``count`` (GPUs per node) goes into the
+    hint's suggestion ("ask for H100:8 instead").
+    """
+    key = _compact(name)
+    known = {_compact(g): g for g in gpus()} | {_compact(a): g for a, g in GPU_ALIASES.items()}
+    if key in known:
+        return known[key]
+    refuse_retired_gpu(key)
+    not_sold = {_compact(k): v for k, v in NOT_SOLD.items()}
+    if key in not_sold:
+        why, instead = not_sold[key]
+        raise UsageError(f"{name} is not a GPU ec2gpu can run: {why}",
+                         f"ask for {instead}{f':{count}' if count else ''} instead" if instead
+                         else f"GPUs EC2 sells: {', '.join(gpus())}")
+    if key.startswith("TPU"):
+        raise UsageError(f"{name} is a Google Cloud TPU: EC2 has none", f"GPUs EC2 sells: {', '.join(gpus())}")
+    raise UsageError(f"{name!r} is not a GPU EC2 sells", f"GPUs EC2 sells, by ec2gpu's names: {', '.join(gpus())}")
+
+
+def offers(gpu: str) -> list[InstanceType]:
+    """The catalog's types with the GPU ``gpu`` (its catalog name), cheapest first (pure)."""
+    return sorted((t for t in CATALOG.values() if t.gpu == gpu), key=lambda t: (t.on_demand_usd_h, t.name))
 
 
 @dataclass(frozen=True)
@@ -186,7 +323,7 @@ def on_demand_price(name: str, region: str, home: Path | None = None) -> Price:
     if cache and itype.name in cache.get("prices", {}):
         return Price(float(cache["prices"][itype.name]), f"AWS Price List API, fetched {cache['fetched_at'][:10]}")
     if region in SHIPPED_PRICE_REGIONS:
-        return Price(itype.on_demand_usd_h, f"shipped table, {PRICES_AS_OF}")
+        return Price(itype.on_demand_usd_h, f"shipped table, {PRICE_SOURCES.get(itype.name, PRICES_AS_OF)}")
     return Price(None, f"no shipped price for {region}; run `ec2gpu prices --refresh --region {region}`")
 
 

@@ -1,7 +1,8 @@
 """Cluster placement groups: the nodes of a multi-node run close together on the network.
 
 https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/placement-strategies.html#placement-groups-cluster
-The GPU families the catalog lists (g4dn, g5, g6, p3, p4d, p5) all support the cluster strategy.
+The GPU families the catalog lists (g4dn, g5, g6, g6e, p4d, p4de, p5, p5en, p6-b200) all support the
+cluster strategy.
 Where the API refuses (an account without the permission, an emulator such as moto that does not
 implement placement groups), the run goes on without one and says so: placement is a speed-up,
 never a requirement.
@@ -14,7 +15,7 @@ import botocore.parsers
 from . import tags as T
 from .session import describe
 
-CLUSTER_FAMILIES = ("g4dn", "g5", "g6", "g6e", "p3", "p3dn", "p4d", "p4de", "p5", "p5e")
+CLUSTER_FAMILIES = ("g4dn", "g5", "g6", "g6e", "p3", "p3dn", "p4d", "p4de", "p5", "p5e", "p5en", "p6-b200")
 
 
 def create(ec2, run_id: str, owner: str, name: str, instance_type: str) -> tuple[str | None, str]:

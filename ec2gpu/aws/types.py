@@ -36,10 +36,20 @@ class Facts:
     instance_store_gb: int | None = None
 
 
+def gpu_name(name: str | None, memory_mib: int | float) -> str | None:
+    """The catalog's name for a GPU as DescribeInstanceTypes names it (pure): the API calls p4de's
+    80 GB A100 "A100" like p4d's 40 GB one (GpuInfo.Gpus[].MemoryInfo.SizeInMiB 81920 against 40960);
+    the catalog, like SkyPilot's AWS catalog, calls it "A100-80GB". Other names are the API's."""
+    if name == "A100" and memory_mib >= 80 * 1024:
+        return "A100-80GB"
+    return name
+
+
 def _from_api(t: dict) -> Facts:
     gpus = (t.get("GpuInfo") or {}).get("Gpus") or [{}]
     g = gpus[0]
-    return Facts(t["InstanceType"], g.get("Name"), sum(x.get("Count", 0) for x in gpus if x),
+    return Facts(t["InstanceType"], gpu_name(g.get("Name"), (g.get("MemoryInfo") or {}).get("SizeInMiB", 0)),
+                 sum(x.get("Count", 0) for x in gpus if x),
                  round((g.get("MemoryInfo") or {}).get("SizeInMiB", 0) / 1024, 1),
                  t["VCpuInfo"]["DefaultVCpus"], round(t["MemoryInfo"]["SizeInMiB"] / 1024, 1),
                  "cluster" in (t.get("PlacementGroupInfo") or {}).get("SupportedStrategies", []), API,

@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 
 from ..errors import UsageError
-from . import JSON, REGION, SANDBOX, RichReporter, _print_record, _sandbox_flag, app, err, warn
+from . import JSON, REGION, SANDBOX, RichReporter, _print_record, _sandbox_flag, app, err, out, plain, render_json, warn
 
 
 def _size(text: str, flag: str = "--max-upload") -> int:
@@ -34,6 +34,16 @@ def _env_flags(values: list[str], secrets: Optional[list[str]] = None) -> dict[s
     return out
 
 
+def _print_plan(plan: dict, as_json: bool) -> None:
+    """`run --dry-run`: the plan as JSON, or as lines with the task's own words printed inert."""
+    if as_json:
+        render_json(plan)
+        return
+    from ..runs import dryrun
+    for line in dryrun.render(plan):
+        out.print(plain(line), soft_wrap=True)
+
+
 WORKDIR_OUTSIDE = typer.Option(False, "--workdir-outside", help="Send a task file's workdir even when it lies outside "
                                "the task file's directory (your home and credentials directories are never sent).")
 
@@ -43,7 +53,10 @@ def run_cmd(
     args: List[str] = typer.Argument(None, help="A task file (task.yaml), or after -- the command to run in the "
                                      "current directory: ec2gpu run --gpu T4 -- python train.py --epochs 3"),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU model and count, e.g. T4, A10G:4 (the cheapest type "
-                                      "that has it); overrides the task's resources."),
+                                      "with exactly that many); overrides the task's resources."),
+    allow_larger: bool = typer.Option(False, "--allow-larger", help="Where no instance type has exactly the GPU "
+                                      "count asked, take the cheapest with more: the job sees only the count asked "
+                                      "(CUDA_VISIBLE_DEVICES) and the whole instance is billed."),
     instance_type: Optional[str] = typer.Option(None, "--instance-type", "-t", help="Instance type, or several in "
                                                 "order of preference (g5.xlarge,g6.xlarge)."),
     spot: Optional[bool] = typer.Option(None, "--spot/--on-demand", help="Spot (managed: a lost instance is replaced "
@@ -55,9 +68,12 @@ def run_cmd(
     workdir: Optional[str] = typer.Option(None, "--workdir", help="For a command: the directory to send (default .)."),
     name: Optional[str] = typer.Option(None, "--name", help="The run's name (default: the task's, or the directory's)."),
     max_runtime: Optional[str] = typer.Option(None, "--max-runtime", help="Minutes (or 90m, 2h) after which the "
-                                              "instance terminates itself (default: the task's, else 120)."),
+                                              "instances terminate themselves; the job gets SIGTERM 2 min before. "
+                                              "none: no limit (an idle instance still ends itself). Default: the "
+                                              "task's, else 3 x its longest run, else 24 h."),
     expect: Optional[str] = typer.Option(None, "--expect", help="How long the job should run (20m, 1h), for the "
-                                         "estimate when no earlier run of the task says."),
+                                         "estimate when no earlier run of the task says (a first run starts "
+                                         "without it)."),
     budget: Optional[float] = typer.Option(None, "--budget", min=0, help="Refuse the run if its estimate in USD is above."),
     max_price: Optional[float] = typer.Option(None, "--max-price", min=0, help="Spot: the highest USD/h to pay."),
     max_attempts: Optional[int] = typer.Option(None, "--max-attempts", min=1, help="Instances to try (default 3 "
@@ -72,6 +88,10 @@ def run_cmd(
     no_baked: bool = typer.Option(False, "--no-baked", help="Boot the Deep Learning AMI even when an image baked for "
                                   "this setup exists (`ec2gpu image ls`)."),
     workdir_outside: bool = WORKDIR_OUTSIDE,
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (instance types in order with GPUs and "
+                                 "prices, limit, most it can cost, the job's environment, setup and run, what "
+                                 "changes) and create nothing; needs no AWS credentials. With --json: its keys "
+                                 "are in docs/tasks.md."),
     region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
 ):
     """Run your own job on new GPU instances: send the workdir, set up, run, bring outputs home, terminate.
@@ -89,7 +109,10 @@ def run_cmd(
         max_price=max_price, max_attempts=max_attempts, max_upload=_size(max_upload), include_secrets=include_secrets,
         out=out_dir, ssh_cidr=ssh_cidr, ami=ami, region=region, sandbox=_sandbox_flag(sandbox),
         reporter=RichReporter(err), on_warning=_warn, as_typed=" ".join(["ec2gpu", *sys.argv[1:]]), baked=not no_baked,
-        workdir_outside=workdir_outside)
+        workdir_outside=workdir_outside, allow_larger=allow_larger, dry_run=dry_run)
+    if dry_run:
+        _print_plan(record, as_json)
+        return
     _print_record(record, as_json)
 
 

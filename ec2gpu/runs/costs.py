@@ -87,6 +87,7 @@ class Estimate:
     time_source: str  # "ledger (N runs)" or "default (T4 x speedup)"
     billed_seconds: float = 0.0
     cost_usd: float | None = None
+    upper_bound: bool = False  # the job's time is unknown: billed_seconds and cost_usd are at the run's limit
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -313,11 +314,10 @@ def with_total(row: dict) -> dict:
 
 
 def estimate_minutes(home: Path, job, instance_type: str, expect_minutes: float | None,
-                     backend: str) -> tuple[float, str]:
+                     backend: str) -> tuple[float | None, str]:
     """Minutes the job should run, and where that figure comes from: the ledger's past completed
-    runs of the same task on the same instance type (their mean), else ``--expect``, else the
-    task's max_runtime. Raises UsageError when none of them says."""
-    from ..errors import UsageError
+    runs of the same task on the same instance type (their mean), else ``--expect``; (None, why)
+    when neither says (a task's first run: its cost is then bounded by its --max-runtime)."""
     from . import ledger
     past = [r for r in ledger.runs(home, backend=backend, limit=200, tolerant=True)
             if r.get("task") == job.name and r.get("instance_type") == instance_type and r["status"] == "completed"
@@ -327,10 +327,7 @@ def estimate_minutes(home: Path, job, instance_type: str, expect_minutes: float 
         return mean, f"mean of {len(past)} past run(s) of task {job.name} on {instance_type} (ledger)"
     if expect_minutes:
         return expect_minutes, "--expect"
-    if job.task.max_runtime_minutes:
-        return float(job.task.max_runtime_minutes), "the task's max_runtime (an upper bound)"
-    raise UsageError(f"no estimate for task {job.name}: it has not run on {instance_type} before",
-                     "say how long it should take: --expect 20m (or set max_runtime in the task file)")
+    return None, f"task {job.name} has not run on {instance_type} before"
 
 
 def price_rows(aws, home, gpu: str | None = None, log=lambda msg: None) -> tuple[list[dict], list[dict]]:

@@ -24,7 +24,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import AwsError, RemoteError, WaitTimeout
+from ..errors import AwsError, LimitReached, RemoteError, WaitTimeout
 from .nodes import PROGRESS_FILE, copy_log, record_steps  # noqa: F401 - copy_log: logs.py's
 from .status import as_number
 from ..remote import sync
@@ -121,12 +121,20 @@ def workdir_of(run_dir: str, job: TaskJob) -> str:
 
 
 def node_env(job: TaskJob, run_id: str, run_dir: str, index: int, addresses: list[str], gpus: int,
-             resume: bool, python: str = "python3") -> dict[str, str]:
+             resume: bool, python: str = "python3", instance_type: str | None = None) -> dict[str, str]:
     """The environment of the job on node ``index`` (pure): the task's envs, then ours.
 
     EC2GPU_PYTHON is the Python with torch that setup found (the Deep Learning AMI's is not the
     first python3 on PATH): the agent and the setup put its directory first on PATH.
+
+    On a node whose type has more GPUs than the task asked for (taken because of
+    ``resources.allow_larger``: tasks/resolve.gpus_asked; ``instance_type`` is the node's type where
+    the caller knows it, else its ``gpus`` tell), the job sees only the count asked, N:
+    CUDA_VISIBLE_DEVICES=0,...,N-1, and EC2GPU_GPUS_PER_NODE and SKYPILOT_NUM_GPUS_PER_NODE are N.
     """
+    from ..tasks.resolve import gpus_asked, visible_devices
+    limit = gpus_asked(job.task.resources, instance_type, gpus)
+    gpus = limit or gpus
     workdir = workdir_of(run_dir, job)
     ckpt = f"{workdir}/{job.task.checkpoint_dir}" if job.task.checkpoint_dir else f"{run_dir}/checkpoints"
     ours = {
@@ -139,6 +147,8 @@ def node_env(job: TaskJob, run_id: str, run_dir: str, index: int, addresses: lis
         "SKYPILOT_NODE_RANK": str(index), "SKYPILOT_NUM_NODES": str(len(addresses)),
         "SKYPILOT_NODE_IPS": "\n".join(addresses), "SKYPILOT_NUM_GPUS_PER_NODE": str(gpus),
     }
+    if limit:
+        ours["CUDA_VISIBLE_DEVICES"] = visible_devices(limit)
     return {**job.env, **ours}
 
 
@@ -164,7 +174,8 @@ def upload_node(nd, job: TaskJob, ssh_config: Path | None, run_id: str, addresse
     else:
         nd.conn.run(f"mkdir -p {shlex.quote(workdir)}", hide=True, in_stream=False)
     gpus = processes_per_node(nd.info) if nd.info.get("cuda_available") else int(nd.info.get("gpu_count") or 0)
-    env = node_env(job, run_id, nd.run_dir, nd.index, addresses, gpus, resume, nd.info.get("python") or "python3")
+    env = node_env(job, run_id, nd.run_dir, nd.index, addresses, gpus, resume, nd.info.get("python") or "python3",
+                   instance_type=(nd.instance or {}).get("InstanceType"))
     # both exist when the job starts: it may write "$EC2GPU_CHECKPOINT_DIR/state.txt" at once
     nd.conn.run(f"mkdir -p {shlex.quote(env['EC2GPU_OUTPUT_DIR'])} {shlex.quote(env['EC2GPU_CHECKPOINT_DIR'])}",
                 hide=True, in_stream=False)
@@ -241,13 +252,19 @@ class _LineWriter(io.TextIOBase):
             self.buf = ""
 
 
-def job_argv(nd, job: TaskJob) -> list[str]:
+def job_argv(nd, job: TaskJob, limit_minutes: int | None = None, grace_s: float = 120.0) -> list[str]:
     """The agent's command line on node ``nd`` (pure apart from the node's facts): the task's run
     script under ``bash -c``, $0 the task's name, "$@" the job's args; the agent signs its
-    status.json with the key upload_node left in agent.key (runs/status.py)."""
+    status.json with the key upload_node left in agent.key (runs/status.py). With the run's
+    ``limit_minutes`` (--max-runtime) the agent gives the job SIGTERM ``grace_s`` seconds (at most
+    half the limit) before the instance ends itself (runs/limits.py)."""
+    from . import limits
     python = nd.info.get("python") or "python3"
+    at = limits.stop_at(nd.instance, limit_minutes, grace_s)
+    limit = [] if at is None else ["--limit-at", f"{at:.0f}",
+                                   "--limit-grace", f"{limits.grace_seconds(limit_minutes, grace_s):.0f}"]
     return [python, f"{nd.run_dir}/agent.py", "--dir", nd.run_dir, "--env-file", f"{nd.run_dir}/job.env.json",
-            "--key-file", f"{nd.run_dir}/agent.key", "--", "bash", "-c", job.task.run, job.name, *job.args]
+            "--key-file", f"{nd.run_dir}/agent.key", *limit, "--", "bash", "-c", job.task.run, job.name, *job.args]
 
 
 def snapshot_statuses(nodes) -> None:
@@ -288,6 +305,16 @@ def judge(nodes, job: TaskJob) -> None:
     bad = [nd for nd in nodes if (statuses[nd.index] or {}).get("state") != "succeeded" and nd.result != "stopped"]
     if not bad:
         return
+    limited = next((nd for nd in bad if (statuses[nd.index] or {}).get("limit")), None)
+    if limited is not None:
+        lim = statuses[limited.index]["limit"]
+        raise LimitReached(f"the run's --max-runtime ended the job on node {limited.index} ({limited.instance_id}): "
+                           f"it had SIGTERM at {lim.get('stopped_at')} to checkpoint, and the instance ends itself at "
+                           f"{lim.get('ends_at')}",
+                           "raise the limit: --max-runtime 8h (or max_runtime: in the task file); --max-runtime none "
+                           "removes it. Outputs were brought home and every instance is terminated",
+                           command=job.task.run, host=limited.host, exit_status=124,
+                           tail=job.mask(jobs.tail(limited.conn, f"{limited.run_dir}/job.log", TAIL_LINES)))
     first = root_cause_node(bad, statuses)
     st = statuses[first.index]
     if st is None:
@@ -424,7 +451,8 @@ def run_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[dic
         with ui.phase("running"):
             try:
                 for nd in nodes:
-                    nd.pid = jobs.start(nd.conn, nd.run_dir, job_argv(nd, job))
+                    nd.pid = jobs.start(nd.conn, nd.run_dir, job_argv(nd, job, opts.max_runtime_minutes,
+                                                                      settings.limit_grace_seconds))
                 ui.note(f"job started on {len(nodes)} node(s) under the agent"
                         + (f" (head {addresses[0]})" if len(nodes) > 1 else "") + "; its log follows")
                 with tunnel.forwarding(config, nodes[0].instance_id, job.task.ports, ui.note):

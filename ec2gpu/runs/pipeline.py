@@ -44,7 +44,8 @@ class TrainOptions:
     ssh_cidr: str | None = None
     ami: str | None = None
     name: str | None = None
-    max_runtime_minutes: int = 120
+    max_runtime_minutes: int | None = 120  # instances end themselves after this (None: no limit): runs/limits.py
+    limit_source: str | None = None  # where max_runtime_minutes comes from, said before launch
     budget_usd: float | None = None  # refuse a run whose estimate is above this
     max_price: float | None = None  # spot: the highest USD/h to pay
     nodes: int = 1  # instances running the job together (engine.py; torchrun for the built-in task)
@@ -186,6 +187,8 @@ def check_estimate(aws: Aws, settings: Settings, opts: TrainOptions, backend: st
     elif opts.task is not None and opts.task.builtin != "mnist":
         minutes, source = costs.estimate_minutes(settings.home, opts.task, opts.instance_types[0], opts.expect_minutes,
                                                   backend)
+        if minutes is None:
+            return _at_most(aws, settings, opts, backend, ui, source)
         est = costs.estimate_job(aws, settings.home, opts.instance_types[0], opts.spot, minutes * 60, source, backend,
                                  opts.max_price)
     else:
@@ -201,7 +204,8 @@ def check_estimate(aws: Aws, settings: Settings, opts: TrainOptions, backend: st
             f"boot {est.boot_seconds:.0f} s, setup {est.setup_seconds:.0f} s, "
             f"{'bake' if opts.bake else 'training' if opts.task.builtin == 'mnist' else 'job'} {est.train_seconds:.0f} s, "
             f"teardown {est.teardown_seconds:.0f} s [{est.time_source}]")
-    if est.train_seconds > opts.max_runtime_minutes * 60:  # it would end itself first (user data's shutdown)
+    _say_limit(opts, ui)
+    if opts.max_runtime_minutes is not None and est.train_seconds > opts.max_runtime_minutes * 60:  # it would end itself first (user data's shutdown)
         raise UsageError(f"the estimate says the job needs ~{est.train_seconds / 60:,.0f} min, longer than "
                          f"--max-runtime {opts.max_runtime_minutes} min: the instance would terminate itself "
                          "before the job finishes",
@@ -215,6 +219,50 @@ def check_estimate(aws: Aws, settings: Settings, opts: TrainOptions, backend: st
             raise UsageError(f"the estimate ${est.cost_usd:.4f} is above --budget ${opts.budget_usd:.4f}",
                              budget_hint(opts, est.time_source))
     return est
+
+
+def _at_most(aws: Aws, settings: Settings, opts: TrainOptions, backend: str, ui: Reporter,
+             why: str) -> costs.Estimate:
+    """The estimate of a task whose job time nothing says (``why``: its first run on this type, no
+    --expect): its price per hour and the most it can cost, at its limit (runs/limits.py), said to
+    the user; the run goes on. Refuses (UsageError) only where asked to: a --budget that the most
+    it can cost is above (or that nothing bounds: no limit)."""
+    from dataclasses import replace
+    est = costs.estimate_job(aws, settings.home, opts.instance_types[0], opts.spot, 0.0, why, backend, opts.max_price)
+    limit_s = None if opts.max_runtime_minutes is None else opts.max_runtime_minutes * 60.0
+    most = None if limit_s is None or est.usd_per_hour is None else round(
+        costs.cost_usd(limit_s, est.usd_per_hour) * opts.nodes, 4)
+    est = replace(est, time_source=f"unknown: {why}", upper_bound=True, billed_seconds=limit_s or 0.0, cost_usd=most)
+    price = "an unknown price (no price table for this region)" if est.usd_per_hour is None else \
+        f"{est.usd_per_hour:.4f} USD/h{f' x {opts.nodes} nodes' if opts.nodes > 1 else ''} ({est.price_source})"
+    bound = ("nothing bounds its cost (--max-runtime none)" if limit_s is None else
+             f"so it costs at most {'an unknown amount' if most is None else f'${most:.2f}'}")
+    ui.note(f"estimate: {why}, so its time is unknown (--expect 20m gives an estimate); it runs at {price}, "
+            f"and its instances end themselves after {_limit_words(opts)}: {bound}")
+    _say_limit(opts, ui)
+    if opts.budget_usd is not None and (most is None or most > opts.budget_usd):
+        raise UsageError(f"--budget ${opts.budget_usd:.2f}: {why}, and at its limit ({_limit_words(opts)}) it could "
+                         f"cost {'without bound' if limit_s is None else 'an unknown amount' if most is None else f'up to ${most:.2f}'}",
+                         "say how long it takes (--expect 20m), or bound it (--max-runtime 1h)")
+    return est
+
+
+def _limit_words(opts: TrainOptions) -> str:
+    from . import limits
+    return limits.Limit(opts.max_runtime_minutes, opts.limit_source or "").words()
+
+
+def _say_limit(opts: TrainOptions, ui: Reporter) -> None:
+    """One line before launch: the run's limit and where it comes from (a user's task only)."""
+    if opts.limit_source is None:
+        return
+    if opts.max_runtime_minutes is None:
+        from .limits import NO_LIMIT_IDLE_SECONDS
+        ui.note(f"max runtime: none ({opts.limit_source}); an instance left idle (no job, SSH connection or busy "
+                f"GPU) ends itself after {NO_LIMIT_IDLE_SECONDS // 60} min")
+    else:
+        ui.note(f"max runtime: {_limit_words(opts)} ({opts.limit_source}); the job gets SIGTERM before it, to "
+                "checkpoint (--max-runtime 8h raises it, none removes it)")
 
 
 def budget_hint(opts: TrainOptions, time_source: str) -> str:
@@ -281,7 +329,8 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, backen
     record = run_record.new(run_id, opts.command, backend.name, out, instance_type=itype.name, gpu=itype.gpu,
                             market="spot" if opts.spot else "on-demand", task="bake" if opts.bake else opts.task.name,
                             model=opts.model if mnist else None, epochs=opts.epochs if mnist else None,
-                            region=aws.region, estimated_cost_usd=est.cost_usd, estimate=est.as_dict())
+                            region=aws.region, estimated_cost_usd=None if est.upper_bound else est.cost_usd,
+                            estimate=est.as_dict())
     _ledger(settings, record, ui)
     attempts: list[dict] = []
     record["attempts"] = attempts
@@ -316,7 +365,7 @@ def _teardown_and_bill(aws: Aws, settings: Settings, opts: TrainOptions, prov, r
     attempts = record["attempts"]
     if opts.keep and prov.instances:
         ui.note(f"--keep: {', '.join(prov.instance_ids)} keeps running (and billing) until "
-                f"`ec2gpu down {opts.name or 'ec2gpu-' + prov.run_id}` or {opts.max_runtime_minutes} min pass")
+                f"`ec2gpu down {opts.name or 'ec2gpu-' + prov.run_id}` or {_limit_words(opts)} pass")
     elif prov.key_name or prov.security_group_id or prov.instances:
         record["teardown_failed"] = provision.teardown(aws, settings, prov, ui)["failed"]
         try:

@@ -76,7 +76,9 @@ def exec_task(aws, settings, job, ui, target: str, backend, out: Path | None, co
         raise UsageError(f"no running instance or cluster named {target!r}",
                          "start one with `ec2gpu launch --name NAME` (see `ec2gpu ls`)")
     nodes, run_id, out, prov, record = _standing(aws, settings, found, out, backend, command)
-    opts = TrainOptions(task=job, nodes=len(nodes), command=command)
+    # no limit of the run's own: a standing instance keeps the one it was launched with (and a stop
+    # and start clears user data's shutdown), so the agent is given none to stop the job before
+    opts = TrainOptions(task=job, nodes=len(nodes), command=command, max_runtime_minutes=None)
     record.update(task=job.name, **(extra or {}))
     itype = catalog.CATALOG.get(nodes[0]["InstanceType"])
     record["gpu"] = itype.gpu if itype else None

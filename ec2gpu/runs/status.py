@@ -12,7 +12,8 @@ Shape: ``{"state": "running" | "succeeded" | "failed" | "interrupted" | "unreada
 "exit_code": int | None, "signal": int | None, "started_at": str | None, "ended_at": str | None,
 "notice": {"action": str, "time": str} | None, "error": {"message": str, "exit_code": int | None,
 "rank": int | None, "timestamp": float | None} | None, "rebalance": {"notice_time": str | None, "seen_at":
-str | None} | None, "problem": str | None}``.
+str | None} | None, "limit": {"ends_at": str | None, "stopped_at": str | None} | None (the agent stopped
+the job before the run's --max-runtime), "problem": str | None}``.
 """
 from __future__ import annotations
 
@@ -69,9 +70,15 @@ def _rebalance(v) -> dict | None:
     return {"notice_time": _text(v.get("notice_time")), "seen_at": _text(v.get("seen_at"))}
 
 
+def _limit(v) -> dict | None:
+    if not isinstance(v, dict):
+        return None
+    return {"ends_at": _text(v.get("ends_at")), "stopped_at": _text(v.get("stopped_at"))}
+
+
 def _problem(state: str, problem: str) -> dict:
     return {"state": state, "exit_code": None, "signal": None, "started_at": None, "ended_at": None,
-            "notice": None, "error": None, "rebalance": None, "problem": problem}
+            "notice": None, "error": None, "rebalance": None, "limit": None, "problem": problem}
 
 
 def parse(data: bytes | None, key: str | None) -> dict | None:
@@ -98,7 +105,7 @@ def parse(data: bytes | None, key: str | None) -> dict | None:
     return {"state": state, "exit_code": _int(raw.get("exit_code")), "signal": _int(raw.get("signal"), 0, 1 << 16),
             "started_at": _text(raw.get("started_at")), "ended_at": _text(raw.get("ended_at")),
             "notice": _notice(raw.get("notice")), "error": _error(raw.get("error")),
-            "rebalance": _rebalance(raw.get("rebalance")), "problem": None}
+            "rebalance": _rebalance(raw.get("rebalance")), "limit": _limit(raw.get("limit")), "problem": None}
 
 
 def read(conn, run_dir: str, key: str | None) -> dict | None:

@@ -2,10 +2,18 @@
 
 Two formats are read: ec2gpu's own (spec.py, docs/tasks.md) and the common subset of SkyPilot's
 task YAML (https://docs.skypilot.co/en/latest/reference/yaml-spec.html): ``name``, ``workdir``,
-``setup``, ``run``, ``envs``, ``secrets``, ``num_nodes``, ``resources.accelerators`` (``T4:1`` or
-``{T4: 1}``), ``resources.instance_type``, ``resources.use_spot``, ``resources.disk_size``.
-SkyPilot fields ec2gpu does not support are named in one warning line, never silently dropped;
-anything else unknown is an error.
+``setup``, ``run``, ``envs``, ``secrets``, ``num_nodes``, ``resources.accelerators`` (and its alias
+``gpus``: ``T4:1``, ``{T4: 1}``, ``{A100:8}``, a set ``{H100:8, H200:8}`` tried cheapest first, a
+list ``[A100:8, H100:8]`` tried in order, SkyPilot's memory form ``40GB+:1``),
+``resources.any_of``/``ordered`` (candidates), ``resources.instance_type``, ``resources.use_spot``,
+``resources.disk_size``. SkyPilot fields ec2gpu does not support are named in one warning line,
+never silently dropped; anything else unknown is an error whose hint lists both formats' names.
+
+YAML is read as SkyPilot reads it, and stricter: ``envs`` values YAML types as booleans or numbers
+become the text Python's ``str`` makes of them, as SkyPilot's ``Task.from_yaml_config`` does
+(``false`` -> ``False``, ``3`` -> ``3``, ``1.0`` -> ``1.0``); a key given twice in one mapping is
+refused at its line (PyYAML would keep the last silently); several YAML documents (SkyPilot's
+pipelines and job groups) are refused as such: ec2gpu runs one task per file.
 
 A task file is untrusted input: it is read at most MAX_TASK_BYTES, composed once by a loader that
 refuses YAML bombs (_BoundedLoader), and the directory it asks to send goes through
@@ -14,6 +22,7 @@ file's own directory only with --workdir-outside).
 """
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from dataclasses import dataclass, field
@@ -22,7 +31,10 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
+from ..aws import catalog
+from .. import settings
 from ..errors import UsageError
+from . import resolve
 from .spec import ENV_NAME_RE, Task
 
 MAX_TASK_BYTES = 1 << 20  # a task file holds at most 1 MiB
@@ -44,14 +56,23 @@ CREDENTIAL_DIRS = (
 
 #: SkyPilot fields with no ec2gpu meaning: warned about and ignored
 SKYPILOT_UNSUPPORTED = {"file_mounts", "volumes", "config", "service", "event_callback", "num_gpus", "docker",
-                        "experimental", "pool"}
+                        "experimental", "pool", "inputs"}
 SKYPILOT_UNSUPPORTED_RESOURCES = {"cloud", "infra", "region", "zone", "accelerator_args", "cpus", "memory",
-                                  "job_recovery", "disk_tier", "network_tier", "ports", "labels", "any_of",
-                                  "ordered", "image_id", "autostop", "priority"}
-#: SkyPilot name -> ec2gpu name
+                                  "job_recovery", "spot_recovery", "disk_tier", "network_tier", "ports", "labels",
+                                  "image_id", "autostop", "priority", "volumes", "max_hourly_cost"}
+#: SkyPilot name -> ec2gpu name (resources.accelerators and its candidates: _skypilot_resources)
 SKYPILOT_RENAMES = {("num_nodes",): ("nodes",), ("resources", "use_spot"): ("resources", "spot"),
-                    ("resources", "disk_size"): ("resources", "disk_gib"),
-                    ("resources", "accelerators"): ("resources", "gpu")}
+                    ("resources", "disk_size"): ("resources", "disk_gib")}
+#: Every field SkyPilot's task YAML has (yaml-spec.html; sky/task.py, sky/resources.py), for the hint
+#: on an unknown one: read and mapped, or named in the warning as dropped
+SKYPILOT_FIELDS = ("name", "workdir", "num_nodes", "resources", "envs", "secrets", "setup", "run", "file_mounts",
+                   "volumes", "config", "service", "pool", "event_callback", "inputs", "outputs")
+SKYPILOT_RESOURCE_FIELDS = ("infra", "cloud", "region", "zone", "accelerators", "gpus", "accelerator_args", "cpus",
+                            "memory", "instance_type", "use_spot", "job_recovery", "spot_recovery", "disk_size",
+                            "disk_tier", "network_tier", "ports", "labels", "image_id", "autostop", "any_of", "ordered",
+                            "priority", "volumes", "max_hourly_cost")
+#: SkyPilot's alias in resources and in each candidate (sky/resources.py, RESOURCE_CONFIG_ALIASES)
+SKYPILOT_ALIASES = {"gpus": "accelerators"}
 DOCS = "see docs/tasks.md for every field"
 
 
@@ -112,7 +133,18 @@ def _compose(text: str, source: str):
     """
     loader = _BoundedLoader(text)
     try:
-        node = loader.get_single_node()
+        nodes = []
+        while loader.check_node():  # every document, so several are refused as what they are
+            node = loader.get_node()
+            if node is not None and node.tag != "tag:yaml.org,2002:null":  # an empty document: nothing
+                nodes.append(node)
+        if len(nodes) > 1:
+            raise UsageError(f"{source}:{nodes[1].start_mark.line + 1}: {len(nodes)} YAML documents (---): a SkyPilot "
+                             "pipeline or job group; ec2gpu runs one task per file",
+                             "put each task in a file of its own and run them one after another "
+                             "(ec2gpu run a.yaml && ec2gpu run b.yaml)")
+        node = nodes[0] if nodes else None
+        _refuse_duplicate_keys(node, source)
         lines = _lines(node) if node is not None else {}  # before construction merges `<<:` keys in place
         return lines, (loader.construct_document(node) if node is not None else None)
     except _TooComplex as exc:
@@ -125,6 +157,30 @@ def _compose(text: str, source: str):
                          "check the indentation and quoting on that line")
     finally:
         loader.dispose()
+
+
+def _refuse_duplicate_keys(node, source: str, path=(), seen=None) -> None:
+    """Raise UsageError "SOURCE:LINE: PATH: KEY given twice (first at line N)" for a key written twice
+    in one mapping of the composed ``node`` (YAML 1.2 requires unique keys; PyYAML, and so SkyPilot,
+    keeps the last silently). Keys merged in with ``<<:`` may repeat: overriding them is the point."""
+    seen = set() if seen is None else seen
+    if node is None or id(node) in seen:
+        return
+    seen.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        first: dict = {}
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                where = ".".join(str(p) for p in path + (key.value,))
+                if key.value in first:
+                    raise UsageError(f"{source}:{key.start_mark.line + 1}: {where}: given twice (first at line "
+                                     f"{first[key.value]})", "keep one: YAML keeps only the last, silently")
+                first[key.value] = key.start_mark.line + 1
+            _refuse_duplicate_keys(value, source, path + (key.value if isinstance(key, yaml.ScalarNode) else "?",),
+                                   seen)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _refuse_duplicate_keys(item, source, path + (i,), seen)
 
 
 def _lines(node, path=(), out=None, seen=None) -> dict[tuple, int]:
@@ -152,23 +208,22 @@ def _line_of(lines: dict, loc: tuple) -> int:
     return lines.get(loc, 1)
 
 
-def _from_skypilot(data: dict, warnings: list[str]) -> tuple[dict, dict]:
-    """SkyPilot's names -> ours; unsupported fields dropped and named. Returns (data, {ours: theirs})."""
+def _from_skypilot(data: dict, warnings: list[str], source: str = "<task>", lines: dict | None = None
+                   ) -> tuple[dict, dict]:
+    """SkyPilot's names -> ours; unsupported fields dropped and named in one warning. Returns (data,
+    {our field path: the file's}). Raises UsageError (with the line) for what cannot be mapped."""
+    lines = lines or {}
     data, renamed = dict(data), {}
     dropped = sorted(k for k in data if k in SKYPILOT_UNSUPPORTED)
     for k in dropped:
         data.pop(k)
-    res = data.get("resources")
-    if isinstance(res, dict):
-        res = data["resources"] = dict(res)
-        gone = sorted(k for k in res if k in SKYPILOT_UNSUPPORTED_RESOURCES)
-        for k in gone:
-            res.pop(k)
-        dropped += [f"resources.{k}" for k in gone]
-        acc = res.get("accelerators")
-        if isinstance(acc, dict) and len(acc) == 1:
-            (model, count), = acc.items()
-            res["accelerators"] = f"{model}:{count}"
+    if isinstance(data.get("outputs"), dict):  # sky/task.py: {cloud path: estimated GB}, the optimizer's egress hint
+        data.pop("outputs")
+        dropped.append("outputs (SkyPilot's legacy {bucket: size in GB}: a size hint for its optimizer's egress cost, "
+                       "which moves no data)")
+    if isinstance(data.get("resources"), dict):
+        data["resources"], res_renamed = _skypilot_resources(data["resources"], source, lines, warnings, dropped)
+        renamed.update(res_renamed)
     for theirs, ours in SKYPILOT_RENAMES.items():
         src = data if len(theirs) == 1 else data.get(theirs[0])
         if isinstance(src, dict) and theirs[-1] in src:
@@ -183,18 +238,198 @@ def _from_skypilot(data: dict, warnings: list[str]) -> tuple[dict, dict]:
     return data, renamed
 
 
+def _refuse(source: str, lines: dict, loc: tuple, what: str, hint: str = DOCS) -> UsageError:
+    """UsageError "SOURCE:LINE: a.b[0].c: WHAT" for the field at ``loc``."""
+    name = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
+    return UsageError(f"{source}:{_line_of(lines, loc)}: {name}: {what}", hint)
+
+
+def _alias(res: dict, source: str, lines: dict, loc: tuple) -> dict:
+    """``res`` with SkyPilot's aliases (gpus -> accelerators) replaced; both given: refused, as SkyPilot does."""
+    res = dict(res)
+    for alias, name in SKYPILOT_ALIASES.items():
+        if alias in res:
+            if name in res:
+                raise _refuse(source, lines, loc + (alias,), f"both {alias} and {name}: {alias} is SkyPilot's other "
+                              f"name for {name}", f"keep one of them")
+            res[name] = res.pop(alias)
+    return res
+
+
+def _accelerators(value, source: str, lines: dict, loc: tuple) -> tuple[list[str], str]:
+    """SkyPilot's ``accelerators`` -> (GPU requests 'MODEL:N', "one" | "set" | "list"), as
+    sky/resources.py reads it: a string (a count of 1 when none is given); a mapping {A100: 8}, or
+    {A100:8} (YAML reads a flow map without a space as {'A100:8': None}); a mapping of several, a set
+    (tried cheapest first); a list (tried in order). SkyPilot's memory form ('40GB+:1') stands for
+    every catalog GPU with that memory: a set. Raises UsageError at the field's line."""
+    if isinstance(value, str):
+        items, kind = [value], "one"
+    elif isinstance(value, dict):
+        items = [f"{k}:{v}" if v is not None else str(k) for k, v in value.items()]
+        kind = "one" if len(items) == 1 else "set"
+    elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+        items, kind = list(value), "one" if len(value) == 1 else "list"
+    else:
+        raise _refuse(source, lines, loc, f"{value!r} is not an accelerator request",
+                      "e.g. accelerators: A100:8, {A100: 8}, {H100:8, H200:8} (cheapest first) or [A100:8, H100:8] "
+                      "(in order)")
+    requests: list[str] = []
+    for item in items:
+        by_memory = resolve.memory_request(item)
+        if by_memory is not None:
+            requests += [r for r in by_memory if r not in requests]
+            kind = "set" if kind == "one" else kind
+            continue
+        try:
+            model, count = resolve.parse_gpu(item)
+        except ValueError as exc:
+            raise _refuse(source, lines, loc, str(exc), "e.g. A100:8")
+        request = f"{model}:{count or 1}"  # SkyPilot: a name alone is a count of 1
+        if request not in requests:
+            requests.append(request)
+    if not requests:
+        raise _refuse(source, lines, loc, f"{value!r}: no GPU EC2 sells matches it",
+                      f"GPUs EC2 sells: {', '.join(catalog.gpus())}")
+    return requests, ("one" if len(requests) == 1 else kind)
+
+
+_DISK = re.compile(r"\s*(\d+)\s*(gb|gib|g|tb|tib|t)?\s*", re.I)
+
+
+def _disk_gib(value: str, source: str, lines: dict, loc: tuple) -> int:
+    """SkyPilot's ``disk_size`` written with a unit ('1024GB', '1TB', '256') -> GiB. SkyPilot passes
+    its GB figure to EC2 as the volume's size, which EC2 reads in GiB (RunInstances
+    BlockDeviceMapping Ebs.VolumeSize), so 1 GB here is 1 GiB, and 1 TB is 1,024 GiB."""
+    m = _DISK.fullmatch(value)
+    if not m:
+        raise _refuse(source, lines, loc, f"{value[:40]!r} is not a disk size", "a whole number of GiB: 256, 256GB or 1TB")
+    return int(m.group(1)) * (1024 if (m.group(2) or "g").lower().startswith("t") else 1)
+
+
+def _other_cloud(entry: dict) -> str | None:
+    """"infra: gcp/us-central1" when the candidate ``entry`` names a cloud other than AWS, else None."""
+    for k in ("infra", "cloud"):
+        v = entry.get(k)
+        if isinstance(v, str) and v.strip() and v.strip().split("/")[0].lower() not in ("aws", "*"):
+            return f"{k}: {v}"
+    return None
+
+
+def _skypilot_resources(res: dict, source: str, lines: dict, warnings: list[str], dropped: list[str]
+                        ) -> tuple[dict, dict]:
+    """SkyPilot's ``resources`` -> ours (the caller renames use_spot and disk_size): ``accelerators``
+    becomes ``gpu`` (one request), ``any_of`` (a set: cheapest first) or ``ordered`` (a list: in
+    order); SkyPilot's ``any_of``/``ordered`` become ours, each candidate's accelerators kept (a
+    candidate without them inherits the resources' own, as SkyPilot merges them) and a candidate on
+    another cloud skipped with a warning; ``use_spot`` of the candidates becomes the run's (where
+    they differ, warned: ordered, the first one's; any_of, spot if one asks for it). Unsupported
+    fields are added to ``dropped``. Returns (resources, {our path: the file's})."""
+    loc = ("resources",)
+    res, renamed = _alias(res, source, lines, loc), {}
+    if isinstance(res.get("disk_size"), str):
+        res["disk_size"] = _disk_gib(res["disk_size"], source, lines, loc + ("disk_size",))
+    gone = sorted(k for k in res if k in SKYPILOT_UNSUPPORTED_RESOURCES)
+    for k in gone:
+        res.pop(k)
+    dropped += [f"resources.{k}" for k in gone]
+    base, kind = ([], "none")
+    if "accelerators" in res:
+        base, kind = _accelerators(res.pop("accelerators"), source, lines, loc + ("accelerators",))
+    key = next((k for k in ("any_of", "ordered") if k in res), None)
+    if key and "any_of" in res and "ordered" in res:
+        raise _refuse(source, lines, loc + ("ordered",), "any_of and ordered together: SkyPilot refuses both too",
+                      "keep one list of candidates")
+    if key and len(base) > 1 and (key == "ordered" or kind == "list"):
+        raise _refuse(source, lines, loc + ("accelerators",), f"several accelerators with {key}: SkyPilot refuses "
+                      "this too", "list the accelerators in the candidates instead")
+    if key:
+        entries = res.pop(key)
+        if not isinstance(entries, list) or not entries:
+            raise _refuse(source, lines, loc + (key,), "a list of candidates (mappings of accelerators, "
+                          "instance_type, use_spot, ...)",
+                          "e.g. any_of: [{accelerators: H100:8}, {accelerators: H200:8}]")
+        res[key], spots, elsewhere = _skypilot_candidates(entries, key, base, res.get("use_spot"), source, lines,
+                                                          dropped)
+        if elsewhere:
+            warnings.append(f"resources.{key}: candidates on another cloud skipped: {'; '.join(elsewhere)}")
+        if not res[key]:
+            raise _refuse(source, lines, loc + (key,), "every candidate names another cloud than AWS: "
+                          + "; ".join(elsewhere), "add a candidate on AWS (infra: aws, or no infra)")
+        # one market per run: ordered, the first candidate's; any_of, spot if one asks for it (spot is the
+        # cheaper market, and any_of is tried cheapest first)
+        spot = bool(spots[0]) if key == "ordered" else any(bool(s) for s in spots)
+        if len({bool(s) for s in spots}) > 1:
+            warnings.append(f"resources.{key}: the candidates differ in use_spot; ec2gpu runs a run on one market: "
+                            f"{'spot' if spot else 'on-demand'}, as "
+                            + ("the first one asks" if key == "ordered" else "one asks (the cheaper market)")
+                            + " (--spot-fallback on-demand adds on-demand after spot)")
+        if any(s is not None for s in spots):
+            res["use_spot"] = spot
+    elif kind == "one":
+        res["gpu"] = base[0]
+        renamed[("resources", "gpu")] = ("resources", "accelerators")
+    elif kind in ("set", "list"):
+        key = "any_of" if kind == "set" else "ordered"
+        res[key] = [{"gpu": r} for r in base]
+        renamed[("resources", key)] = ("resources", "accelerators")
+    return res, renamed
+
+
+def _skypilot_candidates(entries: list, key: str, base: list[str], base_spot, source: str, lines: dict,
+                         dropped: list[str]) -> tuple[list[dict], list, list[str]]:
+    """SkyPilot's candidates -> (ours, the use_spot of each kept one, the ones on other clouds)."""
+    ours, spots, elsewhere = [], [], []
+    for i, entry in enumerate(entries):
+        at = ("resources", key, i)
+        if not isinstance(entry, dict):
+            raise _refuse(source, lines, at, f"{entry!r}: a candidate is a mapping (accelerators:, instance_type:, "
+                          "use_spot:, ...)")
+        entry = _alias(entry, source, lines, at)
+        unknown = [k for k in entry if k not in SKYPILOT_RESOURCE_FIELDS + ("gpu",)]
+        if unknown:
+            raise _refuse(source, lines, at + (unknown[0],), "unknown field", _names_hint(
+                unknown[0], ("gpu", "instance_type"), SKYPILOT_RESOURCE_FIELDS))
+        if entry.get("any_of") is not None or entry.get("ordered") is not None:
+            raise _refuse(source, lines, at, "a candidate cannot hold candidates (SkyPilot refuses this too)")
+        cloud = _other_cloud(entry)
+        if cloud:
+            elsewhere.append(f"[{i}] {cloud}")
+            continue
+        spots.append(entry.get("use_spot", base_spot))
+        if entry.get("instance_type"):
+            ours.append({"instance_type": entry["instance_type"]})
+        elif entry.get("accelerators") is not None:
+            requests, _ = _accelerators(entry["accelerators"], source, lines, at + ("accelerators",))
+            ours += [{"gpu": r} for r in requests]
+        elif entry.get("gpu") is not None:
+            ours.append({"gpu": entry["gpu"]})
+        else:
+            ours += [{"gpu": r} for r in base] or [{}]
+        dropped += [f"resources.{key}[{i}].{k}" for k in entry
+                    if k not in ("accelerators", "gpu", "instance_type", "use_spot", "infra", "cloud")]
+        if "/" in str(entry.get("infra") or ""):  # aws/REGION: AWS is what runs it; the region is dropped
+            dropped.append(f"resources.{key}[{i}].infra")
+    return ours, spots, elsewhere
+
+
 def _is_skypilot(data: dict) -> bool:
     res = data.get("resources") if isinstance(data.get("resources"), dict) else {}
+    candidates = [e for k in ("any_of", "ordered") if isinstance(res.get(k), list)
+                  for e in res[k] if isinstance(e, dict)]
+    theirs = ("accelerators", "use_spot", "disk_size", *SKYPILOT_ALIASES, *SKYPILOT_UNSUPPORTED_RESOURCES)
     return ("num_nodes" in data or any(k in data for k in SKYPILOT_UNSUPPORTED) or isinstance(data.get("secrets"), dict)
-            or any(k in res for k in ("accelerators", "use_spot", "disk_size", *SKYPILOT_UNSUPPORTED_RESOURCES)))
+            or isinstance(data.get("outputs"), dict) or any(k in res for k in theirs)
+            or any(k in e for e in candidates for k in theirs))
 
 
 def _stringify_envs(data: dict) -> None:
-    """YAML reads `EPOCHS: 3` as a number; environment values are text."""
+    """Environment values are text: a value YAML types as a boolean or a number becomes what
+    Python's ``str`` makes of it, as SkyPilot does (sky/task.py, Task.from_yaml_config: ``str(v)``
+    for every value that is not null): ``false`` -> ``False``, ``3`` -> ``3``, ``1.0`` -> ``1.0``.
+    A null value stays null (taken from this machine). Keys are made text the same way."""
     envs = data.get("envs")
     if isinstance(envs, dict):
-        data["envs"] = {k: (v if v is None or isinstance(v, str) else
-                            str(v).lower() if isinstance(v, bool) else str(v)) for k, v in envs.items()}
+        data["envs"] = {str(k): (v if v is None or isinstance(v, str) else str(v)) for k, v in envs.items()}
 
 
 def _check_size(size: int, source: str) -> None:
@@ -204,9 +439,13 @@ def _check_size(size: int, source: str) -> None:
                          "keep data out of the task file: fetch it in setup, or send it in the workdir")
 
 
-def parse(text: str, source: str = "<task>", base: Path | None = None, allow_outside: bool = False) -> LoadedTask:
+def parse(text: str, source: str = "<task>", base: Path | None = None, allow_outside: bool = False,
+          overrides: dict | None = None) -> LoadedTask:
     """Validate the YAML ``text`` of a task; ``base`` is the directory relative paths start from
     (default: the current one); its workdir may lie outside ``base`` only with ``allow_outside``.
+    ``overrides``: resources fields the command line sets ({"allow_larger": True}, {"gpu": "T4",
+    ...}), put in place before the resources are checked; where they choose the instance type
+    (gpu, instance_type) the file's own request is not checked: the flag's is, by its caller.
 
     Raises UsageError (exit 2) with "SOURCE:LINE: FIELD: what is wrong" and a hint: also for a text
     over MAX_TASK_BYTES, a YAML bomb (_BoundedLoader) and a workdir ``check_local_source`` refuses.
@@ -219,24 +458,54 @@ def parse(text: str, source: str = "<task>", base: Path | None = None, allow_out
     warnings: list[str] = []
     skypilot = _is_skypilot(data)
     renamed: dict = {}
+    if isinstance(data.get("workdir"), dict):  # SkyPilot's git form: {url, ref}
+        wd = data["workdir"]
+        raise UsageError(f"{source}:{_line_of(lines, ('workdir',))}: workdir: {{url, ref}} is SkyPilot's git form (a "
+                         "repository cloned on the instance): not supported yet",
+                         f"clone it here (git clone {wd.get('url', 'URL')} DIR"
+                         + (f" && git -C DIR checkout {wd['ref']}" if wd.get("ref") else "")
+                         + ") and set workdir: DIR, relative to the task file")
+    if "workdir" not in data:
+        if skypilot:  # SkyPilot sends nothing without a workdir (its yaml-spec: "workdir ... optional")
+            data["workdir"] = None
+        else:
+            warnings.append(f"{source}:1: no workdir: in the file, so its directory is sent (a SkyPilot task sends "
+                            "nothing without one): write workdir: . to keep this, workdir: null to send nothing")
     if skypilot:
-        data, renamed = _from_skypilot(data, warnings)
+        data, renamed = _from_skypilot(data, warnings, source, lines)
     _stringify_envs(data)
     try:
         task = Task.model_validate(data)
     except ValidationError as exc:
-        raise _first_error(exc, source, lines, renamed)
+        raise _first_error(exc, source, lines, renamed, skypilot)
     workdir = None if task.workdir is None else _workdir(task.workdir, base or Path.cwd(), allow_outside,
                                                           f"{source}:{_line_of(lines, ('workdir',))}: workdir")
-    _check_gpu(task, source, lines, renamed)
+    if overrides:
+        task = task.model_copy(update={"resources": task.resources.model_copy(update=overrides)})
+    if overrides and ({"gpu", "instance_type"} & set(overrides)):
+        return LoadedTask(task, None, workdir, warnings, skypilot)
+    warnings += _check_resources(task, source, lines, renamed)
+    if _default_type_only(task.resources):
+        what = "accelerators or instance_type" if skypilot else "gpu or instance_type"
+        warnings.append(f"{source}:{_line_of(lines, ('resources',))}: no {what}: ec2gpu runs on its default GPU "
+                        f"type ({settings.DEFAULT_INSTANCE_TYPE} unless EC2GPU_INSTANCE_TYPE says otherwise) where "
+                        "SkyPilot would choose a CPU instance: name one to choose")
     return LoadedTask(task, None, workdir, warnings, skypilot)
+
+
+def _default_type_only(resources) -> bool:
+    """Whether ``resources`` leave the instance type to the configured default (pure)."""
+    try:
+        return all(c.instance_type is None for c in resolve.plan(resources).choices)
+    except UsageError:
+        return False
 
 
 def _workdir(value: str, base: Path, allow_outside: bool, where: str) -> Path:
     """The task's workdir ``value`` resolved against ``base``, checked (``check_local_source``) and
     present. Raises UsageError starting with ``where`` ("FILE:LINE: workdir")."""
-    try:
-        workdir = check_local_source(base / value, base, allow_outside)
+    try:  # '~/project' is this machine's home, as SkyPilot reads it (then outside the task's directory)
+        workdir = check_local_source(base / Path(value).expanduser(), base, allow_outside)
     except UsageError as exc:
         raise UsageError(f"{where}: {exc.message}", exc.hint)
     if not workdir.is_dir():
@@ -281,7 +550,15 @@ def check_env_name(name: str, what: str = "--env") -> str:
     return name
 
 
-def _first_error(exc: ValidationError, source: str, lines: dict, renamed: dict) -> UsageError:
+def _names_hint(name: str, ours, theirs) -> str:
+    """The hint on an unknown field ``name``: the closest known name, then ec2gpu's and SkyPilot's
+    names at that level (pure)."""
+    close = difflib.get_close_matches(str(name), list(ours) + list(theirs), 1, 0.7)
+    return ((f"did you mean {close[0]}? " if close else "") + f"ec2gpu's fields here: {', '.join(ours)}; "
+            f"SkyPilot's (read, mapped or warned about): {', '.join(theirs)}; {DOCS}")
+
+
+def _first_error(exc: ValidationError, source: str, lines: dict, renamed: dict, skypilot: bool = False) -> UsageError:
     err = exc.errors()[0]
     loc = tuple(err["loc"])
     ours = next((o for o in renamed if loc[:len(o)] == o), None)
@@ -289,29 +566,40 @@ def _first_error(exc: ValidationError, source: str, lines: dict, renamed: dict) 
     name = ".".join(str(p) for p in shown) or "task"
     line = _line_of(lines, shown)
     if err["type"] == "extra_forbidden":
-        parent = Task.model_fields if len(loc) == 1 else Task.model_fields["resources"].annotation.model_fields
-        return UsageError(f"{source}:{line}: {name}: unknown field",
-                          f"known fields here: {', '.join(parent)}; {DOCS}")
+        if len(loc) == 1:
+            parent, theirs = Task.model_fields, SKYPILOT_FIELDS
+        elif len(loc) == 2:
+            parent, theirs = Task.model_fields["resources"].annotation.model_fields, SKYPILOT_RESOURCE_FIELDS
+        else:  # a candidate of resources.any_of / ordered
+            parent, theirs = ("gpu", "instance_type"), SKYPILOT_RESOURCE_FIELDS
+        return UsageError(f"{source}:{line}: {name}: unknown field", _names_hint(loc[-1], parent, theirs))
     if err["type"] == "missing":
         return UsageError(f"{source}:{line}: {name}: missing", f"add `{loc[-1]}:`; {DOCS}")
     msg = err["msg"].removeprefix("Value error, ")
+    if skypilot and isinstance(err.get("input"), (dict, list)) and msg.startswith("Input should be a valid"):
+        msg = f"{err['input']!r} is not what ec2gpu reads here ({msg[0].lower() + msg[1:]})"
     return UsageError(f"{source}:{line}: {name}: {msg}", DOCS)
 
 
-def _check_gpu(task: Task, source: str, lines: dict, renamed: dict) -> None:
-    from . import resolve
-    gpu = task.resources.gpu
-    if gpu and not task.resources.instance_types:
-        try:
-            resolve.instance_type_for_gpu(gpu)
-        except UsageError as exc:
-            loc = renamed.get(("resources", "gpu"), ("resources", "gpu"))
-            raise UsageError(f"{source}:{_line_of(lines, loc)}: {'.'.join(loc)}: {exc.message}", exc.hint)
+def _check_resources(task: Task, source: str, lines: dict, renamed: dict) -> list[str]:
+    """The instance types the task's resources ask for (resolve.plan), checked before anything is
+    created; returns the warnings to show (a larger type taken, candidates skipped). Raises
+    UsageError at the line of the field that asks for what EC2 cannot run."""
+    res = task.resources
+    field_ = "ordered" if res.ordered else "any_of" if res.any_of else "gpu"
+    loc = renamed.get(("resources", field_), ("resources", field_))
+    name = ".".join(loc)
+    try:
+        plan = resolve.plan(res)
+    except UsageError as exc:
+        raise UsageError(f"{source}:{_line_of(lines, loc)}: {name}: {exc.message}", exc.hint)
+    return [f"{name}: {note}" for note in plan.notes()]
 
 
-def load(path: str | Path, allow_outside: bool = False) -> LoadedTask:
+def load(path: str | Path, allow_outside: bool = False, overrides: dict | None = None) -> LoadedTask:
     """Read (UTF-8, at most MAX_TASK_BYTES) and validate the task file at ``path``; relative paths
-    in it start at its directory, and its workdir may lie outside that only with ``allow_outside``.
+    in it start at its directory, and its workdir may lie outside that only with ``allow_outside``;
+    ``overrides`` as for ``parse``.
 
     Raises UsageError for a missing, unreadable or oversize file and for every problem ``parse`` finds.
     """
@@ -325,7 +613,7 @@ def load(path: str | Path, allow_outside: bool = False) -> LoadedTask:
         raise UsageError(f"{path}: no such task file", "give the path of a YAML task file (examples/ has some)")
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"{path}: cannot be read: {exc}", "give the path of a readable YAML task file")
-    loaded = parse(text, str(path), path.resolve().parent, allow_outside)
+    loaded = parse(text, str(path), path.resolve().parent, allow_outside, overrides)
     loaded.path = path.resolve()
     return loaded
 

@@ -18,6 +18,9 @@ from ..aws.tags import NAME_RE
 
 SCHEMA_PATH = Path(__file__).with_name("task.schema.json")
 ENV_NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
+#: an EC2 instance type name, FAMILY.SIZE: g4dn.xlarge, p6-b200.48xlarge, u-6tb1.metal (the names
+#: DescribeInstanceTypes lists: https://docs.aws.amazon.com/ec2/latest/instancetypes/instance-type-names.html)
+EC2_TYPE_RE = re.compile(r"[a-z][a-z0-9-]*\.[a-z0-9-]+")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
 
 
@@ -52,15 +55,51 @@ def inside_path(value: str, base: str, allow_dot: bool = False) -> str:
     return value
 
 
+def _gpu_request(v):
+    """``v`` when it is a GPU request resolve.parse_gpu accepts (the model is checked against the
+    catalog when the task loads, so the refusal can say why)."""
+    from .resolve import parse_gpu
+    if v is not None:
+        parse_gpu(v)
+    return v
+
+
+class Candidate(BaseModel):
+    """One entry of ``resources.any_of`` or ``resources.ordered``: a GPU request or an instance
+    type; an entry with neither stands for the resources' own ``gpu``/``instance_type``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpu: Optional[str] = Field(None, description="a GPU model and count per node, e.g. H100:8 (exact, as "
+                                                 "resources.gpu)")
+    instance_type: Optional[str] = Field(None, description="an instance type, e.g. p5.48xlarge (wins over gpu)")
+
+    @field_validator("gpu")
+    @classmethod
+    def _gpu(cls, v):
+        return _gpu_request(v)
+
+
 class Resources(BaseModel):
-    """What each node needs. ``instance_type`` wins over ``gpu``; neither: the configured default."""
+    """What each node needs. ``any_of``/``ordered`` (candidates) win over ``instance_type``, which
+    wins over ``gpu``; none of them: the configured default. tasks/resolve.py turns them into the
+    instance types to try, in order."""
 
     model_config = ConfigDict(extra="forbid")
 
     instance_type: Optional[Union[str, list[str]]] = Field(
         None, description="one instance type, or several in order of preference (g4dn.xlarge, [g5.xlarge, g6.xlarge])")
-    gpu: Optional[str] = Field(None, description="a GPU model and count, e.g. T4, A10G:4: the cheapest catalog "
-                                                 "instance type with at least that many")
+    gpu: Optional[str] = Field(None, description="a GPU model and count per node, e.g. A10G:4: exactly that many (no "
+                                                 "type has exactly that many: refused, unless allow_larger); a model "
+                                                 "alone (T4): the cheapest type with that GPU, all of its GPUs")
+    allow_larger: bool = Field(False, description="where no instance type has exactly the GPU count asked, take the "
+                                                  "cheapest with more: the job sees only the count asked "
+                                                  "(CUDA_VISIBLE_DEVICES, SKYPILOT_NUM_GPUS_PER_NODE) and the whole "
+                                                  "instance is billed")
+    any_of: list[Candidate] = Field(default_factory=list, description="candidates (gpu or instance_type each), tried "
+                                                                      "cheapest first; one EC2 cannot run is skipped")
+    ordered: list[Candidate] = Field(default_factory=list, description="candidates (gpu or instance_type each), tried "
+                                                                       "in this order; one EC2 cannot run is skipped")
     spot: bool = Field(False, description="spot instead of on-demand; a lost instance is replaced and the job resumes")
     max_price: Optional[float] = Field(None, gt=0, description="spot only: the highest USD/h to pay")
     disk_gib: Optional[int] = Field(None, ge=8, le=16384, description="root volume size, GiB (gp3, encrypted)")
@@ -71,14 +110,22 @@ class Resources(BaseModel):
         names = [v] if isinstance(v, str) else v
         if names is not None and (not names or any(not n.strip() for n in names)):
             raise ValueError("an instance type is empty: name one, e.g. g4dn.xlarge")
+        for n in names or []:
+            if not EC2_TYPE_RE.fullmatch(n.strip()):
+                raise ValueError(f"{n.strip()[:60]!r} is not an EC2 instance type name (FAMILY.SIZE, e.g. g5.xlarge): "
+                                 "another cloud's? name an EC2 type, or ask for a GPU (accelerators: L4:1)")
         return v
 
     @field_validator("gpu")
     @classmethod
     def _gpu(cls, v):
-        if v is not None and not re.match(r"^[A-Za-z0-9]+(:[1-9][0-9]*)?$", v):
-            raise ValueError(f"{v!r} is not a GPU: use a model and an optional count, e.g. T4 or A10G:4")
-        return v
+        return _gpu_request(v)
+
+    @model_validator(mode="after")
+    def _one_candidate_list(self):
+        if self.any_of and self.ordered:
+            raise ValueError("any_of and ordered together: give one list of candidates (SkyPilot refuses both too)")
+        return self
 
     @property
     def instance_types(self) -> list[str]:
@@ -107,8 +154,11 @@ class Task(BaseModel):
     checkpoint_dir: Optional[str] = Field(None, description="where the job writes checkpoints, relative to the "
                                                             "workdir (default: $EC2GPU_CHECKPOINT_DIR); brought home "
                                                             "while it runs and given to a replacement instance")
-    max_runtime: Optional[Union[int, float, str]] = Field(None, description="minutes (90) or 90m, 2h: the instance "
-                                                                            "terminates itself after that")
+    max_runtime: Optional[Union[int, float, str]] = Field(None, description="minutes (90) or 90m, 2h: the instances "
+                                                                            "terminate themselves after that (the job "
+                                                                            "gets SIGTERM first); none: no limit. "
+                                                                            "Default: 3 x the task's longest run, "
+                                                                            "24 h for its first")
     budget: Optional[float] = Field(None, gt=0, description="USD: refuse a run whose estimate is above it")
     ports: list[Annotated[int, Field(ge=1, le=65535)]] = Field(
         default_factory=list, description="ports of node 0 forwarded to 127.0.0.1 here over SSH while the job runs "
@@ -137,6 +187,8 @@ class Task(BaseModel):
     @field_validator("max_runtime")
     @classmethod
     def _duration(cls, v):
+        if isinstance(v, str) and v.strip().lower() in ("none", "off", "never"):
+            return v
         if v is not None and minutes(v) < 1:
             raise ValueError("at least 1 minute (shutdown counts whole minutes)")
         if v is not None:
@@ -153,7 +205,9 @@ class Task(BaseModel):
 
     @property
     def max_runtime_minutes(self) -> Optional[int]:
-        return None if self.max_runtime is None else max(1, round(minutes(self.max_runtime)))
+        """Whole minutes of ``max_runtime`` (None: not set, or none)."""
+        from ..runs.limits import parse
+        return parse(self.max_runtime)[1]
 
 
 def json_schema() -> dict:

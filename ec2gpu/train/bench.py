@@ -43,8 +43,11 @@ from pathlib import Path
 #: (its tensor figures are quoted with sparsity: halved here); V100 SXM2
 #: https://images.nvidia.com/content/technologies/volta/pdf/volta-v100-datasheet-update-us-1165301-r5.pdf;
 #: A100 SXM4 40 GB https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf;
-#: H100 SXM https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet (sparse
-#: figures halved). Transcribed 2026-11; fp16 is the tensor-core fp16 figure (fp16 accumulate aside).
+#: H100 SXM and H200 SXM https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet
+#: (sparse figures halved; the H200 has the H100's compute and 4.8 TB/s); A100 SXM4 80 GB: the A100
+#: datasheet above (2,039 GB/s); L40S https://resources.nvidia.com/en-us-l40s/l40s-datasheet-28413
+#: (sparse figures halved); B200: the HGX B200 8-GPU figures of https://www.nvidia.com/en-us/data-center/hgx/
+#: divided by 8 (64 TB/s, FP32 600 TFLOPS, sparse TF32 18 and FP16/BF16 36 PFLOPS halved). Transcribed 2026-11; fp16 is the tensor-core fp16 figure (fp16 accumulate aside).
 GPU_PEAKS: dict[str, dict] = {
     "T4": {"bandwidth_gbs": 320, "fp32": 8.1, "tf32": None, "bf16": None, "fp16": 65.0},
     "A10G": {"bandwidth_gbs": 600, "fp32": 31.2, "tf32": 62.5, "bf16": 125.0, "fp16": 125.0},
@@ -52,6 +55,10 @@ GPU_PEAKS: dict[str, dict] = {
     "V100": {"bandwidth_gbs": 900, "fp32": 15.7, "tf32": None, "bf16": None, "fp16": 125.0},
     "A100": {"bandwidth_gbs": 1555, "fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
     "H100": {"bandwidth_gbs": 3350, "fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4},
+    "A100-80GB": {"bandwidth_gbs": 2039, "fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
+    "L40S": {"bandwidth_gbs": 864, "fp32": 91.6, "tf32": 183.0, "bf16": 362.0, "fp16": 362.0},
+    "H200": {"bandwidth_gbs": 4800, "fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4},
+    "B200": {"bandwidth_gbs": 8000, "fp32": 75.0, "tf32": 1125.0, "bf16": 2250.0, "fp16": 2250.0},
 }
 
 #: The test accuracy each model of the seed experiment is timed to (the trainer's --target-acc):
@@ -103,9 +110,11 @@ def matmul_flops(m: int, n: int, k: int) -> int:
 
 def gpu_model(name: str | None) -> str | None:
     """The catalog GPU model in a device name ('Tesla T4' -> 'T4', 'NVIDIA A10G' -> 'A10G',
-    'NVIDIA H100 80GB HBM3' -> 'H100'; 'NVIDIA L40S' -> None), or None (pure)."""
+    'NVIDIA H100 80GB HBM3' -> 'H100', 'NVIDIA A100-SXM4-80GB' -> 'A100-80GB'; 'NVIDIA A10' -> None),
+    or None (pure)."""
     words = (name or "").upper().replace("-", " ").split()
-    return next((model for model in GPU_PEAKS if model in words), None)
+    model = next((model for model in GPU_PEAKS if model in words), None)
+    return "A100-80GB" if model == "A100" and "80GB" in words else model
 
 
 def timed(fn, device: str, repeats: int, warmup: int = 2) -> float:

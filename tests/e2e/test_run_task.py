@@ -74,10 +74,15 @@ def assert_nothing_left(home, record):
 
 def test_a_user_project_runs_end_to_end_and_what_must_stay_home_stays(sandbox_env, project, tmp_path):
     home, _ = sandbox_env
-    code, stdout, err = drive(["run", "--sandbox", str(project / "task.yaml"), "--expect", "1m", "--json",
+    # the task's first run: no --expect, no --max-runtime (issue 28.1); what is known is said, and it starts
+    code, stdout, err = drive(["run", "--sandbox", str(project / "task.yaml"), "--json",
                                "--out", str(tmp_path / "r")], [])
     assert code == 0, err
+    said = " ".join(err.split())
+    assert "task proj has not run on g4dn.xlarge before, so its time is unknown" in said
+    assert "so it costs at most $12.62" in said and "max runtime: 24 h (task proj has not run before" in said
     record = json.loads(stdout)
+    assert record["estimated_cost_usd"] is None and record["estimate"]["upper_bound"] is True
     assert record["status"] == "completed" and record["task"] == "proj" and record["exit_status"] == 0
     assert record["summary"]["epochs"] == 6  # the job's own summary.json, in the run record
     outputs = tmp_path / "r" / "outputs"
@@ -106,6 +111,31 @@ def test_a_user_project_runs_end_to_end_and_what_must_stay_home_stays(sandbox_en
         "SELECT task, status, exit_status, summary FROM runs WHERE run_id = ?", (record["run_id"],)).fetchone()
     assert row[:3] == ("proj", "completed", 0) and json.loads(row[3])["epochs"] == 6
     assert_nothing_left(home, record)
+
+
+def test_the_max_runtime_stops_the_job_with_sigterm_first_and_the_run_says_so(sandbox_env, project, tmp_path,
+                                                                            monkeypatch):
+    """Issue 28.2: no silent cut. A 1-minute limit: the agent gives the job SIGTERM half a minute
+    after launch (the grace, at most half the limit), the job checkpoints, the run fails (exit 5)
+    saying the limit ended it and how to raise it, the checkpoint comes home, nothing is left."""
+    home, _ = sandbox_env
+    (project / "limit.yaml").write_text(textwrap.dedent("""\
+        name: limited
+        run: |
+          trap 'echo saved > "$EC2GPU_CHECKPOINT_DIR/at-sigterm.txt"; exit 0' TERM
+          echo started; while :; do sleep 0.2; done
+        """))
+    monkeypatch.setenv("EC2GPU_LIMIT_GRACE_SECONDS", "600")  # capped at half the limit: 30 s
+    code, _, err = drive(["run", "--sandbox", str(project / "limit.yaml"), "--max-runtime", "1", "--out",
+                          str(tmp_path / "r")], [], timeout_s=120)
+    said = " ".join(err.split())
+    assert code == 5, err
+    assert "max runtime: 1 min (--max-runtime)" in said and "the run's --max-runtime ended the job on node 0" in said
+    assert "--max-runtime 8h" in said
+    assert (tmp_path / "r" / "checkpoints" / "at-sigterm.txt").read_text() == "saved\n"
+    status = json.loads((tmp_path / "r" / "status.json").read_text())
+    assert status["state"] == "failed" and status["limit"]["stopped_at"]
+    assert leftovers(home) == ([], [], []) and sandbox_settles(home)
 
 
 def test_a_failing_job_exits_5_with_its_outputs_home_and_nothing_left(sandbox_env, project, tmp_path):
@@ -218,7 +248,7 @@ def test_a_skypilot_task_file_runs_on_two_nodes_and_names_what_it_ignores(sandbo
 @pytest.mark.parametrize("text, words", [
     ("run: [unclosed\n", "task.yaml:1: not valid YAML"),
     ("name: x\nrun: y\nreosurces: {}\n", "task.yaml:3: reosurces: unknown field"),
-    ("name: x\nrun: y\nresources:\n  gpu: T9\n", "task.yaml:4: resources.gpu: no instance type in the catalog"),
+    ("name: x\nrun: y\nresources:\n  gpu: T9\n", "task.yaml:4: resources.gpu: 'T9' is not a GPU EC2 sells"),
     ("name: x\nrun: y\nnodes: two\n", "task.yaml:3: nodes:"),
     ("name: x\nnum_nodes: 0\nrun: y\n", "task.yaml:2: num_nodes:"),
     ("name: x\nrun: y\nenvs: {A: null}\nsecrets: [B]\n", "secrets B are not in envs"),

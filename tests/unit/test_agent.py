@@ -114,10 +114,10 @@ def test_any_status_file_parses_to_the_record_shape_and_never_raises():
     from ec2gpu.runs import status
     for data in (b"[1, 2, 3]", b"garbage", b'{"state": "succeeded", "exit_code": "0"}', b'{"state": "pwned"}',
                  b"[" * 100000, b" " * 70000, b'{"state": "failed", "error": {"timestamp": "soon", "rank": "x"}}',
-                 b'{"state": "failed", "exit_code": 1e400, "notice": [1]}'):
+                 b'{"state": "failed", "exit_code": 1e400, "notice": [1]}', b'{"state": "failed", "limit": [2]}'):
         got = status.parse(data, None)
         assert set(got) == {"state", "exit_code", "signal", "started_at", "ended_at", "notice", "error", "rebalance",
-                            "problem"}
+                            "limit", "problem"}
         assert got["exit_code"] is None or isinstance(got["exit_code"], int)
         assert got["error"] is None or got["error"]["timestamp"] is None
     assert status.parse(b"", None) is None

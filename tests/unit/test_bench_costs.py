@@ -16,7 +16,8 @@ def test_bytes_and_flops_follow_stream_and_the_matmul_count():
 @pytest.mark.parametrize("name, model", [
     ("Tesla T4", "T4"), ("NVIDIA A10G", "A10G"), ("NVIDIA L4", "L4"), ("Tesla V100-SXM2-16GB", "V100"),
     ("NVIDIA A100-SXM4-40GB", "A100"), ("NVIDIA H100 80GB HBM3", "H100"),
-    ("NVIDIA A10", None), ("NVIDIA L40S", None), ("", None), (None, None),
+    ("NVIDIA A100-SXM4-80GB", "A100-80GB"), ("NVIDIA L40S", "L40S"), ("NVIDIA H200", "H200"), ("NVIDIA B200", "B200"),
+    ("NVIDIA A10", None), ("NVIDIA L40", None), ("", None), (None, None),
 ])
 def test_the_catalog_gpu_is_found_in_the_device_name_and_nothing_else(name, model):
     assert instance.gpu_model(name) == model

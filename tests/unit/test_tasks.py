@@ -23,17 +23,20 @@ def test_a_skypilot_task_maps_onto_ours_and_names_what_it_drops():
     assert got.warnings == ["ignored SkyPilot field(s) ec2gpu does not support: file_mounts, resources.region"]
 
 
-def test_our_own_format_is_not_taken_for_skypilot_and_numbers_in_envs_are_text():
-    got = load.parse("run: echo\nenvs: {EPOCHS: 3, FLAG: true}\n", "t.yaml")
-    assert not got.skypilot and got.task.envs == {"EPOCHS": "3", "FLAG": "true"}
+def test_our_own_format_is_not_taken_for_skypilot_and_envs_values_are_the_text_skypilot_makes():
+    got = load.parse("run: echo\nenvs: {EPOCHS: 3, FLAG: true, LR: 1.0, USE_BF16: false, FROM_HERE: null}\n", "t.yaml")
+    assert not got.skypilot  # the same rule in both formats: Python's str(), as sky/task.py applies it
+    assert got.task.envs == {"EPOCHS": "3", "FLAG": "True", "LR": "1.0", "USE_BF16": "False", "FROM_HERE": None}
 
 
-def test_a_gpu_picks_the_cheapest_type_that_has_enough():
+def test_a_gpu_picks_the_cheapest_type_with_exactly_that_many():
     assert resolve.instance_type_for_gpu("T4") == "g4dn.xlarge"
     assert resolve.instance_type_for_gpu("A10G:4") == "g5.12xlarge"
     assert resolve.instance_type_for_gpu("l4:8") == "g6.48xlarge"
-    with pytest.raises(UsageError, match="no instance type"):
+    assert resolve.instance_type_for_gpu("H100:1") == "p5.4xlarge"
+    with pytest.raises(UsageError, match="no EC2 instance type has exactly 16 x H100") as exc:
         resolve.instance_type_for_gpu("H100:16")
+    assert "with 2 nodes" in exc.value.hint
 
 
 def test_durations_and_empty_instance_types():

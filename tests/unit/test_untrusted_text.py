@@ -118,9 +118,9 @@ def _task(tmp_path: Path, text: str) -> str:
 @pytest.mark.parametrize("yaml, said", [
     # an unknown field named with a closing tag and a window-title sequence (YAML's "\e" is ESC, "\a" BEL)
     ('name: t\nrun: echo hi\n"[/x]\\e]0;pwned\\a": 1\n', r"task.yaml:3: [/x]\x1b]0;pwned\x07: unknown field"),
-    # a value holding a link: the error quotes it
-    ('name: t\nrun: echo hi\nresources:\n  gpu: "[link=https://evil]x[/link]"\n',
-     "task.yaml:4: resources.gpu: '[link=https://evil]x[/link]' is not a GPU"),
+    # a value holding a link (no ':', which would make it a count): the error quotes it
+    ('name: t\nrun: echo hi\nresources:\n  gpu: "[link=evil.example]x[/link]"\n',
+     "task.yaml:4: resources.gpu: '[link=evil.example]x[/link]' is not a GPU"),
 ], ids=["closing-tag-and-title", "link"])
 def test_a_task_file_value_that_looks_like_markup_or_escapes_gives_a_plain_error_line_exit_2(terminal, tmp_path,
                                                                                           monkeypatch, yaml, said):

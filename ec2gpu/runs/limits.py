@@ -1,0 +1,110 @@
+"""The instance-side limit of a run (``--max-runtime``): how long its instances may live, and why.
+
+Every instance `ec2gpu run` launches ends itself after its limit (user data's ``shutdown -h +M``,
+aws/instances.user_data), so a controller that died or lost its network never leaves a GPU
+running. A limit nobody chose must never cut a job short without warning, so it is picked like this
+(``for_task``), and said before launch with the most the run can cost:
+
+1. ``--max-runtime`` (minutes, ``90m``, ``2h``; ``none`` removes it), else the task's ``max_runtime``;
+2. else, once the task has run, HISTORY_FACTOR times its longest completed run (ledger), at least
+   MIN_MINUTES;
+3. else (a task never run before) FIRST_RUN_MINUTES: long, because nothing says how long it takes.
+
+With no limit (``none``) a run's instances get an idle rule instead (NO_LIMIT_IDLE): a forgotten
+instance with no job, no SSH connection and no busy GPU ends itself after that long.
+
+Before the limit the agent gives the job SIGTERM and a grace period to checkpoint (``stop_at``;
+agent/agent.py ``--limit-at``), and the run then says that the limit ended it and how to raise it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from ..errors import UsageError
+
+FIRST_RUN_MINUTES = 24 * 60  # a task with no history: a day, said before launch with its cost
+HISTORY_FACTOR = 3  # a task with history: three times its longest completed run ...
+MIN_MINUTES = 60  # ... and never less than an hour
+DEFAULT_GRACE_SECONDS = 120  # SIGTERM this long before the limit (EC2GPU_LIMIT_GRACE_SECONDS)
+NO_LIMIT_IDLE_SECONDS = 30 * 60  # --max-runtime none: the instance ends itself after 30 min idle
+OFF_WORDS = ("none", "off", "never")
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A run's limit: ``minutes`` after launch its instances end themselves (None: no limit), and
+    ``source``, where that figure comes from (said to the user)."""
+
+    minutes: int | None
+    source: str
+
+    def words(self) -> str:
+        """'24 h' / '90 min' / 'no limit' (pure)."""
+        if self.minutes is None:
+            return "no limit"
+        return f"{self.minutes // 60} h" if self.minutes % 60 == 0 and self.minutes >= 120 else f"{self.minutes} min"
+
+
+def parse(value) -> tuple[bool, int | None]:
+    """(given, minutes) of a ``--max-runtime`` or ``max_runtime`` value (pure): None -> (False,
+    None); 'none'/'off'/'never' -> (True, None); 90, '90m', '2h' -> (True, 90 / 120), whole
+    minutes, at least 1. Raises UsageError for anything else."""
+    from ..tasks.spec import minutes
+    if value is None:
+        return False, None
+    if isinstance(value, str) and value.strip().lower() in OFF_WORDS:
+        return True, None
+    try:
+        got = minutes(value)
+    except ValueError as exc:
+        raise UsageError(f"--max-runtime: {exc}", "e.g. --max-runtime 90m, 4h, or none (no limit)")
+    if got < 1:
+        raise UsageError(f"--max-runtime {value}: at least 1 minute (shutdown counts whole minutes)",
+                         "e.g. --max-runtime 90m, 4h, or none (no limit)")
+    return True, max(1, round(got))
+
+
+def longest_run(home: Path, task: str, backend: str) -> tuple[float, str] | None:
+    """(seconds, run id) of the longest completed run of ``task`` on ``backend`` in the ledger
+    (the sum of its phases: launch to termination), or None when it has none."""
+    from . import ledger
+    found = [(sum(v for v in (r.get("phases") or {}).values() if isinstance(v, (int, float))), r.get("run_id") or "?")
+             for r in ledger.runs(home, backend=backend, limit=500, tolerant=True)
+             if r.get("task") == task and r.get("status") == "completed"]
+    found = [f for f in found if f[0] > 0]
+    return max(found) if found else None
+
+
+def for_task(home: Path, task_name: str, backend: str, flag=None, task_value=None) -> Limit:
+    """The limit of a run of ``task_name`` (module docstring): ``flag`` (--max-runtime), else
+    ``task_value`` (the task's max_runtime), else from the ledger's history, else FIRST_RUN_MINUTES.
+    Raises UsageError for a value ``parse`` refuses."""
+    for value, where in ((flag, "--max-runtime"), (task_value, "the task's max_runtime")):
+        given, minutes = parse(value)
+        if given:
+            return Limit(minutes, where)
+    longest = longest_run(home, task_name, backend)
+    if longest:
+        seconds, run_id = longest
+        minutes = max(MIN_MINUTES, math.ceil(HISTORY_FACTOR * seconds / 60))
+        return Limit(minutes, f"{HISTORY_FACTOR} x the longest earlier run of task {task_name} "
+                              f"({seconds / 60:.1f} min, {run_id})")
+    return Limit(FIRST_RUN_MINUTES, f"task {task_name} has not run before: a long limit for its first run")
+
+
+def grace_seconds(minutes: int, setting: float = DEFAULT_GRACE_SECONDS) -> float:
+    """Seconds before the limit the job gets SIGTERM (pure): ``setting``, at most half the limit."""
+    return max(0.0, min(float(setting), minutes * 60 / 2))
+
+
+def stop_at(instance: dict, minutes: int | None, setting: float = DEFAULT_GRACE_SECONDS) -> float | None:
+    """When the agent gives the job SIGTERM (POSIX seconds; None without a limit or a LaunchTime):
+    the instance's LaunchTime plus ``minutes``, less ``grace_seconds``. User data's shutdown was
+    scheduled a little after launch, so this is never later than the instance's own end."""
+    launched = instance.get("LaunchTime")
+    if not minutes or not isinstance(launched, datetime):
+        return None
+    return launched.timestamp() + minutes * 60 - grace_seconds(minutes, setting)

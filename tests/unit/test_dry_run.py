@@ -1,0 +1,96 @@
+"""`ec2gpu run FILE --dry-run [--json]` (issue 28, item 12): the plan, from the task and this
+machine's files alone: no AWS API, no credentials, no sandbox started, nothing written."""
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from ec2gpu import api, cli
+
+SKY = """name: demo
+resources:
+  accelerators: {A100:1}
+  cpus: 8+
+  disk_size: 256GB
+envs:
+  USE_BF16: false
+secrets:
+  HF_TOKEN: null
+setup: pip install -r requirements.txt
+run: python train.py --bf16 $USE_BF16
+"""
+
+
+@pytest.fixture()
+def no_aws(tmp_path, monkeypatch):
+    """No credentials anywhere, no endpoint, a fresh EC2GPU_HOME; an AWS call would fail."""
+    for k in list(os.environ):
+        if k.startswith(("AWS_", "EC2GPU_")):
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+    monkeypatch.setenv("EC2GPU_HOME", str(tmp_path / "home"))
+    import boto3
+
+    def refuse(*a, **k):
+        raise AssertionError("a dry run made an AWS client")
+    monkeypatch.setattr(boto3, "client", refuse)
+    monkeypatch.setattr(boto3.session.Session, "client", refuse)
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "sky.yaml").write_text(SKY)
+    (project / "train.py").write_text("print('hi')\n")
+    monkeypatch.chdir(project)
+    return tmp_path
+
+
+def test_the_json_plan_names_types_prices_limit_environment_and_changes_and_creates_nothing(no_aws, monkeypatch,
+                                                                                           capsys):
+    monkeypatch.setenv("HF_TOKEN", "hf_s3cret_value")
+    assert cli.main(["run", "sky.yaml", "--dry-run", "--allow-larger", "--json", "--sandbox"]) == 0
+    shown = capsys.readouterr()
+    plan = json.loads(shown.out)
+    assert plan["kind"] == "plan" and plan["version"] == 1 and plan["task"] == "demo"
+    [row] = plan["instance_types"]
+    assert row["instance_type"] == "p4d.24xlarge" and row["gpu"] == "A100" and row["gpu_count"] == 8
+    assert row["gpus_used"] == 1 and row["larger"] and row["on_demand_usd_per_hour"] == 21.96
+    assert plan["disk_gib"] == 256 and plan["market"] == "on-demand" and plan["nodes"] == 1
+    # its first run: a 24 h limit, and so the most it can cost
+    assert plan["max_runtime"]["minutes"] == 24 * 60 and plan["estimate"]["job_minutes"] is None
+    assert plan["estimate"]["at_most_usd"] == round(21.96 * 24, 2)
+    env = plan["env"]
+    assert env["CUDA_VISIBLE_DEVICES"] == "0" and env["SKYPILOT_NUM_GPUS_PER_NODE"] == "1"
+    assert env["USE_BF16"] == "False" and env["HF_TOKEN"] == "****"
+    assert "hf_s3cret_value" not in shown.out + shown.err
+    assert plan["workdir"]["local"] is None  # SkyPilot sends nothing without a workdir
+    assert plan["run"] == "python train.py --bf16 $USE_BF16"
+    assert any("resources.cpus" in c for c in plan["changes"])
+    assert any("allow_larger: p4d.24xlarge" in c for c in plan["changes"])
+    home = Path(os.environ["EC2GPU_HOME"])
+    assert not home.exists() or not any(home.rglob("*"))  # no sandbox state, no ledger, no key
+
+
+def test_the_plan_in_words_lists_each_type_in_order_and_what_changes(no_aws, monkeypatch, capsys):
+    (no_aws / "proj" / "t.yaml").write_text("name: t\nworkdir: .\nresources:\n  any_of:\n    - gpu: L4:1\n"
+                                            "    - gpu: A10G:1\nrun: python train.py\n")
+    assert cli.main(["run", "t.yaml", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].startswith("plan for task t") and "nothing is created" in lines[0]
+    assert lines[1].startswith("  try  g6.xlarge: 1 x L4") and lines[2].startswith("  then g5.xlarge: 1 x A10G")
+    assert "max runtime: 24 h" in out and "workdir: " in out and "3 files" in out, out
+
+
+def test_a_dry_run_refuses_what_the_run_would_refuse_in_one_line(no_aws, capsys):
+    (no_aws / "proj" / "t.yaml").write_text("name: t\nresources:\n  accelerators: A100:1\nrun: x\n")
+    assert cli.main(["run", "t.yaml", "--dry-run"]) == 2
+    err = " ".join(capsys.readouterr().err.split())  # one line, however rich wrapped it
+    assert "no EC2 instance type has exactly 1 x A100" in err and "Traceback" not in err
+
+
+def test_a_flag_replaces_the_files_request_and_is_what_the_plan_shows(no_aws, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "x")
+    plan = api.run("sky.yaml", gpu="L4", dry_run=True)  # the file's A100:1 alone is refused: the flag wins
+    assert [r["instance_type"] for r in plan["instance_types"]] == ["g6.xlarge"]
+    assert plan["env"]["SKYPILOT_NUM_GPUS_PER_NODE"] == "1" and "CUDA_VISIBLE_DEVICES" not in plan["env"]

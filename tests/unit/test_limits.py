@@ -1,0 +1,147 @@
+"""A run's instance-side limit (issue 28.1-2): a first run starts with no flag and a long limit said
+with the most it can cost; later runs follow the task's history; the job gets SIGTERM before the
+limit and the run says the limit ended it."""
+import json
+import sys
+import time
+from datetime import datetime, timezone
+from types import SimpleNamespace
+
+import pytest
+
+from ec2gpu.agent import agent
+from ec2gpu.errors import LimitReached, UsageError
+from ec2gpu.runs import costs, engine, ledger, limits, pipeline, status
+
+
+def _row(run_id, task, phases, state="completed", backend="sandbox"):
+    return {"run_id": run_id, "command": "ec2gpu run", "backend": backend, "status": state, "task": task,
+            "started_at": datetime.now(timezone.utc).isoformat(), "phases": phases}
+
+
+def test_a_value_given_wins_and_none_removes_the_limit(tmp_path):
+    assert limits.for_task(tmp_path, "t", "sandbox", "2h", 30) == limits.Limit(120, "--max-runtime")
+    assert limits.for_task(tmp_path, "t", "sandbox", None, "45m") == limits.Limit(45, "the task's max_runtime")
+    assert limits.for_task(tmp_path, "t", "sandbox", "none", 30).minutes is None
+    assert limits.for_task(tmp_path, "t", "sandbox", None, "off").minutes is None
+    with pytest.raises(UsageError, match="--max-runtime"):
+        limits.parse("soon")
+    with pytest.raises(UsageError, match="at least 1 minute"):
+        limits.parse("10s")
+
+
+def test_a_first_run_gets_a_long_limit_and_later_runs_follow_the_longest_one(tmp_path):
+    first = limits.for_task(tmp_path, "finetune", "sandbox")
+    assert first.minutes == limits.FIRST_RUN_MINUTES == 1440 and "has not run before" in first.source
+    assert first.words() == "24 h"
+    ledger.record(tmp_path, _row("r1", "finetune", {"setup": 60.0, "running": 600.0}))
+    ledger.record(tmp_path, _row("r2", "finetune", {"setup": 60.0, "running": 1740.0}))  # 30 min: the longest
+    ledger.record(tmp_path, _row("r3", "finetune", {"running": 9000.0}, state="failed"))  # not a completed run
+    ledger.record(tmp_path, _row("r4", "other", {"running": 9000.0}))
+    ledger.record(tmp_path, _row("r5", "finetune", {"running": 9000.0}, backend="aws"))
+    later = limits.for_task(tmp_path, "finetune", "sandbox")
+    assert later.minutes == 90 and "r2" in later.source and "30.0 min" in later.source
+    ledger.record(tmp_path, _row("r6", "quick", {"running": 30.0}))
+    assert limits.for_task(tmp_path, "quick", "sandbox").minutes == limits.MIN_MINUTES
+
+
+def test_the_job_is_stopped_a_grace_period_before_the_instance_ends():
+    launched = datetime(2026, 11, 24, 12, 0, tzinfo=timezone.utc)
+    at = limits.stop_at({"LaunchTime": launched}, 60, 120)
+    assert at == launched.timestamp() + 3600 - 120
+    assert limits.grace_seconds(1, 120) == 30  # at most half the limit
+    assert limits.stop_at({"LaunchTime": launched}, None) is None and limits.stop_at({}, 60) is None
+    nd = SimpleNamespace(info={"python": "/usr/bin/python3"}, run_dir="/r", instance={"LaunchTime": launched})
+    job = SimpleNamespace(task=SimpleNamespace(run="python train.py"), name="t", args=[])
+    argv = engine.job_argv(nd, job, 60, 120)
+    assert argv[argv.index("--limit-at") + 1] == f"{at:.0f}" and argv[argv.index("--limit-grace") + 1] == "120"
+    assert "--limit-at" not in engine.job_argv(nd, job, None)
+
+
+def test_the_agent_gives_the_job_sigterm_at_the_limit_and_records_it(tmp_path):
+    trap = "trap 'echo checkpointed; exit 0' TERM; while :; do sleep 0.1; done"
+    started = time.monotonic()
+    code = agent.run(str(tmp_path), ["bash", "-c", trap], "http://127.0.0.1:9", poll_s=0.1, grace_s=2.0,
+                     limit=(time.time() + 1.0, 30.0))
+    st = json.loads((tmp_path / "status.json").read_text())
+    assert time.monotonic() - started < 10  # the job ended on its SIGTERM, long before the grace ran out
+    assert (tmp_path / "job.log").read_text().endswith("checkpointed\n")  # (bash reports the killed sleep)
+    assert st["state"] == "failed" and st["limit"]["stopped_at"] and st["limit"]["ends_at"]  # exit 0 is not success
+    assert code == 0 and status.parse((tmp_path / "status.json").read_bytes(), None)["limit"] == st["limit"]
+
+
+def test_a_job_deaf_to_sigterm_is_killed_before_the_instance_ends(tmp_path):
+    agent.run(str(tmp_path), [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
+                              "signal.SIG_IGN); time.sleep(60)"], "http://127.0.0.1:9", poll_s=0.1, grace_s=2.0,
+              limit=(time.time() + 0.5, 6.0))  # ends at +6.5 s: SIGKILL 5 s before, at +1.5 s at the latest
+    st = json.loads((tmp_path / "status.json").read_text())
+    assert st["signal"] == 9 and st["limit"] and st["state"] == "failed"
+
+
+def test_the_run_says_the_limit_ended_the_job_and_how_to_raise_it():
+    record = status.parse(json.dumps({"state": "failed", "exit_code": 143, "limit": {
+        "ends_at": "2026-11-24T14:00:00+00:00", "stopped_at": "2026-11-24T13:58:00+00:00"}}).encode(), None)
+
+    class Watch:
+        def check(self):
+            return None
+    nd = SimpleNamespace(index=0, result=143, status=record, watch=Watch(), conn=None, run_dir="/r",
+                         instance_id="i-1", host="h")
+    job = SimpleNamespace(task=SimpleNamespace(run="x"), mask=lambda t: t)
+    from ec2gpu.remote import jobs
+    orig, jobs.tail = jobs.tail, lambda conn, path, lines=20: "step 900"
+    try:
+        with pytest.raises(LimitReached) as exc:
+            engine.judge([nd], job)
+    finally:
+        jobs.tail = orig
+    assert exc.value.exit_code == 5 and "--max-runtime ended the job" in exc.value.message
+    assert "13:58" in exc.value.message and "--max-runtime 8h" in exc.value.hint and exc.value.tail == "step 900"
+
+
+class _Ui:
+    def __init__(self):
+        self.notes = []
+
+    def note(self, text):
+        self.notes.append(text)
+
+
+def _first_run(monkeypatch, tmp_path, **opts):
+    from ec2gpu.tasks import load
+    monkeypatch.setattr(costs, "estimate_job", lambda aws, home, itype, spot, job_s, source, backend, mp=None:
+                        costs._priced(costs.Estimate(itype, "on-demand", 0.526, "shipped table", 60, 30, job_s, 20,
+                                                     source)))
+    job = engine.TaskJob(load.parse("name: fresh\nrun: python train.py\n"), {}, None)
+    o = pipeline.TrainOptions(task=job, instance_type="g4dn.xlarge", **opts)
+    settings = SimpleNamespace(home=tmp_path)
+    ui = _Ui()
+    return pipeline.check_estimate(None, settings, o, "sandbox", ui), ui
+
+
+def test_a_first_run_starts_and_says_its_price_and_the_most_it_can_cost(monkeypatch, tmp_path):
+    est, ui = _first_run(monkeypatch, tmp_path, max_runtime_minutes=1440, limit_source="first run")
+    said = " ".join(ui.notes)
+    assert est.upper_bound and est.cost_usd == round(0.526 * 24, 4)
+    assert "has not run on g4dn.xlarge before" in said and "0.5260 USD/h" in said and "at most $12.62" in said
+    assert "max runtime: 24 h (first run)" in said and "SIGTERM" in said
+
+
+def test_a_budget_is_compared_with_the_most_a_first_run_can_cost(monkeypatch, tmp_path):
+    with pytest.raises(UsageError, match=r"up to \$12.62") as exc:
+        _first_run(monkeypatch, tmp_path, max_runtime_minutes=1440, limit_source="x", budget_usd=5.0)
+    assert "--expect" in exc.value.hint and "--max-runtime" in exc.value.hint
+    est, _ = _first_run(monkeypatch, tmp_path, max_runtime_minutes=60, limit_source="x", budget_usd=5.0)
+    assert est.cost_usd == 0.526
+    with pytest.raises(UsageError, match="without bound"):
+        _first_run(monkeypatch, tmp_path, max_runtime_minutes=None, limit_source="--max-runtime", budget_usd=5.0)
+    est, ui = _first_run(monkeypatch, tmp_path, max_runtime_minutes=None, limit_source="--max-runtime", nodes=2)
+    assert est.cost_usd is None and "nothing bounds its cost" in " ".join(ui.notes) and "idle" in ui.notes[-1]
+
+
+def test_a_task_file_may_say_no_limit():
+    from ec2gpu.tasks import load
+    assert load.parse("run: x\nmax_runtime: none\n").task.max_runtime_minutes is None
+    assert load.parse("run: x\nmax_runtime: 2h\n").task.max_runtime_minutes == 120
+    with pytest.raises(UsageError, match="max_runtime"):
+        load.parse("run: x\nmax_runtime: soon\n")
