@@ -133,14 +133,16 @@ def signals_held():
 
 
 @contextlib.contextmanager
-def forwarding(config: Path, host: str, ports: list[int], log):
+def forwarding(config: Path, host: str, ports: list[int], log, same_port: bool = True):
     """While the block runs, forward each of ``ports`` of ``host`` (its alias in ``config``) to
-    127.0.0.1 here, on the same port when it is free; ``log`` says where each one is. Every ssh
-    it started is ended and reaped when the block ends, however it ends."""
+    127.0.0.1 here, on the same port when it is free (and ``same_port``: False where the instance
+    shares this machine's ports, as a sandbox instance on loopback does, whose job has yet to bind
+    its port); ``log`` says where each one is. Every ssh it started is ended and reaped when the
+    block ends, however it ends."""
     stop, threads, children = threading.Event(), [], []
     try:
         for port in ports:
-            here = free_local_port(port)
+            here = free_local_port(port if same_port else None)
             log(f"port {port} of {host} is at http://127.0.0.1:{here} while the job runs")
             children.append(Child())
             t = threading.Thread(target=keep_forwarding, args=(argv(config, host, port, here), here, stop,

@@ -13,7 +13,10 @@ The job's environment (docs/tasks.md, "The job's contract"): the task's envs, an
 EC2GPU_OUTPUT_DIR, EC2GPU_CHECKPOINT_DIR, EC2GPU_RESUME, EC2GPU_NODE_RANK, EC2GPU_NUM_NODES,
 EC2GPU_HEAD_IP, EC2GPU_NODE_IP, EC2GPU_GPUS_PER_NODE, EC2GPU_WORKDIR, EC2GPU_PROGRESS_FILE (a progress
 bar's source: runs/nodes.ProgressReader), with SkyPilot's names for the same (SKYPILOT_NODE_RANK,
-SKYPILOT_NUM_NODES, SKYPILOT_NODE_IPS, SKYPILOT_NUM_GPUS_PER_NODE).
+SKYPILOT_NUM_NODES, SKYPILOT_NODE_IPS, SKYPILOT_NUM_GPUS_PER_NODE, SKYPILOT_TASK_ID; the setup also
+gets SKYPILOT_SETUP_NODE_RANK, SKYPILOT_SETUP_NODE_IPS, SKYPILOT_SETUP_NUM_GPUS_PER_NODE), and
+~/sky_workdir a link to the workdir. Setup and run are started as SkyPilot starts them: by an
+interactive bash, so ~/.bashrc is read (INTERACTIVE).
 """
 from __future__ import annotations
 
@@ -33,6 +36,24 @@ from ..tasks.load import LoadedTask
 AGENT = Path(__file__).resolve().parents[1] / "agent" / "agent.py"
 MASK = "****"
 TAIL_LINES = 20  # log lines shown when a job fails
+
+#: How a task's setup and run are started: ``bash -c INTERACTIVE SCRIPT NAME ARGS...`` runs SCRIPT
+#: (STDERR_BACK, then PROLOGUE and the task's text) in an interactive bash, as SkyPilot does (sky/backends/
+#: cloud_vm_ray_backend.py, ``_setup``: "/bin/bash -i", "to make sure `source ~/.bashrc` work";
+#: sky/skylet/log_lib.py for the run), so that ~/.bashrc is read: a setup's `conda init` or its
+#: `echo export X=1 >> ~/.bashrc` reaches the run. Bash's own complaints when it has no terminal
+#: ("no job control in this shell") go to /dev/null: its stderr is fd 3 until STDERR_BACK restores it.
+#: NAME is $0 and ARGS "$@" inside SCRIPT.
+INTERACTIVE = 'exec bash -i -c "$0" "$@" 3>&2 2>/dev/null'
+#: SCRIPT starts with STDERR_BACK, and PROLOGUE comes before the task's text: no history file; an
+#: interactive bash ignores SIGTERM, so the agent's (a spot notice, the max runtime) ends it once
+#: the command it waits for has ended, with 143 as a non-interactive bash would, its exit-time
+#: words to a terminal it lacks silenced; the Python with torch first on PATH again (~/.bashrc may
+#: have put another first); in the workdir.
+STDERR_BACK = "exec 2>&3 3>&-; "
+PROLOGUE = ("unset HISTFILE; trap 'exec 2>/dev/null; exit 143' TERM; "
+            'case "${EC2GPU_PYTHON:-}" in */*) export PATH="${EC2GPU_PYTHON%/*}:$PATH";; esac; '
+            'cd "${EC2GPU_WORKDIR:-.}" || exit 1\n')
 
 
 @dataclass
@@ -146,6 +167,8 @@ def node_env(job: TaskJob, run_id: str, run_dir: str, index: int, addresses: lis
         # SkyPilot's names, so its users' scripts run unchanged
         "SKYPILOT_NODE_RANK": str(index), "SKYPILOT_NUM_NODES": str(len(addresses)),
         "SKYPILOT_NODE_IPS": "\n".join(addresses), "SKYPILOT_NUM_GPUS_PER_NODE": str(gpus),
+        # the same for every node and attempt of the run (SkyPilot's: sky-<time>_<cluster>_<job id>)
+        "SKYPILOT_TASK_ID": f"ec2gpu-{run_id}_{job.name}",
     }
     if limit:
         ours["CUDA_VISIBLE_DEVICES"] = visible_devices(limit)
@@ -179,6 +202,9 @@ def upload_node(nd, job: TaskJob, ssh_config: Path | None, run_id: str, addresse
     # both exist when the job starts: it may write "$EC2GPU_CHECKPOINT_DIR/state.txt" at once
     nd.conn.run(f"mkdir -p {shlex.quote(env['EC2GPU_OUTPUT_DIR'])} {shlex.quote(env['EC2GPU_CHECKPOINT_DIR'])}",
                 hide=True, in_stream=False)
+    # SkyPilot's workdir path (sky/skylet/constants.py SKY_REMOTE_WORKDIR), unless something real is there
+    nd.conn.run(f'if [ ! -e "$HOME/sky_workdir" ] || [ -L "$HOME/sky_workdir" ]; then '
+                f'ln -sfn {shlex.quote(workdir)} "$HOME/sky_workdir"; fi', hide=True, in_stream=False)
     nd.conn.put(str(AGENT), f"{nd.run_dir}/agent.py")
     _put_private(nd.conn, json.dumps(env), f"{nd.run_dir}/job.env.json")
     from . import status
@@ -207,13 +233,15 @@ def setup_node(nd, job: TaskJob, log) -> None:
             f"setup unchanged since it ran on this instance at {said}: skipped")
         return
     python = str(nd.info.get("python") or "python3")
-    script = (f"cd {shlex.quote(workdir_of(nd.run_dir, job))} || exit 1; "
-              f"_ec2gpu_env=\"$({shlex.quote(python)} -c {shlex.quote(_EXPORTS)} "
+    # the job's environment, then SkyPilot's setup names (cloud_vm_ray_backend.py, _setup), then PROLOGUE
+    script = (f"{STDERR_BACK}_ec2gpu_env=\"$({shlex.quote(python)} -c {shlex.quote(_EXPORTS)} "
               f"{shlex.quote(nd.run_dir)}/job.env.json)\" || exit 1; eval \"$_ec2gpu_env\"; unset _ec2gpu_env; "
-              f"export PATH=\"$(dirname {shlex.quote(python)}):$PATH\"; {task.setup}")
+              'export SKYPILOT_SETUP_NODE_RANK="$SKYPILOT_NODE_RANK" SKYPILOT_SETUP_NODE_IPS="$SKYPILOT_NODE_IPS" '
+              'SKYPILOT_SETUP_NUM_GPUS_PER_NODE="$SKYPILOT_NUM_GPUS_PER_NODE"; '
+              f"{PROLOGUE}{task.setup}")
     out = _LineWriter(lambda line: log(job.mask(line)))
-    result = nd.conn.run(f"bash -c {shlex.quote(script)}", hide=True, warn=True, in_stream=False, out_stream=out,
-                         err_stream=out, timeout=3600)
+    result = nd.conn.run(f"bash -c {shlex.quote(INTERACTIVE)} {shlex.quote(script)} setup", hide=True, warn=True,
+                         in_stream=False, out_stream=out, err_stream=out, timeout=3600)
     out.flush()
     if not result.ok:
         tail = "\n".join(job.mask(result.stdout + result.stderr).strip().splitlines()[-TAIL_LINES:])
@@ -254,7 +282,7 @@ class _LineWriter(io.TextIOBase):
 
 def job_argv(nd, job: TaskJob, limit_minutes: int | None = None, grace_s: float = 120.0) -> list[str]:
     """The agent's command line on node ``nd`` (pure apart from the node's facts): the task's run
-    script under ``bash -c``, $0 the task's name, "$@" the job's args; the agent signs its
+    script in an interactive bash (INTERACTIVE), $0 the task's name, "$@" the job's args; the agent signs its
     status.json with the key upload_node left in agent.key (runs/status.py). With the run's
     ``limit_minutes`` (--max-runtime) the agent gives the job SIGTERM ``grace_s`` seconds (at most
     half the limit) before the instance ends itself (runs/limits.py)."""
@@ -264,7 +292,9 @@ def job_argv(nd, job: TaskJob, limit_minutes: int | None = None, grace_s: float 
     limit = [] if at is None else ["--limit-at", f"{at:.0f}",
                                    "--limit-grace", f"{limits.grace_seconds(limit_minutes, grace_s):.0f}"]
     return [python, f"{nd.run_dir}/agent.py", "--dir", nd.run_dir, "--env-file", f"{nd.run_dir}/job.env.json",
-            "--key-file", f"{nd.run_dir}/agent.key", *limit, "--", "bash", "-c", job.task.run, job.name, *job.args]
+            "--key-file", f"{nd.run_dir}/agent.key", *limit, "--", "bash", "-c", INTERACTIVE,
+            STDERR_BACK + PROLOGUE + job.task.run,
+            job.name, *job.args]
 
 
 def snapshot_statuses(nodes) -> None:
@@ -455,7 +485,9 @@ def run_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[dic
                                                                       settings.limit_grace_seconds))
                 ui.note(f"job started on {len(nodes)} node(s) under the agent"
                         + (f" (head {addresses[0]})" if len(nodes) > 1 else "") + "; its log follows")
-                with tunnel.forwarding(config, nodes[0].instance_id, job.task.ports, ui.note):
+                # an instance on this machine's loopback (the sandbox) shares its ports: never the same one
+                on_loopback = str(nodes[0].host).startswith("127.")
+                with tunnel.forwarding(config, nodes[0].instance_id, job.task.ports, ui.note, same_port=not on_loopback):
                     N.follow_all(nodes, ui, local_out, n, opts.unreachable_s,
                                  mask=job.mask if job.secret_values else None)
             except KeyboardInterrupt:  # Ctrl-C or SIGTERM: what the job wrote comes home before the teardown
