@@ -21,9 +21,10 @@ from .remote.sync import MAX_UPLOAD_BYTES
 
 
 def load_task(task=None, command: Optional[Sequence[str]] = None, workdir: Optional[str] = None,
-              name: Optional[str] = None, workdir_outside: bool = False, overrides: Optional[dict] = None):
+              name: Optional[str] = None, workdir_outside: bool = False, overrides: Optional[dict] = None,
+              infra: Optional[str] = None):
     """A tasks.load.LoadedTask from a task file path, a Task, or a ``command`` run in ``workdir``;
-    ``overrides``: resources fields set by flags (tasks.load.parse).
+    ``overrides``: resources fields set by flags, ``infra``: the --infra flag (tasks.load.parse).
 
     A task file's workdir may lie outside the file's directory only with ``workdir_outside``; no
     directory to send may be the home directory or a credentials one (tasks.load.check_local_source).
@@ -40,7 +41,7 @@ def load_task(task=None, command: Optional[Sequence[str]] = None, workdir: Optio
     if isinstance(task, (str, Path)):
         if workdir:
             raise UsageError("--workdir is for a command; a task file names its own workdir", "set workdir: in the file")
-        loaded = load.load(task, workdir_outside, overrides)
+        loaded = load.load(task, workdir_outside, overrides, infra)
     elif isinstance(task, Task):
         base = Path(workdir or ".").resolve()
         loaded = load.LoadedTask(task, None, None if task.workdir is None else _sendable(base / task.workdir, workdir))
@@ -70,11 +71,11 @@ def _sendable(path: Path, workdir: Optional[str]) -> Path:
 
 
 def _prepare(task, command, workdir, name, env, secrets, max_upload, include_secrets, reporter, on_warning,
-             workdir_outside: bool = False, overrides: Optional[dict] = None):
+             workdir_outside: bool = False, overrides: Optional[dict] = None, infra: Optional[str] = None):
     """(engine.TaskJob, reporter): the task loaded, its warnings said, its environment resolved and its
     workdir listed (what will be sent said), before anything is created."""
     from .runs import engine, pipeline
-    loaded = load_task(task, command, workdir, name, workdir_outside, overrides)
+    loaded = load_task(task, command, workdir, name, workdir_outside, overrides, infra)
     for w in loaded.warnings:
         on_warning(w)
     if secrets:
@@ -95,7 +96,8 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
         max_upload: int = MAX_UPLOAD_BYTES, include_secrets: bool = False, out: Optional[Path] = None,
         ssh_cidr: Optional[str] = None, ami: Optional[str] = None, region: Optional[str] = None,
         sandbox: bool = False, reporter=None, on_warning=lambda text: None, as_typed: Optional[str] = None,
-        baked: bool = True, workdir_outside: bool = False, allow_larger: bool = False, dry_run: bool = False) -> dict:
+        baked: bool = True, workdir_outside: bool = False, allow_larger: bool = False, dry_run: bool = False,
+        infra: Optional[str] = None) -> dict:
     """Run a task on new instances end to end (estimate, launch, sync, setup, job, outputs home,
     teardown, bill); return its run record.
 
@@ -110,12 +112,18 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
     a runs.pipeline.Reporter (default: silent). ``baked``: launch from the newest image baked for
     the task's setup (`ec2gpu image bake`) when the region has one. ``dry_run``: return the run's
     plan instead (runs/dryrun.plan: instance types, prices, limit, environment, what changes), having
-    created nothing and called no AWS API. Raises as the module docstring says.
+    created nothing and called no AWS API. ``infra``: SkyPilot's override flag, 'aws' or
+    'aws/REGION[/ZONE]': a SkyPilot file naming another cloud runs on AWS (tasks.load.parse), and its
+    region is the run's. The region: ``region``, else the one ``infra`` names, else the task's
+    (resources.region: SkyPilot's infra/region), else the configured one; the AMI: ``ami``, else the
+    task's for that region (resources.ami, SkyPilot's image_id); the idle rule: the task's
+    idle_timeout (SkyPilot's autostop), else 30 min idle where there is no max runtime
+    (_idle_rule). A zone (from ``infra`` or the file) is chosen at launch, said in a warning.
+    Raises as the module docstring says.
     """
     from dataclasses import replace
 
     from .backend import Context
-    from .aws.instances import IdleRule
     from .runs import limits, pipeline
     from .tasks import resolve
     from .tasks.spec import minutes
@@ -132,9 +140,14 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
                  if instance_type is not None else {})
     if allow_larger:
         overrides["allow_larger"] = True
+    infra_region, infra_zone = _infra(infra, region)
     job, reporter = _prepare(task, command, workdir, name, env, secrets, max_upload, include_secrets, reporter,
-                             warn, workdir_outside, overrides or None)
+                             warn, workdir_outside, overrides or None, infra)
     res = job.task.resources
+    run_region = region or infra_region or res.region
+    if infra_zone:
+        from .tasks.load import zone_note
+        warn(f"--infra {infra}: {zone_note(infra_zone, infra_region)}")
     limits.parse(max_runtime)  # a bad value is refused before anything starts
     try:
         expect_min = minutes(expect) if expect is not None else None
@@ -143,7 +156,7 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
 
     def types_for(default: str) -> list[str]:
         if gpu:
-            return [resolve.instance_type_for_gpu(gpu, res.allow_larger)]
+            return [resolve.instance_type_for_gpu(gpu, res.allow_larger, resolve.need_of(res))]
         if instance_type is not None:  # an empty entry is refused by pipeline.train, never a silent default
             return instance_type.split(",")
         return resolve.instance_types(res, default)
@@ -151,22 +164,27 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
     if dry_run:  # this machine's files alone: no Context (no sandbox started, no AWS client made)
         from . import settings as settings_mod
         from .runs import dryrun
-        st = settings_mod.load({"region": region, "sandbox": sandbox or None})
+        st = settings_mod.load({"region": run_region, "sandbox": sandbox or None})
         backend = "sandbox" if st.sandbox else "aws"
         limit = limits.for_task(st.home, job.name, backend, max_runtime, job.task.max_runtime)
+        idle = _idle_rule(job.task, limit)
         return dryrun.plan(job, st, [t.strip() for t in types_for(st.instance_type)], nodes=nodes or job.task.nodes,
                            spot=res.spot if spot is None else spot, spot_fallback=spot_fallback, limit=limit,
-                           idle_seconds=limits.NO_LIMIT_IDLE_SECONDS if limit.minutes is None else None, ami=ami,
-                           baked=baked, expect_minutes=expect_min, backend=backend, warnings=warned)
-    with Context(region, sandbox) as ctx:
+                           idle_seconds=idle.seconds if idle else None, ami=_ami(ami, res, st.region),
+                           baked=baked, expect_minutes=expect_min, backend=backend, warnings=warned,
+                           region_source=_region_source(region, infra_region, res.region),
+                           ami_source=("--ami" if ami else "the task's resources.ami (SkyPilot's image_id)"
+                                       if res.ami else None),
+                           idle_source=None if idle is None else "idle_timeout (autostop)" if job.task.idle_timeout
+                           else "max runtime none")
+    with Context(run_region, sandbox) as ctx:
         limit = limits.for_task(ctx.settings.home, job.name, ctx.backend.name, max_runtime, job.task.max_runtime)
         types = types_for(ctx.settings.instance_type)
         settings = replace(ctx.settings, root_volume_gib=res.disk_gib) if res.disk_gib else ctx.settings
         opts = pipeline.TrainOptions(
             instance_type=",".join(types), spot=res.spot if spot is None else spot, spot_fallback=spot_fallback,
-            out=out, ssh_cidr=ssh_cidr, ami=ami, name=name, max_runtime_minutes=limit.minutes,
-            limit_source=limit.source,
-            idle=IdleRule("down", limits.NO_LIMIT_IDLE_SECONDS) if limit.minutes is None else None,
+            out=out, ssh_cidr=ssh_cidr, ami=_ami(ami, res, ctx.settings.region), name=name,
+            max_runtime_minutes=limit.minutes, limit_source=limit.source, idle=_idle_rule(job.task, limit),
             budget_usd=budget if budget is not None else job.task.budget,
             max_price=max_price if max_price is not None else res.max_price, nodes=nodes or job.task.nodes,
             max_attempts=max_attempts, task=job, expect_minutes=expect_min, baked=baked,
@@ -174,19 +192,68 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
         return pipeline.train(ctx.aws, settings, opts, reporter, ctx.backend)
 
 
+def _infra(infra: Optional[str], region: Optional[str]) -> tuple[Optional[str], Optional[str]]:
+    """(region, zone) the --infra flag names (None each where it names none; tasks.load.aws_infra).
+    Raises UsageError for another cloud, or a region other than --region's."""
+    if infra is None:
+        return None, None
+    from .tasks.load import aws_infra
+    infra_region, zone = aws_infra(infra)
+    if region and infra_region and region != infra_region:
+        raise UsageError(f"--region {region} and --infra {infra} name different regions", "give one of them")
+    return infra_region, zone
+
+
+def _region_source(region: Optional[str], infra_region: Optional[str], task_region: Optional[str]) -> str:
+    """Where the run's region comes from, in words (pure)."""
+    return ("--region" if region else "--infra" if infra_region else
+            "the task's resources.region (SkyPilot's infra or region)" if task_region else
+            "the configured region (EC2GPU_REGION, AWS_REGION, else us-east-1)")
+
+
+def _ami(ami: Optional[str], resources, region: str) -> Optional[str]:
+    """The AMI to boot in ``region``: the --ami flag, else the task's (resources.ami, SkyPilot's
+    image_id: one, or one per region), else None (the baked image or the DLAMI, found at launch).
+    Raises UsageError when the task names AMIs per region and none for ``region``."""
+    if ami:
+        return ami
+    try:
+        return resources.ami_for(region)
+    except ValueError as exc:
+        names = ", ".join(resources.ami)
+        raise UsageError(str(exc), f"run it in one of those regions (--region {names.split(',')[0]}), "
+                         "or give --ami for this one")
+
+
+def _idle_rule(task, limit):
+    """The run's aws.instances.IdleRule: the task's ``idle_timeout`` (SkyPilot's autostop), else 30 min
+    (limits.NO_LIMIT_IDLE_SECONDS) where ``limit`` (runs/limits.Limit) is none, else None. Always
+    "down": a run's instances are terminated, never kept stopped."""
+    import math
+
+    from .aws.instances import IdleRule
+    from .runs import limits
+    from .tasks.spec import minutes
+    if task.idle_timeout is not None:
+        return IdleRule("down", int(math.ceil(minutes(task.idle_timeout))) * 60)
+    return IdleRule("down", limits.NO_LIMIT_IDLE_SECONDS) if limit.minutes is None else None
+
+
 def exec(target: str, task=None, *, command: Optional[Sequence[str]] = None, workdir: Optional[str] = None,  # noqa: A001
          env: Optional[dict] = None, secrets: Sequence[str] = (), max_upload: int = MAX_UPLOAD_BYTES,
          include_secrets: bool = False, out: Optional[Path] = None, region: Optional[str] = None,
          sandbox: bool = False, reporter=None, on_warning=lambda text: None, as_typed: Optional[str] = None,
-         workdir_outside: bool = False) -> dict:
+         workdir_outside: bool = False, infra: Optional[str] = None) -> dict:
     """Run a task once on the standing instance or cluster ``target`` and leave it running; return
     the run record. A setup that already ran there is skipped; rsync sends only what changed.
-    ``workdir_outside`` as for ``run``."""
+    ``workdir_outside`` as for ``run``; ``infra`` ('aws'): a SkyPilot file naming another cloud is
+    read as for ``run`` (the target's own region and type are what run it)."""
     from .backend import Context
     from .runs import standing
 
+    _infra(infra, None)
     job, reporter = _prepare(task, command, workdir, None, env, secrets, max_upload, include_secrets, reporter,
-                             on_warning, workdir_outside)
+                             on_warning, workdir_outside, None, infra)
     with Context(region, sandbox) as ctx:
         return standing.exec_task(ctx.aws, ctx.settings, job, reporter, target,
                                   ctx.backend, out, job.mask(as_typed or f"ec2gpu.exec({target!r})"))

@@ -92,6 +92,9 @@ def run_cmd(
                                  "prices, limit, most it can cost, the job's environment, setup and run, what "
                                  "changes) and create nothing; needs no AWS credentials. With --json: its keys "
                                  "are in docs/tasks.md."),
+    infra: Optional[str] = typer.Option(None, "--infra", help="aws, aws/REGION or aws/REGION/ZONE (SkyPilot's "
+                                        "override flag): a SkyPilot task file naming another cloud runs on AWS; "
+                                        "a region here is the run's (the zone is chosen at launch)."),
     region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
 ):
     """Run your own job on new GPU instances: send the workdir, set up, run, bring outputs home, terminate.
@@ -109,7 +112,7 @@ def run_cmd(
         max_price=max_price, max_attempts=max_attempts, max_upload=_size(max_upload), include_secrets=include_secrets,
         out=out_dir, ssh_cidr=ssh_cidr, ami=ami, region=region, sandbox=_sandbox_flag(sandbox),
         reporter=RichReporter(err), on_warning=_warn, as_typed=" ".join(["ec2gpu", *sys.argv[1:]]), baked=not no_baked,
-        workdir_outside=workdir_outside, allow_larger=allow_larger, dry_run=dry_run)
+        workdir_outside=workdir_outside, allow_larger=allow_larger, dry_run=dry_run, infra=infra)
     if dry_run:
         _print_plan(record, as_json)
         return
@@ -127,6 +130,8 @@ def exec_cmd(
     include_secrets: bool = typer.Option(False, "--include-secrets", help="Also send .git/, .env*, keys, credentials."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Where outputs and logs come home."),
     workdir_outside: bool = WORKDIR_OUTSIDE,
+    infra: Optional[str] = typer.Option(None, "--infra", help="aws: read a SkyPilot task file written for another "
+                                        "cloud (SkyPilot's override flag); the standing instance runs it."),
     region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
 ):
     """Run a task on a standing instance or cluster and leave it running.
@@ -140,7 +145,7 @@ def exec_cmd(
                       env=_env_flags(env, secret), secrets=secret, max_upload=_size(max_upload),
                       include_secrets=include_secrets, out=out_dir, region=region, sandbox=_sandbox_flag(sandbox),
                       reporter=RichReporter(err), on_warning=_warn, as_typed=" ".join(["ec2gpu", *sys.argv[1:]]),
-                      workdir_outside=workdir_outside)
+                      workdir_outside=workdir_outside, infra=infra)
     _print_record(record, as_json)
 
 

@@ -31,10 +31,13 @@ def placeholders(nodes: int) -> list[str]:
 
 def plan(job, settings, types: list[str], *, nodes: int, spot: bool, spot_fallback: str | None,
          limit, idle_seconds: int | None, ami: str | None, baked: bool, expect_minutes: float | None,
-         backend: str, warnings: list[str]) -> dict:
+         backend: str, warnings: list[str], region_source: str | None = None, ami_source: str | None = None,
+         idle_source: str | None = None) -> dict:
     """The plan of a run of ``job`` (an engine.TaskJob) on ``types`` (instance types in the order
     they are tried) as a JSON-ready dict; ``limit`` is a runs/limits.Limit, ``idle_seconds`` the
-    idle rule's (None: none). Prices in USD/h, sizes in bytes and GiB, times in minutes.
+    idle rule's (None: none); ``region_source``, ``ami_source``, ``idle_source``: where the region,
+    the AMI and the idle rule come from, in words (api.run). Prices in USD/h, sizes in bytes and
+    GiB, times in minutes.
 
     Raises UsageError as catalog.lookup does for a type ec2gpu cannot run. Calls no AWS API."""
     from ..aws import catalog
@@ -73,15 +76,20 @@ def plan(job, settings, types: list[str], *, nodes: int, spot: bool, spot_fallba
         "kind": "plan", "version": PLAN_VERSION, "task": job.name,
         "source": str(job.loaded.path) if job.loaded.path else "a command",
         "backend": backend, "region": settings.region,
+        "region_source": region_source or "the configured region",
         "zones": "any availability zone of the region with capacity, chosen at launch (the next one on "
                  "InsufficientInstanceCapacity)",
         "nodes": nodes, "market": "spot" if spot else "on-demand", "spot_fallback": spot_fallback,
         "instance_types": rows, "skipped": skipped,
         "disk_gib": res.disk_gib or settings.root_volume_gib,
+        "ami": ami, "ami_source": ami_source if ami else None,
         "image": (ami if ami else "the newest image baked for this setup (ec2gpu image ls), else the PyTorch Deep "
                   "Learning AMI, resolved at launch" if baked else "the PyTorch Deep Learning AMI, resolved at launch"),
         "max_runtime": {"minutes": limit.minutes, "source": limit.source},
         "idle_rule_minutes": None if idle_seconds is None else idle_seconds // 60,
+        "idle_rule": None if idle_seconds is None else {
+            "minutes": idle_seconds // 60, "action": "terminate", "source": idle_source or "max runtime none",
+            "meaning": "an instance with no job, SSH connection or busy GPU that long terminates itself"},
         "estimate": {"job_minutes": None if minutes is None else round(minutes, 2), "source": time_source,
                      "expected_usd": expected, "at_most_usd": at_most,
                      "note": "on-demand list prices; spot pays the zone's spot price, at most the on-demand one"},
@@ -90,7 +98,11 @@ def plan(job, settings, types: list[str], *, nodes: int, spot: bool, spot_fallba
                     "withheld": list(m.withheld) if m else []},
         "env": {k: job.mask(v) for k, v in sorted(env.items())},
         "setup": job.mask(job.task.setup or ""), "run": job.mask(job.task.run),
-        "outputs": list(job.task.outputs), "ports": [], "file_mounts": [],
+        "outputs": list(job.task.outputs),
+        "ports": [{"port": p, "node": 0, "local": f"127.0.0.1:{p}",
+                   "how": "forwarded over SSH while the job runs; not opened in the security group"}
+                  for p in job.task.ports],
+        "file_mounts": [],
         "safety": list(SAFETY), "changes": list(warnings),
     }
 
@@ -107,13 +119,16 @@ def render(p: dict) -> list[str]:
     out += [f"  skipped: {s}" for s in p["skipped"]]
     out.append(f"  {p['nodes']} node(s), {p['market']}"
                + (f" (then {p['spot_fallback']})" if p["spot_fallback"] else "") + f"; zones: {p['zones']}")
-    out.append(f"  disk {p['disk_gib']} GiB gp3 encrypted; image: {p['image']}")
+    out.append(f"  region {p['region']} ({p.get('region_source') or 'the configured region'}); disk {p['disk_gib']} "
+               f"GiB gp3 encrypted; image: {p['image']}" + (f" ({p['ami_source']})" if p.get("ami_source") else ""))
     lim = p["max_runtime"]
     est = p["estimate"]
     from .limits import Limit
     limit = Limit(lim["minutes"], lim["source"]).words()
+    idle = p.get("idle_rule")
     out.append(f"  max runtime: {limit} ({lim['source']})"
-               + (f"; idle instances end after {p['idle_rule_minutes']} min" if p["idle_rule_minutes"] else ""))
+               + (f"; idle instances end after {idle['minutes']} min ({idle['source']})" if idle else ""))
+    out += [f"  port {q['port']} of node 0 -> {q['local']} here ({q['how']})" for q in p.get("ports", [])]
     cost = (f"~${est['expected_usd']:.4f} for {est['job_minutes']} min of job ({est['source']})"
             if est["expected_usd"] is not None else f"job time unknown ({est['source']})")
     out.append(f"  cost: {cost}; at most "

@@ -6,8 +6,13 @@ task YAML (https://docs.skypilot.co/en/latest/reference/yaml-spec.html): ``name`
 ``gpus``: ``T4:1``, ``{T4: 1}``, ``{A100:8}``, a set ``{H100:8, H200:8}`` tried cheapest first, a
 list ``[A100:8, H100:8]`` tried in order, SkyPilot's memory form ``40GB+:1``),
 ``resources.any_of``/``ordered`` (candidates), ``resources.instance_type``, ``resources.use_spot``,
-``resources.disk_size``. SkyPilot fields ec2gpu does not support are named in one warning line,
-never silently dropped; anything else unknown is an error whose hint lists both formats' names.
+``resources.disk_size``, ``resources.cpus``/``memory`` (choose the type with the GPU: resolve.Need),
+``resources.infra``/``cloud``/``region``/``zone`` (AWS and its region; another cloud refused unless
+``--infra aws``), ``resources.image_id`` (an AMI, or one per region), ``resources.ports`` (forwarded
+over SSH, not opened), ``resources.autostop`` (the idle rule), ``resources.job_recovery`` (ec2gpu's
+own spot recovery, the differences warned). SkyPilot fields ec2gpu does not support are named in
+one warning line, never silently dropped; anything else unknown is an error whose hint lists both
+formats' names. The fields' meanings: https://docs.skypilot.co/en/latest/reference/yaml-spec.html.
 
 YAML is read as SkyPilot reads it, and stricter: ``envs`` values YAML types as booleans or numbers
 become the text Python's ``str`` makes of them, as SkyPilot's ``Task.from_yaml_config`` does
@@ -57,12 +62,27 @@ CREDENTIAL_DIRS = (
 #: SkyPilot fields with no ec2gpu meaning: warned about and ignored
 SKYPILOT_UNSUPPORTED = {"file_mounts", "volumes", "config", "service", "event_callback", "num_gpus", "docker",
                         "experimental", "pool", "inputs"}
-SKYPILOT_UNSUPPORTED_RESOURCES = {"cloud", "infra", "region", "zone", "accelerator_args", "cpus", "memory",
-                                  "job_recovery", "spot_recovery", "disk_tier", "network_tier", "ports", "labels",
-                                  "image_id", "autostop", "priority", "volumes", "max_hourly_cost"}
-#: SkyPilot name -> ec2gpu name (resources.accelerators and its candidates: _skypilot_resources)
+SKYPILOT_UNSUPPORTED_RESOURCES = {"accelerator_args", "disk_tier", "network_tier", "labels", "priority", "volumes",
+                                  "max_hourly_cost"}
+#: SkyPilot resources fields that change nothing in an ec2gpu run, each with a warning (or a refusal)
+#: of its own saying what ec2gpu does instead (_location, _recovery): the zone (chosen at launch),
+#: the cloud (AWS runs it; another is refused), the recovery strategy (ec2gpu's own spot recovery)
+SKYPILOT_UNSUPPORTED_RESOURCES_SAID = {"cloud", "zone", "job_recovery", "spot_recovery"}
+#: SkyPilot name -> ec2gpu name (resources.accelerators and its candidates: _skypilot_resources, which
+#: also puts the values of infra, image_id, ports and autostop in ec2gpu's form before they move)
 SKYPILOT_RENAMES = {("num_nodes",): ("nodes",), ("resources", "use_spot"): ("resources", "spot"),
-                    ("resources", "disk_size"): ("resources", "disk_gib")}
+                    ("resources", "disk_size"): ("resources", "disk_gib"),
+                    ("resources", "infra"): ("resources", "region"), ("resources", "image_id"): ("resources", "ami"),
+                    ("resources", "ports"): ("ports",), ("resources", "autostop"): ("idle_timeout",)}
+#: --infra: SkyPilot's flag that overrides the task's infra (``sky launch --infra aws``)
+INFRA_FLAG = "--infra"
+OTHER_CLOUD_HINT = (f"ec2gpu runs on AWS: pass {INFRA_FLAG} aws (SkyPilot's own override flag) to run it there, "
+                    f"or {INFRA_FLAG} aws/REGION")
+#: the shortest idle rule autostop becomes, minutes: an instance is idle until the controller's first
+#: SSH connection, which comes after the boot, the console's host keys and the first sync
+IDLE_FLOOR_MINUTES = 10
+AUTOSTOP_DEFAULT_MINUTES = 5  # autostop: true (yaml-spec.html, resources.autostop: "default idle minutes (5)")
+MAX_PORTS = 64  # ports forwarded from one task (each is an SSH forward held while the job runs)
 #: Every field SkyPilot's task YAML has (yaml-spec.html; sky/task.py, sky/resources.py), for the hint
 #: on an unknown one: read and mapped, or named in the warning as dropped
 SKYPILOT_FIELDS = ("name", "workdir", "num_nodes", "resources", "envs", "secrets", "setup", "run", "file_mounts",
@@ -208,9 +228,10 @@ def _line_of(lines: dict, loc: tuple) -> int:
     return lines.get(loc, 1)
 
 
-def _from_skypilot(data: dict, warnings: list[str], source: str = "<task>", lines: dict | None = None
-                   ) -> tuple[dict, dict]:
-    """SkyPilot's names -> ours; unsupported fields dropped and named in one warning. Returns (data,
+def _from_skypilot(data: dict, warnings: list[str], source: str = "<task>", lines: dict | None = None,
+                   infra: str | None = None) -> tuple[dict, dict]:
+    """SkyPilot's names -> ours; unsupported fields dropped and named in one warning; ``infra``: the
+    --infra flag (another cloud in the file is then replaced by AWS, with a warning). Returns (data,
     {our field path: the file's}). Raises UsageError (with the line) for what cannot be mapped."""
     lines = lines or {}
     data, renamed = dict(data), {}
@@ -222,13 +243,21 @@ def _from_skypilot(data: dict, warnings: list[str], source: str = "<task>", line
         dropped.append("outputs (SkyPilot's legacy {bucket: size in GB}: a size hint for its optimizer's egress cost, "
                        "which moves no data)")
     if isinstance(data.get("resources"), dict):
-        data["resources"], res_renamed = _skypilot_resources(data["resources"], source, lines, warnings, dropped)
+        data["resources"], res_renamed = _skypilot_resources(data["resources"], source, lines, warnings, dropped,
+                                                             infra)
         renamed.update(res_renamed)
     for theirs, ours in SKYPILOT_RENAMES.items():
         src = data if len(theirs) == 1 else data.get(theirs[0])
-        if isinstance(src, dict) and theirs[-1] in src:
-            src[ours[-1]] = src.pop(theirs[-1])
-            renamed[ours] = theirs
+        if not (isinstance(src, dict) and theirs[-1] in src):
+            continue
+        value = src.pop(theirs[-1])
+        if value is None:  # SkyPilot's null: not asked
+            continue
+        dest = data if len(ours) == 1 else data.setdefault(ours[0], {})
+        if ours[-1] in dest and isinstance(dest[ours[-1]], list) and isinstance(value, list):  # ports in both
+            value = list(dict.fromkeys(dest[ours[-1]] + value))
+        dest[ours[-1]] = value
+        renamed[ours] = theirs
     if isinstance(data.get("secrets"), dict):  # SkyPilot: a map like envs, values hidden
         secrets = data.pop("secrets")
         data["envs"] = {**(data.get("envs") or {}), **secrets}
@@ -251,7 +280,7 @@ def _alias(res: dict, source: str, lines: dict, loc: tuple) -> dict:
         if alias in res:
             if name in res:
                 raise _refuse(source, lines, loc + (alias,), f"both {alias} and {name}: {alias} is SkyPilot's other "
-                              f"name for {name}", f"keep one of them")
+                              f"name for {name}", "keep one of them")
             res[name] = res.pop(alias)
     return res
 
@@ -315,19 +344,290 @@ def _other_cloud(entry: dict) -> str | None:
     return None
 
 
-def _skypilot_resources(res: dict, source: str, lines: dict, warnings: list[str], dropped: list[str]
-                        ) -> tuple[dict, dict]:
-    """SkyPilot's ``resources`` -> ours (the caller renames use_spot and disk_size): ``accelerators``
-    becomes ``gpu`` (one request), ``any_of`` (a set: cheapest first) or ``ordered`` (a list: in
-    order); SkyPilot's ``any_of``/``ordered`` become ours, each candidate's accelerators kept (a
-    candidate without them inherits the resources' own, as SkyPilot merges them) and a candidate on
-    another cloud skipped with a warning; ``use_spot`` of the candidates becomes the run's (where
-    they differ, warned: ordered, the first one's; any_of, spot if one asks for it). Unsupported
-    fields are added to ``dropped``. Returns (resources, {our path: the file's})."""
+def parse_infra(text: str) -> tuple[str, str | None, str | None]:
+    """SkyPilot's ``infra`` 'CLOUD[/REGION[/ZONE]]' -> (cloud, region, zone) (pure): the cloud
+    lower-cased ('k8s' is 'kubernetes'; '*' any), a '*' or missing part None
+    (https://docs.skypilot.co/en/latest/reference/yaml-spec.html, resources.infra;
+    sky/utils/infra_utils.py). 'aws/us-west-2/us-west-2a' -> ('aws', 'us-west-2', 'us-west-2a');
+    'k8s/my-context' -> ('kubernetes', 'my-context', None)."""
+    parts = [p.strip() for p in str(text).strip().split("/")]
+    cloud = {"k8s": "kubernetes"}.get(parts[0].lower(), parts[0].lower())
+    region = parts[1] if len(parts) > 1 and parts[1] not in ("", "*") else None
+    zone = "/".join(parts[2:]) if len(parts) > 2 and parts[2] not in ("", "*") else None
+    return cloud, region, zone
+
+
+def _region_of_zone(zone: str) -> str | None:
+    """'us-west-2a' -> 'us-west-2'; a Local Zone 'us-east-1-bos-1a' -> 'us-east-1' (pure); None when
+    ``zone`` does not start with a region."""
+    m = re.match(r"([a-z]{2}(?:-gov|-iso[a-z]?)?-[a-z]+-[0-9]+)(?=[a-z]|-)", zone)
+    return m.group(1) if m else None
+
+
+def zone_note(zone: str, region: str | None) -> str:
+    """The warning for a zone asked (pure): ec2gpu chooses it at launch."""
+    return (f"zone {zone}: ec2gpu chooses the availability zone at launch (any zone of {region or 'the region'} "
+            "with capacity, the next one on InsufficientInstanceCapacity), so the run may start in another zone")
+
+
+def aws_infra(value: str, what: str = INFRA_FLAG) -> tuple[str | None, str | None]:
+    """The --infra flag's 'aws', 'aws/REGION' or 'aws/REGION/ZONE' -> (region, zone), each None
+    where not given (pure). Raises UsageError for another cloud, a region that is not an AWS one,
+    or a zone outside the region."""
+    from .spec import REGION_RE
+    cloud, region, zone = parse_infra(value)
+    if cloud != "aws":
+        raise UsageError(f"{what} {value}: ec2gpu runs on AWS only", "give aws, aws/REGION or aws/REGION/ZONE, "
+                         "e.g. --infra aws/us-west-2")
+    if region is not None and not REGION_RE.fullmatch(region):
+        raise UsageError(f"{what} {value}: {region!r} is not an AWS region", "e.g. aws/us-east-1, aws/us-west-2")
+    if zone is not None and _region_of_zone(zone) != region:
+        raise UsageError(f"{what} {value}: {zone!r} is not a zone of {region}", f"e.g. aws/{region}/{region}a")
+    return region, zone
+
+
+def _location(res: dict, source: str, lines: dict, warnings: list[str], infra: str | None) -> str | None:
+    """SkyPilot's ``infra`` or ``cloud``/``region``/``zone`` of ``res`` (taken out of it) -> the AWS
+    region to run in (None: the configured one). The zone is warned about: ec2gpu chooses it at
+    launch. ``infra``: the --infra flag: the file's cloud, if another, is replaced by AWS and its
+    region and zone dropped, each with a warning; an AWS region in the file is kept unless the flag
+    names one (api.run: the flag's wins).
+
+    Raises UsageError at the field's line for another cloud without the flag, ``infra`` given with
+    ``cloud``/``region``/``zone`` (SkyPilot refuses that too: sky/resources.py), a zone outside the region."""
+    loc = ("resources",)
+    given = {k: res.pop(k) for k in ("infra", "cloud", "region", "zone") if res.get(k) is not None}
+    for k in [k for k in ("infra", "cloud", "region", "zone") if k in res]:
+        res.pop(k)  # null: not asked
+    if not given:
+        return None
+    for k, v in given.items():
+        if not isinstance(v, str) or not v.strip():
+            raise _refuse(source, lines, loc + (k,), f"{v!r} is not a {k}", "e.g. infra: aws/us-east-1")
+    if "infra" in given and len(given) > 1:
+        other = next(k for k in given if k != "infra")
+        raise _refuse(source, lines, loc + (other,), f"infra and {other} together: SkyPilot refuses both too",
+                      "write infra: aws/REGION/ZONE alone")
+    if "infra" in given:
+        field_, (cloud, region, zone) = "infra", parse_infra(given["infra"])
+    else:
+        field_ = "cloud" if "cloud" in given else "region" if "region" in given else "zone"
+        cloud, region, zone = (given.get("cloud") or "*").strip().lower(), given.get("region"), given.get("zone")
+        cloud = {"k8s": "kubernetes"}.get(cloud, cloud)
+    written = given[field_]
+    if cloud not in ("aws", "*"):
+        if infra is None:
+            raise _refuse(source, lines, loc + (field_,), f"{written}: another cloud than AWS", OTHER_CLOUD_HINT)
+        warnings.append(f"resources.{field_}: {written} replaced by {INFRA_FLAG} {infra}: the task runs on AWS"
+                        + (f" (the other cloud's {'region ' + region if region else ''}"
+                           f"{' and ' if region and zone else ''}{'zone ' + zone if zone else ''} dropped)"
+                           if region or zone else ""))
+        return None
+    from .spec import REGION_RE
+    if region is not None and not REGION_RE.fullmatch(region.strip()):
+        if infra is not None:
+            warnings.append(f"resources.{field_}: {written}: {region!r} is not an AWS region: dropped for "
+                            f"{INFRA_FLAG} {infra}")
+            return None
+        raise _refuse(source, lines, loc + (field_,), f"{written}: {region!r} is not an AWS region (another cloud's?)",
+                      OTHER_CLOUD_HINT)
+    if zone is not None:
+        region = region or _region_of_zone(zone.strip())
+        if region is None or _region_of_zone(zone.strip()) != region:
+            raise _refuse(source, lines, loc + (("zone" if "zone" in given else field_),),
+                          f"{zone!r} is not an availability zone of {region or 'an AWS region'}",
+                          "e.g. infra: aws/us-west-2/us-west-2a")
+        warnings.append(f"resources.{'zone' if 'zone' in given else field_}: {zone_note(zone.strip(), region)}")
+    return region.strip() if region else None
+
+
+def _image(value, source: str, lines: dict, loc: tuple, warnings: list[str], replaced: bool):
+    """SkyPilot's ``image_id`` -> ec2gpu's ``ami`` (an AMI id, or {region: AMI id}), or None where the
+    default image runs, with a warning (SkyPilot's own image tags, ``skypilot:gpu-ubuntu-2004``; another
+    cloud's image when --infra aws replaced that cloud: ``replaced``). Per
+    https://docs.skypilot.co/en/latest/reference/yaml-spec.html (resources.image_id, AWS).
+
+    Raises UsageError at the field's line for ``docker:IMAGE`` (a container: not supported yet) and
+    for anything that is not an AMI id."""
+    values = list(value.values()) if isinstance(value, dict) else [value]
+    if not values or not all(isinstance(v, str) and v.strip() for v in values):
+        raise _refuse(source, lines, loc, f"{value!r} is not an image id", "e.g. image_id: ami-0123456789abcdef0, or "
+                      "{us-east-1: ami-..., us-west-2: ami-...}")
+    values = [v.strip() for v in values]
+    docker = next((v for v in values if v.lower().startswith("docker:")), None)
+    if docker:
+        raise _refuse(source, lines, loc, f"{docker[:80]}: running the job in a container is not supported yet",
+                      "drop image_id and install in setup what the image holds; or start the container in run "
+                      "(docker run --gpus all ...: the Deep Learning AMI has Docker and the NVIDIA container toolkit)")
+    if all(v.lower().startswith("skypilot:") for v in values):
+        warnings.append(f"{'.'.join(loc)}: {', '.join(dict.fromkeys(values))} is SkyPilot's own image tag: ec2gpu "
+                        "boots its default image instead (the image baked for this setup, else the PyTorch Deep "
+                        "Learning AMI, Ubuntu 24.04)")
+        return None
+    if all(v.lower().startswith("ami-") for v in values):
+        return {str(k): v.strip() for k, v in value.items()} if isinstance(value, dict) else values[0]
+    if replaced:
+        warnings.append(f"{'.'.join(loc)}: {str(value)[:80]} is the other cloud's image: dropped for {INFRA_FLAG} aws "
+                        "(ec2gpu boots its default image)")
+        return None
+    raise _refuse(source, lines, loc, f"{str(value)[:80]}: not an AMI id (ami-...); another cloud's image, or a "
+                  "container (docker:... is not supported yet)?",
+                  "give an AMI id of the run's region, or drop image_id")
+
+
+def _ports(value, source: str, lines: dict, loc: tuple, warnings: list[str]) -> list[int]:
+    """SkyPilot's ``ports`` (8080, '8080', '10022-10040', or a list of those) -> ec2gpu's top-level
+    ``ports``: each forwarded from node 0 to 127.0.0.1 here over SSH while the job runs, never
+    opened in the security group, where SkyPilot opens them to the internet
+    (https://docs.skypilot.co/en/latest/reference/yaml-spec.html, resources.ports); said in a warning.
+    Raises UsageError for a value that is not a port or range, or more than MAX_PORTS ports."""
+    items = value if isinstance(value, list) else [value]
+    ports: list[int] = []
+    for item in items:
+        m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", str(item)) if not isinstance(item, bool) else None
+        first, last = (int(m.group(1)), int(m.group(2) or m.group(1))) if m else (0, 0)
+        if not m or not 1 <= first <= last <= 65535:
+            raise _refuse(source, lines, loc, f"{item!r} is not a port or a range of ports", "e.g. 8080, 10022-10040 "
+                          "or [8080, 8081]")
+        if last - first + 1 + len(ports) > MAX_PORTS:
+            raise _refuse(source, lines, loc, f"more than {MAX_PORTS} ports: ec2gpu forwards each one over SSH",
+                          "name the ports the job serves on (e.g. [8000, 8265])")
+        ports += [p for p in range(first, last + 1) if p not in ports]
+    shown = ", ".join(str(p) for p in ports[:8]) + (f" and {len(ports) - 8} more" if len(ports) > 8 else "")
+    warnings.append(f"{'.'.join(loc)}: {shown}: forwarded from node 0 to 127.0.0.1 on this machine over SSH while the "
+                    "job runs (http://127.0.0.1:PORT here), not opened to the internet as SkyPilot opens them: the "
+                    "security group opens SSH alone")
+    return ports
+
+
+_AUTOSTOP_UNITS = {"m": 1, "h": 60, "d": 1440, "w": 10080}  # yaml-spec.html, resources.autostop: <num><unit>
+_AUTOSTOP_KEYS = ("idle_minutes", "down", "wait_for", "hook", "hook_timeout")
+
+
+def _autostop_minutes(value, source: str, lines: dict, loc: tuple) -> float:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([mhdw])?\s*", str(value).lower()) if not isinstance(value, bool) else None
+    if not m:
+        raise _refuse(source, lines, loc, f"{value!r} is not an idle time", "minutes (10), or 10m, 2h, 1d, 1w")
+    return float(m.group(1)) * _AUTOSTOP_UNITS[m.group(2) or "m"]
+
+
+def _autostop(value, source: str, lines: dict, loc: tuple, warnings: list[str]) -> int | None:
+    """SkyPilot's ``autostop`` (true: 5 min; false; minutes or 10m/2h/1d/1w; {idle_minutes, down,
+    wait_for, hook, hook_timeout}: https://docs.skypilot.co/en/latest/reference/yaml-spec.html,
+    resources.autostop) -> ec2gpu's ``idle_timeout`` in whole minutes, at least IDLE_FLOOR_MINUTES
+    (None: none asked), each difference warned: an ec2gpu run terminates its instances when the job
+    ends anyway, so the idle rule is the net for a run whose controller is gone; it terminates (a
+    run's instance is never kept stopped); a hook is not run. Raises UsageError for another form."""
+    where = ".".join(loc)
+    notes = []
+    if value is False:
+        warnings.append(f"{where}: false: an ec2gpu run still terminates its instances when the job ends "
+                        "(SkyPilot would keep the cluster up)")
+        return None
+    if isinstance(value, dict):
+        unknown = [k for k in value if k not in _AUTOSTOP_KEYS]
+        if unknown:
+            raise _refuse(source, lines, loc + (unknown[0],), "unknown field",
+                          f"autostop's fields: {', '.join(_AUTOSTOP_KEYS)}")
+        idle = value.get("idle_minutes")
+        minutes_ = AUTOSTOP_DEFAULT_MINUTES if idle is None else _autostop_minutes(idle, source, lines,
+                                                                                   loc + ("idle_minutes",))
+        if value.get("down") is False or "down" not in value:
+            notes.append("terminated, not stopped (a run's instance is never kept)")
+        if value.get("hook"):
+            notes.append("its hook is not run")
+        if value.get("wait_for") not in (None, "jobs_and_ssh"):
+            notes.append(f"wait_for {value['wait_for']} is read as jobs_and_ssh (a busy GPU counts too)")
+    elif value is True:
+        minutes_ = AUTOSTOP_DEFAULT_MINUTES
+        notes.append("terminated, not stopped (a run's instance is never kept)")
+    else:
+        minutes_ = _autostop_minutes(value, source, lines, loc)
+        notes.append("terminated, not stopped (a run's instance is never kept)")
+    chosen = max(IDLE_FLOOR_MINUTES, int(-(-minutes_ // 1)))
+    if chosen > minutes_:
+        notes.append(f"{IDLE_FLOOR_MINUTES} min at least, so a booting instance is not ended before the controller "
+                     "connects")
+    warnings.append(f"{where}: an ec2gpu run terminates its instances when the job ends (SkyPilot keeps the cluster "
+                    f"until it has been idle {minutes_:g} min); as the net for a run whose controller is gone, an "
+                    f"instance with no job, SSH connection or busy GPU for {chosen} min terminates itself "
+                    "(idle_timeout)"
+                    + "".join(f"; {n}" for n in notes))
+    return chosen
+
+
+def _recovery(key: str, value, spot, warnings: list[str], source: str, lines: dict) -> None:
+    """SkyPilot's ``job_recovery`` / ``spot_recovery`` (FAILOVER, EAGER_NEXT_REGION, none, or
+    {strategy, max_restarts_on_errors, recover_on_exit_codes}: yaml-spec.html, resources.job_recovery;
+    applied by SkyPilot to managed jobs, ``sky jobs launch``) -> a warning saying what ec2gpu's own
+    spot recovery does instead (runs/recovery.py): a lost spot instance is replaced in the same region,
+    another zone first, up to --max-attempts instances (3 with spot). Nothing in the task changes:
+    restarts on the job's own errors are not mapped to --max-attempts, which counts lost instances."""
+    loc = ("resources", key)
+    if isinstance(value, dict):
+        unknown = [k for k in value if k not in ("strategy", "max_restarts_on_errors", "recover_on_exit_codes")]
+        if unknown:
+            raise _refuse(source, lines, loc + (unknown[0],), "unknown field",
+                          "job_recovery's fields: strategy, max_restarts_on_errors, recover_on_exit_codes")
+        strategy, restarts = value.get("strategy"), value.get("max_restarts_on_errors")
+        codes = value.get("recover_on_exit_codes")
+    elif isinstance(value, str) or value is None:
+        strategy, restarts, codes = value, None, None
+    else:
+        raise _refuse(source, lines, loc, f"{value!r} is not a recovery strategy",
+                      "e.g. FAILOVER, EAGER_NEXT_REGION, or {strategy: FAILOVER, max_restarts_on_errors: 3}")
+    strategy = str(strategy or "EAGER_NEXT_REGION").upper()  # SkyPilot's default
+    said = [f"resources.{key}: {strategy}: ec2gpu's own spot recovery applies instead: a lost spot instance is "
+            "replaced in the same region, another zone first, up to --max-attempts instances (3 with spot)"]
+    if strategy == "EAGER_NEXT_REGION":
+        said.append("it does not move to another region")
+    if strategy == "NONE":
+        said.append("pass --max-attempts 1 for no replacement")
+    if restarts:
+        said.append(f"a job that exits non-zero is not restarted (max_restarts_on_errors: {restarts})")
+    if codes:
+        said.append(f"exit codes are not recovered on (recover_on_exit_codes: {codes})")
+    if not spot:
+        said.append("this task runs on-demand, where ec2gpu replaces nothing")
+    warnings.append("; ".join(said))
+
+
+def _skypilot_resources(res: dict, source: str, lines: dict, warnings: list[str], dropped: list[str],
+                        infra: str | None = None) -> tuple[dict, dict]:
+    """SkyPilot's ``resources`` -> ours (the caller renames use_spot, disk_size, image_id, ports and
+    autostop): ``accelerators`` becomes ``gpu`` (one request), ``any_of`` (a set: cheapest first) or
+    ``ordered`` (a list: in order); SkyPilot's ``any_of``/``ordered`` become ours, each candidate's
+    accelerators kept (a candidate without them inherits the resources' own, as SkyPilot merges them)
+    and a candidate on another cloud skipped with a warning (kept on AWS with ``infra``, the --infra
+    flag); ``use_spot`` of the candidates becomes the run's (where they differ, warned: ordered, the
+    first one's; any_of, spot if one asks for it); ``cpus``/``memory`` stay (ours too); the location
+    becomes ``region`` (_location), ``image_id`` an AMI (_image), ``ports`` ec2gpu's forwarded ports
+    (_ports), ``autostop`` the idle rule (_autostop), ``job_recovery`` a warning (_recovery).
+    Unsupported fields are added to ``dropped``. Returns (resources, {our path: the file's})."""
     loc = ("resources",)
     res, renamed = _alias(res, source, lines, loc), {}
     if isinstance(res.get("disk_size"), str):
         res["disk_size"] = _disk_gib(res["disk_size"], source, lines, loc + ("disk_size",))
+    written_location = next((k for k in ("infra", "cloud", "region", "zone") if res.get(k) is not None), None)
+    other_cloud = bool(res.get("infra") or res.get("cloud")) and _other_cloud(res) is not None
+    region = _location(res, source, lines, warnings, infra)
+    if region:
+        res["region"] = region
+        if written_location != "region":
+            renamed[("resources", "region")] = ("resources", written_location)
+    if res.get("image_id") is not None:
+        res["image_id"] = _image(res["image_id"], source, lines, loc + ("image_id",), warnings,
+                                 other_cloud and infra is not None)
+    if res.get("ports") is not None:
+        res["ports"] = _ports(res["ports"], source, lines, loc + ("ports",), warnings)
+    if "autostop" in res:
+        res["autostop"] = None if res["autostop"] is None else _autostop(res["autostop"], source, lines,
+                                                                         loc + ("autostop",), warnings)
+    for key in ("job_recovery", "spot_recovery"):
+        if key in res:
+            value = res.pop(key)
+            if value is not None:
+                _recovery(key, value, res.get("use_spot"), warnings, source, lines)
     gone = sorted(k for k in res if k in SKYPILOT_UNSUPPORTED_RESOURCES)
     for k in gone:
         res.pop(k)
@@ -349,12 +649,15 @@ def _skypilot_resources(res: dict, source: str, lines: dict, warnings: list[str]
                           "instance_type, use_spot, ...)",
                           "e.g. any_of: [{accelerators: H100:8}, {accelerators: H200:8}]")
         res[key], spots, elsewhere = _skypilot_candidates(entries, key, base, res.get("use_spot"), source, lines,
-                                                          dropped)
-        if elsewhere:
+                                                          dropped, infra)
+        if elsewhere and infra is None:
             warnings.append(f"resources.{key}: candidates on another cloud skipped: {'; '.join(elsewhere)}")
+        elif elsewhere:
+            warnings.append(f"resources.{key}: candidates on another cloud run on AWS ({INFRA_FLAG} {infra}): "
+                            f"{'; '.join(elsewhere)}")
         if not res[key]:
             raise _refuse(source, lines, loc + (key,), "every candidate names another cloud than AWS: "
-                          + "; ".join(elsewhere), "add a candidate on AWS (infra: aws, or no infra)")
+                          + "; ".join(elsewhere), OTHER_CLOUD_HINT)
         # one market per run: ordered, the first candidate's; any_of, spot if one asks for it (spot is the
         # cheaper market, and any_of is tried cheapest first)
         spot = bool(spots[0]) if key == "ordered" else any(bool(s) for s in spots)
@@ -376,8 +679,10 @@ def _skypilot_resources(res: dict, source: str, lines: dict, warnings: list[str]
 
 
 def _skypilot_candidates(entries: list, key: str, base: list[str], base_spot, source: str, lines: dict,
-                         dropped: list[str]) -> tuple[list[dict], list, list[str]]:
-    """SkyPilot's candidates -> (ours, the use_spot of each kept one, the ones on other clouds)."""
+                         dropped: list[str], infra: str | None = None) -> tuple[list[dict], list, list[str]]:
+    """SkyPilot's candidates -> (ours, the use_spot of each kept one, the ones on other clouds: kept,
+    on AWS, with ``infra`` (the --infra flag), else skipped). A candidate's own location, image,
+    cpus, memory, ... are dropped (named in ``dropped``): a run has one region and one image."""
     ours, spots, elsewhere = [], [], []
     for i, entry in enumerate(entries):
         at = ("resources", key, i)
@@ -394,7 +699,8 @@ def _skypilot_candidates(entries: list, key: str, base: list[str], base_spot, so
         cloud = _other_cloud(entry)
         if cloud:
             elsewhere.append(f"[{i}] {cloud}")
-            continue
+            if infra is None:
+                continue
         spots.append(entry.get("use_spot", base_spot))
         if entry.get("instance_type"):
             ours.append({"instance_type": entry["instance_type"]})
@@ -407,19 +713,30 @@ def _skypilot_candidates(entries: list, key: str, base: list[str], base_spot, so
             ours += [{"gpu": r} for r in base] or [{}]
         dropped += [f"resources.{key}[{i}].{k}" for k in entry
                     if k not in ("accelerators", "gpu", "instance_type", "use_spot", "infra", "cloud")]
-        if "/" in str(entry.get("infra") or ""):  # aws/REGION: AWS is what runs it; the region is dropped
+        if "/" in str(entry.get("infra") or "") and not cloud:  # aws/REGION: AWS runs it; the region is dropped
             dropped.append(f"resources.{key}[{i}].infra")
     return ours, spots, elsewhere
 
 
+#: fields of ec2gpu's own format SkyPilot does not have: a file using one is read as ec2gpu's
+_OURS = ("nodes", "checkpoint_dir", "max_runtime", "budget", "ports", "idle_timeout")
+_OURS_RESOURCES = ("gpu", "spot", "disk_gib", "allow_larger", "max_price", "ami")
+
+
 def _is_skypilot(data: dict) -> bool:
+    """Whether ``data`` is a SkyPilot task: it uses a field only SkyPilot has. ``cpus``, ``memory`` and
+    ``region``, which both formats have, count as SkyPilot's unless a field only ec2gpu has is there."""
     res = data.get("resources") if isinstance(data.get("resources"), dict) else {}
     candidates = [e for k in ("any_of", "ordered") if isinstance(res.get(k), list)
                   for e in res[k] if isinstance(e, dict)]
-    theirs = ("accelerators", "use_spot", "disk_size", *SKYPILOT_ALIASES, *SKYPILOT_UNSUPPORTED_RESOURCES)
-    return ("num_nodes" in data or any(k in data for k in SKYPILOT_UNSUPPORTED) or isinstance(data.get("secrets"), dict)
+    theirs = ("accelerators", "use_spot", "disk_size", "infra", "image_id", "autostop", *SKYPILOT_ALIASES,
+              *SKYPILOT_UNSUPPORTED_RESOURCES, *SKYPILOT_UNSUPPORTED_RESOURCES_SAID)
+    if ("num_nodes" in data or any(k in data for k in SKYPILOT_UNSUPPORTED) or isinstance(data.get("secrets"), dict)
             or isinstance(data.get("outputs"), dict) or any(k in res for k in theirs)
-            or any(k in e for e in candidates for k in theirs))
+            or any(k in e for e in candidates for k in theirs)):
+        return True
+    ours = any(k in data for k in _OURS) or any(k in res for k in _OURS_RESOURCES)
+    return not ours and any(k in res for k in ("cpus", "memory", "region", "ports"))
 
 
 def _stringify_envs(data: dict) -> None:
@@ -440,12 +757,15 @@ def _check_size(size: int, source: str) -> None:
 
 
 def parse(text: str, source: str = "<task>", base: Path | None = None, allow_outside: bool = False,
-          overrides: dict | None = None) -> LoadedTask:
+          overrides: dict | None = None, infra: str | None = None) -> LoadedTask:
     """Validate the YAML ``text`` of a task; ``base`` is the directory relative paths start from
     (default: the current one); its workdir may lie outside ``base`` only with ``allow_outside``.
     ``overrides``: resources fields the command line sets ({"allow_larger": True}, {"gpu": "T4",
     ...}), put in place before the resources are checked; where they choose the instance type
     (gpu, instance_type) the file's own request is not checked: the flag's is, by its caller.
+    ``infra``: the --infra flag ('aws', 'aws/REGION[/ZONE]'; aws_infra checks it): a SkyPilot file
+    naming another cloud then runs on AWS, with a warning, instead of being refused (the flag's
+    region, if any, is applied by api.run, which wins over the file's).
 
     Raises UsageError (exit 2) with "SOURCE:LINE: FIELD: what is wrong" and a hint: also for a text
     over MAX_TASK_BYTES, a YAML bomb (_BoundedLoader) and a workdir ``check_local_source`` refuses.
@@ -471,8 +791,10 @@ def parse(text: str, source: str = "<task>", base: Path | None = None, allow_out
         else:
             warnings.append(f"{source}:1: no workdir: in the file, so its directory is sent (a SkyPilot task sends "
                             "nothing without one): write workdir: . to keep this, workdir: null to send nothing")
+    if infra is not None:
+        aws_infra(infra)
     if skypilot:
-        data, renamed = _from_skypilot(data, warnings, source, lines)
+        data, renamed = _from_skypilot(data, warnings, source, lines, infra)
     _stringify_envs(data)
     try:
         task = Task.model_validate(data)
@@ -485,12 +807,29 @@ def parse(text: str, source: str = "<task>", base: Path | None = None, allow_out
     if overrides and ({"gpu", "instance_type"} & set(overrides)):
         return LoadedTask(task, None, workdir, warnings, skypilot)
     warnings += _check_resources(task, source, lines, renamed)
+    what = "accelerators or instance_type" if skypilot else "gpu or instance_type"
     if _default_type_only(task.resources):
-        what = "accelerators or instance_type" if skypilot else "gpu or instance_type"
-        warnings.append(f"{source}:{_line_of(lines, ('resources',))}: no {what}: ec2gpu runs on its default GPU "
-                        f"type ({settings.DEFAULT_INSTANCE_TYPE} unless EC2GPU_INSTANCE_TYPE says otherwise) where "
-                        "SkyPilot would choose a CPU instance: name one to choose")
+        warnings.append(f"{source}:{_line_of(lines, ('resources',))}: no {what}: ec2gpu, a GPU tool, runs on "
+                        f"its default GPU type ({settings.DEFAULT_INSTANCE_TYPE} unless EC2GPU_INSTANCE_TYPE says "
+                        "otherwise) where SkyPilot would choose a CPU instance: name one to choose")
+    elif _by_need_only(task.resources):
+        choice = resolve.plan(task.resources).choices[0]
+        t = catalog.CATALOG[choice.instance_type]
+        warnings.append(f"{source}:{_line_of(lines, ('resources',))}: no {what}: ec2gpu, a GPU tool, runs GPU "
+                        f"instances only: {choice.asked} chose the cheapest GPU type meeting them, {t.name} "
+                        f"({t.gpu_count} x {t.gpu}, "
+                        f"{t.vcpus} vCPUs, {t.memory_gib:g} GiB, {t.on_demand_usd_h:.2f} USD/h), where SkyPilot "
+                        "would choose a CPU instance: name a GPU to choose")
     return LoadedTask(task, None, workdir, warnings, skypilot)
+
+
+def _by_need_only(resources) -> bool:
+    """Whether no GPU and no type is asked, and cpus/memory chose the type (resolve.by_need) (pure)."""
+    need = resolve.need_of(resources)
+    try:
+        return need is not None and all(c.asked == need.words() for c in resolve.plan(resources).choices)
+    except UsageError:
+        return False
 
 
 def _default_type_only(resources) -> bool:
@@ -586,7 +925,9 @@ def _check_resources(task: Task, source: str, lines: dict, renamed: dict) -> lis
     created; returns the warnings to show (a larger type taken, candidates skipped). Raises
     UsageError at the line of the field that asks for what EC2 cannot run."""
     res = task.resources
-    field_ = "ordered" if res.ordered else "any_of" if res.any_of else "gpu"
+    field_ = ("ordered" if res.ordered else "any_of" if res.any_of else "gpu" if res.gpu else "instance_type"
+              if res.instance_types else "cpus" if res.cpus is not None else "memory" if res.memory is not None
+              else "gpu")
     loc = renamed.get(("resources", field_), ("resources", field_))
     name = ".".join(loc)
     try:
@@ -596,10 +937,11 @@ def _check_resources(task: Task, source: str, lines: dict, renamed: dict) -> lis
     return [f"{name}: {note}" for note in plan.notes()]
 
 
-def load(path: str | Path, allow_outside: bool = False, overrides: dict | None = None) -> LoadedTask:
+def load(path: str | Path, allow_outside: bool = False, overrides: dict | None = None,
+         infra: str | None = None) -> LoadedTask:
     """Read (UTF-8, at most MAX_TASK_BYTES) and validate the task file at ``path``; relative paths
     in it start at its directory, and its workdir may lie outside that only with ``allow_outside``;
-    ``overrides`` as for ``parse``.
+    ``overrides`` and ``infra`` as for ``parse``.
 
     Raises UsageError for a missing, unreadable or oversize file and for every problem ``parse`` finds.
     """
@@ -613,7 +955,7 @@ def load(path: str | Path, allow_outside: bool = False, overrides: dict | None =
         raise UsageError(f"{path}: no such task file", "give the path of a YAML task file (examples/ has some)")
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"{path}: cannot be read: {exc}", "give the path of a readable YAML task file")
-    loaded = parse(text, str(path), path.resolve().parent, allow_outside, overrides)
+    loaded = parse(text, str(path), path.resolve().parent, allow_outside, overrides, infra)
     loaded.path = path.resolve()
     return loaded
 

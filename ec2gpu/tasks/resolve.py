@@ -15,6 +15,13 @@ The rules (docs/tasks.md, "GPUs"):
 - A candidate EC2 cannot run (a GPU it does not sell, a count no type has, a type without an
   on-demand price) is skipped for the next one, and the loader's warning names it; when none is
   left the task is refused with each candidate's reason.
+- ``cpus`` and ``memory`` (SkyPilot's forms, ``Need``) choose the type together with the GPU, as
+  SkyPilot's catalog does (sky/catalog/common.py, ``_filter_with_cpus``/``_filter_with_mem``, applied
+  to the types with the accelerator asked): among the types the GPU request allows, the cheapest
+  meeting them; none does: refused naming what that GPU's types offer. With no GPU and no type
+  asked they choose among the catalog's GPU types (ec2gpu runs GPU instances only; SkyPilot would
+  choose a CPU instance). With an instance type, the type must meet them (SkyPilot refuses a
+  mismatch too: sky/resources.py, ``_try_validate_cpus_mem``).
 
 Prices order the choices: the shipped table's us-east-1 on-demand list prices (aws/catalog.py, its
 sources there); everything here is pure apart from reading that table.
@@ -119,18 +126,131 @@ def memory_request(text: str) -> list[str] | None:
     return [f"{g}:{(count or '1').strip()}" for g in fit]
 
 
+#: SkyPilot's memory units (sky/skylet/constants.py, MEMORY_SIZE_UNITS: binary, GB = 2**30 bytes),
+#: in GiB; a number without a unit is GB (GiB), as SkyPilot reads it
+_MEMORY_UNITS = {"kb": 2 ** -20, "ki": 2 ** -20, "mb": 2 ** -10, "mi": 2 ** -10, "gb": 1, "gi": 1, "tb": 1024,
+                 "ti": 1024, "pb": 1024 ** 2, "pi": 1024 ** 2}
+_MEMORY_SUFFIX = {"plus": "+", "x": "x", "exact": ""}
+_NUMBER = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)$")
+
+
+def parse_cpus(value) -> tuple[float, bool]:
+    """SkyPilot's ``cpus`` -> (vCPUs, at least?) (pure): 8 or '8' -> (8.0, False), exactly 8 vCPUs;
+    '8+' -> (8.0, True), at least 8 (https://docs.skypilot.co/en/latest/reference/yaml-spec.html,
+    resources.cpus; sky/resources.py ``_set_cpus``). Raises ValueError for anything else or <= 0."""
+    text = str(value).strip()
+    plus = text.endswith("+")
+    number = text[:-1].strip() if plus else text
+    if isinstance(value, bool) or not _NUMBER.match(number) or float(number) <= 0:
+        raise ValueError(f"{value!r} is not a vCPU count: a number (exactly that many) or a number and + (at least), "
+                         "e.g. 8 or 8+")
+    return float(number), plus
+
+
+def parse_memory(value) -> tuple[float, str]:
+    """SkyPilot's ``memory`` -> (GiB, "exact" | "plus" | "x") (pure): 32 -> (32.0, "exact"), exactly
+    32 GiB; '64+' -> at least 64 GiB; '64GB', '1TB+', '512MB' with a unit (KB, MB, GB, TB, PB, binary,
+    case ignored; GB when none); '4x' -> at least 4 GiB per vCPU (resources_utils.parse_memory_resource
+    and catalog/common.py ``_filter_with_mem``). Raises ValueError for anything else or <= 0."""
+    text = str(value).strip().lower()
+    kind = "plus" if text.endswith("+") else "x" if text.endswith("x") else "exact"
+    text = text[:-1].strip() if kind != "exact" else text
+    m = re.fullmatch(r"(\d+(?:\.\d*)?|\.\d+)\s*([kmgtp][bi])?", text)
+    if isinstance(value, bool) or not m or float(m.group(1)) <= 0:
+        raise ValueError(f"{value!r} is not a memory size: GiB (32: exactly; 32+: at least), or with a unit "
+                         "(64GB, 1TB+)")
+    return float(m.group(1)) * _MEMORY_UNITS[m.group(2) or "gb"], kind
+
+
+def _n(x: float) -> str:
+    return f"{x:g}"
+
+
+@dataclass(frozen=True)
+class Need:
+    """What a task asks of each node besides its GPUs: vCPUs and memory (GiB), SkyPilot's way."""
+
+    cpus: float | None = None
+    cpus_at_least: bool = False
+    memory_gib: float | None = None
+    memory_kind: str = "exact"  # "exact" | "plus" (at least) | "x" (at least that many GiB per vCPU)
+
+    def fits(self, t: catalog.InstanceType) -> bool:
+        """Whether the type ``t`` meets this need (pure)."""
+        if self.cpus is not None and not (t.vcpus >= self.cpus if self.cpus_at_least else t.vcpus == self.cpus):
+            return False
+        if self.memory_gib is None:
+            return True
+        if self.memory_kind == "plus":
+            return t.memory_gib >= self.memory_gib
+        if self.memory_kind == "x":
+            return t.memory_gib >= t.vcpus * self.memory_gib
+        return t.memory_gib == self.memory_gib
+
+    def words(self) -> str:
+        """'cpus: 8+, memory: 64+' as the task wrote it, in GiB (pure)."""
+        out = []
+        if self.cpus is not None:
+            out.append(f"cpus: {_n(self.cpus)}{'+' * self.cpus_at_least}")
+        if self.memory_gib is not None:
+            out.append(f"memory: {_n(self.memory_gib)}{_MEMORY_SUFFIX[self.memory_kind]}")
+        return ", ".join(out)
+
+    def meaning(self) -> str:
+        """'at least 8 vCPUs and exactly 64 GiB of memory' (pure)."""
+        out = []
+        if self.cpus is not None:
+            out.append(f"{'at least' if self.cpus_at_least else 'exactly'} {_n(self.cpus)} vCPU"
+                       + "s" * (self.cpus != 1))
+        if self.memory_gib is not None:
+            out.append({"plus": f"at least {_n(self.memory_gib)} GiB of memory",
+                        "x": f"at least {_n(self.memory_gib)} GiB of memory per vCPU",
+                        "exact": f"exactly {_n(self.memory_gib)} GiB of memory"}[self.memory_kind])
+        return " and ".join(out)
+
+
+def need_of(resources) -> Need | None:
+    """The Need of ``resources`` (a spec.Resources, or anything with ``cpus``/``memory``), None when
+    it asks for neither (pure). Raises ValueError for a malformed value."""
+    cpus, memory = getattr(resources, "cpus", None), getattr(resources, "memory", None)
+    if cpus is None and memory is None:
+        return None
+    c, plus = parse_cpus(cpus) if cpus is not None else (None, False)
+    m, kind = parse_memory(memory) if memory is not None else (None, "exact")
+    return Need(c, plus, m, kind)
+
+
+def _sizes(types: list[catalog.InstanceType], most: int = 6) -> str:
+    """'g4dn.xlarge 4 vCPUs 16 GiB 0.53 USD/h, ...' for at most ``most`` types, cheapest first (pure)."""
+    shown = [f"{t.name} {t.vcpus} vCPUs {_n(t.memory_gib)} GiB {_usd(t)}" for t in types[:most]]
+    return ", ".join(shown) + (f" and {len(types) - most} more" if len(types) > most else "")
+
+
+def _no_fit(what: str, types: list[catalog.InstanceType], need: Need) -> UsageError:
+    """The refusal when none of ``types`` (``what``: '1 x T4', "ec2gpu's GPU types") meets ``need``."""
+    types = sorted(types, key=lambda t: (t.on_demand_usd_h, t.name))
+    vcpus = sorted({t.vcpus for t in types})
+    memory = sorted({t.memory_gib for t in types})
+    return UsageError(f"no EC2 instance type with {what} has {need.words()} ({need.meaning()}): they offer "
+                      f"{_n(vcpus[0])}-{_n(vcpus[-1])} vCPUs and {_n(memory[0])}-{_n(memory[-1])} GiB: {_sizes(types)}",
+                      "write cpus: N+ or memory: N+ for at least N (cpus: N alone means exactly N, as in SkyPilot), "
+                      "or ask for one of those sizes")
+
+
 def _usd(t: catalog.InstanceType) -> str:
     return f"{t.on_demand_usd_h:.2f} USD/h"
 
 
-def choose(gpu: str, allow_larger: bool = False) -> Choice:
+def choose(gpu: str, allow_larger: bool = False, need: Need | None = None) -> Choice:
     """The instance type for the GPU request ``gpu`` ('A100:8', 'a10g:4', 'T4'): the cheapest catalog
     type with exactly the count asked, or with the GPU in any count when none is given; with
-    ``allow_larger``, where no type has exactly that many, the cheapest with more (pure).
+    ``allow_larger``, where no type has exactly that many, the cheapest with more; of those, only
+    the types meeting ``need`` (cpus/memory) (pure).
 
     Raises UsageError for a malformed request, a GPU ec2gpu cannot run (catalog.canonical_gpu: why,
-    and what to ask for instead), and a count no type has: one line naming what EC2 sells for that
-    GPU (count, type, USD/h) and the cheapest types with that many GPUs of at least its memory.
+    and what to ask for instead), a count no type has: one line naming what EC2 sells for that
+    GPU (count, type, USD/h) and the cheapest types with that many GPUs of at least its memory; and
+    types with that count none of which meets ``need``: one line naming their vCPUs and memory.
     """
     try:
         model, count = parse_gpu(gpu)
@@ -140,14 +260,24 @@ def choose(gpu: str, allow_larger: bool = False) -> Choice:
         catalog.refuse_retired_gpu(f"{model}:{count}")  # V100, K80: why, and what to ask for with that count
     name = catalog.canonical_gpu(model, count)
     offers = catalog.offers(name)
+    fits = (lambda t: True) if need is None else need.fits
     if count is None:
-        return Choice(offers[0].name, gpu)
+        fit = [t for t in offers if fits(t)]
+        if not fit:
+            raise _no_fit(name, offers, need)
+        return Choice(fit[0].name, gpu)
     exact = [t for t in offers if t.gpu_count == count]
     if exact:
-        return Choice(exact[0].name, gpu, count)
+        fit = [t for t in exact if fits(t)]
+        if not fit:
+            raise _no_fit(f"{count} x {name}", exact, need)
+        return Choice(fit[0].name, gpu, count)
     more = [t for t in offers if t.gpu_count > count]
     if allow_larger and more:
-        return Choice(more[0].name, gpu, count, larger=True)
+        fit = [t for t in more if fits(t)]
+        if not fit:
+            raise _no_fit(f"more than {count} x {name}", more, need)
+        return Choice(fit[0].name, gpu, count, larger=True)
     raise UsageError(_no_exact(name, count, offers), _no_exact_hint(name, count, offers, more))
 
 
@@ -200,10 +330,11 @@ def _no_exact_hint(name: str, count: int, offers: list, more: list) -> str:
             f"instance is billed)")
 
 
-def instance_type_for_gpu(gpu: str, allow_larger: bool = False) -> str:
+def instance_type_for_gpu(gpu: str, allow_larger: bool = False, need: Need | None = None) -> str:
     """The instance type ``choose`` picks for ``gpu``: 'T4' -> 'g4dn.xlarge', 'A10G:4' ->
-    'g5.12xlarge', 'H100:1' -> 'p5.4xlarge' (pure). Raises as ``choose`` does."""
-    return choose(gpu, allow_larger).instance_type
+    'g5.12xlarge', 'H100:1' -> 'p5.4xlarge'; with ``need`` (cpus/memory) the cheapest meeting it
+    (pure). Raises as ``choose`` does."""
+    return choose(gpu, allow_larger, need).instance_type
 
 
 def _entries(resources) -> tuple[str, list]:
@@ -216,13 +347,48 @@ def _entries(resources) -> tuple[str, list]:
     return "", [None]
 
 
+def _need(resources) -> Need | None:
+    try:
+        return need_of(resources)
+    except ValueError as exc:  # the model checks these first; a caller's own object may not have
+        raise UsageError(str(exc), "e.g. cpus: 8+, memory: 32+")
+
+
+def _check_type(name: str, need: Need | None) -> None:
+    """Refuse (UsageError) the type ``name`` as catalog.lookup does (no NVIDIA GPU, unknown,
+    retired: before anything is created, as `run` would at launch), and a catalog type that does
+    not meet ``need``."""
+    catalog.lookup(name)
+    t = catalog.CATALOG.get(name.strip().lower())
+    if need is not None and t is not None and not need.fits(t):
+        raise UsageError(f"{t.name} has {t.vcpus} vCPUs and {_n(t.memory_gib)} GiB, not {need.words()} "
+                         f"({need.meaning()})", "drop instance_type to let cpus/memory choose the type, or change "
+                         "cpus/memory (SkyPilot refuses this mismatch too)")
+
+
+def by_need(need: Need) -> Choice:
+    """With no GPU and no type asked: the cheapest catalog GPU type meeting ``need`` (pure); ec2gpu
+    runs GPU instances only, where SkyPilot would choose a CPU instance. Raises UsageError naming
+    what the catalog's types offer when none meets it."""
+    types = sorted(catalog.CATALOG.values(), key=lambda t: (t.on_demand_usd_h, t.name))
+    fit = [t for t in types if need.fits(t)]
+    if not fit:
+        raise _no_fit("a GPU in ec2gpu's catalog", types, need)
+    return Choice(fit[0].name, need.words())
+
+
 def _base(resources) -> list[Choice]:
     """The choices of the resources' own fields: ``instance_type`` (one or a list, as given), else
-    ``gpu``, else the configured default."""
+    ``gpu``, else the cheapest catalog type meeting ``cpus``/``memory``, else the configured default."""
+    need = _need(resources)
     if resources.instance_types:
+        for t in resources.instance_types:
+            _check_type(t, need)
         return [Choice(t.strip(), t.strip()) for t in resources.instance_types]
     if resources.gpu:
-        return [choose(resources.gpu, resources.allow_larger)]
+        return [choose(resources.gpu, resources.allow_larger, need)]
+    if need is not None:
+        return [by_need(need)]
     return [Choice(None, DEFAULT)]
 
 
@@ -234,9 +400,10 @@ def _entry(entry, resources) -> list[Choice]:
     if entry.instance_type:
         name = entry.instance_type.strip()
         catalog.lookup(name)
+        _check_type(name, _need(resources))
         return [Choice(name, name)]
     if entry.gpu:
-        return [choose(entry.gpu, resources.allow_larger)]
+        return [choose(entry.gpu, resources.allow_larger, _need(resources))]
     return _base(resources)
 
 

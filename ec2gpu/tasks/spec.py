@@ -21,6 +21,10 @@ ENV_NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
 #: an EC2 instance type name, FAMILY.SIZE: g4dn.xlarge, p6-b200.48xlarge, u-6tb1.metal (the names
 #: DescribeInstanceTypes lists: https://docs.aws.amazon.com/ec2/latest/instancetypes/instance-type-names.html)
 EC2_TYPE_RE = re.compile(r"[a-z][a-z0-9-]*\.[a-z0-9-]+")
+#: an AWS region (us-east-1, eu-central-2, us-gov-west-1) and an AMI id (ami- and 8 or 17 hex digits:
+#: https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/resource-ids.html)
+REGION_RE = re.compile(r"[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-[0-9]+")
+AMI_RE = re.compile(r"ami-[0-9a-f]{8}([0-9a-f]{9})?")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
 
 
@@ -103,6 +107,60 @@ class Resources(BaseModel):
     spot: bool = Field(False, description="spot instead of on-demand; a lost instance is replaced and the job resumes")
     max_price: Optional[float] = Field(None, gt=0, description="spot only: the highest USD/h to pay")
     disk_gib: Optional[int] = Field(None, ge=8, le=16384, description="root volume size, GiB (gp3, encrypted)")
+    cpus: Optional[Union[int, float, str]] = Field(
+        None, description="vCPUs per node, SkyPilot's form: 8 (exactly 8), 8+ (at least 8); chooses the instance "
+                          "type together with the GPU (the cheapest that meets it)")
+    memory: Optional[Union[int, float, str]] = Field(
+        None, description="memory per node in GiB, SkyPilot's form: 64 (exactly), 64+ (at least), or with a unit "
+                          "(64GB, 1TB+); chooses the instance type together with the GPU")
+    region: Optional[str] = Field(None, description="the AWS region to run in, e.g. us-west-2 (--region and --infra "
+                                                    "win; default: EC2GPU_REGION, AWS_REGION, us-east-1)")
+    ami: Optional[Union[str, dict[str, str]]] = Field(
+        None, description="the AMI to boot (ami-...), or one per region ({us-east-1: ami-..., us-west-2: ami-...}: "
+                          "a region without one is refused); --ami wins. Default: the image baked for the setup, "
+                          "else the PyTorch Deep Learning AMI")
+
+    @field_validator("cpus")
+    @classmethod
+    def _cpus(cls, v):
+        from .resolve import parse_cpus
+        if v is not None:
+            parse_cpus(v)
+        return v
+
+    @field_validator("memory")
+    @classmethod
+    def _memory(cls, v):
+        from .resolve import parse_memory
+        if v is not None:
+            parse_memory(v)
+        return v
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, v):
+        if v is not None and not REGION_RE.fullmatch(v.strip()):
+            raise ValueError(f"{v[:40]!r} is not an AWS region (e.g. us-east-1, us-west-2, eu-central-1)")
+        return v if v is None else v.strip()
+
+    @field_validator("ami")
+    @classmethod
+    def _ami(cls, v):
+        for region, ami in ({"": v} if isinstance(v, str) else v or {}).items():
+            if region and not REGION_RE.fullmatch(str(region)):
+                raise ValueError(f"{str(region)[:40]!r} is not an AWS region: give {{region: ami-...}} pairs")
+            if not AMI_RE.fullmatch(str(ami).strip()):
+                raise ValueError(f"{str(ami)[:60]!r} is not an AMI id (ami- and 8 or 17 hex digits)")
+        return v
+
+    def ami_for(self, region: str) -> Optional[str]:
+        """The AMI ``ami`` names for ``region`` (None: none asked). Raises ValueError when ``ami`` is
+        a per-region map without ``region``."""
+        if self.ami is None or isinstance(self.ami, str):
+            return self.ami
+        if region not in self.ami:
+            raise ValueError(f"resources.ami has no AMI for {region}: it names {', '.join(self.ami)}")
+        return self.ami[region]
 
     @field_validator("instance_type")
     @classmethod
@@ -160,6 +218,10 @@ class Task(BaseModel):
                                                                             "Default: 3 x the task's longest run, "
                                                                             "24 h for its first")
     budget: Optional[float] = Field(None, gt=0, description="USD: refuse a run whose estimate is above it")
+    idle_timeout: Optional[Union[int, float, str]] = Field(
+        None, description="minutes (30) or 30m, 2h: an instance with no job, SSH connection or busy GPU that long "
+                          "terminates itself (the idle rule; SkyPilot's resources.autostop). Default: none, or 30 "
+                          "min with max_runtime: none")
     ports: list[Annotated[int, Field(ge=1, le=65535)]] = Field(
         default_factory=list, description="ports of node 0 forwarded to 127.0.0.1 here over SSH while the job runs "
                                           "(TensorBoard: [6006]); nothing is opened in the security group")
@@ -182,6 +244,13 @@ class Task(BaseModel):
     def _outputs(cls, v):
         for glob in v:
             inside_path(glob.removeprefix("!"), "$EC2GPU_OUTPUT_DIR", allow_dot=True)
+        return v
+
+    @field_validator("idle_timeout")
+    @classmethod
+    def _idle(cls, v):
+        if v is not None and minutes(v) < 1:
+            raise ValueError("at least 1 minute")
         return v
 
     @field_validator("max_runtime")

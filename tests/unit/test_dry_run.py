@@ -23,29 +23,18 @@ run: python train.py --bf16 $USE_BF16
 
 
 @pytest.fixture()
-def no_aws(tmp_path, monkeypatch):
-    """No credentials anywhere, no endpoint, a fresh EC2GPU_HOME; an AWS call would fail."""
-    for k in list(os.environ):
-        if k.startswith(("AWS_", "EC2GPU_")):
-            monkeypatch.delenv(k)
-    monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
-    monkeypatch.setenv("EC2GPU_HOME", str(tmp_path / "home"))
-    import boto3
-
-    def refuse(*a, **k):
-        raise AssertionError("a dry run made an AWS client")
-    monkeypatch.setattr(boto3, "client", refuse)
-    monkeypatch.setattr(boto3.session.Session, "client", refuse)
-    project = tmp_path / "proj"
-    project.mkdir()
-    (project / "sky.yaml").write_text(SKY)
-    (project / "train.py").write_text("print('hi')\n")
-    monkeypatch.chdir(project)
-    return tmp_path
+def project(no_aws, monkeypatch):
+    """tmp_path with a project in proj/ holding a SkyPilot task file, the current directory
+    (conftest.no_aws: no AWS, no credentials)."""
+    root = no_aws / "proj"
+    root.mkdir()
+    (root / "sky.yaml").write_text(SKY)
+    (root / "train.py").write_text("print('hi')\n")
+    monkeypatch.chdir(root)
+    return no_aws
 
 
-def test_the_json_plan_names_types_prices_limit_environment_and_changes_and_creates_nothing(no_aws, monkeypatch,
+def test_the_json_plan_names_types_prices_limit_environment_and_changes_and_creates_nothing(project, monkeypatch,
                                                                                            capsys):
     monkeypatch.setenv("HF_TOKEN", "hf_s3cret_value")
     assert cli.main(["run", "sky.yaml", "--dry-run", "--allow-larger", "--json", "--sandbox"]) == 0
@@ -65,14 +54,14 @@ def test_the_json_plan_names_types_prices_limit_environment_and_changes_and_crea
     assert "hf_s3cret_value" not in shown.out + shown.err
     assert plan["workdir"]["local"] is None  # SkyPilot sends nothing without a workdir
     assert plan["run"] == "python train.py --bf16 $USE_BF16"
-    assert any("resources.cpus" in c for c in plan["changes"])
+    assert row["vcpus"] >= 8 and not any("resources.cpus" in c for c in plan["changes"])  # cpus: 8+ is read
     assert any("allow_larger: p4d.24xlarge" in c for c in plan["changes"])
     home = Path(os.environ["EC2GPU_HOME"])
     assert not home.exists() or not any(home.rglob("*"))  # no sandbox state, no ledger, no key
 
 
-def test_the_plan_in_words_lists_each_type_in_order_and_what_changes(no_aws, monkeypatch, capsys):
-    (no_aws / "proj" / "t.yaml").write_text("name: t\nworkdir: .\nresources:\n  any_of:\n    - gpu: L4:1\n"
+def test_the_plan_in_words_lists_each_type_in_order_and_what_changes(project, monkeypatch, capsys):
+    (project / "proj" / "t.yaml").write_text("name: t\nworkdir: .\nresources:\n  any_of:\n    - gpu: L4:1\n"
                                             "    - gpu: A10G:1\nrun: python train.py\n")
     assert cli.main(["run", "t.yaml", "--dry-run"]) == 0
     out = capsys.readouterr().out
@@ -82,15 +71,16 @@ def test_the_plan_in_words_lists_each_type_in_order_and_what_changes(no_aws, mon
     assert "max runtime: 24 h" in out and "workdir: " in out and "3 files" in out, out
 
 
-def test_a_dry_run_refuses_what_the_run_would_refuse_in_one_line(no_aws, capsys):
-    (no_aws / "proj" / "t.yaml").write_text("name: t\nresources:\n  accelerators: A100:1\nrun: x\n")
+def test_a_dry_run_refuses_what_the_run_would_refuse_in_one_line(project, capsys):
+    (project / "proj" / "t.yaml").write_text("name: t\nresources:\n  accelerators: A100:1\nrun: x\n")
     assert cli.main(["run", "t.yaml", "--dry-run"]) == 2
     err = " ".join(capsys.readouterr().err.split())  # one line, however rich wrapped it
     assert "no EC2 instance type has exactly 1 x A100" in err and "Traceback" not in err
 
 
-def test_a_flag_replaces_the_files_request_and_is_what_the_plan_shows(no_aws, monkeypatch):
+def test_a_flag_replaces_the_files_request_and_is_what_the_plan_shows(project, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "x")
     plan = api.run("sky.yaml", gpu="L4", dry_run=True)  # the file's A100:1 alone is refused: the flag wins
-    assert [r["instance_type"] for r in plan["instance_types"]] == ["g6.xlarge"]
+    # ... and the file's cpus: 8+ still holds: the cheapest 1 x L4 type with 8 vCPUs or more
+    assert [r["instance_type"] for r in plan["instance_types"]] == ["g6.2xlarge"]
     assert plan["env"]["SKYPILOT_NUM_GPUS_PER_NODE"] == "1" and "CUDA_VISIBLE_DEVICES" not in plan["env"]

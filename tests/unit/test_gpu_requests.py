@@ -240,7 +240,7 @@ def test_a_plain_file_without_workdir_sends_its_directory_and_says_so(tmp_path):
 @pytest.mark.parametrize("text, skypilot", [
     ("workdir: null\nrun: x\n", False),
     ("workdir: null\nnum_nodes: 1\nrun: x\n", True),
-    ("workdir: null\nresources:\n  cpus: 4+\n  any_of:\n    - use_spot: true\n    - use_spot: false\nrun: x\n", True),
+    ("workdir: null\nresources:\n  disk_size: 200\n  any_of:\n    - use_spot: true\n    - use_spot: false\nrun: x\n", True),
 ])
 def test_no_gpu_asked_runs_on_the_default_gpu_type_and_says_skypilot_would_not(text, skypilot):
     got = load.parse(text, "t.yaml")
@@ -269,3 +269,10 @@ def test_a_workdir_under_home_written_with_a_tilde_is_this_machines_home_not_a_f
     (tmp_path / "home" / "proj").mkdir(parents=True)
     with pytest.raises(UsageError, match=r"workdir: .*/home/proj is outside .*the task file's directory"):
         load.parse("workdir: ~/proj\nrun: x\n", "t.yaml", tmp_path / "tasks")
+
+
+@pytest.mark.parametrize("name, said", [("m5.8xlarge", "m5.8xlarge has no NVIDIA GPU"),
+                                        ("p3.2xlarge", "p3.2xlarge is no longer offered")])
+def test_an_ec2_type_the_run_would_refuse_is_refused_when_the_file_is_read(name, said):
+    with pytest.raises(UsageError, match=rf"t\.yaml:2: resources\.instance_type: {re.escape(said)}"):
+        load.parse(f"resources:\n  instance_type: {name}\nrun: x\n", "t.yaml")

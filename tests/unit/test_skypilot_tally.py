@@ -107,4 +107,4 @@ def test_git_dir_is_materialized_and_write_replaces_only_the_generated_sections(
     text = doc.read_text()
     assert text.startswith("intro\n") and "\nmiddle\n" in text and text.endswith("end\n") and "old" not in text
     assert "| `examples/app/task.yaml` | warned |" in text  # workdir `code` found: the tree was written out
-    assert "`resources.cpus` | 1 | warned, ignored" in text
+    assert "`resources.cpus` | 1 | read (ec2gpu's field of that name)" in text

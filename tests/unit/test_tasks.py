@@ -20,7 +20,8 @@ def test_a_skypilot_task_maps_onto_ours_and_names_what_it_drops():
     t = got.task
     assert got.skypilot and (t.nodes, t.resources.gpu, t.resources.spot, t.resources.disk_gib) == (2, "A10G:4", True, 200)
     assert t.envs == {"TOKEN": None} and t.secrets == ["TOKEN"]
-    assert got.warnings == ["ignored SkyPilot field(s) ec2gpu does not support: file_mounts, resources.region"]
+    assert t.resources.region == "us-west-2"  # the run's region (api.run), no longer dropped
+    assert got.warnings == ["ignored SkyPilot field(s) ec2gpu does not support: file_mounts"]
 
 
 def test_our_own_format_is_not_taken_for_skypilot_and_envs_values_are_the_text_skypilot_makes():
