@@ -72,9 +72,11 @@ def _sendable(path: Path, workdir: Optional[str]) -> Path:
 
 def _prepare(task, command, workdir, name, env, secrets, max_upload, include_secrets, reporter, on_warning,
              workdir_outside: bool = False, overrides: Optional[dict] = None, infra: Optional[str] = None):
-    """(engine.TaskJob, reporter): the task loaded, its warnings said, its environment resolved and its
-    workdir listed (what will be sent said), before anything is created."""
+    """(engine.TaskJob, reporter): the task loaded, its warnings said, its environment resolved (the
+    names taken from this machine said) and its workdir listed (what will be sent said), before
+    anything is created."""
     from .runs import engine, pipeline
+    from .tasks import load
     loaded = load_task(task, command, workdir, name, workdir_outside, overrides, infra)
     for w in loaded.warnings:
         on_warning(w)
@@ -82,6 +84,11 @@ def _prepare(task, command, workdir, name, env, secrets, max_upload, include_sec
         loaded.task = loaded.task.model_copy(update={"secrets": sorted(set(loaded.task.secrets) | set(secrets))})
     job = engine.prepare(loaded, os.environ, max_upload, include_secrets, {**{k: None for k in secrets}, **(env or {})})
     reporter = reporter or pipeline.Reporter()
+    taken = load.from_this_machine(job.task)
+    if taken:  # a task file is untrusted: what it takes from here is said before anything is sent
+        secret = set(job.task.secrets)
+        reporter.note("from this machine's environment: " + ", ".join(
+            f"{k} (secret, masked)" if k in secret else k for k in taken))
     if engine.manifest_note(job):
         reporter.note(engine.manifest_note(job))
     return job, reporter

@@ -99,7 +99,7 @@ def is_task_file(text: str) -> bool:
     one of TASK_KEYS and a colon (pure)."""
     try:
         return any(task_document(d) for d in yaml.safe_load_all(text))
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError, ValueError):
         return bool(re.search(rf"^({'|'.join(TASK_KEYS)})\s*:", text, re.M))
 
 
@@ -189,7 +189,7 @@ def _raised_at(exc: BaseException) -> str:
 def _raw(text: str) -> dict:
     try:
         data = yaml.safe_load(text)
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -331,7 +331,7 @@ def field_uses(texts: list[str]) -> dict[str, int]:
         seen = set()
         try:
             docs = [d for d in yaml.safe_load_all(text) if task_document(d)]
-        except yaml.YAMLError:
+        except (yaml.YAMLError, RecursionError, ValueError):
             docs = []
         for d in docs:
             seen |= {str(k) for k in d}

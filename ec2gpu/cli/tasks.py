@@ -68,7 +68,7 @@ def run_cmd(
     workdir: Optional[str] = typer.Option(None, "--workdir", help="For a command: the directory to send (default .)."),
     name: Optional[str] = typer.Option(None, "--name", help="The run's name (default: the task's, or the directory's)."),
     max_runtime: Optional[str] = typer.Option(None, "--max-runtime", help="Minutes (or 90m, 2h) after which the "
-                                              "instances terminate themselves; the job gets SIGTERM 2 min before. "
+                                              "instances terminate themselves; the job gets SIGTERM 7 min before (2 to checkpoint, 5 for outputs). "
                                               "none: no limit (an idle instance still ends itself). Default: the "
                                               "task's, else 3 x its longest run, else 24 h."),
     expect: Optional[str] = typer.Option(None, "--expect", help="How long the job should run (20m, 1h), for the "

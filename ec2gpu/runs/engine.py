@@ -15,8 +15,8 @@ EC2GPU_HEAD_IP, EC2GPU_NODE_IP, EC2GPU_GPUS_PER_NODE, EC2GPU_WORKDIR, EC2GPU_PRO
 bar's source: runs/nodes.ProgressReader), with SkyPilot's names for the same (SKYPILOT_NODE_RANK,
 SKYPILOT_NUM_NODES, SKYPILOT_NODE_IPS, SKYPILOT_NUM_GPUS_PER_NODE, SKYPILOT_TASK_ID; the setup also
 gets SKYPILOT_SETUP_NODE_RANK, SKYPILOT_SETUP_NODE_IPS, SKYPILOT_SETUP_NUM_GPUS_PER_NODE), and
-~/sky_workdir a link to the workdir. Setup and run are started as SkyPilot starts them: by an
-interactive bash, so ~/.bashrc is read (INTERACTIVE).
+~/sky_workdir a link to the workdir. Setup and run are started as SkyPilot starts them, with
+~/.bashrc read first (INTERACTIVE).
 """
 from __future__ import annotations
 
@@ -37,21 +37,23 @@ AGENT = Path(__file__).resolve().parents[1] / "agent" / "agent.py"
 MASK = "****"
 TAIL_LINES = 20  # log lines shown when a job fails
 
-#: How a task's setup and run are started: ``bash -c INTERACTIVE SCRIPT NAME ARGS...`` runs SCRIPT
-#: (STDERR_BACK, then PROLOGUE and the task's text) in an interactive bash, as SkyPilot does (sky/backends/
-#: cloud_vm_ray_backend.py, ``_setup``: "/bin/bash -i", "to make sure `source ~/.bashrc` work";
-#: sky/skylet/log_lib.py for the run), so that ~/.bashrc is read: a setup's `conda init` or its
-#: `echo export X=1 >> ~/.bashrc` reaches the run. Bash's own complaints when it has no terminal
-#: ("no job control in this shell") go to /dev/null: its stderr is fd 3 until STDERR_BACK restores it.
-#: NAME is $0 and ARGS "$@" inside SCRIPT.
+#: How a task's setup and run are started, as SkyPilot starts them, with ~/.bashrc read first
+#: (sky/backends/cloud_vm_ray_backend.py ``_setup``: "/bin/bash -i", "to make sure `source
+#: ~/.bashrc` work"; sky/skylet/log_lib.py for the run): a setup's `conda init` or its
+#: `echo export X=1 >> ~/.bashrc` reaches the run. ``bash -c INTERACTIVE HANDOFF BODY NAME ARGS...``:
+#: an interactive bash reads ~/.bashrc (its complaints about having no terminal, "no job control in
+#: this shell", go to /dev/null: its stderr is fd 3 until HANDOFF restores it), exports the shell
+#: functions ~/.bashrc defined (`conda activate` is one), and hands BODY to a non-interactive bash,
+#: $0 NAME and "$@" ARGS: an interactive shell would ignore SIGTERM, say "tcsetattr" where a killed
+#: command's "Killed" or "Segmentation fault" belongs, and print "exit" and "[1] PID".
 INTERACTIVE = 'exec bash -i -c "$0" "$@" 3>&2 2>/dev/null'
-#: SCRIPT starts with STDERR_BACK, and PROLOGUE comes before the task's text: no history file; an
-#: interactive bash ignores SIGTERM, so the agent's (a spot notice, the max runtime) ends it once
-#: the command it waits for has ended, with 143 as a non-interactive bash would, its exit-time
-#: words to a terminal it lacks silenced; the Python with torch first on PATH again (~/.bashrc may
-#: have put another first); in the workdir.
-STDERR_BACK = "exec 2>&3 3>&-; "
-PROLOGUE = ("unset HISTFILE; trap 'exec 2>/dev/null; exit 143' TERM; "
+HANDOFF = ('exec 2>&3 3>&-; for _ec2gpu_f in $(compgen -A function); do export -f "$_ec2gpu_f" 2>/dev/null; done; '
+           'unset _ec2gpu_f; exec bash -c "$0" "$@"')
+#: BODY's start: on SIGTERM (the agent's, for a spot notice or the max runtime) the script ends with
+#: 143 once the command it waits for has ended, so a job that checkpoints on SIGTERM has its grace
+#: and nothing after it runs; the Python with torch first on PATH again (~/.bashrc may have put
+#: another first); in the workdir.
+PROLOGUE = ("trap 'exit 143' TERM; "
             'case "${EC2GPU_PYTHON:-}" in */*) export PATH="${EC2GPU_PYTHON%/*}:$PATH";; esac; '
             'cd "${EC2GPU_WORKDIR:-.}" || exit 1\n')
 
@@ -234,13 +236,14 @@ def setup_node(nd, job: TaskJob, log) -> None:
         return
     python = str(nd.info.get("python") or "python3")
     # the job's environment, then SkyPilot's setup names (cloud_vm_ray_backend.py, _setup), then PROLOGUE
-    script = (f"{STDERR_BACK}_ec2gpu_env=\"$({shlex.quote(python)} -c {shlex.quote(_EXPORTS)} "
+    script = (f"_ec2gpu_env=\"$({shlex.quote(python)} -c {shlex.quote(_EXPORTS)} "
               f"{shlex.quote(nd.run_dir)}/job.env.json)\" || exit 1; eval \"$_ec2gpu_env\"; unset _ec2gpu_env; "
               'export SKYPILOT_SETUP_NODE_RANK="$SKYPILOT_NODE_RANK" SKYPILOT_SETUP_NODE_IPS="$SKYPILOT_NODE_IPS" '
               'SKYPILOT_SETUP_NUM_GPUS_PER_NODE="$SKYPILOT_NUM_GPUS_PER_NODE"; '
               f"{PROLOGUE}{task.setup}")
     out = _LineWriter(lambda line: log(job.mask(line)))
-    result = nd.conn.run(f"bash -c {shlex.quote(INTERACTIVE)} {shlex.quote(script)} setup", hide=True, warn=True,
+    result = nd.conn.run(f"bash -c {shlex.quote(INTERACTIVE)} {shlex.quote(HANDOFF)} {shlex.quote(script)} setup",
+                         hide=True, warn=True,
                          in_stream=False, out_stream=out, err_stream=out, timeout=3600)
     out.flush()
     if not result.ok:
@@ -292,9 +295,8 @@ def job_argv(nd, job: TaskJob, limit_minutes: int | None = None, grace_s: float 
     limit = [] if at is None else ["--limit-at", f"{at:.0f}",
                                    "--limit-grace", f"{limits.grace_seconds(limit_minutes, grace_s):.0f}"]
     return [python, f"{nd.run_dir}/agent.py", "--dir", nd.run_dir, "--env-file", f"{nd.run_dir}/job.env.json",
-            "--key-file", f"{nd.run_dir}/agent.key", *limit, "--", "bash", "-c", INTERACTIVE,
-            STDERR_BACK + PROLOGUE + job.task.run,
-            job.name, *job.args]
+            "--key-file", f"{nd.run_dir}/agent.key", *limit, "--", "bash", "-c", INTERACTIVE, HANDOFF,
+            PROLOGUE + job.task.run, job.name, *job.args]
 
 
 def snapshot_statuses(nodes) -> None:

@@ -14,7 +14,9 @@ With no limit (``none``) a run's instances get an idle rule instead (NO_LIMIT_ID
 instance with no job, no SSH connection and no busy GPU ends itself after that long.
 
 Before the limit the agent gives the job SIGTERM and a grace period to checkpoint (``stop_at``;
-agent/agent.py ``--limit-at``), and the run then says that the limit ended it and how to raise it.
+agent/agent.py ``--limit-at``), early enough for its outputs to come home before the instance's
+shutdown closes logins (NOLOGIN_SECONDS), and the run then says that the limit ended it and how to
+raise it.
 """
 from __future__ import annotations
 
@@ -29,6 +31,11 @@ FIRST_RUN_MINUTES = 24 * 60  # a task with no history: a day, said before launch
 HISTORY_FACTOR = 3  # a task with history: three times its longest completed run ...
 MIN_MINUTES = 60  # ... and never less than an hour
 DEFAULT_GRACE_SECONDS = 120  # SIGTERM this long before the limit (EC2GPU_LIMIT_GRACE_SECONDS)
+#: systemd's shutdown(8): "If the time argument is used, 5 minutes before the system goes down the
+#: /run/nologin file is created to ensure that further logins shall not be allowed", and pam_nologin
+#: then refuses every user but root: outputs come home over a new SSH connection (rsync), so the job
+#: is stopped, and its grace over, this long before the instance's end
+NOLOGIN_SECONDS = 300
 NO_LIMIT_IDLE_SECONDS = 30 * 60  # --max-runtime none: the instance ends itself after 30 min idle
 OFF_WORDS = ("none", "off", "never")
 
@@ -64,7 +71,7 @@ def parse(value) -> tuple[bool, int | None]:
     if got < 1:
         raise UsageError(f"--max-runtime {value}: at least 1 minute (shutdown counts whole minutes)",
                          "e.g. --max-runtime 90m, 4h, or none (no limit)")
-    return True, max(1, round(got))
+    return True, max(1, math.ceil(got))  # whole minutes, never fewer than asked
 
 
 def longest_run(home: Path, task: str, backend: str) -> tuple[float, str] | None:
@@ -96,15 +103,22 @@ def for_task(home: Path, task_name: str, backend: str, flag=None, task_value=Non
 
 
 def grace_seconds(minutes: int, setting: float = DEFAULT_GRACE_SECONDS) -> float:
-    """Seconds before the limit the job gets SIGTERM (pure): ``setting``, at most half the limit."""
-    return max(0.0, min(float(setting), minutes * 60 / 2))
+    """Seconds from the job's SIGTERM to its SIGKILL (pure): ``setting``, at most a quarter of the limit."""
+    return max(0.0, min(float(setting), minutes * 60 / 4))
+
+
+def lead_seconds(minutes: int, setting: float = DEFAULT_GRACE_SECONDS) -> float:
+    """Seconds before the instance's end that the job gets SIGTERM (pure): its grace, then
+    NOLOGIN_SECONDS, in which its outputs come home before the shutdown closes logins; at most
+    half the limit."""
+    return min(grace_seconds(minutes, setting) + NOLOGIN_SECONDS, minutes * 60 / 2)
 
 
 def stop_at(instance: dict, minutes: int | None, setting: float = DEFAULT_GRACE_SECONDS) -> float | None:
     """When the agent gives the job SIGTERM (POSIX seconds; None without a limit or a LaunchTime):
-    the instance's LaunchTime plus ``minutes``, less ``grace_seconds``. User data's shutdown was
+    the instance's LaunchTime plus ``minutes``, less ``lead_seconds``. User data's shutdown was
     scheduled a little after launch, so this is never later than the instance's own end."""
     launched = instance.get("LaunchTime")
     if not minutes or not isinstance(launched, datetime):
         return None
-    return launched.timestamp() + minutes * 60 - grace_seconds(minutes, setting)
+    return launched.timestamp() + minutes * 60 - lead_seconds(minutes, setting)

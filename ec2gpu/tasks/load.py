@@ -40,7 +40,7 @@ from ..aws import catalog
 from .. import settings
 from ..errors import UsageError
 from . import resolve
-from .spec import ENV_NAME_RE, Task
+from .spec import ENV_NAME_RE, IDLE_FLOOR_MINUTES, MAX_MINUTES, Task
 
 MAX_TASK_BYTES = 1 << 20  # a task file holds at most 1 MiB
 MAX_ALIASES = 100  # alias uses (*name) in one task file
@@ -80,7 +80,6 @@ OTHER_CLOUD_HINT = (f"ec2gpu runs on AWS: pass {INFRA_FLAG} aws (SkyPilot's own 
                     f"or {INFRA_FLAG} aws/REGION")
 #: the shortest idle rule autostop becomes, minutes: an instance is idle until the controller's first
 #: SSH connection, which comes after the boot, the console's host keys and the first sync
-IDLE_FLOOR_MINUTES = 10
 AUTOSTOP_DEFAULT_MINUTES = 5  # autostop: true (yaml-spec.html, resources.autostop: "default idle minutes (5)")
 MAX_PORTS = 64  # ports forwarded from one task (each is an SSH forward held while the job runs)
 #: Every field SkyPilot's task YAML has (yaml-spec.html; sky/task.py, sky/resources.py), for the hint
@@ -260,7 +259,11 @@ def _from_skypilot(data: dict, warnings: list[str], source: str = "<task>", line
         renamed[ours] = theirs
     if isinstance(data.get("secrets"), dict):  # SkyPilot: a map like envs, values hidden
         secrets = data.pop("secrets")
-        data["envs"] = {**(data.get("envs") or {}), **secrets}
+        envs = data.get("envs") or {}
+        if not isinstance(envs, dict):
+            raise _refuse(source, lines, ("envs",), f"{str(envs)[:40]!r} is not a mapping of names to values",
+                          "e.g. envs: {EPOCHS: 3, HF_TOKEN: null}")
+        data["envs"] = {**envs, **secrets}
         data["secrets"] = list(secrets)
     if dropped:
         warnings.append(f"ignored SkyPilot field(s) ec2gpu does not support: {', '.join(dropped)}")
@@ -508,7 +511,11 @@ def _autostop_minutes(value, source: str, lines: dict, loc: tuple) -> float:
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([mhdw])?\s*", str(value).lower()) if not isinstance(value, bool) else None
     if not m:
         raise _refuse(source, lines, loc, f"{value!r} is not an idle time", "minutes (10), or 10m, 2h, 1d, 1w")
-    return float(m.group(1)) * _AUTOSTOP_UNITS[m.group(2) or "m"]
+    got = float(m.group(1)) * _AUTOSTOP_UNITS[m.group(2) or "m"]
+    if not got <= MAX_MINUTES:  # inf and NaN too
+        raise _refuse(source, lines, loc, f"{str(value)[:40]!r}: at most {MAX_MINUTES:,} minutes (30 days)",
+                      "minutes (10), or 10m, 2h, 1d, 1w")
+    return got
 
 
 def _autostop(value, source: str, lines: dict, loc: tuple, warnings: list[str]) -> int | None:
@@ -960,13 +967,30 @@ def load(path: str | Path, allow_outside: bool = False, overrides: dict | None =
     return loaded
 
 
+#: botocore's credential variables (botocore/credentials.py, EnvProvider: ACCESS_KEY, SECRET_KEY,
+#: TOKENS): never taken from this machine for a job, whatever a task file or --env asks
+AWS_CREDENTIAL_VARS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN")
+
+
+def from_this_machine(task: Task) -> list[str]:
+    """The names of the task's variables whose values come from this machine's environment (a null
+    value), in the task's order (pure): said before anything is sent."""
+    return [k for k, v in task.envs.items() if v is None]
+
+
 def env_values(task: Task, environ=os.environ) -> dict[str, str]:
     """The task's environment: its envs, a null value taken from ``environ``.
 
-    Raises UsageError naming a variable that is null in the task and unset here.
+    Raises UsageError naming a variable that is null in the task and unset here, and one of
+    AWS_CREDENTIAL_VARS asked from here: a task file is untrusted, and no AWS credential of this
+    machine ever goes to an instance (a job that needs AWS gets it from an instance role).
     """
     out = {}
     for k, v in task.envs.items():
+        if v is None and k.upper() in AWS_CREDENTIAL_VARS:
+            raise UsageError(f"envs: {k} would copy this machine's AWS credentials to the instance: ec2gpu never "
+                             "does", "drop it from envs/secrets and --env; a job that needs AWS should use an "
+                             "instance role (docs/security.md)")
         if v is None:
             if k not in environ:
                 raise UsageError(f"envs: {k} is null (taken from this machine) but not set here",

@@ -7,6 +7,7 @@ it; a test checks it is current), for editors and other tools.
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from pathlib import Path, PurePosixPath
@@ -25,6 +26,8 @@ EC2_TYPE_RE = re.compile(r"[a-z][a-z0-9-]*\.[a-z0-9-]+")
 #: https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/resource-ids.html)
 REGION_RE = re.compile(r"[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-[0-9]+")
 AMI_RE = re.compile(r"ami-[0-9a-f]{8}([0-9a-f]{9})?")
+IDLE_FLOOR_MINUTES = 10  # the shortest idle rule: boot, console host keys and the first SSH come first
+MAX_MINUTES = 30 * 1440  # the longest duration a task or flag may give (max_runtime, idle_timeout, --expect)
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
 
 
@@ -34,11 +37,15 @@ def minutes(value: Union[int, float, str]) -> float:
     Raises ValueError for anything else.
     """
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    m = _DURATION.match(str(value))
-    if not m:
-        raise ValueError(f"{value!r} is not a duration: use minutes (90) or a unit (90m, 2h, 45s)")
-    return float(m.group(1)) * {"s": 1 / 60, "m": 1, "h": 60, "d": 1440}[m.group(2) or "m"]
+        got = float(value)
+    else:
+        m = _DURATION.match(str(value)[:64])
+        if not m:
+            raise ValueError(f"{str(value)[:64]!r} is not a duration: use minutes (90) or a unit (90m, 2h, 45s)")
+        got = float(m.group(1)) * {"s": 1 / 60, "m": 1, "h": 60, "d": 1440}[m.group(2) or "m"]
+    if not math.isfinite(got) or got > MAX_MINUTES:
+        raise ValueError(f"{str(value)[:64]!r}: a duration is finite and at most {MAX_MINUTES:,} minutes (30 days)")
+    return got
 
 
 def inside_path(value: str, base: str, allow_dot: bool = False) -> str:
@@ -249,8 +256,9 @@ class Task(BaseModel):
     @field_validator("idle_timeout")
     @classmethod
     def _idle(cls, v):
-        if v is not None and minutes(v) < 1:
-            raise ValueError("at least 1 minute")
+        if v is not None and minutes(v) < IDLE_FLOOR_MINUTES:
+            raise ValueError(f"at least {IDLE_FLOOR_MINUTES} minutes: a booting instance is idle until the controller "
+                             "connects")
         return v
 
     @field_validator("max_runtime")

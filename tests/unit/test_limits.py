@@ -45,11 +45,13 @@ def test_a_first_run_gets_a_long_limit_and_later_runs_follow_the_longest_one(tmp
     assert limits.for_task(tmp_path, "quick", "sandbox").minutes == limits.MIN_MINUTES
 
 
-def test_the_job_is_stopped_a_grace_period_before_the_instance_ends():
+def test_the_job_is_stopped_a_grace_period_and_the_nologin_window_before_the_instance_ends():
     launched = datetime(2026, 11, 24, 12, 0, tzinfo=timezone.utc)
     at = limits.stop_at({"LaunchTime": launched}, 60, 120)
-    assert at == launched.timestamp() + 3600 - 120
-    assert limits.grace_seconds(1, 120) == 30  # at most half the limit
+    # SIGTERM, 120 s of grace, then 5 min for the outputs before the shutdown closes logins
+    assert at == launched.timestamp() + 3600 - 120 - limits.NOLOGIN_SECONDS
+    assert limits.grace_seconds(1, 120) == 15  # at most a quarter of the limit ...
+    assert limits.lead_seconds(1, 120) == 30  # ... and SIGTERM at most half the limit before its end
     assert limits.stop_at({"LaunchTime": launched}, None) is None and limits.stop_at({}, 60) is None
     nd = SimpleNamespace(info={"python": "/usr/bin/python3"}, run_dir="/r", instance={"LaunchTime": launched})
     job = SimpleNamespace(task=SimpleNamespace(run="python train.py"), name="t", args=[])

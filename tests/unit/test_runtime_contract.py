@@ -1,7 +1,8 @@
 """The runtime contract a SkyPilot job relies on (issue 28, item 8), on this machine: the run
 started as engine.job_argv starts it, under the agent, reads ~/.bashrc as SkyPilot's `bash -i`
-does, without bash's no-terminal complaints in the log; $0 and "$@" are the task's; a SIGTERM
-ends it with 143 once its command has; SKYPILOT_TASK_ID is set and the same for every node."""
+does (its exports and its functions), without bash's no-terminal complaints in the log; $0 and
+"$@" are the task's; a killed command is said as bash says it; a SIGTERM ends it with 143 once its
+command has; SKYPILOT_TASK_ID is set and the same for every node."""
 import os
 import signal
 import subprocess
@@ -20,6 +21,7 @@ case $- in
       *) return;;
 esac
 export FROM_BASHRC=yes
+activate_env() { echo "function from bashrc: $1"; }
 """
 
 
@@ -52,14 +54,23 @@ def test_the_run_reads_bashrc_as_skypilots_bash_i_does_and_keeps_its_name_args_a
     home = tmp_path / "home"
     home.mkdir()
     (home / ".bashrc").write_text(UBUNTU_BASHRC)
-    argv = _argv(tmp_path, 'echo "bashrc=$FROM_BASHRC name=$0 args=$*"; echo to-stderr >&2; pwd; exit 3',
-                 ["a 1", "b"])
+    argv = _argv(tmp_path, 'echo "bashrc=$FROM_BASHRC name=$0 args=$*"; activate_env myenv; echo to-stderr >&2; '
+                           'pwd; sleep 0 & wait; exit 3', ["a 1", "b"])
     code, log = _agent(tmp_path, argv, home)
     lines = log.splitlines()
     assert code == 3
-    assert lines[0] == "bashrc=yes name=contract args=a 1 b"
+    assert lines[:2] == ["bashrc=yes name=contract args=a 1 b", "function from bashrc: myenv"]
     assert "to-stderr" in lines and str(tmp_path) in lines  # stderr kept; in the workdir
-    assert not any("job control" in line or "process group" in line for line in lines), log
+    # no interactive shell's words: no job control, terminal, "exit" or "[1] PID" lines
+    assert lines[2:] == ["to-stderr", str(tmp_path)], log
+
+
+def test_a_killed_command_is_said_as_bash_says_it_not_hidden_behind_terminal_noise(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".bashrc").write_text(UBUNTU_BASHRC)
+    code, log = _agent(tmp_path, _argv(tmp_path, "bash -c 'kill -KILL $$'; echo after $?"), home)
+    assert code == 0 and "Killed" in log and "after 137" in log and "tcsetattr" not in log, log
 
 
 def test_the_python_with_torch_stays_first_on_path_whatever_bashrc_puts_there(tmp_path):
