@@ -127,20 +127,12 @@ class Resources(BaseModel):
                           "a region without one is refused); --ami wins. Default: the image baked for the setup, "
                           "else the PyTorch Deep Learning AMI")
 
-    @field_validator("cpus")
+    @field_validator("cpus", "memory")
     @classmethod
-    def _cpus(cls, v):
-        from .resolve import parse_cpus
+    def _cpus_memory(cls, v, info):
+        from .resolve import parse_cpus, parse_memory
         if v is not None:
-            parse_cpus(v)
-        return v
-
-    @field_validator("memory")
-    @classmethod
-    def _memory(cls, v):
-        from .resolve import parse_memory
-        if v is not None:
-            parse_memory(v)
+            (parse_cpus if info.field_name == "cpus" else parse_memory)(v)
         return v
 
     @field_validator("region")

@@ -116,7 +116,8 @@ def test_a_user_project_runs_end_to_end_and_what_must_stay_home_stays(sandbox_en
 def test_the_max_runtime_stops_the_job_with_sigterm_first_and_the_run_says_so(sandbox_env, project, tmp_path,
                                                                             monkeypatch):
     """Issue 28.2: no silent cut. A 1-minute limit: the agent gives the job SIGTERM half a minute
-    after launch (the grace, at most half the limit), the job checkpoints, the run fails (exit 5)
+    after launch (its grace and the nologin window, at most half the limit: limits.lead_seconds),
+    the job checkpoints, the run fails (exit 5)
     saying the limit ended it and how to raise it, the checkpoint comes home, nothing is left."""
     home, _ = sandbox_env
     (project / "limit.yaml").write_text(textwrap.dedent("""\
@@ -125,7 +126,7 @@ def test_the_max_runtime_stops_the_job_with_sigterm_first_and_the_run_says_so(sa
           trap 'echo saved > "$EC2GPU_CHECKPOINT_DIR/at-sigterm.txt"; exit 0' TERM
           echo started; while :; do sleep 0.2; done
         """))
-    monkeypatch.setenv("EC2GPU_LIMIT_GRACE_SECONDS", "600")  # capped at half the limit: 30 s
+    monkeypatch.setenv("EC2GPU_LIMIT_GRACE_SECONDS", "600")  # capped: SIGTERM 30 s before the end, SIGKILL 15 s later
     code, _, err = drive(["run", "--sandbox", str(project / "limit.yaml"), "--max-runtime", "1", "--out",
                           str(tmp_path / "r")], [], timeout_s=120)
     said = " ".join(err.split())
