@@ -22,7 +22,7 @@ from .remote.sync import MAX_UPLOAD_BYTES
 
 def load_task(task=None, command: Optional[Sequence[str]] = None, workdir: Optional[str] = None,
               name: Optional[str] = None, workdir_outside: bool = False, overrides: Optional[dict] = None,
-              infra: Optional[str] = None):
+              infra: Optional[str] = None, env: Optional[dict] = None):
     """A tasks.load.LoadedTask from a task file path, a Task, or a ``command`` run in ``workdir``;
     ``overrides``: resources fields set by flags, ``infra``: the --infra flag (tasks.load.parse).
 
@@ -41,7 +41,7 @@ def load_task(task=None, command: Optional[Sequence[str]] = None, workdir: Optio
     if isinstance(task, (str, Path)):
         if workdir:
             raise UsageError("--workdir is for a command; a task file names its own workdir", "set workdir: in the file")
-        loaded = load.load(task, workdir_outside, overrides, infra)
+        loaded = load.load(task, workdir_outside, overrides, infra, env)
     elif isinstance(task, Task):
         base = Path(workdir or ".").resolve()
         loaded = load.LoadedTask(task, None, None if task.workdir is None else _sendable(base / task.workdir, workdir))
@@ -75,15 +75,16 @@ def _prepare(task, command, workdir, name, env, secrets, max_upload, include_sec
     """(engine.TaskJob, reporter): the task loaded, its warnings said, its environment resolved (the
     names taken from this machine said) and its workdir listed (what will be sent said), before
     anything is created."""
-    from .runs import engine, pipeline
+    from .runs import engine
+    from .runs.reporter import Reporter
     from .tasks import load
-    loaded = load_task(task, command, workdir, name, workdir_outside, overrides, infra)
+    loaded = load_task(task, command, workdir, name, workdir_outside, overrides, infra, env)
     for w in loaded.warnings:
         on_warning(w)
     if secrets:
         loaded.task = loaded.task.model_copy(update={"secrets": sorted(set(loaded.task.secrets) | set(secrets))})
     job = engine.prepare(loaded, os.environ, max_upload, include_secrets, {**{k: None for k in secrets}, **(env or {})})
-    reporter = reporter or pipeline.Reporter()
+    reporter = reporter or Reporter()
     taken = load.from_this_machine(job.task)
     if taken:  # a task file is untrusted: what it takes from here is said before anything is sent
         secret = set(job.task.secrets)
@@ -130,8 +131,7 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
     """
     from dataclasses import replace
 
-    from .backend import Context
-    from .runs import limits, pipeline
+    from .runs import limits
     from .tasks import resolve
     from .tasks.spec import minutes
 
@@ -174,16 +174,18 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
         st = settings_mod.load({"region": run_region, "sandbox": sandbox or None})
         backend = "sandbox" if st.sandbox else "aws"
         limit = limits.for_task(st.home, job.name, backend, max_runtime, job.task.max_runtime)
-        idle = _idle_rule(job.task, limit)
+        idle = _idle_seconds(job.task, limit)
         return dryrun.plan(job, st, [t.strip() for t in types_for(st.instance_type)], nodes=nodes or job.task.nodes,
                            spot=res.spot if spot is None else spot, spot_fallback=spot_fallback, limit=limit,
-                           idle_seconds=idle.seconds if idle else None, ami=_ami(ami, res, st.region),
+                           idle_seconds=idle, ami=_ami(ami, res, st.region),
                            baked=baked, expect_minutes=expect_min, backend=backend, warnings=warned,
                            region_source=_region_source(region, infra_region, res.region),
                            ami_source=("--ami" if ami else "the task's resources.ami (SkyPilot's image_id)"
                                        if res.ami else None),
                            idle_source=None if idle is None else "idle_timeout (autostop)" if job.task.idle_timeout
-                           else "max runtime none")
+                           else "max runtime none", budget_usd=budget if budget is not None else job.task.budget)
+    from .backend import Context
+    from .runs import pipeline  # boto3: a dry run returned above without it
     with Context(run_region, sandbox) as ctx:
         limit = limits.for_task(ctx.settings.home, job.name, ctx.backend.name, max_runtime, job.task.max_runtime)
         types = types_for(ctx.settings.instance_type)
@@ -236,14 +238,20 @@ def _idle_rule(task, limit):
     """The run's aws.instances.IdleRule: the task's ``idle_timeout`` (SkyPilot's autostop), else 30 min
     (limits.NO_LIMIT_IDLE_SECONDS) where ``limit`` (runs/limits.Limit) is none, else None. Always
     "down": a run's instances are terminated, never kept stopped."""
+    from .aws.instances import IdleRule  # boto3: a dry run takes _idle_seconds alone
+    seconds = _idle_seconds(task, limit)
+    return None if seconds is None else IdleRule("down", seconds)
+
+
+def _idle_seconds(task, limit):
+    """The seconds of _idle_rule's rule (None: no rule), without aws.instances (boto3): what a dry run says."""
     import math
 
-    from .aws.instances import IdleRule
     from .runs import limits
     from .tasks.spec import minutes
     if task.idle_timeout is not None:
-        return IdleRule("down", int(math.ceil(minutes(task.idle_timeout))) * 60)
-    return IdleRule("down", limits.NO_LIMIT_IDLE_SECONDS) if limit.minutes is None else None
+        return int(math.ceil(minutes(task.idle_timeout))) * 60
+    return limits.NO_LIMIT_IDLE_SECONDS if limit.minutes is None else None
 
 
 def exec(target: str, task=None, *, command: Optional[Sequence[str]] = None, workdir: Optional[str] = None,  # noqa: A001

@@ -10,6 +10,8 @@ VT instances") and spot L-3819A6DF ("All G and VT Spot Instance Requests"); both
 """
 from __future__ import annotations
 
+import time
+
 from dataclasses import dataclass, replace
 
 import botocore.exceptions
@@ -100,11 +102,14 @@ def run_instances(ec2, request: dict) -> list[dict]:
 
 
 def launch_with_fallback(ec2, spec: LaunchSpec, instance_types: list[str], spot_fallback_on_demand: bool = False,
-                         log=lambda msg: None, avoid_zones=()) -> tuple[list[dict], list[Attempt]]:
+                         log=lambda msg: None, avoid_zones=(), profile_created_at: float | None = None,
+                         sleep=time.sleep) -> tuple[list[dict], list[Attempt]]:
     """Launch ``spec`` as the first type and zone that has capacity; return (instances, attempts).
 
     ``ec2`` should be a fail-fast client (no SDK retries). ``avoid_zones`` are tried last (plan). Each failed attempt is reported
-    through ``log``. Raises CapacityError listing every attempt when none succeeds (or at once
+    through ``log``. ``profile_created_at`` (time.time()): when the run's instance profile was made;
+    EC2 may not see it for some seconds (InvalidParameterValue), so the same try is repeated then
+    (iam.profile_not_ready). Raises CapacityError listing every attempt when none succeeds (or at once
     for an account limit), AwsError for any other error.
     """
     attempts: list[Attempt] = []
@@ -117,7 +122,7 @@ def launch_with_fallback(ec2, spec: LaunchSpec, instance_types: list[str], spot_
         try_spec = replace(spec, instance_type=itype, subnet_id=subnet, spot=spot,
                            max_price=spec.max_price if spot else None)
         try:
-            found = run_instances(ec2, run_request(try_spec))
+            found = _run_waiting_for_profile(ec2, run_request(try_spec), profile_created_at, sleep)
         except botocore.exceptions.ClientError as exc:
             code = error_code(exc)
             attempts.append(Attempt(itype, zone, market, code or "?", describe(exc)))
@@ -139,6 +144,19 @@ def launch_with_fallback(ec2, spec: LaunchSpec, instance_types: list[str], spot_
     raise CapacityError(f"no capacity for {', '.join(instance_types)} in {len(attempts)} attempt(s): {tried}",
                         "try later, another --region, more types (--instance-type a,b,c)"
                         + ("" if spot_fallback_on_demand or not spec.spot else ", or --spot-fallback on-demand"))
+
+
+def _run_waiting_for_profile(ec2, request: dict, profile_created_at: float | None, sleep) -> list[dict]:
+    """run_instances, repeated every 3 s while EC2 does not see a just-made instance profile yet
+    (https://docs.aws.amazon.com/IAM/latest/UserGuide/troubleshoot_iam-ec2.html)."""
+    from .iam import profile_not_ready
+    while True:
+        try:
+            return run_instances(ec2, request)
+        except botocore.exceptions.ClientError as exc:
+            if profile_created_at is None or not profile_not_ready(exc, profile_created_at, time.time()):
+                raise
+            sleep(3.0)
 
 
 def spot_role_message() -> str:

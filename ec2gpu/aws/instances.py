@@ -63,6 +63,7 @@ class LaunchSpec:
     placement_group: str | None = None  # a cluster placement group for multi-node runs
     cluster: str | None = None  # the cluster's name (tag ec2gpu:cluster) for multi-node runs
     idle: IdleRule | None = None  # a standing instance's idle rule (`launch --idle-stop/--idle-down`)
+    instance_profile: str | None = None  # the run's own instance role (aws/iam.py), for S3 file_mounts
 
 
 #: Where the idle rule lives on an instance (root's; the sandbox sets EC2GPU_STATE_DIR per instance).
@@ -124,6 +125,8 @@ def run_request(spec: LaunchSpec) -> dict:
             "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}
         if spec.max_price is not None:
             req["InstanceMarketOptions"]["SpotOptions"]["MaxPrice"] = f"{spec.max_price:.4f}"
+    if spec.instance_profile:
+        req["IamInstanceProfile"] = {"Name": spec.instance_profile}
     if spec.subnet_id:
         req["SubnetId"] = spec.subnet_id
     if spec.placement_group:

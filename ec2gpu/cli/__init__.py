@@ -109,7 +109,7 @@ class RichReporter:
     above them; a "done"/"stopped" line with the seconds when the phase ends."""
 
     def __init__(self, console: Console, quiet: bool = False):
-        from ..runs.pipeline import Reporter
+        from ..runs.reporter import Reporter
         self.inner, self.console, self.quiet = Reporter(), console, quiet
         self.phases = self.inner.phases
         self.notes = self.inner.notes

@@ -191,7 +191,7 @@ def notebook(
             run_id = next((T.as_dict(i.get("Tags")).get(T.RUN) for i in inst if i["InstanceId"] == info["instance_id"]),
                           None)
             if run_id:
-                sweep.delete_run(ctx.aws.ec2, run_id, ctx.settings.keys_dir, log=note)
+                sweep.delete_run(ctx.aws.ec2, run_id, ctx.settings.keys_dir, log=note, iam=ctx.aws.client("iam"))
             err.print(plain(f"notebook closed; {info['name']} terminated (--down-on-exit)"))
         else:
             again = f"`ec2gpu tunnel {info['name']} {info['port']}`" if "port" in info else \

@@ -339,14 +339,14 @@ def cleanup(dry_run: bool = typer.Option(False, "--dry-run", help="Only list wha
         report = {}
         for name in regions:
             aws = ctx.aws if name == ctx.aws.region else Aws(name, endpoint_url=ctx.aws.endpoint_url)
-            found = sweep.inventory(aws.ec2, log=lambda m, n=name: note(f"{n}: {m}"))
+            found = sweep.inventory(aws.ec2, log=lambda m, n=name: note(f"{n}: {m}"), iam=aws.client("iam"))
             if not any(found.values()):
                 continue
             if dry_run:
                 report[name] = {k: [r["id"] for r in v] for k, v in found.items()}
             else:
                 report[name] = sweep.delete_everything(aws.ec2, found, ctx.settings.keys_dir,
-                                                       log=lambda m, n=name: note(f"{n}: {m}"))
+                                                       log=lambda m, n=name: note(f"{n}: {m}"), iam=aws.client("iam"))
         if not dry_run:
             _settle(ctx)
     if as_json:
@@ -422,7 +422,7 @@ def down(name: Optional[str] = typer.Argument(None, help="Name, instance id or r
         removed = {}
         for run_id in sorted(r for r in runs if r):
             removed[run_id] = sweep.delete_run(ec2, run_id, ctx.settings.keys_dir,
-                                               log=note)
+                                               log=note, iam=ctx.aws.client("iam"))
         _settle(ctx, set(removed), keep=set(removed))
     if as_json:
         render_json(removed)

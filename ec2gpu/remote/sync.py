@@ -56,7 +56,7 @@ NEVER_SEND = [
     # token helper (developer.hashicorp.com/vault/docs/commands/token-helper), s3cmd (s3tools.org/kb/item14.htm),
     # boto 2 (boto.cloudhackers.com/en/latest/boto_config_tut.html), Databricks CLI
     # (docs.databricks.com/dev-tools/cli/profiles.html), Apache htpasswd, KeePass databases (*.kdbx)
-    ".netrc", "_netrc", ".git-credentials", "**/.docker/config.json", ".pypirc", ".pgpass", ".npmrc",
+    ".netrc", "_netrc", ".git-credentials", "**/.docker/config.json", ".pypirc", ".pgpass", ".npmrc", "kaggle.json",
     "credentials.tfrc.json", ".vault-token", ".s3cfg", ".boto", ".databrickscfg", ".htpasswd", "*.kdbx",
     # shell and REPL histories (commands typed with tokens in them): bash(1) HISTFILE, zsh's
     # .zsh_history/.zhistory/.histfile, Python's .python_history, psql, mysql, node, fish's
@@ -148,6 +148,15 @@ def manifest(root: Path, allow_secrets: bool = False) -> Manifest:
         m.files.append(rel)
         m.bytes += path.stat().st_size
     return m
+
+
+def withheld(path: Path) -> bool:
+    """Whether the one file at ``path`` is one the rules above never send (NEVER_SEND by its name
+    or a directory of its path, or a private key by its first bytes)."""
+    path = Path(path)
+    never = pathspec.GitIgnoreSpec.from_lines(NEVER_SEND)
+    return any(never.match_file("/".join(path.parts[k:])) for k in range(1, len(path.parts))) \
+        or _looks_like_private_key(path)
 
 
 def size_words(n: int) -> str:

@@ -23,6 +23,10 @@ SAFETY = (
     "everything the run creates (instances, security group, key pair) is deleted on every exit path",
 )
 
+#: said when the task copies from or writes to S3 (file_mounts)
+ROLE_SAFETY = ("an instance role of this run alone: read access to the file_mounts' S3 prefixes, write access to "
+               "the MOUNT-mode ones, nothing else; deleted with the run")
+
 
 def placeholders(nodes: int) -> list[str]:
     """The addresses node_env is given in a plan (pure): '<node 0 private IP>', ..."""
@@ -32,12 +36,12 @@ def placeholders(nodes: int) -> list[str]:
 def plan(job, settings, types: list[str], *, nodes: int, spot: bool, spot_fallback: str | None,
          limit, idle_seconds: int | None, ami: str | None, baked: bool, expect_minutes: float | None,
          backend: str, warnings: list[str], region_source: str | None = None, ami_source: str | None = None,
-         idle_source: str | None = None) -> dict:
+         idle_source: str | None = None, budget_usd: float | None = None) -> dict:
     """The plan of a run of ``job`` (an engine.TaskJob) on ``types`` (instance types in the order
     they are tried) as a JSON-ready dict; ``limit`` is a runs/limits.Limit, ``idle_seconds`` the
     idle rule's (None: none); ``region_source``, ``ami_source``, ``idle_source``: where the region,
-    the AMI and the idle rule come from, in words (api.run). Prices in USD/h, sizes in bytes and
-    GiB, times in minutes.
+    the AMI and the idle rule come from, in words (api.run); ``budget_usd`` (--budget, the task's
+    budget) is judged as the run judges it. Prices in USD/h, sizes in bytes and GiB, times in minutes.
 
     Raises UsageError as catalog.lookup does for a type ec2gpu cannot run. Calls no AWS API."""
     from ..aws import catalog
@@ -93,7 +97,9 @@ def plan(job, settings, types: list[str], *, nodes: int, spot: bool, spot_fallba
         "estimate": {"job_minutes": None if minutes is None else round(minutes, 2), "source": time_source,
                      "expected_usd": expected, "at_most_usd": at_most,
                      "note": "on-demand list prices; spot pays the zone's spot price, at most the on-demand one"},
+        "budget": None if budget_usd is None else _budget(budget_usd, expected, at_most, minutes is not None),
         "workdir": {"local": str(m.root) if m else None, "remote": engine.workdir_of(run_dir, job),
+                    "git": job.loaded.git,
                     "files": len(m.files) if m else 0, "bytes": m.bytes if m else 0,
                     "withheld": list(m.withheld) if m else []},
         "env": {k: job.mask(v) for k, v in sorted(env.items())},
@@ -102,9 +108,29 @@ def plan(job, settings, types: list[str], *, nodes: int, spot: bool, spot_fallba
         "ports": [{"port": p, "node": 0, "local": f"127.0.0.1:{p}",
                    "how": "forwarded over SSH while the job runs; not opened in the security group"}
                   for p in job.task.ports],
-        "file_mounts": [],
-        "safety": list(SAFETY), "changes": list(warnings),
+        "file_mounts": [_mount_row(mnt, job) for mnt in job.mounts],
+        "safety": list(SAFETY) + ([ROLE_SAFETY] if any(mnt.kind == "s3" for mnt in job.mounts) else []),
+        "changes": list(warnings),
     }
+
+
+def _budget(usd: float, expected: float | None, at_most: float | None, known: bool) -> dict:
+    """{usd, refused, why}: a run refuses (pipeline.check_estimate) an estimate above its budget,
+    and, for a job whose time is unknown, a most-it-can-cost above it or unbounded (pure)."""
+    judged, what = (expected, "the estimate") if known else (at_most, "the most it can cost at its max runtime")
+    refused = judged is None or judged > usd
+    why = (f"{what} is unbounded or unknown" if judged is None else
+           f"{what}, ${judged:.2f}, is {'above' if refused else 'within'} the budget ${usd:.2f}")
+    why += " (on-demand list prices, the job alone; the run judges its own estimate, boot and setup included)"
+    return {"usd": usd, "refused": refused, "why": why}
+
+
+def _mount_row(mnt, job) -> dict:
+    """One file_mounts entry of the plan: where it goes, from where, how (tasks/mounts.Mount)."""
+    man = job.mount_manifests.get(mnt.target)
+    return {"target": mnt.target, "kind": mnt.kind, "source": mnt.url, "mode": mnt.mode,
+            "files": len(man.files) if man else None, "bytes": man.bytes if man else None,
+            "write_back": mnt.write_back, "create_bucket": mnt.create, "how": mnt.words()}
 
 
 def render(p: dict) -> list[str]:
@@ -128,6 +154,8 @@ def render(p: dict) -> list[str]:
     idle = p.get("idle_rule")
     out.append(f"  max runtime: {limit} ({lim['source']})"
                + (f"; idle instances end after {idle['minutes']} min ({idle['source']})" if idle else ""))
+    if p.get("budget"):
+        out.append(f"  budget: {'the run would be REFUSED: ' if p['budget']['refused'] else ''}{p['budget']['why']}")
     out += [f"  port {q['port']} of node 0 -> {q['local']} here ({q['how']})" for q in p.get("ports", [])]
     cost = (f"~${est['expected_usd']:.4f} for {est['job_minutes']} min of job ({est['source']})"
             if est["expected_usd"] is not None else f"job time unknown ({est['source']})")
@@ -135,9 +163,15 @@ def render(p: dict) -> list[str]:
                + ("unbounded (no max runtime)" if est["at_most_usd"] is None else f"${est['at_most_usd']:.2f}")
                + " at the max runtime")
     w = p["workdir"]
-    out.append(f"  workdir: {w['local'] or 'nothing sent'} -> {w['remote']}"
+    git = w.get("git")
+    sent = (f"git clone {git['url']} at {git['ref'] or 'its default branch'}, on the instance" if git
+            else w["local"] or "nothing sent")
+    out.append(f"  workdir: {sent} -> {w['remote']}"
                + (f" ({w['files']:,} files, {w['bytes']:,} bytes)" if w["local"] else "")
                + (f"; withheld: {', '.join(w['withheld'][:5])}" if w["withheld"] else ""))
+    out += [f"  file_mounts {f['target']}: {f['how']}" + (f" ({f['files']:,} files, {f['bytes']:,} bytes)"
+                                                           if f["files"] is not None else "")
+            for f in p.get("file_mounts", [])]
     out.append("  environment of node 0: " + ", ".join(f"{k}={v}" for k, v in p["env"].items()))
     if p["setup"]:
         out.append("  setup (bash, once per instance, in the workdir):")

@@ -20,6 +20,7 @@ gets SKYPILOT_SETUP_NODE_RANK, SKYPILOT_SETUP_NODE_IPS, SKYPILOT_SETUP_NUM_GPUS_
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -69,6 +70,14 @@ class TaskJob:
     secret_values: list[str] = field(default_factory=list)
     args: list[str] = field(default_factory=list)  # the run script's "$@" (a built-in task's flags)
     builtin: str | None = None  # "mnist" for `ec2gpu train mnist`
+    mount_manifests: dict = field(default_factory=dict)  # file_mounts target -> sync.Manifest of a local directory
+    bucket_regions: dict = field(default_factory=dict)  # S3 file_mounts bucket -> region (pipeline fills it)
+    s3_files: set = field(default_factory=set)  # S3 file_mounts targets whose prefix is one object (a file)
+
+    @property
+    def mounts(self) -> list:
+        """The task's file_mounts made ready (tasks/mounts.Mount)."""
+        return self.loaded.mounts
 
     @property
     def task(self):
@@ -91,7 +100,8 @@ def prepare(loaded: LoadedTask, environ, max_upload: int = sync.MAX_UPLOAD_BYTES
 
     ``extra_env`` (``--env K[=V]``) adds to the task's envs; a value of None comes from ``environ``.
     Raises UsageError for a variable that is null and unset here, a name in ``extra_env`` that is
-    not an environment variable name, or a workdir over ``max_upload``.
+    not an environment variable name, a workdir or a local file_mounts source over ``max_upload``
+    (each on its own), or a local file_mounts file the secrets rules withhold (sync.NEVER_SEND).
     """
     from ..tasks.load import check_env_name, env_values
 
@@ -100,14 +110,33 @@ def prepare(loaded: LoadedTask, environ, max_upload: int = sync.MAX_UPLOAD_BYTES
         check_env_name(k, "env")
     if extra_env:
         task = task.model_copy(update={"envs": {**task.envs, **extra_env}})
-        loaded = LoadedTask(task, loaded.path, loaded.workdir, loaded.warnings, loaded.skypilot)
+        loaded = dataclasses.replace(loaded, task=task)
     env = env_values(task, environ)
     manifest = None
     if loaded.workdir is not None:
         manifest = sync.manifest(loaded.workdir, allow_secrets=include_secrets)
         sync.check_size(manifest, max_upload)
     secrets = [env[k] for k in task.secrets if env.get(k)]
-    return TaskJob(loaded, env, manifest, include_secrets, sorted(secrets, key=len, reverse=True))
+    job = TaskJob(loaded, env, manifest, include_secrets, sorted(secrets, key=len, reverse=True))
+    job.mount_manifests = _mount_manifests(loaded.mounts, max_upload, include_secrets)
+    return job
+
+
+def _mount_manifests(mounts_: list, max_upload: int, include_secrets: bool) -> dict:
+    """target -> sync.Manifest of each local file_mounts directory (a file: checked, no manifest)."""
+    from ..errors import UsageError
+    out = {}
+    for m in mounts_:
+        if m.kind != "local":
+            continue
+        if m.is_file:
+            if not include_secrets and sync.withheld(Path(m.source)):
+                raise UsageError(f"file_mounts.{m.target}: {m.source} is a credentials file: not sent",
+                                 "credentials reach a job through envs or --secret (--include-secrets sends it)")
+            continue
+        out[m.target] = sync.manifest(Path(m.source), allow_secrets=include_secrets)
+        sync.check_size(out[m.target], max_upload)
+    return out
 
 
 def builtin_job(name: str, args: list[str]) -> TaskJob:
@@ -196,6 +225,8 @@ def upload_node(nd, job: TaskJob, ssh_config: Path | None, run_id: str, addresse
     if job.manifest is not None:
         how = sync.push(nd.conn, job.manifest, workdir, ssh_config, nd.instance_id)
         log(f"workdir: {len(job.manifest.files):,} files, {job.manifest.bytes:,} bytes sent by {how}")
+    elif job.loaded.git:
+        clone_workdir(nd.conn, job.loaded.git, workdir, log)
     else:
         nd.conn.run(f"mkdir -p {shlex.quote(workdir)}", hide=True, in_stream=False)
     gpus = processes_per_node(nd.info) if nd.info.get("cuda_available") else int(nd.info.get("gpu_count") or 0)
@@ -217,6 +248,33 @@ def upload_node(nd, job: TaskJob, ssh_config: Path | None, run_id: str, addresse
     if resume and checkpoints is not None and checkpoints.has_any():
         count = checkpoints.push(nd.conn, env["EC2GPU_CHECKPOINT_DIR"])
         log(f"pushed the checkpoint directory ({count} file(s)); the job resumes with EC2GPU_RESUME=1")
+
+
+def mounts_node(nd, job: TaskJob, ssh_config: Path | None, log) -> None:
+    """Put the task's file_mounts on node ``nd`` (remote/mounts.place), before its setup."""
+    from ..remote import mounts
+    mounts.place(nd.conn, job.mounts, job.mount_manifests, nd.run_dir, str(nd.info.get("python") or "python3"),
+                 lambda bucket: job.bucket_regions.get(bucket) or "us-east-1", ssh_config, nd.instance_id, log,
+                 job.s3_files)
+
+
+def clone_workdir(conn, git: dict, workdir: str, log) -> None:
+    """SkyPilot's git workdir: a fresh clone of ``git["url"]`` at ``git["ref"]`` (None: its default
+    branch) in ``workdir`` on the instance, by the instance (git-clone(1); credentials for a private
+    repository are not sent: a public one, or one the instance may read). Raises RemoteError with
+    git's last lines when it fails."""
+    w, url = shlex.quote(workdir), shlex.quote(git["url"])
+    checkout = f" && git -C {w} checkout --quiet {shlex.quote(git['ref'])}" if git.get("ref") else ""
+    got = conn.run(f"rm -rf {w} && GIT_TERMINAL_PROMPT=0 git clone --quiet -- {url} {w}{checkout} && "
+                   f"git -C {w} rev-parse HEAD", hide=True, warn=True, in_stream=False, timeout=1800)
+    if not got.ok:
+        from ..inert import inert
+        raise RemoteError(f"workdir: git clone of {git['url']} failed on the instance (exit {got.exited})",
+                          "check the URL and ref; a private repository needs access from the instance",
+                          command="git clone", exit_status=got.exited,
+                          tail=inert("\n".join((got.stdout + got.stderr).strip().splitlines()[-TAIL_LINES:])))
+    log(f"workdir: {git['url']} cloned at {git.get('ref') or 'its default branch'} "
+        f"(commit {got.stdout.strip().splitlines()[-1][:12]})")
 
 
 def setup_node(nd, job: TaskJob, log) -> None:
@@ -414,6 +472,8 @@ def download(nodes, job: TaskJob, local_out: Path, ssh_config: Path | None, log,
     from ..remote import files, jobs
     head = nodes[0]
     steps = [("checkpoints", lambda: head.watch.checkpoints.sync(head.conn, force=True)),  # first: replacements resume from it
+             *[(f"file_mounts of node {nd.index} (written back)", _write_back(nd, log))
+               for nd in nodes if any(m.write_back for m in job.mounts)],
              ("outputs", lambda: _outputs_home(head, job, local_out, ssh_config, log, limits or files.Limits())),
              *record_steps(nodes, job.mask, local_out)]
     failed = None  # the first transfer that failed: raised once every other part came home
@@ -435,6 +495,17 @@ def download(nodes, job: TaskJob, local_out: Path, ssh_config: Path | None, log,
     if failed is not None:
         raise failed
     return summary
+
+
+def _write_back(nd, log):
+    from ..remote import mounts
+    return lambda: mounts.write_back(nd.conn, nd.run_dir, str(nd.info.get("python") or "python3"), log)
+
+
+def _write_back_on(nd, log):
+    """fn(conn): node ``nd``'s MOUNT-mode file_mounts written back over ``conn`` (the watch's)."""
+    from ..remote import mounts
+    return lambda conn: mounts.write_back(conn, nd.run_dir, str(nd.info.get("python") or "python3"), log)
 
 
 def _outputs_home(head, job: TaskJob, local_out: Path, ssh_config: Path | None, log, limits) -> None:
@@ -477,6 +548,11 @@ def run_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[dic
             # node 0's copy (its watch's) learns what it was given, so it is not brought home again
             N.parallel(lambda nd: upload_node(nd, job, config, run_id, addresses, n > 1,
                                               nd.watch.checkpoints if nd.index == 0 else checkpoints, say(nd)), nodes)
+            if job.mounts:
+                N.parallel(lambda nd: mounts_node(nd, job, config, say(nd)), nodes)
+            if any(m.write_back for m in job.mounts):  # written through while the job runs, as SkyPilot's MOUNT
+                for nd in nodes:
+                    nd.watch.write_back = _write_back_on(nd, say(nd))
         if job.task.setup:
             with ui.phase("setup"):
                 N.parallel(lambda nd: setup_node(nd, job, say(nd)), nodes)

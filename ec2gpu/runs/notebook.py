@@ -179,7 +179,7 @@ def remove_launched(aws: Aws, settings: Settings, launched: dict, ui) -> dict[st
         return {}
     try:
         with tunnel.signals_held(), ui.phase("terminating"):
-            removed = sweep.delete_run(aws.ec2, run_id, settings.keys_dir)
+            removed = sweep.delete_run(aws.ec2, run_id, settings.keys_dir, iam=aws.client("iam"))
     except Exception as exc:  # noqa: BLE001 - said with the fix; the interrupt goes on
         ui.note(f"could not remove {launched['instance_id']} ({type(exc).__name__}: {exc}); it may still run and "
                 f"bill: `ec2gpu down {run_id}` removes it (`ec2gpu cleanup` finds it by its ec2gpu:run tag)")

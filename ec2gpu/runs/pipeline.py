@@ -7,11 +7,9 @@ here. Whatever happens after the first resource is created (an error, Ctrl-C, SI
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import secrets
-import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -23,6 +21,7 @@ from ..errors import RemoteError, UsageError
 from ..settings import Settings
 from . import costs, ledger, provision
 from . import record as run_record
+from .reporter import Reporter  # noqa: F401 - pipeline.Reporter: its home is the light reporter.py
 
 PHASES = ("requesting", "waiting for running", "waiting for SSH", "setup", "upload", "running",
           "download", "terminating")
@@ -66,41 +65,6 @@ class TrainOptions:
     @property
     def instance_types(self) -> list[str]:
         return [t.strip() for t in self.instance_type.split(",") if t.strip()]
-
-
-class Reporter:
-    """What the pipeline tells the user; the CLI renders it with rich, tests record it.
-
-    ``after_phase`` is a seam for tests (None in the shipped program): called with the phase's name
-    at the end of its work, still inside it, so a fault injected there surely lands in that phase.
-    """
-
-    after_phase = None
-
-    def __init__(self):
-        self.phases: dict[str, float] = {}
-        self.notes: list[str] = []
-
-    @contextlib.contextmanager
-    def phase(self, name: str):
-        t0 = time.monotonic()
-        try:
-            yield
-            if Reporter.after_phase is not None:
-                Reporter.after_phase(name)
-        finally:
-            # a managed run repeats phases on each attempt: their times add up
-            self.phases[name] = round(self.phases.get(name, 0.0) + time.monotonic() - t0, 2)
-
-    def log(self, line: str) -> None:
-        """One line of the job's log."""
-
-    def progress(self, p: dict) -> None:
-        """The job's progress as it last wrote it (runs/nodes.ProgressReader): ``done``, ``total``,
-        optional ``label``, ``rate`` and ``rate_unit``, ``eta_s``."""
-
-    def note(self, text: str) -> None:
-        self.notes.append(text)
 
 
 def new_run_id() -> str:
@@ -322,6 +286,11 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, backen
     if checked:
         ui.note(f"vCPU quota {checked['quota']}: {checked['in_use']} in use + {checked['needed']} needed "
                 f"<= {checked['value']:g}")
+    if opts.bake is None and any(m.kind == "s3" for m in opts.task.mounts):  # checked before anything is created
+        from ..aws import storage
+        opts.task.bucket_regions = storage.ready_buckets(aws.client("s3"), opts.task.mounts, aws.region,
+                                                         settings.owner, ui.note)
+        opts.task.s3_files = storage.single_objects(aws.client("s3"), opts.task.mounts)
     run_id = new_run_id()
     out = Path(opts.out or Path("runs") / run_id).resolve()
     prov = provision.Provisioned(run_id, bake=opts.bake is not None)

@@ -5,6 +5,7 @@ resource), an interrupted attempt's instances ended, and each instance billed fr
 from __future__ import annotations
 
 import signal
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -30,6 +31,8 @@ class Provisioned:
     placement_group: str | None = None
     ami: dict | None = None
     bake: bool = False  # an image bake: teardown also removes the run's incomplete image and snapshots
+    instance_profile: str | None = None  # the run's own instance role and profile (aws/iam.py), same name
+    profile_created_at: float | None = None  # time.time() when it was made (EC2 sees it a moment later)
     instances: list[dict] = field(default_factory=list)  # every instance of the run, in launch order
     ended: set[str] = field(default_factory=set)  # those already terminated (interrupted attempts)
 
@@ -57,6 +60,7 @@ def provision(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, ui:
         if prov.key_name is None:
             prov.key_name, prov.key_path = network.create_key_pair(ec2, run_id, settings.owner, settings.keys_dir)
             prov.security_group_id = network.create_security_group(ec2, run_id, settings.owner, cidr)
+            _instance_role(aws, settings, opts, run_id, prov, ui)
             if opts.nodes > 1:
                 network.allow_within_group(ec2, prov.security_group_id)
                 prov.placement_group, how = placement.create(ec2, run_id, settings.owner, name, opts.instance_types[0])
@@ -69,10 +73,10 @@ def provision(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, ui:
             max_price=opts.max_price if opts.spot else None, count=opts.nodes,
             # a cluster placement group lives in one zone: a replacement elsewhere goes without it
             placement_group=None if avoid_zones else prov.placement_group, cluster=name if opts.nodes > 1 else None,
-            idle=opts.idle)
+            idle=opts.idle, instance_profile=prov.instance_profile)
         new, attempts = capacity.launch_with_fallback(
             aws.client("ec2", fail_fast=True), spec, opts.instance_types, opts.spot_fallback == "on-demand",
-            log=ui.note, avoid_zones=tuple(avoid_zones))
+            log=ui.note, avoid_zones=tuple(avoid_zones), profile_created_at=prov.profile_created_at)
         if opts.nodes > 1:
             new = instances.tag_nodes(ec2, new, name)
         prov.instances += new
@@ -84,6 +88,37 @@ def provision(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, ui:
         running = {i["InstanceId"]: i for i in instances.wait_running(ec2, ids)}
         prov.instances = [running.get(i["InstanceId"], i) for i in prov.instances]
     return [running[i] for i in ids]
+
+
+def _instance_role(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, prov: Provisioned, ui: Reporter) -> None:
+    """Give the run its own instance role when its task copies from or writes to S3 (file_mounts):
+    read access to exactly those prefixes, write access to the MOUNT-mode ones (iam.s3_policy)."""
+    loaded = getattr(opts.task, "loaded", None)
+    s3 = [m for m in getattr(loaded, "mounts", []) if m.kind == "s3"]
+    if not s3 or opts.bake is not None:  # an image bake runs the setup only
+        return
+    import botocore.exceptions
+
+    from ..aws import iam
+    from ..aws.session import error_code
+    from ..errors import UsageError
+    policy = iam.s3_policy([(m.bucket, m.prefix) for m in s3], [(m.bucket, m.prefix) for m in s3 if m.write_back])
+    client = aws.client("iam")
+    boundary = iam.boundary_arn(client, aws.check_credentials()["Account"])
+    try:
+        prov.instance_profile = iam.create_run_role(client, run_id, settings.owner, policy, region=aws.region,
+                                                    boundary=boundary)
+    except botocore.exceptions.ClientError as exc:
+        if error_code(exc) in iam.REFUSED and boundary is None:
+            raise UsageError("file_mounts from S3 need an instance role, and these credentials may create one only "
+                             f"under the permissions boundary {iam.BOUNDARY_NAME}, which this account does not have",
+                             f"an administrator creates it once: {iam.BOUNDARY_COMMAND}") from None
+        raise
+    prov.profile_created_at = time.time()
+    ui.note(f"instance role {prov.instance_profile}{' (under the boundary ' + iam.BOUNDARY_NAME + ')' if boundary else ''}"
+            ": reads " + ", ".join(sorted({m.url for m in s3}))
+            + ("; writes " + ", ".join(sorted({m.url for m in s3 if m.write_back})) if any(m.write_back for m in s3)
+               else "") + " (nothing else; removed with the run)")
 
 
 def choose_image(aws: Aws, opts: TrainOptions) -> dict:
@@ -120,7 +155,7 @@ def teardown(aws: Aws, settings: Settings, prov: Provisioned, ui: Reporter) -> d
         ui.note("cleanup is under way; if you stop it, finish by hand with `ec2gpu cleanup`")
     previous = signal.signal(signal.SIGINT, on_sigint) if _main_thread() else None
     removed: dict = {"instances": [], "security_groups": [], "key_pairs": [], "placement_groups": [], "images": [],
-                     "snapshots": [], "failed": []}
+                     "snapshots": [], "instance_roles": [], "failed": []}
 
     def step(what: str, fn) -> bool:
         try:
@@ -151,6 +186,8 @@ def teardown(aws: Aws, settings: Settings, prov: Provisioned, ui: Reporter) -> d
                 step("image", lambda: _remove_image(ec2, prov.run_id, removed, ui.note))
             if prov.placement_group and gone and step("placement group", lambda: placement.delete(ec2, prov.placement_group)):
                 removed["placement_groups"] = [prov.placement_group]
+            if prov.instance_profile and step("instance role", lambda: _delete_role(aws, prov.instance_profile)):
+                removed["instance_roles"] = [prov.instance_profile]
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
@@ -162,6 +199,11 @@ def teardown(aws: Aws, settings: Settings, prov: Provisioned, ui: Reporter) -> d
         ui.note(f"may still exist (and bill, for instances): {left}; `ec2gpu cleanup --region {aws.region}` removes "
                 f"them once AWS answers (they carry the ec2gpu:run tag {prov.run_id})")
     return removed
+
+
+def _delete_role(aws: Aws, name: str) -> None:
+    from ..aws import iam
+    iam.delete_run_role(aws.client("iam"), name)
 
 
 def _remove_image(ec2, run_id: str, removed: dict, log) -> None:
@@ -177,6 +219,8 @@ def leftovers(prov: Provisioned, removed: dict) -> str:
               else []),
              ("key pair", [prov.key_name] if prov.key_name and not removed["key_pairs"] else []),
              ("placement group", [prov.placement_group] if prov.placement_group and not removed["placement_groups"]
+              else []),
+             ("instance role", [prov.instance_profile] if prov.instance_profile and not removed.get("instance_roles")
               else [])]
     return "; ".join(f"{kind} {', '.join(ids)}" for kind, ids in kinds if ids)
 

@@ -248,10 +248,10 @@ def remove_ended(aws, home, keys_dir, keep=frozenset(), log=lambda msg: None) ->
 
     busy = {r["run_id"] for r in ledger.runs(home, limit=500, tolerant=True)
             if r.get("status") == "running" and not controller_gone(r)}
-    found = sweep.ended_leftovers(aws.ec2, busy | set(keep))
+    found = sweep.ended_leftovers(aws.ec2, busy | set(keep), iam=aws.client("iam"))
     if not found:
         return {}
-    removed = sweep.remove_leftovers(aws.ec2, found, keys_dir)
+    removed = sweep.remove_leftovers(aws.ec2, found, keys_dir, iam=aws.client("iam"))
     said = []
     for run, done in removed.items():
         items = [f"{kind.replace('_', ' ')[:-1]} {x}" for kind in ("security_groups", "key_pairs", "key_files",

@@ -23,10 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..aws import instances
-from ..errors import AttemptsExhausted, AwsError, Interrupted, UsageError  # noqa: F401 (re-exported)
+from ..errors import AttemptsExhausted, AwsError, Interrupted, RemoteError, UsageError  # noqa: F401 (re-exported)
 
 GONE_STATES = ("shutting-down", "terminated", "stopping", "stopped")
 STATE_EVERY_S = 5.0  # how often EC2 is asked about the instance while the job runs
+#: how often what a job wrote under a MOUNT-mode file_mounts target is written back to its bucket
+#: while it runs (SkyPilot's MOUNT writes through; so a spot interruption loses at most this much)
+WRITE_BACK_EVERY_S = 60.0
 MAX_API_FAILURES = 12  # DescribeInstances errors in a row (about a minute of polls) before the run gives up
 
 
@@ -169,10 +172,18 @@ class InstanceWatch:
         self.ec2, self.instance_id, self.checkpoints, self.log, self.every_s = ec2, instance_id, checkpoints, log, every_s
         self.last = time.monotonic()
         self.failures = 0  # API errors in a row
+        self.write_back = None  # fn(conn): MOUNT-mode file_mounts written back (engine), every WRITE_BACK_EVERY_S
+        self.written_back = time.monotonic()
 
     def __call__(self, conn) -> None:
         if conn is not None:
             self.checkpoints.sync(conn)
+        if conn is not None and self.write_back and time.monotonic() - self.written_back >= WRITE_BACK_EVERY_S:
+            self.written_back = time.monotonic()
+            try:
+                self.write_back(conn)
+            except RemoteError as exc:  # the end of the job writes back again; a failure then fails the run
+                self.log(f"warning: file_mounts not written back this time: {exc.message}")
         if conn is None or time.monotonic() - self.last >= self.every_s:
             self.last = time.monotonic()
             self.check()

@@ -10,7 +10,9 @@ The script runs once per instance (cloud-init's per-instance scripts), as the in
 in its environment: HOME is its home, and ``sbin/`` comes first on PATH with stand-ins for
 ``shutdown``, ``poweroff`` and ``halt`` (guest.py). They ask the daemon to end the instance as its
 InstanceInitiatedShutdownBehavior says, so ``shutdown -h +N`` in user data is the
-``--max-runtime`` safety net, end to end.
+``--max-runtime`` safety net, end to end. It gets none of the daemon's own AWS_* variables (the
+controller's keys, profile, endpoint, region): as on EC2, an AWS SDK in user data has the instance's
+settings only, and its role's credentials from the metadata service (roles.py).
 """
 from __future__ import annotations
 
@@ -50,7 +52,7 @@ def run_user_data(directory: Path, text: str | None, env: dict[str, str]) -> sub
 
     Returns the process, or None when there is nothing to run (no user data, or data that is not
     a ``#!`` script; the log then says why). The process carries the instance's environment
-    (``env``), so stopping the instance stops it too.
+    (``env``), so stopping the instance stops it too, over the daemon's own less its AWS_* variables.
     """
     log = directory / "cloud-init-output.log"
     if not text:
@@ -67,7 +69,14 @@ def run_user_data(directory: Path, text: str | None, env: dict[str, str]) -> sub
         # never let an instance's `shutdown` reach this machine's own
         raise RuntimeError(f"the instance's PATH must start with its shutdown stand-ins (install_shims), not {sbin}")
     script.chmod(0o700)
-    full_env = {**os.environ, **env}
+    full_env = {**daemon_env(), **env}
     with open(log, "ab") as out:
         return subprocess.Popen([str(script)], cwd=env.get("HOME", str(directory)), env=full_env,
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
+
+
+def daemon_env() -> dict[str, str]:
+    """The daemon's environment less every AWS_* variable: the controller's credentials (the
+    daemon is started with the caller's environment), profile, endpoint and region are not the
+    instance's (the security rule: no AWS credentials copied to instances)."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}

@@ -8,6 +8,9 @@ an instance that is terminated or stopped (or vanishes) has its sshd and process
 instance's sessions reach their own instance metadata service (imds.py) at EC2GPU_IMDS_ENDPOINT,
 where `ec2gpu sandbox interrupt` publishes spot interruption notices, and the daemon's control
 endpoint at EC2GPU_SANDBOX_CONTROL, where `shutdown` on the instance asks to be ended (guest.py).
+An AWS SDK on an instance finds the same metadata service through its own standard variable
+AWS_EC2_METADATA_SERVICE_ENDPOINT, and with it the credentials of the instance's role (roles.py),
+and the emulated S3 through AWS_ENDPOINT_URL_S3; no credentials of this machine reach an instance.
 With EC2GPU_SANDBOX_LIKE_AWS=1 it behaves like EC2 where moto does not (likeaws.py).
 SIGTERM stops everything it started.
 """
@@ -26,7 +29,7 @@ from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
 
-from . import cloudinit, console, dlami, images, imds, lifecycle, likeaws, sshd
+from . import cloudinit, console, dlami, images, imds, lifecycle, likeaws, roles, sshd
 
 def write_json(path: Path, data: dict) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
@@ -47,6 +50,9 @@ class Http(http.server.BaseHTTPRequestHandler):
 
     meta: imds.Metadata
     find = staticmethod(lambda instance_id: None)
+    role_of = staticmethod(lambda instance_id: None)  # the ARN of its instance profile's role (roles.py)
+    mint = staticmethod(lambda instance_id, role_arn: {})  # that role's credentials (roles.py)
+    zone_of = staticmethod(lambda instance_id: None)
     shutdown = staticmethod(lambda request: {})
 
     def _answer(self, method: str) -> None:
@@ -61,7 +67,8 @@ class Http(http.server.BaseHTTPRequestHandler):
         else:
             length = int(self.headers.get("Content-Length") or 0)
             status, ctype, text = imds.handle(self.meta, method, self.path, self.headers,
-                                              self.rfile.read(length) if length else b"", self.find)
+                                              self.rfile.read(length) if length else b"", self.find,
+                                              role_of=self.role_of, mint=self.mint, zone_of=self.zone_of)
         body = text.encode()
         self.send_response(status)
         self.send_header("Content-Type", ctype)
@@ -116,6 +123,12 @@ def find_instance(instance_id: str) -> tuple[str, str] | None:
     """(state, 'spot' | 'on-demand') of a sandbox instance, or None."""
     inst = _moto_instance(instance_id)
     return (inst.state, "spot" if inst.lifecycle == "spot" else "on-demand") if inst else None
+
+
+def instance_zone(instance_id: str) -> str | None:
+    """The availability zone of a sandbox instance (moto's placement), or None."""
+    inst = _moto_instance(instance_id)
+    return inst.availability_zone if inst else None
 
 
 def reclaim_spot_instance(instance_id: str) -> None:
@@ -173,6 +186,7 @@ class Sandbox:
         market.install_spot_role()  # the first spot request creates AWSServiceRoleForEC2Spot, as on EC2
         dlami.install_parameters()  # the DLAMIs' and Canonical's SSM public parameters
         lifecycle.install()  # a start sets LaunchTime again, as on EC2
+        roles.install()  # RunInstances gives the instance profile to every instance it launches
         images.install(self.state_dir,  # CreateImage keeps the builder's home; reboots reboot
                        pending_s=self.like_aws.image_pending_s if self.like_aws else 0.0)
         console.install(self.state_dir / "instances",  # cloud-init's host key fingerprints
@@ -188,6 +202,8 @@ class Sandbox:
         self.endpoint = f"http://{self.host}:{port}"
         handler = type("Handler", (Http,), {"meta": imds.Metadata(reclaim_spot_instance),
                                             "find": staticmethod(find_instance),
+                                            "role_of": staticmethod(roles.role_of), "mint": staticmethod(roles.mint),
+                                            "zone_of": staticmethod(instance_zone),
                                             "shutdown": staticmethod(self.shutdown_request)})
         self.http = http.server.ThreadingHTTPServer((self.host, 0), handler)
         threading.Thread(target=self.http.serve_forever, daemon=True).start()
@@ -245,11 +261,18 @@ class Sandbox:
         """Start the instance's sshd on an address of its own and, on its first boot, its user data."""
         directory = self.state_dir / "instances" / iid
         sbin = cloudinit.install_shims(directory)
-        env = {**self.instance_env, "PATH": f"{sbin}:{self.instance_env.get('PATH', os.environ['PATH'])}",
+        env = {**{k: v for k, v in self.instance_env.items() if k not in roles.CREDENTIAL_VARS},
+               "PATH": f"{sbin}:{self.instance_env.get('PATH', os.environ['PATH'])}",
                "EC2GPU_IMDS_ENDPOINT": f"{self.imds_url}/{iid}", "EC2GPU_SANDBOX_CONTROL": self.control_url,
+               # an AWS SDK's own settings: its metadata service (the role's credentials; botocore
+               # joins this base with "latest/api/token") and the emulated S3; no keys, ever
+               "AWS_EC2_METADATA_SERVICE_ENDPOINT": f"{self.imds_url}/{iid}/", "AWS_ENDPOINT_URL_S3": self.endpoint,
                # the instance's own state directory and console (ami/idle-watch.sh; console.py shows it)
                "EC2GPU_STATE_DIR": str(directory / "state"), "EC2GPU_CONSOLE": str(directory / console.CONSOLE_LOG),
-               "EC2GPU_BOOT_ID_FILE": str(directory / "boot_id")}  # a new id each boot, as the kernel's
+               "EC2GPU_BOOT_ID_FILE": str(directory / "boot_id"),  # a new id each boot, as the kernel's
+               # the instance's "/": an absolute file_mounts target lands under it, never on this
+               # machine's own / (remote/mounts.py; the job finds it there, docs/tasks.md)
+               "EC2GPU_SANDBOX_ROOT": str(directory / "root")}
         if iid not in self.booted:  # launched from an image made here: its disk holds what the builder's did
             images.seed_home(self.state_dir, inst.image_id, directory / "home")
         directory.mkdir(parents=True, exist_ok=True)

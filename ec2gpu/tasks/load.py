@@ -28,6 +28,7 @@ file's own directory only with --workdir-outside).
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -60,7 +61,7 @@ CREDENTIAL_DIRS = (
 )
 
 #: SkyPilot fields with no ec2gpu meaning: warned about and ignored
-SKYPILOT_UNSUPPORTED = {"file_mounts", "volumes", "config", "service", "event_callback", "num_gpus", "docker",
+SKYPILOT_UNSUPPORTED = {"volumes", "config", "service", "event_callback", "num_gpus", "docker",
                         "experimental", "pool", "inputs"}
 SKYPILOT_UNSUPPORTED_RESOURCES = {"accelerator_args", "disk_tier", "network_tier", "labels", "priority", "volumes",
                                   "max_hourly_cost"}
@@ -104,6 +105,8 @@ class LoadedTask:
     workdir: Path | None
     warnings: list[str] = field(default_factory=list)
     skypilot: bool = False
+    mounts: list = field(default_factory=list)  # file_mounts made ready: tasks/mounts.Mount, in the file's order
+    git: dict | None = None  # SkyPilot's git workdir {url, ref}: cloned on each instance (engine.upload_node)
 
 
 class _TooComplex(yaml.MarkedYAMLError):
@@ -764,7 +767,8 @@ def _check_size(size: int, source: str) -> None:
 
 
 def parse(text: str, source: str = "<task>", base: Path | None = None, allow_outside: bool = False,
-          overrides: dict | None = None, infra: str | None = None) -> LoadedTask:
+          overrides: dict | None = None, infra: str | None = None, envs: dict | None = None,
+          environ=os.environ) -> LoadedTask:
     """Validate the YAML ``text`` of a task; ``base`` is the directory relative paths start from
     (default: the current one); its workdir may lie outside ``base`` only with ``allow_outside``.
     ``overrides``: resources fields the command line sets ({"allow_larger": True}, {"gpu": "T4",
@@ -772,7 +776,9 @@ def parse(text: str, source: str = "<task>", base: Path | None = None, allow_out
     (gpu, instance_type) the file's own request is not checked: the flag's is, by its caller.
     ``infra``: the --infra flag ('aws', 'aws/REGION[/ZONE]'; aws_infra checks it): a SkyPilot file
     naming another cloud then runs on AWS, with a warning, instead of being refused (the flag's
-    region, if any, is applied by api.run, which wins over the file's).
+    region, if any, is applied by api.run, which wins over the file's). ``envs``: the --env values
+    ({name: value, or None: from ``environ``}); with the file's envs they fill ``$VAR``/``${VAR}`` in
+    file_mounts and workdir, as SkyPilot fills them (fill_env).
 
     Raises UsageError (exit 2) with "SOURCE:LINE: FIELD: what is wrong" and a hint: also for a text
     over MAX_TASK_BYTES, a YAML bomb (_BoundedLoader) and a workdir ``check_local_source`` refuses.
@@ -785,13 +791,10 @@ def parse(text: str, source: str = "<task>", base: Path | None = None, allow_out
     warnings: list[str] = []
     skypilot = _is_skypilot(data)
     renamed: dict = {}
-    if isinstance(data.get("workdir"), dict):  # SkyPilot's git form: {url, ref}
-        wd = data["workdir"]
-        raise UsageError(f"{source}:{_line_of(lines, ('workdir',))}: workdir: {{url, ref}} is SkyPilot's git form (a "
-                         "repository cloned on the instance): not supported yet",
-                         f"clone it here (git clone {wd.get('url', 'URL')} DIR"
-                         + (f" && git -C DIR checkout {wd['ref']}" if wd.get("ref") else "")
-                         + ") and set workdir: DIR, relative to the task file")
+    git = None
+    if isinstance(data.get("workdir"), dict):  # SkyPilot's git form: {url, ref}, cloned on each instance
+        git = _git_workdir(data["workdir"], source, lines)
+        data["workdir"] = None
     if "workdir" not in data:
         if skypilot:  # SkyPilot sends nothing without a workdir (its yaml-spec: "workdir ... optional")
             data["workdir"] = None
@@ -803,16 +806,18 @@ def parse(text: str, source: str = "<task>", base: Path | None = None, allow_out
     if skypilot:
         data, renamed = _from_skypilot(data, warnings, source, lines, infra)
     _stringify_envs(data)
+    fill_env(data, envs or {}, environ)
     try:
         task = Task.model_validate(data)
     except ValidationError as exc:
         raise _first_error(exc, source, lines, renamed, skypilot)
     workdir = None if task.workdir is None else _workdir(task.workdir, base or Path.cwd(), allow_outside,
                                                           f"{source}:{_line_of(lines, ('workdir',))}: workdir")
+    file_mounts = _file_mounts(task, base or Path.cwd(), allow_outside, source, lines, warnings)
     if overrides:
         task = task.model_copy(update={"resources": task.resources.model_copy(update=overrides)})
     if overrides and ({"gpu", "instance_type"} & set(overrides)):
-        return LoadedTask(task, None, workdir, warnings, skypilot)
+        return LoadedTask(task, None, workdir, warnings, skypilot, file_mounts, git)
     warnings += _check_resources(task, source, lines, renamed)
     what = "accelerators or instance_type" if skypilot else "gpu or instance_type"
     if _default_type_only(task.resources):
@@ -827,7 +832,96 @@ def parse(text: str, source: str = "<task>", base: Path | None = None, allow_out
                         f"({t.gpu_count} x {t.gpu}, "
                         f"{t.vcpus} vCPUs, {t.memory_gib:g} GiB, {t.on_demand_usd_h:.2f} USD/h), where SkyPilot "
                         "would choose a CPU instance: name a GPU to choose")
-    return LoadedTask(task, None, workdir, warnings, skypilot)
+    return LoadedTask(task, None, workdir, warnings, skypilot, file_mounts, git)
+
+
+def _file_mounts(task: Task, base: Path, allow_outside: bool, source: str, lines: dict, warnings: list[str]) -> list:
+    """The task's file_mounts made ready (tasks/mounts.parse), each local source checked like a
+    workdir (check_local_source: credentials refused; outside the task file's directory only with
+    --workdir-outside). Raises UsageError at the entry's line."""
+    from . import mounts
+    out = []
+    for target, value in task.file_mounts.items():
+        where = f"{source}:{_line_of(lines, ('file_mounts', target))}: file_mounts.{target}"
+        text = json.dumps([target, value if isinstance(value, str) else value.model_dump()])
+        unset = [n for n in dict.fromkeys(_VAR.findall(text)) if n in task.envs]
+        if unset:  # fill_env filled every one it could: the rest are null here, or secrets
+            what = "a secret (never put in a path)" if unset[0] in task.secrets else "null in envs and not set here"
+            raise UsageError(f"{where}: uses ${unset[0]}, which is {what}",
+                             f"give it a value: export {unset[0]}=... or --env {unset[0]}=..., as SkyPilot's --env")
+        try:
+            out.append(mounts.entry(target, value, base, lambda p: check_local_source(p, base, allow_outside), warnings))
+        except ValueError as exc:
+            raise UsageError(f"{where}: {exc}", "see docs/tasks.md, file_mounts")
+        except UsageError as exc:
+            raise UsageError(f"{where}: {exc.message}", exc.hint)
+    seen: dict[str, str] = {}
+    for m in out:
+        key = mounts.normal_target(m.target)
+        if key in seen:
+            raise UsageError(f"{source}:{_line_of(lines, ('file_mounts', m.target))}: file_mounts: {m.target!r} and "
+                             f"{seen[key]!r} are the same place on the instance", "give each its own path")
+        seen[key] = m.target
+    if any(m.write_back for m in out):
+        warnings.append(f"{source}:{_line_of(lines, ('file_mounts',))}: file_mounts in mode MOUNT/MOUNT_CACHED are "
+                        "copied in before setup, and what the job writes there is written back to the bucket every "
+                        "minute and when it ends (SkyPilot mounts them with FUSE; ec2gpu does not)")
+    return out
+
+
+#: a git repository URL a workdir may name: https://, http://, ssh://, git://, file:// or scp-like
+#: user@host:path (git-clone(1), "GIT URLS"); never an option (a leading -)
+_GIT_URL = re.compile(r"((https?|ssh|git|file)://[^\s]+|[A-Za-z0-9_.-]+@[A-Za-z0-9.-]+:[^\s]+)")
+_GIT_REF = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]{0,199}")  # a branch, tag or commit (git-check-ref-format(1))
+
+
+def _git_workdir(value: dict, source: str, lines: dict) -> dict:
+    """SkyPilot's ``workdir: {url, ref}`` checked (pure): {"url", "ref" (None: the default branch)}.
+    Raises UsageError at its line for another key, a URL that is not a git URL, a bad ref."""
+    where = f"{source}:{_line_of(lines, ('workdir',))}: workdir"
+    extra = sorted(set(map(str, value)) - {"url", "ref"})
+    if extra:
+        raise UsageError(f"{where}: unknown field {extra[0]!r} in the git form", "give url: and ref: only")
+    url, ref = value.get("url"), value.get("ref")
+    if not isinstance(url, str) or not _GIT_URL.fullmatch(url) or len(url) > 2000:
+        raise UsageError(f"{where}.url: {str(url)[:80]!r} is not a git repository URL",
+                         "e.g. https://github.com/OWNER/REPO.git or git@github.com:OWNER/REPO.git")
+    if ref is not None and (not _GIT_REF.fullmatch(str(ref)) or ".." in str(ref)):
+        raise UsageError(f"{where}.ref: {str(ref)[:80]!r} is not a branch, tag or commit", "e.g. main, v1.2, 1a2b3c4")
+    return {"url": url, "ref": None if ref is None else str(ref)}
+
+
+#: a variable in a file_mounts or workdir value, as SkyPilot finds them (sky/task.py, _fill_in_env_vars)
+_VAR = re.compile(r"\$\{?\b([a-zA-Z_][a-zA-Z0-9_]*)\b\}?")
+
+
+def fill_env(data: dict, envs: dict, environ=os.environ) -> None:
+    """Fill ``$VAR`` and ``${VAR}`` in ``data``'s file_mounts (targets, sources, storage names) and
+    its workdir with the task's envs, as SkyPilot does (sky/task.py, _fill_in_env_vars: each name in
+    envs is replaced, any other is left as it is). ``envs`` (--env) win over the file's; a null value
+    is taken from ``environ``, as for the job. Secrets and AWS credential variables are never filled
+    in (a path is shown in plans and messages). Changes ``data`` in place (pure otherwise)."""
+    file_envs = data.get("envs") if isinstance(data.get("envs"), dict) else {}
+    secrets = set(data.get("secrets") or []) if isinstance(data.get("secrets"), list) else set()
+    values = {}
+    for k, v in {**file_envs, **envs}.items():
+        v = environ.get(k) if v is None else v
+        if v is not None and k not in secrets and str(k).upper() not in AWS_CREDENTIAL_VARS:
+            values[str(k)] = str(v)
+    if not values:
+        return
+
+    def fill(value):
+        if isinstance(value, str):
+            return _VAR.sub(lambda m: values.get(m.group(1), m.group(0)), value)
+        if isinstance(value, dict):
+            return {fill(k): fill(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [fill(v) for v in value]
+        return value
+    for key in ("file_mounts", "workdir"):
+        if data.get(key) is not None:
+            data[key] = fill(data[key])
 
 
 def _by_need_only(resources) -> bool:
@@ -945,10 +1039,10 @@ def _check_resources(task: Task, source: str, lines: dict, renamed: dict) -> lis
 
 
 def load(path: str | Path, allow_outside: bool = False, overrides: dict | None = None,
-         infra: str | None = None) -> LoadedTask:
+         infra: str | None = None, envs: dict | None = None) -> LoadedTask:
     """Read (UTF-8, at most MAX_TASK_BYTES) and validate the task file at ``path``; relative paths
     in it start at its directory, and its workdir may lie outside that only with ``allow_outside``;
-    ``overrides`` and ``infra`` as for ``parse``.
+    ``overrides``, ``infra`` and ``envs`` as for ``parse``.
 
     Raises UsageError for a missing, unreadable or oversize file and for every problem ``parse`` finds.
     """
@@ -962,7 +1056,7 @@ def load(path: str | Path, allow_outside: bool = False, overrides: dict | None =
         raise UsageError(f"{path}: no such task file", "give the path of a YAML task file (examples/ has some)")
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"{path}: cannot be read: {exc}", "give the path of a readable YAML task file")
-    loaded = parse(text, str(path), path.resolve().parent, allow_outside, overrides, infra)
+    loaded = parse(text, str(path), path.resolve().parent, allow_outside, overrides, infra, envs)
     loaded.path = path.resolve()
     return loaded
 

@@ -16,6 +16,7 @@ from typing import Annotated, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..aws.tags import NAME_RE
+from .mounts import Storage, check_target
 
 SCHEMA_PATH = Path(__file__).with_name("task.schema.json")
 ENV_NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -28,6 +29,7 @@ REGION_RE = re.compile(r"[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-[0-9]+")
 AMI_RE = re.compile(r"ami-[0-9a-f]{8}([0-9a-f]{9})?")
 IDLE_FLOOR_MINUTES = 10  # the shortest idle rule: boot, console host keys and the first SSH come first
 MAX_MINUTES = 30 * 1440  # the longest duration a task or flag may give (max_runtime, idle_timeout, --expect)
+MAX_FILE_MOUNTS = 32  # entries in one task's file_mounts
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
 
 
@@ -224,6 +226,10 @@ class Task(BaseModel):
     ports: list[Annotated[int, Field(ge=1, le=65535)]] = Field(
         default_factory=list, description="ports of node 0 forwarded to 127.0.0.1 here over SSH while the job runs "
                                           "(TensorBoard: [6006]); nothing is opened in the security group")
+    file_mounts: dict[str, Union[str, Storage]] = Field(
+        default_factory=dict, description="SkyPilot's file_mounts: {path on the instance: a local path (sent like the "
+                                          "workdir), s3://BUCKET/PREFIX (copied by the instance's own role), or "
+                                          "{source:, name:, mode: COPY|MOUNT}}; see tasks/mounts.py")
 
     @field_validator("envs")
     @classmethod
@@ -231,6 +237,15 @@ class Task(BaseModel):
         for k in v:
             if not re.fullmatch(ENV_NAME_RE, k):  # fullmatch: `$` alone lets "A\n" through
                 raise ValueError(f"{k!r} is not an environment variable name (letters, digits, _)")
+        return v
+
+    @field_validator("file_mounts")
+    @classmethod
+    def _file_mounts(cls, v):
+        if len(v) > MAX_FILE_MOUNTS:
+            raise ValueError(f"{len(v)} entries: at most {MAX_FILE_MOUNTS}")
+        for target in v:
+            check_target(target)
         return v
 
     @field_validator("checkpoint_dir")

@@ -99,3 +99,33 @@ def test_a_task_file_cannot_take_this_machines_aws_credentials_and_what_it_takes
     capsys.readouterr()
     assert cli.main(["run", "sky.yaml", "--dry-run", "--allow-larger"]) == 0
     assert "from this machine's environment: HF_TOKEN (secret, masked)" in " ".join(capsys.readouterr().err.split())
+
+
+def test_the_plan_says_whether_the_budget_would_refuse_and_shows_file_mounts_and_a_git_workdir(project, capsys):
+    (project / "proj" / "data").mkdir()
+    (project / "proj" / "data" / "x.txt").write_text("x")
+    (project / "proj" / "m.yaml").write_text(
+        "resources:\n  accelerators: T4:1\nworkdir:\n  url: https://github.com/o/r.git\n  ref: v1\n"
+        "file_mounts:\n  /data: ./data\n  ~/ds:\n    source: s3://my-bucket/ds\n    mode: MOUNT\nrun: ls /data\n")
+    assert cli.main(["run", "m.yaml", "--dry-run", "--json", "--budget", "5"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["budget"]["refused"] and "$12.62, is above the budget $5.00" in plan["budget"]["why"]
+    assert plan["workdir"]["git"] == {"url": "https://github.com/o/r.git", "ref": "v1"}
+    local, s3 = plan["file_mounts"]
+    assert (local["kind"], local["files"], local["bytes"]) == ("local", 1, 1)
+    assert (s3["source"], s3["write_back"], s3["mode"]) == ("s3://my-bucket/ds", True, "MOUNT")
+    assert any("instance role of this run alone" in s for s in plan["safety"])
+    assert cli.main(["run", "m.yaml", "--dry-run", "--json", "--budget", "50"]) == 0
+    assert json.loads(capsys.readouterr().out)["budget"]["refused"] is False
+
+
+def test_a_dry_run_imports_no_aws_sdk(project):
+    """Under a second per file (issue 28): the plan needs no boto3/botocore (about 0.2 s to import)."""
+    import subprocess
+    import sys
+    code = ("import sys; from ec2gpu import cli; rc = cli.main(['run', 'sky.yaml', '--dry-run', '--json', "
+            "'--allow-larger']); print(rc, sorted(m for m in ('boto3', 'botocore', 'fabric', 'paramiko') "
+            "if m in sys.modules))")
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "HF_TOKEN": "x"})
+    assert got.stdout.strip().splitlines()[-1] == "0 []", got.stdout + got.stderr

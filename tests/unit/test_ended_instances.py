@@ -40,6 +40,8 @@ def test_runs_a_live_controller_of_this_ledger_may_still_use_are_kept(tmp_path, 
     gone["controller"] = {**gone["controller"], "started": 1.0}  # a process that no longer exists
     ledger.record(tmp_path, gone)
     asked = {}
-    monkeypatch.setattr(sweep, "ended_leftovers", lambda ec2, keep: asked.setdefault("keep", set(keep)) and {})
-    reconcile.remove_ended(type("Aws", (), {"ec2": None})(), tmp_path, tmp_path, keep={"named"})
+    monkeypatch.setattr(sweep, "ended_leftovers",
+                        lambda ec2, keep, iam=None: asked.setdefault("keep", set(keep)) and {})
+    reconcile.remove_ended(type("Aws", (), {"ec2": None, "client": lambda self, service: None})(), tmp_path, tmp_path,
+                           keep={"named"})
     assert asked["keep"] == {"live", "named"}

@@ -183,10 +183,15 @@ def test_a_key_given_twice_is_refused_with_its_line():
     assert got.task.envs == {"B": "2", "C": "1"}  # a key merged in with <<: may be overridden: merging is for that
 
 
-def test_skypilots_git_workdir_is_refused_saying_what_to_do():
-    with pytest.raises(UsageError, match=r"t\.yaml:2: workdir: \{url, ref\} is SkyPilot's git form") as exc:
-        load.parse("name: t\nworkdir:\n  url: https://github.com/o/r\n  ref: v1\nrun: x\n", "t.yaml")
-    assert "git clone https://github.com/o/r DIR && git -C DIR checkout v1" in exc.value.hint
+def test_skypilots_git_workdir_is_cloned_on_the_instance_and_a_bad_one_refused():
+    got = load.parse("name: t\nworkdir:\n  url: https://github.com/o/r\n  ref: v1\nrun: x\n", "t.yaml")
+    assert got.git == {"url": "https://github.com/o/r", "ref": "v1"} and got.workdir is None
+    assert load.parse("workdir: {url: 'git@github.com:o/r.git'}\nrun: x\n", "t.yaml").git["ref"] is None
+    for bad, words in (("{url: '-oProxyCommand=x'}", "not a git repository URL"),
+                       ("{url: 'https://h/r', ref: '--upload-pack=x'}", "not a branch"),
+                       ("{url: 'https://h/r', branch: main}", "unknown field")):
+        with pytest.raises(UsageError, match=words):
+            load.parse(f"workdir: {bad}\nrun: x\n", "t.yaml")
 
 
 # --- item 11 ---

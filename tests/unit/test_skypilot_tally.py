@@ -36,11 +36,11 @@ def test_a_plain_skypilot_task_runs_as_skypilot_runs_it(tally, tmp_path):
 
 
 def test_a_dropped_field_is_warned_and_named(tally, tmp_path):
-    text = "workdir: .\nfile_mounts:\n  /data: s3://my-bucket\nrun: ls /data\n"
-    r = tally.classify(text, "mounts.yaml", tmp_path)
+    text = "workdir: .\nresources:\n  accelerators: T4:1\nservice:\n  replicas: 2\nrun: ls /data\n"
+    r = tally.classify(text, "serve.yaml", tmp_path)
     assert r.outcome == "warned"
-    assert "file_mounts" in r.text
-    assert any(k.endswith(": file_mounts") for k in r.reasons)  # one reason per field named
+    assert "service" in r.text
+    assert any(k.endswith(": service") for k in r.reasons)  # one reason per field named
 
 
 def test_hardware_ec2_does_not_sell_is_refused_with_the_line(tally, tmp_path):

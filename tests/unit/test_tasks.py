@@ -15,13 +15,15 @@ def test_the_shipped_json_schema_is_the_models():
 
 def test_a_skypilot_task_maps_onto_ours_and_names_what_it_drops():
     got = load.parse("name: s\nnum_nodes: 2\nresources:\n  accelerators: {A10G: 4}\n  use_spot: true\n"
-                     "  disk_size: 200\n  region: us-west-2\nfile_mounts: {/d: s3://b}\nsecrets: {TOKEN: null}\n"
+                     "  disk_size: 200\n  region: us-west-2\nfile_mounts: {/d: s3://my-bucket}\nservice: {replicas: 2}\n"
+                     "secrets: {TOKEN: null}\n"
                      "run: echo\n", "s.yaml")
     t = got.task
     assert got.skypilot and (t.nodes, t.resources.gpu, t.resources.spot, t.resources.disk_gib) == (2, "A10G:4", True, 200)
     assert t.envs == {"TOKEN": None} and t.secrets == ["TOKEN"]
     assert t.resources.region == "us-west-2"  # the run's region (api.run), no longer dropped
-    assert got.warnings == ["ignored SkyPilot field(s) ec2gpu does not support: file_mounts"]
+    assert got.warnings == ["ignored SkyPilot field(s) ec2gpu does not support: service"]
+    assert [(m.target, m.bucket) for m in got.mounts] == [("/d", "my-bucket")]  # file_mounts: read (item 9)
 
 
 def test_our_own_format_is_not_taken_for_skypilot_and_envs_values_are_the_text_skypilot_makes():

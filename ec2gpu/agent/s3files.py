@@ -1,0 +1,136 @@
+"""The instance side of S3 file_mounts (tasks/mounts.py): copy a bucket prefix in before the setup,
+and write back what the job wrote when it ends. Shipped to the instance and run there as
+``python3 s3files.py in|out SPEC.json``; stdlib and boto3 only (the Deep Learning AMI has boto3;
+without it the AWS CLI that the AMI also has is used).
+
+Credentials: the instance role's, found by boto3's own chain on the instance (IMDSv2:
+https://docs.aws.amazon.com/sdk-for-python/latest/guide/credentials.html, "IAM role"), never keys
+sent from the user's machine. SPEC.json is a list of {"target": absolute path, "bucket", "prefix",
+"region", "write_back": bool, "record": absolute path}. ``in`` copies every object under the
+prefix (a prefix that is one object's whole key is that file, copied to the target path itself)
+and records what it wrote (path -> size, mtime) at ``record``; ``out`` uploads every regular file
+under the target that is new or changed since then, and records it (so the controller may write
+back every minute while the job runs and at its end, each time sending only what changed). Keys that would land outside the target
+(``..``, absolute) are skipped and counted. Prints one JSON line per mount: {"target", "files",
+"bytes", "skipped"}; exits 1 with {"error": ...} on the first failure, 3 when neither boto3 nor
+the AWS CLI is on the instance.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+MAX_KEYS = 1_000_000  # objects copied from one prefix
+
+
+def _inside(target: str, rel: str) -> str | None:
+    """The local path of key suffix ``rel`` under ``target``, or None when it would leave it."""
+    rel = rel.lstrip("/")
+    if not rel or rel.endswith("/") or ".." in rel.split("/"):
+        return None
+    path = os.path.normpath(os.path.join(target, rel))
+    return path if path.startswith(target.rstrip("/") + "/") else None
+
+
+def _copy_in(s3, m: dict) -> dict:
+    target, bucket, prefix = m["target"], m["bucket"], m["prefix"]
+    done, total, skipped, record = 0, 0, 0, {}
+    listed = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    objects = [o for page in listed for o in page.get("Contents", [])][:MAX_KEYS]
+    single = len(objects) == 1 and objects[0]["Key"] == prefix and prefix and not prefix.endswith("/")
+    if not single:
+        os.makedirs(target, exist_ok=True)
+        folder = prefix if not prefix or prefix.endswith("/") else prefix + "/"
+        objects = [o for o in objects if o["Key"].startswith(folder)]  # s3://b/data is data/..., not database/...
+    for o in objects:
+        rel = o["Key"][len(prefix):]
+        path = target if single else _inside(target, rel)
+        if path is None:
+            skipped += 1
+            continue
+        if not single:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:  # into the path itself: a file target's directory may not be writable
+            s3.download_fileobj(bucket, o["Key"], f)
+        st = os.stat(path)
+        record["." if single else os.path.relpath(path, target)] = [st.st_size, st.st_mtime]
+        done, total = done + 1, total + o["Size"]
+    os.makedirs(os.path.dirname(m["record"]), exist_ok=True)
+    with open(m["record"], "w") as f:
+        json.dump(record, f)
+    return {"target": target, "files": done, "bytes": total, "skipped": skipped}
+
+
+def _write_back(s3, m: dict) -> dict:
+    target, bucket, prefix = m["target"], m["bucket"], m["prefix"]
+    if os.path.isfile(target):  # one object copied in as a file: written back if it changed
+        st = os.stat(target)
+        with open(m["record"]) as f:
+            if json.load(f).get(".") == [st.st_size, st.st_mtime]:
+                return {"target": target, "files": 0, "bytes": 0, "skipped": 0}
+        s3.upload_file(target, bucket, prefix)
+        with open(m["record"], "w") as f:
+            json.dump({".": [st.st_size, st.st_mtime]}, f)
+        return {"target": target, "files": 1, "bytes": st.st_size, "skipped": 0}
+    try:
+        with open(m["record"]) as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        record = {}
+    base = prefix if not prefix or prefix.endswith("/") else prefix + "/"
+    done, total = 0, 0
+    for dirpath, _dirs, names in os.walk(target):
+        for name in names:
+            path = os.path.join(dirpath, name)
+            if os.path.islink(path) or not os.path.isfile(path):
+                continue
+            rel = os.path.relpath(path, target)
+            st = os.stat(path)
+            if record.get(rel) == [st.st_size, st.st_mtime]:
+                continue  # copied in and unchanged
+            s3.upload_file(path, bucket, base + rel.replace(os.sep, "/"))
+            record[rel] = [st.st_size, st.st_mtime]
+            done, total = done + 1, total + st.st_size
+    if done:  # the next write-back sends only what changed after this one
+        with open(m["record"], "w") as f:
+            json.dump(record, f)
+    return {"target": target, "files": done, "bytes": total, "skipped": 0}
+
+
+def _with_cli(direction: str, m: dict) -> dict:
+    url = f"s3://{m['bucket']}/{m['prefix']}"
+    src, dst = (url, m["target"]) if direction == "in" else (m["target"], url)
+    subprocess.run(["aws", "s3", "sync", "--only-show-errors", "--region", m["region"], src, dst], check=True)
+    return {"target": m["target"], "files": None, "bytes": None, "skipped": 0}
+
+
+def main(argv: list[str]) -> int:
+    direction, spec_path = argv[0], argv[1]
+    with open(spec_path) as f:
+        spec = [m for m in json.load(f) if direction == "in" or m.get("write_back")]
+    try:
+        import boto3
+    except ImportError:
+        boto3 = None
+    if boto3 is None and not shutil.which("aws"):
+        print(json.dumps({"error": "neither boto3 nor the AWS CLI is on this instance"}), flush=True)
+        return 3
+    for m in spec:
+        try:
+            if boto3 is None:
+                done = _with_cli(direction, m)
+            else:
+                s3 = boto3.client("s3", region_name=m["region"])
+                done = (_copy_in if direction == "in" else _write_back)(s3, m)
+        except Exception as exc:  # noqa: BLE001 - reported as a record; the controller decides
+            print(json.dumps({"target": m["target"], "error": f"{type(exc).__name__}: {exc}"[:500]}), flush=True)
+            return 1
+        print(json.dumps(done), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,429 @@
+"""The run's own instance role: S3 access to its file_mounts' prefixes only, never the user's keys.
+
+A task whose ``file_mounts`` copy from S3 (or write back to a bucket) gets an IAM role made for its
+run alone: ``ec2gpu-RUN_ID`` under the path ``/ec2gpu/``, trusted by EC2 only, with one inline policy
+(``s3_policy``) and an instance profile of the same name; the instance reads the role's temporary
+credentials from its metadata service
+(https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/iam-roles-for-amazon-ec2.html). The role and
+its profile carry the run's tags (tags.py) and the region the run is in (``REGION``: IAM is global,
+so a sweep of one region must not take the role of a run in another), and are removed with the run
+(``delete_run_role``; `ec2gpu cleanup` finds what is left with ``find_run_roles``).
+
+The S3 actions and their resources: the Service Authorization Reference for Amazon S3
+(https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazons3.html): GetObject,
+PutObject and AbortMultipartUpload on objects (``arn:aws:s3:::BUCKET/KEY``; PutObject also covers a
+multipart upload's Create/UploadPart/Complete calls), ListBucket (ListObjectsV2, HeadBucket) and
+GetBucketLocation on buckets (``arn:aws:s3:::BUCKET``); ListBucket's ``s3:prefix`` condition key
+limits which prefixes may be listed
+(https://docs.aws.amazon.com/AmazonS3/latest/userguide/amazon-s3-policy-keys.html).
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import botocore.exceptions
+
+from . import tags as T
+from .session import error_code
+
+PATH = "/ec2gpu/"  # every role and instance profile of the tool lives under this IAM path
+#: the permissions boundary every run role gets when the account has it (docs/iam-instance-boundary.json,
+#: made once by an administrator): with it, the user policy docs/iam-policy.json lets ec2gpu create
+#: roles only under that boundary, so CreateRole + PutRolePolicy + PassRole cannot make a role that
+#: may do more than S3 objects (https://docs.aws.amazon.com/IAM/latest/UserGuide/access_policies_boundaries.html)
+BOUNDARY_NAME = "ec2gpu-instance-boundary"
+BOUNDARY_COMMAND = ("aws iam create-policy --path /ec2gpu/ --policy-name ec2gpu-instance-boundary "
+                    "--policy-document file://docs/iam-instance-boundary.json")
+POLICY_NAME = "ec2gpu-s3"  # the role's one inline policy
+#: the region of the run a role belongs to (IAM is global; the run's EC2 resources are not)
+REGION = "ec2gpu:region"
+#: the role's trust policy: EC2 may assume it for an instance, nothing else may
+TRUST = {"Version": "2012-10-17", "Statement": [
+    {"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]}
+#: EC2 may refuse a launch with a just-made instance profile for some seconds (InvalidParameterValue):
+#: https://docs.aws.amazon.com/IAM/latest/UserGuide/troubleshoot_iam-ec2.html ("If you create the
+#: instance profile and immediately launch, you may see an error"). Retried this long after creation.
+PROFILE_PROPAGATION_S = 60.0
+#: the aggregate size of a role's inline policies, not counting white space
+#: (https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_iam-quotas.html)
+MAX_POLICY_CHARS = 10_240
+
+#: S3 general purpose bucket names (https://docs.aws.amazon.com/AmazonS3/latest/userguide/bucketnamingrules.html):
+#: 3-63 characters, lowercase letters, digits, dots and hyphens, a letter or digit at each end ...
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_IP = re.compile(r"\d{1,3}(\.\d{1,3}){3}")
+#: ... and none of these reserved prefixes and suffixes
+_RESERVED_START = ("xn--", "sthree-", "amzn-s3-demo-")
+_RESERVED_END = ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
+#: IAM role names: 64 characters at most, letters, digits and +=,.@_-
+#: (https://docs.aws.amazon.com/IAM/latest/APIReference/API_CreateRole.html)
+_ROLE_NAME = re.compile(r"[\w+=,.@-]{1,64}", re.ASCII)
+#: characters an IAM tag value may not hold, replaced by "_"; 256 characters at most
+#: (https://docs.aws.amazon.com/IAM/latest/APIReference/API_Tag.html)
+_TAG_VALUE_BAD = re.compile(r"[^\w .:/=+\-@]")
+#: characters with a meaning in an IAM Resource or StringLike value, written as IAM's fixed policy
+#: variables so that an S3 key holding them is matched literally and never widens the grant
+#: (https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_variables.html, special characters)
+_IAM_SPECIAL = {"*": "${*}", "?": "${?}", "$": "${$}"}
+#: IAM's "missing" and "refused" codes (https://docs.aws.amazon.com/IAM/latest/APIReference/CommonErrors.html)
+GONE = "NoSuchEntity"
+REFUSED = frozenset({"AccessDenied", "AccessDeniedException", "UnauthorizedOperation"})
+
+
+# --- the policy ------------------------------------------------------------------------------
+
+def check_bucket(bucket: str) -> str:
+    """``bucket`` if S3 allows the name for a general purpose bucket (pure); ValueError otherwise."""
+    if (not isinstance(bucket, str) or not _BUCKET.fullmatch(bucket) or ".." in bucket or _IP.fullmatch(bucket)
+            or bucket.startswith(_RESERVED_START) or bucket.endswith(_RESERVED_END)):
+        raise ValueError(f"{str(bucket)[:70]!r} is not an S3 bucket name (3-63 lowercase letters, digits, dots and "
+                         "hyphens, a letter or digit at each end: "
+                         "https://docs.aws.amazon.com/AmazonS3/latest/userguide/bucketnamingrules.html)")
+    return bucket
+
+
+def _literal(text: str) -> str:
+    """``text`` with IAM's wildcard and variable characters escaped (``_IAM_SPECIAL``; pure)."""
+    return "".join(_IAM_SPECIAL.get(c, c) for c in text)
+
+
+def _merged(entries) -> dict[str, list[str]]:
+    """{bucket: prefixes} of (bucket, prefix) ``entries``: buckets checked, duplicates merged, and a
+    prefix dropped when a shorter one of the same bucket already covers it (pure)."""
+    by_bucket: dict[str, set[str]] = {}
+    for bucket, prefix in entries:
+        if not isinstance(prefix, str):
+            raise ValueError(f"s3://{bucket}: the prefix must be a string, not {type(prefix).__name__}")
+        by_bucket.setdefault(check_bucket(bucket), set()).add(prefix)
+    out = {}
+    for bucket, prefixes in sorted(by_bucket.items()):
+        kept: list[str] = []
+        for p in sorted(prefixes, key=lambda s: (len(s), s)):
+            if not any(p.startswith(k) for k in kept):
+                kept.append(p)
+        out[bucket] = sorted(kept)
+    return out
+
+
+def s3_policy(reads: list[tuple[str, str]], writes: list[tuple[str, str]]) -> dict:
+    """The role's inline policy (pure): read access to the ``reads`` prefixes, read and write access
+    to the ``writes`` ones, and nothing else. Each entry is (bucket, key prefix); "" is the whole bucket.
+
+    Returns an IAM policy document {"Version": "2012-10-17", "Statement": [...]} with, in order:
+    "Read": s3:GetObject on ``arn:aws:s3:::BUCKET/PREFIX*`` for every read and write entry;
+    "Write" (only with writes): s3:AbortMultipartUpload and s3:PutObject on those of the writes;
+    "List1", "List2", ...: one per bucket, s3:ListBucket on ``arn:aws:s3:::BUCKET`` with
+    ``{"StringLike": {"s3:prefix": ["PREFIX*", ...]}}`` (no condition when a prefix is "");
+    "Locate": s3:GetBucketLocation on the buckets. Duplicates are merged, a prefix another of the
+    same bucket covers is dropped, and ``*``, ``?`` and ``$`` in a prefix are written as IAM's
+    ``${*}``, ``${?}``, ``${$}`` (matched literally). Actions and resource types:
+    https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazons3.html.
+
+    Raises ValueError for a bucket name S3 does not allow, when there is nothing to allow, or when
+    the policy is over IAM's 10,240 characters for a role's inline policies.
+    """
+    read, write = _merged(list(reads) + list(writes)), _merged(writes)
+    if not read:
+        raise ValueError("s3_policy: no bucket to allow")
+
+    def objects(by_bucket: dict[str, list[str]]) -> list[str]:
+        return [f"arn:aws:s3:::{b}/{_literal(p)}*" for b, prefixes in by_bucket.items() for p in prefixes]
+
+    statements = [{"Sid": "Read", "Effect": "Allow", "Action": ["s3:GetObject"], "Resource": objects(read)}]
+    if write:
+        statements.append({"Sid": "Write", "Effect": "Allow", "Action": ["s3:AbortMultipartUpload", "s3:PutObject"],
+                           "Resource": objects(write)})
+    for n, (bucket, prefixes) in enumerate(read.items(), 1):
+        listing = {"Sid": f"List{n}", "Effect": "Allow", "Action": ["s3:ListBucket"],
+                   "Resource": f"arn:aws:s3:::{bucket}"}
+        if "" not in prefixes:
+            listing["Condition"] = {"StringLike": {"s3:prefix": [f"{_literal(p)}*" for p in prefixes]}}
+        statements.append(listing)
+    statements.append({"Sid": "Locate", "Effect": "Allow", "Action": ["s3:GetBucketLocation"],
+                       "Resource": [f"arn:aws:s3:::{b}" for b in read]})
+    policy = {"Version": "2012-10-17", "Statement": statements}
+    size = len(json.dumps(policy, separators=(",", ":")))
+    if size > MAX_POLICY_CHARS:
+        raise ValueError(f"s3_policy: {size} characters, over IAM's {MAX_POLICY_CHARS} for a role's inline policies "
+                         "(name fewer prefixes, or one shared prefix)")
+    return policy
+
+
+def profile_not_ready(exc: BaseException, profile_created_at: float, now: float) -> bool:
+    """Whether a RunInstances error ``exc`` is EC2 not seeing a just-made instance profile yet (pure):
+    a ClientError coded InvalidParameterValue less than PROFILE_PROPAGATION_S (60 s) after
+    ``profile_created_at`` (both time.time() seconds; a clock stepped back counts as "just now" for
+    at most as long). Decided from the error code, never its message:
+    https://docs.aws.amazon.com/IAM/latest/UserGuide/troubleshoot_iam-ec2.html."""
+    age = now - profile_created_at
+    return error_code(exc) == "InvalidParameterValue" and -PROFILE_PROPAGATION_S < age < PROFILE_PROPAGATION_S
+
+
+# --- the role ---------------------------------------------------------------------------------
+
+def role_name(run_id: str) -> str:
+    """The role's (and its instance profile's) name, ``ec2gpu-RUN_ID`` (pure). Raises ValueError
+    when IAM would refuse it (64 characters at most, letters, digits and +=,.@_-)."""
+    name = f"ec2gpu-{run_id}"
+    if not run_id or not _ROLE_NAME.fullmatch(name):
+        raise ValueError(f"run id {run_id[:80]!r} cannot name an IAM role (64 characters at most, letters, digits "
+                         "and +=,.@_-)")
+    return name
+
+
+def tag_value(value: str) -> str:
+    """``value`` as IAM accepts a tag value (pure): characters outside letters, digits, spaces and
+    ``_ . : / = + - @`` become "_", 256 characters at most. EC2 takes any character, IAM not
+    (an owner such as ``DOMAIN\\user``)."""
+    return _TAG_VALUE_BAD.sub("_", value or "")[:256]
+
+
+def run_tags(run_id: str, owner: str, name: str, region: str | None = None) -> list[dict]:
+    """The tags of a run's role and profile (pure): tags.tags' three, values made IAM-safe
+    (``tag_value``), and ``REGION`` when given."""
+    out = [{"Key": t["Key"], "Value": tag_value(t["Value"])} for t in T.tags(run_id, owner, name)]
+    return out + ([{"Key": REGION, "Value": tag_value(region)}] if region else [])
+
+
+def _retry_gone(call, sleep, tries: int = 5):
+    """``call()``, again while IAM answers NoSuchEntity for what was made a moment ago (IAM is
+    eventually consistent: https://docs.aws.amazon.com/IAM/latest/UserGuide/troubleshoot_general.html),
+    waiting 0.5, 1, 2, 4 s; then the last error is raised."""
+    for attempt in range(tries):
+        try:
+            return call()
+        except botocore.exceptions.ClientError as exc:
+            if error_code(exc) != GONE or attempt == tries - 1:
+                raise
+            sleep(min(4.0, 0.5 * 2 ** attempt))
+
+
+def boundary_arn(iam, account_id: str) -> str | None:
+    """The ARN of the account's BOUNDARY_NAME policy under PATH, or None when it has none (or
+    these credentials may not read it: GetPolicy). Raises botocore's ClientError for other errors."""
+    arn = f"arn:aws:iam::{account_id}:policy{PATH}{BOUNDARY_NAME}"
+    try:
+        iam.get_policy(PolicyArn=arn)
+    except botocore.exceptions.ClientError as exc:
+        if error_code(exc) == GONE or error_code(exc) in REFUSED:
+            return None
+        raise
+    return arn
+
+
+def create_run_role(iam, run_id: str, owner: str, policy: dict, *, region: str | None = None,
+                    boundary: str | None = None, sleep=time.sleep) -> str:
+    """Create the run's role and instance profile; return the profile's name (= the role's).
+
+    The role ``ec2gpu-RUN_ID`` (``role_name``) under ``/ec2gpu/``, trusted by ec2.amazonaws.com only
+    (``TRUST``; default session duration), tagged ``run_tags`` (ec2gpu:run, ec2gpu:owner, Name, and
+    ec2gpu:region when ``region`` is given: pass the run's region, or a one-region sweep cannot tell
+    whose it is), with ``policy`` as its inline policy ``ec2gpu-s3``; an instance profile of the same
+    name, path and tags holding the role; then boto3's ``instance_profile_exists`` waiter. IAM
+    calls: CreateRole, PutRolePolicy, CreateInstanceProfile, AddRoleToInstanceProfile (which needs
+    iam:PassRole on the role), GetInstanceProfile; tags are given at creation (iam:TagRole,
+    iam:TagInstanceProfile: https://docs.aws.amazon.com/IAM/latest/UserGuide/id_tags.html).
+
+    ``boundary``: a permissions boundary ARN (``boundary_arn``) the role gets; the user policy of
+    docs/iam-policy.json refuses CreateRole without it.
+
+    If anything fails half-way (an exception, Ctrl-C), what this call made is removed (never what
+    existed before it: a role of the same name is EntityAlreadyExists, raised as it is) and the
+    error is raised again. Raises ValueError for a run id that cannot name a role, botocore's
+    ClientError or WaiterError otherwise.
+    """
+    name = role_name(run_id)
+    tags = run_tags(run_id, owner, name, region)
+    made: list[str] = []
+    try:
+        iam.create_role(RoleName=name, Path=PATH, AssumeRolePolicyDocument=json.dumps(TRUST), Tags=tags,
+                        Description=f"ec2gpu run {run_id}: S3 access of its file_mounts; removed with the run",
+                        **({"PermissionsBoundary": boundary} if boundary else {}))
+        made.append("role")
+        _retry_gone(lambda: iam.put_role_policy(RoleName=name, PolicyName=POLICY_NAME,
+                                                PolicyDocument=json.dumps(policy)), sleep)
+        made.append("policy")
+        iam.create_instance_profile(InstanceProfileName=name, Path=PATH, Tags=tags)
+        made.append("profile")
+        _retry_gone(lambda: iam.add_role_to_instance_profile(InstanceProfileName=name, RoleName=name), sleep)
+        made.append("in profile")
+        iam.get_waiter("instance_profile_exists").wait(InstanceProfileName=name,
+                                                       WaiterConfig={"Delay": 1, "MaxAttempts": 30})
+    except BaseException:
+        _undo(iam, name, made)
+        raise
+    return name
+
+
+def _undo(iam, name: str, made: list[str]) -> None:
+    """Remove what create_run_role made (``made``, in the order made), newest first; each step
+    tried on its own and its failure swallowed (the caller raises the error that stopped it)."""
+    steps = {"in profile": lambda: iam.remove_role_from_instance_profile(InstanceProfileName=name, RoleName=name),
+             "profile": lambda: iam.delete_instance_profile(InstanceProfileName=name),
+             "policy": lambda: iam.delete_role_policy(RoleName=name, PolicyName=POLICY_NAME),
+             "role": lambda: iam.delete_role(RoleName=name)}
+    for what in reversed(made):
+        try:
+            steps[what]()
+        except Exception:  # noqa: BLE001 - best-effort; `ec2gpu cleanup` finds the rest by its path and tags
+            pass
+
+
+def _ok_if_gone(call) -> bool:
+    """``call()``; False when IAM says it is already gone (NoSuchEntity), True when done. Other
+    errors are raised."""
+    try:
+        call()
+        return True
+    except botocore.exceptions.ClientError as exc:
+        if error_code(exc) == GONE:
+            return False
+        raise
+
+
+def delete_run_role(iam, name: str, *, sleep=time.sleep) -> None:
+    """Remove the role ``name`` and the instance profile of the same name completely, best-effort:
+    the role out of every instance profile that holds it (and every role out of the profile
+    ``name``), the profile ``name`` deleted, the role's inline policies deleted and managed ones
+    detached, then the role deleted (DeleteConflict, IAM not yet seeing a removal, retried for
+    about 10 s). Anything already gone (NoSuchEntity, at any step) counts as removed, so a second
+    call is a no-op. Decided from error codes only.
+
+    Every step is tried; then the first error is raised (botocore's ClientError). Raises ValueError,
+    removing nothing, for a role or profile of that name outside the ``/ec2gpu/`` path (not the
+    tool's). IAM: https://docs.aws.amazon.com/IAM/latest/UserGuide/id_roles_manage_delete.html.
+    """
+    errors: list[BaseException] = []
+
+    def attempt(call) -> None:
+        try:
+            _ok_if_gone(call)
+        except botocore.exceptions.ClientError as exc:
+            errors.append(exc)
+
+    role = profile = None
+    try:
+        role = iam.get_role(RoleName=name)["Role"]
+    except botocore.exceptions.ClientError as exc:
+        if error_code(exc) != GONE:
+            errors.append(exc)
+    try:
+        profile = iam.get_instance_profile(InstanceProfileName=name)["InstanceProfile"]
+    except botocore.exceptions.ClientError as exc:
+        if error_code(exc) != GONE:
+            errors.append(exc)
+    for what in (role, profile):
+        if what is not None and what.get("Path") != PATH:
+            raise ValueError(f"{name} is not ec2gpu's (IAM path {what.get('Path')!r}, not {PATH!r}): not removed")
+
+    holding: set[str] = set()
+    if role is not None:
+        try:
+            pages = iam.get_paginator("list_instance_profiles_for_role").paginate(RoleName=name)
+            holding = {p["InstanceProfileName"] for page in pages for p in page["InstanceProfiles"]}
+        except botocore.exceptions.ClientError as exc:
+            if error_code(exc) != GONE:
+                errors.append(exc)
+    for other in sorted(holding - {name}):  # not the tool's profile: only the role taken out of it
+        attempt(lambda p=other: iam.remove_role_from_instance_profile(InstanceProfileName=p, RoleName=name))
+    if profile is not None:
+        for r in profile.get("Roles", []):
+            attempt(lambda r=r: iam.remove_role_from_instance_profile(InstanceProfileName=name, RoleName=r["RoleName"]))
+        attempt(lambda: iam.delete_instance_profile(InstanceProfileName=name))
+
+    if role is not None:
+        try:
+            inline = [p for page in iam.get_paginator("list_role_policies").paginate(RoleName=name)
+                      for p in page["PolicyNames"]]
+            attached = [p["PolicyArn"] for page in iam.get_paginator("list_attached_role_policies").paginate(
+                RoleName=name) for p in page["AttachedPolicies"]]
+        except botocore.exceptions.ClientError as exc:
+            inline, attached = [], []
+            if error_code(exc) != GONE:
+                errors.append(exc)
+        for p in inline:
+            attempt(lambda p=p: iam.delete_role_policy(RoleName=name, PolicyName=p))
+        for arn in attached:
+            attempt(lambda arn=arn: iam.detach_role_policy(RoleName=name, PolicyArn=arn))
+        for n in range(6):  # 0.5 + 1 + 2 + 4 + 4 s at most while IAM still sees a profile or policy
+            try:
+                _ok_if_gone(lambda: iam.delete_role(RoleName=name))
+                break
+            except botocore.exceptions.ClientError as exc:
+                if error_code(exc) != "DeleteConflict" or n == 5:
+                    errors.append(exc)
+                    break
+                sleep(min(4.0, 0.5 * 2 ** n))
+    if errors:
+        raise errors[0]
+
+
+# --- finding them -----------------------------------------------------------------------------
+
+def _tags(iam, name: str) -> dict[str, str]:
+    """The tags of role ``name`` ({} once it is gone). ListRoles does not return them."""
+    try:
+        pages = iam.get_paginator("list_role_tags").paginate(RoleName=name)
+        return T.as_dict([t for page in pages for t in page["Tags"]])
+    except botocore.exceptions.ClientError as exc:
+        if error_code(exc) == GONE:
+            return {}
+        raise
+
+
+def _profile_tags(iam, profile: dict) -> dict[str, str] | None:
+    """The tags of an instance profile entry of ListInstanceProfiles (which need not return them:
+    then GetInstanceProfile); None once it is gone."""
+    if "Tags" in profile:
+        return T.as_dict(profile["Tags"])
+    try:
+        return T.as_dict(iam.get_instance_profile(InstanceProfileName=profile["InstanceProfileName"])
+                         ["InstanceProfile"].get("Tags"))
+    except botocore.exceptions.ClientError as exc:
+        if error_code(exc) == GONE:
+            return None
+        raise
+
+
+def find_run_roles(iam, run_id: str | None = None, owner: str | None = None, *,
+                   region: str | None = None) -> list[dict]:
+    """The tool's run roles, and its orphan instance profiles, optionally of one run, owner or region.
+
+    Roles under ``/ec2gpu/`` (ListRoles with PathPrefix, paginated; their tags from ListRoleTags)
+    that carry the ec2gpu:run tag; and instance profiles under ``/ec2gpu/`` that carry it and hold
+    no role of those (the role is gone: an orphan profile, which ``delete_run_role`` removes by the
+    same name). ``owner`` is compared as tagged (``tag_value``); ``region`` keeps those tagged
+    ``REGION`` with it (an untagged one is left out).
+
+    Returns [{"name": role or profile name, "run_id", "owner", "region" ("" when untagged),
+    "created": datetime (CreateDate), "kind": "role" | "instance_profile"}], roles first, each
+    sorted by name. Raises botocore's ClientError (AccessDenied without iam:ListRoles,
+    iam:ListRoleTags, iam:ListInstanceProfiles).
+    """
+    def wanted(tg: dict[str, str]) -> bool:
+        return (bool(tg.get(T.RUN)) and (run_id is None or tg.get(T.RUN) == run_id)
+                and (owner is None or tg.get(T.OWNER) == tag_value(owner))
+                and (region is None or tg.get(REGION) == region))
+
+    def row(name: str, tg: dict[str, str], created, kind: str) -> dict:
+        return {"name": name, "run_id": tg.get(T.RUN, ""), "owner": tg.get(T.OWNER, ""), "region": tg.get(REGION, ""),
+                "created": created, "kind": kind}
+
+    roles = [r for page in iam.get_paginator("list_roles").paginate(PathPrefix=PATH) for r in page["Roles"]]
+    found = []
+    for r in sorted(roles, key=lambda r: r["RoleName"]):
+        tg = T.as_dict(r["Tags"]) if "Tags" in r else _tags(iam, r["RoleName"])
+        if wanted(tg):
+            found.append(row(r["RoleName"], tg, r.get("CreateDate"), "role"))
+    role_names = {r["RoleName"] for r in roles}
+    profiles = [p for page in iam.get_paginator("list_instance_profiles").paginate(PathPrefix=PATH)
+                for p in page["InstanceProfiles"]]
+    for p in sorted(profiles, key=lambda p: p["InstanceProfileName"]):
+        if p["InstanceProfileName"] in role_names or any(r["RoleName"] in role_names for r in p.get("Roles", [])):
+            continue  # its role is listed above: removing that removes this profile too
+        tg = _profile_tags(iam, p)
+        if tg is not None and wanted(tg):
+            found.append(row(p["InstanceProfileName"], tg, p.get("CreateDate"), "instance_profile"))
+    return found

@@ -1,0 +1,43 @@
+"""What a run tells the user (``Reporter``), in a module of its own: the CLI's RichReporter and
+`run --dry-run` (api._prepare) need it without importing pipeline.py, which imports boto3.
+pipeline.Reporter is this class (re-exported there).
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+
+
+class Reporter:
+    """What the pipeline tells the user; the CLI renders it with rich, tests record it.
+
+    ``after_phase`` is a seam for tests (None in the shipped program): called with the phase's name
+    at the end of its work, still inside it, so a fault injected there surely lands in that phase.
+    """
+
+    after_phase = None
+
+    def __init__(self):
+        self.phases: dict[str, float] = {}
+        self.notes: list[str] = []
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        t0 = time.monotonic()
+        try:
+            yield
+            if Reporter.after_phase is not None:
+                Reporter.after_phase(name)
+        finally:
+            # a managed run repeats phases on each attempt: their times add up
+            self.phases[name] = round(self.phases.get(name, 0.0) + time.monotonic() - t0, 2)
+
+    def log(self, line: str) -> None:
+        """One line of the job's log."""
+
+    def progress(self, p: dict) -> None:
+        """The job's progress as it last wrote it (runs/nodes.ProgressReader): ``done``, ``total``,
+        optional ``label``, ``rate`` and ``rate_unit``, ``eta_s``."""
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)

@@ -1,0 +1,211 @@
+"""``file_mounts``: files a task puts on its instances besides the workdir, read as SkyPilot reads them.
+
+SkyPilot's field (https://docs.skypilot.co/en/latest/reference/yaml-spec.html#file-mounts and
+"Cloud storage": https://docs.skypilot.co/en/latest/reference/storage.html) maps a path on the
+instance (the target: ``/data``, ``~/models``; a relative one is under the home directory) to:
+
+- a local path (a directory or a file): sent like the workdir (its ignore rules, secrets
+  withheld, the upload size limit), before the setup runs;
+- ``s3://BUCKET[/PREFIX]``: copied onto the instance before the setup, by the instance itself with
+  the run's own instance role (aws/iam.py: read access to that prefix only), never with this
+  machine's keys;
+- a storage entry ``{source: s3://..., mode: COPY | MOUNT | MOUNT_CACHED}`` or ``{name: BUCKET,
+  mode: MOUNT}``: COPY is the copy above. MOUNT and MOUNT_CACHED (SkyPilot's read-write mounts)
+  are copied in the same way, and what the job then writes under the target is written back to
+  the bucket every minute while the job runs and when it ends (ec2gpu makes no FUSE mount;
+  the run says so). A bucket named with
+  no source is created when it does not exist: private, encrypted, public access blocked.
+
+Other clouds' stores (``gs://``, ``r2://``, ``cos://``, ``oci://``, Azure's ``https://...blob...``)
+are refused with a hint. Pure apart from ``check_local_source`` (links, $HOME).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MODES = ("COPY", "MOUNT", "MOUNT_CACHED")
+MAX_TARGET = 1024  # characters in one target path
+#: S3 bucket names: 3-63 characters, lowercase letters, digits, dots and hyphens, a letter or digit
+#: at each end (https://docs.aws.amazon.com/AmazonS3/latest/userguide/bucketnamingrules.html)
+BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+#: other clouds' object stores, as SkyPilot names them (sky/data/storage.py StoreType and its URL schemes)
+OTHER_STORES = {"gs": "Google Cloud Storage", "gcs": "Google Cloud Storage", "r2": "Cloudflare R2",
+                "cos": "IBM Cloud Object Storage", "oci": "OCI Object Storage", "nebius": "Nebius Object Storage",
+                "az": "Azure Blob Storage", "azure": "Azure Blob Storage", "cw": "CoreWeave Object Storage",
+                "hf": "Hugging Face"}
+STORE_HINT = "copy the data to an S3 bucket (aws s3 sync) and name s3://BUCKET/PREFIX, or send a local copy"
+
+
+class Storage(BaseModel):
+    """SkyPilot's storage entry, a file_mounts value that is a mapping."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Optional[str] = Field(None, description="an S3 bucket: created (private, encrypted) when it does not exist")
+    source: Optional[Union[str, list[str]]] = Field(None, description="s3://BUCKET[/PREFIX] or a local path")
+    store: Optional[str] = Field(None, description="s3 (the only store ec2gpu reaches)")
+    mode: Literal["COPY", "MOUNT", "MOUNT_CACHED"] = Field(
+        "MOUNT", description="COPY: copied in before setup; MOUNT, MOUNT_CACHED: copied in, and what the job writes "
+                             "there is written back to the bucket every minute and when it ends")
+    persistent: bool = Field(True, description="SkyPilot's: delete a bucket it created with the run (false); "
+                                               "ec2gpu keeps every bucket, and says so")
+    config: Optional[dict] = Field(None, description="SkyPilot's per-store options: not read (warned)")
+
+
+@dataclass(frozen=True)
+class Mount:
+    """One file_mounts entry made ready (pure data).
+
+    ``target`` is as written (/data, ~/x, x); ``kind`` "local" (``source`` an absolute path on this
+    machine, ``is_file`` for one file) or "s3" (``bucket``, ``prefix``; ``write_back`` for MOUNT
+    modes; ``create`` when a bucket is named with no source)."""
+
+    target: str
+    kind: str
+    source: str
+    mode: str = "COPY"
+    bucket: Optional[str] = None
+    prefix: str = ""
+    write_back: bool = False
+    create: bool = False
+    is_file: bool = False
+
+    @property
+    def url(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}" if self.kind == "s3" else self.source
+
+    def words(self) -> str:
+        """What this entry becomes, in one line (pure)."""
+        if self.kind == "local":
+            return f"{self.source} sent to {self.target} ({'a file' if self.is_file else 'rsync, the workdir rules'})"
+        how = f"{self.url} copied to {self.target} by the instance's own role"
+        if self.create:
+            how += " (the bucket is created, private and encrypted, if it does not exist)"
+        if self.write_back:
+            how += f"; what the job writes there is written back to {self.url} every minute and when it ends (mode {self.mode}: " \
+                   "copied, not FUSE-mounted)"
+        return how
+
+
+def check_target(target: str) -> str:
+    """``target`` when it is a path ec2gpu may write on the instance (pure): absolute, under ``~``,
+    or relative (then under the home directory); no ``..``, no control characters, not ``/`` or
+    ``~`` themselves. Raises ValueError saying which rule it breaks."""
+    t = str(target)
+    if not t.strip() or len(t) > MAX_TARGET or any(ord(c) < 32 or ord(c) == 127 for c in t):
+        raise ValueError(f"{t[:60]!r} is not a path: give an absolute path (/data) or one under ~ (~/data)")
+    rel = t[1:] if t.startswith("~") else t
+    if t.startswith("~") and rel and not rel.startswith("/"):
+        raise ValueError(f"{t[:60]!r}: only your own home (~/...) is known on the instance")
+    parts = PurePosixPath(rel).parts
+    if ".." in parts:
+        raise ValueError(f"{t[:60]!r} goes up with '..': name the directory itself")
+    if not [p for p in parts if p not in ("/", ".")]:
+        raise ValueError(f"{t[:60]!r} is the root or the home directory itself: name a directory in it, e.g. /data")
+    return t
+
+
+def parse_s3(url: str) -> tuple[str, str]:
+    """(bucket, prefix) of ``s3://BUCKET[/PREFIX]`` (pure; the prefix without a leading /). Raises
+    ValueError for a bucket name S3 does not allow (BUCKET_RE) or ``..`` in the prefix."""
+    rest = url[len("s3://"):]
+    bucket, _, prefix = rest.partition("/")
+    if not BUCKET_RE.fullmatch(bucket) or ".." in bucket:
+        raise ValueError(f"{url[:80]!r}: {bucket[:63]!r} is not an S3 bucket name (3-63 lowercase letters, digits, "
+                         ". and -)")
+    if ".." in PurePosixPath(prefix).parts:
+        raise ValueError(f"{url[:80]!r}: '..' in the key prefix")
+    return bucket, prefix.lstrip("/")
+
+
+def _scheme(source: str) -> Optional[str]:
+    m = re.match(r"([a-zA-Z][a-zA-Z0-9+.-]*)://", source)
+    return m.group(1).lower() if m else None
+
+
+def _refuse_store(source: str) -> None:
+    scheme = _scheme(source)
+    if scheme in OTHER_STORES:
+        raise ValueError(f"{source[:80]!r} is in {OTHER_STORES[scheme]}: ec2gpu runs on AWS and copies from S3 "
+                         f"only ({STORE_HINT})")
+    if scheme in ("http", "https") and ".blob.core.windows.net" in source:
+        raise ValueError(f"{source[:80]!r} is in Azure Blob Storage: ec2gpu copies from S3 only ({STORE_HINT})")
+    if scheme is not None and scheme != "s3":
+        raise ValueError(f"{source[:80]!r}: {scheme}:// is not a store ec2gpu reads ({STORE_HINT})")
+
+
+def entry(target: str, value, base: Path, check_local, warnings: list[str]) -> Mount:
+    """One file_mounts entry, ``target``: ``value`` (a local path, s3://..., or a storage entry),
+    made ready. ``base`` is the task file's directory (relative sources start there);
+    ``check_local(path)`` resolves and checks a local source (tasks/load.check_local_source).
+    Appends to ``warnings`` what differs from SkyPilot's meaning. Raises ValueError saying what is
+    wrong (the caller adds the file and line), or check_local's UsageError."""
+    check_target(target)
+    if isinstance(value, dict):
+        value = Storage.model_validate(value)
+    if isinstance(value, Storage):
+        if value.store is not None and value.store.lower() != "s3":
+            raise ValueError(f"store {value.store!r}: ec2gpu reaches S3 only ({STORE_HINT})")
+        if isinstance(value.source, list):
+            raise ValueError("a list of sources: give one file_mounts entry per source")
+        if value.config:
+            warnings.append(f"file_mounts.{target}.config: SkyPilot's store options are not read")
+        if not value.persistent:
+            warnings.append(f"file_mounts.{target}.persistent: false: ec2gpu never deletes a bucket; it stays")
+        if value.source is None and value.name is None:
+            raise ValueError("a storage entry needs a bucket (name: my-bucket) or a source (source: s3://...): this one "
+                             "has neither (an empty name: is a placeholder to fill in)")
+        if value.source is None:
+            if not BUCKET_RE.fullmatch(value.name):
+                raise ValueError(f"name {value.name[:63]!r} is not an S3 bucket name (3-63 lowercase letters, digits, "
+                                 ". and -)")
+            return Mount(target, "s3", f"s3://{value.name}", value.mode, value.name, "",
+                         write_back=value.mode != "COPY", create=True)
+        if _scheme(value.source) is None:
+            if value.name:
+                warnings.append(f"file_mounts.{target}: the local source is sent to the instance; no bucket "
+                                f"{value.name} is made")
+            return _local(target, value.source, base, check_local)
+        _refuse_store(value.source)
+        bucket, prefix = parse_s3(value.source)
+        return Mount(target, "s3", value.source, value.mode, bucket, prefix, write_back=value.mode != "COPY")
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{str(value)[:60]!r}: give a local path, s3://BUCKET/PREFIX, or a storage entry "
+                         "{source:, mode:}")
+    if _scheme(value) is None:
+        return _local(target, value, base, check_local)
+    _refuse_store(value)
+    bucket, prefix = parse_s3(value)
+    return Mount(target, "s3", value, "COPY", bucket, prefix)
+
+
+def _local(target: str, source: str, base: Path, check_local) -> Mount:
+    path = check_local(base / Path(source).expanduser())
+    if not path.exists():
+        raise ValueError(f"{source[:80]!r}: no such file or directory here ({path})")
+    if not (path.is_dir() or path.is_file()):
+        raise ValueError(f"{source[:80]!r} is neither a file nor a directory")
+    return Mount(target, "local", str(path), is_file=path.is_file())
+
+
+def normal_target(target: str) -> str:
+    """``target`` in one spelling (pure): ``~/x`` and ``x`` both ``~/x``; ``/a/./b/`` is ``/a/b``."""
+    t = target[1:].lstrip("/") if target.startswith("~") else target
+    if t.startswith("/"):
+        return str(PurePosixPath(t))
+    return "~/" + str(PurePosixPath(t))
+
+
+def on_instance(target: str, home: str, root: str = "") -> str:
+    """The absolute path of ``target`` on an instance whose home is ``home`` (pure). ``root``: the
+    sandbox instance's own root directory (EC2GPU_SANDBOX_ROOT), under which an absolute target is
+    placed, so a sandbox run never writes outside its instance's directory; on EC2 it is empty."""
+    t = normal_target(target)
+    if t.startswith("~/"):
+        return f"{home.rstrip('/')}/{t[2:]}"
+    return f"{root.rstrip('/')}{t}" if root else t

@@ -1,0 +1,120 @@
+"""file_mounts as SkyPilot writes them: local paths, s3:// sources, storage entries; other stores refused."""
+import json
+from pathlib import Path
+
+import pytest
+
+from ec2gpu.errors import UsageError
+from ec2gpu.remote import sync
+from ec2gpu.runs import engine
+from ec2gpu.tasks import load, mounts
+
+
+def _task(tmp_path: Path, body: str) -> load.LoadedTask:
+    (tmp_path / "task.yaml").write_text("resources:\n  accelerators: T4:1\nrun: echo hi\n" + body)
+    return load.load(tmp_path / "task.yaml")
+
+
+def test_each_form_becomes_what_skypilot_means(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "a.txt").write_text("a")
+    (tmp_path / "vocab.txt").write_text("v")
+    loaded = _task(tmp_path, "file_mounts:\n  /data: ./data\n  ~/vocab.txt: vocab.txt\n  ckpt: s3://my-bucket/ckpt\n"
+                             "  /out:\n    name: my-out\n    mode: MOUNT\n"
+                             "  /ds:\n    source: s3://ds-bucket/imagenet/\n    mode: COPY\n")
+    by = {m.target: m for m in loaded.mounts}
+    assert by["/data"].kind == "local" and by["/data"].source == str((tmp_path / "data").resolve())
+    assert by["~/vocab.txt"].is_file
+    assert (by["ckpt"].kind, by["ckpt"].bucket, by["ckpt"].prefix, by["ckpt"].write_back) == ("s3", "my-bucket",
+                                                                                              "ckpt", False)
+    assert by["/out"].create and by["/out"].write_back and by["/out"].bucket == "my-out"
+    assert by["/ds"].mode == "COPY" and not by["/ds"].write_back and by["/ds"].prefix == "imagenet/"
+    assert any("MOUNT" in w and "written back" in w for w in loaded.warnings)
+    # no "ignored SkyPilot field" warning: file_mounts is read now
+    assert not any("file_mounts" in w and "ignored" in w for w in loaded.warnings)
+
+
+@pytest.mark.parametrize("source, words", [
+    ("gs://bucket/x", "Google Cloud Storage"), ("r2://bucket", "Cloudflare R2"),
+    ("https://acct.blob.core.windows.net/c", "Azure"), ("ftp://host/x", "ftp://"),
+    ("s3://UPPER/x", "not an S3 bucket name"), ("s3://ok-bucket/../x", "'..'"),
+])
+def test_stores_ec2gpu_cannot_reach_are_refused_with_the_line(tmp_path, source, words):
+    with pytest.raises(UsageError) as err:
+        _task(tmp_path, f"file_mounts:\n  /data: {source}\n")
+    assert "task.yaml:5: file_mounts./data:" in err.value.message and words in err.value.message
+
+
+@pytest.mark.parametrize("target", ["/", "~", "/data/../etc", "~other/x", "a\tb"])
+def test_targets_that_are_not_a_place_of_their_own_are_refused(tmp_path, target):
+    with pytest.raises(UsageError):
+        _task(tmp_path, f"file_mounts:\n  {json.dumps(target)}: s3://my-bucket/x\n")
+
+
+def test_local_sources_follow_the_workdir_rules(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    (home / ".aws").mkdir(parents=True)
+    (home / ".aws" / "credentials").write_text("[default]\n")
+    monkeypatch.setenv("HOME", str(home))
+    proj = home / "proj"
+    proj.mkdir()
+    with pytest.raises(UsageError, match="credentials"):
+        _task(proj, "file_mounts:\n  ~/.aws: ~/.aws\n")
+    (tmp_path / "elsewhere").mkdir()
+    with pytest.raises(UsageError, match="outside"):
+        _task(proj, f"file_mounts:\n  /x: {tmp_path / 'elsewhere'}\n")
+    with pytest.raises(UsageError, match="no such file"):
+        _task(proj, "file_mounts:\n  /x: ./missing\n")
+
+
+def test_a_credentials_file_is_not_sent_and_a_directory_is_bounded(tmp_path):
+    (tmp_path / ".netrc").write_text("machine x login y password z\n")
+    loaded = _task(tmp_path, "file_mounts:\n  ~/.netrc: .netrc\n")
+    with pytest.raises(UsageError, match="credentials file"):
+        engine.prepare(loaded, {})
+    assert engine.prepare(loaded, {}, include_secrets=True).mount_manifests == {}
+    (tmp_path / "big").mkdir()
+    (tmp_path / "big" / "blob.bin").write_bytes(b"x" * 5000)
+    (tmp_path / "big" / "key.pem").write_text("-----BEGIN PRIVATE KEY-----\n")
+    loaded = _task(tmp_path, "file_mounts:\n  /big: big\n")
+    job = engine.prepare(loaded, {})
+    assert job.mount_manifests["/big"].files == ["blob.bin"] and job.mount_manifests["/big"].withheld == ["key.pem"]
+    with pytest.raises(UsageError):
+        engine.prepare(loaded, {}, max_upload=1000)
+
+
+def test_two_spellings_of_one_place_are_refused(tmp_path):
+    with pytest.raises(UsageError, match="same place"):
+        _task(tmp_path, "file_mounts:\n  ~/d: s3://my-bucket/a\n  d: s3://my-bucket/b\n")
+
+
+def test_paths_on_the_instance():
+    assert mounts.on_instance("~/x", "/home/ubuntu") == "/home/ubuntu/x"
+    assert mounts.on_instance("x/y", "/home/ubuntu") == "/home/ubuntu/x/y"
+    assert mounts.on_instance("/data/./a/", "/home/ubuntu") == "/data/a"
+    assert mounts.on_instance("/data", "/h", "/sandbox/i-1/root") == "/sandbox/i-1/root/data"
+
+
+def test_a_single_file_is_withheld_by_name_or_content(tmp_path):
+    (tmp_path / "ok.txt").write_text("fine")
+    (tmp_path / "k").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    assert not sync.withheld(tmp_path / "ok.txt") and sync.withheld(tmp_path / "k")
+    assert sync.withheld(Path("/home/u/.aws/config"))
+
+
+def test_mount_mode_targets_are_written_back_while_the_job_runs_and_a_failure_is_only_said(monkeypatch):
+    from ec2gpu.errors import RemoteError
+    from ec2gpu.runs import recovery
+    said, calls = [], []
+    watch = recovery.InstanceWatch(None, "i-1", recovery.NoCheckpoints(), said.append, every_s=1e9)
+    monkeypatch.setattr(recovery, "WRITE_BACK_EVERY_S", 0.0)
+
+    def write_back(conn):
+        calls.append(conn)
+        if len(calls) == 2:
+            raise RemoteError("file_mounts: the S3 copy back failed on the instance: AccessDenied")
+    watch.write_back = write_back
+    watch("conn")
+    watch("conn")
+    assert calls == ["conn", "conn"] and said == ["warning: file_mounts not written back this time: file_mounts: "
+                                                  "the S3 copy back failed on the instance: AccessDenied"]

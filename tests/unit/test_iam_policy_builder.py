@@ -1,0 +1,141 @@
+"""aws/iam.py's pure parts: the run role's S3 policy, the names and tags, and when a launch waits
+for a just-made instance profile."""
+import json
+
+import botocore.exceptions
+import pytest
+
+from ec2gpu.aws import iam
+
+
+def test_reads_and_writes_give_exactly_these_statements():
+    policy = iam.s3_policy([("data-bucket", "imagenet/train/")], [("out-bucket", "runs/r1/")])
+    assert policy == {"Version": "2012-10-17", "Statement": [
+        {"Sid": "Read", "Effect": "Allow", "Action": ["s3:GetObject"],
+         "Resource": ["arn:aws:s3:::data-bucket/imagenet/train/*", "arn:aws:s3:::out-bucket/runs/r1/*"]},
+        {"Sid": "Write", "Effect": "Allow", "Action": ["s3:AbortMultipartUpload", "s3:PutObject"],
+         "Resource": ["arn:aws:s3:::out-bucket/runs/r1/*"]},
+        {"Sid": "List1", "Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": "arn:aws:s3:::data-bucket",
+         "Condition": {"StringLike": {"s3:prefix": ["imagenet/train/*"]}}},
+        {"Sid": "List2", "Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": "arn:aws:s3:::out-bucket",
+         "Condition": {"StringLike": {"s3:prefix": ["runs/r1/*"]}}},
+        {"Sid": "Locate", "Effect": "Allow", "Action": ["s3:GetBucketLocation"],
+         "Resource": ["arn:aws:s3:::data-bucket", "arn:aws:s3:::out-bucket"]},
+    ]}
+
+
+def test_nothing_beyond_the_named_buckets_and_no_star_resource():
+    policy = iam.s3_policy([("data-bucket", "a/"), ("other.bucket", "")], [("out-bucket", "o/")])
+    actions = {a for s in policy["Statement"] for a in s["Action"]}
+    assert actions == {"s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload", "s3:ListBucket",
+                       "s3:GetBucketLocation"}
+    resources = [r for s in policy["Statement"] for r in ([s["Resource"]] if isinstance(s["Resource"], str)
+                                                          else s["Resource"])]
+    assert "*" not in resources and all(r.startswith(("arn:aws:s3:::data-bucket", "arn:aws:s3:::other.bucket",
+                                                      "arn:aws:s3:::out-bucket")) for r in resources)
+    assert all(s["Effect"] == "Allow" for s in policy["Statement"])
+
+
+def test_a_read_only_entry_gives_no_put_object():
+    policy = iam.s3_policy([("data-bucket", "x/")], [])
+    assert not any(a in ("s3:PutObject", "s3:AbortMultipartUpload") for s in policy["Statement"] for a in s["Action"])
+    assert [s["Sid"] for s in policy["Statement"]] == ["Read", "List1", "Locate"]
+    # a read of one bucket and a write of another: the read bucket is never written
+    both = iam.s3_policy([("data-bucket", "x/")], [("out-bucket", "y/")])
+    (write,) = [s for s in both["Statement"] if s["Sid"] == "Write"]
+    assert write["Resource"] == ["arn:aws:s3:::out-bucket/y/*"]
+
+
+def test_an_empty_prefix_is_the_whole_bucket_and_lists_without_a_condition():
+    policy = iam.s3_policy([("data-bucket", "")], [])
+    read, listing, _ = policy["Statement"]
+    assert read["Resource"] == ["arn:aws:s3:::data-bucket/*"]
+    assert listing == {"Sid": "List1", "Effect": "Allow", "Action": ["s3:ListBucket"],
+                       "Resource": "arn:aws:s3:::data-bucket"}
+
+
+def test_duplicates_merge_and_a_covered_prefix_is_dropped():
+    policy = iam.s3_policy([("b-1", "a/"), ("b-1", "a/"), ("b-1", "a/deeper/"), ("b-1", "c/")],
+                           [("b-1", "c/"), ("b-1", "c/")])
+    by_sid = {s["Sid"]: s for s in policy["Statement"]}
+    assert by_sid["Read"]["Resource"] == ["arn:aws:s3:::b-1/a/*", "arn:aws:s3:::b-1/c/*"]
+    assert by_sid["Write"]["Resource"] == ["arn:aws:s3:::b-1/c/*"]
+    assert by_sid["List1"]["Condition"] == {"StringLike": {"s3:prefix": ["a/*", "c/*"]}}
+    assert "List2" not in by_sid and by_sid["Locate"]["Resource"] == ["arn:aws:s3:::b-1"]
+    # a write entry alone still reads and lists its prefix (a MOUNT-mode target is copied down first)
+    only = iam.s3_policy([], [("b-1", "w/")])
+    assert {s["Sid"] for s in only["Statement"]} == {"Read", "Write", "List1", "Locate"}
+
+
+def test_wildcards_and_variables_in_a_prefix_are_matched_literally():
+    policy = iam.s3_policy([("b-1", "a*b?c${aws:username}/")], [])
+    read, listing, _ = policy["Statement"]
+    assert read["Resource"] == ["arn:aws:s3:::b-1/a${*}b${?}c${$}{aws:username}/*"]
+    assert listing["Condition"]["StringLike"]["s3:prefix"] == ["a${*}b${?}c${$}{aws:username}/*"]
+
+
+@pytest.mark.parametrize("bucket", ["ab", "x" * 64, "Data-Bucket", "data_bucket", "-data", "data-", "a..b",
+                                    "192.168.5.4", "xn--abc", "sthree-abc", "amzn-s3-demo-x", "abc-s3alias",
+                                    "abc--ol-s3", "abc.mrap", "abc--x-s3", "abc--table-s3", "a/b", "", None])
+def test_a_bucket_name_s3_refuses_is_refused(bucket):
+    with pytest.raises(ValueError, match="not an S3 bucket name"):
+        iam.s3_policy([(bucket, "x/")], [])
+    with pytest.raises(ValueError, match="not an S3 bucket name"):
+        iam.s3_policy([("good-bucket", "")], [(bucket, "x/")])
+
+
+def test_good_bucket_names_pass_and_nothing_to_allow_is_refused():
+    for bucket in ("abc", "a" * 63, "my.data-bucket.2", "1bucket"):
+        assert iam.check_bucket(bucket) == bucket
+    with pytest.raises(ValueError, match="no bucket"):
+        iam.s3_policy([], [])
+
+
+def test_a_policy_over_iams_size_limit_is_refused():
+    many = [("data-bucket", f"prefix-{i:04d}-" + "x" * 40 + "/") for i in range(300)]
+    with pytest.raises(ValueError, match="10240"):
+        iam.s3_policy(many, [])
+
+
+def _error(code: str) -> botocore.exceptions.ClientError:
+    return botocore.exceptions.ClientError({"Error": {"Code": code, "Message": "anything at all"}}, "RunInstances")
+
+
+def test_profile_not_ready_only_for_invalid_parameter_value_within_a_minute():
+    created = 1_000_000.0
+    assert iam.profile_not_ready(_error("InvalidParameterValue"), created, created + 0.5)
+    assert iam.profile_not_ready(_error("InvalidParameterValue"), created, created + 59.9)
+    assert not iam.profile_not_ready(_error("InvalidParameterValue"), created, created + 60)
+    assert not iam.profile_not_ready(_error("InvalidParameterValue"), created, created + 3600)
+    assert iam.profile_not_ready(_error("InvalidParameterValue"), created, created - 5)  # clock stepped back
+    assert not iam.profile_not_ready(_error("InvalidParameterValue"), created, created - 3600)
+    for code in ("InsufficientInstanceCapacity", "UnauthorizedOperation", "InvalidParameterCombination"):
+        assert not iam.profile_not_ready(_error(code), created, created + 1)
+    assert not iam.profile_not_ready(ValueError("InvalidParameterValue"), created, created + 1)
+
+
+def test_message_text_decides_nothing():
+    exc = botocore.exceptions.ClientError({"Error": {"Code": "InvalidParameterValue", "Message": ""}}, "RunInstances")
+    assert iam.profile_not_ready(exc, 0.0, 1.0)
+    msg = "Value (ec2gpu-x) for parameter iamInstanceProfile.name is invalid. Invalid IAM Instance Profile name"
+    other = botocore.exceptions.ClientError({"Error": {"Code": "Unsupported", "Message": msg}}, "RunInstances")
+    assert not iam.profile_not_ready(other, 0.0, 1.0)
+
+
+def test_role_names_and_tags_are_what_iam_accepts():
+    assert iam.role_name("20261124-101500-ab12") == "ec2gpu-20261124-101500-ab12"
+    for bad in ("", "x" * 58, "has space", "semi;colon"):
+        with pytest.raises(ValueError, match="cannot name an IAM role"):
+            iam.role_name(bad)
+    tags = iam.run_tags("r-1", "DOMAIN\\alice!", "ec2gpu-r-1", "eu-west-1")
+    assert tags == [{"Key": "ec2gpu:run", "Value": "r-1"}, {"Key": "ec2gpu:owner", "Value": "DOMAIN_alice_"},
+                    {"Key": "Name", "Value": "ec2gpu-r-1"}, {"Key": "ec2gpu:region", "Value": "eu-west-1"}]
+    assert [t["Key"] for t in iam.run_tags("r-1", "alice", "n")] == ["ec2gpu:run", "ec2gpu:owner", "Name"]
+    assert iam.tag_value("alice@example.com") == "alice@example.com" and len(iam.tag_value("x" * 300)) == 256
+
+
+def test_the_trust_policy_lets_ec2_alone_assume_the_role():
+    from ec2gpu.sandbox import roles
+    assert iam.TRUST["Statement"] == [{"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"},
+                                       "Action": "sts:AssumeRole"}]
+    assert roles.trusts_ec2(json.dumps(iam.TRUST))
