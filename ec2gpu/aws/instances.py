@@ -64,6 +64,7 @@ class LaunchSpec:
     cluster: str | None = None  # the cluster's name (tag ec2gpu:cluster) for multi-node runs
     idle: IdleRule | None = None  # a standing instance's idle rule (`launch --idle-stop/--idle-down`)
     instance_profile: str | None = None  # the run's own instance role (aws/iam.py), for S3 file_mounts
+    labels: tuple = ()  # (key, value) pairs: the task's labels (SkyPilot's), tags of its instances and volumes
 
 
 #: Where the idle rule lives on an instance (root's; the sandbox sets EC2GPU_STATE_DIR per instance).
@@ -127,6 +128,8 @@ def run_request(spec: LaunchSpec) -> dict:
             req["InstanceMarketOptions"]["SpotOptions"]["MaxPrice"] = f"{spec.max_price:.4f}"
     if spec.instance_profile:
         req["IamInstanceProfile"] = {"Name": spec.instance_profile}
+    for ts in req["TagSpecifications"][:2]:  # the instance and its volume
+        ts["Tags"] += [{"Key": k, "Value": v} for k, v in spec.labels]
     if spec.subnet_id:
         req["SubnetId"] = spec.subnet_id
     if spec.placement_group:

@@ -33,6 +33,22 @@ def check_name(name: str, flag: str = "--name") -> str:
     return name
 
 
+#: an EC2 tag key or value: letters (any script), digits, spaces and _ . : / = + - @; keys 1-128
+#: characters, values at most 256; keys starting with aws: are AWS's
+#: (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/Using_Tags.html#tag-restrictions)
+_TAG_TEXT = re.compile(r"[\w .:/=+\-@]*")
+
+
+def check_label(key: str, value: str) -> None:
+    """A task's label (SkyPilot's resources.labels) as an EC2 tag (pure). Raises ValueError for a key
+    or value EC2 refuses, and for a key of AWS's (aws:) or ec2gpu's own (ec2gpu:, Name)."""
+    if not (1 <= len(key) <= 128) or len(value) > 256 or not _TAG_TEXT.fullmatch(key) or not _TAG_TEXT.fullmatch(value):
+        raise ValueError(f"label {key[:60]!r}: {value[:60]!r}: an EC2 tag has a key of 1-128 and a value of at most "
+                         "256 letters, digits, spaces and _ . : / = + - @")
+    if key.lower().startswith(("aws:", "ec2gpu:")) or key == NAME:
+        raise ValueError(f"label {key[:60]!r}: aws:, ec2gpu: and Name are not a task's to set")
+
+
 def tags(run_id: str, owner: str, name: str) -> list[dict]:
     """The three tags every resource of a run carries, as an EC2 Tags list."""
     return [{"Key": RUN, "Value": run_id}, {"Key": OWNER, "Value": owner}, {"Key": NAME, "Value": name}]

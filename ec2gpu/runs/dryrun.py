@@ -109,6 +109,7 @@ def plan(job, settings, types: list[str], *, nodes: int, spot: bool, spot_fallba
                    "how": "forwarded over SSH while the job runs; not opened in the security group"}
                   for p in job.task.ports],
         "file_mounts": [_mount_row(mnt, job) for mnt in job.mounts],
+        "labels": dict(job.task.resources.labels),
         "safety": list(SAFETY) + ([ROLE_SAFETY] if any(mnt.kind == "s3" for mnt in job.mounts) else []),
         "changes": list(warnings),
     }

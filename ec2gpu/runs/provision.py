@@ -73,7 +73,7 @@ def provision(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, ui:
             max_price=opts.max_price if opts.spot else None, count=opts.nodes,
             # a cluster placement group lives in one zone: a replacement elsewhere goes without it
             placement_group=None if avoid_zones else prov.placement_group, cluster=name if opts.nodes > 1 else None,
-            idle=opts.idle, instance_profile=prov.instance_profile)
+            idle=opts.idle, instance_profile=prov.instance_profile, labels=_labels(opts))
         new, attempts = capacity.launch_with_fallback(
             aws.client("ec2", fail_fast=True), spec, opts.instance_types, opts.spot_fallback == "on-demand",
             log=ui.note, avoid_zones=tuple(avoid_zones), profile_created_at=prov.profile_created_at)
@@ -88,6 +88,12 @@ def provision(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, ui:
         running = {i["InstanceId"]: i for i in instances.wait_running(ec2, ids)}
         prov.instances = [running.get(i["InstanceId"], i) for i in prov.instances]
     return [running[i] for i in ids]
+
+
+def _labels(opts: TrainOptions) -> tuple:
+    """The task's labels (SkyPilot's resources.labels), as (key, value) pairs for the instance tags."""
+    task = getattr(opts.task, "task", None)
+    return tuple(sorted(task.resources.labels.items())) if task is not None else ()
 
 
 def _instance_role(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, prov: Provisioned, ui: Reporter) -> None:

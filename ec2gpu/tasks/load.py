@@ -63,7 +63,7 @@ CREDENTIAL_DIRS = (
 #: SkyPilot fields with no ec2gpu meaning: warned about and ignored
 SKYPILOT_UNSUPPORTED = {"volumes", "config", "service", "event_callback", "num_gpus", "docker",
                         "experimental", "pool", "inputs"}
-SKYPILOT_UNSUPPORTED_RESOURCES = {"accelerator_args", "disk_tier", "network_tier", "labels", "priority", "volumes",
+SKYPILOT_UNSUPPORTED_RESOURCES = {"accelerator_args", "disk_tier", "network_tier", "priority", "volumes",
                                   "max_hourly_cost"}
 #: SkyPilot resources fields that change nothing in an ec2gpu run, each with a warning (or a refusal)
 #: of its own saying what ec2gpu does instead (_location, _recovery): the zone (chosen at launch),

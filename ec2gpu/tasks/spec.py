@@ -29,6 +29,7 @@ REGION_RE = re.compile(r"[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-[0-9]+")
 AMI_RE = re.compile(r"ami-[0-9a-f]{8}([0-9a-f]{9})?")
 IDLE_FLOOR_MINUTES = 10  # the shortest idle rule: boot, console host keys and the first SSH come first
 MAX_MINUTES = 30 * 1440  # the longest duration a task or flag may give (max_runtime, idle_timeout, --expect)
+MAX_LABELS = 45  # EC2's 50 tags per resource, less the ones ec2gpu puts (tags.py)
 MAX_FILE_MOUNTS = 32  # entries in one task's file_mounts
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
 
@@ -128,6 +129,24 @@ class Resources(BaseModel):
         None, description="the AMI to boot (ami-...), or one per region ({us-east-1: ami-..., us-west-2: ami-...}: "
                           "a region without one is refused); --ami wins. Default: the image baked for the setup, "
                           "else the PyTorch Deep Learning AMI")
+
+    labels: dict[str, str] = Field(default_factory=dict, description="SkyPilot's labels: EC2 tags on each instance "
+                                                                      "and its volume (key: value)")
+
+    @field_validator("labels", mode="before")
+    @classmethod
+    def _labels(cls, v):
+        return {str(k): "" if x is None else str(x) for k, x in v.items()} if isinstance(v, dict) else v
+
+    @field_validator("labels")
+    @classmethod
+    def _label_tags(cls, v):
+        from ..aws.tags import check_label
+        for k, x in v.items():
+            check_label(k, x)
+        if len(v) > MAX_LABELS:
+            raise ValueError(f"{len(v)} labels: at most {MAX_LABELS} (EC2 allows 50 tags, ec2gpu keeps 5 of them)")
+        return v
 
     @field_validator("cpus", "memory")
     @classmethod

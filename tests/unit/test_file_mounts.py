@@ -118,3 +118,22 @@ def test_mount_mode_targets_are_written_back_while_the_job_runs_and_a_failure_is
     watch("conn")
     assert calls == ["conn", "conn"] and said == ["warning: file_mounts not written back this time: file_mounts: "
                                                   "the S3 copy back failed on the instance: AccessDenied"]
+
+
+def test_skypilots_labels_become_tags_of_the_instances_and_their_volumes(tmp_path):
+    from ec2gpu.aws import instances
+    loaded = _task(tmp_path, "")
+    (tmp_path / "l.yaml").write_text("resources:\n  accelerators: T4:1\n  labels: {team: vision, ver: 2}\nrun: x\n")
+    labels = load.load(tmp_path / "l.yaml").task.resources.labels
+    assert labels == {"team": "vision", "ver": "2"} and not loaded.task.resources.labels
+    spec = instances.LaunchSpec(run_id="r", owner="o", name="n", instance_type="g4dn.xlarge", image_id="ami-12345678",
+                                root_device_name="/dev/sda1", key_name="k", security_group_id="sg-1",
+                                labels=tuple(sorted(labels.items())))
+    instance, volume = instances.run_request(spec)["TagSpecifications"][:2]
+    for ts in (instance, volume):
+        got = {t["Key"]: t["Value"] for t in ts["Tags"]}
+        assert got["team"] == "vision" and got["ver"] == "2" and got["ec2gpu:run"] == "r"
+    for bad in ("{aws:x: y}", "{ec2gpu:run: other}", "{Name: x}", "{'a<b': c}"):
+        (tmp_path / "b.yaml").write_text(f"resources:\n  labels: {bad}\nrun: x\n")
+        with pytest.raises(UsageError, match="resources.labels"):
+            load.load(tmp_path / "b.yaml")
