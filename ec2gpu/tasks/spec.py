@@ -29,6 +29,9 @@ REGION_RE = re.compile(r"[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-[0-9]+")
 AMI_RE = re.compile(r"ami-[0-9a-f]{8}([0-9a-f]{9})?")
 IDLE_FLOOR_MINUTES = 10  # the shortest idle rule: boot, console host keys and the first SSH come first
 MAX_MINUTES = 30 * 1440  # the longest duration a task or flag may give (max_runtime, idle_timeout, --expect)
+#: the most a setup or run text may hold, bytes: each is one argument of bash on the instance, and
+#: Linux refuses one over MAX_ARG_STRLEN (32 pages, 128 KiB: execve(2), "Limits on size of arguments")
+MAX_SCRIPT_BYTES = 100 * 1024
 MAX_LABELS = 45  # EC2's 50 tags per resource, less the ones ec2gpu puts (tags.py)
 MAX_FILE_MOUNTS = 32  # entries in one task's file_mounts
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
@@ -256,6 +259,16 @@ class Task(BaseModel):
         for k in v:
             if not re.fullmatch(ENV_NAME_RE, k):  # fullmatch: `$` alone lets "A\n" through
                 raise ValueError(f"{k!r} is not an environment variable name (letters, digits, _)")
+        return v
+
+    @field_validator("setup", "run")
+    @classmethod
+    def _one_argument(cls, v, info):
+        size = len((v or "").encode("utf-8", "surrogatepass"))
+        if size > MAX_SCRIPT_BYTES:
+            raise ValueError(f"{size:,} bytes: a {info.field_name} reaches the instance as one argument of bash, at "
+                             f"most {MAX_SCRIPT_BYTES // 1024} KiB (Linux's MAX_ARG_STRLEN is 128 KiB): put the script "
+                             "in the workdir and call it")
         return v
 
     @field_validator("file_mounts")

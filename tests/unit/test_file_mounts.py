@@ -137,3 +137,10 @@ def test_skypilots_labels_become_tags_of_the_instances_and_their_volumes(tmp_pat
         (tmp_path / "b.yaml").write_text(f"resources:\n  labels: {bad}\nrun: x\n")
         with pytest.raises(UsageError, match="resources.labels"):
             load.load(tmp_path / "b.yaml")
+
+
+def test_a_run_text_too_long_for_one_argument_is_refused_at_its_line(tmp_path):
+    body = "echo " + "x" * (101 * 1024)
+    (tmp_path / "t.yaml").write_text(f"workdir: null\nsetup: echo hi\nrun: {body}\n")
+    with pytest.raises(UsageError, match=r"t\.yaml:3: run: 103,429 bytes: a run reaches the instance as one argument"):
+        load.load(tmp_path / "t.yaml")
