@@ -89,6 +89,18 @@ def _literal(text: str) -> str:
     return "".join(_IAM_SPECIAL.get(c, c) for c in text)
 
 
+def _covers(k: str, p: str) -> bool:
+    """Whether the grant of prefix ``k`` holds prefix ``p`` (pure): "team" holds "team" and
+    "team/x", never "teamwork" (a prefix is a folder or one object's key, as s3files.py reads it)."""
+    return k == "" or p == k or p.startswith(k if k.endswith("/") else k + "/")
+
+
+def _patterns(p: str) -> list[str]:
+    """The IAM patterns of prefix ``p`` (pure): "" and "dir/" -> "dir/*"; "team" -> "team" (the
+    object itself) and "team/*" (the folder), never "team*", which would take "team-b/"."""
+    return [f"{_literal(p)}*"] if p == "" or p.endswith("/") else [_literal(p), f"{_literal(p)}/*"]
+
+
 def _merged(entries) -> dict[str, list[str]]:
     """{bucket: prefixes} of (bucket, prefix) ``entries``: buckets checked, duplicates merged, and a
     prefix dropped when a shorter one of the same bucket already covers it (pure)."""
@@ -101,7 +113,7 @@ def _merged(entries) -> dict[str, list[str]]:
     for bucket, prefixes in sorted(by_bucket.items()):
         kept: list[str] = []
         for p in sorted(prefixes, key=lambda s: (len(s), s)):
-            if not any(p.startswith(k) for k in kept):
+            if not any(_covers(k, p) for k in kept):
                 kept.append(p)
         out[bucket] = sorted(kept)
     return out
@@ -112,10 +124,11 @@ def s3_policy(reads: list[tuple[str, str]], writes: list[tuple[str, str]]) -> di
     to the ``writes`` ones, and nothing else. Each entry is (bucket, key prefix); "" is the whole bucket.
 
     Returns an IAM policy document {"Version": "2012-10-17", "Statement": [...]} with, in order:
-    "Read": s3:GetObject on ``arn:aws:s3:::BUCKET/PREFIX*`` for every read and write entry;
+    "Read": s3:GetObject on ``arn:aws:s3:::BUCKET/PREFIX`` and ``BUCKET/PREFIX/*`` (``PREFIX*`` for a
+    prefix ending in / or empty: _patterns) for every read and write entry;
     "Write" (only with writes): s3:AbortMultipartUpload and s3:PutObject on those of the writes;
     "List1", "List2", ...: one per bucket, s3:ListBucket on ``arn:aws:s3:::BUCKET`` with
-    ``{"StringLike": {"s3:prefix": ["PREFIX*", ...]}}`` (no condition when a prefix is "");
+    ``{"StringLike": {"s3:prefix": [the same patterns]}}`` (no condition when a prefix is "");
     "Locate": s3:GetBucketLocation on the buckets. Duplicates are merged, a prefix another of the
     same bucket covers is dropped, and ``*``, ``?`` and ``$`` in a prefix are written as IAM's
     ``${*}``, ``${?}``, ``${$}`` (matched literally). Actions and resource types:
@@ -129,7 +142,7 @@ def s3_policy(reads: list[tuple[str, str]], writes: list[tuple[str, str]]) -> di
         raise ValueError("s3_policy: no bucket to allow")
 
     def objects(by_bucket: dict[str, list[str]]) -> list[str]:
-        return [f"arn:aws:s3:::{b}/{_literal(p)}*" for b, prefixes in by_bucket.items() for p in prefixes]
+        return [f"arn:aws:s3:::{b}/{x}" for b, prefixes in by_bucket.items() for p in prefixes for x in _patterns(p)]
 
     statements = [{"Sid": "Read", "Effect": "Allow", "Action": ["s3:GetObject"], "Resource": objects(read)}]
     if write:
@@ -139,7 +152,7 @@ def s3_policy(reads: list[tuple[str, str]], writes: list[tuple[str, str]]) -> di
         listing = {"Sid": f"List{n}", "Effect": "Allow", "Action": ["s3:ListBucket"],
                    "Resource": f"arn:aws:s3:::{bucket}"}
         if "" not in prefixes:
-            listing["Condition"] = {"StringLike": {"s3:prefix": [f"{_literal(p)}*" for p in prefixes]}}
+            listing["Condition"] = {"StringLike": {"s3:prefix": [x for p in prefixes for x in _patterns(p)]}}
         statements.append(listing)
     statements.append({"Sid": "Locate", "Effect": "Allow", "Action": ["s3:GetBucketLocation"],
                        "Resource": [f"arn:aws:s3:::{b}" for b in read]})

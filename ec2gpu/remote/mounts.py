@@ -26,11 +26,15 @@ MAX_RECORD_LINE = 2000  # characters of one JSON line read back from s3files.py
 
 def instance_paths(conn) -> tuple[str, str]:
     """(home, sandbox root or "") on the instance behind ``conn``. Raises RemoteError if unreadable."""
-    got = conn.run('printf "%s\\n%s\\n" "$HOME" "${EC2GPU_SANDBOX_ROOT:-}"', hide=True, warn=True, in_stream=False)
+    got = conn.run('printf "%s\\n%s\\n%s\\n" "$HOME" "${EC2GPU_SANDBOX_ROOT:-}" "${EC2GPU_IMDS_ENDPOINT:+sandbox}"',
+                   hide=True, warn=True, in_stream=False)
     lines = got.stdout.split("\n") if got.ok else []
-    if len(lines) < 2 or not lines[0].startswith("/"):
+    if len(lines) < 3 or not lines[0].startswith("/"):
         raise RemoteError("could not read the instance's home directory", "check the instance's SSH user",
                           command="file_mounts")
+    if lines[2] == "sandbox" and not lines[1].startswith("/"):  # never this machine's own /
+        raise RemoteError("file_mounts: this sandbox instance has no EC2GPU_SANDBOX_ROOT (a sandbox started by an "
+                          "older ec2gpu)", "restart it: ec2gpu sandbox down && ec2gpu sandbox up", command="file_mounts")
     return lines[0], lines[1] if lines[1].startswith("/") else ""
 
 

@@ -139,3 +139,14 @@ def test_the_trust_policy_lets_ec2_alone_assume_the_role():
     assert iam.TRUST["Statement"] == [{"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"},
                                        "Action": "sts:AssumeRole"}]
     assert roles.trusts_ec2(json.dumps(iam.TRUST))
+
+
+def test_a_prefix_without_a_slash_grants_its_object_and_folder_never_its_siblings():
+    from ec2gpu.aws import iam
+    doc = iam.s3_policy([], [("shared", "team")])
+    resources = [r for st in doc["Statement"] if st["Sid"] in ("Read", "Write") for r in st["Resource"]]
+    assert set(resources) == {"arn:aws:s3:::shared/team", "arn:aws:s3:::shared/team/*"}
+    listing = next(st for st in doc["Statement"] if st["Sid"] == "List1")
+    assert listing["Condition"]["StringLike"]["s3:prefix"] == ["team", "team/*"]
+    assert iam.s3_policy([("bkt", "team"), ("bkt", "teamwork")], [])["Statement"][0]["Resource"] == [
+        "arn:aws:s3:::bkt/team", "arn:aws:s3:::bkt/team/*", "arn:aws:s3:::bkt/teamwork", "arn:aws:s3:::bkt/teamwork/*"]
