@@ -10,7 +10,9 @@ sent from the user's machine. SPEC.json is a list of {"target": absolute path, "
 prefix (a prefix that is one object's whole key is that file, copied to the target path itself)
 and records what it wrote (path -> size, mtime) at ``record``; ``out`` uploads every regular file
 under the target that is new or changed since then, and records it (so the controller may write
-back every minute while the job runs and at its end, each time sending only what changed). Keys that would land outside the target
+back every minute while the job runs and at its end, each time sending only what changed;
+``out --settled=S`` leaves out hidden files and those modified in the last S seconds, which the
+end's write-back sends). Keys that would land outside the target
 (``..``, absolute) are skipped and counted. Prints one JSON line per mount: {"target", "files",
 "bytes", "skipped"}; exits 1 with {"error": ...} on the first failure, 3 when neither boto3 nor
 the AWS CLI is on the instance.
@@ -36,11 +38,17 @@ def _inside(target: str, rel: str) -> str | None:
 
 
 def _copy_in(s3, m: dict) -> dict:
+    """Copy the objects under ``m``'s prefix into its target (one object to the target path itself
+    when ``m["file"]``: the controller found the prefix to be one object's whole key) and record
+    each file written (path -> [size, mtime]). Returns the mount's record line."""
     target, bucket, prefix = m["target"], m["bucket"], m["prefix"]
     done, total, skipped, record = 0, 0, 0, {}
-    listed = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-    objects = [o for page in listed for o in page.get("Contents", [])][:MAX_KEYS]
-    single = len(objects) == 1 and objects[0]["Key"] == prefix and prefix and not prefix.endswith("/")
+    single = bool(m.get("file"))
+    if single:
+        objects = [{"Key": prefix, "Size": s3.head_object(Bucket=bucket, Key=prefix)["ContentLength"]}]
+    else:
+        listed = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        objects = [o for page in listed for o in page.get("Contents", [])][:MAX_KEYS]
     if not single:
         os.makedirs(target, exist_ok=True)
         folder = prefix if not prefix or prefix.endswith("/") else prefix + "/"
@@ -64,10 +72,23 @@ def _copy_in(s3, m: dict) -> dict:
     return {"target": target, "files": done, "bytes": total, "skipped": skipped}
 
 
-def _write_back(s3, m: dict) -> dict:
+def _settled(path: str, st, settled_s: float, now: float) -> bool:
+    """Whether ``path`` (stat ``st``) may be sent now: always at the end (``settled_s`` 0); while the
+    job runs, not a hidden file (the atomic-rename convention's file being written) nor one
+    modified in the last ``settled_s`` seconds."""
+    return not settled_s or (not os.path.basename(path).startswith(".") and now - st.st_mtime >= settled_s)
+
+
+def _write_back(s3, m: dict, settled_s: float = 0) -> dict:
+    """Upload each regular file under ``m``'s target that is new or changed since its record (and
+    ``_settled``), and record it. Returns the mount's record line."""
+    import time
+    now = time.time()
     target, bucket, prefix = m["target"], m["bucket"], m["prefix"]
     if os.path.isfile(target):  # one object copied in as a file: written back if it changed
         st = os.stat(target)
+        if not _settled(target, st, settled_s, now):
+            return {"target": target, "files": 0, "bytes": 0, "skipped": 0}
         with open(m["record"]) as f:
             if json.load(f).get(".") == [st.st_size, st.st_mtime]:
                 return {"target": target, "files": 0, "bytes": 0, "skipped": 0}
@@ -89,8 +110,8 @@ def _write_back(s3, m: dict) -> dict:
                 continue
             rel = os.path.relpath(path, target)
             st = os.stat(path)
-            if record.get(rel) == [st.st_size, st.st_mtime]:
-                continue  # copied in and unchanged
+            if record.get(rel) == [st.st_size, st.st_mtime] or not _settled(path, st, settled_s, now):
+                continue  # copied in and unchanged, or still being written
             s3.upload_file(path, bucket, base + rel.replace(os.sep, "/"))
             record[rel] = [st.st_size, st.st_mtime]
             done, total = done + 1, total + st.st_size
@@ -101,6 +122,7 @@ def _write_back(s3, m: dict) -> dict:
 
 
 def _with_cli(direction: str, m: dict) -> dict:
+    """``aws s3 sync`` one way for ``m`` (no boto3 on the instance). Returns the mount's record line."""
     url = f"s3://{m['bucket']}/{m['prefix']}"
     src, dst = (url, m["target"]) if direction == "in" else (m["target"], url)
     subprocess.run(["aws", "s3", "sync", "--only-show-errors", "--region", m["region"], src, dst], check=True)
@@ -108,7 +130,9 @@ def _with_cli(direction: str, m: dict) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    direction, spec_path = argv[0], argv[1]
+    """``in|out [--settled=S] SPEC.json``: copy every mount of SPEC.json one way; 0, 1 or 3 (above)."""
+    direction, spec_path = argv[0], argv[-1]
+    settled_s = next((float(a.split("=", 1)[1]) for a in argv[1:-1] if a.startswith("--settled=")), 0.0)
     with open(spec_path) as f:
         spec = [m for m in json.load(f) if direction == "in" or m.get("write_back")]
     try:
@@ -124,7 +148,7 @@ def main(argv: list[str]) -> int:
                 done = _with_cli(direction, m)
             else:
                 s3 = boto3.client("s3", region_name=m["region"])
-                done = (_copy_in if direction == "in" else _write_back)(s3, m)
+                done = _copy_in(s3, m) if direction == "in" else _write_back(s3, m, settled_s)
         except Exception as exc:  # noqa: BLE001 - reported as a record; the controller decides
             print(json.dumps({"target": m["target"], "error": f"{type(exc).__name__}: {exc}"[:500]}), flush=True)
             return 1

@@ -65,37 +65,73 @@ def create_private_bucket(s3, bucket: str, region: str, owner: str) -> None:
     s3.put_bucket_tagging(Bucket=bucket, Tagging={"TagSet": [{"Key": T.OWNER, "Value": owner}]})
 
 
-def ready_buckets(s3, mounts_: list, region: str, owner: str, log=lambda line: None) -> dict[str, str]:
-    """Check every S3 bucket of ``mounts_`` (tasks/mounts.Mount) and create those named to be
-    made (``create``) that do not exist; return {bucket: region}.
+def check_buckets(s3, mounts_: list, region: str) -> tuple[dict[str, str], list[str]]:
+    """Check every S3 bucket of ``mounts_`` (tasks/mounts.Mount) with HeadBucket, creating nothing.
 
-    Raises UsageError (nothing created, when it is a source) for a source bucket that does not
-    exist or may not be read.
+    Returns ({bucket: its region, or ``region`` for one to be made}, [buckets to be made]: those
+    named with ``create`` that do not exist, for ``make_buckets``). Raises UsageError for a source
+    bucket that does not exist or may not be read, AwsError for other S3 errors.
     """
-    regions: dict[str, str | None] = {}
-    for m in mounts_:  # every bucket checked before any is made
+    regions: dict[str, str] = {}
+    missing: list[str] = []
+    for m in mounts_:
         if m.kind != "s3" or m.bucket in regions:
             continue
-        regions[m.bucket] = bucket_region(s3, m.bucket, region)
-        if regions[m.bucket] is None and not m.create:
+        found = bucket_region(s3, m.bucket, region)
+        if found is None and not m.create:
             raise UsageError(f"file_mounts.{m.target}: s3://{m.bucket} does not exist",
                              "check the name; a bucket to be written to is made when named with `name:` and no source")
-    for bucket, found in list(regions.items()):
         if found is None:
-            create_private_bucket(s3, bucket, region, owner)
-            log(f"file_mounts: created s3://{bucket} in {region} (private, encrypted; it stays after the run)")
-            regions[bucket] = region
-    return regions
+            missing.append(m.bucket)
+        regions[m.bucket] = found or region
+    return regions, missing
+
+
+def make_buckets(s3, buckets: list[str], region: str, owner: str, log=lambda line: None) -> None:
+    """Create each of ``buckets`` in ``region`` (create_private_bucket), saying so through ``log``.
+    Raises UsageError or AwsError as create_private_bucket does."""
+    for bucket in buckets:
+        create_private_bucket(s3, bucket, region, owner)
+        log(f"file_mounts: created s3://{bucket} in {region} (private, encrypted; it stays after the run)")
 
 
 def single_objects(s3, mounts_: list) -> set[str]:
-    """The targets of S3 entries of ``mounts_`` whose prefix is one object's whole key (SkyPilot
-    copies that object to the target path as a file): one ListObjectsV2 (2 keys) per entry.
-    Raises botocore's ClientError as it comes."""
+    """The targets of S3 source entries of ``mounts_`` whose prefix is one object's whole key and no
+    folder (SkyPilot copies that object to the target path as a file): HeadObject on the key, and
+    ListObjectsV2 (1 key) under ``PREFIX/`` (so ``a.txt`` beside ``a.txt.bak`` is still a file, and
+    ``data`` beside ``data/x`` a folder).
+
+    Raises UsageError for a source prefix that names neither an object nor a folder (nothing there
+    to copy: SkyPilot fails the same way), or one these credentials may not read; AwsError for other
+    S3 errors.
+    """
     out = set()
     for m in mounts_:
-        if m.kind == "s3" and m.prefix and not m.prefix.endswith("/"):
-            keys = [o["Key"] for o in s3.list_objects_v2(Bucket=m.bucket, Prefix=m.prefix, MaxKeys=2).get("Contents", [])]
-            if keys == [m.prefix]:
-                out.add(m.target)
+        if m.kind != "s3" or m.create or not m.prefix:
+            continue
+        folder = m.prefix if m.prefix.endswith("/") else m.prefix + "/"
+        try:
+            under = s3.list_objects_v2(Bucket=m.bucket, Prefix=folder, MaxKeys=1).get("KeyCount", 0)
+            is_object = not m.prefix.endswith("/") and not under and _exists(s3, m.bucket, m.prefix)
+        except botocore.exceptions.ClientError as exc:
+            if error_code(exc) in FORBIDDEN:
+                raise UsageError(f"file_mounts.{m.target}: these AWS credentials may not read {m.url} (403)",
+                                 "ask its owner for s3:ListBucket and s3:GetObject") from None
+            raise AwsError(f"file_mounts.{m.target}: {m.url}: {error_code(exc)}", "try again") from None
+        if is_object:
+            out.add(m.target)
+        elif not under:
+            raise UsageError(f"file_mounts.{m.target}: {m.url} holds no object", "check the path (aws s3 ls "
+                             f"s3://{m.bucket}/{m.prefix.rpartition('/')[0]})")
     return out
+
+
+def _exists(s3, bucket: str, key: str) -> bool:
+    """HeadObject ``key``: False on 404; other errors are raised (botocore's ClientError)."""
+    try:
+        s3.head_object(Bucket=bucket, Key=key)
+        return True
+    except botocore.exceptions.ClientError as exc:
+        if error_code(exc) in MISSING or error_code(exc) == "NoSuchKey":
+            return False
+        raise

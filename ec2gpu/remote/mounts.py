@@ -78,6 +78,7 @@ def place(conn, mounts_: list, manifests: dict, run_dir: str, python: str, regio
             log(f"file_mounts: {m.source}: {len(man.files):,} files, {man.bytes:,} bytes sent to {m.target} by {how}")
         else:
             s3.append({"target": path, "bucket": m.bucket, "prefix": m.prefix, "region": region_of(m.bucket),
+                       "file": m.target in s3_files,
                        "write_back": m.write_back, "record": f"{run_dir}/s3mounts/{len(s3)}.json", "shown": m.target})
     if s3:
         conn.put(io.BytesIO(json.dumps(s3).encode()), f"{run_dir}/s3mounts.json")
@@ -89,22 +90,31 @@ def place(conn, mounts_: list, manifests: dict, run_dir: str, python: str, regio
                                             if rec.get("skipped") else ""))
 
 
-def write_back(conn, run_dir: str, python: str, log) -> None:
+def write_back(conn, run_dir: str, python: str, log, settled_s: float = 0, timeout_s: float = 6 * 3600) -> None:
     """Upload what the job wrote under each MOUNT-mode target to its bucket (agent/s3files.py out);
-    nothing when the run has none. Raises RemoteError when an upload fails."""
+    nothing when the run has none. ``settled_s`` > 0 (while the job runs): leave out hidden files
+    and files modified in the last ``settled_s`` seconds (still being written; the write-back at
+    the end sends them). ``timeout_s`` bounds the upload. Raises RemoteError when an upload fails
+    or the command times out."""
     if not conn.run(f"test -f {shlex.quote(run_dir)}/s3mounts.json", hide=True, warn=True, in_stream=False).ok:
         return
-    for rec in _s3files(conn, python, run_dir, "out"):
+    for rec in _s3files(conn, python, run_dir, "out", [f"--settled={settled_s:g}"] if settled_s else [], timeout_s):
         if rec.get("files"):
             log(f"file_mounts: {rec['files']} file(s), {rec.get('bytes')} bytes written back from "
                 f"{inert(str(rec.get('target'))[:200])}")
 
 
-def _s3files(conn, python: str, run_dir: str, direction: str) -> list[dict]:
-    """Run s3files.py ``direction`` and return its JSON records; RemoteError on its error record."""
+def _s3files(conn, python: str, run_dir: str, direction: str, flags=(), timeout_s: float = 6 * 3600) -> list[dict]:
+    """Run s3files.py ``direction`` (with ``flags``) and return its JSON records; RemoteError on its
+    error record, a failed exit, or when it runs past ``timeout_s``."""
+    from invoke.exceptions import CommandTimedOut
     d = shlex.quote(run_dir)
-    got = conn.run(f"{shlex.quote(python)} {d}/s3files.py {direction} {d}/s3mounts.json", hide=True, warn=True,
-                   in_stream=False, timeout=6 * 3600)
+    try:
+        got = conn.run(f"{shlex.quote(python)} {d}/s3files.py {direction} {' '.join(flags)} {d}/s3mounts.json",
+                       hide=True, warn=True, in_stream=False, timeout=timeout_s)
+    except CommandTimedOut:
+        raise RemoteError(f"file_mounts: the S3 copy {'in' if direction == 'in' else 'back'} ran past {timeout_s:g} s",
+                          "it is tried again", command="file_mounts") from None
     records = []
     for line in got.stdout.splitlines()[-1000:]:
         try:

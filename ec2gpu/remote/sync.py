@@ -170,13 +170,14 @@ def size_words(n: int) -> str:
     return f"{n:,} bytes"  # not reached
 
 
-def check_size(m: Manifest, max_bytes: int = MAX_UPLOAD_BYTES) -> None:
-    """Refuse (UsageError) a workdir above ``max_bytes``, naming its largest files with their sizes."""
+def check_size(m: Manifest, max_bytes: int = MAX_UPLOAD_BYTES, what: str | None = None) -> None:
+    """Refuse (UsageError) a workdir above ``max_bytes``, naming its largest files with their sizes;
+    ``what`` names it in the message (default "the workdir ROOT")."""
     if m.bytes <= max_bytes:
         return
     sizes = {f: (m.root / f).stat().st_size for f in m.files}
     largest = sorted(m.files, key=sizes.__getitem__, reverse=True)[:3]
-    raise UsageError(f"the workdir {m.root} holds {m.bytes / 1e6:,.0f} MB in {len(m.files):,} files, above "
+    raise UsageError(f"{what or f'the workdir {m.root}'} holds {m.bytes / 1e6:,.0f} MB in {len(m.files):,} files, above "
                      f"--max-upload {max_bytes / 1e6:,.0f} MB (largest: "
                      f"{', '.join(f'{f} {size_words(sizes[f])}' for f in largest)})",
                      f"list data and outputs in .gitignore or {IGNORE_FILE} (and fetch data on the instance "

@@ -73,6 +73,9 @@ class TaskJob:
     mount_manifests: dict = field(default_factory=dict)  # file_mounts target -> sync.Manifest of a local directory
     bucket_regions: dict = field(default_factory=dict)  # S3 file_mounts bucket -> region (pipeline fills it)
     s3_files: set = field(default_factory=set)  # S3 file_mounts targets whose prefix is one object (a file)
+    buckets_to_make: list = field(default_factory=list)  # output buckets that do not exist yet (provision makes them)
+    role_policy: dict | None = None  # the run role's inline policy (aws/iam.s3_policy), checked before anything is made
+    role_boundary: str | None = None  # the account's ec2gpu-instance-boundary ARN, when it has one
 
     @property
     def mounts(self) -> list:
@@ -123,7 +126,8 @@ def prepare(loaded: LoadedTask, environ, max_upload: int = sync.MAX_UPLOAD_BYTES
 
 
 def _mount_manifests(mounts_: list, max_upload: int, include_secrets: bool) -> dict:
-    """target -> sync.Manifest of each local file_mounts directory (a file: checked, no manifest)."""
+    """target -> sync.Manifest of each local file_mounts directory (a file: checked, no manifest).
+    Raises UsageError for a credentials file or a source above ``max_upload`` bytes."""
     from ..errors import UsageError
     out = {}
     for m in mounts_:
@@ -133,9 +137,12 @@ def _mount_manifests(mounts_: list, max_upload: int, include_secrets: bool) -> d
             if not include_secrets and sync.withheld(Path(m.source)):
                 raise UsageError(f"file_mounts.{m.target}: {m.source} is a credentials file: not sent",
                                  "credentials reach a job through envs or --secret (--include-secrets sends it)")
+            one = Path(m.source)
+            sync.check_size(sync.Manifest(one.parent, [one.name], one.stat().st_size), max_upload,
+                            f"file_mounts.{m.target}: {one}")
             continue
         out[m.target] = sync.manifest(Path(m.source), allow_secrets=include_secrets)
-        sync.check_size(out[m.target], max_upload)
+        sync.check_size(out[m.target], max_upload, f"file_mounts.{m.target}: {m.source}")
     return out
 
 
@@ -264,8 +271,10 @@ def clone_workdir(conn, git: dict, workdir: str, log) -> None:
     repository are not sent: a public one, or one the instance may read). Raises RemoteError with
     git's last lines when it fails."""
     w, url = shlex.quote(workdir), shlex.quote(git["url"])
-    checkout = f" && git -C {w} checkout --quiet {shlex.quote(git['ref'])}" if git.get("ref") else ""
-    got = conn.run(f"rm -rf {w} && GIT_TERMINAL_PROMPT=0 git clone --quiet -- {url} {w}{checkout} && "
+    checkout = f" && git -C {w} checkout --quiet {shlex.quote(git['ref'])} --" if git.get("ref") else ""
+    # no prompt can wait for an answer: none for a password (https), none for a host key (ssh)
+    got = conn.run(f"rm -rf {w} && export GIT_TERMINAL_PROMPT=0 GIT_SSH_COMMAND='ssh -o BatchMode=yes' && "
+                   f"git clone --quiet -- {url} {w}{checkout} && "
                    f"git -C {w} rev-parse HEAD", hide=True, warn=True, in_stream=False, timeout=1800)
     if not got.ok:
         from ..inert import inert
@@ -498,14 +507,19 @@ def download(nodes, job: TaskJob, local_out: Path, ssh_config: Path | None, log,
 
 
 def _write_back(nd, log):
+    """fn(): node ``nd``'s MOUNT-mode file_mounts written back in full (the job has ended)."""
     from ..remote import mounts
     return lambda: mounts.write_back(nd.conn, nd.run_dir, str(nd.info.get("python") or "python3"), log)
 
 
 def _write_back_on(nd, log):
-    """fn(conn): node ``nd``'s MOUNT-mode file_mounts written back over ``conn`` (the watch's)."""
+    """fn(conn): node ``nd``'s MOUNT-mode file_mounts written back over ``conn`` (the watch's) while
+    the job runs: settled files only, bounded in time (recovery.WRITE_BACK_*)."""
     from ..remote import mounts
-    return lambda conn: mounts.write_back(conn, nd.run_dir, str(nd.info.get("python") or "python3"), log)
+    from . import recovery
+    return lambda conn: mounts.write_back(conn, nd.run_dir, str(nd.info.get("python") or "python3"), log,
+                                          settled_s=recovery.WRITE_BACK_SETTLED_S,
+                                          timeout_s=recovery.WRITE_BACK_TIMEOUT_S)
 
 
 def _outputs_home(head, job: TaskJob, local_out: Path, ssh_config: Path | None, log, limits) -> None:

@@ -287,10 +287,7 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, backen
         ui.note(f"vCPU quota {checked['quota']}: {checked['in_use']} in use + {checked['needed']} needed "
                 f"<= {checked['value']:g}")
     if opts.bake is None and any(m.kind == "s3" for m in opts.task.mounts):  # checked before anything is created
-        from ..aws import storage
-        opts.task.bucket_regions = storage.ready_buckets(aws.client("s3"), opts.task.mounts, aws.region,
-                                                         settings.owner, ui.note)
-        opts.task.s3_files = storage.single_objects(aws.client("s3"), opts.task.mounts)
+        provision.check_s3_access(aws, opts.task)
     run_id = new_run_id()
     out = Path(opts.out or Path("runs") / run_id).resolve()
     prov = provision.Provisioned(run_id, bake=opts.bake is not None)

@@ -58,9 +58,9 @@ def provision(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, ui:
     ami = prov.ami
     with ui.phase("requesting"):
         if prov.key_name is None:
+            _instance_role(aws, settings, opts, run_id, prov, ui)  # first: the one step IAM may refuse
             prov.key_name, prov.key_path = network.create_key_pair(ec2, run_id, settings.owner, settings.keys_dir)
             prov.security_group_id = network.create_security_group(ec2, run_id, settings.owner, cidr)
-            _instance_role(aws, settings, opts, run_id, prov, ui)
             if opts.nodes > 1:
                 network.allow_within_group(ec2, prov.security_group_id)
                 prov.placement_group, how = placement.create(ec2, run_id, settings.owner, name, opts.instance_types[0])
@@ -96,35 +96,62 @@ def _labels(opts: TrainOptions) -> tuple:
     return tuple(sorted(task.resources.labels.items())) if task is not None else ()
 
 
+def check_s3_access(aws: Aws, job) -> None:
+    """Before anything is created, for a task whose file_mounts read or write S3 (``job``: an
+    engine.TaskJob): check its buckets and sources (aws/storage.py), build its run role's policy
+    (aws/iam.s3_policy) and find the account's permissions boundary; fill ``job.bucket_regions``,
+    ``buckets_to_make``, ``s3_files``, ``role_policy`` and ``role_boundary`` for ``provision``.
+
+    Raises UsageError for a source that does not exist or may not be read, and for a policy IAM
+    would refuse (over its 10,240 characters); AwsError for other AWS errors.
+    """
+    from ..aws import iam, storage
+    from ..errors import UsageError
+    s3 = [m for m in job.mounts if m.kind == "s3"]
+    try:
+        job.role_policy = iam.s3_policy([(m.bucket, m.prefix) for m in s3],
+                                        [(m.bucket, m.prefix) for m in s3 if m.write_back])
+    except ValueError as exc:
+        raise UsageError(f"file_mounts: {exc}", "name fewer S3 prefixes, or one prefix that holds them") from None
+    client = aws.client("s3")
+    job.bucket_regions, job.buckets_to_make = storage.check_buckets(client, job.mounts, aws.region)
+    job.s3_files = storage.single_objects(client, job.mounts)
+    job.role_boundary = iam.boundary_arn(aws.client("iam"), aws.check_credentials()["Account"])
+
+
 def _instance_role(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, prov: Provisioned, ui: Reporter) -> None:
     """Give the run its own instance role when its task copies from or writes to S3 (file_mounts):
-    read access to exactly those prefixes, write access to the MOUNT-mode ones (iam.s3_policy)."""
-    loaded = getattr(opts.task, "loaded", None)
-    s3 = [m for m in getattr(loaded, "mounts", []) if m.kind == "s3"]
-    if not s3 or opts.bake is not None:  # an image bake runs the setup only
+    read access to exactly those prefixes, write access to the MOUNT-mode ones (``check_s3_access``
+    built the policy); then make the output buckets that do not exist yet. Raises UsageError when
+    IAM refuses the role for want of the permissions boundary (nothing made), botocore's
+    ClientError otherwise."""
+    job = opts.task
+    s3 = [m for m in getattr(job, "mounts", []) if m.kind == "s3"]
+    if not s3 or opts.bake is not None or getattr(job, "role_policy", None) is None:  # an image bake runs the setup only
         return
     import botocore.exceptions
 
-    from ..aws import iam
+    from ..aws import iam, storage
     from ..aws.session import error_code
     from ..errors import UsageError
-    policy = iam.s3_policy([(m.bucket, m.prefix) for m in s3], [(m.bucket, m.prefix) for m in s3 if m.write_back])
-    client = aws.client("iam")
-    boundary = iam.boundary_arn(client, aws.check_credentials()["Account"])
+    client, boundary = aws.client("iam"), job.role_boundary
+    prov.instance_profile = iam.role_name(run_id)  # set first: teardown removes whatever part of it was made
     try:
-        prov.instance_profile = iam.create_run_role(client, run_id, settings.owner, policy, region=aws.region,
-                                                    boundary=boundary)
+        iam.create_run_role(client, run_id, settings.owner, job.role_policy, region=aws.region, boundary=boundary)
     except botocore.exceptions.ClientError as exc:
-        if error_code(exc) in iam.REFUSED and boundary is None:
-            raise UsageError("file_mounts from S3 need an instance role, and these credentials may create one only "
-                             f"under the permissions boundary {iam.BOUNDARY_NAME}, which this account does not have",
-                             f"an administrator creates it once: {iam.BOUNDARY_COMMAND}") from None
+        if error_code(exc) in iam.REFUSED and exc.operation_name == "CreateRole":
+            prov.instance_profile = None  # refused at its first call: nothing was made
+            if boundary is None:
+                raise UsageError("file_mounts from S3 need an instance role, and these credentials may create one "
+                                 f"only under the permissions boundary {iam.BOUNDARY_NAME}, which this account does "
+                                 f"not have", f"an administrator creates it once: {iam.BOUNDARY_COMMAND}") from None
         raise
     prov.profile_created_at = time.time()
     ui.note(f"instance role {prov.instance_profile}{' (under the boundary ' + iam.BOUNDARY_NAME + ')' if boundary else ''}"
             ": reads " + ", ".join(sorted({m.url for m in s3}))
             + ("; writes " + ", ".join(sorted({m.url for m in s3 if m.write_back})) if any(m.write_back for m in s3)
                else "") + " (nothing else; removed with the run)")
+    storage.make_buckets(aws.client("s3"), job.buckets_to_make, aws.region, settings.owner, ui.note)
 
 
 def choose_image(aws: Aws, opts: TrainOptions) -> dict:

@@ -30,6 +30,11 @@ STATE_EVERY_S = 5.0  # how often EC2 is asked about the instance while the job r
 #: how often what a job wrote under a MOUNT-mode file_mounts target is written back to its bucket
 #: while it runs (SkyPilot's MOUNT writes through; so a spot interruption loses at most this much)
 WRITE_BACK_EVERY_S = 60.0
+#: while the job runs, a file modified in the last this many seconds is left for the next write-back
+#: (it may be half-written), and one write-back may take at most WRITE_BACK_TIMEOUT_S (the log waits
+#: for it); the write-back when the job ends sends everything, with no such bounds
+WRITE_BACK_SETTLED_S = 30.0
+WRITE_BACK_TIMEOUT_S = 300.0
 MAX_API_FAILURES = 12  # DescribeInstances errors in a row (about a minute of polls) before the run gives up
 
 

@@ -62,13 +62,17 @@ def exec_task(aws, settings, job, ui, target: str, backend, out: Path | None, co
               extra: dict | None = None) -> dict:
     """Run ``job`` once on the standing instance or cluster ``target`` (its Name, cluster name or
     instance id) and leave it running; return the run record (in the ledger, without a cost of its
-    own: the instances bill as they stand). Raises UsageError for an unknown target or a missing
-    key file; RemoteError, recovery.Interrupted as the attempt raises them. ``extra``: more columns
+    own: the instances bill as they stand). Raises UsageError for an unknown target, a missing
+    key file or S3 file_mounts (a standing instance has no run role to copy with); RemoteError, recovery.Interrupted as the attempt raises them. ``extra``: more columns
     for the record (a built-in task's model and epochs)."""
     from ..aws import clusters, sweep
     from ..aws import tags as T
     from . import engine, recovery
 
+    if any(m.kind == "s3" for m in job.mounts):  # a standing instance has no run role to copy with
+        raise UsageError(f"{job.name}: file_mounts from S3 need an instance role of the run's own, and `exec` runs on "
+                         f"a standing instance that has none", "run the task with `ec2gpu run` (it makes that role "
+                         "and removes it after), or copy the data in the task's setup")
     found = clusters.members(aws.ec2, target) or [
         i for i in sweep.find_instances(aws.ec2, states=["pending", "running"])
         if target in (i["InstanceId"], T.as_dict(i.get("Tags")).get(T.NAME))]

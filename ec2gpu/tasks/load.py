@@ -862,6 +862,13 @@ def _file_mounts(task: Task, base: Path, allow_outside: bool, source: str, lines
             raise UsageError(f"{source}:{_line_of(lines, ('file_mounts', m.target))}: file_mounts: {m.target!r} and "
                              f"{seen[key]!r} are the same place on the instance", "give each its own path")
         seen[key] = m.target
+    for m in out:  # what another entry puts under a written-back target would be uploaded to its bucket
+        inside = next((w for w in out if w.write_back and w is not m and
+                       mounts.normal_target(m.target).startswith(mounts.normal_target(w.target).rstrip("/") + "/")), None)
+        if inside is not None:
+            raise UsageError(f"{source}:{_line_of(lines, ('file_mounts', m.target))}: file_mounts: {m.target!r} is "
+                             f"inside {inside.target!r}, which is written back to s3://{inside.bucket}: its files "
+                             f"would be uploaded there", "give it a path of its own, outside the MOUNT target")
     if any(m.write_back for m in out):
         warnings.append(f"{source}:{_line_of(lines, ('file_mounts',))}: file_mounts in mode MOUNT/MOUNT_CACHED are "
                         "copied in before setup, and what the job writes there is written back to the bucket every "
@@ -871,7 +878,10 @@ def _file_mounts(task: Task, base: Path, allow_outside: bool, source: str, lines
 
 #: a git repository URL a workdir may name: https://, http://, ssh://, git://, file:// or scp-like
 #: user@host:path (git-clone(1), "GIT URLS"); never an option (a leading -)
-_GIT_URL = re.compile(r"((https?|ssh|git|file)://[^\s]+|[A-Za-z0-9_.-]+@[A-Za-z0-9.-]+:[^\s]+)")
+#: a git URL whose host (and user) begins with a letter or digit: nothing git or ssh could read as an
+#: option (git refuses "-" hosts since 2.14.1, CVE-2017-1000117; this refuses them before the instance)
+_GIT_URL = re.compile(r"((https?|ssh|git)://([A-Za-z0-9_][A-Za-z0-9_.-]*@)?[A-Za-z0-9\[][^\s]*|file:///[^\s]+"
+                      r"|[A-Za-z0-9_][A-Za-z0-9_.-]*@[A-Za-z0-9][A-Za-z0-9.-]*:[^\s]+)")
 _GIT_REF = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]{0,199}")  # a branch, tag or commit (git-check-ref-format(1))
 
 

@@ -30,6 +30,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 MODES = ("COPY", "MOUNT", "MOUNT_CACHED")
 MAX_TARGET = 1024  # characters in one target path
+#: the characters a target may hold: none that a remote shell (rsync before 3.2.4 passes the remote
+#: path through it, https://download.samba.org/pub/rsync/NEWS#3.2.4) or ssh would read
+TARGET_RE = re.compile(r"~?[A-Za-z0-9._+@,=/-]*")
 #: S3 bucket names: 3-63 characters, lowercase letters, digits, dots and hyphens, a letter or digit
 #: at each end (https://docs.aws.amazon.com/AmazonS3/latest/userguide/bucketnamingrules.html)
 BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
@@ -94,11 +97,14 @@ class Mount:
 
 def check_target(target: str) -> str:
     """``target`` when it is a path ec2gpu may write on the instance (pure): absolute, under ``~``,
-    or relative (then under the home directory); no ``..``, no control characters, not ``/`` or
-    ``~`` themselves. Raises ValueError saying which rule it breaks."""
+    or relative (then under the home directory); only the characters of ``TARGET_RE``; no ``..``,
+    not ``/`` or ``~`` themselves. Raises ValueError saying which rule it breaks."""
     t = str(target)
     if not t.strip() or len(t) > MAX_TARGET or any(ord(c) < 32 or ord(c) == 127 for c in t):
         raise ValueError(f"{t[:60]!r} is not a path: give an absolute path (/data) or one under ~ (~/data)")
+    if not TARGET_RE.fullmatch(t):
+        raise ValueError(f"{t[:60]!r}: a target path may hold only letters, digits and . _ - + @ , = / "
+                         "(rsync before 3.2.4 splits a remote path at spaces and shell characters)")
     rel = t[1:] if t.startswith("~") else t
     if t.startswith("~") and rel and not rel.startswith("/"):
         raise ValueError(f"{t[:60]!r}: only your own home (~/...) is known on the instance")

@@ -243,3 +243,24 @@ def test_the_accounts_permissions_boundary_is_found_and_given_to_the_role(aws, i
     allowed = {a for s in json.loads(doc)["Statement"] for a in s["Action"]}
     assert allowed == {"s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload", "s3:ListBucket",
                        "s3:GetBucketLocation"}
+
+
+def _resources(doc: dict, sids: set[str] | None = None) -> set[str]:
+    out = set()
+    for s in doc["Statement"]:
+        if sids is None or s["Sid"] in sids:
+            out |= {s["Resource"]} if isinstance(s["Resource"], str) else set(s["Resource"])
+    return out
+
+
+def test_the_boundary_reaches_no_bucket_the_users_own_policy_does_not():
+    """A run role is the user's way to S3 from the instance: under the boundary it can reach only
+    the buckets the user's own policy names for file_mounts, never `*` (else CreateRole +
+    PutRolePolicy would lift the user's S3 limits)."""
+    from pathlib import Path
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    boundary = json.loads((docs / "iam-instance-boundary.json").read_text())
+    user = json.loads((docs / "iam-policy.json").read_text())
+    reach = _resources(boundary)
+    assert "*" not in reach and all(r.startswith("arn:aws:s3:::") for r in reach)
+    assert reach == _resources(user, {"FileMountsObjects", "FileMountsBucketsCheckedOrCreated"})

@@ -223,7 +223,9 @@ def test_a_skypilot_task_file_runs_on_two_nodes_and_names_what_it_ignores(sandbo
           use_spot: false
           disk_size: 100
         file_mounts:
-          /data: s3://my-bucket/data
+          ~/data: ./data
+        service:
+          readiness_probe: /
         workdir: .
         envs:
           EPOCHS: 2
@@ -233,13 +235,17 @@ def test_a_skypilot_task_file_runs_on_two_nodes_and_names_what_it_ignores(sandbo
         run: |
           echo "rank $SKYPILOT_NODE_RANK of $SKYPILOT_NUM_NODES, gpus $SKYPILOT_NUM_GPUS_PER_NODE"
           echo "ips $(echo "$SKYPILOT_NODE_IPS" | tr '\\n' ' ')"
+          echo "mounted: $(cat ~/data/hello.txt)"
           python3 train.py
         """))
+    (project / "data").mkdir(exist_ok=True)
+    (project / "data" / "hello.txt").write_text("from a local file mount\n")
     code, stdout, err = drive(["run", "--sandbox", str(project / "sky.yaml"), "--expect", "1m", "--json",
                                "--out", str(tmp_path / "r")], [])
     assert code == 0, err
     flat = " ".join(err.split())
-    assert "warning: ignored SkyPilot field(s) ec2gpu does not support: file_mounts" in flat and "resources.cloud" not in flat
+    assert "warning: ignored SkyPilot field(s) ec2gpu does not support: service" in flat and "resources.cloud" not in flat
+    assert flat.count("mounted: from a local file mount") == 2  # file_mounts reach every node
     record = json.loads(stdout)
     assert len(record["instance_ids"]) == 2 and record["task"] == "sky-proj"
     assert "node 0 | rank 0 of 2" in err and "node 1 | rank 1 of 2" in err

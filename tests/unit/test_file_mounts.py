@@ -45,7 +45,8 @@ def test_stores_ec2gpu_cannot_reach_are_refused_with_the_line(tmp_path, source, 
     assert "task.yaml:5: file_mounts./data:" in err.value.message and words in err.value.message
 
 
-@pytest.mark.parametrize("target", ["/", "~", "/data/../etc", "~other/x", "a\tb"])
+@pytest.mark.parametrize("target", ["/", "~", "/data/../etc", "~other/x", "a\tb", "/my data", "~/x;rm -rf ~",
+                                    "/d/$(id)", "/d/`id`", "~/a'b", "/d/*"])
 def test_targets_that_are_not_a_place_of_their_own_are_refused(tmp_path, target):
     with pytest.raises(UsageError):
         _task(tmp_path, f"file_mounts:\n  {json.dumps(target)}: s3://my-bucket/x\n")
@@ -144,3 +145,50 @@ def test_a_run_text_too_long_for_one_argument_is_refused_at_its_line(tmp_path):
     (tmp_path / "t.yaml").write_text(f"workdir: null\nsetup: echo hi\nrun: {body}\n")
     with pytest.raises(UsageError, match=r"t\.yaml:3: run: 103,429 bytes: a run reaches the instance as one argument"):
         load.load(tmp_path / "t.yaml")
+
+
+def test_while_the_job_runs_only_settled_files_are_written_back_and_at_its_end_all(tmp_path):
+    """agent/s3files.py out: with --settled (every minute while the job runs) a file modified in the
+    last 30 s or a hidden one (being written, then renamed) waits; the end's write-back sends it."""
+    import os
+    import time
+
+    from ec2gpu.agent import s3files
+    sent = []
+    s3 = type("S3", (), {"upload_file": lambda self, path, bucket, key: sent.append(key)})()
+    target = tmp_path / "results"
+    target.mkdir()
+    for name in ("old.txt", "new.txt", ".part.tmp"):
+        (target / name).write_text(name)
+    long_ago = time.time() - 120
+    os.utime(target / "old.txt", (long_ago, long_ago))
+    os.utime(target / ".part.tmp", (long_ago, long_ago))
+    m = {"target": str(target), "bucket": "b", "prefix": "runs", "record": str(tmp_path / "rec.json")}
+    assert s3files._write_back(s3, m, settled_s=30)["files"] == 1 and sent == ["runs/old.txt"]
+    assert s3files._write_back(s3, m)["files"] == 2 and sorted(sent[1:]) == ["runs/.part.tmp", "runs/new.txt"]
+    assert s3files._write_back(s3, m)["files"] == 0  # nothing changed since
+
+
+def test_exec_on_a_standing_instance_refuses_s3_file_mounts_before_asking_aws(tmp_path):
+    from types import SimpleNamespace
+
+    from ec2gpu.runs import standing
+    loaded = _task(tmp_path, "file_mounts:\n  /d: s3://my-bucket/x\n")
+    job = engine.prepare(loaded, {})
+    with pytest.raises(UsageError, match="no run role|has none"):
+        standing.exec_task(SimpleNamespace(), None, job, None, "dev", None, None, "exec")
+
+
+def test_a_single_local_file_is_held_to_max_upload_like_a_folder(tmp_path):
+    (tmp_path / "big.bin").write_bytes(b"x" * 5000)
+    loaded = _task(tmp_path, "file_mounts:\n  /data/big.bin: ./big.bin\n")
+    with pytest.raises(UsageError, match="above --max-upload"):
+        engine.prepare(loaded, {}, max_upload=4000)
+    assert engine.prepare(loaded, {}, max_upload=6000).mounts[0].is_file
+
+
+def test_an_entry_inside_a_written_back_target_is_refused(tmp_path):
+    (tmp_path / "cfg").mkdir()
+    with pytest.raises(UsageError, match="inside '~/out', which is written back to s3://my-out"):
+        _task(tmp_path, "file_mounts:\n  ~/out:\n    name: my-out\n    mode: MOUNT\n  ~/out/cfg: ./cfg\n")
+    assert len(_task(tmp_path, "file_mounts:\n  ~/out:\n    name: my-out\n    mode: MOUNT\n  ~/outside: ./cfg\n").mounts) == 2

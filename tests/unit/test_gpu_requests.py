@@ -188,6 +188,9 @@ def test_skypilots_git_workdir_is_cloned_on_the_instance_and_a_bad_one_refused()
     assert got.git == {"url": "https://github.com/o/r", "ref": "v1"} and got.workdir is None
     assert load.parse("workdir: {url: 'git@github.com:o/r.git'}\nrun: x\n", "t.yaml").git["ref"] is None
     for bad, words in (("{url: '-oProxyCommand=x'}", "not a git repository URL"),
+                       ("{url: '-oProxyCommand=x@h:r'}", "not a git repository URL"),
+                       ("{url: 'u@-oProxyCommand=x:r'}", "not a git repository URL"),
+                       ("{url: 'ssh://-oProxyCommand=x/r'}", "not a git repository URL"),
                        ("{url: 'https://h/r', ref: '--upload-pack=x'}", "not a branch"),
                        ("{url: 'https://h/r', branch: main}", "unknown field")):
         with pytest.raises(UsageError, match=words):

@@ -1,0 +1,82 @@
+"""S3 file_mounts checked before anything is made (aws/storage.py, runs/provision.py), against the
+sandbox's moto S3: missing sources refused, output buckets only listed to be made, one object told
+from a folder by its key, and a run role IAM refuses stops the run before its key pair exists."""
+from types import SimpleNamespace
+
+import botocore.exceptions
+import pytest
+
+from ec2gpu.aws import storage
+from ec2gpu.errors import UsageError
+from ec2gpu.runs import provision
+from ec2gpu.tasks.mounts import Mount
+
+BUCKET = "ec2gpu-test-storage"
+
+
+@pytest.fixture
+def s3(sandbox_env):
+    import os
+
+    import boto3
+    client = boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"], region_name="us-east-1")
+    if BUCKET not in [b["Name"] for b in client.list_buckets()["Buckets"]]:
+        client.create_bucket(Bucket=BUCKET)
+    for key in ("a.txt", "a.txt.bak", "data", "data/x.txt", "train/b.txt"):
+        client.put_object(Bucket=BUCKET, Key=key, Body=key.encode())
+    return client
+
+
+def _s3(target: str, prefix: str, bucket: str = BUCKET, create: bool = False) -> Mount:
+    return Mount(target, "s3", f"s3://{bucket}/{prefix}", "MOUNT" if create else "COPY", bucket, prefix,
+                 write_back=create, create=create)
+
+
+def test_a_missing_source_is_refused_and_a_missing_output_bucket_is_only_listed(s3):
+    regions, missing = storage.check_buckets(s3, [_s3("/d", "train/"), _s3("/o", "", "ec2gpu-test-new-out", True)],
+                                             "us-east-1")
+    assert regions == {BUCKET: "us-east-1", "ec2gpu-test-new-out": "us-east-1"} and missing == ["ec2gpu-test-new-out"]
+    assert "ec2gpu-test-new-out" not in [b["Name"] for b in s3.list_buckets()["Buckets"]]  # made later, by provision
+    with pytest.raises(UsageError, match="s3://ec2gpu-test-absent does not exist"):
+        storage.check_buckets(s3, [_s3("/d", "x", "ec2gpu-test-absent")], "us-east-1")
+
+
+def test_one_object_is_told_from_a_folder_by_its_key_not_by_its_neighbours(s3):
+    files = storage.single_objects(s3, [_s3("/a", "a.txt"), _s3("/data", "data"), _s3("/t", "train"),
+                                        _s3("/t2", "train/"), _s3("/all", "")])
+    assert files == {"/a"}  # a.txt beside a.txt.bak is a file; data beside data/x.txt a folder
+    with pytest.raises(UsageError, match="holds no object"):
+        storage.single_objects(s3, [_s3("/n", "nothing-here")])
+
+
+def test_a_run_role_iam_refuses_stops_the_run_before_its_key_pair(monkeypatch, tmp_path):
+    """Credentials under docs/iam-policy.json may create a role only with the boundary: without it
+    in the account, the refusal is one line and comes before the key pair and security group."""
+    made = []
+
+    class Refusing:
+        def create_role(self, **kw):
+            raise botocore.exceptions.ClientError({"Error": {"Code": "AccessDenied", "Message": "no"}}, "CreateRole")
+
+    monkeypatch.setattr(provision.network, "ssh_cidr", lambda cidr: "127.0.0.1/32")
+    monkeypatch.setattr(provision, "choose_image", lambda aws, opts: {"ImageId": "ami-1", "Name": "x", "why": "",
+                                                                       "source": "", "RootDeviceName": "/dev/xvda"})
+    monkeypatch.setattr(provision.network, "create_key_pair", lambda *a: made.append("key pair"))
+    monkeypatch.setattr(provision.network, "create_security_group", lambda *a: made.append("security group"))
+    job = SimpleNamespace(mounts=[_s3("/d", "train/")], role_policy={"Version": "2012-10-17", "Statement": []},
+                          role_boundary=None, buckets_to_make=["ec2gpu-test-never-made"])
+    opts = SimpleNamespace(ssh_cidr=None, task=job, bake=None, name=None)
+    aws = SimpleNamespace(ec2=None, region="us-east-1", client=lambda name: Refusing())
+    prov = provision.Provisioned("run-refused")
+    ui = SimpleNamespace(note=lambda line: None, phase=lambda name: _Null())
+    with pytest.raises(UsageError, match="permissions boundary ec2gpu-instance-boundary"):
+        provision.provision(aws, SimpleNamespace(owner="alice", keys_dir=tmp_path), opts, "run-refused", ui, prov)
+    assert made == [] and prov.instance_profile is None and prov.key_name is None
+
+
+class _Null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
