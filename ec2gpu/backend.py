@@ -16,11 +16,17 @@ from .errors import RemoteError
 class Backend:
     """Where instances live: ``name`` "aws" or "sandbox" (also the ledger's ``backend`` column),
     the EC2 endpoint (None: AWS's own), and in the sandbox ``resolve(instance_id, timeout_s) ->
-    (host, port)`` of the sshd that stands in for the instance."""
+    (host, port)`` of the sshd that stands in for the instance, its credentials and its checkip
+    URL. Every AWS client of a command is built from it (``Context``): nothing is read from or
+    written to os.environ to choose the sandbox, so a sandbox command never changes where a later
+    command of the same process goes."""
 
     name: str = "aws"
     endpoint_url: Optional[str] = None
     resolve: Optional[Callable[..., tuple[str, int]]] = None
+    #: the sandbox's (access key id, secret, session token) and checkip URL; None on AWS (boto3's chain)
+    credentials: Optional[tuple] = None
+    checkip_url: Optional[str] = None
 
     @property
     def is_sandbox(self) -> bool:
@@ -80,14 +86,17 @@ class Context:
             if not state:
                 self.note("starting the sandbox; it keeps running until `ec2gpu sandbox down`")
             state = control.up(self.settings.home)
-            os.environ.update(control.env_vars(state))
         elif self.sandbox:
             state = self._stack.enter_context(control.session(self.settings.home))
-        if state and os.environ.get("AWS_ENDPOINT_URL") == state["endpoint"]:
-            # the sandbox's endpoint is in use (--sandbox, or `eval "$(ec2gpu sandbox env)"`)
-            self.backend = Backend("sandbox", state["endpoint"], control.resolver(self.settings.home))
+        # the sandbox: --sandbox, or its endpoint exported in this shell (`eval "$(ec2gpu sandbox env)"`)
+        if state and (self.sandbox or os.environ.get("AWS_ENDPOINT_URL") == state["endpoint"]):
+            env = control.env_vars(state)
+            self.backend = Backend("sandbox", state["endpoint"], control.resolver(self.settings.home),
+                                   credentials=(env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"],
+                                                env["AWS_SESSION_TOKEN"]), checkip_url=env["EC2GPU_CHECKIP_URL"])
             self.settings = replace(self.settings, ssh_user=getpass.getuser())
-        self.aws = Aws(self.settings.region, endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None)
+        self.aws = Aws(self.settings.region, endpoint_url=self.backend.endpoint_url, credentials=self.backend.credentials,
+                       checkip_url=self.backend.checkip_url)
         return self
 
     def __exit__(self, *exc):

@@ -6,7 +6,8 @@ from typing import Optional
 import typer
 
 from ..errors import UsageError
-from . import JSON, REGION, SANDBOX, Context, RichReporter, _sandbox_flag, app, err, note, out, plain, render_json
+from . import (JSON, REGION, SANDBOX, Context, RichReporter, _sandbox_flag, app, err, note, out, plain, render_json, say,
+               table, table_row, warn)
 
 
 @app.command()
@@ -55,9 +56,9 @@ def launch(
             render_json(rows)
         else:
             for r in rows:
-                out.print(f"{r['name']}: {r['instance_id']} {r['instance_type']} {r['market']} {r['state']} "
-                          f"{r['public_ip']}; `ec2gpu ssh {r['name']}` to log in, `ec2gpu down {r['name']}` to remove")
-            out.print(lifetime_words(idle, max_runtime, len(rows)))
+                say(out, f"{r['name']}: {r['instance_id']} {r['instance_type']} {r['market']} {r['state']} "
+                    f"{r['public_ip']}; `ec2gpu ssh {r['name']}` to log in, `ec2gpu down {r['name']}` to remove")
+            say(out, lifetime_words(idle, max_runtime, len(rows)))
 
 
 #: The idle rule `launch` gives when none is asked for (issue: instances that end themselves).
@@ -122,7 +123,7 @@ def _settle(ctx: Context, run_ids: set[str] | None = None, ended: bool = True, k
     reconcile.sync_standing(ctx.aws, home, ctx.backend.name, log=note)
     if ended:  # one line, however wide: a script or a log keeps it whole
         reconcile.remove_ended(ctx.aws, home, ctx.settings.keys_dir, keep,
-                               log=lambda m: err.print(plain(m, "dim"), soft_wrap=True))
+                               log=lambda m: say(err, m, "dim", soft_wrap=True))
 
 
 def _fetch_abandoned(ctx: Context, run_ids: set[str] | None = None) -> None:
@@ -144,8 +145,8 @@ def _fetch_abandoned(ctx: Context, run_ids: set[str] | None = None) -> None:
         try:
             logs.fetch(ctx, head, row["run_id"], out, note)
         except (Ec2GpuError, *CONNECTION_ERRORS) as exc:  # its words may quote the instance: inert
-            err.print(plain(f"run {row['run_id']}: could not bring its files home first", "yellow")
-                      + plain(f" ({exc}); removing it anyway"))
+            say(err, plain(f"run {row['run_id']}: could not bring its files home first", "yellow")
+                + plain(f" ({exc}); removing it anyway"))
 
 
 def _find(ctx: Context, name: str) -> list[dict]:
@@ -171,7 +172,7 @@ def stop(name: str = typer.Argument(..., help="Name, instance id or cluster of a
         render_json(rows)
         return
     for r in rows:
-        out.print(plain(stopped_words(r, name)))
+        say(out, stopped_words(r, name))
 
 
 def stopped_words(r: dict, name: str) -> str:
@@ -203,8 +204,8 @@ def start(name: str = typer.Argument(..., help="Name, instance id or cluster of 
         render_json(rows)
         return
     for r in rows:
-        out.print(plain(f"{r['name'] or r['instance_id']}: {r['state']} at {r['public_ip'] or '-'}; "
-                        f"`ec2gpu ssh {name}` to log in"))
+        say(out, f"{r['name'] or r['instance_id']}: {r['state']} at {r['public_ip'] or '-'}; "
+            f"`ec2gpu ssh {name}` to log in")
 
 
 @app.command()
@@ -231,10 +232,10 @@ def scale(name: str = typer.Argument(..., help="The standing cluster's name (ec2
     if as_json:
         render_json(done)
     elif not done["added"] and not done["removed"]:
-        out.print(f"{name} already has {done['nodes']} node(s)")
+        say(out, f"{name} already has {done['nodes']} node(s)")
     else:
         change = f"added {', '.join(done['added'])}" if done["added"] else f"removed {', '.join(done['removed'])}"
-        out.print(f"{name}: {change}; {done['nodes']} node(s) now")
+        say(out, f"{name}: {change}; {done['nodes']} node(s) now")
 
 
 def _idle_cell(r: dict) -> str:
@@ -273,11 +274,10 @@ def ls(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = 
         render_json(rows)
         return
     if not rows:
-        out.print("no ec2gpu instances are running or stopped")
+        say(out, "no ec2gpu instances are running or stopped")
         return
-    from rich.table import Table
     from rich import box
-    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, padding=(0, 1))
+    t = table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, padding=(0, 1))
     for col in ("name", "instance id", "type", "zone", "state", "idle rule", "age", "$/h", "so far $"):
         if col == "instance id":  # what a user copies: it never wraps or shrinks; the other columns fold
             t.add_column(col, no_wrap=True, min_width=max(len(r["instance_id"]) for r in rows))
@@ -292,23 +292,22 @@ def ls(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = 
             group = r["cluster"]
             if group is not None:
                 n = sum(1 for x in rows if x["cluster"] == group)
-                t.add_row(plain(f"cluster {group}", "bold"), f"{n} node(s)", "", "", "", "", "", "", "")
+                table_row(t, plain(f"cluster {group}", "bold"), f"{n} node(s)", "", "", "", "", "", "", "")
         m, sec = divmod(r["age_seconds"], 60)
         # tags are set by ec2gpu, but anyone with the account's rights can change them: cells inert, never markup
-        t.add_row(*map(plain, (r["name"], r["instance_id"],
-                               r["instance_type"] + (" spot" if r["market"] == "spot" else ""),
-                               r["zone"] or "", _state_cell(r), _idle_cell(r),
-                               f"{m // 60}h{m % 60:02d}m" if m >= 60 else f"{m}m{sec:02d}s",
-                               "-" if r["usd_per_hour"] is None else f"{r['usd_per_hour']:.4f}",
-                               "-" if r["cost_so_far_usd"] is None else f"{r['cost_so_far_usd']:.4f}")))
-    out.print(t)
+        table_row(t, r["name"], r["instance_id"], r["instance_type"] + (" spot" if r["market"] == "spot" else ""),
+                  r["zone"] or "", _state_cell(r), _idle_cell(r),
+                  f"{m // 60}h{m % 60:02d}m" if m >= 60 else f"{m}m{sec:02d}s",
+                  "-" if r["usd_per_hour"] is None else f"{r['usd_per_hour']:.4f}",
+                  "-" if r["cost_so_far_usd"] is None else f"{r['cost_so_far_usd']:.4f}")
+    say(out, t)
     for r in rows:
         if r["unsafe_tags"]:
-            err.print(f"[yellow]warning:[/] {r['instance_id']}: its {', '.join(r['unsafe_tags'])} tag has characters "
-                      "that are not safe to show or paste into a command; left out (use the instance id)")
+            warn(f"{r['instance_id']}: its {', '.join(r['unsafe_tags'])} tag has characters that are not safe to "
+                 "show or paste into a command; left out (use the instance id)")
     if any(r["market"] == "spot" for r in rows):
-        out.print("[dim]spot instances are shown at the on-demand price (their ceiling); the bill uses the spot "
-                  "price history[/]")
+        say(out, "spot instances are shown at the on-demand price (their ceiling); the bill uses the spot "
+            "price history", "dim")
 
 
 @app.command()
@@ -324,7 +323,6 @@ def cleanup(dry_run: bool = typer.Option(False, "--dry-run", help="Only list wha
     stays: `ec2gpu image rm`). Runs whose controller died get their files brought home first (this
     region) and their bills settled."""
     from ..aws import sweep
-    from ..aws.session import Aws
 
     with Context(region, _sandbox_flag(sandbox)) as ctx:
         ctx.aws.check_credentials()
@@ -338,7 +336,7 @@ def cleanup(dry_run: bool = typer.Option(False, "--dry-run", help="Only list wha
             regions = sorted(r["RegionName"] for r in ctx.aws.ec2.describe_regions()["Regions"] if r["RegionName"] in known)
         report = {}
         for name in regions:
-            aws = ctx.aws if name == ctx.aws.region else Aws(name, endpoint_url=ctx.aws.endpoint_url)
+            aws = ctx.aws.in_region(name)
             found = sweep.inventory(aws.ec2, log=lambda m, n=name: note(f"{n}: {m}"), iam=aws.client("iam"))
             if not any(found.values()):
                 continue
@@ -353,13 +351,13 @@ def cleanup(dry_run: bool = typer.Option(False, "--dry-run", help="Only list wha
         render_json({"dry_run": dry_run, "regions": report})
         return
     if not report:
-        out.print(f"nothing of ec2gpu's found in {', '.join(regions) if len(regions) < 4 else f'{len(regions)} regions'}")
+        say(out, f"nothing of ec2gpu's found in {', '.join(regions) if len(regions) < 4 else f'{len(regions)} regions'}")
         return
     verb = "would remove" if dry_run else "removed"
     for name, kinds in report.items():
-        out.print(f"{name}: {verb} " + "; ".join(f"{k.replace('_', ' ')} {', '.join(v)}" for k, v in kinds.items() if v))
+        say(out, f"{name}: {verb} " + "; ".join(f"{k.replace('_', ' ')} {', '.join(v)}" for k, v in kinds.items() if v))
     if dry_run:
-        out.print("[dim]run again without --dry-run to remove them[/]")
+        say(out, "run again without --dry-run to remove them", "dim")
 
 
 @app.command()
@@ -379,14 +377,18 @@ def doctor(instance_type: Optional[str] = typer.Option(None, "--instance-type", 
     if as_json:
         render_json([c.as_dict() for c in checks])
     else:
-        for c in checks:
-            mark = {True: "[green]ok  [/]", False: "[red]FAIL[/]", None: "[yellow]?   [/]"}[c.ok]
-            out.print(f"{mark} {c.name}: {c.detail}" + (f"\n     [yellow]fix:[/] {c.fix}" if c.fix and not c.ok else ""),
-                      highlight=False)
+        for c in checks:  # a check's detail and fix may quote AWS's words: plain text
+            mark, style = {True: ("ok  ", "green"), False: ("FAIL", "red"), None: ("?   ", "yellow")}[c.ok]
+            say(out, f"{c.name}: {c.detail}", label=mark, label_style=style)
+            if c.fix and not c.ok:
+                say(out, c.fix, label="     fix:", label_style="yellow")
         unknown = [c.name for c in checks if c.ok is None]
-        out.print((f"{len(checks) - len(failed) - len(unknown)} of {len(checks)} checks passed" if not failed else
-                   f"[red]{len(failed)} check(s) failed[/]: {', '.join(c.name for c in failed)}") +
-                  (f"; could not tell: {', '.join(unknown)}" if unknown else ""))
+        could_not = f"; could not tell: {', '.join(unknown)}" if unknown else ""
+        if failed:
+            say(out, f"{', '.join(c.name for c in failed)}{could_not}", label=f"{len(failed)} check(s) failed:",
+                label_style="red")
+        else:
+            say(out, f"{len(checks) - len(unknown)} of {len(checks)} checks passed{could_not}")
     if failed:
         raise typer.Exit(doc.exit_code(checks))
 
@@ -427,10 +429,10 @@ def down(name: Optional[str] = typer.Argument(None, help="Name, instance id or r
     if as_json:
         render_json(removed)
     elif not any(v for r in removed.values() for v in r.values()):
-        out.print("nothing to remove")
+        say(out, "nothing to remove")
     else:
         for run_id, r in removed.items():
             if not any(r.values()):
                 continue
-            out.print(f"run {run_id}: removed " + "; ".join(f"{k.replace('_', ' ')} {', '.join(v)}"
-                                                          for k, v in r.items() if v))
+            say(out, f"run {run_id}: removed " + "; ".join(f"{k.replace('_', ' ')} {', '.join(v)}"
+                                                       for k, v in r.items() if v))

@@ -103,7 +103,7 @@ def run_checks(aws, settings, instance_type: str, spot: bool, sandbox: bool) -> 
         _run("GPU vCPU quota", quota),
         _run("AMI", ami),
         _run("spot role", lambda: _spot_role(aws, spot, sandbox)),
-        _run("your IP", lambda: (True, f"SSH will be allowed from {network.ssh_cidr(None)} only")),
+        _run("your IP", lambda: (True, f"SSH will be allowed from {network.ssh_cidr(None, aws.checkip_url)} only")),
         _run("price", price),
         _run("ssh client", lambda: (bool(shutil.which("ssh")), shutil.which("ssh") or "no `ssh` on PATH",
                                     "install OpenSSH's client (apt-get install openssh-client) for `ec2gpu ssh`")),

@@ -51,7 +51,7 @@ def provision(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, ui:
     ec2 = aws.ec2
     name = opts.name or f"ec2gpu-{run_id}"
     if prov.key_name is None:
-        cidr = network.ssh_cidr(opts.ssh_cidr)
+        cidr = network.ssh_cidr(opts.ssh_cidr, aws.checkip_url)
         prov.ami = choose_image(aws, opts)
         ui.note(f"AMI {prov.ami['ImageId']} ({prov.ami['Name']}): {prov.ami['why']}, via {prov.ami['source']}; "
                 f"SSH allowed from {cidr}")

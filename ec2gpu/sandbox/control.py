@@ -23,12 +23,15 @@ import sys
 import time
 from pathlib import Path
 
-from ..errors import SandboxError, WaitTimeout
+from ..errors import SandboxError, UsageError, WaitTimeout
 from . import likeaws
 from .sshd import orphans, sshd_binary
 
 REGION = "us-east-1"
 ACCOUNT_ID = "123456789012"  # moto's default account
+# What the daemon (server.py) imports beyond ec2gpu's own dependencies: the `sandbox` extra
+# (moto[server] brings flask and flask-cors; moto's server app imports them).
+EXTRA_MODULES = ("moto", "werkzeug", "flask", "flask_cors")
 
 
 def state_dir(home: Path) -> Path:
@@ -78,13 +81,26 @@ def instance_env() -> dict[str, str]:
     return env
 
 
+def require_extra() -> None:
+    """Raise UsageError (one line, exit 2) when a module of the `sandbox` extra is missing: the
+    daemon would die on its import, with a traceback cut short in its log."""
+    import importlib.util
+    for module in EXTRA_MODULES:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # a broken install, or a module set to None in sys.modules
+            found = False
+        if not found:
+            raise UsageError(f"the sandbox needs {module}: pip install 'ec2gpu[sandbox]'")
+
+
 def up(home: Path, timeout_s: float = 60.0, like_aws: bool | None = None, persistent: bool = True) -> dict:
     """Start the sandbox daemon in the background unless one is running; return its state.
 
     ``like_aws`` True starts it in the AWS-like mode (likeaws.py); None leaves that to
     EC2GPU_SANDBOX_LIKE_AWS. ``persistent``: it keeps running until `ec2gpu sandbox down` (else
-    the last ``session`` to end stops it). Raises SandboxError when sshd is missing or the daemon
-    does not come up in ``timeout_s``.
+    the last ``session`` to end stops it). Raises UsageError without the `sandbox` extra (moto),
+    SandboxError when sshd is missing or the daemon does not come up in ``timeout_s``.
     """
     with _locked(home):
         state = _up(home, timeout_s, like_aws)
@@ -98,6 +114,7 @@ def _up(home: Path, timeout_s: float, like_aws: bool | None) -> dict:
     state = read_state(home)
     if state:
         return state
+    require_extra()
     d = state_dir(home)
     reaped = orphans(d / "instances", stop=True)  # a server killed with SIGKILL left its instances' sshds
     if reaped:
@@ -227,7 +244,8 @@ def session(home: Path):
     """Use the running sandbox, or start one, for the duration of the block; the last session to
     end stops a sandbox nobody started for good (see the module docstring).
 
-    Sets the sandbox's environment variables in os.environ for the block. Yields the state.
+    Yields the state; os.environ is left as it is (the caller builds its clients from the state:
+    backend.Context).
     """
     users = state_dir(home) / "users"
     with _locked(home):
@@ -235,16 +253,9 @@ def session(home: Path):
         users.mkdir(parents=True, exist_ok=True)
         me = users / f"{os.getpid()}-{secrets.token_hex(4)}"
         me.write_text(str(os.getpid()))
-    saved = {k: os.environ.get(k) for k in env_vars(state)}
-    os.environ.update(env_vars(state))
     try:
         yield state
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
         with _locked(home):
             me.unlink(missing_ok=True)
             if not _other_users(users) and not (state_dir(home) / "persistent").exists():

@@ -58,7 +58,7 @@ def test_a_run_role_iam_refuses_stops_the_run_before_its_key_pair(monkeypatch, t
         def create_role(self, **kw):
             raise botocore.exceptions.ClientError({"Error": {"Code": "AccessDenied", "Message": "no"}}, "CreateRole")
 
-    monkeypatch.setattr(provision.network, "ssh_cidr", lambda cidr: "127.0.0.1/32")
+    monkeypatch.setattr(provision.network, "ssh_cidr", lambda cidr, url=None: "127.0.0.1/32")
     monkeypatch.setattr(provision, "choose_image", lambda aws, opts: {"ImageId": "ami-1", "Name": "x", "why": "",
                                                                        "source": "", "RootDeviceName": "/dev/xvda"})
     monkeypatch.setattr(provision.network, "create_key_pair", lambda *a: made.append("key pair"))
@@ -66,7 +66,7 @@ def test_a_run_role_iam_refuses_stops_the_run_before_its_key_pair(monkeypatch, t
     job = SimpleNamespace(mounts=[_s3("/d", "train/")], role_policy={"Version": "2012-10-17", "Statement": []},
                           role_boundary=None, buckets_to_make=["ec2gpu-test-never-made"])
     opts = SimpleNamespace(ssh_cidr=None, task=job, bake=None, name=None)
-    aws = SimpleNamespace(ec2=None, region="us-east-1", client=lambda name: Refusing())
+    aws = SimpleNamespace(ec2=None, region="us-east-1", client=lambda name: Refusing(), checkip_url=None)
     prov = provision.Provisioned("run-refused")
     ui = SimpleNamespace(note=lambda line: None, phase=lambda name: _Null())
     with pytest.raises(UsageError, match="permissions boundary ec2gpu-instance-boundary"):
