@@ -6,13 +6,16 @@ untagged one only when its run still holds something there (``find_instance_role
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import botocore.exceptions
 
 from . import baked
 from . import instances as inst
 from . import placement
 from . import tags as T
-from .network import delete_key_pair
+from . import network
 from .session import error_code
 
 LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
@@ -97,8 +100,115 @@ def find_instance_roles(iam, ec2, run_id: str | None = None, runs_here=frozenset
     return [r for r in found if r["region"] == region or (not r["region"] and r["run_id"] in runs_here)]
 
 
+@dataclass(frozen=True)
+class Kind:
+    """One kind of resource ec2gpu creates: how a sweep finds it by the ec2gpu:run tag and removes
+    it. ``key``: its name in inventories and reports (security_groups); ``label``: in messages;
+    ``find(clients, run_id, log) -> rows`` ({"id", "run_id", "name", ...}); ``remove(clients, ids,
+    log) -> ids removed`` (raises botocore's ClientError, AwsError or WaitTimeout for the rest; one
+    id at a time unless ``batch``); ``after``: the kinds that must be gone first (else this one is
+    not tried and is reported left); ``iam``: it needs an IAM client."""
+
+    key: str
+    label: str
+    find: Callable
+    remove: Callable
+    after: tuple[str, ...] = ()
+    batch: bool = False
+    iam: bool = False
+
+
+@dataclass
+class Clients:
+    """What a sweep works with: the region's EC2 client, an IAM client (None: roles are not
+    touched), the folder of local private keys, and the seconds a security group's deletion may
+    wait, in all, for its instances' network interfaces to go (DependencyViolation)."""
+
+    ec2: object
+    iam: object = None
+    keys_dir: object = None
+    group_wait_s: float = 300.0
+    group_deadline: float | None = None  # time.monotonic() by which the groups' wait ends (set at the first)
+
+
+def _row(res: dict, id_key: str, **extra) -> dict:
+    tg = T.as_dict(res.get("Tags"))
+    return {"id": res[id_key], "run_id": tg.get(T.RUN, ""), "name": tg.get(T.NAME, ""), **extra}
+
+
+def _find_roles(c: Clients, run_id, log, here=frozenset()) -> list[dict]:
+    return [{"id": r["name"], "run_id": r["run_id"], "name": r["name"], "owner": r["owner"], "kind": r["kind"]}
+            for r in find_instance_roles(c.iam, c.ec2, run_id, here, log)]
+
+
+def _cancel_spot(c: Clients, ids, log) -> list[str]:
+    log(f"cancelling spot requests {', '.join(ids)}")
+    c.ec2.cancel_spot_instance_requests(SpotInstanceRequestIds=ids)
+    return list(ids)
+
+
+def _terminate(c: Clients, ids, log) -> list[str]:
+    log(f"terminating {', '.join(ids)}")
+    inst.terminate(c.ec2, ids)
+    return list(ids)
+
+
+def _delete_group(c: Clients, group_id, log) -> None:
+    import time
+    if c.group_deadline is None:  # one wait shared by every group of the sweep
+        c.group_deadline = time.monotonic() + c.group_wait_s
+    log(f"deleting security group {group_id}")
+    delete_security_group(c.ec2, group_id, timeout_s=max(0.0, c.group_deadline - time.monotonic()))
+
+
+def _delete_role(c: Clients, name, log) -> None:
+    from . import iam as roles
+    log(f"deleting instance role {name}")
+    roles.delete_run_role(c.iam, name)
+
+
+def _kinds() -> tuple[Kind, ...]:
+    """The registry, in the order a sweep removes: spot requests and instances first, then what
+    they used. A new kind of resource (a launch template, an Auto Scaling group, a bucket policy)
+    is one entry here: inventory, cleanup, down, a run's teardown and the ended runs' leftovers
+    all follow it."""
+    return (
+        Kind("spot_requests", "spot requests",
+             lambda c, run, log: [_row(r, "SpotInstanceRequestId", state=r["State"])
+                                  for r in find_spot_requests(c.ec2, run)], _cancel_spot, batch=True),
+        Kind("instances", "instances",
+             lambda c, run, log: [_row(i, "InstanceId", state=i["State"]["Name"], instance_type=i["InstanceType"])
+                                  for i in find_instances(c.ec2, run)], _terminate, batch=True),
+        Kind("security_groups", "security group",
+             lambda c, run, log: [_row(g, "GroupId") for g in find_security_groups(c.ec2, run)],
+             _delete_group, after=("instances",)),
+        Kind("key_pairs", "key pair",
+             lambda c, run, log: [_row(k, "KeyName") for k in find_key_pairs(c.ec2, run)],
+             lambda c, name, log: (log(f"deleting key pair {name}"), network.delete_key_pair(c.ec2, name, c.keys_dir))),
+        # a bake's image not yet complete (Ctrl-C, a crash): never a complete one (`ec2gpu image rm`)
+        Kind("images", "image",
+             lambda c, run, log: [_row(i, "ImageId", state=i.get("State"))
+                                  for i in baked.images(c.ec2, run, complete=False)],
+             lambda c, image_id, log: baked.deregister(c.ec2, image_id, log), after=("instances",)),
+        Kind("snapshots", "snapshot",  # after the images: EC2 refuses to delete a snapshot an image uses
+             lambda c, run, log: [_row(x, "SnapshotId") for x in baked.incomplete_snapshots(c.ec2, run)],
+             lambda c, snap_id, log: baked.delete_snapshots(c.ec2, [snap_id], log), after=("images",)),
+        Kind("placement_groups", "placement group",
+             lambda c, run, log: [_row(g, "GroupName") for g in placement.find(c.ec2, run, log)],
+             lambda c, name, log: (log(f"deleting placement group {name}"), placement.delete(c.ec2, name)),
+             after=("instances",)),
+        Kind("instance_roles", "instance role", _find_roles, _delete_role, after=("instances",), iam=True),
+    )
+
+
+KINDS = _kinds()
+#: the kinds by key, for callers that name one
+KIND = {k.key: k for k in KINDS}
+
+
 def inventory(ec2, run_id: str | None = None, log=lambda msg: None, iam=None) -> dict[str, list[dict]]:
-    """Everything the tool created (or one run) that still exists in the client's region, by kind.
+    """Everything the tool created (or one run) that still exists in the client's region, by kind
+    (``KINDS``, in removal order).
 
     Keys: instances (live states), spot_requests (open/active), security_groups, key_pairs,
     placement_groups, images and snapshots (of bakes that did not complete), and with an IAM
@@ -108,70 +218,52 @@ def inventory(ec2, run_id: str | None = None, log=lambda msg: None, iam=None) ->
     ``state``. Without ``iam`` there is no instance_roles key. ``log`` hears what could not be
     listed (placement groups where that API is unavailable, roles these credentials may not list).
     """
-    def row(res: dict, id_key: str, **extra) -> dict:
-        tg = T.as_dict(res.get("Tags"))
-        return {"id": res[id_key], "run_id": tg.get(T.RUN, ""), "name": tg.get(T.NAME, ""), **extra}
-
-    found = {
-        "instances": [row(i, "InstanceId", state=i["State"]["Name"], instance_type=i["InstanceType"])
-                      for i in find_instances(ec2, run_id)],
-        "spot_requests": [row(r, "SpotInstanceRequestId", state=r["State"]) for r in find_spot_requests(ec2, run_id)],
-        "security_groups": [row(g, "GroupId") for g in find_security_groups(ec2, run_id)],
-        "key_pairs": [row(k, "KeyName") for k in find_key_pairs(ec2, run_id)],
-        "placement_groups": [row(g, "GroupName") for g in placement.find(ec2, run_id, log)],
-        # a bake's image not yet complete (Ctrl-C, a crash): never a complete one (`ec2gpu image rm`)
-        "images": [row(i, "ImageId", state=i.get("State")) for i in baked.images(ec2, run_id, complete=False)],
-        "snapshots": [row(s, "SnapshotId") for s in baked.incomplete_snapshots(ec2, run_id)],
-    }
+    c = Clients(ec2, iam)
+    found = {k.key: k.find(c, run_id, log) for k in KINDS if not k.iam}
     if iam is not None:
-        here = {r["run_id"] for rows in found.values() for r in rows} - {""}
-        found["instance_roles"] = [{"id": r["name"], "run_id": r["run_id"], "name": r["name"], "owner": r["owner"],
-                                    "kind": r["kind"]} for r in find_instance_roles(iam, ec2, run_id, here, log)]
-    return found
+        here = frozenset({r["run_id"] for rows in found.values() for r in rows} - {""})
+        found["instance_roles"] = _find_roles(c, run_id, log, here)
+    return {k.key: found[k.key] for k in KINDS if k.key in found}
 
 
 def delete_everything(ec2, found: dict[str, list[dict]], keys_dir, log=lambda msg: None,
-                      iam=None) -> dict[str, list[str]]:
-    """Remove what ``inventory`` found: cancel spot requests, terminate instances (waiting), then
-    delete security groups (retrying DependencyViolation) and key pairs with their local files,
-    images, snapshots and placement groups, and last (with ``iam``) instance roles with their
-    instance profiles (aws/iam.delete_run_role). Returns the ids removed, by kind. Raises the
-    first error (botocore's ClientError) of a step that fails."""
-    removed: dict[str, list[str]] = {k: [] for k in found}
-    if found["spot_requests"]:
-        ids = [r["id"] for r in found["spot_requests"]]
-        log(f"cancelling spot requests {', '.join(ids)}")
-        ec2.cancel_spot_instance_requests(SpotInstanceRequestIds=ids)
-        removed["spot_requests"] = ids
-    if found["instances"]:
-        ids = [r["id"] for r in found["instances"]]
-        log(f"terminating {', '.join(ids)}")
-        inst.terminate(ec2, ids)
-        removed["instances"] = ids
-    for g in found["security_groups"]:
-        log(f"deleting security group {g['id']}")
-        delete_security_group(ec2, g["id"])
-        removed["security_groups"].append(g["id"])
-    for k in found["key_pairs"]:
-        log(f"deleting key pair {k['id']}")
-        delete_key_pair(ec2, k["id"], keys_dir)
-        removed["key_pairs"].append(k["id"])
-    for i in found.get("images", []):  # images first: EC2 refuses to delete a snapshot an image uses
-        baked.deregister(ec2, i["id"], log)
-        removed["images"].append(i["id"])
-    removed["snapshots"] = baked.delete_snapshots(ec2, [s["id"] for s in found.get("snapshots", [])], log)
-    for g in found.get("placement_groups", []):
-        log(f"deleting placement group {g['id']}")
-        placement.delete(ec2, g["id"])
-        removed["placement_groups"].append(g["id"])
-    if found.get("instance_roles") and iam is None:
-        log("instance roles not removed: no IAM client given")
-    elif found.get("instance_roles"):
-        from . import iam as roles
-        for r in found["instance_roles"]:  # after the instances: a running one still uses its role
-            log(f"deleting instance role {r['id']}")
-            roles.delete_run_role(iam, r["id"])
-            removed["instance_roles"].append(r["id"])
+                      iam=None, group_wait_s: float = 300.0, on_failure=None) -> dict[str, list[str]]:
+    """Remove what ``inventory`` found (or any {kind key: rows with "id"}), kind by kind in
+    ``KINDS`` order, best-effort: a resource AWS refuses is reported and the next one is tried; a
+    kind whose ``after`` kinds are not all gone is not tried (a security group while its instances
+    still run). Security groups wait up to ``group_wait_s`` seconds in all for their instances'
+    network interfaces (DependencyViolation); instance roles need ``iam``. ``log`` hears each
+    step and each failure; ``on_failure(label, ids, why)`` each failure (``why``: the AWS error
+    code, the exception's class, or what is still there).
+
+    Returns {kind key: ids removed} for every kind in ``found``, and "left": ["ID (why)", ...] for
+    what is still there (empty when everything went). Never raises for one resource.
+    """
+    c = Clients(ec2, iam, keys_dir, group_wait_s)
+    removed: dict[str, list[str]] = {key: [] for key in found}
+    left: dict[str, str] = {}  # id -> why
+    for kind in KINDS:
+        ids = [r["id"] for r in found.get(kind.key, [])]
+        if not ids:
+            continue
+        blocked = [KIND[a].label for a in kind.after if any(r["id"] in left for r in found.get(a, []))]
+        if kind.iam and iam is None or blocked:
+            why = f"{blocked[0]} still there" if blocked else "no IAM client given"
+            left.update({i: why for i in ids})
+            if on_failure:
+                on_failure(kind.label, ids, why)
+        else:
+            for batch in ([ids] if kind.batch else [[i] for i in ids]):
+                try:
+                    kind.remove(c, batch if kind.batch else batch[0], log)
+                    removed[kind.key] += batch
+                except Exception as exc:  # noqa: BLE001 - reported, and the next resource is tried
+                    why = error_code(exc) or type(exc).__name__
+                    log(f"could not remove the {kind.label} {', '.join(batch)} ({why})")
+                    left.update({i: why for i in batch})
+                    if on_failure:
+                        on_failure(kind.label, batch, why)
+    removed["left"] = [f"{i} ({why})" for i, why in left.items()]
     return removed
 
 
@@ -266,55 +358,25 @@ def ended_leftovers(ec2, keep=frozenset(), iam=None) -> dict[str, dict]:
 
 
 def remove_leftovers(ec2, found: dict[str, dict], keys_dir, iam=None) -> dict[str, dict[str, list[str]]]:
-    """Delete what ``ended_leftovers`` found, per run, best-effort: its security groups (one try
-    each: a group whose ended instance's network interface lingers is left for the next command),
-    then, once they are gone, its key pairs with their local key files and its placement groups;
-    and with an IAM client ``iam``, on their own, its instance roles (aws/iam.delete_run_role).
-    Returns run id -> {kind: ids removed ("instance_roles" only with ``iam``); "key_files": the
-    local files deleted; "left": "what (why)" for what AWS refused or still holds}. Never raises
-    for one resource."""
-    from .network import private_key_path
-
+    """Delete what ``ended_leftovers`` found, per run, best-effort (``delete_everything`` with no
+    wait: a group whose ended instance's network interface lingers is left for the next command,
+    and the run's key pair with it); instance roles only with an IAM client ``iam``. Returns run id
+    -> {kind: ids removed ("instance_roles" only with ``iam``); "key_files": the local files
+    deleted; "left": "ID (why)" for what AWS refused or still holds}. Never raises for one
+    resource."""
     removed = {}
     for run, what in found.items():
-        done: dict[str, list[str]] = {"security_groups": [], "key_pairs": [], "key_files": [], "placement_groups": [],
-                                      "left": []}
-        try:
-            for group in what["security_groups"]:
-                try:
-                    ec2.delete_security_group(GroupId=group)
-                    done["security_groups"].append(group)
-                except botocore.exceptions.ClientError as exc:
-                    if error_code(exc) != "InvalidGroup.NotFound":
-                        raise
-            for name in what["key_pairs"]:  # the run's date (ended_runs): kept while a group stays
-                had_file = private_key_path(keys_dir, name).exists()
-                delete_key_pair(ec2, name, keys_dir)
-                done["key_pairs"].append(name)
-                done["key_files"] += [str(private_key_path(keys_dir, name))] if had_file else []
-            for name in what["placement_groups"]:
-                placement.delete(ec2, name)
-                done["placement_groups"].append(name)
-        except botocore.exceptions.ClientError as exc:  # DependencyViolation: try again next time
-            kinds = ("security_groups", "key_pairs", "placement_groups")
-            rest = [x for k in kinds for x in what[k] if x not in done[k]]
-            done["left"].append(f"{', '.join(rest)} ({error_code(exc)})")
-        if iam is not None:
-            done["instance_roles"] = _remove_roles(iam, what.get("instance_roles", []), done["left"])
+        kinds = ["security_groups", "placement_groups"] + (["instance_roles"] if iam is not None else [])
+        done = delete_everything(ec2, {k: [{"id": x} for x in what.get(k, [])] for k in kinds}, keys_dir, iam=iam,
+                                 group_wait_s=0)
+        pairs = what.get("key_pairs", [])  # the run's date (ended_runs): kept while one of its groups stays
+        had_file = {n for n in pairs if network.private_key_path(keys_dir, n).exists()}
+        if len(done["security_groups"]) < len(what.get("security_groups", [])):
+            done["key_pairs"] = []
+            done["left"] += [f"{n} (its security group is still there)" for n in pairs]
+        else:
+            more = delete_everything(ec2, {"key_pairs": [{"id": n} for n in pairs]}, keys_dir)
+            done["key_pairs"], done["left"] = more["key_pairs"], done["left"] + more["left"]
+        done["key_files"] = [str(network.private_key_path(keys_dir, n)) for n in done["key_pairs"] if n in had_file]
         removed[run] = done
     return removed
-
-
-def _remove_roles(iam, names: list[str], left: list[str]) -> list[str]:
-    """Delete each instance role of ``names`` (aws/iam.delete_run_role); return those removed, and
-    add "name (code)" to ``left`` for each that IAM refused."""
-    from . import iam as roles
-
-    done = []
-    for name in names:
-        try:
-            roles.delete_run_role(iam, name)
-            done.append(name)
-        except (botocore.exceptions.ClientError, ValueError) as exc:
-            left.append(f"{name} ({error_code(exc) or type(exc).__name__})")
-    return done

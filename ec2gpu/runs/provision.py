@@ -175,74 +175,58 @@ def choose_image(aws: Aws, opts: TrainOptions) -> dict:
 
 
 def teardown(aws: Aws, settings: Settings, prov: Provisioned, ui: Reporter) -> dict:
-    """Terminate the run's instances (waiting), delete its security group, key pair and placement
-    group: each step tried on its own, best-effort. Never raises (an exception here would hide the
-    error that ended the run): a step that fails is reported with the `ec2gpu cleanup` command and
-    listed under "failed". The security group is left while its instances may still exist (EC2
-    refuses to delete a group in use). A second Ctrl-C is answered with how to finish by hand.
+    """Remove what the run made, kind by kind through the registry of aws/sweep.py (``KINDS``):
+    terminate its instances (waiting), then delete its security group, key pair, placement group,
+    a bake's incomplete image and snapshots, and its instance role; each resource tried on its own,
+    best-effort. Never raises (an exception here would hide the error that ended the run): what
+    fails is reported with the `ec2gpu cleanup` command and listed under "failed". A security group
+    is left while its instances may still exist (EC2 refuses to delete a group in use), and the
+    key pair with it (it dates the run for the next command's sweep). A second Ctrl-C is answered
+    with how to finish by hand.
 
-    Returns {"instances", "security_groups", "key_pairs", "placement_groups": ids removed, "failed":
-    ["what: why", ...]}.
+    Returns {"instances", "security_groups", "key_pairs", "placement_groups", "images", "snapshots",
+    "instance_roles": ids removed, "failed": ["ID (why)", ...]}.
     """
     def on_sigint(*_):
         ui.note("cleanup is under way; if you stop it, finish by hand with `ec2gpu cleanup`")
     previous = signal.signal(signal.SIGINT, on_sigint) if _main_thread() else None
-    removed: dict = {"instances": [], "security_groups": [], "key_pairs": [], "placement_groups": [], "images": [],
-                     "snapshots": [], "instance_roles": [], "failed": []}
-
-    def step(what: str, fn) -> bool:
-        try:
-            fn()
-            return True
-        except Exception as exc:  # noqa: BLE001 - every failure is reported and the next step runs
-            removed["failed"].append(f"{what}: {type(exc).__name__}: {exc}"[:300])
-            ui.note(f"could not remove the {what} ({type(exc).__name__}: {exc}); finish with `ec2gpu cleanup "
-                    f"--region {aws.region}` (it finds everything by the ec2gpu:run tag {prov.run_id})")
-            return False
+    kinds = ("instances", "security_groups", "key_pairs", "placement_groups", "images", "snapshots", "instance_roles")
+    removed: dict = {k: [] for k in kinds}
+    removed["failed"] = []
     try:
         with ui.phase("terminating"):
-            ec2 = aws.ec2
             live = [i for i in prov.instance_ids if i not in prov.ended]
-            gone = not live or step("instances", lambda: instances.terminate(ec2, live))
-            if live and gone:
-                prov.ended.update(live)
-            if gone:
-                removed["instances"] = prov.instance_ids
-            if prov.security_group_id:
-                if not gone:  # EC2 refuses to delete a group its instances still use: not tried
-                    removed["failed"].append(f"security group {prov.security_group_id}: still in use by the instances")
-                elif step("security group", lambda: sweep.delete_security_group(ec2, prov.security_group_id)):
-                    removed["security_groups"] = [prov.security_group_id]
-            if prov.key_name and step("key pair", lambda: network.delete_key_pair(ec2, prov.key_name, settings.keys_dir)):
-                removed["key_pairs"] = [prov.key_name]
-            if prov.bake:  # an image not yet complete, and snapshots no image holds: never kept
-                step("image", lambda: _remove_image(ec2, prov.run_id, removed, ui.note))
-            if prov.placement_group and gone and step("placement group", lambda: placement.delete(ec2, prov.placement_group)):
-                removed["placement_groups"] = [prov.placement_group]
-            if prov.instance_profile and step("instance role", lambda: _delete_role(aws, prov.instance_profile)):
-                removed["instance_roles"] = [prov.instance_profile]
+            found = {"instances": live, "security_groups": [prov.security_group_id], "key_pairs": [prov.key_name],
+                     "placement_groups": [prov.placement_group], "instance_roles": [prov.instance_profile]}
+            rows = {k: [{"id": x} for x in ids if x] for k, ids in found.items()}
+            try:
+                if prov.bake:  # an image not yet complete, and snapshots no image holds: never kept
+                    rows["images"] = sweep.KIND["images"].find(sweep.Clients(aws.ec2), prov.run_id, ui.note)
+                    rows["snapshots"] = sweep.KIND["snapshots"].find(sweep.Clients(aws.ec2), prov.run_id, ui.note)
+                iam = aws.client("iam") if prov.instance_profile else None
+            except Exception as exc:  # noqa: BLE001 - listed, and the rest is still removed
+                removed["failed"].append(f"images of the bake ({type(exc).__name__}: {exc})"[:300])
+                iam = None
+            def failed(label: str, ids: list[str], why: str) -> None:
+                ui.note(f"could not remove the {label} {', '.join(ids)} ({why}); finish with `ec2gpu cleanup "
+                        f"--region {aws.region}` (it finds everything by the ec2gpu:run tag {prov.run_id})")
+            done = sweep.delete_everything(aws.ec2, rows, settings.keys_dir, iam=iam, on_failure=failed)
+            for k in kinds:
+                removed[k] = done.get(k, [])
+            removed["failed"] += done["left"]
+            prov.ended.update(i for i in live if i in removed["instances"])
+            removed["instances"] = [i for i in prov.instance_ids if i in prov.ended]
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
-    done = "; ".join(f"{k.replace('_', ' ')} {', '.join(v)}" for k, v in removed.items() if v and k != "failed")
-    if done:
-        ui.note("removed: " + done)
+    done_words = "; ".join(f"{k.replace('_', ' ')} {', '.join(v)}" for k, v in removed.items() if v and k != "failed")
+    if done_words:
+        ui.note("removed: " + done_words)
     left = leftovers(prov, removed)
     if left:
         ui.note(f"may still exist (and bill, for instances): {left}; `ec2gpu cleanup --region {aws.region}` removes "
                 f"them once AWS answers (they carry the ec2gpu:run tag {prov.run_id})")
     return removed
-
-
-def _delete_role(aws: Aws, name: str) -> None:
-    from ..aws import iam
-    iam.delete_run_role(aws.client("iam"), name)
-
-
-def _remove_image(ec2, run_id: str, removed: dict, log) -> None:
-    gone = baked.remove_incomplete(ec2, run_id, log)
-    removed["images"] = [i for i in gone if i.startswith("ami-")]
-    removed["snapshots"] = [i for i in gone if not i.startswith("ami-")]
 
 
 def leftovers(prov: Provisioned, removed: dict) -> str:

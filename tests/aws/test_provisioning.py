@@ -147,3 +147,40 @@ def test_a_group_still_in_use_at_the_deadline_or_another_error_is_raised():
     with pytest.raises(botocore.exceptions.ClientError, match="UnauthorizedOperation"):
         sweep.delete_security_group(ec2, "sg-1", timeout_s=5, delay_s=0.01)
     assert ec2.calls == 1
+
+
+def test_a_stuck_security_group_does_not_stop_the_sweep_and_is_reported_left(aws, tmp_path, monkeypatch):
+    """`cleanup`/`down` are best-effort (one registry, aws/sweep.KINDS): a group EC2 keeps refusing
+    (DependencyViolation) is waited for within the sweep's bound and then left, named, while the
+    key pairs, the other group and the placement group of the same sweep are still removed."""
+    import botocore.exceptions
+
+    ec2 = aws.ec2
+    key, _ = network.create_key_pair(ec2, "run-stuck", "alice", tmp_path)
+    stuck = network.create_security_group(ec2, "run-stuck", "alice", "127.0.0.1/32")
+    other = network.create_security_group(ec2, "run-stuck2", "alice", "127.0.0.1/32")
+    real = ec2.delete_security_group
+
+    def refuse(GroupId):
+        if GroupId == stuck:
+            raise botocore.exceptions.ClientError({"Error": {"Code": "DependencyViolation", "Message": "in use"}},
+                                                  "DeleteSecurityGroup")
+        return real(GroupId=GroupId)
+    monkeypatch.setattr(ec2, "delete_security_group", refuse)
+    found = {k: v for k, v in sweep.inventory(ec2).items() if k in ("security_groups", "key_pairs")}
+    found = {k: [r for r in v if r["run_id"] in ("run-stuck", "run-stuck2")] for k, v in found.items()}
+    removed = sweep.delete_everything(ec2, found, tmp_path, group_wait_s=0.5)
+    assert removed["security_groups"] == [other] and removed["key_pairs"] == [key]
+    assert removed["left"] == [f"{stuck} (DependencyViolation)"]
+    monkeypatch.setattr(ec2, "delete_security_group", real)
+    assert sweep.delete_run(ec2, "run-stuck", tmp_path)["security_groups"] == [stuck]
+
+
+def test_every_kind_of_the_registry_is_listed_by_inventory_and_removed_in_its_order(aws):
+    """One registry: inventory lists every kind (roles with an IAM client), teardown's kinds are
+    registry kinds, and what a kind waits for comes before it."""
+    keys = [k.key for k in sweep.KINDS]
+    assert list(sweep.inventory(aws.ec2, "run-none", iam=aws.client("iam"))) == keys
+    assert "instance_roles" not in sweep.inventory(aws.ec2, "run-none")
+    for kind in sweep.KINDS:
+        assert all(keys.index(a) < keys.index(kind.key) for a in kind.after)
