@@ -108,6 +108,7 @@ def migrate(db: sqlite3.Connection) -> int:
 
 
 def _columns(db: sqlite3.Connection) -> set[str]:
+    """The names of the runs table's columns (``PRAGMA table_info``): read once per write, not per key."""
     return {r[1] for r in db.execute("PRAGMA table_info(runs)")}
 
 
@@ -118,7 +119,8 @@ def record(home: Path, row: dict) -> None:
     with closing(connect(home)) as db:
         try:
             with db:
-                cols = [k for k in row if k in _columns(db)]
+                known = _columns(db)  # once per connection: `k in _columns(db)` read the table's info per key
+                cols = [k for k in row if k in known]
                 # None in a JSON column that may be NULL is NULL, not the text "null" (which reads back as a
                 # summary that is "not a JSON object")
                 values = [json.dumps(row[k], default=str) if k in JSON_COLUMNS and not (
@@ -224,13 +226,43 @@ def _runs(home: Path, since: datetime | None, backend: str | None, limit: int | 
 
 
 def get(home: Path, run_id: str) -> dict:
-    """One run by id (or a unique prefix of it). Raises UsageError when none or several match."""
-    every = runs(home)
-    found = [r for r in every if r["run_id"] == run_id] or [r for r in every if r["run_id"].startswith(run_id)]
+    """One run by id (or a unique prefix of it). Raises UsageError when none or several match,
+    LedgerError when the ledger cannot be read.
+
+    The exact id first, else the ids that start with ``run_id``: both are looked up in the run id's
+    index (its primary key), and only the one run found is decoded (``_row``), whatever the size
+    of the ledger. A ledger that does not exist yet holds no run (and is not created)."""
+    found = _find(home, run_id) if path_in(home).exists() else []
     if len(found) != 1:
         raise UsageError(f"no run {run_id!r} in the ledger" if not found else f"{run_id!r} matches {len(found)} runs",
                          "see `ec2gpu runs` for the ids")
     return found[0]
+
+
+def _find(home: Path, run_id: str) -> list:
+    """[the run ``run_id`` decoded] when it exists, else [the one run whose id starts with it,
+    decoded], else the ids that start with it (none, or several: nothing decoded)."""
+    try:
+        run_id.encode()
+    except UnicodeEncodeError:  # not UTF-8 text (e.g. a lone surrogate from argv): no stored id starts with it
+        return []
+    with closing(connect(home)) as db:
+        try:
+            exact = db.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+            if exact is not None:
+                return [_row(exact)]
+            # the ids that start with run_id are contiguous in the index's order (BINARY: UTF-8 bytes, as
+            # code points), from the first id >= run_id on: read ids only, and stop at the first that does not
+            ids = []
+            for (rid,) in db.execute("SELECT run_id FROM runs WHERE run_id >= ? ORDER BY run_id", (run_id,)):
+                if not (isinstance(rid, str) and rid.startswith(run_id)):
+                    break
+                ids.append(rid)
+            if len(ids) != 1:
+                return ids
+            return [_row(db.execute("SELECT * FROM runs WHERE run_id = ?", (ids[0],)).fetchone())]
+        except (sqlite3.Error, ValueError) as exc:  # ValueError: a JSON column that is not JSON
+            raise unreadable(home, exc) from None
 
 
 def totals(rows: list[dict]) -> dict:
