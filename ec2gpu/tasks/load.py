@@ -741,8 +741,11 @@ def _is_skypilot(data: dict) -> bool:
                   for e in res[k] if isinstance(e, dict)]
     theirs = ("accelerators", "use_spot", "disk_size", "infra", "image_id", "autostop", *SKYPILOT_ALIASES,
               *SKYPILOT_UNSUPPORTED_RESOURCES, *SKYPILOT_UNSUPPORTED_RESOURCES_SAID)
+    mounts = data.get("file_mounts") if isinstance(data.get("file_mounts"), dict) else {}
     if ("num_nodes" in data or any(k in data for k in SKYPILOT_UNSUPPORTED) or isinstance(data.get("secrets"), dict)
             or isinstance(data.get("outputs"), dict) or any(k in res for k in theirs)
+            or isinstance(data.get("workdir"), dict)  # SkyPilot's git workdir {url, ref}
+            or any(isinstance(v, dict) for v in mounts.values())  # SkyPilot's storage entries
             or any(k in e for e in candidates for k in theirs)):
         return True
     ours = any(k in data for k in _OURS) or any(k in res for k in _OURS_RESOURCES)

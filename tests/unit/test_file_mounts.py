@@ -192,3 +192,12 @@ def test_an_entry_inside_a_written_back_target_is_refused(tmp_path):
     with pytest.raises(UsageError, match="inside '~/out', which is written back to s3://my-out"):
         _task(tmp_path, "file_mounts:\n  ~/out:\n    name: my-out\n    mode: MOUNT\n  ~/out/cfg: ./cfg\n")
     assert len(_task(tmp_path, "file_mounts:\n  ~/out:\n    name: my-out\n    mode: MOUNT\n  ~/outside: ./cfg\n").mounts) == 2
+
+
+def test_a_file_whose_only_skypilot_marker_is_a_storage_entry_or_a_git_workdir_is_read_as_skypilots(tmp_path):
+    (tmp_path / "t.yaml").write_text("file_mounts:\n  ~/out:\n    name: my-out\n    mode: MOUNT\nrun: echo hi\n")
+    assert load.load(tmp_path / "t.yaml").skypilot
+    (tmp_path / "t.yaml").write_text("workdir:\n  url: https://github.com/o/r.git\nrun: echo hi\n")
+    assert load.load(tmp_path / "t.yaml").skypilot
+    (tmp_path / "t.yaml").write_text("file_mounts:\n  ~/d: ./\nrun: echo hi\n")
+    assert not load.load(tmp_path / "t.yaml").skypilot
