@@ -5,8 +5,9 @@ it may carry terminal control sequences (``ESC[2J`` clears the screen, ``ESC]0;.
 window title, ``ESC]52;c;...BEL`` writes the clipboard, ``ESC]8;;URL`` makes a hyperlink) or
 characters that reorder or hide what is shown (bidi overrides, zero-width spaces). ``inert`` makes
 every such character visible as its escape, so what the user reads is what was sent and the
-terminal interprets none of it. The CLI prints the result as plain text, never as rich markup
-(cli.plain, cli.note, cli.warn): ``[link=...]`` in a value stays those characters.
+terminal interprets none of it. The CLI prints the result as plain text, never as rich markup,
+through its one helper ``cli.say`` (and ``cli.plain`` for a table's cells): ``[link=...]`` in a
+value stays those characters.
 """
 from __future__ import annotations
 

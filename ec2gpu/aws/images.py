@@ -56,7 +56,7 @@ def pick_parameter(parameters: dict[str, str]) -> tuple[str, str, str] | None:
     release) for the first release of UBUNTU_RELEASES that has one, newest PyTorch first; None."""
     found = []
     for name, value in parameters.items():
-        m = _PYTORCH.match(name)
+        m = _PYTORCH.fullmatch(name)
         if m:
             found.append(((int(m.group(1)), int(m.group(2))), m.group(3), name, value))
     for release in UBUNTU_RELEASES:
@@ -90,7 +90,7 @@ def _by_name(ssm) -> tuple[str, str, str] | None:
         if value is None:
             continue
         found = {name: value}
-        m = _PYTORCH.match(name)
+        m = _PYTORCH.fullmatch(name)
         if f"{m.group(1)}.{m.group(2)}" == FALLBACK_TORCH[0]:
             found.update(_newer(ssm, int(m.group(1)), int(m.group(2)), m.group(3)))
         return pick_parameter(found)

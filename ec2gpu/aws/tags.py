@@ -13,21 +13,24 @@ NODE = "ec2gpu:node"  # the node's index in its cluster (0 hosts the torchrun re
 
 
 #: a name the user gives (--name, a task's name): safe in tags, file names, an ssh_config Host
-#: line and a shell word, as it is (letters, digits, then also . _ -; 63 characters at most)
+#: line and a shell word, as it is (letters, digits, then also . _ -; 63 characters at most).
+#: Python's ``$`` also matches before a final newline: match it with ``re.fullmatch`` (pydantic's
+#: ``pattern`` in tasks/spec.py, a Rust regex, reads ``$`` as the end of the text)
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
-_SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # a tag value read back (a cluster node adds -K)
+_SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # a tag value read back (a cluster node adds -K): fullmatch
 
 
 def safe(value: str | None) -> bool:
     """Whether a tag value read from EC2 may go into an ssh_config, a hint or a shell string as it
     is. Anyone who can tag resources in the account can set one, so it is never trusted (pure)."""
-    return bool(value) and _SAFE.match(value) is not None
+    return bool(value) and _SAFE.fullmatch(value) is not None  # "x\n" would split an ssh_config line
 
 
 def check_name(name: str, flag: str = "--name") -> str:
-    """``name`` if it matches NAME_RE; else UsageError naming the allowed characters."""
+    """``name`` if all of it matches NAME_RE (a final newline too: it would split an ssh_config Host
+    line); else UsageError naming the allowed characters."""
     from ..errors import UsageError
-    if re.match(NAME_RE, name) is None:
+    if re.fullmatch(NAME_RE, name) is None:
         raise UsageError(f"{flag} {name!r} is not a safe name",
                          "use letters, digits, '.', '_' and '-' (starting with a letter or digit), 63 at most")
     return name

@@ -1,70 +1,155 @@
 """The `ec2gpu` command: parse, call the runs/aws layers, render with rich. Nothing else.
 
-Heavy modules (boto3, fabric, torch) are imported inside the commands, so `ec2gpu --help`
-starts fast. The one error boundary is ``main()``: an Ec2GpuError becomes one line and a hint
-and its exit code; ``--debug`` (anywhere on the line) shows the traceback instead.
+Heavy modules (boto3, fabric, torch, and rich itself) are imported inside the commands, so
+`ec2gpu --help` starts fast (scripts/help_time.py measures it; docs/testing.md has the figures).
+Every message the user reads goes out through ``say`` as plain text, never rich markup. The one
+error boundary is ``main()``: an Ec2GpuError becomes one line and a hint and its exit code;
+``--debug`` (anywhere on the line) shows the traceback instead.
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 
 import typer
-from rich.console import Console
-from rich.text import Text
 
-from .. import backend
 from ..errors import Ec2GpuError, ExitCode, NoCredentials
 from ..inert import inert
 
-app = typer.Typer(help="Rent a GPU on AWS EC2 for exactly as long as a training job needs it.",
-                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
-train_app = typer.Typer(help="Train a built-in job on a new instance, then terminate it.", no_args_is_help=True)
-sandbox_app = typer.Typer(help="The local sandbox: moto's AWS server + one real sshd per instance.",
-                          no_args_is_help=True)
-image_app = typer.Typer(help="Machine images that already hold a task's setup: bake, list, remove.",
-                        no_args_is_help=True)
+
+class _Group(typer.core.TyperGroup):
+    """typer's group, its command list giving each command's whole first sentence (click cuts it
+    at 45 characters or the line's width with '...'; the help column wraps it instead), in the
+    order the commands are registered (older typer lets click sort them by name)."""
+
+    def list_commands(self, ctx) -> list[str]:
+        """The commands' names in registration order: your own job first."""
+        return list(self.commands)
+
+    def format_commands(self, ctx, formatter) -> None:
+        """The 'Commands' section: name and first sentence of each visible command, in order."""
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is not None and not cmd.hidden:
+                rows.append((name, cmd.get_short_help_str(limit=10_000)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+def group(help: str, **options) -> typer.Typer:
+    """A typer app (the root or a command group) with the settings every one of ours shares: plain
+    click help (``rich_markup_mode=None``: typer's rich help imports rich's markdown and traceback
+    renderers, which doubled `ec2gpu --help`'s start-up), no rich tracebacks (``main()`` is the one
+    error boundary) and help instead of an error when no command is given."""
+    options.setdefault("no_args_is_help", True)
+    return typer.Typer(help=help, cls=_Group, rich_markup_mode=None, pretty_exceptions_enable=False, **options)
+
+
+app = group("Rent a GPU on AWS EC2 for exactly as long as a training job needs it.", add_completion=False)
+train_app = group("Train a built-in job on a new instance, then terminate it.")
+sandbox_app = group("The local sandbox: moto's AWS server + one real sshd per instance.")
+image_app = group("Machine images that already hold a task's setup: bake, list, remove.")
 app.add_typer(train_app, name="train")
 app.add_typer(image_app, name="image")
 app.add_typer(sandbox_app, name="sandbox")
 
 
+class LazyConsole:
+    """A rich Console made on first use, with ``options`` (``stderr=True``): importing rich costs
+    `ec2gpu --help` about as much as the rest of its start-up, and --help prints no rich text.
+    Every attribute is the Console's, and it is a context manager as the Console is; where rich
+    itself is handed a console (a live progress display), ``get()`` gives the Console. A test may
+    put a Console of its own in its place."""
 
-def _flag_type_hidden(display=typer.core.TyperOption.display_type_rich):
-    """typer 0.29 prints "<bool>" after every on/off flag in --help, where it says nothing a user
-    needs: show the type column for options that take a value only."""
-    return lambda self, ctx: None if self.is_flag else display(self, ctx)
+    def __init__(self, **options):
+        self._options, self._console = options, None
+
+    def get(self):
+        """The rich Console, made now if it was not yet."""
+        if self._console is None:
+            from rich.console import Console
+            self._console = Console(**self._options)
+        return self._console
+
+    def __getattr__(self, name: str):
+        if name.startswith("__") or name in ("_options", "_console"):  # copy, pickle; before __init__
+            raise AttributeError(name)
+        return getattr(self.get(), name)
+
+    def __enter__(self):
+        return self.get().__enter__()
+
+    def __exit__(self, *exc_info):
+        return self.get().__exit__(*exc_info)
 
 
-typer.core.TyperOption.display_type_rich = _flag_type_hidden()
-
-out = Console()
-err = Console(stderr=True)
+out = LazyConsole()
+err = LazyConsole(stderr=True)
 DEBUG = False
 
 
-def plain(text, style: str = "") -> Text:
+def plain(text, style: str = ""):
     """Text that is not ours (a job's log or summary.json, an instance's or AWS's words, a task
-    file's values, an error message quoting them) ready to print or to put in a table cell: its
-    control characters shown as escapes (ec2gpu.inert), never read as rich markup."""
+    file's values, an error message quoting them) ready to print or to put in a table cell: a rich
+    Text, its control characters shown as escapes (ec2gpu.inert), never read as rich markup."""
+    from rich.text import Text
     return Text(inert(str(text)), style=style)
+
+
+def labelled(label: str, style: str, text: str, text_style: str = ""):
+    """'LABEL TEXT' with LABEL in ``style`` (error:, hint:, warning:), TEXT as ``plain`` (in
+    ``text_style``): a rich Text."""
+    from rich.text import Text
+    return Text.assemble((label, style), " ", (inert(str(text)), text_style))
+
+
+def say(console, text, style: str = "", *, label: str = "", label_style: str = "", **options) -> None:
+    """The one way a message reaches the user: ``text`` printed on ``console`` (``out``, ``err``, a
+    reporter's) as plain text, never rich markup (``[/]`` or ``[bold]`` in it stay those
+    characters), with its control characters made visible (``plain``), in ``style``; after a
+    ``label`` in ``label_style`` ('error:' in red). A rich renderable (a Table whose cells are
+    ``plain``, a Text made by ``plain`` or ``labelled``) is printed as it is. ``options`` go to
+    Console.print (``soft_wrap=True``: one line, however wide)."""
+    if not hasattr(text, "__rich_console__"):
+        text = labelled(label, label_style, text, style) if label else plain(text, style)
+    console.print(text, highlight=False, **options)
 
 
 def note(text: str, style: str = "dim") -> None:
     """Say on stderr a note that a lower layer relays (its ``log=``/``note=`` callbacks: it may quote
     an instance or a task file): in ``style``, inert, never markup."""
-    err.print(plain(text, style))
-
-
-def labelled(label: str, style: str, text: str) -> Text:
-    """'LABEL TEXT' with LABEL in ``style`` (error:, hint:, warning:), TEXT as ``plain``."""
-    return Text.assemble((label, style), " ", inert(str(text)))
+    say(err, text, style)
 
 
 def warn(text: str) -> None:
     """'warning: TEXT' on stderr, TEXT inert and never markup (a task file's warnings quote it)."""
-    err.print(labelled("warning:", "yellow", text))
+    say(err, text, label="warning:", label_style="yellow")
+
+
+def error(message: str, hint: str | None = None, tail: str = "") -> None:
+    """'error: MESSAGE', the TAIL below it (an instance's last lines) and 'hint: HINT' on stderr,
+    each inert and never markup: what ``main()`` says of a failed command."""
+    say(err, message, label="error:", label_style="red")
+    if tail:
+        say(err, tail)
+    if hint:
+        say(err, hint, label="hint:", label_style="yellow")
+
+
+def table(*columns, title: str | None = None, **options):
+    """A rich Table with ``columns`` (header words of ours) and ``options``, its ``title`` as
+    ``plain`` text in rich's title style (it may name a region or a task): filled with
+    ``table_row``, printed with ``say``."""
+    from rich.table import Table
+    return Table(*columns, title=None if title is None else plain(title, "table.title"), **options)
+
+
+def table_row(t, *cells) -> None:
+    """Add a row to the rich table ``t`` with each cell as ``plain`` (a Text made by ``plain`` stays as
+    it is): a table's cells quote tags, task files and jobs, never read as markup."""
+    t.add_row(*(c if hasattr(c, "__rich_console__") else plain("" if c is None else c) for c in cells))
 
 
 SANDBOX = typer.Option(False, "--sandbox", help="Use the local sandbox (started for this command if none is up). "
@@ -77,6 +162,7 @@ def render_json(obj) -> None:
     """The one way every command's ``--json`` is printed: ``obj`` (dicts, lists, numbers, strings;
     anything else, e.g. a datetime or a Path, as its ``str()``) as JSON indented 2, on stdout, so
     that ``ec2gpu ... --json | jq`` always gets the same shape of document."""
+    import json
     print(json.dumps(obj, indent=2, default=str))
 
 
@@ -93,14 +179,17 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
     """Rent a GPU on AWS EC2 for exactly as long as a training job needs it."""
 
 
-class Context(backend.Context):
-    """backend.Context, telling the terminal when it starts a sandbox for good."""
+def Context(region: str | None, sandbox: bool, persistent: bool = False):  # noqa: N802 - used as the class it makes
+    """A backend.Context for one command (a context manager), telling the terminal when it starts a
+    sandbox for good. ec2gpu.backend is imported here, not at start-up: --help needs none of it."""
+    from ..backend import Context as BackendContext
+    return BackendContext(region, sandbox, persistent, note=note)
 
-    def __init__(self, region: str | None, sandbox: bool, persistent: bool = False):
-        super().__init__(region, sandbox, persistent, note=note)
 
-
-_sandbox_flag = backend.sandbox_from_env
+def _sandbox_flag(flag: bool = False) -> bool:
+    """--sandbox, or EC2GPU_SANDBOX=1 (backend.sandbox_from_env)."""
+    from ..backend import sandbox_from_env
+    return sandbox_from_env(flag)
 
 
 class RichReporter:
@@ -108,8 +197,9 @@ class RichReporter:
     writes progress (its $EC2GPU_PROGRESS_FILE), a bar with its label, rate and ETA; log lines
     above them; a "done"/"stopped" line with the seconds when the phase ends."""
 
-    def __init__(self, console: Console, quiet: bool = False):
+    def __init__(self, console, quiet: bool = False):
         from ..runs.reporter import Reporter
+        console = console.get() if isinstance(console, LazyConsole) else console  # rich's Live needs a Console
         self.inner, self.console, self.quiet = Reporter(), console, quiet
         self.phases = self.inner.phases
         self.notes = self.inner.notes
@@ -125,7 +215,7 @@ class RichReporter:
             t0 = time.monotonic()
             # live only on a terminal: elsewhere (a pipe, CI, a log file) it could not redraw
             live = None if self.quiet or not self.console.is_terminal else Progress(
-                SpinnerColumn(), TextColumn("[bold]{task.description}[/]"), TimeElapsedColumn(),
+                SpinnerColumn(), TextColumn("{task.description}", style="bold", markup=False), TimeElapsedColumn(),
                 BarColumn(bar_width=24), TextColumn("{task.fields[detail]}", markup=False), console=self.console,
                 transient=True)
             if live:
@@ -140,8 +230,9 @@ class RichReporter:
                 if live:
                     live.stop()
                     self._live = None
-                mark = "[green]done[/]" if ok else "[red]stopped[/]"
-                self._print(f"{mark} {name} [dim]{time.monotonic() - t0:.1f} s[/]")
+                from rich.text import Text
+                self._print(Text.assemble(("done", "green") if ok else ("stopped", "red"), " ", inert(name), " ",
+                                          (f"{time.monotonic() - t0:.1f} s", "dim")))
         return cm()
 
     def progress(self, p: dict) -> None:
@@ -157,6 +248,7 @@ class RichReporter:
                     detail=inert("  ".join(x for x in (str(p.get("label") or ""), rate, eta) if x)))
 
     def log(self, line: str) -> None:
+        from rich.text import Text
         self._print(Text.assemble(("| ", "cyan"), inert(line)))
 
     def note(self, text: str) -> None:
@@ -165,7 +257,7 @@ class RichReporter:
 
     def _print(self, text) -> None:
         if not self.quiet:
-            self.console.print(text, highlight=False)
+            say(self.console, text)
 
 
 def cost_rows(record: dict) -> list[tuple[str, str]]:
@@ -223,10 +315,10 @@ def _print_record(record: dict, as_json: bool) -> None:
     if as_json:
         render_json(record)
         return
-    from rich.table import Table
+    import json
 
     s = record.get("summary") or {}
-    t = Table(title=f"run {record['run_id']}", show_header=False, box=None)
+    t = table(title=f"run {record['run_id']}", show_header=False, box=None)
     where = "this machine" if record.get("market") == "local" else \
         f"{record.get('instance_id')} {record['instance_type']} {record['market']} {record.get('zone') or ''}"
     rows = [("instance", where)]
@@ -246,8 +338,8 @@ def _print_record(record: dict, as_json: bool) -> None:
         rows += attempt_rows(record["attempts"])
     rows.append(("artifacts", record["artifacts"]))
     for k, v in rows:  # values quote the job's summary.json, the task file, the instance: never markup
-        t.add_row(plain(k, "bold"), plain("" if v is None else v))
-    out.print(t)
+        table_row(t, plain(k, "bold"), v)
+    say(out, t)
 
 
 # registration order is --help's order: your own job first
@@ -341,17 +433,16 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(exc, NoCredentials):
             exc = _no_credentials(exc)
         # messages, tails and hints quote task files, instances and AWS: inert, never markup
-        err.print(labelled("error:", "red", exc.message))
-        if getattr(exc, "tail", ""):
-            err.print(plain(exc.tail))
-        if exc.hint:
-            err.print(labelled("hint:", "yellow", exc.hint))
+        error(exc.message, exc.hint, getattr(exc, "tail", ""))
         return int(exc.exit_code)
     except _click_errors("Exit") as exc:
         return exc.exit_code
     except (*_click_errors("Abort"), KeyboardInterrupt):
-        err.print(interrupted_message(received))
+        say(err, interrupted_message(received))
         return ExitCode.CTRL_C
+    except _click_errors("NoArgsIsHelpError") as exc:  # `ec2gpu`, `ec2gpu image`: the help, on stdout as --help's
+        print(exc.format_message())
+        return ExitCode.USAGE
     except _click_errors("ClickException") as exc:
         exc.show()
         return ExitCode.USAGE
@@ -360,11 +451,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         aws = _aws_error(exc)
         if aws is not None:
-            err.print(labelled("error:", "red", aws.message))
-            err.print(labelled("hint:", "yellow", aws.hint))
+            error(aws.message, aws.hint)
             return int(aws.exit_code)
-        err.print(labelled("error:", "red", f"{type(exc).__name__}: {exc}"))
-        err.print("[yellow]hint:[/] run again with --debug for the traceback")
+        error(f"{type(exc).__name__}: {exc}", "run again with --debug for the traceback")
         return ExitCode.ERROR
     finally:
         for sig, handler in previous.items():

@@ -10,7 +10,7 @@ import typer
 
 from ..errors import UsageError
 from ..inert import inert
-from . import JSON, REGION, SANDBOX, Context, _sandbox_flag, app, err, note, out, plain, render_json, warn
+from . import JSON, REGION, SANDBOX, Context, _sandbox_flag, app, err, note, out, render_json, say, warn
 from .instances import _find
 
 
@@ -78,8 +78,8 @@ def logs(name: str = typer.Argument(..., help="Run id, name or instance id."),
         finally:
             write(b"", final=True)
     if follow:
-        err.print(f"[dim]the job on {inst['InstanceId']} ended with exit status {status}; "
-                  f"`ec2gpu down {run_id}` removes the instance[/]")
+        say(err, f"the job on {inst['InstanceId']} ended with exit status {status}; "
+            f"`ec2gpu down {run_id}` removes the instance", "dim")
         raise typer.Exit(status)
 
 
@@ -126,12 +126,12 @@ def tunnel(name: str = typer.Argument(..., help="Name or instance id of a runnin
         here = tn.free_local_port(local_port or port)
         if local_port and here != local_port:
             raise UsageError(f"--local-port {local_port} is in use on this machine", "choose another, or leave it out")
-        err.print(plain(f"http://127.0.0.1:{here} -> {name}:{port} over SSH; Ctrl-C to stop"))
+        say(err, f"http://127.0.0.1:{here} -> {name}:{port} over SSH; Ctrl-C to stop")
         try:  # its ssh ends with this command, however it ends
             tn.forward_until_interrupted(tn.argv(config, inst["InstanceId"], port, here), here, note,
                                          refresh=lambda: _write_ssh_config(ctx, warn))
         except KeyboardInterrupt:
-            err.print("tunnel closed")
+            say(err, "tunnel closed")
 
 
 @app.command()
@@ -182,8 +182,8 @@ def notebook(
                 render_json(info)
                 sys.stdout.flush()
             else:
-                out.print(plain(f"notebook: {info['url']}"), soft_wrap=True)
-            err.print(plain(f"on {info['name']} ({info['instance_id']}); Ctrl-C closes the tunnel", "dim"))
+                say(out, f"notebook: {info['url']}", soft_wrap=True)
+            say(err, f"on {info['name']} ({info['instance_id']}); Ctrl-C closes the tunnel", "dim")
 
         info = nb.serve(ctx.aws, ctx.settings, ctx.backend, opts, RichReporter(err, quiet=as_json), show, local_port)
         if down_on_exit:
@@ -192,12 +192,12 @@ def notebook(
                           None)
             if run_id:
                 sweep.delete_run(ctx.aws.ec2, run_id, ctx.settings.keys_dir, log=note, iam=ctx.aws.client("iam"))
-            err.print(plain(f"notebook closed; {info['name']} terminated (--down-on-exit)"))
+            say(err, f"notebook closed; {info['name']} terminated (--down-on-exit)")
         else:
             again = f"`ec2gpu tunnel {info['name']} {info['port']}`" if "port" in info else \
                 f"`ec2gpu notebook --name {info['name']}`"
-            err.print(plain(f"notebook closed; {info['name']} keeps running with its idle rule (`ec2gpu ls`). "
-                            f"{again} reopens it, `ec2gpu down {info['name']}` removes it"))
+            say(err, f"notebook closed; {info['name']} keeps running with its idle rule (`ec2gpu ls`). "
+                f"{again} reopens it, `ec2gpu down {info['name']}` removes it")
 
 
 @app.command("ssh-config")
@@ -212,10 +212,10 @@ def ssh_config(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json:
     if as_json:
         render_json({"path": str(path), "hosts": [e.aliases[0] for e in entries], "skipped": skipped})
         return
-    out.print(plain(f"wrote {path} with {len(entries)} host(s): {', '.join(e.aliases[0] for e in entries) or '-'}"))
+    say(out, f"wrote {path} with {len(entries)} host(s): {', '.join(e.aliases[0] for e in entries) or '-'}")
     for iid, why in skipped.items():  # the reason may quote the instance's console: inert
-        out.print(plain(f"skipped {iid}: {why}", "yellow"))
-    out.print(plain(f"add this line to ~/.ssh/config once: Include {path}", "dim"))
+        say(out, f"skipped {iid}: {why}", "yellow")
+    say(out, f"add this line to ~/.ssh/config once: Include {path}", "dim")
 
 
 @app.command()

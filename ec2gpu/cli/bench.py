@@ -8,8 +8,7 @@ from typing import Optional
 import typer
 
 from ..errors import UsageError
-from ..inert import inert
-from . import JSON, REGION, SANDBOX, Context, RichReporter, _sandbox_flag, app, err, out, plain, render_json
+from . import JSON, REGION, SANDBOX, Context, RichReporter, _sandbox_flag, app, err, out, plain, render_json, say, table, table_row
 
 DEVICE = {"cpu": "CPU", "cuda": "GPU"}
 
@@ -64,7 +63,7 @@ def bench_cmd(
         with Context(region, _sandbox_flag(sandbox)) as ctx:
             opts.instance_type = instance_type or ctx.settings.instance_type
             if ctx.backend.is_sandbox:
-                err.print("[dim]sandbox: the instance is this machine, without a GPU: the figures are its CPU's[/]")
+                say(err, "sandbox: the instance is this machine, without a GPU: the figures are its CPU's", "dim")
             results = bench.on_instances(ctx.aws, ctx.settings, opts, ui, ctx.backend, quick, data_dir)
     if as_json:
         render_json(results)
@@ -80,25 +79,22 @@ def bench_cmd(
 
 def _show(r: dict) -> None:
     """One bench as rich tables: the machine, bandwidth and compute (with the peak), the seed experiment."""
-    from rich.table import Table
-    from rich.text import Text
-
     from ..train.bench import TRAINED_MIN_ACC, trained  # stdlib only at import (not torch)
     if r.get("error") or not r.get("bench"):
         why = r.get("error") or (f"bench.json not accepted: {r['bench_invalid']}" if r.get("bench_invalid")
                                  else "no bench.json came home")
-        out.print(plain(f"{r['instance_type']}: {why}", "red"))
+        say(out, f"{r['instance_type']}: {why}", "red")
         return
     b = r["bench"]
     m = b["machine"]
     gpus = ", ".join(f"{g['name']} ({g['memory_bytes'] / 2**30:.0f} GiB)" for g in m["gpus"]) or "none (CPU only)"
     # bench.json is the instance's: what it says about itself is printed inert, never as markup
-    out.print(Text.assemble((r["instance_type"], "bold"),
-                            inert(f": {m['cpu']}, {m['vcpus']} vCPUs, {m['ram_bytes'] / 2**30:.0f} GiB; GPU {gpus}; "
-                                  f"torch {m['torch']}, CUDA {m['cuda'] or '-'}, driver {m['driver'] or '-'}"),
-                            (" (quick sizes)", "dim") if b["quick"] else ""))
+    say(out, plain(r["instance_type"], "bold")
+        + plain(f": {m['cpu']}, {m['vcpus']} vCPUs, {m['ram_bytes'] / 2**30:.0f} GiB; GPU {gpus}; "
+                f"torch {m['torch']}, CUDA {m['cuda'] or '-'}, driver {m['driver'] or '-'}")
+        + plain(" (quick sizes)" if b["quick"] else "", "dim"))
     peak = b.get("against_peak") or {}
-    t = Table("measure", *[DEVICE[d] for d in b["devices"]], "GPU peak", "of peak", title="memory and compute")
+    t = table("measure", *[DEVICE[d] for d in b["devices"]], "GPU peak", "of peak", title="memory and compute")
     for key, label in (("copy_gbs", "copy GB/s"), ("triad_gbs", "triad GB/s"), ("h2d_pinned_gbs", "host->GPU pinned GB/s"),
                        ("h2d_pageable_gbs", "host->GPU pageable GB/s"), ("d2h_pinned_gbs", "GPU->host pinned GB/s"),
                        ("fp32_tflops", "matmul fp32 TFLOP/s"), ("tf32_tflops", "matmul tf32 TFLOP/s"),
@@ -107,40 +103,40 @@ def _show(r: dict) -> None:
         if all(c is None for c in cells):
             continue
         p = peak.get(key)
-        t.add_row(label, *["-" if c is None else f"{c:,.2f}" for c in cells],
+        table_row(t, label, *["-" if c is None else f"{c:,.2f}" for c in cells],
                   f"{p['peak']:,.1f}" if p else "-", f"{100 * p['fraction']:.0f}%" if p else "-")
-    out.print(t)
-    t = Table("model", "device", "batch", "seconds", "samples/s", "test accuracy", "to target", title="the seed experiment")
+    say(out, t)
+    t = table("model", "device", "batch", "seconds", "samples/s", "test accuracy", "to target", title="the seed experiment")
     untrained = []  # (model, device) whose test accuracy says it did not train (train/bench.trained)
     for model, by_device in b["training"]["models"].items():
         for d, row in by_device.items():
             if isinstance(row, dict):
                 if not trained(row["test_acc"]):
                     untrained.append(f"{model} on the {DEVICE[d]}")
-                t.add_row(plain(model), DEVICE[d], plain(row["batch_size"]), f"{row['train_seconds']:.2f}",
+                table_row(t, model, DEVICE[d], row["batch_size"], f"{row['train_seconds']:.2f}",
                           f"{row['samples_per_second']:,.0f}", f"{100 * row['test_acc']:.2f}%"
                           + ("" if trained(row["test_acc"]) else " did not train"),
                           "-" if row["time_to_target_seconds"] is None else f"{row['time_to_target_seconds']:.2f} s")
         if "speedup" in by_device:
-            t.add_row(plain(model), "GPU/CPU", "", f"x{by_device['speedup']:.2f} faster", "", "", "")
-    out.print(t)
+            table_row(t, model, "GPU/CPU", "", f"x{by_device['speedup']:.2f} faster", "", "", "")
+    say(out, t)
     if untrained:
-        out.print(plain(f"did not train: {', '.join(untrained)} (test accuracy under {100 * TRAINED_MIN_ACC:.0f}%; "
+        say(out, plain(f"did not train: {', '.join(untrained)} (test accuracy under {100 * TRAINED_MIN_ACC:.0f}%; "
                         "chance is 10%): its seconds are a speed, not the cost of a trained model, and it has no USD "
                         "per run" + (" (--quick is too short for it: run without --quick)" if b["quick"] else ""),
                         "yellow"))
-    t = Table("device", "batch", "seconds", "samples/s", title="the dbn at a small and a large batch (the GPU needs "
+    t = table("device", "batch", "seconds", "samples/s", title="the dbn at a small and a large batch (the GPU needs "
               "large ones to be filled)")
     for d, by_batch in b["training"]["batch"].items():
         for batch, row in by_batch.items():
-            t.add_row(DEVICE[d], plain(batch), f"{row['train_seconds']:.2f}", f"{row['samples_per_second']:,.0f}")
-    out.print(t)
+            table_row(t, DEVICE[d], batch, f"{row['train_seconds']:.2f}", f"{row['samples_per_second']:,.0f}")
+    say(out, t)
     if r.get("usd_per_hour") is None:
-        out.print(plain(f"USD per run: - (no price for {r['instance_type']}); results in {r['artifacts']}/outputs"))
+        say(out, f"USD per run: - (no price for {r['instance_type']}); results in {r['artifacts']}/outputs")
         return
     usd = ", ".join(f"{m} {'-' if v['seconds'] is None else _usd(v['usd'])} ({v['basis']})"
                     for m, v in r["usd_per_run"].items())
-    out.print(plain(f"USD per run at {r['usd_per_hour']:.4f} USD/h: {usd or '-'}; results in {r['artifacts']}/outputs"))
+    say(out, f"USD per run at {r['usd_per_hour']:.4f} USD/h: {usd or '-'}; results in {r['artifacts']}/outputs")
 
 
 def _usd(value: float | None) -> str:
@@ -148,12 +144,11 @@ def _usd(value: float | None) -> str:
 
 
 def _show_ranking(results: list[dict]) -> None:
-    from rich.table import Table
-    t = Table("rank", "instance type", "market", "USD/h", *[f"{m} USD per run" for m in ("cnn", "dbn")],
+    t = table("rank", "instance type", "market", "USD/h", *[f"{m} USD per run" for m in ("cnn", "dbn")],
               title="ranked by USD per run")
     for i, r in enumerate(results, 1):
         per = r.get("usd_per_run") or {}
-        t.add_row(str(i), r["instance_type"], r.get("market") or "-",
+        table_row(t, str(i), r["instance_type"], r.get("market") or "-",
                   "-" if r.get("usd_per_hour") is None else f"{r['usd_per_hour']:.4f}",
                   *["-" if (per.get(m) or {}).get("usd") is None else f"{per[m]['usd']:.5f}" for m in ("cnn", "dbn")])
-    out.print(t)
+    say(out, t)

@@ -5,18 +5,17 @@ aws/catalog.py, aws/pricing.py and aws/types.py), history from runs/ledger.py.
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import Optional
 
 import typer
 
-from . import (JSON, REGION, SANDBOX, Context, _sandbox_flag, app, attempt_rows, cost_rows, err, note, out, plain,
-               render_json)
+from . import (JSON, REGION, SANDBOX, Context, _sandbox_flag, app, attempt_rows, cost_rows, err, group, note, out, plain,
+               render_json, say, table, table_row)
 from ..errors import UsageError
 
-runs_app = typer.Typer(help="The ledger of runs: what ran, how it ended, what it cost.",
-                       invoke_without_command=True)
+runs_app = group("The ledger of runs: what ran, how it ended, what it cost.", invoke_without_command=True,
+                 no_args_is_help=False)
 app.add_typer(runs_app, name="runs")
 
 
@@ -43,38 +42,38 @@ def prices(gpu: Optional[str] = typer.Option(None, "--gpu", help="Only this GPU 
                              "drop --refresh: the sandbox uses the shipped on-demand table")
         if refresh:
             cache = pricing.refresh_cache(aws.pricing(), aws.region, home)
-            err.print(f"[dim]fetched {len(cache['prices'])} on-demand prices for {aws.region} from the Price List "
-                      f"API into {catalog.price_cache_path(home, aws.region)}[/]")
+            say(err, f"fetched {len(cache['prices'])} on-demand prices for {aws.region} from the Price List "
+                f"API into {catalog.price_cache_path(home, aws.region)}", "dim")
             storage = pricing.refresh_storage(aws.pricing(), aws.region, home)
-            err.print("[dim]EBS, USD per GB-month: " + (", ".join(f"{k} {v:g}" for k, v in storage.items()) or
-                                                        "none listed for this region") + "[/]")
+            say(err, "EBS, USD per GB-month: " + (", ".join(f"{k} {v:g}" for k, v in storage.items()) or
+                                                  "none listed for this region"), "dim")
         rows, retired = costs.price_rows(aws, home, gpu, log=note)
         sandbox_note = "sandbox: spot prices come from the sandbox's simulated market" if ctx.backend.is_sandbox else None
     if as_json:
         render_json({"region": aws.region, "instance_types": rows, "retired": retired,
                      **({"note": sandbox_note} if sandbox_note else {})})
         return
-    from rich.table import Table
-    t = Table("type", "GPUs", "vCPU/RAM", "on-demand", "spot $/h by zone", "saving",
+    t = table("type", "GPUs", "vCPU/RAM", "on-demand", "spot $/h by zone", "saving",
               title=f"GPU instance types in {aws.region}, USD/h")
     for r in rows:
         zones = " ".join(f"{z[-1]}:{p:.4f}" for z, p in r["spot_usd_per_hour"].items())
-        t.add_row(r["instance_type"], f"{r['gpu_count']}x {r['gpu']} {r['gpu_memory_gib']}G",
+        table_row(t, r["instance_type"], f"{r['gpu_count']}x {r['gpu']} {r['gpu_memory_gib']}G",
                   f"{r['vcpus']}/{r['memory_gib']:g}G", _usd(r["on_demand_usd_per_hour"]), zones or "-",
                   "-" if r["spot_saving_pct"] is None else f"{r['spot_saving_pct']:.0f}%")
     for r in retired:
-        t.add_row(f"[dim]{r['instance_type']}[/]", "[dim]retired[/]", "",
-                  f"[dim]{_usd(r['last_known_on_demand_usd_per_hour'])}[/]", f"[dim]last price; use {r['replacement']}[/]", "")
+        table_row(t, *(plain(c, "dim") for c in (r["instance_type"], "retired", "",
+                                                 _usd(r["last_known_on_demand_usd_per_hour"]),
+                                                 f"last price; use {r['replacement']}", "")))
     if not rows and not retired:  # never an empty table with no word
         listed = ", ".join(n for n, c in catalog.CATALOG.items() if not gpu or c.gpu.upper() == gpu.upper())
-        out.print(f"no instance type with {gpu.upper() if gpu else 'NVIDIA'} GPUs is offered in {aws.region} (the "
-                  f"catalog's: {listed}); try another --region")
+        say(out, f"no instance type with {gpu.upper() if gpu else 'NVIDIA'} GPUs is offered in {aws.region} (the "
+            f"catalog's: {listed}); try another --region")
         return
-    out.print(t)
+    say(out, t)
     sources = sorted({r["on_demand_source"] for r in rows})
-    out.print(f"[dim]GPUs, vCPUs, memory: {'; '.join(sorted({r['facts_source'] for r in rows}))}. "
-              f"on-demand: {'; '.join(sources) or '-'}. spot: describe_spot_price_history, newest price per zone."
-              f"{' ' + sandbox_note + '.' if sandbox_note else ''}[/]")
+    say(out, f"GPUs, vCPUs, memory: {'; '.join(sorted({r['facts_source'] for r in rows}))}. "
+        f"on-demand: {'; '.join(sources) or '-'}. spot: describe_spot_price_history, newest price per zone."
+        f"{' ' + sandbox_note + '.' if sandbox_note else ''}", "dim")
 
 
 @app.command()
@@ -103,17 +102,16 @@ def cost(instance_type: str = typer.Option("g4dn.xlarge,g5.xlarge,g6.xlarge", "-
     if as_json:
         render_json([e.as_dict() for e in ests])
         return
-    from rich.table import Table
-    t = Table("type", "$/h", "boot", "setup", "train", "teardown", "billed", "USD",
+    t = table("type", "$/h", "boot", "setup", "train", "teardown", "billed", "USD",
               title=f"estimate: `train mnist --model {model}{f' --epochs {epochs}' if epochs else ''}`, "
               f"{'spot' if spot else 'on-demand'}, {backend}; seconds")
     for e in ests:
-        t.add_row(e.instance_type, _usd(e.usd_per_hour), f"{e.boot_seconds:.0f}", f"{e.setup_seconds:.0f}",
+        table_row(t, e.instance_type, _usd(e.usd_per_hour), f"{e.boot_seconds:.0f}", f"{e.setup_seconds:.0f}",
                   f"{e.train_seconds:.0f}", f"{e.teardown_seconds:.0f}", f"{e.billed_seconds:.0f}", _usd(e.cost_usd))
-    out.print(t)
-    out.print("[dim]per-second billing, 60 s minimum.[/]")
+    say(out, t)
+    say(out, "per-second billing, 60 s minimum.", "dim")
     for e in ests:
-        out.print(f"[dim]{e.instance_type}: price {e.price_source}; times {e.time_source}[/]")
+        say(out, f"{e.instance_type}: price {e.price_source}; times {e.time_source}", "dim")
 
 
 @runs_app.callback()
@@ -150,33 +148,32 @@ def runs(ctx: typer.Context,
                      "since": start.isoformat() if start else None} if since else body)
         return
     if not rows:
-        out.print(f"no {'sandbox ' if _sandbox_flag(sandbox) else ''}runs in the ledger" +
-                  (f" since {since}" if since else ""))
+        say(out, f"no {'sandbox ' if _sandbox_flag(sandbox) else ''}runs in the ledger" +
+            (f" since {since}" if since else ""))
         return
-    from rich.table import Table
     from rich import box
-    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, padding=(0, 1))
+    t = table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, padding=(0, 1))
     # the run id is what a user copies (`ec2gpu runs show ID`): it never wraps or shrinks; words fold
     t.add_column("run id (start UTC)", no_wrap=True, min_width=max(len(r["run_id"]) for r in rows))
     for name in ("status", "task", "type", "result", "billed", "cost $", "est. $"):
         t.add_column(name, overflow="fold", no_wrap=name in ("billed", "cost $", "est. $"))
     for r in rows:  # the result quotes the job's summary.json: every cell inert, none read as markup
         kind = (r.get("instance_type") or "") + (" spot" if r.get("market") == "spot" else "")
-        t.add_row(*map(plain, (r["run_id"], "controller gone" if r["controller_gone"] else r["status"],
-                               _task(r), kind, _result(r),
-                               "-" if r.get("billed_seconds") is None else f"{r['billed_seconds']:.0f}",
-                               _usd(r.get("cost_usd")), _usd(r.get("estimated_cost_usd")))))
-    out.print(t)
+        table_row(t, r["run_id"], "controller gone" if r["controller_gone"] else r["status"], _task(r), kind, _result(r),
+                  "-" if r.get("billed_seconds") is None else f"{r['billed_seconds']:.0f}",
+                  _usd(r.get("cost_usd")), _usd(r.get("estimated_cost_usd")))
+    say(out, t)
     for run_id in lost:
-        out.print(f"[yellow]run {run_id}: its controller ended without closing it[/] (killed?); `ec2gpu down {run_id}` "
-                  "removes what it left and bills it from the instances' own times")
+        say(out, plain(f"run {run_id}: its controller ended without closing it", "yellow")
+            + plain(f" (killed?); `ec2gpu down {run_id}` removes what it left and bills it from the instances' own "
+                    "times"))
     if since:
-        out.print(f"total on AWS since {start:%Y-%m-%d %H:%M} UTC: {total['runs']} run(s), "
-                  f"{total['billed_seconds']:.0f} s billed, ${total['cost_usd']:.4f} "
-                  f"(estimated ${total['estimated_cost_usd']:.4f})")
+        say(out, f"total on AWS since {start:%Y-%m-%d %H:%M} UTC: {total['runs']} run(s), "
+            f"{total['billed_seconds']:.0f} s billed, ${total['cost_usd']:.4f} "
+            f"(estimated ${total['estimated_cost_usd']:.4f})")
         if sandbox_total["runs"]:
-            out.print(f"[dim]not counted: {sandbox_total['runs']} sandbox run(s), whose bills are simulated "
-                      f"(${sandbox_total['cost_usd']:.4f})[/]")
+            say(out, f"not counted: {sandbox_total['runs']} sandbox run(s), whose bills are simulated "
+                f"(${sandbox_total['cost_usd']:.4f})", "dim")
 
 
 def _up_to_date(home, sandbox: bool = False) -> None:
@@ -241,6 +238,8 @@ def _result(r: dict) -> str:
 @runs_app.command("show")
 def runs_show(run_id: str = typer.Argument(..., help="Run id (or a unique prefix)."), as_json: bool = JSON):
     """Everything the ledger knows about one run: instances, phases, estimate and actual cost."""
+    import json
+
     from ..runs import ledger
     from ..settings import load
 
@@ -248,8 +247,7 @@ def runs_show(run_id: str = typer.Argument(..., help="Run id (or a unique prefix
     if as_json:
         render_json(r)
         return
-    from rich.table import Table
-    t = Table(show_header=False, box=None, title=f"run {r['run_id']}")
+    t = table(show_header=False, box=None, title=f"run {r['run_id']}")
     acc = "-" if r.get("test_acc") is None else f"{100 * r['test_acc']:.2f}%"
     rows = [("command", r["command"]), ("status", f"{r['status']} (exit {r.get('exit_status')})"),
             ("where", f"{r['backend']} {r.get('region') or ''} {r.get('zone') or ''}"),
@@ -263,5 +261,5 @@ def runs_show(run_id: str = typer.Argument(..., help="Run id (or a unique prefix
     rows += attempt_rows(r.get("attempts") or [])
     rows.append(("artifacts", r.get("artifacts") or "-"))
     for k, v in rows:  # the summary, the task, the attempts' endings are not ours: never markup
-        t.add_row(plain(k, "bold"), plain(v))
-    out.print(t)
+        table_row(t, plain(k, "bold"), v)
+    say(out, t)

@@ -6,8 +6,8 @@ from typing import Optional
 
 import typer
 
-from . import (JSON, REGION, SANDBOX, RichReporter, _print_record, _sandbox_flag, err, image_app, note, out, plain,
-               render_json, warn)
+from . import (JSON, REGION, SANDBOX, RichReporter, _print_record, _sandbox_flag, err, image_app, note, out,
+               render_json, say, table, table_row, warn)
 
 
 @image_app.command("bake")
@@ -53,7 +53,6 @@ def ls_cmd(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: boo
     `ec2gpu prices --refresh --region R` writes, else the shipped table); unknown where neither
     has the region's."""
     from rich import box
-    from rich.table import Table
 
     from ..backend import Context
     from ..runs import bake
@@ -64,9 +63,9 @@ def ls_cmd(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: boo
         render_json(rows)
         return
     if not rows:
-        out.print("no baked images here; make one with `ec2gpu image bake task.yaml`")
+        say(out, "no baked images here; make one with `ec2gpu image bake task.yaml`")
         return
-    t = Table(title=f"baked images in {ctx.aws.region}", box=box.SIMPLE_HEAD)
+    t = table(title=f"baked images in {ctx.aws.region}", box=box.SIMPLE_HEAD)
     for col in ("name", "image", "created", "GiB", "$/month"):
         if col in ("name", "image"):  # what a user copies (`image rm`): never cut, never wrapped
             key = "name" if col == "name" else "image_id"
@@ -74,17 +73,16 @@ def ls_cmd(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: boo
         else:
             t.add_column(col, no_wrap=True, justify="right" if col in ("GiB", "$/month") else "left")
     for r in rows:  # names and tags of images in the account (the task's name from its file): never markup
-        t.add_row(*map(plain, (r["name"], r["image_id"], (r["created"] or "")[:10], f"{r['snapshot_gib']:g}",
-                               "unknown" if r["usd_per_month"] is None else f"{r['usd_per_month']:.2f}")))
-    out.print(t)
+        table_row(t, r["name"], r["image_id"], (r["created"] or "")[:10], f"{r['snapshot_gib']:g}",
+                  "unknown" if r["usd_per_month"] is None else f"{r['usd_per_month']:.2f}")
+    say(out, t)
     for r in rows:  # what is inside, a line each (it would crowd the table's columns)
         inside = ", ".join([f"task {r['task']} from {r['base']}", f"torch {r['torch'] or '-'}"]
                            + [f"{k} {r[k.lower()]}" for k in ("CUDA", "driver") if r.get(k.lower())])
-        out.print(plain(f"{r['name']}: {inside}"))
+        say(out, f"{r['name']}: {inside}")
     if any(r["size_basis"] != "stored bytes" for r in rows):
-        out.print("[dim]GiB: the snapshot's volume size where EC2 does not report its stored bytes (an upper bound)[/]")
-    out.print(plain(snapshot_price_words(ctx.aws.region, rows[0]["usd_per_gb_month"], rows[0]["price_source"]),
-                    "dim"))
+        say(out, "GiB: the snapshot's volume size where EC2 does not report its stored bytes (an upper bound)", "dim")
+    say(out, snapshot_price_words(ctx.aws.region, rows[0]["usd_per_gb_month"], rows[0]["price_source"]), "dim")
 
 
 def snapshot_price_words(region: str, usd_per_gb_month: float | None, source: str) -> str:
@@ -108,5 +106,5 @@ def rm_cmd(image: str = typer.Argument(..., help="The image's name or AMI id (se
     if as_json:
         render_json(done)
     else:
-        out.print(plain(f"removed image {done['image_id']} ({done['name']}) and snapshots "
-                        f"{', '.join(done['snapshots']) or '-'}"))
+        say(out, f"removed image {done['image_id']} ({done['name']}) and snapshots "
+            f"{', '.join(done['snapshots']) or '-'}")

@@ -349,15 +349,32 @@ def cleanup(dry_run: bool = typer.Option(False, "--dry-run", help="Only list wha
             _settle(ctx)
     if as_json:
         render_json({"dry_run": dry_run, "regions": report})
-        return
+        raise typer.Exit(1 if any(r.get("left") for r in report.values()) else 0)
     if not report:
         say(out, f"nothing of ec2gpu's found in {', '.join(regions) if len(regions) < 4 else f'{len(regions)} regions'}")
         return
     verb = "would remove" if dry_run else "removed"
     for name, kinds in report.items():
-        say(out, f"{name}: {verb} " + "; ".join(f"{k.replace('_', ' ')} {', '.join(v)}" for k, v in kinds.items() if v))
+        done = _removed_words(kinds)
+        if done:
+            say(out, f"{name}: {verb} {done}")
     if dry_run:
         say(out, "run again without --dry-run to remove them", "dim")
+    _left(report)
+
+
+def _removed_words(kinds: dict) -> str:
+    """'security groups sg-1; key pairs k' of a sweep's report, without what is left (pure)."""
+    return "; ".join(f"{k.replace('_', ' ')} {', '.join(v)}" for k, v in kinds.items() if v and k != "left")
+
+
+def _left(report: dict) -> None:
+    """Say what a sweep could not remove (its "left" entries, by region or run) and exit 1 when
+    there is any: the rest was removed (aws/sweep.delete_everything is best-effort)."""
+    left = [f"{where}: {', '.join(r['left'])}" for where, r in report.items() if r.get("left")]
+    if left:
+        warn("could not remove " + "; ".join(left) + " (run `ec2gpu cleanup` again once AWS lets go of them)")
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -428,11 +445,10 @@ def down(name: Optional[str] = typer.Argument(None, help="Name, instance id or r
         _settle(ctx, set(removed), keep=set(removed))
     if as_json:
         render_json(removed)
-    elif not any(v for r in removed.values() for v in r.values()):
+        raise typer.Exit(1 if any(r.get("left") for r in removed.values()) else 0)
+    if not any(v for r in removed.values() for v in r.values()):
         say(out, "nothing to remove")
-    else:
-        for run_id, r in removed.items():
-            if not any(r.values()):
-                continue
-            say(out, f"run {run_id}: removed " + "; ".join(f"{k.replace('_', ' ')} {', '.join(v)}"
-                                                       for k, v in r.items() if v))
+    for run_id, r in removed.items():
+        if _removed_words(r):
+            say(out, f"run {run_id}: removed {_removed_words(r)}")
+    _left({f"run {run_id}": r for run_id, r in removed.items()})

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import typer
 
-from . import JSON, err, out, sandbox_app, render_json
+from . import JSON, err, out, render_json, sandbox_app, say
 
 
 @sandbox_app.command("up")
@@ -18,10 +18,12 @@ def sandbox_up(like_aws: bool = typer.Option(False, "--like-aws", help="Behave l
     from ..settings import load
     state = control.up(load().home, like_aws=like_aws or None)
     if like_aws and not state.get("like_aws"):
-        err.print("[yellow]a sandbox without --like-aws is already running; `ec2gpu sandbox down` first[/]")
-    render_json(state) if as_json else out.print(
-        f"sandbox up{' (like AWS)' if state.get('like_aws') else ''}: AWS endpoint {state['endpoint']} "
-        f"(pid {state['pid']}); `eval \"$(ec2gpu sandbox env)\"` points any AWS client at it")
+        say(err, "a sandbox without --like-aws is already running; `ec2gpu sandbox down` first", "yellow")
+    if as_json:
+        render_json(state)
+    else:
+        say(out, f"sandbox up{' (like AWS)' if state.get('like_aws') else ''}: AWS endpoint {state['endpoint']} "
+            f"(pid {state['pid']}); `eval \"$(ec2gpu sandbox env)\"` points any AWS client at it")
 
 
 @sandbox_app.command("down")
@@ -29,7 +31,7 @@ def sandbox_down():
     """Stop the sandbox and every sshd and process it started."""
     from ..sandbox import control
     from ..settings import load
-    out.print("sandbox stopped" if control.down(load().home) else "no sandbox was running")
+    say(out, "sandbox stopped" if control.down(load().home) else "no sandbox was running")
 
 
 @sandbox_app.command("status")
@@ -41,12 +43,12 @@ def sandbox_status(as_json: bool = JSON):
     if as_json:
         render_json(state or {"running": False})
     elif not state:
-        out.print("no sandbox is running (`ec2gpu sandbox up` starts one)")
+        say(out, "no sandbox is running (`ec2gpu sandbox up` starts one)")
     else:
-        out.print(f"sandbox running: pid {state['pid']}, AWS endpoint {state['endpoint']}, "
-                  f"{len(state['instances'])} instance(s)")
+        say(out, f"sandbox running: pid {state['pid']}, AWS endpoint {state['endpoint']}, "
+            f"{len(state['instances'])} instance(s)")
         for iid, i in state["instances"].items():
-            out.print(f"  {iid}: sshd {i['host']}:{i['port']} (pid {i['sshd_pid']})")
+            say(out, f"  {iid}: sshd {i['host']}:{i['port']} (pid {i['sshd_pid']})")
 
 
 @sandbox_app.command("interrupt")
@@ -66,11 +68,11 @@ def sandbox_interrupt(instance_id: str = typer.Argument(..., help="A running spo
     if as_json:
         render_json(done)
     elif rebalance:
-        out.print(f"{instance_id}: rebalance recommendation published (noticeTime {done['rebalance']['noticeTime']}); "
-                  "it keeps running")
+        say(out, f"{instance_id}: rebalance recommendation published (noticeTime {done['rebalance']['noticeTime']}); "
+            "it keeps running")
     else:
-        out.print(f"{instance_id}: spot interruption notice published (action {done['notice']['action']} at "
-                  f"{done['notice']['time']}); the sandbox terminates it in {notice_seconds:g} s")
+        say(out, f"{instance_id}: spot interruption notice published (action {done['notice']['action']} at "
+            f"{done['notice']['time']}); the sandbox terminates it in {notice_seconds:g} s")
 
 
 @sandbox_app.command("env")

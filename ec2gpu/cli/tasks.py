@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 
 from ..errors import UsageError
-from . import JSON, REGION, SANDBOX, RichReporter, _print_record, _sandbox_flag, app, err, out, plain, render_json, warn
+from . import JSON, REGION, SANDBOX, RichReporter, _print_record, _sandbox_flag, app, err, out, render_json, say, warn
 
 
 def _size(text: str, flag: str = "--max-upload") -> int:
@@ -41,7 +41,7 @@ def _print_plan(plan: dict, as_json: bool) -> None:
         return
     from ..runs import dryrun
     for line in dryrun.render(plan):
-        out.print(plain(line), soft_wrap=True)
+        say(out, line, soft_wrap=True)
 
 
 WORKDIR_OUTSIDE = typer.Option(False, "--workdir-outside", help="Send a task file's workdir even when it lies outside "

@@ -107,13 +107,13 @@ def memory_request(text: str) -> list[str] | None:
     GB as the catalog's per-GPU memory (datasheet GB), T = 1024 G, M = 1/1024 G."""
     parts = str(text).strip().split(":")
     maker = count = None
-    if len(parts) == 3 and _MEMORY.match(parts[1]):
+    if len(parts) == 3 and _MEMORY.fullmatch(parts[1]):
         maker, memory, count = parts
-    elif len(parts) == 2 and _MEMORY.match(parts[0]):
+    elif len(parts) == 2 and _MEMORY.fullmatch(parts[0]):
         memory, count = parts
-    elif len(parts) == 2 and _MEMORY.match(parts[1]):
+    elif len(parts) == 2 and _MEMORY.fullmatch(parts[1]):
         maker, memory = parts
-    elif len(parts) == 1 and _MEMORY.match(parts[0]):
+    elif len(parts) == 1 and _MEMORY.fullmatch(parts[0]):
         memory = parts[0]
     else:
         return None
@@ -141,7 +141,7 @@ def parse_cpus(value) -> tuple[float, bool]:
     text = str(value).strip()
     plus = text.endswith("+")
     number = text[:-1].strip() if plus else text
-    if isinstance(value, bool) or not _NUMBER.match(number) or float(number) <= 0:
+    if isinstance(value, bool) or not _NUMBER.fullmatch(number) or float(number) <= 0:
         raise ValueError(f"{value!r} is not a vCPU count: a number (exactly that many) or a number and + (at least), "
                          "e.g. 8 or 8+")
     return float(number), plus

@@ -184,3 +184,25 @@ def test_every_kind_of_the_registry_is_listed_by_inventory_and_removed_in_its_or
     assert "instance_roles" not in sweep.inventory(aws.ec2, "run-none")
     for kind in sweep.KINDS:
         assert all(keys.index(a) < keys.index(kind.key) for a in kind.after)
+
+
+def test_cleanup_removes_what_it_can_names_what_it_cannot_and_exits_1(aws, tmp_path, monkeypatch, capsys):
+    import botocore.exceptions
+
+    from ec2gpu import cli
+
+    key, _ = network.create_key_pair(aws.ec2, "run-left", "alice", tmp_path)
+    group = network.create_security_group(aws.ec2, "run-left", "alice", "127.0.0.1/32")
+
+    def in_use(ec2, group_id, timeout_s=300, delay_s=3):
+        raise botocore.exceptions.ClientError({"Error": {"Code": "DependencyViolation", "Message": "in use"}},
+                                              "DeleteSecurityGroup")
+    with monkeypatch.context() as stuck:
+        stuck.setattr(sweep, "delete_security_group", in_use)
+        assert cli.main(["cleanup", "--sandbox", "--no-fetch"]) == 1
+    said = capsys.readouterr()
+    assert f"removed key pairs {key}" in " ".join(said.out.split())
+    assert f"could not remove us-east-1: {group} (DependencyViolation)" in " ".join(said.err.split())
+    assert sweep.find_key_pairs(aws.ec2, "run-left") == [] and sweep.find_security_groups(aws.ec2, "run-left")
+    assert cli.main(["cleanup", "--sandbox", "--no-fetch"]) == 0
+    assert sweep.find_security_groups(aws.ec2, "run-left") == []

@@ -37,4 +37,4 @@ def test_help_shows_no_type_after_on_off_flags(capsys):
     from ec2gpu import cli
     assert cli.main(["train", "mnist", "--help"]) == 0
     shown = capsys.readouterr().out
-    assert "--spot" in shown and "<bool>" not in shown and "<int>" in shown  # value options keep their type
+    assert "--spot" in shown and "<bool>" not in shown and "BOOLEAN" not in shown  # flags show no type
