@@ -116,7 +116,7 @@ def cost(instance_type: str = typer.Option("g4dn.xlarge,g5.xlarge,g6.xlarge", "-
 
 @runs_app.callback()
 def runs(ctx: typer.Context,
-         since: Optional[str] = typer.Option(None, "--since", help="Only runs started since: 30d, 12h, 2w or a date; "
+         since: Optional[str] = typer.Option(None, "--since", help="Only runs started since: 30m, 12h, 30d, 2w or a date; "
                                              "prints the total spend."),
          sandbox: bool = typer.Option(False, "--sandbox", help="Only the sandbox's runs (the ledger is this "
                                       "machine's: no sandbox is started for it). Also EC2GPU_SANDBOX=1."),

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import sqlite3
 from contextlib import closing
 from datetime import datetime, timedelta, timezone
@@ -171,19 +170,21 @@ def _row(r: sqlite3.Row) -> dict:
 
 
 def parse_since(text: str, now: datetime | None = None) -> datetime:
-    """'30d', '12h', '2w' or an ISO date ('2026-11-01') -> an aware UTC datetime.
+    """A duration ago in the grammar of every duration (tasks/spec.minutes, a unit required: '30m',
+    '12h', '30d', '2w') or an ISO date ('2026-11-01') -> an aware UTC datetime.
 
     Raises UsageError for anything else.
     """
+    from ..tasks.spec import minutes
     now = now or datetime.now(timezone.utc)
-    m = re.fullmatch(r"(\d+)\s*([hdw])", text.strip().lower())
-    if m:
-        n, unit = int(m.group(1)), m.group(2)
-        return now - timedelta(hours=n) * {"h": 1, "d": 24, "w": 24 * 7}[unit]
+    try:
+        return now - timedelta(minutes=minutes(text, default_unit=None, max_minutes=None))
+    except (ValueError, OverflowError):
+        pass
     try:
         when = datetime.fromisoformat(text.strip())
     except ValueError:
-        raise UsageError(f"--since {text!r} is not a duration or a date", "use e.g. 30d, 12h, 2w or 2026-11-01")
+        raise UsageError(f"--since {text!r} is not a duration or a date", "use e.g. 30m, 12h, 30d, 2w or 2026-11-01")
     return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
 
 

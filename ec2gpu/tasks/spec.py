@@ -34,23 +34,30 @@ MAX_MINUTES = 30 * 1440  # the longest duration a task or flag may give (max_run
 MAX_SCRIPT_BYTES = 100 * 1024
 MAX_LABELS = 45  # EC2's 50 tags per resource, less the ones ec2gpu puts (tags.py)
 MAX_FILE_MOUNTS = 32  # entries in one task's file_mounts
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
+#: the one duration grammar of every flag and field (--max-runtime, --expect, --since, --idle,
+#: max_runtime, idle_timeout, autostop): a number and a unit, s m h d w (case ignored)
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])?\s*", re.IGNORECASE)
+_UNIT_MINUTES = {"s": 1 / 60, "m": 1, "h": 60, "d": 1440, "w": 7 * 1440}
 
 
-def minutes(value: Union[int, float, str]) -> float:
-    """A duration in minutes from 90, '90m', '2h', '45s', '1d' (a bare number is minutes) (pure).
+def minutes(value: Union[int, float, str], default_unit: str | None = "m",
+            max_minutes: float | None = MAX_MINUTES) -> float:
+    """A duration in minutes from 90, '90m', '2h', '45s', '1d', '2w' (pure). A bare number is in
+    ``default_unit`` (minutes; None: a unit is required, as for --since).
 
-    Raises ValueError for anything else.
+    Raises ValueError for anything else, or above ``max_minutes`` (30 days; None: no bound).
     """
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        got = float(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and default_unit:
+        got = float(value) * _UNIT_MINUTES[default_unit]
     else:
-        m = _DURATION.match(str(value)[:64])
-        if not m:
-            raise ValueError(f"{str(value)[:64]!r} is not a duration: use minutes (90) or a unit (90m, 2h, 45s)")
-        got = float(m.group(1)) * {"s": 1 / 60, "m": 1, "h": 60, "d": 1440}[m.group(2) or "m"]
-    if not math.isfinite(got) or got > MAX_MINUTES:
-        raise ValueError(f"{str(value)[:64]!r}: a duration is finite and at most {MAX_MINUTES:,} minutes (30 days)")
+        m = _DURATION.fullmatch(str(value)[:64])
+        if not m or (m.group(2) is None and not default_unit):
+            units = "90m, 2h, 45s, 1d, 2w"
+            raise ValueError(f"{str(value)[:64]!r} is not a duration: use "
+                             + (f"minutes (90) or a unit ({units})" if default_unit else f"a number and a unit ({units})"))
+        got = float(m.group(1)) * _UNIT_MINUTES[(m.group(2) or default_unit).lower()]
+    if not math.isfinite(got) or (max_minutes is not None and got > max_minutes):
+        raise ValueError(f"{str(value)[:64]!r}: a duration is finite and at most {max_minutes:,.0f} minutes (30 days)")
     return got
 
 
