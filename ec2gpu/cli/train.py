@@ -75,6 +75,7 @@ def train_mnist(
     trainer writes it) goes to a replacement instance, which resumes training.
     """
     from ..runs import pipeline, standing
+    from ..settings import DEFAULT_INSTANCE_TYPE
 
     if model not in ("cnn", "lenet", "mlp", "dbn"):
         raise UsageError(f"unknown model {model!r}", "choose cnn, lenet, mlp or dbn")
@@ -90,7 +91,7 @@ def train_mnist(
     opts = pipeline.TrainOptions(
         model=model, epochs=epochs, seed=seed, keep=keep, out=out_dir, ssh_cidr=ssh_cidr, ami=ami,
         spot=spot, trainer_args=list(trainer_arg), max_runtime_minutes=max_runtime,
-        instance_type="g4dn.xlarge" if instance_type is None else instance_type, budget_usd=budget,
+        instance_type=DEFAULT_INSTANCE_TYPE if instance_type is None else instance_type, budget_usd=budget,
         max_price=max_price, spot_fallback=spot_fallback,
         max_attempts=max_attempts, checkpoint_uri=checkpoint_uri, unreachable_s=unreachable_after, nodes=nodes,
         baked=not no_baked, command=" ".join(["ec2gpu"] + sys.argv[1:]) if sys.argv[0].endswith("ec2gpu") else "ec2gpu train mnist")

@@ -18,7 +18,7 @@ from ..aws import capacity, catalog, instances, network, tags
 from ..aws.session import Aws
 from ..backend import AWS, Backend
 from ..errors import RemoteError, UsageError
-from ..settings import Settings
+from ..settings import DEFAULT_INSTANCE_TYPE, Settings
 from . import costs, ledger, provision
 from . import record as run_record
 from .reporter import Reporter  # noqa: F401 - pipeline.Reporter: its home is the light reporter.py
@@ -31,7 +31,7 @@ PHASES = ("requesting", "waiting for running", "waiting for SSH", "setup", "uplo
 class TrainOptions:
     """What `ec2gpu train mnist` was asked to do."""
 
-    instance_type: str = "g4dn.xlarge"  # one type, or several in order of preference: "g4dn.xlarge,g5.xlarge"
+    instance_type: str = DEFAULT_INSTANCE_TYPE  # one type, or several in order of preference: "g4dn.xlarge,g5.xlarge"
     spot: bool = False
     spot_fallback: str | None = None  # "on-demand": a last on-demand try when spot has no capacity
     model: str = "cnn"
