@@ -56,15 +56,9 @@ def runs_named(ec2, name: str) -> set[str]:
     found in every instance state (an interrupted spot instance is ``terminated`` and still listed
     by EC2 for a while) and on security groups and key pairs, which outlive their instances."""
     keys = (T.NAME, T.RUN, T.CLUSTER)
-    found = set()
-    for i in find_instances(ec2, states=LIVE_STATES + ["terminated"]):
-        tg = T.as_dict(i.get("Tags"))
-        if name == i["InstanceId"] or name in (tg.get(k) for k in keys):
-            found.add(tg.get(T.RUN))
-    for res in find_security_groups(ec2) + find_key_pairs(ec2):
-        tg = T.as_dict(res.get("Tags"))
-        if name in (tg.get(k) for k in keys):
-            found.add(tg.get(T.RUN))
+    found = {T.as_dict(r.get("Tags")).get(T.RUN)
+             for r in find_instances(ec2, states=LIVE_STATES + ["terminated"]) + find_security_groups(ec2)
+             + find_key_pairs(ec2) if T.answers_to(r, name, keys)}
     return {r for r in found if r}
 
 

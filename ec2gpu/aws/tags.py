@@ -65,3 +65,11 @@ def tag_spec(resource_type: str, run_id: str, owner: str, name: str) -> dict:
 def as_dict(tag_list: list[dict] | None) -> dict[str, str]:
     """EC2's [{'Key': k, 'Value': v}] as {k: v}."""
     return {t["Key"]: t["Value"] for t in tag_list or []}
+
+
+def answers_to(resource: dict, name: str, keys: tuple[str, ...] = (NAME,)) -> bool:
+    """Whether a described resource (an instance: InstanceId) is called ``name``: its id, or the
+    value of one of its tags ``keys`` (Name by default; RUN and CLUSTER where a run or a cluster
+    may be named too) (pure). The one way every command finds an instance by what the user calls it."""
+    tg = as_dict(resource.get("Tags"))
+    return bool(name) and (name == resource.get("InstanceId") or name in (tg.get(k) for k in keys))

@@ -40,8 +40,7 @@ def find_running(aws: Aws, opts, ui) -> dict | None:
 
     if not opts.name:
         return None
-    found = [i for i in sweep.find_instances(aws.ec2)
-             if opts.name in (i["InstanceId"], T.as_dict(i.get("Tags")).get(T.NAME))]
+    found = [i for i in sweep.find_instances(aws.ec2) if T.answers_to(i, opts.name)]
     running = [i for i in found if i["State"]["Name"] == "running"]
     if running:
         ui.note(f"{opts.name}: using the running instance {running[0]['InstanceId']}")

@@ -75,7 +75,7 @@ def exec_task(aws, settings, job, ui, target: str, backend, out: Path | None, co
                          "and removes it after), or copy the data in the task's setup")
     found = clusters.members(aws.ec2, target) or [
         i for i in sweep.find_instances(aws.ec2, states=["pending", "running"])
-        if target in (i["InstanceId"], T.as_dict(i.get("Tags")).get(T.NAME))]
+        if T.answers_to(i, target)]
     if not found:
         raise UsageError(f"no running instance or cluster named {target!r}",
                          "start one with `ec2gpu launch --name NAME` (see `ec2gpu ls`)")

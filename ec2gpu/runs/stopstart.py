@@ -29,8 +29,7 @@ DEFAULT_MAX_RUNTIME_MINUTES = 120
 def find(ec2, name: str, states: list[str]) -> list[dict]:
     """The tool's instances called ``name`` (Name, instance id, run id or cluster) in ``states``.
     Raises UsageError when there are none, naming the state they are in if they exist."""
-    every = [i for i in sweep.find_instances(ec2)
-             if name in (i["InstanceId"], *(T.as_dict(i.get("Tags")).get(k) for k in (T.NAME, T.RUN, T.CLUSTER)))]
+    every = [i for i in sweep.find_instances(ec2) if T.answers_to(i, name, (T.NAME, T.RUN, T.CLUSTER))]
     found = [i for i in every if i["State"]["Name"] in states]
     if not found:
         if every:

@@ -86,3 +86,12 @@ def test_a_safe_name_tag_is_the_host_lines_first_alias(monkeypatch, tmp_path):
     text, warned = _write_config(monkeypatch, tmp_path, "web")
     assert [line for line in text.splitlines() if line.startswith("Host ")] == ["Host web i-0123456789abcdef0"]
     assert warned == []
+
+
+def test_an_instance_answers_to_its_id_and_the_tags_asked_only():
+    from ec2gpu.aws import tags as T
+    inst = {"InstanceId": "i-1", "Tags": [{"Key": T.NAME, "Value": "dev"}, {"Key": T.RUN, "Value": "r1"},
+                                          {"Key": T.CLUSTER, "Value": "c"}]}
+    assert T.answers_to(inst, "i-1") and T.answers_to(inst, "dev") and not T.answers_to(inst, "r1")
+    assert T.answers_to(inst, "r1", (T.NAME, T.RUN, T.CLUSTER)) and T.answers_to(inst, "c", (T.CLUSTER,))
+    assert not T.answers_to(inst, "") and not T.answers_to({"Tags": []}, "dev")
