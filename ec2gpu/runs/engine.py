@@ -35,7 +35,7 @@ from ..remote import sync
 from ..tasks.load import LoadedTask
 
 AGENT = Path(__file__).resolve().parents[1] / "agent" / "agent.py"
-MASK = "****"
+from .job_summary import MASK  # noqa: F401 - re-exported: engine.MASK
 TAIL_LINES = 20  # log lines shown when a job fails
 
 #: How a task's setup and run are started, as SkyPilot starts them, with ~/.bashrc read first
@@ -91,10 +91,10 @@ class TaskJob:
         return self.task.name or (self.loaded.path.stem if self.loaded.path else "task")
 
     def mask(self, text: str) -> str:
-        """``text`` with every secret value replaced by ****."""
-        for v in self.secret_values:
-            text = text.replace(v, MASK)
-        return text
+        """``text`` with every secret value replaced by **** (job_summary.mask_text: longest first,
+        so a secret inside a longer one leaves nothing of the longer one)."""
+        from .job_summary import mask_text
+        return mask_text(text, self.secret_values)
 
 
 def prepare(loaded: LoadedTask, environ, max_upload: int = sync.MAX_UPLOAD_BYTES,

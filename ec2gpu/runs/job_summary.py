@@ -41,7 +41,7 @@ from typing import Annotated, Literal, Optional, Sequence, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-MASK = "****"  # as engine.MASK (not imported: the ledger reads this module without the engine's imports)
+MASK = "****"  # what a secret value becomes in every log, record and message (engine, logs use mask_text)
 MAX_BYTES = 64 * 1024  # a summary.json (and bench.json) at most; the trainer's is ~1 KiB, the bench's ~2 KiB
 MAX_DEPTH = 32  # nesting of objects and lists; the trainer's summary has 3 levels, the bench's 4
 RAW_CHARS = 4096  # of an invalid file's text kept in the record

@@ -126,10 +126,9 @@ def secret_values(conn, run_dir: str) -> list[str]:
 
 
 def mask(line: str, secrets: list[str]) -> str:
-    """``line`` with every secret value replaced by **** (pure)."""
-    for v in secrets:
-        line = line.replace(v, "****")
-    return line
+    """``line`` with every secret value replaced by **** (pure; job_summary.mask_text)."""
+    from .job_summary import mask_text
+    return mask_text(line, secrets)
 
 
 def head_instance(ec2, row: dict) -> dict | None:

@@ -37,3 +37,4 @@ def test_the_bound_of_thirty_days_holds_for_limits_not_for_since():
     with pytest.raises(UsageError):
         limits.parse("5w")
     assert ledger.parse_since("52w", NOW) == NOW - timedelta(weeks=52)
+
