@@ -116,7 +116,9 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
     environment}), ``secrets`` (names, masked everywhere), ``max_runtime`` (minutes or '90m', '2h';
     'none': no limit; default: runs/limits.for_task, from the task's history, 24 h for its first
     run), ``allow_larger`` (as the task's resources.allow_larger: with ``gpu``, where no type has
-    exactly the count asked, the cheapest with more, the job seeing only the count asked), ``expect`` (minutes: the job's expected time, for the estimate), ``budget`` (USD), ``max_price`` (USD/h), ``max_upload`` (bytes). ``reporter``:
+    exactly the count asked, the cheapest with more, the job seeing only the count asked),
+    ``expect`` (minutes: the job's expected time, for the estimate), ``budget`` (USD),
+    ``max_price`` (USD/h), ``max_upload`` (bytes). ``reporter``:
     a runs.pipeline.Reporter (default: silent). ``baked``: launch from the newest image baked for
     the task's setup (`ec2gpu image bake`) when the region has one. ``dry_run``: return the run's
     plan instead (runs/dryrun.plan: instance types, prices, limit, environment, what changes), having

@@ -45,7 +45,8 @@ class Classic(nn.Module):
 def classic_time_to_99(data_dir: str, max_epochs: int, seed: int = 1) -> tuple[float | None, list[float]]:
     """Train the classic recipe until test accuracy >= 0.99; return (train seconds or None, accs)."""
     d = data.load(data_dir)
-    norm = lambda a: torch.from_numpy(a.copy()).float().div_(255).sub_(0.1307).div_(0.3081).unsqueeze(1)
+    def norm(a):
+        return torch.from_numpy(a.copy()).float().div_(255).sub_(0.1307).div_(0.3081).unsqueeze(1)
     xtr, ytr, xte, yte = norm(d.train_images), torch.from_numpy(d.train_labels), norm(d.test_images), \
         torch.from_numpy(d.test_labels)
     torch.manual_seed(seed)
@@ -97,7 +98,7 @@ def main() -> int:
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads")
     runs = [cnn_run(args.data_dir, s) for s in args.seeds]
-    for s, r in zip(args.seeds, runs):
+    for s, r in zip(args.seeds, runs, strict=True):
         print(f"cnn seed {s}: test_acc {r['test_acc']:.4f} after {r['epochs']} epoch(s), "
               f"{r['train_seconds']:.2f} s of training, time to 99%: {r['time_to_target_seconds']}")
     classic_s, _ = classic_time_to_99(args.data_dir, args.classic_max_epochs)

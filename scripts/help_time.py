@@ -69,7 +69,7 @@ def measure(runs: int, args: list[str], python: str = sys.executable, pyc: bool 
         "python_c_pass": {"median_s": statistics.median(base), "best_s": min(base)},
         "ec2gpu": {"median_s": statistics.median(cli), "best_s": min(cli)},
         "ratio_of_medians": statistics.median(cli) / statistics.median(base),
-        "median_pair_ratio": statistics.median(c / b for b, c in zip(base, cli)),
+        "median_pair_ratio": statistics.median(c / b for b, c in zip(base, cli, strict=True)),
         "cores": os.cpu_count(),
         "load_average_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
     }

@@ -128,7 +128,7 @@ def resolve_ami(ssm, ec2, override: str | None = None) -> dict:
         name, image_id, release = picked
         why = f"newest PyTorch DLAMI for Ubuntu {release}" + (f" ({FALLBACK_WHY[release]})" if release in FALLBACK_WHY else "")
         return _describe(ec2, image_id, f"ssm:{name}", why)
-    for pattern, release in zip(NAME_PATTERNS, UBUNTU_RELEASES):
+    for pattern, release in zip(NAME_PATTERNS, UBUNTU_RELEASES, strict=True):
         images = described(ec2, Owners=["amazon"], Filters=[
             {"Name": "name", "Values": [pattern]}, {"Name": "state", "Values": ["available"]},
             {"Name": "architecture", "Values": ["x86_64"]}])

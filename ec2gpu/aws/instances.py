@@ -76,7 +76,9 @@ STATE_DIR = '"${EC2GPU_STATE_DIR:-/var/lib/ec2gpu}"'
 START_IDLE_WATCH = """\
 read -r idle_s check_s <"$dir/idle-rule"
 if [ -z "${EC2GPU_STATE_DIR:-}" ] && [ -d /run/systemd/system ]; then
-  printf '[Unit]\\nDescription=ec2gpu idle rule\\n[Service]\\nExecStart=/bin/bash %s/idle-watch.sh %s %s\\nRestart=always\\n[Install]\\nWantedBy=multi-user.target\\n' "$dir" "$idle_s" "$check_s" >/etc/systemd/system/ec2gpu-idle.service
+  { printf '[Unit]\\nDescription=ec2gpu idle rule\\n[Service]\\nExecStart=/bin/bash %s/idle-watch.sh %s %s\\n' \\
+      "$dir" "$idle_s" "$check_s"
+    printf 'Restart=always\\n[Install]\\nWantedBy=multi-user.target\\n'; } >/etc/systemd/system/ec2gpu-idle.service
   systemctl daemon-reload && systemctl enable --now ec2gpu-idle.service
 elif ! pgrep -f "$dir/idle-watch.sh" >/dev/null; then
   nohup bash "$dir/idle-watch.sh" "$idle_s" "$check_s" >>"$dir/idle.log" 2>&1 </dev/null &

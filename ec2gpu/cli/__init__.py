@@ -292,7 +292,8 @@ def attempt_rows(attempts: list[dict]) -> list[tuple[str, str]]:
     for a in attempts:
         usd = a.get("cost_usd")
         node = "" if a.get("node") is None else f" node {a['node']}"
-        rows.append((f"attempt {a['attempt']}{node}", f"{a['instance_id']} {a['instance_type']} {a['market']} {a.get('zone') or ''}: "
+        rows.append((f"attempt {a['attempt']}{node}",
+                     f"{a['instance_id']} {a['instance_type']} {a['market']} {a.get('zone') or ''}: "
                      f"{a.get('billed_seconds', 0):.0f} s, {'?' if usd is None else f'${usd:.4f}'}; {a['ended']}"))
     return rows
 

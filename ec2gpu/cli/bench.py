@@ -8,7 +8,8 @@ from typing import Optional
 import typer
 
 from ..errors import UsageError
-from . import JSON, REGION, SANDBOX, Context, RichReporter, _sandbox_flag, app, err, out, plain, render_json, say, table, table_row
+from . import (JSON, REGION, SANDBOX, Context, RichReporter, _sandbox_flag, app, err, out, plain, render_json, say, table,
+               table_row)
 
 DEVICE = {"cpu": "CPU", "cuda": "GPU"}
 

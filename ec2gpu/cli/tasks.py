@@ -68,7 +68,8 @@ def run_cmd(
     workdir: Optional[str] = typer.Option(None, "--workdir", help="For a command: the directory to send (default .)."),
     name: Optional[str] = typer.Option(None, "--name", help="The run's name (default: the task's, or the directory's)."),
     max_runtime: Optional[str] = typer.Option(None, "--max-runtime", help="Minutes (or 90m, 2h) after which the "
-                                              "instances terminate themselves; the job gets SIGTERM 7 min before (2 to checkpoint, 5 for outputs). "
+                                              "instances terminate themselves; the job gets SIGTERM 7 min before "
+                                              "(2 to checkpoint, 5 for outputs). "
                                               "none: no limit (an idle instance still ends itself). Default: the "
                                               "task's, else 3 x its longest run, else 24 h."),
     expect: Optional[str] = typer.Option(None, "--expect", help="How long the job should run (20m, 1h), for the "
@@ -107,7 +108,8 @@ def run_cmd(
 
     task_file = _task_file(args)
     record = api.run(
-        task_file, command=None if task_file else list(args or []) or None, workdir=workdir, name=name, gpu=gpu, instance_type=instance_type, spot=spot, spot_fallback=spot_fallback,
+        task_file, command=None if task_file else list(args or []) or None, workdir=workdir, name=name, gpu=gpu,
+        instance_type=instance_type, spot=spot, spot_fallback=spot_fallback,
         nodes=nodes, env=_env_flags(env, secret), secrets=secret, max_runtime=max_runtime, expect=expect, budget=budget,
         max_price=max_price, max_attempts=max_attempts, max_upload=_size(max_upload), include_secrets=include_secrets,
         out=out_dir, ssh_cidr=ssh_cidr, ami=ami, region=region, sandbox=_sandbox_flag(sandbox),

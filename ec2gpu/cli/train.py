@@ -94,7 +94,8 @@ def train_mnist(
         instance_type=DEFAULT_INSTANCE_TYPE if instance_type is None else instance_type, budget_usd=budget,
         max_price=max_price, spot_fallback=spot_fallback,
         max_attempts=max_attempts, checkpoint_uri=checkpoint_uri, unreachable_s=unreachable_after, nodes=nodes,
-        baked=not no_baked, command=" ".join(["ec2gpu"] + sys.argv[1:]) if sys.argv[0].endswith("ec2gpu") else "ec2gpu train mnist")
+        baked=not no_baked,
+        command=" ".join(["ec2gpu"] + sys.argv[1:]) if sys.argv[0].endswith("ec2gpu") else "ec2gpu train mnist")
     ui = RichReporter(err)
     if local:
         from ..settings import load

@@ -7,6 +7,7 @@ splits the bill at the change. docs/cost-model.md explains the estimate and its 
 """
 from __future__ import annotations
 
+import itertools
 import statistics
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -69,7 +70,7 @@ def spot_cost_usd(history: list[tuple[datetime, float]], launched_at: datetime, 
     if seconds < BILLING_MINIMUM_SECONDS:
         return cost_usd(BILLING_MINIMUM_SECONDS, price_at(history, launched_at))
     cuts = [launched_at] + [ts for ts, _ in history if launched_at < ts < ended_at] + [ended_at]
-    return sum(cost_usd((b - a).total_seconds(), price_at(history, a)) for a, b in zip(cuts, cuts[1:]))
+    return sum(cost_usd((b - a).total_seconds(), price_at(history, a)) for a, b in itertools.pairwise(cuts))
 
 
 @dataclass

@@ -33,9 +33,9 @@ from .nodes import PROGRESS_FILE, copy_log, record_steps  # noqa: F401 - copy_lo
 from .status import as_number
 from ..remote import sync
 from ..tasks.load import LoadedTask
+from .job_summary import MASK  # noqa: F401 - re-exported: engine.MASK
 
 AGENT = Path(__file__).resolve().parents[1] / "agent" / "agent.py"
-from .job_summary import MASK  # noqa: F401 - re-exported: engine.MASK
 TAIL_LINES = 20  # log lines shown when a job fails
 
 #: How a task's setup and run are started, as SkyPilot starts them, with ~/.bashrc read first

@@ -169,7 +169,8 @@ def check_estimate(aws: Aws, settings: Settings, opts: TrainOptions, backend: st
             f"{'bake' if opts.bake else 'training' if opts.task.builtin == 'mnist' else 'job'} {est.train_seconds:.0f} s, "
             f"teardown {est.teardown_seconds:.0f} s [{est.time_source}]")
     _say_limit(opts, ui)
-    if opts.max_runtime_minutes is not None and est.train_seconds > opts.max_runtime_minutes * 60:  # it would end itself first (user data's shutdown)
+    # the instance would end itself first (user data's shutdown)
+    if opts.max_runtime_minutes is not None and est.train_seconds > opts.max_runtime_minutes * 60:
         raise UsageError(f"the estimate says the job needs ~{est.train_seconds / 60:,.0f} min, longer than "
                          f"--max-runtime {opts.max_runtime_minutes} min: the instance would terminate itself "
                          "before the job finishes",
@@ -205,8 +206,9 @@ def _at_most(aws: Aws, settings: Settings, opts: TrainOptions, backend: str, ui:
             f"and its instances end themselves after {_limit_words(opts)}: {bound}")
     _say_limit(opts, ui)
     if opts.budget_usd is not None and (most is None or most > opts.budget_usd):
+        cost = "without bound" if limit_s is None else "an unknown amount" if most is None else f"up to ${most:.2f}"
         raise UsageError(f"--budget ${opts.budget_usd:.2f}: {why}, and at its limit ({_limit_words(opts)}) it could "
-                         f"cost {'without bound' if limit_s is None else 'an unknown amount' if most is None else f'up to ${most:.2f}'}",
+                         f"cost {cost}",
                          "say how long it takes (--expect 20m), or bound it (--max-runtime 1h)")
     return est
 

@@ -63,7 +63,8 @@ def exec_task(aws, settings, job, ui, target: str, backend, out: Path | None, co
     """Run ``job`` once on the standing instance or cluster ``target`` (its Name, cluster name or
     instance id) and leave it running; return the run record (in the ledger, without a cost of its
     own: the instances bill as they stand). Raises UsageError for an unknown target, a missing
-    key file or S3 file_mounts (a standing instance has no run role to copy with); RemoteError, recovery.Interrupted as the attempt raises them. ``extra``: more columns
+    key file or S3 file_mounts (a standing instance has no run role to copy with); RemoteError,
+    recovery.Interrupted as the attempt raises them. ``extra``: more columns
     for the record (a built-in task's model and epochs)."""
     from ..aws import clusters, sweep
     from ..aws import tags as T
@@ -266,7 +267,7 @@ def listing(aws: Aws, settings: Settings) -> list[dict]:
     known = {a["instance_id"]: a for r in reconcile.open_rows(settings.home) for a in r.get("attempts") or []}
     disks = instances.root_volume_gib(aws.ec2, [r["instance_id"] for r in rows])
     now = datetime.now(timezone.utc)
-    for r, inst in zip(rows, described):
+    for r, inst in zip(rows, described, strict=True):
         att = known.get(r["instance_id"]) or {}
         ivs = intervals.observe(att.get("intervals") or [], inst, now)
         first = datetime.fromisoformat(att["launched_at"]) if att.get("launched_at") else inst["LaunchTime"]

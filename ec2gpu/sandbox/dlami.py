@@ -2,7 +2,8 @@
 
 Two stand-in images (the Ubuntu 22.04 and 24.04 PyTorch DLAMIs) in moto's image list, and the SSM
 public parameters that name them under /aws/service/deeplearning/ami/x86_64/, which moto does not
-have; and Canonical's Ubuntu 24.04 under its parameter (`ec2gpu image bake --from ubuntu-24.04`). An instance launched from either is the same sandbox instance: what differs is only which
+have; and Canonical's Ubuntu 24.04 under its parameter (`ec2gpu image bake --from ubuntu-24.04`).
+An instance launched from either is the same sandbox instance: what differs is only which
 one the tool picks, and why.
 """
 from __future__ import annotations

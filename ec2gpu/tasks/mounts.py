@@ -90,8 +90,8 @@ class Mount:
         if self.create:
             how += " (the bucket is created, private and encrypted, if it does not exist)"
         if self.write_back:
-            how += f"; what the job writes there is written back to {self.url} every minute and when it ends (mode {self.mode}: " \
-                   "copied, not FUSE-mounted)"
+            how += (f"; what the job writes there is written back to {self.url} every minute and when it ends "
+                    f"(mode {self.mode}: copied, not FUSE-mounted)")
         return how
 
 

@@ -47,7 +47,8 @@ from pathlib import Path
 #: (sparse figures halved; the H200 has the H100's compute and 4.8 TB/s); A100 SXM4 80 GB: the A100
 #: datasheet above (2,039 GB/s); L40S https://resources.nvidia.com/en-us-l40s/l40s-datasheet-28413
 #: (sparse figures halved); B200: the HGX B200 8-GPU figures of https://www.nvidia.com/en-us/data-center/hgx/
-#: divided by 8 (64 TB/s, FP32 600 TFLOPS, sparse TF32 18 and FP16/BF16 36 PFLOPS halved). Transcribed 2026-11; fp16 is the tensor-core fp16 figure (fp16 accumulate aside).
+#: divided by 8 (64 TB/s, FP32 600 TFLOPS, sparse TF32 18 and FP16/BF16 36 PFLOPS halved).
+#: Transcribed 2026-11; fp16 is the tensor-core fp16 figure (fp16 accumulate aside).
 GPU_PEAKS: dict[str, dict] = {
     "T4": {"bandwidth_gbs": 320, "fp32": 8.1, "tf32": None, "bf16": None, "fp16": 65.0},
     "A10G": {"bandwidth_gbs": 600, "fp32": 31.2, "tf32": 62.5, "bf16": 125.0, "fp16": 125.0},
@@ -152,8 +153,8 @@ def bandwidth(device: str, n: int, repeats: int) -> dict:
         for kind in ("pinned", "pageable"):
             host = torch.empty(n, pin_memory=kind == "pinned")
             nbytes = n * size
-            out[f"h2d_{kind}_gbs"] = nbytes / timed(lambda: a.copy_(host, non_blocking=True), device, repeats) / 1e9
-            out[f"d2h_{kind}_gbs"] = nbytes / timed(lambda: host.copy_(a, non_blocking=True), device, repeats) / 1e9
+            out[f"h2d_{kind}_gbs"] = nbytes / timed(lambda host=host: a.copy_(host, non_blocking=True), device, repeats) / 1e9
+            out[f"d2h_{kind}_gbs"] = nbytes / timed(lambda host=host: host.copy_(a, non_blocking=True), device, repeats) / 1e9
     return {k: round(v, 2) if isinstance(v, float) else v for k, v in out.items()}
 
 
@@ -172,7 +173,7 @@ def matmul(device: str, n: int, repeats: int) -> dict:
         for name, dtype, tf32 in modes:
             torch.backends.cuda.matmul.allow_tf32 = tf32
             x, y = torch.rand(n, n, device=device, dtype=dtype), torch.rand(n, n, device=device, dtype=dtype)
-            tflops = matmul_flops(n, n, n) / timed(lambda: x @ y, device, repeats) / 1e12
+            tflops = matmul_flops(n, n, n) / timed(lambda x=x, y=y: x @ y, device, repeats) / 1e12
             out[f"{name}_tflops"] = float(f"{tflops:.4g}")  # 4 significant digits: a slow CPU's is never 0.0
     finally:
         torch.backends.cuda.matmul.allow_tf32 = before

@@ -3,7 +3,8 @@
 Imports torch and numpy only (never boto3 or fabric): this file is shipped to the instance.
 Outputs in ``--out``: train.log, metrics.jsonl (one object per epoch), model.pt, summary.json,
 curves.png (training loss every LOSS_EVERY steps and test accuracy per epoch); while it trains,
-$EC2GPU_PROGRESS_FILE when set (rank 0: the epoch's steps, samples/s, ETA); checkpoint.pt in ``--checkpoint-dir`` (default ``--out``). Exit codes: 0 done, 2 bad
+$EC2GPU_PROGRESS_FILE when set (rank 0: the epoch's steps, samples/s, ETA); checkpoint.pt in
+``--checkpoint-dir`` (default ``--out``). Exit codes: 0 done, 2 bad
 input or data, 75 stopped by a spot interruption notice (checkpoint written), 143 stopped by
 SIGTERM (checkpoint written). ``--resume`` continues from the checkpoint directory's checkpoint.pt.
 Under ec2gpu's instance agent (EC2GPU_AGENT set) the agent watches for the spot notice and sends
@@ -261,8 +262,10 @@ class Trainer:
         for s in range(steps):
             self.train_step(*self._batch(perm, s))
         torch.cuda.synchronize()
-        self.model.load_state_dict(saved[0]); self.opt.load_state_dict(saved[1])
-        self.sched.load_state_dict(saved[2]); self.scaler.load_state_dict(saved[3])
+        self.model.load_state_dict(saved[0])
+        self.opt.load_state_dict(saved[1])
+        self.sched.load_state_dict(saved[2])
+        self.scaler.load_state_dict(saved[3])
         ckpt.set_rng_state(saved[4])
 
     @torch.no_grad()
@@ -280,7 +283,8 @@ class Trainer:
             loss += F.cross_entropy(logits, self.y_test[i], reduction="sum")
             correct += (logits.argmax(1) == self.y_test[i]).sum()
         if self.world > 1:
-            dist.all_reduce(correct); dist.all_reduce(loss)
+            dist.all_reduce(correct)
+            dist.all_reduce(loss)
         self.model.train()
         return correct.item() / len(self.x_test), loss.item() / len(self.x_test)
 
@@ -366,7 +370,8 @@ class Trainer:
     def end_epoch(self) -> None:
         train_loss = self.loss_sum / self.steps_per_epoch
         if self.world > 1:
-            t = torch.tensor([train_loss], device=self.device); dist.all_reduce(t)
+            t = torch.tensor([train_loss], device=self.device)
+            dist.all_reduce(t)
             train_loss = t.item() / self.world
         acc, test_loss = self.evaluate()
         self.epoch += 1

@@ -110,7 +110,7 @@ def test_instances_with_a_profile_reach_s3_with_their_role_and_one_without_finds
         assert sorted(a["InstanceId"] for a in associated if a["State"] == "associated") == sorted(with_role)
 
         with ThreadPoolExecutor(3) as pool:
-            got = dict(zip(ids, pool.map(lambda i: _ssh(home, i, key_file, tmp_path, PROBE), ids)))
+            got = dict(zip(ids, pool.map(lambda i: _ssh(home, i, key_file, tmp_path, PROBE), ids), strict=True))
         for iid in with_role:  # (a) both instances of the one call: the role's temporary keys, from IMDS
             assert got[iid].get("keys") == ["a.txt"], got[iid]
             assert got[iid]["method"] == "iam-role" and got[iid]["key_id"].startswith("ASIA")

@@ -3,7 +3,6 @@ ec2gpu's own loader; a crash is reported, never hidden. Small inline task texts,
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import subprocess
 import sys

@@ -72,7 +72,8 @@ CREDENTIALS = [".netrc", "_netrc", ".git-credentials", ".kube/config", ".docker/
                ".local/share/keyrings/login.keyring", "work.keyring", ".password-store/aws.gpg",
                "chrome/Default/Cookies", "chrome/Default/Login Data", "firefox/p.default/cookies.sqlite",
                "firefox/p.default/logins.json", "firefox/p.default/key4.db", ".gnupg/private-keys-v1.d/k.key",
-               ".gnupg/pubring.kbx", ".azure/msal_token_cache.json", ".terraform.d/credentials.tfrc.json", ".vault-token", ".config/gh/hosts.yml", ".s3cfg", ".boto",
+               ".gnupg/pubring.kbx", ".azure/msal_token_cache.json", ".terraform.d/credentials.tfrc.json", ".vault-token",
+               ".config/gh/hosts.yml", ".s3cfg", ".boto",
                ".databrickscfg", "vault.kdbx", ".htpasswd", ".ssh/known_hosts", ".aws/credentials", "keys/pgp.asc",
                "keys/putty.txt", "keys/bagged.txt", "web/.yarnrc.yml"]
 

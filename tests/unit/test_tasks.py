@@ -159,7 +159,7 @@ def test_outputs_globs_must_stay_inside_the_output_dir_and_good_paths_load(tmp_p
 
 
 BILLION_LAUGHS = 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n' + "".join(
-    f"{n}: &{n} [{','.join([f'*{p}'] * 9)}]\n" for p, n in zip("abcdefgh", "bcdefghi")) + "run: x\n"
+    f"{n}: &{n} [{','.join([f'*{p}'] * 9)}]\n" for p, n in zip("abcdefgh", "bcdefghi", strict=True)) + "run: x\n"
 
 
 def test_yaml_bombs_are_refused_with_a_line(tmp_path):
