@@ -14,10 +14,13 @@ import os
 import re
 import shlex
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Union, cast
 
 from .errors import UsageError
 from .remote.sync import MAX_UPLOAD_BYTES
+
+if TYPE_CHECKING:
+    from .runs.record import RunRecord
 
 
 def load_task(task=None, command: Optional[Sequence[str]] = None, workdir: Optional[str] = None,
@@ -50,7 +53,9 @@ def load_task(task=None, command: Optional[Sequence[str]] = None, workdir: Optio
         if not base.is_dir():
             raise UsageError(f"--workdir {base} is not a directory", "give the directory to send")
         default = re.sub(r"[^A-Za-z0-9_.-]", "-", base.name).strip("-.")[:63] or "task"
-        loaded = load.LoadedTask(Task(name=name or default, workdir=str(base), run=shlex.join(command)), None, base)
+        # a command is given here: neither or both are refused above
+        loaded = load.LoadedTask(Task(name=name or default, workdir=str(base), run=shlex.join(cast(Sequence[str], command))),
+                                 None, base)
     if name:
         loaded.task = loaded.task.model_copy(update={"name": name})
     if overrides and loaded.path is None:  # a file's are in place already
@@ -105,7 +110,7 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
         ssh_cidr: Optional[str] = None, ami: Optional[str] = None, region: Optional[str] = None,
         sandbox: bool = False, reporter=None, on_warning=lambda text: None, as_typed: Optional[str] = None,
         baked: bool = True, workdir_outside: bool = False, allow_larger: bool = False, dry_run: bool = False,
-        infra: Optional[str] = None) -> dict:
+        infra: Optional[str] = None) -> Union[dict, RunRecord]:
     """Run a task on new instances end to end (estimate, launch, sync, setup, job, outputs home,
     teardown, bill); return its run record.
 
@@ -144,7 +149,7 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
         on_warning(text)
 
     # a flag replaces the task's own choice, so that what runs (engine.node_env) follows the flag
-    overrides = ({"gpu": gpu, "instance_type": None, "any_of": [], "ordered": []} if gpu else
+    overrides: dict[str, Any] = ({"gpu": gpu, "instance_type": None, "any_of": [], "ordered": []} if gpu else
                  {"instance_type": instance_type.split(","), "gpu": None, "any_of": [], "ordered": []}
                  if instance_type is not None else {})
     if allow_larger:
@@ -260,7 +265,7 @@ def exec(target: str, task=None, *, command: Optional[Sequence[str]] = None, wor
          env: Optional[dict] = None, secrets: Sequence[str] = (), max_upload: int = MAX_UPLOAD_BYTES,
          include_secrets: bool = False, out: Optional[Path] = None, region: Optional[str] = None,
          sandbox: bool = False, reporter=None, on_warning=lambda text: None, as_typed: Optional[str] = None,
-         workdir_outside: bool = False, infra: Optional[str] = None) -> dict:
+         workdir_outside: bool = False, infra: Optional[str] = None) -> RunRecord:
     """Run a task once on the standing instance or cluster ``target`` and leave it running; return
     the run record. A setup that already ran there is skipped; rsync sends only what changed.
     ``workdir_outside`` as for ``run``; ``infra`` ('aws'): a SkyPilot file naming another cloud is
@@ -280,7 +285,7 @@ def bake(task: Union[str, Path, object], *, base: str = "dlami", name: Optional[
          instance_type: Optional[str] = None, spot: bool = False, ssh_cidr: Optional[str] = None,
          ami: Optional[str] = None, region: Optional[str] = None, sandbox: bool = False, reporter=None,
          on_warning=lambda text: None, as_typed: Optional[str] = None, workdir_outside: bool = False,
-         max_runtime: Optional[int] = None) -> dict:
+         max_runtime: Optional[int] = None) -> RunRecord:
     """Bake a machine image holding ``task``'s setup (a task file, a Task, or "mnist" for the
     built-in job) from ``base`` ("dlami" or "ubuntu-24.04"); return the bake's run record, whose
     summary names the image. Runs of a task with the same setup then launch from the image.

@@ -6,6 +6,7 @@ import os
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Mapping
 
 from .errors import UsageError
 
@@ -68,7 +69,7 @@ def _coerce(name: str, value):
     return str(value)
 
 
-def load(flags: dict | None = None, environ: dict | None = None, config: Path | None = None) -> Settings:
+def load(flags: dict | None = None, environ: Mapping[str, str] | None = None, config: Path | None = None) -> Settings:
     """Resolve settings. ``flags`` holds CLI values (None = not given).
 
     The config file is ``config``, else ./ec2gpu.toml, else $EC2GPU_HOME/config.toml (keys are

@@ -184,7 +184,7 @@ def run(run_dir: str, argv: list[str], endpoint: str, poll_s: float, grace_s: fl
     """Run ``argv`` to its end under the rules above, with ``env`` added to the environment, each
     status.json signed with ``key``; ``limit`` is (SIGTERM at, grace s), POSIX seconds, or None.
     Return the agent's exit code (the job's, 128+N for signal N, or 75 when a notice stopped it)."""
-    status = {"state": "running", "started_at": now(), "exit_code": None, "signal": None, "ended_at": None,
+    status: dict = {"state": "running", "started_at": now(), "exit_code": None, "signal": None, "ended_at": None,
               "notice": None, "rebalance": None, "limit": None, "error": None, "agent_pid": os.getpid()}
     rebalance_file = os.path.join(run_dir, REBALANCE_FILE)
     full_env = {**os.environ, **(env or {}), "EC2GPU_AGENT": "1", "EC2GPU_REBALANCE_FILE": rebalance_file}

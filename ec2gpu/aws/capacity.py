@@ -81,7 +81,7 @@ def plan(ec2, instance_types: list[str], spot: bool, spot_fallback_on_demand: bo
     first type's zones is added when ``spot_fallback_on_demand``.
     """
     subnets = default_subnets(ec2)
-    order = []
+    order: list[tuple[str, str | None, str | None, bool]] = []
     for itype in instance_types:
         zones = sorted((z for z in zones_offering(ec2, itype) if z in subnets), key=lambda z: z in avoid_zones)
         order += [(itype, z, subnets[z], spot) for z in zones] or [(itype, None, None, spot)]

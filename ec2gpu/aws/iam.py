@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from typing import Any
 
 import botocore.exceptions
 
@@ -144,12 +145,12 @@ def s3_policy(reads: list[tuple[str, str]], writes: list[tuple[str, str]]) -> di
     def objects(by_bucket: dict[str, list[str]]) -> list[str]:
         return [f"arn:aws:s3:::{b}/{x}" for b, prefixes in by_bucket.items() for p in prefixes for x in _patterns(p)]
 
-    statements = [{"Sid": "Read", "Effect": "Allow", "Action": ["s3:GetObject"], "Resource": objects(read)}]
+    statements: list[dict[str, Any]] = [{"Sid": "Read", "Effect": "Allow", "Action": ["s3:GetObject"], "Resource": objects(read)}]
     if write:
         statements.append({"Sid": "Write", "Effect": "Allow", "Action": ["s3:AbortMultipartUpload", "s3:PutObject"],
                            "Resource": objects(write)})
     for n, (bucket, prefixes) in enumerate(read.items(), 1):
-        listing = {"Sid": f"List{n}", "Effect": "Allow", "Action": ["s3:ListBucket"],
+        listing: dict[str, Any] = {"Sid": f"List{n}", "Effect": "Allow", "Action": ["s3:ListBucket"],
                    "Resource": f"arn:aws:s3:::{bucket}"}
         if "" not in prefixes:
             listing["Condition"] = {"StringLike": {"s3:prefix": [x for p in prefixes for x in _patterns(p)]}}
@@ -436,7 +437,7 @@ def find_run_roles(iam, run_id: str | None = None, owner: str | None = None, *,
     for p in sorted(profiles, key=lambda p: p["InstanceProfileName"]):
         if p["InstanceProfileName"] in role_names or any(r["RoleName"] in role_names for r in p.get("Roles", [])):
             continue  # its role is listed above: removing that removes this profile too
-        tg = _profile_tags(iam, p)
-        if tg is not None and wanted(tg):
-            found.append(row(p["InstanceProfileName"], tg, p.get("CreateDate"), "instance_profile"))
+        ptg = _profile_tags(iam, p)
+        if ptg is not None and wanted(ptg):
+            found.append(row(p["InstanceProfileName"], ptg, p.get("CreateDate"), "instance_profile"))
     return found

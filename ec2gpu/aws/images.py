@@ -91,6 +91,7 @@ def _by_name(ssm) -> tuple[str, str, str] | None:
             continue
         found = {name: value}
         m = _PYTORCH.fullmatch(name)
+        assert m is not None  # every name of SSM_PARAMETERS is a parameter_name, which _PYTORCH matches
         if f"{m.group(1)}.{m.group(2)}" == FALLBACK_TORCH[0]:
             found.update(_newer(ssm, int(m.group(1)), int(m.group(2)), m.group(3)))
         return pick_parameter(found)

@@ -10,6 +10,7 @@ import math
 import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import Any
 
 import botocore.exceptions
 
@@ -105,7 +106,7 @@ def user_data(max_runtime_minutes: int | None, idle: IdleRule | None = None) -> 
 
 def run_request(spec: LaunchSpec) -> dict:
     """run_instances kwargs for ``spec`` (pure; tested without any AWS)."""
-    req = {
+    req: dict[str, Any] = {
         "ImageId": spec.image_id, "InstanceType": spec.instance_type,
         "MinCount": spec.count, "MaxCount": spec.count,
         "KeyName": spec.key_name, "SecurityGroupIds": [spec.security_group_id],

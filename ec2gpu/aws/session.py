@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 import boto3
 import botocore.config
@@ -54,7 +55,7 @@ def retry_handler(codes_by_operation: dict[str, frozenset[str]], also: frozenset
     return needs_retry
 
 
-_LOADER = None  # botocore's data loader, shared by every Aws of this process (its models are parsed once)
+_LOADER: Any = None  # botocore's data loader, shared by every Aws of this process (its models are parsed once)
 
 
 def _botocore_session():
@@ -156,7 +157,7 @@ def describe(exc: botocore.exceptions.ClientError) -> str:
     return f"{err.get('Code', '?')}: {err.get('Message', '')}".strip()
 
 
-def error_code(exc: Exception) -> str | None:
+def error_code(exc: BaseException) -> str | None:
     """The AWS error code of a ClientError, else None."""
     if isinstance(exc, botocore.exceptions.ClientError):
         return exc.response.get("Error", {}).get("Code")

@@ -10,6 +10,8 @@ its owner. It is the user's: never deleted by ec2gpu.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import botocore.exceptions
 
 from ..errors import AwsError, UsageError
@@ -46,7 +48,7 @@ def create_private_bucket(s3, bucket: str, region: str, owner: str) -> None:
     """Create ``bucket`` in ``region``: public access blocked, SSE-S3 default encryption, tagged
     ``ec2gpu:owner``. Raises UsageError when the name is taken by another account
     (BucketAlreadyExists), AwsError for other errors."""
-    req = {"Bucket": bucket}
+    req: dict[str, Any] = {"Bucket": bucket}
     if region != "us-east-1":  # us-east-1 refuses its own name as a LocationConstraint
         req["CreateBucketConfiguration"] = {"LocationConstraint": region}
     try:

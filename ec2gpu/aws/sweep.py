@@ -7,7 +7,8 @@ untagged one only when its run still holds something there (``find_instance_role
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from pathlib import Path
+from typing import Any, Callable, cast
 
 import botocore.exceptions
 
@@ -118,9 +119,9 @@ class Clients:
     touched), the folder of local private keys, and the seconds a security group's deletion may
     wait, in all, for its instances' network interfaces to go (DependencyViolation)."""
 
-    ec2: object
-    iam: object = None
-    keys_dir: object = None
+    ec2: Any  # boto3 clients: untyped
+    iam: Any = None
+    keys_dir: Path | None = None
     group_wait_s: float = 300.0
     group_deadline: float | None = None  # time.monotonic() by which the groups' wait ends (set at the first)
 
@@ -161,6 +162,17 @@ def _delete_role(c: Clients, name, log) -> None:
     roles.delete_run_role(c.iam, name)
 
 
+def _delete_key_pair(c: Clients, name, log) -> None:
+    log(f"deleting key pair {name}")
+    # delete_everything always gives keys_dir; only inventory's Clients (which removes nothing) has None
+    network.delete_key_pair(c.ec2, name, cast(Path, c.keys_dir))
+
+
+def _delete_placement_group(c: Clients, name, log) -> None:
+    log(f"deleting placement group {name}")
+    placement.delete(c.ec2, name)
+
+
 def _kinds() -> tuple[Kind, ...]:
     """The registry, in the order a sweep removes: spot requests and instances first, then what
     they used. A new kind of resource (a launch template, an Auto Scaling group, a bucket policy)
@@ -178,7 +190,7 @@ def _kinds() -> tuple[Kind, ...]:
              _delete_group, after=("instances",)),
         Kind("key_pairs", "key pair",
              lambda c, run, log: [_row(k, "KeyName") for k in find_key_pairs(c.ec2, run)],
-             lambda c, name, log: (log(f"deleting key pair {name}"), network.delete_key_pair(c.ec2, name, c.keys_dir))),
+             _delete_key_pair),
         # a bake's image not yet complete (Ctrl-C, a crash): never a complete one (`ec2gpu image rm`)
         Kind("images", "image",
              lambda c, run, log: [_row(i, "ImageId", state=i.get("State"))
@@ -189,8 +201,7 @@ def _kinds() -> tuple[Kind, ...]:
              lambda c, snap_id, log: baked.delete_snapshots(c.ec2, [snap_id], log), after=("images",)),
         Kind("placement_groups", "placement group",
              lambda c, run, log: [_row(g, "GroupName") for g in placement.find(c.ec2, run, log)],
-             lambda c, name, log: (log(f"deleting placement group {name}"), placement.delete(c.ec2, name)),
-             after=("instances",)),
+             _delete_placement_group, after=("instances",)),
         Kind("instance_roles", "instance role", _find_roles, _delete_role, after=("instances",), iam=True),
     )
 
@@ -340,7 +351,7 @@ def ended_leftovers(ec2, keep=frozenset(), iam=None) -> dict[str, dict]:
         held["instance_roles"] = [({"Tags": [{"Key": T.RUN, "Value": r["run_id"]}], "Name": r["name"],
                                     "CreateTime": r["created"]}, "Name")
                                   for r in find_instance_roles(iam, ec2, runs_here=here)]
-    runs = {T.as_dict(r.get("Tags")).get(T.RUN) for found in held.values() for r, _ in found} - {None, ""}
+    runs = cast(set[str], {T.as_dict(r.get("Tags")).get(T.RUN) for found in held.values() for r, _ in found} - {None, ""})
     if not runs:
         return {}
     dated = [k for k, _ in held["key_pairs"] + held.get("instance_roles", [])]

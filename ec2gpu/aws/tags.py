@@ -23,7 +23,9 @@ _SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # a tag value read back
 def safe(value: str | None) -> bool:
     """Whether a tag value read from EC2 may go into an ssh_config, a hint or a shell string as it
     is. Anyone who can tag resources in the account can set one, so it is never trusted (pure)."""
-    return bool(value) and _SAFE.fullmatch(value) is not None  # "x\n" would split an ssh_config line
+    if not value:
+        return False
+    return _SAFE.fullmatch(value) is not None  # "x\n" would split an ssh_config line
 
 
 def check_name(name: str, flag: str = "--name") -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any, Mapping
 
 import typer
 
@@ -203,7 +204,7 @@ class RichReporter:
         self.inner, self.console, self.quiet = Reporter(), console, quiet
         self.phases = self.inner.phases
         self.notes = self.inner.notes
-        self._live = None  # (rich Progress, task id) of the phase under way
+        self._live: tuple[Any, Any] | None = None  # (rich Progress, task id) of the phase under way
 
     def phase(self, name: str):
         import contextlib
@@ -260,7 +261,7 @@ class RichReporter:
             say(self.console, text)
 
 
-def cost_rows(record: dict) -> list[tuple[str, str]]:
+def cost_rows(record: Mapping[str, Any]) -> list[tuple[str, str]]:
     """'estimate' and 'actual' lines of a run record, side by side in the summary."""
     rows = []
     est = record.get("estimate") or {}
@@ -312,7 +313,7 @@ def _training_row(s: dict) -> str:
             f"{s.get('train_seconds') or 0:.2f} s training, {s.get('wall_seconds') or 0:.1f} s wall{resumed}")
 
 
-def _print_record(record: dict, as_json: bool) -> None:
+def _print_record(record: Mapping[str, Any], as_json: bool) -> None:
     if as_json:
         render_json(record)
         return
@@ -354,7 +355,7 @@ from . import images as _images  # noqa: E402,F401  (registers image bake/ls/rm)
 from . import sandbox as _sandbox  # noqa: E402,F401  (registers sandbox up/down/status/interrupt/env)
 
 
-def _click_errors(name: str) -> tuple[type, ...]:
+def _click_errors(name: str) -> tuple[Any, ...]:  # exception classes, found by name
     """click's exception class ``name``, from click and from the copy typer >= 0.2x vendors as
     ``typer._click`` (a usage error raised by typer is not a ``click.ClickException``)."""
     import importlib

@@ -4,7 +4,7 @@ from __future__ import annotations
 import codecs
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional, cast
 
 import typer
 
@@ -12,6 +12,9 @@ from ..errors import UsageError
 from ..inert import inert
 from . import JSON, REGION, SANDBOX, Context, _sandbox_flag, app, err, note, out, render_json, say, warn
 from .instances import _find
+
+if TYPE_CHECKING:
+    from ..backend import Context as BackendContext  # what cli.Context returns
 
 
 @app.command("ssh", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -34,7 +37,7 @@ def ssh_cmd(ctx_: typer.Context, name: str = typer.Argument(..., help="Name, ins
     raise typer.Exit(code)
 
 
-def _pin_host_key(ctx: Context, inst: dict) -> None:
+def _pin_host_key(ctx: BackendContext, inst: dict) -> None:
     """Before OpenSSH connects (StrictHostKeyChecking yes, HostKeyAlias): pin the instance's host
     key under its instance id, verified against its console output, when it is not pinned yet.
     Raises RemoteError, WaitTimeout."""
@@ -80,7 +83,7 @@ def logs(name: str = typer.Argument(..., help="Run id, name or instance id."),
     if follow:
         say(err, f"the job on {inst['InstanceId']} ended with exit status {status}; "
             f"`ec2gpu down {run_id}` removes the instance", "dim")
-        raise typer.Exit(status)
+        raise typer.Exit(cast(int, status))  # stream gives the job's exit status when it follows
 
 
 class InertWriter:
@@ -101,7 +104,7 @@ class InertWriter:
         self.stream.flush()
 
 
-def _write_ssh_config(ctx: Context, warn=lambda line: None, pin: bool = False):
+def _write_ssh_config(ctx: BackendContext, warn=lambda line: None, pin: bool = False):
     from ..runs import standing
     return standing.write_ssh_config(ctx.aws, ctx.settings, ctx.backend, warn, pin=pin, log=note)
 

@@ -1,13 +1,16 @@
 """Standing instances and clusters: launch, stop, start, scale, ls, down, cleanup, doctor."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, AbstractSet, Optional, cast
 
 import typer
 
 from ..errors import UsageError
 from . import (JSON, REGION, SANDBOX, Context, RichReporter, _sandbox_flag, app, err, note, out, plain, render_json, say,
                table, table_row, warn)
+
+if TYPE_CHECKING:
+    from ..backend import Context as BackendContext  # what cli.Context returns
 
 
 @app.command()
@@ -110,7 +113,7 @@ def idle_rule(idle_stop: str | None, idle_down: str | None, no_idle: bool, max_r
     return IdleRule(action, seconds)
 
 
-def _settle(ctx: Context, run_ids: set[str] | None = None, ended: bool = True, keep=frozenset()) -> None:
+def _settle(ctx: BackendContext, run_ids: set[str] | None = None, ended: bool = True, keep=frozenset()) -> None:
     """Bring the ledger up to date with the instances of this backend and region (runs/reconcile.py):
     settle the runs (only ``run_ids`` if given) whose controller died and whose instances have
     terminated, record the standing instances' running intervals and settle those that have all
@@ -126,7 +129,7 @@ def _settle(ctx: Context, run_ids: set[str] | None = None, ended: bool = True, k
                                log=lambda m: say(err, m, "dim", soft_wrap=True))
 
 
-def _fetch_abandoned(ctx: Context, run_ids: set[str] | None = None) -> None:
+def _fetch_abandoned(ctx: BackendContext, run_ids: set[str] | None = None) -> None:
     """Before their instances go: bring home what the jobs of runs whose controller died wrote
     (runs/reconcile.py, runs/logs.fetch) to each run's artifacts directory. A run that cannot be
     reached is reported; removing it goes on."""
@@ -149,7 +152,7 @@ def _fetch_abandoned(ctx: Context, run_ids: set[str] | None = None) -> None:
                 + plain(f" ({exc}); removing it anyway"))
 
 
-def _find(ctx: Context, name: str) -> list[dict]:
+def _find(ctx: BackendContext, name: str) -> list[dict]:
     """The running (or pending) instances called ``name``; UsageError saying what they are instead."""
     from ..runs import stopstart
     return stopstart.find(ctx.aws.ec2, name, ["pending", "running"])
@@ -427,11 +430,12 @@ def down(name: Optional[str] = typer.Argument(None, help="Name, instance id or r
         raise UsageError("say which instances to remove", "ec2gpu down NAME, or ec2gpu down --all")
     with Context(region, _sandbox_flag(sandbox)) as ctx:
         ec2 = ctx.aws.ec2
+        runs: AbstractSet[str | None]
         if all_:
             runs = {T.as_dict(r.get("Tags")).get(T.RUN) for r in
                     sweep.find_instances(ec2) + sweep.find_security_groups(ec2) + sweep.find_key_pairs(ec2)}
         else:  # terminated instances too: an interrupted spot instance leaves its group and key pair
-            runs = sweep.runs_named(ec2, name)
+            runs = sweep.runs_named(ec2, cast(str, name))  # without --all a name is given (refused above)
             if not runs:
                 raise UsageError(f"nothing of ec2gpu's is named {name!r}", "see `ec2gpu ls`; `ec2gpu cleanup` "
                                  "removes everything the tool created")

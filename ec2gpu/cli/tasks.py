@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Mapping, Optional
 
 import typer
 
@@ -34,7 +34,7 @@ def _env_flags(values: list[str], secrets: Optional[list[str]] = None) -> dict[s
     return out
 
 
-def _print_plan(plan: dict, as_json: bool) -> None:
+def _print_plan(plan: Mapping[str, Any], as_json: bool) -> None:
     """`run --dry-run`: the plan as JSON, or as lines with the task's own words printed inert."""
     if as_json:
         render_json(plan)

@@ -58,7 +58,7 @@ UNREACHABLE_AFTER_OPT = typer.Option(120.0, "--unreachable-after", min=5, help="
 
 @train_app.command("mnist")
 def train_mnist(
-    instance_type: str = INSTANCE_TYPE_OPT, spot: bool = SPOT_OPT, spot_fallback: Optional[str] = SPOT_FALLBACK_OPT,
+    instance_type: Optional[str] = INSTANCE_TYPE_OPT, spot: bool = SPOT_OPT, spot_fallback: Optional[str] = SPOT_FALLBACK_OPT,
     model: str = MODEL_OPT, epochs: Optional[int] = EPOCHS_OPT, seed: int = SEED_OPT, keep: bool = KEEP_OPT,
     out_dir: Optional[Path] = OUT_DIR_OPT, local: bool = LOCAL_OPT, ssh_cidr: Optional[str] = SSH_CIDR_OPT,
     ami: Optional[str] = AMI_OPT, no_baked: bool = NO_BAKED_OPT, max_runtime: Optional[int] = MAX_RUNTIME_OPT,

@@ -65,7 +65,7 @@ def place(conn, mounts_: list, manifests: dict, run_dir: str, python: str, regio
     if not mounts_:
         return
     home, root = instance_paths(conn)
-    s3 = []
+    s3: list[dict] = []
     for m in mounts_:
         path = M.on_instance(m.target, home, root)
         _writable(conn, path, m.is_file or m.target in s3_files)

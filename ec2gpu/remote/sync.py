@@ -24,6 +24,7 @@ import subprocess
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence, cast
 
 import pathspec
 
@@ -229,7 +230,7 @@ def local_rsync() -> tuple[str | None, str | None]:
     return path, (words[words.index("version") + 1] if "version" in words[:-1] else None)
 
 
-def _rsync(ssh_config: Path, src: str, dst: str, names: list[str], what: str, mode: list[str] = ("-a",)) -> None:
+def _rsync(ssh_config: Path, src: str, dst: str, names: list[str], what: str, mode: Sequence[str] = ("-a",)) -> None:
     """rsync exactly ``names`` (relative to ``src``) to ``dst`` over ``ssh -F ssh_config``, with
     ``mode`` as its transfer options (``-a`` up; ``pull`` passes its own)."""
     args = [*mode, "--from0", "--files-from=-", "-e", f"ssh -F {shlex.quote(str(ssh_config))}", src, dst]
@@ -252,7 +253,8 @@ def push(conn, m: Manifest, remote_dir: str, ssh_config: Path | None, host_alias
     conn.run(f"mkdir -p {shlex.quote(remote_dir)}", hide=True, in_stream=False)
     why = "no SSH config for rsync" if ssh_config is None else rsync_missing(conn)
     if why is None:
-        _rsync(ssh_config, f"{m.root}/", f"{host_alias}:{remote_dir}/", m.files, "workdir up")
+        # why is None only with an ssh_config (the line above)
+        _rsync(cast(Path, ssh_config), f"{m.root}/", f"{host_alias}:{remote_dir}/", m.files, "workdir up")
         return "rsync"
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:

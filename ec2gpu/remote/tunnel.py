@@ -65,6 +65,8 @@ class Child:
     SIGTERM, SIGKILL after ``grace_s`` seconds) and reaped by ``close()`` from any thread; once
     closed, ``start`` starts nothing."""
 
+    proc: subprocess.Popen | None
+
     def __init__(self, grace_s: float = 5.0):
         self.lock, self.proc, self.closed, self.grace_s = threading.Lock(), None, False, grace_s
         self.ending = threading.Lock()  # one thread at a time signals and reaps

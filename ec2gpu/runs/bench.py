@@ -12,6 +12,7 @@ import json
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any, Mapping
 
 from ..aws.session import Aws
 from ..backend import Backend
@@ -50,8 +51,9 @@ def usd_per_run(summary: dict | None, usd_per_hour: float | None) -> dict:
     from ..train.bench import TRAINED_MIN_ACC, trained
     from .job_summary import bench_figures
     figures = bench_figures(summary)
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for model, by_device in (figures.models if figures else {}).items():
+        assert figures is not None  # its models are what is iterated
         row = by_device.get(figures.best_device) or by_device.get("cpu")
         if not row:
             continue
@@ -75,7 +77,7 @@ def rank(results: list[dict]) -> list[dict]:
     return sorted(results, key=key)
 
 
-def _result(record: dict) -> dict:
+def _result(record: Mapping[str, Any]) -> dict:
     """One bench's line: run id, type, market, price, status, the bench.json it brought home (as
     job_summary.read_bench_report checks it: None, with ``bench_invalid`` saying why, when it is
     not the bench's report)."""

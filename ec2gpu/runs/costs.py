@@ -12,6 +12,7 @@ import statistics
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import cast
 
 from ..aws.catalog import BILLING_MINIMUM_SECONDS
 
@@ -120,8 +121,9 @@ def estimate(instance_type: str, gpu: str, market: str, usd_per_hour: float | No
     boot, setup, teardown, same_type = _phase_seconds(history, instance_type)
     measured = bench_speed(history, instance_type, gpu, model)
     if same_gpu:
-        epoch_s = _median([trained(r)[0] / trained(r)[1] for r in same_gpu])
-        startup = _median([max(0.0, job_s(r) - trained(r)[0]) for r in same_gpu])
+        # same_gpu is not empty: both medians are numbers
+        epoch_s = cast(float, _median([trained(r)[0] / trained(r)[1] for r in same_gpu]))
+        startup = cast(float, _median([max(0.0, job_s(r) - trained(r)[0]) for r in same_gpu]))
         source = f"ledger ({len(same_gpu)} earlier run(s) of {model} on {gpu})"
     elif measured:
         epoch_s = TRAIN_IMAGES / measured["samples_per_second"]
@@ -157,6 +159,7 @@ def bench_speed(history: list[dict], instance_type: str, gpu: str, model: str) -
         row = s and s.models.get(model, {}).get(s.best_device)
         if not row or (r.get("instance_type") != instance_type and r.get("gpu") != gpu):
             continue
+        assert s is not None  # a row comes from s
         found.append(((r.get("instance_type") != instance_type, s.quick),
                       {"samples_per_second": row.samples_per_second, "device": s.best_device,
                        "instance_type": r.get("instance_type"), "run_id": r.get("run_id"), "quick": s.quick}))

@@ -11,6 +11,8 @@ are listed in docs/tasks.md ("Seeing the plan first").
 """
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 PLAN_VERSION = 1
 
 #: what every run has, whatever the task says (aws/network.py, aws/instances.py, runs/provision.py)
@@ -54,7 +56,7 @@ def plan(job, settings, types: list[str], *, nodes: int, spot: bool, spot_fallba
         skipped = list(resolve.plan(res).skipped)
     except Exception:  # noqa: BLE001 - a flag chose the types: the task's own request does not apply
         choices, skipped = {}, []
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in types:
         t = catalog.lookup(name)
         price = catalog.on_demand_price(t.name, settings.region, settings.home)
@@ -134,7 +136,7 @@ def _mount_row(mnt, job) -> dict:
             "write_back": mnt.write_back, "create_bucket": mnt.create, "how": mnt.words()}
 
 
-def render(p: dict) -> list[str]:
+def render(p: Mapping[str, Any]) -> list[str]:
     """The plan as lines for a terminal (pure); values from the task are the caller's to print inert."""
     out = [f"plan for task {p['task']} ({p['source']}), {p['backend']} {p['region']}: nothing is created"]
     for i, r in enumerate(p["instance_types"]):

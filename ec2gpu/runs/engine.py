@@ -27,6 +27,7 @@ import json
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from ..errors import AwsError, LimitReached, RemoteError, WaitTimeout
 from .nodes import PROGRESS_FILE, copy_log, record_steps  # noqa: F401 - copy_log: logs.py's
@@ -360,7 +361,8 @@ def job_argv(nd, job: TaskJob, limit_minutes: int | None = None, grace_s: float 
     python = nd.info.get("python") or "python3"
     at = limits.stop_at(nd.instance, limit_minutes, grace_s)
     limit = [] if at is None else ["--limit-at", f"{at:.0f}",
-                                   "--limit-grace", f"{limits.grace_seconds(limit_minutes, grace_s):.0f}"]
+                                   # stop_at is None without a limit
+                                   "--limit-grace", f"{limits.grace_seconds(cast(int, limit_minutes), grace_s):.0f}"]
     return [python, f"{nd.run_dir}/agent.py", "--dir", nd.run_dir, "--env-file", f"{nd.run_dir}/job.env.json",
             "--key-file", f"{nd.run_dir}/agent.key", *limit, "--", "bash", "-c", INTERACTIVE, HANDOFF,
             PROLOGUE + job.task.run, job.name, *job.args]
@@ -591,7 +593,7 @@ def run_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[dic
             snapshot_statuses(nodes)
             for nd in nodes:  # the agent passed EC2's rebalance recommendation on to the job (docs/tasks.md)
                 if (nd.status or {}).get("rebalance"):
-                    say(nd)(f"EC2 recommended a rebalance at {nd.status['rebalance']['notice_time']} (this spot "
+                    say(nd)(f"EC2 recommended a rebalance at {cast(dict, nd.status)['rebalance']['notice_time']} (this spot "
                             "instance was at elevated risk of interruption); the job was told through "
                             "$EC2GPU_REBALANCE_FILE")
         brought, summary = None, None

@@ -19,6 +19,7 @@ interval as ``"to_source": "next start"``).
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from ..aws import instances
 from . import costs
@@ -73,7 +74,7 @@ def so_far(intervals: list[dict], now: datetime, usd_per_hour: float | None, reg
     "compute_usd" (None without a price), "public_ipv4_usd", "ebs_usd", "cost_usd", ...}."""
     each = spans(intervals, now)
     billed = sum(costs.billed_seconds(a, b) for a, b in each)
-    row = {"running_seconds": round(running_seconds(intervals, now), 1), "billed_seconds": round(billed, 1),
+    row: dict[str, Any] = {"running_seconds": round(running_seconds(intervals, now), 1), "billed_seconds": round(billed, 1),
            "compute_usd": None if usd_per_hour is None else round(costs.cost_usd(billed, usd_per_hour), 6)}
     row.update(costs.address_and_disk(region, home, row["running_seconds"], (now - first_launch).total_seconds(),
                                       volume_gib))

@@ -37,7 +37,7 @@ import math
 import os
 import stat
 from pathlib import Path
-from typing import Annotated, Literal, Optional, Sequence, Union
+from typing import Annotated, Any, Literal, Optional, Sequence, Union, cast
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
@@ -420,14 +420,14 @@ def read_bench_report(path: Path, root: Optional[Path] = None) -> tuple[Optional
             BenchReport.model_validate(value)
         except ValidationError as exc:
             raise Invalid(f"not the bench's report ({_errors(exc)})") from None
-        return value, None
+        return cast(dict, value), None  # BenchReport, a model, validated it: an object
     except Invalid as why:
         return None, _line(f"bench.json: {why}", ())
 
 
 # --- what the ledger and the estimates read ----------------------------------------------------------
 
-_FIGURES = {"test_acc": TypeAdapter(Optional[Accuracy]), "epochs": TypeAdapter(Optional[Epochs]),
+_FIGURES: dict[str, TypeAdapter[Any]] = {"test_acc": TypeAdapter(Optional[Accuracy]), "epochs": TypeAdapter(Optional[Epochs]),
             "train_seconds": TypeAdapter(Optional[Seconds]), "samples_per_second": TypeAdapter(Optional[RunSpeed])}
 TRAINER_COLUMNS = tuple(_FIGURES)
 
@@ -460,7 +460,7 @@ def columns(summary, schema: str = "task") -> dict:
     return out
 
 
-def from_ledger(text: Optional[str], schema: Optional[str]) -> tuple[Optional[dict], Optional[str]]:
+def from_ledger(text: object, schema: Optional[str]) -> tuple[Optional[dict], Optional[str]]:
     """The ledger's summary column (JSON text) and summary_schema, checked again: (summary,
     schema). A summary that no longer passes (a row from before these checks) comes back marked
     invalid; a row without a schema (written before the column existed) keeps None."""

@@ -12,6 +12,7 @@ import sqlite3
 from contextlib import closing
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any, Mapping
 
 from ..errors import LedgerError, UsageError
 
@@ -111,7 +112,7 @@ def _columns(db: sqlite3.Connection) -> set[str]:
     return {r[1] for r in db.execute("PRAGMA table_info(runs)")}
 
 
-def record(home: Path, row: dict) -> None:
+def record(home: Path, row: Mapping[str, Any]) -> None:
     """Insert or update the run ``row['run_id']`` with the known columns of ``row``. Raises
     LedgerError when the ledger cannot be written."""
     row = _checked(row)
@@ -131,7 +132,7 @@ def record(home: Path, row: dict) -> None:
             raise unreadable(home, exc) from None
 
 
-def _checked(row: dict) -> dict:
+def _checked(row: Mapping[str, Any]) -> dict:
     """``row`` with what a job wrote (its summary, the figures taken from it, its exit code) checked
     again (job_summary.py), whoever made it: nothing unchecked is stored."""
     from . import job_summary
@@ -213,6 +214,7 @@ def check(home: Path) -> LedgerError | None:
 
 
 def _runs(home: Path, since: datetime | None, backend: str | None, limit: int | None) -> list[dict]:
+    args: list[str]
     sql, args = "SELECT * FROM runs WHERE 1=1", []
     if since:
         sql, args = sql + " AND started_at >= ?", args + [since.astimezone(timezone.utc).isoformat()]

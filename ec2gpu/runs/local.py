@@ -14,10 +14,12 @@ from ..errors import RemoteError, UsageError
 from ..settings import Settings
 from . import engine
 from . import record as run_record
-from .pipeline import Reporter, TrainOptions, _ledger, _with_summary, builtin_task, new_run_id
+from .pipeline import TrainOptions, _ledger, _with_summary, builtin_task, new_run_id
+from .reporter import ReporterLike
 
 
-def train_local(opts: TrainOptions, ui: Reporter, data_dir: str | None = None, settings: Settings | None = None) -> dict:
+def train_local(opts: TrainOptions, ui: ReporterLike, data_dir: str | None = None,
+                settings: Settings | None = None) -> run_record.RunRecord:
     """Run the built-in MNIST task on this machine (needs torch), under the same agent and with the
     same job contract as on an instance (run_local below); return its run record.
 

@@ -16,6 +16,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, BinaryIO, Callable
 
 GRACE_S = 10.0  # after a node fails, how long the others may take to fail or finish by themselves
 
@@ -33,12 +34,12 @@ class Node:
     instance: dict
     host: str = ""
     port: int = 22
-    conn: object = None
-    connect: object = None  # () -> a fresh Connection
+    conn: Any = None  # a fabric Connection (untyped)
+    connect: Any = None  # () -> a fresh Connection
     run_dir: str = ""
     info: dict = field(default_factory=dict)
     pid: int | None = None
-    watch: object = None  # recovery.InstanceWatch
+    watch: Any = None  # recovery.InstanceWatch, from open_node on
     result: object = None  # exit status, Interrupted, or another exception
     agent_key: str | None = None  # the key the agent signs status.json with (runs/status.py)
     status: dict | None = None  # the agent's record, read once when the job ended (engine.snapshot_statuses)
@@ -152,6 +153,8 @@ class ProgressReader:
     ``rate`` with ``rate_unit``, ``eta_s``. A missing, partial or malformed file is skipped: the
     progress display is a courtesy, never a reason to fail the run."""
 
+    seen: dict | None
+
     def __init__(self, run_dir: str, show, every_s: float = 1.0):
         self.path, self.show, self.every_s, self.last, self.seen = f"{run_dir}/{PROGRESS_FILE}", show, every_s, 0.0, None
 
@@ -222,6 +225,8 @@ class LocalLog:
     """A job log on this machine, written through as bytes arrive (unbuffered: a controller killed
     mid-run leaves every byte it received) and capped at ``max_bytes``, with one line saying so."""
 
+    f: BinaryIO | None  # open between __enter__ and __exit__
+
     def __init__(self, path: Path, max_bytes: int = MAX_LOG_BYTES):
         self.path, self.max_bytes, self.written, self.f, self.capped = path, max_bytes, 0, None, False
 
@@ -230,6 +235,7 @@ class LocalLog:
         return self
 
     def write(self, data: bytes) -> None:
+        assert self.f is not None  # written inside its with block
         room = self.max_bytes - self.written
         if room > 0:
             self.f.write(data[:room])
@@ -240,6 +246,7 @@ class LocalLog:
                          "job.log on the instance while it runs]\n".encode())
 
     def __exit__(self, *exc) -> None:
+        assert self.f is not None  # __enter__ opened it
         self.f.close()
 
 
@@ -258,7 +265,7 @@ def record_steps(nodes, mask, local_out: Path, only=None) -> list:
     """[(name, step)]: each node's job.log (``mask`` applied line by line, its last MAX_LOG_BYTES)
     and its status record (the copy already read into ``nd.status``) to ``local_out``: job.log and
     status.json, job-node-K.log and status-node-K.json for a cluster; ``only``: those nodes alone."""
-    steps = []
+    steps: list[tuple[str, Callable[..., object]]] = []
     for nd in nodes if only is None else [nd for nd in nodes if any(nd is o for o in only)]:
         suffix = "" if len(nodes) == 1 else f"-node-{nd.index}"
         steps.append((f"job{suffix}.log", lambda nd=nd, suffix=suffix: copy_log(

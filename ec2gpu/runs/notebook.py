@@ -18,6 +18,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from ..aws.session import Aws
 from ..errors import RemoteError, UsageError, WaitTimeout
@@ -76,6 +77,7 @@ def open_server(conn, log) -> dict:
 def _server_record(line: str) -> dict:
     """The instance side's answer (one JSON line), checked: it is the instance's word."""
     import json
+    server: dict[str, Any] | None
     try:
         got = json.loads(line)
         server = {"reused": got["reused"] is True, "port": int(got["port"]), "pid": int(got["pid"]),

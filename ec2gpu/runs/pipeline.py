@@ -13,6 +13,7 @@ import secrets
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, cast
 
 from ..aws import capacity, catalog, instances, network, tags
 from ..aws.session import Aws
@@ -22,6 +23,12 @@ from ..settings import DEFAULT_INSTANCE_TYPE, Settings
 from . import costs, ledger, provision
 from . import record as run_record
 from .reporter import Reporter  # noqa: F401 - pipeline.Reporter: its home is the light reporter.py
+from .reporter import ReporterLike
+
+if TYPE_CHECKING:
+    from ..aws.instances import IdleRule
+    from .bake import BakePlan
+    from .engine import TaskJob
 
 PHASES = ("requesting", "waiting for running", "waiting for SSH", "setup", "upload", "running",
           "download", "terminating")
@@ -52,11 +59,11 @@ class TrainOptions:
     checkpoint_uri: str | None = None  # s3://bucket/prefix: a second home for checkpoints
     unreachable_s: float = 120.0  # SSH unreachable this long (s) counts as a lost instance
     command: str = "ec2gpu train mnist"  # as typed, for the ledger
-    task: object | None = None  # engine.TaskJob: a user's task (`ec2gpu run`) instead of the built-in trainer
+    task: TaskJob | None = None  # engine.TaskJob: a user's task (`ec2gpu run`) instead of the built-in trainer
     expect_minutes: float | None = None  # a task's expected job time (--expect), when the ledger has none
-    idle: object | None = None  # aws.instances.IdleRule: a standing instance stops or ends itself when idle
+    idle: IdleRule | None = None  # aws.instances.IdleRule: a standing instance stops or ends itself when idle
     baked: bool = True  # launch from the newest image baked for the task's setup, when there is one
-    bake: object | None = None  # bake.BakePlan: this run makes an image (`ec2gpu image bake`) instead of a job
+    bake: BakePlan | None = None  # bake.BakePlan: this run makes an image (`ec2gpu image bake`) instead of a job
 
     @property
     def attempts_allowed(self) -> int:
@@ -139,7 +146,7 @@ def builtin_task(opts: TrainOptions, sandbox: bool = False):
     return opts.task if opts.task is not None else engine.builtin_job("mnist", mnist_args(opts, sandbox))
 
 
-def check_estimate(aws: Aws, settings: Settings, opts: TrainOptions, backend: str, ui: Reporter) -> costs.Estimate:
+def check_estimate(aws: Aws, settings: Settings, opts: TrainOptions, backend: str, ui: ReporterLike) -> costs.Estimate:
     """Estimate the run, tell the user, and refuse it (UsageError) when above ``opts.budget_usd``,
     when the job alone would outlast ``opts.max_runtime_minutes`` (the instance would end itself
     first), or when ``opts.max_price`` is below the spot price in every zone. Creates nothing."""
@@ -166,7 +173,9 @@ def check_estimate(aws: Aws, settings: Settings, opts: TrainOptions, backend: st
             f"{'?' if est.usd_per_hour is None else f'{est.usd_per_hour:.4f}'} USD/h"
             f"{f' x {opts.nodes} nodes' if opts.nodes > 1 else ''} ({est.price_source}); "
             f"boot {est.boot_seconds:.0f} s, setup {est.setup_seconds:.0f} s, "
-            f"{'bake' if opts.bake else 'training' if opts.task.builtin == 'mnist' else 'job'} {est.train_seconds:.0f} s, "
+            # train() sets opts.task before it asks for the estimate
+            f"{'bake' if opts.bake else 'training' if cast('TaskJob', opts.task).builtin == 'mnist' else 'job'} "
+            f"{est.train_seconds:.0f} s, "
             f"teardown {est.teardown_seconds:.0f} s [{est.time_source}]")
     _say_limit(opts, ui)
     # the instance would end itself first (user data's shutdown)
@@ -186,7 +195,7 @@ def check_estimate(aws: Aws, settings: Settings, opts: TrainOptions, backend: st
     return est
 
 
-def _at_most(aws: Aws, settings: Settings, opts: TrainOptions, backend: str, ui: Reporter,
+def _at_most(aws: Aws, settings: Settings, opts: TrainOptions, backend: str, ui: ReporterLike,
              why: str) -> costs.Estimate:
     """The estimate of a task whose job time nothing says (``why``: its first run on this type, no
     --expect): its price per hour and the most it can cost, at its limit (runs/limits.py), said to
@@ -218,7 +227,7 @@ def _limit_words(opts: TrainOptions) -> str:
     return limits.Limit(opts.max_runtime_minutes, opts.limit_source or "").words()
 
 
-def _say_limit(opts: TrainOptions, ui: Reporter) -> None:
+def _say_limit(opts: TrainOptions, ui: ReporterLike) -> None:
     """One line before launch: the run's limit and where it comes from (a user's task only)."""
     if opts.limit_source is None:
         return
@@ -254,7 +263,7 @@ def _status(exc: BaseException | None, spot: bool = False) -> str:
     return "failed"
 
 
-def _ledger(settings: Settings, row: dict, ui: Reporter) -> None:
+def _ledger(settings: Settings, row: Mapping[str, Any], ui: ReporterLike) -> None:
     """Write ``row`` to the ledger; a ledger problem is reported (once per run), never allowed to
     stop a run."""
     from ..errors import LedgerError
@@ -266,7 +275,7 @@ def _ledger(settings: Settings, row: dict, ui: Reporter) -> None:
             ui.note(said)
 
 
-def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, backend: Backend = AWS) -> run_record.RunRecord:
+def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: ReporterLike, backend: Backend = AWS) -> run_record.RunRecord:
     """Run ``opts`` on a new instance end to end; return the run record (also saved as run.json).
 
     Shows the estimate first and refuses (UsageError, nothing created) a run above the budget. The
@@ -311,9 +320,9 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, backen
     finally:
         _close_attempts(attempts, prov, error)
         _teardown_and_bill(aws, settings, opts, prov, record, ui)
-        record.update(instance_ids=prov.instance_ids, status=_status(error, opts.spot),
-                      phases=dict(ui.phases),
-                      ended_at=datetime.now(timezone.utc).isoformat())
+        record.update({"instance_ids": prov.instance_ids, "status": _status(error, opts.spot),
+                       "phases": dict(ui.phases),
+                       "ended_at": datetime.now(timezone.utc).isoformat()})
         if isinstance(error, RemoteError) and error.exit_status is not None:
             record["exit_status"] = error.exit_status
         _ledger(settings, record, ui)
@@ -327,7 +336,8 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, backen
                            f"{run_id}); the instances also terminate themselves after --max-runtime")
 
 
-def _teardown_and_bill(aws: Aws, settings: Settings, opts: TrainOptions, prov, record: dict, ui: Reporter) -> None:
+def _teardown_and_bill(aws: Aws, settings: Settings, opts: TrainOptions, prov, record: run_record.RunRecord,
+                       ui: ReporterLike) -> None:
     """Remove what the run created (unless --keep) and bill its attempts into ``record``; never
     raises (what teardown could not remove is in record["teardown_failed"])."""
     attempts = record["attempts"]
@@ -338,12 +348,12 @@ def _teardown_and_bill(aws: Aws, settings: Settings, opts: TrainOptions, prov, r
         record["teardown_failed"] = provision.teardown(aws, settings, prov, ui)["failed"]
         try:
             provision.bill(aws, settings, [a for a in attempts if "billed_seconds" not in a], prov, ui)
-            record.update(provision.totals(attempts))
+            record.update(cast(run_record.RunRecord, provision.totals(attempts)))
         except Exception as exc:  # noqa: BLE001 - a bill we cannot compute must not hide the run's end
             ui.note(f"warning: could not compute the bill ({type(exc).__name__}: {exc})")
 
 
-def _check_options(opts: TrainOptions, ui: Reporter):
+def _check_options(opts: TrainOptions, ui: ReporterLike):
     """Refuse bad options before any AWS call (UsageError: nothing created, no ledger row); return
     the first instance type's catalog entry, with ``opts.instance_type`` in canonical names."""
     if any(not t.strip() for t in opts.instance_type.split(",")):
@@ -376,18 +386,18 @@ def _close_attempts(attempts: list[dict], prov, error: BaseException | None) -> 
                 "stopped by the user" if isinstance(error, KeyboardInterrupt) else f"failed: {error}"[:200]
 
 
-def _with_summary(record: dict, summary: dict) -> dict:
+def _with_summary(record: run_record.RunRecord, summary: dict) -> run_record.RunRecord:
     """``record`` with the job's summary.json ({} when it wrote none) and the ledger columns the
     built-in trainer's summary fills (test accuracy, epochs, train seconds, samples/s), as
     job_summary.columns checks them: a summary that failed its checks is kept marked, and a figure
     that is not a valid one is None."""
     from . import job_summary
-    record.update(exit_status=0, **job_summary.columns(summary))
+    record.update(cast(run_record.RunRecord, {"exit_status": 0, **job_summary.columns(summary)}))
     return record
 
 
-def _run_attempts(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, ui: Reporter, prov: provision.Provisioned,
-                  out: Path, backend: Backend, record: dict) -> dict:
+def _run_attempts(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, ui: ReporterLike, prov: provision.Provisioned,
+                  out: Path, backend: Backend, record: run_record.RunRecord) -> dict:
     """Attempt after attempt (recovery.py) of ``opts.task`` until its job finishes; return its summary.
 
     Raises recovery.AttemptsExhausted when the last attempt allowed is interrupted too.
@@ -408,10 +418,10 @@ def _run_attempts(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str,
         mine = [recovery.attempt_row(n, i, k if len(nodes) > 1 else None) for k, i in enumerate(nodes)]
         attempts += mine
         got = catalog.CATALOG.get(instance["InstanceType"])
-        record.update(instance_type=instance["InstanceType"], gpu=got.gpu if got else None,
-                      market=instances.market(instance), instance_id=instance["InstanceId"],
-                      instance_ids=prov.instance_ids, zone=attempts[-1]["zone"],
-                      launched_at=prov.instances[0]["LaunchTime"].isoformat())
+        record.update({"instance_type": instance["InstanceType"], "gpu": got.gpu if got else None,
+                       "market": instances.market(instance), "instance_id": instance["InstanceId"],
+                       "instance_ids": prov.instance_ids, "zone": attempts[-1]["zone"],
+                       "launched_at": prov.instances[0]["LaunchTime"].isoformat()})
         _ledger(settings, record, ui)
         try:
             return attempt(aws, settings, opts, run_id, ui, prov, nodes, out, backend, n, checkpoints)

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from ..aws import baked, capacity, images, instances, network, placement, sweep
 from ..aws.session import Aws
@@ -17,7 +17,8 @@ from ..settings import Settings
 from . import costs
 
 if TYPE_CHECKING:  # annotations only: pipeline imports this module
-    from .pipeline import Reporter, TrainOptions
+    from .pipeline import TrainOptions
+    from .reporter import ReporterLike
 
 
 @dataclass
@@ -41,7 +42,7 @@ class Provisioned:
         return [i["InstanceId"] for i in self.instances]
 
 
-def provision(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, ui: Reporter,
+def provision(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, ui: ReporterLike,
               prov: Provisioned, avoid_zones=()) -> list[dict]:
     """Create the key pair and security group (once per run) and launch an instance, filling
     ``prov`` as it goes; wait until it runs and return its description(s).
@@ -65,6 +66,8 @@ def provision(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, ui:
                 network.allow_within_group(ec2, prov.security_group_id)
                 prov.placement_group, how = placement.create(ec2, run_id, settings.owner, name, opts.instance_types[0])
                 ui.note(f"{opts.nodes} nodes: one security group that also admits its own members; {how}")
+        # the AMI and the security group are chosen and made with the key pair, at the first attempt
+        assert ami is not None and prov.security_group_id is not None
         spec = instances.LaunchSpec(
             run_id=run_id, owner=settings.owner, name=name, instance_type=opts.instance_types[0],
             image_id=ami["ImageId"], root_device_name=ami["RootDeviceName"], key_name=prov.key_name,
@@ -119,7 +122,7 @@ def check_s3_access(aws: Aws, job) -> None:
     job.role_boundary = iam.boundary_arn(aws.client("iam"), aws.check_credentials()["Account"])
 
 
-def _instance_role(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, prov: Provisioned, ui: Reporter) -> None:
+def _instance_role(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, prov: Provisioned, ui: ReporterLike) -> None:
     """Give the run its own instance role when its task copies from or writes to S3 (file_mounts):
     read access to exactly those prefixes, write access to the MOUNT-mode ones (``check_s3_access``
     built the policy); then make the output buckets that do not exist yet. Raises UsageError when
@@ -134,6 +137,7 @@ def _instance_role(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str
     from ..aws import iam, storage
     from ..aws.session import error_code
     from ..errors import UsageError
+    assert job is not None and job.role_policy is not None  # returned above otherwise (getattr of None)
     client, boundary = aws.client("iam"), job.role_boundary
     prov.instance_profile = iam.role_name(run_id)  # set first: teardown removes whatever part of it was made
     try:
@@ -174,7 +178,7 @@ def choose_image(aws: Aws, opts: TrainOptions) -> dict:
     return images.resolve_ami(ssm, ec2, opts.ami)
 
 
-def teardown(aws: Aws, settings: Settings, prov: Provisioned, ui: Reporter) -> dict:
+def teardown(aws: Aws, settings: Settings, prov: Provisioned, ui: ReporterLike) -> dict:
     """Remove what the run made, kind by kind through the registry of aws/sweep.py (``KINDS``):
     terminate its instances (waiting), then delete its security group, key pair, placement group,
     a bake's incomplete image and snapshots, and its instance role; each resource tried on its own,
@@ -196,8 +200,9 @@ def teardown(aws: Aws, settings: Settings, prov: Provisioned, ui: Reporter) -> d
     try:
         with ui.phase("terminating"):
             live = [i for i in prov.instance_ids if i not in prov.ended]
-            found = {"instances": live, "security_groups": [prov.security_group_id], "key_pairs": [prov.key_name],
-                     "placement_groups": [prov.placement_group], "instance_roles": [prov.instance_profile]}
+            found: dict[str, Sequence[str | None]] = {
+                "instances": live, "security_groups": [prov.security_group_id], "key_pairs": [prov.key_name],
+                "placement_groups": [prov.placement_group], "instance_roles": [prov.instance_profile]}
             rows = {k: [{"id": x} for x in ids if x] for k, ids in found.items()}
             try:
                 if prov.bake:  # an image not yet complete, and snapshots no image holds: never kept
@@ -247,7 +252,7 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def end_instances(aws: Aws, prov: Provisioned, instance_ids: list[str], ui: Reporter) -> None:
+def end_instances(aws: Aws, prov: Provisioned, instance_ids: list[str], ui: ReporterLike) -> None:
     """Make sure an interrupted attempt's instances are terminated (EC2 may have done it already)."""
     with ui.phase("terminating"):
         states = {i["InstanceId"]: i["State"]["Name"] for i in instances.describe_instances(aws.ec2, instance_ids)}
@@ -258,7 +263,7 @@ def end_instances(aws: Aws, prov: Provisioned, instance_ids: list[str], ui: Repo
         prov.ended.update(instance_ids)
 
 
-def bill(aws: Aws, settings: Settings, attempts: list[dict], prov: Provisioned, ui: Reporter) -> None:
+def bill(aws: Aws, settings: Settings, attempts: list[dict], prov: Provisioned, ui: ReporterLike) -> None:
     """Add billed seconds and cost to each attempt row, from its (terminated) instance's own launch
     and termination times (one DescribeInstances for all of them)."""
     if not attempts:

@@ -17,8 +17,12 @@ import json
 import os
 import socket
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING
 
 from . import ledger
+
+if TYPE_CHECKING:
+    from .record import RunRecord
 
 LOST = "controller-lost"  # the status a settled row gets
 
@@ -147,7 +151,7 @@ def standing_attempt(instance: dict, volume_gib: float | None, now: datetime) ->
 
 
 def standing_row(backend: str, region: str, run_id: str, command: str, described: list[dict],
-                 volume_gib: float | None) -> dict:
+                 volume_gib: float | None) -> RunRecord:
     """The ledger row of the standing instances ``described`` just launched under ``run_id``
     (status STANDING, no cost yet; root volumes of ``volume_gib`` GiB)."""
     from . import record as run_record

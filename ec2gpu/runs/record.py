@@ -54,7 +54,8 @@ def new(run_id: str, command: str, backend: str, artifacts, status: str = "runni
     ``fields`` (RunRecord's keys)."""
     from . import reconcile
     record = RunRecord(run_id=run_id, command=command, backend=backend, artifacts=str(artifacts), status=status,
-                       started_at=datetime.now(timezone.utc).isoformat(), **fields)
+                       started_at=datetime.now(timezone.utc).isoformat(),
+                       **fields)  # type: ignore[typeddict-item]  # ``fields``: RunRecord's other keys, unchecked
     if status == "running":
         record["controller"] = reconcile.this_controller()
     return record

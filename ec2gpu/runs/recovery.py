@@ -21,9 +21,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, AbstractSet, Any, Callable
 
 from ..aws import instances
 from ..errors import AttemptsExhausted, AwsError, Interrupted, RemoteError, UsageError  # noqa: F401 (re-exported)
+
+if TYPE_CHECKING:
+    from ..remote.files import Limits
 
 GONE_STATES = ("shutting-down", "terminated", "stopping", "stopped")
 STATE_EVERY_S = 5.0  # how often EC2 is asked about the instance while the job runs
@@ -75,14 +79,14 @@ class DirCheckpoints:
 
     remote: str
     local: Path
-    log: object = print
+    log: Callable[[str], object] = print
     every_s: float = 5.0
-    seen: dict = None  # relative path -> (size, mtime) of the copy brought home
+    seen: dict | None = None  # relative path -> (size, mtime) of the copy brought home
     last: float = 0.0
-    s3: object | None = None  # an S3 client, with ``target``: a second home (--checkpoint-uri)
+    s3: Any = None  # an S3 client (boto3: untyped), with ``target``: a second home (--checkpoint-uri)
     target: tuple[str, str] | None = None  # (bucket, key prefix)
-    limits: object = None  # remote/files.Limits: what may come home in all (None: its defaults)
-    warned: set = None  # names already reported as not brought home
+    limits: Limits | None = None  # remote/files.Limits: what may come home in all (None: its defaults)
+    warned: set | None = None  # names already reported as not brought home
 
     def __post_init__(self):
         if self.limits is None:
@@ -127,10 +131,11 @@ class DirCheckpoints:
             self.log(f"checkpoint directory: {copied} file(s) brought home to {self.local}{also}")
         return bool(copied)
 
-    def limits_left(self, replacing: set = frozenset()):
+    def limits_left(self, replacing: AbstractSet[str] = frozenset()):
         """The download limits less what this directory already holds at home (the files named in
         ``replacing``, about to be replaced, left out)."""
         from ..remote import files
+        assert self.limits is not None  # __post_init__ gives the defaults
         have = [p for p in self.local.rglob("*") if p.is_file() and not p.is_symlink()
                 and p.relative_to(self.local).as_posix() not in replacing] if self.local.is_dir() else []
         return files.Limits(max(0, self.limits.files - len(have)),
@@ -177,7 +182,8 @@ class InstanceWatch:
         self.ec2, self.instance_id, self.checkpoints, self.log, self.every_s = ec2, instance_id, checkpoints, log, every_s
         self.last = time.monotonic()
         self.failures = 0  # API errors in a row
-        self.write_back = None  # fn(conn): MOUNT-mode file_mounts written back (engine), every WRITE_BACK_EVERY_S
+        # fn(conn): MOUNT-mode file_mounts written back (engine), every WRITE_BACK_EVERY_S
+        self.write_back: Callable[[Any], None] | None = None
         self.written_back = time.monotonic()
 
     def __call__(self, conn) -> None:

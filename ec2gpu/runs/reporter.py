@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from typing import Any, Callable, ContextManager, Protocol
 
 
 class Reporter:
@@ -15,7 +16,7 @@ class Reporter:
     at the end of its work, still inside it, so a fault injected there surely lands in that phase.
     """
 
-    after_phase = None
+    after_phase: Callable[[str], object] | None = None
 
     def __init__(self):
         self.phases: dict[str, float] = {}
@@ -41,3 +42,18 @@ class Reporter:
 
     def note(self, text: str) -> None:
         self.notes.append(text)
+
+
+class ReporterLike(Protocol):
+    """What the pipeline needs of its ``ui``: ``Reporter``, or the CLI's RichReporter (which wraps one)."""
+
+    phases: dict[str, float]
+    notes: list[str]
+
+    def phase(self, name: str) -> ContextManager[Any]: ...
+
+    def log(self, line: str) -> None: ...
+
+    def progress(self, p: dict) -> None: ...
+
+    def note(self, text: str) -> None: ...

@@ -15,9 +15,10 @@ from ..backend import AWS
 from ..errors import RemoteError, UsageError
 from ..settings import Settings
 from . import record as run_record
-from .pipeline import (Reporter, TrainOptions, _ledger, _status, _with_summary, builtin_task, new_run_id,
+from .pipeline import (TrainOptions, _ledger, _status, _with_summary, builtin_task, new_run_id,
                        sandbox_data_args)
 from .provision import Provisioned
+from .reporter import ReporterLike
 
 
 def _standing(aws: Aws, settings: Settings, found: list[dict], out, backend, command: str):
@@ -39,8 +40,8 @@ def _standing(aws: Aws, settings: Settings, found: list[dict], out, backend, com
     return nodes, run_id, out, prov, record
 
 
-def train_on_cluster(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, cluster_name: str,
-                     backend=AWS) -> dict:
+def train_on_cluster(aws: Aws, settings: Settings, opts: TrainOptions, ui: ReporterLike, cluster_name: str,
+                     backend=AWS) -> run_record.RunRecord:
     """Train MNIST on the nodes a standing cluster has now (``ec2gpu launch --nodes N --name NAME``)
     and leave the cluster running: ``exec_task`` with the built-in task. Raises UsageError for an
     unknown cluster or a missing key file; RemoteError/recovery.Interrupted as the attempt raises them."""
@@ -59,7 +60,7 @@ def train_on_cluster(aws: Aws, settings: Settings, opts: TrainOptions, ui: Repor
 
 
 def exec_task(aws, settings, job, ui, target: str, backend, out: Path | None, command: str,
-              extra: dict | None = None) -> dict:
+              extra: dict | None = None) -> run_record.RunRecord:
     """Run ``job`` once on the standing instance or cluster ``target`` (its Name, cluster name or
     instance id) and leave it running; return the run record (in the ledger, without a cost of its
     own: the instances bill as they stand). Raises UsageError for an unknown target, a missing
@@ -108,7 +109,7 @@ def exec_task(aws, settings, job, ui, target: str, backend, out: Path | None, co
 
 
 
-def launch(aws: Aws, settings: Settings, opts: TrainOptions, ui: Reporter, backend=AWS) -> list[dict]:
+def launch(aws: Aws, settings: Settings, opts: TrainOptions, ui: ReporterLike, backend=AWS) -> list[dict]:
     """`ec2gpu launch`: provision standing instances for ``opts`` (instance types, spot, name,
     nodes, --max-runtime, idle rule), pin each one's host key (verified against its console
     output, as a run does: ``pin_all``), write $EC2GPU_HOME/ssh_config, and leave them running;

@@ -33,6 +33,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Iterable, cast
 
 import yaml
 from pydantic import ValidationError
@@ -633,6 +634,7 @@ def _skypilot_resources(res: dict, source: str, lines: dict, warnings: list[str]
     if "autostop" in res:
         res["autostop"] = None if res["autostop"] is None else _autostop(res["autostop"], source, lines,
                                                                          loc + ("autostop",), warnings)
+    key: str | None
     for key in ("job_recovery", "spot_recovery"):
         if key in res:
             value = res.pop(key)
@@ -642,6 +644,7 @@ def _skypilot_resources(res: dict, source: str, lines: dict, warnings: list[str]
     for k in gone:
         res.pop(k)
     dropped += [f"resources.{k}" for k in gone]
+    base: list[str]
     base, kind = ([], "none")
     if "accelerators" in res:
         base, kind = _accelerators(res.pop("accelerators"), source, lines, loc + ("accelerators",))
@@ -736,12 +739,12 @@ _OURS_RESOURCES = ("gpu", "spot", "disk_gib", "allow_larger", "max_price", "ami"
 def _is_skypilot(data: dict) -> bool:
     """Whether ``data`` is a SkyPilot task: it uses a field only SkyPilot has. ``cpus``, ``memory`` and
     ``region``, which both formats have, count as SkyPilot's unless a field only ec2gpu has is there."""
-    res = data.get("resources") if isinstance(data.get("resources"), dict) else {}
+    res = cast(dict, data.get("resources")) if isinstance(data.get("resources"), dict) else {}
     candidates = [e for k in ("any_of", "ordered") if isinstance(res.get(k), list)
                   for e in res[k] if isinstance(e, dict)]
     theirs = ("accelerators", "use_spot", "disk_size", "infra", "image_id", "autostop", *SKYPILOT_ALIASES,
               *SKYPILOT_UNSUPPORTED_RESOURCES, *SKYPILOT_UNSUPPORTED_RESOURCES_SAID)
-    mounts = data.get("file_mounts") if isinstance(data.get("file_mounts"), dict) else {}
+    mounts = cast(dict, data.get("file_mounts")) if isinstance(data.get("file_mounts"), dict) else {}
     if ("num_nodes" in data or any(k in data for k in SKYPILOT_UNSUPPORTED) or isinstance(data.get("secrets"), dict)
             or isinstance(data.get("outputs"), dict) or any(k in res for k in theirs)
             or isinstance(data.get("workdir"), dict)  # SkyPilot's git workdir {url, ref}
@@ -829,7 +832,7 @@ def parse(text: str, source: str = "<task>", base: Path | None = None, allow_out
                         "otherwise) where SkyPilot would choose a CPU instance: name one to choose")
     elif _by_need_only(task.resources):
         choice = resolve.plan(task.resources).choices[0]
-        t = catalog.CATALOG[choice.instance_type]
+        t = catalog.CATALOG[cast(str, choice.instance_type)]  # by_need names the type it chose
         warnings.append(f"{source}:{_line_of(lines, ('resources',))}: no {what}: ec2gpu, a GPU tool, runs GPU "
                         f"instances only: {choice.asked} chose the cheapest GPU type meeting them, {t.name} "
                         f"({t.gpu_count} x {t.gpu}, "
@@ -914,7 +917,7 @@ def fill_env(data: dict, envs: dict, environ=os.environ) -> None:
     envs is replaced, any other is left as it is). ``envs`` (--env) win over the file's; a null value
     is taken from ``environ``, as for the job. Secrets and AWS credential variables are never filled
     in (a path is shown in plans and messages). Changes ``data`` in place (pure otherwise)."""
-    file_envs = data.get("envs") if isinstance(data.get("envs"), dict) else {}
+    file_envs = cast(dict, data.get("envs")) if isinstance(data.get("envs"), dict) else {}
     secrets = set(data.get("secrets") or []) if isinstance(data.get("secrets"), list) else set()
     values = {}
     for k, v in {**file_envs, **envs}.items():
@@ -1003,7 +1006,7 @@ def check_env_name(name: str, what: str = "--env") -> str:
     return name
 
 
-def _names_hint(name: str, ours, theirs) -> str:
+def _names_hint(name: str | int, ours, theirs) -> str:
     """The hint on an unknown field ``name``: the closest known name, then ec2gpu's and SkyPilot's
     names at that level (pure)."""
     close = difflib.get_close_matches(str(name), list(ours) + list(theirs), 1, 0.7)
@@ -1019,10 +1022,12 @@ def _first_error(exc: ValidationError, source: str, lines: dict, renamed: dict, 
     name = ".".join(str(p) for p in shown) or "task"
     line = _line_of(lines, shown)
     if err["type"] == "extra_forbidden":
+        parent: Iterable[str]
+        theirs: tuple[str, ...]
         if len(loc) == 1:
             parent, theirs = Task.model_fields, SKYPILOT_FIELDS
         elif len(loc) == 2:
-            parent, theirs = Task.model_fields["resources"].annotation.model_fields, SKYPILOT_RESOURCE_FIELDS
+            parent, theirs = cast(Any, Task.model_fields["resources"].annotation).model_fields, SKYPILOT_RESOURCE_FIELDS
         else:  # a candidate of resources.any_of / ordered
             parent, theirs = ("gpu", "instance_type"), SKYPILOT_RESOURCE_FIELDS
         return UsageError(f"{source}:{line}: {name}: unknown field", _names_hint(loc[-1], parent, theirs))

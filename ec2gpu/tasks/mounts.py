@@ -167,6 +167,7 @@ def entry(target: str, value, base: Path, check_local, warnings: list[str]) -> M
             raise ValueError("a storage entry needs a bucket (name: my-bucket) or a source (source: s3://...): this one "
                              "has neither (an empty name: is a placeholder to fill in)")
         if value.source is None:
+            assert value.name is not None  # refused just above when both are None
             if not BUCKET_RE.fullmatch(value.name):
                 raise ValueError(f"name {value.name[:63]!r} is not an S3 bucket name (3-63 lowercase letters, digits, "
                                  ". and -)")

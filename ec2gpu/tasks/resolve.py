@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from typing import cast
 
 from ..aws import catalog
 from ..errors import UsageError
@@ -64,6 +65,7 @@ class Plan:
         out = []
         for c in self.choices:
             if c.larger:
+                assert c.instance_type is not None and c.gpus_asked is not None  # choose names both for a larger one
                 t = catalog.CATALOG[c.instance_type]
                 out.append(f"{c.asked}: no EC2 instance type has exactly {c.gpus_asked} x {t.gpu}; allow_larger: "
                            f"{t.name} ({t.gpu_count} x {t.gpu}, {_usd(t)} for the whole instance), the job sees "
@@ -264,19 +266,19 @@ def choose(gpu: str, allow_larger: bool = False, need: Need | None = None) -> Ch
     if count is None:
         fit = [t for t in offers if fits(t)]
         if not fit:
-            raise _no_fit(name, offers, need)
+            raise _no_fit(name, offers, cast(Need, need))  # need None fits every type
         return Choice(fit[0].name, gpu)
     exact = [t for t in offers if t.gpu_count == count]
     if exact:
         fit = [t for t in exact if fits(t)]
         if not fit:
-            raise _no_fit(f"{count} x {name}", exact, need)
+            raise _no_fit(f"{count} x {name}", exact, cast(Need, need))
         return Choice(fit[0].name, gpu, count)
     more = [t for t in offers if t.gpu_count > count]
     if allow_larger and more:
         fit = [t for t in more if fits(t)]
         if not fit:
-            raise _no_fit(f"more than {count} x {name}", more, need)
+            raise _no_fit(f"more than {count} x {name}", more, cast(Need, need))
         return Choice(fit[0].name, gpu, count, larger=True)
     raise UsageError(_no_exact(name, count, offers), _no_exact_hint(name, count, offers, more))
 
@@ -284,7 +286,7 @@ def choose(gpu: str, allow_larger: bool = False, need: Need | None = None) -> Ch
 def _no_exact(name: str, count: int, offers: list[catalog.InstanceType]) -> str:
     """'no EC2 instance type has exactly 1 x A100: AWS sells A100 as 8 x A100 (p4d.24xlarge, 21.96
     USD/h); with exactly 1 GPU of at least 40 GiB: L40S ...' (pure)."""
-    cheapest = {}
+    cheapest: dict[int, catalog.InstanceType] = {}
     for t in offers:
         cheapest.setdefault(t.gpu_count, t)
     sold = ", ".join(f"{n} x {name} ({t.name}, {_usd(t)})" for n, t in sorted(cheapest.items()))
@@ -334,7 +336,7 @@ def instance_type_for_gpu(gpu: str, allow_larger: bool = False, need: Need | Non
     """The instance type ``choose`` picks for ``gpu``: 'T4' -> 'g4dn.xlarge', 'A10G:4' ->
     'g5.12xlarge', 'H100:1' -> 'p5.4xlarge'; with ``need`` (cpus/memory) the cheapest meeting it
     (pure). Raises as ``choose`` does."""
-    return choose(gpu, allow_larger, need).instance_type
+    return cast(str, choose(gpu, allow_larger, need).instance_type)  # choose always names a type
 
 
 def _entries(resources) -> tuple[str, list]:
@@ -469,8 +471,8 @@ def gpus_asked(resources, instance_type: str | None, gpus_on_node: int) -> int |
     if instance_type is not None:
         choices = [c for c in choices if c.instance_type == instance_type]
     else:
-        choices = [c for c in choices if catalog.CATALOG[c.instance_type].gpu_count == gpus_on_node]
-    asked = {c.gpus_asked for c in choices}
+        choices = [c for c in choices if catalog.CATALOG[cast(str, c.instance_type)].gpu_count == gpus_on_node]
+    asked = {cast(int, c.gpus_asked) for c in choices}  # a larger choice names its type and count (choose)
     if len(asked) == 1 and 0 < (n := asked.pop()) < gpus_on_node:
         return n
     return None

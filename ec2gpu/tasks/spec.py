@@ -11,7 +11,7 @@ import math
 import re
 import sys
 from pathlib import Path, PurePosixPath
-from typing import Annotated, Optional, Union
+from typing import Annotated, Optional, Union, cast
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -55,7 +55,8 @@ def minutes(value: Union[int, float, str], default_unit: str | None = "m",
             units = "90m, 2h, 45s, 1d, 2w"
             raise ValueError(f"{str(value)[:64]!r} is not a duration: use "
                              + (f"minutes (90) or a unit ({units})" if default_unit else f"a number and a unit ({units})"))
-        got = float(m.group(1)) * _UNIT_MINUTES[(m.group(2) or default_unit).lower()]
+        # a missing unit without default_unit is refused just above
+        got = float(m.group(1)) * _UNIT_MINUTES[(m.group(2) or cast(str, default_unit)).lower()]
     if not math.isfinite(got) or (max_minutes is not None and got > max_minutes):
         raise ValueError(f"{str(value)[:64]!r}: a duration is finite and at most {max_minutes:,.0f} minutes (30 days)")
     return got

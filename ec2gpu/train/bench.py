@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 #: Datasheet peaks of the GPUs in ec2gpu's catalog (dense, without sparsity): memory bandwidth in
 #: GB/s and TFLOP/s. ``None``: the GPU has no such tensor-core mode. Sources, NVIDIA datasheets:
@@ -69,7 +70,7 @@ TARGET_ACC = {"cnn": 0.99, "dbn": 0.96}
 #: Sizes: elements per array for the bandwidth tests (fp32), the matmul's side, repeats, and the
 #: training subset (0: all 60,000 images). Full sizes keep each timed kernel well above a
 #: millisecond on the catalog's GPUs and every array far larger than any CPU cache.
-SIZES = {
+SIZES: dict[str, dict[str, Any]] = {
     "full": {"gpu_elems": 1 << 26, "cpu_elems": 1 << 25, "gpu_matmul": 8192, "cpu_matmul": 2048, "repeats": 10,
              "train_subset": 0, "dbn_epochs": None, "batch_epochs": 1},
     "quick": {"gpu_elems": 1 << 22, "cpu_elems": 1 << 22, "gpu_matmul": 2048, "cpu_matmul": 512, "repeats": 3,
@@ -167,7 +168,7 @@ def matmul(device: str, n: int, repeats: int) -> dict:
         from .mnist import native_bf16
         half = ("bf16", torch.bfloat16) if native_bf16() else ("fp16", torch.float16)
         modes += [("tf32", torch.float32, True), (*half, False)]
-    out = {"n": n}
+    out: dict[str, float] = {"n": n}
     before = torch.backends.cuda.matmul.allow_tf32
     try:
         for name, dtype, tf32 in modes:
@@ -251,7 +252,7 @@ def seed_experiment(devices: list[str], sizes: dict, data_dir: str | None, progr
     seconds of training, samples/s, test accuracy, seconds to TARGET_ACC (None: not reached);
     ``speedup`` = CPU seconds / GPU seconds per model. ``progress(done, total, label)``."""
     subset = ["--train-subset", str(sizes["train_subset"])] if sizes["train_subset"] else []
-    runs = [{"model": m, "device": d, "batch": None,
+    runs: list[dict[str, Any]] = [{"model": m, "device": d, "batch": None,
              "extra": subset + (["--epochs", str(sizes["dbn_epochs"])] if m == "dbn" and sizes["dbn_epochs"] else [])}
             for m in ("dbn", "cnn") for d in devices]
     runs += [{"model": "dbn", "device": d, "batch": b,

@@ -24,6 +24,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable, cast
 
 import torch
 import torch.distributed as dist
@@ -112,6 +113,9 @@ class StepTimer:
 class Trainer:
     """One training run. ``run()`` returns the summary dict; raises Stop on SIGTERM or spot notice."""
 
+    history: list[dict]  # one row per epoch (build)
+    time_to_target: float | None  # train seconds when the test accuracy first reached --target-acc
+
     def __init__(self, hp: Hparams, args: argparse.Namespace):
         self.hp, self.args, self.out = hp, args, Path(args.out)
         self.checkpoint = Path(args.checkpoint_dir or args.out) / ckpt.FILENAME
@@ -160,7 +164,8 @@ class Trainer:
         torch.manual_seed(self.args.seed)
         self.model = build(hp).to(self.device)
         if self.device.type == "cuda":
-            self.model = self.model.to(memory_format=torch.channels_last)
+            # torch's stubs for Module.to leave out memory_format, which it takes
+            self.model = self.model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
             torch.backends.cudnn.benchmark = True
         self.params = sum(p.numel() for p in self.model.parameters())
         self.steps_per_epoch = len(self.x_train) // hp.batch_size
@@ -170,6 +175,7 @@ class Trainer:
             raise ValueError(f"--batch-size {hp.batch_size} is smaller than world size {self.world}")
         self.local_batch = base + (1 if self.rank < extra else 0)
         self.local_start = self.rank * base + min(self.rank, extra)
+        opt: torch.optim.Optimizer
         if hp.optimizer == "sgd":
             opt = torch.optim.SGD(self.model.parameters(), lr=hp.lr, momentum=hp.momentum,
                                   nesterov=hp.momentum > 0 and hp.schedule == "onecycle",
@@ -182,6 +188,7 @@ class Trainer:
         else:
             raise ValueError(f"unknown --optimizer {hp.optimizer!r} (sgd, rmsprop, adam)")
         self.opt = opt
+        self.sched: torch.optim.lr_scheduler.LRScheduler
         if hp.schedule == "onecycle":
             self.sched = torch.optim.lr_scheduler.OneCycleLR(
                 opt, max_lr=hp.lr, total_steps=hp.epochs * self.steps_per_epoch, pct_start=hp.warmup_frac)
@@ -194,7 +201,7 @@ class Trainer:
         amp = self.args.amp == "auto" and self.device.type == "cuda"
         self.amp_dtype = (torch.bfloat16 if native_bf16() else torch.float16) if amp else None
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)
-        self.net = self.model
+        self.net: Callable[..., Any] = self.model
         if self.args.compile:
             self.net = torch.compile(self.net)
         if self.world > 1:
@@ -362,7 +369,7 @@ class Trainer:
         try:
             with open(tmp, "w") as f:
                 json.dump(p, f)
-            os.replace(tmp, self.progress_file)
+            os.replace(tmp, cast(str, self.progress_file))  # run_epoch calls this only with a progress file
         except OSError as exc:  # a display aid: never a reason to stop training
             log.warning(f"could not write {self.progress_file}: {exc}")
             self.progress_file = None
@@ -403,7 +410,7 @@ class Trainer:
         elif self.args.resume:
             log.info("--resume: no checkpoint yet, starting from scratch")
         if self.hp.model == "dbn" and self.hp.pretrain_epochs and resumed is None:
-            pretrain_rbm(self.model.hidden, self.x_train.flatten(1), self.hp.pretrain_epochs,
+            pretrain_rbm(cast("list[torch.nn.Linear]", self.model.hidden), self.x_train.flatten(1), self.hp.pretrain_epochs,
                          self.hp.pretrain_lr, self.hp.batch_size, torch.Generator().manual_seed(self.args.seed),
                          log=log.info)
         if not os.environ.get("EC2GPU_AGENT") and self.spot.start_if_available():
@@ -422,7 +429,7 @@ class Trainer:
         mine = {"node_rank": int(os.environ.get("GROUP_RANK", 0)), "host": socket.gethostname(),
                 "samples_per_second": self.epoch * self.steps_per_epoch * self.local_batch
                 / max(self.train_seconds, 1e-9)}
-        every = [mine]
+        every: list[Any] = [mine]
         if self.world > 1:
             every = [None] * self.world
             dist.all_gather_object(every, mine)
