@@ -4,13 +4,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 DATA ?= $(firstword $(wildcard ../shared/data/mnist) $(EC2GPU_DATA_DIR))
 
-.PHONY: demo test test-fast install clean bench
+.PHONY: demo test test-fast lint install clean bench
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	# torch 2.13.0 first: on these machines it is a CPU build on disk; unpinned, pip would fetch GBs of CUDA.
 	$(BIN)/pip install -q "torch==2.13.0"
-	$(BIN)/pip install -q -e ".[train,dev]"
+	# the tests need every extra: the trainer, the sandbox (moto's server), JupyterLab and the test tools
+	$(BIN)/pip install -q -e ".[train,sandbox,notebook,dev]"
 	touch $@
 
 install: $(BIN)/.installed
@@ -18,8 +19,12 @@ install: $(BIN)/.installed
 demo: install
 	EC2GPU_DATA_DIR=$(abspath $(DATA)) $(BIN)/ec2gpu train mnist --sandbox
 
-test: install
+test: install lint
 	EC2GPU_DATA_DIR=$(abspath $(DATA)) $(BIN)/python -m pytest -q --durations=10
+
+lint: install  # ruff.toml and mypy.ini, checked in (issue 29, item 8)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 test-fast: install  # the pure, AWS-layer and SSH-layer tests only (about 30 s); `make test` runs everything
 	EC2GPU_DATA_DIR=$(abspath $(DATA)) $(BIN)/python -m pytest -q --durations=10 tests/unit tests/aws tests/remote
