@@ -8,7 +8,6 @@ assumed defaults for the same instance type and model (costs.bench_speed).
 """
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -144,7 +143,7 @@ def local(opts: pipeline.TrainOptions, ui, settings: Settings | None, quick: boo
                             **columns(summary, "bench"), exit_status=0,
                             ended_at=datetime.now(timezone.utc).isoformat(), billed_seconds=0.0, cost_usd=0.0)
     record["started_at"] = started
-    (out / "run.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+    run_record.save(record, out)
     if settings is not None:
         pipeline._ledger(settings, record, ui)
     return [_result(record)]

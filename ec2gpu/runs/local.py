@@ -41,7 +41,7 @@ def train_local(opts: TrainOptions, ui: ReporterLike, data_dir: str | None = Non
                             ended_at=datetime.now(timezone.utc).isoformat(), billed_seconds=0.0, cost_usd=0.0)
     record["started_at"] = started
     _with_summary(record, summary)
-    (out / "run.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+    run_record.save(record, out)
     if settings is not None:
         _ledger(settings, record, ui)
     return record

@@ -327,8 +327,7 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: ReporterLike, ba
             record["exit_status"] = error.exit_status
         _ledger(settings, record, ui)
         if out.exists() or record["status"] == "completed":
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "run.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+            run_record.save(record, out)
         if error is None and record.get("teardown_failed"):
             from ..errors import AwsError
             raise AwsError(f"the run {record['status']}, but teardown left: {'; '.join(record['teardown_failed'])}",

@@ -59,3 +59,17 @@ def new(run_id: str, command: str, backend: str, artifacts, status: str = "runni
     if status == "running":
         record["controller"] = reconcile.this_controller()
     return record
+
+
+def save(record: RunRecord, out) -> None:
+    """Write ``record`` as ``out``/run.json (the folder made if need be): JSON indented 2, anything
+    not JSON (a datetime, a Path) as its ``str()``; written whole or not at all (a temporary file
+    renamed over it), so a reader never sees half a record. Raises OSError as the write does."""
+    import json
+    import os
+    from pathlib import Path
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / ".run.json.tmp"
+    tmp.write_text(json.dumps(record, indent=2, default=str) + "\n")
+    os.replace(tmp, folder / "run.json")

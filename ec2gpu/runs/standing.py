@@ -5,7 +5,6 @@ ledger without a cost of its own: the instances' cost is in the row `launch` ope
 """
 from __future__ import annotations
 
-import json
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -104,8 +103,7 @@ def exec_task(aws, settings, job, ui, target: str, backend, out: Path | None, co
         if isinstance(error, RemoteError) and error.exit_status is not None:
             record["exit_status"] = error.exit_status
         _ledger(settings, record, ui)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "run.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+        run_record.save(record, out)
 
 
 

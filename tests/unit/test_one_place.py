@@ -1,0 +1,30 @@
+"""One concept, one place (issue 29, item 12): secret masking, writing run.json."""
+
+
+def test_a_secret_inside_a_longer_one_leaves_nothing_of_either_in_logs():
+    """One masking function (job_summary.mask_text) for the live log, `ec2gpu logs` and records:
+    longest first, so 'abc' inside 'abcdef' does not leave 'def' readable."""
+    from ec2gpu.runs import engine, logs
+    line = "token abcdef and abc"
+    assert logs.mask(line, ["abc", "abcdef"]) == "token **** and ****"
+    job = engine.TaskJob.__new__(engine.TaskJob)
+    job.secret_values = ["abc", "abcdef"]
+    assert job.mask(line) == "token **** and ****"
+
+
+def test_run_json_is_written_whole_by_one_function(tmp_path):
+    """record.save: the four places that finish a run (pipeline, exec, --local, bench --local)
+    write run.json through it, whole (a temporary file renamed over it), creating the folder."""
+    import json
+    from datetime import datetime, timezone
+    from pathlib import Path
+
+    from ec2gpu.runs import record
+    rec = record.new("r-1", "ec2gpu run x", "sandbox", tmp_path / "out", status="completed")
+    rec["ended_at"] = datetime(2026, 11, 25, tzinfo=timezone.utc)  # not JSON: written as its str()
+    record.save(rec, tmp_path / "out" / "deep")
+    got = json.loads((tmp_path / "out" / "deep" / "run.json").read_text())
+    assert got["run_id"] == "r-1" and got["ended_at"] == "2026-11-25 00:00:00+00:00"
+    assert [p.name for p in (tmp_path / "out" / "deep").iterdir()] == ["run.json"]
+    src = Path(record.__file__).parent
+    assert not [p.name for p in src.glob("*.py") if '/ "run.json").write_text' in p.read_text()]
