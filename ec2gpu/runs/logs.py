@@ -59,15 +59,10 @@ def _open(ctx, inst: dict, note):
     """(an SSH connection to ``inst``, a function that opens another): the run's key, the host key
     pinned (checked against the console output first if it is not yet). Raises RemoteError or
     WaitTimeout when it does not answer in 60 s, UsageError without the private key."""
-    from ..aws import instances, network
     from ..remote import ssh
+    from .nodes import connect_verified
 
-    iid = inst["InstanceId"]
-    host, port = ctx.backend.ssh_target(inst)
-    key = network.require_private_key(ctx.settings.keys_dir, inst["KeyName"])
-    known = ctx.settings.home / "known_hosts" / iid
-    conn = ssh.wait_for_ssh(host, port, ctx.settings.ssh_user, key, known, timeout_s=60, log=note,
-                            fingerprints=lambda: instances.host_key_fingerprints(ctx.aws.ec2, iid))
+    conn, host, port, known, key = connect_verified(ctx.aws, ctx.settings, ctx.backend, inst, log=note, timeout_s=60)
     return conn, lambda: ssh.connect(host, port, ctx.settings.ssh_user, key, known, note)
 
 

@@ -54,12 +54,31 @@ class Node:
                 self.conn.close()
 
 
+def connect_verified(aws, settings, backend, inst: dict, key=None, log=lambda msg: None, timeout_s: float = 300.0):
+    """The one way ec2gpu opens SSH to an instance it has not pinned yet (or has): wait until SSH
+    answers (``timeout_s`` seconds, s), its host key checked against the fingerprints the
+    instance published in its console output and pinned under its instance id
+    ($EC2GPU_HOME/known_hosts/ID). ``key``: the private key file (default: the instance's key
+    pair's, which must be on this machine). Returns (Connection, host, port, known_hosts path,
+    key path). Raises RemoteError (a key the console does not list, or not the pinned one),
+    WaitTimeout, UsageError (no private key here)."""
+    from ..aws import instances, network
+    from ..remote import ssh
+
+    iid = inst["InstanceId"]
+    host, port = backend.ssh_target(inst)
+    key = key or network.require_private_key(settings.keys_dir, inst["KeyName"])
+    known = settings.home / "known_hosts" / iid
+    conn = ssh.wait_for_ssh(host, port, settings.ssh_user, key, known, timeout_s=timeout_s, log=log,
+                            fingerprints=lambda: instances.host_key_fingerprints(aws.ec2, iid))
+    return conn, host, port, known, key
+
+
 def open_node(nd: Node, aws, settings, prov, run_id: str, backend, log) -> None:
     """Connect to a node (waiting for SSH; the host key checked against its console output), find
     its run directory, and give it an EC2 watch (bringing nothing home until the engine gives node
     0 its checkpoints). The watch exists before SSH answers, so a failed wait can ask EC2 whether
     the instance is gone. Raises WaitTimeout, RemoteError (host key)."""
-    from ..aws import instances
     from ..remote import jobs, ssh
     from . import recovery
 
@@ -67,8 +86,7 @@ def open_node(nd: Node, aws, settings, prov, run_id: str, backend, log) -> None:
     nd.host, nd.port = backend.ssh_target(nd.instance)
     known = settings.home / "known_hosts" / nd.instance_id
     nd.connect = lambda: ssh.connect(nd.host, nd.port, settings.ssh_user, prov.key_path, known, log)
-    nd.conn = ssh.wait_for_ssh(nd.host, nd.port, settings.ssh_user, prov.key_path, known, log=log,
-                               fingerprints=lambda: instances.host_key_fingerprints(aws.ec2, nd.instance_id))
+    nd.conn = connect_verified(aws, settings, backend, nd.instance, prov.key_path, log)[0]
     nd.run_dir = jobs.remote_run_dir(nd.conn, run_id)
 
 

@@ -213,14 +213,8 @@ def pin_host_key(aws: Aws, settings: Settings, backend, inst: dict, log=lambda m
     its console output) when it is not pinned yet; return the open Connection. Raises
     RemoteError (a key the console does not list, or not the pinned one), WaitTimeout (no answer
     in ``timeout_s`` seconds), UsageError (its private key is not on this machine)."""
-    from ..remote import ssh
-
-    iid = inst["InstanceId"]
-    host, port = backend.ssh_target(inst)
-    key = network.require_private_key(settings.keys_dir, inst["KeyName"])
-    return ssh.wait_for_ssh(host, port, settings.ssh_user, key, settings.home / "known_hosts" / iid,
-                            timeout_s=timeout_s, log=log,
-                            fingerprints=lambda: instances.host_key_fingerprints(aws.ec2, iid))
+    from .nodes import connect_verified
+    return connect_verified(aws, settings, backend, inst, log=log, timeout_s=timeout_s)[0]
 
 
 def pin_all(aws: Aws, settings: Settings, backend, found: list[dict], log=lambda msg: None) -> None:

@@ -74,6 +74,7 @@ def start(aws: Aws, settings: Settings, backend, name: str, log=lambda msg: None
     RemoteError (a host key that is not the pinned one)."""
     from ..aws import network
     from ..remote import ssh
+    from .nodes import connect_verified
 
     found = find(aws.ec2, name, ["stopped"])
     ids = [i["InstanceId"] for i in found]
@@ -81,10 +82,7 @@ def start(aws: Aws, settings: Settings, backend, name: str, log=lambda msg: None
     log(f"starting {', '.join(ids)}")
     started = instances.start(aws.ec2, ids, timeout_s)
     for inst in started:
-        host, port = backend.ssh_target(inst)
-        known = settings.home / "known_hosts" / inst["InstanceId"]
-        conn = ssh.wait_for_ssh(host, port, settings.ssh_user, key, known, log=log,
-                                fingerprints=lambda i=inst["InstanceId"]: instances.host_key_fingerprints(aws.ec2, i))
+        conn, host, port, _, _ = connect_verified(aws, settings, backend, inst, key, log)
         try:
             minutes = max_runtime_minutes(inst)
             ssh.run(conn, schedule_shutdown_command(minutes))

@@ -28,3 +28,15 @@ def test_run_json_is_written_whole_by_one_function(tmp_path):
     assert [p.name for p in (tmp_path / "out" / "deep").iterdir()] == ["run.json"]
     src = Path(record.__file__).parent
     assert not [p.name for p in src.glob("*.py") if '/ "run.json").write_text' in p.read_text()]
+
+
+def test_ssh_to_an_instance_is_opened_verified_in_one_place():
+    """Every command that reaches an instance (a run's nodes, launch, start, logs) waits for SSH and
+    checks its host key against the console through runs/nodes.connect_verified, not a copy."""
+    from pathlib import Path
+
+    from ec2gpu.runs import nodes
+    src = Path(nodes.__file__).parent.parent
+    callers = sorted(str(p.relative_to(src)) for p in src.rglob("*.py") if "wait_for_ssh(" in p.read_text()
+                     and p.name != "ssh.py")
+    assert callers == ["runs/nodes.py"]
