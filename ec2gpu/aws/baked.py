@@ -33,6 +33,13 @@ from .images import described as described_images
 
 IMAGE = "ec2gpu:image"
 SETUP_HASH = "ec2gpu:setup-hash"
+
+
+def setup_key(builtin: str | None, setup: str | None) -> str:
+    """What a baked image is matched on (pure): sha256 of the built-in task's name (its pre-fetched
+    data) and the task's setup text; the value of its SETUP_HASH tag."""
+    import hashlib
+    return hashlib.sha256(f"{builtin or ''}\n{setup or ''}".encode()).hexdigest()
 TASK = "ec2gpu:task"
 BASE = "ec2gpu:base"
 BASE_IMAGE = "ec2gpu:base-image"

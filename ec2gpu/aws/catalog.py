@@ -42,6 +42,10 @@ EBS_MONTH_SECONDS = 30 * 86400  # the month EBS prorates a GB-month over (the ex
 PUBLIC_IPV4_USD_PER_HOUR = 0.005
 BILLING_MINIMUM_SECONDS = 60  # per-second billing, 60 s minimum: https://aws.amazon.com/ec2/pricing/
 
+#: families whose instances may join a cluster placement group (the offline fallback of
+#: DescribeInstanceTypes' PlacementGroupInfo: https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/placement-strategies.html)
+CLUSTER_FAMILIES = ("g4dn", "g5", "g6", "g6e", "p3", "p3dn", "p4d", "p4de", "p5", "p5e", "p5en", "p6-b200")
+
 
 @dataclass(frozen=True)
 class InstanceType:

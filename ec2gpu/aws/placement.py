@@ -13,16 +13,15 @@ import botocore.exceptions
 import botocore.parsers
 
 from . import tags as T
+from . import types
+from .catalog import CLUSTER_FAMILIES  # noqa: F401 - the families' list lives with the catalog's facts
 from .session import describe
-
-CLUSTER_FAMILIES = ("g4dn", "g5", "g6", "g6e", "p3", "p3dn", "p4d", "p4de", "p5", "p5e", "p5en", "p6-b200")
 
 
 def create(ec2, run_id: str, owner: str, name: str, instance_type: str) -> tuple[str | None, str]:
     """Create the run's cluster placement group; return (its name or None, a note for the user).
     Whether the type may join one comes from DescribeInstanceTypes (types.py; the family list
     offline)."""
-    from . import types
     if not types.facts(ec2, instance_type).cluster_placement:
         return None, f"no placement group: {instance_type} does not support the cluster strategy"
     group = f"ec2gpu-{run_id}"

@@ -59,8 +59,7 @@ def _from_api(t: dict) -> Facts:
 
 def from_table(t: catalog.InstanceType) -> Facts:
     """The catalog table's facts for ``t`` (pure); placement from the cluster families' list."""
-    from .placement import CLUSTER_FAMILIES
-    return Facts(t.name, t.gpu, t.gpu_count, t.gpu_memory_gib, t.vcpus, t.memory_gib, t.family in CLUSTER_FAMILIES,
+    return Facts(t.name, t.gpu, t.gpu_count, t.gpu_memory_gib, t.vcpus, t.memory_gib, t.family in catalog.CLUSTER_FAMILIES,
                  TABLE)
 
 

@@ -16,7 +16,6 @@ marker ($HOME/.ec2gpu/setup-done/<hash>) and is skipped.
 """
 from __future__ import annotations
 
-import hashlib
 import shlex
 import statistics
 import time
@@ -70,7 +69,7 @@ def builder_max_runtime(minutes: int | None) -> int:
 def bake_key(job) -> str:
     """What a baked image is matched on (pure): sha256 of the built-in task's name (its pre-fetched
     data) and the task's setup text. Tag ec2gpu:setup-hash."""
-    return hashlib.sha256(f"{job.builtin or ''}\n{job.task.setup or ''}".encode()).hexdigest()
+    return baked.setup_key(job.builtin, job.task.setup)
 
 
 def plan(job, base: str, name: str | None, home: Path, backend: str, instance_type: str, sandbox: bool,
@@ -249,7 +248,7 @@ def minutes_left(deadline: datetime, now: datetime) -> int:
 def rearm_max_runtime(nd, deadline: datetime, log) -> int:
     """Schedule the node's --max-runtime shutdown again, for the minutes left until ``deadline``
     (the deadline stays; a reboot does not give a fresh full period); the minutes scheduled."""
-    from .stopstart import schedule_shutdown_command
+    from .limits import schedule_shutdown_command
     now = datetime.now(timezone.utc)
     left = minutes_left(deadline, now)
     nd.conn.run(schedule_shutdown_command(left), hide=True, in_stream=False)

@@ -26,6 +26,7 @@ from datetime import datetime
 from pathlib import Path
 
 from ..errors import UsageError
+from ..tasks.spec import OFF_WORDS  # noqa: F401 - re-exported: the words that remove the limit
 
 FIRST_RUN_MINUTES = 24 * 60  # a task with no history: a day, said before launch with its cost
 HISTORY_FACTOR = 3  # a task with history: three times its longest completed run ...
@@ -37,7 +38,6 @@ DEFAULT_GRACE_SECONDS = 120  # SIGTERM this long before the limit (EC2GPU_LIMIT_
 #: is stopped, and its grace over, this long before the instance's end
 NOLOGIN_SECONDS = 300
 NO_LIMIT_IDLE_SECONDS = 30 * 60  # --max-runtime none: the instance ends itself after 30 min idle
-OFF_WORDS = ("none", "off", "never")
 
 
 @dataclass(frozen=True)
@@ -59,19 +59,11 @@ def parse(value) -> tuple[bool, int | None]:
     """(given, minutes) of a ``--max-runtime`` or ``max_runtime`` value (pure): None -> (False,
     None); 'none'/'off'/'never' -> (True, None); 90, '90m', '2h' -> (True, 90 / 120), whole
     minutes, at least 1. Raises UsageError for anything else."""
-    from ..tasks.spec import minutes
-    if value is None:
-        return False, None
-    if isinstance(value, str) and value.strip().lower() in OFF_WORDS:
-        return True, None
+    from ..tasks.spec import max_runtime
     try:
-        got = minutes(value)
+        return max_runtime(value)
     except ValueError as exc:
-        raise UsageError(f"--max-runtime: {exc}", "e.g. --max-runtime 90m, 4h, or none (no limit)")
-    if got < 1:
-        raise UsageError(f"--max-runtime {value}: at least 1 minute (shutdown counts whole minutes)",
-                         "e.g. --max-runtime 90m, 4h, or none (no limit)")
-    return True, max(1, math.ceil(got))  # whole minutes, never fewer than asked
+        raise UsageError(f"--max-runtime {exc}", "e.g. --max-runtime 90m, 4h, or none (no limit)")
 
 
 def longest_run(home: Path, task: str, backend: str) -> tuple[float, str] | None:
@@ -122,3 +114,12 @@ def stop_at(instance: dict, minutes: int | None, setting: float = DEFAULT_GRACE_
     if not minutes or not isinstance(launched, datetime):
         return None
     return launched.timestamp() + minutes * 60 - lead_seconds(minutes, setting)
+
+
+def schedule_shutdown_command(minutes: int) -> str:
+    """The shell line that schedules the instance's shutdown in ``minutes`` (pure): as root, or
+    through passwordless sudo (the DLAMI's ubuntu user has it), with the ``shutdown`` the login's
+    PATH finds resolved first, since sudo's secure_path would find another (the sandbox's stand-in
+    comes first on an instance's PATH there; on EC2 both are /usr/sbin/shutdown)."""
+    return (f'cmd=$(command -v shutdown) && if [ "$(id -u)" = 0 ]; then "$cmd" -h +{int(minutes)} '
+            f"'ec2gpu: max runtime reached'; else sudo -n \"$cmd\" -h +{int(minutes)} 'ec2gpu: max runtime reached'; fi")

@@ -166,8 +166,7 @@ def choose_image(aws: Aws, opts: TrainOptions) -> dict:
     if opts.bake is not None:
         return images.resolve_base(ssm, ec2, opts.bake.base, opts.ami)
     if not opts.ami and opts.baked and opts.task is not None:
-        from .bake import bake_key
-        found = baked.newest_for(ec2, bake_key(opts.task))
+        found = baked.newest_for(ec2, baked.setup_key(opts.task.builtin, opts.task.task.setup))
         if found:
             tg = {t["Key"]: t["Value"] for t in found.get("Tags", [])}
             return {"ImageId": found["ImageId"], "Name": found.get("Name", ""),

@@ -14,24 +14,17 @@ instance of the run has terminated, billed over each of its running intervals (r
 from __future__ import annotations
 
 import json
-import os
 import socket
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 from . import ledger
+from .record import this_controller  # noqa: F401 - re-exported
 
 if TYPE_CHECKING:
     from .record import RunRecord
 
 LOST = "controller-lost"  # the status a settled row gets
-
-
-def this_controller() -> dict:
-    """The ``controller`` column for a run this process starts: host name, pid, process start
-    time (s since the epoch, psutil's create_time)."""
-    import psutil
-    return {"host": socket.gethostname(), "pid": os.getpid(), "started": psutil.Process().create_time()}
 
 
 def controller_gone(row: dict) -> bool:

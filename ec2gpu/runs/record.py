@@ -52,12 +52,11 @@ def new(run_id: str, command: str, backend: str, artifacts, status: str = "runni
     """A run record as a run starts: its id, command, backend, artifacts directory, status and
     start time, and for a run that is still going the process that runs it (reconcile.py), plus
     ``fields`` (RunRecord's keys)."""
-    from . import reconcile
     record = RunRecord(run_id=run_id, command=command, backend=backend, artifacts=str(artifacts), status=status,
                        started_at=datetime.now(timezone.utc).isoformat(),
                        **fields)  # type: ignore[typeddict-item]  # ``fields``: RunRecord's other keys, unchecked
     if status == "running":
-        record["controller"] = reconcile.this_controller()
+        record["controller"] = this_controller()
     return record
 
 
@@ -73,3 +72,13 @@ def save(record: RunRecord, out) -> None:
     tmp = folder / ".run.json.tmp"
     tmp.write_text(json.dumps(record, indent=2, default=str) + "\n")
     os.replace(tmp, folder / "run.json")
+
+
+def this_controller() -> dict:
+    """The ``controller`` column for a run this process starts: host name, pid, process start
+    time (s since the epoch, psutil's create_time)."""
+    import os
+    import socket
+
+    import psutil
+    return {"host": socket.gethostname(), "pid": os.getpid(), "started": psutil.Process().create_time()}

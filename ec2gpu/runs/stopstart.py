@@ -20,6 +20,7 @@ from ..aws import tags as T
 from ..aws.session import Aws
 from ..errors import UsageError
 from ..settings import Settings
+from .limits import schedule_shutdown_command  # noqa: F401 - re-exported; it lives with the run's limits
 
 #: Minutes `start` gives an instance launched before the ec2gpu:max-runtime tag existed (the
 #: `launch` default).
@@ -119,12 +120,3 @@ def max_runtime_minutes(instance: dict) -> int:
 RESUME_IDLE_WATCH = (f'dir={instances.STATE_DIR}; if [ -n "${{EC2GPU_STATE_DIR:-}}" ] && [ -f "$dir/idle-rule" ] && '
                      '! pgrep -f "$dir/idle-watch.sh" >/dev/null; then read -r idle_s check_s <"$dir/idle-rule"; '
                      'nohup bash "$dir/idle-watch.sh" "$idle_s" "$check_s" >>"$dir/idle.log" 2>&1 </dev/null & fi')
-
-
-def schedule_shutdown_command(minutes: int) -> str:
-    """The shell line that schedules the instance's shutdown in ``minutes`` (pure): as root, or
-    through passwordless sudo (the DLAMI's ubuntu user has it), with the ``shutdown`` the login's
-    PATH finds resolved first, since sudo's secure_path would find another (the sandbox's stand-in
-    comes first on an instance's PATH there; on EC2 both are /usr/sbin/shutdown)."""
-    return (f'cmd=$(command -v shutdown) && if [ "$(id -u)" = 0 ]; then "$cmd" -h +{int(minutes)} '
-            f"'ec2gpu: max runtime reached'; else sudo -n \"$cmd\" -h +{int(minutes)} 'ec2gpu: max runtime reached'; fi")

@@ -62,6 +62,24 @@ def minutes(value: Union[int, float, str], default_unit: str | None = "m",
     return got
 
 
+#: the words that remove a run's limit (--max-runtime none)
+OFF_WORDS = ("none", "off", "never")
+
+
+def max_runtime(value) -> tuple[bool, Optional[int]]:
+    """(given, minutes) of a ``--max-runtime`` or ``max_runtime`` value (pure): None -> (False,
+    None); 'none'/'off'/'never' -> (True, None); 90, '90m', '2h' -> (True, 90 / 120), whole
+    minutes, at least 1, never fewer than asked. Raises ValueError for anything else."""
+    if value is None:
+        return False, None
+    if isinstance(value, str) and value.strip().lower() in OFF_WORDS:
+        return True, None
+    got = minutes(value)
+    if got < 1:
+        raise ValueError(f"{str(value)[:64]!r}: at least 1 minute (shutdown counts whole minutes)")
+    return True, max(1, math.ceil(got))
+
+
 def inside_path(value: str, base: str, allow_dot: bool = False) -> str:
     """``value`` when it is a relative path that stays inside ``base`` (pure): not empty, not
     absolute (``/``, ``~``), no ``..`` component, not ``.`` alone unless ``allow_dot``.
@@ -330,8 +348,7 @@ class Task(BaseModel):
     @property
     def max_runtime_minutes(self) -> Optional[int]:
         """Whole minutes of ``max_runtime`` (None: not set, or none)."""
-        from ..runs.limits import parse
-        return parse(self.max_runtime)[1]
+        return max_runtime(self.max_runtime)[1]
 
 
 def json_schema() -> dict:
