@@ -102,7 +102,7 @@ class Kind:
     ``find(clients, run_id, log) -> rows`` ({"id", "run_id", "name", ...}); ``remove(clients, ids,
     log) -> ids removed`` (raises botocore's ClientError, AwsError or WaitTimeout for the rest; one
     id at a time unless ``batch``); ``after``: the kinds that must be gone first (else this one is
-    not tried and is reported left); ``iam``: it needs an IAM client."""
+    not tried and is reported left); ``iam``: it needs an IAM client; ``refind``: below."""
 
     key: str
     label: str
@@ -111,6 +111,9 @@ class Kind:
     after: tuple[str, ...] = ()
     batch: bool = False
     iam: bool = False
+    #: found again for the sweep's runs once its ``after`` kinds removed something (a snapshot is
+    #: a bake's leftover only once its image is gone: baked.incomplete_snapshots)
+    refind: bool = False
 
 
 @dataclass
@@ -198,7 +201,7 @@ def _kinds() -> tuple[Kind, ...]:
              lambda c, image_id, log: baked.deregister(c.ec2, image_id, log), after=("instances",)),
         Kind("snapshots", "snapshot",  # after the images: EC2 refuses to delete a snapshot an image uses
              lambda c, run, log: [_row(x, "SnapshotId") for x in baked.incomplete_snapshots(c.ec2, run)],
-             lambda c, snap_id, log: baked.delete_snapshots(c.ec2, [snap_id], log), after=("images",)),
+             lambda c, snap_id, log: baked.delete_snapshots(c.ec2, [snap_id], log), after=("images",), refind=True),
         Kind("placement_groups", "placement group",
              lambda c, run, log: [_row(g, "GroupName") for g in placement.find(c.ec2, run, log)],
              _delete_placement_group, after=("instances",)),
@@ -249,6 +252,11 @@ def delete_everything(ec2, found: dict[str, list[dict]], keys_dir, log=lambda ms
     left: dict[str, str] = {}  # id -> why
     for kind in KINDS:
         ids = [r["id"] for r in found.get(kind.key, [])]
+        if kind.refind and any(removed.get(a) for a in kind.after):
+            runs = sorted({str(r["run_id"]) for rows in found.values() for r in rows if r.get("run_id")})
+            again = [r["id"] for run in runs for r in kind.find(c, run, log)]
+            ids = list(dict.fromkeys(ids + [i for i in again if i not in removed.get(kind.key, [])]))
+            removed.setdefault(kind.key, [])
         if not ids:
             continue
         blocked = [KIND[a].label for a in kind.after if any(r["id"] in left for r in found.get(a, []))]

@@ -202,7 +202,7 @@ def teardown(aws: Aws, settings: Settings, prov: Provisioned, ui: ReporterLike) 
             found: dict[str, Sequence[str | None]] = {
                 "instances": live, "security_groups": [prov.security_group_id], "key_pairs": [prov.key_name],
                 "placement_groups": [prov.placement_group], "instance_roles": [prov.instance_profile]}
-            rows = {k: [{"id": x} for x in ids if x] for k, ids in found.items()}
+            rows = {k: [{"id": x, "run_id": prov.run_id} for x in ids if x] for k, ids in found.items()}
             try:
                 if prov.bake:  # an image not yet complete, and snapshots no image holds: never kept
                     rows["images"] = sweep.KIND["images"].find(sweep.Clients(aws.ec2), prov.run_id, ui.note)
@@ -214,7 +214,9 @@ def teardown(aws: Aws, settings: Settings, prov: Provisioned, ui: ReporterLike) 
             def failed(label: str, ids: list[str], why: str) -> None:
                 ui.note(f"could not remove the {label} {', '.join(ids)} ({why}); finish with `ec2gpu cleanup "
                         f"--region {aws.region}` (it finds everything by the ec2gpu:run tag {prov.run_id})")
-            done = sweep.delete_everything(aws.ec2, rows, settings.keys_dir, iam=iam, on_failure=failed)
+            # a bake says what it takes back (the image and its snapshots), as `image rm` does
+            done = sweep.delete_everything(aws.ec2, rows, settings.keys_dir, iam=iam, on_failure=failed,
+                                           log=ui.note if prov.bake else (lambda line: None))
             for k in kinds:
                 removed[k] = done.get(k, [])
             removed["failed"] += done["left"]
