@@ -87,13 +87,15 @@ class Aws:
     checkip_url: str | None = None
     _session: boto3.session.Session = field(init=False, repr=False)
     _clients: dict = field(default_factory=dict, init=False, repr=False)
+    _identity: dict | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
         key, secret, token = self.credentials or (None, None, None)
-        self._session = boto3.session.Session(botocore_session=_botocore_session(), region_name=self.region,
+        core = _botocore_session()
+        self._session = boto3.session.Session(botocore_session=core, region_name=self.region,
                                               aws_access_key_id=key, aws_secret_access_key=secret,
                                               aws_session_token=token)
-        paths = self._session._loader.search_paths  # boto3 appends its data folder per Session: kept once
+        paths = core.get_component("data_loader").search_paths  # boto3 appends its data folder per Session
         paths[:] = list(dict.fromkeys(paths))
         if self.region not in self._session.get_available_regions("ec2") + ["local"]:
             raise UsageError(f"unknown AWS region {self.region!r}",
@@ -136,12 +138,17 @@ class Aws:
         return self.client("ec2")
 
     def check_credentials(self) -> dict:
-        """Return the caller identity (Account, Arn, UserId).
+        """Return the caller identity (Account, Arn, UserId): asked of STS once per ``Aws`` (a run
+        asks for it before its estimate and again for the account's permissions boundary).
 
-        Raises AwsError with a hint when there are no credentials or they are rejected.
+        Raises AwsError with a hint when there are no credentials or they are rejected (asked again
+        at the next call).
         """
+        if self._identity is not None:
+            return self._identity
         try:
-            return self.client("sts").get_caller_identity()
+            self._identity = self.client("sts").get_caller_identity()
+            return self._identity
         except botocore.exceptions.NoCredentialsError:
             raise NoCredentials() from None
         except botocore.exceptions.ClientError as exc:

@@ -99,9 +99,9 @@ def find_instance_roles(iam, ec2, run_id: str | None = None, runs_here=frozenset
 class Kind:
     """One kind of resource ec2gpu creates: how a sweep finds it by the ec2gpu:run tag and removes
     it. ``key``: its name in inventories and reports (security_groups); ``label``: in messages;
-    ``find(clients, run_id, log) -> rows`` ({"id", "run_id", "name", ...}); ``remove(clients, ids,
-    log) -> ids removed`` (raises botocore's ClientError, AwsError or WaitTimeout for the rest; one
-    id at a time unless ``batch``); ``after``: the kinds that must be gone first (else this one is
+    ``find(clients, run_id, log) -> rows`` ({"id", "run_id", "name", ...}); ``remove(clients, id,
+    log)`` (the list of ids when ``batch``; raises botocore's ClientError, AwsError or WaitTimeout
+    when it fails, and all it was given counts as left); ``after``: the kinds that must be gone first (else this one is
     not tried and is reported left); ``iam``: it needs an IAM client; ``refind``: below."""
 
     key: str

@@ -203,14 +203,13 @@ def teardown(aws: Aws, settings: Settings, prov: Provisioned, ui: ReporterLike) 
                 "instances": live, "security_groups": [prov.security_group_id], "key_pairs": [prov.key_name],
                 "placement_groups": [prov.placement_group], "instance_roles": [prov.instance_profile]}
             rows = {k: [{"id": x, "run_id": prov.run_id} for x in ids if x] for k, ids in found.items()}
+            iam = aws.client("iam") if prov.instance_profile else None
             try:
                 if prov.bake:  # an image not yet complete, and snapshots no image holds: never kept
-                    rows["images"] = sweep.KIND["images"].find(sweep.Clients(aws.ec2), prov.run_id, ui.note)
-                    rows["snapshots"] = sweep.KIND["snapshots"].find(sweep.Clients(aws.ec2), prov.run_id, ui.note)
-                iam = aws.client("iam") if prov.instance_profile else None
-            except Exception as exc:  # noqa: BLE001 - listed, and the rest is still removed
+                    for kind in ("images", "snapshots"):
+                        rows[kind] = sweep.KIND[kind].find(sweep.Clients(aws.ec2), prov.run_id, ui.note)
+            except Exception as exc:  # noqa: BLE001 - listed, and the rest (the role too) is still removed
                 removed["failed"].append(f"images of the bake ({type(exc).__name__}: {exc})"[:300])
-                iam = None
             def failed(label: str, ids: list[str], why: str) -> None:
                 ui.note(f"could not remove the {label} {', '.join(ids)} ({why}); finish with `ec2gpu cleanup "
                         f"--region {aws.region}` (it finds everything by the ec2gpu:run tag {prov.run_id})")

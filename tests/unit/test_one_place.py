@@ -40,3 +40,33 @@ def test_ssh_to_an_instance_is_opened_verified_in_one_place():
     callers = sorted(str(p.relative_to(src)) for p in src.rglob("*.py") if "wait_for_ssh(" in p.read_text()
                      and p.name != "ssh.py")
     assert callers == ["runs/nodes.py"]
+
+
+def test_a_bake_teardown_that_cannot_list_its_images_still_removes_its_role(monkeypatch, tmp_path):
+    """Teardown through the registry: one failing step (listing a bake's images) is reported, and
+    the run's instance role is still removed."""
+    from types import SimpleNamespace
+
+    from ec2gpu.aws import baked
+    from ec2gpu.aws import iam as roles
+    from ec2gpu.runs import provision
+
+    def cannot_list(*_a, **_k):
+        raise RuntimeError("DescribeImages refused")
+    deleted = []
+    monkeypatch.setattr(baked, "images", cannot_list)
+    monkeypatch.setattr(roles, "delete_run_role", lambda iam, name: deleted.append(name))
+    prov = provision.Provisioned("run-b", bake=True)
+    prov.instance_profile = "ec2gpu-run-b"
+    aws = SimpleNamespace(ec2=object(), region="us-east-1", client=lambda name: f"{name} client")
+
+    class Ui:
+        def note(self, line):
+            pass
+
+        def phase(self, name):
+            import contextlib
+            return contextlib.nullcontext()
+    removed = provision.teardown(aws, SimpleNamespace(keys_dir=tmp_path), prov, Ui())
+    assert deleted == ["ec2gpu-run-b"] and removed["instance_roles"] == ["ec2gpu-run-b"]
+    assert any("images of the bake" in f for f in removed["failed"])
