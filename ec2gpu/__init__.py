@@ -1,15 +1,26 @@
 """ec2gpu: rent a GPU on AWS EC2 for exactly as long as a job needs it.
 
-The Python API is ``ec2gpu.run(...)``, ``ec2gpu.exec(...)`` and ``ec2gpu.bake(...)`` (ec2gpu/api.py), imported on first
-use, so `import ec2gpu` stays light (this file also travels to instances with the trainer).
+The Python API is one function per command: ``ec2gpu.run(...)``, ``ec2gpu.launch(...)``,
+``ec2gpu.list_runs(...)``... (ec2gpu/api/, docs/api.md), imported on first use, so `import ec2gpu`
+stays light (this file also travels to instances with the trainer).
 """
 
 __version__ = "0.1.0"
-__all__ = ["run", "exec", "bake"]
+
+
+def _api():
+    """ec2gpu.api, imported now (importlib: `from . import api` would ask this module's __getattr__ first)."""
+    import importlib
+    return importlib.import_module(__name__ + ".api")
 
 
 def __getattr__(name):
-    if name in __all__:
-        from . import api
-        return getattr(api, name)
+    if not name.startswith("_") and name not in ("api", "cli", "runs", "aws", "remote", "tasks", "sandbox", "train"):
+        api = _api()
+        if name in api.__all__:
+            return getattr(api, name)
     raise AttributeError(f"module 'ec2gpu' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_api().__all__))

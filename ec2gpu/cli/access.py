@@ -1,20 +1,18 @@
-"""Reaching an instance: ssh, ssh-config (OpenSSH with the pinned host keys), logs."""
+"""Reaching an instance: ssh, ssh-config (OpenSSH with the pinned host keys), logs, fetch, tunnel, notebook.
+
+Only parsing, calling and rendering: each command is one function of api/access.py.
+"""
 from __future__ import annotations
 
 import codecs
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, cast
+from typing import Optional, cast
 
 import typer
 
-from ..errors import UsageError
 from ..inert import inert
-from . import JSON, REGION, SANDBOX, Context, _sandbox_flag, app, err, note, out, render_json, say, warn
-from .instances import _find
-
-if TYPE_CHECKING:
-    from ..backend import Context as BackendContext  # what cli.Context returns
+from . import JSON, REGION, SANDBOX, _sandbox_flag, app, err, note, out, render_json, say, warn
 
 
 @app.command("ssh", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -24,27 +22,8 @@ def ssh_cmd(ctx_: typer.Context, name: str = typer.Argument(..., help="Name, ins
 
     Uses the config `ec2gpu ssh-config` writes and the instance's pinned host key (verified against
     its console output first if it is not pinned yet): OpenSSH refuses any other key."""
-    import shutil
-    import subprocess
-
-    with Context(region, _sandbox_flag(sandbox)) as ctx:
-        inst = _find(ctx, name)[0]
-        _pin_host_key(ctx, inst)
-        config, _, _ = _write_ssh_config(ctx, warn)
-        argv = [shutil.which("ssh") or "ssh", "-F", str(config), "-o", "LogLevel=ERROR", inst["InstanceId"],
-                *ctx_.args]
-        code = subprocess.call(argv)
-    raise typer.Exit(code)
-
-
-def _pin_host_key(ctx: BackendContext, inst: dict) -> None:
-    """Before OpenSSH connects (StrictHostKeyChecking yes, HostKeyAlias): pin the instance's host
-    key under its instance id, verified against its console output, when it is not pinned yet.
-    Raises RemoteError, WaitTimeout."""
-    from ..remote import ssh
-    from ..runs import standing
-    if not ssh.pin_under_alias(ctx.settings.home / "known_hosts" / inst["InstanceId"], inst["InstanceId"], note):
-        standing.pin_host_key(ctx.aws, ctx.settings, ctx.backend, inst, log=note).close()
+    from ..api import access as ops
+    raise typer.Exit(ops.ssh(name, ctx_.args, region=region, sandbox=_sandbox_flag(sandbox), log=note, warn=warn))
 
 
 @app.command()
@@ -56,34 +35,16 @@ def logs(name: str = typer.Argument(..., help="Run id, name or instance id."),
 
     job.log is the job's output, its control characters shown as escapes (ESC as \\x1b): none reaches
     the terminal. With --follow, exit with the job's exit status."""
-    from ..runs import logs as run_logs
+    from ..api import access as ops
 
     write = InertWriter(sys.stdout.buffer)
-
-    from ..settings import load
-    home = load({"region": region}).home
-    row = run_logs.finished(home, name)
-    if row is not None:  # over: the log is on this machine, no AWS needed
-        write(run_logs.saved_log(home, row["run_id"]).read_bytes(), final=True)
-        if follow:
-            raise typer.Exit(run_logs.exit_status_of(row))
-        return
-    with Context(region, _sandbox_flag(sandbox)) as ctx:
-        try:
-            inst = _find(ctx, name)[0]
-        except UsageError:
-            inst = None
-        if inst is None:  # over: the log as it was brought home
-            write(run_logs.saved_log(ctx.settings.home, name).read_bytes(), final=True)
-            return
-        try:
-            status, run_id = run_logs.stream(ctx, inst, follow, write, note=note)
-        finally:
-            write(b"", final=True)
-    if follow:
-        say(err, f"the job on {inst['InstanceId']} ended with exit status {status}; "
-            f"`ec2gpu down {run_id}` removes the instance", "dim")
-        raise typer.Exit(cast(int, status))  # stream gives the job's exit status when it follows
+    shown = ops.logs(name, follow=follow, write=write, region=region, sandbox=_sandbox_flag(sandbox), log=note)
+    if shown["source"] == "instance" and follow:
+        say(err, f"the job on {shown['instance_id']} ended with exit status {shown['exit_status']}; "
+            f"`ec2gpu down {shown['run_id']}` removes the instance", "dim")
+        raise typer.Exit(cast(int, shown["exit_status"]))  # the job's exit status, when it follows
+    if follow and shown["exit_status"] is not None:  # a finished run: its job's exit status
+        raise typer.Exit(shown["exit_status"])
 
 
 class InertWriter:
@@ -104,11 +65,6 @@ class InertWriter:
         self.stream.flush()
 
 
-def _write_ssh_config(ctx: BackendContext, warn=lambda line: None, pin: bool = False):
-    from ..runs import standing
-    return standing.write_ssh_config(ctx.aws, ctx.settings, ctx.backend, warn, pin=pin, log=note)
-
-
 @app.command()
 def tunnel(name: str = typer.Argument(..., help="Name or instance id of a running instance."),
            port: int = typer.Argument(..., min=1, max=65535, help="The port on the instance (a server on its "
@@ -120,21 +76,10 @@ def tunnel(name: str = typer.Argument(..., help="Name or instance id of a runnin
 
     TensorBoard, a notebook, any server. OpenSSH with the pinned host key; nothing is opened in the
     security group. If SSH drops, it reconnects. Ctrl-C, SIGTERM and SIGHUP end it and its ssh."""
-    from ..remote import tunnel as tn
-
-    with Context(region, _sandbox_flag(sandbox)) as ctx, tn.hangup_interrupts():
-        inst = _find(ctx, name)[0]
-        _pin_host_key(ctx, inst)
-        config, _, _ = _write_ssh_config(ctx, warn)
-        here = tn.free_local_port(local_port or port)
-        if local_port and here != local_port:
-            raise UsageError(f"--local-port {local_port} is in use on this machine", "choose another, or leave it out")
-        say(err, f"http://127.0.0.1:{here} -> {name}:{port} over SSH; Ctrl-C to stop")
-        try:  # its ssh ends with this command, however it ends
-            tn.forward_until_interrupted(tn.argv(config, inst["InstanceId"], port, here), here, note,
-                                         refresh=lambda: _write_ssh_config(ctx, warn))
-        except KeyboardInterrupt:
-            say(err, "tunnel closed")
+    from ..api import access as ops
+    ops.tunnel(name, port, local_port=local_port, region=region, sandbox=_sandbox_flag(sandbox), log=note, warn=warn,
+               on_ready=lambda url: say(err, f"{url} -> {name}:{port} over SSH; Ctrl-C to stop"))
+    say(err, "tunnel closed")
 
 
 @app.command()
@@ -164,43 +109,29 @@ def notebook(
     over SSH (pinned host key; nothing opened in the security group), reconnecting if SSH drops.
     Ctrl-C, SIGTERM and SIGHUP close the tunnel. The instance then stays with its idle rule
     (--down-on-exit terminates it)."""
-    from ..aws import catalog, sweep, tags as T
-    from ..remote import tunnel
-    from ..runs import notebook as nb
-    from ..runs import pipeline
+    from ..api import access as ops
     from . import RichReporter
-    from .instances import idle_rule
 
-    if name is not None:
-        T.check_name(name)
-    idle = idle_rule(idle_stop, idle_down, no_idle, max_runtime, spot)
-    with Context(region, _sandbox_flag(sandbox), persistent=True) as ctx, tunnel.hangup_interrupts():
-        asked = instance_type or ctx.settings.instance_type
-        opts = pipeline.TrainOptions(instance_type=",".join(catalog.lookup(t).name for t in asked.split(",")),
-                                     spot=spot, name=name, ssh_cidr=ssh_cidr, ami=ami,
-                                     max_runtime_minutes=max_runtime or 120, idle=idle)
-
-        def show(info: dict) -> None:
-            if as_json:
-                render_json(info)
-                sys.stdout.flush()
-            else:
-                say(out, f"notebook: {info['url']}", soft_wrap=True)
-            say(err, f"on {info['name']} ({info['instance_id']}); Ctrl-C closes the tunnel", "dim")
-
-        info = nb.serve(ctx.aws, ctx.settings, ctx.backend, opts, RichReporter(err, quiet=as_json), show, local_port)
-        if down_on_exit:
-            inst = sweep.find_instances(ctx.aws.ec2, states=["pending", "running", "stopping", "stopped"])
-            run_id = next((T.as_dict(i.get("Tags")).get(T.RUN) for i in inst if i["InstanceId"] == info["instance_id"]),
-                          None)
-            if run_id:
-                sweep.delete_run(ctx.aws.ec2, run_id, ctx.settings.keys_dir, log=note, iam=ctx.aws.client("iam"))
-            say(err, f"notebook closed; {info['name']} terminated (--down-on-exit)")
+    def show(info: dict) -> None:
+        if as_json:
+            render_json(info)
+            sys.stdout.flush()
         else:
-            again = f"`ec2gpu tunnel {info['name']} {info['port']}`" if "port" in info else \
-                f"`ec2gpu notebook --name {info['name']}`"
-            say(err, f"notebook closed; {info['name']} keeps running with its idle rule (`ec2gpu ls`). "
-                f"{again} reopens it, `ec2gpu down {info['name']}` removes it")
+            say(out, f"notebook: {info['url']}", soft_wrap=True)
+        say(err, f"on {info['name']} ({info['instance_id']}); Ctrl-C closes the tunnel", "dim")
+
+    info = ops.notebook(instance_type=instance_type, spot=spot, name=name, local_port=local_port,
+                        down_on_exit=down_on_exit, idle_stop=idle_stop, idle_down=idle_down, no_idle=no_idle,
+                        max_runtime=max_runtime, ssh_cidr=ssh_cidr, ami=ami, region=region,
+                        sandbox=_sandbox_flag(sandbox), reporter=RichReporter(err, quiet=as_json), on_ready=show,
+                        log=note)
+    if down_on_exit:
+        say(err, f"notebook closed; {info['name']} terminated (--down-on-exit)")
+    else:
+        again = f"`ec2gpu tunnel {info['name']} {info['port']}`" if "port" in info else \
+            f"`ec2gpu notebook --name {info['name']}`"
+        say(err, f"notebook closed; {info['name']} keeps running with its idle rule (`ec2gpu ls`). "
+            f"{again} reopens it, `ec2gpu down {info['name']}` removes it")
 
 
 @app.command("ssh-config")
@@ -210,13 +141,14 @@ def ssh_config(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json:
     Each entry insists on the instance's pinned host key (under its instance id, so a new address
     after `ec2gpu start` is still the same host); an instance not pinned yet is pinned first,
     checked against its console output, or left out with the reason."""
-    with Context(region, _sandbox_flag(sandbox)) as ctx:
-        path, entries, skipped = _write_ssh_config(ctx, warn, pin=True)
+    from ..api import access as ops
+    written = ops.ssh_config(region=region, sandbox=_sandbox_flag(sandbox), log=note, warn=warn)
     if as_json:
-        render_json({"path": str(path), "hosts": [e.aliases[0] for e in entries], "skipped": skipped})
+        render_json(written)
         return
-    say(out, f"wrote {path} with {len(entries)} host(s): {', '.join(e.aliases[0] for e in entries) or '-'}")
-    for iid, why in skipped.items():  # the reason may quote the instance's console: inert
+    path = written["path"]
+    say(out, f"wrote {path} with {len(written['hosts'])} host(s): {', '.join(written['hosts']) or '-'}")
+    for iid, why in written["skipped"].items():  # the reason may quote the instance's console: inert
         say(out, f"skipped {iid}: {why}", "yellow")
     say(out, f"add this line to ~/.ssh/config once: Include {path}", "dim")
 
@@ -226,7 +158,7 @@ def fetch(run_id: str = typer.Argument(..., help="Run id (or a unique prefix), a
           out_dir: Optional[Path] = typer.Option(None, "--out", help="Where to (default: the run's artifacts "
                                                  "directory)."),
           max_download: Optional[str] = typer.Option(None, "--max-download", help="Bytes brought home per directory "
-                                                     "(500M, 10G; default EC2GPU_MAX_DOWNLOAD_BYTES, else 4G)."),
+                                                     "(500MB, 2GiB; default EC2GPU_MAX_DOWNLOAD_BYTES, else 4GiB)."),
           max_files: Optional[int] = typer.Option(None, "--max-files", min=0, help="Files brought home per directory "
                                                   "(default EC2GPU_MAX_DOWNLOAD_FILES, else 10000)."),
           region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
@@ -234,23 +166,8 @@ def fetch(run_id: str = typer.Argument(..., help="Run id (or a unique prefix), a
 
     Outputs, checkpoints, job.log, status.json: for a run whose controller died, before
     `ec2gpu down RUN`; or what a run left on a standing instance above its download limits."""
-    from dataclasses import replace
-
-    from ..runs import ledger, logs
-    from .tasks import _size
-
-    with Context(region, _sandbox_flag(sandbox)) as ctx:
-        row = ledger.get(ctx.settings.home, run_id)
-        head = logs.head_instance(ctx.aws.ec2, row)
-        if head is None:
-            raise UsageError(f"run {row['run_id']} has no running instance to fetch from",
-                             f"what it brought home is in {row.get('artifacts') or 'runs/' + row['run_id']}")
-        out = Path(out_dir or row.get("artifacts") or Path("runs") / row["run_id"]).resolve()
-        limits = ctx.settings.download_limits
-        if max_download is not None:
-            limits = replace(limits, bytes=_size(max_download, "--max-download"))
-        if max_files is not None:
-            limits = replace(limits, files=max_files)
-        got = logs.fetch(ctx, head, row["run_id"], out, note, limits)
+    from ..api import access as ops
+    got = ops.fetch(run_id, out=out_dir, max_download=max_download, max_files=max_files, region=region,
+                    sandbox=_sandbox_flag(sandbox), log=note)
     if as_json:
-        render_json({"run_id": row["run_id"], "out": str(out), **got})
+        render_json(got)

@@ -7,8 +7,7 @@ from typing import Optional
 
 import typer
 
-from ..errors import UsageError
-from . import (JSON, REGION, SANDBOX, Context, RichReporter, _sandbox_flag, app, err, out, plain, render_json, say, table,
+from . import (JSON, REGION, SANDBOX, RichReporter, _sandbox_flag, app, err, out, plain, render_json, say, table,
                table_row)
 
 DEVICE = {"cpu": "CPU", "cuda": "GPU"}
@@ -44,28 +43,12 @@ def bench_cmd(
     terminated. Results go into the ledger: later estimates of that type use them.
 
     docs/why-gpus.md explains the figures. In the sandbox the instance is this machine: CPU only."""
-    from ..runs import bench, pipeline
-
-    if local and (instance_type or spot or _sandbox_flag(sandbox)):
-        raise UsageError("--local benches this machine", "drop --instance-type/--spot/--sandbox, or drop --local")
-    if data_dir and not Path(data_dir).is_dir():
-        raise UsageError(f"data directory {data_dir} does not exist", "pass a directory with the four MNIST files")
-    if data_dir and not (local or _sandbox_flag(sandbox)):
-        raise UsageError(f"--data-dir {data_dir} is a directory on this machine, which an instance on AWS cannot "
-                         "read", "drop --data-dir (the instance downloads MNIST), or add --local or --sandbox")
-    command = " ".join(["ec2gpu", *sys.argv[1:]]) if sys.argv[0].endswith("ec2gpu") else "ec2gpu bench"
-    opts = pipeline.TrainOptions(spot=spot, out=out_dir, ssh_cidr=ssh_cidr, ami=ami, max_runtime_minutes=max_runtime,
-                                 budget_usd=budget, command=command)
-    ui = RichReporter(err, quiet=as_json)
-    if local:
-        from ..settings import load
-        results = bench.local(opts, ui, load(), quick, data_dir)
-    else:
-        with Context(region, _sandbox_flag(sandbox)) as ctx:
-            opts.instance_type = instance_type or ctx.settings.instance_type
-            if ctx.backend.is_sandbox:
-                say(err, "sandbox: the instance is this machine, without a GPU: the figures are its CPU's", "dim")
-            results = bench.on_instances(ctx.aws, ctx.settings, opts, ui, ctx.backend, quick, data_dir)
+    from ..api import train as training
+    as_typed = " ".join(["ec2gpu", *sys.argv[1:]]) if sys.argv[0].endswith("ec2gpu") else "ec2gpu bench"
+    results = training.bench(instance_type=instance_type, spot=spot, local=local, quick=quick, data_dir=data_dir,
+                             out=out_dir, max_runtime=max_runtime, budget=budget, ssh_cidr=ssh_cidr, ami=ami,
+                             region=region, sandbox=_sandbox_flag(sandbox), reporter=RichReporter(err, quiet=as_json),
+                             log=lambda line: say(err, line, "dim"), as_typed=as_typed)
     if as_json:
         render_json(results)
         return

@@ -1,18 +1,16 @@
 """Commands about money: `ec2gpu prices`, `ec2gpu cost`, `ec2gpu runs` (the ledger).
 
-Only parsing and rendering; the price table and estimates come from runs/costs.py (over
-aws/catalog.py, aws/pricing.py and aws/types.py), history from runs/ledger.py.
+Only parsing, calling and rendering: each command is one function of api/costs.py (prices,
+estimate, list_runs, show_run), over runs/costs.py and runs/ledger.py.
 """
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import typer
 
-from . import (JSON, REGION, SANDBOX, Context, _sandbox_flag, app, attempt_rows, cost_rows, err, group, note, out, plain,
+from . import (JSON, REGION, SANDBOX, _sandbox_flag, app, attempt_rows, cost_rows, err, group, note, out, plain,
                render_json, say, table, table_row)
-from ..errors import UsageError
 
 runs_app = group("The ledger of runs: what ran, how it ended, what it cost.", invoke_without_command=True,
                  no_args_is_help=False)
@@ -29,32 +27,17 @@ def prices(gpu: Optional[str] = typer.Option(None, "--gpu", help="Only this GPU 
                                         "API and cache them (otherwise the shipped table or the cache)."),
            region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
     """GPU instance types of the region: GPUs, vCPUs, RAM, on-demand and current spot USD/h, saving."""
-    from ..aws import catalog, pricing
-    from ..runs import costs
+    from ..api import costs as ops
+    from ..aws import catalog
 
-    known_gpus = sorted({t.gpu for t in catalog.CATALOG.values()})
-    if gpu and gpu.upper() not in {g.upper() for g in known_gpus} | set(catalog.RETIRED_GPUS):
-        raise UsageError(f"unknown GPU model {gpu!r}", f"choose one of {', '.join(known_gpus)}")
-    with Context(region, _sandbox_flag(sandbox)) as ctx:
-        aws, home = ctx.aws, ctx.settings.home
-        if refresh and ctx.backend.is_sandbox:
-            raise UsageError("the sandbox has no AWS Price List API (moto does not implement it)",
-                             "drop --refresh: the sandbox uses the shipped on-demand table")
-        if refresh:
-            cache = pricing.refresh_cache(aws.pricing(), aws.region, home)
-            say(err, f"fetched {len(cache['prices'])} on-demand prices for {aws.region} from the Price List "
-                f"API into {catalog.price_cache_path(home, aws.region)}", "dim")
-            storage = pricing.refresh_storage(aws.pricing(), aws.region, home)
-            say(err, "EBS, USD per GB-month: " + (", ".join(f"{k} {v:g}" for k, v in storage.items()) or
-                                                  "none listed for this region"), "dim")
-        rows, retired = costs.price_rows(aws, home, gpu, log=note)
-        sandbox_note = "sandbox: spot prices come from the sandbox's simulated market" if ctx.backend.is_sandbox else None
+    found = ops.prices(gpu=gpu, refresh=refresh, region=region, sandbox=_sandbox_flag(sandbox), log=note)
     if as_json:
-        render_json({"region": aws.region, "instance_types": rows, "retired": retired,
-                     **({"note": sandbox_note} if sandbox_note else {})})
+        render_json(found)
         return
+    region_name, rows, retired, sandbox_note = found["region"], found["instance_types"], found["retired"], \
+        found.get("note")
     t = table("type", "GPUs", "vCPU/RAM", "on-demand", "spot $/h by zone", "saving",
-              title=f"GPU instance types in {aws.region}, USD/h")
+              title=f"GPU instance types in {region_name}, USD/h")
     for r in rows:
         zones = " ".join(f"{z[-1]}:{p:.4f}" for z, p in r["spot_usd_per_hour"].items())
         table_row(t, r["instance_type"], f"{r['gpu_count']}x {r['gpu']} {r['gpu_memory_gib']}G",
@@ -66,7 +49,7 @@ def prices(gpu: Optional[str] = typer.Option(None, "--gpu", help="Only this GPU 
                                                  f"last price; use {r['replacement']}", "")))
     if not rows and not retired:  # never an empty table with no word
         listed = ", ".join(n for n, c in catalog.CATALOG.items() if not gpu or c.gpu.upper() == gpu.upper())
-        say(out, f"no instance type with {gpu.upper() if gpu else 'NVIDIA'} GPUs is offered in {aws.region} (the "
+        say(out, f"no instance type with {gpu.upper() if gpu else 'NVIDIA'} GPUs is offered in {region_name} (the "
             f"catalog's: {listed}); try another --region")
         return
     say(out, t)
@@ -85,33 +68,25 @@ def cost(instance_type: str = typer.Option("g4dn.xlarge,g5.xlarge,g6.xlarge", "-
          epochs: Optional[int] = typer.Option(None, "--epochs", "-e", min=1, help="Epochs (default: the preset's)."),
          region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
     """Estimate the seconds (boot, setup, training) and USD of `train mnist` on each candidate type."""
-    from ..aws import catalog
-    from ..runs import costs
+    from ..api import costs as ops
 
-    if model not in ("cnn", "lenet", "mlp", "dbn"):
-        raise UsageError(f"unknown model {model!r}", "choose cnn, lenet, mlp or dbn")
-    if max_price is not None and not spot:
-        raise UsageError("--max-price applies to spot instances only", "add --spot, or drop --max-price")
-    names = [catalog.lookup(n).name for n in instance_type.split(",") if n.strip()]
-    if not names:
-        raise UsageError("no instance type given", "e.g. --instance-type g4dn.xlarge,g5.xlarge")
-    with Context(region, _sandbox_flag(sandbox)) as ctx:
-        backend = ctx.backend.name
-        ests = [costs.estimate_run(ctx.aws, ctx.settings.home, n, spot, model, epochs, backend, max_price)
-                for n in names]
+    ests = ops.estimate(instance_type, spot=spot, max_price=max_price, model=model, epochs=epochs, region=region,
+                        sandbox=_sandbox_flag(sandbox), log=note)
     if as_json:
-        render_json([e.as_dict() for e in ests])
+        render_json(ests)
         return
+    backend = ests[0]["backend"]  # estimate refuses an empty list of types
     t = table("type", "$/h", "boot", "setup", "train", "teardown", "billed", "USD",
               title=f"estimate: `train mnist --model {model}{f' --epochs {epochs}' if epochs else ''}`, "
               f"{'spot' if spot else 'on-demand'}, {backend}; seconds")
     for e in ests:
-        table_row(t, e.instance_type, _usd(e.usd_per_hour), f"{e.boot_seconds:.0f}", f"{e.setup_seconds:.0f}",
-                  f"{e.train_seconds:.0f}", f"{e.teardown_seconds:.0f}", f"{e.billed_seconds:.0f}", _usd(e.cost_usd))
+        table_row(t, e["instance_type"], _usd(e["usd_per_hour"]), f"{e['boot_seconds']:.0f}",
+                  f"{e['setup_seconds']:.0f}", f"{e['train_seconds']:.0f}", f"{e['teardown_seconds']:.0f}",
+                  f"{e['billed_seconds']:.0f}", _usd(e["cost_usd"]))
     say(out, t)
     say(out, "per-second billing, 60 s minimum.", "dim")
     for e in ests:
-        say(out, f"{e.instance_type}: price {e.price_source}; times {e.time_source}", "dim")
+        say(out, f"{e['instance_type']}: price {e['price_source']}; times {e['time_source']}", "dim")
 
 
 @runs_app.callback()
@@ -124,28 +99,14 @@ def runs(ctx: typer.Context,
     """List runs from the ledger, newest first (`ec2gpu runs show ID` for one)."""
     if ctx.invoked_subcommand:
         return
-    from ..runs import ledger
-    from ..settings import load
+    from ..api import costs as ops
 
-    from ..runs import reconcile
-
-    start = ledger.parse_since(since) if since else None
-    _up_to_date(load().home, _sandbox_flag(sandbox))
-    rows = ledger.runs(load().home, since=start, backend="sandbox" if _sandbox_flag(sandbox) else None)
-    lost = [r["run_id"] for r in rows if reconcile.controller_gone(r)]
-    for r in rows:
-        r["controller_gone"] = r["run_id"] in lost
-    keys = ("run_id", "status", "controller_gone", "backend", "command", "task", "instance_type", "market", "model",
-            "test_acc", "exit_status",
-            "summary", "summary_schema", "billed_seconds",
-            "cost_usd", "estimated_cost_usd", "started_at", "region", "zone", "instance_ids", "artifacts")
-    # real money and the sandbox's simulated bills are never added up together
-    total = ledger.totals([r for r in rows if r.get("backend") == "aws"])
-    sandbox_total = ledger.totals([r for r in rows if r.get("backend") == "sandbox"])
+    listed = ops.list_runs(since=since, sandbox=_sandbox_flag(sandbox), log=lambda m: say(err, m, "dim", soft_wrap=True),
+                           warn=lambda m: note(m, "yellow"))
+    rows, total, sandbox_total = listed["runs"], listed["total"], listed["sandbox_total"]
     if as_json:
-        body = [{k: r.get(k) for k in keys} for r in rows]
-        render_json({"runs": body, "total": total, "sandbox_total": sandbox_total,
-                     "since": start.isoformat() if start else None} if since else body)
+        body = [{k: r.get(k) for k in ops.RUN_KEYS} for r in rows]
+        render_json({**listed, "runs": body} if since else body)
         return
     if not rows:
         say(out, f"no {'sandbox ' if _sandbox_flag(sandbox) else ''}runs in the ledger" +
@@ -163,47 +124,20 @@ def runs(ctx: typer.Context,
                   "-" if r.get("billed_seconds") is None else f"{r['billed_seconds']:.0f}",
                   _usd(r.get("cost_usd")), _usd(r.get("estimated_cost_usd")))
     say(out, t)
-    for run_id in lost:
-        say(out, plain(f"run {run_id}: its controller ended without closing it", "yellow")
-            + plain(f" (killed?); `ec2gpu down {run_id}` removes what it left and bills it from the instances' own "
-                    "times"))
+    for r in rows:
+        if r["controller_gone"]:
+            say(out, plain(f"run {r['run_id']}: its controller ended without closing it", "yellow")
+                + plain(f" (killed?); `ec2gpu down {r['run_id']}` removes what it left and bills it from the "
+                        "instances' own times"))
     if since:
+        from datetime import datetime
+        start = datetime.fromisoformat(listed["since"])
         say(out, f"total on AWS since {start:%Y-%m-%d %H:%M} UTC: {total['runs']} run(s), "
             f"{total['billed_seconds']:.0f} s billed, ${total['cost_usd']:.4f} "
             f"(estimated ${total['estimated_cost_usd']:.4f})")
         if sandbox_total["runs"]:
             say(out, f"not counted: {sandbox_total['runs']} sandbox run(s), whose bills are simulated "
                 f"(${sandbox_total['cost_usd']:.4f})", "dim")
-
-
-def _up_to_date(home, sandbox: bool = False) -> None:
-    """Before `runs` lists the ledger: where it has rows still open (standing instances, runs whose
-    controller is gone, instances `--keep` left) of the backend this shell uses (the sandbox with
-    ``sandbox`` or its endpoint in AWS_ENDPOINT_URL), bring them up to date from AWS as `ec2gpu ls`
-    does (runs/reconcile.py: bills of instances that have ended; what they left removed), in each
-    of their regions. Where AWS cannot be reached (no credentials, no network), one line says so
-    and the ledger is listed as it is. A sandbox that is not up is not started for this."""
-    import botocore.exceptions
-
-    from ..errors import Ec2GpuError
-    from ..runs import reconcile
-    from ..sandbox import control
-    from .instances import _settle
-
-    pending = reconcile.open_rows(home) + reconcile.abandoned(home) + reconcile.kept(home)
-    endpoint = (control.read_state(home) or {}).get("endpoint")
-    sandbox = sandbox or bool(endpoint and os.environ.get("AWS_ENDPOINT_URL") == endpoint)
-    backend = "sandbox" if sandbox else "aws"
-    regions = sorted({r.get("region") or "" for r in pending if r.get("backend") == backend})
-    if not regions or (sandbox and not control.read_state(home)):
-        return
-    try:
-        for region in regions:
-            with Context(region or None, sandbox) as ctx:
-                _settle(ctx)
-    except (Ec2GpuError, botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
-        note(f"could not bring the ledger's open rows up to date from AWS ({type(exc).__name__}: {exc}); "
-             "listed as they are", "yellow")
 
 
 def _task(r: dict) -> str:
@@ -240,10 +174,9 @@ def runs_show(run_id: str = typer.Argument(..., help="Run id (or a unique prefix
     """Everything the ledger knows about one run: instances, phases, estimate and actual cost."""
     import json
 
-    from ..runs import ledger
-    from ..settings import load
+    from ..api import costs as ops
 
-    r = ledger.get(load().home, run_id)
+    r = ops.show_run(run_id)
     if as_json:
         render_json(r)
         return

@@ -54,18 +54,17 @@ def ls_cmd(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: boo
     has the region's."""
     from rich import box
 
-    from ..backend import Context
-    from ..runs import bake
-    with Context(region, _sandbox_flag(sandbox)) as ctx:
-        ctx.aws.check_credentials()
-        rows = bake.listing(ctx.aws, ctx.settings.home)
+    from ..api import images
+    from ..settings import load
+    rows = images.list_images(region=region, sandbox=_sandbox_flag(sandbox))
     if as_json:
         render_json(rows)
         return
     if not rows:
         say(out, "no baked images here; make one with `ec2gpu image bake task.yaml`")
         return
-    t = table(title=f"baked images in {ctx.aws.region}", box=box.SIMPLE_HEAD)
+    where = load({"region": region}).region  # the region the listing's Context used
+    t = table(title=f"baked images in {where}", box=box.SIMPLE_HEAD)
     for col in ("name", "image", "created", "GiB", "$/month"):
         if col in ("name", "image"):  # what a user copies (`image rm`): never cut, never wrapped
             key = "name" if col == "name" else "image_id"
@@ -82,7 +81,7 @@ def ls_cmd(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: boo
         say(out, f"{r['name']}: {inside}")
     if any(r["size_basis"] != "stored bytes" for r in rows):
         say(out, "GiB: the snapshot's volume size where EC2 does not report its stored bytes (an upper bound)", "dim")
-    say(out, snapshot_price_words(ctx.aws.region, rows[0]["usd_per_gb_month"], rows[0]["price_source"]), "dim")
+    say(out, snapshot_price_words(where, rows[0]["usd_per_gb_month"], rows[0]["price_source"]), "dim")
 
 
 def snapshot_price_words(region: str, usd_per_gb_month: float | None, source: str) -> str:
@@ -98,11 +97,8 @@ def snapshot_price_words(region: str, usd_per_gb_month: float | None, source: st
 def rm_cmd(image: str = typer.Argument(..., help="The image's name or AMI id (see `ec2gpu image ls`)."),
            region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
     """Deregister a baked image and delete its snapshots."""
-    from ..backend import Context
-    from ..runs import bake
-    with Context(region, _sandbox_flag(sandbox)) as ctx:
-        ctx.aws.check_credentials()
-        done = bake.remove(ctx.aws, image, log=note)
+    from ..api import images
+    done = images.remove_image(image, region=region, sandbox=_sandbox_flag(sandbox), log=note)
     if as_json:
         render_json(done)
     else:

@@ -1,12 +1,11 @@
 """Standing instances and clusters: launch, stop, start, scale, ls, down, cleanup, doctor."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, AbstractSet, Optional, cast
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from ..errors import UsageError
-from . import (JSON, REGION, SANDBOX, Context, RichReporter, _sandbox_flag, app, err, note, out, plain, render_json, say,
+from . import (JSON, REGION, SANDBOX, RichReporter, _sandbox_flag, app, err, note, out, plain, render_json, say,
                table, table_row, warn)
 
 if TYPE_CHECKING:
@@ -38,34 +37,21 @@ def launch(
 
     It lives until `ec2gpu down NAME`, its idle rule (by default it terminates itself after 60
     idle minutes: no job, no SSH connection, GPUs under 5%) or --max-runtime, whichever comes first."""
-    from ..aws import catalog, network, tags
-    from ..runs import pipeline, standing
+    from .. import api
+    from ..api import instances as ops
 
-    if name is not None:
-        tags.check_name(name)  # it goes into tags, ssh_config Host lines and commands shown to you
-    if ssh_cidr is not None:
-        network.check_cidr(ssh_cidr, lambda line: note(line, "yellow"))
-    idle = idle_rule(idle_stop, idle_down, no_idle, max_runtime, spot)
-    max_runtime = max_runtime or 120
-    with Context(region, _sandbox_flag(sandbox), persistent=True) as ctx:
-        asked = ctx.settings.instance_type if instance_type is None else instance_type
-        if any(not t.strip() for t in asked.split(",")):
-            raise UsageError(f"--instance-type {asked!r} has an empty entry", "name each type, e.g. g4dn.xlarge")
-        types = [catalog.lookup(t).name for t in asked.split(",")]
-        opts = pipeline.TrainOptions(instance_type=",".join(types), spot=spot, name=name, ssh_cidr=ssh_cidr, ami=ami,
-                                     max_runtime_minutes=max_runtime, nodes=nodes, idle=idle)
-        rows = standing.launch(ctx.aws, ctx.settings, opts, RichReporter(err, quiet=as_json), ctx.backend)
-        if as_json:
-            render_json(rows)
-        else:
-            for r in rows:
-                say(out, f"{r['name']}: {r['instance_id']} {r['instance_type']} {r['market']} {r['state']} "
-                    f"{r['public_ip']}; `ec2gpu ssh {r['name']}` to log in, `ec2gpu down {r['name']}` to remove")
-            say(out, lifetime_words(idle, max_runtime, len(rows)))
-
-
-#: The idle rule `launch` gives when none is asked for (issue: instances that end themselves).
-DEFAULT_IDLE = ("down", "60m")
+    idle = api.idle_rule(idle_stop, idle_down, no_idle, max_runtime, spot)
+    rows = ops.launch(instance_type=instance_type, spot=spot, name=name, ssh_cidr=ssh_cidr, ami=ami,
+                      max_runtime=max_runtime, idle_stop=idle_stop, idle_down=idle_down, no_idle=no_idle, nodes=nodes,
+                      region=region, sandbox=_sandbox_flag(sandbox), reporter=RichReporter(err, quiet=as_json),
+                      log=note, warn=lambda line: note(line, "yellow"))
+    if as_json:
+        render_json(rows)
+    else:
+        for r in rows:
+            say(out, f"{r['name']}: {r['instance_id']} {r['instance_type']} {r['market']} {r['state']} "
+                f"{r['public_ip']}; `ec2gpu ssh {r['name']}` to log in, `ec2gpu down {r['name']}` to remove")
+        say(out, lifetime_words(idle, max_runtime or 120, len(rows)))
 
 
 def lifetime_words(idle, max_runtime_minutes: int, count: int = 1) -> str:
@@ -85,77 +71,11 @@ def lifetime_words(idle, max_runtime_minutes: int, count: int = 1) -> str:
             f"{max_runtime_minutes} min after it boots (--max-runtime), whichever comes first")
 
 
-def idle_rule(idle_stop: str | None, idle_down: str | None, no_idle: bool, max_runtime: int | None, spot: bool):
-    """The aws.instances.IdleRule of `launch`'s flags (None for --no-idle). Raises UsageError for two
-    rules at once, a duration that is not one (or under 10 s), --no-idle without --max-runtime,
-    and --idle-stop on spot (EC2 cannot stop ec2gpu's one-time spot instances)."""
-    from ..aws.instances import IdleRule
-    from ..tasks.spec import minutes
-
-    given = [(a, v) for a, v in (("stop", idle_stop), ("down", idle_down)) if v is not None]
-    if len(given) + no_idle > 1:
-        raise UsageError("--idle-stop, --idle-down and --no-idle exclude each other", "give one of them")
-    if no_idle:
-        if max_runtime is None:
-            raise UsageError("--no-idle needs an explicit --max-runtime MINUTES",
-                             "say how long the instance may live, e.g. --no-idle --max-runtime 480")
-        return None
-    action, text = given[0] if given else DEFAULT_IDLE
-    try:
-        seconds = round(minutes(text) * 60)
-    except ValueError as exc:
-        raise UsageError(f"--idle-{action}: {exc}", "e.g. --idle-down 30m") from None
-    if seconds < 10:
-        raise UsageError(f"--idle-{action} {text} is under 10 seconds", "give at least 10s (e.g. 30m)")
-    if action == "stop" and spot:
-        raise UsageError("--idle-stop cannot apply to a spot instance: EC2 stops only spot instances of a persistent "
-                         "request, and ec2gpu's are one-time", "use --idle-down (it terminates itself when idle)")
-    return IdleRule(action, seconds)
-
-
 def _settle(ctx: BackendContext, run_ids: set[str] | None = None, ended: bool = True, keep=frozenset()) -> None:
-    """Bring the ledger up to date with the instances of this backend and region (runs/reconcile.py):
-    settle the runs (only ``run_ids`` if given) whose controller died and whose instances have
-    terminated, record the standing instances' running intervals and settle those that have all
-    ended; and (``ended``) remove what runs whose instances have all ended left, but ``keep``'s.
-    Each is said."""
-    from ..runs import reconcile
-    home = ctx.settings.home
-    reconcile.settle_all(ctx.aws, home, ctx.backend.name, run_ids, log=lambda m: note(m, "yellow"),
-                         volume_gib=ctx.settings.root_volume_gib)
-    reconcile.sync_standing(ctx.aws, home, ctx.backend.name, log=note)
-    if ended:  # one line, however wide: a script or a log keeps it whole
-        reconcile.remove_ended(ctx.aws, home, ctx.settings.keys_dir, keep,
-                               log=lambda m: say(err, m, "dim", soft_wrap=True))
-
-
-def _fetch_abandoned(ctx: BackendContext, run_ids: set[str] | None = None) -> None:
-    """Before their instances go: bring home what the jobs of runs whose controller died wrote
-    (runs/reconcile.py, runs/logs.fetch) to each run's artifacts directory. A run that cannot be
-    reached is reported; removing it goes on."""
-    from pathlib import Path
-
-    from ..errors import Ec2GpuError
-    from ..remote.jobs import CONNECTION_ERRORS
-    from ..runs import logs, reconcile
-    for row in reconcile.abandoned(ctx.settings.home, ctx.backend.name):
-        if run_ids is not None and row["run_id"] not in run_ids:
-            continue
-        head = logs.head_instance(ctx.aws.ec2, row)
-        if head is None:
-            continue
-        out = Path(row.get("artifacts") or Path("runs") / row["run_id"])
-        try:
-            logs.fetch(ctx, head, row["run_id"], out, note)
-        except (Ec2GpuError, *CONNECTION_ERRORS) as exc:  # its words may quote the instance: inert
-            say(err, plain(f"run {row['run_id']}: could not bring its files home first", "yellow")
-                + plain(f" ({exc}); removing it anyway"))
-
-
-def _find(ctx: BackendContext, name: str) -> list[dict]:
-    """The running (or pending) instances called ``name``; UsageError saying what they are instead."""
-    from ..runs import stopstart
-    return stopstart.find(ctx.aws.ec2, name, ["pending", "running"])
+    """api.instances.settle, each step said on stderr (a settled bill in yellow; one line, however wide)."""
+    from ..api import instances as ops
+    ops.settle(ctx, run_ids, ended, keep, log=lambda m: say(err, m, "dim", soft_wrap=True),
+               warn=lambda m: note(m, "yellow"))
 
 
 @app.command()
@@ -166,11 +86,8 @@ def stop(name: str = typer.Argument(..., help="Name, instance id or cluster of a
     The EBS disk is billed per GB-month (`ec2gpu ls` shows how much); what was on the type's
     instance-store NVMe, if it has one (/opt/dlami/nvme on the Deep Learning AMI), is lost.
     `ec2gpu start NAME` brings it back. Spot instances cannot be stopped (say `ec2gpu down NAME`)."""
-    from ..runs import stopstart
-    with Context(region, _sandbox_flag(sandbox), persistent=True) as ctx:
-        ctx.aws.check_credentials()
-        rows = stopstart.stop(ctx.aws, name, log=note)
-        _settle(ctx, ended=False)  # the stop, dated by EC2, ends a running interval in the ledger
+    from ..api import instances as ops
+    rows = ops.stop(name, region=region, sandbox=_sandbox_flag(sandbox), log=note)
     if as_json:
         render_json(rows)
         return
@@ -197,12 +114,8 @@ def start(name: str = typer.Argument(..., help="Name, instance id or cluster of 
 
     Waits until it answers SSH with its pinned host key at its new address, and schedules its
     --max-runtime shutdown again (a stop cancels it)."""
-    from ..runs import stopstart
-    with Context(region, _sandbox_flag(sandbox), persistent=True) as ctx:
-        ctx.aws.check_credentials()
-        _settle(ctx, ended=False)  # a stop no command has seen yet (--idle-stop) is recorded before the start
-        rows = stopstart.start(ctx.aws, ctx.settings, ctx.backend, name, log=note)
-        _settle(ctx, ended=False)  # ... and the new running interval
+    from ..api import instances as ops
+    rows = ops.start(name, region=region, sandbox=_sandbox_flag(sandbox), log=note)
     if as_json:
         render_json(rows)
         return
@@ -222,16 +135,8 @@ def scale(name: str = typer.Argument(..., help="The standing cluster's name (ec2
     Each new node's host key is pinned under its instance id, checked against its console output,
     as `launch` does, and $EC2GPU_HOME/ssh_config is written again; a node whose key cannot be
     pinned is terminated."""
-    from ..aws import clusters
-    from ..runs import standing
-
-    with Context(region, _sandbox_flag(sandbox), persistent=True) as ctx:
-        ctx.aws.check_credentials()
-        done = clusters.scale(ctx.aws, ctx.settings, name, nodes, max_runtime, log=note,
-                              pin=lambda found: standing.pin_all(ctx.aws, ctx.settings, ctx.backend, found, note))
-        if done["added"] or done["removed"]:
-            standing.write_ssh_config(ctx.aws, ctx.settings, ctx.backend, note, log=note)
-            _settle(ctx, ended=False)  # the nodes' running intervals, while EC2 still lists those that ended
+    from ..api import instances as ops
+    done = ops.scale(name, nodes, max_runtime=max_runtime, region=region, sandbox=_sandbox_flag(sandbox), log=note)
     if as_json:
         render_json(done)
     elif not done["added"] and not done["removed"]:
@@ -268,11 +173,9 @@ def _state_cell(r: dict) -> str:
 @app.command("ls")
 def ls(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
     """List the instances this tool launched that are still alive: age, price and cost so far."""
-    from ..runs import standing
-
-    with Context(region, _sandbox_flag(sandbox)) as ctx:
-        _settle(ctx)  # bills of instances that have ended (by themselves, too), and what they left
-        rows = standing.listing(ctx.aws, ctx.settings)
+    from ..api import instances as ops
+    rows = ops.list_instances(region=region, sandbox=_sandbox_flag(sandbox),
+                              log=lambda m: say(err, m, "dim", soft_wrap=True), warn=lambda m: note(m, "yellow"))
     if as_json:
         render_json(rows)
         return
@@ -325,31 +228,10 @@ def cleanup(dry_run: bool = typer.Option(False, "--dry-run", help="Only list wha
     groups, and the images and snapshots of bakes that did not complete (a complete baked image
     stays: `ec2gpu image rm`). Runs whose controller died get their files brought home first (this
     region) and their bills settled."""
-    from ..aws import sweep
-
-    with Context(region, _sandbox_flag(sandbox)) as ctx:
-        ctx.aws.check_credentials()
-        if not dry_run and not no_fetch:
-            _fetch_abandoned(ctx)
-        if not dry_run:
-            _settle(ctx, set(), ended=False)  # a stopped instance's stop is dated before it goes
-        regions = [ctx.aws.region]
-        if all_regions:
-            known = set(ctx.aws.partition_regions())  # describe_regions may list other partitions' (China, GovCloud)
-            regions = sorted(r["RegionName"] for r in ctx.aws.ec2.describe_regions()["Regions"] if r["RegionName"] in known)
-        report = {}
-        for name in regions:
-            aws = ctx.aws.in_region(name)
-            found = sweep.inventory(aws.ec2, log=lambda m, n=name: note(f"{n}: {m}"), iam=aws.client("iam"))
-            if not any(found.values()):
-                continue
-            if dry_run:
-                report[name] = {k: [r["id"] for r in v] for k, v in found.items()}
-            else:
-                report[name] = sweep.delete_everything(aws.ec2, found, ctx.settings.keys_dir,
-                                                       log=lambda m, n=name: note(f"{n}: {m}"), iam=aws.client("iam"))
-        if not dry_run:
-            _settle(ctx)
+    from ..api import instances as ops
+    swept = ops.cleanup(dry_run=dry_run, all_regions=all_regions, fetch=not no_fetch, region=region,
+                        sandbox=_sandbox_flag(sandbox), log=note, warn=lambda m: note(m, "yellow"))
+    report, regions = swept["regions"], swept["searched"]
     if as_json:
         render_json({"dry_run": dry_run, "regions": report})
         raise typer.Exit(1 if any(r.get("left") for r in report.values()) else 0)
@@ -388,11 +270,10 @@ def doctor(instance_type: Optional[str] = typer.Option(None, "--instance-type", 
 
     Exit 0 when no check fails; 3 without usable AWS credentials (nothing else can be asked, as
     for every command); 1 when another check fails."""
+    from ..api import instances as ops
     from ..runs import doctor as doc
-
-    with Context(region, _sandbox_flag(sandbox)) as ctx:
-        checks = doc.run_checks(ctx.aws, ctx.settings, instance_type or ctx.settings.instance_type, spot,
-                                ctx.backend.is_sandbox)
+    checks = [doc.Check(**c) for c in ops.doctor(instance_type=instance_type, spot=spot, region=region,
+                                                 sandbox=_sandbox_flag(sandbox), log=note)]
     failed = [c for c in checks if c.ok is False]
     if as_json:
         render_json([c.as_dict() for c in checks])
@@ -423,30 +304,9 @@ def down(name: Optional[str] = typer.Argument(None, help="Name, instance id or r
 
     A run whose controller died (`ec2gpu runs` says so) gets its outputs, checkpoints and log
     brought home first, and its bill settled from the instances' own times."""
-    from ..aws import sweep
-    from ..aws import tags as T
-
-    if bool(name) == all_:
-        raise UsageError("say which instances to remove", "ec2gpu down NAME, or ec2gpu down --all")
-    with Context(region, _sandbox_flag(sandbox)) as ctx:
-        ec2 = ctx.aws.ec2
-        runs: AbstractSet[str | None]
-        if all_:
-            runs = {T.as_dict(r.get("Tags")).get(T.RUN) for r in
-                    sweep.find_instances(ec2) + sweep.find_security_groups(ec2) + sweep.find_key_pairs(ec2)}
-        else:  # terminated instances too: an interrupted spot instance leaves its group and key pair
-            runs = sweep.runs_named(ec2, cast(str, name))  # without --all a name is given (refused above)
-            if not runs:
-                raise UsageError(f"nothing of ec2gpu's is named {name!r}", "see `ec2gpu ls`; `ec2gpu cleanup` "
-                                 "removes everything the tool created")
-        if not no_fetch:
-            _fetch_abandoned(ctx, {r for r in runs if r})
-        _settle(ctx, set(), ended=False)  # a stopped instance's stop is dated before it goes
-        removed = {}
-        for run_id in sorted(r for r in runs if r):
-            removed[run_id] = sweep.delete_run(ec2, run_id, ctx.settings.keys_dir,
-                                               log=note, iam=ctx.aws.client("iam"))
-        _settle(ctx, set(removed), keep=set(removed))
+    from ..api import instances as ops
+    removed = ops.down(name, all=all_, fetch=not no_fetch, region=region, sandbox=_sandbox_flag(sandbox), log=note,
+                       warn=lambda m: note(m, "yellow"))
     if as_json:
         render_json(removed)
         raise typer.Exit(1 if any(r.get("left") for r in removed.values()) else 0)

@@ -14,11 +14,8 @@ def sandbox_up(like_aws: bool = typer.Option(False, "--like-aws", help="Behave l
                                              "EC2GPU_SANDBOX_LIKE_AWS=1."),
                as_json: bool = JSON):
     """Start the sandbox in the background; it keeps its state until `ec2gpu sandbox down`."""
-    from ..sandbox import control
-    from ..settings import load
-    state = control.up(load().home, like_aws=like_aws or None)
-    if like_aws and not state.get("like_aws"):
-        say(err, "a sandbox without --like-aws is already running; `ec2gpu sandbox down` first", "yellow")
+    from ..api import sandbox as sb
+    state = sb.sandbox_up(like_aws, log=lambda line: say(err, line, "yellow"))
     if as_json:
         render_json(state)
     else:
@@ -29,20 +26,18 @@ def sandbox_up(like_aws: bool = typer.Option(False, "--like-aws", help="Behave l
 @sandbox_app.command("down")
 def sandbox_down():
     """Stop the sandbox and every sshd and process it started."""
-    from ..sandbox import control
-    from ..settings import load
-    say(out, "sandbox stopped" if control.down(load().home) else "no sandbox was running")
+    from ..api import sandbox as sb
+    say(out, "sandbox stopped" if sb.sandbox_down() else "no sandbox was running")
 
 
 @sandbox_app.command("status")
 def sandbox_status(as_json: bool = JSON):
     """Say whether the sandbox runs, where, and which instances have an sshd."""
-    from ..sandbox import control
-    from ..settings import load
-    state = control.read_state(load().home)
+    from ..api import sandbox as sb
+    state = sb.sandbox_status()
     if as_json:
-        render_json(state or {"running": False})
-    elif not state:
+        render_json(state)
+    elif state.get("running") is False:
         say(out, "no sandbox is running (`ec2gpu sandbox up` starts one)")
     else:
         say(out, f"sandbox running: pid {state['pid']}, AWS endpoint {state['endpoint']}, "
@@ -62,9 +57,8 @@ def sandbox_interrupt(instance_id: str = typer.Argument(..., help="A running spo
                                                      "keeps running."),
                       as_json: bool = JSON):
     """Interrupt a spot instance as EC2 does: a notice on its metadata service, then termination."""
-    from ..sandbox import control
-    from ..settings import load
-    done = control.interrupt(load().home, instance_id, notice_seconds, rebalance=rebalance)
+    from ..api import sandbox as sb
+    done = sb.sandbox_interrupt(instance_id, notice_seconds, rebalance=rebalance)
     if as_json:
         render_json(done)
     elif rebalance:
@@ -80,11 +74,6 @@ def sandbox_env():
     """Print `export` lines that point AWS clients (boto3, the aws CLI) at the running sandbox."""
     import shlex
 
-    from ..errors import SandboxError
-    from ..sandbox import control
-    from ..settings import load
-    state = control.read_state(load().home)
-    if not state:
-        raise SandboxError("no sandbox is running", "start it with `ec2gpu sandbox up`")
-    for k, v in control.env_vars(state).items():
+    from ..api import sandbox as sb
+    for k, v in sb.sandbox_env().items():
         print(f"export {k}={shlex.quote(v)}")

@@ -12,13 +12,12 @@ from . import JSON, REGION, SANDBOX, RichReporter, _print_record, _sandbox_flag,
 
 
 def _size(text: str, flag: str = "--max-upload") -> int:
-    """'1G', '500M', '2048' (bytes) -> bytes. Raises UsageError naming ``flag``."""
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-    t = text.strip().lower().removesuffix("b").removesuffix("i")
+    """'1GiB', '500MB', '2048' (bytes) -> bytes (tasks.spec.size_bytes). Raises UsageError naming ``flag``."""
+    from ..tasks.spec import size_bytes
     try:
-        return int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
-    except (ValueError, KeyError):
-        raise UsageError(f"{flag} {text!r} is not a size", "use e.g. 500M or 2G")
+        return size_bytes(text)
+    except ValueError as exc:
+        raise UsageError(f"{flag}: {exc}", "use e.g. 500MB or 2GiB") from None
 
 
 def _env_flags(values: list[str], secrets: Optional[list[str]] = None) -> dict[str, Optional[str]]:
@@ -79,7 +78,8 @@ def run_cmd(
     max_price: Optional[float] = typer.Option(None, "--max-price", min=0, help="Spot: the highest USD/h to pay."),
     max_attempts: Optional[int] = typer.Option(None, "--max-attempts", min=1, help="Instances to try (default 3 "
                                                "with spot, else 1)."),
-    max_upload: str = typer.Option("1G", "--max-upload", help="Refuse a workdir larger than this (bytes, 500M, 2G)."),
+    max_upload: str = typer.Option("1GiB", "--max-upload", help="Refuse a workdir larger than this: bytes, or "
+                                   "500MB, 2GiB (MB, GB: 10^6, 10^9 bytes; MiB, GiB: 2^20, 2^30)."),
     include_secrets: bool = typer.Option(False, "--include-secrets", help="Also send .git/, .env*, keys and the "
                                          "credential files docs/tasks.md lists (never sent otherwise)."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Where outputs and logs come home (default runs/<run-id>/)."),
@@ -128,7 +128,7 @@ def exec_cmd(
     env: List[str] = typer.Option([], "--env", "-e", help="K=V, or K to take it from this environment; repeatable."),
     secret: List[str] = typer.Option([], "--secret", help="K: like --env K, and its value is masked everywhere."),
     workdir: Optional[str] = typer.Option(None, "--workdir", help="For a command: the directory to send (default .)."),
-    max_upload: str = typer.Option("1G", "--max-upload", help="Refuse a workdir larger than this."),
+    max_upload: str = typer.Option("1GiB", "--max-upload", help="Refuse a workdir larger than this (500MB, 2GiB)."),
     include_secrets: bool = typer.Option(False, "--include-secrets", help="Also send .git/, .env*, keys, credentials."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Where outputs and logs come home."),
     workdir_outside: bool = WORKDIR_OUTSIDE,

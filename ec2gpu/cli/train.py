@@ -7,8 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from ..errors import UsageError
-from . import JSON, REGION, SANDBOX, Context, RichReporter, _print_record, _sandbox_flag, err, train_app
+from . import JSON, REGION, SANDBOX, RichReporter, _print_record, _sandbox_flag, err, train_app
 
 
 # the options of `train mnist` (module level: the command's signature stays readable)
@@ -74,39 +73,12 @@ def train_mnist(
     With --spot the run is managed: on an interruption the newest checkpoint (brought home as the
     trainer writes it) goes to a replacement instance, which resumes training.
     """
-    from ..runs import pipeline, standing
-    from ..settings import DEFAULT_INSTANCE_TYPE
-
-    if model not in ("cnn", "lenet", "mlp", "dbn"):
-        raise UsageError(f"unknown model {model!r}", "choose cnn, lenet, mlp or dbn")
-    if on_cluster and (nodes > 1 or spot or instance_type or keep):
-        raise UsageError("--cluster trains on an existing cluster as it is",
-                         "drop --nodes/--spot/--instance-type/--keep, or `ec2gpu scale NAME N` first")
-    if keep and max_runtime is None:
-        raise UsageError("--keep needs an explicit --max-runtime MINUTES",
-                         "say how long the kept instance may live, e.g. --keep --max-runtime 240")
-    max_runtime = max_runtime or 120
-    if data_dir and not Path(data_dir).is_dir():
-        raise UsageError(f"data directory {data_dir} does not exist", "pass a directory with the four MNIST files")
-    opts = pipeline.TrainOptions(
-        model=model, epochs=epochs, seed=seed, keep=keep, out=out_dir, ssh_cidr=ssh_cidr, ami=ami,
-        spot=spot, trainer_args=list(trainer_arg), max_runtime_minutes=max_runtime,
-        instance_type=DEFAULT_INSTANCE_TYPE if instance_type is None else instance_type, budget_usd=budget,
-        max_price=max_price, spot_fallback=spot_fallback,
-        max_attempts=max_attempts, checkpoint_uri=checkpoint_uri, unreachable_s=unreachable_after, nodes=nodes,
-        baked=not no_baked,
-        command=" ".join(["ec2gpu"] + sys.argv[1:]) if sys.argv[0].endswith("ec2gpu") else "ec2gpu train mnist")
-    ui = RichReporter(err)
-    if local:
-        from ..settings import load
-        from ..runs import local as run_local
-        record = run_local.train_local(opts, ui, data_dir, load())
-    else:
-        with Context(region, _sandbox_flag(sandbox)) as ctx:
-            if instance_type is None:
-                opts.instance_type = ctx.settings.instance_type
-            if on_cluster:
-                record = standing.train_on_cluster(ctx.aws, ctx.settings, opts, ui, on_cluster, ctx.backend)
-            else:
-                record = pipeline.train(ctx.aws, ctx.settings, opts, ui, ctx.backend)
+    from ..api import train as training
+    as_typed = " ".join(["ec2gpu"] + sys.argv[1:]) if sys.argv[0].endswith("ec2gpu") else "ec2gpu train mnist"
+    record = training.train_mnist(
+        instance_type=instance_type, spot=spot, spot_fallback=spot_fallback, model=model, epochs=epochs, seed=seed,
+        keep=keep, out=out_dir, local=local, ssh_cidr=ssh_cidr, ami=ami, baked=not no_baked, max_runtime=max_runtime,
+        data_dir=data_dir, trainer_args=trainer_arg, budget=budget, max_price=max_price, cluster=on_cluster,
+        nodes=nodes, max_attempts=max_attempts, checkpoint_uri=checkpoint_uri, unreachable_after=unreachable_after,
+        region=region, sandbox=_sandbox_flag(sandbox), reporter=RichReporter(err), as_typed=as_typed)
     _print_record(record, as_json)

@@ -72,6 +72,7 @@ def test_the_run_table_says_1_epoch_rounds_its_seconds_and_names_this_machine_on
 def test_ls_at_80_columns_keeps_each_instance_id_whole_on_one_line(monkeypatch):
     import contextlib
 
+    import ec2gpu.api.instances as ops
     import ec2gpu.cli.instances as cli_instances
     from ec2gpu.runs import standing
     buf = _console(monkeypatch, cli_instances)
@@ -82,8 +83,8 @@ def test_ls_at_80_columns_keeps_each_instance_id_whole_on_one_line(monkeypatch):
 
     class Ctx:
         aws, settings = None, None
-    monkeypatch.setattr(cli_instances, "Context", lambda *a, **k: contextlib.nullcontext(Ctx()))
-    monkeypatch.setattr(cli_instances, "_settle", lambda ctx: None)
+    monkeypatch.setattr(ops, "_context", lambda *a, **k: contextlib.nullcontext(Ctx()))
+    monkeypatch.setattr(ops, "settle", lambda ctx, **k: None)
     monkeypatch.setattr(cli_instances, "_idle_cell", lambda r: "down after 60m")
     monkeypatch.setattr(standing, "listing", lambda aws, settings: [dict(row), {**row, "instance_id": "i-0fedcba9876543210"}])
     cli_instances.ls(region=None, sandbox=False, as_json=False)

@@ -59,7 +59,7 @@ def test_the_console_says_how_long_the_instance_has_been_idle():
     ({"idle_down": "20s"}, ("down", 20)), ({"no_idle": True, "max_runtime": 60}, None),
 ])
 def test_launch_gets_an_idle_rule_by_default(flags, expected):
-    from ec2gpu.cli.instances import idle_rule
+    from ec2gpu.api.instances import idle_rule
     rule = idle_rule(flags.get("idle_stop"), flags.get("idle_down"), flags.get("no_idle", False),
                      flags.get("max_runtime"), spot=False)
     assert (rule.action, rule.seconds) == expected if expected else rule is None
@@ -71,7 +71,7 @@ def test_launch_gets_an_idle_rule_by_default(flags, expected):
     ({"idle_stop": "1h", "spot": True}, "spot"),
 ])
 def test_launch_refuses_an_idle_rule_that_cannot_hold(flags, message):
-    from ec2gpu.cli.instances import idle_rule
+    from ec2gpu.api.instances import idle_rule
     with pytest.raises(UsageError, match=message):
         idle_rule(flags.get("idle_stop"), flags.get("idle_down"), flags.get("no_idle", False), None,
                   spot=flags.get("spot", False))

@@ -226,6 +226,7 @@ def test_ls_shows_a_hostile_name_tag_inert(terminal, monkeypatch):
     """Tags are set by ec2gpu, but anyone with the account's rights can change them."""
     import contextlib
 
+    import ec2gpu.api.instances as ops
     import ec2gpu.cli.instances as cli_instances
     from ec2gpu.runs import standing
     out, _ = terminal
@@ -236,8 +237,8 @@ def test_ls_shows_a_hostile_name_tag_inert(terminal, monkeypatch):
 
     class Ctx:
         aws, settings = None, None
-    monkeypatch.setattr(cli_instances, "Context", lambda *a, **k: contextlib.nullcontext(Ctx()))
-    monkeypatch.setattr(cli_instances, "_settle", lambda ctx: None)
+    monkeypatch.setattr(ops, "_context", lambda *a, **k: contextlib.nullcontext(Ctx()))
+    monkeypatch.setattr(ops, "settle", lambda ctx, **k: None)
     monkeypatch.setattr(cli_instances, "_idle_cell", lambda r: "-")
     monkeypatch.setattr(standing, "listing", lambda aws, settings: [row])
     cli_instances.ls(region=None, sandbox=False, as_json=False)

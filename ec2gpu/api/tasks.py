@@ -16,11 +16,10 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Union, cast
 
-from .errors import UsageError
-from .remote.sync import MAX_UPLOAD_BYTES
+from ..errors import UsageError
 
 if TYPE_CHECKING:
-    from .runs.record import RunRecord
+    from ..runs.record import RunRecord
 
 
 def load_task(task=None, command: Optional[Sequence[str]] = None, workdir: Optional[str] = None,
@@ -33,10 +32,10 @@ def load_task(task=None, command: Optional[Sequence[str]] = None, workdir: Optio
     directory to send may be the home directory or a credentials one (tasks.load.check_local_source).
     Raises UsageError when neither or both are given, for a bad task file, or a refused directory.
     """
-    from .tasks import load
-    from .tasks.spec import Task
+    from ..tasks import load
+    from ..tasks.spec import Task
     if name is not None:
-        from .aws.tags import check_name
+        from ..aws.tags import check_name
         check_name(name)
     if (task is None) == (not command):
         raise UsageError("say what to run: a task file, or a command",
@@ -66,7 +65,7 @@ def load_task(task=None, command: Optional[Sequence[str]] = None, workdir: Optio
 def _sendable(path: Path, workdir: Optional[str]) -> Path:
     """``path`` resolved, when a command's (or a Task object's) directory may be sent: never the home
     directory or a credentials one (tasks.load.check_local_source). Raises UsageError naming the fix."""
-    from .tasks import load
+    from ..tasks import load
     try:
         return load.check_local_source(path)
     except UsageError as exc:
@@ -80,14 +79,17 @@ def _prepare(task, command, workdir, name, env, secrets, max_upload, include_sec
     """(engine.TaskJob, reporter): the task loaded, its warnings said, its environment resolved (the
     names taken from this machine said) and its workdir listed (what will be sent said), before
     anything is created."""
-    from .runs import engine
-    from .runs.reporter import Reporter
-    from .tasks import load
+    from ..runs import engine
+    from ..runs.reporter import Reporter
+    from ..tasks import load
     loaded = load_task(task, command, workdir, name, workdir_outside, overrides, infra, env)
     for w in loaded.warnings:
         on_warning(w)
     if secrets:
         loaded.task = loaded.task.model_copy(update={"secrets": sorted(set(loaded.task.secrets) | set(secrets))})
+    if max_upload is None:
+        from ..remote.sync import MAX_UPLOAD_BYTES
+        max_upload = MAX_UPLOAD_BYTES
     job = engine.prepare(loaded, os.environ, max_upload, include_secrets, {**{k: None for k in secrets}, **(env or {})})
     reporter = reporter or Reporter()
     taken = load.from_this_machine(job.task)
@@ -106,7 +108,7 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
         nodes: Optional[int] = None, env: Optional[dict] = None, secrets: Sequence[str] = (),
         max_runtime: Union[str, float, None] = None, expect: Union[str, float, None] = None,
         budget: Optional[float] = None, max_price: Optional[float] = None, max_attempts: Optional[int] = None,
-        max_upload: int = MAX_UPLOAD_BYTES, include_secrets: bool = False, out: Optional[Path] = None,
+        max_upload: Optional[int] = None, include_secrets: bool = False, out: Optional[Path] = None,
         ssh_cidr: Optional[str] = None, ami: Optional[str] = None, region: Optional[str] = None,
         sandbox: bool = False, reporter=None, on_warning=lambda text: None, as_typed: Optional[str] = None,
         baked: bool = True, workdir_outside: bool = False, allow_larger: bool = False, dry_run: bool = False,
@@ -123,7 +125,7 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
     run), ``allow_larger`` (as the task's resources.allow_larger: with ``gpu``, where no type has
     exactly the count asked, the cheapest with more, the job seeing only the count asked),
     ``expect`` (minutes: the job's expected time, for the estimate), ``budget`` (USD),
-    ``max_price`` (USD/h), ``max_upload`` (bytes). ``reporter``:
+    ``max_price`` (USD/h), ``max_upload`` (bytes; default remote/sync.MAX_UPLOAD_BYTES, 1 GiB). ``reporter``:
     a runs.pipeline.Reporter (default: silent). ``baked``: launch from the newest image baked for
     the task's setup (`ec2gpu image bake`) when the region has one. ``dry_run``: return the run's
     plan instead (runs/dryrun.plan: instance types, prices, limit, environment, what changes), having
@@ -138,9 +140,9 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
     """
     from dataclasses import replace
 
-    from .runs import limits
-    from .tasks import resolve
-    from .tasks.spec import minutes
+    from ..runs import limits
+    from ..tasks import resolve
+    from ..tasks.spec import minutes
 
     warned: list[str] = []
 
@@ -160,7 +162,7 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
     res = job.task.resources
     run_region = region or infra_region or res.region
     if infra_zone:
-        from .tasks.load import zone_note
+        from ..tasks.load import zone_note
         warn(f"--infra {infra}: {zone_note(infra_zone, infra_region)}")
     limits.parse(max_runtime)  # a bad value is refused before anything starts
     try:
@@ -176,8 +178,8 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
         return resolve.instance_types(res, default)
 
     if dry_run:  # this machine's files alone: no Context (no sandbox started, no AWS client made)
-        from . import settings as settings_mod
-        from .runs import dryrun
+        from .. import settings as settings_mod
+        from ..runs import dryrun
         st = settings_mod.load({"region": run_region, "sandbox": sandbox or None})
         backend = "sandbox" if st.sandbox else "aws"
         limit = limits.for_task(st.home, job.name, backend, max_runtime, job.task.max_runtime)
@@ -191,8 +193,8 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
                                        if res.ami else None),
                            idle_source=None if idle is None else "idle_timeout (autostop)" if job.task.idle_timeout
                            else "max runtime none", budget_usd=budget if budget is not None else job.task.budget)
-    from .backend import Context
-    from .runs import pipeline  # boto3: a dry run returned above without it
+    from ..backend import Context
+    from ..runs import pipeline  # boto3: a dry run returned above without it
     with Context(run_region, sandbox) as ctx:
         limit = limits.for_task(ctx.settings.home, job.name, ctx.backend.name, max_runtime, job.task.max_runtime)
         types = types_for(ctx.settings.instance_type)
@@ -213,7 +215,7 @@ def _infra(infra: Optional[str], region: Optional[str]) -> tuple[Optional[str], 
     Raises UsageError for another cloud, or a region other than --region's."""
     if infra is None:
         return None, None
-    from .tasks.load import aws_infra
+    from ..tasks.load import aws_infra
     infra_region, zone = aws_infra(infra)
     if region and infra_region and region != infra_region:
         raise UsageError(f"--region {region} and --infra {infra} name different regions", "give one of them")
@@ -245,7 +247,7 @@ def _idle_rule(task, limit):
     """The run's aws.instances.IdleRule: the task's ``idle_timeout`` (SkyPilot's autostop), else 30 min
     (limits.NO_LIMIT_IDLE_SECONDS) where ``limit`` (runs/limits.Limit) is none, else None. Always
     "down": a run's instances are terminated, never kept stopped."""
-    from .aws.instances import IdleRule  # boto3: a dry run takes _idle_seconds alone
+    from ..aws.instances import IdleRule  # boto3: a dry run takes _idle_seconds alone
     seconds = _idle_seconds(task, limit)
     return None if seconds is None else IdleRule("down", seconds)
 
@@ -254,15 +256,15 @@ def _idle_seconds(task, limit):
     """The seconds of _idle_rule's rule (None: no rule), without aws.instances (boto3): what a dry run says."""
     import math
 
-    from .runs import limits
-    from .tasks.spec import minutes
+    from ..runs import limits
+    from ..tasks.spec import minutes
     if task.idle_timeout is not None:
         return int(math.ceil(minutes(task.idle_timeout))) * 60
     return limits.NO_LIMIT_IDLE_SECONDS if limit.minutes is None else None
 
 
 def exec(target: str, task=None, *, command: Optional[Sequence[str]] = None, workdir: Optional[str] = None,  # noqa: A001
-         env: Optional[dict] = None, secrets: Sequence[str] = (), max_upload: int = MAX_UPLOAD_BYTES,
+         env: Optional[dict] = None, secrets: Sequence[str] = (), max_upload: Optional[int] = None,
          include_secrets: bool = False, out: Optional[Path] = None, region: Optional[str] = None,
          sandbox: bool = False, reporter=None, on_warning=lambda text: None, as_typed: Optional[str] = None,
          workdir_outside: bool = False, infra: Optional[str] = None) -> RunRecord:
@@ -270,8 +272,8 @@ def exec(target: str, task=None, *, command: Optional[Sequence[str]] = None, wor
     the run record. A setup that already ran there is skipped; rsync sends only what changed.
     ``workdir_outside`` as for ``run``; ``infra`` ('aws'): a SkyPilot file naming another cloud is
     read as for ``run`` (the target's own region and type are what run it)."""
-    from .backend import Context
-    from .runs import standing
+    from ..backend import Context
+    from ..runs import standing
 
     _infra(infra, None)
     job, reporter = _prepare(task, command, workdir, None, env, secrets, max_upload, include_secrets, reporter,
@@ -297,15 +299,15 @@ def bake(task: Union[str, Path, object], *, base: str = "dlami", name: Optional[
     """
     from dataclasses import replace
 
-    from .backend import Context
-    from .runs import bake as baking, engine, pipeline
-    from .tasks import resolve
+    from ..backend import Context
+    from ..runs import bake as baking, engine, pipeline
+    from ..tasks import resolve
 
     limit = baking.builder_max_runtime(max_runtime)
     if str(task) == "mnist":
         job, reporter = engine.builtin_job("mnist", []), reporter or pipeline.Reporter()
     else:
-        job, reporter = _prepare(task, None, None, None, None, (), MAX_UPLOAD_BYTES, False, reporter, on_warning,
+        job, reporter = _prepare(task, None, None, None, None, (), None, False, reporter, on_warning,
                                  workdir_outside)
     with Context(region, sandbox, persistent=True, note=reporter.note) as ctx:  # the image outlives the command
         types = instance_type.split(",") if instance_type is not None else \

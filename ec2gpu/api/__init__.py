@@ -1,0 +1,41 @@
+"""The Python API: one function per `ec2gpu` command, each returning data (docs/api.md).
+
+    import ec2gpu
+    record = ec2gpu.run("examples/quickstart/task.yaml", sandbox=True, expect="1m")
+    print(record["status"], record["cost_usd"], record["summary"])
+
+The CLI (ec2gpu/cli/) only parses flags, calls these and renders what they return. Every function
+raises the ec2gpu.errors tree (UsageError for bad input before anything is created; NoCredentials;
+AwsError, CapacityError, RemoteError for a failed job (its outputs still come home), WaitTimeout).
+Each takes ``region`` and ``sandbox`` (the local sandbox instead of AWS; also EC2GPU_SANDBOX=1)
+where it reaches AWS, and ``log(text)`` (and ``warn``, ``reporter``) for what it says on the way.
+Modules, as cli/'s: tasks (run, exec, bake), train (train mnist, bench), instances (standing
+instances and clusters), access (reaching an instance), costs (prices, estimates, the ledger),
+images (baked images), sandbox (the local stand-in for AWS). COMMANDS maps each command to its
+function.
+"""
+from .access import fetch, logs, notebook, ssh, ssh_config, tunnel
+from .costs import estimate, list_runs, prices, show_run
+from .images import list_images, remove_image
+from .instances import cleanup, doctor, down, idle_rule, launch, list_instances, scale, start, stop
+from .sandbox import sandbox_down, sandbox_env, sandbox_interrupt, sandbox_status, sandbox_up
+from .tasks import bake, exec, load_task, run  # noqa: A004 - `exec` is the command's name
+from .train import bench, train_mnist
+
+#: The command each function does (docs/api.md is generated from this and the docstrings).
+COMMANDS = {
+    "run": "run", "exec": "exec", "train mnist": "train_mnist", "bench": "bench",
+    "launch": "launch", "stop": "stop", "start": "start", "scale": "scale", "ls": "list_instances",
+    "down": "down", "cleanup": "cleanup", "doctor": "doctor",
+    "ssh": "ssh", "ssh-config": "ssh_config", "logs": "logs", "fetch": "fetch", "tunnel": "tunnel",
+    "notebook": "notebook",
+    "prices": "prices", "cost": "estimate", "runs": "list_runs", "runs show": "show_run",
+    "image bake": "bake", "image ls": "list_images", "image rm": "remove_image",
+    "sandbox up": "sandbox_up", "sandbox down": "sandbox_down", "sandbox status": "sandbox_status",
+    "sandbox interrupt": "sandbox_interrupt", "sandbox env": "sandbox_env",
+}
+
+__all__ = ["COMMANDS", "bake", "bench", "cleanup", "doctor", "down", "estimate", "exec", "fetch", "idle_rule",
+           "launch", "list_images", "list_instances", "list_runs", "load_task", "logs", "notebook", "prices",
+           "remove_image", "run", "sandbox_down", "sandbox_env", "sandbox_interrupt", "sandbox_status", "sandbox_up",
+           "scale", "show_run", "ssh", "ssh_config", "start", "stop", "train_mnist", "tunnel"]

@@ -1,0 +1,275 @@
+"""Reaching an instance, as library functions: ssh, ssh_config, logs, fetch, tunnel, notebook.
+
+Each function opens its own backend.Context (``region``; ``sandbox``: the local sandbox instead of
+AWS, also EC2GPU_SANDBOX=1), returns plain data (what the CLI's ``--json`` prints) and raises the
+ec2gpu.errors tree: UsageError for bad input before anything is opened or created, NoCredentials,
+AwsError, RemoteError (an instance that cannot be reached, or whose host key is not the one its
+console printed), WaitTimeout. ``log(text)`` is told what happens on the way (default: nothing);
+``warn(text)`` what the user should look at (default: ``log``). Both may quote an instance or a
+tag: whoever shows them makes them inert (ec2gpu.inert).
+
+OpenSSH (ssh, tunnel, notebook) runs with the config these functions write ($EC2GPU_HOME/ssh_config)
+and the instance's host key pinned under its instance id, verified against its console output
+first where it is not pinned yet: it refuses any other key.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
+
+from ..errors import UsageError
+from .instances import Log, _context, _quiet, _types, find, idle_rule
+
+if TYPE_CHECKING:
+    from ..backend import Context
+
+#: ``write(chunk, final=False)``: where ``logs`` sends a job log's bytes as they come (``final``: its end).
+Write = Callable[..., None]
+
+
+def _port(value: Optional[int], flag: str) -> None:
+    """Raise UsageError when ``value`` (given) is not a TCP port (1 to 65535)."""
+    if value is not None and not (isinstance(value, int) and 1 <= value <= 65535):
+        raise UsageError(f"{flag} {value!r} is not a port", "give 1 to 65535")
+
+
+def _size(value: Union[int, str], flag: str) -> int:
+    """Bytes of ``value``: an int, or a size as text ('500MB', '10G', '2GiB', '2048'; tasks.spec.size_bytes:
+    pydantic's ByteSize). Raises UsageError naming ``flag`` for anything else, or a negative size."""
+    from ..tasks.spec import size_bytes
+    try:
+        return size_bytes(value)
+    except ValueError as exc:
+        raise UsageError(f"{flag}: {exc}", "use e.g. 500MB or 2GiB") from None
+
+
+def _pin_host_key(ctx: Context, inst: dict, log: Log) -> None:
+    """Before OpenSSH connects (StrictHostKeyChecking yes, HostKeyAlias): pin the instance's host
+    key under its instance id, verified against its console output, when it is not pinned yet.
+    Raises RemoteError, WaitTimeout."""
+    from ..remote import ssh as remote_ssh
+    from ..runs import standing
+    if not remote_ssh.pin_under_alias(ctx.settings.home / "known_hosts" / inst["InstanceId"], inst["InstanceId"], log):
+        standing.pin_host_key(ctx.aws, ctx.settings, ctx.backend, inst, log=log).close()
+
+
+def _write_ssh_config(ctx: Context, warn: Log, log: Log, pin: bool = False):
+    """runs/standing.write_ssh_config for ``ctx``: (path, entries, {instance id: why it was left out})."""
+    from ..runs import standing
+    return standing.write_ssh_config(ctx.aws, ctx.settings, ctx.backend, warn, pin=pin, log=log)
+
+
+def ssh(name: str, command: Union[str, Sequence[str]] = (), *, region: Optional[str] = None, sandbox: bool = False,
+        log: Log = _quiet, warn: Optional[Log] = None) -> int:
+    """Run OpenSSH on the running instance ``name`` (a Name tag, instance id, run id or cluster:
+    its first instance); `ec2gpu ssh`. With no ``command``, an interactive shell on this process's
+    terminal; else ``command`` (argv words, joined by OpenSSH with spaces as it does; a str is one
+    command line) runs there. Writes $EC2GPU_HOME/ssh_config first (a Name tag not safe in it is
+    left out and said to ``warn``). Returns ssh's exit status: the remote command's, 255 for
+    OpenSSH's own failure (a host key that is not the pinned one). Raises UsageError (no such
+    running instance), NoCredentials, AwsError, RemoteError and WaitTimeout (its host key could not
+    be pinned)."""
+    import shutil
+    import subprocess
+
+    words = [command] if isinstance(command, str) else list(command)
+    with _context(region, sandbox, log=log) as ctx:
+        inst = find(ctx, name)[0]
+        _pin_host_key(ctx, inst, log)
+        config, _, _ = _write_ssh_config(ctx, warn or log, log)
+        argv = [shutil.which("ssh") or "ssh", "-F", str(config), "-o", "LogLevel=ERROR", inst["InstanceId"], *words]
+        return subprocess.call(argv)
+
+
+def ssh_config(*, region: Optional[str] = None, sandbox: bool = False, log: Log = _quiet,
+               warn: Optional[Log] = None) -> dict:
+    """Write $EC2GPU_HOME/ssh_config so plain `ssh NAME`, scp and editors reach the running
+    instances; `ec2gpu ssh-config`. Each entry insists on the instance's pinned host key (under its
+    instance id); an instance not pinned yet is pinned first, checked against its console output,
+    or left out with the reason. Returns {"path": str, "hosts": [the first alias of each entry],
+    "skipped": {instance id: why it was left out}}. Raises NoCredentials, AwsError."""
+    with _context(region, sandbox, log=log) as ctx:
+        path, entries, skipped = _write_ssh_config(ctx, warn or log, log, pin=True)
+    return {"path": str(path), "hosts": [e.aliases[0] for e in entries], "skipped": skipped}
+
+
+def logs(name: str, *, follow: bool = False, write: Optional[Write] = None, region: Optional[str] = None,
+         sandbox: bool = False, log: Log = _quiet) -> dict:
+    """A run's job log; `ec2gpu logs`. ``name``: a run id (or a unique prefix), Name tag or instance id.
+
+    A run that is over: its job.log as it was brought home (this machine's files alone, no AWS).
+    Else the log on its running instance, as it is now or, with ``follow``, until the job ends,
+    reconnecting when SSH drops (no line missed or repeated). ``write(chunk: bytes, final=False)``
+    gets the log's bytes as they come, raw (the job's; a terminal needs them made inert), and
+    ``final=True`` once at its end; without ``write`` they are collected and returned as "log"
+    (text, UTF-8, an undecodable byte as U+FFFD).
+
+    Returns {"exit_status", "run_id", "instance_id", "source"}: "source" is "saved" (brought home;
+    "instance_id" None) or "instance"; "exit_status" is the job's exit status where known: a
+    finished run's (runs/logs.exit_status_of: 0 completed, else its job's, 1 when the run ended
+    before its job), the followed job's; None for a log read without ``follow``, or one brought
+    home by a run that did not end. Raises UsageError (no such run or running instance, no log
+    brought home, no job has run there yet, its private key is not here), NoCredentials,
+    AwsError, RemoteError (the instance stays unreachable)."""
+    from .. import settings as settings_mod
+    from ..runs import ledger, logs as run_logs
+
+    collected = bytearray()
+    emit: Write = write or (lambda chunk, final=False: collected.extend(chunk))
+
+    def result(**fields) -> dict:
+        if write is None:
+            fields["log"] = collected.decode("utf-8", errors="replace")
+        return fields
+
+    home = settings_mod.load({"region": region}).home
+    row = run_logs.finished(home, name)
+    if row is not None:  # over: the log is on this machine, no AWS needed
+        emit(run_logs.saved_log(home, row["run_id"]).read_bytes(), final=True)
+        return result(exit_status=run_logs.exit_status_of(row), run_id=row["run_id"], instance_id=None,
+                      source="saved")
+    with _context(region, sandbox, log=log) as ctx:
+        try:
+            inst = find(ctx, name)[0]
+        except UsageError:
+            inst = None
+        if inst is None:  # over: the log as it was brought home
+            emit(run_logs.saved_log(ctx.settings.home, name).read_bytes(), final=True)
+            return result(exit_status=None, run_id=ledger.get(ctx.settings.home, name)["run_id"], instance_id=None,
+                          source="saved")
+        try:
+            status, run_id = run_logs.stream(ctx, inst, follow, emit, note=log)
+        finally:
+            emit(b"", final=True)
+    return result(exit_status=status, run_id=run_id, instance_id=inst["InstanceId"], source="instance")
+
+
+def fetch(run_id: str, *, out: Union[str, Path, None] = None, max_download: Union[int, str, None] = None,
+          max_files: Optional[int] = None, region: Optional[str] = None, sandbox: bool = False,
+          log: Log = _quiet) -> dict:
+    """Bring home what a run's job has written so far, from its running instance; `ec2gpu fetch`.
+
+    Outputs to ``out``/outputs, checkpoints to ``out``/checkpoints, job.log (secrets masked) and
+    status.json to ``out`` (default: the run's artifacts directory), as a finished run would
+    have: for a run whose controller died, before `ec2gpu down RUN`; or what a run left on a
+    standing instance above its download limits. ``max_download``: bytes brought home per
+    directory (an int, or '500MB', '2GiB': tasks.spec.size_bytes; default EC2GPU_MAX_DOWNLOAD_BYTES, else 4 GiB);
+    ``max_files``: files per directory (default EC2GPU_MAX_DOWNLOAD_FILES, else 10000). What is
+    not brought home is said to ``log``. Returns {"run_id": the full id, "out": absolute path,
+    "outputs": [...], "checkpoints": [...], "files": [...]} (paths relative to their directory).
+    Raises UsageError (a bad limit; no such run; no running instance to fetch from),
+    NoCredentials, AwsError, RemoteError."""
+    from dataclasses import replace
+
+    from ..runs import ledger, logs as run_logs
+
+    size = None if max_download is None else _size(max_download, "--max-download")
+    if max_files is not None and (isinstance(max_files, bool) or not isinstance(max_files, int) or max_files < 0):
+        raise UsageError(f"--max-files {max_files!r} is not a count", "give 0 or more")
+    with _context(region, sandbox, log=log) as ctx:
+        row = ledger.get(ctx.settings.home, run_id)
+        head = run_logs.head_instance(ctx.aws.ec2, row)
+        if head is None:
+            raise UsageError(f"run {row['run_id']} has no running instance to fetch from",
+                             f"what it brought home is in {row.get('artifacts') or 'runs/' + row['run_id']}")
+        where = Path(out or row.get("artifacts") or Path("runs") / row["run_id"]).resolve()
+        limits = ctx.settings.download_limits
+        if size is not None:
+            limits = replace(limits, bytes=size)
+        if max_files is not None:
+            limits = replace(limits, files=max_files)
+        got = run_logs.fetch(ctx, head, row["run_id"], where, log, limits)
+    return {"run_id": row["run_id"], "out": str(where), **got}
+
+
+def tunnel(name: str, port: int, *, local_port: Optional[int] = None, region: Optional[str] = None,
+           sandbox: bool = False, log: Log = _quiet, warn: Optional[Log] = None,
+           on_ready: Optional[Callable[[str], None]] = None) -> dict:
+    """Forward ``port`` of the running instance ``name`` (a server on its 127.0.0.1 is enough) to
+    127.0.0.1 here over SSH, until KeyboardInterrupt (Ctrl-C; SIGHUP too, in the main thread);
+    `ec2gpu tunnel`. ``local_port``: the port here (default: ``port`` when free, else any free one).
+    Nothing is opened in the security group; if SSH drops, it reconnects (said to ``log``).
+    ``on_ready(url)`` is called once the port here is chosen, before forwarding starts. The
+    interrupt is caught: returns {"instance_id", "name", "port", "local_port", "url"} then, the
+    forward's ssh ended. Raises UsageError (a port out of 1 to 65535; ``local_port`` in use here;
+    no such running instance), NoCredentials, AwsError, RemoteError (the forward ends by itself),
+    WaitTimeout."""
+    from ..remote import tunnel as tn
+
+    _port(port, "port")
+    _port(local_port, "--local-port")
+    with _context(region, sandbox, log=log) as ctx, tn.hangup_interrupts():
+        inst = find(ctx, name)[0]
+        _pin_host_key(ctx, inst, log)
+        config, _, _ = _write_ssh_config(ctx, warn or log, log)
+        here = tn.free_local_port(local_port or port)
+        if local_port and here != local_port:
+            raise UsageError(f"--local-port {local_port} is in use on this machine", "choose another, or leave it out")
+        info = {"instance_id": inst["InstanceId"], "name": name, "port": port, "local_port": here,
+                "url": f"http://127.0.0.1:{here}"}
+        if on_ready is not None:
+            on_ready(info["url"])
+        try:  # its ssh ends with this call, however it ends
+            tn.forward_until_interrupted(tn.argv(config, inst["InstanceId"], port, here), here, log,
+                                         refresh=lambda: _write_ssh_config(ctx, warn or log, log))
+        except KeyboardInterrupt:
+            pass
+    return info
+
+
+def notebook(*, instance_type: Optional[str] = None, spot: bool = False, name: Optional[str] = None,
+             local_port: Optional[int] = None, down_on_exit: bool = False, idle_stop: Optional[str] = None,
+             idle_down: Optional[str] = None, no_idle: bool = False, max_runtime: Optional[int] = None,
+             ssh_cidr: Optional[str] = None, ami: Optional[str] = None, region: Optional[str] = None,
+             sandbox: bool = False, reporter=None, on_ready: Optional[Callable[[dict], None]] = None,
+             log: Log = _quiet) -> dict:
+    """JupyterLab on an instance at a local URL, until KeyboardInterrupt (Ctrl-C; SIGTERM where the
+    caller makes it one, SIGHUP in the main thread); `ec2gpu notebook`.
+
+    The running instance ``name`` is used, else a new standing one is launched (as `launch`:
+    ``instance_type`` (default: the configured one), ``spot``, ``name``, ``ssh_cidr``, ``ami``,
+    ``max_runtime`` minutes (default 120), the idle rule of ``idle_stop``/``idle_down``/``no_idle``:
+    api.instances.idle_rule). JupyterLab starts in its torch Python on its 127.0.0.1 with a random
+    token (or the one already running there is reused) and is forwarded over SSH to
+    ``local_port`` here (default: a free one), reconnecting if SSH drops (runs/notebook.serve).
+    ``on_ready(info)`` is called once it answers, info: {"instance_id", "name", "url",
+    "local_port", "port" (on the instance), "token"}. ``reporter``: a runs.reporter.Reporter for
+    the phases (default: silent). An interrupt before the URL on an instance launched for the
+    notebook removes it and is raised again. After the interrupt the instance stays with its idle
+    rule, or with ``down_on_exit`` it and what its run made are removed (said to ``log``).
+
+    Returns info (only "instance_id" and "name" when interrupted before the URL) with
+    "terminated": whether ``down_on_exit`` removed the instance, and with it "removed": {kind: [ids]}.
+    Raises UsageError (a bad name, type, port, CIDR or idle rule, before anything is created; a
+    stopped ``name``), NoCredentials, AwsError, CapacityError, RemoteError, WaitTimeout."""
+    from ..aws import network, sweep, tags as T
+    from ..remote import tunnel
+    from ..runs import notebook as nb, pipeline
+    from ..runs.reporter import Reporter
+
+    if name is not None:
+        T.check_name(name)
+    _port(local_port, "--local-port")
+    if max_runtime is not None and max_runtime < 1:
+        raise UsageError(f"--max-runtime {max_runtime} is under 1 minute", "give the minutes it may live, e.g. 120")
+    if ssh_cidr is not None:
+        network.check_cidr(ssh_cidr)  # refused here; a wide one is warned of at launch
+    idle = idle_rule(idle_stop, idle_down, no_idle, max_runtime, spot)
+    types = None if instance_type is None else _types(instance_type)
+    reporter = reporter or Reporter()
+    with _context(region, sandbox, True, log) as ctx, tunnel.hangup_interrupts():
+        opts = pipeline.TrainOptions(instance_type=",".join(types or _types(ctx.settings.instance_type)),
+                                     spot=spot, name=name, ssh_cidr=ssh_cidr, ami=ami,
+                                     max_runtime_minutes=max_runtime or 120, idle=idle)
+        info = nb.serve(ctx.aws, ctx.settings, ctx.backend, opts, reporter, on_ready or (lambda info: None),
+                        local_port)
+        done = {**info, "terminated": False}
+        if down_on_exit:
+            inst = sweep.find_instances(ctx.aws.ec2, states=["pending", "running", "stopping", "stopped"])
+            run_id = next((T.as_dict(i.get("Tags")).get(T.RUN) for i in inst if i["InstanceId"] == info["instance_id"]),
+                          None)
+            if run_id:
+                done["removed"] = sweep.delete_run(ctx.aws.ec2, run_id, ctx.settings.keys_dir, log=log,
+                                                   iam=ctx.aws.client("iam"))
+                done["terminated"] = True
+    return done

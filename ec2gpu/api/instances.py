@@ -1,0 +1,304 @@
+"""Standing instances and clusters, as library functions: launch, stop, start, scale, list_instances,
+down, cleanup, doctor; and what several commands share (settle the ledger, find an instance by
+name, the idle rule of the --idle-* flags).
+
+Each function opens its own backend.Context (``region``; ``sandbox``: the local sandbox instead of
+AWS, also EC2GPU_SANDBOX=1), returns plain data (what the CLI's ``--json`` prints) and raises the
+ec2gpu.errors tree: UsageError for bad input before anything is created or changed, NoCredentials,
+AwsError, RemoteError, WaitTimeout. ``log(text)`` is told what happens on the way (default: nothing).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, AbstractSet, Any, Callable, Optional, cast
+
+from ..errors import UsageError
+
+if TYPE_CHECKING:
+    from ..aws.instances import IdleRule
+    from ..backend import Context
+
+Log = Callable[[str], None]
+
+
+def _quiet(text: str) -> None:
+    """The default ``log``: says nothing."""
+
+
+def _context(region: Optional[str], sandbox: bool, persistent: bool = False, log: Log = _quiet) -> Context:
+    """A backend.Context (a context manager) for one operation; ``log`` is told when a sandbox is started for good."""
+    from ..backend import Context
+    return Context(region, sandbox, persistent, note=log)
+
+
+# ---- shared by several commands -------------------------------------------------------------
+
+#: The idle rule `launch` gives when none is asked for (issue: instances that end themselves).
+DEFAULT_IDLE = ("down", "60m")
+
+
+def idle_rule(idle_stop: str | None, idle_down: str | None, no_idle: bool, max_runtime: int | None,
+              spot: bool) -> Optional[IdleRule]:
+    """The aws.instances.IdleRule of `launch`'s flags (None for --no-idle; default DEFAULT_IDLE).
+    ``idle_stop``/``idle_down``: durations ('30m', '1h'; tasks.spec.minutes); ``max_runtime``: minutes.
+    Raises UsageError for two rules at once, a duration that is not one (or under 10 s), --no-idle
+    without --max-runtime, and --idle-stop on spot (EC2 cannot stop ec2gpu's one-time spot instances:
+    https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/stop-start-spot-instances.html)."""
+    from ..aws.instances import IdleRule
+    from ..tasks.spec import minutes
+
+    given = [(a, v) for a, v in (("stop", idle_stop), ("down", idle_down)) if v is not None]
+    if len(given) + no_idle > 1:
+        raise UsageError("--idle-stop, --idle-down and --no-idle exclude each other", "give one of them")
+    if no_idle:
+        if max_runtime is None:
+            raise UsageError("--no-idle needs an explicit --max-runtime MINUTES",
+                             "say how long the instance may live, e.g. --no-idle --max-runtime 480")
+        return None
+    action, text = given[0] if given else DEFAULT_IDLE
+    try:
+        seconds = round(minutes(text) * 60)
+    except ValueError as exc:
+        raise UsageError(f"--idle-{action}: {exc}", "e.g. --idle-down 30m") from None
+    if seconds < 10:
+        raise UsageError(f"--idle-{action} {text} is under 10 seconds", "give at least 10s (e.g. 30m)")
+    if action == "stop" and spot:
+        raise UsageError("--idle-stop cannot apply to a spot instance: EC2 stops only spot instances of a persistent "
+                         "request, and ec2gpu's are one-time", "use --idle-down (it terminates itself when idle)")
+    return IdleRule(action, seconds)
+
+
+def settle(ctx: Context, run_ids: set[str] | None = None, ended: bool = True, keep: AbstractSet[str] = frozenset(),
+           log: Log = _quiet, warn: Optional[Log] = None) -> None:
+    """Bring the ledger up to date with the instances of ``ctx``'s backend and region (runs/reconcile.py):
+    settle the runs (only ``run_ids`` if given) whose controller died and whose instances have
+    terminated, record the standing instances' running intervals and settle those that have all
+    ended; and (``ended``) remove what runs whose instances have all ended left, but ``keep``'s.
+    Each is said to ``log`` (a settled bill to ``warn``, default ``log``). Raises AwsError."""
+    from ..runs import reconcile
+    home = ctx.settings.home
+    reconcile.settle_all(ctx.aws, home, ctx.backend.name, run_ids, log=warn or log,
+                         volume_gib=ctx.settings.root_volume_gib)
+    reconcile.sync_standing(ctx.aws, home, ctx.backend.name, log=log)
+    if ended:
+        reconcile.remove_ended(ctx.aws, home, ctx.settings.keys_dir, keep, log=log)
+
+
+def fetch_abandoned(ctx: Context, run_ids: set[str] | None = None, log: Log = _quiet,
+                    warn: Optional[Log] = None) -> list[str]:
+    """Before their instances go: bring home what the jobs of runs whose controller died wrote
+    (runs/reconcile.abandoned, runs/logs.fetch) to each run's artifacts directory (only ``run_ids``'
+    if given). Returns the run ids that could not be reached, each also said to ``warn`` (default
+    ``log``); removing them goes on."""
+    from ..errors import Ec2GpuError
+    from ..remote.jobs import CONNECTION_ERRORS
+    from ..runs import logs, reconcile
+    missed = []
+    for row in reconcile.abandoned(ctx.settings.home, ctx.backend.name):
+        if run_ids is not None and row["run_id"] not in run_ids:
+            continue
+        head = logs.head_instance(ctx.aws.ec2, row)
+        if head is None:
+            continue
+        out = Path(row.get("artifacts") or Path("runs") / row["run_id"])
+        try:
+            logs.fetch(ctx, head, row["run_id"], out, log)
+        except (Ec2GpuError, *CONNECTION_ERRORS) as exc:  # its words may quote the instance: printed inert
+            missed.append(row["run_id"])
+            (warn or log)(f"run {row['run_id']}: could not bring its files home first ({exc}); removing it anyway")
+    return missed
+
+
+def find(ctx: Context, name: str) -> list[dict]:
+    """The running (or pending) instances called ``name`` (a Name tag, instance id, run id or
+    cluster): DescribeInstances dicts. Raises UsageError saying what they are instead."""
+    from ..runs import stopstart
+    return stopstart.find(ctx.aws.ec2, name, ["pending", "running"])
+
+
+# ---- the commands ---------------------------------------------------------------------------
+
+def _types(asked: str) -> list[str]:
+    """The catalog's names of a comma-separated --instance-type (pure). Raises UsageError for an
+    empty entry or a type the catalog does not know (a retired one names its replacement)."""
+    from ..aws import catalog
+    if any(not t.strip() for t in asked.split(",")):
+        raise UsageError(f"--instance-type {asked!r} has an empty entry", "name each type, e.g. g4dn.xlarge")
+    return [catalog.lookup(t).name for t in asked.split(",")]
+
+
+def launch(*, instance_type: Optional[str] = None, spot: bool = False, name: Optional[str] = None,
+           ssh_cidr: Optional[str] = None, ami: Optional[str] = None, max_runtime: Optional[int] = None,
+           idle_stop: Optional[str] = None, idle_down: Optional[str] = None, no_idle: bool = False, nodes: int = 1,
+           region: Optional[str] = None, sandbox: bool = False, reporter=None, log: Log = _quiet,
+           warn: Optional[Log] = None) -> list[dict]:
+    """Launch an instance (or a standing cluster of ``nodes``) and leave it running; `ec2gpu launch`.
+
+    ``instance_type``: one type or several in order of preference (default: the configured one);
+    ``max_runtime``: minutes after boot when it ends itself (default 120); the idle rule from
+    ``idle_stop``/``idle_down``/``no_idle`` (idle_rule: by default it terminates after 60 idle min).
+    Returns one dict per instance: name, instance_id, instance_type, market, state, public_ip, zone
+    (runs/standing.launch). Raises UsageError (a bad name, CIDR, type or rule) before anything is
+    created; AwsError, CapacityError, WaitTimeout."""
+    from ..aws import network, tags
+    from ..runs import pipeline, standing
+    from ..runs.reporter import Reporter
+
+    if name is not None:
+        tags.check_name(name)  # it goes into tags, ssh_config Host lines and commands shown to the user
+    if ssh_cidr is not None:
+        network.check_cidr(ssh_cidr, warn or log)  # a wide CIDR is warned of
+    if not 1 <= nodes <= 64:
+        raise UsageError(f"nodes {nodes} is out of range", "give 1 to 64")
+    idle = idle_rule(idle_stop, idle_down, no_idle, max_runtime, spot)
+    with _context(region, sandbox, True, log) as ctx:
+        types = _types(ctx.settings.instance_type if instance_type is None else instance_type)
+        opts = pipeline.TrainOptions(instance_type=",".join(types), spot=spot, name=name, ssh_cidr=ssh_cidr, ami=ami,
+                                     max_runtime_minutes=max_runtime or 120, nodes=nodes, idle=idle)
+        return standing.launch(ctx.aws, ctx.settings, opts, reporter or Reporter(), ctx.backend)
+
+
+def stop(name: str, *, region: Optional[str] = None, sandbox: bool = False, log: Log = _quiet) -> list[dict]:
+    """Stop a standing on-demand instance (or every node of cluster ``name``): its EBS disk is kept
+    and billed, its instance-store NVMe erased. Returns one dict per instance (runs/stopstart.stop:
+    name, instance_id, instance_type, state, instance_store_gb). Raises UsageError for an unknown
+    name or a spot instance (EC2 cannot stop it), NoCredentials, AwsError, WaitTimeout."""
+    from ..runs import stopstart
+    with _context(region, sandbox, True, log) as ctx:
+        ctx.aws.check_credentials()
+        rows = stopstart.stop(ctx.aws, name, log=log)
+        settle(ctx, ended=False, log=log)  # the stop, dated by EC2, ends a running interval in the ledger
+    return rows
+
+
+def start(name: str, *, region: Optional[str] = None, sandbox: bool = False, log: Log = _quiet) -> list[dict]:
+    """Start a stopped instance (or cluster) again: wait until it answers SSH with its pinned host
+    key at its new address, and schedule its --max-runtime shutdown again (a stop cancels it).
+    Returns one dict per instance (runs/stopstart.start: name, instance_id, state, public_ip).
+    Raises UsageError for an unknown name, NoCredentials, AwsError, RemoteError, WaitTimeout."""
+    from ..runs import stopstart
+    with _context(region, sandbox, True, log) as ctx:
+        ctx.aws.check_credentials()
+        settle(ctx, ended=False, log=log)  # a stop no command has seen yet (--idle-stop) is recorded first
+        rows = stopstart.start(ctx.aws, ctx.settings, ctx.backend, name, log=log)
+        settle(ctx, ended=False, log=log)  # ... and the new running interval
+    return rows
+
+
+def scale(name: str, nodes: int, *, max_runtime: int = 120, region: Optional[str] = None, sandbox: bool = False,
+          log: Log = _quiet) -> dict:
+    """Grow or shrink the standing cluster ``name`` to ``nodes`` (node 0 always stays); new nodes
+    join its security group, zone and placement group, each host key pinned and checked against
+    its console output, and end themselves after ``max_runtime`` minutes. Returns aws/clusters.scale's
+    dict: {"nodes": int, "added": [instance ids], "removed": [instance ids]}. Raises UsageError
+    (fewer than 1 node, no such cluster), NoCredentials, AwsError, RemoteError, WaitTimeout."""
+    from ..aws import clusters
+    from ..runs import standing
+    if nodes < 1:
+        raise UsageError(f"a cluster keeps at least 1 node (asked {nodes})", "`ec2gpu down NAME` removes it all")
+    if max_runtime < 5:
+        raise UsageError(f"max_runtime {max_runtime} min is under 5", "give at least 5 minutes")
+    with _context(region, sandbox, True, log) as ctx:
+        ctx.aws.check_credentials()
+        done = clusters.scale(ctx.aws, ctx.settings, name, nodes, max_runtime, log=log,
+                              pin=lambda found: standing.pin_all(ctx.aws, ctx.settings, ctx.backend, found, log))
+        if done["added"] or done["removed"]:
+            standing.write_ssh_config(ctx.aws, ctx.settings, ctx.backend, log, log=log)
+            settle(ctx, ended=False, log=log)  # the nodes' running intervals, while EC2 still lists those that ended
+    return done
+
+
+def list_instances(*, region: Optional[str] = None, sandbox: bool = False, log: Log = _quiet,
+                   warn: Optional[Log] = None) -> list[dict]:
+    """The instances ec2gpu launched that are still alive (running or stopped), after the ledger is
+    brought up to date (settle). One dict each (runs/standing.listing): name, instance_id,
+    instance_type, market, zone, state, cluster, node, launched_at, age_seconds, usd_per_hour
+    (on-demand: spot's ceiling), cost_so_far_usd, idle_rule, idle_seconds, busy, disk_gib,
+    disk_usd_per_month, unsafe_tags. Raises NoCredentials, AwsError."""
+    from ..runs import standing
+    with _context(region, sandbox, False, log) as ctx:
+        settle(ctx, log=log, warn=warn)  # bills of instances that have ended (by themselves, too), and what they left
+        return standing.listing(ctx.aws, ctx.settings)
+
+
+def cleanup(*, dry_run: bool = False, all_regions: bool = False, fetch: bool = True, region: Optional[str] = None,
+            sandbox: bool = False, log: Log = _quiet, warn: Optional[Log] = None) -> dict:
+    """Find by tag and remove everything ec2gpu created (aws/sweep.KINDS: instances, spot requests,
+    security groups, key pairs and their key files, placement groups, roles, images and snapshots
+    of bakes that did not complete), best-effort: a kind that cannot go is left and named, the rest
+    still goes. ``fetch``: first bring home what the jobs of runs whose controller died wrote.
+    Returns {"dry_run": bool, "regions": {region: {kind: [ids], "left": [ids it could not remove]}}}
+    (regions where nothing was found are left out). Raises NoCredentials, AwsError."""
+    from ..aws import sweep
+    report: dict[str, Any] = {}
+    with _context(region, sandbox, False, log) as ctx:
+        ctx.aws.check_credentials()
+        if not dry_run and fetch:
+            fetch_abandoned(ctx, log=log, warn=warn)
+        if not dry_run:
+            settle(ctx, set(), ended=False, log=log, warn=warn)  # a stopped instance's stop is dated before it goes
+        regions = [ctx.aws.region]
+        if all_regions:
+            known = set(ctx.aws.partition_regions())  # describe_regions may list other partitions' (China, GovCloud)
+            regions = sorted(r["RegionName"] for r in ctx.aws.ec2.describe_regions()["Regions"]
+                             if r["RegionName"] in known)
+        for name in regions:
+            aws = ctx.aws.in_region(name)
+            found = sweep.inventory(aws.ec2, log=lambda m, n=name: log(f"{n}: {m}"), iam=aws.client("iam"))
+            if not any(found.values()):
+                continue
+            if dry_run:
+                report[name] = {k: [r["id"] for r in v] for k, v in found.items()}
+            else:
+                report[name] = sweep.delete_everything(aws.ec2, found, ctx.settings.keys_dir,
+                                                       log=lambda m, n=name: log(f"{n}: {m}"), iam=aws.client("iam"))
+        if not dry_run:
+            settle(ctx, log=log, warn=warn)
+    return {"dry_run": dry_run, "regions": report, "searched": regions}
+
+
+def down(name: Optional[str] = None, *, all: bool = False, fetch: bool = True,  # noqa: A002 - the flag's name
+         region: Optional[str] = None, sandbox: bool = False, log: Log = _quiet, warn: Optional[Log] = None) -> dict:
+    """Terminate the instances of the runs called ``name`` (a Name tag, instance id, run id or
+    cluster; or ``all`` of ec2gpu's in the region) and delete what they made (aws/sweep.delete_run:
+    security groups, key pairs, placement groups, roles), best-effort. ``fetch``: first bring home
+    what the job of a run whose controller died wrote; its bill is settled from the instances' own
+    times. Returns {run_id: {kind: [ids removed], "left": [ids it could not remove]}}. Raises
+    UsageError (neither or both of ``name`` and ``all``; nothing of ec2gpu's called ``name``)
+    before anything is removed; NoCredentials, AwsError."""
+    from ..aws import sweep, tags as T
+    if bool(name) == all:
+        raise UsageError("say which instances to remove", "ec2gpu down NAME, or ec2gpu down --all")
+    with _context(region, sandbox, False, log) as ctx:
+        ec2 = ctx.aws.ec2
+        runs: AbstractSet[str | None]
+        if all:
+            runs = {T.as_dict(r.get("Tags")).get(T.RUN) for r in
+                    sweep.find_instances(ec2) + sweep.find_security_groups(ec2) + sweep.find_key_pairs(ec2)}
+        else:  # terminated instances too: an interrupted spot instance leaves its group and key pair
+            runs = sweep.runs_named(ec2, cast(str, name))  # without --all a name is given (refused above)
+            if not runs:
+                raise UsageError(f"nothing of ec2gpu's is named {name!r}", "see `ec2gpu ls`; `ec2gpu cleanup` "
+                                 "removes everything the tool created")
+        if fetch:
+            fetch_abandoned(ctx, {r for r in runs if r}, log=log, warn=warn)
+        settle(ctx, set(), ended=False, log=log, warn=warn)  # a stopped instance's stop is dated before it goes
+        removed = {}
+        for run_id in sorted(r for r in runs if r):
+            removed[run_id] = sweep.delete_run(ec2, run_id, ctx.settings.keys_dir, log=log, iam=ctx.aws.client("iam"))
+        settle(ctx, set(removed), keep=set(removed), log=log, warn=warn)
+    return removed
+
+
+def doctor(*, instance_type: Optional[str] = None, spot: bool = False, region: Optional[str] = None,
+           sandbox: bool = False, log: Log = _quiet) -> list[dict]:
+    """Check credentials, region, default VPC, GPU quota (on-demand, or spot with ``spot``), AMI,
+    this machine's IP, prices, ssh, rsync and key files for ``instance_type`` (default: the
+    configured one). Returns one dict per check (runs/doctor.Check.as_dict: name, ok (True, False,
+    or None: could not tell), detail, fix); runs/doctor.exit_code gives the command's exit code.
+    Raises NoCredentials (nothing else can be asked without them)."""
+    from ..runs import doctor as doc
+    with _context(region, sandbox, False, log) as ctx:
+        checks = doc.run_checks(ctx.aws, ctx.settings, instance_type or ctx.settings.instance_type, spot,
+                                ctx.backend.is_sandbox)
+    return [c.as_dict() for c in checks]
