@@ -235,6 +235,7 @@ def resolver(home: Path):
         except tenacity.RetryError:
             raise WaitTimeout(f"the sandbox has no sshd for {instance_id} after {timeout_s:.0f} s",
                               f"see {state_dir(home) / 'server.log'}") from None
+        assert inst is not None  # the retry above stops only on a found instance
         return inst["host"], inst["port"]
     return resolve
 

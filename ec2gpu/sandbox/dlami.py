@@ -53,7 +53,7 @@ def install_parameters() -> None:
         if key.startswith(("/aws/service/deeplearning", "/aws/service/canonical")) and not getattr(self, "_ec2gpu_dlami", False):
             self._ec2gpu_dlami = True
             for name, image in IMAGES.items():
-                defaultdict.__getitem__(self, name).append(Parameter(  # not self[name]: that would recurse
+                defaultdict.__getitem__(self, name).append(Parameter(  # type: ignore[abstract]  # moto makes them so; not self[name]: that would recurse
                     account_id=self.account_id, name=name, value=image["ami_id"], parameter_type="String",
                     description=None, allowed_pattern=None, keyid=None, last_modified_date=utcnow(), version=1,
                     data_type="aws:ec2:image"))

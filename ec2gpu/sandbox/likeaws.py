@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import io
 import os
+from typing import Any
 import random
 import re
 import threading
@@ -186,7 +187,7 @@ class Middleware:
             start_response(status, [("Content-Type", "text/xml"), ("Content-Length", str(len(payload)))])
             return [payload]
         held = self.image_snapshots((params.get("ImageId") or [""])[0]) if action == "DeregisterImage" else []
-        captured = {}
+        captured: dict[str, Any] = {}
 
         def capture(status, headers, exc_info=None):
             captured.update(status=status, headers=headers)

@@ -44,7 +44,7 @@ def install() -> None:
         result = original(self)
         name, arn = self._get_param("IamInstanceProfile.Name"), self._get_param("IamInstanceProfile.Arn")
         if name or arn:
-            for inst in result.result.instances:  # moto's handler associated instances[0] only
+            for inst in result.result.instances:  # type: ignore[attr-defined]  # moto's handler associated instances[0] only
                 if inst.id not in self.ec2_backend.iam_instance_profile_associations:
                     self.ec2_backend.associate_iam_instance_profile(
                         instance_id=inst.id, iam_instance_profile_name=name, iam_instance_profile_arn=arn)
@@ -73,15 +73,16 @@ def role_of(instance_id: str) -> str | None:
     from moto.utilities.utils import get_partition
 
     association, account, region = _association(instance_id)
-    if association is None or association.iam_instance_profile is None:
+    profile = None if association is None else association.iam_instance_profile
+    if profile is None:
         return None
-    profile = association.iam_instance_profile
     iam = iam_backends[account][get_partition(region)]
     if iam.instance_profiles.get(profile.name) is not profile:
         return None  # deleted (and perhaps created again: a new profile, not the one associated)
-    for role in list(profile.roles):
+    # mypy takes the `is not` checks above and below for Optional narrowing: both are the objects registered
+    for role in list(profile.roles):  # type: ignore[union-attr]
         if iam.roles.get(role.id) is role:
-            return role.arn
+            return role.arn  # type: ignore[union-attr]
     return None
 
 
@@ -125,7 +126,7 @@ def mint(instance_id: str, role_arn: str) -> dict:
         raise PermissionError(f"EC2 cannot assume the role {role.name}.")
     assumed = sts_backends[account][partition].assume_role(
         region_name=region, role_session_name=instance_id, role_arn=role_arn,
-        policy=None, duration=DURATION_S, external_id=None)
+        policy=None, duration=DURATION_S, external_id=None)  # type: ignore[arg-type]  # moto's own defaults
     return {"AccessKeyId": assumed.access_key_id, "SecretAccessKey": assumed.secret_access_key,
             "Token": assumed.session_token,
             "Expiration": assumed.expiration.replace(tzinfo=timezone.utc)}  # moto's is naive UTC

@@ -20,6 +20,7 @@ import gzip
 import http.server
 import json
 import os
+from typing import Any
 import signal
 import sys
 import threading
@@ -51,9 +52,9 @@ class Http(http.server.BaseHTTPRequestHandler):
     meta: imds.Metadata
     find = staticmethod(lambda instance_id: None)
     role_of = staticmethod(lambda instance_id: None)  # the ARN of its instance profile's role (roles.py)
-    mint = staticmethod(lambda instance_id, role_arn: {})  # that role's credentials (roles.py)
+    mint: Any = staticmethod(lambda instance_id, role_arn: {})  # that role's credentials (roles.py)
     zone_of = staticmethod(lambda instance_id: None)
-    shutdown = staticmethod(lambda request: {})
+    shutdown: Any = staticmethod(lambda request: {})
 
     def _answer(self, method: str) -> None:
         if method == "GET" and self.path.startswith("/checkip"):
@@ -248,7 +249,7 @@ class Sandbox:
         """instance id -> (public key of its key pair, moto's Instance), for every running instance."""
         from moto.ec2.models import ec2_backends
 
-        out = {}
+        out: dict[str, tuple[str, object]] = {}
         for account in list(ec2_backends.keys()):
             for region in list(ec2_backends[account].keys()):
                 backend = ec2_backends[account][region]
