@@ -86,10 +86,7 @@ def write_status(run_dir: str, status: dict, key: bytes | None = None) -> None:
         record = {k: v for k, v in status.items() if k != "signature"}
         if key:
             record["signature"] = sign(record, key)
-        tmp = os.path.join(run_dir, ".status.json.tmp")
-        with open(tmp, "w") as f:
-            json.dump(record, f, indent=2)
-        os.replace(tmp, os.path.join(run_dir, "status.json"))
+        write_atomic(os.path.join(run_dir, "status.json"), json.dumps(record, indent=2))
 
 
 _WRITING = threading.Lock()

@@ -62,6 +62,26 @@ def minutes(value: Union[int, float, str], default_unit: str | None = "m",
     return got
 
 
+def size_bytes(value: Union[int, str]) -> int:
+    """A size in bytes from 2048, '500MB', '10G', '4GiB' (pure), by pydantic's ByteSize: K, M, G, T
+    (and KB, MB...) are powers of 10, KiB, MiB, GiB, TiB powers of 2, case-insensitive
+    (https://docs.pydantic.dev/latest/api/types/#pydantic.types.ByteSize).
+    Raises ValueError for anything else, or for a negative size."""
+    from pydantic import ByteSize, TypeAdapter, ValidationError
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a size")
+    text = value.strip() if isinstance(value, str) else value
+    try:
+        if isinstance(text, str) and not re.fullmatch(r"\d+(\.\d+)?\s*[A-Za-z]{0,3}", text[:64]):
+            raise ValueError  # ByteSize reads '1.5.2G' as 1 byte: only a whole number and a unit go to it
+        got = int(TypeAdapter(ByteSize).validate_python(text))
+    except (ValueError, ValidationError):
+        raise ValueError(f"{str(value)[:64]!r} is not a size: use bytes (2048) or a unit (500MB, 10G, 4GiB)") from None
+    if got < 0:
+        raise ValueError(f"{str(value)[:64]!r}: a size is not negative")
+    return got
+
+
 #: the words that remove a run's limit (--max-runtime none)
 OFF_WORDS = ("none", "off", "never")
 

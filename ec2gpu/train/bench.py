@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .files import write_json
+
 #: Datasheet peaks of the GPUs in ec2gpu's catalog (dense, without sparsity): memory bandwidth in
 #: GB/s and TFLOP/s. ``None``: the GPU has no such tensor-core mode. Sources, NVIDIA datasheets:
 #: T4 https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/tesla-t4/t4-tensor-core-datasheet-951643.pdf;
@@ -345,9 +347,7 @@ class Progress:
         if not self.path:
             return
         try:
-            with open(f"{self.path}.tmp", "w") as f:
-                json.dump({"label": label, "done": done, "total": total}, f)
-            os.replace(f"{self.path}.tmp", self.path)
+            write_json(self.path, {"label": label, "done": done, "total": total})
         except OSError:
             pass  # a display aid
 

@@ -6,11 +6,12 @@ the hyperparameters, the metrics so far and the training seconds already spent.
 """
 from __future__ import annotations
 
-import os
 import random
 from pathlib import Path
 
 import torch
+
+from .files import replacing
 
 FILENAME = "checkpoint.pt"
 
@@ -18,12 +19,8 @@ FILENAME = "checkpoint.pt"
 def save(path: Path, state: dict) -> None:
     """Write ``state`` to ``path`` atomically (temp file in the same dir, fsync, rename)."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
+    with replacing(path, binary=True, fsync=True) as f:
         torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def load(path: Path, device: torch.device) -> dict:

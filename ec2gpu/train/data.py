@@ -12,13 +12,13 @@ import hashlib
 import os
 import shutil
 import struct
-import tempfile
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from .files import replacing
 from .sources import DEFAULT_CACHE, FILES, MIRRORS  # noqa: F401 - this module's public names too
 from .sources import candidates as _candidates
 
@@ -105,10 +105,8 @@ def download(directory: Path, mirrors: tuple[str, ...] = MIRRORS, timeout: float
             if hashlib.md5(raw).hexdigest() != FILES[name][1]:
                 errors.append(f"{url}: md5 mismatch")
                 continue
-            fd, tmp = tempfile.mkstemp(dir=directory)
-            with os.fdopen(fd, "wb") as f:
+            with replacing(directory / f"{name}.gz", binary=True) as f:
                 f.write(blob)
-            os.replace(tmp, directory / f"{name}.gz")
             break
         else:
             raise DataError(f"could not download {name}: " + "; ".join(errors))

@@ -12,9 +12,10 @@ controller never reads it from log text. Exits 1 after a worker failure, without
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
+
+from .files import write_json
 
 
 def failure_record(exitcode: int, rank: int, timestamp: int, message: str, child: dict | None) -> dict:
@@ -38,10 +39,7 @@ def main(argv: list[str] | None = None) -> int:
                                 failure.error_file_data or None)
         path = os.environ.get("TORCHELASTIC_ERROR_FILE")
         if path:
-            tmp = f"{path}.tmp"
-            with open(tmp, "w") as f:
-                json.dump(record, f)
-            os.replace(tmp, path)
+            write_json(path, record)
         print(f"ec2gpu.train.launch: rank {rank} failed: {failure.message.splitlines()[0] if failure.message else ''}"
               f" (exit code {failure.exitcode})", file=sys.stderr, flush=True)
         return 1

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from . import checkpoint as ckpt
 from . import data as mnist_data
+from .files import write_json
 from .models import PRESETS, Hparams, build, pretrain_rbm
 from .spot import EXIT_SPOT_INTERRUPTED, SpotWatcher
 
@@ -365,11 +366,8 @@ class Trainer:
         p = {"label": f"epoch {self.epoch + 1}/{self.hp.epochs}", "done": self.step, "total": self.steps_per_epoch,
              "rate": round(steps_per_second * self.hp.batch_size, 1), "rate_unit": "samples/s",
              "eta_s": round(left / steps_per_second, 1) if steps_per_second > 0 else None}
-        tmp = f"{self.progress_file}.tmp"
         try:
-            with open(tmp, "w") as f:
-                json.dump(p, f)
-            os.replace(tmp, cast(str, self.progress_file))  # run_epoch calls this only with a progress file
+            write_json(cast(str, self.progress_file), p)  # run_epoch calls this only with a progress file
         except OSError as exc:  # a display aid: never a reason to stop training
             log.warning(f"could not write {self.progress_file}: {exc}")
             self.progress_file = None
@@ -492,9 +490,7 @@ def _setup_logging(out: Path, rank: int) -> None:
 def _write_outputs(trainer: Trainer, summary: dict) -> None:
     out = trainer.out
     torch.save({"state_dict": trainer.model.state_dict(), "hparams": summary["hparams"]}, out / "model.pt")
-    tmp = out / ".summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2) + "\n")
-    os.replace(tmp, out / "summary.json")
+    write_json(out / "summary.json", summary, indent=2)
     if not trainer.args.no_plot:
         try:
             from .plots import plot_curves

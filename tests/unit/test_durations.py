@@ -38,3 +38,14 @@ def test_the_bound_of_thirty_days_holds_for_limits_not_for_since():
         limits.parse("5w")
     assert ledger.parse_since("52w", NOW) == NOW - timedelta(weeks=52)
 
+
+
+def test_sizes_are_pydantic_byte_sizes_decimal_units_and_binary_ones():
+    """One size grammar (issue 29 item 12): pydantic's ByteSize, in every size flag."""
+    from ec2gpu.tasks.spec import size_bytes
+    assert size_bytes("2048") == 2048 and size_bytes(2048) == 2048
+    assert size_bytes("500MB") == 500 * 10**6 and size_bytes("10G") == 10 * 10**9
+    assert size_bytes("1GiB") == 1 << 30 and size_bytes(" 4gib ") == 4 << 30
+    for bad in ("x", "-1", "1.5.2G", "", True):
+        with pytest.raises(ValueError):
+            size_bytes(bad)
