@@ -22,6 +22,7 @@ from .instances import Log, _context, _quiet, _types, find, idle_rule
 
 if TYPE_CHECKING:
     from ..backend import Context
+    from ..runs.reporter import ReporterLike
 
 #: ``write(chunk, final=False)``: where ``logs`` sends a job log's bytes as they come (``final``: its end).
 Write = Callable[..., None]
@@ -221,7 +222,7 @@ def notebook(*, instance_type: Optional[str] = None, spot: bool = False, name: O
              local_port: Optional[int] = None, down_on_exit: bool = False, idle_stop: Optional[str] = None,
              idle_down: Optional[str] = None, no_idle: bool = False, max_runtime: Optional[int] = None,
              ssh_cidr: Optional[str] = None, ami: Optional[str] = None, region: Optional[str] = None,
-             sandbox: bool = False, reporter=None, on_ready: Optional[Callable[[dict], None]] = None,
+             sandbox: bool = False, reporter: Optional[ReporterLike] = None, on_ready: Optional[Callable[[dict], None]] = None,
              log: Log = _quiet) -> dict:
     """JupyterLab on an instance at a local URL, until KeyboardInterrupt (Ctrl-C; SIGTERM where the
     caller makes it one, SIGHUP in the main thread); `ec2gpu notebook`.

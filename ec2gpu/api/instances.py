@@ -17,6 +17,7 @@ from ..errors import UsageError
 if TYPE_CHECKING:
     from ..aws.instances import IdleRule
     from ..backend import Context
+    from ..runs.reporter import ReporterLike
 
 Log = Callable[[str], None]
 
@@ -130,7 +131,7 @@ def _types(asked: str) -> list[str]:
 def launch(*, instance_type: Optional[str] = None, spot: bool = False, name: Optional[str] = None,
            ssh_cidr: Optional[str] = None, ami: Optional[str] = None, max_runtime: Optional[int] = None,
            idle_stop: Optional[str] = None, idle_down: Optional[str] = None, no_idle: bool = False, nodes: int = 1,
-           region: Optional[str] = None, sandbox: bool = False, reporter=None, log: Log = _quiet,
+           region: Optional[str] = None, sandbox: bool = False, reporter: Optional[ReporterLike] = None, log: Log = _quiet,
            warn: Optional[Log] = None) -> list[dict]:
     """Launch an instance (or a standing cluster of ``nodes``) and leave it running; `ec2gpu launch`.
 

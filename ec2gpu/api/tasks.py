@@ -20,6 +20,7 @@ from ..errors import UsageError
 
 if TYPE_CHECKING:
     from ..runs.record import RunRecord
+    from ..runs.reporter import ReporterLike
 
 
 def load_task(task=None, command: Optional[Sequence[str]] = None, workdir: Optional[str] = None,
@@ -110,9 +111,9 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
         budget: Optional[float] = None, max_price: Optional[float] = None, max_attempts: Optional[int] = None,
         max_upload: Optional[int] = None, include_secrets: bool = False, out: Optional[Path] = None,
         ssh_cidr: Optional[str] = None, ami: Optional[str] = None, region: Optional[str] = None,
-        sandbox: bool = False, reporter=None, on_warning=lambda text: None, as_typed: Optional[str] = None,
-        baked: bool = True, workdir_outside: bool = False, allow_larger: bool = False, dry_run: bool = False,
-        infra: Optional[str] = None) -> Union[dict, RunRecord]:
+        sandbox: bool = False, reporter: Optional[ReporterLike] = None, on_warning=lambda text: None,
+        as_typed: Optional[str] = None, baked: bool = True, workdir_outside: bool = False,
+        allow_larger: bool = False, dry_run: bool = False, infra: Optional[str] = None) -> Union[dict, RunRecord]:
     """Run a task on new instances end to end (estimate, launch, sync, setup, job, outputs home,
     teardown, bill); return its run record.
 
@@ -138,7 +139,6 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
     (_idle_rule). A zone (from ``infra`` or the file) is chosen at launch, said in a warning.
     Raises as the module docstring says.
     """
-    from dataclasses import replace
 
     from ..runs import limits
     from ..tasks import resolve
@@ -198,7 +198,7 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
     with Context(run_region, sandbox) as ctx:
         limit = limits.for_task(ctx.settings.home, job.name, ctx.backend.name, max_runtime, job.task.max_runtime)
         types = types_for(ctx.settings.instance_type)
-        settings = replace(ctx.settings, root_volume_gib=res.disk_gib) if res.disk_gib else ctx.settings
+        settings = ctx.settings.model_copy(update={"root_volume_gib": res.disk_gib}) if res.disk_gib else ctx.settings
         opts = pipeline.TrainOptions(
             instance_type=",".join(types), spot=res.spot if spot is None else spot, spot_fallback=spot_fallback,
             out=out, ssh_cidr=ssh_cidr, ami=_ami(ami, res, ctx.settings.region), name=name,
@@ -266,8 +266,8 @@ def _idle_seconds(task, limit):
 def exec(target: str, task=None, *, command: Optional[Sequence[str]] = None, workdir: Optional[str] = None,  # noqa: A001
          env: Optional[dict] = None, secrets: Sequence[str] = (), max_upload: Optional[int] = None,
          include_secrets: bool = False, out: Optional[Path] = None, region: Optional[str] = None,
-         sandbox: bool = False, reporter=None, on_warning=lambda text: None, as_typed: Optional[str] = None,
-         workdir_outside: bool = False, infra: Optional[str] = None) -> RunRecord:
+         sandbox: bool = False, reporter: Optional[ReporterLike] = None, on_warning=lambda text: None,
+         as_typed: Optional[str] = None, workdir_outside: bool = False, infra: Optional[str] = None) -> RunRecord:
     """Run a task once on the standing instance or cluster ``target`` and leave it running; return
     the run record. A setup that already ran there is skipped; rsync sends only what changed.
     ``workdir_outside`` as for ``run``; ``infra`` ('aws'): a SkyPilot file naming another cloud is
@@ -285,7 +285,7 @@ def exec(target: str, task=None, *, command: Optional[Sequence[str]] = None, wor
 
 def bake(task: Union[str, Path, object], *, base: str = "dlami", name: Optional[str] = None,
          instance_type: Optional[str] = None, spot: bool = False, ssh_cidr: Optional[str] = None,
-         ami: Optional[str] = None, region: Optional[str] = None, sandbox: bool = False, reporter=None,
+         ami: Optional[str] = None, region: Optional[str] = None, sandbox: bool = False, reporter: Optional[ReporterLike] = None,
          on_warning=lambda text: None, as_typed: Optional[str] = None, workdir_outside: bool = False,
          max_runtime: Optional[int] = None) -> RunRecord:
     """Bake a machine image holding ``task``'s setup (a task file, a Task, or "mnist" for the
@@ -297,7 +297,6 @@ def bake(task: Union[str, Path, object], *, base: str = "dlami", name: Optional[
     Raises as the module docstring says; UsageError for an unknown base or a max_runtime under 10
     before anything is created.
     """
-    from dataclasses import replace
 
     from ..backend import Context
     from ..runs import bake as baking, engine, pipeline
@@ -320,5 +319,5 @@ def bake(task: Union[str, Path, object], *, base: str = "dlami", name: Optional[
                                      command=as_typed or f"ec2gpu.bake({job.name!r})")
         # the task's disk size: a run cannot launch from an image with a smaller root volume than the image's
         disk = job.task.resources.disk_gib
-        settings = replace(ctx.settings, root_volume_gib=disk) if disk else ctx.settings
+        settings = ctx.settings.model_copy(update={"root_volume_gib": disk}) if disk else ctx.settings
         return pipeline.train(ctx.aws, settings, opts, reporter, ctx.backend)

@@ -8,12 +8,14 @@ NoCredentials, AwsError, CapacityError, RemoteError, WaitTimeout.
 from __future__ import annotations
 
 from pathlib import Path
+from dataclasses import replace
 from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 
 from ..errors import UsageError
 
 if TYPE_CHECKING:
     from ..runs.record import RunRecord
+    from ..runs.reporter import ReporterLike
 
 Log = Callable[[str], None]
 
@@ -45,7 +47,7 @@ def train_mnist(*, instance_type: Optional[str] = None, spot: bool = False, spot
                 max_price: Optional[float] = None, cluster: Optional[str] = None, nodes: int = 1,
                 max_attempts: Optional[int] = None, checkpoint_uri: Optional[str] = None,
                 unreachable_after: float = 120.0, region: Optional[str] = None, sandbox: bool = False,
-                reporter=None, as_typed: Optional[str] = None) -> RunRecord:
+                reporter: Optional[ReporterLike] = None, as_typed: Optional[str] = None) -> RunRecord:
     """Train the built-in MNIST job on a new instance (or ``nodes`` of them through torchrun), bring
     its results home and terminate everything; `ec2gpu train mnist`. Returns the run record (also
     saved as run.json and in the ledger: run_id, status, instance_type, market, test_acc, phases
@@ -108,7 +110,7 @@ def train_mnist(*, instance_type: Optional[str] = None, spot: bool = False, spot
     from ..runs import standing
     with Context(region, sandbox) as ctx:
         if instance_type is None:
-            opts.instance_type = ctx.settings.instance_type
+            opts = replace(opts, instance_type=ctx.settings.instance_type)
         if cluster:
             return standing.train_on_cluster(ctx.aws, ctx.settings, opts, ui, cluster, ctx.backend)
         return pipeline.train(ctx.aws, ctx.settings, opts, ui, ctx.backend)
@@ -117,7 +119,7 @@ def train_mnist(*, instance_type: Optional[str] = None, spot: bool = False, spot
 def bench(*, instance_type: Optional[str] = None, spot: bool = False, local: bool = False, quick: bool = False,
           data_dir: Optional[str] = None, out: Optional[Path] = None, max_runtime: int = 60,
           budget: Optional[float] = None, ssh_cidr: Optional[str] = None, ami: Optional[str] = None,
-          region: Optional[str] = None, sandbox: bool = False, reporter=None, log: Log = _quiet,
+          region: Optional[str] = None, sandbox: bool = False, reporter: Optional[ReporterLike] = None, log: Log = _quiet,
           as_typed: Optional[str] = None) -> list[dict]:
     """Is the GPU worth it: measure an instance's memory bandwidth, matmul TFLOP/s and the seed
     experiment (dbn and cnn on its CPU and its GPU); `ec2gpu bench`. Each of ``instance_type``'s
@@ -164,7 +166,7 @@ def bench(*, instance_type: Optional[str] = None, spot: bool = False, local: boo
         return benching.local(opts, ui, load(), quick, data_dir)
     from ..backend import Context
     with Context(region, in_sandbox) as ctx:
-        opts.instance_type = instance_type or ctx.settings.instance_type
+        opts = replace(opts, instance_type=instance_type or ctx.settings.instance_type)
         if ctx.backend.is_sandbox:
             log("sandbox: the instance is this machine, without a GPU: the figures are its CPU's")
         return benching.on_instances(ctx.aws, ctx.settings, opts, ui, ctx.backend, quick, data_dir)

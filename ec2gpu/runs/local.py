@@ -3,6 +3,7 @@ the same job contract as on an instance (no AWS, no SSH, no cost)."""
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import replace
 import json
 import subprocess
 import sys
@@ -29,7 +30,7 @@ def train_local(opts: TrainOptions, ui: ReporterLike, data_dir: str | None = Non
     """
     if importlib.util.find_spec("torch") is None:
         raise UsageError("--local needs PyTorch on this machine", "pip install 'ec2gpu[train]' (or make demo)")
-    opts.trainer_args = list(opts.trainer_args) + (["--data-dir", data_dir] if data_dir else [])
+    opts = replace(opts, trainer_args=list(opts.trainer_args) + (["--data-dir", data_dir] if data_dir else []))
     job = builtin_task(opts)
     run_id = new_run_id()
     started = datetime.now(timezone.utc).isoformat()

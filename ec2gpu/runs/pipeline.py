@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, cast
@@ -34,9 +34,11 @@ PHASES = ("requesting", "waiting for running", "waiting for SSH", "setup", "uplo
           "download", "terminating")
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainOptions:
-    """What `ec2gpu train mnist` was asked to do."""
+    """What a run on new instances (or a standing instance's launch, a bake, a bench) was asked to
+    do: built once by its api/ function, never changed after (a step that adds to it makes a copy,
+    dataclasses.replace)."""
 
     instance_type: str = DEFAULT_INSTANCE_TYPE  # one type, or several in order of preference: "g4dn.xlarge,g5.xlarge"
     spot: bool = False
@@ -286,10 +288,11 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: ReporterLike, ba
     --checkpoint-uri; AwsError, CapacityError, RemoteError, WaitTimeout as they happen, and
     recovery.AttemptsExhausted (all after teardown); KeyboardInterrupt after teardown.
     """
-    itype = _check_options(opts, ui)
+    opts, itype = _check_options(opts, ui)
     if backend.is_sandbox and opts.task is None:  # the built-in job: its data, before anything is created
-        opts.trainer_args = [*opts.trainer_args, *sandbox_data_args(opts.trainer_args)]
-    opts.task = builtin_task(opts, sandbox=backend.is_sandbox)
+        opts = replace(opts, trainer_args=[*opts.trainer_args, *sandbox_data_args(opts.trainer_args)])
+    job = builtin_task(opts, sandbox=backend.is_sandbox)
+    opts = replace(opts, task=job)
     aws.check_credentials()
     est = check_estimate(aws, settings, opts, backend.name, ui)
     checked = capacity.check_quota(aws.client("service-quotas"), aws.ec2, itype.name, opts.spot, count=opts.nodes,
@@ -297,14 +300,14 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: ReporterLike, ba
     if checked:
         ui.note(f"vCPU quota {checked['quota']}: {checked['in_use']} in use + {checked['needed']} needed "
                 f"<= {checked['value']:g}")
-    if opts.bake is None and any(m.kind == "s3" for m in opts.task.mounts):  # checked before anything is created
-        provision.check_s3_access(aws, opts.task)
+    if opts.bake is None and any(m.kind == "s3" for m in job.mounts):  # checked before anything is created
+        provision.check_s3_access(aws, job)
     run_id = new_run_id()
     out = Path(opts.out or Path("runs") / run_id).resolve()
     prov = provision.Provisioned(run_id, bake=opts.bake is not None)
-    mnist = opts.task.builtin == "mnist" and opts.bake is None
+    mnist = job.builtin == "mnist" and opts.bake is None
     record = run_record.new(run_id, opts.command, backend.name, out, instance_type=itype.name, gpu=itype.gpu,
-                            market="spot" if opts.spot else "on-demand", task="bake" if opts.bake else opts.task.name,
+                            market="spot" if opts.spot else "on-demand", task="bake" if opts.bake else job.name,
                             model=opts.model if mnist else None, epochs=opts.epochs if mnist else None,
                             region=aws.region, estimated_cost_usd=None if est.upper_bound else est.cost_usd,
                             estimate=est.as_dict())
@@ -352,9 +355,9 @@ def _teardown_and_bill(aws: Aws, settings: Settings, opts: TrainOptions, prov, r
             ui.note(f"warning: could not compute the bill ({type(exc).__name__}: {exc})")
 
 
-def _check_options(opts: TrainOptions, ui: ReporterLike):
+def _check_options(opts: TrainOptions, ui: ReporterLike) -> tuple[TrainOptions, catalog.InstanceType]:
     """Refuse bad options before any AWS call (UsageError: nothing created, no ledger row); return
-    the first instance type's catalog entry, with ``opts.instance_type`` in canonical names."""
+    ``opts`` with its instance types in canonical names, and the first one's catalog entry."""
     if any(not t.strip() for t in opts.instance_type.split(",")):
         raise UsageError(f"--instance-type {opts.instance_type!r} has an empty entry",
                          "name each type, e.g. --instance-type g4dn.xlarge,g5.xlarge")
@@ -367,8 +370,7 @@ def _check_options(opts: TrainOptions, ui: ReporterLike):
     parse_checkpoint_uri(opts.checkpoint_uri)
     if opts.ssh_cidr:
         network.check_cidr(opts.ssh_cidr, ui.note)
-    opts.instance_type = ",".join(types)
-    return catalog.lookup(types[0])
+    return replace(opts, instance_type=",".join(types)), catalog.lookup(types[0])
 
 
 def _close_attempts(attempts: list[dict], prov, error: BaseException | None) -> None:

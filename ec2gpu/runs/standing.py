@@ -5,6 +5,7 @@ ledger without a cost of its own: the instances' cost is in the row `launch` ope
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -50,9 +51,9 @@ def train_on_cluster(aws: Aws, settings: Settings, opts: TrainOptions, ui: Repor
     if not nodes:
         raise UsageError(f"no running cluster named {cluster_name!r}",
                          "start one with `ec2gpu launch --nodes N --name NAME` (see `ec2gpu ls`)")
-    opts.nodes = len(nodes)
+    opts = replace(opts, nodes=len(nodes))
     if backend.is_sandbox:
-        opts.trainer_args = [*opts.trainer_args, *sandbox_data_args(opts.trainer_args)]
+        opts = replace(opts, trainer_args=[*opts.trainer_args, *sandbox_data_args(opts.trainer_args)])
     job = builtin_task(opts, sandbox=backend.is_sandbox)
     return exec_task(aws, settings, job, ui, cluster_name, backend, opts.out, opts.command,
                      extra={"model": opts.model, "epochs": opts.epochs})
