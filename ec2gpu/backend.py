@@ -74,7 +74,6 @@ class Context:
 
     def __enter__(self):
         import getpass
-        from dataclasses import replace
 
         from .aws.session import Aws
         from .sandbox import control
@@ -94,7 +93,7 @@ class Context:
             self.backend = Backend("sandbox", state["endpoint"], control.resolver(self.settings.home),
                                    credentials=(env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"],
                                                 env["AWS_SESSION_TOKEN"]), checkip_url=env["EC2GPU_CHECKIP_URL"])
-            self.settings = replace(self.settings, ssh_user=getpass.getuser())
+            self.settings = self.settings.model_copy(update={"ssh_user": getpass.getuser()})
         self.aws = Aws(self.settings.region, endpoint_url=self.backend.endpoint_url, credentials=self.backend.credentials,
                        checkip_url=self.backend.checkip_url)
         return self

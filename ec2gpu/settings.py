@@ -1,40 +1,82 @@
-"""Settings: flags > EC2GPU_* environment > ec2gpu.toml > defaults, resolved into one object."""
+"""Settings: flags > EC2GPU_* environment > ec2gpu.toml > AWS_REGION/AWS_DEFAULT_REGION > defaults,
+resolved and validated into one frozen object by pydantic-settings
+(https://docs.pydantic.dev/latest/concepts/pydantic_settings/)."""
 from __future__ import annotations
 
+import contextvars
 import getpass
 import os
-import tomllib
-from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Optional
+
+from pydantic import ByteSize, Field, ValidationError, field_validator
+from pydantic_settings import (BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict,
+                               TomlConfigSettingsSource)
 
 from .errors import UsageError
 
 DEFAULT_REGION = "us-east-1"
 DEFAULT_INSTANCE_TYPE = "g4dn.xlarge"  # cheapest NVIDIA T4 instance (catalog.py has the price)
 
+#: The config file ``load`` reads (None: none): its sources are chosen per call, and pydantic-settings
+#: asks the class for them (settings_customise_sources), so the file travels in this variable.
+_CONFIG_FILE: contextvars.ContextVar[Optional[Path]] = contextvars.ContextVar("ec2gpu_config_file", default=None)
 
-@dataclass(frozen=True)
-class Settings:
-    """Everything the tool reads from its environment. Paths are absolute."""
 
-    home: Path = field(default_factory=lambda: Path.home() / ".ec2gpu")  # keys, sandbox state
+class _AwsRegion(PydanticBaseSettingsSource):
+    """The AWS SDKs' region variables, below ec2gpu's own (EC2GPU_REGION, the config file): AWS_REGION,
+    else AWS_DEFAULT_REGION (https://docs.aws.amazon.com/sdkref/latest/guide/feature-region.html)."""
+
+    def get_field_value(self, field, field_name):  # the interface's; __call__ does the work
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+        return {"region": region} if region else {}
+
+
+class Settings(BaseSettings):
+    """Everything the tool reads from its environment. Paths are absolute. Each field's variable is
+    EC2GPU_<NAME> (.env.example documents each); the config file's keys are the field names."""
+
+    model_config = SettingsConfigDict(env_prefix="EC2GPU_", frozen=True, extra="forbid", env_ignore_empty=True)
+
+    home: Path = Field(default_factory=lambda: Path.home() / ".ec2gpu")  # keys, sandbox state
     region: str = DEFAULT_REGION
     instance_type: str = DEFAULT_INSTANCE_TYPE
-    owner: str = field(default_factory=getpass.getuser)  # value of the ec2gpu:owner tag
+    owner: str = Field(default_factory=getpass.getuser)  # value of the ec2gpu:owner tag
     sandbox: bool = False  # use the local sandbox instead of AWS
     ssh_user: str = "ubuntu"  # login user of the Deep Learning AMI (Ubuntu)
-    root_volume_gib: int = 100  # root EBS volume (gp3, encrypted); the DLAMI needs >= 75 GiB
-    data_dir: str | None = None  # MNIST directory used on the instance, if it has one
-    max_download_files: int = 10_000  # files one run brings home per directory (outputs, checkpoints): remote/files.py
-    max_download_bytes: int = 4 << 30  # bytes one run brings home per directory, 4 GiB: remote/files.py
-    limit_grace_seconds: int = 120  # a job gets SIGTERM this long before its run's --max-runtime: runs/limits.py
+    # root EBS volume (gp3, encrypted); the DLAMI needs >= 75 GiB; gp3's range is 1 to 16,384 GiB
+    # (https://docs.aws.amazon.com/ebs/latest/userguide/general-purpose.html)
+    root_volume_gib: int = Field(100, ge=1, le=16_384)
+    data_dir: Optional[str] = None  # MNIST directory used on the instance, if it has one
+    max_download_files: int = Field(10_000, ge=0)  # files one run brings home per directory: remote/files.py
+    # bytes one run brings home per directory: 4 GiB; also '4GiB', '500MB' (pydantic's ByteSize)
+    max_download_bytes: ByteSize = Field(ByteSize(4 << 30), ge=0)
+    limit_grace_seconds: int = Field(120, ge=0)  # a job gets SIGTERM this long before its --max-runtime: runs/limits.py
+
+    @field_validator("home")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        return Path(value).expanduser().resolve()
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource
+                                   ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Flags (the constructor's arguments), then EC2GPU_*, then the config file ``load`` chose,
+        then AWS_REGION/AWS_DEFAULT_REGION; no .env file is read."""
+        config = _CONFIG_FILE.get()
+        toml = (TomlConfigSettingsSource(settings_cls, toml_file=config),) if config else ()
+        return (init_settings, env_settings, *toml, _AwsRegion(settings_cls))
 
     @property
     def download_limits(self):
         """remote/files.Limits from max_download_files and max_download_bytes."""
         from .remote.files import Limits
-        return Limits(self.max_download_files, self.max_download_bytes)
+        return Limits(self.max_download_files, int(self.max_download_bytes))
 
     @property
     def keys_dir(self) -> Path:
@@ -45,55 +87,40 @@ class Settings:
         return self.home / "runs"
 
 
-#: environment variable -> field; .env.example documents each one.
-ENV = {
-    "EC2GPU_HOME": "home", "EC2GPU_REGION": "region", "EC2GPU_INSTANCE_TYPE": "instance_type",
-    "EC2GPU_OWNER": "owner", "EC2GPU_SANDBOX": "sandbox", "EC2GPU_SSH_USER": "ssh_user",
-    "EC2GPU_ROOT_VOLUME_GIB": "root_volume_gib", "EC2GPU_DATA_DIR": "data_dir",
-    "EC2GPU_MAX_DOWNLOAD_FILES": "max_download_files", "EC2GPU_MAX_DOWNLOAD_BYTES": "max_download_bytes",
-    "EC2GPU_LIMIT_GRACE_SECONDS": "limit_grace_seconds",
-}
-
-
-def _coerce(name: str, value):
-    kind = {f.name: f.type for f in fields(Settings)}[name]
-    try:
-        if name == "home":
-            return Path(value).expanduser().resolve()
-        if kind == "bool":
-            return str(value).lower() in ("1", "true", "yes", "on") if not isinstance(value, bool) else value
-        if kind == "int":
-            return int(value)
-    except ValueError:
-        raise UsageError(f"{name} must be a number, got {value!r}", "fix it in ec2gpu.toml or the environment")
-    return str(value)
-
-
-def load(flags: dict | None = None, environ: Mapping[str, str] | None = None, config: Path | None = None) -> Settings:
-    """Resolve settings. ``flags`` holds CLI values (None = not given).
-
-    The config file is ``config``, else ./ec2gpu.toml, else $EC2GPU_HOME/config.toml (keys are
-    field names). Raises UsageError for an unreadable file or a bad value.
-    """
-    environ = os.environ if environ is None else environ
-    values: dict = {}
-    home = Path(environ.get("EC2GPU_HOME", Path.home() / ".ec2gpu")).expanduser()
+def config_file(config: Path | None = None) -> Optional[Path]:
+    """The config file settings are read from: ``config``, else ./ec2gpu.toml, else
+    $EC2GPU_HOME/config.toml, the first that exists (None: none does)."""
+    home = Path(os.environ.get("EC2GPU_HOME") or Path.home() / ".ec2gpu").expanduser()
     for path in [config] if config else [Path("ec2gpu.toml"), home / "config.toml"]:
         if path and path.is_file():
-            try:
-                table = tomllib.loads(path.read_text())
-            except (OSError, tomllib.TOMLDecodeError) as exc:
-                raise UsageError(f"cannot read {path}: {exc}", "fix or remove the file")
-            unknown = set(table) - {f.name for f in fields(Settings)}
-            if unknown:
-                raise UsageError(f"{path}: unknown setting(s) {', '.join(sorted(unknown))}",
-                                 f"known: {', '.join(f.name for f in fields(Settings))}")
-            values.update(table)
-            break
-    values.update({f: environ[e] for e, f in ENV.items() if environ.get(e) not in (None, "")})
-    values.update({k: v for k, v in (flags or {}).items() if v is not None})
-    if "AWS_REGION" in environ and "region" not in values:
-        values["region"] = environ["AWS_REGION"]
-    elif "AWS_DEFAULT_REGION" in environ and "region" not in values:
-        values["region"] = environ["AWS_DEFAULT_REGION"]
-    return Settings(**{k: _coerce(k, v) for k, v in values.items()})
+            return path
+    return None
+
+
+def load(flags: dict | None = None, config: Path | None = None) -> Settings:
+    """Resolve settings from ``flags`` (CLI values; None = not given), the environment and the config
+    file (config_file). Raises UsageError for an unreadable file, an unknown key or a bad value,
+    naming the setting and where it is set."""
+    import tomllib
+    path = config_file(config)
+    token = _CONFIG_FILE.set(path)
+    try:
+        return Settings(**{k: v for k, v in (flags or {}).items() if v is not None})
+    except ValidationError as exc:
+        raise _usage_error(exc, path) from None
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise UsageError(f"cannot read {path}: {exc}", "fix or remove the file") from None
+    finally:
+        _CONFIG_FILE.reset(token)
+
+
+def _usage_error(exc: ValidationError, path: Optional[Path]) -> UsageError:
+    """One line for pydantic's first complaint: the setting, what is wrong, where to fix it."""
+    err = exc.errors()[0]
+    name = ".".join(str(p) for p in err["loc"]) or "settings"
+    where = f"{path}, " if path else ""
+    if err["type"] == "extra_forbidden":
+        known = ", ".join(Settings.model_fields)
+        return UsageError(f"{path or 'settings'}: unknown setting {name}", f"known: {known}")
+    return UsageError(f"setting {name}: {err['msg']} (got {str(err.get('input'))[:64]!r})",
+                      f"fix it in {where}EC2GPU_{name.upper()} or the flag")

@@ -5,26 +5,66 @@ from ec2gpu import settings
 from ec2gpu.errors import UsageError
 
 
-def test_flags_beat_environment_beat_file(tmp_path):
+@pytest.fixture
+def clean_env(monkeypatch, tmp_path):
+    """No EC2GPU_* or AWS region variables from the machine running the tests; an empty home."""
+    import os
+    for k in list(os.environ):
+        if k.startswith("EC2GPU_") or k in ("AWS_REGION", "AWS_DEFAULT_REGION"):
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("EC2GPU_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    return monkeypatch
+
+
+def test_flags_beat_environment_beat_file_beat_aws_region(clean_env, tmp_path):
     cfg = tmp_path / "ec2gpu.toml"
     cfg.write_text('region = "eu-west-1"\ninstance_type = "g5.xlarge"\nroot_volume_gib = 120\n')
-    env = {"EC2GPU_REGION": "us-west-2", "EC2GPU_HOME": str(tmp_path)}
-    s = settings.load({"region": None}, env, cfg)
+    clean_env.setenv("AWS_REGION", "sa-east-1")
+    assert settings.load({"region": None}, cfg).region == "eu-west-1"  # the file beats the SDKs' variable
+    clean_env.setenv("EC2GPU_REGION", "us-west-2")
+    s = settings.load({"region": None}, cfg)
     assert (s.region, s.instance_type, s.root_volume_gib) == ("us-west-2", "g5.xlarge", 120)
-    assert settings.load({"region": "ap-south-1"}, env, cfg).region == "ap-south-1"
-    assert s.keys_dir == tmp_path.resolve() / "keys"
+    assert settings.load({"region": "ap-south-1"}, cfg).region == "ap-south-1"
+    assert s.keys_dir == (tmp_path / "home").resolve() / "keys"
+    cfg.unlink()
+    clean_env.delenv("EC2GPU_REGION")
+    assert settings.load().region == "sa-east-1"  # no file: AWS_REGION, as the AWS SDKs read it
+    clean_env.delenv("AWS_REGION")
+    clean_env.setenv("AWS_DEFAULT_REGION", "eu-north-1")
+    assert settings.load().region == "eu-north-1"
 
 
-def test_unknown_key_in_config_file_is_a_usage_error(tmp_path):
+def test_unknown_key_in_config_file_is_a_usage_error(clean_env, tmp_path):
     cfg = tmp_path / "ec2gpu.toml"
     cfg.write_text("regoin = 'x'\n")
     with pytest.raises(UsageError, match="regoin"):
-        settings.load({}, {}, cfg)
+        settings.load({}, cfg)
 
 
-def test_sandbox_flag_from_environment():
-    assert settings.load({}, {"EC2GPU_SANDBOX": "1"}).sandbox is True
-    assert settings.load({}, {}).sandbox is False
+def test_sandbox_flag_from_environment(clean_env):
+    clean_env.setenv("EC2GPU_SANDBOX", "1")
+    assert settings.load({}).sandbox is True
+    clean_env.setenv("EC2GPU_SANDBOX", "0")
+    assert settings.load({}).sandbox is False
+    clean_env.delenv("EC2GPU_SANDBOX")
+    assert settings.load({}).sandbox is False
+
+
+@pytest.mark.parametrize("name, value", [("EC2GPU_SANDBOX", "maybe"), ("EC2GPU_ROOT_VOLUME_GIB", "-5"),
+                                         ("EC2GPU_MAX_DOWNLOAD_FILES", "many"), ("EC2GPU_MAX_DOWNLOAD_BYTES", "4 lots")])
+def test_a_bad_value_is_one_usage_error_naming_the_setting(clean_env, name, value):
+    """pydantic validates every setting: a typo is refused, never read as a default (issue 29 item 12)."""
+    clean_env.setenv(name, value)
+    with pytest.raises(UsageError, match=name.removeprefix("EC2GPU_").lower()):
+        settings.load({})
+
+
+def test_sizes_in_settings_are_byte_sizes(clean_env):
+    clean_env.setenv("EC2GPU_MAX_DOWNLOAD_BYTES", "2GiB")
+    assert settings.load().download_limits.bytes == 2 << 30
+    clean_env.delenv("EC2GPU_MAX_DOWNLOAD_BYTES")
+    assert settings.load().download_limits.bytes == 4 << 30
 
 
 def test_version_is_printed_and_exits_0(capsys):
