@@ -16,11 +16,18 @@ def _api():
 
 def __getattr__(name):
     if not name.startswith("_") and name not in ("api", "cli", "runs", "aws", "remote", "tasks", "sandbox", "train"):
-        api = _api()
-        if name in api.__all__:
+        try:
+            api = _api()
+        except ImportError:  # on an instance only ec2gpu/__init__.py and train/ travel: no API there
+            api = None
+        if api is not None and name in api.__all__:
             return getattr(api, name)
     raise AttributeError(f"module 'ec2gpu' has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_api().__all__))
+    try:
+        names = set(_api().__all__)
+    except ImportError:  # as in __getattr__
+        names = set()
+    return sorted(set(globals()) | names)

@@ -56,8 +56,12 @@ AWS = Backend()
 
 
 def sandbox_from_env(flag: bool = False) -> bool:
-    """--sandbox, or EC2GPU_SANDBOX=1."""
-    return flag or os.environ.get("EC2GPU_SANDBOX", "").lower() in ("1", "true", "yes")
+    """--sandbox, or EC2GPU_SANDBOX read as every setting is (settings.Settings: 1, true, yes, on).
+    Raises UsageError for a value that is not a boolean."""
+    if flag:
+        return True
+    from .settings import load
+    return load().sandbox
 
 
 class Context:

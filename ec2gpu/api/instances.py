@@ -152,14 +152,16 @@ def launch(*, instance_type: Optional[str] = None, spot: bool = False, name: Opt
     if not 1 <= nodes <= 64:
         raise UsageError(f"nodes {nodes} is out of range", "give 1 to 64")
     idle = idle_rule(idle_stop, idle_down, no_idle, max_runtime, spot)
+    asked = None if instance_type is None else _types(instance_type)  # refused before a sandbox is started
     with _context(region, sandbox, True, log) as ctx:
-        types = _types(ctx.settings.instance_type if instance_type is None else instance_type)
+        types = asked or _types(ctx.settings.instance_type)
         opts = pipeline.TrainOptions(instance_type=",".join(types), spot=spot, name=name, ssh_cidr=ssh_cidr, ami=ami,
                                      max_runtime_minutes=max_runtime or 120, nodes=nodes, idle=idle)
         return standing.launch(ctx.aws, ctx.settings, opts, reporter or Reporter(), ctx.backend)
 
 
-def stop(name: str, *, region: Optional[str] = None, sandbox: bool = False, log: Log = _quiet) -> list[dict]:
+def stop(name: str, *, region: Optional[str] = None, sandbox: bool = False, log: Log = _quiet,
+         warn: Optional[Log] = None) -> list[dict]:
     """Stop a standing on-demand instance (or every node of cluster ``name``): its EBS disk is kept
     and billed, its instance-store NVMe erased. Returns one dict per instance (runs/stopstart.stop:
     name, instance_id, instance_type, state, instance_store_gb). Raises UsageError for an unknown
@@ -168,11 +170,12 @@ def stop(name: str, *, region: Optional[str] = None, sandbox: bool = False, log:
     with _context(region, sandbox, True, log) as ctx:
         ctx.aws.check_credentials()
         rows = stopstart.stop(ctx.aws, name, log=log)
-        settle(ctx, ended=False, log=log)  # the stop, dated by EC2, ends a running interval in the ledger
+        settle(ctx, ended=False, log=log, warn=warn)  # the stop, dated by EC2, ends a running interval in the ledger
     return rows
 
 
-def start(name: str, *, region: Optional[str] = None, sandbox: bool = False, log: Log = _quiet) -> list[dict]:
+def start(name: str, *, region: Optional[str] = None, sandbox: bool = False, log: Log = _quiet,
+          warn: Optional[Log] = None) -> list[dict]:
     """Start a stopped instance (or cluster) again: wait until it answers SSH with its pinned host
     key at its new address, and schedule its --max-runtime shutdown again (a stop cancels it).
     Returns one dict per instance (runs/stopstart.start: name, instance_id, state, public_ip).
@@ -180,14 +183,14 @@ def start(name: str, *, region: Optional[str] = None, sandbox: bool = False, log
     from ..runs import stopstart
     with _context(region, sandbox, True, log) as ctx:
         ctx.aws.check_credentials()
-        settle(ctx, ended=False, log=log)  # a stop no command has seen yet (--idle-stop) is recorded first
+        settle(ctx, ended=False, log=log, warn=warn)  # a stop no command has seen yet (--idle-stop) is recorded first
         rows = stopstart.start(ctx.aws, ctx.settings, ctx.backend, name, log=log)
-        settle(ctx, ended=False, log=log)  # ... and the new running interval
+        settle(ctx, ended=False, log=log, warn=warn)  # ... and the new running interval
     return rows
 
 
 def scale(name: str, nodes: int, *, max_runtime: int = 120, region: Optional[str] = None, sandbox: bool = False,
-          log: Log = _quiet) -> dict:
+          log: Log = _quiet, warn: Optional[Log] = None) -> dict:
     """Grow or shrink the standing cluster ``name`` to ``nodes`` (node 0 always stays); new nodes
     join its security group, zone and placement group, each host key pinned and checked against
     its console output, and end themselves after ``max_runtime`` minutes. Returns aws/clusters.scale's
@@ -205,7 +208,7 @@ def scale(name: str, nodes: int, *, max_runtime: int = 120, region: Optional[str
                               pin=lambda found: standing.pin_all(ctx.aws, ctx.settings, ctx.backend, found, log))
         if done["added"] or done["removed"]:
             standing.write_ssh_config(ctx.aws, ctx.settings, ctx.backend, log, log=log)
-            settle(ctx, ended=False, log=log)  # the nodes' running intervals, while EC2 still lists those that ended
+            settle(ctx, ended=False, log=log, warn=warn)  # the nodes' running intervals, while EC2 lists the ended
     return done
 
 
@@ -228,8 +231,9 @@ def cleanup(*, dry_run: bool = False, all_regions: bool = False, fetch: bool = T
     security groups, key pairs and their key files, placement groups, roles, images and snapshots
     of bakes that did not complete), best-effort: a kind that cannot go is left and named, the rest
     still goes. ``fetch``: first bring home what the jobs of runs whose controller died wrote.
-    Returns {"dry_run": bool, "regions": {region: {kind: [ids], "left": [ids it could not remove]}}}
-    (regions where nothing was found are left out). Raises NoCredentials, AwsError."""
+    Returns {"dry_run": bool, "regions": {region: {kind: [ids], "left": [ids it could not remove]}},
+    "searched": [regions looked in]} (regions where nothing was found are left out of "regions").
+    Raises NoCredentials, AwsError."""
     from ..aws import sweep
     report: dict[str, Any] = {}
     with _context(region, sandbox, False, log) as ctx:
@@ -296,8 +300,8 @@ def doctor(*, instance_type: Optional[str] = None, spot: bool = False, region: O
     """Check credentials, region, default VPC, GPU quota (on-demand, or spot with ``spot``), AMI,
     this machine's IP, prices, ssh, rsync and key files for ``instance_type`` (default: the
     configured one). Returns one dict per check (runs/doctor.Check.as_dict: name, ok (True, False,
-    or None: could not tell), detail, fix); runs/doctor.exit_code gives the command's exit code.
-    Raises NoCredentials (nothing else can be asked without them)."""
+    or None: could not tell), detail, fix); missing credentials are a failed "credentials" check,
+    not an error. The command's exit code: runs/doctor.exit_code([doctor.Check(**c) for c in rows])."""
     from ..runs import doctor as doc
     with _context(region, sandbox, False, log) as ctx:
         checks = doc.run_checks(ctx.aws, ctx.settings, instance_type or ctx.settings.instance_type, spot,

@@ -108,7 +108,7 @@ def train_mnist(*, instance_type: Optional[str] = None, spot: bool = False, spot
         return run_local.train_local(opts, ui, data_dir, load())
     from ..backend import Context
     from ..runs import standing
-    with Context(region, sandbox) as ctx:
+    with Context(region, sandbox, persistent=keep) as ctx:  # a kept instance outlives a sandbox this starts
         if instance_type is None:
             opts = replace(opts, instance_type=ctx.settings.instance_type)
         if cluster:

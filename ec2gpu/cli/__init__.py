@@ -180,13 +180,6 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
     """Rent a GPU on AWS EC2 for exactly as long as a training job needs it."""
 
 
-def Context(region: str | None, sandbox: bool, persistent: bool = False):  # noqa: N802 - used as the class it makes
-    """A backend.Context for one command (a context manager), telling the terminal when it starts a
-    sandbox for good. ec2gpu.backend is imported here, not at start-up: --help needs none of it."""
-    from ..backend import Context as BackendContext
-    return BackendContext(region, sandbox, persistent, note=note)
-
-
 def _sandbox_flag(flag: bool = False) -> bool:
     """--sandbox, or EC2GPU_SANDBOX=1 (backend.sandbox_from_env)."""
     from ..backend import sandbox_from_env

@@ -1,15 +1,24 @@
 """Standing instances and clusters: launch, stop, start, scale, ls, down, cleanup, doctor."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import typer
 
 from . import (JSON, REGION, SANDBOX, RichReporter, _sandbox_flag, app, err, note, out, plain, render_json, say,
                table, table_row, warn)
 
-if TYPE_CHECKING:
-    from ..backend import Context as BackendContext  # what cli.Context returns
+
+
+
+def _one_line(text: str) -> None:
+    """A step's note on stderr, dim, on one line however wide (a script or a log keeps it whole)."""
+    say(err, text, "dim", soft_wrap=True)
+
+
+def _yellow(text: str) -> None:
+    """A note that needs the user's eye (a bill settled, a run that could not be reached), on stderr."""
+    note(text, "yellow")
 
 
 @app.command()
@@ -44,7 +53,7 @@ def launch(
     rows = ops.launch(instance_type=instance_type, spot=spot, name=name, ssh_cidr=ssh_cidr, ami=ami,
                       max_runtime=max_runtime, idle_stop=idle_stop, idle_down=idle_down, no_idle=no_idle, nodes=nodes,
                       region=region, sandbox=_sandbox_flag(sandbox), reporter=RichReporter(err, quiet=as_json),
-                      log=note, warn=lambda line: note(line, "yellow"))
+                      log=note, warn=_yellow)
     if as_json:
         render_json(rows)
     else:
@@ -71,13 +80,6 @@ def lifetime_words(idle, max_runtime_minutes: int, count: int = 1) -> str:
             f"{max_runtime_minutes} min after it boots (--max-runtime), whichever comes first")
 
 
-def _settle(ctx: BackendContext, run_ids: set[str] | None = None, ended: bool = True, keep=frozenset()) -> None:
-    """api.instances.settle, each step said on stderr (a settled bill in yellow; one line, however wide)."""
-    from ..api import instances as ops
-    ops.settle(ctx, run_ids, ended, keep, log=lambda m: say(err, m, "dim", soft_wrap=True),
-               warn=lambda m: note(m, "yellow"))
-
-
 @app.command()
 def stop(name: str = typer.Argument(..., help="Name, instance id or cluster of a standing on-demand instance."),
          region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
@@ -87,7 +89,7 @@ def stop(name: str = typer.Argument(..., help="Name, instance id or cluster of a
     instance-store NVMe, if it has one (/opt/dlami/nvme on the Deep Learning AMI), is lost.
     `ec2gpu start NAME` brings it back. Spot instances cannot be stopped (say `ec2gpu down NAME`)."""
     from ..api import instances as ops
-    rows = ops.stop(name, region=region, sandbox=_sandbox_flag(sandbox), log=note)
+    rows = ops.stop(name, region=region, sandbox=_sandbox_flag(sandbox), log=note, warn=_yellow)
     if as_json:
         render_json(rows)
         return
@@ -115,7 +117,7 @@ def start(name: str = typer.Argument(..., help="Name, instance id or cluster of 
     Waits until it answers SSH with its pinned host key at its new address, and schedules its
     --max-runtime shutdown again (a stop cancels it)."""
     from ..api import instances as ops
-    rows = ops.start(name, region=region, sandbox=_sandbox_flag(sandbox), log=note)
+    rows = ops.start(name, region=region, sandbox=_sandbox_flag(sandbox), log=note, warn=_yellow)
     if as_json:
         render_json(rows)
         return
@@ -136,7 +138,8 @@ def scale(name: str = typer.Argument(..., help="The standing cluster's name (ec2
     as `launch` does, and $EC2GPU_HOME/ssh_config is written again; a node whose key cannot be
     pinned is terminated."""
     from ..api import instances as ops
-    done = ops.scale(name, nodes, max_runtime=max_runtime, region=region, sandbox=_sandbox_flag(sandbox), log=note)
+    done = ops.scale(name, nodes, max_runtime=max_runtime, region=region, sandbox=_sandbox_flag(sandbox), log=note,
+                     warn=_yellow)
     if as_json:
         render_json(done)
     elif not done["added"] and not done["removed"]:
@@ -174,8 +177,7 @@ def _state_cell(r: dict) -> str:
 def ls(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
     """List the instances this tool launched that are still alive: age, price and cost so far."""
     from ..api import instances as ops
-    rows = ops.list_instances(region=region, sandbox=_sandbox_flag(sandbox),
-                              log=lambda m: say(err, m, "dim", soft_wrap=True), warn=lambda m: note(m, "yellow"))
+    rows = ops.list_instances(region=region, sandbox=_sandbox_flag(sandbox), log=_one_line, warn=_yellow)
     if as_json:
         render_json(rows)
         return
@@ -230,7 +232,7 @@ def cleanup(dry_run: bool = typer.Option(False, "--dry-run", help="Only list wha
     region) and their bills settled."""
     from ..api import instances as ops
     swept = ops.cleanup(dry_run=dry_run, all_regions=all_regions, fetch=not no_fetch, region=region,
-                        sandbox=_sandbox_flag(sandbox), log=note, warn=lambda m: note(m, "yellow"))
+                        sandbox=_sandbox_flag(sandbox), log=_one_line, warn=_yellow)
     report, regions = swept["regions"], swept["searched"]
     if as_json:
         render_json({"dry_run": dry_run, "regions": report})
@@ -305,8 +307,8 @@ def down(name: Optional[str] = typer.Argument(None, help="Name, instance id or r
     A run whose controller died (`ec2gpu runs` says so) gets its outputs, checkpoints and log
     brought home first, and its bill settled from the instances' own times."""
     from ..api import instances as ops
-    removed = ops.down(name, all=all_, fetch=not no_fetch, region=region, sandbox=_sandbox_flag(sandbox), log=note,
-                       warn=lambda m: note(m, "yellow"))
+    removed = ops.down(name, all=all_, fetch=not no_fetch, region=region, sandbox=_sandbox_flag(sandbox),
+                       log=_one_line, warn=_yellow)
     if as_json:
         render_json(removed)
         raise typer.Exit(1 if any(r.get("left") for r in removed.values()) else 0)

@@ -24,6 +24,7 @@ def no_backend(monkeypatch):
     (lambda: ops.launch(name="dev\n"), "name"),
     (lambda: ops.launch(ssh_cidr="not-a-cidr"), "CIDR"),
     (lambda: ops.launch(nodes=0), "nodes"),
+    (lambda: ops.launch(instance_type="t3.micro", sandbox=True), "no NVIDIA GPU"),  # no sandbox started for it
     (lambda: ops.launch(idle_stop="30m", spot=True), "spot"),
     (lambda: ops.launch(no_idle=True), "--max-runtime"),
     (lambda: ops.down(), "which instances"),

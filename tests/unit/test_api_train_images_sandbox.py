@@ -120,7 +120,7 @@ def test_train_mnist_gives_the_pipeline_every_flag_and_returns_its_record(home, 
                                out=Path("o"), region="eu-west-1", sandbox=True, reporter=reporter,
                                as_typed="ec2gpu train mnist --spot")
     assert record == {"run_id": "r1", "status": "completed"}
-    assert fake_context == [("eu-west-1", True, False)]
+    assert fake_context == [("eu-west-1", True, True)]  # --keep: a sandbox this starts outlives the command
     o = seen["opts"]
     assert (o.model, o.epochs, o.seed, o.spot, o.spot_fallback, o.keep, o.max_runtime_minutes) == \
         ("lenet", 2, 7, True, "on-demand", True, 30)

@@ -51,6 +51,15 @@ def test_sandbox_flag_from_environment(clean_env):
     assert settings.load({}).sandbox is False
 
 
+def test_every_command_reads_ec2gpu_sandbox_as_the_settings_do(clean_env):
+    """One parser: `EC2GPU_SANDBOX=on` selects the sandbox for --local checks and `runs` as for the backend."""
+    from ec2gpu.backend import sandbox_from_env
+    clean_env.setenv("EC2GPU_SANDBOX", "on")
+    assert sandbox_from_env() is True and settings.load().sandbox is True
+    clean_env.setenv("EC2GPU_SANDBOX", "off")
+    assert sandbox_from_env() is False and sandbox_from_env(True) is True
+
+
 @pytest.mark.parametrize("name, value", [("EC2GPU_SANDBOX", "maybe"), ("EC2GPU_ROOT_VOLUME_GIB", "-5"),
                                          ("EC2GPU_MAX_DOWNLOAD_FILES", "many"), ("EC2GPU_MAX_DOWNLOAD_BYTES", "4 lots")])
 def test_a_bad_value_is_one_usage_error_naming_the_setting(clean_env, name, value):
