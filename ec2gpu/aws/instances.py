@@ -253,6 +253,12 @@ def start(ec2, instance_ids: list[str], timeout_s: float = 600) -> list[dict]:
     return wait_running(ec2, instance_ids, timeout_s)
 
 
+def reboot(ec2, instance_ids: list[str]) -> None:
+    """Ask EC2 to reboot the instances (RebootInstances: asynchronous, returns at once; an instance
+    keeps its id, addresses, volumes and LaunchTime). Waits for nothing: a caller that needs the
+    instance back watches its boot id (remote/ssh.boot_id). Raises botocore's ClientError as it is."""
+    ec2.reboot_instances(InstanceIds=instance_ids)
+
 def root_volume_gib(ec2, instance_ids: list[str]) -> dict[str, int]:
     """Instance id -> GiB of the EBS volumes attached to it (one DescribeVolumes call)."""
     if not instance_ids:

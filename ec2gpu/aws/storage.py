@@ -7,9 +7,12 @@ default encryption SSE-S3 (https://docs.aws.amazon.com/AmazonS3/latest/userguide
 object ownership "bucket owner enforced" (ACLs off: S3's default for new buckets since April 2023,
 https://docs.aws.amazon.com/AmazonS3/latest/userguide/about-object-ownership.html), tagged with
 its owner. It is the user's: never deleted by ec2gpu.
+
+Also the upload of a file (``upload``: --checkpoint-uri's second copy, runs/recovery.py).
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import botocore.exceptions
@@ -96,6 +99,12 @@ def make_buckets(s3, buckets: list[str], region: str, owner: str, log=lambda lin
         create_private_bucket(s3, bucket, region, owner)
         log(f"file_mounts: created s3://{bucket} in {region} (private, encrypted; it stays after the run)")
 
+
+def upload(s3, path: str | os.PathLike, bucket: str, key: str) -> None:
+    """Copy the local file ``path`` to s3://``bucket``/``key`` (boto3's managed transfer: multipart
+    for a large file), replacing the object there. Raises what boto3 raises (S3UploadFailedError,
+    botocore's ClientError, FileNotFoundError for a missing ``path``)."""
+    s3.upload_file(str(path), bucket, key)
 
 def single_objects(s3, mounts_: list) -> set[str]:
     """The targets of S3 source entries of ``mounts_`` whose prefix is one object's whole key and no

@@ -15,10 +15,15 @@ run over SSH would call (``~/.bashrc`` is read by sshd's non-interactive command
   sparse one) stops at the bound.
 
 A name that fails a check is skipped and reported once (``Selection.skipped``).
+
+What goes up is here too: directories made, files and text put on the instance (``make_dirs``,
+``put_file``, ``write_text``, ``write_private``: mode 0600 before any byte, ``put_tree``).
 """
 from __future__ import annotations
 
+import io
 import os
+import shlex
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -214,3 +219,55 @@ def get_bounded(sftp, remote_path: str, target: Path, max_bytes: int) -> int:
         tmp.unlink(missing_ok=True)
         raise
     return written
+
+
+# Transfers to the instance: ``conn`` is a fabric Connection (remote/ssh.connect). A shell command
+# that fails raises invoke's UnexpectedExit; the connection's errors (paramiko, socket, SFTP's
+# OSError) propagate.
+
+def make_dirs(conn, *paths: str) -> None:
+    """Make the directories ``paths`` on the instance, and their parents (`mkdir -p`, one command)."""
+    conn.run(f"mkdir -p {' '.join(shlex.quote(p) for p in paths)}", hide=True, in_stream=False)
+
+
+def put_file(conn, local: str | os.PathLike, remote: str) -> None:
+    """Copy the file ``local`` (on this machine) to the path ``remote`` on the instance (SFTP; its
+    directory must exist), replacing what is there."""
+    conn.put(str(local), remote)
+
+
+def write_text(conn, path: str, text: str) -> None:
+    """Write ``text`` (UTF-8) to the file ``path`` on the instance (SFTP; its directory must exist),
+    replacing what is there."""
+    conn.put(io.BytesIO(text.encode()), path)
+
+
+def write_private(conn, path: str, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` on the instance, mode 0600 before any byte is in it (the
+    file is made empty under `umask 077` first, then written over SFTP)."""
+    conn.run(f"umask 077 && : > {shlex.quote(path)}", hide=True, in_stream=False)
+    conn.put(io.BytesIO(text.encode()), path)
+
+
+def put_tree(conn, local_root: Path, paths: list[Path], remote_dir: str) -> None:
+    """Copy ``paths`` (files under ``local_root`` on this machine) to the same relative places
+    under ``remote_dir`` on the instance over SFTP, making ``remote_dir`` and each file's directory
+    first."""
+    make_dirs(conn, remote_dir)
+    sftp = conn.sftp()
+    for path in paths:
+        rel = path.relative_to(local_root).as_posix()
+        if "/" in rel:
+            make_dirs(conn, remote_dir + "/" + rel.rsplit("/", 1)[0])
+        sftp.put(str(path), f"{remote_dir}/{rel}")
+
+
+def list_files(conn, remote_dir: str, hidden: bool = True) -> list[RemoteFile]:
+    """``listing`` of ``remote_dir`` over the connection's SFTP session (no shell)."""
+    return listing(conn.sftp(), remote_dir, hidden=hidden)
+
+
+def pull_bounded(conn, remote_path: str, target: Path, max_bytes: int) -> int:
+    """``get_bounded`` over the connection's SFTP session: ``remote_path`` to ``target``, at most
+    ``max_bytes`` bytes; the bytes written. Raises TooBig, FileNotFoundError as it does."""
+    return get_bounded(conn.sftp(), remote_path, target, max_bytes)

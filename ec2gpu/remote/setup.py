@@ -99,3 +99,33 @@ def _reusable(conn: Connection, text: str, digest: str, machine: str) -> dict | 
     if not conn.run(f"test -x {shlex.quote(info['python'])}", hide=True, warn=True, in_stream=False).ok:
         return None
     return {**info, "reused": at[:40]}
+
+
+def has_module(conn: Connection, python: str, module: str) -> bool:
+    """Whether ``python`` (a path on the instance) imports ``module`` (a dotted name, shell-safe)
+    there: `python -c 'import module'` exits 0. Raises the connection's errors."""
+    return conn.run(f"{shlex.quote(python)} -c 'import {module}'", warn=True, hide=True).ok
+
+
+#: a task's setup that ran on the instance leaves $HOME/.ec2gpu/setup-done/<key> (runs/engine.setup_hash)
+TASK_MARKERS = ".ec2gpu/setup-done"
+
+
+def _task_marker(key: str) -> str:
+    return f'"$HOME/{TASK_MARKERS}/{key}"'  # quoted for the shell (shellcheck SC2086)
+
+
+def task_setup_done(conn: Connection, key: str) -> str:
+    """What the marker of the task setup ``key`` (a hex digest) says on the instance: when it ran
+    (UTC, ISO 8601), and the image it was baked into when it was (runs/bake.keep_setup), stripped;
+    '' when that setup has not run there. Raises the connection's errors."""
+    done = conn.run(f"cat {_task_marker(key)} 2>/dev/null", hide=True, warn=True, in_stream=False)
+    return done.stdout.strip() if done.ok else ""
+
+
+def mark_task_setup_done(conn: Connection, key: str) -> None:
+    """Leave the marker of the task setup ``key`` (a hex digest) on the instance, holding the time
+    now (UTC, ISO 8601). Raises invoke's UnexpectedExit when it cannot be written, and the
+    connection's errors."""
+    conn.run(f'mkdir -p "$HOME/{TASK_MARKERS}" && date -u +%Y-%m-%dT%H:%M:%SZ > {_task_marker(key)}', hide=True,
+             in_stream=False)

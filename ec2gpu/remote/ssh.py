@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import socket
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import paramiko
@@ -196,3 +197,45 @@ def run(conn: Connection, command: str, hide: bool = True, timeout_s: float | No
         tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-15:])
         raise RemoteError(f"`{command}` on {conn.host} exited {r.exited}", "its output is shown above",
                           command=command, host=conn.host, exit_status=r.exited, tail=tail)
+
+
+def execute(conn: Connection, command: str) -> str:
+    """Run ``command`` (a shell line; output hidden, no stdin, no time limit) and return its stdout.
+
+    Unlike ``run``, a non-zero exit raises invoke's UnexpectedExit as it is (not RemoteError); the
+    connection's errors (paramiko, socket) propagate."""
+    return conn.run(command, hide=True, in_stream=False).stdout
+
+
+@dataclass(frozen=True)
+class Exit:
+    """How a command ended on the instance: its exit status and its whole stdout and stderr (text)."""
+
+    exited: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        """Whether it exited 0."""
+        return self.exited == 0
+
+
+def attempt(conn: Connection, command: str, timeout_s: float | None = None, stream=None) -> Exit:
+    """Run ``command`` (a shell line; output hidden, no stdin) and return how it ended, whatever its
+    exit status. ``stream`` (a text stream: a line writer) gets its stdout and stderr as they come;
+    the caller flushes it. Raises invoke's CommandTimedOut after ``timeout_s`` seconds (None: no
+    limit), and the connection's errors (paramiko, socket)."""
+    more: dict = {} if stream is None else {"out_stream": stream, "err_stream": stream}
+    if timeout_s is not None:
+        more["timeout"] = timeout_s
+    got = conn.run(command, hide=True, warn=True, in_stream=False, **more)
+    return Exit(got.exited, got.stdout, got.stderr)
+
+
+def boot_id(conn: Connection) -> str:
+    """The kernel's id of the instance's current boot (a UUID, new at every boot; a sandbox instance
+    keeps its own in $EC2GPU_BOOT_ID_FILE). Raises invoke's UnexpectedExit when it cannot be read,
+    and the connection's errors."""
+    return conn.run('cat "${EC2GPU_BOOT_ID_FILE:-/proc/sys/kernel/random/boot_id}"', hide=True,
+                    in_stream=False).stdout.strip()

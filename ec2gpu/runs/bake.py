@@ -144,12 +144,13 @@ def bake_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[di
 def run_script(nd, script: str, args: list[str], log, ok=(0,)) -> int:
     """Upload ami/SCRIPT to the node's run directory and run it, its lines to ``log``; its exit
     status when in ``ok``, else RemoteError with its last lines."""
+    from ..remote import files, ssh
     from .engine import TAIL_LINES, _LineWriter
-    nd.conn.run(f"mkdir -p {shlex.quote(nd.run_dir)}", hide=True, in_stream=False)
-    nd.conn.put(str(AMI_DIR / script), f"{nd.run_dir}/{script}")
+    files.make_dirs(nd.conn, nd.run_dir)
+    files.put_file(nd.conn, AMI_DIR / script, f"{nd.run_dir}/{script}")
     out = _LineWriter(log)
-    result = nd.conn.run(" ".join(["bash", shlex.quote(f"{nd.run_dir}/{script}"), *map(shlex.quote, args)]),
-                         hide=True, warn=True, in_stream=False, out_stream=out, err_stream=out, timeout=3600)
+    result = ssh.attempt(nd.conn, " ".join(["bash", shlex.quote(f"{nd.run_dir}/{script}"), *map(shlex.quote, args)]),
+                         timeout_s=3600, stream=out)
     out.flush()
     if result.exited not in ok:
         tail = "\n".join((result.stdout + result.stderr).strip().splitlines()[-TAIL_LINES:])
@@ -178,12 +179,6 @@ def install_driver(aws, nd, backend, log, reboots: int = 2, ends_at: datetime | 
                       "bake --from dlami (the Deep Learning AMI has the driver), or check the driver for this GPU")
 
 
-def boot_id(conn) -> str:
-    """The kernel's id of the current boot (a sandbox instance keeps its own in $EC2GPU_BOOT_ID_FILE)."""
-    return conn.run('cat "${EC2GPU_BOOT_ID_FILE:-/proc/sys/kernel/random/boot_id}"', hide=True,
-                    in_stream=False).stdout.strip()
-
-
 def reboot(aws, nd, backend, log, timeout_s: float = 900.0, every_s: float = 5.0,
            ends_at: datetime | None = None) -> None:
     """Reboot the node's instance (EC2 RebootInstances) and wait until SSH answers from a new boot
@@ -193,11 +188,12 @@ def reboot(aws, nd, backend, log, timeout_s: float = 900.0, every_s: float = 5.0
     controller that dies during the reboot still leaves a builder that ends itself; not on a sandbox
     instance, whose system is this machine's) and over SSH once the instance is back. Raises
     WaitTimeout."""
-    from ..remote import jobs
-    before = boot_id(nd.conn)
+    from ..aws import instances
+    from ..remote import jobs, ssh
+    before = ssh.boot_id(nd.conn)
     if ends_at is not None and not backend.is_sandbox:
         install_per_boot_script(nd, ends_at)
-    aws.ec2.reboot_instances(InstanceIds=[nd.instance_id])
+    instances.reboot(aws.ec2, [nd.instance_id])
     log(f"rebooting {nd.instance_id} (EC2 RebootInstances) so the NVIDIA driver loads")
     nd.close()
     nd.conn = None
@@ -207,7 +203,7 @@ def reboot(aws, nd, backend, log, timeout_s: float = 900.0, every_s: float = 5.0
         try:
             nd.host, nd.port = backend.ssh_target(nd.instance)  # the sandbox's sshd moves on a reboot
             conn = nd.connect()
-            if boot_id(conn) != before:
+            if ssh.boot_id(conn) != before:
                 nd.conn = conn
                 log(f"{nd.instance_id} is back from its reboot")
                 if ends_at is not None:
@@ -248,10 +244,11 @@ def minutes_left(deadline: datetime, now: datetime) -> int:
 def rearm_max_runtime(nd, deadline: datetime, log) -> int:
     """Schedule the node's --max-runtime shutdown again, for the minutes left until ``deadline``
     (the deadline stays; a reboot does not give a fresh full period); the minutes scheduled."""
+    from ..remote import ssh
     from .limits import schedule_shutdown_command
     now = datetime.now(timezone.utc)
     left = minutes_left(deadline, now)
-    nd.conn.run(schedule_shutdown_command(left), hide=True, in_stream=False)
+    ssh.execute(nd.conn, schedule_shutdown_command(left))
     log(f"{nd.instance_id}: its --max-runtime shutdown armed again for {now + timedelta(minutes=left):%H:%M} UTC "
         f"({left} min left; a reboot forgets it)")
     return left
@@ -280,22 +277,23 @@ def per_boot_install_command(source: str, path: str = PER_BOOT_SCRIPT) -> str:
 
 def install_per_boot_script(nd, deadline: datetime) -> None:
     """Put per_boot_script on the node's instance at PER_BOOT_SCRIPT (through its run directory)."""
-    import io
+    from ..remote import files, ssh
     source = f"{nd.run_dir}/ec2gpu-max-runtime.sh"
-    nd.conn.run(f"mkdir -p {shlex.quote(nd.run_dir)}", hide=True, in_stream=False)
-    nd.conn.put(io.BytesIO(per_boot_script(nd.instance_id, deadline).encode()), source)
-    nd.conn.run(per_boot_install_command(source), hide=True, in_stream=False)
+    files.make_dirs(nd.conn, nd.run_dir)
+    files.write_text(nd.conn, source, per_boot_script(nd.instance_id, deadline))
+    ssh.execute(nd.conn, per_boot_install_command(source))
 
 
 def prefetch(nd, job, bp: BakePlan, log) -> None:
     """Put what the task declares it reads into the image: MNIST (checked) for the built-in task."""
     if job.builtin != "mnist":
         return
+    from ..remote import ssh
     from .engine import workdir_of
     python = shlex.quote(str(nd.info.get("python") or "python3"))
     src = f" --data-dir {shlex.quote(bp.data_dir)}" if bp.data_dir else ""
-    done = nd.conn.run(f"cd {shlex.quote(workdir_of(nd.run_dir, job))} && {python} -m ec2gpu.train.data --prefetch{src}",
-                       hide=True, warn=True, in_stream=False, timeout=1800)
+    done = ssh.attempt(nd.conn, f"cd {shlex.quote(workdir_of(nd.run_dir, job))} && {python} -m ec2gpu.train.data "
+                                f"--prefetch{src}", timeout_s=1800)
     if not done.ok:
         raise RemoteError(f"pre-fetching MNIST on {nd.instance_id} failed", "see its error below", command="prefetch",
                           host=nd.host, exit_status=done.exited, tail=(done.stdout + done.stderr)[-2000:])
@@ -306,7 +304,8 @@ def keep_setup(nd, name: str, log) -> None:
     """Keep what setup-gpu.sh found as $HOME/.ec2gpu/baked-setup.json: on an instance of the image,
     the machine setup reads it instead of importing torch again (ami/setup-gpu.sh). The task's
     setup markers say which image holds them (engine.setup_node shows it when it skips)."""
-    nd.conn.run(keep_setup_command(nd.run_dir, name), hide=True, in_stream=False)
+    from ..remote import ssh
+    ssh.execute(nd.conn, keep_setup_command(nd.run_dir, name))
     log(f"machine setup kept for the image: python {nd.info.get('python')}, torch {nd.info.get('torch_version')}")
 
 

@@ -218,16 +218,11 @@ def checkpoint_remote(job: TaskJob, run_dir: str) -> str:
     return node_env(job, "", run_dir, 0, ["-"], 0, False)["EC2GPU_CHECKPOINT_DIR"]
 
 
-def _put_private(conn, text: str, path: str) -> None:
-    """Write ``text`` to ``path`` on the instance, mode 0600 before any byte is in it."""
-    conn.run(f"umask 077 && : > {shlex.quote(path)}", hide=True, in_stream=False)
-    conn.put(io.BytesIO(text.encode()), path)
-
-
 def upload_node(nd, job: TaskJob, ssh_config: Path | None, run_id: str, addresses: list[str], resume: bool,
                 checkpoints, log) -> None:
     """Send the workdir, the agent and the job's environment (0600) to node ``nd``, and make its
     output and checkpoint directories; on a replacement, the checkpoint directory brought home."""
+    from ..remote import files, ssh
     from .nodes import processes_per_node
     workdir = workdir_of(nd.run_dir, job)
     if job.manifest is not None:
@@ -236,23 +231,22 @@ def upload_node(nd, job: TaskJob, ssh_config: Path | None, run_id: str, addresse
     elif job.loaded.git:
         clone_workdir(nd.conn, job.loaded.git, workdir, log)
     else:
-        nd.conn.run(f"mkdir -p {shlex.quote(workdir)}", hide=True, in_stream=False)
+        files.make_dirs(nd.conn, workdir)
     gpus = processes_per_node(nd.info) if nd.info.get("cuda_available") else int(nd.info.get("gpu_count") or 0)
     env = node_env(job, run_id, nd.run_dir, nd.index, addresses, gpus, resume, nd.info.get("python") or "python3",
                    instance_type=(nd.instance or {}).get("InstanceType"))
     # both exist when the job starts: it may write "$EC2GPU_CHECKPOINT_DIR/state.txt" at once
-    nd.conn.run(f"mkdir -p {shlex.quote(env['EC2GPU_OUTPUT_DIR'])} {shlex.quote(env['EC2GPU_CHECKPOINT_DIR'])}",
-                hide=True, in_stream=False)
+    files.make_dirs(nd.conn, env["EC2GPU_OUTPUT_DIR"], env["EC2GPU_CHECKPOINT_DIR"])
     # SkyPilot's workdir path (sky/skylet/constants.py SKY_REMOTE_WORKDIR), unless something real is there
-    nd.conn.run(f'if [ ! -e "$HOME/sky_workdir" ] || [ -L "$HOME/sky_workdir" ]; then '
-                f'ln -sfn {shlex.quote(workdir)} "$HOME/sky_workdir"; fi', hide=True, in_stream=False)
-    nd.conn.put(str(AGENT), f"{nd.run_dir}/agent.py")
-    _put_private(nd.conn, json.dumps(env), f"{nd.run_dir}/job.env.json")
+    ssh.execute(nd.conn, f'if [ ! -e "$HOME/sky_workdir" ] || [ -L "$HOME/sky_workdir" ]; then '
+                         f'ln -sfn {shlex.quote(workdir)} "$HOME/sky_workdir"; fi')
+    files.put_file(nd.conn, AGENT, f"{nd.run_dir}/agent.py")
+    files.write_private(nd.conn, f"{nd.run_dir}/job.env.json", json.dumps(env))
     from . import status
     nd.agent_key = status.new_key()  # signs the agent's status.json; the agent deletes the file before the job starts
-    _put_private(nd.conn, nd.agent_key, f"{nd.run_dir}/agent.key")
+    files.write_private(nd.conn, f"{nd.run_dir}/agent.key", nd.agent_key)
     # the names (never the values) of the secrets, so `ec2gpu logs` can mask job.log as it shows it
-    nd.conn.put(io.BytesIO(json.dumps(sorted(job.task.secrets)).encode()), f"{nd.run_dir}/secret_names.json")
+    files.write_text(nd.conn, f"{nd.run_dir}/secret_names.json", json.dumps(sorted(job.task.secrets)))
     if resume and checkpoints is not None and checkpoints.has_any():
         count = checkpoints.push(nd.conn, env["EC2GPU_CHECKPOINT_DIR"])
         log(f"pushed the checkpoint directory ({count} file(s)); the job resumes with EC2GPU_RESUME=1")
@@ -271,12 +265,13 @@ def clone_workdir(conn, git: dict, workdir: str, log) -> None:
     branch) in ``workdir`` on the instance, by the instance (git-clone(1); credentials for a private
     repository are not sent: a public one, or one the instance may read). Raises RemoteError with
     git's last lines when it fails."""
+    from ..remote import ssh
     w, url = shlex.quote(workdir), shlex.quote(git["url"])
     checkout = f" && git -C {w} checkout --quiet {shlex.quote(git['ref'])} --" if git.get("ref") else ""
     # no prompt can wait for an answer: none for a password (https), none for a host key (ssh)
-    got = conn.run(f"rm -rf {w} && export GIT_TERMINAL_PROMPT=0 GIT_SSH_COMMAND='ssh -o BatchMode=yes' && "
-                   f"git clone --quiet -- {url} {w}{checkout} && "
-                   f"git -C {w} rev-parse HEAD", hide=True, warn=True, in_stream=False, timeout=1800)
+    got = ssh.attempt(conn, f"rm -rf {w} && export GIT_TERMINAL_PROMPT=0 GIT_SSH_COMMAND='ssh -o BatchMode=yes' && "
+                            f"git clone --quiet -- {url} {w}{checkout} && "
+                            f"git -C {w} rev-parse HEAD", timeout_s=1800)
     if not got.ok:
         from ..inert import inert
         raise RemoteError(f"workdir: git clone of {git['url']} failed on the instance (exit {got.exited})",
@@ -292,13 +287,12 @@ def setup_node(nd, job: TaskJob, log) -> None:
 
     Raises RemoteError (with the setup's last lines) when it fails.
     """
+    from ..remote import setup, ssh
     task = job.task
     if not task.setup:
         return
-    marker = f'"$HOME/.ec2gpu/setup-done/{setup_hash(task)}"'  # quoted for the shell (shellcheck SC2086)
-    done = nd.conn.run(f"cat {marker} 2>/dev/null", hide=True, warn=True, in_stream=False)
-    if done.ok and done.stdout.strip():
-        said = done.stdout.strip()
+    said = setup.task_setup_done(nd.conn, setup_hash(task))
+    if said:
         log(f"setup skipped: it ran at {said}" if "baked into image" in said else
             f"setup unchanged since it ran on this instance at {said}: skipped")
         return
@@ -310,17 +304,15 @@ def setup_node(nd, job: TaskJob, log) -> None:
               'SKYPILOT_SETUP_NUM_GPUS_PER_NODE="$SKYPILOT_NUM_GPUS_PER_NODE"; '
               f"{PROLOGUE}{task.setup}")
     out = _LineWriter(lambda line: log(job.mask(line)))
-    result = nd.conn.run(f"bash -c {shlex.quote(INTERACTIVE)} {shlex.quote(HANDOFF)} {shlex.quote(script)} setup",
-                         hide=True, warn=True,
-                         in_stream=False, out_stream=out, err_stream=out, timeout=3600)
+    result = ssh.attempt(nd.conn, f"bash -c {shlex.quote(INTERACTIVE)} {shlex.quote(HANDOFF)} {shlex.quote(script)} setup",
+                         timeout_s=3600, stream=out)
     out.flush()
     if not result.ok:
         tail = "\n".join(job.mask(result.stdout + result.stderr).strip().splitlines()[-TAIL_LINES:])
         raise RemoteError(f"the task's setup on node {nd.index} ({nd.instance_id}) exited {result.exited}",
                           "fix the setup (its output is shown above); nothing else ran", command="setup",
                           host=nd.host, exit_status=result.exited, tail=tail)
-    nd.conn.run(f'mkdir -p "$HOME/.ec2gpu/setup-done" && date -u +%Y-%m-%dT%H:%M:%SZ > {marker}', hide=True,
-                in_stream=False)
+    setup.mark_task_setup_done(nd.conn, setup_hash(task))
 
 
 #: prints `export K=V` lines from a JSON file (the job's environment, secrets included, without

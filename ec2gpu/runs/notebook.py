@@ -55,16 +55,16 @@ def open_server(conn, log) -> dict:
     """The JupyterLab of the instance behind ``conn``: the one that runs there, else a new one
     (module docstring); {"port" (on the instance), "token", "pid", "python", "reused"}. Raises
     RemoteError when it cannot be installed, started, or its record is not one ec2gpu wrote."""
-    from ..remote import setup, ssh
+    from ..remote import files, setup, ssh
 
     home = ssh.run(conn, 'printf %s "$HOME"').strip()
     directory = f"{home}/{REMOTE_DIR}"
     info = setup.setup(conn, directory, log=log)
     python = shlex.quote(info["python"])
-    if not conn.run(f"{python} -c 'import jupyterlab'", warn=True, hide=True).ok:
+    if not setup.has_module(conn, info["python"], "jupyterlab"):
         log(f"installing JupyterLab into {info['python']} (pip)")
         ssh.run(conn, f"{python} -m pip install --quiet jupyterlab", timeout_s=900)
-    conn.put(str(SERVER_SCRIPT), f"{directory}/server.py")
+    files.put_file(conn, SERVER_SCRIPT, f"{directory}/server.py")
     answer = ssh.run(conn, f"{python} {shlex.quote(directory + '/server.py')} {shlex.quote(directory)}",
                      timeout_s=300).strip().splitlines()
     server = _server_record(answer[-1] if answer else "")

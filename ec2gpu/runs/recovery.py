@@ -107,7 +107,6 @@ class DirCheckpoints:
         self.last = time.monotonic()
         self.seen = self.seen if self.seen is not None else {}
         self.warned = self.warned if self.warned is not None else set()
-        sftp = conn.sftp()
         listed = self._listing(conn, self.remote)
         changed = [f for f in listed.values() if self.seen.get(f.name) != (f.size, f.mtime)]
         left = self.limits_left({f.name for f in changed})
@@ -120,7 +119,7 @@ class DirCheckpoints:
         for f in sel.files:
             target = self.local / f.name
             try:
-                budget -= files.get_bounded(sftp, f"{self.remote}/{f.name}", target, budget)
+                budget -= files.pull_bounded(conn, f"{self.remote}/{f.name}", target, budget)
             except (FileNotFoundError, files.TooBig):
                 continue  # replaced or growing while it was copied: the next look takes it
             self.seen[f.name] = (f.size, f.mtime)
@@ -144,25 +143,20 @@ class DirCheckpoints:
     def _to_s3(self, path: Path, rel: str) -> None:
         if self.s3 is None or not self.target:
             return
+        from ..aws import storage
         try:
-            self.s3.upload_file(str(path), self.target[0], f"{self.target[1]}/{rel}".lstrip("/"))
+            storage.upload(self.s3, path, self.target[0], f"{self.target[1]}/{rel}".lstrip("/"))
         except Exception as exc:  # S3 is a second copy: a failure is reported, never fatal
             self.log(f"warning: could not upload {rel} to s3://{self.target[0]}/{self.target[1]}: {exc}")
 
     def push(self, conn, remote_dir: str) -> int:
         """Upload the local directory to ``remote_dir`` on a replacement; return the file count."""
-        import shlex
-        files = [p for p in self.local.rglob("*") if p.is_file() and not p.name.startswith(".")]
-        conn.run(f"mkdir -p {shlex.quote(remote_dir)}", hide=True, in_stream=False)
-        sftp = conn.sftp()
-        for path in files:
-            rel = path.relative_to(self.local).as_posix()
-            if "/" in rel:
-                conn.run(f"mkdir -p {shlex.quote(remote_dir + '/' + rel.rsplit('/', 1)[0])}", hide=True, in_stream=False)
-            sftp.put(str(path), f"{remote_dir}/{rel}")
+        from ..remote import files
+        paths = [p for p in self.local.rglob("*") if p.is_file() and not p.name.startswith(".")]
+        files.put_tree(conn, self.local, paths, remote_dir)
         if remote_dir == self.remote:  # what it has now came from here: not brought home again
             self.seen = {f.name: (f.size, f.mtime) for f in self._listing(conn, remote_dir).values()}
-        return len(files)
+        return len(paths)
 
     @staticmethod
     def _listing(conn, remote_dir: str) -> dict:
@@ -170,7 +164,7 @@ class DirCheckpoints:
         {}), listed over SFTP (no shell), hidden ones (a file being written, by the atomic-rename
         convention) left out."""
         from ..remote import files
-        return {f.name: f for f in files.listing(conn.sftp(), remote_dir, hidden=False)}
+        return {f.name: f for f in files.list_files(conn, remote_dir, hidden=False)}
 
 
 class InstanceWatch:
