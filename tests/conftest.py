@@ -89,3 +89,14 @@ def wire_errors(monkeypatch):
             return AWSResponse(request.url, status, {}, _Raw(body))
         client.meta.events.register(f"before-send.ec2.{operation}", before_send)
     return inject, calls, sleeps
+
+
+@pytest.fixture
+def no_backend(monkeypatch):
+    """Fail the test if a backend (a sandbox or AWS clients) is opened: every api/ function opens one
+    through ec2gpu.backend.Context, so input it must refuse first is proven refused before that."""
+    from ec2gpu import backend
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a backend was opened for input that should have been refused first")
+    monkeypatch.setattr(backend, "Context", refuse)

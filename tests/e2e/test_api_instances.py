@@ -12,14 +12,6 @@ pytestmark = pytest.mark.e2e
 NEEDS_MNIST = False
 
 
-@pytest.fixture
-def no_backend(monkeypatch):
-    """Fail any test that opens a backend (a sandbox or AWS clients)."""
-    def refuse(*args, **kwargs):
-        raise AssertionError("a backend was opened for input that should have been refused first")
-    monkeypatch.setattr(ops, "_context", refuse)
-
-
 @pytest.mark.parametrize("call, words", [
     (lambda: ops.launch(name="dev\n"), "name"),
     (lambda: ops.launch(ssh_cidr="not-a-cidr"), "CIDR"),

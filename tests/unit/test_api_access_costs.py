@@ -17,15 +17,6 @@ from ec2gpu.runs import ledger
 
 
 @pytest.fixture
-def no_backend(monkeypatch):
-    """Fail any test that opens a backend (a sandbox or AWS clients)."""
-    def refuse(*args, **kwargs):
-        raise AssertionError("a backend was opened for input that should have been refused first")
-    monkeypatch.setattr(costs, "_context", refuse)
-    monkeypatch.setattr(access, "_context", refuse)
-
-
-@pytest.fixture
 def home(tmp_path, monkeypatch):
     """A fresh EC2GPU_HOME, outside any sandbox."""
     for k in ("EC2GPU_SANDBOX", "AWS_ENDPOINT_URL", "EC2GPU_REGION"):

@@ -26,13 +26,12 @@ def home(tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def no_backend(monkeypatch):
-    """Fail any test that opens a backend (a sandbox or AWS clients) or trains on this machine."""
+def no_local_run(no_backend, monkeypatch):
+    """As no_backend (tests/conftest.py), and no training started on this machine either."""
     from ec2gpu.runs import bench, local
 
     def refuse(*args, **kwargs):
-        raise AssertionError("a backend was opened (or a local run started) for input that should have been refused")
-    monkeypatch.setattr(backend, "Context", refuse)
+        raise AssertionError("a local run started for input that should have been refused")
     monkeypatch.setattr(local, "train_local", refuse)
     monkeypatch.setattr(bench, "local", refuse)
 
@@ -56,7 +55,7 @@ def no_backend(monkeypatch):
     ({"max_attempts": 0}, "--max-attempts 0 is under 1"),
     ({"unreachable_after": 1.0}, "--unreachable-after 1 is under 5"),
 ])
-def test_train_mnist_refuses_bad_input_before_any_backend_is_opened(home, no_backend, kwargs, words):
+def test_train_mnist_refuses_bad_input_before_any_backend_is_opened(home, no_local_run, kwargs, words):
     with pytest.raises(UsageError, match=words):
         train.train_mnist(**kwargs)
     assert ledger.runs(home) == []  # not even a ledger row
@@ -72,7 +71,7 @@ def test_train_mnist_refuses_bad_input_before_any_backend_is_opened(home, no_bac
     ({"max_runtime": 0}, {}, "--max-runtime 0 is under 1"),
     ({"budget": -2.0}, {}, "--budget -2 is under 0"),
 ])
-def test_bench_refuses_bad_input_before_any_backend_is_opened(home, no_backend, monkeypatch, kwargs, env, words):
+def test_bench_refuses_bad_input_before_any_backend_is_opened(home, no_local_run, monkeypatch, kwargs, env, words):
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     with pytest.raises(UsageError, match=words):
