@@ -92,7 +92,7 @@ class RemoteError(Ec2GpuError):
 
 class LimitReached(RemoteError):
     """The run's --max-runtime came before the job's end: the agent gave the job SIGTERM (and a
-    grace period to checkpoint) before its instance ended itself (runs/limits.py). Exit 5."""
+    grace period to checkpoint) before its instance ended itself (runs/plan/limits.py). Exit 5."""
 
 
 class Interrupted(Ec2GpuError):

@@ -54,7 +54,7 @@ class Settings(BaseSettings):
     max_download_files: int = Field(10_000, ge=0)  # files one run brings home per directory: remote/files.py
     # bytes one run brings home per directory: 4 GiB; also '4GiB', '500MB' (pydantic's ByteSize)
     max_download_bytes: ByteSize = Field(ByteSize(4 << 30), ge=0)
-    limit_grace_seconds: int = Field(120, ge=0)  # a job gets SIGTERM this long before its --max-runtime: runs/limits.py
+    limit_grace_seconds: int = Field(120, ge=0)  # a job gets SIGTERM this long before its --max-runtime: runs/plan/limits.py
 
     @field_validator("home")
     @classmethod

@@ -29,7 +29,7 @@ QUICKSTART = ROOT / "examples" / "quickstart" / "task.yaml"
 
 def clock_reporter():
     """A silent pipeline.Reporter that also notes when the job's first log line arrived."""
-    from ec2gpu.runs import pipeline
+    from ec2gpu.runs.provision import pipeline
 
     class Clock(pipeline.Reporter):
         def __init__(self):
@@ -46,7 +46,7 @@ def one_run(task: str, baked: bool, data_dir: str | None) -> dict:
     """One run in the sandbox; its phases (s) up to the job and the seconds to its first log line."""
     from ec2gpu import api
     from ec2gpu.backend import Context
-    from ec2gpu.runs import pipeline
+    from ec2gpu.runs.provision import pipeline
 
     rep = clock_reporter()
     if task == "mnist":

@@ -9,7 +9,7 @@ on whatever Python the image has. It
   ``{"state": "running" | "succeeded" | "failed" | "interrupted", "pid", "exit_code", "signal",
   "started_at", "ended_at", "notice", "rebalance", "limit"}`` (times UTC, ISO 8601);
 - with ``--limit-at T`` (POSIX seconds: the run's --max-runtime, less ``--limit-grace`` seconds,
-  runs/limits.py), sends SIGTERM to the job's process group at T so it can checkpoint before the
+  runs/plan/limits.py), sends SIGTERM to the job's process group at T so it can checkpoint before the
   instance ends itself, records ``limit`` (``{"ends_at", "stopped_at"}``) and state "failed", and
   sends SIGKILL 5 s before the instance's end if the job is still running;
 - polls the instance metadata service (IMDSv2: a token PUT, then
@@ -35,7 +35,7 @@ on whatever Python the image has. It
 With ``--key-file`` (the controller's, mode 0600, read and deleted before the job starts, so the
 job never sees it) every status.json carries ``signature``: HMAC-SHA256 of the record's canonical
 JSON (sorted keys, no spaces, without ``signature``) under that key. The controller believes only a
-record whose signature checks (runs/status.py): a job, or a process it left behind, cannot write
+record whose signature checks (runs/execute/status.py): a job, or a process it left behind, cannot write
 the agent's record. When the job's process ends, the agent ends what is left of its process group
 (SIGTERM, then SIGKILL after 5 s) before its last write.
 

@@ -7,7 +7,7 @@
 # environment, caches and downloads, the setup markers ($HOME/.ec2gpu/setup-done) and the workdir.
 # `cloud-init clean --logs` makes an instance from the image run cloud-init afresh: new SSH host
 # keys, their fingerprints on its console, the new instance's key pair in authorized_keys. The
-# builder's own --max-runtime per-boot script (runs/bake.py, after a driver reboot) goes too.
+# builder's own --max-runtime per-boot script (runs/provision/bake.py, after a driver reboot) goes too.
 #
 # On a sandbox instance (EC2GPU_SANDBOX_INSTANCE is set) the system outside $HOME is this machine's,
 # so only $HOME is cleaned there.

@@ -9,8 +9,8 @@ raises the ec2gpu.errors tree (UsageError for bad input before anything is creat
 AwsError, CapacityError, RemoteError for a failed job (its outputs still come home), WaitTimeout).
 Each takes ``region`` and ``sandbox`` (the local sandbox instead of AWS; also EC2GPU_SANDBOX=1)
 where it reaches AWS, and ``log(text)`` (and ``warn``) for what it says on the way; a long one a
-``reporter``: a runs.reporter.ReporterLike (``phase(name)`` context, ``log(line)`` of the job's log,
-``progress(dict)``, ``note(text)``), by default a silent runs.reporter.Reporter that records them.
+``reporter``: a runs.execute.reporter.ReporterLike (``phase(name)`` context, ``log(line)`` of the job's log,
+``progress(dict)``, ``note(text)``), by default a silent runs.execute.reporter.Reporter that records them.
 Modules, as cli/'s: tasks (run, exec, bake), train (train mnist, bench), instances (standing
 instances and clusters), access (reaching an instance), costs (prices, estimates, the ledger),
 images (baked images), sandbox (the local stand-in for AWS). COMMANDS maps each command to its

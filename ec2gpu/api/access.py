@@ -22,7 +22,7 @@ from .instances import Log, _context, _quiet, _types, find, idle_rule
 
 if TYPE_CHECKING:
     from ..backend import Context
-    from ..runs.reporter import ReporterLike
+    from ..runs.execute.reporter import ReporterLike
 
 #: ``write(chunk, final=False)``: where ``logs`` sends a job log's bytes as they come (``final``: its end).
 Write = Callable[..., None]
@@ -49,14 +49,14 @@ def _pin_host_key(ctx: Context, inst: dict, log: Log) -> None:
     key under its instance id, verified against its console output, when it is not pinned yet.
     Raises RemoteError, WaitTimeout."""
     from ..remote import ssh as remote_ssh
-    from ..runs import standing
+    from ..runs.standing import hosts as standing
     if not remote_ssh.pin_under_alias(ctx.settings.home / "known_hosts" / inst["InstanceId"], inst["InstanceId"], log):
         standing.pin_host_key(ctx.aws, ctx.settings, ctx.backend, inst, log=log).close()
 
 
 def _write_ssh_config(ctx: Context, warn: Log, log: Log, pin: bool = False):
-    """runs/standing.write_ssh_config for ``ctx``: (path, entries, {instance id: why it was left out})."""
-    from ..runs import standing
+    """runs/standing/hosts.write_ssh_config for ``ctx``: (path, entries, {instance id: why it was left out})."""
+    from ..runs.standing import hosts as standing
     return standing.write_ssh_config(ctx.aws, ctx.settings, ctx.backend, warn, pin=pin, log=log)
 
 
@@ -107,13 +107,14 @@ def logs(name: str, *, follow: bool = False, write: Optional[Write] = None, regi
 
     Returns {"exit_status", "run_id", "instance_id", "source"}: "source" is "saved" (brought home;
     "instance_id" None) or "instance"; "exit_status" is the job's exit status where known: a
-    finished run's (runs/logs.exit_status_of: 0 completed, else its job's, 1 when the run ended
+    finished run's (runs/execute/logs.exit_status_of: 0 completed, else its job's, 1 when the run ended
     before its job), the followed job's; None for a log read without ``follow``, or one brought
     home by a run that did not end. Raises UsageError (no such run or running instance, no log
     brought home, no job has run there yet, its private key is not here), NoCredentials,
     AwsError, RemoteError (the instance stays unreachable)."""
     from .. import settings as settings_mod
-    from ..runs import ledger, logs as run_logs
+    from ..runs.settle import ledger
+    from ..runs.execute import logs as run_logs
 
     collected = bytearray()
     emit: Write = write or (lambda chunk, final=False: collected.extend(chunk))
@@ -162,7 +163,8 @@ def fetch(run_id: str, *, out: Union[str, Path, None] = None, max_download: Unio
     NoCredentials, AwsError, RemoteError."""
     from dataclasses import replace
 
-    from ..runs import ledger, logs as run_logs
+    from ..runs.settle import ledger
+    from ..runs.execute import logs as run_logs
 
     size = None if max_download is None else _size(max_download, "--max-download")
     if max_files is not None and (isinstance(max_files, bool) or not isinstance(max_files, int) or max_files < 0):
@@ -232,9 +234,9 @@ def notebook(*, instance_type: Optional[str] = None, spot: bool = False, name: O
     ``max_runtime`` minutes (default 120), the idle rule of ``idle_stop``/``idle_down``/``no_idle``:
     api.instances.idle_rule). JupyterLab starts in its torch Python on its 127.0.0.1 with a random
     token (or the one already running there is reused) and is forwarded over SSH to
-    ``local_port`` here (default: a free one), reconnecting if SSH drops (runs/notebook.serve).
+    ``local_port`` here (default: a free one), reconnecting if SSH drops (runs/standing/notebook.serve).
     ``on_ready(info)`` is called once it answers, info: {"instance_id", "name", "url",
-    "local_port", "port" (on the instance), "token"}. ``reporter``: a runs.reporter.Reporter for
+    "local_port", "port" (on the instance), "token"}. ``reporter``: a runs.execute.reporter.Reporter for
     the phases (default: silent). An interrupt before the URL on an instance launched for the
     notebook removes it and is raised again. After the interrupt the instance stays with its idle
     rule, or with ``down_on_exit`` it and what its run made are removed (said to ``log``).
@@ -245,8 +247,9 @@ def notebook(*, instance_type: Optional[str] = None, spot: bool = False, name: O
     stopped ``name``), NoCredentials, AwsError, CapacityError, RemoteError, WaitTimeout."""
     from ..aws import network, sweep, tags as T
     from ..remote import tunnel
-    from ..runs import notebook as nb, pipeline
-    from ..runs.reporter import Reporter
+    from ..runs.standing import notebook as nb
+    from ..runs.provision import pipeline
+    from ..runs.execute.reporter import Reporter
 
     if name is not None:
         T.check_name(name)

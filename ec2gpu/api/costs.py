@@ -34,7 +34,7 @@ def prices(*, gpu: Optional[str] = None, refresh: bool = False, region: Optional
     ``gpu``: only this GPU model (T4, A10G, L4, V100, A100, H100; case-insensitive). ``refresh``:
     first fetch the region's on-demand prices and EBS storage prices from the AWS Price List API
     into the cache (said to ``log``). Returns {"region", "instance_types": [one dict per type the
-    region offers (runs/costs.price_rows): instance_type, gpu, gpu_count, gpu_memory_gib, vcpus,
+    region offers (runs/plan/costs.price_rows): instance_type, gpu, gpu_count, gpu_memory_gib, vcpus,
     memory_gib, facts_source, on_demand_usd_per_hour, on_demand_source, spot_usd_per_hour ({zone:
     USD/h}), spot_saving_pct (percent, or None)], "retired": [instance_type, retired, why,
     replacement, last_known_on_demand_usd_per_hour], and in the sandbox "note" (its spot prices
@@ -42,7 +42,7 @@ def prices(*, gpu: Optional[str] = None, refresh: bool = False, region: Optional
     no Price List API), NoCredentials, AwsError."""
     from ..aws import catalog, pricing
     from ..backend import sandbox_from_env
-    from ..runs import costs
+    from ..runs.plan import costs
 
     known_gpus = sorted({t.gpu for t in catalog.CATALOG.values()})
     if gpu and gpu.upper() not in {g.upper() for g in known_gpus} | set(catalog.RETIRED_GPUS):
@@ -77,13 +77,13 @@ def estimate(instance_types: Union[str, Sequence[str]] = "g4dn.xlarge,g5.xlarge,
     ``spot``: at the highest current spot price over the region's zones (capped at ``max_price``,
     USD/h); ``model``: cnn, lenet, mlp or dbn; ``epochs``: default the model's preset. Times come
     from the backend's ledger (past runs, `ec2gpu bench`), else defaults. Returns one dict per type
-    (runs/costs.Estimate): instance_type, market, usd_per_hour, price_source, boot_seconds,
+    (runs/plan/costs.Estimate): instance_type, market, usd_per_hour, price_source, boot_seconds,
     setup_seconds, train_seconds, teardown_seconds, time_source, billed_seconds (per-second
     billing, 60 s minimum), cost_usd, upper_bound; and backend ("aws" or "sandbox": whose ledger
     and prices). Raises UsageError (an unknown model or type, none given, ``max_price`` without
     ``spot`` or below every zone's spot price, epochs under 1), NoCredentials, AwsError."""
     from ..aws import catalog
-    from ..runs import costs
+    from ..runs.plan import costs
 
     if model not in MODELS:
         raise UsageError(f"unknown model {model!r}", "choose cnn, lenet, mlp or dbn")
@@ -115,14 +115,15 @@ def list_runs(*, since: Optional[str] = None, sandbox: bool = False, log: Log = 
     ``log``, a settled bill to ``warn``); where AWS cannot be reached one line says so to ``warn``
     and the ledger is listed as it is. A sandbox that is not up is not started for this.
 
-    Returns {"runs": [every ledger column of each run (runs/ledger.py), with "controller_gone":
-    whether its controller ended without closing it], "total" and "sandbox_total": runs/ledger.totals
+    Returns {"runs": [every ledger column of each run (runs/settle/ledger.py), with "controller_gone":
+    whether its controller ended without closing it], "total" and "sandbox_total": runs/settle/ledger.totals
     of AWS's runs and of the sandbox's apart ({"runs", "billed_seconds", "cost_usd",
     "estimated_cost_usd"}: real money and simulated bills are never added up), "since": the start
     as ISO 8601, or None}. `ec2gpu runs --json` prints each run's RUN_KEYS. Raises UsageError (a
     ``since`` that is neither a duration nor a date), LedgerError (an unreadable ledger)."""
     from ..backend import sandbox_from_env
-    from ..runs import ledger, reconcile
+    from ..runs.settle import ledger
+    from ..runs.recover import reconcile
     from ..settings import load
 
     start = ledger.parse_since(since) if since else None
@@ -146,7 +147,7 @@ def _up_to_date(home: Path, sandbox: bool, log: Log, warn: Log) -> None:
     import botocore.exceptions
 
     from ..errors import Ec2GpuError
-    from ..runs import reconcile
+    from ..runs.recover import reconcile
     from ..sandbox import control
 
     pending = reconcile.open_rows(home) + reconcile.abandoned(home) + reconcile.kept(home)
@@ -167,10 +168,10 @@ def _up_to_date(home: Path, sandbox: bool, log: Log, warn: Log) -> None:
 
 def show_run(run_id: str) -> dict:
     """Everything the ledger knows about one run (``run_id``: an id or a unique prefix); `ec2gpu runs
-    show`: its row (runs/ledger.py: command, status, exit_status, backend, region, zone,
+    show`: its row (runs/settle/ledger.py: command, status, exit_status, backend, region, zone,
     instance_ids, instance_type, market, phases (s), estimate and estimated_cost_usd, billed_seconds,
     cost_usd, attempts, summary, artifacts, started_at, ended_at...). This machine's ledger alone.
     Raises UsageError (no such run, or a prefix of several), LedgerError."""
-    from ..runs import ledger
+    from ..runs.settle import ledger
     from ..settings import load
     return ledger.get(load().home, run_id)

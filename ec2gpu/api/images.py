@@ -18,14 +18,14 @@ def _quiet(text: str) -> None:
 
 def list_images(*, region: Optional[str] = None, sandbox: bool = False) -> list[dict]:
     """The images `ec2gpu image bake` made in the region, newest first, with what is inside and
-    what their snapshots cost; `ec2gpu image ls`. One dict each (runs/bake.listing): name,
+    what their snapshots cost; `ec2gpu image ls`. One dict each (runs/provision/bake.listing): name,
     image_id, state, created, task, setup_hash, base, base_image, run_id, torch, cuda, driver,
     snapshots (ids), snapshot_gib (GiB; the volume's size where EC2 reports no stored bytes, said
     by size_basis), usd_per_month (USD, None where the region's price is unknown),
     usd_per_gb_month (USD per GB-month of EBS snapshot storage, or None), price_source (where that
     price comes from, or how to get it). [] when there are none. Raises NoCredentials, AwsError."""
     from ..backend import Context
-    from ..runs import bake
+    from ..runs.provision import bake
     with Context(region, sandbox) as ctx:
         ctx.aws.check_credentials()
         return bake.listing(ctx.aws, ctx.settings.home)
@@ -37,7 +37,7 @@ def remove_image(image: str, *, region: Optional[str] = None, sandbox: bool = Fa
     "snapshots": [snapshot ids deleted]}. Raises UsageError when ec2gpu made no image by that name
     or id in the region; NoCredentials, AwsError."""
     from ..backend import Context
-    from ..runs import bake
+    from ..runs.provision import bake
     with Context(region, sandbox, note=log) as ctx:
         ctx.aws.check_credentials()
         return bake.remove(ctx.aws, image, log=log)

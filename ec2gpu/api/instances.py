@@ -17,7 +17,7 @@ from ..errors import UsageError
 if TYPE_CHECKING:
     from ..aws.instances import IdleRule
     from ..backend import Context
-    from ..runs.reporter import ReporterLike
+    from ..runs.execute.reporter import ReporterLike
 
 Log = Callable[[str], None]
 
@@ -71,12 +71,12 @@ def idle_rule(idle_stop: str | None, idle_down: str | None, no_idle: bool, max_r
 
 def settle(ctx: Context, run_ids: set[str] | None = None, ended: bool = True, keep: AbstractSet[str] = frozenset(),
            log: Log = _quiet, warn: Optional[Log] = None) -> None:
-    """Bring the ledger up to date with the instances of ``ctx``'s backend and region (runs/reconcile.py):
+    """Bring the ledger up to date with the instances of ``ctx``'s backend and region (runs/recover/reconcile.py):
     settle the runs (only ``run_ids`` if given) whose controller died and whose instances have
     terminated, record the standing instances' running intervals and settle those that have all
     ended; and (``ended``) remove what runs whose instances have all ended left, but ``keep``'s.
     Each is said to ``log`` (a settled bill to ``warn``, default ``log``). Raises AwsError."""
-    from ..runs import reconcile
+    from ..runs.recover import reconcile
     home = ctx.settings.home
     reconcile.settle_all(ctx.aws, home, ctx.backend.name, run_ids, log=warn or log,
                          volume_gib=ctx.settings.root_volume_gib)
@@ -88,12 +88,13 @@ def settle(ctx: Context, run_ids: set[str] | None = None, ended: bool = True, ke
 def fetch_abandoned(ctx: Context, run_ids: set[str] | None = None, log: Log = _quiet,
                     warn: Optional[Log] = None) -> list[str]:
     """Before their instances go: bring home what the jobs of runs whose controller died wrote
-    (runs/reconcile.abandoned, runs/logs.fetch) to each run's artifacts directory (only ``run_ids``'
+    (runs/recover/reconcile.abandoned, runs/execute/logs.fetch) to each run's artifacts directory (only ``run_ids``'
     if given). Returns the run ids that could not be reached, each also said to ``warn`` (default
     ``log``); removing them goes on."""
     from ..errors import Ec2GpuError
     from ..remote.jobs import CONNECTION_ERRORS
-    from ..runs import logs, reconcile
+    from ..runs.execute import logs
+    from ..runs.recover import reconcile
     missed = []
     for row in reconcile.abandoned(ctx.settings.home, ctx.backend.name):
         if run_ids is not None and row["run_id"] not in run_ids:
@@ -113,7 +114,7 @@ def fetch_abandoned(ctx: Context, run_ids: set[str] | None = None, log: Log = _q
 def find(ctx: Context, name: str) -> list[dict]:
     """The running (or pending) instances called ``name`` (a Name tag, instance id, run id or
     cluster): DescribeInstances dicts. Raises UsageError saying what they are instead."""
-    from ..runs import stopstart
+    from ..runs.standing import stopstart
     return stopstart.find(ctx.aws.ec2, name, ["pending", "running"])
 
 
@@ -139,11 +140,12 @@ def launch(*, instance_type: Optional[str] = None, spot: bool = False, name: Opt
     ``max_runtime``: minutes after boot when it ends itself (default 120); the idle rule from
     ``idle_stop``/``idle_down``/``no_idle`` (idle_rule: by default it terminates after 60 idle min).
     Returns one dict per instance: name, instance_id, instance_type, market, state, public_ip, zone
-    (runs/standing.launch). Raises UsageError (a bad name, CIDR, type or rule) before anything is
+    (runs/standing/hosts.launch). Raises UsageError (a bad name, CIDR, type or rule) before anything is
     created; AwsError, CapacityError, WaitTimeout."""
     from ..aws import network, tags
-    from ..runs import pipeline, standing
-    from ..runs.reporter import Reporter
+    from ..runs.provision import pipeline
+    from ..runs.standing import hosts as standing
+    from ..runs.execute.reporter import Reporter
 
     if name is not None:
         tags.check_name(name)  # it goes into tags, ssh_config Host lines and commands shown to the user
@@ -163,10 +165,10 @@ def launch(*, instance_type: Optional[str] = None, spot: bool = False, name: Opt
 def stop(name: str, *, region: Optional[str] = None, sandbox: bool = False, log: Log = _quiet,
          warn: Optional[Log] = None) -> list[dict]:
     """Stop a standing on-demand instance (or every node of cluster ``name``): its EBS disk is kept
-    and billed, its instance-store NVMe erased. Returns one dict per instance (runs/stopstart.stop:
+    and billed, its instance-store NVMe erased. Returns one dict per instance (runs/standing/stopstart.stop:
     name, instance_id, instance_type, state, instance_store_gb). Raises UsageError for an unknown
     name or a spot instance (EC2 cannot stop it), NoCredentials, AwsError, WaitTimeout."""
-    from ..runs import stopstart
+    from ..runs.standing import stopstart
     with _context(region, sandbox, True, log) as ctx:
         ctx.aws.check_credentials()
         rows = stopstart.stop(ctx.aws, name, log=log)
@@ -178,9 +180,9 @@ def start(name: str, *, region: Optional[str] = None, sandbox: bool = False, log
           warn: Optional[Log] = None) -> list[dict]:
     """Start a stopped instance (or cluster) again: wait until it answers SSH with its pinned host
     key at its new address, and schedule its --max-runtime shutdown again (a stop cancels it).
-    Returns one dict per instance (runs/stopstart.start: name, instance_id, state, public_ip).
+    Returns one dict per instance (runs/standing/stopstart.start: name, instance_id, state, public_ip).
     Raises UsageError for an unknown name, NoCredentials, AwsError, RemoteError, WaitTimeout."""
-    from ..runs import stopstart
+    from ..runs.standing import stopstart
     with _context(region, sandbox, True, log) as ctx:
         ctx.aws.check_credentials()
         settle(ctx, ended=False, log=log, warn=warn)  # a stop no command has seen yet (--idle-stop) is recorded first
@@ -197,7 +199,7 @@ def scale(name: str, nodes: int, *, max_runtime: int = 120, region: Optional[str
     dict: {"nodes": int, "added": [instance ids], "removed": [instance ids]}. Raises UsageError
     (fewer than 1 node, no such cluster), NoCredentials, AwsError, RemoteError, WaitTimeout."""
     from ..aws import clusters
-    from ..runs import standing
+    from ..runs.standing import hosts as standing
     if nodes < 1:
         raise UsageError(f"a cluster keeps at least 1 node (asked {nodes})", "`ec2gpu down NAME` removes it all")
     if max_runtime < 5:
@@ -215,11 +217,11 @@ def scale(name: str, nodes: int, *, max_runtime: int = 120, region: Optional[str
 def list_instances(*, region: Optional[str] = None, sandbox: bool = False, log: Log = _quiet,
                    warn: Optional[Log] = None) -> list[dict]:
     """The instances ec2gpu launched that are still alive (running or stopped), after the ledger is
-    brought up to date (settle). One dict each (runs/standing.listing): name, instance_id,
+    brought up to date (settle). One dict each (runs/standing/hosts.listing): name, instance_id,
     instance_type, market, zone, state, cluster, node, launched_at, age_seconds, usd_per_hour
     (on-demand: spot's ceiling), cost_so_far_usd, idle_rule, idle_seconds, busy, disk_gib,
     disk_usd_per_month, unsafe_tags. Raises NoCredentials, AwsError."""
-    from ..runs import standing
+    from ..runs.standing import hosts as standing
     with _context(region, sandbox, False, log) as ctx:
         settle(ctx, log=log, warn=warn)  # bills of instances that have ended (by themselves, too), and what they left
         return standing.listing(ctx.aws, ctx.settings)
@@ -299,10 +301,10 @@ def doctor(*, instance_type: Optional[str] = None, spot: bool = False, region: O
            sandbox: bool = False, log: Log = _quiet) -> list[dict]:
     """Check credentials, region, default VPC, GPU quota (on-demand, or spot with ``spot``), AMI,
     this machine's IP, prices, ssh, rsync and key files for ``instance_type`` (default: the
-    configured one). Returns one dict per check (runs/doctor.Check.as_dict: name, ok (True, False,
+    configured one). Returns one dict per check (runs/plan/doctor.Check.as_dict: name, ok (True, False,
     or None: could not tell), detail, fix); missing credentials are a failed "credentials" check,
-    not an error. The command's exit code: runs/doctor.exit_code([doctor.Check(**c) for c in rows])."""
-    from ..runs import doctor as doc
+    not an error. The command's exit code: runs/plan/doctor.exit_code([doctor.Check(**c) for c in rows])."""
+    from ..runs.plan import doctor as doc
     with _context(region, sandbox, False, log) as ctx:
         checks = doc.run_checks(ctx.aws, ctx.settings, instance_type or ctx.settings.instance_type, spot,
                                 ctx.backend.is_sandbox)

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence, Union, cast
 from ..errors import UsageError
 
 if TYPE_CHECKING:
-    from ..runs.record import RunRecord
-    from ..runs.reporter import ReporterLike
+    from ..runs.settle.record import RunRecord
+    from ..runs.execute.reporter import ReporterLike
 
 
 def load_task(task=None, command: Optional[Sequence[str]] = None, workdir: Optional[str] = None,
@@ -80,8 +80,8 @@ def _prepare(task, command, workdir, name, env, secrets, max_upload, include_sec
     """(engine.TaskJob, reporter): the task loaded, its warnings said, its environment resolved (the
     names taken from this machine said) and its workdir listed (what will be sent said), before
     anything is created."""
-    from ..runs import engine
-    from ..runs.reporter import Reporter
+    from ..runs.execute import engine
+    from ..runs.execute.reporter import Reporter
     from ..tasks import load
     loaded = load_task(task, command, workdir, name, workdir_outside, overrides, infra, env)
     for w in loaded.warnings:
@@ -122,14 +122,14 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
     Flags override the task's own values: ``gpu`` ('T4', 'A10G:4') or ``instance_type`` ('g5.xlarge'
     or 'g5.xlarge,g6.xlarge'), ``spot``, ``nodes``, ``env`` ({K: V, or K: None from this
     environment}), ``secrets`` (names, masked everywhere), ``max_runtime`` (minutes or '90m', '2h';
-    'none': no limit; default: runs/limits.for_task, from the task's history, 24 h for its first
+    'none': no limit; default: runs/plan/limits.for_task, from the task's history, 24 h for its first
     run), ``allow_larger`` (as the task's resources.allow_larger: with ``gpu``, where no type has
     exactly the count asked, the cheapest with more, the job seeing only the count asked),
     ``expect`` (minutes: the job's expected time, for the estimate), ``budget`` (USD),
     ``max_price`` (USD/h), ``max_upload`` (bytes; default remote/sync.MAX_UPLOAD_BYTES, 1 GiB). ``reporter``:
-    a runs.pipeline.Reporter (default: silent). ``baked``: launch from the newest image baked for
+    a runs.provision.pipeline.Reporter (default: silent). ``baked``: launch from the newest image baked for
     the task's setup (`ec2gpu image bake`) when the region has one. ``dry_run``: return the run's
-    plan instead (runs/dryrun.plan: instance types, prices, limit, environment, what changes), having
+    plan instead (runs/plan/dryrun.plan: instance types, prices, limit, environment, what changes), having
     created nothing and called no AWS API. ``infra``: SkyPilot's override flag, 'aws' or
     'aws/REGION[/ZONE]': a SkyPilot file naming another cloud runs on AWS (tasks.load.parse), and its
     region is the run's. The region: ``region``, else the one ``infra`` names, else the task's
@@ -140,7 +140,7 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
     Raises as the module docstring says.
     """
 
-    from ..runs import limits
+    from ..runs.plan import limits
     from ..tasks import resolve
     from ..tasks.spec import minutes
 
@@ -179,7 +179,7 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
 
     if dry_run:  # this machine's files alone: no Context (no sandbox started, no AWS client made)
         from .. import settings as settings_mod
-        from ..runs import dryrun
+        from ..runs.plan import dryrun
         st = settings_mod.load({"region": run_region, "sandbox": sandbox or None})
         backend = "sandbox" if st.sandbox else "aws"
         limit = limits.for_task(st.home, job.name, backend, max_runtime, job.task.max_runtime)
@@ -194,7 +194,7 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
                            idle_source=None if idle is None else "idle_timeout (autostop)" if job.task.idle_timeout
                            else "max runtime none", budget_usd=budget if budget is not None else job.task.budget)
     from ..backend import Context
-    from ..runs import pipeline  # boto3: a dry run returned above without it
+    from ..runs.provision import pipeline  # boto3: a dry run returned above without it
     with Context(run_region, sandbox) as ctx:
         limit = limits.for_task(ctx.settings.home, job.name, ctx.backend.name, max_runtime, job.task.max_runtime)
         types = types_for(ctx.settings.instance_type)
@@ -245,7 +245,7 @@ def _ami(ami: Optional[str], resources, region: str) -> Optional[str]:
 
 def _idle_rule(task, limit):
     """The run's aws.instances.IdleRule: the task's ``idle_timeout`` (SkyPilot's autostop), else 30 min
-    (limits.NO_LIMIT_IDLE_SECONDS) where ``limit`` (runs/limits.Limit) is none, else None. Always
+    (limits.NO_LIMIT_IDLE_SECONDS) where ``limit`` (runs/plan/limits.Limit) is none, else None. Always
     "down": a run's instances are terminated, never kept stopped."""
     from ..aws.instances import IdleRule  # boto3: a dry run takes _idle_seconds alone
     seconds = _idle_seconds(task, limit)
@@ -256,7 +256,7 @@ def _idle_seconds(task, limit):
     """The seconds of _idle_rule's rule (None: no rule), without aws.instances (boto3): what a dry run says."""
     import math
 
-    from ..runs import limits
+    from ..runs.plan import limits
     from ..tasks.spec import minutes
     if task.idle_timeout is not None:
         return int(math.ceil(minutes(task.idle_timeout))) * 60
@@ -273,7 +273,7 @@ def exec(target: str, task=None, *, command: Optional[Sequence[str]] = None, wor
     ``workdir_outside`` as for ``run``; ``infra`` ('aws'): a SkyPilot file naming another cloud is
     read as for ``run`` (the target's own region and type are what run it)."""
     from ..backend import Context
-    from ..runs import standing
+    from ..runs.standing import hosts as standing
 
     _infra(infra, None)
     job, reporter = _prepare(task, command, workdir, None, env, secrets, max_upload, include_secrets, reporter,
@@ -292,14 +292,15 @@ def bake(task: Union[str, Path, object], *, base: str = "dlami", name: Optional[
     built-in job) from ``base`` ("dlami" or "ubuntu-24.04"); return the bake's run record, whose
     summary names the image. Runs of a task with the same setup then launch from the image.
     ``workdir_outside`` as for ``run`` (the workdir is baked into the image). ``max_runtime``:
-    minutes after its launch when the builder terminates itself (runs/bake.builder_max_runtime:
+    minutes after its launch when the builder terminates itself (runs/provision/bake.builder_max_runtime:
     default 120, at least 10).
     Raises as the module docstring says; UsageError for an unknown base or a max_runtime under 10
     before anything is created.
     """
 
     from ..backend import Context
-    from ..runs import bake as baking, engine, pipeline
+    from ..runs.provision import bake as baking, pipeline
+    from ..runs.execute import engine
     from ..tasks import resolve
 
     limit = baking.builder_max_runtime(max_runtime)

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
 from ..errors import UsageError
 
 if TYPE_CHECKING:
-    from ..runs.record import RunRecord
-    from ..runs.reporter import ReporterLike
+    from ..runs.settle.record import RunRecord
+    from ..runs.execute.reporter import ReporterLike
 
 Log = Callable[[str], None]
 
@@ -64,7 +64,7 @@ def train_mnist(*, instance_type: Optional[str] = None, spot: bool = False, spot
     (s3://BUCKET/PREFIX); ``unreachable_after`` (s of SSH unreachability that count as a lost
     instance); ``cluster``: train on the nodes a standing cluster has now and leave it running;
     ``local``: train on this machine (needs torch; ``data_dir``: its MNIST directory); ``out``:
-    where artifacts go (default runs/<run-id>/). ``reporter``: a runs.reporter.Reporter (default:
+    where artifacts go (default runs/<run-id>/). ``reporter``: a runs.execute.reporter.Reporter (default:
     silent); ``as_typed``: the command line, for the ledger.
 
     Raises UsageError before anything is created: an unknown model, ``cluster`` with
@@ -90,8 +90,8 @@ def train_mnist(*, instance_type: Optional[str] = None, spot: bool = False, spot
     _at_least(max_attempts, 1, "--max-attempts", "give at least 1")
     _at_least(unreachable_after, 5, "--unreachable-after", "give at least 5 seconds")
 
-    from ..runs import pipeline
-    from ..runs.reporter import Reporter
+    from ..runs.provision import pipeline
+    from ..runs.execute.reporter import Reporter
     from ..settings import DEFAULT_INSTANCE_TYPE
 
     opts = pipeline.TrainOptions(
@@ -103,11 +103,11 @@ def train_mnist(*, instance_type: Optional[str] = None, spot: bool = False, spot
         baked=baked, command=as_typed or "ec2gpu.train_mnist()")
     ui = reporter or Reporter()
     if local:
-        from ..runs import local as run_local
+        from ..runs.execute import local as run_local
         from ..settings import load
         return run_local.train_local(opts, ui, data_dir, load())
     from ..backend import Context
-    from ..runs import standing
+    from ..runs.standing import hosts as standing
     with Context(region, sandbox, persistent=keep) as ctx:  # a kept instance outlives a sandbox this starts
         if instance_type is None:
             opts = replace(opts, instance_type=ctx.settings.instance_type)
@@ -130,11 +130,11 @@ def bench(*, instance_type: Optional[str] = None, spot: bool = False, local: boo
     sizes and a 6,000-image subset (seconds, rougher figures); ``data_dir``: MNIST on this machine
     (with ``local`` or the sandbox only); ``out``: where results go (default runs/<run-id>/);
     ``max_runtime``: minutes after which each instance terminates itself; ``budget`` (USD): a type
-    estimated above it is refused. ``reporter``: a runs.reporter.Reporter (default: silent);
+    estimated above it is refused. ``reporter``: a runs.execute.reporter.Reporter (default: silent);
     ``log`` is told that the sandbox's figures are this machine's CPU's; ``as_typed``: the command
     line, for the ledger.
 
-    Returns one dict per type, cheapest USD per run first (runs/bench._result: run_id,
+    Returns one dict per type, cheapest USD per run first (runs/provision/bench._result: run_id,
     instance_type, market, status, usd_per_hour (USD/h), cost_usd (USD), artifacts, usd_per_run
     ({model: {seconds, usd, basis}}), bench (bench.json's report, None with "bench_invalid" saying
     why); with several types, one whose run failed is {instance_type, status, error, usd_per_run}
@@ -156,8 +156,8 @@ def bench(*, instance_type: Optional[str] = None, spot: bool = False, local: boo
     _at_least(max_runtime, 1, "--max-runtime", "give at least 1 minute")
     _at_least(budget, 0, "--budget", "give a budget in USD, 0 or more")
 
-    from ..runs import bench as benching, pipeline
-    from ..runs.reporter import Reporter
+    from ..runs.provision import bench as benching, pipeline
+    from ..runs.execute.reporter import Reporter
     opts = pipeline.TrainOptions(spot=spot, out=out, ssh_cidr=ssh_cidr, ami=ami, max_runtime_minutes=max_runtime,
                                  budget_usd=budget, command=as_typed or "ec2gpu.bench()")
     ui = reporter or Reporter()

@@ -2,7 +2,7 @@
 
 A cluster is N instances of one launch, numbered by the tags ec2gpu:node and Name NAME-K
 (instances.tag_nodes); `ec2gpu launch --nodes N --name NAME` makes one, `ec2gpu scale NAME M`
-resizes it. Running a job on the members is runs/ (standing.py, engine.py).
+resizes it. Running a job on the members is runs/ (standing/hosts.py, execute/engine.py).
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def scale(aws, settings, name: str, target: int, max_runtime_minutes: int, log=l
     placement group and idle rule, get the next node indices and end themselves
     ``max_runtime_minutes`` minutes after boot; once they run, ``pin(described)`` is called with
     their descriptions (the CLI pins each one's host key under its instance id, checked against
-    its console output, as `launch` does: runs/standing.pin_all). Shrinking terminates the
+    its console output, as `launch` does: runs/standing/hosts.pin_all). Shrinking terminates the
     highest indices (node 0 hosts the rendezvous and always stays). Raises UsageError for an
     unknown cluster or a target below 1, CapacityError/AwsError when EC2 refuses the new nodes;
     what ``pin`` or the wait raises (RemoteError for a host key the console does not list,

@@ -8,7 +8,7 @@ object ownership "bucket owner enforced" (ACLs off: S3's default for new buckets
 https://docs.aws.amazon.com/AmazonS3/latest/userguide/about-object-ownership.html), tagged with
 its owner. It is the user's: never deleted by ec2gpu.
 
-Also the upload of a file (``upload``: --checkpoint-uri's second copy, runs/recovery.py).
+Also the upload of a file (``upload``: --checkpoint-uri's second copy, runs/recover/recovery.py).
 """
 from __future__ import annotations
 

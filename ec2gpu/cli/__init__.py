@@ -192,7 +192,7 @@ class RichReporter:
     above them; a "done"/"stopped" line with the seconds when the phase ends."""
 
     def __init__(self, console, quiet: bool = False):
-        from ..runs.reporter import Reporter
+        from ..runs.execute.reporter import Reporter
         console = console.get() if isinstance(console, LazyConsole) else console  # rich's Live needs a Console
         self.inner, self.console, self.quiet = Reporter(), console, quiet
         self.phases = self.inner.phases
@@ -230,7 +230,7 @@ class RichReporter:
         return cm()
 
     def progress(self, p: dict) -> None:
-        """Show the job's progress (runs/nodes.ProgressReader) as the phase's bar."""
+        """Show the job's progress (runs/execute/nodes.ProgressReader) as the phase's bar."""
         self.inner.progress(p)
         if self._live is None:
             return
@@ -263,7 +263,7 @@ def cost_rows(record: Mapping[str, Any]) -> list[tuple[str, str]]:
                      f"(times: {est.get('time_source', '')})"))
     if record.get("billed_seconds") is not None and record.get("market") != "local":
         usd = record.get("cost_usd")
-        parts = [a for a in record.get("attempts") or [] if "compute_usd" in a]  # runs/costs.actual_cost's
+        parts = [a for a in record.get("attempts") or [] if "compute_usd" in a]  # runs/plan/costs.actual_cost's
         compute = None if not parts or any(a["compute_usd"] is None for a in parts) else \
             sum(a["compute_usd"] for a in parts)
         rate = (compute or 0) * 3600 / record["billed_seconds"] if parts and record["billed_seconds"] else \
@@ -297,7 +297,7 @@ def _training_row(s: dict) -> str:
     After a resume the training seconds add up every attempt's; the wall time is the last attempt's."""
     if not s:
         return "- (no summary.json)"
-    if set(s) == {"invalid", "raw"}:  # runs/job_summary.py's marker: what the job wrote failed its schema
+    if set(s) == {"invalid", "raw"}:  # runs/execute/job_summary.py's marker: what the job wrote failed its schema
         return f"- (summary.json not accepted: {s['invalid']})"
     epochs = s.get("epochs")
     gpu = f" ({s['gpu_name']})" if s.get("gpu_name") else ""

@@ -1,4 +1,4 @@
-"""`ec2gpu bench`: is the GPU worth it, and why: measured on the instance itself (runs/bench.py)."""
+"""`ec2gpu bench`: is the GPU worth it, and why: measured on the instance itself (runs/provision/bench.py)."""
 from __future__ import annotations
 
 import sys

@@ -1,7 +1,7 @@
 """Commands about money: `ec2gpu prices`, `ec2gpu cost`, `ec2gpu runs` (the ledger).
 
 Only parsing, calling and rendering: each command is one function of api/costs.py (prices,
-estimate, list_runs, show_run), over runs/costs.py and runs/ledger.py.
+estimate, list_runs, show_run), over runs/plan/costs.py and runs/settle/ledger.py.
 """
 from __future__ import annotations
 
@@ -143,7 +143,7 @@ def runs(ctx: typer.Context,
 def _task(r: dict) -> str:
     """The task's name; for standing instances the command that made them (launch, notebook); for
     rows older than the task column, the built-in job (pure)."""
-    from ..runs import reconcile
+    from ..runs.recover import reconcile
     if r.get("task"):
         return r["task"]
     if r.get("status") in (reconcile.STANDING, reconcile.ENDED):
@@ -155,7 +155,7 @@ def _task(r: dict) -> str:
 def _result(r: dict) -> str:
     """Test accuracy for the built-in MNIST job; the image a bake made; how standing instances
     ended; the job's own summary.json otherwise (compact)."""
-    from ..runs import reconcile
+    from ..runs.recover import reconcile
     if r.get("status") in (reconcile.STANDING, reconcile.ENDED):
         return ", ".join(f"{a.get('instance_id')} {a.get('ended') or 'running'}" for a in r.get("attempts") or [])
     if r.get("task") == "bake" and (r.get("summary") or {}).get("image_id"):

@@ -1,4 +1,4 @@
-"""`ec2gpu image bake|ls|rm`: machine images that already hold a task's setup (runs/bake.py)."""
+"""`ec2gpu image bake|ls|rm`: machine images that already hold a task's setup (runs/provision/bake.py)."""
 from __future__ import annotations
 
 import sys

@@ -98,7 +98,7 @@ def stop(name: str = typer.Argument(..., help="Name, instance id or cluster of a
 
 
 def stopped_words(r: dict, name: str) -> str:
-    """What `stop` says of one stopped instance (pure; ``r`` as runs/stopstart.stop returns it):
+    """What `stop` says of one stopped instance (pure; ``r`` as runs/standing/stopstart.stop returns it):
     its EBS disk is kept and billed, and its instance-store NVMe, where the type has one, was
     erased (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/instance-store-lifetime.html)."""
     gb = r.get("instance_store_gb")
@@ -273,7 +273,7 @@ def doctor(instance_type: Optional[str] = typer.Option(None, "--instance-type", 
     Exit 0 when no check fails; 3 without usable AWS credentials (nothing else can be asked, as
     for every command); 1 when another check fails."""
     from ..api import instances as ops
-    from ..runs import doctor as doc
+    from ..runs.plan import doctor as doc
     checks = [doc.Check(**c) for c in ops.doctor(instance_type=instance_type, spot=spot, region=region,
                                                  sandbox=_sandbox_flag(sandbox), log=note)]
     failed = [c for c in checks if c.ok is False]

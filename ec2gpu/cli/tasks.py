@@ -38,7 +38,7 @@ def _print_plan(plan: Mapping[str, Any], as_json: bool) -> None:
     if as_json:
         render_json(plan)
         return
-    from ..runs import dryrun
+    from ..runs.plan import dryrun
     for line in dryrun.render(plan):
         say(out, line, soft_wrap=True)
 

@@ -110,7 +110,7 @@ def size_of(conn: Connection, path: str) -> int:
 def exit_status(conn: Connection, run_dir: str) -> int | None:
     """The job's exit status, or None while it is still running. The file is the instance's
     (hostile input): anything but a small integer there reads as 255, an unknown failure, and the
-    controller then judges from the agent's status record (runs/engine.py)."""
+    controller then judges from the agent's status record (runs/execute/engine.py)."""
     data = read_from(conn, f"{run_dir}/exit_status", 0, 64)
     if not data.strip():
         return None

@@ -107,7 +107,7 @@ def has_module(conn: Connection, python: str, module: str) -> bool:
     return conn.run(f"{shlex.quote(python)} -c 'import {module}'", warn=True, hide=True).ok
 
 
-#: a task's setup that ran on the instance leaves $HOME/.ec2gpu/setup-done/<key> (runs/engine.setup_hash)
+#: a task's setup that ran on the instance leaves $HOME/.ec2gpu/setup-done/<key> (runs/execute/engine.setup_hash)
 TASK_MARKERS = ".ec2gpu/setup-done"
 
 
@@ -117,7 +117,7 @@ def _task_marker(key: str) -> str:
 
 def task_setup_done(conn: Connection, key: str) -> str:
     """What the marker of the task setup ``key`` (a hex digest) says on the instance: when it ran
-    (UTC, ISO 8601), and the image it was baked into when it was (runs/bake.keep_setup), stripped;
+    (UTC, ISO 8601), and the image it was baked into when it was (runs/provision/bake.keep_setup), stripped;
     '' when that setup has not run there. Raises the connection's errors."""
     done = conn.run(f"cat {_task_marker(key)} 2>/dev/null", hide=True, warn=True, in_stream=False)
     return done.stdout.strip() if done.ok else ""

@@ -6,7 +6,7 @@ once. Host keys: each instance has its own known_hosts file (remote/ssh.py pins 
 instance id); OpenSSH looks the key up under that id (HostKeyAlias), so a new address (a stop and
 start) is still the same pinned host, and accepts only that key (StrictHostKeyChecking yes, never
 "accept-new" nor "no"). An instance whose key is not pinned yet is pinned before its entry is
-written (runs/standing.write_ssh_config), never trusted on first use by OpenSSH.
+written (runs/standing/hosts.write_ssh_config), never trusted on first use by OpenSSH.
 """
 from __future__ import annotations
 

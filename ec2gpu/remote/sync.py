@@ -79,7 +79,7 @@ _TOKEN_FILES = {".yarnrc.yml": (b"npmAuthToken", b"npmAuthIdent", b"npmPassword"
 _SNIFF_BYTES = 4096
 #: never sent: what ec2gpu itself brought home into the workdir on earlier runs (runs/<run id>/, the
 #: default artifacts directory when a run starts in the project), matched by the run id's format
-#: (runs/pipeline.new_run_id) so a project's own runs/ files still go
+#: (runs/provision/pipeline.new_run_id) so a project's own runs/ files still go
 OWN_ARTIFACTS = ["/runs/[0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9]-[0-9][0-9][0-9][0-9][0-9][0-9]-[0-9a-f][0-9a-f]*/"]
 MAX_UPLOAD_BYTES = 1 << 30  # --max-upload default: 1 GiB
 

@@ -571,7 +571,7 @@ def _recovery(key: str, value, spot, warnings: list[str], source: str, lines: di
     """SkyPilot's ``job_recovery`` / ``spot_recovery`` (FAILOVER, EAGER_NEXT_REGION, none, or
     {strategy, max_restarts_on_errors, recover_on_exit_codes}: yaml-spec.html, resources.job_recovery;
     applied by SkyPilot to managed jobs, ``sky jobs launch``) -> a warning saying what ec2gpu's own
-    spot recovery does instead (runs/recovery.py): a lost spot instance is replaced in the same region,
+    spot recovery does instead (runs/recover/recovery.py): a lost spot instance is replaced in the same region,
     another zone first, up to --max-attempts instances (3 with spot). Nothing in the task changes:
     restarts on the job's own errors are not mapped to --max-attempts, which counts lost instances."""
     loc = ("resources", key)

@@ -1,6 +1,6 @@
 """Files the trainer writes that a reader may open at any moment (progress, summary.json, the
 error file, checkpoints, the data set): written whole or not at all. Stdlib only: this travels
-to the instance with the trainer (runs/engine.trainer_files)."""
+to the instance with the trainer (runs/execute/engine.trainer_files)."""
 from __future__ import annotations
 
 import contextlib

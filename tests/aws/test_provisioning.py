@@ -8,7 +8,7 @@ from botocore.stub import Stubber
 
 from ec2gpu.aws import capacity, images, instances, network, sweep
 from ec2gpu.aws.session import Aws
-from ec2gpu.runs import costs
+from ec2gpu.runs.plan import costs
 from ec2gpu.sandbox import market
 from ec2gpu.errors import AwsError, UsageError
 

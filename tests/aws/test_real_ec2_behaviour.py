@@ -13,7 +13,7 @@ from botocore.stub import Stubber
 from ec2gpu.aws import capacity, images, instances, network, sweep
 from ec2gpu.aws.session import Aws
 from ec2gpu.errors import SpotRoleMissing
-from ec2gpu.runs import costs
+from ec2gpu.runs.plan import costs
 
 
 RUN_ID = "run-real"  # the spec fixture's (conftest.py)

@@ -1,4 +1,4 @@
-"""S3 file_mounts checked before anything is made (aws/storage.py, runs/provision.py), against the
+"""S3 file_mounts checked before anything is made (aws/storage.py, runs/provision/resources.py), against the
 sandbox's moto S3: missing sources refused, output buckets only listed to be made, one object told
 from a folder by its key, and a run role IAM refuses stops the run before its key pair exists."""
 from types import SimpleNamespace
@@ -8,7 +8,7 @@ import pytest
 
 from ec2gpu.aws import storage
 from ec2gpu.errors import UsageError
-from ec2gpu.runs import provision
+from ec2gpu.runs.provision import resources as provision
 from ec2gpu.tasks.mounts import Mount
 
 BUCKET = "ec2gpu-test-storage"

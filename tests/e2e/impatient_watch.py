@@ -6,7 +6,7 @@ import sys
 
 from ec2gpu import cli
 from ec2gpu.aws import session
-from ec2gpu.runs import recovery
+from ec2gpu.runs.recover import recovery
 
 
 def main() -> int:

@@ -5,7 +5,7 @@ import sys
 import time
 
 from ec2gpu import cli
-from ec2gpu.runs import pipeline
+from ec2gpu.runs.provision import pipeline
 
 
 def main() -> int:

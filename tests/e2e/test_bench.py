@@ -5,7 +5,7 @@ import json
 import pytest
 
 from ec2gpu import cli
-from ec2gpu.runs import ledger
+from ec2gpu.runs.settle import ledger
 
 from test_run_task import assert_nothing_left  # same folder (pytest prepend import mode)
 

@@ -7,7 +7,7 @@ import pytest
 
 from ec2gpu import cli
 from ec2gpu.aws.session import Aws
-from ec2gpu.runs import bake
+from ec2gpu.runs.provision import bake
 
 pytestmark = pytest.mark.e2e
 POLICY = Path(__file__).resolve().parents[2] / "docs" / "iam-policy.json"

@@ -12,7 +12,7 @@ import pytest
 from ec2gpu import cli
 from ec2gpu.aws import baked
 from ec2gpu.errors import WaitTimeout
-from ec2gpu.runs import bake
+from ec2gpu.runs.provision import bake
 from ec2gpu.sandbox import control
 
 from test_interrupts import run_and_interrupt  # same folder (pytest prepend import mode)
@@ -195,7 +195,7 @@ def test_a_bake_from_bare_ubuntu_installs_the_driver_reboots_when_asked_and_runs
 
 
 def test_the_bake_key_is_the_builtin_task_and_the_setup_text():
-    from ec2gpu.runs import engine
+    from ec2gpu.runs.execute import engine
     mnist = engine.builtin_job("mnist", [])
     assert bake.bake_key(mnist) == bake.bake_key(engine.builtin_job("mnist", ["--epochs", "3"]))  # flags do not matter
     other = engine.builtin_job("bench", [])

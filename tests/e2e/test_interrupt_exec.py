@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from ec2gpu import cli
-from ec2gpu.runs import ledger
+from ec2gpu.runs.settle import ledger
 
 from test_interrupts import run_and_interrupt  # same folder (pytest prepend import mode)
 from test_sandbox_train import leftovers

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ec2gpu.runs import ledger
+from ec2gpu.runs.settle import ledger
 
 from test_sandbox_train import leftovers, processes_gone, sandbox_settles  # same folder (pytest prepend import mode)
 
@@ -142,5 +142,5 @@ def test_the_aws_endpoint_lost_mid_run_says_what_may_still_exist_exit_3_and_writ
     assert "ec2gpu cleanup --region us-east-1" in left
     record = json.loads((tmp_path / "r" / "run.json").read_text())
     assert record["status"] == "failed" and record["teardown_failed"]
-    from ec2gpu.runs import ledger
+    from ec2gpu.runs.settle import ledger
     assert ledger.get(home, record["run_id"])["status"] == "failed"  # not left "running"

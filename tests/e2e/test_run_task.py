@@ -290,7 +290,7 @@ def test_a_corrupt_ledger_does_not_stop_a_run_and_is_named_once(sandbox_env, pro
 
 def test_the_python_api_runs_a_task_and_returns_its_record(sandbox_env, project, tmp_path):
     import ec2gpu
-    from ec2gpu.runs.pipeline import Reporter
+    from ec2gpu.runs.provision.pipeline import Reporter
     home, _ = sandbox_env
 
     class Recording(Reporter):

@@ -6,7 +6,7 @@ import boto3
 import pytest
 
 from ec2gpu import cli
-from ec2gpu.runs import ledger
+from ec2gpu.runs.settle import ledger
 from ec2gpu.sandbox import control, sshd
 
 pytestmark = pytest.mark.e2e

@@ -11,7 +11,8 @@ import pytest
 
 from ec2gpu import cli
 from ec2gpu.aws import instances as inst_mod
-from ec2gpu.runs import ledger, reconcile
+from ec2gpu.runs.settle import ledger
+from ec2gpu.runs.recover import reconcile
 
 from test_sandbox_train import leftovers, sandbox_settles  # same folder (pytest prepend import mode)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from ec2gpu.runs import ledger
+from ec2gpu.runs.settle import ledger
 from ec2gpu.sandbox import control, sshd
 
 from test_sandbox_train import leftovers, processes_gone, sandbox_settles  # same folder (pytest prepend import mode)

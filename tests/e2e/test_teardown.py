@@ -7,7 +7,7 @@ import pytest
 
 from ec2gpu import cli
 from ec2gpu.aws import instances, network, sweep
-from ec2gpu.runs import ledger
+from ec2gpu.runs.settle import ledger
 
 from test_sandbox_train import leftovers, sandbox_settles  # same folder (pytest prepend import mode)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ec2gpu.remote import setup, ssh
-from ec2gpu.runs import engine, nodes
+from ec2gpu.runs.execute import engine, nodes
 from ec2gpu.tasks import load
 
 #: a stand-in for setup-gpu.sh: counts its runs in $HOME/runs and writes a setup.json

@@ -62,7 +62,7 @@ def test_a_worker_own_error_record_keeps_its_message_and_gets_the_exit_code():
 def test_the_root_cause_is_the_killed_worker_else_the_earliest_error():
     from types import SimpleNamespace
 
-    from ec2gpu.runs import engine
+    from ec2gpu.runs.execute import engine
     nodes = [SimpleNamespace(index=k) for k in range(3)]
     statuses = {0: {"error": {"exit_code": 1, "timestamp": "20", "message": "RuntimeError: peer gone"}},
                 1: {"error": {"exit_code": -9, "timestamp": "30", "message": "Signal 9"}},
@@ -78,7 +78,7 @@ def test_the_root_cause_is_the_killed_worker_else_the_earliest_error():
 def test_the_agent_signs_its_record_with_a_key_the_job_never_sees(tmp_path):
     """Issue 26.6: a process the job left behind rewrote status.json after the agent's last write
     and so changed the reported outcome. Now the controller believes only the agent's signed record."""
-    from ec2gpu.runs import status
+    from ec2gpu.runs.execute import status
     key = status.new_key()
     (tmp_path / "agent.key").write_text(key)
     code = agent.main(["--dir", str(tmp_path), "--key-file", str(tmp_path / "agent.key"), "--",
@@ -111,7 +111,7 @@ def test_what_the_job_leaves_running_in_its_group_ends_with_it(tmp_path):
 
 
 def test_any_status_file_parses_to_the_record_shape_and_never_raises():
-    from ec2gpu.runs import status
+    from ec2gpu.runs.execute import status
     for data in (b"[1, 2, 3]", b"garbage", b'{"state": "succeeded", "exit_code": "0"}', b'{"state": "pwned"}',
                  b"[" * 100000, b" " * 70000, b'{"state": "failed", "error": {"timestamp": "soon", "rank": "x"}}',
                  b'{"state": "failed", "exit_code": 1e400, "notice": [1]}', b'{"state": "failed", "limit": [2]}'):
@@ -132,7 +132,7 @@ def test_a_failed_job_with_hostile_records_is_judged_failed_not_crashed():
 
     from ec2gpu.errors import RemoteError
     from ec2gpu.remote import jobs
-    from ec2gpu.runs import engine, status
+    from ec2gpu.runs.execute import engine, status
     records = [status.parse(b'{"state": "failed", "exit_code": 1, "error": {"timestamp": "soon", "exit_code": 1}}', None),
                status.parse(b'{"state": "failed", "exit_code": 2, "error": {"timestamp": "12", "exit_code": 2}}', None),
                status.parse(b'{"state": "succeeded"}', status.new_key())]
@@ -216,7 +216,7 @@ def test_a_rebalance_recommendation_reaches_the_job_as_a_file_and_status_json_an
     assert st["rebalance"]["notice_time"] == "2026-11-22T10:00:00Z" and st["rebalance"]["seen_at"]
     told = json.loads(log.splitlines()[0])
     assert told == st["rebalance"] and "checkpointed early" in log
-    from ec2gpu.runs import status  # the controller keeps it in its validated copy
+    from ec2gpu.runs.execute import status  # the controller keeps it in its validated copy
     assert status.parse((tmp_path / "status.json").read_bytes(), None)["rebalance"] == st["rebalance"]
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from ec2gpu.api import access, costs
 from ec2gpu.errors import NoCredentials, UsageError
-from ec2gpu.runs import ledger
+from ec2gpu.runs.settle import ledger
 
 
 @pytest.fixture
@@ -157,7 +157,7 @@ def test_logs_of_a_finished_run_come_from_its_artifacts_without_aws(no_backend, 
 
 def test_fetch_brings_home_to_the_runs_artifacts_with_the_limits_asked(home, tmp_path, monkeypatch):
     from ec2gpu.remote.files import Limits
-    from ec2gpu.runs import logs as run_logs
+    from ec2gpu.runs.execute import logs as run_logs
     ctx = SimpleNamespace(aws=SimpleNamespace(ec2="ec2"), settings=SimpleNamespace(home=home, download_limits=Limits()))
     monkeypatch.setattr(access, "_context", lambda *a, **k: contextlib.nullcontext(ctx))
     ledger.record(home, _row("r-live", status="running", artifacts=str(tmp_path / "a"), instance_ids=["i-1"]))
@@ -183,7 +183,7 @@ def test_fetch_brings_home_to_the_runs_artifacts_with_the_limits_asked(home, tmp
 
 def test_notebook_serves_on_the_types_asked_and_down_on_exit_removes_its_run(home, monkeypatch):
     from ec2gpu.aws import sweep
-    from ec2gpu.runs import notebook as nb
+    from ec2gpu.runs.standing import notebook as nb
     ctx = SimpleNamespace(aws=SimpleNamespace(ec2="ec2", client=lambda name: f"{name} client"),
                           settings=SimpleNamespace(home=home, instance_type="g4dn.xlarge", keys_dir=home / "keys"),
                           backend=SimpleNamespace(name="aws"))

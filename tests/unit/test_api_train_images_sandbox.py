@@ -12,7 +12,7 @@ import pytest
 from ec2gpu import backend
 from ec2gpu.api import images, sandbox as sb, train
 from ec2gpu.errors import SandboxError, UsageError
-from ec2gpu.runs import ledger
+from ec2gpu.runs.settle import ledger
 
 
 @pytest.fixture
@@ -28,7 +28,8 @@ def home(tmp_path, monkeypatch):
 @pytest.fixture
 def no_local_run(no_backend, monkeypatch):
     """As no_backend (tests/conftest.py), and no training started on this machine either."""
-    from ec2gpu.runs import bench, local
+    from ec2gpu.runs.provision import bench
+    from ec2gpu.runs.execute import local
 
     def refuse(*args, **kwargs):
         raise AssertionError("a local run started for input that should have been refused")
@@ -105,7 +106,7 @@ def fake_context(monkeypatch):
 
 
 def test_train_mnist_gives_the_pipeline_every_flag_and_returns_its_record(home, fake_context, monkeypatch):
-    from ec2gpu.runs import pipeline
+    from ec2gpu.runs.provision import pipeline
     seen = {}
 
     def fake_train(aws, settings, opts, ui, back):
@@ -137,7 +138,9 @@ def test_train_mnist_gives_the_pipeline_every_flag_and_returns_its_record(home, 
 
 
 def test_train_mnist_on_a_cluster_and_on_this_machine_go_where_they_should(home, fake_context, monkeypatch, tmp_path):
-    from ec2gpu.runs import local, pipeline, standing
+    from ec2gpu.runs.execute import local
+    from ec2gpu.runs.provision import pipeline
+    from ec2gpu.runs.standing import hosts as standing
     monkeypatch.setattr(pipeline, "train", lambda *a, **k: pytest.fail("a new instance for --cluster or --local"))
     calls = []
     monkeypatch.setattr(standing, "train_on_cluster",
@@ -151,7 +154,7 @@ def test_train_mnist_on_a_cluster_and_on_this_machine_go_where_they_should(home,
 
 
 def test_bench_says_the_sandbox_is_this_machine_and_returns_the_ranked_results(home, fake_context, monkeypatch):
-    from ec2gpu.runs import bench
+    from ec2gpu.runs.provision import bench
     seen = {}
 
     def on_instances(aws, settings, opts, ui, back, quick, data_dir):
@@ -174,7 +177,7 @@ def test_bench_says_the_sandbox_is_this_machine_and_returns_the_ranked_results(h
 
 
 def test_list_and_remove_images_check_credentials_and_return_the_layers_data(home, fake_context, monkeypatch):
-    from ec2gpu.runs import bake
+    from ec2gpu.runs.provision import bake
     rows = [{"name": "mnist-1", "image_id": "ami-1", "usd_per_month": 1.0}]
     monkeypatch.setattr(bake, "listing", lambda aws, where: rows if where == Path("h") else pytest.fail("home"))
     assert images.list_images(region="eu-west-1", sandbox=True) == rows
@@ -192,7 +195,7 @@ def test_list_and_remove_images_check_credentials_and_return_the_layers_data(hom
 
 def test_without_credentials_images_are_not_listed(home, fake_context, monkeypatch):
     from ec2gpu.errors import NoCredentials
-    from ec2gpu.runs import bake
+    from ec2gpu.runs.provision import bake
 
     def no_creds():
         raise NoCredentials("no AWS credentials found", "-")

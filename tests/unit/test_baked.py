@@ -25,7 +25,9 @@ def test_snapshots_come_from_the_block_devices_and_their_stored_bytes_count_befo
 
 def test_a_bakes_estimate_counts_its_own_phases_once(tmp_path):
     """The estimate adds boot, setup and teardown itself: a past bake contributes only the rest."""
-    from ec2gpu.runs import bake, engine, ledger
+    from ec2gpu.runs.provision import bake
+    from ec2gpu.runs.execute import engine
+    from ec2gpu.runs.settle import ledger
     phases = {"requesting": 1.0, "waiting for running": 30.0, "waiting for SSH": 20.0, "driver": 100.0, "setup": 50.0,
               "upload": 2.0, "cleaning": 3.0, "imaging": 1.0, "waiting for image": 236.0, "terminating": 40.0}
     assert bake.bake_seconds(phases) == 340.0
@@ -57,7 +59,8 @@ def ec2_client():
 def test_a_task_files_stem_becomes_an_ami_name_createimage_accepts(tmp_path):
     """`train+v2.yaml` has no name: its stem names the image, and CreateImage refuses '+'
     (InvalidAMIName.Malformed); a long one is cut to 128 characters."""
-    from ec2gpu.runs import bake, engine
+    from ec2gpu.runs.provision import bake
+    from ec2gpu.runs.execute import engine
     from ec2gpu.tasks.load import load
     task = tmp_path / "train+v2.yaml"
     task.write_text("run: python3 train.py\n")
@@ -187,10 +190,10 @@ def test_every_describe_that_pages_is_read_to_its_last_page():
         stub.assert_no_pending_responses()
 
 
-# --- the builder's --max-runtime across its driver reboot (runs/bake.py) -------------------------------
+# --- the builder's --max-runtime across its driver reboot (runs/provision/bake.py) -------------------------------
 
 def test_the_max_runtime_deadline_is_launch_plus_minutes_and_the_time_left_is_rounded_down():
-    from ec2gpu.runs import bake
+    from ec2gpu.runs.provision import bake
     launched = datetime(2026, 11, 22, 10, 0, tzinfo=timezone.utc)
     end = bake.max_runtime_deadline({"LaunchTime": launched}, 120)
     assert end == launched + timedelta(minutes=120) and bake.max_runtime_deadline({"LaunchTime": launched}, None) is None
@@ -202,7 +205,7 @@ def test_the_max_runtime_deadline_is_launch_plus_minutes_and_the_time_left_is_ro
 def test_the_per_boot_script_arms_the_time_left_on_its_builder_only(tmp_path, on_builder):
     """cloud-init runs it at every boot: on the builder it schedules the shutdown for the minutes left;
     on any other instance (an image's, should one hold it) it does nothing."""
-    from ec2gpu.runs import bake
+    from ec2gpu.runs.provision import bake
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "shutdown").write_text(f'#!/bin/sh\necho "$@" > {tmp_path}/called\n')
     (tmp_path / "bin" / "shutdown").chmod(0o755)

@@ -2,7 +2,8 @@
 feed the next estimate; all pure, no torch."""
 import pytest
 
-from ec2gpu.runs import bench, costs
+from ec2gpu.runs.provision import bench
+from ec2gpu.runs.plan import costs
 from ec2gpu.train import bench as instance
 
 

@@ -74,7 +74,7 @@ def test_ls_at_80_columns_keeps_each_instance_id_whole_on_one_line(monkeypatch):
 
     import ec2gpu.api.instances as ops
     import ec2gpu.cli.instances as cli_instances
-    from ec2gpu.runs import standing
+    from ec2gpu.runs.standing import hosts as standing
     buf = _console(monkeypatch, cli_instances)
     row = {"name": "a-rather-long-instance-name-for-a-standing-box", "instance_id": "i-0123456789abcdef0",
            "instance_type": "g4dn.xlarge", "market": "spot", "zone": "us-east-1a", "state": "running",
@@ -96,7 +96,7 @@ def test_ls_at_80_columns_keeps_each_instance_id_whole_on_one_line(monkeypatch):
 
 def test_the_progress_reader_shows_each_new_well_formed_progress_once_and_skips_the_rest(monkeypatch):
     from ec2gpu.remote import jobs
-    from ec2gpu.runs import nodes
+    from ec2gpu.runs.execute import nodes
     contents = iter([b'{"done": 10, "total": 469, "label": "epoch 1/1", "rate": 5000, "rate_unit": "samples/s"}',
                      b'{"done": 10, "total": 469, "label": "epoch 1/1", "rate": 5000, "rate_unit": "samples/s"}',
                      b'{"done": 2', b"", b'["not", "a", "dict"]', b'{"done": 469, "total": 469, "eta_s": 0}'])

@@ -5,11 +5,11 @@ tier let through before (issue 29, item 14).
 - the private-key sniff: a file of 64 KiB or less is read for a key header in its first 4096
   bytes (a token file: in its first 64 KiB); a bigger file is not read (remote/sync.py);
 - the spot estimate: the dearest zone's current price, an upper bound, capped by --max-price,
-  refused only below the cheapest zone (runs/costs.py hourly_price, aws/pricing.py);
+  refused only below the cheapest zone (runs/plan/costs.py hourly_price, aws/pricing.py);
 - the G/VT vCPU quota: in use + needed equal to the quota passes, one over is refused
   (aws/capacity.py check_quota);
 - ``--since``: seconds to weeks back to the second, a unit required, no 30-day bound; a run
-  started at the boundary counted, one second before it not (runs/ledger.py parse_since, runs).
+  started at the boundary counted, one second before it not (runs/settle/ledger.py parse_since, runs).
 """
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ def test_a_token_file_is_read_to_64_kib_not_only_its_first_4096_bytes(tmp_path):
     assert sync._looks_like_private_key(clean) is False
 
 
-# --- the spot estimate (ec2gpu/runs/costs.py hourly_price) -------------------------------------
+# --- the spot estimate (ec2gpu/runs/plan/costs.py hourly_price) -------------------------------------
 
 NOW = datetime(2026, 11, 20, 12, tzinfo=timezone.utc)
 
@@ -125,7 +125,7 @@ ZONES = {"us-east-1a": 0.20, "us-east-1b": 0.35, "us-east-1c": 0.25}
 def test_the_spot_estimate_is_the_dearest_zones_price_an_upper_bound(tmp_path):
     """The launch may land in any zone: the estimate takes the highest price (0.35), not the
     lowest (0.20) nor the first."""
-    from ec2gpu.runs import costs
+    from ec2gpu.runs.plan import costs
 
     price = costs.hourly_price(_spot_aws(ZONES), tmp_path, "g4dn.xlarge", spot=True)
     assert price.usd_per_hour == pytest.approx(0.35)
@@ -135,7 +135,7 @@ def test_the_spot_estimate_is_the_dearest_zones_price_an_upper_bound(tmp_path):
 
 def test_the_spot_estimate_uses_each_zones_newest_price_not_an_older_higher_one(tmp_path):
     from ec2gpu.aws import pricing
-    from ec2gpu.runs import costs
+    from ec2gpu.runs.plan import costs
 
     aws = _spot_aws(ZONES, stale={"us-east-1a": 0.90})
     assert pricing.current_spot_prices(aws.ec2, ["g4dn.xlarge"]) == {"g4dn.xlarge": ZONES}
@@ -143,7 +143,7 @@ def test_the_spot_estimate_uses_each_zones_newest_price_not_an_older_higher_one(
 
 
 def test_on_demand_ignores_spot_prices_and_no_spot_price_falls_back_to_on_demand(tmp_path):
-    from ec2gpu.runs import costs
+    from ec2gpu.runs.plan import costs
 
     assert costs.hourly_price(_spot_aws(ZONES), tmp_path, "g4dn.xlarge", spot=False).usd_per_hour == 0.526
     none = costs.hourly_price(_spot_aws({}), tmp_path, "g4dn.xlarge", spot=True)
@@ -154,7 +154,7 @@ def test_max_price_caps_the_estimate_and_is_refused_only_below_the_cheapest_zone
     """--max-price: at or above the dearest zone, the dearest price; between the zones, the cap
     itself; equal to the cheapest zone, still the cap (a launch there succeeds); below the cheapest
     zone, refused."""
-    from ec2gpu.runs import costs
+    from ec2gpu.runs.plan import costs
 
     def price(cap):
         return costs.hourly_price(_spot_aws(ZONES), tmp_path, "g4dn.xlarge", spot=True, max_price=cap)
@@ -224,7 +224,7 @@ def test_a_p_family_type_is_not_checked_against_the_gvt_quota():
     assert quotas.asked == []
 
 
-# --- --since (ec2gpu/runs/ledger.py parse_since, runs) -----------------------------------------
+# --- --since (ec2gpu/runs/settle/ledger.py parse_since, runs) -----------------------------------------
 
 SINCE_NOW = datetime(2026, 11, 21, 12, 0, tzinfo=timezone.utc)
 
@@ -239,7 +239,7 @@ SINCE_NOW = datetime(2026, 11, 21, 12, 0, tzinfo=timezone.utc)
 def test_since_takes_seconds_to_weeks_back_to_the_second(text, back):
     """The grammar of every duration (tasks/spec.minutes) with its unit required, and no 30-day
     bound: --since 90d is a quarter back."""
-    from ec2gpu.runs import ledger
+    from ec2gpu.runs.settle import ledger
 
     assert ledger.parse_since(text, SINCE_NOW) == SINCE_NOW - back
 
@@ -247,21 +247,21 @@ def test_since_takes_seconds_to_weeks_back_to_the_second(text, back):
 @pytest.mark.parametrize("text", ["2", "d", "-2d", "2dd", "2y", "1w2d", "soon", ""])
 def test_since_refuses_what_is_neither_a_duration_nor_a_date(text):
     """A bare number is not a duration here (minutes? days?): the unit is required."""
-    from ec2gpu.runs import ledger
+    from ec2gpu.runs.settle import ledger
 
     with pytest.raises(UsageError, match="is not a duration or a date"):
         ledger.parse_since(text, SINCE_NOW)
 
 
 def test_since_dates_are_utc_unless_they_say_otherwise():
-    from ec2gpu.runs import ledger
+    from ec2gpu.runs.settle import ledger
 
     assert ledger.parse_since("2026-11-01", SINCE_NOW) == datetime(2026, 11, 1, tzinfo=timezone.utc)
     assert ledger.parse_since("2026-11-01T05:00:00+02:00", SINCE_NOW) == datetime(2026, 11, 1, 3, tzinfo=timezone.utc)
 
 
 def test_runs_since_counts_a_run_started_at_the_boundary_and_not_one_second_before(tmp_path):
-    from ec2gpu.runs import ledger
+    from ec2gpu.runs.settle import ledger
 
     since = ledger.parse_since("2w", SINCE_NOW)
     for run_id, started in (("before", since - timedelta(seconds=1)), ("at", since),

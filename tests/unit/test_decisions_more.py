@@ -1,5 +1,5 @@
 """More decisions at their edges, pure: the survivors of a mutmut run over aws/capacity.py,
-runs/costs.py, runs/limits.py and tasks/mounts.py with the fast tier (issue 29, item 14) that
+runs/plan/costs.py, runs/plan/limits.py and tasks/mounts.py with the fast tier (issue 29, item 14) that
 change what ec2gpu decides (a limit, a bill, an estimate, a quota, what is copied where), each
 pinned here by a test that fails when that one token changes.
 """
@@ -17,10 +17,10 @@ from ec2gpu.errors import UsageError
 T0 = datetime(2026, 11, 20, 10, 0, tzinfo=timezone.utc)
 
 
-# --- runs/limits.py -----------------------------------------------------------------------------
+# --- runs/plan/limits.py -----------------------------------------------------------------------------
 
 def test_max_runtime_is_at_least_one_whole_minute_rounded_up():
-    from ec2gpu.runs import limits
+    from ec2gpu.runs.plan import limits
 
     assert limits.parse("1m") == (True, 1)
     assert limits.parse(1) == (True, 1)
@@ -36,7 +36,7 @@ def test_max_runtime_is_at_least_one_whole_minute_rounded_up():
 @pytest.mark.parametrize("minutes,said", [(59, "59 min"), (60, "60 min"), (90, "90 min"), (120, "2 h"),
                                           (121, "121 min"), (150, "150 min"), (180, "3 h"), (None, "no limit")])
 def test_a_limit_is_said_in_hours_from_two_whole_hours(minutes, said):
-    from ec2gpu.runs import limits
+    from ec2gpu.runs.plan import limits
 
     assert limits.Limit(minutes, "x").words() == said
 
@@ -47,7 +47,8 @@ def _run(run_id, task, phases, status="completed"):
 
 
 def test_the_longest_run_counts_any_positive_time_and_never_an_empty_one(tmp_path):
-    from ec2gpu.runs import ledger, limits
+    from ec2gpu.runs.settle import ledger
+    from ec2gpu.runs.plan import limits
 
     ledger.record(tmp_path, _run("empty", "t", {}))
     assert limits.longest_run(tmp_path, "t", "aws") is None
@@ -57,7 +58,7 @@ def test_the_longest_run_counts_any_positive_time_and_never_an_empty_one(tmp_pat
 
 
 def test_the_grace_is_never_negative_and_the_stop_time_follows_the_grace_setting():
-    from ec2gpu.runs import limits
+    from ec2gpu.runs.plan import limits
 
     assert limits.grace_seconds(60, 0) == 0.0 and limits.grace_seconds(60, -5) == 0.0
     inst = {"LaunchTime": T0}
@@ -66,10 +67,10 @@ def test_the_grace_is_never_negative_and_the_stop_time_follows_the_grace_setting
     assert limits.stop_at(inst, 60) == T0.timestamp() + 3600 - 420
 
 
-# --- runs/costs.py: the estimate ------------------------------------------------------------------
+# --- runs/plan/costs.py: the estimate ------------------------------------------------------------------
 
 def _estimate(gpu, model, epochs=10, history=()):
-    from ec2gpu.runs import costs
+    from ec2gpu.runs.plan import costs
     return costs.estimate("g5.xlarge", gpu, "on-demand", 1.0, "test", model, epochs, list(history))
 
 
@@ -107,7 +108,7 @@ def test_the_epoch_time_is_the_median_of_the_five_newest_runs_only():
 
 
 def test_phases_are_medians_of_the_five_newest_runs_of_the_type_and_a_missing_phase_counts_zero():
-    from ec2gpu.runs import costs
+    from ec2gpu.runs.plan import costs
 
     rows = [{"instance_type": "g5.xlarge", "phases": {"requesting": b, "setup": 10.0}} for b in (5, 5, 5, 50, 50, 50)]
     boot, setup, teardown, same = costs._phase_seconds(rows, "g5.xlarge")
@@ -115,13 +116,13 @@ def test_phases_are_medians_of_the_five_newest_runs_of_the_type_and_a_missing_ph
 
 
 def test_the_estimate_rounds_times_to_a_tenth_and_cost_to_four_digits():
-    from ec2gpu.runs import costs
+    from ec2gpu.runs.plan import costs
 
     est = costs._priced(costs.Estimate("g5.xlarge", "spot", 1.2345, "x", 100.04, 20.03, 400.02, 61.04, "x"))
     assert est.billed_seconds == 581.1 and est.cost_usd == 0.1993
 
 
-# --- runs/costs.py: the bill ---------------------------------------------------------------------
+# --- runs/plan/costs.py: the bill ---------------------------------------------------------------------
 
 class _SpotHistory:
     """describe_spot_price_history over canned entries, filtered as EC2 filters them."""
@@ -151,7 +152,7 @@ def _instance(spot=False, zone="us-east-1b", itype="g4dn.xlarge", ended=T0 + tim
 
 
 def test_a_spot_bill_follows_its_own_zones_price_history(tmp_path):
-    from ec2gpu.runs import costs
+    from ec2gpu.runs.plan import costs
 
     ec2 = _SpotHistory([_spot("g4dn.xlarge", "us-east-1b", T0 - timedelta(hours=2), 0.30),
                         _spot("g4dn.xlarge", "us-east-1b", T0 + timedelta(minutes=30), 0.50),
@@ -166,7 +167,7 @@ def test_a_spot_bill_follows_its_own_zones_price_history(tmp_path):
 
 
 def test_billing_starts_when_the_instance_ran_not_when_it_was_launched(tmp_path):
-    from ec2gpu.runs import costs
+    from ec2gpu.runs.plan import costs
 
     aws = SimpleNamespace(ec2=None, region="us-east-1")
     ran = T0 + timedelta(minutes=10)
@@ -190,7 +191,7 @@ def _refreshed_prices(home: Path, region="us-east-1", storage=None, **prices):
 
 
 def test_on_demand_prices_come_from_the_refreshed_cache_in_the_home(tmp_path):
-    from ec2gpu.runs import costs
+    from ec2gpu.runs.plan import costs
 
     _refreshed_prices(tmp_path, **{"g4dn.xlarge": 0.9})
     aws = SimpleNamespace(ec2=None, region="us-east-1")
@@ -200,7 +201,7 @@ def test_on_demand_prices_come_from_the_refreshed_cache_in_the_home(tmp_path):
 
 
 def test_the_spot_estimate_asks_for_its_own_type_only(tmp_path):
-    from ec2gpu.runs import costs
+    from ec2gpu.runs.plan import costs
 
     ec2 = _SpotHistory([_spot("g4dn.xlarge", "us-east-1a", T0, 0.2), _spot("g5.xlarge", "us-east-1a", T0, 5.0)])
     price = costs.hourly_price(SimpleNamespace(ec2=ec2, region="us-east-1"), tmp_path, "g4dn.xlarge", spot=True)
@@ -208,7 +209,7 @@ def test_the_spot_estimate_asks_for_its_own_type_only(tmp_path):
 
 
 def test_the_address_is_billed_while_running_and_never_below_zero(tmp_path):
-    from ec2gpu.runs import costs
+    from ec2gpu.runs.plan import costs
 
     got = costs.address_and_disk("us-east-1", tmp_path, -10.0, 3600.0, None)
     assert got["public_ipv4_usd"] == 0.0 and got["ebs_usd"] is None
@@ -329,7 +330,7 @@ def test_other_stores_are_refused_by_name(source, said):
 # --- more edges: hints, the refreshed cache in the bill, the role, the ledger that cannot be read ----
 
 def test_the_actual_bill_uses_the_refreshed_compute_and_disk_prices_and_none_when_unknown(tmp_path):
-    from ec2gpu.runs import costs
+    from ec2gpu.runs.plan import costs
 
     _refreshed_prices(tmp_path, storage={"gp3": 0.5}, **{"g4dn.xlarge": 0.9})
     aws = SimpleNamespace(ec2=None, region="us-east-1")
@@ -341,7 +342,7 @@ def test_the_actual_bill_uses_the_refreshed_compute_and_disk_prices_and_none_whe
 
 
 def test_refusals_carry_their_hint():
-    from ec2gpu.runs import limits
+    from ec2gpu.runs.plan import limits
 
     with pytest.raises(UsageError) as short:
         limits.parse("59s")
@@ -349,7 +350,7 @@ def test_refusals_carry_their_hint():
 
 
 def test_a_max_price_below_every_zone_says_how_to_go_on(tmp_path):
-    from ec2gpu.runs import costs
+    from ec2gpu.runs.plan import costs
 
     ec2 = _SpotHistory([_spot("g4dn.xlarge", "us-east-1a", T0, 0.2)])
     with pytest.raises(UsageError) as low:
@@ -388,7 +389,8 @@ def test_the_spot_role_is_there_missing_or_unknown():
 
 
 def test_an_unreadable_ledger_gives_no_history_rather_than_stopping_the_run(tmp_path):
-    from ec2gpu.runs import ledger, limits
+    from ec2gpu.runs.settle import ledger
+    from ec2gpu.runs.plan import limits
 
     ledger.path_in(tmp_path).write_bytes(b"this is not a database" * 100)
     assert limits.longest_run(tmp_path, "t", "aws") is None
@@ -396,7 +398,8 @@ def test_an_unreadable_ledger_gives_no_history_rather_than_stopping_the_run(tmp_
 
 
 def test_the_longest_run_looks_back_500_runs(tmp_path):
-    from ec2gpu.runs import ledger, limits
+    from ec2gpu.runs.settle import ledger
+    from ec2gpu.runs.plan import limits
 
     ledger.record(tmp_path, {**_run("oldest", "t", {"running": 9000.0}), "started_at": (T0 - timedelta(days=1)).isoformat()})
     for i in range(500):
@@ -406,7 +409,8 @@ def test_the_longest_run_looks_back_500_runs(tmp_path):
 
 
 def test_the_expected_minutes_are_the_mean_of_this_tasks_completed_runs_on_this_type(tmp_path):
-    from ec2gpu.runs import costs, ledger
+    from ec2gpu.runs.plan import costs
+    from ec2gpu.runs.settle import ledger
 
     job = SimpleNamespace(name="t")
     assert costs.estimate_minutes(tmp_path, job, "g5.xlarge", None, "aws") == (
@@ -448,7 +452,8 @@ def test_paths_on_the_instance_join_without_doubled_slashes():
 
 
 def test_an_unreadable_ledger_leaves_the_expected_minutes_to_expect(tmp_path):
-    from ec2gpu.runs import costs, ledger
+    from ec2gpu.runs.plan import costs
+    from ec2gpu.runs.settle import ledger
 
     ledger.path_in(tmp_path).write_bytes(b"this is not a database" * 100)
     assert costs.estimate_minutes(tmp_path, SimpleNamespace(name="t"), "g5.xlarge", 12.0, "aws") == (12.0, "--expect")

@@ -5,7 +5,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from ec2gpu.errors import UsageError
-from ec2gpu.runs import ledger, limits
+from ec2gpu.runs.settle import ledger
+from ec2gpu.runs.plan import limits
 from ec2gpu.tasks.spec import minutes
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=timezone.utc)

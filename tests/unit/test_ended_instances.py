@@ -33,8 +33,9 @@ def test_only_runs_whose_instances_all_ended_by_their_own_shutdown_or_long_ago_a
 
 
 def test_runs_a_live_controller_of_this_ledger_may_still_use_are_kept(tmp_path, monkeypatch):
-    from ec2gpu.runs import ledger, reconcile
-    from ec2gpu.runs.record import new
+    from ec2gpu.runs.settle import ledger
+    from ec2gpu.runs.recover import reconcile
+    from ec2gpu.runs.settle.record import new
     ledger.record(tmp_path, new("live", "ec2gpu run --spot", "aws", tmp_path))  # this process: alive
     gone = new("dead", "ec2gpu run", "aws", tmp_path)
     gone["controller"] = {**gone["controller"], "started": 1.0}  # a process that no longer exists

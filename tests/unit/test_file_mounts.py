@@ -6,7 +6,7 @@ import pytest
 
 from ec2gpu.errors import UsageError
 from ec2gpu.remote import sync
-from ec2gpu.runs import engine
+from ec2gpu.runs.execute import engine
 from ec2gpu.tasks import load, mounts
 
 
@@ -105,7 +105,7 @@ def test_a_single_file_is_withheld_by_name_or_content(tmp_path):
 
 def test_mount_mode_targets_are_written_back_while_the_job_runs_and_a_failure_is_only_said(monkeypatch):
     from ec2gpu.errors import RemoteError
-    from ec2gpu.runs import recovery
+    from ec2gpu.runs.recover import recovery
     said, calls = [], []
     watch = recovery.InstanceWatch(None, "i-1", recovery.NoCheckpoints(), said.append, every_s=1e9)
     monkeypatch.setattr(recovery, "WRITE_BACK_EVERY_S", 0.0)
@@ -172,7 +172,7 @@ def test_while_the_job_runs_only_settled_files_are_written_back_and_at_its_end_a
 def test_exec_on_a_standing_instance_refuses_s3_file_mounts_before_asking_aws(tmp_path):
     from types import SimpleNamespace
 
-    from ec2gpu.runs import standing
+    from ec2gpu.runs.standing import hosts as standing
     loaded = _task(tmp_path, "file_mounts:\n  /d: s3://my-bucket/x\n")
     job = engine.prepare(loaded, {})
     with pytest.raises(UsageError, match="no run role|has none"):

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from ec2gpu.remote import files, sync
-from ec2gpu.runs import recovery
+from ec2gpu.runs.recover import recovery
 
 
 @pytest.mark.parametrize("name, ok", [
@@ -131,7 +131,7 @@ def test_a_log_without_newlines_is_split_at_a_bound_and_a_log_here_stops_at_its_
     """Issue 26.7: a 300 MB log was held whole (900 MB of controller memory). Lines are bounded, the
     log written here is capped with one line saying so (scripts/bench_big_log.py measures the rest)."""
     from ec2gpu.remote import jobs
-    from ec2gpu.runs import nodes
+    from ec2gpu.runs.execute import nodes
     got = []
     split = jobs.LineSplitter(got.append, max_line=10)
     split(b"a" * 35)

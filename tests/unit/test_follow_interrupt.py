@@ -1,4 +1,4 @@
-"""Ctrl-C while every node's log is followed (runs/nodes.follow_all): the followers end before the
+"""Ctrl-C while every node's log is followed (runs/execute/nodes.follow_all): the followers end before the
 controller goes on to bring the job's records home and tear down (issue 27, item 12)."""
 import _thread
 import signal
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from ec2gpu.runs import nodes as N
+from ec2gpu.runs.execute import nodes as N
 
 
 class _Ui:

@@ -7,7 +7,7 @@ import pytest
 
 from ec2gpu.aws import catalog, types
 from ec2gpu.errors import UsageError
-from ec2gpu.runs import engine
+from ec2gpu.runs.execute import engine
 from ec2gpu.tasks import load, resolve
 
 

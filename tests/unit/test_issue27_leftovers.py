@@ -9,7 +9,7 @@ from ec2gpu import api, cli
 from ec2gpu.aws import baked, catalog
 from ec2gpu.cli import images as image_cli
 from ec2gpu.errors import UsageError
-from ec2gpu.runs import bake
+from ec2gpu.runs.provision import bake
 
 
 @pytest.fixture
@@ -29,7 +29,7 @@ def test_image_bake_passes_max_runtime_to_the_bake_and_refuses_one_below_ten_min
     assert cli.main(["image", "bake", "mnist", "--max-runtime", "45"]) == 2
     assert bake_calls[-1]["max_runtime"] == 45
     assert cli.main(["image", "bake", "mnist"]) == 2
-    assert bake_calls[-1].get("max_runtime") is None  # the bake's default: runs/bake.builder_max_runtime
+    assert bake_calls[-1].get("max_runtime") is None  # the bake's default: runs/provision/bake.builder_max_runtime
     assert cli.main(["image", "bake", "mnist", "--max-runtime", "9"]) == 2  # typer's range: nothing called
     assert len(bake_calls) == 2 and "--max-runtime" in capsys.readouterr().err
     assert cli.main(["image", "bake", "--help"]) == 0

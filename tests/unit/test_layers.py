@@ -69,7 +69,7 @@ def offences(source: str) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("path", sorted(RUNS.glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted(RUNS.rglob("*.py")), ids=lambda p: str(p.relative_to(RUNS)))
 def test_runs_calls_remote_and_aws_not_fabric_or_boto3(path):
     assert offences(path.read_text()) == []
 

@@ -5,7 +5,7 @@ from datetime import datetime, timezone
 import pytest
 
 from ec2gpu.errors import UsageError
-from ec2gpu.runs import ledger
+from ec2gpu.runs.settle import ledger
 
 
 def test_a_version_1_ledger_is_migrated_without_losing_runs(tmp_path):
@@ -102,7 +102,7 @@ def test_runs_on_a_corrupt_ledger_exits_3_naming_the_file(tmp_path):
 def test_the_run_record_type_covers_every_ledger_column_and_only_a_running_run_names_its_controller(tmp_path):
     from contextlib import closing
 
-    from ec2gpu.runs.record import RunRecord, new
+    from ec2gpu.runs.settle.record import RunRecord, new
     with closing(ledger.connect(tmp_path)) as db:
         columns = {r[1] for r in db.execute("PRAGMA table_info(runs)")}
     assert columns <= set(RunRecord.__annotations__), columns - set(RunRecord.__annotations__)
@@ -121,7 +121,7 @@ def test_a_standing_instance_has_a_row_settled_over_every_running_interval_and_r
     import sys
     from datetime import timedelta
 
-    from ec2gpu.runs import reconcile
+    from ec2gpu.runs.recover import reconcile
 
     class Aws:  # what billing an on-demand instance reads of an Aws: its region
         region, ec2 = "us-east-1", None
@@ -174,7 +174,7 @@ def test_a_standing_instance_not_listed_is_settled_as_unknown_only_after_ec2_wou
     from datetime import timedelta
 
     from ec2gpu.aws import sweep
-    from ec2gpu.runs import reconcile
+    from ec2gpu.runs.recover import reconcile
     now = datetime.now(timezone.utc)
     inst = {"InstanceId": "i-1", "InstanceType": "g4dn.xlarge", "LaunchTime": now, "State": {"Name": "running"}}
     ledger.record(tmp_path, reconcile.standing_row("aws", "us-east-1", "r1", "ec2gpu launch", [inst], 100))
@@ -194,7 +194,7 @@ def test_instances_a_run_kept_are_billed_into_its_row_once_they_have_ended(tmp_p
     it terminated bills it into the run's row, whose status stays the job's."""
     from datetime import timedelta
 
-    from ec2gpu.runs import reconcile
+    from ec2gpu.runs.recover import reconcile
     t0 = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(hours=1)
     ended = t0 + timedelta(seconds=600)
     gone = {"InstanceId": "i-1", "InstanceType": "g4dn.xlarge", "LaunchTime": t0, "State": {"Name": "terminated"},

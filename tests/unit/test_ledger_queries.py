@@ -6,7 +6,7 @@ import sqlite3
 import pytest
 
 from ec2gpu.errors import LedgerError, UsageError
-from ec2gpu.runs import ledger
+from ec2gpu.runs.settle import ledger
 
 IDS = [f"20261122-{h:02d}{m:02d}00-{(h * 60 + m) * 7 % 65536:04x}" for h in range(10) for m in range(0, 60, 3)]
 

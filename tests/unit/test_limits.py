@@ -11,7 +11,10 @@ import pytest
 
 from ec2gpu.agent import agent
 from ec2gpu.errors import LimitReached, UsageError
-from ec2gpu.runs import costs, engine, ledger, limits, pipeline, status
+from ec2gpu.runs.plan import costs, limits
+from ec2gpu.runs.execute import engine, status
+from ec2gpu.runs.settle import ledger
+from ec2gpu.runs.provision import pipeline
 
 
 def _row(run_id, task, phases, state="completed", backend="sandbox"):

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from ec2gpu.errors import RemoteError
-from ec2gpu.runs import notebook
+from ec2gpu.runs.standing import notebook
 
 #: Stands in for `python -m jupyterlab` (its flags, its token from the environment, /api/status)
 FAKE_JUPYTERLAB = textwrap.dedent("""\

@@ -4,7 +4,7 @@
 def test_a_secret_inside_a_longer_one_leaves_nothing_of_either_in_logs():
     """One masking function (job_summary.mask_text) for the live log, `ec2gpu logs` and records:
     longest first, so 'abc' inside 'abcdef' does not leave 'def' readable."""
-    from ec2gpu.runs import engine, logs
+    from ec2gpu.runs.execute import engine, logs
     line = "token abcdef and abc"
     assert logs.mask(line, ["abc", "abcdef"]) == "token **** and ****"
     job = engine.TaskJob.__new__(engine.TaskJob)
@@ -19,27 +19,27 @@ def test_run_json_is_written_whole_by_one_function(tmp_path):
     from datetime import datetime, timezone
     from pathlib import Path
 
-    from ec2gpu.runs import record
+    from ec2gpu.runs.settle import record
     rec = record.new("r-1", "ec2gpu run x", "sandbox", tmp_path / "out", status="completed")
     rec["ended_at"] = datetime(2026, 11, 25, tzinfo=timezone.utc)  # not JSON: written as its str()
     record.save(rec, tmp_path / "out" / "deep")
     got = json.loads((tmp_path / "out" / "deep" / "run.json").read_text())
     assert got["run_id"] == "r-1" and got["ended_at"] == "2026-11-25 00:00:00+00:00"
     assert [p.name for p in (tmp_path / "out" / "deep").iterdir()] == ["run.json"]
-    src = Path(record.__file__).parent
-    assert not [p.name for p in src.glob("*.py") if '/ "run.json").write_text' in p.read_text()]
+    src = Path(record.__file__).parents[1]  # every module of runs/
+    assert not [p.name for p in src.rglob("*.py") if '/ "run.json").write_text' in p.read_text()]
 
 
 def test_ssh_to_an_instance_is_opened_verified_in_one_place():
     """Every command that reaches an instance (a run's nodes, launch, start, logs) waits for SSH and
-    checks its host key against the console through runs/nodes.connect_verified, not a copy."""
+    checks its host key against the console through runs/execute/nodes.connect_verified, not a copy."""
     from pathlib import Path
 
-    from ec2gpu.runs import nodes
-    src = Path(nodes.__file__).parent.parent
+    from ec2gpu.runs.execute import nodes
+    src = Path(nodes.__file__).parents[2]  # ec2gpu/
     callers = sorted(str(p.relative_to(src)) for p in src.rglob("*.py") if "wait_for_ssh(" in p.read_text()
                      and p.name != "ssh.py")
-    assert callers == ["runs/nodes.py"]
+    assert callers == ["runs/execute/nodes.py"]
 
 
 def test_a_bake_teardown_that_cannot_list_its_images_still_removes_its_role(monkeypatch, tmp_path):
@@ -49,7 +49,7 @@ def test_a_bake_teardown_that_cannot_list_its_images_still_removes_its_role(monk
 
     from ec2gpu.aws import baked
     from ec2gpu.aws import iam as roles
-    from ec2gpu.runs import provision
+    from ec2gpu.runs.provision import resources as provision
 
     def cannot_list(*_a, **_k):
         raise RuntimeError("DescribeImages refused")

@@ -5,7 +5,8 @@ import pytest
 from ec2gpu.aws import catalog, instances, network
 from ec2gpu.errors import RetiredInstanceType, UsageError
 from ec2gpu.remote import jobs
-from ec2gpu.runs import costs, pipeline
+from ec2gpu.runs.plan import costs
+from ec2gpu.runs.provision import pipeline
 
 
 def spec(**kw):
@@ -78,7 +79,7 @@ def test_launch_refuses_an_idle_rule_that_cannot_hold(flags, message):
 
 
 def test_start_reads_the_max_runtime_tag_and_schedules_the_shutdown_with_the_logins_own_command():
-    from ec2gpu.runs import stopstart
+    from ec2gpu.runs.standing import stopstart
     assert stopstart.max_runtime_minutes({"Tags": [{"Key": "ec2gpu:max-runtime", "Value": "45"}]}) == 45
     assert stopstart.max_runtime_minutes({"Tags": []}) == stopstart.DEFAULT_MAX_RUNTIME_MINUTES
     assert stopstart.max_runtime_minutes({"Tags": [{"Key": "ec2gpu:max-runtime", "Value": "x; rm"}]}) == 120
@@ -188,7 +189,7 @@ def test_the_shell_shipped_to_instances_passes_shellcheck(tmp_path):
     from ec2gpu.remote import jobs, setup
     if not shutil.which("shellcheck"):
         pytest.skip("shellcheck is not installed (.ci/run installs it)")
-    from ec2gpu.runs import stopstart
+    from ec2gpu.runs.standing import stopstart
     job = tmp_path / "job.sh"
     job.write_text("#!/bin/bash\n" + jobs.job_script("/home/ubuntu/ec2gpu/runs/r1", ["python3", "-m", "x"], {"A": "b c"}))
     data = tmp_path / "user-data.sh"
@@ -197,7 +198,7 @@ def test_the_shell_shipped_to_instances_passes_shellcheck(tmp_path):
     start.write_text("#!/bin/bash\n" + stopstart.RESUME_IDLE_WATCH + "\n" + stopstart.schedule_shutdown_command(5) + "\n")
     from datetime import datetime, timezone
 
-    from ec2gpu.runs import bake  # the bake's one-liners and the builder's per-boot script
+    from ec2gpu.runs.provision import bake  # the bake's one-liners and the builder's per-boot script
     hook = bake.per_boot_script("i-0123", datetime(2026, 11, 22, tzinfo=timezone.utc))
     baking = tmp_path / "bake.sh"
     baking.write_text("#!/bin/bash\n" + bake.keep_setup_command("/home/ubuntu/ec2gpu/runs/r 1", "img (1)") + "\n" +
@@ -246,7 +247,7 @@ def test_the_instance_watch_reports_api_errors_then_gives_up_and_lets_bugs_throu
     import botocore.exceptions
 
     from ec2gpu.errors import AwsError
-    from ec2gpu.runs import recovery
+    from ec2gpu.runs.recover import recovery
 
     class Ec2:
         error: Exception = botocore.exceptions.EndpointConnectionError(endpoint_url="http://x")
@@ -270,7 +271,7 @@ def _builtin_argv(tmp_path, nodes: int, index: int, gpus: int, args=("--epochs",
     records its argv), with the environment the engine gives that node."""
     import subprocess
 
-    from ec2gpu.runs import engine
+    from ec2gpu.runs.execute import engine
     fake = tmp_path / "python"
     fake.write_text('#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done\n')
     fake.chmod(0o755)

@@ -11,7 +11,7 @@ import time
 from types import SimpleNamespace
 
 from ec2gpu.agent import agent
-from ec2gpu.runs import engine
+from ec2gpu.runs.execute import engine
 from ec2gpu.tasks.load import LoadedTask
 from ec2gpu.tasks.spec import Task
 

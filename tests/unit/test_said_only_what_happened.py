@@ -51,7 +51,7 @@ def test_a_workdir_without_rsync_goes_by_sftp_and_the_run_is_told_why(tmp_path, 
 
 
 def test_doctor_fails_without_rsync_here_and_names_its_version_and_the_old_ones_flaw():
-    from ec2gpu.runs import doctor
+    from ec2gpu.runs.plan import doctor
     ok, detail, fix = doctor.rsync_check(lambda: (None, None))
     assert ok is False and "no rsync on this machine" in detail and "apt-get install rsync" in fix
     ok, detail = doctor.rsync_check(lambda: ("/usr/bin/rsync", "3.2.7"))
@@ -81,7 +81,7 @@ def test_doctor_without_credentials_exits_3_as_every_command_does(monkeypatch, t
     _doctor_env(monkeypatch, tmp_path)
     assert cli.main(["doctor"]) == 3
     assert "FAIL credentials" in capsys.readouterr().out
-    from ec2gpu.runs.doctor import Check, exit_code
+    from ec2gpu.runs.plan.doctor import Check, exit_code
     assert exit_code([Check("credentials", True, ""), Check("key files", False, "")]) == 1
     assert exit_code([Check("credentials", True, ""), Check("GPU vCPU quota", None, "")]) == 0
 
@@ -92,7 +92,7 @@ class _Iam:
 
 
 def test_the_spot_role_the_sandbox_creates_on_first_use_is_no_failure_there():
-    from ec2gpu.runs import doctor
+    from ec2gpu.runs.plan import doctor
     aws = SimpleNamespace(client=lambda name: _Iam())
     ok, detail = doctor._spot_role(aws, spot=True, sandbox=True)
     assert ok is True and "the sandbox's first spot request creates it" in detail
@@ -102,7 +102,7 @@ def test_the_spot_role_the_sandbox_creates_on_first_use_is_no_failure_there():
 
 def _interrupting(signum, monkeypatch):
     """`logs --follow` of a run, stopped by ``signum`` while it looks the run up."""
-    from ec2gpu.runs import logs
+    from ec2gpu.runs.execute import logs
 
     def finished(home, name):
         os.kill(os.getpid(), signum)
@@ -124,7 +124,7 @@ def test_logs_follow_stopped_by_a_signal_says_which_and_not_that_anything_was_re
 
 
 def test_a_jobs_own_exit_130_passed_on_by_logs_follow_is_not_called_an_interruption(monkeypatch, tmp_path, capsys):
-    from ec2gpu.runs import logs
+    from ec2gpu.runs.execute import logs
     log = tmp_path / "job.log"
     log.write_text("bye\n")
     monkeypatch.setenv("EC2GPU_HOME", str(tmp_path))
@@ -141,7 +141,7 @@ def _instance(idle_tag=None):
 
 
 def test_start_says_an_idle_stop_instance_stops_itself_and_others_terminate():
-    from ec2gpu.runs.stopstart import max_runtime_words
+    from ec2gpu.runs.standing.stopstart import max_runtime_words
     stops = max_runtime_words(_instance("stop 1800"), 120)
     assert stops.startswith("it stops itself in 120 min") and "terminates" not in stops
     assert max_runtime_words(_instance("down 3600"), 90).startswith("it terminates itself in 90 min")
@@ -192,13 +192,14 @@ def test_setup_on_a_machine_without_a_gpu_says_the_job_sees_none_and_not_that_it
 
 
 def _user_task():
-    from ec2gpu.runs import engine
+    from ec2gpu.runs.execute import engine
     from ec2gpu.tasks import load
     return engine.TaskJob(load.parse("name: mine\nrun: python train.py\n"), {}, None)
 
 
 def test_a_budget_refusal_suggests_fewer_epochs_only_for_the_built_in_trainer():
-    from ec2gpu.runs import engine, pipeline
+    from ec2gpu.runs.execute import engine
+    from ec2gpu.runs.provision import pipeline
     mnist = pipeline.budget_hint(pipeline.TrainOptions(task=engine.builtin_job("mnist", [])), "defaults")
     assert mnist.endswith("or train fewer --epochs")
     mine = pipeline.budget_hint(pipeline.TrainOptions(task=_user_task()), "--expect")
@@ -209,7 +210,7 @@ def test_a_budget_refusal_suggests_fewer_epochs_only_for_the_built_in_trainer():
 
 def test_no_outputs_are_said_as_none_brought_home_not_by_none(monkeypatch, tmp_path):
     from ec2gpu.remote import files
-    from ec2gpu.runs import engine
+    from ec2gpu.runs.execute import engine
     monkeypatch.setattr(engine.sync, "pull", lambda *a, **k: ([], "none"))
     said = []
     head = SimpleNamespace(conn=None, run_dir="/r", instance_id="i-1")
@@ -231,7 +232,7 @@ def test_image_bake_name_help_names_the_default_the_code_makes():
 
 
 def test_runs_takes_sandbox_like_every_command_and_lists_the_sandboxs_runs(monkeypatch, tmp_path, capsys):
-    from ec2gpu.runs import ledger
+    from ec2gpu.runs.settle import ledger
     monkeypatch.setenv("EC2GPU_HOME", str(tmp_path))
     monkeypatch.delenv("EC2GPU_SANDBOX", raising=False)
     for run_id, backend in (("r-aws", "aws"), ("r-box", "sandbox")):
@@ -250,7 +251,7 @@ def _bench_summary(dbn_acc):
 
 
 def test_a_bench_figure_at_chance_is_marked_did_not_train_and_has_no_usd_per_run():
-    from ec2gpu.runs import bench
+    from ec2gpu.runs.provision import bench
     from ec2gpu.train import bench as instance
     assert not instance.trained(0.1028) and not instance.trained(0.1135) and instance.trained(0.35)
     per = bench.usd_per_run(_bench_summary(0.1028), 0.526)
@@ -281,7 +282,7 @@ def test_the_bench_table_says_did_not_train_beside_a_figure_at_chance(monkeypatc
               "training": {"models": {"dbn": {"cpu": {**row, "test_acc": 0.1028}},
                                       "cnn": {"cpu": {**row, "test_acc": 0.9302}}}, "batch": {}}}
     summary = _bench_summary(0.1028)
-    from ec2gpu.runs import bench
+    from ec2gpu.runs.provision import bench
     cli_bench._show({"instance_type": "g4dn.xlarge", "bench": report, "usd_per_hour": 0.526, "artifacts": "/r",
                      "usd_per_run": bench.usd_per_run(summary, 0.526)})
     shown = " ".join(buf.getvalue().split())
@@ -291,7 +292,7 @@ def test_the_bench_table_says_did_not_train_beside_a_figure_at_chance(monkeypatc
 
 def test_the_bench_without_data_names_its_own_data_option(monkeypatch, tmp_path):
     from ec2gpu.errors import UsageError
-    from ec2gpu.runs import bench, pipeline
+    from ec2gpu.runs.provision import bench, pipeline
     from ec2gpu.train import sources
     monkeypatch.delenv("EC2GPU_DATA_DIR", raising=False)
     monkeypatch.setattr(sources, "DEFAULT_CACHE", tmp_path / "no-cache")

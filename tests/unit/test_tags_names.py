@@ -51,11 +51,11 @@ def test_a_task_name_with_a_final_newline_is_refused_too():
 
 
 def _write_config(monkeypatch, tmp_path, name_tag: str):
-    """runs/standing.write_ssh_config over one running instance tagged Name=``name_tag``, with
+    """runs/standing/hosts.write_ssh_config over one running instance tagged Name=``name_tag``, with
     EC2 and the host key's pinning faked: (the ssh_config text, the warnings said)."""
     from ec2gpu.aws import sweep
     from ec2gpu.remote import ssh
-    from ec2gpu.runs import standing
+    from ec2gpu.runs.standing import hosts as standing
 
     inst = {"InstanceId": "i-0123456789abcdef0", "KeyName": "ec2gpu-k",
             "Tags": [{"Key": tags.RUN, "Value": "r1"}, {"Key": tags.NAME, "Value": name_tag}]}

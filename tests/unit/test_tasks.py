@@ -4,7 +4,7 @@ import json
 import pytest
 
 from ec2gpu.errors import UsageError
-from ec2gpu.runs import engine
+from ec2gpu.runs.execute import engine
 from ec2gpu.tasks import load, resolve, spec
 
 

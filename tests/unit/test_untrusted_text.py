@@ -73,7 +73,7 @@ def test_inert_keeps_text_tabs_newlines_and_markup_like_brackets_and_drops_line_
 # the CLI
 
 def _hostile_ledger(home: Path, artifacts: Path | None = None) -> str:
-    from ec2gpu.runs import ledger
+    from ec2gpu.runs.settle import ledger
     rid = "20261122-170000-beef"
     ledger.record(home, {"run_id": rid, "command": "ec2gpu run task.yaml", "backend": "sandbox", "status": "completed",
                          "exit_status": 0, "started_at": "2026-11-22T17:00:00+00:00", "task": "proj",
@@ -228,7 +228,7 @@ def test_ls_shows_a_hostile_name_tag_inert(terminal, monkeypatch):
 
     import ec2gpu.api.instances as ops
     import ec2gpu.cli.instances as cli_instances
-    from ec2gpu.runs import standing
+    from ec2gpu.runs.standing import hosts as standing
     out, _ = terminal
     row = {"name": HOSTILE, "instance_id": "i-0123456789abcdef0", "instance_type": "g4dn.xlarge", "market": "on-demand",
            "zone": "us-east-1a", "state": "running", "age_seconds": 60, "usd_per_hour": 0.526, "cost_so_far_usd": 0.01,

@@ -13,12 +13,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..aws.session import Aws
-from ..backend import Backend
-from ..errors import Ec2GpuError
-from ..settings import Settings
-from . import engine, pipeline
-from . import record as run_record
+from ...aws.session import Aws
+from ...backend import Backend
+from ...errors import Ec2GpuError
+from ...settings import Settings
+from ..execute import engine
+from . import pipeline
+from ..settle import record as run_record
 
 #: Minutes a bench's job is assumed to take for its first estimate (before the ledger has one on
 #: that instance type): measured on this project's 2-vCPU machine without a GPU, the full bench's
@@ -47,8 +48,8 @@ def usd_per_run(summary: dict | None, usd_per_hour: float | None) -> dict:
     did not train (train/bench.trained: its test accuracy near chance) has no seconds and no USD:
     what it ran is not a run that trains it. A summary that is not the bench's, or has a figure
     out of bounds (job_summary.bench_figures), gives {}."""
-    from ..train.bench import TRAINED_MIN_ACC, trained
-    from .job_summary import bench_figures
+    from ...train.bench import TRAINED_MIN_ACC, trained
+    from ..execute.job_summary import bench_figures
     figures = bench_figures(summary)
     out: dict[str, dict[str, Any]] = {}
     for model, by_device in (figures.models if figures else {}).items():
@@ -80,7 +81,7 @@ def _result(record: Mapping[str, Any]) -> dict:
     """One bench's line: run id, type, market, price, status, the bench.json it brought home (as
     job_summary.read_bench_report checks it: None, with ``bench_invalid`` saying why, when it is
     not the bench's report)."""
-    from .job_summary import read_bench_report
+    from ..execute.job_summary import read_bench_report
     out = Path(record.get("artifacts") or ".")
     report, why = read_bench_report(out / "outputs" / "bench.json", root=out)
     price = record.get("usd_per_hour")
@@ -101,7 +102,7 @@ def on_instances(aws: Aws, settings: Settings, opts: pipeline.TrainOptions, ui, 
     Raises UsageError before anything is created for a bad type, no MNIST in the sandbox, or an
     estimate above the budget; KeyboardInterrupt after the current run's teardown.
     """
-    from ..aws import catalog
+    from ...aws import catalog
     types = [catalog.lookup(t).name for t in opts.instance_types]  # every type checked before any launch
     args = job_args(quick, backend.is_sandbox, data_dir)
     results = []
@@ -127,8 +128,8 @@ def local(opts: pipeline.TrainOptions, ui, settings: Settings | None, quick: boo
     UsageError without torch, RemoteError when the bench fails."""
     import importlib.util
 
-    from ..errors import UsageError
-    from .local import run_local
+    from ...errors import UsageError
+    from ..execute.local import run_local
     if importlib.util.find_spec("torch") is None:
         raise UsageError("--local needs PyTorch on this machine", "pip install 'ec2gpu[train]' (or make demo)")
     job = engine.builtin_job("bench", job_args(quick, False, data_dir))
@@ -137,7 +138,7 @@ def local(opts: pipeline.TrainOptions, ui, settings: Settings | None, quick: boo
     started = datetime.now(timezone.utc).isoformat()
     with ui.phase("running"):
         summary = run_local(job, run_id, out, ui)
-    from .job_summary import columns
+    from ..execute.job_summary import columns
     record = run_record.new(run_id, opts.command, "local", out, status="completed", task="bench",
                             instance_type="local", market="local", phases=dict(ui.phases),
                             **columns(summary, "bench"), exit_status=0,

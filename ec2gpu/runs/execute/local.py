@@ -11,11 +11,11 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..errors import RemoteError, UsageError
-from ..settings import Settings
+from ...errors import RemoteError, UsageError
+from ...settings import Settings
 from . import engine
-from . import record as run_record
-from .pipeline import TrainOptions, _ledger, _with_summary, builtin_task, new_run_id
+from ..settle import record as run_record
+from ..provision.pipeline import TrainOptions, _ledger, _with_summary, builtin_task, new_run_id
 from .reporter import ReporterLike
 
 

@@ -7,12 +7,12 @@ already ran on that instance) -> the job, started detached under the instance ag
 (ec2gpu/agent/agent.py) -> its log followed live -> outputs home -> judged from the agent's
 status.json. Provisioning, replacement after a spot interruption (the job restarts with
 EC2GPU_RESUME=1 and its checkpoint directory as last brought home), teardown, billing and the
-ledger are the managed-run machinery of pipeline.py, provision.py and recovery.py.
+ledger are the managed-run machinery of provision/pipeline.py, provision/resources.py and recover/recovery.py.
 
 The job's environment (docs/tasks.md, "The job's contract"): the task's envs, and EC2GPU_RUN_ID,
 EC2GPU_OUTPUT_DIR, EC2GPU_CHECKPOINT_DIR, EC2GPU_RESUME, EC2GPU_NODE_RANK, EC2GPU_NUM_NODES,
 EC2GPU_HEAD_IP, EC2GPU_NODE_IP, EC2GPU_GPUS_PER_NODE, EC2GPU_WORKDIR, EC2GPU_PROGRESS_FILE (a progress
-bar's source: runs/nodes.ProgressReader), with SkyPilot's names for the same (SKYPILOT_NODE_RANK,
+bar's source: runs/execute/nodes.ProgressReader), with SkyPilot's names for the same (SKYPILOT_NODE_RANK,
 SKYPILOT_NUM_NODES, SKYPILOT_NODE_IPS, SKYPILOT_NUM_GPUS_PER_NODE, SKYPILOT_TASK_ID; the setup also
 gets SKYPILOT_SETUP_NODE_RANK, SKYPILOT_SETUP_NODE_IPS, SKYPILOT_SETUP_NUM_GPUS_PER_NODE), and
 ~/sky_workdir a link to the workdir. Setup and run are started as SkyPilot starts them, with
@@ -29,14 +29,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
-from ..errors import AwsError, LimitReached, RemoteError, WaitTimeout
+from ...errors import AwsError, LimitReached, RemoteError, WaitTimeout
 from .nodes import PROGRESS_FILE, copy_log, record_steps  # noqa: F401 - copy_log: logs.py's
 from .status import as_number
-from ..remote import sync
-from ..tasks.load import LoadedTask
+from ...remote import sync
+from ...tasks.load import LoadedTask
 from .job_summary import MASK  # noqa: F401 - re-exported: engine.MASK
 
-AGENT = Path(__file__).resolve().parents[1] / "agent" / "agent.py"
+AGENT = Path(__file__).resolve().parents[2] / "agent" / "agent.py"
 TAIL_LINES = 20  # log lines shown when a job fails
 
 #: How a task's setup and run are started, as SkyPilot starts them, with ~/.bashrc read first
@@ -107,7 +107,7 @@ def prepare(loaded: LoadedTask, environ, max_upload: int = sync.MAX_UPLOAD_BYTES
     not an environment variable name, a workdir or a local file_mounts source over ``max_upload``
     (each on its own), or a local file_mounts file the secrets rules withhold (sync.NEVER_SEND).
     """
-    from ..tasks.load import check_env_name, env_values
+    from ...tasks.load import check_env_name, env_values
 
     task = loaded.task
     for k in extra_env or {}:
@@ -129,7 +129,7 @@ def prepare(loaded: LoadedTask, environ, max_upload: int = sync.MAX_UPLOAD_BYTES
 def _mount_manifests(mounts_: list, max_upload: int, include_secrets: bool) -> dict:
     """target -> sync.Manifest of each local file_mounts directory (a file: checked, no manifest).
     Raises UsageError for a credentials file or a source above ``max_upload`` bytes."""
-    from ..errors import UsageError
+    from ...errors import UsageError
     out = {}
     for m in mounts_:
         if m.kind != "local":
@@ -150,8 +150,8 @@ def _mount_manifests(mounts_: list, max_upload: int, include_secrets: bool) -> d
 def builtin_job(name: str, args: list[str]) -> TaskJob:
     """The built-in task ``name`` (tasks/builtin/NAME.yaml) with ``args`` as its "$@"; its workdir
     is ec2gpu's trainer: ec2gpu/__init__.py and ec2gpu/train/*.py (torch and numpy only)."""
-    from ..tasks import builtin
-    package = Path(__file__).resolve().parents[1]
+    from ...tasks import builtin
+    package = Path(__file__).resolve().parents[2]
     files = ["ec2gpu/__init__.py"] + [f"ec2gpu/train/{p.name}" for p in sorted((package / "train").glob("*.py"))]
     manifest = sync.Manifest(package.parent, files, sum((package.parent / f).stat().st_size for f in files))
     return TaskJob(builtin.load(name), {}, manifest, args=list(args), builtin=name)
@@ -192,7 +192,7 @@ def node_env(job: TaskJob, run_id: str, run_dir: str, index: int, addresses: lis
     the caller knows it, else its ``gpus`` tell), the job sees only the count asked, N:
     CUDA_VISIBLE_DEVICES=0,...,N-1, and EC2GPU_GPUS_PER_NODE and SKYPILOT_NUM_GPUS_PER_NODE are N.
     """
-    from ..tasks.resolve import gpus_asked, visible_devices
+    from ...tasks.resolve import gpus_asked, visible_devices
     limit = gpus_asked(job.task.resources, instance_type, gpus)
     gpus = limit or gpus
     workdir = workdir_of(run_dir, job)
@@ -222,7 +222,7 @@ def upload_node(nd, job: TaskJob, ssh_config: Path | None, run_id: str, addresse
                 checkpoints, log) -> None:
     """Send the workdir, the agent and the job's environment (0600) to node ``nd``, and make its
     output and checkpoint directories; on a replacement, the checkpoint directory brought home."""
-    from ..remote import files, ssh
+    from ...remote import files, ssh
     from .nodes import processes_per_node
     workdir = workdir_of(nd.run_dir, job)
     if job.manifest is not None:
@@ -254,7 +254,7 @@ def upload_node(nd, job: TaskJob, ssh_config: Path | None, run_id: str, addresse
 
 def mounts_node(nd, job: TaskJob, ssh_config: Path | None, log) -> None:
     """Put the task's file_mounts on node ``nd`` (remote/mounts.place), before its setup."""
-    from ..remote import mounts
+    from ...remote import mounts
     mounts.place(nd.conn, job.mounts, job.mount_manifests, nd.run_dir, str(nd.info.get("python") or "python3"),
                  lambda bucket: job.bucket_regions.get(bucket) or "us-east-1", ssh_config, nd.instance_id, log,
                  job.s3_files)
@@ -265,7 +265,7 @@ def clone_workdir(conn, git: dict, workdir: str, log) -> None:
     branch) in ``workdir`` on the instance, by the instance (git-clone(1); credentials for a private
     repository are not sent: a public one, or one the instance may read). Raises RemoteError with
     git's last lines when it fails."""
-    from ..remote import ssh
+    from ...remote import ssh
     w, url = shlex.quote(workdir), shlex.quote(git["url"])
     checkout = f" && git -C {w} checkout --quiet {shlex.quote(git['ref'])} --" if git.get("ref") else ""
     # no prompt can wait for an answer: none for a password (https), none for a host key (ssh)
@@ -273,7 +273,7 @@ def clone_workdir(conn, git: dict, workdir: str, log) -> None:
                             f"git clone --quiet -- {url} {w}{checkout} && "
                             f"git -C {w} rev-parse HEAD", timeout_s=1800)
     if not got.ok:
-        from ..inert import inert
+        from ...inert import inert
         raise RemoteError(f"workdir: git clone of {git['url']} failed on the instance (exit {got.exited})",
                           "check the URL and ref; a private repository needs access from the instance",
                           command="git clone", exit_status=got.exited,
@@ -287,7 +287,7 @@ def setup_node(nd, job: TaskJob, log) -> None:
 
     Raises RemoteError (with the setup's last lines) when it fails.
     """
-    from ..remote import setup, ssh
+    from ...remote import setup, ssh
     task = job.task
     if not task.setup:
         return
@@ -346,10 +346,10 @@ class _LineWriter(io.TextIOBase):
 def job_argv(nd, job: TaskJob, limit_minutes: int | None = None, grace_s: float = 120.0) -> list[str]:
     """The agent's command line on node ``nd`` (pure apart from the node's facts): the task's run
     script in an interactive bash (INTERACTIVE), $0 the task's name, "$@" the job's args; the agent signs its
-    status.json with the key upload_node left in agent.key (runs/status.py). With the run's
+    status.json with the key upload_node left in agent.key (runs/execute/status.py). With the run's
     ``limit_minutes`` (--max-runtime) the agent gives the job SIGTERM ``grace_s`` seconds (at most
-    half the limit) before the instance ends itself (runs/limits.py)."""
-    from . import limits
+    half the limit) before the instance ends itself (runs/plan/limits.py)."""
+    from ..plan import limits
     python = nd.info.get("python") or "python3"
     at = limits.stop_at(nd.instance, limit_minutes, grace_s)
     limit = [] if at is None else ["--limit-at", f"{at:.0f}",
@@ -362,7 +362,7 @@ def job_argv(nd, job: TaskJob, limit_minutes: int | None = None, grace_s: float 
 
 def snapshot_statuses(nodes) -> None:
     """Read each node's agent record once, now that its log has ended (``nd.status``,
-    runs/status.py: signature checked, fields validated); the verdict and the status.json written
+    runs/execute/status.py: signature checked, fields validated); the verdict and the status.json written
     at home use this copy, whatever the instance's file says later. Nodes whose follow ended
     without an exit status (lost, stopped by an error) keep None. Raises the connection's errors."""
     from . import status
@@ -375,8 +375,8 @@ def judge(nodes, job: TaskJob) -> None:
     """The attempt's outcome from the agents' status.json files: return when every node's job
     succeeded; raise recovery.Interrupted for a lost node or a spot notice, RemoteError (exit 5,
     with the exit code and the last log lines) for a job that failed."""
-    from ..remote import jobs
-    from . import recovery
+    from ...remote import jobs
+    from ..recover import recovery
 
     for nd in nodes:
         if isinstance(nd.result, recovery.Interrupted):
@@ -468,11 +468,11 @@ def download(nodes, job: TaskJob, local_out: Path, ssh_config: Path | None, log,
     its outputs (the task's ``outputs`` globs, else all of $EC2GPU_OUTPUT_DIR, to
     ``local_out``/outputs, at most ``limits``: remote/files.Limits) and every node's job.log
     (masked, its last nodes.MAX_LOG_BYTES) and status record (the copy snapshot_statuses read)
-    home; return the job's summary.json when it wrote one (checked: runs/job_summary.py). Each
+    home; return the job's summary.json when it wrote one (checked: runs/execute/job_summary.py). Each
     part is tried on its own: a hostile or broken one is reported through ``log`` and the others
     still come home. Raises the connection's errors, and RemoteError for a transfer that failed
     once every other part came home."""
-    from ..remote import files, jobs
+    from ...remote import files, jobs
     head = nodes[0]
     steps = [("checkpoints", lambda: head.watch.checkpoints.sync(head.conn, force=True)),  # first: replacements resume from it
              *[(f"file_mounts of node {nd.index} (written back)", _write_back(nd, log))
@@ -502,15 +502,15 @@ def download(nodes, job: TaskJob, local_out: Path, ssh_config: Path | None, log,
 
 def _write_back(nd, log):
     """fn(): node ``nd``'s MOUNT-mode file_mounts written back in full (the job has ended)."""
-    from ..remote import mounts
+    from ...remote import mounts
     return lambda: mounts.write_back(nd.conn, nd.run_dir, str(nd.info.get("python") or "python3"), log)
 
 
 def _write_back_on(nd, log):
     """fn(conn): node ``nd``'s MOUNT-mode file_mounts written back over ``conn`` (the watch's) while
     the job runs: settled files only, bounded in time (recovery.WRITE_BACK_*)."""
-    from ..remote import mounts
-    from . import recovery
+    from ...remote import mounts
+    from ..recover import recovery
     return lambda conn: mounts.write_back(conn, nd.run_dir, str(nd.info.get("python") or "python3"), log,
                                           settled_s=recovery.WRITE_BACK_SETTLED_S,
                                           timeout_s=recovery.WRITE_BACK_TIMEOUT_S)
@@ -533,7 +533,7 @@ def run_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[dic
     """
     from dataclasses import replace
 
-    from ..remote import jobs, ssh_config as sc, tunnel
+    from ...remote import jobs, ssh_config as sc, tunnel
     from . import nodes as N
 
     job: TaskJob = opts.task

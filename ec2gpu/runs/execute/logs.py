@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..errors import RemoteError, UsageError
+from ...errors import RemoteError, UsageError
 
 
 def finished(home: Path, name: str) -> dict | None:
     """The ledger's row for run ``name`` (an id or a unique prefix) once it is over, else None: its
     log is then on this machine and needs no AWS."""
-    from . import ledger
+    from ..settle import ledger
     try:
         row = ledger.get(home, name)
     except UsageError:
@@ -30,8 +30,8 @@ def exit_status_of(row: dict) -> int:
 def run_id_on(home: Path, inst: dict) -> str:
     """The newest run on instance ``inst``: the ledger's newest row that lists it (an `ec2gpu exec`
     on a standing instance has its own run id), else the run id of its tag."""
-    from ..aws import tags as T
-    from . import ledger
+    from ...aws import tags as T
+    from ..settle import ledger
     for row in ledger.runs(home, limit=200):
         if inst["InstanceId"] in (row.get("instance_ids") or []):
             return row["run_id"]
@@ -43,7 +43,7 @@ def saved_log(home: Path, name: str) -> Path:
 
     Raises UsageError when the ledger has no such run or its artifacts hold no log.
     """
-    from . import ledger
+    from ..settle import ledger
     try:
         artifacts = Path(ledger.get(home, name).get("artifacts") or "")
     except UsageError as exc:
@@ -59,7 +59,7 @@ def _open(ctx, inst: dict, note):
     """(an SSH connection to ``inst``, a function that opens another): the run's key, the host key
     pinned (checked against the console output first if it is not yet). Raises RemoteError or
     WaitTimeout when it does not answer in 60 s, UsageError without the private key."""
-    from ..remote import ssh
+    from ...remote import ssh
     from .nodes import connect_verified
 
     conn, host, port, known, key = connect_verified(ctx.aws, ctx.settings, ctx.backend, inst, log=note, timeout_s=60)
@@ -74,7 +74,7 @@ def stream(ctx, inst: dict, follow: bool, write, note) -> tuple[int | None, str]
     Raises RemoteError when the instance stays unreachable, UsageError without its private key or
     when no job has run there.
     """
-    from ..remote import jobs
+    from ...remote import jobs
 
     run_id, iid = run_id_on(ctx.settings.home, inst), inst["InstanceId"]
     conn, reconnect = _open(ctx, inst, note)
@@ -108,7 +108,7 @@ def stream(ctx, inst: dict, follow: bool, write, note) -> tuple[int | None, str]
 def secret_values(conn, run_dir: str) -> list[str]:
     """The values of the run's secrets (names in secret_names.json, values in the 0600
     job.env.json), longest first; [] for a run without secrets."""
-    from ..remote import jobs
+    from ...remote import jobs
     try:  # the instance's files: anything but the shapes ec2gpu wrote counts as no secrets to mask
         names = json.loads(jobs.read_from(conn, f"{run_dir}/secret_names.json", 0) or b"[]")
         env = json.loads(jobs.read_from(conn, f"{run_dir}/job.env.json", 0) or b"{}") if names else {}
@@ -129,7 +129,7 @@ def mask(line: str, secrets: list[str]) -> str:
 def head_instance(ec2, row: dict) -> dict | None:
     """The running instance of ledger row ``row`` whose job's files count (node 0 of its newest
     attempt: the first of its ``instance_ids`` still running), or None."""
-    from ..aws import sweep
+    from ...aws import sweep
     ids = row.get("instance_ids") or []
     live = {i["InstanceId"]: i for i in sweep.find_instances(ec2, states=["running"]) if i["InstanceId"] in ids}
     return next((live[i] for i in ids if i in live), None)
@@ -140,7 +140,7 @@ def fetch(ctx, inst: dict, run_id: str, out: Path, note, limits=None) -> dict:
     would have: its output directory to ``out``/outputs, its checkpoint directory (the default one,
     in the run's directory) to ``out``/checkpoints (each at most ``limits``, remote/files.Limits;
     default: the settings'), and job.log (secrets masked, its last nodes.MAX_LOG_BYTES) and the
-    agent's status record (validated: runs/status.py) to ``out``. For a run whose controller died,
+    agent's status record (validated: runs/execute/status.py) to ``out``. For a run whose controller died,
     before `down` terminates the instance. The host key is checked against the console output.
     Names and contents are the instance's: checked as a run checks them (remote/files.py), what is
     not brought home is said through ``note``. Returns {"outputs": [...], "checkpoints": [...],
@@ -148,7 +148,7 @@ def fetch(ctx, inst: dict, run_id: str, out: Path, note, limits=None) -> dict:
 
     Raises RemoteError when the instance cannot be reached, UsageError without its private key.
     """
-    from ..remote import jobs, sync
+    from ...remote import jobs, sync
     from . import engine, status
 
     iid = inst["InstanceId"]

@@ -21,7 +21,7 @@ import hmac
 import json
 import secrets
 
-from ..agent import agent
+from ...agent import agent
 
 STATES = ("running", "succeeded", "failed", "interrupted")
 FINAL_STATES = ("succeeded", "failed", "interrupted")
@@ -111,5 +111,5 @@ def parse(data: bytes | None, key: str | None) -> dict | None:
 def read(conn, run_dir: str, key: str | None) -> dict | None:
     """The agent's record on an instance (``parse`` of RUN_DIR/status.json, read once, at most
     MAX_BYTES + 1 bytes). Raises the connection's errors."""
-    from ..remote import jobs
+    from ...remote import jobs
     return parse(jobs.read_from(conn, f"{run_dir}/status.json", 0, MAX_BYTES + 1), key)

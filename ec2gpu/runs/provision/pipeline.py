@@ -1,9 +1,9 @@
-"""A whole run on new instances: estimate -> provision -> attempts (engine.py) -> teardown -> bill -> ledger.
+"""A whole run on new instances: estimate -> provision -> attempts (execute/engine.py) -> teardown -> bill -> ledger.
 
 `ec2gpu run TASK` and `ec2gpu train mnist` (the built-in task, tasks/builtin/mnist.yaml) both come
 here. Whatever happens after the first resource is created (an error, Ctrl-C, SIGTERM),
 ``finally`` tears down everything the run created (provision.teardown) unless the user asked to
-``keep`` it. Runs on standing instances are in standing.py, `--local` in local.py.
+``keep`` it. Runs on standing instances are in standing/hosts.py, `--local` in execute/local.py.
 """
 from __future__ import annotations
 
@@ -15,20 +15,22 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, cast
 
-from ..aws import capacity, catalog, instances, network, tags
-from ..aws.session import Aws
-from ..backend import AWS, Backend
-from ..errors import RemoteError, UsageError
-from ..settings import DEFAULT_INSTANCE_TYPE, Settings
-from . import costs, ledger, provision
-from . import record as run_record
-from .reporter import Reporter  # noqa: F401 - pipeline.Reporter: its home is the light reporter.py
-from .reporter import ReporterLike
+from ...aws import capacity, catalog, instances, network, tags
+from ...aws.session import Aws
+from ...backend import AWS, Backend
+from ...errors import RemoteError, UsageError
+from ...settings import DEFAULT_INSTANCE_TYPE, Settings
+from ..plan import costs
+from ..settle import ledger
+from . import resources as provision
+from ..settle import record as run_record
+from ..execute.reporter import Reporter  # noqa: F401 - pipeline.Reporter: its home is the light reporter.py
+from ..execute.reporter import ReporterLike
 
 if TYPE_CHECKING:
-    from ..aws.instances import IdleRule
+    from ...aws.instances import IdleRule
     from .bake import BakePlan
-    from .engine import TaskJob
+    from ..execute.engine import TaskJob
 
 PHASES = ("requesting", "waiting for running", "waiting for SSH", "setup", "upload", "running",
           "download", "terminating")
@@ -52,7 +54,7 @@ class TrainOptions:
     ssh_cidr: str | None = None
     ami: str | None = None
     name: str | None = None
-    max_runtime_minutes: int | None = 120  # instances end themselves after this (None: no limit): runs/limits.py
+    max_runtime_minutes: int | None = 120  # instances end themselves after this (None: no limit): runs/plan/limits.py
     limit_source: str | None = None  # where max_runtime_minutes comes from, said before launch
     budget_usd: float | None = None  # refuse a run whose estimate is above this
     max_price: float | None = None  # spot: the highest USD/h to pay
@@ -110,7 +112,7 @@ def sandbox_data_args(trainer_args: list[str], reachable=None, give: str = GIVE_
     or when there is no data here and the mirrors cannot be reached (its hint: ``give``, the
     command's own way to name the data).
     """
-    from ..train import sources
+    from ...train import sources
     if any(a == "--data-dir" or a.startswith("--data-dir=") for a in trainer_args):
         return []
     given = os.environ.get("EC2GPU_DATA_DIR")
@@ -144,7 +146,7 @@ def _reachable(url: str, timeout_s: float = 5.0) -> bool:
 
 def builtin_task(opts: TrainOptions, sandbox: bool = False):
     """``opts.task``, or the built-in MNIST task with ``opts``' trainer flags (an engine.TaskJob)."""
-    from . import engine
+    from ..execute import engine
     return opts.task if opts.task is not None else engine.builtin_job("mnist", mnist_args(opts, sandbox))
 
 
@@ -200,7 +202,7 @@ def check_estimate(aws: Aws, settings: Settings, opts: TrainOptions, backend: st
 def _at_most(aws: Aws, settings: Settings, opts: TrainOptions, backend: str, ui: ReporterLike,
              why: str) -> costs.Estimate:
     """The estimate of a task whose job time nothing says (``why``: its first run on this type, no
-    --expect): its price per hour and the most it can cost, at its limit (runs/limits.py), said to
+    --expect): its price per hour and the most it can cost, at its limit (runs/plan/limits.py), said to
     the user; the run goes on. Refuses (UsageError) only where asked to: a --budget that the most
     it can cost is above (or that nothing bounds: no limit)."""
     from dataclasses import replace
@@ -225,7 +227,7 @@ def _at_most(aws: Aws, settings: Settings, opts: TrainOptions, backend: str, ui:
 
 
 def _limit_words(opts: TrainOptions) -> str:
-    from . import limits
+    from ..plan import limits
     return limits.Limit(opts.max_runtime_minutes, opts.limit_source or "").words()
 
 
@@ -234,7 +236,7 @@ def _say_limit(opts: TrainOptions, ui: ReporterLike) -> None:
     if opts.limit_source is None:
         return
     if opts.max_runtime_minutes is None:
-        from .limits import NO_LIMIT_IDLE_SECONDS
+        from ..plan.limits import NO_LIMIT_IDLE_SECONDS
         ui.note(f"max runtime: none ({opts.limit_source}); an instance left idle (no job, SSH connection or busy "
                 f"GPU) ends itself after {NO_LIMIT_IDLE_SECONDS // 60} min")
     else:
@@ -259,7 +261,7 @@ def _status(exc: BaseException | None, spot: bool = False) -> str:
         return "completed"
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted"
-    from .recovery import AttemptsExhausted
+    from ..recover.recovery import AttemptsExhausted
     if isinstance(exc, AttemptsExhausted):
         return "spot-interrupted" if spot else "failed"
     return "failed"
@@ -268,7 +270,7 @@ def _status(exc: BaseException | None, spot: bool = False) -> str:
 def _ledger(settings: Settings, row: Mapping[str, Any], ui: ReporterLike) -> None:
     """Write ``row`` to the ledger; a ledger problem is reported (once per run), never allowed to
     stop a run."""
-    from ..errors import LedgerError
+    from ...errors import LedgerError
     try:
         ledger.record(settings.home, row)
     except LedgerError as exc:
@@ -332,7 +334,7 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: ReporterLike, ba
         if out.exists() or record["status"] == "completed":
             run_record.save(record, out)
         if error is None and record.get("teardown_failed"):
-            from ..errors import AwsError
+            from ...errors import AwsError
             raise AwsError(f"the run {record['status']}, but teardown left: {'; '.join(record['teardown_failed'])}",
                            f"remove it now: ec2gpu cleanup --region {aws.region} (everything carries ec2gpu:run "
                            f"{run_id}); the instances also terminate themselves after --max-runtime")
@@ -366,7 +368,7 @@ def _check_options(opts: TrainOptions, ui: ReporterLike) -> tuple[TrainOptions, 
     types = [catalog.lookup(t).name for t in opts.instance_types]
     if opts.spot_fallback not in (None, "on-demand"):
         raise UsageError(f"--spot-fallback {opts.spot_fallback!r} is not known", "the only fallback is on-demand")
-    from .recovery import parse_checkpoint_uri
+    from ..recover.recovery import parse_checkpoint_uri
     parse_checkpoint_uri(opts.checkpoint_uri)
     if opts.ssh_cidr:
         network.check_cidr(opts.ssh_cidr, ui.note)
@@ -376,7 +378,7 @@ def _check_options(opts: TrainOptions, ui: ReporterLike) -> tuple[TrainOptions, 
 def _close_attempts(attempts: list[dict], prov, error: BaseException | None) -> None:
     """Give every attempt row its end: instances launched but stopped before their attempt began
     (Ctrl-C while requesting) get a row, and rows still "running" end as the run did."""
-    from .recovery import attempt_row
+    from ..recover.recovery import attempt_row
     known, n = {a["instance_id"] for a in attempts}, max((a["attempt"] for a in attempts), default=0) + 1
     for inst in prov.instances:
         if inst["InstanceId"] not in known:
@@ -392,7 +394,7 @@ def _with_summary(record: run_record.RunRecord, summary: dict) -> run_record.Run
     built-in trainer's summary fills (test accuracy, epochs, train seconds, samples/s), as
     job_summary.columns checks them: a summary that failed its checks is kept marked, and a figure
     that is not a valid one is None."""
-    from . import job_summary
+    from ..execute import job_summary
     record.update(cast(run_record.RunRecord, {"exit_status": 0, **job_summary.columns(summary)}))
     return record
 
@@ -403,7 +405,9 @@ def _run_attempts(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str,
 
     Raises recovery.AttemptsExhausted when the last attempt allowed is interrupted too.
     """
-    from . import bake, engine, recovery
+    from . import bake
+    from ..execute import engine
+    from ..recover import recovery
 
     attempts = record["attempts"]
     attempt = bake.bake_attempt if opts.bake is not None else engine.run_attempt

@@ -9,7 +9,7 @@ terminated (by themselves after --max-runtime, or removed by down/cleanup): stat
 
 Standing instances (`launch`, `notebook`) have no controller waiting for them: their row opens
 with status ``standing`` and the same commands, and `runs`, settle it (status ``ended``) once every
-instance of the run has terminated, billed over each of its running intervals (runs/intervals.py).
+instance of the run has terminated, billed over each of its running intervals (runs/settle/intervals.py).
 """
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ import socket
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
-from . import ledger
-from .record import this_controller  # noqa: F401 - re-exported
+from ..settle import ledger
+from ..settle.record import this_controller  # noqa: F401 - re-exported
 
 if TYPE_CHECKING:
-    from .record import RunRecord
+    from ..settle.record import RunRecord
 
 LOST = "controller-lost"  # the status a settled row gets
 
@@ -55,9 +55,10 @@ def settle(aws, home, row: dict, log=lambda msg: None, volume_gib: float | None 
     InvalidInstanceID.NotFound."""
     import botocore.exceptions
 
-    from ..aws import instances
-    from ..aws.session import error_code
-    from . import costs, provision
+    from ...aws import instances
+    from ...aws.session import error_code
+    from ..plan import costs
+    from ..provision import resources as provision
 
     attempts = row.get("attempts") or []
     ids = [a["instance_id"] for a in attempts]
@@ -131,9 +132,9 @@ ENDINGS = {"Client.InstanceInitiatedShutdown": "ended itself", "Server.SpotInsta
 def standing_attempt(instance: dict, volume_gib: float | None, now: datetime) -> dict:
     """The ledger's record of one standing instance (``instance``: its description, from
     instances.wait_running where it has the billing start) (pure): its first interval opened."""
-    from ..aws import instances
-    from ..aws import tags as T
-    from . import intervals
+    from ...aws import instances
+    from ...aws import tags as T
+    from ..settle import intervals
 
     node = T.as_dict(instance.get("Tags")).get(T.NODE, "")
     return {"attempt": 1, "node": int(node) if node.isdigit() else None, "instance_id": instance["InstanceId"],
@@ -147,7 +148,7 @@ def standing_row(backend: str, region: str, run_id: str, command: str, described
                  volume_gib: float | None) -> RunRecord:
     """The ledger row of the standing instances ``described`` just launched under ``run_id``
     (status STANDING, no cost yet; root volumes of ``volume_gib`` GiB)."""
-    from . import record as run_record
+    from ..settle import record as run_record
 
     now = datetime.now(timezone.utc)
     first = described[0]
@@ -167,11 +168,11 @@ def open_rows(home, backend: str | None = None) -> list[dict]:
 def sync_standing(aws, home, backend: str, log=lambda msg: None) -> list[str]:
     """Bring every STANDING row of ``backend`` in ``aws``'s region up to date with what EC2 shows
     of its run's instances (one DescribeInstances, every state): intervals opened and closed
-    (runs/intervals.py), nodes the run gained (`scale`) added, each terminated instance billed, and
+    (runs/settle/intervals.py), nodes the run gained (`scale`) added, each terminated instance billed, and
     the row settled (status ENDED, its bill the sum of its instances') once none is left. Returns
     the run ids settled; ``log`` says each. Raises botocore errors."""
-    from ..aws import sweep
-    from ..aws import tags as T
+    from ...aws import sweep
+    from ...aws import tags as T
 
     rows = [r for r in open_rows(home, backend) if r.get("region") in (None, aws.region)]
     if not rows:
@@ -185,8 +186,9 @@ def sync_standing(aws, home, backend: str, log=lambda msg: None) -> list[str]:
 def _sync_row(aws, home, row: dict, described: list[dict], log) -> bool:
     """One STANDING row brought up to date with ``described`` (its run's instances); written when
     anything changed. Returns whether it was settled."""
-    from ..aws import sweep
-    from . import intervals, provision
+    from ...aws import sweep
+    from ..settle import intervals
+    from ..provision import resources as provision
 
     now = datetime.now(timezone.utc)
     before = json.dumps(row, sort_keys=True, default=str)
@@ -231,7 +233,7 @@ def _sync_row(aws, home, row: dict, described: list[dict], log) -> bool:
 
 def costs_billed(interval: dict) -> float:
     """Billed seconds of one closed interval (60 s minimum) (pure)."""
-    from . import costs
+    from ..plan import costs
     return costs.billed_seconds(datetime.fromisoformat(interval["from"]), datetime.fromisoformat(interval["to"]))
 
 
@@ -241,7 +243,7 @@ def remove_ended(aws, home, keys_dir, keep=frozenset(), log=lambda msg: None) ->
     through ``log``. Never the runs of ``keep`` nor those a controller in this ledger may still be
     using (status running, its process not known to be gone). Returns run id -> {kind: ids}.
     Raises botocore errors."""
-    from ..aws import sweep
+    from ...aws import sweep
 
     busy = {r["run_id"] for r in ledger.runs(home, limit=500, tolerant=True)
             if r.get("status") == "running" and not controller_gone(r)}

@@ -41,7 +41,7 @@ class Node:
     pid: int | None = None
     watch: Any = None  # recovery.InstanceWatch, from open_node on
     result: object = None  # exit status, Interrupted, or another exception
-    agent_key: str | None = None  # the key the agent signs status.json with (runs/status.py)
+    agent_key: str | None = None  # the key the agent signs status.json with (runs/execute/status.py)
     status: dict | None = None  # the agent's record, read once when the job ended (engine.snapshot_statuses)
 
     @property
@@ -62,8 +62,8 @@ def connect_verified(aws, settings, backend, inst: dict, key=None, log=lambda ms
     pair's, which must be on this machine). Returns (Connection, host, port, known_hosts path,
     key path). Raises RemoteError (a key the console does not list, or not the pinned one),
     WaitTimeout, UsageError (no private key here)."""
-    from ..aws import instances, network
-    from ..remote import ssh
+    from ...aws import instances, network
+    from ...remote import ssh
 
     iid = inst["InstanceId"]
     host, port = backend.ssh_target(inst)
@@ -79,8 +79,8 @@ def open_node(nd: Node, aws, settings, prov, run_id: str, backend, log) -> None:
     its run directory, and give it an EC2 watch (bringing nothing home until the engine gives node
     0 its checkpoints). The watch exists before SSH answers, so a failed wait can ask EC2 whether
     the instance is gone. Raises WaitTimeout, RemoteError (host key)."""
-    from ..remote import jobs, ssh
-    from . import recovery
+    from ...remote import jobs, ssh
+    from ..recover import recovery
 
     nd.watch = recovery.InstanceWatch(aws.ec2, nd.instance_id, recovery.NoCheckpoints(), log)
     nd.host, nd.port = backend.ssh_target(nd.instance)
@@ -93,7 +93,7 @@ def open_node(nd: Node, aws, settings, prov, run_id: str, backend, log) -> None:
 def prepare_node(nd: Node, log) -> None:
     """Run ec2gpu/ami/setup-gpu.sh on the node, or reuse what the same script found on this same
     instance (id and type) before (remote/setup.py); ``nd.info`` gets it (python, GPUs, ``reused``)."""
-    from ..remote import setup
+    from ...remote import setup
     nd.info = setup.setup(nd.conn, nd.run_dir, log=log,
                           machine=f"{nd.instance_id} {nd.instance.get('InstanceType', '?')}")
 
@@ -180,7 +180,7 @@ class ProgressReader:
         if conn is None or time.monotonic() - self.last < self.every_s:
             return
         self.last = time.monotonic()
-        from ..remote import jobs
+        from ...remote import jobs
         try:
             p = json.loads(jobs.read_from(conn, self.path, 0) or b"null")
         except ValueError:
@@ -200,8 +200,8 @@ def _follow_node(nd: Node, tee_path: Path, log_name: str, unreachable_s: float, 
     way), each line to ``show`` and teed to ``tee_path`` (byte for byte, or masked line by line);
     set ``nd.result``: the exit status, "stopped" once ``stop`` is set, Interrupted when SSH stays
     unreachable, or the exception that ended it."""
-    from ..remote import jobs
-    from . import recovery
+    from ...remote import jobs
+    from ..recover import recovery
 
     def on_poll(conn) -> None:
         if stop.is_set():
@@ -271,7 +271,7 @@ class LocalLog:
 def copy_log(conn, remote: str, local: Path, mask) -> None:
     """Copy the remote log ``remote`` to ``local``, its last MAX_LOG_BYTES bytes, in chunks
     (memory stays bounded whatever its size), ``mask`` applied line by line."""
-    from ..remote import jobs
+    from ...remote import jobs
     start = max(0, jobs.size_of(conn, remote) - MAX_LOG_BYTES)
     with open(local, "wb") as f:
         lines = jobs.LineSplitter(lambda line: f.write((mask(line) + "\n").encode()))
@@ -325,8 +325,8 @@ def records_home_on_interrupt(nodes, mask, local_out: Path, log, wait_s: float =
 
 def _records_home(nodes, started, mask, local_out: Path, log, wait_s: float) -> None:
     """records_home_on_interrupt's work, on the nodes ``started`` of ``nodes``."""
-    from ..errors import RemoteError
-    from ..remote import jobs
+    from ...errors import RemoteError
+    from ...remote import jobs
     from . import status
     stopped = [stop_job(nd, log) for nd in started]
     deadline = time.monotonic() + wait_s
@@ -354,8 +354,8 @@ def stop_job(nd: Node, log) -> bool:
     """SIGTERM the node's job: its agent, which passes it to the job's process group (torchrun and
     its workers); whether it was sent. A node that cannot be reached is reported through ``log``;
     teardown ends it anyway."""
-    from ..errors import RemoteError, WaitTimeout
-    from ..remote import jobs, ssh
+    from ...errors import RemoteError, WaitTimeout
+    from ...remote import jobs, ssh
     try:
         conn = nd.connect()
         try:

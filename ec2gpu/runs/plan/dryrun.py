@@ -3,7 +3,7 @@
 Nothing is created and no AWS API is called (so no credentials are needed and a sandbox is not
 started): instance types come from the task (tasks/resolve.py) and the catalog, prices from the
 refreshed price cache or the shipped table (aws/catalog.py), the limit and the estimate from the
-ledger (runs/limits.py, runs/costs.py), the job's environment from engine.node_env with the
+ledger (runs/plan/limits.py, runs/plan/costs.py), the job's environment from engine.node_env with the
 values only a launch knows shown as <placeholders>. SkyPilot has the same: `sky launch --dryrun`.
 
 The JSON form (``plan`` below; ``--dry-run --json``) is stable: keys are only ever added. Its keys
@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 PLAN_VERSION = 1
 
-#: what every run has, whatever the task says (aws/network.py, aws/instances.py, runs/provision.py)
+#: what every run has, whatever the task says (aws/network.py, aws/instances.py, runs/provision/resources.py)
 SAFETY = (
     "SSH (port 22) open to your public IP/32 alone (looked up at launch; --ssh-cidr to change it); no other port",
     "host keys pinned from the instance's console output before the first connection",
@@ -40,15 +40,16 @@ def plan(job, settings, types: list[str], *, nodes: int, spot: bool, spot_fallba
          backend: str, warnings: list[str], region_source: str | None = None, ami_source: str | None = None,
          idle_source: str | None = None, budget_usd: float | None = None) -> dict:
     """The plan of a run of ``job`` (an engine.TaskJob) on ``types`` (instance types in the order
-    they are tried) as a JSON-ready dict; ``limit`` is a runs/limits.Limit, ``idle_seconds`` the
+    they are tried) as a JSON-ready dict; ``limit`` is a runs/plan/limits.Limit, ``idle_seconds`` the
     idle rule's (None: none); ``region_source``, ``ami_source``, ``idle_source``: where the region,
     the AMI and the idle rule come from, in words (api.run); ``budget_usd`` (--budget, the task's
     budget) is judged as the run judges it. Prices in USD/h, sizes in bytes and GiB, times in minutes.
 
     Raises UsageError as catalog.lookup does for a type ec2gpu cannot run. Calls no AWS API."""
-    from ..aws import catalog
-    from ..tasks import resolve
-    from . import costs, engine
+    from ...aws import catalog
+    from ...tasks import resolve
+    from . import costs
+    from ..execute import engine
 
     res = job.task.resources
     try:

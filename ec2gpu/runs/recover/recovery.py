@@ -1,6 +1,6 @@
 """Managed runs: instance after instance until the job finishes, resuming from its checkpoint.
 
-An attempt is the run's instances (engine.py): launch, SSH, setup, the workdir up (and, on a
+An attempt is the run's instances (execute/engine.py): launch, SSH, setup, the workdir up (and, on a
 replacement, the checkpoint directory as last brought home), the job started with
 EC2GPU_RESUME=1, its log followed. While it runs, node 0's checkpoint directory is brought home
 (and to ``--checkpoint-uri s3://...``) as it changes. The attempt is *interrupted* when
@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, AbstractSet, Any, Callable
 
-from ..aws import instances
-from ..errors import AttemptsExhausted, AwsError, Interrupted, RemoteError, UsageError  # noqa: F401 (re-exported)
+from ...aws import instances
+from ...errors import AttemptsExhausted, AwsError, Interrupted, RemoteError, UsageError  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
-    from ..remote.files import Limits
+    from ...remote.files import Limits
 
 GONE_STATES = ("shutting-down", "terminated", "stopping", "stopped")
 STATE_EVERY_S = 5.0  # how often EC2 is asked about the instance while the job runs
@@ -90,7 +90,7 @@ class DirCheckpoints:
 
     def __post_init__(self):
         if self.limits is None:
-            from ..remote import files
+            from ...remote import files
             self.limits = files.Limits()
 
     def has_any(self) -> bool:
@@ -101,7 +101,7 @@ class DirCheckpoints:
         anything did. Names are the instance's (hostile input): each is checked and written only
         inside ``local`` (remote/files.py), at most ``limits`` files and bytes in all, and what is
         skipped is said once per name. Connection errors propagate."""
-        from ..remote import files
+        from ...remote import files
         if not force and time.monotonic() - self.last < self.every_s:
             return False
         self.last = time.monotonic()
@@ -133,7 +133,7 @@ class DirCheckpoints:
     def limits_left(self, replacing: AbstractSet[str] = frozenset()):
         """The download limits less what this directory already holds at home (the files named in
         ``replacing``, about to be replaced, left out)."""
-        from ..remote import files
+        from ...remote import files
         assert self.limits is not None  # __post_init__ gives the defaults
         have = [p for p in self.local.rglob("*") if p.is_file() and not p.is_symlink()
                 and p.relative_to(self.local).as_posix() not in replacing] if self.local.is_dir() else []
@@ -143,7 +143,7 @@ class DirCheckpoints:
     def _to_s3(self, path: Path, rel: str) -> None:
         if self.s3 is None or not self.target:
             return
-        from ..aws import storage
+        from ...aws import storage
         try:
             storage.upload(self.s3, path, self.target[0], f"{self.target[1]}/{rel}".lstrip("/"))
         except Exception as exc:  # S3 is a second copy: a failure is reported, never fatal
@@ -151,7 +151,7 @@ class DirCheckpoints:
 
     def push(self, conn, remote_dir: str) -> int:
         """Upload the local directory to ``remote_dir`` on a replacement; return the file count."""
-        from ..remote import files
+        from ...remote import files
         paths = [p for p in self.local.rglob("*") if p.is_file() and not p.name.startswith(".")]
         files.put_tree(conn, self.local, paths, remote_dir)
         if remote_dir == self.remote:  # what it has now came from here: not brought home again
@@ -163,7 +163,7 @@ class DirCheckpoints:
         """{relative path: remote_files.RemoteFile} of the regular files under ``remote_dir`` (none:
         {}), listed over SFTP (no shell), hidden ones (a file being written, by the atomic-rename
         convention) left out."""
-        from ..remote import files
+        from ...remote import files
         return {f.name: f for f in files.list_files(conn, remote_dir, hidden=False)}
 
 

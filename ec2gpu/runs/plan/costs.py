@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import cast
 
-from ..aws.catalog import BILLING_MINIMUM_SECONDS
+from ...aws.catalog import BILLING_MINIMUM_SECONDS
 
 #: Phase seconds assumed when the ledger has no earlier run of the same instance type and backend.
 #: Assumptions, not measurements: boot = requesting + pending -> running + first SSH login of a
@@ -109,7 +109,7 @@ def estimate(instance_type: str, gpu: str, market: str, usd_per_hour: float | No
     the same model on the same GPU model, else from the samples/s `ec2gpu bench` measured on that
     type or GPU model (bench_speed); each falls back to the documented defaults above.
     """
-    from .job_summary import figure
+    from ..execute.job_summary import figure
 
     def job_s(r):  # the job's phase: "running" (before the one engine: "training")
         return (r.get("phases") or {}).get("running") or (r.get("phases") or {}).get("training")
@@ -150,7 +150,7 @@ def bench_speed(history: list[dict], instance_type: str, gpu: str, model: str) -
     figures are within physical bounds (job_summary.bench_figures: a -1 or 1e12 samples/s never
     counts). A full-size bench is preferred to a --quick one. Returns {"samples_per_second",
     "device", "instance_type", "run_id", "quick"} or None."""
-    from .job_summary import bench_figures
+    from ..execute.job_summary import bench_figures
     found = []
     for r in history:
         if r.get("task") != "bench" or r.get("summary_schema") not in ("bench", None):
@@ -197,8 +197,8 @@ def estimate_job(aws, home, instance_type: str, spot: bool, job_seconds: float, 
                  max_price: float | None = None) -> Estimate:
     """Estimate a user's task: its job runs ``job_seconds`` (said by ``job_source``); boot, setup
     and teardown from the ledger's runs on the same instance type, else the defaults."""
-    from ..aws import catalog
-    from . import ledger
+    from ...aws import catalog
+    from ..settle import ledger
 
     itype = catalog.lookup(instance_type)
     price = hourly_price(aws, home, itype.name, spot, max_price)
@@ -216,8 +216,8 @@ def hourly_price(aws, home, instance_type: str, spot: bool, max_price: float | N
     at ``max_price``; with no spot price known, the on-demand price (spot's ceiling). Raises
     UsageError when ``max_price`` is below the spot price in every zone (no launch could succeed).
     """
-    from ..aws import catalog, pricing
-    from ..errors import UsageError
+    from ...aws import catalog, pricing
+    from ...errors import UsageError
 
     on_demand = catalog.on_demand_price(instance_type, aws.region, home)
     if not spot:
@@ -237,9 +237,9 @@ def hourly_price(aws, home, instance_type: str, spot: bool, max_price: float | N
 def estimate_run(aws, home, instance_type: str, spot: bool, model: str, epochs: int | None, backend: str,
                  max_price: float | None = None) -> Estimate:
     """Estimate time and cost of one `train` run from current prices and the ledger's history."""
-    from ..aws import catalog
-    from ..train.presets import PRESETS
-    from . import ledger
+    from ...aws import catalog
+    from ...train.presets import PRESETS
+    from ..settle import ledger
 
     itype = catalog.lookup(instance_type)
     price = hourly_price(aws, home, itype.name, spot, max_price)
@@ -262,7 +262,7 @@ def actual_cost(aws, home, instance: dict, ended_fallback: datetime, billing_sta
     compute_usd, public_ipv4_usd, ebs_usd, cost_usd (their sum; None when no compute price is
     known), price_source.
     """
-    from ..aws import instances
+    from ...aws import instances
 
     launched = instance["LaunchTime"]
     start = max(billing_start, launched) if billing_start else launched
@@ -279,7 +279,7 @@ def compute_cost(aws, home, instance: dict, start: datetime, ended: datetime) ->
     """The compute bill of ``instance`` running from ``start`` to ``ended`` (one running interval,
     60 s minimum): {"usd_per_hour", "compute_usd" (None when no price is known), "price_source"}.
     Spot: the zone's spot price history over the interval; on-demand: the catalog's price."""
-    from ..aws import catalog, instances, pricing
+    from ...aws import catalog, instances, pricing
 
     seconds = billed_seconds(start, ended)
     itype, zone = instance["InstanceType"], instance.get("Placement", {}).get("AvailabilityZone")
@@ -300,7 +300,7 @@ def address_and_disk(region: str, home, running_s: float, life_s: float, volume_
     ``volume_gib`` GiB for the ``life_s`` seconds it existed, stopped or not (catalog.ebs_price,
     by the second, 60 s minimum, a 30-day month). Returns {"public_ipv4_usd", "ebs_usd" (None
     when the size or the region's price is unknown), "volume_gib", "ebs_price_source"}."""
-    from ..aws import catalog
+    from ...aws import catalog
 
     gp3 = catalog.ebs_price("gp3", region, home)
     ebs = None if volume_gib is None or gp3.usd_per_gb_month is None else round(
@@ -322,7 +322,7 @@ def estimate_minutes(home: Path, job, instance_type: str, expect_minutes: float 
     """Minutes the job should run, and where that figure comes from: the ledger's past completed
     runs of the same task on the same instance type (their mean), else ``--expect``; (None, why)
     when neither says (a task's first run: its cost is then bounded by its --max-runtime)."""
-    from . import ledger
+    from ..settle import ledger
     past = [r for r in ledger.runs(home, backend=backend, limit=200, tolerant=True)
             if r.get("task") == job.name and r.get("instance_type") == instance_type and r["status"] == "completed"
             and (r.get("phases") or {}).get("running")]
@@ -339,7 +339,7 @@ def price_rows(aws, home, gpu: str | None = None, log=lambda msg: None) -> tuple
     offers: GPUs, vCPUs and memory as EC2 describes them (aws/types.py, with their source), the
     on-demand USD/h and its source, the newest spot USD/h per zone and the saving (percent). Retired
     types (of ``gpu``) with their last known price and replacement."""
-    from ..aws import capacity, catalog, pricing, types as type_facts
+    from ...aws import capacity, catalog, pricing, types as type_facts
     types = [t for t in catalog.CATALOG.values() if not gpu or t.gpu.upper() == gpu.upper()]
     offered = capacity.offered_in_region(aws.ec2, [t.name for t in types]) if types else set()
     if offered is not None:

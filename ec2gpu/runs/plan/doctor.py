@@ -7,7 +7,7 @@ import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..errors import Ec2GpuError
+from ...errors import Ec2GpuError
 
 
 @dataclass
@@ -39,7 +39,7 @@ def _spot_role(aws, spot: bool, sandbox: bool = False) -> tuple:
     """The spot service-linked role: present (ok), unreadable (unknown), missing in the sandbox (ok:
     its first spot request creates it, as EC2 does for a caller that may: sandbox/market.py), or
     missing on AWS (a failure only when --spot is asked for), with the command that creates it."""
-    from ..aws import capacity
+    from ...aws import capacity
     exists = capacity.spot_role_exists(aws.client("iam"))
     if exists:
         return True, f"{capacity.SPOT_ROLE} exists"
@@ -56,14 +56,14 @@ def _spot_role(aws, spot: bool, sandbox: bool = False) -> tuple:
 
 def _type_facts(aws, instance_type: str) -> tuple:
     """The instance type's GPUs and vCPUs as EC2 describes them (aws/types.py), and from where."""
-    from ..aws import types
+    from ...aws import types
     f = types.facts(aws.ec2, instance_type)
     return True, f"{f.name}: {f.gpu_count}x {f.gpu}, {f.vcpus} vCPUs ({f.source})"
 
 
 def run_checks(aws, settings, instance_type: str, spot: bool, sandbox: bool) -> list[Check]:
     """All checks for launching ``instance_type`` with ``aws`` (an aws.session.Aws) and ``settings``."""
-    from ..aws import capacity, catalog, images, network
+    from ...aws import capacity, catalog, images, network
 
     checks = [_run("credentials", lambda: (True, aws.check_credentials()["Arn"]))]
     if checks[0].ok is False:
@@ -111,7 +111,7 @@ def run_checks(aws, settings, instance_type: str, spot: bool, sandbox: bool) -> 
         _run("key files", lambda: key_files(settings.keys_dir)),
     ]
     if sandbox:
-        from ..sandbox import sshd
+        from ...sandbox import sshd
         checks.append(_run("sshd (sandbox)", lambda: (True, sshd.sshd_binary())))
     return checks
 
@@ -125,7 +125,7 @@ def rsync_check(local=None) -> tuple:
     """(ok, detail[, fix]) of the rsync on this machine (``local() -> (path, version)``, default
     remote/sync.local_rsync): missing is a failure (runs then send the whole workdir over SFTP
     every time, README), one older than RSYNC_CHECKS_NAMES is said (docs/security.md)."""
-    from ..remote import sync
+    from ...remote import sync
     path, version = (local or sync.local_rsync)()
     if path is None:
         return False, f"no rsync on this machine: runs fall back to SFTP ({sync.WITHOUT_RSYNC})", \
@@ -140,7 +140,7 @@ def rsync_check(local=None) -> tuple:
 def exit_code(checks: list[Check]) -> int:
     """`doctor`'s exit code (pure): 0 when no check failed, 3 (ExitCode.AWS) when the credentials
     failed (the README: without credentials every command exits 3), else 1."""
-    from ..errors import ExitCode
+    from ...errors import ExitCode
     if not any(c.ok is False for c in checks):
         return ExitCode.SUCCESS
     return ExitCode.AWS if any(c.name == "credentials" and c.ok is False for c in checks) else ExitCode.ERROR

@@ -1,6 +1,6 @@
 """`ec2gpu image bake|ls|rm`: machine images that already hold a task's setup, so its runs start sooner.
 
-A bake is a run (pipeline.py: estimate, provision, teardown in ``finally``, bill, ledger with task
+A bake is a run (provision/pipeline.py: estimate, provision, teardown in ``finally``, bill, ledger with task
 "bake") whose attempt, instead of a job, makes an image of its builder instance:
 
   SSH -> [bare Ubuntu: ami/install-cuda.sh, an EC2 reboot when the driver needs one, again]
@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from ..aws import baked, images
-from ..errors import RemoteError, UsageError, WaitTimeout
+from ...aws import baked, images
+from ...errors import RemoteError, UsageError, WaitTimeout
 
-AMI_DIR = Path(__file__).resolve().parents[1] / "ami"
+AMI_DIR = Path(__file__).resolve().parents[2] / "ami"
 #: exit status of ami/install-cuda.sh: the driver is installed and loads after a reboot
 REBOOT_NEEDED = 100
 #: Minutes a bake is assumed to take before the ledger has one (an estimate's basis, said with it):
@@ -78,8 +78,8 @@ def plan(job, base: str, name: str | None, home: Path, backend: str, instance_ty
     per account and region), made a name CreateImage accepts (aws/baked.ami_name).
     The expected minutes: the mean of past completed bakes' own phases on ``instance_type``
     (ledger, ``bake_seconds``), else ASSUMED_MINUTES. Raises UsageError for an unknown base or a bad name."""
-    from ..aws import tags
-    from . import ledger
+    from ...aws import tags
+    from ..settle import ledger
     if base not in images.BASES:
         raise UsageError(f"--from {base!r} is not known", f"use one of: {', '.join(images.BASES)}")
     key = bake_key(job)
@@ -97,7 +97,7 @@ def plan(job, base: str, name: str | None, home: Path, backend: str, instance_ty
 
 def bake_seconds(phases: dict[str, float]) -> float:
     """A bake's seconds besides the boot, setup and teardown an estimate counts anyway (pure)."""
-    from .costs import PHASE_GROUPS
+    from ..plan.costs import PHASE_GROUPS
     counted = {name for group in PHASE_GROUPS.values() for name in group}
     return sum(secs for name, secs in phases.items() if name not in counted)
 
@@ -108,9 +108,9 @@ def bake_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[di
     returns the bake's summary: the image's id, name, key, base, versions and snapshots. Raises
     RemoteError when the driver install, the setup or the cleaning fails, AwsError or WaitTimeout
     when the image does not become available: teardown then removes the half-made image."""
-    from ..remote import ssh_config as sc
-    from . import engine
-    from . import nodes as N
+    from ...remote import ssh_config as sc
+    from ..execute import engine
+    from ..execute import nodes as N
 
     job, bp = opts.task, opts.bake
     nd = N.Node(0, instances_[0])
@@ -144,8 +144,8 @@ def bake_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[di
 def run_script(nd, script: str, args: list[str], log, ok=(0,)) -> int:
     """Upload ami/SCRIPT to the node's run directory and run it, its lines to ``log``; its exit
     status when in ``ok``, else RemoteError with its last lines."""
-    from ..remote import files, ssh
-    from .engine import TAIL_LINES, _LineWriter
+    from ...remote import files, ssh
+    from ..execute.engine import TAIL_LINES, _LineWriter
     files.make_dirs(nd.conn, nd.run_dir)
     files.put_file(nd.conn, AMI_DIR / script, f"{nd.run_dir}/{script}")
     out = _LineWriter(log)
@@ -166,7 +166,7 @@ def install_driver(aws, nd, backend, log, reboots: int = 2, ends_at: datetime | 
     when it asks for a reboot (exit 100), reboot the instance through EC2 and run it again,
     ``reboots`` times at most; ``ends_at`` (UTC) is when the builder's --max-runtime ends it, armed
     again after each reboot. Raises RemoteError."""
-    from ..aws import types
+    from ...aws import types
     itype = nd.instance["InstanceType"]
     gpus = 0 if backend.is_sandbox else types.facts(aws.ec2, itype, log).gpu_count
     for k in range(reboots + 1):
@@ -188,8 +188,8 @@ def reboot(aws, nd, backend, log, timeout_s: float = 900.0, every_s: float = 5.0
     controller that dies during the reboot still leaves a builder that ends itself; not on a sandbox
     instance, whose system is this machine's) and over SSH once the instance is back. Raises
     WaitTimeout."""
-    from ..aws import instances
-    from ..remote import jobs, ssh
+    from ...aws import instances
+    from ...remote import jobs, ssh
     before = ssh.boot_id(nd.conn)
     if ends_at is not None and not backend.is_sandbox:
         install_per_boot_script(nd, ends_at)
@@ -244,8 +244,8 @@ def minutes_left(deadline: datetime, now: datetime) -> int:
 def rearm_max_runtime(nd, deadline: datetime, log) -> int:
     """Schedule the node's --max-runtime shutdown again, for the minutes left until ``deadline``
     (the deadline stays; a reboot does not give a fresh full period); the minutes scheduled."""
-    from ..remote import ssh
-    from .limits import schedule_shutdown_command
+    from ...remote import ssh
+    from ..plan.limits import schedule_shutdown_command
     now = datetime.now(timezone.utc)
     left = minutes_left(deadline, now)
     ssh.execute(nd.conn, schedule_shutdown_command(left))
@@ -277,7 +277,7 @@ def per_boot_install_command(source: str, path: str = PER_BOOT_SCRIPT) -> str:
 
 def install_per_boot_script(nd, deadline: datetime) -> None:
     """Put per_boot_script on the node's instance at PER_BOOT_SCRIPT (through its run directory)."""
-    from ..remote import files, ssh
+    from ...remote import files, ssh
     source = f"{nd.run_dir}/ec2gpu-max-runtime.sh"
     files.make_dirs(nd.conn, nd.run_dir)
     files.write_text(nd.conn, source, per_boot_script(nd.instance_id, deadline))
@@ -288,8 +288,8 @@ def prefetch(nd, job, bp: BakePlan, log) -> None:
     """Put what the task declares it reads into the image: MNIST (checked) for the built-in task."""
     if job.builtin != "mnist":
         return
-    from ..remote import ssh
-    from .engine import workdir_of
+    from ...remote import ssh
+    from ..execute.engine import workdir_of
     python = shlex.quote(str(nd.info.get("python") or "python3"))
     src = f" --data-dir {shlex.quote(bp.data_dir)}" if bp.data_dir else ""
     done = ssh.attempt(nd.conn, f"cd {shlex.quote(workdir_of(nd.run_dir, job))} && {python} -m ec2gpu.train.data "
@@ -304,7 +304,7 @@ def keep_setup(nd, name: str, log) -> None:
     """Keep what setup-gpu.sh found as $HOME/.ec2gpu/baked-setup.json: on an instance of the image,
     the machine setup reads it instead of importing torch again (ami/setup-gpu.sh). The task's
     setup markers say which image holds them (engine.setup_node shows it when it skips)."""
-    from ..remote import ssh
+    from ...remote import ssh
     ssh.execute(nd.conn, keep_setup_command(nd.run_dir, name))
     log(f"machine setup kept for the image: python {nd.info.get('python')}, torch {nd.info.get('torch_version')}")
 
@@ -340,7 +340,7 @@ def listing(aws, home: Path | None = None) -> list[dict]:
     snapshot price (aws/catalog.ebs_price: ``home``'s refreshed price cache, else the shipped
     table); each row also has "usd_per_gb_month" (None, and "usd_per_month" None, where the
     region's price is not known) and "price_source" (where the price comes from, or how to get it)."""
-    from ..aws import catalog
+    from ...aws import catalog
     price = catalog.ebs_price("snapshot", aws.region, home)
     return [{**row, "usd_per_gb_month": price.usd_per_gb_month, "price_source": price.source}
             for row in baked.listing(aws.ec2, price.usd_per_gb_month)]

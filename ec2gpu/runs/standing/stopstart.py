@@ -15,12 +15,12 @@ spot instances of a persistent request
 """
 from __future__ import annotations
 
-from ..aws import instances, sweep
-from ..aws import tags as T
-from ..aws.session import Aws
-from ..errors import UsageError
-from ..settings import Settings
-from .limits import schedule_shutdown_command  # noqa: F401 - re-exported; it lives with the run's limits
+from ...aws import instances, sweep
+from ...aws import tags as T
+from ...aws.session import Aws
+from ...errors import UsageError
+from ...settings import Settings
+from ..plan.limits import schedule_shutdown_command  # noqa: F401 - re-exported; it lives with the run's limits
 
 #: Minutes `start` gives an instance launched before the ec2gpu:max-runtime tag existed (the
 #: `launch` default).
@@ -56,7 +56,7 @@ def stop(aws: Aws, name: str, log=lambda msg: None, timeout_s: float = 600) -> l
     return their summaries (aws/instances.summary) with ``instance_store_gb``: the GB of
     instance-store NVMe the stop erased (0: none; None: not known; aws/types.Facts). Raises
     UsageError (none running, or spot), WaitTimeout."""
-    from ..aws import types
+    from ...aws import types
     found = find(aws.ec2, name, ["running", "pending"])
     refuse_spot(found, name)
     ids = [i["InstanceId"] for i in found]
@@ -70,12 +70,12 @@ def stop(aws: Aws, name: str, log=lambda msg: None, timeout_s: float = 600) -> l
 def start(aws: Aws, settings: Settings, backend, name: str, log=lambda msg: None, timeout_s: float = 600) -> list[dict]:
     """Start the stopped instances called ``name``, wait until they run and answer SSH with the
     host key pinned for them, schedule their --max-runtime shutdown again, and rewrite
-    $EC2GPU_HOME/ssh_config (runs/standing.write_ssh_config: their new addresses); return their
+    $EC2GPU_HOME/ssh_config (runs/standing/hosts.write_ssh_config: their new addresses); return their
     summaries. Raises UsageError (none stopped, or their private key is not here), WaitTimeout,
     RemoteError (a host key that is not the pinned one)."""
-    from ..aws import network
-    from ..remote import ssh
-    from .nodes import connect_verified
+    from ...aws import network
+    from ...remote import ssh
+    from ..execute.nodes import connect_verified
 
     found = find(aws.ec2, name, ["stopped"])
     ids = [i["InstanceId"] for i in found]
@@ -91,7 +91,7 @@ def start(aws: Aws, settings: Settings, backend, name: str, log=lambda msg: None
             log(f"{inst['InstanceId']} answers SSH at {host}:{port}; {max_runtime_words(inst, minutes)}")
         finally:
             conn.close()
-    from . import standing
+    from . import hosts as standing
     path, entries, _ = standing.write_ssh_config(aws, settings, backend, log=log)
     log(f"wrote {path} ({len(entries)} host(s)) with the new address{'es' if len(started) > 1 else ''}")
     return [instances.summary(i) for i in started]

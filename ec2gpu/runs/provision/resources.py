@@ -11,14 +11,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from ..aws import baked, capacity, images, instances, network, placement, sweep
-from ..aws.session import Aws
-from ..settings import Settings
-from . import costs
+from ...aws import baked, capacity, images, instances, network, placement, sweep
+from ...aws.session import Aws
+from ...settings import Settings
+from ..plan import costs
 
 if TYPE_CHECKING:  # annotations only: pipeline imports this module
     from .pipeline import TrainOptions
-    from .reporter import ReporterLike
+    from ..execute.reporter import ReporterLike
 
 
 @dataclass
@@ -108,8 +108,8 @@ def check_s3_access(aws: Aws, job) -> None:
     Raises UsageError for a source that does not exist or may not be read, and for a policy IAM
     would refuse (over its 10,240 characters); AwsError for other AWS errors.
     """
-    from ..aws import iam, storage
-    from ..errors import UsageError
+    from ...aws import iam, storage
+    from ...errors import UsageError
     s3 = [m for m in job.mounts if m.kind == "s3"]
     try:
         job.role_policy = iam.s3_policy([(m.bucket, m.prefix) for m in s3],
@@ -134,9 +134,9 @@ def _instance_role(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str
         return
     import botocore.exceptions
 
-    from ..aws import iam, storage
-    from ..aws.session import error_code
-    from ..errors import UsageError
+    from ...aws import iam, storage
+    from ...aws.session import error_code
+    from ...errors import UsageError
     assert job is not None and job.role_policy is not None  # returned above otherwise (getattr of None)
     client, boundary = aws.client("iam"), job.role_boundary
     prov.instance_profile = iam.role_name(run_id)  # set first: teardown removes whatever part of it was made

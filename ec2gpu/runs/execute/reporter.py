@@ -37,7 +37,7 @@ class Reporter:
         """One line of the job's log."""
 
     def progress(self, p: dict) -> None:
-        """The job's progress as it last wrote it (runs/nodes.ProgressReader): ``done``, ``total``,
+        """The job's progress as it last wrote it (runs/execute/nodes.ProgressReader): ``done``, ``total``,
         optional ``label``, ``rate`` and ``rate_unit``, ``eta_s``."""
 
     def note(self, text: str) -> None:

@@ -21,8 +21,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from ..aws import instances
-from . import costs
+from ...aws import instances
+from ..plan import costs
 
 #: states in which the interval of the instance's LaunchTime has ended (stopping and shutting-down
 #: are not billed: ec2-instance-lifecycle.html above)

@@ -1,7 +1,7 @@
 """Runs on standing instances (`ec2gpu launch`): `ec2gpu exec NAME TASK` and `train mnist --cluster
 NAME` run one attempt there through the engine and leave the instances running; the run is in the
 ledger without a cost of its own: the instances' cost is in the row `launch` opened for them
-(runs/reconcile.py: settled once they have all ended; `ec2gpu ls` shows it so far).
+(runs/recover/reconcile.py: settled once they have all ended; `ec2gpu ls` shows it so far).
 """
 from __future__ import annotations
 
@@ -9,23 +9,30 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..aws import catalog, instances, network
-from ..aws.session import Aws
-from ..backend import AWS
-from ..errors import RemoteError, UsageError
-from ..settings import Settings
-from . import record as run_record
-from .pipeline import (TrainOptions, _ledger, _status, _with_summary, builtin_task, new_run_id,
-                       sandbox_data_args)
-from .provision import Provisioned
-from .reporter import ReporterLike
+from ...aws import catalog, instances, network
+from ...aws.session import Aws
+from ...backend import AWS
+from ...errors import RemoteError, UsageError
+from ...settings import Settings
+from ..settle import record as run_record
+from ..provision.pipeline import (
+    TrainOptions,
+    _ledger,
+    _status,
+    _with_summary,
+    builtin_task,
+    new_run_id,
+    sandbox_data_args,
+)
+from ..provision.resources import Provisioned
+from ..execute.reporter import ReporterLike
 
 
 def _standing(aws: Aws, settings: Settings, found: list[dict], out, backend, command: str):
     """A run on standing instances ``found``: (their fresh descriptions in node order, run id,
     absolute artifacts dir, Provisioned with their key, the run record's common columns).
     Raises UsageError when their private key is not on this machine."""
-    from ..aws import tags as T
+    from ...aws import tags as T
 
     key = network.require_private_key(settings.keys_dir, found[0]["KeyName"])
     nodes = instances.wait_running(aws.ec2, [i["InstanceId"] for i in found])  # fresh descriptions
@@ -45,7 +52,7 @@ def train_on_cluster(aws: Aws, settings: Settings, opts: TrainOptions, ui: Repor
     """Train MNIST on the nodes a standing cluster has now (``ec2gpu launch --nodes N --name NAME``)
     and leave the cluster running: ``exec_task`` with the built-in task. Raises UsageError for an
     unknown cluster or a missing key file; RemoteError/recovery.Interrupted as the attempt raises them."""
-    from ..aws import clusters
+    from ...aws import clusters
 
     nodes = clusters.members(aws.ec2, cluster_name)
     if not nodes:
@@ -67,9 +74,10 @@ def exec_task(aws, settings, job, ui, target: str, backend, out: Path | None, co
     key file or S3 file_mounts (a standing instance has no run role to copy with); RemoteError,
     recovery.Interrupted as the attempt raises them. ``extra``: more columns
     for the record (a built-in task's model and epochs)."""
-    from ..aws import clusters, sweep
-    from ..aws import tags as T
-    from . import engine, recovery
+    from ...aws import clusters, sweep
+    from ...aws import tags as T
+    from ..execute import engine
+    from ..recover import recovery
 
     if any(m.kind == "s3" for m in job.mounts):  # a standing instance has no run role to copy with
         raise UsageError(f"{job.name}: file_mounts from S3 need an instance role of the run's own, and `exec` runs on "
@@ -115,7 +123,8 @@ def launch(aws: Aws, settings: Settings, opts: TrainOptions, ui: ReporterLike, b
     return their summaries (aws/instances.summary). Whatever failed half-way is removed before the
     error is raised (UsageError, AwsError, CapacityError, WaitTimeout, RemoteError for a host key
     the console does not list, KeyboardInterrupt)."""
-    from . import provision, reconcile
+    from ..provision import resources as provision
+    from ..recover import reconcile
     aws.check_credentials()
     run_id = new_run_id()
     prov = Provisioned(run_id)
@@ -145,7 +154,7 @@ def _backend_name(aws: Aws, settings: Settings, backend) -> str:
     """The ledger's backend of instances launched through ``aws``: ``backend``'s, or "sandbox" where
     that is the default AWS but the client talks to the sandbox's endpoint (as backend.Context
     decides), so the sandbox's simulated bills never count as money."""
-    from ..sandbox import control
+    from ...sandbox import control
     state = control.read_state(settings.home) or {}
     return "sandbox" if backend.is_sandbox or (aws.endpoint_url and aws.endpoint_url == state.get("endpoint")) \
         else backend.name
@@ -167,11 +176,11 @@ def write_ssh_config(aws: Aws, settings: Settings, backend, warn=lambda line: No
     instance id too (remote/ssh.pin_under_alias). A Name tag that is not safe in a Host line
     (tags.safe: anyone who can tag in the account could plant a ProxyCommand) is left out, and
     ``warn`` says so; the instance is still reachable by its id."""
-    from ..aws import sweep
-    from ..aws import tags as T
-    from ..errors import Ec2GpuError
-    from ..remote import ssh
-    from ..remote import ssh_config as sc
+    from ...aws import sweep
+    from ...aws import tags as T
+    from ...errors import Ec2GpuError
+    from ...remote import ssh
+    from ...remote import ssh_config as sc
 
     entries, skipped = [], {}
     for inst in sweep.find_instances(aws.ec2, states=["running"]):
@@ -214,7 +223,7 @@ def pin_host_key(aws: Aws, settings: Settings, backend, inst: dict, log=lambda m
     its console output) when it is not pinned yet; return the open Connection. Raises
     RemoteError (a key the console does not list, or not the pinned one), WaitTimeout (no answer
     in ``timeout_s`` seconds), UsageError (its private key is not on this machine)."""
-    from .nodes import connect_verified
+    from ..execute.nodes import connect_verified
     return connect_verified(aws, settings, backend, inst, log=log, timeout_s=timeout_s)[0]
 
 
@@ -247,15 +256,16 @@ def pin_all(aws: Aws, settings: Settings, backend, found: list[dict], log=lambda
 
 def listing(aws: Aws, settings: Settings) -> list[dict]:
     """`ec2gpu ls`: every live instance of the tool (aws/instances.summary) with its age (s: the
-    time it has run, over every running interval its ledger row recorded, runs/intervals.py), the
+    time it has run, over every running interval its ledger row recorded, runs/settle/intervals.py), the
     on-demand price (USD/h; the ceiling of a spot one) and the cost so far (USD: each interval's
     compute with its 60 s minimum, its public IPv4 address, its root volume; ``so_far`` has the
     parts); for a stopped one, its volumes and their monthly cost; for one with an idle rule, how
     long it has been idle or why it is busy."""
     import time
 
-    from ..aws import sweep
-    from . import intervals, reconcile
+    from ...aws import sweep
+    from ..settle import intervals
+    from ..recover import reconcile
     described = sweep.find_instances(aws.ec2)
     rows = [instances.summary(i) for i in described]
     known = {a["instance_id"]: a for r in reconcile.open_rows(settings.home) for a in r.get("attempts") or []}

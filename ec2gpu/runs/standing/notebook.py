@@ -20,14 +20,14 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from ..aws.session import Aws
-from ..errors import RemoteError, UsageError, WaitTimeout
-from ..settings import Settings
+from ...aws.session import Aws
+from ...errors import RemoteError, UsageError, WaitTimeout
+from ...settings import Settings
 
 #: On the instance, under the login's home: JupyterLab's token, record and log, setup-gpu.sh's report.
 REMOTE_DIR = "ec2gpu/notebook"
 #: The instance side (standard library only), uploaded next to them.
-SERVER_SCRIPT = Path(__file__).resolve().parents[1] / "agent" / "notebook.py"
+SERVER_SCRIPT = Path(__file__).resolve().parents[2] / "agent" / "notebook.py"
 #: A token as the instance side makes it (secrets.token_urlsafe(32)); anything else is refused.
 TOKEN = re.compile(r"[A-Za-z0-9_-]{16,128}")
 
@@ -36,8 +36,8 @@ def find_running(aws: Aws, opts, ui) -> dict | None:
     """The running instance ``opts.name`` names (its description; said through ``ui.note``), or
     None when ``opts.name`` is None or names none. Raises UsageError for a name that is stopped
     (`ec2gpu start` it)."""
-    from ..aws import sweep
-    from ..aws import tags as T
+    from ...aws import sweep
+    from ...aws import tags as T
 
     if not opts.name:
         return None
@@ -55,7 +55,7 @@ def open_server(conn, log) -> dict:
     """The JupyterLab of the instance behind ``conn``: the one that runs there, else a new one
     (module docstring); {"port" (on the instance), "token", "pid", "python", "reused"}. Raises
     RemoteError when it cannot be installed, started, or its record is not one ec2gpu wrote."""
-    from ..remote import files, setup, ssh
+    from ...remote import files, setup, ssh
 
     home = ssh.run(conn, 'printf %s "$HOME"').strip()
     directory = f"{home}/{REMOTE_DIR}"
@@ -109,7 +109,7 @@ def wait_ready(local_port: int, token: str, timeout_s: float = 180.0) -> dict:
 
 def serve(aws: Aws, settings: Settings, backend, opts, ui, show_url, local_port: int | None = None) -> dict:
     """Open a notebook on the running instance ``opts.name`` names, else on a new standing instance
-    (runs/standing.launch: ``opts``' type, idle rule, --max-runtime), with ``open_server``; forward
+    (runs/standing/hosts.launch: ``opts``' type, idle rule, --max-runtime), with ``open_server``; forward
     it to a free local port and call ``show_url(info)`` once it answers (info: instance_id, name,
     url, local_port, port, token); keep the forward up, reconnecting when SSH drops, until
     KeyboardInterrupt (Ctrl-C; the CLI turns SIGTERM and SIGHUP into it too), which is caught:
@@ -119,10 +119,10 @@ def serve(aws: Aws, settings: Settings, backend, opts, ui, show_url, local_port:
     its security group, key pair and key file (``remove_launched``: the user never had the
     notebook) and is raised again. Raises UsageError, RemoteError, WaitTimeout before the URL is
     shown (an instance launched for it then stays, with its idle rule, to be looked at)."""
-    from ..aws import instances
-    from ..aws import tags as T
-    from ..remote import tunnel
-    from . import standing
+    from ...aws import instances
+    from ...aws import tags as T
+    from ...remote import tunnel
+    from . import hosts as standing
 
     inst, launched, shown = find_running(aws, opts, ui), None, False
     info = {} if inst is None else {"instance_id": inst["InstanceId"],
@@ -170,8 +170,8 @@ def remove_launched(aws: Aws, settings: Settings, launched: dict, ui) -> dict[st
     that a second one cannot cut it short; say what was removed, or what may remain and how to
     remove it. Returns the ids removed, by kind ({} when it failed). Never raises an AWS error: the
     interrupt that brought it here is what the caller raises."""
-    from ..aws import sweep
-    from ..remote import tunnel
+    from ...aws import sweep
+    from ...remote import tunnel
 
     run_id = launched["run_id"]
     if not run_id:  # a run tag summary() would not show: never a sweep without a run id (it would take all)
