@@ -7,9 +7,12 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from .errors import RemoteError
+
+if TYPE_CHECKING:
+    from .aws.instances import Instance
 
 
 @dataclass(frozen=True)
@@ -32,24 +35,24 @@ class Backend:
     def is_sandbox(self) -> bool:
         return self.name == "sandbox"
 
-    def ssh_target(self, instance: dict) -> tuple[str, int]:
-        """(host, port) to reach ``instance`` (a DescribeInstances entry) over SSH: its public IP on
+    def ssh_target(self, instance: Instance) -> tuple[str, int]:
+        """(host, port) to reach ``instance`` over SSH: its public IP on
         port 22, or the sandbox's sshd. Raises RemoteError when an AWS instance has no public IP,
         WaitTimeout when the sandbox has no sshd for it."""
         if self.resolve is not None:
-            return self.resolve(instance["InstanceId"])
-        ip = instance.get("PublicIpAddress")
+            return self.resolve(instance.id)
+        ip = instance.public_ip
         if not ip:
-            raise RemoteError(f"{instance['InstanceId']} has no public IP address",
+            raise RemoteError(f"{instance.id} has no public IP address",
                               "the default subnet must assign public IPs (MapPublicIpOnLaunch)")
         return ip, 22
 
-    def private_address(self, instance: dict) -> str:
+    def private_address(self, instance: Instance) -> str:
         """The address other nodes reach ``instance`` at: its private IP, or in the sandbox the
         loopback address of its sshd (which stands in for that private IP)."""
         if self.resolve is not None:
-            return self.resolve(instance["InstanceId"])[0]
-        return instance["PrivateIpAddress"]
+            return self.resolve(instance.id)[0]
+        return instance.private_ip or ""
 
 
 AWS = Backend()

@@ -58,10 +58,10 @@ def main() -> int:
         config = home / "ssh_config"
         with Context(None, True) as ctx:
             (inst,) = [i for i in sweep.find_instances(ctx.aws.ec2, states=["running"])]
-            iid = inst["InstanceId"]
+            iid = inst.id
             host, port = ctx.backend.ssh_target(inst)
             from ec2gpu.aws import network
-            key = network.private_key_path(ctx.settings.keys_dir, inst["KeyName"])
+            key = network.private_key_path(ctx.settings.keys_dir, inst.key_name or "")
             conn = ssh.connect(host, port, ctx.settings.ssh_user, key, home / "known_hosts" / iid)
             remote_home = conn.run("printf %s \"$HOME\"", hide=True).stdout
             ssh_cmd = f"ssh -F {config}"

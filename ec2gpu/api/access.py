@@ -15,12 +15,13 @@ first where it is not pinned yet: it refuses any other key.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
 from ..errors import UsageError
 from .instances import Log, _context, _quiet, _types, find, idle_rule
 
 if TYPE_CHECKING:
+    from ..aws.instances import Instance
     from ..backend import Context
     from ..runs.execute.reporter import ReporterLike
 
@@ -44,13 +45,13 @@ def _size(value: Union[int, str], flag: str) -> int:
         raise UsageError(f"{flag}: {exc}", "use e.g. 500MB or 2GiB") from None
 
 
-def _pin_host_key(ctx: Context, inst: dict, log: Log) -> None:
+def _pin_host_key(ctx: Context, inst: Instance, log: Log) -> None:
     """Before OpenSSH connects (StrictHostKeyChecking yes, HostKeyAlias): pin the instance's host
     key under its instance id, verified against its console output, when it is not pinned yet.
     Raises RemoteError, WaitTimeout."""
     from ..remote import ssh as remote_ssh
     from ..runs.standing import hosts as standing
-    if not remote_ssh.pin_under_alias(ctx.settings.home / "known_hosts" / inst["InstanceId"], inst["InstanceId"], log):
+    if not remote_ssh.pin_under_alias(ctx.settings.home / "known_hosts" / inst.id, inst.id, log):
         standing.pin_host_key(ctx.aws, ctx.settings, ctx.backend, inst, log=log).close()
 
 
@@ -78,7 +79,7 @@ def ssh(name: str, command: Union[str, Sequence[str]] = (), *, region: Optional[
         inst = find(ctx, name)[0]
         _pin_host_key(ctx, inst, log)
         config, _, _ = _write_ssh_config(ctx, warn or log, log)
-        argv = [shutil.which("ssh") or "ssh", "-F", str(config), "-o", "LogLevel=ERROR", inst["InstanceId"], *words]
+        argv = [shutil.which("ssh") or "ssh", "-F", str(config), "-o", "LogLevel=ERROR", inst.id, *words]
         return subprocess.call(argv)
 
 
@@ -143,7 +144,7 @@ def logs(name: str, *, follow: bool = False, write: Optional[Write] = None, regi
             status, run_id = run_logs.stream(ctx, inst, follow, emit, note=log)
         finally:
             emit(b"", final=True)
-    return result(exit_status=status, run_id=run_id, instance_id=inst["InstanceId"], source="instance")
+    return result(exit_status=status, run_id=run_id, instance_id=inst.id, source="instance")
 
 
 def fetch(run_id: str, *, out: Union[str, Path, None] = None, max_download: Union[int, str, None] = None,
@@ -208,12 +209,12 @@ def tunnel(name: str, port: int, *, local_port: Optional[int] = None, region: Op
         here = tn.free_local_port(local_port or port)
         if local_port and here != local_port:
             raise UsageError(f"--local-port {local_port} is in use on this machine", "choose another, or leave it out")
-        info = {"instance_id": inst["InstanceId"], "name": name, "port": port, "local_port": here,
+        info: dict[str, Any] = {"instance_id": inst.id, "name": name, "port": port, "local_port": here,
                 "url": f"http://127.0.0.1:{here}"}
         if on_ready is not None:
             on_ready(info["url"])
         try:  # its ssh ends with this call, however it ends
-            tn.forward_until_interrupted(tn.argv(config, inst["InstanceId"], port, here), here, log,
+            tn.forward_until_interrupted(tn.argv(config, inst.id, port, here), here, log,
                                          refresh=lambda: _write_ssh_config(ctx, warn or log, log))
         except KeyboardInterrupt:
             pass
@@ -270,7 +271,7 @@ def notebook(*, instance_type: Optional[str] = None, spot: bool = False, name: O
         done = {**info, "terminated": False}
         if down_on_exit:
             inst = sweep.find_instances(ctx.aws.ec2, states=["pending", "running", "stopping", "stopped"])
-            run_id = next((T.as_dict(i.get("Tags")).get(T.RUN) for i in inst if i["InstanceId"] == info["instance_id"]),
+            run_id = next((i.tags.get(T.RUN) for i in inst if i.id == info["instance_id"]),
                           None)
             if run_id:
                 done["removed"] = sweep.delete_run(ctx.aws.ec2, run_id, ctx.settings.keys_dir, log=log,

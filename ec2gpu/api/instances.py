@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, AbstractSet, Any, Callable, Optional, cast
 from ..errors import UsageError
 
 if TYPE_CHECKING:
+    from ..aws.instances import Instance
     from ..aws.instances import IdleRule
     from ..backend import Context
     from ..runs.execute.reporter import ReporterLike
@@ -111,7 +112,7 @@ def fetch_abandoned(ctx: Context, run_ids: set[str] | None = None, log: Log = _q
     return missed
 
 
-def find(ctx: Context, name: str) -> list[dict]:
+def find(ctx: Context, name: str) -> list[Instance]:
     """The running (or pending) instances called ``name`` (a Name tag, instance id, run id or
     cluster): DescribeInstances dicts. Raises UsageError saying what they are instead."""
     from ..runs.standing import stopstart
@@ -280,8 +281,8 @@ def down(name: Optional[str] = None, *, all: bool = False, fetch: bool = True,  
         ec2 = ctx.aws.ec2
         runs: AbstractSet[str | None]
         if all:
-            runs = {T.as_dict(r.get("Tags")).get(T.RUN) for r in
-                    sweep.find_instances(ec2) + sweep.find_security_groups(ec2) + sweep.find_key_pairs(ec2)}
+            runs = {i.run_id for i in sweep.find_instances(ec2)} | {
+                T.as_dict(r.get("Tags")).get(T.RUN) for r in sweep.find_security_groups(ec2) + sweep.find_key_pairs(ec2)}
         else:  # terminated instances too: an interrupted spot instance leaves its group and key pair
             runs = sweep.runs_named(ec2, cast(str, name))  # without --all a name is given (refused above)
             if not runs:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 import botocore.exceptions
 
 from ..errors import AwsError, CapacityError, SpotRoleMissing
-from .instances import LaunchSpec, run_request
+from .instances import Instance, LaunchSpec, run_request
 from .session import describe, error_code
 
 #: codes that move the launch to the next zone / type
@@ -91,19 +91,19 @@ def plan(ec2, instance_types: list[str], spot: bool, spot_fallback_on_demand: bo
     return order
 
 
-def run_instances(ec2, request: dict) -> list[dict]:
-    """Send one run_instances ``request``; return the instances.
+def run_instances(ec2, request: dict) -> list[Instance]:
+    """Send one run_instances ``request``; return the instances (pending).
 
     Throttling, and a security group or key pair not visible yet (eventual consistency), are
     retried in place by the client itself (session.retry_handler, the fail-fast client included).
     Any other ClientError is raised at once for the caller to judge.
     """
-    return ec2.run_instances(**request)["Instances"]
+    return [Instance.of(i) for i in ec2.run_instances(**request)["Instances"]]
 
 
 def launch_with_fallback(ec2, spec: LaunchSpec, instance_types: list[str], spot_fallback_on_demand: bool = False,
                          log=lambda msg: None, avoid_zones=(), profile_created_at: float | None = None,
-                         sleep=time.sleep) -> tuple[list[dict], list[Attempt]]:
+                         sleep=time.sleep) -> tuple[list[Instance], list[Attempt]]:
     """Launch ``spec`` as the first type and zone that has capacity; return (instances, attempts).
 
     ``ec2`` should be a fail-fast client (no SDK retries). ``avoid_zones`` are tried last (plan). Each failed attempt is reported
@@ -146,7 +146,7 @@ def launch_with_fallback(ec2, spec: LaunchSpec, instance_types: list[str], spot_
                         + ("" if spot_fallback_on_demand or not spec.spot else ", or --spot-fallback on-demand"))
 
 
-def _run_waiting_for_profile(ec2, request: dict, profile_created_at: float | None, sleep) -> list[dict]:
+def _run_waiting_for_profile(ec2, request: dict, profile_created_at: float | None, sleep) -> list[Instance]:
     """run_instances, repeated every 3 s while EC2 does not see a just-made instance profile yet
     (https://docs.aws.amazon.com/IAM/latest/UserGuide/troubleshoot_iam-ec2.html)."""
     from .iam import profile_not_ready

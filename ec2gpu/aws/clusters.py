@@ -14,11 +14,10 @@ from . import tags as T
 from .session import describe, error_code
 
 
-def members(ec2, name: str) -> list[dict]:
+def members(ec2, name: str) -> list[instances.Instance]:
     """The pending/running instances of cluster ``name`` (tag ec2gpu:cluster), in node order."""
-    found = [i for i in sweep.find_instances(ec2, states=["pending", "running"])
-             if T.as_dict(i.get("Tags")).get(T.CLUSTER) == name]
-    return sorted(found, key=lambda i: int(T.as_dict(i.get("Tags")).get(T.NODE, "0") or 0))
+    found = [i for i in sweep.find_instances(ec2, states=["pending", "running"]) if i.tags.get(T.CLUSTER) == name]
+    return sorted(found, key=lambda i: i.node or 0)
 
 
 def scale(aws, settings, name: str, target: int, max_runtime_minutes: int, log=lambda msg: None,
@@ -46,16 +45,16 @@ def scale(aws, settings, name: str, target: int, max_runtime_minutes: int, log=l
     current, added, removed = len(nodes), [], []
     if target > current:
         head = nodes[0]
-        tg = T.as_dict(head.get("Tags"))
-        image = images.described(aws.ec2, ImageIds=[head["ImageId"]])[0]
+        tg = head.tags
+        image = images.described(aws.ec2, ImageIds=[head.image_id])[0]
         spec = instances.LaunchSpec(
-            run_id=tg[T.RUN], owner=tg.get(T.OWNER, settings.owner), name=name, instance_type=head["InstanceType"],
-            image_id=head["ImageId"], root_device_name=image.get("RootDeviceName", "/dev/sda1"),
-            key_name=head["KeyName"], security_group_id=head["SecurityGroups"][0]["GroupId"],
-            spot=instances.market(head) == "spot", root_volume_gib=settings.root_volume_gib,
-            max_runtime_minutes=max_runtime_minutes, subnet_id=head.get("SubnetId"),
-            placement_group=(head.get("Placement") or {}).get("GroupName") or None, cluster=name,
-            idle=instances.parse_idle_tag(T.as_dict(head.get("Tags")).get(T.IDLE)))  # new nodes keep the rule
+            run_id=tg[T.RUN], owner=tg.get(T.OWNER, settings.owner), name=name, instance_type=head.type,
+            image_id=head.image_id or "", root_device_name=image.get("RootDeviceName", "/dev/sda1"),
+            key_name=head.key_name or "", security_group_id=head.security_group_ids[0],
+            spot=head.market == "spot", root_volume_gib=settings.root_volume_gib,
+            max_runtime_minutes=max_runtime_minutes, subnet_id=head.subnet_id,
+            placement_group=head.placement_group, cluster=name,
+            idle=instances.parse_idle_tag(tg.get(T.IDLE)))  # new nodes keep the rule
         spec = replace(spec, count=target - current)
         try:
             new = capacity.run_instances(aws.client("ec2", fail_fast=True), instances.run_request(spec))
@@ -63,10 +62,10 @@ def scale(aws, settings, name: str, target: int, max_runtime_minutes: int, log=l
             err = CapacityError if error_code(exc) in capacity.NEXT_ZONE | capacity.LIMITS else AwsError
             raise err(f"could not add {target - current} node(s) to {name}: {describe(exc)}",
                       "try again later, or a smaller target")
-        added = [i["InstanceId"] for i in new]
+        added = [i.id for i in new]
         try:
-            last = max(int(T.as_dict(i.get("Tags")).get(T.NODE, "0") or 0) for i in nodes)
-            added = [i["InstanceId"] for i in instances.tag_nodes(aws.ec2, new, name, first_index=last + 1)]
+            last = max(i.node or 0 for i in nodes)
+            added = [i.id for i in instances.tag_nodes(aws.ec2, new, name, first_index=last + 1)]
             log(f"launched {', '.join(added)}; waiting until they run")
             pin(instances.wait_running(aws.ec2, added))
         except BaseException:  # a node nobody can reach safely, or a stop half-way: not left behind
@@ -78,7 +77,7 @@ def scale(aws, settings, name: str, target: int, max_runtime_minutes: int, log=l
                     f"`aws ec2 terminate-instances --instance-ids {' '.join(added)}`")
             raise
     elif target < current:
-        removed = [i["InstanceId"] for i in nodes[target:]]
+        removed = [i.id for i in nodes[target:]]
         log(f"terminating {', '.join(removed)}")
         instances.terminate(aws.ec2, removed)
     return {"cluster": name, "added": added, "removed": removed, "nodes": len(members(aws.ec2, name))}

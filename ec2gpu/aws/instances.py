@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -17,6 +17,91 @@ import botocore.exceptions
 from ..errors import AwsError, WaitTimeout
 from . import tags as T
 from .session import error_code
+
+_REASON_TIME = re.compile(r"\((\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}) (?:GMT|UTC)\)")
+
+
+def _reason_time(reason: str) -> datetime | None:
+    """The time in a StateTransitionReason such as "User initiated (2026-11-21 10:02:03 GMT)" (UTC)."""
+    m = _REASON_TIME.search(reason)
+    return datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc) if m else None
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One EC2 instance as ec2gpu uses it: what aws/ returns for a DescribeInstances or
+    RunInstances entry (``Instance.of``), so nothing above aws/ indexes EC2's dicts.
+
+    Fields (from the API's Instance structure, botocore's ec2 service model):
+    ``id`` (InstanceId), ``type`` (InstanceType), ``state`` (State.Name: pending, running,
+    stopping, stopped, shutting-down, terminated), ``market`` ("spot" when InstanceLifecycle is
+    spot, else "on-demand"), ``zone`` (Placement.AvailabilityZone), ``placement_group``
+    (Placement.GroupName), ``public_ip``/``private_ip``, ``key_name``, ``image_id``, ``subnet_id``,
+    ``security_group_ids``, ``launched_at`` (LaunchTime, UTC: its last start), ``billing_start``
+    (when billing began as far as this machine saw it: wait_running sets it, else None),
+    ``tags`` ({key: value}), ``launch_index`` (AmiLaunchIndex), ``state_reason_code`` (StateReason.Code,
+    e.g. Server.SpotInstanceTermination), ``state_reason`` (StateReason.Message, else the
+    StateTransitionReason text: AWS's words, show them inert), ``transitioned_at`` (the UTC time in
+    StateTransitionReason: when it last stopped or terminated, EC2's own record, used for billing).
+    """
+    id: str
+    type: str
+    state: str
+    launched_at: datetime
+    market: str = "on-demand"
+    zone: str | None = None
+    placement_group: str | None = None
+    public_ip: str | None = None
+    private_ip: str | None = None
+    key_name: str | None = None
+    image_id: str | None = None
+    subnet_id: str | None = None
+    security_group_ids: tuple[str, ...] = ()
+    billing_start: datetime | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+    launch_index: int = 0
+    state_reason_code: str | None = None
+    state_reason: str = ""
+    transitioned_at: datetime | None = None
+
+    @classmethod
+    def of(cls, d: dict[str, Any], billing_start: datetime | None = None) -> Instance:
+        """The Instance of one DescribeInstances (or RunInstances) entry ``d``."""
+        placement = d.get("Placement") or {}
+        transition = d.get("StateTransitionReason") or ""
+        return cls(
+            id=d["InstanceId"], type=d["InstanceType"], state=(d.get("State") or {}).get("Name", "pending"),
+            market="spot" if d.get("InstanceLifecycle") == "spot" else "on-demand",
+            zone=placement.get("AvailabilityZone"), placement_group=placement.get("GroupName") or None,
+            public_ip=d.get("PublicIpAddress"), private_ip=d.get("PrivateIpAddress"), key_name=d.get("KeyName"),
+            image_id=d.get("ImageId"), subnet_id=d.get("SubnetId"),
+            security_group_ids=tuple(g["GroupId"] for g in d.get("SecurityGroups") or []),
+            launched_at=d["LaunchTime"], billing_start=billing_start, tags=T.as_dict(d.get("Tags")),
+            launch_index=int(d.get("AmiLaunchIndex") or 0), state_reason_code=(d.get("StateReason") or {}).get("Code"),
+            state_reason=(d.get("StateReason") or {}).get("Message") or transition,
+            transitioned_at=_reason_time(transition))
+
+    @property
+    def name(self) -> str | None:
+        """Its Name tag."""
+        return self.tags.get(T.NAME)
+
+    @property
+    def run_id(self) -> str | None:
+        """Its ec2gpu:run tag."""
+        return self.tags.get(T.RUN)
+
+    @property
+    def node(self) -> int | None:
+        """Its ec2gpu:node tag (the node index in its cluster or run), None without a valid one."""
+        value = self.tags.get(T.NODE, "")
+        return int(value) if value.isdigit() else None
+
+
+def described(reservations: list[dict[str, Any]]) -> list[Instance]:
+    """The instances of DescribeInstances ``Reservations`` (flattened, in order)."""
+    return [Instance.of(i) for r in reservations for i in r.get("Instances", [])]
+
 
 @dataclass(frozen=True)
 class IdleRule:
@@ -147,30 +232,29 @@ def run_request(spec: LaunchSpec) -> dict:
     return req
 
 
-def tag_nodes(ec2, instances_: list[dict], name: str, first_index: int = 0) -> list[dict]:
+def tag_nodes(ec2, instances_: list[Instance], name: str, first_index: int = 0) -> list[Instance]:
     """Number the instances of one launch as cluster nodes (tags ec2gpu:node and Name NAME-K, in
-    AmiLaunchIndex order); return them in node order."""
-    ordered = sorted(instances_, key=lambda i: i.get("AmiLaunchIndex", 0))
+    AmiLaunchIndex order); return them in node order, with those tags."""
+    ordered = sorted(instances_, key=lambda i: i.launch_index)
+    out = []
     for k, inst in enumerate(ordered, start=first_index):
-        ec2.create_tags(Resources=[inst["InstanceId"]], Tags=[{"Key": T.NODE, "Value": str(k)},
-                                                              {"Key": T.NAME, "Value": f"{name}-{k}"}])
-    return ordered
+        ec2.create_tags(Resources=[inst.id], Tags=[{"Key": T.NODE, "Value": str(k)},
+                                                   {"Key": T.NAME, "Value": f"{name}-{k}"}])
+        out.append(replace(inst, tags={**inst.tags, T.NODE: str(k), T.NAME: f"{name}-{k}"}))
+    return out
 
 
 def _waiter_config(timeout_s: float, delay_s: float) -> dict:
     return {"Delay": delay_s, "MaxAttempts": max(1, math.ceil(timeout_s / delay_s))}
 
 
-#: key added to the descriptions wait_running returns: when billing began, as far as this machine
+#: Instance.billing_start, as wait_running sets it: when billing began, as far as this machine
 #: saw it. EC2 bills an instance from the moment it is ``running``, not while ``pending``
 #: (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/ec2-instance-lifecycle.html), and reports
 #: no time for that transition; the last moment it was seen ``pending`` (its LaunchTime at the
 #: least) is the earliest it can have started, so billing from there never bills too little.
-BILLING_START = "Ec2gpuBillingStart"
-
-
-def wait_running(ec2, instance_ids: list[str], timeout_s: float = 600, delay_s: float = 2) -> list[dict]:
-    """Wait until the instances are running; return their descriptions, each with BILLING_START.
+def wait_running(ec2, instance_ids: list[str], timeout_s: float = 600, delay_s: float = 2) -> list[Instance]:
+    """Wait until the instances are running; return them, each with its ``billing_start``.
 
     Raises WaitTimeout after ``timeout_s`` seconds, AwsError if one terminated instead.
     """
@@ -198,18 +282,17 @@ def wait_running(ec2, instance_ids: list[str], timeout_s: float = 600, delay_s: 
                           "AWS may be short of capacity; try another zone or type")
     finally:
         ec2.meta.events.unregister("after-call.ec2.DescribeInstances", observe)
-    described = describe_instances(ec2, instance_ids)
-    for inst in described:
-        launched = inst.get("LaunchTime")
-        pending = seen_pending.get(inst["InstanceId"])
-        inst[BILLING_START] = max(launched, pending) if pending and launched else (launched or pending)
-    return described
+    out = []
+    for inst in describe_instances(ec2, instance_ids):
+        pending = seen_pending.get(inst.id)
+        start = max(inst.launched_at, pending) if pending else inst.launched_at
+        out.append(replace(inst, billing_start=start))
+    return out
 
 
-def describe_instances(ec2, instance_ids: list[str]) -> list[dict]:
-    """Descriptions of ``instance_ids`` (reservations flattened)."""
-    res = ec2.describe_instances(InstanceIds=instance_ids)["Reservations"]
-    return [i for r in res for i in r["Instances"]]
+def describe_instances(ec2, instance_ids: list[str]) -> list[Instance]:
+    """The instances ``instance_ids``, as DescribeInstances describes them now."""
+    return described(ec2.describe_instances(InstanceIds=instance_ids)["Reservations"])
 
 
 def terminate(ec2, instance_ids: list[str], wait: bool = True, timeout_s: float = 600,
@@ -246,8 +329,8 @@ def stop(ec2, instance_ids: list[str], timeout_s: float = 600, delay_s: float = 
                           "check with `ec2gpu ls`; `ec2gpu down NAME` terminates them")
 
 
-def start(ec2, instance_ids: list[str], timeout_s: float = 600) -> list[dict]:
-    """Start stopped instances; return their descriptions once running (wait_running). Raises
+def start(ec2, instance_ids: list[str], timeout_s: float = 600) -> list[Instance]:
+    """Start stopped instances; return them once running (wait_running). Raises
     WaitTimeout, AwsError (one stopped again instead, e.g. InsufficientInstanceCapacity)."""
     ec2.start_instances(InstanceIds=instance_ids)
     return wait_running(ec2, instance_ids, timeout_s)
@@ -272,45 +355,24 @@ def root_volume_gib(ec2, instance_ids: list[str]) -> dict[str, int]:
     return sizes
 
 
-def market(instance: dict) -> str:
-    """'spot' or 'on-demand' from a description."""
-    return "spot" if instance.get("InstanceLifecycle") == "spot" else "on-demand"
-
-
-def summary(instance: dict) -> dict:
-    """The fields `ec2gpu ls` shows, from one describe_instances entry. A Name, run id or cluster
+def summary(instance: Instance) -> dict[str, Any]:
+    """The fields `ec2gpu ls` shows, from one instance. A Name, run id or cluster
     tag that is not safe to show or paste into a command (tags.safe) is left out ("" / None) and
     ``unsafe_tags`` names it."""
-    tg = T.as_dict(instance.get("Tags"))
+    tg = instance.tags
     unsafe = [k for k in (T.NAME, T.RUN, T.CLUSTER) if k in tg and not T.safe(tg[k])]
     tg = {k: v for k, v in tg.items() if k not in unsafe}
-    launched = instance.get("LaunchTime")
+    launched = instance.launched_at
     return {
-        "name": tg.get(T.NAME, ""), "run_id": tg.get(T.RUN, ""), "instance_id": instance["InstanceId"],
-        "cluster": tg.get(T.CLUSTER), "node": int(tg[T.NODE]) if tg.get(T.NODE, "").isdigit() else None,
-        "instance_type": instance["InstanceType"], "market": market(instance),
-        "state": instance["State"]["Name"], "public_ip": instance.get("PublicIpAddress"),
-        "private_ip": instance.get("PrivateIpAddress"),
-        "zone": instance.get("Placement", {}).get("AvailabilityZone"),
+        "name": tg.get(T.NAME, ""), "run_id": tg.get(T.RUN, ""), "instance_id": instance.id,
+        "cluster": tg.get(T.CLUSTER), "node": instance.node,
+        "instance_type": instance.type, "market": instance.market,
+        "state": instance.state, "public_ip": instance.public_ip, "private_ip": instance.private_ip,
+        "zone": instance.zone,
         "launched_at": launched.isoformat() if isinstance(launched, datetime) else launched,
         "idle_rule": tg.get(T.IDLE),  # "stop 1800" / "down 3600" (IdleRule.tag), None without one
         "unsafe_tags": unsafe,
     }
-
-
-_REASON_TIME = re.compile(r"\((\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}) (?:GMT|UTC)\)")
-
-
-def transition_time(instance: dict) -> datetime | None:
-    """When the instance last changed state, from its StateTransitionReason (UTC), or None.
-
-    EC2 writes e.g. "User initiated (2026-11-21 10:02:03 GMT)" on stop and terminate; this is the
-    instance's own record of its termination time, used for billing.
-    """
-    m = _REASON_TIME.search(instance.get("StateTransitionReason") or "")
-    if not m:
-        return None
-    return datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc)
 
 
 _FINGERPRINTS = re.compile(r"-----BEGIN SSH HOST KEY FINGERPRINTS-----(.*?)-----END SSH HOST KEY FINGERPRINTS-----",

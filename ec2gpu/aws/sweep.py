@@ -23,7 +23,7 @@ LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
 
 
 def find_instances(ec2, run_id: str | None = None, name: str | None = None,
-                   states: list[str] | None = None) -> list[dict]:
+                   states: list[str] | None = None) -> list[inst.Instance]:
     """Instances tagged by the tool (optionally one run or Name), in ``states`` (default: live)."""
     filters = [{"Name": "tag-key", "Values": [T.RUN]},
                {"Name": "instance-state-name", "Values": states or LIVE_STATES}]
@@ -32,7 +32,7 @@ def find_instances(ec2, run_id: str | None = None, name: str | None = None,
     if name:
         filters.append({"Name": f"tag:{T.NAME}", "Values": [name]})
     pages = ec2.get_paginator("describe_instances").paginate(Filters=filters)
-    return [i for page in pages for r in page["Reservations"] for i in r["Instances"]]
+    return [i for page in pages for i in inst.described(page["Reservations"])]
 
 
 def find_security_groups(ec2, run_id: str | None = None) -> list[dict]:
@@ -57,9 +57,9 @@ def runs_named(ec2, name: str) -> set[str]:
     found in every instance state (an interrupted spot instance is ``terminated`` and still listed
     by EC2 for a while) and on security groups and key pairs, which outlive their instances."""
     keys = (T.NAME, T.RUN, T.CLUSTER)
-    found = {T.as_dict(r.get("Tags")).get(T.RUN)
-             for r in find_instances(ec2, states=LIVE_STATES + ["terminated"]) + find_security_groups(ec2)
-             + find_key_pairs(ec2) if T.answers_to(r, name, keys)}
+    found = {i.run_id for i in find_instances(ec2, states=LIVE_STATES + ["terminated"]) if T.answers_to(i, name, keys)}
+    found |= {T.as_dict(r.get("Tags")).get(T.RUN) for r in find_security_groups(ec2) + find_key_pairs(ec2)
+              if T.answers_to(r, name, keys)}
     return {r for r in found if r}
 
 
@@ -186,8 +186,8 @@ def _kinds() -> tuple[Kind, ...]:
              lambda c, run, log: [_row(r, "SpotInstanceRequestId", state=r["State"])
                                   for r in find_spot_requests(c.ec2, run)], _cancel_spot, batch=True),
         Kind("instances", "instances",
-             lambda c, run, log: [_row(i, "InstanceId", state=i["State"]["Name"], instance_type=i["InstanceType"])
-                                  for i in find_instances(c.ec2, run)], _terminate, batch=True),
+             lambda c, run, log: [{"id": i.id, "run_id": i.run_id or "", "name": i.name or "", "state": i.state,
+                                   "instance_type": i.type} for i in find_instances(c.ec2, run)], _terminate, batch=True),
         Kind("security_groups", "security group",
              lambda c, run, log: [_row(g, "GroupId") for g in find_security_groups(c.ec2, run)],
              _delete_group, after=("instances",)),
@@ -315,17 +315,17 @@ SELF_SHUTDOWN = "Client.InstanceInitiatedShutdown"
 UNLISTED_AFTER_S = 2 * 3600
 
 
-def ended_runs(described: list[dict], key_pairs: list[dict], runs: set[str], now, keep=frozenset()) -> dict[str, str]:
+def ended_runs(described: list[inst.Instance], key_pairs: list[dict], runs: set[str], now, keep=frozenset()) -> dict[str, str]:
     """Of ``runs`` (run ids that hold a security group, key pair, placement group or instance role),
     those whose instances have all ended, each with why (pure): "ended itself" when every instance
-    of the run in ``described`` (DescribeInstances entries, every state) is terminated and one of
+    of the run in ``described`` (its instances, every state) is terminated and one of
     them by its own shutdown (SELF_SHUTDOWN); "no instance listed any more" when none is listed and
     the newest of its key pairs (``key_pairs``: anything with the run's Tags and a CreateTime, an
     instance role's too) is older than UNLISTED_AFTER_S at ``now``. Never one of ``keep`` (runs
     a controller may still be using: a spot run between an interruption and its replacement)."""
-    by_run: dict[str, list[dict]] = {}
+    by_run: dict[str, list[inst.Instance]] = {}
     for described_one in described:
-        by_run.setdefault(T.as_dict(described_one.get("Tags")).get(T.RUN, ""), []).append(described_one)
+        by_run.setdefault(described_one.run_id or "", []).append(described_one)
     created: dict = {}
     for k in key_pairs:
         run, at = T.as_dict(k.get("Tags")).get(T.RUN), k.get("CreateTime")
@@ -334,8 +334,7 @@ def ended_runs(described: list[dict], key_pairs: list[dict], runs: set[str], now
     out = {}
     for run in sorted(set(runs) - set(keep)):
         mine = by_run.get(run, [])
-        if mine and all(i["State"]["Name"] == "terminated" for i in mine) and any(
-                (i.get("StateReason") or {}).get("Code") == SELF_SHUTDOWN for i in mine):
+        if mine and all(i.state == "terminated" for i in mine) and any(i.state_reason_code == SELF_SHUTDOWN for i in mine):
             out[run] = "ended itself"
         elif not mine and run in created and (now - created[run]).total_seconds() > UNLISTED_AFTER_S:
             out[run] = "no instance listed any more"

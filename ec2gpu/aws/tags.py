@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .instances import Instance
 
 RUN = "ec2gpu:run"
 OWNER = "ec2gpu:owner"
@@ -69,9 +73,13 @@ def as_dict(tag_list: list[dict] | None) -> dict[str, str]:
     return {t["Key"]: t["Value"] for t in tag_list or []}
 
 
-def answers_to(resource: dict, name: str, keys: tuple[str, ...] = (NAME,)) -> bool:
-    """Whether a described resource (an instance: InstanceId) is called ``name``: its id, or the
-    value of one of its tags ``keys`` (Name by default; RUN and CLUSTER where a run or a cluster
-    may be named too) (pure). The one way every command finds an instance by what the user calls it."""
-    tg = as_dict(resource.get("Tags"))
-    return bool(name) and (name == resource.get("InstanceId") or name in (tg.get(k) for k in keys))
+def answers_to(resource: Instance | dict[str, Any], name: str, keys: tuple[str, ...] = (NAME,)) -> bool:
+    """Whether a resource (an aws/instances.Instance: its id; or a described security group or
+    key pair: its tags only) is called ``name``: its id, or the value of one of its tags ``keys``
+    (Name by default; RUN and CLUSTER where a run or a cluster may be named too) (pure). The one
+    way every command finds an instance by what the user calls it."""
+    if isinstance(resource, dict):
+        rid, tg = resource.get("InstanceId"), as_dict(resource.get("Tags"))
+    else:
+        rid, tg = resource.id, resource.tags
+    return bool(name) and (name == rid or name in (tg.get(k) for k in keys))

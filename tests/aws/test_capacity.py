@@ -43,7 +43,7 @@ def test_full_zones_then_a_full_type_fall_over_in_order(aws, spec):
                                                              ("g5.xlarge", g5_zones[1], False)]
     assert calls == expected
     assert [a.outcome for a in attempts] == ["InsufficientInstanceCapacity"] * len(zones) + ["Unsupported", "launched"]
-    assert found[0]["InstanceType"] == "g5.xlarge" and found[0]["Placement"]["AvailabilityZone"] == g5_zones[1]
+    assert found[0].type == "g5.xlarge" and found[0].zone == g5_zones[1]
     assert len(log) == len(zones) + 1 and "trying the next zone or type" in log[0]
 
 
@@ -58,7 +58,7 @@ def test_spot_without_capacity_anywhere_falls_back_to_on_demand_when_asked(aws, 
     assert "--spot-fallback on-demand" in info.value.hint and len(calls) == len(zones)
     assert not sweep.find_instances(aws.ec2, run_id="run-cap")  # nothing was launched
     found, attempts = capacity.launch_with_fallback(ec2, spot, ["g4dn.xlarge"], spot_fallback_on_demand=True)
-    assert attempts[-1].market == "on-demand" and instances.market(found[0]) == "on-demand"
+    assert attempts[-1].market == "on-demand" and found[0].market == "on-demand"
 
 
 def test_an_account_limit_stops_at_once_with_the_quota_to_raise(aws, spec):
@@ -131,7 +131,7 @@ def test_throttling_is_retried_in_place_with_backoff_even_by_the_fail_fast_clien
     found, attempts = capacity.launch_with_fallback(ec2, spec, ["g4dn.xlarge"])
     assert calls["RunInstances"] == 3 and sleeps == [0.25, 0.25, 0.5]  # in place, backing off
     assert [a.outcome for a in attempts] == ["launched"]  # one attempt: the zone was not given up
-    assert found[0]["Placement"]["AvailabilityZone"] == zone
+    assert found[0].zone == zone
 
 
 def test_a_capacity_error_is_not_retried_in_place(aws, spec, wire_errors):
@@ -145,7 +145,7 @@ def test_a_capacity_error_is_not_retried_in_place(aws, spec, wire_errors):
 
 def test_quota_counts_the_running_g_instances(aws, spec):
     (inst,), _ = capacity.launch_with_fallback(aws.client("ec2", fail_fast=True), spec, ["g4dn.xlarge"])
-    instances.wait_running(aws.ec2, [inst["InstanceId"]], timeout_s=30)
+    instances.wait_running(aws.ec2, [inst.id], timeout_s=30)
     quotas = Aws("us-east-1", endpoint_url=os.environ["AWS_ENDPOINT_URL"]).client("service-quotas")
     quota_answer(quotas, 7.0)  # 4 vCPUs running + 4 needed > 7
     with pytest.raises(CapacityError, match="4 are in use"):

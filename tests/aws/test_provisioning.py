@@ -81,18 +81,19 @@ def test_spot_launch_is_recorded_as_spot_and_teardown_removes_everything(aws, tm
                                 image_id=ami["ImageId"], root_device_name=ami["RootDeviceName"], key_name=key,
                                 security_group_id=gid, spot=True)
     (inst,), _ = capacity.launch_with_fallback(aws.client("ec2", fail_fast=True), spec, ["g4dn.xlarge"])
-    (desc,) = instances.wait_running(ec2, [inst["InstanceId"]], timeout_s=30)
+    (desc,) = instances.wait_running(ec2, [inst.id], timeout_s=30)
     row = instances.summary(desc)
     assert (row["market"], row["state"], row["name"], row["run_id"]) == ("spot", "running", "lab", "run-l")
-    assert desc["MetadataOptions"]["HttpTokens"] == "required"
+    (raw,) = ec2.describe_instances(InstanceIds=[desc.id])["Reservations"][0]["Instances"]
+    assert raw["MetadataOptions"]["HttpTokens"] == "required"
     removed = sweep.delete_run(ec2, "run-l", tmp_path)
-    assert removed["instances"] == [inst["InstanceId"]] and removed["security_groups"] == [gid]
+    assert removed["instances"] == [inst.id] and removed["security_groups"] == [gid]
     assert sweep.find_instances(ec2, run_id="run-l") == []
     assert sweep.find_security_groups(ec2, "run-l") == [] and sweep.find_key_pairs(ec2, "run-l") == []
     # the bill of a spot instance follows its zone's spot price history (the sandbox's market)
-    (gone,) = instances.describe_instances(ec2, [inst["InstanceId"]])
+    (gone,) = instances.describe_instances(ec2, [inst.id])
     bill = costs.actual_cost(aws, tmp_path, gone, ended_fallback=datetime.now(timezone.utc))
-    zone = gone["Placement"]["AvailabilityZone"]
+    zone = gone.zone
     assert "spot price history of " + zone in bill["price_source"]
     assert bill["usd_per_hour"] == pytest.approx(market.spot_price("g4dn.xlarge", zone))
     assert bill["usd_per_hour"] < 0.526  # below the on-demand price

@@ -27,7 +27,7 @@ def test_user_data_goes_on_the_wire_base64_encoded_once(aws, spec):
     (inst,), _ = capacity.launch_with_fallback(ec2, spec, ["g4dn.xlarge"])
     script = base64.b64decode(sent[0]).decode()  # what the instance receives: decoded once by EC2
     assert script.startswith("#!/bin/bash") and "shutdown -h +90" in script
-    stored = aws.ec2.describe_instance_attribute(InstanceId=inst["InstanceId"], Attribute="userData")
+    stored = aws.ec2.describe_instance_attribute(InstanceId=inst.id, Attribute="userData")
     assert base64.b64decode(stored["UserData"]["Value"]).decode().startswith("#!")
 
 
@@ -51,8 +51,8 @@ def test_a_new_instance_not_found_by_create_tags_and_run_instances_missing_key_a
     assert [a.outcome for a in attempts] == ["launched"] and calls["RunInstances"] == 2
     inject(aws.ec2, "CreateTags", "InvalidInstanceID.NotFound", times=1)
     instances.tag_nodes(aws.ec2, [inst], "real")
-    (desc,) = instances.describe_instances(aws.ec2, [inst["InstanceId"]])
-    assert {"Key": "ec2gpu:node", "Value": "0"} in desc["Tags"]
+    (desc,) = instances.describe_instances(aws.ec2, [inst.id])
+    assert desc.tags["ec2gpu:node"] == "0"
 
 
 def test_only_the_listed_codes_are_retried_and_only_so_often(aws, wire_errors):
@@ -82,7 +82,7 @@ def test_spot_without_the_service_linked_role_has_its_own_error_and_lets_on_dema
     inject(ec2b, "RunInstances", capacity.SPOT_ROLE_MISSING, times=100, status=403,
            when=lambda body: "InstanceMarketOptions" in _text(body))  # spot refused, on-demand as usual
     (inst,), attempts = capacity.launch_with_fallback(ec2b, spot, ["g4dn.xlarge"], spot_fallback_on_demand=True)
-    assert [a.market for a in attempts] == ["spot", "on-demand"] and inst.get("InstanceLifecycle") != "spot"
+    assert [a.market for a in attempts] == ["spot", "on-demand"] and inst.market != "spot"
 
 
 def test_doctor_sees_the_spot_role_once_the_first_spot_request_made_it(aws, spec):
@@ -121,8 +121,9 @@ def test_billing_starts_when_the_instance_runs_not_at_launch():
     launched = datetime(2026, 11, 22, 10, 0, 0, tzinfo=timezone.utc)
     running = launched + timedelta(seconds=40)
     ended = launched + timedelta(seconds=340)
-    inst = {"LaunchTime": launched, "InstanceType": "g4dn.xlarge", "Placement": {"AvailabilityZone": "us-east-1a"},
-            "StateTransitionReason": f"User initiated ({ended:%Y-%m-%d %H:%M:%S} GMT)"}
+    inst = instances.Instance.of({"InstanceId": "i-1", "LaunchTime": launched, "InstanceType": "g4dn.xlarge",
+                                  "Placement": {"AvailabilityZone": "us-east-1a"},
+                                  "StateTransitionReason": f"User initiated ({ended:%Y-%m-%d %H:%M:%S} GMT)"})
     aws = type("A", (), {"region": "us-east-1"})()
     bill = costs.actual_cost(aws, None, inst, ended, billing_start=running)
     assert bill["billed_seconds"] == 300.0 and bill["billing_started_at"] == running.isoformat()

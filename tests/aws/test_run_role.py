@@ -151,14 +151,15 @@ def test_cleanup_and_down_find_and_remove_a_runs_role_with_its_instance(aws, iam
     name = roles.create_run_role(iam, run, "alice", POLICY, region="us-east-1")
     (inst,), _ = capacity.launch_with_fallback(aws.client("ec2", fail_fast=True),
                                                 replace(spec, instance_profile=name), [spec.instance_type])
-    (desc,) = instances.wait_running(aws.ec2, [inst["InstanceId"]], timeout_s=30)
-    assert desc["IamInstanceProfile"]["Arn"].endswith(f"instance-profile/ec2gpu/{name}")
+    (desc,) = instances.wait_running(aws.ec2, [inst.id], timeout_s=30)
+    (raw,) = aws.ec2.describe_instances(InstanceIds=[desc.id])["Reservations"][0]["Instances"]
+    assert raw["IamInstanceProfile"]["Arn"].endswith(f"instance-profile/ec2gpu/{name}")
     found = sweep.inventory(aws.ec2, iam=iam)
     assert [r for r in found["instance_roles"] if r["run_id"] == run] == [
         {"id": name, "run_id": run, "name": name, "owner": "alice", "kind": "role"}]
     assert "instance_roles" not in sweep.inventory(aws.ec2, run)  # no IAM client: roles are skipped
     removed = sweep.delete_run(aws.ec2, run, tmp_path, iam=iam)
-    assert removed["instances"] == [inst["InstanceId"]] and removed["instance_roles"] == [name]
+    assert removed["instances"] == [inst.id] and removed["instance_roles"] == [name]
     assert _gone(iam, name) and sweep.inventory(aws.ec2, run, iam=iam)["instance_roles"] == []
 
 

@@ -10,6 +10,8 @@ import pytest
 from ec2gpu.remote import setup, ssh
 from ec2gpu.runs.execute import engine, nodes
 from ec2gpu.tasks import load
+from datetime import datetime, timezone
+from ec2gpu.aws.instances import Instance
 
 #: a stand-in for setup-gpu.sh: counts its runs in $HOME/runs and writes a setup.json
 FAKE_SETUP = """#!/usr/bin/env bash
@@ -90,7 +92,8 @@ def test_the_checkpoint_directory_exists_before_the_job_starts(instance, tmp_pat
     conn, home = instance
     text = "name: t\nworkdir: null\nrun: x\n" + (f"checkpoint_dir: {checkpoint_dir}\n" if checkpoint_dir else "")
     job = engine.prepare(load.parse(text, "t.yaml", tmp_path), {})
-    nd = nodes.Node(0, {"InstanceId": "i-setup0001"}, conn=conn, run_dir=str(home / "ec2gpu" / "runs" / "r1"),
+    instance = Instance("i-setup0001", "g4dn.xlarge", "running", datetime.now(timezone.utc))
+    nd = nodes.Node(0, instance, conn=conn, run_dir=str(home / "ec2gpu" / "runs" / "r1"),
                     info={"python": "python3"})
     engine.upload_node(nd, job, None, "r1", ["127.0.0.98"], False, None, lambda line: None)
     env = json.loads((home / "ec2gpu" / "runs" / "r1" / "job.env.json").read_text())

@@ -14,6 +14,12 @@ import pytest
 from ec2gpu.api import access, costs
 from ec2gpu.errors import NoCredentials, UsageError
 from ec2gpu.runs.settle import ledger
+from datetime import datetime, timezone
+from ec2gpu.aws.instances import Instance
+
+
+def _instance(iid: str, tags: dict | None = None) -> Instance:
+    return Instance(iid, "g4dn.xlarge", "running", datetime.now(timezone.utc), tags=tags or {})
 
 
 @pytest.fixture
@@ -167,10 +173,10 @@ def test_fetch_brings_home_to_the_runs_artifacts_with_the_limits_asked(home, tmp
     calls = []
 
     def fetch(ctx_, inst, run_id, out, note, limits):
-        calls.append((inst["InstanceId"], run_id, out, limits))
+        calls.append((inst.id, run_id, out, limits))
         note("brought home")
         return {"outputs": ["o.txt"], "checkpoints": [], "files": ["job.log"]}
-    monkeypatch.setattr(run_logs, "head_instance", lambda ec2, row: {"InstanceId": row["instance_ids"][0]})
+    monkeypatch.setattr(run_logs, "head_instance", lambda ec2, row: _instance(row["instance_ids"][0]))
     monkeypatch.setattr(run_logs, "fetch", fetch)
     said = []
     got = access.fetch("r-li", max_download="1M", max_files=7, log=said.append)
@@ -198,7 +204,7 @@ def test_notebook_serves_on_the_types_asked_and_down_on_exit_removes_its_run(hom
         return dict(info)
     monkeypatch.setattr(nb, "serve", serve)
     monkeypatch.setattr(sweep, "find_instances", lambda ec2, states: [
-        {"InstanceId": "i-1", "Tags": [{"Key": "ec2gpu:run", "Value": "run-nb"}]}])
+        _instance("i-1", {"ec2gpu:run": "run-nb"})])
     monkeypatch.setattr(sweep, "delete_run", lambda ec2, run_id, keys, log, iam: removed.append((run_id, iam)) or
                         {"instances": ["i-1"]})
     shown = []

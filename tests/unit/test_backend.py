@@ -3,8 +3,12 @@ import pytest
 
 from ec2gpu.backend import AWS, Backend
 from ec2gpu.errors import RemoteError
+from dataclasses import replace
+from datetime import datetime, timezone
+from ec2gpu.aws.instances import Instance
 
-INSTANCE = {"InstanceId": "i-0abc", "PublicIpAddress": "203.0.113.7", "PrivateIpAddress": "172.31.5.6"}
+INSTANCE = Instance("i-0abc", "g4dn.xlarge", "running", datetime.now(timezone.utc), public_ip="203.0.113.7",
+                    private_ip="172.31.5.6")
 
 
 def test_on_aws_ssh_goes_to_the_public_ip_and_nodes_meet_on_private_ips():
@@ -15,7 +19,7 @@ def test_on_aws_ssh_goes_to_the_public_ip_and_nodes_meet_on_private_ips():
 
 def test_an_aws_instance_without_a_public_ip_is_a_clear_error():
     with pytest.raises(RemoteError, match="no public IP"):
-        AWS.ssh_target({"InstanceId": "i-0abc", "PrivateIpAddress": "172.31.5.6"})
+        AWS.ssh_target(replace(INSTANCE, public_ip=None))
 
 
 def test_in_the_sandbox_the_instance_is_its_sshd_for_ssh_and_for_other_nodes():

@@ -2,6 +2,7 @@
 import pytest
 
 from ec2gpu.aws import baked
+from ec2gpu.aws.instances import Instance
 
 
 def test_an_image_is_tagged_incomplete_with_its_key_base_and_versions_and_none_is_left_out():
@@ -195,8 +196,9 @@ def test_every_describe_that_pages_is_read_to_its_last_page():
 def test_the_max_runtime_deadline_is_launch_plus_minutes_and_the_time_left_is_rounded_down():
     from ec2gpu.runs.provision import bake
     launched = datetime(2026, 11, 22, 10, 0, tzinfo=timezone.utc)
-    end = bake.max_runtime_deadline({"LaunchTime": launched}, 120)
-    assert end == launched + timedelta(minutes=120) and bake.max_runtime_deadline({"LaunchTime": launched}, None) is None
+    builder = Instance("i-1", "g4dn.xlarge", "running", launched)
+    end = bake.max_runtime_deadline(builder, 120)
+    assert end == launched + timedelta(minutes=120) and bake.max_runtime_deadline(builder, None) is None
     assert bake.minutes_left(end, launched + timedelta(minutes=7, seconds=30)) == 112  # never later than the deadline
     assert bake.minutes_left(end, end + timedelta(seconds=5)) == 0
 

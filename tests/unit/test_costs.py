@@ -5,6 +5,7 @@ import pytest
 
 from ec2gpu.aws import instances
 from ec2gpu.runs.plan import costs
+from ec2gpu.aws.instances import Instance
 
 T0 = datetime(2026, 11, 21, 10, 0, 0, tzinfo=timezone.utc)
 
@@ -68,7 +69,9 @@ def test_estimate_without_a_price_has_no_cost():
     ("", None),
 ])
 def test_termination_time_comes_from_state_transition_reason(reason, expected):
-    assert instances.transition_time({"StateTransitionReason": reason}) == expected
+    described = {"InstanceId": "i-1", "InstanceType": "g4dn.xlarge", "LaunchTime": datetime.now(timezone.utc),
+                 "StateTransitionReason": reason}
+    assert instances.Instance.of(described).transitioned_at == expected
 
 
 def test_max_price_goes_into_the_spot_options_only_for_spot():
@@ -88,11 +91,12 @@ class _Aws:
     ec2 = None
 
 
-def described(state: str, launched: datetime, reason_at: datetime | None = None, spot: bool = False) -> dict:
+def described(state: str, launched: datetime, reason_at: datetime | None = None, spot: bool = False) -> Instance:
     """A DescribeInstances entry as EC2 gives one (times in StateTransitionReason, GMT)."""
-    return {"InstanceId": "i-1", "InstanceType": "g4dn.xlarge", "LaunchTime": launched, "State": {"Name": state},
-            "Placement": {"AvailabilityZone": "us-east-1a"}, **({"InstanceLifecycle": "spot"} if spot else {}),
-            "StateTransitionReason": f"User initiated ({reason_at:%Y-%m-%d %H:%M:%S} GMT)" if reason_at else ""}
+    return Instance.of({"InstanceId": "i-1", "InstanceType": "g4dn.xlarge", "LaunchTime": launched,
+                        "State": {"Name": state}, "Placement": {"AvailabilityZone": "us-east-1a"},
+                        **({"InstanceLifecycle": "spot"} if spot else {}),
+                        "StateTransitionReason": f"User initiated ({reason_at:%Y-%m-%d %H:%M:%S} GMT)" if reason_at else ""})
 
 
 def test_the_public_ipv4_address_and_the_gp3_root_volume_are_billed_beside_compute(tmp_path):

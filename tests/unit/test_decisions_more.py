@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import botocore.exceptions
 import pytest
 
+from ec2gpu.aws.instances import Instance
 from ec2gpu.errors import UsageError
 
 T0 = datetime(2026, 11, 20, 10, 0, tzinfo=timezone.utc)
@@ -61,7 +62,7 @@ def test_the_grace_is_never_negative_and_the_stop_time_follows_the_grace_setting
     from ec2gpu.runs.plan import limits
 
     assert limits.grace_seconds(60, 0) == 0.0 and limits.grace_seconds(60, -5) == 0.0
-    inst = {"LaunchTime": T0}
+    inst = Instance("i-1", "g4dn.xlarge", "running", T0)
     # 60 min limit, 30 s of grace: SIGTERM 30 s + 300 s (nologin) before the end
     assert limits.stop_at(inst, 60, 30) == T0.timestamp() + 3600 - 330
     assert limits.stop_at(inst, 60) == T0.timestamp() + 3600 - 420
@@ -146,9 +147,10 @@ def _spot(itype, zone, ts, usd):
 
 
 def _instance(spot=False, zone="us-east-1b", itype="g4dn.xlarge", ended=T0 + timedelta(hours=1)):
-    return {"InstanceType": itype, "LaunchTime": T0, "Placement": {"AvailabilityZone": zone},
-            "StateTransitionReason": f"User initiated ({ended:%Y-%m-%d %H:%M:%S} GMT)",
-            **({"InstanceLifecycle": "spot"} if spot else {})}
+    return Instance.of({"InstanceId": "i-1", "InstanceType": itype, "LaunchTime": T0,
+                        "Placement": {"AvailabilityZone": zone},
+                        "StateTransitionReason": f"User initiated ({ended:%Y-%m-%d %H:%M:%S} GMT)",
+                        **({"InstanceLifecycle": "spot"} if spot else {})})
 
 
 def test_a_spot_bill_follows_its_own_zones_price_history(tmp_path):

@@ -3,13 +3,14 @@ key pairs and placement groups a later command removes, and which it must leave 
 from datetime import datetime, timedelta, timezone
 
 from ec2gpu.aws import sweep
+from ec2gpu.aws.instances import Instance
 
 NOW = datetime(2026, 11, 24, 12, 0, tzinfo=timezone.utc)
 
 
-def inst(run: str, state: str, reason: str = "") -> dict:
-    return {"InstanceId": f"i-{run}-{state}", "State": {"Name": state}, "Tags": [{"Key": "ec2gpu:run", "Value": run}],
-            **({"StateReason": {"Code": reason}} if reason else {})}
+def inst(run: str, state: str, reason: str = "") -> Instance:
+    return Instance(f"i-{run}-{state}", "g4dn.xlarge", state, datetime.now(timezone.utc), tags={"ec2gpu:run": run},
+                    state_reason_code=reason or None)
 
 
 def key(run: str, age_s: float) -> dict:

@@ -8,6 +8,8 @@ import time
 import pytest
 
 from ec2gpu.runs.execute import nodes as N
+from datetime import datetime, timezone
+from ec2gpu.aws.instances import Instance
 
 
 class _Ui:
@@ -33,7 +35,7 @@ def test_ctrl_c_returns_only_once_every_follower_has_ended(monkeypatch, tmp_path
         nd.result = "stopped"
         ended.append(nd.index)
     monkeypatch.setattr(N, "_follow_node", follower)
-    nodes = [N.Node(k, {"InstanceId": f"i-{k}"}) for k in range(2)]
+    nodes = [N.Node(k, Instance(f"i-{k}", "g4dn.xlarge", "running", datetime.now(timezone.utc))) for k in range(2)]
     before = signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own, whatever ran before
     try:
         threading.Timer(0.3, _thread.interrupt_main).start()  # Ctrl-C while following
@@ -52,7 +54,8 @@ def test_the_records_that_cannot_come_home_in_time_do_not_hold_up_the_teardown(t
     def connect():  # an SSH connection that does not open in time, then fails
         release.wait(30)
         raise OSError("unreachable")
-    nd = N.Node(0, {"InstanceId": "i-0"}, pid=123, conn=object(), run_dir="/r", result="stopped", connect=connect)
+    instance = Instance("i-0", "g4dn.xlarge", "running", datetime.now(timezone.utc))
+    nd = N.Node(0, instance, pid=123, conn=object(), run_dir="/r", result="stopped", connect=connect)
     said = []
     try:
         N.records_home_on_interrupt([nd], lambda line: line, tmp_path, said.append, wait_s=0.1, budget_s=0.3)

@@ -96,3 +96,60 @@ def test_runs_calls_remote_and_aws_not_fabric_or_boto3(path):
 ])
 def test_the_check_sees_what_crosses_and_nothing_else(source, found):
     assert len(offences(source)) == found
+
+
+#: the keys of EC2's Instance structure (botocore's ec2 model) that aws/instances.Instance carries as fields
+INSTANCE_KEYS = {"InstanceId", "InstanceType", "State", "LaunchTime", "KeyName", "Placement", "PublicIpAddress",
+                 "PrivateIpAddress", "InstanceLifecycle", "StateReason", "StateTransitionReason", "AmiLaunchIndex",
+                 "SecurityGroups", "SubnetId"}
+ABOVE_AWS = [p for top in ("runs", "api", "cli") for p in (RUNS.parent / top).rglob("*.py")] + [RUNS.parent / "backend.py"]
+
+
+def instance_indexings(source: str) -> list[str]:
+    """``x["InstanceId"]`` and ``x.get("LaunchTime")``-style reads of EC2's instance dicts in ``source``."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        key = None
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            key = node.slice.value
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+              and node.args and isinstance(node.args[0], ast.Constant)):
+            key = node.args[0].value
+        if key in INSTANCE_KEYS:
+            out.append(f"line {node.lineno}: {ast.unparse(node)}")
+    return out
+
+
+@pytest.mark.parametrize("path", sorted(ABOVE_AWS), ids=lambda p: str(p.relative_to(RUNS.parent)))
+def test_above_aws_an_instance_is_an_instance_not_ec2s_dict(path):
+    """Issue 29 item 6: aws/ returns aws/instances.Instance; nothing above it indexes DescribeInstances entries."""
+    assert instance_indexings(path.read_text()) == []
+
+
+def test_the_indexing_check_sees_both_spellings():
+    assert len(instance_indexings('i["InstanceId"]; d.get("LaunchTime"); row["instance_id"]; x.get("name")')) == 2
+
+
+def test_an_instance_is_read_from_ec2s_description_once():
+    from datetime import datetime, timezone
+
+    from ec2gpu.aws.instances import Instance
+    launched = datetime(2026, 11, 25, 9, 0, tzinfo=timezone.utc)
+    got = Instance.of({
+        "InstanceId": "i-1", "InstanceType": "g5.xlarge", "State": {"Name": "terminated"}, "LaunchTime": launched,
+        "InstanceLifecycle": "spot", "Placement": {"AvailabilityZone": "us-east-1b", "GroupName": ""},
+        "PublicIpAddress": "203.0.113.9", "PrivateIpAddress": "172.31.0.9", "KeyName": "k", "ImageId": "ami-1",
+        "SubnetId": "subnet-1", "SecurityGroups": [{"GroupId": "sg-1", "GroupName": "g"}], "AmiLaunchIndex": 2,
+        "Tags": [{"Key": "Name", "Value": "dev"}, {"Key": "ec2gpu:run", "Value": "r1"}, {"Key": "ec2gpu:node", "Value": "3"}],
+        "StateReason": {"Code": "Server.SpotInstanceTermination", "Message": "Server.SpotInstanceTermination: ..."},
+        "StateTransitionReason": "Service initiated (2026-11-25 10:30:00 GMT)"})
+    assert (got.id, got.type, got.state, got.market, got.zone, got.placement_group) == (
+        "i-1", "g5.xlarge", "terminated", "spot", "us-east-1b", None)
+    assert (got.public_ip, got.private_ip, got.key_name, got.image_id, got.subnet_id, got.security_group_ids) == (
+        "203.0.113.9", "172.31.0.9", "k", "ami-1", "subnet-1", ("sg-1",))
+    assert (got.name, got.run_id, got.node, got.launch_index, got.launched_at) == ("dev", "r1", 3, 2, launched)
+    assert got.state_reason_code == "Server.SpotInstanceTermination" and got.billing_start is None
+    assert got.transitioned_at == datetime(2026, 11, 25, 10, 30, tzinfo=timezone.utc)
+    on_demand = Instance.of({"InstanceId": "i-2", "InstanceType": "g5.xlarge", "LaunchTime": launched})
+    assert (on_demand.market, on_demand.state, on_demand.tags, on_demand.node, on_demand.state_reason) == (
+        "on-demand", "pending", {}, None, "")

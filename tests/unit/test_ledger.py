@@ -6,6 +6,7 @@ import pytest
 
 from ec2gpu.errors import UsageError
 from ec2gpu.runs.settle import ledger
+from ec2gpu.aws.instances import Instance
 
 
 def test_a_version_1_ledger_is_migrated_without_losing_runs(tmp_path):
@@ -130,10 +131,11 @@ def test_a_standing_instance_has_a_row_settled_over_every_running_interval_and_r
     l1, s1, l2, t2 = t0, t0 + timedelta(seconds=200), t0 + timedelta(hours=1), t0 + timedelta(hours=1, seconds=30)
 
     def seen(state, launched, at=None, code=""):
-        return {"InstanceId": "i-1", "InstanceType": "g4dn.xlarge", "LaunchTime": launched, "State": {"Name": state},
-                "Placement": {"AvailabilityZone": "us-east-1a"}, "Tags": [{"Key": "ec2gpu:run", "Value": "r1"}],
-                "StateTransitionReason": f"User initiated ({at:%Y-%m-%d %H:%M:%S} GMT)" if at else "",
-                **({"StateReason": {"Code": code}} if code else {})}
+        return Instance.of({"InstanceId": "i-1", "InstanceType": "g4dn.xlarge", "LaunchTime": launched,
+                            "State": {"Name": state}, "Placement": {"AvailabilityZone": "us-east-1a"},
+                            "Tags": [{"Key": "ec2gpu:run", "Value": "r1"}],
+                            "StateTransitionReason": f"User initiated ({at:%Y-%m-%d %H:%M:%S} GMT)" if at else "",
+                            **({"StateReason": {"Code": code}} if code else {})})
     row = reconcile.standing_row("aws", "us-east-1", "r1", "ec2gpu launch --name dev", [seen("running", l1)], 100)
     ledger.record(tmp_path, row)
     said = []
@@ -176,7 +178,7 @@ def test_a_standing_instance_not_listed_is_settled_as_unknown_only_after_ec2_wou
     from ec2gpu.aws import sweep
     from ec2gpu.runs.recover import reconcile
     now = datetime.now(timezone.utc)
-    inst = {"InstanceId": "i-1", "InstanceType": "g4dn.xlarge", "LaunchTime": now, "State": {"Name": "running"}}
+    inst = Instance("i-1", "g4dn.xlarge", "running", now)
     ledger.record(tmp_path, reconcile.standing_row("aws", "us-east-1", "r1", "ec2gpu launch", [inst], 100))
     said = []
     assert not reconcile._sync_row(None, tmp_path, ledger.get(tmp_path, "r1"), [], said.append)

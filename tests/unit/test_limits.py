@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from ec2gpu.agent import agent
+from ec2gpu.aws.instances import Instance
 from ec2gpu.errors import LimitReached, UsageError
 from ec2gpu.runs.plan import costs, limits
 from ec2gpu.runs.execute import engine, status
@@ -50,13 +51,14 @@ def test_a_first_run_gets_a_long_limit_and_later_runs_follow_the_longest_one(tmp
 
 def test_the_job_is_stopped_a_grace_period_and_the_nologin_window_before_the_instance_ends():
     launched = datetime(2026, 11, 24, 12, 0, tzinfo=timezone.utc)
-    at = limits.stop_at({"LaunchTime": launched}, 60, 120)
+    instance = Instance("i-1", "g4dn.xlarge", "running", launched)
+    at = limits.stop_at(instance, 60, 120)
     # SIGTERM, 120 s of grace, then 5 min for the outputs before the shutdown closes logins
     assert at == launched.timestamp() + 3600 - 120 - limits.NOLOGIN_SECONDS
     assert limits.grace_seconds(1, 120) == 15  # at most a quarter of the limit ...
     assert limits.lead_seconds(1, 120) == 30  # ... and SIGTERM at most half the limit before its end
-    assert limits.stop_at({"LaunchTime": launched}, None) is None and limits.stop_at({}, 60) is None
-    nd = SimpleNamespace(info={"python": "/usr/bin/python3"}, run_dir="/r", instance={"LaunchTime": launched})
+    assert limits.stop_at(instance, None) is None and limits.stop_at(None, 60) is None
+    nd = SimpleNamespace(info={"python": "/usr/bin/python3"}, run_dir="/r", instance=instance)
     job = SimpleNamespace(task=SimpleNamespace(run="python train.py"), name="t", args=[])
     argv = engine.job_argv(nd, job, 60, 120)
     assert argv[argv.index("--limit-at") + 1] == f"{at:.0f}" and argv[argv.index("--limit-grace") + 1] == "120"

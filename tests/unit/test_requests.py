@@ -1,8 +1,11 @@
 """Pure request builders and catalog rules: no AWS, no mocks."""
 
+from datetime import datetime, timezone
+
 import pytest
 
 from ec2gpu.aws import catalog, instances, network
+from ec2gpu.aws.instances import Instance
 from ec2gpu.errors import RetiredInstanceType, UsageError
 from ec2gpu.remote import jobs
 from ec2gpu.runs.plan import costs
@@ -80,9 +83,11 @@ def test_launch_refuses_an_idle_rule_that_cannot_hold(flags, message):
 
 def test_start_reads_the_max_runtime_tag_and_schedules_the_shutdown_with_the_logins_own_command():
     from ec2gpu.runs.standing import stopstart
-    assert stopstart.max_runtime_minutes({"Tags": [{"Key": "ec2gpu:max-runtime", "Value": "45"}]}) == 45
-    assert stopstart.max_runtime_minutes({"Tags": []}) == stopstart.DEFAULT_MAX_RUNTIME_MINUTES
-    assert stopstart.max_runtime_minutes({"Tags": [{"Key": "ec2gpu:max-runtime", "Value": "x; rm"}]}) == 120
+    def tagged(tags):
+        return Instance("i-1", "g4dn.xlarge", "stopped", datetime.now(timezone.utc), tags=tags)
+    assert stopstart.max_runtime_minutes(tagged({"ec2gpu:max-runtime": "45"})) == 45
+    assert stopstart.max_runtime_minutes(tagged({})) == stopstart.DEFAULT_MAX_RUNTIME_MINUTES
+    assert stopstart.max_runtime_minutes(tagged({"ec2gpu:max-runtime": "x; rm"})) == 120
     line = stopstart.schedule_shutdown_command(45)
     # sudo's secure_path would find /usr/sbin/shutdown even where the login's PATH has another
     assert line.startswith("cmd=$(command -v shutdown) && ") and 'sudo -n "$cmd" -h +45' in line

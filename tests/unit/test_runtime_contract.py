@@ -31,7 +31,7 @@ def _job(run: str, args=()):
 
 
 def _argv(tmp_path, run: str, args=()):
-    nd = SimpleNamespace(info={"python": sys.executable}, instance={}, run_dir=str(tmp_path / "run"))
+    nd = SimpleNamespace(info={"python": sys.executable}, instance=None, run_dir=str(tmp_path / "run"))
     return engine.job_argv(nd, _job(run, args))
 
 

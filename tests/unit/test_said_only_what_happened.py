@@ -136,8 +136,11 @@ def test_a_jobs_own_exit_130_passed_on_by_logs_follow_is_not_called_an_interrupt
 
 
 def _instance(idle_tag=None):
-    tags = [{"Key": "ec2gpu:idle", "Value": idle_tag}] if idle_tag else []
-    return {"InstanceId": "i-1", "Tags": tags}
+    from datetime import datetime, timezone
+
+    from ec2gpu.aws.instances import Instance
+    return Instance("i-1", "g4dn.xlarge", "running", datetime.now(timezone.utc),
+                    tags={"ec2gpu:idle": idle_tag} if idle_tag else {})
 
 
 def test_start_says_an_idle_stop_instance_stops_itself_and_others_terminate():

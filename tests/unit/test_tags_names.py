@@ -10,6 +10,8 @@ import pytest
 
 from ec2gpu.aws import tags
 from ec2gpu.errors import UsageError
+from datetime import datetime, timezone
+from ec2gpu.aws.instances import Instance
 
 
 @pytest.mark.parametrize("name", ["abc\n", "abc\r\n", "abc\nProxyCommand x", "\nabc", "abc ", "", "-abc",
@@ -57,8 +59,8 @@ def _write_config(monkeypatch, tmp_path, name_tag: str):
     from ec2gpu.remote import ssh
     from ec2gpu.runs.standing import hosts as standing
 
-    inst = {"InstanceId": "i-0123456789abcdef0", "KeyName": "ec2gpu-k",
-            "Tags": [{"Key": tags.RUN, "Value": "r1"}, {"Key": tags.NAME, "Value": name_tag}]}
+    inst = Instance("i-0123456789abcdef0", "g4dn.xlarge", "running", datetime.now(timezone.utc), key_name="ec2gpu-k",
+                    tags={tags.RUN: "r1", tags.NAME: name_tag})
     monkeypatch.setattr(sweep, "find_instances", lambda ec2, **kw: [inst])
     monkeypatch.setattr(ssh, "pin_under_alias", lambda known_hosts, alias=None, log=None: True)
     keys = tmp_path / "keys"
@@ -90,8 +92,8 @@ def test_a_safe_name_tag_is_the_host_lines_first_alias(monkeypatch, tmp_path):
 
 def test_an_instance_answers_to_its_id_and_the_tags_asked_only():
     from ec2gpu.aws import tags as T
-    inst = {"InstanceId": "i-1", "Tags": [{"Key": T.NAME, "Value": "dev"}, {"Key": T.RUN, "Value": "r1"},
-                                          {"Key": T.CLUSTER, "Value": "c"}]}
+    inst = Instance("i-1", "g4dn.xlarge", "running", datetime.now(timezone.utc),
+                    tags={T.NAME: "dev", T.RUN: "r1", T.CLUSTER: "c"})
     assert T.answers_to(inst, "i-1") and T.answers_to(inst, "dev") and not T.answers_to(inst, "r1")
     assert T.answers_to(inst, "r1", (T.NAME, T.RUN, T.CLUSTER)) and T.answers_to(inst, "c", (T.CLUSTER,))
     assert not T.answers_to(inst, "") and not T.answers_to({"Tags": []}, "dev")

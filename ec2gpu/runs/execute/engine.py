@@ -27,7 +27,7 @@ import json
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from ...errors import AwsError, LimitReached, RemoteError, WaitTimeout
 from .nodes import PROGRESS_FILE, copy_log, record_steps  # noqa: F401 - copy_log: logs.py's
@@ -35,6 +35,9 @@ from .status import as_number
 from ...remote import sync
 from ...tasks.load import LoadedTask
 from .job_summary import MASK  # noqa: F401 - re-exported: engine.MASK
+
+if TYPE_CHECKING:
+    from ...aws.instances import Instance
 
 AGENT = Path(__file__).resolve().parents[2] / "agent" / "agent.py"
 TAIL_LINES = 20  # log lines shown when a job fails
@@ -234,7 +237,7 @@ def upload_node(nd, job: TaskJob, ssh_config: Path | None, run_id: str, addresse
         files.make_dirs(nd.conn, workdir)
     gpus = processes_per_node(nd.info) if nd.info.get("cuda_available") else int(nd.info.get("gpu_count") or 0)
     env = node_env(job, run_id, nd.run_dir, nd.index, addresses, gpus, resume, nd.info.get("python") or "python3",
-                   instance_type=(nd.instance or {}).get("InstanceType"))
+                   instance_type=nd.instance.type if nd.instance else None)
     # both exist when the job starts: it may write "$EC2GPU_CHECKPOINT_DIR/state.txt" at once
     files.make_dirs(nd.conn, env["EC2GPU_OUTPUT_DIR"], env["EC2GPU_CHECKPOINT_DIR"])
     # SkyPilot's workdir path (sky/skylet/constants.py SKY_REMOTE_WORKDIR), unless something real is there
@@ -522,7 +525,7 @@ def _outputs_home(head, job: TaskJob, local_out: Path, ssh_config: Path | None, 
     log(f"outputs: {len(names)} file(s) brought home" + (f" by {how}" if names else "") + f" to {local_out / 'outputs'}")
 
 
-def run_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[dict], local_out: Path, backend,
+def run_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[Instance], local_out: Path, backend,
                 n: int, checkpoints) -> dict:
     """One attempt of the task ``opts.task`` (a TaskJob) on running instances (node 0 first);
     return the job's summary.json ({} when it wrote none).

@@ -2,10 +2,15 @@
 through dropped connections), else from the artifacts brought home."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import json
 from pathlib import Path
 
 from ...errors import RemoteError, UsageError
+
+if TYPE_CHECKING:
+    from ...aws.instances import Instance
 
 
 def finished(home: Path, name: str) -> dict | None:
@@ -27,15 +32,15 @@ def exit_status_of(row: dict) -> int:
     return int(row.get("exit_status") or 1)
 
 
-def run_id_on(home: Path, inst: dict) -> str:
+def run_id_on(home: Path, inst: Instance) -> str:
     """The newest run on instance ``inst``: the ledger's newest row that lists it (an `ec2gpu exec`
     on a standing instance has its own run id), else the run id of its tag."""
     from ...aws import tags as T
     from ..settle import ledger
     for row in ledger.runs(home, limit=200):
-        if inst["InstanceId"] in (row.get("instance_ids") or []):
+        if inst.id in (row.get("instance_ids") or []):
             return row["run_id"]
-    return T.as_dict(inst.get("Tags")).get(T.RUN, "")
+    return inst.tags.get(T.RUN, "")
 
 
 def saved_log(home: Path, name: str) -> Path:
@@ -55,7 +60,7 @@ def saved_log(home: Path, name: str) -> Path:
     return path
 
 
-def _open(ctx, inst: dict, note):
+def _open(ctx, inst: Instance, note):
     """(an SSH connection to ``inst``, a function that opens another): the run's key, the host key
     pinned (checked against the console output first if it is not yet). Raises RemoteError or
     WaitTimeout when it does not answer in 60 s, UsageError without the private key."""
@@ -66,7 +71,7 @@ def _open(ctx, inst: dict, note):
     return conn, lambda: ssh.connect(host, port, ctx.settings.ssh_user, key, known, note)
 
 
-def stream(ctx, inst: dict, follow: bool, write, note) -> tuple[int | None, str]:
+def stream(ctx, inst: Instance, follow: bool, write, note) -> tuple[int | None, str]:
     """Write the job log of the run on instance ``inst`` (a DescribeInstances dict) to ``write``
     (bytes), as it is now or, with ``follow``, to the job's end; return (the job's exit status, or
     None without ``follow``; the run id). The host key is checked against the console output.
@@ -76,7 +81,7 @@ def stream(ctx, inst: dict, follow: bool, write, note) -> tuple[int | None, str]
     """
     from ...remote import jobs
 
-    run_id, iid = run_id_on(ctx.settings.home, inst), inst["InstanceId"]
+    run_id, iid = run_id_on(ctx.settings.home, inst), inst.id
     conn, reconnect = _open(ctx, inst, note)
     run_dir = jobs.remote_run_dir(conn, run_id)
     status = None
@@ -126,16 +131,16 @@ def mask(line: str, secrets: list[str]) -> str:
     return mask_text(line, secrets)
 
 
-def head_instance(ec2, row: dict) -> dict | None:
+def head_instance(ec2, row: dict) -> Instance | None:
     """The running instance of ledger row ``row`` whose job's files count (node 0 of its newest
     attempt: the first of its ``instance_ids`` still running), or None."""
     from ...aws import sweep
     ids = row.get("instance_ids") or []
-    live = {i["InstanceId"]: i for i in sweep.find_instances(ec2, states=["running"]) if i["InstanceId"] in ids}
+    live = {i.id: i for i in sweep.find_instances(ec2, states=["running"]) if i.id in ids}
     return next((live[i] for i in ids if i in live), None)
 
 
-def fetch(ctx, inst: dict, run_id: str, out: Path, note, limits=None) -> dict:
+def fetch(ctx, inst: Instance, run_id: str, out: Path, note, limits=None) -> dict:
     """Bring home what the job of run ``run_id`` wrote on instance ``inst`` so far, as a finished run
     would have: its output directory to ``out``/outputs, its checkpoint directory (the default one,
     in the run's directory) to ``out``/checkpoints (each at most ``limits``, remote/files.Limits;
@@ -151,7 +156,7 @@ def fetch(ctx, inst: dict, run_id: str, out: Path, note, limits=None) -> dict:
     from ...remote import jobs, sync
     from . import engine, status
 
-    iid = inst["InstanceId"]
+    iid = inst.id
     limits = limits or ctx.settings.download_limits
     conn, _ = _open(ctx, inst, note)
     warn = lambda line: note(f"warning: {line}")  # noqa: E731

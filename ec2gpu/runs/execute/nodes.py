@@ -16,7 +16,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Callable
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable
+
+if TYPE_CHECKING:
+    from ...aws.instances import Instance
 
 GRACE_S = 10.0  # after a node fails, how long the others may take to fail or finish by themselves
 
@@ -31,7 +34,7 @@ class Node:
     """One node of a cluster attempt, as the controller follows it."""
 
     index: int
-    instance: dict
+    instance: Instance
     host: str = ""
     port: int = 22
     conn: Any = None  # a fabric Connection (untyped)
@@ -46,7 +49,7 @@ class Node:
 
     @property
     def instance_id(self) -> str:
-        return self.instance["InstanceId"]
+        return self.instance.id
 
     def close(self) -> None:
         if self.conn is not None:
@@ -54,7 +57,7 @@ class Node:
                 self.conn.close()
 
 
-def connect_verified(aws, settings, backend, inst: dict, key=None, log=lambda msg: None, timeout_s: float = 300.0):
+def connect_verified(aws, settings, backend, inst: Instance, key=None, log=lambda msg: None, timeout_s: float = 300.0):
     """The one way ec2gpu opens SSH to an instance it has not pinned yet (or has): wait until SSH
     answers (``timeout_s`` seconds, s), its host key checked against the fingerprints the
     instance published in its console output and pinned under its instance id
@@ -65,9 +68,9 @@ def connect_verified(aws, settings, backend, inst: dict, key=None, log=lambda ms
     from ...aws import instances, network
     from ...remote import ssh
 
-    iid = inst["InstanceId"]
+    iid = inst.id
     host, port = backend.ssh_target(inst)
-    key = key or network.require_private_key(settings.keys_dir, inst["KeyName"])
+    key = key or network.require_private_key(settings.keys_dir, inst.key_name or "")
     known = settings.home / "known_hosts" / iid
     conn = ssh.wait_for_ssh(host, port, settings.ssh_user, key, known, timeout_s=timeout_s, log=log,
                             fingerprints=lambda: instances.host_key_fingerprints(aws.ec2, iid))
@@ -95,7 +98,7 @@ def prepare_node(nd: Node, log) -> None:
     instance (id and type) before (remote/setup.py); ``nd.info`` gets it (python, GPUs, ``reused``)."""
     from ...remote import setup
     nd.info = setup.setup(nd.conn, nd.run_dir, log=log,
-                          machine=f"{nd.instance_id} {nd.instance.get('InstanceType', '?')}")
+                          machine=f"{nd.instance_id} {nd.instance.type}")
 
 
 class _Stopped(Exception):

@@ -12,9 +12,12 @@ import statistics
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from ...aws.catalog import BILLING_MINIMUM_SECONDS
+
+if TYPE_CHECKING:
+    from ...aws.instances import Instance
 
 #: Phase seconds assumed when the ledger has no earlier run of the same instance type and backend.
 #: Assumptions, not measurements: boot = requesting + pending -> running + first SSH login of a
@@ -248,12 +251,12 @@ def estimate_run(aws, home, instance_type: str, spot: bool, model: str, epochs: 
                     model, epochs or PRESETS[model].epochs, history)
 
 
-def actual_cost(aws, home, instance: dict, ended_fallback: datetime, billing_start: datetime | None = None,
+def actual_cost(aws, home, instance: Instance, ended_fallback: datetime, billing_start: datetime | None = None,
                 volume_gib: float | None = None) -> dict:
     """Billed seconds and USD of one instance from its own times.
 
-    ``instance`` is a describe_instances entry after termination. Billing runs from when it was
-    ``running`` (``billing_start``, aws/instances.BILLING_START: pending is not billed), else from
+    ``instance`` is the instance as described after termination. Billing runs from when it was
+    ``running`` (``billing_start``, as wait_running saw it: pending is not billed), else from
     its LaunchTime, to its termination time from StateTransitionReason (``ended_fallback``, the
     controller's clock, when it has none). Spot instances pay the spot price history of their zone
     over that time; on-demand ones the catalog's price. Its public IPv4 address and its root volume
@@ -262,11 +265,10 @@ def actual_cost(aws, home, instance: dict, ended_fallback: datetime, billing_sta
     compute_usd, public_ipv4_usd, ebs_usd, cost_usd (their sum; None when no compute price is
     known), price_source.
     """
-    from ...aws import instances
 
-    launched = instance["LaunchTime"]
+    launched = instance.launched_at
     start = max(billing_start, launched) if billing_start else launched
-    ended = instances.transition_time(instance) or ended_fallback
+    ended = instance.transitioned_at or ended_fallback
     row = {"launched_at": launched.isoformat(), "billing_started_at": start.isoformat(),
            "terminated_at": ended.isoformat(), "billed_seconds": round(billed_seconds(start, ended), 1),
            **compute_cost(aws, home, instance, start, ended)}
@@ -275,16 +277,16 @@ def actual_cost(aws, home, instance: dict, ended_fallback: datetime, billing_sta
     return with_total(row)
 
 
-def compute_cost(aws, home, instance: dict, start: datetime, ended: datetime) -> dict:
+def compute_cost(aws, home, instance: Instance, start: datetime, ended: datetime) -> dict:
     """The compute bill of ``instance`` running from ``start`` to ``ended`` (one running interval,
     60 s minimum): {"usd_per_hour", "compute_usd" (None when no price is known), "price_source"}.
     Spot: the zone's spot price history over the interval; on-demand: the catalog's price."""
-    from ...aws import catalog, instances, pricing
+    from ...aws import catalog, pricing
 
     seconds = billed_seconds(start, ended)
-    itype, zone = instance["InstanceType"], instance.get("Placement", {}).get("AvailabilityZone")
-    if instances.market(instance) == "spot":
-        history = pricing.spot_price_history(aws.ec2, itype, zone, start, ended)
+    itype, zone = instance.type, instance.zone
+    if instance.market == "spot":
+        history = pricing.spot_price_history(aws.ec2, itype, zone or "", start, ended)
         if history:
             usd = spot_cost_usd(history, start, ended)
             return {"usd_per_hour": round(usd * 3600 / seconds, 6), "compute_usd": round(usd, 6),

@@ -20,13 +20,17 @@ raise it.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import math
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
 from ...errors import UsageError
 from ...tasks.spec import OFF_WORDS  # noqa: F401 - re-exported: the words that remove the limit
+
+if TYPE_CHECKING:
+    from ...aws.instances import Instance
 
 FIRST_RUN_MINUTES = 24 * 60  # a task with no history: a day, said before launch with its cost
 HISTORY_FACTOR = 3  # a task with history: three times its longest completed run ...
@@ -106,14 +110,13 @@ def lead_seconds(minutes: int, setting: float = DEFAULT_GRACE_SECONDS) -> float:
     return min(grace_seconds(minutes, setting) + NOLOGIN_SECONDS, minutes * 60 / 2)
 
 
-def stop_at(instance: dict, minutes: int | None, setting: float = DEFAULT_GRACE_SECONDS) -> float | None:
-    """When the agent gives the job SIGTERM (POSIX seconds; None without a limit or a LaunchTime):
+def stop_at(instance: Instance | None, minutes: int | None, setting: float = DEFAULT_GRACE_SECONDS) -> float | None:
+    """When the agent gives the job SIGTERM (POSIX seconds; None without a limit or an instance):
     the instance's LaunchTime plus ``minutes``, less ``lead_seconds``. User data's shutdown was
     scheduled a little after launch, so this is never later than the instance's own end."""
-    launched = instance.get("LaunchTime")
-    if not minutes or not isinstance(launched, datetime):
+    if not minutes or instance is None:
         return None
-    return launched.timestamp() + minutes * 60 - lead_seconds(minutes, setting)
+    return instance.launched_at.timestamp() + minutes * 60 - lead_seconds(minutes, setting)
 
 
 def schedule_shutdown_command(minutes: int) -> str:

@@ -16,6 +16,8 @@ marker ($HOME/.ec2gpu/setup-done/<hash>) and is skipped.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import shlex
 import statistics
 import time
@@ -25,6 +27,9 @@ from pathlib import Path
 
 from ...aws import baked, images
 from ...errors import RemoteError, UsageError, WaitTimeout
+
+if TYPE_CHECKING:
+    from ...aws.instances import Instance
 
 AMI_DIR = Path(__file__).resolve().parents[2] / "ami"
 #: exit status of ami/install-cuda.sh: the driver is installed and loads after a reboot
@@ -102,7 +107,7 @@ def bake_seconds(phases: dict[str, float]) -> float:
     return sum(secs for name, secs in phases.items() if name not in counted)
 
 
-def bake_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[dict], local_out: Path, backend,
+def bake_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[Instance], local_out: Path, backend,
                  n: int, checkpoints) -> dict:
     """The attempt of a bake on its builder (pipeline._run_attempts calls it for ``opts.bake``);
     returns the bake's summary: the image's id, name, key, base, versions and snapshots. Raises
@@ -167,7 +172,7 @@ def install_driver(aws, nd, backend, log, reboots: int = 2, ends_at: datetime | 
     ``reboots`` times at most; ``ends_at`` (UTC) is when the builder's --max-runtime ends it, armed
     again after each reboot. Raises RemoteError."""
     from ...aws import types
-    itype = nd.instance["InstanceType"]
+    itype = nd.instance.type
     gpus = 0 if backend.is_sandbox else types.facts(aws.ec2, itype, log).gpu_count
     for k in range(reboots + 1):
         if run_script(nd, "install-cuda.sh", [itype, str(gpus)], log, ok=(0, REBOOT_NEEDED)) == 0:
@@ -225,11 +230,11 @@ INSTANCE_ID_FILE = "/var/lib/cloud/data/instance-id"  # cloud-init's record of t
 SHUTDOWN_MESSAGE = "ec2gpu: max runtime reached"
 
 
-def max_runtime_deadline(instance: dict, minutes: int | None) -> datetime | None:
+def max_runtime_deadline(instance: Instance, minutes: int | None) -> datetime | None:
     """When the instance's --max-runtime ends it (pure): its LaunchTime plus ``minutes``, UTC; user
     data's `shutdown -h +M` ran a little after launch, so this is never later than that. None
     without a max runtime or a LaunchTime. A reboot keeps LaunchTime (a stop and start would not)."""
-    launched = instance.get("LaunchTime")
+    launched = instance.launched_at
     if not minutes or not isinstance(launched, datetime):
         return None
     return launched + timedelta(minutes=int(minutes))

@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, cast
 
-from ...aws import capacity, catalog, instances, network, tags
+from ...aws import capacity, catalog, network, tags
 from ...aws.session import Aws
 from ...backend import AWS, Backend
 from ...errors import RemoteError, UsageError
@@ -381,7 +381,7 @@ def _close_attempts(attempts: list[dict], prov, error: BaseException | None) -> 
     from ..recover.recovery import attempt_row
     known, n = {a["instance_id"] for a in attempts}, max((a["attempt"] for a in attempts), default=0) + 1
     for inst in prov.instances:
-        if inst["InstanceId"] not in known:
+        if inst.id not in known:
             attempts.append(attempt_row(n, inst))
     for att in attempts:
         if att["ended"] == "running":
@@ -422,11 +422,11 @@ def _run_attempts(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str,
         instance = nodes[0]
         mine = [recovery.attempt_row(n, i, k if len(nodes) > 1 else None) for k, i in enumerate(nodes)]
         attempts += mine
-        got = catalog.CATALOG.get(instance["InstanceType"])
-        record.update({"instance_type": instance["InstanceType"], "gpu": got.gpu if got else None,
-                       "market": instances.market(instance), "instance_id": instance["InstanceId"],
+        got = catalog.CATALOG.get(instance.type)
+        record.update({"instance_type": instance.type, "gpu": got.gpu if got else None,
+                       "market": instance.market, "instance_id": instance.id,
                        "instance_ids": prov.instance_ids, "zone": attempts[-1]["zone"],
-                       "launched_at": prov.instances[0]["LaunchTime"].isoformat()})
+                       "launched_at": prov.instances[0].launched_at.isoformat()})
         _ledger(settings, record, ui)
         try:
             return attempt(aws, settings, opts, run_id, ui, prov, nodes, out, backend, n, checkpoints)

@@ -17,6 +17,7 @@ from ...settings import Settings
 from ..plan import costs
 
 if TYPE_CHECKING:  # annotations only: pipeline imports this module
+    from ...aws.instances import Instance
     from .pipeline import TrainOptions
     from ..execute.reporter import ReporterLike
 
@@ -34,16 +35,16 @@ class Provisioned:
     bake: bool = False  # an image bake: teardown also removes the run's incomplete image and snapshots
     instance_profile: str | None = None  # the run's own instance role and profile (aws/iam.py), same name
     profile_created_at: float | None = None  # time.time() when it was made (EC2 sees it a moment later)
-    instances: list[dict] = field(default_factory=list)  # every instance of the run, in launch order
+    instances: list[Instance] = field(default_factory=list)  # every instance of the run, in launch order
     ended: set[str] = field(default_factory=set)  # those already terminated (interrupted attempts)
 
     @property
     def instance_ids(self) -> list[str]:
-        return [i["InstanceId"] for i in self.instances]
+        return [i.id for i in self.instances]
 
 
 def provision(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, ui: ReporterLike,
-              prov: Provisioned, avoid_zones=()) -> list[dict]:
+              prov: Provisioned, avoid_zones=()) -> list[Instance]:
     """Create the key pair and security group (once per run) and launch an instance, filling
     ``prov`` as it goes; wait until it runs and return its description(s).
 
@@ -83,13 +84,13 @@ def provision(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, ui:
         if opts.nodes > 1:
             new = instances.tag_nodes(ec2, new, name)
         prov.instances += new
-        ids = [i["InstanceId"] for i in new]
+        ids = [i.id for i in new]
         got = attempts[-1]
         ui.note(f"launched {', '.join(ids)} ({got.instance_type}, {got.market}, {got.zone or 'any zone'}"
                 f"{f', after {len(attempts) - 1} refusal(s)' if len(attempts) > 1 else ''})")
     with ui.phase("waiting for running"):
-        running = {i["InstanceId"]: i for i in instances.wait_running(ec2, ids)}
-        prov.instances = [running.get(i["InstanceId"], i) for i in prov.instances]
+        running = {i.id: i for i in instances.wait_running(ec2, ids)}
+        prov.instances = [running.get(i.id, i) for i in prov.instances]
     return [running[i] for i in ids]
 
 
@@ -255,7 +256,7 @@ def _main_thread() -> bool:
 def end_instances(aws: Aws, prov: Provisioned, instance_ids: list[str], ui: ReporterLike) -> None:
     """Make sure an interrupted attempt's instances are terminated (EC2 may have done it already)."""
     with ui.phase("terminating"):
-        states = {i["InstanceId"]: i["State"]["Name"] for i in instances.describe_instances(aws.ec2, instance_ids)}
+        states = {i.id: i.state for i in instances.describe_instances(aws.ec2, instance_ids)}
         live = [i for i in instance_ids if states.get(i) not in ("shutting-down", "terminated")]
         if live:  # those EC2 is terminating already keep EC2's own reason and time
             instances.terminate(aws.ec2, live, wait=False)
@@ -271,10 +272,10 @@ def bill(aws: Aws, settings: Settings, attempts: list[dict], prov: Provisioned, 
     ended = datetime.now(timezone.utc)
     ids = [a["instance_id"] for a in attempts]
     try:
-        described = {i["InstanceId"]: i for i in instances.describe_instances(aws.ec2, ids)}
+        described = {i.id: i for i in instances.describe_instances(aws.ec2, ids)}
     except Exception as exc:  # the bill is still computable from what launch returned
         ui.note(f"could not read the termination times of {', '.join(ids)} ({exc}); using this machine's clock")
-        described = {i["InstanceId"]: i for i in prov.instances}
+        described = {i.id: i for i in prov.instances}
     for att in attempts:
         start = datetime.fromisoformat(att["billing_started_at"]) if att.get("billing_started_at") else None
         att.update(costs.actual_cost(aws, settings.home, described[att["instance_id"]], ended, start,

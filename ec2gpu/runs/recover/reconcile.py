@@ -22,6 +22,7 @@ from ..settle import ledger
 from ..settle.record import this_controller  # noqa: F401 - re-exported
 
 if TYPE_CHECKING:
+    from ...aws.instances import Instance
     from ..settle.record import RunRecord
 
 LOST = "controller-lost"  # the status a settled row gets
@@ -62,14 +63,14 @@ def settle(aws, home, row: dict, log=lambda msg: None, volume_gib: float | None 
 
     attempts = row.get("attempts") or []
     ids = [a["instance_id"] for a in attempts]
-    described: dict[str, dict] = {}
+    described: dict[str, Instance] = {}
     for iid in ids:  # one at a time: one forgotten id must not hide the others
         try:
-            described.update({i["InstanceId"]: i for i in instances.describe_instances(aws.ec2, [iid])})
+            described.update({i.id: i for i in instances.describe_instances(aws.ec2, [iid])})
         except botocore.exceptions.ClientError as exc:
             if error_code(exc) != "InvalidInstanceID.NotFound":
                 raise
-    if any(i["State"]["Name"] != "terminated" for i in described.values()):
+    if any(i.state != "terminated" for i in described.values()):
         return False
     now = datetime.now(timezone.utc)
     lost = row.get("status") == "running"
@@ -129,22 +130,19 @@ ENDINGS = {"Client.InstanceInitiatedShutdown": "ended itself", "Server.SpotInsta
            "Client.UserInitiatedShutdown": "terminated"}
 
 
-def standing_attempt(instance: dict, volume_gib: float | None, now: datetime) -> dict:
+def standing_attempt(instance: Instance, volume_gib: float | None, now: datetime) -> dict:
     """The ledger's record of one standing instance (``instance``: its description, from
     instances.wait_running where it has the billing start) (pure): its first interval opened."""
-    from ...aws import instances
-    from ...aws import tags as T
     from ..settle import intervals
 
-    node = T.as_dict(instance.get("Tags")).get(T.NODE, "")
-    return {"attempt": 1, "node": int(node) if node.isdigit() else None, "instance_id": instance["InstanceId"],
-            "instance_type": instance["InstanceType"], "market": instances.market(instance),
-            "zone": instance.get("Placement", {}).get("AvailabilityZone"), "ended": "running",
-            "launched_at": instance["LaunchTime"].isoformat(), "volume_gib": volume_gib, "seen_at": now.isoformat(),
-            "intervals": intervals.observe([], instance, now, instance.get(instances.BILLING_START))}
+    return {"attempt": 1, "node": instance.node, "instance_id": instance.id,
+            "instance_type": instance.type, "market": instance.market,
+            "zone": instance.zone, "ended": "running",
+            "launched_at": instance.launched_at.isoformat(), "volume_gib": volume_gib, "seen_at": now.isoformat(),
+            "intervals": intervals.observe([], instance, now, instance.billing_start)}
 
 
-def standing_row(backend: str, region: str, run_id: str, command: str, described: list[dict],
+def standing_row(backend: str, region: str, run_id: str, command: str, described: list[Instance],
                  volume_gib: float | None) -> RunRecord:
     """The ledger row of the standing instances ``described`` just launched under ``run_id``
     (status STANDING, no cost yet; root volumes of ``volume_gib`` GiB)."""
@@ -153,9 +151,9 @@ def standing_row(backend: str, region: str, run_id: str, command: str, described
     now = datetime.now(timezone.utc)
     first = described[0]
     row = run_record.new(run_id, command, backend, "", status=STANDING, region=region,
-                         zone=first.get("Placement", {}).get("AvailabilityZone"), instance_type=first["InstanceType"],
+                         zone=first.zone, instance_type=first.type,
                          market=standing_attempt(first, None, now)["market"],
-                         instance_ids=[i["InstanceId"] for i in described], instance_id=first["InstanceId"],
+                         instance_ids=[i.id for i in described], instance_id=first.id,
                          attempts=[standing_attempt(i, volume_gib, now) for i in described])
     return row
 
@@ -177,13 +175,13 @@ def sync_standing(aws, home, backend: str, log=lambda msg: None) -> list[str]:
     rows = [r for r in open_rows(home, backend) if r.get("region") in (None, aws.region)]
     if not rows:
         return []
-    found: dict[str, list[dict]] = {}
+    found: dict[str, list[Instance]] = {}
     for inst in sweep.find_instances(aws.ec2, states=sweep.LIVE_STATES + ["terminated"]):
-        found.setdefault(T.as_dict(inst.get("Tags")).get(T.RUN, ""), []).append(inst)
+        found.setdefault(inst.tags.get(T.RUN, ""), []).append(inst)
     return [r["run_id"] for r in rows if _sync_row(aws, home, r, found.get(r["run_id"], []), log)]
 
 
-def _sync_row(aws, home, row: dict, described: list[dict], log) -> bool:
+def _sync_row(aws, home, row: dict, described: list[Instance], log) -> bool:
     """One STANDING row brought up to date with ``described`` (its run's instances); written when
     anything changed. Returns whether it was settled."""
     from ...aws import sweep
@@ -195,20 +193,20 @@ def _sync_row(aws, home, row: dict, described: list[dict], log) -> bool:
     attempts = {a["instance_id"]: a for a in row.get("attempts") or []}
     volume = next((a.get("volume_gib") for a in attempts.values()), None)
     for inst in described:
-        att = attempts.get(inst["InstanceId"])
+        att = attempts.get(inst.id)
         if att is None:  # a node `ec2gpu scale` added to the run
-            att = attempts[inst["InstanceId"]] = standing_attempt(inst, volume, now)
+            att = attempts[inst.id] = standing_attempt(inst, volume, now)
             row["attempts"].append(att)
-            row["instance_ids"] = [*row.get("instance_ids", []), inst["InstanceId"]]
+            row["instance_ids"] = [*row.get("instance_ids", []), inst.id]
         if "billed_seconds" in att:
             continue
         att["seen_at"] = now.isoformat()
-        if inst["State"]["Name"] == "terminated":
-            code = (inst.get("StateReason") or {}).get("Code", "")
+        if inst.state == "terminated":
+            code = inst.state_reason_code or ""
             att.update(intervals.bill(aws, home, att, inst, now), ended=ENDINGS.get(code, "terminated"))
         else:
             att["intervals"] = intervals.observe(att.get("intervals") or [], inst, now)
-    seen = {i["InstanceId"] for i in described}
+    seen = {i.id for i in described}
     for att in attempts.values():  # unlisted for longer than EC2 lists a terminated instance: forgotten
         if "billed_seconds" not in att and att["instance_id"] not in seen and (now - datetime.fromisoformat(
                 att.get("seen_at") or att["launched_at"])).total_seconds() > sweep.UNLISTED_AFTER_S:

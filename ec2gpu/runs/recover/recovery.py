@@ -27,6 +27,7 @@ from ...aws import instances
 from ...errors import AttemptsExhausted, AwsError, Interrupted, RemoteError, UsageError  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
+    from ...aws.instances import Instance
     from ...remote.files import Limits
 
 GONE_STATES = ("shutting-down", "terminated", "stopping", "stopped")
@@ -211,17 +212,17 @@ class InstanceWatch:
                                "`ec2gpu cleanup` removes what the run left (listed above)") from exc
             return
         self.failures = 0
-        state = inst["State"]["Name"]
+        state = inst.state
         if state in GONE_STATES:
-            why = (inst.get("StateReason") or {}).get("Message") or inst.get("StateTransitionReason") or ""
+            why = inst.state_reason
             raise Interrupted(f"EC2 reports the instance {state}" + (f" ({why})" if why else ""))
 
 
-def attempt_row(n: int, instance: dict, node: int | None = None) -> dict:
+def attempt_row(n: int, instance: Instance, node: int | None = None) -> dict:
     """The ledger's record of one instance of attempt ``n`` (``node`` K of a cluster), before it ends (pure)."""
-    start = instance.get(instances.BILLING_START)
-    return {"attempt": n, "node": node, "instance_id": instance["InstanceId"], "instance_type": instance["InstanceType"],
-            "zone": instance.get("Placement", {}).get("AvailabilityZone"), "market": instances.market(instance),
+    start = instance.billing_start
+    return {"attempt": n, "node": node, "instance_id": instance.id, "instance_type": instance.type,
+            "zone": instance.zone, "market": instance.market,
             "ended": "running", "billing_started_at": start.isoformat() if start else None}
 
 

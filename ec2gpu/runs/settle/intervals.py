@@ -19,10 +19,12 @@ interval as ``"to_source": "next start"``).
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ...aws import instances
 from ..plan import costs
+
+if TYPE_CHECKING:
+    from ...aws.instances import Instance
 
 #: states in which the interval of the instance's LaunchTime has ended (stopping and shutting-down
 #: are not billed: ec2-instance-lifecycle.html above)
@@ -33,14 +35,14 @@ def _at(text: str) -> datetime:
     return datetime.fromisoformat(text)
 
 
-def observe(intervals: list[dict], instance: dict, now: datetime, billing_start: datetime | None = None) -> list[dict]:
+def observe(intervals: list[dict], instance: Instance, now: datetime, billing_start: datetime | None = None) -> list[dict]:
     """``intervals`` brought up to date with ``instance``, a DescribeInstances entry (pure; a new
     list). The interval of its LaunchTime is opened if new (from ``billing_start``, else its
     LaunchTime) and, in a stopping, stopped, shutting-down or terminated instance, closed at its
     StateTransitionReason time (``now`` when it has none); an interval already closed keeps its
     end (an instance terminated while stopped stopped paying for compute at the stop). An older
     interval still open is closed at this LaunchTime (module docstring)."""
-    launch = instance["LaunchTime"]
+    launch = instance.launched_at
     key = launch.isoformat()
     out = [dict(i) for i in intervals]
     for i in out:
@@ -51,8 +53,8 @@ def observe(intervals: list[dict], instance: dict, now: datetime, billing_start:
         start = max(billing_start, launch) if billing_start else launch
         mine = {"launch": key, "from": start.isoformat(), "to": None}
         out.append(mine)
-    if instance["State"]["Name"] in ENDED_STATES and mine["to"] is None:
-        mine["to"] = (instances.transition_time(instance) or now).isoformat()
+    if instance.state in ENDED_STATES and mine["to"] is None:
+        mine["to"] = (instance.transitioned_at or now).isoformat()
     return out
 
 
@@ -81,7 +83,7 @@ def so_far(intervals: list[dict], now: datetime, usd_per_hour: float | None, reg
     return costs.with_total(row)
 
 
-def bill(aws, home, attempt: dict, instance: dict, now: datetime) -> dict:
+def bill(aws, home, attempt: dict, instance: Instance, now: datetime) -> dict:
     """The bill of a standing instance that has terminated (``instance``, its description), over
     the intervals ``attempt`` recorded: each interval's compute (costs.compute_cost, 60 s minimum
     each), its public IPv4 address while it ran, its root volume from its first launch to its
@@ -91,7 +93,7 @@ def bill(aws, home, attempt: dict, instance: dict, now: datetime) -> dict:
     each = spans(ivs, now)
     parts = [costs.compute_cost(aws, home, instance, a, b) for a, b in each]
     first = _at(attempt.get("launched_at") or ivs[0]["launch"])
-    ended = instances.transition_time(instance) or max(b for _, b in each)
+    ended = instance.transitioned_at or max(b for _, b in each)
     source = parts[0]["price_source"] + (f"; {len(parts)} running intervals" if len(parts) > 1 else "")
     row = {"intervals": ivs, "launched_at": first.isoformat(), "billing_started_at": ivs[0]["from"],
            "terminated_at": ended.isoformat(),

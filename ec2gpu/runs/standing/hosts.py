@@ -5,6 +5,8 @@ ledger without a cost of its own: the instances' cost is in the row `launch` ope
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -27,23 +29,26 @@ from ..provision.pipeline import (
 from ..provision.resources import Provisioned
 from ..execute.reporter import ReporterLike
 
+if TYPE_CHECKING:
+    from ...aws.instances import Instance
 
-def _standing(aws: Aws, settings: Settings, found: list[dict], out, backend, command: str):
+
+def _standing(aws: Aws, settings: Settings, found: list[Instance], out, backend, command: str):
     """A run on standing instances ``found``: (their fresh descriptions in node order, run id,
     absolute artifacts dir, Provisioned with their key, the run record's common columns).
     Raises UsageError when their private key is not on this machine."""
     from ...aws import tags as T
 
-    key = network.require_private_key(settings.keys_dir, found[0]["KeyName"])
-    nodes = instances.wait_running(aws.ec2, [i["InstanceId"] for i in found])  # fresh descriptions
-    nodes.sort(key=lambda i: int(T.as_dict(i.get("Tags")).get(T.NODE, "0") or 0))
+    key = network.require_private_key(settings.keys_dir, found[0].key_name or "")
+    nodes = instances.wait_running(aws.ec2, [i.id for i in found])  # fresh descriptions
+    nodes.sort(key=lambda i: i.node or 0)
     run_id = new_run_id()
     out = Path(out or Path("runs") / run_id).resolve()
-    prov = Provisioned(T.as_dict(nodes[0].get("Tags")).get(T.RUN, run_id), key_name=nodes[0]["KeyName"], key_path=key)
-    record = run_record.new(run_id, command, backend.name, out, instance_type=nodes[0]["InstanceType"],
-                            market=instances.market(nodes[0]), region=aws.region,
-                            instance_ids=[i["InstanceId"] for i in nodes], instance_id=nodes[0]["InstanceId"],
-                            zone=nodes[0].get("Placement", {}).get("AvailabilityZone"))
+    prov = Provisioned(nodes[0].tags.get(T.RUN, run_id), key_name=nodes[0].key_name, key_path=key)
+    record = run_record.new(run_id, command, backend.name, out, instance_type=nodes[0].type,
+                            market=nodes[0].market, region=aws.region,
+                            instance_ids=[i.id for i in nodes], instance_id=nodes[0].id,
+                            zone=nodes[0].zone)
     return nodes, run_id, out, prov, record
 
 
@@ -94,7 +99,7 @@ def exec_task(aws, settings, job, ui, target: str, backend, out: Path | None, co
     # and start clears user data's shutdown), so the agent is given none to stop the job before
     opts = TrainOptions(task=job, nodes=len(nodes), command=command, max_runtime_minutes=None)
     record.update(task=job.name, **(extra or {}))
-    itype = catalog.CATALOG.get(nodes[0]["InstanceType"])
+    itype = catalog.CATALOG.get(nodes[0].type)
     record["gpu"] = itype.gpu if itype else None
     ui.note(f"{target}: {len(nodes)} node(s); they keep running afterwards")
     _ledger(settings, record, ui)
@@ -184,8 +189,8 @@ def write_ssh_config(aws: Aws, settings: Settings, backend, warn=lambda line: No
 
     entries, skipped = [], {}
     for inst in sweep.find_instances(aws.ec2, states=["running"]):
-        iid = inst["InstanceId"]
-        key = network.private_key_path(settings.keys_dir, inst.get("KeyName") or "")
+        iid = inst.id
+        key = network.private_key_path(settings.keys_dir, (inst.key_name or ""))
         if not key.exists():
             skipped[iid] = "its private key is not on this machine"
             continue
@@ -199,13 +204,13 @@ def write_ssh_config(aws: Aws, settings: Settings, backend, warn=lambda line: No
                 skipped[iid] = f"its host key could not be pinned: {exc.message}"
                 continue
         host, port = backend.ssh_target(inst)
-        name = T.as_dict(inst.get("Tags")).get(T.NAME)
+        name = inst.tags.get(T.NAME)
         if name is not None and not T.safe(name):
-            warn(f"{inst['InstanceId']}: its Name tag {name!r} has characters that are not safe in an ssh_config; "
+            warn(f"{inst.id}: its Name tag {name!r} has characters that are not safe in an ssh_config; "
                  "left out (use the instance id)")
             name = None
-        entries.append(sc.HostEntry(tuple(a for a in (name, inst["InstanceId"]) if a), host, port,
-                                    settings.ssh_user, key, settings.home / "known_hosts" / inst["InstanceId"]))
+        entries.append(sc.HostEntry(tuple(a for a in (name, inst.id) if a), host, port,
+                                    settings.ssh_user, key, settings.home / "known_hosts" / inst.id))
     path = settings.home / "ssh_config"
     (settings.home / "known_hosts").mkdir(parents=True, exist_ok=True)  # OpenSSH won't create it
     sc.write(path, sc.render(entries, path))
@@ -217,7 +222,7 @@ def write_ssh_config(aws: Aws, settings: Settings, backend, warn=lambda line: No
 PIN_TIMEOUT_S = 180.0 + 60
 
 
-def pin_host_key(aws: Aws, settings: Settings, backend, inst: dict, log=lambda msg: None,
+def pin_host_key(aws: Aws, settings: Settings, backend, inst: Instance, log=lambda msg: None,
                  timeout_s: float = PIN_TIMEOUT_S):
     """Connect to ``inst`` over SSH, pinning its host key under its instance id (verified against
     its console output) when it is not pinned yet; return the open Connection. Raises
@@ -227,7 +232,7 @@ def pin_host_key(aws: Aws, settings: Settings, backend, inst: dict, log=lambda m
     return connect_verified(aws, settings, backend, inst, log=log, timeout_s=timeout_s)[0]
 
 
-def pin_all(aws: Aws, settings: Settings, backend, found: list[dict], log=lambda msg: None) -> None:
+def pin_all(aws: Aws, settings: Settings, backend, found: list[Instance], log=lambda msg: None) -> None:
     """Pin the host key of each of ``found`` (at once; pin_host_key, waiting up to 300 s for SSH as
     a run does: remote/ssh.wait_for_ssh's default). Raises the first error (RemoteError,
     WaitTimeout, UsageError). The waits run in daemon threads, so that an interrupt here (the
@@ -239,13 +244,13 @@ def pin_all(aws: Aws, settings: Settings, backend, found: list[dict], log=lambda
         return
     errors: list[BaseException] = []
 
-    def one(inst: dict) -> None:
+    def one(inst: Instance) -> None:
         try:
-            pin_host_key(aws, settings, backend, inst, lambda line: log(f"{inst['InstanceId']}: {line}"),
+            pin_host_key(aws, settings, backend, inst, lambda line: log(f"{inst.id}: {line}"),
                          timeout_s=300.0).close()
         except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread below
             errors.append(exc)
-    threads = [threading.Thread(target=one, args=(i,), daemon=True, name=f"pin-{i['InstanceId']}") for i in found]
+    threads = [threading.Thread(target=one, args=(i,), daemon=True, name=f"pin-{i.id}") for i in found]
     for t in threads:
         t.start()
     for t in threads:
@@ -274,7 +279,7 @@ def listing(aws: Aws, settings: Settings) -> list[dict]:
     for r, inst in zip(rows, described, strict=True):
         att = known.get(r["instance_id"]) or {}
         ivs = intervals.observe(att.get("intervals") or [], inst, now)
-        first = datetime.fromisoformat(att["launched_at"]) if att.get("launched_at") else inst["LaunchTime"]
+        first = datetime.fromisoformat(att["launched_at"]) if att.get("launched_at") else inst.launched_at
         price = catalog.on_demand_price(r["instance_type"], aws.region, settings.home) \
             if r["instance_type"] in catalog.CATALOG else catalog.Price(None, "not a catalog type")
         cost = intervals.so_far(ivs, now, price.usd_per_hour, aws.region, settings.home,

@@ -18,11 +18,14 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...aws.session import Aws
 from ...errors import RemoteError, UsageError, WaitTimeout
 from ...settings import Settings
+
+if TYPE_CHECKING:
+    from ...aws.instances import Instance
 
 #: On the instance, under the login's home: JupyterLab's token, record and log, setup-gpu.sh's report.
 REMOTE_DIR = "ec2gpu/notebook"
@@ -32,7 +35,7 @@ SERVER_SCRIPT = Path(__file__).resolve().parents[2] / "agent" / "notebook.py"
 TOKEN = re.compile(r"[A-Za-z0-9_-]{16,128}")
 
 
-def find_running(aws: Aws, opts, ui) -> dict | None:
+def find_running(aws: Aws, opts, ui) -> Instance | None:
     """The running instance ``opts.name`` names (its description; said through ``ui.note``), or
     None when ``opts.name`` is None or names none. Raises UsageError for a name that is stopped
     (`ec2gpu start` it)."""
@@ -42,12 +45,12 @@ def find_running(aws: Aws, opts, ui) -> dict | None:
     if not opts.name:
         return None
     found = [i for i in sweep.find_instances(aws.ec2) if T.answers_to(i, opts.name)]
-    running = [i for i in found if i["State"]["Name"] == "running"]
+    running = [i for i in found if i.state == "running"]
     if running:
-        ui.note(f"{opts.name}: using the running instance {running[0]['InstanceId']}")
+        ui.note(f"{opts.name}: using the running instance {running[0].id}")
         return running[0]
     if found:
-        raise UsageError(f"{opts.name} is {found[0]['State']['Name']}", f"`ec2gpu start {opts.name}` first")
+        raise UsageError(f"{opts.name} is {found[0].state}", f"`ec2gpu start {opts.name}` first")
     return None
 
 
@@ -125,8 +128,8 @@ def serve(aws: Aws, settings: Settings, backend, opts, ui, show_url, local_port:
     from . import hosts as standing
 
     inst, launched, shown = find_running(aws, opts, ui), None, False
-    info = {} if inst is None else {"instance_id": inst["InstanceId"],
-                                    "name": T.as_dict(inst.get("Tags")).get(T.NAME) or inst["InstanceId"]}
+    info: dict[str, Any] = {} if inst is None else {"instance_id": inst.id,
+                                    "name": inst.tags.get(T.NAME) or inst.id}
     try:
         if inst is None:  # interrupted, standing.launch removes what it made and raises
             launched = standing.launch(aws, settings, opts, ui, backend)[0]
@@ -152,7 +155,7 @@ def serve(aws: Aws, settings: Settings, backend, opts, ui, show_url, local_port:
             shown = True  # from here on the user may hold the URL: the instance is theirs to keep
             show_url(info)
         tunnel.forward_until_interrupted(  # its ssh ends with this command, however it ends
-            tunnel.argv(config, inst["InstanceId"], server["port"], here), here, ui.note,
+            tunnel.argv(config, inst.id, server["port"], here), here, ui.note,
             refresh=lambda: standing.write_ssh_config(aws, settings, backend), when_up=when_up)
     except KeyboardInterrupt:
         if launched is not None and not shown:

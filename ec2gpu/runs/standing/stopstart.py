@@ -15,6 +15,8 @@ spot instances of a persistent request
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ...aws import instances, sweep
 from ...aws import tags as T
 from ...aws.session import Aws
@@ -22,28 +24,31 @@ from ...errors import UsageError
 from ...settings import Settings
 from ..plan.limits import schedule_shutdown_command  # noqa: F401 - re-exported; it lives with the run's limits
 
+if TYPE_CHECKING:
+    from ...aws.instances import Instance
+
 #: Minutes `start` gives an instance launched before the ec2gpu:max-runtime tag existed (the
 #: `launch` default).
 DEFAULT_MAX_RUNTIME_MINUTES = 120
 
 
-def find(ec2, name: str, states: list[str]) -> list[dict]:
+def find(ec2, name: str, states: list[str]) -> list[Instance]:
     """The tool's instances called ``name`` (Name, instance id, run id or cluster) in ``states``.
     Raises UsageError when there are none, naming the state they are in if they exist."""
     every = [i for i in sweep.find_instances(ec2) if T.answers_to(i, name, (T.NAME, T.RUN, T.CLUSTER))]
-    found = [i for i in every if i["State"]["Name"] in states]
+    found = [i for i in every if i.state in states]
     if not found:
         if every:
-            now = sorted({i["State"]["Name"] for i in every})
+            now = sorted({i.state for i in every})
             hint = f"`ec2gpu start {name}` brings it back" if now == ["stopped"] else "see `ec2gpu ls`"
             raise UsageError(f"{name} is {', '.join(now)}, not {' or '.join(states)}", hint)
         raise UsageError(f"no instance named {name!r}", "see `ec2gpu ls`")
     return found
 
 
-def refuse_spot(found: list[dict], name: str) -> None:
+def refuse_spot(found: list[Instance], name: str) -> None:
     """Raise UsageError when any of ``found`` is a spot instance (module docstring)."""
-    spot = [i["InstanceId"] for i in found if instances.market(i) == "spot"]
+    spot = [i.id for i in found if i.market == "spot"]
     if spot:
         raise UsageError(f"{name} is a spot instance ({', '.join(spot)}): EC2 stops only spot instances of a "
                          "persistent request, and ec2gpu's are one-time",
@@ -59,7 +64,7 @@ def stop(aws: Aws, name: str, log=lambda msg: None, timeout_s: float = 600) -> l
     from ...aws import types
     found = find(aws.ec2, name, ["running", "pending"])
     refuse_spot(found, name)
-    ids = [i["InstanceId"] for i in found]
+    ids = [i.id for i in found]
     log(f"stopping {', '.join(ids)}")
     instances.stop(aws.ec2, ids, timeout_s)
     rows = [instances.summary(i) for i in instances.describe_instances(aws.ec2, ids)]
@@ -78,8 +83,8 @@ def start(aws: Aws, settings: Settings, backend, name: str, log=lambda msg: None
     from ..execute.nodes import connect_verified
 
     found = find(aws.ec2, name, ["stopped"])
-    ids = [i["InstanceId"] for i in found]
-    key = network.require_private_key(settings.keys_dir, found[0]["KeyName"])
+    ids = [i.id for i in found]
+    key = network.require_private_key(settings.keys_dir, found[0].key_name or "")
     log(f"starting {', '.join(ids)}")
     started = instances.start(aws.ec2, ids, timeout_s)
     for inst in started:
@@ -88,7 +93,7 @@ def start(aws: Aws, settings: Settings, backend, name: str, log=lambda msg: None
             minutes = max_runtime_minutes(inst)
             ssh.run(conn, schedule_shutdown_command(minutes))
             ssh.run(conn, RESUME_IDLE_WATCH)
-            log(f"{inst['InstanceId']} answers SSH at {host}:{port}; {max_runtime_words(inst, minutes)}")
+            log(f"{inst.id} answers SSH at {host}:{port}; {max_runtime_words(inst, minutes)}")
         finally:
             conn.close()
     from . import hosts as standing
@@ -97,20 +102,20 @@ def start(aws: Aws, settings: Settings, backend, name: str, log=lambda msg: None
     return [instances.summary(i) for i in started]
 
 
-def max_runtime_words(instance: dict, minutes: int) -> str:
+def max_runtime_words(instance: Instance, minutes: int) -> str:
     """What the --max-runtime shutdown scheduled again in ``minutes`` does to ``instance`` (pure):
     `launch --idle-stop` set InstanceInitiatedShutdownBehavior "stop" (aws/instances.run_request,
     kept in the ec2gpu:idle tag), so it stops that one; every other instance terminates."""
-    rule = instances.parse_idle_tag(T.as_dict(instance.get("Tags")).get(T.IDLE))
+    rule = instances.parse_idle_tag(instance.tags.get(T.IDLE))
     if rule is not None and rule.action == "stop":
         return f"it stops itself in {minutes} min (--max-runtime, scheduled again; its EBS disk is kept)"
     return f"it terminates itself in {minutes} min (--max-runtime, scheduled again)"
 
 
-def max_runtime_minutes(instance: dict) -> int:
+def max_runtime_minutes(instance: Instance) -> int:
     """The instance's --max-runtime in minutes, from its ec2gpu:max-runtime tag (pure); the launch
     default for an instance without it."""
-    value = T.as_dict(instance.get("Tags")).get(T.MAX_RUNTIME, "")
+    value = instance.tags.get(T.MAX_RUNTIME, "")
     return int(value) if value.isdigit() and int(value) > 0 else DEFAULT_MAX_RUNTIME_MINUTES
 
 
