@@ -27,6 +27,10 @@ import shlex
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from fabric import Connection
 
 MAX_NAME_BYTES = 4096  # PATH_MAX on Linux (limits.h)
 MAX_COMPONENT_BYTES = 255  # NAME_MAX on Linux (limits.h)
@@ -139,7 +143,7 @@ def local_target(root: Path, name: str) -> Path | None:
     return target
 
 
-def listing(sftp, remote_dir: str, hidden: bool = True, max_entries: int = MAX_LISTED) -> list[RemoteFile]:
+def listing(sftp: Any, remote_dir: str, hidden: bool = True, max_entries: int = MAX_LISTED) -> list[RemoteFile]:
     """The regular files under ``remote_dir`` on the instance, recursively, sorted by name, through
     SFTP's READDIR (paramiko ``listdir_attr``): entries are the server's lstat, so a symbolic link
     is neither listed nor followed. ``hidden`` False leaves out names with a component starting
@@ -174,7 +178,7 @@ def listing(sftp, remote_dir: str, hidden: bool = True, max_entries: int = MAX_L
     return sorted(out, key=lambda f: f.name)
 
 
-def select(files: list[RemoteFile], root: Path, limits: Limits, wanted=None) -> Selection:
+def select(files: list[RemoteFile], root: Path, limits: Limits, wanted: Callable[[str], bool] | None = None) -> Selection:
     """Of ``files`` (a listing), those ``wanted(name)`` accepts (all when None), with safe names and
     places under ``root``, in name order, until ``limits`` is reached (pure apart from looking at
     ``root``). A file bigger than the byte limit on its own is left, the next ones still taken."""
@@ -198,14 +202,14 @@ class TooBig(Exception):
     """A file grew past the bound it was read with."""
 
 
-def get_bounded(sftp, remote_path: str, target: Path, max_bytes: int) -> int:
+def get_bounded(sftp: Any, remote_path: str, target: Path, max_bytes: int) -> int:
     """Copy ``remote_path`` to ``target`` (written beside it as a hidden .part file, then renamed
     into place, mode 0644 at most), reading at most ``max_bytes`` bytes; return the bytes written.
     Raises TooBig (nothing left behind) when the file holds more, FileNotFoundError when it is gone,
     and the connection's errors."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.part")
-    written = 0
+    written: int = 0
 
     def bound(done: int, _total: int) -> None:
         if done > max_bytes:
@@ -225,31 +229,31 @@ def get_bounded(sftp, remote_path: str, target: Path, max_bytes: int) -> int:
 # that fails raises invoke's UnexpectedExit; the connection's errors (paramiko, socket, SFTP's
 # OSError) propagate.
 
-def make_dirs(conn, *paths: str) -> None:
+def make_dirs(conn: Connection, *paths: str) -> None:
     """Make the directories ``paths`` on the instance, and their parents (`mkdir -p`, one command)."""
     conn.run(f"mkdir -p {' '.join(shlex.quote(p) for p in paths)}", hide=True, in_stream=False)
 
 
-def put_file(conn, local: str | os.PathLike, remote: str) -> None:
+def put_file(conn: Connection, local: str | os.PathLike[str], remote: str) -> None:
     """Copy the file ``local`` (on this machine) to the path ``remote`` on the instance (SFTP; its
     directory must exist), replacing what is there."""
     conn.put(str(local), remote)
 
 
-def write_text(conn, path: str, text: str) -> None:
+def write_text(conn: Connection, path: str, text: str) -> None:
     """Write ``text`` (UTF-8) to the file ``path`` on the instance (SFTP; its directory must exist),
     replacing what is there."""
     conn.put(io.BytesIO(text.encode()), path)
 
 
-def write_private(conn, path: str, text: str) -> None:
+def write_private(conn: Connection, path: str, text: str) -> None:
     """Write ``text`` (UTF-8) to ``path`` on the instance, mode 0600 before any byte is in it (the
     file is made empty under `umask 077` first, then written over SFTP)."""
     conn.run(f"umask 077 && : > {shlex.quote(path)}", hide=True, in_stream=False)
     conn.put(io.BytesIO(text.encode()), path)
 
 
-def put_tree(conn, local_root: Path, paths: list[Path], remote_dir: str) -> None:
+def put_tree(conn: Connection, local_root: Path, paths: list[Path], remote_dir: str) -> None:
     """Copy ``paths`` (files under ``local_root`` on this machine) to the same relative places
     under ``remote_dir`` on the instance over SFTP, making ``remote_dir`` and each file's directory
     first."""
@@ -262,12 +266,12 @@ def put_tree(conn, local_root: Path, paths: list[Path], remote_dir: str) -> None
         sftp.put(str(path), f"{remote_dir}/{rel}")
 
 
-def list_files(conn, remote_dir: str, hidden: bool = True) -> list[RemoteFile]:
+def list_files(conn: Connection, remote_dir: str, hidden: bool = True) -> list[RemoteFile]:
     """``listing`` of ``remote_dir`` over the connection's SFTP session (no shell)."""
     return listing(conn.sftp(), remote_dir, hidden=hidden)
 
 
-def pull_bounded(conn, remote_path: str, target: Path, max_bytes: int) -> int:
+def pull_bounded(conn: Connection, remote_path: str, target: Path, max_bytes: int) -> int:
     """``get_bounded`` over the connection's SFTP session: ``remote_path`` to ``target``, at most
     ``max_bytes`` bytes; the bytes written. Raises TooBig, FileNotFoundError as it does."""
     return get_bounded(conn.sftp(), remote_path, target, max_bytes)

@@ -15,6 +15,7 @@ import socket
 import time
 
 import paramiko
+from typing import Callable, cast
 from fabric import Connection
 
 from ..errors import RemoteError, WaitTimeout
@@ -78,12 +79,12 @@ def read_from(conn: Connection, path: str, offset: int, limit: int = CHUNK_BYTES
         with sftp.open(path, "rb") as f:
             f.seek(offset)
             if limit <= PREFETCH_FROM:  # a record (exit_status, status.json): one read, no stat round trip
-                return f.read(limit)
+                return cast(bytes, f.read(limit))
             end = min(int(f.stat().st_size or 0), offset + limit)
             if end - offset > PREFETCH_FROM:  # many 32 KiB requests in flight at once, not one round trip each
                 f.prefetch(end, max_concurrent_requests=64)
-                return f.read(end - offset)
-            return f.read(limit)
+                return cast(bytes, f.read(end - offset))
+            return cast(bytes, f.read(limit))
     except FileNotFoundError:
         return b""
 
@@ -121,7 +122,7 @@ def exit_status(conn: Connection, run_dir: str) -> int | None:
 class LogCursor:
     """How far a remote log has been delivered: ``offset`` bytes, every one exactly once."""
 
-    def __init__(self, on_bytes, offset: int = 0):
+    def __init__(self, on_bytes: Callable[[bytes], object], offset: int = 0) -> None:
         self.on_bytes, self.offset = on_bytes, offset
 
     def deliver(self, chunk: bytes) -> None:
@@ -131,7 +132,7 @@ class LogCursor:
 
 
 def follow(conn: Connection, run_dir: str, log_name: str, cursor: LogCursor, poll_s: float = 0.5,
-           timeout_s: float | None = None, on_poll=None) -> int:
+           timeout_s: float | None = None, on_poll: Callable[[Connection | None], object] | None = None) -> int:
     """Stream ``log_name`` through ``cursor`` until the job ends; return its exit status.
 
     ``on_poll(conn)`` runs after every poll (it may raise to stop following). Raises WaitTimeout
@@ -165,8 +166,10 @@ class Unreachable(Exception):
     """SSH stayed unreachable longer than the bound given to ``follow_reconnecting``."""
 
 
-def follow_reconnecting(connect, run_dir: str, log_name: str, cursor: LogCursor, *, conn: Connection | None = None,
-                        unreachable_s: float = 120.0, on_poll=None, log=lambda msg: None,
+def follow_reconnecting(connect: Callable[[], Connection], run_dir: str, log_name: str, cursor: LogCursor, *,
+                        conn: Connection | None = None,
+                        unreachable_s: float = 120.0, on_poll: Callable[[Connection | None], object] | None = None,
+                        log: Callable[[str], None] = lambda msg: None,
                         poll_s: float = 0.5) -> tuple[int, Connection]:
     """``follow`` that survives dropped connections: reconnect with backoff (0.5 s doubling to 8 s,
     tenacity) through ``connect()`` and resume at ``cursor.offset``, so no byte is missed or repeated.
@@ -220,7 +223,7 @@ class LineSplitter:
     """Turn a byte stream into whole lines for ``emit``; a line longer than ``max_line`` bytes
     (a job that prints no newline) is emitted in pieces of that size, so memory stays bounded."""
 
-    def __init__(self, emit, max_line: int = 64 * 1024):
+    def __init__(self, emit: Callable[[str], object], max_line: int = 64 * 1024) -> None:
         self.emit, self.buf, self.max_line = emit, b"", max_line
 
     def __call__(self, chunk: bytes) -> None:

@@ -14,17 +14,23 @@ import io
 import json
 import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING, AbstractSet, Any, Callable, Sequence
 
 from ..errors import RemoteError
 from ..inert import inert
 from ..tasks import mounts as M
 from . import sync
 
+if TYPE_CHECKING:
+    from fabric import Connection
+    from ..tasks.mounts import Mount
+    from .sync import Manifest
+
 S3FILES = Path(__file__).resolve().parents[1] / "agent" / "s3files.py"
 MAX_RECORD_LINE = 2000  # characters of one JSON line read back from s3files.py
 
 
-def instance_paths(conn) -> tuple[str, str]:
+def instance_paths(conn: Connection) -> tuple[str, str]:
     """(home, sandbox root or "") on the instance behind ``conn``. Raises RemoteError if unreadable."""
     got = conn.run('printf "%s\\n%s\\n%s\\n" "$HOME" "${EC2GPU_SANDBOX_ROOT:-}" "${EC2GPU_IMDS_ENDPOINT:+sandbox}"',
                    hide=True, warn=True, in_stream=False)
@@ -38,7 +44,7 @@ def instance_paths(conn) -> tuple[str, str]:
     return lines[0], lines[1] if lines[1].startswith("/") else ""
 
 
-def _writable(conn, path: str, is_file: bool) -> None:
+def _writable(conn: Connection, path: str, is_file: bool) -> None:
     """Make ``path`` (a directory, or an empty file when ``is_file``) for the SSH user: created with
     ``sudo -n`` where the user may not, and then given to the user; an existing path is used as it
     is when the user may write it, and refused otherwise (never taken from its owner)."""
@@ -53,8 +59,9 @@ def _writable(conn, path: str, is_file: bool) -> None:
                           exit_status=got.exited)
 
 
-def place(conn, mounts_: list, manifests: dict, run_dir: str, python: str, region_of, ssh_config: Path | None,
-          host_alias: str, log, s3_files=frozenset()) -> None:
+def place(conn: Connection, mounts_: list[Mount], manifests: dict[str, Manifest], run_dir: str, python: str,
+          region_of: Callable[[str], str], ssh_config: Path | None, host_alias: str, log: Callable[[str], None],
+          s3_files: AbstractSet[str] = frozenset()) -> None:
     """Put every entry of ``mounts_`` (tasks/mounts.Mount) on the instance behind ``conn``, in order.
 
     ``manifests``: target -> sync.Manifest of a local directory source (engine.prepare made them,
@@ -65,7 +72,7 @@ def place(conn, mounts_: list, manifests: dict, run_dir: str, python: str, regio
     if not mounts_:
         return
     home, root = instance_paths(conn)
-    s3: list[dict] = []
+    s3: list[dict[str, Any]] = []
     for m in mounts_:
         path = M.on_instance(m.target, home, root)
         _writable(conn, path, m.is_file or m.target in s3_files)
@@ -77,7 +84,7 @@ def place(conn, mounts_: list, manifests: dict, run_dir: str, python: str, regio
             how = sync.push(conn, man, path, ssh_config, host_alias)
             log(f"file_mounts: {m.source}: {len(man.files):,} files, {man.bytes:,} bytes sent to {m.target} by {how}")
         else:
-            s3.append({"target": path, "bucket": m.bucket, "prefix": m.prefix, "region": region_of(m.bucket),
+            s3.append({"target": path, "bucket": m.bucket, "prefix": m.prefix, "region": region_of(m.bucket or ""),
                        "file": m.target in s3_files,
                        "write_back": m.write_back, "record": f"{run_dir}/s3mounts/{len(s3)}.json", "shown": m.target})
     if s3:
@@ -90,7 +97,8 @@ def place(conn, mounts_: list, manifests: dict, run_dir: str, python: str, regio
                                             if rec.get("skipped") else ""))
 
 
-def write_back(conn, run_dir: str, python: str, log, settled_s: float = 0, timeout_s: float = 6 * 3600) -> None:
+def write_back(conn: Connection, run_dir: str, python: str, log: Callable[[str], None], settled_s: float = 0,
+               timeout_s: float = 6 * 3600) -> None:
     """Upload what the job wrote under each MOUNT-mode target to its bucket (agent/s3files.py out);
     nothing when the run has none. ``settled_s`` > 0 (while the job runs): leave out hidden files
     and files modified in the last ``settled_s`` seconds (still being written; the write-back at
@@ -104,7 +112,8 @@ def write_back(conn, run_dir: str, python: str, log, settled_s: float = 0, timeo
                 f"{inert(str(rec.get('target'))[:200])}")
 
 
-def _s3files(conn, python: str, run_dir: str, direction: str, flags=(), timeout_s: float = 6 * 3600) -> list[dict]:
+def _s3files(conn: Connection, python: str, run_dir: str, direction: str, flags: Sequence[str] = (),
+             timeout_s: float = 6 * 3600) -> list[dict[str, Any]]:
     """Run s3files.py ``direction`` (with ``flags``) and return its JSON records; RemoteError on its
     error record, a failed exit, or when it runs past ``timeout_s``."""
     from invoke.exceptions import CommandTimedOut

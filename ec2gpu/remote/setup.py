@@ -18,6 +18,7 @@ import shlex
 from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
+from typing import Any, Callable
 
 from fabric import Connection
 
@@ -38,7 +39,8 @@ def script_digest() -> str:
     return hashlib.sha256(script_path().read_bytes()).hexdigest()
 
 
-def setup(conn: Connection, run_dir: str, log=lambda line: None, machine: str | None = None) -> dict:
+def setup(conn: Connection, run_dir: str, log: Callable[[str], None] = lambda line: None,
+          machine: str | None = None) -> dict[str, Any]:
     """Make the instance behind ``conn`` ready and return its setup.json (also left in ``run_dir``).
 
     Keys: python (path of a Python with torch), torch_version, cuda_available, gpu_name,
@@ -82,7 +84,7 @@ def _home_boot_and_marker(conn: Connection, run_dir: str) -> tuple[str, str, str
     return home, boot.strip(), marker
 
 
-def _reusable(conn: Connection, text: str, digest: str, machine: str) -> dict | None:
+def _reusable(conn: Connection, text: str, digest: str, machine: str) -> dict[str, Any] | None:
     """The setup result the marker ``text`` keeps, with ``reused`` its time, when it was made by
     the script ``digest`` on ``machine`` and its Python is still there; else None (no marker,
     another script or machine, a malformed file)."""
@@ -104,7 +106,8 @@ def _reusable(conn: Connection, text: str, digest: str, machine: str) -> dict | 
 def has_module(conn: Connection, python: str, module: str) -> bool:
     """Whether ``python`` (a path on the instance) imports ``module`` (a dotted name, shell-safe)
     there: `python -c 'import module'` exits 0. Raises the connection's errors."""
-    return conn.run(f"{shlex.quote(python)} -c 'import {module}'", warn=True, hide=True).ok
+    ok: bool = conn.run(f"{shlex.quote(python)} -c 'import {module}'", warn=True, hide=True).ok
+    return ok
 
 
 #: a task's setup that ran on the instance leaves $HOME/.ec2gpu/setup-done/<key> (runs/execute/engine.setup_hash)

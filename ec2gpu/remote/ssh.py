@@ -14,12 +14,14 @@ refused.
 """
 from __future__ import annotations
 
+import io
 import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import paramiko
+from typing import Any, Callable
 from fabric import Connection
 from invoke.exceptions import UnexpectedExit
 
@@ -32,11 +34,12 @@ class PinOnFirstUse(paramiko.MissingHostKeyPolicy):
     instance id) and report it through ``log``. A key that ``expected`` does not list raises
     RemoteError."""
 
-    def __init__(self, known_hosts: Path, log, expected: list[str] | None = None, alias: str | None = None):
+    def __init__(self, known_hosts: Path, log: Callable[[str], None], expected: list[str] | None = None,
+                 alias: str | None = None) -> None:
         self.known_hosts, self.log, self.expected = known_hosts, log, list(expected or [])
         self.alias = alias or known_hosts.name
 
-    def missing_host_key(self, client, hostname, key):
+    def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
         fp = key.fingerprint  # "SHA256:...", as ssh-keygen -l prints it
         pinned = pinned_keys(self.known_hosts, self.alias)
         if pinned.get(key.get_name()) == key:  # pinned since this client last connected (fabric reopens it)
@@ -74,7 +77,7 @@ def pinned_keys(known_hosts: Path, alias: str | None = None) -> dict[str, parami
     return keys
 
 
-def pin_under_alias(known_hosts: Path, alias: str | None = None, log=lambda msg: None) -> bool:
+def pin_under_alias(known_hosts: Path, alias: str | None = None, log: Callable[[str], None] = lambda msg: None) -> bool:
     """Make sure the keys ``known_hosts`` pins are pinned under ``alias`` (default: the file's name,
     the instance id), so OpenSSH's `HostKeyAlias` lookup finds them: a file that holds them only
     under an earlier address gets a line per key under the alias (no key is added: each is already
@@ -102,7 +105,7 @@ def _append(known_hosts: Path, alias: str, keys: list[paramiko.PKey]) -> None:
 
 
 def connect(host: str, port: int, user: str, key_path: Path, known_hosts: Path,
-            log=lambda msg: None, timeout_s: float = 10.0, expected: list[str] | None = None,
+            log: Callable[[str], None] = lambda msg: None, timeout_s: float = 10.0, expected: list[str] | None = None,
             alias: str | None = None) -> Connection:
     """Open a fabric Connection with only ``key_path`` (no agent, no other keys), accepting only the
     host key ``known_hosts`` pins for the instance (``alias``, default the file's name: its
@@ -146,7 +149,8 @@ def _pinned(known_hosts: Path) -> bool:
 
 
 def wait_for_ssh(host: str, port: int, user: str, key_path: Path, known_hosts: Path,
-                 timeout_s: float = 300.0, log=lambda msg: None, fingerprints=None,
+                 timeout_s: float = 300.0, log: Callable[[str], None] = lambda msg: None,
+                 fingerprints: Callable[[], list[str]] | None = None,
                  fingerprint_wait_s: float = FINGERPRINT_WAIT_S) -> Connection:
     """Retry connecting (with backoff up to 5 s) until SSH answers and ``true`` runs.
 
@@ -191,7 +195,8 @@ def wait_for_ssh(host: str, port: int, user: str, key_path: Path, known_hosts: P
 def run(conn: Connection, command: str, hide: bool = True, timeout_s: float | None = None) -> str:
     """Run ``command``; return its stdout. Raises RemoteError with the exit code and output tail."""
     try:
-        return conn.run(command, hide=hide, in_stream=False, timeout=timeout_s).stdout
+        out: str = conn.run(command, hide=hide, in_stream=False, timeout=timeout_s).stdout
+        return out
     except UnexpectedExit as exc:
         r = exc.result
         tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-15:])
@@ -204,7 +209,8 @@ def execute(conn: Connection, command: str) -> str:
 
     Unlike ``run``, a non-zero exit raises invoke's UnexpectedExit as it is (not RemoteError); the
     connection's errors (paramiko, socket) propagate."""
-    return conn.run(command, hide=True, in_stream=False).stdout
+    out: str = conn.run(command, hide=True, in_stream=False).stdout
+    return out
 
 
 @dataclass(frozen=True)
@@ -221,12 +227,12 @@ class Exit:
         return self.exited == 0
 
 
-def attempt(conn: Connection, command: str, timeout_s: float | None = None, stream=None) -> Exit:
+def attempt(conn: Connection, command: str, timeout_s: float | None = None, stream: io.TextIOBase | None = None) -> Exit:
     """Run ``command`` (a shell line; output hidden, no stdin) and return how it ended, whatever its
     exit status. ``stream`` (a text stream: a line writer) gets its stdout and stderr as they come;
     the caller flushes it. Raises invoke's CommandTimedOut after ``timeout_s`` seconds (None: no
     limit), and the connection's errors (paramiko, socket)."""
-    more: dict = {} if stream is None else {"out_stream": stream, "err_stream": stream}
+    more: dict[str, Any] = {} if stream is None else {"out_stream": stream, "err_stream": stream}
     if timeout_s is not None:
         more["timeout"] = timeout_s
     got = conn.run(command, hide=True, warn=True, in_stream=False, **more)
@@ -237,5 +243,6 @@ def boot_id(conn: Connection) -> str:
     """The kernel's id of the instance's current boot (a UUID, new at every boot; a sandbox instance
     keeps its own in $EC2GPU_BOOT_ID_FILE). Raises invoke's UnexpectedExit when it cannot be read,
     and the connection's errors."""
-    return conn.run('cat "${EC2GPU_BOOT_ID_FILE:-/proc/sys/kernel/random/boot_id}"', hide=True,
-                    in_stream=False).stdout.strip()
+    out: str = conn.run('cat "${EC2GPU_BOOT_ID_FILE:-/proc/sys/kernel/random/boot_id}"', hide=True,
+                        in_stream=False).stdout
+    return out.strip()

@@ -24,12 +24,15 @@ import subprocess
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 
 import pathspec
 
 from ..errors import RemoteError, UsageError
 from . import files
+
+if TYPE_CHECKING:
+    from fabric import Connection
 
 IGNORE_FILE = ".ec2gpuignore"
 #: never sent unless --include-secrets, wherever they are in the workdir (gitignore syntax):
@@ -104,7 +107,7 @@ def _git_files(root: Path) -> list[str] | None:
     return [f for f in done.stdout.decode(errors="surrogateescape").split("\0") if f]
 
 
-def _walk(root: Path, spec: pathspec.PathSpec) -> list[str]:
+def _walk(root: Path, spec: pathspec.PathSpec[Any]) -> list[str]:
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
         rel = Path(dirpath).relative_to(root).as_posix()
@@ -200,7 +203,7 @@ def check_size(m: Manifest, max_bytes: int = MAX_UPLOAD_BYTES, what: str | None 
 WITHOUT_RSYNC = "the whole workdir as one archive each time, not only what changed"
 
 
-def rsync_missing(conn) -> str | None:
+def rsync_missing(conn: Connection) -> str | None:
     """Why rsync cannot move files over ``conn``: "rsync is missing on this machine" or "rsync is
     missing on the instance" (``command -v rsync`` there failed); None when both sides have it."""
     if not shutil.which("rsync"):
@@ -210,7 +213,7 @@ def rsync_missing(conn) -> str | None:
     return None
 
 
-def rsync_available(conn) -> bool:
+def rsync_available(conn: Connection) -> bool:
     """Whether this machine and the instance both have rsync (``rsync_missing``)."""
     return rsync_missing(conn) is None
 
@@ -241,7 +244,7 @@ def _rsync(ssh_config: Path, src: str, dst: str, names: list[str], what: str, mo
                           tail="\n".join(done.stderr.decode(errors="replace").strip().splitlines()[-10:]))
 
 
-def push(conn, m: Manifest, remote_dir: str, ssh_config: Path | None, host_alias: str) -> str:
+def push(conn: Connection, m: Manifest, remote_dir: str, ssh_config: Path | None, host_alias: str) -> str:
     """Send the manifest's files to ``remote_dir``; return how, in words for the run's log:
     "rsync", or "sftp (WHY: ...)" with the reason rsync was not used (``rsync_missing``, or no
     SSH config for it) and what that costs (WITHOUT_RSYNC).
@@ -268,8 +271,9 @@ def push(conn, m: Manifest, remote_dir: str, ssh_config: Path | None, host_alias
     return f"sftp ({why}: {WITHOUT_RSYNC})"
 
 
-def pull(conn, remote_dir: str, local_dir: Path, patterns: list[str], ssh_config: Path | None,
-         host_alias: str, limits: files.Limits = files.Limits(), warn=lambda line: None) -> tuple[list[str], str]:
+def pull(conn: Connection, remote_dir: str, local_dir: Path, patterns: list[str], ssh_config: Path | None,
+         host_alias: str, limits: files.Limits = files.Limits(),
+         warn: Callable[[str], None] = lambda line: None) -> tuple[list[str], str]:
     """Bring the regular files under ``remote_dir`` (recursively) home to ``local_dir``: every one,
     or those matching ``patterns`` (gitignore-style globs, relative to ``remote_dir``). Returns
     (names brought home, "rsync" | "sftp" | "none").

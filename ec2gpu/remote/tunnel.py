@@ -22,6 +22,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Callable, Iterator
 
 
 def free_local_port(preferred: int | None = None) -> int:
@@ -35,7 +36,8 @@ def free_local_port(preferred: int | None = None) -> int:
                 pass
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def argv(config: Path, host: str, remote_port: int, local_port: int) -> list[str]:
@@ -46,7 +48,7 @@ def argv(config: Path, host: str, remote_port: int, local_port: int) -> list[str
             "-L", f"127.0.0.1:{local_port}:127.0.0.1:{remote_port}", host]
 
 
-def wait_listening(port: int, proc: subprocess.Popen, timeout_s: float = 30.0,
+def wait_listening(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 30.0,
                    stop: threading.Event | None = None) -> bool:
     """True once 127.0.0.1:``port`` accepts connections; False if ``proc`` exits, ``stop`` is set or
     time runs out."""
@@ -65,13 +67,13 @@ class Child:
     SIGTERM, SIGKILL after ``grace_s`` seconds) and reaped by ``close()`` from any thread; once
     closed, ``start`` starts nothing."""
 
-    proc: subprocess.Popen | None
+    proc: subprocess.Popen[bytes] | None
 
     def __init__(self, grace_s: float = 5.0):
         self.lock, self.proc, self.closed, self.grace_s = threading.Lock(), None, False, grace_s
         self.ending = threading.Lock()  # one thread at a time signals and reaps
 
-    def start(self, command: list[str]) -> subprocess.Popen | None:
+    def start(self, command: list[str]) -> subprocess.Popen[bytes] | None:
         """Start ``command``; None once closed."""
         with self.lock:
             if self.closed:
@@ -79,7 +81,7 @@ class Child:
             self.proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, process_group=0)
             return self.proc
 
-    def end(self, proc: subprocess.Popen) -> None:
+    def end(self, proc: subprocess.Popen[bytes]) -> None:
         """End ``proc`` (its process group) if it runs, and reap it."""
         with self.ending:
             if proc.poll() is None:  # not reaped: its pid (and group id) cannot be anyone else's yet
@@ -101,7 +103,7 @@ class Child:
 
 
 @contextlib.contextmanager
-def hangup_interrupts():
+def hangup_interrupts() -> Iterator[None]:
     """While the block runs (in the main thread), SIGHUP (a closed terminal, a supervisor) raises
     KeyboardInterrupt as Ctrl-C does, so the same clean-up runs; its default would end this
     process at once and leave the ssh child running. Elsewhere, a no-op."""
@@ -109,7 +111,7 @@ def hangup_interrupts():
         yield
         return
 
-    def interrupt(*_):
+    def interrupt(*_: object) -> None:
         raise KeyboardInterrupt
     previous = signal.signal(signal.SIGHUP, interrupt)
     try:
@@ -119,7 +121,7 @@ def hangup_interrupts():
 
 
 @contextlib.contextmanager
-def signals_held():
+def signals_held() -> Iterator[None]:
     """While the block runs (in the main thread), SIGINT, SIGTERM and SIGHUP are ignored: a second
     one cannot cut short the ending of a child. Elsewhere, a no-op."""
     if threading.current_thread() is not threading.main_thread():
@@ -135,7 +137,8 @@ def signals_held():
 
 
 @contextlib.contextmanager
-def forwarding(config: Path, host: str, ports: list[int], log, same_port: bool = True):
+def forwarding(config: Path, host: str, ports: list[int], log: Callable[[str], None],
+               same_port: bool = True) -> Iterator[None]:
     """While the block runs, forward each of ``ports`` of ``host`` (its alias in ``config``) to
     127.0.0.1 here, on the same port when it is free (and ``same_port``: False where the instance
     shares this machine's ports, as a sandbox instance on loopback does, whose job has yet to bind
@@ -162,7 +165,9 @@ def forwarding(config: Path, host: str, ports: list[int], log, same_port: bool =
             t.join(10)
 
 
-def forward_until_interrupted(command: list[str], port: int, log, refresh=lambda: None, when_up=lambda: None) -> None:
+def forward_until_interrupted(command: list[str], port: int, log: Callable[[str], None],
+                              refresh: Callable[[], object] = lambda: None,
+                              when_up: Callable[[], object] = lambda: None) -> None:
     """Forward (``keep_forwarding`` in a thread of its own), call ``when_up()`` here, then wait
     until KeyboardInterrupt (Ctrl-C; the CLI turns SIGTERM and SIGHUP into it), which is raised.
     Raises RemoteError if the forwarding ends by itself, and what ``when_up`` raises. The ssh is
@@ -198,7 +203,8 @@ def forward_until_interrupted(command: list[str], port: int, log, refresh=lambda
         atexit.unregister(child.close)
 
 
-def keep_forwarding(command: list[str], port: int, stop: threading.Event, log, refresh=lambda: None,
+def keep_forwarding(command: list[str], port: int, stop: threading.Event, log: Callable[[str], None],
+                    refresh: Callable[[], object] = lambda: None,
                     max_pause_s: float = 30.0, child: Child | None = None) -> None:
     """Run the forward ``command`` (``argv``) until ``stop`` is set; when it ends by itself (SSH
     dropped), say so through ``log``, call ``refresh()`` (rewrite the config: the instance's
