@@ -228,6 +228,11 @@ def list_instances(*, region: Optional[str] = None, sandbox: bool = False, log: 
         return standing.listing(ctx.aws, ctx.settings)
 
 
+def _prefixed(log: Log, prefix: str) -> Log:
+    """``log`` with ``prefix`` before each line."""
+    return lambda line: log(prefix + line)
+
+
 def cleanup(*, dry_run: bool = False, all_regions: bool = False, fetch: bool = True, region: Optional[str] = None,
             sandbox: bool = False, log: Log = _quiet, warn: Optional[Log] = None) -> dict:
     """Find by tag and remove everything ec2gpu created (aws/sweep.KINDS: instances, spot requests,
@@ -252,14 +257,15 @@ def cleanup(*, dry_run: bool = False, all_regions: bool = False, fetch: bool = T
                              if r["RegionName"] in known)
         for name in regions:
             aws = ctx.aws.in_region(name)
-            found = sweep.inventory(aws.ec2, log=lambda m, n=name: log(f"{n}: {m}"), iam=aws.client("iam"))
+            say = _prefixed(log, f"{name}: ")
+            found = sweep.inventory(aws.ec2, log=say, iam=aws.client("iam"))
             if not any(found.values()):
                 continue
             if dry_run:
                 report[name] = {k: [r["id"] for r in v] for k, v in found.items()}
             else:
-                report[name] = sweep.delete_everything(aws.ec2, found, ctx.settings.keys_dir,
-                                                       log=lambda m, n=name: log(f"{n}: {m}"), iam=aws.client("iam"))
+                report[name] = sweep.delete_everything(aws.ec2, found, ctx.settings.keys_dir, log=say,
+                                                       iam=aws.client("iam"))
         if not dry_run:
             settle(ctx, log=log, warn=warn)
     return {"dry_run": dry_run, "regions": report, "searched": regions}

@@ -11,6 +11,7 @@ VT instances") and spot L-3819A6DF ("All G and VT Spot Instance Requests"); both
 from __future__ import annotations
 
 import time
+from typing import Any, Callable
 
 from dataclasses import dataclass, replace
 
@@ -48,14 +49,14 @@ class Attempt:
     message: str = ""
 
 
-def zones_offering(ec2, instance_type: str) -> list[str]:
+def zones_offering(ec2: Any, instance_type: str) -> list[str]:
     """Availability zones of the client's region that offer ``instance_type``, sorted."""
     pages = ec2.get_paginator("describe_instance_type_offerings").paginate(
         LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": [instance_type]}])
     return sorted({o["Location"] for p in pages for o in p["InstanceTypeOfferings"]})
 
 
-def offered_in_region(ec2, names: list[str]) -> set[str] | None:
+def offered_in_region(ec2: Any, names: list[str]) -> set[str] | None:
     """Which of ``names`` the client's region offers at all; None when the API refuses."""
     try:
         pages = ec2.get_paginator("describe_instance_type_offerings").paginate(
@@ -65,13 +66,13 @@ def offered_in_region(ec2, names: list[str]) -> set[str] | None:
         return None
 
 
-def default_subnets(ec2) -> dict[str, str]:
+def default_subnets(ec2: Any) -> dict[str, str]:
     """Availability zone -> the default VPC's default subnet there."""
     subnets = ec2.describe_subnets(Filters=[{"Name": "default-for-az", "Values": ["true"]}])["Subnets"]
     return {s["AvailabilityZone"]: s["SubnetId"] for s in subnets}
 
 
-def plan(ec2, instance_types: list[str], spot: bool, spot_fallback_on_demand: bool,
+def plan(ec2: Any, instance_types: list[str], spot: bool, spot_fallback_on_demand: bool,
          avoid_zones: tuple[str, ...] | list[str] = ()) -> list[tuple[str, str | None, str | None, bool]]:
     """The launch order: [(instance type, zone, subnet id, spot)], each type's zones in turn.
 
@@ -91,7 +92,7 @@ def plan(ec2, instance_types: list[str], spot: bool, spot_fallback_on_demand: bo
     return order
 
 
-def run_instances(ec2, request: dict) -> list[Instance]:
+def run_instances(ec2: Any, request: dict[str, Any]) -> list[Instance]:
     """Send one run_instances ``request``; return the instances (pending).
 
     Throttling, and a security group or key pair not visible yet (eventual consistency), are
@@ -101,9 +102,10 @@ def run_instances(ec2, request: dict) -> list[Instance]:
     return [Instance.of(i) for i in ec2.run_instances(**request)["Instances"]]
 
 
-def launch_with_fallback(ec2, spec: LaunchSpec, instance_types: list[str], spot_fallback_on_demand: bool = False,
-                         log=lambda msg: None, avoid_zones=(), profile_created_at: float | None = None,
-                         sleep=time.sleep) -> tuple[list[Instance], list[Attempt]]:
+def launch_with_fallback(ec2: Any, spec: LaunchSpec, instance_types: list[str], spot_fallback_on_demand: bool = False,
+                         log: Callable[[str], None] = lambda msg: None, avoid_zones: tuple[str, ...] = (),
+                         profile_created_at: float | None = None,
+                         sleep: Callable[[float], None] = time.sleep) -> tuple[list[Instance], list[Attempt]]:
     """Launch ``spec`` as the first type and zone that has capacity; return (instances, attempts).
 
     ``ec2`` should be a fail-fast client (no SDK retries). ``avoid_zones`` are tried last (plan). Each failed attempt is reported
@@ -146,7 +148,8 @@ def launch_with_fallback(ec2, spec: LaunchSpec, instance_types: list[str], spot_
                         + ("" if spot_fallback_on_demand or not spec.spot else ", or --spot-fallback on-demand"))
 
 
-def _run_waiting_for_profile(ec2, request: dict, profile_created_at: float | None, sleep) -> list[Instance]:
+def _run_waiting_for_profile(ec2: Any, request: dict[str, Any], profile_created_at: float | None,
+                             sleep: Callable[[float], None]) -> list[Instance]:
     """run_instances, repeated every 3 s while EC2 does not see a just-made instance profile yet
     (https://docs.aws.amazon.com/IAM/latest/UserGuide/troubleshoot_iam-ec2.html)."""
     from .iam import profile_not_ready
@@ -170,7 +173,7 @@ def spot_role_hint(with_fallback: bool = False) -> str:
                                        if with_fallback else ""))
 
 
-def spot_role_exists(iam) -> bool | None:
+def spot_role_exists(iam: Any) -> bool | None:
     """Whether the account has AWSServiceRoleForEC2Spot: True, False, or None when it cannot be read."""
     try:
         iam.get_role(RoleName=SPOT_ROLE)
@@ -188,7 +191,7 @@ def quota_hint(market: str) -> str:
             f"https://console.aws.amazon.com/servicequotas/home/services/ec2/quotas/{code}")
 
 
-def gvt_vcpus_in_use(ec2, spot: bool) -> int:
+def gvt_vcpus_in_use(ec2: Any, spot: bool) -> int:
     """vCPUs of pending/running G and VT instances of the market: each type's from
     DescribeInstanceTypes (types.py), else the instance's own CpuOptions."""
     from . import types
@@ -205,7 +208,8 @@ def gvt_vcpus_in_use(ec2, spot: bool) -> int:
     return total
 
 
-def check_quota(quotas, ec2, instance_type: str, spot: bool, count: int = 1, log=lambda msg: None) -> dict | None:
+def check_quota(quotas: Any, ec2: Any, instance_type: str, spot: bool, count: int = 1,
+                log: Callable[[str], None] = lambda msg: None) -> dict[str, Any] | None:
     """Refuse (CapacityError) a launch that would exceed the account's G/VT vCPU quota.
 
     ``quotas`` is a Service Quotas client. Returns {quota, value, in_use, needed} when checked,

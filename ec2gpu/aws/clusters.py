@@ -6,6 +6,8 @@ resizes it. Running a job on the members is runs/ (standing/hosts.py, execute/en
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Callable
+
 import botocore.exceptions
 
 from ..errors import AwsError, CapacityError, UsageError
@@ -13,15 +15,20 @@ from . import capacity, images, instances, sweep
 from . import tags as T
 from .session import describe, error_code
 
+if TYPE_CHECKING:
+    from ..settings import Settings
+    from .session import Aws
 
-def members(ec2, name: str) -> list[instances.Instance]:
+
+def members(ec2: Any, name: str) -> list[instances.Instance]:
     """The pending/running instances of cluster ``name`` (tag ec2gpu:cluster), in node order."""
     found = [i for i in sweep.find_instances(ec2, states=["pending", "running"]) if i.tags.get(T.CLUSTER) == name]
     return sorted(found, key=lambda i: i.node or 0)
 
 
-def scale(aws, settings, name: str, target: int, max_runtime_minutes: int, log=lambda msg: None,
-          pin=lambda described: None) -> dict:
+def scale(aws: Aws, settings: Settings, name: str, target: int, max_runtime_minutes: int,
+          log: Callable[[str], None] = lambda msg: None,
+          pin: Callable[[list[instances.Instance]], object] = lambda described: None) -> dict[str, Any]:
     """Grow or shrink standing cluster ``name`` to ``target`` nodes; return {cluster, added,
     removed (instance ids), nodes (how many it has now)}.
 

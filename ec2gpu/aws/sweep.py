@@ -7,8 +7,9 @@ untagged one only when its run still holds something there (``find_instance_role
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, cast
+from typing import AbstractSet, Any, Callable, cast
 
 import botocore.exceptions
 
@@ -19,10 +20,13 @@ from . import tags as T
 from . import network
 from .session import error_code
 
+#: what a sweep reports through: one line at a time
+Log = Callable[[str], None]
+
 LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
 
 
-def find_instances(ec2, run_id: str | None = None, name: str | None = None,
+def find_instances(ec2: Any, run_id: str | None = None, name: str | None = None,
                    states: list[str] | None = None) -> list[inst.Instance]:
     """Instances tagged by the tool (optionally one run or Name), in ``states`` (default: live)."""
     filters = [{"Name": "tag-key", "Values": [T.RUN]},
@@ -35,7 +39,7 @@ def find_instances(ec2, run_id: str | None = None, name: str | None = None,
     return [i for page in pages for i in inst.described(page["Reservations"])]
 
 
-def find_security_groups(ec2, run_id: str | None = None) -> list[dict]:
+def find_security_groups(ec2: Any, run_id: str | None = None) -> list[dict[str, Any]]:
     """Security groups tagged by the tool (optionally one run)."""
     filters = [{"Name": "tag-key", "Values": [T.RUN]}]
     if run_id:
@@ -44,15 +48,15 @@ def find_security_groups(ec2, run_id: str | None = None) -> list[dict]:
     return [g for page in pages for g in page["SecurityGroups"]]
 
 
-def find_key_pairs(ec2, run_id: str | None = None) -> list[dict]:
+def find_key_pairs(ec2: Any, run_id: str | None = None) -> list[dict[str, Any]]:
     """Key pairs tagged by the tool (optionally one run)."""
     filters = [{"Name": "tag-key", "Values": [T.RUN]}]
     if run_id:
         filters.append({"Name": f"tag:{T.RUN}", "Values": [run_id]})
-    return ec2.describe_key_pairs(Filters=filters)["KeyPairs"]
+    return cast("list[dict[str, Any]]", ec2.describe_key_pairs(Filters=filters)["KeyPairs"])
 
 
-def runs_named(ec2, name: str) -> set[str]:
+def runs_named(ec2: Any, name: str) -> set[str]:
     """The run ids whose resources answer to ``name`` (an instance id, a Name, run or cluster tag),
     found in every instance state (an interrupted spot instance is ``terminated`` and still listed
     by EC2 for a while) and on security groups and key pairs, which outlive their instances."""
@@ -63,7 +67,7 @@ def runs_named(ec2, name: str) -> set[str]:
     return {r for r in found if r}
 
 
-def find_spot_requests(ec2, run_id: str | None = None) -> list[dict]:
+def find_spot_requests(ec2: Any, run_id: str | None = None) -> list[dict[str, Any]]:
     """Open or active spot instance requests tagged by the tool (optionally one run)."""
     filters = [{"Name": "tag-key", "Values": [T.RUN]}, {"Name": "state", "Values": ["open", "active"]}]
     if run_id:
@@ -72,8 +76,8 @@ def find_spot_requests(ec2, run_id: str | None = None) -> list[dict]:
     return [r for page in pages for r in page["SpotInstanceRequests"]]
 
 
-def find_instance_roles(iam, ec2, run_id: str | None = None, runs_here=frozenset(),
-                        log=lambda msg: None) -> list[dict]:
+def find_instance_roles(iam: Any, ec2: Any, run_id: str | None = None, runs_here: AbstractSet[str] = frozenset(),
+                        log: Callable[[str], None] = lambda msg: None) -> list[dict[str, Any]]:
     """The run roles and orphan instance profiles (aws/iam.find_run_roles entries) that belong to
     ``ec2``'s region: all of one run's (``run_id``: run ids are unique), else those tagged
     ec2gpu:region with this region and the untagged ones of ``runs_here`` (runs that hold something
@@ -106,8 +110,8 @@ class Kind:
 
     key: str
     label: str
-    find: Callable
-    remove: Callable
+    find: Callable[[Clients, str | None, Log], list[dict[str, Any]]]
+    remove: Callable[[Clients, Any, Log], Any]
     after: tuple[str, ...] = ()
     batch: bool = False
     iam: bool = False
@@ -129,29 +133,29 @@ class Clients:
     group_deadline: float | None = None  # time.monotonic() by which the groups' wait ends (set at the first)
 
 
-def _row(res: dict, id_key: str, **extra) -> dict:
+def _row(res: dict[str, Any], id_key: str, **extra: Any) -> dict[str, Any]:
     tg = T.as_dict(res.get("Tags"))
     return {"id": res[id_key], "run_id": tg.get(T.RUN, ""), "name": tg.get(T.NAME, ""), **extra}
 
 
-def _find_roles(c: Clients, run_id, log, here=frozenset()) -> list[dict]:
+def _find_roles(c: Clients, run_id: str | None, log: Log, here: AbstractSet[str] = frozenset()) -> list[dict[str, Any]]:
     return [{"id": r["name"], "run_id": r["run_id"], "name": r["name"], "owner": r["owner"], "kind": r["kind"]}
             for r in find_instance_roles(c.iam, c.ec2, run_id, here, log)]
 
 
-def _cancel_spot(c: Clients, ids, log) -> list[str]:
+def _cancel_spot(c: Clients, ids: list[str], log: Log) -> list[str]:
     log(f"cancelling spot requests {', '.join(ids)}")
     c.ec2.cancel_spot_instance_requests(SpotInstanceRequestIds=ids)
     return list(ids)
 
 
-def _terminate(c: Clients, ids, log) -> list[str]:
+def _terminate(c: Clients, ids: list[str], log: Log) -> list[str]:
     log(f"terminating {', '.join(ids)}")
     inst.terminate(c.ec2, ids)
     return list(ids)
 
 
-def _delete_group(c: Clients, group_id, log) -> None:
+def _delete_group(c: Clients, group_id: str, log: Log) -> None:
     import time
     if c.group_deadline is None:  # one wait shared by every group of the sweep
         c.group_deadline = time.monotonic() + c.group_wait_s
@@ -159,19 +163,19 @@ def _delete_group(c: Clients, group_id, log) -> None:
     delete_security_group(c.ec2, group_id, timeout_s=max(0.0, c.group_deadline - time.monotonic()))
 
 
-def _delete_role(c: Clients, name, log) -> None:
+def _delete_role(c: Clients, name: str, log: Log) -> None:
     from . import iam as roles
     log(f"deleting instance role {name}")
     roles.delete_run_role(c.iam, name)
 
 
-def _delete_key_pair(c: Clients, name, log) -> None:
+def _delete_key_pair(c: Clients, name: str, log: Log) -> None:
     log(f"deleting key pair {name}")
     # delete_everything always gives keys_dir; only inventory's Clients (which removes nothing) has None
     network.delete_key_pair(c.ec2, name, cast(Path, c.keys_dir))
 
 
-def _delete_placement_group(c: Clients, name, log) -> None:
+def _delete_placement_group(c: Clients, name: str, log: Log) -> None:
     log(f"deleting placement group {name}")
     placement.delete(c.ec2, name)
 
@@ -214,7 +218,8 @@ KINDS = _kinds()
 KIND = {k.key: k for k in KINDS}
 
 
-def inventory(ec2, run_id: str | None = None, log=lambda msg: None, iam=None) -> dict[str, list[dict]]:
+def inventory(ec2: Any, run_id: str | None = None, log: Log = lambda msg: None,
+              iam: Any = None) -> dict[str, list[dict[str, Any]]]:
     """Everything the tool created (or one run) that still exists in the client's region, by kind
     (``KINDS``, in removal order).
 
@@ -234,8 +239,9 @@ def inventory(ec2, run_id: str | None = None, log=lambda msg: None, iam=None) ->
     return {k.key: found[k.key] for k in KINDS if k.key in found}
 
 
-def delete_everything(ec2, found: dict[str, list[dict]], keys_dir, log=lambda msg: None,
-                      iam=None, group_wait_s: float = 300.0, on_failure=None) -> dict[str, list[str]]:
+def delete_everything(ec2: Any, found: dict[str, list[dict[str, Any]]], keys_dir: Path | None,
+                      log: Log = lambda msg: None, iam: Any = None, group_wait_s: float = 300.0,
+                      on_failure: Callable[[str, list[str], str], object] | None = None) -> dict[str, list[str]]:
     """Remove what ``inventory`` found (or any {kind key: rows with "id"}), kind by kind in
     ``KINDS`` order, best-effort: a resource AWS refuses is reported and the next one is tried; a
     kind whose ``after`` kinds are not all gone is not tried (a security group while its instances
@@ -280,7 +286,7 @@ def delete_everything(ec2, found: dict[str, list[dict]], keys_dir, log=lambda ms
     return removed
 
 
-def delete_security_group(ec2, group_id: str, timeout_s: float = 300, delay_s: float = 3) -> None:
+def delete_security_group(ec2: Any, group_id: str, timeout_s: float = 300, delay_s: float = 3) -> None:
     """Delete a security group, retrying DependencyViolation (every ``delay_s`` for up to
     ``timeout_s`` seconds) while its instances terminate; a group already gone is fine. Raises
     the last ClientError otherwise."""
@@ -299,7 +305,8 @@ def delete_security_group(ec2, group_id: str, timeout_s: float = 300, delay_s: f
                     raise
 
 
-def delete_run(ec2, run_id: str, keys_dir, log=lambda msg: None, iam=None) -> dict[str, list[str]]:
+def delete_run(ec2: Any, run_id: str, keys_dir: Path, log: Log = lambda msg: None,
+               iam: Any = None) -> dict[str, list[str]]:
     """Remove everything of one run (see ``delete_everything``; its instance role too with an IAM
     client ``iam``); returns the ids removed, by kind."""
     return delete_everything(ec2, inventory(ec2, run_id, log, iam), keys_dir, log, iam)
@@ -315,7 +322,8 @@ SELF_SHUTDOWN = "Client.InstanceInitiatedShutdown"
 UNLISTED_AFTER_S = 2 * 3600
 
 
-def ended_runs(described: list[inst.Instance], key_pairs: list[dict], runs: set[str], now, keep=frozenset()) -> dict[str, str]:
+def ended_runs(described: list[inst.Instance], key_pairs: list[dict[str, Any]], runs: set[str], now: datetime,
+               keep: AbstractSet[str] = frozenset()) -> dict[str, str]:
     """Of ``runs`` (run ids that hold a security group, key pair, placement group or instance role),
     those whose instances have all ended, each with why (pure): "ended itself" when every instance
     of the run in ``described`` (its instances, every state) is terminated and one of
@@ -326,7 +334,7 @@ def ended_runs(described: list[inst.Instance], key_pairs: list[dict], runs: set[
     by_run: dict[str, list[inst.Instance]] = {}
     for described_one in described:
         by_run.setdefault(described_one.run_id or "", []).append(described_one)
-    created: dict = {}
+    created: dict[str | None, Any] = {}
     for k in key_pairs:
         run, at = T.as_dict(k.get("Tags")).get(T.RUN), k.get("CreateTime")
         if at:
@@ -341,20 +349,20 @@ def ended_runs(described: list[inst.Instance], key_pairs: list[dict], runs: set[
     return out
 
 
-def ended_leftovers(ec2, keep=frozenset(), iam=None) -> dict[str, dict]:
+def ended_leftovers(ec2: Any, keep: AbstractSet[str] = frozenset(), iam: Any = None) -> dict[str, dict[str, Any]]:
     """What runs whose instances have all ended left (``ended_runs``): run id -> {"why",
     "security_groups", "key_pairs", "placement_groups": their ids, and with an IAM client ``iam``
     "instance_roles": the names of its roles and orphan instance profiles (``find_instance_roles``;
     a role's creation dates its run as a key pair does)}. Where the placement group API is
     unavailable, or these credentials may not list IAM roles, there are none of those (`cleanup`
     says so). Raises botocore errors."""
-    from datetime import datetime, timezone
+    from datetime import timezone
 
     held = {"security_groups": [(g, "GroupId") for g in find_security_groups(ec2)],
             "key_pairs": [(k, "KeyName") for k in find_key_pairs(ec2)],
             "placement_groups": [(g, "GroupName") for g in placement.find(ec2)]}
     if iam is not None:
-        here = {T.as_dict(r.get("Tags")).get(T.RUN) for found in held.values() for r, _ in found} - {None, ""}
+        here = cast(set[str], {T.as_dict(r.get("Tags")).get(T.RUN) for found in held.values() for r, _ in found} - {None, ""})
         held["instance_roles"] = [({"Tags": [{"Key": T.RUN, "Value": r["run_id"]}], "Name": r["name"],
                                     "CreateTime": r["created"]}, "Name")
                                   for r in find_instance_roles(iam, ec2, runs_here=here)]
@@ -369,7 +377,8 @@ def ended_leftovers(ec2, keep=frozenset(), iam=None) -> dict[str, dict]:
             for run, why in ended.items()}
 
 
-def remove_leftovers(ec2, found: dict[str, dict], keys_dir, iam=None) -> dict[str, dict[str, list[str]]]:
+def remove_leftovers(ec2: Any, found: dict[str, dict[str, Any]], keys_dir: Path,
+                     iam: Any = None) -> dict[str, dict[str, list[str]]]:
     """Delete what ``ended_leftovers`` found, per run, best-effort (``delete_everything`` with no
     wait: a group whose ended instance's network interface lingers is left for the next command,
     and the run's key pair with it); instance roles only with an IAM client ``iam``. Returns run id

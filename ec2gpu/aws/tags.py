@@ -58,17 +58,17 @@ def check_label(key: str, value: str) -> None:
         raise ValueError(f"label {key[:60]!r}: aws:, ec2gpu: and Name are not a task's to set")
 
 
-def tags(run_id: str, owner: str, name: str) -> list[dict]:
+def tags(run_id: str, owner: str, name: str) -> list[dict[str, Any]]:
     """The three tags every resource of a run carries, as an EC2 Tags list."""
     return [{"Key": RUN, "Value": run_id}, {"Key": OWNER, "Value": owner}, {"Key": NAME, "Value": name}]
 
 
-def tag_spec(resource_type: str, run_id: str, owner: str, name: str) -> dict:
+def tag_spec(resource_type: str, run_id: str, owner: str, name: str) -> dict[str, Any]:
     """One TagSpecifications entry for ``resource_type`` (instance, volume, security-group, key-pair)."""
     return {"ResourceType": resource_type, "Tags": tags(run_id, owner, name)}
 
 
-def as_dict(tag_list: list[dict] | None) -> dict[str, str]:
+def as_dict(tag_list: list[dict[str, Any]] | None) -> dict[str, str]:
     """EC2's [{'Key': k, 'Value': v}] as {k: v}."""
     return {t["Key"]: t["Value"] for t in tag_list or []}
 
