@@ -66,7 +66,7 @@ def standing(like_aws_home):
 def run_leftovers(ec2, record) -> list:
     """What of this run is still there: live instances, its security groups and key pairs."""
     described = instances.describe_instances(ec2, record["instance_ids"])
-    live = [i["InstanceId"] for i in described if i["State"]["Name"] in ("pending", "running")]
+    live = [i.id for i in described if i.state in ("pending", "running")]
     return live + [g["GroupId"] for g in sweep.find_security_groups(ec2, record["run_id"])] + \
         [k["KeyName"] for k in sweep.find_key_pairs(ec2, record["run_id"])]
 
@@ -134,7 +134,7 @@ def test_user_data_encoded_twice_is_not_run_as_on_ec2(like_aws):
     assert "not a script" in log.read_text()
     time.sleep(1.0)  # a `shutdown -h now` would have ended it by now
     (desc,) = instances.describe_instances(ec2, [iid])
-    assert desc["State"]["Name"] == "running"
+    assert desc.state == "running"
     ec2.terminate_instances(InstanceIds=[iid])
     ec2.delete_key_pair(KeyName="twice")
 
@@ -150,7 +150,8 @@ def test_max_runtime_ends_the_standing_instance_by_itself_within_90_s(like_aws, 
         time.sleep(2)
     assert inst["State"]["Name"] == "terminated"
     assert inst["StateReason"]["Code"] == "Client.InstanceInitiatedShutdown"  # the instance's own shutdown
-    ended = instances.transition_time(inst)
+    ended = instances.Instance.of(inst).transitioned_at
+    assert ended is not None
     assert 55 <= (ended - inst["LaunchTime"]).total_seconds() <= 90
     assert ended <= datetime.now(timezone.utc)
     # teardown of what the launch left: group and key pair (the instance is gone)

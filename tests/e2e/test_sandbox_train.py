@@ -74,11 +74,13 @@ def test_train_mnist_in_the_sandbox_reaches_99_percent_and_leaves_nothing(sandbo
 
 def check_the_ledger_bills_the_instance_own_times(record, capsys):
     """`ec2gpu runs` has the run, billed from the instance's launch and termination times."""
-    from ec2gpu.aws.instances import transition_time
+    from ec2gpu.aws.instances import Instance
     ec2 = boto3.client("ec2", endpoint_url=os.environ["AWS_ENDPOINT_URL"], region_name="us-east-1")
     (inst,) = [i for r in ec2.describe_instances(InstanceIds=[record["instance_id"]])["Reservations"]
                for i in r["Instances"]]
-    lifetime = (transition_time(inst) - inst["LaunchTime"]).total_seconds()
+    ended = Instance.of(inst).transitioned_at
+    assert ended is not None
+    lifetime = (ended - inst["LaunchTime"]).total_seconds()
     assert cli.main(["runs", "--json"]) == 0
     (row,) = [r for r in json.loads(capsys.readouterr().out) if r["run_id"] == record["run_id"]]
     assert row["status"] == "completed" and row["instance_ids"] == [record["instance_id"]]

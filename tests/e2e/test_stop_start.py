@@ -259,7 +259,7 @@ def test_a_standing_instance_stopped_started_and_ended_by_itself_is_billed_in_ru
 
     import boto3
 
-    from ec2gpu.aws.instances import transition_time
+    from ec2gpu.aws.instances import Instance
     home, state = sandbox_env
     ec2 = boto3.client("ec2", endpoint_url=state["endpoint"], region_name="us-east-1")
 
@@ -272,7 +272,8 @@ def test_a_standing_instance_stopped_started_and_ended_by_itself_is_billed_in_ru
     key_file = home / "keys" / f"ec2gpu-{run}.pem"
     assert ec2gpu("stop", "selfend").returncode == 0
     stopped = seen(iid)
-    l1, s1 = stopped["LaunchTime"], transition_time(stopped)
+    l1, s1 = stopped["LaunchTime"], Instance.of(stopped).transitioned_at
+    assert s1 is not None
     assert ec2gpu("start", "selfend").returncode == 0
     l2 = seen(iid)["LaunchTime"]
     assert l2 >= s1  # set again by the start, as EC2 does
@@ -288,7 +289,7 @@ def test_a_standing_instance_stopped_started_and_ended_by_itself_is_billed_in_ru
         time.sleep(0.3)
     ended = seen(iid)
     assert ended["StateReason"]["Code"] == "Client.InstanceInitiatedShutdown"
-    t2 = transition_time(ended)
+    t2 = Instance.of(ended).transitioned_at
     assert leftovers(home)[1:] != ([], [])  # its security group and key pair are still there
 
     shown = subprocess.run([EC2GPU, "runs", "--since", "1d", "--json"], env=dict(os.environ), capture_output=True,
