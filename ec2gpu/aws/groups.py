@@ -1,0 +1,149 @@
+"""Auto Scaling groups for detached runs (issue 30): a run's instances owned by AWS, not by a
+controller of ours. A launch template holds what every instance of the run is (the same request
+``instances.run_request`` builds for RunInstances); a group of N built from it, with the run's
+instance types as overrides, keeps N running: when AWS interrupts a spot instance, the group
+launches a replacement. Every limit is AWS's too: a scheduled action sets the group to 0 at the
+run's deadline, whoever is left to ask.
+
+Building a request is pure (tested without AWS); sending it is one call.
+
+AWS documentation this module follows:
+- Launch templates: https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_RequestLaunchTemplateData.html
+  (``UserData`` "must be base64-encoded" in a template: botocore encodes it only for RunInstances)
+- Mixed instances groups: https://docs.aws.amazon.com/autoscaling/ec2/userguide/ec2-auto-scaling-mixed-instances-groups.html
+  (spot through ``InstancesDistribution``; a template that itself requests spot is refused there)
+- price-capacity-optimized: https://docs.aws.amazon.com/autoscaling/ec2/userguide/allocation-strategies.html
+- Capacity Rebalancing: https://docs.aws.amazon.com/autoscaling/ec2/userguide/ec2-auto-scaling-capacity-rebalancing.html
+- Scheduled actions: https://docs.aws.amazon.com/autoscaling/ec2/userguide/ec2-auto-scaling-scheduled-scaling.html
+- DeleteAutoScalingGroup with ForceDelete terminates the group's instances:
+  https://docs.aws.amazon.com/autoscaling/ec2/APIReference/API_DeleteAutoScalingGroup.html
+"""
+from __future__ import annotations
+
+import base64
+from datetime import datetime
+from typing import Any, cast
+
+from . import tags as T
+from .instances import LaunchSpec, run_request
+
+#: the name of a run's launch template and group: one of each per run
+PREFIX = "ec2gpu-"
+#: the scheduled action that ends a run at its deadline (max runtime, or the idle rule's)
+DEADLINE_ACTION = "ec2gpu-deadline"
+#: RunInstances fields a launch template does not take, or that a group decides per instance:
+#: how many (the group's size), where (its subnets), and the market (its InstancesDistribution)
+_NOT_IN_TEMPLATE = ("MinCount", "MaxCount", "SubnetId", "Placement", "InstanceMarketOptions")
+
+
+def name_of(run_id: str) -> str:
+    """The launch template's and the group's name for ``run_id`` (pure)."""
+    return f"{PREFIX}{run_id}"
+
+
+def template_request(spec: LaunchSpec) -> dict[str, Any]:
+    """CreateLaunchTemplate kwargs for the run ``spec`` describes (pure): its RunInstances request
+    as LaunchTemplateData, less what the group decides (count, subnet, placement, market), with
+    UserData base64-encoded, and an instance that shuts itself down terminated (in a group a
+    stopped instance would only be replaced). The template itself carries the run's tags."""
+    req = run_request(spec)
+    data = {k: v for k, v in req.items() if k not in _NOT_IN_TEMPLATE}
+    data["UserData"] = base64.b64encode(req["UserData"].encode()).decode()
+    data["InstanceInitiatedShutdownBehavior"] = "terminate"
+    data["TagSpecifications"] = [ts for ts in req["TagSpecifications"] if ts["ResourceType"] in ("instance", "volume")]
+    return {"LaunchTemplateName": name_of(spec.run_id), "LaunchTemplateData": data,
+            "TagSpecifications": [T.tag_spec("launch-template", spec.run_id, spec.owner, spec.name)]}
+
+
+def group_request(spec: LaunchSpec, instance_types: list[str], subnet_ids: list[str], size: int) -> dict[str, Any]:
+    """CreateAutoScalingGroup kwargs (pure): ``size`` instances (at most that many: MaxSize) of the
+    run's template, the first of ``instance_types`` that has capacity in ``subnet_ids``' zones.
+    Spot (``spec.spot``): every instance spot, price-capacity-optimized across the types, Capacity
+    Rebalancing on, ``spec.max_price`` the most paid; else every instance on-demand, types tried
+    in the order given. The group's tags reach its instances (PropagateAtLaunch). Raises
+    ValueError for no type, no subnet or a size below 1."""
+    if not instance_types or not subnet_ids or size < 1:
+        raise ValueError("a group needs an instance type, a subnet and a size of at least 1")
+    name = name_of(spec.run_id)
+    distribution: dict[str, Any] = {"OnDemandBaseCapacity": 0, "OnDemandAllocationStrategy": "prioritized",
+                                    "OnDemandPercentageAboveBaseCapacity": 0 if spec.spot else 100}
+    if spec.spot:
+        distribution["SpotAllocationStrategy"] = "price-capacity-optimized"
+        if spec.max_price is not None:
+            distribution["SpotMaxPrice"] = f"{spec.max_price:.4f}"
+    req: dict[str, Any] = {
+        "AutoScalingGroupName": name, "MinSize": 0, "MaxSize": size, "DesiredCapacity": size,
+        "VPCZoneIdentifier": ",".join(subnet_ids), "CapacityRebalance": spec.spot, "HealthCheckType": "EC2",
+        "MixedInstancesPolicy": {
+            "LaunchTemplate": {"LaunchTemplateSpecification": {"LaunchTemplateName": name, "Version": "$Latest"},
+                               "Overrides": [{"InstanceType": t} for t in instance_types]},
+            "InstancesDistribution": distribution},
+        "Tags": [{"Key": t["Key"], "Value": t["Value"], "PropagateAtLaunch": True, "ResourceId": name,
+                  "ResourceType": "auto-scaling-group"} for t in T.tags(spec.run_id, spec.owner, spec.name)],
+    }
+    if spec.placement_group:
+        req["PlacementGroup"] = spec.placement_group
+    return req
+
+
+def deadline_request(run_id: str, at: datetime) -> dict[str, Any]:
+    """PutScheduledUpdateGroupAction kwargs that set the run's group to 0 at ``at`` (UTC), so its
+    instances end then even if the agent on them does not (pure)."""
+    return {"AutoScalingGroupName": name_of(run_id), "ScheduledActionName": DEADLINE_ACTION, "StartTime": at,
+            "MinSize": 0, "MaxSize": 0, "DesiredCapacity": 0}
+
+
+def create(ec2: Any, autoscaling: Any, spec: LaunchSpec, instance_types: list[str], subnet_ids: list[str],
+           size: int, deadline: datetime | None) -> str:
+    """Create the run's launch template, its group (``group_request``) and, with a ``deadline``,
+    the scheduled action that ends it then; return the group's name. What was made before a
+    refusal is removed again (``delete``) before the error is raised: botocore's ClientError."""
+    ec2.create_launch_template(**template_request(spec))
+    try:
+        autoscaling.create_auto_scaling_group(**group_request(spec, instance_types, subnet_ids, size))
+        if deadline is not None:
+            autoscaling.put_scheduled_update_group_action(**deadline_request(spec.run_id, deadline))
+    except BaseException:
+        delete(ec2, autoscaling, spec.run_id)
+        raise
+    return name_of(spec.run_id)
+
+
+def end(autoscaling: Any, run_id: str) -> None:
+    """Set the run's group to 0 (min, max and desired): its instances terminate and none replaces
+    them. What the agent does when the job ends; never a plain shutdown, which the group would
+    answer with a new instance."""
+    autoscaling.update_auto_scaling_group(AutoScalingGroupName=name_of(run_id), MinSize=0, MaxSize=0,
+                                          DesiredCapacity=0)
+
+
+def find_groups(autoscaling: Any, run_id: str | None = None) -> list[dict[str, Any]]:
+    """Groups tagged by the tool (optionally one run's), as DescribeAutoScalingGroups lists them."""
+    filters = [{"Name": "tag-key", "Values": [T.RUN]}]
+    if run_id:
+        filters.append({"Name": f"tag:{T.RUN}", "Values": [run_id]})
+    pages = autoscaling.get_paginator("describe_auto_scaling_groups").paginate(Filters=filters)
+    return [g for page in pages for g in cast("list[dict[str, Any]]", page["AutoScalingGroups"])]
+
+
+def find_templates(ec2: Any, run_id: str | None = None) -> list[dict[str, Any]]:
+    """Launch templates tagged by the tool (optionally one run's)."""
+    filters = [{"Name": "tag-key", "Values": [T.RUN]}]
+    if run_id:
+        filters.append({"Name": f"tag:{T.RUN}", "Values": [run_id]})
+    pages = ec2.get_paginator("describe_launch_templates").paginate(Filters=filters)
+    return [t for page in pages for t in cast("list[dict[str, Any]]", page["LaunchTemplates"])]
+
+
+def delete(ec2: Any, autoscaling: Any, run_id: str) -> list[str]:
+    """Remove the run's group (ForceDelete: its instances are terminated with it) and then its
+    launch template, each if it is listed; return what was removed ("group NAME", "launch
+    template NAME"). Raises botocore's ClientError when AWS refuses."""
+    name, removed = name_of(run_id), []
+    if any(g["AutoScalingGroupName"] == name for g in find_groups(autoscaling, run_id)):
+        autoscaling.delete_auto_scaling_group(AutoScalingGroupName=name, ForceDelete=True)
+        removed.append(f"group {name}")
+    if any(t["LaunchTemplateName"] == name for t in find_templates(ec2, run_id)):
+        ec2.delete_launch_template(LaunchTemplateName=name)
+        removed.append(f"launch template {name}")
+    return removed
