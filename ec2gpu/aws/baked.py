@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
+from typing import Any
 
 import botocore.exceptions
 import botocore.waiter
@@ -30,6 +31,7 @@ from ..errors import AwsError, WaitTimeout
 from . import catalog
 from . import tags as T
 from .images import described as described_images
+from .session import Client, Item, Log
 
 IMAGE = "ec2gpu:image"
 SETUP_HASH = "ec2gpu:setup-hash"
@@ -73,7 +75,7 @@ def check_ami_name(name: str) -> bool:
 
 
 def image_tags(run_id: str, owner: str, name: str, setup_hash: str, task: str, base: str, base_image: str,
-               versions: dict) -> list[dict]:
+               versions: dict[str, Any]) -> list[dict[str, str]]:
     """The tags of a baked image and its snapshots, as an EC2 Tags list (pure); ``versions`` is the
     instance's setup.json (torch_version, cuda_version, driver_version; None values are left out)."""
     extra = {IMAGE: name, SETUP_HASH: setup_hash, TASK: task, BASE: base, BASE_IMAGE: base_image, BAKE: "incomplete"}
@@ -81,12 +83,13 @@ def image_tags(run_id: str, owner: str, name: str, setup_hash: str, task: str, b
     return T.tags(run_id, owner, name) + [{"Key": k, "Value": v} for k, v in extra.items()]
 
 
-def create(ec2, instance_id: str, name: str, description: str, tag_list: list[dict]) -> str:
+def create(ec2: Client, instance_id: str, name: str, description: str, tag_list: list[dict[str, str]]) -> str:
     """CreateImage of ``instance_id`` (EC2 reboots it first, so the file system is consistent: the
     default of NoReboot=false), the image and its snapshots tagged with ``tag_list``; its AMI id."""
     specs = [{"ResourceType": kind, "Tags": tag_list} for kind in ("image", "snapshot")]
-    return ec2.create_image(InstanceId=instance_id, Name=name, Description=description[:255],
-                            TagSpecifications=specs)["ImageId"]
+    image_id: str = ec2.create_image(InstanceId=instance_id, Name=name, Description=description[:255],
+                                     TagSpecifications=specs)["ImageId"]
+    return image_id
 
 
 #: botocore's ImageAvailable waiter (ec2 waiters-2.json: DescribeImages until every Images[].State is
@@ -100,7 +103,7 @@ IMAGE_AVAILABLE = {"version": 2, "waiters": {"ImageAvailable": {
         {"state": "retry", "matcher": "error", "expected": "InvalidAMIID.NotFound"}]}}}
 
 
-def wait_available(ec2, image_id: str, timeout_s: float = 1800, delay_s: float = 15) -> dict:
+def wait_available(ec2: Client, image_id: str, timeout_s: float = 1800, delay_s: float = 15) -> Item:
     """Wait (IMAGE_AVAILABLE: botocore's image_available waiter, not yet visible retried) until the
     image is available; its description.
 
@@ -126,20 +129,21 @@ def wait_available(ec2, image_id: str, timeout_s: float = 1800, delay_s: float =
             raise AwsError(f"image {image_id} failed: {reason}", "bake again; nothing of it is kept")
         raise WaitTimeout(f"image {image_id} not available after {timeout_s:.0f} s (state {state})",
                           "bake again later; the half-made image and its snapshots were removed")
-    return ec2.describe_images(ImageIds=[image_id])["Images"][0]
+    image: Item = ec2.describe_images(ImageIds=[image_id])["Images"][0]
+    return image
 
 
-def snapshot_ids(image: dict) -> list[str]:
+def snapshot_ids(image: Item) -> list[str]:
     """The EBS snapshots an image's block devices come from (pure)."""
     return [m["Ebs"]["SnapshotId"] for m in image.get("BlockDeviceMappings", []) if m.get("Ebs", {}).get("SnapshotId")]
 
 
-def mark_complete(ec2, image: dict) -> None:
+def mark_complete(ec2: Client, image: Item) -> None:
     """Tag the image and its snapshots ec2gpu:bake=complete: from now on runs may use it."""
     ec2.create_tags(Resources=[image["ImageId"], *snapshot_ids(image)], Tags=[{"Key": BAKE, "Value": "complete"}])
 
 
-def images(ec2, run_id: str | None = None, complete: bool | None = True) -> list[dict]:
+def images(ec2: Client, run_id: str | None = None, complete: bool | None = True) -> list[Item]:
     """This account's images made by the tool in the client's region, newest first; one run's, and
     only complete (True), only incomplete (False) or all (None)."""
     filters = [{"Name": "tag-key", "Values": [IMAGE]}]
@@ -151,7 +155,7 @@ def images(ec2, run_id: str | None = None, complete: bool | None = True) -> list
     return sorted(found, key=lambda i: i.get("CreationDate", ""), reverse=True)
 
 
-def newest_for(ec2, setup_hash: str) -> dict | None:
+def newest_for(ec2: Client, setup_hash: str) -> Item | None:
     """The newest complete, available image baked for a setup with this hash, or None."""
     found = described_images(ec2, Owners=["self"], Filters=[
         {"Name": f"tag:{SETUP_HASH}", "Values": [setup_hash]}, {"Name": f"tag:{BAKE}", "Values": ["complete"]},
@@ -159,7 +163,7 @@ def newest_for(ec2, setup_hash: str) -> dict | None:
     return max(found, key=lambda i: i.get("CreationDate", ""), default=None)
 
 
-def snapshots(ec2, run_id: str | None = None) -> list[dict]:
+def snapshots(ec2: Client, run_id: str | None = None) -> list[Item]:
     """Snapshots tagged by an image bake (optionally one run's)."""
     filters = [{"Name": "tag-key", "Values": [IMAGE]}]
     if run_id:
@@ -168,7 +172,7 @@ def snapshots(ec2, run_id: str | None = None) -> list[dict]:
     return [s for page in pages for s in page["Snapshots"]]
 
 
-def find(ec2, ref: str) -> dict | None:
+def find(ec2: Client, ref: str) -> Item | None:
     """A complete or incomplete image of the tool by AMI id or by name (the newest of that name)."""
     for image in images(ec2, complete=None):
         if ref in (image["ImageId"], T.as_dict(image.get("Tags")).get(IMAGE)):
@@ -176,7 +180,7 @@ def find(ec2, ref: str) -> dict | None:
     return None
 
 
-def delete(ec2, image: dict, log=lambda msg: None) -> list[str]:
+def delete(ec2: Client, image: Item, log: Log = lambda msg: None) -> list[str]:
     """Deregister ``image`` with its snapshots (DeleteAssociatedSnapshots), then delete any other
     snapshot tagged with its run; return the snapshot ids deleted. Raises AwsError for a snapshot
     still in use after the retries (delete_snapshots), ClientError for EC2's other refusals."""
@@ -195,7 +199,7 @@ IN_USE_RETRY_S = 300.0
 IN_USE_MAX_WAIT_S = 30.0
 
 
-def delete_snapshots(ec2, ids: list[str], log=lambda msg: None, retry_s: float = IN_USE_RETRY_S,
+def delete_snapshots(ec2: Client, ids: list[str], log: Log = lambda msg: None, retry_s: float = IN_USE_RETRY_S,
                      max_wait_s: float = IN_USE_MAX_WAIT_S) -> list[str]:
     """Delete these snapshots (one already gone counts as deleted); the ids deleted.
     InvalidSnapshot.InUse is retried with bounded backoff (``retry_s`` in all, waits up to
@@ -235,12 +239,12 @@ def delete_snapshots(ec2, ids: list[str], log=lambda msg: None, retry_s: float =
     return done
 
 
-def _used_by(ec2, snapshot_id: str) -> list[str]:
+def _used_by(ec2: Client, snapshot_id: str) -> list[str]:
     """The tool's images (any state, complete or not) whose block devices come from the snapshot."""
     return [i["ImageId"] for i in images(ec2, complete=None) if snapshot_id in snapshot_ids(i)]
 
 
-def incomplete_snapshots(ec2, run_id: str | None = None) -> list[dict]:
+def incomplete_snapshots(ec2: Client, run_id: str | None = None) -> list[Item]:
     """Snapshots of bakes (one run's, or all) whose image is gone, whatever their ec2gpu:bake tag
     says: no image of the tool lists them. A CreateImage whose answer never came leaves such, and so
     does an image deregistered without its snapshots (an `image rm` stopped between the two, or a
@@ -249,7 +253,7 @@ def incomplete_snapshots(ec2, run_id: str | None = None) -> list[dict]:
     return [s for s in snapshots(ec2, run_id) if s["SnapshotId"] not in held]
 
 
-def remove_incomplete(ec2, run_id: str | None = None, log=lambda msg: None) -> list[str]:
+def remove_incomplete(ec2: Client, run_id: str | None = None, log: Log = lambda msg: None) -> list[str]:
     """Deregister every incomplete image (one run's, or all) with its snapshots, then delete the
     bakes' snapshots whose image is gone. Returns the ids removed (images, then snapshots).
     Complete images are never touched."""
@@ -261,7 +265,7 @@ def remove_incomplete(ec2, run_id: str | None = None, log=lambda msg: None) -> l
     return gone + snaps + delete_snapshots(ec2, rest, log)
 
 
-def deregister(ec2, image_id: str, log=lambda msg: None) -> list[str]:
+def deregister(ec2: Client, image_id: str, log: Log = lambda msg: None) -> list[str]:
     """DeregisterImage with DeleteAssociatedSnapshots=True; the ids of the snapshots EC2 deleted with
     it (ReturnCode success; one it skipped, e.g. shared with another image, is left to
     delete_snapshots). An image already gone counts as done (no snapshot deleted)."""
@@ -279,7 +283,7 @@ def deregister(ec2, image_id: str, log=lambda msg: None) -> list[str]:
     return deleted
 
 
-def stored_gib(snapshot: dict) -> tuple[float, str]:
+def stored_gib(snapshot: Item) -> tuple[float, str]:
     """A snapshot's stored size in GiB and its basis (pure): FullSnapshotSizeInBytes where EC2
     reports it, else the source volume's size (an upper bound: a snapshot stores used blocks)."""
     full = snapshot.get("FullSnapshotSizeInBytes")
@@ -288,7 +292,7 @@ def stored_gib(snapshot: dict) -> tuple[float, str]:
     return float(snapshot.get("VolumeSize") or 0), "volume size (upper bound)"
 
 
-def listing(ec2, usd_per_gb_month: float | None) -> list[dict]:
+def listing(ec2: Client, usd_per_gb_month: float | None) -> list[dict[str, Any]]:
     """Every complete baked image with what is inside, its snapshots' stored GiB (``stored_gib``)
     and what they cost per month: "usd_per_month", USD at ``usd_per_gb_month`` (the region's EBS
     snapshot price, USD per GB-month: catalog.ebs_price), None when that price is not known."""

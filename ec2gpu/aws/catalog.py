@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..errors import RetiredInstanceType, UsageError
 
@@ -64,7 +65,7 @@ class InstanceType:
         return self.name.split(".")[0]
 
 
-def _t(name, gpu, count, gmem, vcpus, mem, price):
+def _t(name: str, gpu: str, count: int, gmem: int, vcpus: int, mem: float, price: float) -> InstanceType:
     return InstanceType(name, gpu, count, gmem, vcpus, mem, price)
 
 
@@ -306,13 +307,14 @@ def price_cache_path(home: Path, region: str) -> Path:
     return home / "prices" / f"{region}.json"
 
 
-def read_price_cache(home: Path | None, region: str) -> dict | None:
+def read_price_cache(home: Path | None, region: str) -> dict[str, Any] | None:
     """The cached Price List result for ``region``: {"fetched_at", "source", "prices": {type: USD/h}}."""
     if home is None:
         return None
     path = price_cache_path(home, region)
     try:
-        return json.loads(path.read_text())
+        cache: dict[str, Any] = json.loads(path.read_text())
+        return cache
     except (OSError, ValueError):
         return None
 

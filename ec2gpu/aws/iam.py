@@ -22,12 +22,16 @@ from __future__ import annotations
 import json
 import re
 import time
-from typing import Any
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from typing import Any, TypeVar
 
 import botocore.exceptions
 
 from . import tags as T
-from .session import error_code
+from .session import Client, Item, error_code
+
+_T = TypeVar("_T")
 
 PATH = "/ec2gpu/"  # every role and instance profile of the tool lives under this IAM path
 #: the permissions boundary every run role gets when the account has it (docs/iam-instance-boundary.json,
@@ -102,7 +106,7 @@ def _patterns(p: str) -> list[str]:
     return [f"{_literal(p)}*"] if p == "" or p.endswith("/") else [_literal(p), f"{_literal(p)}/*"]
 
 
-def _merged(entries) -> dict[str, list[str]]:
+def _merged(entries: Iterable[tuple[str, object]]) -> dict[str, list[str]]:
     """{bucket: prefixes} of (bucket, prefix) ``entries``: buckets checked, duplicates merged, and a
     prefix dropped when a shorter one of the same bucket already covers it (pure)."""
     by_bucket: dict[str, set[str]] = {}
@@ -120,7 +124,7 @@ def _merged(entries) -> dict[str, list[str]]:
     return out
 
 
-def s3_policy(reads: list[tuple[str, str]], writes: list[tuple[str, str]]) -> dict:
+def s3_policy(reads: list[tuple[str, str]], writes: list[tuple[str, str]]) -> dict[str, Any]:
     """The role's inline policy (pure): read access to the ``reads`` prefixes, read and write access
     to the ``writes`` ones, and nothing else. Each entry is (bucket, key prefix); "" is the whole bucket.
 
@@ -194,14 +198,14 @@ def tag_value(value: str) -> str:
     return _TAG_VALUE_BAD.sub("_", value or "")[:256]
 
 
-def run_tags(run_id: str, owner: str, name: str, region: str | None = None) -> list[dict]:
+def run_tags(run_id: str, owner: str, name: str, region: str | None = None) -> list[dict[str, str]]:
     """The tags of a run's role and profile (pure): tags.tags' three, values made IAM-safe
     (``tag_value``), and ``REGION`` when given."""
     out = [{"Key": t["Key"], "Value": tag_value(t["Value"])} for t in T.tags(run_id, owner, name)]
     return out + ([{"Key": REGION, "Value": tag_value(region)}] if region else [])
 
 
-def _retry_gone(call, sleep, tries: int = 5):
+def _retry_gone(call: Callable[[], _T], sleep: Callable[[float], object], tries: int = 5) -> _T | None:
     """``call()``, again while IAM answers NoSuchEntity for what was made a moment ago (IAM is
     eventually consistent: https://docs.aws.amazon.com/IAM/latest/UserGuide/troubleshoot_general.html),
     waiting 0.5, 1, 2, 4 s; then the last error is raised."""
@@ -212,9 +216,10 @@ def _retry_gone(call, sleep, tries: int = 5):
             if error_code(exc) != GONE or attempt == tries - 1:
                 raise
             sleep(min(4.0, 0.5 * 2 ** attempt))
+    return None  # tries < 1: nothing called
 
 
-def boundary_arn(iam, account_id: str) -> str | None:
+def boundary_arn(iam: Client, account_id: str) -> str | None:
     """The ARN of the account's BOUNDARY_NAME policy under PATH, or None when it has none (or
     these credentials may not read it: GetPolicy). Raises botocore's ClientError for other errors."""
     arn = f"arn:aws:iam::{account_id}:policy{PATH}{BOUNDARY_NAME}"
@@ -227,8 +232,8 @@ def boundary_arn(iam, account_id: str) -> str | None:
     return arn
 
 
-def create_run_role(iam, run_id: str, owner: str, policy: dict, *, region: str | None = None,
-                    boundary: str | None = None, sleep=time.sleep) -> str:
+def create_run_role(iam: Client, run_id: str, owner: str, policy: dict[str, Any], *, region: str | None = None,
+                    boundary: str | None = None, sleep: Callable[[float], object] = time.sleep) -> str:
     """Create the run's role and instance profile; return the profile's name (= the role's).
 
     The role ``ec2gpu-RUN_ID`` (``role_name``) under ``/ec2gpu/``, trusted by ec2.amazonaws.com only
@@ -271,7 +276,7 @@ def create_run_role(iam, run_id: str, owner: str, policy: dict, *, region: str |
     return name
 
 
-def _undo(iam, name: str, made: list[str]) -> None:
+def _undo(iam: Client, name: str, made: list[str]) -> None:
     """Remove what create_run_role made (``made``, in the order made), newest first; each step
     tried on its own and its failure swallowed (the caller raises the error that stopped it)."""
     steps = {"in profile": lambda: iam.remove_role_from_instance_profile(InstanceProfileName=name, RoleName=name),
@@ -285,7 +290,7 @@ def _undo(iam, name: str, made: list[str]) -> None:
             pass
 
 
-def _ok_if_gone(call) -> bool:
+def _ok_if_gone(call: Callable[[], object]) -> bool:
     """``call()``; False when IAM says it is already gone (NoSuchEntity), True when done. Other
     errors are raised."""
     try:
@@ -297,7 +302,7 @@ def _ok_if_gone(call) -> bool:
         raise
 
 
-def delete_run_role(iam, name: str, *, sleep=time.sleep) -> None:
+def delete_run_role(iam: Client, name: str, *, sleep: Callable[[float], object] = time.sleep) -> None:
     """Remove the role ``name`` and the instance profile of the same name completely, best-effort:
     the role out of every instance profile that holds it (and every role out of the profile
     ``name``), the profile ``name`` deleted, the role's inline policies deleted and managed ones
@@ -311,7 +316,7 @@ def delete_run_role(iam, name: str, *, sleep=time.sleep) -> None:
     """
     errors: list[BaseException] = []
 
-    def attempt(call) -> None:
+    def attempt(call: Callable[..., object]) -> None:  # called with no argument; `...`: the lambdas below bind theirs as defaults
         try:
             _ok_if_gone(call)
         except botocore.exceptions.ClientError as exc:
@@ -376,7 +381,7 @@ def delete_run_role(iam, name: str, *, sleep=time.sleep) -> None:
 
 # --- finding them -----------------------------------------------------------------------------
 
-def _tags(iam, name: str) -> dict[str, str]:
+def _tags(iam: Client, name: str) -> dict[str, str]:
     """The tags of role ``name`` ({} once it is gone). ListRoles does not return them."""
     try:
         pages = iam.get_paginator("list_role_tags").paginate(RoleName=name)
@@ -387,7 +392,7 @@ def _tags(iam, name: str) -> dict[str, str]:
         raise
 
 
-def _profile_tags(iam, profile: dict) -> dict[str, str] | None:
+def _profile_tags(iam: Client, profile: Item) -> dict[str, str] | None:
     """The tags of an instance profile entry of ListInstanceProfiles (which need not return them:
     then GetInstanceProfile); None once it is gone."""
     if "Tags" in profile:
@@ -401,8 +406,8 @@ def _profile_tags(iam, profile: dict) -> dict[str, str] | None:
         raise
 
 
-def find_run_roles(iam, run_id: str | None = None, owner: str | None = None, *,
-                   region: str | None = None) -> list[dict]:
+def find_run_roles(iam: Client, run_id: str | None = None, owner: str | None = None, *,
+                   region: str | None = None) -> list[dict[str, Any]]:
     """The tool's run roles, and its orphan instance profiles, optionally of one run, owner or region.
 
     Roles under ``/ec2gpu/`` (ListRoles with PathPrefix, paginated; their tags from ListRoleTags)
@@ -421,7 +426,7 @@ def find_run_roles(iam, run_id: str | None = None, owner: str | None = None, *,
                 and (owner is None or tg.get(T.OWNER) == tag_value(owner))
                 and (region is None or tg.get(REGION) == region))
 
-    def row(name: str, tg: dict[str, str], created, kind: str) -> dict:
+    def row(name: str, tg: dict[str, str], created: datetime | None, kind: str) -> dict[str, Any]:
         return {"name": name, "run_id": tg.get(T.RUN, ""), "owner": tg.get(T.OWNER, ""), "region": tg.get(REGION, ""),
                 "created": created, "kind": kind}
 

@@ -14,10 +14,12 @@ versions too (``_by_name``), then the newest image owned by Amazon whose name ma
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import botocore.exceptions
 
 from ..errors import AwsError
+from .session import Client, Item
 
 DLAMI_PATH = "/aws/service/deeplearning/ami/x86_64"
 #: Ubuntu releases in order of preference, with why a later one is only a fallback
@@ -45,7 +47,7 @@ SSM_PARAMETERS = tuple(parameter_name(torch, ubuntu) for ubuntu in UBUNTU_RELEAS
 NAME_PATTERNS = tuple(f"Deep Learning OSS Nvidia Driver AMI GPU PyTorch * (Ubuntu {u}) *" for u in UBUNTU_RELEASES)
 
 
-def described(ec2, **params) -> list[dict]:
+def described(ec2: Client, **params: Any) -> list[Item]:
     """Every image DescribeImages answers for ``params``, over all its pages (boto3's paginator:
     EC2 pages DescribeImages with NextToken when the answer is long)."""
     return [i for page in ec2.get_paginator("describe_images").paginate(**params) for i in page["Images"]]
@@ -66,7 +68,7 @@ def pick_parameter(parameters: dict[str, str]) -> tuple[str, str, str] | None:
     return None
 
 
-def _by_path(ssm) -> dict[str, str] | None:
+def _by_path(ssm: Client) -> dict[str, str] | None:
     """Every DLAMI parameter of the region ({name: AMI id}), or None when the call is refused."""
     try:
         pages = ssm.get_paginator("get_parameters_by_path").paginate(Path=DLAMI_PATH, Recursive=True)
@@ -75,14 +77,15 @@ def _by_path(ssm) -> dict[str, str] | None:
         return None
 
 
-def _get(ssm, name: str) -> str | None:
+def _get(ssm: Client, name: str) -> str | None:
     try:
-        return ssm.get_parameter(Name=name)["Parameter"]["Value"]
+        value: str = ssm.get_parameter(Name=name)["Parameter"]["Value"]
+        return value
     except botocore.exceptions.ClientError:
         return None
 
 
-def _by_name(ssm) -> tuple[str, str, str] | None:
+def _by_name(ssm: Client) -> tuple[str, str, str] | None:
     """SSM_PARAMETERS one by one, newest first (as pick_parameter); when the newest listed version
     answers, the versions after it are tried until one is missing (``_newer``)."""
     for name in SSM_PARAMETERS:
@@ -98,7 +101,7 @@ def _by_name(ssm) -> tuple[str, str, str] | None:
     return None
 
 
-def _newer(ssm, major: int, minor: int, ubuntu: str) -> dict[str, str]:
+def _newer(ssm: Client, major: int, minor: int, ubuntu: str) -> dict[str, str]:
     """The parameters of the PyTorch DLAMIs after ``major.minor`` for ``ubuntu`` ({name: AMI id}):
     the next minor version while one answers, else the next major version's .0; MAX_NEWER at most."""
     found = {}
@@ -114,7 +117,7 @@ def _newer(ssm, major: int, minor: int, ubuntu: str) -> dict[str, str]:
     return found
 
 
-def resolve_ami(ssm, ec2, override: str | None = None) -> dict:
+def resolve_ami(ssm: Client, ec2: Client, override: str | None = None) -> dict[str, str]:
     """Return the image to launch: {'ImageId', 'Name', 'RootDeviceName', 'source', 'why'}.
 
     Order: ``override``, the newest Ubuntu 24.04 PyTorch DLAMI among the SSM parameters (then
@@ -142,7 +145,7 @@ def resolve_ami(ssm, ec2, override: str | None = None) -> dict:
                    "pass --ami ami-... (an Ubuntu image with the NVIDIA driver)")
 
 
-def _describe(ec2, image_id: str, source: str, why: str) -> dict:
+def _describe(ec2: Client, image_id: str, source: str, why: str) -> dict[str, str]:
     try:
         images = described(ec2, ImageIds=[image_id])
     except botocore.exceptions.ClientError as exc:
@@ -152,7 +155,7 @@ def _describe(ec2, image_id: str, source: str, why: str) -> dict:
     return _pick(images[0], source, why)
 
 
-def _pick(image: dict, source: str, why: str) -> dict:
+def _pick(image: Item, source: str, why: str) -> dict[str, str]:
     return {"ImageId": image["ImageId"], "Name": image.get("Name", ""),
             "RootDeviceName": image.get("RootDeviceName", "/dev/sda1"), "source": source, "why": why}
 
@@ -164,7 +167,7 @@ UBUNTU_2404_PARAMETER = "/aws/service/canonical/ubuntu/server/24.04/stable/curre
 BASES = ("dlami", "ubuntu-24.04")
 
 
-def resolve_base(ssm, ec2, base: str, override: str | None = None) -> dict:
+def resolve_base(ssm: Client, ec2: Client, base: str, override: str | None = None) -> dict[str, str]:
     """The image a bake starts from (as resolve_ami returns it): the PyTorch DLAMI for "dlami",
     Canonical's Ubuntu 24.04 (no NVIDIA driver, no torch) for "ubuntu-24.04". Raises AwsError when
     the region has none."""

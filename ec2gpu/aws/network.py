@@ -9,12 +9,14 @@ import ipaddress
 import os
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ..errors import AwsError, UsageError
 from . import tags as T
+from .session import Client, Log
 
 #: AWS's own "what is my IP" service; override with EC2GPU_CHECKIP_URL (the sandbox serves one).
 CHECKIP_URL = "https://checkip.amazonaws.com"
@@ -35,7 +37,7 @@ def caller_ip(url: str | None = None, timeout: float = 5.0) -> str:
                        "pass --ssh-cidr YOUR.IP.ADDR.ESS/32")
 
 
-def check_cidr(explicit: str, warn=lambda msg: None) -> str:
+def check_cidr(explicit: str, warn: Log = lambda msg: None) -> str:
     """``explicit`` as a normalized CIDR; ``warn`` says who can reach port 22 when its prefix is
     shorter than /24 (0.0.0.0/0: anyone). Raises UsageError for anything that is not a CIDR."""
     try:
@@ -56,16 +58,17 @@ def ssh_cidr(explicit: str | None, url: str | None = None) -> str:
     return f"{caller_ip(url)}/32"
 
 
-def default_vpc(ec2) -> str:
+def default_vpc(ec2: Client) -> str:
     """Return the region's default VPC id. Raises AwsError when the account has none."""
     vpcs = ec2.describe_vpcs(Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"]
     if not vpcs:
         raise AwsError("this region has no default VPC",
                        "create one with `aws ec2 create-default-vpc`, or choose another --region")
-    return vpcs[0]["VpcId"]
+    vpc_id: str = vpcs[0]["VpcId"]
+    return vpc_id
 
 
-def security_group_request(run_id: str, owner: str, vpc_id: str) -> dict:
+def security_group_request(run_id: str, owner: str, vpc_id: str) -> dict[str, Any]:
     """create_security_group kwargs for the run (pure)."""
     name = f"ec2gpu-{run_id}"
     return {"GroupName": name, "VpcId": vpc_id,
@@ -73,22 +76,22 @@ def security_group_request(run_id: str, owner: str, vpc_id: str) -> dict:
             "TagSpecifications": [T.tag_spec("security-group", run_id, owner, name)]}
 
 
-def ingress_request(group_id: str, cidr: str) -> dict:
+def ingress_request(group_id: str, cidr: str) -> dict[str, Any]:
     """authorize_security_group_ingress kwargs: 22/tcp from ``cidr`` only (pure)."""
     return {"GroupId": group_id, "IpPermissions": [{
         "IpProtocol": "tcp", "FromPort": 22, "ToPort": 22,
         "IpRanges": [{"CidrIp": cidr, "Description": "ec2gpu: SSH from the caller"}]}]}
 
 
-def create_security_group(ec2, run_id: str, owner: str, cidr: str) -> str:
+def create_security_group(ec2: Client, run_id: str, owner: str, cidr: str) -> str:
     """Create the run's security group in the default VPC; return its id."""
     vpc = default_vpc(ec2)
-    group_id = ec2.create_security_group(**security_group_request(run_id, owner, vpc))["GroupId"]
+    group_id: str = ec2.create_security_group(**security_group_request(run_id, owner, vpc))["GroupId"]
     ec2.authorize_security_group_ingress(**ingress_request(group_id, cidr))
     return group_id
 
 
-def allow_within_group(ec2, group_id: str) -> None:
+def allow_within_group(ec2: Client, group_id: str) -> None:
     """Let the group's members reach each other on every port and protocol (torchrun's rendezvous
     on 29500, NCCL/gloo's own ports): a rule whose source is the group itself, not an address."""
     ec2.authorize_security_group_ingress(GroupId=group_id, IpPermissions=[
@@ -113,7 +116,7 @@ def write_private_key(path: Path, private: bytes) -> None:
         f.write(private)
 
 
-def create_key_pair(ec2, run_id: str, owner: str, keys_dir: Path) -> tuple[str, Path]:
+def create_key_pair(ec2: Client, run_id: str, owner: str, keys_dir: Path) -> tuple[str, Path]:
     """Generate an ed25519 key, import its public half as key pair ``ec2gpu-<run>``.
 
     Returns (key name, private key path, 0600). Raises AwsError if the import fails (the local
@@ -132,7 +135,7 @@ def create_key_pair(ec2, run_id: str, owner: str, keys_dir: Path) -> tuple[str, 
     return name, path
 
 
-def delete_key_pair(ec2, name: str, keys_dir: Path) -> None:
+def delete_key_pair(ec2: Client, name: str, keys_dir: Path) -> None:
     """Delete key pair ``name`` in AWS and its local private key file."""
     ec2.delete_key_pair(KeyName=name)
     private_key_path(keys_dir, name).unlink(missing_ok=True)

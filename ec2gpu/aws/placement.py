@@ -15,10 +15,10 @@ import botocore.parsers
 from . import tags as T
 from . import types
 from .catalog import CLUSTER_FAMILIES  # noqa: F401 - the families' list lives with the catalog's facts
-from .session import describe
+from .session import Client, Item, Log, describe
 
 
-def create(ec2, run_id: str, owner: str, name: str, instance_type: str) -> tuple[str | None, str]:
+def create(ec2: Client, run_id: str, owner: str, name: str, instance_type: str) -> tuple[str | None, str]:
     """Create the run's cluster placement group; return (its name or None, a note for the user).
     Whether the type may join one comes from DescribeInstanceTypes (types.py; the family list
     offline)."""
@@ -41,18 +41,20 @@ def unavailable(exc: Exception) -> bool:
     if isinstance(exc, botocore.parsers.ResponseParserError):
         return True
     if isinstance(exc, botocore.exceptions.ClientError):
-        return exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) >= 500
+        status: int = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        return status >= 500
     return False
 
 
-def find(ec2, run_id: str | None = None, log=lambda msg: None) -> list[dict]:
+def find(ec2: Client, run_id: str | None = None, log: Log = lambda msg: None) -> list[Item]:
     """Placement groups tagged by the tool (optionally one run). Where the API is unavailable
     (``unavailable``) there are none to find, and ``log`` says so; any other error propagates."""
     filters = [{"Name": "tag-key", "Values": [T.RUN]}]
     if run_id:
         filters.append({"Name": f"tag:{T.RUN}", "Values": [run_id]})
     try:
-        return ec2.describe_placement_groups(Filters=filters)["PlacementGroups"]
+        groups: list[Item] = ec2.describe_placement_groups(Filters=filters)["PlacementGroups"]
+        return groups
     except (botocore.exceptions.ClientError, botocore.parsers.ResponseParserError) as exc:
         if not unavailable(exc):
             raise
@@ -64,7 +66,7 @@ def find(ec2, run_id: str | None = None, log=lambda msg: None) -> list[dict]:
 MISSING = "InvalidPlacementGroup.Unknown"
 
 
-def delete(ec2, group_name: str) -> None:
+def delete(ec2: Client, group_name: str) -> None:
     """Delete a placement group (after its instances are terminated); a missing one is fine."""
     try:
         ec2.delete_placement_group(GroupName=group_name)

@@ -10,17 +10,20 @@ the hourly price. Spot: https://docs.aws.amazon.com/AWSEC2/latest/APIReference/A
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 from ..errors import AwsError
 from . import catalog
+from .session import Client
 
 PRICING_API_REGION = "us-east-1"
 SPOT_PRODUCT = "Linux/UNIX"  # ProductDescription of Linux spot prices in a VPC
 
 
-def product_filters(region: str) -> list[dict]:
+def product_filters(region: str) -> list[dict[str, str]]:
     """GetProducts filters for Linux on-demand GPU instances in ``region`` (pure)."""
     # marketoption pins on-demand products: without it the Capacity Block products of P-family
     # types match too, and their prices are not on-demand prices
@@ -47,7 +50,7 @@ def parse_price_list(price_list: list[str]) -> dict[str, float]:
     return prices
 
 
-def fetch_on_demand(pricing, region: str) -> dict[str, float]:
+def fetch_on_demand(pricing: Client, region: str) -> dict[str, float]:
     """Fetch the on-demand USD/h of every GPU instance type in ``region`` from the Price List API.
 
     ``pricing`` is a boto3 ``pricing`` client (region us-east-1). Raises AwsError when the API
@@ -78,7 +81,7 @@ STORAGE_PRODUCTS = {"gp3": {"productFamily": "Storage", "volumeApiName": "gp3"},
                     "snapshot": {"productFamily": "Storage Snapshot"}}
 
 
-def parse_storage_price(price_list: list, kind: str) -> float | None:
+def parse_storage_price(price_list: Sequence[str | dict[str, Any]], kind: str) -> float | None:
     """USD per GB-month of EBS ``kind`` from GetProducts' ``PriceList`` (pure): the "GB-Mo" dimension
     of the product; for "snapshot", the standard tier's (usage type ``[REGION-]EBS:SnapshotUsage``,
     not the archive tier's). None when no product has one."""
@@ -96,7 +99,7 @@ def parse_storage_price(price_list: list, kind: str) -> float | None:
     return max(found) if found else None  # never low, as parse_price_list
 
 
-def fetch_storage(pricing, region: str) -> dict[str, float]:
+def fetch_storage(pricing: Client, region: str) -> dict[str, float]:
     """EBS gp3 and snapshot USD per GB-month in ``region`` from the Price List API: {kind: USD},
     the kinds it found. Raises AwsError as ``fetch_on_demand``."""
     from botocore.exceptions import BotoCoreError, ClientError
@@ -116,25 +119,25 @@ def fetch_storage(pricing, region: str) -> dict[str, float]:
     return out
 
 
-def refresh_storage(pricing, region: str, home: Path) -> dict[str, float]:
+def refresh_storage(pricing: Client, region: str, home: Path) -> dict[str, float]:
     """Fetch ``region``'s EBS gp3 and snapshot prices (``fetch_storage``) into its cache, which
     ``refresh_cache`` wrote first (``catalog.ebs_price`` reads them there); return them."""
     path = catalog.price_cache_path(home, region)
     cache = catalog.read_price_cache(home, region) or {"region": region, "prices": {},
                                                         "fetched_at": datetime.now(timezone.utc).isoformat()}
-    cache["storage"] = fetch_storage(pricing, region)
+    storage = cache["storage"] = fetch_storage(pricing, region)
     _write(path, cache)
-    return cache["storage"]
+    return storage
 
 
-def _write(path: Path, cache: dict) -> None:
+def _write(path: Path, cache: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(cache, indent=2) + "\n")
     tmp.replace(path)
 
 
-def refresh_cache(pricing, region: str, home: Path) -> dict:
+def refresh_cache(pricing: Client, region: str, home: Path) -> dict[str, Any]:
     """Fetch ``region``'s prices and write them to the cache ``catalog.on_demand_price`` reads."""
     prices = fetch_on_demand(pricing, region)
     cache = {"region": region, "fetched_at": datetime.now(timezone.utc).isoformat(),
@@ -143,7 +146,7 @@ def refresh_cache(pricing, region: str, home: Path) -> dict:
     return cache
 
 
-def current_spot_prices(ec2, instance_types: list[str]) -> dict[str, dict[str, float]]:
+def current_spot_prices(ec2: Client, instance_types: list[str]) -> dict[str, dict[str, float]]:
     """Instance type -> {availability zone: current spot USD/h} (the newest entry per zone)."""
     newest: dict[tuple[str, str], tuple[datetime, float]] = {}
     pages = ec2.get_paginator("describe_spot_price_history").paginate(
@@ -160,7 +163,8 @@ def current_spot_prices(ec2, instance_types: list[str]) -> dict[str, dict[str, f
     return out
 
 
-def spot_price_history(ec2, instance_type: str, zone: str, start: datetime, end: datetime) -> list[tuple[datetime, float]]:
+def spot_price_history(ec2: Client, instance_type: str, zone: str, start: datetime,
+                       end: datetime) -> list[tuple[datetime, float]]:
     """[(timestamp, USD/h)] for ``instance_type`` in ``zone`` that applied between ``start`` and ``end``.
 
     AWS also returns the entry in effect at ``start``; one day of look-back covers an API that

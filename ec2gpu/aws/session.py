@@ -5,6 +5,7 @@ Retry modes: https://boto3.amazonaws.com/v1/documentation/api/latest/guide/retri
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,21 +35,32 @@ NOT_YET_VISIBLE: dict[str, frozenset[str]] = {
 }
 EXTRA_ATTEMPTS = 7  # at most 7 retries: 0.25, 0.5, 1, 2, 4, 4, 4 s (about 16 s in all)
 
+#: a boto3 client (ec2, sts, iam, s3, pricing, ...): boto3 has no type information here (no
+#: boto3-stubs), so its clients are Any; the alias names what a parameter holds
+Client = Any
+#: a response item of a DescribeX / GetX call (an instance, an image, a volume): JSON as boto3 parses it
+Item = dict[str, Any]
+#: where a function's progress lines go (print, a reporter's log); what it returns is ignored
+Log = Callable[[str], object]
+#: botocore's ``needs-retry`` handler: the delay in seconds, or None to leave the decision to the retry mode
+RetryHandler = Callable[..., float | None]
+
 
 def backoff_s(attempt: int, base_s: float = 0.25, cap_s: float = 4.0) -> float:
     """Seconds to wait before retry number ``attempt`` (1-based): base doubling, capped (pure)."""
-    return min(cap_s, base_s * 2 ** (attempt - 1))
+    return min(cap_s, base_s * 2.0 ** (attempt - 1))
 
 
 def retry_handler(codes_by_operation: dict[str, frozenset[str]], also: frozenset[str] = frozenset(),
-                  max_retries: int = EXTRA_ATTEMPTS):
+                  max_retries: int = EXTRA_ATTEMPTS) -> RetryHandler:
     """A botocore ``needs-retry`` handler: the delay (s) when the error code is listed for the
     operation (or in ``also``, for any operation) and fewer than ``max_retries`` retries were made;
     None otherwise, leaving the decision to the client's own retry mode."""
-    def needs_retry(attempts, response=None, operation=None, **_):
+    def needs_retry(attempts: int, response: tuple[Any, Item] | None = None, operation: Any = None,
+                    **_: Any) -> float | None:
         if response is None or operation is None or attempts > max_retries:
             return None
-        code = response[1].get("Error", {}).get("Code")
+        code: str | None = response[1].get("Error", {}).get("Code")
         if code in also or code in codes_by_operation.get(operation.name, ()):
             return backoff_s(attempts)
         return None
@@ -58,7 +70,7 @@ def retry_handler(codes_by_operation: dict[str, frozenset[str]], also: frozenset
 _LOADER: Any = None  # botocore's data loader, shared by every Aws of this process (its models are parsed once)
 
 
-def _botocore_session():
+def _botocore_session() -> Any:
     """A new botocore session that shares this process's data loader: service models and endpoint
     data are read once per process (about 0.13 s for ec2, sts and iam) instead of once per ``Aws``,
     while credentials are still resolved per session (the sandbox's and AWS's never mix).
@@ -83,13 +95,13 @@ class Aws:
 
     region: str
     endpoint_url: str | None = None
-    credentials: tuple | None = field(default=None, repr=False)
+    credentials: tuple[str, str, str | None] | None = field(default=None, repr=False)
     checkip_url: str | None = None
     _session: boto3.session.Session = field(init=False, repr=False)
-    _clients: dict = field(default_factory=dict, init=False, repr=False)
-    _identity: dict | None = field(default=None, init=False, repr=False)
+    _clients: dict[tuple[str, bool], Client] = field(default_factory=dict, init=False, repr=False)
+    _identity: Item | None = field(default=None, init=False, repr=False)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         key, secret, token = self.credentials or (None, None, None)
         core = _botocore_session()
         self._session = boto3.session.Session(botocore_session=core, region_name=self.region,
@@ -101,7 +113,7 @@ class Aws:
             raise UsageError(f"unknown AWS region {self.region!r}",
                              "use a region code such as us-east-1, us-west-2 or eu-west-1 (--region)")
 
-    def client(self, service: str, fail_fast: bool = False):
+    def client(self, service: str, fail_fast: bool = False) -> Client:
         """A cached boto3 client for ``service``; ``fail_fast`` disables SDK retries."""
         key = (service, fail_fast)
         if key not in self._clients:
@@ -122,9 +134,10 @@ class Aws:
 
     def partition_regions(self) -> list[str]:
         """The EC2 regions of the standard AWS partition that botocore knows."""
-        return self._session.get_available_regions("ec2")
+        regions: list[str] = self._session.get_available_regions("ec2")
+        return regions
 
-    def pricing(self):
+    def pricing(self) -> Client:
         """A Price List API client; that API is served from us-east-1 whatever the region."""
         key = ("pricing", False)
         if key not in self._clients:
@@ -134,10 +147,10 @@ class Aws:
         return self._clients[key]
 
     @property
-    def ec2(self):
+    def ec2(self) -> Client:
         return self.client("ec2")
 
-    def check_credentials(self) -> dict:
+    def check_credentials(self) -> Item:
         """Return the caller identity (Account, Arn, UserId): asked of STS once per ``Aws`` (a run
         asks for it before its estimate and again for the account's permissions boundary).
 
@@ -147,8 +160,9 @@ class Aws:
         if self._identity is not None:
             return self._identity
         try:
-            self._identity = self.client("sts").get_caller_identity()
-            return self._identity
+            identity: Item = self.client("sts").get_caller_identity()
+            self._identity = identity
+            return identity
         except botocore.exceptions.NoCredentialsError:
             raise NoCredentials() from None
         except botocore.exceptions.ClientError as exc:
@@ -167,7 +181,8 @@ def describe(exc: botocore.exceptions.ClientError) -> str:
 def error_code(exc: BaseException) -> str | None:
     """The AWS error code of a ClientError, else None."""
     if isinstance(exc, botocore.exceptions.ClientError):
-        return exc.response.get("Error", {}).get("Code")
+        code: str | None = exc.response.get("Error", {}).get("Code")
+        return code
     return None
 
 

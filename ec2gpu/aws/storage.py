@@ -13,13 +13,14 @@ Also the upload of a file (``upload``: --checkpoint-uri's second copy, runs/reco
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import botocore.exceptions
 
 from ..errors import AwsError, UsageError
 from . import tags as T
-from .session import error_code
+from .session import Client, Log, error_code
 
 #: HeadBucket answers with an HTTP status and no body: its error code is the status
 #: (https://docs.aws.amazon.com/AmazonS3/latest/API/API_HeadBucket.html)
@@ -27,7 +28,25 @@ MISSING = frozenset({"404", "NoSuchBucket", "NotFound"})
 FORBIDDEN = frozenset({"403", "AccessDenied", "Forbidden"})
 
 
-def bucket_region(s3, bucket: str, default_region: str) -> str | None:
+class S3Mount(Protocol):
+    """What these functions read of a file_mounts entry (tasks/mounts.Mount, which aws/ does not
+    import): an entry of ``kind`` "s3" has its ``bucket``."""
+
+    @property
+    def target(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def bucket(self) -> str | None: ...
+    @property
+    def prefix(self) -> str: ...
+    @property
+    def create(self) -> bool: ...
+    @property
+    def url(self) -> str: ...
+
+
+def bucket_region(s3: Client, bucket: str, default_region: str) -> str | None:
     """The region of ``bucket`` (HeadBucket's BucketRegion, else its x-amz-bucket-region header,
     else ``default_region``), or None when it does not exist.
 
@@ -44,10 +63,11 @@ def bucket_region(s3, bucket: str, default_region: str) -> str | None:
                              "name a bucket of this account, or ask its owner for s3:ListBucket and s3:GetObject")
         raise AwsError(f"file_mounts: s3://{bucket}: HeadBucket failed ({code})", "try again")
     headers = got.get("ResponseMetadata", {}).get("HTTPHeaders", {})
-    return got.get("BucketRegion") or headers.get("x-amz-bucket-region") or default_region
+    found: str = got.get("BucketRegion") or headers.get("x-amz-bucket-region") or default_region
+    return found
 
 
-def create_private_bucket(s3, bucket: str, region: str, owner: str) -> None:
+def create_private_bucket(s3: Client, bucket: str, region: str, owner: str) -> None:
     """Create ``bucket`` in ``region``: public access blocked, SSE-S3 default encryption, tagged
     ``ec2gpu:owner``. Raises UsageError when the name is taken by another account
     (BucketAlreadyExists), AwsError for other errors."""
@@ -70,7 +90,7 @@ def create_private_bucket(s3, bucket: str, region: str, owner: str) -> None:
     s3.put_bucket_tagging(Bucket=bucket, Tagging={"TagSet": [{"Key": T.OWNER, "Value": owner}]})
 
 
-def check_buckets(s3, mounts_: list, region: str) -> tuple[dict[str, str], list[str]]:
+def check_buckets(s3: Client, mounts_: Sequence[S3Mount], region: str) -> tuple[dict[str, str], list[str]]:
     """Check every S3 bucket of ``mounts_`` (tasks/mounts.Mount) with HeadBucket, creating nothing.
 
     Returns ({bucket: its region, or ``region`` for one to be made}, [buckets to be made]: those
@@ -82,6 +102,7 @@ def check_buckets(s3, mounts_: list, region: str) -> tuple[dict[str, str], list[
     for m in mounts_:
         if m.kind != "s3" or m.bucket in regions:
             continue
+        assert m.bucket is not None  # an "s3" entry names its bucket (tasks/mounts.py)
         found = bucket_region(s3, m.bucket, region)
         if found is None and not m.create:
             raise UsageError(f"file_mounts.{m.target}: s3://{m.bucket} does not exist",
@@ -92,7 +113,7 @@ def check_buckets(s3, mounts_: list, region: str) -> tuple[dict[str, str], list[
     return regions, missing
 
 
-def make_buckets(s3, buckets: list[str], region: str, owner: str, log=lambda line: None) -> None:
+def make_buckets(s3: Client, buckets: list[str], region: str, owner: str, log: Log = lambda line: None) -> None:
     """Create each of ``buckets`` in ``region`` (create_private_bucket), saying so through ``log``.
     Raises UsageError or AwsError as create_private_bucket does."""
     for bucket in buckets:
@@ -100,13 +121,13 @@ def make_buckets(s3, buckets: list[str], region: str, owner: str, log=lambda lin
         log(f"file_mounts: created s3://{bucket} in {region} (private, encrypted; it stays after the run)")
 
 
-def upload(s3, path: str | os.PathLike, bucket: str, key: str) -> None:
+def upload(s3: Client, path: str | os.PathLike[str], bucket: str, key: str) -> None:
     """Copy the local file ``path`` to s3://``bucket``/``key`` (boto3's managed transfer: multipart
     for a large file), replacing the object there. Raises what boto3 raises (S3UploadFailedError,
     botocore's ClientError, FileNotFoundError for a missing ``path``)."""
     s3.upload_file(str(path), bucket, key)
 
-def single_objects(s3, mounts_: list) -> set[str]:
+def single_objects(s3: Client, mounts_: Sequence[S3Mount]) -> set[str]:
     """The targets of S3 source entries of ``mounts_`` whose prefix is one object's whole key and no
     folder (SkyPilot copies that object to the target path as a file): HeadObject on the key, and
     ListObjectsV2 (1 key) under ``PREFIX/`` (so ``a.txt`` beside ``a.txt.bak`` is still a file, and
@@ -120,9 +141,10 @@ def single_objects(s3, mounts_: list) -> set[str]:
     for m in mounts_:
         if m.kind != "s3" or m.create or not m.prefix:
             continue
+        assert m.bucket is not None  # an "s3" entry names its bucket (tasks/mounts.py)
         folder = m.prefix if m.prefix.endswith("/") else m.prefix + "/"
         try:
-            under = s3.list_objects_v2(Bucket=m.bucket, Prefix=folder, MaxKeys=1).get("KeyCount", 0)
+            under: int = s3.list_objects_v2(Bucket=m.bucket, Prefix=folder, MaxKeys=1).get("KeyCount", 0)
             is_object = not m.prefix.endswith("/") and not under and _exists(s3, m.bucket, m.prefix)
         except botocore.exceptions.ClientError as exc:
             if error_code(exc) in FORBIDDEN:
@@ -137,7 +159,7 @@ def single_objects(s3, mounts_: list) -> set[str]:
     return out
 
 
-def _exists(s3, bucket: str, key: str) -> bool:
+def _exists(s3: Client, bucket: str, key: str) -> bool:
     """HeadObject ``key``: False on 404; other errors are raised (botocore's ClientError)."""
     try:
         s3.head_object(Bucket=bucket, Key=key)

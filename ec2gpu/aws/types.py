@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import botocore.exceptions
 
 from . import catalog
+from .session import Client, Item, Log
 from .session import describe as describe_error
 
 API = "DescribeInstanceTypes"
@@ -45,7 +46,7 @@ def gpu_name(name: str | None, memory_mib: int | float) -> str | None:
     return name
 
 
-def _from_api(t: dict) -> Facts:
+def _from_api(t: Item) -> Facts:
     gpus = (t.get("GpuInfo") or {}).get("Gpus") or [{}]
     g = gpus[0]
     return Facts(t["InstanceType"], gpu_name(g.get("Name"), (g.get("MemoryInfo") or {}).get("SizeInMiB", 0)),
@@ -65,10 +66,10 @@ def from_table(t: catalog.InstanceType) -> Facts:
 
 #: What EC2 said about each type, per client: an instance type's facts do not change while a
 #: command runs, and a run asks for them up to three times (quota, placement, the cluster).
-_ANSWERED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_ANSWERED: weakref.WeakKeyDictionary[Client, dict[str, Facts]] = weakref.WeakKeyDictionary()
 
 
-def describe(ec2, names: list[str], log=lambda msg: None) -> dict[str, Facts]:
+def describe(ec2: Client, names: list[str], log: Log = lambda msg: None) -> dict[str, Facts]:
     """Facts for ``names`` (instance type names) from DescribeInstanceTypes, one call per 100 and
     none for a type this client was already told about; a type the API does not answer for (or
     every type, when it fails: ``log`` says why) comes from the catalog's table when the table has
@@ -92,6 +93,6 @@ def describe(ec2, names: list[str], log=lambda msg: None) -> dict[str, Facts]:
     return found
 
 
-def facts(ec2, name: str, log=lambda msg: None) -> Facts:
+def facts(ec2: Client, name: str, log: Log = lambda msg: None) -> Facts:
     """Facts for one catalog type (``describe``); the table's when the API leaves it out."""
     return describe(ec2, [name], log).get(name) or from_table(catalog.lookup(name))
