@@ -119,18 +119,14 @@ def end(autoscaling: Any, run_id: str) -> None:
 
 def find_groups(autoscaling: Any, run_id: str | None = None) -> list[dict[str, Any]]:
     """Groups tagged by the tool (optionally one run's), as DescribeAutoScalingGroups lists them."""
-    filters = [{"Name": "tag-key", "Values": [T.RUN]}]
-    if run_id:
-        filters.append({"Name": f"tag:{T.RUN}", "Values": [run_id]})
+    filters = T.run_filters(run_id)
     pages = autoscaling.get_paginator("describe_auto_scaling_groups").paginate(Filters=filters)
     return [g for page in pages for g in cast("list[dict[str, Any]]", page["AutoScalingGroups"])]
 
 
 def find_templates(ec2: Any, run_id: str | None = None) -> list[dict[str, Any]]:
     """Launch templates tagged by the tool (optionally one run's)."""
-    filters = [{"Name": "tag-key", "Values": [T.RUN]}]
-    if run_id:
-        filters.append({"Name": f"tag:{T.RUN}", "Values": [run_id]})
+    filters = T.run_filters(run_id)
     pages = ec2.get_paginator("describe_launch_templates").paginate(Filters=filters)
     return [t for page in pages for t in cast("list[dict[str, Any]]", page["LaunchTemplates"])]
 

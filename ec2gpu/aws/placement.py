@@ -49,9 +49,7 @@ def unavailable(exc: Exception) -> bool:
 def find(ec2: Client, run_id: str | None = None, log: Log = lambda msg: None) -> list[Item]:
     """Placement groups tagged by the tool (optionally one run). Where the API is unavailable
     (``unavailable``) there are none to find, and ``log`` says so; any other error propagates."""
-    filters = [{"Name": "tag-key", "Values": [T.RUN]}]
-    if run_id:
-        filters.append({"Name": f"tag:{T.RUN}", "Values": [run_id]})
+    filters = T.run_filters(run_id)
     try:
         groups: list[Item] = ec2.describe_placement_groups(Filters=filters)["PlacementGroups"]
         return groups

@@ -29,10 +29,7 @@ LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
 def find_instances(ec2: Any, run_id: str | None = None, name: str | None = None,
                    states: list[str] | None = None) -> list[inst.Instance]:
     """Instances tagged by the tool (optionally one run or Name), in ``states`` (default: live)."""
-    filters = [{"Name": "tag-key", "Values": [T.RUN]},
-               {"Name": "instance-state-name", "Values": states or LIVE_STATES}]
-    if run_id:
-        filters.append({"Name": f"tag:{T.RUN}", "Values": [run_id]})
+    filters = T.run_filters(run_id, {"Name": "instance-state-name", "Values": states or LIVE_STATES})
     if name:
         filters.append({"Name": f"tag:{T.NAME}", "Values": [name]})
     pages = ec2.get_paginator("describe_instances").paginate(Filters=filters)
@@ -41,18 +38,14 @@ def find_instances(ec2: Any, run_id: str | None = None, name: str | None = None,
 
 def find_security_groups(ec2: Any, run_id: str | None = None) -> list[dict[str, Any]]:
     """Security groups tagged by the tool (optionally one run)."""
-    filters = [{"Name": "tag-key", "Values": [T.RUN]}]
-    if run_id:
-        filters.append({"Name": f"tag:{T.RUN}", "Values": [run_id]})
+    filters = T.run_filters(run_id)
     pages = ec2.get_paginator("describe_security_groups").paginate(Filters=filters)
     return [g for page in pages for g in page["SecurityGroups"]]
 
 
 def find_key_pairs(ec2: Any, run_id: str | None = None) -> list[dict[str, Any]]:
     """Key pairs tagged by the tool (optionally one run)."""
-    filters = [{"Name": "tag-key", "Values": [T.RUN]}]
-    if run_id:
-        filters.append({"Name": f"tag:{T.RUN}", "Values": [run_id]})
+    filters = T.run_filters(run_id)
     return cast("list[dict[str, Any]]", ec2.describe_key_pairs(Filters=filters)["KeyPairs"])
 
 
@@ -69,9 +62,7 @@ def runs_named(ec2: Any, name: str) -> set[str]:
 
 def find_spot_requests(ec2: Any, run_id: str | None = None) -> list[dict[str, Any]]:
     """Open or active spot instance requests tagged by the tool (optionally one run)."""
-    filters = [{"Name": "tag-key", "Values": [T.RUN]}, {"Name": "state", "Values": ["open", "active"]}]
-    if run_id:
-        filters.append({"Name": f"tag:{T.RUN}", "Values": [run_id]})
+    filters = T.run_filters(run_id, {"Name": "state", "Values": ["open", "active"]})
     pages = ec2.get_paginator("describe_spot_instance_requests").paginate(Filters=filters)
     return [r for page in pages for r in page["SpotInstanceRequests"]]
 

@@ -68,6 +68,16 @@ def tag_spec(resource_type: str, run_id: str, owner: str, name: str) -> dict[str
     return {"ResourceType": resource_type, "Tags": tags(run_id, owner, name)}
 
 
+def run_filters(run_id: str | None = None, *more: dict[str, Any]) -> list[dict[str, Any]]:
+    """Describe* ``Filters`` for what the tool tagged (the ec2gpu:run key), of one run when
+    ``run_id`` is given, and ``more`` (pure). EC2's and Auto Scaling's Describe calls take the same
+    ``tag-key`` and ``tag:KEY`` filters."""
+    filters = [{"Name": "tag-key", "Values": [RUN]}, *more]
+    if run_id:
+        filters.append({"Name": f"tag:{RUN}", "Values": [run_id]})
+    return filters
+
+
 def as_dict(tag_list: list[dict[str, Any]] | None) -> dict[str, str]:
     """EC2's [{'Key': k, 'Value': v}] as {k: v}."""
     return {t["Key"]: t["Value"] for t in tag_list or []}
