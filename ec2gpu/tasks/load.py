@@ -33,7 +33,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, cast
+from typing import Any, Iterable, Mapping, cast
 
 import yaml
 from pydantic import ValidationError
@@ -42,7 +42,8 @@ from ..aws import catalog
 from .. import settings
 from ..errors import UsageError
 from . import resolve
-from .spec import ENV_NAME_RE, IDLE_FLOOR_MINUTES, MAX_MINUTES, Task
+from .mounts import Mount
+from .spec import ENV_NAME_RE, IDLE_FLOOR_MINUTES, MAX_MINUTES, Resources, Task
 
 MAX_TASK_BYTES = 1 << 20  # a task file holds at most 1 MiB
 MAX_ALIASES = 100  # alias uses (*name) in one task file
@@ -95,6 +96,12 @@ SKYPILOT_RESOURCE_FIELDS = ("infra", "cloud", "region", "zone", "accelerators", 
 #: SkyPilot's alias in resources and in each candidate (sky/resources.py, RESOURCE_CONFIG_ALIASES)
 SKYPILOT_ALIASES = {"gpus": "accelerators"}
 DOCS = "see docs/tasks.md for every field"
+#: a field's place in a task file, its keys and list indexes: ("resources", "any_of", 0, "gpu")
+_Loc = tuple[str | int, ...]
+#: {field path: 1-based line} of a task file (_lines)
+_Lines = dict[_Loc, int]
+#: {our field path: the file's (SkyPilot's)}, ("nodes",): ("num_nodes",)
+_Renamed = dict[tuple[str, ...], tuple[str, ...]]
 
 
 @dataclass
@@ -106,28 +113,28 @@ class LoadedTask:
     workdir: Path | None
     warnings: list[str] = field(default_factory=list)
     skypilot: bool = False
-    mounts: list = field(default_factory=list)  # file_mounts made ready: tasks/mounts.Mount, in the file's order
-    git: dict | None = None  # SkyPilot's git workdir {url, ref}: cloned on each instance (engine.upload_node)
+    mounts: list[Mount] = field(default_factory=list)  # file_mounts made ready: tasks/mounts.Mount, in the file's order
+    git: dict[str, str | None] | None = None  # SkyPilot's git workdir {url, ref}: cloned on each instance (engine.upload_node)
 
 
-class _TooComplex(yaml.MarkedYAMLError):
+class _TooComplex(yaml.MarkedYAMLError):  # type: ignore[misc]  # yaml has no type information here
     """A task file past MAX_ALIASES, MAX_DEPTH or MAX_NODES (its mark gives the line)."""
 
 
-class _BoundedLoader(yaml.SafeLoader):
+class _BoundedLoader(yaml.SafeLoader):  # type: ignore[misc]  # yaml has no type information here
     """yaml's SafeLoader refusing YAML bombs while it composes: more than MAX_ALIASES alias uses,
     nesting deeper than MAX_DEPTH, more than MAX_NODES values once aliases are expanded ("billion
     laughs"), an alias inside its own anchor. Raises _TooComplex at the node that crosses a bound."""
 
-    def __init__(self, stream):
+    def __init__(self, stream: str) -> None:
         super().__init__(stream)
         self.aliases = self.depth = self.expanded = 0
-        self.weights: dict = {}  # node -> how many values it stands for, expanded
+        self.weights: dict[Any, int] = {}  # node -> how many values it stands for, expanded
 
-    def _refuse(self, event, problem: str):
+    def _refuse(self, event: Any, problem: str) -> _TooComplex:
         return _TooComplex(problem=problem, problem_mark=event.start_mark)
 
-    def compose_node(self, parent, index):
+    def compose_node(self, parent: Any, index: Any) -> Any:
         event = self.peek_event()
         if isinstance(event, yaml.AliasEvent):
             node = super().compose_node(parent, index)
@@ -148,7 +155,7 @@ class _BoundedLoader(yaml.SafeLoader):
         return node
 
 
-def _compose(text: str, source: str):
+def _compose(text: str, source: str) -> tuple[_Lines, Any]:
     """(line map (_lines), data) of the YAML ``text``: composed once (_BoundedLoader), the data
     built from that same node.
 
@@ -182,7 +189,7 @@ def _compose(text: str, source: str):
         loader.dispose()
 
 
-def _refuse_duplicate_keys(node, source: str, path=(), seen=None) -> None:
+def _refuse_duplicate_keys(node: Any, source: str, path: _Loc = (), seen: set[int] | None = None) -> None:
     """Raise UsageError "SOURCE:LINE: PATH: KEY given twice (first at line N)" for a key written twice
     in one mapping of the composed ``node`` (YAML 1.2 requires unique keys; PyYAML, and so SkyPilot,
     keeps the last silently). Keys merged in with ``<<:`` may repeat: overriding them is the point."""
@@ -191,7 +198,7 @@ def _refuse_duplicate_keys(node, source: str, path=(), seen=None) -> None:
         return
     seen.add(id(node))
     if isinstance(node, yaml.MappingNode):
-        first: dict = {}
+        first: dict[str, int] = {}
         for key, value in node.value:
             if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
                 where = ".".join(str(p) for p in path + (key.value,))
@@ -206,10 +213,11 @@ def _refuse_duplicate_keys(node, source: str, path=(), seen=None) -> None:
             _refuse_duplicate_keys(item, source, path + (i,), seen)
 
 
-def _lines(node, path=(), out=None, seen=None) -> dict[tuple, int]:
+def _lines(node: Any, path: _Loc = (), out: _Lines | None = None, seen: set[Any] | None = None) -> _Lines:
     """{field path: 1-based line} for every mapping key and sequence item of a composed YAML node.
     A node met again (through an alias) is not descended into again: paths below it take its line."""
-    out, seen = ({}, set()) if out is None else (out, seen)
+    out = {} if out is None else out
+    seen = set() if seen is None else seen
     out.setdefault(path, node.start_mark.line + 1)
     if node in seen:
         return out
@@ -225,19 +233,20 @@ def _lines(node, path=(), out=None, seen=None) -> dict[tuple, int]:
     return out
 
 
-def _line_of(lines: dict, loc: tuple) -> int:
+def _line_of(lines: _Lines, loc: _Loc) -> int:
     while loc and loc not in lines:
         loc = loc[:-1]
     return lines.get(loc, 1)
 
 
-def _from_skypilot(data: dict, warnings: list[str], source: str = "<task>", lines: dict | None = None,
-                   infra: str | None = None) -> tuple[dict, dict]:
+def _from_skypilot(data: dict[str, Any], warnings: list[str], source: str = "<task>", lines: _Lines | None = None,
+                   infra: str | None = None) -> tuple[dict[str, Any], _Renamed]:
     """SkyPilot's names -> ours; unsupported fields dropped and named in one warning; ``infra``: the
     --infra flag (another cloud in the file is then replaced by AWS, with a warning). Returns (data,
     {our field path: the file's}). Raises UsageError (with the line) for what cannot be mapped."""
     lines = lines or {}
-    data, renamed = dict(data), {}
+    data = dict(data)
+    renamed: _Renamed = {}
     dropped = sorted(k for k in data if k in SKYPILOT_UNSUPPORTED)
     for k in dropped:
         data.pop(k)
@@ -274,13 +283,13 @@ def _from_skypilot(data: dict, warnings: list[str], source: str = "<task>", line
     return data, renamed
 
 
-def _refuse(source: str, lines: dict, loc: tuple, what: str, hint: str = DOCS) -> UsageError:
+def _refuse(source: str, lines: _Lines, loc: _Loc, what: str, hint: str = DOCS) -> UsageError:
     """UsageError "SOURCE:LINE: a.b[0].c: WHAT" for the field at ``loc``."""
     name = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
     return UsageError(f"{source}:{_line_of(lines, loc)}: {name}: {what}", hint)
 
 
-def _alias(res: dict, source: str, lines: dict, loc: tuple) -> dict:
+def _alias(res: dict[str, Any], source: str, lines: _Lines, loc: _Loc) -> dict[str, Any]:
     """``res`` with SkyPilot's aliases (gpus -> accelerators) replaced; both given: refused, as SkyPilot does."""
     res = dict(res)
     for alias, name in SKYPILOT_ALIASES.items():
@@ -292,7 +301,7 @@ def _alias(res: dict, source: str, lines: dict, loc: tuple) -> dict:
     return res
 
 
-def _accelerators(value, source: str, lines: dict, loc: tuple) -> tuple[list[str], str]:
+def _accelerators(value: Any, source: str, lines: _Lines, loc: _Loc) -> tuple[list[str], str]:
     """SkyPilot's ``accelerators`` -> (GPU requests 'MODEL:N', "one" | "set" | "list"), as
     sky/resources.py reads it: a string (a count of 1 when none is given); a mapping {A100: 8}, or
     {A100:8} (YAML reads a flow map without a space as {'A100:8': None}); a mapping of several, a set
@@ -332,7 +341,7 @@ def _accelerators(value, source: str, lines: dict, loc: tuple) -> tuple[list[str
 _DISK = re.compile(r"\s*(\d+)\s*(gb|gib|g|tb|tib|t)?\s*", re.I)
 
 
-def _disk_gib(value: str, source: str, lines: dict, loc: tuple) -> int:
+def _disk_gib(value: str, source: str, lines: _Lines, loc: _Loc) -> int:
     """SkyPilot's ``disk_size`` written with a unit ('1024GB', '1TB', '256') -> GiB. SkyPilot passes
     its GB figure to EC2 as the volume's size, which EC2 reads in GiB (RunInstances
     BlockDeviceMapping Ebs.VolumeSize), so 1 GB here is 1 GiB, and 1 TB is 1,024 GiB."""
@@ -342,7 +351,7 @@ def _disk_gib(value: str, source: str, lines: dict, loc: tuple) -> int:
     return int(m.group(1)) * (1024 if (m.group(2) or "g").lower().startswith("t") else 1)
 
 
-def _other_cloud(entry: dict) -> str | None:
+def _other_cloud(entry: dict[str, Any]) -> str | None:
     """"infra: gcp/us-central1" when the candidate ``entry`` names a cloud other than AWS, else None."""
     for k in ("infra", "cloud"):
         v = entry.get(k)
@@ -393,7 +402,7 @@ def aws_infra(value: str, what: str = INFRA_FLAG) -> tuple[str | None, str | Non
     return region, zone
 
 
-def _location(res: dict, source: str, lines: dict, warnings: list[str], infra: str | None) -> str | None:
+def _location(res: dict[str, Any], source: str, lines: _Lines, warnings: list[str], infra: str | None) -> str | None:
     """SkyPilot's ``infra`` or ``cloud``/``region``/``zone`` of ``res`` (taken out of it) -> the AWS
     region to run in (None: the configured one). The zone is warned about: ec2gpu chooses it at
     launch. ``infra``: the --infra flag: the file's cloud, if another, is replaced by AWS and its
@@ -404,8 +413,8 @@ def _location(res: dict, source: str, lines: dict, warnings: list[str], infra: s
     ``cloud``/``region``/``zone`` (SkyPilot refuses that too: sky/resources.py), a zone outside the region."""
     loc = ("resources",)
     given = {k: res.pop(k) for k in ("infra", "cloud", "region", "zone") if res.get(k) is not None}
-    for k in [k for k in ("infra", "cloud", "region", "zone") if k in res]:
-        res.pop(k)  # null: not asked
+    for unasked in [k for k in ("infra", "cloud", "region", "zone") if k in res]:
+        res.pop(unasked)  # null: not asked
     if not given:
         return None
     for k, v in given.items():
@@ -448,7 +457,8 @@ def _location(res: dict, source: str, lines: dict, warnings: list[str], infra: s
     return region.strip() if region else None
 
 
-def _image(value, source: str, lines: dict, loc: tuple, warnings: list[str], replaced: bool):
+def _image(value: Any, source: str, lines: _Lines, loc: tuple[str, ...], warnings: list[str],
+           replaced: bool) -> str | dict[str, str] | None:
     """SkyPilot's ``image_id`` -> ec2gpu's ``ami`` (an AMI id, or {region: AMI id}), or None where the
     default image runs, with a warning (SkyPilot's own image tags, ``skypilot:gpu-ubuntu-2004``; another
     cloud's image when --infra aws replaced that cloud: ``replaced``). Per
@@ -482,7 +492,7 @@ def _image(value, source: str, lines: dict, loc: tuple, warnings: list[str], rep
                   "give an AMI id of the run's region, or drop image_id")
 
 
-def _ports(value, source: str, lines: dict, loc: tuple, warnings: list[str]) -> list[int]:
+def _ports(value: Any, source: str, lines: _Lines, loc: tuple[str, ...], warnings: list[str]) -> list[int]:
     """SkyPilot's ``ports`` (8080, '8080', '10022-10040', or a list of those) -> ec2gpu's top-level
     ``ports``: each forwarded from node 0 to 127.0.0.1 here over SSH while the job runs, never
     opened in the security group, where SkyPilot opens them to the internet
@@ -511,7 +521,7 @@ _AUTOSTOP_UNITS = {"m": 1, "h": 60, "d": 1440, "w": 10080}  # yaml-spec.html, re
 _AUTOSTOP_KEYS = ("idle_minutes", "down", "wait_for", "hook", "hook_timeout")
 
 
-def _autostop_minutes(value, source: str, lines: dict, loc: tuple) -> float:
+def _autostop_minutes(value: Any, source: str, lines: _Lines, loc: _Loc) -> float:
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([mhdw])?\s*", str(value).lower()) if not isinstance(value, bool) else None
     if not m:
         raise _refuse(source, lines, loc, f"{value!r} is not an idle time", "minutes (10), or 10m, 2h, 1d, 1w")
@@ -522,7 +532,7 @@ def _autostop_minutes(value, source: str, lines: dict, loc: tuple) -> float:
     return got
 
 
-def _autostop(value, source: str, lines: dict, loc: tuple, warnings: list[str]) -> int | None:
+def _autostop(value: Any, source: str, lines: _Lines, loc: tuple[str, ...], warnings: list[str]) -> int | None:
     """SkyPilot's ``autostop`` (true: 5 min; false; minutes or 10m/2h/1d/1w; {idle_minutes, down,
     wait_for, hook, hook_timeout}: https://docs.skypilot.co/en/latest/reference/yaml-spec.html,
     resources.autostop) -> ec2gpu's ``idle_timeout`` in whole minutes, at least IDLE_FLOOR_MINUTES
@@ -567,7 +577,7 @@ def _autostop(value, source: str, lines: dict, loc: tuple, warnings: list[str]) 
     return chosen
 
 
-def _recovery(key: str, value, spot, warnings: list[str], source: str, lines: dict) -> None:
+def _recovery(key: str, value: Any, spot: Any, warnings: list[str], source: str, lines: _Lines) -> None:
     """SkyPilot's ``job_recovery`` / ``spot_recovery`` (FAILOVER, EAGER_NEXT_REGION, none, or
     {strategy, max_restarts_on_errors, recover_on_exit_codes}: yaml-spec.html, resources.job_recovery;
     applied by SkyPilot to managed jobs, ``sky jobs launch``) -> a warning saying what ec2gpu's own
@@ -603,8 +613,8 @@ def _recovery(key: str, value, spot, warnings: list[str], source: str, lines: di
     warnings.append("; ".join(said))
 
 
-def _skypilot_resources(res: dict, source: str, lines: dict, warnings: list[str], dropped: list[str],
-                        infra: str | None = None) -> tuple[dict, dict]:
+def _skypilot_resources(res: dict[str, Any], source: str, lines: _Lines, warnings: list[str], dropped: list[str],
+                        infra: str | None = None) -> tuple[dict[str, Any], _Renamed]:
     """SkyPilot's ``resources`` -> ours (the caller renames use_spot, disk_size, image_id, ports and
     autostop): ``accelerators`` becomes ``gpu`` (one request), ``any_of`` (a set: cheapest first) or
     ``ordered`` (a list: in order); SkyPilot's ``any_of``/``ordered`` become ours, each candidate's
@@ -616,7 +626,8 @@ def _skypilot_resources(res: dict, source: str, lines: dict, warnings: list[str]
     (_ports), ``autostop`` the idle rule (_autostop), ``job_recovery`` a warning (_recovery).
     Unsupported fields are added to ``dropped``. Returns (resources, {our path: the file's})."""
     loc = ("resources",)
-    res, renamed = _alias(res, source, lines, loc), {}
+    res = _alias(res, source, lines, loc)
+    renamed: _Renamed = {}
     if isinstance(res.get("disk_size"), str):
         res["disk_size"] = _disk_gib(res["disk_size"], source, lines, loc + ("disk_size",))
     written_location = next((k for k in ("infra", "cloud", "region", "zone") if res.get(k) is not None), None)
@@ -625,7 +636,7 @@ def _skypilot_resources(res: dict, source: str, lines: dict, warnings: list[str]
     if region:
         res["region"] = region
         if written_location != "region":
-            renamed[("resources", "region")] = ("resources", written_location)
+            renamed[("resources", "region")] = ("resources", cast(str, written_location))  # the region came from it
     if res.get("image_id") is not None:
         res["image_id"] = _image(res["image_id"], source, lines, loc + ("image_id",), warnings,
                                  other_cloud and infra is not None)
@@ -691,8 +702,8 @@ def _skypilot_resources(res: dict, source: str, lines: dict, warnings: list[str]
     return res, renamed
 
 
-def _skypilot_candidates(entries: list, key: str, base: list[str], base_spot, source: str, lines: dict,
-                         dropped: list[str], infra: str | None = None) -> tuple[list[dict], list, list[str]]:
+def _skypilot_candidates(entries: list[Any], key: str, base: list[str], base_spot: Any, source: str, lines: _Lines,
+                         dropped: list[str], infra: str | None = None) -> tuple[list[dict[str, Any]], list[Any], list[str]]:
     """SkyPilot's candidates -> (ours, the use_spot of each kept one, the ones on other clouds: kept,
     on AWS, with ``infra`` (the --infra flag), else skipped). A candidate's own location, image,
     cpus, memory, ... are dropped (named in ``dropped``): a run has one region and one image."""
@@ -736,15 +747,15 @@ _OURS = ("nodes", "checkpoint_dir", "max_runtime", "budget", "ports", "idle_time
 _OURS_RESOURCES = ("gpu", "spot", "disk_gib", "allow_larger", "max_price", "ami")
 
 
-def _is_skypilot(data: dict) -> bool:
+def _is_skypilot(data: dict[str, Any]) -> bool:
     """Whether ``data`` is a SkyPilot task: it uses a field only SkyPilot has. ``cpus``, ``memory`` and
     ``region``, which both formats have, count as SkyPilot's unless a field only ec2gpu has is there."""
-    res = cast(dict, data.get("resources")) if isinstance(data.get("resources"), dict) else {}
+    res = cast(dict[str, Any], data.get("resources")) if isinstance(data.get("resources"), dict) else {}
     candidates = [e for k in ("any_of", "ordered") if isinstance(res.get(k), list)
                   for e in res[k] if isinstance(e, dict)]
     theirs = ("accelerators", "use_spot", "disk_size", "infra", "image_id", "autostop", *SKYPILOT_ALIASES,
               *SKYPILOT_UNSUPPORTED_RESOURCES, *SKYPILOT_UNSUPPORTED_RESOURCES_SAID)
-    mounts = cast(dict, data.get("file_mounts")) if isinstance(data.get("file_mounts"), dict) else {}
+    mounts = cast(dict[str, Any], data.get("file_mounts")) if isinstance(data.get("file_mounts"), dict) else {}
     if ("num_nodes" in data or any(k in data for k in SKYPILOT_UNSUPPORTED) or isinstance(data.get("secrets"), dict)
             or isinstance(data.get("outputs"), dict) or any(k in res for k in theirs)
             or isinstance(data.get("workdir"), dict)  # SkyPilot's git workdir {url, ref}
@@ -755,7 +766,7 @@ def _is_skypilot(data: dict) -> bool:
     return not ours and any(k in res for k in ("cpus", "memory", "region", "ports"))
 
 
-def _stringify_envs(data: dict) -> None:
+def _stringify_envs(data: dict[str, Any]) -> None:
     """Environment values are text: a value YAML types as a boolean or a number becomes what
     Python's ``str`` makes of it, as SkyPilot does (sky/task.py, Task.from_yaml_config: ``str(v)``
     for every value that is not null): ``false`` -> ``False``, ``3`` -> ``3``, ``1.0`` -> ``1.0``.
@@ -773,8 +784,8 @@ def _check_size(size: int, source: str) -> None:
 
 
 def parse(text: str, source: str = "<task>", base: Path | None = None, allow_outside: bool = False,
-          overrides: dict | None = None, infra: str | None = None, envs: dict | None = None,
-          environ=os.environ) -> LoadedTask:
+          overrides: dict[str, Any] | None = None, infra: str | None = None,
+          envs: Mapping[str, str | None] | None = None, environ: Mapping[str, str] = os.environ) -> LoadedTask:
     """Validate the YAML ``text`` of a task; ``base`` is the directory relative paths start from
     (default: the current one); its workdir may lie outside ``base`` only with ``allow_outside``.
     ``overrides``: resources fields the command line sets ({"allow_larger": True}, {"gpu": "T4",
@@ -796,7 +807,7 @@ def parse(text: str, source: str = "<task>", base: Path | None = None, allow_out
         raise UsageError(f"{source}:1: a task file is a YAML mapping (name:, run:, ...)", DOCS)
     warnings: list[str] = []
     skypilot = _is_skypilot(data)
-    renamed: dict = {}
+    renamed: _Renamed = {}
     git = None
     if isinstance(data.get("workdir"), dict):  # SkyPilot's git form: {url, ref}, cloned on each instance
         git = _git_workdir(data["workdir"], source, lines)
@@ -841,7 +852,8 @@ def parse(text: str, source: str = "<task>", base: Path | None = None, allow_out
     return LoadedTask(task, None, workdir, warnings, skypilot, file_mounts, git)
 
 
-def _file_mounts(task: Task, base: Path, allow_outside: bool, source: str, lines: dict, warnings: list[str]) -> list:
+def _file_mounts(task: Task, base: Path, allow_outside: bool, source: str, lines: _Lines,
+                 warnings: list[str]) -> list[Mount]:
     """The task's file_mounts made ready (tasks/mounts.parse), each local source checked like a
     workdir (check_local_source: credentials refused; outside the task file's directory only with
     --workdir-outside). Raises UsageError at the entry's line."""
@@ -891,7 +903,7 @@ _GIT_URL = re.compile(r"((https?|ssh|git)://([A-Za-z0-9_][A-Za-z0-9_.-]*@)?[A-Za
 _GIT_REF = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]{0,199}")  # a branch, tag or commit (git-check-ref-format(1))
 
 
-def _git_workdir(value: dict, source: str, lines: dict) -> dict:
+def _git_workdir(value: dict[Any, Any], source: str, lines: _Lines) -> dict[str, str | None]:
     """SkyPilot's ``workdir: {url, ref}`` checked (pure): {"url", "ref" (None: the default branch)}.
     Raises UsageError at its line for another key, a URL that is not a git URL, a bad ref."""
     where = f"{source}:{_line_of(lines, ('workdir',))}: workdir"
@@ -911,13 +923,13 @@ def _git_workdir(value: dict, source: str, lines: dict) -> dict:
 _VAR = re.compile(r"\$\{?\b([a-zA-Z_][a-zA-Z0-9_]*)\b\}?")
 
 
-def fill_env(data: dict, envs: dict, environ=os.environ) -> None:
+def fill_env(data: dict[str, Any], envs: Mapping[str, str | None], environ: Mapping[str, str] = os.environ) -> None:
     """Fill ``$VAR`` and ``${VAR}`` in ``data``'s file_mounts (targets, sources, storage names) and
     its workdir with the task's envs, as SkyPilot does (sky/task.py, _fill_in_env_vars: each name in
     envs is replaced, any other is left as it is). ``envs`` (--env) win over the file's; a null value
     is taken from ``environ``, as for the job. Secrets and AWS credential variables are never filled
     in (a path is shown in plans and messages). Changes ``data`` in place (pure otherwise)."""
-    file_envs = cast(dict, data.get("envs")) if isinstance(data.get("envs"), dict) else {}
+    file_envs = cast(dict[str, Any], data.get("envs")) if isinstance(data.get("envs"), dict) else {}
     secrets = set(data.get("secrets") or []) if isinstance(data.get("secrets"), list) else set()
     values = {}
     for k, v in {**file_envs, **envs}.items():
@@ -927,7 +939,7 @@ def fill_env(data: dict, envs: dict, environ=os.environ) -> None:
     if not values:
         return
 
-    def fill(value):
+    def fill(value: Any) -> Any:
         if isinstance(value, str):
             return _VAR.sub(lambda m: values.get(m.group(1), m.group(0)), value)
         if isinstance(value, dict):
@@ -940,7 +952,7 @@ def fill_env(data: dict, envs: dict, environ=os.environ) -> None:
             data[key] = fill(data[key])
 
 
-def _by_need_only(resources) -> bool:
+def _by_need_only(resources: Resources) -> bool:
     """Whether no GPU and no type is asked, and cpus/memory chose the type (resolve.by_need) (pure)."""
     need = resolve.need_of(resources)
     try:
@@ -949,7 +961,7 @@ def _by_need_only(resources) -> bool:
         return False
 
 
-def _default_type_only(resources) -> bool:
+def _default_type_only(resources: Resources) -> bool:
     """Whether ``resources`` leave the instance type to the configured default (pure)."""
     try:
         return all(c.instance_type is None for c in resolve.plan(resources).choices)
@@ -1006,7 +1018,7 @@ def check_env_name(name: str, what: str = "--env") -> str:
     return name
 
 
-def _names_hint(name: str | int, ours, theirs) -> str:
+def _names_hint(name: str | int, ours: Iterable[str], theirs: Iterable[str]) -> str:
     """The hint on an unknown field ``name``: the closest known name, then ec2gpu's and SkyPilot's
     names at that level (pure)."""
     close = difflib.get_close_matches(str(name), list(ours) + list(theirs), 1, 0.7)
@@ -1014,7 +1026,8 @@ def _names_hint(name: str | int, ours, theirs) -> str:
             f"SkyPilot's (read, mapped or warned about): {', '.join(theirs)}; {DOCS}")
 
 
-def _first_error(exc: ValidationError, source: str, lines: dict, renamed: dict, skypilot: bool = False) -> UsageError:
+def _first_error(exc: ValidationError, source: str, lines: _Lines, renamed: _Renamed,
+                 skypilot: bool = False) -> UsageError:
     err = exc.errors()[0]
     loc = tuple(err["loc"])
     ours = next((o for o in renamed if loc[:len(o)] == o), None)
@@ -1039,7 +1052,7 @@ def _first_error(exc: ValidationError, source: str, lines: dict, renamed: dict, 
     return UsageError(f"{source}:{line}: {name}: {msg}", DOCS)
 
 
-def _check_resources(task: Task, source: str, lines: dict, renamed: dict) -> list[str]:
+def _check_resources(task: Task, source: str, lines: _Lines, renamed: _Renamed) -> list[str]:
     """The instance types the task's resources ask for (resolve.plan), checked before anything is
     created; returns the warnings to show (a larger type taken, candidates skipped). Raises
     UsageError at the line of the field that asks for what EC2 cannot run."""
@@ -1056,8 +1069,8 @@ def _check_resources(task: Task, source: str, lines: dict, renamed: dict) -> lis
     return [f"{name}: {note}" for note in plan.notes()]
 
 
-def load(path: str | Path, allow_outside: bool = False, overrides: dict | None = None,
-         infra: str | None = None, envs: dict | None = None) -> LoadedTask:
+def load(path: str | Path, allow_outside: bool = False, overrides: dict[str, Any] | None = None,
+         infra: str | None = None, envs: Mapping[str, str | None] | None = None) -> LoadedTask:
     """Read (UTF-8, at most MAX_TASK_BYTES) and validate the task file at ``path``; relative paths
     in it start at its directory, and its workdir may lie outside that only with ``allow_outside``;
     ``overrides``, ``infra`` and ``envs`` as for ``parse``.
@@ -1090,7 +1103,7 @@ def from_this_machine(task: Task) -> list[str]:
     return [k for k, v in task.envs.items() if v is None]
 
 
-def env_values(task: Task, environ=os.environ) -> dict[str, str]:
+def env_values(task: Task, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The task's environment: its envs, a null value taken from ``environ``.
 
     Raises UsageError naming a variable that is null in the task and unset here, and one of

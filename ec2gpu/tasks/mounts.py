@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Literal, Optional, Union
+from typing import Any, Callable, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -57,7 +57,7 @@ class Storage(BaseModel):
                              "there is written back to the bucket every minute and when it ends")
     persistent: bool = Field(True, description="SkyPilot's: delete a bucket it created with the run (false); "
                                                "ec2gpu keeps every bucket, and says so")
-    config: Optional[dict] = Field(None, description="SkyPilot's per-store options: not read (warned)")
+    config: Optional[dict[Any, Any]] = Field(None, description="SkyPilot's per-store options: not read (warned)")
 
 
 @dataclass(frozen=True)
@@ -145,7 +145,8 @@ def _refuse_store(source: str) -> None:
         raise ValueError(f"{source[:80]!r}: {scheme}:// is not a store ec2gpu reads ({STORE_HINT})")
 
 
-def entry(target: str, value, base: Path, check_local, warnings: list[str]) -> Mount:
+def entry(target: str, value: Union[str, Storage, dict[str, Any]], base: Path, check_local: Callable[[Path], Path],
+          warnings: list[str]) -> Mount:
     """One file_mounts entry, ``target``: ``value`` (a local path, s3://..., or a storage entry),
     made ready. ``base`` is the task file's directory (relative sources start there);
     ``check_local(path)`` resolves and checks a local source (tasks/load.check_local_source).
@@ -191,7 +192,7 @@ def entry(target: str, value, base: Path, check_local, warnings: list[str]) -> M
     return Mount(target, "s3", value, "COPY", bucket, prefix)
 
 
-def _local(target: str, source: str, base: Path, check_local) -> Mount:
+def _local(target: str, source: str, base: Path, check_local: Callable[[Path], Path]) -> Mount:
     path = check_local(base / Path(source).expanduser())
     if not path.exists():
         raise ValueError(f"{source[:80]!r}: no such file or directory here ({path})")

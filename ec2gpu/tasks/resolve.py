@@ -31,10 +31,13 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from ..aws import catalog
 from ..errors import UsageError
+
+if TYPE_CHECKING:  # spec imports this module (its validators): the models are for the annotations only
+    from .spec import Candidate, Resources
 
 DEFAULT = "the configured default instance type"
 _GPU = re.compile(r"^\s*([^:]+?)\s*(?::\s*([^:]*?)\s*)?$")
@@ -136,7 +139,7 @@ _MEMORY_SUFFIX = {"plus": "+", "x": "x", "exact": ""}
 _NUMBER = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)$")
 
 
-def parse_cpus(value) -> tuple[float, bool]:
+def parse_cpus(value: int | float | str) -> tuple[float, bool]:
     """SkyPilot's ``cpus`` -> (vCPUs, at least?) (pure): 8 or '8' -> (8.0, False), exactly 8 vCPUs;
     '8+' -> (8.0, True), at least 8 (https://docs.skypilot.co/en/latest/reference/yaml-spec.html,
     resources.cpus; sky/resources.py ``_set_cpus``). Raises ValueError for anything else or <= 0."""
@@ -149,7 +152,7 @@ def parse_cpus(value) -> tuple[float, bool]:
     return float(number), plus
 
 
-def parse_memory(value) -> tuple[float, str]:
+def parse_memory(value: int | float | str) -> tuple[float, str]:
     """SkyPilot's ``memory`` -> (GiB, "exact" | "plus" | "x") (pure): 32 -> (32.0, "exact"), exactly
     32 GiB; '64+' -> at least 64 GiB; '64GB', '1TB+', '512MB' with a unit (KB, MB, GB, TB, PB, binary,
     case ignored; GB when none); '4x' -> at least 4 GiB per vCPU (resources_utils.parse_memory_resource
@@ -211,7 +214,7 @@ class Need:
         return " and ".join(out)
 
 
-def need_of(resources) -> Need | None:
+def need_of(resources: object) -> Need | None:
     """The Need of ``resources`` (a spec.Resources, or anything with ``cpus``/``memory``), None when
     it asks for neither (pure). Raises ValueError for a malformed value."""
     cpus, memory = getattr(resources, "cpus", None), getattr(resources, "memory", None)
@@ -319,7 +322,7 @@ def _listed(types: list[catalog.InstanceType]) -> str:
     return ", ".join(f"{t.gpu} {t.gpu_memory_gib} GiB ({t.name}, {_usd(t)})" for t in types)
 
 
-def _no_exact_hint(name: str, count: int, offers: list, more: list) -> str:
+def _no_exact_hint(name: str, count: int, offers: list[catalog.InstanceType], more: list[catalog.InstanceType]) -> str:
     counts = sorted({t.gpu_count for t in offers})
     if not more:
         nodes = math.ceil(count / counts[-1])
@@ -339,7 +342,7 @@ def instance_type_for_gpu(gpu: str, allow_larger: bool = False, need: Need | Non
     return cast(str, choose(gpu, allow_larger, need).instance_type)  # choose always names a type
 
 
-def _entries(resources) -> tuple[str, list]:
+def _entries(resources: Resources) -> tuple[str, list[Candidate | None]]:
     """("ordered" | "any_of" | "", the candidates): the resources themselves are the one candidate
     when they list none."""
     if resources.ordered:
@@ -349,7 +352,7 @@ def _entries(resources) -> tuple[str, list]:
     return "", [None]
 
 
-def _need(resources) -> Need | None:
+def _need(resources: Resources) -> Need | None:
     try:
         return need_of(resources)
     except ValueError as exc:  # the model checks these first; a caller's own object may not have
@@ -379,7 +382,7 @@ def by_need(need: Need) -> Choice:
     return Choice(fit[0].name, need.words())
 
 
-def _base(resources) -> list[Choice]:
+def _base(resources: Resources) -> list[Choice]:
     """The choices of the resources' own fields: ``instance_type`` (one or a list, as given), else
     ``gpu``, else the cheapest catalog type meeting ``cpus``/``memory``, else the configured default."""
     need = _need(resources)
@@ -394,7 +397,7 @@ def _base(resources) -> list[Choice]:
     return [Choice(None, DEFAULT)]
 
 
-def _entry(entry, resources) -> list[Choice]:
+def _entry(entry: Candidate | None, resources: Resources) -> list[Choice]:
     """The choices of one candidate: its instance type (which must be a catalog type with an
     on-demand price), else its GPU request, else the resources' own fields."""
     if entry is None:
@@ -414,7 +417,7 @@ def _price(choice: Choice) -> float:
     return t.on_demand_usd_h if t else math.inf
 
 
-def plan(resources) -> Plan:
+def plan(resources: Resources) -> Plan:
     """The instance types ``resources`` (a spec.Resources) ask for, in the order to try them:
     ``ordered`` candidates in order; ``any_of`` candidates cheapest first (us-east-1 list price; the
     configured default, whose price is not known here, last); else the resources' own
@@ -430,6 +433,7 @@ def plan(resources) -> Plan:
         except UsageError as exc:
             if not how:
                 raise
+            assert entry is not None  # a candidate list (how) holds candidates, never None
             asked = entry.instance_type or entry.gpu or f"{how}[{i}]"
             skipped.append(f"{asked}: {exc.message}")
     if not choices:
@@ -446,7 +450,7 @@ def plan(resources) -> Plan:
     return Plan(unique, skipped)
 
 
-def instance_types(resources, default: str) -> list[str]:
+def instance_types(resources: Resources, default: str) -> list[str]:
     """The types to try, in order (``plan``), the configured ``default`` (one type, or several
     comma-separated) standing where the task asks for no GPU and no type (pure apart from the
     catalog). Raises as ``plan`` does."""
@@ -457,7 +461,7 @@ def instance_types(resources, default: str) -> list[str]:
     return out
 
 
-def gpus_asked(resources, instance_type: str | None, gpus_on_node: int) -> int | None:
+def gpus_asked(resources: Resources, instance_type: str | None, gpus_on_node: int) -> int | None:
     """How many of the ``gpus_on_node`` GPUs of a node of ``instance_type`` the job may use, where
     that is fewer than all (pure): only a type taken because of ``allow_larger`` has more than the
     task asked; None otherwise. Without ``instance_type`` (a caller that does not know it), the

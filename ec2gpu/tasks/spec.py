@@ -11,9 +11,9 @@ import math
 import re
 import sys
 from pathlib import Path, PurePosixPath
-from typing import Annotated, Optional, Union, cast
+from typing import Annotated, Any, Optional, Self, Union, cast
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from ..aws.tags import NAME_RE
 from .mounts import Storage, check_target
@@ -86,7 +86,7 @@ def size_bytes(value: Union[int, str]) -> int:
 OFF_WORDS = ("none", "off", "never")
 
 
-def max_runtime(value) -> tuple[bool, Optional[int]]:
+def max_runtime(value: Union[int, float, str, None]) -> tuple[bool, Optional[int]]:
     """(given, minutes) of a ``--max-runtime`` or ``max_runtime`` value (pure): None -> (False,
     None); 'none'/'off'/'never' -> (True, None); 90, '90m', '2h' -> (True, 90 / 120), whole
     minutes, at least 1, never fewer than asked. Raises ValueError for anything else."""
@@ -118,7 +118,7 @@ def inside_path(value: str, base: str, allow_dot: bool = False) -> str:
     return value
 
 
-def _gpu_request(v):
+def _gpu_request(v: Optional[str]) -> Optional[str]:
     """``v`` when it is a GPU request resolve.parse_gpu accepts (the model is checked against the
     catalog when the task loads, so the refusal can say why)."""
     from .resolve import parse_gpu
@@ -139,7 +139,7 @@ class Candidate(BaseModel):
 
     @field_validator("gpu")
     @classmethod
-    def _gpu(cls, v):
+    def _gpu(cls, v: Optional[str]) -> Optional[str]:
         return _gpu_request(v)
 
 
@@ -184,12 +184,12 @@ class Resources(BaseModel):
 
     @field_validator("labels", mode="before")
     @classmethod
-    def _labels(cls, v):
+    def _labels(cls, v: Any) -> Any:
         return {str(k): "" if x is None else str(x) for k, x in v.items()} if isinstance(v, dict) else v
 
     @field_validator("labels")
     @classmethod
-    def _label_tags(cls, v):
+    def _label_tags(cls, v: dict[str, str]) -> dict[str, str]:
         from ..aws.tags import check_label
         for k, x in v.items():
             check_label(k, x)
@@ -199,7 +199,7 @@ class Resources(BaseModel):
 
     @field_validator("cpus", "memory")
     @classmethod
-    def _cpus_memory(cls, v, info):
+    def _cpus_memory(cls, v: Union[int, float, str, None], info: ValidationInfo) -> Union[int, float, str, None]:
         from .resolve import parse_cpus, parse_memory
         if v is not None:
             (parse_cpus if info.field_name == "cpus" else parse_memory)(v)
@@ -207,14 +207,14 @@ class Resources(BaseModel):
 
     @field_validator("region")
     @classmethod
-    def _region(cls, v):
+    def _region(cls, v: Optional[str]) -> Optional[str]:
         if v is not None and not REGION_RE.fullmatch(v.strip()):
             raise ValueError(f"{v[:40]!r} is not an AWS region (e.g. us-east-1, us-west-2, eu-central-1)")
         return v if v is None else v.strip()
 
     @field_validator("ami")
     @classmethod
-    def _ami(cls, v):
+    def _ami(cls, v: Union[str, dict[str, str], None]) -> Union[str, dict[str, str], None]:
         for region, ami in ({"": v} if isinstance(v, str) else v or {}).items():
             if region and not REGION_RE.fullmatch(str(region)):
                 raise ValueError(f"{str(region)[:40]!r} is not an AWS region: give {{region: ami-...}} pairs")
@@ -233,7 +233,7 @@ class Resources(BaseModel):
 
     @field_validator("instance_type")
     @classmethod
-    def _types(cls, v):
+    def _types(cls, v: Union[str, list[str], None]) -> Union[str, list[str], None]:
         names = [v] if isinstance(v, str) else v
         if names is not None and (not names or any(not n.strip() for n in names)):
             raise ValueError("an instance type is empty: name one, e.g. g4dn.xlarge")
@@ -245,11 +245,11 @@ class Resources(BaseModel):
 
     @field_validator("gpu")
     @classmethod
-    def _gpu(cls, v):
+    def _gpu(cls, v: Optional[str]) -> Optional[str]:
         return _gpu_request(v)
 
     @model_validator(mode="after")
-    def _one_candidate_list(self):
+    def _one_candidate_list(self) -> Self:
         if self.any_of and self.ordered:
             raise ValueError("any_of and ordered together: give one list of candidates (SkyPilot refuses both too)")
         return self
@@ -301,7 +301,7 @@ class Task(BaseModel):
 
     @field_validator("envs")
     @classmethod
-    def _env_names(cls, v):
+    def _env_names(cls, v: dict[str, Optional[str]]) -> dict[str, Optional[str]]:
         for k in v:
             if not re.fullmatch(ENV_NAME_RE, k):  # fullmatch: `$` alone lets "A\n" through
                 raise ValueError(f"{k!r} is not an environment variable name (letters, digits, _)")
@@ -309,7 +309,7 @@ class Task(BaseModel):
 
     @field_validator("setup", "run")
     @classmethod
-    def _one_argument(cls, v, info):
+    def _one_argument(cls, v: Optional[str], info: ValidationInfo) -> Optional[str]:
         size = len((v or "").encode("utf-8", "surrogatepass"))
         if size > MAX_SCRIPT_BYTES:
             raise ValueError(f"{size:,} bytes: a {info.field_name} reaches the instance as one argument of bash, at "
@@ -319,7 +319,7 @@ class Task(BaseModel):
 
     @field_validator("file_mounts")
     @classmethod
-    def _file_mounts(cls, v):
+    def _file_mounts(cls, v: dict[str, Union[str, Storage]]) -> dict[str, Union[str, Storage]]:
         if len(v) > MAX_FILE_MOUNTS:
             raise ValueError(f"{len(v)} entries: at most {MAX_FILE_MOUNTS}")
         for target in v:
@@ -328,19 +328,19 @@ class Task(BaseModel):
 
     @field_validator("checkpoint_dir")
     @classmethod
-    def _checkpoint_dir(cls, v):
+    def _checkpoint_dir(cls, v: Optional[str]) -> Optional[str]:
         return v if v is None else inside_path(v, "the workdir")
 
     @field_validator("outputs")
     @classmethod
-    def _outputs(cls, v):
+    def _outputs(cls, v: list[str]) -> list[str]:
         for glob in v:
             inside_path(glob.removeprefix("!"), "$EC2GPU_OUTPUT_DIR", allow_dot=True)
         return v
 
     @field_validator("idle_timeout")
     @classmethod
-    def _idle(cls, v):
+    def _idle(cls, v: Union[int, float, str, None]) -> Union[int, float, str, None]:
         if v is not None and minutes(v) < IDLE_FLOOR_MINUTES:
             raise ValueError(f"at least {IDLE_FLOOR_MINUTES} minutes: a booting instance is idle until the controller "
                              "connects")
@@ -348,7 +348,7 @@ class Task(BaseModel):
 
     @field_validator("max_runtime")
     @classmethod
-    def _duration(cls, v):
+    def _duration(cls, v: Union[int, float, str, None]) -> Union[int, float, str, None]:
         if isinstance(v, str) and v.strip().lower() in ("none", "off", "never"):
             return v
         if v is not None and minutes(v) < 1:
@@ -358,7 +358,7 @@ class Task(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _secrets_are_envs(self):
+    def _secrets_are_envs(self) -> Self:
         missing = [s for s in self.secrets if s not in self.envs]
         if missing:
             raise ValueError(f"secrets {', '.join(missing)} are not in envs: list each one in envs too "
@@ -371,7 +371,7 @@ class Task(BaseModel):
         return max_runtime(self.max_runtime)[1]
 
 
-def json_schema() -> dict:
+def json_schema() -> dict[str, Any]:
     """The task file's JSON Schema (draft 2020-12), from the model."""
     schema = Task.model_json_schema()
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
