@@ -27,17 +27,30 @@ import json
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, Callable, Mapping, cast
 
 from ...errors import AwsError, LimitReached, RemoteError, WaitTimeout
-from .nodes import PROGRESS_FILE, copy_log, record_steps  # noqa: F401 - copy_log: logs.py's
+from .nodes import PROGRESS_FILE, record_steps
+from .nodes import copy_log as copy_log  # re-exported: engine.copy_log (scripts/bench_big_log.py)
 from .status import as_number
 from ...remote import sync
 from ...tasks.load import LoadedTask
-from .job_summary import MASK  # noqa: F401 - re-exported: engine.MASK
+from .job_summary import MASK as MASK  # re-exported: engine.MASK
 
 if TYPE_CHECKING:
     from ...aws.instances import Instance
+    from ...aws.session import Aws
+    from ...backend import Backend
+    from ...remote.files import Limits
+    from ...settings import Settings
+    from ...tasks.mounts import Mount
+    from ...tasks.spec import Task
+    from ..provision.pipeline import TrainOptions
+    from ..provision.resources import Provisioned
+    from ..recover.recovery import DirCheckpoints
+    from .job_summary import Checked
+    from .nodes import Node
+    from .reporter import ReporterLike
 
 AGENT = Path(__file__).resolve().parents[2] / "agent" / "agent.py"
 TAIL_LINES = 20  # log lines shown when a job fails
@@ -74,20 +87,21 @@ class TaskJob:
     secret_values: list[str] = field(default_factory=list)
     args: list[str] = field(default_factory=list)  # the run script's "$@" (a built-in task's flags)
     builtin: str | None = None  # "mnist" for `ec2gpu train mnist`
-    mount_manifests: dict = field(default_factory=dict)  # file_mounts target -> sync.Manifest of a local directory
-    bucket_regions: dict = field(default_factory=dict)  # S3 file_mounts bucket -> region (pipeline fills it)
-    s3_files: set = field(default_factory=set)  # S3 file_mounts targets whose prefix is one object (a file)
-    buckets_to_make: list = field(default_factory=list)  # output buckets that do not exist yet (provision makes them)
-    role_policy: dict | None = None  # the run role's inline policy (aws/iam.s3_policy), checked before anything is made
+    # file_mounts target -> sync.Manifest of a local directory
+    mount_manifests: dict[str, sync.Manifest] = field(default_factory=dict)
+    bucket_regions: dict[str, str] = field(default_factory=dict)  # S3 file_mounts bucket -> region (pipeline fills it)
+    s3_files: set[str] = field(default_factory=set)  # S3 file_mounts targets whose prefix is one object (a file)
+    buckets_to_make: list[str] = field(default_factory=list)  # output buckets that do not exist yet (provision makes them)
+    role_policy: dict[str, Any] | None = None  # the run role's inline policy (aws/iam.s3_policy), checked before anything is made
     role_boundary: str | None = None  # the account's ec2gpu-instance-boundary ARN, when it has one
 
     @property
-    def mounts(self) -> list:
+    def mounts(self) -> list[Mount]:
         """The task's file_mounts made ready (tasks/mounts.Mount)."""
         return self.loaded.mounts
 
     @property
-    def task(self):
+    def task(self) -> Task:
         return self.loaded.task
 
     @property
@@ -101,7 +115,7 @@ class TaskJob:
         return mask_text(text, self.secret_values)
 
 
-def prepare(loaded: LoadedTask, environ, max_upload: int = sync.MAX_UPLOAD_BYTES,
+def prepare(loaded: LoadedTask, environ: Mapping[str, str], max_upload: int = sync.MAX_UPLOAD_BYTES,
             include_secrets: bool = False, extra_env: dict[str, str | None] | None = None) -> TaskJob:
     """Resolve the task's environment and list its workdir, before anything is created.
 
@@ -129,11 +143,11 @@ def prepare(loaded: LoadedTask, environ, max_upload: int = sync.MAX_UPLOAD_BYTES
     return job
 
 
-def _mount_manifests(mounts_: list, max_upload: int, include_secrets: bool) -> dict:
+def _mount_manifests(mounts_: list[Mount], max_upload: int, include_secrets: bool) -> dict[str, sync.Manifest]:
     """target -> sync.Manifest of each local file_mounts directory (a file: checked, no manifest).
     Raises UsageError for a credentials file or a source above ``max_upload`` bytes."""
     from ...errors import UsageError
-    out = {}
+    out: dict[str, sync.Manifest] = {}
     for m in mounts_:
         if m.kind != "local":
             continue
@@ -172,7 +186,7 @@ def manifest_note(job: TaskJob) -> str | None:
     return f"workdir {m.root}: {len(m.files):,} files, {m.bytes:,} bytes to send{held}"
 
 
-def setup_hash(task) -> str:
+def setup_hash(task: Task) -> str:
     """What identifies a setup on an instance: the sha256 of its text (pure)."""
     return hashlib.sha256((task.setup or "").encode()).hexdigest()
 
@@ -221,8 +235,8 @@ def checkpoint_remote(job: TaskJob, run_dir: str) -> str:
     return node_env(job, "", run_dir, 0, ["-"], 0, False)["EC2GPU_CHECKPOINT_DIR"]
 
 
-def upload_node(nd, job: TaskJob, ssh_config: Path | None, run_id: str, addresses: list[str], resume: bool,
-                checkpoints, log) -> None:
+def upload_node(nd: Node, job: TaskJob, ssh_config: Path | None, run_id: str, addresses: list[str], resume: bool,
+                checkpoints: DirCheckpoints | None, log: Callable[[str], None]) -> None:
     """Send the workdir, the agent and the job's environment (0600) to node ``nd``, and make its
     output and checkpoint directories; on a replacement, the checkpoint directory brought home."""
     from ...remote import files, ssh
@@ -255,7 +269,7 @@ def upload_node(nd, job: TaskJob, ssh_config: Path | None, run_id: str, addresse
         log(f"pushed the checkpoint directory ({count} file(s)); the job resumes with EC2GPU_RESUME=1")
 
 
-def mounts_node(nd, job: TaskJob, ssh_config: Path | None, log) -> None:
+def mounts_node(nd: Node, job: TaskJob, ssh_config: Path | None, log: Callable[[str], None]) -> None:
     """Put the task's file_mounts on node ``nd`` (remote/mounts.place), before its setup."""
     from ...remote import mounts
     mounts.place(nd.conn, job.mounts, job.mount_manifests, nd.run_dir, str(nd.info.get("python") or "python3"),
@@ -263,7 +277,7 @@ def mounts_node(nd, job: TaskJob, ssh_config: Path | None, log) -> None:
                  job.s3_files)
 
 
-def clone_workdir(conn, git: dict, workdir: str, log) -> None:
+def clone_workdir(conn: Any, git: dict[str, Any], workdir: str, log: Callable[[str], None]) -> None:
     """SkyPilot's git workdir: a fresh clone of ``git["url"]`` at ``git["ref"]`` (None: its default
     branch) in ``workdir`` on the instance, by the instance (git-clone(1); credentials for a private
     repository are not sent: a public one, or one the instance may read). Raises RemoteError with
@@ -285,7 +299,7 @@ def clone_workdir(conn, git: dict, workdir: str, log) -> None:
         f"(commit {got.stdout.strip().splitlines()[-1][:12]})")
 
 
-def setup_node(nd, job: TaskJob, log) -> None:
+def setup_node(nd: Node, job: TaskJob, log: Callable[[str], None]) -> None:
     """Run the task's setup on node ``nd`` unless the same setup text already ran on that instance.
 
     Raises RemoteError (with the setup's last lines) when it fails.
@@ -330,7 +344,7 @@ _EXPORTS = ("import json,re,shlex,sys;e=json.load(open(sys.argv[1]));"
 class _LineWriter(io.TextIOBase):
     """A text stream that hands whole lines to ``emit`` (fabric's out_stream)."""
 
-    def __init__(self, emit):
+    def __init__(self, emit: Callable[[str], object]) -> None:
         self.emit, self.buf = emit, ""
 
     def write(self, s: str) -> int:
@@ -346,7 +360,7 @@ class _LineWriter(io.TextIOBase):
             self.buf = ""
 
 
-def job_argv(nd, job: TaskJob, limit_minutes: int | None = None, grace_s: float = 120.0) -> list[str]:
+def job_argv(nd: Node, job: TaskJob, limit_minutes: int | None = None, grace_s: float = 120.0) -> list[str]:
     """The agent's command line on node ``nd`` (pure apart from the node's facts): the task's run
     script in an interactive bash (INTERACTIVE), $0 the task's name, "$@" the job's args; the agent signs its
     status.json with the key upload_node left in agent.key (runs/execute/status.py). With the run's
@@ -363,7 +377,7 @@ def job_argv(nd, job: TaskJob, limit_minutes: int | None = None, grace_s: float 
             PROLOGUE + job.task.run, job.name, *job.args]
 
 
-def snapshot_statuses(nodes) -> None:
+def snapshot_statuses(nodes: list[Node]) -> None:
     """Read each node's agent record once, now that its log has ended (``nd.status``,
     runs/execute/status.py: signature checked, fields validated); the verdict and the status.json written
     at home use this copy, whatever the instance's file says later. Nodes whose follow ended
@@ -374,7 +388,7 @@ def snapshot_statuses(nodes) -> None:
             nd.status = status.read(nd.conn, nd.run_dir, nd.agent_key)
 
 
-def judge(nodes, job: TaskJob) -> None:
+def judge(nodes: list[Node], job: TaskJob) -> None:
     """The attempt's outcome from the agents' status.json files: return when every node's job
     succeeded; raise recovery.Interrupted for a lost node or a spot notice, RemoteError (exit 5,
     with the exit code and the last log lines) for a job that failed."""
@@ -394,16 +408,16 @@ def judge(nodes, job: TaskJob) -> None:
             raise recovery.Interrupted(f"node {nd.index} ({nd.instance_id}): {why.reason}")
     statuses = {nd.index: nd.status for nd in nodes}
     for nd in nodes:
-        st = statuses[nd.index] or {}
-        if st.get("state") == "interrupted":
+        said = statuses[nd.index] or {}
+        if said.get("state") == "interrupted":
             raise recovery.Interrupted(f"node {nd.index} ({nd.instance_id}): spot interruption notice at "
-                                       f"{(st.get('notice') or {}).get('time', '?')}; the job was stopped")
+                                       f"{(said.get('notice') or {}).get('time', '?')}; the job was stopped")
     bad = [nd for nd in nodes if (statuses[nd.index] or {}).get("state") != "succeeded" and nd.result != "stopped"]
     if not bad:
         return
     limited = next((nd for nd in bad if (statuses[nd.index] or {}).get("limit")), None)
     if limited is not None:
-        lim = statuses[limited.index]["limit"]
+        lim = (statuses[limited.index] or {})["limit"]  # not None: it was found by its limit
         raise LimitReached(f"the run's --max-runtime ended the job on node {limited.index} ({limited.instance_id}): "
                            f"it had SIGTERM at {lim.get('stopped_at')} to checkpoint, and the instance ends itself at "
                            f"{lim.get('ends_at')}",
@@ -435,11 +449,11 @@ def judge(nodes, job: TaskJob) -> None:
                       exit_status=(st or {}).get("exit_code") or 1, tail=job.mask(tail))
 
 
-def root_cause_node(bad: list, statuses: dict):
+def root_cause_node(bad: list[Node], statuses: dict[int, dict[str, Any] | None]) -> Node:
     """Of the nodes whose job failed, the one that failed first (pure): a node whose worker was
     killed by a signal (its peers' collectives then fail), else the earliest torchelastic error
     (status.json's ``error``), else the first node that failed without one; node order breaks ties."""
-    def key(nd):
+    def key(nd: Node) -> tuple[int, float, int]:
         err = (statuses.get(nd.index) or {}).get("error") or {}
         code, stamp = err.get("exit_code"), err.get("timestamp")
         killed = isinstance(code, int) and code < 0
@@ -448,7 +462,7 @@ def root_cause_node(bad: list, statuses: dict):
     return min(bad, key=key)
 
 
-def worker_failure(error: dict | None) -> str:
+def worker_failure(error: dict[str, Any] | None) -> str:
     """' (a worker died of SIGKILL)' or ' (rank 3 failed: ValueError: ...)' from status.json's
     ``error`` (pure); '' without one."""
     if not error:
@@ -466,7 +480,8 @@ def worker_failure(error: dict | None) -> str:
     return f" ({rank} failed" + (f": {first[0][:200]}" if first else f" with exit code {code}") + ")"
 
 
-def download(nodes, job: TaskJob, local_out: Path, ssh_config: Path | None, log, limits=None) -> dict | None:
+def download(nodes: list[Node], job: TaskJob, local_out: Path, ssh_config: Path | None, log: Callable[[str], None],
+             limits: Limits | None = None) -> Checked | None:
     """Bring node 0's checkpoint directory (once more, whatever the job wrote as it stopped) and
     its outputs (the task's ``outputs`` globs, else all of $EC2GPU_OUTPUT_DIR, to
     ``local_out``/outputs, at most ``limits``: remote/files.Limits) and every node's job.log
@@ -503,13 +518,13 @@ def download(nodes, job: TaskJob, local_out: Path, ssh_config: Path | None, log,
     return summary
 
 
-def _write_back(nd, log):
+def _write_back(nd: Node, log: Callable[[str], None]) -> Callable[[], None]:
     """fn(): node ``nd``'s MOUNT-mode file_mounts written back in full (the job has ended)."""
     from ...remote import mounts
     return lambda: mounts.write_back(nd.conn, nd.run_dir, str(nd.info.get("python") or "python3"), log)
 
 
-def _write_back_on(nd, log):
+def _write_back_on(nd: Node, log: Callable[[str], None]) -> Callable[[Any], None]:
     """fn(conn): node ``nd``'s MOUNT-mode file_mounts written back over ``conn`` (the watch's) while
     the job runs: settled files only, bounded in time (recovery.WRITE_BACK_*)."""
     from ...remote import mounts
@@ -519,14 +534,16 @@ def _write_back_on(nd, log):
                                           timeout_s=recovery.WRITE_BACK_TIMEOUT_S)
 
 
-def _outputs_home(head, job: TaskJob, local_out: Path, ssh_config: Path | None, log, limits) -> None:
+def _outputs_home(head: Node, job: TaskJob, local_out: Path, ssh_config: Path | None, log: Callable[[str], None],
+                  limits: Limits) -> None:
     names, how = sync.pull(head.conn, f"{head.run_dir}/out", local_out / "outputs", job.task.outputs, ssh_config,
                            head.instance_id, limits, warn=lambda line: log(f"warning: {line}"))
     log(f"outputs: {len(names)} file(s) brought home" + (f" by {how}" if names else "") + f" to {local_out / 'outputs'}")
 
 
-def run_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[Instance], local_out: Path, backend,
-                n: int, checkpoints) -> dict:
+def run_attempt(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, ui: ReporterLike, prov: Provisioned,
+                instances_: list[Instance], local_out: Path, backend: Backend, n: int,
+                checkpoints: DirCheckpoints) -> dict[str, Any]:
     """One attempt of the task ``opts.task`` (a TaskJob) on running instances (node 0 first);
     return the job's summary.json ({} when it wrote none).
 
@@ -539,17 +556,18 @@ def run_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[Ins
     from ...remote import jobs, ssh_config as sc, tunnel
     from . import nodes as N
 
-    job: TaskJob = opts.task
+    job = cast(TaskJob, opts.task)  # pipeline.train and standing/hosts.py set it before any attempt
     nodes = [N.Node(k, inst) for k, inst in enumerate(instances_)]
     config = settings.home / "ssh" / f"{run_id}.config"
 
-    def say(nd):
+    def say(nd: Node) -> Callable[[str], None]:
         return (lambda line: ui.note(f"node {nd.index}: {line}")) if len(nodes) > 1 else ui.note
     try:
         with ui.phase("waiting for SSH"):
             N.parallel(lambda nd: N.open_node(nd, aws, settings, prov, run_id, backend, ui.note), nodes)
             nodes[0].watch.checkpoints = replace(checkpoints, remote=checkpoint_remote(job, nodes[0].run_dir))
             known = settings.home / "known_hosts"
+            assert prov.key_path is not None  # open_node needed it: the run's key pair
             sc.write(config, sc.render([sc.HostEntry((nd.instance_id,), nd.host, nd.port, settings.ssh_user,
                                                      prov.key_path, known / nd.instance_id) for nd in nodes], config))
         with ui.phase("setup"):
@@ -587,8 +605,9 @@ def run_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[Ins
                     raise nd.result
             snapshot_statuses(nodes)
             for nd in nodes:  # the agent passed EC2's rebalance recommendation on to the job (docs/tasks.md)
-                if (nd.status or {}).get("rebalance"):
-                    say(nd)(f"EC2 recommended a rebalance at {cast(dict, nd.status)['rebalance']['notice_time']} (this spot "
+                rebalance = (nd.status or {}).get("rebalance")
+                if rebalance:
+                    say(nd)(f"EC2 recommended a rebalance at {rebalance['notice_time']} (this spot "
                             "instance was at elevated risk of interruption); the job was told through "
                             "$EC2GPU_REBALANCE_FILE")
         brought, summary = None, None

@@ -37,7 +37,7 @@ import math
 import os
 import stat
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional, Sequence, Union, cast
+from typing import Annotated, Any, Literal, Mapping, NoReturn, Optional, Sequence, Union, cast
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
@@ -101,7 +101,7 @@ class TrainerSummary(BaseModel):
     model: Optional[Text] = None
     device: Optional[Text] = None
     gpu_name: Optional[Text] = None
-    resumed_from: Optional[dict] = None
+    resumed_from: Optional[dict[str, Any]] = None
 
 
 class BenchRow(BaseModel):
@@ -196,7 +196,7 @@ class BenchReport(BaseModel):
     training: _Training
 
     @model_validator(mode="after")
-    def _every_device_measured(self):
+    def _every_device_measured(self) -> BenchReport:
         missing = [d for d in self.devices if d not in self.bandwidth or d not in self.compute]
         if missing:
             raise ValueError(f"no bandwidth or compute figures for {', '.join(missing)}")
@@ -207,16 +207,16 @@ class Invalid(ValueError):
     """Why a record was refused: one line, with nothing of the record's content but key names."""
 
 
-class Checked(dict):
+class Checked(dict[str, Any]):
     """A job's summary after ``accept``: the (masked) object, or the invalid marker
     ``{"invalid": WHY, "raw": TEXT}``; ``schema`` says which (SCHEMA_NAMES)."""
 
-    def __init__(self, value: dict, schema: str):
+    def __init__(self, value: dict[str, Any], schema: str) -> None:
         super().__init__(value)
         self.schema = schema
 
 
-def schema_of(job) -> str:
+def schema_of(job: object) -> str:
     """The schema a job's summary is checked against: its built-in name (mnist, bench), else task."""
     builtin = getattr(job, "builtin", None)
     return builtin if builtin in SCHEMAS else "task"
@@ -231,7 +231,7 @@ def mask_text(text: str, secrets: Sequence[str]) -> str:
     return text
 
 
-def mask(value, secrets: Sequence[str]):
+def mask(value: Any, secrets: Sequence[str]) -> Any:
     """``value`` (parsed JSON) with every secret value masked in its keys and strings at any depth;
     a number whose JSON text holds a secret becomes "****"."""
     secrets = [s for s in secrets if s]
@@ -270,7 +270,7 @@ def invalid(why: str, text: str = "", secrets: Sequence[str] = ()) -> Checked:
 
 # --- parsing ---------------------------------------------------------------------------------------
 
-def _no_constant(name: str):
+def _no_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not a number")
 
 
@@ -281,12 +281,12 @@ def _finite(text: str) -> float:
     return value
 
 
-def _kind(value) -> str:
+def _kind(value: object) -> str:
     return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
         type(value), "a number")
 
 
-def _depth(value) -> int:
+def _depth(value: object) -> int:
     deepest, stack = 0, [(value, 1)]
     while stack:
         v, d = stack.pop()
@@ -316,12 +316,12 @@ def _errors(exc: ValidationError) -> str:
     return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'top'}: {e['msg']}" for e in exc.errors()[:3])
 
 
-def _object(value, schema: str, secrets: Sequence[str]) -> Checked:
+def _object(value: object, schema: str, secrets: Sequence[str]) -> Checked:
     if not isinstance(value, dict):
         raise Invalid(f"not a JSON object but {_kind(value)}")
-    value = mask(value, secrets)
+    masked: dict[str, Any] = mask(value, secrets)  # an object still: mask keeps the shape
     try:
-        stored = json.dumps(value)
+        stored = json.dumps(masked)
     except (ValueError, RecursionError):
         raise Invalid("not JSON as stored") from None
     if len(stored) > MAX_BYTES:
@@ -329,16 +329,16 @@ def _object(value, schema: str, secrets: Sequence[str]) -> Checked:
     if any(s and s in stored for s in secrets):  # a secret made of JSON's own punctuation
         raise Invalid("holds a secret value")
     try:
-        json.dumps(value, ensure_ascii=False).encode("utf-8")
+        json.dumps(masked, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:  # "\ud800": no terminal could print it
         raise Invalid("holds text that is not Unicode (a lone surrogate)") from None
     model = SCHEMAS.get(schema)
     if model is not None:
         try:
-            model.model_validate(value)
+            model.model_validate(masked)
         except ValidationError as exc:
             raise Invalid(f"not the {schema} summary ({_errors(exc)})") from None
-    return Checked(value, schema if schema in SCHEMA_NAMES else "task")
+    return Checked(masked, schema if schema in SCHEMA_NAMES else "task")
 
 
 def accept(data: Union[bytes, str], schema: str = "task", secrets: Sequence[str] = ()) -> Checked:
@@ -358,7 +358,7 @@ def accept(data: Union[bytes, str], schema: str = "task", secrets: Sequence[str]
         return invalid(str(why), text, secrets)
 
 
-def accept_value(value, schema: str = "task", secrets: Sequence[str] = ()) -> Checked:
+def accept_value(value: object, schema: str = "task", secrets: Sequence[str] = ()) -> Checked:
     """``accept`` for a summary already in memory (a dict made by ec2gpu, or read back)."""
     if isinstance(value, Checked) and value.schema == "invalid":
         return invalid(str(value.get("invalid", "")), str(value.get("raw", "")), secrets)
@@ -403,7 +403,7 @@ def read_summary(path: Path, schema: str = "task", secrets: Sequence[str] = (),
     return None if data is None else accept(data, schema, secrets)
 
 
-def read_bench_report(path: Path, root: Optional[Path] = None) -> tuple[Optional[dict], Optional[str]]:
+def read_bench_report(path: Path, root: Optional[Path] = None) -> tuple[Optional[dict[str, Any]], Optional[str]]:
     """The bench's bench.json at ``path``: (its content, None) when it passes ``BenchReport``,
     (None, why) when it does not, (None, None) when there is none."""
     try:
@@ -420,7 +420,7 @@ def read_bench_report(path: Path, root: Optional[Path] = None) -> tuple[Optional
             BenchReport.model_validate(value)
         except ValidationError as exc:
             raise Invalid(f"not the bench's report ({_errors(exc)})") from None
-        return cast(dict, value), None  # BenchReport, a model, validated it: an object
+        return cast(dict[str, Any], value), None  # BenchReport, a model, validated it: an object
     except Invalid as why:
         return None, _line(f"bench.json: {why}", ())
 
@@ -432,7 +432,7 @@ _FIGURES: dict[str, TypeAdapter[Any]] = {"test_acc": TypeAdapter(Optional[Accura
 TRAINER_COLUMNS = tuple(_FIGURES)
 
 
-def figure(name: str, value):
+def figure(name: str, value: object) -> Any:
     """``value`` of the trainer's figure ``name`` (TRAINER_COLUMNS) when it is one it can be (a
     number of the right type within its bounds), else None."""
     try:
@@ -441,13 +441,13 @@ def figure(name: str, value):
         return None
 
 
-def trainer_columns(values: dict) -> dict:
+def trainer_columns(values: Mapping[str, Any]) -> dict[str, Any]:
     """The ledger's columns that a trainer's summary fills (test_acc, epochs, train_seconds,
     samples_per_second) from ``values``, each None where it is not a valid figure."""
     return {k: figure(k, values.get(k)) for k in TRAINER_COLUMNS}
 
 
-def columns(summary, schema: str = "task") -> dict:
+def columns(summary: object, schema: str = "task") -> dict[str, Any]:
     """The run record's fields from a job's summary (a Checked from ``read_summary``, or a dict
     ec2gpu made, checked here against ``schema``): summary, summary_schema and, for a summary
     that holds test_acc, trainer_columns."""
@@ -460,7 +460,7 @@ def columns(summary, schema: str = "task") -> dict:
     return out
 
 
-def from_ledger(text: object, schema: Optional[str]) -> tuple[Optional[dict], Optional[str]]:
+def from_ledger(text: object, schema: Optional[str]) -> tuple[Optional[dict[str, Any]], Optional[str]]:
     """The ledger's summary column (JSON text) and summary_schema, checked again: (summary,
     schema). A summary that no longer passes (a row from before these checks) comes back marked
     invalid; a row without a schema (written before the column existed) keeps None."""
@@ -481,7 +481,7 @@ def from_ledger(text: object, schema: Optional[str]) -> tuple[Optional[dict], Op
     return dict(checked), ("invalid" if checked.schema == "invalid" else schema)
 
 
-def for_ledger(summary, schema: Optional[str]) -> tuple[Optional[dict], Optional[str]]:
+def for_ledger(summary: object, schema: Optional[str]) -> tuple[Optional[dict[str, Any]], Optional[str]]:
     """(summary, summary_schema) as ledger.record stores them: checked again, whatever the caller
     passed."""
     if summary is None:
@@ -493,7 +493,7 @@ def for_ledger(summary, schema: Optional[str]) -> tuple[Optional[dict], Optional
     return dict(checked), ("invalid" if checked.schema == "invalid" else schema)
 
 
-def bench_figures(summary) -> Optional[BenchSummary]:
+def bench_figures(summary: object) -> Optional[BenchSummary]:
     """A bench's summary as ``BenchSummary`` (every figure within its bounds), else None: only
     these feed an estimate (costs.bench_speed) or a USD per run (bench.usd_per_run)."""
     if not isinstance(summary, dict):

@@ -10,6 +10,7 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from ...errors import RemoteError, UsageError
 from ...settings import Settings
@@ -48,7 +49,7 @@ def train_local(opts: TrainOptions, ui: ReporterLike, data_dir: str | None = Non
     return record
 
 
-def run_local(job: engine.TaskJob, run_id: str, out: Path, ui, poll_s: float = 0.2) -> dict:
+def run_local(job: engine.TaskJob, run_id: str, out: Path, ui: ReporterLike, poll_s: float = 0.2) -> dict[str, Any]:
     """Run ``job`` on this machine as node 0 of 1, under the same agent and job contract as on an
     instance: the workdir is used where it is (nothing is copied), outputs go to ``out``/outputs,
     checkpoints to ``out``/checkpoints, the log to ``out``/job.log (followed live through ``ui.log``).

@@ -2,7 +2,7 @@
 through dropped connections), else from the artifacts brought home."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
 import json
 from pathlib import Path
@@ -11,9 +11,11 @@ from ...errors import RemoteError, UsageError
 
 if TYPE_CHECKING:
     from ...aws.instances import Instance
+    from ...backend import Context
+    from ...remote.files import Limits
 
 
-def finished(home: Path, name: str) -> dict | None:
+def finished(home: Path, name: str) -> dict[str, Any] | None:
     """The ledger's row for run ``name`` (an id or a unique prefix) once it is over, else None: its
     log is then on this machine and needs no AWS."""
     from ..settle import ledger
@@ -24,7 +26,7 @@ def finished(home: Path, name: str) -> dict | None:
     return None if row["status"] == "running" else row
 
 
-def exit_status_of(row: dict) -> int:
+def exit_status_of(row: dict[str, Any]) -> int:
     """What `logs --follow` exits with for a finished run (pure): the job's exit status, 0 for a
     completed run, 1 when the run ended before its job did (interrupted, teardown, AWS)."""
     if row["status"] == "completed":
@@ -39,7 +41,8 @@ def run_id_on(home: Path, inst: Instance) -> str:
     from ..settle import ledger
     for row in ledger.runs(home, limit=200):
         if inst.id in (row.get("instance_ids") or []):
-            return row["run_id"]
+            run_id: str = row["run_id"]
+            return run_id
     return inst.tags.get(T.RUN, "")
 
 
@@ -60,7 +63,7 @@ def saved_log(home: Path, name: str) -> Path:
     return path
 
 
-def _open(ctx, inst: Instance, note):
+def _open(ctx: Context, inst: Instance, note: Callable[[str], None]) -> tuple[Any, Callable[[], Any]]:
     """(an SSH connection to ``inst``, a function that opens another): the run's key, the host key
     pinned (checked against the console output first if it is not yet). Raises RemoteError or
     WaitTimeout when it does not answer in 60 s, UsageError without the private key."""
@@ -71,7 +74,8 @@ def _open(ctx, inst: Instance, note):
     return conn, lambda: ssh.connect(host, port, ctx.settings.ssh_user, key, known, note)
 
 
-def stream(ctx, inst: Instance, follow: bool, write, note) -> tuple[int | None, str]:
+def stream(ctx: Context, inst: Instance, follow: bool, write: Callable[[bytes], object],
+           note: Callable[[str], None]) -> tuple[int | None, str]:
     """Write the job log of the run on instance ``inst`` (a DescribeInstances dict) to ``write``
     (bytes), as it is now or, with ``follow``, to the job's end; return (the job's exit status, or
     None without ``follow``; the run id). The host key is checked against the console output.
@@ -110,7 +114,7 @@ def stream(ctx, inst: Instance, follow: bool, write, note) -> tuple[int | None, 
     return status, run_id
 
 
-def secret_values(conn, run_dir: str) -> list[str]:
+def secret_values(conn: Any, run_dir: str) -> list[str]:
     """The values of the run's secrets (names in secret_names.json, values in the 0600
     job.env.json), longest first; [] for a run without secrets."""
     from ...remote import jobs
@@ -131,7 +135,7 @@ def mask(line: str, secrets: list[str]) -> str:
     return mask_text(line, secrets)
 
 
-def head_instance(ec2, row: dict) -> Instance | None:
+def head_instance(ec2: Any, row: dict[str, Any]) -> Instance | None:
     """The running instance of ledger row ``row`` whose job's files count (node 0 of its newest
     attempt: the first of its ``instance_ids`` still running), or None."""
     from ...aws import sweep
@@ -140,7 +144,8 @@ def head_instance(ec2, row: dict) -> Instance | None:
     return next((live[i] for i in ids if i in live), None)
 
 
-def fetch(ctx, inst: Instance, run_id: str, out: Path, note, limits=None) -> dict:
+def fetch(ctx: Context, inst: Instance, run_id: str, out: Path, note: Callable[[str], None],
+          limits: Limits | None = None) -> dict[str, list[str]]:
     """Bring home what the job of run ``run_id`` wrote on instance ``inst`` so far, as a finished run
     would have: its output directory to ``out``/outputs, its checkpoint directory (the default one,
     in the run's directory) to ``out``/checkpoints (each at most ``limits``, remote/files.Limits;
@@ -154,7 +159,8 @@ def fetch(ctx, inst: Instance, run_id: str, out: Path, note, limits=None) -> dic
     Raises RemoteError when the instance cannot be reached, UsageError without its private key.
     """
     from ...remote import jobs, sync
-    from . import engine, status
+    from . import status
+    from .nodes import copy_log
 
     iid = inst.id
     limits = limits or ctx.settings.download_limits
@@ -168,7 +174,7 @@ def fetch(ctx, inst: Instance, run_id: str, out: Path, note, limits=None) -> dic
                "files": []}
         secrets = secret_values(conn, run_dir)
         if jobs.size_of(conn, f"{run_dir}/job.log"):  # never job.env.json: it holds the secrets' values
-            engine.copy_log(conn, f"{run_dir}/job.log", out / "job.log", lambda line: mask(line, secrets))
+            copy_log(conn, f"{run_dir}/job.log", out / "job.log", lambda line: mask(line, secrets))
             got["files"].append("job.log")
         record = status.read(conn, run_dir, None)  # the key died with the controller: validated, not verified
         if record is not None:

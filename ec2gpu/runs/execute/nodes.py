@@ -16,15 +16,22 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Callable
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, TypeVar
 
 if TYPE_CHECKING:
     from ...aws.instances import Instance
+    from ...aws.session import Aws
+    from ...backend import Backend
+    from ...settings import Settings
+    from ..provision.resources import Provisioned
+    from .reporter import ReporterLike
+
+T = TypeVar("T")
 
 GRACE_S = 10.0  # after a node fails, how long the others may take to fail or finish by themselves
 
 
-def processes_per_node(info: dict) -> int:
+def processes_per_node(info: dict[str, Any]) -> int:
     """One process per GPU; one (gloo on the CPU) where torch sees no GPU."""
     return max(1, int(info.get("gpu_count") or 0)) if info.get("cuda_available") else 1
 
@@ -40,12 +47,12 @@ class Node:
     conn: Any = None  # a fabric Connection (untyped)
     connect: Any = None  # () -> a fresh Connection
     run_dir: str = ""
-    info: dict = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
     pid: int | None = None
     watch: Any = None  # recovery.InstanceWatch, from open_node on
     result: object = None  # exit status, Interrupted, or another exception
     agent_key: str | None = None  # the key the agent signs status.json with (runs/execute/status.py)
-    status: dict | None = None  # the agent's record, read once when the job ended (engine.snapshot_statuses)
+    status: dict[str, Any] | None = None  # the agent's record, read once when the job ended (engine.snapshot_statuses)
 
     @property
     def instance_id(self) -> str:
@@ -57,7 +64,9 @@ class Node:
                 self.conn.close()
 
 
-def connect_verified(aws, settings, backend, inst: Instance, key=None, log=lambda msg: None, timeout_s: float = 300.0):
+def connect_verified(aws: Aws, settings: Settings, backend: Backend, inst: Instance, key: Path | None = None,
+                     log: Callable[[str], None] = lambda msg: None,
+                     timeout_s: float = 300.0) -> tuple[Any, str, int, Path, Path]:
     """The one way ec2gpu opens SSH to an instance it has not pinned yet (or has): wait until SSH
     answers (``timeout_s`` seconds, s), its host key checked against the fingerprints the
     instance published in its console output and pinned under its instance id
@@ -77,7 +86,8 @@ def connect_verified(aws, settings, backend, inst: Instance, key=None, log=lambd
     return conn, host, port, known, key
 
 
-def open_node(nd: Node, aws, settings, prov, run_id: str, backend, log) -> None:
+def open_node(nd: Node, aws: Aws, settings: Settings, prov: Provisioned, run_id: str, backend: Backend,
+              log: Callable[[str], None]) -> None:
     """Connect to a node (waiting for SSH; the host key checked against its console output), find
     its run directory, and give it an EC2 watch (bringing nothing home until the engine gives node
     0 its checkpoints). The watch exists before SSH answers, so a failed wait can ask EC2 whether
@@ -85,6 +95,8 @@ def open_node(nd: Node, aws, settings, prov, run_id: str, backend, log) -> None:
     from ...remote import jobs, ssh
     from ..recover import recovery
 
+    # the run's key pair: made by provision (found by standing/hosts.py) before any node is opened
+    assert prov.key_path is not None
     nd.watch = recovery.InstanceWatch(aws.ec2, nd.instance_id, recovery.NoCheckpoints(), log)
     nd.host, nd.port = backend.ssh_target(nd.instance)
     known = settings.home / "known_hosts" / nd.instance_id
@@ -93,7 +105,7 @@ def open_node(nd: Node, aws, settings, prov, run_id: str, backend, log) -> None:
     nd.run_dir = jobs.remote_run_dir(nd.conn, run_id)
 
 
-def prepare_node(nd: Node, log) -> None:
+def prepare_node(nd: Node, log: Callable[[str], None]) -> None:
     """Run ec2gpu/ami/setup-gpu.sh on the node, or reuse what the same script found on this same
     instance (id and type) before (remote/setup.py); ``nd.info`` gets it (python, GPUs, ``reused``)."""
     from ...remote import setup
@@ -105,14 +117,14 @@ class _Stopped(Exception):
     """Raised in a follower when another node failed and the run is stopping."""
 
 
-def parallel(fn, nodes: list[Node]) -> list:
+def parallel(fn: Callable[[Node], T], nodes: list[Node]) -> list[T]:
     """``fn(node)`` for every node at once (setup can take minutes per node); re-raises the first error."""
     with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
         return list(pool.map(fn, nodes))
 
 
-def follow_all(nodes: list[Node], ui, local_out: Path, attempt: int, unreachable_s: float,
-               log_name: str = "job.log", mask=None) -> None:
+def follow_all(nodes: list[Node], ui: ReporterLike, local_out: Path, attempt: int, unreachable_s: float,
+               log_name: str = "job.log", mask: Callable[[str], str] | None = None) -> None:
     """Follow every node's ``log_name`` at once, each line shown as ``node K | line`` (just the line
     for a single node) and teed to attempt-N-node-K.log; ``mask(line)`` hides secrets in both.
     The first node to fail stops the others (their jobs get SIGTERM). Sets each node's
@@ -174,12 +186,12 @@ class ProgressReader:
     ``rate`` with ``rate_unit``, ``eta_s``. A missing, partial or malformed file is skipped: the
     progress display is a courtesy, never a reason to fail the run."""
 
-    seen: dict | None
+    seen: dict[str, Any] | None
 
-    def __init__(self, run_dir: str, show, every_s: float = 1.0):
+    def __init__(self, run_dir: str, show: Callable[[dict[str, Any]], None], every_s: float = 1.0) -> None:
         self.path, self.show, self.every_s, self.last, self.seen = f"{run_dir}/{PROGRESS_FILE}", show, every_s, 0.0, None
 
-    def __call__(self, conn) -> None:
+    def __call__(self, conn: Any) -> None:
         if conn is None or time.monotonic() - self.last < self.every_s:
             return
         self.last = time.monotonic()
@@ -197,7 +209,8 @@ class ProgressReader:
 PROGRESS_FILE = "progress.json"  # in the run's directory on the instance: $EC2GPU_PROGRESS_FILE
 
 
-def _follow_node(nd: Node, tee_path: Path, log_name: str, unreachable_s: float, mask, show, note,
+def _follow_node(nd: Node, tee_path: Path, log_name: str, unreachable_s: float, mask: Callable[[str], str] | None,
+                 show: Callable[[str], None], note: Callable[[str], None],
                  stop: threading.Event, progress: ProgressReader | None = None) -> None:
     """Follow one node's log to its end through dropped connections (its EC2 watch polled on the
     way), each line to ``show`` and teed to ``tee_path`` (byte for byte, or masked line by line);
@@ -206,7 +219,7 @@ def _follow_node(nd: Node, tee_path: Path, log_name: str, unreachable_s: float, 
     from ...remote import jobs
     from ..recover import recovery
 
-    def on_poll(conn) -> None:
+    def on_poll(conn: Any) -> None:
         if stop.is_set():
             raise _Stopped()
         nd.watch(conn)
@@ -248,10 +261,10 @@ class LocalLog:
 
     f: BinaryIO | None  # open between __enter__ and __exit__
 
-    def __init__(self, path: Path, max_bytes: int = MAX_LOG_BYTES):
+    def __init__(self, path: Path, max_bytes: int = MAX_LOG_BYTES) -> None:
         self.path, self.max_bytes, self.written, self.f, self.capped = path, max_bytes, 0, None, False
 
-    def __enter__(self):
+    def __enter__(self) -> LocalLog:
         self.f = open(self.path, "wb", buffering=0)
         return self
 
@@ -266,12 +279,12 @@ class LocalLog:
             self.f.write(f"\n[ec2gpu: this log stops at {self.max_bytes:,} bytes; the job's whole log is "
                          "job.log on the instance while it runs]\n".encode())
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         assert self.f is not None  # __enter__ opened it
         self.f.close()
 
 
-def copy_log(conn, remote: str, local: Path, mask) -> None:
+def copy_log(conn: Any, remote: str, local: Path, mask: Callable[[str], str]) -> None:
     """Copy the remote log ``remote`` to ``local``, its last MAX_LOG_BYTES bytes, in chunks
     (memory stays bounded whatever its size), ``mask`` applied line by line."""
     from ...remote import jobs
@@ -282,7 +295,8 @@ def copy_log(conn, remote: str, local: Path, mask) -> None:
         lines.flush()
 
 
-def record_steps(nodes, mask, local_out: Path, only=None) -> list:
+def record_steps(nodes: list[Node], mask: Callable[[str], str], local_out: Path,
+                 only: list[Node] | None = None) -> list[tuple[str, Callable[..., object]]]:
     """[(name, step)]: each node's job.log (``mask`` applied line by line, its last MAX_LOG_BYTES)
     and its status record (the copy already read into ``nd.status``) to ``local_out``: job.log and
     status.json, job-node-K.log and status-node-K.json for a cluster; ``only``: those nodes alone."""
@@ -301,7 +315,8 @@ STOP_WAIT_S = 5.0  # after Ctrl-C, how long a stopped job may take to end before
 RECORDS_HOME_S = 30.0  # after Ctrl-C, the most the job's records may delay the teardown (s)
 
 
-def records_home_on_interrupt(nodes, mask, local_out: Path, log, wait_s: float = STOP_WAIT_S,
+def records_home_on_interrupt(nodes: list[Node], mask: Callable[[str], str], local_out: Path,
+                              log: Callable[[str], None], wait_s: float = STOP_WAIT_S,
                               budget_s: float = RECORDS_HOME_S) -> None:
     """After Ctrl-C or SIGTERM while the job runs, before the teardown: ask each node's job to
     stop (SIGTERM through its agent: a job that checkpoints on SIGTERM does so), give them
@@ -326,7 +341,8 @@ def records_home_on_interrupt(nodes, mask, local_out: Path, log, wait_s: float =
         log(f"warning: the job's log and status did not all come home in {budget_s:.0f} s; terminating without them")
 
 
-def _records_home(nodes, started, mask, local_out: Path, log, wait_s: float) -> None:
+def _records_home(nodes: list[Node], started: list[Node], mask: Callable[[str], str], local_out: Path,
+                  log: Callable[[str], None], wait_s: float) -> None:
     """records_home_on_interrupt's work, on the nodes ``started`` of ``nodes``."""
     from ...errors import RemoteError
     from ...remote import jobs
@@ -353,7 +369,7 @@ def _records_home(nodes, started, mask, local_out: Path, log, wait_s: float) -> 
             f"to {local_out}")
 
 
-def stop_job(nd: Node, log) -> bool:
+def stop_job(nd: Node, log: Callable[[str], None]) -> bool:
     """SIGTERM the node's job: its agent, which passes it to the job's process group (torchrun and
     its workers); whether it was sent. A node that cannot be reached is reported through ``log``;
     teardown ends it anyway."""
@@ -372,5 +388,5 @@ def stop_job(nd: Node, log) -> bool:
         return False
 
 
-def _describe(result) -> str:
+def _describe(result: object) -> str:
     return f"exit status {result}" if isinstance(result, int) else f"{type(result).__name__}: {result}"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, Callable, ContextManager, Protocol
+from typing import Any, Callable, ContextManager, Iterator, Protocol
 
 
 class Reporter:
@@ -18,12 +18,12 @@ class Reporter:
 
     after_phase: Callable[[str], object] | None = None
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.phases: dict[str, float] = {}
         self.notes: list[str] = []
 
     @contextlib.contextmanager
-    def phase(self, name: str):
+    def phase(self, name: str) -> Iterator[None]:
         t0 = time.monotonic()
         try:
             yield
@@ -36,7 +36,7 @@ class Reporter:
     def log(self, line: str) -> None:
         """One line of the job's log."""
 
-    def progress(self, p: dict) -> None:
+    def progress(self, p: dict[str, Any]) -> None:
         """The job's progress as it last wrote it (runs/execute/nodes.ProgressReader): ``done``, ``total``,
         optional ``label``, ``rate`` and ``rate_unit``, ``eta_s``."""
 
@@ -54,6 +54,6 @@ class ReporterLike(Protocol):
 
     def log(self, line: str) -> None: ...
 
-    def progress(self, p: dict) -> None: ...
+    def progress(self, p: dict[str, Any]) -> None: ...
 
     def note(self, text: str) -> None: ...

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hmac
 import json
 import secrets
+from typing import Any
 
 from ...agent import agent
 
@@ -34,15 +35,15 @@ def new_key() -> str:
     return secrets.token_hex(32)
 
 
-def _int(v, lo: int = -(2 ** 31), hi: int = 2 ** 31) -> int | None:
+def _int(v: object, lo: int = -(2 ** 31), hi: int = 2 ** 31) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi else None
 
 
-def _text(v) -> str | None:
+def _text(v: object) -> str | None:
     return v[:MAX_TEXT] if isinstance(v, str) else None
 
 
-def as_number(v) -> float | None:
+def as_number(v: object) -> float | None:
     """A timestamp: a number, or text holding one (torchelastic writes it as text); else None."""
     try:
         f = float(v) if isinstance(v, (int, float, str)) and not isinstance(v, bool) else None
@@ -51,37 +52,37 @@ def as_number(v) -> float | None:
     return f if f is not None and f == f and abs(f) < 1e12 else None  # NaN and absurd values: None
 
 
-def _error(v) -> dict | None:
+def _error(v: object) -> dict[str, Any] | None:
     if not isinstance(v, dict):
         return None
     return {"message": _text(v.get("message")) or "", "exit_code": _int(v.get("exit_code")),
             "rank": _int(v.get("rank"), 0, 1 << 20), "timestamp": as_number(v.get("timestamp"))}
 
 
-def _notice(v) -> dict | None:
+def _notice(v: object) -> dict[str, Any] | None:
     if not isinstance(v, dict):
         return None
     return {"action": _text(v.get("action")) or "", "time": _text(v.get("time")) or ""}
 
 
-def _rebalance(v) -> dict | None:
+def _rebalance(v: object) -> dict[str, Any] | None:
     if not isinstance(v, dict):
         return None
     return {"notice_time": _text(v.get("notice_time")), "seen_at": _text(v.get("seen_at"))}
 
 
-def _limit(v) -> dict | None:
+def _limit(v: object) -> dict[str, Any] | None:
     if not isinstance(v, dict):
         return None
     return {"ends_at": _text(v.get("ends_at")), "stopped_at": _text(v.get("stopped_at"))}
 
 
-def _problem(state: str, problem: str) -> dict:
+def _problem(state: str, problem: str) -> dict[str, Any]:
     return {"state": state, "exit_code": None, "signal": None, "started_at": None, "ended_at": None,
             "notice": None, "error": None, "rebalance": None, "limit": None, "problem": problem}
 
 
-def parse(data: bytes | None, key: str | None) -> dict | None:
+def parse(data: bytes | None, key: str | None) -> dict[str, Any] | None:
     """The record in ``data`` (status.json's bytes; None or b'': no record, None returned), its
     signature checked against ``key`` (hex; None: an agent started without one, nothing checked)
     and its fields validated to the shape above (pure; never raises)."""
@@ -108,7 +109,7 @@ def parse(data: bytes | None, key: str | None) -> dict | None:
             "rebalance": _rebalance(raw.get("rebalance")), "limit": _limit(raw.get("limit")), "problem": None}
 
 
-def read(conn, run_dir: str, key: str | None) -> dict | None:
+def read(conn: Any, run_dir: str, key: str | None) -> dict[str, Any] | None:
     """The agent's record on an instance (``parse`` of RUN_DIR/status.json, read once, at most
     MAX_BYTES + 1 bytes). Raises the connection's errors."""
     from ...remote import jobs

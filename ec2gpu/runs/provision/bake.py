@@ -16,7 +16,7 @@ marker ($HOME/.ec2gpu/setup-done/<hash>) and is skipped.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 import shlex
 import statistics
@@ -30,6 +30,15 @@ from ...errors import RemoteError, UsageError, WaitTimeout
 
 if TYPE_CHECKING:
     from ...aws.instances import Instance
+    from ...aws.session import Aws
+    from ...backend import Backend
+    from ...settings import Settings
+    from ..execute.engine import TaskJob
+    from ..execute.nodes import Node
+    from ..execute.reporter import ReporterLike
+    from ..recover.recovery import DirCheckpoints
+    from .pipeline import TrainOptions
+    from .resources import Provisioned
 
 AMI_DIR = Path(__file__).resolve().parents[2] / "ami"
 #: exit status of ami/install-cuda.sh: the driver is installed and loads after a reboot
@@ -71,13 +80,13 @@ def builder_max_runtime(minutes: int | None) -> int:
     return int(minutes)
 
 
-def bake_key(job) -> str:
+def bake_key(job: TaskJob) -> str:
     """What a baked image is matched on (pure): sha256 of the built-in task's name (its pre-fetched
     data) and the task's setup text. Tag ec2gpu:setup-hash."""
     return baked.setup_key(job.builtin, job.task.setup)
 
 
-def plan(job, base: str, name: str | None, home: Path, backend: str, instance_type: str, sandbox: bool,
+def plan(job: TaskJob, base: str, name: str | None, home: Path, backend: str, instance_type: str, sandbox: bool,
          data_dir: str | None = None) -> BakePlan:
     """The bake of ``job`` from ``base``; its name defaults to <task>-<UTC time> (AMI names are unique
     per account and region), made a name CreateImage accepts (aws/baked.ami_name).
@@ -107,8 +116,9 @@ def bake_seconds(phases: dict[str, float]) -> float:
     return sum(secs for name, secs in phases.items() if name not in counted)
 
 
-def bake_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[Instance], local_out: Path, backend,
-                 n: int, checkpoints) -> dict:
+def bake_attempt(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, ui: ReporterLike, prov: Provisioned,
+                 instances_: list[Instance], local_out: Path, backend: Backend, n: int,
+                 checkpoints: DirCheckpoints) -> dict[str, Any]:
     """The attempt of a bake on its builder (pipeline._run_attempts calls it for ``opts.bake``);
     returns the bake's summary: the image's id, name, key, base, versions and snapshots. Raises
     RemoteError when the driver install, the setup or the cleaning fails, AwsError or WaitTimeout
@@ -117,7 +127,7 @@ def bake_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[In
     from ..execute import engine
     from ..execute import nodes as N
 
-    job, bp = opts.task, opts.bake
+    job, bp = cast("TaskJob", opts.task), cast(BakePlan, opts.bake)  # a bake (_run_attempts); train set the task
     nd = N.Node(0, instances_[0])
     config = settings.home / "ssh" / f"{run_id}.config"
     try:
@@ -128,6 +138,7 @@ def bake_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[In
                 install_driver(aws, nd, backend, ui.note,
                                ends_at=max_runtime_deadline(nd.instance, opts.max_runtime_minutes))
         # rsync's ssh_config, written after any reboot (a sandbox instance's sshd moves on one)
+        assert prov.key_path is not None  # open_node needed it: the run's key pair
         sc.write(config, sc.render([sc.HostEntry((nd.instance_id,), nd.host, nd.port, settings.ssh_user,
                                                  prov.key_path, settings.home / "known_hosts" / nd.instance_id)], config))
         with ui.phase("setup"):
@@ -146,7 +157,7 @@ def bake_attempt(aws, settings, opts, run_id: str, ui, prov, instances_: list[In
         config.unlink(missing_ok=True)
 
 
-def run_script(nd, script: str, args: list[str], log, ok=(0,)) -> int:
+def run_script(nd: Node, script: str, args: list[str], log: Callable[[str], None], ok: tuple[int, ...] = (0,)) -> int:
     """Upload ami/SCRIPT to the node's run directory and run it, its lines to ``log``; its exit
     status when in ``ok``, else RemoteError with its last lines."""
     from ...remote import files, ssh
@@ -164,7 +175,8 @@ def run_script(nd, script: str, args: list[str], log, ok=(0,)) -> int:
     return result.exited
 
 
-def install_driver(aws, nd, backend, log, reboots: int = 2, ends_at: datetime | None = None) -> None:
+def install_driver(aws: Aws, nd: Node, backend: Backend, log: Callable[[str], None], reboots: int = 2,
+                   ends_at: datetime | None = None) -> None:
     """ami/install-cuda.sh on a bare Ubuntu builder, told how many GPUs its instance type has
     (DescribeInstanceTypes, else the catalog: it fails rather than bake an image without a driver
     when none is seen; a sandbox instance is this machine, whose GPUs are not its type's, so 0);
@@ -184,7 +196,7 @@ def install_driver(aws, nd, backend, log, reboots: int = 2, ends_at: datetime | 
                       "bake --from dlami (the Deep Learning AMI has the driver), or check the driver for this GPU")
 
 
-def reboot(aws, nd, backend, log, timeout_s: float = 900.0, every_s: float = 5.0,
+def reboot(aws: Aws, nd: Node, backend: Backend, log: Callable[[str], None], timeout_s: float = 900.0, every_s: float = 5.0,
            ends_at: datetime | None = None) -> None:
     """Reboot the node's instance (EC2 RebootInstances) and wait until SSH answers from a new boot
     (its boot id changed), the host key still the one pinned. A reboot forgets the --max-runtime
@@ -246,7 +258,7 @@ def minutes_left(deadline: datetime, now: datetime) -> int:
     return max(0, int((deadline - now).total_seconds() // 60))
 
 
-def rearm_max_runtime(nd, deadline: datetime, log) -> int:
+def rearm_max_runtime(nd: Node, deadline: datetime, log: Callable[[str], None]) -> int:
     """Schedule the node's --max-runtime shutdown again, for the minutes left until ``deadline``
     (the deadline stays; a reboot does not give a fresh full period); the minutes scheduled."""
     from ...remote import ssh
@@ -280,7 +292,7 @@ def per_boot_install_command(source: str, path: str = PER_BOOT_SCRIPT) -> str:
             f"r install -D -m 755 {shlex.quote(source)} {shlex.quote(path)}")
 
 
-def install_per_boot_script(nd, deadline: datetime) -> None:
+def install_per_boot_script(nd: Node, deadline: datetime) -> None:
     """Put per_boot_script on the node's instance at PER_BOOT_SCRIPT (through its run directory)."""
     from ...remote import files, ssh
     source = f"{nd.run_dir}/ec2gpu-max-runtime.sh"
@@ -289,7 +301,7 @@ def install_per_boot_script(nd, deadline: datetime) -> None:
     ssh.execute(nd.conn, per_boot_install_command(source))
 
 
-def prefetch(nd, job, bp: BakePlan, log) -> None:
+def prefetch(nd: Node, job: TaskJob, bp: BakePlan, log: Callable[[str], None]) -> None:
     """Put what the task declares it reads into the image: MNIST (checked) for the built-in task."""
     if job.builtin != "mnist":
         return
@@ -305,7 +317,7 @@ def prefetch(nd, job, bp: BakePlan, log) -> None:
     log(done.stdout.strip())
 
 
-def keep_setup(nd, name: str, log) -> None:
+def keep_setup(nd: Node, name: str, log: Callable[[str], None]) -> None:
     """Keep what setup-gpu.sh found as $HOME/.ec2gpu/baked-setup.json: on an instance of the image,
     the machine setup reads it instead of importing torch again (ami/setup-gpu.sh). The task's
     setup markers say which image holds them (engine.setup_node shows it when it skips)."""
@@ -321,7 +333,8 @@ def keep_setup_command(run_dir: str, name: str) -> str:
             f"""printf '%s, baked into image %s\\n' "$(head -n 1 "$m")" {shlex.quote(name)} > "$m"; done; true""")
 
 
-def make_image(aws, settings, nd, job, bp: BakePlan, prov, run_id: str, ui) -> dict:
+def make_image(aws: Aws, settings: Settings, nd: Node, job: TaskJob, bp: BakePlan, prov: Provisioned, run_id: str,
+               ui: ReporterLike) -> dict[str, Any]:
     """CreateImage of the builder, wait until available, tag it complete; the bake's summary."""
     ec2 = aws.ec2
     base = prov.ami or {}
@@ -340,7 +353,7 @@ def make_image(aws, settings, nd, job, bp: BakePlan, prov, run_id: str, ui) -> d
             **{k: nd.info.get(k) for k in ("python", "torch_version", "cuda_version", "driver_version")}}
 
 
-def listing(aws, home: Path | None = None) -> list[dict]:
+def listing(aws: Aws, home: Path | None = None) -> list[dict[str, Any]]:
     """`ec2gpu image ls`: aws.baked.listing of the region, its snapshots priced at the region's EBS
     snapshot price (aws/catalog.ebs_price: ``home``'s refreshed price cache, else the shipped
     table); each row also has "usd_per_gb_month" (None, and "usd_per_month" None, where the
@@ -351,7 +364,7 @@ def listing(aws, home: Path | None = None) -> list[dict]:
             for row in baked.listing(aws.ec2, price.usd_per_gb_month)]
 
 
-def remove(aws, ref: str, log=lambda msg: None) -> dict:
+def remove(aws: Aws, ref: str, log: Callable[[str], None] = lambda msg: None) -> dict[str, Any]:
     """`ec2gpu image rm NAME|AMI_ID`: deregister the image and delete its snapshots; what was
     removed. Raises UsageError when the tool made no image by that name or id here."""
     image = baked.find(aws.ec2, ref)

@@ -20,6 +20,7 @@ from ...settings import Settings
 from ..execute import engine
 from . import pipeline
 from ..settle import record as run_record
+from ..execute.reporter import ReporterLike
 
 #: Minutes a bench's job is assumed to take for its first estimate (before the ledger has one on
 #: that instance type): measured on this project's 2-vCPU machine without a GPU, the full bench's
@@ -41,7 +42,7 @@ def job_args(quick: bool, sandbox: bool, data_dir: str | None = None) -> list[st
     return args + (pipeline.sandbox_data_args([], give=give) if sandbox else [])
 
 
-def usd_per_run(summary: dict | None, usd_per_hour: float | None) -> dict:
+def usd_per_run(summary: dict[str, Any] | None, usd_per_hour: float | None) -> dict[str, dict[str, Any]]:
     """Per model of a bench's summary: the seconds that count (to the target accuracy on the best
     device, else the whole training when the target was not reached), what they cost at
     ``usd_per_hour`` (USD, None without a price), and which basis was used (pure). A model that
@@ -68,16 +69,16 @@ def usd_per_run(summary: dict | None, usd_per_hour: float | None) -> dict:
     return out
 
 
-def rank(results: list[dict]) -> list[dict]:
+def rank(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``results`` (each with ``usd_per_run``) cheapest first by RANK_MODELS' USD per run; those
     without a price or a figure last, in their order (pure)."""
-    def key(r):
+    def key(r: dict[str, Any]) -> tuple[tuple[bool, float], ...]:
         costs = [(r.get("usd_per_run") or {}).get(m, {}).get("usd") for m in RANK_MODELS]
         return tuple((c is None, c or 0.0) for c in costs)
     return sorted(results, key=key)
 
 
-def _result(record: Mapping[str, Any]) -> dict:
+def _result(record: Mapping[str, Any]) -> dict[str, Any]:
     """One bench's line: run id, type, market, price, status, the bench.json it brought home (as
     job_summary.read_bench_report checks it: None, with ``bench_invalid`` saying why, when it is
     not the bench's report)."""
@@ -93,8 +94,8 @@ def _result(record: Mapping[str, Any]) -> dict:
             "bench": report, **({"bench_invalid": why} if why else {})}
 
 
-def on_instances(aws: Aws, settings: Settings, opts: pipeline.TrainOptions, ui, backend: Backend, quick: bool,
-                 data_dir: str | None = None) -> list[dict]:
+def on_instances(aws: Aws, settings: Settings, opts: pipeline.TrainOptions, ui: ReporterLike, backend: Backend, quick: bool,
+                 data_dir: str | None = None) -> list[dict[str, Any]]:
     """Bench each of ``opts.instance_types`` on its own new instance, one after another (each
     launched, measured, brought home and terminated by pipeline.train); return one result per type
     (``_result``, plus ``error`` for a type whose run failed: the others still run), cheapest first.
@@ -122,7 +123,8 @@ def on_instances(aws: Aws, settings: Settings, opts: pipeline.TrainOptions, ui, 
     return rank(results)
 
 
-def local(opts: pipeline.TrainOptions, ui, settings: Settings | None, quick: bool, data_dir: str | None) -> list[dict]:
+def local(opts: pipeline.TrainOptions, ui: ReporterLike, settings: Settings | None, quick: bool,
+          data_dir: str | None) -> list[dict[str, Any]]:
     """Bench this machine under the same agent and job contract as an instance (local.run_local);
     the run goes into the ledger as backend "local", instance type "local", no cost. Raises
     UsageError without torch, RemoteError when the bench fails."""

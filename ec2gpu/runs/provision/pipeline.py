@@ -13,7 +13,7 @@ import secrets
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, cast
+from typing import TYPE_CHECKING, Any, Callable, Mapping, cast
 
 from ...aws import capacity, catalog, network, tags
 from ...aws.session import Aws
@@ -24,7 +24,7 @@ from ..plan import costs
 from ..settle import ledger
 from . import resources as provision
 from ..settle import record as run_record
-from ..execute.reporter import Reporter  # noqa: F401 - pipeline.Reporter: its home is the light reporter.py
+from ..execute.reporter import Reporter as Reporter  # re-exported: pipeline.Reporter; its home is the light reporter.py
 from ..execute.reporter import ReporterLike
 
 if TYPE_CHECKING:
@@ -101,7 +101,8 @@ def mnist_args(opts: TrainOptions, sandbox: bool = False) -> list[str]:
 GIVE_DATA = "EC2GPU_DATA_DIR=/path/to/mnist ec2gpu train mnist --sandbox (or DATA=/path/to/mnist make demo)"
 
 
-def sandbox_data_args(trainer_args: list[str], reachable=None, give: str = GIVE_DATA) -> list[str]:
+def sandbox_data_args(trainer_args: list[str], reachable: Callable[[str], bool] | None = None,
+                      give: str = GIVE_DATA) -> list[str]:
     """The trainer flags that give a sandbox instance this run's MNIST: ``--data-dir`` with
     $EC2GPU_DATA_DIR as this command has it (so each run's own setting reaches its instance, not
     the one the sandbox started with), else with this machine's cache when it holds the files;
@@ -144,7 +145,7 @@ def _reachable(url: str, timeout_s: float = 5.0) -> bool:
         return False
 
 
-def builtin_task(opts: TrainOptions, sandbox: bool = False):
+def builtin_task(opts: TrainOptions, sandbox: bool = False) -> TaskJob:
     """``opts.task``, or the built-in MNIST task with ``opts``' trainer flags (an engine.TaskJob)."""
     from ..execute import engine
     return opts.task if opts.task is not None else engine.builtin_job("mnist", mnist_args(opts, sandbox))
@@ -314,7 +315,7 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: ReporterLike, ba
                             region=aws.region, estimated_cost_usd=None if est.upper_bound else est.cost_usd,
                             estimate=est.as_dict())
     _ledger(settings, record, ui)
-    attempts: list[dict] = []
+    attempts: list[dict[str, Any]] = []
     record["attempts"] = attempts
     error = None
     try:
@@ -340,8 +341,8 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: ReporterLike, ba
                            f"{run_id}); the instances also terminate themselves after --max-runtime")
 
 
-def _teardown_and_bill(aws: Aws, settings: Settings, opts: TrainOptions, prov, record: run_record.RunRecord,
-                       ui: ReporterLike) -> None:
+def _teardown_and_bill(aws: Aws, settings: Settings, opts: TrainOptions, prov: provision.Provisioned,
+                       record: run_record.RunRecord, ui: ReporterLike) -> None:
     """Remove what the run created (unless --keep) and bill its attempts into ``record``; never
     raises (what teardown could not remove is in record["teardown_failed"])."""
     attempts = record["attempts"]
@@ -375,7 +376,7 @@ def _check_options(opts: TrainOptions, ui: ReporterLike) -> tuple[TrainOptions, 
     return replace(opts, instance_type=",".join(types)), catalog.lookup(types[0])
 
 
-def _close_attempts(attempts: list[dict], prov, error: BaseException | None) -> None:
+def _close_attempts(attempts: list[dict[str, Any]], prov: provision.Provisioned, error: BaseException | None) -> None:
     """Give every attempt row its end: instances launched but stopped before their attempt began
     (Ctrl-C while requesting) get a row, and rows still "running" end as the run did."""
     from ..recover.recovery import attempt_row
@@ -389,7 +390,7 @@ def _close_attempts(attempts: list[dict], prov, error: BaseException | None) -> 
                 "stopped by the user" if isinstance(error, KeyboardInterrupt) else f"failed: {error}"[:200]
 
 
-def _with_summary(record: run_record.RunRecord, summary: dict) -> run_record.RunRecord:
+def _with_summary(record: run_record.RunRecord, summary: dict[str, Any]) -> run_record.RunRecord:
     """``record`` with the job's summary.json ({} when it wrote none) and the ledger columns the
     built-in trainer's summary fills (test accuracy, epochs, train seconds, samples/s), as
     job_summary.columns checks them: a summary that failed its checks is kept marked, and a figure
@@ -400,7 +401,7 @@ def _with_summary(record: run_record.RunRecord, summary: dict) -> run_record.Run
 
 
 def _run_attempts(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, ui: ReporterLike, prov: provision.Provisioned,
-                  out: Path, backend: Backend, record: run_record.RunRecord) -> dict:
+                  out: Path, backend: Backend, record: run_record.RunRecord) -> dict[str, Any]:
     """Attempt after attempt (recovery.py) of ``opts.task`` until its job finishes; return its summary.
 
     Raises recovery.AttemptsExhausted when the last attempt allowed is interrupted too.
@@ -443,6 +444,6 @@ def _run_attempts(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str,
     raise recovery.exhausted(attempts, checkpoints.local, opts.spot, opts.attempts_allowed)
 
 
-def as_json(record: dict) -> str:
+def as_json(record: Mapping[str, Any]) -> str:
     return json.dumps(record, indent=2, default=str)
 

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, cast
 
 from ...aws import baked, capacity, images, instances, network, placement, sweep
 from ...aws.session import Aws
@@ -18,6 +18,7 @@ from ..plan import costs
 
 if TYPE_CHECKING:  # annotations only: pipeline imports this module
     from ...aws.instances import Instance
+    from ..execute.engine import TaskJob
     from .pipeline import TrainOptions
     from ..execute.reporter import ReporterLike
 
@@ -31,7 +32,7 @@ class Provisioned:
     key_path: Path | None = None
     security_group_id: str | None = None
     placement_group: str | None = None
-    ami: dict | None = None
+    ami: dict[str, Any] | None = None
     bake: bool = False  # an image bake: teardown also removes the run's incomplete image and snapshots
     instance_profile: str | None = None  # the run's own instance role and profile (aws/iam.py), same name
     profile_created_at: float | None = None  # time.time() when it was made (EC2 sees it a moment later)
@@ -44,7 +45,7 @@ class Provisioned:
 
 
 def provision(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, ui: ReporterLike,
-              prov: Provisioned, avoid_zones=()) -> list[Instance]:
+              prov: Provisioned, avoid_zones: Sequence[str] = ()) -> list[Instance]:
     """Create the key pair and security group (once per run) and launch an instance, filling
     ``prov`` as it goes; wait until it runs and return its description(s).
 
@@ -94,13 +95,13 @@ def provision(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, ui:
     return [running[i] for i in ids]
 
 
-def _labels(opts: TrainOptions) -> tuple:
+def _labels(opts: TrainOptions) -> tuple[tuple[str, str], ...]:
     """The task's labels (SkyPilot's resources.labels), as (key, value) pairs for the instance tags."""
     task = getattr(opts.task, "task", None)
     return tuple(sorted(task.resources.labels.items())) if task is not None else ()
 
 
-def check_s3_access(aws: Aws, job) -> None:
+def check_s3_access(aws: Aws, job: TaskJob) -> None:
     """Before anything is created, for a task whose file_mounts read or write S3 (``job``: an
     engine.TaskJob): check its buckets and sources (aws/storage.py), build its run role's policy
     (aws/iam.s3_policy) and find the account's permissions boundary; fill ``job.bucket_regions``,
@@ -112,9 +113,9 @@ def check_s3_access(aws: Aws, job) -> None:
     from ...aws import iam, storage
     from ...errors import UsageError
     s3 = [m for m in job.mounts if m.kind == "s3"]
-    try:
-        job.role_policy = iam.s3_policy([(m.bucket, m.prefix) for m in s3],
-                                        [(m.bucket, m.prefix) for m in s3 if m.write_back])
+    try:  # an S3 entry always names its bucket (tasks/mounts.Mount: None is for local sources)
+        job.role_policy = iam.s3_policy([(cast(str, m.bucket), m.prefix) for m in s3],
+                                        [(cast(str, m.bucket), m.prefix) for m in s3 if m.write_back])
     except ValueError as exc:
         raise UsageError(f"file_mounts: {exc}", "name fewer S3 prefixes, or one prefix that holds them") from None
     client = aws.client("s3")
@@ -159,7 +160,7 @@ def _instance_role(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str
     storage.make_buckets(aws.client("s3"), job.buckets_to_make, aws.region, settings.owner, ui.note)
 
 
-def choose_image(aws: Aws, opts: TrainOptions) -> dict:
+def choose_image(aws: Aws, opts: TrainOptions) -> dict[str, Any]:
     """The image to launch (as images.resolve_ami returns it): a bake's base image; else ``--ami``;
     else the newest complete image baked for this task's setup in the region (found by its
     ec2gpu:setup-hash tag) unless ``opts.baked`` is off; else the Deep Learning AMI."""
@@ -178,7 +179,7 @@ def choose_image(aws: Aws, opts: TrainOptions) -> dict:
     return images.resolve_ami(ssm, ec2, opts.ami)
 
 
-def teardown(aws: Aws, settings: Settings, prov: Provisioned, ui: ReporterLike) -> dict:
+def teardown(aws: Aws, settings: Settings, prov: Provisioned, ui: ReporterLike) -> dict[str, list[str]]:
     """Remove what the run made, kind by kind through the registry of aws/sweep.py (``KINDS``):
     terminate its instances (waiting), then delete its security group, key pair, placement group,
     a bake's incomplete image and snapshots, and its instance role; each resource tried on its own,
@@ -191,11 +192,11 @@ def teardown(aws: Aws, settings: Settings, prov: Provisioned, ui: ReporterLike) 
     Returns {"instances", "security_groups", "key_pairs", "placement_groups", "images", "snapshots",
     "instance_roles": ids removed, "failed": ["ID (why)", ...]}.
     """
-    def on_sigint(*_):
+    def on_sigint(*_: object) -> None:
         ui.note("cleanup is under way; if you stop it, finish by hand with `ec2gpu cleanup`")
     previous = signal.signal(signal.SIGINT, on_sigint) if _main_thread() else None
     kinds = ("instances", "security_groups", "key_pairs", "placement_groups", "images", "snapshots", "instance_roles")
-    removed: dict = {k: [] for k in kinds}
+    removed: dict[str, list[str]] = {k: [] for k in kinds}
     removed["failed"] = []
     try:
         with ui.phase("terminating"):
@@ -235,7 +236,7 @@ def teardown(aws: Aws, settings: Settings, prov: Provisioned, ui: ReporterLike) 
     return removed
 
 
-def leftovers(prov: Provisioned, removed: dict) -> str:
+def leftovers(prov: Provisioned, removed: Mapping[str, list[str]]) -> str:
     """What the run created that teardown did not remove, by kind and id (pure): '' when nothing."""
     kinds = [("instances", [i for i in prov.instance_ids if i not in removed["instances"]]),
              ("security group", [prov.security_group_id] if prov.security_group_id and not removed["security_groups"]
@@ -264,7 +265,7 @@ def end_instances(aws: Aws, prov: Provisioned, instance_ids: list[str], ui: Repo
         prov.ended.update(instance_ids)
 
 
-def bill(aws: Aws, settings: Settings, attempts: list[dict], prov: Provisioned, ui: ReporterLike) -> None:
+def bill(aws: Aws, settings: Settings, attempts: list[dict[str, Any]], prov: Provisioned, ui: ReporterLike) -> None:
     """Add billed seconds and cost to each attempt row, from its (terminated) instance's own launch
     and termination times (one DescribeInstances for all of them)."""
     if not attempts:
@@ -282,7 +283,7 @@ def bill(aws: Aws, settings: Settings, attempts: list[dict], prov: Provisioned, 
                                      settings.root_volume_gib))
 
 
-def totals(attempts: list[dict]) -> dict:
+def totals(attempts: list[dict[str, Any]]) -> dict[str, Any]:
     """The run's bill from its attempts' bills (pure): sums, first launch, last termination."""
     billed = [a for a in attempts if "billed_seconds" in a]
     if not billed:
