@@ -492,11 +492,12 @@ def download(nodes: list[Node], job: TaskJob, local_out: Path, ssh_config: Path 
     once every other part came home."""
     from ...remote import files, jobs
     head = nodes[0]
-    steps = [("checkpoints", lambda: head.watch.checkpoints.sync(head.conn, force=True)),  # first: replacements resume from it
-             *[(f"file_mounts of node {nd.index} (written back)", _write_back(nd, log))
-               for nd in nodes if any(m.write_back for m in job.mounts)],
-             ("outputs", lambda: _outputs_home(head, job, local_out, ssh_config, log, limits or files.Limits())),
-             *record_steps(nodes, job.mask, local_out)]
+    steps: list[tuple[str, Callable[[], object]]] = [
+        ("checkpoints", lambda: head.watch.checkpoints.sync(head.conn, force=True)),  # first: replacements resume from it
+        *[(f"file_mounts of node {nd.index} (written back)", _write_back(nd, log))
+          for nd in nodes if any(m.write_back for m in job.mounts)],
+        ("outputs", lambda: _outputs_home(head, job, local_out, ssh_config, log, limits or files.Limits())),
+        *record_steps(nodes, job.mask, local_out)]
     failed = None  # the first transfer that failed: raised once every other part came home
     for what, step in steps:
         try:
