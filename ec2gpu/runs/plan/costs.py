@@ -12,12 +12,15 @@ import statistics
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 from ...aws.catalog import BILLING_MINIMUM_SECONDS
 
 if TYPE_CHECKING:
+    from ...aws.catalog import Price
     from ...aws.instances import Instance
+    from ...aws.session import Aws
+    from ..execute.engine import TaskJob
 
 #: Phase seconds assumed when the ledger has no earlier run of the same instance type and backend.
 #: Assumptions, not measurements: boot = requesting + pending -> running + first SSH login of a
@@ -94,7 +97,7 @@ class Estimate:
     cost_usd: float | None = None
     upper_bound: bool = False  # the job's time is unknown: billed_seconds and cost_usd are at the run's limit
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -103,7 +106,7 @@ def _median(values: list[float]) -> float | None:
 
 
 def estimate(instance_type: str, gpu: str, market: str, usd_per_hour: float | None, price_source: str,
-             model: str, epochs: int, history: list[dict]) -> Estimate:
+             model: str, epochs: int, history: list[dict[str, Any]]) -> Estimate:
     """Estimate a run of ``model`` for ``epochs`` on ``instance_type`` (pure).
 
     ``history`` holds earlier runs of the same backend from the ledger, newest first, as dicts
@@ -114,19 +117,23 @@ def estimate(instance_type: str, gpu: str, market: str, usd_per_hour: float | No
     """
     from ..execute.job_summary import figure
 
-    def job_s(r):  # the job's phase: "running" (before the one engine: "training")
-        return (r.get("phases") or {}).get("running") or (r.get("phases") or {}).get("training")
+    def job_s(r: dict[str, Any]) -> float | None:  # the job's phase: "running" (before the one engine: "training")
+        phases = r.get("phases") or {}
+        seconds: float | None = phases.get("running") or phases.get("training")
+        return seconds
 
-    def trained(r):  # (train seconds, epochs) the trainer reported, when both are valid figures (job_summary.py)
+    def trained(r: dict[str, Any]) -> tuple[float, int] | None:
+        # (train seconds, epochs) the trainer reported, when both are valid figures (job_summary.py)
         secs, epochs = figure("train_seconds", r.get("train_seconds")), figure("epochs", r.get("epochs"))
         return (secs, epochs) if secs and epochs else None
     same_gpu = [r for r in history if r.get("gpu") == gpu and r.get("model") == model and trained(r) and job_s(r)][:5]
     boot, setup, teardown, same_type = _phase_seconds(history, instance_type)
     measured = bench_speed(history, instance_type, gpu, model)
     if same_gpu:
-        # same_gpu is not empty: both medians are numbers
-        epoch_s = cast(float, _median([trained(r)[0] / trained(r)[1] for r in same_gpu]))
-        startup = cast(float, _median([max(0.0, job_s(r) - trained(r)[0]) for r in same_gpu]))
+        # same_gpu is not empty, and each of its runs has both figures: both medians are numbers
+        got = [(tr, js) for tr, js in ((trained(r), job_s(r)) for r in same_gpu) if tr and js]
+        epoch_s = cast(float, _median([t[0] / t[1] for t, _ in got]))
+        startup = cast(float, _median([max(0.0, s - t[0]) for t, s in got]))
         source = f"ledger ({len(same_gpu)} earlier run(s) of {model} on {gpu})"
     elif measured:
         epoch_s = TRAIN_IMAGES / measured["samples_per_second"]
@@ -145,7 +152,7 @@ def estimate(instance_type: str, gpu: str, market: str, usd_per_hour: float | No
                             round(startup + epochs * epoch_s, 1), round(teardown, 1), source))
 
 
-def bench_speed(history: list[dict], instance_type: str, gpu: str, model: str) -> dict | None:
+def bench_speed(history: list[dict[str, Any]], instance_type: str, gpu: str, model: str) -> dict[str, Any] | None:
     """The samples/s `ec2gpu bench` measured for ``model`` on ``instance_type`` (else on another
     type with the same GPU model), on its best device (pure). ``history``: the ledger's completed
     runs, newest first; bench runs are those with task "bench" whose summary passed the built-in
@@ -174,7 +181,7 @@ PHASE_GROUPS = {"boot": ("requesting", "waiting for running", "waiting for SSH")
                 "teardown": ("download", "terminating")}
 
 
-def _phase_seconds(history: list[dict], instance_type: str) -> tuple[float, float, float, list[dict]]:
+def _phase_seconds(history: list[dict[str, Any]], instance_type: str) -> tuple[float, float, float, list[dict[str, Any]]]:
     """(boot, setup, teardown) seconds: medians of up to 5 earlier runs on ``instance_type``, else
     the defaults; and those runs (pure)."""
     same_type = [r for r in history if r.get("instance_type") == instance_type and r.get("phases")][:5]
@@ -196,7 +203,7 @@ def _priced(est: Estimate) -> Estimate:
     return est
 
 
-def estimate_job(aws, home, instance_type: str, spot: bool, job_seconds: float, job_source: str, backend: str,
+def estimate_job(aws: Aws, home: Path, instance_type: str, spot: bool, job_seconds: float, job_source: str, backend: str,
                  max_price: float | None = None) -> Estimate:
     """Estimate a user's task: its job runs ``job_seconds`` (said by ``job_source``); boot, setup
     and teardown from the ledger's runs on the same instance type, else the defaults."""
@@ -211,7 +218,7 @@ def estimate_job(aws, home, instance_type: str, spot: bool, job_seconds: float, 
                             round(boot, 1), round(setup, 1), round(job_seconds, 1), round(teardown, 1), job_source))
 
 
-def hourly_price(aws, home, instance_type: str, spot: bool, max_price: float | None = None):
+def hourly_price(aws: Aws, home: Path, instance_type: str, spot: bool, max_price: float | None = None) -> Price:
     """The USD/h a new instance of ``instance_type`` would pay now, as a ``catalog.Price``.
 
     On-demand: the refreshed Price List cache, else the shipped table. Spot: the highest current
@@ -237,7 +244,7 @@ def hourly_price(aws, home, instance_type: str, spot: bool, max_price: float | N
     return catalog.Price(worst, f"spot now, highest of {len(zones)} zone(s)")
 
 
-def estimate_run(aws, home, instance_type: str, spot: bool, model: str, epochs: int | None, backend: str,
+def estimate_run(aws: Aws, home: Path, instance_type: str, spot: bool, model: str, epochs: int | None, backend: str,
                  max_price: float | None = None) -> Estimate:
     """Estimate time and cost of one `train` run from current prices and the ledger's history."""
     from ...aws import catalog
@@ -251,8 +258,8 @@ def estimate_run(aws, home, instance_type: str, spot: bool, model: str, epochs: 
                     model, epochs or PRESETS[model].epochs, history)
 
 
-def actual_cost(aws, home, instance: Instance, ended_fallback: datetime, billing_start: datetime | None = None,
-                volume_gib: float | None = None) -> dict:
+def actual_cost(aws: Aws, home: Path, instance: Instance, ended_fallback: datetime, billing_start: datetime | None = None,
+                volume_gib: float | None = None) -> dict[str, Any]:
     """Billed seconds and USD of one instance from its own times.
 
     ``instance`` is the instance as described after termination. Billing runs from when it was
@@ -277,7 +284,7 @@ def actual_cost(aws, home, instance: Instance, ended_fallback: datetime, billing
     return with_total(row)
 
 
-def compute_cost(aws, home, instance: Instance, start: datetime, ended: datetime) -> dict:
+def compute_cost(aws: Aws, home: Path, instance: Instance, start: datetime, ended: datetime) -> dict[str, Any]:
     """The compute bill of ``instance`` running from ``start`` to ``ended`` (one running interval,
     60 s minimum): {"usd_per_hour", "compute_usd" (None when no price is known), "price_source"}.
     Spot: the zone's spot price history over the interval; on-demand: the catalog's price."""
@@ -296,7 +303,7 @@ def compute_cost(aws, home, instance: Instance, start: datetime, ended: datetime
     return {"usd_per_hour": price.usd_per_hour, "compute_usd": cost, "price_source": price.source}
 
 
-def address_and_disk(region: str, home, running_s: float, life_s: float, volume_gib: float | None) -> dict:
+def address_and_disk(region: str, home: Path, running_s: float, life_s: float, volume_gib: float | None) -> dict[str, Any]:
     """What an instance costs beside its compute: its public IPv4 address for the ``running_s``
     seconds it ran (catalog.PUBLIC_IPV4_USD_PER_HOUR, by the second), and its gp3 root volume of
     ``volume_gib`` GiB for the ``life_s`` seconds it existed, stopped or not (catalog.ebs_price,
@@ -311,7 +318,7 @@ def address_and_disk(region: str, home, running_s: float, life_s: float, volume_
             "ebs_usd": ebs, "volume_gib": volume_gib, "ebs_price_source": f"gp3 {gp3.source}"}
 
 
-def with_total(row: dict) -> dict:
+def with_total(row: dict[str, Any]) -> dict[str, Any]:
     """``row`` with cost_usd = compute_usd + public_ipv4_usd + ebs_usd (an unknown EBS part counts
     0; an unknown compute part makes the total None)."""
     parts = (row.get("compute_usd"), row.get("public_ipv4_usd"), row.get("ebs_usd"))
@@ -319,7 +326,7 @@ def with_total(row: dict) -> dict:
     return row
 
 
-def estimate_minutes(home: Path, job, instance_type: str, expect_minutes: float | None,
+def estimate_minutes(home: Path, job: TaskJob, instance_type: str, expect_minutes: float | None,
                      backend: str) -> tuple[float | None, str]:
     """Minutes the job should run, and where that figure comes from: the ledger's past completed
     runs of the same task on the same instance type (their mean), else ``--expect``; (None, why)
@@ -336,7 +343,8 @@ def estimate_minutes(home: Path, job, instance_type: str, expect_minutes: float 
     return None, f"task {job.name} has not run on {instance_type} before"
 
 
-def price_rows(aws, home, gpu: str | None = None, log=lambda msg: None) -> tuple[list[dict], list[dict]]:
+def price_rows(aws: Aws, home: Path, gpu: str | None = None,
+               log: Callable[[str], None] = lambda msg: None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """`ec2gpu prices`: (rows, retired). One row per catalog type (of GPU model ``gpu``) the region
     offers: GPUs, vCPUs and memory as EC2 describes them (aws/types.py, with their source), the
     on-demand USD/h and its source, the newest spot USD/h per zone and the saving (percent). Retired

@@ -6,8 +6,16 @@ import shutil
 import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
 
 from ...errors import Ec2GpuError
+
+if TYPE_CHECKING:
+    from ...aws.session import Aws
+    from ...settings import Settings
+
+#: what a check's function returns: (ok, detail) or (ok, detail, fix); ok None: could not tell
+Outcome = tuple[bool | None, str] | tuple[bool | None, str, str]
 
 
 @dataclass
@@ -19,11 +27,11 @@ class Check:
     detail: str
     fix: str = ""
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def _run(name: str, fn) -> Check:
+def _run(name: str, fn: Callable[[], Outcome]) -> Check:
     """Call ``fn() -> (ok, detail[, fix])``; an Ec2GpuError or AWS error becomes a failed check."""
     import botocore.exceptions
     try:
@@ -35,7 +43,7 @@ def _run(name: str, fn) -> Check:
         return Check(name, False, str(exc).splitlines()[0][:200], "see docs/iam-policy.json and docs/troubleshooting.md")
 
 
-def _spot_role(aws, spot: bool, sandbox: bool = False) -> tuple:
+def _spot_role(aws: Aws, spot: bool, sandbox: bool = False) -> Outcome:
     """The spot service-linked role: present (ok), unreadable (unknown), missing in the sandbox (ok:
     its first spot request creates it, as EC2 does for a caller that may: sandbox/market.py), or
     missing on AWS (a failure only when --spot is asked for), with the command that creates it."""
@@ -54,14 +62,14 @@ def _spot_role(aws, spot: bool, sandbox: bool = False) -> tuple:
         capacity.SPOT_ROLE_COMMAND
 
 
-def _type_facts(aws, instance_type: str) -> tuple:
+def _type_facts(aws: Aws, instance_type: str) -> Outcome:
     """The instance type's GPUs and vCPUs as EC2 describes them (aws/types.py), and from where."""
     from ...aws import types
     f = types.facts(aws.ec2, instance_type)
     return True, f"{f.name}: {f.gpu_count}x {f.gpu}, {f.vcpus} vCPUs ({f.source})"
 
 
-def run_checks(aws, settings, instance_type: str, spot: bool, sandbox: bool) -> list[Check]:
+def run_checks(aws: Aws, settings: Settings, instance_type: str, spot: bool, sandbox: bool) -> list[Check]:
     """All checks for launching ``instance_type`` with ``aws`` (an aws.session.Aws) and ``settings``."""
     from ...aws import capacity, catalog, images, network
 
@@ -70,7 +78,7 @@ def run_checks(aws, settings, instance_type: str, spot: bool, sandbox: bool) -> 
         return checks  # nothing else can be asked without them
     ec2 = aws.ec2
 
-    def vpc():
+    def vpc() -> Outcome:
         vpc_id = network.default_vpc(ec2)
         subnets = capacity.default_subnets(ec2)
         zones = capacity.zones_offering(ec2, instance_type)
@@ -80,21 +88,23 @@ def run_checks(aws, settings, instance_type: str, spot: bool, sandbox: bool) -> 
                 "create default subnets: aws ec2 create-default-subnet --availability-zone ZONE"
         return True, f"{vpc_id}, default subnets in {len(subnets)} zones; {instance_type} offered in {', '.join(usable)}"
 
-    def quota():
+    def quota() -> Outcome:
         notes: list[str] = []
         got = capacity.check_quota(aws.client("service-quotas"), ec2, instance_type, spot, log=notes.append)
         if got is None:
             return None, notes[0] if notes else f"{instance_type} is not counted by the G and VT quotas"
         return True, f"{got['quota']}: {got['value']:g} vCPUs, {got['in_use']} in use, {got['needed']} needed"
 
-    def ami():
+    def ami() -> Outcome:
         a = images.resolve_ami(aws.client("ssm"), ec2)
         return True, f"{a['ImageId']} {a['Name']}: {a['why']} (via {a['source'].split(':')[0]})"
 
-    def price():
+    def price() -> Outcome:
         p = catalog.on_demand_price(instance_type, aws.region, settings.home)
-        return (p.usd_per_hour is not None, f"{instance_type} on-demand {p.usd_per_hour} USD/h ({p.source})") + \
-            (() if p.usd_per_hour is not None else (f"ec2gpu prices --refresh --region {aws.region}",))
+        detail = f"{instance_type} on-demand {p.usd_per_hour} USD/h ({p.source})"
+        if p.usd_per_hour is not None:
+            return True, detail
+        return False, detail, f"ec2gpu prices --refresh --region {aws.region}"
 
     checks += [
         _run("region", lambda: (True, f"{aws.region}" + (" (sandbox)" if sandbox else ""))),
@@ -121,7 +131,7 @@ def run_checks(aws, settings, instance_type: str, spot: bool, sandbox: bool) -> 
 RSYNC_CHECKS_NAMES = (3, 2, 5)
 
 
-def rsync_check(local=None) -> tuple:
+def rsync_check(local: Callable[[], tuple[str | None, str | None]] | None = None) -> Outcome:
     """(ok, detail[, fix]) of the rsync on this machine (``local() -> (path, version)``, default
     remote/sync.local_rsync): missing is a failure (runs then send the whole workdir over SFTP
     every time, README), one older than RSYNC_CHECKS_NAMES is said (docs/security.md)."""
@@ -146,7 +156,7 @@ def exit_code(checks: list[Check]) -> int:
     return ExitCode.AWS if any(c.name == "credentials" and c.ok is False for c in checks) else ExitCode.ERROR
 
 
-def key_files(keys_dir: Path):
+def key_files(keys_dir: Path) -> Outcome:
     """(ok, detail, fix): every private key under ``keys_dir`` is mode 0600."""
     keys = sorted(keys_dir.glob("*.pem")) if keys_dir.is_dir() else []
     loose = [k for k in keys if stat.S_IMODE(k.stat().st_mode) & 0o077]

@@ -11,7 +11,13 @@ are listed in docs/tasks.md ("Seeing the plan first").
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:
+    from ...settings import Settings
+    from ...tasks.mounts import Mount
+    from ..execute.engine import TaskJob
+    from .limits import Limit
 
 PLAN_VERSION = 1
 
@@ -35,10 +41,10 @@ def placeholders(nodes: int) -> list[str]:
     return [f"<node {i} private IP>" for i in range(nodes)]
 
 
-def plan(job, settings, types: list[str], *, nodes: int, spot: bool, spot_fallback: str | None,
-         limit, idle_seconds: int | None, ami: str | None, baked: bool, expect_minutes: float | None,
+def plan(job: TaskJob, settings: Settings, types: list[str], *, nodes: int, spot: bool, spot_fallback: str | None,
+         limit: Limit, idle_seconds: int | None, ami: str | None, baked: bool, expect_minutes: float | None,
          backend: str, warnings: list[str], region_source: str | None = None, ami_source: str | None = None,
-         idle_source: str | None = None, budget_usd: float | None = None) -> dict:
+         idle_source: str | None = None, budget_usd: float | None = None) -> dict[str, Any]:
     """The plan of a run of ``job`` (an engine.TaskJob) on ``types`` (instance types in the order
     they are tried) as a JSON-ready dict; ``limit`` is a runs/plan/limits.Limit, ``idle_seconds`` the
     idle rule's (None: none); ``region_source``, ``ami_source``, ``idle_source``: where the region,
@@ -118,7 +124,7 @@ def plan(job, settings, types: list[str], *, nodes: int, spot: bool, spot_fallba
     }
 
 
-def _budget(usd: float, expected: float | None, at_most: float | None, known: bool) -> dict:
+def _budget(usd: float, expected: float | None, at_most: float | None, known: bool) -> dict[str, Any]:
     """{usd, refused, why}: a run refuses (pipeline.check_estimate) an estimate above its budget,
     and, for a job whose time is unknown, a most-it-can-cost above it or unbounded (pure)."""
     judged, what = (expected, "the estimate") if known else (at_most, "the most it can cost at its max runtime")
@@ -129,7 +135,7 @@ def _budget(usd: float, expected: float | None, at_most: float | None, known: bo
     return {"usd": usd, "refused": refused, "why": why}
 
 
-def _mount_row(mnt, job) -> dict:
+def _mount_row(mnt: Mount, job: TaskJob) -> dict[str, Any]:
     """One file_mounts entry of the plan: where it goes, from where, how (tasks/mounts.Mount)."""
     man = job.mount_manifests.get(mnt.target)
     return {"target": mnt.target, "kind": mnt.kind, "source": mnt.url, "mode": mnt.mode,

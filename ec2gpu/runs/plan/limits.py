@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import UsageError
-from ...tasks.spec import OFF_WORDS  # noqa: F401 - re-exported: the words that remove the limit
+from ...tasks.spec import OFF_WORDS as OFF_WORDS  # re-exported: the words that remove the limit
 
 if TYPE_CHECKING:
     from ...aws.instances import Instance
@@ -59,7 +59,7 @@ class Limit:
         return f"{self.minutes // 60} h" if self.minutes % 60 == 0 and self.minutes >= 120 else f"{self.minutes} min"
 
 
-def parse(value) -> tuple[bool, int | None]:
+def parse(value: str | float | None) -> tuple[bool, int | None]:
     """(given, minutes) of a ``--max-runtime`` or ``max_runtime`` value (pure): None -> (False,
     None); 'none'/'off'/'never' -> (True, None); 90, '90m', '2h' -> (True, 90 / 120), whole
     minutes, at least 1. Raises UsageError for anything else."""
@@ -81,7 +81,8 @@ def longest_run(home: Path, task: str, backend: str) -> tuple[float, str] | None
     return max(found) if found else None
 
 
-def for_task(home: Path, task_name: str, backend: str, flag=None, task_value=None) -> Limit:
+def for_task(home: Path, task_name: str, backend: str, flag: str | float | None = None,
+             task_value: str | float | None = None) -> Limit:
     """The limit of a run of ``task_name`` (module docstring): ``flag`` (--max-runtime), else
     ``task_value`` (the task's max_runtime), else from the ledger's history, else FIRST_RUN_MINUTES.
     Raises UsageError for a value ``parse`` refuses."""

@@ -16,19 +16,22 @@ from __future__ import annotations
 import json
 import socket
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, AbstractSet, Any, Callable
 
 from ..settle import ledger
-from ..settle.record import this_controller  # noqa: F401 - re-exported
+from ..settle.record import this_controller as this_controller  # re-exported
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from ...aws.instances import Instance
+    from ...aws.session import Aws
     from ..settle.record import RunRecord
 
 LOST = "controller-lost"  # the status a settled row gets
 
 
-def controller_gone(row: dict) -> bool:
+def controller_gone(row: dict[str, Any]) -> bool:
     """Whether ``row`` is ``running`` and the process that ran it, on this host, no longer exists.
     False for another host's runs (nothing here can tell) and rows without a ``controller``."""
     import psutil
@@ -36,17 +39,19 @@ def controller_gone(row: dict) -> bool:
     if row.get("status") != "running" or not c or c.get("host") != socket.gethostname():
         return False
     try:
-        return psutil.Process(int(c["pid"])).create_time() != c.get("started")
+        started: float = psutil.Process(int(c["pid"])).create_time()
+        return started != c.get("started")
     except psutil.NoSuchProcess:
         return True
 
 
-def abandoned(home, backend: str | None = None) -> list[dict]:
+def abandoned(home: Path, backend: str | None = None) -> list[dict[str, Any]]:
     """The ledger's rows (of ``backend``) whose controller is gone; [] when the ledger cannot be read."""
     return [r for r in ledger.runs(home, backend=backend, limit=500, tolerant=True) if controller_gone(r)]
 
 
-def settle(aws, home, row: dict, log=lambda msg: None, volume_gib: float | None = None) -> bool:
+def settle(aws: Aws, home: Path, row: dict[str, Any], log: Callable[[str], None] = lambda msg: None,
+           volume_gib: float | None = None) -> bool:
     """Close ``row`` (an abandoned run, or a finished one whose instances ``--keep`` left running:
     ``kept``) once every instance it launched has terminated: bill each attempt not billed yet
     from its instance's own times (its root volume being ``volume_gib`` GiB), set an abandoned
@@ -96,7 +101,7 @@ def settle(aws, home, row: dict, log=lambda msg: None, volume_gib: float | None 
     return True
 
 
-def kept(home, backend: str | None = None) -> list[dict]:
+def kept(home: Path, backend: str | None = None) -> list[dict[str, Any]]:
     """The ledger's finished runs (of ``backend``) with an instance not billed yet: what `--keep`
     left running, or a bill that could not be computed at the end; [] when the ledger cannot be
     read."""
@@ -105,7 +110,8 @@ def kept(home, backend: str | None = None) -> list[dict]:
             and any("billed_seconds" not in a and not a.get("bill_unknown") for a in r.get("attempts") or [])]
 
 
-def settle_all(aws, home, backend: str, run_ids: set[str] | None = None, log=lambda msg: None,
+def settle_all(aws: Aws, home: Path, backend: str, run_ids: set[str] | None = None,
+               log: Callable[[str], None] = lambda msg: None,
                volume_gib: float | None = None) -> list[str]:
     """Settle every abandoned or ``kept`` run of ``backend`` in ``aws``'s region (or only
     ``run_ids``) whose instances have terminated (root volumes of ``volume_gib`` GiB); return the
@@ -130,7 +136,7 @@ ENDINGS = {"Client.InstanceInitiatedShutdown": "ended itself", "Server.SpotInsta
            "Client.UserInitiatedShutdown": "terminated"}
 
 
-def standing_attempt(instance: Instance, volume_gib: float | None, now: datetime) -> dict:
+def standing_attempt(instance: Instance, volume_gib: float | None, now: datetime) -> dict[str, Any]:
     """The ledger's record of one standing instance (``instance``: its description, from
     instances.wait_running where it has the billing start) (pure): its first interval opened."""
     from ..settle import intervals
@@ -158,12 +164,12 @@ def standing_row(backend: str, region: str, run_id: str, command: str, described
     return row
 
 
-def open_rows(home, backend: str | None = None) -> list[dict]:
+def open_rows(home: Path, backend: str | None = None) -> list[dict[str, Any]]:
     """The ledger's STANDING rows (of ``backend``); [] when the ledger cannot be read."""
     return [r for r in ledger.runs(home, backend=backend, limit=500, tolerant=True) if r.get("status") == STANDING]
 
 
-def sync_standing(aws, home, backend: str, log=lambda msg: None) -> list[str]:
+def sync_standing(aws: Aws, home: Path, backend: str, log: Callable[[str], None] = lambda msg: None) -> list[str]:
     """Bring every STANDING row of ``backend`` in ``aws``'s region up to date with what EC2 shows
     of its run's instances (one DescribeInstances, every state): intervals opened and closed
     (runs/settle/intervals.py), nodes the run gained (`scale`) added, each terminated instance billed, and
@@ -181,7 +187,7 @@ def sync_standing(aws, home, backend: str, log=lambda msg: None) -> list[str]:
     return [r["run_id"] for r in rows if _sync_row(aws, home, r, found.get(r["run_id"], []), log)]
 
 
-def _sync_row(aws, home, row: dict, described: list[Instance], log) -> bool:
+def _sync_row(aws: Aws, home: Path, row: dict[str, Any], described: list[Instance], log: Callable[[str], None]) -> bool:
     """One STANDING row brought up to date with ``described`` (its run's instances); written when
     anything changed. Returns whether it was settled."""
     from ...aws import sweep
@@ -229,13 +235,14 @@ def _sync_row(aws, home, row: dict, described: list[Instance], log) -> bool:
     return settled
 
 
-def costs_billed(interval: dict) -> float:
+def costs_billed(interval: dict[str, Any]) -> float:
     """Billed seconds of one closed interval (60 s minimum) (pure)."""
     from ..plan import costs
     return costs.billed_seconds(datetime.fromisoformat(interval["from"]), datetime.fromisoformat(interval["to"]))
 
 
-def remove_ended(aws, home, keys_dir, keep=frozenset(), log=lambda msg: None) -> dict[str, dict[str, list[str]]]:
+def remove_ended(aws: Aws, home: Path, keys_dir: Path, keep: AbstractSet[str] = frozenset(),
+                 log: Callable[[str], None] = lambda msg: None) -> dict[str, dict[str, list[str]]]:
     """Remove what runs whose instances have all ended left behind (aws/sweep.ended_leftovers:
     security groups, key pairs with their key files, placement groups), and say it in one line
     through ``log``. Never the runs of ``keep`` nor those a controller in this ledger may still be

@@ -24,11 +24,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, AbstractSet, Any, Callable
 
 from ...aws import instances
-from ...errors import AttemptsExhausted, AwsError, Interrupted, RemoteError, UsageError  # noqa: F401 (re-exported)
+from ...errors import AwsError, RemoteError, UsageError
+# re-exported (recovery.Interrupted, recovery.AttemptsExhausted: what an attempt raises)
+from ...errors import AttemptsExhausted as AttemptsExhausted, Interrupted as Interrupted
 
 if TYPE_CHECKING:
     from ...aws.instances import Instance
-    from ...remote.files import Limits
+    from ...aws.session import Aws
+    from ...remote.files import Limits, RemoteFile
 
 GONE_STATES = ("shutting-down", "terminated", "stopping", "stopped")
 STATE_EVERY_S = 5.0  # how often EC2 is asked about the instance while the job runs
@@ -53,7 +56,7 @@ def parse_checkpoint_uri(uri: str | None) -> tuple[str, str] | None:
     return bucket, prefix.strip("/")
 
 
-def s3_home(aws, uri: str | None, run_id: str) -> dict:
+def s3_home(aws: Aws, uri: str | None, run_id: str) -> dict[str, Any]:
     """DirCheckpoints' S3 fields for ``--checkpoint-uri s3://bucket/prefix``: files go to
     s3://bucket/prefix/<run id>/<path in the checkpoint directory>; {} without a URI."""
     target = parse_checkpoint_uri(uri)
@@ -68,7 +71,7 @@ class NoCheckpoints:
 
     remote: str = ""
 
-    def sync(self, conn, force: bool = False) -> bool:
+    def sync(self, conn: Any, force: bool = False) -> bool:
         return False
 
 
@@ -82,14 +85,14 @@ class DirCheckpoints:
     local: Path
     log: Callable[[str], object] = print
     every_s: float = 5.0
-    seen: dict | None = None  # relative path -> (size, mtime) of the copy brought home
+    seen: dict[str, tuple[int, float]] | None = None  # relative path -> (size, mtime) of the copy brought home
     last: float = 0.0
     s3: Any = None  # an S3 client (boto3: untyped), with ``target``: a second home (--checkpoint-uri)
     target: tuple[str, str] | None = None  # (bucket, key prefix)
     limits: Limits | None = None  # remote/files.Limits: what may come home in all (None: its defaults)
-    warned: set | None = None  # names already reported as not brought home
+    warned: set[str] | None = None  # names already reported as not brought home
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.limits is None:
             from ...remote import files
             self.limits = files.Limits()
@@ -97,7 +100,7 @@ class DirCheckpoints:
     def has_any(self) -> bool:
         return self.local.is_dir() and any(p.is_file() for p in self.local.rglob("*"))
 
-    def sync(self, conn, force: bool = False) -> bool:
+    def sync(self, conn: Any, force: bool = False) -> bool:
         """Copy what changed (``force``: even within ``every_s`` of the last look); return whether
         anything did. Names are the instance's (hostile input): each is checked and written only
         inside ``local`` (remote/files.py), at most ``limits`` files and bytes in all, and what is
@@ -131,7 +134,7 @@ class DirCheckpoints:
             self.log(f"checkpoint directory: {copied} file(s) brought home to {self.local}{also}")
         return bool(copied)
 
-    def limits_left(self, replacing: AbstractSet[str] = frozenset()):
+    def limits_left(self, replacing: AbstractSet[str] = frozenset()) -> Limits:
         """The download limits less what this directory already holds at home (the files named in
         ``replacing``, about to be replaced, left out)."""
         from ...remote import files
@@ -150,7 +153,7 @@ class DirCheckpoints:
         except Exception as exc:  # S3 is a second copy: a failure is reported, never fatal
             self.log(f"warning: could not upload {rel} to s3://{self.target[0]}/{self.target[1]}: {exc}")
 
-    def push(self, conn, remote_dir: str) -> int:
+    def push(self, conn: Any, remote_dir: str) -> int:
         """Upload the local directory to ``remote_dir`` on a replacement; return the file count."""
         from ...remote import files
         paths = [p for p in self.local.rglob("*") if p.is_file() and not p.name.startswith(".")]
@@ -160,7 +163,7 @@ class DirCheckpoints:
         return len(paths)
 
     @staticmethod
-    def _listing(conn, remote_dir: str) -> dict:
+    def _listing(conn: Any, remote_dir: str) -> dict[str, RemoteFile]:
         """{relative path: remote_files.RemoteFile} of the regular files under ``remote_dir`` (none:
         {}), listed over SFTP (no shell), hidden ones (a file being written, by the atomic-rename
         convention) left out."""
@@ -173,7 +176,8 @@ class InstanceWatch:
     EC2 about the instance every ``every_s`` seconds, or at once while disconnected. Raises
     Interrupted when EC2 reports it gone."""
 
-    def __init__(self, ec2, instance_id: str, checkpoints, log, every_s: float = STATE_EVERY_S):
+    def __init__(self, ec2: Any, instance_id: str, checkpoints: NoCheckpoints | DirCheckpoints,
+                 log: Callable[[str], object], every_s: float = STATE_EVERY_S) -> None:
         self.ec2, self.instance_id, self.checkpoints, self.log, self.every_s = ec2, instance_id, checkpoints, log, every_s
         self.last = time.monotonic()
         self.failures = 0  # API errors in a row
@@ -181,7 +185,7 @@ class InstanceWatch:
         self.write_back: Callable[[Any], None] | None = None
         self.written_back = time.monotonic()
 
-    def __call__(self, conn) -> None:
+    def __call__(self, conn: Any) -> None:
         if conn is not None:
             self.checkpoints.sync(conn)
         if conn is not None and self.write_back and time.monotonic() - self.written_back >= WRITE_BACK_EVERY_S:
@@ -218,7 +222,7 @@ class InstanceWatch:
             raise Interrupted(f"EC2 reports the instance {state}" + (f" ({why})" if why else ""))
 
 
-def attempt_row(n: int, instance: Instance, node: int | None = None) -> dict:
+def attempt_row(n: int, instance: Instance, node: int | None = None) -> dict[str, Any]:
     """The ledger's record of one instance of attempt ``n`` (``node`` K of a cluster), before it ends (pure)."""
     start = instance.billing_start
     return {"attempt": n, "node": node, "instance_id": instance.id, "instance_type": instance.type,
@@ -226,7 +230,7 @@ def attempt_row(n: int, instance: Instance, node: int | None = None) -> dict:
             "ended": "running", "billing_started_at": start.isoformat() if start else None}
 
 
-def exhausted(attempts: list[dict], local_ckpt: Path, spot: bool, allowed: int) -> AttemptsExhausted:
+def exhausted(attempts: list[dict[str, Any]], local_ckpt: Path, spot: bool, allowed: int) -> AttemptsExhausted:
     """The error for a run whose last allowed attempt was interrupted."""
     where = f"the last checkpoints are in {local_ckpt}" if local_ckpt.exists() else "no checkpoint was brought home"
     return AttemptsExhausted(

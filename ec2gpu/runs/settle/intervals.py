@@ -24,7 +24,10 @@ from typing import TYPE_CHECKING, Any
 from ..plan import costs
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from ...aws.instances import Instance
+    from ...aws.session import Aws
 
 #: states in which the interval of the instance's LaunchTime has ended (stopping and shutting-down
 #: are not billed: ec2-instance-lifecycle.html above)
@@ -35,7 +38,8 @@ def _at(text: str) -> datetime:
     return datetime.fromisoformat(text)
 
 
-def observe(intervals: list[dict], instance: Instance, now: datetime, billing_start: datetime | None = None) -> list[dict]:
+def observe(intervals: list[dict[str, Any]], instance: Instance, now: datetime,
+            billing_start: datetime | None = None) -> list[dict[str, Any]]:
     """``intervals`` brought up to date with ``instance``, a DescribeInstances entry (pure; a new
     list). The interval of its LaunchTime is opened if new (from ``billing_start``, else its
     LaunchTime) and, in a stopping, stopped, shutting-down or terminated instance, closed at its
@@ -58,18 +62,18 @@ def observe(intervals: list[dict], instance: Instance, now: datetime, billing_st
     return out
 
 
-def spans(intervals: list[dict], now: datetime) -> list[tuple[datetime, datetime]]:
+def spans(intervals: list[dict[str, Any]], now: datetime) -> list[tuple[datetime, datetime]]:
     """(from, to) of each interval, an open one ending ``now`` (pure)."""
     return [(_at(i["from"]), max(_at(i["from"]), _at(i["to"]) if i["to"] else now)) for i in intervals]
 
 
-def running_seconds(intervals: list[dict], now: datetime) -> float:
+def running_seconds(intervals: list[dict[str, Any]], now: datetime) -> float:
     """Seconds the instance has run over all its intervals (pure)."""
     return sum((b - a).total_seconds() for a, b in spans(intervals, now))
 
 
-def so_far(intervals: list[dict], now: datetime, usd_per_hour: float | None, region: str, home,
-           volume_gib: float | None, first_launch: datetime) -> dict:
+def so_far(intervals: list[dict[str, Any]], now: datetime, usd_per_hour: float | None, region: str, home: Path,
+           volume_gib: float | None, first_launch: datetime) -> dict[str, Any]:
     """What an instance has cost so far at ``usd_per_hour`` (on-demand compute): each interval
     billed with its 60 s minimum, its public IPv4 address while running and its root volume since
     ``first_launch`` (costs.address_and_disk). Returns {"running_seconds", "billed_seconds",
@@ -83,7 +87,7 @@ def so_far(intervals: list[dict], now: datetime, usd_per_hour: float | None, reg
     return costs.with_total(row)
 
 
-def bill(aws, home, attempt: dict, instance: Instance, now: datetime) -> dict:
+def bill(aws: Aws, home: Path, attempt: dict[str, Any], instance: Instance, now: datetime) -> dict[str, Any]:
     """The bill of a standing instance that has terminated (``instance``, its description), over
     the intervals ``attempt`` recorded: each interval's compute (costs.compute_cost, 60 s minimum
     each), its public IPv4 address while it ran, its root volume from its first launch to its

@@ -132,7 +132,7 @@ def record(home: Path, row: Mapping[str, Any]) -> None:
             raise unreadable(home, exc) from None
 
 
-def _checked(row: Mapping[str, Any]) -> dict:
+def _checked(row: Mapping[str, Any]) -> dict[str, Any]:
     """``row`` with what a job wrote (its summary, the figures taken from it, its exit code) checked
     again (job_summary.py), whoever made it: nothing unchecked is stored."""
     from ..execute import job_summary
@@ -145,16 +145,17 @@ def _checked(row: Mapping[str, Any]) -> dict:
     return row
 
 
-def _exit_status(value):
+def _exit_status(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and -2 ** 31 <= value < 2 ** 31 else None
 
 
-def _number(value):
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    return value if ok else None
+def _number(value: object) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return value
+    return None
 
 
-def _row(r: sqlite3.Row) -> dict:
+def _row(r: sqlite3.Row) -> dict[str, Any]:
     """One run as a dict, JSON columns parsed. What a job wrote is checked again (job_summary.py):
     a row from an older version with a summary that is not an object, a test accuracy of "x" or
     a figure out of bounds reads as a marked summary and None figures, never as an error."""
@@ -190,7 +191,7 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
 
 
 def runs(home: Path, since: datetime | None = None, backend: str | None = None, limit: int | None = None,
-         tolerant: bool = False) -> list[dict]:
+         tolerant: bool = False) -> list[dict[str, Any]]:
     """Runs newest first, optionally started at or after ``since`` and of one ``backend``. Raises
     LedgerError when the ledger cannot be read, unless ``tolerant`` (then: no runs; for estimates,
     which the run has already warned about, see ``check``)."""
@@ -213,7 +214,7 @@ def check(home: Path) -> LedgerError | None:
     return None
 
 
-def _runs(home: Path, since: datetime | None, backend: str | None, limit: int | None) -> list[dict]:
+def _runs(home: Path, since: datetime | None, backend: str | None, limit: int | None) -> list[dict[str, Any]]:
     args: list[str]
     sql, args = "SELECT * FROM runs WHERE 1=1", []
     if since:
@@ -228,7 +229,7 @@ def _runs(home: Path, since: datetime | None, backend: str | None, limit: int | 
             raise unreadable(home, exc) from None
 
 
-def get(home: Path, run_id: str) -> dict:
+def get(home: Path, run_id: str) -> dict[str, Any]:
     """One run by id (or a unique prefix of it). Raises UsageError when none or several match,
     LedgerError when the ledger cannot be read.
 
@@ -239,10 +240,11 @@ def get(home: Path, run_id: str) -> dict:
     if len(found) != 1:
         raise UsageError(f"no run {run_id!r} in the ledger" if not found else f"{run_id!r} matches {len(found)} runs",
                          "see `ec2gpu runs` for the ids")
-    return found[0]
+    run: dict[str, Any] = found[0]  # one match: the run itself, decoded
+    return run
 
 
-def _find(home: Path, run_id: str) -> list:
+def _find(home: Path, run_id: str) -> list[Any]:
     """[the run ``run_id`` decoded] when it exists, else [the one run whose id starts with it,
     decoded], else the ids that start with it (none, or several: nothing decoded)."""
     try:
@@ -268,7 +270,7 @@ def _find(home: Path, run_id: str) -> list:
             raise unreadable(home, exc) from None
 
 
-def totals(rows: list[dict]) -> dict:
+def totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Count, billed seconds, actual and estimated USD over ``rows`` (None values count as 0)."""
     return {"runs": len(rows),
             "billed_seconds": round(sum(r.get("billed_seconds") or 0 for r in rows), 1),

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Optional, TypedDict
+from pathlib import Path
+from typing import Any, Optional, TypedDict
 
 
 class RunRecord(TypedDict, total=False):
@@ -16,7 +17,7 @@ class RunRecord(TypedDict, total=False):
     status: str  # running | completed | failed | interrupted | spot-interrupted | controller-lost
     started_at: str
     ended_at: Optional[str]
-    controller: Optional[dict]  # host, pid, started (reconcile.py)
+    controller: Optional[dict[str, Any]]  # host, pid, started (reconcile.py)
     task: Optional[str]
     model: Optional[str]  # the built-in job's preset
     epochs: Optional[int]
@@ -27,9 +28,9 @@ class RunRecord(TypedDict, total=False):
     market: Optional[str]  # on-demand | spot | local
     instance_id: Optional[str]  # node 0 of the last attempt
     instance_ids: list[str]
-    attempts: list[dict]  # one per instance: recovery.attempt_row, then its bill
+    attempts: list[dict[str, Any]]  # one per instance: recovery.attempt_row, then its bill
     artifacts: str  # the local directory of run.json, outputs/, logs
-    estimate: Optional[dict]  # costs.Estimate.as_dict()
+    estimate: Optional[dict[str, Any]]  # costs.Estimate.as_dict()
     estimated_cost_usd: Optional[float]
     billed_seconds: Optional[float]
     cost_usd: Optional[float]
@@ -38,8 +39,9 @@ class RunRecord(TypedDict, total=False):
     launched_at: Optional[str]
     billing_started_at: Optional[str]
     terminated_at: Optional[str]
-    phases: dict  # phase -> seconds
-    summary: Optional[dict]  # the job's summary.json as job_summary.py checked and masked it; {"invalid", "raw"} if it failed
+    phases: dict[str, float]  # phase -> seconds
+    # the job's summary.json as job_summary.py checked and masked it; {"invalid", "raw"} if it failed
+    summary: Optional[dict[str, Any]]
     summary_schema: Optional[str]  # the check it passed: mnist | bench | task; invalid (job_summary.py)
     exit_status: Optional[int]
     test_acc: Optional[float]
@@ -48,25 +50,25 @@ class RunRecord(TypedDict, total=False):
     teardown_failed: list[str]
 
 
-def new(run_id: str, command: str, backend: str, artifacts, status: str = "running", **fields) -> RunRecord:
+def new(run_id: str, command: str, backend: str, artifacts: str | Path, status: str = "running",
+        **fields: Any) -> RunRecord:
     """A run record as a run starts: its id, command, backend, artifacts directory, status and
     start time, and for a run that is still going the process that runs it (reconcile.py), plus
     ``fields`` (RunRecord's keys)."""
-    record = RunRecord(run_id=run_id, command=command, backend=backend, artifacts=str(artifacts), status=status,
-                       started_at=datetime.now(timezone.utc).isoformat(),
-                       **fields)  # type: ignore[typeddict-item]  # ``fields``: RunRecord's other keys, unchecked
+    record: RunRecord = RunRecord(run_id=run_id, command=command, backend=backend, artifacts=str(artifacts), status=status,
+                                  started_at=datetime.now(timezone.utc).isoformat(),
+                                  **fields)  # type: ignore[typeddict-item]  # ``fields``: RunRecord's other keys, unchecked
     if status == "running":
         record["controller"] = this_controller()
     return record
 
 
-def save(record: RunRecord, out) -> None:
+def save(record: RunRecord, out: str | Path) -> None:
     """Write ``record`` as ``out``/run.json (the folder made if need be): JSON indented 2, anything
     not JSON (a datetime, a Path) as its ``str()``; written whole or not at all (a temporary file
     renamed over it), so a reader never sees half a record. Raises OSError as the write does."""
     import json
     import os
-    from pathlib import Path
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / ".run.json.tmp"
@@ -74,7 +76,7 @@ def save(record: RunRecord, out) -> None:
     os.replace(tmp, folder / "run.json")
 
 
-def this_controller() -> dict:
+def this_controller() -> dict[str, Any]:
     """The ``controller`` column for a run this process starts: host name, pid, process start
     time (s since the epoch, psutil's create_time)."""
     import os

@@ -5,7 +5,7 @@ ledger without a cost of its own: the instances' cost is in the row `launch` ope
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 from dataclasses import replace
 from datetime import datetime, timezone
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ...aws import catalog, instances, network
 from ...aws.session import Aws
-from ...backend import AWS
+from ...backend import AWS, Backend
 from ...errors import RemoteError, UsageError
 from ...settings import Settings
 from ..settle import record as run_record
@@ -31,9 +31,12 @@ from ..execute.reporter import ReporterLike
 
 if TYPE_CHECKING:
     from ...aws.instances import Instance
+    from ...remote.ssh_config import HostEntry
+    from ..execute.engine import TaskJob
 
 
-def _standing(aws: Aws, settings: Settings, found: list[Instance], out, backend, command: str):
+def _standing(aws: Aws, settings: Settings, found: list[Instance], out: str | Path | None, backend: Backend,
+              command: str) -> tuple[list[Instance], str, Path, Provisioned, run_record.RunRecord]:
     """A run on standing instances ``found``: (their fresh descriptions in node order, run id,
     absolute artifacts dir, Provisioned with their key, the run record's common columns).
     Raises UsageError when their private key is not on this machine."""
@@ -53,7 +56,7 @@ def _standing(aws: Aws, settings: Settings, found: list[Instance], out, backend,
 
 
 def train_on_cluster(aws: Aws, settings: Settings, opts: TrainOptions, ui: ReporterLike, cluster_name: str,
-                     backend=AWS) -> run_record.RunRecord:
+                     backend: Backend = AWS) -> run_record.RunRecord:
     """Train MNIST on the nodes a standing cluster has now (``ec2gpu launch --nodes N --name NAME``)
     and leave the cluster running: ``exec_task`` with the built-in task. Raises UsageError for an
     unknown cluster or a missing key file; RemoteError/recovery.Interrupted as the attempt raises them."""
@@ -71,8 +74,8 @@ def train_on_cluster(aws: Aws, settings: Settings, opts: TrainOptions, ui: Repor
                      extra={"model": opts.model, "epochs": opts.epochs})
 
 
-def exec_task(aws, settings, job, ui, target: str, backend, out: Path | None, command: str,
-              extra: dict | None = None) -> run_record.RunRecord:
+def exec_task(aws: Aws, settings: Settings, job: TaskJob, ui: ReporterLike, target: str, backend: Backend,
+              out: Path | None, command: str, extra: dict[str, Any] | None = None) -> run_record.RunRecord:
     """Run ``job`` once on the standing instance or cluster ``target`` (its Name, cluster name or
     instance id) and leave it running; return the run record (in the ledger, without a cost of its
     own: the instances bill as they stand). Raises UsageError for an unknown target, a missing
@@ -98,7 +101,7 @@ def exec_task(aws, settings, job, ui, target: str, backend, out: Path | None, co
     # no limit of the run's own: a standing instance keeps the one it was launched with (and a stop
     # and start clears user data's shutdown), so the agent is given none to stop the job before
     opts = TrainOptions(task=job, nodes=len(nodes), command=command, max_runtime_minutes=None)
-    record.update(task=job.name, **(extra or {}))
+    record.update(cast(run_record.RunRecord, {"task": job.name, **(extra or {})}))  # extra: RunRecord's columns
     itype = catalog.CATALOG.get(nodes[0].type)
     record["gpu"] = itype.gpu if itype else None
     ui.note(f"{target}: {len(nodes)} node(s); they keep running afterwards")
@@ -112,8 +115,8 @@ def exec_task(aws, settings, job, ui, target: str, backend, out: Path | None, co
         error = exc
         raise
     finally:
-        record.update(status=_status(error), phases=dict(ui.phases),
-                      ended_at=datetime.now(timezone.utc).isoformat())
+        record.update({"status": _status(error), "phases": dict(ui.phases),
+                       "ended_at": datetime.now(timezone.utc).isoformat()})
         if isinstance(error, RemoteError) and error.exit_status is not None:
             record["exit_status"] = error.exit_status
         _ledger(settings, record, ui)
@@ -121,7 +124,8 @@ def exec_task(aws, settings, job, ui, target: str, backend, out: Path | None, co
 
 
 
-def launch(aws: Aws, settings: Settings, opts: TrainOptions, ui: ReporterLike, backend=AWS) -> list[dict]:
+def launch(aws: Aws, settings: Settings, opts: TrainOptions, ui: ReporterLike,
+           backend: Backend = AWS) -> list[dict[str, Any]]:
     """`ec2gpu launch`: provision standing instances for ``opts`` (instance types, spot, name,
     nodes, --max-runtime, idle rule), pin each one's host key (verified against its console
     output, as a run does: ``pin_all``), write $EC2GPU_HOME/ssh_config, and leave them running;
@@ -155,7 +159,7 @@ def launch(aws: Aws, settings: Settings, opts: TrainOptions, ui: ReporterLike, b
     return [instances.summary(i) for i in prov.instances]
 
 
-def _backend_name(aws: Aws, settings: Settings, backend) -> str:
+def _backend_name(aws: Aws, settings: Settings, backend: Backend) -> str:
     """The ledger's backend of instances launched through ``aws``: ``backend``'s, or "sandbox" where
     that is the default AWS but the client talks to the sandbox's endpoint (as backend.Context
     decides), so the sandbox's simulated bills never count as money."""
@@ -171,8 +175,9 @@ def _command_line(default: str) -> str:
     return " ".join(["ec2gpu", *sys.argv[1:]]) if sys.argv and sys.argv[0].endswith("ec2gpu") else default
 
 
-def write_ssh_config(aws: Aws, settings: Settings, backend, warn=lambda line: None,
-                     pin: bool = False, log=lambda line: None) -> tuple[Path, list, dict[str, str]]:
+def write_ssh_config(aws: Aws, settings: Settings, backend: Backend, warn: Callable[[str], None] = lambda line: None,
+                     pin: bool = False,
+                     log: Callable[[str], None] = lambda line: None) -> tuple[Path, list[HostEntry], dict[str, str]]:
     """Write $EC2GPU_HOME/ssh_config for every running instance whose key is here and whose host key
     is pinned: (path, entries, {instance id: why it was left out}). With ``pin``, an instance not
     pinned yet is pinned first (``pin_host_key``: verified against its console output; up to
@@ -222,8 +227,8 @@ def write_ssh_config(aws: Aws, settings: Settings, backend, warn=lambda line: No
 PIN_TIMEOUT_S = 180.0 + 60
 
 
-def pin_host_key(aws: Aws, settings: Settings, backend, inst: Instance, log=lambda msg: None,
-                 timeout_s: float = PIN_TIMEOUT_S):
+def pin_host_key(aws: Aws, settings: Settings, backend: Backend, inst: Instance,
+                 log: Callable[[str], None] = lambda msg: None, timeout_s: float = PIN_TIMEOUT_S) -> Any:
     """Connect to ``inst`` over SSH, pinning its host key under its instance id (verified against
     its console output) when it is not pinned yet; return the open Connection. Raises
     RemoteError (a key the console does not list, or not the pinned one), WaitTimeout (no answer
@@ -232,7 +237,8 @@ def pin_host_key(aws: Aws, settings: Settings, backend, inst: Instance, log=lamb
     return connect_verified(aws, settings, backend, inst, log=log, timeout_s=timeout_s)[0]
 
 
-def pin_all(aws: Aws, settings: Settings, backend, found: list[Instance], log=lambda msg: None) -> None:
+def pin_all(aws: Aws, settings: Settings, backend: Backend, found: list[Instance],
+            log: Callable[[str], None] = lambda msg: None) -> None:
     """Pin the host key of each of ``found`` (at once; pin_host_key, waiting up to 300 s for SSH as
     a run does: remote/ssh.wait_for_ssh's default). Raises the first error (RemoteError,
     WaitTimeout, UsageError). The waits run in daemon threads, so that an interrupt here (the
@@ -259,7 +265,7 @@ def pin_all(aws: Aws, settings: Settings, backend, found: list[Instance], log=la
         raise errors[0]
 
 
-def listing(aws: Aws, settings: Settings) -> list[dict]:
+def listing(aws: Aws, settings: Settings) -> list[dict[str, Any]]:
     """`ec2gpu ls`: every live instance of the tool (aws/instances.summary) with its age (s: the
     time it has run, over every running interval its ledger row recorded, runs/settle/intervals.py), the
     on-demand price (USD/h; the ceiling of a spot one) and the cost so far (USD: each interval's
@@ -293,7 +299,7 @@ def listing(aws: Aws, settings: Settings) -> list[dict]:
     return rows
 
 
-def _stopped_disks(region: str, home, rows: list[dict], disks: dict[str, int]) -> None:
+def _stopped_disks(region: str, home: Path, rows: list[dict[str, Any]], disks: dict[str, int]) -> None:
     """For stopped (or stopping) instances: no compute price (EC2 bills none while stopped), their
     volumes' GiB (``disks``) and what those cost per month (gp3 in ``region``, catalog.ebs_price)."""
     gp3 = catalog.ebs_price("gp3", region, home).usd_per_gb_month
@@ -303,7 +309,7 @@ def _stopped_disks(region: str, home, rows: list[dict], disks: dict[str, int]) -
                  disk_usd_per_month=None if gib is None or gp3 is None else round(gib * gp3, 2))
 
 
-def _idle_columns(ec2, rows: list[dict], now: float) -> None:
+def _idle_columns(ec2: Any, rows: list[dict[str, Any]], now: float) -> None:
     """For running instances with an idle rule: how long they have been idle, or why they are busy,
     from what their watcher last wrote to the console (read through the EC2 API: asking over SSH
     would itself count as a connection and keep them busy)."""

@@ -18,7 +18,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from ...aws.session import Aws
 from ...errors import RemoteError, UsageError, WaitTimeout
@@ -26,6 +26,9 @@ from ...settings import Settings
 
 if TYPE_CHECKING:
     from ...aws.instances import Instance
+    from ...backend import Backend
+    from ..execute.reporter import ReporterLike
+    from ..provision.pipeline import TrainOptions
 
 #: On the instance, under the login's home: JupyterLab's token, record and log, setup-gpu.sh's report.
 REMOTE_DIR = "ec2gpu/notebook"
@@ -35,7 +38,7 @@ SERVER_SCRIPT = Path(__file__).resolve().parents[2] / "agent" / "notebook.py"
 TOKEN = re.compile(r"[A-Za-z0-9_-]{16,128}")
 
 
-def find_running(aws: Aws, opts, ui) -> Instance | None:
+def find_running(aws: Aws, opts: TrainOptions, ui: ReporterLike) -> Instance | None:
     """The running instance ``opts.name`` names (its description; said through ``ui.note``), or
     None when ``opts.name`` is None or names none. Raises UsageError for a name that is stopped
     (`ec2gpu start` it)."""
@@ -54,7 +57,7 @@ def find_running(aws: Aws, opts, ui) -> Instance | None:
     return None
 
 
-def open_server(conn, log) -> dict:
+def open_server(conn: Any, log: Callable[[str], None]) -> dict[str, Any]:
     """The JupyterLab of the instance behind ``conn``: the one that runs there, else a new one
     (module docstring); {"port" (on the instance), "token", "pid", "python", "reused"}. Raises
     RemoteError when it cannot be installed, started, or its record is not one ec2gpu wrote."""
@@ -77,7 +80,7 @@ def open_server(conn, log) -> dict:
     return {**server, "python": info["python"]}
 
 
-def _server_record(line: str) -> dict:
+def _server_record(line: str) -> dict[str, Any]:
     """The instance side's answer (one JSON line), checked: it is the instance's word."""
     import json
     server: dict[str, Any] | None
@@ -93,7 +96,7 @@ def _server_record(line: str) -> dict:
     return server
 
 
-def wait_ready(local_port: int, token: str, timeout_s: float = 180.0) -> dict:
+def wait_ready(local_port: int, token: str, timeout_s: float = 180.0) -> dict[str, Any]:
     """Poll JupyterLab's ``/api/status`` through the tunnel until it answers 200 with the token;
     return its JSON. Raises WaitTimeout."""
     url = f"http://127.0.0.1:{local_port}/api/status"
@@ -103,14 +106,16 @@ def wait_ready(local_port: int, token: str, timeout_s: float = 180.0) -> dict:
             with urllib.request.urlopen(urllib.request.Request(url, headers={"Authorization": f"token {token}"}),
                                         timeout=5) as r:
                 import json
-                return json.loads(r.read())
+                status: dict[str, Any] = json.loads(r.read())
+                return status
         except (urllib.error.URLError, OSError, ValueError):
             time.sleep(0.5)
     raise WaitTimeout(f"JupyterLab did not answer at {url} within {timeout_s:.0f} s",
                       f"see its log on the instance: `ec2gpu ssh NAME -- tail ~/{REMOTE_DIR}/jupyter.log`")
 
 
-def serve(aws: Aws, settings: Settings, backend, opts, ui, show_url, local_port: int | None = None) -> dict:
+def serve(aws: Aws, settings: Settings, backend: Backend, opts: TrainOptions, ui: ReporterLike,
+          show_url: Callable[[dict[str, Any]], None], local_port: int | None = None) -> dict[str, Any]:
     """Open a notebook on the running instance ``opts.name`` names, else on a new standing instance
     (runs/standing/hosts.launch: ``opts``' type, idle rule, --max-runtime), with ``open_server``; forward
     it to a free local port and call ``show_url(info)`` once it answers (info: instance_id, name,
@@ -166,7 +171,7 @@ def serve(aws: Aws, settings: Settings, backend, opts, ui, show_url, local_port:
     return info
 
 
-def remove_launched(aws: Aws, settings: Settings, launched: dict, ui) -> dict[str, list[str]]:
+def remove_launched(aws: Aws, settings: Settings, launched: dict[str, Any], ui: ReporterLike) -> dict[str, list[str]]:
     """Remove the instance launched for a notebook that never answered (``launched``: its
     aws/instances.summary) and what its run made (security group, key pair and key file: found
     by its ec2gpu:run tag, aws/sweep.delete_run), with SIGINT, SIGTERM and SIGHUP held meanwhile so

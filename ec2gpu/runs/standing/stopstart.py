@@ -15,24 +15,25 @@ spot instances of a persistent request
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
 from ...aws import instances, sweep
 from ...aws import tags as T
 from ...aws.session import Aws
 from ...errors import UsageError
 from ...settings import Settings
-from ..plan.limits import schedule_shutdown_command  # noqa: F401 - re-exported; it lives with the run's limits
+from ..plan.limits import schedule_shutdown_command as schedule_shutdown_command  # re-exported; it lives with the run's limits
 
 if TYPE_CHECKING:
     from ...aws.instances import Instance
+    from ...backend import Backend
 
 #: Minutes `start` gives an instance launched before the ec2gpu:max-runtime tag existed (the
 #: `launch` default).
 DEFAULT_MAX_RUNTIME_MINUTES = 120
 
 
-def find(ec2, name: str, states: list[str]) -> list[Instance]:
+def find(ec2: Any, name: str, states: list[str]) -> list[Instance]:
     """The tool's instances called ``name`` (Name, instance id, run id or cluster) in ``states``.
     Raises UsageError when there are none, naming the state they are in if they exist."""
     every = [i for i in sweep.find_instances(ec2) if T.answers_to(i, name, (T.NAME, T.RUN, T.CLUSTER))]
@@ -56,7 +57,7 @@ def refuse_spot(found: list[Instance], name: str) -> None:
                          "`ec2gpu ssh` or scp)")
 
 
-def stop(aws: Aws, name: str, log=lambda msg: None, timeout_s: float = 600) -> list[dict]:
+def stop(aws: Aws, name: str, log: Callable[[str], None] = lambda msg: None, timeout_s: float = 600) -> list[dict[str, Any]]:
     """Stop the on-demand standing instances called ``name`` and wait until they are stopped;
     return their summaries (aws/instances.summary) with ``instance_store_gb``: the GB of
     instance-store NVMe the stop erased (0: none; None: not known; aws/types.Facts). Raises
@@ -72,7 +73,8 @@ def stop(aws: Aws, name: str, log=lambda msg: None, timeout_s: float = 600) -> l
     return [{**r, "instance_store_gb": getattr(facts.get(r["instance_type"]), "instance_store_gb", None)} for r in rows]
 
 
-def start(aws: Aws, settings: Settings, backend, name: str, log=lambda msg: None, timeout_s: float = 600) -> list[dict]:
+def start(aws: Aws, settings: Settings, backend: Backend, name: str, log: Callable[[str], None] = lambda msg: None,
+          timeout_s: float = 600) -> list[dict[str, Any]]:
     """Start the stopped instances called ``name``, wait until they run and answer SSH with the
     host key pinned for them, schedule their --max-runtime shutdown again, and rewrite
     $EC2GPU_HOME/ssh_config (runs/standing/hosts.write_ssh_config: their new addresses); return their
