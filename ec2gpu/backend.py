@@ -49,10 +49,13 @@ class Backend:
 
     def private_address(self, instance: Instance) -> str:
         """The address other nodes reach ``instance`` at: its private IP, or in the sandbox the
-        loopback address of its sshd (which stands in for that private IP)."""
+        loopback address of its sshd (which stands in for that private IP). Raises RemoteError when
+        an AWS instance has none (one that is not running)."""
         if self.resolve is not None:
             return self.resolve(instance.id)[0]
-        return instance.private_ip or ""
+        if not instance.private_ip:
+            raise RemoteError(f"{instance.id} has no private IP address", "is it still running? ec2gpu ls")
+        return instance.private_ip
 
 
 AWS = Backend()

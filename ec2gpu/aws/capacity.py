@@ -19,7 +19,7 @@ import botocore.exceptions
 
 from ..errors import AwsError, CapacityError, SpotRoleMissing
 from .instances import Instance, LaunchSpec, run_request
-from .session import describe, error_code
+from .session import Client, describe, error_code
 
 #: codes that move the launch to the next zone / type
 NEXT_ZONE = {"InsufficientInstanceCapacity", "InsufficientCapacity", "SpotMaxPriceTooLow", "Unsupported",
@@ -49,14 +49,14 @@ class Attempt:
     message: str = ""
 
 
-def zones_offering(ec2: Any, instance_type: str) -> list[str]:
+def zones_offering(ec2: Client, instance_type: str) -> list[str]:
     """Availability zones of the client's region that offer ``instance_type``, sorted."""
     pages = ec2.get_paginator("describe_instance_type_offerings").paginate(
         LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": [instance_type]}])
     return sorted({o["Location"] for p in pages for o in p["InstanceTypeOfferings"]})
 
 
-def offered_in_region(ec2: Any, names: list[str]) -> set[str] | None:
+def offered_in_region(ec2: Client, names: list[str]) -> set[str] | None:
     """Which of ``names`` the client's region offers at all; None when the API refuses."""
     try:
         pages = ec2.get_paginator("describe_instance_type_offerings").paginate(
@@ -66,13 +66,13 @@ def offered_in_region(ec2: Any, names: list[str]) -> set[str] | None:
         return None
 
 
-def default_subnets(ec2: Any) -> dict[str, str]:
+def default_subnets(ec2: Client) -> dict[str, str]:
     """Availability zone -> the default VPC's default subnet there."""
     subnets = ec2.describe_subnets(Filters=[{"Name": "default-for-az", "Values": ["true"]}])["Subnets"]
     return {s["AvailabilityZone"]: s["SubnetId"] for s in subnets}
 
 
-def plan(ec2: Any, instance_types: list[str], spot: bool, spot_fallback_on_demand: bool,
+def plan(ec2: Client, instance_types: list[str], spot: bool, spot_fallback_on_demand: bool,
          avoid_zones: tuple[str, ...] | list[str] = ()) -> list[tuple[str, str | None, str | None, bool]]:
     """The launch order: [(instance type, zone, subnet id, spot)], each type's zones in turn.
 
@@ -92,7 +92,7 @@ def plan(ec2: Any, instance_types: list[str], spot: bool, spot_fallback_on_deman
     return order
 
 
-def run_instances(ec2: Any, request: dict[str, Any]) -> list[Instance]:
+def run_instances(ec2: Client, request: dict[str, Any]) -> list[Instance]:
     """Send one run_instances ``request``; return the instances (pending).
 
     Throttling, and a security group or key pair not visible yet (eventual consistency), are
@@ -102,7 +102,7 @@ def run_instances(ec2: Any, request: dict[str, Any]) -> list[Instance]:
     return [Instance.of(i) for i in ec2.run_instances(**request)["Instances"]]
 
 
-def launch_with_fallback(ec2: Any, spec: LaunchSpec, instance_types: list[str], spot_fallback_on_demand: bool = False,
+def launch_with_fallback(ec2: Client, spec: LaunchSpec, instance_types: list[str], spot_fallback_on_demand: bool = False,
                          log: Callable[[str], None] = lambda msg: None, avoid_zones: tuple[str, ...] = (),
                          profile_created_at: float | None = None,
                          sleep: Callable[[float], None] = time.sleep) -> tuple[list[Instance], list[Attempt]]:
@@ -148,7 +148,7 @@ def launch_with_fallback(ec2: Any, spec: LaunchSpec, instance_types: list[str], 
                         + ("" if spot_fallback_on_demand or not spec.spot else ", or --spot-fallback on-demand"))
 
 
-def _run_waiting_for_profile(ec2: Any, request: dict[str, Any], profile_created_at: float | None,
+def _run_waiting_for_profile(ec2: Client, request: dict[str, Any], profile_created_at: float | None,
                              sleep: Callable[[float], None]) -> list[Instance]:
     """run_instances, repeated every 3 s while EC2 does not see a just-made instance profile yet
     (https://docs.aws.amazon.com/IAM/latest/UserGuide/troubleshoot_iam-ec2.html)."""
@@ -173,7 +173,7 @@ def spot_role_hint(with_fallback: bool = False) -> str:
                                        if with_fallback else ""))
 
 
-def spot_role_exists(iam: Any) -> bool | None:
+def spot_role_exists(iam: Client) -> bool | None:
     """Whether the account has AWSServiceRoleForEC2Spot: True, False, or None when it cannot be read."""
     try:
         iam.get_role(RoleName=SPOT_ROLE)
@@ -191,7 +191,7 @@ def quota_hint(market: str) -> str:
             f"https://console.aws.amazon.com/servicequotas/home/services/ec2/quotas/{code}")
 
 
-def gvt_vcpus_in_use(ec2: Any, spot: bool) -> int:
+def gvt_vcpus_in_use(ec2: Client, spot: bool) -> int:
     """vCPUs of pending/running G and VT instances of the market: each type's from
     DescribeInstanceTypes (types.py), else the instance's own CpuOptions."""
     from . import types
@@ -208,7 +208,7 @@ def gvt_vcpus_in_use(ec2: Any, spot: bool) -> int:
     return total
 
 
-def check_quota(quotas: Any, ec2: Any, instance_type: str, spot: bool, count: int = 1,
+def check_quota(quotas: Client, ec2: Client, instance_type: str, spot: bool, count: int = 1,
                 log: Callable[[str], None] = lambda msg: None) -> dict[str, Any] | None:
     """Refuse (CapacityError) a launch that would exceed the account's G/VT vCPU quota.
 

@@ -13,14 +13,14 @@ import botocore.exceptions
 from ..errors import AwsError, CapacityError, UsageError
 from . import capacity, images, instances, sweep
 from . import tags as T
-from .session import describe, error_code
+from .session import Client, describe, error_code
 
 if TYPE_CHECKING:
     from ..settings import Settings
     from .session import Aws
 
 
-def members(ec2: Any, name: str) -> list[instances.Instance]:
+def members(ec2: Client, name: str) -> list[instances.Instance]:
     """The pending/running instances of cluster ``name`` (tag ec2gpu:cluster), in node order."""
     found = [i for i in sweep.find_instances(ec2, states=["pending", "running"]) if i.tags.get(T.CLUSTER) == name]
     return sorted(found, key=lambda i: i.node or 0)

@@ -25,6 +25,7 @@ from datetime import datetime
 from typing import Any, cast
 
 from . import tags as T
+from .session import Client
 from .instances import LaunchSpec, run_request
 
 #: the name of a run's launch template and group: one of each per run
@@ -93,7 +94,7 @@ def deadline_request(run_id: str, at: datetime) -> dict[str, Any]:
             "MinSize": 0, "MaxSize": 0, "DesiredCapacity": 0}
 
 
-def create(ec2: Any, autoscaling: Any, spec: LaunchSpec, instance_types: list[str], subnet_ids: list[str],
+def create(ec2: Client, autoscaling: Client, spec: LaunchSpec, instance_types: list[str], subnet_ids: list[str],
            size: int, deadline: datetime | None) -> str:
     """Create the run's launch template, its group (``group_request``) and, with a ``deadline``,
     the scheduled action that ends it then; return the group's name. What was made before a
@@ -109,7 +110,7 @@ def create(ec2: Any, autoscaling: Any, spec: LaunchSpec, instance_types: list[st
     return name_of(spec.run_id)
 
 
-def end(autoscaling: Any, run_id: str) -> None:
+def end(autoscaling: Client, run_id: str) -> None:
     """Set the run's group to 0 (min, max and desired): its instances terminate and none replaces
     them. What the agent does when the job ends; never a plain shutdown, which the group would
     answer with a new instance."""
@@ -117,21 +118,21 @@ def end(autoscaling: Any, run_id: str) -> None:
                                           DesiredCapacity=0)
 
 
-def find_groups(autoscaling: Any, run_id: str | None = None) -> list[dict[str, Any]]:
+def find_groups(autoscaling: Client, run_id: str | None = None) -> list[dict[str, Any]]:
     """Groups tagged by the tool (optionally one run's), as DescribeAutoScalingGroups lists them."""
     filters = T.run_filters(run_id)
     pages = autoscaling.get_paginator("describe_auto_scaling_groups").paginate(Filters=filters)
     return [g for page in pages for g in cast("list[dict[str, Any]]", page["AutoScalingGroups"])]
 
 
-def find_templates(ec2: Any, run_id: str | None = None) -> list[dict[str, Any]]:
+def find_templates(ec2: Client, run_id: str | None = None) -> list[dict[str, Any]]:
     """Launch templates tagged by the tool (optionally one run's)."""
     filters = T.run_filters(run_id)
     pages = ec2.get_paginator("describe_launch_templates").paginate(Filters=filters)
     return [t for page in pages for t in cast("list[dict[str, Any]]", page["LaunchTemplates"])]
 
 
-def delete(ec2: Any, autoscaling: Any, run_id: str) -> list[str]:
+def delete(ec2: Client, autoscaling: Client, run_id: str) -> list[str]:
     """Remove the run's group (ForceDelete: its instances are terminated with it) and then its
     launch template, each if it is listed; return what was removed ("group NAME", "launch
     template NAME"). Raises botocore's ClientError when AWS refuses."""

@@ -16,7 +16,7 @@ import botocore.exceptions
 
 from ..errors import AwsError, WaitTimeout
 from . import tags as T
-from .session import error_code
+from .session import Client, error_code
 
 _REASON_TIME = re.compile(r"\((\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}) (?:GMT|UTC)\)")
 
@@ -233,7 +233,7 @@ def run_request(spec: LaunchSpec) -> dict[str, Any]:
     return req
 
 
-def tag_nodes(ec2: Any, instances_: list[Instance], name: str, first_index: int = 0) -> list[Instance]:
+def tag_nodes(ec2: Client, instances_: list[Instance], name: str, first_index: int = 0) -> list[Instance]:
     """Number the instances of one launch as cluster nodes (tags ec2gpu:node and Name NAME-K, in
     AmiLaunchIndex order); return them in node order, with those tags."""
     ordered = sorted(instances_, key=lambda i: i.launch_index)
@@ -254,7 +254,7 @@ def _waiter_config(timeout_s: float, delay_s: float) -> dict[str, Any]:
 #: (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/ec2-instance-lifecycle.html), and reports
 #: no time for that transition; the last moment it was seen ``pending`` (its LaunchTime at the
 #: least) is the earliest it can have started, so billing from there never bills too little.
-def wait_running(ec2: Any, instance_ids: list[str], timeout_s: float = 600, delay_s: float = 2) -> list[Instance]:
+def wait_running(ec2: Client, instance_ids: list[str], timeout_s: float = 600, delay_s: float = 2) -> list[Instance]:
     """Wait until the instances are running; return them, each with its ``billing_start``.
 
     Raises WaitTimeout after ``timeout_s`` seconds, AwsError if one terminated instead.
@@ -291,12 +291,12 @@ def wait_running(ec2: Any, instance_ids: list[str], timeout_s: float = 600, dela
     return out
 
 
-def describe_instances(ec2: Any, instance_ids: list[str]) -> list[Instance]:
+def describe_instances(ec2: Client, instance_ids: list[str]) -> list[Instance]:
     """The instances ``instance_ids``, as DescribeInstances describes them now."""
     return described(ec2.describe_instances(InstanceIds=instance_ids)["Reservations"])
 
 
-def terminate(ec2: Any, instance_ids: list[str], wait: bool = True, timeout_s: float = 600,
+def terminate(ec2: Client, instance_ids: list[str], wait: bool = True, timeout_s: float = 600,
               delay_s: float = 2) -> None:
     """Terminate the instances and (``wait``) wait until they are terminated.
 
@@ -309,7 +309,7 @@ def terminate(ec2: Any, instance_ids: list[str], wait: bool = True, timeout_s: f
         wait_terminated(ec2, instance_ids, timeout_s, delay_s)
 
 
-def wait_terminated(ec2: Any, instance_ids: list[str], timeout_s: float = 600, delay_s: float = 2) -> None:
+def wait_terminated(ec2: Client, instance_ids: list[str], timeout_s: float = 600, delay_s: float = 2) -> None:
     """Wait until the instances are terminated. Raises WaitTimeout after ``timeout_s`` seconds."""
     try:
         ec2.get_waiter("instance_terminated").wait(InstanceIds=instance_ids,
@@ -319,7 +319,7 @@ def wait_terminated(ec2: Any, instance_ids: list[str], timeout_s: float = 600, d
                           "check with `ec2gpu ls` and `ec2gpu cleanup`")
 
 
-def stop(ec2: Any, instance_ids: list[str], timeout_s: float = 600, delay_s: float = 2) -> None:
+def stop(ec2: Client, instance_ids: list[str], timeout_s: float = 600, delay_s: float = 2) -> None:
     """Stop the instances and wait until they are stopped (EBS-backed instances keep their root
     volume). Raises WaitTimeout after ``timeout_s`` seconds."""
     ec2.stop_instances(InstanceIds=instance_ids)
@@ -330,20 +330,20 @@ def stop(ec2: Any, instance_ids: list[str], timeout_s: float = 600, delay_s: flo
                           "check with `ec2gpu ls`; `ec2gpu down NAME` terminates them")
 
 
-def start(ec2: Any, instance_ids: list[str], timeout_s: float = 600) -> list[Instance]:
+def start(ec2: Client, instance_ids: list[str], timeout_s: float = 600) -> list[Instance]:
     """Start stopped instances; return them once running (wait_running). Raises
     WaitTimeout, AwsError (one stopped again instead, e.g. InsufficientInstanceCapacity)."""
     ec2.start_instances(InstanceIds=instance_ids)
     return wait_running(ec2, instance_ids, timeout_s)
 
 
-def reboot(ec2: Any, instance_ids: list[str]) -> None:
+def reboot(ec2: Client, instance_ids: list[str]) -> None:
     """Ask EC2 to reboot the instances (RebootInstances: asynchronous, returns at once; an instance
     keeps its id, addresses, volumes and LaunchTime). Waits for nothing: a caller that needs the
     instance back watches its boot id (remote/ssh.boot_id). Raises botocore's ClientError as it is."""
     ec2.reboot_instances(InstanceIds=instance_ids)
 
-def root_volume_gib(ec2: Any, instance_ids: list[str]) -> dict[str, int]:
+def root_volume_gib(ec2: Client, instance_ids: list[str]) -> dict[str, int]:
     """Instance id -> GiB of the EBS volumes attached to it (one DescribeVolumes call)."""
     if not instance_ids:
         return {}
@@ -401,7 +401,7 @@ def idle_state(console: str, now: float) -> dict[str, Any] | None:
     return {"idle_seconds": None, "busy": busy}
 
 
-def console_output(ec2: Any, instance_id: str) -> str:
+def console_output(ec2: Client, instance_id: str) -> str:
     """The instance's console output, newest (Latest=True where the instance supports it); "" when
     EC2 has none or refuses."""
     try:
@@ -415,7 +415,7 @@ def console_output(ec2: Any, instance_id: str) -> str:
         return ""
 
 
-def host_key_fingerprints(ec2: Any, instance_id: str) -> list[str]:
+def host_key_fingerprints(ec2: Client, instance_id: str) -> list[str]:
     """The instance's SSH host key fingerprints from its console output ([] until cloud-init printed them).
 
     GetConsoleOutput (Latest=True) is its own record, out of band from the SSH connection, so a

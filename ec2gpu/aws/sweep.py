@@ -18,7 +18,7 @@ from . import instances as inst
 from . import placement
 from . import tags as T
 from . import network
-from .session import error_code
+from .session import Client, error_code
 
 #: what a sweep reports through: one line at a time
 Log = Callable[[str], None]
@@ -26,7 +26,7 @@ Log = Callable[[str], None]
 LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
 
 
-def find_instances(ec2: Any, run_id: str | None = None, name: str | None = None,
+def find_instances(ec2: Client, run_id: str | None = None, name: str | None = None,
                    states: list[str] | None = None) -> list[inst.Instance]:
     """Instances tagged by the tool (optionally one run or Name), in ``states`` (default: live)."""
     filters = T.run_filters(run_id, {"Name": "instance-state-name", "Values": states or LIVE_STATES})
@@ -36,20 +36,20 @@ def find_instances(ec2: Any, run_id: str | None = None, name: str | None = None,
     return [i for page in pages for i in inst.described(page["Reservations"])]
 
 
-def find_security_groups(ec2: Any, run_id: str | None = None) -> list[dict[str, Any]]:
+def find_security_groups(ec2: Client, run_id: str | None = None) -> list[dict[str, Any]]:
     """Security groups tagged by the tool (optionally one run)."""
     filters = T.run_filters(run_id)
     pages = ec2.get_paginator("describe_security_groups").paginate(Filters=filters)
     return [g for page in pages for g in page["SecurityGroups"]]
 
 
-def find_key_pairs(ec2: Any, run_id: str | None = None) -> list[dict[str, Any]]:
+def find_key_pairs(ec2: Client, run_id: str | None = None) -> list[dict[str, Any]]:
     """Key pairs tagged by the tool (optionally one run)."""
     filters = T.run_filters(run_id)
     return cast("list[dict[str, Any]]", ec2.describe_key_pairs(Filters=filters)["KeyPairs"])
 
 
-def runs_named(ec2: Any, name: str) -> set[str]:
+def runs_named(ec2: Client, name: str) -> set[str]:
     """The run ids whose resources answer to ``name`` (an instance id, a Name, run or cluster tag),
     found in every instance state (an interrupted spot instance is ``terminated`` and still listed
     by EC2 for a while) and on security groups and key pairs, which outlive their instances."""
@@ -60,14 +60,14 @@ def runs_named(ec2: Any, name: str) -> set[str]:
     return {r for r in found if r}
 
 
-def find_spot_requests(ec2: Any, run_id: str | None = None) -> list[dict[str, Any]]:
+def find_spot_requests(ec2: Client, run_id: str | None = None) -> list[dict[str, Any]]:
     """Open or active spot instance requests tagged by the tool (optionally one run)."""
     filters = T.run_filters(run_id, {"Name": "state", "Values": ["open", "active"]})
     pages = ec2.get_paginator("describe_spot_instance_requests").paginate(Filters=filters)
     return [r for page in pages for r in page["SpotInstanceRequests"]]
 
 
-def find_instance_roles(iam: Any, ec2: Any, run_id: str | None = None, runs_here: AbstractSet[str] = frozenset(),
+def find_instance_roles(iam: Client, ec2: Client, run_id: str | None = None, runs_here: AbstractSet[str] = frozenset(),
                         log: Callable[[str], None] = lambda msg: None) -> list[dict[str, Any]]:
     """The run roles and orphan instance profiles (aws/iam.find_run_roles entries) that belong to
     ``ec2``'s region: all of one run's (``run_id``: run ids are unique), else those tagged
@@ -117,8 +117,8 @@ class Clients:
     touched), the folder of local private keys, and the seconds a security group's deletion may
     wait, in all, for its instances' network interfaces to go (DependencyViolation)."""
 
-    ec2: Any  # boto3 clients: untyped
-    iam: Any = None
+    ec2: Client  # boto3 clients: untyped
+    iam: Client = None
     keys_dir: Path | None = None
     group_wait_s: float = 300.0
     group_deadline: float | None = None  # time.monotonic() by which the groups' wait ends (set at the first)
@@ -209,8 +209,8 @@ KINDS = _kinds()
 KIND = {k.key: k for k in KINDS}
 
 
-def inventory(ec2: Any, run_id: str | None = None, log: Log = lambda msg: None,
-              iam: Any = None) -> dict[str, list[dict[str, Any]]]:
+def inventory(ec2: Client, run_id: str | None = None, log: Log = lambda msg: None,
+              iam: Client = None) -> dict[str, list[dict[str, Any]]]:
     """Everything the tool created (or one run) that still exists in the client's region, by kind
     (``KINDS``, in removal order).
 
@@ -230,8 +230,8 @@ def inventory(ec2: Any, run_id: str | None = None, log: Log = lambda msg: None,
     return {k.key: found[k.key] for k in KINDS if k.key in found}
 
 
-def delete_everything(ec2: Any, found: dict[str, list[dict[str, Any]]], keys_dir: Path | None,
-                      log: Log = lambda msg: None, iam: Any = None, group_wait_s: float = 300.0,
+def delete_everything(ec2: Client, found: dict[str, list[dict[str, Any]]], keys_dir: Path | None,
+                      log: Log = lambda msg: None, iam: Client = None, group_wait_s: float = 300.0,
                       on_failure: Callable[[str, list[str], str], object] | None = None) -> dict[str, list[str]]:
     """Remove what ``inventory`` found (or any {kind key: rows with "id"}), kind by kind in
     ``KINDS`` order, best-effort: a resource AWS refuses is reported and the next one is tried; a
@@ -277,7 +277,7 @@ def delete_everything(ec2: Any, found: dict[str, list[dict[str, Any]]], keys_dir
     return removed
 
 
-def delete_security_group(ec2: Any, group_id: str, timeout_s: float = 300, delay_s: float = 3) -> None:
+def delete_security_group(ec2: Client, group_id: str, timeout_s: float = 300, delay_s: float = 3) -> None:
     """Delete a security group, retrying DependencyViolation (every ``delay_s`` for up to
     ``timeout_s`` seconds) while its instances terminate; a group already gone is fine. Raises
     the last ClientError otherwise."""
@@ -296,8 +296,8 @@ def delete_security_group(ec2: Any, group_id: str, timeout_s: float = 300, delay
                     raise
 
 
-def delete_run(ec2: Any, run_id: str, keys_dir: Path, log: Log = lambda msg: None,
-               iam: Any = None) -> dict[str, list[str]]:
+def delete_run(ec2: Client, run_id: str, keys_dir: Path, log: Log = lambda msg: None,
+               iam: Client = None) -> dict[str, list[str]]:
     """Remove everything of one run (see ``delete_everything``; its instance role too with an IAM
     client ``iam``); returns the ids removed, by kind."""
     return delete_everything(ec2, inventory(ec2, run_id, log, iam), keys_dir, log, iam)
@@ -340,7 +340,7 @@ def ended_runs(described: list[inst.Instance], key_pairs: list[dict[str, Any]], 
     return out
 
 
-def ended_leftovers(ec2: Any, keep: AbstractSet[str] = frozenset(), iam: Any = None) -> dict[str, dict[str, Any]]:
+def ended_leftovers(ec2: Client, keep: AbstractSet[str] = frozenset(), iam: Client = None) -> dict[str, dict[str, Any]]:
     """What runs whose instances have all ended left (``ended_runs``): run id -> {"why",
     "security_groups", "key_pairs", "placement_groups": their ids, and with an IAM client ``iam``
     "instance_roles": the names of its roles and orphan instance profiles (``find_instance_roles``;
@@ -368,8 +368,8 @@ def ended_leftovers(ec2: Any, keep: AbstractSet[str] = frozenset(), iam: Any = N
             for run, why in ended.items()}
 
 
-def remove_leftovers(ec2: Any, found: dict[str, dict[str, Any]], keys_dir: Path,
-                     iam: Any = None) -> dict[str, dict[str, list[str]]]:
+def remove_leftovers(ec2: Client, found: dict[str, dict[str, Any]], keys_dir: Path,
+                     iam: Client = None) -> dict[str, dict[str, list[str]]]:
     """Delete what ``ended_leftovers`` found, per run, best-effort (``delete_everything`` with no
     wait: a group whose ended instance's network interface lingers is left for the next command,
     and the run's key pair with it); instance roles only with an IAM client ``iam``. Returns run id

@@ -20,6 +20,8 @@ def test_on_aws_ssh_goes_to_the_public_ip_and_nodes_meet_on_private_ips():
 def test_an_aws_instance_without_a_public_ip_is_a_clear_error():
     with pytest.raises(RemoteError, match="no public IP"):
         AWS.ssh_target(replace(INSTANCE, public_ip=None))
+    with pytest.raises(RemoteError, match="no private IP"):  # never an empty address for the other nodes
+        AWS.private_address(replace(INSTANCE, private_ip=None))
 
 
 def test_in_the_sandbox_the_instance_is_its_sshd_for_ssh_and_for_other_nodes():
