@@ -255,14 +255,13 @@ def write_private(conn: Connection, path: str, text: str) -> None:
 
 def put_tree(conn: Connection, local_root: Path, paths: list[Path], remote_dir: str) -> None:
     """Copy ``paths`` (files under ``local_root`` on this machine) to the same relative places
-    under ``remote_dir`` on the instance over SFTP, making ``remote_dir`` and each file's directory
-    first."""
-    make_dirs(conn, remote_dir)
+    under ``remote_dir`` on the instance over SFTP, making ``remote_dir`` and every file's directory
+    first, in one command."""
+    rels = [path.relative_to(local_root).as_posix() for path in paths]
+    dirs = sorted({f"{remote_dir}/{rel.rsplit('/', 1)[0]}" for rel in rels if "/" in rel})
+    make_dirs(conn, remote_dir, *dirs)
     sftp = conn.sftp()
-    for path in paths:
-        rel = path.relative_to(local_root).as_posix()
-        if "/" in rel:
-            make_dirs(conn, remote_dir + "/" + rel.rsplit("/", 1)[0])
+    for path, rel in zip(paths, rels, strict=True):
         sftp.put(str(path), f"{remote_dir}/{rel}")
 
 

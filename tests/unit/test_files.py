@@ -141,3 +141,25 @@ def test_a_log_without_newlines_is_split_at_a_bound_and_a_log_here_stops_at_its_
             log.write(b"0123456789")
     text = (tmp_path / "log").read_bytes()
     assert text.startswith(b"0123456789" * 10 + b"\n[ec2gpu: this log stops at 100 bytes") and text.count(b"[ec2gpu") == 1
+
+
+def test_a_tree_goes_up_with_one_mkdir_for_all_its_directories(tmp_path):
+    """remote/files.put_tree: every directory made in one command (not one SSH round trip per file)."""
+    from ec2gpu.remote import files
+
+    for rel in ("a.pt", "x/b.pt", "x/c.pt", "x/y/d.pt"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(rel)
+    ran, put = [], []
+
+    class Conn:
+        def run(self, command, **_):
+            ran.append(command)
+
+        def sftp(self):
+            return type("Sftp", (), {"put": lambda _self, local, remote: put.append(remote)})()
+
+    paths = sorted(p for p in tmp_path.rglob("*.pt"))
+    files.put_tree(Conn(), tmp_path, paths, "/r/ckpt")
+    assert ran == ["mkdir -p /r/ckpt /r/ckpt/x /r/ckpt/x/y"]
+    assert put == ["/r/ckpt/a.pt", "/r/ckpt/x/b.pt", "/r/ckpt/x/c.pt", "/r/ckpt/x/y/d.pt"]

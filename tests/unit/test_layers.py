@@ -153,3 +153,4 @@ def test_an_instance_is_read_from_ec2s_description_once():
     on_demand = Instance.of({"InstanceId": "i-2", "InstanceType": "g5.xlarge", "LaunchTime": launched})
     assert (on_demand.market, on_demand.state, on_demand.tags, on_demand.node, on_demand.state_reason) == (
         "on-demand", "pending", {}, None, "")
+
