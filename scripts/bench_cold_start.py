@@ -46,13 +46,14 @@ def one_run(task: str, baked: bool, data_dir: str | None) -> dict:
     """One run in the sandbox; its phases (s) up to the job and the seconds to its first log line."""
     from ec2gpu import api
     from ec2gpu.backend import Context
+    from ec2gpu.runs.options import TrainOptions
     from ec2gpu.runs.provision import pipeline
 
     rep = clock_reporter()
     if task == "mnist":
         with Context(None, True) as ctx:
-            opts = pipeline.TrainOptions(epochs=1, baked=baked, trainer_args=["--train-subset=2000"]
-                                         + (["--data-dir", data_dir] if data_dir else []))
+            opts = TrainOptions(epochs=1, baked=baked, trainer_args=["--train-subset=2000"]
+                                + (["--data-dir", data_dir] if data_dir else []))
             pipeline.train(ctx.aws, ctx.settings, opts, rep, ctx.backend)
     else:
         api.run(task, sandbox=True, expect="1m", reporter=rep, baked=baked)

@@ -249,7 +249,7 @@ def notebook(*, instance_type: Optional[str] = None, spot: bool = False, name: O
     from ..aws import network, sweep, tags as T
     from ..remote import tunnel
     from ..runs.standing import notebook as nb
-    from ..runs.provision import pipeline
+    from ..runs.options import LaunchOptions
     from ..runs.execute.reporter import Reporter
 
     if name is not None:
@@ -263,9 +263,9 @@ def notebook(*, instance_type: Optional[str] = None, spot: bool = False, name: O
     types = None if instance_type is None else _types(instance_type)
     reporter = reporter or Reporter()
     with _context(region, sandbox, True, log) as ctx, tunnel.hangup_interrupts():
-        opts = pipeline.TrainOptions(instance_type=",".join(types or _types(ctx.settings.instance_type)),
-                                     spot=spot, name=name, ssh_cidr=ssh_cidr, ami=ami,
-                                     max_runtime_minutes=max_runtime or 120, idle=idle)
+        opts = LaunchOptions(instance_type=",".join(types or _types(ctx.settings.instance_type)),
+                             spot=spot, name=name, ssh_cidr=ssh_cidr, ami=ami,
+                             max_runtime_minutes=max_runtime or 120, idle=idle)
         info = nb.serve(ctx.aws, ctx.settings, ctx.backend, opts, reporter, on_ready or (lambda info: None),
                         local_port)
         done = {**info, "terminated": False}

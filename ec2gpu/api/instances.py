@@ -144,7 +144,7 @@ def launch(*, instance_type: Optional[str] = None, spot: bool = False, name: Opt
     (runs/standing/hosts.launch). Raises UsageError (a bad name, CIDR, type or rule) before anything is
     created; AwsError, CapacityError, WaitTimeout."""
     from ..aws import network, tags
-    from ..runs.provision import pipeline
+    from ..runs.options import LaunchOptions
     from ..runs.standing import hosts as standing
     from ..runs.execute.reporter import Reporter
 
@@ -158,8 +158,8 @@ def launch(*, instance_type: Optional[str] = None, spot: bool = False, name: Opt
     asked = None if instance_type is None else _types(instance_type)  # refused before a sandbox is started
     with _context(region, sandbox, True, log) as ctx:
         types = asked or _types(ctx.settings.instance_type)
-        opts = pipeline.TrainOptions(instance_type=",".join(types), spot=spot, name=name, ssh_cidr=ssh_cidr, ami=ami,
-                                     max_runtime_minutes=max_runtime or 120, nodes=nodes, idle=idle)
+        opts = LaunchOptions(instance_type=",".join(types), spot=spot, name=name, ssh_cidr=ssh_cidr, ami=ami,
+                             max_runtime_minutes=max_runtime or 120, nodes=nodes, idle=idle)
         return standing.launch(ctx.aws, ctx.settings, opts, reporter or Reporter(), ctx.backend)
 
 

@@ -194,12 +194,13 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
                            idle_source=None if idle is None else "idle_timeout (autostop)" if job.task.idle_timeout
                            else "max runtime none", budget_usd=budget if budget is not None else job.task.budget)
     from ..backend import Context
+    from ..runs.options import RunOptions
     from ..runs.provision import pipeline  # boto3: a dry run returned above without it
     with Context(run_region, sandbox) as ctx:
         limit = limits.for_task(ctx.settings.home, job.name, ctx.backend.name, max_runtime, job.task.max_runtime)
         types = types_for(ctx.settings.instance_type)
         settings = ctx.settings.model_copy(update={"root_volume_gib": res.disk_gib}) if res.disk_gib else ctx.settings
-        opts = pipeline.TrainOptions(
+        opts = RunOptions(
             instance_type=",".join(types), spot=res.spot if spot is None else spot, spot_fallback=spot_fallback,
             out=out, ssh_cidr=ssh_cidr, ami=_ami(ami, res, ctx.settings.region), name=name,
             max_runtime_minutes=limit.minutes, limit_source=limit.source, idle=_idle_rule(job.task, limit),
@@ -299,6 +300,7 @@ def bake(task: Union[str, Path, object], *, base: str = "dlami", name: Optional[
     """
 
     from ..backend import Context
+    from ..runs.options import BakeOptions
     from ..runs.provision import bake as baking, pipeline
     from ..runs.execute import engine
     from ..tasks import resolve
@@ -315,9 +317,8 @@ def bake(task: Union[str, Path, object], *, base: str = "dlami", name: Optional[
         data = pipeline.sandbox_data_args([]) if ctx.backend.is_sandbox and job.builtin == "mnist" else []
         plan = baking.plan(job, base, name, ctx.settings.home, ctx.backend.name, types[0].strip(),
                            ctx.backend.is_sandbox, data[1] if data else None)
-        opts = pipeline.TrainOptions(instance_type=",".join(types), spot=spot, ssh_cidr=ssh_cidr, ami=ami, task=job,
-                                     bake=plan, max_runtime_minutes=limit,
-                                     command=as_typed or f"ec2gpu.bake({job.name!r})")
+        opts = BakeOptions(instance_type=",".join(types), spot=spot, ssh_cidr=ssh_cidr, ami=ami, task=job, plan=plan,
+                           max_runtime_minutes=limit, command=as_typed or f"ec2gpu.bake({job.name!r})")
         # the task's disk size: a run cannot launch from an image with a smaller root volume than the image's
         disk = job.task.resources.disk_gib
         settings = ctx.settings.model_copy(update={"root_volume_gib": disk}) if disk else ctx.settings

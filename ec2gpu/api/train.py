@@ -90,11 +90,12 @@ def train_mnist(*, instance_type: Optional[str] = None, spot: bool = False, spot
     _at_least(max_attempts, 1, "--max-attempts", "give at least 1")
     _at_least(unreachable_after, 5, "--unreachable-after", "give at least 5 seconds")
 
+    from ..runs.options import TrainOptions
     from ..runs.provision import pipeline
     from ..runs.execute.reporter import Reporter
     from ..settings import DEFAULT_INSTANCE_TYPE
 
-    opts = pipeline.TrainOptions(
+    opts = TrainOptions(
         model=model, epochs=epochs, seed=seed, keep=keep, out=out, ssh_cidr=ssh_cidr, ami=ami,
         spot=spot, trainer_args=list(trainer_args), max_runtime_minutes=max_runtime or 120,
         instance_type=DEFAULT_INSTANCE_TYPE if instance_type is None else instance_type, budget_usd=budget,
@@ -156,17 +157,18 @@ def bench(*, instance_type: Optional[str] = None, spot: bool = False, local: boo
     _at_least(max_runtime, 1, "--max-runtime", "give at least 1 minute")
     _at_least(budget, 0, "--budget", "give a budget in USD, 0 or more")
 
-    from ..runs.provision import bench as benching, pipeline
+    from ..runs.options import BenchOptions
+    from ..runs.provision import bench as benching
     from ..runs.execute.reporter import Reporter
-    opts = pipeline.TrainOptions(spot=spot, out=out, ssh_cidr=ssh_cidr, ami=ami, max_runtime_minutes=max_runtime,
-                                 budget_usd=budget, command=as_typed or "ec2gpu.bench()")
+    opts = BenchOptions(spot=spot, out=out, ssh_cidr=ssh_cidr, ami=ami, max_runtime_minutes=max_runtime,
+                        budget_usd=budget, quick=quick, data_dir=data_dir, command=as_typed or "ec2gpu.bench()")
     ui = reporter or Reporter()
     if local:
         from ..settings import load
-        return benching.local(opts, ui, load(), quick, data_dir)
+        return benching.local(opts, ui, load())
     from ..backend import Context
     with Context(region, in_sandbox) as ctx:
         opts = replace(opts, instance_type=instance_type or ctx.settings.instance_type)
         if ctx.backend.is_sandbox:
             log("sandbox: the instance is this machine, without a GPU: the figures are its CPU's")
-        return benching.on_instances(ctx.aws, ctx.settings, opts, ui, ctx.backend, quick, data_dir)
+        return benching.on_instances(ctx.aws, ctx.settings, opts, ui, ctx.backend)

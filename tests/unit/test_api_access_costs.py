@@ -199,6 +199,7 @@ def test_notebook_serves_on_the_types_asked_and_down_on_exit_removes_its_run(hom
             "port": 8888, "token": "t"}
 
     def serve(aws, settings, backend, opts, ui, show_url, local_port):
+        assert type(opts).__name__ == "LaunchOptions"  # instances alone: no job fields
         served.append((opts.instance_type, opts.spot, opts.idle, opts.max_runtime_minutes, local_port))
         show_url(info)
         return dict(info)

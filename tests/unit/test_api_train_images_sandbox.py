@@ -122,6 +122,7 @@ def test_train_mnist_gives_the_pipeline_every_flag_and_returns_its_record(home, 
     assert record == {"run_id": "r1", "status": "completed"}
     assert fake_context == [("eu-west-1", True, True)]  # --keep: a sandbox this starts outlives the command
     o = seen["opts"]
+    assert type(o).__name__ == "TrainOptions"
     assert (o.model, o.epochs, o.seed, o.spot, o.spot_fallback, o.keep, o.max_runtime_minutes) == \
         ("lenet", 2, 7, True, "on-demand", True, 30)
     assert (o.trainer_args, o.budget_usd, o.max_price, o.nodes, o.max_attempts, o.checkpoint_uri) == \
@@ -157,8 +158,8 @@ def test_bench_says_the_sandbox_is_this_machine_and_returns_the_ranked_results(h
     from ec2gpu.runs.provision import bench
     seen = {}
 
-    def on_instances(aws, settings, opts, ui, back, quick, data_dir):
-        seen.update(opts=opts, quick=quick, data_dir=data_dir)
+    def on_instances(aws, settings, opts, ui, back):
+        seen.update(opts=opts)
         return [{"instance_type": "g6.xlarge", "usd_per_run": {}}]
     monkeypatch.setattr(bench, "on_instances", on_instances)
     said = []
@@ -169,7 +170,7 @@ def test_bench_says_the_sandbox_is_this_machine_and_returns_the_ranked_results(h
     o = seen["opts"]
     assert (o.instance_type, o.max_runtime_minutes, o.budget_usd, o.command) == \
         ("g6.xlarge", 15, 0.5, "ec2gpu bench --sandbox")
-    assert seen["quick"] is True and seen["data_dir"] == "."
+    assert type(o).__name__ == "BenchOptions" and o.quick is True and o.data_dir == "."
     said.clear()
     train.bench(instance_type="g4dn.xlarge,g5.xlarge", log=said.append)  # on AWS: nothing said
     assert said == [] and seen["opts"].instance_type == "g4dn.xlarge,g5.xlarge"

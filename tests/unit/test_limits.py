@@ -15,6 +15,7 @@ from ec2gpu.errors import LimitReached, UsageError
 from ec2gpu.runs.plan import costs, limits
 from ec2gpu.runs.execute import engine, status
 from ec2gpu.runs.settle import ledger
+from ec2gpu.runs.options import RunOptions
 from ec2gpu.runs.provision import pipeline
 
 
@@ -120,7 +121,7 @@ def _first_run(monkeypatch, tmp_path, **opts):
                         costs._priced(costs.Estimate(itype, "on-demand", 0.526, "shipped table", 60, 30, job_s, 20,
                                                      source)))
     job = engine.TaskJob(load.parse("name: fresh\nrun: python train.py\n"), {}, None)
-    o = pipeline.TrainOptions(task=job, instance_type="g4dn.xlarge", **opts)
+    o = RunOptions(task=job, instance_type="g4dn.xlarge", **opts)
     settings = SimpleNamespace(home=tmp_path)
     ui = _Ui()
     return pipeline.check_estimate(None, settings, o, "sandbox", ui), ui

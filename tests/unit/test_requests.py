@@ -9,6 +9,7 @@ from ec2gpu.aws.instances import Instance
 from ec2gpu.errors import RetiredInstanceType, UsageError
 from ec2gpu.remote import jobs
 from ec2gpu.runs.plan import costs
+from ec2gpu.runs.options import TrainOptions
 from ec2gpu.runs.provision import pipeline
 
 
@@ -146,7 +147,7 @@ def test_billing_is_per_second_with_a_60_second_minimum():
 
 
 def test_train_mnist_flags_become_the_builtin_task_args():
-    opts = pipeline.TrainOptions(model="lenet", epochs=3, seed=7, trainer_args=["--lr", "0.05"])
+    opts = TrainOptions(model="lenet", epochs=3, seed=7, trainer_args=["--lr", "0.05"])
     job = pipeline.builtin_task(opts)
     argv = job.args
     assert job.builtin == "mnist" and job.task.name == "mnist"
@@ -158,7 +159,7 @@ def test_train_mnist_flags_become_the_builtin_task_args():
 
 
 def test_sandbox_cluster_nodes_share_the_cores():
-    opts = pipeline.TrainOptions(nodes=2)
+    opts = TrainOptions(nodes=2)
     assert "--threads" in pipeline.mnist_args(opts, sandbox=True)
     assert "--threads" not in pipeline.mnist_args(opts, sandbox=False)
 
@@ -280,7 +281,7 @@ def _builtin_argv(tmp_path, nodes: int, index: int, gpus: int, args=("--epochs",
     fake = tmp_path / "python"
     fake.write_text('#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done\n')
     fake.chmod(0o755)
-    job = pipeline.builtin_task(pipeline.TrainOptions(nodes=nodes))
+    job = pipeline.builtin_task(TrainOptions(nodes=nodes))
     addresses = [f"10.0.0.{k + 1}" for k in range(nodes)]
     env = engine.node_env(job, "r1", str(tmp_path / "run"), index, addresses, gpus, resume=False, python=str(fake))
     done = subprocess.run(["bash", "-c", job.task.run, job.name, *args], env={"PATH": "/usr/bin:/bin", **env},

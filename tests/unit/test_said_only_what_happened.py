@@ -202,12 +202,13 @@ def _user_task():
 
 def test_a_budget_refusal_suggests_fewer_epochs_only_for_the_built_in_trainer():
     from ec2gpu.runs.execute import engine
+    from ec2gpu.runs.options import RunOptions, TrainOptions
     from ec2gpu.runs.provision import pipeline
-    mnist = pipeline.budget_hint(pipeline.TrainOptions(task=engine.builtin_job("mnist", [])), "defaults")
+    mnist = pipeline.budget_hint(TrainOptions(task=engine.builtin_job("mnist", [])), "defaults")
     assert mnist.endswith("or train fewer --epochs")
-    mine = pipeline.budget_hint(pipeline.TrainOptions(task=_user_task()), "--expect")
+    mine = pipeline.budget_hint(RunOptions(task=_user_task()), "--expect")
     assert "--epochs" not in mine and "the job's time in the estimate: --expect" in mine
-    bench = pipeline.budget_hint(pipeline.TrainOptions(task=engine.builtin_job("bench", [])), "--expect")
+    bench = pipeline.budget_hint(RunOptions(task=engine.builtin_job("bench", [])), "--expect")
     assert "--epochs" not in bench
 
 

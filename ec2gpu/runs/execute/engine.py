@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from ...settings import Settings
     from ...tasks.mounts import Mount
     from ...tasks.spec import Task
-    from ..provision.pipeline import TrainOptions
+    from ..options import RunOptions
     from ..provision.resources import Provisioned
     from ..recover.recovery import DirCheckpoints
     from .job_summary import Checked
@@ -542,7 +542,7 @@ def _outputs_home(head: Node, job: TaskJob, local_out: Path, ssh_config: Path | 
     log(f"outputs: {len(names)} file(s) brought home" + (f" by {how}" if names else "") + f" to {local_out / 'outputs'}")
 
 
-def run_attempt(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, ui: ReporterLike, prov: Provisioned,
+def run_attempt(aws: Aws, settings: Settings, opts: RunOptions, run_id: str, ui: ReporterLike, prov: Provisioned,
                 instances_: list[Instance], local_out: Path, backend: Backend, n: int,
                 checkpoints: DirCheckpoints) -> dict[str, Any]:
     """One attempt of the task ``opts.task`` (a TaskJob) on running instances (node 0 first);

@@ -16,7 +16,8 @@ from ...errors import RemoteError, UsageError
 from ...settings import Settings
 from . import engine
 from ..settle import record as run_record
-from ..provision.pipeline import TrainOptions, _ledger, _with_summary, builtin_task, new_run_id
+from ..options import TrainOptions
+from ..provision.pipeline import _ledger, _with_summary, builtin_task, new_run_id
 from .reporter import ReporterLike
 
 

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from ..execute.nodes import Node
     from ..execute.reporter import ReporterLike
     from ..recover.recovery import DirCheckpoints
-    from .pipeline import TrainOptions
+    from ..options import BakeOptions
     from .resources import Provisioned
 
 AMI_DIR = Path(__file__).resolve().parents[2] / "ami"
@@ -116,7 +116,7 @@ def bake_seconds(phases: dict[str, float]) -> float:
     return sum(secs for name, secs in phases.items() if name not in counted)
 
 
-def bake_attempt(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, ui: ReporterLike, prov: Provisioned,
+def bake_attempt(aws: Aws, settings: Settings, opts: BakeOptions, run_id: str, ui: ReporterLike, prov: Provisioned,
                  instances_: list[Instance], local_out: Path, backend: Backend, n: int,
                  checkpoints: DirCheckpoints) -> dict[str, Any]:
     """The attempt of a bake on its builder (pipeline._run_attempts calls it for ``opts.bake``);
@@ -127,7 +127,7 @@ def bake_attempt(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, 
     from ..execute import engine
     from ..execute import nodes as N
 
-    job, bp = cast("TaskJob", opts.task), cast(BakePlan, opts.bake)  # a bake (_run_attempts); train set the task
+    job, bp = cast("TaskJob", opts.task), opts.plan  # a bake (_run_attempts); train set the task
     nd = N.Node(0, instances_[0])
     config = settings.home / "ssh" / f"{run_id}.config"
     try:

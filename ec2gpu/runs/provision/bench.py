@@ -21,6 +21,7 @@ from ..execute import engine
 from . import pipeline
 from ..settle import record as run_record
 from ..execute.reporter import ReporterLike
+from ..options import BenchOptions
 
 #: Minutes a bench's job is assumed to take for its first estimate (before the ledger has one on
 #: that instance type): measured on this project's 2-vCPU machine without a GPU, the full bench's
@@ -94,8 +95,8 @@ def _result(record: Mapping[str, Any]) -> dict[str, Any]:
             "bench": report, **({"bench_invalid": why} if why else {})}
 
 
-def on_instances(aws: Aws, settings: Settings, opts: pipeline.TrainOptions, ui: ReporterLike, backend: Backend, quick: bool,
-                 data_dir: str | None = None) -> list[dict[str, Any]]:
+def on_instances(aws: Aws, settings: Settings, opts: BenchOptions, ui: ReporterLike,
+                 backend: Backend) -> list[dict[str, Any]]:
     """Bench each of ``opts.instance_types`` on its own new instance, one after another (each
     launched, measured, brought home and terminated by pipeline.train); return one result per type
     (``_result``, plus ``error`` for a type whose run failed: the others still run), cheapest first.
@@ -105,11 +106,11 @@ def on_instances(aws: Aws, settings: Settings, opts: pipeline.TrainOptions, ui: 
     """
     from ...aws import catalog
     types = [catalog.lookup(t).name for t in opts.instance_types]  # every type checked before any launch
-    args = job_args(quick, backend.is_sandbox, data_dir)
+    args = job_args(opts.quick, backend.is_sandbox, opts.data_dir)
     results = []
     for itype in types:
         one = replace(opts, instance_type=itype, task=engine.builtin_job("bench", args),
-                      expect_minutes=EXPECT_MINUTES["quick" if quick else "full"],
+                      expect_minutes=EXPECT_MINUTES["quick" if opts.quick else "full"],
                       out=(opts.out / itype) if opts.out and len(types) > 1 else opts.out)
         if len(types) > 1:
             ui.note(f"bench {itype} ({types.index(itype) + 1} of {len(types)})")
@@ -123,8 +124,7 @@ def on_instances(aws: Aws, settings: Settings, opts: pipeline.TrainOptions, ui: 
     return rank(results)
 
 
-def local(opts: pipeline.TrainOptions, ui: ReporterLike, settings: Settings | None, quick: bool,
-          data_dir: str | None) -> list[dict[str, Any]]:
+def local(opts: BenchOptions, ui: ReporterLike, settings: Settings | None) -> list[dict[str, Any]]:
     """Bench this machine under the same agent and job contract as an instance (local.run_local);
     the run goes into the ledger as backend "local", instance type "local", no cost. Raises
     UsageError without torch, RemoteError when the bench fails."""
@@ -134,7 +134,7 @@ def local(opts: pipeline.TrainOptions, ui: ReporterLike, settings: Settings | No
     from ..execute.local import run_local
     if importlib.util.find_spec("torch") is None:
         raise UsageError("--local needs PyTorch on this machine", "pip install 'ec2gpu[train]' (or make demo)")
-    job = engine.builtin_job("bench", job_args(quick, False, data_dir))
+    job = engine.builtin_job("bench", job_args(opts.quick, False, opts.data_dir))
     run_id = pipeline.new_run_id()
     out = Path(opts.out or Path("runs") / run_id).resolve()
     started = datetime.now(timezone.utc).isoformat()

@@ -10,16 +10,17 @@ from __future__ import annotations
 import json
 import os
 import secrets
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, cast
+from typing import TYPE_CHECKING, Any, Callable, Mapping, TypeVar, cast
 
 from ...aws import capacity, catalog, network, tags
 from ...aws.session import Aws
 from ...backend import AWS, Backend
 from ...errors import RemoteError, UsageError
-from ...settings import DEFAULT_INSTANCE_TYPE, Settings
+from ...settings import Settings
+from ..options import BakeOptions, LaunchOptions, RunOptions, TrainOptions
 from ..plan import costs
 from ..settle import ledger
 from . import resources as provision
@@ -28,54 +29,12 @@ from ..execute.reporter import Reporter as Reporter  # re-exported: pipeline.Rep
 from ..execute.reporter import ReporterLike
 
 if TYPE_CHECKING:
-    from ...aws.instances import IdleRule
-    from .bake import BakePlan
     from ..execute.engine import TaskJob
+
+_Run = TypeVar("_Run", bound=RunOptions)
 
 PHASES = ("requesting", "waiting for running", "waiting for SSH", "setup", "upload", "running",
           "download", "terminating")
-
-
-@dataclass(frozen=True)
-class TrainOptions:
-    """What a run on new instances (or a standing instance's launch, a bake, a bench) was asked to
-    do: built once by its api/ function, never changed after (a step that adds to it makes a copy,
-    dataclasses.replace)."""
-
-    instance_type: str = DEFAULT_INSTANCE_TYPE  # one type, or several in order of preference: "g4dn.xlarge,g5.xlarge"
-    spot: bool = False
-    spot_fallback: str | None = None  # "on-demand": a last on-demand try when spot has no capacity
-    model: str = "cnn"
-    epochs: int | None = None  # None: the preset's
-    seed: int = 0
-    trainer_args: list[str] = field(default_factory=list)  # passed through to the trainer
-    keep: bool = False
-    out: Path | None = None  # default runs/<run-id>
-    ssh_cidr: str | None = None
-    ami: str | None = None
-    name: str | None = None
-    max_runtime_minutes: int | None = 120  # instances end themselves after this (None: no limit): runs/plan/limits.py
-    limit_source: str | None = None  # where max_runtime_minutes comes from, said before launch
-    budget_usd: float | None = None  # refuse a run whose estimate is above this
-    max_price: float | None = None  # spot: the highest USD/h to pay
-    nodes: int = 1  # instances running the job together (engine.py; torchrun for the built-in task)
-    max_attempts: int | None = None  # instances to try before giving up; None: 3 with spot, else 1
-    checkpoint_uri: str | None = None  # s3://bucket/prefix: a second home for checkpoints
-    unreachable_s: float = 120.0  # SSH unreachable this long (s) counts as a lost instance
-    command: str = "ec2gpu train mnist"  # as typed, for the ledger
-    task: TaskJob | None = None  # engine.TaskJob: a user's task (`ec2gpu run`) instead of the built-in trainer
-    expect_minutes: float | None = None  # a task's expected job time (--expect), when the ledger has none
-    idle: IdleRule | None = None  # aws.instances.IdleRule: a standing instance stops or ends itself when idle
-    baked: bool = True  # launch from the newest image baked for the task's setup, when there is one
-    bake: BakePlan | None = None  # bake.BakePlan: this run makes an image (`ec2gpu image bake`) instead of a job
-
-    @property
-    def attempts_allowed(self) -> int:
-        return self.max_attempts or (3 if self.spot else 1)
-
-    @property
-    def instance_types(self) -> list[str]:
-        return [t.strip() for t in self.instance_type.split(",") if t.strip()]
 
 
 def new_run_id() -> str:
@@ -145,13 +104,26 @@ def _reachable(url: str, timeout_s: float = 5.0) -> bool:
         return False
 
 
-def builtin_task(opts: TrainOptions, sandbox: bool = False) -> TaskJob:
-    """``opts.task``, or the built-in MNIST task with ``opts``' trainer flags (an engine.TaskJob)."""
+def preset(opts: RunOptions) -> tuple[str, int | None]:
+    """The built-in trainer's model and epochs (None: the preset's) as ``opts`` asks for them:
+    TrainOptions' own, else the trainer's defaults (a built-in task run without its flags)."""
+    if isinstance(opts, TrainOptions):
+        return opts.model, opts.epochs
+    return TrainOptions.model, None
+
+
+def builtin_task(opts: RunOptions, sandbox: bool = False) -> TaskJob:
+    """``opts.task``, or for TrainOptions without one the built-in MNIST task with its trainer
+    flags (an engine.TaskJob). Raises ValueError for other options without a task."""
     from ..execute import engine
-    return opts.task if opts.task is not None else engine.builtin_job("mnist", mnist_args(opts, sandbox))
+    if opts.task is not None:
+        return opts.task
+    if not isinstance(opts, TrainOptions):
+        raise ValueError(f"{type(opts).__name__} without a task")
+    return engine.builtin_job("mnist", mnist_args(opts, sandbox))
 
 
-def check_estimate(aws: Aws, settings: Settings, opts: TrainOptions, backend: str, ui: ReporterLike) -> costs.Estimate:
+def check_estimate(aws: Aws, settings: Settings, opts: RunOptions, backend: str, ui: ReporterLike) -> costs.Estimate:
     """Estimate the run, tell the user, and refuse it (UsageError) when above ``opts.budget_usd``,
     when the job alone would outlast ``opts.max_runtime_minutes`` (the instance would end itself
     first), or when ``opts.max_price`` is below the spot price in every zone. Creates nothing."""
@@ -168,8 +140,9 @@ def check_estimate(aws: Aws, settings: Settings, opts: TrainOptions, backend: st
         est = costs.estimate_job(aws, settings.home, opts.instance_types[0], opts.spot, minutes * 60, source, backend,
                                  opts.max_price)
     else:
-        est = costs.estimate_run(aws, settings.home, opts.instance_types[0], opts.spot, opts.model, opts.epochs,
-                                 backend, opts.max_price)
+        model, epochs = preset(opts)
+        est = costs.estimate_run(aws, settings.home, opts.instance_types[0], opts.spot, model, epochs, backend,
+                                 opts.max_price)
     if opts.nodes > 1 and est.cost_usd is not None:  # N instances for the same time (docs/cost-model.md)
         from dataclasses import replace
         est = replace(est, cost_usd=round(est.cost_usd * opts.nodes, 6))
@@ -200,7 +173,7 @@ def check_estimate(aws: Aws, settings: Settings, opts: TrainOptions, backend: st
     return est
 
 
-def _at_most(aws: Aws, settings: Settings, opts: TrainOptions, backend: str, ui: ReporterLike,
+def _at_most(aws: Aws, settings: Settings, opts: RunOptions, backend: str, ui: ReporterLike,
              why: str) -> costs.Estimate:
     """The estimate of a task whose job time nothing says (``why``: its first run on this type, no
     --expect): its price per hour and the most it can cost, at its limit (runs/plan/limits.py), said to
@@ -227,12 +200,12 @@ def _at_most(aws: Aws, settings: Settings, opts: TrainOptions, backend: str, ui:
     return est
 
 
-def _limit_words(opts: TrainOptions) -> str:
+def _limit_words(opts: LaunchOptions) -> str:
     from ..plan import limits
     return limits.Limit(opts.max_runtime_minutes, opts.limit_source or "").words()
 
 
-def _say_limit(opts: TrainOptions, ui: ReporterLike) -> None:
+def _say_limit(opts: LaunchOptions, ui: ReporterLike) -> None:
     """One line before launch: the run's limit and where it comes from (a user's task only)."""
     if opts.limit_source is None:
         return
@@ -245,7 +218,7 @@ def _say_limit(opts: TrainOptions, ui: ReporterLike) -> None:
                 "checkpoint (--max-runtime 8h raises it, none removes it)")
 
 
-def budget_hint(opts: TrainOptions, time_source: str) -> str:
+def budget_hint(opts: RunOptions, time_source: str) -> str:
     """How to get under --budget (pure): fewer --epochs only for the built-in trainer, the one job
     that takes them; a user's task is told where its job's time came from (``time_source``:
     costs.estimate_minutes' past runs, --expect or the task's max_runtime)."""
@@ -280,7 +253,7 @@ def _ledger(settings: Settings, row: Mapping[str, Any], ui: ReporterLike) -> Non
             ui.note(said)
 
 
-def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: ReporterLike, backend: Backend = AWS) -> run_record.RunRecord:
+def train(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, backend: Backend = AWS) -> run_record.RunRecord:
     """Run ``opts`` on a new instance end to end; return the run record (also saved as run.json).
 
     Shows the estimate first and refuses (UsageError, nothing created) a run above the budget. The
@@ -292,7 +265,7 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: ReporterLike, ba
     recovery.AttemptsExhausted (all after teardown); KeyboardInterrupt after teardown.
     """
     opts, itype = _check_options(opts, ui)
-    if backend.is_sandbox and opts.task is None:  # the built-in job: its data, before anything is created
+    if backend.is_sandbox and opts.task is None and isinstance(opts, TrainOptions):  # the built-in job's data, first
         opts = replace(opts, trainer_args=[*opts.trainer_args, *sandbox_data_args(opts.trainer_args)])
     job = builtin_task(opts, sandbox=backend.is_sandbox)
     opts = replace(opts, task=job)
@@ -308,10 +281,10 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: ReporterLike, ba
     run_id = new_run_id()
     out = Path(opts.out or Path("runs") / run_id).resolve()
     prov = provision.Provisioned(run_id, bake=opts.bake is not None)
-    mnist = job.builtin == "mnist" and opts.bake is None
+    mnist, (model, epochs) = job.builtin == "mnist" and opts.bake is None, preset(opts)
     record = run_record.new(run_id, opts.command, backend.name, out, instance_type=itype.name, gpu=itype.gpu,
                             market="spot" if opts.spot else "on-demand", task="bake" if opts.bake else job.name,
-                            model=opts.model if mnist else None, epochs=opts.epochs if mnist else None,
+                            model=model if mnist else None, epochs=epochs if mnist else None,
                             region=aws.region, estimated_cost_usd=None if est.upper_bound else est.cost_usd,
                             estimate=est.as_dict())
     _ledger(settings, record, ui)
@@ -341,7 +314,7 @@ def train(aws: Aws, settings: Settings, opts: TrainOptions, ui: ReporterLike, ba
                            f"{run_id}); the instances also terminate themselves after --max-runtime")
 
 
-def _teardown_and_bill(aws: Aws, settings: Settings, opts: TrainOptions, prov: provision.Provisioned,
+def _teardown_and_bill(aws: Aws, settings: Settings, opts: RunOptions, prov: provision.Provisioned,
                        record: run_record.RunRecord, ui: ReporterLike) -> None:
     """Remove what the run created (unless --keep) and bill its attempts into ``record``; never
     raises (what teardown could not remove is in record["teardown_failed"])."""
@@ -358,7 +331,7 @@ def _teardown_and_bill(aws: Aws, settings: Settings, opts: TrainOptions, prov: p
             ui.note(f"warning: could not compute the bill ({type(exc).__name__}: {exc})")
 
 
-def _check_options(opts: TrainOptions, ui: ReporterLike) -> tuple[TrainOptions, catalog.InstanceType]:
+def _check_options(opts: _Run, ui: ReporterLike) -> tuple[_Run, catalog.InstanceType]:
     """Refuse bad options before any AWS call (UsageError: nothing created, no ledger row); return
     ``opts`` with its instance types in canonical names, and the first one's catalog entry."""
     if any(not t.strip() for t in opts.instance_type.split(",")):
@@ -400,7 +373,7 @@ def _with_summary(record: run_record.RunRecord, summary: dict[str, Any]) -> run_
     return record
 
 
-def _run_attempts(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, ui: ReporterLike, prov: provision.Provisioned,
+def _run_attempts(aws: Aws, settings: Settings, opts: RunOptions, run_id: str, ui: ReporterLike, prov: provision.Provisioned,
                   out: Path, backend: Backend, record: run_record.RunRecord) -> dict[str, Any]:
     """Attempt after attempt (recovery.py) of ``opts.task`` until its job finishes; return its summary.
 
@@ -411,7 +384,6 @@ def _run_attempts(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str,
     from ..recover import recovery
 
     attempts = record["attempts"]
-    attempt = bake.bake_attempt if opts.bake is not None else engine.run_attempt
     checkpoints = recovery.DirCheckpoints(remote="", local=out / "checkpoints", log=ui.note,
                                           **recovery.s3_home(aws, opts.checkpoint_uri, run_id))
     avoid: list[str] = []
@@ -430,7 +402,9 @@ def _run_attempts(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str,
                        "launched_at": prov.instances[0].launched_at.isoformat()})
         _ledger(settings, record, ui)
         try:
-            return attempt(aws, settings, opts, run_id, ui, prov, nodes, out, backend, n, checkpoints)
+            if isinstance(opts, BakeOptions):
+                return bake.bake_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, backend, n, checkpoints)
+            return engine.run_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, backend, n, checkpoints)
         except recovery.Interrupted as why:
             ui.note(f"attempt {n} interrupted on {', '.join(a['instance_id'] for a in mine)} "
                     f"({mine[0]['zone']}): {why.reason}")

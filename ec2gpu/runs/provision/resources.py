@@ -19,7 +19,8 @@ from ..plan import costs
 if TYPE_CHECKING:  # annotations only: pipeline imports this module
     from ...aws.instances import Instance
     from ..execute.engine import TaskJob
-    from .pipeline import TrainOptions
+    from .bake import BakePlan
+    from ..options import LaunchOptions
     from ..execute.reporter import ReporterLike
 
 
@@ -44,7 +45,7 @@ class Provisioned:
         return [i.id for i in self.instances]
 
 
-def provision(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, ui: ReporterLike,
+def provision(aws: Aws, settings: Settings, opts: LaunchOptions, run_id: str, ui: ReporterLike,
               prov: Provisioned, avoid_zones: Sequence[str] = ()) -> list[Instance]:
     """Create the key pair and security group (once per run) and launch an instance, filling
     ``prov`` as it goes; wait until it runs and return its description(s).
@@ -95,10 +96,22 @@ def provision(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, ui:
     return [running[i] for i in ids]
 
 
-def _labels(opts: TrainOptions) -> tuple[tuple[str, str], ...]:
+def _labels(opts: LaunchOptions) -> tuple[tuple[str, str], ...]:
     """The task's labels (SkyPilot's resources.labels), as (key, value) pairs for the instance tags."""
-    task = getattr(opts.task, "task", None)
-    return tuple(sorted(task.resources.labels.items())) if task is not None else ()
+    job = _job(opts)
+    return tuple(sorted(job.task.resources.labels.items())) if job is not None else ()
+
+
+def _job(opts: LaunchOptions) -> TaskJob | None:
+    """The task ``opts`` runs (RunOptions), None for instances alone (`ec2gpu launch`, notebook)."""
+    from ..options import RunOptions
+    return opts.task if isinstance(opts, RunOptions) else None
+
+
+def _bake(opts: LaunchOptions) -> BakePlan | None:
+    """The image ``opts`` makes (BakeOptions), else None."""
+    from ..options import RunOptions
+    return opts.bake if isinstance(opts, RunOptions) else None
 
 
 def check_s3_access(aws: Aws, job: TaskJob) -> None:
@@ -124,15 +137,15 @@ def check_s3_access(aws: Aws, job: TaskJob) -> None:
     job.role_boundary = iam.boundary_arn(aws.client("iam"), aws.check_credentials()["Account"])
 
 
-def _instance_role(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str, prov: Provisioned, ui: ReporterLike) -> None:
+def _instance_role(aws: Aws, settings: Settings, opts: LaunchOptions, run_id: str, prov: Provisioned, ui: ReporterLike) -> None:
     """Give the run its own instance role when its task copies from or writes to S3 (file_mounts):
     read access to exactly those prefixes, write access to the MOUNT-mode ones (``check_s3_access``
     built the policy); then make the output buckets that do not exist yet. Raises UsageError when
     IAM refuses the role for want of the permissions boundary (nothing made), botocore's
     ClientError otherwise."""
-    job = opts.task
+    job = _job(opts)
     s3 = [m for m in getattr(job, "mounts", []) if m.kind == "s3"]
-    if not s3 or opts.bake is not None or getattr(job, "role_policy", None) is None:  # an image bake runs the setup only
+    if not s3 or _bake(opts) is not None or getattr(job, "role_policy", None) is None:  # an image bake runs the setup only
         return
     import botocore.exceptions
 
@@ -160,15 +173,16 @@ def _instance_role(aws: Aws, settings: Settings, opts: TrainOptions, run_id: str
     storage.make_buckets(aws.client("s3"), job.buckets_to_make, aws.region, settings.owner, ui.note)
 
 
-def choose_image(aws: Aws, opts: TrainOptions) -> dict[str, Any]:
+def choose_image(aws: Aws, opts: LaunchOptions) -> dict[str, Any]:
     """The image to launch (as images.resolve_ami returns it): a bake's base image; else ``--ami``;
     else the newest complete image baked for this task's setup in the region (found by its
     ec2gpu:setup-hash tag) unless ``opts.baked`` is off; else the Deep Learning AMI."""
     ssm, ec2 = aws.client("ssm"), aws.ec2
-    if opts.bake is not None:
-        return images.resolve_base(ssm, ec2, opts.bake.base, opts.ami)
-    if not opts.ami and opts.baked and opts.task is not None:
-        found = baked.newest_for(ec2, baked.setup_key(opts.task.builtin, opts.task.task.setup))
+    plan, job = _bake(opts), _job(opts)
+    if plan is not None:
+        return images.resolve_base(ssm, ec2, plan.base, opts.ami)
+    if not opts.ami and opts.baked and job is not None:
+        found = baked.newest_for(ec2, baked.setup_key(job.builtin, job.task.setup))
         if found:
             tg = {t["Key"]: t["Value"] for t in found.get("Tags", [])}
             return {"ImageId": found["ImageId"], "Name": found.get("Name", ""),

@@ -17,8 +17,8 @@ from ...backend import AWS, Backend
 from ...errors import RemoteError, UsageError
 from ...settings import Settings
 from ..settle import record as run_record
+from ..options import LaunchOptions, RunOptions, TrainOptions
 from ..provision.pipeline import (
-    TrainOptions,
     _ledger,
     _status,
     _with_summary,
@@ -100,7 +100,7 @@ def exec_task(aws: Aws, settings: Settings, job: TaskJob, ui: ReporterLike, targ
     nodes, run_id, out, prov, record = _standing(aws, settings, found, out, backend, command)
     # no limit of the run's own: a standing instance keeps the one it was launched with (and a stop
     # and start clears user data's shutdown), so the agent is given none to stop the job before
-    opts = TrainOptions(task=job, nodes=len(nodes), command=command, max_runtime_minutes=None)
+    opts = RunOptions(task=job, nodes=len(nodes), command=command, max_runtime_minutes=None)
     record.update(cast(run_record.RunRecord, {"task": job.name, **(extra or {})}))  # extra: RunRecord's columns
     itype = catalog.CATALOG.get(nodes[0].type)
     record["gpu"] = itype.gpu if itype else None
@@ -124,7 +124,7 @@ def exec_task(aws: Aws, settings: Settings, job: TaskJob, ui: ReporterLike, targ
 
 
 
-def launch(aws: Aws, settings: Settings, opts: TrainOptions, ui: ReporterLike,
+def launch(aws: Aws, settings: Settings, opts: LaunchOptions, ui: ReporterLike,
            backend: Backend = AWS) -> list[dict[str, Any]]:
     """`ec2gpu launch`: provision standing instances for ``opts`` (instance types, spot, name,
     nodes, --max-runtime, idle rule), pin each one's host key (verified against its console

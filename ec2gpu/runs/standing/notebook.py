@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ...aws.instances import Instance
     from ...backend import Backend
     from ..execute.reporter import ReporterLike
-    from ..provision.pipeline import TrainOptions
+    from ..options import LaunchOptions
 
 #: On the instance, under the login's home: JupyterLab's token, record and log, setup-gpu.sh's report.
 REMOTE_DIR = "ec2gpu/notebook"
@@ -38,7 +38,7 @@ SERVER_SCRIPT = Path(__file__).resolve().parents[2] / "agent" / "notebook.py"
 TOKEN = re.compile(r"[A-Za-z0-9_-]{16,128}")
 
 
-def find_running(aws: Aws, opts: TrainOptions, ui: ReporterLike) -> Instance | None:
+def find_running(aws: Aws, opts: LaunchOptions, ui: ReporterLike) -> Instance | None:
     """The running instance ``opts.name`` names (its description; said through ``ui.note``), or
     None when ``opts.name`` is None or names none. Raises UsageError for a name that is stopped
     (`ec2gpu start` it)."""
@@ -114,7 +114,7 @@ def wait_ready(local_port: int, token: str, timeout_s: float = 180.0) -> dict[st
                       f"see its log on the instance: `ec2gpu ssh NAME -- tail ~/{REMOTE_DIR}/jupyter.log`")
 
 
-def serve(aws: Aws, settings: Settings, backend: Backend, opts: TrainOptions, ui: ReporterLike,
+def serve(aws: Aws, settings: Settings, backend: Backend, opts: LaunchOptions, ui: ReporterLike,
           show_url: Callable[[dict[str, Any]], None], local_port: int | None = None) -> dict[str, Any]:
     """Open a notebook on the running instance ``opts.name`` names, else on a new standing instance
     (runs/standing/hosts.launch: ``opts``' type, idle rule, --max-runtime), with ``open_server``; forward

@@ -1,0 +1,107 @@
+"""What each operation on new instances was asked to do: one frozen options type per operation.
+
+Each is built once by its ``api/`` function and never changed after (a step that adds to one makes
+a copy with ``dataclasses.replace``). They nest the way the operations do:
+
+- ``LaunchOptions``: new instances alone: `ec2gpu launch`, `ec2gpu notebook` on a new instance,
+  and the provisioning step of every run (runs/provision/resources.provision reads only these);
+- ``RunOptions(LaunchOptions)``: a job on them: `ec2gpu run` (a user's task), `ec2gpu exec` on
+  standing instances (its job fields only);
+- ``TrainOptions(RunOptions)``: `ec2gpu train mnist`, the built-in trainer's flags;
+- ``BenchOptions(RunOptions)``: `ec2gpu bench`;
+- ``BakeOptions(RunOptions)``: `ec2gpu image bake`, whose job is the task's setup alone.
+
+The classes are keyword-only: ``RunOptions(task=job, spot=True)``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..settings import DEFAULT_INSTANCE_TYPE
+
+if TYPE_CHECKING:
+    from ..aws.instances import IdleRule
+    from .execute.engine import TaskJob
+    from .provision.bake import BakePlan
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchOptions:
+    """New instances: which types, which market, who may reach them, how long they may live."""
+
+    instance_type: str = DEFAULT_INSTANCE_TYPE  # one type, or several in order of preference: "g4dn.xlarge,g5.xlarge"
+    spot: bool = False
+    spot_fallback: str | None = None  # "on-demand": a last on-demand try when spot has no capacity
+    max_price: float | None = None  # spot: the highest USD/h to pay
+    ssh_cidr: str | None = None  # who may reach SSH (default: this machine's address /32)
+    ami: str | None = None  # an image id or alias (default: the Deep Learning AMI)
+    baked: bool = True  # launch from the newest image baked for the task's setup, when there is one
+    name: str | None = None  # the Name tag (default ec2gpu-RUN_ID)
+    nodes: int = 1  # instances launched together (a cluster placement group when > 1)
+    max_runtime_minutes: int | None = 120  # instances end themselves after this (None: no limit): runs/plan/limits.py
+    limit_source: str | None = None  # where max_runtime_minutes comes from, said before launch
+    idle: IdleRule | None = None  # aws.instances.IdleRule: a standing instance stops or ends itself when idle
+
+    @property
+    def instance_types(self) -> list[str]:
+        """The types to try, in order of preference (``instance_type`` split at commas)."""
+        return [t.strip() for t in self.instance_type.split(",") if t.strip()]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOptions(LaunchOptions):
+    """A job on new instances: its task, where its results go, what it may cost, how it recovers."""
+
+    task: TaskJob | None = None  # engine.TaskJob; None only in TrainOptions before pipeline.train sets the built-in
+    out: Path | None = None  # default runs/<run-id>
+    keep: bool = False  # leave the instances running after the job
+    command: str = "ec2gpu run"  # as typed, for the ledger
+    budget_usd: float | None = None  # refuse a run whose estimate is above this (USD)
+    expect_minutes: float | None = None  # the job's expected time (--expect), when the ledger has none
+    max_attempts: int | None = None  # instances to try before giving up; None: 3 with spot, else 1
+    checkpoint_uri: str | None = None  # s3://bucket/prefix: a second home for checkpoints
+    unreachable_s: float = 120.0  # SSH unreachable this long (s) counts as a lost instance
+
+    @property
+    def attempts_allowed(self) -> int:
+        """Instances this run may try (one per attempt): ``max_attempts``, else 3 with spot, 1 without."""
+        return self.max_attempts or (3 if self.spot else 1)
+
+    @property
+    def bake(self) -> BakePlan | None:
+        """The image this run makes instead of running a job (BakeOptions), else None."""
+        return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainOptions(RunOptions):
+    """`ec2gpu train mnist`: the built-in trainer's preset and flags (tasks/builtin/mnist.yaml)."""
+
+    command: str = "ec2gpu train mnist"
+    model: str = "cnn"
+    epochs: int | None = None  # None: the preset's
+    seed: int = 0
+    trainer_args: list[str] = field(default_factory=list)  # passed through to the trainer
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchOptions(RunOptions):
+    """`ec2gpu bench`: the built-in benchmark on each of ``instance_types`` (or this machine)."""
+
+    command: str = "ec2gpu bench"
+    quick: bool = False  # the short benchmark (runs/provision/bench.EXPECT_MINUTES)
+    data_dir: str | None = None  # MNIST on this machine (--local, or the sandbox's instances)
+    max_runtime_minutes: int | None = 60
+
+
+@dataclass(frozen=True, kw_only=True)
+class BakeOptions(RunOptions):
+    """`ec2gpu image bake`: a builder instance runs the task's setup and becomes an image (``plan``)."""
+
+    plan: BakePlan
+
+    @property
+    def bake(self) -> BakePlan:
+        return self.plan
