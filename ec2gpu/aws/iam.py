@@ -16,6 +16,12 @@ multipart upload's Create/UploadPart/Complete calls), ListBucket (ListObjectsV2,
 GetBucketLocation on buckets (``arn:aws:s3:::BUCKET``); ListBucket's ``s3:prefix`` condition key
 limits which prefixes may be listed
 (https://docs.aws.amazon.com/AmazonS3/latest/userguide/amazon-s3-policy-keys.html).
+
+A detached run's role (issue 30) gets ``detached_policy`` instead (or ``combined`` with the file_mounts
+policy): its own run's prefix ``runs/RUN_ID/`` of the run bucket, and the end of its own Auto
+Scaling group, nothing else; the permissions boundary docs/iam-instance-boundary.json holds every
+run role to the same, through the role's own ``ec2gpu:run`` tag (docs/security.md, "A detached
+run's instance reaches only its own run").
 """
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ from typing import Any, TypeVar
 
 import botocore.exceptions
 
+from ..errors import UsageError
 from . import tags as T
 from .session import Client, Item, error_code
 
@@ -72,6 +79,18 @@ _TAG_VALUE_BAD = re.compile(r"[^\w .:/=+\-@]")
 #: variables so that an S3 key holding them is matched literally and never widens the grant
 #: (https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_variables.html, special characters)
 _IAM_SPECIAL = {"*": "${*}", "?": "${?}", "$": "${$}"}
+#: run ids as runs/provision/pipeline.new_run_id makes them: YYYYmmdd-HHMMSS-xxxx (UTC; 4 lowercase hex)
+_RUN_ID = re.compile(r"[0-9]{8}-[0-9]{6}-[0-9a-f]{4}")
+#: AWS region names (us-east-1, ap-southeast-2, us-gov-west-1): lowercase words and a number
+_REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-[0-9]{1,2}")
+#: AWS account ids: 12 digits
+_ACCOUNT = re.compile(r"[0-9]{12}")
+#: a detached run's group and launch template are named GROUP_PREFIX + RUN_ID (aws/groups.PREFIX and
+#: name_of; not imported, so that groups.py may import this module; tests/unit/test_detached_policy.py
+#: checks that the two agree)
+GROUP_PREFIX = "ec2gpu-"
+#: the run bucket's prefix of every run's data: runs/RUN_ID/ (issue 30)
+RUNS = "runs/"
 #: IAM's "missing" and "refused" codes (https://docs.aws.amazon.com/IAM/latest/APIReference/CommonErrors.html)
 GONE = "NoSuchEntity"
 REFUSED = frozenset({"AccessDenied", "AccessDeniedException", "UnauthorizedOperation"})
@@ -169,6 +188,125 @@ def s3_policy(reads: list[tuple[str, str]], writes: list[tuple[str, str]]) -> di
     return policy
 
 
+# --- a detached run's role (issue 30, item 6) ---------------------------------------------------
+
+def run_prefix(run_id: str) -> str:
+    """The key prefix of run ``run_id``'s data in the run bucket, ``runs/RUN_ID/`` (pure). Raises
+    UsageError for a run id not of the form new_run_id makes (``check_run_id``)."""
+    return f"{RUNS}{check_run_id(run_id)}/"
+
+
+def check_run_id(run_id: str) -> str:
+    """``run_id`` if it has the form runs/provision/pipeline.new_run_id makes, YYYYmmdd-HHMMSS-xxxx
+    (UTC date and time, 4 lowercase hex digits: ASCII only, nothing else), else UsageError. What
+    such an id cannot hold is the point: no ``*``, ``?``, ``$``, ``/`` or ``..``, so a prefix or
+    group name made from it is one run's and matches nothing else in an IAM pattern."""
+    if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
+        raise UsageError(f"{str(run_id)[:80]!r} is not a run id",
+                         "a run id is YYYYmmdd-HHMMSS-xxxx (UTC, 4 lowercase hex digits), as `ec2gpu runs` lists them")
+    return run_id
+
+
+def detached_policy(bucket: str, run_id: str, group_name: str, region: str, account_id: str) -> dict[str, Any]:
+    """The inline policy of a detached run's instance role (pure): the agent may read and write
+    its own run's objects, list its own run's prefix, and end its own Auto Scaling group; nothing
+    else (issue 30, item 6). Give it to ``create_run_role`` as ``policy`` (with a file_mounts
+    policy too: ``combined(detached_policy(...), s3_policy(...))``).
+
+    ``bucket``: the run bucket (``ec2gpu-ACCOUNT-REGION``); ``run_id``: YYYYmmdd-HHMMSS-xxxx;
+    ``group_name``: the run's group, which must be ``ec2gpu-RUN_ID`` (aws/groups.name_of);
+    ``region``: the group's region (e.g. us-east-1); ``account_id``: 12 digits.
+
+    Returns {"Version": "2012-10-17", "Statement": [...]} with, in order:
+
+    - "RunObjects": s3:AbortMultipartUpload, s3:GetObject, s3:PutObject on
+      ``arn:aws:s3:::BUCKET/runs/RUN_ID/*`` only. PutObject also covers a multipart upload's
+      Create/UploadPart/Complete, and HeadObject is authorised as GetObject. No s3:DeleteObject:
+      the agent replaces a file (status.json, the latest checkpoint) by putting the same key
+      again, which S3 overwrites; it never removes one, and removing is the user's (`cancel`,
+      `cleanup`) or the bucket's lifecycle rule's. No s3:GetBucketLocation: the agent's client is
+      made for the run's region, which is the bucket's (its name says so).
+    - "ListRunPrefix": s3:ListBucket on ``arn:aws:s3:::BUCKET`` only when the request's
+      ``s3:prefix`` is ``runs/RUN_ID/`` or under it (StringLike; a listing with no prefix, or
+      with ``runs/`` or another run's prefix, has no match and is refused).
+    - Both S3 statements also require ``s3:ResourceAccount`` = ``account_id``: a bucket of that
+      name in another account (one made first by someone else: bucket names are global and this
+      one is predictable) is refused rather than written to.
+    - "EndOwnGroup": autoscaling:UpdateAutoScalingGroup on the group's ARN
+      ``arn:aws:autoscaling:REGION:ACCOUNT:autoScalingGroup:*:autoScalingGroupName/GROUP`` (the
+      ``*`` is the group's id, which AWS assigns) AND only when the group carries the tag
+      ``ec2gpu:run`` = RUN_ID (``autoscaling:ResourceTag/ec2gpu:run``) AND only when the request
+      sets MinSize and MaxSize to 0 (``autoscaling:MinSize``/``autoscaling:MaxSize``, NumericEquals):
+      the role can end its group (aws/groups.end), never grow it or change what it launches.
+    - "LowerOwnGroup": autoscaling:SetDesiredCapacity on the same group, same tag. The group's
+      MaxSize bounds it (the run's size, or 0 once ended), which only the user's credentials and
+      the deadline action set.
+
+    Actions, resource types and condition keys: the Service Authorization Reference for Amazon S3
+    (https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazons3.html; the
+    s3:prefix key: https://docs.aws.amazon.com/AmazonS3/latest/userguide/amazon-s3-policy-keys.html)
+    and for Amazon EC2 Auto Scaling
+    (https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazonec2autoscaling.html:
+    the autoScalingGroup resource type and its ARN; autoscaling:ResourceTag/${TagKey},
+    autoscaling:MinSize and autoscaling:MaxSize on UpdateAutoScalingGroup).
+    autoscaling:DescribeAutoScalingGroups is left out: it has no resource-level permissions (that
+    reference lists no resource type for it, so it could only be granted on ``*``), and it would
+    show every group of the account and region, their tags (other runs' ids and owners),
+    instances, templates and subnets. The agent needs none of that: its group's name is
+    ``ec2gpu-RUN_ID``, which it knows.
+
+    Raises UsageError (with a hint) for a bucket name S3 does not allow (``check_bucket``), a run id
+    not of the form above (``check_run_id``), a group name other than ``ec2gpu-RUN_ID``, a region
+    or an account id that is not one: so no ``*``, ``?``, ``$``, ``/`` or another prefix can reach
+    a Resource or a condition value.
+    """
+    try:
+        check_bucket(bucket)
+    except ValueError as exc:
+        raise UsageError(str(exc), "the run bucket is ec2gpu-ACCOUNT-REGION (`ec2gpu doctor` checks it)") from None
+    prefix = run_prefix(run_id)
+    if group_name != f"{GROUP_PREFIX}{run_id}":
+        raise UsageError(f"{str(group_name)[:80]!r} is not the group of run {run_id}",
+                         f"a detached run's group is named {GROUP_PREFIX}{run_id} (aws/groups.name_of)")
+    if not isinstance(region, str) or not _REGION.fullmatch(region):
+        raise UsageError(f"{str(region)[:40]!r} is not an AWS region", "e.g. --region us-east-1")
+    if not isinstance(account_id, str) or not _ACCOUNT.fullmatch(account_id):
+        raise UsageError(f"{str(account_id)[:40]!r} is not an AWS account id", "12 digits, as sts get-caller-identity says")
+    in_account = {"s3:ResourceAccount": account_id}
+    group = f"arn:aws:autoscaling:{region}:{account_id}:autoScalingGroup:*:autoScalingGroupName/{group_name}"
+    tagged = {f"autoscaling:ResourceTag/{T.RUN}": run_id}
+    statements: list[dict[str, Any]] = [
+        {"Sid": "RunObjects", "Effect": "Allow", "Action": ["s3:AbortMultipartUpload", "s3:GetObject", "s3:PutObject"],
+         "Resource": f"arn:aws:s3:::{bucket}/{prefix}*", "Condition": {"StringEquals": in_account}},
+        {"Sid": "ListRunPrefix", "Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": f"arn:aws:s3:::{bucket}",
+         "Condition": {"StringLike": {"s3:prefix": [prefix, f"{prefix}*"]}, "StringEquals": in_account}},
+        {"Sid": "EndOwnGroup", "Effect": "Allow", "Action": ["autoscaling:UpdateAutoScalingGroup"], "Resource": group,
+         "Condition": {"StringEquals": tagged,
+                       "NumericEquals": {"autoscaling:MinSize": "0", "autoscaling:MaxSize": "0"}}},
+        {"Sid": "LowerOwnGroup", "Effect": "Allow", "Action": ["autoscaling:SetDesiredCapacity"], "Resource": group,
+         "Condition": {"StringEquals": tagged}},
+    ]
+    return {"Version": "2012-10-17", "Statement": statements}
+
+
+def combined(*policies: dict[str, Any]) -> dict[str, Any]:
+    """One policy document holding the statements of ``policies`` in order (pure), for a run
+    role's one inline policy: a detached run with S3 file_mounts gets ``detached_policy`` and
+    ``s3_policy`` together. Raises ValueError when there is no policy, when two statements share a
+    Sid, or when the result is over IAM's 10,240 characters for a role's inline policies."""
+    if not policies:
+        raise ValueError("combined: no policy")
+    statements = [s for p in policies for s in p["Statement"]]
+    sids = [s["Sid"] for s in statements if "Sid" in s]
+    if len(sids) != len(set(sids)):
+        raise ValueError(f"combined: statement ids repeat: {sorted(s for s in set(sids) if sids.count(s) > 1)}")
+    policy = {"Version": "2012-10-17", "Statement": statements}
+    size = len(json.dumps(policy, separators=(",", ":")))
+    if size > MAX_POLICY_CHARS:
+        raise ValueError(f"combined: {size} characters, over IAM's {MAX_POLICY_CHARS} for a role's inline policies")
+    return policy
+
+
 def profile_not_ready(exc: BaseException, profile_created_at: float, now: float) -> bool:
     """Whether a RunInstances error ``exc`` is EC2 not seeing a just-made instance profile yet (pure):
     a ClientError coded InvalidParameterValue less than PROFILE_PROPAGATION_S (60 s) after
@@ -258,7 +396,8 @@ def create_run_role(iam: Client, run_id: str, owner: str, policy: dict[str, Any]
     made: list[str] = []
     try:
         iam.create_role(RoleName=name, Path=PATH, AssumeRolePolicyDocument=json.dumps(TRUST), Tags=tags,
-                        Description=f"ec2gpu run {run_id}: S3 access of its file_mounts; removed with the run",
+                        Description=f"ec2gpu run {run_id}: its instance's S3 access (detached: its own group's end); "
+                                    "removed with the run",
                         **({"PermissionsBoundary": boundary} if boundary else {}))
         made.append("role")
         _retry_gone(lambda: iam.put_role_policy(RoleName=name, PolicyName=POLICY_NAME,

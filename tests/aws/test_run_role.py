@@ -243,7 +243,38 @@ def test_the_accounts_permissions_boundary_is_found_and_given_to_the_role(aws, i
         iam.delete_policy(PolicyArn=arn)
     allowed = {a for s in json.loads(doc)["Statement"] for a in s["Action"]}
     assert allowed == {"s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload", "s3:ListBucket",
-                       "s3:GetBucketLocation"}
+                       "s3:GetBucketLocation", "autoscaling:UpdateAutoScalingGroup", "autoscaling:SetDesiredCapacity"}
+
+
+RUN = "20261125-100000-ab12"
+
+
+def test_a_detached_runs_role_takes_its_policy_under_the_boundary(aws, iam):
+    """create_run_role takes detached_policy as it is (alone, or combined with a file_mounts policy),
+    IAM (moto) accepts it and the boundary, and the role carries the ec2gpu:run tag the boundary's
+    ``${aws:PrincipalTag/ec2gpu:run}`` reads. moto does not enforce either: the scoping is shown by
+    tests/unit/test_detached_policy.py's evaluation."""
+    from pathlib import Path
+    from ec2gpu.aws import groups
+    account = aws.check_credentials()["Account"]
+    policy = roles.detached_policy(f"ec2gpu-{account}-us-east-1", RUN, groups.name_of(RUN), "us-east-1", account)
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "iam-instance-boundary.json").read_text()
+    arn = iam.create_policy(PolicyName=roles.BOUNDARY_NAME, Path="/ec2gpu/", PolicyDocument=doc)["Policy"]["Arn"]
+    try:
+        for inline in (policy, roles.combined(policy, POLICY)):
+            name = roles.create_run_role(iam, RUN, "alice", inline, region="us-east-1", boundary=arn)
+            try:
+                got = iam.get_role_policy(RoleName=name, PolicyName=roles.POLICY_NAME)["PolicyDocument"]
+                assert (json.loads(got) if isinstance(got, str) else got) == inline
+                role = iam.get_role(RoleName=name)["Role"]
+                assert role["PermissionsBoundary"]["PermissionsBoundaryArn"] == arn
+                tags = {t["Key"]: t["Value"] for t in iam.list_role_tags(RoleName=name)["Tags"]}
+                assert tags["ec2gpu:run"] == RUN
+            finally:
+                roles.delete_run_role(iam, name)
+            assert _gone(iam, name)
+    finally:
+        iam.delete_policy(PolicyArn=arn)
 
 
 def _resources(doc: dict, sids: set[str] | None = None) -> set[str]:
@@ -256,12 +287,23 @@ def _resources(doc: dict, sids: set[str] | None = None) -> set[str]:
 
 def test_the_boundary_reaches_no_bucket_the_users_own_policy_does_not():
     """A run role is the user's way to S3 from the instance: under the boundary it can reach only
-    the buckets the user's own policy names for file_mounts, never `*` (else CreateRole +
-    PutRolePolicy would lift the user's S3 limits)."""
+    the buckets the user's own policy names for file_mounts and the ec2gpu-* run buckets (only its
+    own run's prefix there), and end only ec2gpu-* groups, never `*` (else CreateRole +
+    PutRolePolicy would lift the user's limits). Request by request:
+    tests/unit/test_detached_policy.py::test_what_the_boundary_allows_the_users_own_policy_allows."""
     from pathlib import Path
     docs = Path(__file__).resolve().parents[2] / "docs"
     boundary = json.loads((docs / "iam-instance-boundary.json").read_text())
     user = json.loads((docs / "iam-policy.json").read_text())
     reach = _resources(boundary)
-    assert "*" not in reach and all(r.startswith("arn:aws:s3:::") for r in reach)
-    assert reach == _resources(user, {"FileMountsObjects", "FileMountsBucketsCheckedOrCreated"})
+    assert "*" not in reach and all(r.startswith(("arn:aws:s3:::", "arn:aws:autoscaling:")) for r in reach)
+    file_mounts = {"RunRolesMayOnlyReadAndWriteObjectsOfTheFileMountsBuckets", "RunRolesMayListTheFileMountsBuckets"}
+    assert _resources(boundary, file_mounts) == _resources(user, {"FileMountsObjects",
+                                                                  "FileMountsBucketsCheckedOrCreated"})
+    assert _resources(boundary, {s["Sid"] for s in boundary["Statement"]} - file_mounts) == {
+        "arn:aws:s3:::ec2gpu-*/runs/${aws:PrincipalTag/ec2gpu:run}/*", "arn:aws:s3:::ec2gpu-*",
+        "arn:aws:autoscaling:*:*:autoScalingGroup:*:autoScalingGroupName/ec2gpu-*"}
+    assert _resources(user, {"RunDataOnlyInYourAccountsBuckets", "RunBucketConfiguredAndCheckedOnlyInYourAccount",
+                             "ChangeAndDeleteOnlyEc2gpuGroups"}) == {
+        "arn:aws:s3:::ec2gpu-*/*", "arn:aws:s3:::ec2gpu-*",
+        "arn:aws:autoscaling:*:*:autoScalingGroup:*:autoScalingGroupName/ec2gpu-*"}

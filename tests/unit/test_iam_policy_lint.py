@@ -37,8 +37,11 @@ def test_ports_can_be_opened_only_on_groups_the_tool_tagged():
                            and s["Condition"] == {"Null": {"aws:ResourceTag/ec2gpu:run": "false"}} for s in opening)
 
 
-def test_the_spot_service_linked_role_may_be_created_for_spot_only():
+def test_the_service_linked_roles_may_be_created_for_spot_and_auto_scaling_only():
     statements = json.loads(POLICY.read_text())["Statement"]
-    (slr,) = [s for s in statements if "iam:CreateServiceLinkedRole" in s["Action"]]
-    assert slr["Condition"] == {"StringEquals": {"iam:AWSServiceName": "spot.amazonaws.com"}}
-    assert slr["Resource"].endswith("/spot.amazonaws.com/AWSServiceRoleForEC2Spot")
+    slrs = {s["Condition"]["StringEquals"]["iam:AWSServiceName"]: s["Resource"] for s in statements
+            if "iam:CreateServiceLinkedRole" in s["Action"]}
+    assert slrs == {"spot.amazonaws.com": "arn:aws:iam::*:role/aws-service-role/spot.amazonaws.com/AWSServiceRoleForEC2Spot",
+                    "autoscaling.amazonaws.com": "arn:aws:iam::*:role/aws-service-role/autoscaling.amazonaws.com/"
+                                                 "AWSServiceRoleForAutoScaling"}
+    assert all(list(s["Condition"]) == ["StringEquals"] for s in statements if "iam:CreateServiceLinkedRole" in s["Action"])
