@@ -235,10 +235,11 @@ def _prefixed(log: Log, prefix: str) -> Log:
 
 def cleanup(*, dry_run: bool = False, all_regions: bool = False, fetch: bool = True, region: Optional[str] = None,
             sandbox: bool = False, log: Log = _quiet, warn: Optional[Log] = None) -> dict:
-    """Find by tag and remove everything ec2gpu created (aws/sweep.KINDS: instances, spot requests,
-    security groups, key pairs and their key files, placement groups, roles, images and snapshots
-    of bakes that did not complete), best-effort: a kind that cannot go is left and named, the rest
-    still goes. ``fetch``: first bring home what the jobs of runs whose controller died wrote.
+    """Find by tag and remove everything ec2gpu created (aws/sweep.KINDS: Auto Scaling groups,
+    instances, spot requests, security groups, key pairs and their key files, placement groups,
+    roles, launch templates, images and snapshots of bakes that did not complete), best-effort: a
+    kind that cannot go is left and named, the rest still goes. ``fetch``: first bring home what
+    the jobs of runs whose controller died wrote.
     Returns {"dry_run": bool, "regions": {region: {kind: [ids], "left": [ids it could not remove]}},
     "searched": [regions looked in]} (regions where nothing was found are left out of "regions").
     Raises NoCredentials, AwsError."""
@@ -258,14 +259,14 @@ def cleanup(*, dry_run: bool = False, all_regions: bool = False, fetch: bool = T
         for name in regions:
             aws = ctx.aws.in_region(name)
             say = _prefixed(log, f"{name}: ")
-            found = sweep.inventory(aws.ec2, log=say, iam=aws.client("iam"))
+            found = sweep.inventory(aws.ec2, log=say, iam=aws.client("iam"), autoscaling=aws.client("autoscaling"))
             if not any(found.values()):
                 continue
             if dry_run:
                 report[name] = {k: [r["id"] for r in v] for k, v in found.items()}
             else:
                 report[name] = sweep.delete_everything(aws.ec2, found, ctx.settings.keys_dir, log=say,
-                                                       iam=aws.client("iam"))
+                                                       iam=aws.client("iam"), autoscaling=aws.client("autoscaling"))
         if not dry_run:
             settle(ctx, log=log, warn=warn)
     return {"dry_run": dry_run, "regions": report, "searched": regions}
@@ -275,7 +276,8 @@ def down(name: Optional[str] = None, *, all: bool = False, fetch: bool = True,  
          region: Optional[str] = None, sandbox: bool = False, log: Log = _quiet, warn: Optional[Log] = None) -> dict:
     """Terminate the instances of the runs called ``name`` (a Name tag, instance id, run id or
     cluster; or ``all`` of ec2gpu's in the region) and delete what they made (aws/sweep.delete_run:
-    security groups, key pairs, placement groups, roles), best-effort. ``fetch``: first bring home
+    security groups, key pairs, placement groups, roles, a detached run's Auto Scaling group and
+    launch template), best-effort. ``fetch``: first bring home
     what the job of a run whose controller died wrote; its bill is settled from the instances' own
     times. Returns {run_id: {kind: [ids removed], "left": [ids it could not remove]}}. Raises
     UsageError (neither or both of ``name`` and ``all``; nothing of ec2gpu's called ``name``)
@@ -299,7 +301,8 @@ def down(name: Optional[str] = None, *, all: bool = False, fetch: bool = True,  
         settle(ctx, set(), ended=False, log=log, warn=warn)  # a stopped instance's stop is dated before it goes
         removed = {}
         for run_id in sorted(r for r in runs if r):
-            removed[run_id] = sweep.delete_run(ec2, run_id, ctx.settings.keys_dir, log=log, iam=ctx.aws.client("iam"))
+            removed[run_id] = sweep.delete_run(ec2, run_id, ctx.settings.keys_dir, log=log, iam=ctx.aws.client("iam"),
+                                               autoscaling=ctx.aws.client("autoscaling"))
         settle(ctx, set(removed), keep=set(removed), log=log, warn=warn)
     return removed
 

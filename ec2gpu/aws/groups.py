@@ -132,15 +132,61 @@ def find_templates(ec2: Client, run_id: str | None = None) -> list[dict[str, Any
     return [t for page in pages for t in cast("list[dict[str, Any]]", page["LaunchTemplates"])]
 
 
+#: DeleteAutoScalingGroup's answers while the group is still launching or ending something: worth
+#: another try (https://docs.aws.amazon.com/autoscaling/ec2/APIReference/API_DeleteAutoScalingGroup.html)
+BUSY = frozenset({"ScalingActivityInProgress", "ResourceInUse"})
+
+
+def delete_group(autoscaling: Client, name: str, wait_s: float = 60.0, delay_s: float = 5.0) -> None:
+    """Delete the group ``name`` with ForceDelete (its instances terminate with it), trying again
+    every ``delay_s`` for up to ``wait_s`` seconds while AWS answers BUSY; a group no longer
+    listed is fine. Raises botocore's ClientError otherwise (or the last BUSY one)."""
+    import botocore.exceptions
+    import tenacity
+
+    from .session import error_code
+
+    def busy(exc: BaseException) -> bool:
+        return isinstance(exc, botocore.exceptions.ClientError) and error_code(exc) in BUSY
+
+    for attempt in tenacity.Retrying(retry=tenacity.retry_if_exception(busy), wait=tenacity.wait_fixed(delay_s),
+                                     stop=tenacity.stop_after_delay(wait_s), reraise=True):
+        with attempt:
+            try:
+                autoscaling.delete_auto_scaling_group(AutoScalingGroupName=name, ForceDelete=True)
+            except botocore.exceptions.ClientError as exc:
+                # a missing group is a ValidationError, a code shared with bad requests: ask again
+                listed = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[name])["AutoScalingGroups"]
+                if error_code(exc) in BUSY or listed:
+                    raise
+
+
+def delete_template(ec2: Client, *, name: str | None = None, template_id: str | None = None) -> None:
+    """Delete the launch template called ``name`` (or with id ``template_id``); one no longer
+    listed is fine (EC2 answers InvalidLaunchTemplateName.NotFoundException or
+    InvalidLaunchTemplateId.NotFound, moto MissingParameter). Raises botocore's ClientError
+    otherwise, ValueError without a name or id."""
+    import botocore.exceptions
+    if (name is None) == (template_id is None):
+        raise ValueError("give the launch template's name or its id")
+    which = {"LaunchTemplateName": name} if name is not None else {"LaunchTemplateId": template_id}
+    try:
+        ec2.delete_launch_template(**which)
+    except botocore.exceptions.ClientError:
+        key, value = next(iter(which.items()))
+        if any(t[key] == value for t in find_templates(ec2)):
+            raise
+
+
 def delete(ec2: Client, autoscaling: Client, run_id: str) -> list[str]:
     """Remove the run's group (ForceDelete: its instances are terminated with it) and then its
     launch template, each if it is listed; return what was removed ("group NAME", "launch
     template NAME"). Raises botocore's ClientError when AWS refuses."""
     name, removed = name_of(run_id), []
     if any(g["AutoScalingGroupName"] == name for g in find_groups(autoscaling, run_id)):
-        autoscaling.delete_auto_scaling_group(AutoScalingGroupName=name, ForceDelete=True)
+        delete_group(autoscaling, name)
         removed.append(f"group {name}")
     if any(t["LaunchTemplateName"] == name for t in find_templates(ec2, run_id)):
-        ec2.delete_launch_template(LaunchTemplateName=name)
+        delete_template(ec2, name=name)
         removed.append(f"launch template {name}")
     return removed

@@ -2,7 +2,10 @@
 
 A run's instance role (aws/iam.py) is found and removed too when an IAM client is given (``iam``):
 IAM is global, so a sweep of one region takes only the roles tagged with that region, and an
-untagged one only when its run still holds something there (``find_instance_roles``).
+untagged one only when its run still holds something there (``find_instance_roles``). A detached
+run's Auto Scaling group and launch template (aws/groups.py) are found and removed when an Auto
+Scaling client is given (``autoscaling``): the group before its instances, which it would
+otherwise replace.
 """
 from __future__ import annotations
 
@@ -97,7 +100,8 @@ class Kind:
     ``find(clients, run_id, log) -> rows`` ({"id", "run_id", "name", ...}); ``remove(clients, id,
     log)`` (the list of ids when ``batch``; raises botocore's ClientError, AwsError or WaitTimeout
     when it fails, and all it was given counts as left); ``after``: the kinds that must be gone first (else this one is
-    not tried and is reported left); ``iam``: it needs an IAM client; ``refind``: below."""
+    not tried and is reported left); ``needs``: the client it works with besides EC2's ("iam",
+    "autoscaling": without it the kind is neither listed nor removed); ``refind``: below."""
 
     key: str
     label: str
@@ -105,7 +109,7 @@ class Kind:
     remove: Callable[[Clients, Any, Log], Any]
     after: tuple[str, ...] = ()
     batch: bool = False
-    iam: bool = False
+    needs: str | None = None
     #: found again for the sweep's runs once its ``after`` kinds removed something (a snapshot is
     #: a bake's leftover only once its image is gone: baked.incomplete_snapshots)
     refind: bool = False
@@ -119,6 +123,7 @@ class Clients:
 
     ec2: Client  # boto3 clients: untyped
     iam: Client = None
+    autoscaling: Client = None
     keys_dir: Path | None = None
     group_wait_s: float = 300.0
     group_deadline: float | None = None  # time.monotonic() by which the groups' wait ends (set at the first)
@@ -166,6 +171,50 @@ def _delete_key_pair(c: Clients, name: str, log: Log) -> None:
     network.delete_key_pair(c.ec2, name, cast(Path, c.keys_dir))
 
 
+def _find_groups(c: Clients, run_id: str | None, log: Log) -> list[dict[str, Any]]:
+    """The run's Auto Scaling groups (aws/groups.find_groups), less those already being deleted
+    (Status "Delete in progress": their instances are going with them); none where these
+    credentials may not list groups, which ``log`` hears."""
+    from . import groups
+    try:
+        found = groups.find_groups(c.autoscaling, run_id)
+    except botocore.exceptions.ClientError as exc:
+        if error_code(exc) not in _REFUSED:
+            raise
+        log(f"Auto Scaling groups not listed ({error_code(exc)}): autoscaling:DescribeAutoScalingGroups is in "
+            "docs/iam-policy.json")
+        return []
+    return [_row(g, "AutoScalingGroupName", desired=g.get("DesiredCapacity"),
+                 instances=[i["InstanceId"] for i in g.get("Instances", [])])
+            for g in found if g.get("Status") != "Delete in progress"]
+
+
+def _find_templates(c: Clients, run_id: str | None, log: Log) -> list[dict[str, Any]]:
+    """The run's launch templates (aws/groups.find_templates), by id; none where these
+    credentials may not list them, which ``log`` hears."""
+    from . import groups
+    try:
+        return [_row(t, "LaunchTemplateId", template_name=t.get("LaunchTemplateName"))
+                for t in groups.find_templates(c.ec2, run_id)]
+    except botocore.exceptions.ClientError as exc:
+        if error_code(exc) not in _REFUSED:
+            raise
+        log(f"launch templates not listed ({error_code(exc)}): ec2:DescribeLaunchTemplates is in docs/iam-policy.json")
+        return []
+
+
+def _delete_asg(c: Clients, name: str, log: Log) -> None:
+    from . import groups
+    log(f"deleting Auto Scaling group {name} (and its instances)")
+    groups.delete_group(c.autoscaling, name)
+
+
+def _delete_template(c: Clients, template_id: str, log: Log) -> None:
+    from . import groups
+    log(f"deleting launch template {template_id}")
+    groups.delete_template(c.ec2, template_id=template_id)
+
+
 def _delete_placement_group(c: Clients, name: str, log: Log) -> None:
     log(f"deleting placement group {name}")
     placement.delete(c.ec2, name)
@@ -177,6 +226,8 @@ def _kinds() -> tuple[Kind, ...]:
     is one entry here: inventory, cleanup, down, a run's teardown and the ended runs' leftovers
     all follow it."""
     return (
+        # first: a group replaces an instance terminated under it (ForceDelete ends its instances)
+        Kind("auto_scaling_groups", "Auto Scaling group", _find_groups, _delete_asg, needs="autoscaling"),
         Kind("spot_requests", "spot requests",
              lambda c, run, log: [_row(r, "SpotInstanceRequestId", state=r["State"])
                                   for r in find_spot_requests(c.ec2, run)], _cancel_spot, batch=True),
@@ -200,17 +251,21 @@ def _kinds() -> tuple[Kind, ...]:
         Kind("placement_groups", "placement group",
              lambda c, run, log: [_row(g, "GroupName") for g in placement.find(c.ec2, run, log)],
              _delete_placement_group, after=("instances",)),
-        Kind("instance_roles", "instance role", _find_roles, _delete_role, after=("instances",), iam=True),
+        Kind("instance_roles", "instance role", _find_roles, _delete_role, after=("instances",), needs="iam"),
+        Kind("launch_templates", "launch template", _find_templates, _delete_template,
+             after=("auto_scaling_groups",)),
     )
 
 
+#: the error codes of a call these credentials may not make (aws/iam.REFUSED's)
+_REFUSED = frozenset({"AccessDenied", "AccessDeniedException", "UnauthorizedOperation"})
 KINDS = _kinds()
 #: the kinds by key, for callers that name one
 KIND = {k.key: k for k in KINDS}
 
 
 def inventory(ec2: Client, run_id: str | None = None, log: Log = lambda msg: None,
-              iam: Client = None) -> dict[str, list[dict[str, Any]]]:
+              iam: Client = None, autoscaling: Client = None) -> dict[str, list[dict[str, Any]]]:
     """Everything the tool created (or one run) that still exists in the client's region, by kind
     (``KINDS``, in removal order).
 
@@ -219,11 +274,14 @@ def inventory(ec2: Client, run_id: str | None = None, log: Log = lambda msg: Non
     client ``iam`` instance_roles (``find_instance_roles``: a role's ``id`` is its name, which is
     also its instance profile's; ``kind`` "role" or "instance_profile" for a profile whose role is
     gone); each entry has ``id``, ``run_id`` and ``name`` (from the tags) and, for instances,
-    ``state``. Without ``iam`` there is no instance_roles key. ``log`` hears what could not be
-    listed (placement groups where that API is unavailable, roles these credentials may not list).
+    ``state``. Without ``iam`` there is no instance_roles key. With an Auto Scaling client
+    ``autoscaling``, auto_scaling_groups (``desired``: its desired capacity, ``instances``: their
+    ids); launch_templates always. ``log`` hears what could not be listed (placement groups where
+    that API is unavailable, roles, groups or templates these credentials may not list).
     """
-    c = Clients(ec2, iam)
-    found = {k.key: k.find(c, run_id, log) for k in KINDS if not k.iam}
+    c = Clients(ec2, iam, autoscaling)
+    found = {k.key: k.find(c, run_id, log) for k in KINDS if k.needs is None or (k.needs != "iam" and
+                                                                                  getattr(c, k.needs) is not None)}
     if iam is not None:
         here = frozenset({r["run_id"] for rows in found.values() for r in rows} - {""})
         found["instance_roles"] = _find_roles(c, run_id, log, here)
@@ -232,19 +290,21 @@ def inventory(ec2: Client, run_id: str | None = None, log: Log = lambda msg: Non
 
 def delete_everything(ec2: Client, found: dict[str, list[dict[str, Any]]], keys_dir: Path | None,
                       log: Log = lambda msg: None, iam: Client = None, group_wait_s: float = 300.0,
-                      on_failure: Callable[[str, list[str], str], object] | None = None) -> dict[str, list[str]]:
+                      on_failure: Callable[[str, list[str], str], object] | None = None,
+                      autoscaling: Client = None) -> dict[str, list[str]]:
     """Remove what ``inventory`` found (or any {kind key: rows with "id"}), kind by kind in
     ``KINDS`` order, best-effort: a resource AWS refuses is reported and the next one is tried; a
     kind whose ``after`` kinds are not all gone is not tried (a security group while its instances
     still run). Security groups wait up to ``group_wait_s`` seconds in all for their instances'
-    network interfaces (DependencyViolation); instance roles need ``iam``. ``log`` hears each
+    network interfaces (DependencyViolation); instance roles need ``iam``, Auto Scaling groups
+    ``autoscaling`` (without the client they are reported left). ``log`` hears each
     step and each failure; ``on_failure(label, ids, why)`` each failure (``why``: the AWS error
     code, the exception's class, or what is still there).
 
     Returns {kind key: ids removed} for every kind in ``found``, and "left": ["ID (why)", ...] for
     what is still there (empty when everything went). Never raises for one resource.
     """
-    c = Clients(ec2, iam, keys_dir, group_wait_s)
+    c = Clients(ec2, iam, autoscaling, keys_dir, group_wait_s)
     removed: dict[str, list[str]] = {key: [] for key in found}
     left: dict[str, str] = {}  # id -> why
     for kind in KINDS:
@@ -257,8 +317,9 @@ def delete_everything(ec2: Client, found: dict[str, list[dict[str, Any]]], keys_
         if not ids:
             continue
         blocked = [KIND[a].label for a in kind.after if any(r["id"] in left for r in found.get(a, []))]
-        if kind.iam and iam is None or blocked:
-            why = f"{blocked[0]} still there" if blocked else "no IAM client given"
+        missing = kind.needs is not None and getattr(c, kind.needs) is None
+        if missing or blocked:
+            why = f"{blocked[0]} still there" if blocked else f"no {kind.needs} client given"
             left.update({i: why for i in ids})
             if on_failure:
                 on_failure(kind.label, ids, why)
@@ -297,10 +358,11 @@ def delete_security_group(ec2: Client, group_id: str, timeout_s: float = 300, de
 
 
 def delete_run(ec2: Client, run_id: str, keys_dir: Path, log: Log = lambda msg: None,
-               iam: Client = None) -> dict[str, list[str]]:
+               iam: Client = None, autoscaling: Client = None) -> dict[str, list[str]]:
     """Remove everything of one run (see ``delete_everything``; its instance role too with an IAM
-    client ``iam``); returns the ids removed, by kind."""
-    return delete_everything(ec2, inventory(ec2, run_id, log, iam), keys_dir, log, iam)
+    client ``iam``, its Auto Scaling group with ``autoscaling``); returns the ids removed, by kind."""
+    return delete_everything(ec2, inventory(ec2, run_id, log, iam, autoscaling), keys_dir, log, iam,
+                             autoscaling=autoscaling)
 
 
 #: EC2's StateReason code of an instance that its own OS shut down (`--max-runtime`, the idle rule):

@@ -226,9 +226,10 @@ def cleanup(dry_run: bool = typer.Option(False, "--dry-run", help="Only list wha
             region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
     """Find by tag and remove everything ec2gpu created.
 
-    Instances, spot requests, security groups, key pairs (and their local key files), placement
-    groups, and the images and snapshots of bakes that did not complete (a complete baked image
-    stays: `ec2gpu image rm`). Runs whose controller died get their files brought home first (this
+    Auto Scaling groups (before their instances, which they would replace), instances, spot
+    requests, security groups, key pairs (and their local key files), placement groups, instance
+    roles, launch templates, and the images and snapshots of bakes that did not complete (a
+    complete baked image stays: `ec2gpu image rm`). Runs whose controller died get their files brought home first (this
     region) and their bills settled."""
     from ..api import instances as ops
     swept = ops.cleanup(dry_run=dry_run, all_regions=all_regions, fetch=not no_fetch, region=region,

@@ -94,3 +94,48 @@ def test_a_group_aws_refuses_leaves_no_launch_template(aws, spec):
     with pytest.raises(botocore.exceptions.ClientError):
         groups.create(aws.ec2, asg, spec, ["g4dn.xlarge"], ["subnet-doesnotexist"], 1, None)
     assert groups.find_templates(aws.ec2, RUN_ID) == [] and groups.find_groups(asg, RUN_ID) == []
+
+
+def test_a_sweep_removes_a_runs_group_before_its_instances_and_its_template_after(aws, spec, tmp_path):
+    """The registry (aws/sweep.KINDS) holds groups and launch templates: `down`/`cleanup` remove
+    the group first (else it replaces the instances they terminate), its template after it."""
+    asg, run = aws.client("autoscaling"), "run-asg-sweep"
+    subnets = list(capacity.default_subnets(aws.ec2).values())[:1]
+    name = groups.create(aws.ec2, asg, replace(spec, run_id=run), ["g4dn.xlarge"], subnets, 1, None)
+    keys = [k.key for k in sweep.KINDS]
+    assert keys.index("auto_scaling_groups") < keys.index("instances") < keys.index("launch_templates")
+    found = sweep.inventory(aws.ec2, run, autoscaling=asg)
+    assert [g["id"] for g in found["auto_scaling_groups"]] == [name] and found["auto_scaling_groups"][0]["desired"] == 1
+    (template,) = found["launch_templates"]
+    assert template["template_name"] == name and template["id"].startswith("lt-") and len(found["instances"]) == 1
+    # without an Auto Scaling client the group is not listed, and not removable: reported left
+    assert "auto_scaling_groups" not in sweep.inventory(aws.ec2, run)
+    kept = sweep.delete_everything(aws.ec2, {"auto_scaling_groups": found["auto_scaling_groups"],
+                                             "launch_templates": found["launch_templates"]}, None)
+    assert kept["left"] == [f"{name} (no autoscaling client given)", f"{template['id']} (Auto Scaling group still there)"]
+    removed = sweep.delete_run(aws.ec2, run, tmp_path, autoscaling=asg)
+    assert removed["auto_scaling_groups"] == [name] and removed["launch_templates"] == [template["id"]]
+    assert removed["left"] == [] and groups.find_groups(asg, run) == [] and groups.find_templates(aws.ec2, run) == []
+    assert sweep.find_instances(aws.ec2, run, states=["pending", "running"]) == []
+
+
+def test_deleting_a_group_or_template_that_is_gone_is_fine_and_a_busy_group_is_tried_again(aws):
+    asg = aws.client("autoscaling")
+    groups.delete_group(asg, "ec2gpu-never-made")  # listed nowhere: nothing to do
+    groups.delete_template(aws.ec2, name="ec2gpu-never-made")
+    groups.delete_template(aws.ec2, template_id="lt-0123456789abcdef0")
+    with pytest.raises(ValueError):
+        groups.delete_template(aws.ec2)
+    calls = []
+
+    class Busy:
+        def delete_auto_scaling_group(self, **kw):
+            calls.append(kw)
+            if len(calls) < 3:
+                raise botocore.exceptions.ClientError({"Error": {"Code": "ScalingActivityInProgress", "Message": ""}},
+                                                      "DeleteAutoScalingGroup")
+
+        def describe_auto_scaling_groups(self, **kw):
+            return {"AutoScalingGroups": [{"AutoScalingGroupName": "g"}]}
+    groups.delete_group(Busy(), "g", wait_s=5, delay_s=0.01)
+    assert len(calls) == 3 and calls[-1] == {"AutoScalingGroupName": "g", "ForceDelete": True}
