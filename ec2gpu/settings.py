@@ -55,6 +55,8 @@ class Settings(BaseSettings):
     # bytes one run brings home per directory: 4 GiB; also '4GiB', '500MB' (pydantic's ByteSize)
     max_download_bytes: ByteSize = Field(ByteSize(4 << 30), ge=0)
     limit_grace_seconds: int = Field(120, ge=0)  # a job gets SIGTERM this long before its --max-runtime: runs/plan/limits.py
+    # days a detached run's objects are kept in the run store (aws/runstore.py's lifecycle rule; S3's minimum is 1)
+    run_store_expire_days: int = Field(30, ge=1)
 
     @field_validator("home")
     @classmethod

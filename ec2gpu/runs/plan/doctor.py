@@ -62,6 +62,23 @@ def _spot_role(aws: Aws, spot: bool, sandbox: bool = False) -> Outcome:
         capacity.SPOT_ROLE_COMMAND
 
 
+def run_store(aws: Aws, settings: Settings) -> Outcome:
+    """The run store of detached runs (aws/runstore.py), read only, never created here: not made
+    yet (ok: the first detached run makes it), made with every setting ec2gpu gives it (ok), or
+    what it lacks (a failure), with the fix."""
+    from ...aws import runstore
+    bucket = runstore.bucket_name(aws.check_credentials()["Account"], aws.region)
+    s3 = aws.client("s3")
+    if not runstore.exists(s3, bucket):
+        return True, f"s3://{bucket} not created yet (made on the first detached run)"
+    problems = runstore.check(s3, bucket, settings.run_store_expire_days)
+    if problems:
+        return False, f"s3://{bucket}: " + "; ".join(problems), \
+            "the next detached run sets them again (aws/runstore.ensure); docs/security.md, 'The run store'"
+    return True, (f"s3://{bucket}: public access blocked, SSE-S3, TLS only, runs/ expire after "
+                  f"{settings.run_store_expire_days} days")
+
+
 def _type_facts(aws: Aws, instance_type: str) -> Outcome:
     """The instance type's GPUs and vCPUs as EC2 describes them (aws/types.py), and from where."""
     from ...aws import types
@@ -113,6 +130,7 @@ def run_checks(aws: Aws, settings: Settings, instance_type: str, spot: bool, san
         _run("GPU vCPU quota", quota),
         _run("AMI", ami),
         _run("spot role", lambda: _spot_role(aws, spot, sandbox)),
+        _run("run store", lambda: run_store(aws, settings)),
         _run("your IP", lambda: (True, f"SSH will be allowed from {network.ssh_cidr(None, aws.checkip_url)} only")),
         _run("price", price),
         _run("ssh client", lambda: (bool(shutil.which("ssh")), shutil.which("ssh") or "no `ssh` on PATH",

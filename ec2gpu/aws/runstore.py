@@ -1,0 +1,568 @@
+"""The run store: one S3 bucket per account and region, ``ec2gpu-<account>-<region>``, holding each
+detached run's durable state (issue 30) under ``runs/<run_id>/``; not wired to a command yet.
+
+The bucket is made on first need (``ensure``) and checked by ``ec2gpu doctor`` (``check``). ec2gpu
+keeps it:
+
+- private: S3 Block Public Access, all four settings
+  (https://docs.aws.amazon.com/AmazonS3/latest/userguide/access-control-block-public-access.html);
+- encrypted at rest: default encryption SSE-S3
+  (https://docs.aws.amazon.com/AmazonS3/latest/userguide/default-bucket-encryption.html; SSE-S3 and
+  not KMS, so a run's instance role needs no KMS permission);
+- TLS only: a bucket policy that denies every ``s3:*`` request whose ``aws:SecureTransport`` is
+  false, as S3's security best practices advise
+  (https://docs.aws.amazon.com/AmazonS3/latest/userguide/security-best-practices.html);
+- bounded in time and cost: a lifecycle rule that expires objects under ``runs/`` after
+  ``run_store_expire_days`` days (settings.py; S3 counts from each object's creation and rounds to
+  the next midnight UTC) and aborts multipart uploads still incomplete a day after they began, whose
+  parts are billed but invisible
+  (https://docs.aws.amazon.com/AmazonS3/latest/userguide/object-lifecycle-mgmt.html,
+  https://docs.aws.amazon.com/AmazonS3/latest/userguide/mpu-abort-incomplete-mpu-lifecycle-config.html);
+- tagged ``ec2gpu:owner`` (the user whose run made it; the bucket is shared by the account's users).
+
+Its name is predictable, so another account could take it first, or take it after the user
+deleted it: every request that names the bucket carries ``ExpectedBucketOwner`` (the account in its
+name), and S3 answers 403 when another account owns it
+(https://docs.aws.amazon.com/AmazonS3/latest/userguide/bucket-owner-condition.html).
+
+Key layout (``prefix`` and the helpers below are its one definition): ``runs/<run_id>/status.json``,
+``logs/``, ``outputs/``, ``checkpoints/`` and ``workdir.tar.gz`` under it. A run id is checked
+against the format ``runs/provision/pipeline.new_run_id`` makes (``YYYYmmdd-HHMMSS-xxxx``), so no
+value can name a key outside its run's prefix.
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import botocore.exceptions
+
+from ..errors import AwsError, UsageError
+from . import tags as T
+from .session import Client, Item, Log, error_code
+
+# --- names and keys (pure) --------------------------------------------------------------------
+
+#: an AWS account id: 12 digits ([0-9], not \d: Python's \d also matches other scripts' digits)
+_ACCOUNT = re.compile(r"[0-9]{12}")
+#: a region code: us-east-1, eu-central-2, ap-southeast-4, us-gov-west-1, cn-north-1
+_REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-[0-9]{1,2}")
+#: S3's general purpose bucket names: 3-63 lowercase letters, digits, '.', '-', a letter or digit at
+#: each end (https://docs.aws.amazon.com/AmazonS3/latest/userguide/bucketnamingrules.html)
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_STORE = re.compile(r"ec2gpu-([0-9]{12})-([a-z]{2}(?:-[a-z]+)+-[0-9]{1,2})")
+#: a run id as runs/provision/pipeline.new_run_id makes it: UTC date, time, 4 hex digits
+RUN_ID = re.compile(r"[0-9]{8}-[0-9]{6}-[0-9a-f]{4}")
+#: where every run's objects live; the lifecycle rule expires what is under it
+RUNS = "runs/"
+
+STATUS = "status.json"
+LOGS = "logs/"
+OUTPUTS = "outputs/"
+CHECKPOINTS = "checkpoints/"
+WORKDIR = "workdir.tar.gz"
+
+
+def bucket_name(account_id: str, region: str) -> str:
+    """The run store of ``account_id`` (12 digits) in ``region`` (a code such as us-east-1):
+    ``ec2gpu-<account>-<region>`` (pure). Raises UsageError for an account id or region of another
+    form, or a name S3 would refuse (more than 63 characters)."""
+    if not isinstance(account_id, str) or not _ACCOUNT.fullmatch(account_id):
+        raise UsageError(f"run store: {str(account_id)[:40]!r} is not an AWS account id (12 digits)",
+                         "the account comes from the credentials (sts get-caller-identity)")
+    if not isinstance(region, str) or not _REGION.fullmatch(region):
+        raise UsageError(f"run store: {str(region)[:40]!r} is not an AWS region code",
+                         "use a region code such as us-east-1 or eu-west-1 (--region)")
+    name = f"ec2gpu-{account_id}-{region}"
+    if not _BUCKET.fullmatch(name):
+        raise UsageError(f"run store: {name!r} is longer than the 63 characters S3 allows in a bucket name",
+                         "use a region code such as us-east-1 or eu-west-1 (--region)")
+    return name
+
+
+def _expected_owner(bucket: str) -> dict[str, str]:
+    """``{"ExpectedBucketOwner": account}`` for a run store's name (the account in it), else {}."""
+    m = _STORE.fullmatch(bucket)
+    return {"ExpectedBucketOwner": m.group(1)} if m else {}
+
+
+def partition(region: str) -> str:
+    """The ARN partition of ``region`` (pure): aws-cn for cn-*, aws-us-gov for us-gov-*, else aws
+    (https://docs.aws.amazon.com/IAM/latest/UserGuide/reference-arns.html)."""
+    if region.startswith("cn-"):
+        return "aws-cn"
+    if region.startswith("us-gov-"):
+        return "aws-us-gov"
+    return "aws"
+
+
+def check_run_id(run_id: str) -> str:
+    """``run_id`` when all of it has new_run_id's form ``YYYYmmdd-HHMMSS-xxxx`` (8 digits, 6 digits,
+    4 lowercase hex digits), so it has no '/', '..' or anything else that leaves its prefix (pure).
+    Raises UsageError otherwise."""
+    if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
+        raise UsageError(f"{str(run_id)[:80]!r} is not a run id",
+                         "a run id looks like 20260125-103000-1a2b (ec2gpu runs --remote lists them)")
+    return run_id
+
+
+def prefix(run_id: str) -> str:
+    """``runs/<run_id>/``: where everything of the run is kept (pure). Raises UsageError for a
+    value that is not a run id (check_run_id)."""
+    return f"{RUNS}{check_run_id(run_id)}/"
+
+
+def status_key(run_id: str) -> str:
+    """``runs/<run_id>/status.json``: the run's status record (put_status, get_status)."""
+    return prefix(run_id) + STATUS
+
+
+def logs_prefix(run_id: str) -> str:
+    """``runs/<run_id>/logs/``: the job's logs, uploaded by the agent."""
+    return prefix(run_id) + LOGS
+
+
+def outputs_prefix(run_id: str) -> str:
+    """``runs/<run_id>/outputs/``: what the job wrote to $EC2GPU_OUTPUT_DIR (`ec2gpu fetch RUN`)."""
+    return prefix(run_id) + OUTPUTS
+
+
+def checkpoints_prefix(run_id: str) -> str:
+    """``runs/<run_id>/checkpoints/``: the job's checkpoints, which a replacement instance resumes from."""
+    return prefix(run_id) + CHECKPOINTS
+
+
+def workdir_key(run_id: str) -> str:
+    """``runs/<run_id>/workdir.tar.gz``: the task's workdir, as a replacement instance pulls it."""
+    return prefix(run_id) + WORKDIR
+
+
+# --- the bucket's settings (pure request builders) --------------------------------------------
+
+#: Block Public Access: all four on
+PUBLIC_ACCESS_BLOCK: dict[str, bool] = {"BlockPublicAcls": True, "IgnorePublicAcls": True,
+                                        "BlockPublicPolicy": True, "RestrictPublicBuckets": True}
+ENCRYPTION: Item = {"Rules": [{"ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}]}
+TLS_SID = "DenyInsecureTransport"
+RULE_ID = "ec2gpu-runs-expire"
+ABORT_DAYS = 1
+
+
+def tls_deny_statement(bucket: str, region: str = "us-east-1") -> Item:
+    """The bucket policy statement that denies every S3 action on ``bucket`` and its objects to any
+    principal when the request did not come over TLS (``aws:SecureTransport`` false), as
+    https://docs.aws.amazon.com/AmazonS3/latest/userguide/security-best-practices.html advises (pure)."""
+    arn = f"arn:{partition(region)}:s3:::{bucket}"
+    return {"Sid": TLS_SID, "Effect": "Deny", "Principal": "*", "Action": "s3:*",
+            "Resource": [arn, f"{arn}/*"], "Condition": {"Bool": {"aws:SecureTransport": "false"}}}
+
+
+def bucket_policy(bucket: str, region: str = "us-east-1", current: Item | None = None) -> Item:
+    """The bucket policy (JSON as a dict, pure): ``current``'s statements (a parsed policy already
+    on the bucket, kept: the user's own) but one with TLS_SID, then tls_deny_statement."""
+    kept = [s for s in _listed((current or {}).get("Statement", []))
+            if not (isinstance(s, dict) and s.get("Sid") == TLS_SID)]
+    return {"Version": "2012-10-17", "Statement": [*kept, tls_deny_statement(bucket, region)]}
+
+
+def expire_rule(expire_days: int) -> Item:
+    """The lifecycle rule (pure): objects under ``runs/`` expire ``expire_days`` days after they
+    were written; multipart uploads under it still incomplete ABORT_DAYS after they began are
+    aborted and their parts deleted. Raises UsageError for ``expire_days`` < 1 (S3's minimum)."""
+    return {"ID": RULE_ID, "Filter": {"Prefix": RUNS}, "Status": "Enabled",
+            "Expiration": {"Days": _days(expire_days)},
+            "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": ABORT_DAYS}}
+
+
+def lifecycle(expire_days: int, current: list[Item] | None = None) -> Item:
+    """The lifecycle configuration (pure): ``current``'s rules (kept: the user's own) but one with
+    RULE_ID, then expire_rule. A PutBucketLifecycleConfiguration replaces the whole configuration,
+    so the others are sent again."""
+    kept = [r for r in current or [] if r.get("ID") != RULE_ID]
+    return {"Rules": [*kept, expire_rule(expire_days)]}
+
+
+def _days(expire_days: int) -> int:
+    if not isinstance(expire_days, int) or isinstance(expire_days, bool) or expire_days < 1:
+        raise UsageError(f"run_store_expire_days must be a whole number of days, at least 1 (got {expire_days!r})",
+                         "fix it in EC2GPU_RUN_STORE_EXPIRE_DAYS or ec2gpu.toml")
+    return expire_days
+
+
+_TAG_BAD = re.compile(r"[^\w .:/=+\-@]")  # S3 tag values: letters, digits, spaces and _ . : / = + - @
+
+
+def owner_tag(owner: str) -> str:
+    """``owner`` as an S3 tag value (pure): other characters become "_", 256 at most."""
+    return _TAG_BAD.sub("_", owner or "")[:256] or "unknown"
+
+
+# --- ensure and check -------------------------------------------------------------------------
+
+#: the codes S3 answers for a bucket or a configuration that is not there
+MISSING_BUCKET = frozenset({"404", "NoSuchBucket", "NotFound"})
+FORBIDDEN = frozenset({"403", "AccessDenied", "Forbidden"})
+
+
+def _absent(code: str | None) -> bool:
+    """A missing bucket, object or configuration: NoSuch* (NoSuchBucketPolicy,
+    NoSuchLifecycleConfiguration, ...), *NotFound* (ServerSideEncryptionConfigurationNotFoundError) or 404."""
+    return bool(code) and (code in MISSING_BUCKET or str(code).startswith("NoSuch") or "NotFound" in str(code))
+
+
+def exists(s3: Client, bucket: str) -> bool:
+    """Whether ``bucket`` exists and is this account's (HeadBucket with ExpectedBucketOwner); creates
+    nothing. Raises UsageError on 403 (another account owns the name, or these credentials may not
+    list it), AwsError for other errors."""
+    try:
+        s3.head_bucket(Bucket=bucket, **_expected_owner(bucket))
+        return True
+    except botocore.exceptions.ClientError as exc:
+        code = error_code(exc)
+        if code in MISSING_BUCKET:
+            return False
+        if code in FORBIDDEN:
+            raise UsageError(f"run store: s3://{bucket} exists but is not this account's, or these credentials "
+                             "may not list it (403)",
+                             "allow s3:ListBucket on it (docs/iam-policy.json); a name another AWS account "
+                             "took cannot be used: see docs/security.md, 'The run store'") from None
+        raise AwsError(f"run store: s3://{bucket}: HeadBucket failed ({code})", "try again") from None
+
+
+def ensure(s3: Client, account_id: str, region: str, owner: str, expire_days: int, log: Log = lambda line: None) -> str:
+    """The run store of ``account_id`` in ``region``, made on first need and returned by name.
+
+    Idempotent: a bucket that exists keeps its data, and each setting of the module docstring that
+    differs (Block Public Access, SSE-S3, the TLS-deny statement, the lifecycle rule with
+    ``expire_days`` (>= 1), an ``ec2gpu:owner`` tag when it has none) is set again; the user's own
+    policy statements, lifecycle rules and tags are kept. ``log`` hears one line per change.
+    Raises UsageError for a bad account, region or ``expire_days``, or a name another account owns
+    (BucketAlreadyExists, or 403 on HeadBucket); AwsError for other S3 errors.
+    """
+    bucket = bucket_name(account_id, region)
+    days = _days(expire_days)
+    if not exists(s3, bucket):
+        _create(s3, bucket, region)
+        log(f"run store: created s3://{bucket} in {region}")
+    for what in _apply(s3, bucket, region, owner, days):
+        log(f"run store: s3://{bucket}: {what}")
+    return bucket
+
+
+def _create(s3: Client, bucket: str, region: str) -> None:
+    req: dict[str, Any] = {"Bucket": bucket}  # ACLs off: S3's default for new buckets since April 2023
+    if region != "us-east-1":  # us-east-1 refuses its own name as a LocationConstraint
+        req["CreateBucketConfiguration"] = {"LocationConstraint": region}
+    try:
+        s3.create_bucket(**req)
+    except botocore.exceptions.ClientError as exc:
+        code = error_code(exc)
+        if code == "BucketAlreadyOwnedByYou":  # made meanwhile by another command of this account
+            return
+        if code == "BucketAlreadyExists":
+            raise UsageError(f"run store: the bucket name {bucket} is taken by another AWS account",
+                             "S3 bucket names are global and this one is ec2gpu's for this account and region: "
+                             "detached runs cannot use it (runs in the foreground still work); docs/security.md, "
+                             "'The run store'") from None
+        raise AwsError(f"run store: could not create s3://{bucket} ({code})", "see docs/iam-policy.json") from None
+
+
+def _get(s3: Client, op: str, bucket: str) -> Item | None:
+    """What the boto3 method ``op`` (a HeadBucket or Get* call) answers for ``bucket``, with
+    ExpectedBucketOwner; None when that configuration (or the bucket) is absent. Raises AwsError
+    for other errors."""
+    try:
+        got: Item = getattr(s3, op)(Bucket=bucket, **_expected_owner(bucket))
+        return got
+    except botocore.exceptions.ClientError as exc:
+        if _absent(error_code(exc)):
+            return None
+        raise AwsError(f"run store: s3://{bucket}: {_api(op)} failed ({error_code(exc)})",
+                       "see docs/iam-policy.json") from None
+
+
+def _api(op: str) -> str:
+    """S3's name of a boto3 method: get_bucket_policy -> GetBucketPolicy."""
+    return "".join(w.title() for w in op.split("_"))
+
+
+def _put(s3: Client, op: str, bucket: str, **kw: Any) -> None:
+    try:
+        getattr(s3, op)(Bucket=bucket, **_expected_owner(bucket), **kw)
+    except botocore.exceptions.ClientError as exc:
+        raise AwsError(f"run store: s3://{bucket}: {_api(op)} failed ({error_code(exc)})",
+                       "see docs/iam-policy.json") from None
+
+
+def _policy_of(got: Item | None) -> Item | None:
+    """The bucket policy GetBucketPolicy answered, parsed; None when absent or not a JSON object."""
+    try:
+        policy = json.loads((got or {}).get("Policy") or "null")
+    except ValueError:
+        return None
+    return policy if isinstance(policy, dict) else None
+
+
+def _apply(s3: Client, bucket: str, region: str, owner: str, days: int) -> list[str]:
+    """Set each setting of ``bucket`` that differs from ec2gpu's; returns what was set."""
+    done = []
+    bpa = (_get(s3, "get_public_access_block", bucket) or {}).get("PublicAccessBlockConfiguration", {})
+    if any(bpa.get(k) is not True for k in PUBLIC_ACCESS_BLOCK):
+        _put(s3, "put_public_access_block", bucket, PublicAccessBlockConfiguration=PUBLIC_ACCESS_BLOCK)
+        done.append("Block Public Access on (all four)")
+    if _encryption_problem(_get(s3, "get_bucket_encryption", bucket)):
+        _put(s3, "put_bucket_encryption", bucket, ServerSideEncryptionConfiguration=ENCRYPTION)
+        done.append("default encryption SSE-S3")
+    policy = _policy_of(_get(s3, "get_bucket_policy", bucket))
+    if not any(_denies_plain_http(s, bucket) for s in _listed((policy or {}).get("Statement", []))):
+        _put(s3, "put_bucket_policy", bucket, Policy=json.dumps(bucket_policy(bucket, region, policy)))
+        done.append("bucket policy: requests without TLS denied")
+    rules = (_get(s3, "get_bucket_lifecycle_configuration", bucket) or {}).get("Rules", [])
+    ours = [r for r in rules if r.get("ID") == RULE_ID]
+    if not ours or _normal(ours[0]) != _normal(expire_rule(days)):
+        _put(s3, "put_bucket_lifecycle_configuration", bucket, LifecycleConfiguration=lifecycle(days, rules))
+        done.append(f"lifecycle: runs/ expire after {days} days, incomplete uploads aborted after {ABORT_DAYS}")
+    tag_set = (_get(s3, "get_bucket_tagging", bucket) or {}).get("TagSet", [])
+    if not any(t.get("Key") == T.OWNER for t in tag_set):
+        _put(s3, "put_bucket_tagging", bucket, Tagging={"TagSet": [*tag_set, {"Key": T.OWNER, "Value": owner_tag(owner)}]})
+        done.append(f"tagged {T.OWNER}")
+    return done
+
+
+def _normal(rule: Item) -> tuple[Any, ...]:
+    """What of a lifecycle rule ec2gpu sets, comparable across S3's spellings of it."""
+    return (rule.get("Status"), _rule_prefix(rule), (rule.get("Expiration") or {}).get("Days"),
+            (rule.get("AbortIncompleteMultipartUpload") or {}).get("DaysAfterInitiation"))
+
+
+def _rule_prefix(rule: Item) -> str | None:
+    """The key prefix a lifecycle rule applies to: its Filter's Prefix, the legacy top-level Prefix,
+    "" for an empty filter (every object); None for a rule that picks objects otherwise (tags, sizes)."""
+    flt = rule.get("Filter")
+    if flt is None:
+        p = rule.get("Prefix")
+        return p if isinstance(p, str) else None
+    if not isinstance(flt, dict):
+        return None
+    if not flt:
+        return ""
+    if set(flt) == {"Prefix"} and isinstance(flt["Prefix"], str):
+        return str(flt["Prefix"])
+    return None
+
+
+def _covers_runs(rule: Item) -> bool:
+    p = _rule_prefix(rule)
+    return rule.get("Status") == "Enabled" and p is not None and RUNS.startswith(p)
+
+
+def _lifecycle_problems(rules: list[Item], expire_days: int | None) -> list[str]:
+    out = []
+    expiring = [r for r in rules if _covers_runs(r) and isinstance((r.get("Expiration") or {}).get("Days"), int)]
+    if not expiring:
+        out.append("no lifecycle rule expires what is under runs/: run data is kept (and billed) forever")
+    elif expire_days is not None and all(r["Expiration"]["Days"] != expire_days for r in expiring):
+        got = ", ".join(str(r["Expiration"]["Days"]) for r in expiring)
+        out.append(f"runs/ expire after {got} days, not the {expire_days} that run_store_expire_days asks for")
+    if not any(_covers_runs(r) and (r.get("AbortIncompleteMultipartUpload") or {}).get("DaysAfterInitiation")
+               for r in rules):
+        out.append("no lifecycle rule aborts incomplete multipart uploads: their parts are kept (and billed) unseen")
+    return out
+
+
+def _encryption_problem(got: Item | None) -> str | None:
+    if got is None:
+        return "no default encryption"
+    algos = [(r.get("ApplyServerSideEncryptionByDefault") or {}).get("SSEAlgorithm")
+             for r in (got.get("ServerSideEncryptionConfiguration") or {}).get("Rules", [])]
+    if "AES256" not in algos:
+        return (f"default encryption is {', '.join(str(a) for a in algos) or 'unset'}, not SSE-S3 (AES256): "
+                "a run's instance role has no KMS permission")
+    return None
+
+
+def _listed(v: Any) -> list[Any]:
+    return v if isinstance(v, list) else [v]
+
+
+def _denies_plain_http(stmt: Any, bucket: str) -> bool:
+    """Whether a policy statement denies every S3 action on ``bucket`` and its objects, to everyone,
+    when aws:SecureTransport is false (tls_deny_statement, or an equivalent the user wrote)."""
+    if not isinstance(stmt, dict) or stmt.get("Effect") != "Deny":
+        return False
+    principal = stmt.get("Principal")
+    if principal != "*" and not (isinstance(principal, dict) and "*" in _listed(principal.get("AWS"))):
+        return False
+    if "s3:*" not in _listed(stmt.get("Action")) and "*" not in _listed(stmt.get("Action")):
+        return False
+    resources = {str(r).split(":::", 1)[-1] for r in _listed(stmt.get("Resource"))}
+    if not ({bucket, f"{bucket}/*"} <= resources or "*" in _listed(stmt.get("Resource"))):
+        return False
+    secure = ((stmt.get("Condition") or {}).get("Bool") or {}).get("aws:SecureTransport")
+    return [str(v).lower() for v in _listed(secure)] == ["false"]
+
+
+def check(s3: Client, bucket: str, expire_days: int | None = None) -> list[str]:
+    """What of the module docstring's settings ``bucket`` lacks, one sentence each; [] when it has
+    them all. ``expire_days``, when given, must also be the days of the rule that expires runs/.
+    Reads only (Get* with ExpectedBucketOwner), creates nothing; a missing bucket or configuration
+    (NoSuch* codes) is a problem, not an error. Raises AwsError for other S3 errors (403: these
+    credentials may not read the setting)."""
+    if _get(s3, "head_bucket", bucket) is None:
+        return [f"s3://{bucket} does not exist"]
+    problems = []
+    bpa = _get(s3, "get_public_access_block", bucket)
+    if bpa is None:
+        problems.append("Block Public Access is not set on the bucket")
+    else:
+        conf = bpa.get("PublicAccessBlockConfiguration", {})
+        problems += [f"Block Public Access: {k} is off" for k in PUBLIC_ACCESS_BLOCK if conf.get(k) is not True]
+    encryption = _encryption_problem(_get(s3, "get_bucket_encryption", bucket))
+    if encryption:
+        problems.append(encryption)
+    got = _get(s3, "get_bucket_policy", bucket)
+    policy = _policy_of(got)
+    if got is None:
+        problems.append("no bucket policy: requests without TLS are not denied")
+    elif not any(_denies_plain_http(s, bucket) for s in _listed((policy or {}).get("Statement", []))):
+        problems.append("the bucket policy does not deny requests without TLS (aws:SecureTransport false)")
+    life = _get(s3, "get_bucket_lifecycle_configuration", bucket)
+    if life is None:
+        problems.append("no lifecycle configuration: run data under runs/ never expires and incomplete multipart "
+                        "uploads are kept (and billed)")
+    else:
+        problems += _lifecycle_problems(life.get("Rules", []), expire_days)
+    return problems
+
+
+# --- status.json ------------------------------------------------------------------------------
+
+MAX_STATUS_BYTES = 64 * 1024  # a status record is a few hundred bytes; more is not ec2gpu's
+MAX_TEXT = 2000  # characters kept of a message
+MAX_COUNT = 1_000_000
+STATES = ("pending", "running", "succeeded", "failed", "interrupted", "cancelled")
+FINAL_STATES = ("succeeded", "failed", "interrupted", "cancelled")
+_TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?(Z|[+-][0-9]{2}:?[0-9]{2})?")
+_INSTANCE_ID = re.compile(r"i-[0-9a-f]{8,17}")
+_INSTANCE_TYPE = re.compile(r"[a-z0-9][a-z0-9-]{0,15}\.[a-z0-9-]{1,16}")
+
+
+def _int(v: object, lo: int, hi: int) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi else None
+
+
+def _match(v: object, pattern: re.Pattern[str]) -> str | None:
+    return v if isinstance(v, str) and pattern.fullmatch(v) else None
+
+
+def validate_status(data: bytes, run_id: str) -> Item:
+    """The record in ``data`` (the bytes of a run's status.json), every field validated (pure, never
+    raises). An object that came from an instance is hostile input: more than MAX_STATUS_BYTES, not
+    JSON, not a JSON object, a state not in STATES or another run's id gives a record with state
+    "unreadable", its ``problem`` saying why, and nothing of the rest taken. Unknown fields are
+    dropped; a known field of the wrong type or out of bounds is None. Text is kept as it came
+    (bounded): print it through ec2gpu.inert.
+
+    Shape: ``{"run_id": str (``run_id``), "state": one of STATES | "unreadable", "attempt",
+    "restarts", "interruptions": int 0..1e6 | None (restarts: after job failures; interruptions:
+    spot interruptions survived), "instance_id": "i-..." | None, "instance_type": str | None,
+    "market": "spot" | "on-demand" | None, "exit_code": int | None, "signal": int 0..65535 | None,
+    "started_at", "updated_at", "ended_at": ISO 8601 UTC text | None, "message": str (at most
+    MAX_TEXT characters) | None, "problem": str | None}``.
+    """
+    def unreadable(problem: str) -> Item:
+        return _unreadable(run_id, problem)
+    if len(data) > MAX_STATUS_BYTES:
+        return unreadable(f"status.json holds more than {MAX_STATUS_BYTES:,} bytes")
+    try:
+        raw = json.loads(data)
+    except (ValueError, RecursionError):
+        return unreadable("status.json is not JSON")
+    if not isinstance(raw, dict):
+        return unreadable("status.json is not a JSON object")
+    if raw.get("run_id", run_id) != run_id:
+        return unreadable("status.json names another run")
+    if raw.get("state") not in STATES:
+        return unreadable("status.json has no known state")
+    message = raw.get("message")
+    return {"run_id": run_id, "state": raw["state"],
+            **{k: _int(raw.get(k), 0, MAX_COUNT) for k in ("attempt", "restarts", "interruptions")},
+            "instance_id": _match(raw.get("instance_id"), _INSTANCE_ID),
+            "instance_type": _match(raw.get("instance_type"), _INSTANCE_TYPE),
+            "market": raw.get("market") if raw.get("market") in ("spot", "on-demand") else None,
+            "exit_code": _int(raw.get("exit_code"), -(2 ** 31), 2 ** 31), "signal": _int(raw.get("signal"), 0, 65535),
+            **{k: _match(raw.get(k), _TIME) for k in ("started_at", "updated_at", "ended_at")},
+            "message": message[:MAX_TEXT] if isinstance(message, str) else None,
+            "problem": None}
+
+
+def _unreadable(run_id: str, problem: str) -> Item:
+    return {**{k: None for k in _FIELDS}, "run_id": run_id, "state": "unreadable", "problem": problem}
+
+
+_FIELDS = ("run_id", "state", "attempt", "restarts", "interruptions", "instance_id", "instance_type", "market",
+           "exit_code", "signal", "started_at", "updated_at", "ended_at", "message", "problem")
+
+
+def put_status(s3: Client, bucket: str, run_id: str, status: dict[str, Any]) -> None:
+    """Write ``status`` (validate_status's shape; ``run_id`` set to ``run_id``) as the run's
+    status.json, JSON, replacing the one there. Raises UsageError for a bad run id, ValueError for a
+    record that is not JSON, is larger than MAX_STATUS_BYTES or would be read back as unreadable
+    (what is written must be what get_status accepts), AwsError for S3 errors."""
+    key = status_key(run_id)
+    if not isinstance(status, dict):
+        raise ValueError(f"a status record is a dict, not {type(status).__name__}")
+    try:
+        body = json.dumps({**status, "run_id": run_id}, sort_keys=True, allow_nan=False).encode()
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"status record of {run_id}: not JSON ({exc})") from None
+    problem = validate_status(body, run_id)["problem"]
+    if problem:
+        raise ValueError(f"status record of {run_id}: {problem}")
+    _put(s3, "put_object", bucket, Key=key, Body=body, ContentType="application/json")
+
+
+def get_status(s3: Client, bucket: str, run_id: str) -> Item | None:
+    """The run's status.json as validate_status returns it, or None when there is none (no object,
+    no bucket). At most MAX_STATUS_BYTES + 1 bytes are read: a larger object is unreadable without
+    being downloaded. Raises UsageError for a bad run id, AwsError for other S3 errors."""
+    key = status_key(run_id)
+    try:
+        got = s3.get_object(Bucket=bucket, Key=key, **_expected_owner(bucket))
+    except botocore.exceptions.ClientError as exc:
+        if _absent(error_code(exc)):
+            return None
+        raise AwsError(f"run store: s3://{bucket}/{key}: GetObject failed ({error_code(exc)})",
+                       "see docs/iam-policy.json") from None
+    body = got["Body"]
+    try:
+        size = got.get("ContentLength")
+        if isinstance(size, int) and size > MAX_STATUS_BYTES:  # not downloaded
+            return _unreadable(run_id, f"status.json holds {size:,} bytes, more than {MAX_STATUS_BYTES:,}")
+        data: bytes = body.read(MAX_STATUS_BYTES + 1)
+    finally:
+        body.close()
+    return validate_status(data, run_id)
+
+
+def list_runs(s3: Client, bucket: str) -> list[str]:
+    """The run ids that have objects in ``bucket`` (the ``runs/<run_id>/`` prefixes, ListObjectsV2
+    with Delimiter '/', every page through boto3's paginator), sorted (oldest first, as run ids
+    sort); a prefix that is not a run id is skipped. [] when the bucket does not exist. Raises
+    AwsError for other S3 errors."""
+    found = set()
+    try:
+        pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=RUNS, Delimiter="/",
+                                                             **_expected_owner(bucket))
+        for page in pages:
+            for common in page.get("CommonPrefixes", []):
+                name = str(common.get("Prefix", ""))[len(RUNS):]
+                if name.endswith("/") and RUN_ID.fullmatch(name[:-1]):
+                    found.add(name[:-1])
+    except botocore.exceptions.ClientError as exc:
+        if _absent(error_code(exc)):
+            return []
+        raise AwsError(f"run store: s3://{bucket}: ListObjectsV2 failed ({error_code(exc)})",
+                       "see docs/iam-policy.json") from None
+    return sorted(found)
