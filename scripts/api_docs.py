@@ -18,6 +18,9 @@ DOC = Path(__file__).resolve().parent.parent / "docs" / "api.md"
 EXAMPLES = {
     "run": 'record = ec2gpu.run("examples/quickstart/task.yaml", sandbox=True, expect="1m")\n'
            'print(record["status"], record["cost_usd"], record["summary"])',
+    "status": 'run = ec2gpu.run("examples/quickstart/task.yaml", sandbox=True, max_runtime="1h", detach=True)\n'
+              'print(ec2gpu.status(run["run_id"], sandbox=True)["state"])',
+    "cancel": 'done = ec2gpu.cancel("20261125-041200-ab12", sandbox=True)\nprint(done["state"], done["removed"])',
     "exec": 'record = ec2gpu.exec("dev", "examples/quickstart/task.yaml", sandbox=True)',
     "bake": 'record = ec2gpu.bake("examples/quickstart/task.yaml", sandbox=True)\nprint(record["summary"]["image_id"])',
     "train_mnist": 'record = ec2gpu.train_mnist(epochs=1, sandbox=True)\nprint(record["test_acc"])',

@@ -11,22 +11,23 @@ Each takes ``region`` and ``sandbox`` (the local sandbox instead of AWS; also EC
 where it reaches AWS, and ``log(text)`` (and ``warn``) for what it says on the way; a long one a
 ``reporter``: a runs.execute.reporter.ReporterLike (``phase(name)`` context, ``log(line)`` of the job's log,
 ``progress(dict)``, ``note(text)``), by default a silent runs.execute.reporter.Reporter that records them.
-Modules, as cli/'s: tasks (run, exec, bake), train (train mnist, bench), instances (standing
-instances and clusters), access (reaching an instance), costs (prices, estimates, the ledger),
-images (baked images), sandbox (the local stand-in for AWS). COMMANDS maps each command to its
-function.
+Modules, as cli/'s: tasks (run, exec, bake; a detached run's status and cancel), train (train
+mnist, bench), instances (standing instances and clusters), access (reaching an instance), costs
+(prices, estimates, the ledger), images (baked images), sandbox (the local stand-in for AWS).
+COMMANDS maps each command to its function.
 """
 from .access import fetch, logs, notebook, ssh, ssh_config, tunnel
 from .costs import estimate, list_runs, prices, show_run
 from .images import list_images, remove_image
 from .instances import cleanup, doctor, down, idle_rule, launch, list_instances, scale, start, stop
 from .sandbox import sandbox_down, sandbox_env, sandbox_interrupt, sandbox_status, sandbox_up
-from .tasks import bake, exec, load_task, run  # noqa: A004 - `exec` is the command's name
+from .tasks import bake, cancel, exec, load_task, run, status  # noqa: A004 - `exec` is the command's name
 from .train import bench, train_mnist
 
 #: The command each function does (docs/api.md is generated from this and the docstrings).
 COMMANDS = {
-    "run": "run", "exec": "exec", "train mnist": "train_mnist", "bench": "bench",
+    "run": "run", "status": "status", "cancel": "cancel", "exec": "exec", "train mnist": "train_mnist",
+    "bench": "bench",
     "launch": "launch", "stop": "stop", "start": "start", "scale": "scale", "ls": "list_instances",
     "down": "down", "cleanup": "cleanup", "doctor": "doctor",
     "ssh": "ssh", "ssh-config": "ssh_config", "logs": "logs", "fetch": "fetch", "tunnel": "tunnel",
@@ -37,7 +38,7 @@ COMMANDS = {
     "sandbox interrupt": "sandbox_interrupt", "sandbox env": "sandbox_env",
 }
 
-__all__ = ["COMMANDS", "bake", "bench", "cleanup", "doctor", "down", "estimate", "exec", "fetch", "idle_rule",
+__all__ = ["COMMANDS", "bake", "bench", "cancel", "cleanup", "doctor", "down", "estimate", "exec", "fetch", "idle_rule",
            "launch", "list_images", "list_instances", "list_runs", "load_task", "logs", "notebook", "prices",
            "remove_image", "run", "sandbox_down", "sandbox_env", "sandbox_interrupt", "sandbox_status", "sandbox_up",
-           "scale", "show_run", "ssh", "ssh_config", "start", "stop", "train_mnist", "tunnel"]
+           "scale", "show_run", "ssh", "ssh_config", "start", "status", "stop", "train_mnist", "tunnel"]

@@ -113,7 +113,8 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
         ssh_cidr: Optional[str] = None, ami: Optional[str] = None, region: Optional[str] = None,
         sandbox: bool = False, reporter: Optional[ReporterLike] = None, on_warning=lambda text: None,
         as_typed: Optional[str] = None, baked: bool = True, workdir_outside: bool = False,
-        allow_larger: bool = False, dry_run: bool = False, infra: Optional[str] = None) -> Union[dict, RunRecord]:
+        allow_larger: bool = False, dry_run: bool = False, infra: Optional[str] = None,
+        detach: bool = False) -> Union[dict, RunRecord]:
     """Run a task on new instances end to end (estimate, launch, sync, setup, job, outputs home,
     teardown, bill); return its run record.
 
@@ -137,6 +138,9 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
     task's for that region (resources.ami, SkyPilot's image_id); the idle rule: the task's
     idle_timeout (SkyPilot's autostop), else 30 min idle where there is no max runtime
     (_idle_rule). A zone (from ``infra`` or the file) is chosen at launch, said in a warning.
+    ``detach``: hand the run to AWS and return once its Auto Scaling group is made
+    (runs/detached/launch.start: the record has status "detached", its bucket, group and deadline);
+    the job runs, recovers from spot interruptions and ends its group with nobody watching.
     Raises as the module docstring says.
     """
 
@@ -208,6 +212,9 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
             max_price=max_price if max_price is not None else res.max_price, nodes=nodes or job.task.nodes,
             max_attempts=max_attempts, task=job, expect_minutes=expect_min, baked=baked,
             command=job.mask(as_typed or f"ec2gpu.run({job.name!r})"))
+        if detach:
+            from ..runs.detached import launch
+            return launch.start(ctx.aws, settings, opts, reporter, ctx.backend)
         return pipeline.train(ctx.aws, settings, opts, reporter, ctx.backend)
 
 
@@ -323,3 +330,32 @@ def bake(task: Union[str, Path, object], *, base: str = "dlami", name: Optional[
         disk = job.task.resources.disk_gib
         settings = ctx.settings.model_copy(update={"root_volume_gib": disk}) if disk else ctx.settings
         return pipeline.train(ctx.aws, settings, opts, reporter, ctx.backend)
+
+
+def status(run_id: str, *, region: Optional[str] = None, sandbox: bool = False,
+           log=lambda text: None) -> dict:
+    """A detached run (`ec2gpu run --detach`) as AWS knows it, from any machine of the account:
+    its status.json in the run store (state: pending, running, interrupted, succeeded, failed or
+    cancelled; attempt, restarts, interruptions survived, instance, times, message) and its Auto
+    Scaling group ("group": desired capacity and instances, None once gone). A run that is over has
+    what it made removed by this call ("removed", by kind; runs/detached/follow.remove_finished).
+    Raises UsageError for a bad run id or one the region's store does not hold; NoCredentials,
+    AwsError."""
+    from ..runs.detached import follow
+    from .instances import _context
+    with _context(region, sandbox, False, log) as ctx:
+        return follow.status(ctx.aws, ctx.settings, run_id, log)
+
+
+def cancel(run_id: str, *, wait: float = 180.0, region: Optional[str] = None, sandbox: bool = False,
+           log=lambda text: None) -> dict:
+    """Cancel a detached run: its agent stops the job and saves its outputs and log to S3 (waited
+    for up to ``wait`` seconds), then its group (and instances), launch template, security group,
+    key pair and role are removed (runs/detached/follow.cancel). Returns ``status``' dict after it,
+    with "removed" and "waited_s". A run already over is only cleaned up. Raises as ``status``."""
+    from ..runs.detached import follow
+    from .instances import _context
+    if wait < 0:
+        raise UsageError(f"--wait {wait} is negative", "give the seconds to wait for the agent, 0 or more")
+    with _context(region, sandbox, False, log) as ctx:
+        return follow.cancel(ctx.aws, ctx.settings, run_id, log, wait_s=wait)

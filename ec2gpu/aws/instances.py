@@ -152,6 +152,8 @@ class LaunchSpec:
     instance_profile: str | None = None  # the run's own instance role (aws/iam.py), for S3 file_mounts
     #: (key, value) pairs: the task's labels (SkyPilot's), tags of its instances and volumes
     labels: tuple[tuple[str, str], ...] = ()
+    #: lines of bash run at boot after the limits (a detached run's agent: runs/detached/launch.boot_script)
+    boot: str | None = None
 
 
 #: Where the idle rule lives on an instance (root's; the sandbox sets EC2GPU_STATE_DIR per instance).
@@ -172,9 +174,9 @@ elif ! pgrep -f "$dir/idle-watch.sh" >/dev/null; then
 fi"""
 
 
-def user_data(max_runtime_minutes: int | None, idle: IdleRule | None = None) -> str:
-    """Cloud-init script: schedule a shutdown after ``max_runtime_minutes`` (None: nothing), and
-    install and start the idle watcher (ami/idle-watch.sh) for ``idle``."""
+def user_data(max_runtime_minutes: int | None, idle: IdleRule | None = None, boot: str | None = None) -> str:
+    """Cloud-init script: schedule a shutdown after ``max_runtime_minutes`` (None: nothing), install
+    and start the idle watcher (ami/idle-watch.sh) for ``idle``, then ``boot`` (bash lines)."""
     lines = ["#!/bin/bash"]
     if max_runtime_minutes:
         # InstanceInitiatedShutdownBehavior turns this shutdown into a termination (or, with
@@ -187,6 +189,8 @@ def user_data(max_runtime_minutes: int | None, idle: IdleRule | None = None) -> 
         lines += [f"dir={STATE_DIR}", 'mkdir -p "$dir"', "cat >\"$dir/idle-watch.sh\" <<'EC2GPU_IDLE_WATCH'", watch,
                   "EC2GPU_IDLE_WATCH", 'chmod 755 "$dir/idle-watch.sh"',
                   f'echo "{idle.seconds} {idle.check_seconds}" >"$dir/idle-rule"', START_IDLE_WATCH]
+    if boot:
+        lines.append(boot.rstrip("\n"))
     return "\n".join(lines) + "\n"
 
 
@@ -205,7 +209,7 @@ def run_request(spec: LaunchSpec) -> dict[str, Any]:
         # plain text: boto3 base64-encodes UserData for RunInstances itself (botocore handlers.py,
         # base64_encode_user_data); encoding it here too would hand the instance base64 text that
         # cloud-init never runs (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/user-data.html)
-        "UserData": user_data(spec.max_runtime_minutes, spec.idle),
+        "UserData": user_data(spec.max_runtime_minutes, spec.idle, spec.boot),
         "TagSpecifications": [T.tag_spec("instance", spec.run_id, spec.owner, spec.name),
                               T.tag_spec("volume", spec.run_id, spec.owner, spec.name)],
     }

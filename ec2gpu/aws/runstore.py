@@ -62,6 +62,9 @@ LOGS = "logs/"
 OUTPUTS = "outputs/"
 CHECKPOINTS = "checkpoints/"
 WORKDIR = "workdir.tar.gz"
+CANCEL = "cancel"
+SPEC = "spec.json"
+AGENT = "agent/"
 
 
 def bucket_name(account_id: str, region: str) -> str:
@@ -131,6 +134,27 @@ def outputs_prefix(run_id: str) -> str:
 def checkpoints_prefix(run_id: str) -> str:
     """``runs/<run_id>/checkpoints/``: the job's checkpoints, which a replacement instance resumes from."""
     return prefix(run_id) + CHECKPOINTS
+
+
+def cancel_key(run_id: str) -> str:
+    """``runs/<run_id>/cancel``: present once `ec2gpu cancel` asked the run's agent to stop."""
+    return prefix(run_id) + CANCEL
+
+
+def spec_key(run_id: str) -> str:
+    """``runs/<run_id>/spec.json``: what the agent runs (runs/detached/launch.spec_document)."""
+    return prefix(run_id) + SPEC
+
+
+def agent_prefix(run_id: str) -> str:
+    """``runs/<run_id>/agent/``: the instance-side files the boot script fetches."""
+    return prefix(run_id) + AGENT
+
+
+def put_cancel(s3: Client, bucket: str, run_id: str) -> None:
+    """Write the run's cancel object (``cancel_key``): the agent, polling for it, stops the job and
+    saves its outputs. Raises UsageError for a bad run id, AwsError for S3 errors."""
+    _put(s3, "put_object", bucket, Key=cancel_key(run_id), Body=b"cancelled by `ec2gpu cancel`\n")
 
 
 def workdir_key(run_id: str) -> str:

@@ -11,6 +11,11 @@ from ..errors import UsageError
 from . import JSON, REGION, SANDBOX, RichReporter, _print_record, _sandbox_flag, app, err, out, render_json, say, warn
 
 
+def _one_line(text: str) -> None:
+    """A step's note on stderr, dim, on one line however wide."""
+    say(err, text, "dim", soft_wrap=True)
+
+
 def _size(text: str, flag: str = "--max-upload") -> int:
     """'1GiB', '500MB', '2048' (bytes) -> bytes (tasks.spec.size_bytes). Raises UsageError naming ``flag``."""
     from ..tasks.spec import size_bytes
@@ -96,6 +101,9 @@ def run_cmd(
     infra: Optional[str] = typer.Option(None, "--infra", help="aws, aws/REGION or aws/REGION/ZONE (SkyPilot's "
                                         "override flag): a SkyPilot task file naming another cloud runs on AWS; "
                                         "a region here is the run's (the zone is chosen at launch)."),
+    detach: bool = typer.Option(False, "--detach", help="Hand the run to AWS and return: an Auto Scaling group "
+                                "runs it (a spot instance lost is replaced and the job resumes from its last "
+                                "checkpoint in S3), with nobody watching; `ec2gpu status RUN` follows it."),
     region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
 ):
     """Run your own job on new GPU instances: send the workdir, set up, run, bring outputs home, terminate.
@@ -114,11 +122,25 @@ def run_cmd(
         max_price=max_price, max_attempts=max_attempts, max_upload=_size(max_upload), include_secrets=include_secrets,
         out=out_dir, ssh_cidr=ssh_cidr, ami=ami, region=region, sandbox=_sandbox_flag(sandbox),
         reporter=RichReporter(err), on_warning=_warn, as_typed=" ".join(["ec2gpu", *sys.argv[1:]]), baked=not no_baked,
-        workdir_outside=workdir_outside, allow_larger=allow_larger, dry_run=dry_run, infra=infra)
+        workdir_outside=workdir_outside, allow_larger=allow_larger, dry_run=dry_run, infra=infra, detach=detach)
     if dry_run:
         _print_plan(record, as_json)
         return
+    if detach:
+        _print_detached(record, as_json)
+        return
     _print_record(record, as_json)
+
+
+def _print_detached(record, as_json: bool) -> None:
+    """A detached run's start: its id, where it lives, its deadline, and the command that follows it."""
+    if as_json:
+        render_json(record)
+        return
+    run_id = record["run_id"]
+    say(out, f"run {run_id} detached: Auto Scaling group {record['group']}, store s3://{record['bucket']}/runs/{run_id}/")
+    say(out, f"it ends by {record['deadline']} at the latest (the group's scheduled action), whoever is watching")
+    say(out, f"follow it: ec2gpu status {run_id}", "dim")
 
 
 @app.command("exec")
@@ -159,3 +181,61 @@ def _task_file(args) -> str | None:
 def _warn(text: str) -> None:
     """A task file's warning: it may quote the file's values (inert, never markup: cli.warn)."""
     warn(text)
+
+
+@app.command("status")
+def status_cmd(run_id: str = typer.Argument(..., help="The run id `ec2gpu run --detach` printed."),
+               region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
+    """Show a detached run from any machine of the account: state, attempt, instance, interruptions.
+
+    Read from the run's status.json in S3 (written by its agent) and its Auto Scaling group. A run
+    that is over has its group, launch template, security group, key pair and role removed now."""
+    from .. import api
+    got = api.status(run_id, region=region, sandbox=_sandbox_flag(sandbox), log=_one_line)
+    if as_json:
+        render_json(got)
+        return
+    _say_status(got)
+
+
+@app.command("cancel")
+def cancel_cmd(run_id: str = typer.Argument(..., help="The run id `ec2gpu run --detach` printed."),
+               wait: float = typer.Option(180.0, "--wait", min=0, help="Seconds to give the agent to stop the job "
+                                          "and save its outputs to S3 before the group is removed."),
+               region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
+    """Cancel a detached run: the job is stopped, its outputs saved to S3, everything it made removed."""
+    from .. import api
+    got = api.cancel(run_id, wait=wait, region=region, sandbox=_sandbox_flag(sandbox), log=_one_line)
+    if as_json:
+        render_json(got)
+        return
+    _say_status(got)
+
+
+def _say_status(got: Mapping[str, Any]) -> None:
+    """A detached run's status in a few plain lines (every value inert: it came from the instance)."""
+    group = got.get("group")
+    line = f"run {got['run_id']}: {got['state']}"
+    if got.get("attempt"):
+        line += f", attempt {got['attempt']}"
+    if got.get("interruptions"):
+        line += f", {got['interruptions']} spot interruption(s) survived"
+    if got.get("restarts"):
+        line += f", {got['restarts']} restart(s) after errors"
+    say(out, line)
+    if got.get("instance_id"):
+        say(out, f"instance {got['instance_id']} ({got.get('instance_type') or '?'}, {got.get('market') or '?'})")
+    if got.get("exit_code") is not None:
+        say(out, f"exit code {got['exit_code']}")
+    if got.get("message"):
+        say(out, f"message: {got['message']}")
+    if got.get("problem"):
+        warn(f"status.json: {got['problem']}")
+    if group:
+        say(out, f"group {group['name']}: desired {group['desired']}, instances "
+                 + (", ".join(f"{i['id']} {i['state']}" for i in group["instances"]) or "none"))
+    removed = {k: v for k, v in (got.get("removed") or {}).items() if k != "left" and v}
+    if removed:
+        say(out, "removed " + "; ".join(f"{k.replace('_', ' ')} {', '.join(v)}" for k, v in removed.items()))
+    if (got.get("removed") or {}).get("left"):
+        warn("could not remove " + ", ".join(got["removed"]["left"]) + " (`ec2gpu cleanup` tries again)")

@@ -264,7 +264,7 @@ def train(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
     --checkpoint-uri; AwsError, CapacityError, RemoteError, WaitTimeout as they happen, and
     recovery.AttemptsExhausted (all after teardown); KeyboardInterrupt after teardown.
     """
-    opts, itype = _check_options(opts, ui)
+    opts, itype = check_options(opts, ui)
     if backend.is_sandbox and opts.task is None and isinstance(opts, TrainOptions):  # the built-in job's data, first
         opts = replace(opts, trainer_args=[*opts.trainer_args, *sandbox_data_args(opts.trainer_args)])
     job = builtin_task(opts, sandbox=backend.is_sandbox)
@@ -331,7 +331,7 @@ def _teardown_and_bill(aws: Aws, settings: Settings, opts: RunOptions, prov: pro
             ui.note(f"warning: could not compute the bill ({type(exc).__name__}: {exc})")
 
 
-def _check_options(opts: _Run, ui: ReporterLike) -> tuple[_Run, catalog.InstanceType]:
+def check_options(opts: _Run, ui: ReporterLike) -> tuple[_Run, catalog.InstanceType]:
     """Refuse bad options before any AWS call (UsageError: nothing created, no ledger row); return
     ``opts`` with its instance types in canonical names, and the first one's catalog entry."""
     if any(not t.strip() for t in opts.instance_type.split(",")):

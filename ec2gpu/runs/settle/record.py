@@ -14,7 +14,7 @@ class RunRecord(TypedDict, total=False):
     run_id: str  # YYYYmmdd-HHMMSS-xxxx
     command: str  # as typed, secrets masked
     backend: str  # aws | sandbox | local
-    status: str  # running | completed | failed | interrupted | spot-interrupted | controller-lost
+    status: str  # running | completed | failed | interrupted | spot-interrupted | controller-lost | detached
     started_at: str
     ended_at: Optional[str]
     controller: Optional[dict[str, Any]]  # host, pid, started (reconcile.py)
@@ -48,6 +48,10 @@ class RunRecord(TypedDict, total=False):
     train_seconds: Optional[float]
     samples_per_second: Optional[float]
     teardown_failed: list[str]
+    # a detached run (runs/detached/launch.py): its run store, Auto Scaling group and deadline (ISO 8601 UTC)
+    bucket: Optional[str]
+    group: Optional[str]
+    deadline: Optional[str]
 
 
 def new(run_id: str, command: str, backend: str, artifacts: str | Path, status: str = "running",

@@ -1,0 +1,113 @@
+"""Follow a detached run from any machine of the same AWS account: `ec2gpu status RUN`, `ec2gpu cancel RUN`.
+
+What a detached run is doing is in two places, both AWS's: its ``status.json`` in the run store
+(aws/runstore.py; written by the agent on its instance, so read as hostile input:
+runstore.validate_status) and its Auto Scaling group (aws/groups.py: desired capacity, the
+instances it holds). Neither is this machine's ledger, so a run started on a laptop is followed
+from another one.
+
+A run that has finished (its state final and its group at 0 with no instance left) has what it
+made removed by the first of these commands that sees it so (``remove_finished``): the group, its
+launch template, the security group, the key pair and the instance role. Its objects in S3 stay
+until the bucket's lifecycle rule expires them.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from ...aws import groups, runstore, sweep
+from ...aws.session import Aws
+from ...errors import UsageError
+from ...settings import Settings
+
+#: the states after which the agent does nothing more (runstore.STATES' final ones for a detached
+#: run: an "interrupted" attempt is followed by the replacement's)
+DONE = ("succeeded", "failed", "cancelled")
+#: how long `cancel` waits (s) for the agent to stop the job and save its outputs before it ends the
+#: group itself
+CANCEL_WAIT_S = 180.0
+
+
+def _store(aws: Aws) -> tuple[Any, str]:
+    s3 = aws.client("s3")
+    return s3, runstore.bucket_name(aws.check_credentials()["Account"], aws.region)
+
+
+def status(aws: Aws, settings: Settings, run_id: str, log: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
+    """The detached run ``run_id`` as AWS knows it: status.json's fields (runstore.validate_status:
+    state, attempt, restarts, interruptions, instance, times, message; "problem" when the record is
+    not readable), plus "group" (its desired capacity and instances: id, state, zone, health, or
+    None once it is gone) and "removed" (what ``remove_finished`` removed now). Raises UsageError
+    for a run id that is not one or a run this account's store does not hold; AwsError."""
+    runstore.check_run_id(run_id)
+    s3, bucket = _store(aws)
+    got = runstore.get_status(s3, bucket, run_id)
+    if got is None:
+        raise UsageError(f"no detached run {run_id} in s3://{bucket} ({aws.region})",
+                         "check the run id and --region; `ec2gpu runs` lists this machine's runs")
+    group = _group(aws, run_id)
+    removed = remove_finished(aws, settings, run_id, got, group, log)
+    return {**got, "bucket": bucket, "group": group, "removed": removed}
+
+
+def _group(aws: Aws, run_id: str) -> dict[str, Any] | None:
+    found = groups.find_groups(aws.client("autoscaling"), run_id)
+    if not found:
+        return None
+    g = found[0]
+    return {"name": g["AutoScalingGroupName"], "desired": g.get("DesiredCapacity"), "status": g.get("Status"),
+            "instances": [{"id": i.get("InstanceId"), "state": i.get("LifecycleState"),
+                           "zone": i.get("AvailabilityZone"), "health": i.get("HealthStatus"),
+                           "instance_type": i.get("InstanceType")} for i in g.get("Instances", [])]}
+
+
+def remove_finished(aws: Aws, settings: Settings, run_id: str, got: dict[str, Any], group: dict[str, Any] | None,
+                    log: Callable[[str], None]) -> dict[str, list[str]]:
+    """When the run is over (state in DONE, and its group at 0 with no instance, or gone), remove
+    what it made (aws/sweep.delete_run with IAM and Auto Scaling clients); {} otherwise, or when
+    nothing was left. Never raises for one resource (sweep's best effort)."""
+    if got.get("state") not in DONE or (group is not None and (group["desired"] or group["instances"])):
+        return {}
+    found = sweep.inventory(aws.ec2, run_id, iam=aws.client("iam"), autoscaling=aws.client("autoscaling"))
+    if not any(found.values()):
+        return {}
+    done = sweep.delete_everything(aws.ec2, found, settings.keys_dir, log=log, iam=aws.client("iam"),
+                                   autoscaling=aws.client("autoscaling"))
+    return {k: v for k, v in done.items() if v}
+
+
+def cancel(aws: Aws, settings: Settings, run_id: str, log: Callable[[str], None] = lambda line: None,
+           wait_s: float = CANCEL_WAIT_S, poll_s: float = 5.0, sleep: Callable[[float], None] = time.sleep,
+           clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
+    """Cancel the detached run ``run_id``: write its ``cancel`` object (the agent, polling for it,
+    stops the job, uploads its outputs and log and records "cancelled"), wait up to ``wait_s``
+    seconds for that, then remove the group (its instances with it, whatever the agent did) and
+    everything else the run made (aws/sweep.delete_run). Returns ``status``' dict after it, with
+    "waited_s". A run already over is only cleaned up. Raises UsageError for an unknown run; AwsError."""
+    first = status(aws, settings, run_id, log)
+    if first["state"] in DONE:
+        return {**first, "waited_s": 0.0}
+    s3, bucket = _store(aws)
+    runstore.put_cancel(s3, bucket, run_id)
+    log(f"asked the agent of {run_id} to stop the job and save its outputs (s3://{bucket}/{runstore.prefix(run_id)})")
+    start, got = clock(), first
+    while clock() - start < wait_s and first.get("group") and first["group"]["instances"]:
+        got = runstore.get_status(s3, bucket, run_id) or got
+        if got.get("state") in DONE:
+            break
+        sleep(poll_s)
+    waited = round(clock() - start, 1)
+    if got.get("state") not in DONE:
+        log(f"the agent did not answer in {waited:.0f} s: ending the group without it")
+        runstore.put_status(s3, bucket, run_id, {**_writable(got), "state": "cancelled",
+                                                  "message": "cancelled: the group was ended by `ec2gpu cancel`"})
+    removed = sweep.delete_run(aws.ec2, run_id, settings.keys_dir, log=log, iam=aws.client("iam"),
+                               autoscaling=aws.client("autoscaling"))  # the group first: none replaces anything
+    return {**status(aws, settings, run_id, log), "removed": {k: v for k, v in removed.items() if v},
+            "waited_s": waited}
+
+
+def _writable(got: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a read status record that put_status writes back (None values left out)."""
+    return {k: v for k, v in got.items() if v is not None and k not in ("problem", "bucket", "group", "removed")}

@@ -1,0 +1,222 @@
+"""`ec2gpu run --detach`: put a run in its S3 store, hand it to an Auto Scaling group, return.
+
+No process of ours watches the run afterwards. What this does, in order, each step only once the
+one before it worked:
+
+1. the checks of any run, before anything is made (runs/provision/pipeline: options, estimate and
+   --budget, the vCPU quota), and the ones of a detached run (``check``: a limit, one node, no
+   secrets, no file_mounts);
+2. the run store (aws/runstore.ensure: bucket ``ec2gpu-ACCOUNT-REGION``, public access blocked,
+   encrypted, TLS only, expiring); under ``runs/RUN_ID/``: the workdir (``workdir.tar.gz``: the
+   files remote/sync.manifest sends), the agent (``agent/agent.py``, ``agent/detached.py``) and
+   ``spec.json`` (``spec_document``: what the agent runs);
+3. the run's key pair (SSH, for `ec2gpu logs --follow` while an instance is up), its security group
+   (SSH from this machine's /32 only) and its own instance role (aws/iam.detached_policy: its own
+   prefix and its own group, nothing else);
+4. a launch template and an Auto Scaling group of one instance (aws/groups.create), whose user
+   data starts the agent (``boot_script``: no credentials in it; the role's come from IMDSv2),
+   with the scheduled action that sets the group to 0 at the run's deadline, whoever is left;
+5. ``status.json`` (state "pending") and the ledger row (status "detached": no controller here
+   to settle it, runs/recover/reconcile.py leaves it alone).
+
+Whatever fails on the way removes what was made (aws/sweep.delete_run, the group first) before
+the error is raised; the run's objects in S3 stay for the bucket's lifecycle rule to expire.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import tarfile
+import tempfile
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ...aws import capacity, groups, iam, instances, network, runstore, sweep
+from ...aws.session import Aws
+from ...backend import Backend
+from ...errors import UsageError
+from ...settings import Settings
+from ..options import RunOptions
+from ..provision import pipeline
+from ..provision import resources as provision
+from ..settle import record as run_record
+
+if TYPE_CHECKING:
+    from ...remote.sync import Manifest
+    from ..execute.engine import TaskJob
+    from ..execute.reporter import ReporterLike
+
+AGENT_DIR = Path(__file__).resolve().parents[2] / "agent"
+#: the instance-side files, uploaded under runs/RUN_ID/agent/ and fetched by ``boot_script``
+AGENT_FILES = ("agent.py", "detached.py")
+#: instances a detached run may launch in all (first plus replacements) when --max-attempts is not
+#: given: a spot run rides out several interruptions; an on-demand one gets one replacement
+#: (an instance AWS retired, a failed status check)
+DEFAULT_LAUNCHES = {True: 10, False: 2}
+
+
+def check(opts: RunOptions) -> TaskJob:
+    """Refuse (UsageError, nothing created) what a detached run cannot do yet or must not do;
+    return its task. A detached run needs a limit (the group's deadline is the net that holds when
+    nothing else does), runs on one node, carries no secrets (its spec lies in S3, not in a 0600
+    file of one instance) and no file_mounts."""
+    job = opts.task
+    if job is None:
+        raise UsageError("--detach runs a task", "give a task file or a command")
+    if opts.max_runtime_minutes is None:
+        raise UsageError("--detach needs a limit: nothing would end a detached run that never finishes",
+                         "give --max-runtime (e.g. 8h), or drop --detach")
+    if opts.nodes != 1:
+        raise UsageError(f"--detach runs on one node, not {opts.nodes}", "drop --nodes, or drop --detach")
+    if job.secret_values:
+        raise UsageError("--detach does not carry --secret values: they would be stored in S3",
+                         "drop --secret (read the secret on the instance from AWS Secrets Manager), or drop --detach")
+    if job.mounts:
+        raise UsageError("--detach does not copy file_mounts yet", "drop file_mounts, or drop --detach")
+    if opts.keep:
+        raise UsageError("--keep has no meaning with --detach: the group ends when the job does", "drop --keep")
+    return job
+
+
+def boot_script(bucket: str, run_id: str, region: str) -> str:
+    """The user data lines that start the agent of a detached run (pure): fetch the agent from the
+    run's prefix with the instance role's credentials (boto3 on the instance; the AWS CLI where it
+    has none), tried for up to 5 min (a new role reaches EC2 a little later: IAM is eventually
+    consistent), then start detached.py in the background, its log in the state directory. It
+    holds no secret: the bucket, the run id and the region only."""
+    prefix = runstore.prefix(run_id)
+    q = shlex.quote
+    fetch_py = ("import sys,boto3\n"
+                f"s3=boto3.client('s3',region_name={region!r})\n"
+                f"for n in {list(AGENT_FILES)!r}:\n"
+                f"    s3.download_file({bucket!r},{prefix!r}+'agent/'+n,sys.argv[1]+'/'+n)\n")
+    cli = " && ".join(f"aws s3 cp --region {q(region)} {q(f's3://{bucket}/{prefix}agent/{n}')} \"$dir/{n}\""
+                      for n in AGENT_FILES)
+    return "\n".join([
+        f'dir={instances.STATE_DIR}/detached',
+        'mkdir -p "$dir" && chmod 700 "$dir"',
+        "for _ in $(seq 30); do",
+        f'  {{ python3 -c {q(fetch_py)} "$dir" || {{ command -v aws >/dev/null && {cli}; }}; }} 2>>"$dir/boot.log" && break',
+        "  sleep 10",
+        "done",
+        f'nohup python3 "$dir/detached.py" --bucket {q(bucket)} --run-id {q(run_id)} --region {q(region)} '
+        '--home "$dir" >>"$dir/detached.log" 2>&1 </dev/null &',
+    ])
+
+
+def spec_document(job: TaskJob, opts: RunOptions, run_id: str, group: str, limit_at: datetime,
+                  max_launches: int) -> dict[str, Any]:
+    """spec.json (pure): what the agent on each instance of the run runs, as agent/detached.py
+    reads it. ``limit_at``: the run's deadline (UTC); the group's scheduled action ends it then."""
+    return {
+        "version": 1, "run_id": run_id, "task": job.name, "group": group,
+        "setup": job.task.setup or "", "run": job.task.run or "", "args": list(job.args),
+        "envs": dict(job.env), "workdir_key": runstore.workdir_key(run_id),
+        "outputs": list(job.task.outputs), "checkpoint_dir": job.task.checkpoint_dir,
+        # SkyPilot's job_recovery.max_restarts_on_errors is not a task field yet (tasks/load.py warns of it)
+        "max_restarts_on_errors": 0, "max_launches": max_launches,
+        "nodes": opts.nodes, "limit_at": limit_at.timestamp(), "spot": opts.spot,
+    }
+
+
+def pack(manifest: Manifest, path: Path) -> int:
+    """Write the files of ``manifest`` (remote/sync.manifest: regular files, ignore rules applied,
+    secrets withheld) to ``path`` as a gzipped tar, each a plain file owned by nobody in
+    particular (uid/gid 0, mode 0644 or 0755); return its size in bytes."""
+    def plain(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        info.mode = 0o755 if info.mode & 0o100 else 0o644
+        return info
+    with tarfile.open(path, "w:gz") as tar:
+        for rel in manifest.files:
+            tar.add(manifest.root / rel, arcname=rel, recursive=False, filter=plain)
+    return path.stat().st_size
+
+
+def start(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, backend: Backend) -> run_record.RunRecord:
+    """Start ``opts``' task as a detached run (the module docstring's steps); return its run
+    record (status "detached", "bucket", "group", "deadline") once the group is made. Raises
+    UsageError before anything is made (``check``, the estimate and --budget, a bad option);
+    CapacityError for the quota; AwsError and botocore's ClientError as AWS answers, after removing
+    what was made."""
+    opts, itype = pipeline.check_options(opts, ui)
+    job = check(opts)
+    account = aws.check_credentials()["Account"]
+    est = pipeline.check_estimate(aws, settings, opts, backend.name, ui)
+    capacity.check_quota(aws.client("service-quotas"), aws.ec2, itype.name, opts.spot, count=opts.nodes, log=ui.note)
+    run_id = pipeline.new_run_id()
+    limit_at = datetime.now(timezone.utc) + timedelta(minutes=opts.max_runtime_minutes or 0)
+    launches = opts.max_attempts or DEFAULT_LAUNCHES[opts.spot]
+    group = groups.name_of(run_id)
+    s3 = aws.client("s3")
+    with ui.phase("upload"):
+        bucket = runstore.ensure(s3, account, aws.region, settings.owner, settings.run_store_expire_days)
+        _upload(s3, bucket, run_id, job, spec_document(job, opts, run_id, group, limit_at, launches))
+        ui.note(f"run store s3://{bucket}/{runstore.prefix(run_id)}: workdir, agent and spec")
+    made = False
+    try:
+        with ui.phase("requesting"):
+            made = True
+            profile = _role(aws, settings, run_id, bucket, group, account)
+            cidr = network.ssh_cidr(opts.ssh_cidr, aws.checkip_url)
+            key_name, _ = network.create_key_pair(aws.ec2, run_id, settings.owner, settings.keys_dir)
+            sg = network.create_security_group(aws.ec2, run_id, settings.owner, cidr)
+            ami = provision.choose_image(aws, opts)
+            spec = instances.LaunchSpec(
+                run_id=run_id, owner=settings.owner, name=opts.name or f"ec2gpu-{run_id}",
+                instance_type=opts.instance_types[0], image_id=ami["ImageId"], root_device_name=ami["RootDeviceName"],
+                key_name=key_name, security_group_id=sg, spot=opts.spot, root_volume_gib=settings.root_volume_gib,
+                max_runtime_minutes=None,  # a shutdown would only be replaced: the group's deadline ends it
+                max_price=opts.max_price if opts.spot else None, instance_profile=profile,
+                boot=boot_script(bucket, run_id, aws.region))
+            subnets = list(capacity.default_subnets(aws.ec2).values())
+            groups.create(aws.ec2, aws.client("autoscaling"), spec, opts.instance_types, subnets, opts.nodes, limit_at)
+            runstore.put_status(s3, bucket, run_id, {"run_id": run_id, "state": "pending",
+                                                     "attempt": 0, "updated_at": _now()})
+    except BaseException:
+        if made:
+            ui.note(f"removing what run {run_id} made")
+            sweep.delete_run(aws.ec2, run_id, settings.keys_dir, log=ui.note, iam=aws.client("iam"),
+                             autoscaling=aws.client("autoscaling"))
+        raise
+    ui.note(f"Auto Scaling group {group}: {opts.nodes} {'spot' if opts.spot else 'on-demand'} instance(s) of "
+            f"{', '.join(opts.instance_types)}; it goes to 0 at {limit_at:%Y-%m-%d %H:%M} UTC at the latest")
+    out = Path(opts.out or Path("runs") / run_id).resolve()
+    record = run_record.new(run_id, opts.command, backend.name, out, status="detached", task=job.name,
+                            instance_type=itype.name, gpu=itype.gpu, market="spot" if opts.spot else "on-demand",
+                            region=aws.region, estimated_cost_usd=None if est.upper_bound else est.cost_usd,
+                            estimate=est.as_dict())
+    record.update({"bucket": bucket, "group": group, "deadline": limit_at.isoformat()})
+    pipeline._ledger(settings, record, ui)
+    return record
+
+
+def _upload(s3: Any, bucket: str, run_id: str, job: TaskJob, spec: dict[str, Any]) -> None:
+    """The run's workdir, agent and spec under its prefix (spec last: an agent that finds it finds
+    the rest)."""
+    with tempfile.TemporaryDirectory(prefix="ec2gpu-detach-") as tmp:
+        archive = Path(tmp) / "workdir.tar.gz"
+        if job.manifest is not None:
+            pack(job.manifest, archive)
+        else:
+            with tarfile.open(archive, "w:gz"):
+                pass
+        s3.upload_file(str(archive), bucket, runstore.workdir_key(run_id))
+    for name in AGENT_FILES:
+        s3.upload_file(str(AGENT_DIR / name), bucket, runstore.agent_prefix(run_id) + name)
+    s3.put_object(Bucket=bucket, Key=runstore.spec_key(run_id), Body=json.dumps(spec, indent=2).encode(),
+                  ContentType="application/json")
+
+
+def _role(aws: Aws, settings: Settings, run_id: str, bucket: str, group: str, account: str) -> str:
+    """The run's own instance role and profile (aws/iam.detached_policy); its name."""
+    client = aws.client("iam")
+    policy = iam.detached_policy(bucket, run_id, group, aws.region, account)
+    return iam.create_run_role(client, run_id, settings.owner, policy, region=aws.region,
+                               boundary=iam.boundary_arn(client, account))
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat()

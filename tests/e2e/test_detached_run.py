@@ -1,0 +1,99 @@
+"""Detached runs in the sandbox (issue 30): `run --detach` returns at once; the Auto Scaling group's
+instance runs the agent from its user data, the job's outputs and log reach S3, and the agent ends
+the group; `status` follows it from the store and removes what the run made once it is over;
+`cancel` stops a running one. Nothing of the run is left afterwards."""
+import json
+import os
+import time
+from pathlib import Path
+
+import boto3
+import pytest
+
+from ec2gpu import api, cli
+from ec2gpu.aws import runstore, sweep
+from ec2gpu.sandbox import control
+
+from test_sandbox_train import processes_gone  # same folder (pytest prepend import mode)
+
+pytestmark = pytest.mark.e2e
+NEEDS_MNIST = False
+
+
+def _client(service):
+    return boto3.client(service, endpoint_url=os.environ["AWS_ENDPOINT_URL"], region_name="us-east-1")
+
+
+def _task(tmp_path: Path, run: str) -> Path:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "data.txt").write_text("from the workdir\n")
+    task = work / "task.yaml"
+    task.write_text("name: detached\nworkdir: .\nsetup: echo setup ran > setup.txt\nrun: |\n"
+                    + "".join(f"  {line}\n" for line in run.splitlines()))
+    return task
+
+
+def _wait(run_id: str, states: tuple[str, ...], timeout_s: float = 180.0) -> dict:
+    deadline, got = time.monotonic() + timeout_s, {}
+    while time.monotonic() < deadline:
+        got = api.status(run_id, sandbox=True)
+        if got["state"] in states:
+            return got
+        time.sleep(2)
+    raise AssertionError(f"{run_id} still {got.get('state')} after {timeout_s} s: {got}")
+
+
+def _object(bucket: str, key: str) -> str:
+    return _client("s3").get_object(Bucket=bucket, Key=key)["Body"].read().decode()
+
+
+def _nothing_left(run_id: str, timeout_s: float = 120.0) -> dict:
+    """Call `status` until it has removed everything of the run; return the last inventory."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        api.status(run_id, sandbox=True)
+        found = sweep.inventory(_client("ec2"), run_id, iam=_client("iam"), autoscaling=_client("autoscaling"))
+        if not any(found.values()) or time.monotonic() > deadline:
+            return found
+        time.sleep(2)
+
+
+def test_a_detached_run_finishes_with_nobody_watching_and_leaves_nothing(sandbox_env, tmp_path, capsys):
+    task = _task(tmp_path, 'cat data.txt setup.txt > "$EC2GPU_OUTPUT_DIR/result.txt"\necho "resume=$EC2GPU_RESUME"')
+    started = time.monotonic()
+    assert cli.main(["run", str(task), "--sandbox", "--detach", "--max-runtime", "30m", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert time.monotonic() - started < 60  # it returns once the group is made, not when the job ends
+    run_id, bucket = record["run_id"], record["bucket"]
+    assert record["status"] == "detached" and record["group"] == f"ec2gpu-{run_id}"
+    done = _wait(run_id, ("succeeded", "failed", "cancelled"))
+    assert done["state"] == "succeeded" and done["exit_code"] == 0, done
+    prefix = runstore.prefix(run_id)
+    assert _object(bucket, prefix + "outputs/result.txt") == "from the workdir\nsetup ran\n"
+    assert "resume=0" in _object(bucket, prefix + "logs/job.log")
+    left = _nothing_left(run_id)
+    assert not any(left.values()), left
+    state = control.read_state(sandbox_env[0])
+    assert processes_gone([i for i in state["instances"]], timeout_s=30)
+
+
+def test_cancel_stops_a_detached_run_and_removes_what_it_made(sandbox_env, tmp_path, capsys):
+    task = _task(tmp_path, 'echo started\nsleep 600')
+    assert cli.main(["run", str(task), "--sandbox", "--detach", "--max-runtime", "30m", "--json"]) == 0
+    run_id = json.loads(capsys.readouterr().out)["run_id"]
+    _wait(run_id, ("running",))
+    assert cli.main(["cancel", run_id, "--sandbox", "--wait", "60", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["state"] == "cancelled" and got["removed"]["auto_scaling_groups"] == [f"ec2gpu-{run_id}"]
+    assert got["waited_s"] < 60  # the agent answered: it stopped the job and saved what it had
+    assert "started" in _object(got["bucket"], runstore.prefix(run_id) + "logs/job.log")
+    left = _nothing_left(run_id)
+    assert not any(left.values()), left
+
+
+def test_status_of_an_unknown_run_is_one_clear_line(sandbox_env, capsys):
+    assert cli.main(["status", "20261125-000000-0000", "--sandbox"]) == 2
+    assert "no detached run 20261125-000000-0000" in capsys.readouterr().err
+    assert cli.main(["status", "../etc", "--sandbox"]) == 2
+    assert "is not a run id" in capsys.readouterr().err

@@ -1,0 +1,91 @@
+"""A detached run's launch, the parts without AWS (runs/detached/launch.py): what it refuses, its
+boot script, its spec and its workdir archive."""
+import shutil
+import subprocess
+import tarfile
+from datetime import datetime, timezone
+
+import pytest
+
+from ec2gpu.aws import instances
+from ec2gpu.errors import UsageError
+from ec2gpu.remote import sync
+from ec2gpu.runs.detached import launch
+from ec2gpu.runs.execute import engine
+from ec2gpu.runs.options import RunOptions
+from ec2gpu.tasks import load
+
+RUN = "20261125-103000-1a2b"
+BUCKET = "ec2gpu-123456789012-us-east-1"
+
+
+def _job(text="name: mine\nrun: python train.py\n", **kw):
+    return engine.TaskJob(load.parse(text), {"A": "1"}, None, **kw)
+
+
+@pytest.mark.parametrize("opts, words", [
+    (dict(max_runtime_minutes=None), "needs a limit"),
+    (dict(nodes=2), "one node"),
+    (dict(keep=True), "--keep"),
+])
+def test_a_detached_run_needs_a_limit_and_one_node(opts, words):
+    with pytest.raises(UsageError, match=words):
+        launch.check(RunOptions(task=_job(), **opts))
+    assert launch.check(RunOptions(task=_job())).name == "mine"
+
+
+def test_a_detached_run_carries_no_secret_and_no_file_mounts():
+    with pytest.raises(UsageError, match="would be stored in S3"):
+        launch.check(RunOptions(task=_job(secret_values=["hunter2"])))
+    mounts = _job("name: m\nrun: 'true'\nfile_mounts:\n  /data: s3://some-bucket/data\n")
+    with pytest.raises(UsageError, match="file_mounts"):
+        launch.check(RunOptions(task=mounts))
+    with pytest.raises(UsageError, match="runs a task"):
+        launch.check(RunOptions())
+
+
+def test_the_boot_script_fetches_the_agent_with_the_role_and_starts_it_holding_no_secret(tmp_path):
+    boot = launch.boot_script(BUCKET, RUN, "us-east-1")
+    assert f"runs/{RUN}/agent/" in boot and "detached.py" in boot and "agent.py" in boot
+    assert f"--bucket {BUCKET} --run-id {RUN} --region us-east-1" in boot
+    assert "AWS_ACCESS_KEY_ID" not in boot and "aws_secret" not in boot.lower()
+    assert boot.count("seq 30") == 1  # tried again while the new role reaches EC2 (IAM is eventually consistent)
+    data = instances.user_data(None, None, boot)
+    assert data.startswith("#!/bin/bash\n") and "shutdown" not in data  # the group's deadline ends it, not a shutdown
+    script = tmp_path / "user-data"
+    script.write_text(data)
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    if shutil.which("shellcheck"):
+        got = subprocess.run(["shellcheck", "-s", "bash", "-S", "warning", str(script)], capture_output=True, text=True)
+        assert got.returncode == 0, got.stdout
+    with pytest.raises(UsageError):
+        launch.boot_script(BUCKET, "../other", "us-east-1")
+
+
+def test_the_spec_says_what_the_agent_runs_and_until_when():
+    at = datetime(2026, 11, 25, 18, 0, tzinfo=timezone.utc)
+    job = _job("name: mine\nsetup: pip install x\nrun: python train.py\noutputs: ['*.pt']\n")
+    spec = launch.spec_document(job, RunOptions(task=job, spot=True), RUN, f"ec2gpu-{RUN}", at, 10)
+    assert (spec["run_id"], spec["task"], spec["group"]) == (RUN, "mine", f"ec2gpu-{RUN}")
+    assert (spec["setup"], spec["run"], spec["envs"], spec["outputs"]) == ("pip install x", "python train.py",
+                                                                           {"A": "1"}, ["*.pt"])
+    assert spec["limit_at"] == at.timestamp() and spec["max_launches"] == 10 and spec["spot"] is True
+    assert spec["workdir_key"] == f"runs/{RUN}/workdir.tar.gz" and spec["nodes"] == 1
+
+
+def test_the_workdir_archive_holds_the_manifest_files_alone_as_plain_files(tmp_path):
+    root = tmp_path / "work"
+    (root / "pkg").mkdir(parents=True)
+    (root / "train.py").write_text("print(1)\n")
+    (root / "run.sh").write_text("#!/bin/sh\n")
+    (root / "run.sh").chmod(0o750)
+    (root / "pkg" / "m.py").write_text("x = 1\n")
+    (root / ".env").write_text("TOKEN=hunter2\n")  # withheld by the manifest's rules
+    (root / "link").symlink_to("/etc/passwd")  # never sent
+    size = launch.pack(sync.manifest(root), tmp_path / "w.tar.gz")
+    with tarfile.open(tmp_path / "w.tar.gz") as tar:
+        members = {m.name: m for m in tar.getmembers()}
+    assert size == (tmp_path / "w.tar.gz").stat().st_size
+    assert set(members) == {"train.py", "run.sh", "pkg/m.py"}
+    assert all(m.isfile() and m.uid == 0 and m.uname == "" for m in members.values())
+    assert (members["run.sh"].mode, members["train.py"].mode) == (0o755, 0o644)
