@@ -10,8 +10,11 @@ where `ec2gpu sandbox interrupt` publishes spot interruption notices, and the da
 endpoint at EC2GPU_SANDBOX_CONTROL, where `shutdown` on the instance asks to be ended (guest.py).
 An AWS SDK on an instance finds the same metadata service through its own standard variable
 AWS_EC2_METADATA_SERVICE_ENDPOINT, and with it the credentials of the instance's role (roles.py),
-and the emulated S3 through AWS_ENDPOINT_URL_S3; no credentials of this machine reach an instance.
+and the emulated S3 and Auto Scaling through AWS_ENDPOINT_URL_S3 and AWS_ENDPOINT_URL_AUTO_SCALING;
+no credentials of this machine reach an instance.
 With EC2GPU_SANDBOX_LIKE_AWS=1 it behaves like EC2 where moto does not (likeaws.py).
+Auto Scaling groups launch from their launch templates, replace instances that fail their health
+check, and run their scheduled actions (autoscaling.py, one pass each tick of the loop).
 SIGTERM stops everything it started.
 """
 from __future__ import annotations
@@ -30,7 +33,7 @@ from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
 
-from . import cloudinit, console, dlami, images, imds, lifecycle, likeaws, roles, sshd
+from . import autoscaling, cloudinit, console, dlami, images, imds, lifecycle, likeaws, roles, sshd, tls
 
 def write_json(path: Path, data: dict) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
@@ -187,7 +190,9 @@ class Sandbox:
         market.install_spot_role()  # the first spot request creates AWSServiceRoleForEC2Spot, as on EC2
         dlami.install_parameters()  # the DLAMIs' and Canonical's SSM public parameters
         lifecycle.install()  # a start sets LaunchTime again, as on EC2
+        tls.install()  # a request comes over TLS, as boto3's do on AWS: a TLS-only bucket policy lets it in
         roles.install()  # RunInstances gives the instance profile to every instance it launches
+        autoscaling.install()  # groups launch from their templates; scheduled actions per group
         images.install(self.state_dir,  # CreateImage keeps the builder's home; reboots reboot
                        pending_s=self.like_aws.image_pending_s if self.like_aws else 0.0)
         console.install(self.state_dir / "instances",  # cloud-init's host key fingerprints
@@ -201,7 +206,9 @@ class Sandbox:
         self.moto = moto_server(self.host, port, middleware)
         self.moto.start()
         self.endpoint = f"http://{self.host}:{port}"
-        handler = type("Handler", (Http,), {"meta": imds.Metadata(reclaim_spot_instance),
+        self.meta = imds.Metadata(reclaim_spot_instance)
+        self.scaler = autoscaling.Scaler(rebalanced=self.rebalanced)
+        handler = type("Handler", (Http,), {"meta": self.meta,
                                             "find": staticmethod(find_instance),
                                             "role_of": staticmethod(roles.role_of), "mint": staticmethod(roles.mint),
                                             "zone_of": staticmethod(instance_zone),
@@ -211,6 +218,11 @@ class Sandbox:
         base = f"http://{self.host}:{self.http.server_address[1]}"
         self.checkip_url, self.imds_url, self.control_url = f"{base}/checkip", base, base
         self.save()
+
+    def rebalanced(self) -> set[str]:
+        """The instances that received a rebalance recommendation (`sandbox interrupt --rebalance`)."""
+        with self.meta.lock:
+            return set(self.meta.rebalances)
 
     def shutdown_request(self, request: dict) -> dict:
         """`shutdown` on an instance (guest.py): schedule, cancel, or do at once what EC2 does when
@@ -268,6 +280,7 @@ class Sandbox:
                # an AWS SDK's own settings: its metadata service (the role's credentials; botocore
                # joins this base with "latest/api/token") and the emulated S3; no keys, ever
                "AWS_EC2_METADATA_SERVICE_ENDPOINT": f"{self.imds_url}/{iid}/", "AWS_ENDPOINT_URL_S3": self.endpoint,
+               "AWS_ENDPOINT_URL_AUTO_SCALING": self.endpoint,  # a detached run's agent ends its own group
                # the instance's own state directory and console (ami/idle-watch.sh; console.py shows it)
                "EC2GPU_STATE_DIR": str(directory / "state"), "EC2GPU_CONSOLE": str(directory / console.CONSOLE_LOG),
                "EC2GPU_BOOT_ID_FILE": str(directory / "boot_id"),  # a new id each boot, as the kernel's
@@ -317,6 +330,10 @@ class Sandbox:
 
     def loop(self, interval_s: float = 0.2) -> None:
         while not self.stopping.is_set():
+            try:
+                self.scaler.reconcile()  # before the sshds: a group's new instance boots this same tick
+            except Exception as exc:  # a moto dict changed size under a request: next tick
+                print(f"autoscaling: {type(exc).__name__}: {exc}", flush=True)
             self.reconcile()
             self.stopping.wait(interval_s)
         for timer in self.shutdowns.values():
