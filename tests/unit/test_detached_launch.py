@@ -65,11 +65,14 @@ def test_the_boot_script_fetches_the_agent_with_the_role_and_starts_it_holding_n
 def test_the_spec_says_what_the_agent_runs_and_until_when():
     at = datetime(2026, 11, 25, 18, 0, tzinfo=timezone.utc)
     job = _job("name: mine\nsetup: pip install x\nrun: python train.py\noutputs: ['*.pt']\n")
-    spec = launch.spec_document(job, RunOptions(task=job, spot=True), RUN, f"ec2gpu-{RUN}", at, 10)
-    assert (spec["run_id"], spec["task"], spec["group"]) == (RUN, "mine", f"ec2gpu-{RUN}")
+    spec = launch.spec_document(job, RunOptions(task=job, spot=True, max_runtime_minutes=60), RUN, f"ec2gpu-{RUN}",
+                                at, 10)
+    assert (spec["run_id"], spec["name"], spec["group"]) == (RUN, "mine", f"ec2gpu-{RUN}")
     assert (spec["setup"], spec["run"], spec["envs"], spec["outputs"]) == ("pip install x", "python train.py",
                                                                            {"A": "1"}, ["*.pt"])
-    assert spec["limit_at"] == at.timestamp() and spec["max_launches"] == 10 and spec["spot"] is True
+    # the job's SIGTERM comes its grace before the group's deadline (2 min here: a quarter of 60 min is more)
+    assert spec["limit_at"] == at.timestamp() - 120 and spec["limit_grace_s"] == 120
+    assert spec["max_launches"] == 10 and spec["spot"] is True
     assert spec["workdir_key"] == f"runs/{RUN}/workdir.tar.gz" and spec["nodes"] == 1
 
 

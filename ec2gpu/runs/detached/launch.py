@@ -105,18 +105,22 @@ def boot_script(bucket: str, run_id: str, region: str) -> str:
     ])
 
 
-def spec_document(job: TaskJob, opts: RunOptions, run_id: str, group: str, limit_at: datetime,
+def spec_document(job: TaskJob, opts: RunOptions, run_id: str, group: str, deadline: datetime,
                   max_launches: int) -> dict[str, Any]:
     """spec.json (pure): what the agent on each instance of the run runs, as agent/detached.py
-    reads it. ``limit_at``: the run's deadline (UTC); the group's scheduled action ends it then."""
+    reads it (its docstring has the fields). ``deadline``: when the group's scheduled action sets
+    it to 0 (UTC); the job gets SIGTERM its grace before (runs/plan/limits.grace_seconds), so it
+    can checkpoint and its outputs reach S3 first."""
+    from ..plan import limits
+    grace = limits.grace_seconds(max(1, opts.max_runtime_minutes or 0))
     return {
-        "version": 1, "run_id": run_id, "task": job.name, "group": group,
-        "setup": job.task.setup or "", "run": job.task.run or "", "args": list(job.args),
+        "version": 1, "run_id": run_id, "name": job.name, "group": group,
+        "setup": job.task.setup, "run": job.task.run, "args": list(job.args),
         "envs": dict(job.env), "workdir_key": runstore.workdir_key(run_id),
         "outputs": list(job.task.outputs), "checkpoint_dir": job.task.checkpoint_dir,
         # SkyPilot's job_recovery.max_restarts_on_errors is not a task field yet (tasks/load.py warns of it)
-        "max_restarts_on_errors": 0, "max_launches": max_launches,
-        "nodes": opts.nodes, "limit_at": limit_at.timestamp(), "spot": opts.spot,
+        "max_restarts_on_errors": 0, "max_launches": max_launches, "nodes": opts.nodes,
+        "limit_at": deadline.timestamp() - grace, "limit_grace_s": grace, "spot": opts.spot,
     }
 
 
