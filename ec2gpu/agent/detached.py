@@ -1,0 +1,1077 @@
+"""The instance side of a detached run (issue 30): the run's own agent owns the job's lifecycle,
+S3 holds everything that must survive, and the run's Auto Scaling group (aws/groups.py) replaces
+an interrupted spot instance. No controller of ours runs anywhere once the run is launched.
+
+Shipped beside agent.py and started by the instance's user data (root, at boot) as
+``python3 detached.py --bucket B --run-id R --region REGION [--home DIR] [--every S] [--poll S]
+[--imds-endpoint URL]`` (HOME is the job's; the run's directory is HOME/ec2gpu/runs/RUN_ID, as
+remote/jobs.run_dir; the workdir RUN_DIR/workdir). Standard library and
+boto3 only (the Deep Learning AMI has boto3). Credentials: boto3's default chain, which on the
+instance is the instance profile through IMDSv2, and only that (``role_session``): never a file
+the controller sent, nor keys in the environment. Endpoints: boto3
+honours AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL_AUTO_SCALING and AWS_EC2_METADATA_SERVICE_ENDPOINT
+(the sandbox sets them); the metadata endpoint is handed to agent.py as EC2GPU_IMDS_ENDPOINT.
+
+S3 keys, all under ``runs/<run_id>/`` (the run id must read YYYYmmdd-HHMMSS-xxxx, as
+runs/provision/pipeline.new_run_id makes it, so no key leaves the run's prefix):
+
+- ``spec.json``      the run's contract, written by the controller before launch (below); read only
+- ``status.json``    the run's durable state (below), always written whole (PutObject is atomic)
+- ``cancel``         any object: the run is cancelled (``ec2gpu cancel`` writes it); checked at
+                     the start and on every poll
+- ``workdir.tar.gz`` the workdir (``workdir_key``), unpacked with the hostile-input rules of
+                     ``extract_workdir``
+- ``checkpoints/...`` a mirror of EC2GPU_CHECKPOINT_DIR: downloaded at the start (then the job
+                     gets EC2GPU_RESUME=1), files new or changed uploaded every ``--every`` seconds,
+                     at once on a spot notice or rebalance recommendation, and at the end; a file
+                     the job deleted is deleted there too
+- ``outputs/...``    EC2GPU_OUTPUT_DIR (the ``outputs`` globs of it, else all), at the end
+- ``logs/job.log``   the job's log (the setup's output too), whole, at most LOG_MAX bytes (its
+                     last ones), every ``--every`` seconds and at the end; a replacement instance
+                     starts its log from it, so it covers the whole run
+
+spec.json (JSON object; unknown fields are ignored, a field of the wrong type refuses the spec):
+``version`` 1; ``run_id`` (must equal --run-id); ``name`` (the task's, [A-Za-z0-9._-], 1-128);
+``setup`` (shell or null: run once per instance, before the job); ``run`` (shell, required);
+``args`` (list of strings: the run script's "$@"; default []); ``envs`` ({NAME: str}, not secret);
+``workdir_key`` (``runs/<run_id>/...`` or null: no workdir); ``outputs`` (gitignore-style globs
+relative to EC2GPU_OUTPUT_DIR, ``!`` to exclude; default []: all); ``checkpoint_dir`` (relative
+to the workdir, or null: RUN_DIR/checkpoints); ``max_restarts_on_errors`` (SkyPilot's
+job_recovery field, default 0); ``max_launches`` (instances launched for this run at most: a
+launch beyond it ends the group without running; default 10); ``group`` (must be
+``ec2gpu-<run_id>``, aws/groups.name_of); ``nodes`` (1: several nodes are not implemented here,
+and such a spec ends the run failed); ``limit_at`` (POSIX seconds or null: the job gets SIGTERM
+then, agent.py --limit-at, and is not restarted); ``limit_grace_s`` (seconds from limit_at to
+the instance's end, default 120); ``gpus_limit`` (int or null: the GPUs the job may use when
+the instance has more, resources.allow_larger); ``python`` (absolute path or null: EC2GPU_PYTHON;
+null: the Deep Learning AMI's PyTorch Python when there, else python3).
+
+status.json (JSON object, ``STATUS_FIELDS``; times ISO 8601 UTC):
+``version`` 1; ``run_id``; ``state`` (starting | running | interrupted | succeeded | failed |
+cancelled); ``reason`` (why the run ended, or null); ``launches`` (instances that started this
+agent, this one included); ``attempt`` (job starts so far, all instances); ``restarts_on_errors``
+(restarts after a failed job or setup, against max_restarts_on_errors); ``interruptions`` (attempts
+that ended because their instance went away: a spot notice, or an instance lost without one);
+``instance_id`` (the latest launch's); ``created_at``, ``heartbeat_at``, ``ended_at``;
+``exit_code``, ``signal`` (the last attempt's); ``group``; ``group_ended_at``;
+``group_end_error`` (the last failure to set the group to 0, or null); ``instances`` (one per
+launch: ``launch``, ``instance_id``, ``started_at``, ``last_seen_at``, ``setup_exit_code``,
+``setup_runs``, ``resumed`` (checkpoints were downloaded), ``checkpoint_files``); ``attempts``
+(one per job start: ``attempt``, ``launch``, ``instance_id``, ``started_at``, ``ended_at``,
+``outcome`` (running | succeeded | failed | interrupted | cancelled | limit | lost: the next
+launch found it still running, its instance gone without a word), ``exit_code``, ``signal``,
+``resume``, ``notice``, ``rebalance``).
+
+What happens, in order: the launch is counted (a launch beyond max_launches, a terminal state or a
+cancel object ends the group at once); the workdir is unpacked, the earlier log and the checkpoints
+downloaded; the setup runs (a failed setup is a user-code failure); the job runs under agent.py,
+which signs its status.json with a key this agent gave it (a job cannot forge its verdict). On
+the job's end: succeeded -> outputs, log, status, end the group; failed -> restarted on this
+instance with EC2GPU_RESUME=1 while restarts_on_errors < max_restarts_on_errors, else outputs,
+log, status failed, end the group; a spot notice -> checkpoints and log at once, ``interrupted``,
+and the group is NOT ended: AWS replaces the instance and the next launch resumes; cancel ->
+SIGTERM (agent.py forwards it to the job), outputs, log, ``cancelled``, end the group. A launch that
+finds a later launch recorded in status.json (Capacity Rebalancing starts the replacement before
+it ends this one) stops its job and writes nothing more: the later one owns the prefix.
+
+"End the group" is UpdateAutoScalingGroup to 0/0/0, never a shutdown (the group would replace the
+instance); a failed call is retried with backoff for as long as this process lives, each failure
+recorded in status.json; the group's scheduled deadline action (set by the controller) is the
+net when even that fails.
+
+One node only: a run of N nodes needs every node to restart together with the new
+SKYPILOT_NODE_IPS when one is replaced; not done here (the spec is refused, the run ends failed).
+
+Known limit: the job runs with the same instance role and so could rewrite the run's prefix
+(status.json included); the launch cap read from status.json is then the job's to forge, and the
+group's deadline action is what bounds a run whose job is hostile.
+"""
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import hmac
+import importlib
+import json
+import math
+import os
+import re
+import secrets
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tarfile
+import time
+import urllib.error
+import urllib.request
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+if __package__:  # in the package (tests, the controller)
+    from . import agent
+else:  # on the instance: agent.py beside this file (sys.path[0]), not a package to install
+    agent = importlib.import_module("agent")
+
+RUN_ID_RE = re.compile(r"\d{8}-\d{6}-[0-9a-f]{4}")  # runs/provision/pipeline.new_run_id
+NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+GROUP_PREFIX = "ec2gpu-"  # aws/groups.PREFIX
+TERMINAL = ("succeeded", "failed", "cancelled")
+STATUS_FIELDS = ("version", "run_id", "state", "reason", "launches", "attempt", "restarts_on_errors", "interruptions",
+                 "instance_id", "created_at", "heartbeat_at", "ended_at", "exit_code", "signal", "group",
+                 "group_ended_at", "group_end_error", "instances", "attempts")
+MAX_SPEC_BYTES = 1024 * 1024
+MAX_STATUS_BYTES = 4 * 1024 * 1024
+MAX_SCRIPT_BYTES = 100 * 1024  # tasks/spec.MAX_SCRIPT_BYTES
+MAX_RECORDS = 1000  # instances and attempts kept in status.json (the newest)
+#: the workdir archive: hostile input (refused beyond these)
+MAX_ARCHIVE_BYTES = 5 * 1024 ** 3
+MAX_WORKDIR_BYTES = 20 * 1024 ** 3
+MAX_WORKDIR_MEMBERS = 200_000
+MAX_TRANSFER_FILES = 100_000  # checkpoint and output files moved at once
+LOG_MAX = 64 * 1024 ** 2  # bytes of job.log kept in S3 (the last ones)
+SETUP_TIMEOUT_S = 3600  # runs/execute/engine.py's
+EXIT_INTERRUPTED = 75  # this process's exit: the instance is going away, the group replaces it
+EXIT_SUPERSEDED = 76  # a later launch owns the run
+EXIT_REFUSED = 2  # bad arguments or spec
+#: Pythons with torch on the Deep Learning AMIs (ami/setup-gpu.sh's order)
+PYTHONS = ("/opt/pytorch/bin/python", "/opt/pytorch/bin/python3", "/opt/conda/envs/pytorch/bin/python3")
+#: how engine.py starts setup and run (the same words: a test compares them)
+INTERACTIVE = 'exec bash -i -c "$0" "$@" 3>&2 2>/dev/null'
+HANDOFF = ('exec 2>&3 3>&-; for _ec2gpu_f in $(compgen -A function); do export -f "$_ec2gpu_f" 2>/dev/null; done; '
+           'unset _ec2gpu_f; exec bash -c "$0" "$@"')
+PROLOGUE = ("trap 'exit 143' TERM; "
+            'case "${EC2GPU_PYTHON:-}" in */*) export PATH="${EC2GPU_PYTHON%/*}:$PATH";; esac; '
+            'cd "${EC2GPU_WORKDIR:-.}" || exit 1\n')
+PROGRESS_FILE = "progress.json"  # runs/execute/nodes.PROGRESS_FILE
+
+
+class Refused(ValueError):
+    """Input that breaks the contract (a run id, a spec, an archive): nothing of it is used."""
+
+
+class Superseded(Exception):
+    """A later launch of the run is recorded: this one must stop writing."""
+
+
+def iso(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="seconds")
+
+
+def check_run_id(run_id: object) -> str:
+    """``run_id`` when it reads YYYYmmdd-HHMMSS-xxxx, else Refused (no '/', '..' or other text)."""
+    if not isinstance(run_id, str) or not RUN_ID_RE.fullmatch(run_id):
+        raise Refused(f"not a run id: {str(run_id)[:80]!r}")
+    return run_id
+
+
+def safe_rel(rel: str) -> str | None:
+    """``rel`` as a relative path of plain names ('a/b'), or None when it is absolute, empty, has
+    '..', '.' or empty parts, or a NUL."""
+    if not rel or rel.startswith("/") or "\0" in rel or "\\" in rel:
+        return None
+    parts = rel.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        return None
+    return rel
+
+
+# --- the spec ---------------------------------------------------------------------------------------
+
+def parse_spec(data: object, run_id: str) -> dict[str, Any]:
+    """spec.json checked (module docstring) -> a dict with every field, defaults filled. Refused
+    for anything else."""
+    if not isinstance(data, dict):
+        raise Refused("spec.json is not a JSON object")
+
+    def get(name: str, kinds: tuple[type, ...], default: Any = None, required: bool = False) -> Any:
+        v = data.get(name, default)
+        if v is None and not required:
+            return None
+        if not isinstance(v, kinds) or isinstance(v, bool) and bool not in kinds:
+            raise Refused(f"spec.json: {name} is {type(v).__name__}, not {'/'.join(k.__name__ for k in kinds)}")
+        return v
+    if check_run_id(data.get("run_id")) != run_id:
+        raise Refused(f"spec.json is for run {data.get('run_id')!r}, not {run_id}")
+    name = get("name", (str,), required=True)
+    if not NAME_RE.fullmatch(name):
+        raise Refused(f"spec.json: name {name[:80]!r} is not [A-Za-z0-9._-]{{1,128}}")
+    run = get("run", (str,), required=True)
+    setup = get("setup", (str,))
+    for what, script in (("run", run), ("setup", setup or "")):
+        if len(script.encode("utf-8", "surrogatepass")) > MAX_SCRIPT_BYTES or "\0" in script:
+            raise Refused(f"spec.json: {what} is over {MAX_SCRIPT_BYTES} bytes or has a NUL")
+    if not run.strip():
+        raise Refused("spec.json: run is empty")
+    args = get("args", (list,), [])
+    envs = get("envs", (dict,), {})
+    if not all(isinstance(a, str) and "\0" not in a for a in args):
+        raise Refused("spec.json: args must be strings")
+    for k, v in envs.items():
+        if not ENV_NAME_RE.fullmatch(k) or not isinstance(v, str) or "\0" in v:
+            raise Refused(f"spec.json: envs: {k[:80]!r} is not NAME: string")
+    workdir_key = get("workdir_key", (str,))
+    if workdir_key is not None and (not workdir_key.startswith(f"runs/{run_id}/")
+                                    or safe_rel(workdir_key) is None):
+        raise Refused(f"spec.json: workdir_key {workdir_key[:120]!r} is not under runs/{run_id}/")
+    outputs = get("outputs", (list,), [])
+    if not all(isinstance(g, str) and safe_rel(g.removeprefix("!").strip("/") or "x") is not None for g in outputs):
+        raise Refused("spec.json: outputs must be relative globs inside $EC2GPU_OUTPUT_DIR")
+    checkpoint_dir = get("checkpoint_dir", (str,))
+    if checkpoint_dir is not None and safe_rel(checkpoint_dir.rstrip("/")) is None:
+        raise Refused("spec.json: checkpoint_dir must be a relative path inside the workdir")
+    restarts = get("max_restarts_on_errors", (int,), 0)
+    launches = get("max_launches", (int,), 10)
+    if not 0 <= restarts <= 1000 or not 1 <= launches <= 1000:
+        raise Refused("spec.json: max_restarts_on_errors must be 0-1000 and max_launches 1-1000")
+    group = get("group", (str,), GROUP_PREFIX + run_id)
+    if group != GROUP_PREFIX + run_id:
+        raise Refused(f"spec.json: group {group[:120]!r} is not this run's ({GROUP_PREFIX}{run_id})")
+    nodes = get("nodes", (int,), 1)
+    if nodes != 1:
+        raise Refused(f"spec.json: nodes {nodes}: a detached run of several nodes is not implemented")
+    limit_at = get("limit_at", (int, float))
+    grace = get("limit_grace_s", (int, float), 120.0)
+    if limit_at is not None and not math.isfinite(limit_at) or not (math.isfinite(grace) and 0 <= grace <= 86400):
+        raise Refused("spec.json: limit_at must be a finite time and limit_grace_s 0-86400 seconds")
+    gpus_limit = get("gpus_limit", (int,))
+    if gpus_limit is not None and gpus_limit < 1:
+        raise Refused("spec.json: gpus_limit must be at least 1")
+    python = get("python", (str,))
+    if python is not None and (not python.startswith("/") or not re.fullmatch(r"[A-Za-z0-9._/+-]{1,512}", python)):
+        raise Refused("spec.json: python must be an absolute path")
+    return {"run_id": run_id, "name": name, "setup": setup, "run": run, "args": list(args), "envs": dict(envs),
+            "workdir_key": workdir_key, "outputs": list(outputs), "checkpoint_dir": checkpoint_dir,
+            "max_restarts_on_errors": restarts, "max_launches": launches, "group": group, "nodes": 1,
+            "limit_at": None if limit_at is None else float(limit_at), "limit_grace_s": float(grace),
+            "gpus_limit": gpus_limit, "python": python}
+
+
+# --- the status record -------------------------------------------------------------------------------
+
+def new_status(run_id: str, group: str, at: float) -> dict[str, Any]:
+    return {"version": 1, "run_id": run_id, "state": "starting", "reason": None, "launches": 0, "attempt": 0,
+            "restarts_on_errors": 0, "interruptions": 0, "instance_id": None, "created_at": iso(at),
+            "heartbeat_at": None, "ended_at": None, "exit_code": None, "signal": None, "group": group,
+            "group_ended_at": None, "group_end_error": None, "instances": [], "attempts": []}
+
+
+def parse_status(data: object, run_id: str, group: str, at: float) -> dict[str, Any]:
+    """A status.json read back (it may have been written by anyone holding the role: hostile
+    input), as a record of the right shape: counters non-negative ints, lists of dicts, the newest
+    MAX_RECORDS kept; anything else from the default."""
+    st = new_status(run_id, group, at)
+    if not isinstance(data, dict):
+        return st
+    for k in ("launches", "attempt", "restarts_on_errors", "interruptions"):
+        v = data.get(k)
+        if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 10 ** 9:
+            st[k] = v
+    if data.get("state") in ("starting", "running", "interrupted") + TERMINAL:
+        st["state"] = data["state"]
+    for k in ("reason", "instance_id", "created_at", "heartbeat_at", "ended_at", "group_ended_at", "group_end_error"):
+        if isinstance(data.get(k), str):
+            st[k] = data[k][:2000]
+    for k in ("exit_code", "signal"):
+        if isinstance(data.get(k), int) and not isinstance(data.get(k), bool):
+            st[k] = data[k]
+    for k in ("instances", "attempts"):
+        if isinstance(data.get(k), list):
+            st[k] = [r for r in data[k] if isinstance(r, dict)][-MAX_RECORDS:]
+    return st
+
+
+# --- the workdir archive --------------------------------------------------------------------------------
+
+def extract_workdir(archive: str, dest: str, max_bytes: int = MAX_WORKDIR_BYTES,
+                    max_members: int = MAX_WORKDIR_MEMBERS) -> int:
+    """Unpack the gzip'd tar ``archive`` into ``dest`` (which must not exist), as hostile input:
+    every member checked before anything is written; Refused (and ``dest`` removed) for an
+    absolute name, a '..' part, a device, FIFO or other special file, a hard link to anything but
+    an earlier regular member, a symbolic link whose target is absolute or resolves outside
+    ``dest`` (links are made last and each resolved after all are made), a duplicate name, more
+    than ``max_members`` members or ``max_bytes`` bytes. Files keep their owner's permission bits
+    (setuid, setgid and sticky dropped) and get this process's owner. Returns the file count."""
+    root = os.path.realpath(dest)
+    members: list[tarfile.TarInfo] = []
+    total, seen = 0, set()
+    with tarfile.open(archive, "r:gz") as tar:
+        for m in tar:
+            if len(members) >= max_members:
+                raise Refused(f"workdir archive: more than {max_members} members")
+            name = m.name[2:] if m.name.startswith("./") else m.name
+            name = name.rstrip("/") if m.isdir() else name
+            if name in ("", "."):
+                continue
+            if safe_rel(name) is None:
+                raise Refused(f"workdir archive: member {m.name[:200]!r} is absolute or leaves the workdir")
+            if name in seen:
+                raise Refused(f"workdir archive: member {name[:200]!r} appears twice")
+            if m.issym():
+                if m.linkname.startswith("/") or "\0" in m.linkname:
+                    raise Refused(f"workdir archive: link {name[:200]!r} points outside ({m.linkname[:200]!r})")
+            elif m.islnk():
+                target = m.linkname[2:] if m.linkname.startswith("./") else m.linkname
+                if target not in seen or not next((x for x in members if x.name == target and x.isreg()), None):
+                    raise Refused(f"workdir archive: hard link {name[:200]!r} to {m.linkname[:200]!r}, not an earlier file")
+            elif not (m.isreg() or m.isdir()):
+                raise Refused(f"workdir archive: member {name[:200]!r} is a device, FIFO or other special file")
+            total += max(0, m.size)
+            if total > max_bytes:
+                raise Refused(f"workdir archive: more than {max_bytes:,} bytes")
+            m.name = name
+            if m.islnk():
+                m.linkname = m.linkname[2:] if m.linkname.startswith("./") else m.linkname
+            seen.add(name)
+            members.append(m)
+        os.makedirs(root)
+        try:
+            count = _unpack(tar, members, root)
+        except BaseException:
+            shutil.rmtree(root, ignore_errors=True)
+            raise
+    return count
+
+
+def _unpack(tar: tarfile.TarFile, members: list[tarfile.TarInfo], root: str) -> int:
+    """Write checked ``members`` under ``root``: directories and files first (never through a
+    link: there is none yet, and O_NOFOLLOW|O_EXCL), links last, then each link resolved."""
+    count = 0
+    for m in members:
+        path = os.path.join(root, m.name)
+        if m.isdir():
+            os.makedirs(path, exist_ok=True)
+            os.chmod(path, (m.mode & 0o777) | 0o700)
+            continue
+        if not (m.isreg() or m.islnk()):
+            continue
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        src = m if m.isreg() else tar.getmember(m.linkname)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            if m.isreg():
+                data = tar.extractfile(m)
+                left = m.size
+                while left > 0 and data is not None:
+                    chunk = data.read(min(left, 1024 * 1024))
+                    if not chunk:
+                        break
+                    out.write(chunk)
+                    left -= len(chunk)
+            else:  # a copy of the earlier file, not a link
+                with open(os.path.join(root, src.name), "rb") as f:
+                    shutil.copyfileobj(f, out)
+        os.chmod(path, (src.mode & 0o777) | 0o600)
+        count += 1
+    links = [m for m in members if m.issym()]
+    for m in links:
+        path = os.path.join(root, m.name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        os.symlink(m.linkname, path)
+    for m in links:  # resolved now that every link exists: a chain cannot lead out either
+        real = os.path.realpath(os.path.join(root, m.name))
+        if real != root and not real.startswith(root + os.sep):
+            raise Refused(f"workdir archive: link {m.name[:200]!r} points outside ({m.linkname[:200]!r})")
+    return count
+
+
+# --- globs (gitignore-style, as remote/sync.pull reads the task's outputs) ----------------------------------
+
+def wanted(rel: str, patterns: list[str]) -> bool:
+    """Whether ``rel`` (a file under EC2GPU_OUTPUT_DIR) is one of ``patterns``: every file when
+    there are none; else the last pattern that matches decides ('!' excludes). A pattern without a
+    '/' matches a name at any depth, one with a '/' the path from the top; 'dir/' a directory and
+    all under it. Approximates gitignore with fnmatch ('*' also crosses '/')."""
+    if not patterns:
+        return True
+    parts = rel.split("/")
+    verdict = False
+    for raw in patterns:
+        neg = raw.startswith("!")
+        pat = raw[1:] if neg else raw
+        dir_only = pat.endswith("/")
+        pat = pat.strip("/")
+        anchored = "/" in pat or raw.lstrip("!").startswith("/")
+        pat = pat.replace("**/", "*").replace("/**", "/*")
+        for i in range(1, len(parts) + 1):
+            if dir_only and i == len(parts):
+                continue
+            sub = "/".join(parts[:i]) if anchored else parts[i - 1]
+            if fnmatch.fnmatchcase(sub, pat):
+                verdict = not neg
+                break
+    return verdict
+
+
+# --- the instance ---------------------------------------------------------------------------------------
+
+def imds_reader(endpoint: str, timeout_s: float = 2.0) -> Callable[[str], str | None]:
+    """A reader of IMDSv2 text (``/latest/meta-data/instance-id``): None when not published."""
+    def read(path: str) -> str | None:
+        try:
+            put = urllib.request.Request(f"{endpoint}/latest/api/token", method="PUT",
+                                         headers={"X-aws-ec2-metadata-token-ttl-seconds": "300"})
+            with urllib.request.urlopen(put, timeout=timeout_s) as resp:
+                token = resp.read(4096).decode()
+            get = urllib.request.Request(f"{endpoint}{path}", headers={"X-aws-ec2-metadata-token": token})
+            with urllib.request.urlopen(get, timeout=timeout_s) as resp:
+                return resp.read(4096).decode().strip()
+        except (urllib.error.URLError, OSError, ValueError, UnicodeDecodeError):
+            return None
+    return read
+
+
+def gpu_count() -> int:
+    """GPUs on this instance (``nvidia-smi -L``), 0 without it."""
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.splitlines() if line.startswith("GPU "))
+
+
+def find_python(spec_python: str | None) -> str:
+    for cand in ((spec_python,) if spec_python else ()) + PYTHONS:
+        if os.access(cand, os.X_OK):
+            return cand
+    return "python3"
+
+
+def job_env(spec: dict[str, Any], run_dir: str, workdir: str, ip: str, gpus: int, resume: bool,
+            python: str) -> dict[str, str]:
+    """The job's environment (pure): the task's envs, then ours, as engine.node_env gives it for
+    node 0 of one (a test compares the two)."""
+    run_id = spec["run_id"]
+    limit = spec["gpus_limit"] if spec["gpus_limit"] and spec["gpus_limit"] < gpus else None
+    gpus = limit or gpus
+    ckpt = f"{workdir}/{spec['checkpoint_dir'].rstrip('/')}" if spec["checkpoint_dir"] else f"{run_dir}/checkpoints"
+    ours = {
+        "EC2GPU_RUN_ID": run_id, "EC2GPU_OUTPUT_DIR": f"{run_dir}/out", "EC2GPU_CHECKPOINT_DIR": ckpt,
+        "EC2GPU_RESUME": "1" if resume else "0", "EC2GPU_NODE_RANK": "0", "EC2GPU_NUM_NODES": "1",
+        "EC2GPU_HEAD_IP": ip, "EC2GPU_NODE_IP": ip, "EC2GPU_GPUS_PER_NODE": str(gpus),
+        "EC2GPU_PROGRESS_FILE": f"{run_dir}/{PROGRESS_FILE}", "EC2GPU_WORKDIR": workdir, "EC2GPU_PYTHON": python,
+        "SKYPILOT_NODE_RANK": "0", "SKYPILOT_NUM_NODES": "1", "SKYPILOT_NODE_IPS": ip,
+        "SKYPILOT_NUM_GPUS_PER_NODE": str(gpus), "SKYPILOT_TASK_ID": f"ec2gpu-{run_id}_{spec['name']}",
+    }
+    if limit:
+        ours["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(limit))
+    return {**spec["envs"], **ours}
+
+
+# --- S3 -------------------------------------------------------------------------------------------------
+
+def _code(exc: BaseException) -> str:
+    """A botocore ClientError's code ('NoSuchKey', '404'), '' for other errors."""
+    return str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+
+
+class Store:
+    """The run's prefix ``runs/<run_id>/`` in ``bucket``: every key is built here from a relative
+    path checked by safe_rel."""
+
+    def __init__(self, s3: Any, bucket: str, run_id: str):
+        self.s3, self.bucket, self.prefix = s3, bucket, f"runs/{check_run_id(run_id)}/"
+
+    def key(self, rel: str) -> str:
+        if safe_rel(rel) is None:
+            raise Refused(f"not a key inside the run: {rel[:200]!r}")
+        return self.prefix + rel
+
+    def get_bytes(self, rel: str, limit: int) -> bytes | None:
+        try:
+            body = self.s3.get_object(Bucket=self.bucket, Key=self.key(rel))["Body"]
+        except Exception as exc:
+            if _code(exc) in ("NoSuchKey", "404", "NotFound"):
+                return None
+            raise
+        return bytes(body.read(limit + 1))
+
+    def get_json(self, rel: str, limit: int) -> object:
+        data = self.get_bytes(rel, limit)
+        if data is None:
+            return None
+        if len(data) > limit:
+            raise Refused(f"{rel}: over {limit} bytes")
+        try:
+            return json.loads(data)
+        except ValueError as exc:
+            raise Refused(f"{rel}: not JSON ({exc})") from None
+
+    def put_json(self, rel: str, obj: object) -> None:
+        self.s3.put_object(Bucket=self.bucket, Key=self.key(rel), Body=json.dumps(obj, indent=1).encode(),
+                           ContentType="application/json")
+
+    def exists(self, rel: str) -> bool:
+        try:
+            self.s3.head_object(Bucket=self.bucket, Key=self.key(rel))
+            return True
+        except Exception as exc:
+            if _code(exc) in ("NoSuchKey", "404", "NotFound"):
+                return False
+            raise
+
+    def listing(self, rel_dir: str, limit: int = MAX_TRANSFER_FILES) -> dict[str, int]:
+        """{path under ``rel_dir``: size} of the objects there, at most ``limit``; keys that are not
+        plain relative paths are left out."""
+        base = self.key(rel_dir) + "/"
+        found: dict[str, int] = {}
+        for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base):
+            for o in page.get("Contents", []):
+                rel = o["Key"][len(base):]
+                if safe_rel(rel) is not None and len(found) < limit:
+                    found[rel] = int(o.get("Size", 0))
+        return found
+
+
+class Mirror:
+    """A local directory kept in S3 under ``rel_dir`` (checkpoints/, outputs/): what was sent (or
+    found there) is remembered as path -> (size, mtime_ns), so each push sends only what changed."""
+
+    def __init__(self, store: Store, rel_dir: str, local: str):
+        self.store, self.rel_dir, self.local = store, rel_dir, local
+        self.sent: dict[str, tuple[int, int]] = {}
+
+    def pull(self) -> int:
+        """Download every object under the prefix into the directory; returns the file count."""
+        os.makedirs(self.local, exist_ok=True)
+        count = 0
+        for rel in self.store.listing(self.rel_dir):
+            path = os.path.join(self.local, *rel.split("/"))
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            if os.path.islink(path):
+                os.remove(path)
+            self.store.s3.download_file(self.store.bucket, self.store.key(f"{self.rel_dir}/{rel}"), path)
+            st = os.stat(path)
+            self.sent[rel] = (st.st_size, st.st_mtime_ns)
+            count += 1
+        return count
+
+    def files(self) -> dict[str, os.stat_result]:
+        found: dict[str, os.stat_result] = {}
+        for dirpath, dirs, names in os.walk(self.local):
+            dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(dirpath, d))]
+            for name in names:
+                path = os.path.join(dirpath, name)
+                st = os.lstat(path)
+                rel = os.path.relpath(path, self.local).replace(os.sep, "/")
+                if stat.S_ISREG(st.st_mode) and safe_rel(rel) is not None and len(found) < MAX_TRANSFER_FILES:
+                    found[rel] = st
+        return found
+
+    def push(self, settled_s: float = 0.0, now: float | None = None, want: Callable[[str], bool] = lambda rel: True,
+             delete: bool = True) -> int:
+        """Upload the files new or changed since the last push (with ``settled_s``: not hidden
+        ones, nor those modified in the last ``settled_s`` seconds: still being written); delete
+        in S3 those sent before that are gone here. Returns the files sent."""
+        now = time.time() if now is None else now
+        files = self.files()
+        sent = 0
+        for rel, st in sorted(files.items()):
+            if not want(rel) or self.sent.get(rel) == (st.st_size, st.st_mtime_ns):
+                continue
+            if settled_s and (os.path.basename(rel).startswith(".") or now - st.st_mtime < settled_s):
+                continue
+            self.store.s3.upload_file(os.path.join(self.local, *rel.split("/")), self.store.bucket,
+                                      self.store.key(f"{self.rel_dir}/{rel}"))
+            self.sent[rel] = (st.st_size, st.st_mtime_ns)
+            sent += 1
+        if delete:
+            for rel in [r for r in self.sent if r not in files]:
+                self.store.s3.delete_object(Bucket=self.store.bucket, Key=self.store.key(f"{self.rel_dir}/{rel}"))
+                del self.sent[rel]
+        return sent
+
+
+# --- the run --------------------------------------------------------------------------------------------
+
+class Detached:
+    """One launch of a detached run on this instance (module docstring). Everything from outside
+    is injectable: ``s3`` and ``asg`` (boto3 clients), ``clock`` (POSIX seconds), ``sleep``,
+    ``imds`` (path -> text or None), ``gpus`` (-> GPU count)."""
+
+    def __init__(self, *, bucket: str, run_id: str, home: str, s3: Any, asg: Any,
+                 clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
+                 imds: Callable[[str], str | None] | None = None, imds_endpoint: str = agent.IMDS,
+                 gpus: Callable[[], int] = gpu_count, every_s: float = 60.0, poll_s: float = 5.0,
+                 agent_poll_s: float = 5.0, stop_grace_s: float = 90.0, settled_s: float = 5.0,
+                 log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)):
+        self.run_id = check_run_id(run_id)
+        self.store = Store(s3, bucket, run_id)
+        self.asg, self.clock, self.sleep, self.log = asg, clock, sleep, log
+        self.imds_endpoint = imds_endpoint.rstrip("/")
+        self.imds = imds or imds_reader(self.imds_endpoint)
+        self.gpus = gpus
+        self.every_s, self.poll_s, self.agent_poll_s = every_s, poll_s, agent_poll_s
+        self.stop_grace_s, self.settled_s = stop_grace_s, settled_s
+        self.home = os.path.abspath(home)
+        self.run_dir = os.path.join(self.home, "ec2gpu", "runs", run_id)  # remote/jobs.run_dir's
+        self.group = GROUP_PREFIX + run_id
+        self.status: dict[str, Any] = new_status(run_id, self.group, clock())
+        self.launch = 0
+        self.log_sent: tuple[int, int] | None = None
+        self.proc: subprocess.Popen | None = None  # the agent, while it runs
+        self.key = b""  # the key the running agent signs with
+
+    # -- the record
+    def now(self) -> str:
+        return iso(self.clock())
+
+    def check_superseded(self) -> None:
+        """Superseded when status.json records a later launch than this one (an error reading it is
+        said, not raised: the next check reads it again)."""
+        try:
+            there = self.store.get_json("status.json", MAX_STATUS_BYTES)
+        except Exception as exc:
+            self.log(f"status.json not read: {type(exc).__name__}: {exc}"[:500])
+            return
+        if isinstance(there, dict) and isinstance(there.get("launches"), int) and there["launches"] > self.launch:
+            raise Superseded(f"launch {there['launches']} is recorded; this is launch {self.launch}")
+
+    def save(self, check: bool = True) -> None:
+        """status.json written whole; with ``check``, Superseded first when a later launch is recorded."""
+        if check:
+            self.check_superseded()
+        self.status["heartbeat_at"] = self.now()
+        if self.status["instances"]:
+            self.status["instances"][-1]["last_seen_at"] = self.status["heartbeat_at"]
+        self.store.put_json("status.json", {k: self.status[k] for k in STATUS_FIELDS})
+
+    def try_save(self, check: bool = True) -> None:
+        try:
+            self.save(check)
+        except Superseded:
+            raise
+        except Exception as exc:  # S3 for a moment out of reach: the next write carries the record
+            self.log(f"status.json not written: {type(exc).__name__}: {exc}"[:500])
+
+    def end(self, state: str, reason: str | None) -> int:
+        """The run's end: ``state`` recorded, then the group set to 0 (end_group)."""
+        self.status.update(state=state, reason=reason, ended_at=self.status["ended_at"] or self.now())
+        self.try_save(check=False)
+        self.end_group()
+        return 0
+
+    def end_group(self) -> None:
+        """UpdateAutoScalingGroup to 0/0/0 with the instance role's credentials, retried with
+        backoff (2 s doubling to 60 s) until it is done; each failure recorded in status.json."""
+        delay = 2.0
+        while True:
+            try:
+                self.asg.update_auto_scaling_group(AutoScalingGroupName=self.group, MinSize=0, MaxSize=0,
+                                                   DesiredCapacity=0)
+            except Exception as exc:
+                self.status["group_end_error"] = f"{self.now()} {type(exc).__name__}: {exc}"[:1000]
+                self.log(f"the group is not ended yet: {self.status['group_end_error']}")
+                self.try_save(check=False)
+                self.sleep(delay)
+                delay = min(delay * 2, 60.0)
+                continue
+            self.status.update(group_ended_at=self.now(), group_end_error=None)
+            self.try_save(check=False)
+            return
+
+    # -- transfers
+    def push_log(self) -> None:
+        path = os.path.join(self.run_dir, "job.log")
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return
+        if self.log_sent == (st.st_size, st.st_mtime_ns):
+            return
+        with open(path, "rb") as f:
+            if st.st_size > LOG_MAX:
+                f.seek(st.st_size - LOG_MAX)
+            data = f.read(LOG_MAX)
+        self.store.s3.put_object(Bucket=self.store.bucket, Key=self.store.key("logs/job.log"), Body=data,
+                                 ContentType="text/plain")
+        self.log_sent = (st.st_size, st.st_mtime_ns)
+
+    def push(self, settled: bool) -> None:
+        """Checkpoints (changed files) and the log to S3; errors said, not raised (the next push
+        sends what this one could not)."""
+        for what, step in (("checkpoints", lambda: self.ckpt.push(self.settled_s if settled else 0.0, self.clock())),
+                           ("log", self.push_log)):
+            try:
+                step()
+            except Exception as exc:
+                self.log(f"{what} not uploaded: {type(exc).__name__}: {exc}"[:500])
+
+    def push_outputs(self) -> None:
+        outputs = Mirror(self.store, "outputs", self.out_dir)
+        try:
+            outputs.push(want=lambda rel: wanted(rel, self.spec["outputs"]), delete=False)
+        except Exception as exc:
+            self.log(f"outputs not uploaded: {type(exc).__name__}: {exc}"[:500])
+
+    def finish(self, state: str, reason: str | None) -> int:
+        """Outputs, checkpoints and log up, then the end."""
+        self.push_outputs()
+        self.push(settled=False)
+        return self.end(state, reason)
+
+    # -- the launch
+    def cancelled(self) -> bool:
+        try:
+            return self.store.exists("cancel")
+        except Exception as exc:
+            self.log(f"cancel not checked: {type(exc).__name__}: {exc}"[:300])
+            return False
+
+    def execute(self) -> int:
+        """This launch, start to end; returns this process's exit code (0: the run ended)."""
+        try:
+            return self._execute()
+        except Superseded as exc:
+            self.log(f"superseded: {exc}; this instance writes nothing more")
+            return EXIT_SUPERSEDED
+        except Exception as exc:  # a bug or S3 out of reach: the run ends rather than bill on
+            if self.proc is not None and self.proc.poll() is None:
+                self.stop(self.proc, self.key)
+            self.log(f"detached agent error: {type(exc).__name__}: {exc}"[:1000])
+            return self.end("failed", f"the detached agent failed: {type(exc).__name__}: {exc}"[:1000]) or 1
+
+    def _execute(self) -> int:
+        at = self.clock()
+        self.status = parse_status(self.store.get_json("status.json", MAX_STATUS_BYTES), self.run_id, self.group, at)
+        self.launch = self.status["launches"] + 1
+        instance_id = self.imds("/latest/meta-data/instance-id") or "unknown"
+        instance_id = instance_id if re.fullmatch(r"[A-Za-z0-9-]{1,64}", instance_id) else "unknown"
+        self.status.update(launches=self.launch, instance_id=instance_id)
+        last = self.status["attempts"][-1] if self.status["attempts"] else None
+        if last and last.get("outcome") == "running":  # its instance went away without a word
+            last.update(outcome="lost", ended_at=self.status.get("heartbeat_at"))
+            self.status["interruptions"] += 1
+        self.status["instances"] = (self.status["instances"] + [
+            {"launch": self.launch, "instance_id": instance_id, "started_at": iso(at), "last_seen_at": iso(at),
+             "setup_exit_code": None, "setup_runs": 0, "resumed": False, "checkpoint_files": 0}])[-MAX_RECORDS:]
+        try:
+            self.spec = parse_spec(self.store.get_json("spec.json", MAX_SPEC_BYTES), self.run_id)
+        except Refused as exc:
+            self.log(f"refused: {exc}")
+            if self.status["state"] not in TERMINAL:
+                self.status["state"] = "failed"
+                self.status["reason"] = f"spec refused: {exc}"[:1000]
+            self.end(self.status["state"], self.status["reason"])
+            return EXIT_REFUSED
+        if self.status["state"] in TERMINAL:  # ended before; the group was not (or this launch is late)
+            return self.end(self.status["state"], self.status["reason"])
+        if self.cancelled():
+            return self.end("cancelled", "cancelled before this launch ran anything")
+        if self.launch > self.spec["max_launches"]:
+            return self.end("failed", f"launch {self.launch} is beyond max_launches {self.spec['max_launches']}")
+        if self.spec["limit_at"] is not None and at >= self.spec["limit_at"]:
+            return self.end("failed", "the run's time limit passed before this launch")
+        self.status["state"] = "starting"
+        self.save()
+        return self.prepare_and_run()
+
+    def prepare_and_run(self) -> int:
+        spec = self.spec
+        os.makedirs(self.run_dir, exist_ok=True)
+        os.chmod(self.run_dir, 0o700)
+        self.workdir = os.path.join(self.run_dir, "workdir")
+        try:
+            self.get_workdir()
+        except Refused as exc:
+            self.log(f"refused: {exc}")
+            return self.end("failed", str(exc)[:1000])
+        ip = self.imds("/latest/meta-data/local-ipv4") or "127.0.0.1"
+        ip = ip if re.fullmatch(r"[0-9a-fA-F.:]{1,64}", ip) else "127.0.0.1"
+        python = find_python(spec["python"])
+        env = job_env(spec, self.run_dir, self.workdir, ip, self.gpus(), False, python)
+        self.out_dir, ckpt_dir = env["EC2GPU_OUTPUT_DIR"], env["EC2GPU_CHECKPOINT_DIR"]
+        os.makedirs(self.out_dir, exist_ok=True)
+        self.ckpt = Mirror(self.store, "checkpoints", ckpt_dir)
+        self.pull_log()
+        found = self.ckpt.pull()
+        self.status["instances"][-1].update(resumed=found > 0, checkpoint_files=found)
+        resume = found > 0
+        sky = os.path.join(self.home, "sky_workdir")  # SkyPilot's path, unless something real is there
+        if not os.path.exists(sky) or os.path.islink(sky):
+            try:
+                if os.path.islink(sky):
+                    os.remove(sky)
+                os.symlink(self.workdir, sky)
+            except OSError:
+                pass
+        setup_done = spec["setup"] is None
+        while True:
+            if self.cancelled():
+                return self.finish("cancelled", "cancelled")
+            env = job_env(spec, self.run_dir, self.workdir, ip, self.gpus(), resume, python)
+            if not setup_done:
+                code = self.run_setup(env)
+                inst = self.status["instances"][-1]
+                inst.update(setup_exit_code=code, setup_runs=inst["setup_runs"] + 1)
+                if code == -1:
+                    return self.finish("cancelled", "cancelled during the setup")
+                if code != 0:
+                    if self.status["restarts_on_errors"] < spec["max_restarts_on_errors"]:
+                        self.status["restarts_on_errors"] += 1
+                        self.log(f"the setup exited {code}: running it again")
+                        self.try_save()
+                        continue
+                    self.status.update(exit_code=code, signal=None)
+                    return self.finish("failed", f"the setup exited {code}")
+                setup_done = True
+            outcome, record = self.run_job(env)
+            if outcome == "succeeded":
+                return self.finish("succeeded", None)
+            if outcome == "interrupted":
+                self.push(settled=False)
+                self.status.update(state="interrupted", reason="spot interruption: the group replaces the instance")
+                self.status["interruptions"] += 1
+                self.try_save()
+                return EXIT_INTERRUPTED
+            if outcome == "cancelled":
+                return self.finish("cancelled", "cancelled")
+            if outcome == "limit":
+                return self.finish("failed", "the run's time limit: the job was stopped")
+            if self.status["restarts_on_errors"] < spec["max_restarts_on_errors"]:
+                self.status["restarts_on_errors"] += 1
+                self.push(settled=False)
+                self.try_save()
+                resume = True
+                continue
+            how = f"signal {record.get('signal')}" if record.get("signal") else f"exit {record.get('exit_code')}"
+            return self.finish("failed", f"the job failed ({how}) with {self.status['restarts_on_errors']} "
+                                         f"restart(s) on errors used")
+
+    def get_workdir(self) -> None:
+        """The workdir from S3, unpacked once per instance (a restart on errors keeps it)."""
+        if os.path.isdir(self.workdir):
+            return
+        key = self.spec["workdir_key"]
+        if key is None:
+            os.makedirs(self.workdir)
+            return
+        rel = key[len(self.store.prefix):]
+        head = self.store.s3.head_object(Bucket=self.store.bucket, Key=self.store.key(rel))
+        if int(head.get("ContentLength", 0)) > MAX_ARCHIVE_BYTES:
+            raise Refused(f"workdir archive: over {MAX_ARCHIVE_BYTES:,} bytes")
+        archive = os.path.join(self.run_dir, "workdir.tar.gz")
+        self.store.s3.download_file(self.store.bucket, self.store.key(rel), archive)
+        try:
+            if os.path.getsize(archive) > MAX_ARCHIVE_BYTES:
+                raise Refused(f"workdir archive: over {MAX_ARCHIVE_BYTES:,} bytes")
+            extract_workdir(archive, self.workdir)
+        except (tarfile.TarError, EOFError, OSError) as exc:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            raise Refused(f"workdir archive: unreadable ({type(exc).__name__}: {exc})") from None
+        finally:
+            os.remove(archive)
+
+    def pull_log(self) -> None:
+        """The log of earlier launches, so this one's appends to it (not on a restart here)."""
+        path = os.path.join(self.run_dir, "job.log")
+        if os.path.exists(path):
+            return
+        try:
+            data = self.store.get_bytes("logs/job.log", LOG_MAX)
+        except Exception as exc:
+            self.log(f"the earlier log not read: {type(exc).__name__}: {exc}"[:300])
+            return
+        if data:
+            with open(path, "wb") as f:
+                f.write(data[-LOG_MAX:])
+
+    def run_setup(self, env: dict[str, str]) -> int:
+        """The setup as engine.py runs it (bash -i, then a plain bash, SKYPILOT_SETUP_* too), its
+        output appended to job.log; its exit code (124 after SETUP_TIMEOUT_S, -1 when cancelled)."""
+        full = {**os.environ, **env, "HOME": self.home, "SKYPILOT_SETUP_NODE_RANK": env["SKYPILOT_NODE_RANK"],
+                "SKYPILOT_SETUP_NODE_IPS": env["SKYPILOT_NODE_IPS"],
+                "SKYPILOT_SETUP_NUM_GPUS_PER_NODE": env["SKYPILOT_NUM_GPUS_PER_NODE"]}
+        if env.get("EC2GPU_PYTHON", "").startswith("/"):
+            full["PATH"] = os.path.dirname(env["EC2GPU_PYTHON"]) + os.pathsep + full.get("PATH", "")
+        with open(os.path.join(self.run_dir, "job.log"), "ab") as out:
+            proc = subprocess.Popen(["bash", "-c", INTERACTIVE, HANDOFF, PROLOGUE + self.spec["setup"], "setup"],
+                                    cwd=self.workdir, env=full, stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = self.clock() + SETUP_TIMEOUT_S
+        next_push = self.clock() + self.every_s
+        try:
+            while proc.poll() is None:
+                if self.cancelled():
+                    agent.end_group(proc.pid, self.stop_grace_s)
+                    proc.wait()
+                    return -1
+                if self.clock() >= deadline:
+                    agent.end_group(proc.pid, 5.0)
+                    proc.wait()
+                    return 124
+                if self.clock() >= next_push:
+                    self.check_superseded()
+                    self.push(settled=True)
+                    self.try_save()
+                    next_push = self.clock() + self.every_s
+                self.sleep(self.poll_s)
+        except BaseException:  # superseded, or this agent's own error: the setup does not outlive it
+            agent.end_group(proc.pid, 5.0)
+            raise
+        agent.end_group(proc.pid, 5.0)
+        code = proc.returncode
+        return code if code >= 0 else 128 - code
+
+    def agent_record(self, key: bytes) -> dict[str, Any] | None:
+        """RUN_DIR/status.json when agent.py signed it with ``key``, else None."""
+        try:
+            with open(os.path.join(self.run_dir, "status.json"), "rb") as f:
+                rec = json.loads(f.read(1024 * 1024))
+        except (OSError, ValueError):
+            return None
+        if not isinstance(rec, dict) or not isinstance(rec.get("signature"), str):
+            return None
+        return rec if hmac.compare_digest(rec["signature"], agent.sign(rec, key)) else None
+
+    def run_job(self, env: dict[str, str]) -> tuple[str, dict[str, Any]]:
+        """One attempt of the job under agent.py; (outcome, agent's record). Outcomes: succeeded,
+        failed, interrupted, cancelled, limit."""
+        spec = self.spec
+        os.makedirs(env["EC2GPU_CHECKPOINT_DIR"], exist_ok=True)
+        env_file, key_file = os.path.join(self.run_dir, "job.env.json"), os.path.join(self.run_dir, "agent.key")
+        key = secrets.token_hex(32).encode()
+        for path, text in ((env_file, json.dumps({**env, "HOME": self.home})), (key_file, key.decode())):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+        status_path = os.path.join(self.run_dir, "status.json")
+        if os.path.exists(status_path):
+            os.remove(status_path)  # the last attempt's: this one's record is the agent's next
+        limit = [] if spec["limit_at"] is None else ["--limit-at", f"{spec['limit_at']:.0f}",
+                                                     "--limit-grace", f"{spec['limit_grace_s']:.0f}"]
+        argv = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent.py"),
+                "--dir", self.run_dir, "--env-file", env_file, "--key-file", key_file, *limit, "--",
+                "bash", "-c", INTERACTIVE, HANDOFF, PROLOGUE + spec["run"], spec["name"], *spec["args"]]
+        agent_env = {**os.environ, "HOME": self.home, "EC2GPU_IMDS_ENDPOINT": self.imds_endpoint,
+                     "EC2GPU_SPOT_POLL_SECONDS": str(self.agent_poll_s),
+                     "EC2GPU_STOP_GRACE_SECONDS": str(self.stop_grace_s)}
+        self.status["attempt"] += 1
+        attempt = {"attempt": self.status["attempt"], "launch": self.launch, "instance_id": self.status["instance_id"],
+                   "started_at": self.now(), "ended_at": None, "outcome": "running", "exit_code": None, "signal": None,
+                   "resume": env["EC2GPU_RESUME"] == "1", "notice": None, "rebalance": None}
+        self.status["attempts"] = (self.status["attempts"] + [attempt])[-MAX_RECORDS:]
+        self.status["state"] = "running"
+        proc = self.proc = subprocess.Popen(argv, env=agent_env, stdin=subprocess.DEVNULL)
+        self.key = key
+        try:
+            self.save()
+            outcome = self.supervise(proc, key, attempt)
+        except Superseded:
+            self.stop(proc, key)
+            raise
+        self.proc = None
+        record = self.agent_record(key) or {}
+        attempt.update(ended_at=self.now(), exit_code=record.get("exit_code"), signal=record.get("signal"))
+        if outcome is None:
+            state = record.get("state")
+            outcome = ("limit" if record.get("limit") else state if state in ("succeeded", "interrupted")
+                       else "failed")
+            if not record:
+                code = proc.returncode
+                attempt["exit_code"] = code if code >= 0 else 128 - code
+        attempt["outcome"] = outcome
+        for k in ("notice", "rebalance"):
+            attempt[k] = record.get(k) if isinstance(record.get(k), dict) else attempt[k]
+        self.status.update(exit_code=attempt["exit_code"], signal=attempt["signal"])
+        return outcome, {"exit_code": attempt["exit_code"], "signal": attempt["signal"]}
+
+    def supervise(self, proc: subprocess.Popen, key: bytes, attempt: dict[str, Any]) -> str | None:
+        """Watch the agent until it ends: the cancel object on every poll; checkpoints and log every
+        ``every_s`` seconds (with the heartbeat), and at once on a spot notice or a rebalance
+        recommendation. Returns "cancelled" when this agent stopped the job, else None (the agent's
+        record decides)."""
+        next_push = self.clock() + self.every_s
+        while proc.poll() is None:
+            if self.cancelled():
+                self.stop(proc, key)
+                return "cancelled"
+            rec = self.agent_record(key) or {}
+            urgent = False
+            for k in ("notice", "rebalance"):
+                if isinstance(rec.get(k), dict) and attempt[k] is None:
+                    attempt[k] = rec[k]
+                    urgent = True
+            if urgent or self.clock() >= next_push:
+                self.check_superseded()  # before anything is sent
+                self.push(settled=True)
+                self.try_save()  # checked again: the push may have taken a while
+                next_push = self.clock() + self.every_s
+            self.sleep(self.poll_s)
+        return None
+
+    def stop(self, proc: subprocess.Popen, key: bytes) -> None:
+        """SIGTERM to the job's process group (as agent.py forwards its own SIGTERM: sent to the
+        group directly once the agent's record names it, so no start-up race leaves the job
+        running without its agent; to the agent when its record never comes); SIGKILL to the
+        group and the agent after stop_grace_s."""
+        wait_until = time.monotonic() + 10
+        pid = None
+        while proc.poll() is None and time.monotonic() < wait_until:
+            pid = (self.agent_record(key) or {}).get("pid")
+            if isinstance(pid, int) and pid > 1:
+                break
+            time.sleep(0.05)
+        try:
+            if isinstance(pid, int) and pid > 1:
+                os.killpg(pid, signal.SIGTERM)
+            else:
+                proc.send_signal(signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+        deadline = time.monotonic() + self.stop_grace_s
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if proc.poll() is None:
+            if isinstance(pid, int) and pid > 1:
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            proc.kill()
+            proc.wait()
+
+
+def role_session(region: str) -> Any:
+    """A boto3 session whose only source of credentials is the instance profile through the
+    metadata service (botocore's "iam-role" provider, IMDSv2): keys in the environment, in
+    ~/.aws files or from a process there are never used, whoever put them there."""
+    import boto3
+    import botocore.session
+    core = botocore.session.get_session()
+    resolver = core.get_component("credential_provider")
+    resolver.providers = [p for p in resolver.providers if getattr(p, "METHOD", "") == "iam-role"]
+    return boto3.session.Session(botocore_session=core, region_name=region)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p.add_argument("--bucket", required=True)
+    p.add_argument("--run-id", required=True)
+    p.add_argument("--region", required=True)
+    p.add_argument("--home", default=os.environ.get("HOME") or "/root",
+                   help="the job's HOME; the run's directory is HOME/ec2gpu/runs/RUN_ID")
+    p.add_argument("--every", type=float, default=60.0, help="seconds between uploads of the log and checkpoints")
+    p.add_argument("--poll", type=float, default=5.0, help="seconds between checks of the job and the cancel object")
+    p.add_argument("--imds-endpoint", default=os.environ.get("EC2GPU_IMDS_ENDPOINT")
+                   or os.environ.get("AWS_EC2_METADATA_SERVICE_ENDPOINT") or agent.IMDS)
+    args = p.parse_args(argv)
+    try:
+        check_run_id(args.run_id)
+    except Refused as exc:
+        print(f"detached: refused: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,62}", args.bucket) or not re.fullmatch(r"[a-z0-9-]{1,32}", args.region):
+        print("detached: refused: not a bucket name or region", file=sys.stderr)
+        return EXIT_REFUSED
+    session = role_session(args.region)
+    run = Detached(bucket=args.bucket, run_id=args.run_id, home=args.home, s3=session.client("s3"),
+                   asg=session.client("autoscaling"), imds_endpoint=args.imds_endpoint, every_s=args.every,
+                   poll_s=args.poll)
+    return run.execute()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

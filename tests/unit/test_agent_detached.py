@@ -1,0 +1,496 @@
+"""The instance side of a detached run (agent/detached.py, issue 30): S3 and Auto Scaling from moto
+in process, real short jobs through agent.py, a fake metadata service for the spot notice."""
+import http.server
+import io
+import json
+import os
+import tarfile
+import threading
+import time
+from types import SimpleNamespace
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from ec2gpu.agent import detached
+
+RUN_ID = "20261125-101500-abcd"
+GROUP = f"ec2gpu-{RUN_ID}"
+BUCKET = "ec2gpu-123456789012-us-east-1"
+PREFIX = f"runs/{RUN_ID}/"
+NO_IMDS = "http://127.0.0.1:9"  # nothing listens: the agent sees no notice
+
+
+@pytest.fixture(scope="module")
+def moto():
+    """S3 and Auto Scaling in process, once for the module (a fresh start costs about a second):
+    the bucket, a launch template and the run's group of one."""
+    with pytest.MonkeyPatch.context() as mp:
+        for k in list(os.environ):
+            if k.startswith("AWS_"):
+                mp.delenv(k)
+        mp.setenv("AWS_ACCESS_KEY_ID", "testing")
+        mp.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+        mp.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        with mock_aws():
+            s3 = boto3.client("s3", region_name="us-east-1")
+            s3.create_bucket(Bucket=BUCKET)
+            ec2 = boto3.client("ec2", region_name="us-east-1")
+            asg = boto3.client("autoscaling", region_name="us-east-1")
+            ec2.create_launch_template(LaunchTemplateName=GROUP, LaunchTemplateData={"ImageId": "ami-03cf127a",
+                                                                                     "InstanceType": "t3.micro"})
+            asg.create_auto_scaling_group(AutoScalingGroupName=GROUP, MinSize=0, MaxSize=1, DesiredCapacity=1,
+                                          LaunchTemplate={"LaunchTemplateName": GROUP, "Version": "$Latest"},
+                                          AvailabilityZones=["us-east-1a"])
+            yield SimpleNamespace(s3=s3, asg=asg)
+
+
+@pytest.fixture
+def aws(moto):
+    """An empty bucket and the run's group at 0/1/1 again."""
+    for o in moto.s3.list_objects_v2(Bucket=BUCKET).get("Contents", []):
+        moto.s3.delete_object(Bucket=BUCKET, Key=o["Key"])
+    moto.asg.update_auto_scaling_group(AutoScalingGroupName=GROUP, MinSize=0, MaxSize=1, DesiredCapacity=1)
+    return moto
+
+
+def put_spec(aws, **fields):
+    spec = {"version": 1, "run_id": RUN_ID, "name": "job", "setup": None, "run": "true", "envs": {"GREETING": "hi"},
+            "workdir_key": None, "max_restarts_on_errors": 0, "max_launches": 5, "group": GROUP, "nodes": 1, **fields}
+    aws.s3.put_object(Bucket=BUCKET, Key=PREFIX + "spec.json", Body=json.dumps(spec).encode())
+
+
+def put_json(aws, rel, obj):
+    aws.s3.put_object(Bucket=BUCKET, Key=PREFIX + rel, Body=json.dumps(obj).encode())
+
+
+def archive(members):
+    """A workdir.tar.gz of ``members``: (name, text) for a file, or a TarInfo (links, devices)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for m in members:
+            if isinstance(m, tarfile.TarInfo):
+                tar.addfile(m)
+            else:
+                data = m[1].encode()
+                info = tarfile.TarInfo(m[0])
+                info.size, info.mode = len(data), 0o755
+                tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def link(name, target, kind=tarfile.SYMTYPE):
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, target
+    return info
+
+
+def get(aws, rel):
+    try:
+        return aws.s3.get_object(Bucket=BUCKET, Key=PREFIX + rel)["Body"].read().decode()
+    except aws.s3.exceptions.NoSuchKey:
+        return None
+
+
+def status(aws):
+    return json.loads(get(aws, "status.json"))
+
+
+def group_size(aws):
+    (g,) = aws.asg.describe_auto_scaling_groups(AutoScalingGroupNames=[GROUP])["AutoScalingGroups"]
+    return g["MinSize"], g["MaxSize"], g["DesiredCapacity"]
+
+
+def make(aws, home, instance_id="i-0aaa", endpoint=NO_IMDS, s3=None, **kw):
+    meta = {"/latest/meta-data/instance-id": instance_id, "/latest/meta-data/local-ipv4": "10.0.0.5"}
+    opts = dict(every_s=0.2, poll_s=0.05, agent_poll_s=0.05, stop_grace_s=3.0, settled_s=0.0)
+    return detached.Detached(bucket=BUCKET, run_id=RUN_ID, home=str(home), s3=s3 or aws.s3, asg=aws.asg, imds=meta.get,
+                             imds_endpoint=endpoint, gpus=lambda: 0, log=lambda line: None, **{**opts, **kw})
+
+
+def run_dir(home):
+    return home / "ec2gpu" / "runs" / RUN_ID
+
+
+def test_success_uploads_outputs_log_checkpoints_and_status_and_ends_the_group(aws, tmp_path):
+    aws.s3.put_object(Bucket=BUCKET, Key=PREFIX + "workdir.tar.gz",
+                      Body=archive([("data.txt", "from the workdir\n"), ("sub/tool.sh", "echo tool\n")]))
+    put_spec(aws, workdir_key=PREFIX + "workdir.tar.gz", outputs=["*.txt", "!skip.txt"],
+             setup='echo "setup in $PWD rank=$SKYPILOT_SETUP_NODE_RANK"',
+             run='cat data.txt; bash sub/tool.sh; echo "$GREETING $EC2GPU_RUN_ID $SKYPILOT_NUM_NODES '
+                 '$EC2GPU_RESUME $SKYPILOT_TASK_ID" > "$EC2GPU_OUTPUT_DIR/result.txt"; '
+                 'echo x > "$EC2GPU_OUTPUT_DIR/skip.txt"; echo x > "$EC2GPU_OUTPUT_DIR/model.bin"; '
+                 'echo 7 > "$EC2GPU_CHECKPOINT_DIR/step.txt"')
+    assert group_size(aws) == (0, 1, 1)
+    assert make(aws, tmp_path / "home").execute() == 0
+    st = status(aws)
+    assert (st["state"], st["exit_code"], st["launches"], st["attempt"], st["restarts_on_errors"]) == (
+        "succeeded", 0, 1, 1, 0)
+    assert st["instance_id"] == "i-0aaa" and st["ended_at"] and st["group_ended_at"] and st["group_end_error"] is None
+    assert st["instances"][0]["setup_exit_code"] == 0 and st["instances"][0]["resumed"] is False
+    assert [a["outcome"] for a in st["attempts"]] == ["succeeded"] and st["attempts"][0]["instance_id"] == "i-0aaa"
+    assert set(st) == set(detached.STATUS_FIELDS)
+    assert get(aws, "outputs/result.txt") == f"hi {RUN_ID} 1 0 ec2gpu-{RUN_ID}_job\n"
+    assert get(aws, "outputs/skip.txt") is None and get(aws, "outputs/model.bin") is None  # the globs
+    assert get(aws, "checkpoints/step.txt") == "7\n"
+    log = get(aws, "logs/job.log")
+    workdir = run_dir(tmp_path / "home") / "workdir"
+    assert f"setup in {workdir} rank=0" in log and "from the workdir\ntool\n" in log
+    assert group_size(aws) == (0, 0, 0)
+
+
+def test_a_failing_job_restarts_up_to_the_limit_then_ends_failed(aws, tmp_path):
+    put_spec(aws, max_restarts_on_errors=2,
+             run='n=$(cat "$EC2GPU_CHECKPOINT_DIR/n" 2>/dev/null || echo 0); echo $((n+1)) > "$EC2GPU_CHECKPOINT_DIR/n"; '
+                 'echo "try $n resume=$EC2GPU_RESUME"; exit 3')
+    assert make(aws, tmp_path / "home").execute() == 0
+    st = status(aws)
+    assert (st["state"], st["exit_code"], st["attempt"], st["restarts_on_errors"], st["interruptions"]) == (
+        "failed", 3, 3, 2, 0)
+    assert [(a["outcome"], a["exit_code"], a["resume"]) for a in st["attempts"]] == [
+        ("failed", 3, False), ("failed", 3, True), ("failed", 3, True)]
+    assert "try 0 resume=0\ntry 1 resume=1\ntry 2 resume=1\n" in get(aws, "logs/job.log")
+    assert get(aws, "checkpoints/n") == "3\n" and group_size(aws) == (0, 0, 0)
+
+
+def test_a_job_that_fails_once_then_succeeds_uses_one_restart(aws, tmp_path):
+    put_spec(aws, max_restarts_on_errors=3,
+             run='[ -e "$EC2GPU_CHECKPOINT_DIR/once" ] && exit 0; touch "$EC2GPU_CHECKPOINT_DIR/once"; exit 1')
+    assert make(aws, tmp_path / "home").execute() == 0
+    st = status(aws)
+    assert (st["state"], st["attempt"], st["restarts_on_errors"]) == ("succeeded", 2, 1)
+    assert group_size(aws) == (0, 0, 0)
+
+
+def test_a_failed_setup_is_a_user_code_failure(aws, tmp_path):
+    put_spec(aws, setup="echo bad setup; exit 4", run=f"touch {tmp_path}/ran")
+    assert make(aws, tmp_path / "home").execute() == 0
+    st = status(aws)
+    assert (st["state"], st["exit_code"], st["attempt"]) == ("failed", 4, 0) and "setup exited 4" in st["reason"]
+    assert st["instances"][0]["setup_exit_code"] == 4 and not (tmp_path / "ran").exists()
+    assert "bad setup" in get(aws, "logs/job.log") and group_size(aws) == (0, 0, 0)
+
+
+def test_a_replacement_launch_resumes_from_the_checkpoints_and_the_earlier_log(aws, tmp_path):
+    put_spec(aws, run='echo "resume=$EC2GPU_RESUME $(cat "$EC2GPU_CHECKPOINT_DIR/sub/state.txt")"')
+    aws.s3.put_object(Bucket=BUCKET, Key=PREFIX + "checkpoints/sub/state.txt", Body=b"step 41")
+    aws.s3.put_object(Bucket=BUCKET, Key=PREFIX + "logs/job.log", Body=b"the first instance's lines\n")
+    # the first instance vanished while its job ran (no notice recorded)
+    put_json(aws, "status.json", {"state": "running", "launches": 1, "attempt": 1, "restarts_on_errors": 0,
+                                  "interruptions": 0, "attempts": [{"attempt": 1, "outcome": "running"}]})
+    assert make(aws, tmp_path / "home", instance_id="i-0bbb").execute() == 0
+    st = status(aws)
+    assert (st["state"], st["launches"], st["attempt"], st["interruptions"]) == ("succeeded", 2, 2, 1)
+    assert [a["outcome"] for a in st["attempts"]] == ["lost", "succeeded"] and st["attempts"][1]["resume"] is True
+    assert st["instances"][-1]["resumed"] is True and st["instances"][-1]["checkpoint_files"] == 1
+    assert get(aws, "logs/job.log") == "the first instance's lines\nresume=1 step 41\n"
+
+
+class Spy:
+    """An S3 client that notes each upload (its key, and what ``noted()`` said then)."""
+
+    def __init__(self, s3, noted):
+        self.s3, self.noted, self.uploads = s3, noted, []
+
+    def upload_file(self, path, bucket, key, *a, **kw):
+        self.uploads.append((key[len(PREFIX):], self.noted()))
+        return self.s3.upload_file(path, bucket, key, *a, **kw)
+
+    def __getattr__(self, name):
+        return getattr(self.s3, name)
+
+
+class Imds(http.server.BaseHTTPRequestHandler):
+    """IMDSv2 publishing a spot notice and a rebalance recommendation once ``ready()`` says so."""
+
+    ready = staticmethod(lambda: False)
+
+    def do_PUT(self):
+        self._send(200, b"token")
+
+    def do_GET(self):
+        items = {detached.agent.SPOT_ACTION: '{"action": "terminate", "time": "2026-11-25T10:02:00Z"}',
+                 detached.agent.REBALANCE: '{"noticeTime": "2026-11-25T10:00:00Z"}'} if self.ready() else {}
+        body = items.get(self.path)
+        self._send(404, b"") if body is None else self._send(200, body.encode())
+
+    def _send(self, code, body):
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_):
+        pass
+
+
+def test_a_spot_notice_uploads_at_once_and_leaves_the_group_to_replace_the_instance(aws, tmp_path):
+    first = tmp_path / "first"
+    step = run_dir(first) / "checkpoints" / "step.txt"
+    handler = type("I", (Imds,), {"ready": staticmethod(step.exists)})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    put_spec(aws, run='if [ "$EC2GPU_RESUME" = 1 ]; then echo "resumed: $(cat "$EC2GPU_CHECKPOINT_DIR/final.txt")"; '
+                      'exit 0; fi; trap \'sleep 1; echo saved-on-term > "$EC2GPU_CHECKPOINT_DIR/final.txt"; exit 143\' TERM; '
+                      'echo started; echo 1 > "$EC2GPU_CHECKPOINT_DIR/step.txt"; for i in $(seq 200); do sleep 0.1; done')
+    final = run_dir(first) / "checkpoints" / "final.txt"
+    spy = Spy(aws.s3, final.exists)  # the job takes 1 s to write final.txt after the SIGTERM
+    try:  # every_s: no periodic upload in this test, only the notice's
+        code = make(aws, first, endpoint=f"http://127.0.0.1:{server.server_address[1]}", every_s=1000, s3=spy).execute()
+    finally:
+        server.shutdown()
+    assert code == detached.EXIT_INTERRUPTED
+    st = status(aws)
+    assert (st["state"], st["interruptions"], st["restarts_on_errors"], st["ended_at"]) == ("interrupted", 1, 0, None)
+    (a,) = st["attempts"]
+    assert a["outcome"] == "interrupted" and a["notice"]["action"] == "terminate" and a["exit_code"] == 143
+    assert a["rebalance"]["notice_time"] == "2026-11-25T10:00:00Z"
+    assert get(aws, "checkpoints/step.txt") == "1\n" and get(aws, "checkpoints/final.txt") == "saved-on-term\n"
+    # step.txt went up at once, while the job was still checkpointing in its 2-minute window
+    assert spy.uploads[0] == ("checkpoints/step.txt", False) and ("checkpoints/final.txt", True) in spy.uploads
+    assert "started" in get(aws, "logs/job.log")
+    assert group_size(aws) == (0, 1, 1) and st["group_ended_at"] is None  # AWS replaces the instance
+    # the replacement: the checkpoint the job wrote on SIGTERM, then the end
+    assert make(aws, tmp_path / "second", instance_id="i-0ccc").execute() == 0
+    st = status(aws)
+    assert (st["state"], st["launches"], st["interruptions"], st["restarts_on_errors"]) == ("succeeded", 2, 1, 0)
+    assert [i["instance_id"] for i in st["instances"]] == ["i-0aaa", "i-0ccc"]
+    assert "resumed: saved-on-term" in get(aws, "logs/job.log") and group_size(aws) == (0, 0, 0)
+
+
+def test_the_time_limit_stops_the_job_which_is_not_restarted_and_a_launch_after_it_runs_nothing(aws, tmp_path):
+    put_spec(aws, max_restarts_on_errors=2, limit_at=time.time() + 1, limit_grace_s=30,
+             run='trap \'echo stopped-at-limit; exit 143\' TERM; for i in $(seq 200); do sleep 0.1; done')
+    assert make(aws, tmp_path / "home").execute() == 0
+    st = status(aws)
+    assert (st["state"], st["attempt"], st["restarts_on_errors"]) == ("failed", 1, 0) and "time limit" in st["reason"]
+    assert st["attempts"][0]["outcome"] == "limit" and "stopped-at-limit" in get(aws, "logs/job.log")
+    assert group_size(aws) == (0, 0, 0)
+    aws.s3.delete_object(Bucket=BUCKET, Key=PREFIX + "status.json")
+    put_spec(aws, limit_at=time.time() - 1, run=f"touch {tmp_path}/ran")
+    assert make(aws, tmp_path / "again").execute() == 0
+    assert status(aws)["state"] == "failed" and not (tmp_path / "ran").exists()
+
+
+def test_a_record_the_job_forges_in_the_run_directory_is_not_believed(aws, tmp_path):
+    """The agent signs its status.json with a key this agent gave it: a job that writes a notice
+    (or a pid to kill) there is not believed."""
+    forged = json.dumps({"state": "interrupted", "pid": 1, "notice": {"action": "terminate"}})
+    put_spec(aws, run=f"echo '{forged}' > \"${{EC2GPU_OUTPUT_DIR%/out}}/status.json\"; sleep 0.5; echo done")
+    assert make(aws, tmp_path / "home").execute() == 0
+    st = status(aws)
+    assert st["state"] == "succeeded" and st["attempts"][0]["notice"] is None and st["interruptions"] == 0
+
+
+def test_a_launch_beyond_max_launches_ends_the_group_without_running(aws, tmp_path):
+    put_spec(aws, max_launches=3, run=f"touch {tmp_path}/ran")
+    put_json(aws, "status.json", {"state": "interrupted", "launches": 3, "attempt": 3, "interruptions": 3})
+    assert make(aws, tmp_path / "home").execute() == 0
+    st = status(aws)
+    assert (st["state"], st["launches"], st["attempt"]) == ("failed", 4, 3) and "max_launches 3" in st["reason"]
+    assert not (tmp_path / "ran").exists() and group_size(aws) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("before", [{"state": "succeeded", "launches": 1, "reason": None}, "cancel"])
+def test_a_finished_or_cancelled_run_ends_the_group_without_running(aws, tmp_path, before):
+    put_spec(aws, run=f"touch {tmp_path}/ran")
+    if before == "cancel":
+        put_json(aws, "cancel", {})
+    else:
+        put_json(aws, "status.json", before)
+    assert make(aws, tmp_path / "home").execute() == 0
+    assert status(aws)["state"] == ("cancelled" if before == "cancel" else "succeeded")
+    assert not (tmp_path / "ran").exists() and group_size(aws) == (0, 0, 0)
+
+
+def test_a_cancel_object_stops_the_job_and_ends_cancelled(aws, tmp_path):
+    home = tmp_path / "home"
+    put_spec(aws, run='trap \'echo got-term; exit 143\' TERM; echo partial > "$EC2GPU_OUTPUT_DIR/partial.txt"; '
+                      'for i in $(seq 200); do sleep 0.1; done')
+    marker = run_dir(home) / "out" / "partial.txt"
+
+    def cancel_when_running():
+        deadline = time.monotonic() + 20
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        put_json(aws, "cancel", {"by": "test"})
+    threading.Thread(target=cancel_when_running, daemon=True).start()
+    start = time.monotonic()
+    assert make(aws, home).execute() == 0
+    assert time.monotonic() - start < 15
+    st = status(aws)
+    assert st["state"] == "cancelled" and [a["outcome"] for a in st["attempts"]] == ["cancelled"]
+    assert get(aws, "outputs/partial.txt") == "partial\n" and "got-term" in get(aws, "logs/job.log")
+    assert group_size(aws) == (0, 0, 0)
+
+
+def test_a_later_launch_supersedes_this_one_which_stops_its_job_and_writes_nothing_more(aws, tmp_path):
+    """Capacity Rebalancing starts the replacement before it ends the old instance: the old one
+    must not go on writing the run's prefix (the newer launch writes its record on each heartbeat,
+    as this test's thread does)."""
+    home = tmp_path / "home"
+    put_spec(aws, run='echo 1 > "$EC2GPU_CHECKPOINT_DIR/a"; for i in $(seq 200); do sleep 0.1; done')
+    newer = {"state": "running", "launches": 2, "instance_id": "i-0new"}
+    done = threading.Event()
+
+    def newer_launch():
+        deadline = time.monotonic() + 20
+        while get(aws, "checkpoints/a") is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        while not done.is_set() and time.monotonic() < deadline:
+            put_json(aws, "status.json", newer)
+            time.sleep(0.1)
+    thread = threading.Thread(target=newer_launch, daemon=True)
+    thread.start()
+    start = time.monotonic()
+    try:
+        assert make(aws, home).execute() == detached.EXIT_SUPERSEDED
+    finally:
+        done.set()
+        thread.join()
+    assert time.monotonic() - start < 15  # the job was stopped, not run out
+    assert status(aws) == newer and group_size(aws) == (0, 1, 1)
+
+
+@pytest.mark.parametrize("member", [
+    ("../evil", "x"), ("/tmp/ec2gpu-detached-evil", "x"), ("a/../../evil", "x"),
+    link("out", "/etc"), link("up", "../.."), link("deep/up", "../../.."),
+    link("hard", "/etc/passwd", tarfile.LNKTYPE),
+    # lexically inside, really outside: d -> . makes d/d/.. the parent of the workdir
+    [link("d", "."), link("x", "d/d/..")],
+    [("f", "ok"), link("x", "f"), link("y", "x/../../..")],
+])
+def test_a_hostile_workdir_archive_is_refused_and_nothing_is_written(tmp_path, member):
+    members = member if isinstance(member, list) else [member]
+    path = tmp_path / "w.tar.gz"
+    path.write_bytes(archive(members))
+    dest = tmp_path / "box" / "workdir"
+    dest.parent.mkdir()
+    with pytest.raises(detached.Refused):
+        detached.extract_workdir(str(path), str(dest))
+    assert not dest.exists() and os.listdir(dest.parent) == [] and not (tmp_path / "evil").exists()
+
+
+def test_devices_too_many_members_and_too_many_bytes_are_refused(tmp_path):
+    dev = tarfile.TarInfo("null")
+    dev.type = tarfile.CHRTYPE
+    for members, kw in (([dev], {}), ([("a", "1"), ("b", "2")], {"max_members": 1}),
+                        ([("a", "12345")], {"max_bytes": 4}), ([("a", "1"), ("a", "2")], {})):
+        path = tmp_path / "w.tar.gz"
+        path.write_bytes(archive(members))
+        with pytest.raises(detached.Refused):
+            detached.extract_workdir(str(path), str(tmp_path / "wd"), **kw)
+        assert not (tmp_path / "wd").exists()
+
+
+def test_a_fair_archive_with_inside_links_is_unpacked(tmp_path):
+    path = tmp_path / "w.tar.gz"
+    setuid = tarfile.TarInfo("run.sh")
+    setuid.size, setuid.mode = 3, 0o4755
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        tar.addfile(setuid, io.BytesIO(b"hi\n"))
+        tar.addfile(link("sub/up", "../run.sh"))
+        tar.addfile(link("copy", "run.sh", tarfile.LNKTYPE))
+    path.write_bytes(buf.getvalue())
+    assert detached.extract_workdir(str(path), str(tmp_path / "wd")) == 2
+    assert (tmp_path / "wd" / "sub" / "up").read_text() == "hi\n" and (tmp_path / "wd" / "copy").read_text() == "hi\n"
+    assert not (tmp_path / "wd" / "copy").is_symlink() and (tmp_path / "wd" / "run.sh").stat().st_mode & 0o7777 == 0o755
+
+
+def test_a_hostile_archive_in_a_run_ends_it_failed_without_running(aws, tmp_path):
+    aws.s3.put_object(Bucket=BUCKET, Key=PREFIX + "workdir.tar.gz", Body=archive([("../escape", "x")]))
+    put_spec(aws, workdir_key=PREFIX + "workdir.tar.gz", run=f"touch {tmp_path}/ran")
+    assert make(aws, tmp_path / "home").execute() == 0
+    st = status(aws)
+    assert st["state"] == "failed" and "workdir archive" in st["reason"] and st["attempt"] == 0
+    assert not (tmp_path / "ran").exists() and not (tmp_path / "home" / "ec2gpu" / "runs" / "escape").exists()
+    assert group_size(aws) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("bad", ["2026/../x", "../20261125-101500-abcd", "20261125-101500-abcd/x", "", "x" * 40])
+def test_a_run_id_that_is_not_one_is_refused_before_any_key_is_made(aws, tmp_path, bad):
+    with pytest.raises(detached.Refused):
+        detached.Detached(bucket=BUCKET, run_id=bad, home=str(tmp_path), s3=aws.s3, asg=aws.asg)
+    assert detached.main(["--bucket", BUCKET, "--run-id", bad, "--region", "us-east-1"]) == detached.EXIT_REFUSED
+    assert aws.s3.list_objects_v2(Bucket=BUCKET).get("KeyCount") == 0
+
+
+@pytest.mark.parametrize("fields", [
+    {"run_id": f"{RUN_ID}/../20261125-101500-ffff"}, {"run_id": "20261125-101500-ffff"},
+    {"group": "ec2gpu-20261125-101500-ffff"}, {"workdir_key": "runs/20261125-101500-ffff/workdir.tar.gz"},
+    {"workdir_key": f"{PREFIX}../../other/workdir.tar.gz"}, {"checkpoint_dir": "../up"}, {"outputs": ["../*"]},
+    {"envs": {"A=B": "x"}}, {"nodes": 2}, {"max_launches": True}, {"name": "a/b"}, {"run": 5},
+    {"limit_at": float("nan")}, {"max_launches": 0},
+])
+def test_a_hostile_spec_is_refused_and_the_run_ends_failed(aws, tmp_path, fields):
+    put_spec(aws, run=f"touch {tmp_path}/ran")
+    spec = json.loads(get(aws, "spec.json"))
+    put_json(aws, "spec.json", {**spec, **fields})
+    assert make(aws, tmp_path / "home").execute() == detached.EXIT_REFUSED
+    st = status(aws)
+    assert st["state"] == "failed" and st["reason"].startswith("spec refused") and st["group"] == GROUP
+    assert not (tmp_path / "ran").exists() and group_size(aws) == (0, 0, 0)
+
+
+def test_ending_the_group_is_retried_until_it_works_and_each_failure_is_recorded(aws, tmp_path):
+    put_spec(aws)
+    calls, sleeps, seen = [], [], []
+
+    class Flaky:
+        def update_auto_scaling_group(self, **kw):
+            calls.append(kw)
+            if len(calls) <= 3:
+                raise RuntimeError("throttled")
+            return aws.asg.update_auto_scaling_group(**kw)
+
+    run = make(aws, tmp_path / "home")
+    run.asg = Flaky()
+    run.sleep = lambda s: (sleeps.append(s), seen.append(status(aws)["group_end_error"]))
+    assert run.execute() == 0
+    assert calls[-1] == {"AutoScalingGroupName": GROUP, "MinSize": 0, "MaxSize": 0, "DesiredCapacity": 0}
+    assert len(calls) == 4 and sleeps[-3:] == [2.0, 4.0, 8.0] and all("throttled" in e for e in seen[-3:])
+    st = status(aws)
+    assert st["group_end_error"] is None and st["group_ended_at"] and group_size(aws) == (0, 0, 0)
+
+
+def test_the_job_environment_is_the_engines_and_so_are_its_shell_words():
+    from ec2gpu.aws import groups
+    from ec2gpu.runs.execute import engine, nodes
+    from ec2gpu.tasks.spec import Resources
+    spec = detached.parse_spec({"run_id": RUN_ID, "name": "job", "run": "true", "envs": {"A": "1"},
+                                "checkpoint_dir": "ckpt"}, RUN_ID)
+    job = SimpleNamespace(name="job", env={"A": "1"}, task=SimpleNamespace(checkpoint_dir="ckpt", resources=Resources()))
+    rd = "/h/ec2gpu/runs/" + RUN_ID
+    ours = detached.job_env(spec, rd, "/h/ec2gpu/workdirs/job", "10.0.0.5", 4, True, "/opt/pytorch/bin/python")
+    theirs = engine.node_env(job, RUN_ID, rd, 0, ["10.0.0.5"], 4, True, "/opt/pytorch/bin/python")
+    assert ours == theirs
+    assert (detached.INTERACTIVE, detached.HANDOFF, detached.PROLOGUE) == (engine.INTERACTIVE, engine.HANDOFF,
+                                                                          engine.PROLOGUE)
+    assert detached.PROGRESS_FILE == nodes.PROGRESS_FILE and detached.GROUP_PREFIX + RUN_ID == groups.name_of(RUN_ID)
+    limited = detached.job_env({**spec, "gpus_limit": 1}, rd, "/w", "10.0.0.5", 8, False, "python3")
+    assert (limited["CUDA_VISIBLE_DEVICES"], limited["EC2GPU_GPUS_PER_NODE"]) == ("0", "1")
+
+
+def test_output_globs_read_as_the_tasks_outputs():
+    w = detached.wanted
+    assert w("a/b.txt", []) and w("a/b.txt", ["*.txt"]) and not w("a/b.txt", ["*.txt", "!b.txt"])
+    assert w("model/x.pt", ["model/"]) and not w("model", ["model/"]) and w("x/y/z.pt", ["**/*.pt"])
+    assert w("top.txt", ["/top.txt"]) and not w("sub/top.txt", ["/top.txt"])
+
+
+def test_the_only_credentials_are_the_instance_roles(monkeypatch, tmp_path):
+    """Keys in the environment or in ~/.aws (a file anyone sent) are never used: the metadata
+    service's role credentials only."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAFROMTHEENV")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    creds = tmp_path / "credentials"
+    creds.write_text("[default]\naws_access_key_id = AKIAFROMAFILE\naws_secret_access_key = s\n")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
+    monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", NO_IMDS + "/")
+    monkeypatch.setenv("AWS_METADATA_SERVICE_NUM_ATTEMPTS", "1")
+    session = detached.role_session("us-east-1")
+    resolver = session._session.get_component("credential_provider")
+    assert [p.METHOD for p in resolver.providers] == ["iam-role"]
+    assert session.get_credentials() is None  # no metadata service here: none, not the keys above
