@@ -465,8 +465,10 @@ def check(s3: Client, bucket: str, expire_days: int | None = None) -> list[str]:
 MAX_STATUS_BYTES = 64 * 1024  # a status record is a few hundred bytes; more is not ec2gpu's
 MAX_TEXT = 2000  # characters kept of a message
 MAX_COUNT = 1_000_000
-STATES = ("pending", "running", "succeeded", "failed", "interrupted", "cancelled")
-FINAL_STATES = ("succeeded", "failed", "interrupted", "cancelled")
+#: the run's states: "pending" (the controller's, before any instance), then the agent's
+#: (agent/detached.py): starting, running, interrupted (a replacement resumes), and the final ones
+STATES = ("pending", "starting", "running", "interrupted", "succeeded", "failed", "cancelled")
+FINAL_STATES = ("succeeded", "failed", "cancelled")
 _TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?(Z|[+-][0-9]{2}:?[0-9]{2})?")
 _INSTANCE_ID = re.compile(r"i-[0-9a-f]{8,17}")
 _INSTANCE_TYPE = re.compile(r"[a-z0-9][a-z0-9-]{0,15}\.[a-z0-9-]{1,16}")
@@ -489,8 +491,9 @@ def validate_status(data: bytes, run_id: str) -> Item:
     (bounded): print it through ec2gpu.inert.
 
     Shape: ``{"run_id": str (``run_id``), "state": one of STATES | "unreadable", "attempt",
-    "restarts", "interruptions": int 0..1e6 | None (restarts: after job failures; interruptions:
-    spot interruptions survived), "instance_id": "i-..." | None, "instance_type": str | None,
+    "restarts", "interruptions", "launches": int 0..1e6 | None (restarts: after job failures, the
+    agent's restarts_on_errors; interruptions: spot interruptions survived; launches: instances
+    that ran the agent), "instance_id": "i-..." | None, "instance_type": str | None,
     "market": "spot" | "on-demand" | None, "exit_code": int | None, "signal": int 0..65535 | None,
     "started_at", "updated_at", "ended_at": ISO 8601 UTC text | None, "message": str (at most
     MAX_TEXT characters) | None, "problem": str | None}``.
@@ -509,14 +512,18 @@ def validate_status(data: bytes, run_id: str) -> Item:
         return unreadable("status.json names another run")
     if raw.get("state") not in STATES:
         return unreadable("status.json has no known state")
-    message = raw.get("message")
+    message = raw.get("message", raw.get("reason"))  # the agent's is "reason"
     return {"run_id": run_id, "state": raw["state"],
-            **{k: _int(raw.get(k), 0, MAX_COUNT) for k in ("attempt", "restarts", "interruptions")},
+            **{k: _int(raw.get(k), 0, MAX_COUNT) for k in ("attempt", "interruptions", "launches")},
+            "restarts": _int(raw.get("restarts", raw.get("restarts_on_errors")), 0, MAX_COUNT),
             "instance_id": _match(raw.get("instance_id"), _INSTANCE_ID),
             "instance_type": _match(raw.get("instance_type"), _INSTANCE_TYPE),
             "market": raw.get("market") if raw.get("market") in ("spot", "on-demand") else None,
             "exit_code": _int(raw.get("exit_code"), -(2 ** 31), 2 ** 31), "signal": _int(raw.get("signal"), 0, 65535),
-            **{k: _match(raw.get(k), _TIME) for k in ("started_at", "updated_at", "ended_at")},
+            # the agent's names: created_at, heartbeat_at
+            "started_at": _match(raw.get("started_at", raw.get("created_at")), _TIME),
+            "updated_at": _match(raw.get("updated_at", raw.get("heartbeat_at")), _TIME),
+            "ended_at": _match(raw.get("ended_at"), _TIME),
             "message": message[:MAX_TEXT] if isinstance(message, str) else None,
             "problem": None}
 
@@ -525,7 +532,7 @@ def _unreadable(run_id: str, problem: str) -> Item:
     return {**{k: None for k in _FIELDS}, "run_id": run_id, "state": "unreadable", "problem": problem}
 
 
-_FIELDS = ("run_id", "state", "attempt", "restarts", "interruptions", "instance_id", "instance_type", "market",
+_FIELDS = ("run_id", "state", "attempt", "restarts", "interruptions", "launches", "instance_id", "instance_type", "market",
            "exit_code", "signal", "started_at", "updated_at", "ended_at", "message", "problem")
 
 

@@ -224,7 +224,8 @@ def _say_status(got: Mapping[str, Any]) -> None:
         line += f", {got['restarts']} restart(s) after errors"
     say(out, line)
     if got.get("instance_id"):
-        say(out, f"instance {got['instance_id']} ({got.get('instance_type') or '?'}, {got.get('market') or '?'})")
+        facts = ", ".join(str(got[k]) for k in ("instance_type", "market") if got.get(k))
+        say(out, f"instance {got['instance_id']}" + (f" ({facts})" if facts else ""))
     if got.get("exit_code") is not None:
         say(out, f"exit code {got['exit_code']}")
     if got.get("message"):
@@ -233,7 +234,8 @@ def _say_status(got: Mapping[str, Any]) -> None:
         warn(f"status.json: {got['problem']}")
     if group:
         say(out, f"group {group['name']}: desired {group['desired']}, instances "
-                 + (", ".join(f"{i['id']} {i['state']}" for i in group["instances"]) or "none"))
+                 + (", ".join(f"{i['id']} {i['state']}" + (f" ({i['instance_type']})" if i.get("instance_type") else "")
+                              for i in group["instances"]) or "none"), soft_wrap=True)
     removed = {k: v for k, v in (got.get("removed") or {}).items() if k != "left" and v}
     if removed:
         say(out, "removed " + "; ".join(f"{k.replace('_', ' ')} {', '.join(v)}" for k, v in removed.items()))

@@ -323,7 +323,8 @@ def test_a_status_record_goes_up_and_comes_back_validated(s3):
     stored = s3.get_object(Bucket=BUCKET, Key=f"runs/{RUN}/status.json")
     assert stored["ContentType"] == "application/json" and json.loads(stored["Body"].read())["run_id"] == RUN
     got = runstore.get_status(s3, BUCKET, RUN)
-    assert got == {**record, "run_id": RUN, "exit_code": None, "signal": None, "ended_at": None, "problem": None}
+    assert got == {**record, "run_id": RUN, "exit_code": None, "signal": None, "ended_at": None, "problem": None,
+                   "launches": None}
 
 
 def _read(s3, body: bytes):
@@ -360,6 +361,15 @@ def test_an_oversize_status_object_is_refused_without_being_read():
     assert got["state"] == "unreadable" and "10,737,418,240 bytes" in got["problem"]
 
 
+def test_the_agents_names_are_read_as_the_records_own():
+    got = runstore.validate_status(json.dumps({
+        "run_id": RUN, "state": "starting", "restarts_on_errors": 2, "launches": 3, "reason": "why",
+        "created_at": "2026-11-25T10:00:00+00:00", "heartbeat_at": "2026-11-25T10:05:00+00:00"}).encode(), RUN)
+    assert (got["state"], got["restarts"], got["launches"], got["message"]) == ("starting", 2, 3, "why")
+    assert (got["started_at"], got["updated_at"]) == ("2026-11-25T10:00:00+00:00", "2026-11-25T10:05:00+00:00")
+    assert "interrupted" not in runstore.FINAL_STATES  # a replacement resumes an interrupted run
+
+
 def test_each_field_of_a_status_record_is_checked_and_unknown_ones_dropped(s3):
     s3.create_bucket(Bucket=BUCKET)
     got = _read(s3, json.dumps({
@@ -368,7 +378,8 @@ def test_each_field_of_a_status_record_is_checked_and_unknown_ones_dropped(s3):
         "started_at": "yesterday", "ended_at": "2026-01-25T10:30:00Z\x1b[2J", "message": "m" * 10_000,
         "secret": "s3cr3t", "__proto__": {}}).encode())
     assert got == {"run_id": RUN, "state": "failed", "attempt": None, "restarts": None, "interruptions": None,
-                   "instance_id": None, "instance_type": None, "market": None, "exit_code": None, "signal": None,
+                   "launches": None, "instance_id": None, "instance_type": None, "market": None, "exit_code": None,
+                   "signal": None,
                    "started_at": None, "updated_at": None, "ended_at": None, "message": "m" * 2000, "problem": None}
 
 

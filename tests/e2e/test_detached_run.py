@@ -4,6 +4,7 @@ the group; `status` follows it from the store and removes what the run made once
 `cancel` stops a running one. Nothing of the run is left afterwards."""
 import json
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -12,7 +13,8 @@ import pytest
 
 from ec2gpu import api, cli
 from ec2gpu.aws import runstore, sweep
-from ec2gpu.sandbox import control
+from ec2gpu.runs.settle import ledger
+from ec2gpu.sandbox import control, sshd
 
 from test_sandbox_train import processes_gone  # same folder (pytest prepend import mode)
 
@@ -74,6 +76,7 @@ def test_a_detached_run_finishes_with_nobody_watching_and_leaves_nothing(sandbox
     assert "resume=0" in _object(bucket, prefix + "logs/job.log")
     left = _nothing_left(run_id)
     assert not any(left.values()), left
+    assert ledger.get(sandbox_env[0], run_id)["status"] == "completed"  # its row here, settled by `status`
     state = control.read_state(sandbox_env[0])
     assert processes_gone([i for i in state["instances"]], timeout_s=30)
 
@@ -97,3 +100,39 @@ def test_status_of_an_unknown_run_is_one_clear_line(sandbox_env, capsys):
     assert "no detached run 20261125-000000-0000" in capsys.readouterr().err
     assert cli.main(["status", "../etc", "--sandbox"]) == 2
     assert "is not a run id" in capsys.readouterr().err
+
+
+def test_with_its_agent_killed_a_detached_run_still_ends_at_its_deadline(sandbox_env, tmp_path, capsys):
+    """The net that holds without the agent and without the controller: the group's scheduled
+    action sets it to 0 at the deadline (--max-runtime 1: one minute), and nothing replaces the
+    instance."""
+    task = _task(tmp_path, "sleep 600")
+    assert cli.main(["run", str(task), "--sandbox", "--detach", "--max-runtime", "1", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    run_id, started = record["run_id"], time.monotonic()
+    got = _wait(run_id, ("running",))
+    agents = [p for p in sshd.instance_processes(got["instance_id"])
+              if any("detached.py" in part for part in _cmdline(p))]
+    assert agents, "the agent runs on the instance"
+    for pid in agents:
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 150
+    while time.monotonic() < deadline:
+        group = api.status(run_id, sandbox=True)["group"]
+        if group and group["desired"] == 0 and not group["instances"]:
+            break
+        time.sleep(3)
+    assert group["desired"] == 0 and not group["instances"], group
+    assert time.monotonic() - started >= 40  # at the deadline, not before (the run's limit is 60 s from launch)
+    assert processes_gone([got["instance_id"]], timeout_s=30)
+    assert cli.main(["cancel", run_id, "--sandbox", "--wait", "0"]) == 0  # what the run made goes
+    left = _nothing_left(run_id)
+    assert not any(left.values()), left
+
+
+def _cmdline(pid: int) -> list[str]:
+    import psutil
+    try:
+        return psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return []

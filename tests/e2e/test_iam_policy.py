@@ -70,11 +70,20 @@ def test_every_operation_of_launch_train_and_cleanup_is_in_the_policy(sandbox_en
                  ["cleanup", "--sandbox", "--dry-run"], ["cleanup", "--sandbox"], ["down", "--all", "--sandbox"]):
         assert cli.main(argv) == 0, argv
     capsys.readouterr()
+    # a detached run (issue 30): its store, role, template and group; followed and cancelled
+    assert cli.main(["run", "--sandbox", "--detach", "--max-runtime", "10m", "--json", "--workdir", str(tmp_path),
+                     "--", "sleep", "60"]) == 0
+    run_id = json.loads(capsys.readouterr().out)["run_id"]
+    for argv in (["status", run_id, "--sandbox"], ["cancel", run_id, "--sandbox", "--wait", "0"],
+                 ["doctor", "--sandbox"]):
+        assert cli.main(argv) == 0, argv
+    capsys.readouterr()
     assert {"ec2:RunInstances", "ec2:TerminateInstances", "ec2:GetConsoleOutput", "sts:GetCallerIdentity",
             "ec2:CreatePlacementGroup", "ec2:CreateTags", "ec2:DescribePlacementGroups", "iam:GetRole",
             "ssm:GetParametersByPath", "ec2:StopInstances", "ec2:StartInstances", "ec2:DescribeVolumes", "ec2:CreateImage",
             "ec2:DeregisterImage", "ec2:DeleteSnapshot", "ec2:DescribeSnapshots", "ec2:RebootInstances",
-            "ssm:GetParameter"} <= called
+            "ssm:GetParameter", "autoscaling:CreateAutoScalingGroup", "autoscaling:DeleteAutoScalingGroup",
+            "ec2:CreateLaunchTemplate", "s3:PutBucketPolicy", "s3:PutObject", "iam:CreateRole"} <= called
     patterns = allowed_actions()
     actions = {S3_ACTIONS.get(a, a) for a in called}
     missing = sorted(a for a in actions if not any(fnmatch.fnmatchcase(a, p) for p in patterns))

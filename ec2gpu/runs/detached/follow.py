@@ -48,7 +48,33 @@ def status(aws: Aws, settings: Settings, run_id: str, log: Callable[[str], None]
                          "check the run id and --region; `ec2gpu runs` lists this machine's runs")
     group = _group(aws, run_id)
     removed = remove_finished(aws, settings, run_id, got, group, log)
+    _settle_row(settings, got, log)
     return {**got, "bucket": bucket, "group": group, "removed": removed}
+
+
+#: a detached run's final state -> the ledger's status of a run (runs/settle/record.RunRecord)
+LEDGER_STATUS = {"succeeded": "completed", "failed": "failed", "cancelled": "cancelled"}
+
+
+def _settle_row(settings: Settings, got: dict[str, Any], log: Callable[[str], None]) -> None:
+    """When the run is over and this machine's ledger holds it as "detached" (it was started
+    here), give its row the run's end: status, exit status, end time. A ledger problem is said,
+    never raised: the run's record is in S3 either way."""
+    from ...errors import LedgerError
+    from ..settle import ledger
+    if got.get("state") not in DONE:
+        return
+    try:
+        row = ledger.get(settings.home, got["run_id"])
+    except (UsageError, LedgerError):
+        return  # started on another machine, or no ledger here
+    if row.get("status") != "detached":
+        return
+    try:
+        ledger.record(settings.home, {**row, "status": LEDGER_STATUS[got["state"]], "ended_at": got.get("ended_at"),
+                                      "exit_status": got.get("exit_code")})  # the whole row: an upsert
+    except LedgerError as exc:
+        log(f"warning: {exc.message}; the run's record is in S3")
 
 
 def _group(aws: Aws, run_id: str) -> dict[str, Any] | None:
