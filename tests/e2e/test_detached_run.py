@@ -136,3 +136,33 @@ def _cmdline(pid: int) -> list[str]:
         return psutil.Process(pid).cmdline()
     except psutil.Error:
         return []
+
+
+def test_a_spot_interruption_is_ridden_out_by_a_replacement_that_resumes_from_the_checkpoint(
+        sandbox_env, tmp_path, capsys):
+    """Issue 30's point: with nobody watching, AWS interrupts the spot instance; its agent saves the
+    checkpoint to S3 within the notice; the group launches a replacement, whose agent downloads
+    it and restarts the job with EC2GPU_RESUME=1; the run succeeds with one interruption survived."""
+    task = _task(tmp_path, 'if [ "$EC2GPU_RESUME" = 1 ] && [ -f "$EC2GPU_CHECKPOINT_DIR/step" ]; then\n'
+                           '  echo "resumed from step $(cat "$EC2GPU_CHECKPOINT_DIR/step")"\n'
+                           '  cp "$EC2GPU_CHECKPOINT_DIR/step" "$EC2GPU_OUTPUT_DIR/resumed-from"\n'
+                           '  exit 0\n'
+                           'fi\n'
+                           'echo 7 > "$EC2GPU_CHECKPOINT_DIR/step"\n'
+                           'echo "first attempt"\n'
+                           'sleep 600')
+    assert cli.main(["run", str(task), "--sandbox", "--detach", "--spot", "--max-runtime", "30m", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    run_id, bucket = record["run_id"], record["bucket"]
+    first = _wait(run_id, ("running",))
+    time.sleep(3)  # the job has written its checkpoint (not yet uploaded: the agent sends it every 60 s or at a notice)
+    api.sandbox_interrupt(first["instance_id"], notice_seconds=10)
+    done = _wait(run_id, ("succeeded", "failed", "cancelled"), timeout_s=240)
+    assert done["state"] == "succeeded" and done["interruptions"] == 1 and done["launches"] == 2, done
+    assert done["instance_id"] != first["instance_id"]  # the group's replacement finished it
+    prefix = runstore.prefix(run_id)
+    assert _object(bucket, prefix + "outputs/resumed-from") == "7\n"
+    log = _object(bucket, prefix + "logs/job.log")
+    assert log.index("first attempt") < log.index("resumed from step 7")  # one log across both instances
+    left = _nothing_left(run_id)
+    assert not any(left.values()), left
