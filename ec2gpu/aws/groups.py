@@ -125,6 +125,20 @@ def find_groups(autoscaling: Client, run_id: str | None = None) -> list[dict[str
     return [g for page in pages for g in cast("list[dict[str, Any]]", page["AutoScalingGroups"])]
 
 
+def summary(autoscaling: Client, run_id: str) -> dict[str, Any] | None:
+    """The run's group as `ec2gpu status` shows it, or None when it is gone: {"name", "desired",
+    "status" (AWS's, e.g. "Delete in progress", or None), "instances": [{"id", "state" (its
+    LifecycleState: Pending, InService, Terminating, ...), "zone", "health", "instance_type"}]}."""
+    found = find_groups(autoscaling, run_id)
+    if not found:
+        return None
+    g = found[0]
+    return {"name": g["AutoScalingGroupName"], "desired": g.get("DesiredCapacity"), "status": g.get("Status"),
+            "instances": [{"id": i.get("InstanceId"), "state": i.get("LifecycleState"),
+                           "zone": i.get("AvailabilityZone"), "health": i.get("HealthStatus"),
+                           "instance_type": i.get("InstanceType")} for i in g.get("Instances", [])]}
+
+
 def find_templates(ec2: Client, run_id: str | None = None) -> list[dict[str, Any]]:
     """Launch templates tagged by the tool (optionally one run's)."""
     filters = T.run_filters(run_id)

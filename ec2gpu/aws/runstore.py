@@ -33,9 +33,11 @@ value can name a key outside its run's prefix.
 from __future__ import annotations
 
 import json
+import os
 import re
 from typing import Any
 
+import boto3.exceptions
 import botocore.exceptions
 
 from ..errors import AwsError, UsageError
@@ -155,6 +157,21 @@ def put_cancel(s3: Client, bucket: str, run_id: str) -> None:
     """Write the run's cancel object (``cancel_key``): the agent, polling for it, stops the job and
     saves its outputs. Raises UsageError for a bad run id, AwsError for S3 errors."""
     _put(s3, "put_object", bucket, Key=cancel_key(run_id), Body=b"cancelled by `ec2gpu cancel`\n")
+
+
+def put_file(s3: Client, bucket: str, key: str, path: str | os.PathLike[str]) -> None:
+    """Upload the file at ``path`` to ``key`` (boto3's managed transfer: multipart when large).
+    Raises AwsError for S3 errors."""
+    try:
+        s3.upload_file(str(path), bucket, key, ExtraArgs=_expected_owner(bucket))
+    except boto3.exceptions.S3UploadFailedError as exc:
+        raise AwsError(f"run store: s3://{bucket}/{key}: upload failed ({exc})", "see docs/iam-policy.json") from None
+
+
+def put_json(s3: Client, bucket: str, key: str, document: Any) -> None:
+    """Write ``document`` as JSON to ``key``. Raises AwsError for S3 errors."""
+    _put(s3, "put_object", bucket, Key=key, Body=json.dumps(document, indent=2).encode(),
+         ContentType="application/json")
 
 
 def workdir_key(run_id: str) -> str:

@@ -577,13 +577,14 @@ def _autostop(value: Any, source: str, lines: _Lines, loc: tuple[str, ...], warn
     return chosen
 
 
-def _recovery(key: str, value: Any, spot: Any, warnings: list[str], source: str, lines: _Lines) -> None:
+def _recovery(key: str, value: Any, spot: Any, warnings: list[str], source: str, lines: _Lines) -> int | None:
     """SkyPilot's ``job_recovery`` / ``spot_recovery`` (FAILOVER, EAGER_NEXT_REGION, none, or
     {strategy, max_restarts_on_errors, recover_on_exit_codes}: yaml-spec.html, resources.job_recovery;
     applied by SkyPilot to managed jobs, ``sky jobs launch``) -> a warning saying what ec2gpu's own
     spot recovery does instead (runs/recover/recovery.py): a lost spot instance is replaced in the same region,
-    another zone first, up to --max-attempts instances (3 with spot). Nothing in the task changes:
-    restarts on the job's own errors are not mapped to --max-attempts, which counts lost instances."""
+    another zone first, up to --max-attempts instances (3 with spot). Returns max_restarts_on_errors
+    (None when not given): restarts on the job's own errors, which a detached run (--detach,
+    agent/detached.py) makes; they are not mapped to --max-attempts, which counts lost instances."""
     loc = ("resources", key)
     if isinstance(value, dict):
         unknown = [k for k in value if k not in ("strategy", "max_restarts_on_errors", "recover_on_exit_codes")]
@@ -604,13 +605,18 @@ def _recovery(key: str, value: Any, spot: Any, warnings: list[str], source: str,
         said.append("it does not move to another region")
     if strategy == "NONE":
         said.append("pass --max-attempts 1 for no replacement")
+    if restarts is not None and (isinstance(restarts, bool) or not isinstance(restarts, int) or not 0 <= restarts <= 100):
+        raise _refuse(source, lines, loc + ("max_restarts_on_errors",), f"{restarts!r} is not a count of restarts",
+                      "give a whole number from 0 to 100")
     if restarts:
-        said.append(f"a job that exits non-zero is not restarted (max_restarts_on_errors: {restarts})")
+        said.append(f"a job that exits non-zero is restarted up to {restarts} times in a detached run (--detach) "
+                    "only: a run you follow ends with its job")
     if codes:
         said.append(f"exit codes are not recovered on (recover_on_exit_codes: {codes})")
     if not spot:
         said.append("this task runs on-demand, where ec2gpu replaces nothing")
     warnings.append("; ".join(said))
+    return restarts
 
 
 def _skypilot_resources(res: dict[str, Any], source: str, lines: _Lines, warnings: list[str], dropped: list[str],
@@ -650,7 +656,9 @@ def _skypilot_resources(res: dict[str, Any], source: str, lines: _Lines, warning
         if key in res:
             value = res.pop(key)
             if value is not None:
-                _recovery(key, value, res.get("use_spot"), warnings, source, lines)
+                restarts = _recovery(key, value, res.get("use_spot"), warnings, source, lines)
+                if restarts is not None:
+                    res["max_restarts_on_errors"] = restarts
     gone = sorted(k for k in res if k in SKYPILOT_UNSUPPORTED_RESOURCES)
     for k in gone:
         res.pop(k)

@@ -179,6 +179,10 @@ class Resources(BaseModel):
                           "a region without one is refused); --ami wins. Default: the image baked for the setup, "
                           "else the PyTorch Deep Learning AMI")
 
+    max_restarts_on_errors: int = Field(0, ge=0, le=100, description="a detached run (--detach) restarts its job "
+                                        "this many times after it exits non-zero, from its last checkpoint "
+                                        "(SkyPilot's job_recovery.max_restarts_on_errors); spot interruptions do "
+                                        "not count")
     labels: dict[str, str] = Field(default_factory=dict, description="SkyPilot's labels: EC2 tags on each instance "
                                                                       "and its volume (key: value)")
 
@@ -371,9 +375,29 @@ class Task(BaseModel):
         return max_runtime(self.max_runtime)[1]
 
 
+#: the order of plain types in an ``anyOf``: Python caches ``Union[int, float, str]`` as whichever
+#: spelling of it was made first in the process (an imported library's may be ``Union[str, int,
+#: float]``), so pydantic's order would depend on what was imported before
+_TYPE_ORDER = ("integer", "number", "string", "boolean", "array", "object", "null")
+
+
+def _canonical(node: Any) -> Any:
+    """``node`` with every ``anyOf`` of plain types in _TYPE_ORDER (pure)."""
+    if isinstance(node, list):
+        return [_canonical(x) for x in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _canonical(v) for k, v in node.items()}
+    options = out.get("anyOf")
+    if isinstance(options, list) and all(isinstance(o, dict) and set(o) == {"type"} and o["type"] in _TYPE_ORDER
+                                         for o in options):
+        out["anyOf"] = sorted(options, key=lambda o: _TYPE_ORDER.index(o["type"]))
+    return out
+
+
 def json_schema() -> dict[str, Any]:
-    """The task file's JSON Schema (draft 2020-12), from the model."""
-    schema = Task.model_json_schema()
+    """The task file's JSON Schema (draft 2020-12), from the model, the same whatever was imported first."""
+    schema: dict[str, Any] = _canonical(Task.model_json_schema())
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "ec2gpu task"
     return schema

@@ -226,7 +226,7 @@ def test_autostop_false_leaves_no_idle_rule_and_says_the_run_still_ends_its_inst
 
 @pytest.mark.parametrize("recovery, said", [
     ("job_recovery: {strategy: EAGER_NEXT_REGION, max_restarts_on_errors: 3}",
-     ["does not move to another region", "not restarted (max_restarts_on_errors: 3)"]),
+     ["does not move to another region", "restarted up to 3 times in a detached run (--detach) only"]),
     ("spot_recovery: FAILOVER", ["ec2gpu's own spot recovery"]),
 ])
 def test_job_recovery_maps_to_ec2gpus_spot_recovery_and_names_each_difference(recovery, said):
@@ -234,6 +234,13 @@ def test_job_recovery_maps_to_ec2gpus_spot_recovery_and_names_each_difference(re
     assert got.task.resources.spot
     [warning] = got.warnings
     assert all(s in warning for s in said) and "replaced in the same region" in warning
+    assert got.task.resources.max_restarts_on_errors == (3 if "max_restarts_on_errors" in recovery else 0)
+
+
+@pytest.mark.parametrize("bad", ["-1", "101", "'3'", "true"])
+def test_a_restart_count_that_is_not_one_is_refused_at_its_line(bad):
+    with pytest.raises(UsageError, match="max_restarts_on_errors"):
+        parse(f"accelerators: L4:1\njob_recovery: {{max_restarts_on_errors: {bad}}}")
 
 
 def test_the_json_plan_shows_region_ami_ports_and_idle_rule(no_aws, capsys):

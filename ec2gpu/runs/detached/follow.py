@@ -46,7 +46,7 @@ def status(aws: Aws, settings: Settings, run_id: str, log: Callable[[str], None]
     if got is None:
         raise UsageError(f"no detached run {run_id} in s3://{bucket} ({aws.region})",
                          "check the run id and --region; `ec2gpu runs` lists this machine's runs")
-    group = _group(aws, run_id)
+    group = groups.summary(aws.client("autoscaling"), run_id)
     removed = remove_finished(aws, settings, run_id, got, group, log)
     _settle_row(settings, got, log)
     return {**got, "bucket": bucket, "group": group, "removed": removed}
@@ -75,17 +75,6 @@ def _settle_row(settings: Settings, got: dict[str, Any], log: Callable[[str], No
                                       "exit_status": got.get("exit_code")})  # the whole row: an upsert
     except LedgerError as exc:
         log(f"warning: {exc.message}; the run's record is in S3")
-
-
-def _group(aws: Aws, run_id: str) -> dict[str, Any] | None:
-    found = groups.find_groups(aws.client("autoscaling"), run_id)
-    if not found:
-        return None
-    g = found[0]
-    return {"name": g["AutoScalingGroupName"], "desired": g.get("DesiredCapacity"), "status": g.get("Status"),
-            "instances": [{"id": i.get("InstanceId"), "state": i.get("LifecycleState"),
-                           "zone": i.get("AvailabilityZone"), "health": i.get("HealthStatus"),
-                           "instance_type": i.get("InstanceType")} for i in g.get("Instances", [])]}
 
 
 def remove_finished(aws: Aws, settings: Settings, run_id: str, got: dict[str, Any], group: dict[str, Any] | None,

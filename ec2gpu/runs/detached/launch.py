@@ -24,7 +24,6 @@ the error is raised; the run's objects in S3 stay for the bucket's lifecycle rul
 """
 from __future__ import annotations
 
-import json
 import shlex
 import tarfile
 import tempfile
@@ -118,8 +117,8 @@ def spec_document(job: TaskJob, opts: RunOptions, run_id: str, group: str, deadl
         "setup": job.task.setup, "run": job.task.run, "args": list(job.args),
         "envs": dict(job.env), "workdir_key": runstore.workdir_key(run_id),
         "outputs": list(job.task.outputs), "checkpoint_dir": job.task.checkpoint_dir,
-        # SkyPilot's job_recovery.max_restarts_on_errors is not a task field yet (tasks/load.py warns of it)
-        "max_restarts_on_errors": 0, "max_launches": max_launches, "nodes": opts.nodes,
+        "max_restarts_on_errors": job.task.resources.max_restarts_on_errors, "max_launches": max_launches,
+        "nodes": opts.nodes,
         "limit_at": deadline.timestamp() - grace, "limit_grace_s": grace, "spot": opts.spot,
     }
 
@@ -207,11 +206,10 @@ def _upload(s3: Any, bucket: str, run_id: str, job: TaskJob, spec: dict[str, Any
         else:
             with tarfile.open(archive, "w:gz"):
                 pass
-        s3.upload_file(str(archive), bucket, runstore.workdir_key(run_id))
+        runstore.put_file(s3, bucket, runstore.workdir_key(run_id), archive)
     for name in AGENT_FILES:
-        s3.upload_file(str(AGENT_DIR / name), bucket, runstore.agent_prefix(run_id) + name)
-    s3.put_object(Bucket=bucket, Key=runstore.spec_key(run_id), Body=json.dumps(spec, indent=2).encode(),
-                  ContentType="application/json")
+        runstore.put_file(s3, bucket, runstore.agent_prefix(run_id) + name, AGENT_DIR / name)
+    runstore.put_json(s3, bucket, runstore.spec_key(run_id), spec)
 
 
 def _role(aws: Aws, settings: Settings, run_id: str, bucket: str, group: str, account: str) -> str:
