@@ -125,7 +125,7 @@ STATUS_FIELDS = ("version", "run_id", "state", "reason", "launches", "attempt", 
 MAX_SPEC_BYTES = 1024 * 1024
 MAX_STATUS_BYTES = 4 * 1024 * 1024
 MAX_SCRIPT_BYTES = 100 * 1024  # tasks/spec.MAX_SCRIPT_BYTES
-MAX_RECORDS = 1000  # instances and attempts kept in status.json (the newest)
+MAX_RECORDS = 100  # instances and attempts kept in status.json (the newest): well under the 1 MiB the controller reads
 #: the workdir archive: hostile input (refused beyond these)
 MAX_ARCHIVE_BYTES = 5 * 1024 ** 3
 MAX_WORKDIR_BYTES = 20 * 1024 ** 3
@@ -619,8 +619,10 @@ class Detached:
         return iso(self.clock())
 
     def check_superseded(self) -> None:
-        """Superseded when status.json records a later launch than this one (an error reading it is
-        said, not raised: the next check reads it again)."""
+        """Superseded when status.json records a later launch than this one, or an end this launch
+        did not write (`ec2gpu cancel` records "cancelled" itself when the agent does not answer in
+        time): an end recorded is never overwritten. An error reading it is said, not raised: the
+        next check reads it again."""
         try:
             there = self.store.get_json("status.json", MAX_STATUS_BYTES)
         except Exception as exc:
@@ -628,6 +630,8 @@ class Detached:
             return
         if isinstance(there, dict) and isinstance(there.get("launches"), int) and there["launches"] > self.launch:
             raise Superseded(f"launch {there['launches']} is recorded; this is launch {self.launch}")
+        if isinstance(there, dict) and there.get("state") in TERMINAL and self.status.get("state") not in TERMINAL:
+            raise Superseded(f"the run is already recorded as {there['state']}")
 
     def save(self, check: bool = True) -> None:
         """status.json written whole; with ``check``, Superseded first when a later launch is recorded."""

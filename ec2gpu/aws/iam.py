@@ -221,11 +221,16 @@ def detached_policy(bucket: str, run_id: str, group_name: str, region: str, acco
 
     - "RunObjects": s3:AbortMultipartUpload, s3:GetObject, s3:PutObject on
       ``arn:aws:s3:::BUCKET/runs/RUN_ID/*`` only. PutObject also covers a multipart upload's
-      Create/UploadPart/Complete, and HeadObject is authorised as GetObject. No s3:DeleteObject:
-      the agent replaces a file (status.json, the latest checkpoint) by putting the same key
-      again, which S3 overwrites; it never removes one, and removing is the user's (`cancel`,
-      `cleanup`) or the bucket's lifecycle rule's. No s3:GetBucketLocation: the agent's client is
-      made for the run's region, which is the bucket's (its name says so).
+      Create/UploadPart/Complete, and HeadObject is authorised as GetObject. The agent replaces a
+      file (status.json, the log) by putting the same key again, which S3 overwrites. No
+      s3:GetBucketLocation: the agent's client is made for the run's region, which is the
+      bucket's (its name says so).
+    - "PruneOwnCheckpoints": s3:DeleteObject on ``arn:aws:s3:::BUCKET/runs/RUN_ID/checkpoints/*``
+      only (same account condition): the agent mirrors the job's checkpoint directory, so a
+      checkpoint the job removed (it keeps its last N) goes from S3 too, and a replacement does
+      not download every checkpoint ever written. Nothing else of the run may be deleted by it:
+      its spec, workdir, log, outputs and status stay until the user or the lifecycle rule
+      removes them.
     - "ListRunPrefix": s3:ListBucket on ``arn:aws:s3:::BUCKET`` only when the request's
       ``s3:prefix`` is ``runs/RUN_ID/`` or under it (StringLike; a listing with no prefix, or
       with ``runs/`` or another run's prefix, has no match and is refused).
@@ -272,13 +277,17 @@ def detached_policy(bucket: str, run_id: str, group_name: str, region: str, acco
         raise UsageError(f"{str(region)[:40]!r} is not an AWS region", "e.g. --region us-east-1")
     if not isinstance(account_id, str) or not _ACCOUNT.fullmatch(account_id):
         raise UsageError(f"{str(account_id)[:40]!r} is not an AWS account id", "12 digits, as sts get-caller-identity says")
+    from .runstore import partition  # aws-cn, aws-us-gov: their ARNs say so
+    arn = f"arn:{partition(region)}"
     in_account = {"s3:ResourceAccount": account_id}
-    group = f"arn:aws:autoscaling:{region}:{account_id}:autoScalingGroup:*:autoScalingGroupName/{group_name}"
+    group = f"{arn}:autoscaling:{region}:{account_id}:autoScalingGroup:*:autoScalingGroupName/{group_name}"
     tagged = {f"autoscaling:ResourceTag/{T.RUN}": run_id}
     statements: list[dict[str, Any]] = [
         {"Sid": "RunObjects", "Effect": "Allow", "Action": ["s3:AbortMultipartUpload", "s3:GetObject", "s3:PutObject"],
-         "Resource": f"arn:aws:s3:::{bucket}/{prefix}*", "Condition": {"StringEquals": in_account}},
-        {"Sid": "ListRunPrefix", "Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": f"arn:aws:s3:::{bucket}",
+         "Resource": f"{arn}:s3:::{bucket}/{prefix}*", "Condition": {"StringEquals": in_account}},
+        {"Sid": "PruneOwnCheckpoints", "Effect": "Allow", "Action": ["s3:DeleteObject"],
+         "Resource": f"{arn}:s3:::{bucket}/{prefix}checkpoints/*", "Condition": {"StringEquals": in_account}},
+        {"Sid": "ListRunPrefix", "Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": f"{arn}:s3:::{bucket}",
          "Condition": {"StringLike": {"s3:prefix": [prefix, f"{prefix}*"]}, "StringEquals": in_account}},
         {"Sid": "EndOwnGroup", "Effect": "Allow", "Action": ["autoscaling:UpdateAutoScalingGroup"], "Resource": group,
          "Condition": {"StringEquals": tagged,

@@ -479,7 +479,7 @@ def check(s3: Client, bucket: str, expire_days: int | None = None) -> list[str]:
 
 # --- status.json ------------------------------------------------------------------------------
 
-MAX_STATUS_BYTES = 64 * 1024  # a status record is a few hundred bytes; more is not ec2gpu's
+MAX_STATUS_BYTES = 1024 * 1024  # the agent keeps 100 launches and 100 attempts in it (agent/detached.MAX_RECORDS), ~80 KB
 MAX_TEXT = 2000  # characters kept of a message
 MAX_COUNT = 1_000_000
 #: the run's states: "pending" (the controller's, before any instance), then the agent's

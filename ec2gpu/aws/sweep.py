@@ -402,13 +402,16 @@ def ended_runs(described: list[inst.Instance], key_pairs: list[dict[str, Any]], 
     return out
 
 
-def ended_leftovers(ec2: Client, keep: AbstractSet[str] = frozenset(), iam: Client = None) -> dict[str, dict[str, Any]]:
+def ended_leftovers(ec2: Client, keep: AbstractSet[str] = frozenset(), iam: Client = None,
+                    autoscaling: Client = None) -> dict[str, dict[str, Any]]:
     """What runs whose instances have all ended left (``ended_runs``): run id -> {"why",
     "security_groups", "key_pairs", "placement_groups": their ids, and with an IAM client ``iam``
     "instance_roles": the names of its roles and orphan instance profiles (``find_instance_roles``;
-    a role's creation dates its run as a key pair does)}. Where the placement group API is
-    unavailable, or these credentials may not list IAM roles, there are none of those (`cleanup`
-    says so). Raises botocore errors."""
+    a role's creation dates its run as a key pair does)}. Never a run that still has an Auto
+    Scaling group (found with ``autoscaling``): a detached run between a spot interruption and its
+    replacement has no instance listed, and its template needs its security group, key pair and
+    role for the next launch. Where the placement group API is unavailable, or these credentials
+    may not list IAM roles, there are none of those (`cleanup` says so). Raises botocore errors."""
     from datetime import timezone
 
     held = {"security_groups": [(g, "GroupId") for g in find_security_groups(ec2)],
@@ -423,6 +426,8 @@ def ended_leftovers(ec2: Client, keep: AbstractSet[str] = frozenset(), iam: Clie
     if not runs:
         return {}
     dated = [k for k, _ in held["key_pairs"] + held.get("instance_roles", [])]
+    if autoscaling is not None:  # a detached run's group owns its run until the group is gone
+        keep = set(keep) | {g["run_id"] for g in _find_groups(Clients(ec2, iam, autoscaling), None, lambda m: None)}
     ended = ended_runs(find_instances(ec2, states=LIVE_STATES + ["terminated"]), dated,
                        runs, datetime.now(timezone.utc), keep)
     return {run: {"why": why, **{kind: [r[key] for r, key in found if T.as_dict(r.get("Tags")).get(T.RUN) == run]

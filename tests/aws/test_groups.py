@@ -139,3 +139,25 @@ def test_deleting_a_group_or_template_that_is_gone_is_fine_and_a_busy_group_is_t
             return {"AutoScalingGroups": [{"AutoScalingGroupName": "g"}]}
     groups.delete_group(Busy(), "g", wait_s=5, delay_s=0.01)
     assert len(calls) == 3 and calls[-1] == {"AutoScalingGroupName": "g", "ForceDelete": True}
+
+
+def test_the_ended_runs_leftovers_never_take_what_a_live_group_needs(aws, spec, tmp_path, monkeypatch):
+    """A detached run between a spot interruption and its replacement lists no instance (EC2 drops a
+    terminated one after an hour), yet its launch template needs its security group, key pair and
+    role: while the run has a group, `ls`/`runs` (reconcile.remove_ended) leave them alone."""
+    from ec2gpu.aws import network
+    asg, run = aws.client("autoscaling"), "run-asg-live"
+    network.create_key_pair(aws.ec2, run, "alice", tmp_path)
+    subnets = list(capacity.default_subnets(aws.ec2).values())[:1]
+    groups.create(aws.ec2, asg, replace(spec, run_id=run), ["g4dn.xlarge"], subnets, 1, None)
+    seen = {}
+
+    def ended_runs(described, key_pairs, runs, now, keep=frozenset()):
+        seen["keep"] = set(keep)
+        return {r: "no instance listed any more" for r in runs if r not in keep}
+    monkeypatch.setattr(sweep, "ended_runs", ended_runs)
+    try:
+        assert run not in sweep.ended_leftovers(aws.ec2, autoscaling=asg) and run in seen["keep"]
+        assert run in sweep.ended_leftovers(aws.ec2)  # without the group known, it would have gone
+    finally:
+        sweep.delete_run(aws.ec2, run, tmp_path, autoscaling=asg)

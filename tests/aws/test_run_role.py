@@ -243,7 +243,8 @@ def test_the_accounts_permissions_boundary_is_found_and_given_to_the_role(aws, i
         iam.delete_policy(PolicyArn=arn)
     allowed = {a for s in json.loads(doc)["Statement"] for a in s["Action"]}
     assert allowed == {"s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload", "s3:ListBucket",
-                       "s3:GetBucketLocation", "autoscaling:UpdateAutoScalingGroup", "autoscaling:SetDesiredCapacity"}
+                       "s3:GetBucketLocation", "autoscaling:UpdateAutoScalingGroup", "autoscaling:SetDesiredCapacity",
+                       "s3:DeleteObject"}  # the last: a detached run's own checkpoints/ only
 
 
 RUN = "20261125-100000-ab12"
@@ -302,6 +303,7 @@ def test_the_boundary_reaches_no_bucket_the_users_own_policy_does_not():
                                                                   "FileMountsBucketsCheckedOrCreated"})
     assert _resources(boundary, {s["Sid"] for s in boundary["Statement"]} - file_mounts) == {
         "arn:aws:s3:::ec2gpu-*/runs/${aws:PrincipalTag/ec2gpu:run}/*", "arn:aws:s3:::ec2gpu-*",
+        "arn:aws:s3:::ec2gpu-*/runs/${aws:PrincipalTag/ec2gpu:run}/checkpoints/*",
         "arn:aws:autoscaling:*:*:autoScalingGroup:*:autoScalingGroupName/ec2gpu-*"}
     assert _resources(user, {"RunDataOnlyInYourAccountsBuckets", "RunBucketConfiguredAndCheckedOnlyInYourAccount",
                              "ChangeAndDeleteOnlyEc2gpuGroups"}) == {

@@ -333,9 +333,9 @@ def _read(s3, body: bytes):
 
 
 @pytest.mark.parametrize("body, problem", [
-    (b" " * (64 * 1024) + b'{"state": "running"}', "more than 65,536"),
+    (b" " * (1024 * 1024) + b'{"state": "running"}', "more than 1,048,576"),
     (b"[1, 2]", "not a JSON object"), (b'"running"', "not a JSON object"), (b"null", "not a JSON object"),
-    (b"{nope", "not JSON"), (b"\xff\xfe", "not JSON"), (b"[" * 100_000, "more than"),
+    (b"{nope", "not JSON"), (b"\xff\xfe", "not JSON"), (b"[" * 1_100_000, "more than"),
     (b"[" * 60_000, "not JSON"),  # deep enough for RecursionError, small enough to be read
     (b'{"state": "owned"}', "no known state"), (b'{"run_id": "20260125-103000-ffff", "state": "succeeded"}',
                                                  "names another run"),
@@ -349,8 +349,8 @@ def test_a_status_object_that_is_not_a_record_is_refused_and_nothing_of_it_taken
 
 
 def test_validate_status_refuses_oversize_bytes_itself():
-    got = runstore.validate_status(b'{"state": "running"}' + b" " * (64 * 1024), RUN)
-    assert got["state"] == "unreadable" and "more than 65,536 bytes" in got["problem"]
+    got = runstore.validate_status(b'{"state": "running"}' + b" " * (1024 * 1024), RUN)
+    assert got["state"] == "unreadable" and "more than 1,048,576 bytes" in got["problem"]
     assert runstore.validate_status(b'{"state": "running"}' + b" " * 1000, RUN)["state"] == "running"
 
 
@@ -385,7 +385,7 @@ def test_each_field_of_a_status_record_is_checked_and_unknown_ones_dropped(s3):
 
 def test_put_status_refuses_what_get_status_would_not_take(s3):
     s3.create_bucket(Bucket=BUCKET)
-    for bad, why in (({"state": "owned"}, "no known state"), ({"state": "running", "message": "x" * 70_000}, "more than"),
+    for bad, why in (({"state": "owned"}, "no known state"), ({"state": "running", "message": "x" * 1_100_000}, "more than"),
                      ({"state": "running", "x": object()}, "not JSON"), ({"state": "running", "x": float("nan")}, "not JSON"),
                      (["running"], "a dict")):
         with pytest.raises(ValueError, match=why):

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import botocore.exceptions
 import pytest
 
+from ec2gpu.runs.options import RunOptions
 from ec2gpu.aws import storage
 from ec2gpu.errors import UsageError
 from ec2gpu.runs.provision import resources as provision
@@ -65,7 +66,7 @@ def test_a_run_role_iam_refuses_stops_the_run_before_its_key_pair(monkeypatch, t
     monkeypatch.setattr(provision.network, "create_security_group", lambda *a: made.append("security group"))
     job = SimpleNamespace(mounts=[_s3("/d", "train/")], role_policy={"Version": "2012-10-17", "Statement": []},
                           role_boundary=None, buckets_to_make=["ec2gpu-test-never-made"])
-    opts = SimpleNamespace(ssh_cidr=None, task=job, bake=None, name=None)
+    opts = RunOptions(task=job)  # the task: a stand-in with what the role step reads
     aws = SimpleNamespace(ec2=None, region="us-east-1", client=lambda name: Refusing(), checkip_url=None)
     prov = provision.Provisioned("run-refused")
     ui = SimpleNamespace(note=lambda line: None, phase=lambda name: _Null())

@@ -353,6 +353,30 @@ def test_a_later_launch_supersedes_this_one_which_stops_its_job_and_writes_nothi
     assert status(aws) == newer and group_size(aws) == (0, 1, 1)
 
 
+def test_an_end_recorded_by_cancel_is_never_overwritten_by_a_running_agent(aws, tmp_path):
+    """`ec2gpu cancel` records "cancelled" itself when the agent does not answer in time: an agent
+    still running (busy, or slow) stops and writes nothing more, so the run's end stands."""
+    home = tmp_path / "home"
+    put_spec(aws, run='echo 1 > "$EC2GPU_CHECKPOINT_DIR/a"; for i in $(seq 200); do sleep 0.1; done')
+    ended = {"state": "cancelled", "launches": 1, "reason": "cancelled: the group was ended by `ec2gpu cancel`"}
+    done = threading.Event()
+
+    def cancel_without_the_agent():
+        deadline = time.monotonic() + 20
+        while get(aws, "checkpoints/a") is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        put_json(aws, "status.json", ended)
+        done.set()
+    thread = threading.Thread(target=cancel_without_the_agent, daemon=True)
+    thread.start()
+    start = time.monotonic()
+    try:
+        assert make(aws, home).execute() == detached.EXIT_SUPERSEDED
+    finally:
+        thread.join()
+    assert done.is_set() and time.monotonic() - start < 15 and status(aws) == ended
+
+
 @pytest.mark.parametrize("member", [
     ("../evil", "x"), ("/tmp/ec2gpu-detached-evil", "x"), ("a/../../evil", "x"),
     link("out", "/etc"), link("up", "../.."), link("deep/up", "../../.."),

@@ -45,8 +45,8 @@ def test_a_detached_run_carries_no_secret_and_no_file_mounts():
 
 
 def test_the_boot_script_fetches_the_agent_with_the_role_and_starts_it_holding_no_secret(tmp_path):
-    boot = launch.boot_script(BUCKET, RUN, "us-east-1")
-    assert f"runs/{RUN}/agent/" in boot and "detached.py" in boot and "agent.py" in boot
+    boot = launch.boot_script(BUCKET, RUN, "us-east-1", f"ec2gpu-{RUN}")
+    assert f'"runs/{RUN}/agent/detached.py"' in boot and f'"runs/{RUN}/agent/agent.py"' in boot
     assert f"--bucket {BUCKET} --run-id {RUN} --region us-east-1" in boot
     assert "AWS_ACCESS_KEY_ID" not in boot and "aws_secret" not in boot.lower()
     assert boot.count("seq 30") == 1  # tried again while the new role reaches EC2 (IAM is eventually consistent)
@@ -59,7 +59,27 @@ def test_the_boot_script_fetches_the_agent_with_the_role_and_starts_it_holding_n
         got = subprocess.run(["shellcheck", "-s", "bash", "-S", "warning", str(script)], capture_output=True, text=True)
         assert got.returncode == 0, got.stdout
     with pytest.raises(UsageError):
-        launch.boot_script(BUCKET, "../other", "us-east-1")
+        launch.boot_script(BUCKET, "../other", "us-east-1", "ec2gpu-x")
+
+
+def test_an_instance_that_cannot_fetch_its_agent_ends_its_own_group_rather_than_idle(tmp_path):
+    """No Python with boto3 on the image: the boot script says so and ends the run's group with the
+    AWS CLI (the role may), instead of an instance that bills, idle, until the deadline."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "python3").write_text("#!/bin/sh\nexit 1\n")  # no boto3
+    (bin_ / "aws").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/aws-calls\n')
+    for f in ("python3", "aws"):
+        (bin_ / f).chmod(0o755)
+    script = tmp_path / "boot.sh"
+    script.write_text(instances.user_data(None, None, launch.boot_script(BUCKET, RUN, "us-east-1", f"ec2gpu-{RUN}")))
+    env = {"PATH": f"{bin_}:/usr/bin:/bin", "EC2GPU_STATE_DIR": str(tmp_path / "state")}
+    assert subprocess.run(["bash", str(script)], env=env, timeout=30).returncode == 0
+    assert (tmp_path / "aws-calls").read_text().split() == [
+        "autoscaling", "update-auto-scaling-group", "--region", "us-east-1", "--auto-scaling-group-name",
+        f"ec2gpu-{RUN}", "--min-size", "0", "--max-size", "0", "--desired-capacity", "0"]
+    assert "no Python with boto3" in (tmp_path / "state" / "detached" / "boot.log").read_text()
+    assert not (tmp_path / "state" / "detached" / "detached.log").exists()  # no agent started
 
 
 def test_the_spec_says_what_the_agent_runs_and_until_when():
@@ -70,8 +90,8 @@ def test_the_spec_says_what_the_agent_runs_and_until_when():
     assert (spec["run_id"], spec["name"], spec["group"]) == (RUN, "mine", f"ec2gpu-{RUN}")
     assert (spec["setup"], spec["run"], spec["envs"], spec["outputs"]) == ("pip install x", "python train.py",
                                                                            {"A": "1"}, ["*.pt"])
-    # the job's SIGTERM comes its grace before the group's deadline (2 min here: a quarter of 60 min is more)
-    assert spec["limit_at"] == at.timestamp() - 120 and spec["limit_grace_s"] == 120
+    # the job's SIGTERM comes its grace (2 min) and the upload's time (5 min) before the group's deadline
+    assert spec["limit_at"] == at.timestamp() - 420 and spec["limit_grace_s"] == 120
     assert spec["max_launches"] == 10 and spec["spot"] is True
     assert spec["workdir_key"] == f"runs/{RUN}/workdir.tar.gz" and spec["nodes"] == 1
 

@@ -166,6 +166,7 @@ ALLOWED = {
     "PutObject runs/RUN/outputs/x": s3("s3:PutObject", f"runs/{RUN}/outputs/x"),
     "GetObject runs/RUN/checkpoints/latest.pt": s3("s3:GetObject", f"runs/{RUN}/checkpoints/latest.pt"),
     "AbortMultipartUpload runs/RUN/outputs/big": s3("s3:AbortMultipartUpload", f"runs/{RUN}/outputs/big"),
+    "DeleteObject runs/RUN/checkpoints/old.pt (the job pruned it)": s3("s3:DeleteObject", f"runs/{RUN}/checkpoints/old.pt"),
     "ListBucket prefix runs/RUN/": s3("s3:ListBucket", prefix=f"runs/{RUN}/"),
     "ListBucket prefix runs/RUN/outputs/": s3("s3:ListBucket", prefix=f"runs/{RUN}/outputs/"),
     "UpdateAutoScalingGroup its group to 0 (groups.end)": group("autoscaling:UpdateAutoScalingGroup", sizes=(0, 0)),
@@ -179,6 +180,8 @@ REFUSED = {
     "GetObject runs/RUN (no slash)": s3("s3:GetObject", f"runs/{RUN}"),
     "GetObject outside runs/": s3("s3:GetObject", f"ledger/{RUN}/x"),
     "DeleteObject runs/RUN/x": s3("s3:DeleteObject", f"runs/{RUN}/x"),
+    "DeleteObject runs/RUN/status.json": s3("s3:DeleteObject", f"runs/{RUN}/status.json"),
+    "DeleteObject runs/OTHER/checkpoints/x": s3("s3:DeleteObject", f"runs/{OTHER}/checkpoints/x"),
     "ListBucket without a prefix": s3("s3:ListBucket"),
     "ListBucket prefix ''": s3("s3:ListBucket", prefix=""),
     "ListBucket prefix runs/": s3("s3:ListBucket", prefix="runs/"),
@@ -273,6 +276,9 @@ def test_the_statements_are_exactly_these():
     assert POLICY == {"Version": "2012-10-17", "Statement": [
         {"Sid": "RunObjects", "Effect": "Allow", "Action": ["s3:AbortMultipartUpload", "s3:GetObject", "s3:PutObject"],
          "Resource": f"arn:aws:s3:::{BUCKET}/{prefix}*", "Condition": {"StringEquals": {"s3:ResourceAccount": ACCOUNT}}},
+        {"Sid": "PruneOwnCheckpoints", "Effect": "Allow", "Action": ["s3:DeleteObject"],
+         "Resource": f"arn:aws:s3:::{BUCKET}/{prefix}checkpoints/*",
+         "Condition": {"StringEquals": {"s3:ResourceAccount": ACCOUNT}}},
         {"Sid": "ListRunPrefix", "Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": f"arn:aws:s3:::{BUCKET}",
          "Condition": {"StringLike": {"s3:prefix": [prefix, f"{prefix}*"]},
                        "StringEquals": {"s3:ResourceAccount": ACCOUNT}}},
@@ -283,7 +289,7 @@ def test_the_statements_are_exactly_these():
          "Condition": {"StringEquals": {"autoscaling:ResourceTag/ec2gpu:run": RUN}}},
     ]}
     text = json.dumps(POLICY)
-    assert "s3:DeleteObject" not in text and "Describe" not in text and '"*"' not in text
+    assert text.count("s3:DeleteObject") == 1 and "Describe" not in text and '"*"' not in text
     assert all(s["Effect"] == "Allow" for s in POLICY["Statement"])
 
 
@@ -328,13 +334,14 @@ def test_other_regions_and_partition_free_names_are_taken():
     for region in ("eu-west-1", "ap-southeast-2", "us-gov-west-1", "il-central-1"):
         (statement,) = [s for s in iam.detached_policy(BUCKET, RUN, GROUP, region, ACCOUNT)["Statement"]
                         if s["Sid"] == "LowerOwnGroup"]
-        assert statement["Resource"].startswith(f"arn:aws:autoscaling:{region}:{ACCOUNT}:autoScalingGroup:*:")
+        part = "aws-us-gov" if region.startswith("us-gov-") else "aws"
+        assert statement["Resource"].startswith(f"arn:{part}:autoscaling:{region}:{ACCOUNT}:autoScalingGroup:*:")
 
 
 def test_combined_with_a_file_mounts_policy_keeps_both_and_refuses_repeated_ids():
     both = iam.combined(POLICY, iam.s3_policy([("data-bucket", "train/")], []))
-    assert [s["Sid"] for s in both["Statement"]] == ["RunObjects", "ListRunPrefix", "EndOwnGroup", "LowerOwnGroup",
-                                                     "Read", "List1", "Locate"]
+    assert [s["Sid"] for s in both["Statement"]] == ["RunObjects", "PruneOwnCheckpoints", "ListRunPrefix", "EndOwnGroup",
+                                                     "LowerOwnGroup", "Read", "List1", "Locate"]
     assert allowed(both, s3("s3:GetObject", "train/x", bucket="data-bucket"))
     assert not allowed(both, s3("s3:GetObject", f"runs/{OTHER}/x"))
     with pytest.raises(ValueError, match="repeat"):
@@ -374,7 +381,15 @@ def test_parliament_finds_nothing_above_low_in_the_boundary_but_one_known_false_
     false_positive = ("RESOURCE_MISMATCH", json.dumps(
         [{"action": a, "required_format": "arn:*:s3:::*/*"}
          for a in ("s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload")]))
-    assert _above_low((DOCS / "iam-instance-boundary.json").read_text()) == [false_positive]
+    prune = ("RESOURCE_MISMATCH", json.dumps([{"action": "s3:DeleteObject", "required_format": "arn:*:s3:::*/*"}]))
+    assert _above_low((DOCS / "iam-instance-boundary.json").read_text()) == [false_positive, prune]
     # the same statement with a colon-free tag key passes: the finding is the colon, nothing else
     text = (DOCS / "iam-instance-boundary.json").read_text().replace("PrincipalTag/ec2gpu:run", "PrincipalTag/run")
     assert _above_low(text) == []
+
+
+@pytest.mark.parametrize("region, partition", [("cn-north-1", "aws-cn"), ("us-gov-west-1", "aws-us-gov"),
+                                               ("eu-west-1", "aws")])
+def test_every_arn_is_in_the_regions_partition(region, partition):
+    policy = iam.detached_policy(f"ec2gpu-{ACCOUNT}-{region}", RUN, f"ec2gpu-{RUN}", region, ACCOUNT)
+    assert all(s["Resource"].startswith(f"arn:{partition}:") for s in policy["Statement"])

@@ -47,9 +47,33 @@ def status(aws: Aws, settings: Settings, run_id: str, log: Callable[[str], None]
         raise UsageError(f"no detached run {run_id} in s3://{bucket} ({aws.region})",
                          "check the run id and --region; `ec2gpu runs` lists this machine's runs")
     group = groups.summary(aws.client("autoscaling"), run_id)
+    if got["state"] not in DONE and got["state"] != "unreadable" and _stopped(group):
+        got = _ended_without_agent(s3, bucket, got, log)
     removed = remove_finished(aws, settings, run_id, got, group, log)
     _settle_row(settings, got, log)
     return {**got, "bucket": bucket, "group": group, "removed": removed}
+
+
+def _stopped(group: dict[str, Any] | None) -> bool:
+    """Whether nothing can run the job any more: its group is gone, or at 0 with no instance (the
+    deadline's scheduled action, `down`, or an agent that ended it without a word)."""
+    return group is None or (not group["desired"] and not group["instances"])
+
+
+def _ended_without_agent(s3: Any, bucket: str, got: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any]:
+    """The record of a run whose group stopped while its state was not final (the agent was
+    killed, or the deadline came first): "failed", said so, written back so every later reader
+    agrees. Returns the record as written (as ``got`` when S3 refused it)."""
+    why = (f"ended without its agent's word while {got['state']}: its group is gone or at 0 "
+           "(the run's deadline, or `ec2gpu down`/`cleanup`)")
+    ended = {**_writable(got), "state": "failed", "message": why}
+    try:
+        runstore.put_status(s3, bucket, got["run_id"], ended)
+    except Exception as exc:  # noqa: BLE001 - said; the next `status` tries again
+        log(f"could not record the run's end ({type(exc).__name__})")
+        return got
+    log(f"run {got['run_id']}: {why}")
+    return {**got, "state": "failed", "message": why}
 
 
 #: a detached run's final state -> the ledger's status of a run (runs/settle/record.RunRecord)
@@ -102,7 +126,14 @@ def cancel(aws: Aws, settings: Settings, run_id: str, log: Callable[[str], None]
     "waited_s". A run already over is only cleaned up. Raises UsageError for an unknown run; AwsError."""
     first = status(aws, settings, run_id, log)
     if first["state"] in DONE:
-        return {**first, "waited_s": 0.0}
+        if _stopped(first["group"]):
+            return {**first, "waited_s": 0.0}
+        # over by its record, yet its group still runs something (a record the job wrote itself, or
+        # an earlier cancel whose removal failed): remove it all the same
+        removed = sweep.delete_run(aws.ec2, run_id, settings.keys_dir, log=log, iam=aws.client("iam"),
+                                   autoscaling=aws.client("autoscaling"))
+        return {**status(aws, settings, run_id, log), "removed": {k: v for k, v in removed.items() if v},
+                "waited_s": 0.0}
     s3, bucket = _store(aws)
     runstore.put_cancel(s3, bucket, run_id)
     log(f"asked the agent of {run_id} to stop the job and save its outputs (s3://{bucket}/{runstore.prefix(run_id)})")

@@ -24,6 +24,7 @@ the error is raised; the run's objects in S3 stay for the bucket's lifecycle rul
 """
 from __future__ import annotations
 
+import json
 import shlex
 import tarfile
 import tempfile
@@ -78,29 +79,48 @@ def check(opts: RunOptions) -> TaskJob:
     return job
 
 
-def boot_script(bucket: str, run_id: str, region: str) -> str:
-    """The user data lines that start the agent of a detached run (pure): fetch the agent from the
-    run's prefix with the instance role's credentials (boto3 on the instance; the AWS CLI where it
-    has none), tried for up to 5 min (a new role reaches EC2 a little later: IAM is eventually
-    consistent), then start detached.py in the background, its log in the state directory. It
-    holds no secret: the bucket, the run id and the region only."""
+#: Pythons that may have boto3, first found first: the Deep Learning AMI's PyTorch environments
+#: (agent/detached.PYTHONS), then the image's python3
+BOOT_PYTHONS = ("/opt/pytorch/bin/python3", "/opt/conda/envs/pytorch/bin/python3", "python3")
+
+
+def boot_script(bucket: str, run_id: str, region: str, group: str) -> str:
+    """The user data lines that start the agent of a detached run (pure): the first of
+    BOOT_PYTHONS that imports boto3 fetches the agent from the run's prefix with the instance
+    role's credentials, tried for up to 5 min (a new role reaches EC2 a little later: IAM is
+    eventually consistent), then runs detached.py in the background, its log in the state
+    directory. Where no Python has boto3 or the fetch keeps failing, the instance ends its own
+    group (the AWS CLI, with the role's credentials) rather than idle, billed, until the deadline.
+    It holds no secret: the bucket, the run id, the region and the group's name only."""
     prefix = runstore.prefix(run_id)
     q = shlex.quote
-    fetch_py = ("import sys,boto3\n"
-                f"s3=boto3.client('s3',region_name={region!r})\n"
-                f"for n in {list(AGENT_FILES)!r}:\n"
-                f"    s3.download_file({bucket!r},{prefix!r}+'agent/'+n,sys.argv[1]+'/'+n)\n")
-    cli = " && ".join(f"aws s3 cp --region {q(region)} {q(f's3://{bucket}/{prefix}agent/{n}')} \"$dir/{n}\""
-                      for n in AGENT_FILES)
+    keys = {name: f"{prefix}agent/{name}" for name in AGENT_FILES}
+    fetch_py = ("import sys, boto3\n"  # double quotes only: the script goes into single ones
+                f"s3 = boto3.client(\"s3\", region_name={json.dumps(region)})\n"
+                f"for name, key in {json.dumps(keys)}.items():\n"
+                f"    s3.download_file({json.dumps(bucket)}, key, sys.argv[1] + \"/\" + name)\n")
     return "\n".join([
         f'dir={instances.STATE_DIR}/detached',
         'mkdir -p "$dir" && chmod 700 "$dir"',
-        "for _ in $(seq 30); do",
-        f'  {{ python3 -c {q(fetch_py)} "$dir" || {{ command -v aws >/dev/null && {cli}; }}; }} 2>>"$dir/boot.log" && break',
+        'py=""',
+        f'for p in {" ".join(BOOT_PYTHONS)}; do',
+        '  if command -v "$p" >/dev/null && "$p" -c "import boto3" 2>/dev/null; then py="$p"; break; fi',
+        "done",
+        "ok=0",
+        'if [ -z "$py" ]; then echo "ec2gpu: no Python with boto3 on this image" >>"$dir/boot.log"; fi',
+        'for _ in $(seq 30); do',
+        '  [ -n "$py" ] || break',
+        f'  if "$py" -c {q(fetch_py)} "$dir" 2>>"$dir/boot.log"; then ok=1; break; fi',
         "  sleep 10",
         "done",
-        f'nohup python3 "$dir/detached.py" --bucket {q(bucket)} --run-id {q(run_id)} --region {q(region)} '
+        'if [ "$ok" = 1 ]; then',
+        f'  nohup "$py" "$dir/detached.py" --bucket {q(bucket)} --run-id {q(run_id)} --region {q(region)} '
         '--home "$dir" >>"$dir/detached.log" 2>&1 </dev/null &',
+        "else",
+        '  echo "ec2gpu: the agent could not be fetched: ending the group" >>"$dir/boot.log"',
+        f"  aws autoscaling update-auto-scaling-group --region {q(region)} --auto-scaling-group-name {q(group)} "
+        '--min-size 0 --max-size 0 --desired-capacity 0 >>"$dir/boot.log" 2>&1',
+        "fi",
     ])
 
 
@@ -108,10 +128,13 @@ def spec_document(job: TaskJob, opts: RunOptions, run_id: str, group: str, deadl
                   max_launches: int) -> dict[str, Any]:
     """spec.json (pure): what the agent on each instance of the run runs, as agent/detached.py
     reads it (its docstring has the fields). ``deadline``: when the group's scheduled action sets
-    it to 0 (UTC); the job gets SIGTERM its grace before (runs/plan/limits.grace_seconds), so it
-    can checkpoint and its outputs reach S3 first."""
+    it to 0 (UTC); the job gets SIGTERM ``limits.lead_seconds`` before it (its grace to checkpoint,
+    then the time its outputs, log and status take to reach S3 and the agent to end the group:
+    the same lead a run in the foreground gets before its instance's shutdown), SIGKILL after its
+    grace (runs/plan/limits.py)."""
     from ..plan import limits
-    grace = limits.grace_seconds(max(1, opts.max_runtime_minutes or 0))
+    minutes = max(1, opts.max_runtime_minutes or 0)
+    grace, lead = limits.grace_seconds(minutes), limits.lead_seconds(minutes)
     return {
         "version": 1, "run_id": run_id, "name": job.name, "group": group,
         "setup": job.task.setup, "run": job.task.run, "args": list(job.args),
@@ -119,7 +142,7 @@ def spec_document(job: TaskJob, opts: RunOptions, run_id: str, group: str, deadl
         "outputs": list(job.task.outputs), "checkpoint_dir": job.task.checkpoint_dir,
         "max_restarts_on_errors": job.task.resources.max_restarts_on_errors, "max_launches": max_launches,
         "nodes": opts.nodes,
-        "limit_at": deadline.timestamp() - grace, "limit_grace_s": grace, "spot": opts.spot,
+        "limit_at": deadline.timestamp() - lead, "limit_grace_s": grace, "spot": opts.spot,
     }
 
 
@@ -173,11 +196,12 @@ def start(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
                 key_name=key_name, security_group_id=sg, spot=opts.spot, root_volume_gib=settings.root_volume_gib,
                 max_runtime_minutes=None,  # a shutdown would only be replaced: the group's deadline ends it
                 max_price=opts.max_price if opts.spot else None, instance_profile=profile,
-                boot=boot_script(bucket, run_id, aws.region))
+                boot=boot_script(bucket, run_id, aws.region, group))
             subnets = list(capacity.default_subnets(aws.ec2).values())
+            # before the group: its first instance's agent writes the next record, never under this one
+            runstore.put_status(s3, bucket, run_id, {"run_id": run_id, "state": "pending", "attempt": 0,
+                                                     "updated_at": _now()})
             groups.create(aws.ec2, aws.client("autoscaling"), spec, opts.instance_types, subnets, opts.nodes, limit_at)
-            runstore.put_status(s3, bucket, run_id, {"run_id": run_id, "state": "pending",
-                                                     "attempt": 0, "updated_at": _now()})
     except BaseException:
         if made:
             ui.note(f"removing what run {run_id} made")

@@ -252,7 +252,7 @@ def remove_ended(aws: Aws, home: Path, keys_dir: Path, keep: AbstractSet[str] = 
 
     busy = {r["run_id"] for r in ledger.runs(home, limit=500, tolerant=True)
             if r.get("status") == "running" and not controller_gone(r)}
-    found = sweep.ended_leftovers(aws.ec2, busy | set(keep), iam=aws.client("iam"))
+    found = sweep.ended_leftovers(aws.ec2, busy | set(keep), iam=aws.client("iam"), autoscaling=aws.client("autoscaling"))
     if not found:
         return {}
     removed = sweep.remove_leftovers(aws.ec2, found, keys_dir, iam=aws.client("iam"))

@@ -1,0 +1,62 @@
+"""`status` and `cancel` of a detached run (runs/detached/follow.py), decided from the record in S3
+and the group's fields alone: AWS is replaced by fakes here; tests/e2e/test_detached_run.py runs them
+against the sandbox."""
+from types import SimpleNamespace
+
+import pytest
+
+from ec2gpu.runs.detached import follow
+
+RUN = "20261125-103000-1a2b"
+
+
+@pytest.fixture
+def world(monkeypatch, tmp_path):
+    """A run whose record and group the test sets; what was written and removed, recorded."""
+    w = SimpleNamespace(record={"run_id": RUN, "state": "running", "message": None}, group=None, written=[],
+                        removed=[], cancelled=[])
+    monkeypatch.setattr(follow, "_store", lambda aws: (None, "bucket"))
+    monkeypatch.setattr(follow.runstore, "get_status", lambda s3, bucket, run_id: dict(w.record))
+    monkeypatch.setattr(follow.runstore, "put_status", lambda s3, bucket, run_id, rec: (
+        w.written.append(rec), w.record.update(rec)))
+    monkeypatch.setattr(follow.runstore, "put_cancel", lambda s3, bucket, run_id: w.cancelled.append(run_id))
+    monkeypatch.setattr(follow.groups, "summary", lambda asg, run_id: w.group)
+    monkeypatch.setattr(follow.sweep, "inventory", lambda *a, **k: {"instances": [{"id": "i-1"}]})
+    monkeypatch.setattr(follow.sweep, "delete_everything", lambda *a, **k: (w.removed.append("all"), {"left": []})[1])
+    monkeypatch.setattr(follow.sweep, "delete_run", lambda *a, **k: (w.removed.append("run"), {"left": []})[1])
+    w.aws = SimpleNamespace(client=lambda name: None, ec2=None)
+    w.settings = SimpleNamespace(home=tmp_path, keys_dir=tmp_path)
+    return w
+
+
+def _group(desired, instances=()):
+    return {"name": f"ec2gpu-{RUN}", "desired": desired, "status": None,
+            "instances": [{"id": i, "state": "InService"} for i in instances]}
+
+
+def test_a_run_whose_group_stopped_before_its_agent_said_so_is_recorded_failed_and_cleaned_up(world):
+    world.group = _group(0)  # the deadline's scheduled action, with the agent killed
+    got = follow.status(world.aws, world.settings, RUN)
+    assert got["state"] == "failed" and "without its agent's word while running" in got["message"]
+    assert world.written[-1]["state"] == "failed" and world.removed == ["all"]
+
+
+@pytest.mark.parametrize("group", [_group(1, ["i-1"]), _group(1)])  # running; or launching its first instance
+def test_a_run_whose_group_still_runs_is_left_as_it_is(world, group):
+    world.group = group
+    got = follow.status(world.aws, world.settings, RUN)
+    assert got["state"] == "running" and world.written == [] and world.removed == []
+
+
+def test_cancel_of_a_run_over_by_its_record_whose_group_still_runs_removes_it_all_the_same(world):
+    world.record["state"], world.group = "succeeded", _group(1, ["i-1"])  # a record the job wrote itself
+    got = follow.cancel(world.aws, world.settings, RUN, sleep=lambda s: None)
+    assert world.removed == ["run"] and world.cancelled == [] and got["waited_s"] == 0.0
+
+
+def test_cancel_records_the_end_itself_when_the_agent_does_not_answer(world):
+    world.group = _group(1, ["i-1"])
+    ticks = iter(range(0, 1000, 30))
+    got = follow.cancel(world.aws, world.settings, RUN, wait_s=60, sleep=lambda s: None, clock=lambda: next(ticks))
+    assert world.cancelled == [RUN] and world.written[-1]["state"] == "cancelled" and "removed" in got
+    assert world.removed[-1] == "run"
