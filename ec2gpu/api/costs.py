@@ -104,10 +104,32 @@ def estimate(instance_types: Union[str, Sequence[str]] = "g4dn.xlarge,g5.xlarge,
     return [{**e.as_dict(), "backend": backend} for e in ests]
 
 
-def list_runs(*, since: Optional[str] = None, sandbox: bool = False, log: Log = _quiet,
+#: runs `ec2gpu runs --remote` lists when no limit is given (each costs one S3 GetObject)
+REMOTE_LIMIT = 50
+#: The columns of each run `ec2gpu runs --remote --json` prints (list_runs(remote=True) returns more)
+REMOTE_KEYS = ("run_id", "state", "attempt", "restarts", "interruptions", "launches", "instance_id", "started_at",
+               "updated_at", "ended_at", "exit_code", "message", "problem", "billed_seconds", "cost_usd",
+               "upper_bound", "cost", "in_ledger", "ledger_status")
+
+
+def list_runs(*, since: Optional[str] = None, sandbox: bool = False, remote: bool = False,
+              limit: Optional[int] = None, region: Optional[str] = None, log: Log = _quiet,
               warn: Optional[Log] = None) -> dict:
     """The ledger's runs, newest first; `ec2gpu runs`. ``since``: only runs started since then
-    (30m, 12h, 30d, 2w, or a date; UTC); ``sandbox``: only the sandbox's runs.
+    (30m, 12h, 30d, 2w, or a date; UTC); ``sandbox``: only the sandbox's runs; ``limit``: at most
+    this many (the newest; default all; the totals are of the runs listed).
+
+    ``remote``: instead, the detached runs recorded in the region's run store (S3, ``region``;
+    ``sandbox``: the sandbox's), from any machine of the account, not only this one's ledger
+    (runs/detached/costs.remote_runs): at most ``limit`` (default REMOTE_LIMIT) newest first, each
+    with its status.json's fields (state, attempt, restarts, interruptions, instance_id,
+    started_at, ended_at, message, problem: runs/detached/follow's), its cost from the times its
+    agent recorded and the prices that applied (billed_seconds in s, cost_usd in USD or None when a
+    price or an instance type is unknown, upper_bound, "cost": the whole bill with per_instance
+    and where each time and price came from: runs/detached/costs.cost), and "in_ledger"/
+    "ledger_status": whether this machine's ledger has the run. Returns {"runs", "bucket", "region",
+    "in_store" (runs in the store), "limit", "since"}; it reads only (nothing is removed or settled).
+    Raises UsageError (a limit under 1; ``region`` without ``remote``), NoCredentials, AwsError as well.
 
     First, where the ledger has rows still open (standing instances, runs whose controller is gone,
     instances --keep left) of the backend in use, they are brought up to date from AWS as
@@ -126,16 +148,31 @@ def list_runs(*, since: Optional[str] = None, sandbox: bool = False, log: Log = 
     from ..runs.recover import reconcile
     from ..settings import load
 
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise UsageError(f"--limit {limit!r} is not a whole number of runs, 1 or more", "e.g. --limit 20")
     start = ledger.parse_since(since) if since else None
+    if remote:
+        return _remote_runs(start, sandbox, limit or REMOTE_LIMIT, region, log)
+    if region is not None:
+        raise UsageError("--region applies to --remote only: the ledger holds every region's runs",
+                         "add --remote, or drop --region")
     sandbox = sandbox_from_env(sandbox)
     home = load().home
     _up_to_date(home, sandbox, log, warn or log)
-    rows = ledger.runs(home, since=start, backend="sandbox" if sandbox else None)
+    rows = ledger.runs(home, since=start, backend="sandbox" if sandbox else None, limit=limit)
     for r in rows:
         r["controller_gone"] = reconcile.controller_gone(r)
     return {"runs": rows, "total": ledger.totals([r for r in rows if r.get("backend") == "aws"]),
             "sandbox_total": ledger.totals([r for r in rows if r.get("backend") == "sandbox"]),
             "since": start.isoformat() if start else None}
+
+
+def _remote_runs(start, sandbox: bool, limit: int, region: Optional[str], log: Log) -> dict:
+    """list_runs(remote=True): the region's run store, read (runs/detached/costs.remote_runs)."""
+    from ..runs.detached import costs as detached
+    with _context(region, sandbox, log=log) as ctx:
+        found = detached.remote_runs(ctx.aws, ctx.settings.home, ctx.settings.root_volume_gib, limit, start)
+    return {**found, "limit": limit, "since": start.isoformat() if start else None}
 
 
 def _up_to_date(home: Path, sandbox: bool, log: Log, warn: Log) -> None:

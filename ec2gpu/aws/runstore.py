@@ -614,3 +614,123 @@ def list_runs(s3: Client, bucket: str) -> list[str]:
         raise AwsError(f"run store: s3://{bucket}: ListObjectsV2 failed ({error_code(exc)})",
                        "see docs/iam-policy.json") from None
     return sorted(found)
+
+
+# --- status.json's launches (issue 30: the cost of a detached run) -----------------------------
+
+#: the bytes of status.json read for its launches: the agent's own bound (agent/detached.py
+#: MAX_STATUS_BYTES, 4 MiB: it keeps up to 1000 launches and 1000 attempts)
+MAX_LAUNCH_STATUS_BYTES = 4 * 1024 * 1024
+#: launches kept (the newest), as the agent keeps them (agent/detached.py MAX_RECORDS)
+MAX_LAUNCHES = 1000
+#: times outside these years are not an instance's (EC2 opened in 2006)
+_YEARS = (2006, 2200)
+
+
+def _when(v: object) -> str | None:
+    """``v`` as ISO 8601 UTC text (``YYYY-mm-ddTHH:MM:SS[.f]+00:00``) when it is a time of _TIME's
+    form, with a zone (or none: UTC), that is a real date within _YEARS; else None."""
+    from datetime import datetime, timezone
+    text = _match(v, _TIME)
+    if text is None:
+        return None
+    try:
+        t = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    t = t.replace(tzinfo=timezone.utc) if t.tzinfo is None else t.astimezone(timezone.utc)
+    return t.isoformat() if _YEARS[0] <= t.year < _YEARS[1] else None
+
+
+def launches(data: bytes | dict[str, Any], run_id: str) -> list[dict[str, Any]]:
+    """The run's launches from its status.json (``data``: its bytes, or the JSON object already
+    parsed), as agent/detached.py records them in ``instances``: one per instance that started the
+    agent. Pure, never raises. status.json is hostile input (the job's role can write it): bytes
+    over MAX_LAUNCH_STATUS_BYTES, not JSON, not an object, another run's id or no list give [];
+    of the list only the newest MAX_LAUNCHES entries are looked at, and an entry that is not an
+    object, has no instance id of EC2's form (``i-`` and 8-17 hex digits) or no valid
+    ``started_at`` is dropped; a ``last_seen_at`` that is not a valid time, or is before
+    ``started_at``, is None; a ``launch`` that is not an int 1..MAX_COUNT is None. Two entries of
+    one instance are one: the earliest start, the latest sighting. Times are normalised to ISO 8601
+    UTC ("+00:00"), years 2006-2199.
+
+    Shape: ``[{"launch": int | None, "instance_id": "i-...", "started_at": ISO text,
+    "last_seen_at": ISO text | None}]`` in the order recorded (oldest launch first).
+    """
+    raw: object = data
+    if isinstance(data, (bytes, bytearray)):
+        if len(data) > MAX_LAUNCH_STATUS_BYTES:
+            return []
+        try:
+            raw = json.loads(data)
+        except (ValueError, RecursionError):
+            return []
+    if not isinstance(raw, dict) or raw.get("run_id", run_id) != run_id or not isinstance(raw.get("instances"), list):
+        return []
+    out: dict[str, dict[str, Any]] = {}
+    for entry in raw["instances"][-MAX_LAUNCHES:]:
+        if not isinstance(entry, dict):
+            continue
+        iid, start = _match(entry.get("instance_id"), _INSTANCE_ID), _when(entry.get("started_at"))
+        if iid is None or start is None:
+            continue
+        seen = _when(entry.get("last_seen_at"))
+        if seen is not None and _utc(seen) < _utc(start):
+            seen = None
+        got = {"launch": _int(entry.get("launch"), 1, MAX_COUNT), "instance_id": iid, "started_at": start,
+               "last_seen_at": seen}
+        if iid in out:  # one instance recorded twice: one span, the widest
+            was = out[iid]
+            got["started_at"] = min(was["started_at"], start, key=_utc)
+            got["last_seen_at"] = max((t for t in (was["last_seen_at"], seen) if t), key=_utc, default=None)
+            got["launch"] = was["launch"] if was["launch"] is not None else got["launch"]
+        out[iid] = got
+    return list(out.values())
+
+
+def _utc(text: str) -> Any:
+    from datetime import datetime
+    return datetime.fromisoformat(text)
+
+
+def get_status_bytes(s3: Client, bucket: str, run_id: str, limit: int = MAX_LAUNCH_STATUS_BYTES) -> bytes | None:
+    """The bytes of the run's status.json (at most ``limit`` + 1 of them: a larger object is not
+    downloaded whole, and its first ``limit`` + 1 bytes tell launches and validate_status it is too
+    large), or None when there is none (no object, no bucket). One GetObject with
+    ExpectedBucketOwner. For validate_status (the record) and launches (its instances) from one
+    read. Raises UsageError for a bad run id, AwsError for other S3 errors."""
+    key = status_key(run_id)
+    try:
+        got = s3.get_object(Bucket=bucket, Key=key, **_expected_owner(bucket))
+    except botocore.exceptions.ClientError as exc:
+        if _absent(error_code(exc)):
+            return None
+        raise AwsError(f"run store: s3://{bucket}/{key}: GetObject failed ({error_code(exc)})",
+                       "see docs/iam-policy.json") from None
+    body = got["Body"]
+    try:
+        data: bytes = body.read(limit + 1)
+    finally:
+        body.close()
+    return data
+
+
+def group_launches(group: dict[str, Any]) -> tuple[tuple[str, ...], str | None]:
+    """(instance types, market) a detached run's Auto Scaling group launches (pure): the types of
+    its MixedInstancesPolicy's launch template overrides, in order, without repeats (aws/groups.
+    group_request's shape; at most 40, as many as Auto Scaling takes), and "spot" when it asks for no
+    on-demand capacity (OnDemandBaseCapacity 0 and OnDemandPercentageAboveBaseCapacity 0), else
+    "on-demand"; ((), None) for a group that names no type. Here beside ``launches`` for the cost of
+    a detached run (runs/detached/costs.py); its place is aws/groups.py, which this change did not touch."""
+    def obj(v: object) -> dict[str, Any]:
+        return v if isinstance(v, dict) else {}
+    policy = obj(obj(group).get("MixedInstancesPolicy"))
+    overrides = obj(policy.get("LaunchTemplate")).get("Overrides")
+    overrides = overrides if isinstance(overrides, list) else []
+    types = tuple(dict.fromkeys(t for o in overrides[:40] if isinstance(o, dict)
+                                for t in [_match(o.get("InstanceType"), _INSTANCE_TYPE)] if t))
+    if not types:
+        return (), None
+    dist = obj(policy.get("InstancesDistribution"))
+    spot = dist.get("OnDemandPercentageAboveBaseCapacity") == 0 and not dist.get("OnDemandBaseCapacity")
+    return types, "spot" if spot else "on-demand"

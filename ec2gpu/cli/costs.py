@@ -95,14 +95,24 @@ def runs(ctx: typer.Context,
                                              "prints the total spend."),
          sandbox: bool = typer.Option(False, "--sandbox", help="Only the sandbox's runs (the ledger is this "
                                       "machine's: no sandbox is started for it). Also EC2GPU_SANDBOX=1."),
+         remote: bool = typer.Option(False, "--remote", help="The detached runs recorded in the region's S3 run "
+                                     "store, from any machine of the account, with their cost."),
+         limit: Optional[int] = typer.Option(None, "--limit", min=1, help="At most this many runs, the newest "
+                                             "(--remote: default 50)."),
+         region: Optional[str] = typer.Option(None, "--region", help="With --remote: the region whose run store "
+                                              "is read (default: the configured one)."),
          as_json: bool = JSON):
     """List runs from the ledger, newest first (`ec2gpu runs show ID` for one)."""
     if ctx.invoked_subcommand:
         return
     from ..api import costs as ops
 
-    listed = ops.list_runs(since=since, sandbox=_sandbox_flag(sandbox), log=lambda m: say(err, m, "dim", soft_wrap=True),
-                           warn=lambda m: note(m, "yellow"))
+    if remote:
+        _remote(ops.list_runs(since=since, sandbox=_sandbox_flag(sandbox), remote=True, limit=limit, region=region,
+                              log=note), as_json)
+        return
+    listed = ops.list_runs(since=since, sandbox=_sandbox_flag(sandbox), limit=limit, region=region,
+                           log=lambda m: say(err, m, "dim", soft_wrap=True), warn=lambda m: note(m, "yellow"))
     rows, total, sandbox_total = listed["runs"], listed["total"], listed["sandbox_total"]
     if as_json:
         body = [{k: r.get(k) for k in ops.RUN_KEYS} for r in rows]
@@ -138,6 +148,48 @@ def runs(ctx: typer.Context,
         if sandbox_total["runs"]:
             say(out, f"not counted: {sandbox_total['runs']} sandbox run(s), whose bills are simulated "
                 f"(${sandbox_total['cost_usd']:.4f})", "dim")
+
+
+def _remote(listed: dict, as_json: bool) -> None:
+    """`ec2gpu runs --remote`: the run store's detached runs as a table (or --json: each run's
+    api.costs.REMOTE_KEYS)."""
+    from ..api import costs as ops
+    rows = listed["runs"]
+    if as_json:
+        render_json({**listed, "runs": [{k: r.get(k) for k in ops.REMOTE_KEYS} for r in rows]})
+        return
+    where = f"s3://{listed['bucket']} ({listed['region']})"
+    if not rows:
+        say(out, f"no detached runs in {where}" + (f" since {listed['since'][:16]}" if listed["since"] else ""))
+        return
+    from rich import box
+    t = table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, padding=(0, 1),
+              title=f"detached runs in {where}, newest first")
+    t.add_column("run id", no_wrap=True, min_width=max(len(r["run_id"]) for r in rows))
+    for name in ("state", "try", "intr", "started", "ended", "cost $", "here"):
+        t.add_column(name, overflow="fold", no_wrap=name in ("state", "try", "intr", "cost $"))
+    for r in rows:  # the state and times come from status.json, which the job's role can write: inert cells
+        usd = _usd(r.get("cost_usd")) + (" max" if r.get("upper_bound") and r.get("cost_usd") is not None else "") + \
+            (" so far" if (r.get("cost") or {}).get("running") else "")
+        table_row(t, r["run_id"], r["state"], "-" if r.get("attempt") is None else str(r["attempt"]),
+                  "-" if r.get("interruptions") is None else str(r["interruptions"]),
+                  _short(r.get("started_at")), _short(r.get("ended_at")), usd,
+                  r["ledger_status"] or "in ledger" if r["in_ledger"] else "-")
+    say(out, t)
+    shown = len(rows)
+    say(out, f"{shown} of the {listed['in_store']} run(s) in the store (--limit {listed['limit']}). cost: per-second "
+        "billing, 60 s minimum, from each instance's own times while EC2 lists it, else the times its agent "
+        "recorded; \"max\": a ceiling price was used. try: the job's attempt; intr: spot interruptions survived; "
+        "started, ended: UTC. "
+        "here: this machine's ledger status of the run.", "dim")
+    for r in rows:
+        for why in (r.get("cost") or {}).get("unknown") or []:
+            say(out, plain(f"run {r['run_id']}: cost unknown: {why}", "yellow"))
+
+
+def _short(iso: str | None) -> str:
+    """An ISO 8601 time as mm-dd HH:MM (UTC, as the agent writes it), '-' for none (pure)."""
+    return "-" if not iso else iso[5:16].replace("T", " ")
 
 
 def _task(r: dict) -> str:

@@ -1,0 +1,247 @@
+"""The cost of a detached run (runs/detached/costs.py, pure) and status.json's launches read as
+hostile input (aws/runstore.launches): issue 30, item 2."""
+import json
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from ec2gpu import api
+from ec2gpu.aws import runstore
+from ec2gpu.aws.instances import Instance
+from ec2gpu.errors import UsageError
+from ec2gpu.runs.detached import costs
+
+RUN = "20261125-100000-abcd"
+T0 = datetime(2026, 11, 25, 10, 0, 0, tzinfo=timezone.utc)
+OD = {"g4dn.xlarge": (0.526, "shipped table"), "g5.xlarge": (1.006, "shipped table")}
+
+
+def _iso(seconds: float) -> str:
+    return (T0 + timedelta(seconds=seconds)).isoformat()
+
+
+def _launch(iid: str, start: float, seen: float | None, n: int = 1) -> dict:
+    return {"launch": n, "instance_id": iid, "started_at": _iso(start), "last_seen_at": None if seen is None else _iso(seen)}
+
+
+def _prices(**kw) -> costs.Prices:
+    return costs.Prices(kw.pop("on_demand", OD), **kw)
+
+
+OD_FACTS = costs.Facts("g4dn.xlarge", "on-demand", None, "this machine's ledger (the run's first type)")
+
+
+# --- cost ----------------------------------------------------------------------------------------
+
+def test_a_launch_shorter_than_a_minute_pays_60_seconds():
+    got = costs.cost([_launch("i-0123456789abcdef0", 0, 20)], _prices(), facts=OD_FACTS)
+    [one] = got["per_instance"]
+    assert one["billed_seconds"] == 60.0 and got["billed_seconds"] == 60.0
+    assert one["compute_usd"] == pytest.approx(60 * 0.526 / 3600, abs=1e-6)
+    assert one["times_source"] == "agent" and one["type_source"] == OD_FACTS.source
+    assert got["cost_usd"] == pytest.approx(one["compute_usd"] + one["public_ipv4_usd"], abs=1e-6)  # no volume given
+    assert got["upper_bound"] is False and got["unknown"] == [] and got["running"] is False
+
+
+def test_billing_is_per_second_and_launches_add_up():
+    launches = [_launch("i-00000001", 0, 125, 1), _launch("i-00000002", 200, 3800.5, 2)]
+    got = costs.cost(launches, _prices(gp3_usd_per_gb_month=0.08, volume_gib=100), facts=OD_FACTS)
+    first, second = got["per_instance"]
+    assert (first["billed_seconds"], second["billed_seconds"]) == (125.0, 3600.5)
+    assert got["billed_seconds"] == 3725.5
+    assert second["compute_usd"] == pytest.approx(3600.5 * 0.526 / 3600, abs=1e-6)
+    assert second["ebs_usd"] == pytest.approx(100 * 0.08 * 3600.5 / (30 * 86400), abs=1e-6)
+    assert got["compute_usd"] == pytest.approx(first["compute_usd"] + second["compute_usd"], abs=1e-6)
+    assert got["cost_usd"] == pytest.approx(sum(r["cost_usd"] for r in got["per_instance"]), abs=1e-6)
+    assert got["times_source"] == {"instance": 0, "agent": 2}
+
+
+def test_a_missing_price_gives_no_cost_and_says_why():
+    got = costs.cost([_launch("i-00000001", 0, 100)], _prices(on_demand={}), facts=OD_FACTS)
+    assert got["cost_usd"] is None and got["billed_seconds"] == 100.0
+    assert got["unknown"] and "no on-demand price for g4dn.xlarge" in got["unknown"][0]
+    unknown_type = costs.cost([_launch("i-00000001", 0, 100)], _prices(), facts=None)
+    assert unknown_type["cost_usd"] is None and "instance type is not known" in unknown_type["unknown"][0]
+    assert costs.cost([], _prices()) | {"per_instance": None} == {
+        "billed_seconds": 0, "cost_usd": 0, "compute_usd": 0, "public_ipv4_usd": 0, "ebs_usd": 0,
+        "per_instance": None, "price_source": None, "times_source": {"instance": 0, "agent": 0},
+        "upper_bound": False, "running": False, "unknown": []}
+
+
+def test_the_instances_own_times_and_type_win_over_the_agents():
+    """The agent starts after the boot and writes its last heartbeat before the end: EC2's LaunchTime
+    and termination time are the bill while DescribeInstances lists the instance."""
+    inst = Instance(id="i-00000001", type="g5.xlarge", state="terminated", launched_at=T0 - timedelta(seconds=90),
+                    market="on-demand", zone="us-east-1b", transitioned_at=T0 + timedelta(seconds=400))
+    got = costs.cost([_launch("i-00000001", 0, 300), _launch("i-00000002", 500, 700, 2)], _prices(),
+                     instances={"i-00000001": inst}, facts=OD_FACTS)
+    listed, gone = got["per_instance"]
+    assert listed["times_source"] == "instance" and listed["billed_seconds"] == 490.0
+    assert listed["from"] == inst.launched_at.isoformat() and listed["to"] == inst.transitioned_at.isoformat()
+    assert listed["instance_type"] == "g5.xlarge" and listed["type_source"] == "DescribeInstances"
+    assert listed["compute_usd"] == pytest.approx(490 * 1.006 / 3600, abs=1e-6)
+    assert gone["times_source"] == "agent" and gone["billed_seconds"] == 200.0 and gone["instance_type"] == "g4dn.xlarge"
+    assert got["times_source"] == {"instance": 1, "agent": 1}
+
+
+def test_a_running_instance_is_billed_to_now():
+    inst = Instance(id="i-00000001", type="g4dn.xlarge", state="running", launched_at=T0)
+    got = costs.cost([_launch("i-00000001", 30, 60)], _prices(now=T0 + timedelta(seconds=1000)),
+                     instances={"i-00000001": inst})
+    assert got["running"] is True and got["billed_seconds"] == 1000.0
+
+
+def test_spot_pays_its_zones_price_history_and_without_it_the_on_demand_ceiling():
+    inst = Instance(id="i-00000001", type="g4dn.xlarge", state="terminated", launched_at=T0, market="spot",
+                    zone="us-east-1a", transitioned_at=T0 + timedelta(seconds=600))
+    history = [(T0 - timedelta(hours=1), 0.2), (T0 + timedelta(seconds=300), 0.3)]
+    got = costs.cost([_launch("i-00000001", 10, 500)], _prices(spot={("g4dn.xlarge", "us-east-1a"): history}),
+                     instances={"i-00000001": inst})
+    assert got["cost_usd"] - got["public_ipv4_usd"] == pytest.approx((300 * 0.2 + 300 * 0.3) / 3600, abs=1e-6)
+    assert got["upper_bound"] is False and "spot price history of us-east-1a" in got["price_source"]
+    ceiling = costs.cost([_launch("i-00000001", 0, 600)], _prices(),
+                         facts=costs.Facts("g4dn.xlarge", "spot", None, "ledger"))
+    assert ceiling["upper_bound"] is True and "spot's ceiling" in ceiling["price_source"]
+    assert ceiling["compute_usd"] == pytest.approx(600 * 0.526 / 3600, abs=1e-6)
+
+
+def test_a_group_of_several_types_bills_the_dearest_as_an_upper_bound():
+    group = {"AutoScalingGroupName": f"ec2gpu-{RUN}", "MixedInstancesPolicy": {
+        "LaunchTemplate": {"Overrides": [{"InstanceType": "g4dn.xlarge"}, {"InstanceType": "g5.xlarge"}]},
+        "InstancesDistribution": {"OnDemandBaseCapacity": 0, "OnDemandPercentageAboveBaseCapacity": 0}}}
+    facts = costs.group_facts(group)
+    assert facts.type is None and facts.types == ("g4dn.xlarge", "g5.xlarge") and facts.market == "spot"
+    got = costs.cost([_launch("i-00000001", 0, 3600)], _prices(), facts=facts)
+    assert got["upper_bound"] is True and got["compute_usd"] == pytest.approx(1.006, abs=1e-6)
+    one = costs.group_facts({"MixedInstancesPolicy": {"LaunchTemplate": {"Overrides": [{"InstanceType": "g5.xlarge"}]},
+                                                      "InstancesDistribution": {"OnDemandPercentageAboveBaseCapacity": 100}}})
+    assert (one.type, one.market, one.types) == ("g5.xlarge", "on-demand", ())
+    assert costs.group_facts({}) is None
+    assert costs.ledger_facts({"instance_type": "g4dn.xlarge", "market": "spot"}).market == "spot"
+    assert costs.ledger_facts({"instance_type": None}) is None and costs.ledger_facts(None) is None
+
+
+# --- runstore.launches: hostile input -------------------------------------------------------------
+
+def _status(instances, **more) -> bytes:
+    return json.dumps({"run_id": RUN, "state": "succeeded", "instances": instances, **more}).encode()
+
+
+def test_launches_keeps_what_the_agent_wrote_normalised():
+    data = _status([{"launch": 1, "instance_id": "i-0123456789abcdef0", "started_at": "2026-11-25T10:00:00Z",
+                     "last_seen_at": "2026-11-25T10:05:00+00:00", "setup_runs": 1, "resumed": False}])
+    assert runstore.launches(data, RUN) == [{"launch": 1, "instance_id": "i-0123456789abcdef0",
+                                             "started_at": "2026-11-25T10:00:00+00:00",
+                                             "last_seen_at": "2026-11-25T10:05:00+00:00"}]
+    assert runstore.launches(json.loads(data), RUN) == runstore.launches(data, RUN)  # a parsed record too
+
+
+@pytest.mark.parametrize("entry", [
+    "i-00000001", None, 7, [],
+    {"instance_id": "i-../../etc", "started_at": "2026-11-25T10:00:00Z"},
+    {"instance_id": "I-00000001", "started_at": "2026-11-25T10:00:00Z"},
+    {"instance_id": "i-00000001\n", "started_at": "2026-11-25T10:00:00Z"},
+    {"instance_id": "i-00000001", "started_at": "2026-13-45T10:00:00Z"},
+    {"instance_id": "i-00000001", "started_at": "0001-01-01T00:00:00Z"},
+    {"instance_id": "i-00000001", "started_at": 1764064800},
+    {"instance_id": "i-00000001"},
+])
+def test_launches_drops_an_entry_without_an_instance_id_or_a_valid_start(entry):
+    good = {"instance_id": "i-0000000f", "started_at": "2026-11-25T10:00:00Z"}
+    assert [e["instance_id"] for e in runstore.launches(_status([entry, good]), RUN)] == ["i-0000000f"]
+
+
+def test_launches_bounds_each_field_and_the_count():
+    got = runstore.launches(_status([
+        {"launch": True, "instance_id": "i-00000001", "started_at": "2026-11-25T10:00:00Z", "last_seen_at": "soon"},
+        {"launch": 10 ** 12, "instance_id": "i-00000002", "started_at": "2026-11-25T10:00:00Z",
+         "last_seen_at": "2026-11-25T09:00:00Z"},  # before its start
+    ]), RUN)
+    assert [(e["launch"], e["last_seen_at"]) for e in got] == [(None, None), (None, None)]
+    many = [{"launch": n, "instance_id": f"i-{n:08x}", "started_at": "2026-11-25T10:00:00Z"} for n in range(1, 1501)]
+    kept = runstore.launches(_status(many), RUN)
+    assert len(kept) == runstore.MAX_LAUNCHES and kept[0]["launch"] == 501  # the newest 1000
+
+
+def test_launches_merges_one_instance_recorded_twice():
+    got = runstore.launches(_status([
+        {"launch": 1, "instance_id": "i-00000001", "started_at": "2026-11-25T10:00:00Z", "last_seen_at": "2026-11-25T10:01:00Z"},
+        {"launch": 2, "instance_id": "i-00000001", "started_at": "2026-11-25T09:59:00Z", "last_seen_at": "2026-11-25T10:09:00Z"},
+    ]), RUN)
+    assert got == [{"launch": 1, "instance_id": "i-00000001", "started_at": "2026-11-25T09:59:00+00:00",
+                    "last_seen_at": "2026-11-25T10:09:00+00:00"}]
+
+
+@pytest.mark.parametrize("data", [
+    b"not json", b"[1, 2]", b'"text"', b"{" * 100_000, json.dumps({"run_id": "20200101-000000-0000", "instances": [
+        {"instance_id": "i-00000001", "started_at": "2026-11-25T10:00:00Z"}]}).encode(),
+    json.dumps({"run_id": RUN, "instances": {"i-00000001": {}}}).encode(),
+    b" " * (runstore.MAX_LAUNCH_STATUS_BYTES + 1),
+])
+def test_launches_of_a_record_that_is_not_this_runs_object_are_none(data):
+    assert runstore.launches(data, RUN) == []
+
+
+# --- the API refuses before it opens a backend ----------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"remote": True, "limit": 0}, "--limit 0"), ({"limit": -3}, "--limit -3"),
+    ({"region": "us-east-2"}, "--region applies to --remote only"),
+])
+def test_list_runs_refuses_a_bad_limit_or_a_region_without_remote(no_backend, kwargs, words):
+    with pytest.raises(UsageError, match=words):
+        api.costs.list_runs(**kwargs)
+
+
+@pytest.mark.parametrize("group, expected", [
+    (None, ((), None)), ({"MixedInstancesPolicy": "x"}, ((), None)),
+    ({"MixedInstancesPolicy": {"LaunchTemplate": {"Overrides": [{"InstanceType": "../x"}, "g5.xlarge", {}]}}},
+     ((), None)),
+    ({"MixedInstancesPolicy": {"LaunchTemplate": {"Overrides": [{"InstanceType": "g5.xlarge"}] * 3},
+                               "InstancesDistribution": []}}, (("g5.xlarge",), "on-demand")),
+    ({"MixedInstancesPolicy": {"LaunchTemplate": {"Overrides": [{"InstanceType": "g6.xlarge"}]},
+                               "InstancesDistribution": {"OnDemandBaseCapacity": 1,
+                                                         "OnDemandPercentageAboveBaseCapacity": 0}}},
+     (("g6.xlarge",), "on-demand")),
+])
+def test_group_launches_reads_only_what_it_understands(group, expected):
+    assert runstore.group_launches(group) == expected
+
+
+def test_an_instance_of_the_run_that_status_json_does_not_record_is_billed_too():
+    """status.json written over (or an agent that never wrote): what EC2 lists of the run still costs."""
+    recorded = Instance(id="i-00000001", type="g4dn.xlarge", state="terminated", launched_at=T0,
+                        transitioned_at=T0 + timedelta(seconds=100))
+    silent = Instance(id="i-00000002", type="g4dn.xlarge", state="terminated", launched_at=T0,
+                      transitioned_at=T0 + timedelta(seconds=300))
+    launches = [_launch("i-00000001", 10, 90)]
+    extra = costs.unrecorded(launches, [recorded, silent])
+    assert [(e["instance_id"], e["in_status"]) for e in extra] == [("i-00000002", False)]
+    got = costs.cost(launches + extra, _prices(), instances={i.id: i for i in (recorded, silent)})
+    assert [(r["instance_id"], r["in_status"], r["billed_seconds"]) for r in got["per_instance"]] == [
+        ("i-00000001", True, 100.0), ("i-00000002", False, 300.0)]
+
+
+def test_runs_remote_renders_the_store_and_says_what_is_unknown(monkeypatch, capsys):
+    from ec2gpu import cli
+    from ec2gpu.api import costs as ops
+
+    def rows(**_):
+        return {"bucket": "ec2gpu-123456789012-us-east-1", "region": "us-east-1", "in_store": 3, "limit": 50,
+                "since": None, "runs": [
+                    {"run_id": RUN, "state": "running", "attempt": 2, "interruptions": 1,
+                     "started_at": "2026-11-25T10:00:00+00:00", "ended_at": None, "cost_usd": 0.1234,
+                     "upper_bound": True, "cost": {"running": True, "unknown": []}, "in_ledger": True,
+                     "ledger_status": "detached"},
+                    {"run_id": "20261125-090000-0000", "state": "unreadable", "attempt": None, "interruptions": None,
+                     "started_at": None, "ended_at": None, "cost_usd": None, "upper_bound": False,
+                     "cost": {"running": False, "unknown": ["i-00000001: no on-demand price\x1b[31m"]},
+                     "in_ledger": False, "ledger_status": None}]}
+    monkeypatch.setattr(ops, "list_runs", rows)
+    assert cli.main(["runs", "--remote"]) == 0
+    shown = capsys.readouterr().out
+    assert "0.1234 max so far" in shown and "detached" in shown and "2 of the 3 run(s) in the store" in shown
+    assert "cost unknown: i-00000001: no on-demand price" in shown and "\x1b[31m" not in shown
+    assert cli.main(["runs", "--remote", "--json"]) == 0
+    body = json.loads(capsys.readouterr().out)
+    assert [r["run_id"] for r in body["runs"]] == [RUN, "20261125-090000-0000"] and set(body["runs"][0]) == set(ops.REMOTE_KEYS)
