@@ -715,13 +715,31 @@ def get_status_bytes(s3: Client, bucket: str, run_id: str, limit: int = MAX_LAUN
     return data
 
 
+def end_status(s3: Client, bucket: str, run_id: str, state: str, message: str, at: str) -> None:
+    """Record the run's end when its agent cannot (`ec2gpu cancel` after its wait; `status` for a
+    group that stopped without the agent's word): status.json as it is, its launches and attempts
+    kept (the run's cost is computed from them: runs/detached/costs.py), with ``state`` (one of
+    FINAL_STATES), ``message``/``reason`` and ``ended_at`` (``at``, ISO 8601 UTC) set. A record
+    that cannot be read is replaced by a new one. Raises ValueError for a state that is not final,
+    AwsError for S3 errors."""
+    if state not in FINAL_STATES:
+        raise ValueError(f"{state!r} is not a final state")
+    data = get_status_bytes(s3, bucket, run_id)
+    try:
+        raw = json.loads(data) if data is not None and len(data) <= MAX_STATUS_BYTES else {}
+    except (ValueError, RecursionError):
+        raw = {}
+    record = raw if isinstance(raw, dict) and raw.get("run_id", run_id) == run_id else {}
+    put_status(s3, bucket, run_id, {**record, "state": state, "message": message, "reason": message, "ended_at": at})
+
+
 def group_launches(group: dict[str, Any]) -> tuple[tuple[str, ...], str | None]:
     """(instance types, market) a detached run's Auto Scaling group launches (pure): the types of
     its MixedInstancesPolicy's launch template overrides, in order, without repeats (aws/groups.
     group_request's shape; at most 40, as many as Auto Scaling takes), and "spot" when it asks for no
     on-demand capacity (OnDemandBaseCapacity 0 and OnDemandPercentageAboveBaseCapacity 0), else
-    "on-demand"; ((), None) for a group that names no type. Here beside ``launches`` for the cost of
-    a detached run (runs/detached/costs.py); its place is aws/groups.py, which this change did not touch."""
+    "on-demand"; ((), None) for a group that names no type. Here beside ``launches``, with the same
+    field checks, for the cost of a detached run (runs/detached/costs.py)."""
     def obj(v: object) -> dict[str, Any]:
         return v if isinstance(v, dict) else {}
     policy = obj(obj(group).get("MixedInstancesPolicy"))

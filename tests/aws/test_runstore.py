@@ -478,3 +478,21 @@ def test_doctor_runs_the_run_store_check(monkeypatch):
                           check_credentials=lambda: {"Arn": "arn"})
     doctor.run_checks(aws, SimpleNamespace(home=None, keys_dir=None), "g4dn.xlarge", False, False)
     assert "run store" in seen
+
+
+def test_an_end_recorded_for_the_agent_keeps_its_launches_and_attempts(s3):
+    s3.create_bucket(Bucket=BUCKET)
+    launch = {"launch": 1, "instance_id": "i-0123456789abcdef0", "started_at": "2026-11-25T10:00:00+00:00"}
+    runstore.put_status(s3, BUCKET, RUN, {"state": "running", "launches": 1, "instances": [launch],
+                                          "attempts": [{"attempt": 1}]})
+    runstore.end_status(s3, BUCKET, RUN, "cancelled", "cancelled by you", "2026-11-25T11:00:00+00:00")
+    raw = json.loads(s3.get_object(Bucket=BUCKET, Key=runstore.status_key(RUN))["Body"].read())
+    assert raw["instances"] == [launch] and raw["attempts"] == [{"attempt": 1}] and raw["launches"] == 1
+    got = runstore.get_status(s3, BUCKET, RUN)
+    assert (got["state"], got["message"], got["ended_at"]) == ("cancelled", "cancelled by you",
+                                                               "2026-11-25T11:00:00+00:00")
+    with pytest.raises(ValueError):
+        runstore.end_status(s3, BUCKET, RUN, "running", "no", "2026-11-25T11:00:00+00:00")
+    s3.put_object(Bucket=BUCKET, Key=runstore.status_key(RUN), Body=b"[not a record")
+    runstore.end_status(s3, BUCKET, RUN, "failed", "why", "2026-11-25T11:00:00+00:00")  # replaced by a new one
+    assert runstore.get_status(s3, BUCKET, RUN)["state"] == "failed"

@@ -19,6 +19,8 @@ def world(monkeypatch, tmp_path):
     monkeypatch.setattr(follow.runstore, "get_status", lambda s3, bucket, run_id: dict(w.record))
     monkeypatch.setattr(follow.runstore, "put_status", lambda s3, bucket, run_id, rec: (
         w.written.append(rec), w.record.update(rec)))
+    monkeypatch.setattr(follow.runstore, "end_status", lambda s3, bucket, run_id, state, message, at: (
+        w.written.append({"state": state, "message": message}), w.record.update(state=state, message=message)))
     monkeypatch.setattr(follow.runstore, "put_cancel", lambda s3, bucket, run_id: w.cancelled.append(run_id))
     monkeypatch.setattr(follow.groups, "summary", lambda asg, run_id: w.group)
     monkeypatch.setattr(follow.sweep, "inventory", lambda *a, **k: {"instances": [{"id": "i-1"}]})

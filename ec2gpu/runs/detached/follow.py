@@ -66,9 +66,8 @@ def _ended_without_agent(s3: Any, bucket: str, got: dict[str, Any], log: Callabl
     agrees. Returns the record as written (as ``got`` when S3 refused it)."""
     why = (f"ended without its agent's word while {got['state']}: its group is gone or at 0 "
            "(the run's deadline, or `ec2gpu down`/`cleanup`)")
-    ended = {**_writable(got), "state": "failed", "message": why}
     try:
-        runstore.put_status(s3, bucket, got["run_id"], ended)
+        runstore.end_status(s3, bucket, got["run_id"], "failed", why, _now())
     except Exception as exc:  # noqa: BLE001 - said; the next `status` tries again
         log(f"could not record the run's end ({type(exc).__name__})")
         return got
@@ -146,14 +145,14 @@ def cancel(aws: Aws, settings: Settings, run_id: str, log: Callable[[str], None]
     waited = round(clock() - start, 1)
     if got.get("state") not in DONE:
         log(f"the agent did not answer in {waited:.0f} s: ending the group without it")
-        runstore.put_status(s3, bucket, run_id, {**_writable(got), "state": "cancelled",
-                                                  "message": "cancelled: the group was ended by `ec2gpu cancel`"})
+        runstore.end_status(s3, bucket, run_id, "cancelled", "cancelled: the group was ended by `ec2gpu cancel`",
+                            _now())
     removed = sweep.delete_run(aws.ec2, run_id, settings.keys_dir, log=log, iam=aws.client("iam"),
                                autoscaling=aws.client("autoscaling"))  # the group first: none replaces anything
     return {**status(aws, settings, run_id, log), "removed": {k: v for k, v in removed.items() if v},
             "waited_s": waited}
 
 
-def _writable(got: dict[str, Any]) -> dict[str, Any]:
-    """The fields of a read status record that put_status writes back (None values left out)."""
-    return {k: v for k, v in got.items() if v is not None and k not in ("problem", "bucket", "group", "removed")}
+def _now() -> str:
+    from datetime import datetime, timezone
+    return datetime.now(timezone.utc).isoformat()
