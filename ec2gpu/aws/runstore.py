@@ -1,5 +1,5 @@
 """The run store: one S3 bucket per account and region, ``ec2gpu-<account>-<region>``, holding each
-detached run's durable state (issue 30) under ``runs/<run_id>/``; not wired to a command yet.
+detached run's durable state (`ec2gpu run --detach`: runs/detached/) under ``runs/<run_id>/``.
 
 The bucket is made on first need (``ensure``) and checked by ``ec2gpu doctor`` (``check``). ec2gpu
 keeps it:
