@@ -100,16 +100,22 @@ def logs(name: str, *, follow: bool = False, write: Optional[Write] = None, regi
     """A run's job log; `ec2gpu logs`. ``name``: a run id (or a unique prefix), Name tag or instance id.
 
     A run that is over: its job.log as it was brought home (this machine's files alone, no AWS).
-    Else the log on its running instance, as it is now or, with ``follow``, until the job ends,
+    A detached run (`run --detach`; one the region's run store holds, from any machine of the
+    account): its job.log from S3 (runs/detached/fetch.show_log: its last 64 MiB), as the agent
+    last uploaded it (every 60 s and at the end) or, with ``follow``, polled every 5 s, only the
+    new bytes written, until status.json's state is final or the run's group has ended. Else the
+    log on its running instance, as it is now or, with ``follow``, until the job ends,
     reconnecting when SSH drops (no line missed or repeated). ``write(chunk: bytes, final=False)``
     gets the log's bytes as they come, raw (the job's; a terminal needs them made inert), and
     ``final=True`` once at its end; without ``write`` they are collected and returned as "log"
     (text, UTF-8, an undecodable byte as U+FFFD).
 
     Returns {"exit_status", "run_id", "instance_id", "source"}: "source" is "saved" (brought home;
-    "instance_id" None) or "instance"; "exit_status" is the job's exit status where known: a
-    finished run's (runs/execute/logs.exit_status_of: 0 completed, else its job's, 1 when the run ended
-    before its job), the followed job's; None for a log read without ``follow``, or one brought
+    "instance_id" None), "s3" (a detached run; "instance_id" None, and "state": status.json's
+    state) or "instance"; "exit_status" is the job's exit status where known: a finished run's
+    (runs/execute/logs.exit_status_of: 0 completed, else its job's, 1 when the run ended before its
+    job), a detached run's once its state is final (0 succeeded, else its job's exit code, 1 when
+    it has none), the followed job's; None for a log read without ``follow``, or one brought
     home by a run that did not end. Raises UsageError (no such run or running instance, no log
     brought home, no job has run there yet, its private key is not here), NoCredentials,
     AwsError, RemoteError (the instance stays unreachable)."""
@@ -127,11 +133,22 @@ def logs(name: str, *, follow: bool = False, write: Optional[Write] = None, regi
 
     home = settings_mod.load({"region": region}).home
     row = run_logs.finished(home, name)
-    if row is not None:  # over: the log is on this machine, no AWS needed
+    if row is not None and not _maybe_detached(row):  # over: the log is on this machine, no AWS needed
         emit(run_logs.saved_log(home, row["run_id"]).read_bytes(), final=True)
         return result(exit_status=run_logs.exit_status_of(row), run_id=row["run_id"], instance_id=None,
                       source="saved")
     with _context(region, sandbox, log=log) as ctx:
+        known = row if row is not None else _ledger_row(home, name)
+        run_id = known["run_id"] if known is not None else name
+        if _detached_status(ctx, run_id, known, log) is not None:
+            from ..runs.detached import fetch as detached
+            shown = detached.show_log(ctx.aws, run_id, emit, log, follow=follow)
+            return result(exit_status=shown["exit_status"], run_id=run_id, instance_id=None, source="s3",
+                          state=shown["state"])
+        if row is not None:  # over, not detached: the log as it was brought home
+            emit(run_logs.saved_log(home, row["run_id"]).read_bytes(), final=True)
+            return result(exit_status=run_logs.exit_status_of(row), run_id=row["run_id"], instance_id=None,
+                          source="saved")
         try:
             inst = find(ctx, name)[0]
         except UsageError:
@@ -147,21 +164,64 @@ def logs(name: str, *, follow: bool = False, write: Optional[Write] = None, regi
     return result(exit_status=status, run_id=run_id, instance_id=inst.id, source="instance")
 
 
+def _ledger_row(home: Path, name: str) -> Optional[dict]:
+    """The ledger's row of run ``name`` (an id or a unique prefix), or None (none, several, no ledger)."""
+    from ..errors import LedgerError
+    from ..runs.settle import ledger
+    try:
+        return ledger.get(home, name)
+    except (UsageError, LedgerError):
+        return None
+
+
+def _maybe_detached(row: Optional[dict], name: str = "") -> bool:
+    """Whether the run of the ledger's ``row`` (None: not in this machine's ledger; ``name`` then)
+    may be a detached one, so the run store is asked: its id has the form of one
+    (aws/runstore.RUN_ID) and no controller process is recorded (`run --detach` records none;
+    every run in the foreground does since ledger migration 6)."""
+    from ..aws import runstore
+    run_id = row["run_id"] if row is not None else name
+    return (row is None or row.get("controller") is None) and bool(
+        isinstance(run_id, str) and runstore.RUN_ID.fullmatch(run_id))
+
+
+def _detached_status(ctx: Context, run_id: str, row: Optional[dict], log: Log) -> Optional[dict]:
+    """The status record of the detached run ``run_id`` when the region's run store holds one
+    (runs/detached/fetch.status_of), else None; not asked for a ``row`` of a run in the
+    foreground. An S3 error (these credentials may not read the store) is said to ``log``, then
+    None: the run is looked for as one in the foreground is."""
+    from ..errors import AwsError
+    from ..runs.detached import fetch as detached
+    if not _maybe_detached(row, run_id):
+        return None
+    try:
+        return detached.status_of(ctx.aws, run_id)
+    except AwsError as exc:
+        log(f"the run store could not be read ({exc.message}); looking for run {run_id} as one in the foreground")
+        return None
+
+
 def fetch(run_id: str, *, out: Union[str, Path, None] = None, max_download: Union[int, str, None] = None,
           max_files: Optional[int] = None, region: Optional[str] = None, sandbox: bool = False,
           log: Log = _quiet) -> dict:
-    """Bring home what a run's job has written so far, from its running instance; `ec2gpu fetch`.
+    """Bring home what a run's job has written so far, from its running instance or, for a
+    detached run, from its S3 store; `ec2gpu fetch`.
 
     Outputs to ``out``/outputs, checkpoints to ``out``/checkpoints, job.log (secrets masked) and
-    status.json to ``out`` (default: the run's artifacts directory), as a finished run would
-    have: for a run whose controller died, before `ec2gpu down RUN`; or what a run left on a
-    standing instance above its download limits. ``max_download``: bytes brought home per
-    directory (an int, or '500MB', '2GiB': tasks.spec.size_bytes; default EC2GPU_MAX_DOWNLOAD_BYTES, else 4 GiB);
-    ``max_files``: files per directory (default EC2GPU_MAX_DOWNLOAD_FILES, else 10000). What is
-    not brought home is said to ``log``. Returns {"run_id": the full id, "out": absolute path,
-    "outputs": [...], "checkpoints": [...], "files": [...]} (paths relative to their directory).
-    Raises UsageError (a bad limit; no such run; no running instance to fetch from),
-    NoCredentials, AwsError, RemoteError."""
+    status.json to ``out`` (default: the run's artifacts directory, else runs/RUN_ID), as a
+    finished run would have: for a run whose controller died, before `ec2gpu down RUN`; or what a
+    run left on a standing instance above its download limits. A detached run (`run --detach`:
+    one the region's run store holds, from any machine of the account) has them from
+    ``runs/RUN_ID/`` in S3 instead (runs/detached/fetch.fetch: keys checked as hostile names, none
+    written outside ``out``; its job.log as the agent uploaded it, unmasked: a detached run has no
+    secrets). ``max_download``: bytes brought home per directory (an int, or '500MB', '2GiB':
+    tasks.spec.size_bytes; default EC2GPU_MAX_DOWNLOAD_BYTES, else 4 GiB); ``max_files``: files per
+    directory (default EC2GPU_MAX_DOWNLOAD_FILES, else 10000). What is not brought home is said to
+    ``log``. Returns {"run_id": the full id, "out": absolute path, "outputs": [...],
+    "checkpoints": [...], "files": [...]} (paths relative to their directory); a detached run's
+    also has "source": "s3", "state" (status.json's), "skipped" (objects refused for their name or
+    place) and "left" (objects above the limits). Raises UsageError (a bad limit; no such run; no
+    running instance to fetch from), NoCredentials, AwsError, RemoteError."""
     from dataclasses import replace
 
     from ..runs.settle import ledger
@@ -171,17 +231,29 @@ def fetch(run_id: str, *, out: Union[str, Path, None] = None, max_download: Unio
     if max_files is not None and (isinstance(max_files, bool) or not isinstance(max_files, int) or max_files < 0):
         raise UsageError(f"--max-files {max_files!r} is not a count", "give 0 or more")
     with _context(region, sandbox, log=log) as ctx:
-        row = ledger.get(ctx.settings.home, run_id)
-        head = run_logs.head_instance(ctx.aws.ec2, row)
-        if head is None:
-            raise UsageError(f"run {row['run_id']} has no running instance to fetch from",
-                             f"what it brought home is in {row.get('artifacts') or 'runs/' + row['run_id']}")
-        where = Path(out or row.get("artifacts") or Path("runs") / row["run_id"]).resolve()
         limits = ctx.settings.download_limits
         if size is not None:
             limits = replace(limits, bytes=size)
         if max_files is not None:
             limits = replace(limits, files=max_files)
+        try:
+            row: Optional[dict] = ledger.get(ctx.settings.home, run_id)
+        except UsageError as exc:
+            row, missing = None, exc
+        full = row["run_id"] if row is not None else run_id
+        got = _detached_status(ctx, full, row, log)
+        if got is not None:
+            from ..runs.detached import fetch as detached
+            where = Path(out or (row or {}).get("artifacts") or Path("runs") / full).resolve()
+            done = detached.fetch(ctx.aws, full, where, limits, log, got)
+            return {"run_id": full, "out": str(where), "source": "s3", **done}
+        if row is None:
+            raise missing
+        head = run_logs.head_instance(ctx.aws.ec2, row)
+        if head is None:
+            raise UsageError(f"run {row['run_id']} has no running instance to fetch from",
+                             f"what it brought home is in {row.get('artifacts') or 'runs/' + row['run_id']}")
+        where = Path(out or row.get("artifacts") or Path("runs") / row["run_id"]).resolve()
         got = run_logs.fetch(ctx, head, row["run_id"], where, log, limits)
     return {"run_id": row["run_id"], "out": str(where), **got}
 

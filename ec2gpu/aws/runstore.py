@@ -715,6 +715,88 @@ def get_status_bytes(s3: Client, bucket: str, run_id: str, limit: int = MAX_LAUN
     return data
 
 
+# --- what a run left: listing and bounded reads (`ec2gpu fetch RUN`, `ec2gpu logs RUN`) ---------
+#
+# The keys and contents under a run's prefix are the instance's (its role may write its own
+# prefix): hostile input. These functions only list and read, with bounds; what may be written on
+# this machine, and where, is decided by their caller (runs/detached/fetch.py).
+
+#: objects looked at in one listing: bounds this machine's memory, not what is brought home
+MAX_LISTED = 100_000
+#: bytes read from S3 per request of a streamed or ranged read
+CHUNK_BYTES = 1 << 20
+
+
+class TooLarge(Exception):
+    """An object held more bytes than it was read with (it changed since it was listed, or lied)."""
+
+
+def list_objects(s3: Client, bucket: str, key_prefix: str,
+                 max_entries: int = MAX_LISTED) -> tuple[list[tuple[str, int]], bool]:
+    """The objects under ``key_prefix`` in ``bucket`` as (key, size in bytes), in S3's order (UTF-8
+    binary order of the keys), every page through boto3's paginator (ListObjectsV2 with
+    ExpectedBucketOwner), and whether more were left unlisted: at most ``max_entries`` are looked
+    at. Keys are returned as S3 has them (hostile: the caller checks them); a size that is not a
+    non-negative int is 0. ([], False) when the bucket does not exist. Raises AwsError for other S3
+    errors."""
+    out: list[tuple[str, int]] = []
+    try:
+        pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key_prefix,
+                                                             **_expected_owner(bucket))
+        for page in pages:
+            for obj in page.get("Contents", []):
+                if len(out) >= max_entries:
+                    return out, True
+                key, size = obj.get("Key"), obj.get("Size")
+                if isinstance(key, str):
+                    out.append((key, size if isinstance(size, int) and size >= 0 else 0))
+    except botocore.exceptions.ClientError as exc:
+        if _absent(error_code(exc)):
+            return [], False
+        raise AwsError(f"run store: s3://{bucket}/{key_prefix}: ListObjectsV2 failed ({error_code(exc)})",
+                       "see docs/iam-policy.json") from None
+    return out, False
+
+
+def head_object(s3: Client, bucket: str, key: str) -> Item | None:
+    """{"size": bytes, "etag": str} of the object ``key`` (HeadObject with ExpectedBucketOwner), or
+    None when it (or the bucket) is not there. Raises AwsError for other S3 errors."""
+    try:
+        got = s3.head_object(Bucket=bucket, Key=key, **_expected_owner(bucket))
+    except botocore.exceptions.ClientError as exc:
+        if _absent(error_code(exc)):
+            return None
+        raise AwsError(f"run store: s3://{bucket}/{key}: HeadObject failed ({error_code(exc)})",
+                       "see docs/iam-policy.json") from None
+    size = got.get("ContentLength")
+    return {"size": size if isinstance(size, int) and size >= 0 else 0, "etag": str(got.get("ETag") or "")}
+
+
+def read_range(s3: Client, bucket: str, key: str, start: int, end: int, etag: str | None = None) -> bytes | None:
+    """Bytes ``start`` to ``end`` (inclusive, ``end`` >= ``start`` >= 0) of the object ``key``: a
+    Range GET, with ``etag`` as IfMatch when given; at most ``end - start + 1`` bytes are read
+    whatever S3 sends. None when the object is gone, was replaced (412: not ``etag`` any more) or
+    is shorter than ``start`` (416). Raises ValueError for a bad range, AwsError for other S3
+    errors."""
+    if not (isinstance(start, int) and isinstance(end, int) and 0 <= start <= end):
+        raise ValueError(f"bad byte range {start!r}-{end!r}")
+    extra: dict[str, Any] = {"IfMatch": etag} if etag else {}
+    try:
+        got = s3.get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{end}", **extra, **_expected_owner(bucket))
+    except botocore.exceptions.ClientError as exc:
+        code = error_code(exc)
+        if _absent(code) or code in ("412", "PreconditionFailed", "416", "InvalidRange"):
+            return None
+        raise AwsError(f"run store: s3://{bucket}/{key}: GetObject failed ({code})",
+                       "see docs/iam-policy.json") from None
+    body = got["Body"]
+    try:
+        data: bytes = body.read(end - start + 1)
+    finally:
+        body.close()
+    return data
+
+
 def end_status(s3: Client, bucket: str, run_id: str, state: str, message: str, at: str) -> None:
     """Record the run's end when its agent cannot (`ec2gpu cancel` after its wait; `status` for a
     group that stopped without the agent's word): status.json as it is, its launches and attempts
@@ -752,3 +834,32 @@ def group_launches(group: dict[str, Any]) -> tuple[tuple[str, ...], str | None]:
     dist = obj(policy.get("InstancesDistribution"))
     spot = dist.get("OnDemandPercentageAboveBaseCapacity") == 0 and not dist.get("OnDemandBaseCapacity")
     return types, "spot" if spot else "on-demand"
+
+
+def download(s3: Client, bucket: str, key: str, out: Any, max_bytes: int) -> int:
+    """Write the object ``key`` to ``out`` (a binary file object), in chunks of CHUNK_BYTES (memory
+    stays bounded); return the bytes written. Raises TooLarge when it holds more than ``max_bytes``
+    (what was written then is the caller's to remove), FileNotFoundError when it is gone, AwsError
+    for other S3 errors."""
+    try:
+        got = s3.get_object(Bucket=bucket, Key=key, **_expected_owner(bucket))
+    except botocore.exceptions.ClientError as exc:
+        if _absent(error_code(exc)):
+            raise FileNotFoundError(key) from None
+        raise AwsError(f"run store: s3://{bucket}/{key}: GetObject failed ({error_code(exc)})",
+                       "see docs/iam-policy.json") from None
+    body, written = got["Body"], 0
+    try:
+        size = got.get("ContentLength")
+        if isinstance(size, int) and size > max_bytes:
+            raise TooLarge(f"{key} holds {size:,} bytes, more than {max_bytes:,}")
+        while True:
+            chunk = body.read(min(CHUNK_BYTES, max_bytes - written + 1))
+            if not chunk:
+                return written
+            written += len(chunk)
+            if written > max_bytes:
+                raise TooLarge(f"{key} holds more than {max_bytes:,} bytes")
+            out.write(chunk)
+    finally:
+        body.close()

@@ -33,12 +33,21 @@ def logs(name: str = typer.Argument(..., help="Run id, name or instance id."),
          region: Optional[str] = REGION, sandbox: bool = SANDBOX):
     """Print a run's job log, from its instance or, once the run is over, from its artifacts.
 
-    job.log is the job's output, its control characters shown as escapes (ESC as \\x1b): none reaches
-    the terminal. With --follow, exit with the job's exit status."""
+    A detached run's (run --detach) comes from its S3 store, from any machine of the account: as
+    its agent last uploaded it (every 60 s), or with --follow until the run ends. job.log is the
+    job's output, its control characters shown as escapes (ESC as \\x1b): none reaches the
+    terminal. With --follow, exit with the job's exit status."""
     from ..api import access as ops
 
     write = InertWriter(sys.stdout.buffer)
     shown = ops.logs(name, follow=follow, write=write, region=region, sandbox=_sandbox_flag(sandbox), log=note)
+    if shown["source"] == "s3" and follow:
+        if shown["exit_status"] is None:
+            say(err, f"run {shown['run_id']} is {shown['state']} and its group has ended; "
+                f"`ec2gpu status {shown['run_id']}` says more", "dim")
+            raise typer.Exit(1)
+        say(err, f"run {shown['run_id']} {shown['state']} (exit status {shown['exit_status']})", "dim")
+        raise typer.Exit(shown["exit_status"])
     if shown["source"] == "instance" and follow:
         say(err, f"the job on {shown['instance_id']} ended with exit status {shown['exit_status']}; "
             f"`ec2gpu down {shown['run_id']}` removes the instance", "dim")
@@ -165,7 +174,8 @@ def fetch(run_id: str = typer.Argument(..., help="Run id (or a unique prefix), a
     """Bring home what a run's job has written so far, from its running instance.
 
     Outputs, checkpoints, job.log, status.json: for a run whose controller died, before
-    `ec2gpu down RUN`; or what a run left on a standing instance above its download limits."""
+    `ec2gpu down RUN`; or what a run left on a standing instance above its download limits. A
+    detached run's (run --detach) come from its S3 store, from any machine of the account."""
     from ..api import access as ops
     got = ops.fetch(run_id, out=out_dir, max_download=max_download, max_files=max_files, region=region,
                     sandbox=_sandbox_flag(sandbox), log=note)

@@ -1,0 +1,323 @@
+"""A detached run's files and log from its S3 store, from any machine of the account: `ec2gpu fetch
+RUN` and `ec2gpu logs RUN [--follow]` (issue 30).
+
+What is under ``runs/RUN_ID/`` was written by the run's instance (its role may write its own
+prefix), so keys and contents are hostile input, with the rules remote/files.py applies to what
+comes home from an instance:
+
+- a key's name below its directory (``outputs/``, ``checkpoints/``) must pass
+  remote/files.check_name (relative, no ``..``, ``.`` or empty component, no NUL, Linux's length
+  limits), have no backslash (a path separator elsewhere), and not be the directory of another key
+  (``outputs/a`` beside ``outputs/a/b``: the file is skipped); its place on this machine
+  (remote/files.local_target, checked again just before it is written) must lie inside the target
+  with no symbolic link or special file on the way;
+- what is brought home is capped per directory in count and bytes (remote/files.Limits: --max-download,
+  --max-files, settings.download_limits); each object is read through the size it was listed
+  with; at most runstore.MAX_LISTED objects are looked at; the rest is named, never silently dropped;
+- a file is written beside its place as a hidden ``.part`` file (O_NOFOLLOW) and renamed into it;
+- names and the log are printed inert (ec2gpu.inert) by whoever shows them.
+
+The job's log (``logs/job.log``) is uploaded whole by the agent every 60 s and at the end, at most
+its last 64 MiB (agent/detached.py), so `logs --follow` polls it (HeadObject) and reads only the new
+bytes (Range GETs from the size already shown, IfMatch its ETag). When it stops is decided from
+status.json's state (runstore.FINAL_STATES) and the run's Auto Scaling group, never from the log's text.
+
+The live log over SSH is not used for a detached run: the agent runs as root with its run directory
+under ``/var/lib/ec2gpu/detached`` (mode 0700; runs/detached/launch.boot_script), not under the SSH
+user's ``$HOME/ec2gpu/runs`` where remote/jobs looks.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from ...aws import groups, runstore
+from ...aws.session import Aws
+from ...errors import UsageError
+from ...remote import files
+
+Note = Callable[[str], object]
+#: ``write(chunk: bytes, final=False)``: where a log's bytes go as they come
+Write = Callable[..., object]
+
+#: bytes of job.log the agent keeps in the store, its last ones (agent/detached.LOG_MAX)
+AGENT_LOG_MAX = 64 << 20
+#: bytes of job.log brought home or printed at first: its last ones
+MAX_LOG_BYTES = AGENT_LOG_MAX
+#: seconds between two looks at the log and status.json with --follow
+POLL_S = 5.0
+#: with --follow, the group is looked at every this many polls (the run may end without its agent)
+GROUP_EVERY = 6
+#: bytes of what was shown kept, to find where to go on when the agent's copy of the log lost its
+#: start (it keeps the last 64 MiB), and of the new object searched for them
+TAIL_BYTES = 4096
+SEARCH_BYTES = 8 << 20
+
+
+def store(aws: Aws) -> tuple[Any, str]:
+    """(an S3 client, the run store's name) of ``aws``'s account and region. Raises NoCredentials, AwsError."""
+    return aws.client("s3"), runstore.bucket_name(aws.check_credentials()["Account"], aws.region)
+
+
+def status_of(aws: Aws, run_id: str) -> dict[str, Any] | None:
+    """The detached run ``run_id``'s status record (runstore.get_status: validated) when the
+    region's store holds one, else None (also for a value that is not a run id: a Name tag, an
+    instance id). Raises NoCredentials, AwsError."""
+    if not isinstance(run_id, str) or not runstore.RUN_ID.fullmatch(run_id):
+        return None
+    s3, bucket = store(aws)
+    return runstore.get_status(s3, bucket, run_id)
+
+
+# --- fetch ------------------------------------------------------------------------------------
+
+def _name_problem(name: str) -> str | None:
+    why = files.check_name(name)
+    if why is None and "\\" in name:
+        why = "backslash in the name"
+    return why
+
+
+def pull(s3: Any, bucket: str, key_prefix: str, root: Path, limits: files.Limits,
+         warn: Note, what: str) -> tuple[list[str], files.Selection]:
+    """Bring home the objects under ``key_prefix`` to ``root`` (made if need be), the module
+    docstring's rules applied; ``what`` names the directory in what is said to ``warn`` (one line
+    per kind of object not brought home). Returns (the names written, relative to ``root``, sorted;
+    the selection: ``skipped`` (name, why) and ``left`` above the limits). Raises AwsError."""
+    listed, more = runstore.list_objects(s3, bucket, key_prefix)
+    if more:
+        warn(f"{what}: more than {runstore.MAX_LISTED:,} objects under s3://{bucket}/{key_prefix}; "
+             "only the first ones were looked at")
+    names = [(key[len(key_prefix):], size) for key, size in listed if key.startswith(key_prefix)]
+    dirs = {n.rsplit("/", i)[0] for n, _ in names for i in range(1, n.count("/") + 1)}
+    sel, candidates = files.Selection(), []
+    for name, size in names:
+        why = _name_problem(name)
+        if why is None and name in dirs:
+            why = "also the directory of other objects"
+        if why:
+            sel.skipped.append((name, why))
+        else:
+            candidates.append(files.RemoteFile(name, size, 0.0))
+    chosen = files.select(candidates, root, limits)
+    sel.skipped += chosen.skipped
+    sel.left = chosen.left
+    written = []
+    for f in chosen.files:
+        why = _write(s3, bucket, key_prefix + f.name, root, f)
+        if why:
+            sel.skipped.append((f.name, why))
+        else:
+            sel.files.append(f)
+            written.append(f.name)
+    for line in sel.warnings(what, limits):
+        warn(line)
+    return sorted(written), sel
+
+
+def _write(s3: Any, bucket: str, key: str, root: Path, f: files.RemoteFile) -> str | None:
+    """Write the object ``key`` (listed as ``f``) to its place under ``root``; None once written,
+    else why not (nothing left behind)."""
+    root.mkdir(parents=True, exist_ok=True)
+    target = files.local_target(root, f.name)
+    if target is None:
+        return "a link, a special file or outside the directory on this machine"
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return "its directory cannot be made here (a file is in the way)"
+    if files.local_target(root, f.name) is None:  # again, now that its directories exist
+        return "a link, a special file or outside the directory on this machine"
+    tmp = target.with_name(f".{target.name}.part")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "wb") as out:
+            runstore.download(s3, bucket, key, out, f.size)
+        os.replace(tmp, target)
+    except runstore.TooLarge:
+        tmp.unlink(missing_ok=True)
+        return "larger than when it was listed"
+    except FileNotFoundError:
+        tmp.unlink(missing_ok=True)
+        return "gone since it was listed"
+    except IsADirectoryError:
+        tmp.unlink(missing_ok=True)
+        return "a directory is in the way on this machine"
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return None
+
+
+def fetch(aws: Aws, run_id: str, out: Path, limits: files.Limits, note: Note,
+          got: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Bring home what the detached run ``run_id`` has in its store: ``outputs/`` to
+    ``out``/outputs and ``checkpoints/`` to ``out``/checkpoints (each at most ``limits``),
+    ``logs/job.log`` (its last MAX_LOG_BYTES) and status.json (the validated record, ``got`` when
+    already read) to ``out``. What is not brought home is said to ``note``.
+
+    Returns {"outputs": [...], "checkpoints": [...], "files": [...] (names relative to their
+    directory), "state": status.json's state, "skipped": objects refused for their name or place,
+    "left": objects above the limits}. Raises UsageError for a run the store does not hold,
+    NoCredentials, AwsError, OSError (``out`` cannot be written)."""
+    s3, bucket = store(aws)
+    got = got or runstore.get_status(s3, bucket, run_id)
+    if got is None:
+        raise UsageError(f"no detached run {run_id} in s3://{bucket} ({aws.region})",
+                         "check the run id and --region")
+    warn = lambda line: note(f"warning: {line}")  # noqa: E731
+    out.mkdir(parents=True, exist_ok=True)
+    outputs, o = pull(s3, bucket, runstore.outputs_prefix(run_id), out / "outputs", limits, warn, "outputs")
+    checkpoints, c = pull(s3, bucket, runstore.checkpoints_prefix(run_id), out / "checkpoints", limits, warn,
+                          "checkpoints")
+    done: list[str] = []
+    log = read_log(s3, bucket, run_id, MAX_LOG_BYTES)
+    if log is not None and _write_small(out, "job.log", log):
+        done.append("job.log")
+    if _write_small(out, "status.json", json.dumps(got, indent=2).encode()):
+        done.append("status.json")
+    state = got.get("state")
+    if state not in runstore.FINAL_STATES:
+        note(f"run {run_id} is {state}: its outputs reach s3://{bucket}/{runstore.outputs_prefix(run_id)} at its end")
+    note(f"{len(outputs)} output file(s), {len(checkpoints)} checkpoint file(s) and "
+         f"{', '.join(done) or 'no log'} brought home from s3://{bucket}/{runstore.prefix(run_id)} to {out}")
+    return {"outputs": outputs, "checkpoints": checkpoints, "files": done, "state": state,
+            "skipped": len(o.skipped) + len(c.skipped), "left": len(o.left) + len(c.left)}
+
+
+def _write_small(root: Path, name: str, data: bytes) -> bool:
+    """Write ``data`` to ``root``/``name`` unless a link or special file is there; whether it was."""
+    target = files.local_target(root, name)
+    if target is None:
+        return False
+    tmp = target.with_name(f".{name}.part")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, target)
+    return True
+
+
+# --- logs -------------------------------------------------------------------------------------
+
+def log_key(run_id: str) -> str:
+    """``runs/<run_id>/logs/job.log``: the job's log as the agent uploads it."""
+    return runstore.logs_prefix(run_id) + "job.log"
+
+
+def read_log(s3: Any, bucket: str, run_id: str, max_bytes: int = MAX_LOG_BYTES) -> bytes | None:
+    """The last ``max_bytes`` bytes (at most) of the run's job.log in the store, or None when there
+    is none yet. Raises AwsError."""
+    head = runstore.head_object(s3, bucket, log_key(run_id))
+    if head is None:
+        return None
+    if head["size"] == 0:
+        return b""
+    start = max(0, head["size"] - max_bytes)
+    return _read(s3, bucket, log_key(run_id), start, head["size"], head["etag"])
+
+
+def _read(s3: Any, bucket: str, key: str, start: int, end: int, etag: str) -> bytes | None:
+    """Bytes ``start`` to ``end`` (exclusive) of ``key`` in CHUNK_BYTES ranges, IfMatch ``etag``;
+    None when it changed meanwhile."""
+    out = bytearray()
+    while start + len(out) < end:
+        at = start + len(out)
+        got = runstore.read_range(s3, bucket, key, at, min(end, at + runstore.CHUNK_BYTES) - 1, etag)
+        if got is None:
+            return None
+        if not got:
+            break
+        out += got
+    return bytes(out)
+
+
+def _ended(aws: Aws, run_id: str) -> bool:
+    """Whether the run's group is gone or at 0 with no instance (structured data: the run can
+    end without its agent, at the group's deadline)."""
+    found = groups.find_groups(aws.client("autoscaling"), run_id)
+    if not found:
+        return True
+    g = found[0]
+    return not g.get("DesiredCapacity") and not g.get("Instances")
+
+
+def show_log(aws: Aws, run_id: str, write: Write, note: Note, follow: bool = False, poll_s: float = POLL_S,
+             sleep: Callable[[float], None] = time.sleep, max_bytes: int = MAX_LOG_BYTES) -> dict[str, Any]:
+    """Write the detached run ``run_id``'s job.log from its store to ``write`` (raw bytes; its last
+    ``max_bytes`` when longer), then ``write(b"", final=True)``. With ``follow``: poll every
+    ``poll_s`` seconds and write only the bytes added since, until status.json's state is final
+    (the log is then whole: the agent uploads it before the final record) or the run's group
+    has ended without one (its log is then all there will be).
+
+    Returns {"state": the last state seen, "exit_status": for a final state (0 succeeded, else the
+    job's exit code, 1 when it has none or 0), else None}. Raises UsageError for a run the store
+    does not hold, NoCredentials, AwsError."""
+    s3, bucket = store(aws)
+    key = log_key(run_id)
+    got = runstore.get_status(s3, bucket, run_id)
+    if got is None:
+        raise UsageError(f"no detached run {run_id} in s3://{bucket} ({aws.region})", "check the run id and --region")
+    shown, etag, tail, polls, retries = 0, "", b"", 0, 0
+    try:
+        while True:
+            final = got.get("state") in runstore.FINAL_STATES  # read before the log: the log is then whole
+            head = runstore.head_object(s3, bucket, key)
+            if head is not None and head["etag"] != etag:
+                if shown == 0:
+                    start = max(0, head["size"] - max_bytes)
+                    if start:
+                        note(f"job.log of {run_id}: its first {start:,} bytes not shown (the last {max_bytes:,} are)")
+                else:
+                    start = _where(s3, bucket, key, head, shown, tail, note)
+                data = _read(s3, bucket, key, start, head["size"], head["etag"]) if head["size"] > start else b""
+                if data is None and retries < 3:  # replaced meanwhile: read it again
+                    retries += 1
+                    continue
+                if data is not None:
+                    if data:
+                        write(data)
+                    shown, etag, tail = head["size"], head["etag"], (tail + data)[-TAIL_BYTES:]
+            if not follow or final:
+                break
+            polls += 1
+            if polls % GROUP_EVERY == 0 and _ended(aws, run_id):
+                got = runstore.get_status(s3, bucket, run_id) or got  # its last word, if it had one
+                if got.get("state") not in runstore.FINAL_STATES:
+                    note(f"run {run_id}: its group has ended and status.json still says {got.get('state')}")
+                    break
+                continue
+            sleep(poll_s)
+            got = runstore.get_status(s3, bucket, run_id) or got
+    finally:
+        write(b"", final=True)
+    if not etag:
+        note(f"run {run_id} has no job.log in s3://{bucket}/{runstore.logs_prefix(run_id)} yet: its agent uploads "
+             "it every 60 s once the job runs, and at its end")
+    state = got.get("state")
+    exit_status = None
+    if state in runstore.FINAL_STATES:
+        code = got.get("exit_code")
+        exit_status = 0 if state == "succeeded" else (code if isinstance(code, int) and code else 1)
+    return {"state": state, "exit_status": exit_status}
+
+
+def _where(s3: Any, bucket: str, key: str, head: dict[str, Any], shown: int, tail: bytes, note: Note) -> int:
+    """Where the new bytes of a replaced log object start: ``shown`` while it grew; else (the
+    agent's copy lost its start: it keeps its last 64 MiB) just after the last bytes shown
+    (``tail``), searched in its last SEARCH_BYTES; else its current end, the gap said to ``note``."""
+    size = int(head["size"])
+    if shown < size < AGENT_LOG_MAX:  # it grew, its start kept
+        return shown
+    lo = max(0, size - SEARCH_BYTES)
+    window = _read(s3, bucket, key, lo, size, head["etag"]) if size > lo else b""
+    at = (window or b"").rfind(tail) if tail else -1
+    if at >= 0:
+        return lo + at + len(tail)
+    note(f"job.log of {key}: the store's copy lost its start and what was shown is not in its last "
+         f"{SEARCH_BYTES:,} bytes: some lines may be missing here")
+    return size
+

@@ -1,0 +1,107 @@
+"""`ec2gpu fetch RUN` and `ec2gpu logs RUN [--follow]` for a detached run in the sandbox (issue 30):
+what the job wrote comes home from the run's S3 store once it succeeded, its log is printed from
+S3 once its instance is gone, and `logs --follow` prints a running job's lines as the agent uploads
+them and stops when the run ends (from status.json's state)."""
+import json
+import os
+import time
+from pathlib import Path
+
+import boto3
+import pytest
+
+from ec2gpu import api, cli
+from ec2gpu.aws import sweep
+
+pytestmark = pytest.mark.e2e
+NEEDS_MNIST = False
+
+
+def _client(service):
+    return boto3.client(service, endpoint_url=os.environ["AWS_ENDPOINT_URL"], region_name="us-east-1")
+
+
+def _task(tmp_path: Path, run: str) -> Path:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "data.txt").write_text("from the workdir\n")
+    task = work / "task.yaml"
+    task.write_text("name: detached\nworkdir: .\nrun: |\n" + "".join(f"  {line}\n" for line in run.splitlines()))
+    return task
+
+
+def _start(task: Path, capsys) -> str:
+    assert cli.main(["run", str(task), "--sandbox", "--detach", "--max-runtime", "30m", "--json"]) == 0
+    return json.loads(capsys.readouterr().out)["run_id"]
+
+
+def _wait(run_id: str, states: tuple[str, ...], timeout_s: float = 180.0) -> dict:
+    deadline, got = time.monotonic() + timeout_s, {}
+    while time.monotonic() < deadline:
+        got = api.status(run_id, sandbox=True)
+        if got["state"] in states:
+            return got
+        time.sleep(2)
+    raise AssertionError(f"{run_id} still {got.get('state')} after {timeout_s} s: {got}")
+
+
+def _nothing_left(run_id: str, timeout_s: float = 120.0) -> dict:
+    """Call `status` until it has removed everything of the run; return the last inventory."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        api.status(run_id, sandbox=True)
+        found = sweep.inventory(_client("ec2"), run_id, iam=_client("iam"), autoscaling=_client("autoscaling"))
+        if not any(found.values()) or time.monotonic() > deadline:
+            return found
+        time.sleep(2)
+
+
+def test_fetch_brings_a_detached_runs_outputs_home_and_logs_reads_s3_once_it_is_gone(sandbox_env, tmp_path, capsys):
+    task = _task(tmp_path, 'cp data.txt "$EC2GPU_OUTPUT_DIR/result.txt"\nmkdir -p "$EC2GPU_OUTPUT_DIR/sub"\n'
+                           'echo nested > "$EC2GPU_OUTPUT_DIR/sub/n.txt"\nprintf "line one\\n\\033[2Jline two\\n"')
+    run_id = _start(task, capsys)
+    done = _wait(run_id, ("succeeded", "failed", "cancelled"))
+    assert done["state"] == "succeeded", done
+    left = _nothing_left(run_id)  # the instance, group and the rest are gone: only S3 has the run
+    assert not any(left.values()), left
+
+    here = tmp_path / "fetched"
+    assert cli.main(["fetch", run_id, "--sandbox", "--out", str(here), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["source"] == "s3" and got["state"] == "succeeded" and got["out"] == str(here.resolve())
+    assert got["outputs"] == ["result.txt", "sub/n.txt"] and got["files"] == ["job.log", "status.json"]
+    assert (here / "outputs/result.txt").read_text() == "from the workdir\n"
+    assert (here / "outputs/sub/n.txt").read_text() == "nested\n"
+    assert json.loads((here / "status.json").read_text())["state"] == "succeeded"
+    assert b"line one\n" in (here / "job.log").read_bytes()
+
+    assert cli.main(["logs", run_id, "--sandbox"]) == 0  # the instance is gone: from S3
+    shown = capsys.readouterr().out
+    assert "line one\n" in shown and "\\x1b[2Jline two" in shown and "\x1b" not in shown  # inert
+    assert cli.main(["logs", run_id, "--follow", "--sandbox"]) == 0  # over: printed, exit status 0
+    assert "line two" in capsys.readouterr().out
+
+
+def test_logs_follow_prints_a_running_jobs_lines_as_they_come_and_stops_when_it_ends(sandbox_env, tmp_path, capsys):
+    """The agent uploads the log every 60 s and at the end: the first line arrives while the job
+    still runs, the last one with its end, and the follow stops on status.json's final state."""
+    task = _task(tmp_path, "echo first-line\nsleep 75\necho second-line\nexit 3")
+    run_id = _start(task, capsys)
+    _wait(run_id, ("running",))
+    came: list[tuple[float, bytes]] = []
+
+    def write(chunk: bytes, final: bool = False) -> None:
+        if chunk:
+            came.append((time.monotonic(), chunk))
+
+    got = api.logs(run_id, follow=True, write=write, sandbox=True)
+    ended = time.monotonic()
+    assert got["source"] == "s3" and got["state"] == "failed" and got["exit_status"] == 3, got
+    text = b"".join(c for _, c in came)
+    assert text.count(b"first-line") == 1 and text.count(b"second-line") == 1  # nothing repeated
+    first = next(t for t, c in came if b"first-line" in c)
+    second = next(t for t, c in came if b"second-line" in c)
+    assert second - first > 5, "the first line came while the job ran, before the second"
+    assert ended - second < 30  # it stopped once the run ended
+    assert cli.main(["logs", run_id, "--follow", "--sandbox"]) == 3  # the CLI exits with the job's status
+    _nothing_left(run_id)
