@@ -233,7 +233,8 @@ def _kinds() -> tuple[Kind, ...]:
                                   for r in find_spot_requests(c.ec2, run)], _cancel_spot, batch=True),
         Kind("instances", "instances",
              lambda c, run, log: [{"id": i.id, "run_id": i.run_id or "", "name": i.name or "", "state": i.state,
-                                   "instance_type": i.type} for i in find_instances(c.ec2, run)], _terminate, batch=True),
+                                   "instance_type": i.type} for i in find_instances(c.ec2, run)], _terminate, batch=True,
+             after=("auto_scaling_groups",)),  # a group AWS would not delete replaces what is terminated under it
         Kind("security_groups", "security group",
              lambda c, run, log: [_row(g, "GroupId") for g in find_security_groups(c.ec2, run)],
              _delete_group, after=("instances",)),
@@ -316,14 +317,20 @@ def delete_everything(ec2: Client, found: dict[str, list[dict[str, Any]]], keys_
             removed.setdefault(kind.key, [])
         if not ids:
             continue
-        blocked = [KIND[a].label for a in kind.after if any(r["id"] in left for r in found.get(a, []))]
-        missing = kind.needs is not None and getattr(c, kind.needs) is None
-        if missing or blocked:
-            why = f"{blocked[0]} still there" if blocked else f"no {kind.needs} client given"
+        if kind.needs is not None and getattr(c, kind.needs) is None:
+            why = f"no {kind.needs} client given"
             left.update({i: why for i in ids})
             if on_failure:
                 on_failure(kind.label, ids, why)
-        else:
+            continue
+        blocked = _blocked(kind, ids, found, left)
+        for label, held in _grouped(blocked).items():
+            why = f"{label} still there"
+            left.update({i: why for i in held})
+            if on_failure:
+                on_failure(kind.label, held, why)
+        ids = [i for i in ids if i not in blocked]
+        if ids:
             for batch in ([ids] if kind.batch else [[i] for i in ids]):
                 try:
                     kind.remove(c, batch if kind.batch else batch[0], log)
@@ -336,6 +343,31 @@ def delete_everything(ec2: Client, found: dict[str, list[dict[str, Any]]], keys_
                         on_failure(kind.label, batch, why)
     removed["left"] = [f"{i} ({why})" for i, why in left.items()]
     return removed
+
+
+def _blocked(kind: Kind, ids: list[str], found: dict[str, list[dict[str, Any]]], left: dict[str, str]) -> dict[str, str]:
+    """Of ``ids`` (of ``kind``), those an ``after`` kind of their own run still holds: id -> that
+    kind's label (pure). A resource of the same run that could not go blocks it (one run's group
+    that AWS keeps refusing stops the termination of that run's instances, which it would replace,
+    not another run's); a row without a run id is blocked by anything left before it."""
+    run_of = {r["id"]: r.get("run_id") or None for rows in found.values() for r in rows}
+    stuck = {a: {run_of.get(r["id"]) for r in found.get(a, []) if r["id"] in left} for a in kind.after}
+    out = {}
+    for i in ids:
+        run = run_of.get(i)
+        label = next((KIND[a].label for a, runs in stuck.items()
+                      if runs and (run is None or None in runs or run in runs)), None)
+        if label:
+            out[i] = label
+    return out
+
+
+def _grouped(blocked: dict[str, str]) -> dict[str, list[str]]:
+    """{label: [ids]} of ``_blocked``'s answer, in its order (pure)."""
+    out: dict[str, list[str]] = {}
+    for i, label in blocked.items():
+        out.setdefault(label, []).append(i)
+    return out
 
 
 def delete_security_group(ec2: Client, group_id: str, timeout_s: float = 300, delay_s: float = 3) -> None:

@@ -161,3 +161,35 @@ def test_the_ended_runs_leftovers_never_take_what_a_live_group_needs(aws, spec, 
         assert run in sweep.ended_leftovers(aws.ec2)  # without the group known, it would have gone
     finally:
         sweep.delete_run(aws.ec2, run, tmp_path, autoscaling=asg)
+
+
+def test_a_group_aws_will_not_delete_keeps_its_own_runs_instances_but_no_other_runs(aws, spec, tmp_path):
+    """Terminating the instances of a group that is still there only has the group launch others:
+    a sweep leaves that run's instances (reported), and still ends another run's."""
+    asg, run, other = aws.client("autoscaling"), "run-asg-stuck", "run-asg-free"
+    subnets = list(capacity.default_subnets(aws.ec2).values())[:1]
+    groups.create(aws.ec2, asg, replace(spec, run_id=run), ["g4dn.xlarge"], subnets, 1, None)
+    aws.ec2.run_instances(**instances.run_request(replace(spec, run_id=other, subnet_id=None)))
+
+    class Refusing:  # AccessDenied on DeleteAutoScalingGroup, as a policy without it answers
+        def __getattr__(self, name):
+            return getattr(asg, name)
+
+        def delete_auto_scaling_group(self, **kw):
+            raise botocore.exceptions.ClientError({"Error": {"Code": "AccessDenied", "Message": ""}},
+                                                  "DeleteAutoScalingGroup")
+    try:
+        found = {k: v for k, v in sweep.inventory(aws.ec2, autoscaling=Refusing()).items()
+                 if k in ("auto_scaling_groups", "instances")}
+        found = {k: [r for r in v if r["run_id"] in (run, other)] for k, v in found.items()}
+        mine = [r["id"] for r in found["instances"] if r["run_id"] == run]
+        theirs = [r["id"] for r in found["instances"] if r["run_id"] == other]
+        assert mine and theirs
+        done = sweep.delete_everything(aws.ec2, found, tmp_path, autoscaling=Refusing())
+        assert done["instances"] == theirs and done["auto_scaling_groups"] == []
+        assert set(done["left"]) == {f"ec2gpu-{run} (AccessDenied)"} | {f"{i} (Auto Scaling group still there)"
+                                                                           for i in mine}
+        assert [i.id for i in sweep.find_instances(aws.ec2, run, states=["running"])] == mine
+    finally:
+        sweep.delete_run(aws.ec2, run, tmp_path, autoscaling=asg)
+        sweep.delete_run(aws.ec2, other, tmp_path)

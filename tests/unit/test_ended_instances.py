@@ -43,7 +43,7 @@ def test_runs_a_live_controller_of_this_ledger_may_still_use_are_kept(tmp_path, 
     ledger.record(tmp_path, gone)
     asked = {}
     monkeypatch.setattr(sweep, "ended_leftovers",
-                        lambda ec2, keep, iam=None: asked.setdefault("keep", set(keep)) and {})
+                        lambda ec2, keep, iam=None, autoscaling=None: asked.setdefault("keep", set(keep)) and {})
     reconcile.remove_ended(type("Aws", (), {"ec2": None, "client": lambda self, service: None})(), tmp_path, tmp_path,
                            keep={"named"})
     assert asked["keep"] == {"live", "named"}
