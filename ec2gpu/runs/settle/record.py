@@ -52,6 +52,8 @@ class RunRecord(TypedDict, total=False):
     bucket: Optional[str]
     group: Optional[str]
     deadline: Optional[str]
+    # an array or a sweep (ec2gpu/pool/attempt.py): the element table, counts, the instance count over time
+    pool: dict[str, Any]
 
 
 def new(run_id: str, command: str, backend: str, artifacts: str | Path, status: str = "running",
