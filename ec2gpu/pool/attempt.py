@@ -316,7 +316,7 @@ def _follow(aws: Aws, pool: Pool, head: Node, opts: PoolOptions, addresses: list
         status = _read_status(head, opts, ui) or status
         if status is not None:
             c = status["counts"]
-            ui.progress({"done": c["done"] + c["failed"], "total": total,
+            ui.progress({"done": c["done"] + c["failed"], "total": total, "eta_s": eta_s(status, len(pool.members)),
                          "label": f"elements: {c['done']} done, {c['running']} running, {c['queued']} queued, "
                                   f"{c['failed']} failed; {len(pool.members)} instance(s)"})
             _shrink(aws, pool, status, addresses, ui)
@@ -363,6 +363,17 @@ def _ray_ended(aws: Aws, pool: Pool, iid: str, ui: ReporterLike) -> None:
     ui.note(f"worker {iid}: its Ray ended (exit status {code}); released, the others go on")
 
 
+def eta_s(status: dict[str, Any], slots: int) -> float | None:
+    """Seconds until the array ends, as its finished elements say (pure): their mean time for
+    each element still to run, ``slots`` at a time, the running ones half done; None before any
+    element has finished."""
+    times = [e["seconds"] for e in status["elements"] if e["status"] in ("succeeded", "failed") and e["seconds"]]
+    if not times or slots < 1:
+        return None
+    mean, c = sum(times) / len(times), status["counts"]
+    return round(mean * (c["queued"] + c["running"] / 2) / slots, 1)
+
+
 def _shrink(aws: Aws, pool: Pool, status: dict[str, Any], addresses: list[str], ui: ReporterLike) -> None:
     """Release the workers the pool no longer needs (records.idle_workers): Ray stopped on each,
     then its instance terminated (without waiting)."""
@@ -392,8 +403,11 @@ def _home(head: Node, job: TaskJob, local_out: Path, config: Path, ui: ReporterL
                            head.instance_id, limits, warn=lambda line: ui.note(f"warning: {line}"))
     ui.note(f"outputs: {len(names)} file(s) brought home" + (f" by {how}" if names else "") +
             f" to {local_out / 'outputs'}")
-    logs, _ = sync.pull(head.conn, f"{head.run_dir}/pool/logs", local_out / "logs", [], config, head.instance_id,
-                        limits, warn=lambda line: ui.note(f"warning: {line}"))
+    sync.pull(head.conn, f"{head.run_dir}/pool/logs", local_out / "logs", [], config, head.instance_id,
+              limits, warn=lambda line: ui.note(f"warning: {line}"))
+    from ..runs.execute.nodes import copy_log
+    local_out.mkdir(parents=True, exist_ok=True)
+    copy_log(head.conn, f"{head.run_dir}/job.log", local_out / "job.log", job.mask)  # the driver's: `ec2gpu logs RUN`
     status = _read_status(head, opts, ui)
     if status is not None:
         _accuracies(status, job, local_out)

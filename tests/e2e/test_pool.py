@@ -3,6 +3,8 @@
 and `ec2gpu train mnist --sweep` of a 2 x 3 grid. Ray's head and workers start on the sandbox
 instances' own loopback addresses; everything is removed afterwards."""
 import json
+import os
+import subprocess
 import time
 
 import boto3
@@ -10,7 +12,7 @@ import pytest
 
 from ec2gpu.sandbox import control
 
-from test_spot_recovery import assert_nothing_left, drive  # same folder (pytest prepend import mode)
+from test_spot_recovery import EC2GPU, assert_nothing_left, drive  # same folder (pytest prepend import mode)
 
 pytestmark = pytest.mark.e2e
 NEEDS_MNIST = False  # the array needs none; the sweep asks for the fixture itself
@@ -98,6 +100,9 @@ def test_an_array_over_three_workers_shrinks_its_pool_before_its_last_element_en
             assert (rule["IpProtocol"], rule.get("FromPort"), rule.get("ToPort")) == ("tcp", 22, 22), rule
     assert any(pair["GroupId"] == group["GroupId"] for rule in group["IpPermissions"]
                for pair in rule.get("UserIdGroupPairs", []))
+    shown = subprocess.run([EC2GPU, "logs", record["run_id"], "--index", "11"], capture_output=True, text=True,
+                           env=dict(os.environ), timeout=60)  # an element's own log, from the artifacts
+    assert shown.returncode == 0 and shown.stdout.startswith("element 11 of 12 on "), shown
     assert_nothing_left(home, record)
 
 

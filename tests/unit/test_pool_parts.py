@@ -195,3 +195,27 @@ def test_a_dry_run_shows_the_array(no_aws, monkeypatch, capsys):
     assert plan["array"]["first"][0] == {"EC2GPU_ARRAY_INDEX": "0", "EC2GPU_ARRAY_SIZE": "12"}
     assert cli.main(["run", "t.yaml", "--dry-run", "--sandbox", "--array", "3,7"]) == 0
     assert "array: 2 of 12 elements (3, 7) over at most 2 instance(s)" in capsys.readouterr().out
+
+
+def test_the_eta_comes_from_the_finished_elements():
+    st = {"counts": {"queued": 4, "running": 2}, "elements": [
+        {"status": "succeeded", "seconds": 10.0}, {"status": "failed", "seconds": 20.0}, {"status": "running",
+                                                                                        "seconds": None}]}
+    assert attempt.eta_s(st, 2) == 15.0 * 5 / 2
+    assert attempt.eta_s({"counts": {}, "elements": []}, 2) is None
+
+
+def test_an_elements_log_comes_from_the_finished_runs_artifacts(tmp_path):
+    from ec2gpu.runs.execute import logs
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "3.log").write_text("element 3\n")
+    (tmp_path / "pool.json").write_text(json.dumps({"elements": [{"index": 3, "exit_status": 7}]}))
+    row = {"run_id": "r1", "artifacts": str(tmp_path)}
+    path, status = logs.element_log(tmp_path, row, "r1", 3)
+    assert path.read_text() == "element 3\n" and status == 7
+    with pytest.raises(UsageError, match="no log of element 4"):
+        logs.element_log(tmp_path, row, "r1", 4)
+    with pytest.raises(UsageError, match="not over"):
+        logs.element_log(tmp_path, None, "r1", 3)
+    with pytest.raises(UsageError, match="0 to 9,999"):
+        logs.element_log(tmp_path, row, "r1", -1)
