@@ -43,7 +43,7 @@ HEAD_PORT_WAIT_S = 300.0  # the head's Ray starts within this (s; node.py tries 
 WORKER_JOIN_WAIT_S = 120.0  # the driver starts once every worker's Ray is up, or this has passed (s)
 MAX_ELEMENT_OUTPUT_BYTES = 256 * 1024 * 1024  # one element's outputs, carried home through the head
 MAX_ELEMENT_LOG_BYTES = 4 * 1024 * 1024  # one element's log kept on the head (its last bytes)
-STOP_GRACE_S = 5.0  # a released node's Ray group gets SIGTERM, then SIGKILL after this (s)
+BRING_EVERY_S = 10.0  # finished elements' outputs come home this often while the array runs (s)
 
 
 @dataclass
@@ -164,16 +164,14 @@ def _wait_ready(nd: Node, timeout_s: float, required: bool = True) -> str | None
 
 
 def stop_ray(nd: Node, log: Callable[[str], None]) -> None:
-    """End node ``nd``'s Ray (its process group: SIGTERM, SIGKILL after STOP_GRACE_S); a node that
-    cannot be reached is left to its instance's termination."""
+    """End node ``nd``'s Ray: SIGTERM to its process group (it leaves at once: node.py's
+    HEALTH_CHECKS), without waiting, as its instance is terminated next; a node that cannot be
+    reached is left to that termination."""
     from ..remote import jobs, ssh
     if nd.pid is None:
         return
-    group = f"-{int(nd.pid)}"
     try:
-        ssh.run(nd.conn, f"kill -TERM -- {group} 2>/dev/null; for _ in $(seq {int(STOP_GRACE_S * 10)}); do "
-                         f"kill -0 -- {group} 2>/dev/null || exit 0; sleep 0.1; done; kill -KILL -- {group} 2>/dev/null; "
-                         "true", timeout_s=STOP_GRACE_S + 20)
+        ssh.run(nd.conn, f"kill -TERM -- -{int(nd.pid)} 2>/dev/null; true", timeout_s=20)
     except (*jobs.CONNECTION_ERRORS, RemoteError, WaitTimeout) as exc:
         log(f"node {nd.index} ({nd.instance_id}): Ray not stopped ({type(exc).__name__}); its instance ends anyway")
 
@@ -209,7 +207,15 @@ def run_attempt(aws: Aws, settings: Settings, opts: PoolOptions, run_id: str, ui
     from ..remote import jobs, ssh_config as sc
     from ..runs.execute import engine, nodes as N
 
+    from dataclasses import replace
+
     job = cast("TaskJob", opts.task)
+    done: dict[str, dict[str, Any]] = record.setdefault("pool_done", {})  # index -> its record, outputs home
+    skipped = sorted(int(k) for k in done)
+    if done:  # an earlier attempt's head was lost: what it finished (and brought home) is not run again
+        opts = replace(opts, elements=tuple(e for e in opts.elements if str(e.index) not in done))
+        ui.note(f"pool: {len(done)} element(s) finished in an earlier attempt, their outputs home; "
+                f"running the other {len(opts.elements)}")
     nodes = [N.Node(k, inst) for k, inst in enumerate(instances_)]
     pool = Pool(nodes, members={nd.instance_id: nd for nd in nodes})
     pool.count()
@@ -239,10 +245,11 @@ def run_attempt(aws: Aws, settings: Settings, opts: PoolOptions, run_id: str, ui
             _start_driver(head, pool_spec(run_id, opts, job, address, per_job), opts, settings)
             ui.note(f"pool: {records_words(opts)} over {len(nodes)} instance(s), {per_job} GPU(s) each; the driver "
                     f"runs on the head ({addresses[0]})")
-            status = _follow(aws, pool, head, opts, addresses, ui)
+            status = _follow(aws, pool, head, opts, addresses, ui,
+                             lambda st: _bring_done(head, st, done, job, local_out, config, ui))
         with ui.phase("download"):
-            status = _home(head, job, local_out, config, ui, opts) or status
-        record["pool"] = _pool_record(pool, status, opts, per_job)
+            status = _home(head, job, local_out, config, ui, opts, done) or status
+        record["pool"] = {**_pool_record(pool, status, opts, per_job), "skipped": skipped}
         failed = [e for e in status["elements"] if e["status"] != "succeeded"] if status else []
         if status is None or failed:
             first = failed[0] if failed else None
@@ -298,19 +305,21 @@ def _read_status(head: Node, opts: PoolOptions, ui: ReporterLike) -> dict[str, A
     try:
         return records.parse_status(raw, [e.as_dict() for e in opts.elements])
     except records.BadStatus as exc:
-        ui.note(f"warning: the pool's status not accepted ({exc})")
+        said = f"warning: the pool's status not accepted ({exc})"
+        if said not in getattr(ui, "notes", ()):  # once, not at every poll
+            ui.note(said)
         return None
 
 
 def _follow(aws: Aws, pool: Pool, head: Node, opts: PoolOptions, addresses: list[str],
-            ui: ReporterLike) -> dict[str, Any] | None:
+            ui: ReporterLike, on_status: Callable[[dict[str, Any]], None]) -> dict[str, Any] | None:
     """Until the driver ends: its log lines shown, the progress line, the pool shrunk, lost
-    workers noted. Returns the driver's last status."""
+    workers noted, ``on_status(status)`` after each read. Returns the driver's last status."""
     from ..aws import instances
     from ..inert import inert
     from ..remote import jobs
     cursor = jobs.LogCursor(jobs.LineSplitter(lambda line: ui.log(inert(line))))
-    status, total, last_described = None, len(opts.elements), 0.0
+    status, total, last_described, last_brought = None, len(opts.elements), 0.0, 0.0
     while True:
         jobs.drain(head.conn, f"{head.run_dir}/job.log", cursor)
         status = _read_status(head, opts, ui) or status
@@ -320,6 +329,9 @@ def _follow(aws: Aws, pool: Pool, head: Node, opts: PoolOptions, addresses: list
                          "label": f"elements: {c['done']} done, {c['running']} running, {c['queued']} queued, "
                                   f"{c['failed']} failed; {len(pool.members)} instance(s)"})
             _shrink(aws, pool, status, addresses, ui)
+            if time.monotonic() - last_brought >= BRING_EVERY_S:  # rsync's round trips: not at every poll
+                last_brought = time.monotonic()
+                on_status(status)
         if time.monotonic() - last_described > 5 * POLL_S:
             last_described = time.monotonic()
             ids = [i for i in pool.members if i != head.instance_id]
@@ -393,10 +405,29 @@ def _shrink(aws: Aws, pool: Pool, status: dict[str, Any], addresses: list[str], 
         pool.count()
 
 
+def _bring_done(head: Node, status: dict[str, Any], done: dict[str, dict[str, Any]], job: TaskJob, local_out: Path,
+                config: Path, ui: ReporterLike) -> None:
+    """The outputs and logs of the elements that succeeded since the last look, home now (rsync
+    sends only what is new), so that a lost head loses none of them: ``done`` gets their records
+    (the next attempt skips them). Raises the connection's errors (a lost head)."""
+    from ..remote import files, sync
+    new = [e for e in status["elements"] if e["status"] == "succeeded" and str(e["index"]) not in done]
+    if not new:
+        return
+    warn = lambda line: ui.note(f"warning: {line}")  # noqa: E731
+    sync.pull(head.conn, f"{head.run_dir}/out", local_out / "outputs", job.task.outputs, config, head.instance_id,
+              files.Limits(), warn=warn)
+    sync.pull(head.conn, f"{head.run_dir}/pool/logs", local_out / "logs", [], config, head.instance_id,
+              files.Limits(), warn=warn)
+    for e in new:
+        done[str(e["index"])] = e
+
+
 def _home(head: Node, job: TaskJob, local_out: Path, config: Path, ui: ReporterLike,
-          opts: PoolOptions) -> dict[str, Any] | None:
+          opts: PoolOptions, done: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     """Outputs (``outputs/<index>/``), element logs (``logs/<index>.log``) and the driver's
-    record (``pool.json``) home from the head; the record as checked."""
+    record (``pool.json``) home from the head; the record as checked, with the elements an
+    earlier attempt finished (``done``) in it."""
     from ..remote import files, sync
     limits = files.Limits()
     names, how = sync.pull(head.conn, f"{head.run_dir}/out", local_out / "outputs", job.task.outputs, config,
@@ -410,6 +441,11 @@ def _home(head: Node, job: TaskJob, local_out: Path, config: Path, ui: ReporterL
     copy_log(head.conn, f"{head.run_dir}/job.log", local_out / "job.log", job.mask)  # the driver's: `ec2gpu logs RUN`
     status = _read_status(head, opts, ui)
     if status is not None:
+        now = {e["index"] for e in status["elements"]}
+        earlier = [e for k, e in done.items() if int(k) not in now]
+        status["elements"] = sorted(status["elements"] + earlier, key=lambda e: e["index"])
+        status["counts"]["done"] += len(earlier)
+        done.update({str(e["index"]): e for e in status["elements"] if e["status"] == "succeeded"})
         _accuracies(status, job, local_out)
         local_out.mkdir(parents=True, exist_ok=True)
         (local_out / "pool.json").write_text(json.dumps(status, indent=2))
