@@ -11,7 +11,7 @@ $(BIN)/.installed: pyproject.toml
 	# torch 2.13.0 first: on these machines it is a CPU build on disk; unpinned, pip would fetch GBs of CUDA.
 	$(BIN)/pip install -q "torch==2.13.0"
 	# the tests need every extra: the trainer, the sandbox (moto's server), JupyterLab and the test tools
-	$(BIN)/pip install -q -e ".[train,sandbox,notebook,dev]"
+	$(BIN)/pip install -q -e ".[train,sandbox,notebook,pool,dev]"
 	touch $@
 
 install: $(BIN)/.installed

@@ -29,7 +29,7 @@ echo "constraints:"; sed 's/^/  /' "$VENV/constraints.txt"
 
 # every extra, as `make install` (torch first, as there)
 "$VENV/bin/pip" install -q -c "$VENV/constraints.txt" "torch==2.13.0"
-"$VENV/bin/pip" install -q -c "$VENV/constraints.txt" -e ".[train,sandbox,notebook,dev]"
+"$VENV/bin/pip" install -q -c "$VENV/constraints.txt" -e ".[train,sandbox,notebook,pool,dev]"
 echo "installed:"; "$VENV/bin/pip" freeze --exclude-editable | grep -iE "^($(sed 's/==.*//' "$VENV/constraints.txt" | paste -sd'|'))==" | sed 's/^/  /'
 
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/unit "$@"

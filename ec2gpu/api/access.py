@@ -96,7 +96,7 @@ def ssh_config(*, region: Optional[str] = None, sandbox: bool = False, log: Log 
 
 
 def logs(name: str, *, follow: bool = False, write: Optional[Write] = None, region: Optional[str] = None,
-         sandbox: bool = False, log: Log = _quiet) -> dict:
+         sandbox: bool = False, log: Log = _quiet, index: Optional[int] = None) -> dict:
     """A run's job log; `ec2gpu logs`. ``name``: a run id (or a unique prefix), Name tag or instance id.
 
     A run that is over: its job.log as it was brought home (this machine's files alone, no AWS).
@@ -109,6 +109,9 @@ def logs(name: str, *, follow: bool = False, write: Optional[Write] = None, regi
     gets the log's bytes as they come, raw (the job's; a terminal needs them made inert), and
     ``final=True`` once at its end; without ``write`` they are collected and returned as "log"
     (text, UTF-8, an undecodable byte as U+FFFD).
+
+    ``index``: an array's or a sweep's element (ec2gpu/pool/): its own log, as it came home with
+    the run (logs/INDEX.log of its artifacts; an array's run that is over), "exit_status" its own.
 
     Returns {"exit_status", "run_id", "instance_id", "source"}: "source" is "saved" (brought home;
     "instance_id" None), "s3" (a detached run; "instance_id" None, and "state": status.json's
@@ -133,6 +136,10 @@ def logs(name: str, *, follow: bool = False, write: Optional[Write] = None, regi
 
     home = settings_mod.load({"region": region}).home
     row = run_logs.finished(home, name)
+    if index is not None:  # an element's log: the run is over and brought it home (this machine's files)
+        path, status = run_logs.element_log(home, row, name, index)
+        emit(path.read_bytes(), final=True)
+        return result(exit_status=status, run_id=row["run_id"] if row else name, instance_id=None, source="saved")
     if row is not None and not _maybe_detached(row):  # over: the log is on this machine, no AWS needed
         emit(run_logs.saved_log(home, row["run_id"]).read_bytes(), final=True)
         return result(exit_status=run_logs.exit_status_of(row), run_id=row["run_id"], instance_id=None,

@@ -114,7 +114,8 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
         sandbox: bool = False, reporter: Optional[ReporterLike] = None, on_warning=lambda text: None,
         as_typed: Optional[str] = None, baked: bool = True, workdir_outside: bool = False,
         allow_larger: bool = False, dry_run: bool = False, infra: Optional[str] = None,
-        detach: bool = False) -> Union[dict, RunRecord]:
+        detach: bool = False, array: Union[int, str, None] = None, workers: Optional[int] = None,
+        gpus_per_job: Optional[int] = None, max_retries: Optional[int] = None) -> Union[dict, RunRecord]:
     """Run a task on new instances end to end (estimate, launch, sync, setup, job, outputs home,
     teardown, bill); return its run record.
 
@@ -141,6 +142,14 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
     ``detach``: hand the run to AWS and return once its Auto Scaling group is made
     (runs/detached/launch.start: the record has status "detached", its bucket, group and deadline);
     the job runs, recovers from spot interruptions and ends its group with nobody watching.
+    ``array`` (100, '0-99', '3,7,12'; over the task's own ``array:``), or the task's ``array:`` or
+    ``sweep:``: run the task's ``run`` once per element over a pool of at most ``workers``
+    instances (the task's max_workers, else 1), spot unless ``spot`` is False or the task says
+    ``spot: false``, scheduled by Ray (ec2gpu/pool/), each element holding ``gpus_per_job`` GPUs
+    and run again up to ``max_retries`` times when it exits non-zero;
+    the record's ``pool`` has the element table (index, status, attempts, node, seconds, exit
+    status, cost share) and the instance count over time. Needs Ray here (``pip install
+    'ec2gpu[pool]'``).
     Raises as the module docstring says.
     """
 
@@ -164,6 +173,7 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
     job, reporter = _prepare(task, command, workdir, name, env, secrets, max_upload, include_secrets, reporter,
                              warn, workdir_outside, overrides or None, infra)
     res = job.task.resources
+    elements = _elements(job.task, array, workers, gpus_per_job, max_retries, nodes, detach)
     run_region = region or infra_region or res.region
     if infra_zone:
         from ..tasks.load import zone_note
@@ -188,7 +198,9 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
         backend = "sandbox" if st.sandbox else "aws"
         limit = limits.for_task(st.home, job.name, backend, max_runtime, job.task.max_runtime)
         idle = _idle_seconds(job.task, limit)
-        return dryrun.plan(job, st, [t.strip() for t in types_for(st.instance_type)], nodes=nodes or job.task.nodes,
+        return dryrun.plan(job, st, [t.strip() for t in types_for(st.instance_type)],
+                           nodes=_pool_size(job.task, elements, workers) if elements else nodes or job.task.nodes,
+                           elements=elements,
                            spot=res.spot if spot is None else spot, spot_fallback=spot_fallback, limit=limit,
                            idle_seconds=idle, ami=_ami(ami, res, st.region),
                            baked=baked, expect_minutes=expect_min, backend=backend, warnings=warned,
@@ -215,7 +227,57 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
         if detach:
             from ..runs.detached import launch
             return launch.start(ctx.aws, settings, opts, reporter, ctx.backend)
+        if elements:
+            from dataclasses import fields
+            from ..pool import attempt as pool_attempt
+            from ..pool import records as pool_records
+            from ..runs.options import PoolOptions
+            pool_attempt.ray_version()  # refused before anything is created when Ray is not here
+            # a pool is spot unless asked otherwise (--on-demand, or the task's resources.spot: false)
+            pool_spot = spot if spot is not None else res.spot if "spot" in res.model_fields_set else True
+            popts = PoolOptions(**{f.name: getattr(opts, f.name) for f in fields(opts)
+                                   if f.name not in ("task", "nodes", "spot")},
+                                task=job, spot=pool_spot,
+                                nodes=_pool_size(job.task, elements, workers), elements=tuple(elements),
+                                gpus_per_job=gpus_per_job or job.task.gpus_per_job,
+                                max_retries=job.task.max_retries if max_retries is None else max_retries)
+            return pool_records.with_cost_shares(pipeline.train(ctx.aws, settings, popts, reporter, ctx.backend))
         return pipeline.train(ctx.aws, settings, opts, reporter, ctx.backend)
+
+
+def _elements(task, array, workers, gpus_per_job, max_retries, nodes, detach) -> list:
+    """The array's elements (tasks/arrays.elements; [] for a task that is no array), its flags
+    checked. Raises UsageError: a bad --array, pool flags without an array, --nodes or --detach
+    with one."""
+    from ..tasks import arrays
+    try:
+        elements = arrays.elements(task.array, task.sweep, array)
+    except ValueError as exc:
+        raise UsageError(f"--array: {exc}" if array is not None else f"the task's array/sweep: {exc}",
+                         "e.g. --array 100, --array 0-99 or --array 3,7,12") from None
+    pool_flags = [f for f, v in (("--workers", workers), ("--gpus-per-job", gpus_per_job),
+                                 ("--max-retries", max_retries)) if v is not None]
+    if not elements and pool_flags:
+        raise UsageError(f"{pool_flags[0]} is for an array or a sweep", "add --array N, or array:/sweep: to the task")
+    if elements and (nodes or 1) > 1:
+        raise UsageError("--nodes runs one job over several instances; an array runs each element on one",
+                         "drop --nodes, and give --workers N for the pool's size")
+    if elements and detach:
+        raise UsageError("an array or a sweep does not run detached yet", "drop --detach (the pool's driver runs on "
+                                                                          "its head; see docs/pool.md)")
+    if workers is not None and not 1 <= workers <= 64:
+        raise UsageError(f"--workers {workers}: 1 to 64", "e.g. --workers 3")
+    if gpus_per_job is not None and not 1 <= gpus_per_job <= 64:
+        raise UsageError(f"--gpus-per-job {gpus_per_job}: 1 to 64", "e.g. --gpus-per-job 1")
+    if max_retries is not None and not 0 <= max_retries <= 10:
+        raise UsageError(f"--max-retries {max_retries}: 0 to 10", "e.g. --max-retries 2")
+    return elements
+
+
+def _pool_size(task, elements: list, workers: Optional[int]) -> int:
+    """The pool's instances (pure): --workers, else the task's max_workers; never more than
+    the elements."""
+    return max(1, min(workers or task.max_workers, len(elements)))
 
 
 def _infra(infra: Optional[str], region: Optional[str]) -> tuple[Optional[str], Optional[str]]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from dataclasses import replace
-from typing import TYPE_CHECKING, Callable, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Union
 
 from ..errors import UsageError
 
@@ -47,7 +47,9 @@ def train_mnist(*, instance_type: Optional[str] = None, spot: bool = False, spot
                 max_price: Optional[float] = None, cluster: Optional[str] = None, nodes: int = 1,
                 max_attempts: Optional[int] = None, checkpoint_uri: Optional[str] = None,
                 unreachable_after: float = 120.0, region: Optional[str] = None, sandbox: bool = False,
-                reporter: Optional[ReporterLike] = None, as_typed: Optional[str] = None) -> RunRecord:
+                reporter: Optional[ReporterLike] = None, as_typed: Optional[str] = None,
+                sweep: Optional[Mapping[str, Sequence[Any]]] = None, workers: Optional[int] = None,
+                max_retries: int = 2) -> RunRecord:
     """Train the built-in MNIST job on a new instance (or ``nodes`` of them through torchrun), bring
     its results home and terminate everything; `ec2gpu train mnist`. Returns the run record (also
     saved as run.json and in the ledger: run_id, status, instance_type, market, test_acc, phases
@@ -65,7 +67,11 @@ def train_mnist(*, instance_type: Optional[str] = None, spot: bool = False, spot
     instance); ``cluster``: train on the nodes a standing cluster has now and leave it running;
     ``local``: train on this machine (needs torch; ``data_dir``: its MNIST directory); ``out``:
     where artifacts go (default runs/<run-id>/). ``reporter``: a runs.execute.reporter.Reporter (default:
-    silent); ``as_typed``: the command line, for the ledger.
+    silent); ``as_typed``: the command line, for the ledger. ``sweep`` ({trainer flag: values}, e.g.
+    {"lr": [0.1, 0.05], "seed": [0, 1, 2]}: every combination): one training per parameter set,
+    over a pool of at most ``workers`` instances scheduled by Ray (ec2gpu/pool/; each element gets
+    its parameters as flags and environment variables, up to ``max_retries`` runs again of one that
+    fails); the record's ``pool`` lists each set's test accuracy.
 
     Raises UsageError before anything is created: an unknown model, ``cluster`` with
     nodes/spot/instance_type/keep, ``keep`` without ``max_runtime``, a ``data_dir`` that is not a
@@ -89,6 +95,7 @@ def train_mnist(*, instance_type: Optional[str] = None, spot: bool = False, spot
     _at_least(max_price, 0, "--max-price", "give a price in USD/h, 0 or more")
     _at_least(max_attempts, 1, "--max-attempts", "give at least 1")
     _at_least(unreachable_after, 5, "--unreachable-after", "give at least 5 seconds")
+    elements = _sweep_elements(sweep, workers, max_retries, cluster, local, nodes, keep)
 
     from ..runs.options import TrainOptions
     from ..runs.provision import pipeline
@@ -114,7 +121,62 @@ def train_mnist(*, instance_type: Optional[str] = None, spot: bool = False, spot
             opts = replace(opts, instance_type=ctx.settings.instance_type)
         if cluster:
             return standing.train_on_cluster(ctx.aws, ctx.settings, opts, ui, cluster, ctx.backend)
+        if elements:
+            return _train_sweep(ctx, opts, ui, elements, workers, max_retries)
         return pipeline.train(ctx.aws, ctx.settings, opts, ui, ctx.backend)
+
+
+#: the names a sweep of the built-in trainer may vary: its flags (train/mnist.py, train/presets.Hparams)
+SWEEP_FLAGS = ("model", "seed", "epochs", "batch_size", "optimizer", "lr", "momentum", "weight_decay", "schedule",
+               "lr_decay", "warmup_frac", "dropout", "label_smoothing")
+
+
+def _sweep_elements(sweep, workers, max_retries, cluster, local, nodes, keep) -> list:
+    """The elements of a sweep of the built-in trainer, each with its parameters as trainer flags
+    ([] without a sweep). Raises UsageError: an unknown flag, a bad value, a sweep with --cluster,
+    --local, --nodes or --keep, --workers or --max-retries out of range or without a sweep."""
+    if not sweep:
+        if workers is not None:
+            raise UsageError("--workers is for a sweep", "add --sweep NAME=V1,V2 (e.g. --sweep lr=0.1,0.05)")
+        return []
+    from ..tasks import arrays
+    unknown = [k for k in sweep if k not in SWEEP_FLAGS]
+    if unknown:
+        raise UsageError(f"--sweep {unknown[0]}: not a flag of the built-in trainer", f"sweep {', '.join(SWEEP_FLAGS)}")
+    if cluster or local or nodes > 1 or keep:
+        raise UsageError("a sweep runs on a pool of new instances", "drop --cluster, --local, --nodes and --keep")
+    if workers is not None and not 1 <= workers <= 64:
+        raise UsageError(f"--workers {workers}: 1 to 64", "e.g. --workers 3")
+    if not 0 <= max_retries <= 10:
+        raise UsageError(f"--max-retries {max_retries}: 0 to 10", "e.g. --max-retries 2")
+    try:
+        elements = arrays.elements(None, dict(sweep))
+    except ValueError as exc:
+        raise UsageError(f"--sweep: {exc}", "e.g. --sweep lr=0.1,0.05 --sweep seed=0,1,2") from None
+    if "model" in sweep:
+        bad = [m for m in sweep["model"] if m not in MODELS]
+        if bad:
+            raise UsageError(f"--sweep model: unknown model {bad[0]!r}", "choose cnn, lenet, mlp or dbn")
+    return [e.with_flags() for e in elements]
+
+
+def _train_sweep(ctx, opts, ui, elements, workers, max_retries) -> RunRecord:
+    """The sweep as a pool run of the built-in task (runs/options.PoolOptions)."""
+    from dataclasses import fields
+
+    from ..pool import attempt as pool_attempt
+    from ..pool import records as pool_records
+    from ..runs.options import PoolOptions
+    from ..runs.provision import pipeline
+    pool_attempt.ray_version()
+    opts = replace(opts, nodes=max(1, min(workers or 1, len(elements))))  # --spot as given: on-demand by default here
+    if ctx.backend.is_sandbox:  # the sandbox's MNIST, as pipeline.train gives a single run
+        opts = replace(opts, trainer_args=[*opts.trainer_args, *pipeline.sandbox_data_args(opts.trainer_args)])
+    job = pipeline.builtin_task(opts, sandbox=ctx.backend.is_sandbox)
+    same = {f.name for f in fields(PoolOptions)} - {"task", "elements", "gpus_per_job", "max_retries"}
+    popts = PoolOptions(**{name: getattr(opts, name) for name in same}, task=job, elements=tuple(elements),
+                        max_retries=max_retries)
+    return pool_records.with_cost_shares(pipeline.train(ctx.aws, ctx.settings, popts, ui, ctx.backend))
 
 
 def bench(*, instance_type: Optional[str] = None, spot: bool = False, local: bool = False, quick: bool = False,

@@ -30,6 +30,8 @@ def ssh_cmd(ctx_: typer.Context, name: str = typer.Argument(..., help="Name, ins
 def logs(name: str = typer.Argument(..., help="Run id, name or instance id."),
          follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming until the job ends, "
                                      "reconnecting when SSH drops (no line missed or repeated)."),
+         index: Optional[int] = typer.Option(None, "--index", help="An array's or a sweep's element: its own "
+                                             "log, once the run is over (logs/INDEX.log of its artifacts)."),
          region: Optional[str] = REGION, sandbox: bool = SANDBOX):
     """Print a run's job log, from its instance or, once the run is over, from its artifacts.
 
@@ -40,7 +42,8 @@ def logs(name: str = typer.Argument(..., help="Run id, name or instance id."),
     from ..api import access as ops
 
     write = InertWriter(sys.stdout.buffer)
-    shown = ops.logs(name, follow=follow, write=write, region=region, sandbox=_sandbox_flag(sandbox), log=note)
+    shown = ops.logs(name, follow=follow, write=write, region=region, sandbox=_sandbox_flag(sandbox), log=note,
+                     index=index)
     if shown["source"] == "s3" and follow:
         if shown["exit_status"] is None:
             say(err, f"run {shown['run_id']} is {shown['state']} and its group has ended; "

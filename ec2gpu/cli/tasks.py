@@ -8,7 +8,9 @@ from typing import Any, List, Mapping, Optional
 import typer
 
 from ..errors import UsageError
-from . import JSON, REGION, SANDBOX, RichReporter, _print_record, _sandbox_flag, app, err, out, render_json, say, warn
+from ..inert import inert
+from . import (JSON, REGION, SANDBOX, RichReporter, _print_record, _sandbox_flag, app, err, out, render_json, say,
+               table, table_row, warn)
 
 
 def _one_line(text: str) -> None:
@@ -104,6 +106,17 @@ def run_cmd(
     detach: bool = typer.Option(False, "--detach", help="Hand the run to AWS and return: an Auto Scaling group "
                                 "runs it (a spot instance lost is replaced and the job resumes from its last "
                                 "checkpoint in S3), with nobody watching; `ec2gpu status RUN` follows it."),
+    array: Optional[str] = typer.Option(None, "--array", help="Run the task's run once per index over a pool "
+                                        "scheduled by Ray: 100 (indices 0-99), 0-99, or 3,7,12 to rerun some; each "
+                                        "element gets EC2GPU_ARRAY_INDEX and EC2GPU_ARRAY_SIZE, its outputs come "
+                                        "home under outputs/INDEX/. A task's array: or sweep: needs no flag."),
+    workers: Optional[int] = typer.Option(None, "--workers", help="An array's pool: instances at most (default: "
+                                          "the task's max_workers, else 1); it shrinks as the queue drains."),
+    gpus_per_job: Optional[int] = typer.Option(None, "--gpus-per-job", help="An array's elements: GPUs each "
+                                               "(default: the task's GPU count)."),
+    max_retries: Optional[int] = typer.Option(None, "--max-retries", help="An array's elements: runs again of one "
+                                              "that exits non-zero (default 2); one on a lost instance always runs "
+                                              "again."),
     region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
 ):
     """Run your own job on new GPU instances: send the workdir, set up, run, bring outputs home, terminate.
@@ -122,14 +135,40 @@ def run_cmd(
         max_price=max_price, max_attempts=max_attempts, max_upload=_size(max_upload), include_secrets=include_secrets,
         out=out_dir, ssh_cidr=ssh_cidr, ami=ami, region=region, sandbox=_sandbox_flag(sandbox),
         reporter=RichReporter(err), on_warning=_warn, as_typed=" ".join(["ec2gpu", *sys.argv[1:]]), baked=not no_baked,
-        workdir_outside=workdir_outside, allow_larger=allow_larger, dry_run=dry_run, infra=infra, detach=detach)
+        workdir_outside=workdir_outside, allow_larger=allow_larger, dry_run=dry_run, infra=infra, detach=detach,
+        array=array, workers=workers, gpus_per_job=gpus_per_job, max_retries=max_retries)
     if dry_run:
         _print_plan(record, as_json)
         return
     if detach:
         _print_detached(record, as_json)
         return
+    if record.get("pool") and not as_json:
+        _print_pool(record["pool"])
     _print_record(record, as_json)
+
+
+def _print_pool(pool) -> None:
+    """An array's table: index, status, attempts, instance address, seconds, exit status, cost
+    share, and where there are any, the sweep's parameters and each element's test accuracy (every
+    value inert: it came from the instance)."""
+    elements = pool["elements"]
+    params = any(e.get("params") for e in elements)
+    accuracy = any(e.get("test_accuracy") is not None for e in elements)
+    t = table("index", "status", "tries", "node", "s", "exit", "USD", *(["parameters"] if params else []),
+              *(["test acc"] if accuracy else []),
+              title=f"array: {len(elements)} element(s), {pool['gpus_per_job']} GPU(s) each")
+    for e in elements:
+        share = e.get("cost_usd")
+        table_row(t, str(e["index"]), e["status"], str(e["attempts"]), inert(e.get("node") or "-"),
+                  "-" if e.get("seconds") is None else f"{e['seconds']:.1f}",
+                  "-" if e.get("exit_status") is None else str(e["exit_status"]),
+                  "-" if share is None else f"{share:.4f}",
+                  *([" ".join(f"{k}={inert(v)}" for k, v in e.get("params", {}).items())] if params else []),
+                  *(["-" if e.get("test_accuracy") is None else f"{e['test_accuracy']:.4f}"] if accuracy else []))
+    say(out, t)
+    over = ", ".join(f"{p['instances']} at {p['seconds']:.0f} s" for p in pool.get("instances_over_time", []))
+    say(out, f"instances over time: {over}", "dim")
 
 
 def _print_detached(record, as_json: bool) -> None:

@@ -53,6 +53,28 @@ CHECKPOINT_URI_OPT = typer.Option(None, "--checkpoint-uri", help="s3://BUCKET/PR
                                   "credentials). Checkpoints always come home to --out/checkpoints.")
 UNREACHABLE_AFTER_OPT = typer.Option(120.0, "--unreachable-after", min=5, help="Seconds of SSH "
                                      "unreachability after which the instance counts as lost.")
+SWEEP_OPT = typer.Option([], "--sweep", help="NAME=V1,V2: train once per combination of the values given (a "
+                         "grid), over a pool scheduled by Ray; repeatable, e.g. --sweep lr=0.1,0.05 --sweep "
+                         "seed=0,1,2 (6 trainings). NAME: a trainer flag (model, seed, epochs, lr, batch_size, ...).")
+WORKERS_OPT = typer.Option(None, "--workers", help="With --sweep: instances in the pool at most (default 1); it "
+                           "shrinks as the queue drains.")
+MAX_RETRIES_OPT = typer.Option(2, "--max-retries", help="With --sweep: runs again of a training that fails.")
+
+
+def sweep_flags(values: List[str]) -> dict[str, list[str]]:
+    """``--sweep NAME=V1,V2`` flags -> {NAME: [V1, V2]} (pure). Raises UsageError for one without
+    ``=`` or values, or a name given twice."""
+    from ..errors import UsageError
+    sweep: dict[str, list[str]] = {}
+    for value in values:
+        name, eq, listed = value.partition("=")
+        items = [v.strip() for v in listed.split(",") if v.strip()]
+        if not eq or not name.strip() or not items:
+            raise UsageError(f"--sweep {value!r}: give NAME=V1,V2", "e.g. --sweep lr=0.1,0.05")
+        if name.strip() in sweep:
+            raise UsageError(f"--sweep {name.strip()} is given twice", "list all its values once: NAME=V1,V2,V3")
+        sweep[name.strip()] = items
+    return sweep
 
 
 @train_app.command("mnist")
@@ -65,7 +87,8 @@ def train_mnist(
     budget: Optional[float] = BUDGET_OPT, max_price: Optional[float] = MAX_PRICE_OPT,
     on_cluster: Optional[str] = ON_CLUSTER_OPT, nodes: int = NODES_OPT,
     max_attempts: Optional[int] = MAX_ATTEMPTS_OPT, checkpoint_uri: Optional[str] = CHECKPOINT_URI_OPT,
-    unreachable_after: float = UNREACHABLE_AFTER_OPT,
+    unreachable_after: float = UNREACHABLE_AFTER_OPT, sweep: List[str] = SWEEP_OPT,
+    workers: Optional[int] = WORKERS_OPT, max_retries: int = MAX_RETRIES_OPT,
     region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
 ):
     """Launch a GPU instance, train MNIST on it, download the results, terminate everything.
@@ -80,5 +103,9 @@ def train_mnist(
         keep=keep, out=out_dir, local=local, ssh_cidr=ssh_cidr, ami=ami, baked=not no_baked, max_runtime=max_runtime,
         data_dir=data_dir, trainer_args=trainer_arg, budget=budget, max_price=max_price, cluster=on_cluster,
         nodes=nodes, max_attempts=max_attempts, checkpoint_uri=checkpoint_uri, unreachable_after=unreachable_after,
-        region=region, sandbox=_sandbox_flag(sandbox), reporter=RichReporter(err), as_typed=as_typed)
+        region=region, sandbox=_sandbox_flag(sandbox), reporter=RichReporter(err), as_typed=as_typed,
+        sweep=sweep_flags(sweep) or None, workers=workers, max_retries=max_retries)
+    if record.get("pool") and not as_json:
+        from .tasks import _print_pool
+        _print_pool(record["pool"])
     _print_record(record, as_json)

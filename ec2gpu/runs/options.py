@@ -9,7 +9,8 @@ a copy with ``dataclasses.replace``). They nest the way the operations do:
   standing instances (its job fields only);
 - ``TrainOptions(RunOptions)``: `ec2gpu train mnist`, the built-in trainer's flags;
 - ``BenchOptions(RunOptions)``: `ec2gpu bench`;
-- ``BakeOptions(RunOptions)``: `ec2gpu image bake`, whose job is the task's setup alone.
+- ``BakeOptions(RunOptions)``: `ec2gpu image bake`, whose job is the task's setup alone;
+- ``PoolOptions(RunOptions)``: `ec2gpu run` of an array or a sweep, over a pool (ec2gpu/pool/).
 
 The classes are keyword-only: ``RunOptions(task=job, spot=True)``.
 """
@@ -24,6 +25,7 @@ from ..settings import DEFAULT_INSTANCE_TYPE
 if TYPE_CHECKING:
     from ..aws.instances import IdleRule
     from .execute.engine import TaskJob
+    from ..tasks.arrays import Element
     from .provision.bake import BakePlan
 
 
@@ -105,3 +107,14 @@ class BakeOptions(RunOptions):
     @property
     def bake(self) -> BakePlan:
         return self.plan
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolOptions(RunOptions):
+    """`ec2gpu run` of an array or a sweep: its ``elements`` over a pool of ``nodes`` instances
+    (at most --workers, never more than the elements), each element holding ``gpus_per_job`` GPUs
+    (None: a node's), an element whose run exits non-zero run again up to ``max_retries`` times."""
+
+    elements: tuple[Element, ...]
+    gpus_per_job: int | None = None
+    max_retries: int = 2

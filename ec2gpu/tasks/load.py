@@ -751,7 +751,8 @@ def _skypilot_candidates(entries: list[Any], key: str, base: list[str], base_spo
 
 
 #: fields of ec2gpu's own format SkyPilot does not have: a file using one is read as ec2gpu's
-_OURS = ("nodes", "checkpoint_dir", "max_runtime", "budget", "ports", "idle_timeout")
+_OURS = ("nodes", "checkpoint_dir", "max_runtime", "budget", "ports", "idle_timeout", "array", "sweep", "max_workers",
+         "gpus_per_job")
 _OURS_RESOURCES = ("gpu", "spot", "disk_gib", "allow_larger", "max_price", "ami")
 
 

@@ -298,6 +298,22 @@ class Task(BaseModel):
     ports: list[Annotated[int, Field(ge=1, le=65535)]] = Field(
         default_factory=list, description="ports of node 0 forwarded to 127.0.0.1 here over SSH while the job runs "
                                           "(TensorBoard: [6006]); nothing is opened in the security group")
+    array: Optional[Union[int, str]] = Field(
+        None, description="run `run` once per index over a pool (ec2gpu/pool): 100 (indices 0-99), 0-99, or 3,7,12 "
+                          "(a rerun of some); each element gets EC2GPU_ARRAY_INDEX and EC2GPU_ARRAY_SIZE "
+                          "(AWS Batch's AWS_BATCH_JOB_ARRAY_INDEX)")
+    sweep: Optional[Union[dict[str, list[Union[bool, int, float, str]]], list[dict[str, Union[bool, int, float, str]]]]] = \
+        Field(None, description="parameter sets, each an element of an array with its parameters as environment "
+                                "variables: a grid ({lr: [0.001, 0.0003], seed: [0, 1, 2]}: 6 sets) or a list of "
+                                "sets")
+    max_workers: int = Field(1, ge=1, le=64, description="an array's pool: instances at most (--workers); it starts "
+                                                         "with what the elements need and shrinks as the queue drains")
+    gpus_per_job: Optional[int] = Field(None, ge=1, le=64, description="an array's elements: GPUs each (Ray's num_gpus; "
+                                                                       "CUDA_VISIBLE_DEVICES set per element). "
+                                                                       "Default: the task's GPU count")
+    max_retries: int = Field(2, ge=0, le=10, description="an array's elements: times one whose run exits non-zero "
+                                                         "is run again (--max-retries); one on a lost instance is "
+                                                         "always run again, and that is not counted")
     file_mounts: dict[str, Union[str, Storage]] = Field(
         default_factory=dict, description="SkyPilot's file_mounts: {path on the instance: a local path (sent like the "
                                           "workdir), s3://BUCKET/PREFIX (copied by the instance's own role), or "
@@ -360,6 +376,38 @@ class Task(BaseModel):
         if v is not None:
             minutes(v)
         return v
+
+    @field_validator("array")
+    @classmethod
+    def _array(cls, v: Union[int, str, None]) -> Union[int, str, None]:
+        from .arrays import parse_array
+        if v is not None:
+            parse_array(v)
+        return v
+
+    @field_validator("sweep")
+    @classmethod
+    def _sweep(cls, v: Any) -> Any:
+        from .arrays import sweep_sets
+        if v is not None:
+            sweep_sets(v)
+        return v
+
+    @model_validator(mode="after")
+    def _array_fits(self) -> Self:
+        if self.array is None and self.sweep is None:
+            return self
+        from .arrays import elements
+        elements(self.array, self.sweep)
+        if self.nodes > 1:
+            raise ValueError("an array or a sweep runs each element on one instance: drop nodes (or num_nodes), "
+                             "or run one job over several instances without array/sweep")
+        return self
+
+    @property
+    def is_array(self) -> bool:
+        """Whether the task asks for an array or a sweep (run over a pool, ec2gpu/pool/)."""
+        return self.array is not None or self.sweep is not None
 
     @model_validator(mode="after")
     def _secrets_are_envs(self) -> Self:

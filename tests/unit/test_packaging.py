@@ -18,7 +18,7 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 PROJECT = PYPROJECT["project"]
 
 # The subpackages that may import what only an extra installs (besides the core dependencies).
-SUBPACKAGE_EXTRAS = {"train": "train", "sandbox": "sandbox"}
+SUBPACKAGE_EXTRAS = {"train": "train", "sandbox": "sandbox", "pool": "pool"}
 # Modules outside those subpackages that import an extra's package behind a check that it is
 # installed (importlib.util.find_spec, a UsageError otherwise): (file, module) -> extra.
 GUARDED = {("runs/execute/local.py", "torch"): "train"}

@@ -63,6 +63,30 @@ def saved_log(home: Path, name: str) -> Path:
     return path
 
 
+def element_log(home: Path, row: dict[str, Any] | None, name: str, index: int) -> tuple[Path, int | None]:
+    """(the log of element ``index`` of the array run ``row`` (the ledger's row of run ``name``,
+    None when it is not over), its exit status from the run's pool.json where known). Raises
+    UsageError: a run that is not over, no such element or no log of it."""
+    if row is None:
+        raise UsageError(f"run {name!r} is not over (or not known): --index reads an element's log once the run "
+                         "has brought it home", "see `ec2gpu runs`; the run's own log: ec2gpu logs RUN")
+    if not 0 <= index < 10_000:
+        raise UsageError(f"--index {index}: an element's index is 0 to 9,999", "e.g. --index 17")
+    artifacts = Path(row.get("artifacts") or "")
+    path = artifacts / "logs" / f"{index}.log"
+    if not path.is_file():
+        raise UsageError(f"run {row['run_id']} has no log of element {index} at {path}",
+                         "is it an array's run, with that index? its table: runs/RUN/pool.json")
+    status = None
+    try:
+        elements = json.loads((artifacts / "pool.json").read_text())["elements"]
+        got = [e.get("exit_status") for e in elements if e.get("index") == index]
+        status = got[0] if got and isinstance(got[0], int) and not isinstance(got[0], bool) else None
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return path, status
+
+
 def _open(ctx: Context, inst: Instance, note: Callable[[str], None]) -> tuple[Any, Callable[[], Any]]:
     """(an SSH connection to ``inst``, a function that opens another): the run's key, the host key
     pinned (checked against the console output first if it is not yet). Raises RemoteError or

@@ -11,10 +11,11 @@ are listed in docs/tasks.md ("Seeing the plan first").
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 if TYPE_CHECKING:
     from ...settings import Settings
+    from ...tasks.arrays import Element
     from ...tasks.mounts import Mount
     from ..execute.engine import TaskJob
     from .limits import Limit
@@ -44,16 +45,19 @@ def placeholders(nodes: int) -> list[str]:
 def plan(job: TaskJob, settings: Settings, types: list[str], *, nodes: int, spot: bool, spot_fallback: str | None,
          limit: Limit, idle_seconds: int | None, ami: str | None, baked: bool, expect_minutes: float | None,
          backend: str, warnings: list[str], region_source: str | None = None, ami_source: str | None = None,
-         idle_source: str | None = None, budget_usd: float | None = None) -> dict[str, Any]:
+         idle_source: str | None = None, budget_usd: float | None = None,
+         elements: Sequence[Element] = ()) -> dict[str, Any]:
     """The plan of a run of ``job`` (an engine.TaskJob) on ``types`` (instance types in the order
     they are tried) as a JSON-ready dict; ``limit`` is a runs/plan/limits.Limit, ``idle_seconds`` the
     idle rule's (None: none); ``region_source``, ``ami_source``, ``idle_source``: where the region,
     the AMI and the idle rule come from, in words (api.run); ``budget_usd`` (--budget, the task's
-    budget) is judged as the run judges it. Prices in USD/h, sizes in bytes and GiB, times in minutes.
+    budget) is judged as the run judges it. ``elements``: an array's or a sweep's (tasks/arrays.py):
+    the plan's ``array`` says how many, over how many instances (``nodes``), and the first ones'
+    parameters. Prices in USD/h, sizes in bytes and GiB, times in minutes.
 
     Raises UsageError as catalog.lookup does for a type ec2gpu cannot run. Calls no AWS API."""
     from ...aws import catalog
-    from ...tasks import resolve
+    from ...tasks import arrays, resolve
     from . import costs
     from ..execute import engine
 
@@ -121,6 +125,11 @@ def plan(job: TaskJob, settings: Settings, types: list[str], *, nodes: int, spot
         "labels": dict(job.task.resources.labels),
         "safety": list(SAFETY) + ([ROLE_SAFETY] if any(mnt.kind == "s3" for mnt in job.mounts) else []),
         "changes": list(warnings),
+        "array": None if not elements else {
+            "elements": len(elements), "size": elements[0].size, "workers": nodes,
+            "described": arrays.describe(elements),
+            "first": [e.env() for e in elements[:3]],
+            "scheduler": "Ray on the pool's instances (ec2gpu/pool); the pool shrinks as the queue drains"},
     }
 
 
@@ -153,6 +162,10 @@ def render(p: Mapping[str, Any]) -> list[str]:
                    f"{r['gpu_memory_gib']} GiB{used}, {r['vcpus']} vCPUs, {r['memory_gib']} GiB, {price} USD/h "
                    f"on-demand ({r['asked']})")
     out += [f"  skipped: {s}" for s in p["skipped"]]
+    if p.get("array"):
+        a = p["array"]
+        out.append(f"  array: {a['described']} over at most {a['workers']} instance(s), scheduled by Ray; "
+                   f"element 0's environment: {' '.join(f'{k}={v}' for k, v in a['first'][0].items())}")
     out.append(f"  {p['nodes']} node(s), {p['market']}"
                + (f" (then {p['spot_fallback']})" if p["spot_fallback"] else "") + f"; zones: {p['zones']}")
     out.append(f"  region {p['region']} ({p.get('region_source') or 'the configured region'}); disk {p['disk_gib']} "

@@ -20,7 +20,7 @@ from ...aws.session import Aws
 from ...backend import AWS, Backend
 from ...errors import RemoteError, UsageError
 from ...settings import Settings
-from ..options import BakeOptions, LaunchOptions, RunOptions, TrainOptions
+from ..options import BakeOptions, LaunchOptions, PoolOptions, RunOptions, TrainOptions
 from ..plan import costs
 from ..settle import ledger
 from . import resources as provision
@@ -404,6 +404,10 @@ def _run_attempts(aws: Aws, settings: Settings, opts: RunOptions, run_id: str, u
         try:
             if isinstance(opts, BakeOptions):
                 return bake.bake_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, backend, n, checkpoints)
+            if isinstance(opts, PoolOptions):
+                from ...pool import attempt as pool
+                return pool.run_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, backend, n, checkpoints,
+                                        cast(dict[str, Any], record))
             return engine.run_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, backend, n, checkpoints)
         except recovery.Interrupted as why:
             ui.note(f"attempt {n} interrupted on {', '.join(a['instance_id'] for a in mine)} "

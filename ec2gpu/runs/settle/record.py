@@ -52,6 +52,9 @@ class RunRecord(TypedDict, total=False):
     bucket: Optional[str]
     group: Optional[str]
     deadline: Optional[str]
+    # an array or a sweep (ec2gpu/pool/attempt.py): the element table, counts, the instance count over time
+    pool: dict[str, Any]
+    pool_done: dict[str, Any]  # an array's elements whose outputs came home, by index (a later attempt skips them)
 
 
 def new(run_id: str, command: str, backend: str, artifacts: str | Path, status: str = "running",

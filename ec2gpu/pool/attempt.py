@@ -1,0 +1,472 @@
+"""One attempt of an array or a sweep over a pool of instances, scheduled by Ray.
+
+runs/provision/pipeline.py provisions the pool's instances (``opts.nodes`` of them, the run's
+security group letting members reach each other and nobody else reach more than SSH) and calls
+``run_attempt``. Here: every node is opened, set up and given the workdir as for any run
+(runs/execute/engine.py's steps), Ray starts on each (ec2gpu/pool/node.py: node 0 the head), and
+the driver (ec2gpu/pool/driver.py) runs on the head under the agent. While it runs, the controller
+reads the driver's status.json (ec2gpu/pool/records.py) every POLL_S seconds: the progress line,
+and the pool's shrinking: once no element waits, each worker whose node runs none is released
+(its Ray node stopped, its instance terminated), so the last element does not keep every
+instance billing. A worker that is lost (a spot interruption) takes its running elements with it:
+Ray runs them again elsewhere. The outputs (``outputs/<index>/``), each element's log and the
+driver's record come home from the head; the run record gets ``pool``: the element table and the
+instance count over time.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, cast
+
+from ..errors import RemoteError, UsageError, WaitTimeout
+from . import records
+
+if TYPE_CHECKING:
+    from ..aws.instances import Instance
+    from ..aws.session import Aws
+    from ..backend import Backend
+    from ..runs.execute.engine import TaskJob
+    from ..runs.execute.nodes import Node
+    from ..runs.execute.reporter import ReporterLike
+    from ..runs.options import PoolOptions
+    from ..runs.provision.resources import Provisioned
+    from ..runs.recover.recovery import DirCheckpoints
+    from ..settings import Settings
+
+HERE = Path(__file__).parent
+POLL_S = 2.0  # how often the controller reads the driver's status (s)
+HEAD_PORT_WAIT_S = 300.0  # the head's Ray starts within this (s; node.py tries up to 3 times)
+WORKER_JOIN_WAIT_S = 120.0  # the driver starts once every worker's Ray is up, or this has passed (s)
+MAX_ELEMENT_OUTPUT_BYTES = 256 * 1024 * 1024  # one element's outputs, carried home through the head
+MAX_ELEMENT_LOG_BYTES = 4 * 1024 * 1024  # one element's log kept on the head (its last bytes)
+BRING_EVERY_S = 10.0  # finished elements' outputs come home this often while the array runs (s)
+
+
+@dataclass
+class Pool:
+    """The pool as the controller keeps it: its nodes (node 0 the head), those still in it, and
+    the instance count over time (seconds since the pool started, instances)."""
+
+    nodes: list[Node]
+    started: float = field(default_factory=time.monotonic)
+    members: dict[str, Node] = field(default_factory=dict)  # instance id -> node, while in the pool
+    timeline: list[tuple[float, int, float]] = field(default_factory=list)  # (s since start, instances, epoch s)
+    released: list[str] = field(default_factory=list)
+    left_at: dict[str, float] = field(default_factory=dict)  # instance id -> epoch s it left the pool
+    lost: list[str] = field(default_factory=list)
+
+    def count(self) -> None:
+        now = round(time.monotonic() - self.started, 1)
+        if not self.timeline or self.timeline[-1][1] != len(self.members):
+            self.timeline.append((now, len(self.members), round(time.time(), 3)))
+
+
+def ray_version() -> str:
+    """This machine's Ray (the `pool` extra). Raises UsageError, with the install line, without it."""
+    from importlib import metadata
+    try:
+        return metadata.version("ray")
+    except metadata.PackageNotFoundError:
+        raise UsageError("an array or a sweep runs on Ray, which is not installed here",
+                         "pip install 'ec2gpu[pool]'") from None
+
+
+def check_ray(nd: Node, want: str, log: Callable[[str], None]) -> None:
+    """Make the node's Python have Ray ``want`` (this machine's version: the driver's pickles and
+    Ray's protocol need the same on both sides): kept when it has it, else installed with pip.
+    Raises RemoteError when it cannot be."""
+    from ..remote import ssh
+    python = shlex.quote(str(nd.info.get("python") or "python3"))
+    probe = f"{python} -c 'import ray; print(ray.__version__)' 2>/dev/null"
+    got = ssh.attempt(nd.conn, probe, timeout_s=120)
+    have = (got.stdout.strip().splitlines() or [""])[-1][:40]
+    if got.ok and have == want:
+        return
+    log(f"Ray {want} (this machine's) for the pool: installing it there (it has {have or 'none'})")
+    done = ssh.attempt(nd.conn, f"{python} -m pip install -q 'ray=={want}'", timeout_s=900)
+    if not done.ok:
+        raise RemoteError(f"could not install Ray {want} on node {nd.index} ({nd.instance_id})",
+                          "bake it into an image with the task's setup (ec2gpu image bake), or pin this machine's "
+                          "Ray to one the instance can install", command="pip install ray", host=nd.host,
+                          exit_status=done.exited, tail=(done.stdout + done.stderr)[-2000:])
+
+
+def _gpus(nd: Node, job: TaskJob) -> int:
+    """The GPUs of node ``nd`` the pool may hand out: its type's, or the count the task asked of
+    a larger type (tasks/resolve.gpus_asked)."""
+    from ..aws import catalog
+    from ..tasks.resolve import gpus_asked
+    got = catalog.CATALOG.get(nd.instance.type)
+    count = got.gpu_count if got else int(nd.info.get("gpu_count") or 0)
+    return gpus_asked(job.task.resources, nd.instance.type, count) or count
+
+
+def _cpus(nd: Node) -> int:
+    from ..aws import catalog
+    got = catalog.CATALOG.get(nd.instance.type)
+    return got.vcpus if got else 1
+
+
+def start_ray(nodes: list[Node], addresses: list[str], job: TaskJob, log: Callable[[str], None]) -> str:
+    """Start Ray on every node (the head first; ec2gpu/pool/node.py) and return the head's
+    address (IP:PORT). Each node's Ray runs detached from SSH in ``RUN_DIR/ray`` (``nd.pid``: its
+    process group). Raises RemoteError / WaitTimeout when the head's Ray does not start."""
+    from ..remote import files, jobs
+    from ..runs.execute import nodes as N
+
+    def launch(nd: Node, role: list[str]) -> None:
+        ray_dir = f"{nd.run_dir}/ray"
+        files.make_dirs(nd.conn, ray_dir)
+        files.put_file(nd.conn, HERE / "node.py", f"{ray_dir}/node.py")
+        python = str(nd.info.get("python") or "python3")
+        nd.pid = jobs.start(nd.conn, ray_dir, [python, f"{ray_dir}/node.py", *role, "--ip", addresses[nd.index],
+                                               "--gpus", str(_gpus(nd, job)), "--cpus", str(_cpus(nd))])
+
+    head = nodes[0]
+    launch(head, ["head", "--ready-file", f"{head.run_dir}/ray/ready"])
+    raw = _wait_ready(head, HEAD_PORT_WAIT_S) or ""
+    if not raw.isdigit() or not 0 < int(raw) < 65536:
+        raise RemoteError(f"Ray's head on {head.instance_id} gave no GCS port", "its log is above",
+                          command="ray start --head", host=head.host)
+    address = f"{addresses[0]}:{int(raw)}"
+    N.parallel(lambda nd: launch(nd, ["worker", "--address", address, "--ready-file", f"{nd.run_dir}/ray/ready"]),
+               nodes[1:])
+    joined = N.parallel(lambda nd: _wait_ready(nd, WORKER_JOIN_WAIT_S, required=False) is not None, nodes[1:])
+    late = [nd.instance_id for nd, ok in zip(nodes[1:], joined, strict=True) if not ok]
+    log(f"Ray started on {len(nodes) - len(late)} of {len(nodes)} node(s), head {address}"
+        + (f"; not yet on {', '.join(late)} (they join when they can, or are let go)" if late else ""))
+    return address
+
+
+def _wait_ready(nd: Node, timeout_s: float, required: bool = True) -> str | None:
+    """The text of the node's ready file (ec2gpu/pool/node.py: the head's GCS port, a worker's
+    "up") once its Ray is up, within ``timeout_s`` (s). Raises RemoteError when its Ray ended
+    first, WaitTimeout when it does not come (``required``; else None for either)."""
+    from ..remote import jobs
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        raw = jobs.read_from(nd.conn, f"{nd.run_dir}/ray/ready", 0, 16).decode("ascii", "replace").strip()
+        if raw:
+            return raw
+        if jobs.exit_status(nd.conn, f"{nd.run_dir}/ray") is not None:
+            if not required:
+                return None
+            raise RemoteError(f"Ray did not start on {nd.instance_id}", "its log is above", command="ray start",
+                              host=nd.host, tail=jobs.tail(nd.conn, f"{nd.run_dir}/ray/console.log"))
+        time.sleep(0.5)
+    if not required:
+        return None
+    raise WaitTimeout(f"Ray did not start on {nd.instance_id} within {timeout_s:.0f} s")
+
+
+def stop_ray(nd: Node, log: Callable[[str], None]) -> None:
+    """End node ``nd``'s Ray: SIGTERM to its process group (it leaves at once: node.py's
+    HEALTH_CHECKS), without waiting, as its instance is terminated next; a node that cannot be
+    reached is left to that termination."""
+    from ..remote import jobs, ssh
+    if nd.pid is None:
+        return
+    try:
+        ssh.run(nd.conn, f"kill -TERM -- -{int(nd.pid)} 2>/dev/null; true", timeout_s=20)
+    except (*jobs.CONNECTION_ERRORS, RemoteError, WaitTimeout) as exc:
+        log(f"node {nd.index} ({nd.instance_id}): Ray not stopped ({type(exc).__name__}); its instance ends anyway")
+
+
+def pool_spec(run_id: str, opts: PoolOptions, job: TaskJob, address: str, gpus_per_job: int) -> dict[str, Any]:
+    """pool.json, the driver's input (pure)."""
+    from ..runs.execute.engine import HANDOFF, INTERACTIVE, PROLOGUE
+    return {"run_id": run_id, "address": address, "head_ip": address.rsplit(":", 1)[0], "gpus_per_job": gpus_per_job,
+            "max_retries": opts.max_retries,
+            "elements": [e.as_dict() for e in opts.elements],
+            "script": ["bash", "-c", INTERACTIVE, HANDOFF, PROLOGUE + job.task.run, job.name, *job.args],
+            "max_output_bytes": MAX_ELEMENT_OUTPUT_BYTES, "max_log_bytes": MAX_ELEMENT_LOG_BYTES}
+
+
+def gpus_per_job(opts: PoolOptions, node_gpus: int) -> int:
+    """GPUs each element holds (pure): ``--gpus-per-job``/``pool.gpus_per_job``, else all the
+    node's (the task's GPU count); at least 1 (a node declares its type's GPUs to Ray). Raises
+    UsageError when it is more than a node has."""
+    want = opts.gpus_per_job or max(1, node_gpus)
+    if node_gpus and want > node_gpus:
+        raise UsageError(f"--gpus-per-job {want}: the pool's instances have {node_gpus} GPU(s) each",
+                         f"ask for at most {node_gpus}, or for a larger instance type (--gpu A10G:{want})")
+    return want
+
+
+def run_attempt(aws: Aws, settings: Settings, opts: PoolOptions, run_id: str, ui: ReporterLike, prov: Provisioned,
+                instances_: list[Instance], local_out: Path, backend: Backend, n: int,
+                checkpoints: DirCheckpoints, record: dict[str, Any]) -> dict[str, Any]:
+    """One attempt of the array ``opts.elements`` over the pool ``instances_`` (node 0 the head);
+    ``record["pool"]`` gets the element table, counts and the instance count over time. Returns {}
+    (an array has no one summary.json). Raises RemoteError when an element failed (after every
+    result came home) or Ray could not start, recovery.Interrupted when the head is lost."""
+    from ..remote import jobs, ssh_config as sc
+    from ..runs.execute import engine, nodes as N
+
+    from dataclasses import replace
+
+    job = cast("TaskJob", opts.task)
+    done: dict[str, dict[str, Any]] = record.setdefault("pool_done", {})  # index -> its record, outputs home
+    skipped = sorted(int(k) for k in done)
+    if done:  # an earlier attempt's head was lost: what it finished (and brought home) is not run again
+        opts = replace(opts, elements=tuple(e for e in opts.elements if str(e.index) not in done))
+        ui.note(f"pool: {len(done)} element(s) finished in an earlier attempt, their outputs home; "
+                f"running the other {len(opts.elements)}")
+    nodes = [N.Node(k, inst) for k, inst in enumerate(instances_)]
+    pool = Pool(nodes, members={nd.instance_id: nd for nd in nodes})
+    pool.count()
+    config = settings.home / "ssh" / f"{run_id}.config"
+    try:
+        with ui.phase("waiting for SSH"):
+            N.parallel(lambda nd: N.open_node(nd, aws, settings, prov, run_id, backend, ui.note), nodes)
+            assert prov.key_path is not None
+            known = settings.home / "known_hosts"
+            sc.write(config, sc.render([sc.HostEntry((nd.instance_id,), nd.host, nd.port, settings.ssh_user,
+                                                     prov.key_path, known / nd.instance_id) for nd in nodes], config))
+        with ui.phase("setup"):
+            N.parallel(lambda nd: N.prepare_node(nd, _say(ui, nd, nodes)), nodes)
+        addresses = [backend.private_address(nd.instance) for nd in nodes]
+        with ui.phase("upload"):
+            N.parallel(lambda nd: engine.upload_node(nd, job, config, run_id, addresses, False, None,
+                                                     _say(ui, nd, nodes)), nodes)
+        with ui.phase("setup"):
+            if job.task.setup:
+                N.parallel(lambda nd: engine.setup_node(nd, job, _say(ui, nd, nodes)), nodes)
+            want = ray_version()
+            N.parallel(lambda nd: check_ray(nd, want, _say(ui, nd, nodes)), nodes)
+            address = start_ray(nodes, addresses, job, ui.note)
+        per_job = gpus_per_job(opts, _gpus(nodes[0], job))
+        head = nodes[0]
+        with ui.phase("running"):
+            _start_driver(head, pool_spec(run_id, opts, job, address, per_job), opts, settings)
+            ui.note(f"pool: {records_words(opts)} over {len(nodes)} instance(s), {per_job} GPU(s) each; the driver "
+                    f"runs on the head ({addresses[0]})")
+            status = _follow(aws, pool, head, opts, addresses, ui,
+                             lambda st: _bring_done(head, st, done, job, local_out, config, ui))
+        with ui.phase("download"):
+            status = _home(head, job, local_out, config, ui, opts, done) or status
+        record["pool"] = {**_pool_record(pool, status, opts, per_job), "skipped": skipped}
+        failed = [e for e in status["elements"] if e["status"] != "succeeded"] if status else []
+        if status is None or failed:
+            first = failed[0] if failed else None
+            raise RemoteError(f"{len(failed) if status else 'the'} element(s) of the array failed"
+                              + (f", first: element {first['index']} (exit status {first['exit_status']}, "
+                                 f"{first['attempts']} attempt(s))" if first else ": the pool's record did not come home"),
+                              f"its log: {local_out / 'logs'}; run those again with --array "
+                              + ",".join(str(e["index"]) for e in failed[:20]),
+                              command="pool", host=head.host, exit_status=first["exit_status"] if first else None,
+                              tail="\n".join(first["tail"]) if first else "")
+        return {}
+    except (*jobs.CONNECTION_ERRORS, WaitTimeout, RemoteError):
+        if nodes[0].watch:
+            nodes[0].watch.check()  # a lost head explains the failure: Interrupted
+        raise
+    finally:
+        for nd in nodes:
+            nd.close()
+        config.unlink(missing_ok=True)
+
+
+def records_words(opts: PoolOptions) -> str:
+    from ..tasks.arrays import describe
+    return describe(list(opts.elements))
+
+
+def _say(ui: ReporterLike, nd: Node, nodes: list[Node]) -> Callable[[str], None]:
+    return (lambda line: ui.note(f"node {nd.index}: {line}")) if len(nodes) > 1 else ui.note
+
+
+def _start_driver(head: Node, spec: dict[str, Any], opts: PoolOptions, settings: Settings) -> None:
+    """Put the driver and pool.json on the head and start the driver under the agent."""
+    from ..remote import files, jobs
+    from ..runs.plan import limits
+    files.put_file(head.conn, HERE / "driver.py", f"{head.run_dir}/pool_driver.py")
+    files.write_text(head.conn, f"{head.run_dir}/pool.json", json.dumps(spec))
+    python = str(head.info.get("python") or "python3")
+    grace = settings.limit_grace_seconds
+    at = limits.stop_at(head.instance, opts.max_runtime_minutes, grace)
+    limit = [] if at is None else ["--limit-at", f"{at:.0f}", "--limit-grace",
+                                   f"{limits.grace_seconds(cast(int, opts.max_runtime_minutes), grace):.0f}"]
+    jobs.start(head.conn, head.run_dir, [
+        python, f"{head.run_dir}/agent.py", "--dir", head.run_dir, "--env-file", f"{head.run_dir}/job.env.json",
+        "--key-file", f"{head.run_dir}/agent.key", *limit, "--", python, f"{head.run_dir}/pool_driver.py",
+        f"{head.run_dir}/pool.json"])
+
+
+def _read_status(head: Node, opts: PoolOptions, ui: ReporterLike) -> dict[str, Any] | None:
+    from ..remote import jobs
+    raw = jobs.read_from(head.conn, f"{head.run_dir}/pool/status.json", 0, records.MAX_STATUS_BYTES + 1)
+    if not raw:
+        return None
+    try:
+        return records.parse_status(raw, [e.as_dict() for e in opts.elements])
+    except records.BadStatus as exc:
+        said = f"warning: the pool's status not accepted ({exc})"
+        if said not in getattr(ui, "notes", ()):  # once, not at every poll
+            ui.note(said)
+        return None
+
+
+def _follow(aws: Aws, pool: Pool, head: Node, opts: PoolOptions, addresses: list[str],
+            ui: ReporterLike, on_status: Callable[[dict[str, Any]], None]) -> dict[str, Any] | None:
+    """Until the driver ends: its log lines shown, the progress line, the pool shrunk, lost
+    workers noted, ``on_status(status)`` after each read. Returns the driver's last status."""
+    from ..aws import instances
+    from ..inert import inert
+    from ..remote import jobs
+    cursor = jobs.LogCursor(jobs.LineSplitter(lambda line: ui.log(inert(line))))
+    status, total, last_described, last_brought = None, len(opts.elements), 0.0, 0.0
+    while True:
+        jobs.drain(head.conn, f"{head.run_dir}/job.log", cursor)
+        status = _read_status(head, opts, ui) or status
+        if status is not None:
+            c = status["counts"]
+            ui.progress({"done": c["done"] + c["failed"], "total": total, "eta_s": eta_s(status, len(pool.members)),
+                         "label": f"elements: {c['done']} done, {c['running']} running, {c['queued']} queued, "
+                                  f"{c['failed']} failed; {len(pool.members)} instance(s)"})
+            _shrink(aws, pool, status, addresses, ui)
+            if time.monotonic() - last_brought >= BRING_EVERY_S:  # rsync's round trips: not at every poll
+                last_brought = time.monotonic()
+                on_status(status)
+        if time.monotonic() - last_described > 5 * POLL_S:
+            last_described = time.monotonic()
+            ids = [i for i in pool.members if i != head.instance_id]
+            for inst in instances.describe_instances(aws.ec2, ids) if ids else []:
+                if inst.state not in ("pending", "running"):
+                    ui.note(f"worker {inst.id} lost ({inst.state}): Ray runs its elements again on the others")
+                    gone = pool.members.pop(inst.id, None)
+                    if gone is not None:
+                        gone.close()
+                    pool.lost.append(inst.id)
+                    pool.left_at[inst.id] = round(time.time(), 3)
+            for iid in [i for i in pool.members if i != head.instance_id]:
+                _ray_ended(aws, pool, iid, ui)
+            pool.count()
+            if jobs.exit_status(head.conn, f"{head.run_dir}/ray") is not None:  # no scheduler: the run cannot go on
+                raise RemoteError(f"Ray ended on the pool's head ({head.instance_id}) while the array ran",
+                                  "its log is above; run the elements that did not finish again with --array",
+                                  command="ray start --head", host=head.host,
+                                  tail=jobs.tail(head.conn, f"{head.run_dir}/ray/console.log"))
+        if jobs.exit_status(head.conn, head.run_dir) is not None:
+            jobs.drain(head.conn, f"{head.run_dir}/job.log", cursor)
+            return _read_status(head, opts, ui) or status
+        time.sleep(POLL_S)
+
+
+def _ray_ended(aws: Aws, pool: Pool, iid: str, ui: ReporterLike) -> None:
+    """A worker whose Ray has ended (it could not join, or died) is no use to the pool: released."""
+    from ..aws import instances
+    from ..remote import jobs
+    nd = pool.members[iid]
+    try:
+        code = jobs.exit_status(nd.conn, f"{nd.run_dir}/ray")
+    except jobs.CONNECTION_ERRORS:
+        return  # EC2 says whether it is lost
+    if code is None:
+        return
+    pool.members.pop(iid).close()
+    instances.terminate(aws.ec2, [iid], wait=False)
+    pool.lost.append(iid)
+    pool.left_at[iid] = round(time.time(), 3)
+    ui.note(f"worker {iid}: its Ray ended (exit status {code}); released, the others go on")
+
+
+def eta_s(status: dict[str, Any], slots: int) -> float | None:
+    """Seconds until the array ends, as its finished elements say (pure): their mean time for
+    each element still to run, ``slots`` at a time, the running ones half done; None before any
+    element has finished."""
+    times = [e["seconds"] for e in status["elements"] if e["status"] in ("succeeded", "failed") and e["seconds"]]
+    if not times or slots < 1:
+        return None
+    mean, c = sum(times) / len(times), status["counts"]
+    return round(mean * (c["queued"] + c["running"] / 2) / slots, 1)
+
+
+def _shrink(aws: Aws, pool: Pool, status: dict[str, Any], addresses: list[str], ui: ReporterLike) -> None:
+    """Release the workers the pool no longer needs (records.idle_workers): Ray stopped on each,
+    then its instance terminated (without waiting)."""
+    from ..aws import instances
+    head = pool.nodes[0].instance_id
+    workers = {iid: addresses[nd.index] for iid, nd in pool.members.items() if iid != head}
+    idle = records.idle_workers(status, workers)
+    for iid in idle:
+        nd = pool.members.pop(iid)
+        stop_ray(nd, ui.note)
+        nd.close()  # before the instance goes: a connection it drops is noise on the user's terminal
+        instances.terminate(aws.ec2, [iid], wait=False)
+        pool.released.append(iid)
+        pool.left_at[iid] = round(time.time(), 3)
+        ui.note(f"pool: no element waits, released {iid} ({len(pool.members)} instance(s) left)")
+    if idle:
+        pool.count()
+
+
+def _bring_done(head: Node, status: dict[str, Any], done: dict[str, dict[str, Any]], job: TaskJob, local_out: Path,
+                config: Path, ui: ReporterLike) -> None:
+    """The outputs and logs of the elements that succeeded since the last look, home now (rsync
+    sends only what is new), so that a lost head loses none of them: ``done`` gets their records
+    (the next attempt skips them). Raises the connection's errors (a lost head)."""
+    from ..remote import files, sync
+    new = [e for e in status["elements"] if e["status"] == "succeeded" and str(e["index"]) not in done]
+    if not new:
+        return
+    warn = lambda line: ui.note(f"warning: {line}")  # noqa: E731
+    sync.pull(head.conn, f"{head.run_dir}/out", local_out / "outputs", job.task.outputs, config, head.instance_id,
+              files.Limits(), warn=warn)
+    sync.pull(head.conn, f"{head.run_dir}/pool/logs", local_out / "logs", [], config, head.instance_id,
+              files.Limits(), warn=warn)
+    for e in new:
+        done[str(e["index"])] = e
+
+
+def _home(head: Node, job: TaskJob, local_out: Path, config: Path, ui: ReporterLike,
+          opts: PoolOptions, done: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """Outputs (``outputs/<index>/``), element logs (``logs/<index>.log``) and the driver's
+    record (``pool.json``) home from the head; the record as checked, with the elements an
+    earlier attempt finished (``done``) in it."""
+    from ..remote import files, sync
+    limits = files.Limits()
+    names, how = sync.pull(head.conn, f"{head.run_dir}/out", local_out / "outputs", job.task.outputs, config,
+                           head.instance_id, limits, warn=lambda line: ui.note(f"warning: {line}"))
+    ui.note(f"outputs: {len(names)} file(s) brought home" + (f" by {how}" if names else "") +
+            f" to {local_out / 'outputs'}")
+    sync.pull(head.conn, f"{head.run_dir}/pool/logs", local_out / "logs", [], config, head.instance_id,
+              limits, warn=lambda line: ui.note(f"warning: {line}"))
+    from ..runs.execute.nodes import copy_log
+    local_out.mkdir(parents=True, exist_ok=True)
+    copy_log(head.conn, f"{head.run_dir}/job.log", local_out / "job.log", job.mask)  # the driver's: `ec2gpu logs RUN`
+    status = _read_status(head, opts, ui)
+    if status is not None:
+        now = {e["index"] for e in status["elements"]}
+        earlier = [e for k, e in done.items() if int(k) not in now]
+        status["elements"] = sorted(status["elements"] + earlier, key=lambda e: e["index"])
+        status["counts"]["done"] += len(earlier)
+        done.update({str(e["index"]): e for e in status["elements"] if e["status"] == "succeeded"})
+        _accuracies(status, job, local_out)
+        local_out.mkdir(parents=True, exist_ok=True)
+        (local_out / "pool.json").write_text(json.dumps(status, indent=2))
+    return status
+
+
+def _accuracies(status: dict[str, Any], job: TaskJob, local_out: Path) -> None:
+    """Each element's test accuracy, where its outputs hold a summary.json that has one (the
+    built-in trainer's; read as hostile input: runs/execute/job_summary.py)."""
+    from ..runs.execute import job_summary
+    for e in status["elements"]:
+        path = local_out / "outputs" / str(e["index"]) / "summary.json"
+        if path.is_file():
+            summary = job_summary.read_summary(path, job_summary.schema_of(job), job.secret_values, root=local_out)
+            e["test_accuracy"] = job_summary.columns(summary or {}).get("test_acc")
+
+
+def _pool_record(pool: Pool, status: dict[str, Any] | None, opts: PoolOptions, per_job: int) -> dict[str, Any]:
+    return {"elements": status["elements"] if status else [], "counts": status["counts"] if status else None,
+            "size": opts.elements[0].size if opts.elements else 0, "gpus_per_job": per_job,
+            "max_retries": opts.max_retries, "workers": len(pool.nodes),
+            "instances_over_time": [{"seconds": t, "instances": k, "at": at} for t, k, at in pool.timeline],
+            "released": pool.released, "lost": pool.lost, "left_at": pool.left_at,
+            "ended_at": round(time.time(), 3)}

@@ -1,0 +1,240 @@
+"""The pool's Ray driver: runs on the pool's head under the agent; stdlib and Ray only.
+
+It reads ``pool.json`` (written by ec2gpu/pool/attempt.py), connects to the pool's Ray cluster,
+and runs each element of the array as a Ray task holding ``gpus_per_job`` GPUs (Ray sets
+CUDA_VISIBLE_DEVICES per task). A task runs the task's ``run`` in the node's workdir with the
+node's job environment, the element's EC2GPU_ARRAY_INDEX/SIZE, its sweep parameters, and an
+output directory of its own; it returns the exit status, the log's last lines and the outputs
+(a tar, at most ``max_output_bytes``), which the driver unpacks on the head under
+``out/<index>/`` (tarfile's "data" filter: no links out, no absolute paths, no devices).
+
+Retries: an element on a node that was lost (a spot interruption, a dead instance) is run again
+by Ray itself (``max_retries`` of the task: Ray's fault tolerance,
+https://docs.ray.io/en/latest/ray-core/fault_tolerance/tasks.html); an element whose ``run`` exits
+non-zero is submitted again by the driver, up to the pool's ``max_retries``. A small actor on the
+head counts each element's attempts and where each runs.
+
+It writes ``pool/status.json`` (atomically, about once a second, and at the end): counts (done,
+running, queued, failed), the live nodes and how many elements each runs, and one record per
+element (index, status, attempts, node, seconds, exit status, last lines). The controller reads
+it as hostile input (ec2gpu/pool/records.py). Exit status: 0 when every element succeeded, 1 when
+one failed, 2 for a bad pool.json.
+"""
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import subprocess
+import sys
+import tarfile
+import time
+
+NODE_LOSS_RETRIES = 8  # Ray's retries of an element whose node was lost (not counted as its failures)
+TAIL_LINES = 20
+STATUS_EVERY_S = 1.0
+
+
+def _write_json(path: str, data: object) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
+
+
+def _tail(path: str, lines: int = TAIL_LINES, max_bytes: int = 16384) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - max_bytes))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    return text.splitlines()[-lines:]
+
+
+def _pack(directory: str, max_bytes: int) -> tuple[bytes, str | None]:
+    """A tar of ``directory``'s regular files (at most ``max_bytes`` of them in all), and what was
+    left out, in words (None: nothing)."""
+    buf, total, skipped = io.BytesIO(), 0, []
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for root, dirs, names in os.walk(directory):
+            dirs.sort()
+            for name in sorted(names):
+                path = os.path.join(root, name)
+                if os.path.islink(path) or not os.path.isfile(path):
+                    skipped.append(os.path.relpath(path, directory))
+                    continue
+                size = os.path.getsize(path)
+                if total + size > max_bytes:
+                    skipped.append(os.path.relpath(path, directory))
+                    continue
+                total += size
+                tar.add(path, arcname=os.path.relpath(path, directory), recursive=False)
+    why = None if not skipped else f"{len(skipped)} file(s) left out (links, or past {max_bytes:,} bytes)"
+    return buf.getvalue(), why
+
+
+def run_element(spec: dict, element: dict, tracker: object) -> dict:
+    """One attempt of one element on whichever node Ray chose (a Ray task's body)."""
+    import ray
+    node = ray.util.get_node_ip_address()
+    index = element["index"]
+    ray.get(tracker.started.remote(index, node))  # type: ignore[attr-defined]
+    run_dir = os.path.expanduser(f"~/ec2gpu/runs/{spec['run_id']}")
+    edir = f"{run_dir}/elements/{index}"
+    out = f"{edir}/out"
+    subprocess.run(["rm", "-rf", out], check=False)  # an attempt starts with an empty output directory
+    os.makedirs(out, exist_ok=True)
+    os.makedirs(f"{edir}/checkpoints", exist_ok=True)
+    with open(f"{run_dir}/job.env.json") as f:  # this node's job environment (engine.node_env)
+        env = {**os.environ, **json.load(f)}
+    if "CUDA_VISIBLE_DEVICES" in os.environ:  # the GPUs Ray gave this task, not the node's (allow_larger's) list
+        env["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
+    env.update({k: str(v) for k, v in element["params"].items()})
+    # each element is a one-node job on this node, holding the GPUs Ray gave it
+    gpus = str(spec["gpus_per_job"])
+    env.update({"EC2GPU_ARRAY_INDEX": str(index), "EC2GPU_ARRAY_SIZE": str(element["size"]),
+                "EC2GPU_OUTPUT_DIR": out, "EC2GPU_CHECKPOINT_DIR": f"{edir}/checkpoints",
+                "EC2GPU_ELEMENT_ATTEMPT": str(element["attempt"]), "EC2GPU_POOL_HEAD_IP": spec["head_ip"],
+                "EC2GPU_NUM_NODES": "1", "EC2GPU_NODE_RANK": "0", "EC2GPU_HEAD_IP": node,
+                "EC2GPU_GPUS_PER_NODE": gpus, "SKYPILOT_NUM_NODES": "1", "SKYPILOT_NODE_RANK": "0",
+                "SKYPILOT_NODE_IPS": node, "SKYPILOT_NUM_GPUS_PER_NODE": gpus})
+    started = time.time()
+    with open(f"{edir}/job.log", "ab") as log:
+        exit_status = subprocess.run([*spec["script"], *element.get("args", [])],
+                                     cwd=env.get("EC2GPU_WORKDIR") or run_dir, env=env, stdout=log,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True).returncode
+    seconds = time.time() - started
+    tar, left = _pack(out, int(spec["max_output_bytes"]))
+    ray.get(tracker.ended.remote(index))  # type: ignore[attr-defined]
+    return {"index": index, "exit_status": exit_status, "node": node, "seconds": round(seconds, 3),
+            "tail": _tail(f"{edir}/job.log"), "outputs": tar, "outputs_left_out": left,
+            "log": _tail(f"{edir}/job.log", lines=10**6, max_bytes=int(spec["max_log_bytes"]))}
+
+
+class Tracker:
+    """The head's count of each element's attempts and of where each one runs (a Ray actor)."""
+
+    def __init__(self) -> None:
+        self.attempts: dict[int, int] = {}
+        self.running: dict[int, str] = {}
+        self.nodes: dict[int, list[str]] = {}
+
+    def started(self, index: int, node: str) -> None:
+        self.attempts[index] = self.attempts.get(index, 0) + 1
+        self.running[index] = node
+        self.nodes.setdefault(index, []).append(node)
+
+    def ended(self, index: int) -> None:
+        self.running.pop(index, None)
+
+    def state(self) -> tuple[dict[int, int], dict[int, str], dict[int, list[str]]]:
+        return self.attempts, self.running, self.nodes
+
+
+def _unpack(tar: bytes, target: str) -> None:
+    os.makedirs(target, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(tar), mode="r") as t:
+        t.extractall(target, filter="data")  # noqa: S202 - the data filter refuses links out and absolute paths
+
+
+def main(argv: list[str]) -> int:  # noqa: C901 - one loop that reads as the driver's life
+    import ray
+    with open(argv[0]) as f:
+        spec = json.load(f)
+    try:
+        elements = list(spec["elements"])
+        address, gpus, max_retries = spec["address"], int(spec["gpus_per_job"]), int(spec["max_retries"])
+    except (KeyError, TypeError, ValueError) as exc:
+        print(f"pool.json: {exc}", file=sys.stderr)
+        return 2
+    run_dir = os.path.dirname(os.path.abspath(argv[0]))
+    status_path = f"{run_dir}/pool/status.json"
+    os.makedirs(f"{run_dir}/pool/logs", exist_ok=True)
+    ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
+    head = ray.get_runtime_context().get_node_id()
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    tracker = ray.remote(Tracker).options(
+        num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=False)).remote()
+    task = ray.remote(run_element).options(num_gpus=gpus, num_cpus=0, max_retries=NODE_LOSS_RETRIES,
+                                           retry_exceptions=False)
+    records = {e["index"]: {"index": e["index"], "status": "queued", "attempts": 0, "failures": 0,
+                            "params": e["params"]} for e in elements}
+    pending: dict = {}
+
+    def submit(element: dict) -> None:
+        element = {**element, "attempt": records[element["index"]]["failures"] + 1}
+        pending[task.remote(spec, element, tracker)] = element
+
+    for element in elements:
+        submit(element)
+    print(f"pool: {len(elements)} element(s) submitted, {gpus} GPU(s) each", flush=True)
+    last = 0.0
+    while pending:
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=STATUS_EVERY_S)
+        for ref in ready:
+            element = pending.pop(ref)
+            rec = records[element["index"]]
+            try:
+                res = ray.get(ref)
+            except ray.exceptions.RayError as exc:  # retries on lost nodes exhausted, or Ray's own failure
+                res = {"exit_status": None, "error": type(exc).__name__, "tail": [], "outputs": b"", "log": []}
+            ok = res.get("exit_status") == 0
+            rec.update({k: res.get(k) for k in ("exit_status", "node", "seconds", "tail", "error")})
+            if not ok:
+                rec["failures"] += 1
+                if rec["failures"] <= max_retries and res.get("exit_status") is not None:
+                    print(f"element {rec['index']}: exit status {res['exit_status']}, run again "
+                          f"({rec['failures']} of {max_retries} retries)", flush=True)
+                    submit(element)
+                    continue
+            rec["status"] = "succeeded" if ok else "failed"
+            rec["ended_at"] = round(time.time(), 3)
+            with open(f"{run_dir}/pool/logs/{rec['index']}.log", "w") as f:
+                f.write("\n".join(res.get("log") or []) + "\n")
+            if res.get("outputs"):
+                try:
+                    _unpack(res["outputs"], f"{run_dir}/out/{rec['index']}")
+                except (tarfile.TarError, OSError) as exc:
+                    rec["outputs_error"] = f"{type(exc).__name__}: {exc}"
+            if res.get("outputs_left_out"):
+                rec["outputs_left_out"] = res["outputs_left_out"]
+            print(f"element {rec['index']}: {rec['status']} on {rec.get('node')} in {rec.get('seconds')} s", flush=True)
+        if ready or time.monotonic() - last >= STATUS_EVERY_S:
+            _write_json(status_path, _status(records, tracker, final=False))
+            last = time.monotonic()
+    _write_json(status_path, _status(records, tracker, final=True))
+    failed = [r["index"] for r in records.values() if r["status"] != "succeeded"]
+    print(f"pool: {len(records) - len(failed)} succeeded, {len(failed)} failed", flush=True)
+    return 1 if failed else 0
+
+
+def _status(records: dict, tracker: object, final: bool) -> dict:
+    """The pool's record: counts, live nodes and what each runs, each element's record."""
+    import ray
+    attempts, running, where = ray.get(tracker.state.remote())  # type: ignore[attr-defined]
+    alive = {n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")}
+    busy: dict[str, int] = {ip: 0 for ip in alive}
+    counts = {"done": 0, "failed": 0, "running": 0, "queued": 0}
+    for index, rec in records.items():
+        rec["attempts"] = attempts.get(index, 0)
+        rec["nodes"] = where.get(index, [])
+        if rec["status"] in ("succeeded", "failed"):
+            counts["done" if rec["status"] == "succeeded" else "failed"] += 1
+            continue
+        node = running.get(index)
+        if node in alive:
+            rec["status"] = "running"
+            busy[node] += 1
+            counts["running"] += 1
+        else:
+            rec["status"] = "queued"
+            counts["queued"] += 1
+    return {"schema": 1, "final": final, "at": time.time(), "counts": counts, "nodes": busy,
+            "elements": sorted(records.values(), key=lambda r: r["index"])}
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

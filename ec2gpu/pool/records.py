@@ -1,0 +1,144 @@
+"""The pool driver's status.json, read as hostile input, and the run's element table (pure).
+
+The driver (ec2gpu/pool/driver.py) runs on an instance the job shares: what it writes is bounded,
+checked field by field and printed inert, like every record that comes from an instance.
+"""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Mapping, Sequence
+
+from ..tasks.arrays import MAX_ELEMENTS
+
+MAX_STATUS_BYTES = 16 * 1024 * 1024  # 10,000 elements' records with their last lines fit
+ELEMENT_STATES = ("queued", "running", "succeeded", "failed")
+MAX_TAIL_LINES = 20
+MAX_LINE_CHARS = 512
+MAX_NODES = 256
+
+
+class BadStatus(ValueError):
+    """The driver's status.json is not one the controller accepts (the message says why)."""
+
+
+def _int(value: Any, lo: int, hi: int, what: str, optional: bool = False) -> int | None:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise BadStatus(f"{what}: {str(value)[:40]!r} is not an integer in {lo}..{hi}")
+    return value
+
+
+def _seconds(value: Any, what: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or \
+            not 0 <= value <= 366 * 86400:
+        raise BadStatus(f"{what}: {str(value)[:40]!r} is not a number of seconds")
+    return float(value)
+
+
+def _epoch(value: Any, what: str) -> float | None:
+    """A time as seconds since the epoch, between 2020 and 2100, or None."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1.5e9 <= value <= 4.1e9:
+        raise BadStatus(f"{what}: {str(value)[:40]!r} is not a time")
+    return float(value)
+
+
+def _text(value: Any, what: str, limit: int = MAX_LINE_CHARS) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise BadStatus(f"{what}: not a string")
+    return value[:limit]
+
+
+def _element(raw: Any, known: Mapping[int, Mapping[str, str]]) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise BadStatus("an element record is not an object")
+    index = _int(raw.get("index"), 0, MAX_ELEMENTS - 1, "index")
+    assert index is not None
+    if index not in known:
+        raise BadStatus(f"element {index} was not submitted")
+    status = raw.get("status")
+    if status not in ELEMENT_STATES:
+        raise BadStatus(f"element {index}: status {str(status)[:40]!r}")
+    tail = raw.get("tail") or []
+    if not isinstance(tail, list):
+        raise BadStatus(f"element {index}: tail is not a list")
+    nodes = raw.get("nodes") or []
+    if not isinstance(nodes, list):
+        raise BadStatus(f"element {index}: nodes is not a list")
+    return {"index": index, "status": status, "params": dict(known[index]),
+            "attempts": _int(raw.get("attempts", 0), 0, 1000, f"element {index}: attempts"),
+            "exit_status": _int(raw.get("exit_status"), -255, 255, f"element {index}: exit_status", optional=True),
+            "node": _text(raw.get("node"), f"element {index}: node", 64),
+            "nodes": [_text(n, f"element {index}: nodes", 64) for n in nodes[:1000]],
+            "seconds": _seconds(raw.get("seconds"), f"element {index}: seconds"),
+            "ended_at": _epoch(raw.get("ended_at"), f"element {index}: ended_at"),
+            "error": _text(raw.get("error"), f"element {index}: error", 120),
+            "tail": [_text(line, f"element {index}: tail") for line in tail[-MAX_TAIL_LINES:]]}
+
+
+def parse_status(data: bytes, submitted: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The driver's status.json (``data``, at most MAX_STATUS_BYTES) checked against the elements
+    that were ``submitted`` (each with ``index`` and ``params``): {"final", "counts", "nodes"
+    ({address: elements running}), "elements" [records in index order]}. Raises BadStatus."""
+    if len(data) > MAX_STATUS_BYTES:
+        raise BadStatus(f"{len(data):,} bytes: at most {MAX_STATUS_BYTES:,}")
+    try:
+        raw = json.loads(data.decode("utf-8"))
+    except (UnicodeError, ValueError) as exc:
+        raise BadStatus(f"not JSON: {exc}") from None
+    if not isinstance(raw, dict) or raw.get("schema") != 1:
+        raise BadStatus("not a pool status (schema 1)")
+    known = {int(e["index"]): e["params"] for e in submitted}
+    counts_raw = raw.get("counts")
+    if not isinstance(counts_raw, dict):
+        raise BadStatus("counts is not an object")
+    counts = {k: _int(counts_raw.get(k, 0), 0, MAX_ELEMENTS, f"counts.{k}") for k in ("done", "failed", "running",
+                                                                                         "queued")}
+    nodes_raw = raw.get("nodes")
+    if not isinstance(nodes_raw, dict) or len(nodes_raw) > MAX_NODES:
+        raise BadStatus("nodes is not an object of at most 256 addresses")
+    nodes = {str(k)[:64]: _int(v, 0, MAX_ELEMENTS, f"nodes.{str(k)[:64]}") for k, v in nodes_raw.items()}
+    elements_raw = raw.get("elements")
+    if not isinstance(elements_raw, list) or len(elements_raw) > MAX_ELEMENTS:
+        raise BadStatus("elements is not a list of at most 10,000 records")
+    elements = sorted((_element(e, known) for e in elements_raw), key=lambda e: e["index"])
+    return {"final": raw.get("final") is True, "counts": counts, "nodes": nodes, "elements": elements}
+
+
+def idle_workers(status: Mapping[str, Any], workers: Mapping[str, str]) -> list[str]:
+    """The worker instances the pool can let go now (pure): none while an element waits; else
+    each of ``workers`` ({instance id: private address}) whose node runs no element, or that Ray
+    no longer lists (its node is gone)."""
+    if status["counts"]["queued"]:
+        return []
+    nodes = status["nodes"]
+    return [iid for iid, address in workers.items() if not nodes.get(address)]
+
+
+def cost_shares(elements: Sequence[Mapping[str, Any]], cost_usd: float | None) -> list[float | None]:
+    """Each element's share of the run's cost (pure): the run's ``cost_usd`` split by the seconds
+    each element ran (its last attempt's), so the shares add up to the cost; None without a cost."""
+    seconds = [float(e.get("seconds") or 0.0) for e in elements]
+    total = sum(seconds)
+    if cost_usd is None:
+        return [None] * len(elements)
+    if total <= 0:
+        return [round(cost_usd / len(elements), 6) if elements else 0.0] * len(elements)
+    return [round(cost_usd * s / total, 6) for s in seconds]
+
+
+def with_cost_shares(record: Any) -> Any:
+    """``record`` (a run record) with each element of ``record["pool"]`` given its ``cost_usd``
+    share of the run's cost (cost_shares); a record without a pool is returned as it is."""
+    pool = record.get("pool") if isinstance(record, Mapping) else None
+    if pool and pool.get("elements"):
+        for element, share in zip(pool["elements"], cost_shares(pool["elements"], record.get("cost_usd")), strict=True):
+            element["cost_usd"] = share
+    return record

@@ -1,0 +1,186 @@
+"""Arrays and sweeps over a pool scheduled by Ray, in the sandbox, as a user runs them (issue 31):
+`ec2gpu run task.yaml` of a 12-element array over 3 workers with one worker interrupted mid-run,
+and `ec2gpu train mnist --sweep` of a 2 x 3 grid. Ray's head and workers start on the sandbox
+instances' own loopback addresses; everything is removed afterwards."""
+import json
+import os
+import subprocess
+import time
+
+import boto3
+import pytest
+
+from ec2gpu.sandbox import control
+
+from test_spot_recovery import EC2GPU, assert_nothing_left, drive  # same folder (pytest prepend import mode)
+
+pytestmark = pytest.mark.e2e
+NEEDS_MNIST = False  # the array needs none; the sweep asks for the fixture itself
+
+# element k writes its index; on the pool's head, the last three take longer, so that the pool
+# has a worker to let go while they still run (a queue that drained before its last element ended)
+ARRAY_TASK = """\
+name: pool-array
+workdir: .
+run: |
+  echo "element $EC2GPU_ARRAY_INDEX of $EC2GPU_ARRAY_SIZE on $EC2GPU_NODE_IP"
+  printf '%s %s\\n' "$EC2GPU_ARRAY_INDEX" "$EC2GPU_ARRAY_SIZE" > "$EC2GPU_OUTPUT_DIR/index.txt"
+  if [ "$EC2GPU_NODE_IP" = "$EC2GPU_POOL_HEAD_IP" ] && [ "$EC2GPU_ARRAY_INDEX" -ge 9 ]; then sleep 12; else sleep 6; fi
+array: 12
+max_workers: 3
+resources:
+  instance_type: g4dn.xlarge
+max_runtime: 30m
+"""
+
+
+def _ec2(state):
+    return boto3.client("ec2", endpoint_url=state["endpoint"], region_name="us-east-1")
+
+
+def _nodes(state, lines) -> dict:
+    """{node index as text: instance id} of the newest run (node 0 is the pool's head)."""
+    ec2 = _ec2(state)
+    launched = [i for line in lines if line.startswith("launched ") for i in line.split()
+                if i.startswith("i-")]
+    found = ec2.describe_instances(InstanceIds=[i.rstrip(",") for i in launched])["Reservations"]
+    nodes = {t["Value"]: i["InstanceId"] for r in found for i in r["Instances"] for t in i.get("Tags", [])
+             if t["Key"] == "ec2gpu:node"}
+    return nodes
+
+
+def _head_status(home, head: str) -> dict:
+    """The pool driver's status.json on ``head``, where the sandbox keeps its files ({} before it)."""
+    for path in (home / "sandbox" / "instances" / head / "home" / "ec2gpu" / "runs").glob("*/pool/status.json"):
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return {}
+    return {}
+
+
+def _running_on(home, head: str, address: str) -> bool:
+    """Whether the pool's driver (on ``head``) says an element runs on the node at ``address``
+    (its status.json, read where the sandbox keeps the head's files)."""
+    for path in (home / "sandbox" / "instances" / head / "home" / "ec2gpu" / "runs").glob("*/pool/status.json"):
+        try:
+            return json.loads(path.read_text())["nodes"].get(address, 0) >= 1
+        except (OSError, ValueError, KeyError):
+            return False
+    return False
+
+
+def _run_array(tmp_path, steps=()):
+    (tmp_path / "task.yaml").write_text(ARRAY_TASK)
+    out = tmp_path / "run"
+    code, stdout, err = drive(["run", str(tmp_path / "task.yaml"), "--sandbox", "--out", str(out), "--json"],
+                              list(steps), timeout_s=280)
+    assert code == 0, err
+    record = json.loads(stdout)
+    elements = record["pool"]["elements"]
+    assert [e["index"] for e in elements] == list(range(12)) and {e["status"] for e in elements} == {"succeeded"}
+    for k in range(12):  # 12 results, each its own index and the array's size
+        assert (out / "outputs" / str(k) / "index.txt").read_text() == f"{k} 12\n"
+    assert (out / "logs" / "11.log").read_text().startswith("element 11 of 12")
+    return record, err
+
+
+def test_an_array_over_three_workers_shrinks_its_pool_before_its_last_element_ends(sandbox_env, tmp_path):
+    home, state = sandbox_env
+    seen: dict = {}
+
+    def look(_line, _lines):
+        [seen["group"]] = _ec2(state).describe_security_groups(
+            Filters=[{"Name": "tag-key", "Values": ["ec2gpu:run"]}])["SecurityGroups"]
+
+    record, err = _run_array(tmp_path, [("element(s) submitted", look)])
+    pool, elements = record["pool"], record["pool"]["elements"]
+    assert {e["attempts"] for e in elements} == {1} and len({e["node"] for e in elements}) == 3, elements
+    # nine elements in three rounds on three instances, then the last three: the head's takes twice
+    # as long, and the two workers are let go while it runs (3 -> 1 instances, or 3 -> 2 -> 1 when
+    # they finish at different polls)
+    counts = [p["instances"] for p in pool["instances_over_time"]]
+    assert counts in ([3, 1], [3, 2, 1]), pool["instances_over_time"]
+    let_go = pool["instances_over_time"][1]["at"]  # the first worker let go
+    assert let_go < max(e["ended_at"] for e in elements), (pool["instances_over_time"], elements)
+    assert sorted(pool["released"]) == sorted(record["instance_ids"][1:]) and pool["lost"] == []
+    # Ray's ports are open to the pool's own group only: no address reaches anything but SSH
+    group = seen["group"]
+    for rule in group["IpPermissions"]:
+        if rule.get("IpRanges") or rule.get("Ipv6Ranges"):
+            assert (rule["IpProtocol"], rule.get("FromPort"), rule.get("ToPort")) == ("tcp", 22, 22), rule
+    assert any(pair["GroupId"] == group["GroupId"] for rule in group["IpPermissions"]
+               for pair in rule.get("UserIdGroupPairs", []))
+    shown = subprocess.run([EC2GPU, "logs", record["run_id"], "--index", "11"], capture_output=True, text=True,
+                           env=dict(os.environ), timeout=60)  # an element's own log, from the artifacts
+    assert shown.returncode == 0 and shown.stdout.startswith("element 11 of 12 on "), shown
+    assert_nothing_left(home, record)
+
+
+def test_an_array_loses_no_element_when_a_worker_is_interrupted_mid_run(sandbox_env, tmp_path):
+    home, state = sandbox_env
+    seen: dict = {}
+
+    def interrupt(_line, lines):
+        nodes = _nodes(state, lines)
+        seen["worker"] = nodes["1"]
+        address = control.resolver(home)(seen["worker"])[0]
+        deadline = time.monotonic() + 30
+        while not _running_on(home, nodes["0"], address) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        control.interrupt(home, seen["worker"], 1.0)  # its element (6 s) is under way
+
+    record, err = _run_array(tmp_path, [("element(s) submitted", interrupt)])
+    pool, elements = record["pool"], record["pool"]["elements"]
+    worker = record["instance_ids"].index(seen["worker"])
+    assert worker != 0 and pool["lost"] == [seen["worker"]], err
+    # the element the worker ran went back to the queue and ran again elsewhere: 2 attempts
+    again = [e for e in elements if e["attempts"] == 2]
+    assert len(again) == 1 and {e["attempts"] for e in elements} == {1, 2}, (elements, err)
+    assert len(set(again[0]["nodes"])) == 2
+    counts = [p["instances"] for p in pool["instances_over_time"]]
+    assert counts[0] == 3 and counts[-1] == 1 and counts == sorted(counts, reverse=True), pool
+    assert_nothing_left(home, record)
+
+
+def test_an_array_whose_head_is_lost_goes_on_on_new_instances_without_running_what_finished(sandbox_env, tmp_path):
+    home, state = sandbox_env
+    seen: dict = {}
+
+    def lose_the_head(_line, lines):
+        seen["head"] = _nodes(state, lines)["0"]
+        deadline = time.monotonic() + 60
+        while _head_status(home, seen["head"]).get("counts", {}).get("done", 0) < 4 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(11)  # the controller brings finished elements' outputs home every 10 s
+        seen["done"] = _head_status(home, seen["head"])["counts"]["done"]
+        control.interrupt(home, seen["head"], 1.0)
+
+    record, err = _run_array(tmp_path, [("element(s) submitted", lose_the_head)])
+    # the head took the driver and Ray's scheduler with it: the run went on as a second attempt on
+    # three new instances, which ran only the elements whose outputs had not come home
+    assert record["status"] == "completed" and len(record["attempts"]) == 6, err
+    assert record["attempts"][0]["instance_id"] == seen["head"] and "attempt 2 of 3" in err
+    # what finished on the first pool and came home (every 10 s) was not run again; the rest ran on the second
+    skipped = record["pool"]["skipped"]
+    assert 1 <= len(skipped) <= seen["done"] and len(record["pool_done"]) == 12, (skipped, seen, err)
+    first_pool = {e["node"] for e in record["pool"]["elements"] if e["index"] in skipped}
+    assert not first_pool & {e["node"] for e in record["pool"]["elements"] if e["index"] not in skipped}
+    assert_nothing_left(home, record)
+
+
+def test_a_sweep_of_the_built_in_trainer_lists_test_accuracy_per_parameter_set(sandbox_env, mnist_dir, tmp_path):
+    home, _ = sandbox_env
+    out = tmp_path / "sweep"
+    code, stdout, err = drive(["train", "mnist", "--sandbox", "--sweep", "lr=0.1,0.05", "--sweep", "seed=0,1,2",
+                               "--workers", "3", "--trainer-arg=--train-subset=3000", "--out", str(out), "--json"],
+                              [], timeout_s=280)
+    assert code == 0, err
+    record = json.loads(stdout)
+    elements = record["pool"]["elements"]
+    assert [e["params"] for e in elements] == [{"lr": lr, "seed": s} for lr in ("0.1", "0.05") for s in "012"]
+    for e in elements:
+        assert e["status"] == "succeeded" and 0.5 < e["test_accuracy"] <= 1.0, e
+        summary = json.loads((out / "outputs" / str(e["index"]) / "summary.json").read_text())
+        assert summary["hparams"]["lr"] == float(e["params"]["lr"]) and summary["seed"] == int(e["params"]["seed"])
+    assert_nothing_left(home, record)

@@ -1,0 +1,221 @@
+"""The pool's pure parts (ec2gpu/pool/): the driver's status read as hostile input, which workers
+the pool lets go, each element's cost share, a Ray node's command line and ports, the driver's
+output packing, and the refusals of `run --array` / `train mnist --sweep` before anything starts."""
+import argparse
+import io
+import json
+import os
+import socket
+import tarfile
+
+import pytest
+
+from ec2gpu import api, cli
+from ec2gpu.errors import UsageError
+from ec2gpu.pool import attempt, driver, node, records
+from ec2gpu.tasks import arrays
+
+SUBMITTED = [e.as_dict() for e in arrays.elements(None, {"lr": [0.1, 0.2]})]
+
+
+def status(**over):
+    base = {"schema": 1, "final": False, "at": 1.8e9, "counts": {"done": 1, "failed": 0, "running": 1, "queued": 0},
+            "nodes": {"10.0.0.1": 1, "10.0.0.2": 0},
+            "elements": [{"index": 0, "status": "succeeded", "attempts": 1, "exit_status": 0, "node": "10.0.0.1",
+                          "nodes": ["10.0.0.1"], "seconds": 3.5, "ended_at": 1.8e9, "tail": ["ok"], "params": {}},
+                         {"index": 1, "status": "running", "attempts": 2, "node": None, "nodes": ["a", "b"],
+                          "tail": []}]}
+    base.update(over)
+    return json.dumps(base).encode()
+
+
+def test_the_driver_status_is_checked_and_the_params_are_what_was_submitted():
+    got = records.parse_status(status(), SUBMITTED)
+    assert got["counts"] == {"done": 1, "failed": 0, "running": 1, "queued": 0}
+    assert [e["params"] for e in got["elements"]] == [{"lr": "0.1"}, {"lr": "0.2"}]  # ours, not the file's
+    assert got["elements"][1]["attempts"] == 2 and got["elements"][0]["tail"] == ["ok"]
+
+
+@pytest.mark.parametrize("bad, says", [
+    ({"schema": 2}, "schema 1"), ({"counts": []}, "counts"), ({"counts": {"done": -1}}, "counts.done"),
+    ({"nodes": {str(i): 0 for i in range(300)}}, "256"), ({"elements": [{"index": 7, "status": "queued"}]},
+                                                              "not submitted"),
+    ({"elements": [{"index": 0, "status": "won"}]}, "status"),
+    ({"elements": [{"index": 0, "status": "queued", "attempts": True}]}, "attempts"),
+    ({"elements": [{"index": 0, "status": "queued", "seconds": float("nan")}]}, "seconds"),
+    ({"elements": [{"index": 0, "status": "queued", "ended_at": 12}]}, "not a time"),
+    ({"elements": [{"index": 0, "status": "queued", "tail": "x"}]}, "tail"),
+])
+def test_a_hostile_status_is_refused(bad, says):
+    with pytest.raises(records.BadStatus, match=says):
+        records.parse_status(status(**bad), SUBMITTED)
+
+
+def test_a_status_too_large_or_not_json_is_refused():
+    with pytest.raises(records.BadStatus, match="at most"):
+        records.parse_status(b" " * (records.MAX_STATUS_BYTES + 1), SUBMITTED)
+    with pytest.raises(records.BadStatus, match="not JSON"):
+        records.parse_status(b"\xff{", SUBMITTED)
+
+
+def test_long_lines_and_tails_are_bounded():
+    long = {"index": 0, "status": "failed", "tail": ["x" * 10_000] * 50, "error": "e" * 500}
+    got = records.parse_status(status(elements=[long]), SUBMITTED)["elements"][0]
+    assert len(got["tail"]) == records.MAX_TAIL_LINES and len(got["tail"][0]) == records.MAX_LINE_CHARS
+    assert len(got["error"]) == 120
+
+
+def test_a_worker_is_let_go_only_when_nothing_waits_and_it_runs_nothing():
+    workers = {"i-1": "10.0.0.1", "i-2": "10.0.0.2", "i-3": "10.0.0.3"}
+    drained = {"counts": {"queued": 0}, "nodes": {"10.0.0.1": 1, "10.0.0.2": 0}}
+    assert records.idle_workers(drained, workers) == ["i-2", "i-3"]  # i-3: Ray lists it no more
+    assert records.idle_workers({"counts": {"queued": 1}, "nodes": {}}, workers) == []
+
+
+def test_cost_shares_add_up_to_the_cost_by_seconds_run():
+    elements = [{"seconds": 1.0}, {"seconds": 3.0}]
+    assert records.cost_shares(elements, 0.4) == [0.1, 0.3]
+    assert records.cost_shares(elements, None) == [None, None]
+    assert records.cost_shares([{"seconds": 0}, {}], 0.2) == [0.1, 0.1]
+    record = {"cost_usd": 0.4, "pool": {"elements": [dict(e) for e in elements]}}
+    assert [e["cost_usd"] for e in records.with_cost_shares(record)["pool"]["elements"]] == [0.1, 0.3]
+    assert records.with_cost_shares({"cost_usd": 1}) == {"cost_usd": 1}
+
+
+def _args(role, **over):
+    base = {"role": role, "ip": "127.0.0.7", "gpus": 4, "cpus": 8, "address": "127.0.0.2:6379",
+            "object_store_bytes": 0}
+    return argparse.Namespace(**{**base, **over})
+
+
+def test_a_node_command_line():
+    ports = node.ports_for("127.0.0.7")
+    head = node.argv(_args("head"), 6380, ports)
+    assert "--head" in head and "--port=6380" in head and "--include-dashboard=false" in head
+    assert "--num-gpus=4" in head and "--block" in head and "--temp-dir=/tmp/ec2gpu-ray-127.0.0.7" in head
+    assert not any(a.startswith("--address") for a in head)
+    worker = node.argv(_args("worker"), None, ports)
+    assert "--address=127.0.0.2:6379" in worker and "--head" not in worker
+    flags = dict(a.split("=", 1) for a in worker if a.startswith("--") and "=" in a)
+    assert [int(flags[f]) for f in node.PORT_FLAGS] == ports[:len(node.PORT_FLAGS)]
+    assert flags["--worker-port-list"].split(",") == [str(p) for p in ports[len(node.PORT_FLAGS):]]
+
+
+def test_the_nodes_of_one_machine_take_ports_of_their_own():
+    a, b = node.ports_for("127.0.0.2"), node.ports_for("127.0.0.3")
+    assert not set(a) & set(b) and len(a) == len(set(a)) == len(node.PORT_FLAGS) + node.WORKER_PORTS
+    assert all(node.PORT_BASE <= p < 32768 for p in a + b)  # below Linux's ephemeral ports
+    assert node.ports_for("10.1.2.3") == node.ports_for("10.9.2.3")  # one machine per address on EC2
+
+
+def test_the_head_takes_rays_default_port_unless_it_is_taken():
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", 0))
+        s.listen()
+        taken = s.getsockname()[1]
+        assert node.gcs_port(taken) != taken
+    free = node.free_ports(3)
+    assert len(set(free)) == 3
+
+
+def test_a_nodes_ray_ends_at_once_on_sigterm():
+    assert node.HEALTH_CHECKS["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] == "0"
+
+
+def test_the_driver_packs_regular_files_within_its_bound(tmp_path):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "a.txt").write_text("a" * 10)
+    (tmp_path / "d" / "b.txt").write_text("b" * 10)
+    (tmp_path / "big").write_text("c" * 100)
+    os.symlink("/etc/passwd", tmp_path / "link")
+    tar, left = driver._pack(str(tmp_path), 25)
+    names = tarfile.open(fileobj=io.BytesIO(tar)).getnames()
+    assert sorted(names) == ["a.txt", "d/b.txt"] and "2 file(s) left out" in left
+
+
+def test_the_driver_unpacks_nothing_outside_its_target(tmp_path):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        info = tarfile.TarInfo("../escape.txt")
+        info.size = 1
+        t.addfile(info, io.BytesIO(b"x"))
+    with pytest.raises(tarfile.TarError):
+        driver._unpack(buf.getvalue(), str(tmp_path / "out"))
+    assert not (tmp_path / "escape.txt").exists()
+
+
+def test_gpus_per_job():
+    opts = type("O", (), {"gpus_per_job": None})()
+    assert attempt.gpus_per_job(opts, 4) == 4 and attempt.gpus_per_job(opts, 0) == 1
+    opts.gpus_per_job = 2
+    assert attempt.gpus_per_job(opts, 4) == 2
+    opts.gpus_per_job = 8
+    with pytest.raises(UsageError, match="4 GPU"):
+        attempt.gpus_per_job(opts, 4)
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    ({"array": "5-1"}, "runs backwards"), ({"workers": 3}, "--workers is for an array"),
+    ({"array": 4, "nodes": 2}, "--nodes runs one job"), ({"array": 4, "detach": True}, "does not run detached"),
+    ({"array": 4, "workers": 65}, "1 to 64"), ({"array": 4, "max_retries": 11}, "0 to 10"),
+    ({"array": 4, "gpus_per_job": 0}, "1 to 64"),
+])
+def test_run_refuses_a_bad_array_before_anything_starts(no_backend, tmp_path, monkeypatch, kwargs, says):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError, match=says):
+        api.run(command=["true"], **kwargs)
+
+
+@pytest.mark.parametrize("kwargs, says", [
+    ({"sweep": {"lrate": [1]}}, "not a flag of the built-in trainer"), ({"sweep": {"lr": [1]}, "local": True},
+                                                                          "pool of new instances"),
+    ({"sweep": {"model": ["resnet"]}}, "unknown model"), ({"workers": 2}, "--workers is for a sweep"),
+    ({"sweep": {"lr": []}}, "list of values"),
+])
+def test_train_mnist_refuses_a_bad_sweep_before_anything_starts(no_backend, kwargs, says):
+    with pytest.raises(UsageError, match=says):
+        api.train_mnist(**kwargs)
+
+
+def test_the_sweep_flag_grammar():
+    from ec2gpu.cli.train import sweep_flags
+    assert sweep_flags(["lr=0.1,0.05", "seed=0,1,2"]) == {"lr": ["0.1", "0.05"], "seed": ["0", "1", "2"]}
+    for bad in (["lr"], ["lr="], ["=1"], ["lr=1", "lr=2"]):
+        with pytest.raises(UsageError):
+            sweep_flags(bad)
+
+
+def test_a_dry_run_shows_the_array(no_aws, monkeypatch, capsys):
+    monkeypatch.chdir(no_aws)
+    (no_aws / "t.yaml").write_text("workdir: .\nrun: echo hi\narray: 12\nmax_workers: 3\nresources:\n"
+                                   "  instance_type: g4dn.xlarge\n")
+    assert cli.main(["run", "t.yaml", "--dry-run", "--json", "--sandbox"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["array"]["elements"] == 12 and plan["array"]["workers"] == 3 and plan["nodes"] == 3
+    assert plan["array"]["first"][0] == {"EC2GPU_ARRAY_INDEX": "0", "EC2GPU_ARRAY_SIZE": "12"}
+    assert cli.main(["run", "t.yaml", "--dry-run", "--sandbox", "--array", "3,7"]) == 0
+    assert "array: 2 of 12 elements (3, 7) over at most 2 instance(s)" in capsys.readouterr().out
+
+
+def test_the_eta_comes_from_the_finished_elements():
+    st = {"counts": {"queued": 4, "running": 2}, "elements": [
+        {"status": "succeeded", "seconds": 10.0}, {"status": "failed", "seconds": 20.0}, {"status": "running",
+                                                                                        "seconds": None}]}
+    assert attempt.eta_s(st, 2) == 15.0 * 5 / 2
+    assert attempt.eta_s({"counts": {}, "elements": []}, 2) is None
+
+
+def test_an_elements_log_comes_from_the_finished_runs_artifacts(tmp_path):
+    from ec2gpu.runs.execute import logs
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "3.log").write_text("element 3\n")
+    (tmp_path / "pool.json").write_text(json.dumps({"elements": [{"index": 3, "exit_status": 7}]}))
+    row = {"run_id": "r1", "artifacts": str(tmp_path)}
+    path, status = logs.element_log(tmp_path, row, "r1", 3)
+    assert path.read_text() == "element 3\n" and status == 7
+    with pytest.raises(UsageError, match="no log of element 4"):
+        logs.element_log(tmp_path, row, "r1", 4)
+    with pytest.raises(UsageError, match="not over"):
+        logs.element_log(tmp_path, None, "r1", 3)
+    with pytest.raises(UsageError, match="0 to 9,999"):
+        logs.element_log(tmp_path, row, "r1", -1)
