@@ -303,12 +303,29 @@ def _read_status(head: Node, opts: PoolOptions, ui: ReporterLike) -> dict[str, A
     if not raw:
         return None
     try:
-        return records.parse_status(raw, [e.as_dict() for e in opts.elements])
+        status = records.parse_status(raw, [e.as_dict() for e in opts.elements])
     except records.BadStatus as exc:
         said = f"warning: the pool's status not accepted ({exc})"
         if said not in getattr(ui, "notes", ()):  # once, not at every poll
             ui.note(said)
         return None
+    job = cast("TaskJob", opts.task)
+    if job.secret_values:  # the job's own lines: a secret it printed is never shown or kept
+        for e in status["elements"]:
+            e["tail"] = [job.mask(line) for line in e["tail"]]
+            e["error"] = job.mask(e["error"]) if e["error"] else e["error"]
+    return status
+
+
+def _mask_logs(directory: Path, job: TaskJob) -> None:
+    """The element logs that came home to ``directory``, each secret value of the task masked
+    (each log is at most MAX_ELEMENT_LOG_BYTES: the driver keeps its last bytes)."""
+    if not job.secret_values or not directory.is_dir():
+        return
+    for path in directory.glob("*.log"):
+        if path.is_file() and not path.is_symlink():
+            text = path.read_text(encoding="utf-8", errors="replace")
+            path.write_text("".join(job.mask(line) for line in text.splitlines(keepends=True)))
 
 
 def _follow(aws: Aws, pool: Pool, head: Node, opts: PoolOptions, addresses: list[str],
@@ -419,6 +436,7 @@ def _bring_done(head: Node, status: dict[str, Any], done: dict[str, dict[str, An
               files.Limits(), warn=warn)
     sync.pull(head.conn, f"{head.run_dir}/pool/logs", local_out / "logs", [], config, head.instance_id,
               files.Limits(), warn=warn)
+    _mask_logs(local_out / "logs", job)
     for e in new:
         done[str(e["index"])] = e
 
@@ -436,6 +454,7 @@ def _home(head: Node, job: TaskJob, local_out: Path, config: Path, ui: ReporterL
             f" to {local_out / 'outputs'}")
     sync.pull(head.conn, f"{head.run_dir}/pool/logs", local_out / "logs", [], config, head.instance_id,
               limits, warn=lambda line: ui.note(f"warning: {line}"))
+    _mask_logs(local_out / "logs", job)
     from ..runs.execute.nodes import copy_log
     local_out.mkdir(parents=True, exist_ok=True)
     copy_log(head.conn, f"{head.run_dir}/job.log", local_out / "job.log", job.mask)  # the driver's: `ec2gpu logs RUN`

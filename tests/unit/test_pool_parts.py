@@ -219,3 +219,32 @@ def test_an_elements_log_comes_from_the_finished_runs_artifacts(tmp_path):
         logs.element_log(tmp_path, None, "r1", 3)
     with pytest.raises(UsageError, match="0 to 9,999"):
         logs.element_log(tmp_path, row, "r1", -1)
+
+
+class _Job:
+    """A stand-in TaskJob: its secret values and its mask (engine.TaskJob.mask's rule)."""
+
+    secret_values = ["hunter2"]
+
+    def mask(self, text):
+        return text.replace("hunter2", "****")
+
+
+def test_a_secret_an_element_printed_is_masked_in_its_log_and_its_last_lines(tmp_path, monkeypatch):
+    (tmp_path / "0.log").write_text("token hunter2\nok\n")
+    attempt._mask_logs(tmp_path, _Job())
+    assert (tmp_path / "0.log").read_text() == "token ****\nok\n"
+
+    class Head:
+        run_dir = "/r"
+        conn = None
+
+    class Opts:
+        elements = arrays.elements(None, {"lr": [0.1, 0.2]})
+        task = _Job()
+
+    raw = status(elements=[{"index": 0, "status": "failed", "tail": ["key hunter2"], "error": "hunter2!"}])
+    from ec2gpu.remote import jobs
+    monkeypatch.setattr(jobs, "read_from", lambda *a, **k: raw)
+    got = attempt._read_status(Head(), Opts(), type("UI", (), {"notes": [], "note": lambda self, t: None})())
+    assert got["elements"][0]["tail"] == ["key ****"] and got["elements"][0]["error"] == "****!"
