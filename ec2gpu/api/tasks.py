@@ -174,6 +174,8 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
                              warn, workdir_outside, overrides or None, infra)
     res = job.task.resources
     elements = _elements(job.task, array, workers, gpus_per_job, max_retries, nodes, detach)
+    if elements and spot is None:  # a pool is spot unless asked otherwise (--on-demand, or the task's spot: false)
+        spot = res.spot if "spot" in res.model_fields_set else True
     run_region = region or infra_region or res.region
     if infra_zone:
         from ..tasks.load import zone_note
@@ -230,18 +232,15 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
         if elements:
             from dataclasses import fields
             from ..pool import attempt as pool_attempt
-            from ..pool import records as pool_records
             from ..runs.options import PoolOptions
             pool_attempt.ray_version()  # refused before anything is created when Ray is not here
-            # a pool is spot unless asked otherwise (--on-demand, or the task's resources.spot: false)
-            pool_spot = spot if spot is not None else res.spot if "spot" in res.model_fields_set else True
-            popts = PoolOptions(**{f.name: getattr(opts, f.name) for f in fields(opts)
-                                   if f.name not in ("task", "nodes", "spot")},
-                                task=job, spot=pool_spot,
-                                nodes=_pool_size(job.task, elements, workers), elements=tuple(elements),
-                                gpus_per_job=gpus_per_job or job.task.gpus_per_job,
+            per_job = gpus_per_job or job.task.gpus_per_job
+            slots = pool_attempt.slots_per_node(types, per_job)  # UsageError: more GPUs than a type has
+            popts = PoolOptions(**{f.name: getattr(opts, f.name) for f in fields(opts) if f.name not in ("task", "nodes")},
+                                task=job, nodes=_pool_size(job.task, elements, workers, slots),
+                                elements=tuple(elements), gpus_per_job=per_job,
                                 max_retries=job.task.max_retries if max_retries is None else max_retries)
-            return pool_records.with_cost_shares(pipeline.train(ctx.aws, settings, popts, reporter, ctx.backend))
+            return pipeline.train(ctx.aws, settings, popts, reporter, ctx.backend)
         return pipeline.train(ctx.aws, settings, opts, reporter, ctx.backend)
 
 
@@ -259,7 +258,10 @@ def _elements(task, array, workers, gpus_per_job, max_retries, nodes, detach) ->
                                  ("--max-retries", max_retries)) if v is not None]
     if not elements and pool_flags:
         raise UsageError(f"{pool_flags[0]} is for an array or a sweep", "add --array N, or array:/sweep: to the task")
-    if elements and (nodes or 1) > 1:
+    if elements and (task.file_mounts or task.ports):
+        raise UsageError("an array or a sweep does not take file_mounts or ports yet",
+                         "copy what the elements need in the task's setup, or run without array/sweep")
+    if elements and (nodes or task.nodes) > 1:
         raise UsageError("--nodes runs one job over several instances; an array runs each element on one",
                          "drop --nodes, and give --workers N for the pool's size")
     if elements and detach:
@@ -274,10 +276,10 @@ def _elements(task, array, workers, gpus_per_job, max_retries, nodes, detach) ->
     return elements
 
 
-def _pool_size(task, elements: list, workers: Optional[int]) -> int:
-    """The pool's instances (pure): --workers, else the task's max_workers; never more than
-    the elements."""
-    return max(1, min(workers or task.max_workers, len(elements)))
+def _pool_size(task, elements: list, workers: Optional[int], slots: int = 1) -> int:
+    """The pool's instances (pure): --workers, else the task's max_workers; never more than the
+    elements need, ``slots`` of them at once on each instance."""
+    return max(1, min(workers or task.max_workers, -(-len(elements) // max(1, slots))))
 
 
 def _infra(infra: Optional[str], region: Optional[str]) -> tuple[Optional[str], Optional[str]]:

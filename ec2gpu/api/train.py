@@ -165,7 +165,6 @@ def _train_sweep(ctx, opts, ui, elements, workers, max_retries) -> RunRecord:
     from dataclasses import fields
 
     from ..pool import attempt as pool_attempt
-    from ..pool import records as pool_records
     from ..runs.options import PoolOptions
     from ..runs.provision import pipeline
     pool_attempt.ray_version()
@@ -176,7 +175,7 @@ def _train_sweep(ctx, opts, ui, elements, workers, max_retries) -> RunRecord:
     same = {f.name for f in fields(PoolOptions)} - {"task", "elements", "gpus_per_job", "max_retries"}
     popts = PoolOptions(**{name: getattr(opts, name) for name in same}, task=job, elements=tuple(elements),
                         max_retries=max_retries)
-    return pool_records.with_cost_shares(pipeline.train(ctx.aws, ctx.settings, popts, ui, ctx.backend))
+    return pipeline.train(ctx.aws, ctx.settings, popts, ui, ctx.backend)
 
 
 def bench(*, instance_type: Optional[str] = None, spot: bool = False, local: bool = False, quick: bool = False,

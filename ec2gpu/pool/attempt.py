@@ -43,6 +43,7 @@ HEAD_PORT_WAIT_S = 300.0  # the head's Ray starts within this (s; node.py tries 
 WORKER_JOIN_WAIT_S = 120.0  # the driver starts once every worker's Ray is up, or this has passed (s)
 MAX_ELEMENT_OUTPUT_BYTES = 256 * 1024 * 1024  # one element's outputs, carried home through the head
 MAX_ELEMENT_LOG_BYTES = 4 * 1024 * 1024  # one element's log kept on the head (its last bytes)
+EXIT_NOTICE = 75  # agent/agent.py's exit code when a spot notice stopped the job (EX_TEMPFAIL)
 BRING_EVERY_S = 10.0  # finished elements' outputs come home this often while the array runs (s)
 
 
@@ -57,6 +58,7 @@ class Pool:
     timeline: list[tuple[float, int, float]] = field(default_factory=list)  # (s since start, instances, epoch s)
     released: list[str] = field(default_factory=list)
     left_at: dict[str, float] = field(default_factory=dict)  # instance id -> epoch s it left the pool
+    slots_per_node: int = 1  # elements one instance runs at once (its GPUs // gpus_per_job)
     lost: list[str] = field(default_factory=list)
 
     def count(self) -> None:
@@ -197,6 +199,19 @@ def gpus_per_job(opts: PoolOptions, node_gpus: int) -> int:
     return want
 
 
+def slots_per_node(types: list[str], per_job: int | None) -> int:
+    """Elements one instance of the first of ``types`` runs at once (its GPUs // GPUs per element;
+    1 with ``per_job`` None: an element takes a whole instance). Raises UsageError, before anything
+    is created, when ``per_job`` is more GPUs than one of ``types`` has."""
+    from ..aws import catalog
+    counts = {t: catalog.lookup(t).gpu_count for t in types}
+    small = [t for t, n in counts.items() if per_job and n < per_job]
+    if small:
+        raise UsageError(f"--gpus-per-job {per_job}: {small[0]} has {counts[small[0]]} GPU(s)",
+                         f"ask for at most {counts[small[0]]}, or a type with more (--gpu A10G:{per_job})")
+    return max(1, counts[types[0]] // per_job) if per_job else 1
+
+
 def run_attempt(aws: Aws, settings: Settings, opts: PoolOptions, run_id: str, ui: ReporterLike, prov: Provisioned,
                 instances_: list[Instance], local_out: Path, backend: Backend, n: int,
                 checkpoints: DirCheckpoints, record: dict[str, Any]) -> dict[str, Any]:
@@ -240,15 +255,17 @@ def run_attempt(aws: Aws, settings: Settings, opts: PoolOptions, run_id: str, ui
             N.parallel(lambda nd: check_ray(nd, want, _say(ui, nd, nodes)), nodes)
             address = start_ray(nodes, addresses, job, ui.note)
         per_job = gpus_per_job(opts, _gpus(nodes[0], job))
+        pool.slots_per_node = max(1, _gpus(nodes[0], job) // per_job)
         head = nodes[0]
         with ui.phase("running"):
             _start_driver(head, pool_spec(run_id, opts, job, address, per_job), opts, settings)
             ui.note(f"pool: {records_words(opts)} over {len(nodes)} instance(s), {per_job} GPU(s) each; the driver "
                     f"runs on the head ({addresses[0]})")
+            limits = settings.download_limits
             status = _follow(aws, pool, head, opts, addresses, ui,
-                             lambda st: _bring_done(head, st, done, job, local_out, config, ui))
+                             lambda st: _bring_done(head, st, done, job, local_out, config, ui, limits))
         with ui.phase("download"):
-            status = _home(head, job, local_out, config, ui, opts, done) or status
+            status = _home(head, job, local_out, config, ui, opts, done, limits) or status
         record["pool"] = {**_pool_record(pool, status, opts, per_job), "skipped": skipped}
         failed = [e for e in status["elements"] if e["status"] != "succeeded"] if status else []
         if status is None or failed:
@@ -325,7 +342,11 @@ def _mask_logs(directory: Path, job: TaskJob) -> None:
     for path in directory.glob("*.log"):
         if path.is_file() and not path.is_symlink():
             text = path.read_text(encoding="utf-8", errors="replace")
-            path.write_text("".join(job.mask(line) for line in text.splitlines(keepends=True)))
+            masked = "".join(job.mask(line) for line in text.splitlines(keepends=True))
+            if masked != text:
+                tmp = path.with_name(f".{path.name}.part")
+                tmp.write_text(masked)
+                tmp.replace(path)
 
 
 def _follow(aws: Aws, pool: Pool, head: Node, opts: PoolOptions, addresses: list[str],
@@ -335,14 +356,16 @@ def _follow(aws: Aws, pool: Pool, head: Node, opts: PoolOptions, addresses: list
     from ..aws import instances
     from ..inert import inert
     from ..remote import jobs
-    cursor = jobs.LogCursor(jobs.LineSplitter(lambda line: ui.log(inert(line))))
+    job = cast("TaskJob", opts.task)
+    cursor = jobs.LogCursor(jobs.LineSplitter(lambda line: ui.log(inert(job.mask(line)))))
     status, total, last_described, last_brought = None, len(opts.elements), 0.0, 0.0
     while True:
         jobs.drain(head.conn, f"{head.run_dir}/job.log", cursor)
         status = _read_status(head, opts, ui) or status
         if status is not None:
             c = status["counts"]
-            ui.progress({"done": c["done"] + c["failed"], "total": total, "eta_s": eta_s(status, len(pool.members)),
+            ui.progress({"done": c["done"] + c["failed"], "total": total,
+                         "eta_s": eta_s(status, len(pool.members) * pool.slots_per_node),
                          "label": f"elements: {c['done']} done, {c['running']} running, {c['queued']} queued, "
                                   f"{c['failed']} failed; {len(pool.members)} instance(s)"})
             _shrink(aws, pool, status, addresses, ui)
@@ -368,8 +391,12 @@ def _follow(aws: Aws, pool: Pool, head: Node, opts: PoolOptions, addresses: list
                                   "its log is above; run the elements that did not finish again with --array",
                                   command="ray start --head", host=head.host,
                                   tail=jobs.tail(head.conn, f"{head.run_dir}/ray/console.log"))
-        if jobs.exit_status(head.conn, head.run_dir) is not None:
+        code = jobs.exit_status(head.conn, head.run_dir)
+        if code is not None:
             jobs.drain(head.conn, f"{head.run_dir}/job.log", cursor)
+            if code == EXIT_NOTICE:  # the agent stopped the driver for the head's spot notice: a lost head
+                from ..runs.recover import recovery
+                raise recovery.Interrupted(f"the pool's head ({head.instance_id}) got a spot interruption notice")
             return _read_status(head, opts, ui) or status
         time.sleep(POLL_S)
 
@@ -422,34 +449,52 @@ def _shrink(aws: Aws, pool: Pool, status: dict[str, Any], addresses: list[str], 
         pool.count()
 
 
+def element_patterns(patterns: list[str]) -> list[str]:
+    """The task's ``outputs`` globs (relative to an element's $EC2GPU_OUTPUT_DIR) as globs of the
+    head's ``out/``, where each element's outputs are ``INDEX/...`` (pure): one with a slash is
+    anchored (gitignore), so it is anchored one level down; one without matches at any depth."""
+    out = []
+    for p in patterns:
+        neg, body = (p.startswith("!"), p[1:] if p.startswith("!") else p)
+        if "/" in body.rstrip("/"):
+            body = "/*/" + body.lstrip("/")
+        out.append(("!" if neg else "") + body)
+    return out
+
+
 def _bring_done(head: Node, status: dict[str, Any], done: dict[str, dict[str, Any]], job: TaskJob, local_out: Path,
-                config: Path, ui: ReporterLike) -> None:
+                config: Path, ui: ReporterLike, limits: Any) -> None:
     """The outputs and logs of the elements that succeeded since the last look, home now (rsync
     sends only what is new), so that a lost head loses none of them: ``done`` gets their records
     (the next attempt skips them). Raises the connection's errors (a lost head)."""
     from ..remote import files, sync
+    from ..errors import RemoteError
     new = [e for e in status["elements"] if e["status"] == "succeeded" and str(e["index"]) not in done]
     if not new:
         return
     warn = lambda line: ui.note(f"warning: {line}")  # noqa: E731
-    sync.pull(head.conn, f"{head.run_dir}/out", local_out / "outputs", job.task.outputs, config, head.instance_id,
-              files.Limits(), warn=warn)
-    sync.pull(head.conn, f"{head.run_dir}/pool/logs", local_out / "logs", [], config, head.instance_id,
-              files.Limits(), warn=warn)
+    try:
+        sync.pull(head.conn, f"{head.run_dir}/out", local_out / "outputs", element_patterns(job.task.outputs), config,
+                  head.instance_id, limits, warn=warn)
+        sync.pull(head.conn, f"{head.run_dir}/pool/logs", local_out / "logs", [], config, head.instance_id,
+                  files.Limits(), warn=warn)
+    except RemoteError as exc:  # a transfer that failed: tried again at the next look, and at the end
+        warn(f"finished elements' outputs not brought home yet ({exc.message})")
+        return
     _mask_logs(local_out / "logs", job)
     for e in new:
         done[str(e["index"])] = e
 
 
 def _home(head: Node, job: TaskJob, local_out: Path, config: Path, ui: ReporterLike,
-          opts: PoolOptions, done: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+          opts: PoolOptions, done: dict[str, dict[str, Any]], limits_: Any) -> dict[str, Any] | None:
     """Outputs (``outputs/<index>/``), element logs (``logs/<index>.log``) and the driver's
     record (``pool.json``) home from the head; the record as checked, with the elements an
     earlier attempt finished (``done``) in it."""
     from ..remote import files, sync
     limits = files.Limits()
-    names, how = sync.pull(head.conn, f"{head.run_dir}/out", local_out / "outputs", job.task.outputs, config,
-                           head.instance_id, limits, warn=lambda line: ui.note(f"warning: {line}"))
+    names, how = sync.pull(head.conn, f"{head.run_dir}/out", local_out / "outputs", element_patterns(job.task.outputs),
+                           config, head.instance_id, limits_, warn=lambda line: ui.note(f"warning: {line}"))
     ui.note(f"outputs: {len(names)} file(s) brought home" + (f" by {how}" if names else "") +
             f" to {local_out / 'outputs'}")
     sync.pull(head.conn, f"{head.run_dir}/pool/logs", local_out / "logs", [], config, head.instance_id,

@@ -43,14 +43,15 @@ def _write_json(path: str, data: object) -> None:
     os.replace(tmp, path)
 
 
-def _tail(path: str, lines: int = TAIL_LINES, max_bytes: int = 16384) -> list[str]:
+def _tail(path: str, lines: int = TAIL_LINES, max_bytes: int = 16384, line_chars: int | None = 512) -> list[str]:
+    """The last ``lines`` lines of the last ``max_bytes`` of ``path``, each at most ``line_chars``."""
     try:
         with open(path, "rb") as f:
             f.seek(max(0, os.path.getsize(path) - max_bytes))
             text = f.read().decode("utf-8", "replace")
     except OSError:
         return []
-    return text.splitlines()[-lines:]
+    return [line if line_chars is None else line[:line_chars] for line in text.splitlines()[-lines:]]
 
 
 def _pack(directory: str, max_bytes: int) -> tuple[bytes, str | None]:
@@ -111,7 +112,7 @@ def run_element(spec: dict, element: dict, tracker: object) -> dict:
     ray.get(tracker.ended.remote(index))  # type: ignore[attr-defined]
     return {"index": index, "exit_status": exit_status, "node": node, "seconds": round(seconds, 3),
             "tail": _tail(f"{edir}/job.log"), "outputs": tar, "outputs_left_out": left,
-            "log": _tail(f"{edir}/job.log", lines=10**6, max_bytes=int(spec["max_log_bytes"]))}
+            "log": _tail(f"{edir}/job.log", lines=10**6, max_bytes=int(spec["max_log_bytes"]), line_chars=None)}
 
 
 class Tracker:
@@ -135,9 +136,20 @@ class Tracker:
 
 
 def _unpack(tar: bytes, target: str) -> None:
+    """Unpack an element's outputs under ``target``: regular files and directories only, each name
+    relative with no ``..`` (checked here: tarfile's "data" filter is not in every Python an image
+    has), then the data filter too where there is one. Raises tarfile.TarError for anything else."""
     os.makedirs(target, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(tar), mode="r") as t:
-        t.extractall(target, filter="data")  # noqa: S202 - the data filter refuses links out and absolute paths
+        members = t.getmembers()
+        for m in members:
+            parts = m.name.split("/")
+            if not (m.isfile() or m.isdir()) or m.name.startswith("/") or ".." in parts:
+                raise tarfile.TarError(f"refused: {m.name[:200]!r}")
+        if hasattr(tarfile, "data_filter"):
+            t.extractall(target, members=members, filter="data")  # noqa: S202 - checked above and by the filter
+        else:
+            t.extractall(target, members=members)  # noqa: S202 - regular files with checked names only
 
 
 def main(argv: list[str]) -> int:  # noqa: C901 - one loop that reads as the driver's life
@@ -174,6 +186,8 @@ def main(argv: list[str]) -> int:  # noqa: C901 - one loop that reads as the dri
     last = 0.0
     while pending:
         ready, _ = ray.wait(list(pending), num_returns=1, timeout=STATUS_EVERY_S)
+        if ready:  # and every other one that is ready: one status write for all of them
+            ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0)
         for ref in ready:
             element = pending.pop(ref)
             rec = records[element["index"]]
@@ -202,7 +216,7 @@ def main(argv: list[str]) -> int:  # noqa: C901 - one loop that reads as the dri
             if res.get("outputs_left_out"):
                 rec["outputs_left_out"] = res["outputs_left_out"]
             print(f"element {rec['index']}: {rec['status']} on {rec.get('node')} in {rec.get('seconds')} s", flush=True)
-        if ready or time.monotonic() - last >= STATUS_EVERY_S:
+        if time.monotonic() - last >= STATUS_EVERY_S:
             _write_json(status_path, _status(records, tracker, final=False))
             last = time.monotonic()
     _write_json(status_path, _status(records, tracker, final=True))

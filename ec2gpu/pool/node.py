@@ -101,7 +101,7 @@ def argv(args: argparse.Namespace, port: int | None, ports: list[int]) -> list[s
     PORT_FLAGS entry, then the workers'."""
     cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", f"--node-ip-address={args.ip}",
            f"--num-gpus={args.gpus}", f"--num-cpus={args.cpus}", "--disable-usage-stats", "--block"]
-    cmd += [f"{flag}={p}" for flag, p in zip(PORT_FLAGS, ports, strict=False)]
+    cmd += [f"{flag}={ports[k]}" for k, flag in enumerate(PORT_FLAGS)]
     rest = ports[len(PORT_FLAGS):]
     if args.role == "head":
         cmd += ["--head", f"--port={port}", "--include-dashboard=false"]

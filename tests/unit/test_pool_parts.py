@@ -248,3 +248,40 @@ def test_a_secret_an_element_printed_is_masked_in_its_log_and_its_last_lines(tmp
     monkeypatch.setattr(jobs, "read_from", lambda *a, **k: raw)
     got = attempt._read_status(Head(), Opts(), type("UI", (), {"notes": [], "note": lambda self, t: None})())
     assert got["elements"][0]["tail"] == ["key ****"] and got["elements"][0]["error"] == "****!"
+
+
+def test_the_tasks_outputs_globs_apply_inside_each_elements_directory():
+    assert attempt.element_patterns(["*.json", "results/*.pt", "/model.pt", "!logs/", "!tmp/x"]) == [
+        "*.json", "/*/results/*.pt", "/*/model.pt", "!logs/", "!/*/tmp/x"]
+
+
+def test_the_pool_is_as_large_as_its_elements_need_and_a_gpu_count_is_checked_before_launch():
+    from ec2gpu.api.tasks import _pool_size
+    from ec2gpu.tasks.spec import Task
+    task = Task(run="x", array=4, max_workers=4)
+    assert attempt.slots_per_node(["g5.12xlarge"], 1) == 4 and attempt.slots_per_node(["g5.12xlarge"], None) == 1
+    assert _pool_size(task, arrays.elements(4), None, 4) == 1 and _pool_size(task, arrays.elements(4), 2, 1) == 2
+    assert _pool_size(task, arrays.elements(9), None, 4) == 3
+    with pytest.raises(UsageError, match="g4dn.xlarge has 1 GPU"):
+        attempt.slots_per_node(["g5.12xlarge", "g4dn.xlarge"], 2)
+
+
+def test_the_driver_refuses_a_link_in_an_elements_outputs(tmp_path):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        info = tarfile.TarInfo("x")
+        info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        t.addfile(info)
+    with pytest.raises(tarfile.TarError, match="refused"):
+        driver._unpack(buf.getvalue(), str(tmp_path / "out"))
+    assert not (tmp_path / "out" / "x").exists()
+
+
+def test_an_array_refuses_file_mounts_and_ports_before_anything_starts(no_backend, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.yaml").write_text("workdir: null\nrun: x\narray: 3\nports: [6006]\n")
+    with pytest.raises(UsageError, match="file_mounts or ports"):
+        api.run(str(tmp_path / "t.yaml"))
+    (tmp_path / "u.yaml").write_text("workdir: null\nrun: x\nnodes: 2\n")
+    with pytest.raises(UsageError, match="--nodes runs one job"):
+        api.run(str(tmp_path / "u.yaml"), array=3)

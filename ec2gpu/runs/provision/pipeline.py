@@ -304,6 +304,9 @@ def train(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
                        "ended_at": datetime.now(timezone.utc).isoformat()})
         if isinstance(error, RemoteError) and error.exit_status is not None:
             record["exit_status"] = error.exit_status
+        if record.get("pool"):  # an array's: each element's share of the bill just made
+            from ...pool import records as pool_records
+            pool_records.with_cost_shares(record)
         _ledger(settings, record, ui)
         if out.exists() or record["status"] == "completed":
             run_record.save(record, out)
