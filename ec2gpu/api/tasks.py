@@ -200,8 +200,12 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
         backend = "sandbox" if st.sandbox else "aws"
         limit = limits.for_task(st.home, job.name, backend, max_runtime, job.task.max_runtime)
         idle = _idle_seconds(job.task, limit)
-        return dryrun.plan(job, st, [t.strip() for t in types_for(st.instance_type)],
-                           nodes=_pool_size(job.task, elements, workers) if elements else nodes or job.task.nodes,
+        planned = [t.strip() for t in types_for(st.instance_type)]
+        if elements:  # sized as the run sizes it: the elements one instance runs at once
+            from ..pool.attempt import slots_per_node
+            slots = slots_per_node(planned, gpus_per_job or job.task.gpus_per_job)
+        return dryrun.plan(job, st, planned,
+                           nodes=_pool_size(job.task, elements, workers, slots) if elements else nodes or job.task.nodes,
                            elements=elements,
                            spot=res.spot if spot is None else spot, spot_fallback=spot_fallback, limit=limit,
                            idle_seconds=idle, ami=_ami(ami, res, st.region),

@@ -60,14 +60,8 @@ def _head_status(home, head: str) -> dict:
 
 
 def _running_on(home, head: str, address: str) -> bool:
-    """Whether the pool's driver (on ``head``) says an element runs on the node at ``address``
-    (its status.json, read where the sandbox keeps the head's files)."""
-    for path in (home / "sandbox" / "instances" / head / "home" / "ec2gpu" / "runs").glob("*/pool/status.json"):
-        try:
-            return json.loads(path.read_text())["nodes"].get(address, 0) >= 1
-        except (OSError, ValueError, KeyError):
-            return False
-    return False
+    """Whether the pool's driver (on ``head``) says an element runs on the node at ``address``."""
+    return _head_status(home, head).get("nodes", {}).get(address, 0) >= 1
 
 
 def _run_array(tmp_path, steps=()):
