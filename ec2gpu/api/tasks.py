@@ -127,7 +127,7 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
     'none': no limit; default: runs/plan/limits.for_task, from the task's history, 24 h for its first
     run), ``allow_larger`` (as the task's resources.allow_larger: with ``gpu``, where no type has
     exactly the count asked, the cheapest with more, the job seeing only the count asked),
-    ``expect`` (minutes: the job's expected time, for the estimate), ``budget`` (USD),
+    ``expect`` (minutes: the job's expected time, an array's element's, for the estimate), ``budget`` (USD),
     ``max_price`` (USD/h), ``max_upload`` (bytes; default remote/sync.MAX_UPLOAD_BYTES, 1 GiB). ``reporter``:
     a runs.provision.pipeline.Reporter (default: silent). ``baked``: launch from the newest image baked for
     the task's setup (`ec2gpu image bake`) when the region has one. ``dry_run``: return the run's
@@ -206,7 +206,7 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
             slots = slots_per_node(planned, gpus_per_job or job.task.gpus_per_job)
         return dryrun.plan(job, st, planned,
                            nodes=_pool_size(job.task, elements, workers, slots) if elements else nodes or job.task.nodes,
-                           elements=elements,
+                           elements=elements, slots=slots if elements else 1,
                            spot=res.spot if spot is None else spot, spot_fallback=spot_fallback, limit=limit,
                            idle_seconds=idle, ami=_ami(ami, res, st.region),
                            baked=baked, expect_minutes=expect_min, backend=backend, warnings=warned,

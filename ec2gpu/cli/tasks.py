@@ -78,9 +78,9 @@ def run_cmd(
                                               "(2 to checkpoint, 5 for outputs). "
                                               "none: no limit (an idle instance still ends itself). Default: the "
                                               "task's, else 3 x its longest run, else 24 h."),
-    expect: Optional[str] = typer.Option(None, "--expect", help="How long the job should run (20m, 1h), for the "
-                                         "estimate when no earlier run of the task says (a first run starts "
-                                         "without it)."),
+    expect: Optional[str] = typer.Option(None, "--expect", help="How long the job (an array's: one element) should "
+                                         "run (20m, 1h), for the estimate when no earlier run of the task says "
+                                         "(a first run starts without it)."),
     budget: Optional[float] = typer.Option(None, "--budget", min=0, help="Refuse the run if its estimate in USD is above."),
     max_price: Optional[float] = typer.Option(None, "--max-price", min=0, help="Spot: the highest USD/h to pay."),
     max_attempts: Optional[int] = typer.Option(None, "--max-attempts", min=1, help="Instances to try (default 3 "

@@ -122,6 +122,15 @@ def idle_workers(status: Mapping[str, Any], workers: Mapping[str, str]) -> list[
     return [iid for iid, address in workers.items() if not nodes.get(address)]
 
 
+def element_seconds(elements: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """{"count", "mean_seconds"} of the elements that succeeded (their last attempt's seconds), for
+    the ledger, whose mean the next run of the task is estimated from (runs/plan/costs.element_minutes);
+    None when none succeeded (pure)."""
+    seconds = [float(e["seconds"]) for e in elements if e.get("status") == "succeeded"
+               and isinstance(e.get("seconds"), (int, float)) and e["seconds"] > 0]
+    return {"count": len(seconds), "mean_seconds": round(sum(seconds) / len(seconds), 3)} if seconds else None
+
+
 def cost_shares(elements: Sequence[Mapping[str, Any]], cost_usd: float | None) -> list[float | None]:
     """Each element's share of the run's cost (pure): the run's ``cost_usd`` split by the seconds
     each element ran (its last attempt's), so the shares add up to the cost; None without a cost."""

@@ -115,6 +115,13 @@ def test_an_array_over_three_workers_shrinks_its_pool_before_its_last_element_en
     shown = subprocess.run([EC2GPU, "logs", record["run_id"], "--index", "11"], capture_output=True, text=True,
                            env=dict(os.environ), timeout=60)  # an element's own log, from the artifacts
     assert shown.returncode == 0 and shown.stdout.startswith("element 11 of 12 on "), shown
+    # the next run of the task is estimated from these elements' times (the ledger), in rounds
+    plan = subprocess.run([EC2GPU, "run", str(tmp_path / "task.yaml"), "--sandbox", "--dry-run", "--json"],
+                          capture_output=True, text=True, env=dict(os.environ), timeout=60)
+    estimate = json.loads(plan.stdout)["estimate"]
+    assert estimate["source"].startswith("mean of 12 element(s) of 1 past array(s) of task pool-array"), estimate
+    mean = sum(e["seconds"] for e in elements) / 12
+    assert estimate["job_minutes"] == round(mean * 4 / 60, 2) and "x 4 round(s)" in estimate["source"], estimate
     assert_nothing_left(home, record)
 
 

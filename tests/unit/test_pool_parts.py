@@ -7,6 +7,7 @@ import json
 import os
 import socket
 import tarfile
+from dataclasses import replace
 
 import pytest
 
@@ -285,3 +286,71 @@ def test_an_array_refuses_file_mounts_and_ports_before_anything_starts(no_backen
     (tmp_path / "u.yaml").write_text("workdir: null\nrun: x\nnodes: 2\n")
     with pytest.raises(UsageError, match="--nodes runs one job"):
         api.run(str(tmp_path / "u.yaml"), array=3)
+
+
+def _array_run(run_id, seconds, status="completed", itype="g4dn.xlarge", task="arr"):
+    """A ledger row of a past array of ``task``, its succeeded elements' times (``seconds``)."""
+    elements = [{"index": k, "status": "succeeded", "seconds": s} for k, s in enumerate(seconds)]
+    return {"run_id": run_id, "command": "run", "backend": "sandbox", "status": status, "task": task,
+            "started_at": "2026-11-20T10:00:00+00:00", "instance_type": itype,
+            "phases": {"running": 999.0}, "element_seconds": records.element_seconds(elements)}
+
+
+def test_an_elements_time_comes_from_the_past_arrays_of_the_task_weighted_by_their_elements(tmp_path):
+    from types import SimpleNamespace
+    from ec2gpu.runs.plan import costs
+    from ec2gpu.runs.settle import ledger
+
+    job = SimpleNamespace(name="arr")
+    assert records.element_seconds([{"status": "failed", "seconds": 9.0}, {"status": "succeeded", "seconds": 0}]) is None
+    assert costs.element_minutes(tmp_path, job, "g4dn.xlarge", None, "sandbox") == (
+        None, "no element of task arr has run on g4dn.xlarge before")
+    assert costs.element_minutes(tmp_path, job, "g4dn.xlarge", 2.0, "sandbox") == (2.0, "--expect (an element's)")
+    ledger.record(tmp_path, _array_run("a", [60.0, 120.0, 90.0]))  # 3 elements, mean 90 s
+    ledger.record(tmp_path, _array_run("b", [180.0]))  # 1 element
+    for other in (_array_run("c", [6000.0], status="failed"), _array_run("d", [6000.0], itype="g5.xlarge"),
+                  _array_run("e", [6000.0], task="other")):
+        ledger.record(tmp_path, other)
+    ledger.record(tmp_path, {**_array_run("f", [1.0]), "element_seconds": {"count": True, "mean_seconds": "x"}})
+    assert costs.element_minutes(tmp_path, job, "g4dn.xlarge", 99.0, "sandbox") == (
+        (3 * 90.0 + 180.0) / 4 / 60, "mean of 4 element(s) of 2 past array(s) of task arr on g4dn.xlarge (ledger)")
+    # the whole array's running time is no single job's: the task's next plain run is not estimated from it
+    assert costs.estimate_minutes(tmp_path, job, "g4dn.xlarge", None, "sandbox")[0] is None
+
+
+@pytest.mark.parametrize("elements, instances, slots, rounds", [(12, 3, 1, 4), (13, 3, 1, 5), (100, 3, 4, 9),
+                                                                (2, 3, 1, 1), (0, 3, 1, 1)])
+def test_a_pool_runs_its_elements_in_rounds(elements, instances, slots, rounds):
+    from ec2gpu.runs.plan import costs
+    assert costs.pool_rounds(elements, instances, slots) == rounds
+
+
+def test_an_arrays_estimate_is_an_elements_time_from_history_times_its_rounds(no_aws, capsys):
+    from ec2gpu.runs.settle import ledger
+
+    (no_aws / "t.yaml").write_text("name: arr\nworkdir: .\nrun: echo hi\narray: 12\nmax_workers: 3\nresources:\n"
+                                   "  instance_type: g4dn.xlarge\n")
+    assert cli.main(["run", "t.yaml", "--dry-run", "--json", "--sandbox", "--expect", "2m"]) == 0
+    estimate = json.loads(capsys.readouterr().out)["estimate"]
+    assert estimate["job_minutes"] == 8.0 and "--expect (an element's); x 4 round(s)" in estimate["source"]
+    ledger.record(no_aws / "home", _array_run("a", [30.0, 90.0]))  # an element: 1 min
+    assert cli.main(["run", "t.yaml", "--dry-run", "--json", "--sandbox", "--expect", "2m", "--workers", "2"]) == 0
+    estimate = json.loads(capsys.readouterr().out)["estimate"]
+    assert estimate["job_minutes"] == 6.0, estimate  # 12 elements over 2 instances: 6 rounds of 1 min
+    assert estimate["source"].startswith("mean of 2 element(s) of 1 past array(s) of task arr"), estimate
+    # the run's own estimate (pipeline.check_estimate) says the same, and a --budget below it is refused
+    from types import SimpleNamespace
+    from ec2gpu import settings as settings_mod
+    from ec2gpu.runs.execute.reporter import Reporter
+    from ec2gpu.runs.options import PoolOptions
+    from ec2gpu.runs.provision import pipeline
+
+    opts = PoolOptions(instance_type="g4dn.xlarge", spot=False, nodes=2, task=SimpleNamespace(name="arr", builtin=None),
+                       elements=tuple(arrays.elements(12, None, None)), max_runtime_minutes=60)
+    ui = Reporter()
+    aws = SimpleNamespace(region="us-east-1")  # on-demand: the price table, no AWS call
+    est = pipeline.check_estimate(aws, settings_mod.load({}), opts, "sandbox", ui)
+    assert est.train_seconds == 360.0 and "x 6 round(s): 12 element(s) over 2 instance(s)" in est.time_source
+    assert any("elements 360 s" in line for line in ui.notes), ui.notes
+    with pytest.raises(UsageError, match="above --budget"):
+        pipeline.check_estimate(aws, settings_mod.load({}), replace(opts, budget_usd=est.cost_usd / 2), "sandbox", ui)

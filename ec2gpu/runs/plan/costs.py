@@ -8,6 +8,7 @@ splits the bill at the change. docs/cost-model.md explains the estimate and its 
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -334,13 +335,53 @@ def estimate_minutes(home: Path, job: TaskJob, instance_type: str, expect_minute
     from ..settle import ledger
     past = [r for r in ledger.runs(home, backend=backend, limit=200, tolerant=True)
             if r.get("task") == job.name and r.get("instance_type") == instance_type and r["status"] == "completed"
-            and (r.get("phases") or {}).get("running")]
+            and (r.get("phases") or {}).get("running") and not r.get("element_seconds")]  # an array's: per element
     if past:
         mean = sum(r["phases"]["running"] for r in past) / len(past) / 60
         return mean, f"mean of {len(past)} past run(s) of task {job.name} on {instance_type} (ledger)"
     if expect_minutes:
         return expect_minutes, "--expect"
     return None, f"task {job.name} has not run on {instance_type} before"
+
+
+def element_minutes(home: Path, job: TaskJob, instance_type: str, expect_minutes: float | None,
+                    backend: str) -> tuple[float | None, str]:
+    """Minutes one element of an array or a sweep of ``job`` should run, and where that figure comes
+    from: the mean of the elements that succeeded in the ledger's past completed arrays of the same
+    task on the same instance type (weighted by their count; pool/records.element_seconds), else
+    ``--expect`` (an element's time); (None, why) when neither says."""
+    from ..settle import ledger
+    count, total, runs = 0, 0.0, 0
+    for r in ledger.runs(home, backend=backend, limit=200, tolerant=True):
+        got = r.get("element_seconds")
+        if (r.get("task") != job.name or r.get("instance_type") != instance_type or r["status"] != "completed"
+                or not isinstance(got, dict)):
+            continue
+        n, mean = got.get("count"), got.get("mean_seconds")
+        if (isinstance(n, int) and not isinstance(n, bool) and n > 0 and isinstance(mean, (int, float))
+                and not isinstance(mean, bool) and math.isfinite(mean) and mean >= 0):
+            count, total, runs = count + n, total + n * mean, runs + 1
+    if count:
+        return total / count / 60, (f"mean of {count} element(s) of {runs} past array(s) of task {job.name} on "
+                                    f"{instance_type} (ledger)")
+    if expect_minutes:
+        return expect_minutes, "--expect (an element's)"
+    return None, f"no element of task {job.name} has run on {instance_type} before"
+
+
+def in_rounds(est: Estimate, rounds: int, why: str) -> Estimate:
+    """``est`` (of one element) with its job run ``rounds`` times one after another, as an array's
+    pool runs them (pool_rounds), billed again; ``why`` joins its time source (pure)."""
+    from dataclasses import replace
+    return _priced(replace(est, train_seconds=round(est.train_seconds * rounds, 1),
+                           time_source=f"{est.time_source}; {why}"))
+
+
+def pool_rounds(elements: int, instances: int, slots: int) -> int:
+    """How many elements run one after another on a pool slot (pure): ``elements`` over
+    ``instances`` instances that each run ``slots`` at once, so a pool of them runs about
+    rounds x an element's time."""
+    return max(1, -(-elements // max(1, instances * slots)))
 
 
 def price_rows(aws: Aws, home: Path, gpu: str | None = None,

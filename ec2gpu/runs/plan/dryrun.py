@@ -46,14 +46,15 @@ def plan(job: TaskJob, settings: Settings, types: list[str], *, nodes: int, spot
          limit: Limit, idle_seconds: int | None, ami: str | None, baked: bool, expect_minutes: float | None,
          backend: str, warnings: list[str], region_source: str | None = None, ami_source: str | None = None,
          idle_source: str | None = None, budget_usd: float | None = None,
-         elements: Sequence[Element] = ()) -> dict[str, Any]:
+         elements: Sequence[Element] = (), slots: int = 1) -> dict[str, Any]:
     """The plan of a run of ``job`` (an engine.TaskJob) on ``types`` (instance types in the order
     they are tried) as a JSON-ready dict; ``limit`` is a runs/plan/limits.Limit, ``idle_seconds`` the
     idle rule's (None: none); ``region_source``, ``ami_source``, ``idle_source``: where the region,
     the AMI and the idle rule come from, in words (api.run); ``budget_usd`` (--budget, the task's
     budget) is judged as the run judges it. ``elements``: an array's or a sweep's (tasks/arrays.py):
-    the plan's ``array`` says how many, over how many instances (``nodes``), and the first ones'
-    parameters. Prices in USD/h, sizes in bytes and GiB, times in minutes.
+    the plan's ``array`` says how many, over how many instances (``nodes``, each running ``slots``
+    at once), and the first ones' parameters; the estimate is an element's time x the rounds.
+    Prices in USD/h, sizes in bytes and GiB, times in minutes.
 
     Raises UsageError as catalog.lookup does for a type ec2gpu cannot run. Calls no AWS API."""
     from ...aws import catalog
@@ -78,7 +79,16 @@ def plan(job: TaskJob, settings: Settings, types: list[str], *, nodes: int, spot
                      "vcpus": t.vcpus, "memory_gib": t.memory_gib, "on_demand_usd_per_hour": price.usd_per_hour,
                      "price_source": price.source, "larger": bool(c is not None and c.larger)})
     first = rows[0]
-    minutes, time_source = costs.estimate_minutes(settings.home, job, first["instance_type"], expect_minutes, backend)
+    if elements:  # an element's time, run in rounds over the pool (pipeline.check_estimate)
+        minutes, time_source = costs.element_minutes(settings.home, job, first["instance_type"], expect_minutes,
+                                                     backend)
+        rounds = costs.pool_rounds(len(elements), nodes, slots)
+        if minutes is not None:
+            minutes, time_source = minutes * rounds, (f"{time_source}; x {rounds} round(s): {len(elements)} "
+                                                      f"element(s) over {nodes} instance(s), {slots} at once on each")
+    else:
+        minutes, time_source = costs.estimate_minutes(settings.home, job, first["instance_type"], expect_minutes,
+                                                      backend)
     # spot costs at most the on-demand price (spot's ceiling); the zone's spot price is looked up at launch
     worst = max((r["on_demand_usd_per_hour"] for r in rows if r["on_demand_usd_per_hour"] is not None), default=None)
     at_most = (None if limit.minutes is None or worst is None else

@@ -129,12 +129,14 @@ def check_estimate(aws: Aws, settings: Settings, opts: RunOptions, backend: str,
     first), or when ``opts.max_price`` is below the spot price in every zone. Creates nothing."""
     if opts.max_price is not None and not opts.spot:
         raise UsageError("--max-price applies to spot instances only", "add --spot, or drop --max-price")
+    pool = opts if isinstance(opts, PoolOptions) else None
+    job = cast("TaskJob", opts.task)  # train() sets opts.task before it asks for the estimate
     if opts.bake is not None:
         est = costs.estimate_job(aws, settings.home, opts.instance_types[0], opts.spot, opts.bake.minutes * 60,
                                  opts.bake.minutes_source, backend, opts.max_price)
-    elif opts.task is not None and opts.task.builtin != "mnist":
-        minutes, source = costs.estimate_minutes(settings.home, opts.task, opts.instance_types[0], opts.expect_minutes,
-                                                  backend)
+    elif opts.task is not None and opts.task.builtin != "mnist":  # an array's: an element's time (from history)
+        minutes, source = (costs.element_minutes if pool else costs.estimate_minutes)(
+            settings.home, opts.task, opts.instance_types[0], opts.expect_minutes, backend)
         if minutes is None:
             return _at_most(aws, settings, opts, backend, ui, source)
         est = costs.estimate_job(aws, settings.home, opts.instance_types[0], opts.spot, minutes * 60, source, backend,
@@ -143,6 +145,12 @@ def check_estimate(aws: Aws, settings: Settings, opts: RunOptions, backend: str,
         model, epochs = preset(opts)
         est = costs.estimate_run(aws, settings.home, opts.instance_types[0], opts.spot, model, epochs, backend,
                                  opts.max_price)
+    if pool:  # the pool's instances run its elements in rounds (docs/pool.md, "What it costs")
+        from ...pool.attempt import slots_per_node
+        slots = slots_per_node(pool.instance_types, pool.gpus_per_job)
+        rounds = costs.pool_rounds(len(pool.elements), pool.nodes, slots)
+        est = costs.in_rounds(est, rounds, f"x {rounds} round(s): {len(pool.elements)} element(s) over {pool.nodes} "
+                                           f"instance(s), {slots} at once on each")
     if opts.nodes > 1 and est.cost_usd is not None:  # N instances for the same time (docs/cost-model.md)
         from dataclasses import replace
         est = replace(est, cost_usd=round(est.cost_usd * opts.nodes, 6))
@@ -151,8 +159,7 @@ def check_estimate(aws: Aws, settings: Settings, opts: RunOptions, backend: str,
             f"{'?' if est.usd_per_hour is None else f'{est.usd_per_hour:.4f}'} USD/h"
             f"{f' x {opts.nodes} nodes' if opts.nodes > 1 else ''} ({est.price_source}); "
             f"boot {est.boot_seconds:.0f} s, setup {est.setup_seconds:.0f} s, "
-            # train() sets opts.task before it asks for the estimate
-            f"{'bake' if opts.bake else 'training' if cast('TaskJob', opts.task).builtin == 'mnist' else 'job'} "
+            f"{'bake' if opts.bake else 'elements' if pool else 'training' if job.builtin == 'mnist' else 'job'} "
             f"{est.train_seconds:.0f} s, "
             f"teardown {est.teardown_seconds:.0f} s [{est.time_source}]")
     _say_limit(opts, ui)
@@ -307,6 +314,7 @@ def train(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
         if record.get("pool"):  # an array's: each element's share of the bill just made
             from ...pool import records as pool_records
             pool_records.with_cost_shares(record)
+            record["element_seconds"] = pool_records.element_seconds(record["pool"]["elements"])
         _ledger(settings, record, ui)
         if out.exists() or record["status"] == "completed":
             run_record.save(record, out)

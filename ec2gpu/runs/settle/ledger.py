@@ -64,10 +64,13 @@ MIGRATIONS: list[str] = [
     # 7: which check the summary passed (job_summary.py): mnist, bench or task; invalid when it failed
     # (summary then holds {"invalid": why, "raw": text}); NULL on rows written before the checks
     "ALTER TABLE runs ADD COLUMN summary_schema TEXT",
+    # 8: an array's or a sweep's element times (JSON: {"count", "mean_seconds"} of its succeeded
+    # elements; pool/records.element_seconds), from which the next run's estimate is made
+    "ALTER TABLE runs ADD COLUMN element_seconds TEXT",
 ]
 
-JSON_COLUMNS = ("instance_ids", "estimate", "phases", "attempts", "summary", "controller")
-NULLABLE_JSON_COLUMNS = ("estimate", "summary", "controller")
+JSON_COLUMNS = ("instance_ids", "estimate", "phases", "attempts", "summary", "controller", "element_seconds")
+NULLABLE_JSON_COLUMNS = ("estimate", "summary", "controller", "element_seconds")
 #: columns a table formats as numbers: a value that is not a finite number reads as None
 NUMBER_COLUMNS = ("billed_seconds", "usd_per_hour", "cost_usd", "estimated_cost_usd")
 
