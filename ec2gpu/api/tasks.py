@@ -407,10 +407,18 @@ def status(run_id: str, *, region: Optional[str] = None, sandbox: bool = False,
     cancelled; attempt, restarts, interruptions survived, instance, times, message) and its Auto
     Scaling group ("group": desired capacity and instances, None once gone). A run that is over has
     what it made removed by this call ("removed", by kind; runs/detached/follow.remove_finished).
+    An array or a sweep this machine runs (or ran) is answered from its ledger and run directory
+    instead, with no AWS call: "array" has its counts, instances, ETA (s) and cost so far (USD),
+    as its live line shows them (pool/attempt.local_status).
     Raises UsageError for a bad run id or one the region's store does not hold; NoCredentials,
     AwsError."""
+    from .. import settings as settings_mod
+    from ..pool.attempt import local_status
     from ..runs.detached import follow
     from .instances import _context
+    local = local_status(settings_mod.load({"region": region, "sandbox": sandbox or None}).home, run_id)
+    if local is not None:
+        return local
     with _context(region, sandbox, False, log) as ctx:
         return follow.status(ctx.aws, ctx.settings, run_id, log)
 

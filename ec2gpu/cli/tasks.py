@@ -223,12 +223,14 @@ def _warn(text: str) -> None:
 
 
 @app.command("status")
-def status_cmd(run_id: str = typer.Argument(..., help="The run id `ec2gpu run --detach` printed."),
+def status_cmd(run_id: str = typer.Argument(..., help="The run id `ec2gpu run --detach` (or an array) printed."),
                region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
     """Show a detached run from any machine of the account: state, attempt, instance, interruptions.
 
     Read from the run's status.json in S3 (written by its agent) and its Auto Scaling group. A run
-    that is over has its group, launch template, security group, key pair and role removed now."""
+    that is over has its group, launch template, security group, key pair and role removed now.
+    An array or a sweep this machine runs: its elements done, running, queued and failed, its
+    instances, the cost so far and the ETA, as its live line shows them (no AWS call)."""
     from .. import api
     got = api.status(run_id, region=region, sandbox=_sandbox_flag(sandbox), log=_one_line)
     if as_json:
@@ -251,10 +253,34 @@ def cancel_cmd(run_id: str = typer.Argument(..., help="The run id `ec2gpu run --
     _say_status(got)
 
 
+def _say_array(got: Mapping[str, Any]) -> None:
+    """An array's status as its live line shows it (every value a number the reader checked)."""
+    a = got["array"]
+    c = a.get("counts") or {}
+    say(out, f"run {got['run_id']}: {got['state']} (an array"
+             + (f" of task {got['task']}" if got.get("task") else "") + ")")
+    parts = [f"elements: {c.get('done', 0)} done, {c.get('running', 0)} running, {c.get('queued', 0)} queued, "
+             f"{c.get('failed', 0)} failed"]
+    if a.get("instances") is not None:
+        parts.append(f"{a['instances']} instance(s)")
+    if got.get("cost_usd") is not None:
+        parts.append(f"cost ${got['cost_usd']:.4f}")
+    elif a.get("cost_so_far_usd") is not None:
+        parts.append(f"${a['cost_so_far_usd']:.4f} so far")
+    if a.get("eta_s") is not None:
+        parts.append(f"ETA {int(a['eta_s']) // 60}:{int(a['eta_s']) % 60:02d}")
+    say(out, "; ".join(parts))
+    if a.get("updated_at") and got["state"] == "running":
+        say(out, f"as of {a['updated_at']} (the run's progress.json, {got['artifacts']})")
+
+
 def _say_status(got: Mapping[str, Any]) -> None:
     """A detached run's status in a few plain lines (every value inert: it came from the instance)."""
     group = got.get("group")
     line = f"run {got['run_id']}: {got['state']}"
+    if got.get("array") is not None:  # an array this machine runs (pool/attempt.local_status)
+        _say_array(got)
+        return
     if got.get("attempt"):
         line += f", attempt {got['attempt']}"
     if got.get("interruptions"):

@@ -19,6 +19,7 @@ import json
 import shlex
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, cast
 
@@ -44,6 +45,7 @@ WORKER_JOIN_WAIT_S = 120.0  # the driver starts once every worker's Ray is up, o
 MAX_ELEMENT_OUTPUT_BYTES = 256 * 1024 * 1024  # one element's outputs, carried home through the head
 MAX_ELEMENT_LOG_BYTES = 4 * 1024 * 1024  # one element's log kept on the head (its last bytes)
 EXIT_NOTICE = 75  # agent/agent.py's exit code when a spot notice stopped the job (EX_TEMPFAIL)
+PROGRESS_FILE = "progress.json"  # the live figures in the run's directory, which `ec2gpu status RUN` reads
 BRING_EVERY_S = 10.0  # finished elements' outputs come home this often while the array runs (s)
 
 
@@ -60,6 +62,21 @@ class Pool:
     left_at: dict[str, float] = field(default_factory=dict)  # instance id -> epoch s it left the pool
     slots_per_node: int = 1  # elements one instance runs at once (its GPUs // gpus_per_job)
     lost: list[str] = field(default_factory=list)
+    usd_per_hour: dict[str, float | None] = field(default_factory=dict)  # instance id -> its compute price
+
+    def cost_so_far(self, now: float) -> float | None:
+        """USD the pool's instances have cost until ``now`` (epoch s): each instance's compute
+        from its launch to when it left the pool (or ``now``), with EC2's 60 s minimum, at its
+        price (``usd_per_hour``; prices_of). None while an instance has no price."""
+        from ..aws.catalog import BILLING_MINIMUM_SECONDS
+        total = 0.0
+        for nd in self.nodes:
+            price = self.usd_per_hour.get(nd.instance_id)
+            if price is None:
+                return None
+            seconds = min(now, self.left_at.get(nd.instance_id, now)) - nd.instance.launched_at.timestamp()
+            total += max(float(BILLING_MINIMUM_SECONDS), seconds) * price / 3600
+        return round(total, 4)
 
     def count(self) -> None:
         now = round(time.monotonic() - self.started, 1)
@@ -262,8 +279,10 @@ def run_attempt(aws: Aws, settings: Settings, opts: PoolOptions, run_id: str, ui
             ui.note(f"pool: {records_words(opts)} over {len(nodes)} instance(s), {per_job} GPU(s) each; the driver "
                     f"runs on the head ({addresses[0]})")
             limits = settings.download_limits
+            pool.usd_per_hour = prices_of(aws, settings, nodes)
             status = _follow(aws, pool, head, opts, addresses, ui,
-                             lambda st: _bring_done(head, st, done, job, local_out, config, ui, limits))
+                             lambda st: _bring_done(head, st, done, job, local_out, config, ui, limits),
+                             local_out / PROGRESS_FILE)
         with ui.phase("download"):
             status = _home(head, job, local_out, config, ui, opts, done, limits) or status
         record["pool"] = {**_pool_record(pool, status, opts, per_job), "skipped": skipped}
@@ -350,9 +369,11 @@ def _mask_logs(directory: Path, job: TaskJob) -> None:
 
 
 def _follow(aws: Aws, pool: Pool, head: Node, opts: PoolOptions, addresses: list[str],
-            ui: ReporterLike, on_status: Callable[[dict[str, Any]], None]) -> dict[str, Any] | None:
-    """Until the driver ends: its log lines shown, the progress line, the pool shrunk, lost
-    workers noted, ``on_status(status)`` after each read. Returns the driver's last status."""
+            ui: ReporterLike, on_status: Callable[[dict[str, Any]], None],
+            progress_path: Path | None = None) -> dict[str, Any] | None:
+    """Until the driver ends: its log lines shown, the progress line (also written to
+    ``progress_path``), the pool shrunk, lost workers noted, ``on_status(status)`` after each
+    read. Returns the driver's last status."""
     from ..aws import instances
     from ..inert import inert
     from ..remote import jobs
@@ -363,12 +384,10 @@ def _follow(aws: Aws, pool: Pool, head: Node, opts: PoolOptions, addresses: list
         jobs.drain(head.conn, f"{head.run_dir}/job.log", cursor)
         status = _read_status(head, opts, ui) or status
         if status is not None:
-            c = status["counts"]
-            ui.progress({"done": c["done"] + c["failed"], "total": total,
-                         "eta_s": eta_s(status, len(pool.members) * pool.slots_per_node),
-                         "label": f"elements: {c['done']} done, {c['running']} running, {c['queued']} queued, "
-                                  f"{c['failed']} failed; {len(pool.members)} instance(s)"})
             _shrink(aws, pool, status, addresses, ui)
+            progress = _progress(pool, status, total)
+            ui.progress(progress)
+            _write_progress(progress_path, progress)
             if time.monotonic() - last_brought >= BRING_EVERY_S:  # rsync's round trips: not at every poll
                 last_brought = time.monotonic()
                 on_status(status)
@@ -399,6 +418,85 @@ def _follow(aws: Aws, pool: Pool, head: Node, opts: PoolOptions, addresses: list
                 raise recovery.Interrupted(f"the pool's head ({head.instance_id}) got a spot interruption notice")
             return _read_status(head, opts, ui) or status
         time.sleep(POLL_S)
+
+
+def prices_of(aws: Aws, settings: Settings, nodes: list[Node]) -> dict[str, float | None]:
+    """Each node's compute price (USD/h; None when none is known), as its bill will price it
+    (runs/plan/costs.compute_cost: a spot instance its zone's spot price history since its launch,
+    an on-demand one the price table), for the cost so far on the live line."""
+    from ..runs.plan import costs
+    now = datetime.now(timezone.utc)
+    return {nd.instance_id: costs.compute_cost(aws, settings.home, nd.instance, nd.instance.launched_at,
+                                               max(now, nd.instance.launched_at + timedelta(seconds=60)))["usd_per_hour"]
+            for nd in nodes}
+
+
+def _progress(pool: Pool, status: dict[str, Any], total: int) -> dict[str, Any]:
+    """The live line's figures (and progress.json's, which `ec2gpu status RUN` shows): the counts,
+    the instances, the ETA (s) and the cost so far (USD)."""
+    c = status["counts"]
+    cost = pool.cost_so_far(time.time())
+    return {"done": c["done"] + c["failed"], "total": total, "counts": dict(c), "instances": len(pool.members),
+            "eta_s": eta_s(status, len(pool.members) * pool.slots_per_node), "cost_so_far_usd": cost,
+            "at": round(time.time(), 3),
+            "label": f"elements: {c['done']} done, {c['running']} running, {c['queued']} queued, {c['failed']} failed; "
+                     f"{len(pool.members)} instance(s)" + ("" if cost is None else f"; ${cost:.4f} so far")}
+
+
+def _write_progress(path: Path | None, progress: dict[str, Any]) -> None:
+    """``progress`` as ``path`` (the run's progress.json), whole or not at all (a reader never sees
+    half a file); a file that cannot be written is skipped: the run goes on."""
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        part = path.with_name(f".{path.name}.part")
+        part.write_text(json.dumps({k: v for k, v in progress.items() if k != "label"}))
+        part.replace(path)
+    except OSError:
+        pass
+
+
+def local_status(home: Path, run_id: str) -> dict[str, Any] | None:
+    """An array's or a sweep's status, for `ec2gpu status RUN` on the machine that runs it (None
+    for a run that is no array, or that this machine's ledger does not hold): the ledger's state
+    and cost, and "array": the counts, instances, ETA (s) and cost so far (USD) of the live line
+    (its progress.json), or once the run is over the driver's final counts (pool.json). Files
+    that do not parse read as absent."""
+    from ..errors import LedgerError
+    from ..runs.settle import ledger
+    try:
+        row = ledger.get(home, run_id)
+    except (UsageError, LedgerError):
+        return None
+    where = Path(str(row.get("artifacts") or "")) if row.get("artifacts") else None
+    live = _json_file(where / PROGRESS_FILE) if where else None
+    final = _json_file(where / "pool.json") if where else None
+    if live is None and final is None:
+        return None
+    array: dict[str, Any] = {"instances": None, "eta_s": None, "cost_so_far_usd": None, "updated_at": None}
+    if live is not None:
+        array.update({k: live.get(k) if isinstance(live.get(k), (int, float)) and not isinstance(live.get(k), bool)
+                      else None for k in ("instances", "eta_s", "cost_so_far_usd", "total")})
+        at = live.get("at")
+        array["updated_at"] = (datetime.fromtimestamp(at, timezone.utc).isoformat()
+                               if isinstance(at, (int, float)) and not isinstance(at, bool) and 0 < at < 1e11 else None)
+    counts = (final if row["status"] != "running" and final is not None else live or final or {}).get("counts")
+    array["counts"] = ({k: counts[k] for k in ("done", "failed", "running", "queued")
+                        if isinstance(counts.get(k), int) and not isinstance(counts.get(k), bool)}
+                       if isinstance(counts, dict) else {})
+    if row["status"] != "running":
+        array.update(instances=0, eta_s=None)
+    return {"run_id": row["run_id"], "state": row["status"], "task": row.get("task"), "array": array,
+            "cost_usd": row.get("cost_usd"), "artifacts": str(where)}
+
+
+def _json_file(path: Path) -> dict[str, Any] | None:
+    try:
+        got = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return got if isinstance(got, dict) else None
 
 
 def _ray_ended(aws: Aws, pool: Pool, iid: str, ui: ReporterLike) -> None:

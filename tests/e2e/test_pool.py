@@ -10,6 +10,7 @@ import time
 import boto3
 import pytest
 
+from ec2gpu.runs.settle import ledger
 from ec2gpu.sandbox import control
 
 from test_spot_recovery import EC2GPU, assert_nothing_left, drive  # same folder (pytest prepend import mode)
@@ -66,6 +67,13 @@ def _running_on(home, head: str, address: str) -> bool:
     return _head_status(home, head).get("nodes", {}).get(address, 0) >= 1
 
 
+def _status(run_id: str) -> dict:
+    shown = subprocess.run([EC2GPU, "status", run_id, "--sandbox", "--json"], capture_output=True, text=True,
+                           env=dict(os.environ), timeout=60)
+    assert shown.returncode == 0, shown
+    return json.loads(shown.stdout)
+
+
 def _run_array(tmp_path, steps=()):
     (tmp_path / "task.yaml").write_text(ARRAY_TASK)
     out = tmp_path / "run"
@@ -89,9 +97,20 @@ def test_an_array_over_three_workers_shrinks_its_pool_before_its_last_element_en
         [seen["group"]] = _ec2(state).describe_security_groups(
             Filters=[{"Name": "tag-key", "Values": ["ec2gpu:run"]}])["SecurityGroups"]
 
-    record, err = _run_array(tmp_path, [("element(s) submitted", look)])
+    def status_while_it_runs(_line, _lines):  # `ec2gpu status RUN` from another terminal, as the live line
+        [row] = [r for r in ledger.runs(home) if r["status"] == "running"]
+        seen["status"] = _status(row["run_id"])
+
+    record, err = _run_array(tmp_path, [("element(s) submitted", look),
+                                        ("pool: no element waits, released", status_while_it_runs)])
     pool, elements = record["pool"], record["pool"]["elements"]
     assert {e["attempts"] for e in elements} == {1} and len({e["node"] for e in elements}) == 3, elements
+    live = seen["status"]
+    assert live["state"] == "running" and sum(live["array"]["counts"].values()) == 12, live
+    assert live["array"]["instances"] in (1, 2, 3) and live["array"]["cost_so_far_usd"] > 0, live
+    over = _status(record["run_id"])
+    assert over["state"] == "completed" and over["array"]["counts"]["done"] == 12, over
+    assert over["cost_usd"] == record["cost_usd"] > 0 and over["array"]["instances"] == 0, (over, record)
     # once element 11 (16 s) runs, no element waits: each worker not running it is let go within
     # one element (5 s) and a poll, while element 11 still runs; the head always stays
     counts = [p["instances"] for p in pool["instances_over_time"]]

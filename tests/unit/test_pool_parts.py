@@ -354,3 +354,54 @@ def test_an_arrays_estimate_is_an_elements_time_from_history_times_its_rounds(no
     assert any("elements 360 s" in line for line in ui.notes), ui.notes
     with pytest.raises(UsageError, match="above --budget"):
         pipeline.check_estimate(aws, settings_mod.load({}), replace(opts, budget_usd=est.cost_usd / 2), "sandbox", ui)
+
+
+def _node(k, iid, launched_epoch):
+    from datetime import datetime, timezone
+    from types import SimpleNamespace
+    from ec2gpu.runs.execute.nodes import Node
+    return Node(k, SimpleNamespace(id=iid, launched_at=datetime.fromtimestamp(launched_epoch, timezone.utc)))
+
+
+def test_the_cost_so_far_bills_each_instance_from_launch_until_it_left_with_the_minute_minimum():
+    t0 = 1.8e9
+    pool = attempt.Pool([_node(0, "i-h", t0), _node(1, "i-w", t0), _node(2, "i-x", t0 + 3590)])
+    pool.left_at["i-w"] = t0 + 1800  # released after half an hour
+    pool.usd_per_hour = {"i-h": 1.0, "i-w": 2.0, "i-x": 0.36}
+    # head: 1 h at $1; the worker it let go: 0.5 h at $2; the last: 10 s, billed 60 s at $0.36
+    assert pool.cost_so_far(t0 + 3600) == round(1.0 + 1.0 + 0.006, 4)
+    pool.usd_per_hour["i-x"] = None
+    assert pool.cost_so_far(t0 + 3600) is None  # not a partial figure shown as the whole
+
+
+def test_status_of_an_array_reads_its_live_line_then_its_final_counts(tmp_path, capsys, monkeypatch):
+    from ec2gpu.runs.settle import ledger
+
+    monkeypatch.setenv("EC2GPU_HOME", str(tmp_path / "home"))
+    out = tmp_path / "run"
+    row = {"run_id": "r-arr", "command": "run", "backend": "sandbox", "status": "running", "task": "arr",
+           "started_at": "2026-11-27T10:00:00+00:00", "artifacts": str(out)}
+    ledger.record(tmp_path / "home", row)
+    assert attempt.local_status(tmp_path / "home", "r-arr") is None  # nothing written yet: not known as an array
+    assert attempt.local_status(tmp_path / "home", "r-none") is None
+    out.mkdir()
+    attempt._write_progress(out / attempt.PROGRESS_FILE, attempt._progress(
+        attempt.Pool([]), json.loads(status(counts={"done": 5, "failed": 1, "running": 3, "queued": 3})), 12))
+    got = api.status("r-arr")
+    assert got["state"] == "running" and got["array"]["counts"] == {"done": 5, "failed": 1, "running": 3, "queued": 3}
+    assert got["array"]["instances"] == 0 and got["array"]["cost_so_far_usd"] == 0.0
+    assert cli.main(["status", "r-arr"]) == 0
+    said = capsys.readouterr().out
+    assert "run r-arr: running (an array of task arr)" in said and "5 done, 3 running, 3 queued, 1 failed" in said
+    assert "$0.0000 so far" in said
+    # hostile or broken figures read as absent, never as an error
+    (out / attempt.PROGRESS_FILE).write_text(json.dumps({"instances": "3", "eta_s": True, "counts": {"done": "x"},
+                                                         "at": 1e30}))
+    got = api.status("r-arr")
+    assert got["array"]["counts"] == {} and got["array"]["instances"] is None and got["array"]["updated_at"] is None
+    # over: the driver's final counts and the run's cost
+    (out / "pool.json").write_text(json.dumps({"counts": {"done": 12, "failed": 0, "running": 0, "queued": 0}}))
+    ledger.record(tmp_path / "home", {**row, "status": "completed", "cost_usd": 0.0123})
+    assert cli.main(["status", "r-arr", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["state"] == "completed" and got["array"]["counts"]["done"] == 12 and got["cost_usd"] == 0.0123
