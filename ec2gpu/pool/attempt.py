@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, cast
 
 from ..errors import RemoteError, UsageError, WaitTimeout
-from . import records
+from . import grow, records
 
 if TYPE_CHECKING:
     from ..aws.instances import Instance
@@ -46,6 +46,7 @@ MAX_ELEMENT_OUTPUT_BYTES = 256 * 1024 * 1024  # one element's outputs, carried h
 MAX_ELEMENT_LOG_BYTES = 4 * 1024 * 1024  # one element's log kept on the head (its last bytes)
 EXIT_NOTICE = 75  # agent/agent.py's exit code when a spot notice stopped the job (EX_TEMPFAIL)
 PROGRESS_FILE = "progress.json"  # the live figures in the run's directory, which `ec2gpu status RUN` reads
+GROW_STOP_WAIT_S = 120.0  # a replacement still being made when the array ends gets this long to stop (s)
 BRING_EVERY_S = 10.0  # finished elements' outputs come home this often while the array runs (s)
 
 
@@ -63,6 +64,8 @@ class Pool:
     slots_per_node: int = 1  # elements one instance runs at once (its GPUs // gpus_per_job)
     lost: list[str] = field(default_factory=list)
     usd_per_hour: dict[str, float | None] = field(default_factory=dict)  # instance id -> its compute price
+    replacements: list[dict[str, Any]] = field(default_factory=list)  # grow.Replacement.as_dict, once each is over
+    growing: Any = None  # the grow.Replacement being made now (at most one at a time)
 
     def cost_so_far(self, now: float) -> float | None:
         """USD the pool's instances have cost until ``now`` (epoch s): each instance's compute
@@ -134,34 +137,41 @@ def start_ray(nodes: list[Node], addresses: list[str], job: TaskJob, log: Callab
     """Start Ray on every node (the head first; ec2gpu/pool/node.py) and return the head's
     address (IP:PORT). Each node's Ray runs detached from SSH in ``RUN_DIR/ray`` (``nd.pid``: its
     process group). Raises RemoteError / WaitTimeout when the head's Ray does not start."""
-    from ..remote import files, jobs
     from ..runs.execute import nodes as N
 
     def launch(nd: Node, role: list[str]) -> None:
-        ray_dir = f"{nd.run_dir}/ray"
-        files.make_dirs(nd.conn, ray_dir)
-        files.put_file(nd.conn, HERE / "node.py", f"{ray_dir}/node.py")
-        python = str(nd.info.get("python") or "python3")
-        nd.pid = jobs.start(nd.conn, ray_dir, [python, f"{ray_dir}/node.py", *role, "--ip", addresses[nd.index],
-                                               "--gpus", str(_gpus(nd, job)), "--cpus", str(_cpus(nd))])
+        launch_ray(nd, role, addresses[nd.index], job)
 
     head = nodes[0]
     launch(head, ["head", "--ready-file", f"{head.run_dir}/ray/ready"])
-    raw = _wait_ready(head, HEAD_PORT_WAIT_S) or ""
+    raw = wait_ready(head, HEAD_PORT_WAIT_S) or ""
     if not raw.isdigit() or not 0 < int(raw) < 65536:
         raise RemoteError(f"Ray's head on {head.instance_id} gave no GCS port", "its log is above",
                           command="ray start --head", host=head.host)
     address = f"{addresses[0]}:{int(raw)}"
     N.parallel(lambda nd: launch(nd, ["worker", "--address", address, "--ready-file", f"{nd.run_dir}/ray/ready"]),
                nodes[1:])
-    joined = N.parallel(lambda nd: _wait_ready(nd, WORKER_JOIN_WAIT_S, required=False) is not None, nodes[1:])
+    joined = N.parallel(lambda nd: wait_ready(nd, WORKER_JOIN_WAIT_S, required=False) is not None, nodes[1:])
     late = [nd.instance_id for nd, ok in zip(nodes[1:], joined, strict=True) if not ok]
     log(f"Ray started on {len(nodes) - len(late)} of {len(nodes)} node(s), head {address}"
         + (f"; not yet on {', '.join(late)} (they join when they can, or are let go)" if late else ""))
     return address
 
 
-def _wait_ready(nd: Node, timeout_s: float, required: bool = True) -> str | None:
+def launch_ray(nd: Node, role: list[str], address: str, job: TaskJob) -> None:
+    """Start Ray (ec2gpu/pool/node.py with ``role``: ["head", ...] or ["worker", "--address",
+    HEAD, ...]) on node ``nd``, whose private address is ``address``, detached from SSH in
+    ``RUN_DIR/ray`` (``nd.pid``: its process group), declaring the node's GPUs and vCPUs."""
+    from ..remote import files, jobs
+    ray_dir = f"{nd.run_dir}/ray"
+    files.make_dirs(nd.conn, ray_dir)
+    files.put_file(nd.conn, HERE / "node.py", f"{ray_dir}/node.py")
+    python = str(nd.info.get("python") or "python3")
+    nd.pid = jobs.start(nd.conn, ray_dir, [python, f"{ray_dir}/node.py", *role, "--ip", address,
+                                           "--gpus", str(_gpus(nd, job)), "--cpus", str(_cpus(nd))])
+
+
+def wait_ready(nd: Node, timeout_s: float, required: bool = True) -> str | None:
     """The text of the node's ready file (ec2gpu/pool/node.py: the head's GCS port, a worker's
     "up") once its Ray is up, within ``timeout_s`` (s). Raises RemoteError when its Ray ended
     first, WaitTimeout when it does not come (``required``; else None for either)."""
@@ -280,9 +290,11 @@ def run_attempt(aws: Aws, settings: Settings, opts: PoolOptions, run_id: str, ui
                     f"runs on the head ({addresses[0]})")
             limits = settings.download_limits
             pool.usd_per_hour = prices_of(aws, settings, nodes)
+            growing = grow.Context(aws, settings, opts, run_id, prov, backend, job, n, record.setdefault("attempts", []),
+                                   config, address)
             status = _follow(aws, pool, head, opts, addresses, ui,
                              lambda st: _bring_done(head, st, done, job, local_out, config, ui, limits),
-                             local_out / PROGRESS_FILE)
+                             local_out / PROGRESS_FILE, growing)
         with ui.phase("download"):
             status = _home(head, job, local_out, config, ui, opts, done, limits) or status
         record["pool"] = {**_pool_record(pool, status, opts, per_job), "skipped": skipped}
@@ -370,10 +382,60 @@ def _mask_logs(directory: Path, job: TaskJob) -> None:
 
 def _follow(aws: Aws, pool: Pool, head: Node, opts: PoolOptions, addresses: list[str],
             ui: ReporterLike, on_status: Callable[[dict[str, Any]], None],
-            progress_path: Path | None = None) -> dict[str, Any] | None:
+            progress_path: Path | None = None, grow_ctx: grow.Context | None = None) -> dict[str, Any] | None:
     """Until the driver ends: its log lines shown, the progress line (also written to
-    ``progress_path``), the pool shrunk, lost workers noted, ``on_status(status)`` after each
-    read. Returns the driver's last status."""
+    ``progress_path``), the pool shrunk, lost workers noted and replaced while work remains
+    (pool/grow.py, with ``grow_ctx``; none without it), ``on_status(status)`` after each read.
+    Returns the driver's last status."""
+    try:
+        return _follow_loop(aws, pool, head, opts, addresses, ui, on_status, progress_path,
+                            lambda status: _grow(aws, pool, status, grow_ctx, addresses, ui))
+    finally:
+        rep = pool.growing
+        if rep is not None and not rep.over:  # the array ended first: it goes no further
+            rep.stop.set()
+            assert rep.thread is not None
+            rep.thread.join(GROW_STOP_WAIT_S)
+
+
+def _grow(aws: Aws, pool: Pool, status: dict[str, Any] | None, ctx: grow.Context | None, addresses: list[str],
+          ui: ReporterLike) -> None:
+    """Take a replacement that is over into the pool (or say why there is none), and start the
+    next one while a lost worker is owed one, elements wait, and the pool is below its size."""
+    from ..aws import instances
+    rep = pool.growing
+    if rep is not None:
+        if not rep.over:
+            return
+        pool.growing = None
+        pool.replacements.append(rep.as_dict())
+        nd = rep.node
+        if nd is not None and rep.address is not None and ctx is not None:
+            addresses.append(rep.address)  # by node index: len(addresses) was nd.index
+            pool.nodes.append(nd)
+            pool.members[nd.instance_id] = nd
+            pool.usd_per_hour.update(prices_of(aws, ctx.settings, [nd]))
+            pool.count()
+            ui.note(f"pool: {nd.instance_id} joined as node {nd.index}, replacing {rep.lost} "
+                    f"({len(pool.members)} instance(s))")
+        else:
+            ui.note(f"pool: no replacement for {rep.lost} ({rep.error}); the others go on")
+            if rep.instance_id:
+                instances.terminate(aws.ec2, [rep.instance_id], wait=False)
+                pool.left_at[rep.instance_id] = round(time.time(), 3)
+    if ctx is None or status is None:
+        return
+    owed = [iid for iid in pool.lost if iid not in {r["for"] for r in pool.replacements}]
+    if not owed or not status["counts"]["queued"] or len(pool.members) >= ctx.opts.nodes:
+        return
+    zone = next((nd.instance.zone for nd in pool.nodes if nd.instance_id == owed[0]), None)
+    ui.note(f"pool: {status['counts']['queued']} element(s) wait and {owed[0]} is lost: launching a replacement")
+    pool.growing = grow.start(ctx, owed[0], zone, len(pool.nodes), list(addresses), list(pool.members.values()), ui)
+
+
+def _follow_loop(aws: Aws, pool: Pool, head: Node, opts: PoolOptions, addresses: list[str],
+                 ui: ReporterLike, on_status: Callable[[dict[str, Any]], None], progress_path: Path | None,
+                 grow_step: Callable[[dict[str, Any] | None], None]) -> dict[str, Any] | None:
     from ..aws import instances
     from ..inert import inert
     from ..remote import jobs
@@ -410,6 +472,7 @@ def _follow(aws: Aws, pool: Pool, head: Node, opts: PoolOptions, addresses: list
                                   "its log is above; run the elements that did not finish again with --array",
                                   command="ray start --head", host=head.host,
                                   tail=jobs.tail(head.conn, f"{head.run_dir}/ray/console.log"))
+        grow_step(status)
         code = jobs.exit_status(head.conn, head.run_dir)
         if code is not None:
             jobs.drain(head.conn, f"{head.run_dir}/job.log", cursor)
@@ -631,4 +694,5 @@ def _pool_record(pool: Pool, status: dict[str, Any] | None, opts: PoolOptions, p
             "max_retries": opts.max_retries, "workers": len(pool.nodes),
             "instances_over_time": [{"seconds": t, "instances": k, "at": at} for t, k, at in pool.timeline],
             "released": pool.released, "lost": pool.lost, "left_at": pool.left_at,
+            "replacements": pool.replacements,
             "ended_at": round(time.time(), 3)}

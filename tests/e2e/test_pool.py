@@ -28,7 +28,7 @@ workdir: .
 run: |
   echo "element $EC2GPU_ARRAY_INDEX of $EC2GPU_ARRAY_SIZE on $EC2GPU_NODE_IP"
   printf '%s %s\\n' "$EC2GPU_ARRAY_INDEX" "$EC2GPU_ARRAY_SIZE" > "$EC2GPU_OUTPUT_DIR/index.txt"
-  if [ "$EC2GPU_ARRAY_INDEX" -eq 11 ]; then sleep 16; else sleep 5; fi
+  if [ "$EC2GPU_ARRAY_INDEX" -eq 11 ]; then sleep {last}; else sleep {each}; fi
 array: 12
 max_workers: 3
 resources:
@@ -74,8 +74,9 @@ def _status(run_id: str) -> dict:
     return json.loads(shown.stdout)
 
 
-def _run_array(tmp_path, steps=()):
-    (tmp_path / "task.yaml").write_text(ARRAY_TASK)
+def _run_array(tmp_path, steps=(), each=5, last=16):
+    """The 12-element array (its elements ``each`` s, the last ``last`` s), run as a user runs it."""
+    (tmp_path / "task.yaml").write_text(ARRAY_TASK.format(each=each, last=last))
     out = tmp_path / "run"
     code, stdout, err = drive(["run", str(tmp_path / "task.yaml"), "--sandbox", "--out", str(out), "--json"],
                               list(steps), timeout_s=280)
@@ -155,9 +156,10 @@ def test_an_array_loses_no_element_when_a_worker_is_interrupted_mid_run(sandbox_
         deadline = time.monotonic() + 30
         while not _running_on(home, nodes["0"], address) and time.monotonic() < deadline:
             time.sleep(0.2)
-        control.interrupt(home, seen["worker"], 1.0)  # its element (5 s) is under way
+        control.interrupt(home, seen["worker"], 1.0)  # its element (10 s) is under way
 
-    record, err = _run_array(tmp_path, [("element(s) submitted", interrupt)])
+    # 10 s elements: about a minute of work is left when the worker is lost, time for a replacement
+    record, err = _run_array(tmp_path, [("element(s) submitted", interrupt)], each=10, last=10)
     pool, elements = record["pool"], record["pool"]["elements"]
     worker = record["instance_ids"].index(seen["worker"])
     assert worker != 0 and pool["lost"] == [seen["worker"]], err
@@ -165,8 +167,13 @@ def test_an_array_loses_no_element_when_a_worker_is_interrupted_mid_run(sandbox_
     again = [e for e in elements if e["attempts"] == 2]
     assert len(again) == 1 and {e["attempts"] for e in elements} == {1, 2}, (elements, err)
     assert len(set(again[0]["nodes"])) == 2
+    # elements still waited: a replacement was launched, set up and joined the pool (3 -> 2 -> 3)
+    [rep] = pool["replacements"]
+    assert rep["for"] == seen["worker"] and rep["joined"] and rep["error"] is None and rep["node"] == 3, (rep, err)
+    assert rep["instance_id"] in record["instance_ids"] and rep["instance_id"] not in pool["lost"]
+    assert any(a["instance_id"] == rep["instance_id"] and a["node"] == 3 for a in record["attempts"])
     counts = [p["instances"] for p in pool["instances_over_time"]]
-    assert counts[0] == 3 and counts[-1] == 1 and counts == sorted(counts, reverse=True), pool
+    assert counts[0] == 3 and counts[1] == 2 and 3 in counts[2:], pool["instances_over_time"]
     assert_nothing_left(home, record)
 
 

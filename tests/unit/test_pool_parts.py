@@ -405,3 +405,64 @@ def test_status_of_an_array_reads_its_live_line_then_its_final_counts(tmp_path, 
     assert cli.main(["status", "r-arr", "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["state"] == "completed" and got["array"]["counts"]["done"] == 12 and got["cost_usd"] == 0.0123
+
+
+def test_a_lost_worker_is_replaced_one_at_a_time_while_elements_wait_and_the_pool_is_below_its_size(monkeypatch):
+    import threading
+    from types import SimpleNamespace
+    from ec2gpu.aws import instances
+    from ec2gpu.pool import grow
+    from ec2gpu.runs.execute.reporter import Reporter
+
+    started, ended, gates = [], [], []
+
+    def start(ctx, lost, zone, index, addresses, members, ui):  # a replacement being made until its gate opens
+        started.append((lost, zone, index, list(addresses)))
+        gates.append(threading.Event())
+        rep = grow.Replacement(lost, index, thread=threading.Thread(target=gates[-1].wait))
+        rep.thread.start()
+        return rep
+
+    monkeypatch.setattr(grow, "start", start)
+    monkeypatch.setattr(attempt, "prices_of", lambda aws, settings, nodes: {nd.instance_id: 0.5 for nd in nodes})
+    monkeypatch.setattr(instances, "terminate", lambda ec2, ids, wait=True: ended.extend(ids))
+    nodes = [_node(k, f"i-{k}", 1.8e9) for k in range(3)]
+    for k, nd in enumerate(nodes):
+        nd.instance.zone = f"us-east-1{'abc'[k]}"
+    pool = attempt.Pool(nodes, members={nd.instance_id: nd for nd in nodes[:2]})  # i-2 is lost
+    ctx = SimpleNamespace(opts=SimpleNamespace(nodes=3), settings=None)
+    addresses, ui, aws = ["10.0.0.0", "10.0.0.1", "10.0.0.2"], Reporter(), SimpleNamespace(ec2=None)
+    waiting = {"counts": {"queued": 4}}
+    attempt._grow(aws, pool, waiting, ctx, addresses, ui)
+    assert started == []  # nothing lost yet
+    pool.lost.append("i-2")
+    attempt._grow(aws, pool, {"counts": {"queued": 0}}, ctx, addresses, ui)
+    assert started == []  # nothing waits: the pool is shrinking, not growing
+    attempt._grow(aws, pool, waiting, None, addresses, ui)
+    assert started == []  # no way to launch one (a caller without a grow context)
+    attempt._grow(aws, pool, waiting, ctx, addresses, ui)
+    assert started == [("i-2", "us-east-1c", 3, addresses)]
+    attempt._grow(aws, pool, waiting, ctx, addresses, ui)
+    assert len(started) == 1  # one at a time
+    # it joined: a member like the others, at the next index and address
+    rep = pool.growing
+    rep.node, rep.address, rep.instance_id = _node(3, "i-3", 1.8e9), "10.0.0.3", "i-3"
+    gates[-1].set()
+    rep.thread.join()
+    attempt._grow(aws, pool, waiting, ctx, addresses, ui)
+    assert pool.growing is None and "i-3" in pool.members and pool.nodes[3].instance_id == "i-3"
+    assert addresses[3] == "10.0.0.3" and pool.usd_per_hour["i-3"] == 0.5
+    assert pool.replacements == [{"for": "i-2", "instance_id": "i-3", "node": 3, "joined": True, "error": None}]
+    assert len(started) == 1  # i-2 has had its replacement; the pool is at its size anyway
+    # a replacement that failed: its instance ends, and the pool goes on without it
+    pool.lost.append("i-1")
+    pool.members.pop("i-1")
+    attempt._grow(aws, pool, waiting, ctx, addresses, ui)
+    assert started[-1][0] == "i-1" and started[-1][2] == 4
+    rep = pool.growing
+    rep.instance_id, rep.error = "i-9", "WaitTimeout: no SSH"
+    gates[-1].set()
+    rep.thread.join()
+    attempt._grow(aws, pool, {"counts": {"queued": 0}}, ctx, addresses, ui)
+    assert ended == ["i-9"] and pool.replacements[-1]["joined"] is False and "i-9" not in pool.members
+    assert any("no replacement for i-1 (WaitTimeout: no SSH)" in n for n in ui.notes)

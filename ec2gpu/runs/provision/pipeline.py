@@ -421,6 +421,7 @@ def _run_attempts(aws: Aws, settings: Settings, opts: RunOptions, run_id: str, u
                                         cast(dict[str, Any], record))
             return engine.run_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, backend, n, checkpoints)
         except recovery.Interrupted as why:
+            mine = [a for a in attempts if a["attempt"] == n]  # with any an array's pool added (pool/grow.py)
             ui.note(f"attempt {n} interrupted on {', '.join(a['instance_id'] for a in mine)} "
                     f"({mine[0]['zone']}): {why.reason}")
             if mine[0]["zone"]:
