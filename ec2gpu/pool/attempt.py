@@ -489,9 +489,15 @@ def prices_of(aws: Aws, settings: Settings, nodes: list[Node]) -> dict[str, floa
     an on-demand one the price table), for the cost so far on the live line."""
     from ..runs.plan import costs
     now = datetime.now(timezone.utc)
-    return {nd.instance_id: costs.compute_cost(aws, settings.home, nd.instance, nd.instance.launched_at,
-                                               max(now, nd.instance.launched_at + timedelta(seconds=60)))["usd_per_hour"]
-            for nd in nodes}
+    prices: dict[str, float | None] = {}
+    for nd in nodes:
+        try:
+            prices[nd.instance_id] = costs.compute_cost(aws, settings.home, nd.instance, nd.instance.launched_at,
+                                                        max(now, nd.instance.launched_at + timedelta(seconds=60))
+                                                        )["usd_per_hour"]
+        except Exception:  # noqa: BLE001 - a price for the live line only: without one it shows no cost so far
+            prices[nd.instance_id] = None
+    return prices
 
 
 def _progress(pool: Pool, status: dict[str, Any], total: int) -> dict[str, Any]:
@@ -539,19 +545,24 @@ def local_status(home: Path, run_id: str) -> dict[str, Any] | None:
         return None
     array: dict[str, Any] = {"instances": None, "eta_s": None, "cost_so_far_usd": None, "updated_at": None}
     if live is not None:
-        array.update({k: live.get(k) if isinstance(live.get(k), (int, float)) and not isinstance(live.get(k), bool)
-                      else None for k in ("instances", "eta_s", "cost_so_far_usd", "total")})
-        at = live.get("at")
-        array["updated_at"] = (datetime.fromtimestamp(at, timezone.utc).isoformat()
-                               if isinstance(at, (int, float)) and not isinstance(at, bool) and 0 < at < 1e11 else None)
+        array.update({k: _figure(live.get(k)) for k in ("instances", "eta_s", "cost_so_far_usd", "total")})
+        at = _figure(live.get("at"))
+        array["updated_at"] = datetime.fromtimestamp(at, timezone.utc).isoformat() if at and at < 1e11 else None
     counts = (final if row["status"] != "running" and final is not None else live or final or {}).get("counts")
     array["counts"] = ({k: counts[k] for k in ("done", "failed", "running", "queued")
-                        if isinstance(counts.get(k), int) and not isinstance(counts.get(k), bool)}
-                       if isinstance(counts, dict) else {})
+                        if isinstance(_figure(counts.get(k)), int)} if isinstance(counts, dict) else {})
     if row["status"] != "running":
         array.update(instances=0, eta_s=None)
     return {"run_id": row["run_id"], "state": row["status"], "task": row.get("task"), "array": array,
             "cost_usd": row.get("cost_usd"), "artifacts": str(where)}
+
+
+def _figure(value: object) -> int | float | None:
+    """``value`` when it is a finite number from 0 to 1e12 (not a bool), else None (pure)."""
+    import math
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and 0 <= value <= 1e12:
+        return value
+    return None
 
 
 def _json_file(path: Path) -> dict[str, Any] | None:

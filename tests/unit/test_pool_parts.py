@@ -395,10 +395,12 @@ def test_status_of_an_array_reads_its_live_line_then_its_final_counts(tmp_path, 
     assert "run r-arr: running (an array of task arr)" in said and "5 done, 3 running, 3 queued, 1 failed" in said
     assert "$0.0000 so far" in said
     # hostile or broken figures read as absent, never as an error
-    (out / attempt.PROGRESS_FILE).write_text(json.dumps({"instances": "3", "eta_s": True, "counts": {"done": "x"},
-                                                         "at": 1e30}))
+    (out / attempt.PROGRESS_FILE).write_text('{"instances": "3", "eta_s": Infinity, "cost_so_far_usd": -1, '
+                                             '"counts": {"done": "x", "failed": -2, "queued": NaN}, "at": 1e30}')
     got = api.status("r-arr")
     assert got["array"]["counts"] == {} and got["array"]["instances"] is None and got["array"]["updated_at"] is None
+    assert got["array"]["eta_s"] is None and got["array"]["cost_so_far_usd"] is None
+    assert cli.main(["status", "r-arr"]) == 0 and "0 done, 0 running" in capsys.readouterr().out
     # over: the driver's final counts and the run's cost
     (out / "pool.json").write_text(json.dumps({"counts": {"done": 12, "failed": 0, "running": 0, "queued": 0}}))
     ledger.record(tmp_path / "home", {**row, "status": "completed", "cost_usd": 0.0123})
