@@ -436,51 +436,93 @@ def _grow(aws: Aws, pool: Pool, status: dict[str, Any] | None, ctx: grow.Context
 def _follow_loop(aws: Aws, pool: Pool, head: Node, opts: PoolOptions, addresses: list[str],
                  ui: ReporterLike, on_status: Callable[[dict[str, Any]], None], progress_path: Path | None,
                  grow_step: Callable[[dict[str, Any] | None], None]) -> dict[str, Any] | None:
-    from ..aws import instances
+    """_follow's loop: a poll every POLL_S; through a dropped SSH connection to the head it
+    reconnects (0.5 s doubling to 8 s) for up to ``opts.unreachable_s``, then the head counts as
+    lost (recovery.Interrupted: the run goes on as a new attempt where attempts are left)."""
     from ..inert import inert
     from ..remote import jobs
+    from ..runs.recover import recovery
     job = cast("TaskJob", opts.task)
     cursor = jobs.LogCursor(jobs.LineSplitter(lambda line: ui.log(inert(job.mask(line)))))
-    status, total, last_described, last_brought = None, len(opts.elements), 0.0, 0.0
+    state: dict[str, Any] = {"status": None, "described": 0.0, "brought": 0.0}
+    unreachable_since, wait = None, 0.5
     while True:
-        jobs.drain(head.conn, f"{head.run_dir}/job.log", cursor)
-        status = _read_status(head, opts, ui) or status
-        if status is not None:
-            _shrink(aws, pool, status, addresses, ui)
-            progress = _progress(pool, status, total)
-            ui.progress(progress)
-            _write_progress(progress_path, progress)
-            if time.monotonic() - last_brought >= BRING_EVERY_S:  # rsync's round trips: not at every poll
-                last_brought = time.monotonic()
-                on_status(status)
-        if time.monotonic() - last_described > 5 * POLL_S:
-            last_described = time.monotonic()
-            ids = [i for i in pool.members if i != head.instance_id]
-            for inst in instances.describe_instances(aws.ec2, ids) if ids else []:
-                if inst.state not in ("pending", "running"):
-                    ui.note(f"worker {inst.id} lost ({inst.state}): Ray runs its elements again on the others")
-                    gone = pool.members.pop(inst.id, None)
-                    if gone is not None:
-                        gone.close()
-                    pool.lost.append(inst.id)
-                    pool.left_at[inst.id] = round(time.time(), 3)
-            for iid in [i for i in pool.members if i != head.instance_id]:
-                _ray_ended(aws, pool, iid, ui)
-            pool.count()
-            if jobs.exit_status(head.conn, f"{head.run_dir}/ray") is not None:  # no scheduler: the run cannot go on
-                raise RemoteError(f"Ray ended on the pool's head ({head.instance_id}) while the array ran",
-                                  "its log is above; run the elements that did not finish again with --array",
-                                  command="ray start --head", host=head.host,
-                                  tail=jobs.tail(head.conn, f"{head.run_dir}/ray/console.log"))
-        grow_step(status)
-        code = jobs.exit_status(head.conn, head.run_dir)
-        if code is not None:
-            jobs.drain(head.conn, f"{head.run_dir}/job.log", cursor)
-            if code == EXIT_NOTICE:  # the agent stopped the driver for the head's spot notice: a lost head
-                from ..runs.recover import recovery
-                raise recovery.Interrupted(f"the pool's head ({head.instance_id}) got a spot interruption notice")
-            return _read_status(head, opts, ui) or status
+        try:
+            ended, result = _poll(aws, pool, head, opts, addresses, ui, on_status, progress_path, grow_step, cursor,
+                                  state)
+        except jobs.CONNECTION_ERRORS as exc:
+            now = time.monotonic()
+            if unreachable_since is None:
+                unreachable_since = now
+                ui.note(f"the pool's head ({head.instance_id}) did not answer ({type(exc).__name__}); reconnecting "
+                        f"for up to {opts.unreachable_s:.0f} s")
+            if head.watch:
+                head.watch.check()  # EC2 says the head is gone: Interrupted now, not after the bound
+            if now - unreachable_since > opts.unreachable_s:
+                raise recovery.Interrupted(f"the pool's head ({head.instance_id}) was unreachable over SSH for "
+                                           f"{now - unreachable_since:.0f} s") from None
+            time.sleep(wait)
+            wait = min(8.0, wait * 2)
+            head.close()
+            try:
+                head.conn = head.connect()
+            except jobs.CONNECTION_ERRORS:
+                pass
+            continue
+        if unreachable_since is not None:
+            ui.note(f"the pool's head answers again after {time.monotonic() - unreachable_since:.0f} s")
+            unreachable_since, wait = None, 0.5
+        if ended:
+            return result
         time.sleep(POLL_S)
+
+
+def _poll(aws: Aws, pool: Pool, head: Node, opts: PoolOptions, addresses: list[str], ui: ReporterLike,
+          on_status: Callable[[dict[str, Any]], None], progress_path: Path | None,
+          grow_step: Callable[[dict[str, Any] | None], None], cursor: Any,
+          state: dict[str, Any]) -> tuple[bool, dict[str, Any] | None]:
+    """One poll of the driver on the head: (ended, its last status). Raises the connection's
+    errors (jobs.CONNECTION_ERRORS) as they come; ``state`` carries the last status and times."""
+    from ..aws import instances
+    from ..remote import jobs
+    jobs.drain(head.conn, f"{head.run_dir}/job.log", cursor)
+    status = state["status"] = _read_status(head, opts, ui) or state["status"]
+    if status is not None:
+        _shrink(aws, pool, status, addresses, ui)
+        progress = _progress(pool, status, len(opts.elements))
+        ui.progress(progress)
+        _write_progress(progress_path, progress)
+        if time.monotonic() - state["brought"] >= BRING_EVERY_S:  # rsync's round trips: not at every poll
+            state["brought"] = time.monotonic()
+            on_status(status)
+    if time.monotonic() - state["described"] > 5 * POLL_S:
+        state["described"] = time.monotonic()
+        ids = [i for i in pool.members if i != head.instance_id]
+        for inst in instances.describe_instances(aws.ec2, ids) if ids else []:
+            if inst.state not in ("pending", "running"):
+                ui.note(f"worker {inst.id} lost ({inst.state}): Ray runs its elements again on the others")
+                gone = pool.members.pop(inst.id, None)
+                if gone is not None:
+                    gone.close()
+                pool.lost.append(inst.id)
+                pool.left_at[inst.id] = round(time.time(), 3)
+        for iid in [i for i in pool.members if i != head.instance_id]:
+            _ray_ended(aws, pool, iid, ui)
+        pool.count()
+        if jobs.exit_status(head.conn, f"{head.run_dir}/ray") is not None:  # no scheduler: the run cannot go on
+            raise RemoteError(f"Ray ended on the pool's head ({head.instance_id}) while the array ran",
+                              "its log is above; run the elements that did not finish again with --array",
+                              command="ray start --head", host=head.host,
+                              tail=jobs.tail(head.conn, f"{head.run_dir}/ray/console.log"))
+    grow_step(status)
+    code = jobs.exit_status(head.conn, head.run_dir)
+    if code is not None:
+        jobs.drain(head.conn, f"{head.run_dir}/job.log", cursor)
+        if code == EXIT_NOTICE:  # the agent stopped the driver for the head's spot notice: a lost head
+            from ..runs.recover import recovery
+            raise recovery.Interrupted(f"the pool's head ({head.instance_id}) got a spot interruption notice")
+        return True, _read_status(head, opts, ui) or status
+    return False, status
 
 
 def prices_of(aws: Aws, settings: Settings, nodes: list[Node]) -> dict[str, float | None]:

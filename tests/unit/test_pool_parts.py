@@ -468,3 +468,46 @@ def test_a_lost_worker_is_replaced_one_at_a_time_while_elements_wait_and_the_poo
     attempt._grow(aws, pool, {"counts": {"queued": 0}}, ctx, addresses, ui)
     assert ended == ["i-9"] and pool.replacements[-1]["joined"] is False and "i-9" not in pool.members
     assert any("no replacement for i-1 (WaitTimeout: no SSH)" in n for n in ui.notes)
+
+
+def test_the_pool_follows_its_head_through_a_dropped_connection_and_counts_it_lost_after_the_bound(monkeypatch):
+    from types import SimpleNamespace
+    from ec2gpu.runs.execute.reporter import Reporter
+    from ec2gpu.runs.recover import recovery
+
+    clock = [0.0]
+    monkeypatch.setattr(attempt.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    monkeypatch.setattr(attempt.time, "monotonic", lambda: clock[0])
+    outcomes = [OSError("reset"), EOFError(), (False, {"counts": {}}), (True, {"final": True})]
+
+    def poll(*a, **k):
+        got = outcomes.pop(0)
+        if isinstance(got, BaseException):
+            raise got
+        return got
+
+    monkeypatch.setattr(attempt, "_poll", poll)
+    connects = []
+    head = SimpleNamespace(instance_id="i-h", watch=None, close=lambda: None, conn=None,
+                           connect=lambda: connects.append(1) or "conn")
+    opts = SimpleNamespace(unreachable_s=120.0, task=SimpleNamespace(mask=lambda x: x), elements=())
+    ui = Reporter()
+    assert attempt._follow_loop(None, None, head, opts, [], ui, None, None, None) == {"final": True}
+    assert len(connects) == 2 and head.conn == "conn"
+    assert any("did not answer (OSError); reconnecting" in n for n in ui.notes)
+    assert any("answers again" in n for n in ui.notes)
+    # unreachable longer than the bound: the head counts as lost, the run's next attempt goes on
+    outcomes[:] = [OSError("down")] * 100
+    with pytest.raises(recovery.Interrupted, match="unreachable over SSH"):
+        attempt._follow_loop(None, None, head, opts, [], ui, None, None, None)
+    assert clock[0] > 120
+    # EC2 says the head is gone: lost at once, without waiting for the bound
+    outcomes[:] = [OSError("down")] * 100
+    start = clock[0]
+
+    def gone():
+        raise recovery.Interrupted("EC2 reports the instance terminated")
+    head.watch = SimpleNamespace(check=gone)
+    with pytest.raises(recovery.Interrupted, match="terminated"):
+        attempt._follow_loop(None, None, head, opts, [], ui, None, None, None)
+    assert clock[0] - start < 1
