@@ -158,6 +158,15 @@ def start_ray(nodes: list[Node], addresses: list[str], job: TaskJob, log: Callab
     return address
 
 
+def join_ray(nd: Node, address: str, head_address: str, job: TaskJob, log: Callable[[str], None]) -> None:
+    """Make node ``nd`` (a replacement, at private ``address``) a worker of the Ray whose head is
+    at ``head_address`` (IP:PORT): this machine's Ray version there (check_ray), Ray started,
+    its ready file waited for. Raises RemoteError, WaitTimeout."""
+    check_ray(nd, ray_version(), log)
+    launch_ray(nd, ["worker", "--address", head_address, "--ready-file", f"{nd.run_dir}/ray/ready"], address, job)
+    wait_ready(nd, WORKER_JOIN_WAIT_S)
+
+
 def launch_ray(nd: Node, role: list[str], address: str, job: TaskJob) -> None:
     """Start Ray (ec2gpu/pool/node.py with ``role``: ["head", ...] or ["worker", "--address",
     HEAD, ...]) on node ``nd``, whose private address is ``address``, detached from SSH in
@@ -291,7 +300,7 @@ def run_attempt(aws: Aws, settings: Settings, opts: PoolOptions, run_id: str, ui
             limits = settings.download_limits
             pool.usd_per_hour = prices_of(aws, settings, nodes)
             growing = grow.Context(aws, settings, opts, run_id, prov, backend, job, n, record.setdefault("attempts", []),
-                                   config, address)
+                                   config, lambda nd, at, log: join_ray(nd, at, address, job, log))
             status = _follow(aws, pool, head, opts, addresses, ui,
                              lambda st: _bring_done(head, st, done, job, local_out, config, ui, limits),
                              local_out / PROGRESS_FILE, growing)

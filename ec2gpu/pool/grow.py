@@ -74,7 +74,7 @@ class Context:
     attempt: int  # the run's attempt number (the ledger's attempt rows)
     attempts: list[dict[str, Any]]  # the run record's attempt rows: the replacement's is added
     ssh_config: Any  # Path of the run's SSH config (rsync's), rewritten with the new node
-    head_address: str  # Ray's head, IP:PORT
+    join: Callable[[Node, str, Callable[[str], None]], None]  # (node, its address, log): Ray up there, joined
 
 
 @dataclass
@@ -138,7 +138,6 @@ def _make(ctx: Context, rep: Replacement, lost_zone: str | None, addresses: list
     from ..runs.execute import engine, nodes as N
     from ..runs.provision import resources as provision
     from ..runs.recover import recovery
-    from . import attempt as A
 
     def step() -> None:
         if rep.stop.is_set():
@@ -167,10 +166,6 @@ def _make(ctx: Context, rep: Replacement, lost_zone: str | None, addresses: list
     if ctx.job.task.setup:
         engine.setup_node(nd, ctx.job, say)
         step()
-    A.check_ray(nd, A.ray_version(), say)
-    step()
-    A.launch_ray(nd, ["worker", "--address", ctx.head_address, "--ready-file", f"{nd.run_dir}/ray/ready"],
-                 address, ctx.job)
-    A.wait_ready(nd, A.WORKER_JOIN_WAIT_S)
+    ctx.join(nd, address, say)
     rep.address = address
     return nd
