@@ -30,7 +30,60 @@ import subprocess
 import sys
 import tarfile
 import time
+import typing
 
+#: The element's keeper (``python -c REAPER PARENT_PID GRACE_S -- ARGV``), between the Ray worker
+#: and the element: it asks Linux for SIGTERM when its parent dies (prctl PR_SET_PDEATHSIG; a
+#: Ray worker killed with SIGKILL, by Ray's memory monitor for one, cannot pass anything on), runs
+#: the element in a process group of its own, and on SIGTERM (or once the element exits) ends that
+#: whole group: SIGTERM, then SIGKILL after GRACE_S. Without it, an element's processes outlived a
+#: killed worker, holding its GPU until the instance ended. Exit status: the element's, or 128+N
+#: for a signal N (a shell's convention).
+REAPER = r"""
+import ctypes, os, signal, subprocess, sys, time
+parent, grace, argv = int(sys.argv[1]), float(sys.argv[2]), sys.argv[4:]
+try:
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG (linux/prctl.h: 1)
+except (AttributeError, OSError):
+    pass
+if os.getppid() != parent:  # the worker died before the death signal was set
+    sys.exit(128 + signal.SIGTERM)
+child = subprocess.Popen(argv, start_new_session=True)
+
+def end_group():
+    try:
+        os.killpg(child.pid, signal.SIGTERM)
+    except OSError:
+        return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(child.pid, 0)
+        except OSError:
+            return
+        time.sleep(0.1)
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+def on_term(signum, frame):
+    end_group()
+    try:
+        child.wait(timeout=1)
+    except subprocess.TimeoutExpired:
+        pass
+    sys.exit(128 + signum)
+
+signal.signal(signal.SIGTERM, on_term)
+code = child.wait()
+try:
+    os.killpg(child.pid, signal.SIGKILL)  # what the element left running in its group ends with it
+except OSError:
+    pass
+sys.exit(code if code >= 0 else 128 - code)
+"""
+REAPER_GRACE_S = 10.0  # an element's group gets this long between SIGTERM and SIGKILL (s)
 NODE_LOSS_RETRIES = 8  # Ray's retries of an element whose node was lost (not counted as its failures)
 TAIL_LINES = 20
 STATUS_EVERY_S = 1.0
@@ -76,6 +129,23 @@ def _pack(directory: str, max_bytes: int) -> tuple[bytes, str | None]:
     return buf.getvalue(), why
 
 
+def keep(argv: list[str], cwd: str, env: dict, log: typing.IO[bytes]) -> int:
+    """Run ``argv`` under its keeper (REAPER) with output to ``log`` (a file); return its exit
+    status. Interrupted here (Ray cancelling the task), the keeper gets SIGTERM and ends the
+    element's group before this returns (SIGKILL, which subprocess.run would send, would leave it)."""
+    proc = subprocess.Popen([sys.executable, "-c", REAPER, str(os.getpid()), str(REAPER_GRACE_S), "--", *argv],
+                            cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        return proc.wait()
+    except BaseException:
+        proc.terminate()
+        try:
+            proc.wait(REAPER_GRACE_S + 5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        raise
+
+
 def run_element(spec: dict, element: dict, tracker: object) -> dict:
     """One attempt of one element on whichever node Ray chose (a Ray task's body)."""
     import ray
@@ -103,10 +173,8 @@ def run_element(spec: dict, element: dict, tracker: object) -> dict:
                 "SKYPILOT_NODE_IPS": node, "SKYPILOT_NUM_GPUS_PER_NODE": gpus})
     started = time.time()
     with open(f"{edir}/job.log", "ab") as log:
-        exit_status = subprocess.run([*spec["script"], *element.get("args", [])],
-                                     cwd=env.get("EC2GPU_WORKDIR") or run_dir, env=env, stdout=log,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True).returncode
+        exit_status = keep(spec["script"] + list(element.get("args", [])), env.get("EC2GPU_WORKDIR") or run_dir,
+                           env, log)
     seconds = time.time() - started
     tar, left = _pack(out, int(spec["max_output_bytes"]))
     ray.get(tracker.ended.remote(index))  # type: ignore[attr-defined]

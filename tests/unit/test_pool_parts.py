@@ -511,3 +511,53 @@ def test_the_pool_follows_its_head_through_a_dropped_connection_and_counts_it_lo
     with pytest.raises(recovery.Interrupted, match="terminated"):
         attempt._follow_loop(None, None, head, opts, [], ui, None, None, None)
     assert clock[0] - start < 1
+
+
+def _gone(pid: int, within_s: float) -> bool:
+    import time
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_an_elements_processes_end_with_the_ray_worker_that_ran_it_even_when_it_is_killed(tmp_path):
+    """The keeper (driver.REAPER) between a Ray worker and an element: the worker killed with
+    SIGKILL (Ray's memory monitor does that), the element's whole group ends too."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pids = tmp_path / "pids"
+    element = ["sh", "-c", f"sleep 300 & echo $! > {pids}; sleep 300"]
+    worker = subprocess.Popen([sys.executable, "-c", "import sys, subprocess\n"
+                               "from ec2gpu.pool import driver\n"
+                               "with open(sys.argv[1], 'wb') as log:\n"
+                               "    driver.keep(sys.argv[2:], '.', None, log)\n", str(tmp_path / "log"), *element],
+                              start_new_session=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not (pids.exists() and pids.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        background = int(pids.read_text())
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait()
+        assert _gone(background, driver.REAPER_GRACE_S + 5), "the element outlived its worker"
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+
+
+def test_an_element_keeps_its_exit_status_and_leaves_nothing_running(tmp_path):
+    with open(tmp_path / "log", "wb") as log:
+        assert driver.keep(["sh", "-c", "echo hi; exit 3"], str(tmp_path), dict(os.environ), log) == 3
+        assert driver.keep(["sh", "-c", f"sleep 300 & echo $! > {tmp_path}/bg; kill -TERM $$"], str(tmp_path),
+                           dict(os.environ), log) == 128 + 15
+    assert (tmp_path / "log").read_text().startswith("hi")
+    assert _gone(int((tmp_path / "bg").read_text()), 5)  # a process it left behind ended with it
