@@ -379,6 +379,41 @@ def boundary_arn(iam: Client, account_id: str) -> str | None:
     return arn
 
 
+def boundary_gaps(iam: Client, arn: str, policy: dict[str, Any]) -> list[str] | None:
+    """The actions of ``policy`` (a role's inline policy) that the boundary ``arn``'s default
+    version allows in no statement, sorted: a role under that boundary could not do them (an
+    effective permission is in both its policies and its boundary:
+    https://docs.aws.amazon.com/IAM/latest/UserGuide/access_policies_boundaries.html). Actions
+    are matched as IAM matches them (``*`` and ``?`` wildcards, case-insensitive); resources and
+    conditions are not compared (the shipped boundary's own resources are the account's to edit).
+    None when these credentials may not read the boundary's document (GetPolicyVersion refused).
+    Raises botocore's ClientError for other errors."""
+    import fnmatch
+    from urllib.parse import unquote
+    try:
+        version = iam.get_policy(PolicyArn=arn)["Policy"]["DefaultVersionId"]
+        document = iam.get_policy_version(PolicyArn=arn, VersionId=version)["PolicyVersion"]["Document"]
+    except botocore.exceptions.ClientError as exc:
+        if error_code(exc) in REFUSED:
+            return None
+        raise
+    if isinstance(document, str):  # IAM's wire form: URL-encoded JSON (boto3 decodes it; moto may not)
+        document = json.loads(unquote(document))
+
+    def actions(doc: dict[str, Any], effect: str) -> list[str]:
+        statements = doc.get("Statement") or []
+        out: list[str] = []
+        for st in statements if isinstance(statements, list) else [statements]:
+            if isinstance(st, dict) and st.get("Effect") == effect:
+                got = st.get("Action") or []
+                out += [got] if isinstance(got, str) else [a for a in got if isinstance(a, str)]
+        return out
+
+    allowed = [a.lower() for a in actions(document if isinstance(document, dict) else {}, "Allow")]
+    return sorted({a for a in actions(policy, "Allow") if not any(fnmatch.fnmatchcase(a.lower(), pattern)
+                                                                    for pattern in allowed)})
+
+
 def create_run_role(iam: Client, run_id: str, owner: str, policy: dict[str, Any], *, region: str | None = None,
                     boundary: str | None = None, sleep: Callable[[float], object] = time.sleep) -> str:
     """Create the run's role and instance profile; return the profile's name (= the role's).

@@ -309,3 +309,40 @@ def test_the_boundary_reaches_no_bucket_the_users_own_policy_does_not():
                              "ChangeAndDeleteOnlyEc2gpuGroups"}) == {
         "arn:aws:s3:::ec2gpu-*/*", "arn:aws:s3:::ec2gpu-*",
         "arn:aws:autoscaling:*:*:autoScalingGroup:*:autoScalingGroupName/ec2gpu-*"}
+
+
+def test_a_boundary_from_an_older_ec2gpu_is_refused_before_a_detached_run_makes_anything(aws, iam):
+    """The shipped boundary allows every action of a detached run's role; one that predates the
+    detached runs (no Auto Scaling) is named with what it lacks and the command that updates it,
+    before any bucket, role or group exists; a newer version set as default passes."""
+    from pathlib import Path
+    from types import SimpleNamespace
+    from ec2gpu.aws import groups
+    from ec2gpu.errors import UsageError
+    from ec2gpu.runs.detached import launch
+    account = aws.check_credentials()["Account"]
+    policy = roles.detached_policy(f"ec2gpu-{account}-us-east-1", RUN, groups.name_of(RUN), "us-east-1", account)
+    doc = json.loads((Path(__file__).resolve().parents[2] / "docs" / "iam-instance-boundary.json").read_text())
+    old = {**doc, "Statement": [s for s in doc["Statement"] if not s["Action"][0].startswith("autoscaling:")]}
+    arn = iam.create_policy(PolicyName=roles.BOUNDARY_NAME, Path="/ec2gpu/",
+                            PolicyDocument=json.dumps(old))["Policy"]["Arn"]
+    ui = SimpleNamespace(notes=[], note=lambda text: ui.notes.append(text))
+    try:
+        assert roles.boundary_gaps(iam, arn, policy) == ["autoscaling:SetDesiredCapacity",
+                                                          "autoscaling:UpdateAutoScalingGroup"]
+        with pytest.raises(UsageError, match="does not allow autoscaling:SetDesiredCapacity") as refused:
+            launch.check_boundary(aws, RUN, account, ui)
+        assert f"create-policy-version --policy-arn {arn}" in refused.value.hint
+        assert iam.list_roles(PathPrefix="/ec2gpu/")["Roles"] == []  # nothing made
+        iam.create_policy_version(PolicyArn=arn, PolicyDocument=json.dumps(doc), SetAsDefault=True)
+        assert roles.boundary_gaps(iam, arn, policy) == []
+        assert launch.check_boundary(aws, RUN, account, ui) == arn
+        wide = {**doc, "Statement": [{"Effect": "Allow", "Action": ["s3:*", "AutoScaling:Set*", "autoscaling:Update*"],
+                                      "Resource": "*"}]}
+        iam.create_policy_version(PolicyArn=arn, PolicyDocument=json.dumps(wide), SetAsDefault=True)
+        assert roles.boundary_gaps(iam, arn, policy) == []  # wildcards match as IAM's do, in any case
+    finally:
+        for v in iam.list_policy_versions(PolicyArn=arn)["Versions"]:
+            if not v["IsDefaultVersion"]:
+                iam.delete_policy_version(PolicyArn=arn, VersionId=v["VersionId"])
+        iam.delete_policy(PolicyArn=arn)

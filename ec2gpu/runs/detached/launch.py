@@ -173,6 +173,7 @@ def start(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
     est = pipeline.check_estimate(aws, settings, opts, backend.name, ui)
     capacity.check_quota(aws.client("service-quotas"), aws.ec2, itype.name, opts.spot, count=opts.nodes, log=ui.note)
     run_id = pipeline.new_run_id()
+    boundary = check_boundary(aws, run_id, account, ui)
     limit_at = datetime.now(timezone.utc) + timedelta(minutes=opts.max_runtime_minutes or 0)
     launches = opts.max_attempts or DEFAULT_LAUNCHES[opts.spot]
     group = groups.name_of(run_id)
@@ -185,7 +186,7 @@ def start(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
     try:
         with ui.phase("requesting"):
             made = True
-            profile = _role(aws, settings, run_id, bucket, group, account)
+            profile = _role(aws, settings, run_id, bucket, group, account, boundary)
             cidr = network.ssh_cidr(opts.ssh_cidr, aws.checkip_url)
             key_name, _ = network.create_key_pair(aws.ec2, run_id, settings.owner, settings.keys_dir)
             sg = network.create_security_group(aws.ec2, run_id, settings.owner, cidr)
@@ -236,12 +237,36 @@ def _upload(s3: Any, bucket: str, run_id: str, job: TaskJob, spec: dict[str, Any
     runstore.put_json(s3, bucket, runstore.spec_key(run_id), spec)
 
 
-def _role(aws: Aws, settings: Settings, run_id: str, bucket: str, group: str, account: str) -> str:
-    """The run's own instance role and profile (aws/iam.detached_policy); its name."""
+def check_boundary(aws: Aws, run_id: str, account: str, ui: ReporterLike) -> str | None:
+    """The account's permissions boundary for run roles (aws/iam.boundary_arn; None without one),
+    checked before anything is made: a boundary from an older ec2gpu that lacks an action the
+    run's role needs (aws/iam.boundary_gaps) would leave the agent unable to save its outputs or
+    end its own group, so the group would run (and bill) to its deadline. Raises UsageError then,
+    with the command that updates it; a boundary these credentials may not read is said, not refused."""
+    client = aws.client("iam")
+    boundary = iam.boundary_arn(client, account)
+    if boundary is None:
+        return None
+    policy = iam.detached_policy("ec2gpu-bucket", run_id, groups.name_of(run_id), aws.region, account)
+    gaps = iam.boundary_gaps(client, boundary, policy)
+    if gaps is None:
+        ui.note(f"warning: the permissions boundary {boundary} could not be read (iam:GetPolicyVersion); "
+                "a detached run needs the one in docs/iam-instance-boundary.json")
+    elif gaps:
+        raise UsageError(f"the account's permissions boundary {iam.BOUNDARY_NAME} does not allow "
+                         f"{', '.join(gaps)}, which a detached run's instance role needs (it predates this ec2gpu)",
+                         f"update it: aws iam create-policy-version --policy-arn {boundary} --policy-document "
+                         "file://docs/iam-instance-boundary.json --set-as-default (your file_mounts buckets in place "
+                         "of YOUR-FILE-MOUNTS-BUCKET)")
+    return boundary
+
+
+def _role(aws: Aws, settings: Settings, run_id: str, bucket: str, group: str, account: str,
+          boundary: str | None) -> str:
+    """The run's own instance role and profile (aws/iam.detached_policy) under ``boundary``; its name."""
     client = aws.client("iam")
     policy = iam.detached_policy(bucket, run_id, group, aws.region, account)
-    return iam.create_run_role(client, run_id, settings.owner, policy, region=aws.region,
-                               boundary=iam.boundary_arn(client, account))
+    return iam.create_run_role(client, run_id, settings.owner, policy, region=aws.region, boundary=boundary)
 
 
 def _now() -> str:
