@@ -271,12 +271,7 @@ def _elements(task, array, workers, gpus_per_job, max_retries, nodes, detach) ->
     if elements and detach:
         raise UsageError("an array or a sweep does not run detached yet", "drop --detach (the pool's driver runs on "
                                                                           "its head; see docs/pool.md)")
-    if workers is not None and not 1 <= workers <= 64:
-        raise UsageError(f"--workers {workers}: 1 to 64", "e.g. --workers 3")
-    if gpus_per_job is not None and not 1 <= gpus_per_job <= 64:
-        raise UsageError(f"--gpus-per-job {gpus_per_job}: 1 to 64", "e.g. --gpus-per-job 1")
-    if max_retries is not None and not 0 <= max_retries <= 10:
-        raise UsageError(f"--max-retries {max_retries}: 0 to 10", "e.g. --max-retries 2")
+    arrays.check_flags(workers=workers, gpus_per_job=gpus_per_job, max_retries=max_retries)
     return elements
 
 

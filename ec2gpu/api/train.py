@@ -145,10 +145,8 @@ def _sweep_elements(sweep, workers, max_retries, cluster, local, nodes, keep) ->
         raise UsageError(f"--sweep {unknown[0]}: not a flag of the built-in trainer", f"sweep {', '.join(SWEEP_FLAGS)}")
     if cluster or local or nodes > 1 or keep:
         raise UsageError("a sweep runs on a pool of new instances", "drop --cluster, --local, --nodes and --keep")
-    if workers is not None and not 1 <= workers <= 64:
-        raise UsageError(f"--workers {workers}: 1 to 64", "e.g. --workers 3")
-    if not 0 <= max_retries <= 10:
-        raise UsageError(f"--max-retries {max_retries}: 0 to 10", "e.g. --max-retries 2")
+    from ..tasks.arrays import check_flags
+    check_flags(workers=workers, max_retries=max_retries)
     try:
         elements = arrays.elements(None, dict(sweep))
     except ValueError as exc:

@@ -174,3 +174,20 @@ def describe(elements_: Sequence[Element]) -> str:
         ", ..." if len(idx) > 8 else "")
     return (f"{len(idx)} element{'s' if len(idx) != 1 else ''} ({shown})" if len(idx) == size else
             f"{len(idx)} of {size} elements ({shown})")
+
+
+#: the ranges of the pool's flags (and the task's fields): --workers, --gpus-per-job, --max-retries
+FLAG_RANGES = {"--workers": (1, 64, "e.g. --workers 3"), "--gpus-per-job": (1, 64, "e.g. --gpus-per-job 1"),
+               "--max-retries": (0, 10, "e.g. --max-retries 2")}
+
+
+def check_flags(**given: int | None) -> None:
+    """Each pool flag given (``workers=``, ``gpus_per_job=``, ``max_retries=``; None: not given) in
+    its range (FLAG_RANGES). Raises UsageError naming the flag, its range and an example."""
+    from ..errors import UsageError
+    for key, value in given.items():
+        flag = "--" + key.replace("_", "-")
+        low, high, example = FLAG_RANGES[flag]
+        if value is not None and not low <= value <= high:
+            raise UsageError(f"{flag} {value}: {low} to {high}", example)
+
