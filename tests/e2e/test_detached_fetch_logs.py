@@ -3,57 +3,27 @@ what the job wrote comes home from the run's S3 store once it succeeded, its log
 S3 once its instance is gone, and `logs --follow` prints a running job's lines as the agent uploads
 them and stops when the run ends (from status.json's state)."""
 import json
-import os
 import time
 from pathlib import Path
 
-import boto3
 import pytest
 
 from ec2gpu import api, cli
-from ec2gpu.aws import sweep
+
+from test_detached_run import _nothing_left, _wait  # same folder (pytest prepend import mode)
+from test_detached_run import _task as _task_with_setup
 
 pytestmark = pytest.mark.e2e
 NEEDS_MNIST = False
 
 
-def _client(service):
-    return boto3.client(service, endpoint_url=os.environ["AWS_ENDPOINT_URL"], region_name="us-east-1")
-
-
 def _task(tmp_path: Path, run: str) -> Path:
-    work = tmp_path / "work"
-    work.mkdir()
-    (work / "data.txt").write_text("from the workdir\n")
-    task = work / "task.yaml"
-    task.write_text("name: detached\nworkdir: .\nrun: |\n" + "".join(f"  {line}\n" for line in run.splitlines()))
-    return task
+    return _task_with_setup(tmp_path, run, setup=False)
 
 
 def _start(task: Path, capsys) -> str:
     assert cli.main(["run", str(task), "--sandbox", "--detach", "--max-runtime", "30m", "--json"]) == 0
     return json.loads(capsys.readouterr().out)["run_id"]
-
-
-def _wait(run_id: str, states: tuple[str, ...], timeout_s: float = 180.0) -> dict:
-    deadline, got = time.monotonic() + timeout_s, {}
-    while time.monotonic() < deadline:
-        got = api.status(run_id, sandbox=True)
-        if got["state"] in states:
-            return got
-        time.sleep(2)
-    raise AssertionError(f"{run_id} still {got.get('state')} after {timeout_s} s: {got}")
-
-
-def _nothing_left(run_id: str, timeout_s: float = 120.0) -> dict:
-    """Call `status` until it has removed everything of the run; return the last inventory."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        api.status(run_id, sandbox=True)
-        found = sweep.inventory(_client("ec2"), run_id, iam=_client("iam"), autoscaling=_client("autoscaling"))
-        if not any(found.values()) or time.monotonic() > deadline:
-            return found
-        time.sleep(2)
 
 
 def test_fetch_brings_a_detached_runs_outputs_home_and_logs_reads_s3_once_it_is_gone(sandbox_env, tmp_path, capsys):

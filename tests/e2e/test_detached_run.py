@@ -26,13 +26,15 @@ def _client(service):
     return boto3.client(service, endpoint_url=os.environ["AWS_ENDPOINT_URL"], region_name="us-east-1")
 
 
-def _task(tmp_path: Path, run: str) -> Path:
+def _task(tmp_path: Path, run: str, setup: bool = True) -> Path:
+    """A task file in tmp_path/work (with data.txt): ``run`` as its run, and a setup that writes
+    setup.txt (``setup``). Also used by test_detached_fetch_logs.py."""
     work = tmp_path / "work"
     work.mkdir()
     (work / "data.txt").write_text("from the workdir\n")
     task = work / "task.yaml"
-    task.write_text("name: detached\nworkdir: .\nsetup: echo setup ran > setup.txt\nrun: |\n"
-                    + "".join(f"  {line}\n" for line in run.splitlines()))
+    task.write_text("name: detached\nworkdir: .\n" + ("setup: echo setup ran > setup.txt\n" if setup else "")
+                    + "run: |\n" + "".join(f"  {line}\n" for line in run.splitlines()))
     return task
 
 
