@@ -293,6 +293,12 @@ def _say_status(got: Mapping[str, Any]) -> None:
         say(out, f"instance {got['instance_id']}" + (f" ({facts})" if facts else ""))
     if got.get("exit_code") is not None:
         say(out, f"exit code {got['exit_code']}")
+    if "cost_usd" in got:  # a detached run's (runs/detached/costs.py): a cost so far while it runs
+        c = got.get("cost") or {}
+        cost = "unknown (" + "; ".join(c.get("unknown") or ["no price"]) + ")" if got["cost_usd"] is None \
+            else f"${got['cost_usd']:.4f}" + (" so far" if c.get("running") else "") \
+            + (" (an upper bound)" if got.get("upper_bound") else "")
+        say(out, f"cost {cost} for {got.get('billed_seconds') or 0:.0f} s billed")
     if got.get("message"):
         say(out, f"message: {got['message']}")
     if got.get("problem"):

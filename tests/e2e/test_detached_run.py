@@ -163,6 +163,12 @@ def test_a_spot_interruption_is_ridden_out_by_a_replacement_that_resumes_from_th
     done = _wait(run_id, ("succeeded", "failed", "cancelled"), timeout_s=240)
     assert done["state"] == "succeeded" and done["interruptions"] == 1 and done["launches"] == 2, done
     assert done["instance_id"] != first["instance_id"]  # the group's replacement finished it
+    # its cost: both instances, each from its own times (EC2 still lists them), at the prices that applied
+    assert done["cost_usd"] > 0 and [r["instance_id"] for r in done["cost"]["per_instance"]] == [
+        first["instance_id"], done["instance_id"]], done.get("cost")
+    assert cli.main(["status", run_id, "--sandbox"]) == 0
+    said = capsys.readouterr().out
+    assert "1 spot interruption(s) survived" in said and "cost $" in said and "billed" in said, said
     prefix = runstore.prefix(run_id)
     assert _object(bucket, prefix + "outputs/resumed-from") == "7\n"
     log = _object(bucket, prefix + "logs/job.log")

@@ -1,11 +1,12 @@
 """`status` and `cancel` of a detached run (runs/detached/follow.py), decided from the record in S3
 and the group's fields alone: AWS is replaced by fakes here; tests/e2e/test_detached_run.py runs them
 against the sandbox."""
+import json
 from types import SimpleNamespace
 
 import pytest
 
-from ec2gpu.runs.detached import follow
+from ec2gpu.runs.detached import costs, follow
 
 RUN = "20261125-103000-1a2b"
 
@@ -17,6 +18,9 @@ def world(monkeypatch, tmp_path):
                         removed=[], cancelled=[])
     monkeypatch.setattr(follow, "_store", lambda aws: (None, "bucket"))
     monkeypatch.setattr(follow.runstore, "get_status", lambda s3, bucket, run_id: dict(w.record))
+    monkeypatch.setattr(follow.runstore, "get_status_bytes", lambda s3, bucket, run_id: json.dumps(w.record).encode())
+    monkeypatch.setattr(costs, "gather", lambda aws, home, runs, rows, volume_gib: {
+        r: {"billed_seconds": 120.0, "cost_usd": 0.05, "upper_bound": False, "running": False} for r in runs})
     monkeypatch.setattr(follow.runstore, "put_status", lambda s3, bucket, run_id, rec: (
         w.written.append(rec), w.record.update(rec)))
     monkeypatch.setattr(follow.runstore, "end_status", lambda s3, bucket, run_id, state, message, at: (
@@ -27,7 +31,7 @@ def world(monkeypatch, tmp_path):
     monkeypatch.setattr(follow.sweep, "delete_everything", lambda *a, **k: (w.removed.append("all"), {"left": []})[1])
     monkeypatch.setattr(follow.sweep, "delete_run", lambda *a, **k: (w.removed.append("run"), {"left": []})[1])
     w.aws = SimpleNamespace(client=lambda name: None, ec2=None)
-    w.settings = SimpleNamespace(home=tmp_path, keys_dir=tmp_path)
+    w.settings = SimpleNamespace(home=tmp_path, keys_dir=tmp_path, root_volume_gib=100)
     return w
 
 
@@ -62,3 +66,16 @@ def test_cancel_records_the_end_itself_when_the_agent_does_not_answer(world):
     got = follow.cancel(world.aws, world.settings, RUN, wait_s=60, sleep=lambda s: None, clock=lambda: next(ticks))
     assert world.cancelled == [RUN] and world.written[-1]["state"] == "cancelled" and "removed" in got
     assert world.removed[-1] == "run"
+
+
+def test_status_has_the_runs_cost_and_goes_on_without_it_when_aws_does_not_answer(world, monkeypatch):
+    world.group = _group(1, ["i-1"])
+    got = follow.status(world.aws, world.settings, RUN)
+    assert got["cost_usd"] == 0.05 and got["billed_seconds"] == 120.0 and got["upper_bound"] is False
+
+    def refused(*a, **k):
+        raise follow.UsageError("no", "no")  # any error of the cost's calls
+    monkeypatch.setattr(costs, "gather", refused)
+    said = []
+    got = follow.status(world.aws, world.settings, RUN, log=said.append)
+    assert got["state"] == "running" and "cost_usd" not in got and "could not be had" in said[-1]

@@ -42,16 +42,38 @@ def status(aws: Aws, settings: Settings, run_id: str, log: Callable[[str], None]
     for a run id that is not one or a run this account's store does not hold; AwsError."""
     runstore.check_run_id(run_id)
     s3, bucket = _store(aws)
-    got = runstore.get_status(s3, bucket, run_id)
-    if got is None:
+    data = runstore.get_status_bytes(s3, bucket, run_id)
+    if data is None:
         raise UsageError(f"no detached run {run_id} in s3://{bucket} ({aws.region})",
                          "check the run id and --region; `ec2gpu runs` lists this machine's runs")
+    got = runstore.validate_status(data, run_id)
     group = groups.summary(aws.client("autoscaling"), run_id)
     if got["state"] not in DONE and got["state"] != "unreadable" and _stopped(group):
         got = _ended_without_agent(s3, bucket, got, log)
+    cost = _cost(aws, settings, run_id, data, log)  # before the group (its types) is removed
     removed = remove_finished(aws, settings, run_id, got, group, log)
     _settle_row(settings, got, log)
-    return {**got, "bucket": bucket, "group": group, "removed": removed}
+    return {**got, "bucket": bucket, "group": group, "removed": removed,
+            **({"billed_seconds": cost["billed_seconds"], "cost_usd": cost["cost_usd"],
+                "upper_bound": cost["upper_bound"], "cost": cost} if cost is not None else {})}
+
+
+def _cost(aws: Aws, settings: Settings, run_id: str, data: bytes, log: Callable[[str], None]) -> dict[str, Any] | None:
+    """The run's cost so far or in all (runs/detached/costs.gather: its instances' own times while
+    EC2 lists them, else its agent's), or None, said, when AWS does not answer for it."""
+    from ...errors import LedgerError
+    from ..settle import ledger
+    from . import costs
+    try:
+        rows = {run_id: ledger.get(settings.home, run_id)}
+    except (UsageError, LedgerError):
+        rows = {}
+    try:
+        return costs.gather(aws, settings.home, {run_id: runstore.launches(data, run_id)}, rows,
+                            settings.root_volume_gib)[run_id]
+    except Exception as exc:  # noqa: BLE001 - AwsError or botocore's: the status is shown without its cost
+        log(f"the run's cost could not be had ({type(exc).__name__}); `ec2gpu runs --remote` tries again")
+        return None
 
 
 def _stopped(group: dict[str, Any] | None) -> bool:
