@@ -715,6 +715,65 @@ def get_status_bytes(s3: Client, bucket: str, run_id: str, limit: int = MAX_LAUN
     return data
 
 
+# --- the run's instances as EC2 described them at their end (settled.json) --------------------
+#
+# EC2 lists a terminated instance for about an hour (DescribeInstances); after that its type,
+# market, zone and times are known nowhere else. The first `status` or `runs --remote` that sees a
+# run over, with every instance it launched listed as terminated, writes them here
+# (runs/detached/costs.gather), so that its cost stays exact from any machine afterwards. It lies
+# in the run's own prefix, which the run's role could write while an instance ran: read as hostile
+# input like status.json, and written again whenever EC2 still lists the instances (EC2 wins).
+
+SETTLED = "settled.json"
+MAX_SETTLED_BYTES = 256 * 1024
+_ZONE = re.compile(r"[a-z]{2}(-[a-z]+)+-[0-9]{1,2}[a-z]")
+
+
+def put_settled(s3: Client, bucket: str, run_id: str, rows: list[dict[str, Any]]) -> None:
+    """Write ``rows`` ({"instance_id", "instance_type", "market", "zone", "launched_at",
+    "terminated_at"}: ISO 8601 UTC times) as the run's settled.json. Raises AwsError for S3 errors."""
+    put_json(s3, bucket, prefix(run_id) + SETTLED, {"run_id": run_id, "instances": rows[:MAX_LAUNCHES]})
+
+
+def get_settled(s3: Client, bucket: str, run_id: str) -> list[dict[str, Any]]:
+    """The rows of the run's settled.json (put_settled's shape), each field checked: an entry
+    with an instance id, type, market, zone or time not of EC2's form, or ending before it
+    started, is dropped; another run's record, an object that is not JSON or is larger than
+    MAX_SETTLED_BYTES gives []. [] when there is none. Raises AwsError for other S3 errors."""
+    key = prefix(run_id) + SETTLED
+    try:
+        got = s3.get_object(Bucket=bucket, Key=key, **_expected_owner(bucket))
+    except botocore.exceptions.ClientError as exc:
+        if _absent(error_code(exc)):
+            return []
+        raise AwsError(f"run store: s3://{bucket}/{key}: GetObject failed ({error_code(exc)})",
+                       "see docs/iam-policy.json") from None
+    body = got["Body"]
+    try:
+        data: bytes = body.read(MAX_SETTLED_BYTES + 1)
+    finally:
+        body.close()
+    try:
+        raw = json.loads(data) if len(data) <= MAX_SETTLED_BYTES else None
+    except (ValueError, RecursionError):
+        return []
+    if not isinstance(raw, dict) or raw.get("run_id") != run_id or not isinstance(raw.get("instances"), list):
+        return []
+    out = []
+    for e in raw["instances"][:MAX_LAUNCHES]:
+        if not isinstance(e, dict):
+            continue
+        row = {"instance_id": _match(e.get("instance_id"), _INSTANCE_ID),
+               "instance_type": _match(e.get("instance_type"), _INSTANCE_TYPE),
+               "market": e.get("market") if e.get("market") in ("spot", "on-demand") else None,
+               "zone": _match(e.get("zone"), _ZONE), "launched_at": _when(e.get("launched_at")),
+               "terminated_at": _when(e.get("terminated_at"))}
+        start, end = row["launched_at"], row["terminated_at"]
+        if all(v is not None for v in row.values()) and start and end and _utc(end) >= _utc(start):
+            out.append(row)
+    return out
+
+
 # --- what a run left: listing and bounded reads (`ec2gpu fetch RUN`, `ec2gpu logs RUN`) ---------
 #
 # The keys and contents under a run's prefix are the instance's (its role may write its own

@@ -175,3 +175,6 @@ def test_a_spot_interruption_is_ridden_out_by_a_replacement_that_resumes_from_th
     assert log.index("first attempt") < log.index("resumed from step 7")  # one log across both instances
     left = _nothing_left(run_id)
     assert not any(left.values()), left
+    # both instances as EC2 described them at the end, kept for when it no longer lists them
+    kept = runstore.get_settled(_client("s3"), bucket, run_id)
+    assert [r["instance_id"] for r in kept] == [first["instance_id"], done["instance_id"]], kept

@@ -19,7 +19,7 @@ def world(monkeypatch, tmp_path):
     monkeypatch.setattr(follow, "_store", lambda aws: (None, "bucket"))
     monkeypatch.setattr(follow.runstore, "get_status", lambda s3, bucket, run_id: dict(w.record))
     monkeypatch.setattr(follow.runstore, "get_status_bytes", lambda s3, bucket, run_id: json.dumps(w.record).encode())
-    monkeypatch.setattr(costs, "gather", lambda aws, home, runs, rows, volume_gib: {
+    monkeypatch.setattr(costs, "gather", lambda aws, home, runs, rows, volume_gib, **k: {
         r: {"billed_seconds": 120.0, "cost_usd": 0.05, "upper_bound": False, "running": False} for r in runs})
     monkeypatch.setattr(follow.runstore, "put_status", lambda s3, bucket, run_id, rec: (
         w.written.append(rec), w.record.update(rec)))

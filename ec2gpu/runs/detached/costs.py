@@ -10,6 +10,8 @@ instance that started the agent) is billed per second with a 60-second minimum
   (``Instance.launched_at``) to the time in its StateTransitionReason (``Instance.transitioned_at``,
   its termination), or to now while it runs. They win: the agent starts after the boot and
   writes its last heartbeat before the instance ends;
+- else **as the run's settled.json kept them** (``settle``: written by the first reader that saw
+  the run over with every instance listed as terminated; read as hostile input);
 - else **the agent's**: ``started_at`` to ``last_seen_at`` (its last heartbeat). EC2 forgets a
   terminated instance after about an hour, so a run listed later is billed so; those seconds miss
   the boot before the agent started and the end after its last heartbeat (a lower bound on the
@@ -43,7 +45,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from collections.abc import Collection
+from typing import TYPE_CHECKING, Any, cast
 
 from ...aws.catalog import BILLING_MINIMUM_SECONDS, EBS_MONTH_SECONDS, PUBLIC_IPV4_USD_PER_HOUR
 from ..plan import costs as plan
@@ -123,7 +126,9 @@ def one(launch: dict[str, Any], instance: Instance | None, facts: Facts | None, 
     (USD; cost_usd None when no compute price is known), "price_source", "upper_bound" (a ceiling
     price was used), "unknown" (why the cost is None, or None)}."""
     if instance is not None:
-        facts = Facts(instance.type, instance.market, instance.zone, "DescribeInstances")
+        facts = Facts(instance.type, instance.market, instance.zone,
+                      "DescribeInstances" if SETTLED_TAG not in instance.tags
+                      else "DescribeInstances at the run's end, kept in its settled.json")
     s = span(launch, instance, prices.now)
     seconds = plan.billed_seconds(s["from"], s["to"])
     row: dict[str, Any] = {
@@ -238,20 +243,26 @@ def ledger_facts(row: dict[str, Any] | None) -> Facts | None:
 
 
 def gather(aws: Aws, home: Path, runs: dict[str, list[dict[str, Any]]], rows: dict[str, dict[str, Any]],
-           volume_gib: float | None, now: datetime | None = None) -> dict[str, dict[str, Any]]:
+           volume_gib: float | None, now: datetime | None = None, store: tuple[Any, str] | None = None,
+           final: Collection[str] = ()) -> dict[str, dict[str, Any]]:
     """The cost (``cost``) of each run of ``runs`` (run id -> its launches, aws/runstore.launches),
     from one DescribeInstances of ec2gpu's instances in every state (by the ec2gpu:run tag), one
     DescribeAutoScalingGroups of ec2gpu's groups, this machine's ledger ``rows`` (run id -> row),
     and the prices: on-demand from the catalog, spot price history per type and zone over the
     instances' times (one DescribeSpotPriceHistory each), gp3 from the catalog; ``volume_gib``: each
-    instance's root volume (GiB; this machine's setting, as `run --detach` sends it). Returns run
-    id -> ``cost``'s dict. Raises AwsError, botocore's errors as AWS answers."""
+    instance's root volume (GiB; this machine's setting, as `run --detach` sends it). With ``store``
+    (the run store's S3 client and bucket): an instance EC2 no longer lists is taken from its run's
+    settled.json (aws/runstore.get_settled), and a run of ``final`` (run ids whose state is final)
+    whose every instance EC2 lists as terminated gets its settled.json written (``settle``).
+    Returns run id -> ``cost``'s dict. Raises AwsError, botocore's errors as AWS answers."""
     from ...aws import catalog, groups, pricing, sweep
     if not runs:
         return {}
     now = now or datetime.now(timezone.utc)
     listed = [i for i in sweep.find_instances(aws.ec2, None, states=ALL_STATES) if i.run_id in runs]
     by_id = {i.id: i for i in listed}
+    if store is not None:
+        by_id.update(settle(store, runs, by_id, final))
     runs = {r: launches + unrecorded(launches, [i for i in listed if i.run_id == r]) for r, launches in runs.items()}
     found = {str((g.get("AutoScalingGroupName") or "")).removeprefix(groups.PREFIX): g
              for g in groups.find_groups(aws.client("autoscaling"))}
@@ -274,6 +285,44 @@ def gather(aws: Aws, home: Path, runs: dict[str, list[dict[str, Any]]], rows: di
     gp3 = catalog.ebs_price("gp3", aws.region, home).usd_per_gb_month
     prices = Prices(on_demand, spot, gp3, volume_gib, now)
     return {run_id: cost(launches, prices, by_id, facts[run_id]) for run_id, launches in runs.items()}
+
+
+#: the tag an Instance made from settled.json carries (``one`` names its facts' source by it)
+SETTLED_TAG = "ec2gpu:settled"
+
+
+def settle(store: tuple[Any, str], runs: dict[str, list[dict[str, Any]]], listed: dict[str, Instance],
+           final: Collection[str]) -> dict[str, Instance]:
+    """The instances of ``runs`` (run id -> launches) that EC2 no longer lists (not in ``listed``),
+    from each such run's settled.json, as terminated Instances tagged SETTLED_TAG; and for each run
+    of ``final`` whose every launch EC2 lists as terminated with its time, its settled.json written
+    (what EC2 says, to be read once it forgets them). A write S3 refuses is skipped (the next
+    reader tries again). Raises AwsError for a read S3 refuses."""
+    from ...aws import runstore
+    from ...aws.instances import Instance
+    from ...errors import AwsError
+    s3, bucket = store
+    found: dict[str, Instance] = {}
+    for run_id, launches in runs.items():
+        ids = [launch["instance_id"] for launch in launches]
+        missing = {i for i in ids if i not in listed}
+        if missing:
+            for row in runstore.get_settled(s3, bucket, run_id):
+                if row["instance_id"] in missing:
+                    found[row["instance_id"]] = Instance(
+                        id=row["instance_id"], type=row["instance_type"], state="terminated",
+                        launched_at=_t(row["launched_at"]), market=row["market"], zone=row["zone"],
+                        transitioned_at=_t(row["terminated_at"]), tags={SETTLED_TAG: runstore.SETTLED})
+        elif ids and run_id in final and all(listed[i].state == "terminated" and listed[i].transitioned_at
+                                             for i in ids):
+            rows = [{"instance_id": i, "instance_type": listed[i].type, "market": listed[i].market,
+                     "zone": listed[i].zone, "launched_at": listed[i].launched_at.isoformat(),
+                     "terminated_at": cast(datetime, listed[i].transitioned_at).isoformat()} for i in ids]
+            try:
+                runstore.put_settled(s3, bucket, run_id, rows)
+            except AwsError:
+                pass
+    return found
 
 
 def _on_demand(itype: str, region: str, home: Path) -> tuple[float | None, str]:
@@ -334,7 +383,8 @@ def remote_runs(aws: Aws, home: Path, volume_gib: float | None, limit: int, sinc
     rows = {r["run_id"]: r for r in ledger.runs(home, tolerant=True)}
     records = {r: None if data is None else runstore.validate_status(data, r) for r, data in got.items()}
     launches = {r: [] if data is None else runstore.launches(data, r) for r, data in got.items()}
-    costs = gather(aws, home, launches, rows, volume_gib)
+    final = {r for r, rec in records.items() if rec is not None and rec["state"] in runstore.FINAL_STATES}
+    costs = gather(aws, home, launches, rows, volume_gib, store=(s3, bucket), final=final)
     out = []
     for r in picked:
         rec = records[r] or {**runstore.validate_status(b"{}", r), "state": "unknown",

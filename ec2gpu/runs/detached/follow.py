@@ -50,7 +50,7 @@ def status(aws: Aws, settings: Settings, run_id: str, log: Callable[[str], None]
     group = groups.summary(aws.client("autoscaling"), run_id)
     if got["state"] not in DONE and got["state"] != "unreadable" and _stopped(group):
         got = _ended_without_agent(s3, bucket, got, log)
-    cost = _cost(aws, settings, run_id, data, log)  # before the group (its types) is removed
+    cost = _cost(aws, settings, run_id, data, got["state"] in DONE, (s3, bucket), log)  # before the group goes
     removed = remove_finished(aws, settings, run_id, got, group, log)
     _settle_row(settings, got, log)
     return {**got, "bucket": bucket, "group": group, "removed": removed,
@@ -58,9 +58,11 @@ def status(aws: Aws, settings: Settings, run_id: str, log: Callable[[str], None]
                 "upper_bound": cost["upper_bound"], "cost": cost} if cost is not None else {})}
 
 
-def _cost(aws: Aws, settings: Settings, run_id: str, data: bytes, log: Callable[[str], None]) -> dict[str, Any] | None:
+def _cost(aws: Aws, settings: Settings, run_id: str, data: bytes, over: bool, store: tuple[Any, str],
+          log: Callable[[str], None]) -> dict[str, Any] | None:
     """The run's cost so far or in all (runs/detached/costs.gather: its instances' own times while
-    EC2 lists them, else its agent's), or None, said, when AWS does not answer for it."""
+    EC2 lists them, then as its settled.json kept them, else its agent's; a run ``over`` gets its
+    settled.json once EC2 lists every instance terminated), or None, said, when AWS does not answer."""
     from ...errors import LedgerError
     from ..settle import ledger
     from . import costs
@@ -70,7 +72,7 @@ def _cost(aws: Aws, settings: Settings, run_id: str, data: bytes, log: Callable[
         rows = {}
     try:
         return costs.gather(aws, settings.home, {run_id: runstore.launches(data, run_id)}, rows,
-                            settings.root_volume_gib)[run_id]
+                            settings.root_volume_gib, store=store, final={run_id} if over else set())[run_id]
     except Exception as exc:  # noqa: BLE001 - AwsError or botocore's: the status is shown without its cost
         log(f"the run's cost could not be had ({type(exc).__name__}); `ec2gpu runs --remote` tries again")
         return None
