@@ -178,3 +178,6 @@ def test_a_spot_interruption_is_ridden_out_by_a_replacement_that_resumes_from_th
     # both instances as EC2 described them at the end, kept for when it no longer lists them
     kept = runstore.get_settled(_client("s3"), bucket, run_id)
     assert [r["instance_id"] for r in kept] == [first["instance_id"], done["instance_id"]], kept
+    # this machine's ledger (`ec2gpu runs`) has the run's end and its whole cost
+    row = ledger.get(sandbox_env[0], run_id)
+    assert row["status"] == "completed" and row["cost_usd"] == api.status(run_id, sandbox=True)["cost_usd"] > 0, row

@@ -52,7 +52,7 @@ def status(aws: Aws, settings: Settings, run_id: str, log: Callable[[str], None]
         got = _ended_without_agent(s3, bucket, got, log)
     cost = _cost(aws, settings, run_id, data, got["state"] in DONE, (s3, bucket), log)  # before the group goes
     removed = remove_finished(aws, settings, run_id, got, group, log)
-    _settle_row(settings, got, log)
+    _settle_row(settings, got, cost, log)
     return {**got, "bucket": bucket, "group": group, "removed": removed,
             **({"billed_seconds": cost["billed_seconds"], "cost_usd": cost["cost_usd"],
                 "upper_bound": cost["upper_bound"], "cost": cost} if cost is not None else {})}
@@ -103,10 +103,12 @@ def _ended_without_agent(s3: Any, bucket: str, got: dict[str, Any], log: Callabl
 LEDGER_STATUS = {"succeeded": "completed", "failed": "failed", "cancelled": "cancelled"}
 
 
-def _settle_row(settings: Settings, got: dict[str, Any], log: Callable[[str], None]) -> None:
+def _settle_row(settings: Settings, got: dict[str, Any], cost: dict[str, Any] | None,
+                log: Callable[[str], None]) -> None:
     """When the run is over and this machine's ledger holds it as "detached" (it was started
-    here), give its row the run's end: status, exit status, end time. A ledger problem is said,
-    never raised: the run's record is in S3 either way."""
+    here), give its row the run's end: status, exit status, end time; and its cost (``cost``,
+    costs.gather's) once every instance has ended, at that call or a later one. A ledger problem
+    is said, never raised: the run's record is in S3 either way."""
     from ...errors import LedgerError
     from ..settle import ledger
     if got.get("state") not in DONE:
@@ -115,11 +117,17 @@ def _settle_row(settings: Settings, got: dict[str, Any], log: Callable[[str], No
         row = ledger.get(settings.home, got["run_id"])
     except (UsageError, LedgerError):
         return  # started on another machine, or no ledger here
-    if row.get("status") != "detached":
+    billed = cost is not None and cost["cost_usd"] is not None and not cost["running"]
+    if row.get("status") != "detached" and not (billed and row.get("cost_usd") is None
+                                                and row.get("status") in LEDGER_STATUS.values()):
         return
+    update = {"status": LEDGER_STATUS[got["state"]], "ended_at": got.get("ended_at"),
+              "exit_status": got.get("exit_code")}
+    if billed and cost is not None:
+        update.update(cost_usd=cost["cost_usd"], billed_seconds=cost["billed_seconds"],
+                      price_source=cost.get("price_source"))
     try:
-        ledger.record(settings.home, {**row, "status": LEDGER_STATUS[got["state"]], "ended_at": got.get("ended_at"),
-                                      "exit_status": got.get("exit_code")})  # the whole row: an upsert
+        ledger.record(settings.home, {**row, **update})  # the whole row: an upsert
     except LedgerError as exc:
         log(f"warning: {exc.message}; the run's record is in S3")
 
