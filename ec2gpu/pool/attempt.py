@@ -284,6 +284,8 @@ def run_attempt(aws: Aws, settings: Settings, opts: PoolOptions, run_id: str, ui
         with ui.phase("upload"):
             N.parallel(lambda nd: engine.upload_node(nd, job, config, run_id, addresses, False, None,
                                                      _say(ui, nd, nodes)), nodes)
+            if job.mounts:  # COPY mode only (api/tasks._elements): each instance gets its copy
+                N.parallel(lambda nd: engine.mounts_node(nd, job, config, _say(ui, nd, nodes)), nodes)
         with ui.phase("setup"):
             if job.task.setup:
                 N.parallel(lambda nd: engine.setup_node(nd, job, _say(ui, nd, nodes)), nodes)

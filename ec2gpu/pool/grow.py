@@ -6,8 +6,9 @@ that the live line, the shrinking and the results coming home go on meanwhile, i
 instance into the run's security group and key pair (runs/provision/resources.provision, the
 same types, market and zones, the lost worker's zone last), tags it as the pool's next node, adds
 it to the run's attempts (so it is billed and torn down with the run), opens it (host key
-checked), sets it up, sends the workdir, installs this machine's Ray version and starts Ray as a
-worker that joins the head. Ray schedules waiting elements on it as soon as it joins. The
+checked), sets it up, sends the workdir (and its copy of the task's file_mounts), installs this
+machine's Ray version and starts Ray as a worker that joins the head (the attempt's ``join``).
+Ray schedules waiting elements on it as soon as it joins. The
 controller takes the ready node at its next poll; from then on it is a member like any other
 (released once nothing waits, watched for loss).
 
@@ -162,6 +163,8 @@ def _make(ctx: Context, rep: Replacement, lost_zone: str | None, addresses: list
     step()
     address = ctx.backend.private_address(nd.instance)
     engine.upload_node(nd, ctx.job, ctx.ssh_config, ctx.run_id, [*addresses, address], False, None, say)
+    if ctx.job.mounts:  # its copy of the task's file_mounts, as the others got theirs
+        engine.mounts_node(nd, ctx.job, ctx.ssh_config, say)
     step()
     if ctx.job.task.setup:
         engine.setup_node(nd, ctx.job, say)

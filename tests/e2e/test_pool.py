@@ -28,9 +28,12 @@ workdir: .
 run: |
   echo "element $EC2GPU_ARRAY_INDEX of $EC2GPU_ARRAY_SIZE on $EC2GPU_NODE_IP"
   printf '%s %s\\n' "$EC2GPU_ARRAY_INDEX" "$EC2GPU_ARRAY_SIZE" > "$EC2GPU_OUTPUT_DIR/index.txt"
+  cp ~/pool-data/in.txt "$EC2GPU_OUTPUT_DIR/mounted.txt"
   if [ "$EC2GPU_ARRAY_INDEX" -eq 11 ]; then sleep {last}; else sleep {each}; fi
 array: 12
 max_workers: 3
+file_mounts:
+  ~/pool-data: ./data
 resources:
   instance_type: g4dn.xlarge
 max_runtime: 30m
@@ -77,6 +80,8 @@ def _status(run_id: str) -> dict:
 def _run_array(tmp_path, steps=(), each=5, last=16):
     """The 12-element array (its elements ``each`` s, the last ``last`` s), run as a user runs it."""
     (tmp_path / "task.yaml").write_text(ARRAY_TASK.format(each=each, last=last))
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "in.txt").write_text("a copy on every instance\n")  # file_mounts in COPY mode
     out = tmp_path / "run"
     code, stdout, err = drive(["run", str(tmp_path / "task.yaml"), "--sandbox", "--out", str(out), "--json"],
                               list(steps), timeout_s=280)
@@ -84,8 +89,9 @@ def _run_array(tmp_path, steps=(), each=5, last=16):
     record = json.loads(stdout)
     elements = record["pool"]["elements"]
     assert [e["index"] for e in elements] == list(range(12)) and {e["status"] for e in elements} == {"succeeded"}
-    for k in range(12):  # 12 results, each its own index and the array's size
+    for k in range(12):  # 12 results, each its own index and the array's size, and the mount's copy it read
         assert (out / "outputs" / str(k) / "index.txt").read_text() == f"{k} 12\n"
+        assert (out / "outputs" / str(k) / "mounted.txt").read_text() == "a copy on every instance\n"
     assert (out / "logs" / "11.log").read_text().startswith("element 11 of 12")
     return record, err
 
