@@ -384,8 +384,10 @@ def boundary_gaps(iam: Client, arn: str, policy: dict[str, Any]) -> list[str] | 
     version allows in no statement, sorted: a role under that boundary could not do them (an
     effective permission is in both its policies and its boundary:
     https://docs.aws.amazon.com/IAM/latest/UserGuide/access_policies_boundaries.html). Actions
-    are matched as IAM matches them (``*`` and ``?`` wildcards, case-insensitive); resources and
-    conditions are not compared (the shipped boundary's own resources are the account's to edit).
+    are matched as IAM matches them (``*`` and ``?`` wildcards, case-insensitive; an Allow's
+    NotAction allows what it does not name; a Deny's Action denies what it names, whatever its
+    resources); resources and conditions are not compared otherwise (the shipped boundary's own
+    resources are the account's to edit).
     None when these credentials may not read the boundary's document (GetPolicyVersion refused).
     Raises botocore's ClientError for other errors."""
     import fnmatch
@@ -398,20 +400,36 @@ def boundary_gaps(iam: Client, arn: str, policy: dict[str, Any]) -> list[str] | 
             return None
         raise
     if isinstance(document, str):  # IAM's wire form: URL-encoded JSON (boto3 decodes it; moto may not)
-        document = json.loads(unquote(document))
+        try:
+            document = json.loads(unquote(document))
+        except ValueError:
+            return None  # not a document this can read: said as one it may not read
 
-    def actions(doc: dict[str, Any], effect: str) -> list[str]:
-        statements = doc.get("Statement") or []
-        out: list[str] = []
-        for st in statements if isinstance(statements, list) else [statements]:
-            if isinstance(st, dict) and st.get("Effect") == effect:
-                got = st.get("Action") or []
-                out += [got] if isinstance(got, str) else [a for a in got if isinstance(a, str)]
-        return out
+    def statements(doc: object) -> list[dict[str, Any]]:
+        got = doc.get("Statement") if isinstance(doc, dict) else None
+        return [st for st in (got if isinstance(got, list) else [got]) if isinstance(st, dict)]
 
-    allowed = [a.lower() for a in actions(document if isinstance(document, dict) else {}, "Allow")]
-    return sorted({a for a in actions(policy, "Allow") if not any(fnmatch.fnmatchcase(a.lower(), pattern)
-                                                                    for pattern in allowed)})
+    def names(value: object) -> list[str]:
+        return [a.lower() for a in listed(value)]
+
+    def matches(action: str, patterns: list[str]) -> bool:
+        return any(fnmatch.fnmatchcase(action, p) for p in patterns)
+
+    def allowed(action: str) -> bool:  # an Allow that names it (Action) or leaves it out (NotAction); no Deny
+        allows = any(st.get("Effect") == "Allow" and (matches(action, names(st.get("Action"))) if "Action" in st
+                                                      else not matches(action, names(st.get("NotAction"))))
+                     for st in statements(document))
+        denies = any(st.get("Effect") == "Deny" and "Action" in st and matches(action, names(st.get("Action")))
+                     for st in statements(document))
+        return allows and not denies
+
+    def listed(value: object) -> list[str]:
+        if isinstance(value, str):
+            return [value]
+        return [a for a in value if isinstance(a, str)] if isinstance(value, list) else []
+
+    wanted = {a for st in statements(policy) if st.get("Effect") == "Allow" for a in listed(st.get("Action"))}
+    return sorted(a for a in wanted if not allowed(a.lower()))
 
 
 def create_run_role(iam: Client, run_id: str, owner: str, policy: dict[str, Any], *, region: str | None = None,

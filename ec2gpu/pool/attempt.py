@@ -15,6 +15,7 @@ instance count over time.
 """
 from __future__ import annotations
 
+import errno
 import json
 import shlex
 import time
@@ -45,6 +46,10 @@ WORKER_JOIN_WAIT_S = 120.0  # the driver starts once every worker's Ray is up, o
 MAX_ELEMENT_OUTPUT_BYTES = 256 * 1024 * 1024  # one element's outputs, carried home through the head
 MAX_ELEMENT_LOG_BYTES = 4 * 1024 * 1024  # one element's log kept on the head (its last bytes)
 EXIT_NOTICE = 75  # agent/agent.py's exit code when a spot notice stopped the job (EX_TEMPFAIL)
+#: an OSError with one of these is this machine's own (a full disk, a read-only or forbidden
+#: file), not a dropped connection to the head (errno(3))
+LOCAL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EMFILE,
+                          errno.ENFILE, errno.EISDIR, errno.ENOTDIR, errno.ENAMETOOLONG})
 PROGRESS_FILE = "progress.json"  # the live figures in the run's directory, which `ec2gpu status RUN` reads
 GROW_STOP_WAIT_S = 120.0  # a replacement still being made when the array ends gets this long to stop (s)
 BRING_EVERY_S = 10.0  # finished elements' outputs come home this often while the array runs (s)
@@ -404,9 +409,12 @@ def _follow(aws: Aws, pool: Pool, head: Node, opts: PoolOptions, addresses: list
     finally:
         rep = pool.growing
         if rep is not None and not rep.over:  # the array ended first: it goes no further
-            rep.stop.set()
+            rep.halt()
             assert rep.thread is not None
             rep.thread.join(GROW_STOP_WAIT_S)
+            if rep.thread.is_alive():
+                ui.note(f"warning: the replacement for {rep.lost} did not stop within {GROW_STOP_WAIT_S:.0f} s; "
+                        "`ec2gpu cleanup` ends what it made")
 
 
 def _grow(aws: Aws, pool: Pool, status: dict[str, Any] | None, ctx: grow.Context | None, addresses: list[str],
@@ -417,6 +425,9 @@ def _grow(aws: Aws, pool: Pool, status: dict[str, Any] | None, ctx: grow.Context
     rep = pool.growing
     if rep is not None:
         if not rep.over:
+            if status is not None and not status["counts"]["queued"] and not rep.stop.is_set():
+                ui.note(f"pool: no element waits any more: the replacement for {rep.lost} stops")
+                rep.halt()  # not needed: stopped at its next step, its instance ended
             return
         pool.growing = None
         pool.replacements.append(rep.as_dict())
@@ -432,7 +443,10 @@ def _grow(aws: Aws, pool: Pool, status: dict[str, Any] | None, ctx: grow.Context
         else:
             ui.note(f"pool: no replacement for {rep.lost} ({rep.error}); the others go on")
             if rep.instance_id:
-                instances.terminate(aws.ec2, [rep.instance_id], wait=False)
+                try:
+                    instances.terminate(aws.ec2, [rep.instance_id], wait=False)
+                except Exception as exc:  # noqa: BLE001 - it is one of the run's: the teardown ends it
+                    ui.note(f"warning: {rep.instance_id} not ended now ({type(exc).__name__}); the teardown ends it")
                 pool.left_at[rep.instance_id] = round(time.time(), 3)
     if ctx is None or status is None:
         return
@@ -441,7 +455,7 @@ def _grow(aws: Aws, pool: Pool, status: dict[str, Any] | None, ctx: grow.Context
         return
     zone = next((nd.instance.zone for nd in pool.nodes if nd.instance_id == owed[0]), None)
     ui.note(f"pool: {status['counts']['queued']} element(s) wait and {owed[0]} is lost: launching a replacement")
-    pool.growing = grow.start(ctx, owed[0], zone, len(pool.nodes), list(addresses), list(pool.members.values()), ui)
+    pool.growing = grow.start(ctx, owed[0], zone, len(pool.nodes), list(addresses), ui)
 
 
 def _follow_loop(aws: Aws, pool: Pool, head: Node, opts: PoolOptions, addresses: list[str],
@@ -462,6 +476,8 @@ def _follow_loop(aws: Aws, pool: Pool, head: Node, opts: PoolOptions, addresses:
             ended, result = _poll(aws, pool, head, opts, addresses, ui, on_status, progress_path, grow_step, cursor,
                                   state)
         except jobs.CONNECTION_ERRORS as exc:
+            if isinstance(exc, OSError) and exc.errno in LOCAL_ERRNOS:
+                raise  # this machine's disk or files (the results coming home), not the head: not retried
             now = time.monotonic()
             if unreachable_since is None:
                 unreachable_since = now
@@ -525,7 +541,6 @@ def _poll(aws: Aws, pool: Pool, head: Node, opts: PoolOptions, addresses: list[s
                               "its log is above; run the elements that did not finish again with --array",
                               command="ray start --head", host=head.host,
                               tail=jobs.tail(head.conn, f"{head.run_dir}/ray/console.log"))
-    grow_step(status)
     code = jobs.exit_status(head.conn, head.run_dir)
     if code is not None:
         jobs.drain(head.conn, f"{head.run_dir}/job.log", cursor)
@@ -533,6 +548,7 @@ def _poll(aws: Aws, pool: Pool, head: Node, opts: PoolOptions, addresses: list[s
             from ..runs.recover import recovery
             raise recovery.Interrupted(f"the pool's head ({head.instance_id}) got a spot interruption notice")
         return True, _read_status(head, opts, ui) or status
+    grow_step(status)  # only while the driver runs
     return False, status
 
 
@@ -590,6 +606,8 @@ def local_status(home: Path, run_id: str) -> dict[str, Any] | None:
     try:
         row = ledger.get(home, run_id)
     except (UsageError, LedgerError):
+        return None
+    if row.get("status") == "detached" or row.get("controller") is None:  # a detached run's is in S3
         return None
     where = Path(str(row.get("artifacts") or "")) if row.get("artifacts") else None
     live = _json_file(where / PROGRESS_FILE) if where else None

@@ -32,7 +32,7 @@ import tarfile
 import time
 import typing
 
-#: The element's keeper (``python -c REAPER PARENT_PID GRACE_S -- ARGV``), between the Ray worker
+#: The element's keeper (``python -I -c REAPER PARENT_PID GRACE_S -- ARGV``), between the Ray worker
 #: and the element: it asks Linux for SIGTERM when its parent dies (prctl PR_SET_PDEATHSIG; a
 #: Ray worker killed with SIGKILL, by Ray's memory monitor for one, cannot pass anything on), runs
 #: the element in a process group of its own, and on SIGTERM (or once the element exits) ends that
@@ -46,11 +46,11 @@ try:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG (linux/prctl.h: 1)
 except (AttributeError, OSError):
     pass
-if os.getppid() != parent:  # the worker died before the death signal was set
-    sys.exit(128 + signal.SIGTERM)
-child = subprocess.Popen(argv, start_new_session=True)
+child = None
 
 def end_group():
+    if child is None:
+        return
     try:
         os.killpg(child.pid, signal.SIGTERM)
     except OSError:
@@ -70,12 +70,19 @@ def end_group():
 def on_term(signum, frame):
     end_group()
     try:
-        child.wait(timeout=1)
+        if child is not None:
+            child.wait(timeout=1)
     except subprocess.TimeoutExpired:
         pass
     sys.exit(128 + signum)
 
-signal.signal(signal.SIGTERM, on_term)
+signal.signal(signal.SIGTERM, on_term)  # before the element starts: a death signal never leaves it alone
+if os.getppid() != parent:  # the worker died before the death signal was set
+    sys.exit(128 + signal.SIGTERM)
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # held while the element starts, then handled
+child = subprocess.Popen(argv, start_new_session=True,  # the element's own mask: SIGTERM not held
+                         preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM}))
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 code = child.wait()
 try:
     os.killpg(child.pid, signal.SIGKILL)  # what the element left running in its group ends with it
@@ -133,7 +140,8 @@ def keep(argv: list[str], cwd: str, env: dict, log: typing.IO[bytes]) -> int:
     """Run ``argv`` under its keeper (REAPER) with output to ``log`` (a file); return its exit
     status. Interrupted here (Ray cancelling the task), the keeper gets SIGTERM and ends the
     element's group before this returns (SIGKILL, which subprocess.run would send, would leave it)."""
-    proc = subprocess.Popen([sys.executable, "-c", REAPER, str(os.getpid()), str(REAPER_GRACE_S), "--", *argv],
+    # -I: isolated (no workdir or PYTHONPATH module shadows the keeper's stdlib)
+    proc = subprocess.Popen([sys.executable, "-I", "-c", REAPER, str(os.getpid()), str(REAPER_GRACE_S), "--", *argv],
                             cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
         return proc.wait()

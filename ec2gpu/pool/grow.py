@@ -21,6 +21,7 @@ from __future__ import annotations
 import threading
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
 if TYPE_CHECKING:
@@ -91,6 +92,15 @@ class Replacement:
     error: str | None = None
     stop: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
+    pending: Node | None = None  # the node being set up (its connection closed by ``halt``)
+
+    def halt(self) -> None:
+        """Stop it: at its next step, or at once where it waits on its node's SSH connection
+        (closed here: what it runs there fails, and the thread ends)."""
+        self.stop.set()
+        nd = self.pending
+        if nd is not None:
+            nd.close()
 
     @property
     def over(self) -> bool:
@@ -102,16 +112,16 @@ class Replacement:
 
 
 def start(ctx: Context, lost: str, lost_zone: str | None, index: int, addresses: list[str],
-          members: list[Node], ui: ReporterLike) -> Replacement:
+          ui: ReporterLike) -> Replacement:
     """Start making a replacement for the worker ``lost`` as node ``index`` (``addresses``: the
-    pool's nodes' private addresses, by index, len == index; ``members``: the nodes now in the
-    pool, for the SSH config). Returns at once; ``Replacement.over`` says when it is done."""
+    pool's nodes' private addresses, by index, len == index). Returns at once;
+    ``Replacement.over`` says when it is done, ``Replacement.halt`` stops it."""
     rep = Replacement(lost, index)
     aside = _Aside(ui, f"replacement for {lost}: ")
 
     def run() -> None:
         try:
-            rep.node = _make(ctx, rep, lost_zone, list(addresses), list(members), aside)
+            rep.node = _make(ctx, rep, lost_zone, list(addresses), aside)
         except Stopped:
             rep.error = "stopped: the array ended first"
         except BaseException as exc:  # noqa: BLE001 - said on the terminal and kept in the record; the pool goes on
@@ -132,8 +142,7 @@ def _end(ctx: Context, instance_id: str) -> None:
         pass
 
 
-def _make(ctx: Context, rep: Replacement, lost_zone: str | None, addresses: list[str], members: list[Node],
-          ui: _Aside) -> Node:
+def _make(ctx: Context, rep: Replacement, lost_zone: str | None, addresses: list[str], ui: _Aside) -> Node:
     from ..aws import instances
     from ..remote import ssh_config as sc
     from ..runs.execute import engine, nodes as N
@@ -151,24 +160,29 @@ def _make(ctx: Context, rep: Replacement, lost_zone: str | None, addresses: list
     [inst] = instances.tag_nodes(ctx.aws.ec2, [inst], ctx.opts.name or f"ec2gpu-{ctx.run_id}", first_index=rep.index)
     ctx.attempts.append(recovery.attempt_row(ctx.attempt, inst, rep.index))
     step()
-    nd = N.Node(rep.index, inst)
+    nd = rep.pending = N.Node(rep.index, inst)
     N.open_node(nd, ctx.aws, ctx.settings, ctx.prov, ctx.run_id, ctx.backend, say)
+    step()
     assert ctx.prov.key_path is not None
-    known = ctx.settings.home / "known_hosts"
-    sc.write(ctx.ssh_config, sc.render([sc.HostEntry((m.instance_id,), m.host, m.port, ctx.settings.ssh_user,
-                                                     ctx.prov.key_path, known / m.instance_id) for m in [*members, nd]],
-                                       ctx.ssh_config))
-    step()
-    N.prepare_node(nd, say)
-    step()
-    address = ctx.backend.private_address(nd.instance)
-    engine.upload_node(nd, ctx.job, ctx.ssh_config, ctx.run_id, [*addresses, address], False, None, say)
-    if ctx.job.mounts:  # its copy of the task's file_mounts, as the others got theirs
-        engine.mounts_node(nd, ctx.job, ctx.ssh_config, say)
-    step()
-    if ctx.job.task.setup:
-        engine.setup_node(nd, ctx.job, say)
+    # an SSH config of its own (rsync's, for this node alone): the pool's stays the main thread's
+    config = Path(ctx.ssh_config).with_name(f"{ctx.run_id}-node-{rep.index}.config")
+    sc.write(config, sc.render([sc.HostEntry((nd.instance_id,), nd.host, nd.port, ctx.settings.ssh_user,
+                                             ctx.prov.key_path, ctx.settings.home / "known_hosts" / nd.instance_id)],
+                               config))
+    try:
+        N.prepare_node(nd, say)
         step()
-    ctx.join(nd, address, say)
+        address = ctx.backend.private_address(nd.instance)
+        engine.upload_node(nd, ctx.job, config, ctx.run_id, [*addresses, address], False, None, say)
+        if ctx.job.mounts:  # its copy of the task's file_mounts, as the others got theirs
+            engine.mounts_node(nd, ctx.job, config, say)
+        step()
+        if ctx.job.task.setup:
+            engine.setup_node(nd, ctx.job, say)
+            step()
+        ctx.join(nd, address, say)
+        step()
+    finally:
+        config.unlink(missing_ok=True)
     rep.address = address
     return nd

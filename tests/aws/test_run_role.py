@@ -341,6 +341,17 @@ def test_a_boundary_from_an_older_ec2gpu_is_refused_before_a_detached_run_makes_
                                       "Resource": "*"}]}
         iam.create_policy_version(PolicyArn=arn, PolicyDocument=json.dumps(wide), SetAsDefault=True)
         assert roles.boundary_gaps(iam, arn, policy) == []  # wildcards match as IAM's do, in any case
+        for statements, gaps in (
+                ([{"Effect": "Allow", "NotAction": ["iam:*"], "Resource": "*"}], []),  # all but IAM
+                ([{"Effect": "Allow", "Action": "*", "Resource": "*"},
+                  {"Effect": "Deny", "Action": "autoscaling:SetDesiredCapacity", "Resource": "*"}],
+                 ["autoscaling:SetDesiredCapacity"])):
+            iam.create_policy_version(PolicyArn=arn, PolicyDocument=json.dumps({**doc, "Statement": statements}),
+                                      SetAsDefault=True)
+            assert roles.boundary_gaps(iam, arn, policy) == gaps
+            for v in iam.list_policy_versions(PolicyArn=arn)["Versions"]:
+                if not v["IsDefaultVersion"]:
+                    iam.delete_policy_version(PolicyArn=arn, VersionId=v["VersionId"])
     finally:
         for v in iam.list_policy_versions(PolicyArn=arn)["Versions"]:
             if not v["IsDefaultVersion"]:

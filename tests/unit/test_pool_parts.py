@@ -384,10 +384,16 @@ def test_status_of_an_array_reads_its_live_line_then_its_final_counts(tmp_path, 
     monkeypatch.setenv("EC2GPU_HOME", str(tmp_path / "home"))
     out = tmp_path / "run"
     row = {"run_id": "r-arr", "command": "run", "backend": "sandbox", "status": "running", "task": "arr",
-           "started_at": "2026-11-27T10:00:00+00:00", "artifacts": str(out)}
+           "started_at": "2026-11-27T10:00:00+00:00", "artifacts": str(out),
+           "controller": {"host": "here", "pid": 1, "started": 0}}  # a run in the foreground records its controller
     ledger.record(tmp_path / "home", row)
     assert attempt.local_status(tmp_path / "home", "r-arr") is None  # nothing written yet: not known as an array
     assert attempt.local_status(tmp_path / "home", "r-none") is None
+    ledger.record(tmp_path / "home", {**row, "run_id": "r-det", "status": "detached", "controller": None,
+                                      "artifacts": str(tmp_path / "det")})
+    (tmp_path / "det").mkdir()
+    (tmp_path / "det" / "pool.json").write_text("{}")
+    assert attempt.local_status(tmp_path / "home", "r-det") is None  # a detached run's status is in S3
     out.mkdir()
     attempt._write_progress(out / attempt.PROGRESS_FILE, attempt._progress(
         attempt.Pool([]), json.loads(status(counts={"done": 5, "failed": 1, "running": 3, "queued": 3})), 12))
@@ -422,7 +428,7 @@ def test_a_lost_worker_is_replaced_one_at_a_time_while_elements_wait_and_the_poo
 
     started, ended, gates = [], [], []
 
-    def start(ctx, lost, zone, index, addresses, members, ui):  # a replacement being made until its gate opens
+    def start(ctx, lost, zone, index, addresses, ui):  # a replacement being made until its gate opens
         started.append((lost, zone, index, list(addresses)))
         gates.append(threading.Event())
         rep = grow.Replacement(lost, index, thread=threading.Thread(target=gates[-1].wait))
@@ -472,6 +478,14 @@ def test_a_lost_worker_is_replaced_one_at_a_time_while_elements_wait_and_the_poo
     attempt._grow(aws, pool, {"counts": {"queued": 0}}, ctx, addresses, ui)
     assert ended == ["i-9"] and pool.replacements[-1]["joined"] is False and "i-9" not in pool.members
     assert any("no replacement for i-1 (WaitTimeout: no SSH)" in n for n in ui.notes)
+    # one being made when nothing waits any more is stopped (its instance is ended by its thread)
+    pool.lost.append("i-0x")
+    attempt._grow(aws, pool, waiting, ctx, addresses, ui)
+    assert started[-1][0] == "i-0x" and not pool.growing.stop.is_set()
+    attempt._grow(aws, pool, {"counts": {"queued": 0}}, ctx, addresses, ui)
+    assert pool.growing.stop.is_set() and any("the replacement for i-0x stops" in n for n in ui.notes)
+    gates[-1].set()
+    pool.growing.thread.join()
 
 
 def test_the_pool_follows_its_head_through_a_dropped_connection_and_counts_it_lost_after_the_bound(monkeypatch):
@@ -559,6 +573,7 @@ def test_an_elements_processes_end_with_the_ray_worker_that_ran_it_even_when_it_
 
 
 def test_an_element_keeps_its_exit_status_and_leaves_nothing_running(tmp_path):
+    (tmp_path / "signal.py").write_text("raise SystemExit(99)\n")  # a workdir's module never shadows the keeper's
     with open(tmp_path / "log", "wb") as log:
         assert driver.keep(["sh", "-c", "echo hi; exit 3"], str(tmp_path), dict(os.environ), log) == 3
         assert driver.keep(["sh", "-c", f"sleep 300 & echo $! > {tmp_path}/bg; kill -TERM $$"], str(tmp_path),

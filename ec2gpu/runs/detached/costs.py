@@ -297,7 +297,7 @@ def settle(store: tuple[Any, str], runs: dict[str, list[dict[str, Any]]], listed
     from each such run's settled.json, as terminated Instances tagged SETTLED_TAG; and for each run
     of ``final`` whose every launch EC2 lists as terminated with its time, its settled.json written
     (what EC2 says, to be read once it forgets them). A write S3 refuses is skipped (the next
-    reader tries again). Raises AwsError for a read S3 refuses."""
+    reader tries again); a settled.json S3 will not read counts as none."""
     from ...aws import runstore
     from ...aws.instances import Instance
     from ...errors import AwsError
@@ -307,7 +307,11 @@ def settle(store: tuple[Any, str], runs: dict[str, list[dict[str, Any]]], listed
         ids = [launch["instance_id"] for launch in launches]
         missing = {i for i in ids if i not in listed}
         if missing:
-            for row in runstore.get_settled(s3, bucket, run_id):
+            try:
+                kept = runstore.get_settled(s3, bucket, run_id)
+            except AwsError:  # that object refused (the run's role could write it): this run's agent times
+                kept = []
+            for row in kept:
                 if row["instance_id"] in missing:
                     found[row["instance_id"]] = Instance(
                         id=row["instance_id"], type=row["instance_type"], state="terminated",

@@ -107,7 +107,8 @@ def _settle_row(settings: Settings, got: dict[str, Any], cost: dict[str, Any] | 
                 log: Callable[[str], None]) -> None:
     """When the run is over and this machine's ledger holds it as "detached" (it was started
     here), give its row the run's end: status, exit status, end time; and its cost (``cost``,
-    costs.gather's) once every instance has ended, at that call or a later one. A ledger problem
+    costs.gather's) once every instance has ended, billed from EC2's own times, at that call or a
+    later one. A ledger problem
     is said, never raised: the run's record is in S3 either way."""
     from ...errors import LedgerError
     from ..settle import ledger
@@ -117,7 +118,9 @@ def _settle_row(settings: Settings, got: dict[str, Any], cost: dict[str, Any] | 
         row = ledger.get(settings.home, got["run_id"])
     except (UsageError, LedgerError):
         return  # started on another machine, or no ledger here
-    billed = cost is not None and cost["cost_usd"] is not None and not cost["running"]
+    from .costs import AGENT_TIMES
+    billed = (cost is not None and cost["cost_usd"] is not None and not cost["running"]
+              and not (cost.get("times_source") or {}).get(AGENT_TIMES))  # EC2's times (or kept), never a lower bound
     if row.get("status") != "detached" and not (billed and row.get("cost_usd") is None
                                                 and row.get("status") in LEDGER_STATUS.values()):
         return
