@@ -699,7 +699,12 @@ def get_status_bytes(s3: Client, bucket: str, run_id: str, limit: int = MAX_LAUN
     large), or None when there is none (no object, no bucket). One GetObject with
     ExpectedBucketOwner. For validate_status (the record) and launches (its instances) from one
     read. Raises UsageError for a bad run id, AwsError for other S3 errors."""
-    key = status_key(run_id)
+    return _read_head(s3, bucket, status_key(run_id), limit + 1)
+
+
+def _read_head(s3: Client, bucket: str, key: str, size: int) -> bytes | None:
+    """The first ``size`` bytes of ``key`` (one GetObject, ExpectedBucketOwner), or None when
+    there is no such object (or bucket). Raises AwsError for other S3 errors."""
     try:
         got = s3.get_object(Bucket=bucket, Key=key, **_expected_owner(bucket))
     except botocore.exceptions.ClientError as exc:
@@ -709,7 +714,7 @@ def get_status_bytes(s3: Client, bucket: str, run_id: str, limit: int = MAX_LAUN
                        "see docs/iam-policy.json") from None
     body = got["Body"]
     try:
-        data: bytes = body.read(limit + 1)
+        data: bytes = body.read(size)
     finally:
         body.close()
     return data
@@ -740,19 +745,9 @@ def get_settled(s3: Client, bucket: str, run_id: str) -> list[dict[str, Any]]:
     with an instance id, type, market, zone or time not of EC2's form, or ending before it
     started, is dropped; another run's record, an object that is not JSON or is larger than
     MAX_SETTLED_BYTES gives []. [] when there is none. Raises AwsError for other S3 errors."""
-    key = prefix(run_id) + SETTLED
-    try:
-        got = s3.get_object(Bucket=bucket, Key=key, **_expected_owner(bucket))
-    except botocore.exceptions.ClientError as exc:
-        if _absent(error_code(exc)):
-            return []
-        raise AwsError(f"run store: s3://{bucket}/{key}: GetObject failed ({error_code(exc)})",
-                       "see docs/iam-policy.json") from None
-    body = got["Body"]
-    try:
-        data: bytes = body.read(MAX_SETTLED_BYTES + 1)
-    finally:
-        body.close()
+    data = _read_head(s3, bucket, prefix(run_id) + SETTLED, MAX_SETTLED_BYTES + 1)
+    if data is None:
+        return []
     try:
         raw = json.loads(data) if len(data) <= MAX_SETTLED_BYTES else None
     except (ValueError, RecursionError):
