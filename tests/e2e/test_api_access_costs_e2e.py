@@ -31,7 +31,17 @@ def test_prices_and_a_spot_estimate_come_from_the_sandboxs_market(sandbox_env):
         costs.estimate("g4dn.xlarge", spot=True, max_price=0.0001, sandbox=True)
 
 
-def test_ssh_ssh_config_logs_and_a_tunnel_on_a_standing_instance(sandbox_env):
+@pytest.fixture
+def ctrl_c_raises():
+    """Python's own SIGINT handler (KeyboardInterrupt) for one test, the one before put back: a
+    suite started in the background by a shell without job control inherits SIGINT ignored, and
+    the tunnel below, ended as Ctrl-C ends it, then waited for pytest's timeout."""
+    saved = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, saved)
+
+
+def test_ssh_ssh_config_logs_and_a_tunnel_on_a_standing_instance(sandbox_env, ctrl_c_raises):
     home, _ = sandbox_env
     with pytest.raises(UsageError, match="no running instance named"):
         access.logs("no-such-run", sandbox=True)
