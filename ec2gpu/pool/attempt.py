@@ -555,17 +555,22 @@ def _poll(aws: Aws, pool: Pool, head: Node, opts: PoolOptions, addresses: list[s
 def prices_of(aws: Aws, settings: Settings, nodes: list[Node]) -> dict[str, float | None]:
     """Each node's compute price (USD/h; None when none is known), as its bill will price it
     (runs/plan/costs.compute_cost: a spot instance its zone's spot price history since its launch,
-    an on-demand one the price table), for the cost so far on the live line."""
+    an on-demand one the price table; asked once per type, market and zone), for the cost so far
+    on the live line."""
     from ..runs.plan import costs
     now = datetime.now(timezone.utc)
     prices: dict[str, float | None] = {}
+    asked: dict[tuple[str, str, str | None], float | None] = {}  # one lookup per type, market and zone
     for nd in nodes:
-        try:
-            prices[nd.instance_id] = costs.compute_cost(aws, settings.home, nd.instance, nd.instance.launched_at,
-                                                        max(now, nd.instance.launched_at + timedelta(seconds=60))
-                                                        )["usd_per_hour"]
-        except Exception:  # noqa: BLE001 - a price for the live line only: without one it shows no cost so far
-            prices[nd.instance_id] = None
+        key = (nd.instance.type, nd.instance.market, nd.instance.zone)
+        if key not in asked:
+            try:
+                asked[key] = costs.compute_cost(aws, settings.home, nd.instance, nd.instance.launched_at,
+                                                max(now, nd.instance.launched_at + timedelta(seconds=60))
+                                                )["usd_per_hour"]
+            except Exception:  # noqa: BLE001 - a price for the live line only: without one it shows no cost so far
+                asked[key] = None
+        prices[nd.instance_id] = asked[key]
     return prices
 
 

@@ -50,28 +50,34 @@ def status(aws: Aws, settings: Settings, run_id: str, log: Callable[[str], None]
     group = groups.summary(aws.client("autoscaling"), run_id)
     if got["state"] not in DONE and got["state"] != "unreadable" and _stopped(group):
         got = _ended_without_agent(s3, bucket, got, log)
-    cost = _cost(aws, settings, run_id, data, got["state"] in DONE, (s3, bucket), log)  # before the group goes
+    row = _ledger_row(settings, run_id)  # this machine's, when it started the run (one read for both)
+    cost = _cost(aws, settings, run_id, data, row, got["state"] in DONE, (s3, bucket), log)  # before the group goes
     removed = remove_finished(aws, settings, run_id, got, group, log)
-    _settle_row(settings, got, cost, log)
+    _settle_row(settings, got, row, cost, log)
     return {**got, "bucket": bucket, "group": group, "removed": removed,
             **({"billed_seconds": cost["billed_seconds"], "cost_usd": cost["cost_usd"],
                 "upper_bound": cost["upper_bound"], "cost": cost} if cost is not None else {})}
 
 
-def _cost(aws: Aws, settings: Settings, run_id: str, data: bytes, over: bool, store: tuple[Any, str],
-          log: Callable[[str], None]) -> dict[str, Any] | None:
+def _ledger_row(settings: Settings, run_id: str) -> dict[str, Any] | None:
+    """This machine's ledger row of ``run_id``; None when it has none (started elsewhere) or none can be read."""
+    from ...errors import LedgerError
+    from ..settle import ledger
+    try:
+        return ledger.get(settings.home, run_id)
+    except (UsageError, LedgerError):
+        return None
+
+
+def _cost(aws: Aws, settings: Settings, run_id: str, data: bytes, row: dict[str, Any] | None, over: bool,
+          store: tuple[Any, str], log: Callable[[str], None]) -> dict[str, Any] | None:
     """The run's cost so far or in all (runs/detached/costs.gather: its instances' own times while
     EC2 lists them, then as its settled.json kept them, else its agent's; a run ``over`` gets its
     settled.json once EC2 lists every instance terminated), or None, said, when AWS does not answer."""
-    from ...errors import LedgerError
-    from ..settle import ledger
     from . import costs
     try:
-        rows = {run_id: ledger.get(settings.home, run_id)}
-    except (UsageError, LedgerError):
-        rows = {}
-    try:
-        return costs.gather(aws, settings.home, {run_id: runstore.launches(data, run_id)}, rows,
+        return costs.gather(aws, settings.home, {run_id: runstore.launches(data, run_id)},
+                            {run_id: row} if row is not None else {},
                             settings.root_volume_gib, store=store, final={run_id} if over else set())[run_id]
     except Exception as exc:  # noqa: BLE001 - AwsError or botocore's: the status is shown without its cost
         log(f"the run's cost could not be had ({type(exc).__name__}); `ec2gpu runs --remote` tries again")
@@ -103,21 +109,17 @@ def _ended_without_agent(s3: Any, bucket: str, got: dict[str, Any], log: Callabl
 LEDGER_STATUS = {"succeeded": "completed", "failed": "failed", "cancelled": "cancelled"}
 
 
-def _settle_row(settings: Settings, got: dict[str, Any], cost: dict[str, Any] | None,
+def _settle_row(settings: Settings, got: dict[str, Any], row: dict[str, Any] | None, cost: dict[str, Any] | None,
                 log: Callable[[str], None]) -> None:
     """When the run is over and this machine's ledger holds it as "detached" (it was started
     here), give its row the run's end: status, exit status, end time; and its cost (``cost``,
     costs.gather's) once every instance has ended, billed from EC2's own times, at that call or a
-    later one. A ledger problem
-    is said, never raised: the run's record is in S3 either way."""
+    later one (``row``: its ledger row, None when this machine has none). A ledger problem is
+    said, never raised: the run's record is in S3 either way."""
     from ...errors import LedgerError
     from ..settle import ledger
-    if got.get("state") not in DONE:
+    if got.get("state") not in DONE or row is None:  # not over, or started on another machine
         return
-    try:
-        row = ledger.get(settings.home, got["run_id"])
-    except (UsageError, LedgerError):
-        return  # started on another machine, or no ledger here
     from .costs import AGENT_TIMES
     billed = (cost is not None and cost["cost_usd"] is not None and not cost["running"]
               and not (cost.get("times_source") or {}).get(AGENT_TIMES))  # EC2's times (or kept), never a lower bound

@@ -384,6 +384,12 @@ def pool_rounds(elements: int, instances: int, slots: int) -> int:
     return max(1, -(-elements // max(1, instances * slots)))
 
 
+def rounds_words(elements: int, instances: int, slots: int) -> tuple[int, str]:
+    """(pool_rounds, the words an estimate's time source gets for them) (pure)."""
+    rounds = pool_rounds(elements, instances, slots)
+    return rounds, f"x {rounds} round(s): {elements} element(s) over {instances} instance(s), {slots} at once on each"
+
+
 def price_rows(aws: Aws, home: Path, gpu: str | None = None,
                log: Callable[[str], None] = lambda msg: None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """`ec2gpu prices`: (rows, retired). One row per catalog type (of GPU model ``gpu``) the region

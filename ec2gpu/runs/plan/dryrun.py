@@ -82,10 +82,9 @@ def plan(job: TaskJob, settings: Settings, types: list[str], *, nodes: int, spot
     if elements:  # an element's time, run in rounds over the pool (pipeline.check_estimate)
         minutes, time_source = costs.element_minutes(settings.home, job, first["instance_type"], expect_minutes,
                                                      backend)
-        rounds = costs.pool_rounds(len(elements), nodes, slots)
+        rounds, words = costs.rounds_words(len(elements), nodes, slots)
         if minutes is not None:
-            minutes, time_source = minutes * rounds, (f"{time_source}; x {rounds} round(s): {len(elements)} "
-                                                      f"element(s) over {nodes} instance(s), {slots} at once on each")
+            minutes, time_source = minutes * rounds, f"{time_source}; {words}"
     else:
         minutes, time_source = costs.estimate_minutes(settings.home, job, first["instance_type"], expect_minutes,
                                                       backend)

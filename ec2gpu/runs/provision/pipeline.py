@@ -148,9 +148,7 @@ def check_estimate(aws: Aws, settings: Settings, opts: RunOptions, backend: str,
     if pool:  # the pool's instances run its elements in rounds (docs/pool.md, "What it costs")
         from ...pool.attempt import slots_per_node
         slots = slots_per_node(pool.instance_types, pool.gpus_per_job)
-        rounds = costs.pool_rounds(len(pool.elements), pool.nodes, slots)
-        est = costs.in_rounds(est, rounds, f"x {rounds} round(s): {len(pool.elements)} element(s) over {pool.nodes} "
-                                           f"instance(s), {slots} at once on each")
+        est = costs.in_rounds(est, *costs.rounds_words(len(pool.elements), pool.nodes, slots))
     if opts.nodes > 1 and est.cost_usd is not None:  # N instances for the same time (docs/cost-model.md)
         from dataclasses import replace
         est = replace(est, cost_usd=round(est.cost_usd * opts.nodes, 6))
