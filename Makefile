@@ -19,8 +19,11 @@ install: $(BIN)/.installed
 demo: install
 	EC2GPU_DATA_DIR=$(abspath $(DATA)) $(BIN)/ec2gpu train mnist --sandbox
 
+# three test processes side by side (pytest-xdist; a module and its sandbox stay on one), then the
+# modules marked `alone` by themselves (tests/conftest.py says which go first, and why)
 test: install lint
-	EC2GPU_DATA_DIR=$(abspath $(DATA)) $(BIN)/python -m pytest -q --durations=10
+	EC2GPU_DATA_DIR=$(abspath $(DATA)) $(BIN)/python -m pytest -q --durations=10 -n 3 --dist loadfile -m "not alone"
+	EC2GPU_DATA_DIR=$(abspath $(DATA)) $(BIN)/python -m pytest -q --durations=5 -m alone
 
 lint: install  # ruff.toml and mypy.ini, checked in (issue 29, item 8)
 	$(BIN)/ruff check .

@@ -131,12 +131,14 @@ def warn(text: str) -> None:
 
 def error(message: str, hint: str | None = None, tail: str = "") -> None:
     """'error: MESSAGE', the TAIL below it (an instance's last lines) and 'hint: HINT' on stderr,
-    each inert and never markup: what ``main()`` says of a failed command."""
-    say(err, message, label="error:", label_style="red")
+    each inert and never markup: what ``main()`` says of a failed command. The message and the hint
+    are one line each, however long (the terminal folds them, rich does not): a path or a command in
+    them stays whole where stderr goes to a file or a pipe (rich's width is 80 there)."""
+    say(err, message, label="error:", label_style="red", soft_wrap=True)
     if tail:
         say(err, tail)
     if hint:
-        say(err, hint, label="hint:", label_style="yellow")
+        say(err, hint, label="hint:", label_style="yellow", soft_wrap=True)
 
 
 def table(*columns, title: str | None = None, **options):

@@ -26,10 +26,12 @@ with open(os.path.join(os.environ["EC2GPU_OUTPUT_DIR"], "summary.json"), "w") as
 """
 
 
-def assert_inert(text: str) -> None:
-    """No ESC, BEL, C1 control or bidi override: rich writes no colour to a pipe, so none is expected."""
+def assert_inert(text: str, shown: bool = True) -> None:
+    """No ESC, BEL, C1 control or bidi override: rich writes no colour to a pipe, so none is expected.
+    ``shown``: the hostile text is there (made inert), or nothing was printed at all."""
     assert not any(c in text for c in "\033\007\x9b\x9d\u202e"), repr(text)
-    assert "pwned" in text or text == ""
+    if shown:
+        assert "pwned" in text or text == ""
 
 
 def test_a_hostile_jobs_log_and_summary_reach_the_terminal_inert(sandbox_env, tmp_path, monkeypatch):
@@ -63,6 +65,6 @@ def test_a_hostile_jobs_log_and_summary_reach_the_terminal_inert(sandbox_env, tm
         shown = subprocess.run([EC2GPU, *argv], env=env, capture_output=True, text=True, timeout=60)
         assert shown.returncode == 0, (argv, shown.stderr)
         assert_inert(shown.stdout)
-        assert_inert(shown.stderr)
+        assert_inert(shown.stderr, shown=False)  # it may hold notes on the shared sandbox's other runs
         assert "[/oops]" in shown.stdout, (argv, shown.stdout)
     assert leftovers(home) == ([], [], [])

@@ -15,7 +15,10 @@ from ec2gpu.sandbox import control
 
 from test_spot_recovery import EC2GPU, assert_nothing_left, drive  # same folder (pytest prepend import mode)
 
-pytestmark = pytest.mark.e2e
+#: alone: `make test` runs this module by itself, after the others (which run side by side): three Ray
+#: nodes each with its agents are most of this 2-core machine, and each test times its pool (a
+#: worker lost mid-element, a shrink before the last element ends) against elements of seconds
+pytestmark = [pytest.mark.e2e, pytest.mark.alone]
 NEEDS_MNIST = False  # the array needs none; the sweep asks for the fixture itself
 
 # element k writes its index; the last one submitted (11) takes three times as long as the others,

@@ -51,6 +51,20 @@ def test_an_error_and_its_hint_print_their_brackets_as_typed(no_aws, capsys, mon
     assert f"error: {MESSAGE}" in err and f"hint: {HINT}" in err
 
 
+def test_an_error_and_its_hint_are_one_line_each_however_long(no_aws, capsys, monkeypatch):
+    # stderr to a file or a pipe: rich's width is 80, and it folded a long path mid-word, so the
+    # hint's `mv` command came out broken in two
+    from ec2gpu.sandbox import control
+    path = "/tmp/" + "d" * 90 + "/ledger.sqlite"
+
+    def down(home):
+        raise UsageError(f"the ledger {path} cannot be used", f"set it aside with `mv {path} {path}.bad`")
+    monkeypatch.setattr(control, "down", down)
+    assert cli.main(["sandbox", "down"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [f"error: the ledger {path} cannot be used", f"hint: set it aside with `mv {path} {path}.bad`"]
+
+
 def test_an_unexpected_exception_prints_its_words_as_typed(no_aws, capsys, monkeypatch):
     from ec2gpu.sandbox import control
 
