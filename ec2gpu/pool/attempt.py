@@ -70,7 +70,7 @@ class Pool:
     lost: list[str] = field(default_factory=list)
     usd_per_hour: dict[str, float | None] = field(default_factory=dict)  # instance id -> its compute price
     replacements: list[dict[str, Any]] = field(default_factory=list)  # grow.Replacement.as_dict, once each is over
-    growing: Any = None  # the grow.Replacement being made now (at most one at a time)
+    growing: grow.Replacement | None = None  # the one being made now (at most one at a time)
 
     def cost_so_far(self, now: float) -> float | None:
         """USD the pool's instances have cost until ``now`` (epoch s): each instance's compute
@@ -138,7 +138,7 @@ def _cpus(nd: Node) -> int:
     return got.vcpus if got else 1
 
 
-def start_ray(nodes: list[Node], addresses: list[str], job: TaskJob, log: Callable[[str], None]) -> str:
+def start_ray(nodes: list[Node], addresses: dict[int, str], job: TaskJob, log: Callable[[str], None]) -> str:
     """Start Ray on every node (the head first; ec2gpu/pool/node.py) and return the head's
     address (IP:PORT). Each node's Ray runs detached from SSH in ``RUN_DIR/ray`` (``nd.pid``: its
     process group). Raises RemoteError / WaitTimeout when the head's Ray does not start."""
@@ -285,9 +285,9 @@ def run_attempt(aws: Aws, settings: Settings, opts: PoolOptions, run_id: str, ui
                                                      prov.key_path, known / nd.instance_id) for nd in nodes], config))
         with ui.phase("setup"):
             N.parallel(lambda nd: N.prepare_node(nd, _say(ui, nd, nodes)), nodes)
-        addresses = [backend.private_address(nd.instance) for nd in nodes]
+        addresses = {nd.index: backend.private_address(nd.instance) for nd in nodes}  # node index -> private address
         with ui.phase("upload"):
-            N.parallel(lambda nd: engine.upload_node(nd, job, config, run_id, addresses, False, None,
+            N.parallel(lambda nd: engine.upload_node(nd, job, config, run_id, list(addresses.values()), False, None,
                                                      _say(ui, nd, nodes)), nodes)
             if job.mounts:  # COPY mode only (api/tasks._elements): each instance gets its copy
                 N.parallel(lambda nd: engine.mounts_node(nd, job, config, _say(ui, nd, nodes)), nodes)
@@ -396,7 +396,7 @@ def _mask_logs(directory: Path, job: TaskJob) -> None:
                 tmp.replace(path)
 
 
-def _follow(aws: Aws, pool: Pool, head: Node, opts: PoolOptions, addresses: list[str],
+def _follow(aws: Aws, pool: Pool, head: Node, opts: PoolOptions, addresses: dict[int, str],
             ui: ReporterLike, on_status: Callable[[dict[str, Any]], None],
             progress_path: Path | None = None, grow_ctx: grow.Context | None = None) -> dict[str, Any] | None:
     """Until the driver ends: its log lines shown, the progress line (also written to
@@ -417,7 +417,7 @@ def _follow(aws: Aws, pool: Pool, head: Node, opts: PoolOptions, addresses: list
                         "`ec2gpu cleanup` ends what it made")
 
 
-def _grow(aws: Aws, pool: Pool, status: dict[str, Any] | None, ctx: grow.Context | None, addresses: list[str],
+def _grow(aws: Aws, pool: Pool, status: dict[str, Any] | None, ctx: grow.Context | None, addresses: dict[int, str],
           ui: ReporterLike) -> None:
     """Take a replacement that is over into the pool (or say why there is none), and start the
     next one while a lost worker is owed one, elements wait, and the pool is below its size."""
@@ -433,7 +433,7 @@ def _grow(aws: Aws, pool: Pool, status: dict[str, Any] | None, ctx: grow.Context
         pool.replacements.append(rep.as_dict())
         nd = rep.node
         if nd is not None and rep.address is not None and ctx is not None:
-            addresses.append(rep.address)  # by node index: len(addresses) was nd.index
+            addresses[nd.index] = rep.address
             pool.nodes.append(nd)
             pool.members[nd.instance_id] = nd
             pool.usd_per_hour.update(prices_of(aws, ctx.settings, [nd]))
@@ -455,10 +455,12 @@ def _grow(aws: Aws, pool: Pool, status: dict[str, Any] | None, ctx: grow.Context
         return
     zone = next((nd.instance.zone for nd in pool.nodes if nd.instance_id == owed[0]), None)
     ui.note(f"pool: {status['counts']['queued']} element(s) wait and {owed[0]} is lost: launching a replacement")
-    pool.growing = grow.start(ctx, owed[0], zone, len(pool.nodes), list(addresses), ui)
+    # the next node index: never one a replacement that failed had (its tags and attempt row keep it)
+    index = 1 + max([nd.index for nd in pool.nodes] + [int(r["node"]) for r in pool.replacements])
+    pool.growing = grow.start(ctx, owed[0], zone, index, list(addresses.values()), ui)
 
 
-def _follow_loop(aws: Aws, pool: Pool, head: Node, opts: PoolOptions, addresses: list[str],
+def _follow_loop(aws: Aws, pool: Pool, head: Node, opts: PoolOptions, addresses: dict[int, str],
                  ui: ReporterLike, on_status: Callable[[dict[str, Any]], None], progress_path: Path | None,
                  grow_step: Callable[[dict[str, Any] | None], None]) -> dict[str, Any] | None:
     """_follow's loop: a poll every POLL_S; through a dropped SSH connection to the head it
@@ -504,7 +506,7 @@ def _follow_loop(aws: Aws, pool: Pool, head: Node, opts: PoolOptions, addresses:
         time.sleep(POLL_S)
 
 
-def _poll(aws: Aws, pool: Pool, head: Node, opts: PoolOptions, addresses: list[str], ui: ReporterLike,
+def _poll(aws: Aws, pool: Pool, head: Node, opts: PoolOptions, addresses: dict[int, str], ui: ReporterLike,
           on_status: Callable[[dict[str, Any]], None], progress_path: Path | None,
           grow_step: Callable[[dict[str, Any] | None], None], cursor: Any,
           state: dict[str, Any]) -> tuple[bool, dict[str, Any] | None]:
@@ -678,7 +680,7 @@ def eta_s(status: dict[str, Any], slots: int) -> float | None:
     return round(mean * (c["queued"] + c["running"] / 2) / slots, 1)
 
 
-def _shrink(aws: Aws, pool: Pool, status: dict[str, Any], addresses: list[str], ui: ReporterLike) -> None:
+def _shrink(aws: Aws, pool: Pool, status: dict[str, Any], addresses: dict[int, str], ui: ReporterLike) -> None:
     """Release the workers the pool no longer needs (records.idle_workers): Ray stopped on each,
     then its instance terminated (without waiting)."""
     from ..aws import instances

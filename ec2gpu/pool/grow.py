@@ -113,8 +113,9 @@ class Replacement:
 
 def start(ctx: Context, lost: str, lost_zone: str | None, index: int, addresses: list[str],
           ui: ReporterLike) -> Replacement:
-    """Start making a replacement for the worker ``lost`` as node ``index`` (``addresses``: the
-    pool's nodes' private addresses, by index, len == index). Returns at once;
+    """Start making a replacement for the worker ``lost`` as node ``index`` (a number no node or
+    earlier replacement of the pool had; ``addresses``: the private addresses of the pool's nodes,
+    head first, for the new node's SKYPILOT_NODE_IPS). Returns at once;
     ``Replacement.over`` says when it is done, ``Replacement.halt`` stops it."""
     rep = Replacement(lost, index)
     aside = _Aside(ui, f"replacement for {lost}: ")

@@ -51,6 +51,19 @@ class LaunchOptions:
         """The types to try, in order of preference (``instance_type`` split at commas)."""
         return [t.strip() for t in self.instance_type.split(",") if t.strip()]
 
+    @property
+    def forms_cluster(self) -> bool:
+        """The instances are one cluster's members: each tagged ec2gpu:cluster (``ec2gpu ls`` shows
+        them together), one security group that also admits its own members. True for more than one node."""
+        return self.nodes > 1
+
+    @property
+    def needs_placement_group(self) -> bool:
+        """One job spans the nodes (torchrun's all-reduce between them), so they go in a cluster
+        placement group, for its low latency and high throughput between instances
+        (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/placement-strategies.html). True for more than one node."""
+        return self.nodes > 1
+
 
 @dataclass(frozen=True, kw_only=True)
 class RunOptions(LaunchOptions):
@@ -118,3 +131,16 @@ class PoolOptions(RunOptions):
     elements: tuple[Element, ...]
     gpus_per_job: int | None = None
     max_retries: int = 2
+
+    @property
+    def forms_cluster(self) -> bool:
+        """A pool is a cluster whatever its size: a replacement launched alone (nodes=1) is tagged
+        with the others, and Ray's ports are open between members only (issue 31, item 8)."""
+        return True
+
+    @property
+    def needs_placement_group(self) -> bool:
+        """No: elements are independent jobs with no traffic between instances, and a cluster
+        placement group keeps the pool in one zone (the placement-strategies page above), where
+        a spot pool wants every zone's capacity."""
+        return False

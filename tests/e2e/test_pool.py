@@ -58,6 +58,13 @@ def _nodes(state, lines) -> dict:
     return nodes
 
 
+def _cluster_tags(state, instance_ids: list[str]) -> dict:
+    """{instance id: its ec2gpu:cluster tag, or None} (a terminated instance keeps its tags)."""
+    found = _ec2(state).describe_instances(InstanceIds=instance_ids)["Reservations"]
+    return {i["InstanceId"]: {t["Key"]: t["Value"] for t in i.get("Tags", [])}.get("ec2gpu:cluster")
+            for r in found for i in r["Instances"]}
+
+
 def _head_status(home, head: str) -> dict:
     """The pool driver's status.json on ``head``, where the sandbox keeps its files ({} before it)."""
     for path in (home / "sandbox" / "instances" / head / "home" / "ec2gpu" / "runs").glob("*/pool/status.json"):
@@ -141,6 +148,10 @@ def test_an_array_over_three_workers_shrinks_its_pool_before_its_last_element_en
             assert (rule["IpProtocol"], rule.get("FromPort"), rule.get("ToPort")) == ("tcp", 22, 22), rule
     assert any(pair["GroupId"] == group["GroupId"] for rule in group["IpPermissions"]
                for pair in rule.get("UserIdGroupPairs", []))
+    # independent elements: no cluster placement group (it would hold the pool to one zone), but
+    # one cluster, as `ec2gpu ls` shows it: every instance tagged with the pool's name
+    assert "3 node(s): one security group that also admits its own members; no placement group" in " ".join(err.split())
+    assert set(_cluster_tags(state, record["instance_ids"]).values()) == {f"ec2gpu-{record['run_id']}"}
     shown = subprocess.run([EC2GPU, "logs", record["run_id"], "--index", "11"], capture_output=True, text=True,
                            env=dict(os.environ), timeout=60)  # an element's own log, from the artifacts
     assert shown.returncode == 0 and shown.stdout.startswith("element 11 of 12 on "), shown
@@ -181,6 +192,8 @@ def test_an_array_loses_no_element_when_a_worker_is_interrupted_mid_run(sandbox_
     assert rep["for"] == seen["worker"] and rep["joined"] and rep["error"] is None and rep["node"] == 3, (rep, err)
     assert rep["instance_id"] in record["instance_ids"] and rep["instance_id"] not in pool["lost"]
     assert any(a["instance_id"] == rep["instance_id"] and a["node"] == 3 for a in record["attempts"])
+    tags = _cluster_tags(state, record["instance_ids"])  # the replacement is one of the pool's, as `ls` shows it
+    assert tags[rep["instance_id"]] == tags[record["instance_ids"][0]] == f"ec2gpu-{record['run_id']}", tags
     counts = [p["instances"] for p in pool["instances_over_time"]]
     assert counts[0] == 3 and counts[1] == 2 and 3 in counts[2:], pool["instances_over_time"]
     assert_nothing_left(home, record)

@@ -443,7 +443,7 @@ def test_a_lost_worker_is_replaced_one_at_a_time_while_elements_wait_and_the_poo
         nd.instance.zone = f"us-east-1{'abc'[k]}"
     pool = attempt.Pool(nodes, members={nd.instance_id: nd for nd in nodes[:2]})  # i-2 is lost
     ctx = SimpleNamespace(opts=SimpleNamespace(nodes=3), settings=None)
-    addresses, ui, aws = ["10.0.0.0", "10.0.0.1", "10.0.0.2"], Reporter(), SimpleNamespace(ec2=None)
+    addresses, ui, aws = {0: "10.0.0.0", 1: "10.0.0.1", 2: "10.0.0.2"}, Reporter(), SimpleNamespace(ec2=None)
     waiting = {"counts": {"queued": 4}}
     attempt._grow(aws, pool, waiting, ctx, addresses, ui)
     assert started == []  # nothing lost yet
@@ -453,7 +453,7 @@ def test_a_lost_worker_is_replaced_one_at_a_time_while_elements_wait_and_the_poo
     attempt._grow(aws, pool, waiting, None, addresses, ui)
     assert started == []  # no way to launch one (a caller without a grow context)
     attempt._grow(aws, pool, waiting, ctx, addresses, ui)
-    assert started == [("i-2", "us-east-1c", 3, addresses)]
+    assert started == [("i-2", "us-east-1c", 3, ["10.0.0.0", "10.0.0.1", "10.0.0.2"])]
     attempt._grow(aws, pool, waiting, ctx, addresses, ui)
     assert len(started) == 1  # one at a time
     # it joined: a member like the others, at the next index and address
@@ -482,6 +482,7 @@ def test_a_lost_worker_is_replaced_one_at_a_time_while_elements_wait_and_the_poo
     pool.lost.append("i-0x")
     attempt._grow(aws, pool, waiting, ctx, addresses, ui)
     assert started[-1][0] == "i-0x" and not pool.growing.stop.is_set()
+    assert started[-1][2] == 5  # not 4 again: the failed one's instance was tagged node 4
     attempt._grow(aws, pool, {"counts": {"queued": 0}}, ctx, addresses, ui)
     assert pool.growing.stop.is_set() and any("the replacement for i-0x stops" in n for n in ui.notes)
     gates[-1].set()

@@ -65,10 +65,13 @@ def provision(aws: Aws, settings: Settings, opts: LaunchOptions, run_id: str, ui
             _instance_role(aws, settings, opts, run_id, prov, ui)  # first: the one step IAM may refuse
             prov.key_name, prov.key_path = network.create_key_pair(ec2, run_id, settings.owner, settings.keys_dir)
             prov.security_group_id = network.create_security_group(ec2, run_id, settings.owner, cidr)
-            if opts.nodes > 1:
+            if opts.forms_cluster:
                 network.allow_within_group(ec2, prov.security_group_id)
-                prov.placement_group, how = placement.create(ec2, run_id, settings.owner, name, opts.instance_types[0])
-                ui.note(f"{opts.nodes} nodes: one security group that also admits its own members; {how}")
+                how = "no placement group (independent jobs)"
+                if opts.needs_placement_group:
+                    prov.placement_group, how = placement.create(ec2, run_id, settings.owner, name,
+                                                                 opts.instance_types[0])
+                ui.note(f"{opts.nodes} node(s): one security group that also admits its own members; {how}")
         # the AMI and the security group are chosen and made with the key pair, at the first attempt
         assert ami is not None and prov.security_group_id is not None
         spec = instances.LaunchSpec(
@@ -78,7 +81,7 @@ def provision(aws: Aws, settings: Settings, opts: LaunchOptions, run_id: str, ui
             root_volume_gib=settings.root_volume_gib, max_runtime_minutes=opts.max_runtime_minutes,
             max_price=opts.max_price if opts.spot else None, count=opts.nodes,
             # a cluster placement group lives in one zone: a replacement elsewhere goes without it
-            placement_group=None if avoid_zones else prov.placement_group, cluster=name if opts.nodes > 1 else None,
+            placement_group=None if avoid_zones else prov.placement_group, cluster=name if opts.forms_cluster else None,
             idle=opts.idle, instance_profile=prov.instance_profile, labels=_labels(opts))
         new, attempts = capacity.launch_with_fallback(
             aws.client("ec2", fail_fast=True), spec, opts.instance_types, opts.spot_fallback == "on-demand",
