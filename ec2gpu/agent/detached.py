@@ -72,7 +72,10 @@ log, status failed, end the group; a spot notice -> checkpoints and log at once,
 and the group is NOT ended: AWS replaces the instance and the next launch resumes; cancel ->
 SIGTERM (agent.py forwards it to the job), outputs, log, ``cancelled``, end the group. A launch that
 finds a later launch recorded in status.json (Capacity Rebalancing starts the replacement before
-it ends this one) stops its job and writes nothing more: the later one owns the prefix.
+it ends this one) stops its job and writes nothing more: the later one owns the prefix. Every
+write of status.json is conditional on the ETag this launch last read or wrote (S3 conditional
+writes), so a newer launch's record written between this launch's check and its write is never
+lost under it, and of two launches that read the record at once only the first takes the number.
 
 "End the group" is UpdateAutoScalingGroup to 0/0/0, never a shutdown (the group would replace the
 instance); a failed call is retried with backoff for as long as this process lives, each failure
@@ -154,6 +157,17 @@ class Refused(ValueError):
 
 class Superseded(Exception):
     """A later launch of the run is recorded: this one must stop writing."""
+
+
+class Conflict(Exception):
+    """A conditional write found the object changed since this launch last read or wrote it
+    (S3's 412 PreconditionFailed, or 409 ConditionalRequestConflict for a write under way)."""
+
+
+#: S3's answers to a conditional write that did not hold
+#: (https://docs.aws.amazon.com/AmazonS3/latest/userguide/conditional-writes.html)
+CONFLICT_CODES = ("PreconditionFailed", "412", "ConditionalRequestConflict", "409")
+CONFLICT_TRIES = 5  # status.json writes tried again after a conflict that does not supersede this launch
 
 
 def iso(t: float) -> str:
@@ -479,29 +493,59 @@ class Store:
             raise Refused(f"not a key inside the run: {rel[:200]!r}")
         return self.prefix + rel
 
-    def get_bytes(self, rel: str, limit: int) -> bytes | None:
+    @property
+    def conditional(self) -> bool:
+        """Whether this machine's botocore can write conditionally (PutObject's IfMatch and
+        IfNoneMatch, in its models since late 2024): an older one writes unconditionally."""
+        shape = self.s3.meta.service_model.operation_model("PutObject").input_shape
+        return "IfMatch" in shape.members and "IfNoneMatch" in shape.members
+
+    def get_tagged(self, rel: str, limit: int) -> tuple[bytes | None, str | None]:
+        """(the object's first ``limit`` + 1 bytes, its ETag), (None, None) when there is none."""
         try:
-            body = self.s3.get_object(Bucket=self.bucket, Key=self.key(rel))["Body"]
+            got = self.s3.get_object(Bucket=self.bucket, Key=self.key(rel))
         except Exception as exc:
             if _code(exc) in ("NoSuchKey", "404", "NotFound"):
-                return None
+                return None, None
             raise
-        return bytes(body.read(limit + 1))
+        return bytes(got["Body"].read(limit + 1)), got.get("ETag")
+
+    def get_bytes(self, rel: str, limit: int) -> bytes | None:
+        return self.get_tagged(rel, limit)[0]
 
     def get_json(self, rel: str, limit: int) -> object:
-        data = self.get_bytes(rel, limit)
+        return self.get_json_tagged(rel, limit)[0]
+
+    def get_json_tagged(self, rel: str, limit: int) -> tuple[object, str | None]:
+        """(the JSON object at ``rel`` or None, its ETag or None). Raises Refused (over ``limit``
+        bytes, not JSON)."""
+        data, etag = self.get_tagged(rel, limit)
         if data is None:
-            return None
+            return None, None
         if len(data) > limit:
             raise Refused(f"{rel}: over {limit} bytes")
         try:
-            return json.loads(data)
+            return json.loads(data), etag
         except ValueError as exc:
             raise Refused(f"{rel}: not JSON ({exc})") from None
 
-    def put_json(self, rel: str, obj: object) -> None:
-        self.s3.put_object(Bucket=self.bucket, Key=self.key(rel), Body=json.dumps(obj, indent=1).encode(),
-                           ContentType="application/json")
+    def put_json(self, rel: str, obj: object, *, if_match: str | None = None, if_absent: bool = False) -> str | None:
+        """Write ``obj`` at ``rel``; returns its new ETag. ``if_match``: only over the object of that
+        ETag; ``if_absent``: only where there is none (S3 conditional writes). Raises Conflict when the
+        condition does not hold."""
+        cond: dict[str, str] = {}
+        if if_match is not None:
+            cond["IfMatch"] = if_match
+        elif if_absent:
+            cond["IfNoneMatch"] = "*"
+        try:
+            put = self.s3.put_object(Bucket=self.bucket, Key=self.key(rel), Body=json.dumps(obj, indent=1).encode(),
+                                     ContentType="application/json", **cond)
+        except Exception as exc:
+            if cond and _code(exc) in CONFLICT_CODES:
+                raise Conflict(f"{rel} changed ({_code(exc)})") from None
+            raise
+        return put.get("ETag") if isinstance(put, dict) else None
 
     def exists(self, rel: str) -> bool:
         try:
@@ -613,6 +657,10 @@ class Detached:
         self.log_sent: tuple[int, int] | None = None
         self.proc: subprocess.Popen | None = None  # the agent, while it runs
         self.key = b""  # the key the running agent signs with
+        #: status.json's ETag as this launch last read or wrote it: each write is conditional on it
+        #: (None: there was none), so a write by another launch in between is never lost under ours
+        self.etag: str | None = None
+        self.conditional = self.store.conditional
 
     # -- the record
     def now(self) -> str:
@@ -628,19 +676,50 @@ class Detached:
         except Exception as exc:
             self.log(f"status.json not read: {type(exc).__name__}: {exc}"[:500])
             return
-        if isinstance(there, dict) and isinstance(there.get("launches"), int) and there["launches"] > self.launch:
-            raise Superseded(f"launch {there['launches']} is recorded; this is launch {self.launch}")
-        if isinstance(there, dict) and there.get("state") in TERMINAL and self.status.get("state") not in TERMINAL:
+        self.raise_if_superseded(there)
+
+    def raise_if_superseded(self, there: object) -> None:
+        """Superseded when the status.json read (``there``) records a later launch, the same launch
+        number taken by another instance (two launches that read the record at once: the first
+        to write it has it), or an end this launch did not write."""
+        if not isinstance(there, dict):
+            return
+        launches = there.get("launches")
+        if isinstance(launches, int) and launches > self.launch:
+            raise Superseded(f"launch {launches} is recorded; this is launch {self.launch}")
+        mine = self.status.get("instance_id")
+        if launches == self.launch and there.get("instance_id") not in (None, mine) and mine != "unknown":
+            raise Superseded(f"launch {launches} was taken by {str(there.get('instance_id'))[:64]!r} first")
+        if there.get("state") in TERMINAL and self.status.get("state") not in TERMINAL:
             raise Superseded(f"the run is already recorded as {there['state']}")
 
     def save(self, check: bool = True) -> None:
-        """status.json written whole; with ``check``, Superseded first when a later launch is recorded."""
+        """status.json written whole; with ``check``, Superseded first when a later launch is recorded.
+
+        The write is conditional on status.json being as this launch last read or wrote it: where
+        another writer came in between (check_superseded read it, and a newer launch wrote before
+        this write), S3 refuses it (Conflict); status.json is read again then, and this launch is
+        Superseded as above, or (with ``check`` False, or for a writer that does not supersede it,
+        such as an older launch's last heartbeat) writes over it, up to CONFLICT_TRIES times."""
         if check:
             self.check_superseded()
         self.status["heartbeat_at"] = self.now()
         if self.status["instances"]:
             self.status["instances"][-1]["last_seen_at"] = self.status["heartbeat_at"]
-        self.store.put_json("status.json", {k: self.status[k] for k in STATUS_FIELDS})
+        body = {k: self.status[k] for k in STATUS_FIELDS}
+        if not self.conditional:
+            self.store.put_json("status.json", body)
+            return
+        for _ in range(CONFLICT_TRIES):
+            try:
+                self.etag = self.store.put_json("status.json", body, if_match=self.etag, if_absent=self.etag is None)
+                return
+            except Conflict as exc:
+                self.log(f"status.json: {exc}; read again")
+                there, self.etag = self.store.get_json_tagged("status.json", MAX_STATUS_BYTES)
+                if check:
+                    self.raise_if_superseded(there)
+        raise Conflict(f"status.json changed under {CONFLICT_TRIES} writes in a row")
 
     def try_save(self, check: bool = True) -> None:
         try:
@@ -739,7 +818,10 @@ class Detached:
 
     def _execute(self) -> int:
         at = self.clock()
-        self.status = parse_status(self.store.get_json("status.json", MAX_STATUS_BYTES), self.run_id, self.group, at)
+        there, self.etag = self.store.get_json_tagged("status.json", MAX_STATUS_BYTES)
+        self.status = parse_status(there, self.run_id, self.group, at)
+        if not self.conditional:
+            self.log("this boto3 cannot write S3 objects conditionally: status.json is written without a check")
         self.launch = self.status["launches"] + 1
         instance_id = self.imds("/latest/meta-data/instance-id") or "unknown"
         instance_id = instance_id if re.fullmatch(r"[A-Za-z0-9-]{1,64}", instance_id) else "unknown"

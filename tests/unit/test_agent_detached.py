@@ -353,6 +353,53 @@ def test_a_later_launch_supersedes_this_one_which_stops_its_job_and_writes_nothi
     assert status(aws) == newer and group_size(aws) == (0, 1, 1)
 
 
+class Interleaved:
+    """The S3 client, with another launch's write of status.json (``write``) made just before this
+    agent's write number ``at``: after its check read the record, before its own write lands."""
+
+    def __init__(self, s3, at, write):
+        self.s3, self.at, self.write, self.puts = s3, at, write, 0
+
+    def __getattr__(self, name):
+        return getattr(self.s3, name)
+
+    def put_object(self, **kw):
+        if kw["Key"] == PREFIX + "status.json":
+            self.puts += 1
+            if self.puts == self.at:
+                self.write()
+        return self.s3.put_object(**kw)
+
+
+def test_a_newer_launchs_record_written_between_the_check_and_the_write_is_not_lost(aws, tmp_path):
+    """Without a conditional write the older launch wrote over the newer one's record and ran on."""
+    put_spec(aws, run="for i in $(seq 200); do sleep 0.1; done")
+    newer = {"state": "running", "launches": 2, "instance_id": "i-0new"}
+    s3 = Interleaved(aws.s3, 3, lambda: put_json(aws, "status.json", newer))
+    start = time.monotonic()
+    assert make(aws, tmp_path / "home", s3=s3).execute() == detached.EXIT_SUPERSEDED
+    assert s3.puts >= 3 and time.monotonic() - start < 15  # stopped, not run out
+    assert status(aws) == newer and group_size(aws) == (0, 1, 1)
+
+
+def test_of_two_launches_that_read_the_record_at_once_the_first_to_write_takes_the_number(aws, tmp_path):
+    put_spec(aws, run="for i in $(seq 200); do sleep 0.1; done")
+    other = {"state": "starting", "launches": 1, "instance_id": "i-0other"}
+    s3 = Interleaved(aws.s3, 1, lambda: put_json(aws, "status.json", other))
+    assert make(aws, tmp_path / "home", s3=s3).execute() == detached.EXIT_SUPERSEDED
+    assert status(aws) == other and not run_dir(tmp_path / "home").exists()  # prepared nothing, ran nothing
+
+
+def test_an_older_launchs_late_heartbeat_is_written_over_and_the_run_goes_on(aws, tmp_path):
+    put_json(aws, "status.json", {"state": "running", "launches": 1, "instance_id": "i-0old"})
+    put_spec(aws, run="sleep 1")
+    late = {"state": "running", "launches": 1, "instance_id": "i-0old", "heartbeat_at": "late"}
+    s3 = Interleaved(aws.s3, 2, lambda: put_json(aws, "status.json", late))
+    assert make(aws, tmp_path / "home", s3=s3).execute() == 0
+    st = status(aws)
+    assert st["state"] == "succeeded" and st["launches"] == 2 and st["instance_id"] == "i-0aaa"
+
+
 def test_an_end_recorded_by_cancel_is_never_overwritten_by_a_running_agent(aws, tmp_path):
     """`ec2gpu cancel` records "cancelled" itself when the agent does not answer in time: an agent
     still running (busy, or slow) stops and writes nothing more, so the run's end stands."""
