@@ -29,8 +29,11 @@ lint: install  # ruff.toml and mypy.ini, checked in (issue 29, item 8)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-test-fast: install  # the pure, AWS-layer and SSH-layer tests only (about 30 s); `make test` runs everything
-	EC2GPU_DATA_DIR=$(abspath $(DATA)) $(BIN)/python -m pytest -q --durations=10 tests/unit tests/aws tests/remote
+# the pure, AWS-layer and SSH-layer tests only, two processes side by side; `make test` runs everything.
+# --dist loadfile (here and above): a module's tests stay in one process, in order; the SSH-layer
+# modules name their sandbox instances (tests/remote), and one process's sshd.stop ends that name's processes
+test-fast: install
+	EC2GPU_DATA_DIR=$(abspath $(DATA)) $(BIN)/python -m pytest -q --durations=10 -n 2 --dist loadfile tests/unit tests/aws tests/remote
 
 bench: install
 	$(BIN)/python scripts/bench_trainer.py --data-dir $(abspath $(DATA))
