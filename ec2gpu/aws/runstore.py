@@ -553,11 +553,23 @@ _FIELDS = ("run_id", "state", "attempt", "restarts", "interruptions", "launches"
            "exit_code", "signal", "started_at", "updated_at", "ended_at", "message", "problem")
 
 
-def put_status(s3: Client, bucket: str, run_id: str, status: dict[str, Any]) -> None:
+class Conflict(Exception):
+    """A conditional write found status.json changed since it was read (S3's 412
+    PreconditionFailed, or 409 ConditionalRequestConflict for a write under way:
+    https://docs.aws.amazon.com/AmazonS3/latest/userguide/conditional-writes.html)."""
+
+
+CONFLICT_CODES = ("PreconditionFailed", "412", "ConditionalRequestConflict", "409")
+
+
+def put_status(s3: Client, bucket: str, run_id: str, status: dict[str, Any], *,
+               if_match: str | None = None, if_absent: bool = False) -> None:
     """Write ``status`` (validate_status's shape; ``run_id`` set to ``run_id``) as the run's
-    status.json, JSON, replacing the one there. Raises UsageError for a bad run id, ValueError for a
+    status.json, JSON, replacing the one there; with ``if_match`` only over the object of that ETag,
+    with ``if_absent`` only where there is none. Raises UsageError for a bad run id, ValueError for a
     record that is not JSON, is larger than MAX_STATUS_BYTES or would be read back as unreadable
-    (what is written must be what get_status accepts), AwsError for S3 errors."""
+    (what is written must be what get_status accepts), Conflict when the condition does not hold,
+    AwsError for other S3 errors."""
     key = status_key(run_id)
     if not isinstance(status, dict):
         raise ValueError(f"a status record is a dict, not {type(status).__name__}")
@@ -568,7 +580,15 @@ def put_status(s3: Client, bucket: str, run_id: str, status: dict[str, Any]) -> 
     problem = validate_status(body, run_id)["problem"]
     if problem:
         raise ValueError(f"status record of {run_id}: {problem}")
-    _put(s3, "put_object", bucket, Key=key, Body=body, ContentType="application/json")
+    cond = {"IfMatch": if_match} if if_match is not None else {"IfNoneMatch": "*"} if if_absent else {}
+    try:
+        s3.put_object(Bucket=bucket, **_expected_owner(bucket), Key=key, Body=body, ContentType="application/json",
+                      **cond)
+    except botocore.exceptions.ClientError as exc:
+        if cond and error_code(exc) in CONFLICT_CODES:
+            raise Conflict(f"s3://{bucket}/{key} changed since it was read ({error_code(exc)})") from None
+        raise AwsError(f"run store: s3://{bucket}: PutObject failed ({error_code(exc)})",
+                       "see docs/iam-policy.json") from None
 
 
 def get_status(s3: Client, bucket: str, run_id: str) -> Item | None:
@@ -705,11 +725,16 @@ def get_status_bytes(s3: Client, bucket: str, run_id: str, limit: int = MAX_LAUN
 def _read_head(s3: Client, bucket: str, key: str, size: int) -> bytes | None:
     """The first ``size`` bytes of ``key`` (one GetObject, ExpectedBucketOwner), or None when
     there is no such object (or bucket). Raises AwsError for other S3 errors."""
+    return _read_head_tagged(s3, bucket, key, size)[0]
+
+
+def _read_head_tagged(s3: Client, bucket: str, key: str, size: int) -> tuple[bytes | None, str | None]:
+    """_read_head's bytes, and the object's ETag (None, None where there is none)."""
     try:
         got = s3.get_object(Bucket=bucket, Key=key, **_expected_owner(bucket))
     except botocore.exceptions.ClientError as exc:
         if _absent(error_code(exc)):
-            return None
+            return None, None
         raise AwsError(f"run store: s3://{bucket}/{key}: GetObject failed ({error_code(exc)})",
                        "see docs/iam-policy.json") from None
     body = got["Body"]
@@ -717,7 +742,7 @@ def _read_head(s3: Client, bucket: str, key: str, size: int) -> bytes | None:
         data: bytes = body.read(size)
     finally:
         body.close()
-    return data
+    return data, got.get("ETag")
 
 
 # --- the run's instances as EC2 described them at their end (settled.json) --------------------
@@ -851,22 +876,35 @@ def read_range(s3: Client, bucket: str, key: str, start: int, end: int, etag: st
     return data
 
 
-def end_status(s3: Client, bucket: str, run_id: str, state: str, message: str, at: str) -> None:
+def end_status(s3: Client, bucket: str, run_id: str, state: str, message: str, at: str) -> bool:
     """Record the run's end when its agent cannot (`ec2gpu cancel` after its wait; `status` for a
     group that stopped without the agent's word): status.json as it is, its launches and attempts
     kept (the run's cost is computed from them: runs/detached/costs.py), with ``state`` (one of
     FINAL_STATES), ``message``/``reason`` and ``ended_at`` (``at``, ISO 8601 UTC) set. A record
-    that cannot be read is replaced by a new one. Raises ValueError for a state that is not final,
-    AwsError for S3 errors."""
+    that cannot be read is replaced by a new one; an end already recorded stands (nothing is
+    written). The write is conditional on status.json being as it was read: where the agent wrote
+    in between, it is read again, and so an end it recorded meanwhile stands too. Returns whether
+    this end was written. Raises ValueError
+    for a state that is not final, AwsError for S3 errors (Conflict after 5 changes in a row)."""
     if state not in FINAL_STATES:
         raise ValueError(f"{state!r} is not a final state")
-    data = get_status_bytes(s3, bucket, run_id)
-    try:
-        raw = json.loads(data) if data is not None and len(data) <= MAX_STATUS_BYTES else {}
-    except (ValueError, RecursionError):
-        raw = {}
-    record = raw if isinstance(raw, dict) and raw.get("run_id", run_id) == run_id else {}
-    put_status(s3, bucket, run_id, {**record, "state": state, "message": message, "reason": message, "ended_at": at})
+    for tries_left in range(4, -1, -1):
+        data, etag = _read_head_tagged(s3, bucket, status_key(run_id), MAX_LAUNCH_STATUS_BYTES + 1)
+        try:
+            raw = json.loads(data) if data is not None and len(data) <= MAX_STATUS_BYTES else {}
+        except (ValueError, RecursionError):
+            raw = {}
+        record = raw if isinstance(raw, dict) and raw.get("run_id", run_id) == run_id else {}
+        if record.get("state") in FINAL_STATES:  # an end recorded stands (the agent's, written since the caller read)
+            return False
+        try:
+            put_status(s3, bucket, run_id, {**record, "state": state, "message": message, "reason": message,
+                                            "ended_at": at}, if_match=etag, if_absent=etag is None)
+            return True
+        except Conflict:
+            if not tries_left:
+                raise
+    return False
 
 
 def group_launches(group: dict[str, Any]) -> tuple[tuple[str, ...], str | None]:

@@ -496,3 +496,36 @@ def test_an_end_recorded_for_the_agent_keeps_its_launches_and_attempts(s3):
     s3.put_object(Bucket=BUCKET, Key=runstore.status_key(RUN), Body=b"[not a record")
     runstore.end_status(s3, BUCKET, RUN, "failed", "why", "2026-11-25T11:00:00+00:00")  # replaced by a new one
     assert runstore.get_status(s3, BUCKET, RUN)["state"] == "failed"
+
+
+class _AgentWritesFirst:
+    """The S3 client, with the agent's own end (``record``) written just before the controller's
+    first write of status.json lands: after end_status read the record, before it wrote."""
+
+    def __init__(self, s3, record):
+        self.s3, self.record, self.done = s3, record, False
+
+    def __getattr__(self, name):
+        return getattr(self.s3, name)
+
+    def put_object(self, **kw):
+        if not self.done and kw.get("Key") == runstore.status_key(RUN):
+            self.done = True
+            runstore.put_status(self.s3, BUCKET, RUN, self.record)
+        return self.s3.put_object(**kw)
+
+
+def test_an_end_the_agent_records_while_cancel_writes_its_own_stands(s3):
+    """Without a conditional write, `ec2gpu cancel` wrote "cancelled" over the agent's "succeeded"."""
+    s3.create_bucket(Bucket=BUCKET)
+    runstore.put_status(s3, BUCKET, RUN, {"state": "running", "launches": 1})
+    succeeded = {"state": "succeeded", "launches": 1, "exit_code": 0, "ended_at": "2026-11-25T10:59:59+00:00"}
+    assert runstore.end_status(_AgentWritesFirst(s3, succeeded), BUCKET, RUN, "cancelled", "cancelled by you",
+                               "2026-11-25T11:00:00+00:00") is False
+    got = runstore.get_status(s3, BUCKET, RUN)
+    assert (got["state"], got["exit_code"]) == ("succeeded", 0)
+    # an end already there stands as well; a record still running is ended
+    assert runstore.end_status(s3, BUCKET, RUN, "failed", "why", "2026-11-25T11:00:00+00:00") is False
+    runstore.put_status(s3, BUCKET, RUN, {"state": "running", "launches": 2})
+    assert runstore.end_status(s3, BUCKET, RUN, "failed", "why", "2026-11-25T11:00:00+00:00") is True
+    assert runstore.get_status(s3, BUCKET, RUN)["state"] == "failed"
