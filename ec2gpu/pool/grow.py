@@ -174,7 +174,8 @@ def _make(ctx: Context, rep: Replacement, lost_zone: str | None, addresses: list
         N.prepare_node(nd, say)
         step()
         address = ctx.backend.private_address(nd.instance)
-        engine.upload_node(nd, ctx.job, config, ctx.run_id, [*addresses, address], False, None, say)
+        engine.upload_node(nd, ctx.job, config, ctx.run_id, [*addresses, address], False, None, say,
+                           rank=len(addresses))  # its index may be past the list (a failed one's skipped)
         if ctx.job.mounts:  # its copy of the task's file_mounts, as the others got theirs
             engine.mounts_node(nd, ctx.job, config, say)
         step()

@@ -581,3 +581,42 @@ def test_an_element_keeps_its_exit_status_and_leaves_nothing_running(tmp_path):
                            dict(os.environ), log) == 128 + 15
     assert (tmp_path / "log").read_text().startswith("hi")
     assert _gone(int((tmp_path / "bg").read_text()), 5)  # a process it left behind ended with it
+
+
+def test_a_replacement_numbered_past_a_failed_one_gets_its_own_address_in_its_environment(monkeypatch, tmp_path):
+    """Node 3's replacement failed before it had an address; node 4 is made next: its place in
+    SKYPILOT_NODE_IPS is the list's last, not its index (addresses[4] of a list of 4 raised IndexError)."""
+    from types import SimpleNamespace
+    from ec2gpu.aws import instances
+    from ec2gpu.pool import grow
+    from ec2gpu.remote import ssh_config as sc
+    from ec2gpu.runs.execute import engine, nodes as N
+    from ec2gpu.runs.provision import resources
+    from ec2gpu.runs.recover import recovery
+
+    inst = SimpleNamespace(id="i-4", zone="us-east-1a")
+    monkeypatch.setattr(resources, "provision", lambda *a, **kw: [inst])
+    monkeypatch.setattr(instances, "tag_nodes", lambda ec2, found, name, first_index: found)
+    monkeypatch.setattr(recovery, "attempt_row", lambda attempt, i, node: {"instance_id": i.id, "node": node})
+    monkeypatch.setattr(N, "open_node", lambda *a: None)
+    monkeypatch.setattr(N, "prepare_node", lambda nd, say: None)
+    monkeypatch.setattr(sc, "write", lambda path, text: None)
+    monkeypatch.setattr(sc, "render", lambda entries, path: "")
+    sent = {}
+
+    def upload_node(nd, job, config, run_id, ips, resume, checkpoints, say, rank=None):
+        sent.update(ips=ips, rank=nd.index if rank is None else rank)
+    monkeypatch.setattr(engine, "upload_node", upload_node)
+    node = SimpleNamespace(host="127.0.0.5", port=22, instance_id="i-4")
+    monkeypatch.setattr(N, "Node", lambda index, i: SimpleNamespace(index=index, instance=i, **vars(node)))
+    ctx = SimpleNamespace(aws=SimpleNamespace(ec2=None), settings=SimpleNamespace(ssh_user="ubuntu", home=tmp_path),
+                          opts=SimpleNamespace(name=None), run_id="r1", prov=SimpleNamespace(key_path=tmp_path / "k"),
+                          backend=SimpleNamespace(private_address=lambda i: "10.0.0.4"),
+                          job=SimpleNamespace(mounts=[], task=SimpleNamespace(setup=None)), attempt=1, attempts=[],
+                          ssh_config=tmp_path / "r1.config", join=lambda nd, at, log: None)
+    monkeypatch.setattr(grow, "replace", lambda opts, **kw: opts)
+    rep = grow.Replacement("i-2", 4)
+    nd = grow._make(ctx, rep, None, ["10.0.0.0", "10.0.0.1", "10.0.0.2"], grow._Aside(SimpleNamespace(
+        note=lambda t: None, log=lambda t: None), ""))
+    assert nd.index == 4 and rep.address == "10.0.0.4"  # the index stays the one its tags have
+    assert sent["ips"][sent["rank"]] == "10.0.0.4" and sent["ips"][0] == "10.0.0.0"

@@ -236,9 +236,11 @@ def checkpoint_remote(job: TaskJob, run_dir: str) -> str:
 
 
 def upload_node(nd: Node, job: TaskJob, ssh_config: Path | None, run_id: str, addresses: list[str], resume: bool,
-                checkpoints: DirCheckpoints | None, log: Callable[[str], None]) -> None:
+                checkpoints: DirCheckpoints | None, log: Callable[[str], None], rank: int | None = None) -> None:
     """Send the workdir, the agent and the job's environment (0600) to node ``nd``, and make its
-    output and checkpoint directories; on a replacement, the checkpoint directory brought home."""
+    output and checkpoint directories; on a replacement, the checkpoint directory brought home.
+    ``rank``: the node's place in ``addresses`` where it is not its index (a pool's replacement,
+    whose index may follow one of a replacement that failed and has no address)."""
     from ...remote import files, ssh
     from .nodes import processes_per_node
     workdir = workdir_of(nd.run_dir, job)
@@ -250,7 +252,8 @@ def upload_node(nd: Node, job: TaskJob, ssh_config: Path | None, run_id: str, ad
     else:
         files.make_dirs(nd.conn, workdir)
     gpus = processes_per_node(nd.info) if nd.info.get("cuda_available") else int(nd.info.get("gpu_count") or 0)
-    env = node_env(job, run_id, nd.run_dir, nd.index, addresses, gpus, resume, nd.info.get("python") or "python3",
+    env = node_env(job, run_id, nd.run_dir, nd.index if rank is None else rank, addresses, gpus, resume,
+                   nd.info.get("python") or "python3",
                    instance_type=nd.instance.type if nd.instance else None)
     # both exist when the job starts: it may write "$EC2GPU_CHECKPOINT_DIR/state.txt" at once
     files.make_dirs(nd.conn, env["EC2GPU_OUTPUT_DIR"], env["EC2GPU_CHECKPOINT_DIR"])
