@@ -21,9 +21,12 @@ demo: install
 
 # three test processes side by side (pytest-xdist; a module and its sandbox stay on one), then the
 # modules marked `alone` by themselves (tests/conftest.py says which go first, and why)
+# (--no-loadscope-reorder: in that order, not xdist's most-tests-first); both parts run, either failing fails
 test: install lint
-	EC2GPU_DATA_DIR=$(abspath $(DATA)) $(BIN)/python -m pytest -q --durations=10 -n 3 --dist loadfile -m "not alone"
-	EC2GPU_DATA_DIR=$(abspath $(DATA)) $(BIN)/python -m pytest -q --durations=5 -m alone
+	status=0; \
+	EC2GPU_DATA_DIR=$(abspath $(DATA)) $(BIN)/python -m pytest -q --durations=10 -n 3 --dist loadfile --no-loadscope-reorder -m "not alone" || status=$$?; \
+	EC2GPU_DATA_DIR=$(abspath $(DATA)) $(BIN)/python -m pytest -q --durations=5 -m alone || status=$$?; \
+	exit $$status
 
 lint: install  # ruff.toml and mypy.ini, checked in (issue 29, item 8)
 	$(BIN)/ruff check .

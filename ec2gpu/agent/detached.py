@@ -166,7 +166,8 @@ class Conflict(Exception):
 
 #: S3's answers to a conditional write that did not hold
 #: (https://docs.aws.amazon.com/AmazonS3/latest/userguide/conditional-writes.html)
-CONFLICT_CODES = ("PreconditionFailed", "412", "ConditionalRequestConflict", "409")
+CONFLICT_CODES = ("PreconditionFailed", "412", "ConditionalRequestConflict", "409",
+                  "NoSuchKey", "404")  # IfMatch on an object deleted since
 CONFLICT_TRIES = 5  # status.json writes tried again after a conflict that does not supersede this launch
 
 
@@ -678,10 +679,10 @@ class Detached:
             return
         self.raise_if_superseded(there)
 
-    def raise_if_superseded(self, there: object) -> None:
+    def raise_if_superseded(self, there: object, ends: bool = True) -> None:
         """Superseded when the status.json read (``there``) records a later launch, the same launch
         number taken by another instance (two launches that read the record at once: the first
-        to write it has it), or an end this launch did not write."""
+        to write it has it), or (with ``ends``) an end this launch did not write."""
         if not isinstance(there, dict):
             return
         launches = there.get("launches")
@@ -690,7 +691,7 @@ class Detached:
         mine = self.status.get("instance_id")
         if launches == self.launch and there.get("instance_id") not in (None, mine) and mine != "unknown":
             raise Superseded(f"launch {launches} was taken by {str(there.get('instance_id'))[:64]!r} first")
-        if there.get("state") in TERMINAL and self.status.get("state") not in TERMINAL:
+        if ends and there.get("state") in TERMINAL and self.status.get("state") not in TERMINAL:
             raise Superseded(f"the run is already recorded as {there['state']}")
 
     def save(self, check: bool = True) -> None:
@@ -699,8 +700,10 @@ class Detached:
         The write is conditional on status.json being as this launch last read or wrote it: where
         another writer came in between (check_superseded read it, and a newer launch wrote before
         this write), S3 refuses it (Conflict); status.json is read again then, and this launch is
-        Superseded as above, or (with ``check`` False, or for a writer that does not supersede it,
-        such as an older launch's last heartbeat) writes over it, up to CONFLICT_TRIES times."""
+        Superseded by a later launch (even with ``check`` False: this launch's own end does not
+        overwrite a newer launch's record, nor end its group), by an end it did not write (with
+        ``check``), or else writes over it (an older launch's last heartbeat, a record that is not
+        one), up to CONFLICT_TRIES times."""
         if check:
             self.check_superseded()
         self.status["heartbeat_at"] = self.now()
@@ -716,9 +719,12 @@ class Detached:
                 return
             except Conflict as exc:
                 self.log(f"status.json: {exc}; read again")
-                there, self.etag = self.store.get_json_tagged("status.json", MAX_STATUS_BYTES)
-                if check:
-                    self.raise_if_superseded(there)
+                data, self.etag = self.store.get_tagged("status.json", MAX_STATUS_BYTES)
+                try:  # a record that is not one (too large, not JSON) supersedes nothing: written over
+                    there = json.loads(data) if data is not None and len(data) <= MAX_STATUS_BYTES else None
+                except (ValueError, RecursionError):
+                    there = None
+                self.raise_if_superseded(there, ends=check)
         raise Conflict(f"status.json changed under {CONFLICT_TRIES} writes in a row")
 
     def try_save(self, check: bool = True) -> None:

@@ -10,7 +10,7 @@ if TYPE_CHECKING:
 RUN = "ec2gpu:run"
 OWNER = "ec2gpu:owner"
 NAME = "Name"
-CLUSTER = "ec2gpu:cluster"  # the cluster's name, on every node of a multi-node run or standing cluster
+CLUSTER = "ec2gpu:cluster"  # the cluster's name, on every node of a multi-node run, pool or standing cluster
 IDLE = "ec2gpu:idle"  # a standing instance's idle rule: "stop 1800" or "down 3600" (instances.IdleRule)
 MAX_RUNTIME = "ec2gpu:max-runtime"  # minutes: `start` schedules the shutdown again (runs/standing/stopstart.py)
 NODE = "ec2gpu:node"  # the node's index in its cluster (0 hosts the torchrun rendezvous)

@@ -7,3 +7,15 @@ import pytest
 def _mnist_when_needed(request):
     if getattr(request.module, "NEEDS_MNIST", True):
         request.getfixturevalue("mnist_dir")
+
+
+@pytest.fixture
+def torchrun_port():
+    """Held while a test trains over several nodes. torchrun's rendezvous (its TCPStore) listens on
+    every address of this machine at the built-in task's --master-port, 29500 (checked here: `ss
+    -ltn` shows *:29500), and `make test` runs several test processes, each with its sandbox, side
+    by side: two such runs at once would take the same port. A lock file the processes share."""
+    import fcntl
+    with open("/tmp/ec2gpu-tests-torchrun-29500.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield

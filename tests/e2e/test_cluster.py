@@ -18,7 +18,7 @@ from test_spot_recovery import EC2GPU, drive
 pytestmark = pytest.mark.e2e
 
 
-def test_two_nodes_train_together_and_leave_nothing(sandbox_env, tmp_path, capsys):
+def test_two_nodes_train_together_and_leave_nothing(sandbox_env, torchrun_port, tmp_path, capsys):
     home, _ = sandbox_env
     out = tmp_path / "run"
     code = cli.main(["train", "mnist", "--sandbox", "--nodes", "2", "--epochs", "1", "--out", str(out), "--json",
@@ -55,7 +55,7 @@ def trainer_pids(instance_id: str) -> list[int]:
     return pids
 
 
-def test_killing_one_node_trainer_stops_the_run_cleanly(sandbox_env, tmp_path):
+def test_killing_one_node_trainer_stops_the_run_cleanly(sandbox_env, torchrun_port, tmp_path):
     home, _ = sandbox_env
     killed, node = [], []
 
@@ -79,7 +79,7 @@ def test_killing_one_node_trainer_stops_the_run_cleanly(sandbox_env, tmp_path):
     assert sandbox_settles(home)
 
 
-def test_a_standing_cluster_grows_and_shrinks(sandbox_env, tmp_path):
+def test_a_standing_cluster_grows_and_shrinks(sandbox_env, torchrun_port, tmp_path):
     home, state = sandbox_env
     env = dict(os.environ)
 

@@ -32,7 +32,7 @@ S3_ACTIONS = {
 }
 
 
-def test_every_operation_of_launch_train_and_cleanup_is_in_the_policy(sandbox_env, monkeypatch, capsys, tmp_path):
+def test_every_operation_of_launch_train_and_cleanup_is_in_the_policy(sandbox_env, torchrun_port, monkeypatch, capsys, tmp_path):
     called: set[str] = set()
     original = Aws.client
 

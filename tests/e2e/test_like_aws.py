@@ -106,7 +106,7 @@ def test_spot_interruption_recovers_verifies_host_keys_and_bills_from_running(li
     assert run_leftovers(ec2, record) == [] and processes_gone(record["instance_ids"])
 
 
-def test_two_nodes_train_together_under_like_aws(like_aws, tmp_path):
+def test_two_nodes_train_together_under_like_aws(like_aws, torchrun_port, tmp_path):
     home, ec2 = like_aws
     code, stdout, err = drive(["train", "mnist", "--sandbox", "--nodes", "2", "--json", "--out", str(tmp_path / "r"),
                                "--trainer-arg=--train-subset=6000"], [])

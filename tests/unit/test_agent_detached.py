@@ -400,6 +400,37 @@ def test_an_older_launchs_late_heartbeat_is_written_over_and_the_run_goes_on(aws
     assert st["state"] == "succeeded" and st["launches"] == 2 and st["instance_id"] == "i-0aaa"
 
 
+class WhenWriting(Interleaved):
+    """Interleaved, the other write made before this agent's first write of status.json whose
+    record has ``state``."""
+
+    def __init__(self, s3, state, write):
+        super().__init__(s3, 0, write)
+        self.state = state
+
+    def put_object(self, **kw):
+        if kw["Key"] == PREFIX + "status.json" and json.loads(kw["Body"])["state"] == self.state and self.write:
+            self.write, write = None, self.write
+            write()
+        return self.s3.put_object(**kw)
+
+
+def test_an_older_launchs_own_end_neither_overwrites_a_newer_launch_nor_ends_its_group(aws, tmp_path):
+    put_spec(aws, run="exit 3")  # fails; no restarts: the launch ends the run "failed" (a write without the check)
+    newer = {"state": "running", "launches": 2, "instance_id": "i-0new"}
+    s3 = WhenWriting(aws.s3, "failed", lambda: put_json(aws, "status.json", newer))
+    assert make(aws, tmp_path / "home", s3=s3).execute() == detached.EXIT_SUPERSEDED
+    assert status(aws) == newer and group_size(aws) == (0, 1, 1)
+
+
+def test_a_record_that_is_not_one_written_in_between_is_written_over(aws, tmp_path):
+    put_spec(aws, run="sleep 1")
+    s3 = WhenWriting(aws.s3, "running", lambda: aws.s3.put_object(Bucket=BUCKET, Key=PREFIX + "status.json",
+                                                                  Body=b"{not json"))
+    assert make(aws, tmp_path / "home", s3=s3).execute() == 0
+    assert status(aws)["state"] == "succeeded"
+
+
 def test_an_end_recorded_by_cancel_is_never_overwritten_by_a_running_agent(aws, tmp_path):
     """`ec2gpu cancel` records "cancelled" itself when the agent does not answer in time: an agent
     still running (busy, or slow) stops and writes nothing more, so the run's end stands."""
