@@ -17,9 +17,10 @@ def mnist_dir() -> Path:
     return MNIST
 
 
-#: The slowest modules (seconds each in one full run on this 2-core machine, `--durations=0`):
-#: started first, so that `make test`'s workers (pytest-xdist, `--dist loadfile`: a module stays on
-#: one worker, with its sandbox) do not end with one long module left on one worker.
+#: The slowest modules, slowest first, as `--durations=0` ranked them in one serial run of the
+#: whole suite on this 2-core machine (2026-11-27): started first, so that `make test`'s workers
+#: (pytest-xdist, `--dist loadfile`: a module stays on one worker, with its sandbox) do not end with
+#: one long module left on one worker.
 SLOW_FIRST = ("e2e/test_api_access_costs_e2e.py", "e2e/test_run_task.py",
               "e2e/test_spot_recovery.py", "e2e/test_like_aws.py", "e2e/test_detached_run.py",
               "e2e/test_stop_start.py", "e2e/test_detached_fetch_logs.py", "e2e/test_interrupts.py",

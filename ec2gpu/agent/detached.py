@@ -164,10 +164,10 @@ class Conflict(Exception):
     (S3's 412 PreconditionFailed, or 409 ConditionalRequestConflict for a write under way)."""
 
 
-#: S3's answers to a conditional write that did not hold
-#: (https://docs.aws.amazon.com/AmazonS3/latest/userguide/conditional-writes.html)
-CONFLICT_CODES = ("PreconditionFailed", "412", "ConditionalRequestConflict", "409",
-                  "NoSuchKey", "404")  # IfMatch on an object deleted since
+#: S3's answers to a conditional write that did not hold (NoSuchKey: IfMatch on an object deleted
+#: since; https://docs.aws.amazon.com/AmazonS3/latest/userguide/conditional-writes.html); the same
+#: as aws/runstore.py's, which this file cannot import (it ships alone; a test compares them)
+CONFLICT_CODES = ("PreconditionFailed", "412", "ConditionalRequestConflict", "409", "NoSuchKey", "404")
 CONFLICT_TRIES = 5  # status.json writes tried again after a conflict that does not supersede this launch
 
 

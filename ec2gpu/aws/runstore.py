@@ -328,10 +328,26 @@ def _api(op: str) -> str:
     return "".join(w.title() for w in op.split("_"))
 
 
+class Conflict(Exception):
+    """A conditional write found the object changed since it was read (S3's 412
+    PreconditionFailed, 409 ConditionalRequestConflict for a write under way, or 404 NoSuchKey for
+    IfMatch on an object deleted since:
+    https://docs.aws.amazon.com/AmazonS3/latest/userguide/conditional-writes.html)."""
+
+
+#: the same as agent/detached.py's (which ships alone, boto3 and the standard library only; a test compares them)
+CONFLICT_CODES = ("PreconditionFailed", "412", "ConditionalRequestConflict", "409", "NoSuchKey", "404")
+CONFLICT_TRIES = 5  # end_status: reads and writes of status.json before a conflict is raised
+
+
 def _put(s3: Client, op: str, bucket: str, **kw: Any) -> None:
+    """``op`` on ``bucket`` (ExpectedBucketOwner). Raises Conflict where a conditional write
+    (``IfMatch``, ``IfNoneMatch`` in ``kw``) does not hold, AwsError for other S3 errors."""
     try:
         getattr(s3, op)(Bucket=bucket, **_expected_owner(bucket), **kw)
     except botocore.exceptions.ClientError as exc:
+        if ("IfMatch" in kw or "IfNoneMatch" in kw) and error_code(exc) in CONFLICT_CODES:
+            raise Conflict(f"s3://{bucket}/{kw.get('Key')} changed since it was read ({error_code(exc)})") from None
         raise AwsError(f"run store: s3://{bucket}: {_api(op)} failed ({error_code(exc)})",
                        "see docs/iam-policy.json") from None
 
@@ -553,15 +569,6 @@ _FIELDS = ("run_id", "state", "attempt", "restarts", "interruptions", "launches"
            "exit_code", "signal", "started_at", "updated_at", "ended_at", "message", "problem")
 
 
-class Conflict(Exception):
-    """A conditional write found status.json changed since it was read (S3's 412
-    PreconditionFailed, or 409 ConditionalRequestConflict for a write under way:
-    https://docs.aws.amazon.com/AmazonS3/latest/userguide/conditional-writes.html)."""
-
-
-CONFLICT_CODES = ("PreconditionFailed", "412", "ConditionalRequestConflict", "409")
-
-
 def put_status(s3: Client, bucket: str, run_id: str, status: dict[str, Any], *,
                if_match: str | None = None, if_absent: bool = False) -> None:
     """Write ``status`` (validate_status's shape; ``run_id`` set to ``run_id``) as the run's
@@ -581,14 +588,7 @@ def put_status(s3: Client, bucket: str, run_id: str, status: dict[str, Any], *,
     if problem:
         raise ValueError(f"status record of {run_id}: {problem}")
     cond = {"IfMatch": if_match} if if_match is not None else {"IfNoneMatch": "*"} if if_absent else {}
-    try:
-        s3.put_object(Bucket=bucket, **_expected_owner(bucket), Key=key, Body=body, ContentType="application/json",
-                      **cond)
-    except botocore.exceptions.ClientError as exc:
-        if cond and error_code(exc) in CONFLICT_CODES:
-            raise Conflict(f"s3://{bucket}/{key} changed since it was read ({error_code(exc)})") from None
-        raise AwsError(f"run store: s3://{bucket}: PutObject failed ({error_code(exc)})",
-                       "see docs/iam-policy.json") from None
+    _put(s3, "put_object", bucket, Key=key, Body=body, ContentType="application/json", **cond)
 
 
 def get_status(s3: Client, bucket: str, run_id: str) -> Item | None:
@@ -719,17 +719,19 @@ def get_status_bytes(s3: Client, bucket: str, run_id: str, limit: int = MAX_LAUN
     large), or None when there is none (no object, no bucket). One GetObject with
     ExpectedBucketOwner. For validate_status (the record) and launches (its instances) from one
     read. Raises UsageError for a bad run id, AwsError for other S3 errors."""
+    return get_status_tagged(s3, bucket, run_id, limit)[0]
+
+
+def get_status_tagged(s3: Client, bucket: str, run_id: str,
+                      limit: int = MAX_LAUNCH_STATUS_BYTES) -> tuple[bytes | None, str | None]:
+    """get_status_bytes's bytes, and the object's ETag (for a write conditional on it); (None, None)
+    when there is none."""
     return _read_head(s3, bucket, status_key(run_id), limit + 1)
 
 
-def _read_head(s3: Client, bucket: str, key: str, size: int) -> bytes | None:
-    """The first ``size`` bytes of ``key`` (one GetObject, ExpectedBucketOwner), or None when
-    there is no such object (or bucket). Raises AwsError for other S3 errors."""
-    return _read_head_tagged(s3, bucket, key, size)[0]
-
-
-def _read_head_tagged(s3: Client, bucket: str, key: str, size: int) -> tuple[bytes | None, str | None]:
-    """_read_head's bytes, and the object's ETag (None, None where there is none)."""
+def _read_head(s3: Client, bucket: str, key: str, size: int) -> tuple[bytes | None, str | None]:
+    """(the first ``size`` bytes of ``key``, its ETag) from one GetObject (ExpectedBucketOwner), or
+    (None, None) when there is no such object (or bucket). Raises AwsError for other S3 errors."""
     try:
         got = s3.get_object(Bucket=bucket, Key=key, **_expected_owner(bucket))
     except botocore.exceptions.ClientError as exc:
@@ -770,7 +772,7 @@ def get_settled(s3: Client, bucket: str, run_id: str) -> list[dict[str, Any]]:
     with an instance id, type, market, zone or time not of EC2's form, or ending before it
     started, is dropped; another run's record, an object that is not JSON or is larger than
     MAX_SETTLED_BYTES gives []. [] when there is none. Raises AwsError for other S3 errors."""
-    data = _read_head(s3, bucket, prefix(run_id) + SETTLED, MAX_SETTLED_BYTES + 1)
+    data, _ = _read_head(s3, bucket, prefix(run_id) + SETTLED, MAX_SETTLED_BYTES + 1)
     if data is None:
         return []
     try:
@@ -884,12 +886,12 @@ def end_status(s3: Client, bucket: str, run_id: str, state: str, message: str, a
     that cannot be read is replaced by a new one; an end already recorded stands (nothing is
     written). The write is conditional on status.json being as it was read: where the agent wrote
     in between, it is read again, and so an end it recorded meanwhile stands too. Returns whether
-    this end was written. Raises ValueError
-    for a state that is not final, AwsError for S3 errors (Conflict after 5 changes in a row)."""
+    this end was written. Raises ValueError for a state that is not final, Conflict when status.json
+    changed under CONFLICT_TRIES writes in a row, AwsError for other S3 errors."""
     if state not in FINAL_STATES:
         raise ValueError(f"{state!r} is not a final state")
-    for tries_left in range(4, -1, -1):
-        data, etag = _read_head_tagged(s3, bucket, status_key(run_id), MAX_LAUNCH_STATUS_BYTES + 1)
+    for _ in range(CONFLICT_TRIES):
+        data, etag = get_status_tagged(s3, bucket, run_id)
         try:
             raw = json.loads(data) if data is not None and len(data) <= MAX_STATUS_BYTES else {}
         except (ValueError, RecursionError):
@@ -902,9 +904,8 @@ def end_status(s3: Client, bucket: str, run_id: str, state: str, message: str, a
                                             "ended_at": at}, if_match=etag, if_absent=etag is None)
             return True
         except Conflict:
-            if not tries_left:
-                raise
-    return False
+            continue  # written meanwhile: read again
+    raise Conflict(f"status.json of {run_id} changed under {CONFLICT_TRIES} writes in a row")
 
 
 def group_launches(group: dict[str, Any]) -> tuple[tuple[str, ...], str | None]:

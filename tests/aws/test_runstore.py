@@ -499,11 +499,11 @@ def test_an_end_recorded_for_the_agent_keeps_its_launches_and_attempts(s3):
 
 
 class _AgentWritesFirst:
-    """The S3 client, with the agent's own end (``record``) written just before the controller's
-    first write of status.json lands: after end_status read the record, before it wrote."""
+    """The S3 client, with the agent's change of status.json (``write(s3)``) made just before the
+    controller's first write of it lands: after end_status read the record, before it wrote."""
 
-    def __init__(self, s3, record):
-        self.s3, self.record, self.done = s3, record, False
+    def __init__(self, s3, write):
+        self.s3, self.write, self.done = s3, write, False
 
     def __getattr__(self, name):
         return getattr(self.s3, name)
@@ -511,7 +511,7 @@ class _AgentWritesFirst:
     def put_object(self, **kw):
         if not self.done and kw.get("Key") == runstore.status_key(RUN):
             self.done = True
-            runstore.put_status(self.s3, BUCKET, RUN, self.record)
+            self.write(self.s3)
         return self.s3.put_object(**kw)
 
 
@@ -520,12 +520,21 @@ def test_an_end_the_agent_records_while_cancel_writes_its_own_stands(s3):
     s3.create_bucket(Bucket=BUCKET)
     runstore.put_status(s3, BUCKET, RUN, {"state": "running", "launches": 1})
     succeeded = {"state": "succeeded", "launches": 1, "exit_code": 0, "ended_at": "2026-11-25T10:59:59+00:00"}
-    assert runstore.end_status(_AgentWritesFirst(s3, succeeded), BUCKET, RUN, "cancelled", "cancelled by you",
-                               "2026-11-25T11:00:00+00:00") is False
+    agent = _AgentWritesFirst(s3, lambda c: runstore.put_status(c, BUCKET, RUN, succeeded))
+    assert runstore.end_status(agent, BUCKET, RUN, "cancelled", "cancelled by you", "2026-11-25T11:00:00+00:00") is False
     got = runstore.get_status(s3, BUCKET, RUN)
     assert (got["state"], got["exit_code"]) == ("succeeded", 0)
     # an end already there stands as well; a record still running is ended
     assert runstore.end_status(s3, BUCKET, RUN, "failed", "why", "2026-11-25T11:00:00+00:00") is False
     runstore.put_status(s3, BUCKET, RUN, {"state": "running", "launches": 2})
     assert runstore.end_status(s3, BUCKET, RUN, "failed", "why", "2026-11-25T11:00:00+00:00") is True
+    assert runstore.get_status(s3, BUCKET, RUN)["state"] == "failed"
+
+
+def test_an_end_written_over_a_record_deleted_since_it_was_read_is_written_anew(s3):
+    """IfMatch on an object deleted since: S3 answers NoSuchKey, taken as a conflict: read again, none."""
+    s3.create_bucket(Bucket=BUCKET)
+    runstore.put_status(s3, BUCKET, RUN, {"state": "running", "launches": 1})
+    gone = _AgentWritesFirst(s3, lambda c: c.delete_object(Bucket=BUCKET, Key=runstore.status_key(RUN)))
+    assert runstore.end_status(gone, BUCKET, RUN, "failed", "why", "2026-11-25T11:00:00+00:00") is True
     assert runstore.get_status(s3, BUCKET, RUN)["state"] == "failed"

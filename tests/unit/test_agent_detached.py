@@ -354,11 +354,12 @@ def test_a_later_launch_supersedes_this_one_which_stops_its_job_and_writes_nothi
 
 
 class Interleaved:
-    """The S3 client, with another launch's write of status.json (``write``) made just before this
-    agent's write number ``at``: after its check read the record, before its own write lands."""
+    """The S3 client, with another writer's write of status.json (``write``) made once, just before
+    this agent's first write of status.json that ``when(number, record)`` picks (its number from 1,
+    the record it writes): after its check read the record, before its own write lands."""
 
-    def __init__(self, s3, at, write):
-        self.s3, self.at, self.write, self.puts = s3, at, write, 0
+    def __init__(self, s3, when, write):
+        self.s3, self.when, self.write, self.puts = s3, when, write, 0
 
     def __getattr__(self, name):
         return getattr(self.s3, name)
@@ -366,16 +367,25 @@ class Interleaved:
     def put_object(self, **kw):
         if kw["Key"] == PREFIX + "status.json":
             self.puts += 1
-            if self.puts == self.at:
-                self.write()
+            if self.write and self.when(self.puts, json.loads(kw["Body"])):
+                self.write, write = None, self.write
+                write()
         return self.s3.put_object(**kw)
+
+
+def nth(n):
+    return lambda number, record: number == n
+
+
+def in_state(state):
+    return lambda number, record: record["state"] == state
 
 
 def test_a_newer_launchs_record_written_between_the_check_and_the_write_is_not_lost(aws, tmp_path):
     """Without a conditional write the older launch wrote over the newer one's record and ran on."""
     put_spec(aws, run="for i in $(seq 200); do sleep 0.1; done")
     newer = {"state": "running", "launches": 2, "instance_id": "i-0new"}
-    s3 = Interleaved(aws.s3, 3, lambda: put_json(aws, "status.json", newer))
+    s3 = Interleaved(aws.s3, nth(3), lambda: put_json(aws, "status.json", newer))
     start = time.monotonic()
     assert make(aws, tmp_path / "home", s3=s3).execute() == detached.EXIT_SUPERSEDED
     assert s3.puts >= 3 and time.monotonic() - start < 15  # stopped, not run out
@@ -385,7 +395,7 @@ def test_a_newer_launchs_record_written_between_the_check_and_the_write_is_not_l
 def test_of_two_launches_that_read_the_record_at_once_the_first_to_write_takes_the_number(aws, tmp_path):
     put_spec(aws, run="for i in $(seq 200); do sleep 0.1; done")
     other = {"state": "starting", "launches": 1, "instance_id": "i-0other"}
-    s3 = Interleaved(aws.s3, 1, lambda: put_json(aws, "status.json", other))
+    s3 = Interleaved(aws.s3, nth(1), lambda: put_json(aws, "status.json", other))
     assert make(aws, tmp_path / "home", s3=s3).execute() == detached.EXIT_SUPERSEDED
     assert status(aws) == other and not run_dir(tmp_path / "home").exists()  # prepared nothing, ran nothing
 
@@ -394,41 +404,31 @@ def test_an_older_launchs_late_heartbeat_is_written_over_and_the_run_goes_on(aws
     put_json(aws, "status.json", {"state": "running", "launches": 1, "instance_id": "i-0old"})
     put_spec(aws, run="sleep 1")
     late = {"state": "running", "launches": 1, "instance_id": "i-0old", "heartbeat_at": "late"}
-    s3 = Interleaved(aws.s3, 2, lambda: put_json(aws, "status.json", late))
+    s3 = Interleaved(aws.s3, nth(2), lambda: put_json(aws, "status.json", late))
     assert make(aws, tmp_path / "home", s3=s3).execute() == 0
     st = status(aws)
     assert st["state"] == "succeeded" and st["launches"] == 2 and st["instance_id"] == "i-0aaa"
 
 
-class WhenWriting(Interleaved):
-    """Interleaved, the other write made before this agent's first write of status.json whose
-    record has ``state``."""
-
-    def __init__(self, s3, state, write):
-        super().__init__(s3, 0, write)
-        self.state = state
-
-    def put_object(self, **kw):
-        if kw["Key"] == PREFIX + "status.json" and json.loads(kw["Body"])["state"] == self.state and self.write:
-            self.write, write = None, self.write
-            write()
-        return self.s3.put_object(**kw)
-
-
 def test_an_older_launchs_own_end_neither_overwrites_a_newer_launch_nor_ends_its_group(aws, tmp_path):
     put_spec(aws, run="exit 3")  # fails; no restarts: the launch ends the run "failed" (a write without the check)
     newer = {"state": "running", "launches": 2, "instance_id": "i-0new"}
-    s3 = WhenWriting(aws.s3, "failed", lambda: put_json(aws, "status.json", newer))
+    s3 = Interleaved(aws.s3, in_state("failed"), lambda: put_json(aws, "status.json", newer))
     assert make(aws, tmp_path / "home", s3=s3).execute() == detached.EXIT_SUPERSEDED
     assert status(aws) == newer and group_size(aws) == (0, 1, 1)
 
 
 def test_a_record_that_is_not_one_written_in_between_is_written_over(aws, tmp_path):
     put_spec(aws, run="sleep 1")
-    s3 = WhenWriting(aws.s3, "running", lambda: aws.s3.put_object(Bucket=BUCKET, Key=PREFIX + "status.json",
-                                                                  Body=b"{not json"))
+    s3 = Interleaved(aws.s3, in_state("running"), lambda: aws.s3.put_object(Bucket=BUCKET, Key=PREFIX + "status.json",
+                                                                            Body=b"{not json"))
     assert make(aws, tmp_path / "home", s3=s3).execute() == 0
     assert status(aws)["state"] == "succeeded"
+
+
+def test_the_agent_and_the_run_store_take_the_same_s3_answers_for_a_conditional_write_that_failed():
+    from ec2gpu.aws import runstore
+    assert detached.CONFLICT_CODES == runstore.CONFLICT_CODES
 
 
 def test_an_end_recorded_by_cancel_is_never_overwritten_by_a_running_agent(aws, tmp_path):
