@@ -34,6 +34,10 @@ spec.json (JSON object; unknown fields are ignored, a field of the wrong type re
 ``version`` 1; ``run_id`` (must equal --run-id); ``name`` (the task's, [A-Za-z0-9._-], 1-128);
 ``setup`` (shell or null: run once per instance, before the job); ``run`` (shell, required);
 ``args`` (list of strings: the run script's "$@"; default []); ``envs`` ({NAME: str}, not secret);
+``secrets`` (list of NAMEs, default []: each one's value is the SecureString parameter
+``/ec2gpu/runs/<run_id>/NAME`` in SSM Parameter Store, aws/parameters.py, read with the instance
+role at each launch into the setup's and the job's environment only; the log uploaded to S3 has
+each value replaced by ****);
 ``workdir_key`` (``runs/<run_id>/...`` or null: no workdir); ``outputs`` (gitignore-style globs
 relative to EC2GPU_OUTPUT_DIR, ``!`` to exclude; default []: all); ``checkpoint_dir`` (relative
 to the workdir, or null: RUN_DIR/checkpoints); ``max_restarts_on_errors`` (SkyPilot's
@@ -85,6 +89,9 @@ net when even that fails.
 One node only: a run of N nodes needs every node to restart together with the new
 SKYPILOT_NODE_IPS when one is replaced; not done here (the spec is refused, the run ends failed).
 
+A secret that is missing (deleted, or the role may not read it) ends the run failed before the
+setup, with the names that were missing.
+
 Known limit: the job runs with the same instance role and so could rewrite the run's prefix
 (status.json included); the launch cap read from status.json is then the job's to forge, and the
 group's deadline action is what bounds a run whose job is hostile.
@@ -128,6 +135,10 @@ STATUS_FIELDS = ("version", "run_id", "state", "reason", "launches", "attempt", 
 MAX_SPEC_BYTES = 1024 * 1024
 MAX_STATUS_BYTES = 4 * 1024 * 1024
 MAX_SCRIPT_BYTES = 100 * 1024  # tasks/spec.MAX_SCRIPT_BYTES
+MAX_SECRETS = 100  # names in spec.json's secrets
+MAX_SECRET_BYTES = 8192  # a parameter's value read back (standard: 4 KB; advanced: 8 KB)
+SECRET_ROOT = "/ec2gpu/runs/"  # aws/parameters.ROOT (a test compares them)
+MASK = "****"  # runs/execute/job_summary.MASK
 MAX_RECORDS = 100  # instances and attempts kept in status.json (the newest): well under the 1 MiB the controller reads
 #: the workdir archive: hostile input (refused beyond these)
 MAX_ARCHIVE_BYTES = 5 * 1024 ** 3
@@ -254,6 +265,10 @@ def parse_spec(data: object, run_id: str) -> dict[str, Any]:
     gpus_limit = get("gpus_limit", (int,))
     if gpus_limit is not None and gpus_limit < 1:
         raise Refused("spec.json: gpus_limit must be at least 1")
+    secret_names = get("secrets", (list,), [])
+    if (len(secret_names) > MAX_SECRETS or len(set(map(str, secret_names))) != len(secret_names)
+            or not all(isinstance(n, str) and len(n) <= 128 and ENV_NAME_RE.fullmatch(n) for n in secret_names)):
+        raise Refused(f"spec.json: secrets must be at most {MAX_SECRETS} distinct environment variable names")
     python = get("python", (str,))
     if python is not None and (not python.startswith("/") or not re.fullmatch(r"[A-Za-z0-9._/+-]{1,512}", python)):
         raise Refused("spec.json: python must be an absolute path")
@@ -261,7 +276,7 @@ def parse_spec(data: object, run_id: str) -> dict[str, Any]:
             "workdir_key": workdir_key, "outputs": list(outputs), "checkpoint_dir": checkpoint_dir,
             "max_restarts_on_errors": restarts, "max_launches": launches, "group": group, "nodes": 1,
             "limit_at": None if limit_at is None else float(limit_at), "limit_grace_s": float(grace),
-            "gpus_limit": gpus_limit, "python": python}
+            "gpus_limit": gpus_limit, "python": python, "secrets": list(secret_names)}
 
 
 # --- the status record -------------------------------------------------------------------------------
@@ -455,9 +470,9 @@ def find_python(spec_python: str | None) -> str:
 
 
 def job_env(spec: dict[str, Any], run_dir: str, workdir: str, ip: str, gpus: int, resume: bool,
-            python: str) -> dict[str, str]:
-    """The job's environment (pure): the task's envs, then ours, as engine.node_env gives it for
-    node 0 of one (a test compares the two)."""
+            python: str, secrets: dict[str, str] | None = None) -> dict[str, str]:
+    """The job's environment (pure): the task's envs, its ``secrets`` (name -> value), then ours,
+    as engine.node_env gives it for node 0 of one (a test compares the two)."""
     run_id = spec["run_id"]
     limit = spec["gpus_limit"] if spec["gpus_limit"] and spec["gpus_limit"] < gpus else None
     gpus = limit or gpus
@@ -472,7 +487,40 @@ def job_env(spec: dict[str, Any], run_dir: str, workdir: str, ip: str, gpus: int
     }
     if limit:
         ours["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(limit))
-    return {**spec["envs"], **ours}
+    return {**spec["envs"], **(secrets or {}), **ours}
+
+
+def mask(data: bytes, values: list[str]) -> bytes:
+    """``data`` with each of ``values`` replaced by MASK, longest first (pure; job_summary.mask_text's rule)."""
+    for v in sorted((v for v in values if v), key=len, reverse=True):
+        data = data.replace(v.encode("utf-8", "surrogateescape"), MASK.encode())
+    return data
+
+
+def read_secrets(ssm: Any, run_id: str, names: list[str]) -> dict[str, str]:
+    """The values of the run's secrets ``names`` from SSM Parameter Store (GetParameters, 10 a
+    call, decrypted): name -> value. Refused when one is missing (InvalidParameters: deleted, or
+    never made) or is not a string of at most MAX_SECRET_BYTES without a NUL (hostile input: anyone
+    with ssm:PutParameter on the path could write it). Raises botocore's errors as SSM answers."""
+    full = {f"{SECRET_ROOT}{run_id}/{n}": n for n in names}
+    got: dict[str, str] = {}
+    missing: list[str] = []
+    keys = list(full)
+    for i in range(0, len(keys), 10):
+        answer = ssm.get_parameters(Names=keys[i:i + 10], WithDecryption=True)
+        missing += [full.get(str(k), str(k)[:200]) for k in answer.get("InvalidParameters", [])]
+        for p in answer.get("Parameters", []):
+            name, value = full.get(p.get("Name")), p.get("Value")
+            if name is None:
+                continue
+            if not isinstance(value, str) or len(value.encode("utf-8", "surrogatepass")) > MAX_SECRET_BYTES or "\0" in value:
+                raise Refused(f"the secret {name} is not a string of at most {MAX_SECRET_BYTES} bytes")
+            got[name] = value
+    missing += [n for n in names if n not in got and n not in missing]
+    if missing:
+        raise Refused(f"secret(s) {', '.join(sorted(missing))} not found in SSM Parameter Store under "
+                      f"{SECRET_ROOT}{run_id}/ (deleted, or the instance role may not read them)")
+    return got
 
 
 # --- S3 -------------------------------------------------------------------------------------------------
@@ -636,7 +684,7 @@ class Detached:
     is injectable: ``s3`` and ``asg`` (boto3 clients), ``clock`` (POSIX seconds), ``sleep``,
     ``imds`` (path -> text or None), ``gpus`` (-> GPU count)."""
 
-    def __init__(self, *, bucket: str, run_id: str, home: str, s3: Any, asg: Any,
+    def __init__(self, *, bucket: str, run_id: str, home: str, s3: Any, asg: Any, ssm: Any = None,
                  clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
                  imds: Callable[[str], str | None] | None = None, imds_endpoint: str = agent.IMDS,
                  gpus: Callable[[], int] = gpu_count, every_s: float = 60.0, poll_s: float = 5.0,
@@ -644,7 +692,8 @@ class Detached:
                  log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)):
         self.run_id = check_run_id(run_id)
         self.store = Store(s3, bucket, run_id)
-        self.asg, self.clock, self.sleep, self.log = asg, clock, sleep, log
+        self.asg, self.ssm, self.clock, self.sleep, self.log = asg, ssm, clock, sleep, log
+        self.secrets: dict[str, str] = {}  # name -> value, read at this launch (read_secrets); never written
         self.imds_endpoint = imds_endpoint.rstrip("/")
         self.imds = imds or imds_reader(self.imds_endpoint)
         self.gpus = gpus
@@ -773,7 +822,7 @@ class Detached:
         with open(path, "rb") as f:
             if st.st_size > LOG_MAX:
                 f.seek(st.st_size - LOG_MAX)
-            data = f.read(LOG_MAX)
+            data = mask(f.read(LOG_MAX), list(self.secrets.values()))
         self.store.s3.put_object(Bucket=self.store.bucket, Key=self.store.key("logs/job.log"), Body=data,
                                  ContentType="text/plain")
         self.log_sent = (st.st_size, st.st_mtime_ns)
@@ -867,13 +916,15 @@ class Detached:
         self.workdir = os.path.join(self.run_dir, "workdir")
         try:
             self.get_workdir()
+            if spec["secrets"]:
+                self.secrets = read_secrets(self.ssm, self.run_id, spec["secrets"])
         except Refused as exc:
             self.log(f"refused: {exc}")
             return self.end("failed", str(exc)[:1000])
         ip = self.imds("/latest/meta-data/local-ipv4") or "127.0.0.1"
         ip = ip if re.fullmatch(r"[0-9a-fA-F.:]{1,64}", ip) else "127.0.0.1"
         python = find_python(spec["python"])
-        env = job_env(spec, self.run_dir, self.workdir, ip, self.gpus(), False, python)
+        env = job_env(spec, self.run_dir, self.workdir, ip, self.gpus(), False, python, self.secrets)
         self.out_dir, ckpt_dir = env["EC2GPU_OUTPUT_DIR"], env["EC2GPU_CHECKPOINT_DIR"]
         os.makedirs(self.out_dir, exist_ok=True)
         self.ckpt = Mirror(self.store, "checkpoints", ckpt_dir)
@@ -893,7 +944,7 @@ class Detached:
         while True:
             if self.cancelled():
                 return self.finish("cancelled", "cancelled")
-            env = job_env(spec, self.run_dir, self.workdir, ip, self.gpus(), resume, python)
+            env = job_env(spec, self.run_dir, self.workdir, ip, self.gpus(), resume, python, self.secrets)
             if not setup_done:
                 code = self.run_setup(env)
                 inst = self.status["instances"][-1]
@@ -1160,8 +1211,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_REFUSED
     session = role_session(args.region)
     run = Detached(bucket=args.bucket, run_id=args.run_id, home=args.home, s3=session.client("s3"),
-                   asg=session.client("autoscaling"), imds_endpoint=args.imds_endpoint, every_s=args.every,
-                   poll_s=args.poll)
+                   asg=session.client("autoscaling"), ssm=session.client("ssm"), imds_endpoint=args.imds_endpoint,
+                   every_s=args.every, poll_s=args.poll)
     return run.execute()
 
 

@@ -259,14 +259,16 @@ def cleanup(*, dry_run: bool = False, all_regions: bool = False, fetch: bool = T
         for name in regions:
             aws = ctx.aws.in_region(name)
             say = _prefixed(log, f"{name}: ")
-            found = sweep.inventory(aws.ec2, log=say, iam=aws.client("iam"), autoscaling=aws.client("autoscaling"))
+            found = sweep.inventory(aws.ec2, log=say, iam=aws.client("iam"), autoscaling=aws.client("autoscaling"),
+                                    ssm=aws.client("ssm"))
             if not any(found.values()):
                 continue
             if dry_run:
                 report[name] = {k: [r["id"] for r in v] for k, v in found.items()}
             else:
                 report[name] = sweep.delete_everything(aws.ec2, found, ctx.settings.keys_dir, log=say,
-                                                       iam=aws.client("iam"), autoscaling=aws.client("autoscaling"))
+                                                       iam=aws.client("iam"), autoscaling=aws.client("autoscaling"),
+                                                       ssm=aws.client("ssm"))
         if not dry_run:
             settle(ctx, log=log, warn=warn)
     return {"dry_run": dry_run, "regions": report, "searched": regions}
@@ -302,7 +304,7 @@ def down(name: Optional[str] = None, *, all: bool = False, fetch: bool = True,  
         removed = {}
         for run_id in sorted(r for r in runs if r):
             removed[run_id] = sweep.delete_run(ec2, run_id, ctx.settings.keys_dir, log=log, iam=ctx.aws.client("iam"),
-                                               autoscaling=ctx.aws.client("autoscaling"))
+                                               autoscaling=ctx.aws.client("autoscaling"), ssm=ctx.aws.client("ssm"))
         settle(ctx, set(removed), keep=set(removed), log=log, warn=warn)
     return removed
 

@@ -207,7 +207,8 @@ def check_run_id(run_id: str) -> str:
     return run_id
 
 
-def detached_policy(bucket: str, run_id: str, group_name: str, region: str, account_id: str) -> dict[str, Any]:
+def detached_policy(bucket: str, run_id: str, group_name: str, region: str, account_id: str,
+                    secrets: bool = False) -> dict[str, Any]:
     """The inline policy of a detached run's instance role (pure): the agent may read and write
     its own run's objects, list its own run's prefix, and end its own Auto Scaling group; nothing
     else (issue 30, item 6). Give it to ``create_run_role`` as ``policy`` (with a file_mounts
@@ -246,6 +247,11 @@ def detached_policy(bucket: str, run_id: str, group_name: str, region: str, acco
     - "LowerOwnGroup": autoscaling:SetDesiredCapacity on the same group, same tag. The group's
       MaxSize bounds it (the run's size, or 0 once ended), which only the user's credentials and
       the deadline action set.
+    - With ``secrets`` (the run carries --secret values: aws/parameters.py), "ReadOwnSecrets":
+      ssm:GetParameters on ``arn:aws:ssm:REGION:ACCOUNT:parameter/ec2gpu/runs/RUN_ID/*`` only
+      (a parameter's ARN is its path: https://docs.aws.amazon.com/systems-manager/latest/userguide/sysman-paramstore-access.html).
+      No kms:Decrypt: the parameters use the AWS managed key aws/ssm, whose key policy lets every
+      principal of the account decrypt through SSM; the resource is what scopes the role.
 
     Actions, resource types and condition keys: the Service Authorization Reference for Amazon S3
     (https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazons3.html; the
@@ -295,6 +301,9 @@ def detached_policy(bucket: str, run_id: str, group_name: str, region: str, acco
         {"Sid": "LowerOwnGroup", "Effect": "Allow", "Action": ["autoscaling:SetDesiredCapacity"], "Resource": group,
          "Condition": {"StringEquals": tagged}},
     ]
+    if secrets:
+        statements.append({"Sid": "ReadOwnSecrets", "Effect": "Allow", "Action": ["ssm:GetParameters"],
+                           "Resource": f"{arn}:ssm:{region}:{account_id}:parameter/ec2gpu/runs/{run_id}/*"})
     return {"Version": "2012-10-17", "Statement": statements}
 
 

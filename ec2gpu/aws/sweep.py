@@ -5,7 +5,8 @@ IAM is global, so a sweep of one region takes only the roles tagged with that re
 untagged one only when its run still holds something there (``find_instance_roles``). A detached
 run's Auto Scaling group and launch template (aws/groups.py) are found and removed when an Auto
 Scaling client is given (``autoscaling``): the group before its instances, which it would
-otherwise replace.
+otherwise replace. A detached run's secrets (aws/parameters.py) are found and removed when an SSM
+client is given (``ssm``).
 """
 from __future__ import annotations
 
@@ -100,7 +101,7 @@ class Kind:
     ``find(clients, run_id, log) -> rows`` ({"id", "run_id", "name", ...}); ``remove(clients, id,
     log)`` (the list of ids when ``batch``; raises botocore's ClientError, AwsError or WaitTimeout
     when it fails, and all it was given counts as left); ``after``: the kinds that must be gone first (else this one is
-    not tried and is reported left); ``needs``: the client it works with besides EC2's ("iam",
+    not tried and is reported left); ``needs``: the client it works with besides EC2's ("iam", "ssm",
     "autoscaling": without it the kind is neither listed nor removed); ``refind``: below."""
 
     key: str
@@ -127,6 +128,7 @@ class Clients:
     keys_dir: Path | None = None
     group_wait_s: float = 300.0
     group_deadline: float | None = None  # time.monotonic() by which the groups' wait ends (set at the first)
+    ssm: Client = None
 
 
 def _row(res: dict[str, Any], id_key: str, **extra: Any) -> dict[str, Any]:
@@ -215,6 +217,24 @@ def _delete_template(c: Clients, template_id: str, log: Log) -> None:
     groups.delete_template(c.ec2, template_id=template_id)
 
 
+def _find_parameters(c: Clients, run_id: str | None, log: Log) -> list[dict[str, Any]]:
+    """A detached run's secret parameters (aws/parameters.find); none where these credentials may
+    not list them, which ``log`` hears."""
+    from . import parameters
+    try:
+        return parameters.find(c.ssm, run_id)
+    except botocore.exceptions.ClientError as exc:
+        if error_code(exc) not in _REFUSED:
+            raise
+        log(f"secret parameters not listed ({error_code(exc)}): ssm:DescribeParameters is in docs/iam-policy.json")
+        return []
+
+
+def _delete_parameters(c: Clients, names: list[str], log: Log) -> list[str]:
+    from . import parameters
+    return parameters.delete(c.ssm, names, log)
+
+
 def _delete_placement_group(c: Clients, name: str, log: Log) -> None:
     log(f"deleting placement group {name}")
     placement.delete(c.ec2, name)
@@ -255,6 +275,9 @@ def _kinds() -> tuple[Kind, ...]:
         Kind("instance_roles", "instance role", _find_roles, _delete_role, after=("instances",), needs="iam"),
         Kind("launch_templates", "launch template", _find_templates, _delete_template,
              after=("auto_scaling_groups",)),
+        # once nothing of the run can launch or run: a replacement's agent reads them at its start
+        Kind("secret_parameters", "secret parameter", _find_parameters, _delete_parameters, batch=True,
+             after=("auto_scaling_groups", "instances"), needs="ssm"),
     )
 
 
@@ -266,7 +289,7 @@ KIND = {k.key: k for k in KINDS}
 
 
 def inventory(ec2: Client, run_id: str | None = None, log: Log = lambda msg: None,
-              iam: Client = None, autoscaling: Client = None) -> dict[str, list[dict[str, Any]]]:
+              iam: Client = None, autoscaling: Client = None, ssm: Client = None) -> dict[str, list[dict[str, Any]]]:
     """Everything the tool created (or one run) that still exists in the client's region, by kind
     (``KINDS``, in removal order).
 
@@ -277,10 +300,12 @@ def inventory(ec2: Client, run_id: str | None = None, log: Log = lambda msg: Non
     gone); each entry has ``id``, ``run_id`` and ``name`` (from the tags) and, for instances,
     ``state``. Without ``iam`` there is no instance_roles key. With an Auto Scaling client
     ``autoscaling``, auto_scaling_groups (``desired``: its desired capacity, ``instances``: their
-    ids); launch_templates always. ``log`` hears what could not be listed (placement groups where
-    that API is unavailable, roles, groups or templates these credentials may not list).
+    ids); with an SSM client ``ssm``, secret_parameters (aws/parameters.find: ``id`` is the
+    parameter's name, ``name`` the environment variable's); launch_templates always. ``log``
+    hears what could not be listed (placement groups where that API is unavailable, roles,
+    groups, templates or parameters these credentials may not list).
     """
-    c = Clients(ec2, iam, autoscaling)
+    c = Clients(ec2, iam, autoscaling, ssm=ssm)
     found = {k.key: k.find(c, run_id, log) for k in KINDS if k.needs is None or (k.needs != "iam" and
                                                                                   getattr(c, k.needs) is not None)}
     if iam is not None:
@@ -292,20 +317,20 @@ def inventory(ec2: Client, run_id: str | None = None, log: Log = lambda msg: Non
 def delete_everything(ec2: Client, found: dict[str, list[dict[str, Any]]], keys_dir: Path | None,
                       log: Log = lambda msg: None, iam: Client = None, group_wait_s: float = 300.0,
                       on_failure: Callable[[str, list[str], str], object] | None = None,
-                      autoscaling: Client = None) -> dict[str, list[str]]:
+                      autoscaling: Client = None, ssm: Client = None) -> dict[str, list[str]]:
     """Remove what ``inventory`` found (or any {kind key: rows with "id"}), kind by kind in
     ``KINDS`` order, best-effort: a resource AWS refuses is reported and the next one is tried; a
     kind whose ``after`` kinds are not all gone is not tried (a security group while its instances
     still run). Security groups wait up to ``group_wait_s`` seconds in all for their instances'
     network interfaces (DependencyViolation); instance roles need ``iam``, Auto Scaling groups
-    ``autoscaling`` (without the client they are reported left). ``log`` hears each
-    step and each failure; ``on_failure(label, ids, why)`` each failure (``why``: the AWS error
+    ``autoscaling``, secret parameters ``ssm`` (without the client they are reported left). ``log``
+    hears each step and each failure; ``on_failure(label, ids, why)`` each failure (``why``: the AWS error
     code, the exception's class, or what is still there).
 
     Returns {kind key: ids removed} for every kind in ``found``, and "left": ["ID (why)", ...] for
     what is still there (empty when everything went). Never raises for one resource.
     """
-    c = Clients(ec2, iam, autoscaling, keys_dir, group_wait_s)
+    c = Clients(ec2, iam, autoscaling, keys_dir, group_wait_s, ssm=ssm)
     removed: dict[str, list[str]] = {key: [] for key in found}
     left: dict[str, str] = {}  # id -> why
     for kind in KINDS:
@@ -390,11 +415,12 @@ def delete_security_group(ec2: Client, group_id: str, timeout_s: float = 300, de
 
 
 def delete_run(ec2: Client, run_id: str, keys_dir: Path, log: Log = lambda msg: None,
-               iam: Client = None, autoscaling: Client = None) -> dict[str, list[str]]:
+               iam: Client = None, autoscaling: Client = None, ssm: Client = None) -> dict[str, list[str]]:
     """Remove everything of one run (see ``delete_everything``; its instance role too with an IAM
-    client ``iam``, its Auto Scaling group with ``autoscaling``); returns the ids removed, by kind."""
-    return delete_everything(ec2, inventory(ec2, run_id, log, iam, autoscaling), keys_dir, log, iam,
-                             autoscaling=autoscaling)
+    client ``iam``, its Auto Scaling group with ``autoscaling``, its secret parameters with
+    ``ssm``); returns the ids removed, by kind."""
+    return delete_everything(ec2, inventory(ec2, run_id, log, iam, autoscaling, ssm), keys_dir, log, iam,
+                             autoscaling=autoscaling, ssm=ssm)
 
 
 #: EC2's StateReason code of an instance that its own OS shut down (`--max-runtime`, the idle rule):

@@ -10,8 +10,8 @@ where `ec2gpu sandbox interrupt` publishes spot interruption notices, and the da
 endpoint at EC2GPU_SANDBOX_CONTROL, where `shutdown` on the instance asks to be ended (guest.py).
 An AWS SDK on an instance finds the same metadata service through its own standard variable
 AWS_EC2_METADATA_SERVICE_ENDPOINT, and with it the credentials of the instance's role (roles.py),
-and the emulated S3 and Auto Scaling through AWS_ENDPOINT_URL_S3 and AWS_ENDPOINT_URL_AUTO_SCALING;
-no credentials of this machine reach an instance.
+and the emulated S3, Auto Scaling and SSM through AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL_AUTO_SCALING
+and AWS_ENDPOINT_URL_SSM; no credentials of this machine reach an instance.
 With EC2GPU_SANDBOX_LIKE_AWS=1 it behaves like EC2 where moto does not (likeaws.py).
 Auto Scaling groups launch from their launch templates, replace instances that fail their health
 check, and run their scheduled actions (autoscaling.py, one pass each tick of the loop).
@@ -281,6 +281,7 @@ class Sandbox:
                # joins this base with "latest/api/token") and the emulated S3; no keys, ever
                "AWS_EC2_METADATA_SERVICE_ENDPOINT": f"{self.imds_url}/{iid}/", "AWS_ENDPOINT_URL_S3": self.endpoint,
                "AWS_ENDPOINT_URL_AUTO_SCALING": self.endpoint,  # a detached run's agent ends its own group
+               "AWS_ENDPOINT_URL_SSM": self.endpoint,  # and reads its secrets (aws/parameters.py)
                # the instance's own state directory and console (ami/idle-watch.sh; console.py shows it)
                "EC2GPU_STATE_DIR": str(directory / "state"), "EC2GPU_CONSOLE": str(directory / console.CONSOLE_LOG),
                "EC2GPU_BOOT_ID_FILE": str(directory / "boot_id"),  # a new id each boot, as the kernel's

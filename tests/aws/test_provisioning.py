@@ -179,11 +179,12 @@ def test_a_stuck_security_group_does_not_stop_the_sweep_and_is_reported_left(aws
 
 def test_every_kind_of_the_registry_is_listed_by_inventory_and_removed_in_its_order(aws):
     """One registry: inventory lists every kind (roles with an IAM client, groups with an Auto
-    Scaling one), teardown's kinds are
+    Scaling one, secret parameters with an SSM one), teardown's kinds are
     registry kinds, and what a kind waits for comes before it."""
     keys = [k.key for k in sweep.KINDS]
-    assert list(sweep.inventory(aws.ec2, "run-none", iam=aws.client("iam"), autoscaling=aws.client("autoscaling"))) == keys
-    assert not {"instance_roles", "auto_scaling_groups"} & set(sweep.inventory(aws.ec2, "run-none"))
+    assert list(sweep.inventory(aws.ec2, "run-none", iam=aws.client("iam"), autoscaling=aws.client("autoscaling"),
+                                ssm=aws.client("ssm"))) == keys
+    assert not {"instance_roles", "auto_scaling_groups", "secret_parameters"} & set(sweep.inventory(aws.ec2, "run-none"))
     for kind in sweep.KINDS:
         assert all(keys.index(a) < keys.index(kind.key) for a in kind.after)
 

@@ -244,7 +244,8 @@ def test_the_accounts_permissions_boundary_is_found_and_given_to_the_role(aws, i
     allowed = {a for s in json.loads(doc)["Statement"] for a in s["Action"]}
     assert allowed == {"s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload", "s3:ListBucket",
                        "s3:GetBucketLocation", "autoscaling:UpdateAutoScalingGroup", "autoscaling:SetDesiredCapacity",
-                       "s3:DeleteObject"}  # the last: a detached run's own checkpoints/ only
+                       "s3:DeleteObject",  # a detached run's own checkpoints/ only
+                       "ssm:GetParameters"}  # a detached run's own secrets only
 
 
 RUN = "20261125-100000-ab12"
@@ -297,14 +298,15 @@ def test_the_boundary_reaches_no_bucket_the_users_own_policy_does_not():
     boundary = json.loads((docs / "iam-instance-boundary.json").read_text())
     user = json.loads((docs / "iam-policy.json").read_text())
     reach = _resources(boundary)
-    assert "*" not in reach and all(r.startswith(("arn:aws:s3:::", "arn:aws:autoscaling:")) for r in reach)
+    assert "*" not in reach and all(r.startswith(("arn:aws:s3:::", "arn:aws:autoscaling:", "arn:aws:ssm:")) for r in reach)
     file_mounts = {"RunRolesMayOnlyReadAndWriteObjectsOfTheFileMountsBuckets", "RunRolesMayListTheFileMountsBuckets"}
     assert _resources(boundary, file_mounts) == _resources(user, {"FileMountsObjects",
                                                                   "FileMountsBucketsCheckedOrCreated"})
     assert _resources(boundary, {s["Sid"] for s in boundary["Statement"]} - file_mounts) == {
         "arn:aws:s3:::ec2gpu-*/runs/${aws:PrincipalTag/ec2gpu:run}/*", "arn:aws:s3:::ec2gpu-*",
         "arn:aws:s3:::ec2gpu-*/runs/${aws:PrincipalTag/ec2gpu:run}/checkpoints/*",
-        "arn:aws:autoscaling:*:*:autoScalingGroup:*:autoScalingGroupName/ec2gpu-*"}
+        "arn:aws:autoscaling:*:*:autoScalingGroup:*:autoScalingGroupName/ec2gpu-*",
+        "arn:aws:ssm:*:*:parameter/ec2gpu/runs/${aws:PrincipalTag/ec2gpu:run}/*"}
     assert _resources(user, {"RunDataOnlyInYourAccountsBuckets", "RunBucketConfiguredAndCheckedOnlyInYourAccount",
                              "ChangeAndDeleteOnlyEc2gpuGroups"}) == {
         "arn:aws:s3:::ec2gpu-*/*", "arn:aws:s3:::ec2gpu-*",

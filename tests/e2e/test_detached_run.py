@@ -2,6 +2,8 @@
 instance runs the agent from its user data, the job's outputs and log reach S3, and the agent ends
 the group; `status` follows it from the store and removes what the run made once it is over;
 `cancel` stops a running one. Nothing of the run is left afterwards."""
+import base64
+import gzip
 import json
 import os
 import signal
@@ -57,27 +59,50 @@ def _nothing_left(run_id: str, timeout_s: float = 120.0) -> dict:
     deadline = time.monotonic() + timeout_s
     while True:
         api.status(run_id, sandbox=True)
-        found = sweep.inventory(_client("ec2"), run_id, iam=_client("iam"), autoscaling=_client("autoscaling"))
+        found = sweep.inventory(_client("ec2"), run_id, iam=_client("iam"), autoscaling=_client("autoscaling"),
+                                ssm=_client("ssm"))
         if not any(found.values()) or time.monotonic() > deadline:
             return found
         time.sleep(2)
 
 
-def test_a_detached_run_finishes_with_nobody_watching_and_leaves_nothing(sandbox_env, tmp_path, capsys):
-    task = _task(tmp_path, 'cat data.txt setup.txt > "$EC2GPU_OUTPUT_DIR/result.txt"\necho "resume=$EC2GPU_RESUME"')
+SECRET = "hf_detached-0123456789-token"
+
+
+def test_a_detached_run_finishes_with_nobody_watching_and_leaves_nothing(sandbox_env, tmp_path, capsys, monkeypatch):
+    """... with a --secret: it reaches the job from SSM Parameter Store, lies in no S3 object (the
+    log masks it) nor in the launch template's user data, and its parameter goes with the run."""
+    task = _task(tmp_path, 'cat data.txt setup.txt > "$EC2GPU_OUTPUT_DIR/result.txt"\necho "resume=$EC2GPU_RESUME"\n'
+                           'echo "token $HF_TOKEN"; printf %s "$HF_TOKEN" | wc -c > "$EC2GPU_OUTPUT_DIR/token-bytes.txt"')
+    monkeypatch.setenv("HF_TOKEN", SECRET)
     started = time.monotonic()
-    assert cli.main(["run", str(task), "--sandbox", "--detach", "--max-runtime", "30m", "--json"]) == 0
+    assert cli.main(["run", str(task), "--sandbox", "--detach", "--max-runtime", "30m", "--json",
+                     "--secret", "HF_TOKEN"]) == 0
     record = json.loads(capsys.readouterr().out)
     assert time.monotonic() - started < 60  # it returns once the group is made, not when the job ends
     run_id, bucket = record["run_id"], record["bucket"]
     assert record["status"] == "detached" and record["group"] == f"ec2gpu-{run_id}"
+    ec2, ssm = _client("ec2"), _client("ssm")
+    (template,) = ec2.describe_launch_templates(
+        Filters=[{"Name": "tag:ec2gpu:run", "Values": [run_id]}])["LaunchTemplates"]
+    (version,) = ec2.describe_launch_template_versions(LaunchTemplateId=template["LaunchTemplateId"])[
+        "LaunchTemplateVersions"]
+    assert SECRET not in base64.b64decode(version["LaunchTemplateData"]["UserData"]).decode()
+    (param,) = [p for p in ssm.describe_parameters()["Parameters"] if run_id in p["Name"]]
+    assert (param["Name"], param["Type"]) == (f"/ec2gpu/runs/{run_id}/HF_TOKEN", "SecureString")
     done = _wait(run_id, ("succeeded", "failed", "cancelled"))
     assert done["state"] == "succeeded" and done["exit_code"] == 0, done
     prefix = runstore.prefix(run_id)
     assert _object(bucket, prefix + "outputs/result.txt") == "from the workdir\nsetup ran\n"
-    assert "resume=0" in _object(bucket, prefix + "logs/job.log")
+    log = _object(bucket, prefix + "logs/job.log")
+    assert "resume=0" in log and "token ****" in log
+    assert _object(bucket, prefix + "outputs/token-bytes.txt").strip() == str(len(SECRET))
+    for o in _client("s3").list_objects_v2(Bucket=bucket, Prefix=prefix)["Contents"]:
+        body = _client("s3").get_object(Bucket=bucket, Key=o["Key"])["Body"].read()
+        assert SECRET.encode() not in (gzip.decompress(body) if o["Key"].endswith(".gz") else body), o["Key"]
     left = _nothing_left(run_id)
     assert not any(left.values()), left
+    assert not [p for p in ssm.describe_parameters()["Parameters"] if run_id in p["Name"]]
     assert ledger.get(sandbox_env[0], run_id)["status"] == "completed"  # its row here, settled by `status`
     state = control.read_state(sandbox_env[0])
     assert processes_gone([i for i in state["instances"]], timeout_s=30)

@@ -70,9 +70,10 @@ def test_every_operation_of_launch_train_and_cleanup_is_in_the_policy(sandbox_en
                  ["cleanup", "--sandbox", "--dry-run"], ["cleanup", "--sandbox"], ["down", "--all", "--sandbox"]):
         assert cli.main(argv) == 0, argv
     capsys.readouterr()
-    # a detached run (issue 30): its store, role, template and group; followed and cancelled
+    # a detached run (issue 30): its store, role, template, group and secret; followed and cancelled
+    monkeypatch.setenv("IAM_SECRET", "s3cret")
     assert cli.main(["run", "--sandbox", "--detach", "--max-runtime", "10m", "--json", "--workdir", str(tmp_path),
-                     "--", "sleep", "60"]) == 0
+                     "--secret", "IAM_SECRET", "--", "sleep", "60"]) == 0
     run_id = json.loads(capsys.readouterr().out)["run_id"]
     for argv in (["status", run_id, "--sandbox"], ["cancel", run_id, "--sandbox", "--wait", "0"],
                  ["doctor", "--sandbox"]):
@@ -83,7 +84,8 @@ def test_every_operation_of_launch_train_and_cleanup_is_in_the_policy(sandbox_en
             "ssm:GetParametersByPath", "ec2:StopInstances", "ec2:StartInstances", "ec2:DescribeVolumes", "ec2:CreateImage",
             "ec2:DeregisterImage", "ec2:DeleteSnapshot", "ec2:DescribeSnapshots", "ec2:RebootInstances",
             "ssm:GetParameter", "autoscaling:CreateAutoScalingGroup", "autoscaling:DeleteAutoScalingGroup",
-            "ec2:CreateLaunchTemplate", "s3:PutObject", "iam:CreateRole"} <= called  # the bucket may exist already
+            "ec2:CreateLaunchTemplate", "s3:PutObject", "iam:CreateRole", "ssm:PutParameter",
+            "ssm:DescribeParameters", "ssm:DeleteParameters"} <= called  # the bucket may exist already
     patterns = allowed_actions()
     actions = {S3_ACTIONS.get(a, a) for a in called}
     missing = sorted(a for a in actions if not any(fnmatch.fnmatchcase(a, p) for p in patterns))

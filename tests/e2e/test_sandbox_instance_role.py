@@ -119,7 +119,8 @@ def test_instances_with_a_profile_reach_s3_with_their_role_and_one_without_finds
         for iid in ids:  # (d) the SDK's endpoints only: never a key, a profile or a credentials file
             assert not set(got[iid]["aws_vars"]) & set(roles.CREDENTIAL_VARS), got[iid]
             assert set(got[iid]["aws_vars"]) == {"AWS_EC2_METADATA_SERVICE_ENDPOINT", "AWS_ENDPOINT_URL_S3",
-                                                 "AWS_ENDPOINT_URL_AUTO_SCALING"}  # a detached run ends its group
+                                                 "AWS_ENDPOINT_URL_AUTO_SCALING",  # a detached run ends its group
+                                                 "AWS_ENDPOINT_URL_SSM"}  # and reads its secrets
         for iid in with_role:  # user data (cloud-init) has the role too, and none of the daemon's AWS variables
             ran = _user_data_result(home, iid)
             assert ran.get("keys") == ["a.txt"] and ran["method"] == "iam-role", ran

@@ -43,7 +43,7 @@ def moto():
             asg.create_auto_scaling_group(AutoScalingGroupName=GROUP, MinSize=0, MaxSize=1, DesiredCapacity=1,
                                           LaunchTemplate={"LaunchTemplateName": GROUP, "Version": "$Latest"},
                                           AvailabilityZones=["us-east-1a"])
-            yield SimpleNamespace(s3=s3, asg=asg)
+            yield SimpleNamespace(s3=s3, asg=asg, ssm=boto3.client("ssm", region_name="us-east-1"))
 
 
 @pytest.fixture
@@ -52,6 +52,9 @@ def aws(moto):
     for o in moto.s3.list_objects_v2(Bucket=BUCKET).get("Contents", []):
         moto.s3.delete_object(Bucket=BUCKET, Key=o["Key"])
     moto.asg.update_auto_scaling_group(AutoScalingGroupName=GROUP, MinSize=0, MaxSize=1, DesiredCapacity=1)
+    names = [p["Name"] for p in moto.ssm.describe_parameters()["Parameters"]]
+    if names:
+        moto.ssm.delete_parameters(Names=names)
     return moto
 
 
@@ -105,7 +108,8 @@ def group_size(aws):
 def make(aws, home, instance_id="i-0aaa", endpoint=NO_IMDS, s3=None, **kw):
     meta = {"/latest/meta-data/instance-id": instance_id, "/latest/meta-data/local-ipv4": "10.0.0.5"}
     opts = dict(every_s=0.2, poll_s=0.05, agent_poll_s=0.05, stop_grace_s=3.0, settled_s=0.0)
-    return detached.Detached(bucket=BUCKET, run_id=RUN_ID, home=str(home), s3=s3 or aws.s3, asg=aws.asg, imds=meta.get,
+    return detached.Detached(bucket=BUCKET, run_id=RUN_ID, home=str(home), s3=s3 or aws.s3, asg=aws.asg, ssm=aws.ssm,
+                             imds=meta.get,
                              imds_endpoint=endpoint, gpus=lambda: 0, log=lambda line: None, **{**opts, **kw})
 
 
@@ -524,7 +528,8 @@ def test_a_run_id_that_is_not_one_is_refused_before_any_key_is_made(aws, tmp_pat
     {"group": "ec2gpu-20261125-101500-ffff"}, {"workdir_key": "runs/20261125-101500-ffff/workdir.tar.gz"},
     {"workdir_key": f"{PREFIX}../../other/workdir.tar.gz"}, {"checkpoint_dir": "../up"}, {"outputs": ["../*"]},
     {"envs": {"A=B": "x"}}, {"nodes": 2}, {"max_launches": True}, {"name": "a/b"}, {"run": 5},
-    {"limit_at": float("nan")}, {"max_launches": 0},
+    {"limit_at": float("nan")}, {"max_launches": 0}, {"secrets": "HF_TOKEN"}, {"secrets": ["A=B"]},
+    {"secrets": ["../x"]}, {"secrets": ["A", "A"]}, {"secrets": [7]},
 ])
 def test_a_hostile_spec_is_refused_and_the_run_ends_failed(aws, tmp_path, fields):
     put_spec(aws, run=f"touch {tmp_path}/ran")
@@ -534,6 +539,42 @@ def test_a_hostile_spec_is_refused_and_the_run_ends_failed(aws, tmp_path, fields
     st = status(aws)
     assert st["state"] == "failed" and st["reason"].startswith("spec refused") and st["group"] == GROUP
     assert not (tmp_path / "ran").exists() and group_size(aws) == (0, 0, 0)
+
+
+SECRET = "hunter2-the-token-0123456789"
+
+
+def test_the_secrets_reach_the_setup_and_the_job_from_parameter_store_and_no_s3_object_holds_them(aws, tmp_path):
+    """spec.json names the secret; the agent reads its value from the run's SecureString parameter
+    (aws/parameters.py) into the setup's and the job's environment; the log it uploads has the
+    value masked, and neither status.json nor any other object of the run holds it."""
+    aws.ssm.put_parameter(Name=f"/ec2gpu/runs/{RUN_ID}/HF_TOKEN", Value=SECRET, Type="SecureString")
+    put_spec(aws, secrets=["HF_TOKEN"], setup='echo "setup sees $HF_TOKEN"',
+             run='echo "job sees $HF_TOKEN and $GREETING"; printf %s "$HF_TOKEN" > "$EC2GPU_OUTPUT_DIR/token.txt"')
+    assert make(aws, tmp_path / "home").execute() == 0
+    assert status(aws)["state"] == "succeeded"
+    assert get(aws, "outputs/token.txt") == SECRET  # the job had it (its outputs are its own to write)
+    log = get(aws, "logs/job.log")
+    assert "setup sees ****" in log and "job sees **** and hi" in log and SECRET not in log
+    for o in aws.s3.list_objects_v2(Bucket=BUCKET, Prefix=PREFIX)["Contents"]:
+        if not o["Key"].endswith("outputs/token.txt"):
+            assert SECRET not in get(aws, o["Key"][len(PREFIX):]), o["Key"]
+
+
+def test_a_missing_secret_ends_the_run_failed_before_the_setup(aws, tmp_path):
+    put_spec(aws, secrets=["HF_TOKEN"], setup=f"touch {tmp_path}/setup-ran", run=f"touch {tmp_path}/ran")
+    assert make(aws, tmp_path / "home").execute() == 0
+    st = status(aws)
+    assert st["state"] == "failed" and "HF_TOKEN not found in SSM Parameter Store" in st["reason"]
+    assert not (tmp_path / "setup-ran").exists() and not (tmp_path / "ran").exists() and group_size(aws) == (0, 0, 0)
+
+
+def test_the_agent_reads_secrets_where_the_controller_puts_them_and_masks_as_the_controller_does():
+    from ec2gpu.aws import parameters
+    from ec2gpu.runs.execute import job_summary
+    assert parameters.name_of(RUN_ID, "X") == f"{detached.SECRET_ROOT}{RUN_ID}/X"
+    assert detached.MASK == job_summary.MASK
+    assert detached.mask(b"a hunter2 b hunter", ["hunter", "hunter2"]) == b"a **** b ****"
 
 
 def test_ending_the_group_is_retried_until_it_works_and_each_failure_is_recorded(aws, tmp_path):
@@ -571,6 +612,9 @@ def test_the_job_environment_is_the_engines_and_so_are_its_shell_words():
     assert (detached.INTERACTIVE, detached.HANDOFF, detached.PROLOGUE) == (engine.INTERACTIVE, engine.HANDOFF,
                                                                           engine.PROLOGUE)
     assert detached.PROGRESS_FILE == nodes.PROGRESS_FILE and detached.GROUP_PREFIX + RUN_ID == groups.name_of(RUN_ID)
+    with_secret = detached.job_env(spec, rd, "/h/ec2gpu/workdirs/job", "10.0.0.5", 4, True,
+                                   "/opt/pytorch/bin/python", {"HF_TOKEN": "t"})
+    assert with_secret == {**theirs, "HF_TOKEN": "t"}
     limited = detached.job_env({**spec, "gpus_limit": 1}, rd, "/w", "10.0.0.5", 8, False, "python3")
     assert (limited["CUDA_VISIBLE_DEVICES"], limited["EC2GPU_GPUS_PER_NODE"]) == ("0", "1")
 

@@ -34,9 +34,10 @@ def test_a_detached_run_needs_a_limit_and_one_node(opts, words):
     assert launch.check(RunOptions(task=_job())).name == "mine"
 
 
-def test_a_detached_run_carries_no_secret_and_no_file_mounts():
-    with pytest.raises(UsageError, match="would be stored in S3"):
-        launch.check(RunOptions(task=_job(secret_values=["hunter2"])))
+def test_a_detached_run_carries_no_file_mounts_and_no_secret_too_large_for_a_parameter():
+    with pytest.raises(UsageError, match="4,096 bytes at most"):
+        launch.check(RunOptions(task=_secret_job("x" * 4097)))
+    assert launch.check(RunOptions(task=_secret_job("x" * 4096))).name == "s"
     mounts = _job("name: m\nrun: 'true'\nfile_mounts:\n  /data: s3://some-bucket/data\n")
     with pytest.raises(UsageError, match="file_mounts"):
         launch.check(RunOptions(task=mounts))
@@ -82,6 +83,23 @@ def test_an_instance_that_cannot_fetch_its_agent_ends_its_own_group_rather_than_
     assert not (tmp_path / "state" / "detached" / "detached.log").exists()  # no agent started
 
 
+def _secret_job(value="hunter2"):
+    text = "name: s\nrun: 'true'\nenvs: {HF_TOKEN: null, EMPTY: null, PLAIN: p}\nsecrets: [HF_TOKEN, EMPTY]\n"
+    return engine.TaskJob(load.parse(text), {"HF_TOKEN": value, "EMPTY": "", "PLAIN": "p"}, None,
+                          secret_values=[value])
+
+
+def test_the_spec_names_the_secrets_and_holds_none_of_their_values():
+    """A secret's value goes to SSM Parameter Store (aws/parameters.py), never into spec.json (S3):
+    the spec names it, and keeps only what is not secret (an empty secret holds nothing)."""
+    job = _secret_job()
+    assert launch.secret_env(job) == {"HF_TOKEN": "hunter2"}
+    spec = launch.spec_document(job, RunOptions(task=job, max_runtime_minutes=60), RUN, f"ec2gpu-{RUN}",
+                                datetime(2026, 11, 25, 18, 0, tzinfo=timezone.utc), 2)
+    assert spec["secrets"] == ["HF_TOKEN"] and spec["envs"] == {"EMPTY": "", "PLAIN": "p"}
+    assert "hunter2" not in repr(spec)
+
+
 def test_the_spec_says_what_the_agent_runs_and_until_when():
     at = datetime(2026, 11, 25, 18, 0, tzinfo=timezone.utc)
     job = _job("name: mine\nsetup: pip install x\nrun: python train.py\noutputs: ['*.pt']\n")
@@ -93,7 +111,7 @@ def test_the_spec_says_what_the_agent_runs_and_until_when():
     # the job's SIGTERM comes its grace (2 min) and the upload's time (5 min) before the group's deadline
     assert spec["limit_at"] == at.timestamp() - 420 and spec["limit_grace_s"] == 120
     assert spec["max_launches"] == 10 and spec["spot"] is True
-    assert spec["workdir_key"] == f"runs/{RUN}/workdir.tar.gz" and spec["nodes"] == 1
+    assert spec["workdir_key"] == f"runs/{RUN}/workdir.tar.gz" and spec["nodes"] == 1 and spec["secrets"] == []
 
 
 def test_the_workdir_archive_holds_the_manifest_files_alone_as_plain_files(tmp_path):

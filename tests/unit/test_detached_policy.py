@@ -35,6 +35,7 @@ BUCKET = f"ec2gpu-{ACCOUNT}-{REGION}"
 RUN, OTHER = "20261125-100000-ab12", "20261125-100001-cd34"
 GROUP = groups.name_of(RUN)
 POLICY = iam.detached_policy(BUCKET, RUN, GROUP, REGION, ACCOUNT)
+SECRETS_POLICY = iam.detached_policy(BUCKET, RUN, GROUP, REGION, ACCOUNT, secrets=True)
 
 
 # --- the evaluator ----------------------------------------------------------------------------
@@ -367,6 +368,7 @@ def test_parliament_finds_nothing_in_the_detached_policy():
     from parliament import analyze_policy_string
 
     assert analyze_policy_string(json.dumps(POLICY)).findings == []
+    assert analyze_policy_string(json.dumps(SECRETS_POLICY)).findings == []
     for region in ("eu-west-1", "ap-northeast-1"):
         assert _above_low(json.dumps(iam.detached_policy(f"ec2gpu-{ACCOUNT}-{region}", OTHER, groups.name_of(OTHER),
                                                          region, ACCOUNT))) == []
@@ -382,7 +384,9 @@ def test_parliament_finds_nothing_above_low_in_the_boundary_but_one_known_false_
         [{"action": a, "required_format": "arn:*:s3:::*/*"}
          for a in ("s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload")]))
     prune = ("RESOURCE_MISMATCH", json.dumps([{"action": "s3:DeleteObject", "required_format": "arn:*:s3:::*/*"}]))
-    assert _above_low((DOCS / "iam-instance-boundary.json").read_text()) == [false_positive, prune]
+    secrets = ("RESOURCE_MISMATCH", json.dumps([{"action": "ssm:GetParameters",
+                                                 "required_format": "arn:*:ssm:*:*:parameter/*"}]))
+    assert _above_low((DOCS / "iam-instance-boundary.json").read_text()) == [false_positive, prune, secrets]
     # the same statement with a colon-free tag key passes: the finding is the colon, nothing else
     text = (DOCS / "iam-instance-boundary.json").read_text().replace("PrincipalTag/ec2gpu:run", "PrincipalTag/run")
     assert _above_low(text) == []
@@ -391,5 +395,57 @@ def test_parliament_finds_nothing_above_low_in_the_boundary_but_one_known_false_
 @pytest.mark.parametrize("region, partition", [("cn-north-1", "aws-cn"), ("us-gov-west-1", "aws-us-gov"),
                                                ("eu-west-1", "aws")])
 def test_every_arn_is_in_the_regions_partition(region, partition):
-    policy = iam.detached_policy(f"ec2gpu-{ACCOUNT}-{region}", RUN, f"ec2gpu-{RUN}", region, ACCOUNT)
+    policy = iam.detached_policy(f"ec2gpu-{ACCOUNT}-{region}", RUN, f"ec2gpu-{RUN}", region, ACCOUNT, secrets=True)
     assert all(s["Resource"].startswith(f"arn:{partition}:") for s in policy["Statement"])
+
+
+# --- a run with secrets (aws/parameters.py) ------------------------------------------------------
+
+def secret(name: str, *, run_path: str = RUN, region: str = REGION, account: str = ACCOUNT, run: str = RUN) -> tuple:
+    return ("ssm:GetParameters", f"arn:aws:ssm:{region}:{account}:parameter/ec2gpu/runs/{run_path}/{name}",
+            _principal(run))
+
+
+SECRET_REFUSED = {
+    "another run's secret": secret("HF_TOKEN", run_path=OTHER),
+    "a secret of a longer run id": secret("HF_TOKEN", run_path=f"{RUN}-more"),
+    "a parameter outside ec2gpu's path": ("ssm:GetParameters", f"arn:aws:ssm:{REGION}:{ACCOUNT}:parameter/prod/db",
+                                          _principal()),
+    "the run's secret in another region": secret("HF_TOKEN", region="eu-west-1"),
+    "the run's secret in another account": secret("HF_TOKEN", account=OTHER_ACCOUNT),
+    "GetParametersByPath on the run's path": ("ssm:GetParametersByPath",
+                                              f"arn:aws:ssm:{REGION}:{ACCOUNT}:parameter/ec2gpu/runs/{RUN}", _principal()),
+    "PutParameter on the run's secret": ("ssm:PutParameter", secret("HF_TOKEN")[1], _principal()),
+    "DeleteParameters on the run's secret": ("ssm:DeleteParameters", secret("HF_TOKEN")[1], _principal()),
+    "DescribeParameters": ("ssm:DescribeParameters", "*", _principal()),
+}
+
+
+def test_a_run_with_secrets_reads_its_own_and_nothing_else():
+    """With ``secrets`` the role reads its own run's parameters (alone and under the boundary),
+    no other run's, no other path's, and cannot write, delete or list any; without, it reads none."""
+    assert allowed(SECRETS_POLICY, secret("HF_TOKEN"))
+    assert allowed(SECRETS_POLICY, secret("HF_TOKEN"), _boundary())
+    assert not allowed(POLICY, secret("HF_TOKEN"))  # a run without secrets: no statement for them
+    for what, request in SECRET_REFUSED.items():
+        assert not allowed(SECRETS_POLICY, request), what
+    for what in ALLOWED:  # the rest of the policy is the same
+        assert allowed(SECRETS_POLICY, ALLOWED[what])
+    for what in REFUSED:
+        assert not allowed(SECRETS_POLICY, REFUSED[what])
+    assert SECRETS_POLICY["Statement"][:-1] == POLICY["Statement"]
+    assert SECRETS_POLICY["Statement"][-1] == {
+        "Sid": "ReadOwnSecrets", "Effect": "Allow", "Action": ["ssm:GetParameters"],
+        "Resource": f"arn:aws:ssm:{REGION}:{ACCOUNT}:parameter/ec2gpu/runs/{RUN}/*"}
+
+
+def test_the_boundary_holds_a_role_to_its_own_runs_secrets_whatever_the_inline_policy():
+    wide = {"Statement": [{"Effect": "Allow", "Action": ["ssm:*"], "Resource": "*"}]}
+    assert allowed(wide, secret("HF_TOKEN"), _boundary())
+    assert not allowed(wide, secret("HF_TOKEN", run=OTHER), _boundary())  # another run's role
+    for what in ("another run's secret", "a secret of a longer run id", "a parameter outside ec2gpu's path",
+                 "GetParametersByPath on the run's path", "PutParameter on the run's secret",
+                 "DeleteParameters on the run's secret", "DescribeParameters"):
+        assert not allowed(wide, SECRET_REFUSED[what], _boundary()), what
+    user = json.loads((DOCS / "iam-policy.json").read_text())
+    assert allowed(user, secret("HF_TOKEN"))  # what the boundary lets a role read, the user may read

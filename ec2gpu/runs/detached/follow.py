@@ -144,11 +144,11 @@ def remove_finished(aws: Aws, settings: Settings, run_id: str, got: dict[str, An
     nothing was left. Never raises for one resource (sweep's best effort)."""
     if got.get("state") not in DONE or (group is not None and (group["desired"] or group["instances"])):
         return {}
-    found = sweep.inventory(aws.ec2, run_id, iam=aws.client("iam"), autoscaling=aws.client("autoscaling"))
+    found = sweep.inventory(aws.ec2, run_id, iam=aws.client("iam"), autoscaling=aws.client("autoscaling"), ssm=aws.client("ssm"))
     if not any(found.values()):
         return {}
     done = sweep.delete_everything(aws.ec2, found, settings.keys_dir, log=log, iam=aws.client("iam"),
-                                   autoscaling=aws.client("autoscaling"))
+                                   autoscaling=aws.client("autoscaling"), ssm=aws.client("ssm"))
     return {k: v for k, v in done.items() if v}
 
 
@@ -167,7 +167,7 @@ def cancel(aws: Aws, settings: Settings, run_id: str, log: Callable[[str], None]
         # over by its record, yet its group still runs something (a record the job wrote itself, or
         # an earlier cancel whose removal failed): remove it all the same
         removed = sweep.delete_run(aws.ec2, run_id, settings.keys_dir, log=log, iam=aws.client("iam"),
-                                   autoscaling=aws.client("autoscaling"))
+                                   autoscaling=aws.client("autoscaling"), ssm=aws.client("ssm"))
         return {**status(aws, settings, run_id, log), "removed": {k: v for k, v in removed.items() if v},
                 "waited_s": 0.0}
     s3, bucket = _store(aws)
@@ -185,7 +185,8 @@ def cancel(aws: Aws, settings: Settings, run_id: str, log: Callable[[str], None]
         runstore.end_status(s3, bucket, run_id, "cancelled", "cancelled: the group was ended by `ec2gpu cancel`",
                             _now())
     removed = sweep.delete_run(aws.ec2, run_id, settings.keys_dir, log=log, iam=aws.client("iam"),
-                               autoscaling=aws.client("autoscaling"))  # the group first: none replaces anything
+                               autoscaling=aws.client("autoscaling"),
+                               ssm=aws.client("ssm"))  # the group first: none replaces anything
     return {**status(aws, settings, run_id, log), "removed": {k: v for k, v in removed.items() if v},
             "waited_s": waited}
 

@@ -5,14 +5,16 @@ one before it worked:
 
 1. the checks of any run, before anything is made (runs/provision/pipeline: options, estimate and
    --budget, the vCPU quota), and the ones of a detached run (``check``: a limit, one node, no
-   secrets, no file_mounts);
+   file_mounts; secrets that fit a parameter);
 2. the run store (aws/runstore.ensure: bucket ``ec2gpu-ACCOUNT-REGION``, public access blocked,
    encrypted, TLS only, expiring); under ``runs/RUN_ID/``: the workdir (``workdir.tar.gz``: the
    files remote/sync.manifest sends), the agent (``agent/agent.py``, ``agent/detached.py``) and
    ``spec.json`` (``spec_document``: what the agent runs);
 3. the run's key pair (SSH, for `ec2gpu logs --follow` while an instance is up), its security group
    (SSH from this machine's /32 only) and its own instance role (aws/iam.detached_policy: its own
-   prefix and its own group, nothing else);
+   prefix and its own group, nothing else, and its own secrets when it has any);
+   the secrets (``--secret``, a task's ``secrets``) as SecureString parameters in SSM Parameter
+   Store (aws/parameters.py), never in S3 nor in the user data: spec.json names them only;
 4. a launch template and an Auto Scaling group of one instance (aws/groups.create), whose user
    data starts the agent (``boot_script``: no credentials in it; the role's come from IMDSv2),
    with the scheduled action that sets the group to 0 at the run's deadline, whoever is left;
@@ -32,7 +34,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ...aws import capacity, groups, iam, instances, network, runstore, sweep
+from ...aws import capacity, groups, iam, instances, network, parameters, runstore, sweep
 from ...aws.session import Aws
 from ...backend import Backend
 from ...errors import UsageError
@@ -59,8 +61,8 @@ DEFAULT_LAUNCHES = {True: 10, False: 2}
 def check(opts: RunOptions) -> TaskJob:
     """Refuse (UsageError, nothing created) what a detached run cannot do yet or must not do;
     return its task. A detached run needs a limit (the group's deadline is the net that holds when
-    nothing else does), runs on one node, carries no secrets (its spec lies in S3, not in a 0600
-    file of one instance) and no file_mounts."""
+    nothing else does), runs on one node, and has no file_mounts; its secrets fit SSM parameters
+    (aws/parameters.check_values: they go there, never into S3)."""
     job = opts.task
     if job is None:
         raise UsageError("--detach runs a task", "give a task file or a command")
@@ -69,9 +71,7 @@ def check(opts: RunOptions) -> TaskJob:
                          "give --max-runtime (e.g. 8h), or drop --detach")
     if opts.nodes != 1:
         raise UsageError(f"--detach runs on one node, not {opts.nodes}", "drop --nodes, or drop --detach")
-    if job.secret_values:
-        raise UsageError("--detach does not carry --secret values: they would be stored in S3",
-                         "drop --secret (read the secret on the instance from AWS Secrets Manager), or drop --detach")
+    parameters.check_values(secret_env(job))
     if job.mounts:
         raise UsageError("--detach does not copy file_mounts yet", "drop file_mounts, or drop --detach")
     if opts.keep:
@@ -124,6 +124,12 @@ def boot_script(bucket: str, run_id: str, region: str, group: str) -> str:
     ])
 
 
+def secret_env(job: TaskJob) -> dict[str, str]:
+    """The task's secrets that have a value (pure): name -> value, for SSM Parameter Store. A
+    secret left empty stays in the spec's envs: it holds nothing."""
+    return {k: job.env[k] for k in job.task.secrets if job.env.get(k)}
+
+
 def spec_document(job: TaskJob, opts: RunOptions, run_id: str, group: str, deadline: datetime,
                   max_launches: int) -> dict[str, Any]:
     """spec.json (pure): what the agent on each instance of the run runs, as agent/detached.py
@@ -131,14 +137,17 @@ def spec_document(job: TaskJob, opts: RunOptions, run_id: str, group: str, deadl
     it to 0 (UTC); the job gets SIGTERM ``limits.lead_seconds`` before it (its grace to checkpoint,
     then the time its outputs, log and status take to reach S3 and the agent to end the group:
     the same lead a run in the foreground gets before its instance's shutdown), SIGKILL after its
-    grace (runs/plan/limits.py)."""
+    grace (runs/plan/limits.py). The secrets' values are not in it: ``secrets`` names them, and
+    the agent reads each from its parameter (aws/parameters.name_of)."""
     from ..plan import limits
     minutes = max(1, opts.max_runtime_minutes or 0)
     grace, lead = limits.grace_seconds(minutes), limits.lead_seconds(minutes)
+    secret = secret_env(job)
     return {
         "version": 1, "run_id": run_id, "name": job.name, "group": group,
         "setup": job.task.setup, "run": job.task.run, "args": list(job.args),
-        "envs": dict(job.env), "workdir_key": runstore.workdir_key(run_id),
+        "envs": {k: v for k, v in job.env.items() if k not in secret}, "secrets": sorted(secret),
+        "workdir_key": runstore.workdir_key(run_id),
         "outputs": list(job.task.outputs), "checkpoint_dir": job.task.checkpoint_dir,
         "max_restarts_on_errors": job.task.resources.max_restarts_on_errors, "max_launches": max_launches,
         "nodes": opts.nodes,
@@ -173,7 +182,8 @@ def start(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
     est = pipeline.check_estimate(aws, settings, opts, backend.name, ui)
     capacity.check_quota(aws.client("service-quotas"), aws.ec2, itype.name, opts.spot, count=opts.nodes, log=ui.note)
     run_id = pipeline.new_run_id()
-    boundary = check_boundary(aws, run_id, account, ui)
+    secret = secret_env(job)
+    boundary = check_boundary(aws, run_id, account, ui, secrets=bool(secret))
     limit_at = datetime.now(timezone.utc) + timedelta(minutes=opts.max_runtime_minutes or 0)
     launches = opts.max_attempts or DEFAULT_LAUNCHES[opts.spot]
     group = groups.name_of(run_id)
@@ -186,7 +196,11 @@ def start(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
     try:
         with ui.phase("requesting"):
             made = True
-            profile = _role(aws, settings, run_id, bucket, group, account, boundary)
+            profile = _role(aws, settings, run_id, bucket, group, account, boundary, bool(secret))
+            if secret:
+                names = parameters.put(aws.client("ssm"), run_id, settings.owner, secret)
+                ui.note(f"{len(names)} secret(s) in SSM Parameter Store under {parameters.ROOT}{run_id}/ "
+                        "(SecureString; only this run's instance role may read them)")
             cidr = network.ssh_cidr(opts.ssh_cidr, aws.checkip_url)
             key_name, _ = network.create_key_pair(aws.ec2, run_id, settings.owner, settings.keys_dir)
             sg = network.create_security_group(aws.ec2, run_id, settings.owner, cidr)
@@ -207,7 +221,7 @@ def start(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
         if made:
             ui.note(f"removing what run {run_id} made")
             sweep.delete_run(aws.ec2, run_id, settings.keys_dir, log=ui.note, iam=aws.client("iam"),
-                             autoscaling=aws.client("autoscaling"))
+                             autoscaling=aws.client("autoscaling"), ssm=aws.client("ssm"))
         raise
     ui.note(f"Auto Scaling group {group}: {opts.nodes} {'spot' if opts.spot else 'on-demand'} instance(s) of "
             f"{', '.join(opts.instance_types)}; it goes to 0 at {limit_at:%Y-%m-%d %H:%M} UTC at the latest")
@@ -237,17 +251,19 @@ def _upload(s3: Any, bucket: str, run_id: str, job: TaskJob, spec: dict[str, Any
     runstore.put_json(s3, bucket, runstore.spec_key(run_id), spec)
 
 
-def check_boundary(aws: Aws, run_id: str, account: str, ui: ReporterLike) -> str | None:
+def check_boundary(aws: Aws, run_id: str, account: str, ui: ReporterLike, secrets: bool = False) -> str | None:
     """The account's permissions boundary for run roles (aws/iam.boundary_arn; None without one),
     checked before anything is made: a boundary from an older ec2gpu that lacks an action the
-    run's role needs (aws/iam.boundary_gaps) would leave the agent unable to save its outputs or
-    end its own group, so the group would run (and bill) to its deadline. Raises UsageError then,
+    run's role needs (aws/iam.boundary_gaps; reading its own secrets too with ``secrets``) would
+    leave the agent unable to save its outputs, end its own group or start the job, so the group
+    would run (and bill) to its deadline. Raises UsageError then,
     with the command that updates it; a boundary these credentials may not read is said, not refused."""
     client = aws.client("iam")
     boundary = iam.boundary_arn(client, account)
     if boundary is None:
         return None
-    policy = iam.detached_policy("ec2gpu-bucket", run_id, groups.name_of(run_id), aws.region, account)
+    policy = iam.detached_policy("ec2gpu-bucket", run_id, groups.name_of(run_id), aws.region, account,
+                                 secrets)
     gaps = iam.boundary_gaps(client, boundary, policy)
     if gaps is None:
         ui.note(f"warning: the permissions boundary {boundary} could not be read (iam:GetPolicyVersion); "
@@ -262,10 +278,11 @@ def check_boundary(aws: Aws, run_id: str, account: str, ui: ReporterLike) -> str
 
 
 def _role(aws: Aws, settings: Settings, run_id: str, bucket: str, group: str, account: str,
-          boundary: str | None) -> str:
-    """The run's own instance role and profile (aws/iam.detached_policy) under ``boundary``; its name."""
+          boundary: str | None, secrets: bool) -> str:
+    """The run's own instance role and profile (aws/iam.detached_policy, with its own secrets'
+    parameters when ``secrets``) under ``boundary``; its name."""
     client = aws.client("iam")
-    policy = iam.detached_policy(bucket, run_id, group, aws.region, account)
+    policy = iam.detached_policy(bucket, run_id, group, aws.region, account, secrets)
     return iam.create_run_role(client, run_id, settings.owner, policy, region=aws.region, boundary=boundary)
 
 

@@ -1,0 +1,105 @@
+"""A detached run's secrets (``--secret``, a task's ``secrets``) in SSM Parameter Store.
+
+A detached run's instances are launched by its Auto Scaling group, with nobody watching (issue 30,
+item 8), so a secret cannot reach them over SSH as it does in a run in the foreground, and it must
+not lie in S3 (the run's prefix holds its spec, workdir and log) or in the launch template's user
+data (anyone who may describe launch templates reads it). Each secret is a ``SecureString``
+parameter of its own, ``/ec2gpu/runs/RUN_ID/NAME`` (NAME: the environment variable), encrypted with
+the account's AWS managed key ``aws/ssm``; the run's instance role may read its own run's ones only
+(``ssm:GetParameters`` on ``parameter/ec2gpu/runs/RUN_ID/*``: aws/iam.detached_policy), the agent
+reads them at each launch into the job's environment and nowhere else, and the sweep (aws/sweep.py)
+deletes them with the run's other resources.
+
+Why Parameter Store: standard parameters cost nothing to store (Secrets Manager bills each secret
+per month), its ARNs carry the parameter's path so a role is scoped to one run by resource, and it
+is in every region. The AWS managed key lets every principal of the account decrypt
+(https://docs.aws.amazon.com/systems-manager/latest/userguide/ps-restrict-decryption.html), so what
+keeps one run's role from another run's secrets is the ssm:GetParameters resource, not KMS.
+
+Limits (https://docs.aws.amazon.com/systems-manager/latest/userguide/parameter-store-advanced-parameters.html):
+a standard parameter's value is 4 KB at most (MAX_VALUE_BYTES), its name 1011 characters; a value
+must not be empty (empty secrets stay in the spec's envs: they hold nothing).
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Callable
+
+from ..errors import UsageError
+from . import tags as T
+from .session import Client
+
+#: the path every run's parameters live under; a run's own: ROOT + RUN_ID + "/"
+ROOT = "/ec2gpu/runs/"
+#: a standard parameter's value, in bytes (the page in the module docstring)
+MAX_VALUE_BYTES = 4096
+#: GetParameters and DeleteParameters take 10 names a call (the SSM API reference)
+BATCH = 10
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+_NAME = re.compile(r"/ec2gpu/runs/(\d{8}-\d{6}-[0-9a-f]{4})/([A-Za-z_][A-Za-z0-9_]{0,127})")
+
+
+def name_of(run_id: str, env_name: str) -> str:
+    """The parameter that holds ``env_name``'s value for run ``run_id`` (pure). Raises UsageError
+    for a run id or an environment variable name that is not one (so nothing leaves the run's path)."""
+    from .iam import check_run_id
+    check_run_id(run_id)
+    if not _ENV_NAME.fullmatch(env_name):
+        raise UsageError(f"{env_name[:80]!r} is not an environment variable name",
+                         "a secret's name is letters, digits and _, not starting with a digit")
+    return f"{ROOT}{run_id}/{env_name}"
+
+
+def check_values(values: dict[str, str]) -> None:
+    """Raise UsageError (nothing made yet) when a value is over MAX_VALUE_BYTES (UTF-8) or a name is
+    not an environment variable's."""
+    for k, v in values.items():
+        if not _ENV_NAME.fullmatch(k):
+            raise UsageError(f"the secret {k[:80]!r} is not an environment variable name", "rename it")
+        size = len(v.encode())
+        if size > MAX_VALUE_BYTES:
+            raise UsageError(f"the secret {k} is {size:,} bytes; a detached run carries secrets of "
+                             f"{MAX_VALUE_BYTES:,} bytes at most (an SSM standard parameter)",
+                             "keep a larger secret in AWS Secrets Manager and read it from the job, or drop --detach")
+
+
+def put(ssm: Client, run_id: str, owner: str, values: dict[str, str]) -> list[str]:
+    """Store each of ``values`` (env name -> non-empty value) as a SecureString parameter of run
+    ``run_id``, tagged with the run and ``owner``; return the parameter names, in ``values``' order.
+    Raises UsageError (check_values, name_of) before any is stored, and botocore's ClientError as
+    SSM answers (ParameterAlreadyExists for a run id used before: never overwritten)."""
+    check_values(values)
+    names = [name_of(run_id, k) for k in values]
+    tags = [{"Key": T.RUN, "Value": run_id}, {"Key": T.OWNER, "Value": owner}]
+    for name, value in zip(names, values.values(), strict=True):
+        ssm.put_parameter(Name=name, Value=value, Type="SecureString", Tier="Standard", Tags=tags,
+                          Description="ec2gpu: a detached run's secret, read by its instance role")
+    return names
+
+
+def find(ssm: Client, run_id: str | None = None) -> list[dict[str, Any]]:
+    """The runs' secret parameters (one run's with ``run_id``): [{"id": parameter name, "run_id",
+    "name": the environment variable}], read from their names (a parameter elsewhere, or whose
+    name is not ROOT/RUN_ID/NAME, is never listed). Raises botocore's ClientError."""
+    path = ROOT.rstrip("/") if run_id is None else f"{ROOT}{run_id}"
+    option = "Recursive" if run_id is None else "OneLevel"
+    out = []
+    for page in ssm.get_paginator("describe_parameters").paginate(
+            ParameterFilters=[{"Key": "Path", "Option": option, "Values": [path]}]):
+        for p in page.get("Parameters", []):
+            m = _NAME.fullmatch(str(p.get("Name", "")))
+            if m and (run_id is None or m.group(1) == run_id):
+                out.append({"id": m.group(0), "run_id": m.group(1), "name": m.group(2)})
+    return out
+
+
+def delete(ssm: Client, names: list[str], log: Callable[[str], None] = lambda msg: None) -> list[str]:
+    """Delete the parameters ``names`` (BATCH a call); return those deleted or already gone.
+    Raises botocore's ClientError."""
+    done = []
+    for i in range(0, len(names), BATCH):
+        batch = names[i:i + BATCH]
+        log(f"deleting secret parameter(s) {', '.join(batch)}")
+        got = ssm.delete_parameters(Names=batch)
+        done += list(got.get("DeletedParameters", [])) + list(got.get("InvalidParameters", []))
+    return done
