@@ -220,14 +220,16 @@ def fetch(run_id: str, *, out: Union[str, Path, None] = None, max_download: Unio
     run left on a standing instance above its download limits. A detached run (`run --detach`:
     one the region's run store holds, from any machine of the account) has them from
     ``runs/RUN_ID/`` in S3 instead (runs/detached/fetch.fetch: keys checked as hostile names, none
-    written outside ``out``; its job.log as the agent uploaded it, unmasked: a detached run has no
-    secrets). ``max_download``: bytes brought home per directory (an int, or '500MB', '2GiB':
+    written outside ``out``; its job.log as the agent uploaded it, its secrets masked by the agent;
+    its summary.json read as any run's, and its figures, test accuracy among them, put in this
+    machine's ledger row when it has one). ``max_download``: bytes brought home per directory (an int, or '500MB', '2GiB':
     tasks.spec.size_bytes; default EC2GPU_MAX_DOWNLOAD_BYTES, else 4 GiB); ``max_files``: files per
     directory (default EC2GPU_MAX_DOWNLOAD_FILES, else 10000). What is not brought home is said to
     ``log``. Returns {"run_id": the full id, "out": absolute path, "outputs": [...],
     "checkpoints": [...], "files": [...]} (paths relative to their directory); a detached run's
     also has "source": "s3", "state" (status.json's), "skipped" (objects refused for their name or
-    place) and "left" (objects above the limits). Raises UsageError (a bad limit; no such run; no
+    place), "left" (objects above the limits) and "columns" (from its summary.json: summary,
+    summary_schema, test_acc ...; {} without one). Raises UsageError (a bad limit; no such run; no
     running instance to fetch from), NoCredentials, AwsError, RemoteError."""
     from dataclasses import replace
 
@@ -252,7 +254,10 @@ def fetch(run_id: str, *, out: Union[str, Path, None] = None, max_download: Unio
         if got is not None:
             from ..runs.detached import fetch as detached
             where = Path(out or (row or {}).get("artifacts") or Path("runs") / full).resolve()
-            done = detached.fetch(ctx.aws, full, where, limits, log, got)
+            builtin = row is not None and row.get("task") == "mnist" and row.get("model") is not None
+            done = detached.fetch(ctx.aws, full, where, limits, log, got, schema="mnist" if builtin else "task")
+            if row is not None and done["columns"].get("summary") is not None:  # `runs` shows its test accuracy
+                _record_columns(ctx, row, done["columns"], log)
             return {"run_id": full, "out": str(where), "source": "s3", **done}
         if row is None:
             raise missing
@@ -263,6 +268,17 @@ def fetch(run_id: str, *, out: Union[str, Path, None] = None, max_download: Unio
         where = Path(out or row.get("artifacts") or Path("runs") / row["run_id"]).resolve()
         got = run_logs.fetch(ctx, head, row["run_id"], where, log, limits)
     return {"run_id": row["run_id"], "out": str(where), **got}
+
+
+def _record_columns(ctx, row: dict, columns: dict, log: Log) -> None:
+    """Put a detached run's summary figures (job_summary.columns) in this machine's ledger row; a
+    ledger problem is said, never raised (the files are home either way)."""
+    from ..errors import LedgerError
+    from ..runs.settle import ledger
+    try:
+        ledger.record(ctx.settings.home, {**row, **columns})
+    except LedgerError as exc:
+        log(f"warning: {exc.message}; the files are home")
 
 
 def tunnel(name: str, port: int, *, local_port: Optional[int] = None, region: Optional[str] = None,

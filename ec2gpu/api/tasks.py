@@ -218,7 +218,8 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
     from ..backend import Context
     from ..runs.options import RunOptions
     from ..runs.provision import pipeline  # boto3: a dry run returned above without it
-    with Context(run_region, sandbox) as ctx:
+    # a detached run outlives a sandbox this command starts
+    with Context(run_region, sandbox, persistent=detach, note=reporter.note) as ctx:
         limit = limits.for_task(ctx.settings.home, job.name, ctx.backend.name, max_runtime, job.task.max_runtime)
         types = types_for(ctx.settings.instance_type)
         settings = ctx.settings.model_copy(update={"root_volume_gib": res.disk_gib}) if res.disk_gib else ctx.settings

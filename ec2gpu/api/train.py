@@ -49,7 +49,7 @@ def train_mnist(*, instance_type: Optional[str] = None, spot: bool = False, spot
                 unreachable_after: float = 120.0, region: Optional[str] = None, sandbox: bool = False,
                 reporter: Optional[ReporterLike] = None, as_typed: Optional[str] = None,
                 sweep: Optional[Mapping[str, Sequence[Any]]] = None, workers: Optional[int] = None,
-                max_retries: int = 2) -> RunRecord:
+                max_retries: int = 2, detach: bool = False) -> RunRecord:
     """Train the built-in MNIST job on a new instance (or ``nodes`` of them through torchrun), bring
     its results home and terminate everything; `ec2gpu train mnist`. Returns the run record (also
     saved as run.json and in the ledger: run_id, status, instance_type, market, test_acc, phases
@@ -71,18 +71,27 @@ def train_mnist(*, instance_type: Optional[str] = None, spot: bool = False, spot
     {"lr": [0.1, 0.05], "seed": [0, 1, 2]}: every combination): one training per parameter set,
     over a pool of at most ``workers`` instances scheduled by Ray (ec2gpu/pool/; each element gets
     its parameters as flags and environment variables, up to ``max_retries`` runs again of one that
-    fails); the record's ``pool`` lists each set's test accuracy.
+    fails); the record's ``pool`` lists each set's test accuracy. ``detach``: hand the training to
+    AWS and return once its Auto Scaling group is made, as `run --detach` does
+    (runs/detached/launch.start: the record has status "detached", its bucket, group and deadline;
+    the instance's agent uploads checkpoints and outputs to S3, a spot instance lost is replaced
+    and training resumes from the last checkpoint there; `status`, `logs`, `fetch` and `cancel`
+    follow it from any machine of the account; ``max_runtime``, default 120, is the group's deadline).
 
     Raises UsageError before anything is created: an unknown model, ``cluster`` with
     nodes/spot/instance_type/keep, ``keep`` without ``max_runtime``, a ``data_dir`` that is not a
     directory, a value out of range, a bad type, CIDR, fallback or checkpoint URI, an estimate above
-    the budget; then AwsError, CapacityError, RemoteError, WaitTimeout, recovery.AttemptsExhausted.
+    the budget, ``detach`` with ``cluster``/``local``/``sweep``/``nodes``/``keep``; then AwsError,
+    CapacityError, RemoteError, WaitTimeout, recovery.AttemptsExhausted.
     """
     if model not in MODELS:
         raise UsageError(f"unknown model {model!r}", "choose cnn, lenet, mlp or dbn")
     if cluster and (nodes > 1 or spot or instance_type or keep):
         raise UsageError("--cluster trains on an existing cluster as it is",
                          "drop --nodes/--spot/--instance-type/--keep, or `ec2gpu scale NAME N` first")
+    if detach and (cluster or local or sweep or nodes > 1):
+        raise UsageError("--detach trains on one new instance",
+                         "drop --cluster, --local, --sweep or --nodes, or drop --detach")
     if keep and max_runtime is None:
         raise UsageError("--keep needs an explicit --max-runtime MINUTES",
                          "say how long the kept instance may live, e.g. --keep --max-runtime 240")
@@ -116,13 +125,17 @@ def train_mnist(*, instance_type: Optional[str] = None, spot: bool = False, spot
         return run_local.train_local(opts, ui, data_dir, load())
     from ..backend import Context
     from ..runs.standing import hosts as standing
-    with Context(region, sandbox, persistent=keep) as ctx:  # a kept instance outlives a sandbox this starts
+    with Context(region, sandbox, persistent=keep or detach, note=ui.note) as ctx:  # a kept instance or detached run outlives
+        # a sandbox this starts
         if instance_type is None:
             opts = replace(opts, instance_type=ctx.settings.instance_type)
         if cluster:
             return standing.train_on_cluster(ctx.aws, ctx.settings, opts, ui, cluster, ctx.backend)
         if elements:
             return _train_sweep(ctx, opts, ui, elements, workers, max_retries)
+        if detach:
+            from ..runs.detached import launch
+            return launch.start(ctx.aws, ctx.settings, opts, ui, ctx.backend)
         return pipeline.train(ctx.aws, ctx.settings, opts, ui, ctx.backend)
 
 

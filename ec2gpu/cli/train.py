@@ -59,6 +59,10 @@ SWEEP_OPT = typer.Option([], "--sweep", help="NAME=V1,V2: train once per combina
 WORKERS_OPT = typer.Option(None, "--workers", help="With --sweep: instances in the pool at most (default 1); it "
                            "shrinks as the queue drains.")
 MAX_RETRIES_OPT = typer.Option(2, "--max-retries", help="With --sweep: runs again of a training that fails.")
+DETACH_OPT = typer.Option(False, "--detach", help="Hand the training to AWS and return: an Auto Scaling group runs "
+                          "it (a spot instance lost is replaced and training resumes from its last checkpoint in "
+                          "S3), with nobody watching, until --max-runtime at most; `ec2gpu status RUN` follows it, "
+                          "`ec2gpu fetch RUN` brings its results.")
 
 
 def sweep_flags(values: List[str]) -> dict[str, list[str]]:
@@ -88,13 +92,14 @@ def train_mnist(
     on_cluster: Optional[str] = ON_CLUSTER_OPT, nodes: int = NODES_OPT,
     max_attempts: Optional[int] = MAX_ATTEMPTS_OPT, checkpoint_uri: Optional[str] = CHECKPOINT_URI_OPT,
     unreachable_after: float = UNREACHABLE_AFTER_OPT, sweep: List[str] = SWEEP_OPT,
-    workers: Optional[int] = WORKERS_OPT, max_retries: int = MAX_RETRIES_OPT,
+    workers: Optional[int] = WORKERS_OPT, max_retries: int = MAX_RETRIES_OPT, detach: bool = DETACH_OPT,
     region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
 ):
     """Launch a GPU instance, train MNIST on it, download the results, terminate everything.
 
     With --spot the run is managed: on an interruption the newest checkpoint (brought home as the
-    trainer writes it) goes to a replacement instance, which resumes training.
+    trainer writes it) goes to a replacement instance, which resumes training. With --detach AWS
+    owns the run and this command returns at once (see `ec2gpu run --help`).
     """
     from ..api import train as training
     as_typed = " ".join(["ec2gpu"] + sys.argv[1:]) if sys.argv[0].endswith("ec2gpu") else "ec2gpu train mnist"
@@ -104,7 +109,11 @@ def train_mnist(
         data_dir=data_dir, trainer_args=trainer_arg, budget=budget, max_price=max_price, cluster=on_cluster,
         nodes=nodes, max_attempts=max_attempts, checkpoint_uri=checkpoint_uri, unreachable_after=unreachable_after,
         region=region, sandbox=_sandbox_flag(sandbox), reporter=RichReporter(err), as_typed=as_typed,
-        sweep=sweep_flags(sweep) or None, workers=workers, max_retries=max_retries)
+        sweep=sweep_flags(sweep) or None, workers=workers, max_retries=max_retries, detach=detach)
+    if detach:
+        from .tasks import _print_detached
+        _print_detached(record, as_json)
+        return
     if record.get("pool") and not as_json:
         from .tasks import _print_pool
         _print_pool(record["pool"])

@@ -55,6 +55,10 @@ def no_local_run(no_backend, monkeypatch):
     ({"max_price": -0.5}, "--max-price -0.5 is under 0"),
     ({"max_attempts": 0}, "--max-attempts 0 is under 1"),
     ({"unreachable_after": 1.0}, "--unreachable-after 1 is under 5"),
+    ({"detach": True, "nodes": 2}, "--detach trains on one new instance"),
+    ({"detach": True, "cluster": "lab"}, "--detach trains on one new instance"),
+    ({"detach": True, "local": True}, "--detach trains on one new instance"),
+    ({"detach": True, "sweep": {"lr": [0.1, 0.05]}}, "--detach trains on one new instance"),
 ])
 def test_train_mnist_refuses_bad_input_before_any_backend_is_opened(home, no_local_run, kwargs, words):
     with pytest.raises(UsageError, match=words):

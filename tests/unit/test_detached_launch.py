@@ -130,3 +130,29 @@ def test_the_workdir_archive_holds_the_manifest_files_alone_as_plain_files(tmp_p
     assert set(members) == {"train.py", "run.sh", "pkg/m.py"}
     assert all(m.isfile() and m.uid == 0 and m.uname == "" for m in members.values())
     assert (members["run.sh"].mode, members["train.py"].mode) == (0o755, 0o644)
+
+
+@pytest.mark.parametrize("call", ["run", "train"])
+def test_a_detached_run_keeps_running_a_sandbox_its_command_starts(monkeypatch, tmp_path, call):
+    """A sandbox that `run --detach --sandbox` or `train mnist --detach --sandbox` starts must
+    outlive the command (as a kept instance's does): stopped with it, it would take the run along."""
+    from ec2gpu import backend
+    from ec2gpu.api import tasks, train
+
+    class Opened(Exception):
+        pass
+
+    seen = {}
+
+    def context(region, sandbox, persistent=False, note=None):
+        seen.update(sandbox=sandbox, persistent=persistent)
+        raise Opened
+
+    monkeypatch.setenv("EC2GPU_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(backend, "Context", context)
+    with pytest.raises(Opened):
+        if call == "run":
+            tasks.run(command=["true"], workdir=tmp_path, detach=True, max_runtime=10, sandbox=True)
+        else:
+            train.train_mnist(detach=True, sandbox=True)
+    assert seen == {"sandbox": True, "persistent": True}

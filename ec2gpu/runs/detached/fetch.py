@@ -153,16 +153,20 @@ def _write(s3: Any, bucket: str, key: str, root: Path, f: files.RemoteFile) -> s
 
 
 def fetch(aws: Aws, run_id: str, out: Path, limits: files.Limits, note: Note,
-          got: dict[str, Any] | None = None) -> dict[str, Any]:
+          got: dict[str, Any] | None = None, schema: str = "task") -> dict[str, Any]:
     """Bring home what the detached run ``run_id`` has in its store: ``outputs/`` to
     ``out``/outputs and ``checkpoints/`` to ``out``/checkpoints (each at most ``limits``),
     ``logs/job.log`` (its last MAX_LOG_BYTES) and status.json (the validated record, ``got`` when
-    already read) to ``out``. What is not brought home is said to ``note``.
+    already read) to ``out``. What is not brought home is said to ``note``. The job's
+    outputs/summary.json, when it wrote one, is read as runs/execute/job_summary.read_summary
+    reads a run's (hostile input, checked against ``schema``: "mnist" for the built-in trainer), and
+    its test accuracy said.
 
     Returns {"outputs": [...], "checkpoints": [...], "files": [...] (names relative to their
     directory), "state": status.json's state, "skipped": objects refused for their name or place,
-    "left": objects above the limits}. Raises UsageError for a run the store does not hold,
-    NoCredentials, AwsError, OSError (``out`` cannot be written)."""
+    "left": objects above the limits, "columns": the ledger's fields from the summary
+    (job_summary.columns: summary, summary_schema, test_acc ...; {} without one)}. Raises UsageError
+    for a run the store does not hold, NoCredentials, AwsError, OSError (``out`` cannot be written)."""
     s3, bucket = store(aws)
     got = got or runstore.get_status(s3, bucket, run_id)
     if got is None:
@@ -184,8 +188,15 @@ def fetch(aws: Aws, run_id: str, out: Path, limits: files.Limits, note: Note,
         note(f"run {run_id} is {state}: its outputs reach s3://{bucket}/{runstore.outputs_prefix(run_id)} at its end")
     note(f"{len(outputs)} output file(s), {len(checkpoints)} checkpoint file(s) and "
          f"{', '.join(done) or 'no log'} brought home from s3://{bucket}/{runstore.prefix(run_id)} to {out}")
+    columns: dict[str, Any] = {}
+    if "summary.json" in outputs:
+        from ..execute import job_summary
+        checked = job_summary.read_summary(out / "outputs" / "summary.json", schema, root=out)
+        columns = job_summary.columns(checked, schema) if checked is not None else {}
+        if columns.get("test_acc") is not None:
+            note(f"test accuracy {columns['test_acc']:.2%} (outputs/summary.json)")
     return {"outputs": outputs, "checkpoints": checkpoints, "files": done, "state": state,
-            "skipped": len(o.skipped) + len(c.skipped), "left": len(o.left) + len(c.left)}
+            "skipped": len(o.skipped) + len(c.skipped), "left": len(o.left) + len(c.left), "columns": columns}
 
 
 def _write_small(root: Path, name: str, data: bytes) -> bool:

@@ -177,6 +177,7 @@ def start(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
     CapacityError for the quota; AwsError and botocore's ClientError as AWS answers, after removing
     what was made."""
     opts, itype = pipeline.check_options(opts, ui)
+    opts = pipeline.with_task(opts, backend)  # `train mnist --detach`: the built-in task and its data
     job = check(opts)
     account = aws.check_credentials()["Account"]
     est = pipeline.check_estimate(aws, settings, opts, backend.name, ui)
@@ -226,7 +227,9 @@ def start(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
     ui.note(f"Auto Scaling group {group}: {opts.nodes} {'spot' if opts.spot else 'on-demand'} instance(s) of "
             f"{', '.join(opts.instance_types)}; it goes to 0 at {limit_at:%Y-%m-%d %H:%M} UTC at the latest")
     out = Path(opts.out or Path("runs") / run_id).resolve()
+    mnist, (model, epochs) = job.builtin == "mnist", pipeline.preset(opts)
     record = run_record.new(run_id, opts.command, backend.name, out, status="detached", task=job.name,
+                            model=model if mnist else None, epochs=epochs if mnist else None,
                             instance_type=itype.name, gpu=itype.gpu, market="spot" if opts.spot else "on-demand",
                             region=aws.region, estimated_cost_usd=None if est.upper_bound else est.cost_usd,
                             estimate=est.as_dict())

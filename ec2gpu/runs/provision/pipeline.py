@@ -112,6 +112,15 @@ def preset(opts: RunOptions) -> tuple[str, int | None]:
     return TrainOptions.model, None
 
 
+def with_task(opts: RunOptions, backend: Backend) -> RunOptions:
+    """``opts`` with its task made: the built-in MNIST task for TrainOptions without one, its
+    trainer flags giving a sandbox instance this machine's data first (``sandbox_data_args``:
+    UsageError when there is none and the mirrors cannot be reached)."""
+    if backend.is_sandbox and opts.task is None and isinstance(opts, TrainOptions):
+        opts = replace(opts, trainer_args=[*opts.trainer_args, *sandbox_data_args(opts.trainer_args)])
+    return replace(opts, task=builtin_task(opts, sandbox=backend.is_sandbox))
+
+
 def builtin_task(opts: RunOptions, sandbox: bool = False) -> TaskJob:
     """``opts.task``, or for TrainOptions without one the built-in MNIST task with its trainer
     flags (an engine.TaskJob). Raises ValueError for other options without a task."""
@@ -270,10 +279,8 @@ def train(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
     recovery.AttemptsExhausted (all after teardown); KeyboardInterrupt after teardown.
     """
     opts, itype = check_options(opts, ui)
-    if backend.is_sandbox and opts.task is None and isinstance(opts, TrainOptions):  # the built-in job's data, first
-        opts = replace(opts, trainer_args=[*opts.trainer_args, *sandbox_data_args(opts.trainer_args)])
-    job = builtin_task(opts, sandbox=backend.is_sandbox)
-    opts = replace(opts, task=job)
+    opts = with_task(opts, backend)
+    job = cast("TaskJob", opts.task)
     aws.check_credentials()
     est = check_estimate(aws, settings, opts, backend.name, ui)
     checked = capacity.check_quota(aws.client("service-quotas"), aws.ec2, itype.name, opts.spot, count=opts.nodes,
