@@ -48,7 +48,14 @@ and such a spec ends the run failed); ``limit_at`` (POSIX seconds or null: the j
 then, agent.py --limit-at, and is not restarted); ``limit_grace_s`` (seconds from limit_at to
 the instance's end, default 120); ``gpus_limit`` (int or null: the GPUs the job may use when
 the instance has more, resources.allow_larger); ``python`` (absolute path or null: EC2GPU_PYTHON;
-null: the Deep Learning AMI's PyTorch Python when there, else python3).
+null: the Deep Learning AMI's PyTorch Python when there, else python3); ``mounts`` (list, default []:
+the task's file_mounts, runs/detached/launch.mounts_document: each ``target`` ``~/PATH`` or
+``/PATH`` (no ``..``; an absolute one under EC2GPU_SANDBOX_ROOT in the sandbox) and ``kind``
+"local" (``key`` under ``runs/<run_id>/``, ``is_file``: the file itself, else a gzipped tar unpacked
+with the workdir's rules) or "s3" (``bucket``, ``prefix``, ``region``, ``file``, ``write_back``:
+copied in by agent/s3files.py with the instance role; the MOUNT modes' written back with the
+checkpoints every ``--every`` seconds, on a spot notice and at the end). They are put in place
+once per instance, before the setup.
 
 status.json (JSON object, ``STATUS_FIELDS``; times ISO 8601 UTC):
 ``version`` 1; ``run_id``; ``state`` (starting | running | interrupted | succeeded | failed |
@@ -120,9 +127,10 @@ from datetime import datetime, timezone
 from typing import Any, Callable
 
 if __package__:  # in the package (tests, the controller)
-    from . import agent
-else:  # on the instance: agent.py beside this file (sys.path[0]), not a package to install
+    from . import agent, s3files
+else:  # on the instance: agent.py and s3files.py beside this file (sys.path[0]), not a package to install
     agent = importlib.import_module("agent")
+    s3files = importlib.import_module("s3files")
 
 RUN_ID_RE = re.compile(r"\d{8}-\d{6}-[0-9a-f]{4}")  # runs/provision/pipeline.new_run_id
 NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
@@ -269,6 +277,7 @@ def parse_spec(data: object, run_id: str) -> dict[str, Any]:
     if (len(secret_names) > MAX_SECRETS or len(set(map(str, secret_names))) != len(secret_names)
             or not all(isinstance(n, str) and len(n) <= 128 and ENV_NAME_RE.fullmatch(n) for n in secret_names)):
         raise Refused(f"spec.json: secrets must be at most {MAX_SECRETS} distinct environment variable names")
+    mounts = parse_mounts(get("mounts", (list,), []), run_id)
     python = get("python", (str,))
     if python is not None and (not python.startswith("/") or not re.fullmatch(r"[A-Za-z0-9._/+-]{1,512}", python)):
         raise Refused("spec.json: python must be an absolute path")
@@ -276,7 +285,60 @@ def parse_spec(data: object, run_id: str) -> dict[str, Any]:
             "workdir_key": workdir_key, "outputs": list(outputs), "checkpoint_dir": checkpoint_dir,
             "max_restarts_on_errors": restarts, "max_launches": launches, "group": group, "nodes": 1,
             "limit_at": None if limit_at is None else float(limit_at), "limit_grace_s": float(grace),
-            "gpus_limit": gpus_limit, "python": python, "secrets": list(secret_names)}
+            "gpus_limit": gpus_limit, "python": python, "secrets": list(secret_names), "mounts": mounts}
+
+
+#: a file_mounts target as the controller writes it (tasks/mounts.TARGET_RE, normal_target's spelling)
+TARGET_RE = re.compile(r"(~/|/)[A-Za-z0-9._+@,=/-]{0,1022}")
+BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")  # tasks/mounts.BUCKET_RE
+MAX_MOUNTS = 100
+
+
+def parse_mounts(data: list[Any], run_id: str) -> list[dict[str, Any]]:
+    """spec.json's ``mounts`` checked (module docstring): Refused for anything else, so no key
+    leaves the run's prefix and no target holds ``..`` or a character a shell would read."""
+    if len(data) > MAX_MOUNTS:
+        raise Refused(f"spec.json: more than {MAX_MOUNTS} mounts")
+    out = []
+    for m in data:
+        if not isinstance(m, dict):
+            raise Refused("spec.json: a mount is not an object")
+        target = m.get("target")
+        if (not isinstance(target, str) or not TARGET_RE.fullmatch(target) or ".." in target.split("/")
+                or target.rstrip("/") in ("", "~")):
+            raise Refused(f"spec.json: mount target {str(target)[:120]!r} is not ~/PATH or /PATH")
+        kind = m.get("kind")
+        if kind == "local":
+            key, is_file = m.get("key"), m.get("is_file")
+            if not isinstance(key, str) or not key.startswith(f"runs/{run_id}/mounts/") or safe_rel(key) is None:
+                raise Refused(f"spec.json: mount key {str(key)[:120]!r} is not under runs/{run_id}/mounts/")
+            if not isinstance(is_file, bool):
+                raise Refused("spec.json: a local mount's is_file must be true or false")
+            out.append({"target": target, "kind": kind, "key": key, "is_file": is_file})
+        elif kind == "s3":
+            bucket, prefix, region = m.get("bucket"), m.get("prefix"), m.get("region")
+            if not isinstance(bucket, str) or not BUCKET_RE.fullmatch(bucket):
+                raise Refused(f"spec.json: mount bucket {str(bucket)[:80]!r} is not a bucket name")
+            if not isinstance(prefix, str) or len(prefix) > 1024 or "\0" in prefix:
+                raise Refused("spec.json: a mount prefix must be a string of at most 1024 characters")
+            if not isinstance(region, str) or not re.fullmatch(r"[a-z0-9-]{1,32}", region):
+                raise Refused("spec.json: a mount region must be a region name")
+            flags = (m.get("file", False), m.get("write_back", False))
+            if not all(isinstance(f, bool) for f in flags):
+                raise Refused("spec.json: a mount's file and write_back must be true or false")
+            out.append({"target": target, "kind": kind, "bucket": bucket, "prefix": prefix, "region": region,
+                        "file": flags[0], "write_back": flags[1]})
+        else:
+            raise Refused(f"spec.json: mount kind {str(kind)[:40]!r} is not local or s3")
+    return out
+
+
+def on_instance(target: str, home: str, root: str = "") -> str:
+    """The absolute path of ``target`` (``~/x`` or ``/x``) on this instance (pure):
+    tasks/mounts.on_instance's rule (a test compares them)."""
+    if target.startswith("~/"):
+        return f"{home.rstrip('/')}/{target[2:]}"
+    return f"{root.rstrip('/')}{target}" if root else target
 
 
 # --- the status record -------------------------------------------------------------------------------
@@ -685,6 +747,7 @@ class Detached:
     ``imds`` (path -> text or None), ``gpus`` (-> GPU count)."""
 
     def __init__(self, *, bucket: str, run_id: str, home: str, s3: Any, asg: Any, ssm: Any = None,
+                 s3_for: Callable[[str], Any] | None = None,
                  clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
                  imds: Callable[[str], str | None] | None = None, imds_endpoint: str = agent.IMDS,
                  gpus: Callable[[], int] = gpu_count, every_s: float = 60.0, poll_s: float = 5.0,
@@ -694,6 +757,8 @@ class Detached:
         self.store = Store(s3, bucket, run_id)
         self.asg, self.ssm, self.clock, self.sleep, self.log = asg, ssm, clock, sleep, log
         self.secrets: dict[str, str] = {}  # name -> value, read at this launch (read_secrets); never written
+        self.s3_for = s3_for or (lambda region: s3)  # a file_mounts bucket's region -> an S3 client there
+        self.write_backs: list[dict[str, Any]] = []  # the MOUNT-mode file_mounts (s3files' records)
         self.imds_endpoint = imds_endpoint.rstrip("/")
         self.imds = imds or imds_reader(self.imds_endpoint)
         self.gpus = gpus
@@ -828,14 +893,68 @@ class Detached:
         self.log_sent = (st.st_size, st.st_mtime_ns)
 
     def push(self, settled: bool) -> None:
-        """Checkpoints (changed files) and the log to S3; errors said, not raised (the next push
-        sends what this one could not)."""
+        """Checkpoints (changed files), the MOUNT-mode file_mounts and the log to S3; errors said,
+        not raised (the next push sends what this one could not)."""
         for what, step in (("checkpoints", lambda: self.ckpt.push(self.settled_s if settled else 0.0, self.clock())),
-                           ("log", self.push_log)):
+                           ("file_mounts", lambda: self.write_back(settled)), ("log", self.push_log)):
             try:
                 step()
             except Exception as exc:
                 self.log(f"{what} not uploaded: {type(exc).__name__}: {exc}"[:500])
+
+    def write_back(self, settled: bool) -> None:
+        """What the job wrote under each MOUNT-mode target, new or changed, to its bucket
+        (agent/s3files._write_back; ``settled``: files still being written wait for the next)."""
+        for m in self.write_backs:
+            done = s3files._write_back(self.s3_for(m["region"]), m, self.settled_s if settled else 0)
+            if done.get("files"):
+                self.log(f"file_mounts: {done['files']} file(s) written back to s3://{m['bucket']}/{m['prefix']}")
+
+    def place_mounts(self) -> None:
+        """The task's file_mounts in place, once per instance (a marker in the run directory), before
+        the setup: a local source from the run's prefix (a file, or an archive unpacked with the
+        workdir's rules and copied over the target), an S3 one copied in by agent/s3files.py with
+        the instance role. Refused for an archive that breaks the rules or is too large."""
+        mounts = self.spec["mounts"]
+        root = os.environ.get("EC2GPU_SANDBOX_ROOT", "")
+        records = os.path.join(self.run_dir, "s3mounts")
+        self.write_backs = [
+            {"target": on_instance(m["target"], self.home, root), "bucket": m["bucket"], "prefix": m["prefix"],
+             "region": m["region"], "record": os.path.join(records, f"{i}.json")}
+            for i, m in enumerate(mounts) if m["kind"] == "s3" and m["write_back"]]
+        marker = os.path.join(self.run_dir, "mounts.done")
+        if not mounts or os.path.exists(marker):
+            return
+        for i, m in enumerate(mounts):
+            path = on_instance(m["target"], self.home, root)
+            if m["kind"] == "s3":
+                done = s3files._copy_in(self.s3_for(m["region"]), {
+                    "target": path, "bucket": m["bucket"], "prefix": m["prefix"], "file": m["file"],
+                    "record": os.path.join(records, f"{i}.json")})
+                self.log(f"file_mounts: {done['files']} object(s), {done['bytes']} bytes from s3://{m['bucket']}/"
+                         f"{m['prefix']} to {m['target']}")
+                continue
+            rel = m["key"][len(self.store.prefix):]
+            head = self.store.s3.head_object(Bucket=self.store.bucket, Key=self.store.key(rel))
+            if int(head.get("ContentLength", 0)) > MAX_ARCHIVE_BYTES:
+                raise Refused(f"file_mounts {m['target']}: over {MAX_ARCHIVE_BYTES:,} bytes")
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            if m["is_file"]:
+                self.store.s3.download_file(self.store.bucket, self.store.key(rel), path)
+                continue
+            archive, unpacked = os.path.join(self.run_dir, "mount.tar.gz"), os.path.join(self.run_dir, "mount")
+            shutil.rmtree(unpacked, ignore_errors=True)
+            self.store.s3.download_file(self.store.bucket, self.store.key(rel), archive)
+            try:
+                extract_workdir(archive, unpacked)
+                shutil.copytree(unpacked, path, symlinks=True, dirs_exist_ok=True)
+            except (tarfile.TarError, EOFError, OSError) as exc:
+                raise Refused(f"file_mounts {m['target']}: not put in place ({type(exc).__name__}: {exc})") from None
+            finally:
+                os.remove(archive)
+                shutil.rmtree(unpacked, ignore_errors=True)
+        with open(marker, "w"):
+            pass
 
     def push_outputs(self) -> None:
         outputs = Mirror(self.store, "outputs", self.out_dir)
@@ -918,6 +1037,7 @@ class Detached:
             self.get_workdir()
             if spec["secrets"]:
                 self.secrets = read_secrets(self.ssm, self.run_id, spec["secrets"])
+            self.place_mounts()
         except Refused as exc:
             self.log(f"refused: {exc}")
             return self.end("failed", str(exc)[:1000])
@@ -1211,7 +1331,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_REFUSED
     session = role_session(args.region)
     run = Detached(bucket=args.bucket, run_id=args.run_id, home=args.home, s3=session.client("s3"),
-                   asg=session.client("autoscaling"), ssm=session.client("ssm"), imds_endpoint=args.imds_endpoint,
+                   asg=session.client("autoscaling"), ssm=session.client("ssm"),
+                   s3_for=lambda region: session.client("s3", region_name=region), imds_endpoint=args.imds_endpoint,
                    every_s=args.every, poll_s=args.poll)
     return run.execute()
 

@@ -529,7 +529,15 @@ def test_a_run_id_that_is_not_one_is_refused_before_any_key_is_made(aws, tmp_pat
     {"workdir_key": f"{PREFIX}../../other/workdir.tar.gz"}, {"checkpoint_dir": "../up"}, {"outputs": ["../*"]},
     {"envs": {"A=B": "x"}}, {"nodes": 2}, {"max_launches": True}, {"name": "a/b"}, {"run": 5},
     {"limit_at": float("nan")}, {"max_launches": 0}, {"secrets": "HF_TOKEN"}, {"secrets": ["A=B"]},
-    {"secrets": ["../x"]}, {"secrets": ["A", "A"]}, {"secrets": [7]},
+    {"secrets": ["../x"]}, {"secrets": ["A", "A"]}, {"secrets": [7]}, {"mounts": "x"},
+    {"mounts": [{"target": "/etc/../x", "kind": "local", "key": f"{PREFIX}mounts/0", "is_file": True}]},
+    {"mounts": [{"target": "~/x;rm", "kind": "local", "key": f"{PREFIX}mounts/0", "is_file": True}]},
+    {"mounts": [{"target": "~", "kind": "local", "key": f"{PREFIX}mounts/0", "is_file": True}]},
+    {"mounts": [{"target": "~/x", "kind": "local", "key": "runs/20261125-101500-ffff/mounts/0", "is_file": True}]},
+    {"mounts": [{"target": "~/x", "kind": "local", "key": f"{PREFIX}workdir.tar.gz", "is_file": True}]},
+    {"mounts": [{"target": "~/x", "kind": "s3", "bucket": "Bad_Bucket", "prefix": "", "region": "us-east-1"}]},
+    {"mounts": [{"target": "~/x", "kind": "s3", "bucket": "data", "prefix": "", "region": "us east"}]},
+    {"mounts": [{"target": "~/x", "kind": "gs", "bucket": "data", "prefix": "", "region": "us-east-1"}]},
 ])
 def test_a_hostile_spec_is_refused_and_the_run_ends_failed(aws, tmp_path, fields):
     put_spec(aws, run=f"touch {tmp_path}/ran")
@@ -575,6 +583,46 @@ def test_the_agent_reads_secrets_where_the_controller_puts_them_and_masks_as_the
     assert parameters.name_of(RUN_ID, "X") == f"{detached.SECRET_ROOT}{RUN_ID}/X"
     assert detached.MASK == job_summary.MASK
     assert detached.mask(b"a hunter2 b hunter", ["hunter", "hunter2"]) == b"a **** b ****"
+
+
+def test_file_mounts_are_in_place_before_the_setup_and_mount_mode_ones_are_written_back(aws, tmp_path, monkeypatch):
+    """A local directory (an archive in the run's prefix), a local file, an S3 prefix copied in with
+    the role, an S3 MOUNT-mode target whose new files reach their bucket by the end, and an
+    absolute target placed under the sandbox instance's own root."""
+    root = tmp_path / "root"
+    monkeypatch.setenv("EC2GPU_SANDBOX_ROOT", str(root))
+    data = "ec2gpu-test-mount-data"
+    aws.s3.create_bucket(Bucket=data)
+    for key, body in (("ds/a.txt", "from s3 a\n"), ("ds/sub/b.txt", "from s3 b\n"), ("database/no.txt", "x")):
+        aws.s3.put_object(Bucket=data, Key=key, Body=body.encode())
+    aws.s3.put_object(Bucket=BUCKET, Key=PREFIX + "mounts/0.tar.gz", Body=archive([("x.txt", "local dir\n")]))
+    aws.s3.put_object(Bucket=BUCKET, Key=PREFIX + "mounts/1", Body=b"local file\n")
+    mounts = [{"target": "~/local", "kind": "local", "key": PREFIX + "mounts/0.tar.gz", "is_file": False},
+              {"target": "/etc/app/cfg.txt", "kind": "local", "key": PREFIX + "mounts/1", "is_file": True},
+              {"target": "~/data", "kind": "s3", "bucket": data, "prefix": "ds", "region": "us-east-1",
+               "file": False, "write_back": False},
+              {"target": "~/results", "kind": "s3", "bucket": data, "prefix": "results/", "region": "us-east-1",
+               "file": False, "write_back": True}]
+    put_spec(aws, mounts=mounts, setup=f'cat ~/local/x.txt > {tmp_path}/setup-saw',
+             run=f'cat ~/local/x.txt {root}/etc/app/cfg.txt ~/data/a.txt ~/data/sub/b.txt; ls ~/data; '
+                 'echo result > ~/results/r.txt')
+    assert make(aws, tmp_path / "home").execute() == 0
+    assert status(aws)["state"] == "succeeded", status(aws)
+    assert (tmp_path / "setup-saw").read_text() == "local dir\n"
+    log = get(aws, "logs/job.log")
+    assert "local dir\nlocal file\nfrom s3 a\nfrom s3 b\n" in log and "database" not in log
+    assert not (tmp_path / "etc").exists()  # an absolute target never on this machine's own /
+    got = aws.s3.get_object(Bucket=data, Key="results/r.txt")["Body"].read()
+    assert got == b"result\n"
+
+
+def test_the_agent_places_targets_as_the_controller_does():
+    from ec2gpu.tasks import mounts
+    for target in ("~/x", "x", "/data", "/a/./b/c.txt", "~/d/e/"):  # the spec holds normal_target's spelling
+        for root in ("", "/sandbox/root"):
+            sent = mounts.normal_target(target)
+            assert detached.TARGET_RE.fullmatch(sent)
+            assert detached.on_instance(sent, "/home/u", root) == mounts.on_instance(target, "/home/u", root)
 
 
 def test_ending_the_group_is_retried_until_it_works_and_each_failure_is_recorded(aws, tmp_path):

@@ -34,13 +34,10 @@ def test_a_detached_run_needs_a_limit_and_one_node(opts, words):
     assert launch.check(RunOptions(task=_job())).name == "mine"
 
 
-def test_a_detached_run_carries_no_file_mounts_and_no_secret_too_large_for_a_parameter():
+def test_a_detached_run_carries_no_secret_too_large_for_a_parameter():
     with pytest.raises(UsageError, match="4,096 bytes at most"):
         launch.check(RunOptions(task=_secret_job("x" * 4097)))
     assert launch.check(RunOptions(task=_secret_job("x" * 4096))).name == "s"
-    mounts = _job("name: m\nrun: 'true'\nfile_mounts:\n  /data: s3://some-bucket/data\n")
-    with pytest.raises(UsageError, match="file_mounts"):
-        launch.check(RunOptions(task=mounts))
     with pytest.raises(UsageError, match="runs a task"):
         launch.check(RunOptions())
 
@@ -98,6 +95,28 @@ def test_the_spec_names_the_secrets_and_holds_none_of_their_values():
                                 datetime(2026, 11, 25, 18, 0, tzinfo=timezone.utc), 2)
     assert spec["secrets"] == ["HF_TOKEN"] and spec["envs"] == {"EMPTY": "", "PLAIN": "p"}
     assert "hunter2" not in repr(spec)
+
+
+def test_the_spec_lists_the_file_mounts_as_the_agent_reads_them(tmp_path):
+    """Local sources by the key they are uploaded to, S3 ones by bucket, prefix and region, targets
+    in one spelling; the agent's own check takes the list as it is."""
+    from ec2gpu.agent import detached
+    (tmp_path / "data").mkdir()
+    (tmp_path / "cfg.txt").write_text("c")
+    text = ("name: m\nrun: 'true'\nfile_mounts:\n  ~/data/: ./data\n  /etc/app/cfg.txt: ./cfg.txt\n"
+            "  /ds: s3://some-bucket/ds\n  out: {name: out-bucket, mode: MOUNT}\n")
+    job = engine.TaskJob(load.parse(text, base=tmp_path), {}, None)
+    job.bucket_regions = {"some-bucket": "eu-west-1", "out-bucket": "us-east-1"}
+    job.s3_files = set()
+    doc = launch.mounts_document(job, RUN)
+    assert doc == [
+        {"target": "~/data", "kind": "local", "key": f"runs/{RUN}/mounts/0.tar.gz", "is_file": False},
+        {"target": "/etc/app/cfg.txt", "kind": "local", "key": f"runs/{RUN}/mounts/1", "is_file": True},
+        {"target": "/ds", "kind": "s3", "bucket": "some-bucket", "prefix": "ds", "region": "eu-west-1",
+         "file": False, "write_back": False},
+        {"target": "~/out", "kind": "s3", "bucket": "out-bucket", "prefix": "", "region": "us-east-1",
+         "file": False, "write_back": True}]
+    assert detached.parse_mounts(doc, RUN) == doc
 
 
 def test_the_spec_says_what_the_agent_runs_and_until_when():

@@ -4,15 +4,20 @@ No process of ours watches the run afterwards. What this does, in order, each st
 one before it worked:
 
 1. the checks of any run, before anything is made (runs/provision/pipeline: options, estimate and
-   --budget, the vCPU quota), and the ones of a detached run (``check``: a limit, one node, no
-   file_mounts; secrets that fit a parameter);
+   --budget, the vCPU quota), and the ones of a detached run (``check``: a limit, one node;
+   secrets that fit a parameter; file_mounts from S3 checked as a run in the foreground checks
+   them, runs/provision/resources.check_s3_access);
 2. the run store (aws/runstore.ensure: bucket ``ec2gpu-ACCOUNT-REGION``, public access blocked,
    encrypted, TLS only, expiring); under ``runs/RUN_ID/``: the workdir (``workdir.tar.gz``: the
    files remote/sync.manifest sends), the agent (``agent/agent.py``, ``agent/detached.py``) and
-   ``spec.json`` (``spec_document``: what the agent runs);
+   ``spec.json`` (``spec_document``: what the agent runs); each local file_mounts source as
+   ``mounts/N.tar.gz`` (a directory, packed like the workdir) or ``mounts/N`` (a file);
 3. the run's key pair (SSH, for `ec2gpu logs --follow` while an instance is up), its security group
    (SSH from this machine's /32 only) and its own instance role (aws/iam.detached_policy: its own
-   prefix and its own group, nothing else, and its own secrets when it has any);
+   prefix and its own group, nothing else, and its own secrets when it has any; with S3
+   file_mounts, read access to those prefixes and write access to the MOUNT-mode ones, as a run in
+   the foreground's role has: aws/iam.s3_policy); buckets a MOUNT entry names that do not exist
+   yet are made;
    the secrets (``--secret``, a task's ``secrets``) as SecureString parameters in SSM Parameter
    Store (aws/parameters.py), never in S3 nor in the user data: spec.json names them only;
 4. a launch template and an Auto Scaling group of one instance (aws/groups.create), whose user
@@ -51,7 +56,7 @@ if TYPE_CHECKING:
 
 AGENT_DIR = Path(__file__).resolve().parents[2] / "agent"
 #: the instance-side files, uploaded under runs/RUN_ID/agent/ and fetched by ``boot_script``
-AGENT_FILES = ("agent.py", "detached.py")
+AGENT_FILES = ("agent.py", "detached.py", "s3files.py")
 #: instances a detached run may launch in all (first plus replacements) when --max-attempts is not
 #: given: a spot run rides out several interruptions; an on-demand one gets one replacement
 #: (an instance AWS retired, a failed status check)
@@ -61,7 +66,7 @@ DEFAULT_LAUNCHES = {True: 10, False: 2}
 def check(opts: RunOptions) -> TaskJob:
     """Refuse (UsageError, nothing created) what a detached run cannot do yet or must not do;
     return its task. A detached run needs a limit (the group's deadline is the net that holds when
-    nothing else does), runs on one node, and has no file_mounts; its secrets fit SSM parameters
+    nothing else does) and runs on one node; its secrets fit SSM parameters
     (aws/parameters.check_values: they go there, never into S3)."""
     job = opts.task
     if job is None:
@@ -72,8 +77,6 @@ def check(opts: RunOptions) -> TaskJob:
     if opts.nodes != 1:
         raise UsageError(f"--detach runs on one node, not {opts.nodes}", "drop --nodes, or drop --detach")
     parameters.check_values(secret_env(job))
-    if job.mounts:
-        raise UsageError("--detach does not copy file_mounts yet", "drop file_mounts, or drop --detach")
     if opts.keep:
         raise UsageError("--keep has no meaning with --detach: the group ends when the job does", "drop --keep")
     return job
@@ -152,7 +155,28 @@ def spec_document(job: TaskJob, opts: RunOptions, run_id: str, group: str, deadl
         "max_restarts_on_errors": job.task.resources.max_restarts_on_errors, "max_launches": max_launches,
         "nodes": opts.nodes,
         "limit_at": deadline.timestamp() - lead, "limit_grace_s": grace, "spot": opts.spot,
+        "mounts": mounts_document(job, run_id),
     }
+
+
+def mounts_document(job: TaskJob, run_id: str) -> list[dict[str, Any]]:
+    """spec.json's ``mounts`` (pure): one entry per file_mounts entry, in order, its target in
+    tasks/mounts.normal_target's spelling (``~/x`` or ``/x``): a local source as the key it is
+    uploaded to (``_upload``: ``runs/RUN_ID/mounts/N.tar.gz`` for a directory, ``.../mounts/N`` for a
+    file); an S3 one as its bucket, prefix and the bucket's region (resources.check_s3_access found
+    it), ``file`` when the prefix is one object, and ``write_back`` for the MOUNT modes."""
+    from ...tasks import mounts as M
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(job.mounts):
+        target = M.normal_target(m.target)
+        if m.kind == "local":
+            key = f"{runstore.prefix(run_id)}mounts/{i}" + ("" if m.is_file else ".tar.gz")
+            out.append({"target": target, "kind": "local", "key": key, "is_file": m.is_file})
+        else:
+            out.append({"target": target, "kind": "s3", "bucket": m.bucket, "prefix": m.prefix,
+                        "region": job.bucket_regions.get(m.bucket or "") or "us-east-1",
+                        "file": m.target in job.s3_files, "write_back": m.write_back})
+    return out
 
 
 def pack(manifest: Manifest, path: Path) -> int:
@@ -184,7 +208,9 @@ def start(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
     capacity.check_quota(aws.client("service-quotas"), aws.ec2, itype.name, opts.spot, count=opts.nodes, log=ui.note)
     run_id = pipeline.new_run_id()
     secret = secret_env(job)
-    boundary = check_boundary(aws, run_id, account, ui, secrets=bool(secret))
+    if any(m.kind == "s3" for m in job.mounts):  # before anything is made: sources there, buckets readable
+        provision.check_s3_access(aws, job)
+    boundary = check_boundary(aws, run_id, account, ui, secrets=bool(secret), extra=job.role_policy)
     limit_at = datetime.now(timezone.utc) + timedelta(minutes=opts.max_runtime_minutes or 0)
     launches = opts.max_attempts or DEFAULT_LAUNCHES[opts.spot]
     group = groups.name_of(run_id)
@@ -197,7 +223,10 @@ def start(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
     try:
         with ui.phase("requesting"):
             made = True
-            profile = _role(aws, settings, run_id, bucket, group, account, boundary, bool(secret))
+            profile = _role(aws, settings, run_id, bucket, group, account, boundary, bool(secret), job.role_policy)
+            if job.buckets_to_make:
+                from ...aws import storage
+                storage.make_buckets(s3, job.buckets_to_make, aws.region, settings.owner, ui.note)
             if secret:
                 names = parameters.put(aws.client("ssm"), run_id, settings.owner, secret)
                 ui.note(f"{len(names)} secret(s) in SSM Parameter Store under {parameters.ROOT}{run_id}/ "
@@ -249,15 +278,28 @@ def _upload(s3: Any, bucket: str, run_id: str, job: TaskJob, spec: dict[str, Any
             with tarfile.open(archive, "w:gz"):
                 pass
         runstore.put_file(s3, bucket, runstore.workdir_key(run_id), archive)
+    for i, m in enumerate(job.mounts):  # local file_mounts sources, where mounts_document says
+        if m.kind != "local":
+            continue
+        key = f"{runstore.prefix(run_id)}mounts/{i}"
+        if m.is_file:
+            runstore.put_file(s3, bucket, key, Path(m.source))
+            continue
+        with tempfile.TemporaryDirectory(prefix="ec2gpu-detach-") as tmp:
+            archive = Path(tmp) / "mount.tar.gz"
+            pack(job.mount_manifests[m.target], archive)
+            runstore.put_file(s3, bucket, key + ".tar.gz", archive)
     for name in AGENT_FILES:
         runstore.put_file(s3, bucket, runstore.agent_prefix(run_id) + name, AGENT_DIR / name)
     runstore.put_json(s3, bucket, runstore.spec_key(run_id), spec)
 
 
-def check_boundary(aws: Aws, run_id: str, account: str, ui: ReporterLike, secrets: bool = False) -> str | None:
+def check_boundary(aws: Aws, run_id: str, account: str, ui: ReporterLike, secrets: bool = False,
+                   extra: dict[str, Any] | None = None) -> str | None:
     """The account's permissions boundary for run roles (aws/iam.boundary_arn; None without one),
     checked before anything is made: a boundary from an older ec2gpu that lacks an action the
-    run's role needs (aws/iam.boundary_gaps; reading its own secrets too with ``secrets``) would
+    run's role needs (aws/iam.boundary_gaps; reading its own secrets too with ``secrets``, and the
+    actions of ``extra``, a file_mounts policy: aws/iam.s3_policy) would
     leave the agent unable to save its outputs, end its own group or start the job, so the group
     would run (and bill) to its deadline. Raises UsageError then,
     with the command that updates it; a boundary these credentials may not read is said, not refused."""
@@ -267,6 +309,8 @@ def check_boundary(aws: Aws, run_id: str, account: str, ui: ReporterLike, secret
         return None
     policy = iam.detached_policy("ec2gpu-bucket", run_id, groups.name_of(run_id), aws.region, account,
                                  secrets)
+    if extra is not None:
+        policy = iam.combined(policy, extra)
     gaps = iam.boundary_gaps(client, boundary, policy)
     if gaps is None:
         ui.note(f"warning: the permissions boundary {boundary} could not be read (iam:GetPolicyVersion); "
@@ -281,11 +325,14 @@ def check_boundary(aws: Aws, run_id: str, account: str, ui: ReporterLike, secret
 
 
 def _role(aws: Aws, settings: Settings, run_id: str, bucket: str, group: str, account: str,
-          boundary: str | None, secrets: bool) -> str:
+          boundary: str | None, secrets: bool, mounts_policy: dict[str, Any] | None) -> str:
     """The run's own instance role and profile (aws/iam.detached_policy, with its own secrets'
-    parameters when ``secrets``) under ``boundary``; its name."""
+    parameters when ``secrets``, and ``mounts_policy``'s statements: its file_mounts' prefixes,
+    aws/iam.s3_policy) under ``boundary``; its name."""
     client = aws.client("iam")
     policy = iam.detached_policy(bucket, run_id, group, aws.region, account, secrets)
+    if mounts_policy is not None:
+        policy = iam.combined(policy, mounts_policy)
     return iam.create_run_role(client, run_id, settings.owner, policy, region=aws.region, boundary=boundary)
 
 
