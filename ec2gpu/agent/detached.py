@@ -55,7 +55,9 @@ the task's file_mounts, runs/detached/launch.mounts_document: each ``target`` ``
 with the workdir's rules) or "s3" (``bucket``, ``prefix``, ``region``, ``file``, ``write_back``:
 copied in by agent/s3files.py with the instance role; the MOUNT modes' written back with the
 checkpoints every ``--every`` seconds, on a spot notice and at the end). They are put in place
-once per instance, before the setup.
+once per instance, before the setup; ``log_reader`` (a user name or null: the SSH user, whom the
+agent lets read job.log, and nothing else of the run's directory, so `ec2gpu logs RUN --follow`
+reads it live over SSH: ``share_log``).
 
 status.json (JSON object, ``STATUS_FIELDS``; times ISO 8601 UTC):
 ``version`` 1; ``run_id``; ``state`` (starting | running | interrupted | succeeded | failed |
@@ -278,6 +280,9 @@ def parse_spec(data: object, run_id: str) -> dict[str, Any]:
             or not all(isinstance(n, str) and len(n) <= 128 and ENV_NAME_RE.fullmatch(n) for n in secret_names)):
         raise Refused(f"spec.json: secrets must be at most {MAX_SECRETS} distinct environment variable names")
     mounts = parse_mounts(get("mounts", (list,), []), run_id)
+    reader = get("log_reader", (str,))
+    if reader is not None and not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", reader):
+        raise Refused(f"spec.json: log_reader {reader[:40]!r} is not a user name")
     python = get("python", (str,))
     if python is not None and (not python.startswith("/") or not re.fullmatch(r"[A-Za-z0-9._/+-]{1,512}", python)):
         raise Refused("spec.json: python must be an absolute path")
@@ -285,7 +290,8 @@ def parse_spec(data: object, run_id: str) -> dict[str, Any]:
             "workdir_key": workdir_key, "outputs": list(outputs), "checkpoint_dir": checkpoint_dir,
             "max_restarts_on_errors": restarts, "max_launches": launches, "group": group, "nodes": 1,
             "limit_at": None if limit_at is None else float(limit_at), "limit_grace_s": float(grace),
-            "gpus_limit": gpus_limit, "python": python, "secrets": list(secret_names), "mounts": mounts}
+            "gpus_limit": gpus_limit, "python": python, "secrets": list(secret_names), "mounts": mounts,
+            "log_reader": reader}
 
 
 #: a file_mounts target as the controller writes it (tasks/mounts.TARGET_RE, normal_target's spelling)
@@ -1049,6 +1055,7 @@ class Detached:
         os.makedirs(self.out_dir, exist_ok=True)
         self.ckpt = Mirror(self.store, "checkpoints", ckpt_dir)
         self.pull_log()
+        self.share_log(spec["log_reader"])
         found = self.ckpt.pull()
         self.status["instances"][-1].update(resumed=found > 0, checkpoint_files=found)
         resume = found > 0
@@ -1140,6 +1147,26 @@ class Detached:
         if data:
             with open(path, "wb") as f:
                 f.write(data[-LOG_MAX:])
+
+    def share_log(self, reader: str | None) -> None:
+        """Let ``reader`` (the SSH user) read job.log, live, over SSH: the log (made here if the
+        earlier launches left none) gets ``reader``'s group and mode 0640, the run directory and the
+        agent's home that group and mode 0710 (the group passes through, lists nothing, and reads
+        nothing else: the job's environment file and the agent's key stay 0600). Said, never
+        raised, when it cannot be done (no such user; not root): the log is then read from S3 only."""
+        if not reader:
+            return
+        import pwd
+        path = os.path.join(self.run_dir, "job.log")
+        try:
+            gid = pwd.getpwnam(reader).pw_gid
+            with open(path, "ab"):
+                pass
+            for p, mode in ((path, 0o640), (self.run_dir, 0o710), (self.home, 0o710)):
+                os.chown(p, -1, gid)
+                os.chmod(p, mode)
+        except (KeyError, OSError) as exc:
+            self.log(f"job.log not shared with {reader}: {type(exc).__name__}: {exc}"[:300])
 
     def run_setup(self, env: dict[str, str]) -> int:
         """The setup as engine.py runs it (bash -i, then a plain bash, SKYPILOT_SETUP_* too), its

@@ -103,7 +103,9 @@ def logs(name: str, *, follow: bool = False, write: Optional[Write] = None, regi
     A detached run (`run --detach`; one the region's run store holds, from any machine of the
     account): its job.log from S3 (runs/detached/fetch.show_log: its last 64 MiB), as the agent
     last uploaded it (every 60 s and at the end) or, with ``follow``, polled every 5 s, only the
-    new bytes written, until status.json's state is final or the run's group has ended. Else the
+    new bytes written, until status.json's state is final or the run's group has ended; read live
+    over SSH instead while the run has an instance in service and this machine has its private
+    key (the one that started it), its secrets masked as in S3. Else the
     log on its running instance, as it is now or, with ``follow``, until the job ends,
     reconnecting when SSH drops (no line missed or repeated). ``write(chunk: bytes, final=False)``
     gets the log's bytes as they come, raw (the job's; a terminal needs them made inert), and
@@ -149,7 +151,10 @@ def logs(name: str, *, follow: bool = False, write: Optional[Write] = None, regi
         run_id = known["run_id"] if known is not None else name
         if _detached_status(ctx, run_id, known, log) is not None:
             from ..runs.detached import fetch as detached
-            shown = detached.show_log(ctx.aws, run_id, emit, log, follow=follow)
+            said: set = set()
+            shown = detached.show_log(ctx.aws, run_id, emit, log, follow=follow,
+                                      live=lambda: detached.live_log(ctx.aws, ctx.settings, ctx.backend, run_id, log,
+                                                                     said))
             return result(exit_status=shown["exit_status"], run_id=run_id, instance_id=None, source="s3",
                           state=shown["state"])
         if row is not None:  # over, not detached: the log as it was brought home

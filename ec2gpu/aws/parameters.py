@@ -77,6 +77,20 @@ def put(ssm: Client, run_id: str, owner: str, values: dict[str, str]) -> list[st
     return names
 
 
+def read(ssm: Client, run_id: str, names: list[str]) -> dict[str, str]:
+    """The values of run ``run_id``'s secrets ``names`` (GetParameters, decrypted, BATCH a call):
+    env name -> value, those SSM holds (a missing one is left out). Raises UsageError for a name
+    that is not one (name_of), botocore's ClientError as SSM answers."""
+    full = {name_of(run_id, n): n for n in names}
+    keys = list(full)
+    out: dict[str, str] = {}
+    for i in range(0, len(keys), BATCH):
+        for p in ssm.get_parameters(Names=keys[i:i + BATCH], WithDecryption=True).get("Parameters", []):
+            if p.get("Name") in full and isinstance(p.get("Value"), str):
+                out[full[p["Name"]]] = p["Value"]
+    return out
+
+
 def find(ssm: Client, run_id: str | None = None) -> list[dict[str, Any]]:
     """The runs' secret parameters (one run's with ``run_id``): [{"id": parameter name, "run_id",
     "name": the environment variable}], read from their names (a parameter elsewhere, or whose

@@ -722,6 +722,21 @@ def get_status_bytes(s3: Client, bucket: str, run_id: str, limit: int = MAX_LAUN
     return get_status_tagged(s3, bucket, run_id, limit)[0]
 
 
+def secret_names(s3: Client, bucket: str, run_id: str) -> list[str]:
+    """The names of the run's secrets as its spec.json lists them (``secrets``; [] without any or
+    without a spec): their values are in SSM Parameter Store (aws/parameters.py). The run's role
+    could rewrite spec.json: a name that is not an environment variable's is left out, and at most
+    100 are read. Raises AwsError for S3 errors other than a missing object."""
+    data, _ = _read_head(s3, bucket, spec_key(run_id), 1 << 20)
+    try:
+        spec = json.loads(data) if data else {}
+    except ValueError:
+        return []
+    names = spec.get("secrets") if isinstance(spec, dict) else None
+    return [n for n in names if isinstance(n, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", n)][:100] \
+        if isinstance(names, list) else []
+
+
 def get_status_tagged(s3: Client, bucket: str, run_id: str,
                       limit: int = MAX_LAUNCH_STATUS_BYTES) -> tuple[bytes | None, str | None]:
     """get_status_bytes's bytes, and the object's ETag (for a write conditional on it); (None, None)

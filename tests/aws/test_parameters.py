@@ -22,6 +22,7 @@ def test_secrets_are_stored_found_and_removed_with_their_run_only(aws, tmp_path)
         tags = ssm.list_tags_for_resource(ResourceType="Parameter", ResourceId=names[0])["TagList"]
         assert {t["Key"]: t["Value"] for t in tags} == {"ec2gpu:run": RUN, "ec2gpu:owner": "alice"}
         assert sorted(r["id"] for r in parameters.find(ssm, RUN)) == sorted(names)
+        assert parameters.read(ssm, RUN, ["HF_TOKEN", "NOT_THERE"]) == {"HF_TOKEN": "t0ken"}  # a missing one left out
         assert {r["run_id"] for r in parameters.find(ssm)} == {RUN, OTHER}
         found = sweep.inventory(aws.ec2, RUN, ssm=ssm)
         assert sorted(r["id"] for r in found["secret_parameters"]) == sorted(names)

@@ -1,7 +1,7 @@
 """`ec2gpu fetch RUN` and `ec2gpu logs RUN [--follow]` for a detached run in the sandbox (issue 30):
 what the job wrote comes home from the run's S3 store once it succeeded, its log is printed from
-S3 once its instance is gone, and `logs --follow` prints a running job's lines as the agent uploads
-them and stops when the run ends (from status.json's state)."""
+S3 once its instance is gone, and `logs --follow` prints a running job's lines live over SSH
+and stops when the run ends (from status.json's state)."""
 import json
 import time
 from pathlib import Path
@@ -52,26 +52,35 @@ def test_fetch_brings_a_detached_runs_outputs_home_and_logs_reads_s3_once_it_is_
     assert "line two" in capsys.readouterr().out
 
 
-def test_logs_follow_prints_a_running_jobs_lines_as_they_come_and_stops_when_it_ends(sandbox_env, tmp_path, capsys):
-    """The agent uploads the log every 60 s and at the end: the first line arrives while the job
-    still runs, the last one with its end, and the follow stops on status.json's final state."""
-    task = _task(tmp_path, "echo first-line\nsleep 75\necho second-line\nexit 3")
-    run_id = _start(task, capsys)
+def test_logs_follow_reads_a_running_jobs_log_live_over_ssh_masked_and_stops_when_it_ends(
+        sandbox_env, tmp_path, capsys, monkeypatch):
+    """The agent uploads the log to S3 every 60 s and at the end; on the machine that started the
+    run (its private key is here) `logs --follow` reads it live over SSH, so the first line arrives
+    while the job still runs, 10 s before the second, its --secret masked as in S3; the follow stops
+    on status.json's final state and exits with the job's status."""
+    monkeypatch.setenv("LIVE_TOKEN", "live-secret-0123456789")
+    task = _task(tmp_path, 'echo "first-line $LIVE_TOKEN"\nsleep 10\necho second-line\nexit 3')
+    assert cli.main(["run", str(task), "--sandbox", "--detach", "--max-runtime", "30m", "--json",
+                     "--secret", "LIVE_TOKEN"]) == 0
+    run_id = json.loads(capsys.readouterr().out)["run_id"]
     _wait(run_id, ("running",))
     came: list[tuple[float, bytes]] = []
+    notes: list[str] = []
 
     def write(chunk: bytes, final: bool = False) -> None:
         if chunk:
             came.append((time.monotonic(), chunk))
 
-    got = api.logs(run_id, follow=True, write=write, sandbox=True)
+    got = api.logs(run_id, follow=True, write=write, sandbox=True, log=notes.append)
     ended = time.monotonic()
     assert got["source"] == "s3" and got["state"] == "failed" and got["exit_status"] == 3, got
     text = b"".join(c for _, c in came)
-    assert text.count(b"first-line") == 1 and text.count(b"second-line") == 1  # nothing repeated
+    assert text.count(b"first-line ****") == 1 and text.count(b"second-line") == 1, text  # nothing repeated
+    assert b"live-secret" not in text
     first = next(t for t, c in came if b"first-line" in c)
     second = next(t for t, c in came if b"second-line" in c)
-    assert second - first > 5, "the first line came while the job ran, before the second"
+    assert second - first > 5, "the first line came live while the job ran, not with the upload at its end"
     assert ended - second < 30  # it stopped once the run ended
+    assert any("live on" in n for n in notes), notes
     assert cli.main(["logs", run_id, "--follow", "--sandbox"]) == 3  # the CLI exits with the job's status
     _nothing_left(run_id)

@@ -538,6 +538,7 @@ def test_a_run_id_that_is_not_one_is_refused_before_any_key_is_made(aws, tmp_pat
     {"mounts": [{"target": "~/x", "kind": "s3", "bucket": "Bad_Bucket", "prefix": "", "region": "us-east-1"}]},
     {"mounts": [{"target": "~/x", "kind": "s3", "bucket": "data", "prefix": "", "region": "us east"}]},
     {"mounts": [{"target": "~/x", "kind": "gs", "bucket": "data", "prefix": "", "region": "us-east-1"}]},
+    {"log_reader": "root; rm"}, {"log_reader": 7},
 ])
 def test_a_hostile_spec_is_refused_and_the_run_ends_failed(aws, tmp_path, fields):
     put_spec(aws, run=f"touch {tmp_path}/ran")
@@ -614,6 +615,32 @@ def test_file_mounts_are_in_place_before_the_setup_and_mount_mode_ones_are_writt
     assert not (tmp_path / "etc").exists()  # an absolute target never on this machine's own /
     got = aws.s3.get_object(Bucket=data, Key="results/r.txt")["Body"].read()
     assert got == b"result\n"
+
+
+@pytest.mark.parametrize("reader", ["me", "no-such-user-here"])
+def test_the_log_is_shared_with_the_ssh_users_group_and_nothing_else_of_the_run(aws, tmp_path, reader):
+    """job.log 0640 and the run's directory and the agent's home 0710, in the SSH user's group, so
+    `logs --follow` reads it live; the job's environment file stays 0600. A user the instance does
+    not have is said, and the run goes on."""
+    import getpass
+    import grp
+    import pwd
+    import stat as st_
+    user = getpass.getuser() if reader == "me" else reader
+    put_spec(aws, log_reader=user, run="echo hello")
+    lines = []
+    run = make(aws, tmp_path / "home")
+    run.log = lines.append
+    assert run.execute() == 0 and status(aws)["state"] == "succeeded"
+    rd = run_dir(tmp_path / "home")
+    mode = lambda p: st_.S_IMODE(os.stat(p).st_mode)  # noqa: E731
+    assert mode(rd / "job.env.json") == 0o600
+    if reader == "me":
+        gid = pwd.getpwnam(user).pw_gid
+        assert (mode(rd / "job.log"), mode(rd), mode(tmp_path / "home")) == (0o640, 0o710, 0o710)
+        assert os.stat(rd / "job.log").st_gid == gid == os.stat(rd).st_gid, grp.getgrgid(gid)
+    else:
+        assert mode(rd) == 0o700 and any("not shared with no-such-user-here" in line for line in lines)
 
 
 def test_the_agent_places_targets_as_the_controller_does():

@@ -242,6 +242,74 @@ def test_follow_stops_when_the_group_ended_without_a_final_state(aws, monkeypatc
     assert any("its group has ended" in n for n in notes)
 
 
+class FakeLive:
+    """A live log on an instance: ``file`` grows as ``steps`` run (one per read past its end); a
+    step that is an exception is raised (SSH dropped)."""
+    instance_id = "i-live"
+
+    def __init__(self, file: bytes, steps=()):
+        self.file, self.steps, self.closed = bytearray(file), list(steps), False
+
+    def read(self, offset, limit):
+        if offset >= len(self.file) and self.steps:
+            step = self.steps.pop(0)
+            if isinstance(step, BaseException):
+                raise step
+            step(self)
+        return bytes(self.file[offset:offset + limit])
+
+    def close(self):
+        self.closed = True
+
+
+def test_follow_reads_the_live_log_and_masks_it_as_the_agent_masks_s3s(aws, monkeypatch):
+    """The store's copy is shown first (masked by the agent); the instance's log, the same bytes
+    then more, unmasked, is read live from the byte shown on, masked here with the run's secrets
+    (from SSM as these credentials read them); it stops on status.json's final state."""
+    monkeypatch.setattr(detached, "run_secrets", lambda *a: ["hunter2"])
+    _status(aws, "running")
+    _put(aws, PREFIX + "logs/job.log", b"one ****\n")
+    live = FakeLive(b"one hunter2\n", [lambda f: f.file.extend(b"two hunter2\n"),
+                                       lambda f: (f.file.extend(b"three\n"), _status(aws, "succeeded", exit_code=0))])
+    clock = iter(range(0, 10_000, 10)).__next__  # every read of the clock 10 s on: status read each time
+    w, notes = Collect(), []
+    got = detached.show_log(aws, RUN, w, notes.append, follow=True, sleep=lambda s: None, live=lambda: live,
+                            clock=clock)
+    assert w.data == b"one ****\ntwo ****\nthree\n" and b"hunter2" not in w.data
+    assert got == {"state": "succeeded", "exit_status": 0} and live.closed
+    assert any("live on i-live" in n for n in notes)
+
+
+def test_when_the_live_log_drops_follow_goes_on_from_s3_at_the_same_byte(aws, monkeypatch):
+    """SSH drops (the instance was interrupted): S3's copy, which the agent sent at the notice, is
+    read from the byte shown on; nothing repeated, nothing missed."""
+    import socket
+    monkeypatch.setattr(detached, "run_secrets", lambda *a: [])
+    _status(aws, "running")
+    _put(aws, PREFIX + "logs/job.log", b"one\n")
+    live = FakeLive(b"one\n", [lambda f: f.file.extend(b"two\n"), socket.timeout("gone")])
+    # S3's copy is behind what the live log showed ("two" came live), then the agent's upload catches up
+    steps = [lambda: None, lambda: (_put(aws, PREFIX + "logs/job.log", b"one\ntwo\nthree\n"), _status(aws, "succeeded"))]
+    ticks = iter(range(0, 10_000)).__next__
+    w, notes = Collect(), []
+    got = detached.show_log(aws, RUN, w, notes.append, follow=True, live=lambda: live, clock=ticks,
+                            sleep=lambda s: steps.pop(0)() if s >= detached.POLL_S and steps else None)
+    assert w.data == b"one\ntwo\nthree\n" and got["state"] == "succeeded" and not steps
+    assert any("stopped answering" in n for n in notes) and not any("lost its start" in n for n in notes)
+
+
+def test_without_the_runs_secrets_the_live_log_is_not_read(aws, monkeypatch):
+    monkeypatch.setattr(detached, "run_secrets", lambda *a: None)
+    _status(aws, "running")
+    _put(aws, PREFIX + "logs/job.log", b"one ****\n")
+    live = FakeLive(b"one hunter2\n")
+    steps = [lambda: _status(aws, "succeeded")]
+    w, notes = Collect(), []
+    detached.show_log(aws, RUN, w, notes.append, follow=True, sleep=lambda s: steps.pop(0)() if steps else None,
+                      live=lambda: live)
+    assert w.data == b"one ****\n" and live.closed and any("could not be read" in n for n in notes)
+
+
 def test_a_range_read_of_a_replaced_object_is_none(aws):
     _put(aws, PREFIX + "logs/job.log", b"first")
     head = runstore.head_object(aws.s3, BUCKET, PREFIX + "logs/job.log")

@@ -22,9 +22,14 @@ its last 64 MiB (agent/detached.py), so `logs --follow` polls it (HeadObject) an
 bytes (Range GETs from the size already shown, IfMatch its ETag). When it stops is decided from
 status.json's state (runstore.FINAL_STATES) and the run's Auto Scaling group, never from the log's text.
 
-The live log over SSH is not used for a detached run: the agent runs as root with its run directory
-under ``/var/lib/ec2gpu/detached`` (mode 0700; runs/detached/launch.boot_script), not under the SSH
-user's ``$HOME/ec2gpu/runs`` where remote/jobs looks.
+`logs --follow` reads the log live over SSH while the run's group has an instance in service and
+this machine has the run's private key (the machine that started it): the agent lets the SSH user
+read job.log in its run directory (``${EC2GPU_STATE_DIR:-/var/lib/ec2gpu}/detached/ec2gpu/runs/RUN``,
+agent/detached.share_log), the host key is checked against the console output as for any
+instance, and the bytes shown are the store's (the instance's log masked line by line with the
+run's secrets, read from SSM Parameter Store with these credentials), so when the instance goes
+(a spot interruption) or SSH drops, following goes on from S3 at the same byte, and live again
+on the replacement. Without the key, or without an instance in service, it is S3's.
 """
 from __future__ import annotations
 
@@ -32,7 +37,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from ...aws import groups, runstore
 from ...aws.session import Aws
@@ -256,13 +261,144 @@ def _ended(aws: Aws, run_id: str) -> bool:
     return not g.get("DesiredCapacity") and not g.get("Instances")
 
 
+class LiveLog(Protocol):
+    """The job's log on the run's instance, read over SSH (``live_log``)."""
+
+    instance_id: str
+
+    def read(self, offset: int, limit: int) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
+#: seconds between two tries of the live log when none was had (no instance in service yet)
+LIVE_EVERY_S = 20.0
+#: with the live log, seconds between two reads of status.json
+LIVE_STATUS_S = 5.0
+
+
+class _Shown:
+    """What has been written of the log (its bytes as the store has them): ``count`` (the S3 offset
+    to go on from), ``tail`` (the last TAIL_BYTES, to find the place again) and ``skip`` (bytes of
+    a live read from the log's start already shown, passed over)."""
+
+    def __init__(self, write: Write, count: int = 0, tail: bytes = b""):
+        self.write, self.count, self.tail, self.skip = write, count, tail, 0
+
+    def emit(self, data: bytes) -> None:
+        if self.skip:
+            cut = min(self.skip, len(data))
+            data, self.skip = data[cut:], self.skip - cut
+        if data:
+            self.write(data)
+            self.count += len(data)
+            self.tail = (self.tail + data)[-TAIL_BYTES:]
+
+
+def _follow_live(src: LiveLog, shown: _Shown, secrets: list[str], is_final: Callable[[], bool], poll_s: float,
+                 sleep: Callable[[float], None], clock: Callable[[], float] = time.monotonic) -> bool:
+    """Write the live log of ``src`` from where ``shown`` is, masked with ``secrets`` line by line
+    (the agent's rule), until ``is_final()`` (read every LIVE_STATUS_S; the log is then drained:
+    True) or the connection fails (False). The instance's log holds what the store holds (its
+    earlier launches' part came from there, masked), so the first ``shown.count`` bytes are passed over."""
+    from ...remote import jobs
+    from ..execute.job_summary import mask_text
+    splitter = jobs.LineSplitter(lambda line: shown.emit((mask_text(line, secrets) + "\n").encode())) \
+        if secrets else None
+    cursor = jobs.LogCursor(splitter or shown.emit)
+    shown.skip = shown.count
+    next_status = clock()
+    try:
+        while True:
+            final = False
+            if clock() >= next_status:
+                final, next_status = is_final(), clock() + LIVE_STATUS_S
+            while True:  # to the file's current end, a chunk at a time
+                chunk = src.read(cursor.offset, jobs.CHUNK_BYTES)
+                cursor.deliver(chunk)
+                if len(chunk) < jobs.CHUNK_BYTES:
+                    break
+            if final:
+                return True
+            sleep(poll_s)
+    except jobs.CONNECTION_ERRORS:
+        return False
+    finally:
+        if splitter:
+            splitter.flush()
+        shown.skip = 0
+        src.close()
+
+
+def live_log(aws: Aws, settings: Any, backend: Any, run_id: str, note: Note,
+             said: set[str] | None = None) -> LiveLog | None:
+    """The job's log on the run's instance in service, over SSH (the host key checked against its
+    console output), or None: no instance in service, its private key not on this machine (said
+    once: ``said`` keeps what was), or SSH not answering in 30 s (said)."""
+    from ...aws import instances, network
+    from ...errors import RemoteError, WaitTimeout
+    from ...remote import jobs, ssh
+    from ..execute.nodes import connect_verified
+    group = groups.summary(aws.client("autoscaling"), run_id)
+    ids = [i["id"] for i in (group or {}).get("instances", []) if i.get("state") == "InService" and i.get("id")]
+    if not ids:
+        return None
+    found = [i for i in instances.describe_instances(aws.ec2, ids[:1]) if i.state == "running"]
+    if not found:
+        return None
+    inst = found[0]
+    if not network.private_key_path(settings.keys_dir, inst.key_name or "").exists():
+        if said is not None and "key" not in said:
+            said.add("key")
+            note("the run's private key is not on this machine (only on the one that started it): its log comes "
+                 "from S3, uploaded every minute")
+        return None
+    try:
+        conn, *_ = connect_verified(aws, settings, backend, inst, log=lambda msg: None, timeout_s=30)
+    except (RemoteError, WaitTimeout, UsageError) as exc:
+        note(f"the live log of {inst.id} is not reachable ({exc}); following S3")
+        return None
+    state_dir = ssh.run(conn, 'printf %s "${EC2GPU_STATE_DIR:-/var/lib/ec2gpu}"').strip()
+    path = f"{state_dir}/detached/ec2gpu/runs/{runstore.check_run_id(run_id)}/job.log"
+
+    class _Live:
+        instance_id = inst.id
+
+        def read(self, offset: int, limit: int) -> bytes:
+            return jobs.read_from(conn, path, offset, limit)
+
+        def close(self) -> None:
+            conn.close()
+    return _Live()
+
+
+def run_secrets(aws: Aws, s3: Any, bucket: str, run_id: str) -> list[str] | None:
+    """The values of the run's secrets (spec.json's ``secrets``, from SSM Parameter Store with these
+    credentials), to mask its live log as the agent masks the copy in S3; [] without any; None when
+    they cannot be had (then the log is not read live)."""
+    from ...aws import parameters
+    try:
+        names = runstore.secret_names(s3, bucket, run_id)
+        if not names:
+            return []
+        got = parameters.read(aws.client("ssm"), run_id, names)
+        return list(got.values()) if len(got) == len(names) else None
+    except Exception:  # noqa: BLE001 - no live log then; S3's is masked by the agent
+        return None
+
+
 def show_log(aws: Aws, run_id: str, write: Write, note: Note, follow: bool = False, poll_s: float = POLL_S,
-             sleep: Callable[[float], None] = time.sleep, max_bytes: int = MAX_LOG_BYTES) -> dict[str, Any]:
+             sleep: Callable[[float], None] = time.sleep, max_bytes: int = MAX_LOG_BYTES,
+             live: Callable[[], LiveLog | None] | None = None,
+             clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
     """Write the detached run ``run_id``'s job.log from its store to ``write`` (raw bytes; its last
     ``max_bytes`` when longer), then ``write(b"", final=True)``. With ``follow``: poll every
     ``poll_s`` seconds and write only the bytes added since, until status.json's state is final
     (the log is then whole: the agent uploads it before the final record) or the run's group
-    has ended without one (its log is then all there will be).
+    has ended without one (its log is then all there will be). ``live()``: the log on the run's
+    instance (``live_log``), tried with ``follow`` while the run is not over, at most every
+    LIVE_EVERY_S seconds: while it answers, the log is read from it every second (masked as the
+    agent masks S3's copy), and from S3 again, at the same byte, once it does not.
 
     Returns {"state": the last state seen, "exit_status": for a final state (0 succeeded, else the
     job's exit code, 1 when it has none or 0), else None}. Raises UsageError for a run the store
@@ -273,11 +409,15 @@ def show_log(aws: Aws, run_id: str, write: Write, note: Note, follow: bool = Fal
     if got is None:
         raise UsageError(f"no detached run {run_id} in s3://{bucket} ({aws.region})", "check the run id and --region")
     shown, etag, tail, polls, retries = 0, "", b"", 0, 0
+    secrets: list[str] | None = None
+    next_live = clock()
     try:
         while True:
             final = got.get("state") in runstore.FINAL_STATES  # read before the log: the log is then whole
             head = runstore.head_object(s3, bucket, key)
-            if head is not None and head["etag"] != etag:
+            if head is not None and head["etag"] != etag and shown and head["size"] <= shown < AGENT_LOG_MAX:
+                etag = head["etag"]  # behind what the live log showed: the agent's next upload catches up
+            elif head is not None and head["etag"] != etag:
                 if shown == 0:
                     start = max(0, head["size"] - max_bytes)
                     if start:
@@ -294,6 +434,29 @@ def show_log(aws: Aws, run_id: str, write: Write, note: Note, follow: bool = Fal
                     shown, etag, tail = head["size"], head["etag"], (tail + data)[-TAIL_BYTES:]
             if not follow or final:
                 break
+            if live is not None and clock() >= next_live and (src := live()) is not None:
+                if secrets is None:
+                    secrets = run_secrets(aws, s3, bucket, run_id)
+                if secrets is None:
+                    src.close()
+                    live = None
+                    note("the run's secrets could not be read to mask its live log: following S3")
+                    continue
+                note(f"following job.log live on {src.instance_id} over SSH")
+                seen = _Shown(write, shown, tail)
+
+                def is_final() -> bool:
+                    nonlocal got
+                    now = runstore.get_status(s3, bucket, run_id)
+                    got = now or got
+                    return now is not None and now.get("state") in runstore.FINAL_STATES
+                if not _follow_live(src, seen, secrets, is_final, min(poll_s, 1.0), sleep, clock):
+                    note(f"the live log of {src.instance_id} stopped answering: following S3")
+                shown, tail, etag = seen.count, seen.tail, ""  # S3 again, from the same byte
+                next_live = clock() + LIVE_EVERY_S
+                continue
+            if live is not None and clock() >= next_live:
+                next_live = clock() + LIVE_EVERY_S
             polls += 1
             if polls % GROUP_EVERY == 0 and _ended(aws, run_id):
                 got = runstore.get_status(s3, bucket, run_id) or got  # its last word, if it had one

@@ -134,14 +134,15 @@ def secret_env(job: TaskJob) -> dict[str, str]:
 
 
 def spec_document(job: TaskJob, opts: RunOptions, run_id: str, group: str, deadline: datetime,
-                  max_launches: int) -> dict[str, Any]:
+                  max_launches: int, log_reader: str | None = None) -> dict[str, Any]:
     """spec.json (pure): what the agent on each instance of the run runs, as agent/detached.py
     reads it (its docstring has the fields). ``deadline``: when the group's scheduled action sets
     it to 0 (UTC); the job gets SIGTERM ``limits.lead_seconds`` before it (its grace to checkpoint,
     then the time its outputs, log and status take to reach S3 and the agent to end the group:
     the same lead a run in the foreground gets before its instance's shutdown), SIGKILL after its
     grace (runs/plan/limits.py). The secrets' values are not in it: ``secrets`` names them, and
-    the agent reads each from its parameter (aws/parameters.name_of)."""
+    the agent reads each from its parameter (aws/parameters.name_of). ``log_reader``: the SSH user,
+    who may read the job's log on the instance (`ec2gpu logs --follow`, live)."""
     from ..plan import limits
     minutes = max(1, opts.max_runtime_minutes or 0)
     grace, lead = limits.grace_seconds(minutes), limits.lead_seconds(minutes)
@@ -155,7 +156,7 @@ def spec_document(job: TaskJob, opts: RunOptions, run_id: str, group: str, deadl
         "max_restarts_on_errors": job.task.resources.max_restarts_on_errors, "max_launches": max_launches,
         "nodes": opts.nodes,
         "limit_at": deadline.timestamp() - lead, "limit_grace_s": grace, "spot": opts.spot,
-        "mounts": mounts_document(job, run_id),
+        "mounts": mounts_document(job, run_id), "log_reader": log_reader,
     }
 
 
@@ -217,7 +218,8 @@ def start(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
     s3 = aws.client("s3")
     with ui.phase("upload"):
         bucket = runstore.ensure(s3, account, aws.region, settings.owner, settings.run_store_expire_days)
-        _upload(s3, bucket, run_id, job, spec_document(job, opts, run_id, group, limit_at, launches))
+        _upload(s3, bucket, run_id, job, spec_document(job, opts, run_id, group, limit_at, launches,
+                                                          settings.ssh_user))
         ui.note(f"run store s3://{bucket}/{runstore.prefix(run_id)}: workdir, agent and spec")
     made = False
     try:
