@@ -113,7 +113,9 @@ def logs(name: str, *, follow: bool = False, write: Optional[Write] = None, regi
     (text, UTF-8, an undecodable byte as U+FFFD).
 
     ``index``: an array's or a sweep's element (ec2gpu/pool/): its own log, as it came home with
-    the run (logs/INDEX.log of its artifacts; an array's run that is over), "exit_status" its own.
+    the run (logs/INDEX.log of its artifacts: an array's run that is over, or one this machine
+    runs, whose ended elements' logs come home every 10 s), "exit_status" its own (None while the
+    run goes on).
 
     Returns {"exit_status", "run_id", "instance_id", "source"}: "source" is "saved" (brought home;
     "instance_id" None), "s3" (a detached run; "instance_id" None, and "state": status.json's

@@ -216,10 +216,28 @@ def test_an_elements_log_comes_from_the_finished_runs_artifacts(tmp_path):
     assert path.read_text() == "element 3\n" and status == 7
     with pytest.raises(UsageError, match="no log of element 4"):
         logs.element_log(tmp_path, row, "r1", 4)
-    with pytest.raises(UsageError, match="not over"):
+    with pytest.raises(UsageError, match="not known here"):
         logs.element_log(tmp_path, None, "r1", 3)
     with pytest.raises(UsageError, match="0 to 9,999"):
         logs.element_log(tmp_path, row, "r1", -1)
+
+
+def test_while_the_array_runs_an_ended_elements_log_is_read_from_what_came_home(tmp_path, monkeypatch):
+    """`logs RUN --index K` during the run: the elements that ended have their logs here (brought
+    home every 10 s); one still running is said so, with where to look."""
+    from ec2gpu.runs.execute import logs
+    from ec2gpu.runs.settle import ledger, record
+    monkeypatch.setenv("EC2GPU_HOME", str(tmp_path / "home"))
+    art = tmp_path / "runs" / "20261127-120000-aaaa"
+    (art / "logs").mkdir(parents=True)
+    (art / "logs" / "3.log").write_text("element 3\n")
+    ledger.record(tmp_path / "home", record.new("20261127-120000-aaaa", "ec2gpu run --array 8", "sandbox", art,
+                                                task="t"))
+    assert logs.finished(tmp_path / "home", "20261127-120000-aaaa") is None  # still running
+    path, status = logs.element_log(tmp_path / "home", None, "20261127-120000-aaaa", 3)
+    assert path.read_text() == "element 3\n" and status is None
+    with pytest.raises(UsageError, match="element 5 of run 20261127-120000-aaaa has not ended yet"):
+        logs.element_log(tmp_path / "home", None, "20261127-120000-aaaa", 5)
 
 
 class _Job:

@@ -65,11 +65,26 @@ def saved_log(home: Path, name: str) -> Path:
 
 def element_log(home: Path, row: dict[str, Any] | None, name: str, index: int) -> tuple[Path, int | None]:
     """(the log of element ``index`` of the array run ``row`` (the ledger's row of run ``name``,
-    None when it is not over), its exit status from the run's pool.json where known). Raises
-    UsageError: a run that is not over, no such element or no log of it."""
+    None when it is not over), its exit status from the run's pool.json where known). While the
+    run goes on (on this machine), an element that has ended has its log here already (the run
+    brings finished elements' outputs and logs home every 10 s), its exit status unknown yet.
+    Raises UsageError: a run not known, an element that has not ended yet, no such element or no
+    log of it."""
     if row is None:
-        raise UsageError(f"run {name!r} is not over (or not known): --index reads an element's log once the run "
-                         "has brought it home", "see `ec2gpu runs`; the run's own log: ec2gpu logs RUN")
+        from ..settle import ledger
+        try:
+            running = ledger.get(home, name)
+        except UsageError:
+            running = None
+        if running is None:
+            raise UsageError(f"run {name!r} is not known here: --index reads an element's log as the run that "
+                             "runs the array brought it home", "see `ec2gpu runs`")
+        path = Path(running.get("artifacts") or "") / "logs" / f"{index}.log"
+        if not 0 <= index < 10_000 or not path.is_file():
+            raise UsageError(f"element {index} of run {running['run_id']} has not ended yet (or is not one): its log "
+                             "comes home within 10 s of its end", f"ec2gpu status {running['run_id']} shows the "
+                             "elements done; the run's own log: ec2gpu logs RUN --follow")
+        return path, None
     if not 0 <= index < 10_000:
         raise UsageError(f"--index {index}: an element's index is 0 to 9,999", "e.g. --index 17")
     artifacts = Path(row.get("artifacts") or "")
