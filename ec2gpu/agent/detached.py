@@ -280,9 +280,8 @@ def parse_spec(data: object, run_id: str) -> dict[str, Any]:
             or not all(isinstance(n, str) and len(n) <= 128 and ENV_NAME_RE.fullmatch(n) for n in secret_names)):
         raise Refused(f"spec.json: secrets must be at most {MAX_SECRETS} distinct environment variable names")
     mounts = parse_mounts(get("mounts", (list,), []), run_id)
-    reader = get("log_reader", (str,))
-    if reader is not None and not re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", reader):
-        raise Refused(f"spec.json: log_reader {reader[:40]!r} is not a user name")
+    reader = data.get("log_reader")  # a convenience (`logs --follow`, live): one that is not a user name is none
+    reader = reader if isinstance(reader, str) and re.fullmatch(r"[A-Za-z0-9._][A-Za-z0-9._-]{0,31}", reader) else None
     python = get("python", (str,))
     if python is not None and (not python.startswith("/") or not re.fullmatch(r"[A-Za-z0-9._/+-]{1,512}", python)):
         raise Refused("spec.json: python must be an absolute path")
@@ -890,10 +889,16 @@ class Detached:
             return
         if self.log_sent == (st.st_size, st.st_mtime_ns):
             return
+        values = list(self.secrets.values())
         with open(path, "rb") as f:
-            if st.st_size > LOG_MAX:
+            if st.st_size > LOG_MAX:  # its last LOG_MAX bytes, from a line's start: a secret the cut
+                # would halve is never sent in part
                 f.seek(st.st_size - LOG_MAX)
-            data = mask(f.read(LOG_MAX), list(self.secrets.values()))
+                data = f.read(LOG_MAX)
+                data = data[data.find(b"\n") + 1:] if b"\n" in data else b""
+            else:
+                data = f.read(LOG_MAX)
+            data = mask(data, values)
         self.store.s3.put_object(Bucket=self.store.bucket, Key=self.store.key("logs/job.log"), Body=data,
                                  ContentType="text/plain")
         self.log_sent = (st.st_size, st.st_mtime_ns)
@@ -933,34 +938,47 @@ class Detached:
             return
         for i, m in enumerate(mounts):
             path = on_instance(m["target"], self.home, root)
-            if m["kind"] == "s3":
-                done = s3files._copy_in(self.s3_for(m["region"]), {
-                    "target": path, "bucket": m["bucket"], "prefix": m["prefix"], "file": m["file"],
-                    "record": os.path.join(records, f"{i}.json")})
-                self.log(f"file_mounts: {done['files']} object(s), {done['bytes']} bytes from s3://{m['bucket']}/"
-                         f"{m['prefix']} to {m['target']}")
-                continue
-            rel = m["key"][len(self.store.prefix):]
-            head = self.store.s3.head_object(Bucket=self.store.bucket, Key=self.store.key(rel))
-            if int(head.get("ContentLength", 0)) > MAX_ARCHIVE_BYTES:
-                raise Refused(f"file_mounts {m['target']}: over {MAX_ARCHIVE_BYTES:,} bytes")
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            if m["is_file"]:
-                self.store.s3.download_file(self.store.bucket, self.store.key(rel), path)
-                continue
-            archive, unpacked = os.path.join(self.run_dir, "mount.tar.gz"), os.path.join(self.run_dir, "mount")
-            shutil.rmtree(unpacked, ignore_errors=True)
-            self.store.s3.download_file(self.store.bucket, self.store.key(rel), archive)
+            if not root and m["target"].startswith("/") and os.environ.get("EC2GPU_SANDBOX_CONTROL"):
+                raise Refused(f"file_mounts {m['target']}: this sandbox instance has no EC2GPU_SANDBOX_ROOT (a sandbox "
+                              "started by an older ec2gpu): restart it")
             try:
-                extract_workdir(archive, unpacked)
-                shutil.copytree(unpacked, path, symlinks=True, dirs_exist_ok=True)
-            except (tarfile.TarError, EOFError, OSError) as exc:
-                raise Refused(f"file_mounts {m['target']}: not put in place ({type(exc).__name__}: {exc})") from None
-            finally:
-                os.remove(archive)
-                shutil.rmtree(unpacked, ignore_errors=True)
+                self._place(m, i, path, records)
+            except Refused:
+                raise
+            except Exception as exc:  # S3 refused, a path not made: the run ends failed, saying which entry
+                raise Refused(f"file_mounts {m['target']}: not put in place ({type(exc).__name__}: {exc})"[:1000]) \
+                    from None
         with open(marker, "w"):
             pass
+
+    def _place(self, m: dict[str, Any], i: int, path: str, records: str) -> None:
+        """One file_mounts entry at ``path`` (place_mounts)."""
+        if m["kind"] == "s3":
+            if m["file"]:  # one object to the target path itself: its folder made first
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+            done = s3files._copy_in(self.s3_for(m["region"]), {
+                "target": path, "bucket": m["bucket"], "prefix": m["prefix"], "file": m["file"],
+                "record": os.path.join(records, f"{i}.json")})
+            self.log(f"file_mounts: {done['files']} object(s), {done['bytes']} bytes from s3://{m['bucket']}/"
+                     f"{m['prefix']} to {m['target']}")
+            return
+        rel = m["key"][len(self.store.prefix):]
+        head = self.store.s3.head_object(Bucket=self.store.bucket, Key=self.store.key(rel))
+        if int(head.get("ContentLength", 0)) > MAX_ARCHIVE_BYTES:
+            raise Refused(f"file_mounts {m['target']}: over {MAX_ARCHIVE_BYTES:,} bytes")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if m["is_file"]:
+            self.store.s3.download_file(self.store.bucket, self.store.key(rel), path)
+            return
+        archive, unpacked = os.path.join(self.run_dir, "mount.tar.gz"), os.path.join(self.run_dir, "mount")
+        shutil.rmtree(unpacked, ignore_errors=True)
+        self.store.s3.download_file(self.store.bucket, self.store.key(rel), archive)
+        try:
+            extract_workdir(archive, unpacked)
+            shutil.copytree(unpacked, path, symlinks=True, dirs_exist_ok=True)
+        finally:
+            os.remove(archive)
+            shutil.rmtree(unpacked, ignore_errors=True)
 
     def push_outputs(self) -> None:
         outputs = Mirror(self.store, "outputs", self.out_dir)
@@ -1151,8 +1169,9 @@ class Detached:
     def share_log(self, reader: str | None) -> None:
         """Let ``reader`` (the SSH user) read job.log, live, over SSH: the log (made here if the
         earlier launches left none) gets ``reader``'s group and mode 0640, the run directory and the
-        agent's home that group and mode 0710 (the group passes through, lists nothing, and reads
-        nothing else: the job's environment file and the agent's key stay 0600). Said, never
+        agent's home that group and mode 0710 (the group passes through by name and lists nothing;
+        the job's environment file with its secrets and the agent's key stay 0600, root's; what the
+        job made readable, its workdir and outputs, that group may read by name). Said, never
         raised, when it cannot be done (no such user; not root): the log is then read from S3 only."""
         if not reader:
             return

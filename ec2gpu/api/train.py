@@ -92,6 +92,11 @@ def train_mnist(*, instance_type: Optional[str] = None, spot: bool = False, spot
     if detach and (cluster or local or sweep or nodes > 1):
         raise UsageError("--detach trains on one new instance",
                          "drop --cluster, --local, --sweep or --nodes, or drop --detach")
+    if detach and keep:
+        raise UsageError("--keep has no meaning with --detach: the group ends when the training does", "drop --keep")
+    if detach and checkpoint_uri:
+        raise UsageError("--checkpoint-uri is for a run in the foreground: a detached run keeps its checkpoints "
+                         "in its run store in S3 (ec2gpu fetch RUN brings them)", "drop --checkpoint-uri")
     if keep and max_runtime is None:
         raise UsageError("--keep needs an explicit --max-runtime MINUTES",
                          "say how long the kept instance may live, e.g. --keep --max-runtime 240")

@@ -538,7 +538,6 @@ def test_a_run_id_that_is_not_one_is_refused_before_any_key_is_made(aws, tmp_pat
     {"mounts": [{"target": "~/x", "kind": "s3", "bucket": "Bad_Bucket", "prefix": "", "region": "us-east-1"}]},
     {"mounts": [{"target": "~/x", "kind": "s3", "bucket": "data", "prefix": "", "region": "us east"}]},
     {"mounts": [{"target": "~/x", "kind": "gs", "bucket": "data", "prefix": "", "region": "us-east-1"}]},
-    {"log_reader": "root; rm"}, {"log_reader": 7},
 ])
 def test_a_hostile_spec_is_refused_and_the_run_ends_failed(aws, tmp_path, fields):
     put_spec(aws, run=f"touch {tmp_path}/ran")
@@ -594,7 +593,8 @@ def test_file_mounts_are_in_place_before_the_setup_and_mount_mode_ones_are_writt
     monkeypatch.setenv("EC2GPU_SANDBOX_ROOT", str(root))
     data = "ec2gpu-test-mount-data"
     aws.s3.create_bucket(Bucket=data)
-    for key, body in (("ds/a.txt", "from s3 a\n"), ("ds/sub/b.txt", "from s3 b\n"), ("database/no.txt", "x")):
+    for key, body in (("ds/a.txt", "from s3 a\n"), ("ds/sub/b.txt", "from s3 b\n"), ("database/no.txt", "x"),
+                      ("one.csv", "one object\n")):
         aws.s3.put_object(Bucket=data, Key=key, Body=body.encode())
     aws.s3.put_object(Bucket=BUCKET, Key=PREFIX + "mounts/0.tar.gz", Body=archive([("x.txt", "local dir\n")]))
     aws.s3.put_object(Bucket=BUCKET, Key=PREFIX + "mounts/1", Body=b"local file\n")
@@ -603,15 +603,17 @@ def test_file_mounts_are_in_place_before_the_setup_and_mount_mode_ones_are_writt
               {"target": "~/data", "kind": "s3", "bucket": data, "prefix": "ds", "region": "us-east-1",
                "file": False, "write_back": False},
               {"target": "~/results", "kind": "s3", "bucket": data, "prefix": "results/", "region": "us-east-1",
-               "file": False, "write_back": True}]
+               "file": False, "write_back": True},
+              {"target": "~/deep/er/one.csv", "kind": "s3", "bucket": data, "prefix": "one.csv", "region": "us-east-1",
+               "file": True, "write_back": False}]  # one object, into folders not there yet
     put_spec(aws, mounts=mounts, setup=f'cat ~/local/x.txt > {tmp_path}/setup-saw',
-             run=f'cat ~/local/x.txt {root}/etc/app/cfg.txt ~/data/a.txt ~/data/sub/b.txt; ls ~/data; '
-                 'echo result > ~/results/r.txt')
+             run=f'cat ~/local/x.txt {root}/etc/app/cfg.txt ~/data/a.txt ~/data/sub/b.txt ~/deep/er/one.csv; '
+                 'ls ~/data; echo result > ~/results/r.txt')
     assert make(aws, tmp_path / "home").execute() == 0
     assert status(aws)["state"] == "succeeded", status(aws)
     assert (tmp_path / "setup-saw").read_text() == "local dir\n"
     log = get(aws, "logs/job.log")
-    assert "local dir\nlocal file\nfrom s3 a\nfrom s3 b\n" in log and "database" not in log
+    assert "local dir\nlocal file\nfrom s3 a\nfrom s3 b\none object\n" in log and "database" not in log
     assert not (tmp_path / "etc").exists()  # an absolute target never on this machine's own /
     got = aws.s3.get_object(Bucket=data, Key="results/r.txt")["Body"].read()
     assert got == b"result\n"
@@ -641,6 +643,33 @@ def test_the_log_is_shared_with_the_ssh_users_group_and_nothing_else_of_the_run(
         assert os.stat(rd / "job.log").st_gid == gid == os.stat(rd).st_gid, grp.getgrgid(gid)
     else:
         assert mode(rd) == 0o700 and any("not shared with no-such-user-here" in line for line in lines)
+
+
+def test_a_mount_that_cannot_be_put_in_place_ends_the_run_failed_naming_it(aws, tmp_path):
+    put_spec(aws, mounts=[{"target": "~/data", "kind": "s3", "bucket": "ec2gpu-no-such-bucket", "prefix": "x",
+                           "region": "us-east-1", "file": False, "write_back": False}], run=f"touch {tmp_path}/ran")
+    assert make(aws, tmp_path / "home").execute() == 0
+    st = status(aws)
+    assert st["state"] == "failed" and st["reason"].startswith("file_mounts ~/data: not put in place"), st
+    assert not (tmp_path / "ran").exists() and group_size(aws) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("reader, kept", [("First.Last", "First.Last"), ("ubuntu", "ubuntu"), ("root; rm", None),
+                                          ("-o", None), (7, None), ("x" * 40, None)])
+def test_a_log_reader_that_is_no_user_name_is_none_and_the_run_goes_on(reader, kept):
+    spec = detached.parse_spec({"run_id": RUN_ID, "name": "job", "run": "true", "log_reader": reader}, RUN_ID)
+    assert spec["log_reader"] == kept
+
+
+def test_the_log_cut_to_its_last_bytes_starts_at_a_line_and_never_sends_half_a_secret(aws, tmp_path, monkeypatch):
+    monkeypatch.setattr(detached, "LOG_MAX", 25)
+    run = make(aws, tmp_path / "home")
+    run.secrets = {"T": "hunter2-secret"}
+    os.makedirs(run.run_dir)
+    with open(os.path.join(run.run_dir, "job.log"), "wb") as f:
+        f.write(b"x" * 20 + b" hunter2-secret tail\nlast line\n")  # the last 25 bytes begin inside the secret
+    run.push_log()
+    assert get(aws, "logs/job.log") == "last line\n"
 
 
 def test_the_agent_places_targets_as_the_controller_does():

@@ -59,6 +59,8 @@ def no_local_run(no_backend, monkeypatch):
     ({"detach": True, "cluster": "lab"}, "--detach trains on one new instance"),
     ({"detach": True, "local": True}, "--detach trains on one new instance"),
     ({"detach": True, "sweep": {"lr": [0.1, 0.05]}}, "--detach trains on one new instance"),
+    ({"detach": True, "keep": True, "max_runtime": 60}, "--keep has no meaning with --detach"),
+    ({"detach": True, "checkpoint_uri": "s3://b/p"}, "--checkpoint-uri is for a run in the foreground"),
 ])
 def test_train_mnist_refuses_bad_input_before_any_backend_is_opened(home, no_local_run, kwargs, words):
     with pytest.raises(UsageError, match=words):

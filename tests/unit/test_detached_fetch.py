@@ -65,6 +65,15 @@ def test_fetch_brings_outputs_checkpoints_log_and_status_home(aws, tmp_path):
     assert any("2 output file(s), 1 checkpoint file(s)" in n for n in notes)
 
 
+def test_a_summary_is_read_as_any_runs_with_the_runs_secrets_masked(aws, tmp_path):
+    _status(aws)
+    _put(aws, PREFIX + "outputs/summary.json", json.dumps({"test_acc": 0.991, "note": "token s3cret-v"}).encode())
+    notes = []
+    got = detached.fetch(aws, RUN, tmp_path / "out", Limits(), notes.append, schema="task", secrets=["s3cret-v"])
+    assert got["columns"]["test_acc"] == 0.991 and "s3cret" not in json.dumps(got["columns"])
+    assert any("test accuracy 99.10%" in n for n in notes)
+
+
 def test_a_run_the_store_does_not_hold_is_a_usage_error(aws, tmp_path):
     with pytest.raises(UsageError, match="no detached run"):
         detached.fetch(aws, RUN, tmp_path / "out", Limits(), print)
@@ -295,7 +304,57 @@ def test_when_the_live_log_drops_follow_goes_on_from_s3_at_the_same_byte(aws, mo
     got = detached.show_log(aws, RUN, w, notes.append, follow=True, live=lambda: live, clock=ticks,
                             sleep=lambda s: steps.pop(0)() if s >= detached.POLL_S and steps else None)
     assert w.data == b"one\ntwo\nthree\n" and got["state"] == "succeeded" and not steps
-    assert any("stopped answering" in n for n in notes) and not any("lost its start" in n for n in notes)
+    assert any("live log of i-live stopped" in n for n in notes) and not any("lost its start" in n for n in notes)
+
+
+def test_a_secret_cut_between_two_reads_or_across_lines_is_masked_and_the_bytes_are_the_stores():
+    """The live log is masked over its bytes as the agent masks the copy it uploads: a value cut
+    between two reads, or holding a newline, is masked whole; nothing is added, so the bytes
+    written, fed in any pieces, are agent/detached.mask's of the whole."""
+    from ec2gpu.agent import detached as agent_side
+    secrets = ["hunter2", "-----BEGIN KEY-----\nabc\n-----END KEY-----"]
+    whole = (b"a hunter2 b\n" + "-----BEGIN KEY-----\nabc\n-----END KEY-----".encode() + b"\ntqdm 50%\r" + b"x" * 70_000
+             + b" hunt" + b"er2 end")
+    for size in (1, 3, 7, 64, 4096):
+        out = []
+        m = detached._Masker(secrets, out.append)
+        for i in range(0, len(whole), size):
+            m.feed(whole[i:i + size])
+        m.flush()
+        assert b"".join(out) == agent_side.mask(whole, secrets), size
+    assert b"hunter" not in agent_side.mask(whole, secrets) and b"abc" not in agent_side.mask(whole, secrets)
+
+
+def test_a_live_log_that_drops_inside_a_secret_goes_on_from_s3_with_nothing_shown_twice_or_unmasked(aws, monkeypatch):
+    import socket
+    monkeypatch.setattr(detached, "run_secrets", lambda *a: ["hunter2"])
+    _status(aws, "running")
+    _put(aws, PREFIX + "logs/job.log", b"one\n")
+    live = FakeLive(b"one\n", [lambda f: f.file.extend(b"token hunt"), socket.timeout("gone")])
+    steps = [lambda: None, lambda: (_put(aws, PREFIX + "logs/job.log", b"one\ntoken ****\nepoch 1 50%\n"),
+                                    _status(aws, "succeeded"))]
+    w = Collect()
+    detached.show_log(aws, RUN, w, print, follow=True, live=lambda: live, clock=iter(range(10_000)).__next__,
+                      sleep=lambda s: steps.pop(0)() if s >= detached.POLL_S and steps else None)
+    assert w.data == b"one\ntoken ****\nepoch 1 50%\n" and b"hunt" not in w.data and not steps
+
+
+def test_when_the_instance_went_without_a_word_the_replacements_log_goes_on_from_the_stores_copy(aws, monkeypatch):
+    """The live view got ahead of the last upload and the instance vanished (no notice, no final
+    upload): the replacement's log starts from the older copy. Its new lines are shown, after a
+    note, rather than skipped for the bytes the live view had shown."""
+    import socket
+    monkeypatch.setattr(detached, "run_secrets", lambda *a: [])
+    _status(aws, "running")
+    _put(aws, PREFIX + "logs/job.log", b"one\n")
+    live = FakeLive(b"one\n", [lambda f: f.file.extend(b"two (lost)\n"), socket.timeout("gone")])
+    steps = [lambda: (_put(aws, PREFIX + "logs/job.log", b"one\nresumed on the replacement\n"),
+                      _status(aws, "succeeded"))]
+    w, notes = Collect(), []
+    detached.show_log(aws, RUN, w, notes.append, follow=True, live=lambda: live, clock=iter(range(10_000)).__next__,
+                      sleep=lambda s: steps.pop(0)() if s >= detached.POLL_S and steps else None)
+    assert w.data == b"one\ntwo (lost)\nresumed on the replacement\n"
+    assert any("went with the instance" in n for n in notes)
 
 
 def test_without_the_runs_secrets_the_live_log_is_not_read(aws, monkeypatch):

@@ -26,10 +26,13 @@ status.json's state (runstore.FINAL_STATES) and the run's Auto Scaling group, ne
 this machine has the run's private key (the machine that started it): the agent lets the SSH user
 read job.log in its run directory (``${EC2GPU_STATE_DIR:-/var/lib/ec2gpu}/detached/ec2gpu/runs/RUN``,
 agent/detached.share_log), the host key is checked against the console output as for any
-instance, and the bytes shown are the store's (the instance's log masked line by line with the
-run's secrets, read from SSM Parameter Store with these credentials), so when the instance goes
-(a spot interruption) or SSH drops, following goes on from S3 at the same byte, and live again
-on the replacement. Without the key, or without an instance in service, it is S3's.
+instance, and the bytes shown are the store's (the instance's log masked over its bytes as the
+agent masks the copy it uploads, with the run's secrets read from SSM Parameter Store with these
+credentials: ``_Masker``), so when the instance goes (a spot interruption) or SSH drops,
+following goes on from S3 at the same byte, and live again on the replacement. When the live view
+got ahead of the store's last copy and the instance went without a word, the replacement's log
+goes on from that copy, said (a few lines may show twice). Past 64 MiB (the store then keeps the
+last 64 MiB only) it is S3's. Without the key, or without an instance in service, it is S3's.
 """
 from __future__ import annotations
 
@@ -158,14 +161,14 @@ def _write(s3: Any, bucket: str, key: str, root: Path, f: files.RemoteFile) -> s
 
 
 def fetch(aws: Aws, run_id: str, out: Path, limits: files.Limits, note: Note,
-          got: dict[str, Any] | None = None, schema: str = "task") -> dict[str, Any]:
+          got: dict[str, Any] | None = None, schema: str = "task", secrets: list[str] | None = None) -> dict[str, Any]:
     """Bring home what the detached run ``run_id`` has in its store: ``outputs/`` to
     ``out``/outputs and ``checkpoints/`` to ``out``/checkpoints (each at most ``limits``),
     ``logs/job.log`` (its last MAX_LOG_BYTES) and status.json (the validated record, ``got`` when
     already read) to ``out``. What is not brought home is said to ``note``. The job's
     outputs/summary.json, when it wrote one, is read as runs/execute/job_summary.read_summary
-    reads a run's (hostile input, checked against ``schema``: "mnist" for the built-in trainer), and
-    its test accuracy said.
+    reads a run's (hostile input, checked against ``schema``: "mnist" for the built-in trainer;
+    ``secrets``, the run's values, masked in it as in any run's record), and its test accuracy said.
 
     Returns {"outputs": [...], "checkpoints": [...], "files": [...] (names relative to their
     directory), "state": status.json's state, "skipped": objects refused for their name or place,
@@ -196,7 +199,8 @@ def fetch(aws: Aws, run_id: str, out: Path, limits: files.Limits, note: Note,
     columns: dict[str, Any] = {}
     if "summary.json" in outputs:
         from ..execute import job_summary
-        checked = job_summary.read_summary(out / "outputs" / "summary.json", schema, root=out)
+        checked = job_summary.read_summary(out / "outputs" / "summary.json", schema, root=out,
+                                           secrets=secrets or ())
         columns = job_summary.columns(checked, schema) if checked is not None else {}
         if columns.get("test_acc") is not None:
             note(f"test accuracy {columns['test_acc']:.2%} (outputs/summary.json)")
@@ -295,17 +299,54 @@ class _Shown:
             self.tail = (self.tail + data)[-TAIL_BYTES:]
 
 
+class _Masker:
+    """Bytes masked as the agent masks the copy it uploads (agent/detached.mask: each secret value,
+    longest first, replaced by ****, over the bytes as they are: no line splitting, no decoding),
+    fed in pieces: the last bytes that could be the start of a secret are held back until the next
+    piece (or ``flush``), so a value cut between two reads is masked whole and the bytes written
+    are the store's, byte for byte."""
+
+    def __init__(self, secrets: list[str], out: Callable[[bytes], None]):
+        self.values = sorted({v.encode("utf-8", "surrogateescape") for v in secrets if v}, key=len, reverse=True)
+        self.hold = max((len(v) for v in self.values), default=1) - 1
+        self.out, self.pending = out, b""
+
+    def _mask(self, data: bytes) -> bytes:
+        for v in self.values:
+            data = data.replace(v, b"****")
+        return data
+
+    def feed(self, data: bytes) -> None:
+        self.pending += data
+        cut = len(self.pending) - self.hold
+        moved = True
+        while moved and cut > 0:  # never cut through a value: cut before it
+            moved = False
+            for v in self.values:
+                at = self.pending.find(v, max(0, cut - len(v) + 1))
+                if 0 <= at < cut < at + len(v):
+                    cut, moved = at, True
+        if cut > 0:
+            self.out(self._mask(self.pending[:cut]))
+            self.pending = self.pending[cut:]
+
+    def flush(self) -> None:
+        if self.pending:
+            self.out(self._mask(self.pending))
+            self.pending = b""
+
+
 def _follow_live(src: LiveLog, shown: _Shown, secrets: list[str], is_final: Callable[[], bool], poll_s: float,
                  sleep: Callable[[float], None], clock: Callable[[], float] = time.monotonic) -> bool:
-    """Write the live log of ``src`` from where ``shown`` is, masked with ``secrets`` line by line
-    (the agent's rule), until ``is_final()`` (read every LIVE_STATUS_S; the log is then drained:
-    True) or the connection fails (False). The instance's log holds what the store holds (its
-    earlier launches' part came from there, masked), so the first ``shown.count`` bytes are passed over."""
+    """Write the live log of ``src`` from where ``shown`` is, masked as the agent masks the store's
+    copy (``_Masker``), until ``is_final()`` (read every LIVE_STATUS_S; the log is then drained and
+    its held bytes written: True), or the connection fails or the log passes AGENT_LOG_MAX (the
+    store's copy then lost its start, so its offsets are no longer the instance's: False; held
+    bytes are dropped, S3 has them). The instance's log holds what the store holds (its earlier
+    launches' part came from there, masked), so the first ``shown.count`` bytes are passed over."""
     from ...remote import jobs
-    from ..execute.job_summary import mask_text
-    splitter = jobs.LineSplitter(lambda line: shown.emit((mask_text(line, secrets) + "\n").encode())) \
-        if secrets else None
-    cursor = jobs.LogCursor(splitter or shown.emit)
+    masker = _Masker(secrets, shown.emit)
+    offset, done = 0, False
     shown.skip = shown.count
     next_status = clock()
     try:
@@ -314,18 +355,23 @@ def _follow_live(src: LiveLog, shown: _Shown, secrets: list[str], is_final: Call
             if clock() >= next_status:
                 final, next_status = is_final(), clock() + LIVE_STATUS_S
             while True:  # to the file's current end, a chunk at a time
-                chunk = src.read(cursor.offset, jobs.CHUNK_BYTES)
-                cursor.deliver(chunk)
+                chunk = src.read(offset, jobs.CHUNK_BYTES)
+                offset += len(chunk)
+                if offset >= AGENT_LOG_MAX:
+                    return False
+                masker.feed(chunk)
                 if len(chunk) < jobs.CHUNK_BYTES:
                     break
             if final:
+                masker.flush()
+                done = True
                 return True
             sleep(poll_s)
     except jobs.CONNECTION_ERRORS:
         return False
     finally:
-        if splitter:
-            splitter.flush()
+        if not done:
+            masker.pending = b""
         shown.skip = 0
         src.close()
 
@@ -358,7 +404,15 @@ def live_log(aws: Aws, settings: Any, backend: Any, run_id: str, note: Note,
     except (RemoteError, WaitTimeout, UsageError) as exc:
         note(f"the live log of {inst.id} is not reachable ({exc}); following S3")
         return None
-    state_dir = ssh.run(conn, 'printf %s "${EC2GPU_STATE_DIR:-/var/lib/ec2gpu}"').strip()
+    try:
+        state_dir = ssh.run(conn, 'printf %s "${EC2GPU_STATE_DIR:-/var/lib/ec2gpu}"').strip()
+    except (RemoteError, *jobs.CONNECTION_ERRORS) as exc:
+        conn.close()
+        note(f"the live log of {inst.id} is not reachable ({type(exc).__name__}); following S3")
+        return None
+    if not state_dir.startswith("/") or "\n" in state_dir:  # the instance's words: checked
+        conn.close()
+        return None
     path = f"{state_dir}/detached/ec2gpu/runs/{runstore.check_run_id(run_id)}/job.log"
 
     class _Live:
@@ -411,13 +465,21 @@ def show_log(aws: Aws, run_id: str, write: Write, note: Note, follow: bool = Fal
     shown, etag, tail, polls, retries = 0, "", b"", 0, 0
     secrets: list[str] | None = None
     next_live = clock()
+    #: after a live read: (what S3 had shown before it, its tail), until S3's copy is checked again
+    ahead: tuple[int, bytes] | None = None
     try:
         while True:
             final = got.get("state") in runstore.FINAL_STATES  # read before the log: the log is then whole
             head = runstore.head_object(s3, bucket, key)
-            if head is not None and head["etag"] != etag and shown and head["size"] <= shown < AGENT_LOG_MAX:
+            if ahead is not None and head is not None and head["etag"] != etag and head["size"] <= shown:
                 etag = head["etag"]  # behind what the live log showed: the agent's next upload catches up
             elif head is not None and head["etag"] != etag:
+                if ahead is not None:  # the store's copy goes on from what the live log showed, or not
+                    if tail and _read(s3, bucket, key, shown - len(tail), shown, head["etag"]) != tail:
+                        note("the lines shown live after the store's last copy went with the instance; the log goes "
+                             "on from that copy (some lines may show twice)")
+                        shown, tail = ahead
+                    ahead = None
                 if shown == 0:
                     start = max(0, head["size"] - max_bytes)
                     if start:
@@ -434,7 +496,7 @@ def show_log(aws: Aws, run_id: str, write: Write, note: Note, follow: bool = Fal
                     shown, etag, tail = head["size"], head["etag"], (tail + data)[-TAIL_BYTES:]
             if not follow or final:
                 break
-            if live is not None and clock() >= next_live and (src := live()) is not None:
+            if live is not None and clock() >= next_live and shown < AGENT_LOG_MAX and (src := live()) is not None:
                 if secrets is None:
                     secrets = run_secrets(aws, s3, bucket, run_id)
                 if secrets is None:
@@ -451,7 +513,10 @@ def show_log(aws: Aws, run_id: str, write: Write, note: Note, follow: bool = Fal
                     got = now or got
                     return now is not None and now.get("state") in runstore.FINAL_STATES
                 if not _follow_live(src, seen, secrets, is_final, min(poll_s, 1.0), sleep, clock):
-                    note(f"the live log of {src.instance_id} stopped answering: following S3")
+                    note(f"the live log of {src.instance_id} stopped (SSH, or past {AGENT_LOG_MAX >> 20} MiB): "
+                         "following S3")
+                if seen.count > shown:
+                    ahead = (shown, tail)
                 shown, tail, etag = seen.count, seen.tail, ""  # S3 again, from the same byte
                 next_live = clock() + LIVE_EVERY_S
                 continue
