@@ -167,19 +167,23 @@ def _cmdline(pid: int) -> list[str]:
 
 
 def test_a_spot_interruption_is_ridden_out_by_a_replacement_that_resumes_from_the_checkpoint(
-        sandbox_env, tmp_path, capsys):
+        sandbox_env, tmp_path, capsys, monkeypatch):
     """Issue 30's point: with nobody watching, AWS interrupts the spot instance; its agent saves the
     checkpoint to S3 within the notice; the group launches a replacement, whose agent downloads
-    it and restarts the job with EC2GPU_RESUME=1; the run succeeds with one interruption survived."""
+    it, reads the run's secret again and restarts the job with EC2GPU_RESUME=1; the run succeeds
+    with one interruption survived."""
+    monkeypatch.setenv("RESUME_TOKEN", "resume-secret-42")
     task = _task(tmp_path, 'if [ "$EC2GPU_RESUME" = 1 ] && [ -f "$EC2GPU_CHECKPOINT_DIR/step" ]; then\n'
-                           '  echo "resumed from step $(cat "$EC2GPU_CHECKPOINT_DIR/step")"\n'
+                           '  echo "resumed from step $(cat "$EC2GPU_CHECKPOINT_DIR/step") with $RESUME_TOKEN"\n'
                            '  cp "$EC2GPU_CHECKPOINT_DIR/step" "$EC2GPU_OUTPUT_DIR/resumed-from"\n'
+                           '  printf %s "$RESUME_TOKEN" | wc -c > "$EC2GPU_OUTPUT_DIR/token-bytes"\n'
                            '  exit 0\n'
                            'fi\n'
                            'echo 7 > "$EC2GPU_CHECKPOINT_DIR/step"\n'
                            'echo "first attempt"\n'
                            'sleep 600')
-    assert cli.main(["run", str(task), "--sandbox", "--detach", "--spot", "--max-runtime", "30m", "--json"]) == 0
+    assert cli.main(["run", str(task), "--sandbox", "--detach", "--spot", "--max-runtime", "30m", "--json",
+                     "--secret", "RESUME_TOKEN"]) == 0
     record = json.loads(capsys.readouterr().out)
     run_id, bucket = record["run_id"], record["bucket"]
     first = _wait(run_id, ("running",))
@@ -197,7 +201,8 @@ def test_a_spot_interruption_is_ridden_out_by_a_replacement_that_resumes_from_th
     prefix = runstore.prefix(run_id)
     assert _object(bucket, prefix + "outputs/resumed-from") == "7\n"
     log = _object(bucket, prefix + "logs/job.log")
-    assert log.index("first attempt") < log.index("resumed from step 7")  # one log across both instances
+    assert log.index("first attempt") < log.index("resumed from step 7 with ****")  # one log across both instances
+    assert _object(bucket, prefix + "outputs/token-bytes").strip() == "16"  # the replacement read the secret too
     left = _nothing_left(run_id)
     assert not any(left.values()), left
     # both instances as EC2 described them at the end, kept for when it no longer lists them
