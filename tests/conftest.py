@@ -21,7 +21,7 @@ def mnist_dir() -> Path:
 #: whole suite on this 2-core machine (2026-11-27): started first, so that `make test`'s workers
 #: (pytest-xdist, `--dist loadfile`: a module stays on one worker, with its sandbox) do not end with
 #: one long module left on one worker.
-SLOW_FIRST = ("e2e/test_api_access_costs_e2e.py", "e2e/test_run_task.py",
+SLOW_FIRST = ("e2e/test_detached_train.py", "e2e/test_api_access_costs_e2e.py", "e2e/test_run_task.py",
               "e2e/test_spot_recovery.py", "e2e/test_like_aws.py", "e2e/test_detached_run.py",
               "e2e/test_stop_start.py", "e2e/test_detached_fetch_logs.py", "e2e/test_interrupts.py",
               "e2e/test_sandbox_train.py", "e2e/test_image_bake.py", "e2e/test_interrupt_exec.py")
