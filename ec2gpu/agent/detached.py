@@ -190,6 +190,7 @@ class Conflict(Exception):
 #: as aws/runstore.py's, which this file cannot import (it ships alone; a test compares them)
 CONFLICT_CODES = ("PreconditionFailed", "412", "ConditionalRequestConflict", "409", "NoSuchKey", "404")
 CONFLICT_TRIES = 5  # status.json writes tried again after a conflict that does not supersede this launch
+END_SAVE_TRIES = 8  # the run's end written to status.json before its group is ended (Detached.end): ~4 min
 
 
 def iso(t: float) -> str:
@@ -855,9 +856,24 @@ class Detached:
             self.log(f"status.json not written: {type(exc).__name__}: {exc}"[:500])
 
     def end(self, state: str, reason: str | None) -> int:
-        """The run's end: ``state`` recorded, then the group set to 0 (end_group)."""
+        """The run's end: ``state`` recorded, then the group set to 0 (end_group). The record is
+        written before the group goes, tried END_SAVE_TRIES times with backoff (2 s doubling) when
+        S3 does not take it: a group at 0 under a record that still says "running" reads, to
+        `ec2gpu status`, as a run that ended without its agent's word (failed). When S3 never takes
+        it, the group is ended all the same (the record's last word is then the group's)."""
         self.status.update(state=state, reason=reason, ended_at=self.status["ended_at"] or self.now())
-        self.try_save(check=False)
+        delay = 2.0
+        for attempt in range(END_SAVE_TRIES):
+            try:
+                self.save(check=False)
+                break
+            except Superseded:
+                raise
+            except Exception as exc:  # S3 out of reach for a moment: tried again, the group still up
+                self.log(f"the end ({state}) not recorded yet: {type(exc).__name__}: {exc}"[:500])
+                if attempt + 1 < END_SAVE_TRIES:
+                    self.sleep(delay)
+                    delay = min(delay * 2, 60.0)
         self.end_group()
         return 0
 

@@ -31,7 +31,7 @@ def test_fetch_brings_a_detached_runs_outputs_home_and_logs_reads_s3_once_it_is_
                            'echo nested > "$EC2GPU_OUTPUT_DIR/sub/n.txt"\nprintf "line one\\n\\033[2Jline two\\n"')
     run_id = _start(task, capsys)
     done = _wait(run_id, ("succeeded", "failed", "cancelled"))
-    assert done["state"] == "succeeded", done
+    assert done["state"] == "succeeded", f"{done.get('message')!r} exit {done.get('exit_code')} {done}"
     left = _nothing_left(run_id)  # the instance, group and the rest are gone: only S3 has the run
     assert not any(left.values()), left
 

@@ -41,7 +41,7 @@ def test_a_detached_run_has_its_file_mounts_and_writes_back_its_mount_mode_ones(
     text = json.dumps(got["PolicyDocument"])
     assert f"arn:aws:s3:::{DATA}/ds" in text and f"arn:aws:s3:::{DATA}/results" in text
     done = _wait(run_id, ("succeeded", "failed", "cancelled"))
-    assert done["state"] == "succeeded", done
+    assert done["state"] == "succeeded", f"{done.get('message')!r} exit {done.get('exit_code')} {done}"
     prefix = runstore.prefix(run_id)
     assert _object(bucket, prefix + "outputs/seen.txt") == "from here\nfrom s3\nkept\n"
     assert s3.get_object(Bucket=DATA, Key="results/new.txt")["Body"].read() == b"written\n"

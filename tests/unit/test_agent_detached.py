@@ -681,6 +681,37 @@ def test_the_agent_places_targets_as_the_controller_does():
             assert detached.on_instance(sent, "/home/u", root) == mounts.on_instance(target, "/home/u", root)
 
 
+def test_the_end_is_recorded_before_the_group_goes_even_when_s3_refuses_it_at_first(aws, tmp_path):
+    """A group at 0 under a record still "running" reads as a run that ended without its agent:
+    the final record is tried again (with backoff) until S3 takes it, and only then is the group ended."""
+    put_spec(aws, run="echo done")
+    refused, seen_at_end, sleeps = [], [], []
+
+    class FlakyS3:
+        def __init__(self, real):
+            self.real = real
+
+        def __getattr__(self, name):
+            return getattr(self.real, name)
+
+        def put_object(self, **kw):
+            if kw["Key"].endswith("status.json") and b'"succeeded"' in kw["Body"] and len(refused) < 2:
+                refused.append(kw["Key"])
+                raise ConnectionError("S3 did not answer")
+            return self.real.put_object(**kw)
+
+    class WatchedAsg:
+        def update_auto_scaling_group(self, **kw):
+            seen_at_end.append(status(aws)["state"])
+            return aws.asg.update_auto_scaling_group(**kw)
+
+    run = make(aws, tmp_path / "home", s3=FlakyS3(aws.s3))
+    run.asg, run.sleep = WatchedAsg(), sleeps.append
+    assert run.execute() == 0
+    assert len(refused) == 2 and [x for x in sleeps if x >= 1] == [2.0, 4.0]  # the backoff (polls are 0.05 s)
+    assert seen_at_end == ["succeeded"] and status(aws)["state"] == "succeeded" and group_size(aws) == (0, 0, 0)
+
+
 def test_ending_the_group_is_retried_until_it_works_and_each_failure_is_recorded(aws, tmp_path):
     put_spec(aws)
     calls, sleeps, seen = [], [], []
