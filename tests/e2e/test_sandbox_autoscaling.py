@@ -237,7 +237,8 @@ def test_a_spot_interruption_and_a_shutdown_from_inside_are_replaced(run):
 
     # the job's OS powers off (guest.py): the template says terminate, and the group replaces it
     done = run.ssh(second["InstanceId"], "shutdown now")
-    assert done.returncode == 0, done.stderr
+    # as on EC2, the power-off may close the SSH session before the command's own exit comes back
+    assert done.returncode == 0 or (done.returncode == 255 and "closed by remote host" in done.stderr), done.stderr
     third, ran = run.replaced(second["InstanceId"])
     assert run.described(second["InstanceId"])["StateReason"]["Code"] == "Client.InstanceInitiatedShutdown"
     assert ran["instance"] == third["InstanceId"] and ran["method"] == "iam-role"

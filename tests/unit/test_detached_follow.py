@@ -24,7 +24,7 @@ def world(monkeypatch, tmp_path):
     monkeypatch.setattr(follow.runstore, "put_status", lambda s3, bucket, run_id, rec: (
         w.written.append(rec), w.record.update(rec)))
     monkeypatch.setattr(follow.runstore, "end_status", lambda s3, bucket, run_id, state, message, at: (
-        w.written.append({"state": state, "message": message}), w.record.update(state=state, message=message)))
+        w.written.append({"state": state, "message": message}), w.record.update(state=state, message=message), True)[-1])
     monkeypatch.setattr(follow.runstore, "put_cancel", lambda s3, bucket, run_id: w.cancelled.append(run_id))
     monkeypatch.setattr(follow.groups, "summary", lambda asg, run_id: w.group)
     monkeypatch.setattr(follow.sweep, "inventory", lambda *a, **k: {"instances": [{"id": "i-1"}]})
@@ -45,6 +45,20 @@ def test_a_run_whose_group_stopped_before_its_agent_said_so_is_recorded_failed_a
     got = follow.status(world.aws, world.settings, RUN)
     assert got["state"] == "failed" and "without its agent's word while running" in got["message"]
     assert world.written[-1]["state"] == "failed" and world.removed == ["all"]
+
+
+def test_an_end_the_agent_recorded_between_the_read_and_the_group_stands(world, monkeypatch):
+    """The agent writes its end, then ends its group: `status` read the record before the first and
+    the group after the second. runstore.end_status then writes nothing (an end recorded stands),
+    and `status` says the agent's end, not "failed" (nor puts "failed" in the ledger)."""
+    world.group = _group(0)
+
+    def agent_first(s3, bucket, run_id, state, message, at):
+        world.record.update(state="succeeded", exit_code=0)  # the agent's, landed meanwhile
+        return False
+    monkeypatch.setattr(follow.runstore, "end_status", agent_first)
+    got = follow.status(world.aws, world.settings, RUN)
+    assert got["state"] == "succeeded" and got.get("exit_code") == 0 and "without its agent" not in str(got)
 
 
 @pytest.mark.parametrize("group", [_group(1, ["i-1"]), _group(1)])  # running; or launching its first instance

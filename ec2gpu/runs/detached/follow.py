@@ -93,14 +93,18 @@ def _stopped(group: dict[str, Any] | None) -> bool:
 def _ended_without_agent(s3: Any, bucket: str, got: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any]:
     """The record of a run whose group stopped while its state was not final (the agent was
     killed, or the deadline came first): "failed", said so, written back so every later reader
-    agrees. Returns the record as written (as ``got`` when S3 refused it)."""
+    agrees. Returns the record as written (as ``got`` when S3 refused it), or, when the agent's own
+    end came in between (it writes its end, then ends the group: a reader between its record read
+    and the group's can see both), the record as it now is: that end stands."""
     why = (f"ended without its agent's word while {got['state']}: its group is gone or at 0 "
            "(the run's deadline, or `ec2gpu down`/`cleanup`)")
     try:
-        runstore.end_status(s3, bucket, got["run_id"], "failed", why, _now())
+        wrote = runstore.end_status(s3, bucket, got["run_id"], "failed", why, _now())
     except Exception as exc:  # noqa: BLE001 - said; the next `status` tries again
         log(f"could not record the run's end ({type(exc).__name__})")
         return got
+    if not wrote:  # an end recorded meanwhile (the agent's): read it
+        return runstore.get_status(s3, bucket, got["run_id"]) or got
     log(f"run {got['run_id']}: {why}")
     return {**got, "state": "failed", "message": why}
 
