@@ -91,7 +91,7 @@ def test_a_detached_run_finishes_with_nobody_watching_and_leaves_nothing(sandbox
     (param,) = [p for p in ssm.describe_parameters()["Parameters"] if run_id in p["Name"]]
     assert (param["Name"], param["Type"]) == (f"/ec2gpu/runs/{run_id}/HF_TOKEN", "SecureString")
     done = _wait(run_id, ("succeeded", "failed", "cancelled"))
-    assert done["state"] == "succeeded" and done["exit_code"] == 0, done
+    assert done["state"] == "succeeded" and done["exit_code"] == 0, f"{done.get('message')!r} {done}"
     prefix = runstore.prefix(run_id)
     assert _object(bucket, prefix + "outputs/result.txt") == "from the workdir\nsetup ran\n"
     log = _object(bucket, prefix + "logs/job.log")
@@ -190,7 +190,8 @@ def test_a_spot_interruption_is_ridden_out_by_a_replacement_that_resumes_from_th
     time.sleep(3)  # the job has written its checkpoint (not yet uploaded: the agent sends it every 60 s or at a notice)
     api.sandbox_interrupt(first["instance_id"], notice_seconds=10)
     done = _wait(run_id, ("succeeded", "failed", "cancelled"), timeout_s=240)
-    assert done["state"] == "succeeded" and done["interruptions"] == 1 and done["launches"] == 2, done
+    assert done["state"] == "succeeded" and done["interruptions"] == 1 and done["launches"] == 2, \
+        f"{done.get('message')!r} {done}"
     assert done["instance_id"] != first["instance_id"]  # the group's replacement finished it
     # its cost: both instances, each from its own times (EC2 still lists them), at the prices that applied
     assert done["cost_usd"] > 0 and [r["instance_id"] for r in done["cost"]["per_instance"]] == [

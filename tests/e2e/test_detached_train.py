@@ -43,7 +43,8 @@ def test_train_mnist_detached_rides_out_an_interruption_and_fetch_says_its_test_
     time.sleep(2)
     api.sandbox_interrupt(first["instance_id"], notice_seconds=10)
     done = _wait(run_id, ("succeeded", "failed", "cancelled"), timeout_s=300)
-    assert done["state"] == "succeeded" and done["interruptions"] == 1 and done["launches"] == 2, done
+    assert done["state"] == "succeeded" and done["interruptions"] == 1 and done["launches"] == 2, \
+        f"{done.get('message')!r} {done}"
     log = _object(bucket, runstore.prefix(run_id) + "logs/job.log")
     assert "stopped: SIGTERM: checkpoint written" in log and "resumed from checkpoint at epoch" in log, log[-3000:]
     assert cli.main(["fetch", run_id, "--sandbox"]) == 0
