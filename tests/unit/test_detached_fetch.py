@@ -65,13 +65,22 @@ def test_fetch_brings_outputs_checkpoints_log_and_status_home(aws, tmp_path):
     assert any("2 output file(s), 1 checkpoint file(s)" in n for n in notes)
 
 
-def test_a_summary_is_read_as_any_runs_with_the_runs_secrets_masked(aws, tmp_path):
+def test_a_summary_is_read_as_any_runs_with_the_runs_secrets_masked(aws, tmp_path, monkeypatch):
+    asked = []
+    monkeypatch.setattr(detached, "run_secrets", lambda aws_, s3, bucket, run_id: asked.append(run_id) or ["s3cret-v"])
     _status(aws)
+    _put(aws, PREFIX + "outputs/result.txt", b"no summary")
+    detached.fetch(aws, RUN, tmp_path / "first", Limits(), lambda n: None)
+    assert asked == []  # no summary.json: SSM is not asked
     _put(aws, PREFIX + "outputs/summary.json", json.dumps({"test_acc": 0.991, "note": "token s3cret-v"}).encode())
     notes = []
-    got = detached.fetch(aws, RUN, tmp_path / "out", Limits(), notes.append, schema="task", secrets=["s3cret-v"])
+    got = detached.fetch(aws, RUN, tmp_path / "out", Limits(), notes.append, schema="task")
     assert got["columns"]["test_acc"] == 0.991 and "s3cret" not in json.dumps(got["columns"])
-    assert any("test accuracy 99.10%" in n for n in notes)
+    assert any("test accuracy 99.10%" in n for n in notes) and asked == [RUN]
+    monkeypatch.setattr(detached, "run_secrets", lambda *a: None)  # SSM refused: nothing unmasked reaches the ledger
+    notes = []
+    got = detached.fetch(aws, RUN, tmp_path / "again", Limits(), notes.append, schema="task")
+    assert got["columns"] == {} and any("kept out of the ledger" in n for n in notes)
 
 
 def test_a_run_the_store_does_not_hold_is_a_usage_error(aws, tmp_path):

@@ -45,6 +45,7 @@ from typing import Any, Callable, Protocol
 from ...aws import groups, runstore
 from ...aws.session import Aws
 from ...errors import UsageError
+from ...agent.detached import mask  # the agent's own rule: the live log's bytes are the store's
 from ...remote import files
 
 Note = Callable[[str], object]
@@ -161,14 +162,15 @@ def _write(s3: Any, bucket: str, key: str, root: Path, f: files.RemoteFile) -> s
 
 
 def fetch(aws: Aws, run_id: str, out: Path, limits: files.Limits, note: Note,
-          got: dict[str, Any] | None = None, schema: str = "task", secrets: list[str] | None = None) -> dict[str, Any]:
+          got: dict[str, Any] | None = None, schema: str = "task") -> dict[str, Any]:
     """Bring home what the detached run ``run_id`` has in its store: ``outputs/`` to
     ``out``/outputs and ``checkpoints/`` to ``out``/checkpoints (each at most ``limits``),
     ``logs/job.log`` (its last MAX_LOG_BYTES) and status.json (the validated record, ``got`` when
     already read) to ``out``. What is not brought home is said to ``note``. The job's
     outputs/summary.json, when it wrote one, is read as runs/execute/job_summary.read_summary
-    reads a run's (hostile input, checked against ``schema``: "mnist" for the built-in trainer;
-    ``secrets``, the run's values, masked in it as in any run's record), and its test accuracy said.
+    reads a run's (hostile input, checked against ``schema``: "mnist" for the built-in trainer; the
+    run's secrets, read from SSM Parameter Store only then, masked in it as in any run's record;
+    when they cannot be read its figures are kept out of "columns", said), and its test accuracy said.
 
     Returns {"outputs": [...], "checkpoints": [...], "files": [...] (names relative to their
     directory), "state": status.json's state, "skipped": objects refused for their name or place,
@@ -197,10 +199,13 @@ def fetch(aws: Aws, run_id: str, out: Path, limits: files.Limits, note: Note,
     note(f"{len(outputs)} output file(s), {len(checkpoints)} checkpoint file(s) and "
          f"{', '.join(done) or 'no log'} brought home from s3://{bucket}/{runstore.prefix(run_id)} to {out}")
     columns: dict[str, Any] = {}
-    if "summary.json" in outputs:
+    secrets = run_secrets(aws, s3, bucket, run_id) if "summary.json" in outputs else None
+    if "summary.json" in outputs and secrets is None:
+        note("warning: the run's secrets could not be read from SSM Parameter Store: its summary is kept out of "
+             "the ledger")
+    elif secrets is not None:
         from ..execute import job_summary
-        checked = job_summary.read_summary(out / "outputs" / "summary.json", schema, root=out,
-                                           secrets=secrets or ())
+        checked = job_summary.read_summary(out / "outputs" / "summary.json", schema, root=out, secrets=secrets)
         columns = job_summary.columns(checked, schema) if checked is not None else {}
         if columns.get("test_acc") is not None:
             note(f"test accuracy {columns['test_acc']:.2%} (outputs/summary.json)")
@@ -307,14 +312,10 @@ class _Masker:
     are the store's, byte for byte."""
 
     def __init__(self, secrets: list[str], out: Callable[[bytes], None]):
-        self.values = sorted({v.encode("utf-8", "surrogateescape") for v in secrets if v}, key=len, reverse=True)
+        self.secrets = secrets
+        self.values = [v.encode("utf-8", "surrogateescape") for v in secrets if v]
         self.hold = max((len(v) for v in self.values), default=1) - 1
         self.out, self.pending = out, b""
-
-    def _mask(self, data: bytes) -> bytes:
-        for v in self.values:
-            data = data.replace(v, b"****")
-        return data
 
     def feed(self, data: bytes) -> None:
         self.pending += data
@@ -327,12 +328,12 @@ class _Masker:
                 if 0 <= at < cut < at + len(v):
                     cut, moved = at, True
         if cut > 0:
-            self.out(self._mask(self.pending[:cut]))
+            self.out(mask(self.pending[:cut], self.secrets))
             self.pending = self.pending[cut:]
 
     def flush(self) -> None:
         if self.pending:
-            self.out(self._mask(self.pending))
+            self.out(mask(self.pending, self.secrets))
             self.pending = b""
 
 

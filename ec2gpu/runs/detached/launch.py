@@ -225,7 +225,7 @@ def start(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
     try:
         with ui.phase("requesting"):
             made = True
-            profile = _role(aws, settings, run_id, bucket, group, account, boundary, bool(secret), job.role_policy)
+            profile = _role(aws, settings, run_id, bucket, account, boundary, bool(secret), job.role_policy)
             if job.buckets_to_make:
                 from ...aws import storage
                 storage.make_buckets(s3, job.buckets_to_make, aws.region, settings.owner, ui.note)
@@ -309,10 +309,7 @@ def check_boundary(aws: Aws, run_id: str, account: str, ui: ReporterLike, secret
     boundary = iam.boundary_arn(client, account)
     if boundary is None:
         return None
-    policy = iam.detached_policy("ec2gpu-bucket", run_id, groups.name_of(run_id), aws.region, account,
-                                 secrets)
-    if extra is not None:
-        policy = iam.combined(policy, extra)
+    policy = role_policy("ec2gpu-bucket", run_id, aws.region, account, secrets, extra)
     gaps = iam.boundary_gaps(client, boundary, policy)
     if gaps is None:
         ui.note(f"warning: the permissions boundary {boundary} could not be read (iam:GetPolicyVersion); "
@@ -326,15 +323,22 @@ def check_boundary(aws: Aws, run_id: str, account: str, ui: ReporterLike, secret
     return boundary
 
 
-def _role(aws: Aws, settings: Settings, run_id: str, bucket: str, group: str, account: str,
+def role_policy(bucket: str, run_id: str, region: str, account: str, secrets: bool,
+                mounts_policy: dict[str, Any] | None) -> dict[str, Any]:
+    """The run role's inline policy (pure): aws/iam.detached_policy (its own secrets too with
+    ``secrets``), with ``mounts_policy``'s statements (its file_mounts: aws/iam.s3_policy) when it
+    has one. Raises UsageError as detached_policy and combined do."""
+    policy = iam.detached_policy(bucket, run_id, groups.name_of(run_id), region, account, secrets)
+    return policy if mounts_policy is None else iam.combined(policy, mounts_policy)
+
+
+def _role(aws: Aws, settings: Settings, run_id: str, bucket: str, account: str,
           boundary: str | None, secrets: bool, mounts_policy: dict[str, Any] | None) -> str:
     """The run's own instance role and profile (aws/iam.detached_policy, with its own secrets'
     parameters when ``secrets``, and ``mounts_policy``'s statements: its file_mounts' prefixes,
     aws/iam.s3_policy) under ``boundary``; its name."""
     client = aws.client("iam")
-    policy = iam.detached_policy(bucket, run_id, group, aws.region, account, secrets)
-    if mounts_policy is not None:
-        policy = iam.combined(policy, mounts_policy)
+    policy = role_policy(bucket, run_id, aws.region, account, secrets, mounts_policy)
     return iam.create_run_role(client, run_id, settings.owner, policy, region=aws.region, boundary=boundary)
 
 
