@@ -311,7 +311,9 @@ def test_the_python_api_runs_a_task_and_returns_its_record(sandbox_env, project,
     ("skypilot-quickstart.yaml", [], lambda r: r["summary"]["epochs"] == 10),
     ("pytorch-ddp/task.yaml", ["--gpu", "T4"], lambda r: r["summary"]["world_size"] == 2),  # 2 nodes, torchrun
 ])
-def test_the_examples_run_in_the_sandbox_as_the_readme_says(sandbox_env, tmp_path, example, extra, check):
+def test_the_examples_run_in_the_sandbox_as_the_readme_says(sandbox_env, torchrun_port, tmp_path, example, extra, check):
+    """torchrun_port: the DDP example's rendezvous listens on every address at 29500 (the sandbox's
+    instances share this machine's network), as the other multi-node tests' does."""
     home, _ = sandbox_env
     path = QUICKSTART.parent / example
     code, stdout, err = drive(["run", "--sandbox", str(path), *extra, "--expect", "2m", "--json",
