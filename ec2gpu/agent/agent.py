@@ -39,6 +39,19 @@ record whose signature checks (runs/execute/status.py): a job, or a process it l
 the agent's record. When the job's process ends, the agent ends what is left of its process group
 (SIGTERM, then SIGKILL after 5 s) before its last write.
 
+With ``--handover-file`` (written by the controller, mode 0600, read and deleted before the job
+starts: ``{"urls": {"outputs", "log", "status"} (S3 presigned PUT URLs, the head node's only),
+"wait_s", "shutdown", "secret_names"}``) a run survives the loss of its controller (a closed
+laptop, ``kill -9``, a network gone): once the job has ended, the agent waits ``wait_s`` seconds
+for the controller's ``collected`` file in RUN_DIR (``collecting`` while it downloads: then up to
+COLLECT_MAX_S). When none comes, it puts what the controller would have brought home into S3
+through the URLs: RUN_DIR/out as one tar.gz (at most PUT_MAX_BYTES), job.log's last LOG_MAX_BYTES
+with the secrets' values masked, and status.json; status.json's ``handover`` says where that stands
+("pending", then "collected", "uploaded" or "failed: ..."), and the idle rule counts a pending one as
+busy (ami/idle-watch.sh). Then, with ``shutdown``, it ends its instance (``shutdown -h now``: the
+instance's shutdown behaviour is terminate). A presigned URL lets its holder write one object and
+nothing else (https://docs.aws.amazon.com/AmazonS3/latest/userguide/using-presigned-url.html).
+
 The controller reads status.json; it never parses the log.
 """
 from __future__ import annotations
@@ -62,6 +75,14 @@ SPOT_ACTION = "/latest/meta-data/spot/instance-action"
 REBALANCE = "/latest/meta-data/events/recommendations/rebalance"
 REBALANCE_FILE = "rebalance.json"  # in the run directory: the job's EC2GPU_REBALANCE_FILE
 EXIT_NOTICE = 75  # the agent's exit code when a notice stopped the job (EX_TEMPFAIL: try again elsewhere)
+COLLECTED, COLLECTING = "collected", "collecting"  # in the run directory: the controller's marks
+COLLECT_MAX_S = 3600.0  # the longest a download the controller began is waited for
+#: S3's largest single PUT, 5 GB (https://docs.aws.amazon.com/AmazonS3/latest/userguide/upload-objects.html)
+PUT_MAX_BYTES = 5 * 10 ** 9
+LOG_MAX_BYTES = 64 << 20  # the last this many bytes of job.log are handed over
+PUT_TRIES = 4
+#: urllib would send a body as a form (application/x-www-form-urlencoded), which a server may parse away
+BINARY = {"Content-Type": "application/octet-stream"}
 
 
 def now() -> str:
@@ -176,10 +197,207 @@ def root_cause(error_file: str) -> dict | None:
             "rank": data.get("rank"), "timestamp": extra.get("timestamp")}
 
 
+def read_handover(path: str | None) -> dict | None:
+    """The controller's handover file at ``path`` (deleted at once, before the job starts) as
+    ``{"urls": {"outputs"|"log"|"status": URL}, "wait_s": s, "shutdown": bool, "secret_names": [...]}``;
+    None without one. What it holds is checked: unknown names and URLs that are not http(s) are dropped."""
+    if not path:
+        return None
+    with open(path) as f:
+        data = json.load(f)
+    os.remove(path)
+    if not isinstance(data, dict):
+        return None
+    urls = data.get("urls")
+    urls = urls if isinstance(urls, dict) else {}
+    return {"urls": {k: v for k, v in urls.items()
+                     if k in ("outputs", "log", "status") and isinstance(v, str) and v.startswith(("https://", "http://"))},
+            "wait_s": max(0.0, float(data.get("wait_s") or 0)), "shutdown": data.get("shutdown") is True,
+            "secret_names": [str(n) for n in data.get("secret_names") or [] if isinstance(n, str)]}
+
+
+def await_collection(run_dir: str, wait_s: float, until: float | None = None, tick_s: float = 1.0) -> bool:
+    """True as soon as the controller's ``collected`` file is in ``run_dir``; False once ``wait_s``
+    seconds passed without it (COLLECT_MAX_S while its ``collecting`` file says a download is under
+    way), or at ``until`` (POSIX seconds: the instance's own end is near) whichever comes first."""
+    start = time.monotonic()
+    while True:
+        if os.path.exists(os.path.join(run_dir, COLLECTED)):
+            return True
+        waited = time.monotonic() - start
+        longest = COLLECT_MAX_S if os.path.exists(os.path.join(run_dir, COLLECTING)) else wait_s
+        if waited >= longest or (until is not None and time.time() >= until):
+            return False
+        time.sleep(min(tick_s, max(0.05, longest - waited)))
+
+
+def pack_outputs(out_dir: str, dest: str, max_bytes: int = PUT_MAX_BYTES) -> tuple[int, int]:
+    """``out_dir``'s regular files (symbolic links and special files left out, none followed) as a
+    tar.gz at ``dest``, names relative to ``out_dir``, while their sizes add up to ``max_bytes`` at
+    most; return (files packed, files left out)."""
+    import tarfile
+    packed = left = total = 0
+    with tarfile.open(dest, "w:gz") as tar:
+        for top, dirs, names in os.walk(out_dir, followlinks=False):
+            dirs.sort()
+            for name in sorted(names):
+                path = os.path.join(top, name)
+                try:
+                    st = os.lstat(path)
+                except OSError:
+                    continue
+                if not (st.st_mode & 0o170000 == 0o100000):  # a regular file (stat.S_ISREG)
+                    continue
+                if total + st.st_size > max_bytes:
+                    left += 1
+                    continue
+                total += st.st_size
+                info = tar.gettarinfo(path, arcname=os.path.relpath(path, out_dir))
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                with open(path, "rb") as f:
+                    tar.addfile(info, f)
+                packed += 1
+    return packed, left
+
+
+def mask_bytes(data: bytes, values: list[str]) -> bytes:
+    """``data`` with each of ``values`` (a secret's value, longest first) replaced by ``****``."""
+    for value in sorted((v for v in values if v), key=len, reverse=True):
+        data = data.replace(value.encode(), b"****")
+    return data
+
+
+def log_tail(path: str, values: list[str], max_bytes: int = LOG_MAX_BYTES) -> bytes:
+    """The last ``max_bytes`` of the log at ``path`` (b'' without one), from a line's start when cut
+    (half a secret is never sent), ``values`` masked."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read(max_bytes)
+    except OSError:
+        return b""
+    if size > max_bytes:
+        data = data[data.find(b"\n") + 1:] if b"\n" in data else b""
+    return mask_bytes(data, values)
+
+
+def put(url: str, data: bytes | None = None, path: str | None = None, tries: int = PUT_TRIES,
+        timeout_s: float = 300.0) -> str | None:
+    """PUT ``data`` (or the file at ``path``) to the presigned ``url``, tried ``tries`` times with
+    1, 2, 4 s between; None when S3 took it, else what went wrong (the last try's)."""
+    why = None
+    for n in range(tries):
+        if n:
+            time.sleep(2 ** (n - 1))
+        try:
+            if path is not None:
+                with open(path, "rb") as f:
+                    req = urllib.request.Request(url, data=f, method="PUT",
+                                                 headers={"Content-Length": str(os.path.getsize(path)), **BINARY})
+                    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+                        resp.read(1024)
+            else:
+                req = urllib.request.Request(url, data=data or b"", method="PUT", headers=BINARY)
+                with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+                    resp.read(1024)
+            return None
+        except urllib.error.HTTPError as exc:
+            why = f"HTTP {exc.code}"
+            if exc.code < 500 and exc.code not in (408, 429):
+                return why  # refused (an expired URL: 403): trying again changes nothing
+        except (urllib.error.URLError, OSError) as exc:
+            why = type(exc).__name__
+    return why
+
+
+def hand_over(run_dir: str, handover: dict, status: dict, key: bytes | None, env: dict) -> None:
+    """What the controller would have brought home, put into S3 through ``handover``'s URLs
+    (module docstring), ``status["handover"]`` set to how it went and status.json written again."""
+    urls = handover["urls"]
+    secrets = [env.get(n, "") for n in handover["secret_names"]]
+    problems = []
+    status["handover_at"] = now()
+    if "outputs" in urls:
+        archive = os.path.join(run_dir, ".handover-outputs.tar.gz")
+        try:
+            packed, left = pack_outputs(env.get("EC2GPU_OUTPUT_DIR") or os.path.join(run_dir, "out"), archive)
+            status["handover_files"] = {"packed": packed, "left": left}
+            problem = put(urls["outputs"], path=archive)
+            if problem:
+                problems.append(f"outputs: {problem}")
+        except OSError as exc:
+            problems.append(f"outputs: {type(exc).__name__}")
+        finally:
+            if os.path.exists(archive):
+                os.remove(archive)
+    if "log" in urls:
+        problem = put(urls["log"], log_tail(os.path.join(run_dir, "job.log"), secrets))
+        if problem:
+            problems.append(f"log: {problem}")
+    status["handover"] = ("failed: " + "; ".join(problems) if problems else "uploaded" if urls
+                          else "nothing to upload (a run's outputs are its head node's)")
+    if "status" in urls:
+        record = {k: v for k, v in status.items() if k != "signature"}
+        if key:
+            record["signature"] = sign(record, key)
+        problem = put(urls["status"], json.dumps(record, indent=2).encode())
+        if problem:
+            status["handover"] = "failed: " + "; ".join(problems + [f"status: {problem}"])
+    write_status(run_dir, status, key)
+
+
+def end_instance() -> None:
+    """``shutdown -h now`` (through ``sudo -n`` when not root): the instance's shutdown behaviour,
+    terminate for a run's instances, ends it. Its failure is left to the instance's own limits."""
+    argv = ["shutdown", "-h", "now", "ec2gpu: the job ended and its controller is gone"]
+    if os.geteuid() != 0:
+        argv = ["sudo", "-n"] + argv
+    try:
+        subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       timeout=60, check=False)
+    except (OSError, subprocess.SubprocessError):
+        pass
+
+
+def after_end(run_dir: str, handover: dict, status: dict, key: bytes | None, env: dict) -> None:
+    """Once the job has ended: wait for the controller to collect; when it does not, hand over and,
+    with ``shutdown``, end the instance (module docstring). A job stopped by a spot notice or the
+    run's limit is waited for 30 s at most, or until 60 s before the limit's end, and its instance
+    is left to end as it will (EC2 reclaims it, or the limit's own shutdown: a live controller may
+    still be bringing its checkpoints home)."""
+    until, ends_anyway = None, bool(status.get("notice") or status.get("limit"))
+    if status.get("notice"):
+        until = time.time() + 30
+    elif status.get("limit"):
+        try:
+            until = datetime.fromisoformat(status["limit"]["ends_at"]).timestamp() - 60
+        except (KeyError, TypeError, ValueError):
+            until = time.time() + 30
+    if await_collection(run_dir, handover["wait_s"], until):
+        status["handover"] = "collected"
+        write_status(run_dir, status, key)
+        return
+    hand_over(run_dir, handover, status, key, env)
+    if handover["shutdown"] and not ends_anyway:
+        end_instance()
+
+
+def _forked() -> bool:
+    """Fork: True in the parent, False in the child."""
+    return os.fork() != 0
+
+
 def run(run_dir: str, argv: list[str], endpoint: str, poll_s: float, grace_s: float, env: dict | None = None,
-        key: bytes | None = None, limit: tuple[float, float] | None = None) -> int:
+        key: bytes | None = None, limit: tuple[float, float] | None = None, handover: dict | None = None,
+        background: bool = False) -> int:
     """Run ``argv`` to its end under the rules above, with ``env`` added to the environment, each
-    status.json signed with ``key``; ``limit`` is (SIGTERM at, grace s), POSIX seconds, or None.
+    status.json signed with ``key``; ``limit`` is (SIGTERM at, grace s), POSIX seconds, or None;
+    ``handover`` (read_handover's) makes the run survive its controller's loss (after_end): with
+    ``background`` (the command line's agent) in a child process, so that this one returns at once
+    and the controller, which waits for the agent's exit status, can collect.
     Return the agent's exit code (the job's, 128+N for signal N, or 75 when a notice stopped it)."""
     status: dict = {"state": "running", "started_at": now(), "exit_code": None, "signal": None, "ended_at": None,
               "notice": None, "rebalance": None, "limit": None, "error": None, "agent_pid": os.getpid()}
@@ -214,10 +432,21 @@ def run(run_dir: str, argv: list[str], endpoint: str, poll_s: float, grace_s: fl
                            else "interrupted" if status["notice"] else "failed")
         if code != 0:
             status["error"] = root_cause(error_file)
+        if handover:
+            status["handover"] = "pending"  # the idle rule counts the instance busy meanwhile
         write_status(run_dir, status, key)
     finally:  # the caller's handlers again (the agent in a process of its own has nothing after this)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    if handover and not (background and _forked()):
+        if background:  # the child: the agent's exit status was given (the controller judges by it)
+            status["agent_pid"] = os.getpid()  # the idle rule's "that agent process lives"
+            write_status(run_dir, status, key)
+            try:
+                after_end(run_dir, handover, status, key, full_env)
+            finally:
+                os._exit(0)
+        after_end(run_dir, handover, status, key, full_env)
     if status["state"] == "interrupted":
         return EXIT_NOTICE
     return code if code >= 0 else 128 - code
@@ -274,12 +503,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit-at", type=float, help="POSIX seconds: SIGTERM the job then (the run's --max-runtime, "
                                                   "less --limit-grace)")
     p.add_argument("--limit-grace", type=float, default=120.0, help="seconds from --limit-at to the instance's end")
+    p.add_argument("--handover-file", help="the controller's handover (read, then deleted before the job starts): "
+                                           "where the job's outputs go when the controller is gone at its end")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- the job's command line")
     args = p.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         p.error("no command after --")
     key = read_key(args.key_file)
+    handover = read_handover(args.handover_file)
     env = {}
     if args.env_file:
         with open(args.env_file) as f:
@@ -287,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
     return run(args.dir, command, os.environ.get("EC2GPU_IMDS_ENDPOINT", IMDS),
                float(os.environ.get("EC2GPU_SPOT_POLL_SECONDS", "5")),
                float(os.environ.get("EC2GPU_STOP_GRACE_SECONDS", "90")), env, key,
-               (args.limit_at, args.limit_grace) if args.limit_at else None)
+               (args.limit_at, args.limit_grace) if args.limit_at else None, handover, background=True)
 
 
 if __name__ == "__main__":

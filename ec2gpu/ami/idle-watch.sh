@@ -4,7 +4,8 @@
 #   idle-watch.sh IDLE_SECONDS [CHECK_SECONDS]
 #
 # Every CHECK_SECONDS (default 30) it asks whether the instance is busy:
-#   - a job: a status.json of ec2gpu's agent says "running" and that agent process lives;
+#   - a job: a status.json of ec2gpu's agent says "running" (or its handover is "pending": the job
+#     ended, its controller has not collected it yet) and that agent process lives;
 #   - an SSH connection: an established TCP connection to sshd's port (a shell, a tunnel, an
 #     editor's remote session, the controller following a job);
 #   - a GPU: nvidia-smi reports 5% utilisation or more on any GPU (no nvidia-smi: no GPU busy).
@@ -34,7 +35,7 @@ job_running() {
   local f pid
   for f in "${HOME:-/root}"/ec2gpu/runs/*/status.json /home/*/ec2gpu/runs/*/status.json; do
     [ -f "$f" ] || continue
-    grep -q '"state": "running"' "$f" || continue
+    grep -q -e '"state": "running"' -e '"handover": "pending"' "$f" || continue
     pid=$(sed -n 's/.*"agent_pid": \([0-9][0-9]*\).*/\1/p' "$f")
     if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
       return 0

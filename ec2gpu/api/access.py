@@ -236,7 +236,10 @@ def fetch(run_id: str, *, out: Union[str, Path, None] = None, max_download: Unio
     "checkpoints": [...], "files": [...]} (paths relative to their directory); a detached run's
     also has "source": "s3", "state" (status.json's), "skipped" (objects refused for their name or
     place), "left" (objects above the limits) and "columns" (from its summary.json: summary,
-    summary_schema, test_acc ...; {} without one). Raises UsageError (a bad limit; no such run; no
+    summary_schema, test_acc ...; {} without one). A run in the foreground whose controller was lost
+    and whose instance is gone has what its agent handed over to ``runs/RUN_ID/handover/`` in S3
+    (runs/recover/handover.fetch): "source": "s3-handover", "state", "handover" (how the hand-over
+    went), "skipped", "left". Raises UsageError (a bad limit; no such run; no
     running instance to fetch from), NoCredentials, AwsError, RemoteError."""
     from dataclasses import replace
 
@@ -266,11 +269,19 @@ def fetch(run_id: str, *, out: Union[str, Path, None] = None, max_download: Unio
             if row is not None and done["columns"].get("summary") is not None:  # `runs` shows its test accuracy
                 _record_columns(ctx, row, done["columns"], log)
             return {"run_id": full, "out": str(where), "source": "s3", **done}
+        head = None if row is None else run_logs.head_instance(ctx.aws.ec2, row)
+        if head is None:  # its instance is gone: what its agent handed over, when it did
+            from ..aws import runstore
+            from ..runs.recover import handover
+            where = Path(out or (row or {}).get("artifacts") or Path("runs") / full).resolve()
+            handed = handover.fetch(ctx.aws, full, where, limits, log) if runstore.RUN_ID.fullmatch(full) else None
+            if handed is not None:
+                return {"run_id": full, "out": str(where), "source": "s3-handover", "checkpoints": [], **handed}
         if row is None:
             raise missing
-        head = run_logs.head_instance(ctx.aws.ec2, row)
         if head is None:
-            raise UsageError(f"run {row['run_id']} has no running instance to fetch from",
+            raise UsageError(f"run {row['run_id']} has no running instance to fetch from, and its instance handed "
+                             "nothing over to S3",
                              f"what it brought home is in {row.get('artifacts') or 'runs/' + row['run_id']}")
         where = Path(out or row.get("artifacts") or Path("runs") / row["run_id"]).resolve()
         got = run_logs.fetch(ctx, head, row["run_id"], where, log, limits)

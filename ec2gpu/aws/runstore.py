@@ -67,6 +67,11 @@ WORKDIR = "workdir.tar.gz"
 CANCEL = "cancel"
 SPEC = "spec.json"
 AGENT = "agent/"
+HANDOVER = "handover/"  # a run in the foreground whose controller was lost (agent/agent.py: hand_over)
+HANDOVER_NAMES = {"outputs": "outputs.tar.gz", "log": "job.log", "status": "status.json"}
+#: the longest a presigned URL made with SigV4 lasts, 7 days; one made with temporary credentials
+#: lasts no longer than they do (https://docs.aws.amazon.com/AmazonS3/latest/userguide/using-presigned-url.html)
+PRESIGN_MAX_S = 7 * 24 * 3600
 
 
 def bucket_name(account_id: str, region: str) -> str:
@@ -151,6 +156,21 @@ def spec_key(run_id: str) -> str:
 def agent_prefix(run_id: str) -> str:
     """``runs/<run_id>/agent/``: the instance-side files the boot script fetches."""
     return prefix(run_id) + AGENT
+
+
+def handover_keys(run_id: str) -> dict[str, str]:
+    """{"outputs", "log", "status": the key under ``runs/<run_id>/handover/``}: where the agent of a
+    run in the foreground puts what its lost controller did not collect (pure)."""
+    return {what: prefix(run_id) + HANDOVER + name for what, name in HANDOVER_NAMES.items()}
+
+
+def presign_puts(s3: Client, bucket: str, keys: dict[str, str], expires_s: int) -> dict[str, str]:
+    """{name: a presigned URL that lets its holder PUT that one key of ``keys`` and nothing else}
+    (SigV4, signed here with the caller's credentials; no AWS call), lasting ``expires_s`` seconds,
+    at most PRESIGN_MAX_S."""
+    expires = max(1, min(int(expires_s), PRESIGN_MAX_S))
+    return {what: s3.generate_presigned_url("put_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=expires)
+            for what, key in keys.items()}
 
 
 def put_cancel(s3: Client, bucket: str, run_id: str) -> None:
@@ -742,6 +762,37 @@ def get_status_tagged(s3: Client, bucket: str, run_id: str,
     """get_status_bytes's bytes, and the object's ETag (for a write conditional on it); (None, None)
     when there is none."""
     return _read_head(s3, bucket, status_key(run_id), limit + 1)
+
+
+def read_head(s3: Client, bucket: str, key: str, size: int) -> bytes | None:
+    """The first ``size`` bytes of ``key`` (None when there is no such object, or bucket), from one
+    GetObject with ExpectedBucketOwner. Raises AwsError for other S3 errors."""
+    return _read_head(s3, bucket, key, size)[0]
+
+
+def download_head(s3: Client, bucket: str, key: str, path: str | os.PathLike[str], max_bytes: int) -> int | None:
+    """Stream ``key`` to the file ``path`` in 1 MiB pieces, stopping after ``max_bytes`` + 1 bytes
+    (the caller tells a larger object by the count); the bytes written, or None when there is no such
+    object (or bucket). Raises AwsError for other S3 errors, OSError when ``path`` cannot be written."""
+    try:
+        got = s3.get_object(Bucket=bucket, Key=key, **_expected_owner(bucket))
+    except botocore.exceptions.ClientError as exc:
+        if _absent(error_code(exc)):
+            return None
+        raise AwsError(f"run store: s3://{bucket}/{key}: GetObject failed ({error_code(exc)})",
+                       "see docs/iam-policy.json") from None
+    body, written = got["Body"], 0
+    try:
+        with open(path, "wb") as f:
+            while written <= max_bytes:
+                piece = body.read(min(1 << 20, max_bytes + 1 - written))
+                if not piece:
+                    break
+                f.write(piece)
+                written += len(piece)
+    finally:
+        body.close()
+    return written
 
 
 def _read_head(s3: Client, bucket: str, key: str, size: int) -> tuple[bytes | None, str | None]:

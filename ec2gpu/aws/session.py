@@ -117,8 +117,11 @@ class Aws:
         """A cached boto3 client for ``service``; ``fail_fast`` disables SDK retries."""
         key = (service, fail_fast)
         if key not in self._clients:
+            # S3: URLs it presigns use SigV4 too (botocore's default for them is still SigV2 in some
+            # regions, which AWS deprecated: https://docs.aws.amazon.com/AmazonS3/latest/API/sig-v4-authenticating-requests.html)
             cfg = botocore.config.Config(retries=FAIL_FAST if fail_fast else RETRIES,
-                                         connect_timeout=10, read_timeout=60)
+                                         connect_timeout=10, read_timeout=60,
+                                         **({"signature_version": "s3v4"} if service == "s3" else {}))
             client = self._session.client(service, endpoint_url=self.endpoint_url, config=cfg)
             if service == "ec2":  # consulted when the retry mode's own handler declines (returns None)
                 client.meta.events.register("needs-retry.ec2", retry_handler(

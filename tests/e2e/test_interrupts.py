@@ -144,3 +144,46 @@ def test_the_aws_endpoint_lost_mid_run_says_what_may_still_exist_exit_3_and_writ
     assert record["status"] == "failed" and record["teardown_failed"]
     from ec2gpu.runs.settle import ledger
     assert ledger.get(home, record["run_id"])["status"] == "failed"  # not left "running"
+
+
+def test_a_controller_lost_mid_job_leaves_the_outputs_in_s3_and_an_instance_that_ends_itself(sandbox_env, tmp_path):
+    """Issue 30, item 1: `kill -9` on the controller while its job runs; the job runs to its end,
+    its agent waits for the controller (EC2GPU_HANDOVER_WAIT_SECONDS), puts the outputs, log and
+    record in S3 through the URLs it was given, and shuts its instance down (terminate); `fetch`
+    brings them home and `down` leaves nothing."""
+    import boto3
+    home, _ = sandbox_env
+    env = {**os.environ, "EC2GPU_HANDOVER_WAIT_SECONDS": "2", "SECRET_TOKEN": "tok-4242"}
+    job = ("sleep 4; echo 0.993 > \"$EC2GPU_OUTPUT_DIR/accuracy.txt\"; mkdir -p \"$EC2GPU_OUTPUT_DIR/sub\"; "
+           "echo deep > \"$EC2GPU_OUTPUT_DIR/sub/x.txt\"; echo \"token $SECRET_TOKEN done\"")
+    code, err = run_and_interrupt(env, "job started on", sig=signal.SIGKILL,
+                                  argv=["run", "--sandbox", "--secret", "SECRET_TOKEN", "--expect", "1m",
+                                        "--out", str(tmp_path / "r"), "--", "bash", "-c", job])
+    assert code == -signal.SIGKILL, err
+    row = ledger.runs(home, limit=1)[0]
+    assert row["status"] == "running"
+    ec2 = boto3.client("ec2", endpoint_url=os.environ["AWS_ENDPOINT_URL"], region_name="us-east-1")
+    deadline, state = time.monotonic() + 90, None
+    while time.monotonic() < deadline:  # nobody ends it but the instance itself
+        state = ec2.describe_instances(InstanceIds=row["instance_ids"][:1])["Reservations"][0]["Instances"][0]["State"]
+        if state["Name"] in ("shutting-down", "terminated"):
+            break
+        time.sleep(1)
+    assert state and state["Name"] in ("shutting-down", "terminated"), state
+    fetched = subprocess.run([EC2GPU, "fetch", row["run_id"], "--sandbox", "--json", "--out", str(tmp_path / "f")],
+                             capture_output=True, text=True, timeout=120)
+    assert fetched.returncode == 0, fetched.stderr
+    got = json.loads(fetched.stdout)
+    assert got["source"] == "s3-handover" and got["state"] == "succeeded" and got["handover"] == "uploaded"
+    assert got["outputs"] == ["accuracy.txt", "sub/x.txt"]
+    assert (tmp_path / "f" / "outputs" / "accuracy.txt").read_text() == "0.993\n"
+    log = (tmp_path / "f" / "job.log").read_text()
+    assert "token **** done" in log and "tok-4242" not in log  # masked on the instance, before S3
+    remote = subprocess.run([EC2GPU, "runs", "--remote", "--sandbox", "--json"], capture_output=True, text=True,
+                            timeout=120)
+    listed = next(r for r in json.loads(remote.stdout)["runs"] if r["run_id"] == row["run_id"])
+    assert "handed its outputs over" in listed["problem"]
+    done = subprocess.run([EC2GPU, "down", row["run_id"], "--sandbox"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert leftovers(home) == ([], [], []) and sandbox_settles(home)
+    assert processes_gone(row["instance_ids"])

@@ -266,3 +266,91 @@ def test_the_sandbox_metadata_service_publishes_a_rebalance_recommendation_for_s
     refused = imds.handle(meta, "POST", "/control/interrupt", {}, json.dumps({"instance_id": "i-od", "rebalance": True})
                           .encode(), find)
     assert refused[0] == 400 and "spot instances only" in json.loads(refused[2])["error"]
+
+
+class _Puts(http.server.BaseHTTPRequestHandler):
+    """A stand-in for S3's presigned PUTs: each body kept by its path; /refuse answers 403."""
+    got: dict = {}
+
+    def do_PUT(self):  # noqa: N802 - http.server's name
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.path.startswith("/refuse"):
+            self.send_response(403)
+        else:
+            type(self).got[self.path] = body
+            self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def _put_server():
+    _Puts.got = {}
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Puts)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def _handover(base, wait_s=0.3, names=("outputs", "log", "status"), shutdown=False):
+    return {"urls": {n: f"{base}/{n}" for n in names}, "wait_s": wait_s, "shutdown": shutdown,
+            "secret_names": ["TOKEN"]}
+
+
+def test_a_job_whose_controller_is_gone_hands_its_outputs_log_and_status_over_masked(tmp_path):
+    import io
+    import tarfile
+    server, base = _put_server()
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "elsewhere").write_text("not an output")
+    job = ("mkdir -p $EC2GPU_OUTPUT_DIR/sub && echo 0.99 > $EC2GPU_OUTPUT_DIR/sub/acc.txt && "
+           "ln -s ../elsewhere $EC2GPU_OUTPUT_DIR/link && echo token is $TOKEN")
+    try:
+        code = agent.run(str(tmp_path), ["bash", "-c", job], "http://127.0.0.1:9", 0.1, 2.0,
+                         {"TOKEN": "s3cr3t-value", "EC2GPU_OUTPUT_DIR": str(out)}, b"k" * 32,
+                         handover=_handover(base))
+    finally:
+        server.shutdown()
+    assert code == 0
+    with tarfile.open(fileobj=io.BytesIO(_Puts.got["/outputs"]), mode="r:gz") as tar:
+        assert tar.getnames() == ["sub/acc.txt"]  # the symbolic link is not followed nor sent
+        assert tar.extractfile("sub/acc.txt").read() == b"0.99\n"
+    assert _Puts.got["/log"] == b"token is ****\n"  # the secret's value never leaves the instance
+    sent = json.loads(_Puts.got["/status"])
+    assert sent["state"] == "succeeded" and sent["handover"] == "uploaded"
+    assert sent["signature"] == agent.sign(sent, b"k" * 32)
+    assert json.loads((tmp_path / "status.json").read_text())["handover"] == "uploaded"
+    assert not (tmp_path / ".handover-outputs.tar.gz").exists()
+
+
+def test_a_controller_that_collects_stops_the_handover_and_a_refused_put_is_recorded(tmp_path):
+    server, base = _put_server()
+    try:
+        (tmp_path / agent.COLLECTED).write_text("")  # the controller brought everything home
+        agent.run(str(tmp_path), ["bash", "-c", "true"], "http://127.0.0.1:9", 0.1, 2.0, {}, None,
+                  handover=_handover(base, wait_s=30))
+        assert _Puts.got == {} and json.loads((tmp_path / "status.json").read_text())["handover"] == "collected"
+        (tmp_path / agent.COLLECTED).unlink()
+        refused = {"urls": {"outputs": f"{base}/refuse", "status": f"{base}/status"}, "wait_s": 0.1,
+                   "shutdown": False, "secret_names": []}
+        agent.run(str(tmp_path), ["bash", "-c", "true"], "http://127.0.0.1:9", 0.1, 2.0, {}, None, handover=refused)
+    finally:
+        server.shutdown()
+    # an expired URL (403) is not tried again, and what went wrong is in the record handed over
+    assert json.loads(_Puts.got["/status"])["handover"] == "failed: outputs: HTTP 403"
+
+
+def test_the_handover_file_is_read_checked_and_deleted_before_the_job_starts(tmp_path):
+    path = tmp_path / "handover.json"
+    path.write_text(json.dumps({"urls": {"outputs": "https://b.s3/x?sig", "log": "file:///etc/passwd",
+                                         "other": "https://x"}, "wait_s": 5, "shutdown": True,
+                                "secret_names": ["A", 3]}))
+    got = agent.read_handover(str(path))
+    assert got == {"urls": {"outputs": "https://b.s3/x?sig"}, "wait_s": 5.0, "shutdown": True, "secret_names": ["A"]}
+    assert not path.exists()
+
+
+def test_a_log_cut_for_the_handover_starts_at_a_line(tmp_path):
+    (tmp_path / "job.log").write_bytes(b"first line with SECRET\n" + b"x" * 50 + b"\nlast SECRET\n")
+    assert agent.log_tail(str(tmp_path / "job.log"), ["SECRET"], max_bytes=40) == b"last ****\n"

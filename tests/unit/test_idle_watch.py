@@ -29,11 +29,15 @@ def test_idle_for_the_rules_seconds_shuts_the_instance_down_and_says_so(instance
     assert (home / "console").read_text().startswith("ec2gpu-idle: idle since ")
 
 
-def test_a_running_job_keeps_it_up(instance):
+@pytest.mark.parametrize("record", [
+    {"state": "running"},
+    {"state": "succeeded", "handover": "pending"},  # ended; its agent waits for the controller (agent.after_end)
+])
+def test_a_running_job_keeps_it_up(instance, record):
     home, env = instance
     run = home / "ec2gpu" / "runs" / "r1"
     run.mkdir(parents=True)
-    (run / "status.json").write_text(json.dumps({"state": "running", "agent_pid": os.getpid()}, indent=2))
+    (run / "status.json").write_text(json.dumps({**record, "agent_pid": os.getpid()}, indent=2))
     with pytest.raises(subprocess.TimeoutExpired):
         subprocess.run(["bash", str(WATCH), "2", "1"], env=env, capture_output=True, timeout=4)
     assert not (home / "shutdown-called").exists()

@@ -392,13 +392,25 @@ def remote_runs(aws: Aws, home: Path, volume_gib: float | None, limit: int, sinc
     out = []
     for r in picked:
         rec = records[r] or {**runstore.validate_status(b"{}", r), "state": "unknown",
-                             "problem": failed.get(r) or "no status.json (its launch did not get that far, or it "
-                                                         "expired)"}
+                             "problem": failed.get(r) or _no_status(s3, bucket, r)}
         c = costs[r]
         out.append({**rec, "billed_seconds": c["billed_seconds"], "cost_usd": c["cost_usd"],
                     "upper_bound": c["upper_bound"], "cost": c, "in_ledger": r in rows,
                     "ledger_status": (rows.get(r) or {}).get("status")})
     return {"bucket": bucket, "region": aws.region, "in_store": len(ids), "runs": out}
+
+
+def _no_status(s3: Any, bucket: str, run_id: str) -> str:
+    """Why a run in the store has no status.json: a run in the foreground whose instance handed its
+    outputs over (runs/recover/handover.py), or a launch that did not get that far (or expired)."""
+    from ...aws import runstore
+    from ...errors import AwsError
+    try:
+        handed = runstore.read_head(s3, bucket, runstore.handover_keys(run_id)["status"], 1) is not None
+    except AwsError:
+        handed = False
+    return ("a run in the foreground whose controller was lost: its instance handed its outputs over "
+            "(`ec2gpu fetch RUN`)") if handed else "no status.json (its launch did not get that far, or it expired)"
 
 
 def _started(run_id: str) -> datetime:

@@ -25,6 +25,7 @@ import hashlib
 import io
 import json
 import shlex
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, cast
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
     from ...tasks.spec import Task
     from ..options import RunOptions
     from ..provision.resources import Provisioned
+    from ..recover.handover import Handover
     from ..recover.recovery import DirCheckpoints
     from .job_summary import Checked
     from .nodes import Node
@@ -363,12 +365,14 @@ class _LineWriter(io.TextIOBase):
             self.buf = ""
 
 
-def job_argv(nd: Node, job: TaskJob, limit_minutes: int | None = None, grace_s: float = 120.0) -> list[str]:
+def job_argv(nd: Node, job: TaskJob, limit_minutes: int | None = None, grace_s: float = 120.0,
+             handover: bool = False) -> list[str]:
     """The agent's command line on node ``nd`` (pure apart from the node's facts): the task's run
     script in an interactive bash (INTERACTIVE), $0 the task's name, "$@" the job's args; the agent signs its
     status.json with the key upload_node left in agent.key (runs/execute/status.py). With the run's
     ``limit_minutes`` (--max-runtime) the agent gives the job SIGTERM ``grace_s`` seconds (at most
-    half the limit) before the instance ends itself (runs/plan/limits.py)."""
+    half the limit) before the instance ends itself (runs/plan/limits.py). ``handover``: the node has
+    RUN_DIR/handover.json (runs/recover/handover.py), which the agent reads and deletes."""
     from ..plan import limits
     python = nd.info.get("python") or "python3"
     at = limits.stop_at(nd.instance, limit_minutes, grace_s)
@@ -376,7 +380,8 @@ def job_argv(nd: Node, job: TaskJob, limit_minutes: int | None = None, grace_s: 
                                    # stop_at is None without a limit
                                    "--limit-grace", f"{limits.grace_seconds(cast(int, limit_minutes), grace_s):.0f}"]
     return [python, f"{nd.run_dir}/agent.py", "--dir", nd.run_dir, "--env-file", f"{nd.run_dir}/job.env.json",
-            "--key-file", f"{nd.run_dir}/agent.key", *limit, "--", "bash", "-c", INTERACTIVE, HANDOFF,
+            "--key-file", f"{nd.run_dir}/agent.key", *limit,
+            *(["--handover-file", f"{nd.run_dir}/handover.json"] if handover else []), "--", "bash", "-c", INTERACTIVE, HANDOFF,
             PROLOGUE + job.task.run, job.name, *job.args]
 
 
@@ -545,14 +550,32 @@ def _outputs_home(head: Node, job: TaskJob, local_out: Path, ssh_config: Path | 
     log(f"outputs: {len(names)} file(s) brought home" + (f" by {how}" if names else "") + f" to {local_out / 'outputs'}")
 
 
+def mark(nodes: list[Node], what: str) -> None:
+    """The controller's mark ``what`` ("collecting", "collected": runs/recover/handover.py) in each
+    node's run directory, so its agent does not hand over what this controller brings home. A node
+    that does not answer is passed over (its agent then hands over: a copy in S3, nothing lost)."""
+    from ...remote import jobs, ssh
+    from ..recover import handover as H
+    for nd in nodes:
+        if nd.conn is None:
+            continue
+        try:
+            ssh.execute(nd.conn, H.mark_command(nd.run_dir, what))
+        except (RemoteError, *jobs.CONNECTION_ERRORS):
+            pass
+
+
 def run_attempt(aws: Aws, settings: Settings, opts: RunOptions, run_id: str, ui: ReporterLike, prov: Provisioned,
                 instances_: list[Instance], local_out: Path, backend: Backend, n: int,
-                checkpoints: DirCheckpoints) -> dict[str, Any]:
+                checkpoints: DirCheckpoints, handover: Future[Handover | None] | Handover | None = None,
+                shutdown: bool = False) -> dict[str, Any]:
     """One attempt of the task ``opts.task`` (a TaskJob) on running instances (node 0 first);
     return the job's summary.json ({} when it wrote none).
 
     ``checkpoints`` (recovery.DirCheckpoints) brings node 0's checkpoint directory home while the
-    job runs. Raises recovery.Interrupted when a node is lost or gets a spot notice, RemoteError
+    job runs. ``handover`` (runs/recover/handover.py; its Future while it is being made) lets the
+    agents hand the job's outputs over to S3 if this controller is lost, and with ``shutdown`` end
+    their instances then. Raises recovery.Interrupted when a node is lost or gets a spot notice, RemoteError
     when the setup or the job fails (after its outputs came home), WaitTimeout when SSH never answers.
     """
     from dataclasses import replace
@@ -589,11 +612,17 @@ def run_attempt(aws: Aws, settings: Settings, opts: RunOptions, run_id: str, ui:
         if job.task.setup:
             with ui.phase("setup"):
                 N.parallel(lambda nd: setup_node(nd, job, say(nd)), nodes)
+        plan = handover.result() if isinstance(handover, Future) else handover
+        if plan is not None:
+            from ...remote import files
+            secret_names = sorted(job.task.secrets)
+            N.parallel(lambda nd: files.write_private(nd.conn, f"{nd.run_dir}/handover.json",
+                                                      plan.document(nd.index == 0, shutdown, secret_names)), nodes)
         with ui.phase("running"):
             try:
                 for nd in nodes:
                     nd.pid = jobs.start(nd.conn, nd.run_dir, job_argv(nd, job, opts.max_runtime_minutes,
-                                                                      settings.limit_grace_seconds))
+                                                                      settings.limit_grace_seconds, plan is not None))
                 ui.note(f"job started on {len(nodes)} node(s) under the agent"
                         + (f" (head {addresses[0]})" if len(nodes) > 1 else "") + "; its log follows")
                 # an instance on this machine's loopback (the sandbox) shares its ports: never the same one
@@ -616,10 +645,14 @@ def run_attempt(aws: Aws, settings: Settings, opts: RunOptions, run_id: str, ui:
                             "$EC2GPU_REBALANCE_FILE")
         brought, summary = None, None
         with ui.phase("download"):
+            if plan is not None:
+                mark(nodes, "collecting")
             try:
                 summary = download(nodes, job, local_out, config, ui.note, settings.download_limits)
             except RemoteError as exc:  # a part could not come home: the job's own failure is said first
                 brought = exc
+            if plan is not None:
+                mark(nodes, "collected")
         judge(nodes, job)
         if brought is not None:
             raise brought

@@ -402,6 +402,10 @@ def _run_attempts(aws: Aws, settings: Settings, opts: RunOptions, run_id: str, u
     attempts = record["attempts"]
     checkpoints = recovery.DirCheckpoints(remote="", local=out / "checkpoints", log=ui.note,
                                           **recovery.s3_home(aws, opts.checkpoint_uri, run_id))
+    from ..recover import handover
+    # a job's outputs outlive this controller (runs/recover/handover.py): made beside provisioning
+    plan = None if isinstance(opts, (BakeOptions, PoolOptions)) else \
+        handover.start(aws, settings, run_id, opts.max_runtime_minutes, ui.note)
     avoid: list[str] = []
     for n in range(1, opts.attempts_allowed + 1):
         if n > 1:
@@ -424,7 +428,8 @@ def _run_attempts(aws: Aws, settings: Settings, opts: RunOptions, run_id: str, u
                 from ...pool import attempt as pool
                 return pool.run_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, backend, n, checkpoints,
                                         cast(dict[str, Any], record))
-            return engine.run_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, backend, n, checkpoints)
+            return engine.run_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, backend, n, checkpoints,
+                                      plan, shutdown=not opts.keep)
         except recovery.Interrupted as why:
             mine = [a for a in attempts if a["attempt"] == n]  # with any an array's pool added (pool/grow.py)
             ui.note(f"attempt {n} interrupted on {', '.join(a['instance_id'] for a in mine)} "

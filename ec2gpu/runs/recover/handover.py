@@ -1,0 +1,214 @@
+"""A run in the foreground that outlives its controller (issue 30, item 1).
+
+The controller (this machine's `ec2gpu run` or `train`) brings a job's outputs home and ends its
+instances. When it is lost before the job ends (the laptop closed or asleep, the network gone,
+``kill -9``), the job still runs to its end under the instance's agent; before this, its outputs
+then stayed on an instance that its idle rule terminated. Now the run hands over:
+
+1. before the job starts, the controller asks S3 (no call: SigV4 signing here) for three presigned
+   PUT URLs, each for one key under ``runs/RUN_ID/handover/`` of the region's run store
+   (aws/runstore.py: the bucket detached runs use, made on first need); the head node's agent gets
+   them in a 0600 file it reads and deletes before the job starts (agent/agent.py: read_handover);
+2. when the job ends, the controller writes ``collecting`` in the run directory of each node, then
+   ``collected`` once its outputs are home (mark);
+3. an agent that sees no ``collected`` within ``handover_wait_seconds`` (setting, default 300)
+   puts the outputs (one tar.gz), job.log (secrets masked) and status.json through the URLs, then
+   ends its instance with ``shutdown -h now`` (the run's instances terminate on shutdown) unless
+   the instances outlive the run (``--keep``);
+4. `ec2gpu fetch RUN` brings them home from S3 (runs/recover/handover.fetch).
+
+The instance gets no AWS credentials: a presigned URL lets its holder write that one object, until
+it expires (the run's --max-runtime plus an hour, at most 7 days; less when this machine's
+credentials are temporary, whose URLs end with them:
+https://docs.aws.amazon.com/AmazonS3/latest/userguide/using-presigned-url.html).
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import tarfile
+import tempfile
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from ...aws import runstore
+from ...errors import Ec2GpuError
+
+if TYPE_CHECKING:
+    from ...aws.session import Aws
+    from ...remote.files import Limits
+    from ...settings import Settings
+
+Log = Callable[[str], None]
+
+#: the objects handed over are read at most this large: the status record and the log
+MAX_STATUS_BYTES = 256 * 1024
+MAX_LOG_BYTES = 64 << 20
+ARCHIVE_SLACK_BYTES = 64 << 20  # the outputs archive may be this much larger than the download limit
+EXPIRY_MARGIN_S = 3600
+
+
+@dataclass(frozen=True)
+class Handover:
+    """Where a run's agent puts what its lost controller did not collect: ``urls`` ({"outputs",
+    "log", "status": presigned PUT URL}), in ``bucket``; the agent waits ``wait_s`` seconds (s)."""
+    bucket: str
+    urls: dict[str, str]
+    wait_s: int
+
+    def document(self, head: bool, shutdown: bool, secret_names: list[str]) -> str:
+        """The agent's handover file (JSON): the URLs on the head node only (its outputs are the
+        run's), ``shutdown`` (end the instance after), the names of the secrets to mask in the log."""
+        return json.dumps({"urls": self.urls if head else {}, "wait_s": self.wait_s, "shutdown": shutdown,
+                           "secret_names": sorted(secret_names)})
+
+
+def prepare(aws: Aws, settings: Settings, run_id: str, max_runtime_minutes: int | None, log: Log) -> Handover | None:
+    """The run's Handover: the run store made if need be (runstore.ensure) and the URLs signed,
+    lasting the run's --max-runtime (minutes; 7 days without one) plus the wait and an hour. None
+    with ``handover_wait_seconds`` 0, or when the store cannot be used (said to ``log`` as a
+    warning: the run goes on as before, its outputs safe as long as this command lives). Never raises."""
+    if settings.handover_wait_seconds <= 0:
+        return None
+    try:
+        s3 = aws.client("s3")
+        account = aws.check_credentials()["Account"]
+        bucket = runstore.ensure(s3, account, aws.region, settings.owner, settings.run_store_expire_days)
+        lasts = (max_runtime_minutes * 60 if max_runtime_minutes else runstore.PRESIGN_MAX_S) \
+            + settings.handover_wait_seconds + EXPIRY_MARGIN_S
+        urls = runstore.presign_puts(s3, bucket, runstore.handover_keys(run_id), lasts)
+    except Exception as exc:  # noqa: BLE001 - the run goes on without it, whatever went wrong
+        why = exc.message if isinstance(exc, Ec2GpuError) else type(exc).__name__
+        log(f"warning: no run store for this run ({why}): if this command is lost before the job ends, "
+            "its outputs stay on the instance until it ends itself (`ec2gpu fetch` while it runs)")
+        return None
+    return Handover(bucket, urls, settings.handover_wait_seconds)
+
+
+def start(aws: Aws, settings: Settings, run_id: str, max_runtime_minutes: int | None, log: Log) -> Future[Handover | None]:
+    """``prepare`` in a thread of its own, beside provisioning (its S3 calls are off the run's path):
+    the caller takes ``.result()`` before the job starts."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="handover")
+    try:
+        return pool.submit(prepare, aws, settings, run_id, max_runtime_minutes, log)
+    finally:
+        pool.shutdown(wait=False)
+
+
+def mark_command(run_dir: str, what: str) -> str:
+    """The shell command that writes the controller's mark ``what`` ("collecting" or "collected")
+    in ``run_dir`` on an instance (agent/agent.py: COLLECTING, COLLECTED)."""
+    import shlex
+    if what not in ("collecting", "collected"):
+        raise ValueError(what)
+    return f"touch {shlex.quote(run_dir + '/' + what)}"
+
+
+# --- ec2gpu fetch RUN ---------------------------------------------------------------------------
+
+def fetch(aws: Aws, run_id: str, out: Path, limits: Limits, note: Log) -> dict[str, Any] | None:
+    """Bring home what the agent of run ``run_id`` handed over (module docstring), or None when the
+    run store holds nothing of it: the outputs archive unpacked to ``out``/outputs (hostile input:
+    regular files and directories only, each name checked as remote/files.check_name checks an
+    instance's, none outside, at most ``limits``), job.log and status.json to ``out``.
+
+    Returns {"outputs": [names], "files": ["job.log", "status.json"...], "state": the record's
+    state or None, "handover": the record's, "skipped": members refused, "left": members above
+    the limits}. Raises AwsError (S3), UsageError (a bad run id), OSError (``out`` not writable)."""
+    s3 = aws.client("s3")
+    bucket = runstore.bucket_name(aws.check_credentials()["Account"], aws.region)
+    keys = runstore.handover_keys(run_id)
+    status_bytes = runstore.read_head(s3, bucket, keys["status"], MAX_STATUS_BYTES + 1)
+    if status_bytes is None:
+        return None
+    record = _record(status_bytes)
+    out.mkdir(parents=True, exist_ok=True)
+    done = []
+    (out / "status.json").write_text(json.dumps(record, indent=2))
+    done.append("status.json")
+    log_bytes = runstore.read_head(s3, bucket, keys["log"], MAX_LOG_BYTES)
+    if log_bytes is not None:
+        (out / "job.log").write_bytes(log_bytes)
+        done.append("job.log")
+    names: list[str] = []
+    skipped = left = 0
+    with tempfile.TemporaryDirectory(prefix="ec2gpu-handover-") as tmp:
+        archive = Path(tmp) / "outputs.tar.gz"
+        cap = limits.bytes + ARCHIVE_SLACK_BYTES  # gzip never grows data by more than a little
+        size = runstore.download_head(s3, bucket, keys["outputs"], archive, cap)
+        if size is not None and size > cap:
+            note(f"warning: the outputs archive is larger than the download limit ({limits.bytes:,} bytes): left in "
+                 f"s3://{bucket}/{keys['outputs']} (--max-download)")
+        elif size is not None:
+            names, skipped, left = unpack(archive, out / "outputs", limits, note)
+    note(f"{len(names)} output file(s) and {', '.join(done)} brought home from "
+         f"s3://{bucket}/{runstore.prefix(run_id)}{runstore.HANDOVER} to {out} (its instance handed them over: "
+         "the controller was gone when the job ended)")
+    if record.get("state"):
+        code = record.get("exit_code")
+        note(f"the job {record['state']}" + ("" if code is None else f" (exit status {code})")
+             + f"; its agent's hand-over: {record.get('handover') or 'not said'}")
+    return {"outputs": names, "files": done, "state": record.get("state"), "handover": record.get("handover"),
+            "skipped": skipped, "left": left}
+
+
+def _record(data: bytes) -> dict[str, Any]:
+    """The handed-over status record (hostile: written by the instance) as runs/execute/status.parse
+    checks an agent's, without its signature (the key died with the controller), and its
+    ``handover`` as bounded text."""
+    from ..execute import status
+    got = status.parse(data[:MAX_STATUS_BYTES + 1], None) or {}
+    try:
+        raw = json.loads(data) if len(data) <= MAX_STATUS_BYTES else {}
+    except ValueError:
+        raw = {}
+    said = raw.get("handover") if isinstance(raw, dict) else None
+    from ...inert import inert
+    return {**got, "handover": inert(said[:300]) if isinstance(said, str) else None, "signature_checked": False}
+
+
+def unpack(archive: Path, root: Path, limits: Limits, note: Log) -> tuple[list[str], int, int]:
+    """Unpack the tar.gz file ``archive`` (hostile) into ``root``: regular files only (directories made as
+    their paths need), each name checked (remote/files.check_name: no absolute path, no '..', no
+    NUL), none through a symbolic link, at most ``limits`` files and bytes. Returns (the names
+    written, sorted; members refused; members above the limits)."""
+    from ...remote import files
+    names: list[str] = []
+    skipped = left = total = 0
+    root.mkdir(parents=True, exist_ok=True)
+    top = root.resolve()
+    try:
+        with tarfile.open(archive, mode="r:gz") as tar:
+            for m in tar:
+                if m.isdir():
+                    continue
+                if not m.isreg() or files.check_name(m.name) is not None or "\\" in m.name:
+                    skipped += 1
+                    continue
+                if len(names) >= limits.files or total + m.size > limits.bytes:
+                    left += 1
+                    continue
+                dest = top / m.name
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                if not dest.parent.resolve().is_relative_to(top) or dest.is_symlink():  # a link on this machine
+                    skipped += 1
+                    continue
+                source = tar.extractfile(m)
+                if source is None:
+                    skipped += 1
+                    continue
+                with source, open(dest, "wb") as f:
+                    shutil.copyfileobj(source, f)
+                names.append(m.name)
+                total += m.size
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        note(f"warning: the outputs archive could not be read whole ({type(exc).__name__}): "
+             f"{len(names)} file(s) unpacked")
+    if skipped:
+        note(f"warning: {skipped} member(s) of the outputs archive refused (not a plain file, or a name that "
+             "leaves outputs/)")
+    if left:
+        note(f"warning: {left} output file(s) above the download limits left in S3 (--max-download, --max-files)")
+    return sorted(names), skipped, left
