@@ -616,13 +616,9 @@ def get_status(s3: Client, bucket: str, run_id: str) -> Item | None:
     no bucket). At most MAX_STATUS_BYTES + 1 bytes are read: a larger object is unreadable without
     being downloaded. Raises UsageError for a bad run id, AwsError for other S3 errors."""
     key = status_key(run_id)
-    try:
-        got = s3.get_object(Bucket=bucket, Key=key, **_expected_owner(bucket))
-    except botocore.exceptions.ClientError as exc:
-        if _absent(error_code(exc)):
-            return None
-        raise AwsError(f"run store: s3://{bucket}/{key}: GetObject failed ({error_code(exc)})",
-                       "see docs/iam-policy.json") from None
+    got = _get_object(s3, bucket, key)
+    if got is None:
+        return None
     body = got["Body"]
     try:
         size = got.get("ContentLength")
@@ -774,13 +770,9 @@ def download_head(s3: Client, bucket: str, key: str, path: str | os.PathLike[str
     """Stream ``key`` to the file ``path`` in 1 MiB pieces, stopping after ``max_bytes`` + 1 bytes
     (the caller tells a larger object by the count); the bytes written, or None when there is no such
     object (or bucket). Raises AwsError for other S3 errors, OSError when ``path`` cannot be written."""
-    try:
-        got = s3.get_object(Bucket=bucket, Key=key, **_expected_owner(bucket))
-    except botocore.exceptions.ClientError as exc:
-        if _absent(error_code(exc)):
-            return None
-        raise AwsError(f"run store: s3://{bucket}/{key}: GetObject failed ({error_code(exc)})",
-                       "see docs/iam-policy.json") from None
+    got = _get_object(s3, bucket, key)
+    if got is None:
+        return None
     body, written = got["Body"], 0
     try:
         with open(path, "wb") as f:
@@ -795,16 +787,25 @@ def download_head(s3: Client, bucket: str, key: str, path: str | os.PathLike[str
     return written
 
 
+def _get_object(s3: Client, bucket: str, key: str) -> Item | None:
+    """GetObject's answer for ``key`` (ExpectedBucketOwner; its Body not read yet), or None when
+    there is no such object (or bucket). Raises AwsError for other S3 errors."""
+    try:
+        got: Item = s3.get_object(Bucket=bucket, Key=key, **_expected_owner(bucket))
+    except botocore.exceptions.ClientError as exc:
+        if _absent(error_code(exc)):
+            return None
+        raise AwsError(f"run store: s3://{bucket}/{key}: GetObject failed ({error_code(exc)})",
+                       "see docs/iam-policy.json") from None
+    return got
+
+
 def _read_head(s3: Client, bucket: str, key: str, size: int) -> tuple[bytes | None, str | None]:
     """(the first ``size`` bytes of ``key``, its ETag) from one GetObject (ExpectedBucketOwner), or
     (None, None) when there is no such object (or bucket). Raises AwsError for other S3 errors."""
-    try:
-        got = s3.get_object(Bucket=bucket, Key=key, **_expected_owner(bucket))
-    except botocore.exceptions.ClientError as exc:
-        if _absent(error_code(exc)):
-            return None, None
-        raise AwsError(f"run store: s3://{bucket}/{key}: GetObject failed ({error_code(exc)})",
-                       "see docs/iam-policy.json") from None
+    got = _get_object(s3, bucket, key)
+    if got is None:
+        return None, None
     body = got["Body"]
     try:
         data: bytes = body.read(size)
