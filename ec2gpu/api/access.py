@@ -115,7 +115,9 @@ def logs(name: str, *, follow: bool = False, write: Optional[Write] = None, regi
     ``index``: an array's or a sweep's element (ec2gpu/pool/): its own log, as it came home with
     the run (logs/INDEX.log of its artifacts: an array's run that is over, or one this machine
     runs, whose ended elements' logs come home every 10 s), "exit_status" its own (None while the
-    run goes on).
+    run goes on); an element still running (of a run this machine runs), from the worker that runs
+    it, found through the pool's record on its head (runs/execute/logs.stream_element: "source"
+    "instance"; with ``follow`` until it ends, "exit_status" then its own).
 
     Returns {"exit_status", "run_id", "instance_id", "source"}: "source" is "saved" (brought home;
     "instance_id" None), "s3" (a detached run; "instance_id" None, and "state": status.json's
@@ -140,8 +142,16 @@ def logs(name: str, *, follow: bool = False, write: Optional[Write] = None, regi
 
     home = settings_mod.load({"region": region}).home
     row = run_logs.finished(home, name)
-    if index is not None:  # an element's log: the run is over and brought it home (this machine's files)
-        path, status = run_logs.element_log(home, row, name, index)
+    if index is not None:  # an element's log: the run brought it home (this machine's files) once it ended
+        try:
+            path, status = run_logs.element_log(home, row, name, index)
+        except run_logs.NotEnded as running:  # from the worker that runs it now
+            with _context(region, sandbox, log=log) as ctx:
+                try:
+                    status, iid = run_logs.stream_element(ctx, running.row, index, follow, emit, note=log)
+                finally:
+                    emit(b"", final=True)
+            return result(exit_status=status, run_id=running.row["run_id"], instance_id=iid, source="instance")
         emit(path.read_bytes(), final=True)
         return result(exit_status=status, run_id=row["run_id"] if row else name, instance_id=None, source="saved")
     if row is not None and not _maybe_detached(row):  # over: the log is on this machine, no AWS needed

@@ -31,7 +31,8 @@ def logs(name: str = typer.Argument(..., help="Run id, name or instance id."),
          follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming until the job ends, "
                                      "reconnecting when SSH drops (no line missed or repeated)."),
          index: Optional[int] = typer.Option(None, "--index", help="An array's or a sweep's element: its own "
-                                             "log, once the run is over (logs/INDEX.log of its artifacts)."),
+                                             "log (logs/INDEX.log of the run's artifacts once it ended; from "
+                                             "the worker that runs it while it runs, --follow to its end)."),
          region: Optional[str] = REGION, sandbox: bool = SANDBOX):
     """Print a run's job log, from its instance or, once the run is over, from its artifacts.
 
@@ -50,6 +51,13 @@ def logs(name: str = typer.Argument(..., help="Run id, name or instance id."),
                 f"`ec2gpu status {shown['run_id']}` says more", "dim")
             raise typer.Exit(1)
         say(err, f"run {shown['run_id']} {shown['state']} (exit status {shown['exit_status']})", "dim")
+        raise typer.Exit(shown["exit_status"])
+    if shown["source"] == "instance" and follow and index is not None:  # an element followed on its worker
+        if shown["exit_status"] is None:
+            say(err, f"element {index} is no longer running on {shown['instance_id']} and its end is not recorded "
+                f"(its worker lost: it runs again elsewhere); `ec2gpu status {shown['run_id']}` says more", "dim")
+            raise typer.Exit(1)
+        say(err, f"element {index} ended with exit status {shown['exit_status']}", "dim")
         raise typer.Exit(shown["exit_status"])
     if shown["source"] == "instance" and follow:
         say(err, f"the job on {shown['instance_id']} ended with exit status {shown['exit_status']}; "

@@ -117,11 +117,20 @@ def test_an_array_over_three_workers_shrinks_its_pool_before_its_last_element_en
     def status_while_it_runs(_line, _lines):  # `ec2gpu status RUN` from another terminal, as the live line
         [row] = [r for r in ledger.runs(home) if r["status"] == "running"]
         seen["status"] = _status(row["run_id"])
+        # element 11 (16 s) still runs: its log comes from the worker that runs it, and --follow ends with it
+        logs = [EC2GPU, "logs", row["run_id"], "--index", "11", "--sandbox"]
+        seen["following"] = subprocess.Popen([*logs, "--follow"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                             text=True, env=dict(os.environ))
+        seen["running_log"] = subprocess.run(logs, capture_output=True, text=True, env=dict(os.environ), timeout=60)
 
     record, err = _run_array(tmp_path, [("element(s) submitted", look),
                                         ("pool: no element waits, released", status_while_it_runs)])
     pool, elements = record["pool"], record["pool"]["elements"]
     assert {e["attempts"] for e in elements} == {1} and len({e["node"] for e in elements}) == 3, elements
+    running_log = seen["running_log"]
+    assert running_log.returncode == 0 and running_log.stdout.startswith("element 11 of 12 on "), running_log
+    out, err_ = seen["following"].communicate(timeout=60)
+    assert seen["following"].returncode == 0 and out.startswith("element 11 of 12 on "), (out, err_)
     live = seen["status"]
     assert live["state"] == "running" and sum(live["array"]["counts"].values()) == 12, live
     assert live["array"]["instances"] in (1, 2, 3) and live["array"]["cost_so_far_usd"] > 0, live

@@ -236,8 +236,23 @@ def test_while_the_array_runs_an_ended_elements_log_is_read_from_what_came_home(
     assert logs.finished(tmp_path / "home", "20261127-120000-aaaa") is None  # still running
     path, status = logs.element_log(tmp_path / "home", None, "20261127-120000-aaaa", 3)
     assert path.read_text() == "element 3\n" and status is None
-    with pytest.raises(UsageError, match="element 5 of run 20261127-120000-aaaa has not ended yet"):
+    with pytest.raises(logs.NotEnded) as running:  # read from its worker instead (stream_element)
         logs.element_log(tmp_path / "home", None, "20261127-120000-aaaa", 5)
+    assert running.value.row["run_id"] == "20261127-120000-aaaa"
+
+
+def test_the_node_running_an_element_is_read_from_the_heads_record_as_hostile_input():
+    from ec2gpu.runs.execute.logs import running_element
+    record = json.dumps({"elements": [
+        {"index": 1, "status": "running", "nodes": ["127.0.0.4", "127.0.0.5"]},
+        {"index": 2, "status": "succeeded", "exit_status": 3, "nodes": ["127.0.0.4"]},
+        {"index": 3, "status": "running", "nodes": ["127.0.0.4; rm -rf /"]},
+        {"index": 4, "status": "queued", "nodes": []}]}).encode()
+    assert running_element(record, 1) == ("127.0.0.5", None)  # its latest attempt's node
+    assert running_element(record, 2) == (None, 3)  # ended: its exit status
+    assert running_element(record, 3) == (None, None)  # not an address: never used
+    assert running_element(record, 4) == (None, None)
+    assert running_element(b"not json", 1) == (None, None) and running_element(None, 1) == (None, None)
 
 
 class _Job:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable
 
 import json
+import time
 from pathlib import Path
 
 from ...errors import RemoteError, UsageError
@@ -63,13 +64,22 @@ def saved_log(home: Path, name: str) -> Path:
     return path
 
 
+class NotEnded(Exception):
+    """Element_log's answer for an element whose log is not home yet while its run goes on:
+    ``row``, the run's ledger row (stream_element reads the log from its worker)."""
+
+    def __init__(self, row: dict[str, Any]) -> None:
+        super().__init__(row["run_id"])
+        self.row = row
+
+
 def element_log(home: Path, row: dict[str, Any] | None, name: str, index: int) -> tuple[Path, int | None]:
     """(the log of element ``index`` of the array run ``row`` (the ledger's row of run ``name``,
     None when it is not over), its exit status from the run's pool.json where known). While the
     run goes on (on this machine), an element that has ended has its log here already (the run
     brings finished elements' outputs and logs home every 10 s), its exit status unknown yet.
-    Raises UsageError: a run not known, an element that has not ended yet, no such element or no
-    log of it."""
+    Raises NotEnded for an element of a run that goes on whose log is not home yet; UsageError: a
+    run not known, no such element or no log of it."""
     if row is None:
         from ..settle import ledger
         try:
@@ -80,10 +90,10 @@ def element_log(home: Path, row: dict[str, Any] | None, name: str, index: int) -
             raise UsageError(f"run {name!r} is not known here: --index reads an element's log as the run that "
                              "runs the array brought it home", "see `ec2gpu runs`")
         path = Path(running.get("artifacts") or "") / "logs" / f"{index}.log"
-        if not 0 <= index < 10_000 or not path.is_file():
-            raise UsageError(f"element {index} of run {running['run_id']} has not ended yet (or is not one): its log "
-                             "comes home within 10 s of its end", f"ec2gpu status {running['run_id']} shows the "
-                             "elements done; the run's own log: ec2gpu logs RUN --follow")
+        if not 0 <= index < 10_000:
+            raise UsageError(f"--index {index}: an element's index is 0 to 9,999", "e.g. --index 17")
+        if not path.is_file():
+            raise NotEnded(running)
         return path, None
     if not 0 <= index < 10_000:
         raise UsageError(f"--index {index}: an element's index is 0 to 9,999", "e.g. --index 17")
@@ -100,6 +110,90 @@ def element_log(home: Path, row: dict[str, Any] | None, name: str, index: int) -
     except (OSError, ValueError, KeyError, TypeError):
         pass
     return path, status
+
+
+#: seconds between looks at a running element's log (and at the head's record of it) with --follow
+ELEMENT_POLL_S = 1.0
+
+
+def running_element(record: bytes | None, index: int) -> tuple[str | None, Any]:
+    """(the address of the node that runs element ``index`` now, or None; the element's exit status
+    once it has ended, else None) from the bytes of the pool driver's status.json on the head
+    (ec2gpu/pool/driver.py: hostile input, read as such: pure, never raises)."""
+    import ipaddress
+    try:
+        data = json.loads(record or b"{}")
+        element = next(e for e in data.get("elements", []) if isinstance(e, dict) and e.get("index") == index)
+    except (ValueError, TypeError, AttributeError, StopIteration, RecursionError):
+        return None, None
+    code = element.get("exit_status")
+    code = code if isinstance(code, int) and not isinstance(code, bool) and -(2 ** 31) <= code < 2 ** 31 else None
+    nodes = element.get("nodes")
+    if element.get("status") != "running" or not isinstance(nodes, list) or not nodes:
+        return None, code
+    try:
+        return str(ipaddress.ip_address(str(nodes[-1])[:64])), None
+    except ValueError:
+        return None, None
+
+
+def stream_element(ctx: Context, row: dict[str, Any], index: int, follow: bool, write: Callable[[bytes], object],
+                   note: Callable[[str], None]) -> tuple[int | None, str]:
+    """Write the log of element ``index`` of the array run ``row`` (its ledger row; the run goes on)
+    from the worker that runs it now, found through the driver's record on the head, to ``write``
+    (bytes, its secrets masked line by line), as it is or, with ``follow``, until the head's record
+    says the element ended; return (its exit status: None without ``follow``; the instance id).
+    Host keys are checked against the console output. Raises UsageError when the run has no head
+    running, or the element is not running (queued, or ended: its log comes home within 10 s).
+    RemoteError when an instance cannot be reached."""
+    from ...remote import jobs
+    from ...pool import records
+    run_id = row["run_id"]
+    head = head_instance(ctx.aws.ec2, row)
+    if head is None:
+        raise UsageError(f"run {run_id} has no running instance", "see `ec2gpu runs` and `ec2gpu status RUN`")
+    hconn, _ = _open(ctx, head, note)
+    try:
+        head_dir = jobs.remote_run_dir(hconn, run_id)
+
+        def look() -> tuple[str | None, Any]:
+            return running_element(jobs.read_from(hconn, f"{head_dir}/pool/status.json", 0,
+                                                  records.MAX_STATUS_BYTES + 1), index)
+        address, _ = look()
+        if address is None:
+            raise UsageError(f"element {index} of run {run_id} is not running (queued, or ended: an ended element's "
+                             "log comes home within 10 s of its end)",
+                             f"ec2gpu status {run_id} shows the elements; try again in a moment")
+        ids = set(row.get("instance_ids") or [])
+        from ...aws import sweep
+        inst = next((i for i in sweep.find_instances(ctx.aws.ec2, states=["running"])
+                     if i.id in ids and ctx.backend.private_address(i) == address), None)
+        if inst is None:
+            raise UsageError(f"element {index} runs on {address}, which is not one of run {run_id}'s running "
+                             "instances", "try again in a moment: its node may have just been replaced")
+        conn, _ = _open(ctx, inst, note) if inst.id != head.id else (hconn, None)
+        splitter = None
+        try:
+            run_dir = jobs.remote_run_dir(conn, run_id)
+            secrets = secret_values(conn, run_dir)
+            splitter = jobs.LineSplitter(lambda line: write((mask(line, secrets) + "\n").encode()))
+            cursor, path = jobs.LogCursor(splitter), f"{run_dir}/elements/{index}/job.log"
+            jobs.drain(conn, path, cursor)
+            code = None
+            while follow:
+                time.sleep(ELEMENT_POLL_S)
+                now_at, code = look()
+                jobs.drain(conn, path, cursor)
+                if now_at != address:  # it ended (code: its exit status), or went back to the queue
+                    break
+        finally:
+            if splitter:
+                splitter.flush()
+            if conn is not hconn:
+                conn.close()
+    finally:
+        hconn.close()
+    return code, inst.id
 
 
 def _open(ctx: Context, inst: Instance, note: Callable[[str], None]) -> tuple[Any, Callable[[], Any]]:
