@@ -173,7 +173,7 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
     job, reporter = _prepare(task, command, workdir, name, env, secrets, max_upload, include_secrets, reporter,
                              warn, workdir_outside, overrides or None, infra)
     res = job.task.resources
-    elements = _elements(job.task, array, workers, gpus_per_job, max_retries, nodes, detach, job.mounts)
+    elements = _elements(job.task, array, workers, gpus_per_job, max_retries, nodes, detach)
     if elements and spot is None:  # a pool is spot unless asked otherwise (--on-demand, or the task's spot: false)
         spot = res.spot if "spot" in res.model_fields_set else True
     run_region = region or infra_region or res.region
@@ -249,11 +249,11 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
         return pipeline.train(ctx.aws, settings, opts, reporter, ctx.backend)
 
 
-def _elements(task, array, workers, gpus_per_job, max_retries, nodes, detach, task_mounts=None) -> list:
+def _elements(task, array, workers, gpus_per_job, max_retries, nodes, detach) -> list:
     """The array's elements (tasks/arrays.elements; [] for a task that is no array), its flags
-    checked. Raises UsageError: a bad --array, pool flags without an array, --nodes or --detach
-    with one, ports or a written-back file_mounts entry (of ``task_mounts``, tasks/mounts.Mount)
-    with one."""
+    checked. Raises UsageError: a bad --array, pool flags without an array, --nodes, --detach or
+    ports with one. MOUNT-mode file_mounts are written back by each node of the pool as it leaves
+    it (pool/attempt.py)."""
     from ..tasks import arrays
     try:
         elements = arrays.elements(task.array, task.sweep, array)
@@ -267,11 +267,6 @@ def _elements(task, array, workers, gpus_per_job, max_retries, nodes, detach, ta
     if elements and task.ports:
         raise UsageError("an array or a sweep does not take ports yet",
                          "run its service as a task of its own, or run without array/sweep")
-    written = [m.target for m in (task_mounts or []) if m.write_back]
-    if elements and written:
-        raise UsageError(f"an array or a sweep takes file_mounts in COPY mode only: {written[0]} is written back "
-                         "(MOUNT mode)", "give it mode: COPY (each instance gets a copy), and write results to "
-                                         "$EC2GPU_OUTPUT_DIR: they come home under outputs/INDEX/")
     if elements and (nodes or task.nodes) > 1:
         raise UsageError("--nodes runs one job over several instances; an array runs each element on one",
                          "drop --nodes, and give --workers N for the pool's size")

@@ -71,6 +71,7 @@ class Pool:
     usd_per_hour: dict[str, float | None] = field(default_factory=dict)  # instance id -> its compute price
     replacements: list[dict[str, Any]] = field(default_factory=list)  # grow.Replacement.as_dict, once each is over
     growing: grow.Replacement | None = None  # the one being made now (at most one at a time)
+    write_back: bool = False  # the task has MOUNT-mode file_mounts: each node writes them back as it leaves
 
     def cost_so_far(self, now: float) -> float | None:
         """USD the pool's instances have cost until ``now`` (epoch s): each instance's compute
@@ -273,7 +274,7 @@ def run_attempt(aws: Aws, settings: Settings, opts: PoolOptions, run_id: str, ui
         ui.note(f"pool: {len(done)} element(s) finished in an earlier attempt, their outputs home; "
                 f"running the other {len(opts.elements)}")
     nodes = [N.Node(k, inst) for k, inst in enumerate(instances_)]
-    pool = Pool(nodes, members={nd.instance_id: nd for nd in nodes})
+    pool = Pool(nodes, members={nd.instance_id: nd for nd in nodes}, write_back=any(m.write_back for m in job.mounts))
     pool.count()
     config = settings.home / "ssh" / f"{run_id}.config"
     try:
@@ -289,7 +290,7 @@ def run_attempt(aws: Aws, settings: Settings, opts: PoolOptions, run_id: str, ui
         with ui.phase("upload"):
             N.parallel(lambda nd: engine.upload_node(nd, job, config, run_id, list(addresses.values()), False, None,
                                                      _say(ui, nd, nodes)), nodes)
-            if job.mounts:  # COPY mode only (api/tasks._elements): each instance gets its copy
+            if job.mounts:  # each instance gets its copy; MOUNT-mode ones are written back as it leaves
                 N.parallel(lambda nd: engine.mounts_node(nd, job, config, _say(ui, nd, nodes)), nodes)
         with ui.phase("setup"):
             if job.task.setup:
@@ -312,6 +313,8 @@ def run_attempt(aws: Aws, settings: Settings, opts: PoolOptions, run_id: str, ui
                              lambda st: _bring_done(head, st, done, job, local_out, config, ui, limits),
                              local_out / PROGRESS_FILE, growing)
         with ui.phase("download"):
+            if pool.write_back:  # the nodes still in the pool (the others wrote theirs back as they left)
+                N.parallel(lambda nd: _write_back(nd, ui), list(pool.members.values()))
             status = _home(head, job, local_out, config, ui, opts, done, limits) or status
         record["pool"] = {**_pool_record(pool, status, opts, per_job), "skipped": skipped}
         failed = [e for e in status["elements"] if e["status"] != "succeeded"] if status else []
@@ -689,6 +692,8 @@ def _shrink(aws: Aws, pool: Pool, status: dict[str, Any], addresses: dict[int, s
     idle = records.idle_workers(status, workers)
     for iid in idle:
         nd = pool.members.pop(iid)
+        if pool.write_back:  # what its elements wrote under a MOUNT-mode target, before the instance goes
+            _write_back(nd, ui)
         stop_ray(nd, ui.note)
         nd.close()  # before the instance goes: a connection it drops is noise on the user's terminal
         instances.terminate(aws.ec2, [iid], wait=False)
@@ -697,6 +702,19 @@ def _shrink(aws: Aws, pool: Pool, status: dict[str, Any], addresses: dict[int, s
         ui.note(f"pool: no element waits, released {iid} ({len(pool.members)} instance(s) left)")
     if idle:
         pool.count()
+
+
+def _write_back(nd: Node, ui: ReporterLike) -> None:
+    """Node ``nd``'s MOUNT-mode file_mounts written back to their buckets (remote/mounts.write_back:
+    what its elements wrote there); a failure is said, and the run goes on."""
+    from ..remote import mounts
+    from ..remote.jobs import CONNECTION_ERRORS
+    from ..errors import RemoteError
+    try:
+        mounts.write_back(nd.conn, nd.run_dir, str(nd.info.get("python") or "python3"),
+                          lambda line: ui.note(f"node {nd.index}: {line}"))
+    except (RemoteError, *CONNECTION_ERRORS) as exc:
+        ui.note(f"warning: node {nd.index}: file_mounts not written back ({type(exc).__name__}: {exc})")
 
 
 def element_patterns(patterns: list[str]) -> list[str]:

@@ -32,11 +32,12 @@ run: |
   echo "element $EC2GPU_ARRAY_INDEX of $EC2GPU_ARRAY_SIZE on $EC2GPU_NODE_IP"
   printf '%s %s\\n' "$EC2GPU_ARRAY_INDEX" "$EC2GPU_ARRAY_SIZE" > "$EC2GPU_OUTPUT_DIR/index.txt"
   cp ~/pool-data/in.txt "$EC2GPU_OUTPUT_DIR/mounted.txt"
+  if [ -d ~/pool-results ]; then echo "$EC2GPU_ARRAY_INDEX" > ~/pool-results/"$EC2GPU_ARRAY_INDEX".txt; fi
   if [ "$EC2GPU_ARRAY_INDEX" -eq 11 ]; then sleep {last}; else sleep {each}; fi
 array: 12
 max_workers: 3
 file_mounts:
-  ~/pool-data: ./data
+  ~/pool-data: ./data{results}
 resources:
   instance_type: g4dn.xlarge
 max_runtime: 30m
@@ -87,9 +88,17 @@ def _status(run_id: str) -> dict:
     return json.loads(shown.stdout)
 
 
-def _run_array(tmp_path, steps=(), each=5, last=16):
-    """The 12-element array (its elements ``each`` s, the last ``last`` s), run as a user runs it."""
-    (tmp_path / "task.yaml").write_text(ARRAY_TASK.format(each=each, last=last))
+#: a MOUNT-mode file_mount: what each element writes there reaches the bucket as its node leaves the pool
+RESULTS = """
+  ~/pool-results:
+    name: ec2gpu-test-pool-results
+    mode: MOUNT"""
+
+
+def _run_array(tmp_path, steps=(), each=5, last=16, results=False):
+    """The 12-element array (its elements ``each`` s, the last ``last`` s), run as a user runs it;
+    with ``results``, each element also writes INDEX.txt under a MOUNT-mode file_mount."""
+    (tmp_path / "task.yaml").write_text(ARRAY_TASK.format(each=each, last=last, results=RESULTS if results else ""))
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "in.txt").write_text("a copy on every instance\n")  # file_mounts in COPY mode
     out = tmp_path / "run"
@@ -124,9 +133,14 @@ def test_an_array_over_three_workers_shrinks_its_pool_before_its_last_element_en
         seen["running_log"] = subprocess.run(logs, capture_output=True, text=True, env=dict(os.environ), timeout=60)
 
     record, err = _run_array(tmp_path, [("element(s) submitted", look),
-                                        ("pool: no element waits, released", status_while_it_runs)])
+                                        ("pool: no element waits, released", status_while_it_runs)], results=True)
     pool, elements = record["pool"], record["pool"]["elements"]
     assert {e["attempts"] for e in elements} == {1} and len({e["node"] for e in elements}) == 3, elements
+    # MOUNT mode: every element's file reached the bucket, written back by each node as it left the pool
+    listed = boto3.client("s3", endpoint_url=state["endpoint"], region_name="us-east-1").list_objects_v2(
+        Bucket="ec2gpu-test-pool-results")
+    assert sorted(o["Key"] for o in listed.get("Contents", [])) == sorted(f"{k}.txt" for k in range(12)), listed
+    assert "file(s)" in err and "written back from" in " ".join(err.split())
     running_log = seen["running_log"]
     assert running_log.returncode == 0 and running_log.stdout.startswith("element 11 of 12 on "), running_log
     out, err_ = seen["following"].communicate(timeout=60)

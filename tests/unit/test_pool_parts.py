@@ -311,15 +311,11 @@ def test_the_driver_refuses_a_link_in_an_elements_outputs(tmp_path):
     assert not (tmp_path / "out" / "x").exists()
 
 
-def test_an_array_refuses_ports_and_written_back_file_mounts_before_anything_starts(no_backend, tmp_path, monkeypatch):
+def test_an_array_refuses_ports_and_several_nodes_before_anything_starts(no_backend, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "t.yaml").write_text("workdir: null\nrun: x\narray: 3\nports: [6006]\n")
     with pytest.raises(UsageError, match="does not take ports"):
         api.run(str(tmp_path / "t.yaml"))
-    (tmp_path / "m.yaml").write_text("workdir: null\nrun: x\narray: 3\nfile_mounts:\n  /out:\n"
-                                     "    source: s3://my-bucket/out\n    mode: MOUNT\n")
-    with pytest.raises(UsageError, match="COPY mode only: /out is written back"):
-        api.run(str(tmp_path / "m.yaml"))
     (tmp_path / "u.yaml").write_text("workdir: null\nrun: x\nnodes: 2\n")
     with pytest.raises(UsageError, match="--nodes runs one job"):
         api.run(str(tmp_path / "u.yaml"), array=3)
