@@ -57,8 +57,8 @@ class Settings(BaseSettings):
     limit_grace_seconds: int = Field(120, ge=0)  # a job gets SIGTERM this long before its --max-runtime: runs/plan/limits.py
     # days a detached run's objects are kept in the run store (aws/runstore.py's lifecycle rule; S3's minimum is 1)
     run_store_expire_days: int = Field(30, ge=1)
-    # seconds an instance's agent waits, once the job has ended, for the controller to collect its
-    # outputs before it puts them in the run store itself and ends the instance (agent/agent.py; 0: off)
+    # seconds the controller's heartbeat may be silent, once the job has ended, before the instance's
+    # agent puts the outputs in the run store itself and ends the instance (agent/agent.py; 0: off)
     handover_wait_seconds: int = Field(300, ge=0, le=86_400)
 
     @field_validator("home")

@@ -42,15 +42,20 @@ the agent's record. When the job's process ends, the agent ends what is left of 
 With ``--handover-file`` (written by the controller, mode 0600, read and deleted before the job
 starts: ``{"urls": {"outputs", "log", "status"} (S3 presigned PUT URLs, the head node's only),
 "wait_s", "shutdown", "secret_names"}``) a run survives the loss of its controller (a closed
-laptop, ``kill -9``, a network gone): once the job has ended, the agent waits ``wait_s`` seconds
-for the controller's ``collected`` file in RUN_DIR (``collecting`` while it downloads: then up to
-COLLECT_MAX_S). When none comes, it puts what the controller would have brought home into S3
-through the URLs: RUN_DIR/out as one tar.gz (at most PUT_MAX_BYTES), job.log's last LOG_MAX_BYTES
-with the secrets' values masked, and status.json; status.json's ``handover`` says where that stands
-("pending", then "collected", "uploaded" or "failed: ..."), and the idle rule counts a pending one as
-busy (ami/idle-watch.sh). Then, with ``shutdown``, it ends its instance (``shutdown -h now``: the
-instance's shutdown behaviour is terminate). A presigned URL lets its holder write one object and
-nothing else (https://docs.aws.amazon.com/AmazonS3/latest/userguide/using-presigned-url.html).
+laptop, ``kill -9``, a network gone): a live controller touches RUN_DIR/controller every third of
+``wait_s`` at most (runs/recover/handover.py: Heartbeat) and writes RUN_DIR/collected once it has
+brought the outputs home. Once the job has ended, the agent (in a child process: its own exit
+status goes to the controller at once) waits for ``collected`` until the heartbeat has been silent
+``wait_s`` seconds, counted from the job's end at the earliest. Then it puts what the controller
+would have brought home into S3 through the URLs: RUN_DIR/out as one tar.gz (at most
+PUT_MAX_BYTES), job.log's last LOG_MAX_BYTES with the secrets' values masked, and status.json;
+status.json's ``handover`` says where that stands ("pending", then "collected", "uploaded",
+"nothing to upload" or "failed: ..."), and the idle rule counts a pending one as busy
+(ami/idle-watch.sh). Then, with ``shutdown`` and once all of it is in S3, it ends its instance
+(``shutdown -h now``: the instance's shutdown behaviour is terminate); a failed hand-over leaves
+the instance to its idle rule, its files there for `ec2gpu fetch`. A presigned URL lets its holder
+write one object and nothing else
+(https://docs.aws.amazon.com/AmazonS3/latest/userguide/using-presigned-url.html).
 
 The controller reads status.json; it never parses the log.
 """
@@ -59,6 +64,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import hmac
+import http.client
 import json
 import os
 import signal
@@ -75,8 +81,7 @@ SPOT_ACTION = "/latest/meta-data/spot/instance-action"
 REBALANCE = "/latest/meta-data/events/recommendations/rebalance"
 REBALANCE_FILE = "rebalance.json"  # in the run directory: the job's EC2GPU_REBALANCE_FILE
 EXIT_NOTICE = 75  # the agent's exit code when a notice stopped the job (EX_TEMPFAIL: try again elsewhere)
-COLLECTED, COLLECTING = "collected", "collecting"  # in the run directory: the controller's marks
-COLLECT_MAX_S = 3600.0  # the longest a download the controller began is waited for
+COLLECTED, HEARTBEAT = "collected", "controller"  # in the run directory: the controller's marks
 #: S3's largest single PUT, 5 GB (https://docs.aws.amazon.com/AmazonS3/latest/userguide/upload-objects.html)
 PUT_MAX_BYTES = 5 * 10 ** 9
 LOG_MAX_BYTES = 64 << 20  # the last this many bytes of job.log are handed over
@@ -217,18 +222,22 @@ def read_handover(path: str | None) -> dict | None:
 
 
 def await_collection(run_dir: str, wait_s: float, until: float | None = None, tick_s: float = 1.0) -> bool:
-    """True as soon as the controller's ``collected`` file is in ``run_dir``; False once ``wait_s``
-    seconds passed without it (COLLECT_MAX_S while its ``collecting`` file says a download is under
-    way), or at ``until`` (POSIX seconds: the instance's own end is near) whichever comes first."""
-    start = time.monotonic()
+    """True as soon as the controller's ``collected`` file is in ``run_dir``; False once its
+    heartbeat (the ``controller`` file's modification time) has been silent ``wait_s`` seconds,
+    counted from this call at the earliest, or at ``until`` (POSIX seconds: the instance's own end is
+    near), whichever comes first."""
+    start = time.time()
     while True:
         if os.path.exists(os.path.join(run_dir, COLLECTED)):
             return True
-        waited = time.monotonic() - start
-        longest = COLLECT_MAX_S if os.path.exists(os.path.join(run_dir, COLLECTING)) else wait_s
-        if waited >= longest or (until is not None and time.time() >= until):
+        try:
+            beat = max(start, os.path.getmtime(os.path.join(run_dir, HEARTBEAT)))
+        except OSError:
+            beat = start
+        silent = time.time() - beat
+        if silent >= wait_s or (until is not None and time.time() >= until):
             return False
-        time.sleep(min(tick_s, max(0.05, longest - waited)))
+        time.sleep(min(tick_s, max(0.05, wait_s - silent)))
 
 
 def pack_outputs(out_dir: str, dest: str, max_bytes: int = PUT_MAX_BYTES) -> tuple[int, int]:
@@ -308,7 +317,7 @@ def put(url: str, data: bytes | None = None, path: str | None = None, tries: int
             why = f"HTTP {exc.code}"
             if exc.code < 500 and exc.code not in (408, 429):
                 return why  # refused (an expired URL: 403): trying again changes nothing
-        except (urllib.error.URLError, OSError) as exc:
+        except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as exc:
             why = type(exc).__name__
     return why
 
@@ -350,9 +359,16 @@ def hand_over(run_dir: str, handover: dict, status: dict, key: bytes | None, env
 
 
 def end_instance() -> None:
-    """``shutdown -h now`` (through ``sudo -n`` when not root): the instance's shutdown behaviour,
-    terminate for a run's instances, ends it. Its failure is left to the instance's own limits."""
-    argv = ["shutdown", "-h", "now", "ec2gpu: the job ended and its controller is gone"]
+    """``shutdown -h now``: the instance's shutdown behaviour, terminate for a run's instances, ends
+    it. The ``shutdown`` on this process's PATH, named by its absolute path (through ``sudo -n``
+    when not root, which would otherwise look it up on its own secure_path: in the sandbox the
+    stand-in first on PATH is the one that must run, never the machine's own). Its failure is left
+    to the instance's own limits."""
+    import shutil
+    found = shutil.which("shutdown")
+    if found is None:
+        return
+    argv = [found, "-h", "now", "ec2gpu: the job ended and its controller is gone"]
     if os.geteuid() != 0:
         argv = ["sudo", "-n"] + argv
     try:
@@ -381,7 +397,8 @@ def after_end(run_dir: str, handover: dict, status: dict, key: bytes | None, env
         write_status(run_dir, status, key)
         return
     hand_over(run_dir, handover, status, key, env)
-    if handover["shutdown"] and not ends_anyway:
+    # only the head has URLs: a worker is left to its idle rule (its job may have ended before the head's)
+    if handover["shutdown"] and not ends_anyway and status["handover"] == "uploaded":
         end_instance()
 
 
@@ -421,9 +438,10 @@ def run(run_dir: str, argv: list[str], endpoint: str, poll_s: float, grace_s: fl
         except ProcessLookupError:
             pass
     previous = {s: signal.signal(s, stop_job) for s in (signal.SIGTERM, signal.SIGINT)}
+    watcher = threading.Thread(target=watch, args=(job, stop_job, status, run_dir, key, endpoint, poll_s, grace_s,
+                                                   limit), daemon=True)
     try:
-        threading.Thread(target=watch, args=(job, stop_job, status, run_dir, key, endpoint, poll_s, grace_s, limit),
-                         daemon=True).start()
+        watcher.start()
         code = job.wait()
         end_group(job.pid)  # what the job left running in its group must not outlive it (or write after us)
         status.update(ended_at=now(), exit_code=code if code >= 0 else None, signal=-code if code < 0 else None)
@@ -438,12 +456,17 @@ def run(run_dir: str, argv: list[str], endpoint: str, poll_s: float, grace_s: fl
     finally:  # the caller's handlers again (the agent in a process of its own has nothing after this)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    if handover:
+        watcher.join(poll_s + 10)  # it ends with the job: never fork while it may hold _WRITING
     if handover and not (background and _forked()):
         if background:  # the child: the agent's exit status was given (the controller judges by it)
-            status["agent_pid"] = os.getpid()  # the idle rule's "that agent process lives"
-            write_status(run_dir, status, key)
             try:
+                status["agent_pid"] = os.getpid()  # the idle rule's "that agent process lives"
+                write_status(run_dir, status, key)
                 after_end(run_dir, handover, status, key, full_env)
+            except Exception as exc:  # noqa: BLE001 - said in the record; the idle rule ends the instance
+                status["handover"] = f"failed: {type(exc).__name__}"
+                write_status(run_dir, status, key)
             finally:
                 os._exit(0)
         after_end(run_dir, handover, status, key, full_env)

@@ -280,11 +280,17 @@ def fetch(run_id: str, *, out: Union[str, Path, None] = None, max_download: Unio
                 _record_columns(ctx, row, done["columns"], log)
             return {"run_id": full, "out": str(where), "source": "s3", **done}
         head = None if row is None else run_logs.head_instance(ctx.aws.ec2, row)
-        if head is None:  # its instance is gone: what its agent handed over, when it did
+        if head is None and (row is None or row.get("status") in ("running", "controller-lost")):
+            # its controller was lost and its instance is gone: what its agent handed over, when it did
             from ..aws import runstore
+            from ..errors import AwsError
             from ..runs.recover import handover
             where = Path(out or (row or {}).get("artifacts") or Path("runs") / full).resolve()
-            handed = handover.fetch(ctx.aws, full, where, limits, log) if runstore.RUN_ID.fullmatch(full) else None
+            try:
+                handed = handover.fetch(ctx.aws, full, where, limits, log) if runstore.RUN_ID.fullmatch(full) else None
+            except AwsError as exc:  # these credentials may not read the run store: said, then as before
+                log(f"the run store could not be read ({exc.message})")
+                handed = None
             if handed is not None:
                 return {"run_id": full, "out": str(where), "source": "s3-handover", "checkpoints": [], **handed}
         if row is None:

@@ -58,7 +58,7 @@ def logs(name: str = typer.Argument(..., help="Run id, name or instance id."),
                 f"(its worker lost: it runs again elsewhere); `ec2gpu status {shown['run_id']}` says more", "dim")
             raise typer.Exit(1)
         say(err, f"element {index} ended with exit status {shown['exit_status']}", "dim")
-        raise typer.Exit(shown["exit_status"])
+        raise typer.Exit(shown["exit_status"] if 0 <= shown["exit_status"] <= 255 else 1)
     if shown["source"] == "instance" and follow:
         say(err, f"the job on {shown['instance_id']} ended with exit status {shown['exit_status']}; "
             f"`ec2gpu down {shown['run_id']}` removes the instance", "dim")

@@ -692,9 +692,9 @@ def _shrink(aws: Aws, pool: Pool, status: dict[str, Any], addresses: dict[int, s
     idle = records.idle_workers(status, workers)
     for iid in idle:
         nd = pool.members.pop(iid)
+        stop_ray(nd, ui.note)  # first: no element starts there meanwhile
         if pool.write_back:  # what its elements wrote under a MOUNT-mode target, before the instance goes
-            _write_back(nd, ui)
-        stop_ray(nd, ui.note)
+            _write_back(nd, ui, RELEASE_WRITE_BACK_S)
         nd.close()  # before the instance goes: a connection it drops is noise on the user's terminal
         instances.terminate(aws.ec2, [iid], wait=False)
         pool.released.append(iid)
@@ -704,15 +704,20 @@ def _shrink(aws: Aws, pool: Pool, status: dict[str, Any], addresses: dict[int, s
         pool.count()
 
 
-def _write_back(nd: Node, ui: ReporterLike) -> None:
+#: the longest a worker being released may take to write its MOUNT-mode file_mounts back (the
+#: pool's loop waits for it: results coming home and loss detection pause meanwhile)
+RELEASE_WRITE_BACK_S = 600.0
+
+
+def _write_back(nd: Node, ui: ReporterLike, timeout_s: float = 6 * 3600) -> None:
     """Node ``nd``'s MOUNT-mode file_mounts written back to their buckets (remote/mounts.write_back:
-    what its elements wrote there); a failure is said, and the run goes on."""
+    what its elements wrote there) within ``timeout_s``; a failure is said, and the run goes on."""
     from ..remote import mounts
     from ..remote.jobs import CONNECTION_ERRORS
     from ..errors import RemoteError
     try:
         mounts.write_back(nd.conn, nd.run_dir, str(nd.info.get("python") or "python3"),
-                          lambda line: ui.note(f"node {nd.index}: {line}"))
+                          lambda line: ui.note(f"node {nd.index}: {line}"), timeout_s=timeout_s)
     except (RemoteError, *CONNECTION_ERRORS) as exc:
         ui.note(f"warning: node {nd.index}: file_mounts not written back ({type(exc).__name__}: {exc})")
 

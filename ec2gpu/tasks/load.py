@@ -899,7 +899,8 @@ def _file_mounts(task: Task, base: Path, allow_outside: bool, source: str, lines
     if any(m.write_back for m in out):
         warnings.append(f"{source}:{_line_of(lines, ('file_mounts',))}: file_mounts in mode MOUNT/MOUNT_CACHED are "
                         "copied in before setup, and what the job writes there is written back to the bucket every "
-                        "minute and when it ends (SkyPilot mounts them with FUSE; ec2gpu does not)")
+                        "minute and when it ends (an array's: as each instance leaves its pool) (SkyPilot mounts "
+                        "them with FUSE; ec2gpu does not)")
     return out
 
 

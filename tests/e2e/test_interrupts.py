@@ -187,3 +187,47 @@ def test_a_controller_lost_mid_job_leaves_the_outputs_in_s3_and_an_instance_that
     assert done.returncode == 0, done.stderr
     assert leftovers(home) == ([], [], []) and sandbox_settles(home)
     assert processes_gone(row["instance_ids"])
+
+
+def test_a_controller_asleep_past_the_wait_takes_what_its_instance_handed_over_and_does_not_run_it_again(
+        sandbox_env, tmp_path):
+    """A laptop that sleeps (SIGSTOP) while the job ends: the agent hears no heartbeat, hands over
+    and ends its instance; the controller, woken (SIGCONT), finds the instance gone and takes the
+    outputs from S3 rather than run the job again."""
+    home, _ = sandbox_env
+    env = {**os.environ, "EC2GPU_HANDOVER_WAIT_SECONDS": "3"}
+    job = "sleep 3; echo slept > \"$EC2GPU_OUTPUT_DIR/woke.txt\"; echo job done"
+    proc = subprocess.Popen([EC2GPU, "run", "--sandbox", "--expect", "1m", "--json", "--out", str(tmp_path / "r"),
+                             "--", "bash", "-c", job], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    lines = []
+    try:
+        for line in proc.stderr:
+            lines.append(line)
+            if "job started on" in line:
+                proc.send_signal(signal.SIGSTOP)  # asleep: no heartbeat, nothing collected
+                break
+        row = ledger.runs(home, limit=1)[0]
+        import boto3
+        ec2 = boto3.client("ec2", endpoint_url=os.environ["AWS_ENDPOINT_URL"], region_name="us-east-1")
+        deadline, state = time.monotonic() + 90, None
+        while time.monotonic() < deadline:
+            state = ec2.describe_instances(InstanceIds=row["instance_ids"][:1])["Reservations"][0]["Instances"][0]
+            if state["State"]["Name"] in ("shutting-down", "terminated"):
+                break
+            time.sleep(1)
+        assert state["State"]["Name"] in ("shutting-down", "terminated"), "".join(lines)
+        proc.send_signal(signal.SIGCONT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+            proc.kill()
+            proc.wait()
+    err = "".join(lines) + err
+    assert proc.returncode == 0, err
+    record = json.loads(out)
+    assert record["status"] == "completed" and len(record["attempts"]) == 1, record  # not run again
+    assert "while this command was away" in " ".join(err.split())
+    assert (tmp_path / "r" / "outputs" / "woke.txt").read_text() == "slept\n"
+    assert leftovers(home) == ([], [], []) and sandbox_settles(home)

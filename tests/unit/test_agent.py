@@ -354,3 +354,45 @@ def test_the_handover_file_is_read_checked_and_deleted_before_the_job_starts(tmp
 def test_a_log_cut_for_the_handover_starts_at_a_line(tmp_path):
     (tmp_path / "job.log").write_bytes(b"first line with SECRET\n" + b"x" * 50 + b"\nlast SECRET\n")
     assert agent.log_tail(str(tmp_path / "job.log"), ["SECRET"], max_bytes=40) == b"last ****\n"
+
+
+def test_a_live_controllers_heartbeat_keeps_the_agent_waiting_and_a_silent_one_does_not(tmp_path):
+    import os
+    import time
+    stop = threading.Event()
+
+    def beat():  # the controller's heartbeat (runs/recover/handover.Heartbeat), every 0.1 s
+        while not stop.is_set():
+            (tmp_path / agent.HEARTBEAT).touch()
+            time.sleep(0.1)
+    threading.Thread(target=beat, daemon=True).start()
+    threading.Timer(1.5, lambda: (tmp_path / agent.COLLECTED).touch()).start()  # collected after 1.5 s
+    started = time.monotonic()
+    try:
+        assert agent.await_collection(str(tmp_path), wait_s=0.5, tick_s=0.05) is True  # waited past wait_s
+    finally:
+        stop.set()
+    assert time.monotonic() - started >= 1.4
+    (tmp_path / agent.COLLECTED).unlink()
+    old = time.time() - 3600
+    os.utime(tmp_path / agent.HEARTBEAT, (old, old))  # silent for an hour: counted from the job's end
+    started = time.monotonic()
+    assert agent.await_collection(str(tmp_path), wait_s=0.3, tick_s=0.05) is False
+    assert 0.25 <= time.monotonic() - started < 2
+
+
+def test_the_instance_is_ended_by_the_shutdown_first_on_path_never_another(tmp_path, monkeypatch):
+    """In the sandbox the stand-in first on PATH must run (sudo's secure_path would find the
+    machine's own): the agent names it by its absolute path."""
+    stand_in = tmp_path / "shutdown"
+    stand_in.write_text(f'#!/bin/sh\necho "$0 $*" > {tmp_path}/called\n')
+    stand_in.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    monkeypatch.setattr(agent.os, "geteuid", lambda: 0)
+    agent.end_instance()
+    assert (tmp_path / "called").read_text().startswith(f"{stand_in} -h now")
+    seen = []
+    monkeypatch.setattr(agent.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(agent.subprocess, "run", lambda argv, **kw: seen.append(argv))
+    agent.end_instance()
+    assert seen[0][:3] == ["sudo", "-n", str(stand_in)]

@@ -59,3 +59,11 @@ def test_the_agents_document_gives_the_urls_to_the_head_only():
     assert json.loads(h.document(True, True, ["B", "A"])) == {"urls": {"outputs": "https://u"}, "wait_s": 300,
                                                              "shutdown": True, "secret_names": ["A", "B"]}
     assert json.loads(h.document(False, False, []))["urls"] == {}
+
+
+def test_an_archive_of_very_many_members_is_not_read_past_the_limits(tmp_path):
+    archive = _archive(tmp_path / "o.tar.gz", [(f"f{i}", "file", b"") for i in range(5000)])
+    said = []
+    names, _, left = handover.unpack(archive, tmp_path / "out", Limits(files=10, bytes=100), said.append)
+    assert len(names) == 10 and left == 10 + handover.MAX_REFUSED + 1  # then the rest is left unread
+    assert any("not read" in line for line in said)

@@ -551,9 +551,10 @@ def _outputs_home(head: Node, job: TaskJob, local_out: Path, ssh_config: Path | 
 
 
 def mark(nodes: list[Node], what: str) -> None:
-    """The controller's mark ``what`` ("collecting", "collected": runs/recover/handover.py) in each
-    node's run directory, so its agent does not hand over what this controller brings home. A node
-    that does not answer is passed over (its agent then hands over: a copy in S3, nothing lost)."""
+    """The controller's mark ``what`` ("controller": its heartbeat; "collected":
+    runs/recover/handover.py) in each node's run directory, so its agent does not hand over what
+    this controller brings home. A node that does not answer is passed over (its agent may then
+    hand over: a copy in S3, nothing lost)."""
     from ...remote import jobs, ssh
     from ..recover import handover as H
     for nd in nodes:
@@ -586,6 +587,7 @@ def run_attempt(aws: Aws, settings: Settings, opts: RunOptions, run_id: str, ui:
     job = cast(TaskJob, opts.task)  # pipeline.train and standing/hosts.py set it before any attempt
     nodes = [N.Node(k, inst) for k, inst in enumerate(instances_)]
     config = settings.home / "ssh" / f"{run_id}.config"
+    beating = None  # the heartbeat the agents watch (runs/recover/handover.py), while there is a plan
 
     def say(nd: Node) -> Callable[[str], None]:
         return (lambda line: ui.note(f"node {nd.index}: {line}")) if len(nodes) > 1 else ui.note
@@ -615,9 +617,12 @@ def run_attempt(aws: Aws, settings: Settings, opts: RunOptions, run_id: str, ui:
         plan = handover.result() if isinstance(handover, Future) else handover
         if plan is not None:
             from ...remote import files
+            from ..recover.handover import Heartbeat
             secret_names = sorted(job.task.secrets)
             N.parallel(lambda nd: files.write_private(nd.conn, f"{nd.run_dir}/handover.json",
                                                       plan.document(nd.index == 0, shutdown, secret_names)), nodes)
+            mark(nodes, "controller")
+            beating = Heartbeat(lambda: mark(nodes, "controller"), plan.wait_s).start()
         with ui.phase("running"):
             try:
                 for nd in nodes:
@@ -645,8 +650,6 @@ def run_attempt(aws: Aws, settings: Settings, opts: RunOptions, run_id: str, ui:
                             "$EC2GPU_REBALANCE_FILE")
         brought, summary = None, None
         with ui.phase("download"):
-            if plan is not None:
-                mark(nodes, "collecting")
             try:
                 summary = download(nodes, job, local_out, config, ui.note, settings.download_limits)
             except RemoteError as exc:  # a part could not come home: the job's own failure is said first
@@ -663,6 +666,8 @@ def run_attempt(aws: Aws, settings: Settings, opts: RunOptions, run_id: str, ui:
                 nd.watch.check()  # a lost instance explains the failure: Interrupted
         raise
     finally:
+        if beating is not None:
+            beating.stop()
         for nd in nodes:
             nd.close()
         config.unlink(missing_ok=True)

@@ -157,8 +157,12 @@ def stream_element(ctx: Context, row: dict[str, Any], index: int, follow: bool, 
         head_dir = jobs.remote_run_dir(hconn, run_id)
 
         def look() -> tuple[str | None, Any]:
-            return running_element(jobs.read_from(hconn, f"{head_dir}/pool/status.json", 0,
-                                                  records.MAX_STATUS_BYTES + 1), index)
+            try:
+                return running_element(jobs.read_from(hconn, f"{head_dir}/pool/status.json", 0,
+                                                      records.MAX_STATUS_BYTES + 1), index)
+            except jobs.CONNECTION_ERRORS as exc:
+                raise RemoteError(f"{head.id}: the connection to the pool's head was lost ({type(exc).__name__})",
+                                  f"run `ec2gpu logs {run_id} --index {index}` again") from None
         address, _ = look()
         if address is None:
             raise UsageError(f"element {index} of run {run_id} is not running (queued, or ended: an ended element's "
@@ -186,6 +190,9 @@ def stream_element(ctx: Context, row: dict[str, Any], index: int, follow: bool, 
                 jobs.drain(conn, path, cursor)
                 if now_at != address:  # it ended (code: its exit status), or went back to the queue
                     break
+        except jobs.CONNECTION_ERRORS as exc:
+            raise RemoteError(f"{inst.id}: the connection was lost while reading element {index}'s log "
+                              f"({type(exc).__name__})", f"run `ec2gpu logs {run_id} --index {index}` again") from None
         finally:
             if splitter:
                 splitter.flush()

@@ -431,6 +431,11 @@ def _run_attempts(aws: Aws, settings: Settings, opts: RunOptions, run_id: str, u
             return engine.run_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, backend, n, checkpoints,
                                       plan, shutdown=not opts.keep)
         except recovery.Interrupted as why:
+            # the instance ended itself after handing the job's outputs over while this controller was away
+            adopted = None if plan is None else handover.adopt(aws, run_id, out, opts.task, settings.download_limits,
+                                                               ui.note)
+            if adopted is not None:
+                return adopted
             mine = [a for a in attempts if a["attempt"] == n]  # with any an array's pool added (pool/grow.py)
             ui.note(f"attempt {n} interrupted on {', '.join(a['instance_id'] for a in mine)} "
                     f"({mine[0]['zone']}): {why.reason}")

@@ -9,13 +9,16 @@ then stayed on an instance that its idle rule terminated. Now the run hands over
    PUT URLs, each for one key under ``runs/RUN_ID/handover/`` of the region's run store
    (aws/runstore.py: the bucket detached runs use, made on first need); the head node's agent gets
    them in a 0600 file it reads and deletes before the job starts (agent/agent.py: read_handover);
-2. when the job ends, the controller writes ``collecting`` in the run directory of each node, then
-   ``collected`` once its outputs are home (mark);
-3. an agent that sees no ``collected`` within ``handover_wait_seconds`` (setting, default 300)
-   puts the outputs (one tar.gz), job.log (secrets masked) and status.json through the URLs, then
-   ends its instance with ``shutdown -h now`` (the run's instances terminate on shutdown) unless
-   the instances outlive the run (``--keep``);
-4. `ec2gpu fetch RUN` brings them home from S3 (runs/recover/handover.fetch).
+2. while the run goes on, the controller touches ``controller`` in each node's run directory
+   (Heartbeat), and writes ``collected`` there once the outputs are home (engine.mark);
+3. an agent whose job has ended and whose heartbeat has been silent ``handover_wait_seconds``
+   (setting, default 300) with no ``collected`` puts the outputs (one tar.gz), job.log (secrets
+   masked) and status.json through the URLs, then (the head, once all of it is in S3) ends its
+   instance with ``shutdown -h now`` (the run's instances terminate on shutdown) unless the
+   instances outlive the run (``--keep``);
+4. `ec2gpu fetch RUN` brings them home from S3 (fetch); a controller that comes back (a laptop that
+   slept) and finds its instance ended takes them from there too (adopt), rather than run the job
+   again.
 
 The instance gets no AWS credentials: a presigned URL lets its holder write that one object, until
 it expires (the run's --max-runtime plus an hour, at most 7 days; less when this machine's
@@ -48,6 +51,8 @@ MAX_STATUS_BYTES = 256 * 1024
 MAX_LOG_BYTES = 64 << 20
 ARCHIVE_SLACK_BYTES = 64 << 20  # the outputs archive may be this much larger than the download limit
 EXPIRY_MARGIN_S = 3600
+MAX_REFUSED = 1000  # members refused or above the limits before the rest of an archive is left unread
+HEARTBEAT_S = 30.0  # the longest between two heartbeats of a live controller
 
 
 @dataclass(frozen=True)
@@ -65,7 +70,8 @@ class Handover:
                            "secret_names": sorted(secret_names)})
 
 
-def prepare(aws: Aws, settings: Settings, run_id: str, max_runtime_minutes: int | None, log: Log) -> Handover | None:
+def prepare(aws: Aws, settings: Settings, run_id: str, max_runtime_minutes: int | None, log: Log,
+            s3: Any = None, account: str | None = None) -> Handover | None:
     """The run's Handover: the run store made if need be (runstore.ensure) and the URLs signed,
     lasting the run's --max-runtime (minutes; 7 days without one) plus the wait and an hour. None
     with ``handover_wait_seconds`` 0, or when the store cannot be used (said to ``log`` as a
@@ -73,8 +79,8 @@ def prepare(aws: Aws, settings: Settings, run_id: str, max_runtime_minutes: int 
     if settings.handover_wait_seconds <= 0:
         return None
     try:
-        s3 = aws.client("s3")
-        account = aws.check_credentials()["Account"]
+        s3 = s3 or aws.client("s3")
+        account = account or aws.check_credentials()["Account"]
         bucket = runstore.ensure(s3, account, aws.region, settings.owner, settings.run_store_expire_days)
         lasts = (max_runtime_minutes * 60 if max_runtime_minutes else runstore.PRESIGN_MAX_S) \
             + settings.handover_wait_seconds + EXPIRY_MARGIN_S
@@ -89,21 +95,59 @@ def prepare(aws: Aws, settings: Settings, run_id: str, max_runtime_minutes: int 
 
 def start(aws: Aws, settings: Settings, run_id: str, max_runtime_minutes: int | None, log: Log) -> Future[Handover | None]:
     """``prepare`` in a thread of its own, beside provisioning (its S3 calls are off the run's path):
-    the caller takes ``.result()`` before the job starts."""
+    the caller takes ``.result()`` before the job starts. The S3 client and the account are had
+    here, on the caller's thread (the clients' cache is not shared across threads while it fills)."""
+    done: Future[Handover | None] = Future()
+    if settings.handover_wait_seconds <= 0:
+        done.set_result(None)
+        return done
+    try:
+        s3, account = aws.client("s3"), aws.check_credentials()["Account"]
+    except Exception:  # noqa: BLE001 - prepare says why, on this thread
+        done.set_result(prepare(aws, settings, run_id, max_runtime_minutes, log))
+        return done
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="handover")
     try:
-        return pool.submit(prepare, aws, settings, run_id, max_runtime_minutes, log)
+        return pool.submit(prepare, aws, settings, run_id, max_runtime_minutes, log, s3, account)
     finally:
         pool.shutdown(wait=False)
 
 
 def mark_command(run_dir: str, what: str) -> str:
-    """The shell command that writes the controller's mark ``what`` ("collecting" or "collected")
-    in ``run_dir`` on an instance (agent/agent.py: COLLECTING, COLLECTED)."""
+    """The shell command that writes the controller's mark ``what`` ("controller": its heartbeat,
+    or "collected") in ``run_dir`` on an instance (agent/agent.py: HEARTBEAT, COLLECTED)."""
     import shlex
-    if what not in ("collecting", "collected"):
+    if what not in ("controller", "collected"):
         raise ValueError(what)
     return f"touch {shlex.quote(run_dir + '/' + what)}"
+
+
+def heartbeat_every(wait_s: float) -> float:
+    """Seconds between the controller's heartbeats: a third of the agents' ``wait_s``, at most
+    HEARTBEAT_S, at least 1 (pure)."""
+    return max(1.0, min(HEARTBEAT_S, wait_s / 3))
+
+
+class Heartbeat:
+    """While the controller lives: ``beat()`` (touch each node's heartbeat file, engine.mark) every
+    heartbeat_every(``wait_s``) seconds in a daemon thread, from ``start()`` to ``stop()``."""
+
+    def __init__(self, beat: Callable[[], None], wait_s: float) -> None:
+        import threading
+        self._beat, self._every = beat, heartbeat_every(wait_s)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._every):
+            self._beat()
+
+    def start(self) -> "Heartbeat":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
 
 
 # --- ec2gpu fetch RUN ---------------------------------------------------------------------------
@@ -154,6 +198,40 @@ def fetch(aws: Aws, run_id: str, out: Path, limits: Limits, note: Log) -> dict[s
             "skipped": skipped, "left": left}
 
 
+def adopt(aws: Aws, run_id: str, out: Path, job: Any, limits: Limits, note: Log) -> dict[str, Any] | None:
+    """What this run's instance handed over while this controller was away (a laptop that slept, a
+    network gone longer than the wait), once the attempt was seen to end: brought home to ``out``
+    as ``fetch`` does, and the job's summary.json (checked as any run's: job_summary.read_summary
+    against the TaskJob ``job``'s schema; {} without one) when the job succeeded. None when the
+    instance handed over no ended job (an interruption like any other: the run goes on), or the
+    store cannot be read. Raises RemoteError when the handed-over job failed (its exit status)."""
+    from ...errors import RemoteError
+    from ..execute import job_summary
+    try:
+        s3 = aws.client("s3")
+        bucket = runstore.bucket_name(aws.check_credentials()["Account"], aws.region)
+        data = runstore.read_head(s3, bucket, runstore.handover_keys(run_id)["status"], MAX_STATUS_BYTES + 1)
+        state = _record(data)["state"] if data is not None else None
+        if state not in ("succeeded", "failed"):
+            return None
+        got = fetch(aws, run_id, out, limits, note)
+    except Ec2GpuError:
+        return None
+    if got is None:
+        return None
+    note("the instance ended itself after handing its outputs over to S3 while this command was away: they are "
+         "home, and the job is not run again")
+    record = json.loads((out / "status.json").read_text())
+    if got["state"] != "succeeded":
+        code = record.get("exit_code")
+        raise RemoteError(f"the job exited {code if code is not None else 'with an error'} (handed over by its "
+                          "instance while this command was away)", f"its log: {out / 'job.log'}",
+                          command="job", exit_status=code if isinstance(code, int) else None)
+    summary = job_summary.read_summary(out / "outputs" / "summary.json", job_summary.schema_of(job),
+                                       job.secret_values, root=out)
+    return summary or {}
+
+
 def _record(data: bytes) -> dict[str, Any]:
     """The handed-over status record (hostile: written by the instance) as runs/execute/status.parse
     checks an agent's, without its signature (the key died with the controller), and its
@@ -181,7 +259,15 @@ def unpack(archive: Path, root: Path, limits: Limits, note: Log) -> tuple[list[s
     top = root.resolve()
     try:
         with tarfile.open(archive, mode="r:gz") as tar:
-            for m in tar:
+            while True:
+                m = tar.next()
+                if m is None:
+                    break
+                tar.members = []  # type: ignore[attr-defined]  # tarfile keeps every header it read
+                if skipped + left > limits.files + MAX_REFUSED:
+                    note("warning: the outputs archive holds more members than the download limits allow: the "
+                         "rest is not read")
+                    break
                 if m.isdir():
                     continue
                 if not m.isreg() or files.check_name(m.name) is not None or "\\" in m.name:
