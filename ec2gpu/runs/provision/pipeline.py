@@ -432,8 +432,8 @@ def _run_attempts(aws: Aws, settings: Settings, opts: RunOptions, run_id: str, u
                                       plan, shutdown=not opts.keep)
         except recovery.Interrupted as why:
             # the instance ended itself after handing the job's outputs over while this controller was away
-            adopted = None if plan is None else handover.adopt(aws, run_id, out, opts.task, settings.download_limits,
-                                                               ui.note)
+            made = plan is not None and plan.done() and plan.result() is not None  # URLs were given to the agent
+            adopted = handover.adopt(aws, run_id, out, opts.task, settings.download_limits, ui.note) if made else None
             if adopted is not None:
                 return adopted
             mine = [a for a in attempts if a["attempt"] == n]  # with any an array's pool added (pool/grow.py)
