@@ -270,10 +270,14 @@ def pack_outputs(out_dir: str, dest: str, max_bytes: int = PUT_MAX_BYTES) -> tup
     return packed, left
 
 
+MASK = "****"  # runs/execute/job_summary.MASK
+
+
 def mask_bytes(data: bytes, values: list[str]) -> bytes:
-    """``data`` with each of ``values`` (a secret's value, longest first) replaced by ``****``."""
-    for value in sorted((v for v in values if v), key=len, reverse=True):
-        data = data.replace(value.encode(), b"****")
+    """``data`` with each of ``values`` replaced by MASK, longest first (pure; job_summary.mask_text's
+    rule; agent/detached.py masks with it too)."""
+    for v in sorted((v for v in values if v), key=len, reverse=True):
+        data = data.replace(v.encode("utf-8", "surrogateescape"), MASK.encode())
     return data
 
 

@@ -559,10 +559,8 @@ def job_env(spec: dict[str, Any], run_dir: str, workdir: str, ip: str, gpus: int
 
 
 def mask(data: bytes, values: list[str]) -> bytes:
-    """``data`` with each of ``values`` replaced by MASK, longest first (pure; job_summary.mask_text's rule)."""
-    for v in sorted((v for v in values if v), key=len, reverse=True):
-        data = data.replace(v.encode("utf-8", "surrogateescape"), MASK.encode())
-    return data
+    """``data`` with each of ``values`` replaced by MASK, longest first: agent.mask_bytes, the one rule."""
+    return agent.mask_bytes(data, values)
 
 
 def read_secrets(ssm: Any, run_id: str, names: list[str]) -> dict[str, str]:

@@ -189,9 +189,9 @@ def fetch(aws: Aws, run_id: str, out: Path, limits: files.Limits, note: Note,
                           "checkpoints")
     done: list[str] = []
     log = read_log(s3, bucket, run_id, MAX_LOG_BYTES)
-    if log is not None and _write_small(out, "job.log", log):
+    if log is not None and write_small(out, "job.log", log):
         done.append("job.log")
-    if _write_small(out, "status.json", json.dumps(got, indent=2).encode()):
+    if write_small(out, "status.json", json.dumps(got, indent=2).encode()):
         done.append("status.json")
     state = got.get("state")
     if state not in runstore.FINAL_STATES:
@@ -213,7 +213,7 @@ def fetch(aws: Aws, run_id: str, out: Path, limits: files.Limits, note: Note,
             "skipped": len(o.skipped) + len(c.skipped), "left": len(o.left) + len(c.left), "columns": columns}
 
 
-def _write_small(root: Path, name: str, data: bytes) -> bool:
+def write_small(root: Path, name: str, data: bytes) -> bool:
     """Write ``data`` to ``root``/``name`` unless a link or special file is there; whether it was."""
     target = files.local_target(root, name)
     if target is None:

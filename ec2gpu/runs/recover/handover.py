@@ -168,14 +168,11 @@ def fetch(aws: Aws, run_id: str, out: Path, limits: Limits, note: Log) -> dict[s
     if status_bytes is None:
         return None
     record = _record(status_bytes)
+    from ..detached.fetch import write_small
     out.mkdir(parents=True, exist_ok=True)
-    done = []
-    (out / "status.json").write_text(json.dumps(record, indent=2))
-    done.append("status.json")
     log_bytes = runstore.read_head(s3, bucket, keys["log"], MAX_LOG_BYTES)
-    if log_bytes is not None:
-        (out / "job.log").write_bytes(log_bytes)
-        done.append("job.log")
+    done = [name for name, data in (("status.json", json.dumps(record, indent=2).encode()), ("job.log", log_bytes))
+            if data is not None and write_small(out, name, data)]
     names: list[str] = []
     skipped = left = 0
     with tempfile.TemporaryDirectory(prefix="ec2gpu-handover-") as tmp:
@@ -276,11 +273,11 @@ def unpack(archive: Path, root: Path, limits: Limits, note: Log) -> tuple[list[s
                 if len(names) >= limits.files or total + m.size > limits.bytes:
                     left += 1
                     continue
-                dest = top / m.name
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                if not dest.parent.resolve().is_relative_to(top) or dest.is_symlink():  # a link on this machine
+                dest = files.local_target(top, m.name)  # never through a link on this machine
+                if dest is None:
                     skipped += 1
                     continue
+                dest.parent.mkdir(parents=True, exist_ok=True)
                 source = tar.extractfile(m)
                 if source is None:
                     skipped += 1
