@@ -43,8 +43,8 @@ relative to EC2GPU_OUTPUT_DIR, ``!`` to exclude; default []: all); ``checkpoint_
 to the workdir, or null: RUN_DIR/checkpoints); ``max_restarts_on_errors`` (SkyPilot's
 job_recovery field, default 0); ``max_launches`` (instances launched for this run at most: a
 launch beyond it ends the group without running; default 10); ``group`` (must be
-``ec2gpu-<run_id>``, aws/groups.name_of); ``nodes`` (1: several nodes are not implemented here,
-and such a spec ends the run failed); ``limit_at`` (POSIX seconds or null: the job gets SIGTERM
+``ec2gpu-<run_id>``, aws/groups.name_of); ``nodes`` (1-64: the group's size; above 1 the nodes run
+the job together, agent/gang.py, and ``max_launches`` counts every node's launches); ``limit_at`` (POSIX seconds or null: the job gets SIGTERM
 then, agent.py --limit-at, and is not restarted); ``limit_grace_s`` (seconds from limit_at to
 the instance's end, default 120); ``gpus_limit`` (int or null: the GPUs the job may use when
 the instance has more, resources.allow_larger); ``python`` (absolute path or null: EC2GPU_PYTHON;
@@ -71,7 +71,7 @@ that ended because their instance went away: a spot notice, or an instance lost 
 launch: ``launch``, ``instance_id``, ``started_at``, ``last_seen_at``, ``setup_exit_code``,
 ``setup_runs``, ``resumed`` (checkpoints were downloaded), ``checkpoint_files``); ``attempts``
 (one per job start: ``attempt``, ``launch``, ``instance_id``, ``started_at``, ``ended_at``,
-``outcome`` (running | succeeded | failed | interrupted | cancelled | limit | lost: the next
+``outcome`` (running | succeeded | failed | interrupted | cancelled | limit | regroup | lost: the next
 launch found it still running, its instance gone without a word), ``exit_code``, ``signal``,
 ``resume``, ``notice``, ``rebalance``).
 
@@ -95,8 +95,16 @@ instance); a failed call is retried with backoff for as long as this process liv
 recorded in status.json; the group's scheduled deadline action (set by the controller) is the
 net when even that fails.
 
-One node only: a run of N nodes needs every node to restart together with the new
-SKYPILOT_NODE_IPS when one is replaced; not done here (the spec is refused, the run ends failed).
+Several nodes (``nodes`` > 1, agent/gang.py for the rules): each instance writes its own record
+``nodes/<instance_id>.json`` (a heartbeat thread keeps it fresh), the instances agree on a
+generation in ``gang.json`` (S3 conditional writes: ranks and SKYPILOT_NODE_IPS), and every member
+runs the job once per generation; the head (rank 0) alone writes status.json (with the
+``generation`` it heads), checkpoints, outputs and ``logs/job.log``; the others upload their own log
+to ``logs/nodes/<instance_id>.log``. A member lost (a spot notice, or a record gone stale) stops
+every member's job (SIGTERM: it checkpoints); the group's replacement joins the next generation and
+all start again from the head's checkpoints (EC2GPU_RESUME=1, the new SKYPILOT_NODE_IPS). After a
+failure on any rank the head restarts them all together while max_restarts_on_errors allows. An
+attempt stopped that way is recorded with the outcome ``regroup``.
 
 A secret that is missing (deleted, or the role may not read it) ends the run failed before the
 setup, with the names that were missing.
@@ -122,6 +130,7 @@ import stat
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -129,9 +138,10 @@ from datetime import datetime, timezone
 from typing import Any, Callable
 
 if __package__:  # in the package (tests, the controller)
-    from . import agent, s3files
-else:  # on the instance: agent.py and s3files.py beside this file (sys.path[0]), not a package to install
+    from . import agent, gang, s3files
+else:  # on the instance: agent.py, gang.py and s3files.py beside this file (sys.path[0]), not a package to install
     agent = importlib.import_module("agent")
+    gang = importlib.import_module("gang")
     s3files = importlib.import_module("s3files")
 
 RUN_ID_RE = re.compile(r"\d{8}-\d{6}-[0-9a-f]{4}")  # runs/provision/pipeline.new_run_id
@@ -191,6 +201,7 @@ class Conflict(Exception):
 CONFLICT_CODES = ("PreconditionFailed", "412", "ConditionalRequestConflict", "409", "NoSuchKey", "404")
 CONFLICT_TRIES = 5  # status.json writes tried again after a conflict that does not supersede this launch
 END_SAVE_TRIES = 8  # the run's end written to status.json before its group is ended (Detached.end): ~4 min
+SETTLE_S = 60.0  # several nodes: the others' jobs awaited this long after the head's failed (Detached.settle)
 
 
 def iso(t: float) -> str:
@@ -267,8 +278,8 @@ def parse_spec(data: object, run_id: str) -> dict[str, Any]:
     if group != GROUP_PREFIX + run_id:
         raise Refused(f"spec.json: group {group[:120]!r} is not this run's ({GROUP_PREFIX}{run_id})")
     nodes = get("nodes", (int,), 1)
-    if nodes != 1:
-        raise Refused(f"spec.json: nodes {nodes}: a detached run of several nodes is not implemented")
+    if not 1 <= nodes <= gang.MAX_NODES:
+        raise Refused(f"spec.json: nodes must be 1-{gang.MAX_NODES}")
     limit_at = get("limit_at", (int, float))
     grace = get("limit_grace_s", (int, float), 120.0)
     if limit_at is not None and not math.isfinite(limit_at) or not (math.isfinite(grace) and 0 <= grace <= 86400):
@@ -288,7 +299,7 @@ def parse_spec(data: object, run_id: str) -> dict[str, Any]:
         raise Refused("spec.json: python must be an absolute path")
     return {"run_id": run_id, "name": name, "setup": setup, "run": run, "args": list(args), "envs": dict(envs),
             "workdir_key": workdir_key, "outputs": list(outputs), "checkpoint_dir": checkpoint_dir,
-            "max_restarts_on_errors": restarts, "max_launches": launches, "group": group, "nodes": 1,
+            "max_restarts_on_errors": restarts, "max_launches": launches, "group": group, "nodes": nodes,
             "limit_at": None if limit_at is None else float(limit_at), "limit_grace_s": float(grace),
             "gpus_limit": gpus_limit, "python": python, "secrets": list(secret_names), "mounts": mounts,
             "log_reader": reader}
@@ -353,7 +364,7 @@ def new_status(run_id: str, group: str, at: float) -> dict[str, Any]:
     return {"version": 1, "run_id": run_id, "state": "starting", "reason": None, "launches": 0, "attempt": 0,
             "restarts_on_errors": 0, "interruptions": 0, "instance_id": None, "created_at": iso(at),
             "heartbeat_at": None, "ended_at": None, "exit_code": None, "signal": None, "group": group,
-            "group_ended_at": None, "group_end_error": None, "instances": [], "attempts": []}
+            "group_ended_at": None, "group_end_error": None, "instances": [], "attempts": [], "generation": 0}
 
 
 def parse_status(data: object, run_id: str, group: str, at: float) -> dict[str, Any]:
@@ -363,7 +374,7 @@ def parse_status(data: object, run_id: str, group: str, at: float) -> dict[str, 
     st = new_status(run_id, group, at)
     if not isinstance(data, dict):
         return st
-    for k in ("launches", "attempt", "restarts_on_errors", "interruptions"):
+    for k in ("launches", "attempt", "restarts_on_errors", "interruptions", "generation"):
         v = data.get(k)
         if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 10 ** 9:
             st[k] = v
@@ -538,19 +549,22 @@ def find_python(spec_python: str | None) -> str:
 
 
 def job_env(spec: dict[str, Any], run_dir: str, workdir: str, ip: str, gpus: int, resume: bool,
-            python: str, secrets: dict[str, str] | None = None) -> dict[str, str]:
+            python: str, secrets: dict[str, str] | None = None, rank: int = 0,
+            ips: list[str] | None = None) -> dict[str, str]:
     """The job's environment (pure): the task's envs, its ``secrets`` (name -> value), then ours,
-    as engine.node_env gives it for node 0 of one (a test compares the two)."""
+    as engine.node_env gives it for node ``rank`` of ``ips`` (default: node 0 of one, at ``ip``; a
+    test compares the two)."""
+    ips = ips or [ip]
     run_id = spec["run_id"]
     limit = spec["gpus_limit"] if spec["gpus_limit"] and spec["gpus_limit"] < gpus else None
     gpus = limit or gpus
     ckpt = f"{workdir}/{spec['checkpoint_dir'].rstrip('/')}" if spec["checkpoint_dir"] else f"{run_dir}/checkpoints"
     ours = {
         "EC2GPU_RUN_ID": run_id, "EC2GPU_OUTPUT_DIR": f"{run_dir}/out", "EC2GPU_CHECKPOINT_DIR": ckpt,
-        "EC2GPU_RESUME": "1" if resume else "0", "EC2GPU_NODE_RANK": "0", "EC2GPU_NUM_NODES": "1",
-        "EC2GPU_HEAD_IP": ip, "EC2GPU_NODE_IP": ip, "EC2GPU_GPUS_PER_NODE": str(gpus),
+        "EC2GPU_RESUME": "1" if resume else "0", "EC2GPU_NODE_RANK": str(rank), "EC2GPU_NUM_NODES": str(len(ips)),
+        "EC2GPU_HEAD_IP": ips[0], "EC2GPU_NODE_IP": ips[rank], "EC2GPU_GPUS_PER_NODE": str(gpus),
         "EC2GPU_PROGRESS_FILE": f"{run_dir}/{PROGRESS_FILE}", "EC2GPU_WORKDIR": workdir, "EC2GPU_PYTHON": python,
-        "SKYPILOT_NODE_RANK": "0", "SKYPILOT_NUM_NODES": "1", "SKYPILOT_NODE_IPS": ip,
+        "SKYPILOT_NODE_RANK": str(rank), "SKYPILOT_NUM_NODES": str(len(ips)), "SKYPILOT_NODE_IPS": "\n".join(ips),
         "SKYPILOT_NUM_GPUS_PER_NODE": str(gpus), "SKYPILOT_TASK_ID": f"ec2gpu-{run_id}_{spec['name']}",
     }
     if limit:
@@ -780,6 +794,19 @@ class Detached:
         #: (None: there was none), so a write by another launch in between is never lost under ours
         self.etag: str | None = None
         self.conditional = self.store.conditional
+        # several nodes (agent/gang.py): this instance's record, the generation it runs in
+        self.several = False
+        self.writer = True  # this launch writes status.json, checkpoints and outputs (several: the head only)
+        self.iid = ""
+        self.node: dict[str, Any] = {}
+        self.node_lock = threading.Lock()
+        self.beat_stop = threading.Event()
+        self.generation = 0
+        self.gang: dict[str, Any] | None = None
+        self.records: dict[str, dict[str, Any]] = {}
+        self.next_nodes_read = 0.0
+        self.log_base = b""  # several: the run's log before this instance became the head
+        self.stale_s = gang.STALE_S
 
     # -- the record
     def now(self) -> str:
@@ -803,6 +830,13 @@ class Detached:
         to write it has it), or (with ``ends``) an end this launch did not write."""
         if not isinstance(there, dict):
             return
+        if self.several:  # a newer generation's head writes the record now
+            gen = there.get("generation")
+            if isinstance(gen, int) and gen > self.generation:
+                raise Superseded(f"generation {gen} is recorded; this head's is {self.generation}")
+            if ends and there.get("state") in TERMINAL and self.status.get("state") not in TERMINAL:
+                raise Superseded(f"the run is already recorded as {there['state']}")
+            return
         launches = there.get("launches")
         if isinstance(launches, int) and launches > self.launch:
             raise Superseded(f"launch {launches} is recorded; this is launch {self.launch}")
@@ -825,9 +859,11 @@ class Detached:
         if check:
             self.check_superseded()
         self.status["heartbeat_at"] = self.now()
-        if self.status["instances"]:
+        if self.several:
+            self.status.update(generation=self.generation, instances=self.instances_of(self.records))
+        elif self.status["instances"]:
             self.status["instances"][-1]["last_seen_at"] = self.status["heartbeat_at"]
-        body = {k: self.status[k] for k in STATUS_FIELDS}
+        body = {k: self.status[k] for k in STATUS_FIELDS + (("generation",) if self.several else ())}
         if not self.conditional:
             self.store.put_json("status.json", body)
             return
@@ -904,16 +940,19 @@ class Detached:
         if self.log_sent == (st.st_size, st.st_mtime_ns):
             return
         values = list(self.secrets.values())
+        base = self.log_base[-LOG_MAX:] if self.writer else b""
         with open(path, "rb") as f:
-            if st.st_size > LOG_MAX:  # its last LOG_MAX bytes, from a line's start: a secret the cut
-                # would halve is never sent in part
-                f.seek(st.st_size - LOG_MAX)
-                data = f.read(LOG_MAX)
+            if len(base) + st.st_size > LOG_MAX:  # its last LOG_MAX bytes, from a line's start: a secret
+                # the cut would halve is never sent in part
+                f.seek(max(0, st.st_size - LOG_MAX))
+                data = (base + f.read(LOG_MAX))[-LOG_MAX:]
                 data = data[data.find(b"\n") + 1:] if b"\n" in data else b""
             else:
-                data = f.read(LOG_MAX)
+                data = base + f.read(LOG_MAX)
             data = mask(data, values)
-        self.store.s3.put_object(Bucket=self.store.bucket, Key=self.store.key("logs/job.log"), Body=data,
+        # several nodes: the head's is the run's log; each other's is its own (logs/nodes/ID.log)
+        key = "logs/job.log" if self.writer else f"logs/nodes/{self.iid}.log"
+        self.store.s3.put_object(Bucket=self.store.bucket, Key=self.store.key(key), Body=data,
                                  ContentType="text/plain")
         self.log_sent = (st.st_size, st.st_mtime_ns)
 
@@ -1054,6 +1093,8 @@ class Detached:
                 self.status["reason"] = f"spec refused: {exc}"[:1000]
             self.end(self.status["state"], self.status["reason"])
             return EXIT_REFUSED
+        if self.spec["nodes"] > 1:
+            return self.run_several(instance_id, at)
         if self.status["state"] in TERMINAL:  # ended before; the group was not (or this launch is late)
             return self.end(self.status["state"], self.status["reason"])
         if self.cancelled():
@@ -1226,9 +1267,12 @@ class Detached:
                     proc.wait()
                     return 124
                 if self.clock() >= next_push:
-                    self.check_superseded()
-                    self.push(settled=True)
-                    self.try_save()
+                    if self.writer:
+                        self.check_superseded()
+                        self.push(settled=True)
+                        self.try_save()
+                    else:
+                        self.push_own_log()
                     next_push = self.clock() + self.every_s
                 self.sleep(self.poll_s)
         except BaseException:  # superseded, or this agent's own error: the setup does not outlive it
@@ -1280,7 +1324,8 @@ class Detached:
         proc = self.proc = subprocess.Popen(argv, env=agent_env, stdin=subprocess.DEVNULL)
         self.key = key
         try:
-            self.save()
+            if self.writer:
+                self.save()
             outcome = self.supervise(proc, key, attempt)
         except Superseded:
             self.stop(proc, key)
@@ -1304,23 +1349,34 @@ class Detached:
     def supervise(self, proc: subprocess.Popen, key: bytes, attempt: dict[str, Any]) -> str | None:
         """Watch the agent until it ends: the cancel object on every poll; checkpoints and log every
         ``every_s`` seconds (with the heartbeat), and at once on a spot notice or a rebalance
-        recommendation. Returns "cancelled" when this agent stopped the job, else None (the agent's
-        record decides)."""
+        recommendation. Returns "cancelled" when this agent stopped the job, "regroup" when it
+        stopped it because its generation changed or lost a member (several nodes: ``watch``), else
+        None (the agent's record decides). A node that is not the head sends only its own log."""
         next_push = self.clock() + self.every_s
         while proc.poll() is None:
             if self.cancelled():
                 self.stop(proc, key)
                 return "cancelled"
+            why = self.watch() if self.several else None
+            if why:
+                self.log(f"{why}: the job is stopped, to start again with the next generation")
+                self.stop(proc, key)
+                return "regroup"
             rec = self.agent_record(key) or {}
             urgent = False
             for k in ("notice", "rebalance"):
                 if isinstance(rec.get(k), dict) and attempt[k] is None:
                     attempt[k] = rec[k]
                     urgent = True
+            if self.several and isinstance(rec.get("notice"), dict) and self.node.get("state") != "leaving":
+                self.node_write(state="leaving")  # the others stop theirs now, not at the stale time
             if urgent or self.clock() >= next_push:
-                self.check_superseded()  # before anything is sent
-                self.push(settled=True)
-                self.try_save()  # checked again: the push may have taken a while
+                if self.writer:
+                    self.check_superseded()  # before anything is sent
+                    self.push(settled=True)
+                    self.try_save()  # checked again: the push may have taken a while
+                else:
+                    self.push_own_log()
                 next_push = self.clock() + self.every_s
             self.sleep(self.poll_s)
         return None
@@ -1355,6 +1411,340 @@ class Detached:
                     pass
             proc.kill()
             proc.wait()
+
+    # -- several nodes (agent/gang.py's rules)
+    def node_write(self, **changes: Any) -> None:
+        """This instance's record (nodes/ID.json) with ``changes``, written now (under the lock the
+        heartbeat takes too, so an older body never lands after a newer one); errors said."""
+        with self.node_lock:
+            self.node.update(changes)
+            try:
+                self.store.put_json(f"nodes/{self.iid}.json", self.node)
+            except Exception as exc:
+                self.log(f"nodes/{self.iid}.json not written: {type(exc).__name__}: {exc}"[:500])
+
+    def heartbeat(self) -> None:
+        """A thread that writes this instance's record every gang.HEARTBEAT_S seconds while this
+        process lives (through a long setup, download or job alike), until ``beat_stop``."""
+        def beat() -> None:
+            while not self.beat_stop.wait(gang.HEARTBEAT_S):
+                self.node_write()
+        threading.Thread(target=beat, name="heartbeat", daemon=True).start()
+
+    def read_nodes(self) -> dict[str, dict[str, Any]]:
+        """The run's node records (gang.parse_node each; one listing, then a GET for each record S3
+        wrote within the stale time: the older are of instances gone, and read as such)."""
+        base = self.store.key("nodes") + "/"
+        now = datetime.now(timezone.utc)
+        found: dict[str, dict[str, Any]] = {}
+        seen = 0
+        for page in self.store.s3.get_paginator("list_objects_v2").paginate(Bucket=self.store.bucket, Prefix=base):
+            for o in page.get("Contents", []):
+                seen += 1
+                iid = o["Key"][len(base):].removesuffix(".json")
+                if seen > gang.MAX_RECORDS or not o["Key"].endswith(".json") or not gang.IID_RE.fullmatch(iid):
+                    continue
+                modified = o["LastModified"]
+                if (now - modified).total_seconds() > self.stale_s:
+                    found[iid] = {"instance_id": iid, "ip": "0.0.0.0", "booted_at": "", "state": "leaving",
+                                  "generation": 0, "outcome": None, "exit_code": None, "modified": modified}
+                    continue
+                try:
+                    rec = gang.parse_node(self.store.get_json(f"nodes/{iid}.json", gang.MAX_NODE_BYTES), iid, modified)
+                except Refused:
+                    rec = None
+                if rec is not None:
+                    found[iid] = rec
+        self.records = found
+        return found
+
+    def read_gang(self) -> tuple[dict[str, Any] | None, str | None]:
+        """(gang.json as gang.parse_gang reads it, its ETag); (None, ETag) for one that is not a
+        generation (it is written over), (None, None) for none."""
+        try:
+            data, etag = self.store.get_json_tagged("gang.json", gang.MAX_GANG_BYTES)
+        except Refused:
+            data, etag = None, self.store.get_tagged("gang.json", 0)[1]
+        return gang.parse_gang(data), etag
+
+    def form(self, new: dict[str, Any], etag: str | None) -> bool:
+        """Write generation ``new`` over the gang.json of ``etag`` (none: where there is none);
+        False when another instance wrote one first (it is joined instead)."""
+        try:
+            self.store.put_json("gang.json", new, if_match=etag, if_absent=etag is None)
+        except Conflict:
+            return False
+        self.log(f"generation {new['generation']} formed ({new['reason']}): {', '.join(new['members'])}")
+        return True
+
+    def instances_of(self, records: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+        """status.json's ``instances`` of a run of several nodes: one per node record, by boot time
+        (the times the run's cost is settled from: runs/detached/costs.py)."""
+        out = []
+        for i, r in enumerate(sorted(records.values(), key=lambda r: (r["booted_at"], r["instance_id"]))):
+            if r["ip"] == "0.0.0.0" and not r["booted_at"]:  # stale, unread: kept as the record had it
+                old = [x for x in self.status["instances"] if x.get("instance_id") == r["instance_id"]]
+                if old:
+                    out.append({**old[-1], "launch": i + 1})
+                continue
+            out.append({"launch": i + 1, "instance_id": r["instance_id"], "started_at": r["booted_at"],
+                        "last_seen_at": r["modified"].astimezone(timezone.utc).isoformat(timespec="seconds"),
+                        "setup_exit_code": None, "setup_runs": 0, "resumed": False, "checkpoint_files": 0})
+        return out[-MAX_RECORDS:]
+
+    def end_several(self, state: str, reason: str | None) -> int:
+        """The run's end from any of its nodes: status.json read again (this instance writes over
+        the head's record only to end it), then ``end``."""
+        data, self.etag = self.store.get_tagged("status.json", MAX_STATUS_BYTES)
+        try:
+            there = json.loads(data) if data is not None and len(data) <= MAX_STATUS_BYTES else None
+        except (ValueError, RecursionError):
+            there = None
+        self.status = parse_status(there, self.run_id, self.group, self.clock())
+        self.generation = max(self.generation, self.status["generation"])
+        if self.status["state"] in TERMINAL:
+            self.end_group()
+            return 0
+        self.writer = True
+        return self.end(state, reason)
+
+    def watch(self) -> str | None:
+        """While the job runs: why it must stop (its generation is no longer gang.json's, or a
+        member is no longer live: read every gang.HEARTBEAT_S seconds), else None."""
+        try:
+            g, _ = self.read_gang()
+            if g is None or g["generation"] != self.generation:
+                return f"generation {g['generation'] if g else '?'} replaced {self.generation}"
+            if self.clock() >= self.next_nodes_read:
+                self.next_nodes_read = self.clock() + gang.HEARTBEAT_S
+                lost = gang.lost_members(self.gang, self.read_nodes(), datetime.now(timezone.utc), self.stale_s)
+                if lost:
+                    return f"{', '.join(lost)} of generation {self.generation} is gone"
+        except Exception as exc:  # S3 out of reach for a moment: the job goes on
+            self.log(f"the generation not checked: {type(exc).__name__}: {exc}"[:300])
+        return None
+
+    def push_own_log(self) -> None:
+        try:
+            self.push_log()
+        except Exception as exc:
+            self.log(f"log not uploaded: {type(exc).__name__}: {exc}"[:300])
+
+    def join(self, last: int) -> dict[str, Any] | int:
+        """Wait for a generation after ``last`` that names this instance, forming it (gang.propose)
+        when it is this instance's to form; returns it, or this process's exit code when the run
+        ended (its record's end: the group is ended again, harmless), was cancelled or ran out of
+        time (the head's word awaited for up to 2 min first, then recorded here)."""
+        word_by = None
+        while True:
+            try:
+                self.status = parse_status(self.store.get_json("status.json", MAX_STATUS_BYTES), self.run_id,
+                                           self.group, self.clock())
+                if self.status["state"] in TERMINAL:
+                    self.node_write(state="ended")
+                    self.end_group()
+                    return 0
+                over = self.spec["limit_at"] is not None and self.clock() >= self.spec["limit_at"]
+                if self.cancelled() or over:
+                    word_by = word_by or self.clock() + 120
+                    if self.writer or self.clock() >= word_by:
+                        return self.finish_several("cancelled" if not over else "failed",
+                                                   "cancelled" if not over else "the run's time limit")
+                g, etag = self.read_gang()
+                if g is not None and g["generation"] > last and self.iid in g["members"]:
+                    return g
+                new = gang.propose(g, self.read_nodes(), self.spec["nodes"], datetime.now(timezone.utc), self.stale_s)
+                if new is not None:
+                    self.form(new, etag)
+                    continue
+            except (Refused, Conflict) as exc:
+                self.log(f"waiting for the next generation: {exc}"[:300])
+            except Exception as exc:  # S3 out of reach for a moment: tried again
+                self.log(f"waiting for the next generation: {type(exc).__name__}: {exc}"[:300])
+            self.sleep(self.poll_s)
+
+    def finish_several(self, state: str, reason: str | None) -> int:
+        """The end, by the head (outputs, checkpoints, log: finish) or by another node (end_several)."""
+        return self.finish(state, reason) if self.writer else self.end_several(state, reason)
+
+    def lead(self, g: dict[str, Any], found: int) -> None:
+        """This instance is generation ``g``'s head: status.json read again (the previous head's, if
+        another), counted (an interruption, when ``g`` replaced a lost member), and written."""
+        self.read_nodes()
+        data, self.etag = self.store.get_tagged("status.json", MAX_STATUS_BYTES)
+        try:
+            there = json.loads(data) if data is not None and len(data) <= MAX_STATUS_BYTES else None
+        except (ValueError, RecursionError):
+            there = None
+        st = self.status = parse_status(there, self.run_id, self.group, self.clock())
+        last = st["attempts"][-1] if st["attempts"] else None
+        if g["reason"] == "interruption":
+            st["interruptions"] += 1
+            if last and last.get("outcome") == "running":
+                last.update(outcome="interrupted", ended_at=st.get("heartbeat_at"))
+        if self.log_base == b"" and st.get("instance_id") not in (None, self.iid):  # the run's log so far
+            try:
+                self.log_base = self.store.get_bytes("logs/job.log", LOG_MAX) or b""
+            except Exception as exc:
+                self.log(f"the earlier log not read: {type(exc).__name__}: {exc}"[:300])
+        self.launch = len(self.records)
+        self.log_sent = None  # a worker's last upload was its own log's, not the run's
+        st.update(launches=len(self.records), instance_id=self.iid, state="starting")
+        self.try_save()
+
+    def run_several(self, instance_id: str, at: float) -> int:
+        """This instance's part in a run of ``nodes`` instances (agent/gang.py): its record, then a
+        job per generation it is a member of, until the run ends."""
+        spec = self.spec
+        self.several, self.writer = True, False
+        self.iid = instance_id if instance_id != "unknown" else f"i-unknown-{secrets.token_hex(4)}"
+        if self.status["state"] in TERMINAL:
+            self.end_group()
+            return 0
+        if self.cancelled():
+            return self.end_several("cancelled", "cancelled before this launch ran anything")
+        if spec["limit_at"] is not None and at >= spec["limit_at"]:
+            return self.end_several("failed", "the run's time limit passed before this launch")
+        os.makedirs(self.run_dir, exist_ok=True)
+        os.chmod(self.run_dir, 0o700)
+        self.workdir = os.path.join(self.run_dir, "workdir")
+        try:
+            self.get_workdir()
+            if spec["secrets"]:
+                self.secrets = read_secrets(self.ssm, self.run_id, spec["secrets"])
+            self.place_mounts()
+        except Refused as exc:
+            self.log(f"refused: {exc}")
+            return self.end_several("failed", str(exc)[:1000])
+        ip = self.imds("/latest/meta-data/local-ipv4") or "127.0.0.1"
+        ip = ip if gang.IP_RE.fullmatch(ip) else "127.0.0.1"
+        self.node = {"instance_id": self.iid, "ip": ip, "booted_at": iso(at), "state": "waiting", "generation": 0,
+                     "outcome": None, "exit_code": None}
+        self.node_write()
+        self.heartbeat()
+        try:
+            return self._run_several(ip)
+        finally:
+            self.beat_stop.set()
+
+    def _run_several(self, ip: str) -> int:
+        spec = self.spec
+        if len(self.read_nodes()) > spec["max_launches"]:
+            return self.end_several("failed", f"launch {len(self.records)} is beyond max_launches "
+                                              f"{spec['max_launches']}")
+        python = find_python(spec["python"])
+        env = job_env(spec, self.run_dir, self.workdir, ip, self.gpus(), False, python, self.secrets)
+        self.out_dir = env["EC2GPU_OUTPUT_DIR"]
+        os.makedirs(self.out_dir, exist_ok=True)
+        self.ckpt = Mirror(self.store, "checkpoints", env["EC2GPU_CHECKPOINT_DIR"])
+        self.share_log(spec["log_reader"])
+        setup_done, last = spec["setup"] is None, 0
+        while True:
+            got = self.join(last)
+            if isinstance(got, int):
+                return got
+            g = self.gang = got
+            self.generation = last = g["generation"]
+            rank = g["members"].index(self.iid)
+            self.writer = rank == 0
+            try:
+                found = self.ckpt.pull()  # the head's latest, on every node
+            except Exception as exc:
+                self.log(f"checkpoints not downloaded: {type(exc).__name__}: {exc}"[:300])
+                found = 0
+            self.node_write(state="running", generation=last, outcome=None, exit_code=None)
+            self.log(f"generation {last}: rank {rank} of {len(g['members'])} (head {g['ips'][0]})")
+            try:
+                if self.writer:
+                    self.lead(g, found)
+                env = job_env(spec, self.run_dir, self.workdir, ip, self.gpus(), found > 0, python, self.secrets,
+                              rank=rank, ips=g["ips"])
+                os.makedirs(env["EC2GPU_CHECKPOINT_DIR"], exist_ok=True)
+                code = 0 if setup_done else self.run_setup(env)
+                setup_done = code == 0
+                if code == -1:
+                    outcome, record = "cancelled", {}
+                elif code != 0:  # a failed setup is the job's failure: the head decides on a restart
+                    self.log(f"the setup exited {code}")
+                    outcome, record = "failed", {"exit_code": code, "signal": None}
+                else:
+                    outcome, record = self.run_job(env)
+            except Superseded as exc:  # a newer generation's head writes the record: this one joins it
+                self.log(f"{exc}: waiting for the next generation")
+                self.node_write(state="ended", outcome="stopped")
+                continue
+            if outcome == "interrupted":  # a spot notice here: the group replaces this instance
+                self.node_write(state="leaving", outcome="stopped")
+                if self.writer:
+                    self.push(settled=False)
+                    self.status.update(state="interrupted", reason="spot interruption: the group replaces the instance")
+                    self.try_save()
+                else:
+                    self.push_own_log()
+                return EXIT_INTERRUPTED
+            if outcome in ("cancelled", "limit"):
+                self.node_write(state="ended", outcome="stopped")
+                if self.writer:
+                    return self.finish(*(("cancelled", "cancelled") if outcome == "cancelled" else
+                                         ("failed", "the run's time limit: the job was stopped")))
+                continue  # join waits for the head's word
+            if outcome == "regroup":
+                self.node_write(state="ended", outcome="stopped")
+                if self.writer:
+                    self.push(settled=False)  # the checkpoint the job wrote on SIGTERM, for the next generation
+                continue
+            self.node_write(state="ended", outcome=outcome, exit_code=record.get("exit_code"))
+            if not self.writer:
+                self.push_own_log()
+                continue
+            done = self.settle(g, record)
+            if done is not None:
+                return done
+
+    def settle(self, g: dict[str, Any], record: dict[str, Any]) -> int | None:
+        """The head, its own job ended in generation ``g``: wait for every member's (gang.decide),
+        then end the run (succeeded; failed with the restarts used up: its exit code) or go on
+        (None: a member was lost, or a restart after a failure was formed). When the head's own job
+        failed, the others get SETTLE_S seconds to end theirs (a peer of a failed rank may hang in
+        its collective), then the attempt failed."""
+        failed_by = self.clock() + SETTLE_S if record.get("exit_code") != 0 or record.get("signal") else None
+        while True:
+            if self.cancelled():
+                return self.finish("cancelled", "cancelled")
+            word = None
+            try:
+                now_g, etag = self.read_gang()
+                if now_g is None or now_g["generation"] != g["generation"]:
+                    return None  # the others formed the next one without this head's word
+                word = gang.decide(g, self.read_nodes(), datetime.now(timezone.utc), self.stale_s)
+                if word is None and failed_by is not None and self.clock() >= failed_by:
+                    word = "failed"
+            except Exception as exc:
+                self.log(f"the members' ends not read: {type(exc).__name__}: {exc}"[:300])
+            if word == "succeeded":
+                return self.finish("succeeded", None)
+            if word == "lost":
+                self.push(settled=False)
+                return None
+            if word == "failed":
+                failed = []
+                for i, m in enumerate(g["members"]):
+                    r = self.records.get(m) or {}
+                    ended = r.get("generation") == g["generation"] and r.get("state") == "ended"
+                    if not ended or r.get("outcome") != "succeeded":
+                        failed.append(f"rank {i} ({'exit ' + str(r.get('exit_code')) if ended else 'still running'})")
+                if self.status["restarts_on_errors"] >= self.spec["max_restarts_on_errors"]:
+                    return self.finish("failed", f"the job failed on {', '.join(failed)} with "
+                                                 f"{self.status['restarts_on_errors']} restart(s) on errors used")
+                self.status["restarts_on_errors"] += 1
+                self.push(settled=False)
+                self.try_save()
+                new = gang.propose(g, self.records, self.spec["nodes"], datetime.now(timezone.utc), self.stale_s,
+                                   restart=True)
+                if new is not None:
+                    self.form(new, etag)
+                return None
+            self.sleep(self.poll_s)
 
 
 def role_session(region: str) -> Any:

@@ -81,7 +81,7 @@ def train_mnist(*, instance_type: Optional[str] = None, spot: bool = False, spot
     Raises UsageError before anything is created: an unknown model, ``cluster`` with
     nodes/spot/instance_type/keep, ``keep`` without ``max_runtime``, a ``data_dir`` that is not a
     directory, a value out of range, a bad type, CIDR, fallback or checkpoint URI, an estimate above
-    the budget, ``detach`` with ``cluster``/``local``/``sweep``/``nodes``/``keep``; then AwsError,
+    the budget, ``detach`` with ``cluster``/``local``/``sweep``/``keep``; then AwsError,
     CapacityError, RemoteError, WaitTimeout, recovery.AttemptsExhausted.
     """
     if model not in MODELS:
@@ -89,9 +89,9 @@ def train_mnist(*, instance_type: Optional[str] = None, spot: bool = False, spot
     if cluster and (nodes > 1 or spot or instance_type or keep):
         raise UsageError("--cluster trains on an existing cluster as it is",
                          "drop --nodes/--spot/--instance-type/--keep, or `ec2gpu scale NAME N` first")
-    if detach and (cluster or local or sweep or nodes > 1):
-        raise UsageError("--detach trains on one new instance",
-                         "drop --cluster, --local, --sweep or --nodes, or drop --detach")
+    if detach and (cluster or local or sweep):
+        raise UsageError("--detach trains on new instances of its own",
+                         "drop --cluster, --local or --sweep, or drop --detach")
     if detach and keep:
         raise UsageError("--keep has no meaning with --detach: the group ends when the training does", "drop --keep")
     if detach and checkpoint_uri:

@@ -11,6 +11,9 @@ answers what the trainer asks (train/spot.py), with the token handshake IMDSv2 r
   recommendation is published, then ``{"noticeTime": "2026-11-21T10:00:03Z"}``, as EC2 answers
   (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/rebalance-recommendations.html)
 - ``GET  /<id>/latest/meta-data/instance-id``
+- ``GET  /<id>/latest/meta-data/local-ipv4`` -> its private IPv4 address: here the loopback address
+  its sshd and its processes use (127.0.0.N), which the other instances reach it at; 404 before it
+  has one (a detached run's nodes tell each other theirs: agent/gang.py)
 - ``GET  /<id>/latest/meta-data/placement/availability-zone`` -> its zone (botocore's IMDS region
   provider asks it, in defaults mode "auto")
 - ``GET  /<id>/latest/meta-data/iam/security-credentials/`` -> the name of the role of the instance's
@@ -134,11 +137,13 @@ class Metadata:
 
 
 def handle(meta: Metadata, method: str, path: str, headers, body: bytes, find,
-           role_of=lambda instance_id: None, mint=None, zone_of=lambda instance_id: None) -> tuple[int, str, str]:
+           role_of=lambda instance_id: None, mint=None, zone_of=lambda instance_id: None,
+           address_of=lambda instance_id: None) -> tuple[int, str, str]:
     """Answer one HTTP request: (status, content type, body). Pure apart from ``meta`` and the hooks:
     ``find(instance_id)`` -> (state, lifecycle) or None; ``role_of(instance_id)`` -> the ARN of the
     role of its instance profile, or None; ``mint(instance_id, role_arn)`` -> new credentials (see
-    Metadata.credentials); ``zone_of(instance_id)`` -> its availability zone, or None."""
+    Metadata.credentials); ``zone_of(instance_id)`` -> its availability zone, or None;
+    ``address_of(instance_id)`` -> its private address, or None."""
     if method == "POST" and path == "/control/interrupt":
         try:
             req = json.loads(body or b"{}")
@@ -161,6 +166,9 @@ def handle(meta: Metadata, method: str, path: str, headers, body: bytes, find,
         return 401, "text/plain", "Unauthorized"
     if rest == "/latest/meta-data/instance-id":
         return 200, "text/plain", instance_id
+    if rest == "/latest/meta-data/local-ipv4":
+        address = address_of(instance_id)
+        return (200, "text/plain", address) if address else (404, "text/plain", "Not Found")
     if rest.rstrip("/") == ZONE_PATH:
         zone = zone_of(instance_id)
         return (200, "text/plain", zone) if zone else (404, "text/plain", "Not Found")

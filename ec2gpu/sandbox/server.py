@@ -57,6 +57,7 @@ class Http(http.server.BaseHTTPRequestHandler):
     role_of = staticmethod(lambda instance_id: None)  # the ARN of its instance profile's role (roles.py)
     mint: Any = staticmethod(lambda instance_id, role_arn: {})  # that role's credentials (roles.py)
     zone_of = staticmethod(lambda instance_id: None)
+    address_of = staticmethod(lambda instance_id: None)  # its sshd's loopback address: its private one
     shutdown: Any = staticmethod(lambda request: {})
 
     def _answer(self, method: str) -> None:
@@ -72,7 +73,8 @@ class Http(http.server.BaseHTTPRequestHandler):
             length = int(self.headers.get("Content-Length") or 0)
             status, ctype, text = imds.handle(self.meta, method, self.path, self.headers,
                                               self.rfile.read(length) if length else b"", self.find,
-                                              role_of=self.role_of, mint=self.mint, zone_of=self.zone_of)
+                                              role_of=self.role_of, mint=self.mint, zone_of=self.zone_of,
+                                              address_of=self.address_of)
         body = text.encode()
         self.send_response(status)
         self.send_header("Content-Type", ctype)
@@ -212,12 +214,19 @@ class Sandbox:
                                             "find": staticmethod(find_instance),
                                             "role_of": staticmethod(roles.role_of), "mint": staticmethod(roles.mint),
                                             "zone_of": staticmethod(instance_zone),
+                                            "address_of": staticmethod(self.address_of),
                                             "shutdown": staticmethod(self.shutdown_request)})
         self.http = http.server.ThreadingHTTPServer((self.host, 0), handler)
         threading.Thread(target=self.http.serve_forever, daemon=True).start()
         base = f"http://{self.host}:{self.http.server_address[1]}"
         self.checkip_url, self.imds_url, self.control_url = f"{base}/checkip", base, base
         self.save()
+
+    def address_of(self, instance_id: str) -> str | None:
+        """The private address of a running sandbox instance: the loopback address its sshd listens
+        on and its processes use (IMDS local-ipv4), or None."""
+        s = self.instances.get(instance_id)
+        return s.host if s is not None else None
 
     def rebalanced(self) -> set[str]:
         """The instances that received a rebalance recommendation (`sandbox interrupt --rebalance`)."""

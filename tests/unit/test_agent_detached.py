@@ -527,7 +527,7 @@ def test_a_run_id_that_is_not_one_is_refused_before_any_key_is_made(aws, tmp_pat
     {"run_id": f"{RUN_ID}/../20261125-101500-ffff"}, {"run_id": "20261125-101500-ffff"},
     {"group": "ec2gpu-20261125-101500-ffff"}, {"workdir_key": "runs/20261125-101500-ffff/workdir.tar.gz"},
     {"workdir_key": f"{PREFIX}../../other/workdir.tar.gz"}, {"checkpoint_dir": "../up"}, {"outputs": ["../*"]},
-    {"envs": {"A=B": "x"}}, {"nodes": 2}, {"max_launches": True}, {"name": "a/b"}, {"run": 5},
+    {"envs": {"A=B": "x"}}, {"nodes": 0}, {"nodes": 65}, {"max_launches": True}, {"name": "a/b"}, {"run": 5},
     {"limit_at": float("nan")}, {"max_launches": 0}, {"secrets": "HF_TOKEN"}, {"secrets": ["A=B"]},
     {"secrets": ["../x"]}, {"secrets": ["A", "A"]}, {"secrets": [7]}, {"mounts": "x"},
     {"mounts": [{"target": "/etc/../x", "kind": "local", "key": f"{PREFIX}mounts/0", "is_file": True}]},

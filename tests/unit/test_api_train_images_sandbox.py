@@ -55,10 +55,9 @@ def no_local_run(no_backend, monkeypatch):
     ({"max_price": -0.5}, "--max-price -0.5 is under 0"),
     ({"max_attempts": 0}, "--max-attempts 0 is under 1"),
     ({"unreachable_after": 1.0}, "--unreachable-after 1 is under 5"),
-    ({"detach": True, "nodes": 2}, "--detach trains on one new instance"),
-    ({"detach": True, "cluster": "lab"}, "--detach trains on one new instance"),
-    ({"detach": True, "local": True}, "--detach trains on one new instance"),
-    ({"detach": True, "sweep": {"lr": [0.1, 0.05]}}, "--detach trains on one new instance"),
+    ({"detach": True, "cluster": "lab"}, "--detach trains on new instances of its own"),
+    ({"detach": True, "local": True}, "--detach trains on new instances of its own"),
+    ({"detach": True, "sweep": {"lr": [0.1, 0.05]}}, "--detach trains on new instances of its own"),
     ({"detach": True, "keep": True, "max_runtime": 60}, "--keep has no meaning with --detach"),
     ({"detach": True, "checkpoint_uri": "s3://b/p"}, "--checkpoint-uri is for a run in the foreground"),
 ])

@@ -25,13 +25,14 @@ def _job(text="name: mine\nrun: python train.py\n", **kw):
 
 @pytest.mark.parametrize("opts, words", [
     (dict(max_runtime_minutes=None), "needs a limit"),
-    (dict(nodes=2), "one node"),
+    (dict(nodes=2, max_attempts=1), "--max-attempts 1 is below --nodes 2"),
     (dict(keep=True), "--keep"),
 ])
-def test_a_detached_run_needs_a_limit_and_one_node(opts, words):
+def test_a_detached_run_needs_a_limit_and_an_instance_per_node(opts, words):
     with pytest.raises(UsageError, match=words):
         launch.check(RunOptions(task=_job(), **opts))
     assert launch.check(RunOptions(task=_job())).name == "mine"
+    assert launch.check(RunOptions(task=_job(), nodes=2, max_attempts=2)).name == "mine"
 
 
 def test_a_detached_run_carries_no_secret_too_large_for_a_parameter():

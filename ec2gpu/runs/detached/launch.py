@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 
 AGENT_DIR = Path(__file__).resolve().parents[2] / "agent"
 #: the instance-side files, uploaded under runs/RUN_ID/agent/ and fetched by ``boot_script``
-AGENT_FILES = ("agent.py", "detached.py", "s3files.py")
+AGENT_FILES = ("agent.py", "detached.py", "gang.py", "s3files.py")
 #: instances a detached run may launch in all (first plus replacements) when --max-attempts is not
 #: given: a spot run rides out several interruptions; an on-demand one gets one replacement
 #: (an instance AWS retired, a failed status check)
@@ -66,7 +66,7 @@ DEFAULT_LAUNCHES = {True: 10, False: 2}
 def check(opts: RunOptions) -> TaskJob:
     """Refuse (UsageError, nothing created) what a detached run cannot do yet or must not do;
     return its task. A detached run needs a limit (the group's deadline is the net that holds when
-    nothing else does) and runs on one node; its secrets fit SSM parameters
+    nothing else does) and launches at least one instance per node; its secrets fit SSM parameters
     (aws/parameters.check_values: they go there, never into S3)."""
     job = opts.task
     if job is None:
@@ -74,8 +74,9 @@ def check(opts: RunOptions) -> TaskJob:
     if opts.max_runtime_minutes is None:
         raise UsageError("--detach needs a limit: nothing would end a detached run that never finishes",
                          "give --max-runtime (e.g. 8h), or drop --detach")
-    if opts.nodes != 1:
-        raise UsageError(f"--detach runs on one node, not {opts.nodes}", "drop --nodes, or drop --detach")
+    if opts.max_attempts is not None and opts.max_attempts < opts.nodes:
+        raise UsageError(f"--max-attempts {opts.max_attempts} is below --nodes {opts.nodes}: a detached run counts "
+                         "every instance it launches", f"give --max-attempts {opts.nodes} or more")
     parameters.check_values(secret_env(job))
     if opts.keep:
         raise UsageError("--keep has no meaning with --detach: the group ends when the job does", "drop --keep")
@@ -213,7 +214,7 @@ def start(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
         provision.check_s3_access(aws, job)
     boundary = check_boundary(aws, run_id, account, ui, secrets=bool(secret), extra=job.role_policy)
     limit_at = datetime.now(timezone.utc) + timedelta(minutes=opts.max_runtime_minutes or 0)
-    launches = opts.max_attempts or DEFAULT_LAUNCHES[opts.spot]
+    launches = opts.max_attempts or DEFAULT_LAUNCHES[opts.spot] * opts.nodes
     group = groups.name_of(run_id)
     s3 = aws.client("s3")
     with ui.phase("upload"):
@@ -236,6 +237,8 @@ def start(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
             cidr = network.ssh_cidr(opts.ssh_cidr, aws.checkip_url)
             key_name, _ = network.create_key_pair(aws.ec2, run_id, settings.owner, settings.keys_dir)
             sg = network.create_security_group(aws.ec2, run_id, settings.owner, cidr)
+            if opts.nodes > 1:  # the nodes reach each other (torchrun, NCCL), and nothing else does
+                network.allow_within_group(aws.ec2, sg)
             ami = provision.choose_image(aws, opts)
             spec = instances.LaunchSpec(
                 run_id=run_id, owner=settings.owner, name=opts.name or f"ec2gpu-{run_id}",

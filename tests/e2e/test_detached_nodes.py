@@ -1,0 +1,89 @@
+"""A detached run of two nodes in the sandbox (issue 30, "What the user gets" 3): torchrun over
+the Auto Scaling group's two instances, the worker interrupted with nobody watching; the group's
+replacement joins, both nodes start again from the head's checkpoint in S3 with the new
+SKYPILOT_NODE_IPS, and the run finishes; nothing of it is left."""
+import json
+import time
+
+import pytest
+
+from ec2gpu import api, cli
+from ec2gpu.aws import runstore
+
+from test_detached_run import _client, _nothing_left, _object, _wait  # same folder (pytest prepend import mode)
+
+pytestmark = pytest.mark.e2e
+
+STEPS = 40
+TRAIN = f'''import json, os, sys, time
+from pathlib import Path
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+ckpt = Path(os.environ["EC2GPU_CHECKPOINT_DIR"]) / "step.txt"
+start = int(ckpt.read_text()) if os.environ.get("EC2GPU_RESUME") == "1" and ckpt.exists() else 0
+print(f"rank {{rank}} of {{world}} starts at step {{start}}", flush=True)
+for step in range(start, {STEPS}):
+    t = torch.ones(1)
+    dist.all_reduce(t)  # every step needs both nodes
+    assert t.item() == world
+    time.sleep(0.5)
+    if rank == 0:
+        ckpt.parent.mkdir(parents=True, exist_ok=True)
+        ckpt.with_suffix(".tmp").write_text(str(step + 1))
+        ckpt.with_suffix(".tmp").replace(ckpt)
+        print(f"step {{step + 1}} world {{world}}", flush=True)
+if rank == 0:
+    out = Path(os.environ["EC2GPU_OUTPUT_DIR"])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps({{"world_size": world, "started_at_step": start,
+                                                  "ips": os.environ["SKYPILOT_NODE_IPS"].split()}}))
+dist.barrier()
+dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)
+'''
+TASK = """name: ddp-detached
+workdir: .
+run: |
+  python3 -m torch.distributed.run --nnodes "$SKYPILOT_NUM_NODES" --nproc-per-node 1 \\
+    --node-rank "$SKYPILOT_NODE_RANK" --master-addr "$EC2GPU_HEAD_IP" --master-port 29500 \\
+    --local-addr "$EC2GPU_NODE_IP" train.py
+nodes: 2
+"""
+
+
+def _gang(bucket: str, run_id: str) -> dict:
+    try:
+        return json.loads(_object(bucket, runstore.prefix(run_id) + "gang.json"))
+    except _client("s3").exceptions.NoSuchKey:
+        return {}
+
+
+def test_a_detached_run_of_two_nodes_restarts_both_when_one_is_replaced(sandbox_env, torchrun_port, tmp_path,
+                                                                        capsys):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "train.py").write_text(TRAIN)
+    (work / "task.yaml").write_text(TASK)
+    assert cli.main(["run", str(work / "task.yaml"), "--sandbox", "--detach", "--spot", "--max-runtime", "30m",
+                     "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    run_id, bucket = record["run_id"], record["bucket"]
+    _wait(run_id, ("running",), timeout_s=240)
+    first = _gang(bucket, run_id)
+    assert first["generation"] == 1 and len(first["members"]) == 2
+    time.sleep(6)  # a few steps in, each checkpointed by the head
+    api.sandbox_interrupt(first["members"][1], notice_seconds=10)  # the worker
+    done = _wait(run_id, ("succeeded", "failed", "cancelled"), timeout_s=400)
+    last = _gang(bucket, run_id)
+    log = _object(bucket, runstore.prefix(run_id) + "logs/job.log")
+    assert done["state"] == "succeeded" and done["interruptions"] == 1, f"{done} {last} {log[-3000:]}"
+    assert last["generation"] == 2 and last["reason"] == "interruption" and last["members"][0] == first["members"][0]
+    assert last["members"][1] != first["members"][1] and last["ips"][1] != first["ips"][1]
+    summary = json.loads(_object(bucket, runstore.prefix(run_id) + "outputs/summary.json"))
+    assert summary["world_size"] == 2 and summary["ips"] == last["ips"]  # the new SKYPILOT_NODE_IPS
+    assert 0 < summary["started_at_step"] < STEPS  # resumed from the head's checkpoint
+    assert done["launches"] == 3
+    left = _nothing_left(run_id)
+    assert not any(left.values()), left
