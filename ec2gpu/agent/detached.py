@@ -44,9 +44,10 @@ to the workdir, or null: RUN_DIR/checkpoints); ``max_restarts_on_errors`` (SkyPi
 job_recovery field, default 0); ``max_launches`` (instances launched for this run at most: a
 launch beyond it ends the group without running; default 10); ``group`` (must be
 ``ec2gpu-<run_id>``, aws/groups.name_of); ``nodes`` (1-64: the group's size; above 1 the nodes run
-the job together, agent/gang.py, and ``max_launches`` counts every node's launches); ``limit_at`` (POSIX seconds or null: the job gets SIGTERM
-then, agent.py --limit-at, and is not restarted); ``limit_grace_s`` (seconds from limit_at to
-the instance's end, default 120); ``gpus_limit`` (int or null: the GPUs the job may use when
+the job together, agent/gang.py, and ``max_launches`` counts every node's launches); ``limit_at``
+(POSIX seconds or null: the job gets SIGTERM then, agent.py --limit-at, and is not restarted);
+``limit_grace_s`` (seconds from limit_at to the instance's end, default 120);
+``gpus_limit`` (int or null: the GPUs the job may use when
 the instance has more, resources.allow_larger); ``python`` (absolute path or null: EC2GPU_PYTHON;
 null: the Deep Learning AMI's PyTorch Python when there, else python3); ``mounts`` (list, default []:
 the task's file_mounts, runs/detached/launch.mounts_document: each ``target`` ``~/PATH`` or
@@ -807,6 +808,7 @@ class Detached:
         self.next_nodes_read = 0.0
         self.log_base = b""  # several: the run's log before this instance became the head
         self.stale_s = gang.STALE_S
+        self.unhealthy: set[str] = set()  # members set Unhealthy by this instance (replace_silent)
 
     # -- the record
     def now(self) -> str:
@@ -1447,7 +1449,8 @@ class Detached:
                 modified = o["LastModified"]
                 if (now - modified).total_seconds() > self.stale_s:
                     found[iid] = {"instance_id": iid, "ip": "0.0.0.0", "booted_at": "", "state": "leaving",
-                                  "generation": 0, "outcome": None, "exit_code": None, "modified": modified}
+                                  "generation": 0, "outcome": None, "exit_code": None, "modified": modified,
+                                  "stale": True}
                     continue
                 try:
                     rec = gang.parse_node(self.store.get_json(f"nodes/{iid}.json", gang.MAX_NODE_BYTES), iid, modified)
@@ -1553,7 +1556,9 @@ class Detached:
                 g, etag = self.read_gang()
                 if g is not None and g["generation"] > last and self.iid in g["members"]:
                     return g
-                new = gang.propose(g, self.read_nodes(), self.spec["nodes"], datetime.now(timezone.utc), self.stale_s)
+                records = self.read_nodes()
+                self.replace_silent(g, records)
+                new = gang.propose(g, records, self.spec["nodes"], datetime.now(timezone.utc), self.stale_s)
                 if new is not None:
                     self.form(new, etag)
                     continue
@@ -1562,6 +1567,22 @@ class Detached:
             except Exception as exc:  # S3 out of reach for a moment: tried again
                 self.log(f"waiting for the next generation: {type(exc).__name__}: {exc}"[:300])
             self.sleep(self.poll_s)
+
+    def replace_silent(self, g: dict[str, Any] | None, records: dict[str, dict[str, Any]]) -> None:
+        """Each member of ``g`` whose record went stale (its agent silent: the instance may run on,
+        and would hold the group's place until the deadline) set Unhealthy, once: the group
+        terminates and replaces it (aws/iam.detached_policy's ReplaceOwnNodes). One already gone
+        is refused by Auto Scaling; said, not raised."""
+        for iid in gang.lost_members(g, records, datetime.now(timezone.utc), self.stale_s):
+            rec = records.get(iid)
+            if iid in self.unhealthy or (rec is not None and not rec.get("stale")):
+                continue  # asked already, or leaving by its own word (a spot notice: AWS ends it)
+            self.unhealthy.add(iid)
+            try:
+                self.asg.set_instance_health(InstanceId=iid, HealthStatus="Unhealthy", ShouldRespectGracePeriod=False)
+                self.log(f"{iid} has been silent over {self.stale_s:.0f} s: set Unhealthy, the group replaces it")
+            except Exception as exc:
+                self.log(f"{iid} not set Unhealthy: {type(exc).__name__}: {exc}"[:300])
 
     def finish_several(self, state: str, reason: str | None) -> int:
         """The end, by the head (outputs, checkpoints, log: finish) or by another node (end_several)."""

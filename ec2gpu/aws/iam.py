@@ -208,7 +208,7 @@ def check_run_id(run_id: str) -> str:
 
 
 def detached_policy(bucket: str, run_id: str, group_name: str, region: str, account_id: str,
-                    secrets: bool = False) -> dict[str, Any]:
+                    secrets: bool = False, several: bool = False) -> dict[str, Any]:
     """The inline policy of a detached run's instance role (pure): the agent may read and write
     its own run's objects, list its own run's prefix, and end its own Auto Scaling group; nothing
     else (issue 30, item 6). Give it to ``create_run_role`` as ``policy`` (with a file_mounts
@@ -247,6 +247,12 @@ def detached_policy(bucket: str, run_id: str, group_name: str, region: str, acco
     - "LowerOwnGroup": autoscaling:SetDesiredCapacity on the same group, same tag. The group's
       MaxSize bounds it (the run's size, or 0 once ended), which only the user's credentials and
       the deadline action set.
+    - With ``several`` (a run of several nodes: agent/gang.py), "ReplaceOwnNodes":
+      autoscaling:SetInstanceHealth on the same group, same tag: a node whose agent has gone
+      silent while its instance runs is set Unhealthy by another, and the group terminates and
+      replaces it ("Amazon EC2 Auto Scaling terminates and replaces the unhealthy instance":
+      https://docs.aws.amazon.com/autoscaling/ec2/APIReference/API_SetInstanceHealth.html). Any
+      instance of its own group only; the launch cap and the deadline still bound the launches.
     - With ``secrets`` (the run carries --secret values: aws/parameters.py), "ReadOwnSecrets":
       ssm:GetParameters on ``arn:aws:ssm:REGION:ACCOUNT:parameter/ec2gpu/runs/RUN_ID/*`` only
       (a parameter's ARN is its path: https://docs.aws.amazon.com/systems-manager/latest/userguide/sysman-paramstore-access.html).
@@ -259,7 +265,8 @@ def detached_policy(bucket: str, run_id: str, group_name: str, region: str, acco
     and for Amazon EC2 Auto Scaling
     (https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazonec2autoscaling.html:
     the autoScalingGroup resource type and its ARN; autoscaling:ResourceTag/${TagKey},
-    autoscaling:MinSize and autoscaling:MaxSize on UpdateAutoScalingGroup).
+    autoscaling:MinSize and autoscaling:MaxSize on UpdateAutoScalingGroup; SetInstanceHealth on
+    autoScalingGroup, with autoscaling:ResourceTag/${TagKey}).
     autoscaling:DescribeAutoScalingGroups is left out: it has no resource-level permissions (that
     reference lists no resource type for it, so it could only be granted on ``*``), and it would
     show every group of the account and region, their tags (other runs' ids and owners),
@@ -301,6 +308,9 @@ def detached_policy(bucket: str, run_id: str, group_name: str, region: str, acco
         {"Sid": "LowerOwnGroup", "Effect": "Allow", "Action": ["autoscaling:SetDesiredCapacity"], "Resource": group,
          "Condition": {"StringEquals": tagged}},
     ]
+    if several:
+        statements.append({"Sid": "ReplaceOwnNodes", "Effect": "Allow", "Action": ["autoscaling:SetInstanceHealth"],
+                           "Resource": group, "Condition": {"StringEquals": tagged}})
     if secrets:
         statements.append({"Sid": "ReadOwnSecrets", "Effect": "Allow", "Action": ["ssm:GetParameters"],
                            "Resource": f"{arn}:ssm:{region}:{account_id}:parameter/ec2gpu/runs/{run_id}/*"})

@@ -29,6 +29,9 @@ only, ``install()`` and ``Scaler.reconcile()``, run by the daemon's loop) a grou
   https://docs.aws.amazon.com/autoscaling/ec2/userguide/ec2-auto-scaling-capacity-rebalancing.html
   (moto replaces synchronously inside TerminateInstances only; here every cause takes the same path.)
   A group with more instances than its desired capacity terminates the extra ones (scale in).
+  An instance set Unhealthy (SetInstanceHealth) is terminated and replaced the same way: "Amazon EC2
+  Auto Scaling terminates and replaces the unhealthy instance"
+  (https://docs.aws.amazon.com/autoscaling/ec2/APIReference/API_SetInstanceHealth.html).
 - **capacity rebalancing**: in a group with CapacityRebalance on, a spot instance that received a
   rebalance recommendation (`ec2gpu sandbox interrupt --rebalance`) gets a replacement launched at
   once, above the desired capacity if need be; when the replacement is running the at-risk instance
@@ -359,6 +362,13 @@ class Scaler:
             inst, state = s.instance, s.instance.state
             if s.lifecycle_state not in ("Pending", "InService"):
                 continue  # Standby, Detaching...: outside the health checks
+            if s.health_status == "Unhealthy" and state in HEALTHY:  # SetInstanceHealth: terminated, replaced
+                group.instance_states.remove(s)
+                self.rebalancing.pop(inst.id, None)
+                group.ec2_backend.terminate_instances([inst.id])
+                log(f"{group.name}: {inst.id} was set Unhealthy: terminated, taken out of the group")
+                self.short_since.setdefault(group.arn, time.monotonic())
+                continue
             if state in HEALTHY:
                 s.lifecycle_state = "Pending" if state == "pending" else "InService"
                 if inst.id in at_risk and inst.lifecycle == "spot" and inst.id not in self.rebalancing \

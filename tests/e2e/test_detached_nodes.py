@@ -60,8 +60,11 @@ def _gang(bucket: str, run_id: str) -> dict:
         return {}
 
 
+@pytest.mark.parametrize("lost", [1, 0], ids=["worker", "head"])
 def test_a_detached_run_of_two_nodes_restarts_both_when_one_is_replaced(sandbox_env, torchrun_port, tmp_path,
-                                                                        capsys):
+                                                                        capsys, lost):
+    """``lost``: the rank of the node interrupted. The head lost, the worker heads the next
+    generation and carries the run's record and log on."""
     work = tmp_path / "work"
     work.mkdir()
     (work / "train.py").write_text(TRAIN)
@@ -74,13 +77,16 @@ def test_a_detached_run_of_two_nodes_restarts_both_when_one_is_replaced(sandbox_
     first = _gang(bucket, run_id)
     assert first["generation"] == 1 and len(first["members"]) == 2
     time.sleep(6)  # a few steps in, each checkpointed by the head
-    api.sandbox_interrupt(first["members"][1], notice_seconds=10)  # the worker
+    api.sandbox_interrupt(first["members"][lost], notice_seconds=10)
     done = _wait(run_id, ("succeeded", "failed", "cancelled"), timeout_s=400)
     last = _gang(bucket, run_id)
     log = _object(bucket, runstore.prefix(run_id) + "logs/job.log")
     assert done["state"] == "succeeded" and done["interruptions"] == 1, f"{done} {last} {log[-3000:]}"
-    assert last["generation"] == 2 and last["reason"] == "interruption" and last["members"][0] == first["members"][0]
-    assert last["members"][1] != first["members"][1] and last["ips"][1] != first["ips"][1]
+    kept = first["members"][1 - lost]
+    assert last["generation"] == 2 and last["reason"] == "interruption" and last["members"][0] == kept
+    assert first["members"][lost] not in last["members"] and first["ips"][lost] not in last["ips"]
+    assert done["instance_id"] == kept  # the head of generation 2 wrote the end
+    assert "starts at step 0" in log and "step 1 world 2" in log  # generation 1's head's log, carried on
     summary = json.loads(_object(bucket, runstore.prefix(run_id) + "outputs/summary.json"))
     assert summary["world_size"] == 2 and summary["ips"] == last["ips"]  # the new SKYPILOT_NODE_IPS
     assert 0 < summary["started_at_step"] < STEPS  # resumed from the head's checkpoint

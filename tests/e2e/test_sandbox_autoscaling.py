@@ -226,6 +226,12 @@ def test_a_group_instance_is_a_whole_instance_and_a_terminated_one_is_replaced(r
     second, ran = run.replaced(first["InstanceId"])
     assert_whole_instance(run, second, ran)
 
+    # set Unhealthy (a detached run's node whose agent went silent: agent/gang.py): replaced too
+    run.asg.set_instance_health(InstanceId=second["InstanceId"], HealthStatus="Unhealthy",
+                                ShouldRespectGracePeriod=False)
+    third, ran = run.replaced(second["InstanceId"])
+    assert_whole_instance(run, third, ran)
+
 
 def test_a_spot_interruption_and_a_shutdown_from_inside_are_replaced(run):
     run.create()

@@ -11,7 +11,10 @@ import pytest
 
 from ec2gpu.agent import detached, gang
 
-from test_agent_detached import BUCKET, PREFIX, RUN_ID, aws, get, group_size, make, moto, put_spec, status  # noqa: F401
+import test_agent_detached as base  # same folder (pytest prepend import mode)
+from test_agent_detached import BUCKET, PREFIX, get, group_size, make, put_spec, status
+
+moto, aws = base.moto, base.aws  # its fixtures: S3 and Auto Scaling from moto, once for the module
 
 NOW = datetime(2026, 11, 27, 12, 0, tzinfo=timezone.utc)
 
@@ -177,3 +180,42 @@ def test_a_node_beyond_the_launch_cap_ends_the_run(aws, tmp_path):
     st = status(aws)
     assert st["state"] == "failed" and "beyond max_launches 2" in st["reason"] and group_size(aws) == (0, 0, 0)
     assert detached.STATUS_FIELDS  # the record a single node writes is unchanged (test_agent_detached)
+
+
+class RecordingGroup:
+    """The Auto Scaling client, with SetInstanceHealth calls recorded (moto's group has no such
+    instance: the sandbox test replaces one for real, tests/e2e/test_sandbox_autoscaling.py)."""
+
+    def __init__(self, real):
+        self.real, self.unhealthy = real, []
+
+    def set_instance_health(self, **kw):
+        self.unhealthy.append((kw["InstanceId"], kw["HealthStatus"], kw["ShouldRespectGracePeriod"]))
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+def test_a_silent_member_is_set_unhealthy_and_the_next_generation_runs_without_it(aws, tmp_path, monkeypatch):
+    """Generation 1 names i-dead, whose record stopped (its agent died, its instance ran on): once
+    its record is stale, a node sets it Unhealthy (the group replaces it) and the next generation
+    forms with the live nodes."""
+    monkeypatch.setattr(gang, "HEARTBEAT_S", 0.2)  # the live nodes' records stay fresh under a 1.5 s stale time
+    put_spec(aws, nodes=2, run='echo "rank $SKYPILOT_NODE_RANK of $(echo $SKYPILOT_NODE_IPS)"')
+    aws.s3.put_object(Bucket=BUCKET, Key=f"{PREFIX}nodes/i-dead.json",
+                      Body=json.dumps({"instance_id": "i-dead", "ip": "10.0.0.9", "state": "running",
+                                       "generation": 1}).encode())
+    aws.s3.put_object(Bucket=BUCKET, Key=f"{PREFIX}gang.json", Body=json.dumps(
+        {"generation": 1, "members": ["i-0a", "i-dead"], "ips": ["10.0.0.1", "10.0.0.9"], "reason": "start"}).encode())
+    time.sleep(2)
+    a, c = node(aws, tmp_path, "i-0a", "10.0.0.1"), node(aws, tmp_path, "i-0c", "10.0.0.3")
+    groups = RecordingGroup(aws.asg)
+    for run in (a, c):
+        run.stale_s, run.asg = 1.5, groups
+    assert run_nodes(a, c) == [0, 0]
+    assert ("i-dead", "Unhealthy", False) in groups.unhealthy and len(groups.unhealthy) == 1
+    g = json.loads(get(aws, "gang.json"))
+    assert (g["generation"], g["members"], g["reason"]) == (2, ["i-0a", "i-0c"], "interruption")
+    st = status(aws)
+    assert (st["state"], st["interruptions"], st["generation"]) == ("succeeded", 1, 2)
+    assert "rank 0 of 10.0.0.1 10.0.0.3" in get(aws, "logs/job.log")

@@ -369,6 +369,8 @@ def test_parliament_finds_nothing_in_the_detached_policy():
 
     assert analyze_policy_string(json.dumps(POLICY)).findings == []
     assert analyze_policy_string(json.dumps(SECRETS_POLICY)).findings == []
+    several = iam.detached_policy(BUCKET, RUN, GROUP, REGION, ACCOUNT, several=True)
+    assert analyze_policy_string(json.dumps(several)).findings == []
     for region in ("eu-west-1", "ap-northeast-1"):
         assert _above_low(json.dumps(iam.detached_policy(f"ec2gpu-{ACCOUNT}-{region}", OTHER, groups.name_of(OTHER),
                                                          region, ACCOUNT))) == []
@@ -449,3 +451,20 @@ def test_the_boundary_holds_a_role_to_its_own_runs_secrets_whatever_the_inline_p
         assert not allowed(wide, SECRET_REFUSED[what], _boundary()), what
     user = json.loads((DOCS / "iam-policy.json").read_text())
     assert allowed(user, secret("HF_TOKEN"))  # what the boundary lets a role read, the user may read
+
+
+def test_a_run_of_several_nodes_may_set_its_own_groups_instances_unhealthy_and_nothing_more():
+    """agent/gang.py: a node whose agent went silent while its instance runs is set Unhealthy by
+    another, and the group replaces it. A run of one node gets no such statement."""
+    several = iam.detached_policy(BUCKET, RUN, GROUP, REGION, ACCOUNT, several=True)
+    mine = group("autoscaling:SetInstanceHealth")
+    assert allowed(several, mine) and allowed(several, mine, _boundary())
+    assert not allowed(POLICY, mine)
+    for other in (group("autoscaling:SetInstanceHealth", groups.name_of(OTHER), tag=OTHER),
+                  group("autoscaling:SetInstanceHealth", tag=None), group("autoscaling:SetInstanceHealth", "web-asg")):
+        assert not allowed(several, other)
+    assert not allowed(WIDE, group("autoscaling:SetInstanceHealth", run=OTHER), _boundary())
+    assert [s for s in several["Statement"] if s["Sid"] not in [t["Sid"] for t in POLICY["Statement"]]] == [
+        {"Sid": "ReplaceOwnNodes", "Effect": "Allow", "Action": ["autoscaling:SetInstanceHealth"],
+         "Resource": f"arn:aws:autoscaling:{REGION}:{ACCOUNT}:autoScalingGroup:*:autoScalingGroupName/{GROUP}",
+         "Condition": {"StringEquals": {"autoscaling:ResourceTag/ec2gpu:run": RUN}}}]

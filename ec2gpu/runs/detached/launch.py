@@ -212,7 +212,8 @@ def start(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
     secret = secret_env(job)
     if any(m.kind == "s3" for m in job.mounts):  # before anything is made: sources there, buckets readable
         provision.check_s3_access(aws, job)
-    boundary = check_boundary(aws, run_id, account, ui, secrets=bool(secret), extra=job.role_policy)
+    boundary = check_boundary(aws, run_id, account, ui, secrets=bool(secret), extra=job.role_policy,
+                              several=opts.nodes > 1)
     limit_at = datetime.now(timezone.utc) + timedelta(minutes=opts.max_runtime_minutes or 0)
     launches = opts.max_attempts or DEFAULT_LAUNCHES[opts.spot] * opts.nodes
     group = groups.name_of(run_id)
@@ -226,7 +227,8 @@ def start(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
     try:
         with ui.phase("requesting"):
             made = True
-            profile = _role(aws, settings, run_id, bucket, account, boundary, bool(secret), job.role_policy)
+            profile = _role(aws, settings, run_id, bucket, account, boundary, bool(secret), job.role_policy,
+                            several=opts.nodes > 1)
             if job.buckets_to_make:
                 from ...aws import storage
                 storage.make_buckets(s3, job.buckets_to_make, aws.region, settings.owner, ui.note)
@@ -300,7 +302,7 @@ def _upload(s3: Any, bucket: str, run_id: str, job: TaskJob, spec: dict[str, Any
 
 
 def check_boundary(aws: Aws, run_id: str, account: str, ui: ReporterLike, secrets: bool = False,
-                   extra: dict[str, Any] | None = None) -> str | None:
+                   extra: dict[str, Any] | None = None, several: bool = False) -> str | None:
     """The account's permissions boundary for run roles (aws/iam.boundary_arn; None without one),
     checked before anything is made: a boundary from an older ec2gpu that lacks an action the
     run's role needs (aws/iam.boundary_gaps; reading its own secrets too with ``secrets``, and the
@@ -312,7 +314,7 @@ def check_boundary(aws: Aws, run_id: str, account: str, ui: ReporterLike, secret
     boundary = iam.boundary_arn(client, account)
     if boundary is None:
         return None
-    policy = role_policy("ec2gpu-bucket", run_id, aws.region, account, secrets, extra)
+    policy = role_policy("ec2gpu-bucket", run_id, aws.region, account, secrets, extra, several)
     gaps = iam.boundary_gaps(client, boundary, policy)
     if gaps is None:
         ui.note(f"warning: the permissions boundary {boundary} could not be read (iam:GetPolicyVersion); "
@@ -327,21 +329,21 @@ def check_boundary(aws: Aws, run_id: str, account: str, ui: ReporterLike, secret
 
 
 def role_policy(bucket: str, run_id: str, region: str, account: str, secrets: bool,
-                mounts_policy: dict[str, Any] | None) -> dict[str, Any]:
+                mounts_policy: dict[str, Any] | None, several: bool = False) -> dict[str, Any]:
     """The run role's inline policy (pure): aws/iam.detached_policy (its own secrets too with
     ``secrets``), with ``mounts_policy``'s statements (its file_mounts: aws/iam.s3_policy) when it
     has one. Raises UsageError as detached_policy and combined do."""
-    policy = iam.detached_policy(bucket, run_id, groups.name_of(run_id), region, account, secrets)
+    policy = iam.detached_policy(bucket, run_id, groups.name_of(run_id), region, account, secrets, several)
     return policy if mounts_policy is None else iam.combined(policy, mounts_policy)
 
 
 def _role(aws: Aws, settings: Settings, run_id: str, bucket: str, account: str,
-          boundary: str | None, secrets: bool, mounts_policy: dict[str, Any] | None) -> str:
+          boundary: str | None, secrets: bool, mounts_policy: dict[str, Any] | None, several: bool = False) -> str:
     """The run's own instance role and profile (aws/iam.detached_policy, with its own secrets'
     parameters when ``secrets``, and ``mounts_policy``'s statements: its file_mounts' prefixes,
     aws/iam.s3_policy) under ``boundary``; its name."""
     client = aws.client("iam")
-    policy = role_policy(bucket, run_id, aws.region, account, secrets, mounts_policy)
+    policy = role_policy(bucket, run_id, aws.region, account, secrets, mounts_policy, several)
     return iam.create_run_role(client, run_id, settings.owner, policy, region=aws.region, boundary=boundary)
 
 
