@@ -245,7 +245,8 @@ def test_the_accounts_permissions_boundary_is_found_and_given_to_the_role(aws, i
     assert allowed == {"s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload", "s3:ListBucket",
                        "s3:GetBucketLocation", "autoscaling:UpdateAutoScalingGroup", "autoscaling:SetDesiredCapacity",
                        "s3:DeleteObject",  # a detached run's own checkpoints/ only
-                       "ssm:GetParameters"}  # a detached run's own secrets only
+                       "ssm:GetParameters",  # a detached run's own secrets only
+                       "autoscaling:SetInstanceHealth"}  # a run of several nodes': its own group's instances
 
 
 RUN = "20261125-100000-ab12"
@@ -336,9 +337,17 @@ def test_a_boundary_from_an_older_ec2gpu_is_refused_before_a_detached_run_makes_
             launch.check_boundary(aws, RUN, account, ui)
         assert f"create-policy-version --policy-arn {arn}" in refused.value.hint
         assert iam.list_roles(PathPrefix="/ec2gpu/")["Roles"] == []  # nothing made
+        # a boundary from before runs of several nodes: one node still runs, several are refused
+        no_health = {**doc, "Statement": [s for s in doc["Statement"]
+                                          if s["Action"] != ["autoscaling:SetInstanceHealth"]]}
+        iam.create_policy_version(PolicyArn=arn, PolicyDocument=json.dumps(no_health), SetAsDefault=True)
+        assert launch.check_boundary(aws, RUN, account, ui) == arn
+        with pytest.raises(UsageError, match="does not allow autoscaling:SetInstanceHealth"):
+            launch.check_boundary(aws, RUN, account, ui, several=True)
         iam.create_policy_version(PolicyArn=arn, PolicyDocument=json.dumps(doc), SetAsDefault=True)
         assert roles.boundary_gaps(iam, arn, policy) == []
         assert launch.check_boundary(aws, RUN, account, ui) == arn
+        assert launch.check_boundary(aws, RUN, account, ui, several=True) == arn
         wide = {**doc, "Statement": [{"Effect": "Allow", "Action": ["s3:*", "AutoScaling:Set*", "autoscaling:Update*"],
                                       "Resource": "*"}]}
         iam.create_policy_version(PolicyArn=arn, PolicyDocument=json.dumps(wide), SetAsDefault=True)
