@@ -117,6 +117,7 @@ group's deadline action is what bounds a run whose job is hostile.
 from __future__ import annotations
 
 import argparse
+import email.utils
 import fnmatch
 import hmac
 import importlib
@@ -135,7 +136,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
 if __package__:  # in the package (tests, the controller)
@@ -202,6 +203,7 @@ class Conflict(Exception):
 CONFLICT_CODES = ("PreconditionFailed", "412", "ConditionalRequestConflict", "409", "NoSuchKey", "404")
 CONFLICT_TRIES = 5  # status.json writes tried again after a conflict that does not supersede this launch
 END_SAVE_TRIES = 8  # the run's end written to status.json before its group is ended (Detached.end): ~4 min
+IMDS_TRIES = 5  # several nodes: the metadata service asked this often (2 s apart) for the private address
 SETTLE_S = 60.0  # several nodes: the others' jobs awaited this long after the head's failed (Detached.settle)
 
 
@@ -809,6 +811,8 @@ class Detached:
         self.log_base = b""  # several: the run's log before this instance became the head
         self.stale_s = gang.STALE_S
         self.unhealthy: set[str] = set()  # members set Unhealthy by this instance (replace_silent)
+        self.peer_failed = False  # the job was stopped because a member's failed (watch)
+        self.s3_clock = (datetime.now(timezone.utc), time.monotonic())  # S3's Date, when (s3_now)
 
     # -- the record
     def now(self) -> str:
@@ -1417,8 +1421,11 @@ class Detached:
     # -- several nodes (agent/gang.py's rules)
     def node_write(self, **changes: Any) -> None:
         """This instance's record (nodes/ID.json) with ``changes``, written now (under the lock the
-        heartbeat takes too, so an older body never lands after a newer one); errors said."""
+        heartbeat takes too, so an older body never lands after a newer one); errors said. A record
+        that says "leaving" (a spot notice) stays so: this instance is never a member again."""
         with self.node_lock:
+            if self.node.get("state") == "leaving":
+                changes.pop("state", None)
             self.node.update(changes)
             try:
                 self.store.put_json(f"nodes/{self.iid}.json", self.node)
@@ -1433,14 +1440,27 @@ class Detached:
                 self.node_write()
         threading.Thread(target=beat, name="heartbeat", daemon=True).start()
 
+    def s3_now(self) -> datetime:
+        """Now by S3's clock (the Date of its last listing answer, plus the time since): what the
+        records' LastModified is compared with, so a skewed instance clock decides nothing."""
+        at, then = self.s3_clock
+        return at + timedelta(seconds=time.monotonic() - then)
+
     def read_nodes(self) -> dict[str, dict[str, Any]]:
         """The run's node records (gang.parse_node each; one listing, then a GET for each record S3
-        wrote within the stale time: the older are of instances gone, and read as such)."""
+        wrote within the stale time). An older one is of an instance gone silent: its last record
+        read here is kept (marked ``stale``), so a member that ended its job and then went counts
+        by its end (gang.decide)."""
         base = self.store.key("nodes") + "/"
-        now = datetime.now(timezone.utc)
         found: dict[str, dict[str, Any]] = {}
         seen = 0
         for page in self.store.s3.get_paginator("list_objects_v2").paginate(Bucket=self.store.bucket, Prefix=base):
+            date = page.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+            try:
+                self.s3_clock = (email.utils.parsedate_to_datetime(date), time.monotonic())
+            except (TypeError, ValueError):
+                self.s3_clock = (datetime.now(timezone.utc), time.monotonic())
+            now = self.s3_now()
             for o in page.get("Contents", []):
                 seen += 1
                 iid = o["Key"][len(base):].removesuffix(".json")
@@ -1448,9 +1468,10 @@ class Detached:
                     continue
                 modified = o["LastModified"]
                 if (now - modified).total_seconds() > self.stale_s:
-                    found[iid] = {"instance_id": iid, "ip": "0.0.0.0", "booted_at": "", "state": "leaving",
-                                  "generation": 0, "outcome": None, "exit_code": None, "modified": modified,
-                                  "stale": True}
+                    last = self.records.get(iid) or {"instance_id": iid, "ip": "0.0.0.0", "booted_at": "",
+                                                     "state": "leaving", "generation": 0, "outcome": None,
+                                                     "exit_code": None}
+                    found[iid] = {**last, "modified": modified, "stale": True}
                     continue
                 try:
                     rec = gang.parse_node(self.store.get_json(f"nodes/{iid}.json", gang.MAX_NODE_BYTES), iid, modified)
@@ -1472,10 +1493,13 @@ class Detached:
 
     def form(self, new: dict[str, Any], etag: str | None) -> bool:
         """Write generation ``new`` over the gang.json of ``etag`` (none: where there is none);
-        False when another instance wrote one first (it is joined instead)."""
+        False when another instance wrote one first (it is joined instead), or S3 did not answer."""
         try:
             self.store.put_json("gang.json", new, if_match=etag, if_absent=etag is None)
         except Conflict:
+            return False
+        except Exception as exc:
+            self.log(f"generation {new['generation']} not formed: {type(exc).__name__}: {exc}"[:300])
             return False
         self.log(f"generation {new['generation']} formed ({new['reason']}): {', '.join(new['members'])}")
         return True
@@ -1485,7 +1509,7 @@ class Detached:
         (the times the run's cost is settled from: runs/detached/costs.py)."""
         out = []
         for i, r in enumerate(sorted(records.values(), key=lambda r: (r["booted_at"], r["instance_id"]))):
-            if r["ip"] == "0.0.0.0" and not r["booted_at"]:  # stale, unread: kept as the record had it
+            if r["ip"] == "0.0.0.0" and not r["booted_at"]:  # stale, never read: kept as the record had it
                 old = [x for x in self.status["instances"] if x.get("instance_id") == r["instance_id"]]
                 if old:
                     out.append({**old[-1], "launch": i + 1})
@@ -1512,17 +1536,25 @@ class Detached:
         return self.end(state, reason)
 
     def watch(self) -> str | None:
-        """While the job runs: why it must stop (its generation is no longer gang.json's, or a
-        member is no longer live: read every gang.HEARTBEAT_S seconds), else None."""
+        """While the job runs: why it must stop (its generation is no longer gang.json's, a member
+        is no longer live, or a member's job failed in it: read every gang.HEARTBEAT_S seconds),
+        else None. A gang.json that cannot be read is not a reason (S3 for a moment, or a hostile
+        write: the members' records decide)."""
         try:
             g, _ = self.read_gang()
-            if g is None or g["generation"] != self.generation:
-                return f"generation {g['generation'] if g else '?'} replaced {self.generation}"
+            if g is not None and g["generation"] != self.generation:
+                return f"generation {g['generation']} replaced {self.generation}"
             if self.clock() >= self.next_nodes_read:
                 self.next_nodes_read = self.clock() + gang.HEARTBEAT_S
-                lost = gang.lost_members(self.gang, self.read_nodes(), datetime.now(timezone.utc), self.stale_s)
+                records = self.read_nodes()
+                lost = gang.lost_members(self.gang, records, self.s3_now(), self.stale_s)
                 if lost:
                     return f"{', '.join(lost)} of generation {self.generation} is gone"
+                failed = [m for m in (self.gang or {}).get("members", []) if records[m]["generation"] == self.generation
+                          and records[m]["state"] == "ended" and records[m]["outcome"] == "failed"]
+                if failed:
+                    self.peer_failed = True
+                    return f"the job failed on {', '.join(failed)}"
         except Exception as exc:  # S3 out of reach for a moment: the job goes on
             self.log(f"the generation not checked: {type(exc).__name__}: {exc}"[:300])
         return None
@@ -1533,12 +1565,21 @@ class Detached:
         except Exception as exc:
             self.log(f"log not uploaded: {type(exc).__name__}: {exc}"[:300])
 
-    def join(self, last: int) -> dict[str, Any] | int:
+    def head_live(self, g: dict[str, Any] | None) -> bool:
+        """Whether ``g``'s head (rank 0) is another instance whose record is live: its word (the
+        run's end, with its outputs) is awaited rather than given here."""
+        if g is None or g["members"][0] == self.iid:
+            return False
+        return gang.is_live(self.records.get(g["members"][0]), self.s3_now(), self.stale_s)
+
+    def join(self, last: int, stopped: bool = False) -> dict[str, Any] | int:
         """Wait for a generation after ``last`` that names this instance, forming it (gang.propose)
         when it is this instance's to form; returns it, or this process's exit code when the run
         ended (its record's end: the group is ended again, harmless), was cancelled or ran out of
-        time (the head's word awaited for up to 2 min first, then recorded here)."""
-        word_by = None
+        time. The end is the head's to give (with the outputs): recorded here only when this
+        instance is the head of the latest generation, or that head has gone silent.
+        ``stopped``: this instance stopped its job in ``last`` for a member that was lost; when
+        that member is back and no one formed a generation since, the same members regroup."""
         while True:
             try:
                 self.status = parse_status(self.store.get_json("status.json", MAX_STATUS_BYTES), self.run_id,
@@ -1547,20 +1588,25 @@ class Detached:
                     self.node_write(state="ended")
                     self.end_group()
                     return 0
-                over = self.spec["limit_at"] is not None and self.clock() >= self.spec["limit_at"]
-                if self.cancelled() or over:
-                    word_by = word_by or self.clock() + 120
-                    if self.writer or self.clock() >= word_by:
-                        return self.finish_several("cancelled" if not over else "failed",
-                                                   "cancelled" if not over else "the run's time limit")
                 g, etag = self.read_gang()
+                records = self.read_nodes()
+                over = self.spec["limit_at"] is not None and self.clock() >= self.spec["limit_at"]
+                if over or self.cancelled():
+                    if not self.head_live(g):
+                        self.writer = g is not None and g["members"][0] == self.iid
+                        return self.finish_several("failed" if over else "cancelled",
+                                                   "the run's time limit" if over else "cancelled")
+                    self.sleep(self.poll_s)  # the head's word is awaited
+                    continue
                 if g is not None and g["generation"] > last and self.iid in g["members"]:
                     return g
-                records = self.read_nodes()
                 self.replace_silent(g, records)
-                new = gang.propose(g, records, self.spec["nodes"], datetime.now(timezone.utc), self.stale_s)
-                if new is not None:
-                    self.form(new, etag)
+                now = self.s3_now()
+                new = gang.propose(g, records, self.spec["nodes"], now, self.stale_s, floor=last)
+                if new is None and stopped and (g is None or g["generation"] == last) and self.iid in (g or {}).get(
+                        "members", []):
+                    new = gang.propose(g, records, self.spec["nodes"], now, self.stale_s, restart="regroup", floor=last)
+                if new is not None and self.form(new, etag):
                     continue
             except (Refused, Conflict) as exc:
                 self.log(f"waiting for the next generation: {exc}"[:300])
@@ -1573,7 +1619,7 @@ class Detached:
         and would hold the group's place until the deadline) set Unhealthy, once: the group
         terminates and replaces it (aws/iam.detached_policy's ReplaceOwnNodes). One already gone
         is refused by Auto Scaling; said, not raised."""
-        for iid in gang.lost_members(g, records, datetime.now(timezone.utc), self.stale_s):
+        for iid in gang.lost_members(g, records, self.s3_now(), self.stale_s):
             rec = records.get(iid)
             if iid in self.unhealthy or (rec is not None and not rec.get("stale")):
                 continue  # asked already, or leaving by its own word (a spot notice: AWS ends it)
@@ -1588,7 +1634,7 @@ class Detached:
         """The end, by the head (outputs, checkpoints, log: finish) or by another node (end_several)."""
         return self.finish(state, reason) if self.writer else self.end_several(state, reason)
 
-    def lead(self, g: dict[str, Any], found: int) -> None:
+    def lead(self, g: dict[str, Any]) -> None:
         """This instance is generation ``g``'s head: status.json read again (the previous head's, if
         another), counted (an interruption, when ``g`` replaced a lost member), and written."""
         self.read_nodes()
@@ -1601,8 +1647,9 @@ class Detached:
         last = st["attempts"][-1] if st["attempts"] else None
         if g["reason"] == "interruption":
             st["interruptions"] += 1
-            if last and last.get("outcome") == "running":
-                last.update(outcome="interrupted", ended_at=st.get("heartbeat_at"))
+        if last and last.get("outcome") == "running":  # its head went before it could say
+            last.update(outcome="interrupted" if g["reason"] == "interruption" else "regroup",
+                        ended_at=st.get("heartbeat_at"))
         if self.log_base == b"" and st.get("instance_id") not in (None, self.iid):  # the run's log so far
             try:
                 self.log_base = self.store.get_bytes("logs/job.log", LOG_MAX) or b""
@@ -1611,7 +1658,27 @@ class Detached:
         self.launch = len(self.records)
         self.log_sent = None  # a worker's last upload was its own log's, not the run's
         st.update(launches=len(self.records), instance_id=self.iid, state="starting")
-        self.try_save()
+        self.save()
+
+    def await_head(self, g: dict[str, Any]) -> bool:
+        """A worker of generation ``g``: wait until its head has begun it (its record says so), so
+        that the checkpoints the head uploaded when it stopped its last job are in S3 before this
+        instance downloads them. False when ``g`` was replaced meanwhile, or its head went."""
+        head = g["members"][0]
+        while True:
+            try:
+                rec = gang.parse_node(self.store.get_json(f"nodes/{head}.json", gang.MAX_NODE_BYTES), head,
+                                      self.s3_now())
+                if rec is not None and rec["generation"] >= g["generation"] and rec["state"] != "leaving":
+                    return True
+                now_g, _ = self.read_gang()
+                if now_g is not None and now_g["generation"] != g["generation"]:
+                    return False
+                if not gang.is_live(self.read_nodes().get(head), self.s3_now(), self.stale_s) or self.cancelled():
+                    return False
+            except Exception as exc:
+                self.log(f"waiting for the head: {type(exc).__name__}: {exc}"[:300])
+            self.sleep(self.poll_s)
 
     def run_several(self, instance_id: str, at: float) -> int:
         """This instance's part in a run of ``nodes`` instances (agent/gang.py): its record, then a
@@ -1622,6 +1689,9 @@ class Detached:
         if self.status["state"] in TERMINAL:
             self.end_group()
             return 0
+        if not self.conditional:  # gang.json could not be formed: fail now rather than wait to the deadline
+            return self.end_several("failed", "this instance's boto3 cannot write S3 objects conditionally, "
+                                              "which a run of several nodes needs (boto3 1.35.36 or later)")
         if self.cancelled():
             return self.end_several("cancelled", "cancelled before this launch ran anything")
         if spec["limit_at"] is not None and at >= spec["limit_at"]:
@@ -1637,8 +1707,14 @@ class Detached:
         except Refused as exc:
             self.log(f"refused: {exc}")
             return self.end_several("failed", str(exc)[:1000])
-        ip = self.imds("/latest/meta-data/local-ipv4") or "127.0.0.1"
-        ip = ip if gang.IP_RE.fullmatch(ip) else "127.0.0.1"
+        ip = None
+        for _ in range(IMDS_TRIES):
+            ip = self.imds("/latest/meta-data/local-ipv4")
+            if ip and gang.IP_RE.fullmatch(ip):
+                break
+            self.sleep(2.0)
+        if not ip or not gang.IP_RE.fullmatch(ip):  # the others could not reach it: no member without one
+            return self.end_several("failed", f"instance {self.iid} has no private address in its metadata")
         self.node = {"instance_id": self.iid, "ip": ip, "booted_at": iso(at), "state": "waiting", "generation": 0,
                      "outcome": None, "exit_code": None}
         self.node_write()
@@ -1659,15 +1735,18 @@ class Detached:
         os.makedirs(self.out_dir, exist_ok=True)
         self.ckpt = Mirror(self.store, "checkpoints", env["EC2GPU_CHECKPOINT_DIR"])
         self.share_log(spec["log_reader"])
-        setup_done, last = spec["setup"] is None, 0
+        setup_done, last, stopped = spec["setup"] is None, 0, False
         while True:
-            got = self.join(last)
+            got = self.join(last, stopped)
             if isinstance(got, int):
                 return got
             g = self.gang = got
             self.generation = last = g["generation"]
             rank = g["members"].index(self.iid)
-            self.writer = rank == 0
+            self.writer, stopped, self.peer_failed = rank == 0, False, False
+            if not self.writer and not self.await_head(g):
+                stopped = True
+                continue
             try:
                 found = self.ckpt.pull()  # the head's latest, on every node
             except Exception as exc:
@@ -1677,7 +1756,7 @@ class Detached:
             self.log(f"generation {last}: rank {rank} of {len(g['members'])} (head {g['ips'][0]})")
             try:
                 if self.writer:
-                    self.lead(g, found)
+                    self.lead(g)
                 env = job_env(spec, self.run_dir, self.workdir, ip, self.gpus(), found > 0, python, self.secrets,
                               rank=rank, ips=g["ips"])
                 os.makedirs(env["EC2GPU_CHECKPOINT_DIR"], exist_ok=True)
@@ -1692,8 +1771,17 @@ class Detached:
                     outcome, record = self.run_job(env)
             except Superseded as exc:  # a newer generation's head writes the record: this one joins it
                 self.log(f"{exc}: waiting for the next generation")
+                self.writer, stopped = False, True
                 self.node_write(state="ended", outcome="stopped")
                 continue
+            except (Refused, Conflict, OSError) as exc:  # S3 or the disk, for a moment: start again together
+                self.log(f"generation {last} not begun: {type(exc).__name__}: {exc}"[:300])
+                outcome, record = "regroup", {}
+            except Exception as exc:  # botocore's errors: the same
+                if not type(exc).__module__.startswith("botocore"):
+                    raise
+                self.log(f"generation {last} not begun: {type(exc).__name__}: {exc}"[:300])
+                outcome, record = "regroup", {}
             if outcome == "interrupted":  # a spot notice here: the group replaces this instance
                 self.node_write(state="leaving", outcome="stopped")
                 if self.writer:
@@ -1709,18 +1797,40 @@ class Detached:
                     return self.finish(*(("cancelled", "cancelled") if outcome == "cancelled" else
                                          ("failed", "the run's time limit: the job was stopped")))
                 continue  # join waits for the head's word
-            if outcome == "regroup":
+            if outcome == "regroup" and not self.peer_failed:
                 self.node_write(state="ended", outcome="stopped")
+                stopped = True
                 if self.writer:
-                    self.push(settled=False)  # the checkpoint the job wrote on SIGTERM, for the next generation
+                    self.hand_on()
                 continue
+            if outcome == "regroup":  # stopped because a member's job failed: an end, for the head to judge
+                outcome = "stopped"
             self.node_write(state="ended", outcome=outcome, exit_code=record.get("exit_code"))
             if not self.writer:
                 self.push_own_log()
                 continue
-            done = self.settle(g, record)
+            done = self.settle(g, record if outcome != "stopped" else {"exit_code": None, "signal": None,
+                                                                        "stopped": True})
             if done is not None:
                 return done
+
+    def hand_on(self) -> None:
+        """The head stopped its job to start again: the checkpoint the job wrote on SIGTERM and the
+        record (the attempt "regroup") for the next generation, while this instance still heads the
+        latest one (else a newer head owns them: it writes nothing, and is a worker from now on)."""
+        try:
+            now_g, _ = self.read_gang()
+        except Exception as exc:
+            self.log(f"gang.json not read: {type(exc).__name__}: {exc}"[:300])
+            now_g = None
+        if now_g is not None and now_g["generation"] != self.generation and now_g["members"][0] != self.iid:
+            self.writer = False
+            return
+        self.push(settled=False)
+        try:
+            self.try_save()
+        except Superseded:
+            self.writer = False
 
     def settle(self, g: dict[str, Any], record: dict[str, Any]) -> int | None:
         """The head, its own job ended in generation ``g``: wait for every member's (gang.decide),
@@ -1732,12 +1842,15 @@ class Detached:
         while True:
             if self.cancelled():
                 return self.finish("cancelled", "cancelled")
-            word = None
+            if self.spec["limit_at"] is not None and self.clock() >= self.spec["limit_at"]:
+                return self.finish("failed", "the run's time limit")
+            word, etag = None, None
             try:
                 now_g, etag = self.read_gang()
-                if now_g is None or now_g["generation"] != g["generation"]:
+                if now_g is not None and now_g["generation"] != g["generation"]:
+                    self.writer = now_g["members"][0] == self.iid
                     return None  # the others formed the next one without this head's word
-                word = gang.decide(g, self.read_nodes(), datetime.now(timezone.utc), self.stale_s)
+                word = gang.decide(g, self.read_nodes(), self.s3_now(), self.stale_s)
                 if word is None and failed_by is not None and self.clock() >= failed_by:
                     word = "failed"
             except Exception as exc:
@@ -1745,25 +1858,26 @@ class Detached:
             if word == "succeeded":
                 return self.finish("succeeded", None)
             if word == "lost":
-                self.push(settled=False)
+                self.hand_on()
                 return None
             if word == "failed":
                 failed = []
                 for i, m in enumerate(g["members"]):
                     r = self.records.get(m) or {}
                     ended = r.get("generation") == g["generation"] and r.get("state") == "ended"
-                    if not ended or r.get("outcome") != "succeeded":
+                    if not ended or r.get("outcome") == "failed":
                         failed.append(f"rank {i} ({'exit ' + str(r.get('exit_code')) if ended else 'still running'})")
+                where = ", ".join(failed) or "a rank"
                 if self.status["restarts_on_errors"] >= self.spec["max_restarts_on_errors"]:
-                    return self.finish("failed", f"the job failed on {', '.join(failed)} with "
+                    return self.finish("failed", f"the job failed on {where} with "
                                                  f"{self.status['restarts_on_errors']} restart(s) on errors used")
-                self.status["restarts_on_errors"] += 1
-                self.push(settled=False)
-                self.try_save()
-                new = gang.propose(g, self.records, self.spec["nodes"], datetime.now(timezone.utc), self.stale_s,
-                                   restart=True)
-                if new is not None:
-                    self.form(new, etag)
+                new = gang.propose(g, self.records, self.spec["nodes"], self.s3_now(), self.stale_s,
+                                   restart="restart", floor=g["generation"])
+                if new is not None and new["reason"] == "restart" and self.form(new, etag):
+                    self.status["restarts_on_errors"] += 1
+                    self.log(f"the job failed on {where}: restart {self.status['restarts_on_errors']} of "
+                             f"{self.spec['max_restarts_on_errors']}, all nodes together")
+                self.hand_on()
                 return None
             self.sleep(self.poll_s)
 

@@ -14,7 +14,8 @@ S3 keys, under the run's prefix ``runs/<run_id>/``:
   freshness is S3's clock, not the instance's.
 - ``gang.json`` the current generation: ``generation`` (1, 2, ...), ``members`` (instance ids, rank
   order: member 0 is the head, SKYPILOT_NODE_RANK 0), ``ips`` (theirs, the same order:
-  SKYPILOT_NODE_IPS), ``reason`` (start | interruption | restart), ``formed_at``. Written with S3
+  SKYPILOT_NODE_IPS), ``reason`` (start | interruption | restart | regroup: the members stopped for
+  a member that was silent and came back), ``formed_at``. Written with S3
   conditional writes (IfNoneMatch for the first, IfMatch on the ETag read for the next), so of two
   instances that form one at once the first wins and the other joins it.
 
@@ -50,7 +51,7 @@ IID_RE = re.compile(r"[A-Za-z0-9-]{1,64}")
 IP_RE = re.compile(r"[0-9a-fA-F.:]{1,64}")
 NODE_STATES = ("waiting", "running", "ended", "leaving")
 OUTCOMES = ("succeeded", "failed", "stopped")
-REASONS = ("start", "interruption", "restart")
+REASONS = ("start", "interruption", "restart", "regroup")
 
 
 def _iso(value: object) -> str | None:
@@ -117,11 +118,13 @@ def lost_members(gang: dict[str, Any] | None, records: dict[str, dict[str, Any]]
 
 
 def propose(gang: dict[str, Any] | None, records: dict[str, dict[str, Any]], nodes: int, now: datetime,
-            stale_s: float = STALE_S, restart: bool = False) -> dict[str, Any] | None:
+            stale_s: float = STALE_S, restart: str | None = None, floor: int = 0) -> dict[str, Any] | None:
     """The next generation (pure), or None when there is none to form: fewer than ``nodes`` live
-    instances, or a current one that is whole (and not ``restart``: the head restarting it after a
-    failure). Members: the current one's live members in their order, then the other live ones by
-    boot time (then instance id)."""
+    instances, or a current one that is whole (unless ``restart`` gives the reason to form one all
+    the same: "restart", the head's after a failure; "regroup", its members stopped theirs). Members:
+    the current one's live members in their order, then the other live ones by boot time (then
+    instance id). Numbered after both ``gang``'s and ``floor`` (the last this instance ran in: a
+    gang.json deleted or written over is never numbered back below it)."""
     lost = lost_members(gang, records, now, stale_s)
     if gang is not None and not lost and not restart:
         return None
@@ -132,20 +135,24 @@ def propose(gang: dict[str, Any] | None, records: dict[str, dict[str, Any]], nod
     order += [r["instance_id"] for r in sorted(live, key=lambda r: (r["booted_at"], r["instance_id"]))
               if r["instance_id"] not in order]
     members = order[:nodes]
-    reason = "start" if gang is None else "interruption" if lost else "restart"
-    return {"generation": (gang["generation"] if gang else 0) + 1, "members": members,
+    reason = "start" if gang is None and not floor else "interruption" if lost else restart or "regroup"
+    return {"generation": max(gang["generation"] if gang else 0, floor) + 1, "members": members,
             "ips": [records[m]["ip"] for m in members], "reason": reason,
             "formed_at": now.astimezone(timezone.utc).isoformat(timespec="seconds")}
 
 
 def decide(gang: dict[str, Any], records: dict[str, dict[str, Any]], now: datetime,
            stale_s: float = STALE_S) -> str | None:
-    """The head's word on generation ``gang`` once its own job has ended (pure): "lost" (a member
-    is not live: an interruption), "succeeded" (every member's job succeeded in it), "failed"
-    (every member's job ended in it, one not succeeded), or None (a member's job still runs)."""
-    if lost_members(gang, records, now, stale_s):
+    """The head's word on generation ``gang`` once its own job has ended (pure): "succeeded" (every
+    member's job succeeded in it), "failed" (every member's job ended in it, one not succeeded),
+    "lost" (a member whose job had not ended is not live: an interruption), or None (a member's
+    job still runs). A member that ended its job in it and was lost after is counted by its end."""
+    def ended(m: str) -> bool:  # its job ended in this generation: by itself, or stopped while it stayed
+        r = records.get(m)
+        return r is not None and r["generation"] == gang["generation"] and r["outcome"] is not None and (
+            r["state"] == "ended" or r["outcome"] != "stopped")
+    if [m for m in lost_members(gang, records, now, stale_s) if not ended(m)]:
         return "lost"
-    ended = [records[m] for m in gang["members"]]
-    if not all(r["generation"] == gang["generation"] and r["state"] == "ended" for r in ended):
+    if not all(ended(m) for m in gang["members"]):
         return None
-    return "succeeded" if all(r["outcome"] == "succeeded" for r in ended) else "failed"
+    return "succeeded" if all(records[m]["outcome"] == "succeeded" for m in gang["members"]) else "failed"

@@ -65,7 +65,13 @@ def test_the_head_decides_once_every_member_has_ended():
     assert gang.decide(g, records, NOW) == "failed"
     records["i-b"].update(generation=1)  # its end is of an earlier generation: not yet of this one
     assert gang.decide(g, records, NOW) is None
-    again = gang.propose(g, records, 2, NOW, restart=True)
+    records["i-b"].update(generation=2, outcome="succeeded", age_s=gang.STALE_S + 5)
+    assert gang.decide(g, records, NOW) == "succeeded"  # lost after its job succeeded: counted by its end
+    records["i-b"].update(state="leaving", outcome="stopped", age_s=1.0)  # a spot notice stopped its job
+    assert gang.decide(g, records, NOW) == "lost"
+    records["i-b"].update(state="ended")  # stopped while it stayed (a peer failed): an end, not a success
+    assert gang.decide(g, records, NOW) == "failed"
+    again = gang.propose(g, records, 2, NOW, restart="restart")
     assert (again["generation"], again["members"], again["reason"]) == (3, ["i-a", "i-b"], "restart")
 
 
@@ -219,3 +225,47 @@ def test_a_silent_member_is_set_unhealthy_and_the_next_generation_runs_without_i
     st = status(aws)
     assert (st["state"], st["interruptions"], st["generation"]) == ("succeeded", 1, 2)
     assert "rank 0 of 10.0.0.1 10.0.0.3" in get(aws, "logs/job.log")
+
+
+def test_a_member_silent_for_a_moment_makes_the_same_members_regroup(aws, tmp_path, monkeypatch):
+    """The worker's record goes stale (its writes fail for a while), then comes back: every member
+    stopped its job, and once the gang is whole again the same members form the next generation
+    (reason "regroup", no interruption counted) rather than wait for one that no one forms."""
+    monkeypatch.setattr(gang, "HEARTBEAT_S", 0.2)
+    put_spec(aws, nodes=2, run='echo "gen $SKYPILOT_NODE_RANK"; sleep 5')
+    a, b = node(aws, tmp_path, "i-0a", "10.0.0.1"), node(aws, tmp_path, "i-0b", "10.0.0.2")
+    groups = RecordingGroup(aws.asg)
+    for run in (a, b):
+        run.stale_s, run.asg = 1.5, groups
+    silent = threading.Event()
+    real = b.node_write
+    b.node_write = lambda **kw: None if silent.is_set() else real(**kw)
+
+    def pause():
+        deadline = time.monotonic() + 30
+        while not (get(aws, "gang.json") and json.loads(get(aws, "status.json") or "{}").get("state") == "running"):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        time.sleep(1.0)
+        silent.set()
+        time.sleep(2.5)
+        silent.clear()
+    threading.Thread(target=pause, daemon=True).start()
+    started = time.monotonic()
+    assert run_nodes(a, b) == [0, 0]
+    assert time.monotonic() - started < 60
+    st = status(aws)
+    g = json.loads(get(aws, "gang.json"))
+    assert (st["state"], st["interruptions"], g["generation"], g["reason"]) == ("succeeded", 0, 2, "regroup"), (st, g)
+    assert [x["outcome"] for x in st["attempts"]] == ["regroup", "succeeded"]
+
+
+def test_a_failure_on_a_worker_stops_the_heads_job_at_once(aws, tmp_path, monkeypatch):
+    monkeypatch.setattr(gang, "HEARTBEAT_S", 0.2)
+    put_spec(aws, nodes=2, run='[ "$SKYPILOT_NODE_RANK" = 1 ] && exit 5; sleep 60')
+    a, b = node(aws, tmp_path, "i-0a", "10.0.0.1"), node(aws, tmp_path, "i-0b", "10.0.0.2")
+    started = time.monotonic()
+    assert run_nodes(a, b) == [0, 0]
+    assert time.monotonic() - started < 30  # not the head's 60 s, nor SETTLE_S after it
+    st = status(aws)
+    assert st["state"] == "failed" and "rank 1 (exit 5)" in st["reason"] and "rank 0" not in st["reason"], st
