@@ -176,3 +176,12 @@ def test_a_detached_run_keeps_running_a_sandbox_its_command_starts(monkeypatch, 
         else:
             train.train_mnist(detach=True, sandbox=True)
     assert seen == {"sandbox": True, "persistent": True}
+
+
+@pytest.mark.parametrize("backend, flag", [("sandbox", " --sandbox"), ("aws", "")])
+def test_the_detached_start_says_the_command_that_follows_it(capsys, backend, flag):
+    from ec2gpu.cli import tasks
+    tasks._print_detached({"run_id": "20261127-120000-ab12", "group": "ec2gpu-20261127-120000-ab12", "bucket": "b",
+                           "deadline": "2026-11-27T14:00:00+00:00", "backend": backend}, False)
+    said = " ".join(capsys.readouterr().out.split())
+    assert f"follow it: ec2gpu status 20261127-120000-ab12{flag} (logs" in said
