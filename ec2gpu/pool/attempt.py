@@ -19,6 +19,7 @@ import errno
 import json
 import shlex
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from ..runs.execute.reporter import ReporterLike
     from ..runs.options import PoolOptions
     from ..runs.provision.resources import Provisioned
+    from ..runs.recover.handover import Handover
     from ..runs.recover.recovery import DirCheckpoints
     from ..settings import Settings
 
@@ -256,11 +258,16 @@ def slots_per_node(types: list[str], per_job: int | None) -> int:
 
 def run_attempt(aws: Aws, settings: Settings, opts: PoolOptions, run_id: str, ui: ReporterLike, prov: Provisioned,
                 instances_: list[Instance], local_out: Path, backend: Backend, n: int,
-                checkpoints: DirCheckpoints, record: dict[str, Any]) -> dict[str, Any]:
+                checkpoints: DirCheckpoints, record: dict[str, Any],
+                handover: Future[Handover | None] | Handover | None = None, shutdown: bool = False) -> dict[str, Any]:
     """One attempt of the array ``opts.elements`` over the pool ``instances_`` (node 0 the head);
     ``record["pool"]`` gets the element table, counts and the instance count over time. Returns {}
-    (an array has no one summary.json). Raises RemoteError when an element failed (after every
-    result came home) or Ray could not start, recovery.Interrupted when the head is lost."""
+    (an array has no one summary.json). ``handover`` (runs/recover/handover.py; its Future while
+    it is being made): if this controller is lost, the head's agent puts the elements' outputs
+    (``out/<index>/``), the driver's log and its record in S3 once the driver ends, and with
+    ``shutdown`` ends the head (the workers, idle then, end by their idle rule). Raises RemoteError
+    when an element failed (after every result came home) or Ray could not start,
+    recovery.Interrupted when the head is lost."""
     from ..remote import jobs, ssh_config as sc
     from ..runs.execute import engine, nodes as N
 
@@ -277,6 +284,7 @@ def run_attempt(aws: Aws, settings: Settings, opts: PoolOptions, run_id: str, ui
     pool = Pool(nodes, members={nd.instance_id: nd for nd in nodes}, write_back=any(m.write_back for m in job.mounts))
     pool.count()
     config = settings.home / "ssh" / f"{run_id}.config"
+    beating = None  # the heartbeat the head's agent watches (runs/recover/handover.py), while there is a plan
     try:
         with ui.phase("waiting for SSH"):
             N.parallel(lambda nd: N.open_node(nd, aws, settings, prov, run_id, backend, ui.note), nodes)
@@ -301,8 +309,16 @@ def run_attempt(aws: Aws, settings: Settings, opts: PoolOptions, run_id: str, ui
         per_job = gpus_per_job(opts, _gpus(nodes[0], job))
         pool.slots_per_node = max(1, _gpus(nodes[0], job) // per_job)
         head = nodes[0]
+        plan = handover.result() if isinstance(handover, Future) else handover
+        if plan is not None:
+            from ..remote import files
+            from ..runs.recover.handover import Heartbeat
+            files.write_private(head.conn, f"{head.run_dir}/handover.json",
+                                plan.document(True, shutdown, sorted(job.task.secrets)))
+            engine.mark([head], "controller")
+            beating = Heartbeat(lambda: engine.mark([head], "controller"), plan.wait_s).start()
         with ui.phase("running"):
-            _start_driver(head, pool_spec(run_id, opts, job, address, per_job), opts, settings)
+            _start_driver(head, pool_spec(run_id, opts, job, address, per_job), opts, settings, plan is not None)
             ui.note(f"pool: {records_words(opts)} over {len(nodes)} instance(s), {per_job} GPU(s) each; the driver "
                     f"runs on the head ({addresses[0]})")
             limits = settings.download_limits
@@ -316,6 +332,8 @@ def run_attempt(aws: Aws, settings: Settings, opts: PoolOptions, run_id: str, ui
             if pool.write_back:  # the nodes still in the pool (the others wrote theirs back as they left)
                 N.parallel(lambda nd: _write_back(nd, ui), list(pool.members.values()))
             status = _home(head, job, local_out, config, ui, opts, done, limits) or status
+            if plan is not None:
+                engine.mark([head], "collected")
         record["pool"] = {**_pool_record(pool, status, opts, per_job), "skipped": skipped}
         failed = [e for e in status["elements"] if e["status"] != "succeeded"] if status else []
         if status is None or failed:
@@ -333,6 +351,8 @@ def run_attempt(aws: Aws, settings: Settings, opts: PoolOptions, run_id: str, ui
             nodes[0].watch.check()  # a lost head explains the failure: Interrupted
         raise
     finally:
+        if beating is not None:
+            beating.stop()
         for nd in nodes:
             nd.close()
         config.unlink(missing_ok=True)
@@ -347,8 +367,10 @@ def _say(ui: ReporterLike, nd: Node, nodes: list[Node]) -> Callable[[str], None]
     return (lambda line: ui.note(f"node {nd.index}: {line}")) if len(nodes) > 1 else ui.note
 
 
-def _start_driver(head: Node, spec: dict[str, Any], opts: PoolOptions, settings: Settings) -> None:
-    """Put the driver and pool.json on the head and start the driver under the agent."""
+def _start_driver(head: Node, spec: dict[str, Any], opts: PoolOptions, settings: Settings,
+                  handover: bool = False) -> None:
+    """Put the driver and pool.json on the head and start the driver under the agent (with
+    ``handover``: the agent reads RUN_DIR/handover.json, runs/recover/handover.py)."""
     from ..remote import files, jobs
     from ..runs.plan import limits
     files.put_file(head.conn, HERE / "driver.py", f"{head.run_dir}/pool_driver.py")
@@ -360,7 +382,9 @@ def _start_driver(head: Node, spec: dict[str, Any], opts: PoolOptions, settings:
                                    f"{limits.grace_seconds(cast(int, opts.max_runtime_minutes), grace):.0f}"]
     jobs.start(head.conn, head.run_dir, [
         python, f"{head.run_dir}/agent.py", "--dir", head.run_dir, "--env-file", f"{head.run_dir}/job.env.json",
-        "--key-file", f"{head.run_dir}/agent.key", *limit, "--", python, f"{head.run_dir}/pool_driver.py",
+        "--key-file", f"{head.run_dir}/agent.key", *limit,
+        *(["--handover-file", f"{head.run_dir}/handover.json"] if handover else []),
+        "--", python, f"{head.run_dir}/pool_driver.py",
         f"{head.run_dir}/pool.json"])
 
 

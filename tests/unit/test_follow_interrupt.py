@@ -62,3 +62,11 @@ def test_the_records_that_cannot_come_home_in_time_do_not_hold_up_the_teardown(t
     finally:
         release.set()
     assert said and said[-1].startswith("warning: the job's log and status did not all come home in 0 s")
+
+
+def test_parallel_over_no_nodes_is_nothing():
+    """A pool of one instance has no workers: setting up "each worker" is no call, not a
+    ThreadPoolExecutor of 0 threads (ValueError)."""
+    from ec2gpu.runs.execute import nodes as N
+    assert N.parallel(lambda nd: 1 / 0, []) == []
+    assert N.parallel(lambda nd: nd * 2, [1, 2]) == [2, 4]

@@ -118,7 +118,10 @@ class _Stopped(Exception):
 
 
 def parallel(fn: Callable[[Node], T], nodes: list[Node]) -> list[T]:
-    """``fn(node)`` for every node at once (setup can take minutes per node); re-raises the first error."""
+    """``fn(node)`` for every node at once (setup can take minutes per node); re-raises the first
+    error. [] for no nodes (a pool of one instance has no workers)."""
+    if not nodes:
+        return []
     with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
         return list(pool.map(fn, nodes))
 

@@ -404,7 +404,7 @@ def _run_attempts(aws: Aws, settings: Settings, opts: RunOptions, run_id: str, u
                                           **recovery.s3_home(aws, opts.checkpoint_uri, run_id))
     from ..recover import handover
     # a job's outputs outlive this controller (runs/recover/handover.py): made beside provisioning
-    plan = None if isinstance(opts, (BakeOptions, PoolOptions)) else \
+    plan = None if isinstance(opts, BakeOptions) else \
         handover.start(aws, settings, run_id, opts.max_runtime_minutes, ui.note)
     avoid: list[str] = []
     for n in range(1, opts.attempts_allowed + 1):
@@ -427,12 +427,13 @@ def _run_attempts(aws: Aws, settings: Settings, opts: RunOptions, run_id: str, u
             if isinstance(opts, PoolOptions):
                 from ...pool import attempt as pool
                 return pool.run_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, backend, n, checkpoints,
-                                        cast(dict[str, Any], record))
+                                        cast(dict[str, Any], record), plan, shutdown=not opts.keep)
             return engine.run_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, backend, n, checkpoints,
                                       plan, shutdown=not opts.keep)
         except recovery.Interrupted as why:
             # the instance ended itself after handing the job's outputs over while this controller was away
-            made = plan is not None and plan.done() and plan.result() is not None  # URLs were given to the agent
+            # (an array's: its elements not brought home run again, pool_done; `fetch` has the rest)
+            made = plan is not None and plan.done() and plan.result() is not None and not isinstance(opts, PoolOptions)
             adopted = handover.adopt(aws, run_id, out, opts.task, settings.download_limits, ui.note) if made else None
             if adopted is not None:
                 return adopted
