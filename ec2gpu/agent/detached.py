@@ -204,6 +204,7 @@ CONFLICT_CODES = ("PreconditionFailed", "412", "ConditionalRequestConflict", "40
 CONFLICT_TRIES = 5  # status.json writes tried again after a conflict that does not supersede this launch
 END_SAVE_TRIES = 8  # the run's end written to status.json before its group is ended (Detached.end): ~4 min
 IMDS_TRIES = 5  # several nodes: the metadata service asked this often (2 s apart) for the private address
+MAX_ERRORS_IN_ROW = 5  # several nodes: generations not begun for S3 or the disk before the run ends failed
 SETTLE_S = 60.0  # several nodes: the others' jobs awaited this long after the head's failed (Detached.settle)
 
 
@@ -812,6 +813,8 @@ class Detached:
         self.stale_s = gang.STALE_S
         self.unhealthy: set[str] = set()  # members set Unhealthy by this instance (replace_silent)
         self.peer_failed = False  # the job was stopped because a member's failed (watch)
+        self.handed_on = 0  # the generation whose checkpoints and record this head last handed on (settle)
+        self.errors_in_row = 0  # generations not begun for an error of S3 or the disk, in a row
         self.s3_clock = (datetime.now(timezone.utc), time.monotonic())  # S3's Date, when (s3_now)
 
     # -- the record
@@ -1333,8 +1336,9 @@ class Detached:
             if self.writer:
                 self.save()
             outcome = self.supervise(proc, key, attempt)
-        except Superseded:
+        except BaseException:  # superseded, or S3 refused the record: the job does not run on without its agent
             self.stop(proc, key)
+            self.proc = None
             raise
         self.proc = None
         record = self.agent_record(key) or {}
@@ -1547,7 +1551,8 @@ class Detached:
             if self.clock() >= self.next_nodes_read:
                 self.next_nodes_read = self.clock() + gang.HEARTBEAT_S
                 records = self.read_nodes()
-                lost = gang.lost_members(self.gang, records, self.s3_now(), self.stale_s)
+                lost = [m for m in gang.lost_members(self.gang, records, self.s3_now(), self.stale_s)
+                        if not gang.ended_in(records.get(m), self.generation)]  # one that ended counts by its end
                 if lost:
                     return f"{', '.join(lost)} of generation {self.generation} is gone"
                 failed = [m for m in (self.gang or {}).get("members", []) if records[m]["generation"] == self.generation
@@ -1572,14 +1577,17 @@ class Detached:
             return False
         return gang.is_live(self.records.get(g["members"][0]), self.s3_now(), self.stale_s)
 
-    def join(self, last: int, stopped: bool = False) -> dict[str, Any] | int:
+    def join(self, last: int, stopped: bool = False, word: dict[str, Any] | None = None) -> dict[str, Any] | int:
         """Wait for a generation after ``last`` that names this instance, forming it (gang.propose)
         when it is this instance's to form; returns it, or this process's exit code when the run
         ended (its record's end: the group is ended again, harmless), was cancelled or ran out of
         time. The end is the head's to give (with the outputs): recorded here only when this
         instance is the head of the latest generation, or that head has gone silent.
         ``stopped``: this instance stopped its job in ``last`` for a member that was lost; when
-        that member is back and no one formed a generation since, the same members regroup."""
+        that member is back and no one formed a generation since, the same members regroup.
+        ``word``: this instance headed ``last`` and its job ended (its record, for ``settle``):
+        while no one has formed a generation since, it keeps judging ``last`` (a member it took
+        for lost may come back with its end)."""
         while True:
             try:
                 self.status = parse_status(self.store.get_json("status.json", MAX_STATUS_BYTES), self.run_id,
@@ -1600,12 +1608,17 @@ class Detached:
                     continue
                 if g is not None and g["generation"] > last and self.iid in g["members"]:
                     return g
+                if word is not None and g is not None and g["generation"] == last and g["members"][0] == self.iid:
+                    done = self.settle(g, word, wait=False)  # this head's word on it was never given
+                    if done is not None:
+                        return done
                 self.replace_silent(g, records)
                 now = self.s3_now()
-                new = gang.propose(g, records, self.spec["nodes"], now, self.stale_s, floor=last)
+                floor = max(last, self.status["generation"])  # a gang.json lost or written over: never numbered back
+                new = gang.propose(g, records, self.spec["nodes"], now, self.stale_s, floor=floor)
                 if new is None and stopped and (g is None or g["generation"] == last) and self.iid in (g or {}).get(
                         "members", []):
-                    new = gang.propose(g, records, self.spec["nodes"], now, self.stale_s, restart="regroup", floor=last)
+                    new = gang.propose(g, records, self.spec["nodes"], now, self.stale_s, restart="regroup", floor=floor)
                 if new is not None and self.form(new, etag):
                     continue
             except (Refused, Conflict) as exc:
@@ -1621,14 +1634,16 @@ class Detached:
         is refused by Auto Scaling; said, not raised."""
         for iid in gang.lost_members(g, records, self.s3_now(), self.stale_s):
             rec = records.get(iid)
-            if iid in self.unhealthy or (rec is not None and not rec.get("stale")):
-                continue  # asked already, or leaving by its own word (a spot notice: AWS ends it)
-            self.unhealthy.add(iid)
+            if iid == self.iid or iid in self.unhealthy or (rec is not None and not rec.get("stale")):
+                continue  # itself, asked already, or leaving by its own word (a spot notice: AWS ends it)
             try:
                 self.asg.set_instance_health(InstanceId=iid, HealthStatus="Unhealthy", ShouldRespectGracePeriod=False)
+                self.unhealthy.add(iid)
                 self.log(f"{iid} has been silent over {self.stale_s:.0f} s: set Unhealthy, the group replaces it")
-            except Exception as exc:
+            except Exception as exc:  # asked again at the next look (one gone already is refused each time: said)
                 self.log(f"{iid} not set Unhealthy: {type(exc).__name__}: {exc}"[:300])
+                if _code(exc) == "ValidationError":  # not in the group (any more): nothing to replace
+                    self.unhealthy.add(iid)
 
     def finish_several(self, state: str, reason: str | None) -> int:
         """The end, by the head (outputs, checkpoints, log: finish) or by another node (end_several)."""
@@ -1735,11 +1750,12 @@ class Detached:
         os.makedirs(self.out_dir, exist_ok=True)
         self.ckpt = Mirror(self.store, "checkpoints", env["EC2GPU_CHECKPOINT_DIR"])
         self.share_log(spec["log_reader"])
-        setup_done, last, stopped = spec["setup"] is None, 0, False
+        setup_done, last, stopped, word = spec["setup"] is None, 0, False, None
         while True:
-            got = self.join(last, stopped)
+            got = self.join(last, stopped, word)
             if isinstance(got, int):
                 return got
+            word = None
             g = self.gang = got
             self.generation = last = g["generation"]
             rank = g["members"].index(self.iid)
@@ -1774,14 +1790,17 @@ class Detached:
                 self.writer, stopped = False, True
                 self.node_write(state="ended", outcome="stopped")
                 continue
-            except (Refused, Conflict, OSError) as exc:  # S3 or the disk, for a moment: start again together
-                self.log(f"generation {last} not begun: {type(exc).__name__}: {exc}"[:300])
-                outcome, record = "regroup", {}
-            except Exception as exc:  # botocore's errors: the same
-                if not type(exc).__module__.startswith("botocore"):
+            except Exception as exc:  # S3 or the disk, for a moment: start again together, a few times
+                if not isinstance(exc, (Refused, Conflict, OSError)) and not type(exc).__module__.startswith("botocore"):
                     raise
+                self.errors_in_row += 1
                 self.log(f"generation {last} not begun: {type(exc).__name__}: {exc}"[:300])
+                if self.errors_in_row >= MAX_ERRORS_IN_ROW:
+                    return self.end_several("failed", f"generation {last} could not begin, {self.errors_in_row} times "
+                                                      f"in a row: {type(exc).__name__}: {exc}"[:1000])
                 outcome, record = "regroup", {}
+            else:
+                self.errors_in_row = 0
             if outcome == "interrupted":  # a spot notice here: the group replaces this instance
                 self.node_write(state="leaving", outcome="stopped")
                 if self.writer:
@@ -1797,7 +1816,7 @@ class Detached:
                     return self.finish(*(("cancelled", "cancelled") if outcome == "cancelled" else
                                          ("failed", "the run's time limit: the job was stopped")))
                 continue  # join waits for the head's word
-            if outcome == "regroup" and not self.peer_failed:
+            if outcome == "regroup" and not self.peer_failed:  # (a member lost, or an error above)
                 self.node_write(state="ended", outcome="stopped")
                 stopped = True
                 if self.writer:
@@ -1809,8 +1828,8 @@ class Detached:
             if not self.writer:
                 self.push_own_log()
                 continue
-            done = self.settle(g, record if outcome != "stopped" else {"exit_code": None, "signal": None,
-                                                                        "stopped": True})
+            word = dict(record) if outcome != "stopped" else {"exit_code": None, "signal": None}
+            done = self.settle(g, word)
             if done is not None:
                 return done
 
@@ -1826,19 +1845,24 @@ class Detached:
         if now_g is not None and now_g["generation"] != self.generation and now_g["members"][0] != self.iid:
             self.writer = False
             return
-        self.push(settled=False)
         try:
+            self.check_superseded()
+            self.push(settled=False)
             self.try_save()
         except Superseded:
             self.writer = False
 
-    def settle(self, g: dict[str, Any], record: dict[str, Any]) -> int | None:
-        """The head, its own job ended in generation ``g``: wait for every member's (gang.decide),
-        then end the run (succeeded; failed with the restarts used up: its exit code) or go on
-        (None: a member was lost, or a restart after a failure was formed). When the head's own job
-        failed, the others get SETTLE_S seconds to end theirs (a peer of a failed rank may hang in
-        its collective), then the attempt failed."""
-        failed_by = self.clock() + SETTLE_S if record.get("exit_code") != 0 or record.get("signal") else None
+    def settle(self, g: dict[str, Any], record: dict[str, Any], wait: bool = True) -> int | None:
+        """The head, its own job ended in generation ``g`` (``record``: its exit code and signal):
+        wait for every member's (gang.decide), then end the run (succeeded; failed with the
+        restarts used up: its exit code) or go on (None: a member is lost and the checkpoints are
+        up, or a restart was formed, or the others formed a generation). When the head's own job
+        failed, the others get SETTLE_S seconds (at least the stale time: a member that died hard
+        is lost, not failed) to end theirs, then the attempt failed. ``wait`` False: one look (from
+        ``join``, where this head keeps judging ``g`` until a generation is formed)."""
+        bound = max(SETTLE_S, self.stale_s + gang.HEARTBEAT_S)
+        failed_by = record.setdefault("failed_by", self.clock() + bound) \
+            if record.get("exit_code") != 0 or record.get("signal") else None
         while True:
             if self.cancelled():
                 return self.finish("cancelled", "cancelled")
@@ -1848,8 +1872,10 @@ class Detached:
             try:
                 now_g, etag = self.read_gang()
                 if now_g is not None and now_g["generation"] != g["generation"]:
+                    if now_g["members"][0] == self.iid:
+                        self.hand_on()  # the others formed the next one: this head's last word goes first
                     self.writer = now_g["members"][0] == self.iid
-                    return None  # the others formed the next one without this head's word
+                    return None
                 word = gang.decide(g, self.read_nodes(), self.s3_now(), self.stale_s)
                 if word is None and failed_by is not None and self.clock() >= failed_by:
                     word = "failed"
@@ -1858,13 +1884,15 @@ class Detached:
             if word == "succeeded":
                 return self.finish("succeeded", None)
             if word == "lost":
-                self.hand_on()
+                if self.handed_on != g["generation"]:
+                    self.handed_on = g["generation"]
+                    self.hand_on()
                 return None
             if word == "failed":
                 failed = []
                 for i, m in enumerate(g["members"]):
                     r = self.records.get(m) or {}
-                    ended = r.get("generation") == g["generation"] and r.get("state") == "ended"
+                    ended = gang.ended_in(r or None, g["generation"])
                     if not ended or r.get("outcome") == "failed":
                         failed.append(f"rank {i} ({'exit ' + str(r.get('exit_code')) if ended else 'still running'})")
                 where = ", ".join(failed) or "a rank"
@@ -1877,7 +1905,10 @@ class Detached:
                     self.status["restarts_on_errors"] += 1
                     self.log(f"the job failed on {where}: restart {self.status['restarts_on_errors']} of "
                              f"{self.spec['max_restarts_on_errors']}, all nodes together")
-                self.hand_on()
+                    self.hand_on()
+                    return None
+                # not formed (S3 did not take it, or a member was lost meanwhile): looked at again
+            if not wait:
                 return None
             self.sleep(self.poll_s)
 

@@ -141,18 +141,22 @@ def propose(gang: dict[str, Any] | None, records: dict[str, dict[str, Any]], nod
             "formed_at": now.astimezone(timezone.utc).isoformat(timespec="seconds")}
 
 
+def ended_in(record: dict[str, Any] | None, generation: int) -> bool:
+    """Whether ``record`` says its job ended in ``generation`` (pure): by itself, or stopped while
+    the node stayed (a peer failed); not one stopped by its own spot notice (it is lost)."""
+    return record is not None and record["generation"] == generation and record["outcome"] is not None and (
+        record["state"] == "ended" or record["outcome"] != "stopped")
+
+
 def decide(gang: dict[str, Any], records: dict[str, dict[str, Any]], now: datetime,
            stale_s: float = STALE_S) -> str | None:
     """The head's word on generation ``gang`` once its own job has ended (pure): "succeeded" (every
     member's job succeeded in it), "failed" (every member's job ended in it, one not succeeded),
     "lost" (a member whose job had not ended is not live: an interruption), or None (a member's
     job still runs). A member that ended its job in it and was lost after is counted by its end."""
-    def ended(m: str) -> bool:  # its job ended in this generation: by itself, or stopped while it stayed
-        r = records.get(m)
-        return r is not None and r["generation"] == gang["generation"] and r["outcome"] is not None and (
-            r["state"] == "ended" or r["outcome"] != "stopped")
-    if [m for m in lost_members(gang, records, now, stale_s) if not ended(m)]:
+    g = gang["generation"]
+    if [m for m in lost_members(gang, records, now, stale_s) if not ended_in(records.get(m), g)]:
         return "lost"
-    if not all(ended(m) for m in gang["members"]):
+    if not all(ended_in(records.get(m), g) for m in gang["members"]):
         return None
     return "succeeded" if all(records[m]["outcome"] == "succeeded" for m in gang["members"]) else "failed"
