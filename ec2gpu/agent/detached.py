@@ -204,6 +204,7 @@ CONFLICT_CODES = ("PreconditionFailed", "412", "ConditionalRequestConflict", "40
 CONFLICT_TRIES = 5  # status.json writes tried again after a conflict that does not supersede this launch
 END_SAVE_TRIES = 8  # the run's end written to status.json before its group is ended (Detached.end): ~4 min
 IMDS_TRIES = 5  # several nodes: the metadata service asked this often (2 s apart) for the private address
+UNHEALTHY_TRIES = 5  # several nodes: SetInstanceHealth asked this often for one silent member at most
 MAX_ERRORS_IN_ROW = 5  # several nodes: generations not begun for S3 or the disk before the run ends failed
 SETTLE_S = 60.0  # several nodes: the others' jobs awaited this long after the head's failed (Detached.settle)
 
@@ -811,7 +812,8 @@ class Detached:
         self.next_nodes_read = 0.0
         self.log_base = b""  # several: the run's log before this instance became the head
         self.stale_s = gang.STALE_S
-        self.unhealthy: set[str] = set()  # members set Unhealthy by this instance (replace_silent)
+        self.unhealthy: set[str] = set()  # members set Unhealthy by this instance, or given up on (replace_silent)
+        self.unhealthy_tries: dict[str, int] = {}
         self.peer_failed = False  # the job was stopped because a member's failed (watch)
         self.handed_on = 0  # the generation whose checkpoints and record this head last handed on (settle)
         self.errors_in_row = 0  # generations not begun for an error of S3 or the disk, in a row
@@ -1629,9 +1631,9 @@ class Detached:
 
     def replace_silent(self, g: dict[str, Any] | None, records: dict[str, dict[str, Any]]) -> None:
         """Each member of ``g`` whose record went stale (its agent silent: the instance may run on,
-        and would hold the group's place until the deadline) set Unhealthy, once: the group
-        terminates and replaces it (aws/iam.detached_policy's ReplaceOwnNodes). One already gone
-        is refused by Auto Scaling; said, not raised."""
+        and would hold the group's place until the deadline) set Unhealthy: the group terminates
+        and replaces it (aws/iam.detached_policy's ReplaceOwnNodes). Refused (one already gone is
+        not in the group): said, and asked again at the next looks, UNHEALTHY_TRIES times at most."""
         for iid in gang.lost_members(g, records, self.s3_now(), self.stale_s):
             rec = records.get(iid)
             if iid == self.iid or iid in self.unhealthy or (rec is not None and not rec.get("stale")):
@@ -1640,10 +1642,11 @@ class Detached:
                 self.asg.set_instance_health(InstanceId=iid, HealthStatus="Unhealthy", ShouldRespectGracePeriod=False)
                 self.unhealthy.add(iid)
                 self.log(f"{iid} has been silent over {self.stale_s:.0f} s: set Unhealthy, the group replaces it")
-            except Exception as exc:  # asked again at the next look (one gone already is refused each time: said)
+            except Exception as exc:  # asked again at the next looks, UNHEALTHY_TRIES times in all
                 self.log(f"{iid} not set Unhealthy: {type(exc).__name__}: {exc}"[:300])
-                if _code(exc) == "ValidationError":  # not in the group (any more): nothing to replace
-                    self.unhealthy.add(iid)
+                self.unhealthy_tries[iid] = self.unhealthy_tries.get(iid, 0) + 1
+                if _code(exc) == "ValidationError" or self.unhealthy_tries[iid] >= UNHEALTHY_TRIES:
+                    self.unhealthy.add(iid)  # not in the group (any more), or never taken: asked no more
 
     def finish_several(self, state: str, reason: str | None) -> int:
         """The end, by the head (outputs, checkpoints, log: finish) or by another node (end_several)."""

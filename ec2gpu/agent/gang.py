@@ -29,11 +29,16 @@ The rules (``propose``):
   longer live, and waits for the next one (EC2GPU_RESUME=1 there: the head's checkpoints are
   pulled by every node first).
 - The head (member 0) alone writes status.json, uploads checkpoints and outputs, and decides the
-  attempt's end once every member's job has ended: all succeeded -> the run succeeded; a member
-  lost -> an interruption (the next generation starts when the group's replacement is up); else a
-  failure, restarted together (reason "restart", the same members) while max_restarts_on_errors
-  allows. A worker waits for that word; if the head itself is lost, the workers form the next
-  generation with the replacement, and its head takes over status.json.
+  attempt's end once every member's job has ended (``decide``; a member that ended its job and
+  was lost after counts by its end): all succeeded -> the run succeeded; a member lost -> an
+  interruption (the next generation starts when the group's replacement is up); else a failure,
+  restarted together (reason "restart", the same members) while max_restarts_on_errors allows.
+  A member's failure stops the others' jobs at once. A worker waits for that word; if the head
+  itself is lost, the workers form the next generation with the replacement, and its head takes
+  over status.json. A member silent for a while that comes back, before anyone formed a
+  generation, makes the same members start again together (reason "regroup").
+- A worker downloads the checkpoints once the head's record says it began the generation (the
+  head uploads its last ones before it joins one).
 """
 from __future__ import annotations
 

@@ -231,3 +231,42 @@ def test_a_controller_asleep_past_the_wait_takes_what_its_instance_handed_over_a
     assert "while this command was away" in " ".join(err.split())
     assert (tmp_path / "r" / "outputs" / "woke.txt").read_text() == "slept\n"
     assert leftovers(home) == ([], [], []) and sandbox_settles(home)
+
+
+def test_an_array_whose_controller_is_lost_hands_its_outputs_over_to_s3(sandbox_env, tmp_path):
+    """Issue 31, item 6: `kill -9` on the controller while an array runs (one instance, Ray's head
+    and its worker at once); the driver finishes every element, the head's agent waits for the
+    controller (EC2GPU_HANDOVER_WAIT_SECONDS), puts every element's outputs in S3 through the URLs
+    it was given and ends its instance; `fetch` brings outputs/<index>/ home; `down` leaves nothing."""
+    import boto3
+    home, state = sandbox_env
+    ec2 = boto3.client("ec2", endpoint_url=state["endpoint"], region_name="us-east-1")
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "task.yaml").write_text("name: lost-array\nworkdir: .\nrun: |\n  sleep 2\n"
+                                    '  echo "$EC2GPU_ARRAY_INDEX" > "$EC2GPU_OUTPUT_DIR/index.txt"\n'
+                                    "array: 4\nmax_workers: 1\nresources:\n  instance_type: g4dn.xlarge\n"
+                                    "max_runtime: 30m\n")
+    env = {**os.environ, "EC2GPU_HANDOVER_WAIT_SECONDS": "2"}
+    code, err = run_and_interrupt(env, "element(s) submitted", sig=signal.SIGKILL, timeout_s=180,
+                                  argv=["run", str(work / "task.yaml"), "--sandbox", "--out", str(tmp_path / "r")])
+    assert code == -signal.SIGKILL, err
+    row = ledger.runs(home, limit=1)[0]
+    head = row["instance_ids"][0]
+    deadline, got = time.monotonic() + 120, None
+    while time.monotonic() < deadline:  # nobody ends it but the instance itself, once it handed over
+        got = ec2.describe_instances(InstanceIds=[head])["Reservations"][0]["Instances"][0]["State"]["Name"]
+        if got in ("shutting-down", "terminated"):
+            break
+        time.sleep(1)
+    assert got in ("shutting-down", "terminated"), got
+    fetched = subprocess.run([EC2GPU, "fetch", row["run_id"], "--sandbox", "--json", "--out", str(tmp_path / "f")],
+                             capture_output=True, text=True, timeout=120)
+    assert fetched.returncode == 0, fetched.stderr
+    assert json.loads(fetched.stdout)["source"] == "s3-handover"
+    for k in range(4):
+        assert (tmp_path / "f" / "outputs" / str(k) / "index.txt").read_text() == f"{k}\n"
+    done = subprocess.run([EC2GPU, "down", row["run_id"], "--sandbox"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert leftovers(home) == ([], [], []) and sandbox_settles(home)
+    assert processes_gone(row["instance_ids"])
