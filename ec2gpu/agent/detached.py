@@ -1120,17 +1120,9 @@ class Detached:
 
     def prepare_and_run(self) -> int:
         spec = self.spec
-        os.makedirs(self.run_dir, exist_ok=True)
-        os.chmod(self.run_dir, 0o700)
-        self.workdir = os.path.join(self.run_dir, "workdir")
-        try:
-            self.get_workdir()
-            if spec["secrets"]:
-                self.secrets = read_secrets(self.ssm, self.run_id, spec["secrets"])
-            self.place_mounts()
-        except Refused as exc:
-            self.log(f"refused: {exc}")
-            return self.end("failed", str(exc)[:1000])
+        refused = self.prepare_instance()
+        if refused is not None:
+            return self.end("failed", refused)
         ip = self.imds("/latest/meta-data/local-ipv4") or "127.0.0.1"
         ip = ip if re.fullmatch(r"[0-9a-fA-F.:]{1,64}", ip) else "127.0.0.1"
         python = find_python(spec["python"])
@@ -1193,6 +1185,22 @@ class Detached:
             how = f"signal {record.get('signal')}" if record.get("signal") else f"exit {record.get('exit_code')}"
             return self.finish("failed", f"the job failed ({how}) with {self.status['restarts_on_errors']} "
                                          f"restart(s) on errors used")
+
+    def prepare_instance(self) -> str | None:
+        """The run's directory, the workdir, the secrets and the file_mounts, once per instance;
+        the refusal's words when one breaks the contract (the run then ends failed), else None."""
+        os.makedirs(self.run_dir, exist_ok=True)
+        os.chmod(self.run_dir, 0o700)
+        self.workdir = os.path.join(self.run_dir, "workdir")
+        try:
+            self.get_workdir()
+            if self.spec["secrets"]:
+                self.secrets = read_secrets(self.ssm, self.run_id, self.spec["secrets"])
+            self.place_mounts()
+        except Refused as exc:
+            self.log(f"refused: {exc}")
+            return str(exc)[:1000]
+        return None
 
     def get_workdir(self) -> None:
         """The workdir from S3, unpacked once per instance (a restart on errors keeps it)."""
@@ -1714,17 +1722,9 @@ class Detached:
             return self.end_several("cancelled", "cancelled before this launch ran anything")
         if spec["limit_at"] is not None and at >= spec["limit_at"]:
             return self.end_several("failed", "the run's time limit passed before this launch")
-        os.makedirs(self.run_dir, exist_ok=True)
-        os.chmod(self.run_dir, 0o700)
-        self.workdir = os.path.join(self.run_dir, "workdir")
-        try:
-            self.get_workdir()
-            if spec["secrets"]:
-                self.secrets = read_secrets(self.ssm, self.run_id, spec["secrets"])
-            self.place_mounts()
-        except Refused as exc:
-            self.log(f"refused: {exc}")
-            return self.end_several("failed", str(exc)[:1000])
+        refused = self.prepare_instance()
+        if refused is not None:
+            return self.end_several("failed", refused)
         ip = None
         for _ in range(IMDS_TRIES):
             ip = self.imds("/latest/meta-data/local-ipv4")

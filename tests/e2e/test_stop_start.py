@@ -120,8 +120,9 @@ def test_an_idle_instance_ends_itself_and_one_with_an_ssh_session_open_does_not(
     home, state = sandbox_env
     import boto3
     ec2 = boto3.client("ec2", endpoint_url=state["endpoint"], region_name="us-east-1")
-    idle = ec2gpu("launch", "--name", "idle1", "--idle-down", "12s", "--max-runtime", "30", "--json")
-    busy = ec2gpu("launch", "--name", "busy1", "--idle-stop", "12s", "--max-runtime", "30", "--json")
+    # 25 s: `ls` (every 2 s, each a few seconds on a loaded 2-core machine) sees it idle before it ends
+    idle = ec2gpu("launch", "--name", "idle1", "--idle-down", "25s", "--max-runtime", "30", "--json")
+    busy = ec2gpu("launch", "--name", "busy1", "--idle-stop", "25s", "--max-runtime", "30", "--json")
     assert idle.returncode == 0 and busy.returncode == 0, idle.stderr + busy.stderr
     idle_id, busy_id = json.loads(idle.stdout)[0]["instance_id"], json.loads(busy.stdout)[0]["instance_id"]
     session = subprocess.Popen([EC2GPU, "ssh", "busy1", "--sandbox", "--", "sleep 60"], env=dict(os.environ),
@@ -134,7 +135,7 @@ def test_an_idle_instance_ends_itself_and_one_with_an_ssh_session_open_does_not(
             if rows.get(idle_id, {}).get("idle_seconds") is not None:
                 seen_idle = rows[idle_id]
             time.sleep(2)
-        assert seen_idle and seen_idle["idle_rule"] == "down 12" and seen_idle["busy"] is None  # ls said so
+        assert seen_idle and seen_idle["idle_rule"] == "down 25" and seen_idle["busy"] is None  # ls said so
         desc = ec2.describe_instances(InstanceIds=[idle_id])["Reservations"][0]["Instances"][0]
         assert desc["State"]["Name"] == "terminated"  # --idle-down: InstanceInitiatedShutdownBehavior terminate
         assert desc["StateReason"]["Code"] == "Client.InstanceInitiatedShutdown"
