@@ -47,7 +47,7 @@ TASK = """name: ddp-detached
 workdir: .
 run: |
   python3 -m torch.distributed.run --nnodes "$SKYPILOT_NUM_NODES" --nproc-per-node 1 \\
-    --node-rank "$SKYPILOT_NODE_RANK" --master-addr "$EC2GPU_HEAD_IP" --master-port 29500 \\
+    --node-rank "$SKYPILOT_NODE_RANK" --master-addr "$EC2GPU_HEAD_IP" --master-port 29517 \\
     --local-addr "$EC2GPU_NODE_IP" train.py
 nodes: 2
 """
@@ -61,10 +61,11 @@ def _gang(bucket: str, run_id: str) -> dict:
 
 
 @pytest.mark.parametrize("lost", [1, 0], ids=["worker", "head"])
-def test_a_detached_run_of_two_nodes_restarts_both_when_one_is_replaced(sandbox_env, torchrun_port, tmp_path,
-                                                                        capsys, lost):
+def test_a_detached_run_of_two_nodes_restarts_both_when_one_is_replaced(sandbox_env, tmp_path, capsys, lost):
     """``lost``: the rank of the node interrupted. The head lost, the worker heads the next
-    generation and carries the run's record and log on."""
+    generation and carries the run's record and log on. Its rendezvous port, 29517, is its own:
+    the other multi-node tests share 29500 under a lock (conftest.torchrun_port), which this one
+    need not wait for."""
     work = tmp_path / "work"
     work.mkdir()
     (work / "train.py").write_text(TRAIN)
