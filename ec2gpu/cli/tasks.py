@@ -180,7 +180,7 @@ def _print_detached(record, as_json: bool) -> None:
     say(out, f"run {run_id} detached: Auto Scaling group {record['group']}, store s3://{record['bucket']}/runs/{run_id}/")
     say(out, f"it ends by {record['deadline']} at the latest (the group's scheduled action), whoever is watching")
     where = " --sandbox" if record.get("backend") == "sandbox" else ""
-    say(out, f"follow it: ec2gpu status {run_id}{where}  (logs, fetch, cancel: the same way)", "dim")
+    say(out, f"follow it: ec2gpu status {run_id}{where} (logs, fetch, cancel: the same way)", "dim")
 
 
 @app.command("exec")
