@@ -857,6 +857,15 @@ class Detached:
         if ends and there.get("state") in TERMINAL and self.status.get("state") not in TERMINAL:
             raise Superseded(f"the run is already recorded as {there['state']}")
 
+    def read_status_tagged(self) -> object:
+        """status.json read again, its ETag kept for the next conditional write; one that is not a
+        record (too large, not JSON) is None: written over."""
+        data, self.etag = self.store.get_tagged("status.json", MAX_STATUS_BYTES)
+        try:
+            return json.loads(data) if data is not None and len(data) <= MAX_STATUS_BYTES else None
+        except (ValueError, RecursionError):
+            return None
+
     def save(self, check: bool = True) -> None:
         """status.json written whole; with ``check``, Superseded first when a later launch is recorded.
 
@@ -884,12 +893,7 @@ class Detached:
                 return
             except Conflict as exc:
                 self.log(f"status.json: {exc}; read again")
-                data, self.etag = self.store.get_tagged("status.json", MAX_STATUS_BYTES)
-                try:  # a record that is not one (too large, not JSON) supersedes nothing: written over
-                    there = json.loads(data) if data is not None and len(data) <= MAX_STATUS_BYTES else None
-                except (ValueError, RecursionError):
-                    there = None
-                self.raise_if_superseded(there, ends=check)
+                self.raise_if_superseded(self.read_status_tagged(), ends=check)  # one not a record supersedes nothing
         raise Conflict(f"status.json changed under {CONFLICT_TRIES} writes in a row")
 
     def try_save(self, check: bool = True) -> None:
@@ -1536,11 +1540,7 @@ class Detached:
     def end_several(self, state: str, reason: str | None) -> int:
         """The run's end from any of its nodes: status.json read again (this instance writes over
         the head's record only to end it), then ``end``."""
-        data, self.etag = self.store.get_tagged("status.json", MAX_STATUS_BYTES)
-        try:
-            there = json.loads(data) if data is not None and len(data) <= MAX_STATUS_BYTES else None
-        except (ValueError, RecursionError):
-            there = None
+        there = self.read_status_tagged()
         self.status = parse_status(there, self.run_id, self.group, self.clock())
         self.generation = max(self.generation, self.status["generation"])
         if self.status["state"] in TERMINAL:
@@ -1664,11 +1664,7 @@ class Detached:
         """This instance is generation ``g``'s head: status.json read again (the previous head's, if
         another), counted (an interruption, when ``g`` replaced a lost member), and written."""
         self.read_nodes()
-        data, self.etag = self.store.get_tagged("status.json", MAX_STATUS_BYTES)
-        try:
-            there = json.loads(data) if data is not None and len(data) <= MAX_STATUS_BYTES else None
-        except (ValueError, RecursionError):
-            there = None
+        there = self.read_status_tagged()
         st = self.status = parse_status(there, self.run_id, self.group, self.clock())
         last = st["attempts"][-1] if st["attempts"] else None
         if g["reason"] == "interruption":

@@ -108,6 +108,11 @@ def node(aws, tmp_path, name, ip, **kw):
     return run
 
 
+def two_nodes(aws, tmp_path):
+    """i-0a (10.0.0.1) and i-0b (10.0.0.2): the run's two instances."""
+    return node(aws, tmp_path, "i-0a", "10.0.0.1"), node(aws, tmp_path, "i-0b", "10.0.0.2")
+
+
 def run_nodes(*runs):
     """Each node's execute() in a thread, as on its own instance; their exit codes."""
     codes = {}
@@ -125,7 +130,7 @@ def test_two_nodes_run_the_job_together_with_ranks_and_the_heads_address(aws, tm
              run='echo "rank $SKYPILOT_NODE_RANK of $SKYPILOT_NUM_NODES head $EC2GPU_HEAD_IP ips '
                  '$(echo $SKYPILOT_NODE_IPS) me $EC2GPU_NODE_IP" > "$EC2GPU_OUTPUT_DIR/rank-$SKYPILOT_NODE_RANK.txt"; '
                  'cat "$EC2GPU_OUTPUT_DIR/rank-$SKYPILOT_NODE_RANK.txt"')
-    a, b = node(aws, tmp_path, "i-0a", "10.0.0.1"), node(aws, tmp_path, "i-0b", "10.0.0.2")
+    a, b = two_nodes(aws, tmp_path)
     assert run_nodes(a, b) == [0, 0]
     st = status(aws)
     g = json.loads(get(aws, "gang.json"))
@@ -147,7 +152,7 @@ def test_a_failure_on_one_rank_restarts_both_together(aws, tmp_path):
              run='echo "gen rank $SKYPILOT_NODE_RANK resume=$EC2GPU_RESUME"; '
                  '[ "$SKYPILOT_NODE_RANK" = 0 ] && { date > "$EC2GPU_CHECKPOINT_DIR/step"; exit 0; }; '
                  '[ -e "$HOME/failed-once" ] && exit 0; touch "$HOME/failed-once"; exit 3')
-    a, b = node(aws, tmp_path, "i-0a", "10.0.0.1"), node(aws, tmp_path, "i-0b", "10.0.0.2")
+    a, b = two_nodes(aws, tmp_path)
     assert run_nodes(a, b) == [0, 0]
     st = status(aws)
     assert (st["state"], st["attempt"], st["restarts_on_errors"], st["generation"]) == ("succeeded", 2, 1, 2)
@@ -159,7 +164,7 @@ def test_a_failure_on_one_rank_restarts_both_together(aws, tmp_path):
 
 def test_a_failure_beyond_the_restarts_ends_the_run_failed_naming_the_rank(aws, tmp_path):
     put_spec(aws, nodes=2, run='[ "$SKYPILOT_NODE_RANK" = 1 ] && exit 5; exit 0')
-    a, b = node(aws, tmp_path, "i-0a", "10.0.0.1"), node(aws, tmp_path, "i-0b", "10.0.0.2")
+    a, b = two_nodes(aws, tmp_path)
     assert run_nodes(a, b) == [0, 0]
     st = status(aws)
     assert st["state"] == "failed" and "rank 1 (exit 5)" in st["reason"] and group_size(aws) == (0, 0, 0)
@@ -167,7 +172,7 @@ def test_a_failure_beyond_the_restarts_ends_the_run_failed_naming_the_rank(aws, 
 
 def test_cancel_stops_every_node_and_the_head_records_it(aws, tmp_path):
     put_spec(aws, nodes=2, run='echo "started $SKYPILOT_NODE_RANK"; sleep 60')
-    a, b = node(aws, tmp_path, "i-0a", "10.0.0.1"), node(aws, tmp_path, "i-0b", "10.0.0.2")
+    a, b = two_nodes(aws, tmp_path)
     threading.Timer(3.0, lambda: aws.s3.put_object(Bucket=BUCKET, Key=PREFIX + "cancel", Body=b"")).start()
     started = time.monotonic()
     assert run_nodes(a, b) == [0, 0]
@@ -185,7 +190,7 @@ def test_a_node_beyond_the_launch_cap_ends_the_run(aws, tmp_path):
     assert node(aws, tmp_path, "i-0c", "10.0.0.3").execute() == 0
     st = status(aws)
     assert st["state"] == "failed" and "beyond max_launches 2" in st["reason"] and group_size(aws) == (0, 0, 0)
-    assert detached.STATUS_FIELDS  # the record a single node writes is unchanged (test_agent_detached)
+    assert set(st) == set(detached.STATUS_FIELDS) | {"generation"}  # one node's fields, and the generation
 
 
 class RecordingGroup:
@@ -233,7 +238,7 @@ def test_a_member_silent_for_a_moment_makes_the_same_members_regroup(aws, tmp_pa
     (reason "regroup", no interruption counted) rather than wait for one that no one forms."""
     monkeypatch.setattr(gang, "HEARTBEAT_S", 0.2)
     put_spec(aws, nodes=2, run='echo "gen $SKYPILOT_NODE_RANK"; sleep 5')
-    a, b = node(aws, tmp_path, "i-0a", "10.0.0.1"), node(aws, tmp_path, "i-0b", "10.0.0.2")
+    a, b = two_nodes(aws, tmp_path)
     groups = RecordingGroup(aws.asg)
     for run in (a, b):
         run.stale_s, run.asg = 1.5, groups
@@ -263,7 +268,7 @@ def test_a_member_silent_for_a_moment_makes_the_same_members_regroup(aws, tmp_pa
 def test_a_failure_on_a_worker_stops_the_heads_job_at_once(aws, tmp_path, monkeypatch):
     monkeypatch.setattr(gang, "HEARTBEAT_S", 0.2)
     put_spec(aws, nodes=2, run='[ "$SKYPILOT_NODE_RANK" = 1 ] && exit 5; sleep 60')
-    a, b = node(aws, tmp_path, "i-0a", "10.0.0.1"), node(aws, tmp_path, "i-0b", "10.0.0.2")
+    a, b = two_nodes(aws, tmp_path)
     started = time.monotonic()
     assert run_nodes(a, b) == [0, 0]
     assert time.monotonic() - started < 30  # not the head's 60 s, nor SETTLE_S after it
