@@ -40,7 +40,8 @@ the agent's record. When the job's process ends, the agent ends what is left of 
 (SIGTERM, then SIGKILL after 5 s) before its last write.
 
 With ``--handover-file`` (written by the controller, mode 0600, read and deleted before the job
-starts: ``{"urls": {"outputs", "log", "status"} (S3 presigned PUT URLs, the head node's only),
+starts: ``{"urls": {"outputs", "log", "status", and "pool" for an array's driver} (S3 presigned PUT
+URLs, the head node's only),
 "wait_s", "shutdown", "secret_names"}``) a run survives the loss of its controller (a closed
 laptop, ``kill -9``, a network gone): a live controller touches RUN_DIR/controller every third of
 ``wait_s`` at most (runs/recover/handover.py: Heartbeat) and writes RUN_DIR/collected once it has
@@ -48,7 +49,9 @@ brought the outputs home. Once the job has ended, the agent (in a child process:
 status goes to the controller at once) waits for ``collected`` until the heartbeat has been silent
 ``wait_s`` seconds, counted from the job's end at the earliest. Then it puts what the controller
 would have brought home into S3 through the URLs: RUN_DIR/out as one tar.gz (at most
-PUT_MAX_BYTES), job.log's last LOG_MAX_BYTES with the secrets' values masked, and status.json;
+PUT_MAX_BYTES), job.log's last LOG_MAX_BYTES with the secrets' values masked, an array's
+RUN_DIR/pool (the driver's element table and element logs, masked too) as one tar.gz, and
+status.json last;
 status.json's ``handover`` says where that stands ("pending", then "collected", "uploaded",
 "nothing to upload" or "failed: ..."), and the idle rule counts a pending one as busy
 (ami/idle-watch.sh). Then, with ``shutdown`` and once all of it is in S3, it ends its instance
@@ -86,6 +89,8 @@ COLLECTED, HEARTBEAT = "collected", "controller"  # in the run directory: the co
 PUT_MAX_BYTES = 5 * 10 ** 9
 LOG_MAX_BYTES = 64 << 20  # the last this many bytes of job.log are handed over
 PUT_TRIES = 4
+#: the hand-over's objects: "pool" is an array's (its driver's RUN_DIR/pool: status.json, logs/INDEX.log)
+HANDOVER_URLS = ("outputs", "log", "pool", "status")
 #: urllib would send a body as a form (application/x-www-form-urlencoded), which a server may parse away
 BINARY = {"Content-Type": "application/octet-stream"}
 
@@ -216,7 +221,7 @@ def read_handover(path: str | None) -> dict | None:
     urls = data.get("urls")
     urls = urls if isinstance(urls, dict) else {}
     return {"urls": {k: v for k, v in urls.items()
-                     if k in ("outputs", "log", "status") and isinstance(v, str) and v.startswith(("https://", "http://"))},
+                     if k in HANDOVER_URLS and isinstance(v, str) and v.startswith(("https://", "http://"))},
             "wait_s": max(0.0, float(data.get("wait_s") or 0)), "shutdown": data.get("shutdown") is True,
             "secret_names": [str(n) for n in data.get("secret_names") or [] if isinstance(n, str)]}
 
@@ -240,10 +245,13 @@ def await_collection(run_dir: str, wait_s: float, until: float | None = None, ti
         time.sleep(min(tick_s, max(0.05, wait_s - silent)))
 
 
-def pack_outputs(out_dir: str, dest: str, max_bytes: int = PUT_MAX_BYTES) -> tuple[int, int]:
+def pack_outputs(out_dir: str, dest: str, max_bytes: int = PUT_MAX_BYTES,
+                 mask: list[str] | None = None) -> tuple[int, int]:
     """``out_dir``'s regular files (symbolic links and special files left out, none followed) as a
     tar.gz at ``dest``, names relative to ``out_dir``, while their sizes add up to ``max_bytes`` at
-    most; return (files packed, files left out)."""
+    most; with ``mask``, each file is read whole and those values masked in it (mask_bytes: for
+    small files, the pool's record and element logs); return (files packed, files left out)."""
+    import io
     import tarfile
     packed = left = total = 0
     with tarfile.open(dest, "w:gz") as tar:
@@ -265,7 +273,12 @@ def pack_outputs(out_dir: str, dest: str, max_bytes: int = PUT_MAX_BYTES) -> tup
                 info.uid = info.gid = 0
                 info.uname = info.gname = ""
                 with open(path, "rb") as f:
-                    tar.addfile(info, f)
+                    if mask:
+                        data = mask_bytes(f.read(st.st_size), mask)
+                        info.size = len(data)
+                        tar.addfile(info, io.BytesIO(data))
+                    else:
+                        tar.addfile(info, f)
                 packed += 1
     return packed, left
 
@@ -350,6 +363,18 @@ def hand_over(run_dir: str, handover: dict, status: dict, key: bytes | None, env
         problem = put(urls["log"], log_tail(os.path.join(run_dir, "job.log"), secrets))
         if problem:
             problems.append(f"log: {problem}")
+    if "pool" in urls and os.path.isdir(os.path.join(run_dir, "pool")):  # an array's: its element table and logs
+        archive = os.path.join(run_dir, ".handover-pool.tar.gz")
+        try:
+            pack_outputs(os.path.join(run_dir, "pool"), archive, mask=secrets)
+            problem = put(urls["pool"], path=archive)
+            if problem:
+                problems.append(f"pool: {problem}")
+        except OSError as exc:
+            problems.append(f"pool: {type(exc).__name__}")
+        finally:
+            if os.path.exists(archive):
+                os.remove(archive)
     status["handover"] = ("failed: " + "; ".join(problems) if problems else "uploaded" if urls
                           else "nothing to upload (a run's outputs are its head node's)")
     if "status" in urls:

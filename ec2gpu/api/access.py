@@ -249,7 +249,8 @@ def fetch(run_id: str, *, out: Union[str, Path, None] = None, max_download: Unio
     summary_schema, test_acc ...; {} without one). A run in the foreground whose controller was lost
     and whose instance is gone has what its agent handed over to ``runs/RUN_ID/handover/`` in S3
     (runs/recover/handover.fetch): "source": "s3-handover", "state", "handover" (how the hand-over
-    went), "skipped", "left". Raises UsageError (a bad limit; no such run; no
+    went), "skipped", "left", "array" (an array's element table, also written as ``out``/pool.json,
+    its element logs as ``out``/logs/INDEX.log; None for a run that is no array). Raises UsageError (a bad limit; no such run; no
     running instance to fetch from), NoCredentials, AwsError, RemoteError."""
     from dataclasses import replace
 

@@ -68,7 +68,8 @@ CANCEL = "cancel"
 SPEC = "spec.json"
 AGENT = "agent/"
 HANDOVER = "handover/"  # a run in the foreground whose controller was lost (agent/agent.py: hand_over)
-HANDOVER_NAMES = {"outputs": "outputs.tar.gz", "log": "job.log", "status": "status.json"}
+#: "pool": an array's element table and element logs (pool/attempt.py), the driver's RUN_DIR/pool
+HANDOVER_NAMES = {"outputs": "outputs.tar.gz", "log": "job.log", "pool": "pool.tar.gz", "status": "status.json"}
 #: the longest a presigned URL made with SigV4 lasts, 7 days; one made with temporary credentials
 #: lasts no longer than they do (https://docs.aws.amazon.com/AmazonS3/latest/userguide/using-presigned-url.html)
 PRESIGN_MAX_S = 7 * 24 * 3600
@@ -159,7 +160,7 @@ def agent_prefix(run_id: str) -> str:
 
 
 def handover_keys(run_id: str) -> dict[str, str]:
-    """{"outputs", "log", "status": the key under ``runs/<run_id>/handover/``}: where the agent of a
+    """{"outputs", "log", "pool", "status": the key under ``runs/<run_id>/handover/``}: where the agent of a
     run in the foreground puts what its lost controller did not collect (pure)."""
     return {what: prefix(run_id) + HANDOVER + name for what, name in HANDOVER_NAMES.items()}
 

@@ -270,6 +270,7 @@ def run_attempt(aws: Aws, settings: Settings, opts: PoolOptions, run_id: str, ui
     recovery.Interrupted when the head is lost."""
     from ..remote import jobs, ssh_config as sc
     from ..runs.execute import engine, nodes as N
+    from ..runs.recover import recovery
 
     from dataclasses import replace
 
@@ -285,6 +286,7 @@ def run_attempt(aws: Aws, settings: Settings, opts: PoolOptions, run_id: str, ui
     pool.count()
     config = settings.home / "ssh" / f"{run_id}.config"
     beating = None  # the heartbeat the head's agent watches (runs/recover/handover.py), while there is a plan
+    plan, per_job = None, 1
     try:
         with ui.phase("waiting for SSH"):
             N.parallel(lambda nd: N.open_node(nd, aws, settings, prov, run_id, backend, ui.note), nodes)
@@ -314,7 +316,7 @@ def run_attempt(aws: Aws, settings: Settings, opts: PoolOptions, run_id: str, ui
             from ..remote import files
             from ..runs.recover.handover import Heartbeat
             files.write_private(head.conn, f"{head.run_dir}/handover.json",
-                                plan.document(True, shutdown, sorted(job.task.secrets)))
+                                plan.document(True, shutdown, sorted(job.task.secrets), pool=True))
             engine.mark([head], "controller")
             beating = Heartbeat(lambda: engine.mark([head], "controller"), plan.wait_s).start()
         with ui.phase("running"):
@@ -334,28 +336,87 @@ def run_attempt(aws: Aws, settings: Settings, opts: PoolOptions, run_id: str, ui
             status = _home(head, job, local_out, config, ui, opts, done, limits) or status
             if plan is not None:
                 engine.mark([head], "collected")
-        record["pool"] = {**_pool_record(pool, status, opts, per_job), "skipped": skipped}
-        failed = [e for e in status["elements"] if e["status"] != "succeeded"] if status else []
-        if status is None or failed:
-            first = failed[0] if failed else None
-            raise RemoteError(f"{len(failed) if status else 'the'} element(s) of the array failed"
-                              + (f", first: element {first['index']} (exit status {first['exit_status']}, "
-                                 f"{first['attempts']} attempt(s))" if first else ": the pool's record did not come home"),
-                              f"its log: {local_out / 'logs'}; run those again with --array "
-                              + ",".join(str(e["index"]) for e in failed[:20]),
-                              command="pool", host=head.host, exit_status=first["exit_status"] if first else None,
-                              tail="\n".join(first["tail"]) if first else "")
-        return {}
-    except (*jobs.CONNECTION_ERRORS, WaitTimeout, RemoteError):
-        if nodes[0].watch:
-            nodes[0].watch.check()  # a lost head explains the failure: Interrupted
-        raise
+        return _conclude(record, pool, status, opts, per_job, skipped, local_out, head)
+    except (*jobs.CONNECTION_ERRORS, WaitTimeout, RemoteError, recovery.Interrupted) as exc:
+        lost = exc if isinstance(exc, recovery.Interrupted) else _lost(nodes[0])  # a lost head explains it
+        if lost is None:
+            raise
+        if plan is None or not _handed_over(aws, run_id):  # lost: what it had not brought home runs again
+            raise lost from (None if lost is exc else exc)
+        pool.left_at.setdefault(nodes[0].instance_id, round(time.time(), 3))
+        return _conclude(record, pool, _adopt(aws, run_id, opts, local_out, done, settings.download_limits, ui),
+                         opts, per_job, skipped, local_out, nodes[0])
     finally:
         if beating is not None:
             beating.stop()
         for nd in nodes:
             nd.close()
         config.unlink(missing_ok=True)
+
+
+def _conclude(record: dict[str, Any], pool: Pool, status: dict[str, Any] | None, opts: PoolOptions, per_job: int,
+              skipped: list[int], local_out: Path, head: Node) -> dict[str, Any]:
+    """The run record's ``pool`` (the element table, counts, the instance count over time); {}
+    when every element succeeded. Raises RemoteError naming the first failed element (and the
+    ``--array`` that runs the failed ones again), or when the table did not come home."""
+    record["pool"] = {**_pool_record(pool, status, opts, per_job), "skipped": skipped}
+    failed = [e for e in status["elements"] if e["status"] != "succeeded"] if status else []
+    if status is None or failed:
+        first = failed[0] if failed else None
+        raise RemoteError(f"{len(failed) if status else 'the'} element(s) of the array failed"
+                          + (f", first: element {first['index']} (exit status {first['exit_status']}, "
+                             f"{first['attempts']} attempt(s))" if first else ": the pool's record did not come home"),
+                          f"its log: {local_out / 'logs'}; run those again with --array "
+                          + ",".join(str(e["index"]) for e in failed[:20]),
+                          command="pool", host=head.host, exit_status=first["exit_status"] if first else None,
+                          tail="\n".join(first["tail"]) if first else "")
+    return {}
+
+
+def _lost(head: Node) -> Exception | None:
+    """recovery.Interrupted when EC2 says the head ``head`` is gone (its watch), else None."""
+    from ..runs.recover import recovery
+    try:
+        if head.watch:
+            head.watch.check()
+    except recovery.Interrupted as exc:
+        return exc
+    return None
+
+
+def _handed_over(aws: Aws, run_id: str) -> bool:
+    """Whether the lost head's agent handed over a driver that ended (runs/recover/handover.ended):
+    the head ended itself while this controller was away (a laptop asleep past the wait). An S3
+    error reads as no: the elements not brought home run again, as for any lost head."""
+    from ..errors import Ec2GpuError
+    from ..runs.recover import handover
+    try:
+        return handover.ended(aws, run_id)
+    except Ec2GpuError:
+        return False
+
+
+def _adopt(aws: Aws, run_id: str, opts: PoolOptions, local_out: Path, done: dict[str, dict[str, Any]],
+           limits: Any, ui: ReporterLike) -> dict[str, Any] | None:
+    """What the head handed over while this controller was away, brought home from S3 rather than
+    run again (runs/recover/handover.fetch): the outputs (``outputs/<index>/``), the element logs
+    and table, the table checked against ``opts.elements`` and completed as _home completes it.
+    Returns the table, None when it did not come (an S3 error, or not accepted)."""
+    from ..errors import Ec2GpuError
+    from ..runs.recover import handover
+    job = cast("TaskJob", opts.task)
+    try:
+        got = handover.fetch(aws, run_id, local_out, limits, ui.note, [e.as_dict() for e in opts.elements])
+    except Ec2GpuError as exc:
+        ui.note(f"warning: what the pool's head handed over could not be read ({exc.message})")
+        return None
+    ui.note("the pool's head ended itself after handing the array's results over to S3 while this command was "
+            "away: they are home, and its elements are not run again")
+    status = got["array"] if got else None
+    if status is None:
+        return None
+    _mask_logs(local_out / "logs", job)  # the agent masked them too: this machine's rule, as for any log home
+    return _complete(_masked(status, job), done, job, local_out)
 
 
 def records_words(opts: PoolOptions) -> str:
@@ -400,8 +461,13 @@ def _read_status(head: Node, opts: PoolOptions, ui: ReporterLike) -> dict[str, A
         if said not in getattr(ui, "notes", ()):  # once, not at every poll
             ui.note(said)
         return None
-    job = cast("TaskJob", opts.task)
-    if job.secret_values:  # the job's own lines: a secret it printed is never shown or kept
+    return _masked(status, cast("TaskJob", opts.task))
+
+
+def _masked(status: dict[str, Any], job: TaskJob) -> dict[str, Any]:
+    """``status`` with each secret value of the task masked in its elements' last lines and errors
+    (the job's own lines: a secret it printed is never shown or kept)."""
+    if job.secret_values:
         for e in status["elements"]:
             e["tail"] = [job.mask(line) for line in e["tail"]]
             e["error"] = job.mask(e["error"]) if e["error"] else e["error"]
@@ -801,15 +867,22 @@ def _home(head: Node, job: TaskJob, local_out: Path, config: Path, ui: ReporterL
     local_out.mkdir(parents=True, exist_ok=True)
     copy_log(head.conn, f"{head.run_dir}/job.log", local_out / "job.log", job.mask)  # the driver's: `ec2gpu logs RUN`
     status = _read_status(head, opts, ui)
-    if status is not None:
-        now = {e["index"] for e in status["elements"]}
-        earlier = [e for k, e in done.items() if int(k) not in now]
-        status["elements"] = sorted(status["elements"] + earlier, key=lambda e: e["index"])
-        status["counts"]["done"] += len(earlier)
-        done.update({str(e["index"]): e for e in status["elements"] if e["status"] == "succeeded"})
-        _accuracies(status, job, local_out)
-        local_out.mkdir(parents=True, exist_ok=True)
-        (local_out / "pool.json").write_text(json.dumps(status, indent=2))
+    return _complete(status, done, job, local_out) if status is not None else None
+
+
+def _complete(status: dict[str, Any], done: dict[str, dict[str, Any]], job: TaskJob, local_out: Path
+              ) -> dict[str, Any]:
+    """The driver's table ``status`` with the elements an earlier attempt finished (``done``) in
+    it, each element's test accuracy where its outputs say (_accuracies), written to
+    ``local_out``/pool.json; ``done`` gets the ones that succeeded."""
+    now = {e["index"] for e in status["elements"]}
+    earlier = [e for k, e in done.items() if int(k) not in now]
+    status["elements"] = sorted(status["elements"] + earlier, key=lambda e: e["index"])
+    status["counts"]["done"] += len(earlier)
+    done.update({str(e["index"]): e for e in status["elements"] if e["status"] == "succeeded"})
+    _accuracies(status, job, local_out)
+    local_out.mkdir(parents=True, exist_ok=True)
+    (local_out / "pool.json").write_text(json.dumps(status, indent=2))
     return status
 
 

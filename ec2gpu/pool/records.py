@@ -9,7 +9,7 @@ import json
 import math
 from typing import Any, Mapping, Sequence
 
-from ..tasks.arrays import MAX_ELEMENTS
+from ..tasks.arrays import MAX_ELEMENTS, MAX_PARAMS
 
 MAX_STATUS_BYTES = 16 * 1024 * 1024  # 10,000 elements' records with their last lines fit
 ELEMENT_STATES = ("queued", "running", "succeeded", "failed")
@@ -56,12 +56,23 @@ def _text(value: Any, what: str, limit: int = MAX_LINE_CHARS) -> str | None:
     return value[:limit]
 
 
-def _element(raw: Any, known: Mapping[int, Mapping[str, str]]) -> dict[str, Any]:
+def _params(raw: Any, index: int) -> dict[str, str]:
+    """An element's own sweep parameters (a record read without the submitted elements): names
+    and values as bounded text, at most MAX_PARAMS of them."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or len(raw) > MAX_PARAMS:
+        raise BadStatus(f"element {index}: params is not an object of at most {MAX_PARAMS} names")
+    return {str(_text(k, f"element {index}: a parameter's name", 64)):
+            str(_text(v, f"element {index}: parameter {str(k)[:64]}", MAX_LINE_CHARS)) for k, v in raw.items()}
+
+
+def _element(raw: Any, known: Mapping[int, Mapping[str, str]] | None) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise BadStatus("an element record is not an object")
     index = _int(raw.get("index"), 0, MAX_ELEMENTS - 1, "index")
     assert index is not None
-    if index not in known:
+    if known is not None and index not in known:
         raise BadStatus(f"element {index} was not submitted")
     status = raw.get("status")
     if status not in ELEMENT_STATES:
@@ -72,7 +83,8 @@ def _element(raw: Any, known: Mapping[int, Mapping[str, str]]) -> dict[str, Any]
     nodes = raw.get("nodes") or []
     if not isinstance(nodes, list):
         raise BadStatus(f"element {index}: nodes is not a list")
-    return {"index": index, "status": status, "params": dict(known[index]),
+    return {"index": index, "status": status,
+            "params": dict(known[index]) if known is not None else _params(raw.get("params"), index),
             "attempts": _int(raw.get("attempts", 0), 0, 1000, f"element {index}: attempts"),
             "exit_status": _int(raw.get("exit_status"), -255, 255, f"element {index}: exit_status", optional=True),
             "node": _text(raw.get("node"), f"element {index}: node", 64),
@@ -83,10 +95,12 @@ def _element(raw: Any, known: Mapping[int, Mapping[str, str]]) -> dict[str, Any]
             "tail": [_text(line, f"element {index}: tail") for line in tail[-MAX_TAIL_LINES:]]}
 
 
-def parse_status(data: bytes, submitted: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def parse_status(data: bytes, submitted: Sequence[Mapping[str, Any]] | None) -> dict[str, Any]:
     """The driver's status.json (``data``, at most MAX_STATUS_BYTES) checked against the elements
-    that were ``submitted`` (each with ``index`` and ``params``): {"final", "counts", "nodes"
-    ({address: elements running}), "elements" [records in index order]}. Raises BadStatus."""
+    that were ``submitted`` (each with ``index`` and ``params``; None where they are not known,
+    as for `ec2gpu fetch` on another machine: each record's own parameters are taken, checked
+    as bounded text): {"final", "counts", "nodes" ({address: elements running}), "elements"
+    [records in index order]}. Raises BadStatus."""
     if len(data) > MAX_STATUS_BYTES:
         raise BadStatus(f"{len(data):,} bytes: at most {MAX_STATUS_BYTES:,}")
     try:
@@ -95,7 +109,7 @@ def parse_status(data: bytes, submitted: Sequence[Mapping[str, Any]]) -> dict[st
         raise BadStatus(f"not JSON: {exc}") from None
     if not isinstance(raw, dict) or raw.get("schema") != 1:
         raise BadStatus("not a pool status (schema 1)")
-    known = {int(e["index"]): e["params"] for e in submitted}
+    known = {int(e["index"]): e["params"] for e in submitted} if submitted is not None else None
     counts_raw = raw.get("counts")
     if not isinstance(counts_raw, dict):
         raise BadStatus("counts is not an object")

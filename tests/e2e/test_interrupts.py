@@ -233,40 +233,103 @@ def test_a_controller_asleep_past_the_wait_takes_what_its_instance_handed_over_a
     assert leftovers(home) == ([], [], []) and sandbox_settles(home)
 
 
-def test_an_array_whose_controller_is_lost_hands_its_outputs_over_to_s3(sandbox_env, tmp_path):
-    """Issue 31, item 6: `kill -9` on the controller while an array runs (one instance, Ray's head
-    and its worker at once); the driver finishes every element, the head's agent waits for the
-    controller (EC2GPU_HANDOVER_WAIT_SECONDS), puts every element's outputs in S3 through the URLs
-    it was given and ends its instance; `fetch` brings outputs/<index>/ home; `down` leaves nothing."""
-    import boto3
-    home, state = sandbox_env
-    ec2 = boto3.client("ec2", endpoint_url=state["endpoint"], region_name="us-east-1")
-    work = tmp_path / "work"
+def _array_task(work: Path, name: str) -> Path:
+    """A 4-element array over one instance (Ray's head and its worker at once): each element
+    sleeps 2 s, says a secret's value in its log, and writes its index."""
     work.mkdir()
-    (work / "task.yaml").write_text("name: lost-array\nworkdir: .\nrun: |\n  sleep 2\n"
+    (work / "task.yaml").write_text(f"name: {name}\nworkdir: .\nrun: |\n  sleep 2\n  echo \"token $TOKEN\"\n"
                                     '  echo "$EC2GPU_ARRAY_INDEX" > "$EC2GPU_OUTPUT_DIR/index.txt"\n'
                                     "array: 4\nmax_workers: 1\nresources:\n  instance_type: g4dn.xlarge\n"
-                                    "max_runtime: 30m\n")
-    env = {**os.environ, "EC2GPU_HANDOVER_WAIT_SECONDS": "2"}
-    code, err = run_and_interrupt(env, "element(s) submitted", sig=signal.SIGKILL, timeout_s=180,
-                                  argv=["run", str(work / "task.yaml"), "--sandbox", "--out", str(tmp_path / "r")])
-    assert code == -signal.SIGKILL, err
-    row = ledger.runs(home, limit=1)[0]
-    head = row["instance_ids"][0]
-    deadline, got = time.monotonic() + 120, None
-    while time.monotonic() < deadline:  # nobody ends it but the instance itself, once it handed over
-        got = ec2.describe_instances(InstanceIds=[head])["Reservations"][0]["Instances"][0]["State"]["Name"]
+                                    "max_runtime: 30m\nenvs:\n  TOKEN: null\nsecrets: [TOKEN]\n")
+    return work / "task.yaml"
+
+
+def _ended_by_itself(ec2, instance_id: str, within_s: float = 120) -> str | None:
+    """The instance's state once it is shutting down or terminated (nobody ends it but itself,
+    once it handed over), or its last state after ``within_s``."""
+    deadline, got = time.monotonic() + within_s, None
+    while time.monotonic() < deadline:
+        got = ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]["Instances"][0]["State"]["Name"]
         if got in ("shutting-down", "terminated"):
             break
         time.sleep(1)
-    assert got in ("shutting-down", "terminated"), got
-    fetched = subprocess.run([EC2GPU, "fetch", row["run_id"], "--sandbox", "--json", "--out", str(tmp_path / "f")],
+    return got
+
+
+def test_an_array_whose_controller_is_lost_hands_its_outputs_over_to_s3(sandbox_env, tmp_path):
+    """Issue 31, item 6: `kill -9` on the controller while an array runs; the driver finishes every
+    element, the head's agent waits for the controller (EC2GPU_HANDOVER_WAIT_SECONDS), puts every
+    element's outputs, its log and the element table in S3 through the URLs it was given (the
+    secret masked) and ends its instance; `fetch` brings outputs/<index>/, logs/<index>.log and
+    pool.json home, `logs --index` reads one; `down` leaves nothing."""
+    import boto3
+    home, state = sandbox_env
+    ec2 = boto3.client("ec2", endpoint_url=state["endpoint"], region_name="us-east-1")
+    task = _array_task(tmp_path / "work", "lost-array")
+    env = {**os.environ, "EC2GPU_HANDOVER_WAIT_SECONDS": "2", "TOKEN": "s3cr3t-t0ken"}
+    code, err = run_and_interrupt(env, "element(s) submitted", sig=signal.SIGKILL, timeout_s=180,
+                                  argv=["run", str(task), "--sandbox", "--out", str(tmp_path / "r")])
+    assert code == -signal.SIGKILL, err
+    row = ledger.runs(home, limit=1)[0]
+    assert _ended_by_itself(ec2, row["instance_ids"][0]) in ("shutting-down", "terminated")
+    fetched = subprocess.run([EC2GPU, "fetch", row["run_id"], "--sandbox", "--json"],  # to the run's own folder
                              capture_output=True, text=True, timeout=120)
     assert fetched.returncode == 0, fetched.stderr
-    assert json.loads(fetched.stdout)["source"] == "s3-handover"
+    got = json.loads(fetched.stdout)
+    assert got["source"] == "s3-handover" and got["array"]["counts"]["done"] == 4, got
+    r = tmp_path / "r"
     for k in range(4):
-        assert (tmp_path / "f" / "outputs" / str(k) / "index.txt").read_text() == f"{k}\n"
+        assert (r / "outputs" / str(k) / "index.txt").read_text() == f"{k}\n"
+        assert (r / "logs" / f"{k}.log").read_text().strip().endswith("token ****")  # masked on the instance
+    assert [e["attempts"] for e in json.loads((r / "pool.json").read_text())["elements"]] == [1] * 4
     done = subprocess.run([EC2GPU, "down", row["run_id"], "--sandbox"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+    one = subprocess.run([EC2GPU, "logs", row["run_id"], "--index", "2", "--sandbox"], capture_output=True, text=True,
+                         timeout=60)
+    assert one.returncode == 0 and "token ****" in one.stdout, one.stderr
+    assert leftovers(home) == ([], [], []) and sandbox_settles(home)
+    assert processes_gone(row["instance_ids"])
+
+
+def test_an_array_whose_controller_slept_takes_what_its_head_handed_over_and_runs_nothing_again(
+        sandbox_env, tmp_path):
+    """A laptop that sleeps (SIGSTOP) while an array runs: the driver finishes every element, the
+    head's agent hears no heartbeat, hands the outputs, logs and element table over to S3 and ends
+    its instance; the controller, woken (SIGCONT), finds its head gone and takes the results from
+    S3: every element's outputs and log home, the table in its record, one attempt."""
+    import boto3
+    home, state = sandbox_env
+    ec2 = boto3.client("ec2", endpoint_url=state["endpoint"], region_name="us-east-1")
+    task = _array_task(tmp_path / "work", "asleep-array")
+    env = {**os.environ, "EC2GPU_HANDOVER_WAIT_SECONDS": "3", "TOKEN": "s3cr3t-t0ken"}
+    proc = subprocess.Popen([EC2GPU, "run", str(task), "--sandbox", "--json", "--out", str(tmp_path / "r")], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    try:
+        for line in proc.stderr:
+            lines.append(line)
+            if "element(s) submitted" in line:
+                proc.send_signal(signal.SIGSTOP)  # asleep: no heartbeat, nothing brought home
+                break
+        row = ledger.runs(home, limit=1)[0]
+        assert _ended_by_itself(ec2, row["instance_ids"][0]) in ("shutting-down", "terminated"), "".join(lines)
+        proc.send_signal(signal.SIGCONT)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+            proc.kill()
+            proc.wait()
+    err = "".join(lines) + err
+    assert proc.returncode == 0, err
+    record = json.loads(out)
+    assert record["status"] == "completed" and len(record["attempts"]) == 1, record  # no element run again
+    assert [(e["index"], e["status"], e["attempts"]) for e in record["pool"]["elements"]] == \
+        [(k, "succeeded", 1) for k in range(4)]
+    assert "while this command was away" in " ".join(err.split()) and "s3cr3t" not in err + out
+    r = tmp_path / "r"
+    for k in range(4):
+        assert (r / "outputs" / str(k) / "index.txt").read_text() == f"{k}\n"
+        assert "token ****" in (r / "logs" / f"{k}.log").read_text()
     assert leftovers(home) == ([], [], []) and sandbox_settles(home)
     assert processes_gone(row["instance_ids"])

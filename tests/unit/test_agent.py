@@ -324,6 +324,28 @@ def test_a_job_whose_controller_is_gone_hands_its_outputs_log_and_status_over_ma
     assert not (tmp_path / ".handover-outputs.tar.gz").exists()
 
 
+def test_an_arrays_driver_hands_its_element_table_and_logs_over_masked_before_its_record(tmp_path):
+    import io
+    import tarfile
+    server, base = _put_server()
+    (tmp_path / "pool" / "logs").mkdir(parents=True)
+    (tmp_path / "pool" / "status.json").write_text('{"elements": [{"tail": ["token is s3cr3t-value"]}]}')
+    (tmp_path / "pool" / "logs" / "3.log").write_text("token is s3cr3t-value\n")
+    try:
+        code = agent.run(str(tmp_path), ["bash", "-c", "true"], "http://127.0.0.1:9", 0.1, 2.0,
+                         {"TOKEN": "s3cr3t-value", "EC2GPU_OUTPUT_DIR": str(tmp_path / "out")}, None,
+                         handover=_handover(base, names=("outputs", "log", "pool", "status")))
+    finally:
+        server.shutdown()
+    assert code == 0
+    with tarfile.open(fileobj=io.BytesIO(_Puts.got["/pool"]), mode="r:gz") as tar:
+        assert sorted(tar.getnames()) == ["logs/3.log", "status.json"]
+        assert tar.extractfile("logs/3.log").read() == b"token is ****\n"
+        assert b"s3cr3t" not in tar.extractfile("status.json").read()
+    assert list(_Puts.got)[-1] == "/status" and json.loads(_Puts.got["/status"])["handover"] == "uploaded"
+    assert not (tmp_path / ".handover-pool.tar.gz").exists()
+
+
 def test_a_controller_that_collects_stops_the_handover_and_a_refused_put_is_recorded(tmp_path):
     server, base = _put_server()
     try:

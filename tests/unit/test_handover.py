@@ -2,6 +2,7 @@
 import io
 import json
 import tarfile
+from pathlib import Path
 
 from ec2gpu.remote.files import Limits
 from ec2gpu.runs.recover import handover
@@ -54,11 +55,56 @@ def test_the_record_handed_over_is_checked_and_its_words_made_inert():
     assert handover._record(b"[1]")["state"] == "unreadable"
 
 
-def test_the_agents_document_gives_the_urls_to_the_head_only():
-    h = handover.Handover("b", {"outputs": "https://u"}, 300)
+def test_the_agents_document_gives_the_urls_to_the_head_only_and_the_pools_to_an_arrays_driver():
+    h = handover.Handover("b", {"outputs": "https://u", "pool": "https://p"}, 300)
     assert json.loads(h.document(True, True, ["B", "A"])) == {"urls": {"outputs": "https://u"}, "wait_s": 300,
                                                              "shutdown": True, "secret_names": ["A", "B"]}
-    assert json.loads(h.document(False, False, []))["urls"] == {}
+    assert json.loads(h.document(True, True, [], pool=True))["urls"] == {"outputs": "https://u", "pool": "https://p"}
+    assert json.loads(h.document(False, False, [], pool=True))["urls"] == {}
+
+
+def _pool_status(**element):
+    return json.dumps({"schema": 1, "final": True, "counts": {"done": 1, "failed": 0, "running": 0, "queued": 0},
+                       "nodes": {}, "elements": [{"index": 3, "status": "succeeded", "attempts": 1, "exit_status": 0,
+                                                  "params": {"lr": "0.1"}, "tail": ["ok"], **element}]}).encode()
+
+
+def _fetch_pool(monkeypatch, tmp_path, archive, out, submitted=None):
+    def download(s3, bucket, key, path, cap):
+        data = archive.read_bytes()
+        Path(path).write_bytes(data)
+        return len(data)
+    monkeypatch.setattr(handover.runstore, "download_head", download)
+    said = []
+    got = handover.fetch_pool(None, "b", "k", out, Limits(files=20, bytes=10_000), said.append, submitted)
+    return got, said
+
+
+def test_an_arrays_table_and_element_logs_come_home_checked_and_nothing_else(monkeypatch, tmp_path):
+    archive = _archive(tmp_path / "p.tar.gz", [
+        ("status.json", "file", _pool_status()), ("logs/3.log", "file", b"element 3\n"),
+        ("logs/x.log", "file", b"x"), ("logs/03.log", "file", b"x"), ("job.log", "file", b"not the driver's"),
+        ("pool.json", "file", b"{}"), ("logs/4.log", tarfile.SYMTYPE, "/etc/passwd")])
+    out = tmp_path / "out"
+    got, said = _fetch_pool(monkeypatch, tmp_path, archive, out)
+    assert got["counts"]["done"] == 1 and got["elements"][0]["params"] == {"lr": "0.1"}
+    assert json.loads((out / "pool.json").read_text())["elements"][0]["index"] == 3  # the checked table
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == ["logs", "logs/3.log", "pool.json"]
+    assert (out / "logs" / "3.log").read_text() == "element 3\n"
+    # checked against the elements submitted, where they are known: one never submitted is refused
+    got, said = _fetch_pool(monkeypatch, tmp_path, archive, tmp_path / "o2", submitted=[])
+    assert got is None and "not accepted" in said[-1] and not (tmp_path / "o2" / "pool.json").exists()
+
+
+def test_an_element_log_is_never_written_through_a_link(monkeypatch, tmp_path):
+    archive = _archive(tmp_path / "p.tar.gz", [("status.json", "file", _pool_status()),
+                                               ("logs/3.log", "file", b"element 3\n")])
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    out.mkdir()
+    elsewhere.mkdir()
+    (out / "logs").symlink_to(elsewhere)
+    got, _ = _fetch_pool(monkeypatch, tmp_path, archive, out)
+    assert got is not None and list(elsewhere.iterdir()) == []
 
 
 def test_an_archive_of_very_many_members_is_not_read_past_the_limits(tmp_path):

@@ -52,6 +52,16 @@ def test_a_hostile_status_is_refused(bad, says):
         records.parse_status(status(**bad), SUBMITTED)
 
 
+def test_a_status_read_without_the_submitted_elements_takes_their_own_params_checked():
+    """`ec2gpu fetch` on another machine knows no task: each record's own parameters, as bounded text."""
+    got = records.parse_status(status(elements=[{"index": 5, "status": "succeeded", "params": {"lr": "x" * 9000}}]),
+                               None)
+    assert got["elements"][0]["index"] == 5 and got["elements"][0]["params"] == {"lr": "x" * records.MAX_LINE_CHARS}
+    for bad in ([1], {"lr": 3}, {str(k): "1" for k in range(40)}):
+        with pytest.raises(records.BadStatus, match="param"):
+            records.parse_status(status(elements=[{"index": 0, "status": "queued", "params": bad}]), None)
+
+
 def test_a_status_too_large_or_not_json_is_refused():
     with pytest.raises(records.BadStatus, match="at most"):
         records.parse_status(b" " * (records.MAX_STATUS_BYTES + 1), SUBMITTED)

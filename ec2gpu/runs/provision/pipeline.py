@@ -432,7 +432,7 @@ def _run_attempts(aws: Aws, settings: Settings, opts: RunOptions, run_id: str, u
                                       plan, shutdown=not opts.keep)
         except recovery.Interrupted as why:
             # the instance ended itself after handing the job's outputs over while this controller was away
-            # (an array's: its elements not brought home run again, pool_done; `fetch` has the rest)
+            # (an array's is taken in pool/attempt.py, which has its element table)
             made = plan is not None and plan.done() and plan.result() is not None and not isinstance(opts, PoolOptions)
             adopted = handover.adopt(aws, run_id, out, opts.task, settings.download_limits, ui.note) if made else None
             if adopted is not None:

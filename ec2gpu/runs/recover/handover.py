@@ -5,20 +5,20 @@ instances. When it is lost before the job ends (the laptop closed or asleep, the
 ``kill -9``), the job still runs to its end under the instance's agent; before this, its outputs
 then stayed on an instance that its idle rule terminated. Now the run hands over:
 
-1. before the job starts, the controller asks S3 (no call: SigV4 signing here) for three presigned
-   PUT URLs, each for one key under ``runs/RUN_ID/handover/`` of the region's run store
+1. before the job starts, the controller asks S3 (no call: SigV4 signing here) for presigned PUT
+   URLs, each for one key under ``runs/RUN_ID/handover/`` of the region's run store
    (aws/runstore.py: the bucket detached runs use, made on first need); the head node's agent gets
    them in a 0600 file it reads and deletes before the job starts (agent/agent.py: read_handover);
 2. while the run goes on, the controller touches ``controller`` in each node's run directory
    (Heartbeat), and writes ``collected`` there once the outputs are home (engine.mark);
 3. an agent whose job has ended and whose heartbeat has been silent ``handover_wait_seconds``
    (setting, default 300) with no ``collected`` puts the outputs (one tar.gz), job.log (secrets
-   masked) and status.json through the URLs, then (the head, once all of it is in S3) ends its
-   instance with ``shutdown -h now`` (the run's instances terminate on shutdown) unless the
-   instances outlive the run (``--keep``);
+   masked), an array's element table and logs (pool/attempt.py) and status.json through the URLs,
+   then (the head, once all of it is in S3) ends its instance with ``shutdown -h now`` (the run's
+   instances terminate on shutdown) unless the instances outlive the run (``--keep``);
 4. `ec2gpu fetch RUN` brings them home from S3 (fetch); a controller that comes back (a laptop that
-   slept) and finds its instance ended takes them from there too (adopt), rather than run the job
-   again.
+   slept) and finds its instance ended takes them from there too (adopt; an array's: pool/attempt.py),
+   rather than run the job again.
 
 The instance gets no AWS credentials: a presigned URL lets its holder write that one object, until
 it expires (the run's --max-runtime plus an hour, at most 7 days; less when this machine's
@@ -28,6 +28,7 @@ https://docs.aws.amazon.com/AmazonS3/latest/userguide/using-presigned-url.html).
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import tarfile
 import tempfile
@@ -38,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ...aws import runstore
 from ...errors import Ec2GpuError
+from ...inert import inert
 
 if TYPE_CHECKING:
     from ...aws.session import Aws
@@ -63,10 +65,12 @@ class Handover:
     urls: dict[str, str]
     wait_s: int
 
-    def document(self, head: bool, shutdown: bool, secret_names: list[str]) -> str:
+    def document(self, head: bool, shutdown: bool, secret_names: list[str], pool: bool = False) -> str:
         """The agent's handover file (JSON): the URLs on the head node only (its outputs are the
-        run's), ``shutdown`` (end the instance after), the names of the secrets to mask in the log."""
-        return json.dumps({"urls": self.urls if head else {}, "wait_s": self.wait_s, "shutdown": shutdown,
+        run's), "pool" among them for an array's driver only (``pool``), ``shutdown`` (end the
+        instance after), the names of the secrets to mask in what it puts."""
+        urls = {k: v for k, v in self.urls.items() if pool or k != "pool"} if head else {}
+        return json.dumps({"urls": urls, "wait_s": self.wait_s, "shutdown": shutdown,
                            "secret_names": sorted(secret_names)})
 
 
@@ -152,15 +156,20 @@ class Heartbeat:
 
 # --- ec2gpu fetch RUN ---------------------------------------------------------------------------
 
-def fetch(aws: Aws, run_id: str, out: Path, limits: Limits, note: Log) -> dict[str, Any] | None:
+def fetch(aws: Aws, run_id: str, out: Path, limits: Limits, note: Log,
+          submitted: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:
     """Bring home what the agent of run ``run_id`` handed over (module docstring), or None when the
     run store holds nothing of it: the outputs archive unpacked to ``out``/outputs (hostile input:
     regular files and directories only, each name checked as remote/files.check_name checks an
-    instance's, none outside, at most ``limits``), job.log and status.json to ``out``.
+    instance's, none outside, at most ``limits``), job.log and status.json to ``out``; an array's
+    element table to ``out``/pool.json and its element logs to ``out``/logs/INDEX.log (fetch_pool;
+    ``submitted``: the array's elements, when known, that the table is checked against).
 
-    Returns {"outputs": [names], "files": ["job.log", "status.json"...], "state": the record's
-    state or None, "handover": the record's, "skipped": members refused, "left": members above
-    the limits}. Raises AwsError (S3), UsageError (a bad run id), OSError (``out`` not writable)."""
+    Returns {"outputs": [names], "files": ["job.log", "status.json", "pool.json"...], "state": the
+    record's state or None, "handover": the record's, "skipped": members refused, "left": members
+    above the limits, "array": the element table as pool/records.parse_status gives it, None for
+    a run that is no array or whose table was not handed over or not accepted}. Raises AwsError
+    (S3), UsageError (a bad run id), OSError (``out`` not writable)."""
     s3 = aws.client("s3")
     bucket = runstore.bucket_name(aws.check_credentials()["Account"], aws.region)
     keys = runstore.handover_keys(run_id)
@@ -184,6 +193,9 @@ def fetch(aws: Aws, run_id: str, out: Path, limits: Limits, note: Log) -> dict[s
                  f"s3://{bucket}/{keys['outputs']} (--max-download)")
         elif size is not None:
             names, skipped, left = unpack(archive, out / "outputs", limits, note)
+    array = fetch_pool(s3, bucket, keys["pool"], out, limits, note, submitted)
+    if array is not None:
+        done.append("pool.json")
     note(f"{len(names)} output file(s) and {', '.join(done)} brought home from "
          f"s3://{bucket}/{runstore.prefix(run_id)}{runstore.HANDOVER} to {out} (its instance handed them over: "
          "the controller was gone when the job ended)")
@@ -191,8 +203,55 @@ def fetch(aws: Aws, run_id: str, out: Path, limits: Limits, note: Log) -> dict[s
         code = record.get("exit_code")
         note(f"the job {record['state']}" + ("" if code is None else f" (exit status {code})")
              + f"; its agent's hand-over: {record.get('handover') or 'not said'}")
+    if array is not None:
+        c = array["counts"]
+        note(f"the array: {c['done']} element(s) succeeded, {c['failed']} failed, {c['running'] + c['queued']} not "
+             f"ended (its table: {out / 'pool.json'}; each element's log: {out / 'logs'}/INDEX.log)")
     return {"outputs": names, "files": done, "state": record.get("state"), "handover": record.get("handover"),
-            "skipped": skipped, "left": left}
+            "skipped": skipped, "left": left, "array": array}
+
+
+#: an element's log as the driver names it (RUN_DIR/pool/logs/INDEX.log; ec2gpu/pool/driver.py)
+ELEMENT_LOG = re.compile(r"logs/(0|[1-9][0-9]{0,3})\.log")
+
+
+def fetch_pool(s3: Any, bucket: str, key: str, out: Path, limits: Limits, note: Log,
+               submitted: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+    """An array's hand-over at ``key`` (the tar.gz of its driver's RUN_DIR/pool; hostile): unpacked
+    within ``limits`` in a directory of its own under ``out``, its status.json checked
+    (pool/records.parse_status against ``submitted``, or each record's own parameters) and written
+    as ``out``/pool.json, each element log (logs/INDEX.log, nothing else) moved to ``out``/logs,
+    never through a link. Returns the checked table, or None when there is no such object or the
+    table is not accepted (said to ``note``). Raises AwsError, OSError (``out`` not writable)."""
+    from ...pool import records
+    from ...remote import files
+    from ..detached.fetch import write_small
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".handover-pool-", dir=out) as tmp:
+        archive = Path(tmp) / "pool.tar.gz"
+        cap = limits.bytes + ARCHIVE_SLACK_BYTES
+        size = runstore.download_head(s3, bucket, key, archive, cap)
+        if size is None:
+            return None
+        if size > cap:
+            note(f"warning: the array's table and logs are larger than the download limit ({limits.bytes:,} bytes): "
+                 f"left in s3://{bucket}/{key} (--max-download)")
+            return None
+        names, _, _ = unpack(archive, Path(tmp) / "pool", limits, note, what="the array's table and logs")
+        status = None
+        if "status.json" in names and (Path(tmp) / "pool" / "status.json").stat().st_size <= records.MAX_STATUS_BYTES:
+            try:
+                status = records.parse_status((Path(tmp) / "pool" / "status.json").read_bytes(), submitted)
+            except records.BadStatus as exc:
+                note(f"warning: the array's table handed over is not accepted ({inert(str(exc))})")
+        if status is not None:
+            write_small(out, "pool.json", json.dumps(status, indent=2).encode())
+        for name in names:
+            if ELEMENT_LOG.fullmatch(name) and (dest := files.local_target(out, name)) is not None:
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                if files.local_target(out, name) is not None:  # the directory just made is one
+                    (Path(tmp) / "pool" / name).replace(dest)
+    return status
 
 
 def adopt(aws: Aws, run_id: str, out: Path, job: Any, limits: Limits, note: Log) -> dict[str, Any] | None:
@@ -205,11 +264,7 @@ def adopt(aws: Aws, run_id: str, out: Path, job: Any, limits: Limits, note: Log)
     from ...errors import RemoteError
     from ..execute import job_summary
     try:
-        s3 = aws.client("s3")
-        bucket = runstore.bucket_name(aws.check_credentials()["Account"], aws.region)
-        data = runstore.read_head(s3, bucket, runstore.handover_keys(run_id)["status"], MAX_STATUS_BYTES + 1)
-        state = _record(data)["state"] if data is not None else None
-        if state not in ("succeeded", "failed"):
+        if not ended(aws, run_id):
             return None
         got = fetch(aws, run_id, out, limits, note)
     except Ec2GpuError:
@@ -229,6 +284,16 @@ def adopt(aws: Aws, run_id: str, out: Path, job: Any, limits: Limits, note: Log)
     return summary or {}
 
 
+def ended(aws: Aws, run_id: str) -> bool:
+    """Whether the agent of run ``run_id`` handed over a job that ended (its record in S3 says
+    succeeded or failed): what a controller back from sleep takes rather than run it again.
+    Raises AwsError (S3), NoCredentials."""
+    s3 = aws.client("s3")
+    bucket = runstore.bucket_name(aws.check_credentials()["Account"], aws.region)
+    data = runstore.read_head(s3, bucket, runstore.handover_keys(run_id)["status"], MAX_STATUS_BYTES + 1)
+    return data is not None and _record(data)["state"] in ("succeeded", "failed")
+
+
 def _record(data: bytes) -> dict[str, Any]:
     """The handed-over status record (hostile: written by the instance) as runs/execute/status.parse
     checks an agent's, without its signature (the key died with the controller), and its
@@ -240,11 +305,11 @@ def _record(data: bytes) -> dict[str, Any]:
     except ValueError:
         raw = {}
     said = raw.get("handover") if isinstance(raw, dict) else None
-    from ...inert import inert
     return {**got, "handover": inert(said[:300]) if isinstance(said, str) else None, "signature_checked": False}
 
 
-def unpack(archive: Path, root: Path, limits: Limits, note: Log) -> tuple[list[str], int, int]:
+def unpack(archive: Path, root: Path, limits: Limits, note: Log, what: str = "the outputs archive"
+           ) -> tuple[list[str], int, int]:
     """Unpack the tar.gz file ``archive`` (hostile) into ``root``: regular files only (directories made as
     their paths need), each name checked (remote/files.check_name: no absolute path, no '..', no
     NUL), none through a symbolic link, at most ``limits`` files and bytes. Returns (the names
@@ -262,8 +327,8 @@ def unpack(archive: Path, root: Path, limits: Limits, note: Log) -> tuple[list[s
                     break
                 tar.members = []  # type: ignore[attr-defined]  # tarfile keeps every header it read
                 if skipped + left > limits.files + MAX_REFUSED:
-                    note("warning: the outputs archive holds more members than the download limits allow: the "
-                         "rest is not read")
+                    note(f"warning: {what} holds more members than the download limits allow: the rest is "
+                         "not read")
                     break
                 if m.isdir():
                     continue
@@ -287,11 +352,11 @@ def unpack(archive: Path, root: Path, limits: Limits, note: Log) -> tuple[list[s
                 names.append(m.name)
                 total += m.size
     except (tarfile.TarError, OSError, EOFError) as exc:
-        note(f"warning: the outputs archive could not be read whole ({type(exc).__name__}): "
+        note(f"warning: {what} could not be read whole ({type(exc).__name__}): "
              f"{len(names)} file(s) unpacked")
     if skipped:
-        note(f"warning: {skipped} member(s) of the outputs archive refused (not a plain file, or a name that "
-             "leaves outputs/)")
+        note(f"warning: {skipped} member(s) of {what} refused (not a plain file, or a name that leaves "
+             f"{root.name}/)")
     if left:
         note(f"warning: {left} output file(s) above the download limits left in S3 (--max-download, --max-files)")
     return sorted(names), skipped, left
