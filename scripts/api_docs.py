@@ -52,6 +52,7 @@ EXAMPLES = {
     "sandbox_down": 'ec2gpu.sandbox_down()',
     "sandbox_status": 'print(ec2gpu.sandbox_status())',
     "sandbox_interrupt": 'ec2gpu.sandbox_interrupt("i-0123456789abcdef0", notice_seconds=30)',
+    "sandbox_capacity": 'ec2gpu.sandbox_capacity("g4dn.xlarge", 1)',
     "sandbox_env": 'import os\nos.environ.update(ec2gpu.sandbox_env())',
 }
 

@@ -20,7 +20,7 @@ from .access import fetch, logs, notebook, ssh, ssh_config, tunnel
 from .costs import estimate, list_runs, prices, show_run
 from .images import list_images, remove_image
 from .instances import cleanup, doctor, down, idle_rule, launch, list_instances, scale, start, stop
-from .sandbox import sandbox_down, sandbox_env, sandbox_interrupt, sandbox_status, sandbox_up
+from .sandbox import sandbox_capacity, sandbox_down, sandbox_env, sandbox_interrupt, sandbox_status, sandbox_up
 from .tasks import bake, cancel, exec, load_task, run, status  # noqa: A004 - `exec` is the command's name
 from .train import bench, train_mnist
 
@@ -35,10 +35,11 @@ COMMANDS = {
     "prices": "prices", "cost": "estimate", "runs": "list_runs", "runs show": "show_run",
     "image bake": "bake", "image ls": "list_images", "image rm": "remove_image",
     "sandbox up": "sandbox_up", "sandbox down": "sandbox_down", "sandbox status": "sandbox_status",
-    "sandbox interrupt": "sandbox_interrupt", "sandbox env": "sandbox_env",
+    "sandbox interrupt": "sandbox_interrupt", "sandbox capacity": "sandbox_capacity", "sandbox env": "sandbox_env",
 }
 
-__all__ = ["COMMANDS", "bake", "bench", "cancel", "cleanup", "doctor", "down", "estimate", "exec", "fetch", "idle_rule",
-           "launch", "list_images", "list_instances", "list_runs", "load_task", "logs", "notebook", "prices",
-           "remove_image", "run", "sandbox_down", "sandbox_env", "sandbox_interrupt", "sandbox_status", "sandbox_up",
-           "scale", "show_run", "ssh", "ssh_config", "start", "status", "stop", "train_mnist", "tunnel"]
+__all__ = ["COMMANDS", "bake", "bench", "cancel", "cleanup", "doctor", "down", "estimate", "exec", "fetch",
+           "idle_rule", "launch", "list_images", "list_instances", "list_runs", "load_task", "logs", "notebook",
+           "prices", "remove_image", "run", "sandbox_capacity", "sandbox_down", "sandbox_env", "sandbox_interrupt",
+           "sandbox_status", "sandbox_up", "scale", "show_run", "ssh", "ssh_config", "start", "status", "stop",
+           "train_mnist", "tunnel"]

@@ -9,7 +9,7 @@ input), SandboxError (no sandbox running, sshd missing, it did not come up, an u
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, Optional
 
 from ..errors import UsageError
 
@@ -69,6 +69,19 @@ def sandbox_interrupt(instance_id: str, notice_seconds: float = 120.0, rebalance
         raise UsageError(f"--notice-seconds {notice_seconds:g} is not a number of seconds, 0 or more",
                          "EC2 gives 120")
     return control.interrupt(_home(), instance_id, notice_seconds, rebalance=rebalance)
+
+
+def sandbox_capacity(instance_type: str, count: Optional[int]) -> dict:
+    """Let at most ``count`` instances of ``instance_type`` be pending or running at once in the
+    sandbox, all zones together (None: no limit, the default). RunInstances then launches as many
+    as fit, up to its MaxCount, and answers InsufficientInstanceCapacity when its MinCount do not
+    fit, as EC2 does when a type is short (sandbox/capacity.py). Returns {"limits": {instance
+    type: count}}, every limit in force. Raises UsageError for a negative count; SandboxError when
+    no sandbox runs."""
+    from ..sandbox import control
+    if count is not None and count < 0:
+        raise UsageError(f"count {count} is below 0", "give 0 or more, or --unlimited")
+    return control.capacity(_home(), instance_type, count)
 
 
 def sandbox_env() -> dict[str, str]:

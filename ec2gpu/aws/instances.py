@@ -143,7 +143,10 @@ class LaunchSpec:
     spot: bool = False
     root_volume_gib: int = 100
     max_runtime_minutes: int | None = 120
-    count: int = 1
+    count: int = 1  # instances asked for: RunInstances' MaxCount
+    #: the fewest that will do (MinCount; None: ``count``): EC2 launches "the largest possible number of
+    #: instances above the specified minimum count" (API_RunInstances), a pool's start where a type is short
+    min_count: int | None = None
     subnet_id: str | None = None
     max_price: float | None = None  # spot only: the highest USD/h to pay (None: up to on-demand)
     placement_group: str | None = None  # a cluster placement group for multi-node runs
@@ -198,7 +201,7 @@ def run_request(spec: LaunchSpec) -> dict[str, Any]:
     """run_instances kwargs for ``spec`` (pure; tested without any AWS)."""
     req: dict[str, Any] = {
         "ImageId": spec.image_id, "InstanceType": spec.instance_type,
-        "MinCount": spec.count, "MaxCount": spec.count,
+        "MinCount": spec.min_count or spec.count, "MaxCount": spec.count,
         "KeyName": spec.key_name, "SecurityGroupIds": [spec.security_group_id],
         "InstanceInitiatedShutdownBehavior": "stop" if spec.idle and spec.idle.action == "stop" else "terminate",
         # IMDSv2 only: https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/configuring-IMDS-new-instances.html

@@ -1,6 +1,8 @@
 """`ec2gpu sandbox ...`: the local stand-in for AWS (moto + one sshd per instance)."""
 from __future__ import annotations
 
+from typing import Optional
+
 import typer
 
 from . import JSON, err, out, render_json, sandbox_app, say
@@ -67,6 +69,27 @@ def sandbox_interrupt(instance_id: str = typer.Argument(..., help="A running spo
     else:
         say(out, f"{instance_id}: spot interruption notice published (action {done['notice']['action']} at "
             f"{done['notice']['time']}); the sandbox terminates it in {notice_seconds:g} s")
+
+
+@sandbox_app.command("capacity")
+def sandbox_capacity(instance_type: str = typer.Argument(..., help="An instance type, e.g. g4dn.xlarge."),
+                     count: Optional[int] = typer.Argument(None, min=0, help="Instances of it that may be pending "
+                                                           "or running at once, all zones together."),
+                     unlimited: bool = typer.Option(False, "--unlimited", help="Remove the type's limit."),
+                     as_json: bool = JSON):
+    """Make the sandbox short of an instance type, as EC2 can be.
+
+    A launch beyond the limit gets fewer instances, or InsufficientInstanceCapacity."""
+    from ..api import sandbox as sb
+    from ..errors import UsageError
+    if (count is None) == (not unlimited):
+        raise UsageError("give a count or --unlimited, not both or neither", "e.g. `ec2gpu sandbox capacity "
+                         "g4dn.xlarge 1`")
+    done = sb.sandbox_capacity(instance_type, None if unlimited else count)
+    if as_json:
+        render_json(done)
+    else:
+        say(out, f"{instance_type}: " + ("no limit" if unlimited else f"at most {count} pending or running at once"))
 
 
 @sandbox_app.command("env")

@@ -1,6 +1,6 @@
 """One attempt of an array or a sweep over a pool of instances, scheduled by Ray.
 
-runs/provision/pipeline.py provisions the pool's instances (``opts.nodes`` of them, the run's
+runs/provision/pipeline.py provisions the pool's instances (up to ``opts.nodes``: as many as EC2 has, pool/grow.py; the run's
 security group letting members reach each other and nobody else reach more than SSH) and calls
 ``run_attempt``. Here: every node is opened, set up and given the workdir as for any run
 (runs/execute/engine.py's steps), Ray starts on each (ec2gpu/pool/node.py: node 0 the head), and
@@ -55,6 +55,9 @@ LOCAL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES,
 PROGRESS_FILE = "progress.json"  # the live figures in the run's directory, which `ec2gpu status RUN` reads
 GROW_STOP_WAIT_S = 120.0  # a replacement still being made when the array ends gets this long to stop (s)
 BRING_EVERY_S = 10.0  # finished elements' outputs come home this often while the array runs (s)
+#: after a launch that failed (no capacity for any type and zone on the list), the pool asks again
+#: this long after, while elements wait (s)
+GROW_RETRY_S = 60.0
 
 
 @dataclass
@@ -73,6 +76,7 @@ class Pool:
     usd_per_hour: dict[str, float | None] = field(default_factory=dict)  # instance id -> its compute price
     replacements: list[dict[str, Any]] = field(default_factory=list)  # grow.Replacement.as_dict, once each is over
     growing: grow.Replacement | None = None  # the one being made now (at most one at a time)
+    grow_after: float = 0.0  # time.monotonic() before which the pool does not try to grow again (a launch failed)
     write_back: bool = False  # the task has MOUNT-mode file_mounts: each node writes them back as it leaves
 
     def cost_so_far(self, now: float) -> float | None:
@@ -519,7 +523,7 @@ def _grow(aws: Aws, pool: Pool, status: dict[str, Any] | None, ctx: grow.Context
     if rep is not None:
         if not rep.over:
             if status is not None and not status["counts"]["queued"] and not rep.stop.is_set():
-                ui.note(f"pool: no element waits any more: the replacement for {rep.lost} stops")
+                ui.note(f"pool: no element waits any more: the {_what(rep.lost)} stops")
                 rep.halt()  # not needed: stopped at its next step, its instance ended
             return
         pool.growing = None
@@ -531,26 +535,37 @@ def _grow(aws: Aws, pool: Pool, status: dict[str, Any] | None, ctx: grow.Context
             pool.members[nd.instance_id] = nd
             pool.usd_per_hour.update(prices_of(aws, ctx.settings, [nd]))
             pool.count()
-            ui.note(f"pool: {nd.instance_id} joined as node {nd.index}, replacing {rep.lost} "
-                    f"({len(pool.members)} instance(s))")
+            ui.note(f"pool: {nd.instance_id} joined as node {nd.index}, "
+                    f"{f'replacing {rep.lost}' if rep.lost else 'the pool grows'} ({len(pool.members)} instance(s))")
         else:
-            ui.note(f"pool: no replacement for {rep.lost} ({rep.error}); the others go on")
+            pool.grow_after = time.monotonic() + GROW_RETRY_S
+            ui.note(f"pool: no {_what(rep.lost)} ({rep.error}); the others go on"
+                    + (f", asked again in {GROW_RETRY_S:.0f} s while elements wait" if ctx is not None else ""))
             if rep.instance_id:
                 try:
                     instances.terminate(aws.ec2, [rep.instance_id], wait=False)
                 except Exception as exc:  # noqa: BLE001 - it is one of the run's: the teardown ends it
                     ui.note(f"warning: {rep.instance_id} not ended now ({type(exc).__name__}); the teardown ends it")
                 pool.left_at[rep.instance_id] = round(time.time(), 3)
-    if ctx is None or status is None:
+    if ctx is None or status is None or len(pool.members) >= ctx.opts.nodes:
         return
+    c = status["counts"]
+    waiting = c["queued"] - max(0, len(pool.members) * pool.slots_per_node - c.get("running", 0))
     owed = [iid for iid in pool.lost if iid not in {r["for"] for r in pool.replacements}]
-    if not owed or not status["counts"]["queued"] or len(pool.members) >= ctx.opts.nodes:
+    if waiting <= 0 or (not owed and time.monotonic() < pool.grow_after):
         return
-    zone = next((nd.instance.zone for nd in pool.nodes if nd.instance_id == owed[0]), None)
-    ui.note(f"pool: {status['counts']['queued']} element(s) wait and {owed[0]} is lost: launching a replacement")
+    lost = owed[0] if owed else None
+    zone = next((nd.instance.zone for nd in pool.nodes if nd.instance_id == lost), None)
+    ui.note(f"pool: {c['queued']} element(s) wait and " + (f"{lost} is lost: launching a replacement" if lost else
+            f"the pool has {len(pool.members)} of its {ctx.opts.nodes} instance(s): launching one more"))
     # the next node index: never one a replacement that failed had (its tags and attempt row keep it)
     index = 1 + max([nd.index for nd in pool.nodes] + [int(r["node"]) for r in pool.replacements])
-    pool.growing = grow.start(ctx, owed[0], zone, index, list(addresses.values()), ui)
+    pool.growing = grow.start(ctx, lost, zone, index, list(addresses.values()), ui)
+
+
+def _what(lost: str | None) -> str:
+    """The words for a Replacement: for a lost worker, or the pool's growth (pure)."""
+    return f"replacement for {lost}" if lost else "instance the pool grows by"
 
 
 def _follow_loop(aws: Aws, pool: Pool, head: Node, opts: PoolOptions, addresses: dict[int, str],

@@ -1,4 +1,12 @@
-"""A replacement worker for a pool that lost one while work remains (issue 31, item 4).
+"""A replacement worker for a pool that lost one while work remains (issue 31, item 4), and the
+pool's growth (item 3: it "grows as capacity comes").
+
+A pool's first launch asks EC2 for up to ``--workers`` instances with MinCount 1
+(runs/provision/resources.py): where a type is short, EC2 launches as many as it can, and the pool
+starts with those. While more elements wait than its instances have free slots, the controller
+launches one more at a time, as for a replacement (``lost`` None), until the pool has its size;
+a launch that fails (no capacity on the whole list of types and zones) is asked again a minute
+later (pool/attempt.GROW_RETRY_S), and none once nothing waits.
 
 When a worker is lost (EC2 says it is no longer running, or its Ray ended) and elements still
 wait, the controller (pool/attempt._follow) starts one ``Replacement``: in a thread of its own, so
@@ -81,10 +89,11 @@ class Context:
 
 @dataclass
 class Replacement:
-    """One replacement being made for the worker ``lost`` (an instance id), as node ``index``;
-    ``node`` once its Ray has joined, ``error`` (the exception's type and words) when it failed."""
+    """One replacement being made for the worker ``lost`` (an instance id; None: an instance the
+    pool grows by, one it never had), as node ``index``; ``node`` once its Ray has joined,
+    ``error`` (the exception's type and words) when it failed."""
 
-    lost: str
+    lost: str | None
     index: int
     instance_id: str | None = None
     node: Node | None = None
@@ -111,14 +120,15 @@ class Replacement:
                 "joined": self.node is not None, "error": self.error}
 
 
-def start(ctx: Context, lost: str, lost_zone: str | None, index: int, addresses: list[str],
+def start(ctx: Context, lost: str | None, lost_zone: str | None, index: int, addresses: list[str],
           ui: ReporterLike) -> Replacement:
-    """Start making a replacement for the worker ``lost`` as node ``index`` (a number no node or
+    """Start making a replacement for the worker ``lost`` (None: one more instance for a pool
+    below its size, which launched fewer than it asked for) as node ``index`` (a number no node or
     earlier replacement of the pool had; ``addresses``: the private addresses of the pool's nodes,
     head first, for the new node's SKYPILOT_NODE_IPS). Returns at once;
     ``Replacement.over`` says when it is done, ``Replacement.halt`` stops it."""
     rep = Replacement(lost, index)
-    aside = _Aside(ui, f"replacement for {lost}: ")
+    aside = _Aside(ui, f"replacement for {lost}: " if lost else f"node {index}: ")
 
     def run() -> None:
         try:

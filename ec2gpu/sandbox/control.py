@@ -201,22 +201,36 @@ def interrupt(home: Path, instance_id: str, notice_seconds: float, rebalance: bo
 
     Raises SandboxError when no sandbox runs, or for an unknown, stopped or on-demand instance.
     """
+    return _control(home, "/control/interrupt", {"instance_id": instance_id, "notice_seconds": notice_seconds,
+                                                 "rebalance": rebalance},
+                    "see `ec2gpu ls --sandbox` for the running instances")
+
+
+def capacity(home: Path, instance_type: str, count: int | None) -> dict:
+    """Let at most ``count`` instances of ``instance_type`` be pending or running at once in the
+    sandbox (None: no limit); RunInstances beyond it launches fewer, or answers
+    InsufficientInstanceCapacity (sandbox/capacity.py). Returns {"limits": {type: count}}.
+    Raises SandboxError when no sandbox runs, or for a bad count."""
+    return _control(home, "/control/capacity", {"instance_type": instance_type, "count": count},
+                    "e.g. `ec2gpu sandbox capacity g4dn.xlarge 1`")
+
+
+def _control(home: Path, path: str, payload: dict, hint: str) -> dict:
+    """POST ``payload`` to the running sandbox's control endpoint ``path``; its JSON answer.
+    Raises SandboxError (with ``hint``) when none runs or it refuses."""
     import urllib.error
     import urllib.request
 
     state = read_state(home)
     if not state:
         raise SandboxError("no sandbox is running", "start it with `ec2gpu sandbox up`")
-    req = urllib.request.Request(f"{state['imds_url']}/control/interrupt", method="POST",
-                                 data=json.dumps({"instance_id": instance_id, "notice_seconds": notice_seconds,
-                                                  "rebalance": rebalance}).encode(),
+    req = urllib.request.Request(f"{state['imds_url']}{path}", method="POST", data=json.dumps(payload).encode(),
                                  headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
             return json.loads(resp.read())
     except urllib.error.HTTPError as exc:
-        raise SandboxError(json.loads(exc.read() or b"{}").get("error", str(exc)),
-                           "see `ec2gpu ls --sandbox` for the running instances")
+        raise SandboxError(json.loads(exc.read() or b"{}").get("error", str(exc)), hint)
 
 
 def resolver(home: Path):

@@ -33,7 +33,7 @@ from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
 
-from . import autoscaling, cloudinit, console, dlami, images, imds, lifecycle, likeaws, roles, sshd, tls
+from . import autoscaling, capacity, cloudinit, console, dlami, images, imds, lifecycle, likeaws, roles, sshd, tls
 
 def write_json(path: Path, data: dict) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
@@ -63,6 +63,14 @@ class Http(http.server.BaseHTTPRequestHandler):
     def _answer(self, method: str) -> None:
         if method == "GET" and self.path.startswith("/checkip"):
             status, ctype, text = 200, "text/plain", self.client_address[0] + "\n"
+        elif method == "POST" and self.path == "/control/capacity":
+            length = int(self.headers.get("Content-Length") or 0)
+            try:
+                req = json.loads(self.rfile.read(length))
+                status, ctype, text = 200, "application/json", json.dumps(
+                    {"limits": capacity.limit(req["instance_type"], req.get("count"))})
+            except (LookupError, ValueError, TypeError) as exc:
+                status, ctype, text = 400, "application/json", json.dumps({"error": str(exc).strip("'")})
         elif method == "POST" and self.path == "/control/shutdown":
             length = int(self.headers.get("Content-Length") or 0)
             try:
@@ -194,6 +202,7 @@ class Sandbox:
         lifecycle.install()  # a start sets LaunchTime again, as on EC2
         tls.install()  # a request comes over TLS, as boto3's do on AWS: a TLS-only bucket policy lets it in
         roles.install()  # RunInstances gives the instance profile to every instance it launches
+        capacity.install()  # RunInstances launches up to MaxCount, within `sandbox capacity` limits
         autoscaling.install()  # groups launch from their templates; scheduled actions per group
         images.install(self.state_dir,  # CreateImage keeps the builder's home; reboots reboot
                        pending_s=self.like_aws.image_pending_s if self.like_aws else 0.0)

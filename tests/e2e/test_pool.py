@@ -188,6 +188,37 @@ def test_an_array_over_three_workers_shrinks_its_pool_before_its_last_element_en
     assert_nothing_left(home, record)
 
 
+def test_an_array_starts_with_the_instances_ec2_has_and_grows_as_capacity_comes(sandbox_env, tmp_path):
+    """Issue 31, item 3: EC2 has one g4dn.xlarge (`ec2gpu sandbox capacity`), the array asks for 2
+    workers: the pool starts with the one EC2 gives, and once capacity comes (while elements wait
+    that no free slot takes) it launches one more, which joins and runs elements."""
+    home, state = sandbox_env
+    (tmp_path / "task.yaml").write_text(
+        "name: pool-grows\nworkdir: .\nrun: |\n  sleep 5\n"
+        '  echo "$EC2GPU_ARRAY_INDEX" > "$EC2GPU_OUTPUT_DIR/index.txt"\n'
+        "array: 6\nmax_workers: 2\nresources:\n  instance_type: g4dn.xlarge\nmax_runtime: 30m\n")
+    control.capacity(home, "g4dn.xlarge", 1)
+    try:
+        code, stdout, err = drive(["run", str(tmp_path / "task.yaml"), "--sandbox", "--out", str(tmp_path / "run"),
+                                   "--json"], [("launched i-", lambda line, lines: control.capacity(
+                                       home, "g4dn.xlarge", None))], timeout_s=240)  # capacity comes
+    finally:
+        control.capacity(home, "g4dn.xlarge", None)
+    assert code == 0, err
+    assert "1 of the 2 asked for (EC2 had no more)" in " ".join(err.split()), err
+    record = json.loads(stdout)
+    pool, elements = record["pool"], record["pool"]["elements"]
+    assert {e["status"] for e in elements} == {"succeeded"} and len(elements) == 6, err
+    for k in range(6):
+        assert (tmp_path / "run" / "outputs" / str(k) / "index.txt").read_text() == f"{k}\n"
+    counts = [p["instances"] for p in pool["instances_over_time"]]
+    assert counts[0] == 1 and 2 in counts, (pool["instances_over_time"], err)
+    [grown] = pool["replacements"]
+    assert grown["for"] is None and grown["joined"] and grown["node"] == 1, (grown, err)
+    assert len({e["node"] for e in elements}) == 2, elements  # the new instance ran elements too
+    assert_nothing_left(home, record)
+
+
 def test_an_array_loses_no_element_when_a_worker_is_interrupted_mid_run(sandbox_env, tmp_path):
     home, state = sandbox_env
     seen: dict = {}

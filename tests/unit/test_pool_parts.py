@@ -480,12 +480,13 @@ def test_a_lost_worker_is_replaced_one_at_a_time_while_elements_wait_and_the_poo
     nodes = [_node(k, f"i-{k}", 1.8e9) for k in range(3)]
     for k, nd in enumerate(nodes):
         nd.instance.zone = f"us-east-1{'abc'[k]}"
-    pool = attempt.Pool(nodes, members={nd.instance_id: nd for nd in nodes[:2]})  # i-2 is lost
+    pool = attempt.Pool(nodes, members={nd.instance_id: nd for nd in nodes})
     ctx = SimpleNamespace(opts=SimpleNamespace(nodes=3), settings=None)
     addresses, ui, aws = {0: "10.0.0.0", 1: "10.0.0.1", 2: "10.0.0.2"}, Reporter(), SimpleNamespace(ec2=None)
     waiting = {"counts": {"queued": 4}}
     attempt._grow(aws, pool, waiting, ctx, addresses, ui)
-    assert started == []  # nothing lost yet
+    assert started == []  # nothing lost yet: the pool is at its size
+    pool.members.pop("i-2")
     pool.lost.append("i-2")
     attempt._grow(aws, pool, {"counts": {"queued": 0}}, ctx, addresses, ui)
     assert started == []  # nothing waits: the pool is shrinking, not growing
@@ -526,6 +527,45 @@ def test_a_lost_worker_is_replaced_one_at_a_time_while_elements_wait_and_the_poo
     assert pool.growing.stop.is_set() and any("the replacement for i-0x stops" in n for n in ui.notes)
     gates[-1].set()
     pool.growing.thread.join()
+
+
+def test_a_pool_that_started_small_grows_while_more_elements_wait_than_it_has_free_slots(monkeypatch):
+    """Issue 31, item 3: EC2 launched 1 of the 2 instances asked for; the pool grows by one while
+    elements wait that no free slot takes, and a launch that failed is asked again GROW_RETRY_S later."""
+    import threading
+    from types import SimpleNamespace
+    from ec2gpu.aws import instances
+    from ec2gpu.pool import grow
+    from ec2gpu.runs.execute.reporter import Reporter
+
+    started = []
+
+    def start(ctx, lost, zone, index, addresses, ui):  # a launch that fails at once (no capacity anywhere)
+        started.append((lost, zone, index))
+        rep = grow.Replacement(lost, index, error="CapacityError: no g4dn.xlarge anywhere",
+                               thread=threading.Thread(target=lambda: None))
+        rep.thread.start()
+        rep.thread.join()
+        return rep
+
+    monkeypatch.setattr(grow, "start", start)
+    monkeypatch.setattr(instances, "terminate", lambda ec2, ids, wait=True: None)
+    nodes = [_node(0, "i-0", 1.8e9)]
+    pool = attempt.Pool(nodes, members={"i-0": nodes[0]}, slots_per_node=2)
+    ctx = SimpleNamespace(opts=SimpleNamespace(nodes=2), settings=None)
+    addresses, ui, aws = {0: "10.0.0.0"}, Reporter(), SimpleNamespace(ec2=None)
+    attempt._grow(aws, pool, {"counts": {"queued": 1, "running": 1}}, ctx, addresses, ui)
+    assert started == []  # the one waiting has a free slot (Ray has not placed it yet)
+    attempt._grow(aws, pool, {"counts": {"queued": 3, "running": 2}}, ctx, addresses, ui)
+    assert started == [(None, None, 1)] and "launching one more" in ui.notes[-1]
+    attempt._grow(aws, pool, {"counts": {"queued": 3, "running": 2}}, ctx, addresses, ui)  # it failed
+    assert pool.growing is None and pool.replacements[-1]["for"] is None
+    assert "no instance the pool grows by (CapacityError" in ui.notes[-1] and "asked again in 60 s" in ui.notes[-1]
+    attempt._grow(aws, pool, {"counts": {"queued": 3, "running": 2}}, ctx, addresses, ui)
+    assert len(started) == 1  # not asked again at once
+    pool.grow_after = 0.0  # a minute later
+    attempt._grow(aws, pool, {"counts": {"queued": 3, "running": 2}}, ctx, addresses, ui)
+    assert started[-1] == (None, None, 2)  # the next number: the failed launch's is never reused
 
 
 def test_the_pool_follows_its_head_through_a_dropped_connection_and_counts_it_lost_after_the_bound(monkeypatch):

@@ -29,6 +29,13 @@ def test_run_request_requires_imdsv2_encrypted_gp3_root_and_terminate_on_shutdow
     assert "InstanceMarketOptions" not in req
 
 
+def test_a_run_asks_for_all_its_nodes_at_once_and_a_pool_for_one_at_least():
+    req = instances.run_request(spec(count=3))
+    assert (req["MinCount"], req["MaxCount"]) == (3, 3)  # torchrun's nodes: all of them or none
+    req = instances.run_request(spec(count=3, min_count=1))
+    assert (req["MinCount"], req["MaxCount"]) == (1, 3)  # a pool: what EC2 has, then it grows
+
+
 def test_run_request_tags_instance_and_volume_with_run_owner_and_name():
     req = instances.run_request(spec())
     kinds = {t["ResourceType"]: {x["Key"]: x["Value"] for x in t["Tags"]} for t in req["TagSpecifications"]}

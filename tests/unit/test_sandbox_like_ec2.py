@@ -3,7 +3,7 @@ from datetime import datetime
 
 import pytest
 
-from ec2gpu.sandbox import guest, likeaws
+from ec2gpu.sandbox import capacity, guest, likeaws
 
 
 def test_shutdown_arguments_mean_what_they_mean_to_systemd():
@@ -47,3 +47,14 @@ def test_throttling_is_drawn_from_the_seeded_generator():
     assert draws[0] == draws[1]  # same seed, same first draw
     always = likeaws.Consistency(likeaws.Behaviour(throttle_p=1.0))
     assert likeaws.fault_for("DescribeSubnets", {}, always)[0] == "RequestLimitExceeded"
+
+
+def test_a_short_type_launches_as_many_as_fit_above_the_minimum_or_none():
+    """EC2's RunInstances (API_RunInstances: MinCount, MaxCount), as the sandbox's capacity limits apply it."""
+    assert capacity.launchable(1, 3, None, 50) == 3  # no limit: all of MaxCount (moto launched MinCount)
+    assert capacity.launchable(1, 3, 2, 0) == 2
+    assert capacity.launchable(1, 3, 2, 1) == 1
+    assert capacity.launchable(1, 3, 2, 2) == 0  # InsufficientInstanceCapacity
+    assert capacity.launchable(2, 2, 3, 2) == 0  # MinCount does not fit: none
+    with pytest.raises(ValueError):
+        capacity.limit("g4dn.xlarge", -1)

@@ -413,7 +413,7 @@ def _run_attempts(aws: Aws, settings: Settings, opts: RunOptions, run_id: str, u
                     + (f" (zones {', '.join(avoid)} last)" if avoid else ""))
         nodes = provision.provision(aws, settings, opts, run_id, ui, prov, avoid_zones=avoid)
         instance = nodes[0]
-        mine = [recovery.attempt_row(n, i, k if len(nodes) > 1 else None) for k, i in enumerate(nodes)]
+        mine = [recovery.attempt_row(n, i, k if opts.nodes > 1 else None) for k, i in enumerate(nodes)]
         attempts += mine
         got = catalog.CATALOG.get(instance.type)
         record.update({"instance_type": instance.type, "gpu": got.gpu if got else None,

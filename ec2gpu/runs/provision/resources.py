@@ -80,6 +80,7 @@ def provision(aws: Aws, settings: Settings, opts: LaunchOptions, run_id: str, ui
             security_group_id=prov.security_group_id, spot=opts.spot,
             root_volume_gib=settings.root_volume_gib, max_runtime_minutes=opts.max_runtime_minutes,
             max_price=opts.max_price if opts.spot else None, count=opts.nodes,
+            min_count=1 if _pool(opts) else None,  # a pool starts with what EC2 has, and grows (pool/grow.py)
             # a cluster placement group lives in one zone: a replacement elsewhere goes without it
             placement_group=None if avoid_zones else prov.placement_group, cluster=name if opts.forms_cluster else None,
             idle=opts.idle, instance_profile=prov.instance_profile, labels=_labels(opts))
@@ -92,7 +93,9 @@ def provision(aws: Aws, settings: Settings, opts: LaunchOptions, run_id: str, ui
         ids = [i.id for i in new]
         got = attempts[-1]
         ui.note(f"launched {', '.join(ids)} ({got.instance_type}, {got.market}, {got.zone or 'any zone'}"
-                f"{f', after {len(attempts) - 1} refusal(s)' if len(attempts) > 1 else ''})")
+                f"{f', after {len(attempts) - 1} refusal(s)' if len(attempts) > 1 else ''})"
+                + (f": {len(ids)} of the {opts.nodes} asked for (EC2 had no more); the pool grows as capacity comes"
+                   if len(ids) < opts.nodes else ""))
     with ui.phase("waiting for running"):
         running = {i.id: i for i in instances.wait_running(ec2, ids)}
         prov.instances = [running.get(i.id, i) for i in prov.instances]
@@ -103,6 +106,12 @@ def _labels(opts: LaunchOptions) -> tuple[tuple[str, str], ...]:
     """The task's labels (SkyPilot's resources.labels), as (key, value) pairs for the instance tags."""
     job = _job(opts)
     return tuple(sorted(job.task.resources.labels.items())) if job is not None else ()
+
+
+def _pool(opts: LaunchOptions) -> bool:
+    """Whether ``opts`` runs an array or a sweep over a pool (PoolOptions)."""
+    from ..options import PoolOptions
+    return isinstance(opts, PoolOptions)
 
 
 def _job(opts: LaunchOptions) -> TaskJob | None:
