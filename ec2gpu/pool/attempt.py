@@ -145,10 +145,13 @@ def _cpus(nd: Node) -> int:
     return got.vcpus if got else 1
 
 
-def start_ray(nodes: list[Node], addresses: dict[int, str], job: TaskJob, log: Callable[[str], None]) -> str:
+def start_ray(nodes: list[Node], addresses: dict[int, str], job: TaskJob, log: Callable[[str], None],
+              end_with_head: bool = False) -> str:
     """Start Ray on every node (the head first; ec2gpu/pool/node.py) and return the head's
     address (IP:PORT). Each node's Ray runs detached from SSH in ``RUN_DIR/ray`` (``nd.pid``: its
-    process group). Raises RemoteError / WaitTimeout when the head's Ray does not start."""
+    process group); with ``end_with_head`` a worker ends its instance once its Ray ends by itself
+    (node.py's --end-instance: the head gone). Raises RemoteError / WaitTimeout when the head's Ray
+    does not start."""
     from ..runs.execute import nodes as N
 
     def launch(nd: Node, role: list[str]) -> None:
@@ -161,8 +164,7 @@ def start_ray(nodes: list[Node], addresses: dict[int, str], job: TaskJob, log: C
         raise RemoteError(f"Ray's head on {head.instance_id} gave no GCS port", "its log is above",
                           command="ray start --head", host=head.host)
     address = f"{addresses[0]}:{int(raw)}"
-    N.parallel(lambda nd: launch(nd, ["worker", "--address", address, "--ready-file", f"{nd.run_dir}/ray/ready"]),
-               nodes[1:])
+    N.parallel(lambda nd: launch(nd, worker_role(address, nd, end_with_head)), nodes[1:])
     joined = N.parallel(lambda nd: wait_ready(nd, WORKER_JOIN_WAIT_S, required=False) is not None, nodes[1:])
     late = [nd.instance_id for nd, ok in zip(nodes[1:], joined, strict=True) if not ok]
     log(f"Ray started on {len(nodes) - len(late)} of {len(nodes)} node(s), head {address}"
@@ -170,13 +172,20 @@ def start_ray(nodes: list[Node], addresses: dict[int, str], job: TaskJob, log: C
     return address
 
 
-def join_ray(nd: Node, address: str, head_address: str, job: TaskJob, log: Callable[[str], None]) -> None:
+def join_ray(nd: Node, address: str, head_address: str, job: TaskJob, log: Callable[[str], None],
+             end_with_head: bool = False) -> None:
     """Make node ``nd`` (a replacement, at private ``address``) a worker of the Ray whose head is
-    at ``head_address`` (IP:PORT): this machine's Ray version there (check_ray), Ray started,
-    its ready file waited for. Raises RemoteError, WaitTimeout."""
+    at ``head_address`` (IP:PORT): this machine's Ray version there (check_ray), Ray started
+    (``end_with_head``: start_ray's), its ready file waited for. Raises RemoteError, WaitTimeout."""
     check_ray(nd, ray_version(), log)
-    launch_ray(nd, ["worker", "--address", head_address, "--ready-file", f"{nd.run_dir}/ray/ready"], address, job)
+    launch_ray(nd, worker_role(head_address, nd, end_with_head), address, job)
     wait_ready(nd, WORKER_JOIN_WAIT_S)
+
+
+def worker_role(head_address: str, nd: Node, end_with_head: bool) -> list[str]:
+    """node.py's arguments for a worker of the head at ``head_address`` (IP:PORT) (pure)."""
+    return ["worker", "--address", head_address, "--ready-file", f"{nd.run_dir}/ray/ready",
+            *(["--end-instance"] if end_with_head else [])]
 
 
 def launch_ray(nd: Node, role: list[str], address: str, job: TaskJob) -> None:
@@ -226,14 +235,17 @@ def stop_ray(nd: Node, log: Callable[[str], None]) -> None:
         log(f"node {nd.index} ({nd.instance_id}): Ray not stopped ({type(exc).__name__}); its instance ends anyway")
 
 
-def pool_spec(run_id: str, opts: PoolOptions, job: TaskJob, address: str, gpus_per_job: int) -> dict[str, Any]:
-    """pool.json, the driver's input (pure)."""
+def pool_spec(run_id: str, opts: PoolOptions, job: TaskJob, address: str, gpus_per_job: int,
+              controller_silent_s: float | None = None) -> dict[str, Any]:
+    """pool.json, the driver's input (pure); ``controller_silent_s``: the hand-over wait, after
+    which a silent controller counts as lost and the driver shrinks the pool itself (driver._release)."""
     from ..runs.execute.engine import HANDOFF, INTERACTIVE, PROLOGUE
     return {"run_id": run_id, "address": address, "head_ip": address.rsplit(":", 1)[0], "gpus_per_job": gpus_per_job,
             "max_retries": opts.max_retries,
             "elements": [e.as_dict() for e in opts.elements],
             "script": ["bash", "-c", INTERACTIVE, HANDOFF, PROLOGUE + job.task.run, job.name, *job.args],
-            "max_output_bytes": MAX_ELEMENT_OUTPUT_BYTES, "max_log_bytes": MAX_ELEMENT_LOG_BYTES}
+            "max_output_bytes": MAX_ELEMENT_OUTPUT_BYTES, "max_log_bytes": MAX_ELEMENT_LOG_BYTES,
+            **({"controller_silent_s": controller_silent_s} if controller_silent_s is not None else {})}
 
 
 def gpus_per_job(opts: PoolOptions, node_gpus: int) -> int:
@@ -311,7 +323,7 @@ def run_attempt(aws: Aws, settings: Settings, opts: PoolOptions, run_id: str, ui
                 N.parallel(lambda nd: engine.setup_node(nd, job, _say(ui, nd, nodes)), nodes)
             want = ray_version()
             N.parallel(lambda nd: check_ray(nd, want, _say(ui, nd, nodes)), nodes)
-            address = start_ray(nodes, addresses, job, ui.note)
+            address = start_ray(nodes, addresses, job, ui.note, end_with_head=shutdown)
         per_job = gpus_per_job(opts, _gpus(nodes[0], job))
         pool.slots_per_node = max(1, _gpus(nodes[0], job) // per_job)
         head = nodes[0]
@@ -324,13 +336,14 @@ def run_attempt(aws: Aws, settings: Settings, opts: PoolOptions, run_id: str, ui
             engine.mark([head], "controller")
             beating = Heartbeat(lambda: engine.mark([head], "controller"), plan.wait_s).start()
         with ui.phase("running"):
-            _start_driver(head, pool_spec(run_id, opts, job, address, per_job), opts, settings, plan is not None)
+            _start_driver(head, pool_spec(run_id, opts, job, address, per_job, plan.wait_s if plan else None), opts,
+                          settings, plan is not None)
             ui.note(f"pool: {records_words(opts)} over {len(nodes)} instance(s), {per_job} GPU(s) each; the driver "
                     f"runs on the head ({addresses[0]})")
             limits = settings.download_limits
             pool.usd_per_hour = prices_of(aws, settings, nodes)
             growing = grow.Context(aws, settings, opts, run_id, prov, backend, job, n, record.setdefault("attempts", []),
-                                   config, lambda nd, at, log: join_ray(nd, at, address, job, log))
+                                   config, lambda nd, at, log: join_ray(nd, at, address, job, log, shutdown))
             status = _follow(aws, pool, head, opts, addresses, ui,
                              lambda st: _bring_done(head, st, done, job, local_out, config, ui, limits),
                              local_out / PROGRESS_FILE, growing)

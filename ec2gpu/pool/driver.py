@@ -17,8 +17,14 @@ head counts each element's attempts and where each runs.
 It writes ``pool/status.json`` (atomically, about once a second, and at the end): counts (done,
 running, queued, failed), the live nodes and how many elements each runs, and one record per
 element (index, status, attempts, node, seconds, exit status, last lines). The controller reads
-it as hostile input (ec2gpu/pool/records.py). Exit status: 0 when every element succeeded, 1 when
-one failed, 2 for a bad pool.json.
+it as hostile input (ec2gpu/pool/records.py).
+
+The controller shrinks the pool. With ``controller_silent_s`` in pool.json (the run's hand-over
+wait, runs/recover/handover.py) the driver does it itself once the controller's heartbeat has been
+silent that long (a controller lost): when no element waits, each worker that runs none ends its
+instance (_release), so that idle workers do not bill until the run's max runtime.
+
+Exit status: 0 when every element succeeded, 1 when one failed, 2 for a bad pool.json.
 """
 from __future__ import annotations
 
@@ -259,7 +265,8 @@ def main(argv: list[str]) -> int:  # noqa: C901 - one loop that reads as the dri
     for element in elements:
         submit(element)
     print(f"pool: {len(elements)} element(s) submitted, {gpus} GPU(s) each", flush=True)
-    last = 0.0
+    last, started_at = 0.0, time.time()
+    released: dict = {}  # Ray node id -> address: the workers this driver let go (_release)
     while pending:
         ready, _ = ray.wait(list(pending), num_returns=1, timeout=STATUS_EVERY_S)
         if ready:  # and every other one that is ready: one status write for all of them
@@ -293,12 +300,66 @@ def main(argv: list[str]) -> int:  # noqa: C901 - one loop that reads as the dri
                 rec["outputs_left_out"] = res["outputs_left_out"]
             print(f"element {rec['index']}: {rec['status']} on {rec.get('node')} in {rec.get('seconds')} s", flush=True)
         if time.monotonic() - last >= STATUS_EVERY_S:
-            _write_json(status_path, _status(records, tracker, final=False))
+            _write_json(status_path, _release(_status(records, tracker, final=False), spec, head, released, started_at))
             last = time.monotonic()
-    _write_json(status_path, _status(records, tracker, final=True))
+    _write_json(status_path, _release(_status(records, tracker, final=True), spec, head, released, started_at))
     failed = [r["index"] for r in records.values() if r["status"] != "succeeded"]
     print(f"pool: {len(records) - len(failed)} succeeded, {len(failed)} failed", flush=True)
     return 1 if failed else 0
+
+
+def controller_silent(path: str, silent_s: float, since: float, now: float | None = None) -> bool:
+    """Whether the controller's heartbeat (the modification time of ``path``, its ``controller``
+    file: runs/recover/handover.Heartbeat) has been silent ``silent_s`` seconds, counted from
+    ``since`` (POSIX s: the driver's start) at the earliest."""
+    try:
+        beat = max(since, os.path.getmtime(path))
+    except OSError:
+        beat = since
+    return (time.time() if now is None else now) - beat >= silent_s
+
+
+def to_release(queued: int, nodes: list, busy: dict, head_id: str, released: dict) -> list:
+    """The worker nodes the driver lets go itself once its controller is silent (pure): none while
+    an element waits; else each live node of ``nodes`` (ray.nodes()'s records) but the head that
+    runs no element (``busy``: {address: elements running}) and was not let go already."""
+    if queued:
+        return []
+    return [n for n in nodes if n.get("Alive") and n.get("NodeID") != head_id and n.get("NodeID") not in released
+            and not busy.get(n.get("NodeManagerAddress"))]
+
+
+def end_node(run_id: str) -> None:
+    """A Ray task's body, on a worker the pool lets go: its instance ends (the agent's
+    end_instance: ``shutdown -h now``; a run's instances terminate on shutdown)."""
+    import importlib.util
+    found = importlib.util.spec_from_file_location("ec2gpu_agent",
+                                                   os.path.expanduser(f"~/ec2gpu/runs/{run_id}/agent.py"))
+    if found is None or found.loader is None:
+        return
+    agent = importlib.util.module_from_spec(found)
+    found.loader.exec_module(agent)
+    agent.end_instance()
+
+
+def _release(status: dict, spec: dict, head_id: str, released: dict, started_at: float) -> dict:
+    """Shrink the pool without its controller: once the controller's heartbeat has been silent
+    ``spec["controller_silent_s"]`` (its hand-over wait; absent: the controller shrinks the pool
+    itself), each worker node to_release names ends its instance (end_node, pinned to it). The
+    controller that comes back sees them gone. Returns ``status`` with "released" (their addresses)."""
+    silent_s = spec.get("controller_silent_s")
+    run_dir = os.path.expanduser(f"~/ec2gpu/runs/{spec['run_id']}")
+    if isinstance(silent_s, (int, float)) and controller_silent(f"{run_dir}/controller", silent_s, started_at):
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        for n in to_release(status["counts"]["queued"], ray.nodes(), status["nodes"], head_id, released):
+            print(f"pool: the controller is silent and no element waits: {n['NodeManagerAddress']} ends its "
+                  "instance", flush=True)
+            ray.remote(end_node).options(num_cpus=0, max_retries=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
+                n["NodeID"], soft=False)).remote(spec["run_id"])
+            released[n["NodeID"]] = n["NodeManagerAddress"]
+    status["released"] = sorted(released.values())
+    return status
 
 
 def _status(records: dict, tracker: object, final: bool) -> dict:

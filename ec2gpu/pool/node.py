@@ -9,7 +9,11 @@ machine, and a sandbox's instances share one) ends this node alone.
 The head's GCS port is Ray's default, 6379, unless something already listens there (another pool
 on a machine shared by sandbox instances): then a free one. Once the node's raylet (and the head's
 GCS) accepts connections, ``--ready-file`` is written (the head's holds the GCS port): the
-controller waits for the head's before it starts the workers, and for theirs before the driver. Ray's ports are reachable only
+controller waits for the head's before it starts the workers, and for theirs before the driver.
+A worker started with ``--end-instance`` (a run whose instances do not outlive it) ends its
+instance once its Ray ends by itself: its raylet leaves when the head's GCS has not answered for
+Ray's reconnect timeout (60 s), so a head that ended (a lost controller's, after its hand-over)
+leaves no worker billing. Ray's ports are reachable only
 from the pool's own security group (aws/network.allow_within_group), never from an address
 (Ray has no authentication: https://docs.ray.io/en/latest/ray-security/index.html).
 """
@@ -126,6 +130,8 @@ def main(raw: list[str]) -> int:
     p.add_argument("--address", help="worker: the head's IP:PORT")
     p.add_argument("--ready-file", required=True, help="written once this node's Ray is up (the head's: its GCS port)")
     p.add_argument("--object-store-bytes", type=int, default=0)
+    p.add_argument("--end-instance", action="store_true",
+                   help="worker: once Ray ends by itself (the head gone), end this instance (shutdown -h now)")
     args = p.parse_args(raw)
     port = gcs_port() if args.role == "head" else None
     if args.role == "worker" and not args.address:
@@ -151,8 +157,25 @@ def main(raw: list[str]) -> int:
         with open(tmp, "w") as f:
             f.write(str(port) if args.role == "head" else "up")  # the head's: its GCS port
         os.replace(tmp, args.ready_file)
-        return proc.wait()
+        code = proc.wait()  # SIGTERM (the controller letting the node go) ends this process first
+        if args.end_instance and args.role == "worker":
+            print(f"ec2gpu: Ray ended (exit {code}): the pool's head is gone, this instance ends", flush=True)
+            end_instance()
+        return code
     return 1
+
+
+def end_instance() -> None:
+    """End this instance as the run's agent does (RUN_DIR/agent.py's end_instance: ``shutdown -h now``,
+    and a run's instances terminate on shutdown); this file is RUN_DIR/ray/node.py."""
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "agent.py")
+    found = importlib.util.spec_from_file_location("ec2gpu_agent", path)
+    if found is None or found.loader is None:
+        return
+    agent = importlib.util.module_from_spec(found)
+    found.loader.exec_module(agent)
+    agent.end_instance()
 
 
 def _ready(proc: subprocess.Popen, targets: list[tuple[str, int]], timeout_s: float = STARTUP_S) -> bool:

@@ -233,13 +233,13 @@ def test_a_controller_asleep_past_the_wait_takes_what_its_instance_handed_over_a
     assert leftovers(home) == ([], [], []) and sandbox_settles(home)
 
 
-def _array_task(work: Path, name: str) -> Path:
-    """A 4-element array over one instance (Ray's head and its worker at once): each element
-    sleeps 2 s, says a secret's value in its log, and writes its index."""
+def _array_task(work: Path, name: str, workers: int = 1) -> Path:
+    """A 4-element array over ``workers`` instances (one: Ray's head and its worker at once): each
+    element sleeps 2 s, says a secret's value in its log, and writes its index."""
     work.mkdir()
     (work / "task.yaml").write_text(f"name: {name}\nworkdir: .\nrun: |\n  sleep 2\n  echo \"token $TOKEN\"\n"
                                     '  echo "$EC2GPU_ARRAY_INDEX" > "$EC2GPU_OUTPUT_DIR/index.txt"\n'
-                                    "array: 4\nmax_workers: 1\nresources:\n  instance_type: g4dn.xlarge\n"
+                                    f"array: 4\nmax_workers: {workers}\nresources:\n  instance_type: g4dn.xlarge\n"
                                     "max_runtime: 30m\nenvs:\n  TOKEN: null\nsecrets: [TOKEN]\n")
     return work / "task.yaml"
 
@@ -257,21 +257,24 @@ def _ended_by_itself(ec2, instance_id: str, within_s: float = 120) -> str | None
 
 
 def test_an_array_whose_controller_is_lost_hands_its_outputs_over_to_s3(sandbox_env, tmp_path):
-    """Issue 31, item 6: `kill -9` on the controller while an array runs; the driver finishes every
-    element, the head's agent waits for the controller (EC2GPU_HANDOVER_WAIT_SECONDS), puts every
-    element's outputs, its log and the element table in S3 through the URLs it was given (the
-    secret masked) and ends its instance; `fetch` brings outputs/<index>/, logs/<index>.log and
-    pool.json home, `logs --index` reads one; `down` leaves nothing."""
+    """Issue 31, item 6: `kill -9` on the controller while an array runs over two instances; the
+    driver finishes every element and, the controller silent (EC2GPU_HANDOVER_WAIT_SECONDS), lets
+    its idle worker end its instance; the head's agent puts every element's outputs, its log and
+    the element table in S3 through the URLs it was given (the secret masked) and ends its
+    instance; `fetch` brings outputs/<index>/, logs/<index>.log and pool.json home, `logs --index`
+    reads one; `down` leaves nothing."""
     import boto3
     home, state = sandbox_env
     ec2 = boto3.client("ec2", endpoint_url=state["endpoint"], region_name="us-east-1")
-    task = _array_task(tmp_path / "work", "lost-array")
+    task = _array_task(tmp_path / "work", "lost-array", workers=2)
     env = {**os.environ, "EC2GPU_HANDOVER_WAIT_SECONDS": "2", "TOKEN": "s3cr3t-t0ken"}
     code, err = run_and_interrupt(env, "element(s) submitted", sig=signal.SIGKILL, timeout_s=180,
                                   argv=["run", str(task), "--sandbox", "--out", str(tmp_path / "r")])
     assert code == -signal.SIGKILL, err
     row = ledger.runs(home, limit=1)[0]
+    assert len(row["instance_ids"]) == 2
     assert _ended_by_itself(ec2, row["instance_ids"][0]) in ("shutting-down", "terminated")
+    assert _ended_by_itself(ec2, row["instance_ids"][1]) in ("shutting-down", "terminated")  # the worker too
     fetched = subprocess.run([EC2GPU, "fetch", row["run_id"], "--sandbox", "--json"],  # to the run's own folder
                              capture_output=True, text=True, timeout=120)
     assert fetched.returncode == 0, fetched.stderr
@@ -282,6 +285,7 @@ def test_an_array_whose_controller_is_lost_hands_its_outputs_over_to_s3(sandbox_
         assert (r / "outputs" / str(k) / "index.txt").read_text() == f"{k}\n"
         assert (r / "logs" / f"{k}.log").read_text().strip().endswith("token ****")  # masked on the instance
     assert [e["attempts"] for e in json.loads((r / "pool.json").read_text())["elements"]] == [1] * 4
+    assert "no element waits" in (r / "job.log").read_text()  # the driver let its worker go (driver._release)
     done = subprocess.run([EC2GPU, "down", row["run_id"], "--sandbox"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     one = subprocess.run([EC2GPU, "logs", row["run_id"], "--index", "2", "--sandbox"], capture_output=True, text=True,

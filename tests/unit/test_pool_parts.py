@@ -112,6 +112,39 @@ def test_a_node_command_line():
     assert flags["--worker-port-list"].split(",") == [str(p) for p in ports[len(node.PORT_FLAGS):]]
 
 
+@pytest.mark.parametrize("flags, ends", [(["--end-instance"], True), ([], False)])
+def test_a_worker_whose_ray_ends_by_itself_ends_its_instance_when_told_to(monkeypatch, tmp_path, flags, ends):
+    """The head gone (its raylet leaves when the GCS is silent): a run's worker ends its instance
+    (node.py --end-instance); one that outlives the run (--keep) does not."""
+    import sys as _sys
+    ended = []
+    monkeypatch.setattr(node, "argv", lambda args, port, ports: [_sys.executable, "-c", "raise SystemExit(1)"])
+    monkeypatch.setattr(node, "_ready", lambda proc, targets: True)
+    monkeypatch.setattr(node, "end_instance", lambda: ended.append(True))
+    code = node.main(["worker", "--ip", "127.0.0.9", "--gpus", "1", "--cpus", "1", "--address", "127.0.0.2:6379",
+                      "--ready-file", str(tmp_path / "ready"), *flags])
+    assert code == 1 and ended == ([True] if ends else [])
+
+
+def test_the_driver_lets_idle_workers_go_once_its_controller_is_silent_and_nothing_waits(tmp_path):
+    beat = tmp_path / "controller"
+    assert driver.controller_silent(str(beat), 5, since=1000.0, now=1006.0)  # never heard: counted from the start
+    assert not driver.controller_silent(str(beat), 5, since=1000.0, now=1004.0)
+    beat.write_text("")
+    os.utime(beat, (2000.0, 2000.0))
+    assert not driver.controller_silent(str(beat), 5, since=1000.0, now=2003.0)  # heard 3 s ago
+    assert driver.controller_silent(str(beat), 5, since=1000.0, now=2005.0)
+    nodes = [{"NodeID": "h", "NodeManagerAddress": "10.0.0.1", "Alive": True},
+             {"NodeID": "a", "NodeManagerAddress": "10.0.0.2", "Alive": True},
+             {"NodeID": "b", "NodeManagerAddress": "10.0.0.3", "Alive": True},
+             {"NodeID": "c", "NodeManagerAddress": "10.0.0.4", "Alive": False},
+             {"NodeID": "d", "NodeManagerAddress": "10.0.0.5", "Alive": True}]
+    busy = {"10.0.0.1": 0, "10.0.0.2": 1, "10.0.0.3": 0, "10.0.0.5": 0}
+    assert driver.to_release(2, nodes, busy, "h", {}) == []  # elements wait: every node may take one
+    got = driver.to_release(0, nodes, busy, "h", {"d": "10.0.0.5"})
+    assert [n["NodeID"] for n in got] == ["b"]  # not the head, a busy one, a dead one, or one let go already
+
+
 def test_the_nodes_of_one_machine_take_ports_of_their_own():
     a, b = node.ports_for("127.0.0.2"), node.ports_for("127.0.0.3")
     assert not set(a) & set(b) and len(a) == len(set(a)) == len(node.PORT_FLAGS) + node.WORKER_PORTS
