@@ -364,6 +364,7 @@ def hand_over(run_dir: str, handover: dict, status: dict, key: bytes | None, env
         if problem:
             problems.append(f"log: {problem}")
     if "pool" in urls and os.path.isdir(os.path.join(run_dir, "pool")):  # an array's: its element table and logs
+        status["array"] = array_counts(os.path.join(run_dir, "pool", "status.json"))  # for `ec2gpu status RUN`
         archive = os.path.join(run_dir, ".handover-pool.tar.gz")
         try:
             pack_outputs(os.path.join(run_dir, "pool"), archive, mask=secrets)
@@ -385,6 +386,20 @@ def hand_over(run_dir: str, handover: dict, status: dict, key: bytes | None, env
         if problem:
             status["handover"] = "failed: " + "; ".join(problems + [f"status: {problem}"])
     write_status(run_dir, status, key)
+
+
+def array_counts(path: str, max_bytes: int = 16 << 20) -> dict | None:
+    """The element counts ({"done", "failed", "running", "queued"}: integers) of the pool driver's
+    status.json at ``path`` (ec2gpu/pool/driver.py), None when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            counts = json.loads(f.read(max_bytes)).get("counts")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(counts, dict):
+        return None
+    return {k: counts[k] for k in ("done", "failed", "running", "queued")
+            if isinstance(counts.get(k), int) and not isinstance(counts.get(k), bool)}
 
 
 def end_instance() -> None:

@@ -406,7 +406,9 @@ def status(run_id: str, *, region: Optional[str] = None, sandbox: bool = False,
     what it made removed by this call ("removed", by kind; runs/detached/follow.remove_finished).
     An array or a sweep this machine runs (or ran) is answered from its ledger and run directory
     instead, with no AWS call: "array" has its counts, instances, ETA (s) and cost so far (USD),
-    as its live line shows them (pool/attempt.local_status).
+    as its live line shows them (pool/attempt.local_status). One whose controller was lost also has
+    "handover": what its head handed over to S3 (the driver's state, how the hand-over went, when,
+    and the final counts, which "array" then shows), None before it did.
     Raises UsageError for a bad run id or one the region's store does not hold; NoCredentials,
     AwsError."""
     from .. import settings as settings_mod
@@ -414,10 +416,30 @@ def status(run_id: str, *, region: Optional[str] = None, sandbox: bool = False,
     from ..runs.detached import follow
     from .instances import _context
     local = local_status(settings_mod.load({"region": region, "sandbox": sandbox or None}).home, run_id)
+    if local is not None and local["state"] == "controller-lost" and not local["array"]["final"]:
+        with _context(region, sandbox, False, log) as ctx:
+            local["handover"] = _handed(ctx, local["run_id"], log)
+            counts = (local["handover"] or {}).get("array")
+            if counts:  # the driver's own counts, as its head handed them over
+                local["array"].update(counts=counts, final=True)
     if local is not None:
         return local
     with _context(region, sandbox, False, log) as ctx:
         return follow.status(ctx.aws, ctx.settings, run_id, log)
+
+
+def _handed(ctx, run_id: str, log) -> Optional[dict]:
+    """What the head of run ``run_id`` (an array whose controller was lost) handed over to S3:
+    {"state" (the driver's), "handover" (how it went), "handover_at", "array" (its counts)}, or
+    None when nothing was (yet); an S3 error is said to ``log``, then None."""
+    from ..errors import AwsError
+    from ..runs.recover import handover
+    try:
+        got = handover.handed(ctx.aws, run_id)
+    except AwsError as exc:
+        log(f"the run store could not be read ({exc.message})")
+        return None
+    return None if got is None else {k: got.get(k) for k in ("state", "handover", "handover_at", "array")}
 
 
 def cancel(run_id: str, *, wait: float = 180.0, region: Optional[str] = None, sandbox: bool = False,

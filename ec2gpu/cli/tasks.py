@@ -237,7 +237,7 @@ def status_cmd(run_id: str = typer.Argument(..., help="The run id `ec2gpu run --
     if as_json:
         render_json(got)
         return
-    _say_status(got)
+    _say_status(got, sandbox)
 
 
 @app.command("cancel")
@@ -251,10 +251,10 @@ def cancel_cmd(run_id: str = typer.Argument(..., help="The run id `ec2gpu run --
     if as_json:
         render_json(got)
         return
-    _say_status(got)
+    _say_status(got, sandbox)
 
 
-def _say_array(got: Mapping[str, Any]) -> None:
+def _say_array(got: Mapping[str, Any], sandbox: bool = False) -> None:
     """An array's status as its live line shows it (every value a number the reader checked)."""
     a = got["array"]
     c = a.get("counts") or {}
@@ -271,16 +271,23 @@ def _say_array(got: Mapping[str, Any]) -> None:
     if a.get("eta_s") is not None:
         parts.append(f"ETA {int(a['eta_s']) // 60}:{int(a['eta_s']) % 60:02d}")
     say(out, "; ".join(parts))
-    if a.get("updated_at") and got["state"] == "running":
-        say(out, f"as of {a['updated_at']} (the run's progress.json, {got['artifacts']})")
+    handed, fetch = got.get("handover"), f"`ec2gpu fetch {got['run_id']}{' --sandbox' if sandbox else ''}`"
+    if handed:
+        say(out, f"its controller was lost; its head handed the results over to S3 at {handed.get('handover_at')} "
+                 f"(the driver {handed.get('state')}; hand-over: {handed.get('handover')}): {fetch} brings them home")
+    elif a.get("updated_at") and (got["state"] == "running" or not a.get("final")):
+        say(out, f"as of {a['updated_at']} (the run's progress.json, {got['artifacts']})"
+            + ("" if got["state"] == "running" else ": its controller was lost then; once its head has handed the "
+               f"results over, {fetch} brings them home"))
 
 
-def _say_status(got: Mapping[str, Any]) -> None:
-    """A detached run's status in a few plain lines (every value inert: it came from the instance)."""
+def _say_status(got: Mapping[str, Any], sandbox: bool = False) -> None:
+    """A detached run's status in a few plain lines (every value inert: it came from the instance);
+    ``sandbox``: the command was given --sandbox (the commands it suggests need it too)."""
     group = got.get("group")
     line = f"run {got['run_id']}: {got['state']}"
     if got.get("array") is not None:  # an array this machine runs (pool/attempt.local_status)
-        _say_array(got)
+        _say_array(got, sandbox)
         return
     if got.get("attempt"):
         line += f", attempt {got['attempt']}"

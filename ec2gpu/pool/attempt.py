@@ -335,7 +335,10 @@ def run_attempt(aws: Aws, settings: Settings, opts: PoolOptions, run_id: str, ui
                                 plan.document(True, shutdown, sorted(job.task.secrets), pool=True))
             engine.mark([head], "controller")
             beating = Heartbeat(lambda: engine.mark([head], "controller"), plan.wait_s).start()
-        with ui.phase("running"):
+        with ui.phase("running"):  # the first figures at once: `ec2gpu status RUN` knows it for an array
+            _write_progress(local_out / PROGRESS_FILE, {
+                "done": 0, "total": len(opts.elements), "instances": len(pool.members), "at": round(time.time(), 3),
+                "counts": {"done": 0, "failed": 0, "running": 0, "queued": len(opts.elements)}})
             _start_driver(head, pool_spec(run_id, opts, job, address, per_job, plan.wait_s if plan else None), opts,
                           settings, plan is not None)
             ui.note(f"pool: {records_words(opts)} over {len(nodes)} instance(s), {per_job} GPU(s) each; the driver "
@@ -726,9 +729,10 @@ def _write_progress(path: Path | None, progress: dict[str, Any]) -> None:
 def local_status(home: Path, run_id: str) -> dict[str, Any] | None:
     """An array's or a sweep's status, for `ec2gpu status RUN` on the machine that runs it (None
     for a run that is no array, or that this machine's ledger does not hold): the ledger's state
-    and cost, and "array": the counts, instances, ETA (s) and cost so far (USD) of the live line
-    (its progress.json), or once the run is over the driver's final counts (pool.json). Files
-    that do not parse read as absent."""
+    ("controller-lost" for a running one whose controller process is gone, as `ec2gpu runs` settles
+    it) and cost, and "array": the counts, instances, ETA (s) and cost so far (USD) of the live line
+    (its progress.json), or once the run is over the driver's final counts (pool.json; "final"
+    True). Files that do not parse read as absent."""
     from ..errors import LedgerError
     from ..runs.settle import ledger
     try:
@@ -747,12 +751,17 @@ def local_status(home: Path, run_id: str) -> dict[str, Any] | None:
         array.update({k: _figure(live.get(k)) for k in ("instances", "eta_s", "cost_so_far_usd", "total")})
         at = _figure(live.get("at"))
         array["updated_at"] = datetime.fromtimestamp(at, timezone.utc).isoformat() if at and at < 1e11 else None
-    counts = (final if row["status"] != "running" and final is not None else live or final or {}).get("counts")
+    array["final"] = row["status"] != "running" and final is not None  # else the live line's, as last written
+    counts = ((final if array["final"] else live or final) or {}).get("counts")
     array["counts"] = ({k: counts[k] for k in ("done", "failed", "running", "queued")
                         if isinstance(_figure(counts.get(k)), int)} if isinstance(counts, dict) else {})
     if row["status"] != "running":
         array.update(instances=0, eta_s=None)
-    return {"run_id": row["run_id"], "state": row["status"], "task": row.get("task"), "array": array,
+    from ..runs.recover import reconcile
+    state = reconcile.LOST if row["status"] == "running" and reconcile.controller_gone(row) else row["status"]
+    if state != row["status"]:  # its controller is gone: what is left running is not known here
+        array.update(instances=None, eta_s=None)
+    return {"run_id": row["run_id"], "state": state, "task": row.get("task"), "array": array,
             "cost_usd": row.get("cost_usd"), "artifacts": str(where)}
 
 

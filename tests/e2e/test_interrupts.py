@@ -275,6 +275,10 @@ def test_an_array_whose_controller_is_lost_hands_its_outputs_over_to_s3(sandbox_
     assert len(row["instance_ids"]) == 2
     assert _ended_by_itself(ec2, row["instance_ids"][0]) in ("shutting-down", "terminated")
     assert _ended_by_itself(ec2, row["instance_ids"][1]) in ("shutting-down", "terminated")  # the worker too
+    shown = subprocess.run([EC2GPU, "status", row["run_id"], "--sandbox", "--json"], capture_output=True, text=True,
+                           timeout=60)  # before `fetch`: the counts the head handed over
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["array"]["counts"]["done"] == 4, shown.stdout
     fetched = subprocess.run([EC2GPU, "fetch", row["run_id"], "--sandbox", "--json"],  # to the run's own folder
                              capture_output=True, text=True, timeout=120)
     assert fetched.returncode == 0, fetched.stderr

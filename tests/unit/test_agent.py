@@ -329,7 +329,8 @@ def test_an_arrays_driver_hands_its_element_table_and_logs_over_masked_before_it
     import tarfile
     server, base = _put_server()
     (tmp_path / "pool" / "logs").mkdir(parents=True)
-    (tmp_path / "pool" / "status.json").write_text('{"elements": [{"tail": ["token is s3cr3t-value"]}]}')
+    (tmp_path / "pool" / "status.json").write_text('{"counts": {"done": 3, "failed": 1, "queued": "x"}, '
+                                                   '"elements": [{"tail": ["token is s3cr3t-value"]}]}')
     (tmp_path / "pool" / "logs" / "3.log").write_text("token is s3cr3t-value\n")
     try:
         code = agent.run(str(tmp_path), ["bash", "-c", "true"], "http://127.0.0.1:9", 0.1, 2.0,
@@ -343,6 +344,7 @@ def test_an_arrays_driver_hands_its_element_table_and_logs_over_masked_before_it
         assert tar.extractfile("logs/3.log").read() == b"token is ****\n"
         assert b"s3cr3t" not in tar.extractfile("status.json").read()
     assert list(_Puts.got)[-1] == "/status" and json.loads(_Puts.got["/status"])["handover"] == "uploaded"
+    assert json.loads(_Puts.got["/status"])["array"] == {"done": 3, "failed": 1}  # for `ec2gpu status RUN`
     assert not (tmp_path / ".handover-pool.tar.gz").exists()
 
 

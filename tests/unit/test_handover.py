@@ -52,6 +52,9 @@ def test_the_record_handed_over_is_checked_and_its_words_made_inert():
     got = handover._record(json.dumps({"state": "succeeded", "exit_code": 0, "handover": "uploaded\x1b[2J",
                                        "signature": "x"}).encode())
     assert got["state"] == "succeeded" and "\x1b" not in got["handover"] and got["signature_checked"] is False
+    got = handover._record(json.dumps({"state": "succeeded", "array": {"done": 4, "failed": -1, "queued": True,
+                                                                       "other": 1}}).encode())
+    assert got["array"] == {"done": 4}  # an array's counts: known names, counts only
     assert handover._record(b"[1]")["state"] == "unreadable"
 
 

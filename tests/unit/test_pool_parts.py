@@ -491,6 +491,40 @@ def test_status_of_an_array_reads_its_live_line_then_its_final_counts(tmp_path, 
     assert got["state"] == "completed" and got["array"]["counts"]["done"] == 12 and got["cost_usd"] == 0.0123
 
 
+def test_an_array_whose_controller_is_gone_says_so_and_shows_what_its_head_handed_over(tmp_path, capsys,
+                                                                                        monkeypatch):
+    import contextlib
+    import socket as _socket
+    from types import SimpleNamespace
+    from ec2gpu.api import instances as api_instances
+    from ec2gpu.runs.recover import handover
+    from ec2gpu.runs.settle import ledger
+    monkeypatch.setenv("EC2GPU_HOME", str(tmp_path / "home"))
+    out = tmp_path / "run"
+    out.mkdir()
+    attempt._write_progress(out / attempt.PROGRESS_FILE, {"instances": 2, "total": 4, "at": 1.8e9, "eta_s": 30,
+                                                           "counts": {"done": 0, "running": 2, "queued": 2}})
+    ledger.record(tmp_path / "home", {  # its controller, on this host, exited: a pid no process has
+        "run_id": "r-lost", "command": "run", "backend": "sandbox", "status": "running", "task": "arr",
+        "started_at": "2026-11-27T10:00:00+00:00", "artifacts": str(out),
+        "controller": {"host": _socket.gethostname(), "pid": 2 ** 22 + 7, "started": 0}})
+    got = attempt.local_status(tmp_path / "home", "r-lost")
+    assert got["state"] == "controller-lost" and got["array"]["instances"] is None and got["array"]["eta_s"] is None
+    handed = {"state": "succeeded", "handover": "uploaded", "handover_at": "2026-11-27T10:05:00+00:00",
+              "array": {"done": 4, "failed": 0, "running": 0, "queued": 0}}
+    monkeypatch.setattr(api_instances, "_context", lambda *a, **k: contextlib.nullcontext(SimpleNamespace(aws=None)))
+    monkeypatch.setattr(handover, "handed", lambda aws, run_id: handed)
+    got = api.status("r-lost")
+    assert got["array"]["counts"]["done"] == 4 and got["array"]["final"] and got["handover"]["state"] == "succeeded"
+    assert cli.main(["status", "r-lost", "--sandbox"]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "4 done" in said and "handed the results over to S3" in said and "`ec2gpu fetch r-lost --sandbox`" in said
+    monkeypatch.setattr(handover, "handed", lambda aws, run_id: None)  # not yet
+    assert cli.main(["status", "r-lost"]) == 0
+    said = " ".join(capsys.readouterr().out.split())
+    assert "2 running, 2 queued" in said and "its controller was lost then" in said
+
+
 def test_a_lost_worker_is_replaced_one_at_a_time_while_elements_wait_and_the_pool_is_below_its_size(monkeypatch):
     import threading
     from types import SimpleNamespace

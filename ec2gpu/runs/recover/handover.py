@@ -288,10 +288,17 @@ def ended(aws: Aws, run_id: str) -> bool:
     """Whether the agent of run ``run_id`` handed over a job that ended (its record in S3 says
     succeeded or failed): what a controller back from sleep takes rather than run it again.
     Raises AwsError (S3), NoCredentials."""
+    got = handed(aws, run_id)
+    return got is not None and got["state"] in ("succeeded", "failed")
+
+
+def handed(aws: Aws, run_id: str) -> dict[str, Any] | None:
+    """The record the agent of run ``run_id`` handed over (_record: "state", "handover", "array"
+    ...), or None when there is none. Raises AwsError (S3), NoCredentials."""
     s3 = aws.client("s3")
     bucket = runstore.bucket_name(aws.check_credentials()["Account"], aws.region)
     data = runstore.read_head(s3, bucket, runstore.handover_keys(run_id)["status"], MAX_STATUS_BYTES + 1)
-    return data is not None and _record(data)["state"] in ("succeeded", "failed")
+    return _record(data) if data is not None else None
 
 
 def _record(data: bytes) -> dict[str, Any]:
@@ -305,7 +312,12 @@ def _record(data: bytes) -> dict[str, Any]:
     except ValueError:
         raw = {}
     said = raw.get("handover") if isinstance(raw, dict) else None
-    return {**got, "handover": inert(said[:300]) if isinstance(said, str) else None, "signature_checked": False}
+    counts = raw.get("array") if isinstance(raw, dict) else None  # an array's (agent.array_counts)
+    array = {k: v for k, v in counts.items() if k in ("done", "failed", "running", "queued") and isinstance(v, int)
+             and not isinstance(v, bool) and 0 <= v <= 10_000} if isinstance(counts, dict) else None
+    return {**got, "handover": inert(said[:300]) if isinstance(said, str) else None, "array": array,
+            "handover_at": inert(raw["handover_at"][:40]) if isinstance(raw, dict)
+            and isinstance(raw.get("handover_at"), str) else None, "signature_checked": False}
 
 
 def unpack(archive: Path, root: Path, limits: Limits, note: Log, what: str = "the outputs archive"
