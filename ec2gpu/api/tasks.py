@@ -149,7 +149,10 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
     and run again up to ``max_retries`` times when it exits non-zero;
     the record's ``pool`` has the element table (index, status, attempts, node, seconds, exit
     status, cost share) and the instance count over time. Needs Ray here (``pip install
-    'ec2gpu[pool]'``).
+    'ec2gpu[pool]'``). An array with ``detach`` returns once its driver runs on the pool's head
+    (the record's "detached" True, its status "running"): the driver lets idle workers go, the
+    head's agent puts the results in S3 and ends its instance, a worker ends with its head;
+    `ec2gpu status RUN` and `ec2gpu fetch RUN` from this machine follow it (docs/pool.md).
     Raises as the module docstring says.
     """
 
@@ -231,7 +234,7 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
             max_price=max_price if max_price is not None else res.max_price, nodes=nodes or job.task.nodes,
             max_attempts=max_attempts, task=job, expect_minutes=expect_min, baked=baked,
             command=job.mask(as_typed or f"ec2gpu.run({job.name!r})"))
-        if detach:
+        if detach and not elements:
             from ..runs.detached import launch
             return launch.start(ctx.aws, settings, opts, reporter, ctx.backend)
         if elements:
@@ -244,15 +247,16 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
             popts = PoolOptions(**{f.name: getattr(opts, f.name) for f in fields(opts) if f.name not in ("task", "nodes")},
                                 task=job, nodes=_pool_size(job.task, elements, workers, slots),
                                 elements=tuple(elements), gpus_per_job=per_job,
-                                max_retries=job.task.max_retries if max_retries is None else max_retries)
+                                max_retries=job.task.max_retries if max_retries is None else max_retries,
+                                detach=detach)
             return pipeline.train(ctx.aws, settings, popts, reporter, ctx.backend)
         return pipeline.train(ctx.aws, settings, opts, reporter, ctx.backend)
 
 
 def _elements(task, array, workers, gpus_per_job, max_retries, nodes, detach) -> list:
     """The array's elements (tasks/arrays.elements; [] for a task that is no array), its flags
-    checked. Raises UsageError: a bad --array, pool flags without an array, --nodes, --detach or
-    ports with one. MOUNT-mode file_mounts are written back by each node of the pool as it leaves
+    checked. Raises UsageError: a bad --array, pool flags without an array, --nodes or ports with
+    one. MOUNT-mode file_mounts are written back by each node of the pool as it leaves
     it (pool/attempt.py)."""
     from ..tasks import arrays
     try:
@@ -270,9 +274,6 @@ def _elements(task, array, workers, gpus_per_job, max_retries, nodes, detach) ->
     if elements and (nodes or task.nodes) > 1:
         raise UsageError("--nodes runs one job over several instances; an array runs each element on one",
                          "drop --nodes, and give --workers N for the pool's size")
-    if elements and detach:
-        raise UsageError("an array or a sweep does not run detached yet", "drop --detach (the pool's driver runs on "
-                                                                          "its head; see docs/pool.md)")
     arrays.check_flags(workers=workers, gpus_per_job=gpus_per_job, max_retries=max_retries)
     return elements
 

@@ -105,7 +105,8 @@ def run_cmd(
                                         "a region here is the run's (the zone is chosen at launch)."),
     detach: bool = typer.Option(False, "--detach", help="Hand the run to AWS and return: an Auto Scaling group "
                                 "runs it (a spot instance lost is replaced and the job resumes from its last "
-                                "checkpoint in S3), with nobody watching; `ec2gpu status RUN` follows it."),
+                                "checkpoint in S3), with nobody watching; `ec2gpu status RUN` follows it. An array "
+                                "returns once its driver runs on the pool's head, which puts the results in S3."),
     array: Optional[str] = typer.Option(None, "--array", help="Run the task's run once per index over a pool "
                                         "scheduled by Ray: 100 (indices 0-99), 0-99, or 3,7,12 to rerun some; each "
                                         "element gets EC2GPU_ARRAY_INDEX and EC2GPU_ARRAY_SIZE, its outputs come "
@@ -140,6 +141,9 @@ def run_cmd(
     if dry_run:
         _print_plan(record, as_json)
         return
+    if detach and record.get("pool") is not None:
+        _print_detached_array(record, as_json, sandbox)
+        return
     if detach:
         _print_detached(record, as_json)
         return
@@ -169,6 +173,19 @@ def _print_pool(pool) -> None:
     say(out, t)
     over = ", ".join(f"{p['instances']} at {p['seconds']:.0f} s" for p in pool.get("instances_over_time", []))
     say(out, f"instances over time: {over}", "dim")
+
+
+def _print_detached_array(record, as_json: bool, sandbox: bool) -> None:
+    """A detached array's start: its id, its pool, what happens without this command, and how to follow it."""
+    if as_json:
+        render_json(record)
+        return
+    run_id, where = record["run_id"], " --sandbox" if sandbox else ""
+    say(out, f"run {run_id} detached: its driver runs on the pool's head ({len(record.get('instance_ids') or [])} "
+             "instance(s)); idle workers end themselves, and once the last element ends the head puts the results "
+             "in S3 and ends itself")
+    say(out, f"follow it: ec2gpu status {run_id}{where}; the driver's log: ec2gpu logs {run_id}{where} --follow; "
+             f"the results, once it ended: ec2gpu fetch {run_id}{where}")
 
 
 def _print_detached(record, as_json: bool) -> None:
@@ -258,7 +275,8 @@ def _say_array(got: Mapping[str, Any], sandbox: bool = False) -> None:
     """An array's status as its live line shows it (every value a number the reader checked)."""
     a = got["array"]
     c = a.get("counts") or {}
-    say(out, f"run {got['run_id']}: {got['state']} (an array"
+    state = "detached" if got.get("detached") and got["state"] in ("running", "controller-lost") else got["state"]
+    say(out, f"run {got['run_id']}: {state} (an array"
              + (f" of task {got['task']}" if got.get("task") else "") + ")")
     parts = [f"elements: {c.get('done', 0)} done, {c.get('running', 0)} running, {c.get('queued', 0)} queued, "
              f"{c.get('failed', 0)} failed"]
@@ -272,13 +290,15 @@ def _say_array(got: Mapping[str, Any], sandbox: bool = False) -> None:
         parts.append(f"ETA {int(a['eta_s']) // 60}:{int(a['eta_s']) % 60:02d}")
     say(out, "; ".join(parts))
     handed, fetch = got.get("handover"), f"`ec2gpu fetch {got['run_id']}{' --sandbox' if sandbox else ''}`"
+    left = "it was detached (--detach)" if got.get("detached") else "its controller was lost"
     if handed:
-        say(out, f"its controller was lost; its head handed the results over to S3 at {handed.get('handover_at')} "
+        say(out, f"{left}; its head handed the results over to S3 at {handed.get('handover_at')} "
                  f"(the driver {handed.get('state')}; hand-over: {handed.get('handover')}): {fetch} brings them home")
     elif a.get("updated_at") and (got["state"] == "running" or not a.get("final")):
         say(out, f"as of {a['updated_at']} (the run's progress.json, {got['artifacts']})"
-            + ("" if got["state"] == "running" else ": its controller was lost then; once its head has handed the "
-               f"results over, {fetch} brings them home"))
+            + ("" if got["state"] == "running" else f": {left} then; its driver's lines: `ec2gpu logs "
+               f"{got['run_id']}{' --sandbox' if sandbox else ''} --follow`; once its head has handed the results "
+               f"over, {fetch} brings them home"))
 
 
 def _say_status(got: Mapping[str, Any], sandbox: bool = False) -> None:

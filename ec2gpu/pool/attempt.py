@@ -281,9 +281,13 @@ def run_attempt(aws: Aws, settings: Settings, opts: PoolOptions, run_id: str, ui
     (an array has no one summary.json). ``handover`` (runs/recover/handover.py; its Future while
     it is being made): if this controller is lost, the head's agent puts the elements' outputs
     (``out/<index>/``), the driver's log and its record in S3 once the driver ends, and with
-    ``shutdown`` ends the head (the workers, idle then, end by their idle rule). Raises RemoteError
-    when an element failed (after every result came home) or Ray could not start,
-    recovery.Interrupted when the head is lost."""
+    ``shutdown`` ends the head (the driver lets idle workers go, and a worker ends with its head:
+    driver._release, node.py). With
+    ``opts.detach`` this controller leaves as soon as the driver runs: the driver shrinks the pool
+    itself and the head's agent hands over at once (raises handover.Detached then, with
+    ``record["pool"]`` the pool as it started). Raises RemoteError when an element failed (after
+    every result came home) or Ray could not start, recovery.Interrupted when the head is lost,
+    UsageError when a detached array has no run store."""
     from ..remote import jobs, ssh_config as sc
     from ..runs.execute import engine, nodes as N
     from ..runs.recover import recovery
@@ -328,13 +332,17 @@ def run_attempt(aws: Aws, settings: Settings, opts: PoolOptions, run_id: str, ui
         pool.slots_per_node = max(1, _gpus(nodes[0], job) // per_job)
         head = nodes[0]
         plan = handover.result() if isinstance(handover, Future) else handover
+        if plan is None and opts.detach:
+            raise UsageError("a detached array needs the region's run store, where its head puts the results, and "
+                             "it could not be used (the warning above says why)", "run it without --detach")
         if plan is not None:
             from ..remote import files
             from ..runs.recover.handover import Heartbeat
             files.write_private(head.conn, f"{head.run_dir}/handover.json",
                                 plan.document(True, shutdown, sorted(job.task.secrets), pool=True))
-            engine.mark([head], "controller")
-            beating = Heartbeat(lambda: engine.mark([head], "controller"), plan.wait_s).start()
+            if not opts.detach:  # a controller that stays: its heartbeat (detached, none: the head is on its own)
+                engine.mark([head], "controller")
+                beating = Heartbeat(lambda: engine.mark([head], "controller"), plan.wait_s).start()
         with ui.phase("running"):  # the first figures at once: `ec2gpu status RUN` knows it for an array
             _write_progress(local_out / PROGRESS_FILE, {
                 "done": 0, "total": len(opts.elements), "instances": len(pool.members), "at": round(time.time(), 3),
@@ -343,6 +351,10 @@ def run_attempt(aws: Aws, settings: Settings, opts: PoolOptions, run_id: str, ui
                           settings, plan is not None)
             ui.note(f"pool: {records_words(opts)} over {len(nodes)} instance(s), {per_job} GPU(s) each; the driver "
                     f"runs on the head ({addresses[0]})")
+            if opts.detach:
+                from ..runs.recover.handover import Detached
+                record["pool"] = {**_pool_record(pool, None, opts, per_job), "skipped": skipped, "ended_at": None}
+                raise Detached(run_id)
             limits = settings.download_limits
             pool.usd_per_hour = prices_of(aws, settings, nodes)
             growing = grow.Context(aws, settings, opts, run_id, prov, backend, job, n, record.setdefault("attempts", []),
@@ -730,9 +742,10 @@ def local_status(home: Path, run_id: str) -> dict[str, Any] | None:
     """An array's or a sweep's status, for `ec2gpu status RUN` on the machine that runs it (None
     for a run that is no array, or that this machine's ledger does not hold): the ledger's state
     ("controller-lost" for a running one whose controller process is gone, as `ec2gpu runs` settles
-    it) and cost, and "array": the counts, instances, ETA (s) and cost so far (USD) of the live line
-    (its progress.json), or once the run is over the driver's final counts (pool.json; "final"
-    True). Files that do not parse read as absent."""
+    it; "detached" True when it left on purpose, `run --detach`) and cost, and "array": the
+    counts, instances, ETA (s) and cost so far (USD) of the live line (its progress.json), or once
+    the run is over the driver's final counts (pool.json; "final" True). Files that do not parse
+    read as absent."""
     from ..errors import LedgerError
     from ..runs.settle import ledger
     try:
@@ -761,8 +774,9 @@ def local_status(home: Path, run_id: str) -> dict[str, Any] | None:
     state = reconcile.LOST if row["status"] == "running" and reconcile.controller_gone(row) else row["status"]
     if state != row["status"]:  # its controller is gone: what is left running is not known here
         array.update(instances=None, eta_s=None)
+    detached = ((_json_file(where / "run.json") if where else None) or {}).get("detached") is True  # --detach
     return {"run_id": row["run_id"], "state": state, "task": row.get("task"), "array": array,
-            "cost_usd": row.get("cost_usd"), "artifacts": str(where)}
+            "cost_usd": row.get("cost_usd"), "artifacts": str(where), "detached": detached}
 
 
 def _figure(value: object) -> int | float | None:

@@ -131,6 +131,9 @@ class PoolOptions(RunOptions):
     elements: tuple[Element, ...]
     gpus_per_job: int | None = None
     max_retries: int = 2
+    #: `--detach`: this command leaves once the driver runs; the head's agent hands the results over
+    #: to S3 and the pool ends itself (pool/attempt.py, runs/recover/handover.Detached)
+    detach: bool = False
 
     @property
     def forms_cluster(self) -> bool:

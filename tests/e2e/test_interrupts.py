@@ -341,3 +341,38 @@ def test_an_array_whose_controller_slept_takes_what_its_head_handed_over_and_run
         assert "token ****" in (r / "logs" / f"{k}.log").read_text()
     assert leftovers(home) == ([], [], []) and sandbox_settles(home)
     assert processes_gone(row["instance_ids"])
+
+
+def test_an_array_run_detached_returns_once_its_driver_runs_and_its_pool_ends_itself(sandbox_env, tmp_path):
+    """`run --detach` of an array: the command returns once the driver runs on the pool's head;
+    with nobody watching, the driver lets its idle worker go, the head's agent puts the results in
+    S3 at once and ends its instance; `status` says so with the driver's counts, `fetch` brings
+    the results home, and `ls` settles the run and removes what it left."""
+    import boto3
+    home, state = sandbox_env
+    ec2 = boto3.client("ec2", endpoint_url=state["endpoint"], region_name="us-east-1")
+    task = _array_task(tmp_path / "work", "detached-array", workers=2)
+    env = {**os.environ, "TOKEN": "s3cr3t-t0ken"}
+    got = subprocess.run([EC2GPU, "run", str(task), "--sandbox", "--detach", "--json", "--out", str(tmp_path / "r")],
+                         env=env, capture_output=True, text=True, timeout=180)
+    assert got.returncode == 0, got.stderr
+    record = json.loads(got.stdout)
+    assert record["detached"] is True and record["status"] == "running" and len(record["instance_ids"]) == 2, record
+    for iid in record["instance_ids"]:  # nobody ends them but themselves
+        assert _ended_by_itself(ec2, iid) in ("shutting-down", "terminated"), iid
+    shown = subprocess.run([EC2GPU, "status", record["run_id"], "--sandbox", "--json"], capture_output=True,
+                           text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    status = json.loads(shown.stdout)
+    assert status["detached"] and status["handover"]["state"] == "succeeded", status
+    assert status["array"]["counts"]["done"] == 4, status
+    fetched = subprocess.run([EC2GPU, "fetch", record["run_id"], "--sandbox", "--json"], capture_output=True,
+                             text=True, timeout=120)
+    assert fetched.returncode == 0 and json.loads(fetched.stdout)["array"]["counts"]["done"] == 4, fetched.stderr
+    for k in range(4):
+        assert (tmp_path / "r" / "outputs" / str(k) / "index.txt").read_text() == f"{k}\n"
+        assert "token ****" in (tmp_path / "r" / "logs" / f"{k}.log").read_text()
+    listed = subprocess.run([EC2GPU, "ls", "--sandbox"], capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    assert leftovers(home) == ([], [], []) and sandbox_settles(home)
+    assert processes_gone(record["instance_ids"])

@@ -211,18 +211,18 @@ def test_a_silent_member_is_set_unhealthy_and_the_next_generation_runs_without_i
     """Generation 1 names i-dead, whose record stopped (its agent died, its instance ran on): once
     its record is stale, a node sets it Unhealthy (the group replaces it) and the next generation
     forms with the live nodes."""
-    monkeypatch.setattr(gang, "HEARTBEAT_S", 0.2)  # the live nodes' records stay fresh under a 1.5 s stale time
+    monkeypatch.setattr(gang, "HEARTBEAT_S", 0.2)  # the live nodes' records stay fresh under a 3 s stale time
     put_spec(aws, nodes=2, run='echo "rank $SKYPILOT_NODE_RANK of $(echo $SKYPILOT_NODE_IPS)"')
     aws.s3.put_object(Bucket=BUCKET, Key=f"{PREFIX}nodes/i-dead.json",
                       Body=json.dumps({"instance_id": "i-dead", "ip": "10.0.0.9", "state": "running",
                                        "generation": 1}).encode())
     aws.s3.put_object(Bucket=BUCKET, Key=f"{PREFIX}gang.json", Body=json.dumps(
         {"generation": 1, "members": ["i-0a", "i-dead"], "ips": ["10.0.0.1", "10.0.0.9"], "reason": "start"}).encode())
-    time.sleep(2)
+    time.sleep(3.5)  # i-dead's record is stale; a live node's is, only if a loaded machine starves its heartbeat 3 s
     a, c = node(aws, tmp_path, "i-0a", "10.0.0.1"), node(aws, tmp_path, "i-0c", "10.0.0.3")
     groups = RecordingGroup(aws.asg)
     for run in (a, c):
-        run.stale_s, run.asg = 1.5, groups
+        run.stale_s, run.asg = 3.0, groups
     assert run_nodes(a, c) == [0, 0]
     assert set(groups.unhealthy) == {("i-dead", "Unhealthy", False)}  # by either node (or both), never a live one
     g = json.loads(get(aws, "gang.json"))

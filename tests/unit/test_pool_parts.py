@@ -200,7 +200,7 @@ def test_gpus_per_job():
 
 @pytest.mark.parametrize("kwargs, says", [
     ({"array": "5-1"}, "runs backwards"), ({"workers": 3}, "--workers is for an array"),
-    ({"array": 4, "nodes": 2}, "--nodes runs one job"), ({"array": 4, "detach": True}, "does not run detached"),
+    ({"array": 4, "nodes": 2}, "--nodes runs one job"),
     ({"array": 4, "workers": 65}, "1 to 64"), ({"array": 4, "max_retries": 11}, "0 to 10"),
     ({"array": 4, "gpus_per_job": 0}, "1 to 64"),
 ])

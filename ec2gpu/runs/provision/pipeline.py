@@ -302,32 +302,49 @@ def train(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
     _ledger(settings, record, ui)
     attempts: list[dict[str, Any]] = []
     record["attempts"] = attempts
-    error = None
+    error: BaseException | None = None
+    from ..recover.handover import Detached
     try:
         return _with_summary(record, _run_attempts(aws, settings, opts, run_id, ui, prov, out, backend, record))
+    except Detached:  # an array's --detach: its instances end themselves, and `ec2gpu ls`/`runs` settle it
+        record.update({"detached": True, "instance_ids": prov.instance_ids, "phases": dict(ui.phases)})
+        _ledger(settings, record, ui)  # "running" until then, its controller (this process) gone
+        run_record.save(record, out)
+        return record
     except BaseException as exc:
         error = exc
         raise
     finally:
-        _close_attempts(attempts, prov, error)
-        _teardown_and_bill(aws, settings, opts, prov, record, ui)
-        record.update({"instance_ids": prov.instance_ids, "status": _status(error, opts.spot),
-                       "phases": dict(ui.phases),
-                       "ended_at": datetime.now(timezone.utc).isoformat()})
-        if isinstance(error, RemoteError) and error.exit_status is not None:
-            record["exit_status"] = error.exit_status
-        if record.get("pool"):  # an array's: each element's share of the bill just made
-            from ...pool import records as pool_records
-            pool_records.with_cost_shares(record)
-            record["element_seconds"] = pool_records.element_seconds(record["pool"]["elements"])
-        _ledger(settings, record, ui)
-        if out.exists() or record["status"] == "completed":
-            run_record.save(record, out)
-        if error is None and record.get("teardown_failed"):
-            from ...errors import AwsError
-            raise AwsError(f"the run {record['status']}, but teardown left: {'; '.join(record['teardown_failed'])}",
-                           f"remove it now: ec2gpu cleanup --region {aws.region} (everything carries ec2gpu:run "
-                           f"{run_id}); the instances also terminate themselves after --max-runtime")
+        if not record.get("detached"):
+            _end_run(aws, settings, opts, prov, record, ui, out, error)
+
+
+def _end_run(aws: Aws, settings: Settings, opts: RunOptions, prov: provision.Provisioned,
+             record: run_record.RunRecord, ui: ReporterLike, out: Path, error: BaseException | None) -> None:
+    """The end of a run this command saw to its end: its attempts closed, what it made removed,
+    the bill, the ledger and run.json. Raises AwsError when the run ended well but teardown left
+    something behind."""
+    attempts = record["attempts"]
+    run_id = record["run_id"]
+    _close_attempts(attempts, prov, error)
+    _teardown_and_bill(aws, settings, opts, prov, record, ui)
+    record.update({"instance_ids": prov.instance_ids, "status": _status(error, opts.spot),
+                   "phases": dict(ui.phases),
+                   "ended_at": datetime.now(timezone.utc).isoformat()})
+    if isinstance(error, RemoteError) and error.exit_status is not None:
+        record["exit_status"] = error.exit_status
+    if record.get("pool"):  # an array's: each element's share of the bill just made
+        from ...pool import records as pool_records
+        pool_records.with_cost_shares(record)
+        record["element_seconds"] = pool_records.element_seconds(record["pool"]["elements"])
+    _ledger(settings, record, ui)
+    if out.exists() or record["status"] == "completed":
+        run_record.save(record, out)
+    if error is None and record.get("teardown_failed"):
+        from ...errors import AwsError
+        raise AwsError(f"the run {record['status']}, but teardown left: {'; '.join(record['teardown_failed'])}",
+                       f"remove it now: ec2gpu cleanup --region {aws.region} (everything carries ec2gpu:run "
+                       f"{run_id}); the instances also terminate themselves after --max-runtime")
 
 
 def _teardown_and_bill(aws: Aws, settings: Settings, opts: RunOptions, prov: provision.Provisioned,
@@ -405,7 +422,8 @@ def _run_attempts(aws: Aws, settings: Settings, opts: RunOptions, run_id: str, u
     from ..recover import handover
     # a job's outputs outlive this controller (runs/recover/handover.py): made beside provisioning
     plan = None if isinstance(opts, BakeOptions) else \
-        handover.start(aws, settings, run_id, opts.max_runtime_minutes, ui.note)
+        handover.start(aws, settings, run_id, opts.max_runtime_minutes, ui.note,
+                       wait_s=0 if isinstance(opts, PoolOptions) and opts.detach else None)
     avoid: list[str] = []
     for n in range(1, opts.attempts_allowed + 1):
         if n > 1:

@@ -74,45 +74,54 @@ class Handover:
                            "secret_names": sorted(secret_names)})
 
 
+class Detached(Exception):
+    """The controller leaves a run on purpose (an array's `--detach`): its head's agent hands the
+    results over without waiting for it (pool/attempt.py). Not an error: the pipeline leaves the
+    run's instances and resources to end themselves (runs/provision/pipeline.train)."""
+
+
 def prepare(aws: Aws, settings: Settings, run_id: str, max_runtime_minutes: int | None, log: Log,
-            s3: Any = None, account: str | None = None) -> Handover | None:
+            s3: Any = None, account: str | None = None, wait_s: int | None = None) -> Handover | None:
     """The run's Handover: the run store made if need be (runstore.ensure) and the URLs signed,
-    lasting the run's --max-runtime (minutes; 7 days without one) plus the wait and an hour. None
-    with ``handover_wait_seconds`` 0, or when the store cannot be used (said to ``log`` as a
-    warning: the run goes on as before, its outputs safe as long as this command lives). Never raises."""
-    if settings.handover_wait_seconds <= 0:
+    lasting the run's --max-runtime (minutes; 7 days without one) plus the wait and an hour. The
+    wait is ``handover_wait_seconds``, or ``wait_s`` (0: at once, for a run its controller leaves
+    on purpose). None with a wait of 0 from the setting, or when the store cannot be used (said to
+    ``log`` as a warning: the run goes on as before, its outputs safe as long as this command
+    lives). Never raises."""
+    if wait_s is None and settings.handover_wait_seconds <= 0:
         return None
+    wait = settings.handover_wait_seconds if wait_s is None else wait_s
     try:
         s3 = s3 or aws.client("s3")
         account = account or aws.check_credentials()["Account"]
         bucket = runstore.ensure(s3, account, aws.region, settings.owner, settings.run_store_expire_days)
-        lasts = (max_runtime_minutes * 60 if max_runtime_minutes else runstore.PRESIGN_MAX_S) \
-            + settings.handover_wait_seconds + EXPIRY_MARGIN_S
+        lasts = (max_runtime_minutes * 60 if max_runtime_minutes else runstore.PRESIGN_MAX_S) + wait + EXPIRY_MARGIN_S
         urls = runstore.presign_puts(s3, bucket, runstore.handover_keys(run_id), lasts)
     except Exception as exc:  # noqa: BLE001 - the run goes on without it, whatever went wrong
         why = exc.message if isinstance(exc, Ec2GpuError) else type(exc).__name__
         log(f"warning: no run store for this run ({why}): if this command is lost before the job ends, "
             "its outputs stay on the instance until it ends itself (`ec2gpu fetch` while it runs)")
         return None
-    return Handover(bucket, urls, settings.handover_wait_seconds)
+    return Handover(bucket, urls, wait)
 
 
-def start(aws: Aws, settings: Settings, run_id: str, max_runtime_minutes: int | None, log: Log) -> Future[Handover | None]:
+def start(aws: Aws, settings: Settings, run_id: str, max_runtime_minutes: int | None, log: Log,
+          wait_s: int | None = None) -> Future[Handover | None]:
     """``prepare`` in a thread of its own, beside provisioning (its S3 calls are off the run's path):
     the caller takes ``.result()`` before the job starts. The S3 client and the account are had
     here, on the caller's thread (the clients' cache is not shared across threads while it fills)."""
     done: Future[Handover | None] = Future()
-    if settings.handover_wait_seconds <= 0:
+    if wait_s is None and settings.handover_wait_seconds <= 0:
         done.set_result(None)
         return done
     try:
         s3, account = aws.client("s3"), aws.check_credentials()["Account"]
     except Exception:  # noqa: BLE001 - prepare says why, on this thread
-        done.set_result(prepare(aws, settings, run_id, max_runtime_minutes, log))
+        done.set_result(prepare(aws, settings, run_id, max_runtime_minutes, log, wait_s=wait_s))
         return done
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="handover")
     try:
-        return pool.submit(prepare, aws, settings, run_id, max_runtime_minutes, log, s3, account)
+        return pool.submit(prepare, aws, settings, run_id, max_runtime_minutes, log, s3, account, wait_s)
     finally:
         pool.shutdown(wait=False)
 

@@ -54,6 +54,7 @@ class RunRecord(TypedDict, total=False):
     deadline: Optional[str]
     # an array or a sweep (ec2gpu/pool/attempt.py): the element table, counts, the instance count over time
     pool: dict[str, Any]
+    detached: bool  # an array's --detach: this command left once its driver ran (the ledger keeps "running")
     element_seconds: Optional[dict[str, Any]]  # {"count", "mean_seconds"} of its succeeded elements (the next estimate's)
     pool_done: dict[str, Any]  # an array's elements whose outputs came home, by index (a later attempt skips them)
 
