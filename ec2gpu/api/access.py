@@ -288,7 +288,9 @@ def fetch(run_id: str, *, out: Union[str, Path, None] = None, max_download: Unio
             from ..runs.recover import handover
             where = Path(out or (row or {}).get("artifacts") or Path("runs") / full).resolve()
             try:
-                handed = handover.fetch(ctx.aws, full, where, limits, log) if runstore.RUN_ID.fullmatch(full) else None
+                builtin = row is not None and row.get("task") == "mnist" and row.get("model") is not None
+                handed = handover.fetch(ctx.aws, full, where, limits, log, schema="mnist" if builtin else "task") \
+                    if runstore.RUN_ID.fullmatch(full) else None
             except AwsError as exc:  # these credentials may not read the run store: said, then as before
                 log(f"the run store could not be read ({exc.message})")
                 handed = None

@@ -76,12 +76,13 @@ def train_mnist(*, instance_type: Optional[str] = None, spot: bool = False, spot
     (runs/detached/launch.start: the record has status "detached", its bucket, group and deadline;
     the instance's agent uploads checkpoints and outputs to S3, a spot instance lost is replaced
     and training resumes from the last checkpoint there; `status`, `logs`, `fetch` and `cancel`
-    follow it from any machine of the account; ``max_runtime``, default 120, is the group's deadline).
+    follow it from any machine of the account; ``max_runtime``, default 120, is the group's deadline);
+    a sweep with ``detach`` returns once its pool's driver runs, as `run --detach` of an array does.
 
     Raises UsageError before anything is created: an unknown model, ``cluster`` with
     nodes/spot/instance_type/keep, ``keep`` without ``max_runtime``, a ``data_dir`` that is not a
     directory, a value out of range, a bad type, CIDR, fallback or checkpoint URI, an estimate above
-    the budget, ``detach`` with ``cluster``/``local``/``sweep``/``keep``; then AwsError,
+    the budget, ``detach`` with ``cluster``/``local``/``keep``; then AwsError,
     CapacityError, RemoteError, WaitTimeout, recovery.AttemptsExhausted.
     """
     if model not in MODELS:
@@ -89,9 +90,9 @@ def train_mnist(*, instance_type: Optional[str] = None, spot: bool = False, spot
     if cluster and (nodes > 1 or spot or instance_type or keep):
         raise UsageError("--cluster trains on an existing cluster as it is",
                          "drop --nodes/--spot/--instance-type/--keep, or `ec2gpu scale NAME N` first")
-    if detach and (cluster or local or sweep):
+    if detach and (cluster or local):
         raise UsageError("--detach trains on new instances of its own",
-                         "drop --cluster, --local or --sweep, or drop --detach")
+                         "drop --cluster or --local, or drop --detach")
     if detach and keep:
         raise UsageError("--keep has no meaning with --detach: the group ends when the training does", "drop --keep")
     if detach and checkpoint_uri:
@@ -137,7 +138,7 @@ def train_mnist(*, instance_type: Optional[str] = None, spot: bool = False, spot
         if cluster:
             return standing.train_on_cluster(ctx.aws, ctx.settings, opts, ui, cluster, ctx.backend)
         if elements:
-            return _train_sweep(ctx, opts, ui, elements, workers, max_retries)
+            return _train_sweep(ctx, opts, ui, elements, workers, max_retries, detach)
         if detach:
             from ..runs.detached import launch
             return launch.start(ctx.aws, ctx.settings, opts, ui, ctx.backend)
@@ -176,8 +177,9 @@ def _sweep_elements(sweep, workers, max_retries, cluster, local, nodes, keep) ->
     return [e.with_flags() for e in elements]
 
 
-def _train_sweep(ctx, opts, ui, elements, workers, max_retries) -> RunRecord:
-    """The sweep as a pool run of the built-in task (runs/options.PoolOptions)."""
+def _train_sweep(ctx, opts, ui, elements, workers, max_retries, detach=False) -> RunRecord:
+    """The sweep as a pool run of the built-in task (runs/options.PoolOptions); with ``detach``,
+    returned once its driver runs (docs/pool.md, "Without its controller")."""
     from dataclasses import fields
 
     from ..pool import attempt as pool_attempt
@@ -188,9 +190,9 @@ def _train_sweep(ctx, opts, ui, elements, workers, max_retries) -> RunRecord:
     if ctx.backend.is_sandbox:  # the sandbox's MNIST, as pipeline.train gives a single run
         opts = replace(opts, trainer_args=[*opts.trainer_args, *pipeline.sandbox_data_args(opts.trainer_args)])
     job = pipeline.builtin_task(opts, sandbox=ctx.backend.is_sandbox)
-    same = {f.name for f in fields(PoolOptions)} - {"task", "elements", "gpus_per_job", "max_retries"}
+    same = {f.name for f in fields(PoolOptions)} - {"task", "elements", "gpus_per_job", "max_retries", "detach"}
     popts = PoolOptions(**{name: getattr(opts, name) for name in same}, task=job, elements=tuple(elements),
-                        max_retries=max_retries)
+                        max_retries=max_retries, detach=detach)
     return pipeline.train(ctx.aws, ctx.settings, popts, ui, ctx.backend)
 
 

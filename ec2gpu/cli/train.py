@@ -110,6 +110,10 @@ def train_mnist(
         nodes=nodes, max_attempts=max_attempts, checkpoint_uri=checkpoint_uri, unreachable_after=unreachable_after,
         region=region, sandbox=_sandbox_flag(sandbox), reporter=RichReporter(err), as_typed=as_typed,
         sweep=sweep_flags(sweep) or None, workers=workers, max_retries=max_retries, detach=detach)
+    if detach and record.get("pool") is not None:  # a sweep: its pool's driver runs on without this command
+        from .tasks import _print_detached_array
+        _print_detached_array(record, as_json, sandbox)
+        return
     if detach:
         from .tasks import _print_detached
         _print_detached(record, as_json)

@@ -938,14 +938,8 @@ def _complete(status: dict[str, Any], done: dict[str, dict[str, Any]], job: Task
 
 
 def _accuracies(status: dict[str, Any], job: TaskJob, local_out: Path) -> None:
-    """Each element's test accuracy, where its outputs hold a summary.json that has one (the
-    built-in trainer's; read as hostile input: runs/execute/job_summary.py)."""
     from ..runs.execute import job_summary
-    for e in status["elements"]:
-        path = local_out / "outputs" / str(e["index"]) / "summary.json"
-        if path.is_file():
-            summary = job_summary.read_summary(path, job_summary.schema_of(job), job.secret_values, root=local_out)
-            e["test_accuracy"] = job_summary.columns(summary or {}).get("test_acc")
+    records.accuracies(status, local_out, job_summary.schema_of(job), job.secret_values)
 
 
 def _pool_record(pool: Pool, status: dict[str, Any] | None, opts: PoolOptions, per_job: int) -> dict[str, Any]:

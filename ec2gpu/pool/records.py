@@ -126,6 +126,20 @@ def parse_status(data: bytes, submitted: Sequence[Mapping[str, Any]] | None) -> 
     return {"final": raw.get("final") is True, "counts": counts, "nodes": nodes, "elements": elements}
 
 
+def accuracies(status: dict[str, Any], out: Any, schema: str = "task", secrets: Sequence[str] = ()) -> None:
+    """Each element of ``status`` (parse_status's) given its test accuracy, where its outputs under
+    ``out`` (a run's directory: outputs/INDEX/) hold a summary.json that has one (the built-in
+    trainer's; read as hostile input, checked against ``schema``: runs/execute/job_summary.py)."""
+    from pathlib import Path
+
+    from ..runs.execute import job_summary
+    for e in status["elements"]:
+        path = Path(out) / "outputs" / str(e["index"]) / "summary.json"
+        if path.is_file():
+            summary = job_summary.read_summary(path, schema, secrets, root=Path(out))
+            e["test_accuracy"] = job_summary.columns(summary or {}).get("test_acc")
+
+
 def idle_workers(status: Mapping[str, Any], workers: Mapping[str, str]) -> list[str]:
     """The worker instances the pool can let go now (pure): none while an element waits; else
     each of ``workers`` ({instance id: private address}) whose node runs no element, or that Ray

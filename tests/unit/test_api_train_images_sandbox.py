@@ -57,7 +57,6 @@ def no_local_run(no_backend, monkeypatch):
     ({"unreachable_after": 1.0}, "--unreachable-after 1 is under 5"),
     ({"detach": True, "cluster": "lab"}, "--detach trains on new instances of its own"),
     ({"detach": True, "local": True}, "--detach trains on new instances of its own"),
-    ({"detach": True, "sweep": {"lr": [0.1, 0.05]}}, "--detach trains on new instances of its own"),
     ({"detach": True, "keep": True, "max_runtime": 60}, "--keep has no meaning with --detach"),
     ({"detach": True, "checkpoint_uri": "s3://b/p"}, "--checkpoint-uri is for a run in the foreground"),
 ])

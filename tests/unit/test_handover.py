@@ -89,10 +89,14 @@ def test_an_arrays_table_and_element_logs_come_home_checked_and_nothing_else(mon
         ("logs/x.log", "file", b"x"), ("logs/03.log", "file", b"x"), ("job.log", "file", b"not the driver's"),
         ("pool.json", "file", b"{}"), ("logs/4.log", tarfile.SYMTYPE, "/etc/passwd")])
     out = tmp_path / "out"
+    (out / "outputs" / "3").mkdir(parents=True)  # the element's outputs, home before its table
+    (out / "outputs" / "3" / "summary.json").write_text(json.dumps({"test_acc": 0.991}))
     got, said = _fetch_pool(monkeypatch, tmp_path, archive, out)
     assert got["counts"]["done"] == 1 and got["elements"][0]["params"] == {"lr": "0.1"}
+    assert got["elements"][0]["test_accuracy"] == 0.991  # read from its summary.json, as a sweep's table shows it
     assert json.loads((out / "pool.json").read_text())["elements"][0]["index"] == 3  # the checked table
-    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == ["logs", "logs/3.log", "pool.json"]
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if "outputs" not in p.parts) == \
+        ["logs", "logs/3.log", "pool.json"]
     assert (out / "logs" / "3.log").read_text() == "element 3\n"
     # checked against the elements submitted, where they are known: one never submitted is refused
     got, said = _fetch_pool(monkeypatch, tmp_path, archive, tmp_path / "o2", submitted=[])

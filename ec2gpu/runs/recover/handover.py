@@ -166,13 +166,14 @@ class Heartbeat:
 # --- ec2gpu fetch RUN ---------------------------------------------------------------------------
 
 def fetch(aws: Aws, run_id: str, out: Path, limits: Limits, note: Log,
-          submitted: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:
+          submitted: list[dict[str, Any]] | None = None, schema: str = "task") -> dict[str, Any] | None:
     """Bring home what the agent of run ``run_id`` handed over (module docstring), or None when the
     run store holds nothing of it: the outputs archive unpacked to ``out``/outputs (hostile input:
     regular files and directories only, each name checked as remote/files.check_name checks an
     instance's, none outside, at most ``limits``), job.log and status.json to ``out``; an array's
     element table to ``out``/pool.json and its element logs to ``out``/logs/INDEX.log (fetch_pool;
-    ``submitted``: the array's elements, when known, that the table is checked against).
+    ``submitted``: the array's elements, when known, that the table is checked against; each
+    element's test accuracy read from its summary.json, checked against ``schema``).
 
     Returns {"outputs": [names], "files": ["job.log", "status.json", "pool.json"...], "state": the
     record's state or None, "handover": the record's, "skipped": members refused, "left": members
@@ -202,7 +203,7 @@ def fetch(aws: Aws, run_id: str, out: Path, limits: Limits, note: Log,
                  f"s3://{bucket}/{keys['outputs']} (--max-download)")
         elif size is not None:
             names, skipped, left = unpack(archive, out / "outputs", limits, note)
-    array = fetch_pool(s3, bucket, keys["pool"], out, limits, note, submitted)
+    array = fetch_pool(s3, bucket, keys["pool"], out, limits, note, submitted, schema)
     if array is not None:
         done.append("pool.json")
     note(f"{len(names)} output file(s) and {', '.join(done)} brought home from "
@@ -225,10 +226,11 @@ ELEMENT_LOG = re.compile(r"logs/(0|[1-9][0-9]{0,3})\.log")
 
 
 def fetch_pool(s3: Any, bucket: str, key: str, out: Path, limits: Limits, note: Log,
-               submitted: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+               submitted: list[dict[str, Any]] | None, schema: str = "task") -> dict[str, Any] | None:
     """An array's hand-over at ``key`` (the tar.gz of its driver's RUN_DIR/pool; hostile): unpacked
     within ``limits`` in a directory of its own under ``out``, its status.json checked
-    (pool/records.parse_status against ``submitted``, or each record's own parameters) and written
+    (pool/records.parse_status against ``submitted``, or each record's own parameters), each
+    element's test accuracy added from the outputs already home (records.accuracies), and written
     as ``out``/pool.json, each element log (logs/INDEX.log, nothing else) moved to ``out``/logs,
     never through a link. Returns the checked table, or None when there is no such object or the
     table is not accepted (said to ``note``). Raises AwsError, OSError (``out`` not writable)."""
@@ -254,6 +256,7 @@ def fetch_pool(s3: Any, bucket: str, key: str, out: Path, limits: Limits, note: 
             except records.BadStatus as exc:
                 note(f"warning: the array's table handed over is not accepted ({inert(str(exc))})")
         if status is not None:
+            records.accuracies(status, out, schema)
             write_small(out, "pool.json", json.dumps(status, indent=2).encode())
         for name in names:
             if ELEMENT_LOG.fullmatch(name) and (dest := files.local_target(out, name)) is not None:
