@@ -366,8 +366,9 @@ def hand_over(run_dir: str, handover: dict, status: dict, key: bytes | None, env
     if "pool" in urls and os.path.isdir(os.path.join(run_dir, "pool")):  # an array's: its element table and logs
         status["array"] = array_counts(os.path.join(run_dir, "pool", "status.json"))  # for `ec2gpu status RUN`
         archive = os.path.join(run_dir, ".handover-pool.tar.gz")
-        try:
-            pack_outputs(os.path.join(run_dir, "pool"), archive, mask=secrets)
+        try:  # status.json is JSON: a secret's quotes, backslashes and non-ASCII are escaped there
+            pack_outputs(os.path.join(run_dir, "pool"), archive,
+                         mask=secrets + [json.dumps(v)[1:-1] for v in secrets if v])
             problem = put(urls["pool"], path=archive)
             if problem:
                 problems.append(f"pool: {problem}")

@@ -250,8 +250,10 @@ def fetch(run_id: str, *, out: Union[str, Path, None] = None, max_download: Unio
     and whose instance is gone has what its agent handed over to ``runs/RUN_ID/handover/`` in S3
     (runs/recover/handover.fetch): "source": "s3-handover", "state", "handover" (how the hand-over
     went), "skipped", "left", "array" (an array's element table, also written as ``out``/pool.json,
-    its element logs as ``out``/logs/INDEX.log; None for a run that is no array). Raises UsageError (a bad limit; no such run; no
-    running instance to fetch from), NoCredentials, AwsError, RemoteError."""
+    its element logs as ``out``/logs/INDEX.log; None for a run that is no array). ``region``:
+    default, the run's own where this machine's ledger has it, else the configured one. Raises
+    UsageError (a bad limit; no such run; no running instance to fetch from), NoCredentials,
+    AwsError, RemoteError."""
     from dataclasses import replace
 
     from ..runs.settle import ledger
@@ -260,7 +262,9 @@ def fetch(run_id: str, *, out: Union[str, Path, None] = None, max_download: Unio
     size = None if max_download is None else _size(max_download, "--max-download")
     if max_files is not None and (isinstance(max_files, bool) or not isinstance(max_files, int) or max_files < 0):
         raise UsageError(f"--max-files {max_files!r} is not a count", "give 0 or more")
-    with _context(region, sandbox, log=log) as ctx:
+    from .. import settings as settings_mod
+    known = _ledger_row(settings_mod.load({"region": region, "sandbox": sandbox or None}).home, run_id)
+    with _context(region or (known or {}).get("region"), sandbox, log=log) as ctx:  # the run's own region
         limits = ctx.settings.download_limits
         if size is not None:
             limits = replace(limits, bytes=size)

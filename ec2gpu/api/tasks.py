@@ -406,10 +406,11 @@ def status(run_id: str, *, region: Optional[str] = None, sandbox: bool = False,
     Scaling group ("group": desired capacity and instances, None once gone). A run that is over has
     what it made removed by this call ("removed", by kind; runs/detached/follow.remove_finished).
     An array or a sweep this machine runs (or ran) is answered from its ledger and run directory
-    instead, with no AWS call: "array" has its counts, instances, ETA (s) and cost so far (USD),
-    as its live line shows them (pool/attempt.local_status). One whose controller was lost also has
-    "handover": what its head handed over to S3 (the driver's state, how the hand-over went, when,
-    and the final counts, which "array" then shows), None before it did.
+    instead: "array" has its counts, instances, ETA (s) and cost so far (USD), as its live line
+    shows them (pool/attempt.local_status), with no AWS call. One whose controller was lost (or
+    that was detached) also has "handover", read from the run store of the run's region: what its
+    head handed over (the driver's state, how the hand-over went, when, and the final counts,
+    which "array" then shows), None before it did.
     Raises UsageError for a bad run id or one the region's store does not hold; NoCredentials,
     AwsError."""
     from .. import settings as settings_mod
@@ -418,7 +419,7 @@ def status(run_id: str, *, region: Optional[str] = None, sandbox: bool = False,
     from .instances import _context
     local = local_status(settings_mod.load({"region": region, "sandbox": sandbox or None}).home, run_id)
     if local is not None and local["state"] == "controller-lost" and not local["array"]["final"]:
-        with _context(region, sandbox, False, log) as ctx:
+        with _context(region or local.get("region"), sandbox, False, log) as ctx:  # its store: the run's region
             local["handover"] = _handed(ctx, local["run_id"], log)
             counts = (local["handover"] or {}).get("array")
             if counts:  # the driver's own counts, as its head handed them over

@@ -286,8 +286,7 @@ def run_attempt(aws: Aws, settings: Settings, opts: PoolOptions, run_id: str, ui
     ``opts.detach`` this controller leaves as soon as the driver runs: the driver shrinks the pool
     itself and the head's agent hands over at once (raises handover.Detached then, with
     ``record["pool"]`` the pool as it started). Raises RemoteError when an element failed (after
-    every result came home) or Ray could not start, recovery.Interrupted when the head is lost,
-    UsageError when a detached array has no run store."""
+    every result came home) or Ray could not start, recovery.Interrupted when the head is lost."""
     from ..remote import jobs, ssh_config as sc
     from ..runs.execute import engine, nodes as N
     from ..runs.recover import recovery
@@ -332,9 +331,6 @@ def run_attempt(aws: Aws, settings: Settings, opts: PoolOptions, run_id: str, ui
         pool.slots_per_node = max(1, _gpus(nodes[0], job) // per_job)
         head = nodes[0]
         plan = handover.result() if isinstance(handover, Future) else handover
-        if plan is None and opts.detach:
-            raise UsageError("a detached array needs the region's run store, where its head puts the results, and "
-                             "it could not be used (the warning above says why)", "run it without --detach")
         if plan is not None:
             from ..remote import files
             from ..runs.recover.handover import Heartbeat
@@ -442,11 +438,11 @@ def _adopt(aws: Aws, run_id: str, opts: PoolOptions, local_out: Path, done: dict
     except Ec2GpuError as exc:
         ui.note(f"warning: what the pool's head handed over could not be read ({exc.message})")
         return None
-    ui.note("the pool's head ended itself after handing the array's results over to S3 while this command was "
-            "away: they are home, and its elements are not run again")
     status = got["array"] if got else None
     if status is None:
         return None
+    ui.note("the pool's head ended itself after handing the array's results over to S3 while this command was "
+            "away: they are home, and its elements are not run again")
     _mask_logs(local_out / "logs", job)  # the agent masked them too: this machine's rule, as for any log home
     return _complete(_masked(status, job), done, job, local_out)
 
@@ -538,7 +534,7 @@ def _follow(aws: Aws, pool: Pool, head: Node, opts: PoolOptions, addresses: dict
             assert rep.thread is not None
             rep.thread.join(GROW_STOP_WAIT_S)
             if rep.thread.is_alive():
-                ui.note(f"warning: the replacement for {rep.lost} did not stop within {GROW_STOP_WAIT_S:.0f} s; "
+                ui.note(f"warning: the {_what(rep.lost)} did not stop within {GROW_STOP_WAIT_S:.0f} s; "
                         "`ec2gpu cleanup` ends what it made")
 
 
@@ -776,7 +772,8 @@ def local_status(home: Path, run_id: str) -> dict[str, Any] | None:
         array.update(instances=None, eta_s=None)
     detached = ((_json_file(where / "run.json") if where else None) or {}).get("detached") is True  # --detach
     return {"run_id": row["run_id"], "state": state, "task": row.get("task"), "array": array,
-            "cost_usd": row.get("cost_usd"), "artifacts": str(where), "detached": detached}
+            "cost_usd": row.get("cost_usd"), "artifacts": str(where), "detached": detached,
+            "region": row.get("region")}
 
 
 def _figure(value: object) -> int | float | None:

@@ -330,16 +330,11 @@ def to_release(queued: int, nodes: list, busy: dict, head_id: str, released: dic
 
 
 def end_node(run_id: str) -> None:
-    """A Ray task's body, on a worker the pool lets go: its instance ends (the agent's
-    end_instance: ``shutdown -h now``; a run's instances terminate on shutdown)."""
-    import importlib.util
-    found = importlib.util.spec_from_file_location("ec2gpu_agent",
-                                                   os.path.expanduser(f"~/ec2gpu/runs/{run_id}/agent.py"))
-    if found is None or found.loader is None:
-        return
-    agent = importlib.util.module_from_spec(found)
-    found.loader.exec_module(agent)
-    agent.end_instance()
+    """A Ray task's body, on a worker the pool lets go: its instance ends (``node.py end``: its
+    MOUNT-mode file_mounts written back, then ``shutdown -h now``; a run's instances terminate on
+    shutdown)."""
+    node = os.path.expanduser(f"~/ec2gpu/runs/{run_id}/ray/node.py")
+    subprocess.run([sys.executable, node, "end"], stdin=subprocess.DEVNULL, check=False, timeout=900)
 
 
 def _release(status: dict, spec: dict, head_id: str, released: dict, started_at: float) -> dict:

@@ -11,9 +11,10 @@ on a machine shared by sandbox instances): then a free one. Once the node's rayl
 GCS) accepts connections, ``--ready-file`` is written (the head's holds the GCS port): the
 controller waits for the head's before it starts the workers, and for theirs before the driver.
 A worker started with ``--end-instance`` (a run whose instances do not outlive it) ends its
-instance once its Ray ends by itself: its raylet leaves when the head's GCS has not answered for
-Ray's reconnect timeout (60 s), so a head that ended (a lost controller's, after its hand-over)
-leaves no worker billing. Ray's ports are reachable only
+instance once its Ray ends by itself and the head's GCS does not answer either: its raylet leaves
+when the head's GCS has not answered for Ray's reconnect timeout (60 s), so a head that ended (a
+lost controller's, after its hand-over) leaves no worker billing. ``node.py end`` ends the node
+the same way (end_instance: its MOUNT-mode file_mounts written back first). Ray's ports are reachable only
 from the pool's own security group (aws/network.allow_within_group), never from an address
 (Ray has no authentication: https://docs.ray.io/en/latest/ray-security/index.html).
 """
@@ -122,6 +123,9 @@ def argv(args: argparse.Namespace, port: int | None, ports: list[int]) -> list[s
 
 
 def main(raw: list[str]) -> int:
+    if raw == ["end"]:  # the pool's driver letting this node go (driver.end_node)
+        end_instance()
+        return 0
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("role", choices=("head", "worker"))
     p.add_argument("--ip", required=True, help="this node's private address (Ray's --node-ip-address)")
@@ -159,18 +163,49 @@ def main(raw: list[str]) -> int:
         os.replace(tmp, args.ready_file)
         code = proc.wait()  # SIGTERM (the controller letting the node go) ends this process first
         if args.end_instance and args.role == "worker":
-            print(f"ec2gpu: Ray ended (exit {code}): the pool's head is gone, this instance ends", flush=True)
-            end_instance()
+            if head_answers(args.address):  # a Ray of this node's own that died: the controller sees to it
+                print(f"ec2gpu: Ray ended (exit {code}); the pool's head answers: this instance stays", flush=True)
+            else:
+                print(f"ec2gpu: Ray ended (exit {code}): the pool's head is gone, this instance ends", flush=True)
+                end_instance()
         return code
     return 1
 
 
+def head_answers(address: str, tries: int = 3, timeout_s: float = 3.0) -> bool:
+    """Whether the head's GCS at ``address`` (IP:PORT) accepts a connection (``tries`` tries, 1 s apart)."""
+    host, _, port = address.rpartition(":")
+    for n in range(tries):
+        if n:
+            time.sleep(1.0)
+        try:
+            socket.create_connection((host, int(port)), timeout=timeout_s).close()
+            return True
+        except (OSError, ValueError):
+            continue
+    return False
+
+
+#: the longest a node that ends itself spends writing its MOUNT-mode file_mounts back (s)
+WRITE_BACK_S = 600
+
+
 def end_instance() -> None:
-    """End this instance as the run's agent does (RUN_DIR/agent.py's end_instance: ``shutdown -h now``,
-    and a run's instances terminate on shutdown); this file is RUN_DIR/ray/node.py."""
+    """End this instance (a worker the pool lets go without its controller): first what its
+    elements wrote under the task's MOUNT-mode file_mounts goes to their buckets (RUN_DIR/s3files.py
+    out, with the instance's role, as the controller has a node do before it lets it go), then
+    ``shutdown -h now`` as the run's agent does (RUN_DIR/agent.py's end_instance; a run's instances
+    terminate on shutdown). This file is RUN_DIR/ray/node.py."""
     import importlib.util
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "agent.py")
-    found = importlib.util.spec_from_file_location("ec2gpu_agent", path)
+    run_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    mounts = os.path.join(run_dir, "s3mounts.json")
+    if os.path.exists(mounts):
+        try:
+            subprocess.run([sys.executable, os.path.join(run_dir, "s3files.py"), "out", mounts], timeout=WRITE_BACK_S,
+                           stdin=subprocess.DEVNULL, check=False)
+        except (OSError, subprocess.SubprocessError) as exc:
+            print(f"ec2gpu: file_mounts not written back ({type(exc).__name__})", flush=True)
+    found = importlib.util.spec_from_file_location("ec2gpu_agent", os.path.join(run_dir, "agent.py"))
     if found is None or found.loader is None:
         return
     agent = importlib.util.module_from_spec(found)

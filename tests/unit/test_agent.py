@@ -329,12 +329,13 @@ def test_an_arrays_driver_hands_its_element_table_and_logs_over_masked_before_it
     import tarfile
     server, base = _put_server()
     (tmp_path / "pool" / "logs").mkdir(parents=True)
-    (tmp_path / "pool" / "status.json").write_text('{"counts": {"done": 3, "failed": 1, "queued": "x"}, '
-                                                   '"elements": [{"tail": ["token is s3cr3t-value"]}]}')
-    (tmp_path / "pool" / "logs" / "3.log").write_text("token is s3cr3t-value\n")
+    secret = 's3cr3t "é" value'  # as the driver's json.dump writes it: \" and \u00e9
+    (tmp_path / "pool" / "status.json").write_text(json.dumps({"counts": {"done": 3, "failed": 1, "queued": "x"},
+                                                               "elements": [{"tail": [f"token is {secret}"]}]}))
+    (tmp_path / "pool" / "logs" / "3.log").write_text(f"token is {secret}\n")
     try:
         code = agent.run(str(tmp_path), ["bash", "-c", "true"], "http://127.0.0.1:9", 0.1, 2.0,
-                         {"TOKEN": "s3cr3t-value", "EC2GPU_OUTPUT_DIR": str(tmp_path / "out")}, None,
+                         {"TOKEN": secret, "EC2GPU_OUTPUT_DIR": str(tmp_path / "out")}, None,
                          handover=_handover(base, names=("outputs", "log", "pool", "status")))
     finally:
         server.shutdown()
@@ -342,7 +343,8 @@ def test_an_arrays_driver_hands_its_element_table_and_logs_over_masked_before_it
     with tarfile.open(fileobj=io.BytesIO(_Puts.got["/pool"]), mode="r:gz") as tar:
         assert sorted(tar.getnames()) == ["logs/3.log", "status.json"]
         assert tar.extractfile("logs/3.log").read() == b"token is ****\n"
-        assert b"s3cr3t" not in tar.extractfile("status.json").read()
+        sent = tar.extractfile("status.json").read()
+        assert b"s3cr3t" not in sent and json.loads(sent)["elements"][0]["tail"] == ["token is ****"]
     assert list(_Puts.got)[-1] == "/status" and json.loads(_Puts.got["/status"])["handover"] == "uploaded"
     assert json.loads(_Puts.got["/status"])["array"] == {"done": 3, "failed": 1}  # for `ec2gpu status RUN`
     assert not (tmp_path / ".handover-pool.tar.gz").exists()

@@ -112,18 +112,43 @@ def test_a_node_command_line():
     assert flags["--worker-port-list"].split(",") == [str(p) for p in ports[len(node.PORT_FLAGS):]]
 
 
-@pytest.mark.parametrize("flags, ends", [(["--end-instance"], True), ([], False)])
-def test_a_worker_whose_ray_ends_by_itself_ends_its_instance_when_told_to(monkeypatch, tmp_path, flags, ends):
+@pytest.mark.parametrize("flags, head_up, ends", [(["--end-instance"], False, True), (["--end-instance"], True, False),
+                                                   ([], False, False)])
+def test_a_worker_whose_ray_ends_by_itself_ends_its_instance_when_its_head_is_gone(monkeypatch, tmp_path, flags,
+                                                                                   head_up, ends):
     """The head gone (its raylet leaves when the GCS is silent): a run's worker ends its instance
-    (node.py --end-instance); one that outlives the run (--keep) does not."""
+    (node.py --end-instance); not while the head answers (its own Ray died: the controller sees to
+    it), nor one that outlives the run (--keep)."""
     import sys as _sys
     ended = []
     monkeypatch.setattr(node, "argv", lambda args, port, ports: [_sys.executable, "-c", "raise SystemExit(1)"])
     monkeypatch.setattr(node, "_ready", lambda proc, targets: True)
+    monkeypatch.setattr(node, "head_answers", lambda address: head_up)
     monkeypatch.setattr(node, "end_instance", lambda: ended.append(True))
     code = node.main(["worker", "--ip", "127.0.0.9", "--gpus", "1", "--cpus", "1", "--address", "127.0.0.2:6379",
                       "--ready-file", str(tmp_path / "ready"), *flags])
     assert code == 1 and ended == ([True] if ends else [])
+
+
+def test_a_head_answers_while_its_gcs_port_accepts_connections():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+        assert node.head_answers(address, tries=1)
+    assert not node.head_answers(address, tries=1, timeout_s=0.5)
+
+
+def test_a_node_that_ends_itself_writes_its_mount_mode_file_mounts_back_first(monkeypatch, tmp_path):
+    (tmp_path / "ray").mkdir()
+    (tmp_path / "s3mounts.json").write_text("{}")
+    (tmp_path / "s3files.py").write_text("import sys, pathlib; pathlib.Path(sys.argv[0]).with_name('wrote').write_text("
+                                         "' '.join(sys.argv[1:2]))")
+    (tmp_path / "agent.py").write_text("import pathlib\ndef end_instance():\n    pathlib.Path(__file__)"
+                                       ".with_name('ended').write_text('yes')\n")
+    monkeypatch.setattr(node, "__file__", str(tmp_path / "ray" / "node.py"))
+    assert node.main(["end"]) == 0
+    assert (tmp_path / "wrote").read_text() == "out" and (tmp_path / "ended").read_text() == "yes"
 
 
 def test_the_driver_lets_idle_workers_go_once_its_controller_is_silent_and_nothing_waits(tmp_path):

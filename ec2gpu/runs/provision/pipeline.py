@@ -421,9 +421,12 @@ def _run_attempts(aws: Aws, settings: Settings, opts: RunOptions, run_id: str, u
                                           **recovery.s3_home(aws, opts.checkpoint_uri, run_id))
     from ..recover import handover
     # a job's outputs outlive this controller (runs/recover/handover.py): made beside provisioning
+    detach = isinstance(opts, PoolOptions) and opts.detach
     plan = None if isinstance(opts, BakeOptions) else \
-        handover.start(aws, settings, run_id, opts.max_runtime_minutes, ui.note,
-                       wait_s=0 if isinstance(opts, PoolOptions) and opts.detach else None)
+        handover.start(aws, settings, run_id, opts.max_runtime_minutes, ui.note, wait_s=0 if detach else None)
+    if detach and plan is not None and plan.result() is None:  # before anything is launched
+        raise UsageError("a detached array needs the region's run store, where its head puts the results, and it "
+                         "could not be used (the warning above says why)", "run it without --detach")
     avoid: list[str] = []
     for n in range(1, opts.attempts_allowed + 1):
         if n > 1:

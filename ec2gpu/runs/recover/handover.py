@@ -33,7 +33,7 @@ import shutil
 import tarfile
 import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -203,7 +203,9 @@ def fetch(aws: Aws, run_id: str, out: Path, limits: Limits, note: Log,
                  f"s3://{bucket}/{keys['outputs']} (--max-download)")
         elif size is not None:
             names, skipped, left = unpack(archive, out / "outputs", limits, note)
-    array = fetch_pool(s3, bucket, keys["pool"], out, limits, note, submitted, schema)
+    used = sum((out / "outputs" / n).stat().st_size for n in names)  # the array's table and logs get the rest
+    rest = replace(limits, files=max(0, limits.files - len(names)), bytes=max(0, limits.bytes - used))
+    array = fetch_pool(s3, bucket, keys["pool"], out, rest, note, submitted, schema)
     if array is not None:
         done.append("pool.json")
     note(f"{len(names)} output file(s) and {', '.join(done)} brought home from "
@@ -257,7 +259,9 @@ def fetch_pool(s3: Any, bucket: str, key: str, out: Path, limits: Limits, note: 
                 note(f"warning: the array's table handed over is not accepted ({inert(str(exc))})")
         if status is not None:
             records.accuracies(status, out, schema)
-            write_small(out, "pool.json", json.dumps(status, indent=2).encode())
+            if not write_small(out, "pool.json", json.dumps(status, indent=2).encode()):
+                note(f"warning: the array's table not written: {out / 'pool.json'} is a link or not a file")
+                status = None
         for name in names:
             if ELEMENT_LOG.fullmatch(name) and (dest := files.local_target(out, name)) is not None:
                 dest.parent.mkdir(parents=True, exist_ok=True)
@@ -382,5 +386,5 @@ def unpack(archive: Path, root: Path, limits: Limits, note: Log, what: str = "th
         note(f"warning: {skipped} member(s) of {what} refused (not a plain file, or a name that leaves "
              f"{root.name}/)")
     if left:
-        note(f"warning: {left} output file(s) above the download limits left in S3 (--max-download, --max-files)")
+        note(f"warning: {left} file(s) of {what} above the download limits left in S3 (--max-download, --max-files)")
     return sorted(names), skipped, left
