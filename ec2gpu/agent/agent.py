@@ -347,36 +347,23 @@ def hand_over(run_dir: str, handover: dict, status: dict, key: bytes | None, env
     problems = []
     status["handover_at"] = now()
     if "outputs" in urls:
-        archive = os.path.join(run_dir, ".handover-outputs.tar.gz")
-        try:
-            packed, left = pack_outputs(env.get("EC2GPU_OUTPUT_DIR") or os.path.join(run_dir, "out"), archive)
-            status["handover_files"] = {"packed": packed, "left": left}
-            problem = put(urls["outputs"], path=archive)
-            if problem:
-                problems.append(f"outputs: {problem}")
-        except OSError as exc:
-            problems.append(f"outputs: {type(exc).__name__}")
-        finally:
-            if os.path.exists(archive):
-                os.remove(archive)
+        packed, problem = put_packed(urls["outputs"], env.get("EC2GPU_OUTPUT_DIR") or os.path.join(run_dir, "out"),
+                                     os.path.join(run_dir, ".handover-outputs.tar.gz"))
+        if packed is not None:
+            status["handover_files"] = {"packed": packed[0], "left": packed[1]}
+        if problem:
+            problems.append(f"outputs: {problem}")
     if "log" in urls:
         problem = put(urls["log"], log_tail(os.path.join(run_dir, "job.log"), secrets))
         if problem:
             problems.append(f"log: {problem}")
     if "pool" in urls and os.path.isdir(os.path.join(run_dir, "pool")):  # an array's: its element table and logs
         status["array"] = array_counts(os.path.join(run_dir, "pool", "status.json"))  # for `ec2gpu status RUN`
-        archive = os.path.join(run_dir, ".handover-pool.tar.gz")
-        try:  # status.json is JSON: a secret's quotes, backslashes and non-ASCII are escaped there
-            pack_outputs(os.path.join(run_dir, "pool"), archive,
-                         mask=secrets + [json.dumps(v)[1:-1] for v in secrets if v])
-            problem = put(urls["pool"], path=archive)
-            if problem:
-                problems.append(f"pool: {problem}")
-        except OSError as exc:
-            problems.append(f"pool: {type(exc).__name__}")
-        finally:
-            if os.path.exists(archive):
-                os.remove(archive)
+        # status.json is JSON: a secret's quotes, backslashes and non-ASCII are escaped there
+        _, problem = put_packed(urls["pool"], os.path.join(run_dir, "pool"), os.path.join(run_dir, ".handover-pool.tar.gz"),
+                                mask=secrets + [json.dumps(v)[1:-1] for v in secrets if v])
+        if problem:
+            problems.append(f"pool: {problem}")
     status["handover"] = ("failed: " + "; ".join(problems) if problems else "uploaded" if urls
                           else "nothing to upload (a run's outputs are its head node's)")
     if "status" in urls:
@@ -401,6 +388,20 @@ def array_counts(path: str, max_bytes: int = 16 << 20) -> dict | None:
         return None
     return {k: counts[k] for k in ("done", "failed", "running", "queued")
             if isinstance(counts.get(k), int) and not isinstance(counts.get(k), bool)}
+
+
+def put_packed(url: str, src: str, archive: str, mask: list[str] | None = None
+               ) -> tuple[tuple[int, int] | None, str | None]:
+    """``src`` packed into ``archive`` (pack_outputs, ``mask``) and PUT to the presigned ``url``,
+    the archive removed after: ((files packed, files left out) or None, what went wrong or None)."""
+    try:
+        packed = pack_outputs(src, archive, mask=mask)
+        return packed, put(url, path=archive)
+    except OSError as exc:
+        return None, type(exc).__name__
+    finally:
+        if os.path.exists(archive):
+            os.remove(archive)
 
 
 def end_instance() -> None:

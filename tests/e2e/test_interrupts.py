@@ -194,43 +194,45 @@ def test_a_controller_asleep_past_the_wait_takes_what_its_instance_handed_over_a
     """A laptop that sleeps (SIGSTOP) while the job ends: the agent hears no heartbeat, hands over
     and ends its instance; the controller, woken (SIGCONT), finds the instance gone and takes the
     outputs from S3 rather than run the job again."""
-    home, _ = sandbox_env
+    home, state = sandbox_env
     env = {**os.environ, "EC2GPU_HANDOVER_WAIT_SECONDS": "3"}
     job = "sleep 3; echo slept > \"$EC2GPU_OUTPUT_DIR/woke.txt\"; echo job done"
-    proc = subprocess.Popen([EC2GPU, "run", "--sandbox", "--expect", "1m", "--json", "--out", str(tmp_path / "r"),
-                             "--", "bash", "-c", job], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    lines = []
-    try:
-        for line in proc.stderr:
-            lines.append(line)
-            if "job started on" in line:
-                proc.send_signal(signal.SIGSTOP)  # asleep: no heartbeat, nothing collected
-                break
-        row = ledger.runs(home, limit=1)[0]
-        import boto3
-        ec2 = boto3.client("ec2", endpoint_url=os.environ["AWS_ENDPOINT_URL"], region_name="us-east-1")
-        deadline, state = time.monotonic() + 90, None
-        while time.monotonic() < deadline:
-            state = ec2.describe_instances(InstanceIds=row["instance_ids"][:1])["Reservations"][0]["Instances"][0]
-            if state["State"]["Name"] in ("shutting-down", "terminated"):
-                break
-            time.sleep(1)
-        assert state["State"]["Name"] in ("shutting-down", "terminated"), "".join(lines)
-        proc.send_signal(signal.SIGCONT)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGCONT)
-            proc.kill()
-            proc.wait()
-    err = "".join(lines) + err
-    assert proc.returncode == 0, err
+    code, out, err = _asleep_until_its_instance_ended(
+        state, home, env, "job started on",
+        ["run", "--sandbox", "--expect", "1m", "--json", "--out", str(tmp_path / "r"), "--", "bash", "-c", job])
+    assert code == 0, err
     record = json.loads(out)
     assert record["status"] == "completed" and len(record["attempts"]) == 1, record  # not run again
     assert "while this command was away" in " ".join(err.split())
     assert (tmp_path / "r" / "outputs" / "woke.txt").read_text() == "slept\n"
     assert leftovers(home) == ([], [], []) and sandbox_settles(home)
+
+
+def _asleep_until_its_instance_ended(state: dict, home: Path, env: dict, trigger: str, argv: list[str]
+                                     ) -> tuple[int, str, str]:
+    """`ec2gpu ARGV`, stopped (SIGSTOP: a laptop asleep, no heartbeat, nothing collected) once
+    ``trigger`` is on its stderr, and woken (SIGCONT) once its run's first instance has ended
+    itself; (exit code, stdout, stderr)."""
+    import boto3
+    ec2 = boto3.client("ec2", endpoint_url=state["endpoint"], region_name="us-east-1")
+    proc = subprocess.Popen([EC2GPU, *argv], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    try:
+        for line in proc.stderr:
+            lines.append(line)
+            if trigger in line:
+                proc.send_signal(signal.SIGSTOP)
+                break
+        row = ledger.runs(home, limit=1)[0]
+        assert _ended_by_itself(ec2, row["instance_ids"][0]) in ("shutting-down", "terminated"), "".join(lines)
+        proc.send_signal(signal.SIGCONT)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+            proc.kill()
+            proc.wait()
+    return proc.returncode, out, "".join(lines) + err
 
 
 def _array_task(work: Path, name: str, workers: int = 1) -> Path:
@@ -305,31 +307,12 @@ def test_an_array_whose_controller_slept_takes_what_its_head_handed_over_and_run
     head's agent hears no heartbeat, hands the outputs, logs and element table over to S3 and ends
     its instance; the controller, woken (SIGCONT), finds its head gone and takes the results from
     S3: every element's outputs and log home, the table in its record, one attempt."""
-    import boto3
     home, state = sandbox_env
-    ec2 = boto3.client("ec2", endpoint_url=state["endpoint"], region_name="us-east-1")
     task = _array_task(tmp_path / "work", "asleep-array")
     env = {**os.environ, "EC2GPU_HANDOVER_WAIT_SECONDS": "3", "TOKEN": "s3cr3t-t0ken"}
-    proc = subprocess.Popen([EC2GPU, "run", str(task), "--sandbox", "--json", "--out", str(tmp_path / "r")], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lines = []
-    try:
-        for line in proc.stderr:
-            lines.append(line)
-            if "element(s) submitted" in line:
-                proc.send_signal(signal.SIGSTOP)  # asleep: no heartbeat, nothing brought home
-                break
-        row = ledger.runs(home, limit=1)[0]
-        assert _ended_by_itself(ec2, row["instance_ids"][0]) in ("shutting-down", "terminated"), "".join(lines)
-        proc.send_signal(signal.SIGCONT)
-        out, err = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGCONT)
-            proc.kill()
-            proc.wait()
-    err = "".join(lines) + err
-    assert proc.returncode == 0, err
+    code, out, err = _asleep_until_its_instance_ended(
+        state, home, env, "element(s) submitted", ["run", str(task), "--sandbox", "--json", "--out", str(tmp_path / "r")])
+    assert code == 0, err
     record = json.loads(out)
     assert record["status"] == "completed" and len(record["attempts"]) == 1, record  # no element run again
     assert [(e["index"], e["status"], e["attempts"]) for e in record["pool"]["elements"]] == \
@@ -340,7 +323,7 @@ def test_an_array_whose_controller_slept_takes_what_its_head_handed_over_and_run
         assert (r / "outputs" / str(k) / "index.txt").read_text() == f"{k}\n"
         assert "token ****" in (r / "logs" / f"{k}.log").read_text()
     assert leftovers(home) == ([], [], []) and sandbox_settles(home)
-    assert processes_gone(row["instance_ids"])
+    assert processes_gone(record["instance_ids"])
 
 
 def test_an_array_run_detached_returns_once_its_driver_runs_and_its_pool_ends_itself(sandbox_env, tmp_path):
