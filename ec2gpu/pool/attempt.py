@@ -1,7 +1,8 @@
 """One attempt of an array or a sweep over a pool of instances, scheduled by Ray.
 
-runs/provision/pipeline.py provisions the pool's instances (up to ``opts.nodes``: as many as EC2 has, pool/grow.py; the run's
-security group letting members reach each other and nobody else reach more than SSH) and calls
+runs/provision/pipeline.py provisions the pool's instances (up to ``opts.nodes``: as many as EC2
+has, pool/grow.py; the run's security group letting members reach each other and nobody else
+reach more than SSH) and calls
 ``run_attempt``. Here: every node is opened, set up and given the workdir as for any run
 (runs/execute/engine.py's steps), Ray starts on each (ec2gpu/pool/node.py: node 0 the head), and
 the driver (ec2gpu/pool/driver.py) runs on the head under the agent. While it runs, the controller
@@ -347,17 +348,19 @@ def run_attempt(aws: Aws, settings: Settings, opts: PoolOptions, run_id: str, ui
                           settings, plan is not None)
             ui.note(f"pool: {records_words(opts)} over {len(nodes)} instance(s), {per_job} GPU(s) each; the driver "
                     f"runs on the head ({addresses[0]})")
-            if opts.detach:
-                from ..runs.recover.handover import Detached
-                record["pool"] = {**_pool_record(pool, None, opts, per_job), "skipped": skipped, "ended_at": None}
-                raise Detached(run_id)
-            limits = settings.download_limits
-            pool.usd_per_hour = prices_of(aws, settings, nodes)
-            growing = grow.Context(aws, settings, opts, run_id, prov, backend, job, n, record.setdefault("attempts", []),
-                                   config, lambda nd, at, log: join_ray(nd, at, address, job, log, shutdown))
-            status = _follow(aws, pool, head, opts, addresses, ui,
-                             lambda st: _bring_done(head, st, done, job, local_out, config, ui, limits),
-                             local_out / PROGRESS_FILE, growing)
+            if not opts.detach:
+                limits = settings.download_limits
+                pool.usd_per_hour = prices_of(aws, settings, nodes)
+                growing = grow.Context(aws, settings, opts, run_id, prov, backend, job, n,
+                                       record.setdefault("attempts", []), config,
+                                       lambda nd, at, log: join_ray(nd, at, address, job, log, shutdown))
+                status = _follow(aws, pool, head, opts, addresses, ui,
+                                 lambda st: _bring_done(head, st, done, job, local_out, config, ui, limits),
+                                 local_out / PROGRESS_FILE, growing)
+        if opts.detach:  # after the phase: it ended as it should (its line says "done", not "stopped")
+            from ..runs.recover.handover import Detached
+            record["pool"] = {**_pool_record(pool, None, opts, per_job), "skipped": skipped, "ended_at": None}
+            raise Detached(run_id)
         with ui.phase("download"):
             if pool.write_back:  # the nodes still in the pool (the others wrote theirs back as they left)
                 N.parallel(lambda nd: _write_back(nd, ui), list(pool.members.values()))
