@@ -289,7 +289,8 @@ def _say_array(got: Mapping[str, Any], sandbox: bool = False) -> None:
     if a.get("eta_s") is not None:
         parts.append(f"ETA {int(a['eta_s']) // 60}:{int(a['eta_s']) % 60:02d}")
     say(out, "; ".join(parts))
-    handed, fetch = got.get("handover"), f"`ec2gpu fetch {got['run_id']}{' --sandbox' if sandbox else ''}`"
+    where = " --sandbox" if sandbox else ""
+    handed, fetch = got.get("handover"), f"`ec2gpu fetch {got['run_id']}{where}`"
     left = "it was detached (--detach)" if got.get("detached") else "its controller was lost"
     if handed:
         say(out, f"{left}; its head handed the results over to S3 at {handed.get('handover_at')} "
@@ -297,7 +298,7 @@ def _say_array(got: Mapping[str, Any], sandbox: bool = False) -> None:
     elif a.get("updated_at") and (got["state"] == "running" or not a.get("final")):
         say(out, f"as of {a['updated_at']} (the run's progress.json, {got['artifacts']})"
             + ("" if got["state"] == "running" else f": {left} then; its driver's lines: `ec2gpu logs "
-               f"{got['run_id']}{' --sandbox' if sandbox else ''} --follow`; once its head has handed the results "
+               f"{got['run_id']}{where} --follow`; once its head has handed the results "
                f"over, {fetch} brings them home"))
 
 

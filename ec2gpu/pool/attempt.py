@@ -765,8 +765,7 @@ def local_status(home: Path, run_id: str) -> dict[str, Any] | None:
         array["updated_at"] = datetime.fromtimestamp(at, timezone.utc).isoformat() if at and at < 1e11 else None
     array["final"] = row["status"] != "running" and final is not None  # else the live line's, as last written
     counts = ((final if array["final"] else live or final) or {}).get("counts")
-    array["counts"] = ({k: counts[k] for k in ("done", "failed", "running", "queued")
-                        if isinstance(_figure(counts.get(k)), int)} if isinstance(counts, dict) else {})
+    array["counts"] = records.counts_of(counts)
     if row["status"] != "running":
         array.update(instances=0, eta_s=None)
     from ..runs.recover import reconcile

@@ -140,6 +140,16 @@ def accuracies(status: dict[str, Any], out: Any, schema: str = "task", secrets: 
             e["test_accuracy"] = job_summary.columns(summary or {}).get("test_acc")
 
 
+def counts_of(raw: Any) -> dict[str, int]:
+    """The element counts in ``raw`` (hostile: a live line's, a handed-over record's): each of
+    done, failed, running and queued that is an integer from 0 to MAX_ELEMENTS, the others left
+    out (pure; {} for what is not a mapping)."""
+    if not isinstance(raw, Mapping):
+        return {}
+    return {k: v for k in ("done", "failed", "running", "queued")
+            if isinstance(v := raw.get(k), int) and not isinstance(v, bool) and 0 <= v <= MAX_ELEMENTS}
+
+
 def idle_workers(status: Mapping[str, Any], workers: Mapping[str, str]) -> list[str]:
     """The worker instances the pool can let go now (pure): none while an element waits; else
     each of ``workers`` ({instance id: private address}) whose node runs no element, or that Ray

@@ -195,14 +195,10 @@ def fetch(aws: Aws, run_id: str, out: Path, limits: Limits, note: Log,
     names: list[str] = []
     skipped = left = 0
     with tempfile.TemporaryDirectory(prefix="ec2gpu-handover-") as tmp:
-        archive = Path(tmp) / "outputs.tar.gz"
-        cap = limits.bytes + ARCHIVE_SLACK_BYTES  # gzip never grows data by more than a little
-        size = runstore.download_head(s3, bucket, keys["outputs"], archive, cap)
-        if size is not None and size > cap:
-            note(f"warning: the outputs archive is larger than the download limit ({limits.bytes:,} bytes): left in "
-                 f"s3://{bucket}/{keys['outputs']} (--max-download)")
-        elif size is not None:
-            names, skipped, left = unpack(archive, out / "outputs", limits, note)
+        got = download_unpack(s3, bucket, keys["outputs"], Path(tmp), out / "outputs", limits, note,
+                              "the outputs archive")
+        if got is not None:
+            names, skipped, left = got
     used = sum((out / "outputs" / n).stat().st_size for n in names)  # the array's table and logs get the rest
     rest = replace(limits, files=max(0, limits.files - len(names)), bytes=max(0, limits.bytes - used))
     array = fetch_pool(s3, bucket, keys["pool"], out, rest, note, submitted, schema)
@@ -241,16 +237,11 @@ def fetch_pool(s3: Any, bucket: str, key: str, out: Path, limits: Limits, note: 
     from ..detached.fetch import write_small
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".handover-pool-", dir=out) as tmp:
-        archive = Path(tmp) / "pool.tar.gz"
-        cap = limits.bytes + ARCHIVE_SLACK_BYTES
-        size = runstore.download_head(s3, bucket, key, archive, cap)
-        if size is None:
+        got = download_unpack(s3, bucket, key, Path(tmp), Path(tmp) / "pool", limits, note,
+                              "the array's table and logs")
+        if got is None:
             return None
-        if size > cap:
-            note(f"warning: the array's table and logs are larger than the download limit ({limits.bytes:,} bytes): "
-                 f"left in s3://{bucket}/{key} (--max-download)")
-            return None
-        names, _, _ = unpack(archive, Path(tmp) / "pool", limits, note, what="the array's table and logs")
+        names = got[0]
         status = None
         if "status.json" in names and (Path(tmp) / "pool" / "status.json").stat().st_size <= records.MAX_STATUS_BYTES:
             try:
@@ -328,12 +319,30 @@ def _record(data: bytes) -> dict[str, Any]:
     except ValueError:
         raw = {}
     said = raw.get("handover") if isinstance(raw, dict) else None
+    from ...pool.records import counts_of
     counts = raw.get("array") if isinstance(raw, dict) else None  # an array's (agent.array_counts)
-    array = {k: v for k, v in counts.items() if k in ("done", "failed", "running", "queued") and isinstance(v, int)
-             and not isinstance(v, bool) and 0 <= v <= 10_000} if isinstance(counts, dict) else None
+    array = counts_of(counts) if isinstance(counts, dict) else None
     return {**got, "handover": inert(said[:300]) if isinstance(said, str) else None, "array": array,
             "handover_at": inert(raw["handover_at"][:40]) if isinstance(raw, dict)
             and isinstance(raw.get("handover_at"), str) else None, "signature_checked": False}
+
+
+def download_unpack(s3: Any, bucket: str, key: str, tmp: Path, root: Path, limits: Limits, note: Log,
+                    what: str) -> tuple[list[str], int, int] | None:
+    """The tar.gz at ``key`` downloaded into the directory ``tmp`` (at most the download limit plus
+    ARCHIVE_SLACK_BYTES: gzip never grows data by more than a little) and unpacked into ``root``
+    (unpack's rules and result); None when there is no such object, or it is larger (said to
+    ``note``: it stays in S3). Raises AwsError."""
+    archive = tmp / key.rsplit("/", 1)[-1]
+    cap = limits.bytes + ARCHIVE_SLACK_BYTES
+    size = runstore.download_head(s3, bucket, key, archive, cap)
+    if size is None:
+        return None
+    if size > cap:
+        note(f"warning: {what} is larger than the download limit ({limits.bytes:,} bytes): left in "
+             f"s3://{bucket}/{key} (--max-download)")
+        return None
+    return unpack(archive, root, limits, note, what)
 
 
 def unpack(archive: Path, root: Path, limits: Limits, note: Log, what: str = "the outputs archive"
