@@ -44,6 +44,7 @@ from ...aws.session import Aws
 from ...backend import Backend
 from ...errors import UsageError
 from ...settings import Settings
+from ...wire import bounded_json
 from ..options import RunOptions
 from ..provision import pipeline
 from ..provision import resources as provision
@@ -55,12 +56,18 @@ if TYPE_CHECKING:
     from ..execute.reporter import ReporterLike
 
 AGENT_DIR = Path(__file__).resolve().parents[2] / "agent"
-#: the instance-side files, uploaded under runs/RUN_ID/agent/ and fetched by ``boot_script``
-AGENT_FILES = ("agent.py", "detached.py", "gang.py", "s3files.py")
+#: the instance-side files, uploaded under runs/RUN_ID/agent/ and fetched by ``boot_script``; all
+#: from AGENT_DIR but the one JSON reader they import (agent_source)
+AGENT_FILES = ("agent.py", "detached.py", "gang.py", "s3files.py", "bounded_json.py")
 #: instances a detached run may launch in all (first plus replacements) when --max-attempts is not
 #: given: a spot run rides out several interruptions; an on-demand one gets one replacement
 #: (an instance AWS retired, a failed status check)
 DEFAULT_LAUNCHES = {True: 10, False: 2}
+
+
+def agent_source(name: str) -> Path:
+    """The file on this machine of AGENT_FILES' ``name``: ec2gpu/wire/'s for the JSON reader, else agent/'s."""
+    return Path(bounded_json.__file__) if name == "bounded_json.py" else AGENT_DIR / name
 
 
 def check(opts: RunOptions) -> TaskJob:
@@ -297,7 +304,7 @@ def _upload(s3: Any, bucket: str, run_id: str, job: TaskJob, spec: dict[str, Any
             pack(job.mount_manifests[m.target], archive)
             runstore.put_file(s3, bucket, key + ".tar.gz", archive)
     for name in AGENT_FILES:
-        runstore.put_file(s3, bucket, runstore.agent_prefix(run_id) + name, AGENT_DIR / name)
+        runstore.put_file(s3, bucket, runstore.agent_prefix(run_id) + name, agent_source(name))
     runstore.put_json(s3, bucket, runstore.spec_key(run_id), spec)
 
 
