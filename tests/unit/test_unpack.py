@@ -91,6 +91,21 @@ def test_a_long_name_record_of_zeros_is_not_read_whole(tmp_path):
     assert got.names == ["ok.txt"] and got.left is None and "headers are over" in got.unread
 
 
+def test_headers_count_toward_the_bytes_read(tmp_path):
+    """Empty files with a large PAX record each (tarfile parses it whole): what is read in all is
+    bounded, not only each member's headers."""
+    info = tarfile.TarInfo("f")
+    info.pax_headers = {"comment": "a" * (1 << 19)}
+    one = gzip.compress(info.tobuf(tarfile.PAX_FORMAT), mtime=0)
+    archive = tmp_path / "o.tar.gz"
+    archive.write_bytes(one * 1000 + gzip.compress(b"\0" * 1024, mtime=0))  # 500 MiB of headers, 1 MB here
+    start = time.monotonic()
+    got = unpacking.unpack(archive, tmp_path / "out", max_files=100, max_bytes=1 << 20)
+    assert time.monotonic() - start < 1.0
+    assert got.names == ["f"] and "once decompressed" in got.unread
+    assert got.left is None  # stopped before its 101st file (over max_files) was reached
+
+
 @pytest.mark.parametrize("member", [b"", None, (tarfile.SYMTYPE, "/etc/passwd")], ids=["files", "dirs", "links"])
 def test_a_member_count_bomb_stops_at_the_limits(tmp_path, member):
     """100,000 empty members: files stop at max_files (the next one is over the limits); members
