@@ -13,6 +13,9 @@ from ec2gpu.remote import unpack as unpacking
 from ec2gpu.remote.files import DEFAULT_MAX_BYTES, DEFAULT_MAX_FILES
 
 CHUNK = 64 << 20  # bytes of zeros in one gzip member of a bomb
+#: seconds an unpack that stops at once may take on a busy machine (it takes milliseconds alone; the
+#: bombs below take 10 s or more to decompress, or read a few hundred MB into memory)
+AT_ONCE_S = 3.0
 
 
 def zeros_bomb(path, size, name="big.bin", kind=tarfile.REGTYPE, before=()):
@@ -64,7 +67,7 @@ def test_a_4_mb_archive_of_a_member_over_the_limits_stops_at_once_and_writes_not
     assert archive.stat().st_size < 8 << 20
     start = time.monotonic()
     got = unpacking.unpack(archive, tmp_path / "out", max_files=DEFAULT_MAX_FILES, max_bytes=DEFAULT_MAX_BYTES)
-    assert time.monotonic() - start < 1.0  # was 11 s here (19 s where it was found): the member decompressed to skip it
+    assert time.monotonic() - start < AT_ONCE_S  # was 11 s here (19 s where it was found): decompressed to skip it
     assert got.left == ("big.bin", size) and got.names == [] and got.bytes == 0
     assert list((tmp_path / "out").iterdir()) == []
 
@@ -72,11 +75,11 @@ def test_a_4_mb_archive_of_a_member_over_the_limits_stops_at_once_and_writes_not
 def test_a_refused_member_of_zeros_is_not_decompressed_past_the_bound(tmp_path):
     """A member that is not written (a name that leaves the target) still has its bytes counted:
     past max_bytes and a little more, the reading stops, whatever the members are."""
-    archive = zeros_bomb(tmp_path / "o.tar.gz", 32 * CHUNK, name="../escape.bin", before=[("ok.txt", b"ok")])
+    archive = zeros_bomb(tmp_path / "o.tar.gz", 64 * CHUNK, name="../escape.bin", before=[("ok.txt", b"ok")])
     start = time.monotonic()
     got = unpacking.unpack(archive, tmp_path / "out", max_files=10, max_bytes=1 << 20)
-    assert time.monotonic() - start < 1.0
-    assert got.names == ["ok.txt"] and got.left == ("../escape.bin", 32 * CHUNK)
+    assert time.monotonic() - start < AT_ONCE_S
+    assert got.names == ["ok.txt"] and got.left == ("../escape.bin", 64 * CHUNK)
     assert not (tmp_path / "escape.bin").exists()
 
 
@@ -87,7 +90,7 @@ def test_a_long_name_record_of_zeros_is_not_read_whole(tmp_path):
                          before=[("ok.txt", b"ok")])
     start = time.monotonic()
     got = unpacking.unpack(archive, tmp_path / "out", max_files=10, max_bytes=DEFAULT_MAX_BYTES)
-    assert time.monotonic() - start < 1.0
+    assert time.monotonic() - start < AT_ONCE_S
     assert got.names == ["ok.txt"] and got.left is None and "headers are over" in got.unread
 
 
@@ -101,7 +104,7 @@ def test_headers_count_toward_the_bytes_read(tmp_path):
     archive.write_bytes(one * 1000 + gzip.compress(b"\0" * 1024, mtime=0))  # 500 MiB of headers, 1 MB here
     start = time.monotonic()
     got = unpacking.unpack(archive, tmp_path / "out", max_files=100, max_bytes=1 << 20)
-    assert time.monotonic() - start < 1.0
+    assert time.monotonic() - start < AT_ONCE_S
     assert got.names == ["f"] and "once decompressed" in got.unread
     assert got.left is None  # stopped before its 101st file (over max_files) was reached
 
@@ -126,7 +129,7 @@ def test_a_member_count_bomb_stops_at_the_limits(tmp_path, member):
         f.write(b"\0" * 1024)
     start = time.monotonic()
     got = unpacking.unpack(archive, tmp_path / "out", max_files=10, max_bytes=1 << 20)
-    assert time.monotonic() - start < 2.0
+    assert time.monotonic() - start < AT_ONCE_S
     if member == b"":
         assert len(got.names) == 10 and got.left == ("m00010", 0)
     else:
