@@ -17,8 +17,8 @@ so:
   headers (PAX and GNU long-name records are read whole into memory by tarfile);
 - regular files only are written (directories made as their paths need): a link, a device or
   FIFO, a name that remote/files.check_name refuses (absolute, ``..``, ``.`` or empty component,
-  NUL, over Linux's length limits) or with a backslash, one tarfile's "data" filter refuses
-  (``tarfile.data_filter``, where this Python has it: 3.12, 3.11.4), or whose place on this
+  NUL, over Linux's length limits) or with a backslash, a member tarfile's "data" filter refuses
+  (``tarfile.data_filter``, where this Python has it: 3.12, and 3.11.4 on), or whose place on this
   machine is not inside the target (remote/files.local_target: no link or special file on the
   way) is refused and named (``Unpacked.refused``); after MAX_PASSED_OVER members not written
   (refused ones and directories) the rest is not read;
@@ -185,7 +185,7 @@ def _members(tar: tarfile.TarFile, stream: _Counted, root: Path, bound: int, got
             got.refused.append((m.name, why))
         passed += 1
         if passed > MAX_PASSED_OVER:
-            got.unread = f"not read past {MAX_PASSED_OVER:,} members not unpacked"
+            got.unread = f"not read past its first {MAX_PASSED_OVER:,} members that are no file to unpack"
             return
 
 
