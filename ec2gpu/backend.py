@@ -85,11 +85,13 @@ class Context:
     def __enter__(self):
         import getpass
 
+        from . import settings as settings_mod
         from .aws.session import Aws
         from .sandbox import control
 
         self._stack = contextlib.ExitStack()
         self.backend = AWS
+        settings_mod.private_home(self.settings.home)
         state = control.read_state(self.settings.home)
         if self.sandbox and self.persistent:  # what is launched must outlive this command
             if not state:

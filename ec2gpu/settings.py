@@ -92,6 +92,17 @@ class Settings(BaseSettings):
         return self.home / "runs"
 
 
+def private_home(home: Path) -> Path:
+    """``home`` (the tool's home: keys, known hosts, the ledger, runs' records, the sandbox's state)
+    made if missing, 0700 either way: readable by this user alone, whatever the umask (a home made
+    by an older version, 0755 under the usual umask 022, is narrowed). Returns ``home``. Raises
+    OSError when it cannot be made or is not this user's to change."""
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if home.stat().st_mode & 0o077:
+        home.chmod(0o700)
+    return home
+
+
 def config_file(config: Path | None = None) -> Optional[Path]:
     """The config file settings are read from: ``config``, else ./ec2gpu.toml, else
     $EC2GPU_HOME/config.toml, the first that exists (None: none does)."""

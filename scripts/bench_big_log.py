@@ -7,7 +7,7 @@ Starts one sshd on 127.0.0.99 (the sandbox's, in a temporary directory), writes 
 MB of 100-byte lines with an exit status beside it on that "instance", then, each in a fresh
 Python process so each peak is its own: (1) follows the log to its end as a run does
 (jobs.follow: chunked reads, whole lines to a sink that drops them, the tee nodes.LocalLog
-writes), (2) copies it home as `download` does (engine.copy_log, masked line by line). Prints
+writes), (2) copies it home as `download` does (nodes.copy_log, masked line by line). Prints
 seconds and the process's peak resident memory (ru_maxrss) beside its baseline after imports.
 Removes everything it made. Asserts nothing.
 """
@@ -27,7 +27,7 @@ CHILD = r"""
 import json, resource, sys, time
 from pathlib import Path
 from ec2gpu.remote import jobs, ssh
-from ec2gpu.runs import engine, nodes
+from ec2gpu.runs.execute import nodes
 host, port, user, key, known, run_dir, what, out = sys.argv[1:9]
 conn = ssh.connect(host, int(port), user, Path(key), Path(known))
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -40,7 +40,7 @@ if what == "follow":
             lines(chunk)
         jobs.follow(conn, run_dir, "job.log", jobs.LogCursor(deliver), poll_s=0.1)
 else:
-    engine.copy_log(conn, f"{run_dir}/job.log", Path(out), lambda line: line.replace("s3cret", "****"))
+    nodes.copy_log(conn, f"{run_dir}/job.log", Path(out), lambda line: line.replace("s3cret", "****"))
 seconds = time.perf_counter() - t0
 print(json.dumps({"what": what, "seconds": seconds, "base_mb": base / 1024,
                   "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

@@ -76,16 +76,24 @@ def _sendable(path: Path, workdir: Optional[str]) -> Path:
 
 
 def _prepare(task, command, workdir, name, env, secrets, max_upload, include_secrets, reporter, on_warning,
-             workdir_outside: bool = False, overrides: Optional[dict] = None, infra: Optional[str] = None):
+             workdir_outside: bool = False, overrides: Optional[dict] = None, infra: Optional[str] = None,
+             ports: Sequence[int] = ()):
     """(engine.TaskJob, reporter): the task loaded, its warnings said, its environment resolved (the
     names taken from this machine said) and its workdir listed (what will be sent said), before
-    anything is created."""
+    anything is created. ``ports`` (--port): forwarded too, each to the same port here (_ports)."""
     from ..runs.execute import engine
     from ..runs.execute.reporter import Reporter
     from ..tasks import load
+    same = _ports(ports)
     loaded = load_task(task, command, workdir, name, workdir_outside, overrides, infra, env)
     for w in loaded.warnings:
         on_warning(w)
+    if same:
+        merged = list(dict.fromkeys([*loaded.task.ports, *same]))
+        if len(merged) > load.MAX_PORTS:
+            raise UsageError(f"more than {load.MAX_PORTS} ports with --port: ec2gpu forwards each one over SSH",
+                             "name the ports the job serves on")
+        loaded.task = loaded.task.model_copy(update={"ports": merged})
     if secrets:
         loaded.task = loaded.task.model_copy(update={"secrets": sorted(set(loaded.task.secrets) | set(secrets))})
     if max_upload is None:
@@ -100,7 +108,18 @@ def _prepare(task, command, workdir, name, env, secrets, max_upload, include_sec
             f"{k} (secret, masked)" if k in secret else k for k in taken))
     if engine.manifest_note(job):
         reporter.note(engine.manifest_note(job))
+    job.same_ports = same
     return job, reporter
+
+
+def _ports(ports: Sequence[int]) -> tuple[int, ...]:
+    """The --port values checked (pure): each a TCP port, 1 to 65535; repeats once. Only a port named
+    here is forwarded to the same port on this machine; a task file's go to a free port the kernel
+    picks (remote/tunnel.forwarding: issue 44.7). Raises UsageError."""
+    for p in ports:
+        if isinstance(p, bool) or not isinstance(p, int) or not 1 <= p <= 65535:
+            raise UsageError(f"--port {p!r} is not a TCP port", "give a number from 1 to 65535, e.g. --port 6006")
+    return tuple(dict.fromkeys(ports))
 
 
 def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequence[str]] = None,
@@ -115,7 +134,8 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
         as_typed: Optional[str] = None, baked: bool = True, workdir_outside: bool = False,
         allow_larger: bool = False, dry_run: bool = False, infra: Optional[str] = None,
         detach: bool = False, array: Union[int, str, None] = None, workers: Optional[int] = None,
-        gpus_per_job: Optional[int] = None, max_retries: Optional[int] = None) -> Union[dict, RunRecord]:
+        gpus_per_job: Optional[int] = None, max_retries: Optional[int] = None,
+        ports: Sequence[int] = ()) -> Union[dict, RunRecord]:
     """Run a task on new instances end to end (estimate, launch, sync, setup, job, outputs home,
     teardown, bill); return its run record.
 
@@ -128,7 +148,9 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
     run), ``allow_larger`` (as the task's resources.allow_larger: with ``gpu``, where no type has
     exactly the count asked, the cheapest with more, the job seeing only the count asked),
     ``expect`` (minutes: the job's expected time, an array's element's, for the estimate), ``budget`` (USD),
-    ``max_price`` (USD/h), ``max_upload`` (bytes; default remote/sync.MAX_UPLOAD_BYTES, 1 GiB). ``reporter``:
+    ``max_price`` (USD/h), ``max_upload`` (bytes; default remote/sync.MAX_UPLOAD_BYTES, 1 GiB). ``ports``
+    (--port): ports of node 0 forwarded to the same port here while the job runs (the task file's own
+    ``ports`` go to a free port here, said when the job starts). ``reporter``:
     a runs.provision.pipeline.Reporter (default: silent). ``baked``: launch from the newest image baked for
     the task's setup (`ec2gpu image bake`) when the region has one. ``dry_run``: return the run's
     plan instead (runs/plan/dryrun.plan: instance types, prices, limit, environment, what changes), having
@@ -174,7 +196,7 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
         overrides["allow_larger"] = True
     infra_region, infra_zone = _infra(infra, region)
     job, reporter = _prepare(task, command, workdir, name, env, secrets, max_upload, include_secrets, reporter,
-                             warn, workdir_outside, overrides or None, infra)
+                             warn, workdir_outside, overrides or None, infra, ports)
     res = job.task.resources
     elements = _elements(job.task, array, workers, gpus_per_job, max_retries, nodes, detach)
     if elements and spot is None:  # a pool is spot unless asked otherwise (--on-demand, or the task's spot: false)
@@ -341,17 +363,18 @@ def exec(target: str, task=None, *, command: Optional[Sequence[str]] = None, wor
          env: Optional[dict] = None, secrets: Sequence[str] = (), max_upload: Optional[int] = None,
          include_secrets: bool = False, out: Optional[Path] = None, region: Optional[str] = None,
          sandbox: bool = False, reporter: Optional[ReporterLike] = None, on_warning=lambda text: None,
-         as_typed: Optional[str] = None, workdir_outside: bool = False, infra: Optional[str] = None) -> RunRecord:
+         as_typed: Optional[str] = None, workdir_outside: bool = False, infra: Optional[str] = None,
+         ports: Sequence[int] = ()) -> RunRecord:
     """Run a task once on the standing instance or cluster ``target`` and leave it running; return
     the run record. A setup that already ran there is skipped; rsync sends only what changed.
-    ``workdir_outside`` as for ``run``; ``infra`` ('aws'): a SkyPilot file naming another cloud is
-    read as for ``run`` (the target's own region and type are what run it)."""
+    ``workdir_outside`` and ``ports`` as for ``run``; ``infra`` ('aws'): a SkyPilot file naming another
+    cloud is read as for ``run`` (the target's own region and type are what run it)."""
     from ..backend import Context
     from ..runs.standing import hosts as standing
 
     _infra(infra, None)
     job, reporter = _prepare(task, command, workdir, None, env, secrets, max_upload, include_secrets, reporter,
-                             on_warning, workdir_outside, None, infra)
+                             on_warning, workdir_outside, None, infra, ports)
     with Context(region, sandbox) as ctx:
         return standing.exec_task(ctx.aws, ctx.settings, job, reporter, target,
                                   ctx.backend, out, job.mask(as_typed or f"ec2gpu.exec({target!r})"))

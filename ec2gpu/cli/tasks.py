@@ -54,6 +54,11 @@ WORKDIR_OUTSIDE = typer.Option(False, "--workdir-outside", help="Send a task fil
                                "the task file's directory (your home and credentials directories are never sent).")
 
 
+PORT = typer.Option([], "--port", help="A port of node 0 to forward to the same port here while the job runs "
+                    "(TensorBoard: --port 6006); repeatable. The task file's own ports go to a free port here, "
+                    "printed when the job starts, so a task cannot take a port a local client trusts.")
+
+
 @app.command("run")
 def run_cmd(
     args: List[str] = typer.Argument(None, help="A task file (task.yaml), or after -- the command to run in the "
@@ -118,6 +123,7 @@ def run_cmd(
     max_retries: Optional[int] = typer.Option(None, "--max-retries", help="An array's elements: runs again of one "
                                               "that exits non-zero (default 2); one on a lost instance always runs "
                                               "again."),
+    port: List[int] = PORT,
     region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
 ):
     """Run your own job on new GPU instances: send the workdir, set up, run, bring outputs home, terminate.
@@ -137,7 +143,7 @@ def run_cmd(
         out=out_dir, ssh_cidr=ssh_cidr, ami=ami, region=region, sandbox=_sandbox_flag(sandbox),
         reporter=RichReporter(err), on_warning=_warn, as_typed=" ".join(["ec2gpu", *sys.argv[1:]]), baked=not no_baked,
         workdir_outside=workdir_outside, allow_larger=allow_larger, dry_run=dry_run, infra=infra, detach=detach,
-        array=array, workers=workers, gpus_per_job=gpus_per_job, max_retries=max_retries)
+        array=array, workers=workers, gpus_per_job=gpus_per_job, max_retries=max_retries, ports=port)
     if dry_run:
         _print_plan(record, as_json)
         return
@@ -213,6 +219,7 @@ def exec_cmd(
     workdir_outside: bool = WORKDIR_OUTSIDE,
     infra: Optional[str] = typer.Option(None, "--infra", help="aws: read a SkyPilot task file written for another "
                                         "cloud (SkyPilot's override flag); the standing instance runs it."),
+    port: List[int] = PORT,
     region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
 ):
     """Run a task on a standing instance or cluster and leave it running.
@@ -226,7 +233,7 @@ def exec_cmd(
                       env=_env_flags(env, secret), secrets=secret, max_upload=_size(max_upload),
                       include_secrets=include_secrets, out=out_dir, region=region, sandbox=_sandbox_flag(sandbox),
                       reporter=RichReporter(err), on_warning=_warn, as_typed=" ".join(["ec2gpu", *sys.argv[1:]]),
-                      workdir_outside=workdir_outside, infra=infra)
+                      workdir_outside=workdir_outside, infra=infra, ports=port)
     _print_record(record, as_json)
 
 
@@ -328,6 +335,9 @@ def _say_status(got: Mapping[str, Any], sandbox: bool = False) -> None:
             else f"${got['cost_usd']:.4f}" + (" so far" if c.get("running") else "") \
             + (" (an upper bound)" if got.get("upper_bound") else "")
         say(out, f"cost {cost} for {got.get('billed_seconds') or 0:.0f} s billed")
+        if c.get("not_this_runs"):  # status.json named instances EC2 lists under another run (or none)
+            warn("status.json names instances that are not this run's, not billed here: "
+                 + ", ".join(inert(str(i)) for i in c["not_this_runs"]))
     if got.get("message"):
         say(out, f"message: {got['message']}")
     if got.get("problem"):

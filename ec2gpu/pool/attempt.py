@@ -44,6 +44,9 @@ if TYPE_CHECKING:
     from ..settings import Settings
 
 HERE = Path(__file__).parent
+#: what the driver imports from beside it on the head (name there: file of ec2gpu here): ec2gpu's
+#: one unpacker (pool/driver._unpack) and the name checks it uses, both stdlib only
+SHIPPED = {"ec2gpu_unpack.py": "remote/unpack.py", "ec2gpu_files.py": "remote/files.py"}
 POLL_S = 2.0  # how often the controller reads the driver's status (s)
 HEAD_PORT_WAIT_S = 300.0  # the head's Ray starts within this (s; node.py tries up to 3 times)
 WORKER_JOIN_WAIT_S = 120.0  # the driver starts once every worker's Ray is up, or this has passed (s)
@@ -462,11 +465,13 @@ def _say(ui: ReporterLike, nd: Node, nodes: list[Node]) -> Callable[[str], None]
 
 def _start_driver(head: Node, spec: dict[str, Any], opts: PoolOptions, settings: Settings,
                   handover: bool = False) -> None:
-    """Put the driver and pool.json on the head and start the driver under the agent (with
-    ``handover``: the agent reads RUN_DIR/handover.json, runs/recover/handover.py)."""
+    """Put the driver, what it imports (SHIPPED) and pool.json on the head and start the driver
+    under the agent (with ``handover``: the agent reads RUN_DIR/handover.json, runs/recover/handover.py)."""
     from ..remote import files, jobs
     from ..runs.plan import limits
     files.put_file(head.conn, HERE / "driver.py", f"{head.run_dir}/pool_driver.py")
+    for name, module in SHIPPED.items():
+        files.put_file(head.conn, HERE.parent / module, f"{head.run_dir}/{name}")
     files.write_text(head.conn, f"{head.run_dir}/pool.json", json.dumps(spec))
     python = str(head.info.get("python") or "python3")
     grace = settings.limit_grace_seconds

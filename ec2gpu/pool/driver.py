@@ -6,7 +6,9 @@ CUDA_VISIBLE_DEVICES per task). A task runs the task's ``run`` in the node's wor
 node's job environment, the element's EC2GPU_ARRAY_INDEX/SIZE, its sweep parameters, and an
 output directory of its own; it returns the exit status, the log's last lines and the outputs
 (a tar, at most ``max_output_bytes``), which the driver unpacks on the head under
-``out/<index>/`` (tarfile's "data" filter: no links out, no absolute paths, no devices).
+``out/<index>/`` with ec2gpu's one unpacker (remote/unpack.py, shipped beside this file as
+ec2gpu_unpack.py with remote/files.py as ec2gpu_files.py: regular files only, names checked,
+tarfile's "data" filter, at most ``max_output_bytes`` and MAX_OUTPUT_FILES files).
 
 Retries: an element on a node that was lost (a spot interruption, a dead instance) is run again
 by Ray itself (``max_retries`` of the task: Ray's fault tolerance,
@@ -28,6 +30,7 @@ Exit status: 0 when every element succeeded, 1 when one failed, 2 for a bad pool
 """
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import logging
@@ -37,6 +40,12 @@ import sys
 import tarfile
 import time
 import typing
+
+if __package__:  # in the package (tests)
+    from ..remote import files, unpack as unpacking
+else:  # on the head: beside this file (pool/attempt.SHIPPED)
+    files = importlib.import_module("ec2gpu_files")
+    unpacking = importlib.import_module("ec2gpu_unpack")
 
 #: The element's keeper (``python -I -c REAPER PARENT_PID GRACE_S -- ARGV``), between the Ray worker
 #: and the element: it asks Linux for SIGTERM when its parent dies (prctl PR_SET_PDEATHSIG; a
@@ -100,6 +109,7 @@ REAPER_GRACE_S = 10.0  # an element's group gets this long between SIGTERM and S
 NODE_LOSS_RETRIES = 8  # Ray's retries of an element whose node was lost (not counted as its failures)
 TAIL_LINES = 20
 STATUS_EVERY_S = 1.0
+MAX_OUTPUT_FILES = files.MAX_LISTED  # an element's files unpacked: the most that come home from a listing
 
 
 def _write_json(path: str, data: object) -> None:
@@ -217,21 +227,15 @@ class Tracker:
         return self.attempts, self.running, self.nodes
 
 
-def _unpack(tar: bytes, target: str) -> None:
-    """Unpack an element's outputs under ``target``: regular files and directories only, each name
-    relative with no ``..`` (checked here: tarfile's "data" filter is not in every Python an image
-    has), then the data filter too where there is one. Raises tarfile.TarError for anything else."""
-    os.makedirs(target, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(tar), mode="r") as t:
-        members = t.getmembers()
-        for m in members:
-            parts = m.name.split("/")
-            if not (m.isfile() or m.isdir()) or m.name.startswith("/") or ".." in parts:
-                raise tarfile.TarError(f"refused: {m.name[:200]!r}")
-        if hasattr(tarfile, "data_filter"):
-            t.extractall(target, members=members, filter="data")  # noqa: S202 - checked above and by the filter
-        else:
-            t.extractall(target, members=members)  # noqa: S202 - regular files with checked names only
+def _unpack(tar: bytes, target: str, max_bytes: int) -> None:
+    """Unpack an element's outputs (``tar``, from its Ray task) under ``target`` with the one
+    unpacker: at most MAX_OUTPUT_FILES files and ``max_bytes`` bytes, what is within the rules
+    written. Raises tarfile.TarError naming what was not (a member refused, the first one over the
+    limits, an archive cut short)."""
+    got = unpacking.unpack(io.BytesIO(tar), target, max_files=MAX_OUTPUT_FILES, max_bytes=max_bytes)
+    said = got.warnings("outputs", "the rest stays in the element's directory on its worker")
+    if said:
+        raise tarfile.TarError("; ".join(said)[:2000])
 
 
 def main(argv: list[str]) -> int:  # noqa: C901 - one loop that reads as the driver's life
@@ -293,7 +297,7 @@ def main(argv: list[str]) -> int:  # noqa: C901 - one loop that reads as the dri
                 f.write("\n".join(res.get("log") or []) + "\n")
             if res.get("outputs"):
                 try:
-                    _unpack(res["outputs"], f"{run_dir}/out/{rec['index']}")
+                    _unpack(res["outputs"], f"{run_dir}/out/{rec['index']}", int(spec["max_output_bytes"]))
                 except (tarfile.TarError, OSError) as exc:
                     rec["outputs_error"] = f"{type(exc).__name__}: {exc}"
             if res.get("outputs_left_out"):

@@ -63,6 +63,15 @@ NEVER_SEND = [
     # (docs.databricks.com/dev-tools/cli/profiles.html), Apache htpasswd, KeePass databases (*.kdbx)
     ".netrc", "_netrc", ".git-credentials", "**/.docker/config.json", ".pypirc", ".pgpass", ".npmrc", "kaggle.json",
     "credentials.tfrc.json", ".vault-token", ".s3cfg", ".boto", ".databrickscfg", ".htpasswd", "*.kdbx",
+    # tokens of ML and developer tools: Hugging Face's login token and its stored tokens in HF_HOME
+    # (~/.cache/huggingface; huggingface.co/docs/huggingface_hub/package_reference/environment_variables,
+    # HF_TOKEN_PATH and HF_STORED_TOKENS_PATH) and the older ~/.huggingface/token; rclone's remotes
+    # (rclone.org/docs/#config-config-file); Cargo's registry tokens (doc.rust-lang.org/cargo/reference/
+    # config.html#credentials); hub's OAuth token (hub(1), ~/.config/hub); Maven's server passwords
+    # (maven.apache.org/settings.html#servers, maven.apache.org/guides/mini/guide-encryption.html)
+    "**/huggingface/token", "**/huggingface/stored_tokens", "**/.huggingface/token", "rclone.conf",
+    "**/.cargo/credentials", "**/.cargo/credentials.toml", "**/.config/hub", "**/.m2/settings.xml",
+    "**/.m2/settings-security.xml",
     # shell and REPL histories (commands typed with tokens in them): bash(1) HISTFILE, zsh's
     # .zsh_history/.zhistory/.histfile, Python's .python_history, psql, mysql, node, fish's
     # fish_history, less(1) LESSHISTFILE, vim's viminfo

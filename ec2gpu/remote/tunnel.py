@@ -22,7 +22,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Collection, Iterator
 
 
 def free_local_port(preferred: int | None = None) -> int:
@@ -138,16 +138,18 @@ def signals_held() -> Iterator[None]:
 
 @contextlib.contextmanager
 def forwarding(config: Path, host: str, ports: list[int], log: Callable[[str], None],
-               same_port: bool = True) -> Iterator[None]:
+               same_ports: Collection[int] = ()) -> Iterator[None]:
     """While the block runs, forward each of ``ports`` of ``host`` (its alias in ``config``) to
-    127.0.0.1 here, on the same port when it is free (and ``same_port``: False where the instance
-    shares this machine's ports, as a sandbox instance on loopback does, whose job has yet to bind
-    its port); ``log`` says where each one is. Every ssh it started is ended and reaped when the
-    block ends, however it ends."""
+    127.0.0.1 here: those of ``same_ports`` (the user named them: `--port`) on the same port when it
+    is free, every other on a free port the kernel picks, so that a task file cannot take a local
+    port a client here sends credentials to (PostgreSQL's 5432, Redis's 6379: issue 44.7). Give no
+    ``same_ports`` where the instance shares this machine's ports (a sandbox instance on loopback,
+    whose job has yet to bind its port). ``log`` says where each one is. Every ssh it started is
+    ended and reaped when the block ends, however it ends."""
     stop, threads, children = threading.Event(), [], []
     try:
         for port in ports:
-            here = free_local_port(port if same_port else None)
+            here = free_local_port(port if port in same_ports else None)
             log(f"port {port} of {host} is at http://127.0.0.1:{here} while the job runs")
             children.append(Child())
             t = threading.Thread(target=keep_forwarding, args=(argv(config, host, port, here), here, stop,

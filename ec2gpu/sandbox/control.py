@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from ..errors import SandboxError, UsageError, WaitTimeout
+from ..settings import private_home
 from . import likeaws
 from .sshd import orphans, sshd_binary
 
@@ -42,6 +43,7 @@ def state_dir(home: Path) -> Path:
 def _locked(home: Path):
     """Hold this home's sandbox lock (an exclusive flock) for the block."""
     d = state_dir(home)
+    private_home(home)
     d.mkdir(parents=True, exist_ok=True)
     with open(d / "lock", "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -127,6 +129,7 @@ def _up(home: Path, timeout_s: float, like_aws: bool | None) -> dict:
     except FileNotFoundError as exc:
         raise SandboxError(str(exc), "then run the command again")
     d = state_dir(home)
+    private_home(home)
     d.mkdir(parents=True, exist_ok=True)
     (d / "state.json").unlink(missing_ok=True)
     env = {**os.environ, "EC2GPU_SANDBOX_INSTANCE_ENV": json.dumps(instance_env())}

@@ -49,6 +49,9 @@ MAX_TASK_BYTES = 1 << 20  # a task file holds at most 1 MiB
 MAX_ALIASES = 100  # alias uses (*name) in one task file
 MAX_DEPTH = 64  # nesting levels of mappings and sequences
 MAX_NODES = 100_000  # values in a task file once its aliases are expanded
+#: characters of one integer in a task file: no field takes a longer one (disk sizes, ports, counts), and
+#: Python refuses to read one of over 4,300 digits (sys.get_int_max_str_digits, CVE-2020-10735)
+MAX_INT_CHARS = 100
 OUTSIDE_FLAG = "--workdir-outside"
 #: directories under the home directory that hold credentials, as each tool documents them: a
 #: directory inside one, or holding one, is never sent (not even with --workdir-outside)
@@ -134,6 +137,15 @@ class _BoundedLoader(yaml.SafeLoader):  # type: ignore[misc]  # yaml has no type
     def _refuse(self, event: Any, problem: str) -> _TooComplex:
         return _TooComplex(problem=problem, problem_mark=event.start_mark)
 
+    def construct_yaml_int(self, node: Any) -> Any:
+        """An integer of at most MAX_INT_CHARS characters (yaml's own rules otherwise)."""
+        if len(str(node.value)) > MAX_INT_CHARS:
+            exc = _TooComplex(problem=f"a number of {len(str(node.value)):,} characters: no field takes one that long",
+                              problem_mark=node.start_mark)
+            exc.hint = "give a number a field can take, or quote it ('...') where the value is text"
+            raise exc
+        return super().construct_yaml_int(node)
+
     def compose_node(self, parent: Any, index: Any) -> Any:
         event = self.peek_event()
         if isinstance(event, yaml.AliasEvent):
@@ -153,6 +165,9 @@ class _BoundedLoader(yaml.SafeLoader):  # type: ignore[misc]  # yaml has no type
         if self.expanded > MAX_NODES:
             raise self._refuse(event, f"more than {MAX_NODES:,} values once its aliases are expanded")
         return node
+
+
+_BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct_yaml_int)
 
 
 def _compose(text: str, source: str) -> tuple[_Lines, Any]:
@@ -179,7 +194,8 @@ def _compose(text: str, source: str) -> tuple[_Lines, Any]:
         return lines, (loader.construct_document(node) if node is not None else None)
     except _TooComplex as exc:
         raise UsageError(f"{source}:{exc.problem_mark.line + 1}: refused: {exc.problem}",
-                         "write the task out plainly: a task file needs few aliases and little nesting")
+                         getattr(exc, "hint", None)
+                         or "write the task out plainly: a task file needs few aliases and little nesting")
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = min(mark.line + 1 if mark else 1, max(1, len(text.rstrip().splitlines())))  # not past the end

@@ -2,6 +2,7 @@
 hostile input (aws/runstore.launches): issue 30, item 2."""
 import json
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 
@@ -295,3 +296,28 @@ def test_a_runs_instances_outlive_ec2s_memory_in_its_settled_json_and_keep_its_c
         assert runstore.get_settled(s3, bucket, RUN) == []
     s3.objects[key] = b"x" * (runstore.MAX_SETTLED_BYTES + 1)
     assert runstore.get_settled(s3, bucket, RUN) == []
+
+
+def test_status_json_naming_another_runs_instance_bills_it_to_neither_twice(monkeypatch):
+    """Issue 44.7: the run's own job can write its status.json, and named another run's instance
+    there, which was then billed to this run too; now only instances EC2 lists under this run's tag
+    (or does not list at all) are billed here, and the others are named."""
+    from types import SimpleNamespace
+
+    from ec2gpu.aws import groups, sweep
+    other = "20261125-090000-0000"
+    mine = Instance(id="i-00000001", type="g4dn.xlarge", state="terminated", launched_at=T0,
+                    transitioned_at=T0 + timedelta(seconds=100), tags={"ec2gpu:run": RUN})
+    theirs = Instance(id="i-00000002", type="g5.xlarge", state="terminated", launched_at=T0,
+                      transitioned_at=T0 + timedelta(seconds=3600), tags={"ec2gpu:run": other})
+    kept, refused = costs.own_launches([_launch(mine.id, 0, 90), _launch(theirs.id, 0, 3500),
+                                        _launch("i-00000003", 0, 60)], RUN, {i.id: i for i in (mine, theirs)})
+    assert [k["instance_id"] for k in kept] == [mine.id, "i-00000003"] and refused == [theirs.id]
+    monkeypatch.setattr(sweep, "find_instances", lambda ec2, run_id, states=None: [mine, theirs])
+    monkeypatch.setattr(groups, "find_groups", lambda client: [])
+    aws = SimpleNamespace(ec2=None, region="us-east-1", client=lambda name: None)
+    got = costs.gather(aws, Path("/nonexistent"), {RUN: [_launch(mine.id, 0, 90), _launch(theirs.id, 0, 3500)],
+                                                   other: [_launch(theirs.id, 0, 3500)]}, {}, None)
+    assert [r["instance_id"] for r in got[RUN]["per_instance"]] == [mine.id] and got[RUN]["not_this_runs"] == [theirs.id]
+    assert [r["instance_id"] for r in got[other]["per_instance"]] == [theirs.id] and got[other]["not_this_runs"] == []
+    assert got[RUN]["billed_seconds"] == 100.0 and got[other]["billed_seconds"] == 3600.0

@@ -35,10 +35,12 @@ def test_only_plain_files_inside_outputs_are_written(tmp_path):
 
 def test_the_download_limits_hold_for_an_archive_too(tmp_path):
     archive = _archive(tmp_path / "o.tar.gz", [(f"f{i}", "file", b"x" * 40) for i in range(5)])
-    names, _, left = handover.unpack(archive, tmp_path / "out", Limits(files=10, bytes=100), lambda line: None)
-    assert names == ["f0", "f1"] and left == 3
+    said = []
+    names, _, left = handover.unpack(archive, tmp_path / "out", Limits(files=10, bytes=100), said.append)
+    assert names == ["f0", "f1"] and left == 1  # the reading stops at the first member over them: f2
+    assert "not read past 'f2'" in said[0] and sorted(p.name for p in (tmp_path / "out").iterdir()) == ["f0", "f1"]
     names, _, left = handover.unpack(archive, tmp_path / "o2", Limits(files=1, bytes=10_000), lambda line: None)
-    assert names == ["f0"] and left == 4
+    assert names == ["f0"] and left == 1
 
 
 def test_a_broken_archive_is_said_not_raised(tmp_path):
@@ -118,5 +120,5 @@ def test_an_archive_of_very_many_members_is_not_read_past_the_limits(tmp_path):
     archive = _archive(tmp_path / "o.tar.gz", [(f"f{i}", "file", b"") for i in range(5000)])
     said = []
     names, _, left = handover.unpack(archive, tmp_path / "out", Limits(files=10, bytes=100), said.append)
-    assert len(names) == 10 and left == 10 + handover.MAX_REFUSED + 1  # then the rest is left unread
-    assert any("not read" in line for line in said)
+    assert len(names) == 10 and left == 1  # the eleventh file is over the limits: the rest is left unread
+    assert any("not read past 'f10'" in line for line in said)

@@ -220,3 +220,30 @@ def test_instances_a_run_kept_are_billed_into_its_row_once_they_have_ended(tmp_p
     assert row["cost_usd"] == pytest.approx(600 * 0.526 / 3600 + 600 * 0.005 / 3600 + 100 * 0.08 * 600 / (30 * 86400),
                                             abs=1e-5)
     assert reconcile.kept(tmp_path, "aws") == []
+
+
+def test_the_tool_home_and_the_ledger_are_this_users_alone_whatever_the_umask(tmp_path):
+    """Issue 44.7: the home (keys, known hosts, the ledger) was made with the umask (0755) and the
+    ledger 0644; now 0700 and 0600, and an older version's are narrowed when next opened."""
+    import os
+    import stat
+    old = os.umask(0o022)
+    try:
+        home = tmp_path / "fresh" / ".ec2gpu"
+        ledger.connect(home).close()
+        assert stat.S_IMODE(home.stat().st_mode) == 0o700
+        assert stat.S_IMODE(ledger.path_in(home).stat().st_mode) == 0o600
+        older = tmp_path / "older"
+        older.mkdir(mode=0o755)
+        sqlite3.connect(ledger.path_in(older)).close()
+        assert stat.S_IMODE(ledger.path_in(older).stat().st_mode) == 0o644  # as SQLite makes it
+        ledger.connect(older).close()
+        assert stat.S_IMODE(older.stat().st_mode) == 0o700
+        assert stat.S_IMODE(ledger.path_in(older).stat().st_mode) == 0o600
+        from ec2gpu.sandbox import control  # the sandbox's state lives in the home too
+        sandbox_home = tmp_path / "sandbox-first" / ".ec2gpu"
+        with control._locked(sandbox_home):
+            pass
+        assert stat.S_IMODE(sandbox_home.stat().st_mode) == 0o700
+    finally:
+        os.umask(old)

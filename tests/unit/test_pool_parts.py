@@ -209,7 +209,7 @@ def test_the_driver_unpacks_nothing_outside_its_target(tmp_path):
         info.size = 1
         t.addfile(info, io.BytesIO(b"x"))
     with pytest.raises(tarfile.TarError):
-        driver._unpack(buf.getvalue(), str(tmp_path / "out"))
+        driver._unpack(buf.getvalue(), str(tmp_path / "out"), 1 << 20)
     assert not (tmp_path / "escape.txt").exists()
 
 
@@ -375,7 +375,7 @@ def test_the_driver_refuses_a_link_in_an_elements_outputs(tmp_path):
         info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
         t.addfile(info)
     with pytest.raises(tarfile.TarError, match="refused"):
-        driver._unpack(buf.getvalue(), str(tmp_path / "out"))
+        driver._unpack(buf.getvalue(), str(tmp_path / "out"), 1 << 20)
     assert not (tmp_path / "out" / "x").exists()
 
 

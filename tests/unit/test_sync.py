@@ -75,7 +75,11 @@ CREDENTIALS = [".netrc", "_netrc", ".git-credentials", ".kube/config", ".docker/
                ".gnupg/pubring.kbx", ".azure/msal_token_cache.json", ".terraform.d/credentials.tfrc.json", ".vault-token",
                ".config/gh/hosts.yml", ".s3cfg", ".boto",
                ".databrickscfg", "vault.kdbx", ".htpasswd", ".ssh/known_hosts", ".aws/credentials", "keys/pgp.asc",
-               "keys/putty.txt", "keys/bagged.txt", "web/.yarnrc.yml"]
+               "keys/putty.txt", "keys/bagged.txt", "web/.yarnrc.yml",
+               # issue 44.7: each checked where its tool keeps it
+               ".cache/huggingface/token", ".cache/huggingface/stored_tokens", ".huggingface/token",
+               ".config/rclone/rclone.conf", ".cargo/credentials.toml", ".cargo/credentials", ".config/hub",
+               ".m2/settings.xml", ".m2/settings-security.xml"]
 
 
 @pytest.mark.parametrize("under", ["", "home/user/"])

@@ -184,6 +184,18 @@ def test_a_20000_deep_task_file_is_a_usage_error_through_the_cli(said, tmp_path)
     assert shown.count("task.yaml:2: refused: nested deeper than 64 levels") == 2 and "Traceback" not in shown
 
 
+def test_a_5000_digit_number_is_refused_at_its_line_through_the_cli(said, tmp_path):
+    """Python refuses to read an integer of over 4,300 digits (ValueError): a task file's is a
+    FILE:LINE refusal, exit 2, not `error: ValueError`, exit 1 (issue 44.7)."""
+    from ec2gpu import cli
+    assert cli.main(["run", _file(tmp_path, "run: x\nenvs:\n  A: " + "9" * 5000 + "\n")]) == 2
+    assert cli.main(["run", _file(tmp_path, "run: x\nresources:\n  disk_size: " + "9" * 5000 + "\n")]) == 2
+    shown = said.getvalue()
+    assert shown.count("task.yaml:3: refused: a number of 5,000 characters") == 2
+    assert "ValueError" not in shown and "Traceback" not in shown
+    assert load.parse("run: x\nenvs:\n  A: '" + "9" * 5000 + "'\n", "t.yaml", tmp_path).task.envs["A"] == "9" * 5000
+
+
 def test_a_task_file_over_1_mib_is_refused_before_it_is_read_whole(tmp_path):
     path = tmp_path / "big.yaml"
     path.write_text("run: x\n" + "# pad\n" * (load.MAX_TASK_BYTES // 6 + 1))

@@ -54,3 +54,35 @@ def test_the_forwards_ssh_runs_in_its_own_group_and_is_ended_and_reaped_by_whoev
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_task_files_ports_go_to_free_ports_here_and_only_ports_the_user_named_keep_theirs(tmp_path, monkeypatch):
+    """Issue 44.7: a task file's `ports: [5432]` bound 127.0.0.1:5432 here when it was free, where a
+    local psql would then send its password to the instance's job. Only --port keeps the number."""
+    import socket
+    with socket.socket() as a, socket.socket() as b:  # two ports free now: the task's and the user's
+        a.bind(("127.0.0.1", 0))
+        b.bind(("127.0.0.1", 0))
+        task_port, named = a.getsockname()[1], b.getsockname()[1]
+    started = {}
+    monkeypatch.setattr(tunnel, "keep_forwarding", lambda argv, here, stop, log, child: started.setdefault(
+        int(argv[argv.index("-L") + 1].split(":")[3]), here))
+    said = []
+    with tunnel.forwarding(tmp_path / "ssh_config", "i-0abc", [task_port, named], said.append, same_ports=(named,)):
+        pass
+    assert started[named] == named and started[task_port] != task_port
+    assert f"port {task_port} of i-0abc is at http://127.0.0.1:{started[task_port]} while the job runs" in said
+
+
+def test_port_flags_are_checked_and_the_plan_says_which_local_port_each_gets(tmp_path):
+    from ec2gpu import api
+    from ec2gpu.errors import UsageError
+    task = tmp_path / "task.yaml"
+    task.write_text("name: p\nworkdir: null\nrun: python serve.py\nports: [5432]\n")
+    plan = api.run(str(task), dry_run=True, ports=[6006])
+    assert [(p["port"], p["local"]) for p in plan["ports"]] == [
+        (5432, "127.0.0.1:(a free port, said when the job starts)"), (6006, "127.0.0.1:6006")]
+    import pytest
+    for bad in (0, 70000, -1):
+        with pytest.raises(UsageError, match=f"--port {bad} is not a TCP port"):
+            api.run(str(task), dry_run=True, ports=[bad])

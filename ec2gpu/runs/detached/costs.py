@@ -221,6 +221,24 @@ def unrecorded(launches: list[dict[str, Any]], listed: list[Instance]) -> list[d
              "in_status": False} for i in listed if i.id not in known]
 
 
+def own_launches(launches: list[dict[str, Any]], run_id: str, listed: dict[str, Instance]
+                 ) -> tuple[list[dict[str, Any]], list[str]]:
+    """(the launches billed to run ``run_id``, the instance ids refused) (pure): status.json is
+    written by the run's own instances, whose job can write anything there, so a launch naming an
+    instance that DescribeInstances lists (``listed``) under another run's ec2gpu:run tag, or under
+    none, is not this run's: billing it here would bill it twice (issue 44.7). A launch EC2 does not
+    list (forgotten, an hour after it ended) keeps the agent's times, bounded by this run's own
+    records (its settled.json)."""
+    kept, refused = [], []
+    for launch in launches:
+        inst = listed.get(launch["instance_id"])
+        if inst is not None and SETTLED_TAG not in inst.tags and inst.run_id != run_id:
+            refused.append(launch["instance_id"])
+        else:
+            kept.append(launch)
+    return kept, refused
+
+
 def group_facts(group: dict[str, Any]) -> Facts | None:
     """The type(s) and market of a run's Auto Scaling group (a DescribeAutoScalingGroups entry:
     aws/runstore.group_launches reads its launch template overrides and InstancesDistribution): one
@@ -254,12 +272,17 @@ def gather(aws: Aws, home: Path, runs: dict[str, list[dict[str, Any]]], rows: di
     (the run store's S3 client and bucket): an instance EC2 no longer lists is taken from its run's
     settled.json (aws/runstore.get_settled), and a run of ``final`` (run ids whose state is final)
     whose every instance EC2 lists as terminated gets its settled.json written (``settle``).
-    Returns run id -> ``cost``'s dict. Raises AwsError, botocore's errors as AWS answers."""
+    Launches naming another run's instance are left out (``own_launches``) and named in the dict's
+    "not_this_runs". Returns run id -> ``cost``'s dict. Raises AwsError, botocore's errors as AWS
+    answers."""
     from ...aws import catalog, groups, pricing, sweep
     if not runs:
         return {}
     now = now or datetime.now(timezone.utc)
-    listed = [i for i in sweep.find_instances(aws.ec2, None, states=ALL_STATES) if i.run_id in runs]
+    everything = sweep.find_instances(aws.ec2, None, states=ALL_STATES)  # every ec2gpu instance, by its tag
+    owned = {r: own_launches(launches, r, {i.id: i for i in everything}) for r, launches in runs.items()}
+    runs = {r: kept for r, (kept, _) in owned.items()}
+    listed = [i for i in everything if i.run_id in runs]
     by_id = {i.id: i for i in listed}
     if store is not None:
         by_id.update(settle(store, runs, by_id, final))
@@ -284,7 +307,8 @@ def gather(aws: Aws, home: Path, runs: dict[str, list[dict[str, Any]]], rows: di
     on_demand = {t: _on_demand(t, aws.region, home) for t in sorted(types)}
     gp3 = catalog.ebs_price("gp3", aws.region, home).usd_per_gb_month
     prices = Prices(on_demand, spot, gp3, volume_gib, now)
-    return {run_id: cost(launches, prices, by_id, facts[run_id]) for run_id, launches in runs.items()}
+    return {run_id: {**cost(launches, prices, by_id, facts[run_id]), "not_this_runs": owned[run_id][1]}
+            for run_id, launches in runs.items()}
 
 
 #: the tag an Instance made from settled.json carries (``one`` names its facts' source by it)

@@ -97,6 +97,10 @@ class TaskJob:
     buckets_to_make: list[str] = field(default_factory=list)  # output buckets that do not exist yet (provision makes them)
     role_policy: dict[str, Any] | None = None  # the run role's inline policy (aws/iam.s3_policy), checked before anything is made
     role_boundary: str | None = None  # the account's ec2gpu-instance-boundary ARN, when it has one
+    # ports named by --port: forwarded to the same port here when it is free; the task file's others to a
+    # free port the kernel picks, so a task cannot take a well-known local port (5432, 6379, ...) that a
+    # client here would send its credentials to (remote/tunnel.forwarding)
+    same_ports: tuple[int, ...] = ()
 
     @property
     def mounts(self) -> list[Mount]:
@@ -634,7 +638,8 @@ def run_attempt(aws: Aws, settings: Settings, opts: RunOptions, run_id: str, ui:
                         + (f" (head {addresses[0]})" if len(nodes) > 1 else "") + "; its log follows")
                 # an instance on this machine's loopback (the sandbox) shares its ports: never the same one
                 on_loopback = str(nodes[0].host).startswith("127.")
-                with tunnel.forwarding(config, nodes[0].instance_id, job.task.ports, ui.note, same_port=not on_loopback):
+                with tunnel.forwarding(config, nodes[0].instance_id, job.task.ports, ui.note,
+                                       same_ports=() if on_loopback else job.same_ports):
                     N.follow_all(nodes, ui, local_out, n, opts.unreachable_s,
                                  mask=job.mask if job.secret_values else None)
             except KeyboardInterrupt:  # Ctrl-C or SIGTERM: what the job wrote comes home before the teardown

@@ -127,7 +127,8 @@ def plan(job: TaskJob, settings: Settings, types: list[str], *, nodes: int, spot
         "env": {k: job.mask(v) for k, v in sorted(env.items())},
         "setup": job.mask(job.task.setup or ""), "run": job.mask(job.task.run),
         "outputs": list(job.task.outputs),
-        "ports": [{"port": p, "node": 0, "local": f"127.0.0.1:{p}",
+        "ports": [{"port": p, "node": 0,
+                   "local": f"127.0.0.1:{p}" if p in job.same_ports else "127.0.0.1:(a free port, said when the job starts)",
                    "how": "forwarded over SSH while the job runs; not opened in the security group"}
                   for p in job.task.ports],
         "file_mounts": [_mount_row(mnt, job) for mnt in job.mounts],

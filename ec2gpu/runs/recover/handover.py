@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import tarfile
 import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -54,7 +52,6 @@ MAX_STATUS_BYTES = 256 * 1024
 MAX_LOG_BYTES = 64 << 20
 ARCHIVE_SLACK_BYTES = 64 << 20  # the outputs archive may be this much larger than the download limit
 EXPIRY_MARGIN_S = 3600
-MAX_REFUSED = 1000  # members refused or above the limits before the rest of an archive is left unread
 HEARTBEAT_S = 30.0  # the longest between two heartbeats of a live controller
 
 
@@ -345,58 +342,21 @@ def download_unpack(s3: Any, bucket: str, key: str, tmp: Path, root: Path, limit
         note(f"warning: {what} is larger than the download limit ({limits.bytes:,} bytes): left in "
              f"s3://{bucket}/{key} (--max-download)")
         return None
-    return unpack(archive, root, limits, note, what)
+    return unpack(archive, root, limits, note, what, f"s3://{bucket}/{key}")
 
 
-def unpack(archive: Path, root: Path, limits: Limits, note: Log, what: str = "the outputs archive"
-           ) -> tuple[list[str], int, int]:
-    """Unpack the tar.gz file ``archive`` (hostile) into ``root``: regular files only (directories made as
-    their paths need), each name checked (remote/files.check_name: no absolute path, no '..', no
-    NUL), none through a symbolic link, at most ``limits`` files and bytes. Returns (the names
-    written, sorted; members refused; members above the limits)."""
-    from ...remote import files
-    names: list[str] = []
-    skipped = left = total = 0
-    root.mkdir(parents=True, exist_ok=True)
-    top = root.resolve()
-    try:
-        with tarfile.open(archive, mode="r:gz") as tar:
-            while True:
-                m = tar.next()
-                if m is None:
-                    break
-                tar.members = []  # type: ignore[attr-defined]  # tarfile keeps every header it read
-                if skipped + left > limits.files + MAX_REFUSED:
-                    note(f"warning: {what} holds more members than the download limits allow: the rest is "
-                         "not read")
-                    break
-                if m.isdir():
-                    continue
-                if not m.isreg() or files.check_name(m.name) is not None or "\\" in m.name:
-                    skipped += 1
-                    continue
-                if len(names) >= limits.files or total + m.size > limits.bytes:
-                    left += 1
-                    continue
-                dest = files.local_target(top, m.name)  # never through a link on this machine
-                if dest is None:
-                    skipped += 1
-                    continue
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                source = tar.extractfile(m)
-                if source is None:
-                    skipped += 1
-                    continue
-                with source, open(dest, "wb") as f:
-                    shutil.copyfileobj(source, f)
-                names.append(m.name)
-                total += m.size
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        note(f"warning: {what} could not be read whole ({type(exc).__name__}): "
-             f"{len(names)} file(s) unpacked")
-    if skipped:
-        note(f"warning: {skipped} member(s) of {what} refused (not a plain file, or a name that leaves "
-             f"{root.name}/)")
-    if left:
-        note(f"warning: {left} file(s) of {what} above the download limits left in S3 (--max-download, --max-files)")
-    return sorted(names), skipped, left
+def unpack(archive: Path, root: Path, limits: Limits, note: Log, what: str = "the outputs archive",
+           where: str = "S3") -> tuple[list[str], int, int]:
+    """Unpack the tar.gz file ``archive`` (hostile) into ``root`` with remote/unpack.unpack's rules
+    (regular files only, each name and place checked, tarfile's data filter, in one pass that stops
+    at the first member over ``limits`` and after ``limits.bytes`` and a little more decompressed);
+    what was not unpacked is said to ``note`` in one line per kind (``where``: where the archive
+    stays). Returns (the names written, sorted; members refused; 1 when the reading stopped at a
+    member over the limits, else 0: what follows it is not read)."""
+    from ...remote.unpack import unpack as unpack_archive
+    got = unpack_archive(archive, root, max_files=limits.files, max_bytes=limits.bytes)
+    hint = (f"it stays in {where}: `ec2gpu fetch RUN --max-download SIZE --max-files N` brings it "
+            "(EC2GPU_MAX_DOWNLOAD_FILES / EC2GPU_MAX_DOWNLOAD_BYTES)")
+    for line in got.warnings(what, hint):
+        note(f"warning: {line}")
+    return got.names, len(got.refused), int(got.left is not None)

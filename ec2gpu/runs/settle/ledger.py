@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sqlite3
 from contextlib import closing
 from datetime import datetime, timedelta, timezone
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ...errors import LedgerError, UsageError
+from ...settings import private_home
 
 MIGRATIONS: list[str] = [
     # 1: the runs table
@@ -88,11 +90,16 @@ def unreadable(home: Path, exc: Exception) -> LedgerError:
 
 
 def connect(home: Path) -> sqlite3.Connection:
-    """Open (creating and migrating) the ledger in ``home``. Raises LedgerError when it is not a
-    usable SQLite database."""
+    """Open (creating and migrating) the ledger in ``home`` (made 0700: settings.private_home). The
+    file is 0600, this user's alone whatever the umask: SQLite would make it 0644 (and its journal
+    takes the database's mode). Raises LedgerError when it is not a usable SQLite database."""
     try:
-        home.mkdir(parents=True, exist_ok=True)
-        db = sqlite3.connect(path_in(home), timeout=10)
+        private_home(home)
+        path = path_in(home)
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+        if path.stat().st_mode & 0o077:  # one an older version made
+            path.chmod(0o600)
+        db = sqlite3.connect(path, timeout=10)
         db.row_factory = sqlite3.Row
         migrate(db)
     except (sqlite3.Error, OSError) as exc:

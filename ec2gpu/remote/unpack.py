@@ -1,0 +1,236 @@
+"""An archive that comes home, unpacked in one pass within count and byte limits (hostile input).
+
+Every tar that ec2gpu opens for reading on this machine goes through ``unpack``: a lost
+controller's hand-over (the outputs, an array's table and logs: runs/recover/handover.py), and on
+a pool's head the element outputs its driver receives (pool/driver.py; this file and files.py are
+shipped beside it, so stdlib only). Whoever made the archive (a job, an instance, whoever can
+write the run store's hand-over keys) chooses its names, kinds, sizes and how well it compresses,
+so:
+
+- the archive is read once, front to back (tarfile's stream mode): nothing is decompressed twice,
+  and a member is never skipped by decompressing it: the first regular file over the limits (one
+  more than ``max_files``, or more than ``max_bytes`` written in all) ends the reading there, what
+  was written before it is kept, and it is named (``Unpacked.left``);
+- the decompressed bytes are counted as they are read, whatever the members are: at most
+  ``max_bytes`` plus MEMBER_OVERHEAD_BYTES per member the limits allow plus INPUT_SLACK_BYTES (so
+  a gzip bomb inside a refused member cannot burn CPU), and at most HEADER_BYTES for one member's
+  headers (PAX and GNU long-name records are read whole into memory by tarfile);
+- regular files only are written (directories made as their paths need): a link, a device or
+  FIFO, a name that remote/files.check_name refuses (absolute, ``..``, ``.`` or empty component,
+  NUL, over Linux's length limits) or with a backslash, a member tarfile's "data" filter refuses
+  (``tarfile.data_filter``, where this Python has it: 3.12, and 3.11.4 on), or whose place on this
+  machine is not inside the target (remote/files.local_target: no link or special file on the
+  way) is refused and named (``Unpacked.refused``); after MAX_PASSED_OVER members not written
+  (refused ones and directories) the rest is not read;
+- a file is written beside its place as a hidden ``.part`` file (O_NOFOLLOW, mode 0644) and
+  renamed into it once whole; one cut short (a truncated archive) is removed.
+"""
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import tarfile
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Union, cast
+
+if __package__:  # in the package
+    from . import files
+else:  # on a pool's head, beside its driver (pool/attempt.SHIPPED): stdlib only
+    import importlib
+    files = importlib.import_module("ec2gpu_files")
+
+MAX_PASSED_OVER = 1000  # members not written (refused, directories) before the rest is left unread
+HEADER_BYTES = 1 << 20  # the most read for one member's headers: its own, a PAX or GNU long-name record
+MEMBER_OVERHEAD_BYTES = 8192  # per member beyond its data: a header, a PAX record with a PATH_MAX name, padding
+INPUT_SLACK_BYTES = 1 << 20  # beyond the members' bytes: the archive's end and tarfile's read-ahead
+CHUNK_BYTES = 1 << 20
+
+Source = Union[str, "os.PathLike[str]", IO[bytes]]
+
+
+@dataclass
+class Unpacked:
+    """What ``unpack`` did: ``names`` written (relative to the target, sorted), ``bytes`` written in
+    all; ``refused``: (name, why) of each member not written for its kind, name or place; ``left``:
+    (name, size in bytes) of the first member over the limits, where the reading stopped, or None;
+    ``unread``: why the rest of the archive was not read (words), or None when it was read to its
+    end; ``max_files``, ``max_bytes``: the limits it was unpacked with."""
+
+    max_files: int
+    max_bytes: int
+    names: list[str] = field(default_factory=list)
+    bytes: int = 0
+    refused: list[tuple[str, str]] = field(default_factory=list)
+    left: tuple[str, int] | None = None
+    unread: str | None = None
+
+    def warnings(self, what: str, hint: str) -> list[str]:
+        """One line per kind of thing not unpacked (names made inert by whoever prints them; a few
+        named): ``what`` names the archive, ``hint`` says where the rest stays and how to have it."""
+        out = []
+        if self.refused:
+            named = ", ".join(f"{n[:200]!r} ({why})" for n, why in self.refused[:5])
+            out.append(f"{what}: {len(self.refused)} member(s) refused, their kinds, names or places are unsafe: "
+                       f"{named}" + (" ..." if len(self.refused) > 5 else ""))
+        if self.left is not None:
+            name, size = self.left
+            out.append(f"{what}: not read past {name[:200]!r} ({size:,} bytes), its first member above the limit of "
+                       f"{self.max_files:,} files and {self.max_bytes:,} bytes ({len(self.names):,} file(s), "
+                       f"{self.bytes:,} bytes unpacked before it); {hint}")
+        elif self.unread is not None:
+            out.append(f"{what}: {self.unread} ({len(self.names):,} file(s), {self.bytes:,} bytes unpacked); {hint}")
+        return out
+
+
+class _Over(Exception):
+    """More decompressed bytes than the bound asked for."""
+
+
+class _Counted(io.RawIOBase):
+    """A readable stream over ``raw`` (decompressed bytes) that gives at most ``limit`` bytes in
+    all (changed between reads), then raises _Over."""
+
+    def __init__(self, raw: IO[bytes], limit: int) -> None:
+        super().__init__()
+        self.raw, self.limit, self.count = raw, limit, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int | None = -1) -> bytes:
+        room = self.limit - self.count
+        if room <= 0:
+            raise _Over(f"not read past its first {self.limit:,} bytes once decompressed")
+        data = self.raw.read(room if size is None or size < 0 else min(size, room))
+        self.count += len(data)
+        return data
+
+    def readinto(self, b: Any) -> int:
+        data = self.read(len(b))
+        b[:len(data)] = data
+        return len(data)
+
+
+def _decompressed(f: IO[bytes]) -> IO[bytes]:
+    """``f`` (seekable, at its start) as its tar's bytes: gunzipped when it starts with gzip's magic."""
+    magic = f.read(2)
+    f.seek(0)
+    return cast(IO[bytes], gzip.GzipFile(fileobj=f, mode="rb")) if magic == b"\x1f\x8b" else f
+
+
+def unpack(source: Source, target: str | os.PathLike[str], *, max_files: int, max_bytes: int) -> Unpacked:
+    """Unpack the tar ``source`` (a path or a seekable binary file; gzipped or not; hostile) into
+    the directory ``target`` (made if need be) by the module docstring's rules: at most
+    ``max_files`` files and ``max_bytes`` bytes (bytes) written, reading stopped at the first
+    member over them and at most ``max_bytes`` plus MEMBER_OVERHEAD_BYTES per member allowed plus
+    INPUT_SLACK_BYTES decompressed. Never raises for what the archive holds (a broken or truncated
+    one ends the reading, said in ``Unpacked.unread``); raises OSError when ``source`` cannot be
+    opened or ``target`` made."""
+    got = Unpacked(max_files, max_bytes)
+    root = Path(target)
+    root.mkdir(parents=True, exist_ok=True)
+    bound = max_bytes + (max_files + MAX_PASSED_OVER + 1) * MEMBER_OVERHEAD_BYTES + INPUT_SLACK_BYTES
+    own = not hasattr(source, "read")
+    f: IO[bytes] = open(source, "rb") if own else source  # type: ignore[arg-type,assignment]
+    try:
+        stream = _Counted(_decompressed(f), bound)
+        with tarfile.open(fileobj=stream, mode="r|") as tar:
+            _members(tar, stream, root, bound, got)
+    except _Over as exc:
+        got.unread = str(exc)
+    except (tarfile.TarError, EOFError, zlib.error) as exc:
+        got.unread = f"could not be read whole: broken or cut short ({type(exc).__name__})"
+    except OSError as exc:  # gzip's BadGzipFile among them, or this machine's disk
+        got.unread = f"could not be read whole ({type(exc).__name__}: {exc.strerror or 'broken or cut short'})"
+    finally:
+        if own:
+            f.close()
+    got.names.sort()
+    return got
+
+
+def _members(tar: tarfile.TarFile, stream: _Counted, root: Path, bound: int, got: Unpacked) -> None:
+    """Read ``tar``'s members in order into ``got``: each written, refused, or where the reading stops."""
+    top, passed, written, seen = root.resolve(), 0, 0, set()
+    data_filter = getattr(tarfile, "data_filter", None)
+    while True:
+        # tar.offset: where the next header starts (the last member's data ends); a member's data
+        # not read is skipped by next(), within this bound too
+        stream.limit = min(bound, tar.offset + HEADER_BYTES)
+        try:
+            m = tar.next()
+        except _Over:
+            if stream.limit < bound:
+                raise _Over(f"not read past a member whose headers are over {HEADER_BYTES:,} bytes") from None
+            raise
+        stream.limit = bound
+        if m is None:
+            return
+        tar.members = []  # type: ignore[attr-defined]  # tarfile keeps every header it read
+        why = "a directory" if m.isdir() else _refused(m, top, data_filter)
+        if tar.offset > bound or why is None and (written >= got.max_files or got.bytes + m.size > got.max_bytes):
+            got.left = (m.name, m.size)  # over the limits (its data would take the reading past its bound)
+            return
+        why = why or _write(tar, m, top)
+        if why is None:  # a name written twice counts twice
+            written, got.bytes = written + 1, got.bytes + m.size
+            if m.name not in seen:
+                seen.add(m.name)
+                got.names.append(m.name)
+            continue
+        if not m.isdir():
+            got.refused.append((m.name, why))
+        passed += 1
+        if passed > MAX_PASSED_OVER:
+            got.unread = f"not read past its first {MAX_PASSED_OVER:,} members that are no file to unpack"
+            return
+
+
+def _refused(m: tarfile.TarInfo, top: Path, data_filter: Any) -> str | None:
+    """Why member ``m`` (not a directory) is not written under ``top``, or None (creates nothing)."""
+    if not m.isreg():
+        return "not a plain file"
+    why = files.check_name(m.name) or ("a backslash in the name" if "\\" in m.name else None)
+    if why is None and data_filter is not None:
+        try:
+            data_filter(m, str(top))
+        except tarfile.TarError as exc:  # FilterError: tarfile's "data" filter
+            why = f"refused by tarfile's data filter ({type(exc).__name__})"
+    if why is None and files.local_target(top, m.name) is None:
+        why = "a link, a special file or outside the directory on this machine"
+    return why
+
+
+def _write(tar: tarfile.TarFile, m: tarfile.TarInfo, top: Path) -> str | None:
+    """Write regular member ``m`` (checked) to its place under ``top``: None once written whole,
+    else why not (nothing left behind). Raises what reading the archive raises."""
+    try:
+        (top / m.name).parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return "its directory cannot be made here (a file is in the way)"
+    target = files.local_target(top, m.name)  # again, now that its directories exist
+    source = tar.extractfile(m)
+    if target is None or source is None:
+        return "a link, a special file or outside the directory on this machine"
+    part = target.with_name(f".{target.name}.part")
+    try:
+        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:  # a link or a directory in the way, this machine's own
+        return f"cannot be written here ({exc.strerror})"
+    try:
+        with os.fdopen(fd, "wb") as out, source:
+            left = m.size
+            while left > 0:
+                chunk = source.read(min(left, CHUNK_BYTES))
+                if not chunk:
+                    raise EOFError("a member cut short")
+                out.write(chunk)
+                left -= len(chunk)
+        os.replace(part, target)
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
+    return None
