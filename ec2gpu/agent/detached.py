@@ -1310,8 +1310,7 @@ class Detached:
     def agent_record(self, key: bytes) -> dict[str, Any] | None:
         """RUN_DIR/status.json when agent.py signed it with ``key``, else None."""
         try:
-            with open(os.path.join(self.run_dir, "status.json"), "rb") as f:
-                rec = bounded_json.load(f, max_bytes=1024 * 1024)
+            rec = bounded_json.read(os.path.join(self.run_dir, "status.json"), max_bytes=1024 * 1024)
         except (OSError, ValueError):
             return None
         if not isinstance(rec, dict) or not isinstance(rec.get("signature"), str):

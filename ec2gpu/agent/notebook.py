@@ -71,8 +71,7 @@ def wait_answering(port: int, token: str, alive) -> bool:
 def recorded(directory: str):
     """(port, pid, token) of the JupyterLab started here last, or None."""
     try:
-        with open(os.path.join(directory, "server.json")) as f:
-            record = bounded_json.load(f, max_bytes=MAX_RECORD_BYTES)
+        record = bounded_json.read(os.path.join(directory, "server.json"), max_bytes=MAX_RECORD_BYTES)
         with open(os.path.join(directory, "token")) as f:
             token = f.read().strip()
         return int(record["port"]), int(record["pid"]), token

@@ -101,16 +101,14 @@ def _write_back(s3, m: dict, settled_s: float = 0) -> dict:
         st = os.stat(target)
         if not _settled(target, st, settled_s, now):
             return {"target": target, "files": 0, "bytes": 0, "skipped": 0}
-        with open(m["record"]) as f:
-            if bounded_json.load(f, max_bytes=MAX_RECORD_BYTES).get(".") == [st.st_size, st.st_mtime]:
-                return {"target": target, "files": 0, "bytes": 0, "skipped": 0}
+        if bounded_json.read(m["record"], max_bytes=MAX_RECORD_BYTES).get(".") == [st.st_size, st.st_mtime]:
+            return {"target": target, "files": 0, "bytes": 0, "skipped": 0}
         s3.upload_file(target, bucket, prefix)
         with open(m["record"], "w") as f:
             json.dump({".": [st.st_size, st.st_mtime]}, f)
         return {"target": target, "files": 1, "bytes": st.st_size, "skipped": 0}
     try:
-        with open(m["record"]) as f:
-            record = bounded_json.load(f, max_bytes=MAX_RECORD_BYTES)
+        record = bounded_json.read(m["record"], max_bytes=MAX_RECORD_BYTES)
     except (OSError, ValueError):
         record = {}
     base = prefix if not prefix or prefix.endswith("/") else prefix + "/"
@@ -145,8 +143,7 @@ def main(argv: list[str]) -> int:
     """``in|out [--settled=S] SPEC.json``: copy every mount of SPEC.json one way; 0, 1 or 3 (above)."""
     direction, spec_path = argv[0], argv[-1]
     settled_s = next((float(a.split("=", 1)[1]) for a in argv[1:-1] if a.startswith("--settled=")), 0.0)
-    with open(spec_path) as f:
-        spec = [m for m in bounded_json.load(f, max_bytes=MAX_SPEC_BYTES) if direction == "in" or m.get("write_back")]
+    spec = [m for m in bounded_json.read(spec_path, max_bytes=MAX_SPEC_BYTES) if direction == "in" or m.get("write_back")]
     try:
         import boto3
     except ImportError:

@@ -95,8 +95,8 @@ def loads(data: bytes | str, *, max_bytes: int, max_depth: int = MAX_DEPTH, allo
     return value
 
 
-def load(fp: Any, *, max_bytes: int, max_depth: int = MAX_DEPTH, allow_nan: bool = False) -> Any:
-    """``loads`` of what the open file ``fp`` holds from where it stands: at most ``max_bytes`` + 1
-    of it is read (one more than allowed tells an over-long file from one that fits). Raises
-    Refused, and OSError from reading."""
-    return loads(fp.read(max_bytes + 1), max_bytes=max_bytes, max_depth=max_depth, allow_nan=allow_nan)
+def read(path: str, *, max_bytes: int, max_depth: int = MAX_DEPTH, allow_nan: bool = False) -> Any:
+    """``loads`` of the file at ``path``, of which at most ``max_bytes`` + 1 bytes are read (one more
+    than allowed tells an over-long file from one that fits). Raises Refused, and OSError."""
+    with open(path, "rb") as f:
+        return loads(f.read(max_bytes + 1), max_bytes=max_bytes, max_depth=max_depth, allow_nan=allow_nan)

@@ -4,7 +4,6 @@ is this machine's own, and that the agent finds it beside itself wherever it is 
 from __future__ import annotations
 
 import ast
-import io
 import shutil
 import subprocess
 import sys
@@ -65,18 +64,30 @@ def test_nan_and_infinity_only_where_a_caller_asks():
     assert got[0] != got[0] and got[1] == float("inf") and got[2] == 1.5
 
 
-def test_load_reads_one_byte_past_the_limit_and_no_more():
-    class Recorded(io.BytesIO):
-        asked: list = []
+def test_a_file_is_read_one_byte_past_the_limit_and_no_more(tmp_path, monkeypatch):
+    asked = []
+    real_open = open
+
+    class Recorded:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
 
         def read(self, size=-1):
-            self.asked.append(size)
-            return super().read(size)
-    f = Recorded(b"[1]" + b" " * 1_000_000)
+            asked.append(size)
+            return self.f.read(size)
+    monkeypatch.setattr(bounded_json, "open", lambda *a, **k: Recorded(real_open(*a, **k)), raising=False)
+    (tmp_path / "big.json").write_bytes(b"[1]" + b" " * 1_000_000)
+    (tmp_path / "ok.json").write_bytes(b'{"a": 1}')
     with pytest.raises(bounded_json.Refused, match="over 100 bytes"):
-        bounded_json.load(f, max_bytes=100)
-    assert f.asked == [101]
-    assert bounded_json.load(io.StringIO('{"a": 1}'), max_bytes=100) == {"a": 1}
+        bounded_json.read(str(tmp_path / "big.json"), max_bytes=100)
+    assert asked == [101]
+    assert bounded_json.read(str(tmp_path / "ok.json"), max_bytes=100) == {"a": 1}
 
 
 def test_the_reader_is_standard_library_only_and_imports_nothing_of_the_package():
