@@ -211,7 +211,7 @@ def start(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
     run_id = pipeline.new_run_id()
     secret = secret_env(job)
     if any(m.kind == "s3" for m in job.mounts):  # before anything is made: sources there, buckets readable
-        provision.check_s3_access(aws, job)
+        provision.check_s3_access(aws, job, settings.owner)
     boundary = check_boundary(aws, run_id, account, ui, secrets=bool(secret), extra=job.role_policy,
                               several=opts.nodes > 1)
     limit_at = datetime.now(timezone.utc) + timedelta(minutes=opts.max_runtime_minutes or 0)
