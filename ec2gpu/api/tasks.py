@@ -358,8 +358,9 @@ def exec(target: str, task=None, *, command: Optional[Sequence[str]] = None, wor
          allow_write_buckets: Sequence[str] = ()) -> RunRecord:
     """Run a task once on the standing instance or cluster ``target`` and leave it running; return
     the run record. A setup that already ran there is skipped; rsync sends only what changed.
-    ``workdir_outside`` and ``allow_write_buckets`` as for ``run``; ``infra`` ('aws'): a SkyPilot file naming another cloud is
-    read as for ``run`` (the target's own region and type are what run it)."""
+    ``workdir_outside`` and ``allow_write_buckets`` as for ``run``; ``infra`` ('aws'): a SkyPilot
+    file naming another cloud is read as for ``run`` (the target's own region and type are what
+    run it)."""
     from ..backend import Context
     from ..runs.standing import hosts as standing
 

@@ -19,7 +19,7 @@ instance (the target: ``/data``, ``~/models``; a relative one is under the home 
 Whose buckets (issue 44, item 2): a bucket named ``ec2gpu-*`` (``OWN_PREFIX``: the run store,
 which holds every run's outputs and every detached run's agent code) is refused as a source in any
 mode. A MOUNT mode writes back only to the task's own bucket (one it names with ``name:`` and no
-source, for ec2gpu to make) or to one the user names with ``--allow-write-bucket`` (``check_writes``),
+source, for ec2gpu to make) or to one the user names with ``--allow-write-bucket`` (``check_write``),
 as ``--workdir-outside`` does for a local path; COPY only reads and needs no flag.
 
 Other clouds' stores (``gs://``, ``r2://``, ``cos://``, ``oci://``, Azure's ``https://...blob...``)
