@@ -112,13 +112,19 @@ setup, with the names that were missing.
 
 Known limit: the job runs with the same instance role and so could rewrite the run's prefix
 (status.json included); the launch cap read from status.json is then the job's to forge, and the
-group's deadline action is what bounds a run whose job is hostile.
+group's deadline action is what bounds a run whose job is hostile. What it cannot rewrite is the
+code a later launch runs as root: the user data checks each agent file against the sha256 in the
+launch template before any runs (runs/detached/launch.boot_script), and hands this agent
+``--spec-sha256``, the sha256 of spec.json's bytes: a spec.json with other bytes is refused (the
+run ends failed, nothing of it used). spec.json is written once, by the controller, before launch;
+nothing rewrites it, so one hash holds for every launch.
 """
 from __future__ import annotations
 
 import argparse
 import email.utils
 import fnmatch
+import hashlib
 import hmac
 import importlib
 import json
@@ -636,26 +642,31 @@ class Store:
         shape = self.s3.meta.service_model.operation_model("PutObject").input_shape
         return "IfMatch" in shape.members and "IfNoneMatch" in shape.members
 
-    def get_tagged(self, rel: str, limit: int) -> tuple[bytes | None, str | None]:
-        """(the object's first ``limit`` + 1 bytes, its ETag), (None, None) when there is none."""
+    def get_tagged(self, rel: str, limit: int, sha256: str | None = None) -> tuple[bytes | None, str | None]:
+        """(the object's first ``limit`` + 1 bytes, its ETag), (None, None) when there is none.
+        Raises Refused when ``sha256`` is given and the bytes have another (lowercase hex)."""
         try:
             got = self.s3.get_object(Bucket=self.bucket, Key=self.key(rel))
         except Exception as exc:
             if _code(exc) in ("NoSuchKey", "404", "NotFound"):
                 return None, None
             raise
-        return bytes(got["Body"].read(limit + 1)), got.get("ETag")
+        data = bytes(got["Body"].read(limit + 1))
+        if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+            raise Refused(f"{rel} is not the one this run was launched with (another sha256 than its launch template "
+                          "says): rewritten in S3 after launch")
+        return data, got.get("ETag")
 
     def get_bytes(self, rel: str, limit: int) -> bytes | None:
         return self.get_tagged(rel, limit)[0]
 
-    def get_json(self, rel: str, limit: int) -> object:
-        return self.get_json_tagged(rel, limit)[0]
+    def get_json(self, rel: str, limit: int, sha256: str | None = None) -> object:
+        return self.get_json_tagged(rel, limit, sha256)[0]
 
-    def get_json_tagged(self, rel: str, limit: int) -> tuple[object, str | None]:
+    def get_json_tagged(self, rel: str, limit: int, sha256: str | None = None) -> tuple[object, str | None]:
         """(the JSON object at ``rel`` or None, its ETag or None). Raises Refused (over ``limit``
-        bytes, not JSON)."""
-        data, etag = self.get_tagged(rel, limit)
+        bytes, not JSON, not of ``sha256``: get_tagged)."""
+        data, etag = self.get_tagged(rel, limit, sha256)
         if data is None:
             return None, None
         if len(data) > limit:
@@ -777,8 +788,10 @@ class Detached:
                  imds: Callable[[str], str | None] | None = None, imds_endpoint: str = agent.IMDS,
                  gpus: Callable[[], int] = gpu_count, every_s: float = 60.0, poll_s: float = 5.0,
                  agent_poll_s: float = 5.0, stop_grace_s: float = 90.0, settled_s: float = 5.0,
+                 spec_sha256: str | None = None,
                  log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)):
         self.run_id = check_run_id(run_id)
+        self.spec_sha256 = spec_sha256  # spec.json's, from the user data (main: --spec-sha256); None: not checked
         self.store = Store(s3, bucket, run_id)
         self.asg, self.ssm, self.clock, self.sleep, self.log = asg, ssm, clock, sleep, log
         self.secrets: dict[str, str] = {}  # name -> value, read at this launch (read_secrets); never written
@@ -1102,7 +1115,7 @@ class Detached:
             {"launch": self.launch, "instance_id": instance_id, "started_at": iso(at), "last_seen_at": iso(at),
              "setup_exit_code": None, "setup_runs": 0, "resumed": False, "checkpoint_files": 0}])[-MAX_RECORDS:]
         try:
-            self.spec = parse_spec(self.store.get_json("spec.json", MAX_SPEC_BYTES), self.run_id)
+            self.spec = parse_spec(self.store.get_json("spec.json", MAX_SPEC_BYTES, self.spec_sha256), self.run_id)
         except Refused as exc:
             self.log(f"refused: {exc}")
             if self.status["state"] not in TERMINAL:
@@ -1936,6 +1949,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--poll", type=float, default=5.0, help="seconds between checks of the job and the cancel object")
     p.add_argument("--imds-endpoint", default=os.environ.get("EC2GPU_IMDS_ENDPOINT")
                    or os.environ.get("AWS_EC2_METADATA_SERVICE_ENDPOINT") or agent.IMDS)
+    p.add_argument("--spec-sha256", help="spec.json's sha256 (lowercase hex), from the user data: another is refused")
     args = p.parse_args(argv)
     try:
         check_run_id(args.run_id)
@@ -1945,11 +1959,14 @@ def main(argv: list[str] | None = None) -> int:
     if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,62}", args.bucket) or not re.fullmatch(r"[a-z0-9-]{1,32}", args.region):
         print("detached: refused: not a bucket name or region", file=sys.stderr)
         return EXIT_REFUSED
+    if args.spec_sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", args.spec_sha256):
+        print("detached: refused: --spec-sha256 is not a sha256", file=sys.stderr)
+        return EXIT_REFUSED
     session = role_session(args.region)
     run = Detached(bucket=args.bucket, run_id=args.run_id, home=args.home, s3=session.client("s3"),
                    asg=session.client("autoscaling"), ssm=session.client("ssm"),
                    s3_for=lambda region: session.client("s3", region_name=region), imds_endpoint=args.imds_endpoint,
-                   every_s=args.every, poll_s=args.poll)
+                   every_s=args.every, poll_s=args.poll, spec_sha256=args.spec_sha256)
     return run.execute()
 
 

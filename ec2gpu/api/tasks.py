@@ -25,13 +25,17 @@ if TYPE_CHECKING:
 
 def load_task(task=None, command: Optional[Sequence[str]] = None, workdir: Optional[str] = None,
               name: Optional[str] = None, workdir_outside: bool = False, overrides: Optional[dict] = None,
-              infra: Optional[str] = None, env: Optional[dict] = None):
+              infra: Optional[str] = None, env: Optional[dict] = None, allow_write_buckets: Sequence[str] = ()):
     """A tasks.load.LoadedTask from a task file path, a Task, or a ``command`` run in ``workdir``;
     ``overrides``: resources fields set by flags, ``infra``: the --infra flag (tasks.load.parse).
 
     A task file's workdir may lie outside the file's directory only with ``workdir_outside``; no
     directory to send may be the home directory or a credentials one (tasks.load.check_local_source).
-    Raises UsageError when neither or both are given, for a bad task file, or a refused directory.
+    A MOUNT-mode file_mounts entry writes back only to a bucket the task makes (``name:``) or one
+    of ``allow_write_buckets`` (--allow-write-bucket; tasks/mounts.check_write); no entry may name
+    one of ec2gpu's own buckets (ec2gpu-*).
+    Raises UsageError when neither or both are given, for a bad task file, or a refused directory
+    or bucket.
     """
     from ..tasks import load
     from ..tasks.spec import Task
@@ -44,7 +48,7 @@ def load_task(task=None, command: Optional[Sequence[str]] = None, workdir: Optio
     if isinstance(task, (str, Path)):
         if workdir:
             raise UsageError("--workdir is for a command; a task file names its own workdir", "set workdir: in the file")
-        loaded = load.load(task, workdir_outside, overrides, infra, env)
+        loaded = load.load(task, workdir_outside, overrides, infra, env, allow_write_buckets)
     elif isinstance(task, Task):
         base = Path(workdir or ".").resolve()
         loaded = load.LoadedTask(task, None, None if task.workdir is None else _sendable(base / task.workdir, workdir))
@@ -77,15 +81,16 @@ def _sendable(path: Path, workdir: Optional[str]) -> Path:
 
 def _prepare(task, command, workdir, name, env, secrets, max_upload, include_secrets, reporter, on_warning,
              workdir_outside: bool = False, overrides: Optional[dict] = None, infra: Optional[str] = None,
-             ports: Sequence[int] = ()):
+             allow_write_buckets: Sequence[str] = (), ports: Sequence[int] = ()):
     """(engine.TaskJob, reporter): the task loaded, its warnings said, its environment resolved (the
-    names taken from this machine said) and its workdir listed (what will be sent said), before
-    anything is created. ``ports`` (--port): forwarded too, each to the same port here (_ports)."""
+    names taken from this machine said), its workdir listed (what will be sent said) and the
+    buckets the job may read and write said, before anything is created. ``ports`` (--port):
+    forwarded too, each to the same port here (_ports)."""
     from ..runs.execute import engine
     from ..runs.execute.reporter import Reporter
     from ..tasks import load
     same = _ports(ports)
-    loaded = load_task(task, command, workdir, name, workdir_outside, overrides, infra, env)
+    loaded = load_task(task, command, workdir, name, workdir_outside, overrides, infra, env, allow_write_buckets)
     for w in loaded.warnings:
         on_warning(w)
     if same:
@@ -108,6 +113,10 @@ def _prepare(task, command, workdir, name, env, secrets, max_upload, include_sec
             f"{k} (secret, masked)" if k in secret else k for k in taken))
     if engine.manifest_note(job):
         reporter.note(engine.manifest_note(job))
+    from ..tasks.mounts import access, access_words
+    said = access_words(access(job.mounts))
+    if said:  # the buckets the job may read and write, before anything is created
+        reporter.note(said)
     job.same_ports = same
     return job, reporter
 
@@ -135,12 +144,15 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
         allow_larger: bool = False, dry_run: bool = False, infra: Optional[str] = None,
         detach: bool = False, array: Union[int, str, None] = None, workers: Optional[int] = None,
         gpus_per_job: Optional[int] = None, max_retries: Optional[int] = None,
-        ports: Sequence[int] = ()) -> Union[dict, RunRecord]:
+        allow_write_buckets: Sequence[str] = (), ports: Sequence[int] = ()) -> Union[dict, RunRecord]:
     """Run a task on new instances end to end (estimate, launch, sync, setup, job, outputs home,
     teardown, bill); return its run record.
 
     ``task``: a task file path or a tasks.spec.Task; or ``command`` (argv) run in ``workdir``.
     ``workdir_outside``: send a task file's workdir that lies outside the file's directory.
+    ``allow_write_buckets`` (--allow-write-bucket): buckets a MOUNT-mode file_mounts entry may write
+    back to besides the ones the task makes (``name:``); any other MOUNT entry is refused, and so is
+    every entry in one of ec2gpu's own buckets (ec2gpu-*: the run store).
     Flags override the task's own values: ``gpu`` ('T4', 'A10G:4') or ``instance_type`` ('g5.xlarge'
     or 'g5.xlarge,g6.xlarge'), ``spot``, ``nodes``, ``env`` ({K: V, or K: None from this
     environment}), ``secrets`` (names, masked everywhere), ``max_runtime`` (minutes or '90m', '2h';
@@ -196,7 +208,7 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
         overrides["allow_larger"] = True
     infra_region, infra_zone = _infra(infra, region)
     job, reporter = _prepare(task, command, workdir, name, env, secrets, max_upload, include_secrets, reporter,
-                             warn, workdir_outside, overrides or None, infra, ports)
+                             warn, workdir_outside, overrides or None, infra, allow_write_buckets, ports)
     res = job.task.resources
     elements = _elements(job.task, array, workers, gpus_per_job, max_retries, nodes, detach)
     if elements and spot is None:  # a pool is spot unless asked otherwise (--on-demand, or the task's spot: false)
@@ -364,17 +376,18 @@ def exec(target: str, task=None, *, command: Optional[Sequence[str]] = None, wor
          include_secrets: bool = False, out: Optional[Path] = None, region: Optional[str] = None,
          sandbox: bool = False, reporter: Optional[ReporterLike] = None, on_warning=lambda text: None,
          as_typed: Optional[str] = None, workdir_outside: bool = False, infra: Optional[str] = None,
-         ports: Sequence[int] = ()) -> RunRecord:
+         allow_write_buckets: Sequence[str] = (), ports: Sequence[int] = ()) -> RunRecord:
     """Run a task once on the standing instance or cluster ``target`` and leave it running; return
     the run record. A setup that already ran there is skipped; rsync sends only what changed.
-    ``workdir_outside`` and ``ports`` as for ``run``; ``infra`` ('aws'): a SkyPilot file naming another
-    cloud is read as for ``run`` (the target's own region and type are what run it)."""
+    ``workdir_outside``, ``allow_write_buckets`` and ``ports`` as for ``run``; ``infra`` ('aws'): a
+    SkyPilot file naming another cloud is read as for ``run`` (the target's own region and type are
+    what run it)."""
     from ..backend import Context
     from ..runs.standing import hosts as standing
 
     _infra(infra, None)
     job, reporter = _prepare(task, command, workdir, None, env, secrets, max_upload, include_secrets, reporter,
-                             on_warning, workdir_outside, None, infra, ports)
+                             on_warning, workdir_outside, None, infra, allow_write_buckets, ports)
     with Context(region, sandbox) as ctx:
         return standing.exec_task(ctx.aws, ctx.settings, job, reporter, target,
                                   ctx.backend, out, job.mask(as_typed or f"ec2gpu.exec({target!r})"))
@@ -384,11 +397,12 @@ def bake(task: Union[str, Path, object], *, base: str = "dlami", name: Optional[
          instance_type: Optional[str] = None, spot: bool = False, ssh_cidr: Optional[str] = None,
          ami: Optional[str] = None, region: Optional[str] = None, sandbox: bool = False, reporter: Optional[ReporterLike] = None,
          on_warning=lambda text: None, as_typed: Optional[str] = None, workdir_outside: bool = False,
-         max_runtime: Optional[int] = None) -> RunRecord:
+         max_runtime: Optional[int] = None, allow_write_buckets: Sequence[str] = ()) -> RunRecord:
     """Bake a machine image holding ``task``'s setup (a task file, a Task, or "mnist" for the
     built-in job) from ``base`` ("dlami" or "ubuntu-24.04"); return the bake's run record, whose
     summary names the image. Runs of a task with the same setup then launch from the image.
-    ``workdir_outside`` as for ``run`` (the workdir is baked into the image). ``max_runtime``:
+    ``workdir_outside`` as for ``run`` (the workdir is baked into the image); ``allow_write_buckets``
+    as for ``run`` (a task file is checked as a run checks it; a bake copies no S3 entry). ``max_runtime``:
     minutes after its launch when the builder terminates itself (runs/provision/bake.builder_max_runtime:
     default 120, at least 10).
     Raises as the module docstring says; UsageError for an unknown base or a max_runtime under 10
@@ -406,7 +420,7 @@ def bake(task: Union[str, Path, object], *, base: str = "dlami", name: Optional[
         job, reporter = engine.builtin_job("mnist", []), reporter or pipeline.Reporter()
     else:
         job, reporter = _prepare(task, None, None, None, None, (), None, False, reporter, on_warning,
-                                 workdir_outside)
+                                 workdir_outside, allow_write_buckets=allow_write_buckets)
     with Context(region, sandbox, persistent=True, note=reporter.note) as ctx:  # the image outlives the command
         types = instance_type.split(",") if instance_type is not None else \
             resolve.instance_types(job.task.resources, ctx.settings.instance_type)

@@ -128,11 +128,15 @@ def _patterns(p: str) -> list[str]:
 def _merged(entries: Iterable[tuple[str, object]]) -> dict[str, list[str]]:
     """{bucket: prefixes} of (bucket, prefix) ``entries``: buckets checked, duplicates merged, and a
     prefix dropped when a shorter one of the same bucket already covers it (pure)."""
+    from .runstore import BUCKET_PREFIX
     by_bucket: dict[str, set[str]] = {}
     for bucket, prefix in entries:
         if not isinstance(prefix, str):
             raise ValueError(f"s3://{bucket}: the prefix must be a string, not {type(prefix).__name__}")
-        by_bucket.setdefault(check_bucket(bucket), set()).add(prefix)
+        if check_bucket(bucket).startswith(BUCKET_PREFIX):  # the run store: every run's data and agent code
+            raise ValueError(f"s3://{bucket} is ec2gpu's own bucket ({BUCKET_PREFIX}*): a file_mounts role never "
+                             "reaches it (a detached run's role reaches its own run there: detached_policy)")
+        by_bucket.setdefault(bucket, set()).add(prefix)
     out = {}
     for bucket, prefixes in sorted(by_bucket.items()):
         kept: list[str] = []
@@ -158,8 +162,10 @@ def s3_policy(reads: list[tuple[str, str]], writes: list[tuple[str, str]]) -> di
     ``${*}``, ``${?}``, ``${$}`` (matched literally). Actions and resource types:
     https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazons3.html.
 
-    Raises ValueError for a bucket name S3 does not allow, when there is nothing to allow, or when
-    the policy is over IAM's 10,240 characters for a role's inline policies.
+    Raises ValueError for a bucket name S3 does not allow, one of ec2gpu's own buckets
+    (runstore.BUCKET_PREFIX: the run store, whose objects are every run's outputs and every
+    detached run's agent code), when there is nothing to allow, or when the policy is over IAM's
+    10,240 characters for a role's inline policies.
     """
     read, write = _merged(list(reads) + list(writes)), _merged(writes)
     if not read:

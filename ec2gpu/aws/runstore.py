@@ -59,6 +59,9 @@ _STORE = re.compile(r"ec2gpu-([0-9]{12})-([a-z]{2}(?:-[a-z]+)+-[0-9]{1,2})")
 RUN_ID = re.compile(r"[0-9]{8}-[0-9]{6}-[0-9a-f]{4}")
 #: where every run's objects live; the lifecycle rule expires what is under it
 RUNS = "runs/"
+#: the start of every run store's name (``bucket_name``): no file_mounts entry may name a bucket
+#: with it (tasks/mounts.OWN_PREFIX, aws/iam.s3_policy), whatever the account or region
+BUCKET_PREFIX = "ec2gpu-"
 
 STATUS = "status.json"
 LOGS = "logs/"
@@ -86,7 +89,7 @@ def bucket_name(account_id: str, region: str) -> str:
     if not isinstance(region, str) or not _REGION.fullmatch(region):
         raise UsageError(f"run store: {str(region)[:40]!r} is not an AWS region code",
                          "use a region code such as us-east-1 or eu-west-1 (--region)")
-    name = f"ec2gpu-{account_id}-{region}"
+    name = f"{BUCKET_PREFIX}{account_id}-{region}"
     if not _BUCKET.fullmatch(name):
         raise UsageError(f"run store: {name!r} is longer than the 63 characters S3 allows in a bucket name",
                          "use a region code such as us-east-1 or eu-west-1 (--region)")

@@ -44,6 +44,12 @@ class S3Mount(Protocol):
     def create(self) -> bool: ...
     @property
     def url(self) -> str: ...
+    @property
+    def mode(self) -> str: ...
+    @property
+    def write_back(self) -> bool: ...
+    @property
+    def write_allowed(self) -> bool: ...
 
 
 def bucket_region(s3: Client, bucket: str, default_region: str) -> str | None:
@@ -90,12 +96,20 @@ def create_private_bucket(s3: Client, bucket: str, region: str, owner: str) -> N
     s3.put_bucket_tagging(Bucket=bucket, Tagging={"TagSet": [{"Key": T.OWNER, "Value": owner}]})
 
 
-def check_buckets(s3: Client, mounts_: Sequence[S3Mount], region: str) -> tuple[dict[str, str], list[str]]:
+def check_buckets(s3: Client, mounts_: Sequence[S3Mount], region: str, owner: str) -> tuple[dict[str, str], list[str]]:
     """Check every S3 bucket of ``mounts_`` (tasks/mounts.Mount) with HeadBucket, creating nothing.
+
+    A bucket the task names with ``name:`` (``create``) is its own when it does not exist yet
+    (ec2gpu makes it) or when ec2gpu made it for ``owner`` before (its ``ec2gpu:owner`` tag, as
+    create_private_bucket sets it): a MOUNT-mode entry may write back to it. One that exists
+    without that tag (another's bucket, reached by naming it) is written to only with
+    --allow-write-bucket (the entry's ``write_allowed``), as a ``source:`` bucket is
+    (tasks/mounts.check_write).
 
     Returns ({bucket: its region, or ``region`` for one to be made}, [buckets to be made]: those
     named with ``create`` that do not exist, for ``make_buckets``). Raises UsageError for a source
-    bucket that does not exist or may not be read, AwsError for other S3 errors.
+    bucket that does not exist or may not be read, and for a write-back to an existing bucket that
+    is not the task's own; AwsError for other S3 errors.
     """
     regions: dict[str, str] = {}
     missing: list[str] = []
@@ -109,8 +123,34 @@ def check_buckets(s3: Client, mounts_: Sequence[S3Mount], region: str) -> tuple[
                              "check the name; a bucket to be written to is made when named with `name:` and no source")
         if found is None:
             missing.append(m.bucket)
+        elif any(w.create for w in mounts_ if w.kind == "s3" and w.bucket == m.bucket):
+            _check_own(s3, [w for w in mounts_ if w.kind == "s3" and w.bucket == m.bucket], owner)
         regions[m.bucket] = found or region
     return regions, missing
+
+
+def _check_own(s3: Client, mounts_: Sequence[S3Mount], owner: str) -> None:
+    """Refuse (UsageError) a write-back, not allowed by --allow-write-bucket, to the existing
+    bucket of ``mounts_`` (the entries of one bucket) unless its ``ec2gpu:owner`` tag is
+    ``owner``. GetBucketTagging (https://docs.aws.amazon.com/AmazonS3/latest/API/API_GetBucketTagging.html)
+    answers NoSuchTagSet for a bucket without tags; a refused read counts as not ec2gpu's."""
+    writes = [m for m in mounts_ if m.write_back and not m.write_allowed]
+    if not writes:
+        return
+    bucket = writes[0].bucket
+    try:
+        tag_set = s3.get_bucket_tagging(Bucket=bucket).get("TagSet", [])
+    except botocore.exceptions.ClientError as exc:
+        if error_code(exc) not in FORBIDDEN | {"NoSuchTagSet"}:
+            raise AwsError(f"file_mounts: s3://{bucket}: GetBucketTagging failed ({error_code(exc)})",
+                           "try again") from None
+        tag_set = []
+    tags = {t.get("Key"): t.get("Value") for t in tag_set if isinstance(t, dict)}
+    if tags.get(T.OWNER) != owner:
+        raise UsageError(f"file_mounts.{writes[0].target}: s3://{bucket} exists and is not a bucket ec2gpu made for "
+                         f"you (no {T.OWNER} tag of {owner}): mode {writes[0].mode} would let the job change or "
+                         "replace what is in it",
+                         f"give --allow-write-bucket {bucket} to let the job write there, or name a new bucket")
 
 
 def make_buckets(s3: Client, buckets: list[str], region: str, owner: str, log: Log = lambda line: None) -> None:

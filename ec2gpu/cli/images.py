@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import sys
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
 from . import (JSON, REGION, SANDBOX, RichReporter, _print_record, _sandbox_flag, err, image_app, note, out,
                render_json, say, table, table_row, warn)
+from .tasks import ALLOW_WRITE_BUCKET
 
 
 @image_app.command("bake")
@@ -24,6 +25,7 @@ def bake_cmd(
     ami: Optional[str] = typer.Option(None, "--ami", help="Start from this AMI instead of --from's."),
     workdir_outside: bool = typer.Option(False, "--workdir-outside", help="Bake in a task file's workdir even when it "
                                          "lies outside the task file's directory (never your home or credentials)."),
+    allow_write_bucket: List[str] = ALLOW_WRITE_BUCKET,
     max_runtime: Optional[int] = typer.Option(None, "--max-runtime", min=10, help="Minutes after its launch when the "
                                               "builder terminates itself, even if this command died (user data's "
                                               "`shutdown -h +M`, armed again after each driver reboot); at least "
@@ -41,7 +43,7 @@ def bake_cmd(
     record = api.bake(task, base=base, name=name, instance_type=instance_type, spot=spot, ssh_cidr=ssh_cidr, ami=ami,
                       region=region, sandbox=_sandbox_flag(sandbox), reporter=RichReporter(err),
                       on_warning=warn, as_typed=" ".join(["ec2gpu", *sys.argv[1:]]), workdir_outside=workdir_outside,
-                      max_runtime=max_runtime)
+                      max_runtime=max_runtime, allow_write_buckets=allow_write_bucket)
     _print_record(record, as_json)
 
 

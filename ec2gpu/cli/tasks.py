@@ -52,6 +52,9 @@ def _print_plan(plan: Mapping[str, Any], as_json: bool) -> None:
 
 WORKDIR_OUTSIDE = typer.Option(False, "--workdir-outside", help="Send a task file's workdir even when it lies outside "
                                "the task file's directory (your home and credentials directories are never sent).")
+ALLOW_WRITE_BUCKET = typer.Option([], "--allow-write-bucket", metavar="BUCKET", help="Let a MOUNT-mode file_mounts "
+                                  "entry write back to BUCKET, a bucket the task does not make (name:); repeatable. "
+                                  "Without it such an entry is refused; ec2gpu-* buckets are refused always.")
 
 
 PORT = typer.Option([], "--port", help="A port of node 0 to forward to the same port here while the job runs "
@@ -101,6 +104,7 @@ def run_cmd(
     no_baked: bool = typer.Option(False, "--no-baked", help="Boot the Deep Learning AMI even when an image baked for "
                                   "this setup exists (`ec2gpu image ls`)."),
     workdir_outside: bool = WORKDIR_OUTSIDE,
+    allow_write_bucket: List[str] = ALLOW_WRITE_BUCKET,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (instance types in order with GPUs and "
                                  "prices, limit, most it can cost, the job's environment, setup and run, what "
                                  "changes) and create nothing; needs no AWS credentials. With --json: its keys "
@@ -143,7 +147,8 @@ def run_cmd(
         out=out_dir, ssh_cidr=ssh_cidr, ami=ami, region=region, sandbox=_sandbox_flag(sandbox),
         reporter=RichReporter(err), on_warning=_warn, as_typed=" ".join(["ec2gpu", *sys.argv[1:]]), baked=not no_baked,
         workdir_outside=workdir_outside, allow_larger=allow_larger, dry_run=dry_run, infra=infra, detach=detach,
-        array=array, workers=workers, gpus_per_job=gpus_per_job, max_retries=max_retries, ports=port)
+        array=array, workers=workers, gpus_per_job=gpus_per_job, max_retries=max_retries,
+        allow_write_buckets=allow_write_bucket, ports=port)
     if dry_run:
         _print_plan(record, as_json)
         return
@@ -217,6 +222,7 @@ def exec_cmd(
     include_secrets: bool = typer.Option(False, "--include-secrets", help="Also send .git/, .env*, keys, credentials."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Where outputs and logs come home."),
     workdir_outside: bool = WORKDIR_OUTSIDE,
+    allow_write_bucket: List[str] = ALLOW_WRITE_BUCKET,
     infra: Optional[str] = typer.Option(None, "--infra", help="aws: read a SkyPilot task file written for another "
                                         "cloud (SkyPilot's override flag); the standing instance runs it."),
     port: List[int] = PORT,
@@ -233,7 +239,8 @@ def exec_cmd(
                       env=_env_flags(env, secret), secrets=secret, max_upload=_size(max_upload),
                       include_secrets=include_secrets, out=out_dir, region=region, sandbox=_sandbox_flag(sandbox),
                       reporter=RichReporter(err), on_warning=_warn, as_typed=" ".join(["ec2gpu", *sys.argv[1:]]),
-                      workdir_outside=workdir_outside, infra=infra, ports=port)
+                      workdir_outside=workdir_outside, infra=infra, allow_write_buckets=allow_write_bucket,
+                      ports=port)
     _print_record(record, as_json)
 
 

@@ -42,7 +42,7 @@ from ..aws import catalog
 from .. import settings
 from ..errors import UsageError
 from . import resolve
-from .mounts import Mount
+from .mounts import Mount, check_flag
 from .spec import ENV_NAME_RE, IDLE_FLOOR_MINUTES, MAX_MINUTES, Resources, Task
 
 MAX_TASK_BYTES = 1 << 20  # a task file holds at most 1 MiB
@@ -810,7 +810,8 @@ def _check_size(size: int, source: str) -> None:
 
 def parse(text: str, source: str = "<task>", base: Path | None = None, allow_outside: bool = False,
           overrides: dict[str, Any] | None = None, infra: str | None = None,
-          envs: Mapping[str, str | None] | None = None, environ: Mapping[str, str] = os.environ) -> LoadedTask:
+          envs: Mapping[str, str | None] | None = None, environ: Mapping[str, str] = os.environ,
+          allow_write: Iterable[str] = ()) -> LoadedTask:
     """Validate the YAML ``text`` of a task; ``base`` is the directory relative paths start from
     (default: the current one); its workdir may lie outside ``base`` only with ``allow_outside``.
     ``overrides``: resources fields the command line sets ({"allow_larger": True}, {"gpu": "T4",
@@ -820,11 +821,16 @@ def parse(text: str, source: str = "<task>", base: Path | None = None, allow_out
     naming another cloud then runs on AWS, with a warning, instead of being refused (the flag's
     region, if any, is applied by api.run, which wins over the file's). ``envs``: the --env values
     ({name: value, or None: from ``environ``}); with the file's envs they fill ``$VAR``/``${VAR}`` in
-    file_mounts and workdir, as SkyPilot fills them (fill_env).
+    file_mounts and workdir, as SkyPilot fills them (fill_env). ``allow_write``: the buckets
+    --allow-write-bucket names, which a MOUNT-mode file_mounts entry may write back to besides the
+    task's own (tasks/mounts.check_write).
 
     Raises UsageError (exit 2) with "SOURCE:LINE: FIELD: what is wrong" and a hint: also for a text
-    over MAX_TASK_BYTES, a YAML bomb (_BoundedLoader) and a workdir ``check_local_source`` refuses.
+    over MAX_TASK_BYTES, a YAML bomb (_BoundedLoader), a workdir ``check_local_source`` refuses, a
+    file_mounts source in one of ec2gpu's own buckets (ec2gpu-*) and a MOUNT of another bucket
+    that ``allow_write`` does not name.
     """
+    allowed = check_flag(tuple(allow_write))
     _check_size(len(text), source)  # characters first: a huge text is never encoded
     _check_size(len(text.encode("utf-8", "surrogatepass")), source)
     lines, data = _compose(text, source)
@@ -855,7 +861,7 @@ def parse(text: str, source: str = "<task>", base: Path | None = None, allow_out
         raise _first_error(exc, source, lines, renamed, skypilot)
     workdir = None if task.workdir is None else _workdir(task.workdir, base or Path.cwd(), allow_outside,
                                                           f"{source}:{_line_of(lines, ('workdir',))}: workdir")
-    file_mounts = _file_mounts(task, base or Path.cwd(), allow_outside, source, lines, warnings)
+    file_mounts = _file_mounts(task, base or Path.cwd(), allow_outside, source, lines, warnings, allowed)
     if overrides:
         task = task.model_copy(update={"resources": task.resources.model_copy(update=overrides)})
     if overrides and ({"gpu", "instance_type"} & set(overrides)):
@@ -878,10 +884,12 @@ def parse(text: str, source: str = "<task>", base: Path | None = None, allow_out
 
 
 def _file_mounts(task: Task, base: Path, allow_outside: bool, source: str, lines: _Lines,
-                 warnings: list[str]) -> list[Mount]:
+                 warnings: list[str], allowed: frozenset[str] = frozenset()) -> list[Mount]:
     """The task's file_mounts made ready (tasks/mounts.parse), each local source checked like a
     workdir (check_local_source: credentials refused; outside the task file's directory only with
-    --workdir-outside). Raises UsageError at the entry's line."""
+    --workdir-outside), none in ec2gpu's own buckets, and a MOUNT entry only of the task's own
+    buckets or of ``allowed`` (--allow-write-bucket: mounts.check_write). Raises UsageError at the
+    entry's line."""
     from . import mounts
     out = []
     for target, value in task.file_mounts.items():
@@ -905,6 +913,17 @@ def _file_mounts(task: Task, base: Path, allow_outside: bool, source: str, lines
             raise UsageError(f"{source}:{_line_of(lines, ('file_mounts', m.target))}: file_mounts: {m.target!r} and "
                              f"{seen[key]!r} are the same place on the instance", "give each its own path")
         seen[key] = m.target
+    own = mounts.own_buckets(out)
+    for i, m in enumerate(out):
+        try:
+            out[i] = mounts.check_write(m, own, allowed)
+        except UsageError as exc:
+            raise UsageError(f"{source}:{_line_of(lines, ('file_mounts', m.target))}: file_mounts.{m.target}: "
+                             f"{exc.message}", exc.hint) from None
+    unused = sorted(allowed - {m.bucket for m in out if m.write_back})
+    if unused:
+        warnings.append(f"{mounts.WRITE_FLAG} {', '.join(unused)}: no MOUNT-mode file_mounts entry of the task "
+                        "writes there; nothing is allowed by it")
     for m in out:  # what another entry puts under a written-back target would be uploaded to its bucket
         inside = next((w for w in out if w.write_back and w is not m and
                        mounts.normal_target(m.target).startswith(mounts.normal_target(w.target).rstrip("/") + "/")), None)
@@ -1096,10 +1115,11 @@ def _check_resources(task: Task, source: str, lines: _Lines, renamed: _Renamed) 
 
 
 def load(path: str | Path, allow_outside: bool = False, overrides: dict[str, Any] | None = None,
-         infra: str | None = None, envs: Mapping[str, str | None] | None = None) -> LoadedTask:
+         infra: str | None = None, envs: Mapping[str, str | None] | None = None,
+         allow_write: Iterable[str] = ()) -> LoadedTask:
     """Read (UTF-8, at most MAX_TASK_BYTES) and validate the task file at ``path``; relative paths
     in it start at its directory, and its workdir may lie outside that only with ``allow_outside``;
-    ``overrides``, ``infra`` and ``envs`` as for ``parse``.
+    ``overrides``, ``infra``, ``envs`` and ``allow_write`` as for ``parse``.
 
     Raises UsageError for a missing, unreadable or oversize file and for every problem ``parse`` finds.
     """
@@ -1113,7 +1133,8 @@ def load(path: str | Path, allow_outside: bool = False, overrides: dict[str, Any
         raise UsageError(f"{path}: no such task file", "give the path of a YAML task file (examples/ has some)")
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"{path}: cannot be read: {exc}", "give the path of a readable YAML task file")
-    loaded = parse(text, str(path), path.resolve().parent, allow_outside, overrides, infra, envs)
+    loaded = parse(text, str(path), path.resolve().parent, allow_outside, overrides, infra, envs,
+                   allow_write=allow_write)
     loaded.path = path.resolve()
     return loaded
 

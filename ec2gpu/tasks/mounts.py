@@ -16,17 +16,25 @@ instance (the target: ``/data``, ``~/models``; a relative one is under the home 
   the run says so). A bucket named with
   no source is created when it does not exist: private, encrypted, public access blocked.
 
+Whose buckets (issue 44, item 2): a bucket named ``ec2gpu-*`` (``OWN_PREFIX``: the run store,
+which holds every run's outputs and every detached run's agent code) is refused as a source in any
+mode. A MOUNT mode writes back only to the task's own bucket (one it names with ``name:`` and no
+source, for ec2gpu to make) or to one the user names with ``--allow-write-bucket`` (``check_write``),
+as ``--workdir-outside`` does for a local path; COPY only reads and needs no flag.
+
 Other clouds' stores (``gs://``, ``r2://``, ``cos://``, ``oci://``, Azure's ``https://...blob...``)
 are refused with a hint. Pure apart from ``check_local_source`` (links, $HOME).
 """
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from ..errors import UsageError
 
 MODES = ("COPY", "MOUNT", "MOUNT_CACHED")
 MAX_TARGET = 1024  # characters in one target path
@@ -42,6 +50,11 @@ OTHER_STORES = {"gs": "Google Cloud Storage", "gcs": "Google Cloud Storage", "r2
                 "az": "Azure Blob Storage", "azure": "Azure Blob Storage", "cw": "CoreWeave Object Storage",
                 "hf": "Hugging Face"}
 STORE_HINT = "copy the data to an S3 bucket (aws s3 sync) and name s3://BUCKET/PREFIX, or send a local copy"
+#: the names of ec2gpu's own buckets: aws/runstore.BUCKET_PREFIX (the run store, ``ec2gpu-ACCOUNT-REGION``);
+#: not imported from there (boto3, which a dry run never loads): tests/unit/test_file_mounts.py checks they agree
+OWN_PREFIX = "ec2gpu-"
+#: the flag that lets a MOUNT entry write back to a bucket the task does not make (cli/tasks.py)
+WRITE_FLAG = "--allow-write-bucket"
 
 
 class Storage(BaseModel):
@@ -66,7 +79,8 @@ class Mount:
 
     ``target`` is as written (/data, ~/x, x); ``kind`` "local" (``source`` an absolute path on this
     machine, ``is_file`` for one file) or "s3" (``bucket``, ``prefix``; ``write_back`` for MOUNT
-    modes; ``create`` when a bucket is named with no source)."""
+    modes; ``create`` when a bucket is named with no source; ``write_allowed`` when the user named
+    the bucket with --allow-write-bucket: ``check_writes``)."""
 
     target: str
     kind: str
@@ -77,6 +91,7 @@ class Mount:
     write_back: bool = False
     create: bool = False
     is_file: bool = False
+    write_allowed: bool = False
 
     @property
     def url(self) -> str:
@@ -169,6 +184,7 @@ def entry(target: str, value: Union[str, Storage, dict[str, Any]], base: Path, c
                              "has neither (an empty name: is a placeholder to fill in)")
         if value.source is None:
             assert value.name is not None  # refused just above when both are None
+            refuse_own(value.name)
             if not BUCKET_RE.fullmatch(value.name):
                 raise ValueError(f"name {value.name[:63]!r} is not an S3 bucket name (3-63 lowercase letters, digits, "
                                  ". and -)")
@@ -180,6 +196,7 @@ def entry(target: str, value: Union[str, Storage, dict[str, Any]], base: Path, c
                                 f"{value.name} is made")
             return _local(target, value.source, base, check_local)
         _refuse_store(value.source)
+        refuse_own(_bucket_text(value.source))
         bucket, prefix = parse_s3(value.source)
         return Mount(target, "s3", value.source, value.mode, bucket, prefix, write_back=value.mode != "COPY")
     if not isinstance(value, str) or not value.strip():
@@ -188,6 +205,7 @@ def entry(target: str, value: Union[str, Storage, dict[str, Any]], base: Path, c
     if _scheme(value) is None:
         return _local(target, value, base, check_local)
     _refuse_store(value)
+    refuse_own(_bucket_text(value))
     bucket, prefix = parse_s3(value)
     return Mount(target, "s3", value, "COPY", bucket, prefix)
 
@@ -217,3 +235,76 @@ def on_instance(target: str, home: str, root: str = "") -> str:
     if t.startswith("~/"):
         return f"{home.rstrip('/')}/{t[2:]}"
     return f"{root.rstrip('/')}{t}" if root else t
+
+
+def _bucket_text(url: str) -> str:
+    """The bucket part of ``s3://BUCKET/...`` as written, before any check (pure)."""
+    return url[len("s3://"):].partition("/")[0]
+
+
+def refuse_own(bucket: str) -> str:
+    """``bucket`` when it is not one of ec2gpu's own (pure): a name starting ``ec2gpu-`` in any case
+    (OWN_PREFIX; S3 names are lowercase, and one spelled otherwise is refused all the same) is the
+    run store's kind, which holds every run's outputs, checkpoints and logs and every detached
+    run's agent code, run as root by its replacement instances. Raises UsageError (the caller adds
+    the file and line)."""
+    if bucket.strip().lower().startswith(OWN_PREFIX):
+        raise UsageError(f"s3://{bucket[:63]} is ec2gpu's own bucket ({OWN_PREFIX}*: the run store, every run's "
+                         "outputs, logs and agent code): never a file_mounts source, in any mode",
+                         "copy what the job needs to a bucket of your own (aws s3 sync), or bring a run's outputs "
+                         "home with `ec2gpu fetch RUN_ID`")
+    return bucket
+
+
+def own_buckets(mounts_: list[Mount]) -> frozenset[str]:
+    """The task's own buckets (pure): those it names with ``name:`` and no source, for ec2gpu to
+    make when missing (one that exists is checked by aws/storage.check_buckets)."""
+    return frozenset(m.bucket for m in mounts_ if m.kind == "s3" and m.create and m.bucket)
+
+
+def check_write(m: Mount, own: frozenset[str], allowed: frozenset[str]) -> Mount:
+    """``m`` with ``write_allowed`` set when its bucket is in ``allowed`` (--allow-write-bucket)
+    (pure). A MOUNT-mode entry writes back to its bucket: it may where the bucket is one of the
+    task's ``own`` (own_buckets) or in ``allowed``. Raises UsageError for a MOUNT entry of any
+    other bucket (the caller adds the file and line); COPY entries pass: they only read."""
+    if m.kind == "s3" and m.bucket in allowed:
+        return replace(m, write_allowed=True)
+    if m.write_back and m.bucket not in own:
+        raise UsageError(f"mode {m.mode} writes back to s3://{m.bucket}, a bucket this task does not make: the job "
+                         f"could change or replace anything under {m.url}",
+                         f"give {WRITE_FLAG} {m.bucket} to let the job write there, or mode: COPY to read it only")
+    return m
+
+
+def access(mounts_: list[Mount]) -> dict[str, list[Any]]:
+    """What the job may reach in S3 through its instance role (aws/iam.s3_policy grants exactly
+    this) (pure): {"read": [url, ...], "write": [{"url", "why"}, ...]}, each in the file's order
+    without repeats; ``why`` is "the task's own bucket (name:)" or "--allow-write-bucket BUCKET"."""
+    s3 = [m for m in mounts_ if m.kind == "s3"]
+    writes = {m.url: (f"{WRITE_FLAG} {m.bucket}" if m.write_allowed else "the task's own bucket (name:)")
+              for m in s3 if m.write_back}
+    return {"read": list(dict.fromkeys(m.url for m in s3)),
+            "write": [{"url": url, "why": why} for url, why in writes.items()]}
+
+
+def access_words(got: dict[str, list[Any]]) -> str | None:
+    """``access``'s dict in one line, or None when the job reaches no bucket (pure)."""
+    if not got.get("read"):
+        return None
+    writes = ", ".join(f"{w['url']} ({w['why']})" for w in got.get("write", []))
+    return (f"S3, through the run's own role: the job may read {', '.join(got['read'])}; may write "
+            f"{writes or 'nothing'}; nothing else")
+
+
+def check_flag(buckets: list[str] | tuple[str, ...]) -> frozenset[str]:
+    """The --allow-write-bucket values as a set (pure). Raises UsageError for a value that is not
+    an S3 bucket name (a URL or a prefix is named as its bucket) or one of ec2gpu's own."""
+    for b in buckets:
+        if not isinstance(b, str) or not BUCKET_RE.fullmatch(b):
+            raise UsageError(f"{WRITE_FLAG} {str(b)[:80]!r}: not an S3 bucket name (3-63 lowercase letters, digits, "
+                             ". and -)", f"give the bucket alone, e.g. {WRITE_FLAG} my-results")
+        try:
+            refuse_own(b)
+        except UsageError as exc:
+            raise UsageError(f"{WRITE_FLAG} {b}: {exc.message}", exc.hint) from None
+    return frozenset(buckets)

@@ -35,11 +35,41 @@ def _s3(target: str, prefix: str, bucket: str = BUCKET, create: bool = False) ->
 
 def test_a_missing_source_is_refused_and_a_missing_output_bucket_is_only_listed(s3):
     regions, missing = storage.check_buckets(s3, [_s3("/d", "train/"), _s3("/o", "", "ec2gpu-test-new-out", True)],
-                                             "us-east-1")
+                                             "us-east-1", "alice")
     assert regions == {BUCKET: "us-east-1", "ec2gpu-test-new-out": "us-east-1"} and missing == ["ec2gpu-test-new-out"]
     assert "ec2gpu-test-new-out" not in [b["Name"] for b in s3.list_buckets()["Buckets"]]  # made later, by provision
     with pytest.raises(UsageError, match="s3://ec2gpu-test-absent does not exist"):
-        storage.check_buckets(s3, [_s3("/d", "x", "ec2gpu-test-absent")], "us-east-1")
+        storage.check_buckets(s3, [_s3("/d", "x", "ec2gpu-test-absent")], "us-east-1", "alice")
+
+
+def test_an_existing_named_bucket_is_the_tasks_own_only_when_ec2gpu_made_it_for_this_user(s3):
+    """`name: B, mode: MOUNT` writes back to B without --allow-write-bucket only when B is missing
+    (made for the run) or carries ec2gpu:owner = this user (made by ec2gpu before); another's
+    bucket, reached by naming it, needs the flag (the entry's write_allowed), as a source does."""
+    from dataclasses import replace
+    theirs, mine = "team-shared-results-44", "alice-results-44"
+    s3.create_bucket(Bucket=theirs)
+    s3.put_bucket_tagging(Bucket=theirs, Tagging={"TagSet": [{"Key": "ec2gpu:owner", "Value": "bob"}]})
+    storage.create_private_bucket(s3, mine, "us-east-1", "alice")
+    untagged = "untagged-results-44"
+    s3.create_bucket(Bucket=untagged)
+    for bucket in (theirs, untagged):
+        with pytest.raises(UsageError) as err:
+            storage.check_buckets(s3, [_s3("/out", "", bucket, True)], "us-east-1", "alice")
+        assert err.value.message.startswith(f"file_mounts./out: s3://{bucket} exists and is not a bucket ec2gpu made "
+                                            "for you (no ec2gpu:owner tag of alice)")
+        assert err.value.hint.startswith(f"give --allow-write-bucket {bucket}")
+        allowed = replace(_s3("/out", "", bucket, True), write_allowed=True)
+        assert storage.check_buckets(s3, [allowed], "us-east-1", "alice") == ({bucket: "us-east-1"}, [])
+        copy = replace(_s3("/in", "", bucket, True), mode="COPY", write_back=False)  # read only: no flag
+        assert storage.check_buckets(s3, [copy], "us-east-1", "alice") == ({bucket: "us-east-1"}, [])
+    assert storage.check_buckets(s3, [_s3("/out", "", mine, True)], "us-east-1", "alice") == ({mine: "us-east-1"}, [])
+    with pytest.raises(UsageError, match="no ec2gpu:owner tag of bob"):
+        storage.check_buckets(s3, [_s3("/out", "", mine, True)], "us-east-1", "bob")
+    # a source entry of the task's own named bucket is held to the same rule
+    source = Mount("/logs", "s3", f"s3://{theirs}/logs", "MOUNT", theirs, "logs", write_back=True)
+    with pytest.raises(UsageError, match=f"s3://{theirs} exists and is not a bucket ec2gpu made for you"):
+        storage.check_buckets(s3, [source, _s3("/out", "", theirs, True)], "us-east-1", "alice")
 
 
 def test_one_object_is_told_from_a_folder_by_its_key_not_by_its_neighbours(s3):

@@ -212,3 +212,39 @@ def test_a_spot_interruption_is_ridden_out_by_a_replacement_that_resumes_from_th
     # this machine's ledger (`ec2gpu runs`) has the run's end and its whole cost
     row = ledger.get(sandbox_env[0], run_id)
     assert row["status"] == "completed" and row["cost_usd"] == api.status(run_id, sandbox=True)["cost_usd"] > 0, row
+
+
+def test_an_agent_rewritten_in_s3_after_launch_is_refused_on_the_instance_and_none_of_it_runs(
+        sandbox_env, tmp_path, capsys, monkeypatch):
+    """Issue 44, item 2: whoever may write the run's prefix (another run's file_mounts once, the
+    job itself through its role) rewrites agent/detached.py after the controller uploaded it and
+    before the instance fetches it. The launch template's user data holds each agent file's
+    sha256: the instance refuses the file, none of it runs (the rewritten code would write a
+    marker), the run ends failed saying so, and nothing of the run is left."""
+    from ec2gpu.runs.detached import launch
+    marker, uploaded = tmp_path / "rewritten-agent-ran", launch._upload
+
+    def upload_then_rewrite(s3, bucket, run_id, job, spec):
+        got = uploaded(s3, bucket, run_id, job, spec)
+        s3.put_object(Bucket=bucket, Key=runstore.agent_prefix(run_id) + "detached.py",
+                      Body=f"open({str(marker)!r}, 'w').write('ran')\n".encode())
+        return got
+    monkeypatch.setattr(launch, "_upload", upload_then_rewrite)
+    task = _task(tmp_path, 'touch "$EC2GPU_OUTPUT_DIR/job-ran"')
+    assert cli.main(["run", str(task), "--sandbox", "--detach", "--max-runtime", "30m", "--json"]) == 0
+    run_id = json.loads(capsys.readouterr().out)["run_id"]
+    deadline, got = time.monotonic() + 180, {}
+    while time.monotonic() < deadline:
+        assert not marker.exists(), "the rewritten agent ran"
+        got = api.status(run_id, sandbox=True)
+        if got["state"] in ("succeeded", "failed", "cancelled"):
+            break
+        time.sleep(2)
+    assert got["state"] == "failed", got
+    assert got["message"] == ("the agent code in S3 is not the code this run was launched with (detached.py has "
+                              "another sha256 than its launch template says): refused, none of it ran"), got
+    left = _nothing_left(run_id)
+    assert not any(left.values()), left
+    assert not marker.exists() and not (tmp_path / "work" / "job-ran").exists()
+    assert cli.main(["status", run_id, "--sandbox"]) == 0
+    assert "refused, none of it ran" in " ".join(capsys.readouterr().out.split())

@@ -16,7 +16,7 @@ from test_spot_recovery import drive
 
 pytestmark = pytest.mark.e2e
 NEEDS_MNIST = False
-SOURCE, OUTPUT = "ec2gpu-test-sky-data", "ec2gpu-test-sky-out"
+SOURCE, OUTPUT = "test-sky-data", "test-sky-out"  # not ec2gpu-*: those are refused (issue 44)
 
 
 def _client(service: str):
@@ -94,10 +94,10 @@ def test_a_task_with_local_and_s3_file_mounts_runs_first_time_and_leaves_nothing
 
 
 def test_a_source_bucket_that_does_not_exist_is_refused_before_anything_is_created(sandbox_env, tmp_path):
-    (tmp_path / "t.yaml").write_text("resources:\n  accelerators: T4:1\nfile_mounts:\n  /d: s3://ec2gpu-no-such-bucket/x\n"
+    (tmp_path / "t.yaml").write_text("resources:\n  accelerators: T4:1\nfile_mounts:\n  /d: s3://no-such-bucket-here/x\n"
                                      "run: echo never\n")
     code, _, err = drive(["run", "--sandbox", str(tmp_path / "t.yaml")], [])
-    assert code == 2 and "s3://ec2gpu-no-such-bucket does not exist" in err
+    assert code == 2 and "s3://no-such-bucket-here does not exist" in err
     ec2 = _client("ec2")
     live = [i for r in ec2.describe_instances()["Reservations"] for i in r["Instances"]
             if i["State"]["Name"] not in ("terminated", "shutting-down")]

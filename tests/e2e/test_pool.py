@@ -91,7 +91,7 @@ def _status(run_id: str) -> dict:
 #: a MOUNT-mode file_mount: what each element writes there reaches the bucket as its node leaves the pool
 RESULTS = """
   ~/pool-results:
-    name: ec2gpu-test-pool-results
+    name: test-pool-results
     mode: MOUNT"""
 
 
@@ -138,7 +138,7 @@ def test_an_array_over_three_workers_shrinks_its_pool_before_its_last_element_en
     assert {e["attempts"] for e in elements} == {1} and len({e["node"] for e in elements}) == 3, elements
     # MOUNT mode: every element's file reached the bucket, written back by each node as it left the pool
     listed = boto3.client("s3", endpoint_url=state["endpoint"], region_name="us-east-1").list_objects_v2(
-        Bucket="ec2gpu-test-pool-results")
+        Bucket="test-pool-results")
     assert sorted(o["Key"] for o in listed.get("Contents", [])) == sorted(f"{k}.txt" for k in range(12)), listed
     assert "file(s)" in err and "written back from" in " ".join(err.split())
     running_log = seen["running_log"]

@@ -549,6 +549,30 @@ def test_a_hostile_spec_is_refused_and_the_run_ends_failed(aws, tmp_path, fields
     assert not (tmp_path / "ran").exists() and group_size(aws) == (0, 0, 0)
 
 
+def test_a_spec_rewritten_after_launch_is_refused_and_the_run_ends_failed(aws, tmp_path):
+    """The user data hands the agent spec.json's sha256 (runs/detached/launch.boot_script): a
+    spec.json with other bytes (rewritten in S3 after launch) is refused, nothing of it runs, and
+    the run ends failed with that reason; the launched bytes pass."""
+    import hashlib
+    put_spec(aws, run=f"touch {tmp_path}/ran")
+    launched = get(aws, "spec.json").encode()
+    sha = hashlib.sha256(launched).hexdigest()
+    put_json(aws, "spec.json", {**json.loads(launched), "run": f"touch {tmp_path}/rewritten-ran"})
+    assert make(aws, tmp_path / "home", spec_sha256=sha).execute() == detached.EXIT_REFUSED
+    st = status(aws)
+    assert st["state"] == "failed" and st["reason"].startswith("spec refused: spec.json is not the one this run was "
+                                                               "launched with")
+    assert not (tmp_path / "ran").exists() and not (tmp_path / "rewritten-ran").exists()
+    assert group_size(aws) == (0, 0, 0)
+    aws.s3.delete_object(Bucket=BUCKET, Key=PREFIX + "status.json")
+    aws.asg.update_auto_scaling_group(AutoScalingGroupName=GROUP, MinSize=0, MaxSize=1, DesiredCapacity=1)
+    aws.s3.put_object(Bucket=BUCKET, Key=PREFIX + "spec.json", Body=launched)
+    assert make(aws, tmp_path / "home2", spec_sha256=sha).execute() == 0
+    assert status(aws)["state"] == "succeeded" and (tmp_path / "ran").exists()
+    assert detached.main(["--bucket", BUCKET, "--run-id", RUN_ID, "--region", "us-east-1",
+                          "--spec-sha256", "not-a-hash"]) == detached.EXIT_REFUSED
+
+
 SECRET = "hunter2-the-token-0123456789"
 
 

@@ -4,6 +4,7 @@ is this machine's own, and that the agent finds it beside itself wherever it is 
 from __future__ import annotations
 
 import ast
+import hashlib
 import shutil
 import subprocess
 import sys
@@ -168,8 +169,10 @@ def test_a_detached_runs_agent_files_carry_the_reader_from_wire():
     assert "bounded_json.py" in launch.AGENT_FILES
     sources = {name: launch.agent_source(name) for name in launch.AGENT_FILES}
     assert sources["bounded_json.py"] == Path(bounded_json.__file__) and all(p.is_file() for p in sources.values())
-    boot = launch.boot_script("b", "20260125-103000-ffff", "us-east-1", "g")
-    assert '"runs/20260125-103000-ffff/agent/bounded_json.py"' in boot
+    hashes = launch.agent_hashes()  # checked on the instance before any of it runs, the reader too
+    assert hashes["bounded_json.py"] == hashlib.sha256(Path(bounded_json.__file__).read_bytes()).hexdigest()
+    boot = launch.boot_script("b", "20260125-103000-ffff", "us-east-1", "g", hashes, "0" * 64)
+    assert f'"runs/20260125-103000-ffff/agent/bounded_json.py", "{hashes["bounded_json.py"]}"' in boot
 
 
 FLAT = """

@@ -1,13 +1,18 @@
 """A detached run's launch, the parts without AWS (runs/detached/launch.py): what it refuses, its
 boot script, its spec and its workdir archive."""
+import hashlib
+import json
 import shutil
 import subprocess
+import sys
 import tarfile
+import time
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 
-from ec2gpu.aws import instances
+from ec2gpu.aws import instances, runstore
 from ec2gpu.errors import UsageError
 from ec2gpu.remote import sync
 from ec2gpu.runs.detached import launch
@@ -17,6 +22,12 @@ from ec2gpu.tasks import load
 
 RUN = "20261125-103000-1a2b"
 BUCKET = "ec2gpu-123456789012-us-east-1"
+SPEC_SHA = "5" * 64
+
+
+def _boot(run_id=RUN, group=f"ec2gpu-{RUN}", hashes=None, spec_sha=SPEC_SHA):
+    return launch.boot_script(BUCKET, run_id, "us-east-1", group, launch.agent_hashes() if hashes is None else hashes,
+                              spec_sha)
 
 
 def _job(text="name: mine\nrun: python train.py\n", **kw):
@@ -44,7 +55,7 @@ def test_a_detached_run_carries_no_secret_too_large_for_a_parameter():
 
 
 def test_the_boot_script_fetches_the_agent_with_the_role_and_starts_it_holding_no_secret(tmp_path):
-    boot = launch.boot_script(BUCKET, RUN, "us-east-1", f"ec2gpu-{RUN}")
+    boot = _boot()
     assert f'"runs/{RUN}/agent/detached.py"' in boot and f'"runs/{RUN}/agent/agent.py"' in boot
     assert f"--bucket {BUCKET} --run-id {RUN} --region us-east-1" in boot
     assert "AWS_ACCESS_KEY_ID" not in boot and "aws_secret" not in boot.lower()
@@ -58,7 +69,7 @@ def test_the_boot_script_fetches_the_agent_with_the_role_and_starts_it_holding_n
         got = subprocess.run(["shellcheck", "-s", "bash", "-S", "warning", str(script)], capture_output=True, text=True)
         assert got.returncode == 0, got.stdout
     with pytest.raises(UsageError):
-        launch.boot_script(BUCKET, "../other", "us-east-1", "ec2gpu-x")
+        _boot("../other", "ec2gpu-x")
 
 
 def test_an_instance_that_cannot_fetch_its_agent_ends_its_own_group_rather_than_idle(tmp_path):
@@ -71,7 +82,7 @@ def test_an_instance_that_cannot_fetch_its_agent_ends_its_own_group_rather_than_
     for f in ("python3", "aws"):
         (bin_ / f).chmod(0o755)
     script = tmp_path / "boot.sh"
-    script.write_text(instances.user_data(None, None, launch.boot_script(BUCKET, RUN, "us-east-1", f"ec2gpu-{RUN}")))
+    script.write_text(instances.user_data(None, None, _boot()))
     env = {"PATH": f"{bin_}:/usr/bin:/bin", "EC2GPU_STATE_DIR": str(tmp_path / "state")}
     assert subprocess.run(["bash", str(script)], env=env, timeout=30).returncode == 0
     assert (tmp_path / "aws-calls").read_text().split() == [
@@ -185,3 +196,150 @@ def test_the_detached_start_says_the_command_that_follows_it(capsys, backend, fl
                            "deadline": "2026-11-27T14:00:00+00:00", "backend": backend}, False)
     said = " ".join(capsys.readouterr().out.split())
     assert f"follow it: ec2gpu status 20261127-120000-ab12{flag} (logs" in said
+
+
+# --- the agent's code checked on the instance before it runs (issue 44, item 2) ----------------------------
+
+FAKE_BOTO3 = '''"""boto3 for the boot script's test: S3 is a directory (FAKE_S3/BUCKET/KEY), Auto Scaling a log."""
+import json, os
+
+
+class _Body:
+    def __init__(self, data):
+        self.data = data
+
+    def read(self, n=-1):
+        return self.data if n is None or n < 0 else self.data[:n]
+
+
+class _Client:
+    def get_object(self, Bucket, Key):
+        path = os.path.join(os.environ["FAKE_S3"], Bucket, Key)
+        if not os.path.isfile(path):
+            raise RuntimeError("NoSuchKey " + Key)
+        with open(path, "rb") as f:
+            return {"Body": _Body(f.read())}
+
+    def put_object(self, Bucket, Key, Body, **kw):
+        path = os.path.join(os.environ["FAKE_S3"], Bucket, Key)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(Body)
+
+    def update_auto_scaling_group(self, **kw):
+        with open(os.environ["FAKE_CALLS"], "a") as f:
+            f.write(json.dumps(kw) + "\\n")
+
+
+def client(name, region_name=None):
+    return _Client()
+'''
+
+
+def _instance(tmp_path, files: dict) -> tuple[dict, callable]:
+    """A fake image for the boot script: python3 with the fake boto3 above, an `aws` CLI that logs,
+    and S3 holding ``files`` (name -> bytes) under the run's agent/ prefix; returns the env and a
+    function running the user data (bash, as cloud-init would) and returning the state directory."""
+    lib, bin_, store = tmp_path / "lib" / "boto3", tmp_path / "bin", tmp_path / "s3" / BUCKET
+    lib.mkdir(parents=True)
+    (lib / "__init__.py").write_text(FAKE_BOTO3)
+    bin_.mkdir()
+    (bin_ / "python3").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    (bin_ / "aws").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/aws-calls\n')
+    for f in ("python3", "aws"):
+        (bin_ / f).chmod(0o755)
+    (store / "runs" / RUN / "agent").mkdir(parents=True)
+    for name, body in files.items():
+        (store / "runs" / RUN / "agent" / name).write_bytes(body)
+    (store / "runs" / RUN / "status.json").write_text(json.dumps({"run_id": RUN, "state": "pending", "attempt": 0,
+                                                                  "launches": 2, "updated_at": "x"}))
+    env = {"PATH": f"{bin_}:/usr/bin:/bin", "EC2GPU_STATE_DIR": str(tmp_path / "state"), "PYTHONPATH": str(lib.parent),
+           "FAKE_S3": str(tmp_path / "s3"), "FAKE_CALLS": str(tmp_path / "asg-calls")}
+
+    def boot(hashes: dict) -> Path:
+        script = tmp_path / "boot.sh"
+        script.write_text(instances.user_data(None, None, _boot(hashes=hashes)))
+        assert subprocess.run(["bash", str(script)], env=env, timeout=60).returncode == 0
+        return tmp_path / "state" / "detached"
+    return env, boot
+
+
+def _agent(tmp_path) -> dict:
+    """Stand-in agent files: detached.py writes a marker where it ran; the others are inert."""
+    marker = tmp_path / "agent-ran"
+    files = {name: f"# {name}\n".encode() for name in launch.AGENT_FILES}
+    files["detached.py"] = f"open({str(marker)!r}, 'w').write('ran')\n".encode()
+    return files
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_the_launched_agent_is_fetched_checked_and_started(tmp_path):
+    files = _agent(tmp_path)
+    _, boot = _instance(tmp_path, files)
+    state = boot({name: _sha(body) for name, body in files.items()})
+    deadline = time.monotonic() + 20
+    while not (tmp_path / "agent-ran").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert (tmp_path / "agent-ran").exists()  # started in the background (nohup ... &)
+    assert {p.name: p.read_bytes() for p in state.iterdir() if p.suffix == ".py"} == files
+    assert not (tmp_path / "asg-calls").exists() and not (tmp_path / "aws-calls").exists()
+
+
+@pytest.mark.parametrize("rewritten", launch.AGENT_FILES)
+def test_an_agent_file_rewritten_in_s3_is_refused_and_none_of_it_runs(tmp_path, rewritten):
+    """The launch template's user data holds each agent file's sha256; a file in S3 with another
+    (rewritten after launch: by anyone who may write the run's prefix, the job included) is
+    refused before any is written: nothing runs, status.json says why (failed, its launches
+    kept), the group is ended, and no try follows (the fetch is not retried for 5 min)."""
+    files = _agent(tmp_path)
+    hashes = {name: _sha(body) for name, body in files.items()}
+    files[rewritten] = f"open({str(tmp_path / 'rewritten-ran')!r}, 'w').write('pwned')\n".encode()
+    _, boot = _instance(tmp_path, files)
+    started = time.monotonic()
+    state = boot(hashes)
+    assert time.monotonic() - started < 30  # refused at once, not tried again every 10 s
+    time.sleep(0.5)
+    assert not (tmp_path / "agent-ran").exists() and not (tmp_path / "rewritten-ran").exists()
+    assert not [p for p in state.iterdir() if p.suffix == ".py"]  # none of the files was written
+    st = json.loads((tmp_path / "s3" / BUCKET / "runs" / RUN / "status.json").read_text())
+    assert st["state"] == "failed" and st["launches"] == 2 and st["ended_at"]
+    assert st["message"] == st["reason"] == (
+        f"the agent code in S3 is not the code this run was launched with ({rewritten} has another sha256 than its "
+        "launch template says): refused, none of it ran")
+    assert runstore.validate_status(json.dumps(st).encode(), RUN)["message"] == st["message"]  # as `status` reads it
+    assert [json.loads(line) for line in (tmp_path / "asg-calls").read_text().splitlines()] == [
+        {"AutoScalingGroupName": f"ec2gpu-{RUN}", "MinSize": 0, "MaxSize": 0, "DesiredCapacity": 0}]
+    assert "none of it ran" in (state / "boot.log").read_text()
+
+
+def test_the_hashes_come_from_the_agent_files_tuple_and_each_is_required(tmp_path, monkeypatch):
+    hashes = launch.agent_hashes()
+    assert list(hashes) == list(launch.AGENT_FILES)
+    assert all(h == _sha(launch.agent_source(n).read_bytes()) for n, h in hashes.items())
+    boot = _boot()
+    assert all(f'"{h}"' in boot for h in hashes.values()) and f"--spec-sha256 {SPEC_SHA}" in boot
+    with pytest.raises(ValueError, match="a sha256 for each of"):
+        _boot(hashes={n: h for n, h in hashes.items() if n != "gang.py"})
+    with pytest.raises(ValueError, match="a sha256 for each of"):
+        _boot(hashes={**hashes, "agent.py": "not-a-hash"})
+    with pytest.raises(ValueError, match="spec_sha256"):
+        _boot(spec_sha="x")
+    # a file added to AGENT_FILES is hashed and checked with the others, with no list to update
+    (tmp_path / "extra.py").write_text("x = 1\n")
+    for name in launch.AGENT_FILES:
+        (tmp_path / name).write_bytes(launch.agent_source(name).read_bytes())
+    monkeypatch.setattr(launch, "AGENT_FILES", (*launch.AGENT_FILES, "extra.py"))
+    more = launch.agent_hashes(tmp_path)
+    assert more["extra.py"] == _sha(b"x = 1\n")
+    assert f'"runs/{RUN}/agent/extra.py", "{more["extra.py"]}"' in _boot(hashes=more)
+    with pytest.raises(ValueError):
+        _boot(hashes=hashes)  # without the new file's
+
+
+def test_the_user_data_stays_well_under_ec2s_limit():
+    """EC2 takes 16 KB of user data before base64
+    (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/instancedata-add-user-data.html)."""
+    assert len(instances.user_data(None, None, _boot()).encode()) < 8 * 1024

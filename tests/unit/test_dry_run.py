@@ -107,7 +107,7 @@ def test_the_plan_says_whether_the_budget_would_refuse_and_shows_file_mounts_and
     (project / "proj" / "m.yaml").write_text(
         "resources:\n  accelerators: T4:1\nworkdir:\n  url: https://github.com/o/r.git\n  ref: v1\n"
         "file_mounts:\n  /data: ./data\n  ~/ds:\n    source: s3://my-bucket/ds\n    mode: MOUNT\nrun: ls /data\n")
-    assert cli.main(["run", "m.yaml", "--dry-run", "--json", "--budget", "5"]) == 0
+    assert cli.main(["run", "m.yaml", "--dry-run", "--json", "--budget", "5", "--allow-write-bucket", "my-bucket"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["budget"]["refused"] and "$12.62, is above the budget $5.00" in plan["budget"]["why"]
     assert plan["workdir"]["git"] == {"url": "https://github.com/o/r.git", "ref": "v1"}
@@ -115,7 +115,7 @@ def test_the_plan_says_whether_the_budget_would_refuse_and_shows_file_mounts_and
     assert (local["kind"], local["files"], local["bytes"]) == ("local", 1, 1)
     assert (s3["source"], s3["write_back"], s3["mode"]) == ("s3://my-bucket/ds", True, "MOUNT")
     assert any("instance role of this run alone" in s for s in plan["safety"])
-    assert cli.main(["run", "m.yaml", "--dry-run", "--json", "--budget", "50"]) == 0
+    assert cli.main(["run", "m.yaml", "--dry-run", "--json", "--budget", "50", "--allow-write-bucket", "my-bucket"]) == 0
     assert json.loads(capsys.readouterr().out)["budget"]["refused"] is False
 
 

@@ -201,3 +201,119 @@ def test_a_file_whose_only_skypilot_marker_is_a_storage_entry_or_a_git_workdir_i
     assert load.load(tmp_path / "t.yaml").skypilot
     (tmp_path / "t.yaml").write_text("file_mounts:\n  ~/d: ./\nrun: echo hi\n")
     assert not load.load(tmp_path / "t.yaml").skypilot
+
+
+STORE = "ec2gpu-123456789012-us-east-1"  # a run store's name (aws/runstore.bucket_name)
+
+
+@pytest.mark.parametrize("entry", [
+    f"s3://{STORE}", f"s3://{STORE}/", f"s3://{STORE}/runs/", f"S3://{STORE}/runs/x", f"s3://{STORE.upper()}/x",
+    f"{{source: s3://{STORE}, mode: MOUNT}}", f"{{source: s3://{STORE}/runs, mode: COPY}}",
+    f"{{source: 's3://{STORE}', mode: MOUNT_CACHED, store: s3}}", f"{{name: {STORE}, store: s3, mode: MOUNT}}",
+    f"{{name: {STORE}, mode: COPY}}", "{name: ec2gpu-any-other-name}", "s3://ec2gpu-shared-data/x",
+    "s3://$STORE_BUCKET/runs/", "{source: 's3://${STORE_BUCKET}', mode: MOUNT}", "{name: $STORE_BUCKET, mode: MOUNT}",
+])
+def test_ec2gpus_own_buckets_are_refused_as_a_source_in_any_mode_and_spelling(tmp_path, entry):
+    """The run store holds every run's outputs and every detached run's agent code: no file_mounts
+    entry reaches it (or any ec2gpu-* bucket), whatever the mode, however it is written, even
+    through a $VAR of envs or --env; refused at the entry's line, exit 2, with or without the flag."""
+    body = f"envs:\n  STORE_BUCKET: {STORE}\nfile_mounts:\n  /mnt/store: {entry}\n"
+    for allow in ((), ("some-bucket",)):
+        (tmp_path / "task.yaml").write_text("resources:\n  accelerators: T4:1\nrun: echo hi\n" + body)
+        with pytest.raises(UsageError) as err:
+            load.load(tmp_path / "task.yaml", allow_write=allow)
+        assert err.value.message.startswith(f"{tmp_path / 'task.yaml'}:7: file_mounts./mnt/store: s3://")
+        assert "is ec2gpu's own bucket" in err.value.message and "\n" not in err.value.message
+        assert err.value.exit_code == 2 and "ec2gpu fetch" in err.value.hint
+    # --env fills the same variable: refused the same way
+    (tmp_path / "t2.yaml").write_text("run: echo hi\nenvs:\n  B: null\nfile_mounts:\n  /d: s3://$B/x\n")
+    with pytest.raises(UsageError, match="t2.yaml:5: file_mounts./d: s3://ec2gpu-123456789012-us-east-1 is ec2gpu's"):
+        load.load(tmp_path / "t2.yaml", envs={"B": STORE})
+
+
+def test_the_own_prefix_is_the_run_stores():
+    from ec2gpu.aws import runstore
+    assert mounts.OWN_PREFIX == runstore.BUCKET_PREFIX
+    assert runstore.bucket_name("123456789012", "eu-west-1").startswith(mounts.OWN_PREFIX)
+
+
+def test_a_run_refuses_the_run_store_before_anything_is_made(tmp_path, capsys, monkeypatch):
+    """The CLI: one line at the task file's line, exit 2, no AWS context opened (nothing made)."""
+    from ec2gpu import backend, cli
+
+    def no_context(*a, **kw):
+        raise AssertionError("a Context was opened")
+    monkeypatch.setattr(backend, "Context", no_context)
+    (tmp_path / "t.yaml").write_text(f"run: echo hi\nfile_mounts:\n  /mnt/store:\n    source: s3://{STORE}\n"
+                                     "    mode: MOUNT\n")
+    assert cli.main(["run", str(tmp_path / "t.yaml"), "--detach", "--max-runtime", "1h"]) == 2
+    err = capsys.readouterr().err
+    assert f"t.yaml:3: file_mounts./mnt/store: s3://{STORE} is ec2gpu's own bucket" in " ".join(err.split())
+
+
+def _mounts(tmp_path, body, allow=()):
+    (tmp_path / "task.yaml").write_text("run: echo hi\nfile_mounts:\n" + body)
+    return load.load(tmp_path / "task.yaml", allow_write=allow)
+
+
+@pytest.mark.parametrize("mode", ["MOUNT", "MOUNT_CACHED"])
+def test_writing_back_to_a_bucket_the_task_does_not_make_needs_the_flag(tmp_path, mode):
+    body = f"  /in: s3://data-bucket/ds\n  /out:\n    source: s3://shared-results/team-a\n    mode: {mode}\n"
+    with pytest.raises(UsageError) as err:
+        _mounts(tmp_path, body)
+    assert err.value.message == (f"{tmp_path / 'task.yaml'}:4: file_mounts./out: mode {mode} writes back to "
+                                 "s3://shared-results, a bucket this task does not make: the job could change or "
+                                 "replace anything under s3://shared-results/team-a")
+    assert err.value.hint == ("give --allow-write-bucket shared-results to let the job write there, or mode: COPY "
+                              "to read it only")
+    with pytest.raises(UsageError, match="writes back to s3://shared-results, a bucket this task does not make"):
+        _mounts(tmp_path, body, ("data-bucket",))  # another bucket's flag does not do
+    by = {m.target: m for m in _mounts(tmp_path, body, ("shared-results",)).mounts}
+    assert by["/out"].write_allowed and by["/out"].write_back and not by["/in"].write_allowed
+    # COPY only reads: no flag
+    assert not _mounts(tmp_path, "  /in:\n    source: s3://shared-results/team-a\n    mode: COPY\n").mounts[0].write_back
+
+
+def test_the_tasks_own_named_bucket_is_written_without_the_flag(tmp_path):
+    loaded = _mounts(tmp_path, "  /out:\n    name: my-out\n    mode: MOUNT\n  /logs:\n    source: s3://my-out/logs\n"
+                               "    mode: MOUNT\n")
+    assert [(m.target, m.write_back, m.write_allowed) for m in loaded.mounts] == [("/out", True, False),
+                                                                                ("/logs", True, False)]
+    assert mounts.access(loaded.mounts) == {
+        "read": ["s3://my-out/", "s3://my-out/logs"],
+        "write": [{"url": "s3://my-out/", "why": "the task's own bucket (name:)"},
+                  {"url": "s3://my-out/logs", "why": "the task's own bucket (name:)"}]}
+
+
+@pytest.mark.parametrize("flag, words", [
+    (STORE, "is ec2gpu's own bucket"), ("s3://shared-results", "not an S3 bucket name"),
+    ("Shared", "not an S3 bucket name"), ("shared-results/team-a", "not an S3 bucket name"),
+])
+def test_a_flag_that_names_no_bucket_or_ec2gpus_own_is_refused(tmp_path, flag, words):
+    with pytest.raises(UsageError, match=f"^--allow-write-bucket .*{words}"):
+        _mounts(tmp_path, "  /in: s3://data-bucket/ds\n", (flag,))
+
+
+def test_a_flag_no_mount_uses_is_said(tmp_path):
+    loaded = _mounts(tmp_path, "  /in: s3://data-bucket/ds\n", ("data-bucket", "other"))
+    assert any(w.startswith("--allow-write-bucket data-bucket, other: no MOUNT-mode") for w in loaded.warnings)
+
+
+def test_the_plan_and_the_runs_first_lines_say_what_the_job_may_read_and_write(tmp_path, capsys, monkeypatch):
+    from ec2gpu import cli
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.yaml").write_text("resources:\n  accelerators: T4:1\nrun: echo hi\nfile_mounts:\n"
+                                     "  /in: s3://data-bucket/ds\n  /out:\n    source: s3://shared/team-a\n"
+                                     "    mode: MOUNT\n  /mine:\n    name: my-out\n    mode: MOUNT\n")
+    assert cli.main(["run", "t.yaml", "--dry-run", "--json", "--allow-write-bucket", "shared"]) == 0
+    got = capsys.readouterr()
+    plan = json.loads(got.out)
+    assert plan["s3_access"] == {"read": ["s3://data-bucket/ds", "s3://shared/team-a", "s3://my-out/"], "write": [
+        {"url": "s3://shared/team-a", "why": "--allow-write-bucket shared"},
+        {"url": "s3://my-out/", "why": "the task's own bucket (name:)"}]}
+    line = ("S3, through the run's own role: the job may read s3://data-bucket/ds, s3://shared/team-a, s3://my-out/; "
+            "may write s3://shared/team-a (--allow-write-bucket shared), s3://my-out/ (the task's own bucket (name:)); "
+            "nothing else")
+    assert line in " ".join(got.err.split())  # the run's own first lines, before anything is made
+    assert cli.main(["run", "t.yaml", "--dry-run", "--allow-write-bucket", "shared"]) == 0
+    assert f"  {line}" in capsys.readouterr().out.splitlines()

@@ -150,3 +150,50 @@ def test_a_prefix_without_a_slash_grants_its_object_and_folder_never_its_sibling
     assert listing["Condition"]["StringLike"]["s3:prefix"] == ["team", "team/*"]
     assert iam.s3_policy([("bkt", "team"), ("bkt", "teamwork")], [])["Statement"][0]["Resource"] == [
         "arn:aws:s3:::bkt/team", "arn:aws:s3:::bkt/team/*", "arn:aws:s3:::bkt/teamwork", "arn:aws:s3:::bkt/teamwork/*"]
+
+
+# --- a MOUNT entry's role writes its own prefix and nothing wider (issue 44, item 2) -------------------------
+
+def _req(action, bucket, key=None, prefix=None):
+    context = {"aws:PrincipalAccount": "123456789012"}
+    if prefix is not None:
+        context["s3:prefix"] = prefix
+    return action, f"arn:aws:s3:::{bucket}" + (f"/{key}" if key is not None else ""), context
+
+
+@pytest.mark.parametrize("prefix, inside, outside", [
+    ("team-a/out/", ["team-a/out/x.pt", "team-a/out/deep/y"],
+     ["team-a/outx", "team-a/out", "team-a/other/x", "team-a/x", "x", "team-b/out/x"]),
+    ("team-a/out", ["team-a/out", "team-a/out/x.pt"], ["team-a/outside/x", "team-a/out-b/x", "team-a/x", "x"]),
+])
+def test_a_mount_entrys_role_may_write_its_own_prefix_only(prefix, inside, outside):
+    """Evaluated as IAM would (tests/unit/test_detached_policy.py's evaluator): PutObject and
+    AbortMultipartUpload under the MOUNT entry's exact prefix, never a sibling, the bucket's other
+    keys, the COPY entry's bucket or another bucket; ListBucket only on the entries' own prefixes."""
+    from test_detached_policy import allowed  # same folder (pytest prepend import mode)
+    policy = iam.s3_policy([("data-bucket", "ds/")], [("shared", prefix)])
+    for action in ("s3:PutObject", "s3:AbortMultipartUpload"):
+        for key in inside:
+            assert allowed(policy, _req(action, "shared", key)), key
+        for key in outside:
+            assert not allowed(policy, _req(action, "shared", key)), key
+        assert not allowed(policy, _req(action, "data-bucket", "ds/x"))  # a COPY entry is read only
+        assert not allowed(policy, _req(action, "other-bucket", inside[0]))
+    assert allowed(policy, _req("s3:GetObject", "data-bucket", "ds/a")) and allowed(policy, _req("s3:GetObject",
+                                                                                                 "shared", inside[0]))
+    assert not allowed(policy, _req("s3:GetObject", "data-bucket", "other/a"))
+    assert not allowed(policy, _req("s3:DeleteObject", "shared", inside[0]))
+    assert allowed(policy, _req("s3:ListBucket", "shared", prefix=inside[-1]))
+    for wider in ("", "team-a/", "team-", "t"):
+        assert not allowed(policy, _req("s3:ListBucket", "shared", prefix=wider)), wider
+    assert not allowed(policy, _req("s3:ListBucket", "shared"))  # no prefix: the whole bucket
+
+
+def test_no_file_mounts_role_reaches_ec2gpus_own_buckets():
+    """Whatever reaches s3_policy, the run store (ec2gpu-ACCOUNT-REGION: every run's outputs and
+    every detached run's agent code) and any ec2gpu-* bucket are refused, read or write."""
+    for bucket in ("ec2gpu-123456789012-us-east-1", "ec2gpu-other"):
+        with pytest.raises(ValueError, match="is ec2gpu's own bucket"):
+            iam.s3_policy([(bucket, "")], [])
+        with pytest.raises(ValueError, match="is ec2gpu's own bucket"):
+            iam.s3_policy([("data-bucket", "x/")], [(bucket, "runs/")])

@@ -31,13 +31,15 @@ the error is raised; the run's objects in S3 stay for the bucket's lifecycle rul
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import shlex
 import tarfile
 import tempfile
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from ...aws import capacity, groups, iam, instances, network, parameters, runstore, sweep
 from ...aws.session import Aws
@@ -93,23 +95,87 @@ def check(opts: RunOptions) -> TaskJob:
 #: Pythons that may have boto3, first found first: the Deep Learning AMI's PyTorch environments
 #: (agent/detached.PYTHONS), then the image's python3
 BOOT_PYTHONS = ("/opt/pytorch/bin/python3", "/opt/conda/envs/pytorch/bin/python3", "python3")
+#: the most bytes the boot script reads of one agent file (the largest, detached.py, is ~110 KB)
+MAX_AGENT_BYTES = 4 * 1024 * 1024
+#: the boot script's exit status when a fetched file is not the one the run was launched with
+EXIT_TAMPERED = 3
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
-def boot_script(bucket: str, run_id: str, region: str, group: str) -> str:
+def agent_hashes(directory: Path | None = None) -> dict[str, str]:
+    """{name: sha256 of its bytes, lowercase hex} of each of AGENT_FILES as uploaded (agent_source),
+    or in ``directory``: what ``boot_script`` checks the fetched agent against. Raises OSError for a
+    file that cannot be read."""
+    return {name: hashlib.sha256((directory / name if directory else agent_source(name)).read_bytes()).hexdigest()
+            for name in AGENT_FILES}
+
+
+def spec_body(spec: dict[str, Any]) -> bytes:
+    """spec.json's bytes as uploaded (pure): ``boot_script`` hands their sha256 to the agent."""
+    return json.dumps(spec, indent=2, sort_keys=True).encode()
+
+
+def boot_script(bucket: str, run_id: str, region: str, group: str, hashes: Mapping[str, str],
+                spec_sha256: str) -> str:
     """The user data lines that start the agent of a detached run (pure): the first of
     BOOT_PYTHONS that imports boto3 fetches the agent from the run's prefix with the instance
     role's credentials, tried for up to 5 min (a new role reaches EC2 a little later: IAM is
     eventually consistent), then runs detached.py in the background, its log in the state
     directory. Where no Python has boto3 or the fetch keeps failing, the instance ends its own
     group (the AWS CLI, with the role's credentials) rather than idle, billed, until the deadline.
-    It holds no secret: the bucket, the run id, the region and the group's name only."""
+
+    ``hashes`` ({name: sha256 hex}, one per AGENT_FILES: ``agent_hashes``) are written into the
+    script, so the launch template's user data, which only the user's credentials can change,
+    says what code the run is: each file fetched (at most MAX_AGENT_BYTES) is checked against
+    its hash before any is written where it could run. A file that differs (rewritten in S3 after
+    launch, by anyone who can write the run's prefix, the run's own job included) is refused:
+    none is kept or run, status.json says why (state "failed"), the group is ended, and the
+    script exits EXIT_TAMPERED without trying again. ``spec_sha256`` (of ``spec_body``) goes to
+    the agent, which refuses a spec.json with other bytes the same way (agent/detached.py: the
+    controller writes it once, before launch, and nothing rewrites it).
+    It holds no secret: the bucket, the run id, the region, the group's name and the hashes only.
+
+    Raises ValueError when ``hashes`` does not name each of AGENT_FILES with a sha256, or
+    ``spec_sha256`` is not one; UsageError for a bad run id."""
+    if set(hashes) != set(AGENT_FILES) or not all(_SHA256.fullmatch(str(h)) for h in hashes.values()):
+        raise ValueError(f"boot_script: hashes must give a sha256 for each of {', '.join(AGENT_FILES)}")
+    if not _SHA256.fullmatch(str(spec_sha256)):
+        raise ValueError("boot_script: spec_sha256 is not a sha256 (64 lowercase hex digits)")
     prefix = runstore.prefix(run_id)
     q = shlex.quote
-    keys = {name: f"{prefix}agent/{name}" for name in AGENT_FILES}
-    fetch_py = ("import sys, boto3\n"  # double quotes only: the script goes into single ones
-                f"s3 = boto3.client(\"s3\", region_name={json.dumps(region)})\n"
-                f"for name, key in {json.dumps(keys)}.items():\n"
-                f"    s3.download_file({json.dumps(bucket)}, key, sys.argv[1] + \"/\" + name)\n")
+    want = {name: [f"{prefix}agent/{name}", hashes[name]] for name in AGENT_FILES}
+    fetch_py = (  # double quotes only: the script goes into single ones
+        "import datetime, hashlib, json, os, sys, boto3\n"
+        f"B, G, R, RUN = {json.dumps(bucket)}, {json.dumps(group)}, {json.dumps(region)}, {json.dumps(run_id)}\n"
+        f"STATUS = {json.dumps(runstore.status_key(run_id))}\n"
+        "s3 = boto3.client(\"s3\", region_name=R)\n"
+        "def refuse(name):\n"
+        "    msg = (\"the agent code in S3 is not the code this run was launched with (\" + name + \" has another \"\n"
+        "           \"sha256 than its launch template says): refused, none of it ran\")\n"
+        "    print(\"ec2gpu: \" + msg, file=sys.stderr)\n"
+        "    try:\n"  # status.json as it is (its launches and attempts: the run's cost), with this end
+        f"        st = json.loads(s3.get_object(Bucket=B, Key=STATUS)[\"Body\"].read({runstore.MAX_STATUS_BYTES}))\n"
+        "    except Exception:\n"  # none, too large, not JSON or nested too deep: a new record
+        "        st = {}\n"
+        "    st = st if isinstance(st, dict) and st.get(\"run_id\") == RUN else {\"run_id\": RUN}\n"
+        "    try:\n"
+        "        if st.get(\"state\") not in (\"succeeded\", \"failed\", \"cancelled\"):\n"
+        "            at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec=\"seconds\")\n"
+        "            st.update(state=\"failed\", message=msg, reason=msg, ended_at=at)\n"
+        "            s3.put_object(Bucket=B, Key=STATUS, Body=json.dumps(st).encode(), ContentType=\"application/json\")\n"
+        "        boto3.client(\"autoscaling\", region_name=R).update_auto_scaling_group(\n"
+        "            AutoScalingGroupName=G, MinSize=0, MaxSize=0, DesiredCapacity=0)\n"
+        "    except Exception as exc:\n"  # said; the shell ends the group with the AWS CLI too
+        "        print(\"ec2gpu: \" + type(exc).__name__ + \": \" + str(exc)[:300], file=sys.stderr)\n"
+        f"    sys.exit({EXIT_TAMPERED})\n"
+        "got = {}\n"
+        f"for name, (key, sha) in {json.dumps(want)}.items():\n"
+        f"    got[name] = s3.get_object(Bucket=B, Key=key)[\"Body\"].read({MAX_AGENT_BYTES} + 1)\n"
+        "    if hashlib.sha256(got[name]).hexdigest() != sha:\n"
+        "        refuse(name)\n"
+        "for name, body in got.items():\n"  # written only once every file is the launched one
+        "    with open(os.path.join(sys.argv[1], name), \"wb\") as f:\n"
+        "        f.write(body)\n")
     return "\n".join([
         f'dir={instances.STATE_DIR}/detached',
         'mkdir -p "$dir" && chmod 700 "$dir"',
@@ -121,14 +187,20 @@ def boot_script(bucket: str, run_id: str, region: str, group: str) -> str:
         'if [ -z "$py" ]; then echo "ec2gpu: no Python with boto3 on this image" >>"$dir/boot.log"; fi',
         'for _ in $(seq 30); do',
         '  [ -n "$py" ] || break',
-        f'  if "$py" -c {q(fetch_py)} "$dir" 2>>"$dir/boot.log"; then ok=1; break; fi',
+        f'  "$py" -c {q(fetch_py)} "$dir" 2>>"$dir/boot.log"; rc=$?',
+        '  if [ "$rc" = 0 ]; then ok=1; break; fi',
+        f'  if [ "$rc" = {EXIT_TAMPERED} ]; then ok={EXIT_TAMPERED}; break; fi',
         "  sleep 10",
         "done",
         'if [ "$ok" = 1 ]; then',
         f'  nohup "$py" "$dir/detached.py" --bucket {q(bucket)} --run-id {q(run_id)} --region {q(region)} '
-        '--home "$dir" >>"$dir/detached.log" 2>&1 </dev/null &',
+        f'--spec-sha256 {q(spec_sha256)} --home "$dir" >>"$dir/detached.log" 2>&1 </dev/null &',
         "else",
-        '  echo "ec2gpu: the agent could not be fetched: ending the group" >>"$dir/boot.log"',
+        f'  if [ "$ok" = {EXIT_TAMPERED} ]; then',
+        '    echo "ec2gpu: the agent in S3 is not the one this run was launched with: none of it ran" >>"$dir/boot.log"',
+        "  else",
+        '    echo "ec2gpu: the agent could not be fetched: ending the group" >>"$dir/boot.log"',
+        "  fi",
         f"  aws autoscaling update-auto-scaling-group --region {q(region)} --auto-scaling-group-name {q(group)} "
         '--min-size 0 --max-size 0 --desired-capacity 0 >>"$dir/boot.log" 2>&1',
         "fi",
@@ -218,7 +290,7 @@ def start(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
     run_id = pipeline.new_run_id()
     secret = secret_env(job)
     if any(m.kind == "s3" for m in job.mounts):  # before anything is made: sources there, buckets readable
-        provision.check_s3_access(aws, job)
+        provision.check_s3_access(aws, job, settings.owner)
     boundary = check_boundary(aws, run_id, account, ui, secrets=bool(secret), extra=job.role_policy,
                               several=opts.nodes > 1)
     limit_at = datetime.now(timezone.utc) + timedelta(minutes=opts.max_runtime_minutes or 0)
@@ -227,8 +299,8 @@ def start(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
     s3 = aws.client("s3")
     with ui.phase("upload"):
         bucket = runstore.ensure(s3, account, aws.region, settings.owner, settings.run_store_expire_days)
-        _upload(s3, bucket, run_id, job, spec_document(job, opts, run_id, group, limit_at, launches,
-                                                          settings.ssh_user))
+        hashes, spec_sha256 = _upload(s3, bucket, run_id, job, spec_document(job, opts, run_id, group, limit_at,
+                                                                              launches, settings.ssh_user))
         ui.note(f"run store s3://{bucket}/{runstore.prefix(run_id)}: workdir, agent and spec")
     made = False
     try:
@@ -255,7 +327,7 @@ def start(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
                 key_name=key_name, security_group_id=sg, spot=opts.spot, root_volume_gib=settings.root_volume_gib,
                 max_runtime_minutes=None,  # a shutdown would only be replaced: the group's deadline ends it
                 max_price=opts.max_price if opts.spot else None, instance_profile=profile,
-                boot=boot_script(bucket, run_id, aws.region, group))
+                boot=boot_script(bucket, run_id, aws.region, group, hashes, spec_sha256))
             subnets = list(capacity.default_subnets(aws.ec2).values())
             # before the group: its first instance's agent writes the next record, never under this one
             runstore.put_status(s3, bucket, run_id, {"run_id": run_id, "state": "pending", "attempt": 0,
@@ -281,9 +353,10 @@ def start(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
     return record
 
 
-def _upload(s3: Any, bucket: str, run_id: str, job: TaskJob, spec: dict[str, Any]) -> None:
+def _upload(s3: Any, bucket: str, run_id: str, job: TaskJob, spec: dict[str, Any]) -> tuple[dict[str, str], str]:
     """The run's workdir, agent and spec under its prefix (spec last: an agent that finds it finds
-    the rest)."""
+    the rest). Returns (agent_hashes of the agent files uploaded, the sha256 of spec.json's bytes),
+    for ``boot_script``."""
     with tempfile.TemporaryDirectory(prefix="ec2gpu-detach-") as tmp:
         archive = Path(tmp) / "workdir.tar.gz"
         if job.manifest is not None:
@@ -303,9 +376,14 @@ def _upload(s3: Any, bucket: str, run_id: str, job: TaskJob, spec: dict[str, Any
             archive = Path(tmp) / "mount.tar.gz"
             pack(job.mount_manifests[m.target], archive)
             runstore.put_file(s3, bucket, key + ".tar.gz", archive)
+    hashes = agent_hashes()
     for name in AGENT_FILES:
         runstore.put_file(s3, bucket, runstore.agent_prefix(run_id) + name, agent_source(name))
-    runstore.put_json(s3, bucket, runstore.spec_key(run_id), spec)
+    body = spec_body(spec)
+    with tempfile.TemporaryDirectory(prefix="ec2gpu-detach-") as tmp:  # these bytes exactly: the agent hashes them
+        (Path(tmp) / "spec.json").write_bytes(body)
+        runstore.put_file(s3, bucket, runstore.spec_key(run_id), Path(tmp) / "spec.json")
+    return hashes, hashlib.sha256(body).hexdigest()
 
 
 def check_boundary(aws: Aws, run_id: str, account: str, ui: ReporterLike, secrets: bool = False,

@@ -58,7 +58,7 @@ def plan(job: TaskJob, settings: Settings, types: list[str], *, nodes: int, spot
 
     Raises UsageError as catalog.lookup does for a type ec2gpu cannot run. Calls no AWS API."""
     from ...aws import catalog
-    from ...tasks import arrays, resolve
+    from ...tasks import arrays, mounts, resolve
     from . import costs
     from ..execute import engine
 
@@ -132,6 +132,7 @@ def plan(job: TaskJob, settings: Settings, types: list[str], *, nodes: int, spot
                    "how": "forwarded over SSH while the job runs; not opened in the security group"}
                   for p in job.task.ports],
         "file_mounts": [_mount_row(mnt, job) for mnt in job.mounts],
+        "s3_access": mounts.access(job.mounts),
         "labels": dict(job.task.resources.labels),
         "safety": list(SAFETY) + ([ROLE_SAFETY] if any(mnt.kind == "s3" for mnt in job.mounts) else []),
         "changes": list(warnings),
@@ -159,7 +160,8 @@ def _mount_row(mnt: Mount, job: TaskJob) -> dict[str, Any]:
     man = job.mount_manifests.get(mnt.target)
     return {"target": mnt.target, "kind": mnt.kind, "source": mnt.url, "mode": mnt.mode,
             "files": len(man.files) if man else None, "bytes": man.bytes if man else None,
-            "write_back": mnt.write_back, "create_bucket": mnt.create, "how": mnt.words()}
+            "write_back": mnt.write_back, "create_bucket": mnt.create, "write_allowed": mnt.write_allowed,
+            "how": mnt.words()}
 
 
 def render(p: Mapping[str, Any]) -> list[str]:
@@ -205,6 +207,10 @@ def render(p: Mapping[str, Any]) -> list[str]:
     out += [f"  file_mounts {f['target']}: {f['how']}" + (f" ({f['files']:,} files, {f['bytes']:,} bytes)"
                                                            if f["files"] is not None else "")
             for f in p.get("file_mounts", [])]
+    from ...tasks.mounts import access_words
+    access = access_words(p.get("s3_access") or {})
+    if access:
+        out.append(f"  {access}")
     out.append("  environment of node 0: " + ", ".join(f"{k}={v}" for k, v in p["env"].items()))
     if p["setup"]:
         out.append("  setup (bash, once per instance, in the workdir):")

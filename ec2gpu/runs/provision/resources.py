@@ -126,25 +126,36 @@ def _bake(opts: LaunchOptions) -> BakePlan | None:
     return opts.bake if isinstance(opts, RunOptions) else None
 
 
-def check_s3_access(aws: Aws, job: TaskJob) -> None:
+def check_s3_access(aws: Aws, job: TaskJob, owner: str) -> None:
     """Before anything is created, for a task whose file_mounts read or write S3 (``job``: an
-    engine.TaskJob): check its buckets and sources (aws/storage.py), build its run role's policy
+    engine.TaskJob): check its buckets and sources (aws/storage.py: a ``name:`` bucket that exists
+    is the task's own only when ec2gpu made it for ``owner``), build its run role's policy
     (aws/iam.s3_policy) and find the account's permissions boundary; fill ``job.bucket_regions``,
     ``buckets_to_make``, ``s3_files``, ``role_policy`` and ``role_boundary`` for ``provision``.
 
-    Raises UsageError for a source that does not exist or may not be read, and for a policy IAM
-    would refuse (over its 10,240 characters); AwsError for other AWS errors.
+    Raises UsageError for a source that does not exist or may not be read, a write-back the user
+    did not allow (tasks/mounts.check_write, again here for a job not loaded from a file), and for
+    a policy IAM would refuse (one of ec2gpu's own buckets, over its 10,240 characters); AwsError
+    for other AWS errors.
     """
     from ...aws import iam, storage
     from ...errors import UsageError
+    from ...tasks import mounts
     s3 = [m for m in job.mounts if m.kind == "s3"]
+    own = mounts.own_buckets(job.mounts)
+    for m in s3:
+        try:
+            mounts.refuse_own(cast(str, m.bucket))
+            mounts.check_write(m, own, frozenset(cast(str, w.bucket) for w in s3 if w.write_allowed))
+        except UsageError as exc:
+            raise UsageError(f"file_mounts.{m.target}: {exc.message}", exc.hint) from None
     try:  # an S3 entry always names its bucket (tasks/mounts.Mount: None is for local sources)
         job.role_policy = iam.s3_policy([(cast(str, m.bucket), m.prefix) for m in s3],
                                         [(cast(str, m.bucket), m.prefix) for m in s3 if m.write_back])
     except ValueError as exc:
         raise UsageError(f"file_mounts: {exc}", "name fewer S3 prefixes, or one prefix that holds them") from None
     client = aws.client("s3")
-    job.bucket_regions, job.buckets_to_make = storage.check_buckets(client, job.mounts, aws.region)
+    job.bucket_regions, job.buckets_to_make = storage.check_buckets(client, job.mounts, aws.region, owner)
     job.s3_files = storage.single_objects(client, job.mounts)
     job.role_boundary = iam.boundary_arn(aws.client("iam"), aws.check_credentials()["Account"])
 
