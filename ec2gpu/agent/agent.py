@@ -79,6 +79,12 @@ import urllib.error
 import urllib.request
 from datetime import datetime, timezone
 
+if __package__:  # in the package (the controller, the tests)
+    from ..wire import bounded_json
+else:  # a script: shipped flat, bounded_json.py beside this file; run from the source tree (runs/execute/local.py), ../wire/
+    _HERE = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, _HERE if os.path.exists(os.path.join(_HERE, "bounded_json.py")) else os.path.join(_HERE, "..", "wire"))
+    bounded_json = __import__("bounded_json")
 IMDS = "http://169.254.169.254"
 SPOT_ACTION = "/latest/meta-data/spot/instance-action"
 REBALANCE = "/latest/meta-data/events/recommendations/rebalance"
@@ -93,6 +99,8 @@ PUT_TRIES = 4
 HANDOVER_URLS = ("outputs", "log", "pool", "status")
 #: urllib would send a body as a form (application/x-www-form-urlencoded), which a server may parse away
 BINARY = {"Content-Type": "application/octet-stream"}
+#: bounded_json's limits: an IMDS item, torchrun's error file, the hand-over file, job.env.json (execve(2): 2 MiB of env)
+MAX_METADATA_BYTES, MAX_ERROR_FILE_BYTES, MAX_HANDOVER_BYTES, MAX_ENV_BYTES = 64 << 10, 4 << 20, 1 << 20, 8 << 20
 
 
 def now() -> str:
@@ -165,7 +173,7 @@ def metadata(endpoint: str, paths: list[str], timeout_s: float = 2.0) -> dict:
         get = urllib.request.Request(f"{endpoint}{path}", headers={"X-aws-ec2-metadata-token": token})
         try:
             with urllib.request.urlopen(get, timeout=timeout_s) as resp:
-                found[path] = json.loads(resp.read(64 * 1024))
+                found[path] = bounded_json.loads(resp.read(MAX_METADATA_BYTES + 1), max_bytes=MAX_METADATA_BYTES)
         except (urllib.error.URLError, OSError, ValueError):
             pass
     return found
@@ -196,8 +204,7 @@ def root_cause(error_file: str) -> dict | None:
     """A torchelastic error file (written by torchrun, or by ec2gpu.train.launch) as
     ``{"message", "exit_code", "rank", "timestamp"}``; None when there is none or it is unreadable."""
     try:
-        with open(error_file) as f:
-            data = json.load(f)["message"]
+        data = bounded_json.read(error_file, max_bytes=MAX_ERROR_FILE_BYTES)["message"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
     if isinstance(data, str):
@@ -213,8 +220,7 @@ def read_handover(path: str | None) -> dict | None:
     None without one. What it holds is checked: unknown names and URLs that are not http(s) are dropped."""
     if not path:
         return None
-    with open(path) as f:
-        data = json.load(f)
+    data = bounded_json.read(path, max_bytes=MAX_HANDOVER_BYTES)
     os.remove(path)
     if not isinstance(data, dict):
         return None
@@ -380,8 +386,7 @@ def array_counts(path: str, max_bytes: int = 16 << 20) -> dict | None:
     """The element counts ({"done", "failed", "running", "queued"}: integers) of the pool driver's
     status.json at ``path`` (ec2gpu/pool/driver.py), None when it cannot be read."""
     try:
-        with open(path, "rb") as f:
-            counts = json.loads(f.read(max_bytes)).get("counts")
+        counts = bounded_json.read(path, max_bytes=max_bytes).get("counts")
     except (OSError, ValueError, AttributeError):
         return None
     if not isinstance(counts, dict):
@@ -583,8 +588,7 @@ def main(argv: list[str] | None = None) -> int:
     handover = read_handover(args.handover_file)
     env = {}
     if args.env_file:
-        with open(args.env_file) as f:
-            env = {str(k): str(v) for k, v in json.load(f).items()}
+        env = {str(k): str(v) for k, v in bounded_json.read(args.env_file, max_bytes=MAX_ENV_BYTES).items()}
     return run(args.dir, command, os.environ.get("EC2GPU_IMDS_ENDPOINT", IMDS),
                float(os.environ.get("EC2GPU_SPOT_POLL_SECONDS", "5")),
                float(os.environ.get("EC2GPU_STOP_GRACE_SECONDS", "90")), env, key,

@@ -146,11 +146,13 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
 if __package__:  # in the package (tests, the controller)
+    from ..wire import bounded_json
     from . import agent, gang, s3files
 else:  # on the instance: agent.py, gang.py and s3files.py beside this file (sys.path[0]), not a package to install
     agent = importlib.import_module("agent")
     gang = importlib.import_module("gang")
     s3files = importlib.import_module("s3files")
+    bounded_json = importlib.import_module("bounded_json")  # beside them too (runs/detached/launch.AGENT_FILES)
 
 RUN_ID_RE = re.compile(r"\d{8}-\d{6}-[0-9a-f]{4}")  # runs/provision/pipeline.new_run_id
 NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
@@ -670,9 +672,9 @@ class Store:
         if len(data) > limit:
             raise Refused(f"{rel}: over {limit} bytes")
         try:
-            return json.loads(data), etag
-        except ValueError as exc:
-            raise Refused(f"{rel}: not JSON ({exc})") from None
+            return bounded_json.loads(data, max_bytes=limit), etag
+        except bounded_json.Refused as exc:
+            raise Refused(f"{rel}: {exc}") from None
 
     def put_json(self, rel: str, obj: object, *, if_match: str | None = None, if_absent: bool = False) -> str | None:
         """Write ``obj`` at ``rel``; returns its new ETag. ``if_match``: only over the object of that
@@ -875,8 +877,8 @@ class Detached:
         record (too large, not JSON) is None: written over."""
         data, self.etag = self.store.get_tagged("status.json", MAX_STATUS_BYTES)
         try:
-            return json.loads(data) if data is not None and len(data) <= MAX_STATUS_BYTES else None
-        except (ValueError, RecursionError):
+            return bounded_json.loads(data, max_bytes=MAX_STATUS_BYTES) if data is not None else None
+        except bounded_json.Refused:
             return None
 
     def save(self, check: bool = True) -> None:
@@ -1321,8 +1323,7 @@ class Detached:
     def agent_record(self, key: bytes) -> dict[str, Any] | None:
         """RUN_DIR/status.json when agent.py signed it with ``key``, else None."""
         try:
-            with open(os.path.join(self.run_dir, "status.json"), "rb") as f:
-                rec = json.loads(f.read(1024 * 1024))
+            rec = bounded_json.read(os.path.join(self.run_dir, "status.json"), max_bytes=1024 * 1024)
         except (OSError, ValueError):
             return None
         if not isinstance(rec, dict) or not isinstance(rec.get("signature"), str):

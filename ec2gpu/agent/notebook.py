@@ -11,6 +11,7 @@ session, its output appended to DIR/jupyter.log. Prints one JSON line: {"reused"
 "pid", "token"}. Exits 1 with a line on stderr when the started one does not answer within WAIT_S.
 """
 import fcntl
+import importlib
 import json
 import os
 import secrets
@@ -21,9 +22,18 @@ import sys
 import time
 import urllib.request
 
+if __package__:  # in the package (the tests)
+    from ..wire import bounded_json
+else:  # a script: shipped as server.py with bounded_json.py beside it; run from the source tree, ../wire/
+    _HERE = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, _HERE if os.path.exists(os.path.join(_HERE, "bounded_json.py")) else os.path.join(_HERE, "..", "wire"))
+    bounded_json = importlib.import_module("bounded_json")
+
 #: Seconds a JupyterLab gets to answer /api/status once started: it answers within seconds (a
 #: first start after its pip install builds more); the controller gave it 180 s before.
 WAIT_S = 120
+#: DIR/server.json holds a port and a pid; a kernel, as this login, could rewrite it (bounded_json)
+MAX_RECORD_BYTES = 4096
 
 
 def answers(port: int, token: str) -> bool:
@@ -61,8 +71,7 @@ def wait_answering(port: int, token: str, alive) -> bool:
 def recorded(directory: str):
     """(port, pid, token) of the JupyterLab started here last, or None."""
     try:
-        with open(os.path.join(directory, "server.json")) as f:
-            record = json.load(f)
+        record = bounded_json.read(os.path.join(directory, "server.json"), max_bytes=MAX_RECORD_BYTES)
         with open(os.path.join(directory, "token")) as f:
             token = f.read().strip()
         return int(record["port"]), int(record["pid"]), token

@@ -19,13 +19,25 @@ the AWS CLI is on the instance.
 """
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 
+if __package__:  # in the package (the controller, the tests)
+    from ..wire import bounded_json
+else:  # a script: shipped flat, bounded_json.py beside this file; run from the source tree, ../wire/
+    _HERE = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, _HERE if os.path.exists(os.path.join(_HERE, "bounded_json.py")) else os.path.join(_HERE, "..", "wire"))
+    bounded_json = importlib.import_module("bounded_json")
+
 MAX_KEYS = 1_000_000  # objects copied from one prefix
+#: SPEC.json and the records sit in the run's directory, where the job could rewrite them
+#: (bounded_json): a spec of at most 100 mounts (tasks/mounts.py); a record of one entry per object
+#: copied in, its path (an S3 key is at most 1,024 bytes) and [size, mtime]
+MAX_SPEC_BYTES, MAX_RECORD_BYTES = 1 << 20, MAX_KEYS * 1100
 
 
 def _inside(target: str, rel: str) -> str | None:
@@ -89,16 +101,14 @@ def _write_back(s3, m: dict, settled_s: float = 0) -> dict:
         st = os.stat(target)
         if not _settled(target, st, settled_s, now):
             return {"target": target, "files": 0, "bytes": 0, "skipped": 0}
-        with open(m["record"]) as f:
-            if json.load(f).get(".") == [st.st_size, st.st_mtime]:
-                return {"target": target, "files": 0, "bytes": 0, "skipped": 0}
+        if bounded_json.read(m["record"], max_bytes=MAX_RECORD_BYTES).get(".") == [st.st_size, st.st_mtime]:
+            return {"target": target, "files": 0, "bytes": 0, "skipped": 0}
         s3.upload_file(target, bucket, prefix)
         with open(m["record"], "w") as f:
             json.dump({".": [st.st_size, st.st_mtime]}, f)
         return {"target": target, "files": 1, "bytes": st.st_size, "skipped": 0}
     try:
-        with open(m["record"]) as f:
-            record = json.load(f)
+        record = bounded_json.read(m["record"], max_bytes=MAX_RECORD_BYTES)
     except (OSError, ValueError):
         record = {}
     base = prefix if not prefix or prefix.endswith("/") else prefix + "/"
@@ -133,8 +143,7 @@ def main(argv: list[str]) -> int:
     """``in|out [--settled=S] SPEC.json``: copy every mount of SPEC.json one way; 0, 1 or 3 (above)."""
     direction, spec_path = argv[0], argv[-1]
     settled_s = next((float(a.split("=", 1)[1]) for a in argv[1:-1] if a.startswith("--settled=")), 0.0)
-    with open(spec_path) as f:
-        spec = [m for m in json.load(f) if direction == "in" or m.get("write_back")]
+    spec = [m for m in bounded_json.read(spec_path, max_bytes=MAX_SPEC_BYTES) if direction == "in" or m.get("write_back")]
     try:
         import boto3
     except ImportError:

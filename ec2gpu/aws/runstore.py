@@ -41,6 +41,7 @@ import boto3.exceptions
 import botocore.exceptions
 
 from ..errors import AwsError, UsageError
+from ..wire import bounded_json
 from . import tags as T
 from .session import Client, Item, Log, error_code
 
@@ -376,10 +377,14 @@ def _put(s3: Client, op: str, bucket: str, **kw: Any) -> None:
                        "see docs/iam-policy.json") from None
 
 
+#: S3 keeps a bucket policy to 20 KB (https://docs.aws.amazon.com/AmazonS3/latest/userguide/using-iam-policies.html)
+MAX_POLICY_BYTES = 64 * 1024
+
+
 def _policy_of(got: Item | None) -> Item | None:
     """The bucket policy GetBucketPolicy answered, parsed; None when absent or not a JSON object."""
     try:
-        policy = json.loads((got or {}).get("Policy") or "null")
+        policy = bounded_json.loads((got or {}).get("Policy") or "null", max_bytes=MAX_POLICY_BYTES)
     except ValueError:
         return None
     return policy if isinstance(policy, dict) else None
@@ -560,9 +565,9 @@ def validate_status(data: bytes, run_id: str) -> Item:
     if len(data) > MAX_STATUS_BYTES:
         return unreadable(f"status.json holds more than {MAX_STATUS_BYTES:,} bytes")
     try:
-        raw = json.loads(data)
-    except (ValueError, RecursionError):
-        return unreadable("status.json is not JSON")
+        raw = bounded_json.loads(data, max_bytes=MAX_STATUS_BYTES)
+    except bounded_json.Refused as exc:
+        return unreadable(f"status.json refused: {exc}")
     if not isinstance(raw, dict):
         return unreadable("status.json is not a JSON object")
     if raw.get("run_id", run_id) != run_id:
@@ -702,8 +707,8 @@ def launches(data: bytes | dict[str, Any], run_id: str) -> list[dict[str, Any]]:
         if len(data) > MAX_LAUNCH_STATUS_BYTES:
             return []
         try:
-            raw = json.loads(data)
-        except (ValueError, RecursionError):
+            raw = bounded_json.loads(data, max_bytes=MAX_LAUNCH_STATUS_BYTES)
+        except bounded_json.Refused:
             return []
     if not isinstance(raw, dict) or raw.get("run_id", run_id) != run_id or not isinstance(raw.get("instances"), list):
         return []
@@ -747,10 +752,10 @@ def secret_names(s3: Client, bucket: str, run_id: str) -> list[str]:
     without a spec): their values are in SSM Parameter Store (aws/parameters.py). The run's role
     could rewrite spec.json: a name that is not an environment variable's is left out, and at most
     100 are read. Raises AwsError for S3 errors other than a missing object."""
-    data, _ = _read_head(s3, bucket, spec_key(run_id), 1 << 20)
+    data, _ = _read_head(s3, bucket, spec_key(run_id), (1 << 20) + 1)
     try:
-        spec = json.loads(data) if data else {}
-    except ValueError:
+        spec = bounded_json.loads(data, max_bytes=1 << 20) if data else {}
+    except bounded_json.Refused:
         return []
     names = spec.get("secrets") if isinstance(spec, dict) else None
     return [n for n in names if isinstance(n, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", n)][:100] \
@@ -847,8 +852,8 @@ def get_settled(s3: Client, bucket: str, run_id: str) -> list[dict[str, Any]]:
     if data is None:
         return []
     try:
-        raw = json.loads(data) if len(data) <= MAX_SETTLED_BYTES else None
-    except (ValueError, RecursionError):
+        raw = bounded_json.loads(data, max_bytes=MAX_SETTLED_BYTES)
+    except bounded_json.Refused:
         return []
     if not isinstance(raw, dict) or raw.get("run_id") != run_id or not isinstance(raw.get("instances"), list):
         return []
@@ -964,8 +969,8 @@ def end_status(s3: Client, bucket: str, run_id: str, state: str, message: str, a
     for _ in range(CONFLICT_TRIES):
         data, etag = get_status_tagged(s3, bucket, run_id)
         try:
-            raw = json.loads(data) if data is not None and len(data) <= MAX_STATUS_BYTES else {}
-        except (ValueError, RecursionError):
+            raw = bounded_json.loads(data, max_bytes=MAX_STATUS_BYTES) if data is not None else {}
+        except bounded_json.Refused:
             raw = {}
         record = raw if isinstance(raw, dict) and raw.get("run_id", run_id) == run_id else {}
         if record.get("state") in FINAL_STATES:  # an end recorded stands (the agent's, written since the caller read)

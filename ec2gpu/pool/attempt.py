@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, cast
 
 from ..errors import RemoteError, UsageError, WaitTimeout
+from ..wire import bounded_json
 from . import grow, records
 
 if TYPE_CHECKING:
@@ -792,8 +793,8 @@ def _figure(value: object) -> int | float | None:
 
 
 def _json_file(path: Path) -> dict[str, Any] | None:
-    try:
-        got = json.loads(path.read_text(encoding="utf-8"))
+    try:  # the run directory's records, as this tool wrote them (the element table: the driver's, checked)
+        got = bounded_json.loads(path.read_bytes(), max_bytes=records.MAX_TABLE_BYTES, allow_nan=True)
     except (OSError, ValueError):
         return None
     return got if isinstance(got, dict) else None

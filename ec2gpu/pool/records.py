@@ -5,13 +5,16 @@ checked field by field and printed inert, like every record that comes from an i
 """
 from __future__ import annotations
 
-import json
 import math
 from typing import Any, Mapping, Sequence
 
 from ..tasks.arrays import MAX_ELEMENTS, MAX_PARAMS
+from ..wire import bounded_json
 
 MAX_STATUS_BYTES = 16 * 1024 * 1024  # 10,000 elements' records with their last lines fit
+#: the run directory's pool.json (and the records beside it) read back: the element table checked
+#: from a status of at most MAX_STATUS_BYTES, written again with indentation
+MAX_TABLE_BYTES = 4 * MAX_STATUS_BYTES
 ELEMENT_STATES = ("queued", "running", "succeeded", "failed")
 MAX_TAIL_LINES = 20
 MAX_LINE_CHARS = 512
@@ -104,9 +107,9 @@ def parse_status(data: bytes, submitted: Sequence[Mapping[str, Any]] | None) -> 
     if len(data) > MAX_STATUS_BYTES:
         raise BadStatus(f"{len(data):,} bytes: at most {MAX_STATUS_BYTES:,}")
     try:
-        raw = json.loads(data.decode("utf-8"))
-    except (UnicodeError, ValueError) as exc:
-        raise BadStatus(f"not JSON: {exc}") from None
+        raw = bounded_json.loads(data, max_bytes=MAX_STATUS_BYTES)
+    except bounded_json.Refused as exc:
+        raise BadStatus(str(exc)) from None
     if not isinstance(raw, dict) or raw.get("schema") != 1:
         raise BadStatus("not a pool status (schema 1)")
     known = {int(e["index"]): e["params"] for e in submitted} if submitted is not None else None

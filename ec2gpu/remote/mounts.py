@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, AbstractSet, Any, Callable, Sequence
 from ..errors import RemoteError
 from ..inert import inert
 from ..tasks import mounts as M
+from ..wire import bounded_json
 from . import sync
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from .sync import Manifest
 
 S3FILES = Path(__file__).resolve().parents[1] / "agent" / "s3files.py"
-MAX_RECORD_LINE = 2000  # characters of one JSON line read back from s3files.py
+MAX_RECORD_LINE = 2000  # bytes of one JSON line read back from s3files.py
 
 
 def instance_paths(conn: Connection) -> tuple[str, str]:
@@ -90,6 +91,7 @@ def place(conn: Connection, mounts_: list[Mount], manifests: dict[str, Manifest]
     if s3:
         conn.put(io.BytesIO(json.dumps(s3).encode()), f"{run_dir}/s3mounts.json")
         conn.put(str(S3FILES), f"{run_dir}/s3files.py")
+        conn.put(bounded_json.__file__, f"{run_dir}/bounded_json.py")  # s3files.py imports it
         for rec in _s3files(conn, python, run_dir, "in"):
             shown = next((x["shown"] for x in s3 if x["target"] == rec.get("target")), "?")
             log(f"file_mounts: {rec.get('files')} object(s), {rec.get('bytes')} bytes copied from S3 to {shown} "
@@ -127,8 +129,8 @@ def _s3files(conn: Connection, python: str, run_dir: str, direction: str, flags:
     records = []
     for line in got.stdout.splitlines()[-1000:]:
         try:
-            rec = json.loads(line[:MAX_RECORD_LINE])
-        except ValueError:
+            rec = bounded_json.loads(line, max_bytes=MAX_RECORD_LINE)
+        except bounded_json.Refused:
             continue
         if isinstance(rec, dict):
             records.append(rec)

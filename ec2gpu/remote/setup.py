@@ -22,6 +22,8 @@ from typing import Any, Callable
 
 from fabric import Connection
 
+from ..errors import RemoteError
+from ..wire import bounded_json
 from . import ssh
 
 SCRIPT = "setup-gpu.sh"
@@ -62,7 +64,12 @@ def setup(conn: Connection, run_dir: str, log: Callable[[str], None] = lambda li
     out = ssh.run(conn, f"bash {shlex.quote(run_dir)}/{SCRIPT} {shlex.quote(run_dir)}/setup.json", timeout_s=1800)
     for line in out.splitlines():
         log(line)
-    info = json.loads(ssh.run(conn, f"cat {shlex.quote(run_dir)}/setup.json"))
+    try:  # the script's record, as the instance wrote it: the machine's Python is in it
+        info = bounded_json.loads(ssh.run(conn, f"head -c {MAX_MARKER_BYTES + 1} {shlex.quote(run_dir)}/setup.json"),
+                                  max_bytes=MAX_MARKER_BYTES)
+    except bounded_json.Refused as exc:
+        raise RemoteError(f"the machine setup's record ({run_dir}/setup.json) is refused: {exc}",
+                          "see its output above", command=SCRIPT) from None
     if machine:  # replaced whole: a reader sees the old marker or the new one
         at = datetime.now(timezone.utc).isoformat(timespec="seconds")
         path = f"{home}/{MARKER}"
@@ -89,8 +96,8 @@ def _reusable(conn: Connection, text: str, digest: str, machine: str) -> dict[st
     the script ``digest`` on ``machine`` and its Python is still there; else None (no marker,
     another script or machine, a malformed file)."""
     try:
-        marker = json.loads(text) if text.strip() and len(text) <= MAX_MARKER_BYTES else None
-    except ValueError:
+        marker = bounded_json.loads(text, max_bytes=MAX_MARKER_BYTES) if text.strip() else None
+    except bounded_json.Refused:
         return None
     if not isinstance(marker, dict) or marker.get("script_sha256") != digest or marker.get("machine") != machine:
         return None

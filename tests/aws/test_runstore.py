@@ -336,7 +336,7 @@ def _read(s3, body: bytes):
     (b" " * (1024 * 1024) + b'{"state": "running"}', "more than 1,048,576"),
     (b"[1, 2]", "not a JSON object"), (b'"running"', "not a JSON object"), (b"null", "not a JSON object"),
     (b"{nope", "not JSON"), (b"\xff\xfe", "not JSON"), (b"[" * 1_100_000, "more than"),
-    (b"[" * 60_000, "not JSON"),  # deep enough for RecursionError, small enough to be read
+    (b"[" * 60_000, "nested deeper than 64 levels"),  # deep enough for RecursionError, small enough to be read
     (b'{"state": "owned"}', "no known state"), (b'{"run_id": "20260125-103000-ffff", "state": "succeeded"}',
                                                  "names another run"),
 ])

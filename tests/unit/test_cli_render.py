@@ -100,7 +100,7 @@ def test_the_progress_reader_shows_each_new_well_formed_progress_once_and_skips_
     contents = iter([b'{"done": 10, "total": 469, "label": "epoch 1/1", "rate": 5000, "rate_unit": "samples/s"}',
                      b'{"done": 10, "total": 469, "label": "epoch 1/1", "rate": 5000, "rate_unit": "samples/s"}',
                      b'{"done": 2', b"", b'["not", "a", "dict"]', b'{"done": 469, "total": 469, "eta_s": 0}'])
-    monkeypatch.setattr(jobs, "read_from", lambda conn, path, offset: next(contents))
+    monkeypatch.setattr(jobs, "read_from", lambda conn, path, offset, limit=None: next(contents))
     shown = []
     reader = nodes.ProgressReader("/home/u/ec2gpu/runs/r1", shown.append, every_s=0.0)
     for _ in range(6):

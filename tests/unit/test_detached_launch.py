@@ -318,7 +318,7 @@ def test_an_agent_file_rewritten_in_s3_is_refused_and_none_of_it_runs(tmp_path, 
 def test_the_hashes_come_from_the_agent_files_tuple_and_each_is_required(tmp_path, monkeypatch):
     hashes = launch.agent_hashes()
     assert list(hashes) == list(launch.AGENT_FILES)
-    assert all(h == _sha((launch.AGENT_DIR / n).read_bytes()) for n, h in hashes.items())
+    assert all(h == _sha(launch.agent_source(n).read_bytes()) for n, h in hashes.items())
     boot = _boot()
     assert all(f'"{h}"' in boot for h in hashes.values()) and f"--spec-sha256 {SPEC_SHA}" in boot
     with pytest.raises(ValueError, match="a sha256 for each of"):
@@ -330,7 +330,7 @@ def test_the_hashes_come_from_the_agent_files_tuple_and_each_is_required(tmp_pat
     # a file added to AGENT_FILES is hashed and checked with the others, with no list to update
     (tmp_path / "extra.py").write_text("x = 1\n")
     for name in launch.AGENT_FILES:
-        (tmp_path / name).write_bytes((launch.AGENT_DIR / name).read_bytes())
+        (tmp_path / name).write_bytes(launch.agent_source(name).read_bytes())
     monkeypatch.setattr(launch, "AGENT_FILES", (*launch.AGENT_FILES, "extra.py"))
     more = launch.agent_hashes(tmp_path)
     assert more["extra.py"] == _sha(b"x = 1\n")

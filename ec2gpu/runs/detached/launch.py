@@ -46,6 +46,7 @@ from ...aws.session import Aws
 from ...backend import Backend
 from ...errors import UsageError
 from ...settings import Settings
+from ...wire import bounded_json
 from ..options import RunOptions
 from ..provision import pipeline
 from ..provision import resources as provision
@@ -57,12 +58,18 @@ if TYPE_CHECKING:
     from ..execute.reporter import ReporterLike
 
 AGENT_DIR = Path(__file__).resolve().parents[2] / "agent"
-#: the instance-side files, uploaded under runs/RUN_ID/agent/ and fetched by ``boot_script``
-AGENT_FILES = ("agent.py", "detached.py", "gang.py", "s3files.py")
+#: the instance-side files, uploaded under runs/RUN_ID/agent/ and fetched by ``boot_script``; all
+#: from AGENT_DIR but the one JSON reader they import (agent_source)
+AGENT_FILES = ("agent.py", "detached.py", "gang.py", "s3files.py", "bounded_json.py")
 #: instances a detached run may launch in all (first plus replacements) when --max-attempts is not
 #: given: a spot run rides out several interruptions; an on-demand one gets one replacement
 #: (an instance AWS retired, a failed status check)
 DEFAULT_LAUNCHES = {True: 10, False: 2}
+
+
+def agent_source(name: str) -> Path:
+    """The file on this machine of AGENT_FILES' ``name``: ec2gpu/wire/'s for the JSON reader, else agent/'s."""
+    return Path(bounded_json.__file__) if name == "bounded_json.py" else AGENT_DIR / name
 
 
 def check(opts: RunOptions) -> TaskJob:
@@ -95,10 +102,12 @@ EXIT_TAMPERED = 3
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
-def agent_hashes(directory: Path = AGENT_DIR) -> dict[str, str]:
-    """{name: sha256 of its bytes, lowercase hex} of each of AGENT_FILES in ``directory``: what
-    ``boot_script`` checks the fetched agent against. Raises OSError for a file that cannot be read."""
-    return {name: hashlib.sha256((directory / name).read_bytes()).hexdigest() for name in AGENT_FILES}
+def agent_hashes(directory: Path | None = None) -> dict[str, str]:
+    """{name: sha256 of its bytes, lowercase hex} of each of AGENT_FILES as uploaded (agent_source),
+    or in ``directory``: what ``boot_script`` checks the fetched agent against. Raises OSError for a
+    file that cannot be read."""
+    return {name: hashlib.sha256((directory / name if directory else agent_source(name)).read_bytes()).hexdigest()
+            for name in AGENT_FILES}
 
 
 def spec_body(spec: dict[str, Any]) -> bytes:
@@ -369,7 +378,7 @@ def _upload(s3: Any, bucket: str, run_id: str, job: TaskJob, spec: dict[str, Any
             runstore.put_file(s3, bucket, key + ".tar.gz", archive)
     hashes = agent_hashes()
     for name in AGENT_FILES:
-        runstore.put_file(s3, bucket, runstore.agent_prefix(run_id) + name, AGENT_DIR / name)
+        runstore.put_file(s3, bucket, runstore.agent_prefix(run_id) + name, agent_source(name))
     body = spec_body(spec)
     with tempfile.TemporaryDirectory(prefix="ec2gpu-detach-") as tmp:  # these bytes exactly: the agent hashes them
         (Path(tmp) / "spec.json").write_bytes(body)

@@ -36,6 +36,7 @@ from .nodes import copy_log as copy_log  # re-exported: engine.copy_log (scripts
 from .status import as_number
 from ...remote import sync
 from ...tasks.load import LoadedTask
+from ...wire import bounded_json
 from .job_summary import MASK as MASK  # re-exported: engine.MASK
 
 if TYPE_CHECKING:
@@ -267,6 +268,7 @@ def upload_node(nd: Node, job: TaskJob, ssh_config: Path | None, run_id: str, ad
     ssh.execute(nd.conn, f'if [ ! -e "$HOME/sky_workdir" ] || [ -L "$HOME/sky_workdir" ]; then '
                          f'ln -sfn {shlex.quote(workdir)} "$HOME/sky_workdir"; fi')
     files.put_file(nd.conn, AGENT, f"{nd.run_dir}/agent.py")
+    files.put_file(nd.conn, Path(bounded_json.__file__), f"{nd.run_dir}/bounded_json.py")  # agent.py imports it
     files.write_private(nd.conn, f"{nd.run_dir}/job.env.json", json.dumps(env))
     from . import status
     nd.agent_key = status.new_key()  # signs the agent's status.json; the agent deletes the file before the job starts

@@ -96,7 +96,8 @@ def run_local(job: engine.TaskJob, run_id: str, out: Path, ui: ReporterLike, pol
     finally:
         lines.flush()
         env_file.unlink(missing_ok=True)
-    status = json.loads((out / "status.json").read_text()) if (out / "status.json").exists() else {}
+    from . import status as agent_status  # the agent's record, read as any agent's (bounded, validated)
+    status = agent_status.parse((out / "status.json").read_bytes() if (out / "status.json").exists() else None, None) or {}
     if status.get("state") != "succeeded":
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-engine.TAIL_LINES:]) if log_path.exists() else ""
         code = status.get("exit_code")

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from ...errors import RemoteError, UsageError
+from ...wire import bounded_json
 
 if TYPE_CHECKING:
     from ...aws.instances import Instance
@@ -102,9 +103,10 @@ def element_log(home: Path, row: dict[str, Any] | None, name: str, index: int) -
     if not path.is_file():
         raise UsageError(f"run {row['run_id']} has no log of element {index} at {path}",
                          "is it an array's run, with that index? its table: runs/RUN/pool.json")
+    from ...pool import records
     status = None
     try:
-        elements = json.loads((artifacts / "pool.json").read_text())["elements"]
+        elements = bounded_json.loads((artifacts / "pool.json").read_bytes(), max_bytes=records.MAX_TABLE_BYTES)["elements"]
         got = [e.get("exit_status") for e in elements if e.get("index") == index]
         status = got[0] if got and isinstance(got[0], int) and not isinstance(got[0], bool) else None
     except (OSError, ValueError, KeyError, TypeError):
@@ -114,6 +116,8 @@ def element_log(home: Path, row: dict[str, Any] | None, name: str, index: int) -
 
 #: seconds between looks at a running element's log (and at the head's record of it) with --follow
 ELEMENT_POLL_S = 1.0
+#: secret_names.json: the names of at most 100 secrets (agent/detached.MAX_SECRETS), each an environment variable's
+MAX_NAMES_BYTES = 64 * 1024
 
 
 def running_element(record: bytes | None, index: int) -> tuple[str | None, Any]:
@@ -121,8 +125,9 @@ def running_element(record: bytes | None, index: int) -> tuple[str | None, Any]:
     once it has ended, else None) from the bytes of the pool driver's status.json on the head
     (ec2gpu/pool/driver.py: hostile input, read as such: pure, never raises)."""
     import ipaddress
+    from ...pool import records
     try:
-        data = json.loads(record or b"{}")
+        data = bounded_json.loads(record or b"{}", max_bytes=records.MAX_STATUS_BYTES)
         element = next(e for e in data.get("elements", []) if isinstance(e, dict) and e.get("index") == index)
     except (ValueError, TypeError, AttributeError, StopIteration, RecursionError):
         return None, None
@@ -179,7 +184,7 @@ def stream_element(ctx: Context, row: dict[str, Any], index: int, follow: bool, 
         splitter = None
         try:
             run_dir = jobs.remote_run_dir(conn, run_id)
-            secrets = secret_values(conn, run_dir)
+            secrets = secret_values(conn, run_dir, note)
             splitter = jobs.LineSplitter(lambda line: write((mask(line, secrets) + "\n").encode()))
             cursor, path = jobs.LogCursor(splitter), f"{run_dir}/elements/{index}/job.log"
             jobs.drain(conn, path, cursor)
@@ -234,7 +239,7 @@ def stream(ctx: Context, inst: Instance, follow: bool, write: Callable[[bytes], 
         if not jobs.read_from(conn, f"{run_dir}/status.json", 0):
             raise UsageError(f"no job has run on {iid} yet (run {run_id})",
                              "start one there with `ec2gpu exec NAME TASK.yaml` (or `-- CMD`)")
-        secrets = secret_values(conn, run_dir)
+        secrets = secret_values(conn, run_dir, note)
         if secrets:  # masked line by line, as the run showed it; else byte for byte
             splitter = jobs.LineSplitter(lambda line: write((mask(line, secrets) + "\n").encode()))
         cursor = jobs.LogCursor(splitter or write)
@@ -254,14 +259,22 @@ def stream(ctx: Context, inst: Instance, follow: bool, write: Callable[[bytes], 
     return status, run_id
 
 
-def secret_values(conn: Any, run_dir: str) -> list[str]:
+def secret_values(conn: Any, run_dir: str, note: Callable[[str], None] = lambda m: None) -> list[str]:
     """The values of the run's secrets (names in secret_names.json, values in the 0600
-    job.env.json), longest first; [] for a run without secrets."""
+    job.env.json), longest first; [] for a run without secrets. A file the reader refuses
+    (bounded_json) is said to ``note``: the log is then not masked."""
+    from ...agent.agent import MAX_ENV_BYTES
     from ...remote import jobs
+
+    def read(name: str, limit: int, empty: bytes) -> Any:
+        return bounded_json.loads(jobs.read_from(conn, f"{run_dir}/{name}", 0, limit + 1) or empty, max_bytes=limit)
+    what = "secret_names.json"
     try:  # the instance's files: anything but the shapes ec2gpu wrote counts as no secrets to mask
-        names = json.loads(jobs.read_from(conn, f"{run_dir}/secret_names.json", 0) or b"[]")
-        env = json.loads(jobs.read_from(conn, f"{run_dir}/job.env.json", 0) or b"{}") if names else {}
-    except ValueError:
+        names = read(what, MAX_NAMES_BYTES, b"[]")
+        what = "job.env.json"
+        env = read(what, MAX_ENV_BYTES, b"{}") if names else {}
+    except bounded_json.Refused as exc:
+        note(f"warning: the run's {what} on the instance is refused ({exc}): its secrets are not masked in the log")
         return []
     if not isinstance(names, list) or not isinstance(env, dict):
         return []
@@ -312,7 +325,7 @@ def fetch(ctx: Context, inst: Instance, run_id: str, out: Path, note: Callable[[
                "checkpoints": sync.pull(conn, f"{run_dir}/checkpoints", out / "checkpoints", [], None, iid, limits,
                                         warn)[0],
                "files": []}
-        secrets = secret_values(conn, run_dir)
+        secrets = secret_values(conn, run_dir, note)
         if jobs.size_of(conn, f"{run_dir}/job.log"):  # never job.env.json: it holds the secrets' values
             copy_log(conn, f"{run_dir}/job.log", out / "job.log", lambda line: mask(line, secrets))
             got["files"].append("job.log")

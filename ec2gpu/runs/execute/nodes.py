@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Callable, TypeVar
 
+from ...wire import bounded_json
+
 if TYPE_CHECKING:
     from ...aws.instances import Instance
     from ...aws.session import Aws
@@ -147,7 +149,7 @@ def follow_all(nodes: list[Node], ui: ReporterLike, local_out: Path, attempt: in
         try:
             _follow_node(nd, local_out / f"attempt-{attempt}-node-{nd.index}.log", log_name, unreachable_s, mask,
                          lambda line: show(nd, line), lambda m: ui.note(f"node {nd.index}: {m}"), stop,
-                         ProgressReader(nd.run_dir, ui.progress) if nd.index == 0 else None)
+                         ProgressReader(nd.run_dir, ui.progress, ui.note) if nd.index == 0 else None)
             if nd.result != 0:
                 failed.set()
         finally:
@@ -187,12 +189,15 @@ class ProgressReader:
     ``every_s`` seconds while the log is followed, and passes each new, well-formed content to
     ``show(progress)``: a dict with ``done`` and ``total`` (numbers), and optional ``label``,
     ``rate`` with ``rate_unit``, ``eta_s``. A missing, partial or malformed file is skipped: the
-    progress display is a courtesy, never a reason to fail the run."""
+    progress display is a courtesy, never a reason to fail the run. One the reader refuses for its
+    size or depth (bounded_json: never a partial write) is said to ``note``, once."""
 
     seen: dict[str, Any] | None
 
-    def __init__(self, run_dir: str, show: Callable[[dict[str, Any]], None], every_s: float = 1.0) -> None:
+    def __init__(self, run_dir: str, show: Callable[[dict[str, Any]], None], note: Callable[[str], None] = lambda m: None,
+                 every_s: float = 1.0) -> None:
         self.path, self.show, self.every_s, self.last, self.seen = f"{run_dir}/{PROGRESS_FILE}", show, every_s, 0.0, None
+        self.note, self.refused = note, False
 
     def __call__(self, conn: Any) -> None:
         if conn is None or time.monotonic() - self.last < self.every_s:
@@ -200,8 +205,12 @@ class ProgressReader:
         self.last = time.monotonic()
         from ...remote import jobs
         try:
-            p = json.loads(jobs.read_from(conn, self.path, 0) or b"null")
-        except ValueError:
+            p = bounded_json.loads(jobs.read_from(conn, self.path, 0, MAX_PROGRESS_BYTES + 1) or b"null",
+                                   max_bytes=MAX_PROGRESS_BYTES)
+        except bounded_json.Refused as exc:
+            if exc.reason != bounded_json.NOT_JSON and not self.refused:  # not JSON: most often a write half done
+                self.refused = True
+                self.note(f"warning: the job's progress file ({PROGRESS_FILE}) is refused ({exc}): no progress shown")
             return
         if isinstance(p, dict) and isinstance(p.get("done"), (int, float)) and isinstance(p.get("total"), (int, float)) \
                 and p != self.seen:
@@ -210,6 +219,7 @@ class ProgressReader:
 
 
 PROGRESS_FILE = "progress.json"  # in the run's directory on the instance: $EC2GPU_PROGRESS_FILE
+MAX_PROGRESS_BYTES = 32 * 1024  # a progress record (done, total, label, rate, eta_s) is a few hundred bytes
 
 
 def _follow_node(nd: Node, tee_path: Path, log_name: str, unreachable_s: float, mask: Callable[[str], str] | None,

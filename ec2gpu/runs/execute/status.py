@@ -18,11 +18,11 @@ the job before the run's --max-runtime), "problem": str | None}``.
 from __future__ import annotations
 
 import hmac
-import json
 import secrets
 from typing import Any
 
 from ...agent import agent
+from ...wire import bounded_json
 
 STATES = ("running", "succeeded", "failed", "interrupted")
 FINAL_STATES = ("succeeded", "failed", "interrupted")
@@ -91,9 +91,9 @@ def parse(data: bytes | None, key: str | None) -> dict[str, Any] | None:
     if len(data) > MAX_BYTES:
         return _problem("unreadable", f"status.json holds {len(data):,} bytes, more than an agent writes")
     try:
-        raw = json.loads(data)
-    except (ValueError, RecursionError):
-        return _problem("unreadable", "status.json is not JSON")
+        raw = bounded_json.loads(data, max_bytes=MAX_BYTES)
+    except bounded_json.Refused as exc:
+        return _problem("unreadable", f"status.json refused: {exc}")
     if not isinstance(raw, dict):
         return _problem("unreadable", "status.json is not a JSON object")
     if key is not None:

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ...aws import runstore
 from ...errors import Ec2GpuError
 from ...inert import inert
+from ...wire import bounded_json
 
 if TYPE_CHECKING:
     from ...aws.session import Aws
@@ -204,7 +205,9 @@ def fetch(aws: Aws, run_id: str, out: Path, limits: Limits, note: Log,
     note(f"{len(names)} output file(s) and {', '.join(done)} brought home from "
          f"s3://{bucket}/{runstore.prefix(run_id)}{runstore.HANDOVER} to {out} (its instance handed them over: "
          "the controller was gone when the job ended)")
-    if record.get("state"):
+    if record.get("problem"):  # the record refused (status.parse): nothing of it is taken
+        note(f"warning: the handed-over status.json is not accepted ({record['problem']})")
+    elif record.get("state"):
         code = record.get("exit_code")
         note(f"the job {record['state']}" + ("" if code is None else f" (exit status {code})")
              + f"; its agent's hand-over: {record.get('handover') or 'not said'}")
@@ -277,7 +280,7 @@ def adopt(aws: Aws, run_id: str, out: Path, job: Any, limits: Limits, note: Log)
         return None
     note("the instance ended itself after handing its outputs over to S3 while this command was away: they are "
          "home, and the job is not run again")
-    record = json.loads((out / "status.json").read_text())
+    record = bounded_json.loads((out / "status.json").read_bytes(), max_bytes=MAX_STATUS_BYTES)  # fetch's checked copy
     if got["state"] != "succeeded":
         code = record.get("exit_code")
         raise RemoteError(f"the job exited {code if code is not None else 'with an error'} (handed over by its "
@@ -312,8 +315,8 @@ def _record(data: bytes) -> dict[str, Any]:
     from ..execute import status
     got = status.parse(data[:MAX_STATUS_BYTES + 1], None) or {}
     try:
-        raw = json.loads(data) if len(data) <= MAX_STATUS_BYTES else {}
-    except ValueError:
+        raw = bounded_json.loads(data, max_bytes=MAX_STATUS_BYTES)
+    except bounded_json.Refused:  # said by status.parse, as the record's problem
         raw = {}
     said = raw.get("handover") if isinstance(raw, dict) else None
     from ...pool.records import counts_of

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ...aws.session import Aws
 from ...errors import RemoteError, UsageError, WaitTimeout
 from ...settings import Settings
+from ...wire import bounded_json
 
 if TYPE_CHECKING:
     from ...aws.instances import Instance
@@ -36,6 +37,8 @@ REMOTE_DIR = "ec2gpu/notebook"
 SERVER_SCRIPT = Path(__file__).resolve().parents[2] / "agent" / "notebook.py"
 #: A token as the instance side makes it (secrets.token_urlsafe(32)); anything else is refused.
 TOKEN = re.compile(r"[A-Za-z0-9_-]{16,128}")
+#: the instance's answers (its script's one line; JupyterLab's /api/status): a few hundred bytes
+MAX_REPLY_BYTES = 64 * 1024
 
 
 def find_running(aws: Aws, opts: LaunchOptions, ui: ReporterLike) -> Instance | None:
@@ -71,6 +74,7 @@ def open_server(conn: Any, log: Callable[[str], None]) -> dict[str, Any]:
         log(f"installing JupyterLab into {info['python']} (pip)")
         ssh.run(conn, f"{python} -m pip install --quiet jupyterlab", timeout_s=900)
     files.put_file(conn, SERVER_SCRIPT, f"{directory}/server.py")
+    files.put_file(conn, Path(bounded_json.__file__), f"{directory}/bounded_json.py")  # server.py imports it
     answer = ssh.run(conn, f"{python} {shlex.quote(directory + '/server.py')} {shlex.quote(directory)}",
                      timeout_s=300).strip().splitlines()
     server = _server_record(answer[-1] if answer else "")
@@ -82,16 +86,18 @@ def open_server(conn: Any, log: Callable[[str], None]) -> dict[str, Any]:
 
 def _server_record(line: str) -> dict[str, Any]:
     """The instance side's answer (one JSON line), checked: it is the instance's word."""
-    import json
     server: dict[str, Any] | None
+    refused = ""
     try:
-        got = json.loads(line)
+        got = bounded_json.loads(line, max_bytes=MAX_REPLY_BYTES)
         server = {"reused": got["reused"] is True, "port": int(got["port"]), "pid": int(got["pid"]),
                   "token": str(got["token"])}
+    except bounded_json.Refused as exc:
+        server, refused = None, f" (refused: {exc})"
     except (ValueError, KeyError, TypeError):
         server = None
     if not server or not 0 < server["port"] < 65536 or server["pid"] <= 0 or not TOKEN.fullmatch(server["token"]):
-        raise RemoteError("the instance's answer about its JupyterLab is not one ec2gpu's script gives",
+        raise RemoteError(f"the instance's answer about its JupyterLab is not one ec2gpu's script gives{refused}",
                           f"see ~/{REMOTE_DIR}/jupyter.log on the instance (`ec2gpu ssh NAME`)", tail=line[:500])
     return server
 
@@ -105,8 +111,7 @@ def wait_ready(local_port: int, token: str, timeout_s: float = 180.0) -> dict[st
         try:
             with urllib.request.urlopen(urllib.request.Request(url, headers={"Authorization": f"token {token}"}),
                                         timeout=5) as r:
-                import json
-                status: dict[str, Any] = json.loads(r.read())
+                status: dict[str, Any] = bounded_json.loads(r.read(MAX_REPLY_BYTES + 1), max_bytes=MAX_REPLY_BYTES)
                 return status
         except (urllib.error.URLError, OSError, ValueError):
             time.sleep(0.5)
