@@ -14,7 +14,8 @@ Standard library only. It
   every descendant, then SIGKILL after ``--grace`` seconds (GRACE_S) to those still there, and
   reaps them;
 - exits with the command's exit code (128+N for signal N), or LEFT_CODE when a descendant could
-  not be ended within KILL_WAIT_S (said on stderr): the job must not start beside it.
+  not be ended within KILL_WAIT_S (said on stderr): the job must not start beside it. A descendant
+  it may not signal (root's, started through ``sudo``) is named on stderr and left running.
 
 So a setup cannot leave a process that waits for the agent's key or hand-over URLs, which the
 controller writes only after this has returned (runs/execute/engine.start_agent), nor one that
@@ -99,40 +100,47 @@ def reap() -> None:
             return
 
 
-def end_descendants(grace_s: float = GRACE_S, kill_wait_s: float = KILL_WAIT_S) -> set[int]:
+def end_descendants(grace_s: float = GRACE_S, kill_wait_s: float = KILL_WAIT_S) -> tuple[set[int], set[int]]:
     """SIGTERM every descendant of this process (those that appear meanwhile too), SIGKILL those
     still there after ``grace_s`` seconds, again and again for up to ``kill_wait_s`` seconds (a
     process that forks as it is killed leaves children, which are killed in turn); reap them all.
-    Returns the descendants still alive at the end (empty: all ended). Process ids are taken from
-    /proc and signalled at once: Linux hands out ids in order, so one is not reused that soon."""
+    Returns (the descendants still alive at the end, those this process may not signal: another
+    user's, root's through sudo); both empty when all ended. Process ids are taken from /proc and
+    signalled at once: Linux hands out ids in order, so one is not reused that soon."""
     termed: set[int] = set()
+    foreign: set[int] = set()
     deadline = time.monotonic() + grace_s
     while True:
         reap()
-        left = descendants()
+        left = descendants() - foreign
         if not left:
-            return set()
+            return set(), foreign
         for pid in left - termed:
-            _signal(pid, signal.SIGTERM)
+            if not _signal(pid, signal.SIGTERM):
+                foreign.add(pid)
         termed |= left
-        if time.monotonic() >= deadline:
+        left -= foreign
+        if not left or time.monotonic() >= deadline:
             break
         time.sleep(TICK_S)
     deadline = time.monotonic() + kill_wait_s
     while left and time.monotonic() < deadline:
-        for pid in left:
-            _signal(pid, signal.SIGKILL)
+        foreign |= {pid for pid in left if not _signal(pid, signal.SIGKILL)}
         time.sleep(TICK_S)
         reap()
-        left = descendants()
-    return left
+        left = descendants() - foreign
+    return left, foreign
 
 
-def _signal(pid: int, sig: int) -> None:
+def _signal(pid: int, sig: int) -> bool:
+    """Send ``sig`` to ``pid``; False when this process may not (another user's)."""
     try:
         os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
+    except ProcessLookupError:
         pass
+    except PermissionError:
+        return False
+    return True
 
 
 def _end_group(pgid: int, grace_s: float) -> None:
@@ -181,10 +189,13 @@ def run(argv: list[str], grace_s: float = GRACE_S) -> int:
             signal.signal(s, signal.SIG_IGN)
         if not reaping:  # no subreaper, no /proc: the command's own session is what can be found
             _end_group(proc.pid, grace_s)
-        left = end_descendants(grace_s)
+        left, foreign = end_descendants(grace_s)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+    if foreign:  # root's, through sudo: what root does is out of this process's reach (module docstring)
+        print(f"ec2gpu: {len(foreign)} process(es) the setup started as another user (sudo) keep running (pids "
+              f"{', '.join(str(p) for p in sorted(foreign)[:10])})", file=sys.stderr, flush=True)
     if left:
         print(f"ec2gpu: {len(left)} process(es) the setup left could not be ended (pids "
               f"{', '.join(str(p) for p in sorted(left)[:10])}); the job does not start beside them",

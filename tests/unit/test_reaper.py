@@ -81,3 +81,16 @@ def test_a_setup_that_leaves_nothing_costs_no_grace(tmp_path):
     got = subprocess.run([sys.executable, REAPER, "--", "bash", "-c", "sleep 0.1 & wait; kill -9 $$"],
                          capture_output=True, text=True, timeout=60)
     assert got.returncode == 128 + signal.SIGKILL and time.monotonic() - started < reaper.GRACE_S
+
+
+def test_a_process_the_reaper_may_not_signal_is_named_and_does_not_hold_the_setup(tmp_path):
+    """A process the setup started through sudo is root's: the user's reaper may not signal it (an
+    OS refusal, simulated here by refusing one pid); it is named, and the setup's result stands
+    without waiting out the kill time for it."""
+    snippet = (f"import subprocess, sys, time; sys.path.insert(0, {os.path.dirname(REAPER)!r}); import reaper; "
+               "child = subprocess.Popen(['sleep', '30']); real = reaper._signal; "
+               "reaper._signal = lambda pid, sig: False if pid == child.pid else real(pid, sig); "
+               "started = time.monotonic(); left, foreign = reaper.end_descendants(0.2, 5.0); "
+               "print(sorted(left), sorted(foreign) == [child.pid], time.monotonic() - started < 2); child.kill()")
+    got = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=60)
+    assert got.stdout == "[] True True\n", got.stderr
