@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from test_run_task import assert_nothing_left  # same folder (pytest prepend import mode)
+from test_run_task import assert_nothing_left, instance_dir  # same folder (pytest prepend import mode)
 from test_spot_recovery import drive
 
 pytestmark = pytest.mark.e2e
@@ -155,4 +155,7 @@ def test_a_process_the_setup_leaves_behind_can_neither_take_the_key_nor_forge_th
     record = json.loads((out / "run.json").read_text())
     assert record["status"] == "failed" and record["exit_status"] == 3
     assert sorted(p.name for p in stolen.iterdir()) == ["pid"]  # it never saw the key or the URLs
+    run_dir = instance_dir(home, record["instance_id"]) / "runs" / record["run_id"]
+    assert run_dir.stat().st_mode & 0o777 == 0o700 and (run_dir / "job.env.json").stat().st_mode & 0o777 == 0o600
+    assert not (run_dir / "agent.key").exists() and not (run_dir / "handover.json").exists()  # read, deleted
     assert_nothing_left(home, record)
