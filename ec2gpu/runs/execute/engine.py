@@ -240,7 +240,7 @@ def checkpoint_remote(job: TaskJob, run_dir: str) -> str:
 
 def upload_node(nd: Node, job: TaskJob, ssh_config: Path | None, run_id: str, addresses: list[str], resume: bool,
                 checkpoints: DirCheckpoints | None, log: Callable[[str], None], rank: int | None = None) -> None:
-    """Send the workdir and the job's environment (0600) to node ``nd``, and make its
+    """Send the workdir, the agent and the job's environment (0600) to node ``nd``, and make its
     output and checkpoint directories; on a replacement, the checkpoint directory brought home.
     ``rank``: the node's place in ``addresses`` where it is not its index (a pool's replacement,
     whose index may follow one of a replacement that failed and has no address)."""
@@ -263,6 +263,8 @@ def upload_node(nd: Node, job: TaskJob, ssh_config: Path | None, run_id: str, ad
     # SkyPilot's workdir path (sky/skylet/constants.py SKY_REMOTE_WORKDIR), unless something real is there
     ssh.execute(nd.conn, f'if [ ! -e "$HOME/sky_workdir" ] || [ -L "$HOME/sky_workdir" ]; then '
                          f'ln -sfn {shlex.quote(workdir)} "$HOME/sky_workdir"; fi')
+    # a pool's worker ends its instance with it (pool/node.py); start_agent puts it again after the setup
+    files.put_file(nd.conn, AGENT, f"{nd.run_dir}/agent.py")
     # the setup reads it (SkyPilot gives the setup the task's envs); the agent's key comes later (start_agent)
     files.write_private(nd.conn, f"{nd.run_dir}/job.env.json", json.dumps(env))
     # the names (never the values) of the secrets, so `ec2gpu logs` can mask job.log as it shows it
