@@ -5,7 +5,7 @@ Shipped beside agent.py and started as ``python3 reaper.py [--grace S] -- bash -
 Standard library only. It
 
 - makes itself the child subreaper of what it starts (Linux's ``prctl(PR_SET_CHILD_SUBREAPER)``,
-  https://man7.org/linux/man-pages/man2/PR_SET_CHILD_SUBREAPER.2const.html): a process the setup
+  https://man7.org/linux/man-pages/man2/prctl.2.html): a process the setup
   leaves behind whose parent ends (``setsid nohup X &``, a double fork, a daemon) is reparented
   to this process, not to init, so it stays a descendant of this one whatever its session or
   process group;
