@@ -32,17 +32,17 @@ on whatever Python the image has. It
   (``{"message", "exit_code", "rank", "timestamp"}``; a negative exit_code is the signal that
   killed the worker).
 
-With ``--key-file`` (the controller's, mode 0600, read and deleted before the job starts, so the
-job never sees it) every status.json carries ``signature``: HMAC-SHA256 of the record's canonical
-JSON (sorted keys, no spaces, without ``signature``) under that key. The controller believes only a
+With ``--key-file`` (the controller's, mode 0600, written by the command that starts the agent once
+the task's setup and all it left running have ended (reaper.py), read and deleted before the job
+starts, so neither ever sees it) every status.json carries ``signature``: HMAC-SHA256 of the
+record's canonical JSON (sorted keys, no spaces, without ``signature``) under that key. The controller believes only a
 record whose signature checks (runs/execute/status.py): a job, or a process it left behind, cannot write
 the agent's record. When the job's process ends, the agent ends what is left of its process group
 (SIGTERM, then SIGKILL after 5 s) before its last write.
 
-With ``--handover-file`` (written by the controller, mode 0600, read and deleted before the job
-starts: ``{"urls": {"outputs", "log", "status", and "pool" for an array's driver} (S3 presigned PUT
-URLs, the head node's only),
-"wait_s", "shutdown", "secret_names"}``) a run survives the loss of its controller (a closed
+With ``--handover-file`` (written as the key is, read and deleted before the job starts:
+``{"urls": {"outputs", "log", "status", and "pool" for an array's driver} (S3 presigned PUT URLs,
+the head node's only), "wait_s", "shutdown", "secret_names"}``) a run survives the loss of its controller (a closed
 laptop, ``kill -9``, a network gone): a live controller touches RUN_DIR/controller every third of
 ``wait_s`` at most (runs/recover/handover.py: Heartbeat) and writes RUN_DIR/collected once it has
 brought the outputs home. Once the job has ended, the agent (in a child process: its own exit

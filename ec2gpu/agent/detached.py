@@ -1281,15 +1281,18 @@ class Detached:
             self.log(f"job.log not shared with {reader}: {type(exc).__name__}: {exc}"[:300])
 
     def run_setup(self, env: dict[str, str]) -> int:
-        """The setup as engine.py runs it (bash -i, then a plain bash, SKYPILOT_SETUP_* too), its
-        output appended to job.log; its exit code (124 after SETUP_TIMEOUT_S, -1 when cancelled)."""
+        """The setup as engine.py runs it (bash -i, then a plain bash, SKYPILOT_SETUP_* too, under
+        reaper.py: what it leaves running ends with it, before the job's key is made), its output
+        appended to job.log; its exit code (124 after SETUP_TIMEOUT_S, -1 when cancelled)."""
         full = {**os.environ, **env, "HOME": self.home, "SKYPILOT_SETUP_NODE_RANK": env["SKYPILOT_NODE_RANK"],
                 "SKYPILOT_SETUP_NODE_IPS": env["SKYPILOT_NODE_IPS"],
                 "SKYPILOT_SETUP_NUM_GPUS_PER_NODE": env["SKYPILOT_NUM_GPUS_PER_NODE"]}
         if env.get("EC2GPU_PYTHON", "").startswith("/"):
             full["PATH"] = os.path.dirname(env["EC2GPU_PYTHON"]) + os.pathsep + full.get("PATH", "")
         with open(os.path.join(self.run_dir, "job.log"), "ab") as out:
-            proc = subprocess.Popen(["bash", "-c", INTERACTIVE, HANDOFF, PROLOGUE + self.spec["setup"], "setup"],
+            proc = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "reaper.py"),
+                                     "--grace", f"{self.stop_grace_s:g}", "--",
+                                     "bash", "-c", INTERACTIVE, HANDOFF, PROLOGUE + self.spec["setup"], "setup"],
                                     cwd=self.workdir, env=full, stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, start_new_session=True)
         deadline = self.clock() + SETUP_TIMEOUT_S
@@ -1297,12 +1300,10 @@ class Detached:
         try:
             while proc.poll() is None:
                 if self.cancelled():
-                    agent.end_group(proc.pid, self.stop_grace_s)
-                    proc.wait()
+                    self.end_setup(proc)
                     return -1
                 if self.clock() >= deadline:
-                    agent.end_group(proc.pid, 5.0)
-                    proc.wait()
+                    self.end_setup(proc)
                     return 124
                 if self.clock() >= next_push:
                     if self.writer:
@@ -1314,11 +1315,20 @@ class Detached:
                     next_push = self.clock() + self.every_s
                 self.sleep(self.poll_s)
         except BaseException:  # superseded, or this agent's own error: the setup does not outlive it
-            agent.end_group(proc.pid, 5.0)
+            self.end_setup(proc)
             raise
-        agent.end_group(proc.pid, 5.0)
-        code = proc.returncode
+        code = proc.returncode  # the reaper's: it ended what the setup left before it did
         return code if code >= 0 else 128 - code
+
+    def end_setup(self, proc: subprocess.Popen) -> None:
+        """SIGTERM the setup's reaper: it ends the setup and all it left (SIGKILL after its grace,
+        ``stop_grace_s``, then up to reaper.KILL_WAIT_S); SIGKILL it if it has not ended by then."""
+        proc.terminate()
+        try:
+            proc.wait(self.stop_grace_s + 20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
     def agent_record(self, key: bytes) -> dict[str, Any] | None:
         """RUN_DIR/status.json when agent.py signed it with ``key``, else None."""

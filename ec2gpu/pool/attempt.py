@@ -337,10 +337,7 @@ def run_attempt(aws: Aws, settings: Settings, opts: PoolOptions, run_id: str, ui
         head = nodes[0]
         plan = handover.result() if isinstance(handover, Future) else handover
         if plan is not None:
-            from ..remote import files
             from ..runs.recover.handover import Heartbeat
-            files.write_private(head.conn, f"{head.run_dir}/handover.json",
-                                plan.document(True, shutdown, sorted(job.task.secrets), pool=True))
             if not opts.detach:  # a controller that stays: its heartbeat (detached, none: the head is on its own)
                 engine.mark([head], "controller")
                 beating = Heartbeat(lambda: engine.mark([head], "controller"), plan.wait_s).start()
@@ -349,7 +346,7 @@ def run_attempt(aws: Aws, settings: Settings, opts: PoolOptions, run_id: str, ui
                 "done": 0, "total": len(opts.elements), "instances": len(pool.members), "at": round(time.time(), 3),
                 "counts": {"done": 0, "failed": 0, "running": 0, "queued": len(opts.elements)}})
             _start_driver(head, pool_spec(run_id, opts, job, address, per_job, plan.wait_s if plan else None), opts,
-                          settings, plan is not None)
+                          settings, plan.document(True, shutdown, sorted(job.task.secrets), pool=True) if plan else None)
             ui.note(f"pool: {records_words(opts)} over {len(nodes)} instance(s), {per_job} GPU(s) each; the driver "
                     f"runs on the head ({addresses[0]})")
             if not opts.detach:
@@ -464,10 +461,12 @@ def _say(ui: ReporterLike, nd: Node, nodes: list[Node]) -> Callable[[str], None]
 
 
 def _start_driver(head: Node, spec: dict[str, Any], opts: PoolOptions, settings: Settings,
-                  handover: bool = False) -> None:
+                  handover: str | None = None) -> None:
     """Put the driver, what it imports (SHIPPED) and pool.json on the head and start the driver
-    under the agent (with ``handover``: the agent reads RUN_DIR/handover.json, runs/recover/handover.py)."""
-    from ..remote import files, jobs
+    under the agent (runs/execute/engine.start_agent, after the setup and all it left; ``handover``:
+    the hand-over's document, which the agent reads from RUN_DIR/handover.json, runs/recover/handover.py)."""
+    from ..remote import files
+    from ..runs.execute import engine
     from ..runs.plan import limits
     files.put_file(head.conn, HERE / "driver.py", f"{head.run_dir}/pool_driver.py")
     for name, module in SHIPPED.items():
@@ -478,12 +477,12 @@ def _start_driver(head: Node, spec: dict[str, Any], opts: PoolOptions, settings:
     at = limits.stop_at(head.instance, opts.max_runtime_minutes, grace)
     limit = [] if at is None else ["--limit-at", f"{at:.0f}", "--limit-grace",
                                    f"{limits.grace_seconds(cast(int, opts.max_runtime_minutes), grace):.0f}"]
-    jobs.start(head.conn, head.run_dir, [
+    engine.start_agent(head, [
         python, f"{head.run_dir}/agent.py", "--dir", head.run_dir, "--env-file", f"{head.run_dir}/job.env.json",
         "--key-file", f"{head.run_dir}/agent.key", *limit,
-        *(["--handover-file", f"{head.run_dir}/handover.json"] if handover else []),
+        *(["--handover-file", f"{head.run_dir}/handover.json"] if handover is not None else []),
         "--", python, f"{head.run_dir}/pool_driver.py",
-        f"{head.run_dir}/pool.json"])
+        f"{head.run_dir}/pool.json"], handover)
 
 
 def _read_status(head: Node, opts: PoolOptions, ui: ReporterLike) -> dict[str, Any] | None:

@@ -46,18 +46,32 @@ def job_script(run_dir: str, argv: list[str], env: dict[str, str] | None = None)
             f"{shlex.join(argv)}; echo $? > {d}/exit_status.tmp; mv {d}/exit_status.tmp {d}/exit_status\n")
 
 
-def start(conn: Connection, run_dir: str, argv: list[str], env: dict[str, str] | None = None) -> int:
+def start(conn: Connection, run_dir: str, argv: list[str], env: dict[str, str] | None = None,
+          private: dict[str, str] | None = None) -> int:
     """Start ``argv`` in ``run_dir`` detached from the SSH session; return its process id.
 
     stdout/stderr go to ``run_dir``/console.log, the exit status to ``run_dir``/exit_status.
-    Raises RemoteError when the instance does not answer with a process id.
+    ``private`` ({file name in ``run_dir``: one line of text}: the agent's key, the hand-over's URLs)
+    is written by the command that starts it, mode 0600 from the start, what was there under those
+    names (a link, a pipe) removed first; the text goes on that command's stdin, never on a command
+    line. Raises ValueError for a name that is not a plain file name or a text with a newline,
+    RemoteError when the instance does not answer with a process id.
     """
+    private = private or {}
+    bad = [k for k, v in private.items() if not re.fullmatch(r"[A-Za-z0-9._-]+", k) or k in (".", "..") or "\n" in v]
+    if bad:
+        raise ValueError(f"not a file name, or a text of more than one line: {bad[0]!r}")
+    d = shlex.quote(run_dir)
+    names = " ".join(shlex.quote(k) for k in private)
+    ssh.run(conn, f"cd {d} && rm -f -- job.sh exit_status {names}")  # nothing left there is written through
     conn.put(io.BytesIO(job_script(run_dir, argv, env).encode()), f"{run_dir}/job.sh")
-    ssh.run(conn, f"rm -f {shlex.quote(run_dir + '/exit_status')}")
+    # each line read by the shell's builtins (no process holds it in its arguments), written under umask 077
+    write = "".join(f'IFS= read -r _ec2gpu_line && printf %s "$_ec2gpu_line" > {shlex.quote(k)} && ' for k in private)
+    write = f"( umask 077 && {write}: ) || exit 1; " if private else ""
     # not `cd X && setsid ... &`: that backgrounds a subshell that keeps the session's stdout open,
     # and the SSH command (so this call) would then last as long as the job
-    out = ssh.run(conn, f"cd {shlex.quote(run_dir)} || exit 1; setsid nohup bash job.sh > console.log 2>&1 < /dev/null "
-                        "& echo $!")
+    out = ssh.run(conn, f"cd {d} || exit 1; {write}setsid nohup bash job.sh > console.log 2>&1 < /dev/null "
+                        "& echo $!", stdin="".join(v + "\n" for v in private.values()) if private else None)
     last = (out.strip().splitlines() or [""])[-1].strip()
     if not last.isdigit() or len(last) > 9:  # the instance's words (its shell may print anything): checked
         raise RemoteError(f"starting the job on {conn.host} gave no process id (got {last[:80]!r})",

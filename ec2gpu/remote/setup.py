@@ -81,9 +81,11 @@ def setup(conn: Connection, run_dir: str, log: Callable[[str], None] = lambda li
 
 def _home_boot_and_marker(conn: Connection, run_dir: str) -> tuple[str, str, str]:
     """($HOME on the instance, its boot id (Linux's, new at every boot; '' without one), the
-    marker's text or ''), in one round trip, ``run_dir`` made on the way (SFTP paths are then
+    marker's text or ''), in one round trip, ``run_dir`` made on the way, mode 0700: the job's
+    environment (its secrets) and the agent's key there are the user's alone (SFTP paths are then
     absolute: its start directory need not be $HOME)."""
-    out = ssh.run(conn, f"mkdir -p {shlex.quote(run_dir)} \"$HOME\"/.ec2gpu && printf '%s\\n' \"$HOME\" && "
+    out = ssh.run(conn, f"mkdir -p {shlex.quote(run_dir)} \"$HOME\"/.ec2gpu && chmod 700 {shlex.quote(run_dir)} && "
+                        "printf '%s\\n' \"$HOME\" && "
                         "{ head -c 64 /proc/sys/kernel/random/boot_id 2>/dev/null || echo; } && "
                         f"{{ head -c {MAX_MARKER_BYTES + 1} \"$HOME\"/{MARKER} 2>/dev/null || true; }}")
     home, _, rest = out.partition("\n")

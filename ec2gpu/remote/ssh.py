@@ -192,8 +192,13 @@ def wait_for_ssh(host: str, port: int, user: str, key_path: Path, known_hosts: P
                       "the instance may still be booting, or the security group does not admit your IP")
 
 
-def run(conn: Connection, command: str, hide: bool = True, timeout_s: float | None = None) -> str:
-    """Run ``command``; return its stdout. Raises RemoteError with the exit code and output tail."""
+def run(conn: Connection, command: str, hide: bool = True, timeout_s: float | None = None,
+        stdin: str | None = None) -> str:
+    """Run ``command``; return its stdout. With ``stdin`` (text), that is sent to its standard input,
+    then end of file, and its stdout and stderr are returned together (``with_input``). Raises
+    RemoteError with the exit code and output tail (never ``stdin``)."""
+    if stdin is not None:
+        return with_input(conn, command, stdin, timeout_s or STDIN_TIMEOUT_S)
     try:
         out: str = conn.run(command, hide=hide, in_stream=False, timeout=timeout_s).stdout
         return out
@@ -202,6 +207,49 @@ def run(conn: Connection, command: str, hide: bool = True, timeout_s: float | No
         tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-15:])
         raise RemoteError(f"`{command}` on {conn.host} exited {r.exited}", "its output is shown above",
                           command=command, host=conn.host, exit_status=r.exited, tail=tail)
+
+
+STDIN_TIMEOUT_S = 120.0  # a command given input: the whole exchange (s)
+MAX_OUTPUT_BYTES = 1 << 20  # of such a command's output, kept (its last bytes)
+
+
+def with_input(conn: Connection, command: str, text: str, timeout_s: float = STDIN_TIMEOUT_S) -> str:
+    """Run ``command`` on a channel of its own with ``text`` on its standard input, then end of file;
+    return its stdout and stderr together (their last MAX_OUTPUT_BYTES). Not invoke's ``in_stream``:
+    that writes from a thread of its own, which loses the race with a command that has already read
+    what it needed and ended ("Socket is closed"). Raises RemoteError for a non-zero exit, and the
+    connection's errors (socket.timeout after ``timeout_s`` s with no progress)."""
+    conn.open()  # a no-op when it is open
+    transport = conn.client.get_transport()
+    if transport is None:
+        raise paramiko.SSHException(f"no SSH transport to {conn.host}")
+    chan = transport.open_session(timeout=timeout_s)
+    try:
+        chan.settimeout(timeout_s)
+        chan.set_combine_stderr(True)
+        chan.exec_command(command)
+        try:
+            chan.sendall(text.encode())
+            chan.shutdown_write()
+        except OSError:  # it ended without reading it all: its exit status says how it went
+            pass
+        out = b""
+        while True:
+            chunk = chan.recv(65536)
+            if not chunk:
+                break
+            out = (out + chunk)[-MAX_OUTPUT_BYTES:]
+        if not chan.status_event.wait(timeout_s):
+            raise socket.timeout(f"`{command}` on {conn.host} gave no exit status in {timeout_s:.0f} s")
+        code = chan.exit_status
+    finally:
+        chan.close()
+    said = out.decode(errors="replace")
+    if code != 0:
+        raise RemoteError(f"`{command}` on {conn.host} exited {code}", "its output is shown above",
+                          command=command, host=conn.host, exit_status=code,
+                          tail="\n".join(said.strip().splitlines()[-15:]))
+    return said
 
 
 def execute(conn: Connection, command: str) -> str:

@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from test_run_task import assert_nothing_left  # same folder (pytest prepend import mode)
+from test_run_task import assert_nothing_left, instance_dir  # same folder (pytest prepend import mode)
 from test_spot_recovery import drive
 
 pytestmark = pytest.mark.e2e
@@ -83,3 +83,79 @@ def test_a_process_left_behind_cannot_rewrite_the_outcome_and_garbage_records_do
     record = json.loads((out / "run.json").read_text())
     assert record["status"] == "failed" and record["exit_status"] != 0
     assert_nothing_left(home, record)  # the forger lived on the instance: it ends with it
+
+
+#: what a hostile setup leaves behind (issue 44.4): it copies the agent's key and the hand-over's URLs
+#: as soon as they appear, then signs "succeeded" over every record the agent writes
+FORGER = """\
+import hashlib, hmac, json, os, sys, time
+run_dir, stolen = sys.argv[1], sys.argv[2]
+with open(os.path.join(stolen, "pid"), "w") as f:
+    f.write(str(os.getpid()))
+key = None
+while True:
+    for name in ("agent.key", "handover.json"):
+        try:
+            with open(os.path.join(run_dir, name), "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        with open(os.path.join(stolen, name), "wb") as f:
+            f.write(data)
+        key = data.strip() if name == "agent.key" else key
+    try:
+        with open(os.path.join(run_dir, "status.json")) as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        record = None
+    if key and isinstance(record, dict) and record.get("state") != "succeeded":
+        record.update(state="succeeded", exit_code=0)
+        record.pop("signature", None)
+        canon = json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
+        record["signature"] = hmac.new(key, canon, hashlib.sha256).hexdigest()
+        with open(os.path.join(run_dir, ".forged"), "w") as f:
+            json.dump(record, f)
+        os.replace(os.path.join(run_dir, ".forged"), os.path.join(run_dir, "status.json"))
+    time.sleep(0.01)
+"""
+
+
+def test_a_process_the_setup_leaves_behind_can_neither_take_the_key_nor_forge_the_outcome(sandbox_env, tmp_path,
+                                                                                        monkeypatch):
+    """Issue 44.4: the agent's key and job.env.json were written before the task's setup ran, as
+    the same user, and handover.json after: a process the setup left behind (`setsid nohup`)
+    copied the key and the hand-over's URLs, then signed "succeeded" for a job that exited 3, and
+    `ec2gpu run` said exit 0. Now what the setup leaves ends with it, before the key and the URLs
+    are written: the run exits 5 and says the job's own exit 3."""
+    home, _ = sandbox_env
+    monkeypatch.chdir(tmp_path)
+    stolen = tmp_path / "stolen"
+    stolen.mkdir()
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "forger.py").write_text(FORGER)
+    (proj / "task.yaml").write_text(textwrap.dedent(f"""\
+        name: forged
+        workdir: .
+        setup: |
+          setsid nohup python3 forger.py "$(dirname "$EC2GPU_OUTPUT_DIR")" {stolen} > /dev/null 2>&1 < /dev/null &
+          while [ ! -s {stolen}/pid ]; do sleep 0.05; done
+          echo "setup done"
+        run: |
+          kill -0 "$(cat {stolen}/pid)" 2>/dev/null && echo "the forger still runs"
+          echo "the job's last words"
+          sleep 1
+          exit 3
+        """))
+    out = tmp_path / "r"
+    code, _, err = drive(["run", "--sandbox", str(proj / "task.yaml"), "--expect", "1m", "--out", str(out)], [])
+    assert code == 5, err
+    assert "setup done" in err and "the job's last words" in err and "the forger still runs" not in err
+    assert "exited 3" in err and "Traceback" not in err
+    record = json.loads((out / "run.json").read_text())
+    assert record["status"] == "failed" and record["exit_status"] == 3
+    assert sorted(p.name for p in stolen.iterdir()) == ["pid"]  # it never saw the key or the URLs
+    run_dir = instance_dir(home, record["instance_id"]) / "runs" / record["run_id"]
+    assert run_dir.stat().st_mode & 0o777 == 0o700 and (run_dir / "job.env.json").stat().st_mode & 0o777 == 0o600
+    assert not (run_dir / "agent.key").exists() and not (run_dir / "handover.json").exists()  # read, deleted
+    assert_nothing_left(home, record)

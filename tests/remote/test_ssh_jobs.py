@@ -1,6 +1,7 @@
 """The remote layer against a real OpenSSH sshd on a loopback address."""
 
 import getpass
+import os
 import shlex
 import shutil
 from pathlib import Path
@@ -110,6 +111,29 @@ def test_job_survives_a_dropped_connection_and_its_log_is_followed_byte_for_byte
     assert status == 3
     assert bytes(got) == b"".join(b"line %d\n" % i for i in range(1, 13)) and cursor.offset == len(got)
     assert any("connection lost" in n for n in notes) and any("reconnected" in n for n in notes), notes
+    conn.close()
+
+
+def test_the_files_a_start_writes_are_private_and_never_written_through_what_was_left_there(server, tmp_path):
+    """Issue 44.4: the agent's key and the hand-over's URLs are written by the command that starts
+    the agent, from its stdin (never a command line), 0600 from the start; a link or a pipe a setup
+    left under their names is replaced, not written through (or waited on)."""
+    conn = _connect(server)
+    run_dir = jobs.remote_run_dir(conn, "r4")
+    ssh.run(conn, f"mkdir -p {run_dir}")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text("the user's own file\n")
+    os.symlink(elsewhere, f"{run_dir}/agent.key")
+    os.mkfifo(f"{run_dir}/handover.json")
+    key, doc = "ab" * 32, '{"urls": {"log": "https://b.s3/x?X-Amz-Signature=s"}, "wait_s": 2}'
+    jobs.start(conn, run_dir, ["bash", "-c", "stat -c %a agent.key handover.json; cat agent.key; echo; cat handover.json"],
+               private={"agent.key": key, "handover.json": doc})
+    assert jobs.follow(conn, run_dir, "console.log", jobs.LogCursor(lambda b: None), poll_s=0.05, timeout_s=20) == 0
+    assert Path(run_dir, "console.log").read_text() == f"600\n600\n{key}\n{doc}"
+    assert elsewhere.read_text() == "the user's own file\n"
+    for bad in ({"../agent.key": key}, {"agent.key": "two\nlines"}):
+        with pytest.raises(ValueError):
+            jobs.start(conn, run_dir, ["true"], private=bad)
     conn.close()
 
 

@@ -176,6 +176,20 @@ def test_a_failed_setup_is_a_user_code_failure(aws, tmp_path):
     assert "bad setup" in get(aws, "logs/job.log") and group_size(aws) == (0, 0, 0)
 
 
+def test_what_the_setup_leaves_running_ends_before_the_job_starts(aws, tmp_path):
+    """Issue 44.4: a process the setup left behind in a session of its own (`setsid nohup`) lived
+    on beside the job, where it could read the key the agent signs with. Now it ends with the setup."""
+    pid = tmp_path / "pid"
+    put_spec(aws, setup=f"setsid nohup bash -c 'echo $$ > {pid}; exec sleep 300' > /dev/null 2>&1 < /dev/null & "
+                        f"while [ ! -s {pid} ]; do sleep 0.05; done",
+             run=f'kill -0 "$(cat {pid})" 2>/dev/null && echo "it still runs"; echo "the job ran"')
+    assert make(aws, tmp_path / "home").execute() == 0
+    log = get(aws, "logs/job.log")
+    assert "the job ran" in log and "it still runs" not in log and status(aws)["state"] == "succeeded"
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pid.read_text()), 0)
+
+
 def test_a_replacement_launch_resumes_from_the_checkpoints_and_the_earlier_log(aws, tmp_path):
     put_spec(aws, run='echo "resume=$EC2GPU_RESUME $(cat "$EC2GPU_CHECKPOINT_DIR/sub/state.txt")"')
     aws.s3.put_object(Bucket=BUCKET, Key=PREFIX + "checkpoints/sub/state.txt", Body=b"step 41")

@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 AGENT_DIR = Path(__file__).resolve().parents[2] / "agent"
 #: the instance-side files, uploaded under runs/RUN_ID/agent/ and fetched by ``boot_script``; all
 #: from AGENT_DIR but the one JSON reader they import (agent_source)
-AGENT_FILES = ("agent.py", "detached.py", "gang.py", "s3files.py", "bounded_json.py")
+AGENT_FILES = ("agent.py", "detached.py", "gang.py", "reaper.py", "s3files.py", "bounded_json.py")
 #: instances a detached run may launch in all (first plus replacements) when --max-attempts is not
 #: given: a spot run rides out several interruptions; an on-demand one gets one replacement
 #: (an instance AWS retired, a failed status check)

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from .reporter import ReporterLike
 
 AGENT = Path(__file__).resolve().parents[2] / "agent" / "agent.py"
+REAPER = AGENT.with_name("reaper.py")  # runs the setup and ends all it leaves running
 TAIL_LINES = 20  # log lines shown when a job fails
 
 #: How a task's setup and run are started, as SkyPilot starts them, with ~/.bashrc read first
@@ -267,12 +268,11 @@ def upload_node(nd: Node, job: TaskJob, ssh_config: Path | None, run_id: str, ad
     # SkyPilot's workdir path (sky/skylet/constants.py SKY_REMOTE_WORKDIR), unless something real is there
     ssh.execute(nd.conn, f'if [ ! -e "$HOME/sky_workdir" ] || [ -L "$HOME/sky_workdir" ]; then '
                          f'ln -sfn {shlex.quote(workdir)} "$HOME/sky_workdir"; fi')
+    # a pool's worker ends its instance with it (pool/node.py); start_agent puts it again after the setup
     files.put_file(nd.conn, AGENT, f"{nd.run_dir}/agent.py")
     files.put_file(nd.conn, Path(bounded_json.__file__), f"{nd.run_dir}/bounded_json.py")  # agent.py imports it
+    # the setup reads it (SkyPilot gives the setup the task's envs); the agent's key comes later (start_agent)
     files.write_private(nd.conn, f"{nd.run_dir}/job.env.json", json.dumps(env))
-    from . import status
-    nd.agent_key = status.new_key()  # signs the agent's status.json; the agent deletes the file before the job starts
-    files.write_private(nd.conn, f"{nd.run_dir}/agent.key", nd.agent_key)
     # the names (never the values) of the secrets, so `ec2gpu logs` can mask job.log as it shows it
     files.write_text(nd.conn, f"{nd.run_dir}/secret_names.json", json.dumps(sorted(job.task.secrets)))
     if resume and checkpoints is not None and checkpoints.has_any():
@@ -311,11 +311,14 @@ def clone_workdir(conn: Any, git: dict[str, Any], workdir: str, log: Callable[[s
 
 
 def setup_node(nd: Node, job: TaskJob, log: Callable[[str], None]) -> None:
-    """Run the task's setup on node ``nd`` unless the same setup text already ran on that instance.
+    """Run the task's setup on node ``nd`` unless the same setup text already ran on that instance,
+    under agent/reaper.py: once the setup's shell has ended, so has every process it left running
+    (its group, its session, and what left them: ``setsid``, a double fork), before anything else
+    is sent (start_agent).
 
     Raises RemoteError (with the setup's last lines) when it fails.
     """
-    from ...remote import setup, ssh
+    from ...remote import files, setup, ssh
     task = job.task
     if not task.setup:
         return
@@ -332,7 +335,9 @@ def setup_node(nd: Node, job: TaskJob, log: Callable[[str], None]) -> None:
               'SKYPILOT_SETUP_NUM_GPUS_PER_NODE="$SKYPILOT_NUM_GPUS_PER_NODE"; '
               f"{PROLOGUE}{task.setup}")
     out = _LineWriter(lambda line: log(job.mask(line)))
-    result = ssh.attempt(nd.conn, f"bash -c {shlex.quote(INTERACTIVE)} {shlex.quote(HANDOFF)} {shlex.quote(script)} setup",
+    files.put_file(nd.conn, REAPER, f"{nd.run_dir}/reaper.py")
+    result = ssh.attempt(nd.conn, f"{shlex.quote(python)} {shlex.quote(nd.run_dir + '/reaper.py')} -- "
+                                  f"bash -c {shlex.quote(INTERACTIVE)} {shlex.quote(HANDOFF)} {shlex.quote(script)} setup",
                          timeout_s=3600, stream=out)
     out.flush()
     if not result.ok:
@@ -371,14 +376,32 @@ class _LineWriter(io.TextIOBase):
             self.buf = ""
 
 
+def start_agent(nd: Node, argv: list[str], handover: str | None = None) -> int:
+    """Start the agent on node ``nd`` (``argv``: job_argv's, or the pool's driver under the agent)
+    and return its process id. Called once the task's setup has ended, and all it left running
+    (setup_node): agent.py and the JSON reader it imports are put again (the setup may have changed
+    the copies there), and the agent's key (new: ``nd.agent_key``, runs/execute/status.py) and ``handover`` (Handover.document's
+    JSON, or None) are written, 0600, by the command that starts the agent (remote/jobs.start), which
+    reads and deletes them before the job starts. Raises RemoteError, the connection's errors."""
+    from ...remote import files, jobs, ssh
+    from . import status
+    # never written through a link left there; the JSON reader too: agent.py imports it
+    ssh.run(nd.conn, f"rm -f {shlex.quote(nd.run_dir + '/agent.py')} {shlex.quote(nd.run_dir + '/bounded_json.py')}")
+    files.put_file(nd.conn, AGENT, f"{nd.run_dir}/agent.py")
+    files.put_file(nd.conn, Path(bounded_json.__file__), f"{nd.run_dir}/bounded_json.py")
+    nd.agent_key = status.new_key()
+    private = {"agent.key": nd.agent_key, **({"handover.json": handover} if handover is not None else {})}
+    return jobs.start(nd.conn, nd.run_dir, argv, private=private)
+
+
 def job_argv(nd: Node, job: TaskJob, limit_minutes: int | None = None, grace_s: float = 120.0,
              handover: bool = False) -> list[str]:
     """The agent's command line on node ``nd`` (pure apart from the node's facts): the task's run
     script in an interactive bash (INTERACTIVE), $0 the task's name, "$@" the job's args; the agent signs its
-    status.json with the key upload_node left in agent.key (runs/execute/status.py). With the run's
+    status.json with the key start_agent leaves in agent.key (runs/execute/status.py). With the run's
     ``limit_minutes`` (--max-runtime) the agent gives the job SIGTERM ``grace_s`` seconds (at most
-    half the limit) before the instance ends itself (runs/plan/limits.py). ``handover``: the node has
-    RUN_DIR/handover.json (runs/recover/handover.py), which the agent reads and deletes."""
+    half the limit) before the instance ends itself (runs/plan/limits.py). ``handover``: start_agent
+    leaves RUN_DIR/handover.json (runs/recover/handover.py), which the agent reads and deletes."""
     from ..plan import limits
     python = nd.info.get("python") or "python3"
     at = limits.stop_at(nd.instance, limit_minutes, grace_s)
@@ -622,18 +645,16 @@ def run_attempt(aws: Aws, settings: Settings, opts: RunOptions, run_id: str, ui:
                 N.parallel(lambda nd: setup_node(nd, job, say(nd)), nodes)
         plan = handover.result() if isinstance(handover, Future) else handover
         if plan is not None:
-            from ...remote import files
             from ..recover.handover import Heartbeat
-            secret_names = sorted(job.task.secrets)
-            N.parallel(lambda nd: files.write_private(nd.conn, f"{nd.run_dir}/handover.json",
-                                                      plan.document(nd.index == 0, shutdown, secret_names)), nodes)
             mark(nodes, "controller")
             beating = Heartbeat(lambda: mark(nodes, "controller"), plan.wait_s).start()
         with ui.phase("running"):
             try:
-                for nd in nodes:
-                    nd.pid = jobs.start(nd.conn, nd.run_dir, job_argv(nd, job, opts.max_runtime_minutes,
-                                                                      settings.limit_grace_seconds, plan is not None))
+                def start(nd: Node) -> None:  # the key and the hand-over's URLs go with it: after the setup and all it left
+                    nd.pid = start_agent(nd, job_argv(nd, job, opts.max_runtime_minutes, settings.limit_grace_seconds,
+                                                      plan is not None),
+                                         plan.document(nd.index == 0, shutdown, sorted(job.task.secrets)) if plan else None)
+                N.parallel(start, nodes)
                 ui.note(f"job started on {len(nodes)} node(s) under the agent"
                         + (f" (head {addresses[0]})" if len(nodes) > 1 else "") + "; its log follows")
                 # an instance on this machine's loopback (the sandbox) shares its ports: never the same one

@@ -2,10 +2,11 @@
 
 status.json is written on the instance, where the job runs as the same user as the agent: the job
 (or a process it left behind) can rewrite it. So the controller gives each attempt's agent a key of
-its own (agent/agent.py ``--key-file``, read and deleted before the job starts) and believes only a
-record signed with it; it reads the record once, when the job has ended, and uses that copy for
-the verdict and for the status.json it writes at home. Whatever the file holds, ``parse`` returns
-a record of the shape below and never raises: an unreadable or unsigned record is a failed job
+its own (agent/agent.py ``--key-file``, written once the task's setup and all it left running have
+ended, read and deleted before the job starts) and believes only a record signed with it; it
+reads the record once, when the job has ended, and uses that copy for the verdict and for the
+status.json it writes at home. Whatever the file holds, ``parse`` returns a record of the shape
+below and never raises: an unreadable or unsigned record is a failed job
 (exit 5) with its outputs and last lines brought home, never a crash of the controller.
 
 Shape: ``{"state": "running" | "succeeded" | "failed" | "interrupted" | "unreadable" | "unverified",
