@@ -79,13 +79,20 @@ def _running(nodes) -> int:
         return 0
 
 
+def _cmdline(proc) -> str:
+    try:
+        return " ".join(proc.cmdline())
+    except psutil.Error:  # ended meanwhile
+        return ""
+
+
 def _bound(procs) -> list[tuple[str, str, int]]:
     """(process name, address, port) of every TCP socket listening and every UDP socket bound in ``procs``."""
     out = []
     for p in procs:
         try:
             name, conns = p.name(), p.net_connections(kind="inet")
-        except psutil.NoSuchProcess:
+        except psutil.Error:  # ended meanwhile
             continue
         out += [(name, c.laddr.ip, c.laddr.port) for c in conns
                 if c.laddr and (c.status == psutil.CONN_LISTEN or (c.type == 2 and not c.raddr))]  # 2: SOCK_DGRAM
@@ -146,7 +153,7 @@ def test_a_sandbox_arrays_ray_listens_on_its_nodes_own_addresses_and_lets_in_onl
             seen["token"] = open(head["token_file"], "rb").read()
             seen["tokens"] = {n["token_file"]: (open(n["token_file"], "rb").read(),
                                                 stat.S_IMODE(os.stat(n["token_file"]).st_mode)) for n in nodes}
-            seen["cmdlines"] = [" ".join(p.cmdline()) for n in nodes for p in n["procs"] if p.is_running()]
+            seen["cmdlines"] = [_cmdline(p) for n in nodes for p in n["procs"]]
             seen["temp_dirs"] = sorted({a.split("=", 1)[1] for c in seen["cmdlines"] for a in c.split()
                                         if a.startswith("--temp-dir=")})
             seen["private"] = {os.path.dirname(d): os.stat(os.path.dirname(d)) for d in seen["temp_dirs"]}
