@@ -275,7 +275,7 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
             from dataclasses import fields
             from ..pool import attempt as pool_attempt
             from ..runs.options import PoolOptions
-            pool_attempt.ray_version()  # refused before anything is created when Ray is not here
+            pool_attempt.ray_here(ctx.backend, ctx.settings.home)  # refused before anything is created: no Ray here, no shim
             per_job = gpus_per_job or job.task.gpus_per_job
             slots = pool_attempt.slots_per_node(types, per_job)  # UsageError: more GPUs than a type has
             popts = PoolOptions(**{f.name: getattr(opts, f.name) for f in fields(opts) if f.name not in ("task", "nodes")},

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, cast
 from ..errors import RemoteError, UsageError, WaitTimeout
 from ..wire import bounded_json
 from . import grow, records
+from .driver import TOKEN_FILE
 
 if TYPE_CHECKING:
     from ..aws.instances import Instance
@@ -114,6 +115,25 @@ def ray_version() -> str:
                          "pip install 'ec2gpu[pool]'") from None
 
 
+def ray_here(backend: Backend, home: Path) -> str:
+    """What a pool needs on this machine, checked before anything is created: its Ray version
+    (ray_version), and in the sandbox the bind shim that keeps each instance's Ray on its own
+    loopback address (sandbox/bindshim.build, into the sandbox's state directory under ``home``).
+    Raises UsageError for either."""
+    version = ray_version()
+    if backend.is_sandbox:
+        from ..sandbox import bindshim, control
+        bindshim.build(control.state_dir(home))
+    return version
+
+
+def new_token() -> str:
+    """A pool's Ray token (Ray's token authentication): 256 random bits, as hex, made here for
+    one attempt's pool and never written anywhere but its nodes' driver.TOKEN_FILE."""
+    import secrets
+    return secrets.token_hex(32)
+
+
 def check_ray(nd: Node, want: str, log: Callable[[str], None]) -> None:
     """Make the node's Python have Ray ``want`` (this machine's version: the driver's pickles and
     Ray's protocol need the same on both sides): kept when it has it, else installed with pip.
@@ -151,16 +171,16 @@ def _cpus(nd: Node) -> int:
 
 
 def start_ray(nodes: list[Node], addresses: dict[int, str], job: TaskJob, log: Callable[[str], None],
-              end_with_head: bool = False) -> str:
-    """Start Ray on every node (the head first; ec2gpu/pool/node.py) and return the head's
-    address (IP:PORT). Each node's Ray runs detached from SSH in ``RUN_DIR/ray`` (``nd.pid``: its
-    process group); with ``end_with_head`` a worker ends its instance once its Ray ends by itself
-    (node.py's --end-instance: the head gone). Raises RemoteError / WaitTimeout when the head's Ray
-    does not start."""
+              token: str, end_with_head: bool = False) -> str:
+    """Start Ray on every node (the head first; ec2gpu/pool/node.py) with the pool's ``token``
+    (new_token) and return the head's address (IP:PORT). Each node's Ray runs detached from SSH in
+    ``RUN_DIR/ray`` (``nd.pid``: its process group); with ``end_with_head`` a worker ends its
+    instance once its Ray ends by itself (node.py's --end-instance: the head gone). Raises
+    RemoteError / WaitTimeout when the head's Ray does not start."""
     from ..runs.execute import nodes as N
 
     def launch(nd: Node, role: list[str]) -> None:
-        launch_ray(nd, role, addresses[nd.index], job)
+        launch_ray(nd, role, addresses[nd.index], job, token)
 
     head = nodes[0]
     launch(head, ["head", "--ready-file", f"{head.run_dir}/ray/ready"])
@@ -178,12 +198,13 @@ def start_ray(nodes: list[Node], addresses: dict[int, str], job: TaskJob, log: C
 
 
 def join_ray(nd: Node, address: str, head_address: str, job: TaskJob, log: Callable[[str], None],
-             end_with_head: bool = False) -> None:
+             token: str, end_with_head: bool = False) -> None:
     """Make node ``nd`` (a replacement, at private ``address``) a worker of the Ray whose head is
-    at ``head_address`` (IP:PORT): this machine's Ray version there (check_ray), Ray started
-    (``end_with_head``: start_ray's), its ready file waited for. Raises RemoteError, WaitTimeout."""
+    at ``head_address`` (IP:PORT), with the pool's ``token``: this machine's Ray version there
+    (check_ray), Ray started (``end_with_head``: start_ray's), its ready file waited for. Raises
+    RemoteError, WaitTimeout."""
     check_ray(nd, ray_version(), log)
-    launch_ray(nd, worker_role(head_address, nd, end_with_head), address, job)
+    launch_ray(nd, worker_role(head_address, nd, end_with_head), address, job, token)
     wait_ready(nd, WORKER_JOIN_WAIT_S)
 
 
@@ -193,17 +214,20 @@ def worker_role(head_address: str, nd: Node, end_with_head: bool) -> list[str]:
             *(["--end-instance"] if end_with_head else [])]
 
 
-def launch_ray(nd: Node, role: list[str], address: str, job: TaskJob) -> None:
+def launch_ray(nd: Node, role: list[str], address: str, job: TaskJob, token: str) -> None:
     """Start Ray (ec2gpu/pool/node.py with ``role``: ["head", ...] or ["worker", "--address",
     HEAD, ...]) on node ``nd``, whose private address is ``address``, detached from SSH in
-    ``RUN_DIR/ray`` (``nd.pid``: its process group), declaring the node's GPUs and vCPUs."""
+    ``RUN_DIR/ray`` (``nd.pid``: its process group), declaring the node's GPUs and vCPUs; the
+    pool's ``token`` first in its driver.TOKEN_FILE (0600), which node.py is given by name."""
     from ..remote import files, jobs
     ray_dir = f"{nd.run_dir}/ray"
     files.make_dirs(nd.conn, ray_dir)
     files.put_file(nd.conn, HERE / "node.py", f"{ray_dir}/node.py")
+    files.write_private(nd.conn, f"{nd.run_dir}/{TOKEN_FILE}", token)
     python = str(nd.info.get("python") or "python3")
     nd.pid = jobs.start(nd.conn, ray_dir, [python, f"{ray_dir}/node.py", *role, "--ip", address,
-                                           "--gpus", str(_gpus(nd, job)), "--cpus", str(_cpus(nd))])
+                                           "--gpus", str(_gpus(nd, job)), "--cpus", str(_cpus(nd)),
+                                           "--token-file", f"{nd.run_dir}/{TOKEN_FILE}"])
 
 
 def wait_ready(nd: Node, timeout_s: float, required: bool = True) -> str | None:
@@ -246,6 +270,7 @@ def pool_spec(run_id: str, opts: PoolOptions, job: TaskJob, address: str, gpus_p
     which a silent controller counts as lost and the driver shrinks the pool itself (driver._release)."""
     from ..runs.execute.engine import HANDOFF, INTERACTIVE, PROLOGUE
     return {"run_id": run_id, "address": address, "head_ip": address.rsplit(":", 1)[0], "gpus_per_job": gpus_per_job,
+
             "max_retries": opts.max_retries,
             "elements": [e.as_dict() for e in opts.elements],
             "script": ["bash", "-c", INTERACTIVE, HANDOFF, PROLOGUE + job.task.run, job.name, *job.args],
@@ -331,7 +356,8 @@ def run_attempt(aws: Aws, settings: Settings, opts: PoolOptions, run_id: str, ui
                 N.parallel(lambda nd: engine.setup_node(nd, job, _say(ui, nd, nodes)), nodes)
             want = ray_version()
             N.parallel(lambda nd: check_ray(nd, want, _say(ui, nd, nodes)), nodes)
-            address = start_ray(nodes, addresses, job, ui.note, end_with_head=shutdown)
+            token = new_token()  # this attempt's pool's, to its nodes over SSH only
+            address = start_ray(nodes, addresses, job, ui.note, token, end_with_head=shutdown)
         per_job = gpus_per_job(opts, _gpus(nodes[0], job))
         pool.slots_per_node = max(1, _gpus(nodes[0], job) // per_job)
         head = nodes[0]
@@ -354,7 +380,7 @@ def run_attempt(aws: Aws, settings: Settings, opts: PoolOptions, run_id: str, ui
                 pool.usd_per_hour = prices_of(aws, settings, nodes)
                 growing = grow.Context(aws, settings, opts, run_id, prov, backend, job, n,
                                        record.setdefault("attempts", []), config,
-                                       lambda nd, at, log: join_ray(nd, at, address, job, log, shutdown))
+                                       lambda nd, at, log: join_ray(nd, at, address, job, log, token, shutdown))
                 status = _follow(aws, pool, head, opts, addresses, ui,
                                  lambda st: _bring_done(head, st, done, job, local_out, config, ui, limits),
                                  local_out / PROGRESS_FILE, growing)

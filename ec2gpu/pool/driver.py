@@ -105,6 +105,9 @@ except OSError:
     pass
 sys.exit(code if code >= 0 else 128 - code)
 """
+#: the pool's Ray token on each node, in its run directory: written 0600 over the run's SSH
+#: connection by the controller (pool/attempt.launch_ray), named to Ray as RAY_AUTH_TOKEN_PATH
+TOKEN_FILE = "ray/auth_token"
 REAPER_GRACE_S = 10.0  # an element's group gets this long between SIGTERM and SIGKILL (s)
 NODE_LOSS_RETRIES = 8  # Ray's retries of an element whose node was lost (not counted as its failures)
 TAIL_LINES = 20
@@ -239,6 +242,7 @@ def _unpack(tar: bytes, target: str, max_bytes: int) -> None:
 
 
 def main(argv: list[str]) -> int:  # noqa: C901 - one loop that reads as the driver's life
+    os.environ.update(ray_auth(os.path.dirname(os.path.abspath(argv[0]))))  # before Ray is imported: it reads them then
     import ray
     with open(argv[0]) as f:
         spec = json.load(f)
@@ -310,6 +314,13 @@ def main(argv: list[str]) -> int:  # noqa: C901 - one loop that reads as the dri
     failed = [r["index"] for r in records.values() if r["status"] != "succeeded"]
     print(f"pool: {len(records) - len(failed)} succeeded, {len(failed)} failed", flush=True)
     return 1 if failed else 0
+
+
+def ray_auth(run_dir: str) -> dict:
+    """The environment that gives this driver the pool's Ray token (pure): Ray's token
+    authentication, the token read from the head's TOKEN_FILE in ``run_dir`` (written 0600 by the
+    controller), never the token itself in a variable."""
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": os.path.join(run_dir, TOKEN_FILE)}
 
 
 def controller_silent(path: str, silent_s: float, since: float, now: float | None = None) -> bool:

@@ -15,7 +15,8 @@ instance into the run's security group and key pair (runs/provision/resources.pr
 same types, market and zones, the lost worker's zone last), tags it as the pool's next node, adds
 it to the run's attempts (so it is billed and torn down with the run), opens it (host key
 checked), sets it up, sends the workdir (and its copy of the task's file_mounts), installs this
-machine's Ray version and starts Ray as a worker that joins the head (the attempt's ``join``).
+machine's Ray version and starts Ray as a worker that joins the head with the pool's Ray token
+(the attempt's ``join``: pool/attempt.join_ray).
 Ray schedules waiting elements on it as soon as it joins. The
 controller takes the ready node at its next poll; from then on it is a member like any other
 (released once nothing waits, watched for loss).

@@ -15,18 +15,30 @@ instance once its Ray ends by itself and the head's GCS does not answer either: 
 when the head's GCS has not answered for Ray's reconnect timeout (60 s), so a head that ended (a
 lost controller's, after its hand-over) leaves no worker billing. ``node.py end`` ends the node
 the same way (end_instance: its MOUNT-mode file_mounts written back first). Ray's ports are reachable only
-from the pool's own security group (aws/network.allow_within_group), never from an address
-(Ray has no authentication: https://docs.ray.io/en/latest/ray-security/index.html).
+from the pool's own security group (aws/network.allow_within_group), never from an address.
+
+Every Ray process of the node asks for the pool's token (Ray's token authentication,
+https://docs.ray.io/en/latest/ray-security/token-auth.html: RAY_AUTH_MODE=token, the token read
+from the 0600 file ``--token-file`` names, which the controller wrote over the run's SSH
+connection; never on a command line or in the environment). Its Ray directory (sessions,
+sockets, logs) is one of its own, made private (0700, tempfile.mkdtemp) and removed when the
+node ends. On a sandbox instance (this machine, whose Ray would listen on every address of
+it) Ray's processes get the sandbox's bind shim (ec2gpu/sandbox/bindshim.c): each listens on the
+node's own 127.0.0.N; a sandbox instance without one does not start Ray.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import shutil
+import signal
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Mapping
 
 DEFAULT_GCS_PORT = 6379  # `ray start --head`'s default --port
 START_TRIES = 3  # a node whose Ray fails while starting is started again (two on one machine can race for a port)
@@ -77,9 +89,75 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
-def temp_dir(ip: str) -> str:
-    """This node's Ray directory (sessions, sockets, logs): one per address (pure)."""
-    return f"/tmp/ec2gpu-ray-{ip}"
+#: each node's private directory goes under here: short, as Ray's Unix sockets are under it
+#: (PRIVATE/ray/session_<date>_<time>_<us>_<pid>/sockets/plasma_store.N) and a socket's path is at
+#: most 107 bytes (sun_path, unix(7)); never TMPDIR, which may be long
+TEMP_ROOT = "/tmp"
+SOCKET_PATH_MAX = 107
+#: the longest socket path Ray makes under its directory, past the directory itself (bytes):
+#: "/session_" 9, the date and time with microseconds 26, "_" and a pid of up to 7 digits 8,
+#: "/sockets/plasma_store.NNN" 25 (ray/_private/node.py: session_name, _prepare_socket_file)
+SOCKET_TAIL = 68
+#: Ray's directory inside the node's private one: Ray makes its directory 0777 (ray/_common/utils.py,
+#: try_make_directory_shared), so the privacy is its parent's
+RAY_SUBDIR = "ray"
+
+
+def temp_dir(root: str = TEMP_ROOT) -> str:
+    """A new private directory for this node, Ray's directory (sessions, sockets, logs) in it
+    (ray_dir): a random name made with O_EXCL (tempfile.mkdtemp: never an earlier node's or
+    another pool's on this machine), mode 0700. Raises OSError when it cannot be made, ValueError
+    when it is too long for Ray's sockets (the root is then too long)."""
+    path = tempfile.mkdtemp(prefix="ec2gpu-ray-", dir=root)
+    if len(os.fsencode(ray_dir(path))) + SOCKET_TAIL > SOCKET_PATH_MAX:
+        os.rmdir(path)
+        raise ValueError(f"{path} is too long for Ray's sockets (at most {SOCKET_PATH_MAX} bytes)")
+    return path
+
+
+def ray_dir(private: str) -> str:
+    """Ray's directory (``--temp-dir``) in the node's private one (pure)."""
+    return os.path.join(private, RAY_SUBDIR)
+
+
+#: the sandbox names its bind shim (ec2gpu/sandbox/bindshim.py) in its instances' environment; the
+#: shim reads the address to bind from BIND_VAR; MARKER is in every sandbox session's (sandbox/sshd.py)
+SHIM_VAR, BIND_VAR, SANDBOX_MARKER = "EC2GPU_SANDBOX_BIND_SHIM", "EC2GPU_SANDBOX_BIND", "EC2GPU_SANDBOX_INSTANCE"
+
+
+def ray_env(environ: Mapping[str, str], ip: str, token_file: str) -> dict[str, str]:
+    """The environment of this node's ``ray start`` (pure), which each of its Ray processes
+    inherits: ``environ`` with the pool's token file (RAY_AUTH_MODE=token; a token in
+    RAY_AUTH_TOKEN, which Ray would take first, dropped), no usage stats, the health checks; and
+    where ``environ`` names the sandbox's bind shim (SHIM_VAR), the shim preloaded with ``ip``,
+    the node's own address, as the one its servers bind."""
+    env = {k: v for k, v in environ.items() if k != "RAY_AUTH_TOKEN"}
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    env.update(HEALTH_CHECKS)
+    env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token_file})
+    shim = environ.get(SHIM_VAR)
+    if shim:
+        env["LD_PRELOAD"] = " ".join(p for p in (shim, environ.get("LD_PRELOAD", "")) if p)
+        env[BIND_VAR] = ip
+    return env
+
+
+def refusal(environ: Mapping[str, str], token_file: str) -> str | None:
+    """Why this node must not start Ray, in words (None: it may): the token file is not a
+    regular file of this user's that only they can read, or this is a sandbox instance
+    (SANDBOX_MARKER) whose bind shim is not there (its Ray would listen on every address)."""
+    try:
+        st = os.stat(token_file)
+    except OSError as exc:
+        return f"the pool's token file {token_file}: {exc.strerror}"
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        return f"the pool's token file {token_file} is not this user's alone (mode {stat.S_IMODE(st.st_mode):o})"
+    if environ.get(SANDBOX_MARKER):
+        shim = environ.get(SHIM_VAR) or ""
+        if not os.path.isfile(shim):
+            return ("this sandbox instance has no bind shim" + (f" ({shim} is not there)" if shim else "")
+                    + ": its Ray would listen on every address; restart the sandbox (ec2gpu sandbox down)")
+    return None
 
 
 def ports_for(ip: str) -> list[int]:
@@ -103,7 +181,7 @@ def _all_free(ports: list[int]) -> bool:
 
 def argv(args: argparse.Namespace, port: int | None, ports: list[int]) -> list[str]:
     """``ray start``'s command line for this node (pure): ``ports`` are free ones, one per
-    PORT_FLAGS entry, then the workers'."""
+    PORT_FLAGS entry, then the workers'; Ray's directory in ``args.temp_dir`` (temp_dir)."""
     cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", f"--node-ip-address={args.ip}",
            f"--num-gpus={args.gpus}", f"--num-cpus={args.cpus}", "--disable-usage-stats", "--block"]
     cmd += [f"{flag}={ports[k]}" for k, flag in enumerate(PORT_FLAGS)]
@@ -114,9 +192,9 @@ def argv(args: argparse.Namespace, port: int | None, ports: list[int]) -> list[s
     if args.role != "head":
         cmd += [f"--address={args.address}"]
     # Ray names its Unix sockets in its session directory, by default one the nodes of one machine
-    # share, where two starting at once can take the same name: each node has its own (short, as a
-    # socket's path is at most 107 bytes)
-    cmd += [f"--temp-dir={temp_dir(args.ip)}"]
+    # share (/tmp/ray, anyone's), where two starting at once can take the same name: each node has
+    # its own, private
+    cmd += [f"--temp-dir={ray_dir(args.temp_dir)}"]
     if args.object_store_bytes:
         cmd += [f"--object-store-memory={args.object_store_bytes}"]
     return cmd
@@ -133,43 +211,70 @@ def main(raw: list[str]) -> int:
     p.add_argument("--cpus", type=int, required=True)
     p.add_argument("--address", help="worker: the head's IP:PORT")
     p.add_argument("--ready-file", required=True, help="written once this node's Ray is up (the head's: its GCS port)")
+    p.add_argument("--token-file", required=True, help="the pool's Ray token: a file only this user can read")
     p.add_argument("--object-store-bytes", type=int, default=0)
     p.add_argument("--end-instance", action="store_true",
                    help="worker: once Ray ends by itself (the head gone), end this instance (shutdown -h now)")
     args = p.parse_args(raw)
-    port = gcs_port() if args.role == "head" else None
     if args.role == "worker" and not args.address:
         p.error("a worker needs --address")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.update(HEALTH_CHECKS)
-    shutil.rmtree(temp_dir(args.ip), ignore_errors=True)  # an earlier node's of this address (a sandbox's)
+    why = refusal(os.environ, args.token_file)
+    if why:
+        print(f"ec2gpu: Ray not started: {why}", flush=True)
+        return 2
+    env = ray_env(os.environ, args.ip, args.token_file)
+    args.temp_dir = temp_dir()
+    # SIGTERM (the controller letting the node go, an instance ending) unwinds: Ray ended, its directory removed
+    signal.signal(signal.SIGTERM, lambda signum, frame: _terminated(signum, args.temp_dir))
+    try:
+        code = _run(args, env)
+    finally:
+        shutil.rmtree(args.temp_dir, ignore_errors=True)
+    if code is not None and args.end_instance and args.role == "worker":
+        if head_answers(args.address):  # a Ray of this node's own that died: the controller sees to it
+            print(f"ec2gpu: Ray ended (exit {code}); the pool's head answers: this instance stays", flush=True)
+        else:
+            print(f"ec2gpu: Ray ended (exit {code}): the pool's head is gone, this instance ends", flush=True)
+            end_instance()
+    return 1 if code is None else code
+
+
+def _terminated(signum: int, private: str) -> None:
+    """SIGTERM: the directory goes at once (a sandbox instance's end follows with SIGKILL within
+    3 s, sandbox/sshd.stop; Ray's own stop takes longer), then Ray ends as main unwinds."""
+    signal.signal(signum, signal.SIG_IGN)  # once: a second one does not cut the cleanup short
+    shutil.rmtree(private, ignore_errors=True)
+    sys.exit(128 + signum)
+
+
+def _run(args: argparse.Namespace, env: dict[str, str]) -> int | None:
+    """Start this node's Ray (up to START_TRIES times), write the ready file once it is up, and
+    wait for it to end: its exit status, None when it never started."""
+    port = gcs_port() if args.role == "head" else None
     for attempt in range(1, START_TRIES + 1):
         if args.role == "head" and attempt > 1:
             port = gcs_port(0)
         ports = ports_for(args.ip)
         if attempt > 1 or not _all_free(ports):
             ports = free_ports(len(ports))
-        proc = subprocess.Popen(argv(args, port, ports))  # the same process group: ending the group ends Ray too
-        # up: its raylet listens (and the head's GCS): the controller waits for the file before going on
-        manager = ports[PORT_FLAGS.index("--node-manager-port")]
-        if not _ready(proc, [(args.ip, manager)] + ([(args.ip, int(port or 0))] if args.role == "head" else [])):
-            print(f"ec2gpu: Ray did not start (exit {proc.poll()}, try {attempt} of {START_TRIES})", flush=True)
-            _end(proc)
-            time.sleep(2.0 * attempt)
-            continue
-        tmp = f"{args.ready_file}.tmp"
-        with open(tmp, "w") as f:
-            f.write(str(port) if args.role == "head" else "up")  # the head's: its GCS port
-        os.replace(tmp, args.ready_file)
-        code = proc.wait()  # SIGTERM (the controller letting the node go) ends this process first
-        if args.end_instance and args.role == "worker":
-            if head_answers(args.address):  # a Ray of this node's own that died: the controller sees to it
-                print(f"ec2gpu: Ray ended (exit {code}); the pool's head answers: this instance stays", flush=True)
-            else:
-                print(f"ec2gpu: Ray ended (exit {code}): the pool's head is gone, this instance ends", flush=True)
-                end_instance()
-        return code
-    return 1
+        proc = subprocess.Popen(argv(args, port, ports), env=env)  # the same process group: ending the group ends Ray too
+        try:
+            # up: its raylet listens (and the head's GCS): the controller waits for the file before going on
+            manager = ports[PORT_FLAGS.index("--node-manager-port")]
+            if not _ready(proc, [(args.ip, manager)] + ([(args.ip, int(port or 0))] if args.role == "head" else [])):
+                print(f"ec2gpu: Ray did not start (exit {proc.poll()}, try {attempt} of {START_TRIES})", flush=True)
+                _end(proc)
+                time.sleep(2.0 * attempt)
+                continue
+            tmp = f"{args.ready_file}.tmp"
+            with open(tmp, "w") as f:
+                f.write(str(port) if args.role == "head" else "up")  # the head's: its GCS port
+            os.replace(tmp, args.ready_file)
+            return proc.wait()  # SIGTERM (the controller letting the node go) ends this process first
+        finally:
+            if proc.poll() is None:  # SIGTERM here: Ray ends before its directory goes
+                _end(proc)
+    return None
 
 
 def head_answers(address: str, tries: int = 3, timeout_s: float = 3.0) -> bool:

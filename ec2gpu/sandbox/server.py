@@ -33,7 +33,7 @@ from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
 
-from . import autoscaling, capacity, cloudinit, console, dlami, images, imds, lifecycle, likeaws, roles, sshd, tls
+from . import autoscaling, bindshim, capacity, cloudinit, console, dlami, images, imds, lifecycle, likeaws, roles, sshd, tls
 
 def write_json(path: Path, data: dict) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
@@ -305,7 +305,10 @@ class Sandbox:
                "EC2GPU_BOOT_ID_FILE": str(directory / "boot_id"),  # a new id each boot, as the kernel's
                # the instance's "/": an absolute file_mounts target lands under it, never on this
                # machine's own / (remote/mounts.py; the job finds it there, docs/tasks.md)
-               "EC2GPU_SANDBOX_ROOT": str(directory / "root")}
+               "EC2GPU_SANDBOX_ROOT": str(directory / "root"),
+               # the library that keeps a pool's Ray on the instance's own address (built by the
+               # controller before a sandbox array launches; node.py refuses to start Ray without it)
+               bindshim.SHIM_VAR: str(bindshim.library(self.state_dir))}
         if iid not in self.booted:  # launched from an image made here: its disk holds what the builder's did
             images.seed_home(self.state_dir, inst.image_id, directory / "home")
         directory.mkdir(parents=True, exist_ok=True)

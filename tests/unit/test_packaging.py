@@ -135,7 +135,7 @@ def test_the_sandbox_has_its_own_extra_and_the_tests_install_it():
 
 def test_the_wheel_carries_license_and_py_typed(tmp_path):
     """A wheel built from a copy of the sources (building writes into the source tree) holds the
-    MIT LICENSE, py.typed, and the dependencies and extras of pyproject.toml."""
+    MIT LICENSE, py.typed, the sandbox's bind shim source, and the dependencies and extras of pyproject.toml."""
     import shutil
     import subprocess
     import zipfile
@@ -152,6 +152,7 @@ def test_the_wheel_carries_license_and_py_typed(tmp_path):
         (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
         meta = whl.read(metadata).decode()
         assert "ec2gpu/py.typed" in names
+        assert "ec2gpu/sandbox/bindshim.c" in names  # the sandbox builds it (sandbox/bindshim.py)
         (license_file,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
         assert whl.read(license_file).decode().startswith("MIT License")
     assert "License-Expression: MIT" in meta

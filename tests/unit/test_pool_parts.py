@@ -95,7 +95,7 @@ def test_cost_shares_add_up_to_the_cost_by_seconds_run():
 
 def _args(role, **over):
     base = {"role": role, "ip": "127.0.0.7", "gpus": 4, "cpus": 8, "address": "127.0.0.2:6379",
-            "object_store_bytes": 0}
+            "object_store_bytes": 0, "temp_dir": "/tmp/ec2gpu-ray-a1b2c3"}
     return argparse.Namespace(**{**base, **over})
 
 
@@ -103,7 +103,7 @@ def test_a_node_command_line():
     ports = node.ports_for("127.0.0.7")
     head = node.argv(_args("head"), 6380, ports)
     assert "--head" in head and "--port=6380" in head and "--include-dashboard=false" in head
-    assert "--num-gpus=4" in head and "--block" in head and "--temp-dir=/tmp/ec2gpu-ray-127.0.0.7" in head
+    assert "--num-gpus=4" in head and "--block" in head and "--temp-dir=/tmp/ec2gpu-ray-a1b2c3/ray" in head
     assert not any(a.startswith("--address") for a in head)
     worker = node.argv(_args("worker"), None, ports)
     assert "--address=127.0.0.2:6379" in worker and "--head" not in worker
@@ -125,8 +125,9 @@ def test_a_worker_whose_ray_ends_by_itself_ends_its_instance_when_its_head_is_go
     monkeypatch.setattr(node, "_ready", lambda proc, targets: True)
     monkeypatch.setattr(node, "head_answers", lambda address: head_up)
     monkeypatch.setattr(node, "end_instance", lambda: ended.append(True))
+    (tmp_path / "token").touch(mode=0o600)
     code = node.main(["worker", "--ip", "127.0.0.9", "--gpus", "1", "--cpus", "1", "--address", "127.0.0.2:6379",
-                      "--ready-file", str(tmp_path / "ready"), *flags])
+                      "--ready-file", str(tmp_path / "ready"), "--token-file", str(tmp_path / "token"), *flags])
     assert code == 1 and ended == ([True] if ends else [])
 
 
