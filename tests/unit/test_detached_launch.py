@@ -16,6 +16,7 @@ from ec2gpu.runs.options import RunOptions
 from ec2gpu.tasks import load
 
 RUN = "20261125-103000-1a2b"
+USER = "AROAEXAMPLEROLEID0001:alice@example.com"  # who starts the run: a role session's user id
 BUCKET = "ec2gpu-123456789012-us-east-1"
 
 
@@ -44,9 +45,9 @@ def test_a_detached_run_carries_no_secret_too_large_for_a_parameter():
 
 
 def test_the_boot_script_fetches_the_agent_with_the_role_and_starts_it_holding_no_secret(tmp_path):
-    boot = launch.boot_script(BUCKET, RUN, "us-east-1", f"ec2gpu-{RUN}")
-    assert f'"runs/{RUN}/agent/detached.py"' in boot and f'"runs/{RUN}/agent/agent.py"' in boot
-    assert f"--bucket {BUCKET} --run-id {RUN} --region us-east-1" in boot
+    boot = launch.boot_script(BUCKET, USER, RUN, "us-east-1", f"ec2gpu-{RUN}")
+    assert f'"runs/{USER}/{RUN}/agent/detached.py"' in boot and f'"runs/{USER}/{RUN}/agent/agent.py"' in boot
+    assert f"--bucket {BUCKET} --user {USER} --run-id {RUN} --region us-east-1" in boot
     assert "AWS_ACCESS_KEY_ID" not in boot and "aws_secret" not in boot.lower()
     assert boot.count("seq 30") == 1  # tried again while the new role reaches EC2 (IAM is eventually consistent)
     data = instances.user_data(None, None, boot)
@@ -58,7 +59,10 @@ def test_the_boot_script_fetches_the_agent_with_the_role_and_starts_it_holding_n
         got = subprocess.run(["shellcheck", "-s", "bash", "-S", "warning", str(script)], capture_output=True, text=True)
         assert got.returncode == 0, got.stdout
     with pytest.raises(UsageError):
-        launch.boot_script(BUCKET, "../other", "us-east-1", "ec2gpu-x")
+        launch.boot_script(BUCKET, USER, "../other", "us-east-1", "ec2gpu-x")
+    for user in ("../other", "a b", "x;reboot", "AROAX:a,b"):  # nothing a shell or a key would read otherwise
+        with pytest.raises(UsageError):
+            launch.boot_script(BUCKET, user, RUN, "us-east-1", f"ec2gpu-{RUN}")
 
 
 def test_an_instance_that_cannot_fetch_its_agent_ends_its_own_group_rather_than_idle(tmp_path):
@@ -71,7 +75,7 @@ def test_an_instance_that_cannot_fetch_its_agent_ends_its_own_group_rather_than_
     for f in ("python3", "aws"):
         (bin_ / f).chmod(0o755)
     script = tmp_path / "boot.sh"
-    script.write_text(instances.user_data(None, None, launch.boot_script(BUCKET, RUN, "us-east-1", f"ec2gpu-{RUN}")))
+    script.write_text(instances.user_data(None, None, launch.boot_script(BUCKET, USER, RUN, "us-east-1", f"ec2gpu-{RUN}")))
     env = {"PATH": f"{bin_}:/usr/bin:/bin", "EC2GPU_STATE_DIR": str(tmp_path / "state")}
     assert subprocess.run(["bash", str(script)], env=env, timeout=30).returncode == 0
     assert (tmp_path / "aws-calls").read_text().split() == [
@@ -92,7 +96,7 @@ def test_the_spec_names_the_secrets_and_holds_none_of_their_values():
     the spec names it, and keeps only what is not secret (an empty secret holds nothing)."""
     job = _secret_job()
     assert launch.secret_env(job) == {"HF_TOKEN": "hunter2"}
-    spec = launch.spec_document(job, RunOptions(task=job, max_runtime_minutes=60), RUN, f"ec2gpu-{RUN}",
+    spec = launch.spec_document(job, RunOptions(task=job, max_runtime_minutes=60), USER, RUN, f"ec2gpu-{RUN}",
                                 datetime(2026, 11, 25, 18, 0, tzinfo=timezone.utc), 2)
     assert spec["secrets"] == ["HF_TOKEN"] and spec["envs"] == {"EMPTY": "", "PLAIN": "p"}
     assert "hunter2" not in repr(spec)
@@ -109,21 +113,22 @@ def test_the_spec_lists_the_file_mounts_as_the_agent_reads_them(tmp_path):
     job = engine.TaskJob(load.parse(text, base=tmp_path), {}, None)
     job.bucket_regions = {"some-bucket": "eu-west-1", "out-bucket": "us-east-1"}
     job.s3_files = set()
-    doc = launch.mounts_document(job, RUN)
+    doc = launch.mounts_document(job, USER, RUN)
     assert doc == [
-        {"target": "~/data", "kind": "local", "key": f"runs/{RUN}/mounts/0.tar.gz", "is_file": False},
-        {"target": "/etc/app/cfg.txt", "kind": "local", "key": f"runs/{RUN}/mounts/1", "is_file": True},
+        {"target": "~/data", "kind": "local", "key": f"runs/{USER}/{RUN}/mounts/0.tar.gz", "is_file": False},
+        {"target": "/etc/app/cfg.txt", "kind": "local", "key": f"runs/{USER}/{RUN}/mounts/1", "is_file": True},
         {"target": "/ds", "kind": "s3", "bucket": "some-bucket", "prefix": "ds", "region": "eu-west-1",
          "file": False, "write_back": False},
         {"target": "~/out", "kind": "s3", "bucket": "out-bucket", "prefix": "", "region": "us-east-1",
          "file": False, "write_back": True}]
-    assert detached.parse_mounts(doc, RUN) == doc
+    assert detached.parse_mounts(doc, f"runs/{USER}/{RUN}/") == doc
 
 
 def test_the_spec_says_what_the_agent_runs_and_until_when():
     at = datetime(2026, 11, 25, 18, 0, tzinfo=timezone.utc)
     job = _job("name: mine\nsetup: pip install x\nrun: python train.py\noutputs: ['*.pt']\n")
-    spec = launch.spec_document(job, RunOptions(task=job, spot=True, max_runtime_minutes=60), RUN, f"ec2gpu-{RUN}",
+    spec = launch.spec_document(job, RunOptions(task=job, spot=True, max_runtime_minutes=60), USER, RUN,
+                                f"ec2gpu-{RUN}",
                                 at, 10)
     assert (spec["run_id"], spec["name"], spec["group"]) == (RUN, "mine", f"ec2gpu-{RUN}")
     assert (spec["setup"], spec["run"], spec["envs"], spec["outputs"]) == ("pip install x", "python train.py",
@@ -131,7 +136,7 @@ def test_the_spec_says_what_the_agent_runs_and_until_when():
     # the job's SIGTERM comes its grace (2 min) and the upload's time (5 min) before the group's deadline
     assert spec["limit_at"] == at.timestamp() - 420 and spec["limit_grace_s"] == 120
     assert spec["max_launches"] == 10 and spec["spot"] is True
-    assert spec["workdir_key"] == f"runs/{RUN}/workdir.tar.gz" and spec["nodes"] == 1 and spec["secrets"] == []
+    assert spec["workdir_key"] == f"runs/{USER}/{RUN}/workdir.tar.gz" and spec["nodes"] == 1 and spec["secrets"] == []
 
 
 def test_the_workdir_archive_holds_the_manifest_files_alone_as_plain_files(tmp_path):
