@@ -625,3 +625,30 @@ def test_an_end_written_over_a_record_deleted_since_it_was_read_is_written_anew(
     gone = _AgentWritesFirst(s3, lambda c: c.delete_object(Bucket=BUCKET, Key=runstore.status_key(USER, RUN)))
     assert runstore.end_status(gone, BUCKET, USER, RUN, "failed", "why", "2026-11-25T11:00:00+00:00") is True
     assert runstore.get_status(s3, BUCKET, USER, RUN)["state"] == "failed"
+
+
+# --- whose runs: the caller's user id ----------------------------------------------------------
+
+def test_the_user_id_is_stss_userid_as_the_policy_variable_reads_it_for_a_user_and_a_role_session(monkeypatch):
+    """aws/runstore.user_id takes GetCallerIdentity's UserId as it is: an IAM user's unique id, a role
+    session's role id and session name. That value is ``${aws:userid}`` in the caller's requests
+    (https://docs.aws.amazon.com/STS/latest/APIReference/API_GetCallerIdentity.html), so the prefix
+    made from it is the one docs/iam-policy.json lets the caller reach (tests/unit/test_user_isolation.py)."""
+    from ec2gpu.aws.session import Aws
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(k, raising=False)
+    with mock_aws():
+        iam = boto3.client("iam", region_name="us-east-1")
+        made = iam.create_user(UserName="bob")["User"]
+        key = iam.create_access_key(UserName="bob")["AccessKey"]
+        bob = Aws("us-east-1", credentials=(key["AccessKeyId"], key["SecretAccessKey"], None))
+        assert runstore.user_id(bob.check_credentials()) == made["UserId"]  # AIDA... on AWS; moto makes its own
+        trust = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
+                                                         "Principal": {"AWS": f"arn:aws:iam::{ACCOUNT}:root"}}]}
+        dev = iam.create_role(RoleName="dev", AssumeRolePolicyDocument=json.dumps(trust))["Role"]
+        creds = boto3.client("sts", region_name="us-east-1").assume_role(
+            RoleArn=dev["Arn"], RoleSessionName="alice@example.com")["Credentials"]
+        alice = Aws("us-east-1", credentials=(creds["AccessKeyId"], creds["SecretAccessKey"], creds["SessionToken"]))
+        user = runstore.user_id(alice.check_credentials())
+        assert user == f"{dev['RoleId']}:alice@example.com"
+        assert runstore.prefix(user, RUN) == f"runs/{dev['RoleId']}:alice@example.com/{RUN}/"
