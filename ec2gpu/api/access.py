@@ -235,7 +235,7 @@ def fetch(run_id: str, *, out: Union[str, Path, None] = None, max_download: Unio
     status.json to ``out`` (default: the run's artifacts directory, else runs/RUN_ID), as a
     finished run would have: for a run whose controller died, before `ec2gpu down RUN`; or what a
     run left on a standing instance above its download limits. A detached run (`run --detach`:
-    one the region's run store holds, from any machine of the account) has them from
+    one the region's run store holds under your user id, from any machine) has them from
     ``runs/USER_ID/RUN_ID/`` in S3 instead (runs/detached/fetch.fetch: keys checked as hostile names, none
     written outside ``out``; its job.log as the agent uploaded it, its secrets masked by the agent;
     its summary.json read as any run's, and its figures, test accuracy among them, put in this

@@ -139,7 +139,8 @@ def test_every_operation_of_launch_train_and_cleanup_is_in_the_policy(sandbox_en
     assert cli.main(["run", "--sandbox", "--detach", "--max-runtime", "10m", "--json", "--workdir", str(tmp_path),
                      "--secret", "IAM_SECRET", "--", "sleep", "60"]) == 0
     run_id = json.loads(capsys.readouterr().out)["run_id"]
-    for argv in (["status", run_id, "--sandbox"], ["cancel", run_id, "--sandbox", "--wait", "0"],
+    for argv in (["status", run_id, "--sandbox"], ["runs", "--remote", "--sandbox"],
+                 ["cancel", run_id, "--sandbox", "--wait", "0"],
                  ["doctor", "--sandbox"]):
         assert cli.main(argv) == 0, argv
     capsys.readouterr()
