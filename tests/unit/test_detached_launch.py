@@ -190,3 +190,17 @@ def test_the_detached_start_says_the_command_that_follows_it(capsys, backend, fl
                            "deadline": "2026-11-27T14:00:00+00:00", "backend": backend}, False)
     said = " ".join(capsys.readouterr().out.split())
     assert f"follow it: ec2gpu status 20261127-120000-ab12{flag} (logs" in said
+
+
+def test_what_is_said_of_the_secrets_names_everyone_who_may_read_them():
+    """Issue 44, item 6: "only this run's instance role may read them" was not true. The line a
+    detached launch prints (parameters.READERS) names the run's role, the user who made them and
+    whoever the account's own policies allow; no message says the role alone."""
+    import inspect
+
+    from ec2gpu.aws import parameters
+    assert "instance role" in parameters.READERS and "you" in parameters.READERS
+    assert "administrator" in parameters.READERS and "account's own policies" in parameters.READERS
+    source = inspect.getsource(launch) + inspect.getsource(parameters)
+    assert "parameters.READERS" in inspect.getsource(launch.start)
+    assert "only this run's instance role may read" not in source.replace("\n", " ")
