@@ -3,17 +3,19 @@ S3 holds everything that must survive, and the run's Auto Scaling group (aws/gro
 an interrupted spot instance. No controller of ours runs anywhere once the run is launched.
 
 Shipped beside agent.py and started by the instance's user data (root, at boot) as
-``python3 detached.py --bucket B --run-id R --region REGION [--home DIR] [--every S] [--poll S]
-[--imds-endpoint URL]`` (HOME is the job's; the run's directory is HOME/ec2gpu/runs/RUN_ID, as
-remote/jobs.run_dir; the workdir RUN_DIR/workdir). Standard library and
+``python3 detached.py --bucket B --user U --run-id R --region REGION [--home DIR] [--every S]
+[--poll S] [--imds-endpoint URL]`` (U: the user id of whoever started the run, whose prefix holds
+it; HOME is the job's; the run's directory is HOME/ec2gpu/runs/RUN_ID, as remote/jobs.run_dir;
+the workdir RUN_DIR/workdir). Standard library and
 boto3 only (the Deep Learning AMI has boto3). Credentials: boto3's default chain, which on the
 instance is the instance profile through IMDSv2, and only that (``role_session``): never a file
 the controller sent, nor keys in the environment. Endpoints: boto3
 honours AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL_AUTO_SCALING and AWS_EC2_METADATA_SERVICE_ENDPOINT
 (the sandbox sets them); the metadata endpoint is handed to agent.py as EC2GPU_IMDS_ENDPOINT.
 
-S3 keys, all under ``runs/<run_id>/`` (the run id must read YYYYmmdd-HHMMSS-xxxx, as
-runs/provision/pipeline.new_run_id makes it, so no key leaves the run's prefix):
+S3 keys, all under ``runs/<user>/<run_id>/`` (the run id must read YYYYmmdd-HHMMSS-xxxx, as
+runs/provision/pipeline.new_run_id makes it, and the user id USER_ID_RE, aws/runstore.USER_ID, so no
+key leaves the run's prefix):
 
 - ``spec.json``      the run's contract, written by the controller before launch (below); read only
 - ``status.json``    the run's durable state (below), always written whole (PutObject is atomic)
@@ -38,7 +40,7 @@ spec.json (JSON object; unknown fields are ignored, a field of the wrong type re
 ``/ec2gpu/runs/<run_id>/NAME`` in SSM Parameter Store, aws/parameters.py, read with the instance
 role at each launch into the setup's and the job's environment only; the log uploaded to S3 has
 each value replaced by ****);
-``workdir_key`` (``runs/<run_id>/...`` or null: no workdir); ``outputs`` (gitignore-style globs
+``workdir_key`` (``runs/<user>/<run_id>/...`` or null: no workdir); ``outputs`` (gitignore-style globs
 relative to EC2GPU_OUTPUT_DIR, ``!`` to exclude; default []: all); ``checkpoint_dir`` (relative
 to the workdir, or null: RUN_DIR/checkpoints); ``max_restarts_on_errors`` (SkyPilot's
 job_recovery field, default 0); ``max_launches`` (instances launched for this run at most: a
@@ -52,7 +54,7 @@ the instance has more, resources.allow_larger); ``python`` (absolute path or nul
 null: the Deep Learning AMI's PyTorch Python when there, else python3); ``mounts`` (list, default []:
 the task's file_mounts, runs/detached/launch.mounts_document: each ``target`` ``~/PATH`` or
 ``/PATH`` (no ``..``; an absolute one under EC2GPU_SANDBOX_ROOT in the sandbox) and ``kind``
-"local" (``key`` under ``runs/<run_id>/``, ``is_file``: the file itself, else a gzipped tar unpacked
+"local" (``key`` under ``runs/<user>/<run_id>/``, ``is_file``: the file itself, else a gzipped tar unpacked
 with the workdir's rules) or "s3" (``bucket``, ``prefix``, ``region``, ``file``, ``write_back``:
 copied in by agent/s3files.py with the instance role; the MOUNT modes' written back with the
 checkpoints every ``--every`` seconds, on a spot notice and at the end). They are put in place
@@ -155,6 +157,7 @@ else:  # on the instance: agent.py, gang.py and s3files.py beside this file (sys
     bounded_json = importlib.import_module("bounded_json")  # beside them too (runs/detached/launch.AGENT_FILES)
 
 RUN_ID_RE = re.compile(r"\d{8}-\d{6}-[0-9a-f]{4}")  # runs/provision/pipeline.new_run_id
+USER_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_+=.@:-]{0,127}")  # aws/runstore.USER_ID (a test compares them)
 NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 GROUP_PREFIX = "ec2gpu-"  # aws/groups.PREFIX
@@ -228,6 +231,13 @@ def check_run_id(run_id: object) -> str:
     return run_id
 
 
+def check_user(user: object) -> str:
+    """``user`` when all of it is a user id (USER_ID_RE: no '/', '*' or '..'), else Refused."""
+    if not isinstance(user, str) or not USER_ID_RE.fullmatch(user):
+        raise Refused(f"not a user id: {str(user)[:80]!r}")
+    return user
+
+
 def safe_rel(rel: str) -> str | None:
     """``rel`` as a relative path of plain names ('a/b'), or None when it is absolute, empty, has
     '..', '.' or empty parts, or a NUL."""
@@ -241,9 +251,9 @@ def safe_rel(rel: str) -> str | None:
 
 # --- the spec ---------------------------------------------------------------------------------------
 
-def parse_spec(data: object, run_id: str) -> dict[str, Any]:
-    """spec.json checked (module docstring) -> a dict with every field, defaults filled. Refused
-    for anything else."""
+def parse_spec(data: object, run_id: str, prefix: str) -> dict[str, Any]:
+    """spec.json checked (module docstring) -> a dict with every field, defaults filled; every key
+    it names must lie under ``prefix`` (the run's, Store.prefix). Refused for anything else."""
     if not isinstance(data, dict):
         raise Refused("spec.json is not a JSON object")
 
@@ -274,9 +284,8 @@ def parse_spec(data: object, run_id: str) -> dict[str, Any]:
         if not ENV_NAME_RE.fullmatch(k) or not isinstance(v, str) or "\0" in v:
             raise Refused(f"spec.json: envs: {k[:80]!r} is not NAME: string")
     workdir_key = get("workdir_key", (str,))
-    if workdir_key is not None and (not workdir_key.startswith(f"runs/{run_id}/")
-                                    or safe_rel(workdir_key) is None):
-        raise Refused(f"spec.json: workdir_key {workdir_key[:120]!r} is not under runs/{run_id}/")
+    if workdir_key is not None and (not workdir_key.startswith(prefix) or safe_rel(workdir_key) is None):
+        raise Refused(f"spec.json: workdir_key {workdir_key[:120]!r} is not under {prefix}")
     outputs = get("outputs", (list,), [])
     if not all(isinstance(g, str) and safe_rel(g.removeprefix("!").strip("/") or "x") is not None for g in outputs):
         raise Refused("spec.json: outputs must be relative globs inside $EC2GPU_OUTPUT_DIR")
@@ -304,7 +313,7 @@ def parse_spec(data: object, run_id: str) -> dict[str, Any]:
     if (len(secret_names) > MAX_SECRETS or len(set(map(str, secret_names))) != len(secret_names)
             or not all(isinstance(n, str) and len(n) <= 128 and ENV_NAME_RE.fullmatch(n) for n in secret_names)):
         raise Refused(f"spec.json: secrets must be at most {MAX_SECRETS} distinct environment variable names")
-    mounts = parse_mounts(get("mounts", (list,), []), run_id)
+    mounts = parse_mounts(get("mounts", (list,), []), prefix)
     reader = data.get("log_reader")  # a convenience (`logs --follow`, live): one that is not a user name is none
     reader = reader if isinstance(reader, str) and re.fullmatch(r"[A-Za-z0-9._][A-Za-z0-9._-]{0,31}", reader) else None
     python = get("python", (str,))
@@ -324,9 +333,9 @@ BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")  # tasks/mounts.BUCK
 MAX_MOUNTS = 100
 
 
-def parse_mounts(data: list[Any], run_id: str) -> list[dict[str, Any]]:
+def parse_mounts(data: list[Any], run_prefix: str) -> list[dict[str, Any]]:
     """spec.json's ``mounts`` checked (module docstring): Refused for anything else, so no key
-    leaves the run's prefix and no target holds ``..`` or a character a shell would read."""
+    leaves the run's prefix ``run_prefix`` and no target holds ``..`` or a character a shell would read."""
     if len(data) > MAX_MOUNTS:
         raise Refused(f"spec.json: more than {MAX_MOUNTS} mounts")
     out = []
@@ -340,8 +349,8 @@ def parse_mounts(data: list[Any], run_id: str) -> list[dict[str, Any]]:
         kind = m.get("kind")
         if kind == "local":
             key, is_file = m.get("key"), m.get("is_file")
-            if not isinstance(key, str) or not key.startswith(f"runs/{run_id}/mounts/") or safe_rel(key) is None:
-                raise Refused(f"spec.json: mount key {str(key)[:120]!r} is not under runs/{run_id}/mounts/")
+            if not isinstance(key, str) or not key.startswith(f"{run_prefix}mounts/") or safe_rel(key) is None:
+                raise Refused(f"spec.json: mount key {str(key)[:120]!r} is not under {run_prefix}mounts/")
             if not isinstance(is_file, bool):
                 raise Refused("spec.json: a local mount's is_file must be true or false")
             out.append({"target": target, "kind": kind, "key": key, "is_file": is_file})
@@ -624,11 +633,11 @@ def _code(exc: BaseException) -> str:
 
 
 class Store:
-    """The run's prefix ``runs/<run_id>/`` in ``bucket``: every key is built here from a relative
-    path checked by safe_rel."""
+    """The run's prefix ``runs/<user>/<run_id>/`` in ``bucket`` (aws/runstore.prefix): every key is
+    built here from a relative path checked by safe_rel."""
 
-    def __init__(self, s3: Any, bucket: str, run_id: str):
-        self.s3, self.bucket, self.prefix = s3, bucket, f"runs/{check_run_id(run_id)}/"
+    def __init__(self, s3: Any, bucket: str, user: str, run_id: str):
+        self.s3, self.bucket, self.prefix = s3, bucket, f"runs/{check_user(user)}/{check_run_id(run_id)}/"
 
     def key(self, rel: str) -> str:
         if safe_rel(rel) is None:
@@ -782,7 +791,7 @@ class Detached:
     is injectable: ``s3`` and ``asg`` (boto3 clients), ``clock`` (POSIX seconds), ``sleep``,
     ``imds`` (path -> text or None), ``gpus`` (-> GPU count)."""
 
-    def __init__(self, *, bucket: str, run_id: str, home: str, s3: Any, asg: Any, ssm: Any = None,
+    def __init__(self, *, bucket: str, user: str, run_id: str, home: str, s3: Any, asg: Any, ssm: Any = None,
                  s3_for: Callable[[str], Any] | None = None,
                  clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
                  imds: Callable[[str], str | None] | None = None, imds_endpoint: str = agent.IMDS,
@@ -792,7 +801,7 @@ class Detached:
                  log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)):
         self.run_id = check_run_id(run_id)
         self.spec_sha256 = spec_sha256  # spec.json's, from the user data (main: --spec-sha256); None: not checked
-        self.store = Store(s3, bucket, run_id)
+        self.store = Store(s3, bucket, user, run_id)
         self.asg, self.ssm, self.clock, self.sleep, self.log = asg, ssm, clock, sleep, log
         self.secrets: dict[str, str] = {}  # name -> value, read at this launch (read_secrets); never written
         self.s3_for = s3_for or (lambda region: s3)  # a file_mounts bucket's region -> an S3 client there
@@ -1115,7 +1124,8 @@ class Detached:
             {"launch": self.launch, "instance_id": instance_id, "started_at": iso(at), "last_seen_at": iso(at),
              "setup_exit_code": None, "setup_runs": 0, "resumed": False, "checkpoint_files": 0}])[-MAX_RECORDS:]
         try:
-            self.spec = parse_spec(self.store.get_json("spec.json", MAX_SPEC_BYTES, self.spec_sha256), self.run_id)
+            self.spec = parse_spec(self.store.get_json("spec.json", MAX_SPEC_BYTES, self.spec_sha256), self.run_id,
+                                   self.store.prefix)
         except Refused as exc:
             self.log(f"refused: {exc}")
             if self.status["state"] not in TERMINAL:
@@ -1951,6 +1961,7 @@ def role_session(region: str) -> Any:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--bucket", required=True)
+    p.add_argument("--user", required=True, help="the user id whose prefix runs/USER/ holds the run")
     p.add_argument("--run-id", required=True)
     p.add_argument("--region", required=True)
     p.add_argument("--home", default=os.environ.get("HOME") or "/root",
@@ -1963,6 +1974,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         check_run_id(args.run_id)
+        check_user(args.user)
     except Refused as exc:
         print(f"detached: refused: {exc}", file=sys.stderr)
         return EXIT_REFUSED
@@ -1973,7 +1985,7 @@ def main(argv: list[str] | None = None) -> int:
         print("detached: refused: --spec-sha256 is not a sha256", file=sys.stderr)
         return EXIT_REFUSED
     session = role_session(args.region)
-    run = Detached(bucket=args.bucket, run_id=args.run_id, home=args.home, s3=session.client("s3"),
+    run = Detached(bucket=args.bucket, user=args.user, run_id=args.run_id, home=args.home, s3=session.client("s3"),
                    asg=session.client("autoscaling"), ssm=session.client("ssm"),
                    s3_for=lambda region: session.client("s3", region_name=region), imds_endpoint=args.imds_endpoint,
                    every_s=args.every, poll_s=args.poll, spec_sha256=args.spec_sha256)

@@ -3,7 +3,7 @@ agree on who runs the job together, with which rank, and start again together wh
 replaced. Pure rules here; agent/detached.py does the S3 reads and writes (``Detached`` in its
 several-node mode). Standard library only: shipped to the instance beside detached.py.
 
-S3 keys, under the run's prefix ``runs/<run_id>/``:
+S3 keys, under the run's prefix ``runs/<user>/<run_id>/`` (detached.Store):
 
 - ``nodes/<instance_id>.json`` one per instance that ran the agent, written only by that instance:
   ``instance_id``, ``ip`` (its private address), ``booted_at`` (ISO 8601 UTC), ``state``

@@ -214,13 +214,13 @@ def _detached_status(ctx: Context, run_id: str, row: Optional[dict], log: Log) -
     (runs/detached/fetch.status_of), else None; not asked for a ``row`` of a run in the
     foreground. An S3 error (these credentials may not read the store) is said to ``log``, then
     None: the run is looked for as one in the foreground is."""
-    from ..errors import AwsError
+    from ..errors import AwsError, UsageError
     from ..runs.detached import fetch as detached
     if not _maybe_detached(row, run_id):
         return None
     try:
         return detached.status_of(ctx.aws, run_id)
-    except AwsError as exc:
+    except (AwsError, UsageError) as exc:  # UsageError: a user id no run store prefix is made of (runstore.user_id)
         log(f"the run store could not be read ({exc.message}); looking for run {run_id} as one in the foreground")
         return None
 
@@ -235,8 +235,8 @@ def fetch(run_id: str, *, out: Union[str, Path, None] = None, max_download: Unio
     status.json to ``out`` (default: the run's artifacts directory, else runs/RUN_ID), as a
     finished run would have: for a run whose controller died, before `ec2gpu down RUN`; or what a
     run left on a standing instance above its download limits. A detached run (`run --detach`:
-    one the region's run store holds, from any machine of the account) has them from
-    ``runs/RUN_ID/`` in S3 instead (runs/detached/fetch.fetch: keys checked as hostile names, none
+    one the region's run store holds under your user id, from any machine) has them from
+    ``runs/USER_ID/RUN_ID/`` in S3 instead (runs/detached/fetch.fetch: keys checked as hostile names, none
     written outside ``out``; its job.log as the agent uploaded it, its secrets masked by the agent;
     its summary.json read as any run's, and its figures, test accuracy among them, put in this
     machine's ledger row when it has one). ``max_download``: bytes brought home per directory (an int, or '500MB', '2GiB':
@@ -247,7 +247,7 @@ def fetch(run_id: str, *, out: Union[str, Path, None] = None, max_download: Unio
     also has "source": "s3", "state" (status.json's), "skipped" (objects refused for their name or
     place), "left" (objects above the limits) and "columns" (from its summary.json: summary,
     summary_schema, test_acc ...; {} without one). A run in the foreground whose controller was lost
-    and whose instance is gone has what its agent handed over to ``runs/RUN_ID/handover/`` in S3
+    and whose instance is gone has what its agent handed over to ``runs/USER_ID/RUN_ID/handover/`` in S3
     (runs/recover/handover.fetch): "source": "s3-handover", "state", "handover" (how the hand-over
     went), "skipped", "left", "array" (an array's element table, also written as ``out``/pool.json,
     its element logs as ``out``/logs/INDEX.log; None for a run that is no array). ``region``:

@@ -237,7 +237,8 @@ def cleanup(*, dry_run: bool = False, all_regions: bool = False, fetch: bool = T
             sandbox: bool = False, log: Log = _quiet, warn: Optional[Log] = None) -> dict:
     """Find by tag and remove everything ec2gpu created (aws/sweep.KINDS: Auto Scaling groups,
     instances, spot requests, security groups, key pairs and their key files, placement groups,
-    roles, launch templates, images and snapshots of bakes that did not complete), best-effort: a
+    roles, launch templates, images and snapshots of bakes that did not complete, and the caller's
+    own detached runs' secrets: another user's are theirs to remove), best-effort: a
     kind that cannot go is left and named, the rest still goes. ``fetch``: first bring home what
     the jobs of runs whose controller died wrote.
     Returns {"dry_run": bool, "regions": {region: {kind: [ids], "left": [ids it could not remove]}},
@@ -260,7 +261,7 @@ def cleanup(*, dry_run: bool = False, all_regions: bool = False, fetch: bool = T
             aws = ctx.aws.in_region(name)
             say = _prefixed(log, f"{name}: ")
             found = sweep.inventory(aws.ec2, log=say, iam=aws.client("iam"), autoscaling=aws.client("autoscaling"),
-                                    ssm=aws.client("ssm"))
+                                    ssm=aws.client("ssm"), user=ctx.aws.check_credentials().get("UserId"))
             if not any(found.values()):
                 continue
             if dry_run:
@@ -304,7 +305,8 @@ def down(name: Optional[str] = None, *, all: bool = False, fetch: bool = True,  
         removed = {}
         for run_id in sorted(r for r in runs if r):
             removed[run_id] = sweep.delete_run(ec2, run_id, ctx.settings.keys_dir, log=log, iam=ctx.aws.client("iam"),
-                                               autoscaling=ctx.aws.client("autoscaling"), ssm=ctx.aws.client("ssm"))
+                                               autoscaling=ctx.aws.client("autoscaling"), ssm=ctx.aws.client("ssm"),
+                                               user=ctx.aws.check_credentials().get("UserId"))  # own secrets only
         settle(ctx, set(removed), keep=set(removed), log=log, warn=warn)
     return removed
 

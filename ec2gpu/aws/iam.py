@@ -18,10 +18,13 @@ limits which prefixes may be listed
 (https://docs.aws.amazon.com/AmazonS3/latest/userguide/amazon-s3-policy-keys.html).
 
 A detached run's role (issue 30) gets ``detached_policy`` instead (or ``combined`` with the file_mounts
-policy): its own run's prefix ``runs/RUN_ID/`` of the run bucket, and the end of its own Auto
-Scaling group, nothing else; the permissions boundary docs/iam-instance-boundary.json holds every
-run role to the same, through the role's own ``ec2gpu:run`` tag (docs/security.md, "A detached
-run's instance reaches only its own run").
+policy): its own run's prefix ``runs/USER_ID/RUN_ID/`` of the run bucket, and the end of its own
+Auto Scaling group, nothing else; the permissions boundary docs/iam-instance-boundary.json holds
+every run role to the same, through the role's own ``ec2gpu:run`` and ``ec2gpu:user`` tags
+(docs/security.md, "A detached run's instance reaches only its own run"). Every run role is
+tagged ``ec2gpu:user`` with its maker's user id (``${aws:userid}``: aws/runstore.user_id), and
+docs/iam-policy.json lets a user pass (iam:PassRole, to launch an instance with it) only a role
+tagged with their own.
 """
 from __future__ import annotations
 
@@ -49,6 +52,10 @@ BOUNDARY_NAME = "ec2gpu-instance-boundary"
 BOUNDARY_COMMAND = ("aws iam create-policy --path /ec2gpu/ --policy-name ec2gpu-instance-boundary "
                     "--policy-document file://docs/iam-instance-boundary.json")
 POLICY_NAME = "ec2gpu-s3"  # the role's one inline policy
+#: how docs/iam-instance-boundary.json names a run role's user: its own ec2gpu:user tag
+#: (https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_variables.html#policy-vars-tags)
+BOUNDARY_USER = "${aws:PrincipalTag/ec2gpu:user}"
+BOUNDARY_RUN = "${aws:PrincipalTag/ec2gpu:run}"
 #: the region of the run a role belongs to (IAM is global; the run's EC2 resources are not)
 REGION = "ec2gpu:region"
 #: the role's trust policy: EC2 may assume it for an instance, nothing else may
@@ -89,8 +96,6 @@ _ACCOUNT = re.compile(r"[0-9]{12}")
 #: name_of; not imported, so that groups.py may import this module; tests/unit/test_detached_policy.py
 #: checks that the two agree)
 GROUP_PREFIX = "ec2gpu-"
-#: the run bucket's prefix of every run's data: runs/RUN_ID/ (issue 30)
-RUNS = "runs/"
 #: IAM's "missing" and "refused" codes (https://docs.aws.amazon.com/IAM/latest/APIReference/CommonErrors.html)
 GONE = "NoSuchEntity"
 REFUSED = frozenset({"AccessDenied", "AccessDeniedException", "UnauthorizedOperation"})
@@ -196,10 +201,12 @@ def s3_policy(reads: list[tuple[str, str]], writes: list[tuple[str, str]]) -> di
 
 # --- a detached run's role (issue 30, item 6) ---------------------------------------------------
 
-def run_prefix(run_id: str) -> str:
-    """The key prefix of run ``run_id``'s data in the run bucket, ``runs/RUN_ID/`` (pure). Raises
-    UsageError for a run id not of the form new_run_id makes (``check_run_id``)."""
-    return f"{RUNS}{check_run_id(run_id)}/"
+def run_prefix(user: str, run_id: str) -> str:
+    """The key prefix of run ``run_id`` of the user ``user`` in the run bucket,
+    ``runs/USER_ID/RUN_ID/`` (aws/runstore.prefix, pure). Raises UsageError for a run id not of the
+    form new_run_id makes (``check_run_id``) or a user id not of aws/runstore.USER_ID's."""
+    from .runstore import prefix
+    return prefix(user, check_run_id(run_id))
 
 
 def check_run_id(run_id: str) -> str:
@@ -214,7 +221,7 @@ def check_run_id(run_id: str) -> str:
 
 
 def detached_policy(bucket: str, run_id: str, group_name: str, region: str, account_id: str,
-                    secrets: bool = False, several: bool = False) -> dict[str, Any]:
+                    secrets: bool = False, several: bool = False, *, user: str) -> dict[str, Any]:
     """The inline policy of a detached run's instance role (pure): the agent may read and write
     its own run's objects, list its own run's prefix, and end its own Auto Scaling group; nothing
     else (issue 30, item 6). Give it to ``create_run_role`` as ``policy`` (with a file_mounts
@@ -222,25 +229,27 @@ def detached_policy(bucket: str, run_id: str, group_name: str, region: str, acco
 
     ``bucket``: the run bucket (``ec2gpu-ACCOUNT-REGION``); ``run_id``: YYYYmmdd-HHMMSS-xxxx;
     ``group_name``: the run's group, which must be ``ec2gpu-RUN_ID`` (aws/groups.name_of);
-    ``region``: the group's region (e.g. us-east-1); ``account_id``: 12 digits.
+    ``region``: the group's region (e.g. us-east-1); ``account_id``: 12 digits; ``user``: the
+    user id of whoever starts the run (aws/runstore.user_id), whose prefix ``runs/USER_ID/`` holds it.
 
     Returns {"Version": "2012-10-17", "Statement": [...]} with, in order:
 
     - "RunObjects": s3:AbortMultipartUpload, s3:GetObject, s3:PutObject on
-      ``arn:aws:s3:::BUCKET/runs/RUN_ID/*`` only. PutObject also covers a multipart upload's
+      ``arn:aws:s3:::BUCKET/runs/USER_ID/RUN_ID/*`` only. PutObject also covers a multipart upload's
       Create/UploadPart/Complete, and HeadObject is authorised as GetObject. The agent replaces a
       file (status.json, the log) by putting the same key again, which S3 overwrites. No
       s3:GetBucketLocation: the agent's client is made for the run's region, which is the
       bucket's (its name says so).
-    - "PruneOwnCheckpoints": s3:DeleteObject on ``arn:aws:s3:::BUCKET/runs/RUN_ID/checkpoints/*``
+    - "PruneOwnCheckpoints": s3:DeleteObject on ``arn:aws:s3:::BUCKET/runs/USER_ID/RUN_ID/checkpoints/*``
       only (same account condition): the agent mirrors the job's checkpoint directory, so a
       checkpoint the job removed (it keeps its last N) goes from S3 too, and a replacement does
       not download every checkpoint ever written. Nothing else of the run may be deleted by it:
       its spec, workdir, log, outputs and status stay until the user or the lifecycle rule
       removes them.
     - "ListRunPrefix": s3:ListBucket on ``arn:aws:s3:::BUCKET`` only when the request's
-      ``s3:prefix`` is ``runs/RUN_ID/`` or under it (StringLike; a listing with no prefix, or
-      with ``runs/`` or another run's prefix, has no match and is refused).
+      ``s3:prefix`` is ``runs/USER_ID/RUN_ID/`` or under it (StringLike; a listing with no
+      prefix, or with ``runs/``, the user's ``runs/USER_ID/`` or another run's prefix, has no match
+      and is refused).
     - Both S3 statements also require ``s3:ResourceAccount`` = ``account_id``: a bucket of that
       name in another account (one made first by someone else: bucket names are global and this
       one is predictable) is refused rather than written to.
@@ -261,9 +270,11 @@ def detached_policy(bucket: str, run_id: str, group_name: str, region: str, acco
       instance of its own group only; the launch cap and the deadline still bound the launches.
     - With ``secrets`` (the run carries --secret values: aws/parameters.py), "ReadOwnSecrets":
       ssm:GetParameters on ``arn:aws:ssm:REGION:ACCOUNT:parameter/ec2gpu/runs/RUN_ID/*`` only
-      (a parameter's ARN is its path: https://docs.aws.amazon.com/systems-manager/latest/userguide/sysman-paramstore-access.html).
+      (a parameter's ARN is its path: https://docs.aws.amazon.com/systems-manager/latest/userguide/sysman-paramstore-access.html),
+      and only those tagged ``ec2gpu:user`` = USER_ID (``aws:ResourceTag``: aws/parameters.put tags
+      them so; another user could make a parameter under this run's path, never with this tag).
       No kms:Decrypt: the parameters use the AWS managed key aws/ssm, whose key policy lets every
-      principal of the account decrypt through SSM; the resource is what scopes the role.
+      principal of the account decrypt through SSM; the resource and the tag are what scope the role.
 
     Actions, resource types and condition keys: the Service Authorization Reference for Amazon S3
     (https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazons3.html; the
@@ -280,15 +291,15 @@ def detached_policy(bucket: str, run_id: str, group_name: str, region: str, acco
     ``ec2gpu-RUN_ID``, which it knows.
 
     Raises UsageError (with a hint) for a bucket name S3 does not allow (``check_bucket``), a run id
-    not of the form above (``check_run_id``), a group name other than ``ec2gpu-RUN_ID``, a region
-    or an account id that is not one: so no ``*``, ``?``, ``$``, ``/`` or another prefix can reach
-    a Resource or a condition value.
+    not of the form above (``check_run_id``), a user id not of aws/runstore.USER_ID's, a group name
+    other than ``ec2gpu-RUN_ID``, a region or an account id that is not one: so no ``*``, ``?``,
+    ``$``, ``/`` or another prefix can reach a Resource or a condition value.
     """
     try:
         check_bucket(bucket)
     except ValueError as exc:
         raise UsageError(str(exc), "the run bucket is ec2gpu-ACCOUNT-REGION (`ec2gpu doctor` checks it)") from None
-    prefix = run_prefix(run_id)
+    prefix = run_prefix(user, run_id)
     if group_name != f"{GROUP_PREFIX}{run_id}":
         raise UsageError(f"{str(group_name)[:80]!r} is not the group of run {run_id}",
                          f"a detached run's group is named {GROUP_PREFIX}{run_id} (aws/groups.name_of)")
@@ -319,7 +330,8 @@ def detached_policy(bucket: str, run_id: str, group_name: str, region: str, acco
                            "Resource": group, "Condition": {"StringEquals": tagged}})
     if secrets:
         statements.append({"Sid": "ReadOwnSecrets", "Effect": "Allow", "Action": ["ssm:GetParameters"],
-                           "Resource": f"{arn}:ssm:{region}:{account_id}:parameter/ec2gpu/runs/{run_id}/*"})
+                           "Resource": f"{arn}:ssm:{region}:{account_id}:parameter/ec2gpu/runs/{run_id}/*",
+                           "Condition": {"StringEquals": {f"aws:ResourceTag/{T.USER}": user}}})
     return {"Version": "2012-10-17", "Statement": statements}
 
 
@@ -370,11 +382,16 @@ def tag_value(value: str) -> str:
     return _TAG_VALUE_BAD.sub("_", value or "")[:256]
 
 
-def run_tags(run_id: str, owner: str, name: str, region: str | None = None) -> list[dict[str, str]]:
+def run_tags(run_id: str, owner: str, name: str, region: str | None = None, *, user: str) -> list[dict[str, str]]:
     """The tags of a run's role and profile (pure): tags.tags' three, values made IAM-safe
-    (``tag_value``), and ``REGION`` when given."""
+    (``tag_value``), ``REGION`` when given, and ``ec2gpu:user`` = ``user`` as it is (the caller's
+    user id: the boundary reads it as ``${aws:PrincipalTag/ec2gpu:user}`` and docs/iam-policy.json
+    compares it with ``${aws:userid}``, so it is never rewritten). Raises UsageError for a user id
+    not of aws/runstore.USER_ID's form (which an IAM tag value holds)."""
+    from .runstore import check_user_id
     out = [{"Key": t["Key"], "Value": tag_value(t["Value"])} for t in T.tags(run_id, owner, name)]
-    return out + ([{"Key": REGION, "Value": tag_value(region)}] if region else [])
+    return (out + ([{"Key": REGION, "Value": tag_value(region)}] if region else [])
+            + [{"Key": T.USER, "Value": check_user_id(user)}])
 
 
 def _retry_gone(call: Callable[[], _T], sleep: Callable[[float], object], tries: int = 5) -> _T | None:
@@ -412,7 +429,10 @@ def boundary_gaps(iam: Client, arn: str, policy: dict[str, Any]) -> list[str] | 
     are matched as IAM matches them (``*`` and ``?`` wildcards, case-insensitive; an Allow's
     NotAction allows what it does not name; a Deny's Action denies what it names, whatever its
     resources); resources and conditions are not compared otherwise (the shipped boundary's own
-    resources are the account's to edit).
+    resources are the account's to edit), but for one: a detached run's policy (its "RunObjects")
+    under a boundary that names resources with ``BOUNDARY_RUN`` and none with ``BOUNDARY_USER`` (the
+    shipped one from before the run store's per-user prefix, which reached ``runs/RUN_ID/``) gets
+    the gap "s3:PutObject under runs/${aws:PrincipalTag/ec2gpu:user}/ ...".
     None when these credentials may not read the boundary's document (GetPolicyVersion refused).
     Raises botocore's ClientError for other errors."""
     import fnmatch
@@ -454,18 +474,25 @@ def boundary_gaps(iam: Client, arn: str, policy: dict[str, Any]) -> list[str] | 
         return [a for a in value if isinstance(a, str)] if isinstance(value, list) else []
 
     wanted = {a for st in statements(policy) if st.get("Effect") == "Allow" for a in listed(st.get("Action"))}
-    return sorted(a for a in wanted if not allowed(a.lower()))
+    gaps = sorted(a for a in wanted if not allowed(a.lower()))
+    named = [r for st in statements(document) if st.get("Effect") == "Allow" for r in listed(st.get("Resource"))]
+    if (any(st.get("Sid") == "RunObjects" for st in statements(policy)) and any(BOUNDARY_RUN in r for r in named)
+            and not any(BOUNDARY_USER in r for r in named)):
+        gaps.append(f"s3:PutObject under runs/{BOUNDARY_USER}/ (the run store's per-user prefix)")
+    return gaps
 
 
-def create_run_role(iam: Client, run_id: str, owner: str, policy: dict[str, Any], *, region: str | None = None,
-                    boundary: str | None = None, sleep: Callable[[float], object] = time.sleep) -> str:
+def create_run_role(iam: Client, run_id: str, owner: str, policy: dict[str, Any], *, user: str,
+                    region: str | None = None, boundary: str | None = None,
+                    sleep: Callable[[float], object] = time.sleep) -> str:
     """Create the run's role and instance profile; return the profile's name (= the role's).
 
     The role ``ec2gpu-RUN_ID`` (``role_name``) under ``/ec2gpu/``, trusted by ec2.amazonaws.com only
-    (``TRUST``; default session duration), tagged ``run_tags`` (ec2gpu:run, ec2gpu:owner, Name, and
-    ec2gpu:region when ``region`` is given: pass the run's region, or a one-region sweep cannot tell
-    whose it is), with ``policy`` as its inline policy ``ec2gpu-s3``; an instance profile of the same
-    name, path and tags holding the role; then boto3's ``instance_profile_exists`` waiter. IAM
+    (``TRUST``; default session duration), tagged ``run_tags`` (ec2gpu:run, ec2gpu:owner, Name,
+    ec2gpu:user = ``user``, the caller's user id: aws/runstore.user_id, and ec2gpu:region when
+    ``region`` is given: pass the run's region, or a one-region sweep cannot tell whose it is), with
+    ``policy`` as its inline policy ``ec2gpu-s3``; an instance profile of the same name, path and
+    tags holding the role; then boto3's ``instance_profile_exists`` waiter. IAM
     calls: CreateRole, PutRolePolicy, CreateInstanceProfile, AddRoleToInstanceProfile (which needs
     iam:PassRole on the role), GetInstanceProfile; tags are given at creation (iam:TagRole,
     iam:TagInstanceProfile: https://docs.aws.amazon.com/IAM/latest/UserGuide/id_tags.html).
@@ -475,11 +502,11 @@ def create_run_role(iam: Client, run_id: str, owner: str, policy: dict[str, Any]
 
     If anything fails half-way (an exception, Ctrl-C), what this call made is removed (never what
     existed before it: a role of the same name is EntityAlreadyExists, raised as it is) and the
-    error is raised again. Raises ValueError for a run id that cannot name a role, botocore's
-    ClientError or WaiterError otherwise.
+    error is raised again. Raises ValueError for a run id that cannot name a role, UsageError for a
+    user id that is not one (before anything is made), botocore's ClientError or WaiterError otherwise.
     """
     name = role_name(run_id)
-    tags = run_tags(run_id, owner, name, region)
+    tags = run_tags(run_id, owner, name, region, user=user)
     made: list[str] = []
     try:
         iam.create_role(RoleName=name, Path=PATH, AssumeRolePolicyDocument=json.dumps(TRUST), Tags=tags,

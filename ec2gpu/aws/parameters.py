@@ -5,16 +5,35 @@ item 8), so a secret cannot reach them over SSH as it does in a run in the foreg
 not lie in S3 (the run's prefix holds its spec, workdir and log) or in the launch template's user
 data (anyone who may describe launch templates reads it). Each secret is a ``SecureString``
 parameter of its own, ``/ec2gpu/runs/RUN_ID/NAME`` (NAME: the environment variable), encrypted with
-the account's AWS managed key ``aws/ssm``; the run's instance role may read its own run's ones only
-(``ssm:GetParameters`` on ``parameter/ec2gpu/runs/RUN_ID/*``: aws/iam.detached_policy), the agent
-reads them at each launch into the job's environment and nowhere else, and the sweep (aws/sweep.py)
-deletes them with the run's other resources.
+the account's AWS managed key ``aws/ssm``, and tagged at creation with the run (``ec2gpu:run``) and
+the user id of whoever made it (``ec2gpu:user``: STS's UserId, the value of ``${aws:userid}``,
+aws/runstore.user_id). The agent reads them at each launch into the job's environment and nowhere
+else, and the sweep (aws/sweep.py) deletes them with the run's other resources.
+
+Who may read them (GetParameters with decryption):
+
+- the run's instance role: its own run's only (``ssm:GetParameters`` on
+  ``parameter/ec2gpu/runs/RUN_ID/*`` and only parameters tagged with its own ``ec2gpu:user``:
+  aws/iam.detached_policy; the permissions boundary docs/iam-instance-boundary.json holds every run
+  role to the same through the role's own tags);
+- the user who made them, and no other user held by docs/iam-policy.json: that policy allows
+  ``ssm:PutParameter`` only with the tag ``ec2gpu:user`` = ``${aws:userid}``, and GetParameters,
+  DeleteParameters and AddTagsToResource only on parameters so tagged (tag-based access: a
+  parameter name cannot hold a role session's user id, ``AROA...:NAME``, whose ":" SSM refuses in a
+  name: https://docs.aws.amazon.com/systems-manager/latest/userguide/sysman-paramstore-su-create.html#sysman-parameter-name-constraints);
+- and whoever the account's own policies allow: an administrator, or any principal with
+  ``ssm:GetParameters`` on them. The AWS managed key lets every principal of the account decrypt
+  through SSM (https://docs.aws.amazon.com/systems-manager/latest/userguide/ps-restrict-decryption.html),
+  so KMS keeps no one out: what does is the IAM policies' resources and tags.
+
+Condition keys: ``aws:RequestTag/${TagKey}`` on PutParameter and AddTagsToResource,
+``aws:ResourceTag/${TagKey}`` on GetParameters, DeleteParameters and AddTagsToResource (the Service
+Authorization Reference for Systems Manager:
+https://docs.aws.amazon.com/service-authorization/latest/reference/list_awssystemsmanager.html).
 
 Why Parameter Store: standard parameters cost nothing to store (Secrets Manager bills each secret
 per month), its ARNs carry the parameter's path so a role is scoped to one run by resource, and it
-is in every region. The AWS managed key lets every principal of the account decrypt
-(https://docs.aws.amazon.com/systems-manager/latest/userguide/ps-restrict-decryption.html), so what
-keeps one run's role from another run's secrets is the ssm:GetParameters resource, not KMS.
+is in every region.
 
 Limits (https://docs.aws.amazon.com/systems-manager/latest/userguide/parameter-store-advanced-parameters.html):
 a standard parameter's value is 4 KB at most (MAX_VALUE_BYTES), its name 1011 characters; a value
@@ -31,6 +50,9 @@ from .session import Client
 
 #: the path every run's parameters live under; a run's own: ROOT + RUN_ID + "/"
 ROOT = "/ec2gpu/runs/"
+#: who may read a detached run's secrets, as the messages that name them say it (the module docstring)
+READERS = ("only this run's instance role and you may read them, and whoever your account's own policies allow "
+           "(an administrator): docs/security.md")
 #: a standard parameter's value, in bytes (the page in the module docstring)
 MAX_VALUE_BYTES = 4096
 #: GetParameters and DeleteParameters take 10 names a call (the SSM API reference)
@@ -63,14 +85,18 @@ def check_values(values: dict[str, str]) -> None:
                              "keep a larger secret in AWS Secrets Manager and read it from the job, or drop --detach")
 
 
-def put(ssm: Client, run_id: str, owner: str, values: dict[str, str]) -> list[str]:
+def put(ssm: Client, run_id: str, owner: str, user: str, values: dict[str, str]) -> list[str]:
     """Store each of ``values`` (env name -> non-empty value) as a SecureString parameter of run
-    ``run_id``, tagged with the run and ``owner``; return the parameter names, in ``values``' order.
-    Raises UsageError (check_values, name_of) before any is stored, and botocore's ClientError as
-    SSM answers (ParameterAlreadyExists for a run id used before: never overwritten)."""
+    ``run_id``, tagged with the run, ``owner`` and ``user`` (the caller's user id,
+    aws/runstore.user_id: docs/iam-policy.json lets the caller read and delete only parameters
+    tagged with it); return the parameter names, in ``values``' order. Raises UsageError
+    (check_values, name_of, a bad user id) before any is stored, and botocore's ClientError as SSM
+    answers (ParameterAlreadyExists for a run id used before: never overwritten)."""
+    from .runstore import check_user_id
     check_values(values)
     names = [name_of(run_id, k) for k in values]
-    tags = [{"Key": T.RUN, "Value": run_id}, {"Key": T.OWNER, "Value": owner}]
+    tags = [{"Key": T.RUN, "Value": run_id}, {"Key": T.OWNER, "Value": owner},
+            {"Key": T.USER, "Value": check_user_id(user)}]
     for name, value in zip(names, values.values(), strict=True):
         ssm.put_parameter(Name=name, Value=value, Type="SecureString", Tier="Standard", Tags=tags,
                           Description="ec2gpu: a detached run's secret, read by its instance role")
@@ -91,15 +117,18 @@ def read(ssm: Client, run_id: str, names: list[str]) -> dict[str, str]:
     return out
 
 
-def find(ssm: Client, run_id: str | None = None) -> list[dict[str, Any]]:
-    """The runs' secret parameters (one run's with ``run_id``): [{"id": parameter name, "run_id",
-    "name": the environment variable}], read from their names (a parameter elsewhere, or whose
-    name is not ROOT/RUN_ID/NAME, is never listed). Raises botocore's ClientError."""
+def find(ssm: Client, run_id: str | None = None, user: str | None = None) -> list[dict[str, Any]]:
+    """The runs' secret parameters (one run's with ``run_id``; with ``user``, only those tagged
+    ``ec2gpu:user`` = ``user``, the ones that user may delete: ``put``): [{"id": parameter name,
+    "run_id", "name": the environment variable}], read from their names (a parameter elsewhere, or
+    whose name is not ROOT/RUN_ID/NAME, is never listed). Raises botocore's ClientError."""
     path = ROOT.rstrip("/") if run_id is None else f"{ROOT}{run_id}"
     option = "Recursive" if run_id is None else "OneLevel"
+    filters = [{"Key": "Path", "Option": option, "Values": [path]}]
+    if user is not None:  # DescribeParameters' tag:KEY filter (the SSM API reference, ParameterStringFilter)
+        filters.append({"Key": f"tag:{T.USER}", "Option": "Equals", "Values": [user]})
     out = []
-    for page in ssm.get_paginator("describe_parameters").paginate(
-            ParameterFilters=[{"Key": "Path", "Option": option, "Values": [path]}]):
+    for page in ssm.get_paginator("describe_parameters").paginate(ParameterFilters=filters):
         for p in page.get("Parameters", []):
             m = _NAME.fullmatch(str(p.get("Name", "")))
             if m and (run_id is None or m.group(1) == run_id):

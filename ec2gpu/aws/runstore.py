@@ -1,5 +1,5 @@
 """The run store: one S3 bucket per account and region, ``ec2gpu-<account>-<region>``, holding each
-detached run's durable state (`ec2gpu run --detach`: runs/detached/) under ``runs/<run_id>/``.
+detached run's durable state (`ec2gpu run --detach`: runs/detached/) under ``runs/<user_id>/<run_id>/``.
 
 The bucket is made on first need (``ensure``) and checked by ``ec2gpu doctor`` (``check``). ec2gpu
 keeps it:
@@ -25,10 +25,20 @@ deleted it: every request that names the bucket carries ``ExpectedBucketOwner`` 
 name), and S3 answers 403 when another account owns it
 (https://docs.aws.amazon.com/AmazonS3/latest/userguide/bucket-owner-condition.html).
 
-Key layout (``prefix`` and the helpers below are its one definition): ``runs/<run_id>/status.json``,
-``logs/``, ``outputs/``, ``checkpoints/`` and ``workdir.tar.gz`` under it. A run id is checked
-against the format ``runs/provision/pipeline.new_run_id`` makes (``YYYYmmdd-HHMMSS-xxxx``), so no
-value can name a key outside its run's prefix.
+Key layout (``prefix`` and the helpers below are its one definition): ``runs/<user_id>/<run_id>/``
+holds ``status.json``, ``logs/``, ``outputs/``, ``checkpoints/``, ``workdir.tar.gz`` and the rest of
+one run. ``user_id`` is the caller's, as STS GetCallerIdentity's ``UserId`` gives it, which is the
+value of the policy variable ``${aws:userid}`` (``user_id`` below): the user policy
+docs/iam-policy.json lets each user of the account read, write and list ``runs/${aws:userid}/``
+only, and a run's role reaches ``runs/<its ec2gpu:user tag>/<its ec2gpu:run tag>/`` only
+(docs/iam-instance-boundary.json). A run id is checked against the format
+``runs/provision/pipeline.new_run_id`` makes (``YYYYmmdd-HHMMSS-xxxx``) and a user id against
+``USER_ID``, so no value can name a key outside its run's prefix. Every command finds a run under
+its caller's own prefix: the run id is all a user gives.
+
+Runs made before the prefix held the user id lie under ``runs/<run_id>/``: ec2gpu no longer lists
+or reads them (under docs/iam-policy.json their owner may not either), and the lifecycle rule,
+whose prefix is ``runs/`` still, expires them with the rest.
 """
 from __future__ import annotations
 
@@ -57,7 +67,18 @@ _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _STORE = re.compile(r"ec2gpu-([0-9]{12})-([a-z]{2}(?:-[a-z]+)+-[0-9]{1,2})")
 #: a run id as runs/provision/pipeline.new_run_id makes it: UTC date, time, 4 hex digits
 RUN_ID = re.compile(r"[0-9]{8}-[0-9]{6}-[0-9a-f]{4}")
-#: where every run's objects live; the lifecycle rule expires what is under it
+#: a caller's user id, as STS GetCallerIdentity's UserId and the policy variable ${aws:userid} give it
+#: (the same value: https://docs.aws.amazon.com/STS/latest/APIReference/API_GetCallerIdentity.html):
+#: an IAM user's unique id (AIDA...), a role session's role id and session name (AROA...:NAME), a
+#: federated user's account and name (ACCOUNT:NAME), the root user's account id
+#: (https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_variables.html#principaltable).
+#: A session name is [\w+=,.@-]{2,64} (https://docs.aws.amazon.com/STS/latest/APIReference/API_AssumeRole.html);
+#: "," is left out here: the run's role and secrets carry the id as a tag, and an IAM or SSM tag value
+#: holds letters, digits, spaces and _ . : / = + - @ only (https://docs.aws.amazon.com/IAM/latest/APIReference/API_Tag.html,
+#: https://docs.aws.amazon.com/systems-manager/latest/APIReference/API_Tag.html). No "/", "*", "?" or "$":
+#: a prefix made from it is one user's, and matches nothing else in an IAM pattern.
+USER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_+=.@:-]{0,127}")
+#: where every run's objects live, each user's under runs/USER_ID/; the lifecycle rule expires what is under it
 RUNS = "runs/"
 #: the start of every run store's name (``bucket_name``): no file_mounts entry may name a bucket
 #: with it (tasks/mounts.OWN_PREFIX, aws/iam.s3_policy), whatever the account or region
@@ -122,51 +143,79 @@ def check_run_id(run_id: str) -> str:
     return run_id
 
 
-def prefix(run_id: str) -> str:
-    """``runs/<run_id>/``: where everything of the run is kept (pure). Raises UsageError for a
-    value that is not a run id (check_run_id)."""
-    return f"{RUNS}{check_run_id(run_id)}/"
+def user_id(identity: Item) -> str:
+    """The caller's user id from STS GetCallerIdentity's answer (``identity``: aws/session.Aws.
+    check_credentials), its ``UserId``: the value ``${aws:userid}`` takes in the caller's requests,
+    so the prefix made here is the one docs/iam-policy.json lets the caller reach (pure). Raises
+    UsageError for a value of another form (``check_user_id``)."""
+    return check_user_id(identity.get("UserId") if isinstance(identity, dict) else None)
 
 
-def status_key(run_id: str) -> str:
-    """``runs/<run_id>/status.json``: the run's status record (put_status, get_status)."""
-    return prefix(run_id) + STATUS
+def check_user_id(user: object) -> str:
+    """``user`` when all of it has USER_ID's form (pure). Raises UsageError otherwise: for a role
+    session name with ",", which no tag can hold, naming it."""
+    if isinstance(user, str) and USER_ID.fullmatch(user):
+        return user
+    if isinstance(user, str) and USER_ID.fullmatch(user.replace(",", "_")):
+        raise UsageError(f"your AWS user id {user!r} holds a ',', which an AWS tag cannot hold: ec2gpu tags a run's "
+                         "role and secrets with it, so that only your runs reach them",
+                         "use a role session name without ',' (aws sts assume-role --role-session-name), "
+                         "or an IAM user's credentials")
+    raise UsageError(f"{str(user)[:80]!r} is not an AWS user id",
+                     "it comes from the credentials (sts get-caller-identity's UserId)")
 
 
-def logs_prefix(run_id: str) -> str:
-    """``runs/<run_id>/logs/``: the job's logs, uploaded by the agent."""
-    return prefix(run_id) + LOGS
+def user_prefix(user: str) -> str:
+    """``runs/<user>/``: where every run of the user ``user`` (a USER_ID) is kept (pure). Raises
+    UsageError for a value that is not a user id (check_user_id)."""
+    return f"{RUNS}{check_user_id(user)}/"
 
 
-def outputs_prefix(run_id: str) -> str:
-    """``runs/<run_id>/outputs/``: what the job wrote to $EC2GPU_OUTPUT_DIR (`ec2gpu fetch RUN`)."""
-    return prefix(run_id) + OUTPUTS
+def prefix(user: str, run_id: str) -> str:
+    """``runs/<user>/<run_id>/``: where everything of the run is kept (pure). Raises UsageError
+    for a value that is not a user id (check_user_id) or a run id (check_run_id)."""
+    return f"{user_prefix(user)}{check_run_id(run_id)}/"
 
 
-def checkpoints_prefix(run_id: str) -> str:
-    """``runs/<run_id>/checkpoints/``: the job's checkpoints, which a replacement instance resumes from."""
-    return prefix(run_id) + CHECKPOINTS
+def status_key(user: str, run_id: str) -> str:
+    """``runs/<user>/<run_id>/status.json``: the run's status record (put_status, get_status)."""
+    return prefix(user, run_id) + STATUS
 
 
-def cancel_key(run_id: str) -> str:
-    """``runs/<run_id>/cancel``: present once `ec2gpu cancel` asked the run's agent to stop."""
-    return prefix(run_id) + CANCEL
+def logs_prefix(user: str, run_id: str) -> str:
+    """``runs/<user>/<run_id>/logs/``: the job's logs, uploaded by the agent."""
+    return prefix(user, run_id) + LOGS
 
 
-def spec_key(run_id: str) -> str:
-    """``runs/<run_id>/spec.json``: what the agent runs (runs/detached/launch.spec_document)."""
-    return prefix(run_id) + SPEC
+def outputs_prefix(user: str, run_id: str) -> str:
+    """``runs/<user>/<run_id>/outputs/``: what the job wrote to $EC2GPU_OUTPUT_DIR (`ec2gpu fetch RUN`)."""
+    return prefix(user, run_id) + OUTPUTS
 
 
-def agent_prefix(run_id: str) -> str:
-    """``runs/<run_id>/agent/``: the instance-side files the boot script fetches."""
-    return prefix(run_id) + AGENT
+def checkpoints_prefix(user: str, run_id: str) -> str:
+    """``runs/<user>/<run_id>/checkpoints/``: the job's checkpoints, which a replacement instance resumes from."""
+    return prefix(user, run_id) + CHECKPOINTS
 
 
-def handover_keys(run_id: str) -> dict[str, str]:
-    """{"outputs", "log", "pool", "status": the key under ``runs/<run_id>/handover/``}: where the agent of a
-    run in the foreground puts what its lost controller did not collect (pure)."""
-    return {what: prefix(run_id) + HANDOVER + name for what, name in HANDOVER_NAMES.items()}
+def cancel_key(user: str, run_id: str) -> str:
+    """``runs/<user>/<run_id>/cancel``: present once `ec2gpu cancel` asked the run's agent to stop."""
+    return prefix(user, run_id) + CANCEL
+
+
+def spec_key(user: str, run_id: str) -> str:
+    """``runs/<user>/<run_id>/spec.json``: what the agent runs (runs/detached/launch.spec_document)."""
+    return prefix(user, run_id) + SPEC
+
+
+def agent_prefix(user: str, run_id: str) -> str:
+    """``runs/<user>/<run_id>/agent/``: the instance-side files the boot script fetches."""
+    return prefix(user, run_id) + AGENT
+
+
+def handover_keys(user: str, run_id: str) -> dict[str, str]:
+    """{"outputs", "log", "pool", "status": the key under ``runs/<user>/<run_id>/handover/``}: where the
+    agent of a run in the foreground puts what its lost controller did not collect (pure)."""
+    return {what: prefix(user, run_id) + HANDOVER + name for what, name in HANDOVER_NAMES.items()}
 
 
 def presign_puts(s3: Client, bucket: str, keys: dict[str, str], expires_s: int) -> dict[str, str]:
@@ -178,10 +227,10 @@ def presign_puts(s3: Client, bucket: str, keys: dict[str, str], expires_s: int) 
             for what, key in keys.items()}
 
 
-def put_cancel(s3: Client, bucket: str, run_id: str) -> None:
+def put_cancel(s3: Client, bucket: str, user: str, run_id: str) -> None:
     """Write the run's cancel object (``cancel_key``): the agent, polling for it, stops the job and
-    saves its outputs. Raises UsageError for a bad run id, AwsError for S3 errors."""
-    _put(s3, "put_object", bucket, Key=cancel_key(run_id), Body=b"cancelled by `ec2gpu cancel`\n")
+    saves its outputs. Raises UsageError for a bad user or run id, AwsError for S3 errors."""
+    _put(s3, "put_object", bucket, Key=cancel_key(user, run_id), Body=b"cancelled by `ec2gpu cancel`\n")
 
 
 def put_file(s3: Client, bucket: str, key: str, path: str | os.PathLike[str]) -> None:
@@ -199,9 +248,9 @@ def put_json(s3: Client, bucket: str, key: str, document: Any) -> None:
          ContentType="application/json")
 
 
-def workdir_key(run_id: str) -> str:
-    """``runs/<run_id>/workdir.tar.gz``: the task's workdir, as a replacement instance pulls it."""
-    return prefix(run_id) + WORKDIR
+def workdir_key(user: str, run_id: str) -> str:
+    """``runs/<user>/<run_id>/workdir.tar.gz``: the task's workdir, as a replacement instance pulls it."""
+    return prefix(user, run_id) + WORKDIR
 
 
 # --- the bucket's settings (pure request builders) --------------------------------------------
@@ -278,11 +327,16 @@ def _absent(code: str | None) -> bool:
 
 
 def exists(s3: Client, bucket: str) -> bool:
-    """Whether ``bucket`` exists and is this account's (HeadBucket with ExpectedBucketOwner); creates
-    nothing. Raises UsageError on 403 (another account owns the name, or these credentials may not
-    list it), AwsError for other errors."""
+    """Whether ``bucket`` exists and is this account's (GetBucketLocation with ExpectedBucketOwner);
+    creates nothing. Not HeadBucket: it is authorised as s3:ListBucket, which the user policy
+    (docs/iam-policy.json) grants on the run store only for a listing under the caller's own
+    prefix (an ``s3:prefix`` condition, which a HeadBucket, carrying no prefix, never meets), so
+    that no user lists another's runs; GetBucketLocation is authorised as s3:GetBucketLocation on
+    the bucket (https://docs.aws.amazon.com/AmazonS3/latest/API/API_GetBucketLocation.html). Raises
+    UsageError on 403 (another account owns the name, or these credentials may not read it),
+    AwsError for other errors."""
     try:
-        s3.head_bucket(Bucket=bucket, **_expected_owner(bucket))
+        s3.get_bucket_location(Bucket=bucket, **_expected_owner(bucket))
         return True
     except botocore.exceptions.ClientError as exc:
         code = error_code(exc)
@@ -290,10 +344,10 @@ def exists(s3: Client, bucket: str) -> bool:
             return False
         if code in FORBIDDEN:
             raise UsageError(f"run store: s3://{bucket} exists but is not this account's, or these credentials "
-                             "may not list it (403)",
-                             "allow s3:ListBucket on it (docs/iam-policy.json); a name another AWS account "
+                             "may not read it (403)",
+                             "allow s3:GetBucketLocation on it (docs/iam-policy.json); a name another AWS account "
                              "took cannot be used: see docs/security.md, 'The run store'") from None
-        raise AwsError(f"run store: s3://{bucket}: HeadBucket failed ({code})", "try again") from None
+        raise AwsError(f"run store: s3://{bucket}: GetBucketLocation failed ({code})", "try again") from None
 
 
 def ensure(s3: Client, account_id: str, region: str, owner: str, expire_days: int, log: Log = lambda line: None) -> str:
@@ -303,16 +357,30 @@ def ensure(s3: Client, account_id: str, region: str, owner: str, expire_days: in
     differs (Block Public Access, SSE-S3, the TLS-deny statement, the lifecycle rule with
     ``expire_days`` (>= 1), an ``ec2gpu:owner`` tag when it has none) is set again; the user's own
     policy statements, lifecycle rules and tags are kept. ``log`` hears one line per change.
+
+    A setting these credentials may not make (403) is left as it is, and ``log`` hears one line
+    naming them: docs/iam-policy.json gives a user no s3:PutBucketPolicy, PutLifecycleConfiguration,
+    PutEncryptionConfiguration or PutBucketPublicAccessBlock on the run store, since whoever may set
+    its bucket policy may grant themselves every user's runs (a bucket policy that names a principal
+    of the account allows what it grants whatever that principal's own policies say:
+    https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_evaluation-logic.html), and
+    whoever may set its lifecycle may expire them. An administrator's credentials set them (their
+    first run, detached or with a hand-over, calls this); `ec2gpu doctor` says what the bucket lacks.
     Raises UsageError for a bad account, region or ``expire_days``, or a name another account owns
-    (BucketAlreadyExists, or 403 on HeadBucket); AwsError for other S3 errors.
+    (BucketAlreadyExists, or 403 on GetBucketLocation); AwsError for other S3 errors.
     """
     bucket = bucket_name(account_id, region)
     days = _days(expire_days)
     if not exists(s3, bucket):
         _create(s3, bucket, region)
         log(f"run store: created s3://{bucket} in {region}")
-    for what in _apply(s3, bucket, region, owner, days):
+    done, refused = _apply(s3, bucket, region, owner, days)
+    for what in done:
         log(f"run store: s3://{bucket}: {what}")
+    if refused:
+        log(f"run store: s3://{bucket}: not set, these credentials may not: {'; '.join(refused)} (docs/iam-policy.json "
+            "leaves the bucket's settings to an administrator, whose credentials set them at their next run; "
+            "`ec2gpu doctor` says what the bucket lacks)")
     return bucket
 
 
@@ -335,7 +403,7 @@ def _create(s3: Client, bucket: str, region: str) -> None:
 
 
 def _get(s3: Client, op: str, bucket: str) -> Item | None:
-    """What the boto3 method ``op`` (a HeadBucket or Get* call) answers for ``bucket``, with
+    """What the boto3 method ``op`` (a Get* call) answers for ``bucket``, with
     ExpectedBucketOwner; None when that configuration (or the bucket) is absent. Raises AwsError
     for other errors."""
     try:
@@ -365,16 +433,22 @@ CONFLICT_CODES = ("PreconditionFailed", "412", "ConditionalRequestConflict", "40
 CONFLICT_TRIES = 5  # end_status: reads and writes of status.json before a conflict is raised
 
 
+class Forbidden(AwsError):
+    """S3 refused a request for want of permission (403 AccessDenied: FORBIDDEN)."""
+
+
 def _put(s3: Client, op: str, bucket: str, **kw: Any) -> None:
     """``op`` on ``bucket`` (ExpectedBucketOwner). Raises Conflict where a conditional write
-    (``IfMatch``, ``IfNoneMatch`` in ``kw``) does not hold, AwsError for other S3 errors."""
+    (``IfMatch``, ``IfNoneMatch`` in ``kw``) does not hold, Forbidden (an AwsError) for 403,
+    AwsError for other S3 errors."""
     try:
         getattr(s3, op)(Bucket=bucket, **_expected_owner(bucket), **kw)
     except botocore.exceptions.ClientError as exc:
         if ("IfMatch" in kw or "IfNoneMatch" in kw) and error_code(exc) in CONFLICT_CODES:
             raise Conflict(f"s3://{bucket}/{kw.get('Key')} changed since it was read ({error_code(exc)})") from None
-        raise AwsError(f"run store: s3://{bucket}: {_api(op)} failed ({error_code(exc)})",
-                       "see docs/iam-policy.json") from None
+        error = Forbidden if error_code(exc) in FORBIDDEN else AwsError
+        raise error(f"run store: s3://{bucket}: {_api(op)} failed ({error_code(exc)})",
+                    "see docs/iam-policy.json") from None
 
 
 #: S3 keeps a bucket policy to 20 KB (https://docs.aws.amazon.com/AmazonS3/latest/userguide/using-iam-policies.html)
@@ -390,30 +464,38 @@ def _policy_of(got: Item | None) -> Item | None:
     return policy if isinstance(policy, dict) else None
 
 
-def _apply(s3: Client, bucket: str, region: str, owner: str, days: int) -> list[str]:
-    """Set each setting of ``bucket`` that differs from ec2gpu's; returns what was set."""
-    done = []
+def _apply(s3: Client, bucket: str, region: str, owner: str, days: int) -> tuple[list[str], list[str]]:
+    """Set each setting of ``bucket`` that differs from ec2gpu's; returns (what was set, what these
+    credentials were refused: 403)."""
+    done: list[str] = []
+    refused: list[str] = []
+
+    def put(op: str, what: str, **kw: Any) -> None:
+        try:
+            _put(s3, op, bucket, **kw)
+            done.append(what)
+        except Forbidden:
+            refused.append(what)
     bpa = (_get(s3, "get_public_access_block", bucket) or {}).get("PublicAccessBlockConfiguration", {})
     if any(bpa.get(k) is not True for k in PUBLIC_ACCESS_BLOCK):
-        _put(s3, "put_public_access_block", bucket, PublicAccessBlockConfiguration=PUBLIC_ACCESS_BLOCK)
-        done.append("Block Public Access on (all four)")
+        put("put_public_access_block", "Block Public Access on (all four)", PublicAccessBlockConfiguration=PUBLIC_ACCESS_BLOCK)
     if _encryption_problem(_get(s3, "get_bucket_encryption", bucket)):
-        _put(s3, "put_bucket_encryption", bucket, ServerSideEncryptionConfiguration=ENCRYPTION)
-        done.append("default encryption SSE-S3")
+        put("put_bucket_encryption", "default encryption SSE-S3", ServerSideEncryptionConfiguration=ENCRYPTION)
     policy = _policy_of(_get(s3, "get_bucket_policy", bucket))
     if not any(_denies_plain_http(s, bucket) for s in _listed((policy or {}).get("Statement", []))):
-        _put(s3, "put_bucket_policy", bucket, Policy=json.dumps(bucket_policy(bucket, region, policy)))
-        done.append("bucket policy: requests without TLS denied")
+        put("put_bucket_policy", "bucket policy: requests without TLS denied",
+            Policy=json.dumps(bucket_policy(bucket, region, policy)))
     rules = (_get(s3, "get_bucket_lifecycle_configuration", bucket) or {}).get("Rules", [])
     ours = [r for r in rules if r.get("ID") == RULE_ID]
     if not ours or _normal(ours[0]) != _normal(expire_rule(days)):
-        _put(s3, "put_bucket_lifecycle_configuration", bucket, LifecycleConfiguration=lifecycle(days, rules))
-        done.append(f"lifecycle: runs/ expire after {days} days, incomplete uploads aborted after {ABORT_DAYS}")
+        put("put_bucket_lifecycle_configuration",
+            f"lifecycle: runs/ expire after {days} days, incomplete uploads aborted after {ABORT_DAYS}",
+            LifecycleConfiguration=lifecycle(days, rules))
     tag_set = (_get(s3, "get_bucket_tagging", bucket) or {}).get("TagSet", [])
     if not any(t.get("Key") == T.OWNER for t in tag_set):
-        _put(s3, "put_bucket_tagging", bucket, Tagging={"TagSet": [*tag_set, {"Key": T.OWNER, "Value": owner_tag(owner)}]})
-        done.append(f"tagged {T.OWNER}")
-    return done
+        put("put_bucket_tagging", f"tagged {T.OWNER}",
+            Tagging={"TagSet": [*tag_set, {"Key": T.OWNER, "Value": owner_tag(owner)}]})
+    return done, refused
 
 
 def _normal(rule: Item) -> tuple[Any, ...]:
@@ -495,7 +577,7 @@ def check(s3: Client, bucket: str, expire_days: int | None = None) -> list[str]:
     Reads only (Get* with ExpectedBucketOwner), creates nothing; a missing bucket or configuration
     (NoSuch* codes) is a problem, not an error. Raises AwsError for other S3 errors (403: these
     credentials may not read the setting)."""
-    if _get(s3, "head_bucket", bucket) is None:
+    if _get(s3, "get_bucket_location", bucket) is None:  # not HeadBucket: ``exists`` says why
         return [f"s3://{bucket} does not exist"]
     problems = []
     bpa = _get(s3, "get_public_access_block", bucket)
@@ -598,15 +680,15 @@ _FIELDS = ("run_id", "state", "attempt", "restarts", "interruptions", "launches"
            "exit_code", "signal", "started_at", "updated_at", "ended_at", "message", "problem")
 
 
-def put_status(s3: Client, bucket: str, run_id: str, status: dict[str, Any], *,
+def put_status(s3: Client, bucket: str, user: str, run_id: str, status: dict[str, Any], *,
                if_match: str | None = None, if_absent: bool = False) -> None:
     """Write ``status`` (validate_status's shape; ``run_id`` set to ``run_id``) as the run's
     status.json, JSON, replacing the one there; with ``if_match`` only over the object of that ETag,
-    with ``if_absent`` only where there is none. Raises UsageError for a bad run id, ValueError for a
+    with ``if_absent`` only where there is none. Raises UsageError for a bad user or run id, ValueError for a
     record that is not JSON, is larger than MAX_STATUS_BYTES or would be read back as unreadable
     (what is written must be what get_status accepts), Conflict when the condition does not hold,
     AwsError for other S3 errors."""
-    key = status_key(run_id)
+    key = status_key(user, run_id)
     if not isinstance(status, dict):
         raise ValueError(f"a status record is a dict, not {type(status).__name__}")
     try:
@@ -620,11 +702,11 @@ def put_status(s3: Client, bucket: str, run_id: str, status: dict[str, Any], *,
     _put(s3, "put_object", bucket, Key=key, Body=body, ContentType="application/json", **cond)
 
 
-def get_status(s3: Client, bucket: str, run_id: str) -> Item | None:
+def get_status(s3: Client, bucket: str, user: str, run_id: str) -> Item | None:
     """The run's status.json as validate_status returns it, or None when there is none (no object,
     no bucket). At most MAX_STATUS_BYTES + 1 bytes are read: a larger object is unreadable without
-    being downloaded. Raises UsageError for a bad run id, AwsError for other S3 errors."""
-    key = status_key(run_id)
+    being downloaded. Raises UsageError for a bad user or run id, AwsError for other S3 errors."""
+    key = status_key(user, run_id)
     got = _get_object(s3, bucket, key)
     if got is None:
         return None
@@ -639,24 +721,26 @@ def get_status(s3: Client, bucket: str, run_id: str) -> Item | None:
     return validate_status(data, run_id)
 
 
-def list_runs(s3: Client, bucket: str) -> list[str]:
-    """The run ids that have objects in ``bucket`` (the ``runs/<run_id>/`` prefixes, ListObjectsV2
-    with Delimiter '/', every page through boto3's paginator), sorted (oldest first, as run ids
-    sort); a prefix that is not a run id is skipped. [] when the bucket does not exist. Raises
-    AwsError for other S3 errors."""
+def list_runs(s3: Client, bucket: str, user: str) -> list[str]:
+    """The run ids of the user ``user`` that have objects in ``bucket`` (the ``runs/<user>/<run_id>/``
+    prefixes, ListObjectsV2 with Delimiter '/', every page through boto3's paginator), sorted
+    (oldest first, as run ids sort); a prefix that is not a run id is skipped. Another user's runs,
+    and runs of the layout before the user id (``runs/<run_id>/``), are not listed. [] when the
+    bucket does not exist. Raises UsageError for a bad user id, AwsError for other S3 errors."""
     found = set()
+    mine = user_prefix(user)
     try:
-        pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=RUNS, Delimiter="/",
+        pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=mine, Delimiter="/",
                                                              **_expected_owner(bucket))
         for page in pages:
             for common in page.get("CommonPrefixes", []):
-                name = str(common.get("Prefix", ""))[len(RUNS):]
+                name = str(common.get("Prefix", ""))[len(mine):]
                 if name.endswith("/") and RUN_ID.fullmatch(name[:-1]):
                     found.add(name[:-1])
     except botocore.exceptions.ClientError as exc:
         if _absent(error_code(exc)):
             return []
-        raise AwsError(f"run store: s3://{bucket}: ListObjectsV2 failed ({error_code(exc)})",
+        raise AwsError(f"run store: s3://{bucket}/{mine}: ListObjectsV2 failed ({error_code(exc)})",
                        "see docs/iam-policy.json") from None
     return sorted(found)
 
@@ -738,21 +822,22 @@ def _utc(text: str) -> Any:
     return datetime.fromisoformat(text)
 
 
-def get_status_bytes(s3: Client, bucket: str, run_id: str, limit: int = MAX_LAUNCH_STATUS_BYTES) -> bytes | None:
+def get_status_bytes(s3: Client, bucket: str, user: str, run_id: str,
+                     limit: int = MAX_LAUNCH_STATUS_BYTES) -> bytes | None:
     """The bytes of the run's status.json (at most ``limit`` + 1 of them: a larger object is not
     downloaded whole, and its first ``limit`` + 1 bytes tell launches and validate_status it is too
     large), or None when there is none (no object, no bucket). One GetObject with
     ExpectedBucketOwner. For validate_status (the record) and launches (its instances) from one
-    read. Raises UsageError for a bad run id, AwsError for other S3 errors."""
-    return get_status_tagged(s3, bucket, run_id, limit)[0]
+    read. Raises UsageError for a bad user or run id, AwsError for other S3 errors."""
+    return get_status_tagged(s3, bucket, user, run_id, limit)[0]
 
 
-def secret_names(s3: Client, bucket: str, run_id: str) -> list[str]:
+def secret_names(s3: Client, bucket: str, user: str, run_id: str) -> list[str]:
     """The names of the run's secrets as its spec.json lists them (``secrets``; [] without any or
     without a spec): their values are in SSM Parameter Store (aws/parameters.py). The run's role
     could rewrite spec.json: a name that is not an environment variable's is left out, and at most
     100 are read. Raises AwsError for S3 errors other than a missing object."""
-    data, _ = _read_head(s3, bucket, spec_key(run_id), (1 << 20) + 1)
+    data, _ = _read_head(s3, bucket, spec_key(user, run_id), (1 << 20) + 1)
     try:
         spec = bounded_json.loads(data, max_bytes=1 << 20) if data else {}
     except bounded_json.Refused:
@@ -762,11 +847,11 @@ def secret_names(s3: Client, bucket: str, run_id: str) -> list[str]:
         if isinstance(names, list) else []
 
 
-def get_status_tagged(s3: Client, bucket: str, run_id: str,
+def get_status_tagged(s3: Client, bucket: str, user: str, run_id: str,
                       limit: int = MAX_LAUNCH_STATUS_BYTES) -> tuple[bytes | None, str | None]:
     """get_status_bytes's bytes, and the object's ETag (for a write conditional on it); (None, None)
     when there is none."""
-    return _read_head(s3, bucket, status_key(run_id), limit + 1)
+    return _read_head(s3, bucket, status_key(user, run_id), limit + 1)
 
 
 def read_head(s3: Client, bucket: str, key: str, size: int) -> bytes | None:
@@ -837,18 +922,18 @@ MAX_SETTLED_BYTES = 256 * 1024
 _ZONE = re.compile(r"[a-z]{2}(-[a-z]+)+-[0-9]{1,2}[a-z]")
 
 
-def put_settled(s3: Client, bucket: str, run_id: str, rows: list[dict[str, Any]]) -> None:
+def put_settled(s3: Client, bucket: str, user: str, run_id: str, rows: list[dict[str, Any]]) -> None:
     """Write ``rows`` ({"instance_id", "instance_type", "market", "zone", "launched_at",
     "terminated_at"}: ISO 8601 UTC times) as the run's settled.json. Raises AwsError for S3 errors."""
-    put_json(s3, bucket, prefix(run_id) + SETTLED, {"run_id": run_id, "instances": rows[:MAX_LAUNCHES]})
+    put_json(s3, bucket, prefix(user, run_id) + SETTLED, {"run_id": run_id, "instances": rows[:MAX_LAUNCHES]})
 
 
-def get_settled(s3: Client, bucket: str, run_id: str) -> list[dict[str, Any]]:
+def get_settled(s3: Client, bucket: str, user: str, run_id: str) -> list[dict[str, Any]]:
     """The rows of the run's settled.json (put_settled's shape), each field checked: an entry
     with an instance id, type, market, zone or time not of EC2's form, or ending before it
     started, is dropped; another run's record, an object that is not JSON or is larger than
     MAX_SETTLED_BYTES gives []. [] when there is none. Raises AwsError for other S3 errors."""
-    data, _ = _read_head(s3, bucket, prefix(run_id) + SETTLED, MAX_SETTLED_BYTES + 1)
+    data, _ = _read_head(s3, bucket, prefix(user, run_id) + SETTLED, MAX_SETTLED_BYTES + 1)
     if data is None:
         return []
     try:
@@ -954,7 +1039,7 @@ def read_range(s3: Client, bucket: str, key: str, start: int, end: int, etag: st
     return data
 
 
-def end_status(s3: Client, bucket: str, run_id: str, state: str, message: str, at: str) -> bool:
+def end_status(s3: Client, bucket: str, user: str, run_id: str, state: str, message: str, at: str) -> bool:
     """Record the run's end when its agent cannot (`ec2gpu cancel` after its wait; `status` for a
     group that stopped without the agent's word): status.json as it is, its launches and attempts
     kept (the run's cost is computed from them: runs/detached/costs.py), with ``state`` (one of
@@ -967,7 +1052,7 @@ def end_status(s3: Client, bucket: str, run_id: str, state: str, message: str, a
     if state not in FINAL_STATES:
         raise ValueError(f"{state!r} is not a final state")
     for _ in range(CONFLICT_TRIES):
-        data, etag = get_status_tagged(s3, bucket, run_id)
+        data, etag = get_status_tagged(s3, bucket, user, run_id)
         try:
             raw = bounded_json.loads(data, max_bytes=MAX_STATUS_BYTES) if data is not None else {}
         except bounded_json.Refused:
@@ -976,7 +1061,7 @@ def end_status(s3: Client, bucket: str, run_id: str, state: str, message: str, a
         if record.get("state") in FINAL_STATES:  # an end recorded stands (the agent's, written since the caller read)
             return False
         try:
-            put_status(s3, bucket, run_id, {**record, "state": state, "message": message, "reason": message,
+            put_status(s3, bucket, user, run_id, {**record, "state": state, "message": message, "reason": message,
                                             "ended_at": at}, if_match=etag, if_absent=etag is None)
             return True
         except Conflict:

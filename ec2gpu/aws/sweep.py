@@ -129,6 +129,9 @@ class Clients:
     group_wait_s: float = 300.0
     group_deadline: float | None = None  # time.monotonic() by which the groups' wait ends (set at the first)
     ssm: Client = None
+    #: the caller's user id (aws/runstore.user_id): only the secret parameters tagged with it are
+    #: found (the ones docs/iam-policy.json lets the caller delete); None: every run's
+    user: str | None = None
 
 
 def _row(res: dict[str, Any], id_key: str, **extra: Any) -> dict[str, Any]:
@@ -222,7 +225,7 @@ def _find_parameters(c: Clients, run_id: str | None, log: Log) -> list[dict[str,
     not list them, which ``log`` hears."""
     from . import parameters
     try:
-        return parameters.find(c.ssm, run_id)
+        return parameters.find(c.ssm, run_id, c.user)
     except botocore.exceptions.ClientError as exc:
         if error_code(exc) not in _REFUSED:
             raise
@@ -289,7 +292,8 @@ KIND = {k.key: k for k in KINDS}
 
 
 def inventory(ec2: Client, run_id: str | None = None, log: Log = lambda msg: None,
-              iam: Client = None, autoscaling: Client = None, ssm: Client = None) -> dict[str, list[dict[str, Any]]]:
+              iam: Client = None, autoscaling: Client = None, ssm: Client = None,
+              user: str | None = None) -> dict[str, list[dict[str, Any]]]:
     """Everything the tool created (or one run) that still exists in the client's region, by kind
     (``KINDS``, in removal order).
 
@@ -301,11 +305,12 @@ def inventory(ec2: Client, run_id: str | None = None, log: Log = lambda msg: Non
     ``state``. Without ``iam`` there is no instance_roles key. With an Auto Scaling client
     ``autoscaling``, auto_scaling_groups (``desired``: its desired capacity, ``instances``: their
     ids); with an SSM client ``ssm``, secret_parameters (aws/parameters.find: ``id`` is the
-    parameter's name, ``name`` the environment variable's); launch_templates always. ``log``
+    parameter's name, ``name`` the environment variable's; with ``user``, the caller's user id,
+    only those tagged with it: another user's secrets are theirs to remove); launch_templates always. ``log``
     hears what could not be listed (placement groups where that API is unavailable, roles,
     groups, templates or parameters these credentials may not list).
     """
-    c = Clients(ec2, iam, autoscaling, ssm=ssm)
+    c = Clients(ec2, iam, autoscaling, ssm=ssm, user=user)
     found = {k.key: k.find(c, run_id, log) for k in KINDS if k.needs is None or (k.needs != "iam" and
                                                                                   getattr(c, k.needs) is not None)}
     if iam is not None:
@@ -415,11 +420,12 @@ def delete_security_group(ec2: Client, group_id: str, timeout_s: float = 300, de
 
 
 def delete_run(ec2: Client, run_id: str, keys_dir: Path, log: Log = lambda msg: None,
-               iam: Client = None, autoscaling: Client = None, ssm: Client = None) -> dict[str, list[str]]:
+               iam: Client = None, autoscaling: Client = None, ssm: Client = None,
+               user: str | None = None) -> dict[str, list[str]]:
     """Remove everything of one run (see ``delete_everything``; its instance role too with an IAM
     client ``iam``, its Auto Scaling group with ``autoscaling``, its secret parameters with
-    ``ssm``); returns the ids removed, by kind."""
-    return delete_everything(ec2, inventory(ec2, run_id, log, iam, autoscaling, ssm), keys_dir, log, iam,
+    ``ssm``: those tagged with ``user``, the caller's id, when given); returns the ids removed, by kind."""
+    return delete_everything(ec2, inventory(ec2, run_id, log, iam, autoscaling, ssm, user), keys_dir, log, iam,
                              autoscaling=autoscaling, ssm=ssm)
 
 

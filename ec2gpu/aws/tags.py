@@ -9,6 +9,10 @@ if TYPE_CHECKING:
 
 RUN = "ec2gpu:run"
 OWNER = "ec2gpu:owner"
+#: the user id (STS GetCallerIdentity's UserId = ${aws:userid}: aws/runstore.user_id) of whoever made a
+#: run role or a detached run's secret: docs/iam-policy.json lets a user pass only roles, and read
+#: only secrets, tagged with their own id, and the boundary holds a role to its own user's runs
+USER = "ec2gpu:user"
 NAME = "Name"
 CLUSTER = "ec2gpu:cluster"  # the cluster's name, on every node of a multi-node run, pool or standing cluster
 IDLE = "ec2gpu:idle"  # a standing instance's idle rule: "stop 1800" or "down 3600" (instances.IdleRule)

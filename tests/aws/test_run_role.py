@@ -9,6 +9,7 @@ import pytest
 from ec2gpu.aws import capacity, iam as roles, instances, network, sweep
 
 POLICY = roles.s3_policy([("data-bucket", "train/")], [("out-bucket", "runs/")])
+USER = "AROAEXAMPLEROLEID0001:alice@example.com"  # who makes the role: its ec2gpu:user tag
 
 
 def _gone(client, name: str) -> bool:
@@ -27,7 +28,7 @@ def iam(aws):
 
 
 def test_create_makes_the_role_its_policy_and_profile_tagged(iam):
-    name = roles.create_run_role(iam, "run-role-a", "alice", POLICY, region="us-east-1")
+    name = roles.create_run_role(iam, "run-role-a", "alice", POLICY, user=USER, region="us-east-1")
     try:
         assert name == "ec2gpu-run-role-a"
         role = iam.get_role(RoleName=name)["Role"]
@@ -37,7 +38,7 @@ def test_create_makes_the_role_its_policy_and_profile_tagged(iam):
         assert trust == roles.TRUST
         tags = {t["Key"]: t["Value"] for t in iam.list_role_tags(RoleName=name)["Tags"]}
         assert tags == {"ec2gpu:run": "run-role-a", "ec2gpu:owner": "alice", "Name": name,
-                        "ec2gpu:region": "us-east-1"}
+                        "ec2gpu:region": "us-east-1", "ec2gpu:user": USER}
         assert iam.list_role_policies(RoleName=name)["PolicyNames"] == ["ec2gpu-s3"]
         doc = iam.get_role_policy(RoleName=name, PolicyName="ec2gpu-s3")["PolicyDocument"]
         assert (json.loads(doc) if isinstance(doc, str) else doc) == POLICY
@@ -51,8 +52,8 @@ def test_create_makes_the_role_its_policy_and_profile_tagged(iam):
 
 
 def test_find_by_run_owner_and_region(iam):
-    a = roles.create_run_role(iam, "run-role-f1", "alice", POLICY, region="us-east-1")
-    b = roles.create_run_role(iam, "run-role-f2", "bob", POLICY, region="eu-west-1")
+    a = roles.create_run_role(iam, "run-role-f1", "alice", POLICY, user=USER, region="us-east-1")
+    b = roles.create_run_role(iam, "run-role-f2", "bob", POLICY, user=USER, region="eu-west-1")
     try:
         (found,) = roles.find_run_roles(iam, run_id="run-role-f1")
         assert {k: found[k] for k in ("name", "run_id", "owner", "region", "kind")} == {
@@ -70,7 +71,7 @@ def test_find_by_run_owner_and_region(iam):
 
 
 def test_delete_removes_everything_and_again_is_a_no_op(iam):
-    name = roles.create_run_role(iam, "run-role-d", "alice", POLICY)
+    name = roles.create_run_role(iam, "run-role-d", "alice", POLICY, user=USER)
     # what another hand may have added: a managed policy attached, a second inline one
     arn = iam.create_policy(PolicyName="ec2gpu-test-extra", PolicyDocument=json.dumps(
         {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:GetObject",
@@ -87,7 +88,7 @@ def test_delete_removes_everything_and_again_is_a_no_op(iam):
 
 
 def test_an_orphan_profile_is_found_and_removed(iam):
-    name = roles.create_run_role(iam, "run-role-o", "alice", POLICY, region="us-east-1")
+    name = roles.create_run_role(iam, "run-role-o", "alice", POLICY, user=USER, region="us-east-1")
     iam.remove_role_from_instance_profile(InstanceProfileName=name, RoleName=name)
     iam.delete_role_policy(RoleName=name, PolicyName="ec2gpu-s3")
     iam.delete_role(RoleName=name)  # the role gone, its profile left behind
@@ -116,15 +117,15 @@ class _FailingAt:
                                        "get_waiter"])
 def test_a_failure_half_way_removes_what_was_made_and_raises(iam, operation):
     with pytest.raises(botocore.exceptions.ClientError, match="injected"):
-        roles.create_run_role(_FailingAt(iam, operation), "run-role-h", "alice", POLICY, sleep=lambda s: None)
+        roles.create_run_role(_FailingAt(iam, operation), "run-role-h", "alice", POLICY, user=USER, sleep=lambda s: None)
     assert _gone(iam, "ec2gpu-run-role-h")
 
 
 def test_a_role_that_already_exists_is_neither_taken_nor_removed(iam):
-    name = roles.create_run_role(iam, "run-role-x", "alice", POLICY)
+    name = roles.create_run_role(iam, "run-role-x", "alice", POLICY, user=USER)
     try:
         with pytest.raises(botocore.exceptions.ClientError) as err:
-            roles.create_run_role(iam, "run-role-x", "mallory", POLICY)
+            roles.create_run_role(iam, "run-role-x", "mallory", POLICY, user=USER)
         assert err.value.response["Error"]["Code"] == "EntityAlreadyExists"
         assert iam.get_role(RoleName=name)["Role"]["RoleName"] == name
         assert [r["RoleName"] for r in iam.get_instance_profile(InstanceProfileName=name)["InstanceProfile"]["Roles"]] \
@@ -148,7 +149,7 @@ def test_cleanup_and_down_find_and_remove_a_runs_role_with_its_instance(aws, iam
     """The role of a run in this region, its instance launched with the profile: inventory lists
     it, delete_run (`down`) terminates the instance and then removes the role and profile."""
     run = spec.run_id
-    name = roles.create_run_role(iam, run, "alice", POLICY, region="us-east-1")
+    name = roles.create_run_role(iam, run, "alice", POLICY, user=USER, region="us-east-1")
     (inst,), _ = capacity.launch_with_fallback(aws.client("ec2", fail_fast=True),
                                                 replace(spec, instance_profile=name), [spec.instance_type])
     (desc,) = instances.wait_running(aws.ec2, [inst.id], timeout_s=30)
@@ -166,8 +167,8 @@ def test_cleanup_and_down_find_and_remove_a_runs_role_with_its_instance(aws, iam
 def test_a_region_sweep_takes_only_its_regions_roles(aws, iam, tmp_path):
     """IAM is global: `cleanup` in one region leaves the role of a run tagged with another, and an
     untagged role whose run holds nothing in this region; `down RUN` takes the run's role wherever."""
-    there = roles.create_run_role(iam, "run-role-w", "alice", POLICY, region="eu-west-1")
-    untagged = roles.create_run_role(iam, "run-role-u", "alice", POLICY)
+    there = roles.create_run_role(iam, "run-role-w", "alice", POLICY, user=USER, region="eu-west-1")
+    untagged = roles.create_run_role(iam, "run-role-u", "alice", POLICY, user=USER)
     try:
         listed = {r["id"] for r in sweep.inventory(aws.ec2, iam=iam)["instance_roles"]}
         assert there not in listed and untagged not in listed
@@ -186,7 +187,7 @@ def test_the_role_of_an_ended_run_is_among_its_leftovers_and_removed(aws, iam, t
     """A run that left only its role (its instances no longer listed; the role dates the run as a
     key pair does): ended_leftovers finds it, remove_leftovers removes it; without an IAM client
     neither looks at roles."""
-    name = roles.create_run_role(iam, "run-role-e", "alice", POLICY, region="us-east-1")
+    name = roles.create_run_role(iam, "run-role-e", "alice", POLICY, user=USER, region="us-east-1")
     try:
         assert "run-role-e" not in sweep.ended_leftovers(aws.ec2, iam=iam)  # made a moment ago: may launch yet
         monkeypatch.setattr(sweep, "UNLISTED_AFTER_S", 0)
@@ -220,7 +221,7 @@ def test_ctrl_c_half_way_removes_what_was_made_too(iam):
                 return stop
             return getattr(self.client, attr)
     with pytest.raises(KeyboardInterrupt):
-        roles.create_run_role(Interrupted(iam, ""), "run-role-c", "alice", POLICY)
+        roles.create_run_role(Interrupted(iam, ""), "run-role-c", "alice", POLICY, user=USER)
     assert _gone(iam, "ec2gpu-run-role-c")
 
 
@@ -234,7 +235,7 @@ def test_the_accounts_permissions_boundary_is_found_and_given_to_the_role(aws, i
     arn = iam.create_policy(PolicyName=roles.BOUNDARY_NAME, Path="/ec2gpu/", PolicyDocument=doc)["Policy"]["Arn"]
     try:
         assert roles.boundary_arn(iam, account) == arn
-        name = roles.create_run_role(iam, "run-role-b", "alice", POLICY, boundary=arn)
+        name = roles.create_run_role(iam, "run-role-b", "alice", POLICY, user=USER, boundary=arn)
         try:
             assert iam.get_role(RoleName=name)["Role"]["PermissionsBoundary"]["PermissionsBoundaryArn"] == arn
         finally:
@@ -260,19 +261,20 @@ def test_a_detached_runs_role_takes_its_policy_under_the_boundary(aws, iam):
     from pathlib import Path
     from ec2gpu.aws import groups
     account = aws.check_credentials()["Account"]
-    policy = roles.detached_policy(f"ec2gpu-{account}-us-east-1", RUN, groups.name_of(RUN), "us-east-1", account)
+    policy = roles.detached_policy(f"ec2gpu-{account}-us-east-1", RUN, groups.name_of(RUN), "us-east-1", account,
+                                   user=USER)
     doc = (Path(__file__).resolve().parents[2] / "docs" / "iam-instance-boundary.json").read_text()
     arn = iam.create_policy(PolicyName=roles.BOUNDARY_NAME, Path="/ec2gpu/", PolicyDocument=doc)["Policy"]["Arn"]
     try:
         for inline in (policy, roles.combined(policy, POLICY)):
-            name = roles.create_run_role(iam, RUN, "alice", inline, region="us-east-1", boundary=arn)
+            name = roles.create_run_role(iam, RUN, "alice", inline, user=USER, region="us-east-1", boundary=arn)
             try:
                 got = iam.get_role_policy(RoleName=name, PolicyName=roles.POLICY_NAME)["PolicyDocument"]
                 assert (json.loads(got) if isinstance(got, str) else got) == inline
                 role = iam.get_role(RoleName=name)["Role"]
                 assert role["PermissionsBoundary"]["PermissionsBoundaryArn"] == arn
                 tags = {t["Key"]: t["Value"] for t in iam.list_role_tags(RoleName=name)["Tags"]}
-                assert tags["ec2gpu:run"] == RUN
+                assert tags["ec2gpu:run"] == RUN and tags["ec2gpu:user"] == USER  # the boundary reads both
             finally:
                 roles.delete_run_role(iam, name)
             assert _gone(iam, name)
@@ -303,14 +305,14 @@ def test_the_boundary_reaches_no_bucket_the_users_own_policy_does_not():
     file_mounts = {"RunRolesMayOnlyReadAndWriteObjectsOfTheFileMountsBuckets", "RunRolesMayListTheFileMountsBuckets"}
     assert _resources(boundary, file_mounts) == _resources(user, {"FileMountsObjects",
                                                                   "FileMountsBucketsCheckedOrCreated"})
+    run = "runs/${aws:PrincipalTag/ec2gpu:user}/${aws:PrincipalTag/ec2gpu:run}"
     assert _resources(boundary, {s["Sid"] for s in boundary["Statement"]} - file_mounts) == {
-        "arn:aws:s3:::ec2gpu-*/runs/${aws:PrincipalTag/ec2gpu:run}/*", "arn:aws:s3:::ec2gpu-*",
-        "arn:aws:s3:::ec2gpu-*/runs/${aws:PrincipalTag/ec2gpu:run}/checkpoints/*",
+        f"arn:aws:s3:::ec2gpu-*/{run}/*", "arn:aws:s3:::ec2gpu-*", f"arn:aws:s3:::ec2gpu-*/{run}/checkpoints/*",
         "arn:aws:autoscaling:*:*:autoScalingGroup:*:autoScalingGroupName/ec2gpu-*",
         "arn:aws:ssm:*:*:parameter/ec2gpu/runs/${aws:PrincipalTag/ec2gpu:run}/*"}
-    assert _resources(user, {"RunDataOnlyInYourAccountsBuckets", "RunBucketConfiguredAndCheckedOnlyInYourAccount",
-                             "ChangeAndDeleteOnlyEc2gpuGroups"}) == {
-        "arn:aws:s3:::ec2gpu-*/*", "arn:aws:s3:::ec2gpu-*",
+    assert _resources(user, {"RunDataOnlyUnderYourOwnPrefixInYourAccountsBuckets", "RunBucketCheckedOnlyInYourAccount",
+                             "ListOnlyYourOwnRunsInYourAccountsBuckets", "ChangeAndDeleteOnlyEc2gpuGroups"}) == {
+        "arn:aws:s3:::ec2gpu-*/runs/${aws:userid}/*", "arn:aws:s3:::ec2gpu-*",
         "arn:aws:autoscaling:*:*:autoScalingGroup:*:autoScalingGroupName/ec2gpu-*"}
 
 
@@ -324,7 +326,8 @@ def test_a_boundary_from_an_older_ec2gpu_is_refused_before_a_detached_run_makes_
     from ec2gpu.errors import UsageError
     from ec2gpu.runs.detached import launch
     account = aws.check_credentials()["Account"]
-    policy = roles.detached_policy(f"ec2gpu-{account}-us-east-1", RUN, groups.name_of(RUN), "us-east-1", account)
+    policy = roles.detached_policy(f"ec2gpu-{account}-us-east-1", RUN, groups.name_of(RUN), "us-east-1", account,
+                                   user=USER)
     doc = json.loads((Path(__file__).resolve().parents[2] / "docs" / "iam-instance-boundary.json").read_text())
     old = {**doc, "Statement": [s for s in doc["Statement"] if not s["Action"][0].startswith("autoscaling:")]}
     arn = iam.create_policy(PolicyName=roles.BOUNDARY_NAME, Path="/ec2gpu/",
@@ -344,7 +347,17 @@ def test_a_boundary_from_an_older_ec2gpu_is_refused_before_a_detached_run_makes_
         assert launch.check_boundary(aws, RUN, account, ui) == arn
         with pytest.raises(UsageError, match="does not allow autoscaling:SetInstanceHealth"):
             launch.check_boundary(aws, RUN, account, ui, several=True)
+        # the boundary from before the run store's per-user prefix: every action, the old prefix
+        before = json.loads(json.dumps(doc).replace("${aws:PrincipalTag/ec2gpu:user}/", ""))
+        iam.create_policy_version(PolicyArn=arn, PolicyDocument=json.dumps(before), SetAsDefault=True)
+        assert roles.boundary_gaps(iam, arn, policy) == [
+            "s3:PutObject under runs/${aws:PrincipalTag/ec2gpu:user}/ (the run store's per-user prefix)"]
+        with pytest.raises(UsageError, match="per-user prefix"):
+            launch.check_boundary(aws, RUN, account, ui)
         iam.create_policy_version(PolicyArn=arn, PolicyDocument=json.dumps(doc), SetAsDefault=True)
+        for v in iam.list_policy_versions(PolicyArn=arn)["Versions"]:  # IAM keeps 5 versions at most
+            if not v["IsDefaultVersion"]:
+                iam.delete_policy_version(PolicyArn=arn, VersionId=v["VersionId"])
         assert roles.boundary_gaps(iam, arn, policy) == []
         assert launch.check_boundary(aws, RUN, account, ui) == arn
         assert launch.check_boundary(aws, RUN, account, ui, several=True) == arn

@@ -17,6 +17,7 @@ from ec2gpu.runs.plan import doctor
 ACCOUNT = "123456789012"  # moto's account: ExpectedBucketOwner matches it
 BUCKET = f"ec2gpu-{ACCOUNT}-us-east-1"
 RUN = "20260125-103000-1a2b"
+USER = "AROAEXAMPLEROLEID0001:alice@example.com"  # the caller's user id (STS's UserId): a role session's
 
 
 def _over_tls(self, action, resource):
@@ -70,13 +71,20 @@ def test_a_bucket_name_from_anything_but_an_account_and_a_region_is_refused(acco
         runstore.bucket_name(account, region)
 
 
-def test_every_key_of_a_run_is_under_its_prefix():
-    assert runstore.prefix(RUN) == f"runs/{RUN}/"
-    assert runstore.status_key(RUN) == f"runs/{RUN}/status.json"
-    assert runstore.logs_prefix(RUN) == f"runs/{RUN}/logs/"
-    assert runstore.outputs_prefix(RUN) == f"runs/{RUN}/outputs/"
-    assert runstore.checkpoints_prefix(RUN) == f"runs/{RUN}/checkpoints/"
-    assert runstore.workdir_key(RUN) == f"runs/{RUN}/workdir.tar.gz"
+def test_every_key_of_a_run_is_under_its_users_prefix():
+    assert runstore.user_prefix(USER) == f"runs/{USER}/"
+    assert runstore.prefix(USER, RUN) == f"runs/{USER}/{RUN}/"
+    assert runstore.status_key(USER, RUN) == f"runs/{USER}/{RUN}/status.json"
+    assert runstore.logs_prefix(USER, RUN) == f"runs/{USER}/{RUN}/logs/"
+    assert runstore.outputs_prefix(USER, RUN) == f"runs/{USER}/{RUN}/outputs/"
+    assert runstore.checkpoints_prefix(USER, RUN) == f"runs/{USER}/{RUN}/checkpoints/"
+    assert runstore.workdir_key(USER, RUN) == f"runs/{USER}/{RUN}/workdir.tar.gz"
+    assert runstore.cancel_key(USER, RUN) == f"runs/{USER}/{RUN}/cancel"
+    assert runstore.spec_key(USER, RUN) == f"runs/{USER}/{RUN}/spec.json"
+    assert runstore.agent_prefix(USER, RUN) == f"runs/{USER}/{RUN}/agent/"
+    assert set(runstore.handover_keys(USER, RUN).values()) == {
+        f"runs/{USER}/{RUN}/handover/{n}" for n in ("outputs.tar.gz", "job.log", "pool.tar.gz", "status.json")}
+    assert runstore.expire_rule(30)["Filter"] == {"Prefix": runstore.RUNS}  # every user's runs expire
 
 
 @pytest.mark.parametrize("bad", ["../x", "a/b", "", "..", f"{RUN}/../x", f"../{RUN}", f"{RUN}/", f"{RUN}\n",
@@ -86,12 +94,42 @@ def test_every_key_of_a_run_is_under_its_prefix():
                                     runstore.checkpoints_prefix, runstore.workdir_key])
 def test_a_key_helper_refuses_what_is_not_a_run_id(helper, bad):
     with pytest.raises(UsageError, match="is not a run id"):
-        helper(bad)
+        helper(USER, bad)
+
+
+@pytest.mark.parametrize("bad", ["../x", "a/b", "", "..", ".", "/", "*", "a*", "a?", "${aws:userid}", "a b", "a\n",
+                                 "x" * 129, None, 7, "ＡＩＤＡ", "AROAX:a/b", "-x"])
+@pytest.mark.parametrize("helper", [runstore.prefix, runstore.status_key, runstore.logs_prefix, runstore.outputs_prefix,
+                                    runstore.checkpoints_prefix, runstore.workdir_key])
+def test_a_key_helper_refuses_what_is_not_a_user_id(helper, bad):
+    """A user id never leaves its prefix nor matches more than itself in an IAM pattern: no "/",
+    "*", "?", "$", "..", space or character of another script."""
+    with pytest.raises(UsageError, match="is not an AWS user id"):
+        helper(bad, RUN)
+
+
+@pytest.mark.parametrize("user", ["AIDAEXAMPLEUSERID0001", "AROAEXAMPLEROLEID0001:alice@example.com",
+                                  "AROAEXAMPLEROLEID0001:i-0123456789abcdef0", "123456789012:bob", "123456789012",
+                                  "AROAX:a+b=c.d_e-f@g"])
+def test_every_form_of_aws_userid_is_a_user_id(user):
+    """An IAM user's, a role session's (the role id, ':' and the session name: [\\w+=,.@-]), a
+    federated user's (account:name), the root user's (the account id)."""
+    assert runstore.user_id({"UserId": user}) == user
+    assert runstore.prefix(user, RUN) == f"runs/{user}/{RUN}/"
+
+
+def test_a_role_session_name_with_a_comma_is_refused_saying_so():
+    """',' is a session name's character that no tag value holds (the role and the secrets carry the id)."""
+    with pytest.raises(UsageError, match="holds a ','") as err:
+        runstore.user_id({"UserId": "AROAEXAMPLEROLEID0001:a,b"})
+    assert "session name" in err.value.hint
+    with pytest.raises(UsageError, match="is not an AWS user id"):
+        runstore.user_id({"Account": ACCOUNT})  # no UserId
 
 
 def test_the_run_id_format_is_the_one_runs_are_given():
     from ec2gpu.runs.provision.pipeline import new_run_id
-    assert runstore.check_run_id(new_run_id()) and runstore.prefix(new_run_id()).startswith("runs/20")
+    assert runstore.check_run_id(new_run_id()) and runstore.prefix(USER, new_run_id()).startswith(f"runs/{USER}/20")
 
 
 # --- the bucket's settings --------------------------------------------------------------------
@@ -170,7 +208,7 @@ def test_ensure_outside_us_east_1_makes_the_bucket_in_that_region(s3):
 
 def test_ensure_again_changes_nothing_keeps_the_users_own_settings_and_sets_a_changed_expiry(s3):
     s3.create_bucket(Bucket=BUCKET)
-    s3.put_object(Bucket=BUCKET, Key=runstore.status_key(RUN), Body=b"{}")
+    s3.put_object(Bucket=BUCKET, Key=runstore.status_key(USER, RUN), Body=b"{}")
     runstore.ensure(s3, ACCOUNT, "us-east-1", "alice", 30)
     mine = {"Sid": "Mine", "Effect": "Deny", "Principal": "*", "Action": "s3:DeleteBucket",
             "Resource": f"arn:aws:s3:::{BUCKET}"}
@@ -190,7 +228,7 @@ def test_ensure_again_changes_nothing_keeps_the_users_own_settings_and_sets_a_ch
     assert runstore.check(s3, BUCKET, 7) == [] and runstore.check(s3, BUCKET, 30) == [
         "runs/ expire after 7 days, not the 30 that run_store_expire_days asks for"]
     assert _policy(s3)["Statement"][0] == mine  # the user's statement stays
-    assert s3.get_object(Bucket=BUCKET, Key=runstore.status_key(RUN))["Body"].read() == b"{}"  # data stays
+    assert s3.get_object(Bucket=BUCKET, Key=runstore.status_key(USER, RUN))["Body"].read() == b"{}"  # data stays
 
 
 def test_ensure_sets_again_what_was_removed_or_changed(s3):
@@ -208,17 +246,59 @@ def test_ensure_sets_again_what_was_removed_or_changed(s3):
 
 
 class _Refusing:
-    """An S3 client that answers HeadBucket with ``head`` and CreateBucket with ``create`` (error codes)."""
+    """An S3 client that answers GetBucketLocation with ``head`` and CreateBucket with ``create`` (error codes)."""
 
     def __init__(self, head, create=None):
         self.head, self.create, self.created = head, create, []
 
-    def head_bucket(self, **kw):
-        raise botocore.exceptions.ClientError({"Error": {"Code": self.head, "Message": ""}}, "HeadBucket")
+    def get_bucket_location(self, **kw):
+        raise botocore.exceptions.ClientError({"Error": {"Code": self.head, "Message": ""}}, "GetBucketLocation")
 
     def create_bucket(self, **kw):
         self.created.append(kw)
         raise botocore.exceptions.ClientError({"Error": {"Code": self.create, "Message": ""}}, "CreateBucket")
+
+
+class _UserPolicy:
+    """moto's S3 client as docs/iam-policy.json lets a user call it on the run store: no bucket
+    policy, lifecycle, encryption or Block Public Access writes (403), the rest as it is."""
+
+    REFUSED = ("put_bucket_policy", "put_bucket_lifecycle_configuration", "put_bucket_encryption",
+               "put_public_access_block")
+
+    def __init__(self, s3):
+        self.s3, self.refused = s3, []
+
+    def __getattr__(self, name):
+        if name not in self.REFUSED:
+            return getattr(self.s3, name)
+
+        def refuse(**kw):
+            self.refused.append(name)
+            raise botocore.exceptions.ClientError({"Error": {"Code": "AccessDenied", "Message": ""}}, name)
+        return refuse
+
+
+def test_a_user_who_may_not_change_the_buckets_settings_still_gets_the_store_and_is_told_what_is_missing(s3):
+    """Whoever may set the run store's bucket policy may grant themselves every user's runs, and
+    whoever may set its lifecycle may expire them: docs/iam-policy.json gives a user neither. The
+    bucket is made, what may be set is, and one line says what was not and who sets it."""
+    said = []
+    user = _UserPolicy(s3)
+    assert runstore.ensure(user, ACCOUNT, "us-east-1", "alice", 30, log=said.append) == BUCKET
+    assert "put_bucket_policy" in user.refused and "put_bucket_lifecycle_configuration" in user.refused
+    assert said[0] == f"run store: created s3://{BUCKET} in us-east-1" and len(said) == 3
+    assert said[1] == f"run store: s3://{BUCKET}: tagged ec2gpu:owner"
+    assert said[2].startswith(f"run store: s3://{BUCKET}: not set, these credentials may not: ")
+    assert "bucket policy: requests without TLS denied" in said[2] and "lifecycle: runs/ expire" in said[2]
+    assert "an administrator" in said[2] and "ec2gpu doctor" in said[2]
+    problems = runstore.check(s3, BUCKET, 30)
+    assert any("TLS" in p for p in problems) and any("lifecycle" in p for p in problems)
+    runstore.put_status(user, BUCKET, USER, RUN, {"state": "pending"})  # the run's own objects: as before
+    assert runstore.get_status(user, BUCKET, USER, RUN)["state"] == "pending"
+    said.clear()
+    runstore.ensure(s3, ACCOUNT, "us-east-1", "alice", 30, log=said.append)  # an administrator's credentials
+    assert runstore.check(s3, BUCKET, 30) == [] and not any("not set" in line for line in said)
 
 
 def test_a_name_another_account_took_is_refused_with_what_to_do():
@@ -227,10 +307,10 @@ def test_a_name_another_account_took_is_refused_with_what_to_do():
     assert "detached runs cannot use it" in err.value.hint
     with pytest.raises(UsageError, match="not this account's") as err:  # ExpectedBucketOwner's 403
         runstore.ensure(_Refusing("403"), ACCOUNT, "us-east-1", "alice", 30)
-    assert "s3:ListBucket" in err.value.hint
+    assert "s3:GetBucketLocation" in err.value.hint
     with pytest.raises(AwsError, match="could not create"):
         runstore.ensure(_Refusing("404", "InternalError"), ACCOUNT, "us-east-1", "alice", 30)
-    with pytest.raises(AwsError, match="HeadBucket failed"):
+    with pytest.raises(AwsError, match="GetBucketLocation failed"):
         runstore.ensure(_Refusing("InternalError"), ACCOUNT, "us-east-1", "alice", 30)
 
 
@@ -239,12 +319,13 @@ def test_every_request_on_the_bucket_names_its_expected_owner(s3):
     s3.meta.events.register("before-parameter-build.s3", lambda params, model, **_: sent.append(
         (model.name, params.get("ExpectedBucketOwner"))))
     runstore.ensure(s3, ACCOUNT, "us-east-1", "alice", 30)
-    runstore.put_status(s3, BUCKET, RUN, {"state": "running"})
-    runstore.get_status(s3, BUCKET, RUN)
-    runstore.list_runs(s3, BUCKET)
+    runstore.put_status(s3, BUCKET, USER, RUN, {"state": "running"})
+    runstore.get_status(s3, BUCKET, USER, RUN)
+    runstore.list_runs(s3, BUCKET, USER)
     runstore.check(s3, BUCKET)
     assert {name for name, owner in sent if owner != ACCOUNT} == {"CreateBucket"}  # CreateBucket takes none
-    assert {"HeadBucket", "PutBucketPolicy", "PutObject", "GetObject", "ListObjectsV2"} <= {n for n, _ in sent}
+    assert {"GetBucketLocation", "PutBucketPolicy", "PutObject", "GetObject", "ListObjectsV2"} <= {n for n, _ in sent}
+    assert "HeadBucket" not in {n for n, _ in sent}  # s3:ListBucket: granted to a user under their own prefix only
 
 
 def test_check_names_each_setting_a_bucket_made_by_hand_lacks(s3):
@@ -301,7 +382,7 @@ def test_a_lifecycle_rule_for_the_whole_bucket_covers_runs(s3):
 
 def test_check_raises_for_an_error_that_is_not_a_missing_setting():
     class Denying:
-        def head_bucket(self, **kw):
+        def get_bucket_location(self, **kw):
             return {}
 
         def get_public_access_block(self, **kw):
@@ -314,22 +395,22 @@ def test_check_raises_for_an_error_that_is_not_a_missing_setting():
 
 def test_a_status_record_goes_up_and_comes_back_validated(s3):
     runstore.ensure(s3, ACCOUNT, "us-east-1", "alice", 30)
-    assert runstore.get_status(s3, BUCKET, RUN) is None  # no object
-    assert runstore.get_status(s3, "ec2gpu-123456789012-eu-north-1", RUN) is None  # no bucket
+    assert runstore.get_status(s3, BUCKET, USER, RUN) is None  # no object
+    assert runstore.get_status(s3, "ec2gpu-123456789012-eu-north-1", USER, RUN) is None  # no bucket
     record = {"state": "running", "attempt": 2, "interruptions": 1, "restarts": 0, "instance_id": "i-0123456789abcdef0",
               "instance_type": "g5.xlarge", "market": "spot", "started_at": "2026-01-25T10:30:00Z",
               "updated_at": "2026-01-25T11:00:00.5+00:00", "message": "resumed from step 300"}
-    runstore.put_status(s3, BUCKET, RUN, record)
-    stored = s3.get_object(Bucket=BUCKET, Key=f"runs/{RUN}/status.json")
+    runstore.put_status(s3, BUCKET, USER, RUN, record)
+    stored = s3.get_object(Bucket=BUCKET, Key=f"runs/{USER}/{RUN}/status.json")
     assert stored["ContentType"] == "application/json" and json.loads(stored["Body"].read())["run_id"] == RUN
-    got = runstore.get_status(s3, BUCKET, RUN)
+    got = runstore.get_status(s3, BUCKET, USER, RUN)
     assert got == {**record, "run_id": RUN, "exit_code": None, "signal": None, "ended_at": None, "problem": None,
                    "launches": None}
 
 
 def _read(s3, body: bytes):
-    s3.put_object(Bucket=BUCKET, Key=runstore.status_key(RUN), Body=body)
-    return runstore.get_status(s3, BUCKET, RUN)
+    s3.put_object(Bucket=BUCKET, Key=runstore.status_key(USER, RUN), Body=body)
+    return runstore.get_status(s3, BUCKET, USER, RUN)
 
 
 @pytest.mark.parametrize("body, problem", [
@@ -357,7 +438,7 @@ def test_validate_status_refuses_oversize_bytes_itself():
 def test_an_oversize_status_object_is_refused_without_being_read():
     body = SimpleNamespace(read=lambda n=None: pytest.fail("an oversize object was read"), close=lambda: None)
     client = SimpleNamespace(get_object=lambda **kw: {"Body": body, "ContentLength": 10 << 30})
-    got = runstore.get_status(client, BUCKET, RUN)
+    got = runstore.get_status(client, BUCKET, USER, RUN)
     assert got["state"] == "unreadable" and "10,737,418,240 bytes" in got["problem"]
 
 
@@ -389,25 +470,30 @@ def test_put_status_refuses_what_get_status_would_not_take(s3):
                      ({"state": "running", "x": object()}, "not JSON"), ({"state": "running", "x": float("nan")}, "not JSON"),
                      (["running"], "a dict")):
         with pytest.raises(ValueError, match=why):
-            runstore.put_status(s3, BUCKET, RUN, bad)
+            runstore.put_status(s3, BUCKET, USER, RUN, bad)
     with pytest.raises(UsageError, match="is not a run id"):
-        runstore.put_status(s3, BUCKET, "../x", {"state": "running"})
+        runstore.put_status(s3, BUCKET, USER, "../x", {"state": "running"})
     with pytest.raises(UsageError, match="is not a run id"):
-        runstore.get_status(s3, BUCKET, "a/b")
+        runstore.get_status(s3, BUCKET, USER, "a/b")
     assert s3.list_objects_v2(Bucket=BUCKET).get("KeyCount") == 0
 
 
 # --- list_runs --------------------------------------------------------------------------------
 
-def test_list_runs_names_each_run_once_and_skips_what_is_not_a_run(s3):
+def test_list_runs_names_each_of_the_users_runs_once_and_skips_what_is_not_one_of_them(s3):
     s3.create_bucket(Bucket=BUCKET)
-    assert runstore.list_runs(s3, BUCKET) == []
-    for key in (f"runs/{RUN}/status.json", f"runs/{RUN}/logs/job.log", "runs/20260124-090000-0000/workdir.tar.gz",
-                "runs/junk/status.json", "runs/../x", "runs/20260125-103000-1A2B/status.json", "runs/loose.txt",
-                f"other/{RUN}-2/status.json", f"runs/{RUN}x/status.json", "runs//status.json"):
+    assert runstore.list_runs(s3, BUCKET, USER) == []
+    mine = f"runs/{USER}/"
+    for key in (f"{mine}{RUN}/status.json", f"{mine}{RUN}/logs/job.log", f"{mine}20260124-090000-0000/workdir.tar.gz",
+                f"{mine}junk/status.json", f"{mine}../x", f"{mine}20260125-103000-1A2B/status.json", f"{mine}loose.txt",
+                f"other/{RUN}-2/status.json", f"{mine}{RUN}x/status.json", f"{mine}/status.json",
+                # another user's runs, and one of the layout before the user id: not the caller's
+                "runs/AIDAEXAMPLEUSERID0002/20260126-000000-0000/status.json", "runs/20260127-000000-0000/status.json",
+                f"runs/{USER}x/20260128-000000-0000/status.json"):
         s3.put_object(Bucket=BUCKET, Key=key, Body=b"{}")
-    assert runstore.list_runs(s3, BUCKET) == ["20260124-090000-0000", RUN]
-    assert runstore.list_runs(s3, "ec2gpu-123456789012-eu-north-1") == []  # no bucket: no runs
+    assert runstore.list_runs(s3, BUCKET, USER) == ["20260124-090000-0000", RUN]
+    assert runstore.list_runs(s3, BUCKET, "AIDAEXAMPLEUSERID0002") == ["20260126-000000-0000"]
+    assert runstore.list_runs(s3, "ec2gpu-123456789012-eu-north-1", USER) == []  # no bucket: no runs
 
 
 def test_list_runs_reads_every_page():
@@ -416,11 +502,12 @@ def test_list_runs_reads_every_page():
     class Paginator:
         def paginate(self, **kw):
             asked.append(kw)
-            return iter([{"CommonPrefixes": [{"Prefix": "runs/20260101-000000-0001/"}]}, {},
-                         {"CommonPrefixes": [{"Prefix": "runs/20260101-000000-0002/"}, {"Prefix": "runs/x/"}]}])
+            return iter([{"CommonPrefixes": [{"Prefix": f"runs/{USER}/20260101-000000-0001/"}]}, {},
+                         {"CommonPrefixes": [{"Prefix": f"runs/{USER}/20260101-000000-0002/"},
+                                             {"Prefix": f"runs/{USER}/x/"}]}])
     client = SimpleNamespace(get_paginator=lambda name: Paginator() if name == "list_objects_v2" else None)
-    assert runstore.list_runs(client, BUCKET) == ["20260101-000000-0001", "20260101-000000-0002"]
-    assert asked == [{"Bucket": BUCKET, "Prefix": "runs/", "Delimiter": "/", "ExpectedBucketOwner": ACCOUNT}]
+    assert runstore.list_runs(client, BUCKET, USER) == ["20260101-000000-0001", "20260101-000000-0002"]
+    assert asked == [{"Bucket": BUCKET, "Prefix": f"runs/{USER}/", "Delimiter": "/", "ExpectedBucketOwner": ACCOUNT}]
 
 
 # --- the setting and doctor's check -----------------------------------------------------------
@@ -437,7 +524,7 @@ def test_the_expiry_setting_is_30_days_by_default_and_at_least_1(monkeypatch, tm
 
 
 def _aws(s3):
-    return SimpleNamespace(region="us-east-1", check_credentials=lambda: {"Account": ACCOUNT},
+    return SimpleNamespace(region="us-east-1", check_credentials=lambda: {"Account": ACCOUNT, "UserId": USER},
                            client=lambda name: s3 if name == "s3" else pytest.fail(name))
 
 
@@ -467,7 +554,7 @@ def test_doctor_fails_a_run_store_that_lacks_a_setting_and_says_how_it_is_fixed(
 def test_doctor_fails_a_run_store_name_it_may_not_read():
     check = doctor._run("run store", lambda: doctor.run_store(_aws(_Refusing("403")),
                                                               SimpleNamespace(run_store_expire_days=30)))
-    assert check.ok is False and "not this account's" in check.detail and "s3:ListBucket" in check.fix
+    assert check.ok is False and "not this account's" in check.detail and "s3:GetBucketLocation" in check.fix
 
 
 def test_doctor_runs_the_run_store_check(monkeypatch):
@@ -483,19 +570,19 @@ def test_doctor_runs_the_run_store_check(monkeypatch):
 def test_an_end_recorded_for_the_agent_keeps_its_launches_and_attempts(s3):
     s3.create_bucket(Bucket=BUCKET)
     launch = {"launch": 1, "instance_id": "i-0123456789abcdef0", "started_at": "2026-11-25T10:00:00+00:00"}
-    runstore.put_status(s3, BUCKET, RUN, {"state": "running", "launches": 1, "instances": [launch],
+    runstore.put_status(s3, BUCKET, USER, RUN, {"state": "running", "launches": 1, "instances": [launch],
                                           "attempts": [{"attempt": 1}]})
-    runstore.end_status(s3, BUCKET, RUN, "cancelled", "cancelled by you", "2026-11-25T11:00:00+00:00")
-    raw = json.loads(s3.get_object(Bucket=BUCKET, Key=runstore.status_key(RUN))["Body"].read())
+    runstore.end_status(s3, BUCKET, USER, RUN, "cancelled", "cancelled by you", "2026-11-25T11:00:00+00:00")
+    raw = json.loads(s3.get_object(Bucket=BUCKET, Key=runstore.status_key(USER, RUN))["Body"].read())
     assert raw["instances"] == [launch] and raw["attempts"] == [{"attempt": 1}] and raw["launches"] == 1
-    got = runstore.get_status(s3, BUCKET, RUN)
+    got = runstore.get_status(s3, BUCKET, USER, RUN)
     assert (got["state"], got["message"], got["ended_at"]) == ("cancelled", "cancelled by you",
                                                                "2026-11-25T11:00:00+00:00")
     with pytest.raises(ValueError):
-        runstore.end_status(s3, BUCKET, RUN, "running", "no", "2026-11-25T11:00:00+00:00")
-    s3.put_object(Bucket=BUCKET, Key=runstore.status_key(RUN), Body=b"[not a record")
-    runstore.end_status(s3, BUCKET, RUN, "failed", "why", "2026-11-25T11:00:00+00:00")  # replaced by a new one
-    assert runstore.get_status(s3, BUCKET, RUN)["state"] == "failed"
+        runstore.end_status(s3, BUCKET, USER, RUN, "running", "no", "2026-11-25T11:00:00+00:00")
+    s3.put_object(Bucket=BUCKET, Key=runstore.status_key(USER, RUN), Body=b"[not a record")
+    runstore.end_status(s3, BUCKET, USER, RUN, "failed", "why", "2026-11-25T11:00:00+00:00")  # replaced by a new one
+    assert runstore.get_status(s3, BUCKET, USER, RUN)["state"] == "failed"
 
 
 class _AgentWritesFirst:
@@ -509,7 +596,7 @@ class _AgentWritesFirst:
         return getattr(self.s3, name)
 
     def put_object(self, **kw):
-        if not self.done and kw.get("Key") == runstore.status_key(RUN):
+        if not self.done and kw.get("Key") == runstore.status_key(USER, RUN):
             self.done = True
             self.write(self.s3)
         return self.s3.put_object(**kw)
@@ -518,23 +605,50 @@ class _AgentWritesFirst:
 def test_an_end_the_agent_records_while_cancel_writes_its_own_stands(s3):
     """Without a conditional write, `ec2gpu cancel` wrote "cancelled" over the agent's "succeeded"."""
     s3.create_bucket(Bucket=BUCKET)
-    runstore.put_status(s3, BUCKET, RUN, {"state": "running", "launches": 1})
+    runstore.put_status(s3, BUCKET, USER, RUN, {"state": "running", "launches": 1})
     succeeded = {"state": "succeeded", "launches": 1, "exit_code": 0, "ended_at": "2026-11-25T10:59:59+00:00"}
-    agent = _AgentWritesFirst(s3, lambda c: runstore.put_status(c, BUCKET, RUN, succeeded))
-    assert runstore.end_status(agent, BUCKET, RUN, "cancelled", "cancelled by you", "2026-11-25T11:00:00+00:00") is False
-    got = runstore.get_status(s3, BUCKET, RUN)
+    agent = _AgentWritesFirst(s3, lambda c: runstore.put_status(c, BUCKET, USER, RUN, succeeded))
+    assert runstore.end_status(agent, BUCKET, USER, RUN, "cancelled", "cancelled by you", "2026-11-25T11:00:00+00:00") is False
+    got = runstore.get_status(s3, BUCKET, USER, RUN)
     assert (got["state"], got["exit_code"]) == ("succeeded", 0)
     # an end already there stands as well; a record still running is ended
-    assert runstore.end_status(s3, BUCKET, RUN, "failed", "why", "2026-11-25T11:00:00+00:00") is False
-    runstore.put_status(s3, BUCKET, RUN, {"state": "running", "launches": 2})
-    assert runstore.end_status(s3, BUCKET, RUN, "failed", "why", "2026-11-25T11:00:00+00:00") is True
-    assert runstore.get_status(s3, BUCKET, RUN)["state"] == "failed"
+    assert runstore.end_status(s3, BUCKET, USER, RUN, "failed", "why", "2026-11-25T11:00:00+00:00") is False
+    runstore.put_status(s3, BUCKET, USER, RUN, {"state": "running", "launches": 2})
+    assert runstore.end_status(s3, BUCKET, USER, RUN, "failed", "why", "2026-11-25T11:00:00+00:00") is True
+    assert runstore.get_status(s3, BUCKET, USER, RUN)["state"] == "failed"
 
 
 def test_an_end_written_over_a_record_deleted_since_it_was_read_is_written_anew(s3):
     """IfMatch on an object deleted since: S3 answers NoSuchKey, taken as a conflict: read again, none."""
     s3.create_bucket(Bucket=BUCKET)
-    runstore.put_status(s3, BUCKET, RUN, {"state": "running", "launches": 1})
-    gone = _AgentWritesFirst(s3, lambda c: c.delete_object(Bucket=BUCKET, Key=runstore.status_key(RUN)))
-    assert runstore.end_status(gone, BUCKET, RUN, "failed", "why", "2026-11-25T11:00:00+00:00") is True
-    assert runstore.get_status(s3, BUCKET, RUN)["state"] == "failed"
+    runstore.put_status(s3, BUCKET, USER, RUN, {"state": "running", "launches": 1})
+    gone = _AgentWritesFirst(s3, lambda c: c.delete_object(Bucket=BUCKET, Key=runstore.status_key(USER, RUN)))
+    assert runstore.end_status(gone, BUCKET, USER, RUN, "failed", "why", "2026-11-25T11:00:00+00:00") is True
+    assert runstore.get_status(s3, BUCKET, USER, RUN)["state"] == "failed"
+
+
+# --- whose runs: the caller's user id ----------------------------------------------------------
+
+def test_the_user_id_is_stss_userid_as_the_policy_variable_reads_it_for_a_user_and_a_role_session(monkeypatch):
+    """aws/runstore.user_id takes GetCallerIdentity's UserId as it is: an IAM user's unique id, a role
+    session's role id and session name. That value is ``${aws:userid}`` in the caller's requests
+    (https://docs.aws.amazon.com/STS/latest/APIReference/API_GetCallerIdentity.html), so the prefix
+    made from it is the one docs/iam-policy.json lets the caller reach (tests/unit/test_user_isolation.py)."""
+    from ec2gpu.aws.session import Aws
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(k, raising=False)
+    with mock_aws():
+        iam = boto3.client("iam", region_name="us-east-1")
+        made = iam.create_user(UserName="bob")["User"]
+        key = iam.create_access_key(UserName="bob")["AccessKey"]
+        bob = Aws("us-east-1", credentials=(key["AccessKeyId"], key["SecretAccessKey"], None))
+        assert runstore.user_id(bob.check_credentials()) == made["UserId"]  # AIDA... on AWS; moto makes its own
+        trust = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
+                                                         "Principal": {"AWS": f"arn:aws:iam::{ACCOUNT}:root"}}]}
+        dev = iam.create_role(RoleName="dev", AssumeRolePolicyDocument=json.dumps(trust))["Role"]
+        creds = boto3.client("sts", region_name="us-east-1").assume_role(
+            RoleArn=dev["Arn"], RoleSessionName="alice@example.com")["Credentials"]
+        alice = Aws("us-east-1", credentials=(creds["AccessKeyId"], creds["SecretAccessKey"], creds["SessionToken"]))
+        user = runstore.user_id(alice.check_credentials())
+        assert user == f"{dev['RoleId']}:alice@example.com"
+        assert runstore.prefix(user, RUN) == f"runs/{dev['RoleId']}:alice@example.com/{RUN}/"

@@ -97,7 +97,8 @@ def test_a_run_role_iam_refuses_stops_the_run_before_its_key_pair(monkeypatch, t
     job = SimpleNamespace(mounts=[_s3("/d", "train/")], role_policy={"Version": "2012-10-17", "Statement": []},
                           role_boundary=None, buckets_to_make=["ec2gpu-test-never-made"])
     opts = RunOptions(task=job)  # the task: a stand-in with what the role step reads
-    aws = SimpleNamespace(ec2=None, region="us-east-1", client=lambda name: Refusing(), checkip_url=None)
+    aws = SimpleNamespace(ec2=None, region="us-east-1", client=lambda name: Refusing(), checkip_url=None,
+                          check_credentials=lambda: {"Account": "123456789012", "UserId": "AIDAEXAMPLEUSERID0001"})
     prov = provision.Provisioned("run-refused")
     ui = SimpleNamespace(note=lambda line: None, phase=lambda name: _Null())
     with pytest.raises(UsageError, match="permissions boundary ec2gpu-instance-boundary"):

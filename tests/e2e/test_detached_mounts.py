@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from ec2gpu import cli
-from ec2gpu.aws import iam, runstore
+from ec2gpu.aws import iam
 
-from test_detached_run import _client, _nothing_left, _object, _wait  # same folder (pytest prepend import mode)
+from test_detached_run import _client, _nothing_left, _object, _prefix, _wait  # same folder (pytest prepend import mode)
 
 pytestmark = pytest.mark.e2e
 NEEDS_MNIST = False
@@ -43,7 +43,7 @@ def test_a_detached_run_has_its_file_mounts_and_writes_back_its_mount_mode_ones(
     assert f"arn:aws:s3:::{DATA}/ds" in text and f"arn:aws:s3:::{DATA}/results" in text
     done = _wait(run_id, ("succeeded", "failed", "cancelled"))
     assert done["state"] == "succeeded", f"{done.get('message')!r} exit {done.get('exit_code')} {done}"
-    prefix = runstore.prefix(run_id)
+    prefix = _prefix(run_id)
     assert _object(bucket, prefix + "outputs/seen.txt") == "from here\nfrom s3\nkept\n"
     assert s3.get_object(Bucket=DATA, Key="results/new.txt")["Body"].read() == b"written\n"
     left = _nothing_left(run_id)

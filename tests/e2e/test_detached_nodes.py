@@ -8,9 +8,8 @@ import time
 import pytest
 
 from ec2gpu import api, cli
-from ec2gpu.aws import runstore
 
-from test_detached_run import _client, _nothing_left, _object, _wait  # same folder (pytest prepend import mode)
+from test_detached_run import _client, _nothing_left, _object, _prefix, _wait  # same folder (pytest prepend import mode)
 
 pytestmark = pytest.mark.e2e
 
@@ -55,7 +54,7 @@ nodes: 2
 
 def _gang(bucket: str, run_id: str) -> dict:
     try:
-        return json.loads(_object(bucket, runstore.prefix(run_id) + "gang.json"))
+        return json.loads(_object(bucket, _prefix(run_id) + "gang.json"))
     except _client("s3").exceptions.NoSuchKey:
         return {}
 
@@ -87,7 +86,7 @@ def test_a_detached_run_of_two_nodes_restarts_both_when_one_is_replaced(sandbox_
     api.sandbox_interrupt(first["members"][lost], notice_seconds=10)
     done = _wait(run_id, ("succeeded", "failed", "cancelled"), timeout_s=400)
     last = _gang(bucket, run_id)
-    log = _object(bucket, runstore.prefix(run_id) + "logs/job.log")
+    log = _object(bucket, _prefix(run_id) + "logs/job.log")
     agents = "".join(p.read_text(errors="replace")[-3000:] for p in
                      (sandbox_env[0] / "sandbox" / "instances").glob("*/state/detached/detached.log"))
     assert done["state"] == "succeeded" and done["interruptions"] == 1, f"{done} {last} {log[-3000:]} {agents}"
@@ -96,7 +95,7 @@ def test_a_detached_run_of_two_nodes_restarts_both_when_one_is_replaced(sandbox_
     assert first["members"][lost] not in last["members"] and first["ips"][lost] not in last["ips"]
     assert done["instance_id"] == kept  # the head of generation 2 wrote the end
     assert "starts at step 0" in log and "step 1 world 2" in log  # generation 1's head's log, carried on
-    summary = json.loads(_object(bucket, runstore.prefix(run_id) + "outputs/summary.json"))
+    summary = json.loads(_object(bucket, _prefix(run_id) + "outputs/summary.json"))
     assert summary["world_size"] == 2 and summary["ips"] == last["ips"]  # the new SKYPILOT_NODE_IPS
     assert 0 < summary["started_at_step"] < STEPS, agents  # resumed from the head's checkpoint
     assert done["launches"] == 3

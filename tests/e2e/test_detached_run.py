@@ -50,6 +50,16 @@ def _wait(run_id: str, states: tuple[str, ...], timeout_s: float = 180.0) -> dic
     raise AssertionError(f"{run_id} still {got.get('state')} after {timeout_s} s: {got}")
 
 
+def _user() -> str:
+    """The sandbox caller's user id (STS GetCallerIdentity's UserId, as aws/runstore.user_id reads it)."""
+    return runstore.user_id(_client("sts").get_caller_identity())
+
+
+def _prefix(run_id: str) -> str:
+    """Where the run is kept: under the caller's own prefix, runs/USER_ID/RUN_ID/."""
+    return runstore.prefix(_user(), run_id)
+
+
 def _object(bucket: str, key: str) -> str:
     return _client("s3").get_object(Bucket=bucket, Key=key)["Body"].read().decode()
 
@@ -90,9 +100,13 @@ def test_a_detached_run_finishes_with_nobody_watching_and_leaves_nothing(sandbox
     assert SECRET not in base64.b64decode(version["LaunchTemplateData"]["UserData"]).decode()
     (param,) = [p for p in ssm.describe_parameters()["Parameters"] if run_id in p["Name"]]
     assert (param["Name"], param["Type"]) == (f"/ec2gpu/runs/{run_id}/HF_TOKEN", "SecureString")
+    tags = ssm.list_tags_for_resource(ResourceType="Parameter", ResourceId=param["Name"])["TagList"]
+    assert {"Key": "ec2gpu:user", "Value": _user()} in tags  # the user policy lets its maker alone read it
+    role_tags = _client("iam").list_role_tags(RoleName=f"ec2gpu-{run_id}")["Tags"]
+    assert {"Key": "ec2gpu:user", "Value": _user()} in role_tags  # the boundary's prefix; only its maker passes it
     done = _wait(run_id, ("succeeded", "failed", "cancelled"))
     assert done["state"] == "succeeded" and done["exit_code"] == 0, f"{done.get('message')!r} {done}"
-    prefix = runstore.prefix(run_id)
+    prefix = _prefix(run_id)
     assert _object(bucket, prefix + "outputs/result.txt") == "from the workdir\nsetup ran\n"
     log = _object(bucket, prefix + "logs/job.log")
     assert "resume=0" in log and "token ****" in log
@@ -117,7 +131,7 @@ def test_cancel_stops_a_detached_run_and_removes_what_it_made(sandbox_env, tmp_p
     got = json.loads(capsys.readouterr().out)
     assert got["state"] == "cancelled" and got["removed"]["auto_scaling_groups"] == [f"ec2gpu-{run_id}"]
     assert got["waited_s"] < 60  # the agent answered: it stopped the job and saved what it had
-    assert "started" in _object(got["bucket"], runstore.prefix(run_id) + "logs/job.log")
+    assert "started" in _object(got["bucket"], _prefix(run_id) + "logs/job.log")
     left = _nothing_left(run_id)
     assert not any(left.values()), left
 
@@ -199,7 +213,7 @@ def test_a_spot_interruption_is_ridden_out_by_a_replacement_that_resumes_from_th
     assert cli.main(["status", run_id, "--sandbox"]) == 0
     said = capsys.readouterr().out
     assert "1 spot interruption(s) survived" in said and "cost $" in said and "billed" in said, said
-    prefix = runstore.prefix(run_id)
+    prefix = _prefix(run_id)
     assert _object(bucket, prefix + "outputs/resumed-from") == "7\n"
     log = _object(bucket, prefix + "logs/job.log")
     assert log.index("first attempt") < log.index("resumed from step 7 with ****")  # one log across both instances
@@ -207,7 +221,7 @@ def test_a_spot_interruption_is_ridden_out_by_a_replacement_that_resumes_from_th
     left = _nothing_left(run_id)
     assert not any(left.values()), left
     # both instances as EC2 described them at the end, kept for when it no longer lists them
-    kept = runstore.get_settled(_client("s3"), bucket, run_id)
+    kept = runstore.get_settled(_client("s3"), bucket, _user(), run_id)
     assert [r["instance_id"] for r in kept] == [first["instance_id"], done["instance_id"]], kept
     # this machine's ledger (`ec2gpu runs`) has the run's end and its whole cost
     row = ledger.get(sandbox_env[0], run_id)

@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 
 from ec2gpu import api, cli
-from ec2gpu.aws import runstore
 from ec2gpu.runs.settle import ledger
 
-from test_detached_run import _nothing_left, _object, _wait  # same folder (pytest prepend import mode)
+from test_detached_run import _nothing_left, _object, _prefix, _wait  # same folder (pytest prepend import mode)
 
 pytestmark = pytest.mark.e2e
 
@@ -45,7 +44,7 @@ def test_train_mnist_detached_rides_out_an_interruption_and_fetch_says_its_test_
     done = _wait(run_id, ("succeeded", "failed", "cancelled"), timeout_s=300)
     assert done["state"] == "succeeded" and done["interruptions"] == 1 and done["launches"] == 2, \
         f"{done.get('message')!r} {done}"
-    log = _object(bucket, runstore.prefix(run_id) + "logs/job.log")
+    log = _object(bucket, _prefix(run_id) + "logs/job.log")
     assert "stopped: SIGTERM: checkpoint written" in log and "resumed from checkpoint at epoch" in log, log[-3000:]
     assert cli.main(["fetch", run_id, "--sandbox"]) == 0
     said = capsys.readouterr().err

@@ -18,7 +18,8 @@ from ec2gpu.agent import detached
 RUN_ID = "20261125-101500-abcd"
 GROUP = f"ec2gpu-{RUN_ID}"
 BUCKET = "ec2gpu-123456789012-us-east-1"
-PREFIX = f"runs/{RUN_ID}/"
+USER = "AROAEXAMPLEROLEID0001:alice@example.com"  # whoever started the run: a role session's user id
+PREFIX = f"runs/{USER}/{RUN_ID}/"
 NO_IMDS = "http://127.0.0.1:9"  # nothing listens: the agent sees no notice
 
 
@@ -108,7 +109,8 @@ def group_size(aws):
 def make(aws, home, instance_id="i-0aaa", endpoint=NO_IMDS, s3=None, **kw):
     meta = {"/latest/meta-data/instance-id": instance_id, "/latest/meta-data/local-ipv4": "10.0.0.5"}
     opts = dict(every_s=0.2, poll_s=0.05, agent_poll_s=0.05, stop_grace_s=3.0, settled_s=0.0)
-    return detached.Detached(bucket=BUCKET, run_id=RUN_ID, home=str(home), s3=s3 or aws.s3, asg=aws.asg, ssm=aws.ssm,
+    return detached.Detached(bucket=BUCKET, user=USER, run_id=RUN_ID, home=str(home), s3=s3 or aws.s3, asg=aws.asg,
+                             ssm=aws.ssm,
                              imds=meta.get,
                              imds_endpoint=endpoint, gpus=lambda: 0, log=lambda line: None, **{**opts, **kw})
 
@@ -449,6 +451,22 @@ def test_the_agent_and_the_run_store_take_the_same_s3_answers_for_a_conditional_
     assert detached.CONFLICT_CODES == runstore.CONFLICT_CODES
 
 
+def test_the_agent_keys_the_run_under_the_same_prefix_as_the_run_store():
+    """The agent ships alone: its user id pattern and prefix are runstore's, compared here."""
+    from ec2gpu.aws import runstore
+    assert detached.USER_ID_RE.pattern == runstore.USER_ID.pattern
+    assert detached.Store(None, BUCKET, USER, RUN_ID).prefix == runstore.prefix(USER, RUN_ID) == PREFIX
+
+
+@pytest.mark.parametrize("bad", ["a/b", "../x", "*", "", "AROAX:a,b", "x" * 200, ".."])
+def test_a_user_id_that_is_not_one_is_refused_before_any_key_is_made(aws, tmp_path, bad):
+    with pytest.raises(detached.Refused):
+        detached.Detached(bucket=BUCKET, user=bad, run_id=RUN_ID, home=str(tmp_path), s3=aws.s3, asg=aws.asg)
+    assert detached.main(["--bucket", BUCKET, "--user", bad, "--run-id", RUN_ID, "--region", "us-east-1"]) == \
+        detached.EXIT_REFUSED
+    assert aws.s3.list_objects_v2(Bucket=BUCKET).get("KeyCount") == 0
+
+
 def test_an_end_recorded_by_cancel_is_never_overwritten_by_a_running_agent(aws, tmp_path):
     """`ec2gpu cancel` records "cancelled" itself when the agent does not answer in time: an agent
     still running (busy, or slow) stops and writes nothing more, so the run's end stands."""
@@ -532,14 +550,17 @@ def test_a_hostile_archive_in_a_run_ends_it_failed_without_running(aws, tmp_path
 @pytest.mark.parametrize("bad", ["2026/../x", "../20261125-101500-abcd", "20261125-101500-abcd/x", "", "x" * 40])
 def test_a_run_id_that_is_not_one_is_refused_before_any_key_is_made(aws, tmp_path, bad):
     with pytest.raises(detached.Refused):
-        detached.Detached(bucket=BUCKET, run_id=bad, home=str(tmp_path), s3=aws.s3, asg=aws.asg)
-    assert detached.main(["--bucket", BUCKET, "--run-id", bad, "--region", "us-east-1"]) == detached.EXIT_REFUSED
+        detached.Detached(bucket=BUCKET, user=USER, run_id=bad, home=str(tmp_path), s3=aws.s3, asg=aws.asg)
+    assert detached.main(["--bucket", BUCKET, "--user", USER, "--run-id", bad, "--region", "us-east-1"]) == \
+        detached.EXIT_REFUSED
     assert aws.s3.list_objects_v2(Bucket=BUCKET).get("KeyCount") == 0
 
 
 @pytest.mark.parametrize("fields", [
     {"run_id": f"{RUN_ID}/../20261125-101500-ffff"}, {"run_id": "20261125-101500-ffff"},
     {"group": "ec2gpu-20261125-101500-ffff"}, {"workdir_key": "runs/20261125-101500-ffff/workdir.tar.gz"},
+    {"workdir_key": f"runs/{RUN_ID}/workdir.tar.gz"},  # the layout before the user id: outside the run's prefix
+    {"workdir_key": f"runs/AIDAEXAMPLEUSERID0002/{RUN_ID}/workdir.tar.gz"},  # the same run id, another user's
     {"workdir_key": f"{PREFIX}../../other/workdir.tar.gz"}, {"checkpoint_dir": "../up"}, {"outputs": ["../*"]},
     {"envs": {"A=B": "x"}}, {"nodes": 0}, {"nodes": 65}, {"max_launches": True}, {"name": "a/b"}, {"run": 5},
     {"limit_at": float("nan")}, {"max_launches": 0}, {"secrets": "HF_TOKEN"}, {"secrets": ["A=B"]},
@@ -548,6 +569,10 @@ def test_a_run_id_that_is_not_one_is_refused_before_any_key_is_made(aws, tmp_pat
     {"mounts": [{"target": "~/x;rm", "kind": "local", "key": f"{PREFIX}mounts/0", "is_file": True}]},
     {"mounts": [{"target": "~", "kind": "local", "key": f"{PREFIX}mounts/0", "is_file": True}]},
     {"mounts": [{"target": "~/x", "kind": "local", "key": "runs/20261125-101500-ffff/mounts/0", "is_file": True}]},
+    {"mounts": [{"target": "~/x", "kind": "local", "key": f"runs/AIDAEXAMPLEUSERID0002/{RUN_ID}/mounts/0",
+                 "is_file": True}]},
+    {"mounts": [{"target": "~/d", "kind": "s3", "bucket": "data", "prefix": "p/", "region": "us-east-1"},
+                {"target": "~/x", "kind": "local", "key": "p/mounts/0", "is_file": True}]},  # not the S3 mount's prefix
     {"mounts": [{"target": "~/x", "kind": "local", "key": f"{PREFIX}workdir.tar.gz", "is_file": True}]},
     {"mounts": [{"target": "~/x", "kind": "s3", "bucket": "Bad_Bucket", "prefix": "", "region": "us-east-1"}]},
     {"mounts": [{"target": "~/x", "kind": "s3", "bucket": "data", "prefix": "", "region": "us east"}]},
@@ -583,7 +608,7 @@ def test_a_spec_rewritten_after_launch_is_refused_and_the_run_ends_failed(aws, t
     aws.s3.put_object(Bucket=BUCKET, Key=PREFIX + "spec.json", Body=launched)
     assert make(aws, tmp_path / "home2", spec_sha256=sha).execute() == 0
     assert status(aws)["state"] == "succeeded" and (tmp_path / "ran").exists()
-    assert detached.main(["--bucket", BUCKET, "--run-id", RUN_ID, "--region", "us-east-1",
+    assert detached.main(["--bucket", BUCKET, "--user", USER, "--run-id", RUN_ID, "--region", "us-east-1",
                           "--spec-sha256", "not-a-hash"]) == detached.EXIT_REFUSED
 
 
@@ -695,7 +720,7 @@ def test_a_mount_that_cannot_be_put_in_place_ends_the_run_failed_naming_it(aws, 
 @pytest.mark.parametrize("reader, kept", [("First.Last", "First.Last"), ("ubuntu", "ubuntu"), ("root; rm", None),
                                           ("-o", None), (7, None), ("x" * 40, None)])
 def test_a_log_reader_that_is_no_user_name_is_none_and_the_run_goes_on(reader, kept):
-    spec = detached.parse_spec({"run_id": RUN_ID, "name": "job", "run": "true", "log_reader": reader}, RUN_ID)
+    spec = detached.parse_spec({"run_id": RUN_ID, "name": "job", "run": "true", "log_reader": reader}, RUN_ID, PREFIX)
     assert spec["log_reader"] == kept
 
 
@@ -776,7 +801,7 @@ def test_the_job_environment_is_the_engines_and_so_are_its_shell_words():
     from ec2gpu.runs.execute import engine, nodes
     from ec2gpu.tasks.spec import Resources
     spec = detached.parse_spec({"run_id": RUN_ID, "name": "job", "run": "true", "envs": {"A": "1"},
-                                "checkpoint_dir": "ckpt"}, RUN_ID)
+                                "checkpoint_dir": "ckpt"}, RUN_ID, PREFIX)
     job = SimpleNamespace(name="job", env={"A": "1"}, task=SimpleNamespace(checkpoint_dir="ckpt", resources=Resources()))
     rd = "/h/ec2gpu/runs/" + RUN_ID
     ours = detached.job_env(spec, rd, "/h/ec2gpu/workdirs/job", "10.0.0.5", 4, True, "/opt/pytorch/bin/python")

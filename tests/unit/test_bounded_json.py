@@ -171,8 +171,8 @@ def test_a_detached_runs_agent_files_carry_the_reader_from_wire():
     assert sources["bounded_json.py"] == Path(bounded_json.__file__) and all(p.is_file() for p in sources.values())
     hashes = launch.agent_hashes()  # checked on the instance before any of it runs, the reader too
     assert hashes["bounded_json.py"] == hashlib.sha256(Path(bounded_json.__file__).read_bytes()).hexdigest()
-    boot = launch.boot_script("b", "20260125-103000-ffff", "us-east-1", "g", hashes, "0" * 64)
-    assert f'"runs/20260125-103000-ffff/agent/bounded_json.py", "{hashes["bounded_json.py"]}"' in boot
+    boot = launch.boot_script("b", "AIDAEXAMPLEUSER0001", "20260125-103000-ffff", "us-east-1", "g", hashes, "0" * 64)
+    assert f'"runs/AIDAEXAMPLEUSER0001/20260125-103000-ffff/agent/bounded_json.py", "{hashes["bounded_json.py"]}"' in boot
 
 
 FLAT = """

@@ -29,6 +29,7 @@ DOCUMENTS = pytest.mark.parametrize("doc, why", [(DEEP, r"(nested deeper than 64
                                                  (SMALL, "nested deeper than 64 levels")], ids=["100KB", "10KB"])
 REFUSED = "nested deeper than 64 levels"
 RUN = "20261125-103000-1a2b"
+USER = "AIDAEXAMPLEUSER00001"  # the caller's STS UserId: the run store's prefix (aws/runstore.user_id)
 
 
 def one_inert_line(said: list[str], why: str) -> str:
@@ -109,8 +110,8 @@ def aws():
     with mock_aws():
         s3 = boto3.client("s3", region_name="us-east-1")
         s3.create_bucket(Bucket="ec2gpu-123456789012-us-east-1")
-        yield SimpleNamespace(client=lambda name: s3, check_credentials=lambda: {"Account": "123456789012"},
-                              region="us-east-1", s3=s3)
+        yield SimpleNamespace(client=lambda name: s3, region="us-east-1", s3=s3,
+                              check_credentials=lambda: {"Account": "123456789012", "UserId": USER})
 
 
 @DOCUMENTS
@@ -118,7 +119,7 @@ def test_a_deep_handed_over_record_is_refused_and_the_outputs_and_log_still_come
     from ec2gpu.aws import runstore
     from ec2gpu.remote.files import Limits
     from ec2gpu.runs.recover import handover
-    keys, bucket = runstore.handover_keys(RUN), "ec2gpu-123456789012-us-east-1"
+    keys, bucket = runstore.handover_keys(USER, RUN), "ec2gpu-123456789012-us-east-1"
     packed = io.BytesIO()
     with tarfile.open(fileobj=packed, mode="w:gz") as tar:
         info = tarfile.TarInfo("model.txt")
@@ -217,7 +218,7 @@ def test_the_agent_leaves_out_a_deep_metadata_item():
 def test_a_detached_agent_refuses_a_deep_object_from_s3_as_it_refuses_one_not_json():
     from ec2gpu.agent import detached
     s3 = SimpleNamespace(get_object=lambda **kw: {"Body": io.BytesIO(DEEP), "ETag": '"e"'})
-    store = detached.Store(s3, "b", RUN)
+    store = detached.Store(s3, "b", USER, RUN)
     with pytest.raises(detached.Refused, match=f"spec.json: {REFUSED}"):
         store.get_json("spec.json", detached.MAX_SPEC_BYTES)
 

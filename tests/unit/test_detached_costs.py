@@ -268,34 +268,34 @@ class _S3:
 def test_a_runs_instances_outlive_ec2s_memory_in_its_settled_json_and_keep_its_cost_exact():
     """Issue 30: EC2 forgets a terminated instance after about an hour; the first reader that sees
     the run over and every instance terminated keeps what EC2 said, so the cost stays exact."""
-    s3, bucket = _S3(), "ec2gpu-123456789012-us-east-1"
+    s3, bucket, user = _S3(), "ec2gpu-123456789012-us-east-1", "AIDAEXAMPLEUSERID0001"
     spot = Instance("i-0aaaaaaaaaaaaaaa1", "g5.xlarge", "terminated", T0, market="spot", zone="us-east-1b",
                     transitioned_at=T0 + timedelta(seconds=600), tags={"ec2gpu:run": RUN})
     launches = {RUN: [_launch(spot.id, 30, 300)]}
-    assert costs.settle((s3, bucket), launches, {spot.id: spot}, final=()) == {}
+    assert costs.settle((s3, bucket, user), launches, {spot.id: spot}, final=()) == {}
     assert s3.objects == {}  # not over yet: nothing kept
-    costs.settle((s3, bucket), launches, {spot.id: spot}, final={RUN})
-    assert runstore.get_settled(s3, bucket, RUN) == [{
+    costs.settle((s3, bucket, user), launches, {spot.id: spot}, final={RUN})
+    assert runstore.get_settled(s3, bucket, user, RUN) == [{
         "instance_id": spot.id, "instance_type": "g5.xlarge", "market": "spot", "zone": "us-east-1b",
         "launched_at": T0.isoformat(), "terminated_at": (T0 + timedelta(seconds=600)).isoformat()}]
     # an hour later EC2 lists nothing: the instance comes from settled.json, its own times and type
-    kept = costs.settle((s3, bucket), launches, {}, final={RUN})
+    kept = costs.settle((s3, bucket, user), launches, {}, final={RUN})
     history = [(T0 - timedelta(hours=1), 0.4)]
     got = costs.cost(launches[RUN], _prices(spot={("g5.xlarge", "us-east-1b"): history}), kept)
     [row] = got["per_instance"]
     assert row["billed_seconds"] == 600.0 and row["times_source"] == costs.INSTANCE_TIMES and row["market"] == "spot"
     assert "settled.json" in row["type_source"] and row["compute_usd"] == round(0.4 * 600 / 3600, 6)
     # what the run's role could have written there is read as hostile input
-    key = runstore.prefix(RUN) + runstore.SETTLED
+    key = runstore.prefix(user, RUN) + runstore.SETTLED
     for bad in ({"run_id": "20261125-100000-ffff", "instances": [{}]}, {"run_id": RUN, "instances": [
             {"instance_id": spot.id, "instance_type": "g5.xlarge; rm", "market": "spot", "zone": "us-east-1b",
              "launched_at": T0.isoformat(), "terminated_at": T0.isoformat()},
             {"instance_id": spot.id, "instance_type": "g5.xlarge", "market": "spot", "zone": "us-east-1b",
              "launched_at": T0.isoformat(), "terminated_at": (T0 - timedelta(seconds=1)).isoformat()}]}):
         s3.objects[key] = json.dumps(bad).encode()
-        assert runstore.get_settled(s3, bucket, RUN) == []
+        assert runstore.get_settled(s3, bucket, user, RUN) == []
     s3.objects[key] = b"x" * (runstore.MAX_SETTLED_BYTES + 1)
-    assert runstore.get_settled(s3, bucket, RUN) == []
+    assert runstore.get_settled(s3, bucket, user, RUN) == []
 
 
 def test_status_json_naming_another_runs_instance_bills_it_to_neither_twice(monkeypatch):

@@ -19,7 +19,8 @@ from ec2gpu.runs.detached import fetch as detached
 ACCOUNT = "123456789012"  # moto's
 BUCKET = f"ec2gpu-{ACCOUNT}-us-east-1"
 RUN = "20261125-103000-1a2b"
-PREFIX = f"runs/{RUN}/"
+USER = "AIDAEXAMPLEUSERID0001"  # the caller's user id (STS's UserId): an IAM user's
+PREFIX = f"runs/{USER}/{RUN}/"
 
 
 @pytest.fixture
@@ -28,7 +29,7 @@ def aws():
         s3 = boto3.client("s3", region_name="us-east-1")
         s3.create_bucket(Bucket=BUCKET)
         clients = {"s3": s3, "autoscaling": boto3.client("autoscaling", region_name="us-east-1")}
-        yield SimpleNamespace(client=clients.__getitem__, check_credentials=lambda: {"Account": ACCOUNT},
+        yield SimpleNamespace(client=clients.__getitem__, check_credentials=lambda: {"Account": ACCOUNT, "UserId": USER},
                               region="us-east-1", s3=s3)
 
 
@@ -37,7 +38,7 @@ def _put(aws, key, body=b"x"):
 
 
 def _status(aws, state="succeeded", **fields):
-    runstore.put_status(aws.s3, BUCKET, RUN, {"state": state, **fields})
+    runstore.put_status(aws.s3, BUCKET, USER, RUN, {"state": state, **fields})
 
 
 def _tree(root: Path) -> set[str]:
@@ -67,7 +68,8 @@ def test_fetch_brings_outputs_checkpoints_log_and_status_home(aws, tmp_path):
 
 def test_a_summary_is_read_as_any_runs_with_the_runs_secrets_masked(aws, tmp_path, monkeypatch):
     asked = []
-    monkeypatch.setattr(detached, "run_secrets", lambda aws_, s3, bucket, run_id: asked.append(run_id) or ["s3cret-v"])
+    monkeypatch.setattr(detached, "run_secrets",
+                        lambda aws_, s3, bucket, user, run_id: asked.append(run_id) or ["s3cret-v"])
     _status(aws)
     _put(aws, PREFIX + "outputs/result.txt", b"no summary")
     detached.fetch(aws, RUN, tmp_path / "first", Limits(), lambda n: None)
@@ -88,6 +90,21 @@ def test_a_run_the_store_does_not_hold_is_a_usage_error(aws, tmp_path):
         detached.fetch(aws, RUN, tmp_path / "out", Limits(), print)
     assert detached.status_of(aws, RUN) is None
     assert detached.status_of(aws, "my-instance") is None  # not a run id: not asked
+
+
+def test_a_run_of_another_user_or_of_the_layout_before_the_user_id_is_not_looked_for(aws, tmp_path):
+    """Each user's runs are under runs/USER_ID/ (aws/runstore.py): the same run id under another
+    user's prefix, or under runs/RUN_ID/ as before, is not this caller's run; the error names where
+    it was looked for."""
+    runstore.put_status(aws.s3, BUCKET, "AROAEXAMPLEROLEID0002:bob", RUN, {"state": "succeeded"})
+    _put(aws, f"runs/{RUN}/status.json", json.dumps({"run_id": RUN, "state": "succeeded"}).encode())
+    _put(aws, f"runs/{RUN}/outputs/theirs.txt", b"not yours")
+    with pytest.raises(UsageError, match=f"no detached run {RUN} in s3://{BUCKET}/runs/{USER}/") as err:
+        detached.fetch(aws, RUN, tmp_path / "out", Limits(), print)
+    assert "your own runs" in err.value.hint and not (tmp_path / "out" / "outputs").exists()
+    assert detached.status_of(aws, RUN) is None
+    with pytest.raises(UsageError, match="no detached run"):
+        detached.show_log(aws, RUN, Collect(), print)
 
 
 @pytest.mark.parametrize("name", [
@@ -446,5 +463,5 @@ def test_logs_of_a_detached_run_come_from_the_store_and_a_foreground_runs_from_i
     fg = "20261125-090000-0000"  # a foreground run: its controller recorded, its log here; the store not asked
     ledger.record(home, _row(fg, status="completed", exit_status=0, artifacts=str(art),
                              controller={"host": "h", "pid": 1, "started": 1.0}))
-    _put(aws, f"runs/{fg}/status.json", b"{}")
+    _put(aws, f"runs/{USER}/{fg}/status.json", b"{}")
     assert access.logs(fg)["log"] == "saved here\n"

@@ -21,13 +21,14 @@ from ec2gpu.runs.options import RunOptions
 from ec2gpu.tasks import load
 
 RUN = "20261125-103000-1a2b"
+USER = "AROAEXAMPLEROLEID0001:alice@example.com"  # who starts the run: a role session's user id
 BUCKET = "ec2gpu-123456789012-us-east-1"
 SPEC_SHA = "5" * 64
 
 
-def _boot(run_id=RUN, group=f"ec2gpu-{RUN}", hashes=None, spec_sha=SPEC_SHA):
-    return launch.boot_script(BUCKET, run_id, "us-east-1", group, launch.agent_hashes() if hashes is None else hashes,
-                              spec_sha)
+def _boot(run_id=RUN, group=f"ec2gpu-{RUN}", hashes=None, spec_sha=SPEC_SHA, user=USER):
+    return launch.boot_script(BUCKET, user, run_id, "us-east-1", group,
+                              launch.agent_hashes() if hashes is None else hashes, spec_sha)
 
 
 def _job(text="name: mine\nrun: python train.py\n", **kw):
@@ -56,8 +57,8 @@ def test_a_detached_run_carries_no_secret_too_large_for_a_parameter():
 
 def test_the_boot_script_fetches_the_agent_with_the_role_and_starts_it_holding_no_secret(tmp_path):
     boot = _boot()
-    assert f'"runs/{RUN}/agent/detached.py"' in boot and f'"runs/{RUN}/agent/agent.py"' in boot
-    assert f"--bucket {BUCKET} --run-id {RUN} --region us-east-1" in boot
+    assert f'"runs/{USER}/{RUN}/agent/detached.py"' in boot and f'"runs/{USER}/{RUN}/agent/agent.py"' in boot
+    assert f"--bucket {BUCKET} --user {USER} --run-id {RUN} --region us-east-1" in boot
     assert "AWS_ACCESS_KEY_ID" not in boot and "aws_secret" not in boot.lower()
     assert boot.count("seq 30") == 1  # tried again while the new role reaches EC2 (IAM is eventually consistent)
     data = instances.user_data(None, None, boot)
@@ -70,6 +71,9 @@ def test_the_boot_script_fetches_the_agent_with_the_role_and_starts_it_holding_n
         assert got.returncode == 0, got.stdout
     with pytest.raises(UsageError):
         _boot("../other", "ec2gpu-x")
+    for user in ("../other", "a b", "x;reboot", "AROAX:a,b"):  # nothing a shell or a key would read otherwise
+        with pytest.raises(UsageError):
+            _boot(user=user)
 
 
 def test_an_instance_that_cannot_fetch_its_agent_ends_its_own_group_rather_than_idle(tmp_path):
@@ -103,7 +107,7 @@ def test_the_spec_names_the_secrets_and_holds_none_of_their_values():
     the spec names it, and keeps only what is not secret (an empty secret holds nothing)."""
     job = _secret_job()
     assert launch.secret_env(job) == {"HF_TOKEN": "hunter2"}
-    spec = launch.spec_document(job, RunOptions(task=job, max_runtime_minutes=60), RUN, f"ec2gpu-{RUN}",
+    spec = launch.spec_document(job, RunOptions(task=job, max_runtime_minutes=60), USER, RUN, f"ec2gpu-{RUN}",
                                 datetime(2026, 11, 25, 18, 0, tzinfo=timezone.utc), 2)
     assert spec["secrets"] == ["HF_TOKEN"] and spec["envs"] == {"EMPTY": "", "PLAIN": "p"}
     assert "hunter2" not in repr(spec)
@@ -120,21 +124,22 @@ def test_the_spec_lists_the_file_mounts_as_the_agent_reads_them(tmp_path):
     job = engine.TaskJob(load.parse(text, base=tmp_path), {}, None)
     job.bucket_regions = {"some-bucket": "eu-west-1", "out-bucket": "us-east-1"}
     job.s3_files = set()
-    doc = launch.mounts_document(job, RUN)
+    doc = launch.mounts_document(job, USER, RUN)
     assert doc == [
-        {"target": "~/data", "kind": "local", "key": f"runs/{RUN}/mounts/0.tar.gz", "is_file": False},
-        {"target": "/etc/app/cfg.txt", "kind": "local", "key": f"runs/{RUN}/mounts/1", "is_file": True},
+        {"target": "~/data", "kind": "local", "key": f"runs/{USER}/{RUN}/mounts/0.tar.gz", "is_file": False},
+        {"target": "/etc/app/cfg.txt", "kind": "local", "key": f"runs/{USER}/{RUN}/mounts/1", "is_file": True},
         {"target": "/ds", "kind": "s3", "bucket": "some-bucket", "prefix": "ds", "region": "eu-west-1",
          "file": False, "write_back": False},
         {"target": "~/out", "kind": "s3", "bucket": "out-bucket", "prefix": "", "region": "us-east-1",
          "file": False, "write_back": True}]
-    assert detached.parse_mounts(doc, RUN) == doc
+    assert detached.parse_mounts(doc, f"runs/{USER}/{RUN}/") == doc
 
 
 def test_the_spec_says_what_the_agent_runs_and_until_when():
     at = datetime(2026, 11, 25, 18, 0, tzinfo=timezone.utc)
     job = _job("name: mine\nsetup: pip install x\nrun: python train.py\noutputs: ['*.pt']\n")
-    spec = launch.spec_document(job, RunOptions(task=job, spot=True, max_runtime_minutes=60), RUN, f"ec2gpu-{RUN}",
+    spec = launch.spec_document(job, RunOptions(task=job, spot=True, max_runtime_minutes=60), USER, RUN,
+                                f"ec2gpu-{RUN}",
                                 at, 10)
     assert (spec["run_id"], spec["name"], spec["group"]) == (RUN, "mine", f"ec2gpu-{RUN}")
     assert (spec["setup"], spec["run"], spec["envs"], spec["outputs"]) == ("pip install x", "python train.py",
@@ -142,7 +147,7 @@ def test_the_spec_says_what_the_agent_runs_and_until_when():
     # the job's SIGTERM comes its grace (2 min) and the upload's time (5 min) before the group's deadline
     assert spec["limit_at"] == at.timestamp() - 420 and spec["limit_grace_s"] == 120
     assert spec["max_launches"] == 10 and spec["spot"] is True
-    assert spec["workdir_key"] == f"runs/{RUN}/workdir.tar.gz" and spec["nodes"] == 1 and spec["secrets"] == []
+    assert spec["workdir_key"] == f"runs/{USER}/{RUN}/workdir.tar.gz" and spec["nodes"] == 1 and spec["secrets"] == []
 
 
 def test_the_workdir_archive_holds_the_manifest_files_alone_as_plain_files(tmp_path):
@@ -248,10 +253,10 @@ def _instance(tmp_path, files: dict) -> tuple[dict, callable]:
     (bin_ / "aws").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/aws-calls\n')
     for f in ("python3", "aws"):
         (bin_ / f).chmod(0o755)
-    (store / "runs" / RUN / "agent").mkdir(parents=True)
+    (store / "runs" / USER / RUN / "agent").mkdir(parents=True)
     for name, body in files.items():
-        (store / "runs" / RUN / "agent" / name).write_bytes(body)
-    (store / "runs" / RUN / "status.json").write_text(json.dumps({"run_id": RUN, "state": "pending", "attempt": 0,
+        (store / "runs" / USER / RUN / "agent" / name).write_bytes(body)
+    (store / "runs" / USER / RUN / "status.json").write_text(json.dumps({"run_id": RUN, "state": "pending", "attempt": 0,
                                                                   "launches": 2, "updated_at": "x"}))
     env = {"PATH": f"{bin_}:/usr/bin:/bin", "EC2GPU_STATE_DIR": str(tmp_path / "state"), "PYTHONPATH": str(lib.parent),
            "FAKE_S3": str(tmp_path / "s3"), "FAKE_CALLS": str(tmp_path / "asg-calls")}
@@ -304,7 +309,7 @@ def test_an_agent_file_rewritten_in_s3_is_refused_and_none_of_it_runs(tmp_path, 
     time.sleep(0.5)
     assert not (tmp_path / "agent-ran").exists() and not (tmp_path / "rewritten-ran").exists()
     assert not [p for p in state.iterdir() if p.suffix == ".py"]  # none of the files was written
-    st = json.loads((tmp_path / "s3" / BUCKET / "runs" / RUN / "status.json").read_text())
+    st = json.loads((tmp_path / "s3" / BUCKET / "runs" / USER / RUN / "status.json").read_text())
     assert st["state"] == "failed" and st["launches"] == 2 and st["ended_at"]
     assert st["message"] == st["reason"] == (
         f"the agent code in S3 is not the code this run was launched with ({rewritten} has another sha256 than its "
@@ -334,7 +339,7 @@ def test_the_hashes_come_from_the_agent_files_tuple_and_each_is_required(tmp_pat
     monkeypatch.setattr(launch, "AGENT_FILES", (*launch.AGENT_FILES, "extra.py"))
     more = launch.agent_hashes(tmp_path)
     assert more["extra.py"] == _sha(b"x = 1\n")
-    assert f'"runs/{RUN}/agent/extra.py", "{more["extra.py"]}"' in _boot(hashes=more)
+    assert f'"runs/{USER}/{RUN}/agent/extra.py", "{more["extra.py"]}"' in _boot(hashes=more)
     with pytest.raises(ValueError):
         _boot(hashes=hashes)  # without the new file's
 
@@ -343,3 +348,17 @@ def test_the_user_data_stays_well_under_ec2s_limit():
     """EC2 takes 16 KB of user data before base64
     (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/instancedata-add-user-data.html)."""
     assert len(instances.user_data(None, None, _boot()).encode()) < 8 * 1024
+
+
+def test_what_is_said_of_the_secrets_names_everyone_who_may_read_them():
+    """Issue 44, item 6: "only this run's instance role may read them" was not true. The line a
+    detached launch prints (parameters.READERS) names the run's role, the user who made them and
+    whoever the account's own policies allow; no message says the role alone."""
+    import inspect
+
+    from ec2gpu.aws import parameters
+    assert "instance role" in parameters.READERS and "you" in parameters.READERS
+    assert "administrator" in parameters.READERS and "account's own policies" in parameters.READERS
+    source = inspect.getsource(launch) + inspect.getsource(parameters)
+    assert "parameters.READERS" in inspect.getsource(launch.start)
+    assert "only this run's instance role may read" not in source.replace("\n", " ")

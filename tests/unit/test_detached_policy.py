@@ -4,27 +4,15 @@ independent IAM linter (parliament, as tests/unit/test_iam_policy_lint.py reads 
 and requests evaluated against the policy, alone and under the permissions boundary
 docs/iam-instance-boundary.json.
 
-No IAM policy simulator runs offline: moto has no SimulatePrincipalPolicy, and the evaluator moto
-uses for its own IAM auth mode (moto/iam/access_control.py) knows StringEquals only and lets any
-other condition operator pass (moto/iam/policy_conditions.py: "If the evaluation operation is not
-supported, ignore condition evaluation"), so it would allow ListBucket on any prefix here. So the
-evaluation is ``_decide`` below: a minimal evaluator of IAM's identity-policy logic
-(https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_evaluation-logic.html):
-an explicit Deny wins, else an Allow, else refused; Action patterns case-insensitive, Resource
-patterns case-sensitive, ``*`` and ``?`` wildcards; policy variables ``${key}`` from the request
-context and the fixed ``${*}``, ``${?}``, ``${$}``; condition operators StringEquals, StringLike,
-NumericEquals and Null, several values of one key ORed, several keys and operators ANDed, and a key
-the request lacks failing every operator but Null; a permissions boundary allows only what both it
-and the identity policy allow
-(https://docs.aws.amazon.com/IAM/latest/UserGuide/access_policies_boundaries.html). It leaves out
-what these policies do not use (NotAction, NotResource, IfExists, ForAnyValue/ForAllValues, other
-operators: an unknown operator fails the test rather than passing).
+The evaluation is tests/iam_eval.py's (its docstring says what it does and leaves out).
 """
 import json
-import re
 from pathlib import Path
 
 import pytest
+from iam_eval import allowed
+from iam_eval import condition_holds as _condition_holds
+from iam_eval import decide as _decide
 
 from ec2gpu.aws import groups, iam
 from ec2gpu.errors import UsageError
@@ -33,88 +21,14 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 ACCOUNT, OTHER_ACCOUNT, REGION = "123456789012", "210987654321", "us-east-1"
 BUCKET = f"ec2gpu-{ACCOUNT}-{REGION}"
 RUN, OTHER = "20261125-100000-ab12", "20261125-100001-cd34"
+#: the run's maker: a role session's user id (aws:userid, STS's UserId), ':' and '@' in it; another user
+USER, OTHER_USER = "AROAEXAMPLEROLEID0001:alice@example.com", "AIDAEXAMPLEUSERID0002"
 GROUP = groups.name_of(RUN)
-POLICY = iam.detached_policy(BUCKET, RUN, GROUP, REGION, ACCOUNT)
-SECRETS_POLICY = iam.detached_policy(BUCKET, RUN, GROUP, REGION, ACCOUNT, secrets=True)
+POLICY = iam.detached_policy(BUCKET, RUN, GROUP, REGION, ACCOUNT, user=USER)
+SECRETS_POLICY = iam.detached_policy(BUCKET, RUN, GROUP, REGION, ACCOUNT, secrets=True, user=USER)
 
 
-# --- the evaluator ----------------------------------------------------------------------------
-
-_TOKEN = re.compile(r"\$\{([^}]*)\}|(\*)|(\?)|(.)", re.DOTALL)
-
-
-def _pattern(text: str, context: dict, wildcards: bool) -> re.Pattern | None:
-    """``text`` as a regular expression: its policy variables replaced from ``context`` (None when
-    one is missing: the statement cannot match), ``*``/``?`` wildcards when ``wildcards``."""
-    out = []
-    for m in _TOKEN.finditer(text):
-        var, star, qmark, char = m.groups()
-        if var is not None:
-            if var in ("*", "?", "$"):
-                out.append(re.escape(var))
-            elif var in context:
-                out.append(re.escape(context[var]))
-            else:
-                return None
-        elif star:
-            out.append(".*" if wildcards else re.escape(star))
-        elif qmark:
-            out.append("." if wildcards else re.escape(qmark))
-        else:
-            out.append(re.escape(char))
-    return re.compile("".join(out), re.DOTALL)
-
-
-def _matches(patterns, value: str, context: dict, *, wildcards: bool = True, ignore_case: bool = False) -> bool:
-    for p in [patterns] if isinstance(patterns, str) else patterns:
-        rx = _pattern(p.lower() if ignore_case else p, context, wildcards)
-        if rx is not None and rx.fullmatch(value.lower() if ignore_case else value):
-            return True
-    return False
-
-
-def _condition_holds(condition: dict, context: dict) -> bool:
-    for operator, keys in condition.items():
-        for key, expected in keys.items():
-            expected = [expected] if isinstance(expected, str) else expected
-            present = key in context
-            if operator == "Null":
-                (want,) = expected
-                if (want == "true") != (not present):
-                    return False
-                continue
-            if not present:
-                return False
-            actual = context[key]
-            if operator == "StringEquals":
-                ok = _matches(expected, actual, context, wildcards=False)
-            elif operator == "StringLike":
-                ok = _matches(expected, actual, context, wildcards=True)
-            elif operator == "NumericEquals":
-                ok = any(float(actual) == float(v) for v in expected)
-            else:
-                raise AssertionError(f"the evaluator does not know {operator}")
-            if not ok:
-                return False
-    return True
-
-
-def _decide(policy: dict, action: str, resource: str, context: dict) -> str:
-    """"Deny", "Allow" or "None" (no statement matched: implicitly refused)."""
-    verdicts = set()
-    for s in policy["Statement"]:
-        if (_matches(s["Action"], action, context, ignore_case=True) and _matches(s["Resource"], resource, context)
-                and _condition_holds(s.get("Condition", {}), context)):
-            verdicts.add(s["Effect"])
-    return "Deny" if "Deny" in verdicts else "Allow" if "Allow" in verdicts else "None"
-
-
-def allowed(policy: dict, request: tuple, boundary: dict | None = None) -> bool:
-    action, resource, context = request
-    if _decide(policy, action, resource, context) != "Allow":
-        return False
-    return boundary is None or _decide(boundary, action, resource, context) == "Allow"
-
+# --- the evaluator ---------------------------------------------------------------------------
 
 def test_the_evaluator_itself():
     p = {"Statement": [{"Effect": "Allow", "Action": ["s3:Get*"], "Resource": "arn:aws:s3:::b/a${*}/${k}/*",
@@ -136,16 +50,18 @@ def test_the_evaluator_itself():
 
 # --- requests as AWS would see them -----------------------------------------------------------
 
-def _principal(run: str = RUN, account: str = ACCOUNT) -> dict:
-    """The request context of the run role's session: its tags are the principal's
-    (https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_condition-keys.html#condition-keys-principaltag)."""
-    return {"aws:PrincipalTag/ec2gpu:run": run, "aws:PrincipalAccount": account}
+def _principal(run: str = RUN, account: str = ACCOUNT, user: str = USER) -> dict:
+    """The request context of the run role's session on its instance: its tags are the principal's
+    (https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_condition-keys.html#condition-keys-principaltag),
+    and the instance it was delivered to is ec2:SourceInstanceARN (present for an EC2 role session only)."""
+    return {"aws:PrincipalTag/ec2gpu:run": run, "aws:PrincipalTag/ec2gpu:user": user, "aws:PrincipalAccount": account,
+            "ec2:SourceInstanceARN": f"arn:aws:ec2:{REGION}:{account}:instance/i-0123456789abcdef0"}
 
 
 def s3(action: str, key: str | None = None, *, bucket: str = BUCKET, prefix: str | None = None,
-       owner: str = ACCOUNT, run: str = RUN) -> tuple:
+       owner: str = ACCOUNT, run: str = RUN, user: str = USER) -> tuple:
     resource = f"arn:aws:s3:::{bucket}" + (f"/{key}" if key is not None else "")
-    context = {**_principal(run), "s3:ResourceAccount": owner}
+    context = {**_principal(run, user=user), "s3:ResourceAccount": owner}
     if prefix is not None:
         context["s3:prefix"] = prefix
     return action, resource, context
@@ -164,35 +80,42 @@ def group(action: str, name: str = GROUP, *, tag: str | None = RUN, region: str 
 
 
 ALLOWED = {
-    "PutObject runs/RUN/outputs/x": s3("s3:PutObject", f"runs/{RUN}/outputs/x"),
-    "GetObject runs/RUN/checkpoints/latest.pt": s3("s3:GetObject", f"runs/{RUN}/checkpoints/latest.pt"),
-    "AbortMultipartUpload runs/RUN/outputs/big": s3("s3:AbortMultipartUpload", f"runs/{RUN}/outputs/big"),
-    "DeleteObject runs/RUN/checkpoints/old.pt (the job pruned it)": s3("s3:DeleteObject", f"runs/{RUN}/checkpoints/old.pt"),
-    "ListBucket prefix runs/RUN/": s3("s3:ListBucket", prefix=f"runs/{RUN}/"),
-    "ListBucket prefix runs/RUN/outputs/": s3("s3:ListBucket", prefix=f"runs/{RUN}/outputs/"),
+    "PutObject runs/RUN/outputs/x": s3("s3:PutObject", f"runs/{USER}/{RUN}/outputs/x"),
+    "GetObject runs/RUN/checkpoints/latest.pt": s3("s3:GetObject", f"runs/{USER}/{RUN}/checkpoints/latest.pt"),
+    "AbortMultipartUpload runs/RUN/outputs/big": s3("s3:AbortMultipartUpload", f"runs/{USER}/{RUN}/outputs/big"),
+    "DeleteObject runs/RUN/checkpoints/old.pt (the job pruned it)": s3("s3:DeleteObject",
+                                                                      f"runs/{USER}/{RUN}/checkpoints/old.pt"),
+    "ListBucket prefix runs/RUN/": s3("s3:ListBucket", prefix=f"runs/{USER}/{RUN}/"),
+    "ListBucket prefix runs/RUN/outputs/": s3("s3:ListBucket", prefix=f"runs/{USER}/{RUN}/outputs/"),
     "UpdateAutoScalingGroup its group to 0 (groups.end)": group("autoscaling:UpdateAutoScalingGroup", sizes=(0, 0)),
     "SetDesiredCapacity on its group": group("autoscaling:SetDesiredCapacity"),
 }
 
 REFUSED = {
-    "GetObject runs/OTHER/x": s3("s3:GetObject", f"runs/{OTHER}/x"),
-    "PutObject runs/OTHER/x": s3("s3:PutObject", f"runs/{OTHER}/x"),
-    "GetObject runs/RUN-more/x (a longer id)": s3("s3:GetObject", f"runs/{RUN}-more/x"),
-    "GetObject runs/RUN (no slash)": s3("s3:GetObject", f"runs/{RUN}"),
+    "GetObject runs/OTHER/x": s3("s3:GetObject", f"runs/{USER}/{OTHER}/x"),
+    "PutObject runs/OTHER/x": s3("s3:PutObject", f"runs/{USER}/{OTHER}/x"),
+    "GetObject runs/RUN-more/x (a longer id)": s3("s3:GetObject", f"runs/{USER}/{RUN}-more/x"),
+    "GetObject runs/RUN (no slash)": s3("s3:GetObject", f"runs/{USER}/{RUN}"),
     "GetObject outside runs/": s3("s3:GetObject", f"ledger/{RUN}/x"),
-    "DeleteObject runs/RUN/x": s3("s3:DeleteObject", f"runs/{RUN}/x"),
-    "DeleteObject runs/RUN/status.json": s3("s3:DeleteObject", f"runs/{RUN}/status.json"),
-    "DeleteObject runs/OTHER/checkpoints/x": s3("s3:DeleteObject", f"runs/{OTHER}/checkpoints/x"),
+    "DeleteObject runs/RUN/x": s3("s3:DeleteObject", f"runs/{USER}/{RUN}/x"),
+    "DeleteObject runs/RUN/status.json": s3("s3:DeleteObject", f"runs/{USER}/{RUN}/status.json"),
+    "DeleteObject runs/OTHER/checkpoints/x": s3("s3:DeleteObject", f"runs/{USER}/{OTHER}/checkpoints/x"),
+    "GetObject of the same run id under another user": s3("s3:GetObject", f"runs/{OTHER_USER}/{RUN}/x"),
+    "PutObject of the same run id under another user": s3("s3:PutObject", f"runs/{OTHER_USER}/{RUN}/agent/detached.py"),
+    "GetObject runs/RUN/x (the layout before the user id)": s3("s3:GetObject", f"runs/{RUN}/x"),
+    "ListBucket prefix runs/USER/ (every run of the user)": s3("s3:ListBucket", prefix=f"runs/{USER}/"),
+    "ListBucket prefix runs/OTHER_USER/RUN/": s3("s3:ListBucket", prefix=f"runs/{OTHER_USER}/{RUN}/"),
     "ListBucket without a prefix": s3("s3:ListBucket"),
     "ListBucket prefix ''": s3("s3:ListBucket", prefix=""),
     "ListBucket prefix runs/": s3("s3:ListBucket", prefix="runs/"),
-    "ListBucket prefix runs/OTHER/": s3("s3:ListBucket", prefix=f"runs/{OTHER}/"),
+    "ListBucket prefix runs/OTHER/": s3("s3:ListBucket", prefix=f"runs/{USER}/{OTHER}/"),
     "ListBucket prefix runs/2026 (a partial id)": s3("s3:ListBucket", prefix="runs/2026"),
-    "ListBucket prefix runs/RUN (no slash: runs/RUN-more too)": s3("s3:ListBucket", prefix=f"runs/{RUN}"),
-    "GetObject in another bucket": s3("s3:GetObject", f"runs/{RUN}/x", bucket="ec2gpu-123456789012-eu-west-1"),
-    "ListBucket another bucket": s3("s3:ListBucket", bucket="other-bucket", prefix=f"runs/{RUN}/"),
+    "ListBucket prefix runs/RUN (no slash: runs/RUN-more too)": s3("s3:ListBucket", prefix=f"runs/{USER}/{RUN}"),
+    "GetObject in another bucket": s3("s3:GetObject", f"runs/{USER}/{RUN}/x",
+                                      bucket="ec2gpu-123456789012-eu-west-1"),
+    "ListBucket another bucket": s3("s3:ListBucket", bucket="other-bucket", prefix=f"runs/{USER}/{RUN}/"),
     "PutObject in a bucket of that name owned by another account":
-        s3("s3:PutObject", f"runs/{RUN}/outputs/x", owner=OTHER_ACCOUNT),
+        s3("s3:PutObject", f"runs/{USER}/{RUN}/outputs/x", owner=OTHER_ACCOUNT),
     "GetBucketLocation": s3("s3:GetBucketLocation"),
     "SetDesiredCapacity on another run's group": group("autoscaling:SetDesiredCapacity", groups.name_of(OTHER),
                                                        tag=OTHER),
@@ -229,6 +152,7 @@ def test_everything_else_is_refused(what):
 
 WIDE = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": ["s3:*", "autoscaling:*"],
                                                 "Resource": "*"}]}
+WIDE_ALL = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": ["*"], "Resource": "*"}]}
 
 
 #: what the boundary leaves to the inline policy: it is one document for every run role of the account,
@@ -246,12 +170,31 @@ def test_the_boundary_alone_refuses_another_runs_data_and_groups_whatever_the_in
     assert not allowed(WIDE, REFUSED[what], _boundary())
     assert allowed(WIDE, ALLOWED["PutObject runs/RUN/outputs/x"], _boundary())
     # the same requests from another run's role: that role's tag decides, not the request's keys
-    assert not allowed(WIDE, s3("s3:GetObject", f"runs/{RUN}/x", run=OTHER), _boundary())
+    assert not allowed(WIDE, s3("s3:GetObject", f"runs/{USER}/{RUN}/x", run=OTHER), _boundary())
+    # nor another user's role tagged with this run's id (which that user may make: a run id is no secret)
+    assert not allowed(WIDE, s3("s3:GetObject", f"runs/{USER}/{RUN}/x", user=OTHER_USER), _boundary())
+    assert not allowed(WIDE, s3("s3:ListBucket", prefix=f"runs/{USER}/{RUN}/", user=OTHER_USER), _boundary())
     assert not allowed(WIDE, group("autoscaling:SetDesiredCapacity", run=OTHER), _boundary())
     # a role without the tag reaches no run's data or group
     _, resource, context = ALLOWED["GetObject runs/RUN/checkpoints/latest.pt"]
-    untagged = {k: v for k, v in context.items() if k != "aws:PrincipalTag/ec2gpu:run"}
-    assert not allowed(WIDE, ("s3:GetObject", resource, untagged), _boundary())
+    for tag in ("aws:PrincipalTag/ec2gpu:run", "aws:PrincipalTag/ec2gpu:user"):
+        untagged = {k: v for k, v in context.items() if k != tag}
+        assert not allowed(WIDE, ("s3:GetObject", resource, untagged), _boundary())
+
+
+def test_the_boundary_allows_nothing_by_tag_to_a_session_that_is_not_an_instances():
+    """Tags a session is given when assumed override the role's own
+    (https://docs.aws.amazon.com/IAM/latest/UserGuide/id_session-tags.html), and a user may make a
+    role under the boundary with a trust policy of their own: a session assumed with the tags of
+    another user's run would have that run's ``${aws:PrincipalTag/...}``. The boundary's statements
+    that read the role's tags apply only to an EC2 instance's role session (``ec2:SourceInstanceARN``
+    present), whose tags are the role's."""
+    for request in (ALLOWED["PutObject runs/RUN/outputs/x"], ALLOWED["ListBucket prefix runs/RUN/"],
+                    ALLOWED["SetDesiredCapacity on its group"], secret("HF_TOKEN")):
+        action, resource, context = request
+        assert allowed(WIDE_ALL, request, _boundary())
+        assumed = {k: v for k, v in context.items() if k != "ec2:SourceInstanceARN"}
+        assert not allowed(WIDE_ALL, (action, resource, assumed), _boundary()), action
 
 
 def test_the_boundary_still_lets_file_mounts_roles_reach_their_bucket():
@@ -264,15 +207,15 @@ def test_the_boundary_still_lets_file_mounts_roles_reach_their_bucket():
 def test_what_the_boundary_allows_the_users_own_policy_allows():
     """Making a run role is no way around the user's policy: every request of a detached run the
     boundary lets through, docs/iam-policy.json allows the user too (with the user's own account as
-    aws:PrincipalAccount)."""
+    aws:PrincipalAccount, and as aws:userid the id the role is tagged with: its maker's)."""
     user = json.loads((DOCS / "iam-policy.json").read_text())
-    for what, request in {**ALLOWED, **REFUSED}.items():
-        if allowed(WIDE, request, _boundary()):
-            assert allowed(user, request), what
+    for what, (action, resource, context) in {**ALLOWED, **REFUSED}.items():
+        if allowed(WIDE, (action, resource, context), _boundary()):
+            assert allowed(user, (action, resource, {**context, "aws:userid": USER})), what
 
 
 def test_the_statements_are_exactly_these():
-    prefix = f"runs/{RUN}/"
+    prefix = f"runs/{USER}/{RUN}/"
     arn = f"arn:aws:autoscaling:us-east-1:{ACCOUNT}:autoScalingGroup:*:autoScalingGroupName/ec2gpu-{RUN}"
     assert POLICY == {"Version": "2012-10-17", "Statement": [
         {"Sid": "RunObjects", "Effect": "Allow", "Action": ["s3:AbortMultipartUpload", "s3:GetObject", "s3:PutObject"],
@@ -295,7 +238,7 @@ def test_the_statements_are_exactly_these():
 
 
 def test_the_group_is_named_as_aws_groups_names_it():
-    assert iam.GROUP_PREFIX + RUN == groups.name_of(RUN) and iam.run_prefix(RUN) == f"runs/{RUN}/"
+    assert iam.GROUP_PREFIX + RUN == groups.name_of(RUN) and iam.run_prefix(USER, RUN) == f"runs/{USER}/{RUN}/"
 
 
 @pytest.mark.parametrize("run_id", ["x*", "../", "*", "", "20261125-100000-ab1*", "20261125-100000-AB12",
@@ -304,7 +247,7 @@ def test_the_group_is_named_as_aws_groups_names_it():
                                     None, 20261125])
 def test_a_run_id_that_is_not_one_is_refused(run_id):
     with pytest.raises(UsageError) as err:
-        iam.detached_policy(BUCKET, run_id, f"ec2gpu-{run_id}", REGION, ACCOUNT)
+        iam.detached_policy(BUCKET, run_id, f"ec2gpu-{run_id}", REGION, ACCOUNT, user=USER)
     assert err.value.hint
 
 
@@ -312,7 +255,7 @@ def test_a_run_id_that_is_not_one_is_refused(run_id):
                                     "ec2gpu-123456789012-us-east-1/runs", None])
 def test_a_bucket_that_is_not_a_bucket_name_is_refused(bucket):
     with pytest.raises(UsageError) as err:
-        iam.detached_policy(bucket, RUN, GROUP, REGION, ACCOUNT)
+        iam.detached_policy(bucket, RUN, GROUP, REGION, ACCOUNT, user=USER)
     assert "bucket" in err.value.message and err.value.hint
 
 
@@ -320,7 +263,7 @@ def test_a_bucket_that_is_not_a_bucket_name_is_refused(bucket):
                                   None])
 def test_a_group_other_than_the_runs_own_is_refused(name):
     with pytest.raises(UsageError, match="is not the group of run"):
-        iam.detached_policy(BUCKET, RUN, name, REGION, ACCOUNT)
+        iam.detached_policy(BUCKET, RUN, name, REGION, ACCOUNT, user=USER)
 
 
 @pytest.mark.parametrize(("region", "account"), [("us-east-1*", ACCOUNT), ("*", ACCOUNT), ("", ACCOUNT),
@@ -328,12 +271,12 @@ def test_a_group_other_than_the_runs_own_is_refused(name):
                                                  (REGION, "12345678901a"), (REGION, "1234567890123"), (REGION, None)])
 def test_a_region_or_account_that_is_not_one_is_refused(region, account):
     with pytest.raises(UsageError):
-        iam.detached_policy(BUCKET, RUN, GROUP, region, account)
+        iam.detached_policy(BUCKET, RUN, GROUP, region, account, user=USER)
 
 
 def test_other_regions_and_partition_free_names_are_taken():
     for region in ("eu-west-1", "ap-southeast-2", "us-gov-west-1", "il-central-1"):
-        (statement,) = [s for s in iam.detached_policy(BUCKET, RUN, GROUP, region, ACCOUNT)["Statement"]
+        (statement,) = [s for s in iam.detached_policy(BUCKET, RUN, GROUP, region, ACCOUNT, user=USER)["Statement"]
                         if s["Sid"] == "LowerOwnGroup"]
         part = "aws-us-gov" if region.startswith("us-gov-") else "aws"
         assert statement["Resource"].startswith(f"arn:{part}:autoscaling:{region}:{ACCOUNT}:autoScalingGroup:*:")
@@ -344,7 +287,7 @@ def test_combined_with_a_file_mounts_policy_keeps_both_and_refuses_repeated_ids(
     assert [s["Sid"] for s in both["Statement"]] == ["RunObjects", "PruneOwnCheckpoints", "ListRunPrefix", "EndOwnGroup",
                                                      "LowerOwnGroup", "Read", "List1", "Locate"]
     assert allowed(both, s3("s3:GetObject", "train/x", bucket="data-bucket"))
-    assert not allowed(both, s3("s3:GetObject", f"runs/{OTHER}/x"))
+    assert not allowed(both, s3("s3:GetObject", f"runs/{USER}/{OTHER}/x"))
     with pytest.raises(ValueError, match="repeat"):
         iam.combined(POLICY, POLICY)
     with pytest.raises(ValueError, match="no policy"):
@@ -365,22 +308,30 @@ def _above_low(text: str) -> list[tuple[str, str]]:
 
 
 def test_parliament_finds_nothing_in_the_detached_policy():
+    """Of an IAM user's run (a user id of letters and digits), nothing at all. A role session's user
+    id holds a colon (``AROA...:NAME``), which S3 keys and IAM object ARNs allow (an ARN's resource
+    is all that follows its fifth colon: https://docs.aws.amazon.com/IAM/latest/UserGuide/reference-arns.html);
+    parliament splits the ARN at it and reports the object statements' format, and nothing else."""
     from parliament import analyze_policy_string
 
-    assert analyze_policy_string(json.dumps(POLICY)).findings == []
-    assert analyze_policy_string(json.dumps(SECRETS_POLICY)).findings == []
-    several = iam.detached_policy(BUCKET, RUN, GROUP, REGION, ACCOUNT, several=True)
-    assert analyze_policy_string(json.dumps(several)).findings == []
+    for secrets, several in ((False, False), (True, False), (False, True)):
+        policy = iam.detached_policy(BUCKET, RUN, GROUP, REGION, ACCOUNT, secrets, several, user=OTHER_USER)
+        assert analyze_policy_string(json.dumps(policy)).findings == []
     for region in ("eu-west-1", "ap-northeast-1"):
         assert _above_low(json.dumps(iam.detached_policy(f"ec2gpu-{ACCOUNT}-{region}", OTHER, groups.name_of(OTHER),
-                                                         region, ACCOUNT))) == []
+                                                         region, ACCOUNT, user=OTHER_USER))) == []
+    objects = ("RESOURCE_MISMATCH", json.dumps([{"action": a, "required_format": "arn:*:s3:::*/*"}
+                                                for a in ("s3:AbortMultipartUpload", "s3:GetObject", "s3:PutObject")]))
+    prune = ("RESOURCE_MISMATCH", json.dumps([{"action": "s3:DeleteObject", "required_format": "arn:*:s3:::*/*"}]))
+    assert _above_low(json.dumps(SECRETS_POLICY)) == [objects, prune]
+    assert _above_low(json.dumps(SECRETS_POLICY).replace(USER, USER.replace(":", "_"))) == []
 
 
 def test_parliament_finds_nothing_above_low_in_the_boundary_but_one_known_false_positive():
     """parliament strips policy variables from a Resource with the pattern ``\\$\\{aws.[\\w/]+\\}``
     (parliament/__init__.py, strip_var_from_arn), which stops at the colon of the tag key
-    ``ec2gpu:run``: it then sees a colon in the object key and reports the object ARN as the wrong
-    format. IAM allows ``:`` in tag keys and a tag key in ``${aws:PrincipalTag/...}``
+    ``ec2gpu:run`` (and ``ec2gpu:user``): it then sees a colon in the object key and reports the
+    object ARN as the wrong format. IAM allows ``:`` in tag keys and a tag key in ``${aws:PrincipalTag/...}``
     (https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_variables.html)."""
     false_positive = ("RESOURCE_MISMATCH", json.dumps(
         [{"action": a, "required_format": "arn:*:s3:::*/*"}
@@ -390,22 +341,26 @@ def test_parliament_finds_nothing_above_low_in_the_boundary_but_one_known_false_
                                                  "required_format": "arn:*:ssm:*:*:parameter/*"}]))
     assert _above_low((DOCS / "iam-instance-boundary.json").read_text()) == [false_positive, prune, secrets]
     # the same statement with a colon-free tag key passes: the finding is the colon, nothing else
-    text = (DOCS / "iam-instance-boundary.json").read_text().replace("PrincipalTag/ec2gpu:run", "PrincipalTag/run")
+    text = (DOCS / "iam-instance-boundary.json").read_text().replace("PrincipalTag/ec2gpu:", "PrincipalTag/")
     assert _above_low(text) == []
 
 
 @pytest.mark.parametrize("region, partition", [("cn-north-1", "aws-cn"), ("us-gov-west-1", "aws-us-gov"),
                                                ("eu-west-1", "aws")])
 def test_every_arn_is_in_the_regions_partition(region, partition):
-    policy = iam.detached_policy(f"ec2gpu-{ACCOUNT}-{region}", RUN, f"ec2gpu-{RUN}", region, ACCOUNT, secrets=True)
+    policy = iam.detached_policy(f"ec2gpu-{ACCOUNT}-{region}", RUN, f"ec2gpu-{RUN}", region, ACCOUNT, secrets=True,
+                                 user=USER)
     assert all(s["Resource"].startswith(f"arn:{partition}:") for s in policy["Statement"])
 
 
 # --- a run with secrets (aws/parameters.py) ------------------------------------------------------
 
-def secret(name: str, *, run_path: str = RUN, region: str = REGION, account: str = ACCOUNT, run: str = RUN) -> tuple:
-    return ("ssm:GetParameters", f"arn:aws:ssm:{region}:{account}:parameter/ec2gpu/runs/{run_path}/{name}",
-            _principal(run))
+def secret(name: str, *, run_path: str = RUN, region: str = REGION, account: str = ACCOUNT, run: str = RUN,
+           user: str = USER, tagged: str | None = USER) -> tuple:
+    """GetParameters of a run's secret by the role of run ``run`` made by ``user``; the parameter
+    tagged ec2gpu:user = ``tagged`` (aws/parameters.put tags it with its maker; None: untagged)."""
+    context = {**_principal(run, user=user), **({"aws:ResourceTag/ec2gpu:user": tagged} if tagged else {})}
+    return "ssm:GetParameters", f"arn:aws:ssm:{region}:{account}:parameter/ec2gpu/runs/{run_path}/{name}", context
 
 
 SECRET_REFUSED = {
@@ -420,6 +375,8 @@ SECRET_REFUSED = {
     "PutParameter on the run's secret": ("ssm:PutParameter", secret("HF_TOKEN")[1], _principal()),
     "DeleteParameters on the run's secret": ("ssm:DeleteParameters", secret("HF_TOKEN")[1], _principal()),
     "DescribeParameters": ("ssm:DescribeParameters", "*", _principal()),
+    "a parameter under the run's path that another user made": secret("HF_TOKEN", tagged=OTHER_USER),
+    "an untagged parameter under the run's path": secret("HF_TOKEN", tagged=None),
 }
 
 
@@ -438,25 +395,30 @@ def test_a_run_with_secrets_reads_its_own_and_nothing_else():
     assert SECRETS_POLICY["Statement"][:-1] == POLICY["Statement"]
     assert SECRETS_POLICY["Statement"][-1] == {
         "Sid": "ReadOwnSecrets", "Effect": "Allow", "Action": ["ssm:GetParameters"],
-        "Resource": f"arn:aws:ssm:{REGION}:{ACCOUNT}:parameter/ec2gpu/runs/{RUN}/*"}
+        "Resource": f"arn:aws:ssm:{REGION}:{ACCOUNT}:parameter/ec2gpu/runs/{RUN}/*",
+        "Condition": {"StringEquals": {"aws:ResourceTag/ec2gpu:user": USER}}}
 
 
 def test_the_boundary_holds_a_role_to_its_own_runs_secrets_whatever_the_inline_policy():
     wide = {"Statement": [{"Effect": "Allow", "Action": ["ssm:*"], "Resource": "*"}]}
     assert allowed(wide, secret("HF_TOKEN"), _boundary())
     assert not allowed(wide, secret("HF_TOKEN", run=OTHER), _boundary())  # another run's role
+    # another user's role, tagged with this run's id: the parameter's tag is not its user's
+    assert not allowed(wide, secret("HF_TOKEN", user=OTHER_USER), _boundary())
     for what in ("another run's secret", "a secret of a longer run id", "a parameter outside ec2gpu's path",
                  "GetParametersByPath on the run's path", "PutParameter on the run's secret",
-                 "DeleteParameters on the run's secret", "DescribeParameters"):
+                 "DeleteParameters on the run's secret", "DescribeParameters",
+                 "a parameter under the run's path that another user made", "an untagged parameter under the run's path"):
         assert not allowed(wide, SECRET_REFUSED[what], _boundary()), what
     user = json.loads((DOCS / "iam-policy.json").read_text())
-    assert allowed(user, secret("HF_TOKEN"))  # what the boundary lets a role read, the user may read
+    action, resource, context = secret("HF_TOKEN")
+    assert allowed(user, (action, resource, {**context, "aws:userid": USER}))  # the role's maker may read it too
 
 
 def test_a_run_of_several_nodes_may_set_its_own_groups_instances_unhealthy_and_nothing_more():
     """agent/gang.py: a node whose agent went silent while its instance runs is set Unhealthy by
     another, and the group replaces it. A run of one node gets no such statement."""
-    several = iam.detached_policy(BUCKET, RUN, GROUP, REGION, ACCOUNT, several=True)
+    several = iam.detached_policy(BUCKET, RUN, GROUP, REGION, ACCOUNT, several=True, user=USER)
     mine = group("autoscaling:SetInstanceHealth")
     assert allowed(several, mine) and allowed(several, mine, _boundary())
     assert not allowed(POLICY, mine)

@@ -6,6 +6,7 @@ import botocore.exceptions
 import pytest
 
 from ec2gpu.aws import iam
+from ec2gpu.errors import UsageError
 
 
 def test_reads_and_writes_give_exactly_these_statements():
@@ -127,10 +128,18 @@ def test_role_names_and_tags_are_what_iam_accepts():
     for bad in ("", "x" * 58, "has space", "semi;colon"):
         with pytest.raises(ValueError, match="cannot name an IAM role"):
             iam.role_name(bad)
-    tags = iam.run_tags("r-1", "DOMAIN\\alice!", "ec2gpu-r-1", "eu-west-1")
+    user = "AROAEXAMPLEROLEID0001:alice@example.com"  # a role session's user id: ':' and '@' kept as they are
+    tags = iam.run_tags("r-1", "DOMAIN\\alice!", "ec2gpu-r-1", "eu-west-1", user=user)
     assert tags == [{"Key": "ec2gpu:run", "Value": "r-1"}, {"Key": "ec2gpu:owner", "Value": "DOMAIN_alice_"},
-                    {"Key": "Name", "Value": "ec2gpu-r-1"}, {"Key": "ec2gpu:region", "Value": "eu-west-1"}]
-    assert [t["Key"] for t in iam.run_tags("r-1", "alice", "n")] == ["ec2gpu:run", "ec2gpu:owner", "Name"]
+                    {"Key": "Name", "Value": "ec2gpu-r-1"}, {"Key": "ec2gpu:region", "Value": "eu-west-1"},
+                    {"Key": "ec2gpu:user", "Value": user}]
+    assert [t["Key"] for t in iam.run_tags("r-1", "alice", "n", user="AIDAEXAMPLE")] == [
+        "ec2gpu:run", "ec2gpu:owner", "Name", "ec2gpu:user"]
+    # the boundary reads the tag as the user's prefix: a value IAM would refuse (or ec2gpu would have to
+    # rewrite) is refused before anything is made, never changed
+    for bad in ("AROAX:a,b", "a/b", "*", "", "x" * 200):
+        with pytest.raises(UsageError):
+            iam.run_tags("r-1", "alice", "n", user=bad)
     assert iam.tag_value("alice@example.com") == "alice@example.com" and len(iam.tag_value("x" * 300)) == 256
 
 

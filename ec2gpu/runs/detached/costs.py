@@ -261,7 +261,7 @@ def ledger_facts(row: dict[str, Any] | None) -> Facts | None:
 
 
 def gather(aws: Aws, home: Path, runs: dict[str, list[dict[str, Any]]], rows: dict[str, dict[str, Any]],
-           volume_gib: float | None, now: datetime | None = None, store: tuple[Any, str] | None = None,
+           volume_gib: float | None, now: datetime | None = None, store: tuple[Any, str, str] | None = None,
            final: Collection[str] = ()) -> dict[str, dict[str, Any]]:
     """The cost (``cost``) of each run of ``runs`` (run id -> its launches, aws/runstore.launches),
     from one DescribeInstances of ec2gpu's instances in every state (by the ec2gpu:run tag), one
@@ -269,12 +269,12 @@ def gather(aws: Aws, home: Path, runs: dict[str, list[dict[str, Any]]], rows: di
     and the prices: on-demand from the catalog, spot price history per type and zone over the
     instances' times (one DescribeSpotPriceHistory each), gp3 from the catalog; ``volume_gib``: each
     instance's root volume (GiB; this machine's setting, as `run --detach` sends it). With ``store``
-    (the run store's S3 client and bucket): an instance EC2 no longer lists is taken from its run's
-    settled.json (aws/runstore.get_settled), and a run of ``final`` (run ids whose state is final)
-    whose every instance EC2 lists as terminated gets its settled.json written (``settle``).
-    Launches naming another run's instance are left out (``own_launches``) and named in the dict's
-    "not_this_runs". Returns run id -> ``cost``'s dict. Raises AwsError, botocore's errors as AWS
-    answers."""
+    (the run store's S3 client, bucket and the caller's user id, whose prefix holds the runs): an
+    instance EC2 no longer lists is taken from its run's settled.json (aws/runstore.get_settled),
+    and a run of ``final`` (run ids whose state is final) whose every instance EC2 lists as
+    terminated gets its settled.json written (``settle``). Launches naming another run's instance
+    are left out (``own_launches``) and named in the dict's "not_this_runs". Returns run id ->
+    ``cost``'s dict. Raises AwsError, botocore's errors as AWS answers."""
     from ...aws import catalog, groups, pricing, sweep
     if not runs:
         return {}
@@ -315,7 +315,7 @@ def gather(aws: Aws, home: Path, runs: dict[str, list[dict[str, Any]]], rows: di
 SETTLED_TAG = "ec2gpu:settled"
 
 
-def settle(store: tuple[Any, str], runs: dict[str, list[dict[str, Any]]], listed: dict[str, Instance],
+def settle(store: tuple[Any, str, str], runs: dict[str, list[dict[str, Any]]], listed: dict[str, Instance],
            final: Collection[str]) -> dict[str, Instance]:
     """The instances of ``runs`` (run id -> launches) that EC2 no longer lists (not in ``listed``),
     from each such run's settled.json, as terminated Instances tagged SETTLED_TAG; and for each run
@@ -325,14 +325,14 @@ def settle(store: tuple[Any, str], runs: dict[str, list[dict[str, Any]]], listed
     from ...aws import runstore
     from ...aws.instances import Instance
     from ...errors import AwsError
-    s3, bucket = store
+    s3, bucket, user = store
     found: dict[str, Instance] = {}
     for run_id, launches in runs.items():
         ids = [launch["instance_id"] for launch in launches]
         missing = {i for i in ids if i not in listed}
         if missing:
             try:
-                kept = runstore.get_settled(s3, bucket, run_id)
+                kept = runstore.get_settled(s3, bucket, user, run_id)
             except AwsError:  # that object refused (the run's role could write it): this run's agent times
                 kept = []
             for row in kept:
@@ -347,7 +347,7 @@ def settle(store: tuple[Any, str], runs: dict[str, list[dict[str, Any]]], listed
                      "zone": listed[i].zone, "launched_at": listed[i].launched_at.isoformat(),
                      "terminated_at": cast(datetime, listed[i].transitioned_at).isoformat()} for i in ids]
             try:
-                runstore.put_settled(s3, bucket, run_id, rows)
+                runstore.put_settled(s3, bucket, user, run_id, rows)
             except AwsError:
                 pass
     return found
@@ -373,7 +373,8 @@ WORKERS = 8
 
 def remote_runs(aws: Aws, home: Path, volume_gib: float | None, limit: int, since: datetime | None = None,
                 workers: int = WORKERS) -> dict[str, Any]:
-    """The detached runs of the region's run store (aws/runstore.list_runs), newest first, at most
+    """The caller's detached runs in the region's run store (aws/runstore.list_runs: those under
+    the caller's own prefix ``runs/USER_ID/``), newest first, at most
     ``limit`` of them (started since ``since``, by the UTC time in the run id), each with its
     status.json (runstore.validate_status) and its cost (``gather``), and whether this machine's
     ledger ($EC2GPU_HOME/ledger.sqlite, read once; an unreadable one counts as holding none) has it.
@@ -390,16 +391,16 @@ def remote_runs(aws: Aws, home: Path, volume_gib: float | None, limit: int, sinc
     from ...aws import runstore
     from ...errors import AwsError
     from ..settle import ledger
-    s3 = aws.client("s3")
-    bucket = runstore.bucket_name(aws.check_credentials()["Account"], aws.region)
-    ids = runstore.list_runs(s3, bucket)
+    from .fetch import store
+    s3, bucket, user = store(aws)
+    ids = runstore.list_runs(s3, bucket, user)
     picked = [r for r in reversed(ids) if since is None or _started(r) >= since][:max(0, limit)]
 
     failed: dict[str, str] = {}
 
     def read(run_id: str) -> tuple[str, bytes | None]:
         try:
-            return run_id, runstore.get_status_bytes(s3, bucket, run_id)
+            return run_id, runstore.get_status_bytes(s3, bucket, user, run_id)
         except AwsError as exc:  # one run's object (403 on it, say): that run says so, the rest are listed
             failed[run_id] = exc.message
             return run_id, None
@@ -412,11 +413,11 @@ def remote_runs(aws: Aws, home: Path, volume_gib: float | None, limit: int, sinc
     records = {r: None if data is None else runstore.validate_status(data, r) for r, data in got.items()}
     launches = {r: [] if data is None else runstore.launches(data, r) for r, data in got.items()}
     final = {r for r, rec in records.items() if rec is not None and rec["state"] in runstore.FINAL_STATES}
-    costs = gather(aws, home, launches, rows, volume_gib, store=(s3, bucket), final=final)
+    costs = gather(aws, home, launches, rows, volume_gib, store=(s3, bucket, user), final=final)
     out = []
     for r in picked:
         rec = records[r] or {**runstore.validate_status(b"{}", r), "state": "unknown",
-                             "problem": failed.get(r) or _no_status(s3, bucket, r)}
+                             "problem": failed.get(r) or _no_status(s3, bucket, user, r)}
         c = costs[r]
         out.append({**rec, "billed_seconds": c["billed_seconds"], "cost_usd": c["cost_usd"],
                     "upper_bound": c["upper_bound"], "cost": c, "in_ledger": r in rows,
@@ -424,13 +425,13 @@ def remote_runs(aws: Aws, home: Path, volume_gib: float | None, limit: int, sinc
     return {"bucket": bucket, "region": aws.region, "in_store": len(ids), "runs": out}
 
 
-def _no_status(s3: Any, bucket: str, run_id: str) -> str:
+def _no_status(s3: Any, bucket: str, user: str, run_id: str) -> str:
     """Why a run in the store has no status.json: a run in the foreground whose instance handed its
     outputs over (runs/recover/handover.py), or a launch that did not get that far (or expired)."""
     from ...aws import runstore
     from ...errors import AwsError
     try:
-        handed = runstore.read_head(s3, bucket, runstore.handover_keys(run_id)["status"], 1) is not None
+        handed = runstore.read_head(s3, bucket, runstore.handover_keys(user, run_id)["status"], 1) is not None
     except AwsError:
         handed = False
     return ("a run in the foreground whose controller was lost: its instance handed its outputs over "

@@ -1,7 +1,7 @@
 """A detached run's files and log from its S3 store, from any machine of the account: `ec2gpu fetch
 RUN` and `ec2gpu logs RUN [--follow]` (issue 30).
 
-What is under ``runs/RUN_ID/`` was written by the run's instance (its role may write its own
+What is under ``runs/USER_ID/RUN_ID/`` was written by the run's instance (its role may write its own
 prefix), so keys and contents are hostile input, with the rules remote/files.py applies to what
 comes home from an instance:
 
@@ -64,11 +64,17 @@ GROUP_EVERY = 6
 #: start (it keeps the last 64 MiB), and of the new object searched for them
 TAIL_BYTES = 4096
 SEARCH_BYTES = 8 << 20
+#: the hint of a run id the caller's prefix does not hold (aws/runstore.py: each user's runs under runs/USER_ID/)
+NOT_FOUND_HINT = ("check the run id and --region; only your own runs are looked for (under your AWS user id), and "
+                  "not those started before ec2gpu kept them per user: docs/detached.md")
 
 
-def store(aws: Aws) -> tuple[Any, str]:
-    """(an S3 client, the run store's name) of ``aws``'s account and region. Raises NoCredentials, AwsError."""
-    return aws.client("s3"), runstore.bucket_name(aws.check_credentials()["Account"], aws.region)
+def store(aws: Aws) -> tuple[Any, str, str]:
+    """(an S3 client, the run store's name, the caller's user id: whose prefix ``runs/USER_ID/``
+    holds the caller's runs) of ``aws``'s account and region. Raises NoCredentials, AwsError,
+    UsageError (a user id no tag holds: aws/runstore.user_id)."""
+    identity = aws.check_credentials()
+    return (aws.client("s3"), runstore.bucket_name(identity["Account"], aws.region), runstore.user_id(identity))
 
 
 def status_of(aws: Aws, run_id: str) -> dict[str, Any] | None:
@@ -77,8 +83,8 @@ def status_of(aws: Aws, run_id: str) -> dict[str, Any] | None:
     instance id). Raises NoCredentials, AwsError."""
     if not isinstance(run_id, str) or not runstore.RUN_ID.fullmatch(run_id):
         return None
-    s3, bucket = store(aws)
-    return runstore.get_status(s3, bucket, run_id)
+    s3, bucket, user = store(aws)
+    return runstore.get_status(s3, bucket, user, run_id)
 
 
 # --- fetch ------------------------------------------------------------------------------------
@@ -177,29 +183,30 @@ def fetch(aws: Aws, run_id: str, out: Path, limits: files.Limits, note: Note,
     "left": objects above the limits, "columns": the ledger's fields from the summary
     (job_summary.columns: summary, summary_schema, test_acc ...; {} without one)}. Raises UsageError
     for a run the store does not hold, NoCredentials, AwsError, OSError (``out`` cannot be written)."""
-    s3, bucket = store(aws)
-    got = got or runstore.get_status(s3, bucket, run_id)
+    s3, bucket, user = store(aws)
+    got = got or runstore.get_status(s3, bucket, user, run_id)
     if got is None:
-        raise UsageError(f"no detached run {run_id} in s3://{bucket} ({aws.region})",
-                         "check the run id and --region")
+        raise UsageError(f"no detached run {run_id} in s3://{bucket}/{runstore.user_prefix(user)} ({aws.region})",
+                         NOT_FOUND_HINT)
     warn = lambda line: note(f"warning: {line}")  # noqa: E731
     out.mkdir(parents=True, exist_ok=True)
-    outputs, o = pull(s3, bucket, runstore.outputs_prefix(run_id), out / "outputs", limits, warn, "outputs")
-    checkpoints, c = pull(s3, bucket, runstore.checkpoints_prefix(run_id), out / "checkpoints", limits, warn,
+    outputs, o = pull(s3, bucket, runstore.outputs_prefix(user, run_id), out / "outputs", limits, warn, "outputs")
+    checkpoints, c = pull(s3, bucket, runstore.checkpoints_prefix(user, run_id), out / "checkpoints", limits, warn,
                           "checkpoints")
     done: list[str] = []
-    log = read_log(s3, bucket, run_id, MAX_LOG_BYTES)
+    log = read_log(s3, bucket, user, run_id, MAX_LOG_BYTES)
     if log is not None and write_small(out, "job.log", log):
         done.append("job.log")
     if write_small(out, "status.json", json.dumps(got, indent=2).encode()):
         done.append("status.json")
     state = got.get("state")
     if state not in runstore.FINAL_STATES:
-        note(f"run {run_id} is {state}: its outputs reach s3://{bucket}/{runstore.outputs_prefix(run_id)} at its end")
+        note(f"run {run_id} is {state}: its outputs reach s3://{bucket}/{runstore.outputs_prefix(user, run_id)} at "
+             "its end")
     note(f"{len(outputs)} output file(s), {len(checkpoints)} checkpoint file(s) and "
-         f"{', '.join(done) or 'no log'} brought home from s3://{bucket}/{runstore.prefix(run_id)} to {out}")
+         f"{', '.join(done) or 'no log'} brought home from s3://{bucket}/{runstore.prefix(user, run_id)} to {out}")
     columns: dict[str, Any] = {}
-    secrets = run_secrets(aws, s3, bucket, run_id) if "summary.json" in outputs else None
+    secrets = run_secrets(aws, s3, bucket, user, run_id) if "summary.json" in outputs else None
     if "summary.json" in outputs and secrets is None:
         note("warning: the run's secrets could not be read from SSM Parameter Store: its summary is kept out of "
              "the ledger")
@@ -228,21 +235,21 @@ def write_small(root: Path, name: str, data: bytes) -> bool:
 
 # --- logs -------------------------------------------------------------------------------------
 
-def log_key(run_id: str) -> str:
-    """``runs/<run_id>/logs/job.log``: the job's log as the agent uploads it."""
-    return runstore.logs_prefix(run_id) + "job.log"
+def log_key(user: str, run_id: str) -> str:
+    """``runs/<user>/<run_id>/logs/job.log``: the job's log as the agent uploads it."""
+    return runstore.logs_prefix(user, run_id) + "job.log"
 
 
-def read_log(s3: Any, bucket: str, run_id: str, max_bytes: int = MAX_LOG_BYTES) -> bytes | None:
+def read_log(s3: Any, bucket: str, user: str, run_id: str, max_bytes: int = MAX_LOG_BYTES) -> bytes | None:
     """The last ``max_bytes`` bytes (at most) of the run's job.log in the store, or None when there
     is none yet. Raises AwsError."""
-    head = runstore.head_object(s3, bucket, log_key(run_id))
+    head = runstore.head_object(s3, bucket, log_key(user, run_id))
     if head is None:
         return None
     if head["size"] == 0:
         return b""
     start = max(0, head["size"] - max_bytes)
-    return _read(s3, bucket, log_key(run_id), start, head["size"], head["etag"])
+    return _read(s3, bucket, log_key(user, run_id), start, head["size"], head["etag"])
 
 
 def _read(s3: Any, bucket: str, key: str, start: int, end: int, etag: str) -> bytes | None:
@@ -427,13 +434,14 @@ def live_log(aws: Aws, settings: Any, backend: Any, run_id: str, note: Note,
     return _Live()
 
 
-def run_secrets(aws: Aws, s3: Any, bucket: str, run_id: str) -> list[str] | None:
+def run_secrets(aws: Aws, s3: Any, bucket: str, user: str, run_id: str) -> list[str] | None:
     """The values of the run's secrets (spec.json's ``secrets``, from SSM Parameter Store with these
-    credentials), to mask its live log as the agent masks the copy in S3; [] without any; None when
-    they cannot be had (then the log is not read live)."""
+    credentials: docs/iam-policy.json lets a user read the secrets they made, no other's), to mask
+    its live log as the agent masks the copy in S3; [] without any; None when they cannot be had
+    (then the log is not read live)."""
     from ...aws import parameters
     try:
-        names = runstore.secret_names(s3, bucket, run_id)
+        names = runstore.secret_names(s3, bucket, user, run_id)
         if not names:
             return []
         got = parameters.read(aws.client("ssm"), run_id, names)
@@ -458,11 +466,12 @@ def show_log(aws: Aws, run_id: str, write: Write, note: Note, follow: bool = Fal
     Returns {"state": the last state seen, "exit_status": for a final state (0 succeeded, else the
     job's exit code, 1 when it has none or 0), else None}. Raises UsageError for a run the store
     does not hold, NoCredentials, AwsError."""
-    s3, bucket = store(aws)
-    key = log_key(run_id)
-    got = runstore.get_status(s3, bucket, run_id)
+    s3, bucket, user = store(aws)
+    key = log_key(user, run_id)
+    got = runstore.get_status(s3, bucket, user, run_id)
     if got is None:
-        raise UsageError(f"no detached run {run_id} in s3://{bucket} ({aws.region})", "check the run id and --region")
+        raise UsageError(f"no detached run {run_id} in s3://{bucket}/{runstore.user_prefix(user)} ({aws.region})",
+                         NOT_FOUND_HINT)
     shown, etag, tail, polls, retries = 0, "", b"", 0, 0
     secrets: list[str] | None = None
     next_live = clock()
@@ -499,7 +508,7 @@ def show_log(aws: Aws, run_id: str, write: Write, note: Note, follow: bool = Fal
                 break
             if live is not None and clock() >= next_live and shown < AGENT_LOG_MAX and (src := live()) is not None:
                 if secrets is None:
-                    secrets = run_secrets(aws, s3, bucket, run_id)
+                    secrets = run_secrets(aws, s3, bucket, user, run_id)
                 if secrets is None:
                     src.close()
                     live = None
@@ -510,7 +519,7 @@ def show_log(aws: Aws, run_id: str, write: Write, note: Note, follow: bool = Fal
 
                 def is_final() -> bool:
                     nonlocal got
-                    now = runstore.get_status(s3, bucket, run_id)
+                    now = runstore.get_status(s3, bucket, user, run_id)
                     got = now or got
                     return now is not None and now.get("state") in runstore.FINAL_STATES
                 if not _follow_live(src, seen, secrets, is_final, min(poll_s, 1.0), sleep, clock):
@@ -525,17 +534,17 @@ def show_log(aws: Aws, run_id: str, write: Write, note: Note, follow: bool = Fal
                 next_live = clock() + LIVE_EVERY_S
             polls += 1
             if polls % GROUP_EVERY == 0 and _ended(aws, run_id):
-                got = runstore.get_status(s3, bucket, run_id) or got  # its last word, if it had one
+                got = runstore.get_status(s3, bucket, user, run_id) or got  # its last word, if it had one
                 if got.get("state") not in runstore.FINAL_STATES:
                     note(f"run {run_id}: its group has ended and status.json still says {got.get('state')}")
                     break
                 continue
             sleep(poll_s)
-            got = runstore.get_status(s3, bucket, run_id) or got
+            got = runstore.get_status(s3, bucket, user, run_id) or got
     finally:
         write(b"", final=True)
     if not etag:
-        note(f"run {run_id} has no job.log in s3://{bucket}/{runstore.logs_prefix(run_id)} yet: its agent uploads "
+        note(f"run {run_id} has no job.log in s3://{bucket}/{runstore.logs_prefix(user, run_id)} yet: its agent uploads "
              "it every 60 s once the job runs, and at its end")
     state = got.get("state")
     exit_status = None

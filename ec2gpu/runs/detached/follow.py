@@ -1,10 +1,11 @@
-"""Follow a detached run from any machine of the same AWS account: `ec2gpu status RUN`, `ec2gpu cancel RUN`.
+"""Follow a detached run from any machine with the same AWS identity: `ec2gpu status RUN`, `ec2gpu cancel RUN`.
 
 What a detached run is doing is in two places, both AWS's: its ``status.json`` in the run store
 (aws/runstore.py; written by the agent on its instance, so read as hostile input:
 runstore.validate_status) and its Auto Scaling group (aws/groups.py: desired capacity, the
 instances it holds). Neither is this machine's ledger, so a run started on a laptop is followed
-from another one.
+from another one, with credentials of the same user id (the run store keeps each user's runs under
+``runs/USER_ID/``: aws/runstore.py).
 
 A run that has finished (its state final and its group at 0 with no instance left) has what it
 made removed by the first of these commands that sees it so (``remove_finished``): the group, its
@@ -20,6 +21,7 @@ from ...aws import groups, runstore, sweep
 from ...aws.session import Aws
 from ...errors import UsageError
 from ...settings import Settings
+from .fetch import NOT_FOUND_HINT, store
 
 #: the states after which the agent does nothing more (runstore.STATES' final ones for a detached
 #: run: an "interrupted" attempt is followed by the replacement's)
@@ -29,9 +31,6 @@ DONE = ("succeeded", "failed", "cancelled")
 CANCEL_WAIT_S = 180.0
 
 
-def _store(aws: Aws) -> tuple[Any, str]:
-    s3 = aws.client("s3")
-    return s3, runstore.bucket_name(aws.check_credentials()["Account"], aws.region)
 
 
 def status(aws: Aws, settings: Settings, run_id: str, log: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
@@ -39,19 +38,19 @@ def status(aws: Aws, settings: Settings, run_id: str, log: Callable[[str], None]
     state, attempt, restarts, interruptions, instance, times, message; "problem" when the record is
     not readable), plus "group" (its desired capacity and instances: id, state, zone, health, or
     None once it is gone) and "removed" (what ``remove_finished`` removed now). Raises UsageError
-    for a run id that is not one or a run this account's store does not hold; AwsError."""
+    for a run id that is not one or a run the caller's prefix of the store does not hold; AwsError."""
     runstore.check_run_id(run_id)
-    s3, bucket = _store(aws)
-    data = runstore.get_status_bytes(s3, bucket, run_id)
+    s3, bucket, user = store(aws)
+    data = runstore.get_status_bytes(s3, bucket, user, run_id)
     if data is None:
-        raise UsageError(f"no detached run {run_id} in s3://{bucket} ({aws.region})",
-                         "check the run id and --region; `ec2gpu runs` lists this machine's runs")
+        raise UsageError(f"no detached run {run_id} in s3://{bucket}/{runstore.user_prefix(user)} ({aws.region})",
+                         NOT_FOUND_HINT)
     got = runstore.validate_status(data, run_id)
     group = groups.summary(aws.client("autoscaling"), run_id)
     if got["state"] not in DONE and got["state"] != "unreadable" and _stopped(group):
-        got = _ended_without_agent(s3, bucket, got, log)
+        got = _ended_without_agent(s3, bucket, user, got, log)
     row = _ledger_row(settings, run_id)  # this machine's, when it started the run (one read for both)
-    cost = _cost(aws, settings, run_id, data, row, got["state"] in DONE, (s3, bucket), log)  # before the group goes
+    cost = _cost(aws, settings, run_id, data, row, got["state"] in DONE, (s3, bucket, user), log)  # before the group goes
     removed = remove_finished(aws, settings, run_id, got, group, log)
     _settle_row(settings, got, row, cost, log)
     return {**got, "bucket": bucket, "group": group, "removed": removed,
@@ -70,7 +69,7 @@ def _ledger_row(settings: Settings, run_id: str) -> dict[str, Any] | None:
 
 
 def _cost(aws: Aws, settings: Settings, run_id: str, data: bytes, row: dict[str, Any] | None, over: bool,
-          store: tuple[Any, str], log: Callable[[str], None]) -> dict[str, Any] | None:
+          store: tuple[Any, str, str], log: Callable[[str], None]) -> dict[str, Any] | None:
     """The run's cost so far or in all (runs/detached/costs.gather: its instances' own times while
     EC2 lists them, then as its settled.json kept them, else its agent's; a run ``over`` gets its
     settled.json once EC2 lists every instance terminated), or None, said, when AWS does not answer."""
@@ -90,7 +89,8 @@ def _stopped(group: dict[str, Any] | None) -> bool:
     return group is None or (not group["desired"] and not group["instances"])
 
 
-def _ended_without_agent(s3: Any, bucket: str, got: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any]:
+def _ended_without_agent(s3: Any, bucket: str, user: str, got: dict[str, Any],
+                         log: Callable[[str], None]) -> dict[str, Any]:
     """The record of a run whose group stopped while its state was not final (the agent was
     killed, or the deadline came first): "failed", said so, written back so every later reader
     agrees. Returns the record as written (as ``got`` when S3 refused it), or, when the agent's own
@@ -99,12 +99,12 @@ def _ended_without_agent(s3: Any, bucket: str, got: dict[str, Any], log: Callabl
     why = (f"ended without its agent's word while {got['state']}: its group is gone or at 0 "
            "(the run's deadline, or `ec2gpu down`/`cleanup`)")
     try:
-        wrote = runstore.end_status(s3, bucket, got["run_id"], "failed", why, _now())
+        wrote = runstore.end_status(s3, bucket, user, got["run_id"], "failed", why, _now())
     except Exception as exc:  # noqa: BLE001 - said; the next `status` tries again
         log(f"could not record the run's end ({type(exc).__name__})")
         return got
     if not wrote:  # an end recorded meanwhile (the agent's): read it
-        return runstore.get_status(s3, bucket, got["run_id"]) or got
+        return runstore.get_status(s3, bucket, user, got["run_id"]) or got
     log(f"run {got['run_id']}: {why}")
     return {**got, "state": "failed", "message": why}
 
@@ -148,7 +148,8 @@ def remove_finished(aws: Aws, settings: Settings, run_id: str, got: dict[str, An
     nothing was left. Never raises for one resource (sweep's best effort)."""
     if got.get("state") not in DONE or (group is not None and (group["desired"] or group["instances"])):
         return {}
-    found = sweep.inventory(aws.ec2, run_id, iam=aws.client("iam"), autoscaling=aws.client("autoscaling"), ssm=aws.client("ssm"))
+    found = sweep.inventory(aws.ec2, run_id, iam=aws.client("iam"), autoscaling=aws.client("autoscaling"),
+                            ssm=aws.client("ssm"), user=store(aws)[2])
     if not any(found.values()):
         return {}
     done = sweep.delete_everything(aws.ec2, found, settings.keys_dir, log=log, iam=aws.client("iam"),
@@ -171,26 +172,27 @@ def cancel(aws: Aws, settings: Settings, run_id: str, log: Callable[[str], None]
         # over by its record, yet its group still runs something (a record the job wrote itself, or
         # an earlier cancel whose removal failed): remove it all the same
         removed = sweep.delete_run(aws.ec2, run_id, settings.keys_dir, log=log, iam=aws.client("iam"),
-                                   autoscaling=aws.client("autoscaling"), ssm=aws.client("ssm"))
+                                   autoscaling=aws.client("autoscaling"), ssm=aws.client("ssm"), user=store(aws)[2])
         return {**status(aws, settings, run_id, log), "removed": {k: v for k, v in removed.items() if v},
                 "waited_s": 0.0}
-    s3, bucket = _store(aws)
-    runstore.put_cancel(s3, bucket, run_id)
-    log(f"asked the agent of {run_id} to stop the job and save its outputs (s3://{bucket}/{runstore.prefix(run_id)})")
+    s3, bucket, user = store(aws)
+    runstore.put_cancel(s3, bucket, user, run_id)
+    log(f"asked the agent of {run_id} to stop the job and save its outputs "
+        f"(s3://{bucket}/{runstore.prefix(user, run_id)})")
     start, got = clock(), first
     while clock() - start < wait_s and first.get("group") and first["group"]["instances"]:
-        got = runstore.get_status(s3, bucket, run_id) or got
+        got = runstore.get_status(s3, bucket, user, run_id) or got
         if got.get("state") in DONE:
             break
         sleep(poll_s)
     waited = round(clock() - start, 1)
     if got.get("state") not in DONE:
         log(f"the agent did not answer in {waited:.0f} s: ending the group without it")
-        runstore.end_status(s3, bucket, run_id, "cancelled", "cancelled: the group was ended by `ec2gpu cancel`",
+        runstore.end_status(s3, bucket, user, run_id, "cancelled", "cancelled: the group was ended by `ec2gpu cancel`",
                             _now())
     removed = sweep.delete_run(aws.ec2, run_id, settings.keys_dir, log=log, iam=aws.client("iam"),
                                autoscaling=aws.client("autoscaling"),
-                               ssm=aws.client("ssm"))  # the group first: none replaces anything
+                               ssm=aws.client("ssm"), user=user)  # the group first: none replaces anything
     return {**status(aws, settings, run_id, log), "removed": {k: v for k, v in removed.items() if v},
             "waited_s": waited}
 

@@ -8,7 +8,8 @@ one before it worked:
    secrets that fit a parameter; file_mounts from S3 checked as a run in the foreground checks
    them, runs/provision/resources.check_s3_access);
 2. the run store (aws/runstore.ensure: bucket ``ec2gpu-ACCOUNT-REGION``, public access blocked,
-   encrypted, TLS only, expiring); under ``runs/RUN_ID/``: the workdir (``workdir.tar.gz``: the
+   encrypted, TLS only, expiring); under ``runs/USER_ID/RUN_ID/`` (USER_ID: the caller's,
+   aws/runstore.user_id): the workdir (``workdir.tar.gz``: the
    files remote/sync.manifest sends), the agent (``agent/agent.py``, ``agent/detached.py``) and
    ``spec.json`` (``spec_document``: what the agent runs); each local file_mounts source as
    ``mounts/N.tar.gz`` (a directory, packed like the workdir) or ``mounts/N`` (a file);
@@ -19,7 +20,8 @@ one before it worked:
    the foreground's role has: aws/iam.s3_policy); buckets a MOUNT entry names that do not exist
    yet are made;
    the secrets (``--secret``, a task's ``secrets``) as SecureString parameters in SSM Parameter
-   Store (aws/parameters.py), never in S3 nor in the user data: spec.json names them only;
+   Store (aws/parameters.py, tagged with the caller's user id), never in S3 nor in the user data:
+   spec.json names them only;
 4. a launch template and an Auto Scaling group of one instance (aws/groups.create), whose user
    data starts the agent (``boot_script``: no credentials in it; the role's come from IMDSv2),
    with the scheduled action that sets the group to 0 at the run's deadline, whoever is left;
@@ -58,8 +60,8 @@ if TYPE_CHECKING:
     from ..execute.reporter import ReporterLike
 
 AGENT_DIR = Path(__file__).resolve().parents[2] / "agent"
-#: the instance-side files, uploaded under runs/RUN_ID/agent/ and fetched by ``boot_script``; all
-#: from AGENT_DIR but the one JSON reader they import (agent_source)
+#: the instance-side files, uploaded under runs/USER_ID/RUN_ID/agent/ and fetched by ``boot_script``;
+#: all from AGENT_DIR but the one JSON reader they import (agent_source)
 AGENT_FILES = ("agent.py", "detached.py", "gang.py", "reaper.py", "s3files.py", "bounded_json.py")
 #: instances a detached run may launch in all (first plus replacements) when --max-attempts is not
 #: given: a spot run rides out several interruptions; an on-demand one gets one replacement
@@ -115,7 +117,7 @@ def spec_body(spec: dict[str, Any]) -> bytes:
     return json.dumps(spec, indent=2, sort_keys=True).encode()
 
 
-def boot_script(bucket: str, run_id: str, region: str, group: str, hashes: Mapping[str, str],
+def boot_script(bucket: str, user: str, run_id: str, region: str, group: str, hashes: Mapping[str, str],
                 spec_sha256: str) -> str:
     """The user data lines that start the agent of a detached run (pure): the first of
     BOOT_PYTHONS that imports boto3 fetches the agent from the run's prefix with the instance
@@ -133,21 +135,22 @@ def boot_script(bucket: str, run_id: str, region: str, group: str, hashes: Mappi
     script exits EXIT_TAMPERED without trying again. ``spec_sha256`` (of ``spec_body``) goes to
     the agent, which refuses a spec.json with other bytes the same way (agent/detached.py: the
     controller writes it once, before launch, and nothing rewrites it).
-    It holds no secret: the bucket, the run id, the region, the group's name and the hashes only.
+    It holds no secret: the bucket, the user id (whose prefix holds the run), the run id, the
+    region, the group's name and the hashes only.
 
     Raises ValueError when ``hashes`` does not name each of AGENT_FILES with a sha256, or
-    ``spec_sha256`` is not one; UsageError for a bad run id."""
+    ``spec_sha256`` is not one; UsageError for a bad user or run id."""
     if set(hashes) != set(AGENT_FILES) or not all(_SHA256.fullmatch(str(h)) for h in hashes.values()):
         raise ValueError(f"boot_script: hashes must give a sha256 for each of {', '.join(AGENT_FILES)}")
     if not _SHA256.fullmatch(str(spec_sha256)):
         raise ValueError("boot_script: spec_sha256 is not a sha256 (64 lowercase hex digits)")
-    prefix = runstore.prefix(run_id)
+    prefix = runstore.prefix(user, run_id)
     q = shlex.quote
     want = {name: [f"{prefix}agent/{name}", hashes[name]] for name in AGENT_FILES}
     fetch_py = (  # double quotes only: the script goes into single ones
         "import datetime, hashlib, json, os, sys, boto3\n"
         f"B, G, R, RUN = {json.dumps(bucket)}, {json.dumps(group)}, {json.dumps(region)}, {json.dumps(run_id)}\n"
-        f"STATUS = {json.dumps(runstore.status_key(run_id))}\n"
+        f"STATUS = {json.dumps(runstore.status_key(user, run_id))}\n"
         "s3 = boto3.client(\"s3\", region_name=R)\n"
         "def refuse(name):\n"
         "    msg = (\"the agent code in S3 is not the code this run was launched with (\" + name + \" has another \"\n"
@@ -193,8 +196,8 @@ def boot_script(bucket: str, run_id: str, region: str, group: str, hashes: Mappi
         "  sleep 10",
         "done",
         'if [ "$ok" = 1 ]; then',
-        f'  nohup "$py" "$dir/detached.py" --bucket {q(bucket)} --run-id {q(run_id)} --region {q(region)} '
-        f'--spec-sha256 {q(spec_sha256)} --home "$dir" >>"$dir/detached.log" 2>&1 </dev/null &',
+        f'  nohup "$py" "$dir/detached.py" --bucket {q(bucket)} --user {q(user)} --run-id {q(run_id)} '
+        f'--region {q(region)} --spec-sha256 {q(spec_sha256)} --home "$dir" >>"$dir/detached.log" 2>&1 </dev/null &',
         "else",
         f'  if [ "$ok" = {EXIT_TAMPERED} ]; then',
         '    echo "ec2gpu: the agent in S3 is not the one this run was launched with: none of it ran" >>"$dir/boot.log"',
@@ -213,7 +216,7 @@ def secret_env(job: TaskJob) -> dict[str, str]:
     return {k: job.env[k] for k in job.task.secrets if job.env.get(k)}
 
 
-def spec_document(job: TaskJob, opts: RunOptions, run_id: str, group: str, deadline: datetime,
+def spec_document(job: TaskJob, opts: RunOptions, user: str, run_id: str, group: str, deadline: datetime,
                   max_launches: int, log_reader: str | None = None) -> dict[str, Any]:
     """spec.json (pure): what the agent on each instance of the run runs, as agent/detached.py
     reads it (its docstring has the fields). ``deadline``: when the group's scheduled action sets
@@ -231,19 +234,19 @@ def spec_document(job: TaskJob, opts: RunOptions, run_id: str, group: str, deadl
         "version": 1, "run_id": run_id, "name": job.name, "group": group,
         "setup": job.task.setup, "run": job.task.run, "args": list(job.args),
         "envs": {k: v for k, v in job.env.items() if k not in secret}, "secrets": sorted(secret),
-        "workdir_key": runstore.workdir_key(run_id),
+        "workdir_key": runstore.workdir_key(user, run_id),
         "outputs": list(job.task.outputs), "checkpoint_dir": job.task.checkpoint_dir,
         "max_restarts_on_errors": job.task.resources.max_restarts_on_errors, "max_launches": max_launches,
         "nodes": opts.nodes,
         "limit_at": deadline.timestamp() - lead, "limit_grace_s": grace, "spot": opts.spot,
-        "mounts": mounts_document(job, run_id), "log_reader": log_reader,
+        "mounts": mounts_document(job, user, run_id), "log_reader": log_reader,
     }
 
 
-def mounts_document(job: TaskJob, run_id: str) -> list[dict[str, Any]]:
+def mounts_document(job: TaskJob, user: str, run_id: str) -> list[dict[str, Any]]:
     """spec.json's ``mounts`` (pure): one entry per file_mounts entry, in order, its target in
     tasks/mounts.normal_target's spelling (``~/x`` or ``/x``): a local source as the key it is
-    uploaded to (``_upload``: ``runs/RUN_ID/mounts/N.tar.gz`` for a directory, ``.../mounts/N`` for a
+    uploaded to (``_upload``: ``runs/USER_ID/RUN_ID/mounts/N.tar.gz`` for a directory, ``.../mounts/N`` for a
     file); an S3 one as its bucket, prefix and the bucket's region (resources.check_s3_access found
     it), ``file`` when the prefix is one object, and ``write_back`` for the MOUNT modes."""
     from ...tasks import mounts as M
@@ -251,7 +254,7 @@ def mounts_document(job: TaskJob, run_id: str) -> list[dict[str, Any]]:
     for i, m in enumerate(job.mounts):
         target = M.normal_target(m.target)
         if m.kind == "local":
-            key = f"{runstore.prefix(run_id)}mounts/{i}" + ("" if m.is_file else ".tar.gz")
+            key = f"{runstore.prefix(user, run_id)}mounts/{i}" + ("" if m.is_file else ".tar.gz")
             out.append({"target": target, "kind": "local", "key": key, "is_file": m.is_file})
         else:
             out.append({"target": target, "kind": "s3", "bucket": m.bucket, "prefix": m.prefix,
@@ -285,6 +288,7 @@ def start(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
     opts = pipeline.with_task(opts, backend)  # `train mnist --detach`: the built-in task and its data
     job = check(opts)
     account = aws.check_credentials()["Account"]
+    user = runstore.user_id(aws.check_credentials())  # refused here, before anything is made
     est = pipeline.check_estimate(aws, settings, opts, backend.name, ui)
     capacity.check_quota(aws.client("service-quotas"), aws.ec2, itype.name, opts.spot, count=opts.nodes, log=ui.note)
     run_id = pipeline.new_run_id()
@@ -299,22 +303,22 @@ def start(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
     s3 = aws.client("s3")
     with ui.phase("upload"):
         bucket = runstore.ensure(s3, account, aws.region, settings.owner, settings.run_store_expire_days)
-        hashes, spec_sha256 = _upload(s3, bucket, run_id, job, spec_document(job, opts, run_id, group, limit_at,
-                                                                              launches, settings.ssh_user))
-        ui.note(f"run store s3://{bucket}/{runstore.prefix(run_id)}: workdir, agent and spec")
+        hashes, spec_sha256 = _upload(s3, bucket, user, run_id, job, spec_document(
+            job, opts, user, run_id, group, limit_at, launches, settings.ssh_user))
+        ui.note(f"run store s3://{bucket}/{runstore.prefix(user, run_id)}: workdir, agent and spec")
     made = False
     try:
         with ui.phase("requesting"):
             made = True
-            profile = _role(aws, settings, run_id, bucket, account, boundary, bool(secret), job.role_policy,
+            profile = _role(aws, settings, user, run_id, bucket, account, boundary, bool(secret), job.role_policy,
                             several=opts.nodes > 1)
             if job.buckets_to_make:
                 from ...aws import storage
                 storage.make_buckets(s3, job.buckets_to_make, aws.region, settings.owner, ui.note)
             if secret:
-                names = parameters.put(aws.client("ssm"), run_id, settings.owner, secret)
+                names = parameters.put(aws.client("ssm"), run_id, settings.owner, user, secret)
                 ui.note(f"{len(names)} secret(s) in SSM Parameter Store under {parameters.ROOT}{run_id}/ "
-                        "(SecureString; only this run's instance role may read them)")
+                        f"(SecureString; {parameters.READERS})")
             cidr = network.ssh_cidr(opts.ssh_cidr, aws.checkip_url)
             key_name, _ = network.create_key_pair(aws.ec2, run_id, settings.owner, settings.keys_dir)
             sg = network.create_security_group(aws.ec2, run_id, settings.owner, cidr)
@@ -327,17 +331,17 @@ def start(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
                 key_name=key_name, security_group_id=sg, spot=opts.spot, root_volume_gib=settings.root_volume_gib,
                 max_runtime_minutes=None,  # a shutdown would only be replaced: the group's deadline ends it
                 max_price=opts.max_price if opts.spot else None, instance_profile=profile,
-                boot=boot_script(bucket, run_id, aws.region, group, hashes, spec_sha256))
+                boot=boot_script(bucket, user, run_id, aws.region, group, hashes, spec_sha256))
             subnets = list(capacity.default_subnets(aws.ec2).values())
             # before the group: its first instance's agent writes the next record, never under this one
-            runstore.put_status(s3, bucket, run_id, {"run_id": run_id, "state": "pending", "attempt": 0,
+            runstore.put_status(s3, bucket, user, run_id, {"run_id": run_id, "state": "pending", "attempt": 0,
                                                      "updated_at": _now()})
             groups.create(aws.ec2, aws.client("autoscaling"), spec, opts.instance_types, subnets, opts.nodes, limit_at)
     except BaseException:
         if made:
             ui.note(f"removing what run {run_id} made")
             sweep.delete_run(aws.ec2, run_id, settings.keys_dir, log=ui.note, iam=aws.client("iam"),
-                             autoscaling=aws.client("autoscaling"), ssm=aws.client("ssm"))
+                             autoscaling=aws.client("autoscaling"), ssm=aws.client("ssm"), user=user)
         raise
     ui.note(f"Auto Scaling group {group}: {opts.nodes} {'spot' if opts.spot else 'on-demand'} instance(s) of "
             f"{', '.join(opts.instance_types)}; it goes to 0 at {limit_at:%Y-%m-%d %H:%M} UTC at the latest")
@@ -353,7 +357,8 @@ def start(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
     return record
 
 
-def _upload(s3: Any, bucket: str, run_id: str, job: TaskJob, spec: dict[str, Any]) -> tuple[dict[str, str], str]:
+def _upload(s3: Any, bucket: str, user: str, run_id: str, job: TaskJob, spec: dict[str, Any]
+            ) -> tuple[dict[str, str], str]:
     """The run's workdir, agent and spec under its prefix (spec last: an agent that finds it finds
     the rest). Returns (agent_hashes of the agent files uploaded, the sha256 of spec.json's bytes),
     for ``boot_script``."""
@@ -364,11 +369,11 @@ def _upload(s3: Any, bucket: str, run_id: str, job: TaskJob, spec: dict[str, Any
         else:
             with tarfile.open(archive, "w:gz"):
                 pass
-        runstore.put_file(s3, bucket, runstore.workdir_key(run_id), archive)
+        runstore.put_file(s3, bucket, runstore.workdir_key(user, run_id), archive)
     for i, m in enumerate(job.mounts):  # local file_mounts sources, where mounts_document says
         if m.kind != "local":
             continue
-        key = f"{runstore.prefix(run_id)}mounts/{i}"
+        key = f"{runstore.prefix(user, run_id)}mounts/{i}"
         if m.is_file:
             runstore.put_file(s3, bucket, key, Path(m.source))
             continue
@@ -378,11 +383,11 @@ def _upload(s3: Any, bucket: str, run_id: str, job: TaskJob, spec: dict[str, Any
             runstore.put_file(s3, bucket, key + ".tar.gz", archive)
     hashes = agent_hashes()
     for name in AGENT_FILES:
-        runstore.put_file(s3, bucket, runstore.agent_prefix(run_id) + name, agent_source(name))
+        runstore.put_file(s3, bucket, runstore.agent_prefix(user, run_id) + name, agent_source(name))
     body = spec_body(spec)
     with tempfile.TemporaryDirectory(prefix="ec2gpu-detach-") as tmp:  # these bytes exactly: the agent hashes them
         (Path(tmp) / "spec.json").write_bytes(body)
-        runstore.put_file(s3, bucket, runstore.spec_key(run_id), Path(tmp) / "spec.json")
+        runstore.put_file(s3, bucket, runstore.spec_key(user, run_id), Path(tmp) / "spec.json")
     return hashes, hashlib.sha256(body).hexdigest()
 
 
@@ -399,7 +404,8 @@ def check_boundary(aws: Aws, run_id: str, account: str, ui: ReporterLike, secret
     boundary = iam.boundary_arn(client, account)
     if boundary is None:
         return None
-    policy = role_policy("ec2gpu-bucket", run_id, aws.region, account, secrets, extra, several)
+    user = runstore.user_id(aws.check_credentials())
+    policy = role_policy("ec2gpu-bucket", user, run_id, aws.region, account, secrets, extra, several)
     gaps = iam.boundary_gaps(client, boundary, policy)
     if gaps is None:
         ui.note(f"warning: the permissions boundary {boundary} could not be read (iam:GetPolicyVersion); "
@@ -413,23 +419,24 @@ def check_boundary(aws: Aws, run_id: str, account: str, ui: ReporterLike, secret
     return boundary
 
 
-def role_policy(bucket: str, run_id: str, region: str, account: str, secrets: bool,
+def role_policy(bucket: str, user: str, run_id: str, region: str, account: str, secrets: bool,
                 mounts_policy: dict[str, Any] | None, several: bool = False) -> dict[str, Any]:
     """The run role's inline policy (pure): aws/iam.detached_policy (its own secrets too with
     ``secrets``), with ``mounts_policy``'s statements (its file_mounts: aws/iam.s3_policy) when it
     has one. Raises UsageError as detached_policy and combined do."""
-    policy = iam.detached_policy(bucket, run_id, groups.name_of(run_id), region, account, secrets, several)
+    policy = iam.detached_policy(bucket, run_id, groups.name_of(run_id), region, account, secrets, several, user=user)
     return policy if mounts_policy is None else iam.combined(policy, mounts_policy)
 
 
-def _role(aws: Aws, settings: Settings, run_id: str, bucket: str, account: str,
+def _role(aws: Aws, settings: Settings, user: str, run_id: str, bucket: str, account: str,
           boundary: str | None, secrets: bool, mounts_policy: dict[str, Any] | None, several: bool = False) -> str:
     """The run's own instance role and profile (aws/iam.detached_policy, with its own secrets'
     parameters when ``secrets``, and ``mounts_policy``'s statements: its file_mounts' prefixes,
     aws/iam.s3_policy) under ``boundary``; its name."""
     client = aws.client("iam")
-    policy = role_policy(bucket, run_id, aws.region, account, secrets, mounts_policy, several)
-    return iam.create_run_role(client, run_id, settings.owner, policy, region=aws.region, boundary=boundary)
+    policy = role_policy(bucket, user, run_id, aws.region, account, secrets, mounts_policy, several)
+    return iam.create_run_role(client, run_id, settings.owner, policy, user=user, region=aws.region,
+                               boundary=boundary)
 
 
 def _now() -> str:

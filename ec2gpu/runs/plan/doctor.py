@@ -74,7 +74,9 @@ def run_store(aws: Aws, settings: Settings) -> Outcome:
     problems = runstore.check(s3, bucket, settings.run_store_expire_days)
     if problems:
         return False, f"s3://{bucket}: " + "; ".join(problems), \
-            "the next detached run sets them again (aws/runstore.ensure); docs/security.md, 'The run store'"
+            ("the next detached run of credentials that may change the bucket's settings (an administrator's: "
+             "docs/iam-policy.json gives users none) sets them again (aws/runstore.ensure); docs/security.md, "
+             "'The run store'")
     return True, (f"s3://{bucket}: public access blocked, SSE-S3, TLS only, runs/ expire after "
                   f"{settings.run_store_expire_days} days")
 

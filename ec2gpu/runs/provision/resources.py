@@ -134,9 +134,9 @@ def check_s3_access(aws: Aws, job: TaskJob, owner: str) -> None:
     ``buckets_to_make``, ``s3_files``, ``role_policy`` and ``role_boundary`` for ``provision``.
 
     Raises UsageError for a source that does not exist or may not be read, a write-back the user
-    did not allow (tasks/mounts.check_write, again here for a job not loaded from a file), and for
-    a policy IAM would refuse (one of ec2gpu's own buckets, over its 10,240 characters); AwsError
-    for other AWS errors.
+    did not allow (tasks/mounts.check_write, again here for a job not loaded from a file), for a
+    policy IAM would refuse (one of ec2gpu's own buckets, over its 10,240 characters) and for a
+    caller's user id no tag can hold (aws/runstore.user_id); AwsError for other AWS errors.
     """
     from ...aws import iam, storage
     from ...errors import UsageError
@@ -158,6 +158,8 @@ def check_s3_access(aws: Aws, job: TaskJob, owner: str) -> None:
     job.bucket_regions, job.buckets_to_make = storage.check_buckets(client, job.mounts, aws.region, owner)
     job.s3_files = storage.single_objects(client, job.mounts)
     job.role_boundary = iam.boundary_arn(aws.client("iam"), aws.check_credentials()["Account"])
+    from ...aws import runstore
+    runstore.user_id(aws.check_credentials())  # the role is tagged with it (iam.run_tags): one no tag holds, refused now
 
 
 def _instance_role(aws: Aws, settings: Settings, opts: LaunchOptions, run_id: str, prov: Provisioned, ui: ReporterLike) -> None:
@@ -172,14 +174,15 @@ def _instance_role(aws: Aws, settings: Settings, opts: LaunchOptions, run_id: st
         return
     import botocore.exceptions
 
-    from ...aws import iam, storage
+    from ...aws import iam, runstore, storage
     from ...aws.session import error_code
     from ...errors import UsageError
     assert job is not None and job.role_policy is not None  # returned above otherwise (getattr of None)
     client, boundary = aws.client("iam"), job.role_boundary
     prov.instance_profile = iam.role_name(run_id)  # set first: teardown removes whatever part of it was made
     try:
-        iam.create_run_role(client, run_id, settings.owner, job.role_policy, region=aws.region, boundary=boundary)
+        iam.create_run_role(client, run_id, settings.owner, job.role_policy,
+                            user=runstore.user_id(aws.check_credentials()), region=aws.region, boundary=boundary)
     except botocore.exceptions.ClientError as exc:
         if error_code(exc) in iam.REFUSED and exc.operation_name == "CreateRole":
             prov.instance_profile = None  # refused at its first call: nothing was made

@@ -6,8 +6,8 @@ instances. When it is lost before the job ends (the laptop closed or asleep, the
 then stayed on an instance that its idle rule terminated. Now the run hands over:
 
 1. before the job starts, the controller asks S3 (no call: SigV4 signing here) for presigned PUT
-   URLs, each for one key under ``runs/RUN_ID/handover/`` of the region's run store
-   (aws/runstore.py: the bucket detached runs use, made on first need); the head node's agent gets
+   URLs, each for one key under ``runs/USER_ID/RUN_ID/handover/`` (USER_ID: the caller's) of the
+   region's run store (aws/runstore.py: the bucket detached runs use, made on first need); the head node's agent gets
    them in a 0600 file it reads and deletes before the job starts (agent/agent.py: read_handover);
 2. while the run goes on, the controller touches ``controller`` in each node's run directory
    (Heartbeat), and writes ``collected`` there once the outputs are home (engine.mark);
@@ -92,9 +92,10 @@ def prepare(aws: Aws, settings: Settings, run_id: str, max_runtime_minutes: int 
     try:
         s3 = s3 or aws.client("s3")
         account = account or aws.check_credentials()["Account"]
+        user = runstore.user_id(aws.check_credentials())
         bucket = runstore.ensure(s3, account, aws.region, settings.owner, settings.run_store_expire_days)
         lasts = (max_runtime_minutes * 60 if max_runtime_minutes else runstore.PRESIGN_MAX_S) + wait + EXPIRY_MARGIN_S
-        urls = runstore.presign_puts(s3, bucket, runstore.handover_keys(run_id), lasts)
+        urls = runstore.presign_puts(s3, bucket, runstore.handover_keys(user, run_id), lasts)
     except Exception as exc:  # noqa: BLE001 - the run goes on without it, whatever went wrong
         why = exc.message if isinstance(exc, Ec2GpuError) else type(exc).__name__
         log(f"warning: no run store for this run ({why}): if this command is lost before the job ends, "
@@ -178,9 +179,9 @@ def fetch(aws: Aws, run_id: str, out: Path, limits: Limits, note: Log,
     above the limits, "array": the element table as pool/records.parse_status gives it, None for
     a run that is no array or whose table was not handed over or not accepted}. Raises AwsError
     (S3), UsageError (a bad run id), OSError (``out`` not writable)."""
-    s3 = aws.client("s3")
-    bucket = runstore.bucket_name(aws.check_credentials()["Account"], aws.region)
-    keys = runstore.handover_keys(run_id)
+    from ..detached.fetch import store
+    s3, bucket, user = store(aws)  # the caller's own prefix: runs/USER_ID/RUN_ID/handover/
+    keys = runstore.handover_keys(user, run_id)
     status_bytes = runstore.read_head(s3, bucket, keys["status"], MAX_STATUS_BYTES + 1)
     if status_bytes is None:
         return None
@@ -203,7 +204,7 @@ def fetch(aws: Aws, run_id: str, out: Path, limits: Limits, note: Log,
     if array is not None:
         done.append("pool.json")
     note(f"{len(names)} output file(s) and {', '.join(done)} brought home from "
-         f"s3://{bucket}/{runstore.prefix(run_id)}{runstore.HANDOVER} to {out} (its instance handed them over: "
+         f"s3://{bucket}/{runstore.prefix(user, run_id)}{runstore.HANDOVER} to {out} (its instance handed them over: "
          "the controller was gone when the job ended)")
     if record.get("problem"):  # the record refused (status.parse): nothing of it is taken
         note(f"warning: the handed-over status.json is not accepted ({record['problem']})")
@@ -302,10 +303,11 @@ def ended(aws: Aws, run_id: str) -> bool:
 def handed(aws: Aws, run_id: str) -> dict[str, Any] | None:
     """The record the agent of run ``run_id`` handed over (_record: "state", "handover", "array"
     ...), or None when there is none. Raises AwsError (S3), NoCredentials."""
-    s3 = aws.client("s3")
-    bucket = runstore.bucket_name(aws.check_credentials()["Account"], aws.region)
-    data = runstore.read_head(s3, bucket, runstore.handover_keys(run_id)["status"], MAX_STATUS_BYTES + 1)
+    from ..detached.fetch import store
+    s3, bucket, user = store(aws)
+    data = runstore.read_head(s3, bucket, runstore.handover_keys(user, run_id)["status"], MAX_STATUS_BYTES + 1)
     return _record(data) if data is not None else None
+
 
 
 def _record(data: bytes) -> dict[str, Any]:
