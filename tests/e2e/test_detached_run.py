@@ -238,9 +238,9 @@ def test_an_agent_rewritten_in_s3_after_launch_is_refused_on_the_instance_and_no
     from ec2gpu.runs.detached import launch
     marker, uploaded = tmp_path / "rewritten-agent-ran", launch._upload
 
-    def upload_then_rewrite(s3, bucket, run_id, job, spec):
-        got = uploaded(s3, bucket, run_id, job, spec)
-        s3.put_object(Bucket=bucket, Key=runstore.agent_prefix(run_id) + "detached.py",
+    def upload_then_rewrite(s3, bucket, user, run_id, job, spec):
+        got = uploaded(s3, bucket, user, run_id, job, spec)
+        s3.put_object(Bucket=bucket, Key=runstore.agent_prefix(user, run_id) + "detached.py",
                       Body=f"open({str(marker)!r}, 'w').write('ran')\n".encode())
         return got
     monkeypatch.setattr(launch, "_upload", upload_then_rewrite)
