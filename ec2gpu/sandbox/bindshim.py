@@ -4,8 +4,9 @@ On EC2 Ray's ports reach the pool's own members only (aws/network.allow_within_g
 instance is this machine, and Ray's servers bind every address (gcs_server, the raylets, the
 autoscaler's monitor: Ray has no option for it), so any host of the user's network could reach
 them. ``bindshim.c`` (built here once per source, by this machine's C compiler, into the
-sandbox's state directory) is preloaded into a sandbox instance's Ray processes: a bind to the
-wildcard address becomes a bind to the instance's own 127.0.0.N. The sandbox names the built
+sandbox's state directory) is preloaded into a sandbox instance's Ray processes and its pool's
+driver: a bind to the wildcard address (0.0.0.0, ::, ::ffff:0.0.0.0), and a listen on a socket not
+bound (which Linux would bind to it), becomes a bind to the instance's own 127.0.0.N. The sandbox names the built
 library in its instances' environment (SHIM_VAR, server.py); ec2gpu/pool/node.py preloads it for
 ``ray start`` and refuses to start Ray on a sandbox instance without it.
 """

@@ -1,6 +1,7 @@
 """The sandbox's bind shim (sandbox/bindshim.c, issue 44 item 1): built once per source with this
-machine's C compiler, it makes a bind to the wildcard address one to the instance's own 127.0.0.N,
-and leaves every other bind alone; without a compiler a sandbox array is refused before anything
+machine's C compiler, it makes a bind to the wildcard address (0.0.0.0, ::, ::ffff:0.0.0.0), and
+a listen on a socket not bound (which Linux binds to the wildcard), one to the instance's own
+127.0.0.N, and leaves every other bind alone; without a compiler a sandbox array is refused before anything
 is created."""
 import json
 import shutil
@@ -28,8 +29,25 @@ with socket.socket(socket.AF_INET6) as s:
 with socket.socket(socket.AF_INET6) as s:
     s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
     s.bind(("::", 0)); out["IPv6-only wildcard"] = s.getsockname()[0]
+with socket.socket(socket.AF_INET6) as s:
+    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    s.bind(("::ffff:0.0.0.0", 0)); out["v4-mapped wildcard"] = s.getsockname()[0]
 with socket.socket(socket.AF_INET) as s:
-    s.bind(("127.0.0.1", 0)); out["an address"] = s.getsockname()[0]
+    s.listen(); out["v4 listen unbound"] = s.getsockname()[0]
+with socket.socket(socket.AF_INET6) as s:
+    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    s.listen(); out["dual-stack listen unbound"] = s.getsockname()[0]
+with socket.socket(socket.AF_INET6) as s:
+    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    s.listen(); out["IPv6-only listen unbound"] = s.getsockname()[0]
+with socket.socket(socket.AF_INET) as s:
+    s.bind(("127.0.0.1", 0)); s.listen(); out["an address"] = s.getsockname()[0]
+with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+    try:
+        s.listen()
+    except OSError:
+        pass
+    out["UDP listen"] = s.getsockname()  # left unbound: listen is not for it
 print(json.dumps(out))
 """
 
@@ -49,14 +67,18 @@ def shim(tmp_path_factory):
 def test_a_wildcard_bind_becomes_a_bind_to_the_instances_own_address(shim):
     got = _binds({"LD_PRELOAD": str(shim), "EC2GPU_SANDBOX_BIND": "127.0.0.9", "PATH": "/usr/bin:/bin"})
     assert got == {"v4 wildcard": "127.0.0.9", "dual-stack wildcard": "::ffff:127.0.0.9",
-                   "IPv6-only wildcard": "::1", "an address": "127.0.0.1"}, got
+                   "IPv6-only wildcard": "::1", "v4-mapped wildcard": "::ffff:127.0.0.9",
+                   "v4 listen unbound": "127.0.0.9", "dual-stack listen unbound": "::ffff:127.0.0.9",
+                   "IPv6-only listen unbound": "::1", "an address": "127.0.0.1", "UDP listen": ["0.0.0.0", 0]}, got
 
 
 @needs_cc
 def test_without_an_address_to_bind_the_shim_changes_nothing(shim):
     got = _binds({"LD_PRELOAD": str(shim), "PATH": "/usr/bin:/bin"})
     assert got == {"v4 wildcard": "0.0.0.0", "dual-stack wildcard": "::", "IPv6-only wildcard": "::",
-                   "an address": "127.0.0.1"}, got
+                   "v4-mapped wildcard": "::ffff:0.0.0.0", "v4 listen unbound": "0.0.0.0",
+                   "dual-stack listen unbound": "::", "IPv6-only listen unbound": "::", "an address": "127.0.0.1",
+                   "UDP listen": ["0.0.0.0", 0]}, got
 
 
 @needs_cc
