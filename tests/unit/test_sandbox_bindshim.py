@@ -10,7 +10,6 @@ import sys
 
 import pytest
 
-from ec2gpu.backend import AWS, Backend
 from ec2gpu.errors import UsageError
 from ec2gpu.pool import attempt
 from ec2gpu.sandbox import bindshim
@@ -91,13 +90,20 @@ def test_the_shim_is_built_once_per_source_text(tmp_path, monkeypatch):
 
 
 def test_without_a_c_compiler_a_sandbox_array_is_refused_before_anything_is_created(tmp_path, monkeypatch):
+    """api/ gives pool/ the sandbox's part (pool/ never imports sandbox/): the shim built into the
+    sandbox's state directory under the tool home, or a refusal before any instance exists."""
+    from ec2gpu.sandbox import control
     monkeypatch.setattr(bindshim.shutil, "which", lambda name: None)
     with pytest.raises(UsageError) as exc:
-        attempt.ray_here(Backend("sandbox"), tmp_path)
+        attempt.ray_here(lambda: bindshim.for_sandbox(tmp_path))
     assert "an array in the sandbox needs a C compiler (cc)" in exc.value.message
     assert "apt-get install gcc" in exc.value.hint
     assert not (tmp_path / "sandbox").exists()
-    assert attempt.ray_here(AWS, tmp_path)  # on EC2 no shim is needed: the security group stands in front
+    assert attempt.ray_here(None)  # on EC2 no shim is needed: the security group stands in front
+    monkeypatch.undo()
+    if any(shutil.which(c) for c in bindshim.COMPILERS):
+        assert attempt.ray_here(lambda: bindshim.for_sandbox(tmp_path))
+        assert bindshim.library(control.state_dir(tmp_path)).is_file()  # where the daemon names it (server.py)
 
 
 def test_a_compiler_that_fails_is_said_in_one_line_with_the_hint(tmp_path, monkeypatch):
