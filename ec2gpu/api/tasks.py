@@ -275,7 +275,9 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
             from dataclasses import fields
             from ..pool import attempt as pool_attempt
             from ..runs.options import PoolOptions
-            pool_attempt.ray_here(ctx.backend, ctx.settings.home)  # refused before anything is created: no Ray here, no shim
+            from ..sandbox import bindshim  # the sandbox's part is given to pool/, which never imports sandbox/
+            # refused before anything is created: no Ray here, or one too old; in the sandbox no shim
+            pool_attempt.ray_here((lambda: bindshim.for_sandbox(ctx.settings.home)) if ctx.backend.is_sandbox else None)
             per_job = gpus_per_job or job.task.gpus_per_job
             slots = pool_attempt.slots_per_node(types, per_job)  # UsageError: more GPUs than a type has
             popts = PoolOptions(**{f.name: getattr(opts, f.name) for f in fields(opts) if f.name not in ("task", "nodes")},

@@ -185,7 +185,8 @@ def _train_sweep(ctx, opts, ui, elements, workers, max_retries, detach=False) ->
     from ..pool import attempt as pool_attempt
     from ..runs.options import PoolOptions
     from ..runs.provision import pipeline
-    pool_attempt.ray_here(ctx.backend, ctx.settings.home)
+    from ..sandbox import bindshim  # the sandbox's part is given to pool/, which never imports sandbox/
+    pool_attempt.ray_here((lambda: bindshim.for_sandbox(ctx.settings.home)) if ctx.backend.is_sandbox else None)
     opts = replace(opts, nodes=max(1, min(workers or 1, len(elements))))  # --spot as given: on-demand by default here
     if ctx.backend.is_sandbox:  # the sandbox's MNIST, as pipeline.train gives a single run
         opts = replace(opts, trainer_args=[*opts.trainer_args, *pipeline.sandbox_data_args(opts.trainer_args)])

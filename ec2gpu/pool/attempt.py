@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import errno
 import json
+import re
+import secrets
 import shlex
 import time
 from concurrent.futures import Future
@@ -64,6 +66,12 @@ BRING_EVERY_S = 10.0  # finished elements' outputs come home this often while th
 #: after a launch that failed (no capacity for any type and zone on the list), the pool asks again
 #: this long after, while elements wait (s)
 GROW_RETRY_S = 60.0
+#: the Ray a pool runs on: the `pool` extra's (pyproject.toml; tests/unit/test_pool_ray_private_parts.py
+#: checks they agree). Token authentication came in Ray 2.52
+#: (https://docs.ray.io/en/latest/ray-security/token-auth.html); an older Ray ignores RAY_AUTH_MODE
+#: and lets anyone who reaches its ports in. 2.60: node.py's flags and drain timeout (pyproject.toml)
+RAY_REQUIREMENT = "ray>=2.60,<3"
+MIN_RAY = (2, 60)
 
 
 @dataclass
@@ -106,31 +114,36 @@ class Pool:
 
 
 def ray_version() -> str:
-    """This machine's Ray (the `pool` extra). Raises UsageError, with the install line, without it."""
+    """This machine's Ray (the `pool` extra), which check_ray installs on the nodes. Raises
+    UsageError, with the install line, without it or when it is older than MIN_RAY."""
     from importlib import metadata
     try:
-        return metadata.version("ray")
+        version = metadata.version("ray")
     except metadata.PackageNotFoundError:
         raise UsageError("an array or a sweep runs on Ray, which is not installed here",
                          "pip install 'ec2gpu[pool]'") from None
+    got = re.match(r"(\d+)\.(\d+)", version)
+    if got is None or (int(got[1]), int(got[2])) < MIN_RAY:
+        raise UsageError(f"an array or a sweep needs Ray {MIN_RAY[0]}.{MIN_RAY[1]} or later (Ray's token "
+                         f"authentication keeps strangers off the pool); this machine has Ray {version[:40]}",
+                         f"pip install {RAY_REQUIREMENT!r}")
+    return version
 
 
-def ray_here(backend: Backend, home: Path) -> str:
-    """What a pool needs on this machine, checked before anything is created: its Ray version
-    (ray_version), and in the sandbox the bind shim that keeps each instance's Ray on its own
-    loopback address (sandbox/bindshim.build, into the sandbox's state directory under ``home``).
-    Raises UsageError for either."""
+def ray_here(sandbox_shim: Callable[[], object] | None = None) -> str:
+    """What a pool needs on this machine, checked before anything is created: its Ray
+    (ray_version), and in the sandbox ``sandbox_shim()``, given by api/ (sandbox/bindshim.for_sandbox:
+    pool/ never imports sandbox/), which builds the bind shim that keeps each instance's Ray on its
+    own loopback address. Returns the Ray version. Raises UsageError for either."""
     version = ray_version()
-    if backend.is_sandbox:
-        from ..sandbox import bindshim, control
-        bindshim.build(control.state_dir(home))
+    if sandbox_shim is not None:
+        sandbox_shim()
     return version
 
 
 def new_token() -> str:
     """A pool's Ray token (Ray's token authentication): 256 random bits, as hex, made here for
     one attempt's pool and never written anywhere but its nodes' driver.TOKEN_FILE."""
-    import secrets
     return secrets.token_hex(32)
 
 
@@ -218,16 +231,20 @@ def launch_ray(nd: Node, role: list[str], address: str, job: TaskJob, token: str
     """Start Ray (ec2gpu/pool/node.py with ``role``: ["head", ...] or ["worker", "--address",
     HEAD, ...]) on node ``nd``, whose private address is ``address``, detached from SSH in
     ``RUN_DIR/ray`` (``nd.pid``: its process group), declaring the node's GPUs and vCPUs; the
-    pool's ``token`` first in its driver.TOKEN_FILE (0600), which node.py is given by name."""
-    from ..remote import files, jobs
-    ray_dir = f"{nd.run_dir}/ray"
+    pool's ``token`` in its driver.TOKEN_FILE, which node.py is given by name, written 0600 by the
+    command that starts it (remote/jobs.start's ``private``: the token on its stdin). What the
+    task's setup (the same user, earlier) left under those names, a link among them, is removed
+    first, never written through."""
+    from ..remote import files, jobs, ssh
+    ray_dir = f"{nd.run_dir}/ray"  # TOKEN_FILE's directory: jobs.start writes its private files where it starts
     files.make_dirs(nd.conn, ray_dir)
+    ssh.run(nd.conn, f"rm -f -- {shlex.quote(ray_dir + '/node.py')}")
     files.put_file(nd.conn, HERE / "node.py", f"{ray_dir}/node.py")
-    files.write_private(nd.conn, f"{nd.run_dir}/{TOKEN_FILE}", token)
     python = str(nd.info.get("python") or "python3")
     nd.pid = jobs.start(nd.conn, ray_dir, [python, f"{ray_dir}/node.py", *role, "--ip", address,
                                            "--gpus", str(_gpus(nd, job)), "--cpus", str(_cpus(nd)),
-                                           "--token-file", f"{nd.run_dir}/{TOKEN_FILE}"])
+                                           "--token-file", f"{nd.run_dir}/{TOKEN_FILE}"],
+                        private={TOKEN_FILE.rsplit("/", 1)[1]: token})
 
 
 def wait_ready(nd: Node, timeout_s: float, required: bool = True) -> str | None:
@@ -270,7 +287,6 @@ def pool_spec(run_id: str, opts: PoolOptions, job: TaskJob, address: str, gpus_p
     which a silent controller counts as lost and the driver shrinks the pool itself (driver._release)."""
     from ..runs.execute.engine import HANDOFF, INTERACTIVE, PROLOGUE
     return {"run_id": run_id, "address": address, "head_ip": address.rsplit(":", 1)[0], "gpus_per_job": gpus_per_job,
-
             "max_retries": opts.max_retries,
             "elements": [e.as_dict() for e in opts.elements],
             "script": ["bash", "-c", INTERACTIVE, HANDOFF, PROLOGUE + job.task.run, job.name, *job.args],
@@ -488,15 +504,20 @@ def _say(ui: ReporterLike, nd: Node, nodes: list[Node]) -> Callable[[str], None]
 
 def _start_driver(head: Node, spec: dict[str, Any], opts: PoolOptions, settings: Settings,
                   handover: str | None = None) -> None:
-    """Put the driver, what it imports (SHIPPED) and pool.json on the head and start the driver
-    under the agent (runs/execute/engine.start_agent, after the setup and all it left; ``handover``:
-    the hand-over's document, which the agent reads from RUN_DIR/handover.json, runs/recover/handover.py)."""
-    from ..remote import files
+    """Put the driver, what it imports (SHIPPED) and pool.json on the head (what the task's setup
+    left under those names, a link among them, removed first: never written through) and start
+    the driver under the agent (runs/execute/engine.start_agent, after the setup and all it left;
+    ``handover``: the hand-over's document, which the agent reads from RUN_DIR/handover.json,
+    runs/recover/handover.py), through the head's RUN_DIR/ray/node.py (``node.py driver``: the
+    environment of the node's own Ray, the pool's token and in the sandbox the bind shim)."""
+    from ..remote import files, ssh
     from ..runs.execute import engine
     from ..runs.plan import limits
-    files.put_file(head.conn, HERE / "driver.py", f"{head.run_dir}/pool_driver.py")
-    for name, module in SHIPPED.items():
-        files.put_file(head.conn, HERE.parent / module, f"{head.run_dir}/{name}")
+    put = {"pool_driver.py": HERE / "driver.py", **{name: HERE.parent / module for name, module in SHIPPED.items()}}
+    ssh.run(head.conn, f"cd {shlex.quote(head.run_dir)} && rm -f -- pool.json "
+                       + " ".join(shlex.quote(name) for name in put))
+    for name, local in put.items():
+        files.put_file(head.conn, local, f"{head.run_dir}/{name}")
     files.write_text(head.conn, f"{head.run_dir}/pool.json", json.dumps(spec))
     python = str(head.info.get("python") or "python3")
     grace = settings.limit_grace_seconds
@@ -507,8 +528,15 @@ def _start_driver(head: Node, spec: dict[str, Any], opts: PoolOptions, settings:
         python, f"{head.run_dir}/agent.py", "--dir", head.run_dir, "--env-file", f"{head.run_dir}/job.env.json",
         "--key-file", f"{head.run_dir}/agent.key", *limit,
         *(["--handover-file", f"{head.run_dir}/handover.json"] if handover is not None else []),
-        "--", python, f"{head.run_dir}/pool_driver.py",
-        f"{head.run_dir}/pool.json"], handover)
+        "--", *driver_argv(python, head.run_dir, spec["head_ip"])], handover)
+
+
+def driver_argv(python: str, run_dir: str, head_ip: str) -> list[str]:
+    """The driver's command line under the head's agent (pure): RUN_DIR/ray/node.py (put there by
+    launch_ray) gives it its Ray's environment for ``head_ip``, the head's own address, then
+    becomes ``python RUN_DIR/pool_driver.py RUN_DIR/pool.json``."""
+    return [python, f"{run_dir}/ray/node.py", "driver", "--ip", head_ip, "--token-file", f"{run_dir}/{TOKEN_FILE}",
+            "--", python, f"{run_dir}/pool_driver.py", f"{run_dir}/pool.json"]
 
 
 def _read_status(head: Node, opts: PoolOptions, ui: ReporterLike) -> dict[str, Any] | None:

@@ -1,5 +1,10 @@
 """The pool's Ray driver: runs on the pool's head under the agent; stdlib and Ray only.
 
+The agent starts it through the head's RUN_DIR/ray/node.py (``node.py driver``), which gives it
+the environment of the node's own Ray (pool/node.ray_env: the pool's token file named to Ray, read
+when Ray is imported; in the sandbox the bind shim, preloaded, that keeps the servers of its
+``ray.init`` on the head's own address).
+
 It reads ``pool.json`` (written by ec2gpu/pool/attempt.py), connects to the pool's Ray cluster,
 and runs each element of the array as a Ray task holding ``gpus_per_job`` GPUs (Ray sets
 CUDA_VISIBLE_DEVICES per task). A task runs the task's ``run`` in the node's workdir with the
@@ -106,7 +111,8 @@ except OSError:
 sys.exit(code if code >= 0 else 128 - code)
 """
 #: the pool's Ray token on each node, in its run directory: written 0600 over the run's SSH
-#: connection by the controller (pool/attempt.launch_ray), named to Ray as RAY_AUTH_TOKEN_PATH
+#: connection by the controller (pool/attempt.launch_ray), named to Ray as RAY_AUTH_TOKEN_PATH in
+#: the environment of the node's Ray and of this driver (pool/node.ray_env)
 TOKEN_FILE = "ray/auth_token"
 REAPER_GRACE_S = 10.0  # an element's group gets this long between SIGTERM and SIGKILL (s)
 NODE_LOSS_RETRIES = 8  # Ray's retries of an element whose node was lost (not counted as its failures)
@@ -242,8 +248,7 @@ def _unpack(tar: bytes, target: str, max_bytes: int) -> None:
 
 
 def main(argv: list[str]) -> int:  # noqa: C901 - one loop that reads as the driver's life
-    os.environ.update(ray_auth(os.path.dirname(os.path.abspath(argv[0]))))  # before Ray is imported: it reads them then
-    import ray
+    import ray  # the pool's token named in this process's environment already (RUN_DIR/ray/node.py driver)
     with open(argv[0]) as f:
         spec = json.load(f)
     try:
@@ -314,13 +319,6 @@ def main(argv: list[str]) -> int:  # noqa: C901 - one loop that reads as the dri
     failed = [r["index"] for r in records.values() if r["status"] != "succeeded"]
     print(f"pool: {len(records) - len(failed)} succeeded, {len(failed)} failed", flush=True)
     return 1 if failed else 0
-
-
-def ray_auth(run_dir: str) -> dict:
-    """The environment that gives this driver the pool's Ray token (pure): Ray's token
-    authentication, the token read from the head's TOKEN_FILE in ``run_dir`` (written 0600 by the
-    controller), never the token itself in a variable."""
-    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": os.path.join(run_dir, TOKEN_FILE)}
 
 
 def controller_silent(path: str, silent_s: float, since: float, now: float | None = None) -> bool:

@@ -24,7 +24,9 @@ connection; never on a command line or in the environment). Its Ray directory (s
 sockets, logs) is one of its own, made private (0700, tempfile.mkdtemp) and removed when the
 node ends. On a sandbox instance (this machine, whose Ray would listen on every address of
 it) Ray's processes get the sandbox's bind shim (ec2gpu/sandbox/bindshim.c): each listens on the
-node's own 127.0.0.N; a sandbox instance without one does not start Ray.
+node's own 127.0.0.N; a sandbox instance without one does not start Ray. The pool's driver gets
+the same environment from the same function (ray_env): the head's agent starts it as
+``node.py driver ... -- python pool_driver.py pool.json`` (run_driver).
 """
 from __future__ import annotations
 
@@ -144,19 +146,22 @@ def ray_env(environ: Mapping[str, str], ip: str, token_file: str) -> dict[str, s
 
 def refusal(environ: Mapping[str, str], token_file: str) -> str | None:
     """Why this node must not start Ray, in words (None: it may): the token file is not a
-    regular file of this user's that only they can read, or this is a sandbox instance
+    regular file of this user's that only they can read (a link is refused, whatever it points
+    to: the file's own mode is what keeps the token), or this is a sandbox instance
     (SANDBOX_MARKER) whose bind shim is not there (its Ray would listen on every address)."""
     try:
-        st = os.stat(token_file)
+        st = os.lstat(token_file)
     except OSError as exc:
         return f"the pool's token file {token_file}: {exc.strerror}"
-    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+    if not stat.S_ISREG(st.st_mode):
+        return f"the pool's token file {token_file} is not a file of its own (a link, or another kind)"
+    if st.st_uid != os.getuid() or st.st_mode & 0o077:
         return f"the pool's token file {token_file} is not this user's alone (mode {stat.S_IMODE(st.st_mode):o})"
     if environ.get(SANDBOX_MARKER):
         shim = environ.get(SHIM_VAR) or ""
         if not os.path.isfile(shim):
             return ("this sandbox instance has no bind shim" + (f" ({shim} is not there)" if shim else "")
-                    + ": its Ray would listen on every address; restart the sandbox (ec2gpu sandbox down)")
+                    + ": its Ray would listen on every address; restart the sandbox: ec2gpu sandbox down && ec2gpu sandbox up")
     return None
 
 
@@ -200,10 +205,33 @@ def argv(args: argparse.Namespace, port: int | None, ports: list[int]) -> list[s
     return cmd
 
 
+def run_driver(raw: list[str]) -> int:
+    """``node.py driver --ip IP --token-file FILE -- ARGV...``: the pool's driver (ARGV, started by
+    the head's agent, pool/attempt._start_driver) run in the environment this node's Ray has
+    (ray_env: the pool's token, and in the sandbox the bind shim: its ray.init starts a core worker
+    whose gRPC server would listen on every address), in place of this process (exec: the agent's
+    child is the driver). Refuses (exit 2, one line) as main does."""
+    p = argparse.ArgumentParser(prog="node.py driver")
+    p.add_argument("--ip", required=True, help="this node's private address: the one the driver's servers bind")
+    p.add_argument("--token-file", required=True, help="the pool's Ray token: a file only this user can read")
+    p.add_argument("argv", nargs=argparse.REMAINDER, help="-- then the driver's command line")
+    args = p.parse_args(raw)
+    argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    if not argv:
+        p.error("no driver command line after --")
+    why = refusal(os.environ, args.token_file)
+    if why:
+        print(f"ec2gpu: the pool's driver not started: {why}", flush=True)
+        return 2
+    os.execvpe(argv[0], argv, ray_env(os.environ, args.ip, args.token_file))
+
+
 def main(raw: list[str]) -> int:
     if raw == ["end"]:  # the pool's driver letting this node go (driver.end_node)
         end_instance()
         return 0
+    if raw[:1] == ["driver"]:  # the pool's driver, under the head's agent
+        return run_driver(raw[1:])
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("role", choices=("head", "worker"))
     p.add_argument("--ip", required=True, help="this node's private address (Ray's --node-ip-address)")

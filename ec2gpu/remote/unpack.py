@@ -14,7 +14,11 @@ so:
 - the decompressed bytes are counted as they are read, whatever the members are: at most
   ``max_bytes`` plus MEMBER_OVERHEAD_BYTES per member the limits allow plus INPUT_SLACK_BYTES (so
   a gzip bomb inside a refused member cannot burn CPU), and at most HEADER_BYTES for one member's
-  headers (PAX and GNU long-name records are read whole into memory by tarfile);
+  headers (PAX and GNU long-name records are read whole into memory by tarfile, and each record
+  takes at least two blocks, so a member has at most HEADER_BYTES / 1,024 of them: tarfile reads
+  each with one more level of recursion, and 900 of them raised RecursionError);
+- what tarfile cannot make sense of (a broken header, a bad number in a PAX sparse record: ValueError
+  there; RecursionError) ends the reading, said in one line (``Unpacked.unread``), as a cut one does;
 - regular files only are written (directories made as their paths need): a link, a device or
   FIFO, a name that remote/files.check_name refuses (absolute, ``..``, ``.`` or empty component,
   NUL, over Linux's length limits) or with a backslash, a member tarfile's "data" filter refuses
@@ -22,14 +26,16 @@ so:
   machine is not inside the target (remote/files.local_target: no link or special file on the
   way) is refused and named (``Unpacked.refused``); after MAX_PASSED_OVER members not written
   (refused ones and directories) the rest is not read;
-- a file is written beside its place as a hidden ``.part`` file (O_NOFOLLOW, mode 0644) and
-  renamed into it once whole; one cut short (a truncated archive) is removed.
+- a file is written beside its place under a new name of its own (``.ec2gpu-<random>.part``, made
+  with O_EXCL and O_NOFOLLOW, mode 0644: never a member's name, nor one too long for a name of up
+  to NAME_MAX) and renamed into it once whole; one cut short (a truncated archive) is removed.
 """
 from __future__ import annotations
 
 import gzip
 import io
 import os
+import secrets
 import tarfile
 import zlib
 from dataclasses import dataclass, field
@@ -43,10 +49,14 @@ else:  # on a pool's head, beside its driver (pool/attempt.SHIPPED): stdlib only
     files = importlib.import_module("ec2gpu_files")
 
 MAX_PASSED_OVER = 1000  # members not written (refused, directories) before the rest is left unread
-HEADER_BYTES = 1 << 20  # the most read for one member's headers: its own, a PAX or GNU long-name record
+#: the most read for one member's headers: its own and its PAX and GNU long-name records (at most
+#: 64 of them: tarfile reads each one with one more level of recursion); a PAX record with a path
+#: and a link of PATH_MAX (4,096 bytes) each takes about 9 KiB
+HEADER_BYTES = 64 << 10
 MEMBER_OVERHEAD_BYTES = 8192  # per member beyond its data: a header, a PAX record with a PATH_MAX name, padding
 INPUT_SLACK_BYTES = 1 << 20  # beyond the members' bytes: the archive's end and tarfile's read-ahead
 CHUNK_BYTES = 1 << 20
+PART_PREFIX, PART_SUFFIX = ".ec2gpu-", ".part"  # a file being written: PART_PREFIX + 16 hex digits + PART_SUFFIX
 
 Source = Union[str, "os.PathLike[str]", IO[bytes]]
 
@@ -141,7 +151,9 @@ def unpack(source: Source, target: str | os.PathLike[str], *, max_files: int, ma
             _members(tar, stream, root, bound, got)
     except _Over as exc:
         got.unread = str(exc)
-    except (tarfile.TarError, EOFError, zlib.error) as exc:
+    except (tarfile.TarError, EOFError, zlib.error, ValueError, RecursionError) as exc:
+        # ValueError: tarfile's own, for a number it cannot read in a PAX record (GNU.sparse.map,
+        # GNU.sparse.size, a sparse 1.0 map); RecursionError: too many extended headers in a row
         got.unread = f"could not be read whole: broken or cut short ({type(exc).__name__})"
     except OSError as exc:  # gzip's BadGzipFile among them, or this machine's disk
         got.unread = f"could not be read whole ({type(exc).__name__}: {exc.strerror or 'broken or cut short'})"
@@ -215,10 +227,9 @@ def _write(tar: tarfile.TarFile, m: tarfile.TarInfo, top: Path) -> str | None:
     source = tar.extractfile(m)
     if target is None or source is None:
         return "a link, a special file or outside the directory on this machine"
-    part = target.with_name(f".{target.name}.part")
     try:
-        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-    except OSError as exc:  # a link or a directory in the way, this machine's own
+        fd, part = _new_part(target.parent)
+    except OSError as exc:  # a directory this machine does not let us write, a full one
         return f"cannot be written here ({exc.strerror})"
     try:
         with os.fdopen(fd, "wb") as out, source:
@@ -234,3 +245,18 @@ def _write(tar: tarfile.TarFile, m: tarfile.TarInfo, top: Path) -> str | None:
         part.unlink(missing_ok=True)
         raise
     return None
+
+
+def _new_part(parent: Path) -> tuple[int, Path]:
+    """A new file in ``parent`` to write a member into (its descriptor, its path): a name of its own
+    (PART_PREFIX, 64 random bits, PART_SUFFIX), never one there already (O_EXCL, O_NOFOLLOW), mode
+    0644 less the umask. Raises OSError (FileExistsError after 8 names taken, which 64 random bits
+    make all but impossible)."""
+    # not tempfile.mkstemp: its files are 0600, and a file brought home has the umask's mode as any other
+    for _ in range(8):
+        part = parent / f"{PART_PREFIX}{secrets.token_hex(8)}{PART_SUFFIX}"
+        try:
+            return os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), part
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no new file name in {parent}")

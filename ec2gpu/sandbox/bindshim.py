@@ -4,10 +4,12 @@ On EC2 Ray's ports reach the pool's own members only (aws/network.allow_within_g
 instance is this machine, and Ray's servers bind every address (gcs_server, the raylets, the
 autoscaler's monitor: Ray has no option for it), so any host of the user's network could reach
 them. ``bindshim.c`` (built here once per source, by this machine's C compiler, into the
-sandbox's state directory) is preloaded into a sandbox instance's Ray processes: a bind to the
-wildcard address becomes a bind to the instance's own 127.0.0.N. The sandbox names the built
+sandbox's state directory) is preloaded into a sandbox instance's Ray processes and its pool's
+driver: a bind to the wildcard address (0.0.0.0, ::, ::ffff:0.0.0.0), and a listen on a socket not
+bound (which Linux would bind to it), becomes a bind to the instance's own 127.0.0.N. The sandbox names the built
 library in its instances' environment (SHIM_VAR, server.py); ec2gpu/pool/node.py preloads it for
-``ray start`` and refuses to start Ray on a sandbox instance without it.
+``ray start`` and the pool's driver, and refuses to start Ray on a sandbox instance without it.
+api/ builds it (for_sandbox) before a sandbox array creates anything: pool/ never imports sandbox/.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import subprocess
 from pathlib import Path
 
 from ..errors import UsageError
+from . import control
 
 SOURCE = Path(__file__).with_name("bindshim.c")
 #: the instances' variable that names the built library (ec2gpu/pool/node.py reads it)
@@ -61,3 +64,9 @@ def build(state_dir: Path) -> Path:
         raise UsageError(f"the sandbox's bind shim was not built ({cc} exited {done.returncode}: {first})", HINT)
     os.replace(part, out)
     return out
+
+
+def for_sandbox(home: Path) -> Path:
+    """The shim library for the sandbox of the tool home ``home``, built into its state directory
+    (build; the daemon names that same file to its instances). Raises UsageError as build does."""
+    return build(control.state_dir(home))

@@ -1,6 +1,7 @@
 """A sandbox array's Ray is the pool's own (issue 44, item 1): while a 2-element array runs over two
 sandbox instances, every socket that its Ray processes (the descendants of that pool's node.py
-processes: another pool on this machine does not count) listen on is on its node's own 127.0.0.N,
+processes, and of the head's agent, under which the driver runs: another pool on this machine does
+not count) listen on is on its node's own 127.0.0.N,
 a `ray.init` without the pool's token is refused by its GCS (and one with it is let in), each
 node's Ray directory is private and its own, and the token is in no command line, Ray log or file
 but its 0600 token files; once the run is over the Ray directories are gone."""
@@ -49,23 +50,35 @@ print(json.dumps({"connected": True, "nodes": sum(1 for n in ray.nodes() if n["A
 """
 
 
+def _tree(proc) -> list:
+    try:
+        return [proc, *proc.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
 def _pool_nodes(home) -> list[dict]:
     """This pool's node.py processes (their command line's node.py is in one of this home's
-    sandbox instances), each with its role, address, token file and the process with its descendants."""
+    sandbox instances), each with its role, address, token file and the process with its
+    descendants; the head's with its agent and the agent's descendants too (the driver, started
+    through `node.py driver`, is `pool_driver.py` once it runs)."""
     root = str(home / "sandbox" / "instances") + os.sep
-    found = []
+    found, agents = [], {}
     for proc in psutil.process_iter(["cmdline"]):
         cmd = proc.info.get("cmdline") or []
+        agent = next((a for a in cmd if a.startswith(root) and a.endswith("/agent.py")), None)
+        if agent is not None:
+            agents.setdefault(os.path.dirname(agent), []).append(proc)
         script = next((a for a in cmd if a.startswith(root) and a.endswith("/ray/node.py")), None)
-        if script is None or "--ip" not in cmd:
+        if script is None or "--ip" not in cmd or cmd[cmd.index(script) + 1] not in ("head", "worker"):
             continue
-        try:
-            procs = [proc, *proc.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            continue
-        found.append({"role": cmd[cmd.index(script) + 1], "ip": cmd[cmd.index("--ip") + 1], "procs": procs,
+        found.append({"role": cmd[cmd.index(script) + 1], "ip": cmd[cmd.index("--ip") + 1], "procs": _tree(proc),
                       "token_file": cmd[cmd.index("--token-file") + 1],
-                      "ready": os.path.join(os.path.dirname(script), "ready")})
+                      "ready": os.path.join(os.path.dirname(script), "ready"),
+                      "run_dir": os.path.dirname(os.path.dirname(script))})
+    for n in found:
+        if n["role"] == "head":
+            n["procs"] += [p for agent in agents.get(n["run_dir"], []) for p in _tree(agent)]
     return found
 
 
@@ -148,6 +161,8 @@ def test_a_sandbox_arrays_ray_listens_on_its_nodes_own_addresses_and_lets_in_onl
         seen["nodes"] = [{k: v for k, v in n.items() if k != "procs"} for n in nodes]
         try:
             seen["bound"] = {n["ip"]: _bound(n["procs"]) for n in nodes}
+            seen["driver"] = [(_cmdline(p), _bound([p])) for n in nodes for p in n["procs"]
+                              if _cmdline(p).split(" ")[1:2] == [f"{n['run_dir']}/pool_driver.py"]]  # python DRIVER
             head = next(n for n in nodes if n["role"] == "head")
             seen["gcs"] = f"{head['ip']}:{int(open(head['ready']).read())}"
             seen["token"] = open(head["token_file"], "rb").read()
@@ -177,6 +192,10 @@ def test_a_sandbox_arrays_ray_listens_on_its_nodes_own_addresses_and_lets_in_onl
         assert wrong == [], (ip, wrong)
     gcs_ip, gcs_port = seen["gcs"].rsplit(":", 1)
     assert any(port == int(gcs_port) and name == "gcs_server" for name, _, port in seen["bound"][gcs_ip])
+    # the driver (under the head's agent) among them: its ray.init's core worker listens, on the head's address
+    [(driver_cmd, driver_bound)] = seen["driver"]
+    assert driver_bound and {ip for _, ip, _ in driver_bound} <= {gcs_ip, f"::ffff:{gcs_ip}"}, (driver_cmd, driver_bound)
+    print(f"listening or bound: {json.dumps(seen['bound'])}\ndriver: {driver_cmd}: {driver_bound}")
     # (b) a stranger's ray.init is refused; the pool's token lets a driver in, and sees both nodes
     assert seen["stranger"] == {"connected": False, "error": "ConnectionError"}, seen["stranger"]
     assert seen["member"] == {"connected": True, "nodes": 2}, seen["member"]

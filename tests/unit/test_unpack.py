@@ -98,15 +98,15 @@ def test_headers_count_toward_the_bytes_read(tmp_path):
     """Empty files with a large PAX record each (tarfile parses it whole): what is read in all is
     bounded, not only each member's headers."""
     info = tarfile.TarInfo("f")
-    info.pax_headers = {"comment": "a" * (1 << 19)}
+    info.pax_headers = {"comment": "a" * (60 << 10)}  # within one member's bound (HEADER_BYTES)
     one = gzip.compress(info.tobuf(tarfile.PAX_FORMAT), mtime=0)
     archive = tmp_path / "o.tar.gz"
-    archive.write_bytes(one * 1000 + gzip.compress(b"\0" * 1024, mtime=0))  # 500 MiB of headers, 1 MB here
+    archive.write_bytes(one * 2000 + gzip.compress(b"\0" * 1024, mtime=0))  # 120 MiB of headers, 0.3 MB here
     start = time.monotonic()
-    got = unpacking.unpack(archive, tmp_path / "out", max_files=100, max_bytes=1 << 20)
+    got = unpacking.unpack(archive, tmp_path / "out", max_files=1000, max_bytes=1 << 20)
     assert time.monotonic() - start < AT_ONCE_S
     assert got.names == ["f"] and "once decompressed" in got.unread
-    assert got.left is None  # stopped before its 101st file (over max_files) was reached
+    assert got.left is None  # stopped before its 1,001st file (over max_files) was reached
 
 
 @pytest.mark.parametrize("member", [b"", None, (tarfile.SYMTYPE, "/etc/passwd")], ids=["files", "dirs", "links"])
@@ -151,6 +151,63 @@ def test_the_reading_stops_at_the_first_member_over_the_limits_and_keeps_what_ca
     assert got.names == [] and got.left == ("big", 200) and list((tmp_path / "o2").iterdir()) == []
 
 
+
+def _pax(pax_headers, data=b"", name="f"):
+    """A tar (not gzipped) of one file ``name`` whose PAX record holds ``pax_headers``."""
+    info = tarfile.TarInfo(name)
+    info.size, info.pax_headers = len(data), pax_headers
+    body = info.tobuf(tarfile.PAX_FORMAT) + data + b"\0" * (-len(data) % 512)
+    return io.BytesIO(_tar([("ok.txt", b"ok")], gz=False).getvalue()[:-1024].rstrip(b"\0").ljust(1024, b"\0")
+                      + body + b"\0" * 1024)
+
+
+@pytest.mark.parametrize("headers, data", [
+    ({"GNU.sparse.map": "a,b"}, b""),  # sparse 0.1: tarfile's int() of each number
+    ({"GNU.sparse.size": "x"}, b""),  # sparse 0.0
+    ({"GNU.sparse.major": "1", "GNU.sparse.minor": "0", "GNU.sparse.realsize": "10"}, b"x\n" + b"\0" * 510),  # 1.0
+], ids=["sparse-0.1-map", "sparse-0.0-size", "sparse-1.0-map"])
+def test_a_pax_sparse_record_with_bad_numbers_ends_the_reading_in_one_line(tmp_path, headers, data):
+    """tarfile raises ValueError for these (a 1.5 KB archive ended `ec2gpu fetch` with "error:
+    ValueError"): the reading ends there, said in words, what came before kept."""
+    got = unpacking.unpack(_pax(headers, data), tmp_path / "out", max_files=10, max_bytes=1 << 20)
+    assert got.names == ["ok.txt"] and got.left is None
+    assert got.unread == "could not be read whole: broken or cut short (ValueError)"
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["ok.txt"]
+
+
+def test_a_chain_of_900_long_name_headers_ends_the_reading_in_one_line(tmp_path):
+    """tarfile reads each GNU long-name header with one more level of recursion: 900 of them in a
+    row (900 KiB) raised RecursionError. A member's headers are bounded (HEADER_BYTES): the
+    reading ends there, said in words."""
+    info = tarfile.TarInfo("n" * 200)  # over 100 bytes: a GNU long-name header before it
+    whole = info.tobuf(tarfile.GNU_FORMAT)
+    link, header = whole[:1024], whole[1024:]  # the long-name header and its name's block; the member's own
+    archive = io.BytesIO(_tar([("ok.txt", b"ok")], gz=False).getvalue()[:1024] + link * 900 + header + b"\0" * 1024)
+    got = unpacking.unpack(archive, tmp_path / "out", max_files=10, max_bytes=1 << 20)
+    assert got.names == ["ok.txt"] and got.left is None and "headers are over" in got.unread
+    assert unpacking.HEADER_BYTES // 1024 < 100  # each header at least two blocks: a short chain
+
+
+def test_a_member_named_like_a_part_file_of_another_is_written_and_stays(tmp_path):
+    """Files were written as ".NAME.part" first: a member of that name was truncated and renamed
+    away by the next one while still listed as written (and `ec2gpu fetch` then failed on it)."""
+    got = unpacking.unpack(_tar([(".model.bin.part", b"first"), ("model.bin", b"second")]), tmp_path / "out",
+                           max_files=10, max_bytes=100)
+    assert got.names == [".model.bin.part", "model.bin"] and got.bytes == 11 and got.unread is None
+    out = tmp_path / "out"
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == {".model.bin.part": b"first", "model.bin": b"second"}
+
+
+def test_a_name_of_255_bytes_is_written(tmp_path):
+    """A name as long as Linux allows (NAME_MAX) is an honest one: its file being written is named
+    shortly, not NAME + ".part" (ENAMETOOLONG)."""
+    name = "a" * 255
+    got = unpacking.unpack(_tar([(name, b"1"), (f"d/{'b' * 252}", b"2")]), tmp_path / "out", max_files=10,
+                           max_bytes=100)
+    assert got.names == sorted([name, f"d/{'b' * 252}"]) and got.refused == []
+    assert (tmp_path / "out" / name).read_bytes() == b"1"
+
+
 def test_a_name_written_twice_counts_twice(tmp_path):
     got = unpacking.unpack(_tar([("a", b"1")] * 3), tmp_path / "out", max_files=2, max_bytes=100)
     assert got.names == ["a"] and got.left == ("a", 1) and got.bytes == 2
@@ -189,28 +246,81 @@ def test_tarfiles_data_filter_refuses_what_the_name_checks_would_let_through(tmp
 READERS = {"remote/unpack.py", "agent/detached.py"}
 
 
-def _reads_a_tar(node):
-    """Whether ``node`` opens a tar to read it: tarfile.open / TarFile(...) / TarFile.open with a
-    mode that is not a literal "w..."/"x..."/"a...", or extractall/extractfile/getmembers/next on anything."""
-    if not isinstance(node, ast.Call):
-        return False
-    func = ast.unparse(node.func)
-    if func.endswith((".extractall", ".extractfile", ".getmembers")):
-        return True
-    if func not in ("tarfile.open", "tarfile.TarFile", "tarfile.TarFile.open", "TarFile.open", "zipfile.ZipFile"):
-        return False
-    mode = next((k.value for k in node.keywords if k.arg == "mode"), node.args[1] if len(node.args) > 1 else None)
-    return not (isinstance(mode, ast.Constant) and str(mode.value)[:1] in "wxa")
+#: what opens an archive to read it, by the name it has where it is defined (a mode that is not a
+#: literal "w..."/"x..."/"a..." makes the first ones readers)
+OPENERS = {"tarfile.open", "tarfile.TarFile", "tarfile.TarFile.open", "tarfile.TarFile.taropen",
+           "tarfile.TarFile.gzopen", "tarfile.TarFile.bz2open", "tarfile.TarFile.xzopen", "zipfile.ZipFile"}
+UNPACKERS = {"shutil.unpack_archive"}  # reads whatever its mode
+#: a TarFile's (or ZipFile's) methods that read members, on whatever object
+READ_METHODS = {"extractall", "extractfile", "extract", "getmembers", "getmember", "getnames", "next"}
+
+
+def _aliases(tree):
+    """Each name the module's imports bind -> the dotted name it stands for (``t`` -> ``tarfile``
+    for ``import tarfile as t``, ``open`` -> ``tarfile.open`` for ``from tarfile import open``)."""
+    out = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update({(a.asname or a.name).split(".")[0]: a.name if a.asname else a.name.split(".")[0]
+                        for a in node.names})
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names})
+    return out
+
+
+def _dotted(node, aliases):
+    """``node`` (a name or an attribute chain) as the dotted name it stands for, None for others."""
+    if isinstance(node, ast.Name):
+        return aliases.get(node.id, node.id if node.id in ("tarfile", "zipfile", "shutil") else None)
+    if isinstance(node, ast.Attribute):
+        base = _dotted(node.value, aliases)
+        return f"{base}.{node.attr}" if base else None
+    return None
+
+
+def tar_reads(source):
+    """The lines of ``source`` (a module's text) that open an archive to read it or read its
+    members: OPENERS called with a mode that is not a literal "w"/"x"/"a" one (or named without
+    being called: passed on, it may be called with any), UNPACKERS, READ_METHODS called on anything;
+    through any import's alias."""
+    tree = ast.parse(source)
+    aliases, called, out = _aliases(tree), set(), []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        called.add(id(node.func))
+        name = _dotted(node.func, aliases)
+        if isinstance(node.func, ast.Attribute) and node.func.attr in READ_METHODS or name in UNPACKERS:
+            out.append(node.lineno)
+        elif name in OPENERS:
+            mode = next((k.value for k in node.keywords if k.arg == "mode"), node.args[1] if len(node.args) > 1 else None)
+            if not (isinstance(mode, ast.Constant) and str(mode.value)[:1] in "wxa"):
+                out.append(node.lineno)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Name, ast.Attribute)) and id(node) not in called \
+                and _dotted(node, aliases) in OPENERS | UNPACKERS and not isinstance(getattr(node, "ctx", None), ast.Store):
+            out.append(node.lineno)
+    return sorted(set(out))
+
+
+@pytest.mark.parametrize("source, reads", [
+    ("tarfile.open(p, 'r:gz')", True), ("tarfile.open(fileobj=b)", True), ("tarfile.open(p, mode='w:gz')", False),
+    ("tar.next()", True), ("t.getnames()", True), ("t.extract(m)", True),
+    ("import shutil\nshutil.unpack_archive(a, b)", True), ("from shutil import unpack_archive\nunpack_archive(a, b)", True),
+    ("from tarfile import open\nopen(p)", True), ("from tarfile import open as o\no(p, 'r')", True),
+    ("from tarfile import open\nopen(p, 'w')", False), ("open(p)", False),
+    ("import tarfile as t\nt.open(p)", True), ("from tarfile import TarFile\nTarFile.open(p)", True),
+    ("opener = tarfile.open", True), ("import zipfile\nzipfile.ZipFile(p)", True),
+    ("from ..remote.unpack import unpack as unpack_archive\nunpack_archive(a, b)", False),
+])
+def test_the_source_check_finds_each_way_of_reading_an_archive(source, reads):
+    assert bool(tar_reads(source)) is reads
 
 
 def test_every_tar_is_read_by_the_one_unpacker():
     src = Path(unpacking.__file__).parents[1]  # ec2gpu/
-    readers = {str(p.relative_to(src)) for p in src.rglob("*.py")
-               if any(_reads_a_tar(n) for n in ast.walk(ast.parse(p.read_text())))}
+    readers = {str(p.relative_to(src)) for p in src.rglob("*.py") if tar_reads(p.read_text())}
     assert readers == READERS
-    assert _reads_a_tar(ast.parse("tarfile.open(p, 'r:gz')").body[0].value)
-    assert _reads_a_tar(ast.parse("tarfile.open(fileobj=b)").body[0].value)
-    assert not _reads_a_tar(ast.parse("tarfile.open(p, mode='w:gz')").body[0].value)
 
 
 def test_the_pools_driver_unpacks_with_the_same_unpacker_as_shipped_to_its_head(tmp_path):

@@ -175,10 +175,11 @@ def fetch(aws: Aws, run_id: str, out: Path, limits: Limits, note: Log,
     element's test accuracy read from its summary.json, checked against ``schema``).
 
     Returns {"outputs": [names], "files": ["job.log", "status.json", "pool.json"...], "state": the
-    record's state or None, "handover": the record's, "skipped": members refused, "left": members
-    above the limits, "array": the element table as pool/records.parse_status gives it, None for
-    a run that is no array or whose table was not handed over or not accepted}. Raises AwsError
-    (S3), UsageError (a bad run id), OSError (``out`` not writable)."""
+    record's state or None, "handover": the record's, "skipped": members refused, "left": 1 when the
+    reading stopped at a member above the limits (what follows it is not read), else 0, "array":
+    the element table as pool/records.parse_status gives it, None for a run that is no array or
+    whose table was not handed over or not accepted}. Raises AwsError (S3), UsageError (a bad run
+    id), OSError (``out`` not writable)."""
     from ..detached.fetch import store
     s3, bucket, user = store(aws)  # the caller's own prefix: runs/USER_ID/RUN_ID/handover/
     keys = runstore.handover_keys(user, run_id)
@@ -307,7 +308,6 @@ def handed(aws: Aws, run_id: str) -> dict[str, Any] | None:
     s3, bucket, user = store(aws)
     data = runstore.read_head(s3, bucket, runstore.handover_keys(user, run_id)["status"], MAX_STATUS_BYTES + 1)
     return _record(data) if data is not None else None
-
 
 
 def _record(data: bytes) -> dict[str, Any]:
