@@ -398,7 +398,9 @@ def check_boundary(aws: Aws, run_id: str, account: str, ui: ReporterLike, secret
     run's role needs (aws/iam.boundary_gaps; reading its own secrets too with ``secrets``, and the
     actions of ``extra``, a file_mounts policy: aws/iam.s3_policy) would
     leave the agent unable to save its outputs, end its own group or start the job, so the group
-    would run (and bill) to its deadline. Raises UsageError then,
+    would run (and bill) to its deadline. So is a boundary that lets every run role of the account
+    reach every user's runs (aws/iam.reaches_other_runs: ``*`` or ``ec2gpu-*`` where
+    YOUR-FILE-MOUNTS-BUCKET stands), which no IAM statement can take back. Raises UsageError then,
     with the command that updates it; a boundary these credentials may not read is said, not refused."""
     client = aws.client("iam")
     boundary = iam.boundary_arn(client, account)
@@ -406,16 +408,23 @@ def check_boundary(aws: Aws, run_id: str, account: str, ui: ReporterLike, secret
         return None
     user = runstore.user_id(aws.check_credentials())
     policy = role_policy("ec2gpu-bucket", user, run_id, aws.region, account, secrets, extra, several)
-    gaps = iam.boundary_gaps(client, boundary, policy)
+    document = iam.boundary_document(client, boundary)
+    update = (f"update it: aws iam create-policy-version --policy-arn {boundary} --policy-document "
+              "file://docs/iam-instance-boundary.json --set-as-default (your file_mounts buckets in place "
+              "of YOUR-FILE-MOUNTS-BUCKET")
+    gaps = None if document is None else iam.gaps_in(document, policy)
+    wide = iam.reaches_other_runs(document, user, run_id, account)
     if gaps is None:
         ui.note(f"warning: the permissions boundary {boundary} could not be read (iam:GetPolicyVersion); "
                 "a detached run needs the one in docs/iam-instance-boundary.json")
     elif gaps:
         raise UsageError(f"the account's permissions boundary {iam.BOUNDARY_NAME} does not allow "
                          f"{', '.join(gaps)}, which a detached run's instance role needs (it predates this ec2gpu)",
-                         f"update it: aws iam create-policy-version --policy-arn {boundary} --policy-document "
-                         "file://docs/iam-instance-boundary.json --set-as-default (your file_mounts buckets in place "
-                         "of YOUR-FILE-MOUNTS-BUCKET)")
+                         update + ")")
+    elif wide:
+        raise UsageError(f"the account's permissions boundary {iam.BOUNDARY_NAME} lets every run role of the account "
+                         f"read and rewrite every user's detached runs ({', '.join(wide)} reaches ec2gpu-*/runs/*): "
+                         "its file_mounts buckets are `*` or ec2gpu-*", update + ", never * or ec2gpu-*)")
     return boundary
 
 
