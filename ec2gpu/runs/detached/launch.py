@@ -294,7 +294,7 @@ def start(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
     run_id = pipeline.new_run_id()
     secret = secret_env(job)
     if any(m.kind == "s3" for m in job.mounts):  # before anything is made: sources there, buckets readable
-        provision.check_s3_access(aws, job, settings.owner)
+        provision.check_s3_access(aws, job)
     boundary = check_boundary(aws, run_id, account, ui, secrets=bool(secret), extra=job.role_policy,
                               several=opts.nodes > 1)
     limit_at = datetime.now(timezone.utc) + timedelta(minutes=opts.max_runtime_minutes or 0)
@@ -314,7 +314,7 @@ def start(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
                             several=opts.nodes > 1)
             if job.buckets_to_make:
                 from ...aws import storage
-                storage.make_buckets(s3, job.buckets_to_make, aws.region, settings.owner, ui.note)
+                storage.make_buckets(s3, job.buckets_to_make, aws.region, settings.owner, user, ui.note)
             if secret:
                 names = parameters.put(aws.client("ssm"), run_id, settings.owner, user, secret)
                 ui.note(f"{len(names)} secret(s) in SSM Parameter Store under {parameters.ROOT}{run_id}/ "
