@@ -242,6 +242,14 @@ def put_file(s3: Client, bucket: str, key: str, path: str | os.PathLike[str]) ->
         raise AwsError(f"run store: s3://{bucket}/{key}: upload failed ({exc})", "see docs/iam-policy.json") from None
 
 
+def put_bytes(s3: Client, bucket: str, key: str, body: bytes, content_type: str | None = None) -> None:
+    """Write ``body`` to ``key`` in one PutObject (these bytes exactly: a detached run's agent files
+    and spec.json, whose hashes its user data holds; S3 takes up to 5 GB so:
+    https://docs.aws.amazon.com/AmazonS3/latest/userguide/upload-objects.html). Raises AwsError for
+    S3 errors."""
+    _put(s3, "put_object", bucket, Key=key, Body=body, **({"ContentType": content_type} if content_type else {}))
+
+
 def put_json(s3: Client, bucket: str, key: str, document: Any) -> None:
     """Write ``document`` as JSON to ``key``. Raises AwsError for S3 errors."""
     _put(s3, "put_object", bucket, Key=key, Body=json.dumps(document, indent=2).encode(),

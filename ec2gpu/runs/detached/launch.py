@@ -104,17 +104,38 @@ EXIT_TAMPERED = 3
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
+def agent_files(directory: Path | None = None) -> dict[str, bytes]:
+    """{name: its bytes} of each of AGENT_FILES as uploaded (agent_source), or in ``directory``, each
+    read once: ``_upload`` hashes and uploads these same bytes, so an ec2gpu upgraded between the
+    two never makes a run refuse its own agent. Raises OSError for a file that cannot be read."""
+    return {name: (directory / name if directory else agent_source(name)).read_bytes() for name in AGENT_FILES}
+
+
 def agent_hashes(directory: Path | None = None) -> dict[str, str]:
-    """{name: sha256 of its bytes, lowercase hex} of each of AGENT_FILES as uploaded (agent_source),
-    or in ``directory``: what ``boot_script`` checks the fetched agent against. Raises OSError for a
-    file that cannot be read."""
-    return {name: hashlib.sha256((directory / name if directory else agent_source(name)).read_bytes()).hexdigest()
-            for name in AGENT_FILES}
+    """{name: sha256 of its bytes, lowercase hex} of ``agent_files``: what ``boot_script`` checks the
+    fetched agent against. Raises OSError for a file that cannot be read."""
+    return {name: hashlib.sha256(data).hexdigest() for name, data in agent_files(directory).items()}
+
+
+#: the most bytes of spec.json the agent reads (agent/detached.MAX_SPEC_BYTES; a test compares them)
+MAX_SPEC_BYTES = 1024 * 1024
 
 
 def spec_body(spec: dict[str, Any]) -> bytes:
-    """spec.json's bytes as uploaded (pure): ``boot_script`` hands their sha256 to the agent."""
-    return json.dumps(spec, indent=2, sort_keys=True).encode()
+    """spec.json's bytes as uploaded (pure): ``boot_script`` hands their sha256 to the agent.
+    Raises UsageError when they are over MAX_SPEC_BYTES, which the agent would refuse on the
+    instance after everything was made, naming the fields that make it large."""
+    body = json.dumps(spec, indent=2, sort_keys=True).encode()
+    if len(body) <= MAX_SPEC_BYTES:
+        return body
+    sizes = sorted(((len(json.dumps(v)), k) for k, v in spec.items()), reverse=True)[:3]
+    envs: dict[str, Any] = spec["envs"] if isinstance(spec.get("envs"), dict) else {}
+    largest = sorted(envs, key=lambda k: -len(json.dumps(envs[k])))[:3]
+    raise UsageError(f"the run's spec would be {len(body):,} bytes, over the {MAX_SPEC_BYTES:,} a detached run's "
+                     "agent reads: " + ", ".join(f"{k} {n:,} bytes" for n, k in sizes)
+                     + (f" (largest environment variables: {', '.join(largest)})"
+                        if largest and "envs" in [k for _, k in sizes] else ""),
+                     "keep large values out of envs, the command and the setup: put them in a file of the workdir")
 
 
 def boot_script(bucket: str, user: str, run_id: str, region: str, group: str, hashes: Mapping[str, str],
@@ -300,11 +321,11 @@ def start(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
     limit_at = datetime.now(timezone.utc) + timedelta(minutes=opts.max_runtime_minutes or 0)
     launches = opts.max_attempts or DEFAULT_LAUNCHES[opts.spot] * opts.nodes
     group = groups.name_of(run_id)
+    body = spec_body(spec_document(job, opts, user, run_id, group, limit_at, launches, settings.ssh_user))
     s3 = aws.client("s3")
     with ui.phase("upload"):
-        bucket = runstore.ensure(s3, account, aws.region, settings.owner, settings.run_store_expire_days)
-        hashes, spec_sha256 = _upload(s3, bucket, user, run_id, job, spec_document(
-            job, opts, user, run_id, group, limit_at, launches, settings.ssh_user))
+        bucket = runstore.ensure(s3, account, aws.region, settings.owner, settings.run_store_expire_days, log=ui.note)
+        hashes, spec_sha256 = _upload(s3, bucket, user, run_id, job, body)
         ui.note(f"run store s3://{bucket}/{runstore.prefix(user, run_id)}: workdir, agent and spec")
     made = False
     try:
@@ -357,11 +378,11 @@ def start(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
     return record
 
 
-def _upload(s3: Any, bucket: str, user: str, run_id: str, job: TaskJob, spec: dict[str, Any]
-            ) -> tuple[dict[str, str], str]:
-    """The run's workdir, agent and spec under its prefix (spec last: an agent that finds it finds
-    the rest). Returns (agent_hashes of the agent files uploaded, the sha256 of spec.json's bytes),
-    for ``boot_script``."""
+def _upload(s3: Any, bucket: str, user: str, run_id: str, job: TaskJob, spec: bytes) -> tuple[dict[str, str], str]:
+    """The run's workdir, agent and spec (``spec``: spec.json's bytes, spec_body) under its prefix
+    (spec last: an agent that finds it finds the rest). Returns ({name: sha256} of the agent files'
+    bytes as uploaded, the sha256 of ``spec``), for ``boot_script``: the hashes of exactly the bytes
+    put, each file read once (agent_files)."""
     with tempfile.TemporaryDirectory(prefix="ec2gpu-detach-") as tmp:
         archive = Path(tmp) / "workdir.tar.gz"
         if job.manifest is not None:
@@ -381,14 +402,12 @@ def _upload(s3: Any, bucket: str, user: str, run_id: str, job: TaskJob, spec: di
             archive = Path(tmp) / "mount.tar.gz"
             pack(job.mount_manifests[m.target], archive)
             runstore.put_file(s3, bucket, key + ".tar.gz", archive)
-    hashes = agent_hashes()
-    for name in AGENT_FILES:
-        runstore.put_file(s3, bucket, runstore.agent_prefix(user, run_id) + name, agent_source(name))
-    body = spec_body(spec)
-    with tempfile.TemporaryDirectory(prefix="ec2gpu-detach-") as tmp:  # these bytes exactly: the agent hashes them
-        (Path(tmp) / "spec.json").write_bytes(body)
-        runstore.put_file(s3, bucket, runstore.spec_key(user, run_id), Path(tmp) / "spec.json")
-    return hashes, hashlib.sha256(body).hexdigest()
+    hashes = {}
+    for name, data in agent_files().items():
+        hashes[name] = hashlib.sha256(data).hexdigest()
+        runstore.put_bytes(s3, bucket, runstore.agent_prefix(user, run_id) + name, data)
+    runstore.put_bytes(s3, bucket, runstore.spec_key(user, run_id), spec, "application/json")
+    return hashes, hashlib.sha256(spec).hexdigest()
 
 
 def check_boundary(aws: Aws, run_id: str, account: str, ui: ReporterLike, secrets: bool = False,
