@@ -653,7 +653,8 @@ class Store:
 
     def get_tagged(self, rel: str, limit: int, sha256: str | None = None) -> tuple[bytes | None, str | None]:
         """(the object's first ``limit`` + 1 bytes, its ETag), (None, None) when there is none.
-        Raises Refused when ``sha256`` is given and the bytes have another (lowercase hex)."""
+        Raises Refused when ``sha256`` is given and the object is over ``limit`` bytes (its hash
+        could only fail on the bytes read: said as what it is), or its bytes have another (lowercase hex)."""
         try:
             got = self.s3.get_object(Bucket=self.bucket, Key=self.key(rel))
         except Exception as exc:
@@ -661,6 +662,8 @@ class Store:
                 return None, None
             raise
         data = bytes(got["Body"].read(limit + 1))
+        if sha256 is not None and len(data) > limit:
+            raise Refused(f"{rel} is too large: over {limit:,} bytes, more than the agent reads")
         if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
             raise Refused(f"{rel} is not the one this run was launched with (another sha256 than its launch template "
                           "says): rewritten in S3 after launch")

@@ -421,21 +421,10 @@ def boundary_arn(iam: Client, account_id: str) -> str | None:
     return arn
 
 
-def boundary_gaps(iam: Client, arn: str, policy: dict[str, Any]) -> list[str] | None:
-    """The actions of ``policy`` (a role's inline policy) that the boundary ``arn``'s default
-    version allows in no statement, sorted: a role under that boundary could not do them (an
-    effective permission is in both its policies and its boundary:
-    https://docs.aws.amazon.com/IAM/latest/UserGuide/access_policies_boundaries.html). Actions
-    are matched as IAM matches them (``*`` and ``?`` wildcards, case-insensitive; an Allow's
-    NotAction allows what it does not name; a Deny's Action denies what it names, whatever its
-    resources); resources and conditions are not compared otherwise (the shipped boundary's own
-    resources are the account's to edit), but for one: a detached run's policy (its "RunObjects")
-    under a boundary that names resources with ``BOUNDARY_RUN`` and none with ``BOUNDARY_USER`` (the
-    shipped one from before the run store's per-user prefix, which reached ``runs/RUN_ID/``) gets
-    the gap "s3:PutObject under runs/${aws:PrincipalTag/ec2gpu:user}/ ...".
-    None when these credentials may not read the boundary's document (GetPolicyVersion refused).
-    Raises botocore's ClientError for other errors."""
-    import fnmatch
+def boundary_document(iam: Client, arn: str) -> dict[str, Any] | None:
+    """The default version's document of the boundary ``arn`` (GetPolicy, GetPolicyVersion), or None
+    when these credentials may not read it (refused) or it is not a JSON object. Raises botocore's
+    ClientError for other errors."""
     from urllib.parse import unquote
     try:
         version = iam.get_policy(PolicyArn=arn)["Policy"]["DefaultVersionId"]
@@ -449,37 +438,115 @@ def boundary_gaps(iam: Client, arn: str, policy: dict[str, Any]) -> list[str] | 
             document = json.loads(unquote(document))
         except ValueError:
             return None  # not a document this can read: said as one it may not read
+    return document if isinstance(document, dict) else None
 
-    def statements(doc: object) -> list[dict[str, Any]]:
-        got = doc.get("Statement") if isinstance(doc, dict) else None
-        return [st for st in (got if isinstance(got, list) else [got]) if isinstance(st, dict)]
 
-    def names(value: object) -> list[str]:
-        return [a.lower() for a in listed(value)]
+def _statements(doc: object) -> list[dict[str, Any]]:
+    got = doc.get("Statement") if isinstance(doc, dict) else None
+    return [st for st in (got if isinstance(got, list) else [got]) if isinstance(st, dict)]
 
-    def matches(action: str, patterns: list[str]) -> bool:
-        return any(fnmatch.fnmatchcase(action, p) for p in patterns)
 
+def _listed(value: object) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    return [a for a in value if isinstance(a, str)] if isinstance(value, list) else []
+
+
+def _names_action(st: dict[str, Any], action: str) -> bool:
+    """Whether statement ``st`` covers ``action`` (lowercase) as IAM matches actions: ``*`` and
+    ``?`` wildcards, case-insensitive; an Action names it, a NotAction covers what it does not name."""
+    import fnmatch
+    if "Action" in st:
+        return any(fnmatch.fnmatchcase(action, a.lower()) for a in _listed(st.get("Action")))
+    return not any(fnmatch.fnmatchcase(action, a.lower()) for a in _listed(st.get("NotAction")))
+
+
+def boundary_gaps(iam: Client, arn: str, policy: dict[str, Any]) -> list[str] | None:
+    """The actions of ``policy`` (a role's inline policy) that the boundary ``arn``'s default
+    version allows in no statement, sorted: a role under that boundary could not do them (an
+    effective permission is in both its policies and its boundary:
+    https://docs.aws.amazon.com/IAM/latest/UserGuide/access_policies_boundaries.html). Actions
+    are matched as IAM matches them (``*`` and ``?`` wildcards, case-insensitive; an Allow's
+    NotAction allows what it does not name; a Deny's Action denies what it names, whatever its
+    resources); resources and conditions are not compared otherwise (the shipped boundary's own
+    resources are the account's to edit), but for one: a detached run's policy (its "RunObjects")
+    under a boundary that names resources with ``BOUNDARY_RUN`` and none with ``BOUNDARY_USER`` (the
+    shipped one from before the run store's per-user prefix, which reached ``runs/RUN_ID/``) gets
+    the gap "s3:PutObject under runs/${aws:PrincipalTag/ec2gpu:user}/ ...".
+    None when these credentials may not read the boundary's document (boundary_document).
+    Raises botocore's ClientError for other errors."""
+    document = boundary_document(iam, arn)
+    return None if document is None else gaps_in(document, policy)
+
+
+def gaps_in(document: dict[str, Any], policy: dict[str, Any]) -> list[str]:
+    """``boundary_gaps`` of a boundary's ``document`` as read (pure)."""
     def allowed(action: str) -> bool:  # an Allow that names it (Action) or leaves it out (NotAction); no Deny
-        allows = any(st.get("Effect") == "Allow" and (matches(action, names(st.get("Action"))) if "Action" in st
-                                                      else not matches(action, names(st.get("NotAction"))))
-                     for st in statements(document))
-        denies = any(st.get("Effect") == "Deny" and "Action" in st and matches(action, names(st.get("Action")))
-                     for st in statements(document))
+        allows = any(st.get("Effect") == "Allow" and _names_action(st, action) for st in _statements(document))
+        denies = any(st.get("Effect") == "Deny" and "Action" in st and _names_action(st, action)
+                     for st in _statements(document))
         return allows and not denies
 
-    def listed(value: object) -> list[str]:
-        if isinstance(value, str):
-            return [value]
-        return [a for a in value if isinstance(a, str)] if isinstance(value, list) else []
-
-    wanted = {a for st in statements(policy) if st.get("Effect") == "Allow" for a in listed(st.get("Action"))}
+    wanted = {a for st in _statements(policy) if st.get("Effect") == "Allow" for a in _listed(st.get("Action"))}
     gaps = sorted(a for a in wanted if not allowed(a.lower()))
-    named = [r for st in statements(document) if st.get("Effect") == "Allow" for r in listed(st.get("Resource"))]
-    if (any(st.get("Sid") == "RunObjects" for st in statements(policy)) and any(BOUNDARY_RUN in r for r in named)
+    named = [r for st in _statements(document) if st.get("Effect") == "Allow" for r in _listed(st.get("Resource"))]
+    if (any(st.get("Sid") == "RunObjects" for st in _statements(policy)) and any(BOUNDARY_RUN in r for r in named)
             and not any(BOUNDARY_USER in r for r in named)):
         gaps.append(f"s3:PutObject under runs/{BOUNDARY_USER}/ (the run store's per-user prefix)")
     return gaps
+
+
+_VARIABLE = re.compile(r"\$\{([^}]*)\}|(\*)|(\?)|(.)", re.DOTALL)
+
+
+def _arn_pattern(pattern: str, values: dict[str, str]) -> re.Pattern[str] | None:
+    """A Resource pattern as IAM reads it, as a regular expression: its policy variables replaced
+    from ``values`` (None when one has no value there: the pattern then matches nothing, as IAM's
+    does: https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_variables.html), ``*``
+    and ``?`` wildcards, case-sensitive (pure)."""
+    out = []
+    for m in _VARIABLE.finditer(pattern):
+        var, star, qmark, char = m.groups()
+        if var is not None:
+            if var in ("*", "?", "$"):
+                out.append(re.escape(var))
+            elif var in values:
+                out.append(re.escape(values[var]))
+            else:
+                return None
+        else:
+            out.append(".*" if star else "." if qmark else re.escape(char))
+    return re.compile("".join(out), re.DOTALL)
+
+
+def reaches_other_runs(document: dict[str, Any] | None, user: str, run_id: str, account: str) -> list[str]:
+    """The statements of a boundary ``document`` (their Sids, else "statement N") that let a run
+    role of run ``run_id`` made by ``user`` read or write another user's run in an ec2gpu-* bucket
+    of ``account`` (pure): an Allow of s3:GetObject or s3:PutObject whose Resource, read with that
+    role's tags for ``${aws:PrincipalTag/...}``, matches such an object, or whose NotResource leaves
+    it out. docs/iam-instance-boundary.json holds a role to its own run's prefix, but its file_mounts
+    statements name what an administrator writes for YOUR-FILE-MOUNTS-BUCKET: ``*`` or ``ec2gpu-*``
+    there gives every run role of the account every user's runs, and IAM cannot deny "ec2gpu-*/runs/*
+    but the role's own run" in one statement (a statement has a Resource or a NotResource, not both:
+    https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_grammar.html).
+    Conditions are not read: those the shipped boundary sets (s3:ResourceAccount, ec2:SourceInstanceARN)
+    hold for any run role of the account on its instance. [] for None."""
+    from .runstore import BUCKET_PREFIX
+    other = "AIDAEC2GPUANOTHERUSER" if user != "AIDAEC2GPUANOTHERUSER" else "AIDAEC2GPUYETANOTHER"
+    probe = f"arn:aws:s3:::{BUCKET_PREFIX}{account}-us-east-1/runs/{other}/{run_id}/agent/detached.py"
+    values = {"aws:PrincipalTag/ec2gpu:user": user, "aws:PrincipalTag/ec2gpu:run": run_id,
+              "aws:PrincipalAccount": account}
+
+    def covers(patterns: list[str]) -> bool:
+        return any(rx is not None and rx.fullmatch(probe) for rx in (_arn_pattern(p, values) for p in patterns))
+
+    found = []
+    for n, st in enumerate(_statements(document)):
+        if st.get("Effect") != "Allow" or not any(_names_action(st, a) for a in ("s3:getobject", "s3:putobject")):
+            continue
+        if covers(_listed(st.get("Resource"))) if "Resource" in st else not covers(_listed(st.get("NotResource"))):
+            found.append(str(st.get("Sid") or f"statement {n + 1}"))
+    return found
 
 
 def create_run_role(iam: Client, run_id: str, owner: str, policy: dict[str, Any], *, user: str,

@@ -18,7 +18,9 @@ Who may read them (GetParameters with decryption):
   role to the same through the role's own tags);
 - the user who made them, and no other user held by docs/iam-policy.json: that policy allows
   ``ssm:PutParameter`` only with the tag ``ec2gpu:user`` = ``${aws:userid}``, and GetParameters,
-  DeleteParameters and AddTagsToResource only on parameters so tagged (tag-based access: a
+  DeleteParameters and AddTagsToResource only on parameters so tagged (AddTagsToResource also on
+  one with no tags yet, as SSM authorises the Tags of a PutParameter, but never on one of a run from
+  before this tag: ``ec2gpu:run`` without ``ec2gpu:user``, which the policy denies; tag-based access: a
   parameter name cannot hold a role session's user id, ``AROA...:NAME``, whose ":" SSM refuses in a
   name: https://docs.aws.amazon.com/systems-manager/latest/userguide/sysman-paramstore-su-create.html#sysman-parameter-name-constraints);
 - and whoever the account's own policies allow: an administrator, or any principal with

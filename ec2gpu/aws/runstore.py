@@ -242,6 +242,14 @@ def put_file(s3: Client, bucket: str, key: str, path: str | os.PathLike[str]) ->
         raise AwsError(f"run store: s3://{bucket}/{key}: upload failed ({exc})", "see docs/iam-policy.json") from None
 
 
+def put_bytes(s3: Client, bucket: str, key: str, body: bytes, content_type: str | None = None) -> None:
+    """Write ``body`` to ``key`` in one PutObject (these bytes exactly: a detached run's agent files
+    and spec.json, whose hashes its user data holds; S3 takes up to 5 GB so:
+    https://docs.aws.amazon.com/AmazonS3/latest/userguide/upload-objects.html). Raises AwsError for
+    S3 errors."""
+    _put(s3, "put_object", bucket, Key=key, Body=body, **({"ContentType": content_type} if content_type else {}))
+
+
 def put_json(s3: Client, bucket: str, key: str, document: Any) -> None:
     """Write ``document`` as JSON to ``key``. Raises AwsError for S3 errors."""
     _put(s3, "put_object", bucket, Key=key, Body=json.dumps(document, indent=2).encode(),
@@ -324,6 +332,29 @@ def _absent(code: str | None) -> bool:
     """A missing bucket, object or configuration: NoSuch* (NoSuchBucketPolicy,
     NoSuchLifecycleConfiguration, ...), *NotFound* (ServerSideEncryptionConfigurationNotFoundError) or 404."""
     return bool(code) and (code in MISSING_BUCKET or str(code).startswith("NoSuch") or "NotFound" in str(code))
+
+
+def _missing(s3: Client, bucket: str, key: str, code: str | None) -> bool:
+    """Whether a GetObject or HeadObject of ``key`` that failed with ``code`` found no such object (or
+    bucket). S3 answers a missing key 404 only to a caller allowed s3:ListBucket on the bucket, and
+    403 AccessDenied to any other (GetObject's and HeadObject's "Permissions":
+    https://docs.aws.amazon.com/AmazonS3/latest/API/API_GetObject.html). docs/iam-policy.json and a
+    run's role allow s3:ListBucket on the run store only with an ``s3:prefix`` condition under their
+    own prefix, and AWS does not document which ``s3:prefix``, if any, that check sees; so a 403 is
+    told from a refusal by ListObjectsV2 with the key itself as its Prefix, which those same
+    statements allow (ListBucket's ``s3:prefix`` is the request's Prefix:
+    https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazons3.html): the key
+    not listed is a missing object; listed, or the listing refused too, is a refusal (False). The
+    key is the first one listed when it exists: no other key with that prefix sorts before it."""
+    if _absent(code):
+        return True
+    if code not in FORBIDDEN:
+        return False
+    try:
+        got = s3.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1, **_expected_owner(bucket))
+    except botocore.exceptions.ClientError:
+        return False
+    return not any(o.get("Key") == key for o in got.get("Contents", []) if isinstance(o, dict))
 
 
 def exists(s3: Client, bucket: str) -> bool:
@@ -883,11 +914,12 @@ def download_head(s3: Client, bucket: str, key: str, path: str | os.PathLike[str
 
 def _get_object(s3: Client, bucket: str, key: str) -> Item | None:
     """GetObject's answer for ``key`` (ExpectedBucketOwner; its Body not read yet), or None when
-    there is no such object (or bucket). Raises AwsError for other S3 errors."""
+    there is no such object (or bucket: _missing, whether S3 says 404 or 403). Raises AwsError for
+    other S3 errors."""
     try:
         got: Item = s3.get_object(Bucket=bucket, Key=key, **_expected_owner(bucket))
     except botocore.exceptions.ClientError as exc:
-        if _absent(error_code(exc)):
+        if _missing(s3, bucket, key, error_code(exc)):
             return None
         raise AwsError(f"run store: s3://{bucket}/{key}: GetObject failed ({error_code(exc)})",
                        "see docs/iam-policy.json") from None
@@ -1002,11 +1034,11 @@ def list_objects(s3: Client, bucket: str, key_prefix: str,
 
 def head_object(s3: Client, bucket: str, key: str) -> Item | None:
     """{"size": bytes, "etag": str} of the object ``key`` (HeadObject with ExpectedBucketOwner), or
-    None when it (or the bucket) is not there. Raises AwsError for other S3 errors."""
+    None when it (or the bucket) is not there (_missing). Raises AwsError for other S3 errors."""
     try:
         got = s3.head_object(Bucket=bucket, Key=key, **_expected_owner(bucket))
     except botocore.exceptions.ClientError as exc:
-        if _absent(error_code(exc)):
+        if _missing(s3, bucket, key, error_code(exc)):
             return None
         raise AwsError(f"run store: s3://{bucket}/{key}: HeadObject failed ({error_code(exc)})",
                        "see docs/iam-policy.json") from None
@@ -1027,7 +1059,7 @@ def read_range(s3: Client, bucket: str, key: str, start: int, end: int, etag: st
         got = s3.get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{end}", **extra, **_expected_owner(bucket))
     except botocore.exceptions.ClientError as exc:
         code = error_code(exc)
-        if _absent(code) or code in ("412", "PreconditionFailed", "416", "InvalidRange"):
+        if code in ("412", "PreconditionFailed", "416", "InvalidRange") or _missing(s3, bucket, key, code):
             return None
         raise AwsError(f"run store: s3://{bucket}/{key}: GetObject failed ({code})",
                        "see docs/iam-policy.json") from None
@@ -1098,7 +1130,7 @@ def download(s3: Client, bucket: str, key: str, out: Any, max_bytes: int) -> int
     try:
         got = s3.get_object(Bucket=bucket, Key=key, **_expected_owner(bucket))
     except botocore.exceptions.ClientError as exc:
-        if _absent(error_code(exc)):
+        if _missing(s3, bucket, key, error_code(exc)):
             raise FileNotFoundError(key) from None
         raise AwsError(f"run store: s3://{bucket}/{key}: GetObject failed ({error_code(exc)})",
                        "see docs/iam-policy.json") from None

@@ -6,7 +6,8 @@ A bucket ec2gpu makes is private and encrypted: S3 Block Public Access on all fo
 default encryption SSE-S3 (https://docs.aws.amazon.com/AmazonS3/latest/userguide/default-bucket-encryption.html),
 object ownership "bucket owner enforced" (ACLs off: S3's default for new buckets since April 2023,
 https://docs.aws.amazon.com/AmazonS3/latest/userguide/about-object-ownership.html), tagged with
-its owner. It is the user's: never deleted by ec2gpu.
+its owner and with the user id of whoever made it (``ec2gpu:user``: STS's UserId, aws/runstore.user_id),
+by which a later task that names it knows it for its own. It is the user's: never deleted by ec2gpu.
 
 Also the upload of a file (``upload``: --checkpoint-uri's second copy, runs/recover/recovery.py).
 """
@@ -73,10 +74,11 @@ def bucket_region(s3: Client, bucket: str, default_region: str) -> str | None:
     return found
 
 
-def create_private_bucket(s3: Client, bucket: str, region: str, owner: str) -> None:
+def create_private_bucket(s3: Client, bucket: str, region: str, owner: str, user: str) -> None:
     """Create ``bucket`` in ``region``: public access blocked, SSE-S3 default encryption, tagged
-    ``ec2gpu:owner``. Raises UsageError when the name is taken by another account
-    (BucketAlreadyExists), AwsError for other errors."""
+    ``ec2gpu:owner`` (``owner``, the local login name: for people) and ``ec2gpu:user`` (``user``, the
+    caller's AWS user id: what ``check_buckets`` compares). Raises UsageError when the name is taken
+    by another account (BucketAlreadyExists), AwsError for other errors."""
     req: dict[str, Any] = {"Bucket": bucket}
     if region != "us-east-1":  # us-east-1 refuses its own name as a LocationConstraint
         req["CreateBucketConfiguration"] = {"LocationConstraint": region}
@@ -93,18 +95,20 @@ def create_private_bucket(s3: Client, bucket: str, region: str, owner: str) -> N
         "BlockPublicAcls": True, "IgnorePublicAcls": True, "BlockPublicPolicy": True, "RestrictPublicBuckets": True})
     s3.put_bucket_encryption(Bucket=bucket, ServerSideEncryptionConfiguration={
         "Rules": [{"ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}]})
-    s3.put_bucket_tagging(Bucket=bucket, Tagging={"TagSet": [{"Key": T.OWNER, "Value": owner}]})
+    s3.put_bucket_tagging(Bucket=bucket, Tagging={"TagSet": [{"Key": T.OWNER, "Value": owner},
+                                                             {"Key": T.USER, "Value": user}]})
 
 
-def check_buckets(s3: Client, mounts_: Sequence[S3Mount], region: str, owner: str) -> tuple[dict[str, str], list[str]]:
+def check_buckets(s3: Client, mounts_: Sequence[S3Mount], region: str, user: str) -> tuple[dict[str, str], list[str]]:
     """Check every S3 bucket of ``mounts_`` (tasks/mounts.Mount) with HeadBucket, creating nothing.
 
     A bucket the task names with ``name:`` (``create``) is its own when it does not exist yet
-    (ec2gpu makes it) or when ec2gpu made it for ``owner`` before (its ``ec2gpu:owner`` tag, as
-    create_private_bucket sets it): a MOUNT-mode entry may write back to it. One that exists
-    without that tag (another's bucket, reached by naming it) is written to only with
-    --allow-write-bucket (the entry's ``write_allowed``), as a ``source:`` bucket is
-    (tasks/mounts.check_write).
+    (ec2gpu makes it) or when ec2gpu made it for ``user`` before (its ``ec2gpu:user`` tag is
+    ``user``, the caller's AWS user id, as create_private_bucket sets it; not the login name, which
+    two people share on two machines): a MOUNT-mode entry may write back to it. One that exists
+    without that tag (another's bucket, reached by naming it, or one ec2gpu made before it tagged
+    buckets with their user) is written to only with --allow-write-bucket (the entry's
+    ``write_allowed``), as a ``source:`` bucket is (tasks/mounts.check_write).
 
     Returns ({bucket: its region, or ``region`` for one to be made}, [buckets to be made]: those
     named with ``create`` that do not exist, for ``make_buckets``). Raises UsageError for a source
@@ -124,15 +128,15 @@ def check_buckets(s3: Client, mounts_: Sequence[S3Mount], region: str, owner: st
         if found is None:
             missing.append(m.bucket)
         elif any(w.create for w in mounts_ if w.kind == "s3" and w.bucket == m.bucket):
-            _check_own(s3, [w for w in mounts_ if w.kind == "s3" and w.bucket == m.bucket], owner)
+            _check_own(s3, [w for w in mounts_ if w.kind == "s3" and w.bucket == m.bucket], user)
         regions[m.bucket] = found or region
     return regions, missing
 
 
-def _check_own(s3: Client, mounts_: Sequence[S3Mount], owner: str) -> None:
+def _check_own(s3: Client, mounts_: Sequence[S3Mount], user: str) -> None:
     """Refuse (UsageError) a write-back, not allowed by --allow-write-bucket, to the existing
-    bucket of ``mounts_`` (the entries of one bucket) unless its ``ec2gpu:owner`` tag is
-    ``owner``. GetBucketTagging (https://docs.aws.amazon.com/AmazonS3/latest/API/API_GetBucketTagging.html)
+    bucket of ``mounts_`` (the entries of one bucket) unless its ``ec2gpu:user`` tag is ``user``.
+    GetBucketTagging (https://docs.aws.amazon.com/AmazonS3/latest/API/API_GetBucketTagging.html)
     answers NoSuchTagSet for a bucket without tags; a refused read counts as not ec2gpu's."""
     writes = [m for m in mounts_ if m.write_back and not m.write_allowed]
     if not writes:
@@ -146,18 +150,21 @@ def _check_own(s3: Client, mounts_: Sequence[S3Mount], owner: str) -> None:
                            "try again") from None
         tag_set = []
     tags = {t.get("Key"): t.get("Value") for t in tag_set if isinstance(t, dict)}
-    if tags.get(T.OWNER) != owner:
+    if tags.get(T.USER) != user:
         raise UsageError(f"file_mounts.{writes[0].target}: s3://{bucket} exists and is not a bucket ec2gpu made for "
-                         f"you (no {T.OWNER} tag of {owner}): mode {writes[0].mode} would let the job change or "
-                         "replace what is in it",
-                         f"give --allow-write-bucket {bucket} to let the job write there, or name a new bucket")
+                         f"you (no {T.USER} tag of your AWS user id {user}): mode {writes[0].mode} would let the job "
+                         "change or replace what is in it",
+                         f"give --allow-write-bucket {bucket} to let the job write there (a bucket ec2gpu made for "
+                         f"you before it tagged buckets with {T.USER} needs it too), or name a new bucket")
 
 
-def make_buckets(s3: Client, buckets: list[str], region: str, owner: str, log: Log = lambda line: None) -> None:
-    """Create each of ``buckets`` in ``region`` (create_private_bucket), saying so through ``log``.
-    Raises UsageError or AwsError as create_private_bucket does."""
+def make_buckets(s3: Client, buckets: list[str], region: str, owner: str, user: str,
+                 log: Log = lambda line: None) -> None:
+    """Create each of ``buckets`` in ``region`` for ``owner`` and the AWS user id ``user``
+    (create_private_bucket), saying so through ``log``. Raises UsageError or AwsError as
+    create_private_bucket does."""
     for bucket in buckets:
-        create_private_bucket(s3, bucket, region, owner)
+        create_private_bucket(s3, bucket, region, owner, user)
         log(f"file_mounts: created s3://{bucket} in {region} (private, encrypted; it stays after the run)")
 
 

@@ -276,13 +276,18 @@ def check_write(m: Mount, own: frozenset[str], allowed: frozenset[str]) -> Mount
     return m
 
 
+#: why a MOUNT entry of a ``name:`` bucket may write back, as the plan says it: before anything is
+#: made, the plan cannot know yet whether aws/storage.check_buckets will take an existing bucket of
+#: that name for the task's own (only one ec2gpu made for the caller) or refuse it
+OWN_WHY = "the task's own bucket (name:), made for you by ec2gpu (an existing one only if ec2gpu made it for you)"
+
+
 def access(mounts_: list[Mount]) -> dict[str, list[Any]]:
     """What the job may reach in S3 through its instance role (aws/iam.s3_policy grants exactly
     this) (pure): {"read": [url, ...], "write": [{"url", "why"}, ...]}, each in the file's order
-    without repeats; ``why`` is "the task's own bucket (name:)" or "--allow-write-bucket BUCKET"."""
+    without repeats; ``why`` is OWN_WHY or "--allow-write-bucket BUCKET"."""
     s3 = [m for m in mounts_ if m.kind == "s3"]
-    writes = {m.url: (f"{WRITE_FLAG} {m.bucket}" if m.write_allowed else "the task's own bucket (name:)")
-              for m in s3 if m.write_back}
+    writes = {m.url: (f"{WRITE_FLAG} {m.bucket}" if m.write_allowed else OWN_WHY) for m in s3 if m.write_back}
     return {"read": list(dict.fromkeys(m.url for m in s3)),
             "write": [{"url": url, "why": why} for url, why in writes.items()]}
 

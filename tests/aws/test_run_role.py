@@ -381,3 +381,36 @@ def test_a_boundary_from_an_older_ec2gpu_is_refused_before_a_detached_run_makes_
             if not v["IsDefaultVersion"]:
                 iam.delete_policy_version(PolicyArn=arn, VersionId=v["VersionId"])
         iam.delete_policy(PolicyArn=arn)
+
+
+@pytest.mark.parametrize("bucket", ["*", "ec2gpu-*"])
+def test_a_boundary_that_gives_every_run_role_every_users_runs_is_refused_before_anything_is_made(aws, iam, bucket):
+    """docs/iam-instance-boundary.json with `*` (or ec2gpu-*) where YOUR-FILE-MOUNTS-BUCKET stands
+    lets a role of any run of the account, whatever its inline policy, read and rewrite every user's
+    runs: IAM cannot deny it back in one statement, so a detached run refuses it, naming the
+    statement and the command that updates the boundary, before anything is made; the boundary
+    with a bucket named passes."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from ec2gpu.errors import UsageError
+    from ec2gpu.runs.detached import launch
+    account = aws.check_credentials()["Account"]
+    text = (Path(__file__).resolve().parents[2] / "docs" / "iam-instance-boundary.json").read_text()
+    arn = iam.create_policy(PolicyName=roles.BOUNDARY_NAME, Path="/ec2gpu/",
+                            PolicyDocument=text.replace("YOUR-FILE-MOUNTS-BUCKET", bucket))["Policy"]["Arn"]
+    ui = SimpleNamespace(notes=[], note=lambda text: ui.notes.append(text))
+    try:
+        with pytest.raises(UsageError, match="lets every run role of the account read and rewrite every user's") as err:
+            launch.check_boundary(aws, RUN, account, ui)
+        assert "RunRolesMayOnlyReadAndWriteObjectsOfTheFileMountsBuckets" in err.value.message
+        assert f"create-policy-version --policy-arn {arn}" in err.value.hint and "never * or ec2gpu-*" in err.value.hint
+        assert iam.list_roles(PathPrefix="/ec2gpu/")["Roles"] == []  # nothing made
+        iam.create_policy_version(PolicyArn=arn, PolicyDocument=text.replace("YOUR-FILE-MOUNTS-BUCKET", "team-data"),
+                                  SetAsDefault=True)
+        assert launch.check_boundary(aws, RUN, account, ui) == arn
+    finally:
+        for v in iam.list_policy_versions(PolicyArn=arn)["Versions"]:
+            if not v["IsDefaultVersion"]:
+                iam.delete_policy_version(PolicyArn=arn, VersionId=v["VersionId"])
+        iam.delete_policy(PolicyArn=arn)

@@ -1,6 +1,7 @@
 """The run store of detached runs (aws/runstore.py), against moto's S3 in this process: the bucket's
 name, its settings made, checked and set again, the key layout no run id can leave, status.json as
 hostile input, the runs listed, and doctor's "run store" check."""
+import io
 import json
 from types import SimpleNamespace
 
@@ -406,6 +407,72 @@ def test_a_status_record_goes_up_and_comes_back_validated(s3):
     got = runstore.get_status(s3, BUCKET, USER, RUN)
     assert got == {**record, "run_id": RUN, "exit_code": None, "signal": None, "ended_at": None, "problem": None,
                    "launches": None}
+
+
+class _NoListBucketForTheKey:
+    """moto's S3 client as S3 answers a caller whose s3:ListBucket does not cover the key asked for
+    (https://docs.aws.amazon.com/AmazonS3/latest/API/API_GetObject.html, "Permissions"): a GetObject
+    or HeadObject of a missing key is 403 AccessDenied, not 404. ``refused``: keys whose reads are
+    refused though they are there; ``no_listing``: ListObjectsV2 refused too."""
+
+    def __init__(self, s3, refused=(), no_listing=False):
+        self.s3, self.refused, self.no_listing = s3, set(refused), no_listing
+
+    def __getattr__(self, name):
+        return getattr(self.s3, name)
+
+    def _deny(self, op):
+        raise botocore.exceptions.ClientError({"Error": {"Code": "AccessDenied" if op == "GetObject" else "403",
+                                                         "Message": "Access Denied"}}, op)
+
+    def _read(self, op, call, **kw):
+        if kw["Key"] in self.refused:
+            self._deny(op)
+        try:
+            return call(**kw)
+        except botocore.exceptions.ClientError as exc:
+            if exc.response["Error"]["Code"] in ("NoSuchKey", "404"):
+                self._deny(op)
+            raise
+
+    def get_object(self, **kw):
+        return self._read("GetObject", self.s3.get_object, **kw)
+
+    def head_object(self, **kw):
+        return self._read("HeadObject", self.s3.head_object, **kw)
+
+    def list_objects_v2(self, **kw):
+        if self.no_listing:
+            self._deny("ListObjectsV2")
+        return self.s3.list_objects_v2(**kw)
+
+
+def test_a_missing_object_is_absent_though_s3_answers_403_for_want_of_list_bucket(s3):
+    """On AWS the user policy's s3:ListBucket is prefix-scoped, and S3 may answer a missing key 403:
+    status.json before the agent wrote it, settled.json, a hand-over object not there yet, a log
+    gone. Each read says "not there" as it does for a 404, by listing the key (runstore._missing);
+    an object that is there but refused, or a 403 whose listing is refused too, stays an error."""
+    runstore.ensure(s3, ACCOUNT, "us-east-1", "alice", 30)
+    user = _NoListBucketForTheKey(s3)
+    key = runstore.status_key(USER, RUN)
+    assert runstore.get_status(user, BUCKET, USER, RUN) is None
+    assert runstore.get_settled(user, BUCKET, USER, RUN) == []
+    assert runstore.read_head(user, BUCKET, runstore.handover_keys(USER, RUN)["status"], 10) is None
+    assert runstore.head_object(user, BUCKET, key) is None
+    assert runstore.read_range(user, BUCKET, key, 0, 9) is None
+    with pytest.raises(FileNotFoundError):
+        runstore.download(user, BUCKET, key, io.BytesIO(), 100)
+    # a longer key beside it is not it
+    s3.put_object(Bucket=BUCKET, Key=key + ".bak", Body=b"{}")
+    assert runstore.head_object(user, BUCKET, key) is None
+    runstore.put_status(s3, BUCKET, USER, RUN, {"state": "running"})
+    assert runstore.get_status(user, BUCKET, USER, RUN)["state"] == "running"
+    with pytest.raises(AwsError, match="GetObject failed \\(AccessDenied\\)"):
+        runstore.get_status(_NoListBucketForTheKey(s3, refused={key}), BUCKET, USER, RUN)
+    with pytest.raises(AwsError, match="HeadObject failed \\(403\\)"):
+        runstore.head_object(_NoListBucketForTheKey(s3, refused={key}), BUCKET, key)
+    with pytest.raises(AwsError, match="GetObject failed \\(AccessDenied\\)"):
+        runstore.get_settled(_NoListBucketForTheKey(s3, no_listing=True), BUCKET, USER, RUN)
 
 
 def _read(s3, body: bytes):

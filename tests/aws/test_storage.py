@@ -13,6 +13,8 @@ from ec2gpu.runs.provision import resources as provision
 from ec2gpu.tasks.mounts import Mount
 
 BUCKET = "ec2gpu-test-storage"
+#: two people's AWS user ids (STS UserId: aws/runstore.user_id) who log in as the same local name
+ALICE, BOB = "AROAEXAMPLEROLEID0001:alice@example.com", "AIDAEXAMPLEUSERID0002"
 
 
 @pytest.fixture
@@ -35,41 +37,58 @@ def _s3(target: str, prefix: str, bucket: str = BUCKET, create: bool = False) ->
 
 def test_a_missing_source_is_refused_and_a_missing_output_bucket_is_only_listed(s3):
     regions, missing = storage.check_buckets(s3, [_s3("/d", "train/"), _s3("/o", "", "ec2gpu-test-new-out", True)],
-                                             "us-east-1", "alice")
+                                             "us-east-1", ALICE)
     assert regions == {BUCKET: "us-east-1", "ec2gpu-test-new-out": "us-east-1"} and missing == ["ec2gpu-test-new-out"]
     assert "ec2gpu-test-new-out" not in [b["Name"] for b in s3.list_buckets()["Buckets"]]  # made later, by provision
     with pytest.raises(UsageError, match="s3://ec2gpu-test-absent does not exist"):
-        storage.check_buckets(s3, [_s3("/d", "x", "ec2gpu-test-absent")], "us-east-1", "alice")
+        storage.check_buckets(s3, [_s3("/d", "x", "ec2gpu-test-absent")], "us-east-1", ALICE)
 
 
 def test_an_existing_named_bucket_is_the_tasks_own_only_when_ec2gpu_made_it_for_this_user(s3):
     """`name: B, mode: MOUNT` writes back to B without --allow-write-bucket only when B is missing
-    (made for the run) or carries ec2gpu:owner = this user (made by ec2gpu before); another's
-    bucket, reached by naming it, needs the flag (the entry's write_allowed), as a source does."""
+    (made for the run) or carries ec2gpu:user = this caller's AWS user id (made by ec2gpu for them
+    before); another's bucket, reached by naming it, needs the flag (the entry's write_allowed), as
+    a source does. The login name decides nothing: ubuntu on one machine is ubuntu on another."""
     from dataclasses import replace
     theirs, mine = "team-shared-results-44", "alice-results-44"
     s3.create_bucket(Bucket=theirs)
     s3.put_bucket_tagging(Bucket=theirs, Tagging={"TagSet": [{"Key": "ec2gpu:owner", "Value": "bob"}]})
-    storage.create_private_bucket(s3, mine, "us-east-1", "alice")
+    storage.create_private_bucket(s3, mine, "us-east-1", "ubuntu", ALICE)
+    assert {"Key": "ec2gpu:user", "Value": ALICE} in s3.get_bucket_tagging(Bucket=mine)["TagSet"]
     untagged = "untagged-results-44"
     s3.create_bucket(Bucket=untagged)
     for bucket in (theirs, untagged):
         with pytest.raises(UsageError) as err:
-            storage.check_buckets(s3, [_s3("/out", "", bucket, True)], "us-east-1", "alice")
+            storage.check_buckets(s3, [_s3("/out", "", bucket, True)], "us-east-1", ALICE)
         assert err.value.message.startswith(f"file_mounts./out: s3://{bucket} exists and is not a bucket ec2gpu made "
-                                            "for you (no ec2gpu:owner tag of alice)")
+                                            f"for you (no ec2gpu:user tag of your AWS user id {ALICE})")
         assert err.value.hint.startswith(f"give --allow-write-bucket {bucket}")
         allowed = replace(_s3("/out", "", bucket, True), write_allowed=True)
-        assert storage.check_buckets(s3, [allowed], "us-east-1", "alice") == ({bucket: "us-east-1"}, [])
+        assert storage.check_buckets(s3, [allowed], "us-east-1", ALICE) == ({bucket: "us-east-1"}, [])
         copy = replace(_s3("/in", "", bucket, True), mode="COPY", write_back=False)  # read only: no flag
-        assert storage.check_buckets(s3, [copy], "us-east-1", "alice") == ({bucket: "us-east-1"}, [])
-    assert storage.check_buckets(s3, [_s3("/out", "", mine, True)], "us-east-1", "alice") == ({mine: "us-east-1"}, [])
-    with pytest.raises(UsageError, match="no ec2gpu:owner tag of bob"):
-        storage.check_buckets(s3, [_s3("/out", "", mine, True)], "us-east-1", "bob")
+        assert storage.check_buckets(s3, [copy], "us-east-1", ALICE) == ({bucket: "us-east-1"}, [])
+    assert storage.check_buckets(s3, [_s3("/out", "", mine, True)], "us-east-1", ALICE) == ({mine: "us-east-1"}, [])
+    with pytest.raises(UsageError, match=f"no ec2gpu:user tag of your AWS user id {BOB}"):
+        storage.check_buckets(s3, [_s3("/out", "", mine, True)], "us-east-1", BOB)
     # a source entry of the task's own named bucket is held to the same rule
     source = Mount("/logs", "s3", f"s3://{theirs}/logs", "MOUNT", theirs, "logs", write_back=True)
     with pytest.raises(UsageError, match=f"s3://{theirs} exists and is not a bucket ec2gpu made for you"):
-        storage.check_buckets(s3, [source, _s3("/out", "", theirs, True)], "us-east-1", "alice")
+        storage.check_buckets(s3, [source, _s3("/out", "", theirs, True)], "us-east-1", ALICE)
+
+
+def test_a_colleagues_bucket_under_the_same_login_name_is_not_the_tasks_own(s3):
+    """Two people who both log in as ubuntu: a bucket ec2gpu made for Bob (ec2gpu:owner ubuntu)
+    is not Alice's for a task that names it, nor is one ec2gpu made before it tagged buckets with
+    their user (ec2gpu:owner alone): each needs --allow-write-bucket, which the refusal's hint says."""
+    colleagues, older = "colleagues-results-44", "older-results-44"
+    storage.create_private_bucket(s3, colleagues, "us-east-1", "ubuntu", BOB)
+    s3.create_bucket(Bucket=older)
+    s3.put_bucket_tagging(Bucket=older, Tagging={"TagSet": [{"Key": "ec2gpu:owner", "Value": "ubuntu"}]})
+    for bucket in (colleagues, older):
+        with pytest.raises(UsageError) as err:
+            storage.check_buckets(s3, [_s3("/out", "", bucket, True)], "us-east-1", ALICE)
+        assert "is not a bucket ec2gpu made for you" in err.value.message
+        assert f"--allow-write-bucket {bucket}" in err.value.hint and "before it tagged buckets" in err.value.hint
 
 
 def test_one_object_is_told_from_a_folder_by_its_key_not_by_its_neighbours(s3):

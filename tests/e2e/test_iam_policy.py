@@ -48,8 +48,16 @@ class Requests:
     a role passed to EC2 (an instance profile at RunInstances, or in a launch template that a group
     launches) is an iam:PassRole of that role."""
 
+    #: the calls that change or remove a run role or its instance profile: (the resource's kind, the
+    #: parameter that names it); each is authorised with that resource's tags
+    ROLE_CHANGES = {"PutRolePolicy": ("role", "RoleName"), "DeleteRolePolicy": ("role", "RoleName"),
+                    "DetachRolePolicy": ("role", "RoleName"), "DeleteRole": ("role", "RoleName"),
+                    "AddRoleToInstanceProfile": ("instance-profile", "InstanceProfileName"),
+                    "RemoveRoleFromInstanceProfile": ("instance-profile", "InstanceProfileName"),
+                    "DeleteInstanceProfile": ("instance-profile", "InstanceProfileName")}
+
     def __init__(self, account: str, region: str):
-        self.account, self.region, self.seen, self.tags = account, region, [], {}
+        self.account, self.region, self.seen, self.tags, self.made = account, region, [], {}, {}
 
     def __call__(self, service: str, model, params, **_) -> None:
         name, bucket, key = model.name, params.get("Bucket", ""), params.get("Key")
@@ -72,13 +80,23 @@ class Requests:
                 else:
                     tag = self.tags.get(parameter)
                     self.seen.append((f"ssm:{name}", arn, {} if tag is None else {"aws:ResourceTag/ec2gpu:user": tag}))
-        elif service == "iam" and name == "CreateRole":
+        elif service == "iam" and name in ("CreateRole", "CreateInstanceProfile"):
+            kind, key = ("role", "RoleName") if name == "CreateRole" else ("instance-profile", "InstanceProfileName")
             tag = {t["Key"]: t["Value"] for t in params.get("Tags", [])}.get("ec2gpu:user")
-            arn = f"arn:aws:iam::{self.account}:role{params.get('Path', '/')}{params['RoleName']}"
-            request = {"iam:PermissionsBoundary": params.get("PermissionsBoundary", "")} | (
+            arn = f"arn:aws:iam::{self.account}:{kind}{params.get('Path', '/')}{params[key]}"
+            request = ({"iam:PermissionsBoundary": params.get("PermissionsBoundary", "")} if kind == "role" else {}) | (
                 {} if tag is None else {"aws:RequestTag/ec2gpu:user": tag})
-            self.seen += [("iam:CreateRole", arn, request), ("iam:TagRole", arn, request)]
-            self.tags[params["RoleName"]] = tag
+            # made with Tags: authorised as the Tag* action too, on a resource with no tags yet
+            tagging = "iam:TagRole" if kind == "role" else "iam:TagInstanceProfile"
+            self.seen += [(f"iam:{name}", arn, request), (tagging, arn, request)]
+            self.tags[params[key]] = tag
+            self.made[(kind, params[key])] = arn
+        elif service == "iam" and name in self.ROLE_CHANGES:
+            kind, key = self.ROLE_CHANGES[name]
+            arn = self.made.get((kind, params[key]))
+            if arn is not None:  # made in this session: its tag is known
+                tag = self.tags.get(params[key])
+                self.seen.append((f"iam:{name}", arn, {} if tag is None else {"aws:ResourceTag/ec2gpu:user": tag}))
         elif service == "ec2" and name in ("RunInstances", "CreateLaunchTemplate"):
             profile = (params.get("LaunchTemplateData", params).get("IamInstanceProfile") or {}).get("Name")
             if profile:  # the tool's profile has its role's name (aws/iam.create_run_role)
@@ -161,8 +179,11 @@ def test_every_operation_of_launch_train_and_cleanup_is_in_the_policy(sandbox_en
     caller = {"aws:userid": identity["UserId"], "aws:PrincipalAccount": identity["Account"]}
     assert {a for a, _, _ in requests.seen} >= {"s3:PutObject", "s3:GetObject", "s3:ListBucket", "s3:GetBucketLocation",
                                                 "ssm:PutParameter", "ssm:DeleteParameters", "iam:CreateRole",
-                                                "iam:PassRole"}
+                                                "iam:PassRole", "iam:PutRolePolicy", "iam:CreateInstanceProfile",
+                                                "iam:AddRoleToInstanceProfile", "iam:DeleteRole",
+                                                "iam:DeleteInstanceProfile"}
     boundary = f"arn:aws:iam::{identity['Account']}:policy{roles.PATH}{roles.BOUNDARY_NAME}"
+    under = ("iam:CreateRole", "iam:PutRolePolicy", "iam:DeleteRolePolicy")  # IAM fills in the role's boundary
     refused = sorted({(a, r, json.dumps(c)) for a, r, c in requests.seen if a not in ADMIN_ONLY and not allowed(
-        policy, (a, r, {**caller, **c, **({"iam:PermissionsBoundary": boundary} if a == "iam:CreateRole" else {})}))})
+        policy, (a, r, {**caller, **c, **({"iam:PermissionsBoundary": boundary} if a in under else {})}))})
     assert not refused, f"made but refused by {POLICY.name}: {refused[:10]}"

@@ -204,6 +204,41 @@ def test_the_boundary_still_lets_file_mounts_roles_reach_their_bucket():
     assert not allowed(WIDE, ("s3:DeleteObject", "arn:aws:s3:::YOUR-FILE-MOUNTS-BUCKET/data/x", ctx), _boundary())
 
 
+@pytest.mark.parametrize("bucket", ["*", "ec2gpu-*", "ec2gpu-*/runs", "*-*"])
+def test_a_boundary_whose_file_mounts_bucket_reaches_the_run_store_is_found(bucket):
+    """The boundary's file_mounts statements name what an administrator writes for
+    YOUR-FILE-MOUNTS-BUCKET. Written ``*`` (or ``ec2gpu-*``), a role of another user's run, with
+    any inline policy, reads and rewrites this user's runs, agent code included; IAM has no one
+    statement that denies "ec2gpu-*/runs/* but the role's own run" (a statement has a Resource or a
+    NotResource, not both), so ec2gpu refuses such a boundary before a detached run makes anything
+    (aws/iam.reaches_other_runs, launch.check_boundary: tests/aws/test_run_role.py). Both the
+    evaluator and reaches_other_runs say so, and neither of the shipped boundary."""
+    text = (DOCS / "iam-instance-boundary.json").read_text()
+    wide = json.loads(text.replace("YOUR-FILE-MOUNTS-BUCKET", bucket))
+    theirs = s3("s3:PutObject", f"runs/{USER}/{RUN}/agent/detached.py", run=OTHER, user=OTHER_USER)
+    assert allowed(WIDE, theirs, wide) and not allowed(WIDE, theirs, _boundary())
+    assert iam.reaches_other_runs(wide, OTHER_USER, OTHER, ACCOUNT) == [
+        "RunRolesMayOnlyReadAndWriteObjectsOfTheFileMountsBuckets"]
+    assert iam.reaches_other_runs(_boundary(), OTHER_USER, OTHER, ACCOUNT) == []
+    assert iam.reaches_other_runs(json.loads(text.replace("YOUR-FILE-MOUNTS-BUCKET", "team-data")), USER, RUN,
+                                  ACCOUNT) == []
+
+
+def test_reaches_other_runs_reads_resources_as_iam_does():
+    def one(**statement) -> dict:
+        return {"Statement": [{"Sid": "S", "Effect": "Allow", "Action": ["s3:GetObject"], **statement}]}
+    assert iam.reaches_other_runs(one(Resource="arn:aws:s3:::ec2gpu-?*/*"), USER, RUN, ACCOUNT) == ["S"]
+    assert iam.reaches_other_runs(one(NotResource="arn:aws:s3:::data/*"), USER, RUN, ACCOUNT) == ["S"]
+    assert iam.reaches_other_runs(one(NotResource="arn:aws:s3:::ec2gpu-*"), USER, RUN, ACCOUNT) == []
+    assert iam.reaches_other_runs(one(Resource="arn:aws:s3:::ec2gpu-*"), USER, RUN, ACCOUNT) == ["S"]  # * spans "/"
+    assert iam.reaches_other_runs(one(Resource="arn:aws:s3:::ec2gpu-*/runs/${aws:userid}/*"), USER, RUN, ACCOUNT) == []
+    assert iam.reaches_other_runs(one(Resource="arn:aws:s3:::EC2GPU-*/*"), USER, RUN, ACCOUNT) == []  # case counts
+    assert iam.reaches_other_runs({"Statement": [{"Effect": "Allow", "NotAction": ["iam:*"], "Resource": "*"},
+                                                 {"Effect": "Deny", "Action": "*", "Resource": "*"}]},
+                                  USER, RUN, ACCOUNT) == ["statement 1"]
+    assert iam.reaches_other_runs(None, USER, RUN, ACCOUNT) == []
+
+
 def test_what_the_boundary_allows_the_users_own_policy_allows():
     """Making a run role is no way around the user's policy: every request of a detached run the
     boundary lets through, docs/iam-policy.json allows the user too (with the user's own account as

@@ -281,8 +281,8 @@ def test_the_tasks_own_named_bucket_is_written_without_the_flag(tmp_path):
                                                                                 ("/logs", True, False)]
     assert mounts.access(loaded.mounts) == {
         "read": ["s3://my-out/", "s3://my-out/logs"],
-        "write": [{"url": "s3://my-out/", "why": "the task's own bucket (name:)"},
-                  {"url": "s3://my-out/logs", "why": "the task's own bucket (name:)"}]}
+        "write": [{"url": "s3://my-out/", "why": mounts.OWN_WHY},
+                  {"url": "s3://my-out/logs", "why": mounts.OWN_WHY}]}
 
 
 @pytest.mark.parametrize("flag, words", [
@@ -310,10 +310,10 @@ def test_the_plan_and_the_runs_first_lines_say_what_the_job_may_read_and_write(t
     plan = json.loads(got.out)
     assert plan["s3_access"] == {"read": ["s3://data-bucket/ds", "s3://shared/team-a", "s3://my-out/"], "write": [
         {"url": "s3://shared/team-a", "why": "--allow-write-bucket shared"},
-        {"url": "s3://my-out/", "why": "the task's own bucket (name:)"}]}
+        {"url": "s3://my-out/", "why": mounts.OWN_WHY}]}
     line = ("S3, through the run's own role: the job may read s3://data-bucket/ds, s3://shared/team-a, s3://my-out/; "
-            "may write s3://shared/team-a (--allow-write-bucket shared), s3://my-out/ (the task's own bucket (name:)); "
-            "nothing else")
+            "may write s3://shared/team-a (--allow-write-bucket shared), s3://my-out/ (the task's own bucket (name:), "
+            "made for you by ec2gpu (an existing one only if ec2gpu made it for you)); nothing else")
     assert line in " ".join(got.err.split())  # the run's own first lines, before anything is made
     assert cli.main(["run", "t.yaml", "--dry-run", "--allow-write-bucket", "shared"]) == 0
     assert f"  {line}" in capsys.readouterr().out.splitlines()

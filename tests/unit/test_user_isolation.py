@@ -42,18 +42,38 @@ def listing(user: str, prefix: str | None) -> tuple:
     return _as(user, "s3:ListBucket", f"arn:aws:s3:::{BUCKET}", **{"s3:ResourceAccount": ACCOUNT, **extra})
 
 
-def secret(user: str, action: str, tagged: str | None, name: str = "HF_TOKEN", **context: str) -> tuple:
+def _tags(tagged: str | None, older: bool, prefixes: tuple[str, ...] = ("aws",)) -> dict[str, str]:
+    """The resource's tags as condition keys: ec2gpu:user = ``tagged`` (None: none); ``older``: the
+    ec2gpu:run and ec2gpu:owner tags alone, as ec2gpu tagged a run's secrets and role before it
+    tagged them ec2gpu:user (with ``tagged`` None). A resource not made yet has no tags at all."""
+    tags = ({"ec2gpu:run": RUN, "ec2gpu:owner": "alice"} if older else {}) | (
+        {"ec2gpu:user": tagged} if tagged else {})
+    return {f"{p}:ResourceTag/{k}": v for p in prefixes for k, v in tags.items()}
+
+
+def secret(user: str, action: str, tagged: str | None, name: str = "HF_TOKEN", older: bool = False,
+           **context: str) -> tuple:
     """``action`` on run RUN's secret parameter, tagged ec2gpu:user = ``tagged`` (None: not yet made,
-    or untagged)."""
-    tag = {"aws:ResourceTag/ec2gpu:user": tagged} if tagged else {}
+    or, with ``older``, made before ec2gpu tagged secrets with their user)."""
     return _as(user, action, f"arn:aws:ssm:{REGION}:{ACCOUNT}:parameter{parameters.name_of(RUN, name)}",
-               **tag, **context)
+               **_tags(tagged, older), **context)
 
 
-def role(user: str, action: str, tagged: str, **context: str) -> tuple:
-    """``action`` on run RUN's role, tagged ec2gpu:user = ``tagged``."""
+def role(user: str, action: str, tagged: str | None, older: bool = False, **context: str) -> tuple:
+    """``action`` on run RUN's role, tagged ec2gpu:user = ``tagged`` (None: not yet made, or with
+    ``older``, made before ec2gpu tagged roles with their user)."""
     return _as(user, action, f"arn:aws:iam::{ACCOUNT}:role/ec2gpu/{iam.role_name(RUN)}",
-               **{"aws:ResourceTag/ec2gpu:user": tagged, "iam:ResourceTag/ec2gpu:user": tagged}, **context)
+               **_tags(tagged, older, ("aws", "iam")), **context)
+
+
+def profile(user: str, action: str, tagged: str | None, older: bool = False, **context: str) -> tuple:
+    """``action`` on run RUN's instance profile (its role's name), tagged as ``role``'s."""
+    return _as(user, action, f"arn:aws:iam::{ACCOUNT}:instance-profile/ec2gpu/{iam.role_name(RUN)}",
+               **_tags(tagged, older), **context)
+
+
+#: the condition key IAM fills in for CreateRole and PutRolePolicy: the boundary ec2gpu gives every run role
+UNDER_THE_BOUNDARY = {"iam:PermissionsBoundary": f"arn:aws:iam::{ACCOUNT}:policy/ec2gpu/{iam.BOUNDARY_NAME}"}
 
 
 def alices(key: str) -> str:
@@ -79,12 +99,22 @@ OWN = {
     "tag it so while storing it": secret(ALICE, "ssm:AddTagsToResource", None, **{"aws:RequestTag/ec2gpu:user": ALICE}),
     "read her secret (logs --follow masks it)": secret(ALICE, "ssm:GetParameters", ALICE),
     "delete her secret (cleanup)": secret(ALICE, "ssm:DeleteParameters", ALICE),
-    "make her run's role, tagged with her id": _as(
-        ALICE, "iam:CreateRole", f"arn:aws:iam::{ACCOUNT}:role/ec2gpu/{iam.role_name(RUN)}",
-        **{"iam:PermissionsBoundary": f"arn:aws:iam::{ACCOUNT}:policy/ec2gpu/{iam.BOUNDARY_NAME}",
-           "aws:RequestTag/ec2gpu:user": ALICE}),
-    "tag it so while making it": role(ALICE, "iam:TagRole", ALICE, **{"aws:RequestTag/ec2gpu:user": ALICE}),
+    "make her run's role, tagged with her id": role(ALICE, "iam:CreateRole", None, **UNDER_THE_BOUNDARY,
+                                                    **{"aws:RequestTag/ec2gpu:user": ALICE}),
+    # CreateRole with Tags is authorised as iam:TagRole too, on a role that has no tags yet
+    "tag it so while making it": role(ALICE, "iam:TagRole", None, **{"aws:RequestTag/ec2gpu:user": ALICE}),
+    "tag her own role again with her id": role(ALICE, "iam:TagRole", ALICE, **{"aws:RequestTag/ec2gpu:user": ALICE}),
+    "give her role its policy, under the boundary": role(ALICE, "iam:PutRolePolicy", ALICE, **UNDER_THE_BOUNDARY),
+    "make its instance profile, tagged with her id": profile(ALICE, "iam:CreateInstanceProfile", None,
+                                                             **{"aws:RequestTag/ec2gpu:user": ALICE}),
+    "tag the profile so while making it": profile(ALICE, "iam:TagInstanceProfile", None,
+                                                  **{"aws:RequestTag/ec2gpu:user": ALICE}),
+    "put her role in its profile": profile(ALICE, "iam:AddRoleToInstanceProfile", ALICE),
     "pass it to her run's instances": role(ALICE, "iam:PassRole", ALICE, **{"iam:PassedToService": "ec2.amazonaws.com"}),
+    "take her role out of its profile (teardown)": profile(ALICE, "iam:RemoveRoleFromInstanceProfile", ALICE),
+    "delete her profile": profile(ALICE, "iam:DeleteInstanceProfile", ALICE),
+    "delete her role's policy": role(ALICE, "iam:DeleteRolePolicy", ALICE, **UNDER_THE_BOUNDARY),
+    "delete her role": role(ALICE, "iam:DeleteRole", ALICE),
 }
 
 
@@ -129,9 +159,27 @@ def theirs(them: str) -> dict[str, tuple]:
                                                              **{"iam:PassedToService": "ec2.amazonaws.com"}),
         "make a role tagged as hers": _as(
             them, "iam:CreateRole", f"arn:aws:iam::{ACCOUNT}:role/ec2gpu/x",
-            **{"iam:PermissionsBoundary": f"arn:aws:iam::{ACCOUNT}:policy/ec2gpu/{iam.BOUNDARY_NAME}",
-               "aws:RequestTag/ec2gpu:user": ALICE}),
+            **{**UNDER_THE_BOUNDARY, "aws:RequestTag/ec2gpu:user": ALICE}),
         "retag a role as hers": role(them, "iam:TagRole", them, **{"aws:RequestTag/ec2gpu:user": ALICE}),
+        "claim an older secret of hers (tagged before ec2gpu:user) as theirs": secret(
+            them, "ssm:AddTagsToResource", None, older=True, **{"aws:RequestTag/ec2gpu:user": them}),
+        "retag her role as theirs, to pass it": role(them, "iam:TagRole", ALICE, **{"aws:RequestTag/ec2gpu:user": them}),
+        "claim an older role of hers (tagged before ec2gpu:user) as theirs": role(
+            them, "iam:TagRole", None, older=True, **{"aws:RequestTag/ec2gpu:user": them}),
+        "put a policy on her role (under the boundary)": role(them, "iam:PutRolePolicy", ALICE, **UNDER_THE_BOUNDARY),
+        "delete her role's policy": role(them, "iam:DeleteRolePolicy", ALICE, **UNDER_THE_BOUNDARY),
+        "detach a policy from her role": role(them, "iam:DetachRolePolicy", ALICE, **UNDER_THE_BOUNDARY),
+        "delete her role": role(them, "iam:DeleteRole", ALICE),
+        "take her role out of its profile (her replacements start without credentials)": profile(
+            them, "iam:RemoveRoleFromInstanceProfile", ALICE),
+        "put their role in her profile": profile(them, "iam:AddRoleToInstanceProfile", ALICE),
+        "delete her profile": profile(them, "iam:DeleteInstanceProfile", ALICE),
+        "retag her profile as theirs": profile(them, "iam:TagInstanceProfile", ALICE,
+                                               **{"aws:RequestTag/ec2gpu:user": them}),
+        "claim an older profile of hers as theirs": profile(them, "iam:TagInstanceProfile", None, older=True,
+                                                            **{"aws:RequestTag/ec2gpu:user": them}),
+        "make a profile tagged as hers": profile(them, "iam:CreateInstanceProfile", None,
+                                                 **{"aws:RequestTag/ec2gpu:user": ALICE}),
     }
 
 
@@ -158,6 +206,46 @@ def test_the_same_requests_for_their_own_run_are_allowed(them):
                     secret(them, "ssm:PutParameter", None, **{"aws:RequestTag/ec2gpu:user": them}),
                     role(them, "iam:PassRole", them, **{"iam:PassedToService": "ec2.amazonaws.com"})):
         assert allowed(POLICY, request), request
+
+
+def test_an_untagged_older_secret_cannot_be_claimed():
+    """A secret ec2gpu stored before it tagged secrets with their user carries ec2gpu:run and
+    ec2gpu:owner only. Reading it takes the caller's own ec2gpu:user tag, so tagging it would be
+    reading it: another user may not add that tag (nor may its owner: an administrator deletes such
+    parameters, docs/detached.md), while tagging a new secret as it is stored, which SSM authorises
+    as ssm:AddTagsToResource on a parameter with no tags yet, still works."""
+    claim = secret(BOB, "ssm:AddTagsToResource", None, older=True, **{"aws:RequestTag/ec2gpu:user": BOB})
+    assert not allowed(POLICY, claim)
+    assert not allowed(POLICY, secret(ALICE, "ssm:AddTagsToResource", None, older=True,
+                                      **{"aws:RequestTag/ec2gpu:user": ALICE}))
+    assert allowed(POLICY, secret(BOB, "ssm:GetParameters", BOB))  # what the claim would have given him
+    assert not allowed(POLICY, secret(BOB, "ssm:GetParameters", None, older=True))
+    assert allowed(POLICY, secret(BOB, "ssm:AddTagsToResource", None, name="NEW", **{"aws:RequestTag/ec2gpu:user": BOB}))
+
+
+def test_retagging_her_role_as_his_then_passing_it_is_refused():
+    """The role is passed only when tagged with the caller's id, so the tag must be the owner's to
+    change: Bob may not retag Alice's role (nor an older role of hers with no ec2gpu:user tag), and
+    it stays hers, which he may not pass."""
+    assert not allowed(POLICY, role(BOB, "iam:TagRole", ALICE, **{"aws:RequestTag/ec2gpu:user": BOB}))
+    assert not allowed(POLICY, role(BOB, "iam:TagRole", None, older=True, **{"aws:RequestTag/ec2gpu:user": BOB}))
+    assert not allowed(POLICY, role(BOB, "iam:PassRole", ALICE, **{"iam:PassedToService": "ec2.amazonaws.com"}))
+    assert allowed(POLICY, role(BOB, "iam:PassRole", BOB, **{"iam:PassedToService": "ec2.amazonaws.com"}))
+    # the same for the instance profile that carries the role to her instances
+    assert not allowed(POLICY, profile(BOB, "iam:TagInstanceProfile", ALICE, **{"aws:RequestTag/ec2gpu:user": BOB}))
+
+
+def test_putting_or_deleting_a_policy_on_her_role_is_refused():
+    """Another user may not change what her run's role may do (a policy of his under the
+    boundary), nor end it: its policy, the role, its instance profile, or the role's place in it,
+    which her group's replacement instances launch with. Each is allowed on his own role."""
+    for them in THEM:
+        for action in ("iam:PutRolePolicy", "iam:DeleteRolePolicy", "iam:DetachRolePolicy", "iam:DeleteRole"):
+            assert not allowed(POLICY, role(them, action, ALICE, **UNDER_THE_BOUNDARY)), action
+            assert allowed(POLICY, role(them, action, them, **UNDER_THE_BOUNDARY)), action
+        for action in ("iam:AddRoleToInstanceProfile", "iam:RemoveRoleFromInstanceProfile", "iam:DeleteInstanceProfile"):
+            assert not allowed(POLICY, profile(them, action, ALICE)), action
+            assert allowed(POLICY, profile(them, action, them)), action
 
 
 def test_what_ec2gpu_makes_for_a_user_is_named_as_the_policy_names_it():
@@ -187,3 +275,18 @@ def test_no_statement_gives_a_user_the_run_store_or_the_secrets_wider_than_their
         if s["Effect"] == "Allow" and "arn:aws:s3:::ec2gpu-*" in resources:
             assert not {"s3:PutBucketPolicy", "s3:PutLifecycleConfiguration", "s3:PutEncryptionConfiguration",
                         "s3:PutBucketPublicAccessBlock", "s3:PutBucketAcl", "s3:*"} & set(s["Action"]), s["Sid"]
+
+
+def test_a_star_for_the_file_mounts_bucket_gives_every_user_every_run_which_no_statement_can_take_back():
+    """The limit docs/security.md states: with ``*`` (or ``ec2gpu-*``) written where the policy says
+    YOUR-FILE-MOUNTS-BUCKET, its file_mounts statements allow every object of the account's run
+    store. IAM could take that back only with "ec2gpu-*/runs/* but runs/${aws:userid}/*" in one Deny,
+    and a statement has a Resource or a NotResource, not both
+    (https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_grammar.html). What ec2gpu
+    can read it checks: the boundary (tests/aws/test_run_role.py, refused before a detached run)."""
+    text = json.dumps(POLICY)
+    for bucket in ("*", "ec2gpu-*"):
+        wide = json.loads(text.replace("YOUR-FILE-MOUNTS-BUCKET", bucket))
+        assert allowed(wide, obj(BOB, "s3:GetObject", alices("outputs/model.pt")))
+    assert not allowed(json.loads(text.replace("YOUR-FILE-MOUNTS-BUCKET", "team-data")),
+                       obj(BOB, "s3:GetObject", alices("outputs/model.pt")))

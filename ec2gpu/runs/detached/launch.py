@@ -104,17 +104,38 @@ EXIT_TAMPERED = 3
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
+def agent_files(directory: Path | None = None) -> dict[str, bytes]:
+    """{name: its bytes} of each of AGENT_FILES as uploaded (agent_source), or in ``directory``, each
+    read once: ``_upload`` hashes and uploads these same bytes, so an ec2gpu upgraded between the
+    two never makes a run refuse its own agent. Raises OSError for a file that cannot be read."""
+    return {name: (directory / name if directory else agent_source(name)).read_bytes() for name in AGENT_FILES}
+
+
 def agent_hashes(directory: Path | None = None) -> dict[str, str]:
-    """{name: sha256 of its bytes, lowercase hex} of each of AGENT_FILES as uploaded (agent_source),
-    or in ``directory``: what ``boot_script`` checks the fetched agent against. Raises OSError for a
-    file that cannot be read."""
-    return {name: hashlib.sha256((directory / name if directory else agent_source(name)).read_bytes()).hexdigest()
-            for name in AGENT_FILES}
+    """{name: sha256 of its bytes, lowercase hex} of ``agent_files``: what ``boot_script`` checks the
+    fetched agent against. Raises OSError for a file that cannot be read."""
+    return {name: hashlib.sha256(data).hexdigest() for name, data in agent_files(directory).items()}
+
+
+#: the most bytes of spec.json the agent reads (agent/detached.MAX_SPEC_BYTES; a test compares them)
+MAX_SPEC_BYTES = 1024 * 1024
 
 
 def spec_body(spec: dict[str, Any]) -> bytes:
-    """spec.json's bytes as uploaded (pure): ``boot_script`` hands their sha256 to the agent."""
-    return json.dumps(spec, indent=2, sort_keys=True).encode()
+    """spec.json's bytes as uploaded (pure): ``boot_script`` hands their sha256 to the agent.
+    Raises UsageError when they are over MAX_SPEC_BYTES, which the agent would refuse on the
+    instance after everything was made, naming the fields that make it large."""
+    body = json.dumps(spec, indent=2, sort_keys=True).encode()
+    if len(body) <= MAX_SPEC_BYTES:
+        return body
+    sizes = sorted(((len(json.dumps(v)), k) for k, v in spec.items()), reverse=True)[:3]
+    envs: dict[str, Any] = spec["envs"] if isinstance(spec.get("envs"), dict) else {}
+    largest = sorted(envs, key=lambda k: -len(json.dumps(envs[k])))[:3]
+    raise UsageError(f"the run's spec would be {len(body):,} bytes, over the {MAX_SPEC_BYTES:,} a detached run's "
+                     "agent reads: " + ", ".join(f"{k} {n:,} bytes" for n, k in sizes)
+                     + (f" (largest environment variables: {', '.join(largest)})"
+                        if largest and "envs" in [k for _, k in sizes] else ""),
+                     "keep large values out of envs, the command and the setup: put them in a file of the workdir")
 
 
 def boot_script(bucket: str, user: str, run_id: str, region: str, group: str, hashes: Mapping[str, str],
@@ -294,17 +315,17 @@ def start(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
     run_id = pipeline.new_run_id()
     secret = secret_env(job)
     if any(m.kind == "s3" for m in job.mounts):  # before anything is made: sources there, buckets readable
-        provision.check_s3_access(aws, job, settings.owner)
+        provision.check_s3_access(aws, job)
     boundary = check_boundary(aws, run_id, account, ui, secrets=bool(secret), extra=job.role_policy,
                               several=opts.nodes > 1)
     limit_at = datetime.now(timezone.utc) + timedelta(minutes=opts.max_runtime_minutes or 0)
     launches = opts.max_attempts or DEFAULT_LAUNCHES[opts.spot] * opts.nodes
     group = groups.name_of(run_id)
+    body = spec_body(spec_document(job, opts, user, run_id, group, limit_at, launches, settings.ssh_user))
     s3 = aws.client("s3")
     with ui.phase("upload"):
-        bucket = runstore.ensure(s3, account, aws.region, settings.owner, settings.run_store_expire_days)
-        hashes, spec_sha256 = _upload(s3, bucket, user, run_id, job, spec_document(
-            job, opts, user, run_id, group, limit_at, launches, settings.ssh_user))
+        bucket = runstore.ensure(s3, account, aws.region, settings.owner, settings.run_store_expire_days, log=ui.note)
+        hashes, spec_sha256 = _upload(s3, bucket, user, run_id, job, body)
         ui.note(f"run store s3://{bucket}/{runstore.prefix(user, run_id)}: workdir, agent and spec")
     made = False
     try:
@@ -314,7 +335,7 @@ def start(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
                             several=opts.nodes > 1)
             if job.buckets_to_make:
                 from ...aws import storage
-                storage.make_buckets(s3, job.buckets_to_make, aws.region, settings.owner, ui.note)
+                storage.make_buckets(s3, job.buckets_to_make, aws.region, settings.owner, user, ui.note)
             if secret:
                 names = parameters.put(aws.client("ssm"), run_id, settings.owner, user, secret)
                 ui.note(f"{len(names)} secret(s) in SSM Parameter Store under {parameters.ROOT}{run_id}/ "
@@ -357,11 +378,11 @@ def start(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
     return record
 
 
-def _upload(s3: Any, bucket: str, user: str, run_id: str, job: TaskJob, spec: dict[str, Any]
-            ) -> tuple[dict[str, str], str]:
-    """The run's workdir, agent and spec under its prefix (spec last: an agent that finds it finds
-    the rest). Returns (agent_hashes of the agent files uploaded, the sha256 of spec.json's bytes),
-    for ``boot_script``."""
+def _upload(s3: Any, bucket: str, user: str, run_id: str, job: TaskJob, spec: bytes) -> tuple[dict[str, str], str]:
+    """The run's workdir, agent and spec (``spec``: spec.json's bytes, spec_body) under its prefix
+    (spec last: an agent that finds it finds the rest). Returns ({name: sha256} of the agent files'
+    bytes as uploaded, the sha256 of ``spec``), for ``boot_script``: the hashes of exactly the bytes
+    put, each file read once (agent_files)."""
     with tempfile.TemporaryDirectory(prefix="ec2gpu-detach-") as tmp:
         archive = Path(tmp) / "workdir.tar.gz"
         if job.manifest is not None:
@@ -381,14 +402,12 @@ def _upload(s3: Any, bucket: str, user: str, run_id: str, job: TaskJob, spec: di
             archive = Path(tmp) / "mount.tar.gz"
             pack(job.mount_manifests[m.target], archive)
             runstore.put_file(s3, bucket, key + ".tar.gz", archive)
-    hashes = agent_hashes()
-    for name in AGENT_FILES:
-        runstore.put_file(s3, bucket, runstore.agent_prefix(user, run_id) + name, agent_source(name))
-    body = spec_body(spec)
-    with tempfile.TemporaryDirectory(prefix="ec2gpu-detach-") as tmp:  # these bytes exactly: the agent hashes them
-        (Path(tmp) / "spec.json").write_bytes(body)
-        runstore.put_file(s3, bucket, runstore.spec_key(user, run_id), Path(tmp) / "spec.json")
-    return hashes, hashlib.sha256(body).hexdigest()
+    hashes = {}
+    for name, data in agent_files().items():
+        hashes[name] = hashlib.sha256(data).hexdigest()
+        runstore.put_bytes(s3, bucket, runstore.agent_prefix(user, run_id) + name, data)
+    runstore.put_bytes(s3, bucket, runstore.spec_key(user, run_id), spec, "application/json")
+    return hashes, hashlib.sha256(spec).hexdigest()
 
 
 def check_boundary(aws: Aws, run_id: str, account: str, ui: ReporterLike, secrets: bool = False,
@@ -398,7 +417,9 @@ def check_boundary(aws: Aws, run_id: str, account: str, ui: ReporterLike, secret
     run's role needs (aws/iam.boundary_gaps; reading its own secrets too with ``secrets``, and the
     actions of ``extra``, a file_mounts policy: aws/iam.s3_policy) would
     leave the agent unable to save its outputs, end its own group or start the job, so the group
-    would run (and bill) to its deadline. Raises UsageError then,
+    would run (and bill) to its deadline. So is a boundary that lets every run role of the account
+    reach every user's runs (aws/iam.reaches_other_runs: ``*`` or ``ec2gpu-*`` where
+    YOUR-FILE-MOUNTS-BUCKET stands), which no IAM statement can take back. Raises UsageError then,
     with the command that updates it; a boundary these credentials may not read is said, not refused."""
     client = aws.client("iam")
     boundary = iam.boundary_arn(client, account)
@@ -406,16 +427,23 @@ def check_boundary(aws: Aws, run_id: str, account: str, ui: ReporterLike, secret
         return None
     user = runstore.user_id(aws.check_credentials())
     policy = role_policy("ec2gpu-bucket", user, run_id, aws.region, account, secrets, extra, several)
-    gaps = iam.boundary_gaps(client, boundary, policy)
+    document = iam.boundary_document(client, boundary)
+    update = (f"update it: aws iam create-policy-version --policy-arn {boundary} --policy-document "
+              "file://docs/iam-instance-boundary.json --set-as-default (your file_mounts buckets in place "
+              "of YOUR-FILE-MOUNTS-BUCKET")
+    gaps = None if document is None else iam.gaps_in(document, policy)
+    wide = iam.reaches_other_runs(document, user, run_id, account)
     if gaps is None:
         ui.note(f"warning: the permissions boundary {boundary} could not be read (iam:GetPolicyVersion); "
                 "a detached run needs the one in docs/iam-instance-boundary.json")
     elif gaps:
         raise UsageError(f"the account's permissions boundary {iam.BOUNDARY_NAME} does not allow "
                          f"{', '.join(gaps)}, which a detached run's instance role needs (it predates this ec2gpu)",
-                         f"update it: aws iam create-policy-version --policy-arn {boundary} --policy-document "
-                         "file://docs/iam-instance-boundary.json --set-as-default (your file_mounts buckets in place "
-                         "of YOUR-FILE-MOUNTS-BUCKET)")
+                         update + ")")
+    elif wide:
+        raise UsageError(f"the account's permissions boundary {iam.BOUNDARY_NAME} lets every run role of the account "
+                         f"read and rewrite every user's detached runs ({', '.join(wide)} reaches ec2gpu-*/runs/*): "
+                         "its file_mounts buckets are `*` or ec2gpu-*", update + ", never * or ec2gpu-*)")
     return boundary
 
 

@@ -289,7 +289,7 @@ def train(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
         ui.note(f"vCPU quota {checked['quota']}: {checked['in_use']} in use + {checked['needed']} needed "
                 f"<= {checked['value']:g}")
     if opts.bake is None and any(m.kind == "s3" for m in job.mounts):  # checked before anything is created
-        provision.check_s3_access(aws, job, settings.owner)
+        provision.check_s3_access(aws, job)
     run_id = new_run_id()
     out = Path(opts.out or Path("runs") / run_id).resolve()
     prov = provision.Provisioned(run_id, bake=opts.bake is not None)

@@ -126,10 +126,10 @@ def _bake(opts: LaunchOptions) -> BakePlan | None:
     return opts.bake if isinstance(opts, RunOptions) else None
 
 
-def check_s3_access(aws: Aws, job: TaskJob, owner: str) -> None:
+def check_s3_access(aws: Aws, job: TaskJob) -> None:
     """Before anything is created, for a task whose file_mounts read or write S3 (``job``: an
     engine.TaskJob): check its buckets and sources (aws/storage.py: a ``name:`` bucket that exists
-    is the task's own only when ec2gpu made it for ``owner``), build its run role's policy
+    is the task's own only when ec2gpu made it for the caller's AWS user id), build its run role's policy
     (aws/iam.s3_policy) and find the account's permissions boundary; fill ``job.bucket_regions``,
     ``buckets_to_make``, ``s3_files``, ``role_policy`` and ``role_boundary`` for ``provision``.
 
@@ -138,9 +138,10 @@ def check_s3_access(aws: Aws, job: TaskJob, owner: str) -> None:
     policy IAM would refuse (one of ec2gpu's own buckets, over its 10,240 characters) and for a
     caller's user id no tag can hold (aws/runstore.user_id); AwsError for other AWS errors.
     """
-    from ...aws import iam, storage
+    from ...aws import iam, runstore, storage
     from ...errors import UsageError
     from ...tasks import mounts
+    user = runstore.user_id(aws.check_credentials())  # the role is tagged with it (iam.run_tags), the buckets too
     s3 = [m for m in job.mounts if m.kind == "s3"]
     own = mounts.own_buckets(job.mounts)
     for m in s3:
@@ -155,11 +156,9 @@ def check_s3_access(aws: Aws, job: TaskJob, owner: str) -> None:
     except ValueError as exc:
         raise UsageError(f"file_mounts: {exc}", "name fewer S3 prefixes, or one prefix that holds them") from None
     client = aws.client("s3")
-    job.bucket_regions, job.buckets_to_make = storage.check_buckets(client, job.mounts, aws.region, owner)
+    job.bucket_regions, job.buckets_to_make = storage.check_buckets(client, job.mounts, aws.region, user)
     job.s3_files = storage.single_objects(client, job.mounts)
     job.role_boundary = iam.boundary_arn(aws.client("iam"), aws.check_credentials()["Account"])
-    from ...aws import runstore
-    runstore.user_id(aws.check_credentials())  # the role is tagged with it (iam.run_tags): one no tag holds, refused now
 
 
 def _instance_role(aws: Aws, settings: Settings, opts: LaunchOptions, run_id: str, prov: Provisioned, ui: ReporterLike) -> None:
@@ -196,7 +195,8 @@ def _instance_role(aws: Aws, settings: Settings, opts: LaunchOptions, run_id: st
             ": reads " + ", ".join(sorted({m.url for m in s3}))
             + ("; writes " + ", ".join(sorted({m.url for m in s3 if m.write_back})) if any(m.write_back for m in s3)
                else "") + " (nothing else; removed with the run)")
-    storage.make_buckets(aws.client("s3"), job.buckets_to_make, aws.region, settings.owner, ui.note)
+    storage.make_buckets(aws.client("s3"), job.buckets_to_make, aws.region, settings.owner,
+                         runstore.user_id(aws.check_credentials()), ui.note)
 
 
 def choose_image(aws: Aws, opts: LaunchOptions) -> dict[str, Any]:

@@ -93,7 +93,7 @@ def prepare(aws: Aws, settings: Settings, run_id: str, max_runtime_minutes: int 
         s3 = s3 or aws.client("s3")
         account = account or aws.check_credentials()["Account"]
         user = runstore.user_id(aws.check_credentials())
-        bucket = runstore.ensure(s3, account, aws.region, settings.owner, settings.run_store_expire_days)
+        bucket = runstore.ensure(s3, account, aws.region, settings.owner, settings.run_store_expire_days, log=log)
         lasts = (max_runtime_minutes * 60 if max_runtime_minutes else runstore.PRESIGN_MAX_S) + wait + EXPIRY_MARGIN_S
         urls = runstore.presign_puts(s3, bucket, runstore.handover_keys(user, run_id), lasts)
     except Exception as exc:  # noqa: BLE001 - the run goes on without it, whatever went wrong

@@ -1,0 +1,161 @@
+"""A detached run's start (runs/detached/launch.start) and a run's hand-over (runs/recover/handover.prepare)
+against moto in this process, up to the Auto Scaling group: what they say of the run store, the
+agent hashes the user data holds, and a spec.json the agent would not read refused before anything
+is made."""
+import hashlib
+import json
+import os
+from types import SimpleNamespace
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from ec2gpu import settings as settings_mod
+from ec2gpu.agent import detached as agent
+from ec2gpu.aws import groups, runstore
+from ec2gpu.aws.session import Aws
+from ec2gpu.errors import UsageError
+from ec2gpu.runs.detached import launch
+from ec2gpu.runs.execute import engine
+from ec2gpu.runs.execute.reporter import Reporter
+from ec2gpu.runs.options import RunOptions
+from ec2gpu.runs.recover import handover
+from ec2gpu.tasks import load
+
+
+class Grouped(Exception):
+    """Raised where the group would be made (start then removes what it made: not here, moto ends with the test)."""
+
+
+def _over_tls(self, action, resource):
+    """moto's bucket policy check for a request over TLS, as boto3's to S3 are (sandbox/tls.py): the
+    run store's TLS-deny statement does not apply; moto itself would apply it to every request."""
+    from moto.iam.access_control import IAMPolicy, PermissionResult
+
+    from ec2gpu.sandbox import tls
+    if self.policy is None:
+        return PermissionResult.NEUTRAL
+    return IAMPolicy(json.dumps(tls.over_tls(json.loads(self.policy)))).is_action_permitted(action, resource)
+
+
+@pytest.fixture
+def aws(monkeypatch, tmp_path):
+    from moto.s3.models import FakeBucket
+    for k in list(os.environ):
+        if k.startswith("AWS_"):
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("EC2GPU_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(FakeBucket, "get_permission", _over_tls)
+    with mock_aws():
+        yield Aws("us-east-1")
+
+
+@pytest.fixture
+def started(aws, monkeypatch):
+    """launch.start with what is not the run store's or the role's stubbed (estimate, quota, SSH
+    address, image) and the group's creation caught: returns a function that starts ``opts`` and
+    gives (the Reporter, the LaunchSpec the group would have launched)."""
+    from ec2gpu.runs.provision import pipeline
+    from ec2gpu.runs.provision import resources as provision
+    est = SimpleNamespace(upper_bound=False, cost_usd=0.1, as_dict=lambda: {})
+    monkeypatch.setattr(pipeline, "check_estimate", lambda *a, **k: est)
+    monkeypatch.setattr(launch.capacity, "check_quota", lambda *a, **k: None)
+    monkeypatch.setattr(launch.network, "ssh_cidr", lambda *a, **k: "127.0.0.1/32")
+    monkeypatch.setattr(provision, "choose_image", lambda aws, opts: {"ImageId": "ami-03cf127a", "Name": "x",
+                                                                      "RootDeviceName": "/dev/xvda"})
+    caught = {}
+
+    def create(ec2, autoscaling, spec, *a, **k):
+        caught["spec"] = spec
+        raise Grouped
+
+    monkeypatch.setattr(groups, "create", create)
+    monkeypatch.setattr(launch.sweep, "delete_run", lambda *a, **k: None)  # moto has no DescribePlacementGroups
+
+    def start(opts: RunOptions):
+        ui = Reporter()
+        with pytest.raises(Grouped):
+            launch.start(aws, settings_mod.load({}), opts, ui, SimpleNamespace(name="aws", is_sandbox=False))
+        return ui, caught["spec"]
+    return start
+
+
+def _opts(tmp_path, env: dict | None = None) -> RunOptions:
+    job = engine.TaskJob(load.parse("name: mine\nrun: python train.py\n"), env or {"A": "1"}, None)
+    return RunOptions(task=job, max_runtime_minutes=30, out=tmp_path / "out")
+
+
+def test_a_detached_start_says_that_it_made_the_run_store(started, aws, tmp_path):
+    """The first detached run of an account and region makes the run store and says so in its
+    output (runstore.ensure's lines reach the run's reporter: docs/detached.md)."""
+    ui, _ = started(_opts(tmp_path))
+    bucket = runstore.bucket_name(aws.check_credentials()["Account"], "us-east-1")
+    assert f"run store: created s3://{bucket} in us-east-1" in ui.notes
+
+
+def test_a_runs_hand_over_says_that_it_made_the_run_store(aws):
+    """A run in the foreground that prepares a hand-over makes the run store the same way, and its
+    log hears the same line (and, for credentials that may not set the bucket's settings, the
+    "not set" line: runstore.ensure, tests/aws/test_runstore.py)."""
+    said = []
+    got = handover.prepare(aws, settings_mod.load({}), "20261201-090000-a1b2", 30, said.append, wait_s=60)
+    assert got is not None
+    assert f"run store: created s3://{got.bucket} in us-east-1" in said
+
+
+def test_the_user_data_holds_the_hashes_of_exactly_the_uploaded_bytes(started, aws, tmp_path, monkeypatch):
+    """start hands _upload's hashes to boot_script: the user data's sha256 of each agent file and of
+    spec.json are those of the objects in S3, even when the files on this machine change between
+    two reads of them (ec2gpu upgraded while a run starts): each is read once, hashed and uploaded."""
+    reads = {name: 0 for name in launch.AGENT_FILES}
+
+    def agent_source(name):  # each read of a file finds another version of it
+        reads[name] += 1
+        path = tmp_path / "agent" / f"{name}.{reads[name]}"
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(f"# {name}, version {reads[name]}\n".encode())
+        return path
+
+    monkeypatch.setattr(launch, "agent_source", agent_source)
+    _, spec = started(_opts(tmp_path))
+    user = runstore.user_id(aws.check_credentials())
+    bucket = runstore.bucket_name(aws.check_credentials()["Account"], "us-east-1")
+    run_id = spec.run_id
+    s3 = boto3.client("s3", region_name="us-east-1")
+
+    def sha(key: str) -> str:
+        return hashlib.sha256(s3.get_object(Bucket=bucket, Key=key)["Body"].read()).hexdigest()
+    uploaded = {name: sha(runstore.agent_prefix(user, run_id) + name) for name in launch.AGENT_FILES}
+    assert spec.boot == launch.boot_script(bucket, user, run_id, "us-east-1", groups.name_of(run_id), uploaded,
+                                           sha(runstore.spec_key(user, run_id)))
+    assert all(n == 1 for n in reads.values()), reads
+
+
+def test_a_spec_over_what_the_agent_reads_is_refused_before_anything_is_made(started, aws, tmp_path):
+    """The agent reads at most MAX_SPEC_BYTES of spec.json, and a larger one would end the run on the
+    instance after the bucket, role and group were made: refused at once instead, naming what
+    makes it large; no bucket, role or key pair exists after."""
+    assert launch.MAX_SPEC_BYTES == agent.MAX_SPEC_BYTES
+    with pytest.raises(UsageError) as err:
+        started(_opts(tmp_path, {"BIG": "x" * (1024 * 1024), "A": "1"}))
+    assert "over the 1,048,576 a detached run's agent reads: envs 1,048,5" in err.value.message
+    assert "(largest environment variables: BIG, A)" in err.value.message and err.value.hint
+    assert boto3.client("s3", region_name="us-east-1").list_buckets()["Buckets"] == []
+    assert boto3.client("iam", region_name="us-east-1").list_roles()["Roles"] == []
+    assert boto3.client("ec2", region_name="us-east-1").describe_key_pairs()["KeyPairs"] == []
+
+
+def test_the_agent_refuses_a_spec_over_what_it_reads_as_too_large(aws):
+    """On the instance a spec.json over the bound (written there by other means) is refused for its
+    size, not as a rewritten one: its hash is never taken of the bytes read short of its end."""
+    s3 = boto3.client("s3", region_name="us-east-1")
+    bucket, user, run_id = "ec2gpu-123456789012-us-east-1", "AIDAEXAMPLEUSERID0002", "20261201-090000-a1b2"
+    s3.create_bucket(Bucket=bucket)
+    body = b"{" + b" " * agent.MAX_SPEC_BYTES + b"}"
+    s3.put_object(Bucket=bucket, Key=runstore.spec_key(user, run_id), Body=body)
+    store = agent.Store(s3, bucket, user, run_id)
+    with pytest.raises(agent.Refused, match=r"^spec.json is too large: over 1,048,576 bytes"):
+        store.get_json("spec.json", agent.MAX_SPEC_BYTES, hashlib.sha256(body).hexdigest())
