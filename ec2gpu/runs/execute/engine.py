@@ -36,6 +36,7 @@ from .nodes import copy_log as copy_log  # re-exported: engine.copy_log (scripts
 from .status import as_number
 from ...remote import sync
 from ...tasks.load import LoadedTask
+from ...agent.agent import PYTHON_FLAGS
 from ...wire import bounded_json
 from .job_summary import MASK as MASK  # re-exported: engine.MASK
 
@@ -336,7 +337,7 @@ def setup_node(nd: Node, job: TaskJob, log: Callable[[str], None]) -> None:
               f"{PROLOGUE}{task.setup}")
     out = _LineWriter(lambda line: log(job.mask(line)))
     files.put_file(nd.conn, REAPER, f"{nd.run_dir}/reaper.py")
-    result = ssh.attempt(nd.conn, f"{shlex.quote(python)} {shlex.quote(nd.run_dir + '/reaper.py')} -- "
+    result = ssh.attempt(nd.conn, f"{shlex.join(agent_command(python, nd.run_dir, 'reaper.py'))} -- "
                                   f"bash -c {shlex.quote(INTERACTIVE)} {shlex.quote(HANDOFF)} {shlex.quote(script)} setup",
                          timeout_s=3600, stream=out)
     out.flush()
@@ -385,13 +386,22 @@ def start_agent(nd: Node, argv: list[str], handover: str | None = None) -> int:
     reads and deletes them before the job starts. Raises RemoteError, the connection's errors."""
     from ...remote import files, jobs, ssh
     from . import status
-    # never written through a link left there; the JSON reader too: agent.py imports it
-    ssh.run(nd.conn, f"rm -f {shlex.quote(nd.run_dir + '/agent.py')} {shlex.quote(nd.run_dir + '/bounded_json.py')}")
+    # never written through a link left there; the JSON reader too: agent.py imports it by its path, and Python
+    # would take a .pyc the setup planted in __pycache__ for it (an unchecked hash-based one whatever the source)
+    d = shlex.quote(nd.run_dir)
+    ssh.run(nd.conn, f"rm -f {d}/agent.py {d}/bounded_json.py && rm -rf {d}/__pycache__")
     files.put_file(nd.conn, AGENT, f"{nd.run_dir}/agent.py")
     files.put_file(nd.conn, Path(bounded_json.__file__), f"{nd.run_dir}/bounded_json.py")
     nd.agent_key = status.new_key()
     private = {"agent.key": nd.agent_key, **({"handover.json": handover} if handover is not None else {})}
     return jobs.start(nd.conn, nd.run_dir, argv, private=private)
+
+
+def agent_command(python: str, run_dir: str, script: str = "agent.py") -> list[str]:
+    """``python -I -S -B RUN_DIR/SCRIPT`` (pure): how the agent (and the reaper) start, with neither
+    the script's directory (the run directory, which the setup can write: a json.py or hmac.py
+    there) nor any site-packages on sys.path, and no bytecode written (agent.PYTHON_FLAGS)."""
+    return [python, *PYTHON_FLAGS, f"{run_dir}/{script}"]
 
 
 def job_argv(nd: Node, job: TaskJob, limit_minutes: int | None = None, grace_s: float = 120.0,
@@ -408,7 +418,7 @@ def job_argv(nd: Node, job: TaskJob, limit_minutes: int | None = None, grace_s: 
     limit = [] if at is None else ["--limit-at", f"{at:.0f}",
                                    # stop_at is None without a limit
                                    "--limit-grace", f"{limits.grace_seconds(cast(int, limit_minutes), grace_s):.0f}"]
-    return [python, f"{nd.run_dir}/agent.py", "--dir", nd.run_dir, "--env-file", f"{nd.run_dir}/job.env.json",
+    return [*agent_command(python, nd.run_dir), "--dir", nd.run_dir, "--env-file", f"{nd.run_dir}/job.env.json",
             "--key-file", f"{nd.run_dir}/agent.key", *limit,
             *(["--handover-file", f"{nd.run_dir}/handover.json"] if handover else []), "--", "bash", "-c", INTERACTIVE, HANDOFF,
             PROLOGUE + job.task.run, job.name, *job.args]

@@ -70,7 +70,7 @@ def run_local(job: engine.TaskJob, run_id: str, out: Path, ui: ReporterLike, pol
     env_file = out / "job.env.json"
     env_file.touch(mode=0o600)
     env_file.write_text(json.dumps(env))
-    argv = [sys.executable, str(engine.AGENT), "--dir", str(out), "--env-file", str(env_file), "--",
+    argv = [*engine.agent_command(sys.executable, str(engine.AGENT.parent)), "--dir", str(out), "--env-file", str(env_file), "--",
             "bash", "-c", job.task.run, job.name, *job.args]
     log_path = out / "job.log"
     log_path.unlink(missing_ok=True)
