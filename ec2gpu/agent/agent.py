@@ -213,7 +213,7 @@ def root_cause(error_file: str) -> dict | None:
     """A torchelastic error file (written by torchrun, or by ec2gpu.train.launch) as
     ``{"message", "exit_code", "rank", "timestamp"}``; None when there is none or it is unreadable."""
     try:
-        data = bounded_json.read(error_file, max_bytes=MAX_ERROR_FILE_BYTES)["message"]
+        data = bounded_json.read(error_file, max_bytes=MAX_ERROR_FILE_BYTES, follow=False)["message"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
     if isinstance(data, str):
@@ -395,7 +395,7 @@ def array_counts(path: str, max_bytes: int = 16 << 20) -> dict | None:
     """The element counts ({"done", "failed", "running", "queued"}: integers) of the pool driver's
     status.json at ``path`` (ec2gpu/pool/driver.py), None when it cannot be read."""
     try:
-        counts = bounded_json.read(path, max_bytes=max_bytes).get("counts")
+        counts = bounded_json.read(path, max_bytes=max_bytes, follow=False).get("counts")
     except (OSError, ValueError, AttributeError):
         return None
     if not isinstance(counts, dict):
