@@ -342,7 +342,7 @@ def _say_status(got: Mapping[str, Any], sandbox: bool = False) -> None:
             else f"${got['cost_usd']:.4f}" + (" so far" if c.get("running") else "") \
             + (" (an upper bound)" if got.get("upper_bound") else "")
         say(out, f"cost {cost} for {got.get('billed_seconds') or 0:.0f} s billed")
-        if c.get("not_this_runs"):  # status.json named instances EC2 lists under another run (or none)
+        if c.get("not_this_runs"):  # status.json named another run's instances (costs.own_launches, costs.settle)
             warn("status.json names instances that are not this run's, not billed here: "
                  + ", ".join(inert(str(i)) for i in c["not_this_runs"]))
     if got.get("message"):
