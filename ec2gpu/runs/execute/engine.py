@@ -424,6 +424,13 @@ def job_argv(nd: Node, job: TaskJob, limit_minutes: int | None = None, grace_s: 
             PROLOGUE + job.task.run, job.name, *job.args]
 
 
+def same_ports_for(host: object, same_ports: tuple[int, ...]) -> tuple[int, ...]:
+    """The ports forwarded to the same port here for a head at ``host`` (pure): ``same_ports``
+    (--port), but none for an instance on this machine's loopback (the sandbox's 127.0.0.N), which
+    shares this machine's ports: the same one would be taken twice."""
+    return () if str(host).startswith("127.") else tuple(same_ports)
+
+
 def snapshot_statuses(nodes: list[Node]) -> None:
     """Read each node's agent record once, now that its log has ended (``nd.status``,
     runs/execute/status.py: signature checked, fields validated); the verdict and the status.json written
@@ -667,10 +674,8 @@ def run_attempt(aws: Aws, settings: Settings, opts: RunOptions, run_id: str, ui:
                 N.parallel(start, nodes)
                 ui.note(f"job started on {len(nodes)} node(s) under the agent"
                         + (f" (head {addresses[0]})" if len(nodes) > 1 else "") + "; its log follows")
-                # an instance on this machine's loopback (the sandbox) shares its ports: never the same one
-                on_loopback = str(nodes[0].host).startswith("127.")
                 with tunnel.forwarding(config, nodes[0].instance_id, job.task.ports, ui.note,
-                                       same_ports=() if on_loopback else job.same_ports):
+                                       same_ports=same_ports_for(nodes[0].host, job.same_ports)):
                     N.follow_all(nodes, ui, local_out, n, opts.unreachable_s,
                                  mask=job.mask if job.secret_values else None)
             except KeyboardInterrupt:  # Ctrl-C or SIGTERM: what the job wrote comes home before the teardown
