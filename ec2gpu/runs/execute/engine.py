@@ -31,10 +31,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, cast
 
 from ...errors import AwsError, LimitReached, RemoteError, WaitTimeout
+from . import status
 from .nodes import PROGRESS_FILE, record_steps
 from .nodes import copy_log as copy_log  # re-exported: engine.copy_log (scripts/bench_big_log.py)
 from .status import as_number
-from ...remote import sync
+from ...remote import files, sync
 from ...tasks.load import LoadedTask
 from ...agent.agent import PYTHON_FLAGS
 from ...wire import bounded_json
@@ -178,8 +179,8 @@ def builtin_job(name: str, args: list[str]) -> TaskJob:
     is ec2gpu's trainer: ec2gpu/__init__.py and ec2gpu/train/*.py (torch and numpy only)."""
     from ...tasks import builtin
     package = Path(__file__).resolve().parents[2]
-    files = ["ec2gpu/__init__.py"] + [f"ec2gpu/train/{p.name}" for p in sorted((package / "train").glob("*.py"))]
-    manifest = sync.Manifest(package.parent, files, sum((package.parent / f).stat().st_size for f in files))
+    shipped = ["ec2gpu/__init__.py"] + [f"ec2gpu/train/{p.name}" for p in sorted((package / "train").glob("*.py"))]
+    manifest = sync.Manifest(package.parent, shipped, sum((package.parent / f).stat().st_size for f in shipped))
     return TaskJob(builtin.load(name), {}, manifest, args=list(args), builtin=name)
 
 
@@ -250,7 +251,7 @@ def upload_node(nd: Node, job: TaskJob, ssh_config: Path | None, run_id: str, ad
     output and checkpoint directories; on a replacement, the checkpoint directory brought home.
     ``rank``: the node's place in ``addresses`` where it is not its index (a pool's replacement,
     whose index may follow one of a replacement that failed and has no address)."""
-    from ...remote import files, ssh
+    from ...remote import ssh
     from .nodes import processes_per_node
     workdir = workdir_of(nd.run_dir, job)
     if job.manifest is not None:
@@ -319,7 +320,8 @@ def setup_node(nd: Node, job: TaskJob, log: Callable[[str], None]) -> None:
 
     Raises RemoteError (with the setup's last lines) when it fails.
     """
-    from ...remote import files, setup, ssh
+    # paramiko (about 57 ms, through ssh): prepare, a dry run and --local import this module without it
+    from ...remote import setup, ssh
     task = job.task
     if not task.setup:
         return
@@ -384,8 +386,7 @@ def start_agent(nd: Node, argv: list[str], handover: str | None = None) -> int:
     the copies there), and the agent's key (new: ``nd.agent_key``, runs/execute/status.py) and ``handover`` (Handover.document's
     JSON, or None) are written, 0600, by the command that starts the agent (remote/jobs.start), which
     reads and deletes them before the job starts. Raises RemoteError, the connection's errors."""
-    from ...remote import files, jobs, ssh
-    from . import status
+    from ...remote import jobs, ssh  # paramiko: as in setup_node
     # never written through a link left there; the JSON reader too: agent.py imports it by its path, and Python
     # would take a .pyc the setup planted in __pycache__ for it (an unchecked hash-based one whatever the source)
     d = shlex.quote(nd.run_dir)
@@ -436,7 +437,6 @@ def snapshot_statuses(nodes: list[Node]) -> None:
     runs/execute/status.py: signature checked, fields validated); the verdict and the status.json written
     at home use this copy, whatever the instance's file says later. Nodes whose follow ended
     without an exit status (lost, stopped by an error) keep None. Raises the connection's errors."""
-    from . import status
     for nd in nodes:
         if isinstance(nd.result, int) and not isinstance(nd.result, bool):
             nd.status = status.read(nd.conn, nd.run_dir, nd.agent_key)
@@ -544,7 +544,7 @@ def download(nodes: list[Node], job: TaskJob, local_out: Path, ssh_config: Path 
     part is tried on its own: a hostile or broken one is reported through ``log`` and the others
     still come home. Raises the connection's errors, and RemoteError for a transfer that failed
     once every other part came home."""
-    from ...remote import files, jobs
+    from ...remote import jobs
     head = nodes[0]
     steps: list[tuple[str, Callable[[], object]]] = [
         ("checkpoints", lambda: head.watch.checkpoints.sync(head.conn, force=True)),  # first: replacements resume from it
