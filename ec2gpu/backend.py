@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional
 
 from .errors import RemoteError
+from .settings import load, private_home
 
 if TYPE_CHECKING:
     from .aws.instances import Instance
@@ -66,7 +67,6 @@ def sandbox_from_env(flag: bool = False) -> bool:
     Raises UsageError for a value that is not a boolean."""
     if flag:
         return True
-    from .settings import load
     return load().sandbox
 
 
@@ -78,20 +78,18 @@ class Context:
     """
 
     def __init__(self, region: str | None, sandbox: bool, persistent: bool = False, note=lambda text: None):
-        from . import settings as settings_mod
-        self.settings = settings_mod.load({"region": region, "sandbox": sandbox or None})
+        self.settings = load({"region": region, "sandbox": sandbox or None})
         self.sandbox, self.persistent, self.note = self.settings.sandbox, persistent, note
 
     def __enter__(self):
         import getpass
 
-        from . import settings as settings_mod
-        from .aws.session import Aws
+        from .aws.session import Aws  # boto3 (and the sandbox's modules): only a command that reaches AWS
         from .sandbox import control
 
         self._stack = contextlib.ExitStack()
         self.backend = AWS
-        settings_mod.private_home(self.settings.home)
+        private_home(self.settings.home)
         state = control.read_state(self.settings.home)
         if self.sandbox and self.persistent:  # what is launched must outlive this command
             if not state:

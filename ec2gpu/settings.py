@@ -96,11 +96,34 @@ def private_home(home: Path) -> Path:
     """``home`` (the tool's home: keys, known hosts, the ledger, runs' records, the sandbox's state)
     made if missing, 0700 either way: readable by this user alone, whatever the umask (a home made
     by an older version, 0755 under the usual umask 022, is narrowed). Returns ``home``. Raises
-    OSError when it cannot be made or is not this user's to change."""
-    home.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if home.stat().st_mode & 0o077:
-        home.chmod(0o700)
+    UsageError when it cannot be made here, or is another user's (root aside: it may narrow any),
+    and OSError for what else the file system refuses."""
+    hint = "set EC2GPU_HOME to a directory of your own"
+    try:
+        home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except PermissionError:
+        raise UsageError(f"the tool's home {home} cannot be made here (permission denied)", hint) from None
+    st = home.stat()
+    # another user's home would be theirs to read (keys, the ledger), and chmod refuses it (EPERM)
+    mine = getattr(os, "geteuid", lambda: None)() in (None, 0, st.st_uid)
+    if mine and st.st_mode & 0o077:
+        try:
+            home.chmod(0o700)
+        except PermissionError:
+            mine = False
+    if not mine:
+        raise UsageError(f"the tool's home {home} is not yours to make private (mode {st.st_mode & 0o7777:04o}, "
+                         f"owner {_user_name(st.st_uid)})", hint)
     return home
+
+
+def _user_name(uid: int) -> str:
+    """The login name of user id ``uid``, else the id itself (pwd: POSIX only)."""
+    try:
+        import pwd
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return str(uid)
 
 
 def config_file(config: Path | None = None) -> Optional[Path]:

@@ -1,73 +1,69 @@
 """The instance-side agent: runs one job, writes status.json, and watches for the spot interruption notice.
 
-Shipped with every `ec2gpu run` job and started detached from SSH as
-``python3 agent.py --dir RUN_DIR -- bash -c '<the task's run>'``. Standard library only: it runs
-on whatever Python the image has. It
+Shipped with every `ec2gpu run` job and started detached from SSH as ``python3 -I -S -B agent.py --dir RUN_DIR
+-- bash -c '<the task's run>'`` (PYTHON_FLAGS). Standard library only: it runs on whatever Python the image has. It
 
 - starts the job in a process group of its own, its stdout and stderr appended to RUN_DIR/job.log;
 - writes RUN_DIR/status.json (atomically, by rename) when the job starts and when it ends:
   ``{"state": "running" | "succeeded" | "failed" | "interrupted", "pid", "exit_code", "signal",
   "started_at", "ended_at", "notice", "rebalance", "limit"}`` (times UTC, ISO 8601);
-- with ``--limit-at T`` (POSIX seconds: the run's --max-runtime, less ``--limit-grace`` seconds,
-  runs/plan/limits.py), sends SIGTERM to the job's process group at T so it can checkpoint before the
-  instance ends itself, records ``limit`` (``{"ends_at", "stopped_at"}``) and state "failed", and
-  sends SIGKILL 5 s before the instance's end if the job is still running;
-- polls the instance metadata service (IMDSv2: a token PUT, then
-  ``/latest/meta-data/spot/instance-action``) every EC2GPU_SPOT_POLL_SECONDS (5) seconds; on a
-  notice it records it and sends SIGTERM to the job's process group, then SIGKILL after
-  EC2GPU_STOP_GRACE_SECONDS (90) if the job has not ended
+- with ``--limit-at T`` (POSIX seconds: the run's --max-runtime, less ``--limit-grace`` seconds, runs/plan/limits.py),
+  sends SIGTERM to the job's process group at T so it can checkpoint before the instance ends itself, records
+  ``limit`` (``{"ends_at", "stopped_at"}``) and state "failed", and sends SIGKILL 5 s before the instance's end if
+  the job is still running;
+- polls the instance metadata service (IMDSv2: a token PUT, then ``/latest/meta-data/spot/instance-action``)
+  every EC2GPU_SPOT_POLL_SECONDS (5) seconds; on a notice it records it and sends SIGTERM to the job's process
+  group, then SIGKILL after EC2GPU_STOP_GRACE_SECONDS (90) if the job has not ended
   (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/spot-instance-termination-notices.html);
-- on the same polls, ``/latest/meta-data/events/recommendations/rebalance``: EC2's rebalance
-  recommendation (``{"noticeTime": ...}``; 404 until there is one), the signal that a spot
-  instance is at elevated risk of interruption, often sooner than the two-minute notice
-  (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/rebalance-recommendations.html). It does
-  not stop the job: the agent writes ``{"notice_time", "seen_at"}`` to the file the job knows as
-  EC2GPU_REBALANCE_FILE (RUN_DIR/rebalance.json; absent until then), so a job that polls for it
-  can checkpoint early, and records the same in status.json as ``rebalance``;
+- on the same polls, ``/latest/meta-data/events/recommendations/rebalance``: EC2's rebalance recommendation
+  (``{"noticeTime": ...}``; 404 until there is one), the signal that a spot instance is at elevated risk of
+  interruption, often sooner than the two-minute notice
+  (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/rebalance-recommendations.html). It does not stop the job:
+  the agent writes ``{"notice_time", "seen_at"}`` to the file the job knows as EC2GPU_REBALANCE_FILE
+  (RUN_DIR/rebalance.json; absent until then), so a job that polls for it can checkpoint early, and records the
+  same in status.json as ``rebalance``;
 - forwards its own SIGTERM and SIGINT to the job's process group;
-- puts the directory of EC2GPU_PYTHON (the Python with torch that setup found) first on PATH,
-  sets EC2GPU_AGENT=1 (the built-in trainer then leaves the notice to the agent) and
-  TORCHELASTIC_ERROR_FILE=RUN_DIR/error.json: torchrun writes a failed worker's root cause there
-  (https://pytorch.org/docs/stable/elastic/errors.html), and status.json carries it as ``error``
-  (``{"message", "exit_code", "rank", "timestamp"}``; a negative exit_code is the signal that
-  killed the worker).
+- puts the directory of EC2GPU_PYTHON (the Python with torch that setup found) first on PATH, sets EC2GPU_AGENT=1
+  (the built-in trainer then leaves the notice to the agent) and TORCHELASTIC_ERROR_FILE=RUN_DIR/error.json:
+  torchrun writes a failed worker's root cause there (https://pytorch.org/docs/stable/elastic/errors.html), and
+  status.json carries it as ``error`` (``{"message", "exit_code", "rank", "timestamp"}``; a negative exit_code is
+  the signal that killed the worker).
 
-With ``--key-file`` (the controller's, mode 0600, written by the command that starts the agent once
-the task's setup and all it left running have ended (reaper.py), read and deleted before the job
-starts, so neither ever sees it) every status.json carries ``signature``: HMAC-SHA256 of the
-record's canonical JSON (sorted keys, no spaces, without ``signature``) under that key. The controller believes only a
-record whose signature checks (runs/execute/status.py): a job, or a process it left behind, cannot write
-the agent's record. When the job's process ends, the agent ends what is left of its process group
-(SIGTERM, then SIGKILL after 5 s) before its last write.
+With ``--key-file`` (the controller's, mode 0600, written by the command that starts the agent once the task's
+setup and all it left running have ended (reaper.py), read and deleted before the job starts, so neither ever
+sees it; the agent is non-dumpable first: undumpable) every status.json carries ``signature``: HMAC-SHA256 of the
+record's canonical JSON (sorted keys, no spaces, without ``signature``) under that key. The controller believes
+only a record whose signature checks (runs/execute/status.py): a job, or a process it left behind, cannot write
+the agent's record. When the job's process ends, the agent ends what is left of its process group (SIGTERM, then
+SIGKILL after 5 s) before its last write.
 
-With ``--handover-file`` (written as the key is, read and deleted before the job starts:
-``{"urls": {"outputs", "log", "status", and "pool" for an array's driver} (S3 presigned PUT URLs,
-the head node's only), "wait_s", "shutdown", "secret_names"}``) a run survives the loss of its controller (a closed
-laptop, ``kill -9``, a network gone): a live controller touches RUN_DIR/controller every third of
-``wait_s`` at most (runs/recover/handover.py: Heartbeat) and writes RUN_DIR/collected once it has
-brought the outputs home. Once the job has ended, the agent (in a child process: its own exit
-status goes to the controller at once) waits for ``collected`` until the heartbeat has been silent
-``wait_s`` seconds, counted from the job's end at the earliest. Then it puts what the controller
-would have brought home into S3 through the URLs: RUN_DIR/out as one tar.gz (at most
-PUT_MAX_BYTES), job.log's last LOG_MAX_BYTES with the secrets' values masked, an array's
-RUN_DIR/pool (the driver's element table and element logs, masked too) as one tar.gz, and
-status.json last;
-status.json's ``handover`` says where that stands ("pending", then "collected", "uploaded",
-"nothing to upload" or "failed: ..."), and the idle rule counts a pending one as busy
-(ami/idle-watch.sh). Then, with ``shutdown`` and once all of it is in S3, it ends its instance
-(``shutdown -h now``: the instance's shutdown behaviour is terminate); a failed hand-over leaves
-the instance to its idle rule, its files there for `ec2gpu fetch`. A presigned URL lets its holder
-write one object and nothing else
-(https://docs.aws.amazon.com/AmazonS3/latest/userguide/using-presigned-url.html).
+With ``--handover-file`` (written as the key is, read and deleted before the job starts: ``{"urls": {"outputs",
+"log", "status", and "pool" for an array's driver} (S3 presigned PUT URLs, the head node's only), "wait_s",
+"shutdown", "secret_names"}``) a run survives the loss of its controller (a closed laptop, ``kill -9``, a network
+gone): a live controller touches RUN_DIR/controller every third of ``wait_s`` at most (runs/recover/handover.py:
+Heartbeat) and writes RUN_DIR/collected once it has brought the outputs home. Once the job has ended, the agent
+(in a child process: its own exit status goes to the controller at once) waits for ``collected`` until the
+heartbeat has been silent ``wait_s`` seconds, counted from the job's end at the earliest. Then it puts what the
+controller would have brought home into S3 through the URLs: RUN_DIR/out as one tar.gz (at most PUT_MAX_BYTES),
+job.log's last LOG_MAX_BYTES with the secrets' values masked, an array's RUN_DIR/pool (the driver's element table
+and element logs, masked too) as one tar.gz, and status.json last; status.json's ``handover`` says where that
+stands ("pending", then "collected", "uploaded", "nothing to upload" or "failed: ..."), and the idle rule counts a
+pending one as busy (ami/idle-watch.sh). Then, with ``shutdown`` and once all of it is in S3, it ends its instance
+(``shutdown -h now``: the instance's shutdown behaviour is terminate); a failed hand-over leaves the instance to
+its idle rule, its files there for `ec2gpu fetch`. A presigned URL lets its holder write one object and nothing
+else (https://docs.aws.amazon.com/AmazonS3/latest/userguide/using-presigned-url.html).
 
 The controller reads status.json; it never parses the log.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import hashlib
 import hmac
 import http.client
+import importlib.util
 import json
 import os
 import signal
@@ -79,12 +75,24 @@ import urllib.error
 import urllib.request
 from datetime import datetime, timezone
 
+#: the agent's Python flags (engine.job_argv, the pool's driver, --local, detached.py): -I, neither the script's
+#: directory (the run directory: the setup's to write) nor the user's site on sys.path, no PYTHON* variables;
+#: -S, no site-packages or .pth files (it needs the standard library only); -B, no bytecode written
+#: (https://docs.python.org/3/using/cmdline.html)
+PYTHON_FLAGS = ("-I", "-S", "-B")
+PR_SET_DUMPABLE = 4  # <linux/prctl.h>
+
 if __package__:  # in the package (the controller, the tests)
     from ..wire import bounded_json
-else:  # a script: shipped flat, bounded_json.py beside this file; run from the source tree (runs/execute/local.py), ../wire/
-    _HERE = os.path.dirname(os.path.abspath(__file__))
-    sys.path.insert(0, _HERE if os.path.exists(os.path.join(_HERE, "bounded_json.py")) else os.path.join(_HERE, "..", "wire"))
-    bounded_json = __import__("bounded_json")
+else:  # a script (or loaded by its path: pool/node.py, detached.py): bounded_json.py beside it (shipped flat), else in
+    # ../wire/ (the source tree), by its path and never through sys.path (the run directory is the setup's to write;
+    # engine.start_agent removes RUN_DIR/__pycache__, where a planted .pyc would be)
+    _path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bounded_json.py")
+    _spec = importlib.util.spec_from_file_location("bounded_json", _path if os.path.exists(_path) else
+                                                   os.path.join(os.path.dirname(_path), "..", "wire", "bounded_json.py"))
+    bounded_json = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]  # a path's spec: never None
+    _spec.loader.exec_module(bounded_json)  # type: ignore[union-attr]
+
 IMDS = "http://169.254.169.254"
 SPOT_ACTION = "/latest/meta-data/spot/instance-action"
 REBALANCE = "/latest/meta-data/events/recommendations/rebalance"
@@ -131,6 +139,17 @@ def write_status(run_dir: str, status: dict, key: bytes | None = None) -> None:
 _WRITING = threading.Lock()
 
 
+def undumpable() -> bool:
+    """prctl(PR_SET_DUMPABLE, 0) (Linux; https://man7.org/linux/man-pages/man2/prctl.2.html), before the key
+    and the job's secrets are read: no other process of this user (the job, what the setup installed) may
+    ptrace this one or read its /proc/PID/mem, Yama or not; root still may. The job (execve) is dumpable
+    again; the hand-over's fork child is not. Whether it worked (False elsewhere)."""
+    try:
+        return sys.platform.startswith("linux") and ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
 def read_key(path: str | None) -> bytes | None:
     """The controller's signing key from ``path``, which is deleted at once (None without one)."""
     if not path:
@@ -144,23 +163,19 @@ def read_key(path: str | None) -> bytes | None:
 def end_group(pgid: int, grace_s: float = 5.0) -> None:
     """SIGTERM what is left of process group ``pgid`` (the job's children), SIGKILL after ``grace_s``."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
+        deadline = time.monotonic() + grace_s
         try:
             os.killpg(pgid, sig)
+            while time.monotonic() < deadline:
+                os.killpg(pgid, 0)  # ProcessLookupError once the group is gone
+                time.sleep(0.1)
         except (ProcessLookupError, PermissionError):
             return
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(pgid, 0)
-            except (ProcessLookupError, PermissionError):
-                return
-            time.sleep(0.1)
 
 
 def metadata(endpoint: str, paths: list[str], timeout_s: float = 2.0) -> dict:
-    """{path: its JSON value} for each of ``paths`` the metadata service publishes now, under one
-    IMDSv2 token; a path it does not publish (404) is left out, and so is every path when it
-    cannot be reached (an instance without one, or none at all)."""
+    """{path: its JSON value} for each of ``paths`` the metadata service publishes now, under one IMDSv2 token;
+    a path it does not publish (404) is left out, and so is every path when it cannot be reached."""
     try:
         put = urllib.request.Request(f"{endpoint}/latest/api/token", method="PUT",
                                      headers={"X-aws-ec2-metadata-token-ttl-seconds": "300"})
@@ -177,12 +192,6 @@ def metadata(endpoint: str, paths: list[str], timeout_s: float = 2.0) -> dict:
         except (urllib.error.URLError, OSError, ValueError):
             pass
     return found
-
-
-def spot_notice(endpoint: str, timeout_s: float = 2.0) -> dict | None:
-    """The spot interruption notice ({"action", "time"}) if one is published, else None (also when
-    the metadata service cannot be reached: an on-demand instance or none at all)."""
-    return metadata(endpoint, [SPOT_ACTION], timeout_s).get(SPOT_ACTION)
 
 
 def rebalance_record(item) -> dict:
@@ -204,7 +213,7 @@ def root_cause(error_file: str) -> dict | None:
     """A torchelastic error file (written by torchrun, or by ec2gpu.train.launch) as
     ``{"message", "exit_code", "rank", "timestamp"}``; None when there is none or it is unreadable."""
     try:
-        data = bounded_json.read(error_file, max_bytes=MAX_ERROR_FILE_BYTES)["message"]
+        data = bounded_json.read(error_file, max_bytes=MAX_ERROR_FILE_BYTES, follow=False)["message"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
     if isinstance(data, str):
@@ -215,9 +224,9 @@ def root_cause(error_file: str) -> dict | None:
 
 
 def read_handover(path: str | None) -> dict | None:
-    """The controller's handover file at ``path`` (deleted at once, before the job starts) as
-    ``{"urls": {"outputs"|"log"|"status": URL}, "wait_s": s, "shutdown": bool, "secret_names": [...]}``;
-    None without one. What it holds is checked: unknown names and URLs that are not http(s) are dropped."""
+    """The controller's handover file at ``path`` (deleted at once, before the job starts) as ``{"urls":
+    {"outputs"|"log"|"status": URL}, "wait_s": s, "shutdown": bool, "secret_names": [...]}``; None without one.
+    What it holds is checked: unknown names and URLs that are not http(s) are dropped."""
     if not path:
         return None
     data = bounded_json.read(path, max_bytes=MAX_HANDOVER_BYTES)
@@ -253,10 +262,10 @@ def await_collection(run_dir: str, wait_s: float, until: float | None = None, ti
 
 def pack_outputs(out_dir: str, dest: str, max_bytes: int = PUT_MAX_BYTES,
                  mask: list[str] | None = None) -> tuple[int, int]:
-    """``out_dir``'s regular files (symbolic links and special files left out, none followed) as a
-    tar.gz at ``dest``, names relative to ``out_dir``, while their sizes add up to ``max_bytes`` at
-    most; with ``mask``, each file is read whole and those values masked in it (mask_bytes: for
-    small files, the pool's record and element logs); return (files packed, files left out)."""
+    """``out_dir``'s regular files (symbolic links and special files left out, none followed) as a tar.gz at
+    ``dest``, names relative to ``out_dir``, while their sizes add up to ``max_bytes`` at most; with ``mask``, each
+    file is read whole and those values masked in it (mask_bytes: for small files, the pool's record and element
+    logs); return (files packed, files left out)."""
     import io
     import tarfile
     packed = left = total = 0
@@ -386,7 +395,7 @@ def array_counts(path: str, max_bytes: int = 16 << 20) -> dict | None:
     """The element counts ({"done", "failed", "running", "queued"}: integers) of the pool driver's
     status.json at ``path`` (ec2gpu/pool/driver.py), None when it cannot be read."""
     try:
-        counts = bounded_json.read(path, max_bytes=max_bytes).get("counts")
+        counts = bounded_json.read(path, max_bytes=max_bytes, follow=False).get("counts")
     except (OSError, ValueError, AttributeError):
         return None
     if not isinstance(counts, dict):
@@ -410,11 +419,10 @@ def put_packed(url: str, src: str, archive: str, mask: list[str] | None = None
 
 
 def end_instance() -> None:
-    """``shutdown -h now``: the instance's shutdown behaviour, terminate for a run's instances, ends
-    it. The ``shutdown`` on this process's PATH, named by its absolute path (through ``sudo -n``
-    when not root, which would otherwise look it up on its own secure_path: in the sandbox the
-    stand-in first on PATH is the one that must run, never the machine's own). Its failure is left
-    to the instance's own limits."""
+    """``shutdown -h now``: the instance's shutdown behaviour, terminate for a run's instances, ends it. The
+    ``shutdown`` on this process's PATH, named by its absolute path (through ``sudo -n`` when not root, which would
+    otherwise look it up on its own secure_path: in the sandbox the stand-in first on PATH is the one that must
+    run, never the machine's own). Its failure is left to the instance's own limits."""
     import shutil
     found = shutil.which("shutdown")
     if found is None:
@@ -422,19 +430,17 @@ def end_instance() -> None:
     argv = [found, "-h", "now", "ec2gpu: the job ended and its controller is gone"]
     if os.geteuid() != 0:
         argv = ["sudo", "-n"] + argv
-    try:
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
         subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        timeout=60, check=False)
-    except (OSError, subprocess.SubprocessError):
-        pass
 
 
 def after_end(run_dir: str, handover: dict, status: dict, key: bytes | None, env: dict) -> None:
-    """Once the job has ended: wait for the controller to collect; when it does not, hand over and,
-    with ``shutdown``, end the instance (module docstring). A job stopped by a spot notice or the
-    run's limit is waited for 30 s at most, or until 60 s before the limit's end, and its instance
-    is left to end as it will (EC2 reclaims it, or the limit's own shutdown: a live controller may
-    still be bringing its checkpoints home)."""
+    """Once the job has ended: wait for the controller to collect; when it does not, hand over and, with
+    ``shutdown``, end the instance (module docstring). A job stopped by a spot notice or the run's limit is
+    waited for 30 s at most, or until 60 s before the limit's end, and its instance is left to end as it
+    will (EC2 reclaims it, or the limit's own shutdown: a live controller may still be bringing its
+    checkpoints home)."""
     until, ends_anyway = None, bool(status.get("notice") or status.get("limit"))
     if status.get("notice"):
         until = time.time() + 30
@@ -461,12 +467,12 @@ def _forked() -> bool:
 def run(run_dir: str, argv: list[str], endpoint: str, poll_s: float, grace_s: float, env: dict | None = None,
         key: bytes | None = None, limit: tuple[float, float] | None = None, handover: dict | None = None,
         background: bool = False) -> int:
-    """Run ``argv`` to its end under the rules above, with ``env`` added to the environment, each
-    status.json signed with ``key``; ``limit`` is (SIGTERM at, grace s), POSIX seconds, or None;
-    ``handover`` (read_handover's) makes the run survive its controller's loss (after_end): with
-    ``background`` (the command line's agent) in a child process, so that this one returns at once
-    and the controller, which waits for the agent's exit status, can collect.
-    Return the agent's exit code (the job's, 128+N for signal N, or 75 when a notice stopped it)."""
+    """Run ``argv`` to its end under the rules above, with ``env`` added to the environment, each status.json
+    signed with ``key``; ``limit`` is (SIGTERM at, grace s), POSIX seconds, or None; ``handover``
+    (read_handover's) makes the run survive its controller's loss (after_end): with ``background`` (the command
+    line's agent) in a child process, so that this one returns at once and the controller, which waits for the
+    agent's exit status, can collect. Return the agent's exit code (the job's, 128+N for signal N, or 75 when a
+    notice stopped it)."""
     status: dict = {"state": "running", "started_at": now(), "exit_code": None, "signal": None, "ended_at": None,
               "notice": None, "rebalance": None, "limit": None, "error": None, "agent_pid": os.getpid()}
     rebalance_file = os.path.join(run_dir, REBALANCE_FILE)
@@ -484,10 +490,8 @@ def run(run_dir: str, argv: list[str], endpoint: str, poll_s: float, grace_s: fl
     write_status(run_dir, status, key)
 
     def stop_job(*_):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(job.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
     previous = {s: signal.signal(s, stop_job) for s in (signal.SIGTERM, signal.SIGINT)}
     watcher = threading.Thread(target=watch, args=(job, stop_job, status, run_dir, key, endpoint, poll_s, grace_s,
                                                    limit), daemon=True)
@@ -528,10 +532,10 @@ def run(run_dir: str, argv: list[str], endpoint: str, poll_s: float, grace_s: fl
 
 def watch(job, stop_job, status: dict, run_dir: str, key: bytes | None, endpoint: str, poll_s: float,
           grace_s: float, limit: tuple[float, float] | None = None) -> None:
-    """Poll the metadata service every ``poll_s`` seconds while ``job`` runs (module docstring): a
-    rebalance recommendation goes to the job's EC2GPU_REBALANCE_FILE and ``status``, once; a spot
-    notice goes to ``status`` and stops the job (``stop_job``), SIGKILL after ``grace_s``. At
-    ``limit`` (SIGTERM at, grace s) the job is stopped the same way, SIGKILL 5 s before the end."""
+    """Poll the metadata service every ``poll_s`` seconds while ``job`` runs (module docstring): a rebalance
+    recommendation goes to the job's EC2GPU_REBALANCE_FILE and ``status``, once; a spot notice goes to ``status``
+    and stops the job (``stop_job``), SIGKILL after ``grace_s``. At ``limit`` (SIGTERM at, grace s) the job is
+    stopped the same way, SIGKILL 5 s before the end."""
     while job.poll() is None:
         if limit and time.time() >= limit[0]:
             ends_at = limit[0] + limit[1]
@@ -562,23 +566,18 @@ def _kill_after(job, grace_s: float) -> None:
     while job.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
     if job.poll() is None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(job.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dir", required=True, help="the run directory: status.json and job.log go there")
-    p.add_argument("--env-file", help="a JSON object of environment variables for the job (mode 0600: it may "
-                                      "hold secrets, which never appear on a command line)")
+    p.add_argument("--env-file", help="a JSON object of the job's environment (0600: secrets, never on a command line)")
     p.add_argument("--key-file", help="the key that signs status.json (read, then deleted before the job starts)")
-    p.add_argument("--limit-at", type=float, help="POSIX seconds: SIGTERM the job then (the run's --max-runtime, "
-                                                  "less --limit-grace)")
+    p.add_argument("--limit-at", type=float, help="POSIX seconds: SIGTERM the job then (--max-runtime less --limit-grace)")
     p.add_argument("--limit-grace", type=float, default=120.0, help="seconds from --limit-at to the instance's end")
-    p.add_argument("--handover-file", help="the controller's handover (read, then deleted before the job starts): "
-                                           "where the job's outputs go when the controller is gone at its end")
+    p.add_argument("--handover-file", help="where the outputs go if the controller is gone (read, deleted before the job)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- the job's command line")
     args = p.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -596,4 +595,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    undumpable()  # here, not in main(): the tests call main() in their own process
     sys.exit(main())

@@ -1303,7 +1303,8 @@ class Detached:
         if env.get("EC2GPU_PYTHON", "").startswith("/"):
             full["PATH"] = os.path.dirname(env["EC2GPU_PYTHON"]) + os.pathsep + full.get("PATH", "")
         with open(os.path.join(self.run_dir, "job.log"), "ab") as out:
-            proc = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "reaper.py"),
+            proc = subprocess.Popen([sys.executable, *agent.PYTHON_FLAGS,
+                                     os.path.join(os.path.dirname(os.path.abspath(__file__)), "reaper.py"),
                                      "--grace", f"{self.stop_grace_s:g}", "--",
                                      "bash", "-c", INTERACTIVE, HANDOFF, PROLOGUE + self.spec["setup"], "setup"],
                                     cwd=self.workdir, env=full, stdin=subprocess.DEVNULL, stdout=out,
@@ -1369,7 +1370,7 @@ class Detached:
             os.remove(status_path)  # the last attempt's: this one's record is the agent's next
         limit = [] if spec["limit_at"] is None else ["--limit-at", f"{spec['limit_at']:.0f}",
                                                      "--limit-grace", f"{spec['limit_grace_s']:.0f}"]
-        argv = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent.py"),
+        argv = [sys.executable, *agent.PYTHON_FLAGS, os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent.py"),
                 "--dir", self.run_dir, "--env-file", env_file, "--key-file", key_file, *limit, "--",
                 "bash", "-c", INTERACTIVE, HANDOFF, PROLOGUE + spec["run"], spec["name"], *spec["args"]]
         agent_env = {**os.environ, "HOME": self.home, "EC2GPU_IMDS_ENDPOINT": self.imds_endpoint,

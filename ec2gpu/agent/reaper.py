@@ -1,6 +1,6 @@
 """Run a task's setup and end everything it leaves running, before the job starts.
 
-Shipped beside agent.py and started as ``python3 reaper.py [--grace S] -- bash -c '<the setup>' ...``
+Shipped beside agent.py and started as ``python3 -I -S -B reaper.py [--grace S] -- bash -c '<the setup>' ...``
 (over SSH by runs/execute/engine.setup_node; by agent/detached.py on a detached run's instance).
 Standard library only. It
 
@@ -10,9 +10,11 @@ Standard library only. It
   to this process, not to init, so it stays a descendant of this one whatever its session or
   process group;
 - runs the command in a session of its own, its stdin, stdout and stderr this process's;
-- once the command has ended (or this process gets SIGTERM, SIGINT or SIGHUP), sends SIGTERM to
-  every descendant, then SIGKILL after ``--grace`` seconds (GRACE_S) to those still there, and
-  reaps them;
+- once the command has ended (or this process gets SIGTERM, SIGINT or SIGHUP: held back until its
+  handlers are in place, each ignored once the first came), sends SIGTERM to every descendant, then
+  SIGKILL after ``--grace`` seconds (GRACE_S) to those still there, and reaps them; what the setup
+  left running is named on stderr (the controller shows the setup's output): a service a job needs
+  (``nohup server &``) is started in the task's run;
 - exits with the command's exit code (128+N for signal N), or LEFT_CODE when a descendant could
   not be ended within KILL_WAIT_S (said on stderr): the job must not start beside it. A descendant
   it may not signal (root's, started through ``sudo``) is named on stderr and left running.
@@ -40,6 +42,7 @@ GRACE_S = 5.0  # from SIGTERM to SIGKILL (s)
 KILL_WAIT_S = 10.0  # after SIGKILL, how long a descendant may take to go (one in uninterruptible sleep) (s)
 LEFT_CODE = 125  # a descendant outlived SIGKILL (what `env` and `timeout` exit with for their own failures)
 TICK_S = 0.05
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # those that end this process (module docstring)
 
 
 class Stopped(Exception):
@@ -161,6 +164,8 @@ def _end_group(pgid: int, grace_s: float) -> None:
 
 
 def _stop(signum, frame):  # noqa: ANN001 - a signal handler's signature
+    for s in SIGNALS:  # a second signal must not end this process before what is left is ended
+        signal.signal(s, signal.SIG_IGN)
     raise Stopped(signum)
 
 
@@ -174,25 +179,38 @@ def run(argv: list[str], grace_s: float = GRACE_S) -> int:
     LEFT_CODE when something it left could not be ended, 128+N when this process got signal N first."""
     reaping = subreaper()
     code = None
-    proc = subprocess.Popen(argv, start_new_session=True)
-    signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-    previous = {s: signal.signal(s, _stop) for s in signals}
+    # held back until the handlers are in place (a signal in between would end this process and leave the
+    # command running); the command gets the mask this process had
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    try:
+        proc = subprocess.Popen(argv, start_new_session=True,
+                                preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_SETMASK, mask))
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        raise
+    previous = {s: signal.signal(s, _stop) for s in SIGNALS}
     try:
         try:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # one that came meanwhile raises Stopped here
             while code is None:
                 pid, status = os.waitpid(-1, 0)  # the command, or an orphan reparented here that ended
                 if pid == proc.pid:
                     code = proc.returncode = _exit_code(status)
-        except Stopped as why:
-            code = 128 + why.args[0]
-        for s in signals:  # a second signal must not end this process before what is left is ended
-            signal.signal(s, signal.SIG_IGN)
+            for s in SIGNALS:  # a signal now must not end this process before what is left is ended
+                signal.signal(s, signal.SIG_IGN)
+            leftovers = descendants()  # what the setup left running (empty without /proc)
+        except Stopped as why:  # _stop ignores the signals that follow
+            code, leftovers = 128 + why.args[0], set()  # stopped: the setup itself is among them
         if not reaping:  # no subreaper, no /proc: the command's own session is what can be found
             _end_group(proc.pid, grace_s)
         left, foreign = end_descendants(grace_s)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+    ended = leftovers - left - foreign
+    if ended:  # an honest setup's `nohup server &` too: the user is told why it is gone
+        print(f"ec2gpu: ended {len(ended)} process(es) the setup left running (pids "
+              f"{', '.join(str(p) for p in sorted(ended)[:10])}): start services in run", file=sys.stderr, flush=True)
     if foreign:  # root's, through sudo: what root does is out of this process's reach (module docstring)
         print(f"ec2gpu: {len(foreign)} process(es) the setup started as another user (sudo) keep running (pids "
               f"{', '.join(str(p) for p in sorted(foreign)[:10])})", file=sys.stderr, flush=True)

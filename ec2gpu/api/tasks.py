@@ -82,23 +82,16 @@ def _sendable(path: Path, workdir: Optional[str]) -> Path:
 def _prepare(task, command, workdir, name, env, secrets, max_upload, include_secrets, reporter, on_warning,
              workdir_outside: bool = False, overrides: Optional[dict] = None, infra: Optional[str] = None,
              allow_write_buckets: Sequence[str] = (), ports: Sequence[int] = ()):
-    """(engine.TaskJob, reporter): the task loaded, its warnings said, its environment resolved (the
-    names taken from this machine said), its workdir listed (what will be sent said) and the
-    buckets the job may read and write said, before anything is created. ``ports`` (--port):
-    forwarded too, each to the same port here (_ports)."""
+    """(engine.TaskJob, reporter): the task loaded, its warnings said, its environment resolved (the names taken
+    from this machine said), its workdir listed (what will be sent said) and the buckets the job may read and write
+    said, before anything is created; ``ports`` (--port) forwarded too, each to the same port here (_ports)."""
     from ..runs.execute import engine
     from ..runs.execute.reporter import Reporter
     from ..tasks import load
-    same = _ports(ports)
     loaded = load_task(task, command, workdir, name, workdir_outside, overrides, infra, env, allow_write_buckets)
     for w in loaded.warnings:
         on_warning(w)
-    if same:
-        merged = list(dict.fromkeys([*loaded.task.ports, *same]))
-        if len(merged) > load.MAX_PORTS:
-            raise UsageError(f"more than {load.MAX_PORTS} ports with --port: ec2gpu forwards each one over SSH",
-                             "name the ports the job serves on")
-        loaded.task = loaded.task.model_copy(update={"ports": merged})
+    same = _ports(ports, loaded)
     if secrets:
         loaded.task = loaded.task.model_copy(update={"secrets": sorted(set(loaded.task.secrets) | set(secrets))})
     if max_upload is None:
@@ -121,14 +114,24 @@ def _prepare(task, command, workdir, name, env, secrets, max_upload, include_sec
     return job, reporter
 
 
-def _ports(ports: Sequence[int]) -> tuple[int, ...]:
-    """The --port values checked (pure): each a TCP port, 1 to 65535; repeats once. Only a port named
-    here is forwarded to the same port on this machine; a task file's go to a free port the kernel
-    picks (remote/tunnel.forwarding: issue 44.7). Raises UsageError."""
+def _ports(ports: Sequence[int], loaded: Any = None) -> tuple[int, ...]:
+    """The --port values checked, each a TCP port (1 to 65535), repeats once, and added to ``loaded``'s
+    task's ports (a tasks.load.LoadedTask; None: checked only). Only a port named here is forwarded to
+    the same port on this machine; a task file's go to a free port the kernel picks
+    (remote/tunnel.forwarding: issue 44.7). Raises UsageError, also for more than tasks.load.MAX_PORTS
+    ports in all."""
+    from ..tasks import load
     for p in ports:
         if isinstance(p, bool) or not isinstance(p, int) or not 1 <= p <= 65535:
             raise UsageError(f"--port {p!r} is not a TCP port", "give a number from 1 to 65535, e.g. --port 6006")
-    return tuple(dict.fromkeys(ports))
+    same = tuple(dict.fromkeys(ports))
+    if same and loaded is not None:
+        merged = list(dict.fromkeys([*loaded.task.ports, *same]))
+        if len(merged) > load.MAX_PORTS:
+            raise UsageError(f"more than {load.MAX_PORTS} ports with --port: ec2gpu forwards each one over SSH",
+                             "name the ports the job serves on")
+        loaded.task = loaded.task.model_copy(update={"ports": merged})
+    return same
 
 
 def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequence[str]] = None,
@@ -150,9 +153,10 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
 
     ``task``: a task file path or a tasks.spec.Task; or ``command`` (argv) run in ``workdir``.
     ``workdir_outside``: send a task file's workdir that lies outside the file's directory.
-    ``allow_write_buckets`` (--allow-write-bucket): buckets a MOUNT-mode file_mounts entry may write
-    back to besides the ones the task makes (``name:``); any other MOUNT entry is refused, and so is
-    every entry in one of ec2gpu's own buckets (ec2gpu-*: the run store).
+    ``allow_write_buckets`` (--allow-write-bucket): buckets a MOUNT-mode file_mounts entry may write back to besides
+    the ones the task makes (``name:``); any other MOUNT entry is refused, and so is every entry in one of ec2gpu's
+    own buckets (ec2gpu-*: the run store). ``ports`` (--port): node 0's ports forwarded to the same port here (the
+    task file's own go to a free one).
     Flags override the task's own values: ``gpu`` ('T4', 'A10G:4') or ``instance_type`` ('g5.xlarge'
     or 'g5.xlarge,g6.xlarge'), ``spot``, ``nodes``, ``env`` ({K: V, or K: None from this
     environment}), ``secrets`` (names, masked everywhere), ``max_runtime`` (minutes or '90m', '2h';
@@ -160,9 +164,7 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
     run), ``allow_larger`` (as the task's resources.allow_larger: with ``gpu``, where no type has
     exactly the count asked, the cheapest with more, the job seeing only the count asked),
     ``expect`` (minutes: the job's expected time, an array's element's, for the estimate), ``budget`` (USD),
-    ``max_price`` (USD/h), ``max_upload`` (bytes; default remote/sync.MAX_UPLOAD_BYTES, 1 GiB). ``ports``
-    (--port): ports of node 0 forwarded to the same port here while the job runs (the task file's own
-    ``ports`` go to a free port here, said when the job starts). ``reporter``:
+    ``max_price`` (USD/h), ``max_upload`` (bytes; default remote/sync.MAX_UPLOAD_BYTES, 1 GiB). ``reporter``:
     a runs.provision.pipeline.Reporter (default: silent). ``baked``: launch from the newest image baked for
     the task's setup (`ec2gpu image bake`) when the region has one. ``dry_run``: return the run's
     plan instead (runs/plan/dryrun.plan: instance types, prices, limit, environment, what changes), having
@@ -191,7 +193,6 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
     """
 
     from ..runs.plan import limits
-    from ..tasks import resolve
     from ..tasks.spec import minutes
 
     warned: list[str] = []
@@ -223,13 +224,6 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
     except ValueError as exc:
         raise UsageError(f"--expect: {exc}", "e.g. --expect 20m")
 
-    def types_for(default: str) -> list[str]:
-        if gpu:
-            return [resolve.instance_type_for_gpu(gpu, res.allow_larger, resolve.need_of(res))]
-        if instance_type is not None:  # an empty entry is refused by pipeline.train, never a silent default
-            return instance_type.split(",")
-        return resolve.instance_types(res, default)
-
     if dry_run:  # this machine's files alone: no Context (no sandbox started, no AWS client made)
         from .. import settings as settings_mod
         from ..runs.plan import dryrun
@@ -237,7 +231,7 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
         backend = "sandbox" if st.sandbox else "aws"
         limit = limits.for_task(st.home, job.name, backend, max_runtime, job.task.max_runtime)
         idle = _idle_seconds(job.task, limit)
-        planned = [t.strip() for t in types_for(st.instance_type)]
+        planned = [t.strip() for t in _types_for(gpu, instance_type, res, st.instance_type)]
         if elements:  # sized as the run sizes it: the elements one instance runs at once
             from ..pool.attempt import slots_per_node
             slots = slots_per_node(planned, gpus_per_job or job.task.gpus_per_job)
@@ -258,7 +252,7 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
     # a detached run outlives a sandbox this command starts
     with Context(run_region, sandbox, persistent=detach, note=reporter.note) as ctx:
         limit = limits.for_task(ctx.settings.home, job.name, ctx.backend.name, max_runtime, job.task.max_runtime)
-        types = types_for(ctx.settings.instance_type)
+        types = _types_for(gpu, instance_type, res, ctx.settings.instance_type)
         settings = ctx.settings.model_copy(update={"root_volume_gib": res.disk_gib}) if res.disk_gib else ctx.settings
         opts = RunOptions(
             instance_type=",".join(types), spot=res.spot if spot is None else spot, spot_fallback=spot_fallback,
@@ -287,6 +281,17 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
                                 detach=detach)
             return pipeline.train(ctx.aws, settings, popts, reporter, ctx.backend)
         return pipeline.train(ctx.aws, settings, opts, reporter, ctx.backend)
+
+
+def _types_for(gpu: Optional[str], instance_type: Optional[str], res: Any, default: str) -> list[str]:
+    """The instance types to try, in order (--gpu's cheapest, else --instance-type's list, else the
+    task's resources ``res``, else ``default``: the configured type)."""
+    from ..tasks import resolve
+    if gpu:
+        return [resolve.instance_type_for_gpu(gpu, res.allow_larger, resolve.need_of(res))]
+    if instance_type is not None:  # an empty entry is refused by pipeline.train, never a silent default
+        return instance_type.split(",")
+    return resolve.instance_types(res, default)
 
 
 def _elements(task, array, workers, gpus_per_job, max_retries, nodes, detach) -> list:

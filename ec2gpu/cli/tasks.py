@@ -103,8 +103,7 @@ def run_cmd(
                                       "setup, else the PyTorch Deep Learning AMI)."),
     no_baked: bool = typer.Option(False, "--no-baked", help="Boot the Deep Learning AMI even when an image baked for "
                                   "this setup exists (`ec2gpu image ls`)."),
-    workdir_outside: bool = WORKDIR_OUTSIDE,
-    allow_write_bucket: List[str] = ALLOW_WRITE_BUCKET,
+    workdir_outside: bool = WORKDIR_OUTSIDE, allow_write_bucket: List[str] = ALLOW_WRITE_BUCKET,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (instance types in order with GPUs and "
                                  "prices, limit, most it can cost, the job's environment, setup and run, what "
                                  "changes) and create nothing; needs no AWS credentials. With --json: its keys "
@@ -127,8 +126,7 @@ def run_cmd(
     max_retries: Optional[int] = typer.Option(None, "--max-retries", help="An array's elements: runs again of one "
                                               "that exits non-zero (default 2); one on a lost instance always runs "
                                               "again."),
-    port: List[int] = PORT,
-    region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
+    port: List[int] = PORT, region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
 ):
     """Run your own job on new GPU instances: send the workdir, set up, run, bring outputs home, terminate.
 
@@ -141,14 +139,13 @@ def run_cmd(
     task_file = _task_file(args)
     record = api.run(
         task_file, command=None if task_file else list(args or []) or None, workdir=workdir, name=name, gpu=gpu,
-        instance_type=instance_type, spot=spot, spot_fallback=spot_fallback,
-        nodes=nodes, env=_env_flags(env, secret), secrets=secret, max_runtime=max_runtime, expect=expect, budget=budget,
-        max_price=max_price, max_attempts=max_attempts, max_upload=_size(max_upload), include_secrets=include_secrets,
-        out=out_dir, ssh_cidr=ssh_cidr, ami=ami, region=region, sandbox=_sandbox_flag(sandbox),
-        reporter=RichReporter(err), on_warning=_warn, as_typed=" ".join(["ec2gpu", *sys.argv[1:]]), baked=not no_baked,
-        workdir_outside=workdir_outside, allow_larger=allow_larger, dry_run=dry_run, infra=infra, detach=detach,
-        array=array, workers=workers, gpus_per_job=gpus_per_job, max_retries=max_retries,
-        allow_write_buckets=allow_write_bucket, ports=port)
+        instance_type=instance_type, spot=spot, spot_fallback=spot_fallback, nodes=nodes, env=_env_flags(env, secret),
+        secrets=secret, max_runtime=max_runtime, expect=expect, budget=budget, max_price=max_price,
+        max_attempts=max_attempts, max_upload=_size(max_upload), include_secrets=include_secrets, out=out_dir,
+        ssh_cidr=ssh_cidr, ami=ami, region=region, sandbox=_sandbox_flag(sandbox), reporter=RichReporter(err),
+        on_warning=_warn, as_typed=" ".join(["ec2gpu", *sys.argv[1:]]), baked=not no_baked, workdir_outside=workdir_outside,
+        allow_larger=allow_larger, dry_run=dry_run, infra=infra, detach=detach, array=array, workers=workers,
+        gpus_per_job=gpus_per_job, max_retries=max_retries, allow_write_buckets=allow_write_bucket, ports=port)
     if dry_run:
         _print_plan(record, as_json)
         return
@@ -221,12 +218,10 @@ def exec_cmd(
     max_upload: str = typer.Option("1GiB", "--max-upload", help="Refuse a workdir larger than this (500MB, 2GiB)."),
     include_secrets: bool = typer.Option(False, "--include-secrets", help="Also send .git/, .env*, keys, credentials."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Where outputs and logs come home."),
-    workdir_outside: bool = WORKDIR_OUTSIDE,
-    allow_write_bucket: List[str] = ALLOW_WRITE_BUCKET,
+    workdir_outside: bool = WORKDIR_OUTSIDE, allow_write_bucket: List[str] = ALLOW_WRITE_BUCKET,
     infra: Optional[str] = typer.Option(None, "--infra", help="aws: read a SkyPilot task file written for another "
                                         "cloud (SkyPilot's override flag); the standing instance runs it."),
-    port: List[int] = PORT,
-    region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
+    port: List[int] = PORT, region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
 ):
     """Run a task on a standing instance or cluster and leave it running.
 
@@ -239,8 +234,7 @@ def exec_cmd(
                       env=_env_flags(env, secret), secrets=secret, max_upload=_size(max_upload),
                       include_secrets=include_secrets, out=out_dir, region=region, sandbox=_sandbox_flag(sandbox),
                       reporter=RichReporter(err), on_warning=_warn, as_typed=" ".join(["ec2gpu", *sys.argv[1:]]),
-                      workdir_outside=workdir_outside, infra=infra, allow_write_buckets=allow_write_bucket,
-                      ports=port)
+                      workdir_outside=workdir_outside, infra=infra, allow_write_buckets=allow_write_bucket, ports=port)
     _print_record(record, as_json)
 
 
@@ -342,7 +336,7 @@ def _say_status(got: Mapping[str, Any], sandbox: bool = False) -> None:
             else f"${got['cost_usd']:.4f}" + (" so far" if c.get("running") else "") \
             + (" (an upper bound)" if got.get("upper_bound") else "")
         say(out, f"cost {cost} for {got.get('billed_seconds') or 0:.0f} s billed")
-        if c.get("not_this_runs"):  # status.json named instances EC2 lists under another run (or none)
+        if c.get("not_this_runs"):  # status.json named another run's instances (costs.own_launches, costs.settle)
             warn("status.json names instances that are not this run's, not billed here: "
                  + ", ".join(inert(str(i)) for i in c["not_this_runs"]))
     if got.get("message"):

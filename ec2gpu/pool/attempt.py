@@ -525,7 +525,7 @@ def _start_driver(head: Node, spec: dict[str, Any], opts: PoolOptions, settings:
     limit = [] if at is None else ["--limit-at", f"{at:.0f}", "--limit-grace",
                                    f"{limits.grace_seconds(cast(int, opts.max_runtime_minutes), grace):.0f}"]
     engine.start_agent(head, [
-        python, f"{head.run_dir}/agent.py", "--dir", head.run_dir, "--env-file", f"{head.run_dir}/job.env.json",
+        *engine.agent_command(python, head.run_dir), "--dir", head.run_dir, "--env-file", f"{head.run_dir}/job.env.json",
         "--key-file", f"{head.run_dir}/agent.key", *limit,
         *(["--handover-file", f"{head.run_dir}/handover.json"] if handover is not None else []),
         "--", *driver_argv(python, head.run_dir, spec["head_ip"])], handover)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import io
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -88,6 +89,13 @@ _KEY_HEADERS = (b"PRIVATE KEY-----", b"PRIVATE KEY BLOCK-----", b"PuTTY-User-Key
 #: files whose token lines make them secret (Yarn Berry's .yarnrc.yml: yarnpkg.com/configuration/yarnrc);
 #: without one the project's own settings still go
 _TOKEN_FILES = {".yarnrc.yml": (b"npmAuthToken", b"npmAuthIdent", b"npmPassword")}
+#: files whose content is a Hugging Face token, wherever HF_HOME or HF_TOKEN_PATH put them (./.hf/token
+#: escapes the patterns above): ``token`` starts with the token itself, ``stored_tokens`` is an INI file
+#: with an ``hf_token = ...`` line per stored token (huggingface_hub's _login._save_stored_tokens). A
+#: token is ``hf_`` and letters or digits (``hf_oauth_...`` for an OAuth one)
+_HF_TOKEN = rb"hf_[A-Za-z0-9_]{20,}"
+_TOKEN_CONTENT = {"token": re.compile(rb"\A\s*" + _HF_TOKEN),
+                  "stored_tokens": re.compile(rb"(?m)^\s*hf_token\s*=\s*" + _HF_TOKEN)}
 _SNIFF_BYTES = 4096
 #: never sent: what ec2gpu itself brought home into the workdir on earlier runs (runs/<run id>/, the
 #: default artifacts directory when a run starts in the project), matched by the run id's format
@@ -128,15 +136,17 @@ def _walk(root: Path, spec: pathspec.PathSpec[Any]) -> list[str]:
 
 def _looks_like_private_key(path: Path) -> bool:
     """Whether the file at ``path`` (64 KiB or less) holds a private key in its first _SNIFF_BYTES
-    (_KEY_HEADERS), or is one of _TOKEN_FILES with a token line. An unreadable file: False."""
+    (_KEY_HEADERS), or is one of _TOKEN_FILES with a token line, or one of _TOKEN_CONTENT holding a
+    Hugging Face token. An unreadable file: False."""
     try:
         if path.stat().st_size > 64 * 1024:
             return False
         with open(path, "rb") as f:
-            head = f.read(64 * 1024 if path.name in _TOKEN_FILES else _SNIFF_BYTES)
+            head = f.read(64 * 1024 if path.name in _TOKEN_FILES or path.name in _TOKEN_CONTENT else _SNIFF_BYTES)
     except OSError:
         return False
-    return any(h in head for h in _KEY_HEADERS + _TOKEN_FILES.get(path.name, ()))
+    token = _TOKEN_CONTENT.get(path.name)
+    return any(h in head for h in _KEY_HEADERS + _TOKEN_FILES.get(path.name, ())) or bool(token and token.search(head))
 
 
 @functools.lru_cache(maxsize=32)

@@ -19,12 +19,18 @@ in plain words, when it is
 - not JSON: not UTF-8 text, not JSON's grammar, NaN or Infinity (JSON has neither: Python's
   parser accepts them unless told not to; ``allow_nan=True`` for a caller that wants them), a
   number beyond a float's range (1e999) or an integer of over 4,300 digits (Python's
-  int_max_str_digits): "not JSON (line 1, column 7)", "not JSON: NaN is not a number".
+  int_max_str_digits): "not JSON (line 1, column 7)", "not JSON: NaN is not a number";
+- read from a path (``read``) that is not a regular file: a FIFO (whose open would wait for a writer
+  for ever: the torchrun error file and a pool's status.json are paths the job controls), a device, a
+  directory, or with ``follow=False`` a symbolic link: "not a regular file (a FIFO)".
 """
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
+import stat
 from typing import Any, NoReturn
 
 #: objects and lists inside each other at most, unless a caller says: the deepest record ec2gpu
@@ -34,12 +40,12 @@ MAX_DEPTH = 64
 
 #: why a record was refused (Refused.reason): a caller may treat a file caught half written (not
 #: JSON) apart from one that can never be read
-TOO_LARGE, TOO_DEEP, NOT_JSON = "too large", "too deep", "not JSON"
+TOO_LARGE, TOO_DEEP, NOT_JSON, NOT_A_FILE = "too large", "too deep", "not JSON", "not a regular file"
 
 
 class Refused(ValueError):
     """A record refused: its message says why in plain words ("over 65,536 bytes", "nested deeper
-    than 64 levels", "not JSON (line 1, column 2)"); ``reason`` is TOO_LARGE, TOO_DEEP or NOT_JSON."""
+    than 64 levels", "not JSON (line 1, column 2)"); ``reason`` is TOO_LARGE, TOO_DEEP, NOT_JSON or NOT_A_FILE."""
 
     def __init__(self, message: str, reason: str = NOT_JSON) -> None:
         super().__init__(message)
@@ -95,8 +101,30 @@ def loads(data: bytes | str, *, max_bytes: int, max_depth: int = MAX_DEPTH, allo
     return value
 
 
-def read(path: str, *, max_bytes: int, max_depth: int = MAX_DEPTH, allow_nan: bool = False) -> Any:
-    """``loads`` of the file at ``path``, of which at most ``max_bytes`` + 1 bytes are read (one more
-    than allowed tells an over-long file from one that fits). Raises Refused, and OSError."""
-    with open(path, "rb") as f:
+#: what a file's type is called in a refusal (stat(2)'s S_IF* types)
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"),
+          (stat.S_ISDIR, "a directory"), (stat.S_ISSOCK, "a socket"))
+
+
+def read(path: str, *, max_bytes: int, max_depth: int = MAX_DEPTH, allow_nan: bool = False,
+         follow: bool = True) -> Any:
+    """``loads`` of the regular file at ``path``, of which at most ``max_bytes`` + 1 bytes are read (one
+    more than allowed tells an over-long file from one that fits). It is opened without waiting
+    (O_NONBLOCK: a FIFO's open would wait for a writer), and with ``follow=False`` a symbolic link at
+    ``path`` is not followed (O_NOFOLLOW); what fstat(2) then finds is no regular file is refused
+    (open(2), https://man7.org/linux/man-pages/man2/open.2.html). Raises Refused, and OSError (no
+    file there, no permission)."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags | (0 if follow else getattr(os, "O_NOFOLLOW", 0)))
+    except OSError as exc:
+        if not follow and exc.errno == errno.ELOOP:  # O_NOFOLLOW's answer for a link
+            raise Refused("not a regular file (a symbolic link)", NOT_A_FILE) from None
+        raise
+    mode = os.fstat(fd).st_mode  # before open(): Python's own file object refuses a directory with an OSError
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = next((name for test, name in _KINDS if test(mode)), "something else")
+        raise Refused(f"not a regular file ({kind})", NOT_A_FILE)
+    with open(fd, "rb") as f:
         return loads(f.read(max_bytes + 1), max_bytes=max_bytes, max_depth=max_depth, allow_nan=allow_nan)

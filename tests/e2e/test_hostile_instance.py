@@ -159,3 +159,71 @@ def test_a_process_the_setup_leaves_behind_can_neither_take_the_key_nor_forge_th
     assert run_dir.stat().st_mode & 0o777 == 0o700 and (run_dir / "job.env.json").stat().st_mode & 0o777 == 0o600
     assert not (run_dir / "agent.key").exists() and not (run_dir / "handover.json").exists()  # read, deleted
     assert_nothing_left(home, record)
+
+
+#: what a hostile setup plants in the run directory (issue 44 round 3): an hmac.py that the agent,
+#: started as `python RUN_DIR/agent.py` (RUN_DIR first on sys.path), imported instead of the standard
+#: library's: it marks that it ran, hands the agent the real hmac, and makes every job "exit 0", which
+#: the agent then signs with its own key; and a .pyc for bounded_json.py (an unchecked hash-based one,
+#: which Python takes whatever the fresh source beside it says) that marks that it ran
+PLANTER = """\
+import importlib.util, os, py_compile, sys
+run_dir, marks = sys.argv[1], sys.argv[2]
+with open(os.path.join(run_dir, "hmac.py"), "w") as f:
+    f.write(f'''import importlib, os, subprocess, sys
+open({os.path.join(marks, "hmac-ran")!r}, "w").write(str(os.getpid()))
+here = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.getcwd()) != here]
+del sys.modules["hmac"]
+sys.modules["hmac"] = importlib.import_module("hmac")
+_wait = subprocess.Popen.wait
+def wait(self, timeout=None):
+    _wait(self, timeout)
+    self.returncode = 0
+    return 0
+subprocess.Popen.wait = wait
+''')
+source = os.path.join(run_dir, "bounded_json.py")
+planted = os.path.join(marks, "planted_bounded_json.py")
+with open(source) as f, open(planted, "w") as g:
+    g.write(f.read() + f"\\nopen({os.path.join(marks, 'pyc-ran')!r}, 'w').write('x')\\n")
+py_compile.compile(planted, cfile=importlib.util.cache_from_source(source), dfile=source, doraise=True,
+                   invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+print("planted", os.path.exists(importlib.util.cache_from_source(source)))
+"""
+
+
+def test_code_the_setup_plants_in_the_run_directory_never_runs_inside_the_agent(sandbox_env, tmp_path, monkeypatch):
+    """The agent started as `python RUN_DIR/agent.py`: sys.path[0] was the run directory, which the
+    setup (the same user) can write, so a setup's RUN_DIR/hmac.py ran inside the agent, which holds
+    the key, and made a job that exited 3 a signed "succeeded" (exit 0); a .pyc it planted in
+    RUN_DIR/__pycache__ was loaded instead of the fresh bounded_json.py. Now the agent starts as
+    `python -I -S -B` (no script directory on sys.path), loads the reader by its path, and
+    start_agent removes RUN_DIR/__pycache__: the run exits 5, says "exited 3", and nothing planted ran."""
+    home, _ = sandbox_env
+    monkeypatch.chdir(tmp_path)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "planter.py").write_text(PLANTER)
+    (proj / "task.yaml").write_text(textwrap.dedent(f"""\
+        name: planted
+        workdir: .
+        setup: |
+          "$EC2GPU_PYTHON" planter.py "$(dirname "$EC2GPU_OUTPUT_DIR")" {marks}
+        run: |
+          echo "the job's last words"
+          exit 3
+        """))
+    out = tmp_path / "r"
+    code, _, err = drive(["run", "--sandbox", str(proj / "task.yaml"), "--expect", "1m", "--out", str(out)], [])
+    assert "planted True" in err, err  # the setup did plant both
+    assert code == 5, err
+    assert "the job's last words" in err and "exited 3" in err and "Traceback" not in err
+    record = json.loads((out / "run.json").read_text())
+    assert record["status"] == "failed" and record["exit_status"] == 3
+    assert sorted(p.name for p in marks.iterdir()) == ["planted_bounded_json.py"]  # neither hmac.py nor the .pyc ran
+    run_dir = instance_dir(home, record["instance_id"]) / "runs" / record["run_id"]
+    assert not (run_dir / "__pycache__").exists()  # removed before the agent started, and -B wrote none
+    assert_nothing_left(home, record)

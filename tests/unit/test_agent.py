@@ -1,9 +1,15 @@
 """The instance agent: status.json for success, failure and a spot interruption notice."""
 import http.server
 import json
+import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
+
+import pytest
 
 from ec2gpu.agent import agent
 
@@ -422,3 +428,33 @@ def test_the_instance_is_ended_by_the_shutdown_first_on_path_never_another(tmp_p
     monkeypatch.setattr(agent.subprocess, "run", lambda argv, **kw: seen.append(argv))
     agent.end_instance()
     assert seen[0][:3] == ["sudo", "-n", str(stand_in)]
+
+
+#: run by the agent as the job: may it open the agent's (its parent's) memory and environment?
+PEEK = ('for f in mem environ; do if (exec 3< "/proc/$PPID/$f") 2>/dev/null; then echo "$f: opened"; '
+        'else echo "$f: denied"; fi; done; (exec 3< /proc/self/environ) && echo "own: opened"')
+
+
+def test_a_job_of_the_agents_own_user_cannot_read_the_agents_memory(tmp_path):
+    """Review of issue 44 (round 3): a job of the agent's user, not root, read the agent's key from
+    /proc/<agent>/mem where Yama's ptrace_scope does not forbid it (reproduced as uid 65534). Now the
+    agent makes itself non-dumpable (prctl PR_SET_DUMPABLE 0) before it reads the key: its memory and
+    environment are closed to the job. Run as uid 65534 when the tests run as root (root may read any)."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("prctl(PR_SET_DUMPABLE) is Linux's")
+    as_root = os.geteuid() == 0
+    python = "/usr/bin/python3" if as_root else sys.executable  # as nobody: a Python outside root's 0700 home
+    if as_root and not os.path.exists(python):
+        pytest.skip("no /usr/bin/python3 for uid 65534")
+    run_dir = Path(tempfile.mkdtemp(prefix="ec2gpu-undumpable-"))  # not under pytest's 0700 tmp: nobody reaches it
+    try:
+        if as_root:
+            os.chown(run_dir, 65534, 65534)
+        who = {"user": 65534, "group": 65534, "extra_groups": []} if as_root else {}
+        got = subprocess.run([python, *agent.PYTHON_FLAGS, agent.__file__, "--dir", str(run_dir), "--", "bash", "-c", PEEK],
+                             capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, **who)
+        log = (run_dir / "job.log").read_text()
+    finally:
+        shutil.rmtree(run_dir)
+    assert got.returncode == 0, got.stderr
+    assert log.splitlines() == ["mem: denied", "environ: denied", "own: opened"], log

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
+from ec2gpu.agent import agent
 from ec2gpu.wire import bounded_json
 
 PACKAGE = Path(bounded_json.__file__).resolve().parents[1]
@@ -97,7 +100,7 @@ def test_the_reader_is_standard_library_only_and_imports_nothing_of_the_package(
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert not [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level]
-    assert imported <= {"__future__", "json", "math", "typing"}
+    assert imported <= {"__future__", "errno", "json", "math", "os", "stat", "typing"}
 
 
 # --- the source check: nothing else parses JSON -------------------------------------------------
@@ -220,3 +223,39 @@ def test_agent_py_run_from_the_source_tree_takes_the_reader_from_wire():
     got = subprocess.run([sys.executable, "-S", str(PACKAGE / "agent" / "agent.py"), "--help"], capture_output=True,
                          text=True, timeout=60)
     assert got.returncode == 0 and "--dir" in got.stdout, got.stderr
+
+
+def test_a_fifo_a_device_or_a_link_not_to_be_followed_is_refused_at_once(tmp_path):
+    """Review of issue 44 (round 3): read() opened whatever was at the path, and a FIFO's open waits
+    for a writer for ever (the torchrun error file and a pool's status.json, which the agent reads,
+    are paths the job controls). Now it opens without waiting and refuses what is no regular file."""
+    fifo = tmp_path / "error.json"
+    os.mkfifo(fifo)
+    got: list = []
+
+    def read() -> None:
+        try:
+            got.append(bounded_json.read(str(fifo), max_bytes=100))
+        except Exception as exc:  # noqa: BLE001 - what it raised is the test's
+            got.append(exc)
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(5)
+    if reader.is_alive():  # before the fix: blocked in open(); a writer lets it go
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(5)
+        pytest.fail("reading a FIFO waited for a writer")
+    assert isinstance(got[0], bounded_json.Refused) and got[0].reason == bounded_json.NOT_A_FILE
+    assert str(got[0]) == "not a regular file (a FIFO)"
+    with pytest.raises(bounded_json.Refused, match=r"^not a regular file \(a device\)$"):
+        bounded_json.read("/dev/zero", max_bytes=100)
+    with pytest.raises(bounded_json.Refused, match=r"^not a regular file \(a directory\)$"):
+        bounded_json.read(str(tmp_path), max_bytes=100)
+    (tmp_path / "real.json").write_text('{"a": 1}')
+    (tmp_path / "link.json").symlink_to(tmp_path / "real.json")
+    assert bounded_json.read(str(tmp_path / "link.json"), max_bytes=100) == {"a": 1}  # followed unless asked
+    with pytest.raises(bounded_json.Refused, match=r"^not a regular file \(a symbolic link\)$"):
+        bounded_json.read(str(tmp_path / "link.json"), max_bytes=100, follow=False)
+    # the agent's readers of job-controlled paths: no record, at once
+    assert agent.root_cause(str(fifo)) is None and agent.array_counts(str(fifo)) is None
+    assert agent.root_cause(str(tmp_path / "link.json")) is None

@@ -321,3 +321,27 @@ def test_status_json_naming_another_runs_instance_bills_it_to_neither_twice(monk
     assert [r["instance_id"] for r in got[RUN]["per_instance"]] == [mine.id] and got[RUN]["not_this_runs"] == [theirs.id]
     assert [r["instance_id"] for r in got[other]["per_instance"]] == [theirs.id] and got[other]["not_this_runs"] == []
     assert got[RUN]["billed_seconds"] == 100.0 and got[other]["billed_seconds"] == 3600.0
+
+
+def test_a_final_runs_launch_that_neither_ec2_nor_its_settled_json_names_is_not_billed(monkeypatch):
+    """Review of issue 44 (round 3): once EC2 forgot another run's instance (an hour after it ended),
+    a status.json naming it billed it here by the agent's times. A final run's settled.json names
+    every instance of the run at its end: a launch it lacks, which EC2 no longer lists either, is
+    not this run's. Without a settled.json (nobody looked within the hour) the agent's times stand."""
+    from types import SimpleNamespace
+
+    from ec2gpu.aws import groups, sweep
+    s3, bucket, user = _S3(), "ec2gpu-123456789012-us-east-1", "AIDAEXAMPLEUSERID0001"
+    mine = Instance(id="i-00000001", type="g4dn.xlarge", state="terminated", launched_at=T0, zone="us-east-1a",
+                    transitioned_at=T0 + timedelta(seconds=100), tags={"ec2gpu:run": RUN})
+    costs.settle((s3, bucket, user), {RUN: [_launch(mine.id, 0, 90)]}, {mine.id: mine}, final={RUN})  # the run's end
+    monkeypatch.setattr(sweep, "find_instances", lambda ec2, run_id, states=None: [])  # an hour on: EC2 forgot both
+    monkeypatch.setattr(groups, "find_groups", lambda client: [])
+    aws = SimpleNamespace(ec2=None, region="us-east-1", client=lambda name: None)
+    later = "20261125-110000-abcd"  # a final run that was never settled
+    launches = {RUN: [_launch(mine.id, 0, 90), _launch("i-00000002", 0, 3500)], later: [_launch("i-00000003", 0, 60)]}
+    rows = {r: {"instance_type": "g4dn.xlarge", "market": "on-demand"} for r in launches}
+    got = costs.gather(aws, Path("/nonexistent"), launches, rows, None, store=(s3, bucket, user), final={RUN, later})
+    assert [r["instance_id"] for r in got[RUN]["per_instance"]] == [mine.id] and got[RUN]["billed_seconds"] == 100.0
+    assert got[RUN]["not_this_runs"] == ["i-00000002"]
+    assert [r["instance_id"] for r in got[later]["per_instance"]] == ["i-00000003"] and got[later]["not_this_runs"] == []

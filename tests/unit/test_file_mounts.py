@@ -1,5 +1,7 @@
 """file_mounts as SkyPilot writes them: local paths, s3:// sources, storage entries; other stores refused."""
 import json
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -167,6 +169,31 @@ def test_while_the_job_runs_only_settled_files_are_written_back_and_at_its_end_a
     assert s3files._write_back(s3, m, settled_s=30)["files"] == 1 and sent == ["runs/old.txt"]
     assert s3files._write_back(s3, m)["files"] == 2 and sorted(sent[1:]) == ["runs/.part.tmp", "runs/new.txt"]
     assert s3files._write_back(s3, m)["files"] == 0  # nothing changed since
+
+
+@pytest.mark.parametrize("record", ["[1, 2]", "[" * 50000 + "]" * 50000, "not json"], ids=["a list", "too deep", "not JSON"])
+def test_a_single_file_mount_with_a_bad_record_is_sent_again_and_the_next_mount_still_written_back(
+        tmp_path, monkeypatch, capsys, record):
+    """Review of issue 44 (round 3): in the single-file branch of the write-back a refused or
+    non-object record (the job can rewrite it) raised, so `s3files.py out` exited 1 and skipped every
+    mount after it. Now it reads as no record, as the directory branch's does: the file is sent."""
+    from ec2gpu.agent import s3files
+    sent = []
+    client = type("S3", (), {"upload_file": lambda self, path, bucket, key: sent.append(f"{bucket}/{key}")})()
+    monkeypatch.setitem(sys.modules, "boto3", types.SimpleNamespace(client=lambda *a, **kw: client))
+    (tmp_path / "one.txt").write_text("the job's")
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "a.txt").write_text("a")
+    (tmp_path / "bad.json").write_text(record)
+    spec = [{"target": str(tmp_path / "one.txt"), "bucket": "b1", "prefix": "one.txt", "region": "us-east-1",
+             "write_back": True, "record": str(tmp_path / "bad.json")},
+            {"target": str(tmp_path / "dir"), "bucket": "b2", "prefix": "d", "region": "us-east-1",
+             "write_back": True, "record": str(tmp_path / "dir.json")}]
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    assert s3files.main(["out", str(tmp_path / "spec.json")]) == 0, capsys.readouterr().out
+    assert sent == ["b1/one.txt", "b2/d/a.txt"]
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["target"], r["files"]) for r in lines] == [(str(tmp_path / "one.txt"), 1), (str(tmp_path / "dir"), 1)]
 
 
 def test_exec_on_a_standing_instance_refuses_s3_file_mounts_before_asking_aws(tmp_path):

@@ -94,3 +94,65 @@ def test_a_process_the_reaper_may_not_signal_is_named_and_does_not_hold_the_setu
                "print(sorted(left), sorted(foreign) == [child.pid], time.monotonic() - started < 2); child.kill()")
     got = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=60)
     assert got.stdout == "[] True True\n", got.stderr
+
+
+def test_what_an_honest_setup_left_running_is_named_when_it_is_ended(tmp_path):
+    """Review of issue 44 (round 3): a setup's `nohup server &` was ended without a word. Now the
+    reaper says so on stderr (the controller shows the setup's output), with the pids and a hint."""
+    got = subprocess.run([sys.executable, REAPER, "--grace", "1", "--", "bash", "-c",
+                          f"nohup sleep 300 > /dev/null 2>&1 < /dev/null & echo $! > {tmp_path}/pid"],
+                         capture_output=True, text=True, timeout=60)
+    pid = int((tmp_path / "pid").read_text())
+    assert got.returncode == 0 and not _alive(pid)
+    assert got.stderr == f"ec2gpu: ended 1 process(es) the setup left running (pids {pid}): start services in run\n"
+    quiet = subprocess.run([sys.executable, REAPER, "--", "bash", "-c", "sleep 0.1 & wait"], capture_output=True,
+                           text=True, timeout=60)
+    assert (quiet.returncode, quiet.stderr) == (0, "")  # nothing left: nothing said
+
+
+#: the reaper, sent SIGTERM right after it started the setup and before its handlers are in place
+EARLY_SIGNAL = """\
+import os, signal, subprocess, sys
+sys.path.insert(0, sys.argv[1])
+import reaper
+real = subprocess.Popen
+def popen(*args, **kwargs):
+    proc = real(*args, **kwargs)
+    with open(sys.argv[2], "w") as f:
+        f.write(str(proc.pid))
+    os.kill(os.getpid(), signal.SIGTERM)
+    return proc
+reaper.subprocess.Popen = popen
+print(reaper.run(["sh", "-c", "exec sleep 300 > /dev/null 2>&1"], grace_s=1.0))  # holds no pipe of the test's
+"""
+
+
+def test_a_signal_before_the_handlers_are_in_place_still_ends_the_setup_first(tmp_path):
+    """Review of issue 44 (round 3): the handlers were installed after Popen, so a SIGTERM or SIGHUP
+    in between ended the reaper with the setup running on. Now those signals are held back until the
+    handlers are in place (the setup itself gets none held back)."""
+    got = subprocess.run([sys.executable, "-c", EARLY_SIGNAL, os.path.dirname(REAPER), str(tmp_path / "pid")],
+                         capture_output=True, text=True, timeout=60)
+    pid = int((tmp_path / "pid").read_text())
+    try:
+        assert got.returncode == 0 and got.stdout == f"{128 + signal.SIGTERM}\n", got.stderr
+        assert _wait_gone([pid], 1.0) == []
+    finally:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    mask = subprocess.run([sys.executable, REAPER, "--", "bash", "-c", "grep SigBlk /proc/$$/status"],
+                          capture_output=True, text=True, timeout=60)
+    assert mask.stdout.split() == ["SigBlk:", "0" * 16], mask.stderr
+
+
+def test_the_stop_handler_ignores_the_signals_that_follow_before_it_raises():
+    """A second signal between the first one's Stopped and the switch to SIG_IGN raised Stopped out
+    of run() with a traceback and nothing ended; the handler now ignores them itself first."""
+    before = {s: signal.getsignal(s) for s in reaper.SIGNALS}
+    try:
+        with pytest.raises(reaper.Stopped):
+            reaper._stop(signal.SIGTERM, None)
+        assert [signal.getsignal(s) for s in reaper.SIGNALS] == [signal.SIG_IGN] * len(reaper.SIGNALS)
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)

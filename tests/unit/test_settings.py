@@ -87,3 +87,32 @@ def test_help_shows_no_type_after_on_off_flags(capsys):
     assert cli.main(["train", "mnist", "--help"]) == 0
     shown = capsys.readouterr().out
     assert "--spot" in shown and "<bool>" not in shown and "BOOLEAN" not in shown  # flags show no type
+
+
+def test_a_tool_home_that_is_another_users_is_a_usage_error_with_a_hint(clean_env, tmp_path, capsys):
+    """Review of issue 44 (round 3): with EC2GPU_HOME another user's, the chmod to 0700 raised and
+    every command ended `error: PermissionError`, exit 1. Now one line in the user's words, exit 2."""
+    import os
+    import pathlib
+    import pwd
+
+    from ec2gpu import cli
+    from ec2gpu.runs.settle import ledger
+    home = tmp_path / "home"
+    ledger.connect(home).close()  # a ledger there: `runs` opens it
+    home.chmod(0o755)
+    owner = pwd.getpwuid(home.stat().st_uid).pw_name
+    said = f"error: the tool's home {home} is not yours to make private (mode 0755, owner {owner})"
+    hint = "hint: set EC2GPU_HOME to a directory of your own"
+
+    def refused(self, mode):
+        raise PermissionError(1, "Operation not permitted")
+    with clean_env.context() as patched:
+        patched.setattr(pathlib.Path, "chmod", refused)  # what chmod says of another user's directory
+        assert cli.main(["runs"]) == 2
+    err = capsys.readouterr().err
+    assert said in err and hint in err and "PermissionError" not in err
+    home.chmod(0o700)
+    clean_env.setattr(os, "geteuid", lambda: home.stat().st_uid + 1)  # 0700, but not this user's either
+    assert cli.main(["runs"]) == 2
+    assert f"is not yours to make private (mode 0700, owner {owner})" in capsys.readouterr().err

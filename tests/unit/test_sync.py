@@ -82,6 +82,26 @@ CREDENTIALS = [".netrc", "_netrc", ".git-credentials", ".kube/config", ".docker/
                ".m2/settings.xml", ".m2/settings-security.xml"]
 
 
+def test_a_hugging_face_token_under_a_custom_hf_home_is_withheld_by_its_content(tmp_path):
+    """Review of issue 44 (round 3): the patterns matched only .../huggingface/token, so a custom
+    HF_HOME inside the workdir (./.hf/token) was sent. Now a file named `token` that starts with a
+    Hugging Face token, or `stored_tokens` with an `hf_token = ...` line, is withheld wherever it is;
+    a file of those names without one (a project's own) still goes."""
+    token = "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz01234567"
+    (tmp_path / ".hf").mkdir()
+    (tmp_path / ".hf" / "token").write_text(token)
+    (tmp_path / ".hf" / "stored_tokens").write_text(f"[work]\nhf_token = {token}\n\n[oauth]\nhf_token = hf_oauth_{token[3:]}\n")
+    (tmp_path / "auth").mkdir()
+    (tmp_path / "auth" / "token").write_text("hf_oauth_" + token[3:] + "\n")
+    (tmp_path / "vocab").mkdir()
+    (tmp_path / "vocab" / "token").write_text("<unk> <s> </s>\n")  # a project's own file of that name
+    (tmp_path / "vocab" / "stored_tokens").write_text("[tokenizer]\nsize = 32000\n")
+    m = sync.manifest(tmp_path)
+    assert sorted(m.withheld) == [".hf/stored_tokens", ".hf/token", "auth/token"]
+    assert m.files == ["vocab/stored_tokens", "vocab/token"]
+    assert sync.withheld(tmp_path / ".hf" / "token") and not sync.withheld(tmp_path / "vocab" / "token")
+
+
 @pytest.mark.parametrize("under", ["", "home/user/"])
 def test_the_ecosystems_credential_files_are_withheld_wherever_they_are_unless_include_secrets(tmp_path, under):
     """A workdir holding a home directory's credentials (a task file's `workdir: ../..` before it was refused)."""

@@ -225,10 +225,11 @@ def own_launches(launches: list[dict[str, Any]], run_id: str, listed: dict[str, 
                  ) -> tuple[list[dict[str, Any]], list[str]]:
     """(the launches billed to run ``run_id``, the instance ids refused) (pure): status.json is
     written by the run's own instances, whose job can write anything there, so a launch naming an
-    instance that DescribeInstances lists (``listed``) under another run's ec2gpu:run tag, or under
-    none, is not this run's: billing it here would bill it twice (issue 44.7). A launch EC2 does not
-    list (forgotten, an hour after it ended) keeps the agent's times, bounded by this run's own
-    records (its settled.json)."""
+    instance that DescribeInstances lists (``listed``: ec2gpu's instances, found by their ec2gpu:run
+    tag) under another run's tag is not this run's: billing it here would bill it twice (issue
+    44.7). A launch EC2 does not list (forgotten, about an hour after it ended) is kept here: settle
+    refuses it for a run whose settled.json lacks it, and otherwise it is billed by the agent's
+    times, whoever's instance it was."""
     kept, refused = [], []
     for launch in launches:
         inst = listed.get(launch["instance_id"])
@@ -273,7 +274,8 @@ def gather(aws: Aws, home: Path, runs: dict[str, list[dict[str, Any]]], rows: di
     instance EC2 no longer lists is taken from its run's settled.json (aws/runstore.get_settled),
     and a run of ``final`` (run ids whose state is final) whose every instance EC2 lists as
     terminated gets its settled.json written (``settle``). Launches naming another run's instance
-    are left out (``own_launches``) and named in the dict's "not_this_runs". Returns run id ->
+    (``own_launches``; a final run's that neither EC2 nor its settled.json names: ``settle``) are
+    left out and named in the dict's "not_this_runs". Returns run id ->
     ``cost``'s dict. Raises AwsError, botocore's errors as AWS answers."""
     from ...aws import catalog, groups, pricing, sweep
     if not runs:
@@ -284,8 +286,10 @@ def gather(aws: Aws, home: Path, runs: dict[str, list[dict[str, Any]]], rows: di
     runs = {r: kept for r, (kept, _) in owned.items()}
     listed = [i for i in everything if i.run_id in runs]
     by_id = {i.id: i for i in listed}
+    strangers: dict[str, list[str]] = {}
     if store is not None:
-        by_id.update(settle(store, runs, by_id, final))
+        by_id.update(settle(store, runs, by_id, final, strangers))
+        runs = {r: [la for la in launches if la["instance_id"] not in strangers.get(r, ())] for r, launches in runs.items()}
     runs = {r: launches + unrecorded(launches, [i for i in listed if i.run_id == r]) for r, launches in runs.items()}
     found = {str((g.get("AutoScalingGroupName") or "")).removeprefix(groups.PREFIX): g
              for g in groups.find_groups(aws.client("autoscaling"))}
@@ -307,8 +311,8 @@ def gather(aws: Aws, home: Path, runs: dict[str, list[dict[str, Any]]], rows: di
     on_demand = {t: _on_demand(t, aws.region, home) for t in sorted(types)}
     gp3 = catalog.ebs_price("gp3", aws.region, home).usd_per_gb_month
     prices = Prices(on_demand, spot, gp3, volume_gib, now)
-    return {run_id: {**cost(launches, prices, by_id, facts[run_id]), "not_this_runs": owned[run_id][1]}
-            for run_id, launches in runs.items()}
+    return {run_id: {**cost(launches, prices, by_id, facts[run_id]),
+                     "not_this_runs": owned[run_id][1] + strangers.get(run_id, [])} for run_id, launches in runs.items()}
 
 
 #: the tag an Instance made from settled.json carries (``one`` names its facts' source by it)
@@ -316,12 +320,15 @@ SETTLED_TAG = "ec2gpu:settled"
 
 
 def settle(store: tuple[Any, str, str], runs: dict[str, list[dict[str, Any]]], listed: dict[str, Instance],
-           final: Collection[str]) -> dict[str, Instance]:
+           final: Collection[str], strangers: dict[str, list[str]] | None = None) -> dict[str, Instance]:
     """The instances of ``runs`` (run id -> launches) that EC2 no longer lists (not in ``listed``),
     from each such run's settled.json, as terminated Instances tagged SETTLED_TAG; and for each run
     of ``final`` whose every launch EC2 lists as terminated with its time, its settled.json written
     (what EC2 says, to be read once it forgets them). A write S3 refuses is skipped (the next
-    reader tries again); a settled.json S3 will not read counts as none."""
+    reader tries again); a settled.json S3 will not read counts as none. ``strangers`` (run id ->
+    instance ids), when given, gets the launches of a run of ``final`` that EC2 no longer lists and
+    its settled.json, which held every launch of the run at its end, does not name: another run's
+    instance its status.json named after, not billed here."""
     from ...aws import runstore
     from ...aws.instances import Instance
     from ...errors import AwsError
@@ -335,6 +342,9 @@ def settle(store: tuple[Any, str, str], runs: dict[str, list[dict[str, Any]]], l
                 kept = runstore.get_settled(s3, bucket, user, run_id)
             except AwsError:  # that object refused (the run's role could write it): this run's agent times
                 kept = []
+            if strangers is not None and run_id in final and kept:
+                named = {row["instance_id"] for row in kept}
+                strangers[run_id] = [i for i in ids if i in missing and i not in named]
             for row in kept:
                 if row["instance_id"] in missing:
                     found[row["instance_id"]] = Instance(

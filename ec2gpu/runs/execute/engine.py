@@ -31,11 +31,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, cast
 
 from ...errors import AwsError, LimitReached, RemoteError, WaitTimeout
+from . import status
 from .nodes import PROGRESS_FILE, record_steps
 from .nodes import copy_log as copy_log  # re-exported: engine.copy_log (scripts/bench_big_log.py)
 from .status import as_number
-from ...remote import sync
+from ...remote import files, sync
 from ...tasks.load import LoadedTask
+from ...agent.agent import PYTHON_FLAGS
 from ...wire import bounded_json
 from .job_summary import MASK as MASK  # re-exported: engine.MASK
 
@@ -177,8 +179,8 @@ def builtin_job(name: str, args: list[str]) -> TaskJob:
     is ec2gpu's trainer: ec2gpu/__init__.py and ec2gpu/train/*.py (torch and numpy only)."""
     from ...tasks import builtin
     package = Path(__file__).resolve().parents[2]
-    files = ["ec2gpu/__init__.py"] + [f"ec2gpu/train/{p.name}" for p in sorted((package / "train").glob("*.py"))]
-    manifest = sync.Manifest(package.parent, files, sum((package.parent / f).stat().st_size for f in files))
+    shipped = ["ec2gpu/__init__.py"] + [f"ec2gpu/train/{p.name}" for p in sorted((package / "train").glob("*.py"))]
+    manifest = sync.Manifest(package.parent, shipped, sum((package.parent / f).stat().st_size for f in shipped))
     return TaskJob(builtin.load(name), {}, manifest, args=list(args), builtin=name)
 
 
@@ -249,7 +251,7 @@ def upload_node(nd: Node, job: TaskJob, ssh_config: Path | None, run_id: str, ad
     output and checkpoint directories; on a replacement, the checkpoint directory brought home.
     ``rank``: the node's place in ``addresses`` where it is not its index (a pool's replacement,
     whose index may follow one of a replacement that failed and has no address)."""
-    from ...remote import files, ssh
+    from ...remote import ssh
     from .nodes import processes_per_node
     workdir = workdir_of(nd.run_dir, job)
     if job.manifest is not None:
@@ -318,7 +320,8 @@ def setup_node(nd: Node, job: TaskJob, log: Callable[[str], None]) -> None:
 
     Raises RemoteError (with the setup's last lines) when it fails.
     """
-    from ...remote import files, setup, ssh
+    # paramiko (about 57 ms, through ssh): prepare, a dry run and --local import this module without it
+    from ...remote import setup, ssh
     task = job.task
     if not task.setup:
         return
@@ -336,7 +339,7 @@ def setup_node(nd: Node, job: TaskJob, log: Callable[[str], None]) -> None:
               f"{PROLOGUE}{task.setup}")
     out = _LineWriter(lambda line: log(job.mask(line)))
     files.put_file(nd.conn, REAPER, f"{nd.run_dir}/reaper.py")
-    result = ssh.attempt(nd.conn, f"{shlex.quote(python)} {shlex.quote(nd.run_dir + '/reaper.py')} -- "
+    result = ssh.attempt(nd.conn, f"{shlex.join(agent_command(python, nd.run_dir, 'reaper.py'))} -- "
                                   f"bash -c {shlex.quote(INTERACTIVE)} {shlex.quote(HANDOFF)} {shlex.quote(script)} setup",
                          timeout_s=3600, stream=out)
     out.flush()
@@ -383,15 +386,23 @@ def start_agent(nd: Node, argv: list[str], handover: str | None = None) -> int:
     the copies there), and the agent's key (new: ``nd.agent_key``, runs/execute/status.py) and ``handover`` (Handover.document's
     JSON, or None) are written, 0600, by the command that starts the agent (remote/jobs.start), which
     reads and deletes them before the job starts. Raises RemoteError, the connection's errors."""
-    from ...remote import files, jobs, ssh
-    from . import status
-    # never written through a link left there; the JSON reader too: agent.py imports it
-    ssh.run(nd.conn, f"rm -f {shlex.quote(nd.run_dir + '/agent.py')} {shlex.quote(nd.run_dir + '/bounded_json.py')}")
+    from ...remote import jobs, ssh  # paramiko: as in setup_node
+    # never written through a link left there; the JSON reader too: agent.py imports it by its path, and Python
+    # would take a .pyc the setup planted in __pycache__ for it (an unchecked hash-based one whatever the source)
+    d = shlex.quote(nd.run_dir)
+    ssh.run(nd.conn, f"rm -f {d}/agent.py {d}/bounded_json.py && rm -rf {d}/__pycache__")
     files.put_file(nd.conn, AGENT, f"{nd.run_dir}/agent.py")
     files.put_file(nd.conn, Path(bounded_json.__file__), f"{nd.run_dir}/bounded_json.py")
     nd.agent_key = status.new_key()
     private = {"agent.key": nd.agent_key, **({"handover.json": handover} if handover is not None else {})}
     return jobs.start(nd.conn, nd.run_dir, argv, private=private)
+
+
+def agent_command(python: str, run_dir: str, script: str = "agent.py") -> list[str]:
+    """``python -I -S -B RUN_DIR/SCRIPT`` (pure): how the agent (and the reaper) start, with neither
+    the script's directory (the run directory, which the setup can write: a json.py or hmac.py
+    there) nor any site-packages on sys.path, and no bytecode written (agent.PYTHON_FLAGS)."""
+    return [python, *PYTHON_FLAGS, f"{run_dir}/{script}"]
 
 
 def job_argv(nd: Node, job: TaskJob, limit_minutes: int | None = None, grace_s: float = 120.0,
@@ -408,10 +419,17 @@ def job_argv(nd: Node, job: TaskJob, limit_minutes: int | None = None, grace_s: 
     limit = [] if at is None else ["--limit-at", f"{at:.0f}",
                                    # stop_at is None without a limit
                                    "--limit-grace", f"{limits.grace_seconds(cast(int, limit_minutes), grace_s):.0f}"]
-    return [python, f"{nd.run_dir}/agent.py", "--dir", nd.run_dir, "--env-file", f"{nd.run_dir}/job.env.json",
+    return [*agent_command(python, nd.run_dir), "--dir", nd.run_dir, "--env-file", f"{nd.run_dir}/job.env.json",
             "--key-file", f"{nd.run_dir}/agent.key", *limit,
             *(["--handover-file", f"{nd.run_dir}/handover.json"] if handover else []), "--", "bash", "-c", INTERACTIVE, HANDOFF,
             PROLOGUE + job.task.run, job.name, *job.args]
+
+
+def same_ports_for(host: object, same_ports: tuple[int, ...]) -> tuple[int, ...]:
+    """The ports forwarded to the same port here for a head at ``host`` (pure): ``same_ports``
+    (--port), but none for an instance on this machine's loopback (the sandbox's 127.0.0.N), which
+    shares this machine's ports: the same one would be taken twice."""
+    return () if str(host).startswith("127.") else tuple(same_ports)
 
 
 def snapshot_statuses(nodes: list[Node]) -> None:
@@ -419,7 +437,6 @@ def snapshot_statuses(nodes: list[Node]) -> None:
     runs/execute/status.py: signature checked, fields validated); the verdict and the status.json written
     at home use this copy, whatever the instance's file says later. Nodes whose follow ended
     without an exit status (lost, stopped by an error) keep None. Raises the connection's errors."""
-    from . import status
     for nd in nodes:
         if isinstance(nd.result, int) and not isinstance(nd.result, bool):
             nd.status = status.read(nd.conn, nd.run_dir, nd.agent_key)
@@ -527,7 +544,7 @@ def download(nodes: list[Node], job: TaskJob, local_out: Path, ssh_config: Path 
     part is tried on its own: a hostile or broken one is reported through ``log`` and the others
     still come home. Raises the connection's errors, and RemoteError for a transfer that failed
     once every other part came home."""
-    from ...remote import files, jobs
+    from ...remote import jobs
     head = nodes[0]
     steps: list[tuple[str, Callable[[], object]]] = [
         ("checkpoints", lambda: head.watch.checkpoints.sync(head.conn, force=True)),  # first: replacements resume from it
@@ -657,10 +674,8 @@ def run_attempt(aws: Aws, settings: Settings, opts: RunOptions, run_id: str, ui:
                 N.parallel(start, nodes)
                 ui.note(f"job started on {len(nodes)} node(s) under the agent"
                         + (f" (head {addresses[0]})" if len(nodes) > 1 else "") + "; its log follows")
-                # an instance on this machine's loopback (the sandbox) shares its ports: never the same one
-                on_loopback = str(nodes[0].host).startswith("127.")
                 with tunnel.forwarding(config, nodes[0].instance_id, job.task.ports, ui.note,
-                                       same_ports=() if on_loopback else job.same_ports):
+                                       same_ports=same_ports_for(nodes[0].host, job.same_ports)):
                     N.follow_all(nodes, ui, local_out, n, opts.unreachable_s,
                                  mask=job.mask if job.secret_values else None)
             except KeyboardInterrupt:  # Ctrl-C or SIGTERM: what the job wrote comes home before the teardown

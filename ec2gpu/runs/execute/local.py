@@ -14,7 +14,8 @@ from typing import Any
 
 from ...errors import RemoteError, UsageError
 from ...settings import Settings
-from . import engine
+from . import engine, job_summary
+from . import status as agent_status
 from ..settle import record as run_record
 from ..options import TrainOptions
 from ..provision.pipeline import _ledger, _with_summary, builtin_task, new_run_id
@@ -70,7 +71,7 @@ def run_local(job: engine.TaskJob, run_id: str, out: Path, ui: ReporterLike, pol
     env_file = out / "job.env.json"
     env_file.touch(mode=0o600)
     env_file.write_text(json.dumps(env))
-    argv = [sys.executable, str(engine.AGENT), "--dir", str(out), "--env-file", str(env_file), "--",
+    argv = [*engine.agent_command(sys.executable, str(engine.AGENT.parent)), "--dir", str(out), "--env-file", str(env_file), "--",
             "bash", "-c", job.task.run, job.name, *job.args]
     log_path = out / "job.log"
     log_path.unlink(missing_ok=True)
@@ -96,7 +97,7 @@ def run_local(job: engine.TaskJob, run_id: str, out: Path, ui: ReporterLike, pol
     finally:
         lines.flush()
         env_file.unlink(missing_ok=True)
-    from . import status as agent_status  # the agent's record, read as any agent's (bounded, validated)
+    # the agent's record, read as any agent's (bounded, validated)
     status = agent_status.parse((out / "status.json").read_bytes() if (out / "status.json").exists() else None, None) or {}
     if status.get("state") != "succeeded":
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-engine.TAIL_LINES:]) if log_path.exists() else ""
@@ -104,6 +105,6 @@ def run_local(job: engine.TaskJob, run_id: str, out: Path, ui: ReporterLike, pol
         raise RemoteError(f"the job on this machine {'exited ' + str(code) if code is not None else 'did not finish'}"
                           + engine.worker_failure(status.get("error")), f"its last lines are above; see {log_path}",
                           command=job.task.run, host="local", exit_status=code or 1, tail=job.mask(tail))
-    from . import job_summary  # bounded, masked, checked against the job's schema, as from an instance
+    # bounded, masked, checked against the job's schema, as from an instance
     return job_summary.read_summary(out / "outputs" / "summary.json", job_summary.schema_of(job), job.secret_values,
                                     root=out) or {}

@@ -8,7 +8,9 @@ import json
 import time
 from pathlib import Path
 
+from ...agent.agent import MAX_ENV_BYTES
 from ...errors import RemoteError, UsageError
+from ...pool import records
 from ...wire import bounded_json
 
 if TYPE_CHECKING:
@@ -103,7 +105,6 @@ def element_log(home: Path, row: dict[str, Any] | None, name: str, index: int) -
     if not path.is_file():
         raise UsageError(f"run {row['run_id']} has no log of element {index} at {path}",
                          "is it an array's run, with that index? its table: runs/RUN/pool.json")
-    from ...pool import records
     status = None
     try:
         elements = bounded_json.loads((artifacts / "pool.json").read_bytes(), max_bytes=records.MAX_TABLE_BYTES)["elements"]
@@ -125,7 +126,6 @@ def running_element(record: bytes | None, index: int) -> tuple[str | None, Any]:
     once it has ended, else None) from the bytes of the pool driver's status.json on the head
     (ec2gpu/pool/driver.py: hostile input, read as such: pure, never raises)."""
     import ipaddress
-    from ...pool import records
     try:
         data = bounded_json.loads(record or b"{}", max_bytes=records.MAX_STATUS_BYTES)
         element = next(e for e in data.get("elements", []) if isinstance(e, dict) and e.get("index") == index)
@@ -152,7 +152,6 @@ def stream_element(ctx: Context, row: dict[str, Any], index: int, follow: bool, 
     running, or the element is not running (queued, or ended: its log comes home within 10 s).
     RemoteError when an instance cannot be reached."""
     from ...remote import jobs
-    from ...pool import records
     run_id = row["run_id"]
     head = head_instance(ctx.aws.ec2, row)
     if head is None:
@@ -263,8 +262,7 @@ def secret_values(conn: Any, run_dir: str, note: Callable[[str], None] = lambda 
     """The values of the run's secrets (names in secret_names.json, values in the 0600
     job.env.json), longest first; [] for a run without secrets. A file the reader refuses
     (bounded_json) is said to ``note``: the log is then not masked."""
-    from ...agent.agent import MAX_ENV_BYTES
-    from ...remote import jobs
+    from ...remote import jobs  # paramiko (about 57 ms): a finished run's log is read here without it
 
     def read(name: str, limit: int, empty: bytes) -> Any:
         return bounded_json.loads(jobs.read_from(conn, f"{run_dir}/{name}", 0, limit + 1) or empty, max_bytes=limit)
