@@ -63,7 +63,8 @@ def start(conn: Connection, run_dir: str, argv: list[str], env: dict[str, str] |
         raise ValueError(f"not a file name, or a text of more than one line: {bad[0]!r}")
     d = shlex.quote(run_dir)
     names = " ".join(shlex.quote(k) for k in private)
-    ssh.run(conn, f"cd {d} && rm -f -- job.sh exit_status {names}")  # nothing left there is written through
+    # nothing left there (a link the setup made, say) is written through: what this command and job.sh write
+    ssh.run(conn, f"cd {d} && rm -f -- job.sh console.log exit_status exit_status.tmp {names}")
     conn.put(io.BytesIO(job_script(run_dir, argv, env).encode()), f"{run_dir}/job.sh")
     # each line read by the shell's builtins (no process holds it in its arguments), written under umask 077
     write = "".join(f'IFS= read -r _ec2gpu_line && printf %s "$_ec2gpu_line" > {shlex.quote(k)} && ' for k in private)

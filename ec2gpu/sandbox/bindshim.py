@@ -68,5 +68,13 @@ def build(state_dir: Path) -> Path:
 
 def for_sandbox(home: Path) -> Path:
     """The shim library for the sandbox of the tool home ``home``, built into its state directory
-    (build; the daemon names that same file to its instances). Raises UsageError as build does."""
-    return build(control.state_dir(home))
+    (build; the daemon names that same file to its instances). Raises UsageError as build does, and
+    when the sandbox running now names no library or another one (a daemon an older ec2gpu started,
+    or one from before the shim changed): its instances would refuse to start Ray only after the
+    array's instances were made."""
+    out = build(control.state_dir(home))
+    state = control.read_state(home)
+    if state and state.get("bind_shim") != str(out):
+        raise UsageError("the sandbox running now was started by an older ec2gpu: its instances cannot keep Ray on "
+                         "their own loopback address", "restart it: ec2gpu sandbox down && ec2gpu sandbox up")
+    return out

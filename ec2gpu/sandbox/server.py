@@ -273,6 +273,8 @@ class Sandbox:
                 "instances": {i: {"host": s.host, "port": s.port, "sshd_pid": s.pid, "directory": str(s.directory)}
                               for i, s in list(self.instances.items())},
                 "shutdowns": dict(self.shutdown_at),  # instance id -> when its OS powers off (`shutdown +N`)
+                # the library its instances' Ray preloads (bindshim.for_sandbox checks a running daemon names it)
+                "bind_shim": str(bindshim.library(self.state_dir)),
             })
 
     def _running(self) -> dict[str, tuple[str, object]]:

@@ -125,6 +125,8 @@ def test_the_files_a_start_writes_are_private_and_never_written_through_what_was
     elsewhere.write_text("the user's own file\n")
     os.symlink(elsewhere, f"{run_dir}/agent.key")
     os.mkfifo(f"{run_dir}/handover.json")
+    for name in ("console.log", "exit_status.tmp"):  # what the start command and job.sh write, too
+        os.symlink(elsewhere, f"{run_dir}/{name}")
     key, doc = "ab" * 32, '{"urls": {"log": "https://b.s3/x?X-Amz-Signature=s"}, "wait_s": 2}'
     jobs.start(conn, run_dir, ["bash", "-c", "stat -c %a agent.key handover.json; cat agent.key; echo; cat handover.json"],
                private={"agent.key": key, "handover.json": doc})

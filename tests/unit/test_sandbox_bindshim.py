@@ -112,3 +112,23 @@ def test_a_compiler_that_fails_is_said_in_one_line_with_the_hint(tmp_path, monke
         bindshim.build(tmp_path)
     assert exc.value.message.startswith("the sandbox's bind shim was not built (/usr/bin/false exited 1")
     assert "\n" not in exc.value.message and list(tmp_path.iterdir()) == []
+
+
+def test_a_running_sandbox_that_names_no_shim_is_refused_before_anything_is_created(tmp_path):
+    """A daemon an older ec2gpu started names no library to its instances: node.py there would
+    refuse to start Ray only once the array's instances exist. for_sandbox reads the running
+    daemon's state first and says to restart it."""
+    import os
+
+    from ec2gpu.sandbox import control
+    if not any(shutil.which(c) for c in bindshim.COMPILERS):
+        pytest.skip("no C compiler here")
+    state = control.state_dir(tmp_path)
+    state.mkdir(parents=True)
+    (state / "state.json").write_text(json.dumps({"pid": os.getpid(), "endpoint": "http://127.0.0.1:1"}))
+    with pytest.raises(UsageError, match="started by an older ec2gpu") as exc:
+        bindshim.for_sandbox(tmp_path)
+    assert "ec2gpu sandbox down && ec2gpu sandbox up" in exc.value.hint
+    (state / "state.json").write_text(json.dumps({"pid": os.getpid(), "endpoint": "http://127.0.0.1:1",
+                                                  "bind_shim": str(bindshim.library(state))}))
+    assert bindshim.for_sandbox(tmp_path) == bindshim.library(state)

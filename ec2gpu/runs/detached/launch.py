@@ -165,10 +165,46 @@ def boot_script(bucket: str, user: str, run_id: str, region: str, group: str, ha
         raise ValueError(f"boot_script: hashes must give a sha256 for each of {', '.join(AGENT_FILES)}")
     if not _SHA256.fullmatch(str(spec_sha256)):
         raise ValueError("boot_script: spec_sha256 is not a sha256 (64 lowercase hex digits)")
-    prefix = runstore.prefix(user, run_id)
     q = shlex.quote
+    fetch_py = _fetch_script(bucket, user, run_id, region, group, hashes)
+    return "\n".join([
+        f'dir={instances.STATE_DIR}/detached',
+        'mkdir -p "$dir" && chmod 700 "$dir"',
+        'py=""',
+        f'for p in {" ".join(BOOT_PYTHONS)}; do',
+        '  if command -v "$p" >/dev/null && "$p" -c "import boto3" 2>/dev/null; then py="$p"; break; fi',
+        "done",
+        "ok=0",
+        'if [ -z "$py" ]; then echo "ec2gpu: no Python with boto3 on this image" >>"$dir/boot.log"; fi',
+        'for _ in $(seq 30); do',
+        '  [ -n "$py" ] || break',
+        f'  "$py" -c {q(fetch_py)} "$dir" 2>>"$dir/boot.log"; rc=$?',
+        '  if [ "$rc" = 0 ]; then ok=1; break; fi',
+        f'  if [ "$rc" = {EXIT_TAMPERED} ]; then ok={EXIT_TAMPERED}; break; fi',
+        "  sleep 10",
+        "done",
+        'if [ "$ok" = 1 ]; then',
+        f'  nohup "$py" "$dir/detached.py" --bucket {q(bucket)} --user {q(user)} --run-id {q(run_id)} '
+        f'--region {q(region)} --spec-sha256 {q(spec_sha256)} --home "$dir" >>"$dir/detached.log" 2>&1 </dev/null &',
+        "else",
+        f'  if [ "$ok" = {EXIT_TAMPERED} ]; then',
+        '    echo "ec2gpu: the agent in S3 is not the one this run was launched with: none of it ran" >>"$dir/boot.log"',
+        "  else",
+        '    echo "ec2gpu: the agent could not be fetched: ending the group" >>"$dir/boot.log"',
+        "  fi",
+        f"  aws autoscaling update-auto-scaling-group --region {q(region)} --auto-scaling-group-name {q(group)} "
+        '--min-size 0 --max-size 0 --desired-capacity 0 >>"$dir/boot.log" 2>&1',
+        "fi",
+    ])
+
+
+def _fetch_script(bucket: str, user: str, run_id: str, region: str, group: str, hashes: Mapping[str, str]) -> str:
+    """The Python that ``boot_script`` runs to fetch the agent (pure): every file of AGENT_FILES read
+    into memory and checked against ``hashes`` before any is written (into ``sys.argv[1]``); a file
+    that differs ends the run failed, its group ended, exit EXIT_TAMPERED."""
+    prefix = runstore.prefix(user, run_id)
     want = {name: [f"{prefix}agent/{name}", hashes[name]] for name in AGENT_FILES}
-    fetch_py = (  # double quotes only: the script goes into single ones
+    return (  # double quotes only: the script goes into single ones
         "import datetime, hashlib, json, os, sys, boto3\n"
         f"B, G, R, RUN = {json.dumps(bucket)}, {json.dumps(group)}, {json.dumps(region)}, {json.dumps(run_id)}\n"
         f"STATUS = {json.dumps(runstore.status_key(user, run_id))}\n"
@@ -200,35 +236,6 @@ def boot_script(bucket: str, user: str, run_id: str, region: str, group: str, ha
         "for name, body in got.items():\n"  # written only once every file is the launched one
         "    with open(os.path.join(sys.argv[1], name), \"wb\") as f:\n"
         "        f.write(body)\n")
-    return "\n".join([
-        f'dir={instances.STATE_DIR}/detached',
-        'mkdir -p "$dir" && chmod 700 "$dir"',
-        'py=""',
-        f'for p in {" ".join(BOOT_PYTHONS)}; do',
-        '  if command -v "$p" >/dev/null && "$p" -c "import boto3" 2>/dev/null; then py="$p"; break; fi',
-        "done",
-        "ok=0",
-        'if [ -z "$py" ]; then echo "ec2gpu: no Python with boto3 on this image" >>"$dir/boot.log"; fi',
-        'for _ in $(seq 30); do',
-        '  [ -n "$py" ] || break',
-        f'  "$py" -c {q(fetch_py)} "$dir" 2>>"$dir/boot.log"; rc=$?',
-        '  if [ "$rc" = 0 ]; then ok=1; break; fi',
-        f'  if [ "$rc" = {EXIT_TAMPERED} ]; then ok={EXIT_TAMPERED}; break; fi',
-        "  sleep 10",
-        "done",
-        'if [ "$ok" = 1 ]; then',
-        f'  nohup "$py" "$dir/detached.py" --bucket {q(bucket)} --user {q(user)} --run-id {q(run_id)} '
-        f'--region {q(region)} --spec-sha256 {q(spec_sha256)} --home "$dir" >>"$dir/detached.log" 2>&1 </dev/null &',
-        "else",
-        f'  if [ "$ok" = {EXIT_TAMPERED} ]; then',
-        '    echo "ec2gpu: the agent in S3 is not the one this run was launched with: none of it ran" >>"$dir/boot.log"',
-        "  else",
-        '    echo "ec2gpu: the agent could not be fetched: ending the group" >>"$dir/boot.log"',
-        "  fi",
-        f"  aws autoscaling update-auto-scaling-group --region {q(region)} --auto-scaling-group-name {q(group)} "
-        '--min-size 0 --max-size 0 --desired-capacity 0 >>"$dir/boot.log" 2>&1',
-        "fi",
-    ])
 
 
 def secret_env(job: TaskJob) -> dict[str, str]:
