@@ -34,6 +34,7 @@ MAX_MINUTES = 30 * 1440  # the longest duration a task or flag may give (max_run
 MAX_SCRIPT_BYTES = 100 * 1024
 MAX_LABELS = 45  # EC2's 50 tags per resource, less the ones ec2gpu puts (tags.py)
 MAX_FILE_MOUNTS = 32  # entries in one task's file_mounts
+MAX_PORTS = 64  # ports forwarded from one task (each is an SSH forward held while the job runs)
 #: the one duration grammar of every flag and field (--max-runtime, --expect, --since, --idle,
 #: max_runtime, idle_timeout, autostop): a number and a unit, s m h d w (case ignored)
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])?\s*", re.IGNORECASE)

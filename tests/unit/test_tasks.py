@@ -176,6 +176,17 @@ def test_yaml_bombs_are_refused_with_a_line(tmp_path):
         load.parse(deep, "t.yaml", tmp_path)
 
 
+def test_an_error_in_a_list_item_names_that_items_own_line(tmp_path):
+    """A list item has no key: its line is where the item starts (load._lines), in both formats,
+    whatever blank lines or comments come before it."""
+    sky = "resources:\n  any_of:\n    - accelerators: T4:1\n\n    - 42\nrun: x\n"
+    with pytest.raises(UsageError, match=r"^t\.yaml:5: resources\.any_of\[1\]: 42: a candidate is a mapping"):
+        load.parse(sky, "t.yaml", tmp_path)
+    ours = "workdir: null\nresources:\n  any_of:\n    - gpu: T4\n    # a comment\n    - 42\nrun: x\n"
+    with pytest.raises(UsageError, match=r"^t\.yaml:6: resources\.any_of\.1: "):
+        load.parse(ours, "t.yaml", tmp_path)
+
+
 def test_a_20000_deep_task_file_is_a_usage_error_through_the_cli(said, tmp_path):
     from ec2gpu import cli
     assert cli.main(["run", _file(tmp_path, "run: x\nl: " + "[" * 20000 + "]" * 20000 + "\n")]) == 2
