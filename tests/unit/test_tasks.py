@@ -75,14 +75,14 @@ def test_secret_values_are_masked(tmp_path):
 
 @pytest.fixture
 def said(monkeypatch, tmp_path):
-    """The CLI's stderr (a StringIO); EC2GPU_HOME is tmp_path/state, which a refusal never creates."""
+    """The CLI's stderr (cli/render.err, a StringIO); EC2GPU_HOME is tmp_path/state, which a refusal never creates."""
     import io
 
     from rich.console import Console
 
-    from ec2gpu import cli
+    from ec2gpu.cli import render
     buf = io.StringIO()
-    monkeypatch.setattr(cli, "err", Console(file=buf, width=400))
+    monkeypatch.setattr(render, "err", Console(file=buf, width=400))
     monkeypatch.setenv("EC2GPU_HOME", str(tmp_path / "state"))
     return buf
 
