@@ -33,11 +33,13 @@ from ..aws import catalog
 from .. import settings
 from ..errors import UsageError
 from . import resolve
-from .infra import aws_infra, zone_note  # noqa: F401  (zone_note: api/tasks.py reads it here)
+from .infra import aws_infra as aws_infra  # api/tasks.py reads it here too
+from .infra import zone_note as zone_note  # api/tasks.py reads it here (a re-export)
 from .lines import DOCS, Lines, Loc, Renamed, line_of, names_hint
 from .mounts import Mount, check_flag
 from .skypilot import SKYPILOT_FIELDS, SKYPILOT_RESOURCE_FIELDS, from_skypilot, git_workdir, is_skypilot
-from .spec import ENV_NAME_RE, MAX_PORTS, Resources, Task  # noqa: F401  (MAX_PORTS: api/tasks.py reads it here)
+from .spec import ENV_NAME_RE, Resources, Task
+from .spec import MAX_PORTS as MAX_PORTS  # api/tasks.py reads it here (a re-export)
 
 MAX_TASK_BYTES = 1 << 20  # a task file holds at most 1 MiB
 MAX_ALIASES = 100  # alias uses (*name) in one task file
