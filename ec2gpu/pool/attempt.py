@@ -356,9 +356,7 @@ def run_attempt(aws: Aws, settings: Settings, opts: PoolOptions, run_id: str, ui
         with ui.phase("waiting for SSH"):
             N.parallel(lambda nd: N.open_node(nd, aws, settings, prov, run_id, backend, ui.note), nodes)
             assert prov.key_path is not None
-            known = settings.home / "known_hosts"
-            sc.write(config, sc.render([sc.HostEntry((nd.instance_id,), nd.host, nd.port, settings.ssh_user,
-                                                     prov.key_path, known / nd.instance_id) for nd in nodes], config))
+            sc.ssh_config_for(nodes, config, settings.ssh_user, prov.key_path, settings.home / "known_hosts")
         with ui.phase("setup"):
             N.parallel(lambda nd: N.prepare_node(nd, _say(ui, nd, nodes)), nodes)
         addresses = {nd.index: backend.private_address(nd.instance) for nd in nodes}  # node index -> private address

@@ -177,10 +177,8 @@ def _make(ctx: Context, rep: Replacement, lost_zone: str | None, addresses: list
     step()
     assert ctx.prov.key_path is not None
     # an SSH config of its own (rsync's, for this node alone): the pool's stays the main thread's
-    config = Path(ctx.ssh_config).with_name(f"{ctx.run_id}-node-{rep.index}.config")
-    sc.write(config, sc.render([sc.HostEntry((nd.instance_id,), nd.host, nd.port, ctx.settings.ssh_user,
-                                             ctx.prov.key_path, ctx.settings.home / "known_hosts" / nd.instance_id)],
-                               config))
+    config = sc.ssh_config_for([nd], Path(ctx.ssh_config).with_name(f"{ctx.run_id}-node-{rep.index}.config"),
+                               ctx.settings.ssh_user, ctx.prov.key_path, ctx.settings.home / "known_hosts")
     try:
         N.prepare_node(nd, say)
         step()

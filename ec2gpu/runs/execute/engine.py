@@ -641,10 +641,8 @@ def run_attempt(aws: Aws, settings: Settings, opts: RunOptions, run_id: str, ui:
         with ui.phase("waiting for SSH"):
             N.parallel(lambda nd: N.open_node(nd, aws, settings, prov, run_id, backend, ui.note), nodes)
             nodes[0].watch.checkpoints = replace(checkpoints, remote=checkpoint_remote(job, nodes[0].run_dir))
-            known = settings.home / "known_hosts"
             assert prov.key_path is not None  # open_node needed it: the run's key pair
-            sc.write(config, sc.render([sc.HostEntry((nd.instance_id,), nd.host, nd.port, settings.ssh_user,
-                                                     prov.key_path, known / nd.instance_id) for nd in nodes], config))
+            sc.ssh_config_for(nodes, config, settings.ssh_user, prov.key_path, settings.home / "known_hosts")
         with ui.phase("setup"):
             N.parallel(lambda nd: N.prepare_node(nd, say(nd)), nodes)
         addresses = [backend.private_address(nd.instance) for nd in nodes]

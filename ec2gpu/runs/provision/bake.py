@@ -139,8 +139,7 @@ def bake_attempt(aws: Aws, settings: Settings, opts: BakeOptions, run_id: str, u
                                ends_at=max_runtime_deadline(nd.instance, opts.max_runtime_minutes))
         # rsync's ssh_config, written after any reboot (a sandbox instance's sshd moves on one)
         assert prov.key_path is not None  # open_node needed it: the run's key pair
-        sc.write(config, sc.render([sc.HostEntry((nd.instance_id,), nd.host, nd.port, settings.ssh_user,
-                                                 prov.key_path, settings.home / "known_hosts" / nd.instance_id)], config))
+        sc.ssh_config_for([nd], config, settings.ssh_user, prov.key_path, settings.home / "known_hosts")
         with ui.phase("setup"):
             N.prepare_node(nd, ui.note)
         with ui.phase("upload"):
