@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, cast
 
 from ..errors import RemoteError, UsageError, WaitTimeout
+from ..runs.execute import attempt as A
+from ..runs.execute import nodes as N
 from ..wire import bounded_json
 from . import grow, records
 from .driver import TOKEN_FILE
@@ -332,11 +334,8 @@ def run_attempt(aws: Aws, settings: Settings, opts: PoolOptions, run_id: str, ui
     ``opts.detach`` this controller leaves as soon as the driver runs: the driver shrinks the pool
     itself and the head's agent hands over at once (raises handover.Detached then, with
     ``record["pool"]`` the pool as it started). Raises RemoteError when an element failed (after
-    every result came home) or Ray could not start, recovery.Interrupted when the head is lost."""
-    from ..remote import jobs, ssh_config as sc
-    from ..runs.execute import engine, nodes as N
-    from ..runs.recover import recovery
-
+    every result came home) or Ray could not start, recovery.Interrupted when the head is lost.
+    The lifecycle is runs/execute/attempt.drive's; PoolDriver is what an array does in it."""
     from dataclasses import replace
 
     job = cast("TaskJob", opts.task)
@@ -346,84 +345,101 @@ def run_attempt(aws: Aws, settings: Settings, opts: PoolOptions, run_id: str, ui
         opts = replace(opts, elements=tuple(e for e in opts.elements if str(e.index) not in done))
         ui.note(f"pool: {len(done)} element(s) finished in an earlier attempt, their outputs home; "
                 f"running the other {len(opts.elements)}")
-    nodes = [N.Node(k, inst) for k, inst in enumerate(instances_)]
-    pool = Pool(nodes, members={nd.instance_id: nd for nd in nodes}, write_back=any(m.write_back for m in job.mounts))
+    a = A.new(aws, settings, run_id, ui, prov, backend, job, instances_, local_out, n)
+    pool = Pool(a.nodes, members={nd.instance_id: nd for nd in a.nodes}, write_back=any(m.write_back for m in job.mounts))
     pool.count()
-    config = settings.home / "ssh" / f"{run_id}.config"
-    beating = None  # the heartbeat the head's agent watches (runs/recover/handover.py), while there is a plan
-    plan, per_job = None, 1
-    try:
-        with ui.phase("waiting for SSH"):
-            N.parallel(lambda nd: N.open_node(nd, aws, settings, prov, run_id, backend, ui.note), nodes)
-            assert prov.key_path is not None
-            sc.ssh_config_for(nodes, config, settings.ssh_user, prov.key_path, settings.home / "known_hosts")
-        with ui.phase("setup"):
-            N.parallel(lambda nd: N.prepare_node(nd, _say(ui, nd, nodes)), nodes)
-        addresses = {nd.index: backend.private_address(nd.instance) for nd in nodes}  # node index -> private address
-        with ui.phase("upload"):
-            N.parallel(lambda nd: engine.upload_node(nd, job, config, run_id, list(addresses.values()), False, None,
-                                                     _say(ui, nd, nodes)), nodes)
-            if job.mounts:  # each instance gets its copy; MOUNT-mode ones are written back as it leaves
-                N.parallel(lambda nd: engine.mounts_node(nd, job, config, _say(ui, nd, nodes)), nodes)
-        with ui.phase("setup"):
-            if job.task.setup:
-                N.parallel(lambda nd: engine.setup_node(nd, job, _say(ui, nd, nodes)), nodes)
+    return A.drive(a, PoolDriver(opts, pool, record, done, skipped, shutdown), handover)
+
+
+class PoolDriver(A.Strategy[dict[str, Any]]):
+    """The array's attempt as a strategy of runs/execute/attempt.py: Ray on every node after the
+    task's setup, the driver on the head under the agent, the pool followed (shrunk, grown, its
+    results brought home as they finish), the element table home; a lost head's hand-over adopted."""
+
+    def __init__(self, opts: PoolOptions, pool: Pool, record: dict[str, Any], done: dict[str, dict[str, Any]],
+                 skipped: list[int], shutdown: bool) -> None:
+        self.opts, self.pool, self.record, self.done, self.skipped = opts, pool, record, done, skipped
+        self.shutdown, self.per_job = shutdown, 1
+        self.addresses: dict[int, str] = {}  # node index -> private address (a replacement's added)
+        self.address = self.token = ""  # the head's Ray (IP:PORT) and the pool's Ray token
+        self.status: dict[str, Any] | None = None
+
+    def setup(self, a: A.Attempt) -> None:
+        """The task's setup, this machine's Ray on every node, Ray started with a new token."""
+        nodes, job = a.nodes, a.job
+        self.addresses = dict(enumerate(a.addresses))
+        with a.ui.phase("setup"):
+            A.task_setup(a)
             want = ray_version()
-            N.parallel(lambda nd: check_ray(nd, want, _say(ui, nd, nodes)), nodes)
-            token = new_token()  # this attempt's pool's, to its nodes over SSH only
-            address = start_ray(nodes, addresses, job, ui.note, token, end_with_head=shutdown)
-        per_job = gpus_per_job(opts, _gpus(nodes[0], job))
-        pool.slots_per_node = max(1, _gpus(nodes[0], job) // per_job)
-        head = nodes[0]
-        plan = handover.result() if isinstance(handover, Future) else handover
-        if plan is not None:
-            from ..runs.recover.handover import Heartbeat
-            if not opts.detach:  # a controller that stays: its heartbeat (detached, none: the head is on its own)
-                engine.mark([head], "controller")
-                beating = Heartbeat(lambda: engine.mark([head], "controller"), plan.wait_s).start()
+            N.parallel(lambda nd: check_ray(nd, want, a.say(nd)), nodes)
+            self.token = new_token()  # this attempt's pool's, to its nodes over SSH only
+            self.address = start_ray(nodes, self.addresses, job, a.ui.note, self.token, end_with_head=self.shutdown)
+        self.per_job = gpus_per_job(self.opts, _gpus(nodes[0], job))
+        self.pool.slots_per_node = max(1, _gpus(nodes[0], job) // self.per_job)
+
+    def watched(self, a: A.Attempt) -> list[Node]:
+        # a controller that stays: its heartbeat (detached, none: the head is on its own)
+        return [] if self.opts.detach else [a.nodes[0]]
+
+    def run(self, a: A.Attempt) -> None:
+        """The driver started on the head; unless detached, the pool followed until it ends."""
+        opts, job, ui, head, pool, plan = self.opts, a.job, a.ui, a.nodes[0], self.pool, a.plan
         with ui.phase("running"):  # the first figures at once: `ec2gpu status RUN` knows it for an array
-            _write_progress(local_out / PROGRESS_FILE, {
+            _write_progress(a.local_out / PROGRESS_FILE, {
                 "done": 0, "total": len(opts.elements), "instances": len(pool.members), "at": round(time.time(), 3),
                 "counts": {"done": 0, "failed": 0, "running": 0, "queued": len(opts.elements)}})
-            _start_driver(head, pool_spec(run_id, opts, job, address, per_job, plan.wait_s if plan else None), opts,
-                          settings, plan.document(True, shutdown, sorted(job.task.secrets), pool=True) if plan else None)
-            ui.note(f"pool: {records_words(opts)} over {len(nodes)} instance(s), {per_job} GPU(s) each; the driver "
-                    f"runs on the head ({addresses[0]})")
+            _start_driver(head, pool_spec(a.run_id, opts, job, self.address, self.per_job,
+                                          plan.wait_s if plan else None), opts, a.settings,
+                          plan.document(True, self.shutdown, sorted(job.task.secrets), pool=True) if plan else None)
+            ui.note(f"pool: {records_words(opts)} over {len(a.nodes)} instance(s), {self.per_job} GPU(s) each; the "
+                    f"driver runs on the head ({self.addresses[0]})")
             if not opts.detach:
-                limits = settings.download_limits
-                pool.usd_per_hour = prices_of(aws, settings, nodes)
-                growing = grow.Context(aws, settings, opts, run_id, prov, backend, job, n,
-                                       record.setdefault("attempts", []), config,
-                                       lambda nd, at, log: join_ray(nd, at, address, job, log, token, shutdown))
-                status = _follow(aws, pool, head, opts, addresses, ui,
-                                 lambda st: _bring_done(head, st, done, job, local_out, config, ui, limits),
-                                 local_out / PROGRESS_FILE, growing)
+                self._follow(a, pool, head)
         if opts.detach:  # after the phase: it ended as it should (its line says "done", not "stopped")
             from ..runs.recover.handover import Detached
-            record["pool"] = {**_pool_record(pool, None, opts, per_job), "skipped": skipped, "ended_at": None}
-            raise Detached(run_id)
+            self.record["pool"] = {**_pool_record(pool, None, opts, self.per_job), "skipped": self.skipped,
+                                   "ended_at": None}
+            raise Detached(a.run_id)
+
+    def _follow(self, a: A.Attempt, pool: Pool, head: Node) -> None:
+        address, token, job, limits = self.address, self.token, a.job, a.settings.download_limits
+        pool.usd_per_hour = prices_of(a.aws, a.settings, a.nodes)
+        growing = grow.Context(a.aws, a.settings, self.opts, a.run_id, a.prov, a.backend, job, a.n,
+                               self.record.setdefault("attempts", []), a.config,
+                               lambda nd, at, log: join_ray(nd, at, address, job, log, token, self.shutdown))
+        self.status = _follow(a.aws, pool, head, self.opts, self.addresses, a.ui,
+                              lambda st: _bring_done(head, st, self.done, job, a.local_out, a.config, a.ui, limits),
+                              a.local_out / PROGRESS_FILE, growing)
+
+    def collect(self, a: A.Attempt) -> dict[str, Any]:
+        """The MOUNT-mode file_mounts written back, the results and the element table home."""
+        pool, head, ui = self.pool, a.nodes[0], a.ui
         with ui.phase("download"):
             if pool.write_back:  # the nodes still in the pool (the others wrote theirs back as they left)
                 N.parallel(lambda nd: _write_back(nd, ui), list(pool.members.values()))
-            status = _home(head, job, local_out, config, ui, opts, done, limits) or status
-            if plan is not None:
-                engine.mark([head], "collected")
-        return _conclude(record, pool, status, opts, per_job, skipped, local_out, head)
-    except (*jobs.CONNECTION_ERRORS, WaitTimeout, RemoteError, recovery.Interrupted) as exc:
-        lost = exc if isinstance(exc, recovery.Interrupted) else _lost(nodes[0])  # a lost head explains it
+            self.status = _home(head, a.job, a.local_out, a.config, ui, self.opts, self.done,
+                                a.settings.download_limits) or self.status
+            if a.plan is not None:
+                A.mark([head], "collected")
+        return _conclude(self.record, pool, self.status, self.opts, self.per_job, self.skipped, a.local_out, head)
+
+    def failed(self, a: A.Attempt, exc: Exception) -> dict[str, Any]:
+        """A lost head (EC2 says so) explains the failure: recovery.Interrupted, unless its agent
+        handed over a driver that ended, whose results are adopted from S3."""
+        from ..remote import jobs
+        from ..runs.recover import recovery
+        if not isinstance(exc, (*jobs.CONNECTION_ERRORS, WaitTimeout, RemoteError, recovery.Interrupted)):
+            raise exc
+        lost = exc if isinstance(exc, recovery.Interrupted) else _lost(a.nodes[0])  # a lost head explains it
         if lost is None:
-            raise
-        if plan is None or not _handed_over(aws, run_id):  # lost: what it had not brought home runs again
+            raise exc
+        if a.plan is None or not _handed_over(a.aws, a.run_id):  # lost: what it had not brought home runs again
             raise lost from (None if lost is exc else exc)
-        pool.left_at.setdefault(nodes[0].instance_id, round(time.time(), 3))
-        return _conclude(record, pool, _adopt(aws, run_id, opts, local_out, done, settings.download_limits, ui),
-                         opts, per_job, skipped, local_out, nodes[0])
-    finally:
-        if beating is not None:
-            beating.stop()
-        for nd in nodes:
-            nd.close()
-        config.unlink(missing_ok=True)
+        pool = self.pool
+        pool.left_at.setdefault(a.nodes[0].instance_id, round(time.time(), 3))
+        return _conclude(self.record, pool, _adopt(a.aws, a.run_id, self.opts, a.local_out, self.done,
+                                                   a.settings.download_limits, a.ui),
+                         self.opts, self.per_job, self.skipped, a.local_out, a.nodes[0])
 
 
 def _conclude(record: dict[str, Any], pool: Pool, status: dict[str, Any] | None, opts: PoolOptions, per_job: int,
@@ -494,10 +510,6 @@ def _adopt(aws: Aws, run_id: str, opts: PoolOptions, local_out: Path, done: dict
 def records_words(opts: PoolOptions) -> str:
     from ..tasks.arrays import describe
     return describe(list(opts.elements))
-
-
-def _say(ui: ReporterLike, nd: Node, nodes: list[Node]) -> Callable[[str], None]:
-    return (lambda line: ui.note(f"node {nd.index}: {line}")) if len(nodes) > 1 else ui.note
 
 
 def _start_driver(head: Node, spec: dict[str, Any], opts: PoolOptions, settings: Settings,
