@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ...errors import AwsError, RemoteError, WaitTimeout
 from . import engine, status
-from . import attempt as A
+from . import attempt as lifecycle
 from . import nodes as N
 
 if TYPE_CHECKING:
@@ -43,29 +43,29 @@ def run_attempt(aws: Aws, settings: Settings, opts: RunOptions, run_id: str, ui:
     when the setup or the job fails (after its outputs came home), WaitTimeout when SSH never answers.
     """
     job = cast("TaskJob", opts.task)  # pipeline.train and standing/hosts.py set it before any attempt
-    a = A.new(aws, settings, run_id, ui, prov, backend, job, instances_, local_out, n)
-    return A.drive(a, ForegroundJob(opts, checkpoints, shutdown), handover)
+    a = lifecycle.new(aws, settings, run_id, ui, prov, backend, job, instances_, local_out, n)
+    return lifecycle.drive(a, ForegroundJob(opts, checkpoints, shutdown), handover)
 
 
-class ForegroundJob(A.Strategy[dict[str, Any]]):
+class ForegroundJob(lifecycle.Strategy[dict[str, Any]]):
     """The task under the agent on every node, followed by this controller (the strategy of
     run_attempt)."""
 
     def __init__(self, opts: RunOptions, checkpoints: DirCheckpoints, shutdown: bool) -> None:
         self.opts, self.checkpoints, self.shutdown = opts, checkpoints, shutdown
 
-    def opened(self, a: A.Attempt) -> None:
+    def opened(self, a: lifecycle.Attempt) -> None:
         a.nodes[0].watch.checkpoints = replace(self.checkpoints, remote=engine.checkpoint_remote(a.job,
                                                                                                  a.nodes[0].run_dir))
 
-    def resume(self, a: A.Attempt) -> bool:
+    def resume(self, a: lifecycle.Attempt) -> bool:
         return a.n > 1
 
-    def checkpoints_for(self, a: A.Attempt, nd: Node) -> DirCheckpoints | None:
+    def checkpoints_for(self, a: lifecycle.Attempt, nd: Node) -> DirCheckpoints | None:
         # node 0's copy (its watch's) learns what it was given, so it is not brought home again
         return cast("DirCheckpoints", nd.watch.checkpoints) if nd.index == 0 else self.checkpoints
 
-    def run(self, a: A.Attempt) -> None:
+    def run(self, a: lifecycle.Attempt) -> None:
         """The job started under each node's agent (after the setup and all it left), its log
         followed (the task's ports forwarded meanwhile), each node's record read once it ended."""
         from ...remote import tunnel
@@ -101,7 +101,7 @@ class ForegroundJob(A.Strategy[dict[str, Any]]):
                               "instance was at elevated risk of interruption); the job was told through "
                               "$EC2GPU_REBALANCE_FILE")
 
-    def collect(self, a: A.Attempt) -> dict[str, Any]:
+    def collect(self, a: lifecycle.Attempt) -> dict[str, Any]:
         """Outputs, checkpoints and records home (engine.download), then the verdict (engine.judge):
         the job's own failure is said before a part that could not come home."""
         brought, summary = None, None
@@ -111,13 +111,13 @@ class ForegroundJob(A.Strategy[dict[str, Any]]):
             except RemoteError as exc:  # a part could not come home: the job's own failure is said first
                 brought = exc
             if a.plan is not None:
-                A.mark(a.nodes, "collected")
+                lifecycle.mark(a.nodes, "collected")
         engine.judge(a.nodes, a.job)
         if brought is not None:
             raise brought
         return summary or {}
 
-    def failed(self, a: A.Attempt, exc: Exception) -> dict[str, Any]:
+    def failed(self, a: lifecycle.Attempt, exc: Exception) -> dict[str, Any]:
         from ...remote import jobs
         if isinstance(exc, (*jobs.CONNECTION_ERRORS, WaitTimeout, RemoteError)):
             for nd in a.nodes:

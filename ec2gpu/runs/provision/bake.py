@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ...aws import baked, images
 from ...errors import RemoteError, UsageError, WaitTimeout
-from ..execute import attempt as A
+from ..execute import attempt as lifecycle
 
 if TYPE_CHECKING:
     from ...aws.instances import Instance
@@ -124,14 +124,14 @@ def bake_attempt(aws: Aws, settings: Settings, opts: BakeOptions, run_id: str, u
     returns the bake's summary: the image's id, name, key, base, versions and snapshots. Raises
     RemoteError when the driver install, the setup or the cleaning fails, AwsError or WaitTimeout
     when the image does not become available: teardown then removes the half-made image."""
-    from ..execute import attempt as A
+    from ..execute import attempt as lifecycle
 
     job = cast("TaskJob", opts.task)  # a bake (_run_attempts); train set the task
-    a = A.new(aws, settings, run_id, ui, prov, backend, job, instances_[:1], local_out, n)
-    return A.drive(a, ImageBake(opts))
+    a = lifecycle.new(aws, settings, run_id, ui, prov, backend, job, instances_[:1], local_out, n)
+    return lifecycle.drive(a, ImageBake(opts))
 
 
-class ImageBake(A.Strategy[dict[str, Any]]):
+class ImageBake(lifecycle.Strategy[dict[str, Any]]):
     """The bake as an attempt's strategy (runs/execute/attempt.Strategy): the NVIDIA driver first
     on bare Ubuntu, the workdir without file_mounts, the task's setup and the pre-fetch kept in
     the image, then an image of the builder instead of a job."""
@@ -142,7 +142,7 @@ class ImageBake(A.Strategy[dict[str, Any]]):
         self.opts, self.bp = opts, opts.plan
         self.summary: dict[str, Any] = {}
 
-    def opened(self, a: A.Attempt) -> None:
+    def opened(self, a: lifecycle.Attempt) -> None:
         """The driver on a bare Ubuntu builder (reboots included), before the run's SSH config is
         written (a sandbox instance's sshd moves on a reboot)."""
         if self.bp.base == "ubuntu-24.04":
@@ -151,22 +151,22 @@ class ImageBake(A.Strategy[dict[str, Any]]):
                 install_driver(a.aws, nd, a.backend, a.ui.note,
                                ends_at=max_runtime_deadline(nd.instance, self.opts.max_runtime_minutes))
 
-    def setup(self, a: A.Attempt) -> None:
+    def setup(self, a: lifecycle.Attempt) -> None:
         nd = a.nodes[0]
         with a.ui.phase("setup"):
-            A.task_setup(a)
+            lifecycle.task_setup(a)
             prefetch(nd, a.job, self.bp, a.ui.note)
             keep_setup(nd, self.bp.name, a.ui.note)
 
-    def watched(self, a: A.Attempt) -> list[Node]:
+    def watched(self, a: lifecycle.Attempt) -> list[Node]:
         return []  # a bake has no hand-over
 
-    def run(self, a: A.Attempt) -> None:
+    def run(self, a: lifecycle.Attempt) -> None:
         with a.ui.phase("cleaning"):
             run_script(a.nodes[0], "clean-for-image.sh", [], a.ui.note)
         self.summary = make_image(a.aws, a.settings, a.nodes[0], a.job, self.bp, a.prov, a.run_id, a.ui)
 
-    def collect(self, a: A.Attempt) -> dict[str, Any]:
+    def collect(self, a: lifecycle.Attempt) -> dict[str, Any]:
         return self.summary
 
 
