@@ -1,7 +1,8 @@
 """`ec2gpu image bake|ls|rm`: machine images that already hold a task's setup, so its runs start sooner.
 
 A bake is a run (provision/pipeline.py: estimate, provision, teardown in ``finally``, bill, ledger with task
-"bake") whose attempt, instead of a job, makes an image of its builder instance:
+"bake") whose attempt (runs/execute/attempt.py's lifecycle, with ImageBake as its strategy), instead of a
+job, makes an image of its builder instance:
 
   SSH -> [bare Ubuntu: ami/install-cuda.sh, an EC2 reboot when the driver needs one, again]
   -> machine setup (ami/setup-gpu.sh) -> workdir up -> the task's setup -> pre-fetch (MNIST for the
@@ -124,8 +125,6 @@ def bake_attempt(aws: Aws, settings: Settings, opts: BakeOptions, run_id: str, u
     returns the bake's summary: the image's id, name, key, base, versions and snapshots. Raises
     RemoteError when the driver install, the setup or the cleaning fails, AwsError or WaitTimeout
     when the image does not become available: teardown then removes the half-made image."""
-    from ..execute import attempt as lifecycle
-
     job = cast("TaskJob", opts.task)  # a bake (_run_attempts); train set the task
     a = lifecycle.new(aws, settings, run_id, ui, prov, backend, job, instances_[:1], local_out, n)
     return lifecycle.drive(a, ImageBake(opts))
