@@ -156,9 +156,9 @@ class PoolDriver(lifecycle.Strategy[dict[str, Any]]):
             follow.write_progress(a.local_out / follow.PROGRESS_FILE, {
                 "done": 0, "total": len(opts.elements), "instances": len(pool.members), "at": round(time.time(), 3),
                 "counts": {"done": 0, "failed": 0, "running": 0, "queued": len(opts.elements)}})
-            ray_nodes.start_driver(head, pool_spec(a.run_id, opts, job, self.address, self.per_job,
-                                          plan.wait_s if plan else None), opts, a.settings,
-                          plan.document(True, self.shutdown, sorted(job.task.secrets), pool=True) if plan else None)
+            spec = pool_spec(a.run_id, opts, job, self.address, self.per_job, plan.wait_s if plan else None)
+            ray_nodes.start_driver(head, spec, opts, a.settings,
+                                   plan.document(True, self.shutdown, sorted(job.task.secrets), pool=True) if plan else None)
             ui.note(f"pool: {records_words(opts)} over {len(a.nodes)} instance(s), {self.per_job} GPU(s) each; the "
                     f"driver runs on the head ({self.addresses[0]})")
             if not opts.detach:
@@ -176,8 +176,8 @@ class PoolDriver(lifecycle.Strategy[dict[str, Any]]):
                                self.record.setdefault("attempts", []), a.config,
                                lambda nd, at, log: ray_nodes.join_ray(nd, at, address, job, log, token, self.shutdown))
         self.status = follow.follow(a.aws, pool, head, self.opts, self.addresses, a.ui,
-                              lambda st: _bring_done(head, st, self.done, job, a.local_out, a.config, a.ui, limits),
-                              a.local_out / follow.PROGRESS_FILE, growing)
+                                    lambda st: _bring_done(head, st, self.done, job, a.local_out, a.config, a.ui, limits),
+                                    a.local_out / follow.PROGRESS_FILE, growing)
 
     def collect(self, a: lifecycle.Attempt) -> dict[str, Any]:
         """The MOUNT-mode file_mounts written back, the results and the element table home."""

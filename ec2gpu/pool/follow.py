@@ -41,8 +41,6 @@ GROW_RETRY_S = 60.0
 
 
 @dataclass
-
-
 class Pool:
     """The pool as the controller keeps it: its nodes (node 0 the head), those still in it, and
     the instance count over time (seconds since the pool started, instances)."""
@@ -107,8 +105,8 @@ def masked(status: dict[str, Any], job: TaskJob) -> dict[str, Any]:
 
 
 def follow(aws: Aws, pool: Pool, head: Node, opts: PoolOptions, addresses: dict[int, str],
-            ui: ReporterLike, on_status: Callable[[dict[str, Any]], None],
-            progress_path: Path | None = None, grow_ctx: grow.Context | None = None) -> dict[str, Any] | None:
+           ui: ReporterLike, on_status: Callable[[dict[str, Any]], None],
+           progress_path: Path | None = None, grow_ctx: grow.Context | None = None) -> dict[str, Any] | None:
     """Until the driver ends: its log lines shown, the progress line (also written to
     ``progress_path``), the pool shrunk, lost workers noted and replaced while work remains
     (pool/grow.py, with ``grow_ctx``; none without it), ``on_status(status)`` after each read.

@@ -205,7 +205,7 @@ def stop_ray(nd: Node, log: Callable[[str], None]) -> None:
 
 
 def start_driver(head: Node, spec: dict[str, Any], opts: PoolOptions, settings: Settings,
-                  handover: str | None = None) -> None:
+                 handover: str | None = None) -> None:
     """Put the driver, what it imports (SHIPPED) and pool.json on the head (what the task's setup
     left under those names, a link among them, removed first: never written through) and start
     the driver under the agent (runs/execute/engine.start_agent, after the setup and all it left;
