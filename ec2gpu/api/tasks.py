@@ -210,6 +210,7 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
     planned, reporter = plan_run(task, flags, reporter, on_warning)
     if dry_run:  # this machine's files alone: no Context (no sandbox started, no AWS client made)
         return dryrun.plan(planned)
+    ready_here(planned)
     with backend.Context(planned.region, sandbox, persistent=planned.persistent, note=reporter.note) as ctx:
         return start(ctx, planned, reporter)
 
@@ -250,23 +251,34 @@ def _overrides(flags: RunFlags) -> dict[str, Any]:
     return overrides
 
 
+def ready_here(planned: RunPlan) -> None:
+    """Refuse (UsageError) before any backend is opened what ``planned`` needs of this machine and
+    has not: for an array or a sweep, Ray here (pool/attempt.ray_here: none, or one too old) and, in
+    the sandbox, its bind shim (sandbox/bindshim.for_sandbox, built into the sandbox's state
+    directory of ``planned.settings.home``: the daemon a Context starts names that same file). Not
+    part of the plan: a dry run shows an array's plan on a machine without Ray, and builds nothing."""
+    if not planned.elements or planned.where != "new instances":
+        return
+    from ..pool import attempt as pool_attempt
+    from ..sandbox import bindshim  # the sandbox's part is given to pool/, which never imports sandbox/
+    home = planned.settings.home
+    pool_attempt.ray_here((lambda: bindshim.for_sandbox(home)) if planned.backend == "sandbox" else None)
+
+
 def start(ctx: Any, planned: RunPlan, ui: ReporterLike) -> RunRecord:
     """Run ``planned`` (runs/plan/runplan.RunPlan) in the open backend.Context ``ctx``: the one
     dispatcher of a run on new instances. An array or a sweep goes to the pool (runs/provision/
-    pipeline.train with PoolOptions: Ray here checked first, and in the sandbox its bind shim), a
-    detached run to AWS (runs/detached/launch.start), any other to runs/provision/pipeline.train.
-    The options are runplan.options(planned): what the plan says, nothing else; ``ctx`` gives the
-    clients, the backend and the settings (the task's disk size applied). Raises as ``run`` does."""
+    pipeline.train with PoolOptions; Ray here and the sandbox's bind shim were checked by
+    ``ready_here`` before ``ctx`` was opened), a detached run to AWS (runs/detached/launch.start),
+    any other to runs/provision/pipeline.train. The options are runplan.options(planned): what the
+    plan says, nothing else; ``ctx`` gives the clients, the backend and the settings (the task's disk
+    size applied). Raises as ``run`` does."""
     from ..runs.provision import pipeline  # boto3: a dry run never comes here
 
     disk = planned.job.task.resources.disk_gib
     settings = ctx.settings.model_copy(update={"root_volume_gib": disk}) if disk else ctx.settings
     opts = runplan.options(planned)
     if isinstance(opts, PoolOptions):
-        from ..pool import attempt as pool_attempt
-        from ..sandbox import bindshim  # the sandbox's part is given to pool/, which never imports sandbox/
-        # refused before anything is created: no Ray here, or one too old; in the sandbox no shim
-        pool_attempt.ray_here((lambda: bindshim.for_sandbox(ctx.settings.home)) if ctx.backend.is_sandbox else None)
         if planned.trainer is not None:  # a sweep's task: the built-in one, given the sandbox's data there
             topts = runplan.train_options(planned)
             if ctx.backend.is_sandbox:

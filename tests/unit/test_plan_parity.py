@@ -242,3 +242,19 @@ def test_train_mnist_dry_run_shows_its_plan_as_run_dry_run_does(project, capsys)
     assert not home.exists() or not any(home.rglob("*"))  # nothing written: no ledger row, no key, no sandbox
     assert cli.main(["train", "mnist", "--dry-run", "--local"]) == 2
     assert "--dry-run shows a run on new instances" in " ".join(capsys.readouterr().err.split())
+
+
+@pytest.mark.parametrize("argv", [["run", "arr.yaml"], ["train", "mnist", "--sweep", "lr=0.1,0.05"]])
+def test_an_array_without_ray_here_is_refused_before_any_backend_and_its_dry_run_still_shows_the_plan(
+        project, capsys, monkeypatch, argv):
+    from importlib import metadata
+
+    def missing(name):
+        if name == "ray":
+            raise metadata.PackageNotFoundError(name)
+        return real_version(name)
+    real_version = metadata.version
+    monkeypatch.setattr(metadata, "version", missing)
+    assert cli.main(argv) == 2  # project: opening a backend first would fail the test
+    assert said(capsys.readouterr().err) == "an array or a sweep runs on Ray, which is not installed here"
+    assert cli.main([*argv, "--dry-run"]) == 0  # the plan is this machine's files alone: Ray is the run's need
