@@ -24,6 +24,8 @@ FILES = {
     "arr.yaml": "name: a\nworkdir: .\nresources:\n  accelerators: T4:1\narray: 3\nrun: x\n",
     "two.yaml": "name: two\nworkdir: .\nnodes: 2\nresources:\n  accelerators: T4:1\nrun: x\n",
     "secret.yaml": "name: s\nworkdir: .\nsecrets:\n  BIG: null\nresources:\n  accelerators: T4:1\nrun: x\n",
+    "price.yaml": "name: mp\nworkdir: .\nresources:\n  accelerators: T4:1\n  max_price: 0.5\nrun: x\n",
+    "short.yaml": "name: sh\nworkdir: .\nmax_runtime: 5\nresources:\n  accelerators: T4:1\nrun: x\n",
 }
 
 
@@ -104,6 +106,9 @@ def test_run_and_its_dry_run_refuse_the_same_input_with_the_same_line_before_any
     (["run", "arr.yaml", "--max-price", "0.4", "--on-demand"], "--max-price applies to spot instances only"),
     (["run", "arr.yaml", "--workers", "65"], "--workers 65: 1 to 64"),
     (["run", "two.yaml", "--detach", "--max-runtime", "1h", "--max-attempts", "1"], "--max-attempts 1 is below --nodes 2"),
+    (["run", "secret.yaml", "--detach", "--max-runtime", "1h"], "the secret BIG is 5,000 bytes"),
+    (["run", "price.yaml"], "--max-price applies to spot instances only"),
+    (["run", "short.yaml", "--expect", "30m"], "longer than --max-runtime 5 min"),
     (["run", "--ssh-cidr", "nope", "--", "python", "train.py"], "--ssh-cidr 'nope' is not a CIDR"),
     (["run", "--max-price", "1", "--", "python", "train.py"], "--max-price applies to spot instances only"),
 ])
