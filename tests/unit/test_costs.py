@@ -1,11 +1,14 @@
 """Billing rules, spot price changes, the estimate, and instance termination times (pure)."""
 from datetime import datetime, timedelta, timezone
+from types import SimpleNamespace
 
 import pytest
 
 from ec2gpu.aws import instances
 from ec2gpu.runs.plan import costs
 from ec2gpu.aws.instances import Instance
+from ec2gpu.errors import UsageError
+from fakes import FakeEC2  # same folder (pytest prepend import mode)
 
 T0 = datetime(2026, 11, 21, 10, 0, 0, tzinfo=timezone.utc)
 
@@ -189,3 +192,70 @@ def test_a_terminated_standing_instance_is_billed_over_every_interval(tmp_path):
     assert bill["ebs_usd"] == pytest.approx(100 * 0.08 * (t2 - l1).total_seconds() / (30 * 86400), abs=1e-6)
     assert bill["cost_usd"] == pytest.approx(bill["compute_usd"] + bill["public_ipv4_usd"] + bill["ebs_usd"], abs=1e-6)
     assert bill["terminated_at"] == t2.isoformat() and bill["launched_at"] == l1.isoformat()
+
+
+# --- the spot estimate (ec2gpu/runs/plan/costs.py hourly_price) -------------------------------------
+# The dearest zone's current price, an upper bound, capped by --max-price, refused only below
+# the cheapest zone (runs/plan/costs.py hourly_price, aws/pricing.py).
+
+NOW = datetime(2026, 11, 20, 12, tzinfo=timezone.utc)
+
+
+def _spot_aws(zones: dict[str, float], itype: str = "g4dn.xlarge", stale: dict[str, float] | None = None):
+    """A session whose EC2 reports ``zones`` as the newest spot prices (``stale``: older entries,
+    listed after the newest, that must not win)."""
+    history = [{"InstanceType": itype, "AvailabilityZone": z, "Timestamp": NOW, "SpotPrice": f"{p:.4f}"}
+               for z, p in zones.items()]
+    history += [{"InstanceType": itype, "AvailabilityZone": z, "Timestamp": NOW - timedelta(hours=1),
+                 "SpotPrice": f"{p:.4f}"} for z, p in (stale or {}).items()]
+    return SimpleNamespace(ec2=FakeEC2(describe_spot_price_history=[{"SpotPriceHistory": history}]),
+                           region="us-east-1")
+
+
+ZONES = {"us-east-1a": 0.20, "us-east-1b": 0.35, "us-east-1c": 0.25}
+
+
+def test_the_spot_estimate_is_the_dearest_zones_price_an_upper_bound(tmp_path):
+    """The launch may land in any zone: the estimate takes the highest price (0.35), not the
+    lowest (0.20) nor the first."""
+    from ec2gpu.runs.plan import costs
+
+    price = costs.hourly_price(_spot_aws(ZONES), tmp_path, "g4dn.xlarge", spot=True)
+    assert price.usd_per_hour == pytest.approx(0.35)
+    assert price.source == "spot now, highest of 3 zone(s)"
+    assert price.usd_per_hour >= max(ZONES.values())
+
+
+def test_the_spot_estimate_uses_each_zones_newest_price_not_an_older_higher_one(tmp_path):
+    from ec2gpu.aws import pricing
+    from ec2gpu.runs.plan import costs
+
+    aws = _spot_aws(ZONES, stale={"us-east-1a": 0.90})
+    assert pricing.current_spot_prices(aws.ec2, ["g4dn.xlarge"]) == {"g4dn.xlarge": ZONES}
+    assert costs.hourly_price(aws, tmp_path, "g4dn.xlarge", spot=True).usd_per_hour == pytest.approx(0.35)
+
+
+def test_on_demand_ignores_spot_prices_and_no_spot_price_falls_back_to_on_demand(tmp_path):
+    from ec2gpu.runs.plan import costs
+
+    assert costs.hourly_price(_spot_aws(ZONES), tmp_path, "g4dn.xlarge", spot=False).usd_per_hour == 0.526
+    none = costs.hourly_price(_spot_aws({}), tmp_path, "g4dn.xlarge", spot=True)
+    assert none.usd_per_hour == 0.526 and "on-demand price as the ceiling" in none.source
+
+
+def test_max_price_caps_the_estimate_and_is_refused_only_below_the_cheapest_zone(tmp_path):
+    """--max-price: at or above the dearest zone, the dearest price; between the zones, the cap
+    itself; equal to the cheapest zone, still the cap (a launch there succeeds); below the cheapest
+    zone, refused."""
+    from ec2gpu.runs.plan import costs
+
+    def price(cap):
+        return costs.hourly_price(_spot_aws(ZONES), tmp_path, "g4dn.xlarge", spot=True, max_price=cap)
+
+    assert price(1.00).usd_per_hour == pytest.approx(0.35)
+    assert price(0.35).usd_per_hour == pytest.approx(0.35) and price(0.35).source.startswith("spot now")
+    assert price(0.30).usd_per_hour == 0.30
+    assert price(0.30).source == "--max-price (current spot 0.2000-0.3500 USD/h)"
+    assert price(0.20).usd_per_hour == 0.20
+    with pytest.raises(UsageError, match=r"below the spot price .* in every zone \(lowest 0\.2000"):
+        price(0.1999)
