@@ -2,6 +2,10 @@
 packages, so pytest's prepend import mode puts this folder on sys.path)."""
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
+T0 = datetime(2026, 11, 20, 10, 0, tzinfo=timezone.utc)
+
 
 class _Pages:
     def __init__(self, pages):
@@ -20,3 +24,8 @@ class FakeEC2:
 
     def get_paginator(self, name):
         return _Pages(self.pages[name])
+
+
+def _run(run_id, task, phases, status="completed"):
+    return {"run_id": run_id, "command": "run", "backend": "aws", "status": status, "task": task,
+            "started_at": T0.isoformat(), "phases": phases}

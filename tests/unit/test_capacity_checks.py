@@ -4,6 +4,9 @@ holds the zone and type fallback and these checks against the sandbox's moto ser
 cannot share its name: the test folders are not packages)."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import botocore.exceptions
 import pytest
 
 from ec2gpu.errors import CapacityError
@@ -65,3 +68,79 @@ def test_a_p_family_type_is_not_checked_against_the_gvt_quota():
     quotas = _Quotas(0)
     assert capacity.check_quota(quotas, _running(), "p3.2xlarge", False) is None
     assert quotas.asked == []
+
+
+# --- aws/capacity.py ----------------------------------------------------------------------------
+# A mutmut run over this module with the fast tier (issue 29, item 14) left these mutants alive;
+# each test fails when the one token it pins changes (a limit, a bill, an estimate, a quota).
+
+class _Described:
+    """describe_instances honouring its instance-state-name filter; describe_instance_types answers nothing."""
+
+    def __init__(self, instances):
+        self.instances = instances
+
+    def get_paginator(self, name):
+        return SimpleNamespace(paginate=lambda **kw: self._pages(name, kw))
+
+    def _pages(self, name, kw):
+        if name == "describe_instance_types":
+            return [{"InstanceTypes": []}]
+        (f,) = kw["Filters"]
+        assert f["Name"] == "instance-state-name"
+        return [{"Reservations": [{"Instances": [i for i in self.instances if i["State"]["Name"] in f["Values"]]}]}]
+
+
+def test_vcpus_in_use_count_pending_and_running_only_and_an_unknown_type_by_its_cpu_options():
+    from ec2gpu.aws import capacity
+
+    ec2 = _Described([{"InstanceType": "g4dn.xlarge", "State": {"Name": "pending"}},
+                      {"InstanceType": "g4dn.xlarge", "State": {"Name": "running"}},
+                      {"InstanceType": "g4dn.xlarge", "State": {"Name": "stopped"}},
+                      {"InstanceType": "g99.new", "State": {"Name": "running"},
+                       "CpuOptions": {"CoreCount": 3, "ThreadsPerCore": 2}},
+                      {"InstanceType": "g98.new", "State": {"Name": "running"}}])
+    assert capacity.gvt_vcpus_in_use(ec2, False) == 4 + 4 + 3 * 2 + 1
+
+
+def test_an_unreadable_quota_is_said_and_not_checked():
+    from ec2gpu.aws import capacity
+
+    class Quotas:
+        def get_service_quota(self, **kw):
+            raise botocore.exceptions.ClientError({"Error": {"Code": "AccessDenied", "Message": "no"}},
+                                                  "GetServiceQuota")
+    said: list[str] = []
+    assert capacity.check_quota(Quotas(), _Described([]), "g4dn.xlarge", False, log=said.append) is None
+    assert len(said) == 1 and said[0].startswith("could not read the vCPU quota L-DB2E81BA (")
+    assert said[0].endswith("); not checked") and "AccessDenied" in said[0]
+
+
+def test_a_quota_refusal_says_how_to_raise_it():
+    from ec2gpu.aws import capacity
+    from ec2gpu.errors import CapacityError
+
+    class Quotas:
+        def get_service_quota(self, **kw):
+            return {"Quota": {"Value": 0}}
+    for spot, market in ((False, "on-demand"), (True, "spot")):
+        with pytest.raises(CapacityError) as refused:
+            capacity.check_quota(Quotas(), _Described([]), "g4dn.xlarge", spot)
+        assert refused.value.hint == capacity.quota_hint(market) and refused.value.hint
+
+
+def test_the_spot_role_is_there_missing_or_unknown():
+    from ec2gpu.aws import capacity
+
+    class Iam:
+        def __init__(self, code=None):
+            self.code = code
+
+        def get_role(self, RoleName):
+            assert RoleName == "AWSServiceRoleForEC2Spot"
+            if self.code:
+                raise botocore.exceptions.ClientError({"Error": {"Code": self.code, "Message": "x"}}, "GetRole")
+            return {"Role": {"RoleName": RoleName}}
+    assert capacity.spot_role_exists(Iam()) is True
+    assert capacity.spot_role_exists(Iam("NoSuchEntity")) is False
+    assert capacity.spot_role_exists(Iam("AccessDenied")) is None
