@@ -6,7 +6,7 @@ window title, ``ESC]52;c;...BEL`` writes the clipboard, ``ESC]8;;URL`` makes a h
 characters that reorder or hide what is shown (bidi overrides, zero-width spaces). ``inert`` makes
 every such character visible as its escape, so what the user reads is what was sent and the
 terminal interprets none of it. The CLI prints the result as plain text, never as rich markup,
-through its one helper ``cli.say`` (and ``cli.plain`` for a table's cells): ``[link=...]`` in a
+through its one helper ``cli/render.say`` (and ``render.plain`` for a table's cells): ``[link=...]`` in a
 value stays those characters.
 """
 from __future__ import annotations

@@ -344,20 +344,21 @@ def field_uses(texts: list[str]) -> dict[str, int]:
 
 def treatment(path: str) -> str:
     """How ec2gpu's loader treats the SkyPilot field ``path`` ("resources.cpus"), from its SKYPILOT_*
-    sets and its Task model as they are now: read, renamed, warned and ignored, or unknown (refused)."""
-    from ec2gpu.tasks import load as loader
+    sets (tasks/skypilot.py) and its Task model as they are now: read, renamed, warned and ignored, or
+    unknown (refused)."""
+    from ec2gpu.tasks import skypilot
     from ec2gpu.tasks.spec import Resources, Task
     parts = tuple(path.split("."))
-    renames = getattr(loader, "SKYPILOT_RENAMES", {})
-    aliases = getattr(loader, "SKYPILOT_ALIASES", {})
+    renames = skypilot.SKYPILOT_RENAMES
+    aliases = skypilot.SKYPILOT_ALIASES
     if len(parts) == 2 and parts[0] == "resources" and parts[1] in aliases:
         parts = ("resources", aliases[parts[1]])
         return f"read (SkyPilot's other name for {'.'.join(parts)})"
-    if parts == ("resources", "accelerators"):  # load._skypilot_resources
+    if parts == ("resources", "accelerators"):  # skypilot._skypilot_resources
         return "read (as ec2gpu's resources.gpu; a set as resources.any_of, a list as resources.ordered)"
     if parts in renames:
         return f"read (as ec2gpu's {'.'.join(renames[parts])})"
-    warned = [v for k, v in vars(loader).items() if k.startswith("SKYPILOT_UNSUPPORTED")
+    warned = [v for k, v in vars(skypilot).items() if k.startswith("SKYPILOT_UNSUPPORTED")
               and ("RESOURCES" in k) == (len(parts) == 2)]
     if any(parts[-1] in s for s in warned):
         return "warned, ignored"
@@ -366,10 +367,10 @@ def treatment(path: str) -> str:
 
 
 def rules_markdown(uses: dict[str, int]) -> str:
-    from ec2gpu.tasks import load as loader
-    sets = {k: v for k, v in vars(loader).items() if k.startswith("SKYPILOT_")}
+    from ec2gpu.tasks import skypilot
+    sets = {k: v for k, v in vars(skypilot).items() if k.startswith("SKYPILOT_")}
     lines = ["How ec2gpu's loader treats each SkyPilot field these files use, read from "
-             "`ec2gpu/tasks/load.py` (its `SKYPILOT_*` tables) and `ec2gpu/tasks/spec.py` (the task model) "
+             "`ec2gpu/tasks/skypilot.py` (its `SKYPILOT_*` tables) and `ec2gpu/tasks/spec.py` (the task model) "
              "when this section was generated:", "",
              "| field | files using it | ec2gpu |", "|---|---:|---|"]
     lines += [f"| `{k}` | {n} | {treatment(k)} |" for k, n in uses.items()]

@@ -17,14 +17,14 @@ GetBucketLocation on buckets (``arn:aws:s3:::BUCKET``); ListBucket's ``s3:prefix
 limits which prefixes may be listed
 (https://docs.aws.amazon.com/AmazonS3/latest/userguide/amazon-s3-policy-keys.html).
 
-A detached run's role (issue 30) gets ``detached_policy`` instead (or ``combined`` with the file_mounts
-policy): its own run's prefix ``runs/USER_ID/RUN_ID/`` of the run bucket, and the end of its own
-Auto Scaling group, nothing else; the permissions boundary docs/iam-instance-boundary.json holds
-every run role to the same, through the role's own ``ec2gpu:run`` and ``ec2gpu:user`` tags
-(docs/security.md, "A detached run's instance reaches only its own run"). Every run role is
-tagged ``ec2gpu:user`` with its maker's user id (``${aws:userid}``: aws/runstore.user_id), and
-docs/iam-policy.json lets a user pass (iam:PassRole, to launch an instance with it) only a role
-tagged with their own.
+A detached run's role (issue 30) gets iam_detached.detached_policy instead (or ``combined`` with the
+file_mounts policy): its own run's prefix ``runs/USER_ID/RUN_ID/`` of the run bucket, and the end of
+its own Auto Scaling group, nothing else; the permissions boundary docs/iam-instance-boundary.json
+(iam_boundary.py) holds every run role to the same, through the role's own ``ec2gpu:run`` and
+``ec2gpu:user`` tags (docs/security.md, "A detached run's instance reaches only its own run").
+Every run role is tagged ``ec2gpu:user`` with its maker's user id (``${aws:userid}``:
+aws/runstore.user_id), and docs/iam-policy.json lets a user pass (iam:PassRole, to launch an
+instance with it) only a role tagged with their own.
 """
 from __future__ import annotations
 
@@ -37,25 +37,13 @@ from typing import Any, TypeVar
 
 import botocore.exceptions
 
-from ..errors import UsageError
 from . import tags as T
 from .session import Client, Item, error_code
 
 _T = TypeVar("_T")
 
 PATH = "/ec2gpu/"  # every role and instance profile of the tool lives under this IAM path
-#: the permissions boundary every run role gets when the account has it (docs/iam-instance-boundary.json,
-#: made once by an administrator): with it, the user policy docs/iam-policy.json lets ec2gpu create
-#: roles only under that boundary, so CreateRole + PutRolePolicy + PassRole cannot make a role that
-#: may do more than S3 objects (https://docs.aws.amazon.com/IAM/latest/UserGuide/access_policies_boundaries.html)
-BOUNDARY_NAME = "ec2gpu-instance-boundary"
-BOUNDARY_COMMAND = ("aws iam create-policy --path /ec2gpu/ --policy-name ec2gpu-instance-boundary "
-                    "--policy-document file://docs/iam-instance-boundary.json")
 POLICY_NAME = "ec2gpu-s3"  # the role's one inline policy
-#: how docs/iam-instance-boundary.json names a run role's user: its own ec2gpu:user tag
-#: (https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_variables.html#policy-vars-tags)
-BOUNDARY_USER = "${aws:PrincipalTag/ec2gpu:user}"
-BOUNDARY_RUN = "${aws:PrincipalTag/ec2gpu:run}"
 #: the region of the run a role belongs to (IAM is global; the run's EC2 resources are not)
 REGION = "ec2gpu:region"
 #: the role's trust policy: EC2 may assume it for an instance, nothing else may
@@ -86,22 +74,12 @@ _TAG_VALUE_BAD = re.compile(r"[^\w .:/=+\-@]")
 #: variables so that an S3 key holding them is matched literally and never widens the grant
 #: (https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_variables.html, special characters)
 _IAM_SPECIAL = {"*": "${*}", "?": "${?}", "$": "${$}"}
-#: run ids as runs/provision/pipeline.new_run_id makes them: YYYYmmdd-HHMMSS-xxxx (UTC; 4 lowercase hex)
-_RUN_ID = re.compile(r"[0-9]{8}-[0-9]{6}-[0-9a-f]{4}")
-#: AWS region names (us-east-1, ap-southeast-2, us-gov-west-1): lowercase words and a number
-_REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-[0-9]{1,2}")
-#: AWS account ids: 12 digits
-_ACCOUNT = re.compile(r"[0-9]{12}")
-#: a detached run's group and launch template are named GROUP_PREFIX + RUN_ID (aws/groups.PREFIX and
-#: name_of; not imported, so that groups.py may import this module; tests/unit/test_detached_policy.py
-#: checks that the two agree)
-GROUP_PREFIX = "ec2gpu-"
 #: IAM's "missing" and "refused" codes (https://docs.aws.amazon.com/IAM/latest/APIReference/CommonErrors.html)
 GONE = "NoSuchEntity"
 REFUSED = frozenset({"AccessDenied", "AccessDeniedException", "UnauthorizedOperation"})
 
 
-# --- the policy ------------------------------------------------------------------------------
+# --- the S3 policy of file_mounts ----------------------------------------------------------------
 
 def check_bucket(bucket: str) -> str:
     """``bucket`` if S3 allows the name for a general purpose bucket (pure); ValueError otherwise."""
@@ -199,145 +177,10 @@ def s3_policy(reads: list[tuple[str, str]], writes: list[tuple[str, str]]) -> di
     return policy
 
 
-# --- a detached run's role (issue 30, item 6) ---------------------------------------------------
-
-def run_prefix(user: str, run_id: str) -> str:
-    """The key prefix of run ``run_id`` of the user ``user`` in the run bucket,
-    ``runs/USER_ID/RUN_ID/`` (aws/runstore.prefix, pure). Raises UsageError for a run id not of the
-    form new_run_id makes (``check_run_id``) or a user id not of aws/runstore.USER_ID's."""
-    from .runstore import prefix
-    return prefix(user, check_run_id(run_id))
-
-
-def check_run_id(run_id: str) -> str:
-    """``run_id`` if it has the form runs/provision/pipeline.new_run_id makes, YYYYmmdd-HHMMSS-xxxx
-    (UTC date and time, 4 lowercase hex digits: ASCII only, nothing else), else UsageError. What
-    such an id cannot hold is the point: no ``*``, ``?``, ``$``, ``/`` or ``..``, so a prefix or
-    group name made from it is one run's and matches nothing else in an IAM pattern."""
-    if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id):
-        raise UsageError(f"{str(run_id)[:80]!r} is not a run id",
-                         "a run id is YYYYmmdd-HHMMSS-xxxx (UTC, 4 lowercase hex digits), as `ec2gpu runs` lists them")
-    return run_id
-
-
-def detached_policy(bucket: str, run_id: str, group_name: str, region: str, account_id: str,
-                    secrets: bool = False, several: bool = False, *, user: str) -> dict[str, Any]:
-    """The inline policy of a detached run's instance role (pure): the agent may read and write
-    its own run's objects, list its own run's prefix, and end its own Auto Scaling group; nothing
-    else (issue 30, item 6). Give it to ``create_run_role`` as ``policy`` (with a file_mounts
-    policy too: ``combined(detached_policy(...), s3_policy(...))``).
-
-    ``bucket``: the run bucket (``ec2gpu-ACCOUNT-REGION``); ``run_id``: YYYYmmdd-HHMMSS-xxxx;
-    ``group_name``: the run's group, which must be ``ec2gpu-RUN_ID`` (aws/groups.name_of);
-    ``region``: the group's region (e.g. us-east-1); ``account_id``: 12 digits; ``user``: the
-    user id of whoever starts the run (aws/runstore.user_id), whose prefix ``runs/USER_ID/`` holds it.
-
-    Returns {"Version": "2012-10-17", "Statement": [...]} with, in order:
-
-    - "RunObjects": s3:AbortMultipartUpload, s3:GetObject, s3:PutObject on
-      ``arn:aws:s3:::BUCKET/runs/USER_ID/RUN_ID/*`` only. PutObject also covers a multipart upload's
-      Create/UploadPart/Complete, and HeadObject is authorised as GetObject. The agent replaces a
-      file (state.json, the log) by putting the same key again, which S3 overwrites. No
-      s3:GetBucketLocation: the agent's client is made for the run's region, which is the
-      bucket's (its name says so).
-    - "PruneOwnCheckpoints": s3:DeleteObject on ``arn:aws:s3:::BUCKET/runs/USER_ID/RUN_ID/checkpoints/*``
-      only (same account condition): the agent mirrors the job's checkpoint directory, so a
-      checkpoint the job removed (it keeps its last N) goes from S3 too, and a replacement does
-      not download every checkpoint ever written. Nothing else of the run may be deleted by it:
-      its spec, workdir, log, outputs and status stay until the user or the lifecycle rule
-      removes them.
-    - "ListRunPrefix": s3:ListBucket on ``arn:aws:s3:::BUCKET`` only when the request's
-      ``s3:prefix`` is ``runs/USER_ID/RUN_ID/`` or under it (StringLike; a listing with no
-      prefix, or with ``runs/``, the user's ``runs/USER_ID/`` or another run's prefix, has no match
-      and is refused).
-    - Both S3 statements also require ``s3:ResourceAccount`` = ``account_id``: a bucket of that
-      name in another account (one made first by someone else: bucket names are global and this
-      one is predictable) is refused rather than written to.
-    - "EndOwnGroup": autoscaling:UpdateAutoScalingGroup on the group's ARN
-      ``arn:aws:autoscaling:REGION:ACCOUNT:autoScalingGroup:*:autoScalingGroupName/GROUP`` (the
-      ``*`` is the group's id, which AWS assigns) AND only when the group carries the tag
-      ``ec2gpu:run`` = RUN_ID (``autoscaling:ResourceTag/ec2gpu:run``) AND only when the request
-      sets MinSize and MaxSize to 0 (``autoscaling:MinSize``/``autoscaling:MaxSize``, NumericEquals):
-      the role can end its group (aws/groups.end), never grow it or change what it launches.
-    - "LowerOwnGroup": autoscaling:SetDesiredCapacity on the same group, same tag. The group's
-      MaxSize bounds it (the run's size, or 0 once ended), which only the user's credentials and
-      the deadline action set.
-    - With ``several`` (a run of several nodes: agent/gang.py), "ReplaceOwnNodes":
-      autoscaling:SetInstanceHealth on the same group, same tag: a node whose agent has gone
-      silent while its instance runs is set Unhealthy by another, and the group terminates and
-      replaces it ("Amazon EC2 Auto Scaling terminates and replaces the unhealthy instance":
-      https://docs.aws.amazon.com/autoscaling/ec2/APIReference/API_SetInstanceHealth.html). Any
-      instance of its own group only; the launch cap and the deadline still bound the launches.
-    - With ``secrets`` (the run carries --secret values: aws/parameters.py), "ReadOwnSecrets":
-      ssm:GetParameters on ``arn:aws:ssm:REGION:ACCOUNT:parameter/ec2gpu/runs/RUN_ID/*`` only
-      (a parameter's ARN is its path: https://docs.aws.amazon.com/systems-manager/latest/userguide/sysman-paramstore-access.html),
-      and only those tagged ``ec2gpu:user`` = USER_ID (``aws:ResourceTag``: aws/parameters.put tags
-      them so; another user could make a parameter under this run's path, never with this tag).
-      No kms:Decrypt: the parameters use the AWS managed key aws/ssm, whose key policy lets every
-      principal of the account decrypt through SSM; the resource and the tag are what scope the role.
-
-    Actions, resource types and condition keys: the Service Authorization Reference for Amazon S3
-    (https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazons3.html; the
-    s3:prefix key: https://docs.aws.amazon.com/AmazonS3/latest/userguide/amazon-s3-policy-keys.html)
-    and for Amazon EC2 Auto Scaling
-    (https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazonec2autoscaling.html:
-    the autoScalingGroup resource type and its ARN; autoscaling:ResourceTag/${TagKey},
-    autoscaling:MinSize and autoscaling:MaxSize on UpdateAutoScalingGroup; SetInstanceHealth on
-    autoScalingGroup, with autoscaling:ResourceTag/${TagKey}).
-    autoscaling:DescribeAutoScalingGroups is left out: it has no resource-level permissions (that
-    reference lists no resource type for it, so it could only be granted on ``*``), and it would
-    show every group of the account and region, their tags (other runs' ids and owners),
-    instances, templates and subnets. The agent needs none of that: its group's name is
-    ``ec2gpu-RUN_ID``, which it knows.
-
-    Raises UsageError (with a hint) for a bucket name S3 does not allow (``check_bucket``), a run id
-    not of the form above (``check_run_id``), a user id not of aws/runstore.USER_ID's, a group name
-    other than ``ec2gpu-RUN_ID``, a region or an account id that is not one: so no ``*``, ``?``,
-    ``$``, ``/`` or another prefix can reach a Resource or a condition value.
-    """
-    try:
-        check_bucket(bucket)
-    except ValueError as exc:
-        raise UsageError(str(exc), "the run bucket is ec2gpu-ACCOUNT-REGION (`ec2gpu doctor` checks it)") from None
-    prefix = run_prefix(user, run_id)
-    if group_name != f"{GROUP_PREFIX}{run_id}":
-        raise UsageError(f"{str(group_name)[:80]!r} is not the group of run {run_id}",
-                         f"a detached run's group is named {GROUP_PREFIX}{run_id} (aws/groups.name_of)")
-    if not isinstance(region, str) or not _REGION.fullmatch(region):
-        raise UsageError(f"{str(region)[:40]!r} is not an AWS region", "e.g. --region us-east-1")
-    if not isinstance(account_id, str) or not _ACCOUNT.fullmatch(account_id):
-        raise UsageError(f"{str(account_id)[:40]!r} is not an AWS account id", "12 digits, as sts get-caller-identity says")
-    from .runstore import partition  # aws-cn, aws-us-gov: their ARNs say so
-    arn = f"arn:{partition(region)}"
-    in_account = {"s3:ResourceAccount": account_id}
-    group = f"{arn}:autoscaling:{region}:{account_id}:autoScalingGroup:*:autoScalingGroupName/{group_name}"
-    tagged = {f"autoscaling:ResourceTag/{T.RUN}": run_id}
-    statements: list[dict[str, Any]] = [
-        {"Sid": "RunObjects", "Effect": "Allow", "Action": ["s3:AbortMultipartUpload", "s3:GetObject", "s3:PutObject"],
-         "Resource": f"{arn}:s3:::{bucket}/{prefix}*", "Condition": {"StringEquals": in_account}},
-        {"Sid": "PruneOwnCheckpoints", "Effect": "Allow", "Action": ["s3:DeleteObject"],
-         "Resource": f"{arn}:s3:::{bucket}/{prefix}checkpoints/*", "Condition": {"StringEquals": in_account}},
-        {"Sid": "ListRunPrefix", "Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": f"{arn}:s3:::{bucket}",
-         "Condition": {"StringLike": {"s3:prefix": [prefix, f"{prefix}*"]}, "StringEquals": in_account}},
-        {"Sid": "EndOwnGroup", "Effect": "Allow", "Action": ["autoscaling:UpdateAutoScalingGroup"], "Resource": group,
-         "Condition": {"StringEquals": tagged,
-                       "NumericEquals": {"autoscaling:MinSize": "0", "autoscaling:MaxSize": "0"}}},
-        {"Sid": "LowerOwnGroup", "Effect": "Allow", "Action": ["autoscaling:SetDesiredCapacity"], "Resource": group,
-         "Condition": {"StringEquals": tagged}},
-    ]
-    if several:
-        statements.append({"Sid": "ReplaceOwnNodes", "Effect": "Allow", "Action": ["autoscaling:SetInstanceHealth"],
-                           "Resource": group, "Condition": {"StringEquals": tagged}})
-    if secrets:
-        statements.append({"Sid": "ReadOwnSecrets", "Effect": "Allow", "Action": ["ssm:GetParameters"],
-                           "Resource": f"{arn}:ssm:{region}:{account_id}:parameter/ec2gpu/runs/{run_id}/*",
-                           "Condition": {"StringEquals": {f"aws:ResourceTag/{T.USER}": user}}})
-    return {"Version": "2012-10-17", "Statement": statements}
-
 
 def combined(*policies: dict[str, Any]) -> dict[str, Any]:
     """One policy document holding the statements of ``policies`` in order (pure), for a run
-    role's one inline policy: a detached run with S3 file_mounts gets ``detached_policy`` and
+    role's one inline policy: a detached run with S3 file_mounts gets ``iam_detached.detached_policy`` and
     ``s3_policy`` together. Raises ValueError when there is no policy, when two statements share a
     Sid, or when the result is over IAM's 10,240 characters for a role's inline policies."""
     if not policies:
@@ -408,146 +251,6 @@ def _retry_gone(call: Callable[[], _T], sleep: Callable[[float], object], tries:
     return None  # tries < 1: nothing called
 
 
-def boundary_arn(iam: Client, account_id: str) -> str | None:
-    """The ARN of the account's BOUNDARY_NAME policy under PATH, or None when it has none (or
-    these credentials may not read it: GetPolicy). Raises botocore's ClientError for other errors."""
-    arn = f"arn:aws:iam::{account_id}:policy{PATH}{BOUNDARY_NAME}"
-    try:
-        iam.get_policy(PolicyArn=arn)
-    except botocore.exceptions.ClientError as exc:
-        if error_code(exc) == GONE or error_code(exc) in REFUSED:
-            return None
-        raise
-    return arn
-
-
-def boundary_document(iam: Client, arn: str) -> dict[str, Any] | None:
-    """The default version's document of the boundary ``arn`` (GetPolicy, GetPolicyVersion), or None
-    when these credentials may not read it (refused) or it is not a JSON object. Raises botocore's
-    ClientError for other errors."""
-    from urllib.parse import unquote
-    try:
-        version = iam.get_policy(PolicyArn=arn)["Policy"]["DefaultVersionId"]
-        document = iam.get_policy_version(PolicyArn=arn, VersionId=version)["PolicyVersion"]["Document"]
-    except botocore.exceptions.ClientError as exc:
-        if error_code(exc) in REFUSED:
-            return None
-        raise
-    if isinstance(document, str):  # IAM's wire form: URL-encoded JSON (boto3 decodes it; moto may not)
-        try:
-            document = json.loads(unquote(document))
-        except ValueError:
-            return None  # not a document this can read: said as one it may not read
-    return document if isinstance(document, dict) else None
-
-
-def _statements(doc: object) -> list[dict[str, Any]]:
-    got = doc.get("Statement") if isinstance(doc, dict) else None
-    return [st for st in (got if isinstance(got, list) else [got]) if isinstance(st, dict)]
-
-
-def _listed(value: object) -> list[str]:
-    if isinstance(value, str):
-        return [value]
-    return [a for a in value if isinstance(a, str)] if isinstance(value, list) else []
-
-
-def _names_action(st: dict[str, Any], action: str) -> bool:
-    """Whether statement ``st`` covers ``action`` (lowercase) as IAM matches actions: ``*`` and
-    ``?`` wildcards, case-insensitive; an Action names it, a NotAction covers what it does not name."""
-    import fnmatch
-    if "Action" in st:
-        return any(fnmatch.fnmatchcase(action, a.lower()) for a in _listed(st.get("Action")))
-    return not any(fnmatch.fnmatchcase(action, a.lower()) for a in _listed(st.get("NotAction")))
-
-
-def boundary_gaps(iam: Client, arn: str, policy: dict[str, Any]) -> list[str] | None:
-    """The actions of ``policy`` (a role's inline policy) that the boundary ``arn``'s default
-    version allows in no statement, sorted: a role under that boundary could not do them (an
-    effective permission is in both its policies and its boundary:
-    https://docs.aws.amazon.com/IAM/latest/UserGuide/access_policies_boundaries.html). Actions
-    are matched as IAM matches them (``*`` and ``?`` wildcards, case-insensitive; an Allow's
-    NotAction allows what it does not name; a Deny's Action denies what it names, whatever its
-    resources); resources and conditions are not compared otherwise (the shipped boundary's own
-    resources are the account's to edit), but for one: a detached run's policy (its "RunObjects")
-    under a boundary that names resources with ``BOUNDARY_RUN`` and none with ``BOUNDARY_USER`` (the
-    shipped one from before the run store's per-user prefix, which reached ``runs/RUN_ID/``) gets
-    the gap "s3:PutObject under runs/${aws:PrincipalTag/ec2gpu:user}/ ...".
-    None when these credentials may not read the boundary's document (boundary_document).
-    Raises botocore's ClientError for other errors."""
-    document = boundary_document(iam, arn)
-    return None if document is None else gaps_in(document, policy)
-
-
-def gaps_in(document: dict[str, Any], policy: dict[str, Any]) -> list[str]:
-    """``boundary_gaps`` of a boundary's ``document`` as read (pure)."""
-    def allowed(action: str) -> bool:  # an Allow that names it (Action) or leaves it out (NotAction); no Deny
-        allows = any(st.get("Effect") == "Allow" and _names_action(st, action) for st in _statements(document))
-        denies = any(st.get("Effect") == "Deny" and "Action" in st and _names_action(st, action)
-                     for st in _statements(document))
-        return allows and not denies
-
-    wanted = {a for st in _statements(policy) if st.get("Effect") == "Allow" for a in _listed(st.get("Action"))}
-    gaps = sorted(a for a in wanted if not allowed(a.lower()))
-    named = [r for st in _statements(document) if st.get("Effect") == "Allow" for r in _listed(st.get("Resource"))]
-    if (any(st.get("Sid") == "RunObjects" for st in _statements(policy)) and any(BOUNDARY_RUN in r for r in named)
-            and not any(BOUNDARY_USER in r for r in named)):
-        gaps.append(f"s3:PutObject under runs/{BOUNDARY_USER}/ (the run store's per-user prefix)")
-    return gaps
-
-
-_VARIABLE = re.compile(r"\$\{([^}]*)\}|(\*)|(\?)|(.)", re.DOTALL)
-
-
-def _arn_pattern(pattern: str, values: dict[str, str]) -> re.Pattern[str] | None:
-    """A Resource pattern as IAM reads it, as a regular expression: its policy variables replaced
-    from ``values`` (None when one has no value there: the pattern then matches nothing, as IAM's
-    does: https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_variables.html), ``*``
-    and ``?`` wildcards, case-sensitive (pure)."""
-    out = []
-    for m in _VARIABLE.finditer(pattern):
-        var, star, qmark, char = m.groups()
-        if var is not None:
-            if var in ("*", "?", "$"):
-                out.append(re.escape(var))
-            elif var in values:
-                out.append(re.escape(values[var]))
-            else:
-                return None
-        else:
-            out.append(".*" if star else "." if qmark else re.escape(char))
-    return re.compile("".join(out), re.DOTALL)
-
-
-def reaches_other_runs(document: dict[str, Any] | None, user: str, run_id: str, account: str) -> list[str]:
-    """The statements of a boundary ``document`` (their Sids, else "statement N") that let a run
-    role of run ``run_id`` made by ``user`` read or write another user's run in an ec2gpu-* bucket
-    of ``account`` (pure): an Allow of s3:GetObject or s3:PutObject whose Resource, read with that
-    role's tags for ``${aws:PrincipalTag/...}``, matches such an object, or whose NotResource leaves
-    it out. docs/iam-instance-boundary.json holds a role to its own run's prefix, but its file_mounts
-    statements name what an administrator writes for YOUR-FILE-MOUNTS-BUCKET: ``*`` or ``ec2gpu-*``
-    there gives every run role of the account every user's runs, and IAM cannot deny "ec2gpu-*/runs/*
-    but the role's own run" in one statement (a statement has a Resource or a NotResource, not both:
-    https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_grammar.html).
-    Conditions are not read: those the shipped boundary sets (s3:ResourceAccount, ec2:SourceInstanceARN)
-    hold for any run role of the account on its instance. [] for None."""
-    from .runstore import BUCKET_PREFIX
-    other = "AIDAEC2GPUANOTHERUSER" if user != "AIDAEC2GPUANOTHERUSER" else "AIDAEC2GPUYETANOTHER"
-    probe = f"arn:aws:s3:::{BUCKET_PREFIX}{account}-us-east-1/runs/{other}/{run_id}/agent/detached.py"
-    values = {"aws:PrincipalTag/ec2gpu:user": user, "aws:PrincipalTag/ec2gpu:run": run_id,
-              "aws:PrincipalAccount": account}
-
-    def covers(patterns: list[str]) -> bool:
-        return any(rx is not None and rx.fullmatch(probe) for rx in (_arn_pattern(p, values) for p in patterns))
-
-    found = []
-    for n, st in enumerate(_statements(document)):
-        if st.get("Effect") != "Allow" or not any(_names_action(st, a) for a in ("s3:getobject", "s3:putobject")):
-            continue
-        if covers(_listed(st.get("Resource"))) if "Resource" in st else not covers(_listed(st.get("NotResource"))):
-            found.append(str(st.get("Sid") or f"statement {n + 1}"))
-    return found
-
 
 def create_run_role(iam: Client, run_id: str, owner: str, policy: dict[str, Any], *, user: str,
                     region: str | None = None, boundary: str | None = None,
@@ -564,7 +267,7 @@ def create_run_role(iam: Client, run_id: str, owner: str, policy: dict[str, Any]
     iam:PassRole on the role), GetInstanceProfile; tags are given at creation (iam:TagRole,
     iam:TagInstanceProfile: https://docs.aws.amazon.com/IAM/latest/UserGuide/id_tags.html).
 
-    ``boundary``: a permissions boundary ARN (``boundary_arn``) the role gets; the user policy of
+    ``boundary``: a permissions boundary ARN (``iam_boundary.boundary_arn``) the role gets; the user policy of
     docs/iam-policy.json refuses CreateRole without it.
 
     If anything fails half-way (an exception, Ctrl-C), what this call made is removed (never what

@@ -14,7 +14,7 @@ Who may read them (GetParameters with decryption):
 
 - the run's instance role: its own run's only (``ssm:GetParameters`` on
   ``parameter/ec2gpu/runs/RUN_ID/*`` and only parameters tagged with its own ``ec2gpu:user``:
-  aws/iam.detached_policy; the permissions boundary docs/iam-instance-boundary.json holds every run
+  aws/iam_detached.detached_policy; the permissions boundary docs/iam-instance-boundary.json holds every run
   role to the same through the role's own tags);
 - the user who made them, and no other user held by docs/iam-policy.json: that policy allows
   ``ssm:PutParameter`` only with the tag ``ec2gpu:user`` = ``${aws:userid}``, and GetParameters,
@@ -66,7 +66,7 @@ _NAME = re.compile(r"/ec2gpu/runs/(\d{8}-\d{6}-[0-9a-f]{4})/([A-Za-z_][A-Za-z0-9
 def name_of(run_id: str, env_name: str) -> str:
     """The parameter that holds ``env_name``'s value for run ``run_id`` (pure). Raises UsageError
     for a run id or an environment variable name that is not one (so nothing leaves the run's path)."""
-    from .iam import check_run_id
+    from .iam_detached import check_run_id
     check_run_id(run_id)
     if not _ENV_NAME.fullmatch(env_name):
         raise UsageError(f"{env_name[:80]!r} is not an environment variable name",

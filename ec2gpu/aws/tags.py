@@ -2,10 +2,7 @@
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .instances import Instance
+from typing import Any, Protocol
 
 RUN = "ec2gpu:run"
 OWNER = "ec2gpu:owner"
@@ -87,7 +84,19 @@ def as_dict(tag_list: list[dict[str, Any]] | None) -> dict[str, str]:
     return {t["Key"]: t["Value"] for t in tag_list or []}
 
 
-def answers_to(resource: Instance | dict[str, Any], name: str, keys: tuple[str, ...] = (NAME,)) -> bool:
+class Tagged(Protocol):
+    """What ``answers_to`` reads of a resource aws/ has typed (aws/instances.Instance): its id and
+    its tags ({key: value}). A Protocol, so that this module, which instances.py imports, imports
+    nothing of it."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def tags(self) -> dict[str, str]: ...
+
+
+def answers_to(resource: Tagged | dict[str, Any], name: str, keys: tuple[str, ...] = (NAME,)) -> bool:
     """Whether a resource (an aws/instances.Instance: its id; or a described security group or
     key pair: its tags only) is called ``name``: its id, or the value of one of its tags ``keys``
     (Name by default; RUN and CLUSTER where a run or a cluster may be named too) (pure). The one

@@ -12,7 +12,8 @@ from typing import Optional, cast
 import typer
 
 from ..inert import inert
-from . import JSON, REGION, SANDBOX, _sandbox_flag, app, err, note, out, render_json, say, warn
+from .app import JSON, REGION, SANDBOX, _sandbox_flag, app
+from .render import err, note, out, render_json, say, warn
 
 
 @app.command("ssh", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -130,7 +131,7 @@ def notebook(
     Ctrl-C, SIGTERM and SIGHUP close the tunnel. The instance then stays with its idle rule
     (--down-on-exit terminates it)."""
     from ..api import access as ops
-    from . import RichReporter
+    from .render import RichReporter
 
     def show(info: dict) -> None:
         if as_json:

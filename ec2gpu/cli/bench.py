@@ -7,8 +7,8 @@ from typing import Optional
 
 import typer
 
-from . import (JSON, REGION, SANDBOX, RichReporter, _sandbox_flag, app, err, out, plain, render_json, say, table,
-               table_row)
+from .app import JSON, REGION, SANDBOX, _sandbox_flag, app
+from .render import RichReporter, err, out, plain, render_json, say, table, table_row
 
 DEVICE = {"cpu": "CPU", "cuda": "GPU"}
 

@@ -9,8 +9,8 @@ from typing import Optional
 
 import typer
 
-from . import (JSON, REGION, SANDBOX, _sandbox_flag, app, attempt_rows, cost_rows, err, group, note, out, plain,
-               render_json, say, table, table_row)
+from .app import JSON, REGION, SANDBOX, _sandbox_flag, app, group
+from .render import attempt_rows, cost_rows, err, note, out, plain, render_json, say, table, table_row
 
 runs_app = group("The ledger of runs: what ran, how it ended, what it cost.", invoke_without_command=True,
                  no_args_is_help=False)

@@ -6,8 +6,8 @@ from typing import List, Optional
 
 import typer
 
-from . import (JSON, REGION, SANDBOX, RichReporter, _print_record, _sandbox_flag, err, image_app, note, out,
-               render_json, say, table, table_row, warn)
+from .app import JSON, REGION, SANDBOX, _sandbox_flag, image_app
+from .render import RichReporter, _print_record, err, note, out, render_json, say, table, table_row, warn
 from .tasks import ALLOW_WRITE_BUCKET
 
 

@@ -5,8 +5,8 @@ from typing import Optional
 
 import typer
 
-from . import (JSON, REGION, SANDBOX, RichReporter, _sandbox_flag, app, err, note, out, plain, render_json, say,
-               table, table_row, warn)
+from .app import JSON, REGION, SANDBOX, _sandbox_flag, app
+from .render import RichReporter, err, note, out, plain, render_json, say, table, table_row, warn
 
 
 

@@ -5,7 +5,8 @@ from typing import Optional
 
 import typer
 
-from . import JSON, err, out, render_json, sandbox_app, say
+from .app import JSON, sandbox_app
+from .render import err, out, render_json, say
 
 
 @sandbox_app.command("up")

@@ -9,8 +9,8 @@ import typer
 
 from ..errors import UsageError
 from ..inert import inert
-from . import (JSON, REGION, SANDBOX, RichReporter, _print_record, _sandbox_flag, app, err, out, render_json, say,
-               table, table_row, warn)
+from .app import JSON, REGION, SANDBOX, _sandbox_flag, app
+from .render import RichReporter, _print_record, err, out, render_json, say, table, table_row, warn
 
 
 def _one_line(text: str) -> None:
@@ -244,7 +244,7 @@ def _task_file(args) -> str | None:
 
 
 def _warn(text: str) -> None:
-    """A task file's warning: it may quote the file's values (inert, never markup: cli.warn)."""
+    """A task file's warning: it may quote the file's values (inert, never markup: render.warn)."""
     warn(text)
 
 

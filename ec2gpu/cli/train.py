@@ -7,7 +7,8 @@ from typing import List, Optional
 
 import typer
 
-from . import JSON, REGION, SANDBOX, RichReporter, _print_record, _sandbox_flag, err, train_app
+from .app import JSON, REGION, SANDBOX, _sandbox_flag, train_app
+from .render import RichReporter, _print_record, err
 
 
 # the options of `train mnist` (module level: the command's signature stays readable)

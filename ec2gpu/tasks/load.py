@@ -1,18 +1,10 @@
 """Task files: YAML -> Task, with errors that name the file, the line and the field.
 
 Two formats are read: ec2gpu's own (spec.py, docs/tasks.md) and the common subset of SkyPilot's
-task YAML (https://docs.skypilot.co/en/latest/reference/yaml-spec.html): ``name``, ``workdir``,
-``setup``, ``run``, ``envs``, ``secrets``, ``num_nodes``, ``resources.accelerators`` (and its alias
-``gpus``: ``T4:1``, ``{T4: 1}``, ``{A100:8}``, a set ``{H100:8, H200:8}`` tried cheapest first, a
-list ``[A100:8, H100:8]`` tried in order, SkyPilot's memory form ``40GB+:1``),
-``resources.any_of``/``ordered`` (candidates), ``resources.instance_type``, ``resources.use_spot``,
-``resources.disk_size``, ``resources.cpus``/``memory`` (choose the type with the GPU: resolve.Need),
-``resources.infra``/``cloud``/``region``/``zone`` (AWS and its region; another cloud refused unless
-``--infra aws``), ``resources.image_id`` (an AMI, or one per region), ``resources.ports`` (forwarded
-over SSH, not opened), ``resources.autostop`` (the idle rule), ``resources.job_recovery`` (ec2gpu's
-own spot recovery, the differences warned). SkyPilot fields ec2gpu does not support are named in
-one warning line, never silently dropped; anything else unknown is an error whose hint lists both
-formats' names. The fields' meanings: https://docs.skypilot.co/en/latest/reference/yaml-spec.html.
+task YAML (https://docs.skypilot.co/en/latest/reference/yaml-spec.html), which skypilot.py puts in
+ec2gpu's names first (its fields, and what each becomes, are listed there). ``parse`` reads the
+YAML, tells the formats apart, validates the Task model (spec.py) and the local directories the
+task sends; every error says ``FILE:LINE: FIELD`` (lines.py), in the file's own names.
 
 YAML is read as SkyPilot reads it, and stricter: ``envs`` values YAML types as booleans or numbers
 become the text Python's ``str`` makes of them, as SkyPilot's ``Task.from_yaml_config`` does
@@ -27,7 +19,6 @@ file's own directory only with --workdir-outside).
 """
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import re
@@ -42,8 +33,13 @@ from ..aws import catalog
 from .. import settings
 from ..errors import UsageError
 from . import resolve
+from .infra import aws_infra as aws_infra  # api/tasks.py reads it here too
+from .infra import zone_note as zone_note  # api/tasks.py reads it here (a re-export)
+from .lines import DOCS, Lines, Loc, Renamed, line_of, names_hint
 from .mounts import Mount, check_flag
-from .spec import ENV_NAME_RE, IDLE_FLOOR_MINUTES, MAX_MINUTES, Resources, Task
+from .skypilot import SKYPILOT_FIELDS, SKYPILOT_RESOURCE_FIELDS, from_skypilot, git_workdir, is_skypilot
+from .spec import ENV_NAME_RE, Resources, Task
+from .spec import MAX_PORTS as MAX_PORTS  # api/tasks.py reads it here (a re-export)
 
 MAX_TASK_BYTES = 1 << 20  # a task file holds at most 1 MiB
 MAX_ALIASES = 100  # alias uses (*name) in one task file
@@ -65,46 +61,6 @@ CREDENTIAL_DIRS = (
     ".ec2gpu",  # ec2gpu's own run keys (settings.home's default)
 )
 
-#: SkyPilot fields with no ec2gpu meaning: warned about and ignored
-SKYPILOT_UNSUPPORTED = {"volumes", "config", "service", "event_callback", "num_gpus", "docker",
-                        "experimental", "pool", "inputs"}
-SKYPILOT_UNSUPPORTED_RESOURCES = {"accelerator_args", "disk_tier", "network_tier", "priority", "volumes",
-                                  "max_hourly_cost"}
-#: SkyPilot resources fields that change nothing in an ec2gpu run, each with a warning (or a refusal)
-#: of its own saying what ec2gpu does instead (_location, _recovery): the zone (chosen at launch),
-#: the cloud (AWS runs it; another is refused), the recovery strategy (ec2gpu's own spot recovery)
-SKYPILOT_UNSUPPORTED_RESOURCES_SAID = {"cloud", "zone", "job_recovery", "spot_recovery"}
-#: SkyPilot name -> ec2gpu name (resources.accelerators and its candidates: _skypilot_resources, which
-#: also puts the values of infra, image_id, ports and autostop in ec2gpu's form before they move)
-SKYPILOT_RENAMES = {("num_nodes",): ("nodes",), ("resources", "use_spot"): ("resources", "spot"),
-                    ("resources", "disk_size"): ("resources", "disk_gib"),
-                    ("resources", "infra"): ("resources", "region"), ("resources", "image_id"): ("resources", "ami"),
-                    ("resources", "ports"): ("ports",), ("resources", "autostop"): ("idle_timeout",)}
-#: --infra: SkyPilot's flag that overrides the task's infra (``sky launch --infra aws``)
-INFRA_FLAG = "--infra"
-OTHER_CLOUD_HINT = (f"ec2gpu runs on AWS: pass {INFRA_FLAG} aws (SkyPilot's own override flag) to run it there, "
-                    f"or {INFRA_FLAG} aws/REGION")
-#: the shortest idle rule autostop becomes, minutes: an instance is idle until the controller's first
-#: SSH connection, which comes after the boot, the console's host keys and the first sync
-AUTOSTOP_DEFAULT_MINUTES = 5  # autostop: true (yaml-spec.html, resources.autostop: "default idle minutes (5)")
-MAX_PORTS = 64  # ports forwarded from one task (each is an SSH forward held while the job runs)
-#: Every field SkyPilot's task YAML has (yaml-spec.html; sky/task.py, sky/resources.py), for the hint
-#: on an unknown one: read and mapped, or named in the warning as dropped
-SKYPILOT_FIELDS = ("name", "workdir", "num_nodes", "resources", "envs", "secrets", "setup", "run", "file_mounts",
-                   "volumes", "config", "service", "pool", "event_callback", "inputs", "outputs")
-SKYPILOT_RESOURCE_FIELDS = ("infra", "cloud", "region", "zone", "accelerators", "gpus", "accelerator_args", "cpus",
-                            "memory", "instance_type", "use_spot", "job_recovery", "spot_recovery", "disk_size",
-                            "disk_tier", "network_tier", "ports", "labels", "image_id", "autostop", "any_of", "ordered",
-                            "priority", "volumes", "max_hourly_cost")
-#: SkyPilot's alias in resources and in each candidate (sky/resources.py, RESOURCE_CONFIG_ALIASES)
-SKYPILOT_ALIASES = {"gpus": "accelerators"}
-DOCS = "see docs/tasks.md for every field"
-#: a field's place in a task file, its keys and list indexes: ("resources", "any_of", 0, "gpu")
-_Loc = tuple[str | int, ...]
-#: {field path: 1-based line} of a task file (_lines)
-_Lines = dict[_Loc, int]
-#: {our field path: the file's (SkyPilot's)}, ("nodes",): ("num_nodes",)
-_Renamed = dict[tuple[str, ...], tuple[str, ...]]
 
 
 @dataclass
@@ -134,7 +90,7 @@ class _BoundedLoader(yaml.SafeLoader):  # type: ignore[misc]  # yaml has no type
         self.aliases = self.depth = self.expanded = 0
         self.weights: dict[Any, int] = {}  # node -> how many values it stands for, expanded
 
-    def _refuse(self, event: Any, problem: str) -> _TooComplex:
+    def refuse(self, event: Any, problem: str) -> _TooComplex:
         return _TooComplex(problem=problem, problem_mark=event.start_mark)
 
     def construct_yaml_int(self, node: Any) -> Any:
@@ -152,25 +108,25 @@ class _BoundedLoader(yaml.SafeLoader):  # type: ignore[misc]  # yaml has no type
             node = super().compose_node(parent, index)
             self.aliases += 1
             if self.aliases > MAX_ALIASES:
-                raise self._refuse(event, f"more than {MAX_ALIASES} aliases (*name)")
+                raise self.refuse(event, f"more than {MAX_ALIASES} aliases (*name)")
             if node not in self.weights:
-                raise self._refuse(event, f"the alias *{event.anchor} is inside its own anchor (a loop)")
+                raise self.refuse(event, f"the alias *{event.anchor} is inside its own anchor (a loop)")
             self.expanded += self.weights[node]
         else:
             self.depth, self.expanded, before = self.depth + 1, self.expanded + 1, self.expanded
             if self.depth > MAX_DEPTH:
-                raise self._refuse(event, f"nested deeper than {MAX_DEPTH} levels")
+                raise self.refuse(event, f"nested deeper than {MAX_DEPTH} levels")
             node = super().compose_node(parent, index)
             self.depth, self.weights[node] = self.depth - 1, self.expanded - before
         if self.expanded > MAX_NODES:
-            raise self._refuse(event, f"more than {MAX_NODES:,} values once its aliases are expanded")
+            raise self.refuse(event, f"more than {MAX_NODES:,} values once its aliases are expanded")
         return node
 
 
 _BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct_yaml_int)
 
 
-def _compose(text: str, source: str) -> tuple[_Lines, Any]:
+def _compose(text: str, source: str) -> tuple[Lines, Any]:
     """(line map (_lines), data) of the YAML ``text``: composed once (_BoundedLoader), the data
     built from that same node.
 
@@ -205,7 +161,7 @@ def _compose(text: str, source: str) -> tuple[_Lines, Any]:
         loader.dispose()
 
 
-def _refuse_duplicate_keys(node: Any, source: str, path: _Loc = (), seen: set[int] | None = None) -> None:
+def _refuse_duplicate_keys(node: Any, source: str, path: Loc = (), seen: set[int] | None = None) -> None:
     """Raise UsageError "SOURCE:LINE: PATH: KEY given twice (first at line N)" for a key written twice
     in one mapping of the composed ``node`` (YAML 1.2 requires unique keys; PyYAML, and so SkyPilot,
     keeps the last silently). Keys merged in with ``<<:`` may repeat: overriding them is the point."""
@@ -229,7 +185,7 @@ def _refuse_duplicate_keys(node: Any, source: str, path: _Loc = (), seen: set[in
             _refuse_duplicate_keys(item, source, path + (i,), seen)
 
 
-def _lines(node: Any, path: _Loc = (), out: _Lines | None = None, seen: set[Any] | None = None) -> _Lines:
+def _lines(node: Any, path: Loc = (), out: Lines | None = None, seen: set[Any] | None = None) -> Lines:
     """{field path: 1-based line} for every mapping key and sequence item of a composed YAML node.
     A node met again (through an alias) is not descended into again: paths below it take its line."""
     out = {} if out is None else out
@@ -247,548 +203,6 @@ def _lines(node: Any, path: _Loc = (), out: _Lines | None = None, seen: set[Any]
         for i, item in enumerate(node.value):
             _lines(item, path + (i,), out, seen)
     return out
-
-
-def _line_of(lines: _Lines, loc: _Loc) -> int:
-    while loc and loc not in lines:
-        loc = loc[:-1]
-    return lines.get(loc, 1)
-
-
-def _from_skypilot(data: dict[str, Any], warnings: list[str], source: str = "<task>", lines: _Lines | None = None,
-                   infra: str | None = None) -> tuple[dict[str, Any], _Renamed]:
-    """SkyPilot's names -> ours; unsupported fields dropped and named in one warning; ``infra``: the
-    --infra flag (another cloud in the file is then replaced by AWS, with a warning). Returns (data,
-    {our field path: the file's}). Raises UsageError (with the line) for what cannot be mapped."""
-    lines = lines or {}
-    data = dict(data)
-    renamed: _Renamed = {}
-    dropped = sorted(k for k in data if k in SKYPILOT_UNSUPPORTED)
-    for k in dropped:
-        data.pop(k)
-    if isinstance(data.get("outputs"), dict):  # sky/task.py: {cloud path: estimated GB}, the optimizer's egress hint
-        data.pop("outputs")
-        dropped.append("outputs (SkyPilot's legacy {bucket: size in GB}: a size hint for its optimizer's egress cost, "
-                       "which moves no data)")
-    if isinstance(data.get("resources"), dict):
-        data["resources"], res_renamed = _skypilot_resources(data["resources"], source, lines, warnings, dropped,
-                                                             infra)
-        renamed.update(res_renamed)
-    for theirs, ours in SKYPILOT_RENAMES.items():
-        src = data if len(theirs) == 1 else data.get(theirs[0])
-        if not (isinstance(src, dict) and theirs[-1] in src):
-            continue
-        value = src.pop(theirs[-1])
-        if value is None:  # SkyPilot's null: not asked
-            continue
-        dest = data if len(ours) == 1 else data.setdefault(ours[0], {})
-        if ours[-1] in dest and isinstance(dest[ours[-1]], list) and isinstance(value, list):  # ports in both
-            value = list(dict.fromkeys(dest[ours[-1]] + value))
-        dest[ours[-1]] = value
-        renamed[ours] = theirs
-    if isinstance(data.get("secrets"), dict):  # SkyPilot: a map like envs, values hidden
-        secrets = data.pop("secrets")
-        envs = data.get("envs") or {}
-        if not isinstance(envs, dict):
-            raise _refuse(source, lines, ("envs",), f"{str(envs)[:40]!r} is not a mapping of names to values",
-                          "e.g. envs: {EPOCHS: 3, HF_TOKEN: null}")
-        data["envs"] = {**envs, **secrets}
-        data["secrets"] = list(secrets)
-    if dropped:
-        warnings.append(f"ignored SkyPilot field(s) ec2gpu does not support: {', '.join(dropped)}")
-    return data, renamed
-
-
-def _refuse(source: str, lines: _Lines, loc: _Loc, what: str, hint: str = DOCS) -> UsageError:
-    """UsageError "SOURCE:LINE: a.b[0].c: WHAT" for the field at ``loc``."""
-    name = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
-    return UsageError(f"{source}:{_line_of(lines, loc)}: {name}: {what}", hint)
-
-
-def _alias(res: dict[str, Any], source: str, lines: _Lines, loc: _Loc) -> dict[str, Any]:
-    """``res`` with SkyPilot's aliases (gpus -> accelerators) replaced; both given: refused, as SkyPilot does."""
-    res = dict(res)
-    for alias, name in SKYPILOT_ALIASES.items():
-        if alias in res:
-            if name in res:
-                raise _refuse(source, lines, loc + (alias,), f"both {alias} and {name}: {alias} is SkyPilot's other "
-                              f"name for {name}", "keep one of them")
-            res[name] = res.pop(alias)
-    return res
-
-
-def _accelerators(value: Any, source: str, lines: _Lines, loc: _Loc) -> tuple[list[str], str]:
-    """SkyPilot's ``accelerators`` -> (GPU requests 'MODEL:N', "one" | "set" | "list"), as
-    sky/resources.py reads it: a string (a count of 1 when none is given); a mapping {A100: 8}, or
-    {A100:8} (YAML reads a flow map without a space as {'A100:8': None}); a mapping of several, a set
-    (tried cheapest first); a list (tried in order). SkyPilot's memory form ('40GB+:1') stands for
-    every catalog GPU with that memory: a set. Raises UsageError at the field's line."""
-    if isinstance(value, str):
-        items, kind = [value], "one"
-    elif isinstance(value, dict):
-        items = [f"{k}:{v}" if v is not None else str(k) for k, v in value.items()]
-        kind = "one" if len(items) == 1 else "set"
-    elif isinstance(value, list) and all(isinstance(v, str) for v in value):
-        items, kind = list(value), "one" if len(value) == 1 else "list"
-    else:
-        raise _refuse(source, lines, loc, f"{value!r} is not an accelerator request",
-                      "e.g. accelerators: A100:8, {A100: 8}, {H100:8, H200:8} (cheapest first) or [A100:8, H100:8] "
-                      "(in order)")
-    requests: list[str] = []
-    for item in items:
-        by_memory = resolve.memory_request(item)
-        if by_memory is not None:
-            requests += [r for r in by_memory if r not in requests]
-            kind = "set" if kind == "one" else kind
-            continue
-        try:
-            model, count = resolve.parse_gpu(item)
-        except ValueError as exc:
-            raise _refuse(source, lines, loc, str(exc), "e.g. A100:8")
-        request = f"{model}:{count or 1}"  # SkyPilot: a name alone is a count of 1
-        if request not in requests:
-            requests.append(request)
-    if not requests:
-        raise _refuse(source, lines, loc, f"{value!r}: no GPU EC2 sells matches it",
-                      f"GPUs EC2 sells: {', '.join(catalog.gpus())}")
-    return requests, ("one" if len(requests) == 1 else kind)
-
-
-_DISK = re.compile(r"\s*(\d+)\s*(gb|gib|g|tb|tib|t)?\s*", re.I)
-
-
-def _disk_gib(value: str, source: str, lines: _Lines, loc: _Loc) -> int:
-    """SkyPilot's ``disk_size`` written with a unit ('1024GB', '1TB', '256') -> GiB. SkyPilot passes
-    its GB figure to EC2 as the volume's size, which EC2 reads in GiB (RunInstances
-    BlockDeviceMapping Ebs.VolumeSize), so 1 GB here is 1 GiB, and 1 TB is 1,024 GiB."""
-    m = _DISK.fullmatch(value)
-    if not m:
-        raise _refuse(source, lines, loc, f"{value[:40]!r} is not a disk size", "a whole number of GiB: 256, 256GB or 1TB")
-    return int(m.group(1)) * (1024 if (m.group(2) or "g").lower().startswith("t") else 1)
-
-
-def _other_cloud(entry: dict[str, Any]) -> str | None:
-    """"infra: gcp/us-central1" when the candidate ``entry`` names a cloud other than AWS, else None."""
-    for k in ("infra", "cloud"):
-        v = entry.get(k)
-        if isinstance(v, str) and v.strip() and v.strip().split("/")[0].lower() not in ("aws", "*"):
-            return f"{k}: {v}"
-    return None
-
-
-def parse_infra(text: str) -> tuple[str, str | None, str | None]:
-    """SkyPilot's ``infra`` 'CLOUD[/REGION[/ZONE]]' -> (cloud, region, zone) (pure): the cloud
-    lower-cased ('k8s' is 'kubernetes'; '*' any), a '*' or missing part None
-    (https://docs.skypilot.co/en/latest/reference/yaml-spec.html, resources.infra;
-    sky/utils/infra_utils.py). 'aws/us-west-2/us-west-2a' -> ('aws', 'us-west-2', 'us-west-2a');
-    'k8s/my-context' -> ('kubernetes', 'my-context', None)."""
-    parts = [p.strip() for p in str(text).strip().split("/")]
-    cloud = {"k8s": "kubernetes"}.get(parts[0].lower(), parts[0].lower())
-    region = parts[1] if len(parts) > 1 and parts[1] not in ("", "*") else None
-    zone = "/".join(parts[2:]) if len(parts) > 2 and parts[2] not in ("", "*") else None
-    return cloud, region, zone
-
-
-def _region_of_zone(zone: str) -> str | None:
-    """'us-west-2a' -> 'us-west-2'; a Local Zone 'us-east-1-bos-1a' -> 'us-east-1' (pure); None when
-    ``zone`` does not start with a region."""
-    m = re.match(r"([a-z]{2}(?:-gov|-iso[a-z]?)?-[a-z]+-[0-9]+)(?=[a-z]|-)", zone)
-    return m.group(1) if m else None
-
-
-def zone_note(zone: str, region: str | None) -> str:
-    """The warning for a zone asked (pure): ec2gpu chooses it at launch."""
-    return (f"zone {zone}: ec2gpu chooses the availability zone at launch (any zone of {region or 'the region'} "
-            "with capacity, the next one on InsufficientInstanceCapacity), so the run may start in another zone")
-
-
-def aws_infra(value: str, what: str = INFRA_FLAG) -> tuple[str | None, str | None]:
-    """The --infra flag's 'aws', 'aws/REGION' or 'aws/REGION/ZONE' -> (region, zone), each None
-    where not given (pure). Raises UsageError for another cloud, a region that is not an AWS one,
-    or a zone outside the region."""
-    from .spec import REGION_RE
-    cloud, region, zone = parse_infra(value)
-    if cloud != "aws":
-        raise UsageError(f"{what} {value}: ec2gpu runs on AWS only", "give aws, aws/REGION or aws/REGION/ZONE, "
-                         "e.g. --infra aws/us-west-2")
-    if region is not None and not REGION_RE.fullmatch(region):
-        raise UsageError(f"{what} {value}: {region!r} is not an AWS region", "e.g. aws/us-east-1, aws/us-west-2")
-    if zone is not None and _region_of_zone(zone) != region:
-        raise UsageError(f"{what} {value}: {zone!r} is not a zone of {region}", f"e.g. aws/{region}/{region}a")
-    return region, zone
-
-
-def _location(res: dict[str, Any], source: str, lines: _Lines, warnings: list[str], infra: str | None) -> str | None:
-    """SkyPilot's ``infra`` or ``cloud``/``region``/``zone`` of ``res`` (taken out of it) -> the AWS
-    region to run in (None: the configured one). The zone is warned about: ec2gpu chooses it at
-    launch. ``infra``: the --infra flag: the file's cloud, if another, is replaced by AWS and its
-    region and zone dropped, each with a warning; an AWS region in the file is kept unless the flag
-    names one (api.run: the flag's wins).
-
-    Raises UsageError at the field's line for another cloud without the flag, ``infra`` given with
-    ``cloud``/``region``/``zone`` (SkyPilot refuses that too: sky/resources.py), a zone outside the region."""
-    loc = ("resources",)
-    given = {k: res.pop(k) for k in ("infra", "cloud", "region", "zone") if res.get(k) is not None}
-    for unasked in [k for k in ("infra", "cloud", "region", "zone") if k in res]:
-        res.pop(unasked)  # null: not asked
-    if not given:
-        return None
-    for k, v in given.items():
-        if not isinstance(v, str) or not v.strip():
-            raise _refuse(source, lines, loc + (k,), f"{v!r} is not a {k}", "e.g. infra: aws/us-east-1")
-    if "infra" in given and len(given) > 1:
-        other = next(k for k in given if k != "infra")
-        raise _refuse(source, lines, loc + (other,), f"infra and {other} together: SkyPilot refuses both too",
-                      "write infra: aws/REGION/ZONE alone")
-    if "infra" in given:
-        field_, (cloud, region, zone) = "infra", parse_infra(given["infra"])
-    else:
-        field_ = "cloud" if "cloud" in given else "region" if "region" in given else "zone"
-        cloud, region, zone = (given.get("cloud") or "*").strip().lower(), given.get("region"), given.get("zone")
-        cloud = {"k8s": "kubernetes"}.get(cloud, cloud)
-    written = given[field_]
-    if cloud not in ("aws", "*"):
-        if infra is None:
-            raise _refuse(source, lines, loc + (field_,), f"{written}: another cloud than AWS", OTHER_CLOUD_HINT)
-        warnings.append(f"resources.{field_}: {written} replaced by {INFRA_FLAG} {infra}: the task runs on AWS"
-                        + (f" (the other cloud's {'region ' + region if region else ''}"
-                           f"{' and ' if region and zone else ''}{'zone ' + zone if zone else ''} dropped)"
-                           if region or zone else ""))
-        return None
-    from .spec import REGION_RE
-    if region is not None and not REGION_RE.fullmatch(region.strip()):
-        if infra is not None:
-            warnings.append(f"resources.{field_}: {written}: {region!r} is not an AWS region: dropped for "
-                            f"{INFRA_FLAG} {infra}")
-            return None
-        raise _refuse(source, lines, loc + (field_,), f"{written}: {region!r} is not an AWS region (another cloud's?)",
-                      OTHER_CLOUD_HINT)
-    if zone is not None:
-        region = region or _region_of_zone(zone.strip())
-        if region is None or _region_of_zone(zone.strip()) != region:
-            raise _refuse(source, lines, loc + (("zone" if "zone" in given else field_),),
-                          f"{zone!r} is not an availability zone of {region or 'an AWS region'}",
-                          "e.g. infra: aws/us-west-2/us-west-2a")
-        warnings.append(f"resources.{'zone' if 'zone' in given else field_}: {zone_note(zone.strip(), region)}")
-    return region.strip() if region else None
-
-
-def _image(value: Any, source: str, lines: _Lines, loc: tuple[str, ...], warnings: list[str],
-           replaced: bool) -> str | dict[str, str] | None:
-    """SkyPilot's ``image_id`` -> ec2gpu's ``ami`` (an AMI id, or {region: AMI id}), or None where the
-    default image runs, with a warning (SkyPilot's own image tags, ``skypilot:gpu-ubuntu-2004``; another
-    cloud's image when --infra aws replaced that cloud: ``replaced``). Per
-    https://docs.skypilot.co/en/latest/reference/yaml-spec.html (resources.image_id, AWS).
-
-    Raises UsageError at the field's line for ``docker:IMAGE`` (a container: not supported yet) and
-    for anything that is not an AMI id."""
-    values = list(value.values()) if isinstance(value, dict) else [value]
-    if not values or not all(isinstance(v, str) and v.strip() for v in values):
-        raise _refuse(source, lines, loc, f"{value!r} is not an image id", "e.g. image_id: ami-0123456789abcdef0, or "
-                      "{us-east-1: ami-..., us-west-2: ami-...}")
-    values = [v.strip() for v in values]
-    docker = next((v for v in values if v.lower().startswith("docker:")), None)
-    if docker:
-        raise _refuse(source, lines, loc, f"{docker[:80]}: running the job in a container is not supported yet",
-                      "drop image_id and install in setup what the image holds; or start the container in run "
-                      "(docker run --gpus all ...: the Deep Learning AMI has Docker and the NVIDIA container toolkit)")
-    if all(v.lower().startswith("skypilot:") for v in values):
-        warnings.append(f"{'.'.join(loc)}: {', '.join(dict.fromkeys(values))} is SkyPilot's own image tag: ec2gpu "
-                        "boots its default image instead (the image baked for this setup, else the PyTorch Deep "
-                        "Learning AMI, Ubuntu 24.04)")
-        return None
-    if all(v.lower().startswith("ami-") for v in values):
-        return {str(k): v.strip() for k, v in value.items()} if isinstance(value, dict) else values[0]
-    if replaced:
-        warnings.append(f"{'.'.join(loc)}: {str(value)[:80]} is the other cloud's image: dropped for {INFRA_FLAG} aws "
-                        "(ec2gpu boots its default image)")
-        return None
-    raise _refuse(source, lines, loc, f"{str(value)[:80]}: not an AMI id (ami-...); another cloud's image, or a "
-                  "container (docker:... is not supported yet)?",
-                  "give an AMI id of the run's region, or drop image_id")
-
-
-def _ports(value: Any, source: str, lines: _Lines, loc: tuple[str, ...], warnings: list[str]) -> list[int]:
-    """SkyPilot's ``ports`` (8080, '8080', '10022-10040', or a list of those) -> ec2gpu's top-level
-    ``ports``: each forwarded from node 0 to 127.0.0.1 here over SSH while the job runs, never
-    opened in the security group, where SkyPilot opens them to the internet
-    (https://docs.skypilot.co/en/latest/reference/yaml-spec.html, resources.ports); said in a warning.
-    Raises UsageError for a value that is not a port or range, or more than MAX_PORTS ports."""
-    items = value if isinstance(value, list) else [value]
-    ports: list[int] = []
-    for item in items:
-        m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", str(item)) if not isinstance(item, bool) else None
-        first, last = (int(m.group(1)), int(m.group(2) or m.group(1))) if m else (0, 0)
-        if not m or not 1 <= first <= last <= 65535:
-            raise _refuse(source, lines, loc, f"{item!r} is not a port or a range of ports", "e.g. 8080, 10022-10040 "
-                          "or [8080, 8081]")
-        if last - first + 1 + len(ports) > MAX_PORTS:
-            raise _refuse(source, lines, loc, f"more than {MAX_PORTS} ports: ec2gpu forwards each one over SSH",
-                          "name the ports the job serves on (e.g. [8000, 8265])")
-        ports += [p for p in range(first, last + 1) if p not in ports]
-    shown = ", ".join(str(p) for p in ports[:8]) + (f" and {len(ports) - 8} more" if len(ports) > 8 else "")
-    warnings.append(f"{'.'.join(loc)}: {shown}: forwarded from node 0 to 127.0.0.1 on this machine over SSH while the "
-                    "job runs (http://127.0.0.1:PORT here), not opened to the internet as SkyPilot opens them: the "
-                    "security group opens SSH alone")
-    return ports
-
-
-_AUTOSTOP_UNITS = {"m": 1, "h": 60, "d": 1440, "w": 10080}  # yaml-spec.html, resources.autostop: <num><unit>
-_AUTOSTOP_KEYS = ("idle_minutes", "down", "wait_for", "hook", "hook_timeout")
-
-
-def _autostop_minutes(value: Any, source: str, lines: _Lines, loc: _Loc) -> float:
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([mhdw])?\s*", str(value).lower()) if not isinstance(value, bool) else None
-    if not m:
-        raise _refuse(source, lines, loc, f"{value!r} is not an idle time", "minutes (10), or 10m, 2h, 1d, 1w")
-    got = float(m.group(1)) * _AUTOSTOP_UNITS[m.group(2) or "m"]
-    if not got <= MAX_MINUTES:  # inf and NaN too
-        raise _refuse(source, lines, loc, f"{str(value)[:40]!r}: at most {MAX_MINUTES:,} minutes (30 days)",
-                      "minutes (10), or 10m, 2h, 1d, 1w")
-    return got
-
-
-def _autostop(value: Any, source: str, lines: _Lines, loc: tuple[str, ...], warnings: list[str]) -> int | None:
-    """SkyPilot's ``autostop`` (true: 5 min; false; minutes or 10m/2h/1d/1w; {idle_minutes, down,
-    wait_for, hook, hook_timeout}: https://docs.skypilot.co/en/latest/reference/yaml-spec.html,
-    resources.autostop) -> ec2gpu's ``idle_timeout`` in whole minutes, at least IDLE_FLOOR_MINUTES
-    (None: none asked), each difference warned: an ec2gpu run terminates its instances when the job
-    ends anyway, so the idle rule is the net for a run whose controller is gone; it terminates (a
-    run's instance is never kept stopped); a hook is not run. Raises UsageError for another form."""
-    where = ".".join(loc)
-    notes = []
-    if value is False:
-        warnings.append(f"{where}: false: an ec2gpu run still terminates its instances when the job ends "
-                        "(SkyPilot would keep the cluster up)")
-        return None
-    if isinstance(value, dict):
-        unknown = [k for k in value if k not in _AUTOSTOP_KEYS]
-        if unknown:
-            raise _refuse(source, lines, loc + (unknown[0],), "unknown field",
-                          f"autostop's fields: {', '.join(_AUTOSTOP_KEYS)}")
-        idle = value.get("idle_minutes")
-        minutes_ = AUTOSTOP_DEFAULT_MINUTES if idle is None else _autostop_minutes(idle, source, lines,
-                                                                                   loc + ("idle_minutes",))
-        if value.get("down") is False or "down" not in value:
-            notes.append("terminated, not stopped (a run's instance is never kept)")
-        if value.get("hook"):
-            notes.append("its hook is not run")
-        if value.get("wait_for") not in (None, "jobs_and_ssh"):
-            notes.append(f"wait_for {value['wait_for']} is read as jobs_and_ssh (a busy GPU counts too)")
-    elif value is True:
-        minutes_ = AUTOSTOP_DEFAULT_MINUTES
-        notes.append("terminated, not stopped (a run's instance is never kept)")
-    else:
-        minutes_ = _autostop_minutes(value, source, lines, loc)
-        notes.append("terminated, not stopped (a run's instance is never kept)")
-    chosen = max(IDLE_FLOOR_MINUTES, int(-(-minutes_ // 1)))
-    if chosen > minutes_:
-        notes.append(f"{IDLE_FLOOR_MINUTES} min at least, so a booting instance is not ended before the controller "
-                     "connects")
-    warnings.append(f"{where}: an ec2gpu run terminates its instances when the job ends (SkyPilot keeps the cluster "
-                    f"until it has been idle {minutes_:g} min); as the net for a run whose controller is gone, an "
-                    f"instance with no job, SSH connection or busy GPU for {chosen} min terminates itself "
-                    "(idle_timeout)"
-                    + "".join(f"; {n}" for n in notes))
-    return chosen
-
-
-def _recovery(key: str, value: Any, spot: Any, warnings: list[str], source: str, lines: _Lines) -> int | None:
-    """SkyPilot's ``job_recovery`` / ``spot_recovery`` (FAILOVER, EAGER_NEXT_REGION, none, or
-    {strategy, max_restarts_on_errors, recover_on_exit_codes}: yaml-spec.html, resources.job_recovery;
-    applied by SkyPilot to managed jobs, ``sky jobs launch``) -> a warning saying what ec2gpu's own
-    spot recovery does instead (runs/recover/recovery.py): a lost spot instance is replaced in the same region,
-    another zone first, up to --max-attempts instances (3 with spot). Returns max_restarts_on_errors
-    (None when not given): restarts on the job's own errors, which a detached run (--detach,
-    agent/detached.py) makes; they are not mapped to --max-attempts, which counts lost instances."""
-    loc = ("resources", key)
-    if isinstance(value, dict):
-        unknown = [k for k in value if k not in ("strategy", "max_restarts_on_errors", "recover_on_exit_codes")]
-        if unknown:
-            raise _refuse(source, lines, loc + (unknown[0],), "unknown field",
-                          "job_recovery's fields: strategy, max_restarts_on_errors, recover_on_exit_codes")
-        strategy, restarts = value.get("strategy"), value.get("max_restarts_on_errors")
-        codes = value.get("recover_on_exit_codes")
-    elif isinstance(value, str) or value is None:
-        strategy, restarts, codes = value, None, None
-    else:
-        raise _refuse(source, lines, loc, f"{value!r} is not a recovery strategy",
-                      "e.g. FAILOVER, EAGER_NEXT_REGION, or {strategy: FAILOVER, max_restarts_on_errors: 3}")
-    strategy = str(strategy or "EAGER_NEXT_REGION").upper()  # SkyPilot's default
-    said = [f"resources.{key}: {strategy}: ec2gpu's own spot recovery applies instead: a lost spot instance is "
-            "replaced in the same region, another zone first, up to --max-attempts instances (3 with spot)"]
-    if strategy == "EAGER_NEXT_REGION":
-        said.append("it does not move to another region")
-    if strategy == "NONE":
-        said.append("pass --max-attempts 1 for no replacement")
-    if restarts is not None and (isinstance(restarts, bool) or not isinstance(restarts, int) or not 0 <= restarts <= 100):
-        raise _refuse(source, lines, loc + ("max_restarts_on_errors",), f"{restarts!r} is not a count of restarts",
-                      "give a whole number from 0 to 100")
-    if restarts:
-        said.append(f"a job that exits non-zero is restarted up to {restarts} times in a detached run (--detach) "
-                    "only: a run you follow ends with its job")
-    if codes:
-        said.append(f"exit codes are not recovered on (recover_on_exit_codes: {codes})")
-    if not spot:
-        said.append("this task runs on-demand, where ec2gpu replaces nothing")
-    warnings.append("; ".join(said))
-    return restarts
-
-
-def _skypilot_resources(res: dict[str, Any], source: str, lines: _Lines, warnings: list[str], dropped: list[str],
-                        infra: str | None = None) -> tuple[dict[str, Any], _Renamed]:
-    """SkyPilot's ``resources`` -> ours (the caller renames use_spot, disk_size, image_id, ports and
-    autostop): ``accelerators`` becomes ``gpu`` (one request), ``any_of`` (a set: cheapest first) or
-    ``ordered`` (a list: in order); SkyPilot's ``any_of``/``ordered`` become ours, each candidate's
-    accelerators kept (a candidate without them inherits the resources' own, as SkyPilot merges them)
-    and a candidate on another cloud skipped with a warning (kept on AWS with ``infra``, the --infra
-    flag); ``use_spot`` of the candidates becomes the run's (where they differ, warned: ordered, the
-    first one's; any_of, spot if one asks for it); ``cpus``/``memory`` stay (ours too); the location
-    becomes ``region`` (_location), ``image_id`` an AMI (_image), ``ports`` ec2gpu's forwarded ports
-    (_ports), ``autostop`` the idle rule (_autostop), ``job_recovery`` a warning (_recovery).
-    Unsupported fields are added to ``dropped``. Returns (resources, {our path: the file's})."""
-    loc = ("resources",)
-    res = _alias(res, source, lines, loc)
-    renamed: _Renamed = {}
-    if isinstance(res.get("disk_size"), str):
-        res["disk_size"] = _disk_gib(res["disk_size"], source, lines, loc + ("disk_size",))
-    written_location = next((k for k in ("infra", "cloud", "region", "zone") if res.get(k) is not None), None)
-    other_cloud = bool(res.get("infra") or res.get("cloud")) and _other_cloud(res) is not None
-    region = _location(res, source, lines, warnings, infra)
-    if region:
-        res["region"] = region
-        if written_location != "region":
-            renamed[("resources", "region")] = ("resources", cast(str, written_location))  # the region came from it
-    if res.get("image_id") is not None:
-        res["image_id"] = _image(res["image_id"], source, lines, loc + ("image_id",), warnings,
-                                 other_cloud and infra is not None)
-    if res.get("ports") is not None:
-        res["ports"] = _ports(res["ports"], source, lines, loc + ("ports",), warnings)
-    if "autostop" in res:
-        res["autostop"] = None if res["autostop"] is None else _autostop(res["autostop"], source, lines,
-                                                                         loc + ("autostop",), warnings)
-    key: str | None
-    for key in ("job_recovery", "spot_recovery"):
-        if key in res:
-            value = res.pop(key)
-            if value is not None:
-                restarts = _recovery(key, value, res.get("use_spot"), warnings, source, lines)
-                if restarts is not None:
-                    res["max_restarts_on_errors"] = restarts
-    gone = sorted(k for k in res if k in SKYPILOT_UNSUPPORTED_RESOURCES)
-    for k in gone:
-        res.pop(k)
-    dropped += [f"resources.{k}" for k in gone]
-    base: list[str]
-    base, kind = ([], "none")
-    if "accelerators" in res:
-        base, kind = _accelerators(res.pop("accelerators"), source, lines, loc + ("accelerators",))
-    key = next((k for k in ("any_of", "ordered") if k in res), None)
-    if key and "any_of" in res and "ordered" in res:
-        raise _refuse(source, lines, loc + ("ordered",), "any_of and ordered together: SkyPilot refuses both too",
-                      "keep one list of candidates")
-    if key and len(base) > 1 and (key == "ordered" or kind == "list"):
-        raise _refuse(source, lines, loc + ("accelerators",), f"several accelerators with {key}: SkyPilot refuses "
-                      "this too", "list the accelerators in the candidates instead")
-    if key:
-        entries = res.pop(key)
-        if not isinstance(entries, list) or not entries:
-            raise _refuse(source, lines, loc + (key,), "a list of candidates (mappings of accelerators, "
-                          "instance_type, use_spot, ...)",
-                          "e.g. any_of: [{accelerators: H100:8}, {accelerators: H200:8}]")
-        res[key], spots, elsewhere = _skypilot_candidates(entries, key, base, res.get("use_spot"), source, lines,
-                                                          dropped, infra)
-        if elsewhere and infra is None:
-            warnings.append(f"resources.{key}: candidates on another cloud skipped: {'; '.join(elsewhere)}")
-        elif elsewhere:
-            warnings.append(f"resources.{key}: candidates on another cloud run on AWS ({INFRA_FLAG} {infra}): "
-                            f"{'; '.join(elsewhere)}")
-        if not res[key]:
-            raise _refuse(source, lines, loc + (key,), "every candidate names another cloud than AWS: "
-                          + "; ".join(elsewhere), OTHER_CLOUD_HINT)
-        # one market per run: ordered, the first candidate's; any_of, spot if one asks for it (spot is the
-        # cheaper market, and any_of is tried cheapest first)
-        spot = bool(spots[0]) if key == "ordered" else any(bool(s) for s in spots)
-        if len({bool(s) for s in spots}) > 1:
-            warnings.append(f"resources.{key}: the candidates differ in use_spot; ec2gpu runs a run on one market: "
-                            f"{'spot' if spot else 'on-demand'}, as "
-                            + ("the first one asks" if key == "ordered" else "one asks (the cheaper market)")
-                            + " (--spot-fallback on-demand adds on-demand after spot)")
-        if any(s is not None for s in spots):
-            res["use_spot"] = spot
-    elif kind == "one":
-        res["gpu"] = base[0]
-        renamed[("resources", "gpu")] = ("resources", "accelerators")
-    elif kind in ("set", "list"):
-        key = "any_of" if kind == "set" else "ordered"
-        res[key] = [{"gpu": r} for r in base]
-        renamed[("resources", key)] = ("resources", "accelerators")
-    return res, renamed
-
-
-def _skypilot_candidates(entries: list[Any], key: str, base: list[str], base_spot: Any, source: str, lines: _Lines,
-                         dropped: list[str], infra: str | None = None) -> tuple[list[dict[str, Any]], list[Any], list[str]]:
-    """SkyPilot's candidates -> (ours, the use_spot of each kept one, the ones on other clouds: kept,
-    on AWS, with ``infra`` (the --infra flag), else skipped). A candidate's own location, image,
-    cpus, memory, ... are dropped (named in ``dropped``): a run has one region and one image."""
-    ours, spots, elsewhere = [], [], []
-    for i, entry in enumerate(entries):
-        at = ("resources", key, i)
-        if not isinstance(entry, dict):
-            raise _refuse(source, lines, at, f"{entry!r}: a candidate is a mapping (accelerators:, instance_type:, "
-                          "use_spot:, ...)")
-        entry = _alias(entry, source, lines, at)
-        unknown = [k for k in entry if k not in SKYPILOT_RESOURCE_FIELDS + ("gpu",)]
-        if unknown:
-            raise _refuse(source, lines, at + (unknown[0],), "unknown field", _names_hint(
-                unknown[0], ("gpu", "instance_type"), SKYPILOT_RESOURCE_FIELDS))
-        if entry.get("any_of") is not None or entry.get("ordered") is not None:
-            raise _refuse(source, lines, at, "a candidate cannot hold candidates (SkyPilot refuses this too)")
-        cloud = _other_cloud(entry)
-        if cloud:
-            elsewhere.append(f"[{i}] {cloud}")
-            if infra is None:
-                continue
-        spots.append(entry.get("use_spot", base_spot))
-        if entry.get("instance_type"):
-            ours.append({"instance_type": entry["instance_type"]})
-        elif entry.get("accelerators") is not None:
-            requests, _ = _accelerators(entry["accelerators"], source, lines, at + ("accelerators",))
-            ours += [{"gpu": r} for r in requests]
-        elif entry.get("gpu") is not None:
-            ours.append({"gpu": entry["gpu"]})
-        else:
-            ours += [{"gpu": r} for r in base] or [{}]
-        dropped += [f"resources.{key}[{i}].{k}" for k in entry
-                    if k not in ("accelerators", "gpu", "instance_type", "use_spot", "infra", "cloud")]
-        if "/" in str(entry.get("infra") or "") and not cloud:  # aws/REGION: AWS runs it; the region is dropped
-            dropped.append(f"resources.{key}[{i}].infra")
-    return ours, spots, elsewhere
-
-
-#: fields of ec2gpu's own format SkyPilot does not have: a file using one is read as ec2gpu's
-_OURS = ("nodes", "checkpoint_dir", "max_runtime", "budget", "ports", "idle_timeout", "array", "sweep", "max_workers",
-         "gpus_per_job")
-_OURS_RESOURCES = ("gpu", "spot", "disk_gib", "allow_larger", "max_price", "ami")
-
-
-def _is_skypilot(data: dict[str, Any]) -> bool:
-    """Whether ``data`` is a SkyPilot task: it uses a field only SkyPilot has. ``cpus``, ``memory`` and
-    ``region``, which both formats have, count as SkyPilot's unless a field only ec2gpu has is there."""
-    res = cast(dict[str, Any], data.get("resources")) if isinstance(data.get("resources"), dict) else {}
-    candidates = [e for k in ("any_of", "ordered") if isinstance(res.get(k), list)
-                  for e in res[k] if isinstance(e, dict)]
-    theirs = ("accelerators", "use_spot", "disk_size", "infra", "image_id", "autostop", *SKYPILOT_ALIASES,
-              *SKYPILOT_UNSUPPORTED_RESOURCES, *SKYPILOT_UNSUPPORTED_RESOURCES_SAID)
-    mounts = cast(dict[str, Any], data.get("file_mounts")) if isinstance(data.get("file_mounts"), dict) else {}
-    if ("num_nodes" in data or any(k in data for k in SKYPILOT_UNSUPPORTED) or isinstance(data.get("secrets"), dict)
-            or isinstance(data.get("outputs"), dict) or any(k in res for k in theirs)
-            or isinstance(data.get("workdir"), dict)  # SkyPilot's git workdir {url, ref}
-            or any(isinstance(v, dict) for v in mounts.values())  # SkyPilot's storage entries
-            or any(k in e for e in candidates for k in theirs)):
-        return True
-    ours = any(k in data for k in _OURS) or any(k in res for k in _OURS_RESOURCES)
-    return not ours and any(k in res for k in ("cpus", "memory", "region", "ports"))
 
 
 def _stringify_envs(data: dict[str, Any]) -> None:
@@ -837,11 +251,11 @@ def parse(text: str, source: str = "<task>", base: Path | None = None, allow_out
     if not isinstance(data, dict):
         raise UsageError(f"{source}:1: a task file is a YAML mapping (name:, run:, ...)", DOCS)
     warnings: list[str] = []
-    skypilot = _is_skypilot(data)
-    renamed: _Renamed = {}
+    skypilot = is_skypilot(data)
+    renamed: Renamed = {}
     git = None
     if isinstance(data.get("workdir"), dict):  # SkyPilot's git form: {url, ref}, cloned on each instance
-        git = _git_workdir(data["workdir"], source, lines)
+        git = git_workdir(data["workdir"], source, lines)
         data["workdir"] = None
     if "workdir" not in data:
         if skypilot:  # SkyPilot sends nothing without a workdir (its yaml-spec: "workdir ... optional")
@@ -852,7 +266,7 @@ def parse(text: str, source: str = "<task>", base: Path | None = None, allow_out
     if infra is not None:
         aws_infra(infra)
     if skypilot:
-        data, renamed = _from_skypilot(data, warnings, source, lines, infra)
+        data, renamed = from_skypilot(data, warnings, source, lines, infra)
     _stringify_envs(data)
     fill_env(data, envs or {}, environ)
     try:
@@ -860,7 +274,7 @@ def parse(text: str, source: str = "<task>", base: Path | None = None, allow_out
     except ValidationError as exc:
         raise _first_error(exc, source, lines, renamed, skypilot)
     workdir = None if task.workdir is None else _workdir(task.workdir, base or Path.cwd(), allow_outside,
-                                                          f"{source}:{_line_of(lines, ('workdir',))}: workdir")
+                                                          f"{source}:{line_of(lines, ('workdir',))}: workdir")
     file_mounts = _file_mounts(task, base or Path.cwd(), allow_outside, source, lines, warnings, allowed)
     if overrides:
         task = task.model_copy(update={"resources": task.resources.model_copy(update=overrides)})
@@ -869,13 +283,13 @@ def parse(text: str, source: str = "<task>", base: Path | None = None, allow_out
     warnings += _check_resources(task, source, lines, renamed)
     what = "accelerators or instance_type" if skypilot else "gpu or instance_type"
     if _default_type_only(task.resources):
-        warnings.append(f"{source}:{_line_of(lines, ('resources',))}: no {what}: ec2gpu, a GPU tool, runs on "
+        warnings.append(f"{source}:{line_of(lines, ('resources',))}: no {what}: ec2gpu, a GPU tool, runs on "
                         f"its default GPU type ({settings.DEFAULT_INSTANCE_TYPE} unless EC2GPU_INSTANCE_TYPE says "
                         "otherwise) where SkyPilot would choose a CPU instance: name one to choose")
     elif _by_need_only(task.resources):
         choice = resolve.plan(task.resources).choices[0]
         t = catalog.CATALOG[cast(str, choice.instance_type)]  # by_need names the type it chose
-        warnings.append(f"{source}:{_line_of(lines, ('resources',))}: no {what}: ec2gpu, a GPU tool, runs GPU "
+        warnings.append(f"{source}:{line_of(lines, ('resources',))}: no {what}: ec2gpu, a GPU tool, runs GPU "
                         f"instances only: {choice.asked} chose the cheapest GPU type meeting them, {t.name} "
                         f"({t.gpu_count} x {t.gpu}, "
                         f"{t.vcpus} vCPUs, {t.memory_gib:g} GiB, {t.on_demand_usd_h:.2f} USD/h), where SkyPilot "
@@ -883,7 +297,7 @@ def parse(text: str, source: str = "<task>", base: Path | None = None, allow_out
     return LoadedTask(task, None, workdir, warnings, skypilot, file_mounts, git)
 
 
-def _file_mounts(task: Task, base: Path, allow_outside: bool, source: str, lines: _Lines,
+def _file_mounts(task: Task, base: Path, allow_outside: bool, source: str, lines: Lines,
                  warnings: list[str], allowed: frozenset[str] = frozenset()) -> list[Mount]:
     """The task's file_mounts made ready (tasks/mounts.parse), each local source checked like a
     workdir (check_local_source: credentials refused; outside the task file's directory only with
@@ -893,7 +307,7 @@ def _file_mounts(task: Task, base: Path, allow_outside: bool, source: str, lines
     from . import mounts
     out = []
     for target, value in task.file_mounts.items():
-        where = f"{source}:{_line_of(lines, ('file_mounts', target))}: file_mounts.{target}"
+        where = f"{source}:{line_of(lines, ('file_mounts', target))}: file_mounts.{target}"
         text = json.dumps([target, value if isinstance(value, str) else value.model_dump()])
         unset = [n for n in dict.fromkeys(_VAR.findall(text)) if n in task.envs]
         if unset:  # fill_env filled every one it could: the rest are null here, or secrets
@@ -910,7 +324,7 @@ def _file_mounts(task: Task, base: Path, allow_outside: bool, source: str, lines
     for m in out:
         key = mounts.normal_target(m.target)
         if key in seen:
-            raise UsageError(f"{source}:{_line_of(lines, ('file_mounts', m.target))}: file_mounts: {m.target!r} and "
+            raise UsageError(f"{source}:{line_of(lines, ('file_mounts', m.target))}: file_mounts: {m.target!r} and "
                              f"{seen[key]!r} are the same place on the instance", "give each its own path")
         seen[key] = m.target
     own = mounts.own_buckets(out)
@@ -918,7 +332,7 @@ def _file_mounts(task: Task, base: Path, allow_outside: bool, source: str, lines
         try:
             out[i] = mounts.check_write(m, own, allowed)
         except UsageError as exc:
-            raise UsageError(f"{source}:{_line_of(lines, ('file_mounts', m.target))}: file_mounts.{m.target}: "
+            raise UsageError(f"{source}:{line_of(lines, ('file_mounts', m.target))}: file_mounts.{m.target}: "
                              f"{exc.message}", exc.hint) from None
     unused = sorted(allowed - {m.bucket for m in out if m.write_back})
     if unused:
@@ -928,40 +342,15 @@ def _file_mounts(task: Task, base: Path, allow_outside: bool, source: str, lines
         inside = next((w for w in out if w.write_back and w is not m and
                        mounts.normal_target(m.target).startswith(mounts.normal_target(w.target).rstrip("/") + "/")), None)
         if inside is not None:
-            raise UsageError(f"{source}:{_line_of(lines, ('file_mounts', m.target))}: file_mounts: {m.target!r} is "
+            raise UsageError(f"{source}:{line_of(lines, ('file_mounts', m.target))}: file_mounts: {m.target!r} is "
                              f"inside {inside.target!r}, which is written back to s3://{inside.bucket}: its files "
                              f"would be uploaded there", "give it a path of its own, outside the MOUNT target")
     if any(m.write_back for m in out):
-        warnings.append(f"{source}:{_line_of(lines, ('file_mounts',))}: file_mounts in mode MOUNT/MOUNT_CACHED are "
+        warnings.append(f"{source}:{line_of(lines, ('file_mounts',))}: file_mounts in mode MOUNT/MOUNT_CACHED are "
                         "copied in before setup, and what the job writes there is written back to the bucket every "
                         "minute and when it ends (an array's: as each instance leaves its pool) (SkyPilot mounts "
                         "them with FUSE; ec2gpu does not)")
     return out
-
-
-#: a git repository URL a workdir may name: https://, http://, ssh://, git://, file:// or scp-like
-#: user@host:path (git-clone(1), "GIT URLS"); never an option (a leading -)
-#: a git URL whose host (and user) begins with a letter or digit: nothing git or ssh could read as an
-#: option (git refuses "-" hosts since 2.14.1, CVE-2017-1000117; this refuses them before the instance)
-_GIT_URL = re.compile(r"((https?|ssh|git)://([A-Za-z0-9_][A-Za-z0-9_.-]*@)?[A-Za-z0-9\[][^\s]*|file:///[^\s]+"
-                      r"|[A-Za-z0-9_][A-Za-z0-9_.-]*@[A-Za-z0-9][A-Za-z0-9.-]*:[^\s]+)")
-_GIT_REF = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]{0,199}")  # a branch, tag or commit (git-check-ref-format(1))
-
-
-def _git_workdir(value: dict[Any, Any], source: str, lines: _Lines) -> dict[str, str | None]:
-    """SkyPilot's ``workdir: {url, ref}`` checked (pure): {"url", "ref" (None: the default branch)}.
-    Raises UsageError at its line for another key, a URL that is not a git URL, a bad ref."""
-    where = f"{source}:{_line_of(lines, ('workdir',))}: workdir"
-    extra = sorted(set(map(str, value)) - {"url", "ref"})
-    if extra:
-        raise UsageError(f"{where}: unknown field {extra[0]!r} in the git form", "give url: and ref: only")
-    url, ref = value.get("url"), value.get("ref")
-    if not isinstance(url, str) or not _GIT_URL.fullmatch(url) or len(url) > 2000:
-        raise UsageError(f"{where}.url: {str(url)[:80]!r} is not a git repository URL",
-                         "e.g. https://github.com/OWNER/REPO.git or git@github.com:OWNER/REPO.git")
-    if ref is not None and (not _GIT_REF.fullmatch(str(ref)) or ".." in str(ref)):
-        raise UsageError(f"{where}.ref: {str(ref)[:80]!r} is not a branch, tag or commit", "e.g. main, v1.2, 1a2b3c4")
-    return {"url": url, "ref": None if ref is None else str(ref)}
 
 
 #: a variable in a file_mounts or workdir value, as SkyPilot finds them (sky/task.py, _fill_in_env_vars)
@@ -1063,22 +452,14 @@ def check_env_name(name: str, what: str = "--env") -> str:
     return name
 
 
-def _names_hint(name: str | int, ours: Iterable[str], theirs: Iterable[str]) -> str:
-    """The hint on an unknown field ``name``: the closest known name, then ec2gpu's and SkyPilot's
-    names at that level (pure)."""
-    close = difflib.get_close_matches(str(name), list(ours) + list(theirs), 1, 0.7)
-    return ((f"did you mean {close[0]}? " if close else "") + f"ec2gpu's fields here: {', '.join(ours)}; "
-            f"SkyPilot's (read, mapped or warned about): {', '.join(theirs)}; {DOCS}")
-
-
-def _first_error(exc: ValidationError, source: str, lines: _Lines, renamed: _Renamed,
+def _first_error(exc: ValidationError, source: str, lines: Lines, renamed: Renamed,
                  skypilot: bool = False) -> UsageError:
     err = exc.errors()[0]
     loc = tuple(err["loc"])
     ours = next((o for o in renamed if loc[:len(o)] == o), None)
     shown = renamed[ours] + loc[len(ours):] if ours else loc  # the file's own names (num_nodes, not nodes)
     name = ".".join(str(p) for p in shown) or "task"
-    line = _line_of(lines, shown)
+    line = line_of(lines, shown)
     if err["type"] == "extra_forbidden":
         parent: Iterable[str]
         theirs: tuple[str, ...]
@@ -1088,7 +469,7 @@ def _first_error(exc: ValidationError, source: str, lines: _Lines, renamed: _Ren
             parent, theirs = cast(Any, Task.model_fields["resources"].annotation).model_fields, SKYPILOT_RESOURCE_FIELDS
         else:  # a candidate of resources.any_of / ordered
             parent, theirs = ("gpu", "instance_type"), SKYPILOT_RESOURCE_FIELDS
-        return UsageError(f"{source}:{line}: {name}: unknown field", _names_hint(loc[-1], parent, theirs))
+        return UsageError(f"{source}:{line}: {name}: unknown field", names_hint(loc[-1], parent, theirs))
     if err["type"] == "missing":
         return UsageError(f"{source}:{line}: {name}: missing", f"add `{loc[-1]}:`; {DOCS}")
     msg = err["msg"].removeprefix("Value error, ")
@@ -1097,7 +478,7 @@ def _first_error(exc: ValidationError, source: str, lines: _Lines, renamed: _Ren
     return UsageError(f"{source}:{line}: {name}: {msg}", DOCS)
 
 
-def _check_resources(task: Task, source: str, lines: _Lines, renamed: _Renamed) -> list[str]:
+def _check_resources(task: Task, source: str, lines: Lines, renamed: Renamed) -> list[str]:
     """The instance types the task's resources ask for (resolve.plan), checked before anything is
     created; returns the warnings to show (a larger type taken, candidates skipped). Raises
     UsageError at the line of the field that asks for what EC2 cannot run."""
@@ -1110,7 +491,7 @@ def _check_resources(task: Task, source: str, lines: _Lines, renamed: _Renamed) 
     try:
         plan = resolve.plan(res)
     except UsageError as exc:
-        raise UsageError(f"{source}:{_line_of(lines, loc)}: {name}: {exc.message}", exc.hint)
+        raise UsageError(f"{source}:{line_of(lines, loc)}: {name}: {exc.message}", exc.hint)
     return [f"{name}: {note}" for note in plan.notes()]
 
 

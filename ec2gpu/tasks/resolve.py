@@ -31,16 +31,13 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 from ..aws import catalog
 from ..errors import UsageError
-
-if TYPE_CHECKING:  # spec imports this module (its validators): the models are for the annotations only
-    from .spec import Candidate, Resources
+from .spec import Candidate, Resources, parse_cpus, parse_gpu, parse_memory
 
 DEFAULT = "the configured default instance type"
-_GPU = re.compile(r"^\s*([^:]+?)\s*(?::\s*([^:]*?)\s*)?$")
 #: SkyPilot's memory form of an accelerator request (sky/resources.py, _parse_accelerators_from_str):
 #: "40GB+", "24GB:2", "nvidia:80GB+:8"
 _MEMORY = re.compile(r"^[0-9]+[GgMmTt][Bb]\+?$")
@@ -84,27 +81,6 @@ def visible_devices(n: int) -> str:
     return ",".join(str(i) for i in range(n))
 
 
-def parse_gpu(text: str) -> tuple[str, int | None]:
-    """A GPU request -> (model as written, count or None): 'A10G:4' -> ('A10G', 4), 'T4' -> ('T4', None).
-
-    Raises ValueError for an empty model, more than one ':', or a count that is not a whole number
-    of at least 1 (a fractional count, SkyPilot's way to share one GPU between jobs on a cluster, is
-    named as such).
-    """
-    m = _GPU.match(str(text))
-    if not m or not m.group(1):
-        raise ValueError(f"{text!r} is not a GPU: use a model and an optional count, e.g. T4 or A10G:4")
-    model, count = m.group(1), m.group(2)
-    if count is None:
-        return model, None
-    if re.fullmatch(r"[0-9]*\.[0-9]+", count) and float(count) > 0:
-        raise ValueError(f"{text!r}: a fractional count shares one GPU between jobs on a SkyPilot cluster; "
-                         f"ec2gpu gives each run whole GPUs: ask for {model}:1")
-    if not re.fullmatch(r"[0-9]+", count) or int(count) < 1:
-        raise ValueError(f"{text!r}: the count is a whole number of GPUs per node, at least 1 (e.g. {model}:1)")
-    return model, int(count)
-
-
 def memory_request(text: str) -> list[str] | None:
     """SkyPilot's memory form of an accelerator request -> the catalog GPUs that fit, as 'MODEL:N'
     requests, or None when ``text`` is not that form (pure). '24GB' -> ['L4:1', 'A10G:1'];
@@ -131,40 +107,7 @@ def memory_request(text: str) -> list[str] | None:
     return [f"{g}:{(count or '1').strip()}" for g in fit]
 
 
-#: SkyPilot's memory units (sky/skylet/constants.py, MEMORY_SIZE_UNITS: binary, GB = 2**30 bytes),
-#: in GiB; a number without a unit is GB (GiB), as SkyPilot reads it
-_MEMORY_UNITS = {"kb": 2 ** -20, "ki": 2 ** -20, "mb": 2 ** -10, "mi": 2 ** -10, "gb": 1, "gi": 1, "tb": 1024,
-                 "ti": 1024, "pb": 1024 ** 2, "pi": 1024 ** 2}
 _MEMORY_SUFFIX = {"plus": "+", "x": "x", "exact": ""}
-_NUMBER = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)$")
-
-
-def parse_cpus(value: int | float | str) -> tuple[float, bool]:
-    """SkyPilot's ``cpus`` -> (vCPUs, at least?) (pure): 8 or '8' -> (8.0, False), exactly 8 vCPUs;
-    '8+' -> (8.0, True), at least 8 (https://docs.skypilot.co/en/latest/reference/yaml-spec.html,
-    resources.cpus; sky/resources.py ``_set_cpus``). Raises ValueError for anything else or <= 0."""
-    text = str(value).strip()
-    plus = text.endswith("+")
-    number = text[:-1].strip() if plus else text
-    if isinstance(value, bool) or not _NUMBER.fullmatch(number) or float(number) <= 0:
-        raise ValueError(f"{value!r} is not a vCPU count: a number (exactly that many) or a number and + (at least), "
-                         "e.g. 8 or 8+")
-    return float(number), plus
-
-
-def parse_memory(value: int | float | str) -> tuple[float, str]:
-    """SkyPilot's ``memory`` -> (GiB, "exact" | "plus" | "x") (pure): 32 -> (32.0, "exact"), exactly
-    32 GiB; '64+' -> at least 64 GiB; '64GB', '1TB+', '512MB' with a unit (KB, MB, GB, TB, PB, binary,
-    case ignored; GB when none); '4x' -> at least 4 GiB per vCPU (resources_utils.parse_memory_resource
-    and catalog/common.py ``_filter_with_mem``). Raises ValueError for anything else or <= 0."""
-    text = str(value).strip().lower()
-    kind = "plus" if text.endswith("+") else "x" if text.endswith("x") else "exact"
-    text = text[:-1].strip() if kind != "exact" else text
-    m = re.fullmatch(r"(\d+(?:\.\d*)?|\.\d+)\s*([kmgtp][bi])?", text)
-    if isinstance(value, bool) or not m or float(m.group(1)) <= 0:
-        raise ValueError(f"{value!r} is not a memory size: GiB (32: exactly; 32+: at least), or with a unit "
-                         "(64GB, 1TB+)")
-    return float(m.group(1)) * _MEMORY_UNITS[m.group(2) or "gb"], kind
 
 
 def _n(x: float) -> str:

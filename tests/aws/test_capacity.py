@@ -47,6 +47,27 @@ def test_full_zones_then_a_full_type_fall_over_in_order(aws, spec):
     assert len(log) == len(zones) + 1 and "trying the next zone or type" in log[0]
 
 
+def test_the_zones_of_an_interrupted_attempt_are_tried_last_for_each_type(aws):
+    """A replacement after a spot interruption tries the other zones first (capacity.plan's
+    ``avoid_zones``), the interrupted ones last, in their usual order, for every type; nothing is
+    dropped."""
+    ec2 = aws.client("ec2", fail_fast=True)
+    subnets = capacity.default_subnets(ec2)
+    zones = {t: [z for z in capacity.zones_offering(ec2, t) if z in subnets] for t in ("g4dn.xlarge", "g5.xlarge")}
+    assert len(zones["g4dn.xlarge"]) >= 3
+    interrupted = [zones["g4dn.xlarge"][1], zones["g4dn.xlarge"][0]]  # as recovery lists them: any order
+
+    def expected(t):
+        return [z for z in zones[t] if z not in interrupted] + [z for z in zones[t] if z in interrupted]
+    order = capacity.plan(ec2, ["g4dn.xlarge", "g5.xlarge"], spot=True, spot_fallback_on_demand=False,
+                          avoid_zones=interrupted)
+    assert [(t, z) for t, z, _, _ in order] == [("g4dn.xlarge", z) for z in expected("g4dn.xlarge")] + [
+        ("g5.xlarge", z) for z in expected("g5.xlarge")]
+    assert [z for t, z, _, _ in order if t == "g4dn.xlarge"][-2:] == zones["g4dn.xlarge"][:2]
+    assert all(s == subnets[z] and spot for _, z, s, spot in order)
+    assert [z for _, z, _, _ in capacity.plan(ec2, ["g4dn.xlarge"], True, False)] == zones["g4dn.xlarge"]  # none avoided
+
+
 def test_spot_without_capacity_anywhere_falls_back_to_on_demand_when_asked(aws, spec):
     ec2 = aws.client("ec2", fail_fast=True)
     zones = capacity.zones_offering(ec2, "g4dn.xlarge")

@@ -6,7 +6,7 @@ from dataclasses import replace
 import botocore.exceptions
 import pytest
 
-from ec2gpu.aws import capacity, iam as roles, instances, network, sweep
+from ec2gpu.aws import capacity, iam as roles, iam_boundary, iam_detached, instances, network, sweep
 
 POLICY = roles.s3_policy([("data-bucket", "train/")], [("out-bucket", "runs/")])
 USER = "AROAEXAMPLEROLEID0001:alice@example.com"  # who makes the role: its ec2gpu:user tag
@@ -230,11 +230,11 @@ def test_the_accounts_permissions_boundary_is_found_and_given_to_the_role(aws, i
     through CreateRole + PutRolePolicy + PassRole): the role gets it when the account has it."""
     from pathlib import Path
     account = aws.check_credentials()["Account"]
-    assert roles.boundary_arn(iam, account) is None
+    assert iam_boundary.boundary_arn(iam, account) is None
     doc = (Path(__file__).resolve().parents[2] / "docs" / "iam-instance-boundary.json").read_text()
-    arn = iam.create_policy(PolicyName=roles.BOUNDARY_NAME, Path="/ec2gpu/", PolicyDocument=doc)["Policy"]["Arn"]
+    arn = iam.create_policy(PolicyName=iam_boundary.BOUNDARY_NAME, Path="/ec2gpu/", PolicyDocument=doc)["Policy"]["Arn"]
     try:
-        assert roles.boundary_arn(iam, account) == arn
+        assert iam_boundary.boundary_arn(iam, account) == arn
         name = roles.create_run_role(iam, "run-role-b", "alice", POLICY, user=USER, boundary=arn)
         try:
             assert iam.get_role(RoleName=name)["Role"]["PermissionsBoundary"]["PermissionsBoundaryArn"] == arn
@@ -261,10 +261,10 @@ def test_a_detached_runs_role_takes_its_policy_under_the_boundary(aws, iam):
     from pathlib import Path
     from ec2gpu.aws import groups
     account = aws.check_credentials()["Account"]
-    policy = roles.detached_policy(f"ec2gpu-{account}-us-east-1", RUN, groups.name_of(RUN), "us-east-1", account,
+    policy = iam_detached.detached_policy(f"ec2gpu-{account}-us-east-1", RUN, groups.name_of(RUN), "us-east-1", account,
                                    user=USER)
     doc = (Path(__file__).resolve().parents[2] / "docs" / "iam-instance-boundary.json").read_text()
-    arn = iam.create_policy(PolicyName=roles.BOUNDARY_NAME, Path="/ec2gpu/", PolicyDocument=doc)["Policy"]["Arn"]
+    arn = iam.create_policy(PolicyName=iam_boundary.BOUNDARY_NAME, Path="/ec2gpu/", PolicyDocument=doc)["Policy"]["Arn"]
     try:
         for inline in (policy, roles.combined(policy, POLICY)):
             name = roles.create_run_role(iam, RUN, "alice", inline, user=USER, region="us-east-1", boundary=arn)
@@ -326,15 +326,15 @@ def test_a_boundary_from_an_older_ec2gpu_is_refused_before_a_detached_run_makes_
     from ec2gpu.errors import UsageError
     from ec2gpu.runs.detached import launch
     account = aws.check_credentials()["Account"]
-    policy = roles.detached_policy(f"ec2gpu-{account}-us-east-1", RUN, groups.name_of(RUN), "us-east-1", account,
+    policy = iam_detached.detached_policy(f"ec2gpu-{account}-us-east-1", RUN, groups.name_of(RUN), "us-east-1", account,
                                    user=USER)
     doc = json.loads((Path(__file__).resolve().parents[2] / "docs" / "iam-instance-boundary.json").read_text())
     old = {**doc, "Statement": [s for s in doc["Statement"] if not s["Action"][0].startswith("autoscaling:")]}
-    arn = iam.create_policy(PolicyName=roles.BOUNDARY_NAME, Path="/ec2gpu/",
+    arn = iam.create_policy(PolicyName=iam_boundary.BOUNDARY_NAME, Path="/ec2gpu/",
                             PolicyDocument=json.dumps(old))["Policy"]["Arn"]
     ui = SimpleNamespace(notes=[], note=lambda text: ui.notes.append(text))
     try:
-        assert roles.boundary_gaps(iam, arn, policy) == ["autoscaling:SetDesiredCapacity",
+        assert iam_boundary.boundary_gaps(iam, arn, policy) == ["autoscaling:SetDesiredCapacity",
                                                           "autoscaling:UpdateAutoScalingGroup"]
         with pytest.raises(UsageError, match="does not allow autoscaling:SetDesiredCapacity") as refused:
             launch.check_boundary(aws, RUN, account, ui)
@@ -350,7 +350,7 @@ def test_a_boundary_from_an_older_ec2gpu_is_refused_before_a_detached_run_makes_
         # the boundary from before the run store's per-user prefix: every action, the old prefix
         before = json.loads(json.dumps(doc).replace("${aws:PrincipalTag/ec2gpu:user}/", ""))
         iam.create_policy_version(PolicyArn=arn, PolicyDocument=json.dumps(before), SetAsDefault=True)
-        assert roles.boundary_gaps(iam, arn, policy) == [
+        assert iam_boundary.boundary_gaps(iam, arn, policy) == [
             "s3:PutObject under runs/${aws:PrincipalTag/ec2gpu:user}/ (the run store's per-user prefix)"]
         with pytest.raises(UsageError, match="per-user prefix"):
             launch.check_boundary(aws, RUN, account, ui)
@@ -358,13 +358,13 @@ def test_a_boundary_from_an_older_ec2gpu_is_refused_before_a_detached_run_makes_
         for v in iam.list_policy_versions(PolicyArn=arn)["Versions"]:  # IAM keeps 5 versions at most
             if not v["IsDefaultVersion"]:
                 iam.delete_policy_version(PolicyArn=arn, VersionId=v["VersionId"])
-        assert roles.boundary_gaps(iam, arn, policy) == []
+        assert iam_boundary.boundary_gaps(iam, arn, policy) == []
         assert launch.check_boundary(aws, RUN, account, ui) == arn
         assert launch.check_boundary(aws, RUN, account, ui, several=True) == arn
         wide = {**doc, "Statement": [{"Effect": "Allow", "Action": ["s3:*", "AutoScaling:Set*", "autoscaling:Update*"],
                                       "Resource": "*"}]}
         iam.create_policy_version(PolicyArn=arn, PolicyDocument=json.dumps(wide), SetAsDefault=True)
-        assert roles.boundary_gaps(iam, arn, policy) == []  # wildcards match as IAM's do, in any case
+        assert iam_boundary.boundary_gaps(iam, arn, policy) == []  # wildcards match as IAM's do, in any case
         for statements, gaps in (
                 ([{"Effect": "Allow", "NotAction": ["iam:*"], "Resource": "*"}], []),  # all but IAM
                 ([{"Effect": "Allow", "Action": "*", "Resource": "*"},
@@ -372,7 +372,7 @@ def test_a_boundary_from_an_older_ec2gpu_is_refused_before_a_detached_run_makes_
                  ["autoscaling:SetDesiredCapacity"])):
             iam.create_policy_version(PolicyArn=arn, PolicyDocument=json.dumps({**doc, "Statement": statements}),
                                       SetAsDefault=True)
-            assert roles.boundary_gaps(iam, arn, policy) == gaps
+            assert iam_boundary.boundary_gaps(iam, arn, policy) == gaps
             for v in iam.list_policy_versions(PolicyArn=arn)["Versions"]:
                 if not v["IsDefaultVersion"]:
                     iam.delete_policy_version(PolicyArn=arn, VersionId=v["VersionId"])
@@ -397,7 +397,7 @@ def test_a_boundary_that_gives_every_run_role_every_users_runs_is_refused_before
     from ec2gpu.runs.detached import launch
     account = aws.check_credentials()["Account"]
     text = (Path(__file__).resolve().parents[2] / "docs" / "iam-instance-boundary.json").read_text()
-    arn = iam.create_policy(PolicyName=roles.BOUNDARY_NAME, Path="/ec2gpu/",
+    arn = iam.create_policy(PolicyName=iam_boundary.BOUNDARY_NAME, Path="/ec2gpu/",
                             PolicyDocument=text.replace("YOUR-FILE-MOUNTS-BUCKET", bucket))["Policy"]["Arn"]
     ui = SimpleNamespace(notes=[], note=lambda text: ui.notes.append(text))
     try:

@@ -114,6 +114,7 @@ def test_every_operation_of_launch_train_and_cleanup_is_in_the_policy(sandbox_en
     import boto3
 
     from ec2gpu.aws import iam as roles
+    from ec2gpu.aws import iam_boundary
     identity = boto3.client("sts", endpoint_url=os.environ["AWS_ENDPOINT_URL"], region_name="us-east-1").get_caller_identity()
     requests = Requests(identity["Account"], "us-east-1")
 
@@ -182,7 +183,7 @@ def test_every_operation_of_launch_train_and_cleanup_is_in_the_policy(sandbox_en
                                                 "iam:PassRole", "iam:PutRolePolicy", "iam:CreateInstanceProfile",
                                                 "iam:AddRoleToInstanceProfile", "iam:DeleteRole",
                                                 "iam:DeleteInstanceProfile"}
-    boundary = f"arn:aws:iam::{identity['Account']}:policy{roles.PATH}{roles.BOUNDARY_NAME}"
+    boundary = f"arn:aws:iam::{identity['Account']}:policy{roles.PATH}{iam_boundary.BOUNDARY_NAME}"
     under = ("iam:CreateRole", "iam:PutRolePolicy", "iam:DeleteRolePolicy")  # IAM fills in the role's boundary
     refused = sorted({(a, r, json.dumps(c)) for a, r, c in requests.seen if a not in ADMIN_ONLY and not allowed(
         policy, (a, r, {**caller, **c, **({"iam:PermissionsBoundary": boundary} if a in under else {})}))})

@@ -117,7 +117,7 @@ TRUSTED = {
     "sandbox/tls.py": "a bucket policy as moto keeps it: the one this tool put (runstore.bucket_policy)",
     "sandbox/roles.py": "a role's trust policy as moto keeps it (made by this tool's or the user's own IAM call)",
     "aws/pricing.py": "AWS's Price List API answers (botocore: signed, over TLS), never an instance's",
-    "aws/iam.py": "the account's permissions boundary, from IAM's GetPolicyVersion (the account admin's)",
+    "aws/iam_boundary.py": "the account's permissions boundary, from IAM's GetPolicyVersion (the account admin's)",
     "aws/catalog.py": "the price cache this tool wrote in its home (`ec2gpu prices --refresh`)",
     "runs/settle/ledger.py": "the ledger's JSON columns, which this tool wrote into its own SQLite file (a job's "
                              "summary in it is checked again: job_summary.from_ledger)",

@@ -1,4 +1,4 @@
-"""Every command's --json goes through the one renderer (cli.render_json)."""
+"""Every command's --json goes through the one renderer (cli/render.render_json)."""
 from __future__ import annotations
 
 import ast
@@ -8,13 +8,14 @@ import json
 from pathlib import Path
 
 import ec2gpu.cli as cli
+from ec2gpu.cli import render
 
 CLI = Path(cli.__file__).parent
 
 
 def test_render_json_prints_one_indented_document_and_strings_what_json_cannot_hold(capsys):
     when = datetime.datetime(2026, 11, 22, 17, 0, tzinfo=datetime.timezone.utc)
-    cli.render_json({"run_id": "r1", "started_at": when, "out": Path("/tmp/r1"), "usd": 0.0138})
+    render.render_json({"run_id": "r1", "started_at": when, "out": Path("/tmp/r1"), "usd": 0.0138})
     text = capsys.readouterr().out
     assert json.loads(text) == {"run_id": "r1", "started_at": "2026-11-22 17:00:00+00:00", "out": "/tmp/r1",
                                 "usd": 0.0138}
@@ -29,8 +30,8 @@ def test_no_command_prints_json_by_itself():
             if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "print" and node.args
                     and isinstance(node.args[0], ast.Call) and ast.unparse(node.args[0].func) == "json.dumps"):
                 offenders.append(f"{path.name}:{node.lineno}")
-    lines, first = inspect.getsourcelines(cli.render_json)
-    inside = {f"__init__.py:{n}" for n in range(first, first + len(lines))}
+    lines, first = inspect.getsourcelines(render.render_json)
+    inside = {f"render.py:{n}" for n in range(first, first + len(lines))}
     assert [o for o in offenders if o not in inside] == []
     assert len(offenders) == 1  # render_json's own
 
@@ -58,11 +59,11 @@ def _console(monkeypatch, module, name="out", width=80):
 
 
 def test_the_run_table_says_1_epoch_rounds_its_seconds_and_names_this_machine_once(monkeypatch):
-    buf = _console(monkeypatch, cli)
+    buf = _console(monkeypatch, render)
     record = {"run_id": "20261122-170000-abcd", "market": "local", "instance_type": "local", "task": "mnist",
               "test_acc": 0.991, "phases": {"running": 137.5573}, "artifacts": "/tmp/r",
               "summary": {"epochs": 1, "model": "cnn", "device": "cpu", "train_seconds": 12.0, "wall_seconds": 15.84}}
-    cli._print_record(record, as_json=False)
+    render._print_record(record, as_json=False)
     shown = " ".join(buf.getvalue().split())
     assert "1 epoch of cnn on cpu: 12.00 s training, 15.8 s wall" in shown and "1 epochs" not in shown
     assert "instance this machine" in shown and "local local" not in shown

@@ -1,6 +1,6 @@
 """What the CLI prints is plain text (issue 29): an error, a hint, a warning, a note, a table cell or
 title holding ``[/]`` or ``[bold]`` prints those characters as they are (rich markup would raise a
-MarkupError for ``[/]``, or eat ``[bold]``), through the one helper, ``cli.say``. And `ec2gpu --help`
+MarkupError for ``[/]``, or eat ``[bold]``), through the one helper, ``cli/render.say``. And `ec2gpu --help`
 is click's plain help, built without rich or the AWS SDK."""
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pytest
 
 import ec2gpu
 import ec2gpu.cli as cli
+from ec2gpu.cli import render
 from ec2gpu.errors import UsageError
 
 CLI = Path(cli.__file__).parent
@@ -116,10 +117,10 @@ def _console(width: int = 200):
 
 def test_say_prints_text_labels_and_styles_without_reading_markup():
     console, buf = _console()
-    cli.say(console, MESSAGE)
-    cli.say(console, HINT, "yellow")
-    cli.say(console, WARNING, label="warning:", label_style="yellow")
-    cli.say(console, "a\x1b]0;title\x07b")
+    render.say(console, MESSAGE)
+    render.say(console, HINT, "yellow")
+    render.say(console, WARNING, label="warning:", label_style="yellow")
+    render.say(console, "a\x1b]0;title\x07b")
     from rich.text import Text
     plain_text = Text.from_ansi(buf.getvalue()).plain  # rich's own colours taken away
     assert plain_text.splitlines() == [MESSAGE, HINT, f"warning: {WARNING}", r"a\x1b]0;title\x07b"]
@@ -128,21 +129,21 @@ def test_say_prints_text_labels_and_styles_without_reading_markup():
 
 def test_a_tables_title_and_cells_print_their_brackets_as_typed():
     console, buf = _console()
-    t = cli.table("name", "value", title="[/]title [bold]t")
-    cli.table_row(t, "[bold]cell", None)
-    cli.table_row(t, cli.plain("[/]styled", "dim"), 3)
-    cli.say(console, t)
+    t = render.table("name", "value", title="[/]title [bold]t")
+    render.table_row(t, "[bold]cell", None)
+    render.table_row(t, render.plain("[/]styled", "dim"), 3)
+    render.say(console, t)
     from rich.text import Text
     text = Text.from_ansi(buf.getvalue()).plain
     assert "[/]title [bold]t" in text and "[bold]cell" in text and "[/]styled" in text and "None" not in text
 
 
 def test_a_run_shows_its_live_progress_on_the_lazy_console_and_phase_names_as_typed():
-    """The CLI's consoles are made on first use (cli.LazyConsole); rich's live display needs the
+    """The CLI's consoles are made on first use (cli/render.LazyConsole); rich's live display needs the
     Console itself (a context manager), which RichReporter takes from it."""
     import re
     buf = io.StringIO()
-    ui = cli.RichReporter(cli.LazyConsole(file=buf, force_terminal=True, width=120))
+    ui = render.RichReporter(render.LazyConsole(file=buf, force_terminal=True, width=120))
     with ui.phase("[/]setup"):
         ui.progress({"total": 10, "done": 3, "label": "[bold]step", "rate": 5.0, "eta_s": 70})
         ui.log("[/]a log line")
@@ -150,7 +151,7 @@ def test_a_run_shows_its_live_progress_on_the_lazy_console_and_phase_names_as_ty
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", buf.getvalue())  # rich's colours and cursor moves
     assert "| [/]a log line" in text and NOTE in text and "[bold]step" in text
     assert "done [/]setup" in text
-    console = cli.LazyConsole(file=io.StringIO())
+    console = render.LazyConsole(file=io.StringIO())
     with console:  # a context manager, as a Console is
         console.print("x")
     assert console.file.getvalue() == "x\n"

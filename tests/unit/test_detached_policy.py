@@ -1,4 +1,4 @@
-"""aws/iam.detached_policy: a detached run's instance role reaches its own run's prefix and ends its
+"""aws/iam_detached.detached_policy: a detached run's instance role reaches its own run's prefix and ends its
 own group, nothing else (issue 30, item 6). Shown three ways: the statements as written; an
 independent IAM linter (parliament, as tests/unit/test_iam_policy_lint.py reads docs/iam-policy.json);
 and requests evaluated against the policy, alone and under the permissions boundary
@@ -14,7 +14,7 @@ from iam_eval import allowed
 from iam_eval import condition_holds as _condition_holds
 from iam_eval import decide as _decide
 
-from ec2gpu.aws import groups, iam
+from ec2gpu.aws import groups, iam, iam_boundary, iam_detached
 from ec2gpu.errors import UsageError
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -24,8 +24,8 @@ RUN, OTHER = "20261125-100000-ab12", "20261125-100001-cd34"
 #: the run's maker: a role session's user id (aws:userid, STS's UserId), ':' and '@' in it; another user
 USER, OTHER_USER = "AROAEXAMPLEROLEID0001:alice@example.com", "AIDAEXAMPLEUSERID0002"
 GROUP = groups.name_of(RUN)
-POLICY = iam.detached_policy(BUCKET, RUN, GROUP, REGION, ACCOUNT, user=USER)
-SECRETS_POLICY = iam.detached_policy(BUCKET, RUN, GROUP, REGION, ACCOUNT, secrets=True, user=USER)
+POLICY = iam_detached.detached_policy(BUCKET, RUN, GROUP, REGION, ACCOUNT, user=USER)
+SECRETS_POLICY = iam_detached.detached_policy(BUCKET, RUN, GROUP, REGION, ACCOUNT, secrets=True, user=USER)
 
 
 # --- the evaluator ---------------------------------------------------------------------------
@@ -211,32 +211,32 @@ def test_a_boundary_whose_file_mounts_bucket_reaches_the_run_store_is_found(buck
     any inline policy, reads and rewrites this user's runs, agent code included; IAM has no one
     statement that denies "ec2gpu-*/runs/* but the role's own run" (a statement has a Resource or a
     NotResource, not both), so ec2gpu refuses such a boundary before a detached run makes anything
-    (aws/iam.reaches_other_runs, launch.check_boundary: tests/aws/test_run_role.py). Both the
+    (aws/iam_boundary.reaches_other_runs, launch.check_boundary: tests/aws/test_run_role.py). Both the
     evaluator and reaches_other_runs say so, and neither of the shipped boundary."""
     text = (DOCS / "iam-instance-boundary.json").read_text()
     wide = json.loads(text.replace("YOUR-FILE-MOUNTS-BUCKET", bucket))
     theirs = s3("s3:PutObject", f"runs/{USER}/{RUN}/agent/detached.py", run=OTHER, user=OTHER_USER)
     assert allowed(WIDE, theirs, wide) and not allowed(WIDE, theirs, _boundary())
-    assert iam.reaches_other_runs(wide, OTHER_USER, OTHER, ACCOUNT) == [
+    assert iam_boundary.reaches_other_runs(wide, OTHER_USER, OTHER, ACCOUNT) == [
         "RunRolesMayOnlyReadAndWriteObjectsOfTheFileMountsBuckets"]
-    assert iam.reaches_other_runs(_boundary(), OTHER_USER, OTHER, ACCOUNT) == []
-    assert iam.reaches_other_runs(json.loads(text.replace("YOUR-FILE-MOUNTS-BUCKET", "team-data")), USER, RUN,
+    assert iam_boundary.reaches_other_runs(_boundary(), OTHER_USER, OTHER, ACCOUNT) == []
+    assert iam_boundary.reaches_other_runs(json.loads(text.replace("YOUR-FILE-MOUNTS-BUCKET", "team-data")), USER, RUN,
                                   ACCOUNT) == []
 
 
 def test_reaches_other_runs_reads_resources_as_iam_does():
     def one(**statement) -> dict:
         return {"Statement": [{"Sid": "S", "Effect": "Allow", "Action": ["s3:GetObject"], **statement}]}
-    assert iam.reaches_other_runs(one(Resource="arn:aws:s3:::ec2gpu-?*/*"), USER, RUN, ACCOUNT) == ["S"]
-    assert iam.reaches_other_runs(one(NotResource="arn:aws:s3:::data/*"), USER, RUN, ACCOUNT) == ["S"]
-    assert iam.reaches_other_runs(one(NotResource="arn:aws:s3:::ec2gpu-*"), USER, RUN, ACCOUNT) == []
-    assert iam.reaches_other_runs(one(Resource="arn:aws:s3:::ec2gpu-*"), USER, RUN, ACCOUNT) == ["S"]  # * spans "/"
-    assert iam.reaches_other_runs(one(Resource="arn:aws:s3:::ec2gpu-*/runs/${aws:userid}/*"), USER, RUN, ACCOUNT) == []
-    assert iam.reaches_other_runs(one(Resource="arn:aws:s3:::EC2GPU-*/*"), USER, RUN, ACCOUNT) == []  # case counts
-    assert iam.reaches_other_runs({"Statement": [{"Effect": "Allow", "NotAction": ["iam:*"], "Resource": "*"},
+    assert iam_boundary.reaches_other_runs(one(Resource="arn:aws:s3:::ec2gpu-?*/*"), USER, RUN, ACCOUNT) == ["S"]
+    assert iam_boundary.reaches_other_runs(one(NotResource="arn:aws:s3:::data/*"), USER, RUN, ACCOUNT) == ["S"]
+    assert iam_boundary.reaches_other_runs(one(NotResource="arn:aws:s3:::ec2gpu-*"), USER, RUN, ACCOUNT) == []
+    assert iam_boundary.reaches_other_runs(one(Resource="arn:aws:s3:::ec2gpu-*"), USER, RUN, ACCOUNT) == ["S"]  # * spans "/"
+    assert iam_boundary.reaches_other_runs(one(Resource="arn:aws:s3:::ec2gpu-*/runs/${aws:userid}/*"), USER, RUN, ACCOUNT) == []
+    assert iam_boundary.reaches_other_runs(one(Resource="arn:aws:s3:::EC2GPU-*/*"), USER, RUN, ACCOUNT) == []  # case counts
+    assert iam_boundary.reaches_other_runs({"Statement": [{"Effect": "Allow", "NotAction": ["iam:*"], "Resource": "*"},
                                                  {"Effect": "Deny", "Action": "*", "Resource": "*"}]},
                                   USER, RUN, ACCOUNT) == ["statement 1"]
-    assert iam.reaches_other_runs(None, USER, RUN, ACCOUNT) == []
+    assert iam_boundary.reaches_other_runs(None, USER, RUN, ACCOUNT) == []
 
 
 def test_what_the_boundary_allows_the_users_own_policy_allows():
@@ -273,7 +273,7 @@ def test_the_statements_are_exactly_these():
 
 
 def test_the_group_is_named_as_aws_groups_names_it():
-    assert iam.GROUP_PREFIX + RUN == groups.name_of(RUN) and iam.run_prefix(USER, RUN) == f"runs/{USER}/{RUN}/"
+    assert iam_detached.GROUP_PREFIX + RUN == groups.name_of(RUN) and iam_detached.run_prefix(USER, RUN) == f"runs/{USER}/{RUN}/"
 
 
 @pytest.mark.parametrize("run_id", ["x*", "../", "*", "", "20261125-100000-ab1*", "20261125-100000-AB12",
@@ -282,7 +282,7 @@ def test_the_group_is_named_as_aws_groups_names_it():
                                     None, 20261125])
 def test_a_run_id_that_is_not_one_is_refused(run_id):
     with pytest.raises(UsageError) as err:
-        iam.detached_policy(BUCKET, run_id, f"ec2gpu-{run_id}", REGION, ACCOUNT, user=USER)
+        iam_detached.detached_policy(BUCKET, run_id, f"ec2gpu-{run_id}", REGION, ACCOUNT, user=USER)
     assert err.value.hint
 
 
@@ -290,7 +290,7 @@ def test_a_run_id_that_is_not_one_is_refused(run_id):
                                     "ec2gpu-123456789012-us-east-1/runs", None])
 def test_a_bucket_that_is_not_a_bucket_name_is_refused(bucket):
     with pytest.raises(UsageError) as err:
-        iam.detached_policy(bucket, RUN, GROUP, REGION, ACCOUNT, user=USER)
+        iam_detached.detached_policy(bucket, RUN, GROUP, REGION, ACCOUNT, user=USER)
     assert "bucket" in err.value.message and err.value.hint
 
 
@@ -298,7 +298,7 @@ def test_a_bucket_that_is_not_a_bucket_name_is_refused(bucket):
                                   None])
 def test_a_group_other_than_the_runs_own_is_refused(name):
     with pytest.raises(UsageError, match="is not the group of run"):
-        iam.detached_policy(BUCKET, RUN, name, REGION, ACCOUNT, user=USER)
+        iam_detached.detached_policy(BUCKET, RUN, name, REGION, ACCOUNT, user=USER)
 
 
 @pytest.mark.parametrize(("region", "account"), [("us-east-1*", ACCOUNT), ("*", ACCOUNT), ("", ACCOUNT),
@@ -306,12 +306,12 @@ def test_a_group_other_than_the_runs_own_is_refused(name):
                                                  (REGION, "12345678901a"), (REGION, "1234567890123"), (REGION, None)])
 def test_a_region_or_account_that_is_not_one_is_refused(region, account):
     with pytest.raises(UsageError):
-        iam.detached_policy(BUCKET, RUN, GROUP, region, account, user=USER)
+        iam_detached.detached_policy(BUCKET, RUN, GROUP, region, account, user=USER)
 
 
 def test_other_regions_and_partition_free_names_are_taken():
     for region in ("eu-west-1", "ap-southeast-2", "us-gov-west-1", "il-central-1"):
-        (statement,) = [s for s in iam.detached_policy(BUCKET, RUN, GROUP, region, ACCOUNT, user=USER)["Statement"]
+        (statement,) = [s for s in iam_detached.detached_policy(BUCKET, RUN, GROUP, region, ACCOUNT, user=USER)["Statement"]
                         if s["Sid"] == "LowerOwnGroup"]
         part = "aws-us-gov" if region.startswith("us-gov-") else "aws"
         assert statement["Resource"].startswith(f"arn:{part}:autoscaling:{region}:{ACCOUNT}:autoScalingGroup:*:")
@@ -350,10 +350,10 @@ def test_parliament_finds_nothing_in_the_detached_policy():
     from parliament import analyze_policy_string
 
     for secrets, several in ((False, False), (True, False), (False, True)):
-        policy = iam.detached_policy(BUCKET, RUN, GROUP, REGION, ACCOUNT, secrets, several, user=OTHER_USER)
+        policy = iam_detached.detached_policy(BUCKET, RUN, GROUP, REGION, ACCOUNT, secrets, several, user=OTHER_USER)
         assert analyze_policy_string(json.dumps(policy)).findings == []
     for region in ("eu-west-1", "ap-northeast-1"):
-        assert _above_low(json.dumps(iam.detached_policy(f"ec2gpu-{ACCOUNT}-{region}", OTHER, groups.name_of(OTHER),
+        assert _above_low(json.dumps(iam_detached.detached_policy(f"ec2gpu-{ACCOUNT}-{region}", OTHER, groups.name_of(OTHER),
                                                          region, ACCOUNT, user=OTHER_USER))) == []
     objects = ("RESOURCE_MISMATCH", json.dumps([{"action": a, "required_format": "arn:*:s3:::*/*"}
                                                 for a in ("s3:AbortMultipartUpload", "s3:GetObject", "s3:PutObject")]))
@@ -383,7 +383,7 @@ def test_parliament_finds_nothing_above_low_in_the_boundary_but_one_known_false_
 @pytest.mark.parametrize("region, partition", [("cn-north-1", "aws-cn"), ("us-gov-west-1", "aws-us-gov"),
                                                ("eu-west-1", "aws")])
 def test_every_arn_is_in_the_regions_partition(region, partition):
-    policy = iam.detached_policy(f"ec2gpu-{ACCOUNT}-{region}", RUN, f"ec2gpu-{RUN}", region, ACCOUNT, secrets=True,
+    policy = iam_detached.detached_policy(f"ec2gpu-{ACCOUNT}-{region}", RUN, f"ec2gpu-{RUN}", region, ACCOUNT, secrets=True,
                                  user=USER)
     assert all(s["Resource"].startswith(f"arn:{partition}:") for s in policy["Statement"])
 
@@ -453,7 +453,7 @@ def test_the_boundary_holds_a_role_to_its_own_runs_secrets_whatever_the_inline_p
 def test_a_run_of_several_nodes_may_set_its_own_groups_instances_unhealthy_and_nothing_more():
     """agent/gang.py: a node whose agent went silent while its instance runs is set Unhealthy by
     another, and the group replaces it. A run of one node gets no such statement."""
-    several = iam.detached_policy(BUCKET, RUN, GROUP, REGION, ACCOUNT, several=True, user=USER)
+    several = iam_detached.detached_policy(BUCKET, RUN, GROUP, REGION, ACCOUNT, several=True, user=USER)
     mine = group("autoscaling:SetInstanceHealth")
     assert allowed(several, mine) and allowed(several, mine, _boundary())
     assert not allowed(POLICY, mine)

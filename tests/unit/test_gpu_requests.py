@@ -8,7 +8,7 @@ import pytest
 from ec2gpu.aws import catalog, types
 from ec2gpu.errors import UsageError
 from ec2gpu.runs.execute import engine
-from ec2gpu.tasks import load, resolve
+from ec2gpu.tasks import load, resolve, skypilot
 
 
 def _task(resources: str, extra: str = ""):
@@ -228,7 +228,7 @@ def test_an_unknown_field_is_hinted_with_skypilots_names_and_the_closest_one():
 
 
 def test_supported_fields_are_no_longer_in_the_dropped_lists():
-    assert not {"any_of", "ordered", "accelerators", "gpus"} & load.SKYPILOT_UNSUPPORTED_RESOURCES
+    assert not {"any_of", "ordered", "accelerators", "gpus"} & skypilot.SKYPILOT_UNSUPPORTED_RESOURCES
 
 
 # --- what SkyPilot does without a field ---

@@ -64,6 +64,19 @@ def test_a_loader_crash_is_reported_as_a_crash_with_where_it_was_raised(tally, t
     assert tally.tally([r])["counts"]["crash"] == 1
 
 
+def test_the_rules_are_read_from_the_skypilot_tables_of_the_loader(tally):
+    """Each field's treatment comes from tasks/skypilot.py's SKYPILOT_* tables: a rename, an alias,
+    a warned field; the tables themselves are listed under the rules."""
+    assert tally.treatment("num_nodes") == "read (as ec2gpu's nodes)"
+    assert tally.treatment("resources.use_spot") == "read (as ec2gpu's resources.spot)"
+    assert tally.treatment("resources.gpus") == "read (SkyPilot's other name for resources.accelerators)"
+    assert tally.treatment("service") == tally.treatment("resources.disk_tier") == "warned, ignored"
+    assert tally.treatment("resources.no_such_field") == "refused (unknown field)"
+    rules = tally.rules_markdown({"num_nodes": 1})
+    assert "`ec2gpu/tasks/skypilot.py` (its `SKYPILOT_*` tables)" in rules
+    assert "- `SKYPILOT_RENAMES`: `num_nodes` → `nodes`" in rules and "- `SKYPILOT_UNSUPPORTED`: `config`" in rules
+
+
 def test_an_env_value_spelled_unlike_skypilot_is_a_silent_difference(tally, tmp_path):
     loaded = SimpleNamespace(workdir=tmp_path, task=SimpleNamespace(
         envs={"USE_BF16": "false", "EPOCHS": "3"}, resources=Resources(instance_type="g5.xlarge")))

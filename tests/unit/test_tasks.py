@@ -75,14 +75,14 @@ def test_secret_values_are_masked(tmp_path):
 
 @pytest.fixture
 def said(monkeypatch, tmp_path):
-    """The CLI's stderr (a StringIO); EC2GPU_HOME is tmp_path/state, which a refusal never creates."""
+    """The CLI's stderr (cli/render.err, a StringIO); EC2GPU_HOME is tmp_path/state, which a refusal never creates."""
     import io
 
     from rich.console import Console
 
-    from ec2gpu import cli
+    from ec2gpu.cli import render
     buf = io.StringIO()
-    monkeypatch.setattr(cli, "err", Console(file=buf, width=400))
+    monkeypatch.setattr(render, "err", Console(file=buf, width=400))
     monkeypatch.setenv("EC2GPU_HOME", str(tmp_path / "state"))
     return buf
 
@@ -174,6 +174,17 @@ def test_yaml_bombs_are_refused_with_a_line(tmp_path):
     deep = "".join(" " * i + f"k{i}:\n" for i in range(100)) + " " * 100 + "v\n"
     with pytest.raises(UsageError, match=r"t\.yaml:6\d: refused: nested deeper than 64 levels"):
         load.parse(deep, "t.yaml", tmp_path)
+
+
+def test_an_error_in_a_list_item_names_that_items_own_line(tmp_path):
+    """A list item has no key: its line is where the item starts (load._lines), in both formats,
+    whatever blank lines or comments come before it."""
+    sky = "resources:\n  any_of:\n    - accelerators: T4:1\n\n    - 42\nrun: x\n"
+    with pytest.raises(UsageError, match=r"^t\.yaml:5: resources\.any_of\[1\]: 42: a candidate is a mapping"):
+        load.parse(sky, "t.yaml", tmp_path)
+    ours = "workdir: null\nresources:\n  any_of:\n    - gpu: T4\n    # a comment\n    - 42\nrun: x\n"
+    with pytest.raises(UsageError, match=r"^t\.yaml:6: resources\.any_of\.1: "):
+        load.parse(ours, "t.yaml", tmp_path)
 
 
 def test_a_20000_deep_task_file_is_a_usage_error_through_the_cli(said, tmp_path):

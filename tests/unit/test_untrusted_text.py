@@ -11,6 +11,7 @@ import pytest
 from rich.console import Console
 
 import ec2gpu.cli as cli
+from ec2gpu.cli import render
 from ec2gpu.inert import inert
 
 CLI = Path(cli.__file__).parent
@@ -45,7 +46,7 @@ def terminal(monkeypatch):
 
     bufs = {"out": io.StringIO(), "err": io.StringIO()}
     consoles = {k: Console(file=b, force_terminal=True, color_system="truecolor", width=200) for k, b in bufs.items()}
-    for module in (cli, cli.access, cli.bench, cli.costs, cli.images, cli.instances, cli.tasks, cli.train):
+    for module in (render, cli.access, cli.bench, cli.costs, cli.images, cli.instances, cli.tasks, cli.train):
         for name, console in consoles.items():
             if hasattr(module, name):
                 monkeypatch.setattr(module, name, console)
@@ -98,11 +99,11 @@ def test_runs_and_runs_show_print_a_hostile_summary_inert_and_exit_0(terminal, t
 def test_the_run_table_shows_a_hostile_summary_inert(terminal):
     out, _ = terminal
     base = {"run_id": "r1", "market": "local", "instance_type": "local", "phases": {}, "artifacts": f"/tmp/{HOSTILE}"}
-    cli._print_record({**base, "task": "proj", "exit_status": 0, "summary": {"msg": HOSTILE}}, as_json=False)
-    cli._print_record({**base, "task": "mnist", "test_acc": 0.99,
+    render._print_record({**base, "task": "proj", "exit_status": 0, "summary": {"msg": HOSTILE}}, as_json=False)
+    render._print_record({**base, "task": "mnist", "test_acc": 0.99,
                        "summary": {"epochs": 1, "model": HOSTILE, "device": "cuda", "gpu_name": HOSTILE}},
                       as_json=False)
-    cli._print_record({**base, "task": "bake", "summary": {"image_id": "ami-1", "name": HOSTILE, "task": "t"}},
+    render._print_record({**base, "task": "bake", "summary": {"image_id": "ami-1", "name": HOSTILE, "task": "t"}},
                       as_json=False)
     shown = out.getvalue()
     assert raw_controls(shown) == [] and "\x1b]8" not in shown
@@ -161,7 +162,7 @@ def test_an_unexpected_exception_naming_instance_text_is_inert(terminal, monkeyp
 
 def test_the_live_log_and_its_notes_print_no_control_sequence(terminal):
     _, err = terminal
-    ui = cli.RichReporter(cli.err)
+    ui = render.RichReporter(render.err)
     ui.log(f"epoch 1 {HOSTILE}")
     ui.note(f"node 0: {HOSTILE}")
     shown = err.getvalue()
@@ -172,7 +173,7 @@ def test_the_live_log_and_its_notes_print_no_control_sequence(terminal):
 
 def test_the_progress_bar_shows_the_jobs_label_inert_and_never_as_markup(terminal):
     _, err = terminal
-    ui = cli.RichReporter(cli.err)
+    ui = render.RichReporter(render.err)
     with ui.phase("running"):
         ui.progress({"done": 1, "total": 2, "label": f"{TITLE}[/oops]", "rate": 5.0, "rate_unit": CLEAR, "eta_s": 3})
     shown = err.getvalue()
@@ -182,9 +183,9 @@ def test_the_progress_bar_shows_the_jobs_label_inert_and_never_as_markup(termina
 
 def test_notes_and_warnings_relayed_from_lower_layers_print_no_control_sequence(terminal):
     _, err = terminal
-    cli.note(HOSTILE)
-    cli.note(HOSTILE, "yellow")
-    cli.warn(HOSTILE)
+    render.note(HOSTILE)
+    render.note(HOSTILE, "yellow")
+    render.warn(HOSTILE)
     cli.tasks._warn(HOSTILE)
     shown = err.getvalue()
     assert raw_controls(shown) == [] and "\x1b]8" not in shown

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from iam_eval import allowed
 
-from ec2gpu.aws import iam, parameters, runstore
+from ec2gpu.aws import iam, iam_boundary, parameters, runstore
 
 POLICY = json.loads((Path(__file__).resolve().parents[2] / "docs" / "iam-policy.json").read_text())
 ACCOUNT, REGION = "123456789012", "us-east-1"
@@ -73,7 +73,7 @@ def profile(user: str, action: str, tagged: str | None, older: bool = False, **c
 
 
 #: the condition key IAM fills in for CreateRole and PutRolePolicy: the boundary ec2gpu gives every run role
-UNDER_THE_BOUNDARY = {"iam:PermissionsBoundary": f"arn:aws:iam::{ACCOUNT}:policy/ec2gpu/{iam.BOUNDARY_NAME}"}
+UNDER_THE_BOUNDARY = {"iam:PermissionsBoundary": f"arn:aws:iam::{ACCOUNT}:policy/ec2gpu/{iam_boundary.BOUNDARY_NAME}"}
 
 
 def alices(key: str) -> str:

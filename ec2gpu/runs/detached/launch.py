@@ -14,7 +14,7 @@ one before it worked:
    ``spec.json`` (``spec_document``: what the agent runs, checked here as the agent checks it); each local file_mounts source as
    ``mounts/N.tar.gz`` (a directory, packed like the workdir) or ``mounts/N`` (a file);
 3. the run's key pair (SSH, for `ec2gpu logs --follow` while an instance is up), its security group
-   (SSH from this machine's /32 only) and its own instance role (aws/iam.detached_policy: its own
+   (SSH from this machine's /32 only) and its own instance role (aws/iam_detached.detached_policy: its own
    prefix and its own group, nothing else, and its own secrets when it has any; with S3
    file_mounts, read access to those prefixes and write access to the MOUNT-mode ones, as a run in
    the foreground's role has: aws/iam.s3_policy); buckets a MOUNT entry names that do not exist
@@ -43,8 +43,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from ...aws import (capacity, groups, iam, instances, network, parameters, runstore, runstore_objects, runstore_records,
-                    sweep)
+from ...aws import (capacity, groups, iam, iam_boundary, iam_detached, instances, network, parameters, runstore,
+                    runstore_objects, runstore_records, sweep)
 from ...aws.session import Aws
 from ...backend import Backend
 from ...errors import UsageError
@@ -431,36 +431,36 @@ def _upload(s3: Any, bucket: str, user: str, run_id: str, job: TaskJob, spec: by
 
 def check_boundary(aws: Aws, run_id: str, account: str, ui: ReporterLike, secrets: bool = False,
                    extra: dict[str, Any] | None = None, several: bool = False) -> str | None:
-    """The account's permissions boundary for run roles (aws/iam.boundary_arn; None without one),
-    checked before anything is made: a boundary from an older ec2gpu that lacks an action the
-    run's role needs (aws/iam.boundary_gaps; reading its own secrets too with ``secrets``, and the
-    actions of ``extra``, a file_mounts policy: aws/iam.s3_policy) would
+    """The account's permissions boundary for run roles (aws/iam_boundary.boundary_arn; None without
+    one), checked before anything is made: a boundary from an older ec2gpu that lacks an action the
+    run's role needs (aws/iam_boundary.boundary_gaps; reading its own secrets too with ``secrets``,
+    and the actions of ``extra``, a file_mounts policy: aws/iam.s3_policy) would
     leave the agent unable to save its outputs, end its own group or start the job, so the group
     would run (and bill) to its deadline. So is a boundary that lets every run role of the account
-    reach every user's runs (aws/iam.reaches_other_runs: ``*`` or ``ec2gpu-*`` where
+    reach every user's runs (aws/iam_boundary.reaches_other_runs: ``*`` or ``ec2gpu-*`` where
     YOUR-FILE-MOUNTS-BUCKET stands), which no IAM statement can take back. Raises UsageError then,
     with the command that updates it; a boundary these credentials may not read is said, not refused."""
     client = aws.client("iam")
-    boundary = iam.boundary_arn(client, account)
+    boundary = iam_boundary.boundary_arn(client, account)
     if boundary is None:
         return None
     user = runstore.user_id(aws.check_credentials())
     policy = role_policy("ec2gpu-bucket", user, run_id, aws.region, account, secrets, extra, several)
-    document = iam.boundary_document(client, boundary)
+    document = iam_boundary.boundary_document(client, boundary)
     update = (f"update it: aws iam create-policy-version --policy-arn {boundary} --policy-document "
               "file://docs/iam-instance-boundary.json --set-as-default (your file_mounts buckets in place "
               "of YOUR-FILE-MOUNTS-BUCKET")
-    gaps = None if document is None else iam.gaps_in(document, policy)
-    wide = iam.reaches_other_runs(document, user, run_id, account)
+    gaps = None if document is None else iam_boundary.gaps_in(document, policy)
+    wide = iam_boundary.reaches_other_runs(document, user, run_id, account)
     if gaps is None:
         ui.note(f"warning: the permissions boundary {boundary} could not be read (iam:GetPolicyVersion); "
                 "a detached run needs the one in docs/iam-instance-boundary.json")
     elif gaps:
-        raise UsageError(f"the account's permissions boundary {iam.BOUNDARY_NAME} does not allow "
+        raise UsageError(f"the account's permissions boundary {iam_boundary.BOUNDARY_NAME} does not allow "
                          f"{', '.join(gaps)}, which a detached run's instance role needs (it predates this ec2gpu)",
                          update + ")")
     elif wide:
-        raise UsageError(f"the account's permissions boundary {iam.BOUNDARY_NAME} lets every run role of the account "
+        raise UsageError(f"the account's permissions boundary {iam_boundary.BOUNDARY_NAME} lets every run role of the account "
                          f"read and rewrite every user's detached runs ({', '.join(wide)} reaches ec2gpu-*/runs/*): "
                          "its file_mounts buckets are `*` or ec2gpu-*", update + ", never * or ec2gpu-*)")
     return boundary
@@ -468,16 +468,16 @@ def check_boundary(aws: Aws, run_id: str, account: str, ui: ReporterLike, secret
 
 def role_policy(bucket: str, user: str, run_id: str, region: str, account: str, secrets: bool,
                 mounts_policy: dict[str, Any] | None, several: bool = False) -> dict[str, Any]:
-    """The run role's inline policy (pure): aws/iam.detached_policy (its own secrets too with
+    """The run role's inline policy (pure): aws/iam_detached.detached_policy (its own secrets too with
     ``secrets``), with ``mounts_policy``'s statements (its file_mounts: aws/iam.s3_policy) when it
     has one. Raises UsageError as detached_policy and combined do."""
-    policy = iam.detached_policy(bucket, run_id, groups.name_of(run_id), region, account, secrets, several, user=user)
+    policy = iam_detached.detached_policy(bucket, run_id, groups.name_of(run_id), region, account, secrets, several, user=user)
     return policy if mounts_policy is None else iam.combined(policy, mounts_policy)
 
 
 def _role(aws: Aws, settings: Settings, user: str, run_id: str, bucket: str, account: str,
           boundary: str | None, secrets: bool, mounts_policy: dict[str, Any] | None, several: bool = False) -> str:
-    """The run's own instance role and profile (aws/iam.detached_policy, with its own secrets'
+    """The run's own instance role and profile (aws/iam_detached.detached_policy, with its own secrets'
     parameters when ``secrets``, and ``mounts_policy``'s statements: its file_mounts' prefixes,
     aws/iam.s3_policy) under ``boundary``; its name."""
     client = aws.client("iam")

@@ -138,7 +138,7 @@ def check_s3_access(aws: Aws, job: TaskJob) -> None:
     policy IAM would refuse (one of ec2gpu's own buckets, over its 10,240 characters) and for a
     caller's user id no tag can hold (aws/runstore.user_id); AwsError for other AWS errors.
     """
-    from ...aws import iam, runstore, storage
+    from ...aws import iam, iam_boundary, runstore, storage
     from ...errors import UsageError
     from ...tasks import mounts
     user = runstore.user_id(aws.check_credentials())  # the role is tagged with it (iam.run_tags), the buckets too
@@ -158,7 +158,7 @@ def check_s3_access(aws: Aws, job: TaskJob) -> None:
     client = aws.client("s3")
     job.bucket_regions, job.buckets_to_make = storage.check_buckets(client, job.mounts, aws.region, user)
     job.s3_files = storage.single_objects(client, job.mounts)
-    job.role_boundary = iam.boundary_arn(aws.client("iam"), aws.check_credentials()["Account"])
+    job.role_boundary = iam_boundary.boundary_arn(aws.client("iam"), aws.check_credentials()["Account"])
 
 
 def _instance_role(aws: Aws, settings: Settings, opts: LaunchOptions, run_id: str, prov: Provisioned, ui: ReporterLike) -> None:
@@ -173,7 +173,7 @@ def _instance_role(aws: Aws, settings: Settings, opts: LaunchOptions, run_id: st
         return
     import botocore.exceptions
 
-    from ...aws import iam, runstore, storage
+    from ...aws import iam, iam_boundary, runstore, storage
     from ...aws.session import error_code
     from ...errors import UsageError
     assert job is not None and job.role_policy is not None  # returned above otherwise (getattr of None)
@@ -187,11 +187,12 @@ def _instance_role(aws: Aws, settings: Settings, opts: LaunchOptions, run_id: st
             prov.instance_profile = None  # refused at its first call: nothing was made
             if boundary is None:
                 raise UsageError("file_mounts from S3 need an instance role, and these credentials may create one "
-                                 f"only under the permissions boundary {iam.BOUNDARY_NAME}, which this account does "
-                                 f"not have", f"an administrator creates it once: {iam.BOUNDARY_COMMAND}") from None
+                                 f"only under the permissions boundary {iam_boundary.BOUNDARY_NAME}, which this account does "
+                                 f"not have", f"an administrator creates it once: {iam_boundary.BOUNDARY_COMMAND}") from None
         raise
     prov.profile_created_at = time.time()
-    ui.note(f"instance role {prov.instance_profile}{' (under the boundary ' + iam.BOUNDARY_NAME + ')' if boundary else ''}"
+    under = f" (under the boundary {iam_boundary.BOUNDARY_NAME})" if boundary else ""
+    ui.note(f"instance role {prov.instance_profile}{under}"
             ": reads " + ", ".join(sorted({m.url for m in s3}))
             + ("; writes " + ", ".join(sorted({m.url for m in s3 if m.write_back})) if any(m.write_back for m in s3)
                else "") + " (nothing else; removed with the run)")

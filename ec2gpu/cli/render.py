@@ -1,0 +1,270 @@
+"""What the CLI prints, and how: every message through ``say`` as plain text, never rich markup;
+tables through ``table``/``table_row``; every --json through ``render_json``; a run's live phases
+and progress (``RichReporter``) and its summary table (``_print_record``).
+
+Text that is not ours (a job's log or summary.json, an instance's or AWS's words, a task file's
+values) is printed inert (ec2gpu.inert: control characters shown as escapes). rich is imported
+inside the functions that print (``LazyConsole``): `ec2gpu --help` prints no rich text and does
+not import it (tests/unit/test_cli_text.py).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from ..inert import inert
+
+
+class LazyConsole:
+    """A rich Console made on first use, with ``options`` (``stderr=True``): importing rich costs
+    `ec2gpu --help` about as much as the rest of its start-up, and --help prints no rich text.
+    Every attribute is the Console's, and it is a context manager as the Console is; where rich
+    itself is handed a console (a live progress display), ``get()`` gives the Console. A test may
+    put a Console of its own in its place."""
+
+    def __init__(self, **options):
+        self._options, self._console = options, None
+
+    def get(self):
+        """The rich Console, made now if it was not yet."""
+        if self._console is None:
+            from rich.console import Console
+            self._console = Console(**self._options)
+        return self._console
+
+    def __getattr__(self, name: str):
+        if name.startswith("__") or name in ("_options", "_console"):  # copy, pickle; before __init__
+            raise AttributeError(name)
+        return getattr(self.get(), name)
+
+    def __enter__(self):
+        return self.get().__enter__()
+
+    def __exit__(self, *exc_info):
+        return self.get().__exit__(*exc_info)
+
+
+out = LazyConsole()
+err = LazyConsole(stderr=True)
+
+
+def plain(text, style: str = ""):
+    """Text that is not ours (a job's log or summary.json, an instance's or AWS's words, a task
+    file's values, an error message quoting them) ready to print or to put in a table cell: a rich
+    Text, its control characters shown as escapes (ec2gpu.inert), never read as rich markup."""
+    from rich.text import Text
+    return Text(inert(str(text)), style=style)
+
+
+def labelled(label: str, style: str, text: str, text_style: str = ""):
+    """'LABEL TEXT' with LABEL in ``style`` (error:, hint:, warning:), TEXT as ``plain`` (in
+    ``text_style``): a rich Text."""
+    from rich.text import Text
+    return Text.assemble((label, style), " ", (inert(str(text)), text_style))
+
+
+def say(console, text, style: str = "", *, label: str = "", label_style: str = "", **options) -> None:
+    """The one way a message reaches the user: ``text`` printed on ``console`` (``out``, ``err``, a
+    reporter's) as plain text, never rich markup (``[/]`` or ``[bold]`` in it stay those
+    characters), with its control characters made visible (``plain``), in ``style``; after a
+    ``label`` in ``label_style`` ('error:' in red). A rich renderable (a Table whose cells are
+    ``plain``, a Text made by ``plain`` or ``labelled``) is printed as it is. ``options`` go to
+    Console.print (``soft_wrap=True``: one line, however wide)."""
+    if not hasattr(text, "__rich_console__"):
+        text = labelled(label, label_style, text, style) if label else plain(text, style)
+    console.print(text, highlight=False, **options)
+
+
+def note(text: str, style: str = "dim") -> None:
+    """Say on stderr a note that a lower layer relays (its ``log=``/``note=`` callbacks: it may quote
+    an instance or a task file): in ``style``, inert, never markup."""
+    say(err, text, style)
+
+
+def warn(text: str) -> None:
+    """'warning: TEXT' on stderr, TEXT inert and never markup (a task file's warnings quote it)."""
+    say(err, text, label="warning:", label_style="yellow")
+
+
+def error(message: str, hint: str | None = None, tail: str = "") -> None:
+    """'error: MESSAGE', the TAIL below it (an instance's last lines) and 'hint: HINT' on stderr,
+    each inert and never markup: what ``main()`` says of a failed command. The message and the hint
+    are one line each, however long (the terminal folds them, rich does not): a path or a command in
+    them stays whole where stderr goes to a file or a pipe (rich's width is 80 there)."""
+    say(err, message, label="error:", label_style="red", soft_wrap=True)
+    if tail:
+        say(err, tail)
+    if hint:
+        say(err, hint, label="hint:", label_style="yellow", soft_wrap=True)
+
+
+def table(*columns, title: str | None = None, **options):
+    """A rich Table with ``columns`` (header words of ours) and ``options``, its ``title`` as
+    ``plain`` text in rich's title style (it may name a region or a task): filled with
+    ``table_row``, printed with ``say``."""
+    from rich.table import Table
+    return Table(*columns, title=None if title is None else plain(title, "table.title"), **options)
+
+
+def table_row(t, *cells) -> None:
+    """Add a row to the rich table ``t`` with each cell as ``plain`` (a Text made by ``plain`` stays as
+    it is): a table's cells quote tags, task files and jobs, never read as markup."""
+    t.add_row(*(c if hasattr(c, "__rich_console__") else plain("" if c is None else c) for c in cells))
+
+
+def render_json(obj) -> None:
+    """The one way every command's ``--json`` is printed: ``obj`` (dicts, lists, numbers, strings;
+    anything else, e.g. a datetime or a Path, as its ``str()``) as JSON indented 2, on stdout, so
+    that ``ec2gpu ... --json | jq`` always gets the same shape of document."""
+    import json
+    print(json.dumps(obj, indent=2, default=str))
+
+
+class RichReporter:
+    """Pipeline reporter: per phase a spinner with its live elapsed seconds and, once the job
+    writes progress (its $EC2GPU_PROGRESS_FILE), a bar with its label, rate and ETA; log lines
+    above them; a "done"/"stopped" line with the seconds when the phase ends."""
+
+    def __init__(self, console, quiet: bool = False):
+        from ..runs.execute.reporter import Reporter
+        console = console.get() if isinstance(console, LazyConsole) else console  # rich's Live needs a Console
+        self.inner, self.console, self.quiet = Reporter(), console, quiet
+        self.phases = self.inner.phases
+        self.notes = self.inner.notes
+        self._live: tuple[Any, Any] | None = None  # (rich Progress, task id) of the phase under way
+
+    def phase(self, name: str):
+        import contextlib
+        import time
+
+        @contextlib.contextmanager
+        def cm():
+            from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+            t0 = time.monotonic()
+            # live only on a terminal: elsewhere (a pipe, CI, a log file) it could not redraw
+            live = None if self.quiet or not self.console.is_terminal else Progress(
+                SpinnerColumn(), TextColumn("{task.description}", style="bold", markup=False), TimeElapsedColumn(),
+                BarColumn(bar_width=24), TextColumn("{task.fields[detail]}", markup=False), console=self.console,
+                transient=True)
+            if live:
+                self._live = (live, live.add_task(name, total=None, detail="", start=True))
+                live.start()
+            ok = False
+            try:
+                with self.inner.phase(name):
+                    yield
+                ok = True
+            finally:
+                if live:
+                    live.stop()
+                    self._live = None
+                from rich.text import Text
+                self._print(Text.assemble(("done", "green") if ok else ("stopped", "red"), " ", inert(name), " ",
+                                          (f"{time.monotonic() - t0:.1f} s", "dim")))
+        return cm()
+
+    def progress(self, p: dict) -> None:
+        """Show the job's progress (runs/execute/nodes.ProgressReader) as the phase's bar."""
+        self.inner.progress(p)
+        if self._live is None:
+            return
+        live, task = self._live
+        rate = f"{p['rate']:,.0f} {p.get('rate_unit', '/s')}" if isinstance(p.get("rate"), (int, float)) else ""
+        eta = p.get("eta_s")
+        eta = f"ETA {int(eta) // 60}:{int(eta) % 60:02d}" if isinstance(eta, (int, float)) else ""
+        live.update(task, total=p["total"], completed=p["done"],  # the job's words: inert, not markup
+                    detail=inert("  ".join(x for x in (str(p.get("label") or ""), rate, eta) if x)))
+
+    def log(self, line: str) -> None:
+        from rich.text import Text
+        self._print(Text.assemble(("| ", "cyan"), inert(line)))
+
+    def note(self, text: str) -> None:
+        self.inner.note(text)
+        self._print(plain(text, "dim"))
+
+    def _print(self, text) -> None:
+        if not self.quiet:
+            say(self.console, text)
+
+
+def cost_rows(record: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """'estimate' and 'actual' lines of a run record, side by side in the summary."""
+    rows = []
+    est = record.get("estimate") or {}
+    if record.get("estimated_cost_usd") is not None:
+        rows.append(("estimate", f"${record['estimated_cost_usd']:.4f} for {est.get('billed_seconds', 0):.0f} s "
+                     f"(times: {est.get('time_source', '')})"))
+    if record.get("billed_seconds") is not None and record.get("market") != "local":
+        usd = record.get("cost_usd")
+        parts = [a for a in record.get("attempts") or [] if "compute_usd" in a]  # runs/plan/costs.actual_cost's
+        compute = None if not parts or any(a["compute_usd"] is None for a in parts) else \
+            sum(a["compute_usd"] for a in parts)
+        rate = (compute or 0) * 3600 / record["billed_seconds"] if parts and record["billed_seconds"] else \
+            record.get("usd_per_hour") or 0
+        rows.append(("actual", ("unknown" if usd is None else f"${usd:.4f}") +
+                     (f": compute {'?' if compute is None else f'${compute:.4f}'} =" if parts else " =") +
+                     f" {record['billed_seconds']:.0f} s billed (running from "
+                     f"{str(record.get('billing_started_at') or record.get('launched_at', ''))[11:19]}"
+                     f" to termination {str(record.get('terminated_at', ''))[11:19]} UTC) x "
+                     f"{rate:.4f} USD/h ({record.get('price_source')})" +
+                     (f"; public IPv4 ${sum(a.get('public_ipv4_usd') or 0 for a in parts):.4f}; EBS "
+                      f"${sum(a.get('ebs_usd') or 0 for a in parts):.4f} "
+                      f"({sum(a.get('volume_gib') or 0 for a in parts):g} GiB gp3)" if parts else "")))
+    return rows
+
+
+def attempt_rows(attempts: list[dict]) -> list[tuple[str, str]]:
+    """One line per instance of a managed run: where it ran, its bill, why it ended."""
+    rows = []
+    for a in attempts:
+        usd = a.get("cost_usd")
+        node = "" if a.get("node") is None else f" node {a['node']}"
+        rows.append((f"attempt {a['attempt']}{node}",
+                     f"{a['instance_id']} {a['instance_type']} {a['market']} {a.get('zone') or ''}: "
+                     f"{a.get('billed_seconds', 0):.0f} s, {'?' if usd is None else f'${usd:.4f}'}; {a['ended']}"))
+    return rows
+
+
+def _training_row(s: dict) -> str:
+    """'1 epoch of cnn on cpu: 12.00 s training, 15.8 s wall' from the trainer's summary.json (pure).
+    After a resume the training seconds add up every attempt's; the wall time is the last attempt's."""
+    if not s:
+        return "- (no summary.json)"
+    if set(s) == {"invalid", "raw"}:  # runs/execute/job_summary.py's marker: what the job wrote failed its schema
+        return f"- (summary.json not accepted: {s['invalid']})"
+    epochs = s.get("epochs")
+    gpu = f" ({s['gpu_name']})" if s.get("gpu_name") else ""
+    resumed = " (last attempt)" if s.get("resumed_from") else ""
+    return (f"{epochs} epoch{'' if epochs == 1 else 's'} of {s.get('model')} on {s.get('device')}{gpu}: "
+            f"{s.get('train_seconds') or 0:.2f} s training, {s.get('wall_seconds') or 0:.1f} s wall{resumed}")
+
+
+def _print_record(record: Mapping[str, Any], as_json: bool) -> None:
+    if as_json:
+        render_json(record)
+        return
+    import json
+
+    s = record.get("summary") or {}
+    t = table(title=f"run {record['run_id']}", show_header=False, box=None)
+    where = "this machine" if record.get("market") == "local" else \
+        f"{record.get('instance_id')} {record['instance_type']} {record['market']} {record.get('zone') or ''}"
+    rows = [("instance", where)]
+    if record.get("task") == "bake":  # an image bake: the image it made
+        rows.append(("image", f"{s.get('image_id', '-')} {s.get('name', '')} (task {s.get('task')}, from {s.get('base')}; "
+                              f"torch {s.get('torch_version')})" if s else "- (none made)"))
+    elif record.get("task") not in (None, "mnist"):  # a user's task: its exit and its own summary.json
+        code = record.get("exit_status")
+        rows += [("task", f"{record['task']}: " + (f"exit {code}" if code is not None else record.get("status", "?"))),
+                 ("summary", json.dumps(s, default=str)[:200] if s else "- (the job wrote no summary.json)")]
+    else:
+        rows += [("test accuracy", f"{100 * record['test_acc']:.2f}%" if record.get("test_acc") is not None else "-"),
+                 ("training", _training_row(s))]
+    rows += [(f"  {k}", f"{v:.1f} s") for k, v in record.get("phases", {}).items()]
+    rows += cost_rows(record)
+    if len(record.get("attempts") or []) > 1:  # several attempts, or a cluster's nodes
+        rows += attempt_rows(record["attempts"])
+    rows.append(("artifacts", record["artifacts"]))
+    for k, v in rows:  # values quote the job's summary.json, the task file, the instance: never markup
+        table_row(t, plain(k, "bold"), v)
+    say(out, t)
