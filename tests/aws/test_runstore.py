@@ -705,7 +705,8 @@ def test_an_end_the_agent_records_while_cancel_writes_its_own_stands(s3):
     runstore_records.put_status(s3, BUCKET, USER, RUN, {"state": "running", "launches": 1})
     succeeded = {"state": "succeeded", "launches": 1, "exit_code": 0, "ended_at": "2026-11-25T10:59:59+00:00"}
     agent = _AgentWritesFirst(s3, lambda c: runstore_records.put_status(c, BUCKET, USER, RUN, succeeded))
-    assert runstore_records.end_status(agent, BUCKET, USER, RUN, "cancelled", "cancelled by you", "2026-11-25T11:00:00+00:00") is False
+    assert runstore_records.end_status(agent, BUCKET, USER, RUN, "cancelled", "cancelled by you",
+                                       "2026-11-25T11:00:00+00:00") is False
     got = runstore_records.get_status(s3, BUCKET, USER, RUN)
     assert (got["state"], got["exit_code"]) == ("succeeded", 0)
     # an end already there stands as well; a record still running is ended
