@@ -97,8 +97,8 @@ def test_the_agent_signs_its_record_with_a_key_the_job_never_sees(tmp_path):
     # what a leftover process writes: the agent's own fields, claiming success, unsigned or re-signed with a guess
     forged = {**json.loads(raw), "state": "succeeded", "exit_code": 0}
     assert agent_record.parse(json.dumps(forged).encode(), key)["state"] == "unverified"
-    assert agent_record.parse(json.dumps({**forged, "signature": agent_record.sign(forged, b"guess")}).encode(), key)["state"] == \
-        "unverified"
+    guessed = {**forged, "signature": agent_record.sign(forged, b"guess")}
+    assert agent_record.parse(json.dumps(guessed).encode(), key)["state"] == "unverified"
 
 
 def test_what_the_job_leaves_running_in_its_group_ends_with_it(tmp_path):
@@ -118,7 +118,6 @@ def test_what_the_job_leaves_running_in_its_group_ends_with_it(tmp_path):
 
 
 def test_any_status_file_parses_to_the_record_shape_and_never_raises():
-    from ec2gpu.runs.execute import status
     for data in (b"[1, 2, 3]", b"garbage", b'{"state": "succeeded", "exit_code": "0"}', b'{"state": "pwned"}',
                  b"[" * 100000, b" " * 70000, b'{"state": "failed", "error": {"timestamp": "soon", "rank": "x"}}',
                  b'{"state": "failed", "exit_code": 1e400, "notice": [1]}', b'{"state": "failed", "limit": [2]}'):
@@ -223,7 +222,6 @@ def test_a_rebalance_recommendation_reaches_the_job_as_a_file_and_status_json_an
     assert st["rebalance"]["notice_time"] == "2026-11-22T10:00:00Z" and st["rebalance"]["seen_at"]
     told = json.loads(log.splitlines()[0])
     assert told == st["rebalance"] and "checkpointed early" in log
-    from ec2gpu.runs.execute import status  # the controller keeps it in its validated copy
     assert agent_record.parse((tmp_path / "agent-record.json").read_bytes(), None)["rebalance"] == st["rebalance"]
 
 

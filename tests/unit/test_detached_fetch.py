@@ -11,7 +11,7 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from ec2gpu.aws import runstore, runstore_objects, runstore_records
+from ec2gpu.aws import runstore_objects, runstore_records
 from ec2gpu.errors import UsageError
 from ec2gpu.remote.files import Limits
 from ec2gpu.runs.detached import fetch as detached

@@ -14,7 +14,7 @@ from ec2gpu.wire import agent_record
 from ec2gpu.aws.instances import Instance
 from ec2gpu.errors import LimitReached, UsageError
 from ec2gpu.runs.plan import costs, limits
-from ec2gpu.runs.execute import engine, status
+from ec2gpu.runs.execute import engine
 from ec2gpu.runs.settle import ledger
 from ec2gpu.runs.options import RunOptions
 from ec2gpu.runs.provision import pipeline
