@@ -59,7 +59,7 @@ def test_names_the_instance_lists_never_leave_the_run_directory(sandbox_env, tmp
 
 def test_a_process_left_behind_cannot_rewrite_the_outcome_and_garbage_records_do_not_crash(sandbox_env, tmp_path,
                                                                                           monkeypatch):
-    """Issue 26.6: a process that kept rewriting the agent's record (agent-record.json, status.json before) after the agent's last write changed
+    """Issue 26.6: a process that kept rewriting the agent's record (agent-record.json) after the agent's last write changed
     the reported exit status; garbage in exit_status ended the run with ValueError exit 1 and no
     outputs. Now: exit 5 with the job's last lines and its outputs home, whatever it rewrote."""
     home, _ = sandbox_env
