@@ -54,7 +54,7 @@ Note = Callable[[str], object]
 #: ``write(chunk: bytes, final=False)``: where a log's bytes go as they come
 Write = Callable[..., object]
 
-#: bytes of job.log the agent keeps in the store, its last ones (agent/detached.LOG_MAX)
+#: bytes of job.log the agent keeps in the store, its last ones (agent/mirror.LOG_MAX)
 AGENT_LOG_MAX = 64 << 20
 #: bytes of job.log brought home or printed at first: its last ones
 MAX_LOG_BYTES = AGENT_LOG_MAX
@@ -80,7 +80,7 @@ def store(aws: Aws) -> tuple[Any, str, str]:
 
 
 def status_of(aws: Aws, run_id: str) -> dict[str, Any] | None:
-    """The detached run ``run_id``'s status record (runstore.get_status: validated) when the
+    """The detached run ``run_id``'s status record (runstore_records.get_status: validated) when the
     region's store holds one, else None (also for a value that is not a run id: a Name tag, an
     instance id). Raises NoCredentials, AwsError."""
     if not isinstance(run_id, str) or not runstore.RUN_ID.fullmatch(run_id):

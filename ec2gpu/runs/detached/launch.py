@@ -101,7 +101,7 @@ def check(opts: RunOptions) -> TaskJob:
 
 
 #: Pythons that may have boto3, first found first: the Deep Learning AMI's PyTorch environments
-#: (agent/detached.PYTHONS), then the image's python3
+#: (agent/attempt.PYTHONS), then the image's python3
 BOOT_PYTHONS = ("/opt/pytorch/bin/python3", "/opt/conda/envs/pytorch/bin/python3", "python3")
 #: the most bytes the boot script reads of one agent file (the largest, agent.py, is ~30 KB)
 MAX_AGENT_BYTES = 4 * 1024 * 1024

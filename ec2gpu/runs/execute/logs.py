@@ -117,7 +117,7 @@ def element_log(home: Path, row: dict[str, Any] | None, name: str, index: int) -
 
 #: seconds between looks at a running element's log (and at the head's record of it) with --follow
 ELEMENT_POLL_S = 1.0
-#: secret_names.json: the names of at most 100 secrets (agent/detached.MAX_SECRETS), each an environment variable's
+#: secret_names.json: the names of at most 100 secrets (wire/run_spec.MAX_SECRETS), each an environment variable's
 MAX_NAMES_BYTES = 64 * 1024
 
 
