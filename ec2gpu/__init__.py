@@ -5,16 +5,19 @@ The Python API is one function per command: ``ec2gpu.run(...)``, ``ec2gpu.launch
 stays light (this file also travels to instances with the trainer).
 """
 
+from types import ModuleType
+from typing import Any
+
 __version__ = "0.1.0"
 
 
-def _api():
+def _api() -> ModuleType:
     """ec2gpu.api, imported now (importlib: `from . import api` would ask this module's __getattr__ first)."""
     import importlib
     return importlib.import_module(__name__ + ".api")
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:  # Any: whichever API function or class ``name`` is
     if not name.startswith("_") and name not in ("api", "cli", "runs", "aws", "remote", "tasks", "sandbox", "train"):
         try:
             api = _api()
@@ -25,7 +28,7 @@ def __getattr__(name):
     raise AttributeError(f"module 'ec2gpu' has no attribute {name!r}")
 
 
-def __dir__():
+def __dir__() -> list[str]:
     try:
         names = set(_api().__all__)
     except ImportError:  # as in __getattr__

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional
 
 from .errors import RemoteError
-from .settings import load, private_home
+from .settings import Settings, load, private_home
 
 if TYPE_CHECKING:
     from .aws.instances import Instance
@@ -68,6 +68,20 @@ def sandbox_from_env(flag: bool = False) -> bool:
     if flag:
         return True
     return load().sandbox
+
+
+def name_for(settings: Settings) -> str:
+    """"sandbox" or "aws": the backend a Context opened with ``settings`` would have (the ledger's
+    ``backend`` column), without opening it: ``settings.sandbox``, or a running sandbox whose
+    endpoint this shell exported (`eval "$(ec2gpu sandbox env)"`) as AWS_ENDPOINT_URL."""
+    if settings.sandbox:
+        return "sandbox"
+    endpoint = os.environ.get("AWS_ENDPOINT_URL")
+    if not endpoint:
+        return "aws"
+    from .sandbox import control  # the sandbox's state file: read only where an endpoint is exported
+    state = control.read_state(settings.home)
+    return "sandbox" if state and state["endpoint"] == endpoint else "aws"
 
 
 class Context:

@@ -21,7 +21,7 @@ UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202
 _LINE_END_CR = re.compile("\r+(?=\n|$)")
 
 
-def _visible(m: re.Match) -> str:
+def _visible(m: re.Match[str]) -> str:
     c = ord(m.group())
     return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
 

@@ -7,13 +7,17 @@ import contextvars
 import getpass
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from pydantic import ByteSize, Field, ValidationError, field_validator
+from pydantic.fields import FieldInfo
 from pydantic_settings import (BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict,
                                TomlConfigSettingsSource)
 
 from .errors import UsageError
+
+if TYPE_CHECKING:  # imported where it is used: `import ec2gpu.settings` stays light for the CLI
+    from .remote.files import Limits
 
 DEFAULT_REGION = "us-east-1"
 DEFAULT_INSTANCE_TYPE = "g4dn.xlarge"  # cheapest NVIDIA T4 instance (catalog.py has the price)
@@ -27,7 +31,8 @@ class _AwsRegion(PydanticBaseSettingsSource):
     """The AWS SDKs' region variables, below ec2gpu's own (EC2GPU_REGION, the config file): AWS_REGION,
     else AWS_DEFAULT_REGION (https://docs.aws.amazon.com/sdkref/latest/guide/feature-region.html)."""
 
-    def get_field_value(self, field, field_name):  # the interface's; __call__ does the work
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        # the interface's (value, key, is complex); __call__ does the work
         return None, field_name, False
 
     def __call__(self) -> dict[str, Any]:
@@ -78,7 +83,7 @@ class Settings(BaseSettings):
         return (init_settings, env_settings, *toml, _AwsRegion(settings_cls))
 
     @property
-    def download_limits(self):
+    def download_limits(self) -> Limits:
         """remote/files.Limits from max_download_files and max_download_bytes."""
         from .remote.files import Limits
         return Limits(self.max_download_files, int(self.max_download_bytes))
@@ -136,7 +141,7 @@ def config_file(config: Path | None = None) -> Optional[Path]:
     return None
 
 
-def load(flags: dict | None = None, config: Path | None = None) -> Settings:
+def load(flags: dict[str, Any] | None = None, config: Path | None = None) -> Settings:
     """Resolve settings from ``flags`` (CLI values; None = not given), the environment and the config
     file (config_file). Raises UsageError for an unreadable file, an unknown key or a bad value,
     naming the setting and where it is set."""

@@ -13,10 +13,15 @@ from __future__ import annotations
 import os
 import re
 import shlex
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Sequence, Union, cast
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union, cast
 
+from .. import backend, settings as settings_mod
 from ..errors import UsageError
+from ..runs.options import PoolOptions
+from ..runs.plan import dryrun, runplan
+from ..runs.plan.runplan import RunFlags, RunPlan
 
 if TYPE_CHECKING:
     from ..runs.settle.record import RunRecord
@@ -167,14 +172,16 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
     ``max_price`` (USD/h), ``max_upload`` (bytes; default remote/sync.MAX_UPLOAD_BYTES, 1 GiB). ``reporter``:
     a runs.provision.pipeline.Reporter (default: silent). ``baked``: launch from the newest image baked for
     the task's setup (`ec2gpu image bake`) when the region has one. ``dry_run``: return the run's
-    plan instead (runs/plan/dryrun.plan: instance types, prices, limit, environment, what changes), having
-    created nothing and called no AWS API. ``infra``: SkyPilot's override flag, 'aws' or
+    plan instead (runs/plan/runplan.plan, as runs/plan/dryrun.plan shows it: instance types, prices, limit,
+    environment, where each value comes from, what changes), having created nothing and called no AWS API;
+    the run itself runs that same plan, and refuses what it would refuse, with the same line, before
+    anything is opened. ``infra``: SkyPilot's override flag, 'aws' or
     'aws/REGION[/ZONE]': a SkyPilot file naming another cloud runs on AWS (tasks.load.parse), and its
     region is the run's. The region: ``region``, else the one ``infra`` names, else the task's
     (resources.region: SkyPilot's infra/region), else the configured one; the AMI: ``ami``, else the
     task's for that region (resources.ami, SkyPilot's image_id); the idle rule: the task's
     idle_timeout (SkyPilot's autostop), else 30 min idle where there is no max runtime
-    (_idle_rule). A zone (from ``infra`` or the file) is chosen at launch, said in a warning.
+    (runs/plan/runplan.idle_seconds). A zone (from ``infra`` or the file) is chosen at launch, said in a warning.
     ``detach``: hand the run to AWS and return once its Auto Scaling group is made
     (runs/detached/launch.start: the record has status "detached", its bucket, group and deadline);
     the job runs, recovers from spot interruptions and ends its group with nobody watching.
@@ -192,190 +199,97 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
     Raises as the module docstring says.
     """
 
-    from ..runs.plan import limits
-    from ..tasks.spec import minutes
+    flags = RunFlags(
+        command=command, workdir=workdir, name=name, env=env, secrets=tuple(secrets), max_upload=max_upload,
+        include_secrets=include_secrets, workdir_outside=workdir_outside, allow_write_buckets=tuple(allow_write_buckets),
+        ports=tuple(ports), infra=infra, allow_larger=allow_larger, gpu=gpu, instance_type=instance_type, spot=spot,
+        spot_fallback=spot_fallback, nodes=nodes, max_price=max_price, ssh_cidr=ssh_cidr, ami=ami, baked=baked,
+        region=region, sandbox=sandbox, max_runtime=max_runtime, expect=expect, budget=budget,
+        max_attempts=max_attempts, detach=detach, out=out, as_typed=as_typed, array=array, workers=workers,
+        gpus_per_job=gpus_per_job, max_retries=max_retries)
+    planned, reporter = plan_run(task, flags, reporter, on_warning)
+    if dry_run:  # this machine's files alone: no Context (no sandbox started, no AWS client made)
+        return dryrun.plan(planned)
+    ready_here(planned)
+    with backend.Context(planned.region, sandbox, persistent=planned.persistent, note=reporter.note) as ctx:
+        return start(ctx, planned, reporter)
 
+
+def plan_run(task: Union[str, Path, object, None], flags: RunFlags, reporter: Optional[ReporterLike] = None,
+             on_warning: Callable[[str], None] = lambda text: None) -> tuple[RunPlan, ReporterLike]:
+    """(the run's plan, its reporter): ``task`` (a task file path, a tasks.spec.Task, or None for
+    ``flags.command``) loaded and made ready as ``flags`` ask (_prepare: its warnings said to
+    ``on_warning``, what it takes from this machine and sends said to ``reporter``), then planned
+    (runs/plan/runplan.plan: every value decided, everything that needs no AWS call checked).
+    Opens no backend and calls no AWS API. Raises UsageError as ``run`` does before anything is created."""
     warned: list[str] = []
 
     def warn(text: str) -> None:
         warned.append(text)
         on_warning(text)
 
-    # a flag replaces the task's own choice, so that what runs (engine.node_env) follows the flag
-    overrides: dict[str, Any] = ({"gpu": gpu, "instance_type": None, "any_of": [], "ordered": []} if gpu else
-                 {"instance_type": instance_type.split(","), "gpu": None, "any_of": [], "ordered": []}
-                 if instance_type is not None else {})
-    if allow_larger:
+    runplan.infra_of(flags.infra, flags.region)  # the flag itself, before the task file it may be needed to read
+    job, ui = _prepare(task, flags.command, flags.workdir, flags.name, dict(flags.env) if flags.env else None,
+                       flags.secrets, flags.max_upload, flags.include_secrets, reporter, warn,
+                       flags.workdir_outside, _overrides(flags) or None, flags.infra, flags.allow_write_buckets,
+                       flags.ports)
+    planned = runplan.plan(job, flags, settings_mod.load({"sandbox": flags.sandbox or None}), warnings=warned)
+    for text in planned.warnings[len(warned):]:  # the plan's own (a zone --infra names)
+        on_warning(text)
+    return planned, ui
+
+
+def _overrides(flags: RunFlags) -> dict[str, Any]:
+    """The task's resources fields the flags replace (pure), so that what runs (engine.node_env)
+    follows the flag: --gpu or --instance-type replace the task's choice, --allow-larger adds to it."""
+    overrides: dict[str, Any] = (
+        {"gpu": flags.gpu, "instance_type": None, "any_of": [], "ordered": []} if flags.gpu else
+        {"instance_type": flags.instance_type.split(","), "gpu": None, "any_of": [], "ordered": []}
+        if flags.instance_type is not None else {})
+    if flags.allow_larger:
         overrides["allow_larger"] = True
-    infra_region, infra_zone = _infra(infra, region)
-    job, reporter = _prepare(task, command, workdir, name, env, secrets, max_upload, include_secrets, reporter,
-                             warn, workdir_outside, overrides or None, infra, allow_write_buckets, ports)
-    res = job.task.resources
-    elements = _elements(job.task, array, workers, gpus_per_job, max_retries, nodes, detach)
-    if elements and spot is None:  # a pool is spot unless asked otherwise (--on-demand, or the task's spot: false)
-        spot = res.spot if "spot" in res.model_fields_set else True
-    run_region = region or infra_region or res.region
-    if infra_zone:
-        from ..tasks.load import zone_note
-        warn(f"--infra {infra}: {zone_note(infra_zone, infra_region)}")
-    limits.parse(max_runtime)  # a bad value is refused before anything starts
-    try:
-        expect_min = minutes(expect) if expect is not None else None
-    except ValueError as exc:
-        raise UsageError(f"--expect: {exc}", "e.g. --expect 20m")
-
-    if dry_run:  # this machine's files alone: no Context (no sandbox started, no AWS client made)
-        from .. import settings as settings_mod
-        from ..runs.plan import dryrun
-        st = settings_mod.load({"region": run_region, "sandbox": sandbox or None})
-        backend = "sandbox" if st.sandbox else "aws"
-        limit = limits.for_task(st.home, job.name, backend, max_runtime, job.task.max_runtime)
-        idle = _idle_seconds(job.task, limit)
-        planned = [t.strip() for t in _types_for(gpu, instance_type, res, st.instance_type)]
-        if elements:  # sized as the run sizes it: the elements one instance runs at once
-            from ..pool.attempt import slots_per_node
-            slots = slots_per_node(planned, gpus_per_job or job.task.gpus_per_job)
-        return dryrun.plan(job, st, planned,
-                           nodes=_pool_size(job.task, elements, workers, slots) if elements else nodes or job.task.nodes,
-                           elements=elements, slots=slots if elements else 1,
-                           spot=res.spot if spot is None else spot, spot_fallback=spot_fallback, limit=limit,
-                           idle_seconds=idle, ami=_ami(ami, res, st.region),
-                           baked=baked, expect_minutes=expect_min, backend=backend, warnings=warned,
-                           region_source=_region_source(region, infra_region, res.region),
-                           ami_source=("--ami" if ami else "the task's resources.ami (SkyPilot's image_id)"
-                                       if res.ami else None),
-                           idle_source=None if idle is None else "idle_timeout (autostop)" if job.task.idle_timeout
-                           else "max runtime none", budget_usd=budget if budget is not None else job.task.budget)
-    from ..backend import Context
-    from ..runs.options import RunOptions
-    from ..runs.provision import pipeline  # boto3: a dry run returned above without it
-    # a detached run outlives a sandbox this command starts
-    with Context(run_region, sandbox, persistent=detach, note=reporter.note) as ctx:
-        limit = limits.for_task(ctx.settings.home, job.name, ctx.backend.name, max_runtime, job.task.max_runtime)
-        types = _types_for(gpu, instance_type, res, ctx.settings.instance_type)
-        settings = ctx.settings.model_copy(update={"root_volume_gib": res.disk_gib}) if res.disk_gib else ctx.settings
-        opts = RunOptions(
-            instance_type=",".join(types), spot=res.spot if spot is None else spot, spot_fallback=spot_fallback,
-            out=out, ssh_cidr=ssh_cidr, ami=_ami(ami, res, ctx.settings.region), name=name,
-            max_runtime_minutes=limit.minutes, limit_source=limit.source, idle=_idle_rule(job.task, limit),
-            budget_usd=budget if budget is not None else job.task.budget,
-            max_price=max_price if max_price is not None else res.max_price, nodes=nodes or job.task.nodes,
-            max_attempts=max_attempts, task=job, expect_minutes=expect_min, baked=baked,
-            command=job.mask(as_typed or f"ec2gpu.run({job.name!r})"))
-        if detach and not elements:
-            from ..runs.detached import launch
-            return launch.start(ctx.aws, settings, opts, reporter, ctx.backend)
-        if elements:
-            from dataclasses import fields
-            from ..pool import attempt as pool_attempt
-            from ..runs.options import PoolOptions
-            from ..sandbox import bindshim  # the sandbox's part is given to pool/, which never imports sandbox/
-            # refused before anything is created: no Ray here, or one too old; in the sandbox no shim
-            pool_attempt.ray_here((lambda: bindshim.for_sandbox(ctx.settings.home)) if ctx.backend.is_sandbox else None)
-            per_job = gpus_per_job or job.task.gpus_per_job
-            slots = pool_attempt.slots_per_node(types, per_job)  # UsageError: more GPUs than a type has
-            popts = PoolOptions(**{f.name: getattr(opts, f.name) for f in fields(opts) if f.name not in ("task", "nodes")},
-                                task=job, nodes=_pool_size(job.task, elements, workers, slots),
-                                elements=tuple(elements), gpus_per_job=per_job,
-                                max_retries=job.task.max_retries if max_retries is None else max_retries,
-                                detach=detach)
-            return pipeline.train(ctx.aws, settings, popts, reporter, ctx.backend)
-        return pipeline.train(ctx.aws, settings, opts, reporter, ctx.backend)
+    return overrides
 
 
-def _types_for(gpu: Optional[str], instance_type: Optional[str], res: Any, default: str) -> list[str]:
-    """The instance types to try, in order (--gpu's cheapest, else --instance-type's list, else the
-    task's resources ``res``, else ``default``: the configured type)."""
-    from ..tasks import resolve
-    if gpu:
-        return [resolve.instance_type_for_gpu(gpu, res.allow_larger, resolve.need_of(res))]
-    if instance_type is not None:  # an empty entry is refused by pipeline.train, never a silent default
-        return instance_type.split(",")
-    return resolve.instance_types(res, default)
+def ready_here(planned: RunPlan) -> None:
+    """Refuse (UsageError) before any backend is opened what ``planned`` needs of this machine and
+    has not: for an array or a sweep, Ray here (pool/attempt.ray_here: none, or one too old) and, in
+    the sandbox, its bind shim (sandbox/bindshim.for_sandbox, built into the sandbox's state
+    directory of ``planned.settings.home``: the daemon a Context starts names that same file). Not
+    part of the plan: a dry run shows an array's plan on a machine without Ray, and builds nothing."""
+    if not planned.elements or planned.where != "new instances":
+        return
+    from ..pool import attempt as pool_attempt
+    from ..sandbox import bindshim  # the sandbox's part is given to pool/, which never imports sandbox/
+    home = planned.settings.home
+    pool_attempt.ray_here((lambda: bindshim.for_sandbox(home)) if planned.backend == "sandbox" else None)
 
 
-def _elements(task, array, workers, gpus_per_job, max_retries, nodes, detach) -> list:
-    """The array's elements (tasks/arrays.elements; [] for a task that is no array), its flags
-    checked. Raises UsageError: a bad --array, pool flags without an array, --nodes or ports with
-    one. MOUNT-mode file_mounts are written back by each node of the pool as it leaves
-    it (pool/attempt.py)."""
-    from ..tasks import arrays
-    try:
-        elements = arrays.elements(task.array, task.sweep, array)
-    except ValueError as exc:
-        raise UsageError(f"--array: {exc}" if array is not None else f"the task's array/sweep: {exc}",
-                         "e.g. --array 100, --array 0-99 or --array 3,7,12") from None
-    pool_flags = [f for f, v in (("--workers", workers), ("--gpus-per-job", gpus_per_job),
-                                 ("--max-retries", max_retries)) if v is not None]
-    if not elements and pool_flags:
-        raise UsageError(f"{pool_flags[0]} is for an array or a sweep", "add --array N, or array:/sweep: to the task")
-    if elements and task.ports:
-        raise UsageError("an array or a sweep does not take ports yet",
-                         "run its service as a task of its own, or run without array/sweep")
-    if elements and (nodes or task.nodes) > 1:
-        raise UsageError("--nodes runs one job over several instances; an array runs each element on one",
-                         "drop --nodes, and give --workers N for the pool's size")
-    arrays.check_flags(workers=workers, gpus_per_job=gpus_per_job, max_retries=max_retries)
-    return elements
+def start(ctx: Any, planned: RunPlan, ui: ReporterLike) -> RunRecord:
+    """Run ``planned`` (runs/plan/runplan.RunPlan) in the open backend.Context ``ctx``: the one
+    dispatcher of a run on new instances. An array or a sweep goes to the pool (runs/provision/
+    pipeline.train with PoolOptions; Ray here and the sandbox's bind shim were checked by
+    ``ready_here`` before ``ctx`` was opened), a detached run to AWS (runs/detached/launch.start),
+    any other to runs/provision/pipeline.train. The options are runplan.options(planned): what the
+    plan says, nothing else; ``ctx`` gives the clients, the backend and the settings (the task's disk
+    size applied). Raises as ``run`` does."""
+    from ..runs.provision import pipeline  # boto3: a dry run never comes here
 
-
-def _pool_size(task, elements: list, workers: Optional[int], slots: int = 1) -> int:
-    """The pool's instances (pure): --workers, else the task's max_workers; never more than the
-    elements need, ``slots`` of them at once on each instance."""
-    return max(1, min(workers or task.max_workers, -(-len(elements) // max(1, slots))))
-
-
-def _infra(infra: Optional[str], region: Optional[str]) -> tuple[Optional[str], Optional[str]]:
-    """(region, zone) the --infra flag names (None each where it names none; tasks.load.aws_infra).
-    Raises UsageError for another cloud, or a region other than --region's."""
-    if infra is None:
-        return None, None
-    from ..tasks.load import aws_infra
-    infra_region, zone = aws_infra(infra)
-    if region and infra_region and region != infra_region:
-        raise UsageError(f"--region {region} and --infra {infra} name different regions", "give one of them")
-    return infra_region, zone
-
-
-def _region_source(region: Optional[str], infra_region: Optional[str], task_region: Optional[str]) -> str:
-    """Where the run's region comes from, in words (pure)."""
-    return ("--region" if region else "--infra" if infra_region else
-            "the task's resources.region (SkyPilot's infra or region)" if task_region else
-            "the configured region (EC2GPU_REGION, AWS_REGION, else us-east-1)")
-
-
-def _ami(ami: Optional[str], resources, region: str) -> Optional[str]:
-    """The AMI to boot in ``region``: the --ami flag, else the task's (resources.ami, SkyPilot's
-    image_id: one, or one per region), else None (the baked image or the DLAMI, found at launch).
-    Raises UsageError when the task names AMIs per region and none for ``region``."""
-    if ami:
-        return ami
-    try:
-        return resources.ami_for(region)
-    except ValueError as exc:
-        names = ", ".join(resources.ami)
-        raise UsageError(str(exc), f"run it in one of those regions (--region {names.split(',')[0]}), "
-                         "or give --ami for this one")
-
-
-def _idle_rule(task, limit):
-    """The run's aws.instances.IdleRule: the task's ``idle_timeout`` (SkyPilot's autostop), else 30 min
-    (limits.NO_LIMIT_IDLE_SECONDS) where ``limit`` (runs/plan/limits.Limit) is none, else None. Always
-    "down": a run's instances are terminated, never kept stopped."""
-    from ..aws.instances import IdleRule  # boto3: a dry run takes _idle_seconds alone
-    seconds = _idle_seconds(task, limit)
-    return None if seconds is None else IdleRule("down", seconds)
-
-
-def _idle_seconds(task, limit):
-    """The seconds of _idle_rule's rule (None: no rule), without aws.instances (boto3): what a dry run says."""
-    import math
-
-    from ..runs.plan import limits
-    from ..tasks.spec import minutes
-    if task.idle_timeout is not None:
-        return int(math.ceil(minutes(task.idle_timeout))) * 60
-    return limits.NO_LIMIT_IDLE_SECONDS if limit.minutes is None else None
+    disk = planned.job.task.resources.disk_gib
+    settings = ctx.settings.model_copy(update={"root_volume_gib": disk}) if disk else ctx.settings
+    opts = runplan.options(planned)
+    if isinstance(opts, PoolOptions):
+        if planned.trainer is not None:  # a sweep's task: the built-in one, given the sandbox's data there
+            topts = runplan.train_options(planned)
+            if ctx.backend.is_sandbox:
+                topts = replace(topts, trainer_args=[*topts.trainer_args,
+                                                     *pipeline.sandbox_data_args(topts.trainer_args)])
+            opts = replace(opts, task=pipeline.builtin_task(topts, sandbox=ctx.backend.is_sandbox))
+        return pipeline.train(ctx.aws, settings, opts, ui, ctx.backend)
+    if planned.flags.detach:
+        from ..runs.detached import launch
+        return launch.start(ctx.aws, settings, opts, ui, ctx.backend)
+    return pipeline.train(ctx.aws, settings, opts, ui, ctx.backend)
 
 
 def exec(target: str, task=None, *, command: Optional[Sequence[str]] = None, workdir: Optional[str] = None,  # noqa: A001
@@ -392,7 +306,7 @@ def exec(target: str, task=None, *, command: Optional[Sequence[str]] = None, wor
     from ..backend import Context
     from ..runs.standing import hosts as standing
 
-    _infra(infra, None)
+    runplan.infra_of(infra, None)
     job, reporter = _prepare(task, command, workdir, None, env, secrets, max_upload, include_secrets, reporter,
                              on_warning, workdir_outside, None, infra, allow_write_buckets, ports)
     with Context(region, sandbox) as ctx:

@@ -11,7 +11,13 @@ from pathlib import Path
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Union
 
+from .. import backend, settings as settings_mod
 from ..errors import UsageError
+from ..runs.execute import engine
+from ..runs.options import TrainOptions, mnist_args
+from ..runs.plan import checks, dryrun, runplan
+from ..runs.plan.runplan import MODELS as MODELS, RunFlags, RunPlan, Trainer  # MODELS: `train mnist --model`'s
+from . import tasks
 
 if TYPE_CHECKING:
     from ..runs.settle.record import RunRecord
@@ -19,24 +25,9 @@ if TYPE_CHECKING:
 
 Log = Callable[[str], None]
 
-#: The models of the built-in trainer (train/presets.py), `train mnist --model`.
-MODELS = ("cnn", "lenet", "mlp", "dbn")
-
 
 def _quiet(text: str) -> None:
     """The default ``log``: says nothing."""
-
-
-def _check_data_dir(data_dir: Union[str, Path, None]) -> None:
-    """Raise UsageError when ``data_dir`` is given and is not a directory."""
-    if data_dir and not Path(data_dir).is_dir():
-        raise UsageError(f"data directory {data_dir} does not exist", "pass a directory with the four MNIST files")
-
-
-def _at_least(value: Optional[float], least: float, flag: str, hint: str) -> None:
-    """Raise UsageError when ``value`` is given and below ``least`` (the CLI's typer ranges, for the Python API)."""
-    if value is not None and value < least:
-        raise UsageError(f"{flag} {value:g} is under {least:g}", hint)
 
 
 def train_mnist(*, instance_type: Optional[str] = None, spot: bool = False, spot_fallback: Optional[str] = None,
@@ -49,7 +40,7 @@ def train_mnist(*, instance_type: Optional[str] = None, spot: bool = False, spot
                 unreachable_after: float = 120.0, region: Optional[str] = None, sandbox: bool = False,
                 reporter: Optional[ReporterLike] = None, as_typed: Optional[str] = None,
                 sweep: Optional[Mapping[str, Sequence[Any]]] = None, workers: Optional[int] = None,
-                max_retries: int = 2, detach: bool = False) -> RunRecord:
+                max_retries: int = 2, detach: bool = False, dry_run: bool = False) -> Union[RunRecord, dict]:
     """Train the built-in MNIST job on a new instance (or ``nodes`` of them through torchrun), bring
     its results home and terminate everything; `ec2gpu train mnist`. Returns the run record (also
     saved as run.json and in the ledger: run_id, status, instance_type, market, test_acc, phases
@@ -78,123 +69,54 @@ def train_mnist(*, instance_type: Optional[str] = None, spot: bool = False, spot
     and training resumes from the last checkpoint there; `status`, `logs`, `fetch` and `cancel`
     follow it from any machine of the account; ``max_runtime``, default 120, is the group's deadline);
     a sweep with ``detach`` returns once its pool's driver runs, as `run --detach` of an array does.
+    ``dry_run``: return the run's plan instead, as `run`'s ``dry_run`` does (runs/plan/runplan.plan,
+    shown by runs/plan/dryrun.plan), having created nothing and called no AWS API; the training runs
+    that same plan (new instances only: not with ``local`` or ``cluster``).
 
-    Raises UsageError before anything is created: an unknown model, ``cluster`` with
-    nodes/spot/instance_type/keep, ``keep`` without ``max_runtime``, a ``data_dir`` that is not a
-    directory, a value out of range, a bad type, CIDR, fallback or checkpoint URI, an estimate above
-    the budget, ``detach`` with ``cluster``/``local``/``keep``; then AwsError,
-    CapacityError, RemoteError, WaitTimeout, recovery.AttemptsExhausted.
+    Raises UsageError before anything is created, with ``dry_run`` or not (runs/plan/runplan.plan):
+    an unknown model, ``cluster`` with nodes/spot/instance_type/keep, ``keep`` without
+    ``max_runtime``, a ``data_dir`` that is not a directory, a value out of range, a bad type, CIDR,
+    fallback or checkpoint URI, ``max_price`` without ``spot``, an estimate above the budget (at
+    on-demand prices) or longer than ``max_runtime``, ``detach`` with ``cluster``/``local``/``keep``;
+    then NoCredentials, AwsError, CapacityError, RemoteError, WaitTimeout, recovery.AttemptsExhausted.
     """
-    if model not in MODELS:
-        raise UsageError(f"unknown model {model!r}", "choose cnn, lenet, mlp or dbn")
-    if cluster and (nodes > 1 or spot or instance_type or keep):
-        raise UsageError("--cluster trains on an existing cluster as it is",
-                         "drop --nodes/--spot/--instance-type/--keep, or `ec2gpu scale NAME N` first")
-    if detach and (cluster or local):
-        raise UsageError("--detach trains on new instances of its own",
-                         "drop --cluster or --local, or drop --detach")
-    if detach and keep:
-        raise UsageError("--keep has no meaning with --detach: the group ends when the training does", "drop --keep")
-    if detach and checkpoint_uri:
-        raise UsageError("--checkpoint-uri is for a run in the foreground: a detached run keeps its checkpoints "
-                         "in its run store in S3 (ec2gpu fetch RUN brings them)", "drop --checkpoint-uri")
-    if keep and max_runtime is None:
-        raise UsageError("--keep needs an explicit --max-runtime MINUTES",
-                         "say how long the kept instance may live, e.g. --keep --max-runtime 240")
-    _check_data_dir(data_dir)
-    if not 1 <= nodes <= 64:
-        raise UsageError(f"--nodes {nodes} is out of range", "give 1 to 64")
-    _at_least(epochs, 1, "--epochs", "give at least 1 epoch")
-    _at_least(max_runtime, 1, "--max-runtime", "give at least 1 minute")
-    _at_least(budget, 0, "--budget", "give a budget in USD, 0 or more")
-    _at_least(max_price, 0, "--max-price", "give a price in USD/h, 0 or more")
-    _at_least(max_attempts, 1, "--max-attempts", "give at least 1")
-    _at_least(unreachable_after, 5, "--unreachable-after", "give at least 5 seconds")
-    elements = _sweep_elements(sweep, workers, max_retries, cluster, local, nodes, keep)
-
-    from ..runs.options import TrainOptions
-    from ..runs.provision import pipeline
+    flags = RunFlags(instance_type=instance_type, spot=spot, spot_fallback=spot_fallback, keep=keep, out=out,
+                     ssh_cidr=ssh_cidr, ami=ami, baked=baked, max_runtime=max_runtime, budget=budget,
+                     max_price=max_price, nodes=nodes, max_attempts=max_attempts, checkpoint_uri=checkpoint_uri,
+                     unreachable_s=unreachable_after, region=region, sandbox=sandbox, as_typed=as_typed,
+                     workers=workers, max_retries=max_retries, detach=detach)
+    trainer = Trainer(model=model, epochs=epochs, seed=seed, trainer_args=tuple(trainer_args), sweep=sweep,
+                      data_dir=data_dir, local=local, cluster=cluster)
+    planned = plan_training(flags, trainer)
+    if dry_run:
+        if planned.where != "new instances":
+            raise UsageError(f"--dry-run shows a run on new instances, and this one trains on {planned.where}",
+                             "drop --dry-run, or drop --local/--cluster")
+        return dryrun.plan(planned)
     from ..runs.execute.reporter import Reporter
-    from ..settings import DEFAULT_INSTANCE_TYPE
-
-    opts = TrainOptions(
-        model=model, epochs=epochs, seed=seed, keep=keep, out=out, ssh_cidr=ssh_cidr, ami=ami,
-        spot=spot, trainer_args=list(trainer_args), max_runtime_minutes=max_runtime or 120,
-        instance_type=DEFAULT_INSTANCE_TYPE if instance_type is None else instance_type, budget_usd=budget,
-        max_price=max_price, spot_fallback=spot_fallback,
-        max_attempts=max_attempts, checkpoint_uri=checkpoint_uri, unreachable_s=unreachable_after, nodes=nodes,
-        baked=baked, command=as_typed or "ec2gpu.train_mnist()")
     ui = reporter or Reporter()
     if local:
         from ..runs.execute import local as run_local
-        from ..settings import load
-        return run_local.train_local(opts, ui, data_dir, load())
-    from ..backend import Context
-    from ..runs.standing import hosts as standing
-    with Context(region, sandbox, persistent=keep or detach, note=ui.note) as ctx:  # a kept instance or detached run outlives
-        # a sandbox this starts
-        if instance_type is None:
-            opts = replace(opts, instance_type=ctx.settings.instance_type)
+        return run_local.train_local(runplan.train_options(planned), ui, data_dir, settings_mod.load())
+    tasks.ready_here(planned)  # a sweep's Ray, before anything is opened
+    # a kept instance or a detached run outlives a sandbox this starts
+    with backend.Context(planned.region, sandbox, persistent=planned.persistent, note=ui.note) as ctx:
         if cluster:
-            return standing.train_on_cluster(ctx.aws, ctx.settings, opts, ui, cluster, ctx.backend)
-        if elements:
-            return _train_sweep(ctx, opts, ui, elements, workers, max_retries, detach)
-        if detach:
-            from ..runs.detached import launch
-            return launch.start(ctx.aws, ctx.settings, opts, ui, ctx.backend)
-        return pipeline.train(ctx.aws, ctx.settings, opts, ui, ctx.backend)
+            from ..runs.standing import hosts as standing
+            return standing.train_on_cluster(ctx.aws, ctx.settings, runplan.train_options(planned), ui, cluster,
+                                             ctx.backend)
+        return tasks.start(ctx, planned, ui)
 
 
-#: the names a sweep of the built-in trainer may vary: its flags (train/mnist.py, train/presets.Hparams)
-SWEEP_FLAGS = ("model", "seed", "epochs", "batch_size", "optimizer", "lr", "momentum", "weight_decay", "schedule",
-               "lr_decay", "warmup_frac", "dropout", "label_smoothing")
-
-
-def _sweep_elements(sweep, workers, max_retries, cluster, local, nodes, keep) -> list:
-    """The elements of a sweep of the built-in trainer, each with its parameters as trainer flags
-    ([] without a sweep). Raises UsageError: an unknown flag, a bad value, a sweep with --cluster,
-    --local, --nodes or --keep, --workers or --max-retries out of range or without a sweep."""
-    if not sweep:
-        if workers is not None:
-            raise UsageError("--workers is for a sweep", "add --sweep NAME=V1,V2 (e.g. --sweep lr=0.1,0.05)")
-        return []
-    from ..tasks import arrays
-    unknown = [k for k in sweep if k not in SWEEP_FLAGS]
-    if unknown:
-        raise UsageError(f"--sweep {unknown[0]}: not a flag of the built-in trainer", f"sweep {', '.join(SWEEP_FLAGS)}")
-    if cluster or local or nodes > 1 or keep:
-        raise UsageError("a sweep runs on a pool of new instances", "drop --cluster, --local, --nodes and --keep")
-    from ..tasks.arrays import check_flags
-    check_flags(workers=workers, max_retries=max_retries)
-    try:
-        elements = arrays.elements(None, dict(sweep))
-    except ValueError as exc:
-        raise UsageError(f"--sweep: {exc}", "e.g. --sweep lr=0.1,0.05 --sweep seed=0,1,2") from None
-    if "model" in sweep:
-        bad = [m for m in sweep["model"] if m not in MODELS]
-        if bad:
-            raise UsageError(f"--sweep model: unknown model {bad[0]!r}", "choose cnn, lenet, mlp or dbn")
-    return [e.with_flags() for e in elements]
-
-
-def _train_sweep(ctx, opts, ui, elements, workers, max_retries, detach=False) -> RunRecord:
-    """The sweep as a pool run of the built-in task (runs/options.PoolOptions); with ``detach``,
-    returned once its driver runs (docs/pool.md, "Without its controller")."""
-    from dataclasses import fields
-
-    from ..pool import attempt as pool_attempt
-    from ..runs.options import PoolOptions
-    from ..runs.provision import pipeline
-    from ..sandbox import bindshim  # the sandbox's part is given to pool/, which never imports sandbox/
-    pool_attempt.ray_here((lambda: bindshim.for_sandbox(ctx.settings.home)) if ctx.backend.is_sandbox else None)
-    opts = replace(opts, nodes=max(1, min(workers or 1, len(elements))))  # --spot as given: on-demand by default here
-    if ctx.backend.is_sandbox:  # the sandbox's MNIST, as pipeline.train gives a single run
-        opts = replace(opts, trainer_args=[*opts.trainer_args, *pipeline.sandbox_data_args(opts.trainer_args)])
-    job = pipeline.builtin_task(opts, sandbox=ctx.backend.is_sandbox)
-    same = {f.name for f in fields(PoolOptions)} - {"task", "elements", "gpus_per_job", "max_retries", "detach"}
-    popts = PoolOptions(**{name: getattr(opts, name) for name in same}, task=job, elements=tuple(elements),
-                        max_retries=max_retries, detach=detach)
-    return pipeline.train(ctx.aws, ctx.settings, popts, ui, ctx.backend)
+def plan_training(flags: RunFlags, trainer: Trainer) -> RunPlan:
+    """The plan of `ec2gpu train mnist` (runs/plan/runplan.plan): the built-in task
+    (tasks/builtin/mnist.yaml) with ``trainer``'s flags as its "$@", as ``flags`` ask, with the
+    settings loaded here. Opens no backend and calls no AWS API. Raises UsageError as ``train_mnist``
+    does before anything is created."""
+    args = mnist_args(TrainOptions(model=trainer.model, epochs=trainer.epochs, seed=trainer.seed,
+                                   trainer_args=list(trainer.trainer_args), nodes=flags.nodes or 1))
+    return runplan.plan(engine.builtin_job("mnist", args), flags, settings_mod.load({"sandbox": flags.sandbox or None}),
+                        trainer=trainer)
 
 
 def bench(*, instance_type: Optional[str] = None, spot: bool = False, local: bool = False, quick: bool = False,
@@ -230,12 +152,12 @@ def bench(*, instance_type: Optional[str] = None, spot: bool = False, local: boo
     in_sandbox = sandbox_from_env(sandbox)
     if local and (instance_type or spot or in_sandbox):
         raise UsageError("--local benches this machine", "drop --instance-type/--spot/--sandbox, or drop --local")
-    _check_data_dir(data_dir)
+    runplan.check_data_dir(data_dir)
     if data_dir and not (local or in_sandbox):
         raise UsageError(f"--data-dir {data_dir} is a directory on this machine, which an instance on AWS cannot "
                          "read", "drop --data-dir (the instance downloads MNIST), or add --local or --sandbox")
-    _at_least(max_runtime, 1, "--max-runtime", "give at least 1 minute")
-    _at_least(budget, 0, "--budget", "give a budget in USD, 0 or more")
+    checks.at_least(max_runtime, 1, "--max-runtime", "give at least 1 minute")
+    checks.at_least(budget, 0, "--budget", "give a budget in USD, 0 or more")
 
     from ..runs.options import BenchOptions
     from ..runs.provision import bench as benching

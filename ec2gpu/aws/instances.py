@@ -16,6 +16,8 @@ import botocore.exceptions
 
 from ..errors import AwsError, WaitTimeout
 from . import tags as T
+# the idle rule is the ec2gpu:idle tag's value: its home is tags.py, light enough for a run's plan
+from .tags import IdleRule as IdleRule, parse_idle_tag as parse_idle_tag
 from .session import Client, error_code
 
 _REASON_TIME = re.compile(r"\((\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}) (?:GMT|UTC)\)")
@@ -101,30 +103,6 @@ class Instance:
 def described(reservations: list[dict[str, Any]]) -> list[Instance]:
     """The instances of DescribeInstances ``Reservations`` (flattened, in order)."""
     return [Instance.of(i) for r in reservations for i in r.get("Instances", [])]
-
-
-@dataclass(frozen=True)
-class IdleRule:
-    """--idle-stop / --idle-down: the instance stops (``action`` "stop") or terminates ("down")
-    itself after ``seconds`` without a job, an SSH connection or a busy GPU (ami/idle-watch.sh)."""
-
-    action: str  # "stop" | "down"
-    seconds: int
-
-    @property
-    def check_seconds(self) -> int:
-        """How often the instance looks (s): every 30 s, more often for a rule under 2 minutes."""
-        return max(2, min(30, self.seconds // 4))
-
-    def tag(self) -> str:
-        """The ec2gpu:idle tag's value, e.g. "down 3600" (parse_idle_tag reads it back)."""
-        return f"{self.action} {self.seconds}"
-
-
-def parse_idle_tag(value: str | None) -> IdleRule | None:
-    """The IdleRule an ec2gpu:idle tag holds, or None (no tag, or one not written by ``tag``) (pure)."""
-    action, _, seconds = (value or "").partition(" ")
-    return IdleRule(action, int(seconds)) if action in ("stop", "down") and seconds.isdigit() else None
 
 
 @dataclass(frozen=True)

@@ -9,14 +9,16 @@ import ipaddress
 import os
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ..errors import AwsError, UsageError
 from . import tags as T
-from .session import Client, Log
+
+if TYPE_CHECKING:  # names only: a run's plan checks --ssh-cidr here without the AWS SDK (runs/plan/runplan.py)
+    from .session import Client, Log
 
 #: AWS's own "what is my IP" service; override with EC2GPU_CHECKIP_URL (the sandbox serves one).
 CHECKIP_URL = "https://checkip.amazonaws.com"

@@ -44,11 +44,13 @@ must not be empty (empty secrets stay in the spec's envs: they hold nothing).
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import UsageError
 from . import tags as T
-from .session import Client
+
+if TYPE_CHECKING:  # a name only: a run's plan checks its secrets here without the AWS SDK (runs/plan/checks.py)
+    from .session import Client
 
 #: the path every run's parameters live under; a run's own: ROOT + RUN_ID + "/"
 ROOT = "/ec2gpu/runs/"

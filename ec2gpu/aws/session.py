@@ -70,6 +70,25 @@ def retry_handler(codes_by_operation: dict[str, frozenset[str]], also: frozenset
 _LOADER: Any = None  # botocore's data loader, shared by every Aws of this process (its models are parsed once)
 
 
+def _boto3_session(**kwargs: Any) -> boto3.session.Session:
+    """A boto3 Session (``kwargs``: its region and credentials) over ``_botocore_session``."""
+    core = _botocore_session()
+    session = boto3.session.Session(botocore_session=core, **kwargs)
+    paths = core.get_component("data_loader").search_paths  # boto3 appends its data folder per Session
+    paths[:] = list(dict.fromkeys(paths))
+    return session
+
+
+def check_region(region: str, session: boto3.session.Session | None = None) -> None:
+    """Raise UsageError for a ``region`` EC2 does not have: not in botocore's endpoint data for ec2
+    (``session``'s, else a new session's; no AWS call), nor the sandbox's "local"."""
+    if session is None:
+        session = _boto3_session()
+    if region not in session.get_available_regions("ec2") + ["local"]:
+        raise UsageError(f"unknown AWS region {region!r}",
+                         "use a region code such as us-east-1, us-west-2 or eu-west-1 (--region)")
+
+
 def _botocore_session() -> Any:
     """A new botocore session that shares this process's data loader: service models and endpoint
     data are read once per process (about 0.13 s for ec2, sts and iam) instead of once per ``Aws``,
@@ -103,15 +122,9 @@ class Aws:
 
     def __post_init__(self) -> None:
         key, secret, token = self.credentials or (None, None, None)
-        core = _botocore_session()
-        self._session = boto3.session.Session(botocore_session=core, region_name=self.region,
-                                              aws_access_key_id=key, aws_secret_access_key=secret,
-                                              aws_session_token=token)
-        paths = core.get_component("data_loader").search_paths  # boto3 appends its data folder per Session
-        paths[:] = list(dict.fromkeys(paths))
-        if self.region not in self._session.get_available_regions("ec2") + ["local"]:
-            raise UsageError(f"unknown AWS region {self.region!r}",
-                             "use a region code such as us-east-1, us-west-2 or eu-west-1 (--region)")
+        self._session = _boto3_session(region_name=self.region, aws_access_key_id=key, aws_secret_access_key=secret,
+                                       aws_session_token=token)
+        check_region(self.region, self._session)
 
     def client(self, service: str, fail_fast: bool = False) -> Client:
         """A cached boto3 client for ``service``; ``fail_fast`` disables SDK retries."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 RUN = "ec2gpu:run"
@@ -12,7 +13,7 @@ OWNER = "ec2gpu:owner"
 USER = "ec2gpu:user"
 NAME = "Name"
 CLUSTER = "ec2gpu:cluster"  # the cluster's name, on every node of a multi-node run, pool or standing cluster
-IDLE = "ec2gpu:idle"  # a standing instance's idle rule: "stop 1800" or "down 3600" (instances.IdleRule)
+IDLE = "ec2gpu:idle"  # a standing instance's idle rule: "stop 1800" or "down 3600" (IdleRule)
 MAX_RUNTIME = "ec2gpu:max-runtime"  # minutes: `start` schedules the shutdown again (runs/standing/stopstart.py)
 NODE = "ec2gpu:node"  # the node's index in its cluster (0 hosts the torchrun rendezvous)
 
@@ -106,3 +107,27 @@ def answers_to(resource: Tagged | dict[str, Any], name: str, keys: tuple[str, ..
     else:
         rid, tg = resource.id, resource.tags
     return bool(name) and (name == rid or name in (tg.get(k) for k in keys))
+
+
+@dataclass(frozen=True)
+class IdleRule:
+    """--idle-stop / --idle-down: the instance stops (``action`` "stop") or terminates ("down")
+    itself after ``seconds`` without a job, an SSH connection or a busy GPU (ami/idle-watch.sh)."""
+
+    action: str  # "stop" | "down"
+    seconds: int
+
+    @property
+    def check_seconds(self) -> int:
+        """How often the instance looks (s): every 30 s, more often for a rule under 2 minutes."""
+        return max(2, min(30, self.seconds // 4))
+
+    def tag(self) -> str:
+        """The ec2gpu:idle tag's value, e.g. "down 3600" (parse_idle_tag reads it back)."""
+        return f"{self.action} {self.seconds}"
+
+
+def parse_idle_tag(value: str | None) -> IdleRule | None:
+    """The IdleRule an ec2gpu:idle tag holds, or None (no tag, or one not written by ``tag``) (pure)."""
+    action, _, seconds = (value or "").partition(" ")
+    return IdleRule(action, int(seconds)) if action in ("stop", "down") and seconds.isdigit() else None

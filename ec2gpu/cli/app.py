@@ -7,7 +7,12 @@ typer and click only: nothing heavy is imported here, so that `ec2gpu --help` st
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import typer
+
+if TYPE_CHECKING:  # the click typer vendors (typer >= 0.2x): its group's methods take these
+    from typer._click import Context, HelpFormatter
 
 
 class _Group(typer.core.TyperGroup):
@@ -15,11 +20,11 @@ class _Group(typer.core.TyperGroup):
     at 45 characters or the line's width with '...'; the help column wraps it instead), in the
     order the commands are registered (older typer lets click sort them by name)."""
 
-    def list_commands(self, ctx) -> list[str]:
+    def list_commands(self, ctx: Context) -> list[str]:
         """The commands' names in registration order: your own job first."""
         return list(self.commands)
 
-    def format_commands(self, ctx, formatter) -> None:
+    def format_commands(self, ctx: Context, formatter: HelpFormatter) -> None:
         """The 'Commands' section: name and first sentence of each visible command, in order."""
         rows = []
         for name in self.list_commands(ctx):
@@ -31,7 +36,7 @@ class _Group(typer.core.TyperGroup):
                 formatter.write_dl(rows)
 
 
-def group(help: str, **options) -> typer.Typer:
+def group(help: str, **options: Any) -> typer.Typer:  # options: typer.Typer's keyword arguments
     """A typer app (the root or a command group) with the settings every one of ours shares: plain
     click help (``rich_markup_mode=None``: typer's rich help imports rich's markdown and traceback
     renderers, which doubled `ec2gpu --help`'s start-up), no rich tracebacks (``main()`` is the one

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import typer
 
@@ -35,7 +35,7 @@ def bench_cmd(
     ssh_cidr: Optional[str] = typer.Option(None, "--ssh-cidr", help="CIDR allowed to SSH (default: your public IP/32)."),
     ami: Optional[str] = typer.Option(None, "--ami", help="AMI id (default: the PyTorch Deep Learning AMI)."),
     region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
-):
+) -> None:
     """Is the GPU worth it: measure an instance's CPU and GPU, rank types by USD per run.
 
     Memory bandwidth, matmul TFLOP/s (against the GPU's datasheet peak) and the seed experiment
@@ -61,7 +61,7 @@ def bench_cmd(
         raise typer.Exit(5)
 
 
-def _show(r: dict) -> None:
+def _show(r: Mapping[str, Any]) -> None:
     """One bench as rich tables: the machine, bandwidth and compute (with the peak), the seed experiment."""
     from ..train.bench import TRAINED_MIN_ACC, trained  # stdlib only at import (not torch)
     if r.get("error") or not r.get("bench"):
@@ -127,7 +127,7 @@ def _usd(value: float | None) -> str:
     return "?" if value is None else f"${value:.5f}"
 
 
-def _show_ranking(results: list[dict]) -> None:
+def _show_ranking(results: Sequence[Mapping[str, Any]]) -> None:
     t = table("rank", "instance type", "market", "USD/h", *[f"{m} USD per run" for m in ("cnn", "dbn")],
               title="ranked by USD per run")
     for i, r in enumerate(results, 1):

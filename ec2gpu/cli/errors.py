@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from types import FrameType
+from typing import Any, NoReturn
 
 from ..errors import Ec2GpuError, ExitCode, NoCredentials
 from . import render
@@ -31,7 +32,7 @@ def _click_errors(name: str) -> tuple[Any, ...]:  # exception classes, found by 
     return tuple(found)
 
 
-def _aws_error(exc: Exception):
+def _aws_error(exc: Exception) -> Ec2GpuError | None:
     """An AwsError (exit 3) for a botocore error (its code, message and operation), else None."""
     if "botocore" not in sys.modules:  # nothing AWS ran: not an AWS error (and no import for it)
         return None
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
 
     received: list[str] = []  # the signals that interrupted this command: what the message says
 
-    def on_signal(signum, _frame):
+    def on_signal(signum: int, _frame: FrameType | None) -> NoReturn:
         received.append("Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name)
         raise KeyboardInterrupt  # SIGTERM takes Ctrl-C's path: clean up, exit 130
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         render.error(exc.message, exc.hint, getattr(exc, "tail", ""))
         return int(exc.exit_code)
     except _click_errors("Exit") as exc:
-        return exc.exit_code
+        return int(exc.exit_code)  # click's Exit holds an int
     except (*_click_errors("Abort"), KeyboardInterrupt):
         render.say(render.err, interrupted_message(received))
         return ExitCode.CTRL_C

@@ -31,7 +31,7 @@ def bake_cmd(
                                               "`shutdown -h +M`, armed again after each driver reboot); at least "
                                               "10, default 120. A bake whose estimate is longer is refused."),
     region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
-):
+) -> None:
     """Make an image holding a task's setup; its runs then launch from it and skip that setup.
 
     A builder instance runs the machine setup, the task's setup and (for mnist) the data download,
@@ -48,7 +48,7 @@ def bake_cmd(
 
 
 @image_app.command("ls")
-def ls_cmd(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
+def ls_cmd(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON) -> None:
     """List the baked images of the region: what is inside, snapshot GiB and USD per month.
 
     USD per month: the snapshots' stored GiB at the region's EBS snapshot price (the cache
@@ -97,7 +97,7 @@ def snapshot_price_words(region: str, usd_per_gb_month: float | None, source: st
 
 @image_app.command("rm")
 def rm_cmd(image: str = typer.Argument(..., help="The image's name or AMI id (see `ec2gpu image ls`)."),
-           region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
+           region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON) -> None:
     """Deregister a baked image and delete its snapshots."""
     from ..api import images
     done = images.remove_image(image, region=region, sandbox=_sandbox_flag(sandbox), log=note)

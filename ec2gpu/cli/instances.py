@@ -1,12 +1,15 @@
 """Standing instances and clusters: launch, stop, start, scale, ls, down, cleanup, doctor."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 import typer
 
 from .app import JSON, REGION, SANDBOX, _sandbox_flag, app
 from .render import RichReporter, err, note, out, plain, render_json, say, table, table_row, warn
+
+if TYPE_CHECKING:  # aws/ is imported inside the commands (`ec2gpu --help` stays fast)
+    from ..aws.instances import IdleRule
 
 
 
@@ -41,7 +44,7 @@ def launch(
                               "ec2gpu:cluster = NAME): one security group open between its members, a cluster "
                               "placement group where supported. `ec2gpu scale NAME N` resizes it."),
     region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
-):
+) -> None:
     """Launch an instance (or a cluster) and leave it running, until it idles out or is taken down.
 
     It lives until `ec2gpu down NAME`, its idle rule (by default it terminates itself after 60
@@ -63,7 +66,7 @@ def launch(
         say(out, lifetime_words(idle, max_runtime or 120, len(rows)))
 
 
-def lifetime_words(idle, max_runtime_minutes: int, count: int = 1) -> str:
+def lifetime_words(idle: IdleRule | None, max_runtime_minutes: int, count: int = 1) -> str:
     """What `launch` set for how its instances end (pure): the idle rule (an aws.instances.IdleRule,
     None for --no-idle) and the --max-runtime shutdown that user data schedules at first boot
     (InstanceInitiatedShutdownBehavior: stop with --idle-stop, else terminate)."""
@@ -82,7 +85,7 @@ def lifetime_words(idle, max_runtime_minutes: int, count: int = 1) -> str:
 
 @app.command()
 def stop(name: str = typer.Argument(..., help="Name, instance id or cluster of a standing on-demand instance."),
-         region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
+         region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON) -> None:
     """Stop a standing on-demand instance (or cluster): keep the EBS disk, stop paying for the GPU.
 
     The EBS disk is billed per GB-month (`ec2gpu ls` shows how much); what was on the type's
@@ -97,7 +100,7 @@ def stop(name: str = typer.Argument(..., help="Name, instance id or cluster of a
         say(out, stopped_words(r, name))
 
 
-def stopped_words(r: dict, name: str) -> str:
+def stopped_words(r: Mapping[str, Any], name: str) -> str:
     """What `stop` says of one stopped instance (pure; ``r`` as runs/standing/stopstart.stop returns it):
     its EBS disk is kept and billed, and its instance-store NVMe, where the type has one, was
     erased (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/instance-store-lifetime.html)."""
@@ -111,7 +114,7 @@ def stopped_words(r: dict, name: str) -> str:
 
 @app.command()
 def start(name: str = typer.Argument(..., help="Name, instance id or cluster of a stopped instance."),
-          region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
+          region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON) -> None:
     """Start a stopped instance (or cluster) again.
 
     Waits until it answers SSH with its pinned host key at its new address, and schedules its
@@ -131,7 +134,7 @@ def scale(name: str = typer.Argument(..., help="The standing cluster's name (ec2
           nodes: int = typer.Argument(..., help="How many nodes it should have (at least 1; node 0 always stays)."),
           max_runtime: int = typer.Option(120, "--max-runtime", min=5, help="Minutes until new nodes terminate "
                                           "themselves."),
-          region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
+          region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON) -> None:
     """Grow or shrink a standing cluster; new nodes join its security group, zone and placement group.
 
     Each new node's host key is pinned under its instance id, checked against its console output,
@@ -149,7 +152,7 @@ def scale(name: str = typer.Argument(..., help="The standing cluster's name (ec2
         say(out, f"{name}: {change}; {done['nodes']} node(s) now")
 
 
-def _idle_cell(r: dict) -> str:
+def _idle_cell(r: Mapping[str, Any]) -> str:
     from ..aws import instances
     rule = instances.parse_idle_tag(r.get("idle_rule"))
     if rule is None:
@@ -167,14 +170,15 @@ def _duration(seconds: float) -> str:
     return (f"{m}m{s:02d}s" if s else f"{m}m") if m else f"{s}s"
 
 
-def _state_cell(r: dict) -> str:
+def _state_cell(r: Mapping[str, Any]) -> str:
     if r.get("disk_usd_per_month") is None:
-        return r["state"]
+        state: str = r["state"]  # an instance list row's (api/instances)
+        return state
     return f"{r['state']}: disk {r['disk_gib']} GiB, ${r['disk_usd_per_month']:.2f}/month"
 
 
 @app.command("ls")
-def ls(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
+def ls(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON) -> None:
     """List the instances this tool launched that are still alive: age, price and cost so far."""
     from ..api import instances as ops
     rows = ops.list_instances(region=region, sandbox=_sandbox_flag(sandbox), log=_one_line, warn=_yellow)
@@ -223,7 +227,7 @@ def cleanup(dry_run: bool = typer.Option(False, "--dry-run", help="Only list wha
             all_regions: bool = typer.Option(False, "--all-regions", help="Every region the account can use."),
             no_fetch: bool = typer.Option(False, "--no-fetch", help="Do not bring home first what the jobs of runs "
                                           "whose controller died wrote (it is, by default)."),
-            region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
+            region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON) -> None:
     """Find by tag and remove everything ec2gpu created.
 
     Auto Scaling groups (before their instances, which they would replace), instances, spot
@@ -251,12 +255,12 @@ def cleanup(dry_run: bool = typer.Option(False, "--dry-run", help="Only list wha
     _left(report)
 
 
-def _removed_words(kinds: dict) -> str:
+def _removed_words(kinds: Mapping[str, list[str]]) -> str:
     """'security groups sg-1; key pairs k' of a sweep's report, without what is left (pure)."""
     return "; ".join(f"{k.replace('_', ' ')} {', '.join(v)}" for k, v in kinds.items() if v and k != "left")
 
 
-def _left(report: dict) -> None:
+def _left(report: Mapping[str, Mapping[str, list[str]]]) -> None:
     """Say what a sweep could not remove (its "left" entries, by region or run) and exit 1 when
     there is any: the rest was removed (aws/sweep.delete_everything is best-effort)."""
     left = [f"{where}: {', '.join(r['left'])}" for where, r in report.items() if r.get("left")]
@@ -268,7 +272,7 @@ def _left(report: dict) -> None:
 @app.command()
 def doctor(instance_type: Optional[str] = typer.Option(None, "--instance-type", "-t", help="The type to check for."),
            spot: bool = typer.Option(False, "--spot", help="Check the spot quota instead of on-demand."),
-           region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
+           region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON) -> None:
     """Check credentials, region, default VPC, GPU quota, AMI, your IP, prices, ssh, rsync and key files.
 
     Exit 0 when no check fails; 3 without usable AWS credentials (nothing else can be asked, as
@@ -302,7 +306,7 @@ def down(name: Optional[str] = typer.Argument(None, help="Name, instance id or r
          all_: bool = typer.Option(False, "--all", help="Remove everything ec2gpu created in the region."),
          no_fetch: bool = typer.Option(False, "--no-fetch", help="Do not bring home first what the job of a run "
                                        "whose controller died wrote (it is, by default)."),
-         region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
+         region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON) -> None:
     """Terminate instances and delete their security groups and key pairs.
 
     A run whose controller died (`ec2gpu runs` says so) gets its outputs, checkpoints and log

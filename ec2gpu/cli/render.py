@@ -9,9 +9,15 @@ not import it (tests/unit/test_cli_text.py).
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, ContextManager, Iterator, Mapping, Sequence
 
 from ..inert import inert
+
+if TYPE_CHECKING:  # rich is imported where it prints (the module docstring)
+    from rich.console import Console
+    from rich.progress import Progress, TaskID
+    from rich.table import Table
+    from rich.text import Text
 
 
 class LazyConsole:
@@ -21,25 +27,26 @@ class LazyConsole:
     itself is handed a console (a live progress display), ``get()`` gives the Console. A test may
     put a Console of its own in its place."""
 
-    def __init__(self, **options):
-        self._options, self._console = options, None
+    def __init__(self, **options: Any) -> None:  # rich Console's keyword arguments
+        self._options: dict[str, Any] = options
+        self._console: Console | None = None
 
-    def get(self):
+    def get(self) -> Console:
         """The rich Console, made now if it was not yet."""
         if self._console is None:
             from rich.console import Console
             self._console = Console(**self._options)
         return self._console
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:  # Any: whichever of the Console's attributes ``name`` is
         if name.startswith("__") or name in ("_options", "_console"):  # copy, pickle; before __init__
             raise AttributeError(name)
         return getattr(self.get(), name)
 
-    def __enter__(self):
+    def __enter__(self) -> Console:
         return self.get().__enter__()
 
-    def __exit__(self, *exc_info):
+    def __exit__(self, *exc_info: Any) -> None:  # (type, value, traceback) of an exception, or Nones
         return self.get().__exit__(*exc_info)
 
 
@@ -47,7 +54,7 @@ out = LazyConsole()
 err = LazyConsole(stderr=True)
 
 
-def plain(text, style: str = ""):
+def plain(text: object, style: str = "") -> Text:
     """Text that is not ours (a job's log or summary.json, an instance's or AWS's words, a task
     file's values, an error message quoting them) ready to print or to put in a table cell: a rich
     Text, its control characters shown as escapes (ec2gpu.inert), never read as rich markup."""
@@ -55,21 +62,23 @@ def plain(text, style: str = ""):
     return Text(inert(str(text)), style=style)
 
 
-def labelled(label: str, style: str, text: str, text_style: str = ""):
+def labelled(label: str, style: str, text: object, text_style: str = "") -> Text:
     """'LABEL TEXT' with LABEL in ``style`` (error:, hint:, warning:), TEXT as ``plain`` (in
     ``text_style``): a rich Text."""
     from rich.text import Text
     return Text.assemble((label, style), " ", (inert(str(text)), text_style))
 
 
-def say(console, text, style: str = "", *, label: str = "", label_style: str = "", **options) -> None:
+def say(console: Console | LazyConsole, text: object, style: str = "", *, label: str = "", label_style: str = "",
+        **options: Any) -> None:
     """The one way a message reaches the user: ``text`` printed on ``console`` (``out``, ``err``, a
     reporter's) as plain text, never rich markup (``[/]`` or ``[bold]`` in it stay those
     characters), with its control characters made visible (``plain``), in ``style``; after a
     ``label`` in ``label_style`` ('error:' in red). A rich renderable (a Table whose cells are
     ``plain``, a Text made by ``plain`` or ``labelled``) is printed as it is. ``options`` go to
     Console.print (``soft_wrap=True``: one line, however wide)."""
-    if not hasattr(text, "__rich_console__"):
+    from rich.console import ConsoleRenderable  # a runtime-checkable Protocol: has __rich_console__
+    if not isinstance(text, ConsoleRenderable):
         text = labelled(label, label_style, text, style) if label else plain(text, style)
     console.print(text, highlight=False, **options)
 
@@ -97,7 +106,7 @@ def error(message: str, hint: str | None = None, tail: str = "") -> None:
         say(err, hint, label="hint:", label_style="yellow", soft_wrap=True)
 
 
-def table(*columns, title: str | None = None, **options):
+def table(*columns: str, title: str | None = None, **options: Any) -> Table:
     """A rich Table with ``columns`` (header words of ours) and ``options``, its ``title`` as
     ``plain`` text in rich's title style (it may name a region or a task): filled with
     ``table_row``, printed with ``say``."""
@@ -105,13 +114,14 @@ def table(*columns, title: str | None = None, **options):
     return Table(*columns, title=None if title is None else plain(title, "table.title"), **options)
 
 
-def table_row(t, *cells) -> None:
+def table_row(t: Table, *cells: object) -> None:
     """Add a row to the rich table ``t`` with each cell as ``plain`` (a Text made by ``plain`` stays as
     it is): a table's cells quote tags, task files and jobs, never read as markup."""
-    t.add_row(*(c if hasattr(c, "__rich_console__") else plain("" if c is None else c) for c in cells))
+    from rich.console import ConsoleRenderable  # a runtime-checkable Protocol: has __rich_console__
+    t.add_row(*(c if isinstance(c, ConsoleRenderable) else plain("" if c is None else c) for c in cells))
 
 
-def render_json(obj) -> None:
+def render_json(obj: object) -> None:
     """The one way every command's ``--json`` is printed: ``obj`` (dicts, lists, numbers, strings;
     anything else, e.g. a datetime or a Path, as its ``str()``) as JSON indented 2, on stdout, so
     that ``ec2gpu ... --json | jq`` always gets the same shape of document."""
@@ -124,20 +134,20 @@ class RichReporter:
     writes progress (its $EC2GPU_PROGRESS_FILE), a bar with its label, rate and ETA; log lines
     above them; a "done"/"stopped" line with the seconds when the phase ends."""
 
-    def __init__(self, console, quiet: bool = False):
+    def __init__(self, console: Console | LazyConsole, quiet: bool = False) -> None:
         from ..runs.execute.reporter import Reporter
         console = console.get() if isinstance(console, LazyConsole) else console  # rich's Live needs a Console
         self.inner, self.console, self.quiet = Reporter(), console, quiet
         self.phases = self.inner.phases
         self.notes = self.inner.notes
-        self._live: tuple[Any, Any] | None = None  # (rich Progress, task id) of the phase under way
+        self._live: tuple[Progress, TaskID] | None = None  # (rich Progress, task id) of the phase under way
 
-    def phase(self, name: str):
+    def phase(self, name: str) -> ContextManager[None]:
         import contextlib
         import time
 
         @contextlib.contextmanager
-        def cm():
+        def cm() -> Iterator[None]:
             from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
             t0 = time.monotonic()
             # live only on a terminal: elsewhere (a pipe, CI, a log file) it could not redraw
@@ -162,7 +172,7 @@ class RichReporter:
                                           (f"{time.monotonic() - t0:.1f} s", "dim")))
         return cm()
 
-    def progress(self, p: dict) -> None:
+    def progress(self, p: dict[str, Any]) -> None:
         """Show the job's progress (runs/execute/nodes.ProgressReader) as the phase's bar."""
         self.inner.progress(p)
         if self._live is None:
@@ -182,14 +192,14 @@ class RichReporter:
         self.inner.note(text)
         self._print(plain(text, "dim"))
 
-    def _print(self, text) -> None:
+    def _print(self, text: object) -> None:
         if not self.quiet:
             say(self.console, text)
 
 
 def cost_rows(record: Mapping[str, Any]) -> list[tuple[str, str]]:
     """'estimate' and 'actual' lines of a run record, side by side in the summary."""
-    rows = []
+    rows: list[tuple[str, str]] = []
     est = record.get("estimate") or {}
     if record.get("estimated_cost_usd") is not None:
         rows.append(("estimate", f"${record['estimated_cost_usd']:.4f} for {est.get('billed_seconds', 0):.0f} s "
@@ -213,9 +223,9 @@ def cost_rows(record: Mapping[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
-def attempt_rows(attempts: list[dict]) -> list[tuple[str, str]]:
+def attempt_rows(attempts: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
     """One line per instance of a managed run: where it ran, its bill, why it ended."""
-    rows = []
+    rows: list[tuple[str, str]] = []
     for a in attempts:
         usd = a.get("cost_usd")
         node = "" if a.get("node") is None else f" node {a['node']}"
@@ -225,7 +235,7 @@ def attempt_rows(attempts: list[dict]) -> list[tuple[str, str]]:
     return rows
 
 
-def _training_row(s: dict) -> str:
+def _training_row(s: Mapping[str, Any]) -> str:
     """'1 epoch of cnn on cpu: 12.00 s training, 15.8 s wall' from the trainer's summary.json (pure).
     After a resume the training seconds add up every attempt's; the wall time is the last attempt's."""
     if not s:

@@ -15,7 +15,7 @@ def sandbox_up(like_aws: bool = typer.Option(False, "--like-aws", help="Behave l
                                              "fingerprints later still, NotFound for just-created resources now and "
                                              "then, occasional RequestLimitExceeded (docs/sandbox.md). Also "
                                              "EC2GPU_SANDBOX_LIKE_AWS=1."),
-               as_json: bool = JSON):
+               as_json: bool = JSON) -> None:
     """Start the sandbox in the background; it keeps its state until `ec2gpu sandbox down`."""
     from ..api import sandbox as sb
     state = sb.sandbox_up(like_aws, log=lambda line: say(err, line, "yellow"))
@@ -27,14 +27,14 @@ def sandbox_up(like_aws: bool = typer.Option(False, "--like-aws", help="Behave l
 
 
 @sandbox_app.command("down")
-def sandbox_down():
+def sandbox_down() -> None:
     """Stop the sandbox and every sshd and process it started."""
     from ..api import sandbox as sb
     say(out, "sandbox stopped" if sb.sandbox_down() else "no sandbox was running")
 
 
 @sandbox_app.command("status")
-def sandbox_status(as_json: bool = JSON):
+def sandbox_status(as_json: bool = JSON) -> None:
     """Say whether the sandbox runs, where, and which instances have an sshd."""
     from ..api import sandbox as sb
     state = sb.sandbox_status()
@@ -58,7 +58,7 @@ def sandbox_interrupt(instance_id: str = typer.Argument(..., help="A running spo
                                                      help="Publish a rebalance recommendation instead (the instance "
                                                      "is at elevated risk of interruption), and nothing else: it "
                                                      "keeps running."),
-                      as_json: bool = JSON):
+                      as_json: bool = JSON) -> None:
     """Interrupt a spot instance as EC2 does: a notice on its metadata service, then termination."""
     from ..api import sandbox as sb
     done = sb.sandbox_interrupt(instance_id, notice_seconds, rebalance=rebalance)
@@ -77,7 +77,7 @@ def sandbox_capacity(instance_type: str = typer.Argument(..., help="An instance 
                      count: Optional[int] = typer.Argument(None, min=0, help="Instances of it that may be pending "
                                                            "or running at once, all zones together."),
                      unlimited: bool = typer.Option(False, "--unlimited", help="Remove the type's limit."),
-                     as_json: bool = JSON):
+                     as_json: bool = JSON) -> None:
     """Make the sandbox short of an instance type, as EC2 can be.
 
     A launch beyond the limit gets fewer instances, or InsufficientInstanceCapacity."""
@@ -94,7 +94,7 @@ def sandbox_capacity(instance_type: str = typer.Argument(..., help="An instance 
 
 
 @sandbox_app.command("env")
-def sandbox_env():
+def sandbox_env() -> None:
     """Print `export` lines that point AWS clients (boto3, the aws CLI) at the running sandbox."""
     import shlex
 

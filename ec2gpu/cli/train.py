@@ -94,6 +94,7 @@ def train_mnist(
     max_attempts: Optional[int] = MAX_ATTEMPTS_OPT, checkpoint_uri: Optional[str] = CHECKPOINT_URI_OPT,
     unreachable_after: float = UNREACHABLE_AFTER_OPT, sweep: List[str] = SWEEP_OPT,
     workers: Optional[int] = WORKERS_OPT, max_retries: int = MAX_RETRIES_OPT, detach: bool = DETACH_OPT,
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan, as `run --dry-run` does, and create nothing."),
     region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
 ):
     """Launch a GPU instance, train MNIST on it, download the results, terminate everything.
@@ -110,7 +111,11 @@ def train_mnist(
         data_dir=data_dir, trainer_args=trainer_arg, budget=budget, max_price=max_price, cluster=on_cluster,
         nodes=nodes, max_attempts=max_attempts, checkpoint_uri=checkpoint_uri, unreachable_after=unreachable_after,
         region=region, sandbox=_sandbox_flag(sandbox), reporter=RichReporter(err), as_typed=as_typed,
-        sweep=sweep_flags(sweep) or None, workers=workers, max_retries=max_retries, detach=detach)
+        sweep=sweep_flags(sweep) or None, workers=workers, max_retries=max_retries, detach=detach, dry_run=dry_run)
+    if dry_run:
+        from .tasks import _print_plan
+        _print_plan(record, as_json)
+        return
     if detach and record.get("pool") is not None:  # a sweep: its pool's driver runs on without this command
         from .tasks import _print_detached_array
         _print_detached_array(record, as_json, sandbox)

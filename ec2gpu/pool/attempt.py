@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, cast
 
 from ..errors import RemoteError, UsageError, WaitTimeout
+from ..runs.plan.checks import slots_per_node as slots_per_node  # how many a node runs: the run's plan decides it
 from ..wire import bounded_json
 from . import grow, records
 from .driver import TOKEN_FILE
@@ -303,19 +304,6 @@ def gpus_per_job(opts: PoolOptions, node_gpus: int) -> int:
         raise UsageError(f"--gpus-per-job {want}: the pool's instances have {node_gpus} GPU(s) each",
                          f"ask for at most {node_gpus}, or for a larger instance type (--gpu A10G:{want})")
     return want
-
-
-def slots_per_node(types: list[str], per_job: int | None) -> int:
-    """Elements one instance of the first of ``types`` runs at once (its GPUs // GPUs per element;
-    1 with ``per_job`` None: an element takes a whole instance). Raises UsageError, before anything
-    is created, when ``per_job`` is more GPUs than one of ``types`` has."""
-    from ..aws import catalog
-    counts = {t: catalog.lookup(t).gpu_count for t in types}
-    small = [t for t, n in counts.items() if per_job and n < per_job]
-    if small:
-        raise UsageError(f"--gpus-per-job {per_job}: {small[0]} has {counts[small[0]]} GPU(s)",
-                         f"ask for at most {counts[small[0]]}, or a type with more (--gpu A10G:{per_job})")
-    return max(1, counts[types[0]] // per_job) if per_job else 1
 
 
 def run_attempt(aws: Aws, settings: Settings, opts: PoolOptions, run_id: str, ui: ReporterLike, prov: Provisioned,

@@ -28,7 +28,8 @@ from invoke.exceptions import UnexpectedExit
 from ..errors import RemoteError, WaitTimeout
 
 
-class PinOnFirstUse(paramiko.MissingHostKeyPolicy):
+# paramiko ships no type information (mypy.ini: ignore_missing_imports), so its policy class is Any
+class PinOnFirstUse(paramiko.MissingHostKeyPolicy):  # type: ignore[misc]
     """For an instance with no pinned key: accept its host key if it matches ``expected``
     fingerprints (or, with none, on first use), pin it in ``known_hosts`` under ``alias`` (the
     instance id) and report it through ``log``. A key that ``expected`` does not list raises

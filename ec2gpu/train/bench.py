@@ -22,7 +22,9 @@ Exit codes: 0 done, 2 bad input, 1 a measurement failed.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import operator
 import os
 import platform
 import shutil
@@ -33,9 +35,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable, NotRequired, TypedDict
 
 from .files import write_json
+
+if TYPE_CHECKING:  # mnist imports torch; this module imports it only when it measures
+    from .mnist import Summary
 
 #: Datasheet peaks of the GPUs in ec2gpu's catalog (dense, without sparsity): memory bandwidth in
 #: GB/s and TFLOP/s. ``None``: the GPU has no such tensor-core mode. Sources, NVIDIA datasheets:
@@ -52,7 +57,7 @@ from .files import write_json
 #: (sparse figures halved); B200: the HGX B200 8-GPU figures of https://www.nvidia.com/en-us/data-center/hgx/
 #: divided by 8 (64 TB/s, FP32 600 TFLOPS, sparse TF32 18 and FP16/BF16 36 PFLOPS halved).
 #: Transcribed 2026-11; fp16 is the tensor-core fp16 figure (fp16 accumulate aside).
-GPU_PEAKS: dict[str, dict] = {
+GPU_PEAKS: dict[str, dict[str, float | None]] = {
     "T4": {"bandwidth_gbs": 320, "fp32": 8.1, "tf32": None, "bf16": None, "fp16": 65.0},
     "A10G": {"bandwidth_gbs": 600, "fp32": 31.2, "tf32": 62.5, "bf16": 125.0, "fp16": 125.0},
     "L4": {"bandwidth_gbs": 300, "fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0},
@@ -89,7 +94,86 @@ SMALL_BATCH, LARGE_BATCH = 64, 1024  # the dbn preset's batch, and one that fill
 TRAINED_MIN_ACC = 0.2
 
 
-def trained(test_acc) -> bool:
+class Gpu(TypedDict):
+    """One GPU as torch sees it: its name, the catalog model in it (gpu_model), memory (bytes)."""
+
+    name: str
+    model: str | None
+    memory_bytes: int
+
+
+class Machine(TypedDict):
+    """What ``machine`` reads: CPU model, vCPUs (None: unknown), RAM (bytes), the GPUs, the NVIDIA
+    driver (None: no nvidia-smi), the CUDA, torch and Python versions."""
+
+    cpu: str
+    vcpus: int | None
+    ram_bytes: int
+    gpus: list[Gpu]
+    driver: str | None
+    cuda: str | None
+    torch: str
+    python: str
+
+
+class AgainstPeak(TypedDict):
+    """A measured figure beside its datasheet peak (the same unit) and the fraction of it."""
+
+    measured: float
+    peak: float
+    fraction: float
+
+
+class RunRow(TypedDict):
+    """One run of the seed experiment: seconds of training, samples/s and test accuracy (None: no
+    epoch ran), epochs, the target accuracy and seconds to it (None: not reached), the batch size."""
+
+    train_seconds: float
+    samples_per_second: float | None
+    test_acc: float | None
+    epochs: int
+    target_acc: float
+    time_to_target_seconds: float | None
+    batch_size: int
+
+
+class Training(TypedDict):
+    """The seed experiment: per model, a RunRow per device and ``speedup`` (a float: CPU seconds /
+    GPU seconds) where both ran; per device, a RunRow per batch size (its decimal string)."""
+
+    models: dict[str, dict[str, RunRow | float]]
+    batch: dict[str, dict[str, RunRow]]
+
+
+class Bench(TypedDict):
+    """bench.json (the module docstring): per device, bandwidth (GB/s, and the element count) and
+    matmul TFLOP/s (and the side); with a GPU its datasheet peaks and each figure against them."""
+
+    quick: bool
+    machine: Machine
+    devices: list[str]
+    bandwidth: dict[str, dict[str, float]]
+    compute: dict[str, dict[str, float]]
+    peaks_source: str
+    peak: NotRequired[dict[str, float | None] | None]
+    against_peak: NotRequired[dict[str, AgainstPeak]]
+    training: NotRequired[Training]  # set last (run)
+
+
+class BenchSummary(TypedDict):
+    """The bench's summary.json (summary_of): what the controller keeps in the ledger."""
+
+    kind: str
+    quick: bool
+    best_device: str
+    gpu: str | None
+    gpu_count: int
+    models: dict[str, dict[str, dict[str, float | None]]]
+    triad_gbs: dict[str, float]
+    fp32_tflops: dict[str, float]
+
+
+def trained(test_acc: object) -> bool:
     """Whether a run that reached ``test_acc`` (a fraction) trained at all (TRAINED_MIN_ACC) (pure)."""
     return isinstance(test_acc, (int, float)) and test_acc >= TRAINED_MIN_ACC
 
@@ -121,13 +205,13 @@ def gpu_model(name: str | None) -> str | None:
     return "A100-80GB" if model == "A100" and "80GB" in words else model
 
 
-def timed(fn, device: str, repeats: int, warmup: int = 2) -> float:
+def timed(fn: Callable[[], object], device: str, repeats: int, warmup: int = 2) -> float:
     """Median seconds of ``fn()`` over ``repeats`` runs after ``warmup`` untimed ones; CUDA events
     on a GPU (kernels are asynchronous), perf_counter on the CPU."""
     import torch
     for _ in range(warmup):
         fn()
-    times = []
+    times: list[float] = []
     for _ in range(repeats):
         if device == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -143,25 +227,27 @@ def timed(fn, device: str, repeats: int, warmup: int = 2) -> float:
     return statistics.median(times)
 
 
-def bandwidth(device: str, n: int, repeats: int) -> dict:
+def bandwidth(device: str, n: int, repeats: int) -> dict[str, float]:
     """GB/s of a copy and a triad over ``n`` fp32 elements on ``device``; on a GPU also the host
     transfers (pinned and pageable, each way)."""
     import torch
     a, b, c = (torch.rand(n, device=device) for _ in range(3))
     size = a.element_size()
-    out = {"elements": n,
+    out: dict[str, float] = {"elements": n,
            "copy_gbs": copy_bytes(n, size) / timed(lambda: a.copy_(b), device, repeats) / 1e9,
            "triad_gbs": triad_bytes(n, size) / timed(lambda: torch.add(b, c, alpha=3.0, out=a), device, repeats) / 1e9}
     if device == "cuda":
         for kind in ("pinned", "pageable"):
             host = torch.empty(n, pin_memory=kind == "pinned")
             nbytes = n * size
-            out[f"h2d_{kind}_gbs"] = nbytes / timed(lambda host=host: a.copy_(host, non_blocking=True), device, repeats) / 1e9
-            out[f"d2h_{kind}_gbs"] = nbytes / timed(lambda host=host: host.copy_(a, non_blocking=True), device, repeats) / 1e9
+            out[f"h2d_{kind}_gbs"] = nbytes / timed(functools.partial(a.copy_, host, non_blocking=True), device,
+                                                    repeats) / 1e9
+            out[f"d2h_{kind}_gbs"] = nbytes / timed(functools.partial(host.copy_, a, non_blocking=True), device,
+                                                    repeats) / 1e9
     return {k: round(v, 2) if isinstance(v, float) else v for k, v in out.items()}
 
 
-def matmul(device: str, n: int, repeats: int) -> dict:
+def matmul(device: str, n: int, repeats: int) -> dict[str, float]:
     """TFLOP/s of an n x n matmul on ``device``: fp32 (tf32 off), and on a GPU tf32 and bf16 (fp16
     where the GPU has no bf16)."""
     import torch
@@ -176,14 +262,14 @@ def matmul(device: str, n: int, repeats: int) -> dict:
         for name, dtype, tf32 in modes:
             torch.backends.cuda.matmul.allow_tf32 = tf32
             x, y = torch.rand(n, n, device=device, dtype=dtype), torch.rand(n, n, device=device, dtype=dtype)
-            tflops = matmul_flops(n, n, n) / timed(lambda x=x, y=y: x @ y, device, repeats) / 1e12
+            tflops = matmul_flops(n, n, n) / timed(functools.partial(operator.matmul, x, y), device, repeats) / 1e12
             out[f"{name}_tflops"] = float(f"{tflops:.4g}")  # 4 significant digits: a slow CPU's is never 0.0
     finally:
         torch.backends.cuda.matmul.allow_tf32 = before
     return out
 
 
-def machine() -> dict:
+def machine() -> Machine:
     """What this machine is: CPU model, vCPUs, RAM (bytes), torch and CUDA versions, the NVIDIA
     driver (from nvidia-smi, None without it), and each GPU's name and memory (bytes)."""
     import torch
@@ -202,7 +288,7 @@ def machine() -> dict:
                                     capture_output=True, text=True, timeout=30, check=True).stdout.split("\n")[0].strip()
         except (subprocess.SubprocessError, OSError):
             driver = None
-    gpus = []
+    gpus: list[Gpu] = []
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             p = torch.cuda.get_device_properties(i)
@@ -212,13 +298,13 @@ def machine() -> dict:
             "python": platform.python_version()}
 
 
-def against_peak(measured: dict, model: str | None) -> dict:
+def against_peak(measured: dict[str, float], model: str | None) -> dict[str, AgainstPeak]:
     """Each GPU figure with its datasheet peak and the measured fraction of it (pure): keys like
     ``triad_gbs`` -> {"measured", "peak", "fraction"}; {} for a GPU not in GPU_PEAKS."""
     peak = GPU_PEAKS.get(model or "")
     if not peak:
         return {}
-    out = {}
+    out: dict[str, AgainstPeak] = {}
     for key, value in measured.items():
         limit = peak["bandwidth_gbs"] if key in ("copy_gbs", "triad_gbs") else \
             peak.get(key.removesuffix("_tflops")) if key.endswith("_tflops") else None
@@ -227,7 +313,7 @@ def against_peak(measured: dict, model: str | None) -> dict:
     return out
 
 
-def train(model: str, device: str, out: Path, data_dir: str | None, extra: list[str]) -> dict:
+def train(model: str, device: str, out: Path, data_dir: str | None, extra: list[str]) -> Summary:
     """Train ``model`` on ``device`` with ec2gpu's trainer, in this process (torch and CUDA start
     once for all the runs: a child process each cost 2-3 s more here); its summary.json. Its log
     lines go to this process's output. Raises RuntimeError when it fails."""
@@ -246,10 +332,12 @@ def train(model: str, device: str, out: Path, data_dir: str | None, extra: list[
             os.environ["EC2GPU_PROGRESS_FILE"] = progress
     if code != 0:
         raise RuntimeError(f"the trainer ({model} on {device}) exited {code}; its log is above")
-    return json.loads((out / "summary.json").read_text())
+    summary: Summary = json.loads((out / "summary.json").read_text())  # the trainer's, just written
+    return summary
 
 
-def seed_experiment(devices: list[str], sizes: dict, data_dir: str | None, progress) -> dict:
+def seed_experiment(devices: list[str], sizes: dict[str, Any], data_dir: str | None,
+                    progress: Callable[[int, int, str], None]) -> Training:
     """The dbn and cnn presets on each device, and the dbn at a small and a large batch: per run
     seconds of training, samples/s, test accuracy, seconds to TARGET_ACC (None: not reached);
     ``speedup`` = CPU seconds / GPU seconds per model. ``progress(done, total, label)``."""
@@ -260,13 +348,13 @@ def seed_experiment(devices: list[str], sizes: dict, data_dir: str | None, progr
     runs += [{"model": "dbn", "device": d, "batch": b,
               "extra": subset + ["--epochs", str(sizes["batch_epochs"]), "--batch-size", str(b)]}
              for d in devices for b in (SMALL_BATCH, LARGE_BATCH)]
-    result: dict = {"models": {}, "batch": {}}
+    result: Training = {"models": {}, "batch": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for i, r in enumerate(runs):
             label = f"{r['model']} on {r['device']}" + (f", batch {r['batch']}" if r["batch"] else "")
             progress(i, len(runs), f"training {label}")
             s = train(r["model"], r["device"], Path(tmp) / f"run{i}", data_dir, r["extra"])
-            row = {"train_seconds": s["train_seconds"], "samples_per_second": s["samples_per_second"],
+            row: RunRow = {"train_seconds": s["train_seconds"], "samples_per_second": s["samples_per_second"],
                    "test_acc": s["test_acc"], "epochs": s["epochs"], "target_acc": s["target_acc"],
                    "time_to_target_seconds": s["time_to_target_seconds"], "batch_size": s["hparams"]["batch_size"]}
             if r["batch"]:
@@ -274,27 +362,34 @@ def seed_experiment(devices: list[str], sizes: dict, data_dir: str | None, progr
             else:
                 result["models"].setdefault(r["model"], {})[r["device"]] = row
     for by_device in result["models"].values():
-        if "cpu" in by_device and "cuda" in by_device:
-            by_device["speedup"] = round(by_device["cpu"]["train_seconds"] / by_device["cuda"]["train_seconds"], 2)
+        cpu, cuda = by_device.get("cpu"), by_device.get("cuda")
+        if isinstance(cpu, dict) and isinstance(cuda, dict):
+            by_device["speedup"] = round(cpu["train_seconds"] / cuda["train_seconds"], 2)
     return result
 
 
-def summary_of(bench: dict) -> dict:
+def _headline(row: RunRow) -> dict[str, float | None]:
+    """A run's figures summary_of keeps (pure)."""
+    return {"samples_per_second": row["samples_per_second"], "train_seconds": row["train_seconds"],
+            "time_to_target_seconds": row["time_to_target_seconds"], "test_acc": row["test_acc"],
+            "epochs": row["epochs"]}
+
+
+def summary_of(bench: Bench) -> BenchSummary:
     """The figures the controller keeps in the ledger (pure): per model and device, samples/s,
     seconds of training and to the target; the best device's; the headline bandwidth and TFLOP/s."""
     best = "cuda" if bench["machine"]["gpus"] else "cpu"
-    models = {m: {d: {k: row[k] for k in ("samples_per_second", "train_seconds", "time_to_target_seconds",
-                                          "test_acc", "epochs")}
-                  for d, row in by_device.items() if isinstance(row, dict)}
+    models = {m: {d: _headline(row) for d, row in by_device.items() if isinstance(row, dict)}
               for m, by_device in bench["training"]["models"].items()}
     return {"kind": "bench", "quick": bench["quick"], "best_device": best,
-            "gpu": (bench["machine"]["gpus"] or [{}])[0].get("model"), "gpu_count": len(bench["machine"]["gpus"]),
+            "gpu": bench["machine"]["gpus"][0]["model"] if bench["machine"]["gpus"] else None,
+            "gpu_count": len(bench["machine"]["gpus"]),
             "models": models,
             "triad_gbs": {d: b["triad_gbs"] for d, b in bench["bandwidth"].items()},
             "fp32_tflops": {d: c["fp32_tflops"] for d, c in bench["compute"].items()}}
 
 
-def plot(bench: dict, path: Path) -> None:
+def plot(bench: Bench, path: Path) -> None:
     """bench.png: left, seconds to train each model on the CPU and on the GPU (the seed experiment);
     right, each GPU figure as a fraction of its datasheet peak (or, without a GPU, the CPU's
     figures). Raises ImportError without matplotlib."""
@@ -307,7 +402,8 @@ def plot(bench: dict, path: Path) -> None:
     devices = ["cpu"] + (["cuda"] if bench["machine"]["gpus"] else [])
     width = 0.8 / len(devices)
     for j, d in enumerate(devices):
-        secs = [bench["training"]["models"][m].get(d, {}).get("train_seconds", 0) for m in models]
+        rows = [bench["training"]["models"][m].get(d) for m in models]
+        secs = [row["train_seconds"] if isinstance(row, dict) else 0 for row in rows]
         bars = left.bar([i + j * width for i in range(len(models))], secs, width, label={"cpu": "CPU", "cuda": "GPU"}[d])
         left.bar_label(bars, fmt="%.1f s", fontsize=8)
     left.set_xticks([i + width * (len(devices) - 1) / 2 for i in range(len(models))], models)
@@ -339,7 +435,7 @@ class Progress:
     """Writes $EC2GPU_PROGRESS_FILE (when set) for the controller's live display: steps done of
     the total, with a label."""
 
-    def __init__(self, path: str | None):
+    def __init__(self, path: str | None) -> None:
         self.path = path
 
     def __call__(self, done: int, total: int, label: str) -> None:
@@ -352,7 +448,7 @@ class Progress:
             pass  # a display aid
 
 
-def run(out: Path, quick: bool, data_dir: str | None, skip_training: bool = False) -> dict:
+def run(out: Path, quick: bool, data_dir: str | None, skip_training: bool = False) -> Bench:
     """Measure this machine (module docstring) and write bench.json, summary.json and bench.png to
     ``out``; return bench.json's content."""
     import torch
@@ -360,7 +456,7 @@ def run(out: Path, quick: bool, data_dir: str | None, skip_training: bool = Fals
     progress = Progress(os.environ.get("EC2GPU_PROGRESS_FILE"))
     info = machine()
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    bench: dict = {"quick": quick, "machine": info, "devices": devices, "bandwidth": {}, "compute": {},
+    bench: Bench = {"quick": quick, "machine": info, "devices": devices, "bandwidth": {}, "compute": {},
                    "peaks_source": "GPU_PEAKS in ec2gpu/train/bench.py (NVIDIA datasheets)"}
     for d in devices:
         progress(0, 1, f"memory bandwidth on {d}")
@@ -409,8 +505,10 @@ def main(argv: list[str] | None = None) -> int:
     for m, by_device in bench["training"]["models"].items():
         for d, row in by_device.items():
             if isinstance(row, dict):
-                print(f"{m} on {d}: {row['train_seconds']:.2f} s, {row['samples_per_second']:,.0f} samples/s, "
-                      f"test accuracy {100 * row['test_acc']:.2f}%" + ("" if trained(row["test_acc"]) else
+                acc, rate = row["test_acc"], row["samples_per_second"]
+                assert acc is not None and rate is not None  # each run trains an epoch at least (SIZES): measured
+                print(f"{m} on {d}: {row['train_seconds']:.2f} s, {rate:,.0f} samples/s, "
+                      f"test accuracy {100 * acc:.2f}%" + ("" if trained(acc) else
                       f" (did not train: under {100 * TRAINED_MIN_ACC:.0f}%)"), flush=True)
     print(f"done: bench.json, summary.json{', bench.png' if (Path(args.out) / 'bench.png').exists() else ''} in "
           f"{args.out}", flush=True)

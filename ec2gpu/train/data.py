@@ -112,7 +112,7 @@ def download(directory: Path, mirrors: tuple[str, ...] = MIRRORS, timeout: float
             raise DataError(f"could not download {name}: " + "; ".join(errors))
 
 
-def resolve_dir(data_dir: str | os.PathLike | None) -> tuple[Path, bool]:
+def resolve_dir(data_dir: str | os.PathLike[str] | None) -> tuple[Path, bool]:
     """Pick the data directory: ``data_dir``, else $EC2GPU_DATA_DIR, else the cache.
 
     Returns (path, explicit) where explicit means the user named it (so nothing is downloaded).
@@ -125,7 +125,7 @@ def resolve_dir(data_dir: str | os.PathLike | None) -> tuple[Path, bool]:
     return DEFAULT_CACHE, False
 
 
-def load(data_dir: str | os.PathLike | None = None) -> Mnist:
+def load(data_dir: str | os.PathLike[str] | None = None) -> Mnist:
     """Load MNIST from ``data_dir`` / $EC2GPU_DATA_DIR, else the cache, downloading what is missing.
 
     Raises DataError with a message that says which file is wrong and how to fix it.
@@ -158,7 +158,7 @@ def copy_to(directory: Path, source: Path) -> None:
                 break
 
 
-def prefetch(source: str | os.PathLike | None = None, directory: Path = DEFAULT_CACHE) -> Path:
+def prefetch(source: str | os.PathLike[str] | None = None, directory: Path = DEFAULT_CACHE) -> Path:
     """Put MNIST in ``directory`` (the cache the trainer reads when given no --data-dir): copied from
     ``source`` when given, else downloaded from the mirrors; then every file's md5 is checked.
     `ec2gpu image bake` runs it so an image holds the data set. Returns the directory; raises

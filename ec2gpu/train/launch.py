@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 from .files import write_json
 
 
-def failure_record(exitcode: int, rank: int, timestamp: int, message: str, child: dict | None) -> dict:
-    """The error file's content (pure): the worker's own record when it wrote one, else one made
-    from torchelastic's ProcessFailure; either way with ``errorCode`` and the failed ``rank``."""
-    record = dict(child) if child and isinstance(child.get("message"), dict) else \
+def failure_record(exitcode: int, rank: int, timestamp: int, message: str,
+                   child: dict[str, Any] | None) -> dict[str, Any]:
+    """The error file's content (pure): the worker's own record when it wrote one (``child``: its
+    JSON, torchelastic's format), else one made from torchelastic's ProcessFailure; either way with
+    ``errorCode`` and the failed ``rank``."""
+    record: dict[str, Any] = dict(child) if child and isinstance(child.get("message"), dict) else \
         {"message": {"message": message, "extraInfo": {"timestamp": str(timestamp)}}}
     record["message"] = {**record["message"], "errorCode": exitcode, "rank": rank}
     return record

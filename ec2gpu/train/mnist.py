@@ -24,8 +24,9 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, cast
+from typing import Any, Callable, TypedDict, cast
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -33,7 +34,8 @@ import torch.nn.functional as F
 from . import checkpoint as ckpt
 from . import data as mnist_data
 from .files import write_json
-from .models import PRESETS, Hparams, build, pretrain_rbm
+from .models import build, pretrain_rbm
+from .presets import PRESETS, Hparams
 from .spot import EXIT_SPOT_INTERRUPTED, SpotWatcher
 
 EXIT_OK, EXIT_USAGE, EXIT_SIGTERM = 0, 2, 143
@@ -41,6 +43,59 @@ MEAN, STD = 0.1307, 0.3081  # MNIST training-set pixel mean and std (after /255)
 LOSS_EVERY = 20  # steps between the training losses kept for curves.png (one .item() sync each)
 PROGRESS_EVERY_S = 1.0  # seconds between rewrites of $EC2GPU_PROGRESS_FILE
 log = logging.getLogger("ec2gpu.train")
+
+
+class RankRate(TypedDict):
+    """One rank's training throughput: its node (torchrun's GROUP_RANK), host name, samples/s."""
+
+    node_rank: int
+    host: str
+    samples_per_second: float
+
+
+class NodeRate(RankRate):
+    """One node's throughput: its ranks' samples/s summed, and how many ranks it ran."""
+
+    ranks: int
+
+
+class Resumed(TypedDict):
+    """Where a resumed run started: epochs done, step within the next."""
+
+    epoch: int
+    step: int
+
+
+class Summary(TypedDict):
+    """summary.json (docs/tasks.md): the last epoch's metrics (None: no epoch ran), seconds of
+    training and wall time, the first time --target-acc was reached (s, None: not reached), the
+    device, world size, parameter count, per-node throughput, the GPU's name (None: CPU), versions,
+    the autocast dtype (None: off), seed, hyperparameters, each data file's md5, and where a
+    resumed run started (None: from scratch)."""
+
+    status: str
+    model: str
+    epochs: int
+    test_acc: float | None
+    test_loss: float | None
+    train_seconds: float
+    wall_seconds: float
+    time_to_target_seconds: float | None
+    target_acc: float
+    samples_per_second: float | None
+    device: str
+    world_size: int
+    params: int
+    nodes: int
+    per_node: list[NodeRate]
+    gpu_name: str | None
+    torch_version: str
+    cuda_version: str | None
+    amp_dtype: str | None
+    seed: int
+    hparams: dict[str, Any]
+    data_md5: dict[str, str]
+    resumed_from: Resumed | None
 
 
 def parse_args(argv: list[str] | None) -> tuple[Hparams, argparse.Namespace]:
@@ -104,7 +159,7 @@ class StepTimer:
             end = torch.cuda.Event(enable_timing=True)
             end.record()
             torch.cuda.synchronize()
-            seconds = self.start.elapsed_time(end) / 1000.0
+            seconds: float = self.start.elapsed_time(end) / 1000.0
         else:
             seconds = time.perf_counter() - self.t0
         self._reset()
@@ -114,7 +169,7 @@ class StepTimer:
 class Trainer:
     """One training run. ``run()`` returns the summary dict; raises Stop on SIGTERM or spot notice."""
 
-    history: list[dict]  # one row per epoch (build)
+    history: list[ckpt.EpochRow]  # one row per epoch (build)
     time_to_target: float | None  # train seconds when the test accuracy first reached --target-acc
 
     def __init__(self, hp: Hparams, args: argparse.Namespace):
@@ -147,7 +202,7 @@ class Trainer:
         d = mnist_data.load(self.args.data_dir)
         self.md5, self.data_source = d.md5, d.source
 
-        def prep(images):
+        def prep(images: np.ndarray) -> torch.Tensor:
             x = torch.from_numpy(images.copy()).to(self.device).float().div_(255).unsqueeze(1)
             if self.hp.model in ("cnn", "lenet"):
                 x = x.sub_(MEAN).div_(STD)
@@ -213,7 +268,7 @@ class Trainer:
         self.step_losses: list[list[float]] = []  # [global step, rank 0's training loss] every LOSS_EVERY steps
 
     # ---------------------------------------------------------------- state
-    def state(self) -> dict:
+    def state(self) -> ckpt.State:
         return {
             "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
             "scheduler": self.sched.state_dict(), "scaler": self.scaler.state_dict(),
@@ -223,7 +278,7 @@ class Trainer:
             "hparams": dataclasses.asdict(self.hp), "seed": self.args.seed, "world_size": self.world,
         }
 
-    def restore(self, s: dict) -> None:
+    def restore(self, s: ckpt.State) -> None:
         if s["hparams"] != dataclasses.asdict(self.hp):
             raise ValueError("checkpoint hyperparameters differ from this run's; resume with the same flags")
         self.model.load_state_dict(s["model"])
@@ -241,12 +296,12 @@ class Trainer:
             ckpt.save(self.checkpoint, self.state())
 
     # ---------------------------------------------------------------- steps
-    def _batch(self, perm: torch.Tensor, step: int):
+    def _batch(self, perm: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         start = step * self.hp.batch_size + self.local_start
         idx = perm[start:start + self.local_batch]
         return self.x_train[idx], self.y_train[idx]
 
-    def train_step(self, x, y) -> torch.Tensor:
+    def train_step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.float32,
                             enabled=self.amp_dtype is not None):
             loss = F.cross_entropy(self.net(x), y, label_smoothing=self.hp.label_smoothing)
@@ -382,7 +437,7 @@ class Trainer:
         self.epoch += 1
         if self.time_to_target is None and acc >= self.args.target_acc:
             self.time_to_target = self.train_seconds
-        row = {"epoch": self.epoch, "train_loss": round(train_loss, 6), "test_loss": round(test_loss, 6),
+        row: ckpt.EpochRow = {"epoch": self.epoch, "train_loss": round(train_loss, 6), "test_loss": round(test_loss, 6),
                "test_acc": acc, "train_seconds": round(self.train_seconds, 4),
                "lr": self.opt.param_groups[0]["lr"],
                "samples_per_second": round(self.epoch * self.steps_per_epoch * self.hp.batch_size
@@ -396,11 +451,11 @@ class Trainer:
                 f.writelines(json.dumps(r) + "\n" for r in self.history)
         self.save_checkpoint()
 
-    def run(self) -> dict:
+    def run(self) -> Summary:
         wall0 = time.perf_counter()
         self.load_data()
         self.build()
-        resumed = None
+        resumed: Resumed | None = None
         if self.args.resume and self.checkpoint.exists():
             self.restore(ckpt.load(self.checkpoint, self.device))
             resumed = {"epoch": self.epoch, "step": self.step}
@@ -420,18 +475,19 @@ class Trainer:
             self.run_epoch()
         return self.summary(time.perf_counter() - wall0, resumed)
 
-    def per_node(self) -> list[dict]:
+    def per_node(self) -> list[NodeRate]:
         """Samples/s of each node (summed over its ranks), gathered from every rank (a collective:
         every rank calls it). Node = torchrun's GROUP_RANK; one entry without torchrun."""
         import socket
-        mine = {"node_rank": int(os.environ.get("GROUP_RANK", 0)), "host": socket.gethostname(),
+        mine: RankRate = {"node_rank": int(os.environ.get("GROUP_RANK", 0)), "host": socket.gethostname(),
                 "samples_per_second": self.epoch * self.steps_per_epoch * self.local_batch
                 / max(self.train_seconds, 1e-9)}
-        every: list[Any] = [mine]
+        every = [mine]
         if self.world > 1:
-            every = [None] * self.world
-            dist.all_gather_object(every, mine)
-        nodes: dict[int, dict] = {}
+            gathered: list[Any] = [None] * self.world  # all_gather_object puts each rank's `mine` in it
+            dist.all_gather_object(gathered, mine)
+            every = gathered
+        nodes: dict[int, NodeRate] = {}
         for r in every:
             n = nodes.setdefault(r["node_rank"], {"node_rank": r["node_rank"], "host": r["host"], "ranks": 0,
                                                   "samples_per_second": 0.0})
@@ -439,17 +495,17 @@ class Trainer:
             n["samples_per_second"] += r["samples_per_second"]
         return [{**n, "samples_per_second": round(n["samples_per_second"], 1)} for _, n in sorted(nodes.items())]
 
-    def summary(self, wall: float, resumed: dict | None) -> dict:
-        last = self.history[-1] if self.history else {}
+    def summary(self, wall: float, resumed: Resumed | None) -> Summary:
+        last = self.history[-1] if self.history else None
         cuda = self.device.type == "cuda"
         per_node = self.per_node()
         return {
             "status": "completed", "model": self.hp.model, "epochs": self.epoch,
-            "test_acc": last.get("test_acc"), "test_loss": last.get("test_loss"),
+            "test_acc": last["test_acc"] if last else None, "test_loss": last["test_loss"] if last else None,
             "train_seconds": round(self.train_seconds, 4), "wall_seconds": round(wall, 3),
             "time_to_target_seconds": None if self.time_to_target is None else round(self.time_to_target, 4),
             "target_acc": self.args.target_acc,
-            "samples_per_second": last.get("samples_per_second"),
+            "samples_per_second": last["samples_per_second"] if last else None,
             "device": str(self.device.type), "world_size": self.world, "params": self.params,
             "nodes": len(per_node), "per_node": per_node,
             "gpu_name": torch.cuda.get_device_name(self.device) if cuda else None,
@@ -465,10 +521,12 @@ def native_bf16() -> bool:
     A100, H100). ``torch.cuda.is_bf16_supported()`` alone also says True where bf16 is only
     emulated (its default ``including_emulation=True``, torch >= 2.3), as on the T4 of g4dn, where
     bf16 autocast runs without tensor cores while fp16 has them."""
+    native: bool
     try:
-        return torch.cuda.is_bf16_supported(including_emulation=False)
+        native = torch.cuda.is_bf16_supported(including_emulation=False)
     except TypeError:  # torch < 2.3: no emulation clause, and the answer is the hardware's
-        return torch.cuda.is_bf16_supported()
+        native = torch.cuda.is_bf16_supported()
+    return native
 
 
 def _setup_logging(out: Path, rank: int) -> None:
@@ -487,7 +545,7 @@ def _setup_logging(out: Path, rank: int) -> None:
         log.addHandler(fh)
 
 
-def _write_outputs(trainer: Trainer, summary: dict) -> None:
+def _write_outputs(trainer: Trainer, summary: Summary) -> None:
     out = trainer.out
     torch.save({"state_dict": trainer.model.state_dict(), "hparams": summary["hparams"]}, out / "model.pt")
     write_json(out / "summary.json", summary, indent=2)

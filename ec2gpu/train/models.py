@@ -4,10 +4,12 @@ The hyperparameters of each preset live in presets.py (torch-free); this module 
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 
-from .presets import PRESETS, Hparams  # noqa: F401  (re-exported: the trainer imports them from here)
+from .presets import PRESETS, Hparams
 
 
 def _conv_bn(c_in: int, c_out: int) -> nn.Sequential:
@@ -21,7 +23,7 @@ def _conv_bn(c_in: int, c_out: int) -> nn.Sequential:
 class FastCNN(nn.Sequential):
     """[N,1,28,28] -> logits [N,10]: conv-BN-ReLU + 2x2 max-pool, three times (28->14->7->3)."""
 
-    def __init__(self, width: int = 16):
+    def __init__(self, width: int = 16) -> None:
         w = width
         super().__init__(
             _conv_bn(1, w), nn.MaxPool2d(2),
@@ -34,7 +36,7 @@ class FastCNN(nn.Sequential):
 class LeNet(nn.Sequential):
     """[N,1,28,28] -> logits [N,10]: conv5(20)-pool-conv5(50)-pool-FC500-ReLU-FC10."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__(
             nn.Conv2d(1, 20, 5), nn.MaxPool2d(2),
             nn.Conv2d(20, 50, 5), nn.MaxPool2d(2),
@@ -45,7 +47,7 @@ class LeNet(nn.Sequential):
 class MLP(nn.Sequential):
     """[N,1,28,28] -> logits [N,10]: 784-512-512-10, ReLU, dropout ``p`` after each hidden layer."""
 
-    def __init__(self, dropout: float = 0.2):
+    def __init__(self, dropout: float = 0.2) -> None:
         super().__init__(
             nn.Flatten(),
             nn.Linear(784, 512), nn.ReLU(inplace=True), nn.Dropout(dropout),
@@ -60,7 +62,7 @@ class DBN(nn.Sequential):
     ``hidden`` holds the two Linear layers that RBM pre-training initialises.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.hidden: list[nn.Linear] = []
         l1, l2 = nn.Linear(784, 800), nn.Linear(800, 800)
         super().__init__(nn.Flatten(), l1, nn.Sigmoid(), l2, nn.Sigmoid(), nn.Linear(800, 10))
@@ -81,7 +83,7 @@ def build(hp: Hparams) -> nn.Module:
 
 
 def pretrain_rbm(layers: list[nn.Linear], x: torch.Tensor, epochs: int, lr: float,
-                 batch_size: int, generator: torch.Generator, log=print) -> None:
+                 batch_size: int, generator: torch.Generator, log: Callable[[str], object] = print) -> None:
     """Greedy layer-wise RBM pre-training with CD-1 (Hinton 2006) of ``layers`` in place.
 
     ``x`` is [N, 784] in [0, 1] on the training device. Each layer is trained as a

@@ -2,6 +2,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:  # the trainer imports this module only to draw; checkpoint imports torch
+    from .checkpoint import EpochRow
 
 
 def accuracy_limits(accs_pct: list[float]) -> tuple[float, float]:
@@ -12,7 +16,8 @@ def accuracy_limits(accs_pct: list[float]) -> tuple[float, float]:
     return max(0.0, lo - pad), min(100.0, hi + pad)
 
 
-def plot_curves(history: list[dict], path: Path, step_losses: list | None = None, steps_per_epoch: int = 0,
+def plot_curves(history: list[EpochRow], path: Path, step_losses: Sequence[Sequence[float]] | None = None,
+                steps_per_epoch: int = 0,
                 title: str = "") -> None:
     """Draw a two-panel PNG at ``path``: left, the training loss every few steps (``step_losses``:
     [global step, loss], on an axis of epochs) with each epoch's train and test loss; right, the

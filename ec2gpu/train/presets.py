@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -31,8 +32,9 @@ class Hparams:
     pretrain_lr: float = 0.05  # RBM learning rate per CD-1 step (dbn only)
     width: int = 16  # channels of the first convolution (cnn), doubled at each stage
 
-    def replace(self, **changes) -> "Hparams":
-        """A copy with ``changes`` applied; unknown field names raise TypeError."""
+    def replace(self, **changes: Any) -> "Hparams":
+        """A copy with ``changes`` applied; unknown field names raise TypeError. (Any: each
+        field's own type, as ``dataclasses.replace`` takes them; the command line parsed them.)"""
         return dataclasses.replace(self, **changes)
 
 

@@ -13,6 +13,7 @@ import os
 import threading
 import urllib.error
 import urllib.request
+from typing import Callable
 
 DEFAULT_ENDPOINT = "http://169.254.169.254"
 POLL_SECONDS = 5.0  # AWS recommends checking every 5 s (page above)
@@ -29,7 +30,8 @@ def _token(endpoint: str, timeout: float) -> str:
         headers={"X-aws-ec2-metadata-token-ttl-seconds": "21600"},
     )
     with urllib.request.urlopen(req, timeout=timeout) as resp:
-        return resp.read().decode()
+        token: bytes = resp.read()
+    return token.decode()
 
 
 def instance_action(endpoint: str | None = None, timeout: float = 1.0,
@@ -47,11 +49,12 @@ def instance_action(endpoint: str | None = None, timeout: float = 1.0,
     )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.read().decode()
+            body: bytes = resp.read()
     except urllib.error.HTTPError as exc:
         if exc.code == 404:  # no interruption scheduled
             return None
         raise
+    return body.decode()
 
 
 class SpotWatcher(threading.Thread):
@@ -62,7 +65,7 @@ class SpotWatcher(threading.Thread):
     runs unchanged on a laptop or the sandbox without one.
     """
 
-    def __init__(self, poll_seconds: float | None = None, log=print):
+    def __init__(self, poll_seconds: float | None = None, log: Callable[[str], object] = print) -> None:
         super().__init__(name="spot-watcher", daemon=True)
         self.poll_seconds = float(os.environ.get("EC2GPU_SPOT_POLL_SECONDS", poll_seconds or POLL_SECONDS))
         self.notice = threading.Event()

@@ -117,6 +117,7 @@ def test_train_mnist_gives_the_pipeline_every_flag_and_returns_its_record(home, 
         seen.update(opts=opts, ui=ui, back=back)
         return {"run_id": "r1", "status": "completed"}
     monkeypatch.setattr(pipeline, "train", fake_train)
+    monkeypatch.setenv("EC2GPU_INSTANCE_TYPE", "g6.xlarge")  # the configured type, read when the run is planned
     reporter = pipeline.Reporter()
     record = train.train_mnist(model="lenet", epochs=2, seed=7, spot=True, spot_fallback="on-demand", keep=True,
                                max_runtime=30, trainer_args=("--lr=0.05",), budget=1.5, max_price=0.4, nodes=2,

@@ -1,8 +1,10 @@
-"""aws/baked.py's pure parts: the tags of a baked image, its snapshots, their stored size and cost."""
+"""Baked images, pure: aws/baked.py (the tags of a baked image, its snapshots, their stored size and cost)
+and runs/provision/bake.py (a bake's estimate, its builder's --max-runtime)."""
 import pytest
 
 from ec2gpu.aws import baked
 from ec2gpu.aws.instances import Instance
+from ec2gpu.runs.provision import bake
 
 
 def test_an_image_is_tagged_incomplete_with_its_key_base_and_versions_and_none_is_left_out():
@@ -50,7 +52,7 @@ import boto3  # noqa: E402
 import botocore.exceptions  # noqa: E402
 from botocore.stub import Stubber  # noqa: E402
 
-from ec2gpu.errors import AwsError, WaitTimeout  # noqa: E402
+from ec2gpu.errors import AwsError, UsageError, WaitTimeout  # noqa: E402
 
 
 def ec2_client():
@@ -221,3 +223,10 @@ def test_the_per_boot_script_arms_the_time_left_on_its_builder_only(tmp_path, on
         assert (tmp_path / "called").read_text().split()[:2] in (["-h", "+42"], ["-h", "+41"])
     else:
         assert not (tmp_path / "called").exists()
+
+
+def test_the_builders_max_runtime_defaults_to_120_minutes_and_is_at_least_10():
+    assert bake.builder_max_runtime(None) == bake.MAX_RUNTIME_MINUTES == 120
+    assert bake.builder_max_runtime(10) == 10 and bake.builder_max_runtime(600) == 600
+    with pytest.raises(UsageError, match="at least 10 minutes"):
+        bake.builder_max_runtime(9)

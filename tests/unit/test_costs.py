@@ -1,11 +1,15 @@
 """Billing rules, spot price changes, the estimate, and instance termination times (pure)."""
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from ec2gpu.aws import instances
 from ec2gpu.runs.plan import costs
 from ec2gpu.aws.instances import Instance
+from ec2gpu.errors import UsageError
+from fakes import FakeEC2, _run  # same folder (pytest prepend import mode)
 
 T0 = datetime(2026, 11, 21, 10, 0, 0, tzinfo=timezone.utc)
 
@@ -189,3 +193,274 @@ def test_a_terminated_standing_instance_is_billed_over_every_interval(tmp_path):
     assert bill["ebs_usd"] == pytest.approx(100 * 0.08 * (t2 - l1).total_seconds() / (30 * 86400), abs=1e-6)
     assert bill["cost_usd"] == pytest.approx(bill["compute_usd"] + bill["public_ipv4_usd"] + bill["ebs_usd"], abs=1e-6)
     assert bill["terminated_at"] == t2.isoformat() and bill["launched_at"] == l1.isoformat()
+
+
+# --- the spot estimate (ec2gpu/runs/plan/costs.py hourly_price) -------------------------------------
+# The dearest zone's current price, an upper bound, capped by --max-price, refused only below
+# the cheapest zone (runs/plan/costs.py hourly_price, aws/pricing.py).
+
+NOW = datetime(2026, 11, 20, 12, tzinfo=timezone.utc)
+
+
+def _spot_aws(zones: dict[str, float], itype: str = "g4dn.xlarge", stale: dict[str, float] | None = None):
+    """A session whose EC2 reports ``zones`` as the newest spot prices (``stale``: older entries,
+    listed after the newest, that must not win)."""
+    history = [{"InstanceType": itype, "AvailabilityZone": z, "Timestamp": NOW, "SpotPrice": f"{p:.4f}"}
+               for z, p in zones.items()]
+    history += [{"InstanceType": itype, "AvailabilityZone": z, "Timestamp": NOW - timedelta(hours=1),
+                 "SpotPrice": f"{p:.4f}"} for z, p in (stale or {}).items()]
+    return SimpleNamespace(ec2=FakeEC2(describe_spot_price_history=[{"SpotPriceHistory": history}]),
+                           region="us-east-1")
+
+
+ZONES = {"us-east-1a": 0.20, "us-east-1b": 0.35, "us-east-1c": 0.25}
+
+
+def test_the_spot_estimate_is_the_dearest_zones_price_an_upper_bound(tmp_path):
+    """The launch may land in any zone: the estimate takes the highest price (0.35), not the
+    lowest (0.20) nor the first."""
+    from ec2gpu.runs.plan import costs
+
+    price = costs.hourly_price(_spot_aws(ZONES), tmp_path, "g4dn.xlarge", spot=True)
+    assert price.usd_per_hour == pytest.approx(0.35)
+    assert price.source == "spot now, highest of 3 zone(s)"
+    assert price.usd_per_hour >= max(ZONES.values())
+
+
+def test_the_spot_estimate_uses_each_zones_newest_price_not_an_older_higher_one(tmp_path):
+    from ec2gpu.aws import pricing
+    from ec2gpu.runs.plan import costs
+
+    aws = _spot_aws(ZONES, stale={"us-east-1a": 0.90})
+    assert pricing.current_spot_prices(aws.ec2, ["g4dn.xlarge"]) == {"g4dn.xlarge": ZONES}
+    assert costs.hourly_price(aws, tmp_path, "g4dn.xlarge", spot=True).usd_per_hour == pytest.approx(0.35)
+
+
+def test_on_demand_ignores_spot_prices_and_no_spot_price_falls_back_to_on_demand(tmp_path):
+    from ec2gpu.runs.plan import costs
+
+    assert costs.hourly_price(_spot_aws(ZONES), tmp_path, "g4dn.xlarge", spot=False).usd_per_hour == 0.526
+    none = costs.hourly_price(_spot_aws({}), tmp_path, "g4dn.xlarge", spot=True)
+    assert none.usd_per_hour == 0.526 and "on-demand price as the ceiling" in none.source
+
+
+def test_max_price_caps_the_estimate_and_is_refused_only_below_the_cheapest_zone(tmp_path):
+    """--max-price: at or above the dearest zone, the dearest price; between the zones, the cap
+    itself; equal to the cheapest zone, still the cap (a launch there succeeds); below the cheapest
+    zone, refused."""
+    from ec2gpu.runs.plan import costs
+
+    def price(cap):
+        return costs.hourly_price(_spot_aws(ZONES), tmp_path, "g4dn.xlarge", spot=True, max_price=cap)
+
+    assert price(1.00).usd_per_hour == pytest.approx(0.35)
+    assert price(0.35).usd_per_hour == pytest.approx(0.35) and price(0.35).source.startswith("spot now")
+    assert price(0.30).usd_per_hour == 0.30
+    assert price(0.30).source == "--max-price (current spot 0.2000-0.3500 USD/h)"
+    assert price(0.20).usd_per_hour == 0.20
+    with pytest.raises(UsageError, match=r"below the spot price .* in every zone \(lowest 0\.2000"):
+        price(0.1999)
+
+
+# --- runs/plan/costs.py: the estimate ------------------------------------------------------------------
+# A mutmut run over this module with the fast tier (issue 29, item 14) left these mutants alive;
+# each test fails when the one token it pins changes (a limit, a bill, an estimate, a quota).
+
+def _estimate(gpu, model, epochs=10, history=()):
+    from ec2gpu.runs.plan import costs
+    return costs.estimate("g5.xlarge", gpu, "on-demand", 1.0, "test", model, epochs, list(history))
+
+
+def test_a_faster_gpu_takes_fewer_seconds_per_epoch_and_unknowns_take_the_t4_defaults():
+    """Defaults: 30 s start-up + epochs x DEFAULT_EPOCH_SECONDS_T4[model] / GPU_SPEEDUP[gpu];
+    a GPU not in the table counts as a T4 (1.0), a model not in it as 2.0 s an epoch."""
+    assert _estimate("A10G", "cnn").train_seconds == 30 + 10 * 2.0 / 2.0
+    assert _estimate("H100", "mlp").train_seconds == round(30 + 10 * 1.5 / 4.0, 1)
+    assert _estimate("Z9", "cnn").train_seconds == 30 + 10 * 2.0
+    assert _estimate("T4", "nosuchmodel").train_seconds == 30 + 10 * 2.0
+    est = _estimate("A10G", "cnn")
+    assert (est.boot_seconds, est.setup_seconds, est.teardown_seconds) == (150.0, 45.0, 75.0)
+    assert est.billed_seconds == 150 + 45 + 40 + 75 and est.cost_usd == round(310 / 3600, 4)
+
+
+def _trained(run_id, running, train_seconds, epochs, key="running", **extra):
+    return {"run_id": run_id, "gpu": "A10G", "model": "cnn", "instance_type": "g5.xlarge",
+            "phases": {key: running}, "train_seconds": train_seconds, "epochs": epochs, **extra}
+
+
+def test_an_older_runs_training_phase_counts_as_its_job_and_startup_is_never_negative():
+    # before the one engine the job's phase was "training": 100 s, of which 80 s of 4 epochs trained
+    est = _estimate("A10G", "cnn", 10, [_trained("old", 100.0, 80.0, 4, key="training")])
+    assert est.train_seconds == 20 + 10 * 20 and est.time_source.startswith("ledger (1 earlier run")
+    # a job that reported more training than its phase: start-up 0, not below and not above
+    est = _estimate("A10G", "cnn", 10, [_trained("odd", 50.0, 80.0, 4)])
+    assert est.train_seconds == 0 + 10 * 20
+
+
+def test_the_epoch_time_is_the_median_of_the_five_newest_runs_only():
+    epochs_s = [10.0, 10.0, 10.0, 30.0, 30.0, 30.0]
+    newest_first = [_trained(f"r{i}", 30.0 + e, e, 1) for i, e in enumerate(epochs_s)]  # start-up 30 s each
+    # epoch seconds of the five newest: 10, 10, 10, 30, 30 -> 10; with the sixth (30) it would be 20
+    assert _estimate("A10G", "cnn", 1, newest_first).train_seconds == 30 + 10
+
+
+def test_phases_are_medians_of_the_five_newest_runs_of_the_type_and_a_missing_phase_counts_zero():
+    from ec2gpu.runs.plan import costs
+
+    rows = [{"instance_type": "g5.xlarge", "phases": {"requesting": b, "setup": 10.0}} for b in (5, 5, 5, 50, 50, 50)]
+    boot, setup, teardown, same = costs._phase_seconds(rows, "g5.xlarge")
+    assert (boot, setup, teardown, len(same)) == (5, 10.0, 0.0, 5)
+
+
+def test_the_estimate_rounds_times_to_a_tenth_and_cost_to_four_digits():
+    from ec2gpu.runs.plan import costs
+
+    est = costs._priced(costs.Estimate("g5.xlarge", "spot", 1.2345, "x", 100.04, 20.03, 400.02, 61.04, "x"))
+    assert est.billed_seconds == 581.1 and est.cost_usd == 0.1993
+
+
+T0_BILL = datetime(2026, 11, 20, 10, 0, tzinfo=timezone.utc)  # time zero of the bills below (T0 is another day)
+
+
+# --- runs/plan/costs.py: the bill ---------------------------------------------------------------------
+
+class _SpotHistory:
+    """describe_spot_price_history over canned entries, filtered as EC2 filters them."""
+
+    def __init__(self, entries):
+        self.entries, self.asked = entries, []
+
+    def get_paginator(self, name):
+        assert name == "describe_spot_price_history"
+        return self
+
+    def paginate(self, InstanceTypes, ProductDescriptions, StartTime, AvailabilityZone=None, EndTime=None):
+        self.asked.append((tuple(InstanceTypes), AvailabilityZone))
+        rows = [h for h in self.entries if h["InstanceType"] in InstanceTypes
+                and AvailabilityZone in (None, h["AvailabilityZone"]) and (EndTime is None or h["Timestamp"] <= EndTime)]
+        return [{"SpotPriceHistory": rows}]
+
+
+def _spot(itype, zone, ts, usd):
+    return {"InstanceType": itype, "AvailabilityZone": zone, "Timestamp": ts, "SpotPrice": str(usd)}
+
+
+def _instance(spot=False, zone="us-east-1b", itype="g4dn.xlarge", ended=T0_BILL + timedelta(hours=1)):
+    return Instance.of({"InstanceId": "i-1", "InstanceType": itype, "LaunchTime": T0_BILL,
+                        "Placement": {"AvailabilityZone": zone},
+                        "StateTransitionReason": f"User initiated ({ended:%Y-%m-%d %H:%M:%S} GMT)",
+                        **({"InstanceLifecycle": "spot"} if spot else {})})
+
+
+def test_a_spot_bill_follows_its_own_zones_price_history(tmp_path):
+    from ec2gpu.runs.plan import costs
+
+    ec2 = _SpotHistory([_spot("g4dn.xlarge", "us-east-1b", T0_BILL - timedelta(hours=2), 0.30),
+                        _spot("g4dn.xlarge", "us-east-1b", T0_BILL + timedelta(minutes=30), 0.50),
+                        _spot("g4dn.xlarge", "us-east-1b", T0_BILL + timedelta(hours=3), 5.00),  # after the end
+                        _spot("g4dn.xlarge", "us-east-1a", T0_BILL, 9.00),
+                        _spot("g5.xlarge", "us-east-1b", T0_BILL, 7.00)])
+    aws = SimpleNamespace(ec2=ec2, region="us-east-1")
+    got = costs.compute_cost(aws, tmp_path, _instance(spot=True), T0_BILL, T0_BILL + timedelta(hours=1))
+    assert got == {"usd_per_hour": 0.4, "compute_usd": 0.4,
+                   "price_source": "spot price history of us-east-1b (2 price(s) in effect)"}
+    assert ec2.asked == [(("g4dn.xlarge",), "us-east-1b")]
+
+
+def test_billing_starts_when_the_instance_ran_not_when_it_was_launched(tmp_path):
+    from ec2gpu.runs.plan import costs
+
+    aws = SimpleNamespace(ec2=None, region="us-east-1")
+    ran = T0_BILL + timedelta(minutes=10)
+    row = costs.actual_cost(aws, tmp_path, _instance(), T0_BILL + timedelta(hours=5), billing_start=ran)
+    assert row["billing_started_at"] == ran.isoformat() and row["billed_seconds"] == 3000.0
+    assert row["compute_usd"] == round(3000 * 0.526 / 3600, 6)
+    early = costs.actual_cost(aws, tmp_path, _instance(), T0_BILL + timedelta(hours=5),
+                              billing_start=T0_BILL - timedelta(hours=1))
+    assert early["billing_started_at"] == T0_BILL.isoformat() and early["billed_seconds"] == 3600.0
+    assert costs.actual_cost(aws, tmp_path, _instance(), T0_BILL)["billed_seconds"] == 3600.0
+
+
+def _refreshed_prices(home: Path, region="us-east-1", storage=None, **prices):
+    import json
+
+    from ec2gpu.aws import catalog
+
+    path = catalog.price_cache_path(home, region)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"fetched_at": "2026-11-01T00:00:00+00:00", "source": "test", "prices": prices,
+                                **({"storage": storage} if storage else {})}))
+
+
+def test_on_demand_prices_come_from_the_refreshed_cache_in_the_home(tmp_path):
+    from ec2gpu.runs.plan import costs
+
+    _refreshed_prices(tmp_path, **{"g4dn.xlarge": 0.9})
+    aws = SimpleNamespace(ec2=None, region="us-east-1")
+    price = costs.hourly_price(aws, tmp_path, "g4dn.xlarge", spot=False)
+    assert price.usd_per_hour == 0.9 and price.source == "AWS Price List API, fetched 2026-11-01"
+    assert costs.compute_cost(aws, tmp_path, _instance(), T0_BILL, T0_BILL + timedelta(hours=1))["usd_per_hour"] == 0.9
+
+
+def test_the_spot_estimate_asks_for_its_own_type_only(tmp_path):
+    from ec2gpu.runs.plan import costs
+
+    ec2 = _SpotHistory([_spot("g4dn.xlarge", "us-east-1a", T0_BILL, 0.2), _spot("g5.xlarge", "us-east-1a", T0_BILL, 5.0)])
+    price = costs.hourly_price(SimpleNamespace(ec2=ec2, region="us-east-1"), tmp_path, "g4dn.xlarge", spot=True)
+    assert price.usd_per_hour == 0.2 and ec2.asked == [(("g4dn.xlarge",), None)]
+
+
+def test_the_address_is_billed_while_running_and_never_below_zero(tmp_path):
+    from ec2gpu.runs.plan import costs
+
+    got = costs.address_and_disk("us-east-1", tmp_path, -10.0, 3600.0, None)
+    assert got["public_ipv4_usd"] == 0.0 and got["ebs_usd"] is None
+
+
+# --- runs/plan/costs.py: the refreshed cache in the bill, a refusal's hint, the expected minutes ----------
+def test_the_actual_bill_uses_the_refreshed_compute_and_disk_prices_and_none_when_unknown(tmp_path):
+    from ec2gpu.runs.plan import costs
+
+    _refreshed_prices(tmp_path, storage={"gp3": 0.5}, **{"g4dn.xlarge": 0.9})
+    aws = SimpleNamespace(ec2=None, region="us-east-1")
+    row = costs.actual_cost(aws, tmp_path, _instance(), T0_BILL, volume_gib=100)
+    assert row["usd_per_hour"] == 0.9 and row["compute_usd"] == 0.9
+    assert row["ebs_price_source"] == "gp3 AWS Price List API, fetched 2026-11-01"
+    unknown = costs.actual_cost(SimpleNamespace(ec2=None, region="xx-nowhere-1"), tmp_path, _instance(), T0_BILL)
+    assert unknown["compute_usd"] is None and unknown["cost_usd"] is None
+
+
+def test_a_max_price_below_every_zone_says_how_to_go_on(tmp_path):
+    from ec2gpu.runs.plan import costs
+
+    ec2 = _SpotHistory([_spot("g4dn.xlarge", "us-east-1a", T0_BILL, 0.2)])
+    with pytest.raises(UsageError) as low:
+        costs.hourly_price(SimpleNamespace(ec2=ec2, region="us-east-1"), tmp_path, "g4dn.xlarge", True, 0.1)
+    assert low.value.hint == "raise --max-price, or see `ec2gpu prices`"
+
+
+def test_the_expected_minutes_are_the_mean_of_this_tasks_completed_runs_on_this_type(tmp_path):
+    from ec2gpu.runs.plan import costs
+    from ec2gpu.runs.settle import ledger
+
+    job = SimpleNamespace(name="t")
+    assert costs.estimate_minutes(tmp_path, job, "g5.xlarge", None, "aws") == (
+        None, "task t has not run on g5.xlarge before")
+    assert costs.estimate_minutes(tmp_path, job, "g5.xlarge", 12.0, "aws") == (12.0, "--expect")
+    rows = [("a", "t", "g5.xlarge", "completed", 600.0), ("b", "t", "g5.xlarge", "completed", 1200.0),
+            ("c", "t", "g5.xlarge", "failed", 6000.0), ("d", "t", "g4dn.xlarge", "completed", 6000.0),
+            ("e", "u", "g5.xlarge", "completed", 6000.0), ("f", "t", "g5.xlarge", "completed", None)]
+    for run_id, task, itype, status, running in rows:
+        ledger.record(tmp_path, {**_run(run_id, task, {"running": running} if running else {"setup": 5.0}, status),
+                                 "instance_type": itype})
+    ledger.record(tmp_path, {**_run("g", "t", {"running": 6000.0}), "instance_type": "g5.xlarge", "backend": "sandbox"})
+    assert costs.estimate_minutes(tmp_path, job, "g5.xlarge", 99.0, "aws") == (
+        15.0, "mean of 2 past run(s) of task t on g5.xlarge (ledger)")
+
+
+def test_an_unreadable_ledger_leaves_the_expected_minutes_to_expect(tmp_path):
+    from ec2gpu.runs.plan import costs
+    from ec2gpu.runs.settle import ledger
+
+    ledger.path_in(tmp_path).write_bytes(b"this is not a database" * 100)
+    assert costs.estimate_minutes(tmp_path, SimpleNamespace(name="t"), "g5.xlarge", 12.0, "aws") == (12.0, "--expect")

@@ -107,7 +107,13 @@ def test_the_plan_says_whether_the_budget_would_refuse_and_shows_file_mounts_and
     (project / "proj" / "m.yaml").write_text(
         "resources:\n  accelerators: T4:1\nworkdir:\n  url: https://github.com/o/r.git\n  ref: v1\n"
         "file_mounts:\n  /data: ./data\n  ~/ds:\n    source: s3://my-bucket/ds\n    mode: MOUNT\nrun: ls /data\n")
-    assert cli.main(["run", "m.yaml", "--dry-run", "--json", "--budget", "5", "--allow-write-bucket", "my-bucket"]) == 0
+    # on-demand, its price needs no AWS call: a budget the run would refuse is refused here, with its line
+    assert cli.main(["run", "m.yaml", "--dry-run", "--json", "--budget", "5", "--allow-write-bucket", "my-bucket"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "error: --budget $5.00: task m has not run on g4dn.xlarge before" in err and "up to $12.62" in err
+    # spot: the run judges the zone's spot price (AWS's); the plan says how it stands at the on-demand ceiling
+    assert cli.main(["run", "m.yaml", "--dry-run", "--json", "--budget", "5", "--spot",
+                     "--allow-write-bucket", "my-bucket"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["budget"]["refused"] and "$12.62, is above the budget $5.00" in plan["budget"]["why"]
     assert plan["workdir"]["git"] == {"url": "https://github.com/o/r.git", "ref": "v1"}

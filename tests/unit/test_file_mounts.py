@@ -344,3 +344,97 @@ def test_the_plan_and_the_runs_first_lines_say_what_the_job_may_read_and_write(t
     assert line in " ".join(got.err.split())  # the run's own first lines, before anything is made
     assert cli.main(["run", "t.yaml", "--dry-run", "--allow-write-bucket", "shared"]) == 0
     assert f"  {line}" in capsys.readouterr().out.splitlines()
+
+
+# --- tasks/mounts.py ----------------------------------------------------------------------------
+# A mutmut run over this module with the fast tier (issue 29, item 14) left these mutants alive;
+# each test fails when the one token it pins changes (what is copied where).
+
+def _entry(target, value, base=Path("/nowhere"), warnings=None):
+    from ec2gpu.tasks import mounts
+    return mounts.entry(target, value, base, lambda p: p, [] if warnings is None else warnings)
+
+
+@pytest.mark.parametrize("target", ["/", "~", "../up", "a b", "~other/x"])
+def test_every_kind_of_entry_checks_its_target(target):
+    for value in ("s3://my-bucket/x", {"name": "my-bucket"}):
+        with pytest.raises(ValueError):
+            _entry(target, value)
+
+
+def test_a_plain_s3_url_is_copied_once_and_never_written_back():
+    from ec2gpu.tasks.mounts import Mount
+
+    assert _entry("/data", "s3://my-bucket/ds/") == Mount("/data", "s3", "s3://my-bucket/ds/", "COPY", "my-bucket",
+                                                          "ds/")
+
+
+@pytest.mark.parametrize("mode,back", [("COPY", False), ("MOUNT", True), ("MOUNT_CACHED", True)])
+def test_a_storage_entry_writes_back_only_in_a_mount_mode(mode, back):
+    from ec2gpu.tasks.mounts import Mount
+
+    assert _entry("/out", {"name": "my-bucket", "mode": mode}) == Mount(
+        "/out", "s3", "s3://my-bucket", mode, "my-bucket", "", write_back=back, create=True)
+    assert _entry("/in", {"source": "s3://my-bucket/p", "mode": mode, "store": "S3"}) == Mount(
+        "/in", "s3", "s3://my-bucket/p", mode, "my-bucket", "p", write_back=back)
+
+
+def test_a_storage_entry_in_another_store_is_refused():
+    for store in ("gcs", "azure", "r2"):
+        with pytest.raises(ValueError, match=f"store '{store}': ec2gpu reaches S3 only"):
+            _entry("/d", {"source": "s3://my-bucket/p", "store": store})
+    assert _entry("/d", {"source": "s3://my-bucket/p", "store": "s3"}).bucket == "my-bucket"
+
+
+def test_a_storage_entry_with_a_local_source_is_sent_from_the_task_files_directory(tmp_path):
+    from ec2gpu.tasks.mounts import Mount
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "w.bin").write_bytes(b"x")
+    warnings: list[str] = []
+    assert _entry("/d", {"source": "data", "name": "my-bucket"}, tmp_path, warnings) == Mount(
+        "/d", "local", str(tmp_path / "data"))
+    assert warnings == ["file_mounts./d: the local source is sent to the instance; no bucket my-bucket is made"]
+    assert _entry("~/w", "w.bin", tmp_path) == Mount("~/w", "local", str(tmp_path / "w.bin"), is_file=True)
+
+
+@pytest.mark.parametrize("value", ["", "   ", 3, None])
+def test_an_empty_or_non_text_source_is_refused(value):
+    with pytest.raises(ValueError, match="give a local path, s3://BUCKET/PREFIX, or a storage entry"):
+        _entry("/d", value)
+
+
+@pytest.mark.parametrize("source,said", [
+    ("https://acct.blob.core.windows.net/c/x", "is in Azure Blob Storage: ec2gpu copies from S3 only"),
+    ("HTTP://acct.blob.core.windows.net/c/x", "is in Azure Blob Storage: ec2gpu copies from S3 only"),
+    ("https://example.com/data.tar", "https:// is not a store ec2gpu reads"),
+    ("ftp://example.com/data", "ftp:// is not a store ec2gpu reads"),
+    ("gs://bucket/x", "is in Google Cloud Storage"),
+])
+def test_other_stores_are_refused_by_name(source, said):
+    with pytest.raises(ValueError, match=said.replace("/", "/").replace(".", r"\.")):
+        _entry("/d", source)
+
+
+@pytest.mark.parametrize("target,ok", [("/" + "a" * 1023, True), ("/" + "a" * 1024, False), ("/d\x7f", False),
+                                       ("/d\x1f", False), ("/d e", False)])
+def test_a_target_is_at_most_1024_characters_of_the_allowed_ones(target, ok):
+    from ec2gpu.tasks import mounts
+
+    if ok:
+        assert mounts.check_target(target) == target
+    else:
+        with pytest.raises(ValueError):
+            mounts.check_target(target)
+    if len(target) > 1024:
+        with pytest.raises(ValueError, match="is not a path"):
+            mounts.check_target(target)
+
+
+def test_paths_on_the_instance_join_without_doubled_slashes():
+    from ec2gpu.tasks import mounts
+
+    assert mounts.parse_s3("s3://my-bucket//p/q") == ("my-bucket", "p/q")
+    assert mounts.on_instance("~/x", "/home/u/") == "/home/u/x"
+    assert mounts.on_instance("/data", "/home/u", root="/sandbox/i-1/") == "/sandbox/i-1/data"
+    assert mounts.on_instance("/data", "/home/u") == "/data"

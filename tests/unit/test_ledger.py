@@ -1,6 +1,6 @@
 """The SQLite ledger: migrations, upserts, --since, totals."""
 import sqlite3
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -247,3 +247,53 @@ def test_the_tool_home_and_the_ledger_are_this_users_alone_whatever_the_umask(tm
         assert stat.S_IMODE(sandbox_home.stat().st_mode) == 0o700
     finally:
         os.umask(old)
+
+
+# --- --since (ec2gpu/runs/settle/ledger.py parse_since, runs) -----------------------------------------
+# Seconds to weeks back to the second, a unit required, no 30-day bound; a run started at
+# the boundary counted, one second before it not.
+
+SINCE_NOW = datetime(2026, 11, 21, 12, 0, tzinfo=timezone.utc)
+
+
+@pytest.mark.parametrize("text,back", [
+    ("45s", timedelta(seconds=45)), ("1m", timedelta(minutes=1)), ("30m", timedelta(minutes=30)),
+    ("1h", timedelta(hours=1)), ("12h", timedelta(hours=12)), ("1.5h", timedelta(minutes=90)),
+    ("1d", timedelta(days=1)), ("30d", timedelta(days=30)), ("90d", timedelta(days=90)),
+    ("1w", timedelta(days=7)), ("2w", timedelta(days=14)), (" 2W ", timedelta(days=14)), ("3 d", timedelta(days=3)),
+    ("0h", timedelta(0)),
+])
+def test_since_takes_seconds_to_weeks_back_to_the_second(text, back):
+    """The grammar of every duration (tasks/spec.minutes) with its unit required, and no 30-day
+    bound: --since 90d is a quarter back."""
+    from ec2gpu.runs.settle import ledger
+
+    assert ledger.parse_since(text, SINCE_NOW) == SINCE_NOW - back
+
+
+@pytest.mark.parametrize("text", ["2", "d", "-2d", "2dd", "2y", "1w2d", "soon", ""])
+def test_since_refuses_what_is_neither_a_duration_nor_a_date(text):
+    """A bare number is not a duration here (minutes? days?): the unit is required."""
+    from ec2gpu.runs.settle import ledger
+
+    with pytest.raises(UsageError, match="is not a duration or a date"):
+        ledger.parse_since(text, SINCE_NOW)
+
+
+def test_since_dates_are_utc_unless_they_say_otherwise():
+    from ec2gpu.runs.settle import ledger
+
+    assert ledger.parse_since("2026-11-01", SINCE_NOW) == datetime(2026, 11, 1, tzinfo=timezone.utc)
+    assert ledger.parse_since("2026-11-01T05:00:00+02:00", SINCE_NOW) == datetime(2026, 11, 1, 3, tzinfo=timezone.utc)
+
+
+def test_runs_since_counts_a_run_started_at_the_boundary_and_not_one_second_before(tmp_path):
+    from ec2gpu.runs.settle import ledger
+
+    since = ledger.parse_since("2w", SINCE_NOW)
+    for run_id, started in (("before", since - timedelta(seconds=1)), ("at", since),
+                            ("after", since + timedelta(seconds=1))):
+        ledger.record(tmp_path, {"run_id": run_id, "command": "c", "backend": "aws", "status": "completed",
+                                 "started_at": started.isoformat()})
+    assert [r["run_id"] for r in ledger.runs(tmp_path, since=since)] == ["after", "at"]
+    assert [r["run_id"] for r in ledger.runs(tmp_path)] == ["after", "at", "before"]

@@ -4,7 +4,7 @@ limit and the run says the limit ended it."""
 import json
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 
 import pytest
@@ -18,6 +18,7 @@ from ec2gpu.runs.execute import engine
 from ec2gpu.runs.settle import ledger
 from ec2gpu.runs.options import RunOptions
 from ec2gpu.runs.provision import pipeline
+from fakes import T0, _run  # same folder (pytest prepend import mode)
 
 
 def _row(run_id, task, phases, state="completed", backend="sandbox"):
@@ -154,3 +155,78 @@ def test_a_task_file_may_say_no_limit():
     assert load.parse("run: x\nmax_runtime: 2h\n").task.max_runtime_minutes == 120
     with pytest.raises(UsageError, match="max_runtime"):
         load.parse("run: x\nmax_runtime: soon\n")
+
+
+# --- runs/plan/limits.py -----------------------------------------------------------------------------
+# A mutmut run over this module with the fast tier (issue 29, item 14) left these mutants alive;
+# each test fails when the one token it pins changes (a limit, a bill, an estimate, a quota).
+
+def test_max_runtime_is_at_least_one_whole_minute_rounded_up():
+    from ec2gpu.runs.plan import limits
+
+    assert limits.parse("1m") == (True, 1)
+    assert limits.parse(1) == (True, 1)
+    assert limits.parse("90s") == (True, 2)  # 1.5 min: never fewer than asked
+    assert limits.parse("60s") == (True, 1)
+    with pytest.raises(UsageError, match="at least 1 minute"):
+        limits.parse("59s")
+    with pytest.raises(UsageError) as refused:
+        limits.parse("soon")
+    assert refused.value.hint == "e.g. --max-runtime 90m, 4h, or none (no limit)"
+
+
+@pytest.mark.parametrize("minutes,said", [(59, "59 min"), (60, "60 min"), (90, "90 min"), (120, "2 h"),
+                                          (121, "121 min"), (150, "150 min"), (180, "3 h"), (None, "no limit")])
+def test_a_limit_is_said_in_hours_from_two_whole_hours(minutes, said):
+    from ec2gpu.runs.plan import limits
+
+    assert limits.Limit(minutes, "x").words() == said
+
+
+def test_the_longest_run_counts_any_positive_time_and_never_an_empty_one(tmp_path):
+    from ec2gpu.runs.settle import ledger
+    from ec2gpu.runs.plan import limits
+
+    ledger.record(tmp_path, _run("empty", "t", {}))
+    assert limits.longest_run(tmp_path, "t", "aws") is None
+    ledger.record(tmp_path, _run("short", "t", {"running": 0.5}))
+    ledger.record(tmp_path, _run("failed", "t", {"running": 9999.0}, status="failed"))
+    assert limits.longest_run(tmp_path, "t", "aws") == (0.5, "short")
+
+
+def test_the_grace_is_never_negative_and_the_stop_time_follows_the_grace_setting():
+    from ec2gpu.runs.plan import limits
+
+    assert limits.grace_seconds(60, 0) == 0.0 and limits.grace_seconds(60, -5) == 0.0
+    inst = Instance("i-1", "g4dn.xlarge", "running", T0)
+    # 60 min limit, 30 s of grace: SIGTERM 30 s + 300 s (nologin) before the end
+    assert limits.stop_at(inst, 60, 30) == T0.timestamp() + 3600 - 330
+    assert limits.stop_at(inst, 60) == T0.timestamp() + 3600 - 420
+
+
+def test_refusals_carry_their_hint():
+    from ec2gpu.runs.plan import limits
+
+    with pytest.raises(UsageError) as short:
+        limits.parse("59s")
+    assert short.value.hint == "e.g. --max-runtime 90m, 4h, or none (no limit)"
+
+
+def test_an_unreadable_ledger_gives_no_history_rather_than_stopping_the_run(tmp_path):
+    from ec2gpu.runs.settle import ledger
+    from ec2gpu.runs.plan import limits
+
+    ledger.path_in(tmp_path).write_bytes(b"this is not a database" * 100)
+    assert limits.longest_run(tmp_path, "t", "aws") is None
+    assert limits.for_task(tmp_path, "t", "aws").minutes == limits.FIRST_RUN_MINUTES
+
+
+def test_the_longest_run_looks_back_500_runs(tmp_path):
+    from ec2gpu.runs.settle import ledger
+    from ec2gpu.runs.plan import limits
+
+    ledger.record(tmp_path, {**_run("oldest", "t", {"running": 9000.0}), "started_at": (T0 - timedelta(days=1)).isoformat()})
+    for i in range(500):
+        ledger.record(tmp_path, {**_run(f"r{i:03}", "t", {"running": 10.0 + i}),
+                                 "started_at": (T0 + timedelta(seconds=i)).isoformat()})
+    assert limits.longest_run(tmp_path, "t", "aws") == (509.0, "r499")

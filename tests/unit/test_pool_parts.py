@@ -359,7 +359,7 @@ def test_the_tasks_outputs_globs_apply_inside_each_elements_directory():
 
 
 def test_the_pool_is_as_large_as_its_elements_need_and_a_gpu_count_is_checked_before_launch():
-    from ec2gpu.api.tasks import _pool_size
+    from ec2gpu.runs.plan.runplan import pool_size as _pool_size
     from ec2gpu.tasks.spec import Task
     task = Task(run="x", array=4, max_workers=4)
     assert attempt.slots_per_node(["g5.12xlarge"], 1) == 4 and attempt.slots_per_node(["g5.12xlarge"], None) == 1

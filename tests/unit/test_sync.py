@@ -118,3 +118,70 @@ def test_the_ecosystems_credential_files_are_withheld_wherever_they_are_unless_i
     assert sorted(m.withheld) == sorted(under + rel for rel in CREDENTIALS)
     assert m.files == [under + f for f in ("loss_history.csv", "site/.yarnrc.yml", "train.py", "web/package.json")]
     assert len(sync.manifest(tmp_path, allow_secrets=True).files) == len(CREDENTIALS) + 4
+
+
+# --- the private-key sniff (ec2gpu/remote/sync.py _looks_like_private_key) ----------------------
+# A file of 64 KiB or less is read for a key header in its first 4096 bytes (a token file: in
+# its first 64 KiB); a bigger file is not read. Each test fails when one token of the decision
+# changes (a threshold, a comparison): mutants the fast tier let through before (issue 29, item 14).
+
+KIB = 1024
+PEM = b"-----BEGIN OPENSSH PRIVATE KEY-----\n"
+
+
+def _file(tmp_path, name: str, data: bytes):
+    path = tmp_path / name
+    path.write_bytes(data)
+    return path
+
+
+def test_a_key_file_of_exactly_64_kib_is_read_and_withheld_one_byte_more_is_not_read(tmp_path):
+    """The size limit is 64 KiB inclusive: a PEM key padded to 65,536 bytes is a key; at 65,537
+    bytes the file is not read (a dataset that happens to start like a key is not sniffed)."""
+    from ec2gpu.remote import sync
+
+    at = _file(tmp_path, "at.txt", PEM + b"x" * (64 * KIB - len(PEM)))
+    over = _file(tmp_path, "over.txt", PEM + b"x" * (64 * KIB + 1 - len(PEM)))
+    under = _file(tmp_path, "under.txt", PEM + b"x" * (64 * KIB - 1 - len(PEM)))
+    assert at.stat().st_size == 64 * KIB and over.stat().st_size == 64 * KIB + 1
+    assert sync._looks_like_private_key(at) is True
+    assert sync._looks_like_private_key(under) is True
+    assert sync._looks_like_private_key(over) is False
+    assert sync.withheld(at) and not sync.withheld(over)
+    m = sync.manifest(tmp_path)
+    assert m.withheld == ["at.txt", "under.txt"] and m.files == ["over.txt"]
+    assert sorted(sync.manifest(tmp_path, allow_secrets=True).files) == ["at.txt", "over.txt", "under.txt"]
+
+
+def test_a_key_header_is_found_in_the_first_4096_bytes_and_not_after(tmp_path):
+    """_SNIFF_BYTES: a header that ends at byte 4096 is found, one byte later it is not."""
+    from ec2gpu.remote import sync
+
+    header = b"PRIVATE KEY-----"
+    inside = _file(tmp_path, "inside.txt", b"#" * (4096 - len(header)) + header + b"\n" * 100)
+    after = _file(tmp_path, "after.txt", b"#" * (4097 - len(header)) + header + b"\n" * 100)
+    assert sync._looks_like_private_key(inside) is True
+    assert sync._looks_like_private_key(after) is False
+
+
+@pytest.mark.parametrize("header", [b"-----BEGIN RSA PRIVATE KEY-----", b"-----BEGIN PGP PRIVATE KEY BLOCK-----",
+                                    b"PuTTY-User-Key-File-3: ssh-ed25519"])
+def test_each_key_header_is_a_key_and_a_near_miss_is_not(tmp_path, header):
+    from ec2gpu.remote import sync
+
+    assert sync._looks_like_private_key(_file(tmp_path, "k.txt", header + b"\n"))
+    assert not sync._looks_like_private_key(_file(tmp_path, "p.txt", b"-----BEGIN PUBLIC KEY-----\n"))
+
+
+def test_a_token_file_is_read_to_64_kib_not_only_its_first_4096_bytes(tmp_path):
+    """.yarnrc.yml: its token line may come late in the file; still found at the 64 KiB edge."""
+    from ec2gpu.remote import sync
+
+    late = b"npmAuthToken: abc\n"
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    near_end = _file(tmp_path / "a", ".yarnrc.yml", b"#" * (64 * KIB - len(late)) + late)
+    clean = _file(tmp_path / "b", ".yarnrc.yml", b"nodeLinker: node-modules\n" + b"#" * 8000)
+    assert near_end.stat().st_size == 64 * KIB
+    assert sync._looks_like_private_key(near_end) is True
+    assert sync._looks_like_private_key(clean) is False

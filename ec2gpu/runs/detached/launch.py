@@ -52,6 +52,7 @@ from ...settings import Settings
 from ...wire import bounded_json, names, run_spec
 from ...wire.run_record import MAX_BYTES as RECORD_MAX_BYTES, VERSION as RECORD_VERSION
 from ..options import RunOptions
+from ..plan import checks
 from ..provision import pipeline
 from ..provision import resources as provision
 from ..settle import record as run_record
@@ -81,23 +82,22 @@ def agent_source(name: str) -> Path:
 
 
 def check(opts: RunOptions) -> TaskJob:
-    """Refuse (UsageError, nothing created) what a detached run cannot do yet or must not do;
-    return its task. A detached run needs a limit (the group's deadline is the net that holds when
-    nothing else does) and launches at least one instance per node; its secrets fit SSM parameters
-    (aws/parameters.check_values: they go there, never into S3)."""
+    """Refuse (UsageError, nothing created) what a detached run cannot do yet or must not do
+    (runs/plan/checks.check_detached: a limit, at least one launch per node, secrets that fit SSM
+    parameters, no --keep); return its task. A planned run (runs/plan/runplan.py) was refused the
+    same way before its backend was opened."""
     job = opts.task
     if job is None:
         raise UsageError("--detach runs a task", "give a task file or a command")
-    if opts.max_runtime_minutes is None:
-        raise UsageError("--detach needs a limit: nothing would end a detached run that never finishes",
-                         "give --max-runtime (e.g. 8h), or drop --detach")
-    if opts.max_attempts is not None and opts.max_attempts < opts.nodes:
-        raise UsageError(f"--max-attempts {opts.max_attempts} is below --nodes {opts.nodes}: a detached run counts "
-                         "every instance it launches", f"give --max-attempts {opts.nodes} or more")
-    parameters.check_values(secret_env(job))
-    if opts.keep:
-        raise UsageError("--keep has no meaning with --detach: the group ends when the job does", "drop --keep")
+    checks.check_detached(max_runtime_minutes=opts.max_runtime_minutes, max_attempts=opts.max_attempts,
+                          nodes=opts.nodes, keep=opts.keep, secrets=secret_env(job))
     return job
+
+
+def secret_env(job: TaskJob) -> dict[str, str]:
+    """The task's secrets that have a value (pure): name -> value, for SSM Parameter Store
+    (runs/plan/checks.secret_env)."""
+    return checks.secret_env(job.env, job.task.secrets)
 
 
 #: Pythons that may have boto3, first found first: the Deep Learning AMI's PyTorch environments
@@ -241,12 +241,6 @@ def _fetch_script(bucket: str, user: str, run_id: str, region: str, group: str, 
         "for name, body in got.items():\n"  # written only once every file is the launched one
         "    with open(os.path.join(sys.argv[1], name), \"wb\") as f:\n"
         "        f.write(body)\n")
-
-
-def secret_env(job: TaskJob) -> dict[str, str]:
-    """The task's secrets that have a value (pure): name -> value, for SSM Parameter Store. A
-    secret left empty stays in the spec's envs: it holds nothing."""
-    return {k: job.env[k] for k in job.task.secrets if job.env.get(k)}
 
 
 def spec_document(job: TaskJob, opts: RunOptions, user: str, run_id: str, group: str, deadline: datetime,

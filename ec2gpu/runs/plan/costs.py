@@ -10,12 +10,16 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, cast
 
 from ...aws.catalog import BILLING_MINIMUM_SECONDS
+from ...errors import UsageError
+from ..options import PoolOptions, RunOptions, TrainOptions
+from .checks import slots_per_node
+from .limits import Limit
 
 if TYPE_CHECKING:
     from ...aws.catalog import Price
@@ -204,8 +208,8 @@ def _priced(est: Estimate) -> Estimate:
     return est
 
 
-def estimate_job(aws: Aws, home: Path, instance_type: str, spot: bool, job_seconds: float, job_source: str, backend: str,
-                 max_price: float | None = None) -> Estimate:
+def estimate_job(aws: Aws | PriceTable, home: Path, instance_type: str, spot: bool, job_seconds: float, job_source: str,
+                 backend: str, max_price: float | None = None) -> Estimate:
     """Estimate a user's task: its job runs ``job_seconds`` (said by ``job_source``); boot, setup
     and teardown from the ledger's runs on the same instance type, else the defaults."""
     from ...aws import catalog
@@ -219,20 +223,33 @@ def estimate_job(aws: Aws, home: Path, instance_type: str, spot: bool, job_secon
                             round(boot, 1), round(setup, 1), round(job_seconds, 1), round(teardown, 1), job_source))
 
 
-def hourly_price(aws: Aws, home: Path, instance_type: str, spot: bool, max_price: float | None = None) -> Price:
+@dataclass(frozen=True)
+class PriceTable:
+    """The prices a run's plan is made with, no AWS call: the region's on-demand list prices (the
+    refreshed cache, else the shipped table). Stands in for aws/session.Aws where an estimate takes
+    one (``hourly_price`` of an on-demand instance reads only its region); a spot price needs AWS."""
+
+    region: str
+
+
+def hourly_price(aws: Aws | PriceTable, home: Path, instance_type: str, spot: bool,
+                 max_price: float | None = None) -> Price:
     """The USD/h a new instance of ``instance_type`` would pay now, as a ``catalog.Price``.
 
     On-demand: the refreshed Price List cache, else the shipped table. Spot: the highest current
     spot price over the region's availability zones (the launch may land in any of them), capped
     at ``max_price``; with no spot price known, the on-demand price (spot's ceiling). Raises
-    UsageError when ``max_price`` is below the spot price in every zone (no launch could succeed).
+    UsageError when ``max_price`` is below the spot price in every zone (no launch could succeed),
+    ValueError for a spot price asked of a PriceTable.
     """
-    from ...aws import catalog, pricing
-    from ...errors import UsageError
+    from ...aws import catalog
 
     on_demand = catalog.on_demand_price(instance_type, aws.region, home)
     if not spot:
         return on_demand
+    if isinstance(aws, PriceTable):
+        raise ValueError("a spot price needs AWS (pricing.current_spot_prices), not the price table")
+    from ...aws import pricing  # boto3: an on-demand price (a run's plan, a dry run) is the table's alone
     zones = pricing.current_spot_prices(aws.ec2, [instance_type]).get(instance_type, {})
     if not zones:
         return catalog.Price(on_demand.usd_per_hour, "no spot price found; on-demand price as the ceiling")
@@ -245,8 +262,8 @@ def hourly_price(aws: Aws, home: Path, instance_type: str, spot: bool, max_price
     return catalog.Price(worst, f"spot now, highest of {len(zones)} zone(s)")
 
 
-def estimate_run(aws: Aws, home: Path, instance_type: str, spot: bool, model: str, epochs: int | None, backend: str,
-                 max_price: float | None = None) -> Estimate:
+def estimate_run(aws: Aws | PriceTable, home: Path, instance_type: str, spot: bool, model: str, epochs: int | None,
+                 backend: str, max_price: float | None = None) -> Estimate:
     """Estimate time and cost of one `train` run from current prices and the ledger's history."""
     from ...aws import catalog
     from ...train.presets import PRESETS
@@ -257,6 +274,99 @@ def estimate_run(aws: Aws, home: Path, instance_type: str, spot: bool, model: st
     history = [r for r in ledger.runs(home, backend=backend, limit=50, tolerant=True) if r["status"] == "completed"]
     return estimate(itype.name, itype.gpu, "spot" if spot else "on-demand", price.usd_per_hour, price.source,
                     model, epochs or PRESETS[model].epochs, history)
+
+
+def preset(opts: RunOptions) -> tuple[str, int | None]:
+    """The built-in trainer's model and epochs (None: the preset's) as ``opts`` asks for them:
+    TrainOptions' own, else the trainer's defaults (a built-in task run without its flags)."""
+    if isinstance(opts, TrainOptions):
+        return opts.model, opts.epochs
+    return TrainOptions.model, None
+
+
+def estimate_for(aws: Aws | PriceTable, home: Path, opts: RunOptions, backend: str) -> Estimate:
+    """The estimate a run of ``opts`` is judged by (``refusal``): an image bake's from its plan, a
+    user's task's from its job's time (estimate_minutes; an array's element_minutes, run in rounds
+    over its pool), else the built-in trainer's (estimate_run); x the nodes. A job whose time
+    nothing says gets ``at_most``. pipeline.check_estimate makes it with ``aws`` (a spot price is
+    AWS's), the run's plan (runs/plan/runplan.py) with the PriceTable, before anything is opened.
+    Raises UsageError as hourly_price and catalog.lookup do."""
+    pool = opts if isinstance(opts, PoolOptions) else None
+    first = opts.instance_types[0]
+    if opts.bake is not None:
+        est = estimate_job(aws, home, first, opts.spot, opts.bake.minutes * 60, opts.bake.minutes_source, backend,
+                           opts.max_price)
+    elif opts.task is not None and opts.task.builtin != "mnist":  # an array's: an element's time (from history)
+        minutes, source = (element_minutes if pool else estimate_minutes)(home, opts.task, first, opts.expect_minutes,
+                                                                           backend)
+        if minutes is None:
+            return at_most(aws, home, opts, backend, source)
+        est = estimate_job(aws, home, first, opts.spot, minutes * 60, source, backend, opts.max_price)
+    else:
+        model, epochs = preset(opts)
+        est = estimate_run(aws, home, first, opts.spot, model, epochs, backend, opts.max_price)
+    if pool:  # the pool's instances run its elements in rounds (docs/pool.md, "What it costs")
+        slots = slots_per_node(pool.instance_types, pool.gpus_per_job)
+        est = in_rounds(est, *rounds_words(len(pool.elements), pool.nodes, slots))
+    if opts.nodes > 1 and est.cost_usd is not None:  # N instances for the same time (docs/cost-model.md)
+        est = replace(est, cost_usd=round(est.cost_usd * opts.nodes, 6))
+    return est
+
+
+def at_most(aws: Aws | PriceTable, home: Path, opts: RunOptions, backend: str, why: str) -> Estimate:
+    """The estimate of a task whose job time nothing says (``why``: its first run on this type, no
+    --expect): its price per hour, and as its cost the most it can cost at its limit
+    (runs/plan/limits.py), all nodes (None: no limit, or no price); ``upper_bound`` set and
+    ``time_source`` "unknown: WHY"."""
+    est = estimate_job(aws, home, opts.instance_types[0], opts.spot, 0.0, why, backend, opts.max_price)
+    limit_s = None if opts.max_runtime_minutes is None else opts.max_runtime_minutes * 60.0
+    most = None if limit_s is None or est.usd_per_hour is None else round(
+        cost_usd(limit_s, est.usd_per_hour) * opts.nodes, 4)
+    return replace(est, time_source=f"unknown: {why}", upper_bound=True, billed_seconds=limit_s or 0.0, cost_usd=most)
+
+
+def refusal(est: Estimate, opts: RunOptions, prices: Aws | PriceTable, priced: bool = True) -> UsageError | None:
+    """Why a run of ``opts`` with the estimate ``est`` (``estimate_for``, made with ``prices``) is
+    refused, or None (pure): its job alone would outlast its --max-runtime (the instance would end
+    itself first); it is above its --budget, or its cost is unknown (no price for the region) or, for a job whose time
+    nothing says, unbounded or above the budget at its limit. ``priced`` False: ``est``'s price is
+    not the one the run pays (the plan's on-demand price for a spot run), so only what needs no
+    price is judged."""
+    budget, limit = opts.budget_usd, opts.max_runtime_minutes
+    if est.upper_bound:
+        if budget is None or (est.cost_usd is not None and est.cost_usd <= budget) or (limit is not None and not priced):
+            return None
+        cost = "without bound" if limit is None else "an unknown amount" if est.cost_usd is None else \
+            f"up to ${est.cost_usd:.2f}"
+        return UsageError(f"--budget ${budget:.2f}: {est.time_source.removeprefix('unknown: ')}, and at its limit "
+                          f"({Limit(limit, '').words()}) it could cost {cost}",
+                          "say how long it takes (--expect 20m), or bound it (--max-runtime 1h)")
+    if limit is not None and est.train_seconds > limit * 60:  # the instance would end itself first (user data's shutdown)
+        return UsageError(f"the estimate says the job needs ~{est.train_seconds / 60:,.0f} min, longer than "
+                          f"--max-runtime {limit} min: the instance would terminate itself before the job finishes",
+                          f"raise --max-runtime to at least {int(est.train_seconds // 60) + 1} (minutes), or make the "
+                          "job shorter (fewer --epochs)")
+    if budget is None or not priced:
+        return None
+    if est.cost_usd is None:
+        return UsageError("--budget needs a price, and none is known for this region",
+                          f"run `ec2gpu prices --refresh --region {prices.region}` first")
+    if est.cost_usd > budget:
+        return UsageError(f"the estimate ${est.cost_usd:.4f} is above --budget ${budget:.4f}",
+                          budget_hint(opts, est.time_source))
+    return None
+
+
+def budget_hint(opts: RunOptions, time_source: str) -> str:
+    """How to get under --budget (pure): fewer --epochs only for the built-in trainer, the one job
+    that takes them; a user's task is told where its job's time came from (``time_source``:
+    estimate_minutes' past runs, --expect or the task's max_runtime)."""
+    hint = "raise --budget, use --spot or a cheaper --instance-type"
+    if opts.bake is None and (isinstance(opts, TrainOptions) or opts.task is not None and opts.task.builtin == "mnist"):
+        return hint + ", or train fewer --epochs"
+    if opts.bake is None and opts.task is not None and opts.task.builtin is None:
+        return hint + f" (the job's time in the estimate: {time_source})"
+    return hint
 
 
 def actual_cost(aws: Aws, home: Path, instance: Instance, ended_fallback: datetime, billing_start: datetime | None = None,

@@ -1,4 +1,5 @@
-"""`ec2gpu run --dry-run`: the plan of a run, made from the task and this machine's files alone.
+"""`ec2gpu run --dry-run` and `ec2gpu train mnist --dry-run`: a run's plan (runs/plan/runplan.RunPlan, the
+one the real run would run), as JSON and as lines for a terminal.
 
 Nothing is created and no AWS API is called (so no credentials are needed and a sandbox is not
 started): instance types come from the task (tasks/resolve.py) and the catalog, prices from the
@@ -11,14 +12,18 @@ are listed in docs/tasks.md ("Seeing the plan first").
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping
+
+from ...aws import catalog, network
+from ...tasks import arrays, mounts, resolve
+from . import costs
+from .limits import Limit
+from .runplan import RunPlan
 
 if TYPE_CHECKING:
-    from ...settings import Settings
-    from ...tasks.arrays import Element
     from ...tasks.mounts import Mount
     from ..execute.engine import TaskJob
-    from .limits import Limit
+    from .costs import Estimate
 
 PLAN_VERSION = 1
 
@@ -42,84 +47,48 @@ def placeholders(nodes: int) -> list[str]:
     return [f"<node {i} private IP>" for i in range(nodes)]
 
 
-def plan(job: TaskJob, settings: Settings, types: list[str], *, nodes: int, spot: bool, spot_fallback: str | None,
-         limit: Limit, idle_seconds: int | None, ami: str | None, baked: bool, expect_minutes: float | None,
-         backend: str, warnings: list[str], region_source: str | None = None, ami_source: str | None = None,
-         idle_source: str | None = None, budget_usd: float | None = None,
-         elements: Sequence[Element] = (), slots: int = 1) -> dict[str, Any]:
-    """The plan of a run of ``job`` (an engine.TaskJob) on ``types`` (instance types in the order
-    they are tried) as a JSON-ready dict; ``limit`` is a runs/plan/limits.Limit, ``idle_seconds`` the
-    idle rule's (None: none); ``region_source``, ``ami_source``, ``idle_source``: where the region,
-    the AMI and the idle rule come from, in words (api.run); ``budget_usd`` (--budget, the task's
-    budget) is judged as the run judges it. ``elements``: an array's or a sweep's (tasks/arrays.py):
-    the plan's ``array`` says how many, over how many instances (``nodes``, each running ``slots``
-    at once), and the first ones' parameters; the estimate is an element's time x the rounds.
-    Prices in USD/h, sizes in bytes and GiB, times in minutes.
+def plan(p: RunPlan) -> dict[str, Any]:
+    """The run plan ``p`` (runs/plan/runplan.plan, already checked: what the run would refuse was
+    refused while it was made) as a JSON-ready dict: its instance types in the order they are
+    tried, with their GPUs and on-demand prices; its region, limit, idle rule, image and who may
+    reach SSH, each with where it comes from (``sources``); the estimate the run is judged by
+    (``estimate.run``, at on-demand prices) and the job's time and cost alone; the workdir, the
+    file_mounts and the S3 access; node 0's environment, setup and run, masked; an array's or a
+    sweep's elements over how many instances (``nodes``, each running ``slots`` at once). Prices in
+    USD/h, sizes in bytes and GiB, times in minutes.
 
     Raises UsageError as catalog.lookup does for a type ec2gpu cannot run. Calls no AWS API."""
-    from ...aws import catalog
-    from ...tasks import arrays, mounts, resolve
-    from . import costs
-    from ..execute import engine
+    from ..execute import engine  # node_env, workdir_of: the job's contract, as a launch gives it
 
+    job, settings, nodes, est = p.job, p.settings, p.nodes, p.estimate
     res = job.task.resources
-    try:
-        choices = {c.instance_type: c for c in resolve.plan(res).choices if c.instance_type}
-        skipped = list(resolve.plan(res).skipped)
-    except Exception:  # noqa: BLE001 - a flag chose the types: the task's own request does not apply
-        choices, skipped = {}, []
-    rows: list[dict[str, Any]] = []
-    for name in types:
-        t = catalog.lookup(name)
-        price = catalog.on_demand_price(t.name, settings.region, settings.home)
-        c = choices.get(t.name)
-        used = (c.gpus_asked if c is not None and c.larger else None) or t.gpu_count
-        rows.append({"instance_type": t.name, "asked": c.asked if c is not None else "the configured default",
-                     "gpu": t.gpu, "gpu_count": t.gpu_count, "gpus_used": used, "gpu_memory_gib": t.gpu_memory_gib,
-                     "vcpus": t.vcpus, "memory_gib": t.memory_gib, "on_demand_usd_per_hour": price.usd_per_hour,
-                     "price_source": price.source, "larger": bool(c is not None and c.larger)})
+    rows = _type_rows(p)
     first = rows[0]
-    if elements:  # an element's time, run in rounds over the pool (pipeline.check_estimate)
-        minutes, time_source = costs.element_minutes(settings.home, job, first["instance_type"], expect_minutes,
-                                                     backend)
-        rounds, words = costs.rounds_words(len(elements), nodes, slots)
-        if minutes is not None:
-            minutes, time_source = minutes * rounds, f"{time_source}; {words}"
-    else:
-        minutes, time_source = costs.estimate_minutes(settings.home, job, first["instance_type"], expect_minutes,
-                                                      backend)
-    # spot costs at most the on-demand price (spot's ceiling); the zone's spot price is looked up at launch
-    worst = max((r["on_demand_usd_per_hour"] for r in rows if r["on_demand_usd_per_hour"] is not None), default=None)
-    at_most = (None if limit.minutes is None or worst is None else
-               round(costs.cost_usd(limit.minutes * 60.0, worst) * nodes, 2))
-    expected = (None if minutes is None or first["on_demand_usd_per_hour"] is None else
-                round(costs.cost_usd(minutes * 60.0, first["on_demand_usd_per_hour"]) * nodes, 4))
     run_dir = "~/ec2gpu/runs/<run id>"
     env = engine.node_env(job, "<run id>", run_dir, 0, placeholders(nodes), first["gpu_count"], False,
                           "<the python with torch>", instance_type=first["instance_type"])
     m = job.manifest
     return {
-        "kind": "plan", "version": PLAN_VERSION, "task": job.name,
-        "source": str(job.loaded.path) if job.loaded.path else "a command",
-        "backend": backend, "region": settings.region,
-        "region_source": region_source or "the configured region",
+        "kind": "plan", "version": PLAN_VERSION, "task": job.name, "source": _source(job),
+        "backend": p.backend, "region": settings.region, "region_source": p.sources.get("region"),
         "zones": "any availability zone of the region with capacity, chosen at launch (the next one on "
                  "InsufficientInstanceCapacity)",
-        "nodes": nodes, "market": "spot" if spot else "on-demand", "spot_fallback": spot_fallback,
-        "instance_types": rows, "skipped": skipped,
+        "mode": p.mode, "nodes": nodes, "market": "spot" if p.spot else "on-demand",
+        "spot_fallback": p.flags.spot_fallback, "max_price_usd_per_hour": p.max_price if p.spot else None,
+        "instance_types": rows, "skipped": _skipped(res),
         "disk_gib": res.disk_gib or settings.root_volume_gib,
-        "ami": ami, "ami_source": ami_source if ami else None,
-        "image": (ami if ami else "the newest image baked for this setup (ec2gpu image ls), else the PyTorch Deep "
-                  "Learning AMI, resolved at launch" if baked else "the PyTorch Deep Learning AMI, resolved at launch"),
-        "max_runtime": {"minutes": limit.minutes, "source": limit.source},
-        "idle_rule_minutes": None if idle_seconds is None else idle_seconds // 60,
-        "idle_rule": None if idle_seconds is None else {
-            "minutes": idle_seconds // 60, "action": "terminate", "source": idle_source or "max runtime none",
+        "ami": p.ami, "ami_source": p.sources.get("ami") if p.ami else None,
+        "image": (p.ami if p.ami else "the newest image baked for this setup (ec2gpu image ls), else the PyTorch Deep "
+                  "Learning AMI, resolved at launch" if p.flags.baked else "the PyTorch Deep Learning AMI, resolved at "
+                  "launch"),
+        "ssh": {"cidr": _cidr(p), "source": p.sources.get("ssh_cidr"), "warning": p.ssh_warning},
+        "max_runtime": {"minutes": p.limit.minutes, "source": p.limit.source},
+        "idle_rule_minutes": None if p.idle_seconds is None else p.idle_seconds // 60,
+        "idle_rule": None if p.idle_seconds is None else {
+            "minutes": p.idle_seconds // 60, "action": "terminate", "source": p.sources.get("idle_rule"),
             "meaning": "an instance with no job, SSH connection or busy GPU that long terminates itself"},
-        "estimate": {"job_minutes": None if minutes is None else round(minutes, 2), "source": time_source,
-                     "expected_usd": expected, "at_most_usd": at_most,
-                     "note": "on-demand list prices; spot pays the zone's spot price, at most the on-demand one"},
-        "budget": None if budget_usd is None else _budget(budget_usd, expected, at_most, minutes is not None),
+        "estimate": _estimate(p, rows),
+        "budget": None if p.budget_usd is None or est is None else _budget(p.budget_usd, est, p.spot),
         "workdir": {"local": str(m.root) if m else None, "remote": engine.workdir_of(run_dir, job),
                     "git": job.loaded.git,
                     "files": len(m.files) if m else 0, "bytes": m.bytes if m else 0,
@@ -127,31 +96,109 @@ def plan(job: TaskJob, settings: Settings, types: list[str], *, nodes: int, spot
         "env": {k: job.mask(v) for k, v in sorted(env.items())},
         "setup": job.mask(job.task.setup or ""), "run": job.mask(job.task.run),
         "outputs": list(job.task.outputs),
-        "ports": [{"port": p, "node": 0,
-                   "local": f"127.0.0.1:{p}" if p in job.same_ports else "127.0.0.1:(a free port, said when the job starts)",
+        "ports": [{"port": port, "node": 0,
+                   "local": f"127.0.0.1:{port}" if port in job.same_ports else
+                   "127.0.0.1:(a free port, said when the job starts)",
                    "how": "forwarded over SSH while the job runs; not opened in the security group"}
-                  for p in job.task.ports],
+                  for port in job.task.ports],
         "file_mounts": [_mount_row(mnt, job) for mnt in job.mounts],
         "s3_access": mounts.access(job.mounts),
         "labels": dict(job.task.resources.labels),
-        "safety": list(SAFETY) + ([ROLE_SAFETY] if any(mnt.kind == "s3" for mnt in job.mounts) else []),
-        "changes": list(warnings),
-        "array": None if not elements else {
-            "elements": len(elements), "size": elements[0].size, "workers": nodes,
-            "described": arrays.describe(elements),
-            "first": [e.env() for e in elements[:3]],
+        "safety": _safety(p) + ([ROLE_SAFETY] if any(mnt.kind == "s3" for mnt in job.mounts) else []),
+        "changes": list(p.warnings),
+        "array": None if not p.elements else {
+            "elements": len(p.elements), "size": p.elements[0].size, "workers": nodes,
+            "described": arrays.describe(list(p.elements)),
+            "first": [e.env() for e in p.elements[:3]],
             "scheduler": "Ray on the pool's instances (ec2gpu/pool); the pool shrinks as the queue drains"},
+        "trainer": None if p.trainer is None else {
+            "model": p.trainer.model, "epochs": p.trainer.epochs, "seed": p.trainer.seed,
+            "trainer_args": job.mask(" ".join(p.trainer.trainer_args))},
+        "sources": dict(p.sources),
     }
 
 
-def _budget(usd: float, expected: float | None, at_most: float | None, known: bool) -> dict[str, Any]:
-    """{usd, refused, why}: a run refuses (pipeline.check_estimate) an estimate above its budget,
-    and, for a job whose time is unknown, a most-it-can-cost above it or unbounded (pure)."""
-    judged, what = (expected, "the estimate") if known else (at_most, "the most it can cost at its max runtime")
+def _estimate(p: RunPlan, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The plan's estimate: the job's minutes alone and where they come from (None: the first run),
+    what they cost on the first type, the most the run can cost at its max runtime on the dearest
+    type (all nodes, on-demand prices: spot's ceiling), and ``run``: the estimate the run is judged
+    by (costs.estimate_for: boot, setup and teardown included), as a dict (pure)."""
+    est = p.estimate
+    minutes = None if est is None or est.upper_bound else est.train_seconds / 60
+    source = "" if est is None else est.time_source.removeprefix("unknown: ") if est.upper_bound else est.time_source
+    worst = max((r["on_demand_usd_per_hour"] for r in rows if r["on_demand_usd_per_hour"] is not None), default=None)
+    price = rows[0]["on_demand_usd_per_hour"]
+    return {"job_minutes": None if minutes is None else round(minutes, 2), "source": source,
+            "expected_usd": None if minutes is None or price is None else
+            round(costs.cost_usd(minutes * 60.0, price) * p.nodes, 4),
+            "at_most_usd": None if p.limit.minutes is None or worst is None else
+            round(costs.cost_usd(p.limit.minutes * 60.0, worst) * p.nodes, 2),
+            "note": "on-demand list prices; spot pays the zone's spot price, at most the on-demand one",
+            "run": None if est is None else est.as_dict()}
+
+
+def _type_rows(p: RunPlan) -> list[dict[str, Any]]:
+    """One row per instance type of ``p``, in the order they are tried: its GPUs, size and on-demand
+    price, and the request that chose it (pure apart from the price cache)."""
+    res = p.job.task.resources
+    try:
+        choices = {c.instance_type: c for c in resolve.plan(res).choices if c.instance_type}
+    except Exception:  # noqa: BLE001 - a flag chose the types: the task's own request does not apply
+        choices = {}
+    rows: list[dict[str, Any]] = []
+    for name in p.instance_types:
+        t = catalog.lookup(name)
+        price = catalog.on_demand_price(t.name, p.settings.region, p.settings.home)
+        c = choices.get(t.name)
+        used = (c.gpus_asked if c is not None and c.larger else None) or t.gpu_count
+        rows.append({"instance_type": t.name, "asked": c.asked if c is not None else "the configured default",
+                     "gpu": t.gpu, "gpu_count": t.gpu_count, "gpus_used": used, "gpu_memory_gib": t.gpu_memory_gib,
+                     "vcpus": t.vcpus, "memory_gib": t.memory_gib, "on_demand_usd_per_hour": price.usd_per_hour,
+                     "price_source": price.source, "larger": bool(c is not None and c.larger)})
+    return rows
+
+
+def _skipped(res: Any) -> list[str]:
+    """The task's candidates EC2 cannot run, with why ([] where a flag chose the types)."""
+    try:
+        return list(resolve.plan(res).skipped)
+    except Exception:  # noqa: BLE001 - a flag chose the types: the task's own request does not apply
+        return []
+
+
+def _source(job: TaskJob) -> str:
+    """Where the task comes from, in words: its file, the built-in task's, or "a command"."""
+    if job.loaded.path:
+        return str(job.loaded.path)
+    return f"the built-in task {job.builtin} (tasks/builtin/{job.builtin}.yaml)" if job.builtin else "a command"
+
+
+def _cidr(p: RunPlan) -> str:
+    """Who may reach port 22: --ssh-cidr's network (normalized), else the /32 looked up at launch."""
+    return network.check_cidr(p.flags.ssh_cidr) if p.flags.ssh_cidr else "<your public IP>/32"
+
+
+def _safety(p: RunPlan) -> list[str]:
+    """The nets every run has (SAFETY), its first line saying who may reach port 22 as the plan has
+    it: the /32 looked up at launch, or --ssh-cidr's network, with its warning when wider than a /24."""
+    if not p.flags.ssh_cidr:
+        return list(SAFETY)
+    ssh = f"SSH (port 22) open to {_cidr(p)} alone (--ssh-cidr); no other port"
+    return [ssh + (f" ({p.ssh_warning})" if p.ssh_warning else ""), *SAFETY[1:]]
+
+
+def _budget(usd: float, est: Estimate, spot: bool) -> dict[str, Any]:
+    """{usd, refused, why}: the run's own judgement of its budget (costs.refusal): its estimate, or
+    for a job whose time is unknown the most it can cost at its max runtime, against ``usd`` (pure).
+    A plan is only made of a run its budget does not refuse at on-demand prices; a spot run's
+    estimate here is at the on-demand price, its ceiling, and the run judges the zone's spot price."""
+    what = "the most it can cost at its max runtime" if est.upper_bound else "the estimate"
+    judged = est.cost_usd
     refused = judged is None or judged > usd
     why = (f"{what} is unbounded or unknown" if judged is None else
            f"{what}, ${judged:.2f}, is {'above' if refused else 'within'} the budget ${usd:.2f}")
-    why += " (on-demand list prices, the job alone; the run judges its own estimate, boot and setup included)"
+    why += (" (at the on-demand price, spot's ceiling: the run judges the zone's spot price)" if spot else
+            " (on-demand list prices; boot, setup and teardown included)")
     return {"usd": usd, "refused": refused, "why": why}
 
 
@@ -180,11 +227,18 @@ def render(p: Mapping[str, Any]) -> list[str]:
                    f"element 0's environment: {' '.join(f'{k}={v}' for k, v in a['first'][0].items())}")
     out.append(f"  {p['nodes']} node(s), {p['market']}"
                + (f" (then {p['spot_fallback']})" if p["spot_fallback"] else "") + f"; zones: {p['zones']}")
+    if p.get("mode") not in (None, "foreground", "array"):
+        out.append(f"  {p['mode']}: AWS runs it with nobody watching (an Auto Scaling group, or the pool's head), "
+                   "until its max runtime at the latest")
+    if p.get("trainer"):
+        t = p["trainer"]
+        out.append(f"  trainer: --model {t['model']} --seed {t['seed']}"
+                   + (f" --epochs {t['epochs']}" if t["epochs"] else " (the preset's epochs)")
+                   + (f" {t['trainer_args']}" if t["trainer_args"] else ""))
     out.append(f"  region {p['region']} ({p.get('region_source') or 'the configured region'}); disk {p['disk_gib']} "
                f"GiB gp3 encrypted; image: {p['image']}" + (f" ({p['ami_source']})" if p.get("ami_source") else ""))
     lim = p["max_runtime"]
     est = p["estimate"]
-    from .limits import Limit
     limit = Limit(lim["minutes"], lim["source"]).words()
     idle = p.get("idle_rule")
     out.append(f"  max runtime: {limit} ({lim['source']})"
@@ -197,6 +251,12 @@ def render(p: Mapping[str, Any]) -> list[str]:
     out.append(f"  cost: {cost}; at most "
                + ("unbounded (no max runtime)" if est["at_most_usd"] is None else f"${est['at_most_usd']:.2f}")
                + " at the max runtime")
+    run = est.get("run")
+    if run and not run["upper_bound"] and run["cost_usd"] is not None:
+        out.append(f"  the run's estimate, as it judges its budget: ${run['cost_usd']:.4f} for ~{run['billed_seconds']:.0f} s "
+                   f"billed (boot {run['boot_seconds']:.0f} s, setup {run['setup_seconds']:.0f} s, job "
+                   f"{run['train_seconds']:.0f} s, teardown {run['teardown_seconds']:.0f} s), x {p['nodes']} node(s) "
+                   "at on-demand prices")
     w = p["workdir"]
     git = w.get("git")
     sent = (f"git clone {git['url']} at {git['ref'] or 'its default branch'}, on the instance" if git
@@ -207,8 +267,7 @@ def render(p: Mapping[str, Any]) -> list[str]:
     out += [f"  file_mounts {f['target']}: {f['how']}" + (f" ({f['files']:,} files, {f['bytes']:,} bytes)"
                                                            if f["files"] is not None else "")
             for f in p.get("file_mounts", [])]
-    from ...tasks.mounts import access_words
-    access = access_words(p.get("s3_access") or {})
+    access = mounts.access_words(p.get("s3_access") or {})
     if access:
         out.append(f"  {access}")
     out.append("  environment of node 0: " + ", ".join(f"{k}={v}" for k, v in p["env"].items()))

@@ -15,13 +15,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, TypeVar, cast
 
-from ...aws import capacity, catalog, network, tags
+from ...aws import capacity, catalog
 from ...aws.session import Aws
 from ...backend import AWS, Backend
 from ...errors import RemoteError, UsageError
 from ...settings import Settings
 from ..options import BakeOptions, LaunchOptions, PoolOptions, RunOptions, TrainOptions
-from ..plan import costs
+from ..options import mnist_args as mnist_args  # re-exported: the built-in trainer's flags live with TrainOptions
+from ..plan import checks, costs
+from ..plan.costs import budget_hint as budget_hint, preset as preset  # re-exported: a run's estimate is decided there
 from ..settle import ledger
 from . import resources as provision
 from ..settle import record as run_record
@@ -40,20 +42,6 @@ PHASES = ("requesting", "waiting for running", "waiting for SSH", "setup", "uplo
 def new_run_id() -> str:
     """A sortable, unique run id: YYYYmmdd-HHMMSS-xxxx (UTC)."""
     return f"{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
-
-
-def mnist_args(opts: TrainOptions, sandbox: bool = False) -> list[str]:
-    """The built-in trainer's flags for `ec2gpu train mnist` (pure): "$@" of tasks/builtin/mnist.yaml.
-
-    In the sandbox, the nodes of a cluster share this machine's cores: each takes its share, or
-    their CPU threads fight (2 nodes x 2 threads on 2 cores ran 15x slower than 1 x 2 here).
-    """
-    args = ["--model", opts.model, "--seed", str(opts.seed)]
-    if opts.epochs:
-        args += ["--epochs", str(opts.epochs)]
-    if sandbox and opts.nodes > 1:
-        args += ["--threads", str(max(1, (os.cpu_count() or 1) // opts.nodes))]
-    return args + list(opts.trainer_args)
 
 
 #: how to give the sandbox MNIST, said when it has none (`ec2gpu train mnist`'s words; others pass theirs)
@@ -104,14 +92,6 @@ def _reachable(url: str, timeout_s: float = 5.0) -> bool:
         return False
 
 
-def preset(opts: RunOptions) -> tuple[str, int | None]:
-    """The built-in trainer's model and epochs (None: the preset's) as ``opts`` asks for them:
-    TrainOptions' own, else the trainer's defaults (a built-in task run without its flags)."""
-    if isinstance(opts, TrainOptions):
-        return opts.model, opts.epochs
-    return TrainOptions.model, None
-
-
 def with_task(opts: RunOptions, backend: Backend) -> RunOptions:
     """``opts`` with its task made: the built-in MNIST task for TrainOptions without one, its
     trainer flags giving a sandbox instance this machine's data first (``sandbox_data_args``:
@@ -133,85 +113,44 @@ def builtin_task(opts: RunOptions, sandbox: bool = False) -> TaskJob:
 
 
 def check_estimate(aws: Aws, settings: Settings, opts: RunOptions, backend: str, ui: ReporterLike) -> costs.Estimate:
-    """Estimate the run, tell the user, and refuse it (UsageError) when above ``opts.budget_usd``,
-    when the job alone would outlast ``opts.max_runtime_minutes`` (the instance would end itself
-    first), or when ``opts.max_price`` is below the spot price in every zone. Creates nothing."""
-    if opts.max_price is not None and not opts.spot:
-        raise UsageError("--max-price applies to spot instances only", "add --spot, or drop --max-price")
-    pool = opts if isinstance(opts, PoolOptions) else None
-    job = cast("TaskJob", opts.task)  # train() sets opts.task before it asks for the estimate
-    if opts.bake is not None:
-        est = costs.estimate_job(aws, settings.home, opts.instance_types[0], opts.spot, opts.bake.minutes * 60,
-                                 opts.bake.minutes_source, backend, opts.max_price)
-    elif opts.task is not None and opts.task.builtin != "mnist":  # an array's: an element's time (from history)
-        minutes, source = (costs.element_minutes if pool else costs.estimate_minutes)(
-            settings.home, opts.task, opts.instance_types[0], opts.expect_minutes, backend)
-        if minutes is None:
-            return _at_most(aws, settings, opts, backend, ui, source)
-        est = costs.estimate_job(aws, settings.home, opts.instance_types[0], opts.spot, minutes * 60, source, backend,
-                                 opts.max_price)
+    """Estimate the run (costs.estimate_for, at the price AWS has now), tell the user, and refuse it
+    (UsageError) as costs.refusal says: above ``opts.budget_usd``, or a job alone that would outlast
+    ``opts.max_runtime_minutes`` (the instance would end itself first); or (costs.hourly_price) an
+    ``opts.max_price`` below the spot price in every zone. Creates nothing. A planned run
+    (runs/plan/runplan.py) had the same judgement at on-demand prices before any backend was
+    opened: what is refused here first is what needs the spot price."""
+    est = costs.estimate_for(aws, settings.home, opts, backend)
+    if est.upper_bound:
+        _say_at_most(est, opts, ui)
     else:
-        model, epochs = preset(opts)
-        est = costs.estimate_run(aws, settings.home, opts.instance_types[0], opts.spot, model, epochs, backend,
-                                 opts.max_price)
-    if pool:  # the pool's instances run its elements in rounds (docs/pool.md, "What it costs")
-        from ...pool.attempt import slots_per_node
-        slots = slots_per_node(pool.instance_types, pool.gpus_per_job)
-        est = costs.in_rounds(est, *costs.rounds_words(len(pool.elements), pool.nodes, slots))
-    if opts.nodes > 1 and est.cost_usd is not None:  # N instances for the same time (docs/cost-model.md)
-        from dataclasses import replace
-        est = replace(est, cost_usd=round(est.cost_usd * opts.nodes, 6))
-    cost = "unknown (no price)" if est.cost_usd is None else f"${est.cost_usd:.4f}"
-    ui.note(f"estimate: {cost} for ~{est.billed_seconds:.0f} s billed at "
-            f"{'?' if est.usd_per_hour is None else f'{est.usd_per_hour:.4f}'} USD/h"
-            f"{f' x {opts.nodes} nodes' if opts.nodes > 1 else ''} ({est.price_source}); "
-            f"boot {est.boot_seconds:.0f} s, setup {est.setup_seconds:.0f} s, "
-            f"{'bake' if opts.bake else 'elements' if pool else 'training' if job.builtin == 'mnist' else 'job'} "
-            f"{est.train_seconds:.0f} s, "
-            f"teardown {est.teardown_seconds:.0f} s [{est.time_source}]")
-    _say_limit(opts, ui)
-    # the instance would end itself first (user data's shutdown)
-    if opts.max_runtime_minutes is not None and est.train_seconds > opts.max_runtime_minutes * 60:
-        raise UsageError(f"the estimate says the job needs ~{est.train_seconds / 60:,.0f} min, longer than "
-                         f"--max-runtime {opts.max_runtime_minutes} min: the instance would terminate itself "
-                         "before the job finishes",
-                         f"raise --max-runtime to at least {int(est.train_seconds // 60) + 1} (minutes), or make the "
-                         "job shorter (fewer --epochs)")
-    if opts.budget_usd is not None:
-        if est.cost_usd is None:
-            raise UsageError("--budget needs a price, and none is known for this region",
-                             f"run `ec2gpu prices --refresh --region {aws.region}` first")
-        if est.cost_usd > opts.budget_usd:
-            raise UsageError(f"the estimate ${est.cost_usd:.4f} is above --budget ${opts.budget_usd:.4f}",
-                             budget_hint(opts, est.time_source))
+        job = cast("TaskJob", opts.task)  # train() sets opts.task before it asks for the estimate
+        what = ("bake" if opts.bake else "elements" if isinstance(opts, PoolOptions) else
+                "training" if job.builtin == "mnist" else "job")
+        cost = "unknown (no price)" if est.cost_usd is None else f"${est.cost_usd:.4f}"
+        ui.note(f"estimate: {cost} for ~{est.billed_seconds:.0f} s billed at "
+                f"{'?' if est.usd_per_hour is None else f'{est.usd_per_hour:.4f}'} USD/h"
+                f"{f' x {opts.nodes} nodes' if opts.nodes > 1 else ''} ({est.price_source}); "
+                f"boot {est.boot_seconds:.0f} s, setup {est.setup_seconds:.0f} s, {what} {est.train_seconds:.0f} s, "
+                f"teardown {est.teardown_seconds:.0f} s [{est.time_source}]")
+        _say_limit(opts, ui)
+    refused = costs.refusal(est, opts, aws)
+    if refused is not None:
+        raise refused
     return est
 
 
-def _at_most(aws: Aws, settings: Settings, opts: RunOptions, backend: str, ui: ReporterLike,
-             why: str) -> costs.Estimate:
-    """The estimate of a task whose job time nothing says (``why``: its first run on this type, no
-    --expect): its price per hour and the most it can cost, at its limit (runs/plan/limits.py), said to
-    the user; the run goes on. Refuses (UsageError) only where asked to: a --budget that the most
-    it can cost is above (or that nothing bounds: no limit)."""
-    from dataclasses import replace
-    est = costs.estimate_job(aws, settings.home, opts.instance_types[0], opts.spot, 0.0, why, backend, opts.max_price)
-    limit_s = None if opts.max_runtime_minutes is None else opts.max_runtime_minutes * 60.0
-    most = None if limit_s is None or est.usd_per_hour is None else round(
-        costs.cost_usd(limit_s, est.usd_per_hour) * opts.nodes, 4)
-    est = replace(est, time_source=f"unknown: {why}", upper_bound=True, billed_seconds=limit_s or 0.0, cost_usd=most)
+def _say_at_most(est: costs.Estimate, opts: RunOptions, ui: ReporterLike) -> None:
+    """Say the estimate of a task whose job time nothing says (costs.at_most): its price per hour
+    and the most it can cost, at its limit (runs/plan/limits.py); the run goes on unless its
+    --budget refuses it (costs.refusal)."""
+    why = est.time_source.removeprefix("unknown: ")
     price = "an unknown price (no price table for this region)" if est.usd_per_hour is None else \
         f"{est.usd_per_hour:.4f} USD/h{f' x {opts.nodes} nodes' if opts.nodes > 1 else ''} ({est.price_source})"
-    bound = ("nothing bounds its cost (--max-runtime none)" if limit_s is None else
-             f"so it costs at most {'an unknown amount' if most is None else f'${most:.2f}'}")
+    bound = ("nothing bounds its cost (--max-runtime none)" if opts.max_runtime_minutes is None else
+             f"so it costs at most {'an unknown amount' if est.cost_usd is None else f'${est.cost_usd:.2f}'}")
     ui.note(f"estimate: {why}, so its time is unknown (--expect 20m gives an estimate); it runs at {price}, "
             f"and its instances end themselves after {_limit_words(opts)}: {bound}")
     _say_limit(opts, ui)
-    if opts.budget_usd is not None and (most is None or most > opts.budget_usd):
-        cost = "without bound" if limit_s is None else "an unknown amount" if most is None else f"up to ${most:.2f}"
-        raise UsageError(f"--budget ${opts.budget_usd:.2f}: {why}, and at its limit ({_limit_words(opts)}) it could "
-                         f"cost {cost}",
-                         "say how long it takes (--expect 20m), or bound it (--max-runtime 1h)")
-    return est
 
 
 def _limit_words(opts: LaunchOptions) -> str:
@@ -230,18 +169,6 @@ def _say_limit(opts: LaunchOptions, ui: ReporterLike) -> None:
     else:
         ui.note(f"max runtime: {_limit_words(opts)} ({opts.limit_source}); the job gets SIGTERM before it, to "
                 "checkpoint (--max-runtime 8h raises it, none removes it)")
-
-
-def budget_hint(opts: RunOptions, time_source: str) -> str:
-    """How to get under --budget (pure): fewer --epochs only for the built-in trainer, the one job
-    that takes them; a user's task is told where its job's time came from (``time_source``:
-    costs.estimate_minutes' past runs, --expect or the task's max_runtime)."""
-    hint = "raise --budget, use --spot or a cheaper --instance-type"
-    if opts.bake is None and opts.task is not None and opts.task.builtin == "mnist":
-        return hint + ", or train fewer --epochs"
-    if opts.bake is None and opts.task is not None and opts.task.builtin is None:
-        return hint + f" (the job's time in the estimate: {time_source})"
-    return hint
 
 
 def _status(exc: BaseException | None, spot: bool = False) -> str:
@@ -365,20 +292,13 @@ def _teardown_and_bill(aws: Aws, settings: Settings, opts: RunOptions, prov: pro
 
 
 def check_options(opts: _Run, ui: ReporterLike) -> tuple[_Run, catalog.InstanceType]:
-    """Refuse bad options before any AWS call (UsageError: nothing created, no ledger row); return
-    ``opts`` with its instance types in canonical names, and the first one's catalog entry."""
-    if any(not t.strip() for t in opts.instance_type.split(",")):
-        raise UsageError(f"--instance-type {opts.instance_type!r} has an empty entry",
-                         "name each type, e.g. --instance-type g4dn.xlarge,g5.xlarge")
-    if opts.name is not None:
-        tags.check_name(opts.name)
-    types = [catalog.lookup(t).name for t in opts.instance_types]
-    if opts.spot_fallback not in (None, "on-demand"):
-        raise UsageError(f"--spot-fallback {opts.spot_fallback!r} is not known", "the only fallback is on-demand")
-    from ..recover.recovery import parse_checkpoint_uri
-    parse_checkpoint_uri(opts.checkpoint_uri)
-    if opts.ssh_cidr:
-        network.check_cidr(opts.ssh_cidr, ui.note)
+    """Refuse bad options before any AWS call (runs/plan/checks.check_launch: UsageError, nothing
+    created, no ledger row); return ``opts`` with its instance types in canonical names, and the
+    first one's catalog entry. A planned run (runs/plan/runplan.py) was refused the same way before
+    its backend was opened; this guards the operations that are not planned there."""
+    types = checks.check_launch(opts.instance_type, spot=opts.spot, name=opts.name, spot_fallback=opts.spot_fallback,
+                                max_price=opts.max_price, checkpoint_uri=opts.checkpoint_uri, ssh_cidr=opts.ssh_cidr,
+                                warn=ui.note)
     return replace(opts, instance_type=",".join(types)), catalog.lookup(types[0])
 
 

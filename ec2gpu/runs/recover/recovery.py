@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, AbstractSet, Any, Callable
 
 from ...aws import instances
-from ...errors import AwsError, RemoteError, UsageError
+from ...errors import AwsError, RemoteError
 # re-exported (recovery.Interrupted, recovery.AttemptsExhausted: what an attempt raises)
 from ...errors import AttemptsExhausted as AttemptsExhausted, Interrupted as Interrupted
+from ..plan.checks import parse_checkpoint_uri as parse_checkpoint_uri  # a flag's check: the plan makes it first
 
 if TYPE_CHECKING:
     from ...aws.instances import Instance
@@ -44,16 +45,6 @@ WRITE_BACK_EVERY_S = 60.0
 WRITE_BACK_SETTLED_S = 30.0
 WRITE_BACK_TIMEOUT_S = 300.0
 MAX_API_FAILURES = 12  # DescribeInstances errors in a row (about a minute of polls) before the run gives up
-
-
-def parse_checkpoint_uri(uri: str | None) -> tuple[str, str] | None:
-    """'s3://bucket/prefix' -> (bucket, prefix); None for None. Raises UsageError otherwise."""
-    if not uri:
-        return None
-    if not uri.startswith("s3://") or not uri[5:].split("/", 1)[0]:
-        raise UsageError(f"--checkpoint-uri {uri!r} is not an S3 URI", "use s3://BUCKET/PREFIX")
-    bucket, _, prefix = uri[5:].partition("/")
-    return bucket, prefix.strip("/")
 
 
 def s3_home(aws: Aws, uri: str | None, run_id: str) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Issue 27's last items that need no sandbox: `image bake --max-runtime` reaches the bake, and
+"""`ec2gpu image` (cli/images.py) without a sandbox: `image bake --max-runtime` reaches the bake, and
 `image ls` prices snapshots at the region's EBS snapshot price, or says it does not know it."""
 import json
 from types import SimpleNamespace
@@ -36,13 +36,6 @@ def test_image_bake_passes_max_runtime_to_the_bake_and_refuses_one_below_ten_min
     shown = " ".join(capsys.readouterr().out.split())
     assert "--max-runtime" in shown and f"at least {bake.MIN_MAX_RUNTIME_MINUTES}, default " \
         f"{bake.MAX_RUNTIME_MINUTES}" in shown.replace("│ ", "")
-
-
-def test_the_builders_max_runtime_defaults_to_120_minutes_and_is_at_least_10():
-    assert bake.builder_max_runtime(None) == bake.MAX_RUNTIME_MINUTES == 120
-    assert bake.builder_max_runtime(10) == 10 and bake.builder_max_runtime(600) == 600
-    with pytest.raises(UsageError, match="at least 10 minutes"):
-        bake.builder_max_runtime(9)
 
 
 def _one_image(monkeypatch, gib: float) -> None:
