@@ -6,7 +6,7 @@ reach more than SSH) and calls
 ``run_attempt``. Here: every node is opened, set up and given the workdir as for any run
 (runs/execute/engine.py's steps), Ray starts on each (ec2gpu/pool/node.py: node 0 the head), and
 the driver (ec2gpu/pool/driver.py) runs on the head under the agent. While it runs, the controller
-reads the driver's status.json (ec2gpu/pool/records.py) every POLL_S seconds: the progress line,
+reads the driver's table.json (ec2gpu/pool/records.py) every POLL_S seconds: the progress line,
 and the pool's shrinking: once no element waits, each worker whose node runs none is released
 (its Ray node stopped, its instance terminated), so the last element does not keep every
 instance billing. A worker that is lost (a spot interruption) takes its running elements with it:
@@ -529,7 +529,7 @@ def driver_argv(python: str, run_dir: str, head_ip: str) -> list[str]:
 
 def _read_status(head: Node, opts: PoolOptions, ui: ReporterLike) -> dict[str, Any] | None:
     from ..remote import jobs
-    raw = jobs.read_from(head.conn, f"{head.run_dir}/pool/status.json", 0, records.MAX_STATUS_BYTES + 1)
+    raw = jobs.read_from(head.conn, f"{head.run_dir}/pool/{records.TABLE}", 0, records.MAX_STATUS_BYTES + 1)
     if not raw:
         return None
     try:
