@@ -1,12 +1,13 @@
-"""The instance-side agent: runs one job, writes status.json, and watches for the spot interruption notice.
+"""The instance-side agent: runs one job, writes its record, and watches for the spot interruption notice.
 
 Shipped with every `ec2gpu run` job and started detached from SSH as ``python3 -I -S -B agent.py --dir RUN_DIR
 -- bash -c '<the task's run>'`` (PYTHON_FLAGS). Standard library only: it runs on whatever Python the image has. It
 
 - starts the job in a process group of its own, its stdout and stderr appended to RUN_DIR/job.log;
-- writes RUN_DIR/status.json (atomically, by rename) when the job starts and when it ends:
+- writes its record, RUN_DIR/agent-record.json (atomically, by rename), when the job starts and when it ends:
   ``{"state": "running" | "succeeded" | "failed" | "interrupted", "pid", "exit_code", "signal",
-  "started_at", "ended_at", "notice", "rebalance", "limit"}`` (times UTC, ISO 8601);
+  "started_at", "ended_at", "notice", "rebalance", "limit"}`` (times UTC, ISO 8601; wire/agent_record.py: its
+  fields, its signature and the one reader the controller and a detached run's agent check it with);
 - with ``--limit-at T`` (POSIX seconds: the run's --max-runtime, less ``--limit-grace`` seconds, runs/plan/limits.py),
   sends SIGTERM to the job's process group at T so it can checkpoint before the instance ends itself, records
   ``limit`` (``{"ends_at", "stopped_at"}``) and state "failed", and sends SIGKILL 5 s before the instance's end if
@@ -21,24 +22,24 @@ Shipped with every `ec2gpu run` job and started detached from SSH as ``python3 -
   (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/rebalance-recommendations.html). It does not stop the job:
   the agent writes ``{"notice_time", "seen_at"}`` to the file the job knows as EC2GPU_REBALANCE_FILE
   (RUN_DIR/rebalance.json; absent until then), so a job that polls for it can checkpoint early, and records the
-  same in status.json as ``rebalance``;
+  same in its record as ``rebalance``;
 - forwards its own SIGTERM and SIGINT to the job's process group;
 - puts the directory of EC2GPU_PYTHON (the Python with torch that setup found) first on PATH, sets EC2GPU_AGENT=1
   (the built-in trainer then leaves the notice to the agent) and TORCHELASTIC_ERROR_FILE=RUN_DIR/error.json:
   torchrun writes a failed worker's root cause there (https://pytorch.org/docs/stable/elastic/errors.html), and
-  status.json carries it as ``error`` (``{"message", "exit_code", "rank", "timestamp"}``; a negative exit_code is
+  the record carries it as ``error`` (``{"message", "exit_code", "rank", "timestamp"}``; a negative exit_code is
   the signal that killed the worker).
 
 With ``--key-file`` (the controller's, mode 0600, written by the command that starts the agent once the task's
 setup and all it left running have ended (reaper.py), read and deleted before the job starts, so neither ever
-sees it; the agent is non-dumpable first: undumpable) every status.json carries ``signature``: HMAC-SHA256 of the
+sees it; the agent is non-dumpable first: undumpable) every record carries ``signature``: HMAC-SHA256 of the
 record's canonical JSON (sorted keys, no spaces, without ``signature``) under that key. The controller believes
 only a record whose signature checks (runs/execute/status.py): a job, or a process it left behind, cannot write
 the agent's record. When the job's process ends, the agent ends what is left of its process group (SIGTERM, then
 SIGKILL after 5 s) before its last write.
 
 With ``--handover-file`` (written as the key is, read and deleted before the job starts: ``{"urls": {"outputs",
-"log", "status", and "pool" for an array's driver} (S3 presigned PUT URLs, the head node's only), "wait_s",
+"log", "record", and "pool" for an array's driver} (S3 presigned PUT URLs, the head node's only), "wait_s",
 "shutdown", "secret_names"}``) a run survives the loss of its controller (a closed laptop, ``kill -9``, a network
 gone): a live controller touches RUN_DIR/controller every third of ``wait_s`` at most (runs/recover/handover.py:
 Heartbeat) and writes RUN_DIR/collected once it has brought the outputs home. Once the job has ended, the agent
@@ -46,22 +47,20 @@ Heartbeat) and writes RUN_DIR/collected once it has brought the outputs home. On
 heartbeat has been silent ``wait_s`` seconds, counted from the job's end at the earliest. Then it puts what the
 controller would have brought home into S3 through the URLs: RUN_DIR/out as one tar.gz (at most PUT_MAX_BYTES),
 job.log's last LOG_MAX_BYTES with the secrets' values masked, an array's RUN_DIR/pool (the driver's element table
-and element logs, masked too) as one tar.gz, and status.json last; status.json's ``handover`` says where that
+and element logs, masked too) as one tar.gz, and its record last; the record's ``handover`` says where that
 stands ("pending", then "collected", "uploaded", "nothing to upload" or "failed: ..."), and the idle rule counts a
 pending one as busy (ami/idle-watch.sh). Then, with ``shutdown`` and once all of it is in S3, it ends its instance
 (``shutdown -h now``: the instance's shutdown behaviour is terminate); a failed hand-over leaves the instance to
 its idle rule, its files there for `ec2gpu fetch`. A presigned URL lets its holder write one object and nothing
 else (https://docs.aws.amazon.com/AmazonS3/latest/userguide/using-presigned-url.html).
 
-The controller reads status.json; it never parses the log.
+The controller reads the record; it never parses the log.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import ctypes
-import hashlib
-import hmac
 import http.client
 import importlib.util
 import json
@@ -74,6 +73,7 @@ import time
 import urllib.error
 import urllib.request
 from datetime import datetime, timezone
+from typing import Any
 
 #: the agent's Python flags (engine.job_argv, the pool's driver, --local, detached.py): -I, neither the script's
 #: directory (the run directory: the setup's to write) nor the user's site on sys.path, no PYTHON* variables;
@@ -82,16 +82,27 @@ from datetime import datetime, timezone
 PYTHON_FLAGS = ("-I", "-S", "-B")
 PR_SET_DUMPABLE = 4  # <linux/prctl.h>
 
+#: the records' modules it loads from beside it (shipped flat with it: runs/execute/engine.AGENT_BESIDE,
+#: runs/detached/launch.AGENT_FILES)
+BESIDE = ("bounded_json.py", "agent_record.py")
+
+
+def _beside(name: str) -> Any:
+    """The module ``name`` (one of BESIDE) beside this file (shipped flat), else in ../wire/ (the source tree), loaded by
+    its path and never through sys.path (the run directory is the setup's to write; engine.start_agent removes
+    RUN_DIR/__pycache__, where a planted .pyc would be)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+    spec = importlib.util.spec_from_file_location(name[:-3], path if os.path.exists(path) else
+                                                  os.path.join(os.path.dirname(path), "..", "wire", name))
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]  # a path's spec: never None
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
 if __package__:  # in the package (the controller, the tests)
-    from ..wire import bounded_json
-else:  # a script (or loaded by its path: pool/node.py, detached.py): bounded_json.py beside it (shipped flat), else in
-    # ../wire/ (the source tree), by its path and never through sys.path (the run directory is the setup's to write;
-    # engine.start_agent removes RUN_DIR/__pycache__, where a planted .pyc would be)
-    _path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bounded_json.py")
-    _spec = importlib.util.spec_from_file_location("bounded_json", _path if os.path.exists(_path) else
-                                                   os.path.join(os.path.dirname(_path), "..", "wire", "bounded_json.py"))
-    bounded_json = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]  # a path's spec: never None
-    _spec.loader.exec_module(bounded_json)  # type: ignore[union-attr]
+    from ..wire import agent_record, bounded_json
+else:  # a script (or loaded by its path: pool/node.py, detached.py)
+    bounded_json, agent_record = _beside("bounded_json.py"), _beside("agent_record.py")
 
 IMDS = "http://169.254.169.254"
 SPOT_ACTION = "/latest/meta-data/spot/instance-action"
@@ -103,8 +114,8 @@ COLLECTED, HEARTBEAT = "collected", "controller"  # in the run directory: the co
 PUT_MAX_BYTES = 5 * 10 ** 9
 LOG_MAX_BYTES = 64 << 20  # the last this many bytes of job.log are handed over
 PUT_TRIES = 4
-#: the hand-over's objects: "pool" is an array's (its driver's RUN_DIR/pool: status.json, logs/INDEX.log)
-HANDOVER_URLS = ("outputs", "log", "pool", "status")
+#: the hand-over's objects: "pool" is an array's (its driver's RUN_DIR/pool: table.json, logs/INDEX.log)
+HANDOVER_URLS = ("outputs", "log", "pool", "record")
 #: urllib would send a body as a form (application/x-www-form-urlencoded), which a server may parse away
 BINARY = {"Content-Type": "application/octet-stream"}
 #: bounded_json's limits: an IMDS item, torchrun's error file, the hand-over file, job.env.json (execve(2): 2 MiB of env)
@@ -115,25 +126,11 @@ def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def canonical(record: dict) -> bytes:
-    """What a signature covers: ``record`` without ``signature``, as JSON with sorted keys and no spaces."""
-    return json.dumps({k: v for k, v in record.items() if k != "signature"}, sort_keys=True,
-                      separators=(",", ":")).encode()
-
-
-def sign(record: dict, key: bytes) -> str:
-    """HMAC-SHA256 of ``canonical(record)`` under ``key``, in hex (RFC 2104; Python's hmac)."""
-    return hmac.new(key, canonical(record), hashlib.sha256).hexdigest()
-
-
-def write_status(run_dir: str, status: dict, key: bytes | None = None) -> None:
-    """RUN_DIR/status.json, replaced atomically (a reader sees the old or the new, never half),
-    signed with ``key`` when there is one."""
+def write_record(run_dir: str, status: dict, key: bytes | None = None) -> None:
+    """RUN_DIR/agent-record.json (wire/agent_record.dumps: its fields, signed with ``key`` when there is one),
+    replaced atomically (a reader sees the old or the new, never half)."""
     with _WRITING:  # the watcher thread writes too (a notice, a rebalance recommendation): one at a time
-        record = {k: v for k, v in status.items() if k != "signature"}
-        if key:
-            record["signature"] = sign(record, key)
-        write_atomic(os.path.join(run_dir, "status.json"), json.dumps(record, indent=2))
+        write_atomic(os.path.join(run_dir, agent_record.NAME), agent_record.dumps(status, key))
 
 
 _WRITING = threading.Lock()
@@ -225,7 +222,7 @@ def root_cause(error_file: str) -> dict | None:
 
 def read_handover(path: str | None) -> dict | None:
     """The controller's handover file at ``path`` (deleted at once, before the job starts) as ``{"urls":
-    {"outputs"|"log"|"status": URL}, "wait_s": s, "shutdown": bool, "secret_names": [...]}``; None without one.
+    {"outputs"|"log"|"pool"|"record": URL}, "wait_s": s, "shutdown": bool, "secret_names": [...]}``; None without one.
     What it holds is checked: unknown names and URLs that are not http(s) are dropped."""
     if not path:
         return None
@@ -303,7 +300,7 @@ MASK = "****"  # runs/execute/job_summary.MASK
 
 def mask_bytes(data: bytes, values: list[str]) -> bytes:
     """``data`` with each of ``values`` replaced by MASK, longest first (pure; job_summary.mask_text's
-    rule; agent/detached.py masks with it too)."""
+    rule; agent/mirror.py masks with it too)."""
     for v in sorted((v for v in values if v), key=len, reverse=True):
         data = data.replace(v.encode("utf-8", "surrogateescape"), MASK.encode())
     return data
@@ -356,7 +353,7 @@ def put(url: str, data: bytes | None = None, path: str | None = None, tries: int
 
 def hand_over(run_dir: str, handover: dict, status: dict, key: bytes | None, env: dict) -> None:
     """What the controller would have brought home, put into S3 through ``handover``'s URLs
-    (module docstring), ``status["handover"]`` set to how it went and status.json written again."""
+    (module docstring), ``status["handover"]`` set to how it went and the record written again."""
     urls = handover["urls"]
     secrets = [env.get(n, "") for n in handover["secret_names"]]
     problems = []
@@ -373,27 +370,24 @@ def hand_over(run_dir: str, handover: dict, status: dict, key: bytes | None, env
         if problem:
             problems.append(f"log: {problem}")
     if "pool" in urls and os.path.isdir(os.path.join(run_dir, "pool")):  # an array's: its element table and logs
-        status["array"] = array_counts(os.path.join(run_dir, "pool", "status.json"))  # for `ec2gpu status RUN`
-        # status.json is JSON: a secret's quotes, backslashes and non-ASCII are escaped there
+        status["array"] = array_counts(os.path.join(run_dir, "pool", "table.json"))  # for `ec2gpu status RUN`
+        # table.json is JSON: a secret's quotes, backslashes and non-ASCII are escaped there
         _, problem = put_packed(urls["pool"], os.path.join(run_dir, "pool"), os.path.join(run_dir, ".handover-pool.tar.gz"),
                                 mask=secrets + [json.dumps(v)[1:-1] for v in secrets if v])
         if problem:
             problems.append(f"pool: {problem}")
     status["handover"] = ("failed: " + "; ".join(problems) if problems else "uploaded" if urls
                           else "nothing to upload (a run's outputs are its head node's)")
-    if "status" in urls:
-        record = {k: v for k, v in status.items() if k != "signature"}
-        if key:
-            record["signature"] = sign(record, key)
-        problem = put(urls["status"], json.dumps(record, indent=2).encode())
+    if "record" in urls:
+        problem = put(urls["record"], agent_record.dumps(status, key).encode())
         if problem:
-            status["handover"] = "failed: " + "; ".join(problems + [f"status: {problem}"])
-    write_status(run_dir, status, key)
+            status["handover"] = "failed: " + "; ".join(problems + [f"record: {problem}"])
+    write_record(run_dir, status, key)
 
 
 def array_counts(path: str, max_bytes: int = 16 << 20) -> dict | None:
     """The element counts ({"done", "failed", "running", "queued"}: integers) of the pool driver's
-    status.json at ``path`` (ec2gpu/pool/driver.py), None when it cannot be read."""
+    table.json at ``path`` (ec2gpu/pool/driver.py), None when it cannot be read."""
     try:
         counts = bounded_json.read(path, max_bytes=max_bytes, follow=False).get("counts")
     except (OSError, ValueError, AttributeError):
@@ -451,7 +445,7 @@ def after_end(run_dir: str, handover: dict, status: dict, key: bytes | None, env
             until = time.time() + 30
     if await_collection(run_dir, handover["wait_s"], until):
         status["handover"] = "collected"
-        write_status(run_dir, status, key)
+        write_record(run_dir, status, key)
         return
     hand_over(run_dir, handover, status, key, env)
     # only the head has URLs: a worker is left to its idle rule (its job may have ended before the head's)
@@ -467,7 +461,7 @@ def _forked() -> bool:
 def run(run_dir: str, argv: list[str], endpoint: str, poll_s: float, grace_s: float, env: dict | None = None,
         key: bytes | None = None, limit: tuple[float, float] | None = None, handover: dict | None = None,
         background: bool = False) -> int:
-    """Run ``argv`` to its end under the rules above, with ``env`` added to the environment, each status.json
+    """Run ``argv`` to its end under the rules above, with ``env`` added to the environment, each record
     signed with ``key``; ``limit`` is (SIGTERM at, grace s), POSIX seconds, or None; ``handover``
     (read_handover's) makes the run survive its controller's loss (after_end): with ``background`` (the command
     line's agent) in a child process, so that this one returns at once and the controller, which waits for the
@@ -487,7 +481,7 @@ def run(run_dir: str, argv: list[str], endpoint: str, poll_s: float, grace_s: fl
         job = subprocess.Popen(argv, cwd=full_env.get("EC2GPU_WORKDIR") or run_dir, env=full_env,
                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     status["pid"] = job.pid
-    write_status(run_dir, status, key)
+    write_record(run_dir, status, key)
 
     def stop_job(*_):
         with contextlib.suppress(ProcessLookupError):
@@ -507,7 +501,7 @@ def run(run_dir: str, argv: list[str], endpoint: str, poll_s: float, grace_s: fl
             status["error"] = root_cause(error_file)
         if handover:
             status["handover"] = "pending"  # the idle rule counts the instance busy meanwhile
-        write_status(run_dir, status, key)
+        write_record(run_dir, status, key)
     finally:  # the caller's handlers again (the agent in a process of its own has nothing after this)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -517,11 +511,11 @@ def run(run_dir: str, argv: list[str], endpoint: str, poll_s: float, grace_s: fl
         if background:  # the child: the agent's exit status was given (the controller judges by it)
             try:
                 status["agent_pid"] = os.getpid()  # the idle rule's "that agent process lives"
-                write_status(run_dir, status, key)
+                write_record(run_dir, status, key)
                 after_end(run_dir, handover, status, key, full_env)
             except Exception as exc:  # noqa: BLE001 - said in the record; the idle rule ends the instance
                 status["handover"] = f"failed: {type(exc).__name__}"
-                write_status(run_dir, status, key)
+                write_record(run_dir, status, key)
             finally:
                 os._exit(0)
         after_end(run_dir, handover, status, key, full_env)
@@ -541,7 +535,7 @@ def watch(job, stop_job, status: dict, run_dir: str, key: bytes | None, endpoint
             ends_at = limit[0] + limit[1]
             status["limit"] = {"ends_at": datetime.fromtimestamp(ends_at, timezone.utc).isoformat(timespec="seconds"),
                                "stopped_at": now()}
-            write_status(run_dir, status, key)
+            write_record(run_dir, status, key)
             stop_job()
             _kill_after(job, max(1.0, ends_at - 5 - time.time()))
             return
@@ -549,11 +543,11 @@ def watch(job, stop_job, status: dict, run_dir: str, key: bytes | None, endpoint
         if REBALANCE in found:  # the job is told, once; it goes on
             status["rebalance"] = rebalance_record(found[REBALANCE])
             write_atomic(os.path.join(run_dir, REBALANCE_FILE), json.dumps(status["rebalance"]))
-            write_status(run_dir, status, key)
+            write_record(run_dir, status, key)
         notice = found.get(SPOT_ACTION)
         if notice:
             status["notice"] = {**notice, "seen_at": now()}
-            write_status(run_dir, status, key)
+            write_record(run_dir, status, key)
             stop_job()
             _kill_after(job, grace_s)
             return
@@ -572,9 +566,9 @@ def _kill_after(job, grace_s: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--dir", required=True, help="the run directory: status.json and job.log go there")
+    p.add_argument("--dir", required=True, help="the run directory: agent-record.json and job.log go there")
     p.add_argument("--env-file", help="a JSON object of the job's environment (0600: secrets, never on a command line)")
-    p.add_argument("--key-file", help="the key that signs status.json (read, then deleted before the job starts)")
+    p.add_argument("--key-file", help="the key that signs its record (read, then deleted before the job starts)")
     p.add_argument("--limit-at", type=float, help="POSIX seconds: SIGTERM the job then (--max-runtime less --limit-grace)")
     p.add_argument("--limit-grace", type=float, default=120.0, help="seconds from --limit-at to the instance's end")
     p.add_argument("--handover-file", help="where the outputs go if the controller is gone (read, deleted before the job)")

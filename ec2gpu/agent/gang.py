@@ -1,9 +1,9 @@
 """The nodes of a detached run of several (issue 30): how N instances of one Auto Scaling group
 agree on who runs the job together, with which rank, and start again together when one of them is
-replaced. Pure rules here; agent/detached.py does the S3 reads and writes (``Detached`` in its
-several-node mode). Standard library only: shipped to the instance beside detached.py.
+replaced. Pure rules here; agent/members.py does the S3 reads and writes and agent/several.py runs
+a node's part by them. Standard library only: shipped to the instance beside detached.py.
 
-S3 keys, under the run's prefix ``runs/<user>/<run_id>/`` (detached.Store):
+S3 keys, under the run's prefix ``runs/<user>/<run_id>/`` (store.Store):
 
 - ``nodes/<instance_id>.json`` one per instance that ran the agent, written only by that instance:
   ``instance_id``, ``ip`` (its private address), ``booted_at`` (ISO 8601 UTC), ``state``
@@ -28,29 +28,35 @@ The rules (``propose``):
   stops it (SIGTERM: the job checkpoints) when the generation changes or one of its members is no
   longer live, and waits for the next one (EC2GPU_RESUME=1 there: the head's checkpoints are
   pulled by every node first).
-- The head (member 0) alone writes status.json, uploads checkpoints and outputs, and decides the
+- The head (member 0) alone writes the run's record (state.json), uploads checkpoints and outputs, and decides the
   attempt's end once every member's job has ended (``decide``; a member that ended its job and
   was lost after counts by its end): all succeeded -> the run succeeded; a member lost -> an
   interruption (the next generation starts when the group's replacement is up); else a failure,
   restarted together (reason "restart", the same members) while max_restarts_on_errors allows.
   A member's failure stops the others' jobs at once. A worker waits for that word; if the head
   itself is lost, the workers form the next generation with the replacement, and its head takes
-  over status.json. A member silent for a while that comes back, before anyone formed a
+  over the run's record. A member silent for a while that comes back, before anyone formed a
   generation, makes the same members start again together (reason "regroup").
 - A worker downloads the checkpoints once the head's record says it began the generation (the
   head uploads its last ones before it joins one).
 """
 from __future__ import annotations
 
+import importlib
 import re
 from datetime import datetime, timezone
 from typing import Any
+
+if __package__:  # in the package (tests, the controller)
+    from ..wire import run_spec
+else:  # on the instance: beside this file (runs/detached/launch.AGENT_FILES)
+    run_spec = importlib.import_module("run_spec")
 
 HEARTBEAT_S = 15.0  # a node record written again this often (S3 PUT: 240 an hour per instance)
 STALE_S = 120.0  # a record older than this (S3's LastModified) is an instance gone without a word
 MAX_NODE_BYTES = 4096
 MAX_GANG_BYTES = 64 * 1024
-MAX_NODES = 64  # cli --nodes' maximum
+MAX_NODES = run_spec.MAX_NODES  # cli --nodes' maximum
 MAX_RECORDS = 1000  # node records read at most (max_launches' maximum)
 IID_RE = re.compile(r"[A-Za-z0-9-]{1,64}")
 IP_RE = re.compile(r"[0-9a-fA-F.:]{1,64}")

@@ -1,7 +1,7 @@
 """Run a task's setup and end everything it leaves running, before the job starts.
 
 Shipped beside agent.py and started as ``python3 -I -S -B reaper.py [--grace S] -- bash -c '<the setup>' ...``
-(over SSH by runs/execute/engine.setup_node; by agent/detached.py on a detached run's instance).
+(over SSH by runs/execute/engine.setup_node; by agent/attempt.py on a detached run's instance).
 Standard library only. It
 
 - makes itself the child subreaper of what it starts (Linux's ``prctl(PR_SET_CHILD_SUBREAPER)``,

@@ -4,7 +4,7 @@
 #   idle-watch.sh IDLE_SECONDS [CHECK_SECONDS]
 #
 # Every CHECK_SECONDS (default 30) it asks whether the instance is busy:
-#   - a job: a status.json of ec2gpu's agent says "running" (or its handover is "pending": the job
+#   - a job: the record of ec2gpu's agent (agent-record.json) says "running" (or its handover is "pending": the job
 #     ended, its controller has not collected it yet) and that agent process lives;
 #   - an SSH connection: an established TCP connection to sshd's port (a shell, a tunnel, an
 #     editor's remote session, the controller following a job);
@@ -33,7 +33,7 @@ gpu_busy_percent=5
 
 job_running() {
   local f pid
-  for f in "${HOME:-/root}"/ec2gpu/runs/*/status.json /home/*/ec2gpu/runs/*/status.json; do
+  for f in "${HOME:-/root}"/ec2gpu/runs/*/agent-record.json /home/*/ec2gpu/runs/*/agent-record.json; do
     [ -f "$f" ] || continue
     grep -q -e '"state": "running"' -e '"handover": "pending"' "$f" || continue
     pid=$(sed -n 's/.*"agent_pid": \([0-9][0-9]*\).*/\1/p' "$f")

@@ -103,7 +103,7 @@ def logs(name: str, *, follow: bool = False, write: Optional[Write] = None, regi
     A detached run (`run --detach`; one the region's run store holds, from any machine of the
     account): its job.log from S3 (runs/detached/fetch.show_log: its last 64 MiB), as the agent
     last uploaded it (every 60 s and at the end) or, with ``follow``, polled every 5 s, only the
-    new bytes written, until status.json's state is final or the run's group has ended; read live
+    new bytes written, until the run's record's state is final or the run's group has ended; read live
     over SSH instead while the run has an instance in service and this machine has its private
     key (the one that started it), its secrets masked as in S3. Else the
     log on its running instance, as it is now or, with ``follow``, until the job ends,
@@ -120,7 +120,7 @@ def logs(name: str, *, follow: bool = False, write: Optional[Write] = None, regi
     "instance"; with ``follow`` until it ends, "exit_status" then its own).
 
     Returns {"exit_status", "run_id", "instance_id", "source"}: "source" is "saved" (brought home;
-    "instance_id" None), "s3" (a detached run; "instance_id" None, and "state": status.json's
+    "instance_id" None), "s3" (a detached run; "instance_id" None, and "state": its record's (state.json)
     state) or "instance"; "exit_status" is the job's exit status where known: a finished run's
     (runs/execute/logs.exit_status_of: 0 completed, else its job's, 1 when the run ended before its
     job), a detached run's once its state is final (0 succeeded, else its job's exit code, 1 when
@@ -232,7 +232,8 @@ def fetch(run_id: str, *, out: Union[str, Path, None] = None, max_download: Unio
     detached run, from its S3 store; `ec2gpu fetch`.
 
     Outputs to ``out``/outputs, checkpoints to ``out``/checkpoints, job.log (secrets masked) and
-    status.json to ``out`` (default: the run's artifacts directory, else runs/RUN_ID), as a
+    the agent's record (agent-record.json; a detached run's: state.json)
+    to ``out`` (default: the run's artifacts directory, else runs/RUN_ID), as a
     finished run would have: for a run whose controller died, before `ec2gpu down RUN`; or what a
     run left on a standing instance above its download limits. A detached run (`run --detach`:
     one the region's run store holds under your user id, from any machine) has them from
@@ -244,7 +245,7 @@ def fetch(run_id: str, *, out: Union[str, Path, None] = None, max_download: Unio
     directory (default EC2GPU_MAX_DOWNLOAD_FILES, else 10000). What is not brought home is said to
     ``log``. Returns {"run_id": the full id, "out": absolute path, "outputs": [...],
     "checkpoints": [...], "files": [...]} (paths relative to their directory); a detached run's
-    also has "source": "s3", "state" (status.json's), "skipped" (objects refused for their name or
+    also has "source": "s3", "state" (its record's, state.json), "skipped" (objects refused for their name or
     place), "left" (objects above the limits) and "columns" (from its summary.json: summary,
     summary_schema, test_acc ...; {} without one). A run in the foreground whose controller was lost
     and whose instance is gone has what its agent handed over to ``runs/USER_ID/RUN_ID/handover/`` in S3

@@ -122,7 +122,7 @@ def list_runs(*, since: Optional[str] = None, sandbox: bool = False, remote: boo
     ``remote``: instead, the detached runs recorded in the region's run store (S3, ``region``;
     ``sandbox``: the sandbox's), from any machine of the account, not only this one's ledger
     (runs/detached/costs.remote_runs): at most ``limit`` (default REMOTE_LIMIT) newest first, each
-    with its status.json's fields (state, attempt, restarts, interruptions, instance_id,
+    with its record's fields (state.json: state, attempt, restarts, interruptions, instance_id,
     started_at, ended_at, message, problem: runs/detached/follow's), its cost from the times its
     agent recorded and the prices that applied (billed_seconds in s, cost_usd in USD or None when a
     price or an instance type is unknown, upper_bound, "cost": the whole bill with per_instance

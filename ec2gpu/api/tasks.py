@@ -359,7 +359,7 @@ def bake(task: Union[str, Path, object], *, base: str = "dlami", name: Optional[
 def status(run_id: str, *, region: Optional[str] = None, sandbox: bool = False,
            log=lambda text: None) -> dict:
     """A detached run (`ec2gpu run --detach`) as AWS knows it, from any machine of the account:
-    its status.json in the run store (state: pending, running, interrupted, succeeded, failed or
+    its record (state.json) in the run store (state: pending, running, interrupted, succeeded, failed or
     cancelled; attempt, restarts, interruptions survived, instance, times, message) and its Auto
     Scaling group ("group": desired capacity and instances, None once gone). A run that is over has
     what it made removed by this call ("removed", by kind; runs/detached/follow.remove_finished).

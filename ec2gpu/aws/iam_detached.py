@@ -119,7 +119,7 @@ def _run_object_statements(arn: str, bucket: str, prefix: str, account_id: str) 
     - "RunObjects": s3:AbortMultipartUpload, s3:GetObject, s3:PutObject on
       ``arn:aws:s3:::BUCKET/runs/USER_ID/RUN_ID/*`` only. PutObject also covers a multipart upload's
       Create/UploadPart/Complete, and HeadObject is authorised as GetObject. The agent replaces a
-      file (status.json, the log) by putting the same key again, which S3 overwrites. No
+      file (state.json, the log) by putting the same key again, which S3 overwrites. No
       s3:GetBucketLocation: the agent's client is made for the run's region, which is the
       bucket's (its name says so).
     - "PruneOwnCheckpoints": s3:DeleteObject on ``arn:aws:s3:::BUCKET/runs/USER_ID/RUN_ID/checkpoints/*``

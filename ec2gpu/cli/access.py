@@ -185,7 +185,7 @@ def fetch(run_id: str = typer.Argument(..., help="Run id (or a unique prefix), a
           region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
     """Bring home what a run's job has written so far, from its running instance.
 
-    Outputs, checkpoints, job.log, status.json: for a run whose controller died, before
+    Outputs, checkpoints, job.log, the agent's record: for a run whose controller died, before
     `ec2gpu down RUN`; or what a run left on a standing instance above its download limits. A
     detached run's (run --detach) come from its S3 store, from any machine of the account."""
     from ..api import access as ops

@@ -168,7 +168,7 @@ def _remote(listed: dict, as_json: bool) -> None:
     t.add_column("run id", no_wrap=True, min_width=max(len(r["run_id"]) for r in rows))
     for name in ("state", "try", "intr", "started", "ended", "cost $", "here"):
         t.add_column(name, overflow="fold", no_wrap=name in ("state", "try", "intr", "cost $"))
-    for r in rows:  # the state and times come from status.json, which the job's role can write: inert cells
+    for r in rows:  # the state and times come from the run's record, which the job's role can write: inert cells
         usd = _usd(r.get("cost_usd")) + (" max" if r.get("upper_bound") and r.get("cost_usd") is not None else "") + \
             (" so far" if (r.get("cost") or {}).get("running") else "")
         table_row(t, r["run_id"], r["state"], "-" if r.get("attempt") is None else str(r["attempt"]),

@@ -253,7 +253,7 @@ def status_cmd(run_id: str = typer.Argument(..., help="The run id `ec2gpu run --
                region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
     """Show a detached run from any machine of the account: state, attempt, instance, interruptions.
 
-    Read from the run's status.json in S3 (written by its agent) and its Auto Scaling group. A run
+    Read from the run's record (state.json) in S3 (written by its agent) and its Auto Scaling group. A run
     that is over has its group, launch template, security group, key pair and role removed now.
     An array or a sweep this machine runs: its elements done, running, queued and failed, its
     instances, the cost so far and the ETA, as its live line shows them (no AWS call)."""
@@ -336,13 +336,13 @@ def _say_status(got: Mapping[str, Any], sandbox: bool = False) -> None:
             else f"${got['cost_usd']:.4f}" + (" so far" if c.get("running") else "") \
             + (" (an upper bound)" if got.get("upper_bound") else "")
         say(out, f"cost {cost} for {got.get('billed_seconds') or 0:.0f} s billed")
-        if c.get("not_this_runs"):  # status.json named another run's instances (costs.own_launches, costs.settle)
-            warn("status.json names instances that are not this run's, not billed here: "
+        if c.get("not_this_runs"):  # the record named another run's instances (costs.own_launches, costs.settle)
+            warn("state.json names instances that are not this run's, not billed here: "
                  + ", ".join(inert(str(i)) for i in c["not_this_runs"]))
     if got.get("message"):
         say(out, f"message: {got['message']}")
     if got.get("problem"):
-        warn(f"status.json: {got['problem']}")
+        warn(f"state.json: {got['problem']}")
     if group:
         say(out, f"group {group['name']}: desired {group['desired']}, instances "
                  + (", ".join(f"{i['id']} {i['state']}" + (f" ({i['instance_type']})" if i.get("instance_type") else "")

@@ -7,7 +7,7 @@ reach more than SSH) and calls
 ``PoolDriver`` as its strategy. Every node is opened, set up and given the workdir as for any run,
 Ray starts on each (pool/ray_nodes.py; ec2gpu/pool/node.py: node 0 the head), and
 the driver (ec2gpu/pool/driver.py) runs on the head under the agent. While it runs, the controller
-reads the driver's status.json (ec2gpu/pool/records.py) every POLL_S seconds (pool/follow.py): the progress line,
+reads the driver's table.json (ec2gpu/pool/records.py) every POLL_S seconds (pool/follow.py): the progress line,
 and the pool's shrinking: once no element waits, each worker whose node runs none is released
 (its Ray node stopped, its instance terminated), so the last element does not keep every
 instance billing. A worker that is lost (a spot interruption) takes its running elements with it:

@@ -1,5 +1,5 @@
 """The controller's loop while a pool's driver runs (pool/attempt.py's PoolDriver): the driver's
-log and status.json read every POLL_S seconds, the progress line (and the run's progress.json),
+log and table.json read every POLL_S seconds, the progress line (and the run's progress.json),
 the pool shrunk once no element waits (each idle worker's Ray stopped, its instance terminated),
 lost workers noted and replaced while work remains (pool/grow.py), finished elements' results
 brought home as they end, and a head that stops answering retried, then counted as lost.
@@ -81,7 +81,7 @@ class Pool:
 
 def read_status(head: Node, opts: PoolOptions, ui: ReporterLike) -> dict[str, Any] | None:
     from ..remote import jobs
-    raw = jobs.read_from(head.conn, f"{head.run_dir}/pool/status.json", 0, records.MAX_STATUS_BYTES + 1)
+    raw = jobs.read_from(head.conn, f"{head.run_dir}/pool/{records.TABLE}", 0, records.MAX_STATUS_BYTES + 1)
     if not raw:
         return None
     try:

@@ -1,4 +1,5 @@
-"""The pool driver's status.json, read as hostile input, and the run's element table (pure).
+"""The pool driver's element table (RUN_DIR/pool/table.json), read as hostile input, and the run's
+element table brought home (pure).
 
 The driver (ec2gpu/pool/driver.py) runs on an instance the job shares: what it writes is bounded,
 checked field by field and printed inert, like every record that comes from an instance.
@@ -11,6 +12,7 @@ from typing import Any, Mapping, Sequence
 from ..tasks.arrays import MAX_ELEMENTS, MAX_PARAMS
 from ..wire import bounded_json
 
+TABLE = "table.json"  # in RUN_DIR/pool/, where the driver writes it (pool/driver.py)
 MAX_STATUS_BYTES = 16 * 1024 * 1024  # 10,000 elements' records with their last lines fit
 #: the run directory's pool.json (and the records beside it) read back: the element table checked
 #: from a status of at most MAX_STATUS_BYTES, written again with indentation
@@ -22,7 +24,7 @@ MAX_NODES = 256
 
 
 class BadStatus(ValueError):
-    """The driver's status.json is not one the controller accepts (the message says why)."""
+    """The driver's table is not one the controller accepts (the message says why)."""
 
 
 def _int(value: Any, lo: int, hi: int, what: str, optional: bool = False) -> int | None:
@@ -99,7 +101,7 @@ def _element(raw: Any, known: Mapping[int, Mapping[str, str]] | None) -> dict[st
 
 
 def parse_status(data: bytes, submitted: Sequence[Mapping[str, Any]] | None) -> dict[str, Any]:
-    """The driver's status.json (``data``, at most MAX_STATUS_BYTES) checked against the elements
+    """The driver's table (``data``: table.json's bytes, at most MAX_STATUS_BYTES) checked against the elements
     that were ``submitted`` (each with ``index`` and ``params``; None where they are not known,
     as for `ec2gpu fetch` on another machine: each record's own parameters are taken, checked
     as bounded text): {"final", "counts", "nodes" ({address: elements running}), "elements"

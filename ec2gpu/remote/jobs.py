@@ -93,7 +93,7 @@ def read_from(conn: Connection, path: str, offset: int, limit: int = CHUNK_BYTES
     try:
         with sftp.open(path, "rb") as f:
             f.seek(offset)
-            if limit <= PREFETCH_FROM:  # a record (exit_status, status.json): one read, no stat round trip
+            if limit <= PREFETCH_FROM:  # a record (exit_status, agent-record.json): one read, no stat round trip
                 return cast(bytes, f.read(limit))
             end = min(int(f.stat().st_size or 0), offset + limit)
             if end - offset > PREFETCH_FROM:  # many 32 KiB requests in flight at once, not one round trip each

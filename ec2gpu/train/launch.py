@@ -7,7 +7,7 @@ that raised an exception under ``@record`` left an error file, and plain ``torch
 and torchrun only logs it. This wrapper writes the error file in both cases, in torchelastic's
 format (https://pytorch.org/docs/stable/elastic/errors.html) with ``errorCode`` set to the
 worker's exit code (negative: killed by that signal, as torchelastic reports it) and the failed
-rank, so the instance agent (agent/agent.py) can put the root cause into status.json and the
+rank, so the instance agent (agent/agent.py) can put the root cause into its record and the
 controller never reads it from log text. Exits 1 after a worker failure, without a traceback.
 """
 from __future__ import annotations

@@ -21,7 +21,7 @@ in plain words, when it is
   number beyond a float's range (1e999) or an integer of over 4,300 digits (Python's
   int_max_str_digits): "not JSON (line 1, column 7)", "not JSON: NaN is not a number";
 - read from a path (``read``) that is not a regular file: a FIFO (whose open would wait for a writer
-  for ever: the torchrun error file and a pool's status.json are paths the job controls), a device, a
+  for ever: the torchrun error file and a pool's table.json are paths the job controls), a device, a
   directory, or with ``follow=False`` a symbolic link: "not a regular file (a FIFO)".
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ import stat
 from typing import Any, NoReturn
 
 #: objects and lists inside each other at most, unless a caller says: the deepest record ec2gpu
-#: writes (a pool's status.json: object, elements list, element, tail list) has 4 levels
+#: writes (a pool's table.json: object, elements list, element, tail list) has 4 levels
 MAX_DEPTH = 64
 
 

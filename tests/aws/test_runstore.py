@@ -11,9 +11,10 @@ import pytest
 from moto import mock_aws
 
 from ec2gpu import settings as settings_mod
-from ec2gpu.aws import runstore
+from ec2gpu.aws import runstore, runstore_objects, runstore_records
 from ec2gpu.errors import AwsError, UsageError
 from ec2gpu.runs.plan import doctor
+from ec2gpu.wire import run_record
 
 ACCOUNT = "123456789012"  # moto's account: ExpectedBucketOwner matches it
 BUCKET = f"ec2gpu-{ACCOUNT}-us-east-1"
@@ -75,7 +76,7 @@ def test_a_bucket_name_from_anything_but_an_account_and_a_region_is_refused(acco
 def test_every_key_of_a_run_is_under_its_users_prefix():
     assert runstore.user_prefix(USER) == f"runs/{USER}/"
     assert runstore.prefix(USER, RUN) == f"runs/{USER}/{RUN}/"
-    assert runstore.status_key(USER, RUN) == f"runs/{USER}/{RUN}/status.json"
+    assert runstore.record_key(USER, RUN) == f"runs/{USER}/{RUN}/state.json"
     assert runstore.logs_prefix(USER, RUN) == f"runs/{USER}/{RUN}/logs/"
     assert runstore.outputs_prefix(USER, RUN) == f"runs/{USER}/{RUN}/outputs/"
     assert runstore.checkpoints_prefix(USER, RUN) == f"runs/{USER}/{RUN}/checkpoints/"
@@ -84,14 +85,14 @@ def test_every_key_of_a_run_is_under_its_users_prefix():
     assert runstore.spec_key(USER, RUN) == f"runs/{USER}/{RUN}/spec.json"
     assert runstore.agent_prefix(USER, RUN) == f"runs/{USER}/{RUN}/agent/"
     assert set(runstore.handover_keys(USER, RUN).values()) == {
-        f"runs/{USER}/{RUN}/handover/{n}" for n in ("outputs.tar.gz", "job.log", "pool.tar.gz", "status.json")}
+        f"runs/{USER}/{RUN}/handover/{n}" for n in ("outputs.tar.gz", "job.log", "pool.tar.gz", "agent-record.json")}
     assert runstore.expire_rule(30)["Filter"] == {"Prefix": runstore.RUNS}  # every user's runs expire
 
 
 @pytest.mark.parametrize("bad", ["../x", "a/b", "", "..", f"{RUN}/../x", f"../{RUN}", f"{RUN}/", f"{RUN}\n",
                                  "20260125-103000-1A2B", "20260125-103000-1a2", "2026012-103000-1a2b",
                                  "20260125-103000-1a2b-x", "run-asg", None, 20260125])
-@pytest.mark.parametrize("helper", [runstore.prefix, runstore.status_key, runstore.logs_prefix, runstore.outputs_prefix,
+@pytest.mark.parametrize("helper", [runstore.prefix, runstore.record_key, runstore.logs_prefix, runstore.outputs_prefix,
                                     runstore.checkpoints_prefix, runstore.workdir_key])
 def test_a_key_helper_refuses_what_is_not_a_run_id(helper, bad):
     with pytest.raises(UsageError, match="is not a run id"):
@@ -100,7 +101,7 @@ def test_a_key_helper_refuses_what_is_not_a_run_id(helper, bad):
 
 @pytest.mark.parametrize("bad", ["../x", "a/b", "", "..", ".", "/", "*", "a*", "a?", "${aws:userid}", "a b", "a\n",
                                  "x" * 129, None, 7, "ＡＩＤＡ", "AROAX:a/b", "-x"])
-@pytest.mark.parametrize("helper", [runstore.prefix, runstore.status_key, runstore.logs_prefix, runstore.outputs_prefix,
+@pytest.mark.parametrize("helper", [runstore.prefix, runstore.record_key, runstore.logs_prefix, runstore.outputs_prefix,
                                     runstore.checkpoints_prefix, runstore.workdir_key])
 def test_a_key_helper_refuses_what_is_not_a_user_id(helper, bad):
     """A user id never leaves its prefix nor matches more than itself in an IAM pattern: no "/",
@@ -209,7 +210,7 @@ def test_ensure_outside_us_east_1_makes_the_bucket_in_that_region(s3):
 
 def test_ensure_again_changes_nothing_keeps_the_users_own_settings_and_sets_a_changed_expiry(s3):
     s3.create_bucket(Bucket=BUCKET)
-    s3.put_object(Bucket=BUCKET, Key=runstore.status_key(USER, RUN), Body=b"{}")
+    s3.put_object(Bucket=BUCKET, Key=runstore.record_key(USER, RUN), Body=b"{}")
     runstore.ensure(s3, ACCOUNT, "us-east-1", "alice", 30)
     mine = {"Sid": "Mine", "Effect": "Deny", "Principal": "*", "Action": "s3:DeleteBucket",
             "Resource": f"arn:aws:s3:::{BUCKET}"}
@@ -229,7 +230,7 @@ def test_ensure_again_changes_nothing_keeps_the_users_own_settings_and_sets_a_ch
     assert runstore.check(s3, BUCKET, 7) == [] and runstore.check(s3, BUCKET, 30) == [
         "runs/ expire after 7 days, not the 30 that run_store_expire_days asks for"]
     assert _policy(s3)["Statement"][0] == mine  # the user's statement stays
-    assert s3.get_object(Bucket=BUCKET, Key=runstore.status_key(USER, RUN))["Body"].read() == b"{}"  # data stays
+    assert s3.get_object(Bucket=BUCKET, Key=runstore.record_key(USER, RUN))["Body"].read() == b"{}"  # data stays
 
 
 def test_ensure_sets_again_what_was_removed_or_changed(s3):
@@ -295,8 +296,8 @@ def test_a_user_who_may_not_change_the_buckets_settings_still_gets_the_store_and
     assert "an administrator" in said[2] and "ec2gpu doctor" in said[2]
     problems = runstore.check(s3, BUCKET, 30)
     assert any("TLS" in p for p in problems) and any("lifecycle" in p for p in problems)
-    runstore.put_status(user, BUCKET, USER, RUN, {"state": "pending"})  # the run's own objects: as before
-    assert runstore.get_status(user, BUCKET, USER, RUN)["state"] == "pending"
+    runstore_records.put_status(user, BUCKET, USER, RUN, {"state": "pending"})  # the run's own objects: as before
+    assert runstore_records.get_status(user, BUCKET, USER, RUN)["state"] == "pending"
     said.clear()
     runstore.ensure(s3, ACCOUNT, "us-east-1", "alice", 30, log=said.append)  # an administrator's credentials
     assert runstore.check(s3, BUCKET, 30) == [] and not any("not set" in line for line in said)
@@ -320,9 +321,9 @@ def test_every_request_on_the_bucket_names_its_expected_owner(s3):
     s3.meta.events.register("before-parameter-build.s3", lambda params, model, **_: sent.append(
         (model.name, params.get("ExpectedBucketOwner"))))
     runstore.ensure(s3, ACCOUNT, "us-east-1", "alice", 30)
-    runstore.put_status(s3, BUCKET, USER, RUN, {"state": "running"})
-    runstore.get_status(s3, BUCKET, USER, RUN)
-    runstore.list_runs(s3, BUCKET, USER)
+    runstore_records.put_status(s3, BUCKET, USER, RUN, {"state": "running"})
+    runstore_records.get_status(s3, BUCKET, USER, RUN)
+    runstore_records.list_runs(s3, BUCKET, USER)
     runstore.check(s3, BUCKET)
     assert {name for name, owner in sent if owner != ACCOUNT} == {"CreateBucket"}  # CreateBucket takes none
     assert {"GetBucketLocation", "PutBucketPolicy", "PutObject", "GetObject", "ListObjectsV2"} <= {n for n, _ in sent}
@@ -396,15 +397,15 @@ def test_check_raises_for_an_error_that_is_not_a_missing_setting():
 
 def test_a_status_record_goes_up_and_comes_back_validated(s3):
     runstore.ensure(s3, ACCOUNT, "us-east-1", "alice", 30)
-    assert runstore.get_status(s3, BUCKET, USER, RUN) is None  # no object
-    assert runstore.get_status(s3, "ec2gpu-123456789012-eu-north-1", USER, RUN) is None  # no bucket
+    assert runstore_records.get_status(s3, BUCKET, USER, RUN) is None  # no object
+    assert runstore_records.get_status(s3, "ec2gpu-123456789012-eu-north-1", USER, RUN) is None  # no bucket
     record = {"state": "running", "attempt": 2, "interruptions": 1, "restarts": 0, "instance_id": "i-0123456789abcdef0",
               "instance_type": "g5.xlarge", "market": "spot", "started_at": "2026-01-25T10:30:00Z",
               "updated_at": "2026-01-25T11:00:00.5+00:00", "message": "resumed from step 300"}
-    runstore.put_status(s3, BUCKET, USER, RUN, record)
-    stored = s3.get_object(Bucket=BUCKET, Key=f"runs/{USER}/{RUN}/status.json")
+    runstore_records.put_status(s3, BUCKET, USER, RUN, record)
+    stored = s3.get_object(Bucket=BUCKET, Key=f"runs/{USER}/{RUN}/state.json")
     assert stored["ContentType"] == "application/json" and json.loads(stored["Body"].read())["run_id"] == RUN
-    got = runstore.get_status(s3, BUCKET, USER, RUN)
+    got = runstore_records.get_status(s3, BUCKET, USER, RUN)
     assert got == {**record, "run_id": RUN, "exit_code": None, "signal": None, "ended_at": None, "problem": None,
                    "launches": None}
 
@@ -450,34 +451,34 @@ class _NoListBucketForTheKey:
 def test_a_missing_object_is_absent_though_s3_answers_403_for_want_of_list_bucket(s3):
     """On AWS the user policy's s3:ListBucket is prefix-scoped, and S3 may answer a missing key 403:
     status.json before the agent wrote it, settled.json, a hand-over object not there yet, a log
-    gone. Each read says "not there" as it does for a 404, by listing the key (runstore._missing);
+    gone. Each read says "not there" as it does for a 404, by listing the key (runstore_objects.missing);
     an object that is there but refused, or a 403 whose listing is refused too, stays an error."""
     runstore.ensure(s3, ACCOUNT, "us-east-1", "alice", 30)
     user = _NoListBucketForTheKey(s3)
-    key = runstore.status_key(USER, RUN)
-    assert runstore.get_status(user, BUCKET, USER, RUN) is None
-    assert runstore.get_settled(user, BUCKET, USER, RUN) == []
-    assert runstore.read_head(user, BUCKET, runstore.handover_keys(USER, RUN)["status"], 10) is None
-    assert runstore.head_object(user, BUCKET, key) is None
-    assert runstore.read_range(user, BUCKET, key, 0, 9) is None
+    key = runstore.record_key(USER, RUN)
+    assert runstore_records.get_status(user, BUCKET, USER, RUN) is None
+    assert runstore_records.get_settled(user, BUCKET, USER, RUN) == []
+    assert runstore_objects.read_head(user, BUCKET, runstore.handover_keys(USER, RUN)["record"], 10) is None
+    assert runstore_objects.head_object(user, BUCKET, key) is None
+    assert runstore_objects.read_range(user, BUCKET, key, 0, 9) is None
     with pytest.raises(FileNotFoundError):
-        runstore.download(user, BUCKET, key, io.BytesIO(), 100)
+        runstore_objects.download(user, BUCKET, key, io.BytesIO(), 100)
     # a longer key beside it is not it
     s3.put_object(Bucket=BUCKET, Key=key + ".bak", Body=b"{}")
-    assert runstore.head_object(user, BUCKET, key) is None
-    runstore.put_status(s3, BUCKET, USER, RUN, {"state": "running"})
-    assert runstore.get_status(user, BUCKET, USER, RUN)["state"] == "running"
+    assert runstore_objects.head_object(user, BUCKET, key) is None
+    runstore_records.put_status(s3, BUCKET, USER, RUN, {"state": "running"})
+    assert runstore_records.get_status(user, BUCKET, USER, RUN)["state"] == "running"
     with pytest.raises(AwsError, match="GetObject failed \\(AccessDenied\\)"):
-        runstore.get_status(_NoListBucketForTheKey(s3, refused={key}), BUCKET, USER, RUN)
+        runstore_records.get_status(_NoListBucketForTheKey(s3, refused={key}), BUCKET, USER, RUN)
     with pytest.raises(AwsError, match="HeadObject failed \\(403\\)"):
-        runstore.head_object(_NoListBucketForTheKey(s3, refused={key}), BUCKET, key)
+        runstore_objects.head_object(_NoListBucketForTheKey(s3, refused={key}), BUCKET, key)
     with pytest.raises(AwsError, match="GetObject failed \\(AccessDenied\\)"):
-        runstore.get_settled(_NoListBucketForTheKey(s3, no_listing=True), BUCKET, USER, RUN)
+        runstore_records.get_settled(_NoListBucketForTheKey(s3, no_listing=True), BUCKET, USER, RUN)
 
 
 def _read(s3, body: bytes):
-    s3.put_object(Bucket=BUCKET, Key=runstore.status_key(USER, RUN), Body=body)
-    return runstore.get_status(s3, BUCKET, USER, RUN)
+    s3.put_object(Bucket=BUCKET, Key=runstore.record_key(USER, RUN), Body=body)
+    return runstore_records.get_status(s3, BUCKET, USER, RUN)
 
 
 @pytest.mark.parametrize("body, problem", [
@@ -492,30 +493,56 @@ def test_a_status_object_that_is_not_a_record_is_refused_and_nothing_of_it_taken
     s3.create_bucket(Bucket=BUCKET)
     got = _read(s3, body)
     assert got["state"] == "unreadable" and problem in got["problem"] and got["run_id"] == RUN
-    assert set(got) == set(runstore._FIELDS) and all(got[k] is None for k in got if k not in ("state", "problem",
+    assert set(got) == set(run_record.VIEW_FIELDS) and all(got[k] is None for k in got if k not in ("state", "problem",
                                                                                                 "run_id"))
 
 
 def test_validate_status_refuses_oversize_bytes_itself():
-    got = runstore.validate_status(b'{"state": "running"}' + b" " * (1024 * 1024), RUN)
+    got = run_record.view(b'{"state": "running"}' + b" " * (1024 * 1024), RUN)
     assert got["state"] == "unreadable" and "more than 1,048,576 bytes" in got["problem"]
-    assert runstore.validate_status(b'{"state": "running"}' + b" " * 1000, RUN)["state"] == "running"
+    assert run_record.view(b'{"state": "running"}' + b" " * 1000, RUN)["state"] == "running"
 
 
 def test_an_oversize_status_object_is_refused_without_being_read():
     body = SimpleNamespace(read=lambda n=None: pytest.fail("an oversize object was read"), close=lambda: None)
     client = SimpleNamespace(get_object=lambda **kw: {"Body": body, "ContentLength": 10 << 30})
-    got = runstore.get_status(client, BUCKET, USER, RUN)
+    got = runstore_records.get_status(client, BUCKET, USER, RUN)
     assert got["state"] == "unreadable" and "10,737,418,240 bytes" in got["problem"]
 
 
-def test_the_agents_names_are_read_as_the_records_own():
-    got = runstore.validate_status(json.dumps({
-        "run_id": RUN, "state": "starting", "restarts_on_errors": 2, "launches": 3, "reason": "why",
-        "created_at": "2026-11-25T10:00:00+00:00", "heartbeat_at": "2026-11-25T10:05:00+00:00"}).encode(), RUN)
-    assert (got["state"], got["restarts"], got["launches"], got["message"]) == ("starting", 2, 3, "why")
+OLD_AGENTS = {"version": 1, "run_id": RUN, "state": "running", "restarts_on_errors": 2, "launches": 3, "reason": "why",
+              "created_at": "2026-11-25T10:00:00+00:00", "heartbeat_at": "2026-11-25T10:05:00+00:00"}
+
+
+def test_a_previous_releases_record_is_read_in_this_releases_vocabulary():
+    """An agent of the previous release (a run launched before the upgrade) writes status.json with
+    its names: for one release it is read, once, through run_record.upgrade, into the one vocabulary."""
+    got = run_record.view(json.dumps(OLD_AGENTS).encode(), RUN)
+    assert (got["state"], got["restarts"], got["launches"], got["message"]) == ("running", 2, 3, "why")
     assert (got["started_at"], got["updated_at"]) == ("2026-11-25T10:00:00+00:00", "2026-11-25T10:05:00+00:00")
-    assert "interrupted" not in runstore.FINAL_STATES  # a replacement resumes an interrupted run
+    assert "interrupted" not in run_record.FINAL_STATES  # a replacement resumes an interrupted run
+    # a record of this release is read by its own names only: an old name there is no field of it
+    assert run_record.view(json.dumps({**OLD_AGENTS, "version": run_record.VERSION}).encode(), RUN)["message"] is None
+
+
+def test_a_run_started_by_the_previous_release_is_followed_and_ended_under_its_old_name(s3):
+    """Its agent writes runs/USER/RUN/status.json: `status` reads it there while there is no state.json,
+    and an end the controller records goes where the agent reads it, in this release's vocabulary."""
+    s3.create_bucket(Bucket=BUCKET)
+    old = runstore.legacy_record_key(USER, RUN)
+    assert old == f"runs/{USER}/{RUN}/status.json"
+    s3.put_object(Bucket=BUCKET, Key=old, Body=json.dumps(OLD_AGENTS).encode())
+    assert runstore_records.get_status(s3, BUCKET, USER, RUN)["message"] == "why"
+    assert runstore_records.get_status_bytes(s3, BUCKET, USER, RUN) == json.dumps(OLD_AGENTS).encode()
+    assert runstore_records.end_status(s3, BUCKET, USER, RUN, "cancelled", "cancelled by you", "2026-11-25T11:00:00Z")
+    raw = json.loads(s3.get_object(Bucket=BUCKET, Key=old)["Body"].read())
+    assert (raw["version"], raw["state"], raw["message"], raw["restarts"]) == (run_record.VERSION, "cancelled",
+                                                                               "cancelled by you", 2)
+    assert "reason" not in raw and "restarts_on_errors" not in raw
+    assert s3.list_objects_v2(Bucket=BUCKET, Prefix=runstore.record_key(USER, RUN)).get("KeyCount") == 0
+    # a record under this release's name wins
+    runstore_records.put_status(s3, BUCKET, USER, RUN, {"state": "running"})
+    assert runstore_records.get_status(s3, BUCKET, USER, RUN)["state"] == "running"
 
 
 def test_each_field_of_a_status_record_is_checked_and_unknown_ones_dropped(s3):
@@ -537,11 +564,11 @@ def test_put_status_refuses_what_get_status_would_not_take(s3):
                      ({"state": "running", "x": object()}, "not JSON"), ({"state": "running", "x": float("nan")}, "not JSON"),
                      (["running"], "a dict")):
         with pytest.raises(ValueError, match=why):
-            runstore.put_status(s3, BUCKET, USER, RUN, bad)
+            runstore_records.put_status(s3, BUCKET, USER, RUN, bad)
     with pytest.raises(UsageError, match="is not a run id"):
-        runstore.put_status(s3, BUCKET, USER, "../x", {"state": "running"})
+        runstore_records.put_status(s3, BUCKET, USER, "../x", {"state": "running"})
     with pytest.raises(UsageError, match="is not a run id"):
-        runstore.get_status(s3, BUCKET, USER, "a/b")
+        runstore_records.get_status(s3, BUCKET, USER, "a/b")
     assert s3.list_objects_v2(Bucket=BUCKET).get("KeyCount") == 0
 
 
@@ -549,7 +576,7 @@ def test_put_status_refuses_what_get_status_would_not_take(s3):
 
 def test_list_runs_names_each_of_the_users_runs_once_and_skips_what_is_not_one_of_them(s3):
     s3.create_bucket(Bucket=BUCKET)
-    assert runstore.list_runs(s3, BUCKET, USER) == []
+    assert runstore_records.list_runs(s3, BUCKET, USER) == []
     mine = f"runs/{USER}/"
     for key in (f"{mine}{RUN}/status.json", f"{mine}{RUN}/logs/job.log", f"{mine}20260124-090000-0000/workdir.tar.gz",
                 f"{mine}junk/status.json", f"{mine}../x", f"{mine}20260125-103000-1A2B/status.json", f"{mine}loose.txt",
@@ -558,9 +585,9 @@ def test_list_runs_names_each_of_the_users_runs_once_and_skips_what_is_not_one_o
                 "runs/AIDAEXAMPLEUSERID0002/20260126-000000-0000/status.json", "runs/20260127-000000-0000/status.json",
                 f"runs/{USER}x/20260128-000000-0000/status.json"):
         s3.put_object(Bucket=BUCKET, Key=key, Body=b"{}")
-    assert runstore.list_runs(s3, BUCKET, USER) == ["20260124-090000-0000", RUN]
-    assert runstore.list_runs(s3, BUCKET, "AIDAEXAMPLEUSERID0002") == ["20260126-000000-0000"]
-    assert runstore.list_runs(s3, "ec2gpu-123456789012-eu-north-1", USER) == []  # no bucket: no runs
+    assert runstore_records.list_runs(s3, BUCKET, USER) == ["20260124-090000-0000", RUN]
+    assert runstore_records.list_runs(s3, BUCKET, "AIDAEXAMPLEUSERID0002") == ["20260126-000000-0000"]
+    assert runstore_records.list_runs(s3, "ec2gpu-123456789012-eu-north-1", USER) == []  # no bucket: no runs
 
 
 def test_list_runs_reads_every_page():
@@ -573,7 +600,7 @@ def test_list_runs_reads_every_page():
                          {"CommonPrefixes": [{"Prefix": f"runs/{USER}/20260101-000000-0002/"},
                                              {"Prefix": f"runs/{USER}/x/"}]}])
     client = SimpleNamespace(get_paginator=lambda name: Paginator() if name == "list_objects_v2" else None)
-    assert runstore.list_runs(client, BUCKET, USER) == ["20260101-000000-0001", "20260101-000000-0002"]
+    assert runstore_records.list_runs(client, BUCKET, USER) == ["20260101-000000-0001", "20260101-000000-0002"]
     assert asked == [{"Bucket": BUCKET, "Prefix": f"runs/{USER}/", "Delimiter": "/", "ExpectedBucketOwner": ACCOUNT}]
 
 
@@ -637,19 +664,22 @@ def test_doctor_runs_the_run_store_check(monkeypatch):
 def test_an_end_recorded_for_the_agent_keeps_its_launches_and_attempts(s3):
     s3.create_bucket(Bucket=BUCKET)
     launch = {"launch": 1, "instance_id": "i-0123456789abcdef0", "started_at": "2026-11-25T10:00:00+00:00"}
-    runstore.put_status(s3, BUCKET, USER, RUN, {"state": "running", "launches": 1, "instances": [launch],
-                                          "attempts": [{"attempt": 1}]})
-    runstore.end_status(s3, BUCKET, USER, RUN, "cancelled", "cancelled by you", "2026-11-25T11:00:00+00:00")
-    raw = json.loads(s3.get_object(Bucket=BUCKET, Key=runstore.status_key(USER, RUN))["Body"].read())
-    assert raw["instances"] == [launch] and raw["attempts"] == [{"attempt": 1}] and raw["launches"] == 1
-    got = runstore.get_status(s3, BUCKET, USER, RUN)
+    runstore_records.put_status(s3, BUCKET, USER, RUN, {"state": "running", "launches": 1, "instances": [launch],
+                                                        "attempts": [{"attempt": 1}]})
+    runstore_records.end_status(s3, BUCKET, USER, RUN, "cancelled", "cancelled by you", "2026-11-25T11:00:00+00:00")
+    raw = json.loads(s3.get_object(Bucket=BUCKET, Key=runstore.record_key(USER, RUN))["Body"].read())
+    # written through the one validator: each entry with every field, None where none was written
+    assert [{k: v for k, v in e.items() if v is not None} for e in raw["instances"]] == [launch]
+    assert [{k: v for k, v in e.items() if v is not None} for e in raw["attempts"]] == [{"attempt": 1}]
+    assert raw["launches"] == 1
+    got = runstore_records.get_status(s3, BUCKET, USER, RUN)
     assert (got["state"], got["message"], got["ended_at"]) == ("cancelled", "cancelled by you",
                                                                "2026-11-25T11:00:00+00:00")
     with pytest.raises(ValueError):
-        runstore.end_status(s3, BUCKET, USER, RUN, "running", "no", "2026-11-25T11:00:00+00:00")
-    s3.put_object(Bucket=BUCKET, Key=runstore.status_key(USER, RUN), Body=b"[not a record")
-    runstore.end_status(s3, BUCKET, USER, RUN, "failed", "why", "2026-11-25T11:00:00+00:00")  # replaced by a new one
-    assert runstore.get_status(s3, BUCKET, USER, RUN)["state"] == "failed"
+        runstore_records.end_status(s3, BUCKET, USER, RUN, "running", "no", "2026-11-25T11:00:00+00:00")
+    s3.put_object(Bucket=BUCKET, Key=runstore.record_key(USER, RUN), Body=b"[not a record")
+    runstore_records.end_status(s3, BUCKET, USER, RUN, "failed", "why", "2026-11-25T11:00:00+00:00")  # replaced by a new one
+    assert runstore_records.get_status(s3, BUCKET, USER, RUN)["state"] == "failed"
 
 
 class _AgentWritesFirst:
@@ -663,7 +693,7 @@ class _AgentWritesFirst:
         return getattr(self.s3, name)
 
     def put_object(self, **kw):
-        if not self.done and kw.get("Key") == runstore.status_key(USER, RUN):
+        if not self.done and kw.get("Key") == runstore.record_key(USER, RUN):
             self.done = True
             self.write(self.s3)
         return self.s3.put_object(**kw)
@@ -672,26 +702,27 @@ class _AgentWritesFirst:
 def test_an_end_the_agent_records_while_cancel_writes_its_own_stands(s3):
     """Without a conditional write, `ec2gpu cancel` wrote "cancelled" over the agent's "succeeded"."""
     s3.create_bucket(Bucket=BUCKET)
-    runstore.put_status(s3, BUCKET, USER, RUN, {"state": "running", "launches": 1})
+    runstore_records.put_status(s3, BUCKET, USER, RUN, {"state": "running", "launches": 1})
     succeeded = {"state": "succeeded", "launches": 1, "exit_code": 0, "ended_at": "2026-11-25T10:59:59+00:00"}
-    agent = _AgentWritesFirst(s3, lambda c: runstore.put_status(c, BUCKET, USER, RUN, succeeded))
-    assert runstore.end_status(agent, BUCKET, USER, RUN, "cancelled", "cancelled by you", "2026-11-25T11:00:00+00:00") is False
-    got = runstore.get_status(s3, BUCKET, USER, RUN)
+    agent = _AgentWritesFirst(s3, lambda c: runstore_records.put_status(c, BUCKET, USER, RUN, succeeded))
+    assert runstore_records.end_status(agent, BUCKET, USER, RUN, "cancelled", "cancelled by you",
+                                       "2026-11-25T11:00:00+00:00") is False
+    got = runstore_records.get_status(s3, BUCKET, USER, RUN)
     assert (got["state"], got["exit_code"]) == ("succeeded", 0)
     # an end already there stands as well; a record still running is ended
-    assert runstore.end_status(s3, BUCKET, USER, RUN, "failed", "why", "2026-11-25T11:00:00+00:00") is False
-    runstore.put_status(s3, BUCKET, USER, RUN, {"state": "running", "launches": 2})
-    assert runstore.end_status(s3, BUCKET, USER, RUN, "failed", "why", "2026-11-25T11:00:00+00:00") is True
-    assert runstore.get_status(s3, BUCKET, USER, RUN)["state"] == "failed"
+    assert runstore_records.end_status(s3, BUCKET, USER, RUN, "failed", "why", "2026-11-25T11:00:00+00:00") is False
+    runstore_records.put_status(s3, BUCKET, USER, RUN, {"state": "running", "launches": 2})
+    assert runstore_records.end_status(s3, BUCKET, USER, RUN, "failed", "why", "2026-11-25T11:00:00+00:00") is True
+    assert runstore_records.get_status(s3, BUCKET, USER, RUN)["state"] == "failed"
 
 
 def test_an_end_written_over_a_record_deleted_since_it_was_read_is_written_anew(s3):
     """IfMatch on an object deleted since: S3 answers NoSuchKey, taken as a conflict: read again, none."""
     s3.create_bucket(Bucket=BUCKET)
-    runstore.put_status(s3, BUCKET, USER, RUN, {"state": "running", "launches": 1})
-    gone = _AgentWritesFirst(s3, lambda c: c.delete_object(Bucket=BUCKET, Key=runstore.status_key(USER, RUN)))
-    assert runstore.end_status(gone, BUCKET, USER, RUN, "failed", "why", "2026-11-25T11:00:00+00:00") is True
-    assert runstore.get_status(s3, BUCKET, USER, RUN)["state"] == "failed"
+    runstore_records.put_status(s3, BUCKET, USER, RUN, {"state": "running", "launches": 1})
+    gone = _AgentWritesFirst(s3, lambda c: c.delete_object(Bucket=BUCKET, Key=runstore.record_key(USER, RUN)))
+    assert runstore_records.end_status(gone, BUCKET, USER, RUN, "failed", "why", "2026-11-25T11:00:00+00:00") is True
+    assert runstore_records.get_status(s3, BUCKET, USER, RUN)["state"] == "failed"
 
 
 # --- whose runs: the caller's user id ----------------------------------------------------------

@@ -70,7 +70,7 @@ def test_killing_one_node_trainer_stops_the_run_cleanly(sandbox_env, torchrun_po
     code, _, err = drive(["train", "mnist", "--sandbox", "--nodes", "2", "--epochs", "1", "--out", str(tmp_path / "r")],
                          [(" | [rank 1]", kill_rank_1)], timeout_s=300)
     assert code == 5, err  # the job failed on an instance
-    # the root cause from status.json's torchelastic error (errorCode -9), not from log text
+    # the root cause from the agent record's torchelastic error (errorCode -9), not from log text
     said = " ".join(err.split())  # rich wraps long lines
     assert re.search(rf"error: the job on node {node[0]} \(i-[0-9a-f]+\) exited \d+ \(a worker died of SIGKILL\)",
                      said), err

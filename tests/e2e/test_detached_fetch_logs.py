@@ -1,7 +1,7 @@
 """`ec2gpu fetch RUN` and `ec2gpu logs RUN [--follow]` for a detached run in the sandbox (issue 30):
 what the job wrote comes home from the run's S3 store once it succeeded, its log is printed from
 S3 once its instance is gone, and `logs --follow` prints a running job's lines live over SSH
-and stops when the run ends (from status.json's state)."""
+and stops when the run ends (from state.json's state)."""
 import json
 import time
 from pathlib import Path
@@ -39,10 +39,10 @@ def test_fetch_brings_a_detached_runs_outputs_home_and_logs_reads_s3_once_it_is_
     assert cli.main(["fetch", run_id, "--sandbox", "--out", str(here), "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["source"] == "s3" and got["state"] == "succeeded" and got["out"] == str(here.resolve())
-    assert got["outputs"] == ["result.txt", "sub/n.txt"] and got["files"] == ["job.log", "status.json"]
+    assert got["outputs"] == ["result.txt", "sub/n.txt"] and got["files"] == ["job.log", "state.json"]
     assert (here / "outputs/result.txt").read_text() == "from the workdir\n"
     assert (here / "outputs/sub/n.txt").read_text() == "nested\n"
-    assert json.loads((here / "status.json").read_text())["state"] == "succeeded"
+    assert json.loads((here / "state.json").read_text())["state"] == "succeeded"
     assert b"line one\n" in (here / "job.log").read_bytes()
 
     assert cli.main(["logs", run_id, "--sandbox"]) == 0  # the instance is gone: from S3
@@ -57,7 +57,7 @@ def test_logs_follow_reads_a_running_jobs_log_live_over_ssh_masked_and_stops_whe
     """The agent uploads the log to S3 every 60 s and at the end; on the machine that started the
     run (its private key is here) `logs --follow` reads it live over SSH, so the first line arrives
     while the job still runs, 10 s before the second, its --secret masked as in S3; the follow stops
-    on status.json's final state and exits with the job's status."""
+    on state.json's final state and exits with the job's status."""
     monkeypatch.setenv("LIVE_TOKEN", "live-secret-0123456789")
     task = _task(tmp_path, 'echo "first-line $LIVE_TOKEN"\nsleep 10\necho second-line\nexit 3')
     assert cli.main(["run", str(task), "--sandbox", "--detach", "--max-runtime", "30m", "--json",

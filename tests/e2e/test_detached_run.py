@@ -14,7 +14,7 @@ import boto3
 import pytest
 
 from ec2gpu import api, cli
-from ec2gpu.aws import runstore, sweep
+from ec2gpu.aws import runstore, runstore_records, sweep
 from ec2gpu.runs.settle import ledger
 from ec2gpu.sandbox import control, sshd
 
@@ -221,7 +221,7 @@ def test_a_spot_interruption_is_ridden_out_by_a_replacement_that_resumes_from_th
     left = _nothing_left(run_id)
     assert not any(left.values()), left
     # both instances as EC2 described them at the end, kept for when it no longer lists them
-    kept = runstore.get_settled(_client("s3"), bucket, _user(), run_id)
+    kept = runstore_records.get_settled(_client("s3"), bucket, _user(), run_id)
     assert [r["instance_id"] for r in kept] == [first["instance_id"], done["instance_id"]], kept
     # this machine's ledger (`ec2gpu runs`) has the run's end and its whole cost
     row = ledger.get(sandbox_env[0], run_id)

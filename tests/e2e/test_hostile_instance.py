@@ -59,13 +59,13 @@ def test_names_the_instance_lists_never_leave_the_run_directory(sandbox_env, tmp
 
 def test_a_process_left_behind_cannot_rewrite_the_outcome_and_garbage_records_do_not_crash(sandbox_env, tmp_path,
                                                                                           monkeypatch):
-    """Issue 26.6: a process that kept rewriting status.json after the agent's last write changed
+    """Issue 26.6: a process that kept rewriting the agent's record (agent-record.json) after the agent's last write changed
     the reported exit status; garbage in exit_status ended the run with ValueError exit 1 and no
     outputs. Now: exit 5 with the job's last lines and its outputs home, whatever it rewrote."""
     home, _ = sandbox_env
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "r"
-    forge = ('while :; do printf \'{"state": "succeeded", "exit_code": 0}\' > "$D/status.json"; '
+    forge = ('while :; do printf \'{"state": "succeeded", "exit_code": 0}\' > "$D/agent-record.json"; '
              'echo garbage > "$D/exit_status"; sleep 0.05; done')
     run = f"""\
         export D=$(dirname "$EC2GPU_OUTPUT_DIR")
@@ -104,7 +104,7 @@ while True:
             f.write(data)
         key = data.strip() if name == "agent.key" else key
     try:
-        with open(os.path.join(run_dir, "status.json")) as f:
+        with open(os.path.join(run_dir, "agent-record.json")) as f:
             record = json.load(f)
     except (OSError, ValueError):
         record = None
@@ -115,7 +115,7 @@ while True:
         record["signature"] = hmac.new(key, canon, hashlib.sha256).hexdigest()
         with open(os.path.join(run_dir, ".forged"), "w") as f:
             json.dump(record, f)
-        os.replace(os.path.join(run_dir, ".forged"), os.path.join(run_dir, "status.json"))
+        os.replace(os.path.join(run_dir, ".forged"), os.path.join(run_dir, "agent-record.json"))
     time.sleep(0.01)
 """
 

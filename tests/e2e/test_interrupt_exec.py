@@ -74,6 +74,6 @@ def test_ctrl_c_or_sigterm_in_each_phase_of_exec_says_so_and_leaves_no_job_behin
         art = Path(run["artifacts"])
         assert "job began" in (art / "attempt-1-node-0.log").read_text()
         assert "job began" in (art / "job.log").read_text()
-        assert json.loads((art / "status.json").read_text())["state"] == "failed"
+        assert json.loads((art / "agent-record.json").read_text())["state"] == "failed"
     instances, _, _ = leftovers(home)
     assert len(instances) == 1  # the standing instance, still running: nothing else

@@ -74,7 +74,7 @@ def test_sigint_in_each_phase_cleans_up_and_exits_130(sandbox_env, phase, sig):
         art = Path(run["artifacts"])
         assert "training cnn" in (art / "attempt-1-node-0.log").read_text()  # streamed, written through
         assert "training cnn" in (art / "job.log").read_text()
-        st = json.loads((art / "status.json").read_text())
+        st = json.loads((art / "agent-record.json").read_text())
         assert st["state"] == "failed" and st["exit_code"] == 143  # the job was asked to stop (SIGTERM) first
         shown = subprocess.run([EC2GPU, "logs", run["run_id"]], capture_output=True, text=True, timeout=60)
         assert shown.returncode == 0 and "training cnn" in shown.stdout, shown.stderr
@@ -97,7 +97,7 @@ def test_a_controller_killed_with_sigkill_leaves_a_run_that_runs_and_down_settle
     fetched = subprocess.run([EC2GPU, "fetch", row["run_id"], "--sandbox", "--json", "--out", str(Path(row["artifacts"]) / "f")],
                              capture_output=True, text=True)
     assert fetched.returncode == 0, fetched.stderr
-    assert {"job.log", "status.json"} <= set(json.loads(fetched.stdout)["files"])  # never job.env.json
+    assert {"job.log", "agent-record.json"} <= set(json.loads(fetched.stdout)["files"])  # never job.env.json
     done = subprocess.run([EC2GPU, "down", row["run_id"], "--sandbox"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     said = " ".join(done.stderr.split())

@@ -67,8 +67,8 @@ def _cluster_tags(state, instance_ids: list[str]) -> dict:
 
 
 def _head_status(home, head: str) -> dict:
-    """The pool driver's status.json on ``head``, where the sandbox keeps its files ({} before it)."""
-    for path in (home / "sandbox" / "instances" / head / "home" / "ec2gpu" / "runs").glob("*/pool/status.json"):
+    """The pool driver's table.json on ``head``, where the sandbox keeps its files ({} before it)."""
+    for path in (home / "sandbox" / "instances" / head / "home" / "ec2gpu" / "runs").glob("*/pool/table.json"):
         try:
             return json.loads(path.read_text())
         except (OSError, ValueError):

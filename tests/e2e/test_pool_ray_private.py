@@ -83,10 +83,10 @@ def _pool_nodes(home) -> list[dict]:
 
 
 def _running(nodes) -> int:
-    """How many elements the pool's driver says run now (its status.json on the head)."""
+    """How many elements the pool's driver says run now (its table.json on the head)."""
     head = next((n for n in nodes if n["role"] == "head"), None)
     try:
-        status = json.loads(open(os.path.join(os.path.dirname(head["ready"]), "..", "pool", "status.json")).read())
+        status = json.loads(open(os.path.join(os.path.dirname(head["ready"]), "..", "pool", "table.json")).read())
         return int(status["counts"]["running"])
     except (TypeError, OSError, ValueError, KeyError):
         return 0

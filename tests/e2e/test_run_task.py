@@ -134,7 +134,7 @@ def test_the_max_runtime_stops_the_job_with_sigterm_first_and_the_run_says_so(sa
     assert "max runtime: 1 min (--max-runtime)" in said and "the run's --max-runtime ended the job on node 0" in said
     assert "--max-runtime 8h" in said
     assert (tmp_path / "r" / "checkpoints" / "at-sigterm.txt").read_text() == "saved\n"
-    status = json.loads((tmp_path / "r" / "status.json").read_text())
+    status = json.loads((tmp_path / "r" / "agent-record.json").read_text())
     assert status["state"] == "failed" and status["limit"]["stopped_at"]
     assert leftovers(home) == ([], [], []) and sandbox_settles(home)
 
@@ -172,7 +172,7 @@ def test_a_spot_interruption_restarts_the_job_with_EC2GPU_RESUME_and_its_checkpo
     assert code == 0, err
     record = json.loads(stdout)
     first, second = record["attempts"]
-    # the agent saw the notice (status.json), or the controller saw EC2 terminate it first: both interrupt
+    # the agent saw the notice (its record), or the controller saw EC2 terminate it first: both interrupt
     assert "spot interruption notice" in first["ended"] or "SpotInstanceTermination" in first["ended"], first
     assert second["ended"] == "completed"
     log = (tmp_path / "r" / "job.log").read_text()

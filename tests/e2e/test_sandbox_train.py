@@ -58,7 +58,7 @@ def test_train_mnist_in_the_sandbox_reaches_99_percent_and_leaves_nothing(sandbo
     assert "verified against the console output" in captured.err  # host key pinned out of band
     assert record["status"] == "completed" and record["test_acc"] >= 0.99
     for name in ("outputs/train.log", "outputs/metrics.jsonl", "outputs/summary.json", "outputs/model.pt",
-                 "outputs/curves.png", "run.json", "job.log", "status.json"):
+                 "outputs/curves.png", "run.json", "job.log", "agent-record.json"):
         assert (tmp_path / "run" / name).exists(), name
     summary = json.loads((tmp_path / "run" / "outputs" / "summary.json").read_text())
     assert summary["world_size"] == 1 and summary["epochs"] == 1 and summary["model"] == "cnn"
@@ -358,7 +358,7 @@ def test_local_runs_the_same_builtin_task_under_the_agent(tmp_path, capsys, mnis
     record = json.loads(captured.out)
     assert record["task"] == "mnist" and record["backend"] == "local" and record["test_acc"] > 0.5
     # the same layout and the same agent as on an instance
-    assert json.loads((out / "status.json").read_text())["state"] == "succeeded"
+    assert json.loads((out / "agent-record.json").read_text())["state"] == "succeeded"
     assert json.loads((out / "outputs" / "summary.json").read_text())["epochs"] == 1
     assert (out / "checkpoints" / "checkpoint.pt").is_file() and "epoch 1/1" in (out / "job.log").read_text()
     assert "epoch 1/1" in captured.err  # the log, followed live

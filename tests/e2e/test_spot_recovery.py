@@ -75,7 +75,7 @@ def test_spot_run_interrupted_after_the_first_epoch_resumes_on_a_replacement(san
     record = json.loads(stdout)
     assert record["status"] == "completed" and record["test_acc"] >= 0.99, err
     first, second = record["attempts"]
-    # the agent saw the notice (status.json), or the controller saw EC2 terminate it first: both interrupt
+    # the agent saw the notice (its record), or the controller saw EC2 terminate it first: both interrupt
     assert "interruption notice" in first["ended"] or "SpotInstanceTermination" in first["ended"], first
     assert second["ended"] == "completed"
     assert first["market"] == second["market"] == "spot"

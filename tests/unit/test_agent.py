@@ -1,4 +1,4 @@
-"""The instance agent: status.json for success, failure and a spot interruption notice."""
+"""The instance agent: its record (agent-record.json) for success, failure and a spot interruption notice."""
 import http.server
 import json
 import os
@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 
 from ec2gpu.agent import agent
+from ec2gpu.wire import agent_record
 
 
 def run_agent(tmp_path, command, endpoint="http://127.0.0.1:9", env=None):
     code = agent.run(str(tmp_path), command, endpoint, poll_s=0.1, grace_s=2.0, env=env)
-    return code, json.loads((tmp_path / "status.json").read_text()), (tmp_path / "job.log").read_text()
+    return code, json.loads((tmp_path / "agent-record.json").read_text()), (tmp_path / "job.log").read_text()
 
 
 def test_success_and_failure_are_recorded_with_the_exit_code(tmp_path):
@@ -89,15 +90,15 @@ def test_the_agent_signs_its_record_with_a_key_the_job_never_sees(tmp_path):
     (tmp_path / "agent.key").write_text(key)
     code = agent.main(["--dir", str(tmp_path), "--key-file", str(tmp_path / "agent.key"), "--",
                        "bash", "-c", f"test -e {tmp_path}/agent.key && echo SAW-THE-KEY; exit 3"])
-    raw = (tmp_path / "status.json").read_bytes()
+    raw = (tmp_path / "agent-record.json").read_bytes()
     assert code == 3 and not (tmp_path / "agent.key").exists() and "SAW-THE-KEY" not in (tmp_path / "job.log").read_text()
-    got = status.parse(raw, key)
+    got = agent_record.parse(raw, key)
     assert (got["state"], got["exit_code"], got["problem"]) == ("failed", 3, None)
     # what a leftover process writes: the agent's own fields, claiming success, unsigned or re-signed with a guess
     forged = {**json.loads(raw), "state": "succeeded", "exit_code": 0}
-    assert status.parse(json.dumps(forged).encode(), key)["state"] == "unverified"
-    assert status.parse(json.dumps({**forged, "signature": agent.sign(forged, b"guess")}).encode(), key)["state"] == \
-        "unverified"
+    assert agent_record.parse(json.dumps(forged).encode(), key)["state"] == "unverified"
+    guessed = {**forged, "signature": agent_record.sign(forged, b"guess")}
+    assert agent_record.parse(json.dumps(guessed).encode(), key)["state"] == "unverified"
 
 
 def test_what_the_job_leaves_running_in_its_group_ends_with_it(tmp_path):
@@ -117,16 +118,15 @@ def test_what_the_job_leaves_running_in_its_group_ends_with_it(tmp_path):
 
 
 def test_any_status_file_parses_to_the_record_shape_and_never_raises():
-    from ec2gpu.runs.execute import status
     for data in (b"[1, 2, 3]", b"garbage", b'{"state": "succeeded", "exit_code": "0"}', b'{"state": "pwned"}',
                  b"[" * 100000, b" " * 70000, b'{"state": "failed", "error": {"timestamp": "soon", "rank": "x"}}',
                  b'{"state": "failed", "exit_code": 1e400, "notice": [1]}', b'{"state": "failed", "limit": [2]}'):
-        got = status.parse(data, None)
+        got = agent_record.parse(data, None)
         assert set(got) == {"state", "exit_code", "signal", "started_at", "ended_at", "notice", "error", "rebalance",
                             "limit", "problem"}
         assert got["exit_code"] is None or isinstance(got["exit_code"], int)
         assert got["error"] is None or got["error"]["timestamp"] is None
-    assert status.parse(b"", None) is None
+    assert agent_record.parse(b"", None) is None
 
 
 def test_a_failed_job_with_hostile_records_is_judged_failed_not_crashed():
@@ -139,9 +139,9 @@ def test_a_failed_job_with_hostile_records_is_judged_failed_not_crashed():
     from ec2gpu.errors import RemoteError
     from ec2gpu.remote import jobs
     from ec2gpu.runs.execute import engine, status
-    records = [status.parse(b'{"state": "failed", "exit_code": 1, "error": {"timestamp": "soon", "exit_code": 1}}', None),
-               status.parse(b'{"state": "failed", "exit_code": 2, "error": {"timestamp": "12", "exit_code": 2}}', None),
-               status.parse(b'{"state": "succeeded"}', status.new_key())]
+    records = [agent_record.parse(b'{"state": "failed", "exit_code": 1, "error": {"timestamp": "soon", "exit_code": 1}}', None),
+               agent_record.parse(b'{"state": "failed", "exit_code": 2, "error": {"timestamp": "12", "exit_code": 2}}', None),
+               agent_record.parse(b'{"state": "succeeded"}', status.new_key())]
 
     class Watch:
         def check(self):
@@ -222,8 +222,7 @@ def test_a_rebalance_recommendation_reaches_the_job_as_a_file_and_status_json_an
     assert st["rebalance"]["notice_time"] == "2026-11-22T10:00:00Z" and st["rebalance"]["seen_at"]
     told = json.loads(log.splitlines()[0])
     assert told == st["rebalance"] and "checkpointed early" in log
-    from ec2gpu.runs.execute import status  # the controller keeps it in its validated copy
-    assert status.parse((tmp_path / "status.json").read_bytes(), None)["rebalance"] == st["rebalance"]
+    assert agent_record.parse((tmp_path / "agent-record.json").read_bytes(), None)["rebalance"] == st["rebalance"]
 
 
 def test_without_a_recommendation_there_is_no_rebalance_file(tmp_path):
@@ -298,7 +297,7 @@ def _put_server():
     return server, f"http://127.0.0.1:{server.server_address[1]}"
 
 
-def _handover(base, wait_s=0.3, names=("outputs", "log", "status"), shutdown=False):
+def _handover(base, wait_s=0.3, names=("outputs", "log", "record"), shutdown=False):
     return {"urls": {n: f"{base}/{n}" for n in names}, "wait_s": wait_s, "shutdown": shutdown,
             "secret_names": ["TOKEN"]}
 
@@ -323,10 +322,10 @@ def test_a_job_whose_controller_is_gone_hands_its_outputs_log_and_status_over_ma
         assert tar.getnames() == ["sub/acc.txt"]  # the symbolic link is not followed nor sent
         assert tar.extractfile("sub/acc.txt").read() == b"0.99\n"
     assert _Puts.got["/log"] == b"token is ****\n"  # the secret's value never leaves the instance
-    sent = json.loads(_Puts.got["/status"])
+    sent = json.loads(_Puts.got["/record"])
     assert sent["state"] == "succeeded" and sent["handover"] == "uploaded"
-    assert sent["signature"] == agent.sign(sent, b"k" * 32)
-    assert json.loads((tmp_path / "status.json").read_text())["handover"] == "uploaded"
+    assert sent["signature"] == agent_record.sign(sent, b"k" * 32)
+    assert json.loads((tmp_path / "agent-record.json").read_text())["handover"] == "uploaded"
     assert not (tmp_path / ".handover-outputs.tar.gz").exists()
 
 
@@ -336,23 +335,23 @@ def test_an_arrays_driver_hands_its_element_table_and_logs_over_masked_before_it
     server, base = _put_server()
     (tmp_path / "pool" / "logs").mkdir(parents=True)
     secret = 's3cr3t "é" value'  # as the driver's json.dump writes it: \" and \u00e9
-    (tmp_path / "pool" / "status.json").write_text(json.dumps({"counts": {"done": 3, "failed": 1, "queued": "x"},
+    (tmp_path / "pool" / "table.json").write_text(json.dumps({"counts": {"done": 3, "failed": 1, "queued": "x"},
                                                                "elements": [{"tail": [f"token is {secret}"]}]}))
     (tmp_path / "pool" / "logs" / "3.log").write_text(f"token is {secret}\n")
     try:
         code = agent.run(str(tmp_path), ["bash", "-c", "true"], "http://127.0.0.1:9", 0.1, 2.0,
                          {"TOKEN": secret, "EC2GPU_OUTPUT_DIR": str(tmp_path / "out")}, None,
-                         handover=_handover(base, names=("outputs", "log", "pool", "status")))
+                         handover=_handover(base, names=("outputs", "log", "pool", "record")))
     finally:
         server.shutdown()
     assert code == 0
     with tarfile.open(fileobj=io.BytesIO(_Puts.got["/pool"]), mode="r:gz") as tar:
-        assert sorted(tar.getnames()) == ["logs/3.log", "status.json"]
+        assert sorted(tar.getnames()) == ["logs/3.log", "table.json"]
         assert tar.extractfile("logs/3.log").read() == b"token is ****\n"
-        sent = tar.extractfile("status.json").read()
+        sent = tar.extractfile("table.json").read()
         assert b"s3cr3t" not in sent and json.loads(sent)["elements"][0]["tail"] == ["token is ****"]
-    assert list(_Puts.got)[-1] == "/status" and json.loads(_Puts.got["/status"])["handover"] == "uploaded"
-    assert json.loads(_Puts.got["/status"])["array"] == {"done": 3, "failed": 1}  # for `ec2gpu status RUN`
+    assert list(_Puts.got)[-1] == "/record" and json.loads(_Puts.got["/record"])["handover"] == "uploaded"
+    assert json.loads(_Puts.got["/record"])["array"] == {"done": 3, "failed": 1}  # for `ec2gpu status RUN`
     assert not (tmp_path / ".handover-pool.tar.gz").exists()
 
 
@@ -362,15 +361,15 @@ def test_a_controller_that_collects_stops_the_handover_and_a_refused_put_is_reco
         (tmp_path / agent.COLLECTED).write_text("")  # the controller brought everything home
         agent.run(str(tmp_path), ["bash", "-c", "true"], "http://127.0.0.1:9", 0.1, 2.0, {}, None,
                   handover=_handover(base, wait_s=30))
-        assert _Puts.got == {} and json.loads((tmp_path / "status.json").read_text())["handover"] == "collected"
+        assert _Puts.got == {} and json.loads((tmp_path / "agent-record.json").read_text())["handover"] == "collected"
         (tmp_path / agent.COLLECTED).unlink()
-        refused = {"urls": {"outputs": f"{base}/refuse", "status": f"{base}/status"}, "wait_s": 0.1,
+        refused = {"urls": {"outputs": f"{base}/refuse", "record": f"{base}/record"}, "wait_s": 0.1,
                    "shutdown": False, "secret_names": []}
         agent.run(str(tmp_path), ["bash", "-c", "true"], "http://127.0.0.1:9", 0.1, 2.0, {}, None, handover=refused)
     finally:
         server.shutdown()
     # an expired URL (403) is not tried again, and what went wrong is in the record handed over
-    assert json.loads(_Puts.got["/status"])["handover"] == "failed: outputs: HTTP 403"
+    assert json.loads(_Puts.got["/record"])["handover"] == "failed: outputs: HTTP 403"
 
 
 def test_the_handover_file_is_read_checked_and_deleted_before_the_job_starts(tmp_path):

@@ -13,7 +13,8 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from ec2gpu.agent import detached
+from ec2gpu.agent import agent, attempt, detached, mirror, prepare, store
+from ec2gpu.wire import names, run_record, run_spec
 
 RUN_ID = "20261125-101500-abcd"
 GROUP = f"ec2gpu-{RUN_ID}"
@@ -98,7 +99,7 @@ def get(aws, rel):
 
 
 def status(aws):
-    return json.loads(get(aws, "status.json"))
+    return json.loads(get(aws, "state.json"))
 
 
 def group_size(aws):
@@ -131,12 +132,12 @@ def test_success_uploads_outputs_log_checkpoints_and_status_and_ends_the_group(a
     assert group_size(aws) == (0, 1, 1)
     assert make(aws, tmp_path / "home").execute() == 0
     st = status(aws)
-    assert (st["state"], st["exit_code"], st["launches"], st["attempt"], st["restarts_on_errors"]) == (
+    assert (st["state"], st["exit_code"], st["launches"], st["attempt"], st["restarts"]) == (
         "succeeded", 0, 1, 1, 0)
     assert st["instance_id"] == "i-0aaa" and st["ended_at"] and st["group_ended_at"] and st["group_end_error"] is None
     assert st["instances"][0]["setup_exit_code"] == 0 and st["instances"][0]["resumed"] is False
     assert [a["outcome"] for a in st["attempts"]] == ["succeeded"] and st["attempts"][0]["instance_id"] == "i-0aaa"
-    assert set(st) == set(detached.STATUS_FIELDS)
+    assert set(st) == set(run_record.FIELDS)
     assert get(aws, "outputs/result.txt") == f"hi {RUN_ID} 1 0 ec2gpu-{RUN_ID}_job\n"
     assert get(aws, "outputs/skip.txt") is None and get(aws, "outputs/model.bin") is None  # the globs
     assert get(aws, "checkpoints/step.txt") == "7\n"
@@ -152,7 +153,7 @@ def test_a_failing_job_restarts_up_to_the_limit_then_ends_failed(aws, tmp_path):
                  'echo "try $n resume=$EC2GPU_RESUME"; exit 3')
     assert make(aws, tmp_path / "home").execute() == 0
     st = status(aws)
-    assert (st["state"], st["exit_code"], st["attempt"], st["restarts_on_errors"], st["interruptions"]) == (
+    assert (st["state"], st["exit_code"], st["attempt"], st["restarts"], st["interruptions"]) == (
         "failed", 3, 3, 2, 0)
     assert [(a["outcome"], a["exit_code"], a["resume"]) for a in st["attempts"]] == [
         ("failed", 3, False), ("failed", 3, True), ("failed", 3, True)]
@@ -165,7 +166,7 @@ def test_a_job_that_fails_once_then_succeeds_uses_one_restart(aws, tmp_path):
              run='[ -e "$EC2GPU_CHECKPOINT_DIR/once" ] && exit 0; touch "$EC2GPU_CHECKPOINT_DIR/once"; exit 1')
     assert make(aws, tmp_path / "home").execute() == 0
     st = status(aws)
-    assert (st["state"], st["attempt"], st["restarts_on_errors"]) == ("succeeded", 2, 1)
+    assert (st["state"], st["attempt"], st["restarts"]) == ("succeeded", 2, 1)
     assert group_size(aws) == (0, 0, 0)
 
 
@@ -173,7 +174,7 @@ def test_a_failed_setup_is_a_user_code_failure(aws, tmp_path):
     put_spec(aws, setup="echo bad setup; exit 4", run=f"touch {tmp_path}/ran")
     assert make(aws, tmp_path / "home").execute() == 0
     st = status(aws)
-    assert (st["state"], st["exit_code"], st["attempt"]) == ("failed", 4, 0) and "setup exited 4" in st["reason"]
+    assert (st["state"], st["exit_code"], st["attempt"]) == ("failed", 4, 0) and "setup exited 4" in st["message"]
     assert st["instances"][0]["setup_exit_code"] == 4 and not (tmp_path / "ran").exists()
     assert "bad setup" in get(aws, "logs/job.log") and group_size(aws) == (0, 0, 0)
 
@@ -197,7 +198,7 @@ def test_a_replacement_launch_resumes_from_the_checkpoints_and_the_earlier_log(a
     aws.s3.put_object(Bucket=BUCKET, Key=PREFIX + "checkpoints/sub/state.txt", Body=b"step 41")
     aws.s3.put_object(Bucket=BUCKET, Key=PREFIX + "logs/job.log", Body=b"the first instance's lines\n")
     # the first instance vanished while its job ran (no notice recorded)
-    put_json(aws, "status.json", {"state": "running", "launches": 1, "attempt": 1, "restarts_on_errors": 0,
+    put_json(aws, "state.json", {"state": "running", "launches": 1, "attempt": 1, "restarts": 0,
                                   "interruptions": 0, "attempts": [{"attempt": 1, "outcome": "running"}]})
     assert make(aws, tmp_path / "home", instance_id="i-0bbb").execute() == 0
     st = status(aws)
@@ -230,8 +231,8 @@ class Imds(http.server.BaseHTTPRequestHandler):
         self._send(200, b"token")
 
     def do_GET(self):
-        items = {detached.agent.SPOT_ACTION: '{"action": "terminate", "time": "2026-11-25T10:02:00Z"}',
-                 detached.agent.REBALANCE: '{"noticeTime": "2026-11-25T10:00:00Z"}'} if self.ready() else {}
+        items = {agent.SPOT_ACTION: '{"action": "terminate", "time": "2026-11-25T10:02:00Z"}',
+                 agent.REBALANCE: '{"noticeTime": "2026-11-25T10:00:00Z"}'} if self.ready() else {}
         body = items.get(self.path)
         self._send(404, b"") if body is None else self._send(200, body.encode())
 
@@ -262,7 +263,7 @@ def test_a_spot_notice_uploads_at_once_and_leaves_the_group_to_replace_the_insta
         server.shutdown()
     assert code == detached.EXIT_INTERRUPTED
     st = status(aws)
-    assert (st["state"], st["interruptions"], st["restarts_on_errors"], st["ended_at"]) == ("interrupted", 1, 0, None)
+    assert (st["state"], st["interruptions"], st["restarts"], st["ended_at"]) == ("interrupted", 1, 0, None)
     (a,) = st["attempts"]
     assert a["outcome"] == "interrupted" and a["notice"]["action"] == "terminate" and a["exit_code"] == 143
     assert a["rebalance"]["notice_time"] == "2026-11-25T10:00:00Z"
@@ -274,7 +275,7 @@ def test_a_spot_notice_uploads_at_once_and_leaves_the_group_to_replace_the_insta
     # the replacement: the checkpoint the job wrote on SIGTERM, then the end
     assert make(aws, tmp_path / "second", instance_id="i-0ccc").execute() == 0
     st = status(aws)
-    assert (st["state"], st["launches"], st["interruptions"], st["restarts_on_errors"]) == ("succeeded", 2, 1, 0)
+    assert (st["state"], st["launches"], st["interruptions"], st["restarts"]) == ("succeeded", 2, 1, 0)
     assert [i["instance_id"] for i in st["instances"]] == ["i-0aaa", "i-0ccc"]
     assert "resumed: saved-on-term" in get(aws, "logs/job.log") and group_size(aws) == (0, 0, 0)
 
@@ -284,20 +285,20 @@ def test_the_time_limit_stops_the_job_which_is_not_restarted_and_a_launch_after_
              run='trap \'echo stopped-at-limit; exit 143\' TERM; for i in $(seq 200); do sleep 0.1; done')
     assert make(aws, tmp_path / "home").execute() == 0
     st = status(aws)
-    assert (st["state"], st["attempt"], st["restarts_on_errors"]) == ("failed", 1, 0) and "time limit" in st["reason"]
+    assert (st["state"], st["attempt"], st["restarts"]) == ("failed", 1, 0) and "time limit" in st["message"]
     assert st["attempts"][0]["outcome"] == "limit" and "stopped-at-limit" in get(aws, "logs/job.log")
     assert group_size(aws) == (0, 0, 0)
-    aws.s3.delete_object(Bucket=BUCKET, Key=PREFIX + "status.json")
+    aws.s3.delete_object(Bucket=BUCKET, Key=PREFIX + "state.json")
     put_spec(aws, limit_at=time.time() - 1, run=f"touch {tmp_path}/ran")
     assert make(aws, tmp_path / "again").execute() == 0
     assert status(aws)["state"] == "failed" and not (tmp_path / "ran").exists()
 
 
 def test_a_record_the_job_forges_in_the_run_directory_is_not_believed(aws, tmp_path):
-    """The agent signs its status.json with a key this agent gave it: a job that writes a notice
-    (or a pid to kill) there is not believed."""
+    """The agent signs its record (agent-record.json) with a key this agent gave it: a job that writes
+    a notice (or a pid to kill) there is not believed."""
     forged = json.dumps({"state": "interrupted", "pid": 1, "notice": {"action": "terminate"}})
-    put_spec(aws, run=f"echo '{forged}' > \"${{EC2GPU_OUTPUT_DIR%/out}}/status.json\"; sleep 0.5; echo done")
+    put_spec(aws, run=f"echo '{forged}' > \"${{EC2GPU_OUTPUT_DIR%/out}}/agent-record.json\"; sleep 0.5; echo done")
     assert make(aws, tmp_path / "home").execute() == 0
     st = status(aws)
     assert st["state"] == "succeeded" and st["attempts"][0]["notice"] is None and st["interruptions"] == 0
@@ -305,20 +306,20 @@ def test_a_record_the_job_forges_in_the_run_directory_is_not_believed(aws, tmp_p
 
 def test_a_launch_beyond_max_launches_ends_the_group_without_running(aws, tmp_path):
     put_spec(aws, max_launches=3, run=f"touch {tmp_path}/ran")
-    put_json(aws, "status.json", {"state": "interrupted", "launches": 3, "attempt": 3, "interruptions": 3})
+    put_json(aws, "state.json", {"state": "interrupted", "launches": 3, "attempt": 3, "interruptions": 3})
     assert make(aws, tmp_path / "home").execute() == 0
     st = status(aws)
-    assert (st["state"], st["launches"], st["attempt"]) == ("failed", 4, 3) and "max_launches 3" in st["reason"]
+    assert (st["state"], st["launches"], st["attempt"]) == ("failed", 4, 3) and "max_launches 3" in st["message"]
     assert not (tmp_path / "ran").exists() and group_size(aws) == (0, 0, 0)
 
 
-@pytest.mark.parametrize("before", [{"state": "succeeded", "launches": 1, "reason": None}, "cancel"])
+@pytest.mark.parametrize("before", [{"state": "succeeded", "launches": 1, "message": None}, "cancel"])
 def test_a_finished_or_cancelled_run_ends_the_group_without_running(aws, tmp_path, before):
     put_spec(aws, run=f"touch {tmp_path}/ran")
     if before == "cancel":
         put_json(aws, "cancel", {})
     else:
-        put_json(aws, "status.json", before)
+        put_json(aws, "state.json", before)
     assert make(aws, tmp_path / "home").execute() == 0
     assert status(aws)["state"] == ("cancelled" if before == "cancel" else "succeeded")
     assert not (tmp_path / "ran").exists() and group_size(aws) == (0, 0, 0)
@@ -359,7 +360,7 @@ def test_a_later_launch_supersedes_this_one_which_stops_its_job_and_writes_nothi
         while get(aws, "checkpoints/a") is None and time.monotonic() < deadline:
             time.sleep(0.05)
         while not done.is_set() and time.monotonic() < deadline:
-            put_json(aws, "status.json", newer)
+            put_json(aws, "state.json", newer)
             time.sleep(0.1)
     thread = threading.Thread(target=newer_launch, daemon=True)
     thread.start()
@@ -374,8 +375,8 @@ def test_a_later_launch_supersedes_this_one_which_stops_its_job_and_writes_nothi
 
 
 class Interleaved:
-    """The S3 client, with another writer's write of status.json (``write``) made once, just before
-    this agent's first write of status.json that ``when(number, record)`` picks (its number from 1,
+    """The S3 client, with another writer's write of state.json (``write``) made once, just before
+    this agent's first write of state.json that ``when(number, record)`` picks (its number from 1,
     the record it writes): after its check read the record, before its own write lands."""
 
     def __init__(self, s3, when, write):
@@ -385,7 +386,7 @@ class Interleaved:
         return getattr(self.s3, name)
 
     def put_object(self, **kw):
-        if kw["Key"] == PREFIX + "status.json":
+        if kw["Key"] == PREFIX + "state.json":
             self.puts += 1
             if self.write and self.when(self.puts, json.loads(kw["Body"])):
                 self.write, write = None, self.write
@@ -405,7 +406,7 @@ def test_a_newer_launchs_record_written_between_the_check_and_the_write_is_not_l
     """Without a conditional write the older launch wrote over the newer one's record and ran on."""
     put_spec(aws, run="for i in $(seq 200); do sleep 0.1; done")
     newer = {"state": "running", "launches": 2, "instance_id": "i-0new"}
-    s3 = Interleaved(aws.s3, nth(3), lambda: put_json(aws, "status.json", newer))
+    s3 = Interleaved(aws.s3, nth(3), lambda: put_json(aws, "state.json", newer))
     start = time.monotonic()
     assert make(aws, tmp_path / "home", s3=s3).execute() == detached.EXIT_SUPERSEDED
     assert s3.puts >= 3 and time.monotonic() - start < 15  # stopped, not run out
@@ -415,16 +416,16 @@ def test_a_newer_launchs_record_written_between_the_check_and_the_write_is_not_l
 def test_of_two_launches_that_read_the_record_at_once_the_first_to_write_takes_the_number(aws, tmp_path):
     put_spec(aws, run="for i in $(seq 200); do sleep 0.1; done")
     other = {"state": "starting", "launches": 1, "instance_id": "i-0other"}
-    s3 = Interleaved(aws.s3, nth(1), lambda: put_json(aws, "status.json", other))
+    s3 = Interleaved(aws.s3, nth(1), lambda: put_json(aws, "state.json", other))
     assert make(aws, tmp_path / "home", s3=s3).execute() == detached.EXIT_SUPERSEDED
     assert status(aws) == other and not run_dir(tmp_path / "home").exists()  # prepared nothing, ran nothing
 
 
 def test_an_older_launchs_late_heartbeat_is_written_over_and_the_run_goes_on(aws, tmp_path):
-    put_json(aws, "status.json", {"state": "running", "launches": 1, "instance_id": "i-0old"})
+    put_json(aws, "state.json", {"state": "running", "launches": 1, "instance_id": "i-0old"})
     put_spec(aws, run="sleep 1")
-    late = {"state": "running", "launches": 1, "instance_id": "i-0old", "heartbeat_at": "late"}
-    s3 = Interleaved(aws.s3, nth(2), lambda: put_json(aws, "status.json", late))
+    late = {"state": "running", "launches": 1, "instance_id": "i-0old", "updated_at": "late"}
+    s3 = Interleaved(aws.s3, nth(2), lambda: put_json(aws, "state.json", late))
     assert make(aws, tmp_path / "home", s3=s3).execute() == 0
     st = status(aws)
     assert st["state"] == "succeeded" and st["launches"] == 2 and st["instance_id"] == "i-0aaa"
@@ -433,29 +434,29 @@ def test_an_older_launchs_late_heartbeat_is_written_over_and_the_run_goes_on(aws
 def test_an_older_launchs_own_end_neither_overwrites_a_newer_launch_nor_ends_its_group(aws, tmp_path):
     put_spec(aws, run="exit 3")  # fails; no restarts: the launch ends the run "failed" (a write without the check)
     newer = {"state": "running", "launches": 2, "instance_id": "i-0new"}
-    s3 = Interleaved(aws.s3, in_state("failed"), lambda: put_json(aws, "status.json", newer))
+    s3 = Interleaved(aws.s3, in_state("failed"), lambda: put_json(aws, "state.json", newer))
     assert make(aws, tmp_path / "home", s3=s3).execute() == detached.EXIT_SUPERSEDED
     assert status(aws) == newer and group_size(aws) == (0, 1, 1)
 
 
 def test_a_record_that_is_not_one_written_in_between_is_written_over(aws, tmp_path):
     put_spec(aws, run="sleep 1")
-    s3 = Interleaved(aws.s3, in_state("running"), lambda: aws.s3.put_object(Bucket=BUCKET, Key=PREFIX + "status.json",
+    s3 = Interleaved(aws.s3, in_state("running"), lambda: aws.s3.put_object(Bucket=BUCKET, Key=PREFIX + "state.json",
                                                                             Body=b"{not json"))
     assert make(aws, tmp_path / "home", s3=s3).execute() == 0
     assert status(aws)["state"] == "succeeded"
 
 
 def test_the_agent_and_the_run_store_take_the_same_s3_answers_for_a_conditional_write_that_failed():
-    from ec2gpu.aws import runstore
-    assert detached.CONFLICT_CODES == runstore.CONFLICT_CODES
+    from ec2gpu.aws import runstore_objects
+    assert store.CONFLICT_CODES == runstore_objects.CONFLICT_CODES
 
 
 def test_the_agent_keys_the_run_under_the_same_prefix_as_the_run_store():
-    """The agent ships alone: its user id pattern and prefix are runstore's, compared here."""
+    """The agent ships alone, with wire/names.py: the run store keys every run by the same module."""
     from ec2gpu.aws import runstore
-    assert detached.USER_ID_RE.pattern == runstore.USER_ID.pattern
-    assert detached.Store(None, BUCKET, USER, RUN_ID).prefix == runstore.prefix(USER, RUN_ID) == PREFIX
+    assert runstore.USER_ID is names.USER_ID and runstore.RUN_ID is names.RUN_ID
+    assert store.Store(None, BUCKET, USER, RUN_ID).prefix == runstore.prefix(USER, RUN_ID) == PREFIX
 
 
 @pytest.mark.parametrize("bad", ["a/b", "../x", "*", "", "AROAX:a,b", "x" * 200, ".."])
@@ -472,14 +473,14 @@ def test_an_end_recorded_by_cancel_is_never_overwritten_by_a_running_agent(aws, 
     still running (busy, or slow) stops and writes nothing more, so the run's end stands."""
     home = tmp_path / "home"
     put_spec(aws, run='echo 1 > "$EC2GPU_CHECKPOINT_DIR/a"; for i in $(seq 200); do sleep 0.1; done')
-    ended = {"state": "cancelled", "launches": 1, "reason": "cancelled: the group was ended by `ec2gpu cancel`"}
+    ended = {"state": "cancelled", "launches": 1, "message": "cancelled: the group was ended by `ec2gpu cancel`"}
     done = threading.Event()
 
     def cancel_without_the_agent():
         deadline = time.monotonic() + 20
         while get(aws, "checkpoints/a") is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        put_json(aws, "status.json", ended)
+        put_json(aws, "state.json", ended)
         done.set()
     thread = threading.Thread(target=cancel_without_the_agent, daemon=True)
     thread.start()
@@ -506,7 +507,7 @@ def test_a_hostile_workdir_archive_is_refused_and_nothing_is_written(tmp_path, m
     dest = tmp_path / "box" / "workdir"
     dest.parent.mkdir()
     with pytest.raises(detached.Refused):
-        detached.extract_workdir(str(path), str(dest))
+        prepare.extract_workdir(str(path), str(dest))
     assert not dest.exists() and os.listdir(dest.parent) == [] and not (tmp_path / "evil").exists()
 
 
@@ -518,7 +519,7 @@ def test_devices_too_many_members_and_too_many_bytes_are_refused(tmp_path):
         path = tmp_path / "w.tar.gz"
         path.write_bytes(archive(members))
         with pytest.raises(detached.Refused):
-            detached.extract_workdir(str(path), str(tmp_path / "wd"), **kw)
+            prepare.extract_workdir(str(path), str(tmp_path / "wd"), **kw)
         assert not (tmp_path / "wd").exists()
 
 
@@ -532,7 +533,7 @@ def test_a_fair_archive_with_inside_links_is_unpacked(tmp_path):
         tar.addfile(link("sub/up", "../run.sh"))
         tar.addfile(link("copy", "run.sh", tarfile.LNKTYPE))
     path.write_bytes(buf.getvalue())
-    assert detached.extract_workdir(str(path), str(tmp_path / "wd")) == 2
+    assert prepare.extract_workdir(str(path), str(tmp_path / "wd")) == 2
     assert (tmp_path / "wd" / "sub" / "up").read_text() == "hi\n" and (tmp_path / "wd" / "copy").read_text() == "hi\n"
     assert not (tmp_path / "wd" / "copy").is_symlink() and (tmp_path / "wd" / "run.sh").stat().st_mode & 0o7777 == 0o755
 
@@ -542,7 +543,7 @@ def test_a_hostile_archive_in_a_run_ends_it_failed_without_running(aws, tmp_path
     put_spec(aws, workdir_key=PREFIX + "workdir.tar.gz", run=f"touch {tmp_path}/ran")
     assert make(aws, tmp_path / "home").execute() == 0
     st = status(aws)
-    assert st["state"] == "failed" and "workdir archive" in st["reason"] and st["attempt"] == 0
+    assert st["state"] == "failed" and "workdir archive" in st["message"] and st["attempt"] == 0
     assert not (tmp_path / "ran").exists() and not (tmp_path / "home" / "ec2gpu" / "runs" / "escape").exists()
     assert group_size(aws) == (0, 0, 0)
 
@@ -584,7 +585,7 @@ def test_a_hostile_spec_is_refused_and_the_run_ends_failed(aws, tmp_path, fields
     put_json(aws, "spec.json", {**spec, **fields})
     assert make(aws, tmp_path / "home").execute() == detached.EXIT_REFUSED
     st = status(aws)
-    assert st["state"] == "failed" and st["reason"].startswith("spec refused") and st["group"] == GROUP
+    assert st["state"] == "failed" and st["message"].startswith("spec refused") and st["group"] == GROUP
     assert not (tmp_path / "ran").exists() and group_size(aws) == (0, 0, 0)
 
 
@@ -599,11 +600,11 @@ def test_a_spec_rewritten_after_launch_is_refused_and_the_run_ends_failed(aws, t
     put_json(aws, "spec.json", {**json.loads(launched), "run": f"touch {tmp_path}/rewritten-ran"})
     assert make(aws, tmp_path / "home", spec_sha256=sha).execute() == detached.EXIT_REFUSED
     st = status(aws)
-    assert st["state"] == "failed" and st["reason"].startswith("spec refused: spec.json is not the one this run was "
+    assert st["state"] == "failed" and st["message"].startswith("spec refused: spec.json is not the one this run was "
                                                                "launched with")
     assert not (tmp_path / "ran").exists() and not (tmp_path / "rewritten-ran").exists()
     assert group_size(aws) == (0, 0, 0)
-    aws.s3.delete_object(Bucket=BUCKET, Key=PREFIX + "status.json")
+    aws.s3.delete_object(Bucket=BUCKET, Key=PREFIX + "state.json")
     aws.asg.update_auto_scaling_group(AutoScalingGroupName=GROUP, MinSize=0, MaxSize=1, DesiredCapacity=1)
     aws.s3.put_object(Bucket=BUCKET, Key=PREFIX + "spec.json", Body=launched)
     assert make(aws, tmp_path / "home2", spec_sha256=sha).execute() == 0
@@ -618,7 +619,7 @@ SECRET = "hunter2-the-token-0123456789"
 def test_the_secrets_reach_the_setup_and_the_job_from_parameter_store_and_no_s3_object_holds_them(aws, tmp_path):
     """spec.json names the secret; the agent reads its value from the run's SecureString parameter
     (aws/parameters.py) into the setup's and the job's environment; the log it uploads has the
-    value masked, and neither status.json nor any other object of the run holds it."""
+    value masked, and neither state.json nor any other object of the run holds it."""
     aws.ssm.put_parameter(Name=f"/ec2gpu/runs/{RUN_ID}/HF_TOKEN", Value=SECRET, Type="SecureString")
     put_spec(aws, secrets=["HF_TOKEN"], setup='echo "setup sees $HF_TOKEN"',
              run='echo "job sees $HF_TOKEN and $GREETING"; printf %s "$HF_TOKEN" > "$EC2GPU_OUTPUT_DIR/token.txt"')
@@ -636,16 +637,16 @@ def test_a_missing_secret_ends_the_run_failed_before_the_setup(aws, tmp_path):
     put_spec(aws, secrets=["HF_TOKEN"], setup=f"touch {tmp_path}/setup-ran", run=f"touch {tmp_path}/ran")
     assert make(aws, tmp_path / "home").execute() == 0
     st = status(aws)
-    assert st["state"] == "failed" and "HF_TOKEN not found in SSM Parameter Store" in st["reason"]
+    assert st["state"] == "failed" and "HF_TOKEN not found in SSM Parameter Store" in st["message"]
     assert not (tmp_path / "setup-ran").exists() and not (tmp_path / "ran").exists() and group_size(aws) == (0, 0, 0)
 
 
 def test_the_agent_reads_secrets_where_the_controller_puts_them_and_masks_as_the_controller_does():
     from ec2gpu.aws import parameters
     from ec2gpu.runs.execute import job_summary
-    assert parameters.name_of(RUN_ID, "X") == f"{detached.SECRET_ROOT}{RUN_ID}/X"
-    assert detached.MASK == job_summary.MASK
-    assert detached.mask(b"a hunter2 b hunter", ["hunter", "hunter2"]) == b"a **** b ****"
+    assert parameters.name_of(RUN_ID, "X") == f"{prepare.SECRET_ROOT}{RUN_ID}/X"
+    assert mirror.MASK == job_summary.MASK
+    assert mirror.mask(b"a hunter2 b hunter", ["hunter", "hunter2"]) == b"a **** b ****"
 
 
 def test_file_mounts_are_in_place_before_the_setup_and_mount_mode_ones_are_written_back(aws, tmp_path, monkeypatch):
@@ -695,7 +696,7 @@ def test_the_log_is_shared_with_the_ssh_users_group_and_nothing_else_of_the_run(
     put_spec(aws, log_reader=user, run="echo hello")
     lines = []
     run = make(aws, tmp_path / "home")
-    run.log = lines.append
+    run.ctx.log = lines.append
     assert run.execute() == 0 and status(aws)["state"] == "succeeded"
     rd = run_dir(tmp_path / "home")
     mode = lambda p: st_.S_IMODE(os.stat(p).st_mode)  # noqa: E731
@@ -713,25 +714,25 @@ def test_a_mount_that_cannot_be_put_in_place_ends_the_run_failed_naming_it(aws, 
                            "region": "us-east-1", "file": False, "write_back": False}], run=f"touch {tmp_path}/ran")
     assert make(aws, tmp_path / "home").execute() == 0
     st = status(aws)
-    assert st["state"] == "failed" and st["reason"].startswith("file_mounts ~/data: not put in place"), st
+    assert st["state"] == "failed" and st["message"].startswith("file_mounts ~/data: not put in place"), st
     assert not (tmp_path / "ran").exists() and group_size(aws) == (0, 0, 0)
 
 
 @pytest.mark.parametrize("reader, kept", [("First.Last", "First.Last"), ("ubuntu", "ubuntu"), ("root; rm", None),
                                           ("-o", None), (7, None), ("x" * 40, None)])
 def test_a_log_reader_that_is_no_user_name_is_none_and_the_run_goes_on(reader, kept):
-    spec = detached.parse_spec({"run_id": RUN_ID, "name": "job", "run": "true", "log_reader": reader}, RUN_ID, PREFIX)
+    spec = run_spec.parse({"run_id": RUN_ID, "name": "job", "run": "true", "log_reader": reader}, RUN_ID, PREFIX)
     assert spec["log_reader"] == kept
 
 
 def test_the_log_cut_to_its_last_bytes_starts_at_a_line_and_never_sends_half_a_secret(aws, tmp_path, monkeypatch):
-    monkeypatch.setattr(detached, "LOG_MAX", 25)
+    monkeypatch.setattr(mirror, "LOG_MAX", 25)
     run = make(aws, tmp_path / "home")
-    run.secrets = {"T": "hunter2-secret"}
-    os.makedirs(run.run_dir)
-    with open(os.path.join(run.run_dir, "job.log"), "wb") as f:
+    run.ctx.secrets = {"T": "hunter2-secret"}
+    os.makedirs(run.ctx.run_dir)
+    with open(os.path.join(run.ctx.run_dir, "job.log"), "wb") as f:
         f.write(b"x" * 20 + b" hunter2-secret tail\nlast line\n")  # the last 25 bytes begin inside the secret
-    run.push_log()
+    run.uploads.push_log()
     assert get(aws, "logs/job.log") == "last line\n"
 
 
@@ -740,8 +741,8 @@ def test_the_agent_places_targets_as_the_controller_does():
     for target in ("~/x", "x", "/data", "/a/./b/c.txt", "~/d/e/"):  # the spec holds normal_target's spelling
         for root in ("", "/sandbox/root"):
             sent = mounts.normal_target(target)
-            assert detached.TARGET_RE.fullmatch(sent)
-            assert detached.on_instance(sent, "/home/u", root) == mounts.on_instance(target, "/home/u", root)
+            assert run_spec.TARGET_RE.fullmatch(sent)
+            assert run_spec.on_instance(sent, "/home/u", root) == mounts.on_instance(target, "/home/u", root)
 
 
 def test_the_end_is_recorded_before_the_group_goes_even_when_s3_refuses_it_at_first(aws, tmp_path):
@@ -758,7 +759,7 @@ def test_the_end_is_recorded_before_the_group_goes_even_when_s3_refuses_it_at_fi
             return getattr(self.real, name)
 
         def put_object(self, **kw):
-            if kw["Key"].endswith("status.json") and b'"succeeded"' in kw["Body"] and len(refused) < 2:
+            if kw["Key"].endswith("state.json") and b'"succeeded"' in kw["Body"] and len(refused) < 2:
                 refused.append(kw["Key"])
                 raise ConnectionError("S3 did not answer")
             return self.real.put_object(**kw)
@@ -769,7 +770,7 @@ def test_the_end_is_recorded_before_the_group_goes_even_when_s3_refuses_it_at_fi
             return aws.asg.update_auto_scaling_group(**kw)
 
     run = make(aws, tmp_path / "home", s3=FlakyS3(aws.s3))
-    run.asg, run.sleep = WatchedAsg(), sleeps.append
+    run.ctx.asg, run.ctx.sleep = WatchedAsg(), sleeps.append
     assert run.execute() == 0
     assert len(refused) == 2 and [x for x in sleeps if x >= 1] == [2.0, 4.0]  # the backoff (polls are 0.05 s)
     assert seen_at_end == ["succeeded"] and status(aws)["state"] == "succeeded" and group_size(aws) == (0, 0, 0)
@@ -787,8 +788,8 @@ def test_ending_the_group_is_retried_until_it_works_and_each_failure_is_recorded
             return aws.asg.update_auto_scaling_group(**kw)
 
     run = make(aws, tmp_path / "home")
-    run.asg = Flaky()
-    run.sleep = lambda s: (sleeps.append(s), seen.append(status(aws)["group_end_error"]))
+    run.ctx.asg = Flaky()
+    run.ctx.sleep = lambda s: (sleeps.append(s), seen.append(status(aws)["group_end_error"]))
     assert run.execute() == 0
     assert calls[-1] == {"AutoScalingGroupName": GROUP, "MinSize": 0, "MaxSize": 0, "DesiredCapacity": 0}
     assert len(calls) == 4 and sleeps[-3:] == [2.0, 4.0, 8.0] and all("throttled" in e for e in seen[-3:])
@@ -800,25 +801,25 @@ def test_the_job_environment_is_the_engines_and_so_are_its_shell_words():
     from ec2gpu.aws import groups
     from ec2gpu.runs.execute import engine, nodes
     from ec2gpu.tasks.spec import Resources
-    spec = detached.parse_spec({"run_id": RUN_ID, "name": "job", "run": "true", "envs": {"A": "1"},
+    spec = run_spec.parse({"run_id": RUN_ID, "name": "job", "run": "true", "envs": {"A": "1"},
                                 "checkpoint_dir": "ckpt"}, RUN_ID, PREFIX)
     job = SimpleNamespace(name="job", env={"A": "1"}, task=SimpleNamespace(checkpoint_dir="ckpt", resources=Resources()))
     rd = "/h/ec2gpu/runs/" + RUN_ID
-    ours = detached.job_env(spec, rd, "/h/ec2gpu/workdirs/job", "10.0.0.5", 4, True, "/opt/pytorch/bin/python")
+    ours = attempt.job_env(spec, rd, "/h/ec2gpu/workdirs/job", "10.0.0.5", 4, True, "/opt/pytorch/bin/python")
     theirs = engine.node_env(job, RUN_ID, rd, 0, ["10.0.0.5"], 4, True, "/opt/pytorch/bin/python")
     assert ours == theirs
-    assert (detached.INTERACTIVE, detached.HANDOFF, detached.PROLOGUE) == (engine.INTERACTIVE, engine.HANDOFF,
+    assert (attempt.INTERACTIVE, attempt.HANDOFF, attempt.PROLOGUE) == (engine.INTERACTIVE, engine.HANDOFF,
                                                                           engine.PROLOGUE)
-    assert detached.PROGRESS_FILE == nodes.PROGRESS_FILE and detached.GROUP_PREFIX + RUN_ID == groups.name_of(RUN_ID)
-    with_secret = detached.job_env(spec, rd, "/h/ec2gpu/workdirs/job", "10.0.0.5", 4, True,
+    assert attempt.PROGRESS_FILE == nodes.PROGRESS_FILE and names.GROUP_PREFIX + RUN_ID == groups.name_of(RUN_ID)
+    with_secret = attempt.job_env(spec, rd, "/h/ec2gpu/workdirs/job", "10.0.0.5", 4, True,
                                    "/opt/pytorch/bin/python", {"HF_TOKEN": "t"})
     assert with_secret == {**theirs, "HF_TOKEN": "t"}
-    limited = detached.job_env({**spec, "gpus_limit": 1}, rd, "/w", "10.0.0.5", 8, False, "python3")
+    limited = attempt.job_env({**spec, "gpus_limit": 1}, rd, "/w", "10.0.0.5", 8, False, "python3")
     assert (limited["CUDA_VISIBLE_DEVICES"], limited["EC2GPU_GPUS_PER_NODE"]) == ("0", "1")
 
 
 def test_output_globs_read_as_the_tasks_outputs():
-    w = detached.wanted
+    w = mirror.wanted
     assert w("a/b.txt", []) and w("a/b.txt", ["*.txt"]) and not w("a/b.txt", ["*.txt", "!b.txt"])
     assert w("model/x.pt", ["model/"]) and not w("model", ["model/"]) and w("x/y/z.pt", ["**/*.pt"])
     assert w("top.txt", ["/top.txt"]) and not w("sub/top.txt", ["/top.txt"])

@@ -9,7 +9,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from ec2gpu.agent import detached, gang
+from ec2gpu.agent import gang
+from ec2gpu.wire import run_record
 
 import test_agent_detached as base  # same folder (pytest prepend import mode)
 from test_agent_detached import BUCKET, PREFIX, get, group_size, make, put_spec, status
@@ -103,8 +104,8 @@ def test_a_hostile_generation_is_none(data):
 
 def node(aws, tmp_path, name, ip, **kw):
     run = make(aws, tmp_path / name, instance_id=name, **kw)
-    run.log = lambda line: print(name, line)
-    run.imds = {"/latest/meta-data/instance-id": name, "/latest/meta-data/local-ipv4": ip}.get
+    run.ctx.log = lambda line: print(name, line)
+    run.ctx.imds = {"/latest/meta-data/instance-id": name, "/latest/meta-data/local-ipv4": ip}.get
     return run
 
 
@@ -155,7 +156,7 @@ def test_a_failure_on_one_rank_restarts_both_together(aws, tmp_path):
     a, b = two_nodes(aws, tmp_path)
     assert run_nodes(a, b) == [0, 0]
     st = status(aws)
-    assert (st["state"], st["attempt"], st["restarts_on_errors"], st["generation"]) == ("succeeded", 2, 1, 2)
+    assert (st["state"], st["attempt"], st["restarts"], st["generation"]) == ("succeeded", 2, 1, 2)
     assert json.loads(get(aws, "gang.json"))["reason"] == "restart"
     assert [a["resume"] for a in st["attempts"]] == [False, True]  # the head's checkpoint, on every node
     worker = json.loads(get(aws, "gang.json"))["members"][1]
@@ -167,7 +168,7 @@ def test_a_failure_beyond_the_restarts_ends_the_run_failed_naming_the_rank(aws, 
     a, b = two_nodes(aws, tmp_path)
     assert run_nodes(a, b) == [0, 0]
     st = status(aws)
-    assert st["state"] == "failed" and "rank 1 (exit 5)" in st["reason"] and group_size(aws) == (0, 0, 0)
+    assert st["state"] == "failed" and "rank 1 (exit 5)" in st["message"] and group_size(aws) == (0, 0, 0)
 
 
 def test_cancel_stops_every_node_and_the_head_records_it(aws, tmp_path):
@@ -178,7 +179,7 @@ def test_cancel_stops_every_node_and_the_head_records_it(aws, tmp_path):
     assert run_nodes(a, b) == [0, 0]
     assert time.monotonic() - started < 40  # neither job ran its 60 s
     st = status(aws)
-    assert (st["state"], st["reason"]) == ("cancelled", "cancelled") and group_size(aws) == (0, 0, 0)
+    assert (st["state"], st["message"]) == ("cancelled", "cancelled") and group_size(aws) == (0, 0, 0)
     assert "started 0" in get(aws, "logs/job.log")
 
 
@@ -189,8 +190,8 @@ def test_a_node_beyond_the_launch_cap_ends_the_run(aws, tmp_path):
                           Body=json.dumps({"instance_id": iid, "ip": "10.0.0.9"}).encode())
     assert node(aws, tmp_path, "i-0c", "10.0.0.3").execute() == 0
     st = status(aws)
-    assert st["state"] == "failed" and "beyond max_launches 2" in st["reason"] and group_size(aws) == (0, 0, 0)
-    assert set(st) == set(detached.STATUS_FIELDS) | {"generation"}  # one node's fields, and the generation
+    assert st["state"] == "failed" and "beyond max_launches 2" in st["message"] and group_size(aws) == (0, 0, 0)
+    assert set(st) == set(run_record.FIELDS)  # one field list, whatever the number of nodes
 
 
 class RecordingGroup:
@@ -222,7 +223,7 @@ def test_a_silent_member_is_set_unhealthy_and_the_next_generation_runs_without_i
     a, c = node(aws, tmp_path, "i-0a", "10.0.0.1"), node(aws, tmp_path, "i-0c", "10.0.0.3")
     groups = RecordingGroup(aws.asg)
     for run in (a, c):
-        run.stale_s, run.asg = 3.0, groups
+        run.ctx.stale_s, run.ctx.asg = 3.0, groups
     assert run_nodes(a, c) == [0, 0]
     assert set(groups.unhealthy) == {("i-dead", "Unhealthy", False)}  # by either node (or both), never a live one
     g = json.loads(get(aws, "gang.json"))
@@ -241,14 +242,14 @@ def test_a_member_silent_for_a_moment_makes_the_same_members_regroup(aws, tmp_pa
     a, b = two_nodes(aws, tmp_path)
     groups = RecordingGroup(aws.asg)
     for run in (a, b):
-        run.stale_s, run.asg = 1.5, groups
+        run.ctx.stale_s, run.ctx.asg = 1.5, groups
     silent = threading.Event()
-    real = b.node_write
-    b.node_write = lambda **kw: None if silent.is_set() else real(**kw)
+    real = b.members.node_write
+    b.members.node_write = lambda **kw: None if silent.is_set() else real(**kw)
 
     def pause():
         deadline = time.monotonic() + 30
-        while not (get(aws, "gang.json") and json.loads(get(aws, "status.json") or "{}").get("state") == "running"):
+        while not (get(aws, "gang.json") and json.loads(get(aws, "state.json") or "{}").get("state") == "running"):
             assert time.monotonic() < deadline
             time.sleep(0.1)
         time.sleep(1.0)
@@ -273,4 +274,4 @@ def test_a_failure_on_a_worker_stops_the_heads_job_at_once(aws, tmp_path, monkey
     assert run_nodes(a, b) == [0, 0]
     assert time.monotonic() - started < 30  # not the head's 60 s, nor SETTLE_S after it
     st = status(aws)
-    assert st["state"] == "failed" and "rank 1 (exit 5)" in st["reason"] and "rank 0" not in st["reason"], st
+    assert st["state"] == "failed" and "rank 1 (exit 5)" in st["message"] and "rank 0" not in st["message"], st

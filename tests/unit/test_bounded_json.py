@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ec2gpu.agent import agent
-from ec2gpu.wire import bounded_json
+from ec2gpu.wire import agent_record, bounded_json
 
 PACKAGE = Path(bounded_json.__file__).resolve().parents[1]
 DEEP = "[" * 50000 + "]" * 50000  # 100 KB: Python's parser recursed once per level into RecursionError
@@ -175,7 +175,8 @@ def test_a_detached_runs_agent_files_carry_the_reader_from_wire():
     hashes = launch.agent_hashes()  # checked on the instance before any of it runs, the reader too
     assert hashes["bounded_json.py"] == hashlib.sha256(Path(bounded_json.__file__).read_bytes()).hexdigest()
     boot = launch.boot_script("b", "AIDAEXAMPLEUSER0001", "20260125-103000-ffff", "us-east-1", "g", hashes, "0" * 64)
-    assert f'"runs/AIDAEXAMPLEUSER0001/20260125-103000-ffff/agent/bounded_json.py", "{hashes["bounded_json.py"]}"' in boot
+    assert '"runs/AIDAEXAMPLEUSER0001/20260125-103000-ffff/agent/"' in boot  # each file's key: the prefix and its name
+    assert f'"bounded_json.py": "{hashes["bounded_json.py"]}"' in boot
 
 
 FLAT = """
@@ -186,7 +187,7 @@ import agent, detached, s3files
 spec = importlib.util.spec_from_file_location("server", d + "/server.py")
 server = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(server)
-print(agent.bounded_json.__file__, detached.bounded_json.__file__, s3files.bounded_json.__file__,
+print(agent.bounded_json.__file__, detached.store.bounded_json.__file__, s3files.bounded_json.__file__,
       server.bounded_json.__file__, "ec2gpu" in sys.modules)
 """
 
@@ -211,6 +212,7 @@ def test_agent_py_loaded_from_its_file_finds_the_reader_beside_it(tmp_path):
     elsewhere.mkdir()
     shutil.copy(PACKAGE / "agent" / "agent.py", run_dir)
     shutil.copy(bounded_json.__file__, run_dir)
+    shutil.copy(agent_record.__file__, run_dir)  # its record's schema, shipped beside it too (agent.BESIDE)
     code = ("import importlib.util, sys; s = importlib.util.spec_from_file_location('ec2gpu_agent', sys.argv[1]); "
             "m = importlib.util.module_from_spec(s); s.loader.exec_module(m); print(m.bounded_json.__file__)")
     got = subprocess.run([sys.executable, "-S", "-c", code, str(run_dir / "agent.py")], capture_output=True, text=True,

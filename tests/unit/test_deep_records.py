@@ -76,7 +76,7 @@ def test_a_progress_file_caught_half_written_is_skipped_without_a_word(monkeypat
     assert said == []
 
 
-# --- the pool driver's status.json, read every poll while an array runs --------------------------
+# --- the pool driver's table.json, read every poll while an array runs --------------------------
 
 def _pool(**over):
     element = {"index": 0, "status": "running", "attempts": 1, "node": "10.0.0.1", "nodes": ["10.0.0.1"],
@@ -90,7 +90,7 @@ def _pool(**over):
 def test_a_deep_pool_status_is_said_once_and_the_array_goes_on(monkeypatch, record):
     """The status is bounded at 16 MiB: the 100 KB document is refused for its depth."""
     from ec2gpu.pool import follow
-    remote = Remote({"status.json": record})
+    remote = Remote({"table.json": record})
     monkeypatch.setattr(jobs, "read_from", remote.read_from)
     ui = SimpleNamespace(notes=[])
     ui.note = ui.notes.append
@@ -99,7 +99,7 @@ def test_a_deep_pool_status_is_said_once_and_the_array_goes_on(monkeypatch, reco
                            task=SimpleNamespace(secret_values=[]))
     assert [follow.read_status(head, opts, ui) for _ in range(3)] == [None] * 3
     assert "pool's status not accepted" in one_inert_line(ui.notes, REFUSED)
-    remote.files["status.json"] = _pool()  # the driver writes it again: read as ever
+    remote.files["table.json"] = _pool()  # the driver writes it again: read as ever
     assert follow.read_status(head, opts, ui)["counts"]["running"] == 1 and len(ui.notes) == 1
 
 
@@ -127,12 +127,12 @@ def test_a_deep_handed_over_record_is_refused_and_the_outputs_and_log_still_come
         tar.addfile(info, io.BytesIO(b"42\n"))
     aws.s3.put_object(Bucket=bucket, Key=keys["outputs"], Body=packed.getvalue())
     aws.s3.put_object(Bucket=bucket, Key=keys["log"], Body=b"epoch 1\n")
-    aws.s3.put_object(Bucket=bucket, Key=keys["status"], Body=doc)
+    aws.s3.put_object(Bucket=bucket, Key=keys["record"], Body=doc)
     said = []
     got = handover.fetch(aws, RUN, tmp_path / "out", Limits(), said.append)
     assert got["outputs"] == ["model.txt"] and (tmp_path / "out" / "outputs" / "model.txt").read_bytes() == b"42\n"
     assert (tmp_path / "out" / "job.log").read_bytes() == b"epoch 1\n"
-    assert got["state"] == "unreadable" and "handed-over status.json is not accepted" in one_inert_line(said, why)
+    assert got["state"] == "unreadable" and "handed-over agent-record.json is not accepted" in one_inert_line(said, why)
     assert handover.handed(aws, RUN)["state"] == "unreadable"  # `ec2gpu status` of the run: the same record
 
 
@@ -141,7 +141,7 @@ def test_a_deep_handed_over_record_is_refused_and_the_outputs_and_log_still_come
 @DOCUMENTS
 def test_a_deep_secret_names_file_is_said_and_the_log_still_shown(monkeypatch, doc, why):
     from ec2gpu.runs.execute import logs
-    remote = Remote({"status.json": b'{"state": "running"}', "secret_names.json": doc,
+    remote = Remote({"agent-record.json": b'{"state": "running"}', "secret_names.json": doc,
                      "job.env.json": b'{"TOKEN": "s3cr3t"}', "job.log": b"line 1\nline 2\n"})
     monkeypatch.setattr(jobs, "read_from", remote.read_from)
     monkeypatch.setattr(jobs, "remote_run_dir", lambda conn, run_id: f"/home/u/ec2gpu/runs/{run_id}")
@@ -179,9 +179,9 @@ def test_a_deep_notebook_reply_is_refused_in_one_line(doc, why):
 def test_the_agent_takes_a_deep_error_file_or_pool_table_as_none(tmp_path):
     from ec2gpu.agent import agent
     (tmp_path / "error.json").write_bytes(b'{"message": ' + DEEP + b"}")
-    (tmp_path / "status.json").write_bytes(b'{"counts": ' + DEEP + b"}")
+    (tmp_path / "table.json").write_bytes(b'{"counts": ' + DEEP + b"}")
     assert agent.root_cause(str(tmp_path / "error.json")) is None
-    assert agent.array_counts(str(tmp_path / "status.json")) is None
+    assert agent.array_counts(str(tmp_path / "table.json")) is None
     (tmp_path / "handover.json").write_bytes(DEEP)
     with pytest.raises(ValueError, match=REFUSED):  # as a handover file that is not JSON: the agent does not start
         agent.read_handover(str(tmp_path / "handover.json"))
@@ -216,11 +216,12 @@ def test_the_agent_leaves_out_a_deep_metadata_item():
 
 
 def test_a_detached_agent_refuses_a_deep_object_from_s3_as_it_refuses_one_not_json():
-    from ec2gpu.agent import detached
+    from ec2gpu.agent import store as agent_store
+    from ec2gpu.wire import names, run_spec
     s3 = SimpleNamespace(get_object=lambda **kw: {"Body": io.BytesIO(DEEP), "ETag": '"e"'})
-    store = detached.Store(s3, "b", USER, RUN)
-    with pytest.raises(detached.Refused, match=f"spec.json: {REFUSED}"):
-        store.get_json("spec.json", detached.MAX_SPEC_BYTES)
+    store = agent_store.Store(s3, "b", USER, RUN)
+    with pytest.raises(names.Refused, match=f"spec.json: {REFUSED}"):
+        store.get_json("spec.json", run_spec.MAX_BYTES)
 
 
 def test_file_mounts_and_the_notebook_on_the_instance_take_a_deep_record_as_none(tmp_path):

@@ -1,5 +1,5 @@
 """The cost of a detached run (runs/detached/costs.py, pure) and status.json's launches read as
-hostile input (aws/runstore.launches): issue 30, item 2."""
+hostile input (aws/runstore_records.launches): issue 30, item 2."""
 import json
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -7,10 +7,11 @@ from pathlib import Path
 import pytest
 
 from ec2gpu import api
-from ec2gpu.aws import runstore
+from ec2gpu.aws import runstore, runstore_records
 from ec2gpu.aws.instances import Instance
 from ec2gpu.errors import UsageError
 from ec2gpu.runs.detached import costs
+from ec2gpu.wire import run_record
 
 RUN = "20261125-100000-abcd"
 T0 = datetime(2026, 11, 25, 10, 0, 0, tzinfo=timezone.utc)
@@ -122,7 +123,7 @@ def test_a_group_of_several_types_bills_the_dearest_as_an_upper_bound():
     assert costs.ledger_facts({"instance_type": None}) is None and costs.ledger_facts(None) is None
 
 
-# --- runstore.launches: hostile input -------------------------------------------------------------
+# --- runstore_records.launches: hostile input -------------------------------------------------------------
 
 def _status(instances, **more) -> bytes:
     return json.dumps({"run_id": RUN, "state": "succeeded", "instances": instances, **more}).encode()
@@ -131,10 +132,10 @@ def _status(instances, **more) -> bytes:
 def test_launches_keeps_what_the_agent_wrote_normalised():
     data = _status([{"launch": 1, "instance_id": "i-0123456789abcdef0", "started_at": "2026-11-25T10:00:00Z",
                      "last_seen_at": "2026-11-25T10:05:00+00:00", "setup_runs": 1, "resumed": False}])
-    assert runstore.launches(data, RUN) == [{"launch": 1, "instance_id": "i-0123456789abcdef0",
+    assert runstore_records.launches(data, RUN) == [{"launch": 1, "instance_id": "i-0123456789abcdef0",
                                              "started_at": "2026-11-25T10:00:00+00:00",
                                              "last_seen_at": "2026-11-25T10:05:00+00:00"}]
-    assert runstore.launches(json.loads(data), RUN) == runstore.launches(data, RUN)  # a parsed record too
+    assert runstore_records.launches(json.loads(data), RUN) == runstore_records.launches(data, RUN)  # a parsed record too
 
 
 @pytest.mark.parametrize("entry", [
@@ -149,23 +150,24 @@ def test_launches_keeps_what_the_agent_wrote_normalised():
 ])
 def test_launches_drops_an_entry_without_an_instance_id_or_a_valid_start(entry):
     good = {"instance_id": "i-0000000f", "started_at": "2026-11-25T10:00:00Z"}
-    assert [e["instance_id"] for e in runstore.launches(_status([entry, good]), RUN)] == ["i-0000000f"]
+    assert [e["instance_id"] for e in runstore_records.launches(_status([entry, good]), RUN)] == ["i-0000000f"]
 
 
 def test_launches_bounds_each_field_and_the_count():
-    got = runstore.launches(_status([
+    got = runstore_records.launches(_status([
         {"launch": True, "instance_id": "i-00000001", "started_at": "2026-11-25T10:00:00Z", "last_seen_at": "soon"},
         {"launch": 10 ** 12, "instance_id": "i-00000002", "started_at": "2026-11-25T10:00:00Z",
          "last_seen_at": "2026-11-25T09:00:00Z"},  # before its start
     ]), RUN)
     assert [(e["launch"], e["last_seen_at"]) for e in got] == [(None, None), (None, None)]
     many = [{"launch": n, "instance_id": f"i-{n:08x}", "started_at": "2026-11-25T10:00:00Z"} for n in range(1, 1501)]
-    kept = runstore.launches(_status(many), RUN)
-    assert len(kept) == runstore.MAX_LAUNCHES and kept[0]["launch"] == 501  # the newest 1000
+    kept = runstore_records.launches(_status(many), RUN)
+    # the newest MAX_LAUNCHES: the record's one bound on its entries (run_record.MAX_ENTRIES, what the agent keeps)
+    assert len(kept) == runstore_records.MAX_LAUNCHES and kept[0]["launch"] == 1501 - runstore_records.MAX_LAUNCHES
 
 
 def test_launches_merges_one_instance_recorded_twice():
-    got = runstore.launches(_status([
+    got = runstore_records.launches(_status([
         {"launch": 1, "instance_id": "i-00000001", "started_at": "2026-11-25T10:00:00Z", "last_seen_at": "2026-11-25T10:01:00Z"},
         {"launch": 2, "instance_id": "i-00000001", "started_at": "2026-11-25T09:59:00Z", "last_seen_at": "2026-11-25T10:09:00Z"},
     ]), RUN)
@@ -177,10 +179,10 @@ def test_launches_merges_one_instance_recorded_twice():
     b"not json", b"[1, 2]", b'"text"', b"{" * 100_000, json.dumps({"run_id": "20200101-000000-0000", "instances": [
         {"instance_id": "i-00000001", "started_at": "2026-11-25T10:00:00Z"}]}).encode(),
     json.dumps({"run_id": RUN, "instances": {"i-00000001": {}}}).encode(),
-    b" " * (runstore.MAX_LAUNCH_STATUS_BYTES + 1),
+    b" " * (run_record.MAX_BYTES + 1),
 ])
 def test_launches_of_a_record_that_is_not_this_runs_object_are_none(data):
-    assert runstore.launches(data, RUN) == []
+    assert runstore_records.launches(data, RUN) == []
 
 
 # --- the API refuses before it opens a backend ----------------------------------------------------
@@ -206,7 +208,7 @@ def test_list_runs_refuses_a_bad_limit_or_a_region_without_remote(no_backend, kw
      (("g6.xlarge",), "on-demand")),
 ])
 def test_group_launches_reads_only_what_it_understands(group, expected):
-    assert runstore.group_launches(group) == expected
+    assert runstore_records.group_launches(group) == expected
 
 
 def test_an_instance_of_the_run_that_status_json_does_not_record_is_billed_too():
@@ -275,7 +277,7 @@ def test_a_runs_instances_outlive_ec2s_memory_in_its_settled_json_and_keep_its_c
     assert costs.settle((s3, bucket, user), launches, {spot.id: spot}, final=()) == {}
     assert s3.objects == {}  # not over yet: nothing kept
     costs.settle((s3, bucket, user), launches, {spot.id: spot}, final={RUN})
-    assert runstore.get_settled(s3, bucket, user, RUN) == [{
+    assert runstore_records.get_settled(s3, bucket, user, RUN) == [{
         "instance_id": spot.id, "instance_type": "g5.xlarge", "market": "spot", "zone": "us-east-1b",
         "launched_at": T0.isoformat(), "terminated_at": (T0 + timedelta(seconds=600)).isoformat()}]
     # an hour later EC2 lists nothing: the instance comes from settled.json, its own times and type
@@ -286,16 +288,16 @@ def test_a_runs_instances_outlive_ec2s_memory_in_its_settled_json_and_keep_its_c
     assert row["billed_seconds"] == 600.0 and row["times_source"] == costs.INSTANCE_TIMES and row["market"] == "spot"
     assert "settled.json" in row["type_source"] and row["compute_usd"] == round(0.4 * 600 / 3600, 6)
     # what the run's role could have written there is read as hostile input
-    key = runstore.prefix(user, RUN) + runstore.SETTLED
+    key = runstore.prefix(user, RUN) + runstore_records.SETTLED
     for bad in ({"run_id": "20261125-100000-ffff", "instances": [{}]}, {"run_id": RUN, "instances": [
             {"instance_id": spot.id, "instance_type": "g5.xlarge; rm", "market": "spot", "zone": "us-east-1b",
              "launched_at": T0.isoformat(), "terminated_at": T0.isoformat()},
             {"instance_id": spot.id, "instance_type": "g5.xlarge", "market": "spot", "zone": "us-east-1b",
              "launched_at": T0.isoformat(), "terminated_at": (T0 - timedelta(seconds=1)).isoformat()}]}):
         s3.objects[key] = json.dumps(bad).encode()
-        assert runstore.get_settled(s3, bucket, user, RUN) == []
-    s3.objects[key] = b"x" * (runstore.MAX_SETTLED_BYTES + 1)
-    assert runstore.get_settled(s3, bucket, user, RUN) == []
+        assert runstore_records.get_settled(s3, bucket, user, RUN) == []
+    s3.objects[key] = b"x" * (runstore_records.MAX_SETTLED_BYTES + 1)
+    assert runstore_records.get_settled(s3, bucket, user, RUN) == []
 
 
 def test_status_json_naming_another_runs_instance_bills_it_to_neither_twice(monkeypatch):

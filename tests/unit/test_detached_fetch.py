@@ -11,7 +11,7 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from ec2gpu.aws import runstore
+from ec2gpu.aws import runstore_objects, runstore_records
 from ec2gpu.errors import UsageError
 from ec2gpu.remote.files import Limits
 from ec2gpu.runs.detached import fetch as detached
@@ -38,7 +38,7 @@ def _put(aws, key, body=b"x"):
 
 
 def _status(aws, state="succeeded", **fields):
-    runstore.put_status(aws.s3, BUCKET, USER, RUN, {"state": state, **fields})
+    runstore_records.put_status(aws.s3, BUCKET, USER, RUN, {"state": state, **fields})
 
 
 def _tree(root: Path) -> set[str]:
@@ -55,13 +55,13 @@ def test_fetch_brings_outputs_checkpoints_log_and_status_home(aws, tmp_path):
     got = detached.fetch(aws, RUN, tmp_path / "out", Limits(), notes.append)
     out = tmp_path / "out"
     assert got["outputs"] == ["result.txt", "sub/dir/deep.bin"] and got["checkpoints"] == ["ckpt.pt"]
-    assert got["files"] == ["job.log", "status.json"] and got["state"] == "succeeded"
+    assert got["files"] == ["job.log", "state.json"] and got["state"] == "succeeded"
     assert (got["skipped"], got["left"]) == (0, 0)
     assert (out / "outputs/result.txt").read_bytes() == b"42\n"
     assert (out / "outputs/sub/dir/deep.bin").read_bytes() == b"\0\1"
     assert (out / "checkpoints/ckpt.pt").read_bytes() == b"weights"
     assert (out / "job.log").read_bytes() == b"line 1\nline 2\n"
-    assert json.loads((out / "status.json").read_text())["state"] == "succeeded"
+    assert json.loads((out / "state.json").read_text())["state"] == "succeeded"
     assert not [p for p in _tree(out) if p.endswith(".part")]
     assert any("2 output file(s), 1 checkpoint file(s)" in n for n in notes)
 
@@ -96,7 +96,7 @@ def test_a_run_of_another_user_or_of_the_layout_before_the_user_id_is_not_looked
     """Each user's runs are under runs/USER_ID/ (aws/runstore.py): the same run id under another
     user's prefix, or under runs/RUN_ID/ as before, is not this caller's run; the error names where
     it was looked for."""
-    runstore.put_status(aws.s3, BUCKET, "AROAEXAMPLEROLEID0002:bob", RUN, {"state": "succeeded"})
+    runstore_records.put_status(aws.s3, BUCKET, "AROAEXAMPLEROLEID0002:bob", RUN, {"state": "succeeded"})
     _put(aws, f"runs/{RUN}/status.json", json.dumps({"run_id": RUN, "state": "succeeded"}).encode())
     _put(aws, f"runs/{RUN}/outputs/theirs.txt", b"not yours")
     with pytest.raises(UsageError, match=f"no detached run {RUN} in s3://{BUCKET}/runs/{USER}/") as err:
@@ -170,7 +170,7 @@ def test_a_job_log_or_status_that_is_a_link_here_is_not_written_through(aws, tmp
     _status(aws)
     _put(aws, PREFIX + "logs/job.log", b"evil")
     got = detached.fetch(aws, RUN, out, Limits(), lambda line: None)
-    assert got["files"] == ["status.json"] and victim.read_text() == "mine"
+    assert got["files"] == ["state.json"] and victim.read_text() == "mine"
 
 
 def test_too_many_keys_are_left_and_counted(aws, tmp_path):
@@ -197,16 +197,16 @@ def test_the_listing_itself_is_bounded(aws, monkeypatch, tmp_path):
     _status(aws)
     for i in range(5):
         _put(aws, PREFIX + f"outputs/f{i}", b"x")
-    monkeypatch.setattr(runstore, "MAX_LISTED", 2)
-    listed, more = runstore.list_objects(aws.s3, BUCKET, PREFIX + "outputs/", max_entries=2)
+    monkeypatch.setattr(runstore_objects, "MAX_LISTED", 2)
+    listed, more = runstore_objects.list_objects(aws.s3, BUCKET, PREFIX + "outputs/", max_entries=2)
     assert len(listed) == 2 and more
 
 
 def test_an_object_larger_than_listed_is_not_kept(aws, tmp_path):
     import io
     _put(aws, PREFIX + "outputs/grows", b"g" * 100)
-    with pytest.raises(runstore.TooLarge):
-        runstore.download(aws.s3, BUCKET, PREFIX + "outputs/grows", io.BytesIO(), 10)
+    with pytest.raises(runstore_objects.TooLarge):
+        runstore_objects.download(aws.s3, BUCKET, PREFIX + "outputs/grows", io.BytesIO(), 10)
 
 
 # --- logs -------------------------------------------------------------------------------------
@@ -336,8 +336,8 @@ def test_when_the_live_log_drops_follow_goes_on_from_s3_at_the_same_byte(aws, mo
 def test_a_secret_cut_between_two_reads_or_across_lines_is_masked_and_the_bytes_are_the_stores():
     """The live log is masked over its bytes as the agent masks the copy it uploads: a value cut
     between two reads, or holding a newline, is masked whole; nothing is added, so the bytes
-    written, fed in any pieces, are agent/detached.mask's of the whole."""
-    from ec2gpu.agent import detached as agent_side
+    written, fed in any pieces, are agent/mirror.mask's of the whole."""
+    from ec2gpu.agent import mirror as agent_side
     secrets = ["hunter2", "-----BEGIN KEY-----\nabc\n-----END KEY-----"]
     whole = (b"a hunter2 b\n" + "-----BEGIN KEY-----\nabc\n-----END KEY-----".encode() + b"\ntqdm 50%\r" + b"x" * 70_000
              + b" hunt" + b"er2 end")
@@ -397,12 +397,12 @@ def test_without_the_runs_secrets_the_live_log_is_not_read(aws, monkeypatch):
 
 def test_a_range_read_of_a_replaced_object_is_none(aws):
     _put(aws, PREFIX + "logs/job.log", b"first")
-    head = runstore.head_object(aws.s3, BUCKET, PREFIX + "logs/job.log")
+    head = runstore_objects.head_object(aws.s3, BUCKET, PREFIX + "logs/job.log")
     _put(aws, PREFIX + "logs/job.log", b"second")
-    assert runstore.read_range(aws.s3, BUCKET, PREFIX + "logs/job.log", 0, 3, head["etag"]) is None
-    assert runstore.read_range(aws.s3, BUCKET, PREFIX + "logs/job.log", 0, 3) == b"seco"
-    assert runstore.read_range(aws.s3, BUCKET, PREFIX + "logs/job.log", 100, 200) is None
-    assert runstore.head_object(aws.s3, BUCKET, PREFIX + "logs/nothing") is None
+    assert runstore_objects.read_range(aws.s3, BUCKET, PREFIX + "logs/job.log", 0, 3, head["etag"]) is None
+    assert runstore_objects.read_range(aws.s3, BUCKET, PREFIX + "logs/job.log", 0, 3) == b"seco"
+    assert runstore_objects.read_range(aws.s3, BUCKET, PREFIX + "logs/job.log", 100, 200) is None
+    assert runstore_objects.head_object(aws.s3, BUCKET, PREFIX + "logs/nothing") is None
 
 
 # --- the api/ functions: which runs go to the store --------------------------------------------
@@ -443,7 +443,7 @@ def test_fetch_of_a_run_only_the_store_holds_defaults_to_runs_run_id(api_ctx, aw
     monkeypatch.chdir(tmp_path)
     _status(aws)
     got = access.fetch(RUN)
-    assert got["out"] == str((tmp_path / "runs" / RUN).resolve()) and got["files"] == ["status.json"]
+    assert got["out"] == str((tmp_path / "runs" / RUN).resolve()) and got["files"] == ["state.json"]
     with pytest.raises(UsageError, match="no run"):  # neither here nor in the store: today's answer
         access.fetch("20261125-103000-ffff")
 
@@ -463,5 +463,5 @@ def test_logs_of_a_detached_run_come_from_the_store_and_a_foreground_runs_from_i
     fg = "20261125-090000-0000"  # a foreground run: its controller recorded, its log here; the store not asked
     ledger.record(home, _row(fg, status="completed", exit_status=0, artifacts=str(art),
                              controller={"host": "h", "pid": 1, "started": 1.0}))
-    _put(aws, f"runs/{USER}/{fg}/status.json", b"{}")
+    _put(aws, f"runs/{USER}/{fg}/state.json", b"{}")
     assert access.logs(fg)["log"] == "saved here\n"

@@ -17,16 +17,16 @@ def world(monkeypatch, tmp_path):
     w = SimpleNamespace(record={"run_id": RUN, "state": "running", "message": None}, group=None, written=[],
                         removed=[], cancelled=[])
     monkeypatch.setattr(follow, "store", lambda aws: (None, "bucket", "AIDAEXAMPLEUSERID0001"))
-    monkeypatch.setattr(follow.runstore, "get_status", lambda s3, bucket, user, run_id: dict(w.record))
-    monkeypatch.setattr(follow.runstore, "get_status_bytes",
+    monkeypatch.setattr(follow.runstore_records, "get_status", lambda s3, bucket, user, run_id: dict(w.record))
+    monkeypatch.setattr(follow.runstore_records, "get_status_bytes",
                         lambda s3, bucket, user, run_id: json.dumps(w.record).encode())
     monkeypatch.setattr(costs, "gather", lambda aws, home, runs, rows, volume_gib, **k: {
         r: {"billed_seconds": 120.0, "cost_usd": 0.05, "upper_bound": False, "running": False} for r in runs})
-    monkeypatch.setattr(follow.runstore, "put_status", lambda s3, bucket, user, run_id, rec: (
+    monkeypatch.setattr(follow.runstore_records, "put_status", lambda s3, bucket, user, run_id, rec: (
         w.written.append(rec), w.record.update(rec)))
-    monkeypatch.setattr(follow.runstore, "end_status", lambda s3, bucket, user, run_id, state, message, at: (
+    monkeypatch.setattr(follow.runstore_records, "end_status", lambda s3, bucket, user, run_id, state, message, at: (
         w.written.append({"state": state, "message": message}), w.record.update(state=state, message=message), True)[-1])
-    monkeypatch.setattr(follow.runstore, "put_cancel", lambda s3, bucket, user, run_id: w.cancelled.append(run_id))
+    monkeypatch.setattr(follow.runstore_records, "put_cancel", lambda s3, bucket, user, run_id: w.cancelled.append(run_id))
     monkeypatch.setattr(follow.groups, "summary", lambda asg, run_id: w.group)
     monkeypatch.setattr(follow.sweep, "inventory", lambda *a, **k: {"instances": [{"id": "i-1"}]})
     monkeypatch.setattr(follow.sweep, "delete_everything", lambda *a, **k: (w.removed.append("all"), {"left": []})[1])
@@ -50,14 +50,14 @@ def test_a_run_whose_group_stopped_before_its_agent_said_so_is_recorded_failed_a
 
 def test_an_end_the_agent_recorded_between_the_read_and_the_group_stands(world, monkeypatch):
     """The agent writes its end, then ends its group: `status` read the record before the first and
-    the group after the second. runstore.end_status then writes nothing (an end recorded stands),
+    the group after the second. runstore_records.end_status then writes nothing (an end recorded stands),
     and `status` says the agent's end, not "failed" (nor puts "failed" in the ledger)."""
     world.group = _group(0)
 
     def agent_first(s3, bucket, user, run_id, state, message, at):
         world.record.update(state="succeeded", exit_code=0)  # the agent's, landed meanwhile
         return False
-    monkeypatch.setattr(follow.runstore, "end_status", agent_first)
+    monkeypatch.setattr(follow.runstore_records, "end_status", agent_first)
     got = follow.status(world.aws, world.settings, RUN)
     assert got["state"] == "succeeded" and got.get("exit_code") == 0 and "without its agent" not in str(got)
 

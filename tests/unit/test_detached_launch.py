@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from ec2gpu.aws import instances, runstore
+from ec2gpu.aws import instances
 from ec2gpu.errors import UsageError
 from ec2gpu.remote import sync
 from ec2gpu.runs.detached import launch
 from ec2gpu.runs.execute import engine
 from ec2gpu.runs.options import RunOptions
 from ec2gpu.tasks import load
+from ec2gpu.wire import run_record, run_spec
 
 RUN = "20261125-103000-1a2b"
 USER = "AROAEXAMPLEROLEID0001:alice@example.com"  # who starts the run: a role session's user id
@@ -57,7 +58,8 @@ def test_a_detached_run_carries_no_secret_too_large_for_a_parameter():
 
 def test_the_boot_script_fetches_the_agent_with_the_role_and_starts_it_holding_no_secret(tmp_path):
     boot = _boot()
-    assert f'"runs/{USER}/{RUN}/agent/detached.py"' in boot and f'"runs/{USER}/{RUN}/agent/agent.py"' in boot
+    assert f'"runs/{USER}/{RUN}/agent/"' in boot  # each file's key: this prefix and its name, with its sha256
+    assert '"detached.py": "' in boot and '"agent.py": "' in boot
     assert f"--bucket {BUCKET} --user {USER} --run-id {RUN} --region us-east-1" in boot
     assert "AWS_ACCESS_KEY_ID" not in boot and "aws_secret" not in boot.lower()
     assert boot.count("seq 30") == 1  # tried again while the new role reaches EC2 (IAM is eventually consistent)
@@ -116,7 +118,6 @@ def test_the_spec_names_the_secrets_and_holds_none_of_their_values():
 def test_the_spec_lists_the_file_mounts_as_the_agent_reads_them(tmp_path):
     """Local sources by the key they are uploaded to, S3 ones by bucket, prefix and region, targets
     in one spelling; the agent's own check takes the list as it is."""
-    from ec2gpu.agent import detached
     (tmp_path / "data").mkdir()
     (tmp_path / "cfg.txt").write_text("c")
     text = ("name: m\nrun: 'true'\nfile_mounts:\n  ~/data/: ./data\n  /etc/app/cfg.txt: ./cfg.txt\n"
@@ -132,7 +133,7 @@ def test_the_spec_lists_the_file_mounts_as_the_agent_reads_them(tmp_path):
          "file": False, "write_back": False},
         {"target": "~/out", "kind": "s3", "bucket": "out-bucket", "prefix": "", "region": "us-east-1",
          "file": False, "write_back": True}]
-    assert detached.parse_mounts(doc, f"runs/{USER}/{RUN}/") == doc
+    assert run_spec.parse_mounts(doc, f"runs/{USER}/{RUN}/") == doc
 
 
 def test_the_spec_says_what_the_agent_runs_and_until_when():
@@ -256,7 +257,7 @@ def _instance(tmp_path, files: dict) -> tuple[dict, callable]:
     (store / "runs" / USER / RUN / "agent").mkdir(parents=True)
     for name, body in files.items():
         (store / "runs" / USER / RUN / "agent" / name).write_bytes(body)
-    (store / "runs" / USER / RUN / "status.json").write_text(json.dumps({"run_id": RUN, "state": "pending", "attempt": 0,
+    (store / "runs" / USER / RUN / "state.json").write_text(json.dumps({"run_id": RUN, "state": "pending", "attempt": 0,
                                                                   "launches": 2, "updated_at": "x"}))
     env = {"PATH": f"{bin_}:/usr/bin:/bin", "EC2GPU_STATE_DIR": str(tmp_path / "state"), "PYTHONPATH": str(lib.parent),
            "FAKE_S3": str(tmp_path / "s3"), "FAKE_CALLS": str(tmp_path / "asg-calls")}
@@ -297,7 +298,7 @@ def test_the_launched_agent_is_fetched_checked_and_started(tmp_path):
 def test_an_agent_file_rewritten_in_s3_is_refused_and_none_of_it_runs(tmp_path, rewritten):
     """The launch template's user data holds each agent file's sha256; a file in S3 with another
     (rewritten after launch: by anyone who may write the run's prefix, the job included) is
-    refused before any is written: nothing runs, status.json says why (failed, its launches
+    refused before any is written: nothing runs, state.json says why (failed, its launches
     kept), the group is ended, and no try follows (the fetch is not retried for 5 min)."""
     files = _agent(tmp_path)
     hashes = {name: _sha(body) for name, body in files.items()}
@@ -309,12 +310,12 @@ def test_an_agent_file_rewritten_in_s3_is_refused_and_none_of_it_runs(tmp_path, 
     time.sleep(0.5)
     assert not (tmp_path / "agent-ran").exists() and not (tmp_path / "rewritten-ran").exists()
     assert not [p for p in state.iterdir() if p.suffix == ".py"]  # none of the files was written
-    st = json.loads((tmp_path / "s3" / BUCKET / "runs" / USER / RUN / "status.json").read_text())
+    st = json.loads((tmp_path / "s3" / BUCKET / "runs" / USER / RUN / "state.json").read_text())
     assert st["state"] == "failed" and st["launches"] == 2 and st["ended_at"]
-    assert st["message"] == st["reason"] == (
+    assert "reason" not in st and st["message"] == (  # the record's one vocabulary (wire/run_record.py)
         f"the agent code in S3 is not the code this run was launched with ({rewritten} has another sha256 than its "
         "launch template says): refused, none of it ran")
-    assert runstore.validate_status(json.dumps(st).encode(), RUN)["message"] == st["message"]  # as `status` reads it
+    assert run_record.view(json.dumps(st).encode(), RUN)["message"] == st["message"]  # as `status` reads it
     assert [json.loads(line) for line in (tmp_path / "asg-calls").read_text().splitlines()] == [
         {"AutoScalingGroupName": f"ec2gpu-{RUN}", "MinSize": 0, "MaxSize": 0, "DesiredCapacity": 0}]
     assert "none of it ran" in (state / "boot.log").read_text()
@@ -339,7 +340,7 @@ def test_the_hashes_come_from_the_agent_files_tuple_and_each_is_required(tmp_pat
     monkeypatch.setattr(launch, "AGENT_FILES", (*launch.AGENT_FILES, "extra.py"))
     more = launch.agent_hashes(tmp_path)
     assert more["extra.py"] == _sha(b"x = 1\n")
-    assert f'"runs/{USER}/{RUN}/agent/extra.py", "{more["extra.py"]}"' in _boot(hashes=more)
+    assert f'"extra.py": "{more["extra.py"]}"' in _boot(hashes=more)  # fetched as the agent's prefix + its name
     with pytest.raises(ValueError):
         _boot(hashes=hashes)  # without the new file's
 

@@ -12,7 +12,8 @@ import pytest
 from moto import mock_aws
 
 from ec2gpu import settings as settings_mod
-from ec2gpu.agent import detached as agent
+from ec2gpu.agent import store as agent_store
+from ec2gpu.wire import names, run_spec
 from ec2gpu.aws import groups, runstore
 from ec2gpu.aws.session import Aws
 from ec2gpu.errors import UsageError
@@ -135,10 +136,10 @@ def test_the_user_data_holds_the_hashes_of_exactly_the_uploaded_bytes(started, a
 
 
 def test_a_spec_over_what_the_agent_reads_is_refused_before_anything_is_made(started, aws, tmp_path):
-    """The agent reads at most MAX_SPEC_BYTES of spec.json, and a larger one would end the run on the
+    """The agent reads at most run_spec.MAX_BYTES (wire/run_spec.py) of spec.json, and a larger one would end the run on the
     instance after the bucket, role and group were made: refused at once instead, naming what
     makes it large; no bucket, role or key pair exists after."""
-    assert launch.MAX_SPEC_BYTES == agent.MAX_SPEC_BYTES
+    assert launch.MAX_SPEC_BYTES == run_spec.MAX_BYTES
     with pytest.raises(UsageError) as err:
         started(_opts(tmp_path, {"BIG": "x" * (1024 * 1024), "A": "1"}))
     assert "over the 1,048,576 a detached run's agent reads: envs 1,048,5" in err.value.message
@@ -154,8 +155,8 @@ def test_the_agent_refuses_a_spec_over_what_it_reads_as_too_large(aws):
     s3 = boto3.client("s3", region_name="us-east-1")
     bucket, user, run_id = "ec2gpu-123456789012-us-east-1", "AIDAEXAMPLEUSERID0002", "20261201-090000-a1b2"
     s3.create_bucket(Bucket=bucket)
-    body = b"{" + b" " * agent.MAX_SPEC_BYTES + b"}"
+    body = b"{" + b" " * run_spec.MAX_BYTES + b"}"
     s3.put_object(Bucket=bucket, Key=runstore.spec_key(user, run_id), Body=body)
-    store = agent.Store(s3, bucket, user, run_id)
-    with pytest.raises(agent.Refused, match=r"^spec.json is too large: over 1,048,576 bytes"):
-        store.get_json("spec.json", agent.MAX_SPEC_BYTES, hashlib.sha256(body).hexdigest())
+    store = agent_store.Store(s3, bucket, user, run_id)
+    with pytest.raises(names.Refused, match=r"^spec.json is too large: over 1,048,576 bytes"):
+        store.get_json("spec.json", run_spec.MAX_BYTES, hashlib.sha256(body).hexdigest())

@@ -79,7 +79,7 @@ def _fetch_pool(monkeypatch, tmp_path, archive, out, submitted=None):
         data = archive.read_bytes()
         Path(path).write_bytes(data)
         return len(data)
-    monkeypatch.setattr(handover.runstore, "download_head", download)
+    monkeypatch.setattr(handover.runstore_objects, "download_head", download)
     said = []
     got = handover.fetch_pool(None, "b", "k", out, Limits(files=20, bytes=10_000), said.append, submitted)
     return got, said
@@ -87,7 +87,7 @@ def _fetch_pool(monkeypatch, tmp_path, archive, out, submitted=None):
 
 def test_an_arrays_table_and_element_logs_come_home_checked_and_nothing_else(monkeypatch, tmp_path):
     archive = _archive(tmp_path / "p.tar.gz", [
-        ("status.json", "file", _pool_status()), ("logs/3.log", "file", b"element 3\n"),
+        ("table.json", "file", _pool_status()), ("logs/3.log", "file", b"element 3\n"),
         ("logs/x.log", "file", b"x"), ("logs/03.log", "file", b"x"), ("job.log", "file", b"not the driver's"),
         ("pool.json", "file", b"{}"), ("logs/4.log", tarfile.SYMTYPE, "/etc/passwd")])
     out = tmp_path / "out"
@@ -106,7 +106,7 @@ def test_an_arrays_table_and_element_logs_come_home_checked_and_nothing_else(mon
 
 
 def test_an_element_log_is_never_written_through_a_link(monkeypatch, tmp_path):
-    archive = _archive(tmp_path / "p.tar.gz", [("status.json", "file", _pool_status()),
+    archive = _archive(tmp_path / "p.tar.gz", [("table.json", "file", _pool_status()),
                                                ("logs/3.log", "file", b"element 3\n")])
     out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
     out.mkdir()

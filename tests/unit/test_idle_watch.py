@@ -37,7 +37,7 @@ def test_a_running_job_keeps_it_up(instance, record):
     home, env = instance
     run = home / "ec2gpu" / "runs" / "r1"
     run.mkdir(parents=True)
-    (run / "status.json").write_text(json.dumps({**record, "agent_pid": os.getpid()}, indent=2))
+    (run / "agent-record.json").write_text(json.dumps({**record, "agent_pid": os.getpid()}, indent=2))
     with pytest.raises(subprocess.TimeoutExpired):
         subprocess.run(["bash", str(WATCH), "2", "1"], env=env, capture_output=True, timeout=4)
     assert not (home / "shutdown-called").exists()

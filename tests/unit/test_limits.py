@@ -10,10 +10,11 @@ from types import SimpleNamespace
 import pytest
 
 from ec2gpu.agent import agent
+from ec2gpu.wire import agent_record
 from ec2gpu.aws.instances import Instance
 from ec2gpu.errors import LimitReached, UsageError
 from ec2gpu.runs.plan import costs, limits
-from ec2gpu.runs.execute import engine, status
+from ec2gpu.runs.execute import engine
 from ec2gpu.runs.settle import ledger
 from ec2gpu.runs.options import RunOptions
 from ec2gpu.runs.provision import pipeline
@@ -72,23 +73,23 @@ def test_the_agent_gives_the_job_sigterm_at_the_limit_and_records_it(tmp_path):
     started = time.monotonic()
     code = agent.run(str(tmp_path), ["bash", "-c", trap], "http://127.0.0.1:9", poll_s=0.1, grace_s=2.0,
                      limit=(time.time() + 1.0, 30.0))
-    st = json.loads((tmp_path / "status.json").read_text())
+    st = json.loads((tmp_path / "agent-record.json").read_text())
     assert time.monotonic() - started < 10  # the job ended on its SIGTERM, long before the grace ran out
     assert (tmp_path / "job.log").read_text().endswith("checkpointed\n")  # (bash reports the killed sleep)
     assert st["state"] == "failed" and st["limit"]["stopped_at"] and st["limit"]["ends_at"]  # exit 0 is not success
-    assert code == 0 and status.parse((tmp_path / "status.json").read_bytes(), None)["limit"] == st["limit"]
+    assert code == 0 and agent_record.parse((tmp_path / "agent-record.json").read_bytes(), None)["limit"] == st["limit"]
 
 
 def test_a_job_deaf_to_sigterm_is_killed_before_the_instance_ends(tmp_path):
     agent.run(str(tmp_path), [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
                               "signal.SIG_IGN); time.sleep(60)"], "http://127.0.0.1:9", poll_s=0.1, grace_s=2.0,
               limit=(time.time() + 0.5, 6.0))  # ends at +6.5 s: SIGKILL 5 s before, at +1.5 s at the latest
-    st = json.loads((tmp_path / "status.json").read_text())
+    st = json.loads((tmp_path / "agent-record.json").read_text())
     assert st["signal"] == 9 and st["limit"] and st["state"] == "failed"
 
 
 def test_the_run_says_the_limit_ended_the_job_and_how_to_raise_it():
-    record = status.parse(json.dumps({"state": "failed", "exit_code": 143, "limit": {
+    record = agent_record.parse(json.dumps({"state": "failed", "exit_code": 143, "limit": {
         "ends_at": "2026-11-24T14:00:00+00:00", "stopped_at": "2026-11-24T13:58:00+00:00"}}).encode(), None)
 
     class Watch:

@@ -242,8 +242,8 @@ def test_tarfiles_data_filter_refuses_what_the_name_checks_would_let_through(tmp
 
 #: the modules that open a tar to read it: the one unpacker; and the detached agent on its instance,
 #: whose workdir archive (made by this machine's launch, links kept, refused whole on any bad
-#: member) follows rules of its own (agent/detached.extract_workdir, shipped stdlib-only on its own)
-READERS = {"remote/unpack.py", "agent/detached.py"}
+#: member) follows rules of its own (agent/prepare.extract_workdir, shipped stdlib-only on its own)
+READERS = {"remote/unpack.py", "agent/prepare.py"}
 
 
 #: what opens an archive to read it, by the name it has where it is defined (a mode that is not a

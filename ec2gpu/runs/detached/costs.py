@@ -1,7 +1,7 @@
 """What a detached run cost (issue 30), from any machine: the times its agent recorded in
-status.json and the prices that applied, as docs/cost-model.md bills every run.
+its record (state.json) and the prices that applied, as docs/cost-model.md bills every run.
 
-Each launch of the run (status.json's ``instances``, read by aws/runstore.launches: one per
+Each launch of the run (the record's ``instances``, read by aws/runstore_records.launches: one per
 instance that started the agent) is billed per second with a 60-second minimum
 (runs/plan/costs.billed_seconds), plus its public IPv4 address and its root volume
 (runs/plan/costs' rules). Its times:
@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 
 #: where an instance's times came from (``times_source``)
 INSTANCE_TIMES = "instance"  # DescribeInstances: LaunchTime to the StateTransitionReason time (or now)
-AGENT_TIMES = "agent"  # status.json: started_at to last_seen_at
+AGENT_TIMES = "agent"  # the run's record (state.json): started_at to last_seen_at
 
 
 @dataclass(frozen=True)
@@ -119,8 +119,8 @@ def one(launch: dict[str, Any], instance: Instance | None, facts: Facts | None, 
     """The bill of one launch (pure): its span (``span``), its type and market (``instance``'s,
     else ``facts``'), and its compute at ``prices`` plus its address and volume.
 
-    Returns {"launch", "instance_id", "in_status" (False: an instance of the run that status.json
-    does not record, ``unrecorded``), "instance_type", "market", "zone", "type_source", "from",
+    Returns {"launch", "instance_id", "in_status" (False: an instance of the run that its record
+    does not hold, ``unrecorded``), "instance_type", "market", "zone", "type_source", "from",
     "to" (ISO text), "times_source", "running", "billed_seconds" (s, 60 s minimum), "usd_per_hour"
     (the mean compute price, or None), "compute_usd", "public_ipv4_usd", "ebs_usd", "cost_usd"
     (USD; cost_usd None when no compute price is known), "price_source", "upper_bound" (a ceiling
@@ -177,7 +177,7 @@ def _compute(start: datetime, end: datetime, seconds: float, facts: Facts | None
 
 def cost(launches: list[dict[str, Any]], prices: Prices, instances: dict[str, Instance] | None = None,
          facts: Facts | None = None) -> dict[str, Any]:
-    """The cost of a detached run (pure): each of ``launches`` (aws/runstore.launches' shape:
+    """The cost of a detached run (pure): each of ``launches`` (aws/runstore_records.launches' shape:
     launch, instance_id, started_at, last_seen_at) billed by ``one`` at ``prices``, with the
     instance's own times and type where ``instances`` (instance id -> DescribeInstances' Instance)
     has it, else the agent's times and ``facts`` (the group's or this machine's ledger's type and
@@ -214,7 +214,7 @@ ALL_STATES = ["pending", "running", "stopping", "stopped", "shutting-down", "ter
 
 def unrecorded(launches: list[dict[str, Any]], listed: list[Instance]) -> list[dict[str, Any]]:
     """Launches for the run's instances that DescribeInstances lists (``listed``, by the run's tag)
-    but status.json does not record (an agent that never wrote, or a record written over): billed
+    but its record does not hold (an agent that never wrote, or a record written over): billed
     from their own times like any other, with "in_status" False (pure)."""
     known = {launch["instance_id"] for launch in launches}
     return [{"launch": None, "instance_id": i.id, "started_at": i.launched_at.isoformat(), "last_seen_at": None,
@@ -223,7 +223,7 @@ def unrecorded(launches: list[dict[str, Any]], listed: list[Instance]) -> list[d
 
 def own_launches(launches: list[dict[str, Any]], run_id: str, listed: dict[str, Instance]
                  ) -> tuple[list[dict[str, Any]], list[str]]:
-    """(the launches billed to run ``run_id``, the instance ids refused) (pure): status.json is
+    """(the launches billed to run ``run_id``, the instance ids refused) (pure): the record is
     written by the run's own instances, whose job can write anything there, so a launch naming an
     instance that DescribeInstances lists (``listed``: ec2gpu's instances, found by their ec2gpu:run
     tag) under another run's tag is not this run's: billing it here would bill it twice (issue
@@ -242,10 +242,10 @@ def own_launches(launches: list[dict[str, Any]], run_id: str, listed: dict[str, 
 
 def group_facts(group: dict[str, Any]) -> Facts | None:
     """The type(s) and market of a run's Auto Scaling group (a DescribeAutoScalingGroups entry:
-    aws/runstore.group_launches reads its launch template overrides and InstancesDistribution): one
+    aws/runstore_records.group_launches reads its launch template overrides and InstancesDistribution): one
     type, that type; several, candidates (the dearest is billed). None when it names no type (pure)."""
-    from ...aws import runstore
-    types, market = runstore.group_launches(group)
+    from ...aws import runstore_records
+    types, market = runstore_records.group_launches(group)
     if not types:
         return None
     return Facts(types[0] if len(types) == 1 else None, market, None,
@@ -264,14 +264,14 @@ def ledger_facts(row: dict[str, Any] | None) -> Facts | None:
 def gather(aws: Aws, home: Path, runs: dict[str, list[dict[str, Any]]], rows: dict[str, dict[str, Any]],
            volume_gib: float | None, now: datetime | None = None, store: tuple[Any, str, str] | None = None,
            final: Collection[str] = ()) -> dict[str, dict[str, Any]]:
-    """The cost (``cost``) of each run of ``runs`` (run id -> its launches, aws/runstore.launches),
+    """The cost (``cost``) of each run of ``runs`` (run id -> its launches, aws/runstore_records.launches),
     from one DescribeInstances of ec2gpu's instances in every state (by the ec2gpu:run tag), one
     DescribeAutoScalingGroups of ec2gpu's groups, this machine's ledger ``rows`` (run id -> row),
     and the prices: on-demand from the catalog, spot price history per type and zone over the
     instances' times (one DescribeSpotPriceHistory each), gp3 from the catalog; ``volume_gib``: each
     instance's root volume (GiB; this machine's setting, as `run --detach` sends it). With ``store``
     (the run store's S3 client, bucket and the caller's user id, whose prefix holds the runs): an
-    instance EC2 no longer lists is taken from its run's settled.json (aws/runstore.get_settled),
+    instance EC2 no longer lists is taken from its run's settled.json (aws/runstore_records.get_settled),
     and a run of ``final`` (run ids whose state is final) whose every instance EC2 lists as
     terminated gets its settled.json written (``settle``). Launches naming another run's instance
     (``own_launches``; a final run's that neither EC2 nor its settled.json names: ``settle``) are
@@ -328,8 +328,8 @@ def settle(store: tuple[Any, str, str], runs: dict[str, list[dict[str, Any]]], l
     reader tries again); a settled.json S3 will not read counts as none. ``strangers`` (run id ->
     instance ids), when given, gets the launches of a run of ``final`` that EC2 no longer lists and
     its settled.json, which held every launch of the run at its end, does not name: another run's
-    instance its status.json named after, not billed here."""
-    from ...aws import runstore
+    instance its record named after, not billed here."""
+    from ...aws import runstore_records
     from ...aws.instances import Instance
     from ...errors import AwsError
     s3, bucket, user = store
@@ -339,7 +339,7 @@ def settle(store: tuple[Any, str, str], runs: dict[str, list[dict[str, Any]]], l
         missing = {i for i in ids if i not in listed}
         if missing:
             try:
-                kept = runstore.get_settled(s3, bucket, user, run_id)
+                kept = runstore_records.get_settled(s3, bucket, user, run_id)
             except AwsError:  # that object refused (the run's role could write it): this run's agent times
                 kept = []
             if strangers is not None and run_id in final and kept:
@@ -350,14 +350,14 @@ def settle(store: tuple[Any, str, str], runs: dict[str, list[dict[str, Any]]], l
                     found[row["instance_id"]] = Instance(
                         id=row["instance_id"], type=row["instance_type"], state="terminated",
                         launched_at=_t(row["launched_at"]), market=row["market"], zone=row["zone"],
-                        transitioned_at=_t(row["terminated_at"]), tags={SETTLED_TAG: runstore.SETTLED})
+                        transitioned_at=_t(row["terminated_at"]), tags={SETTLED_TAG: runstore_records.SETTLED})
         elif ids and run_id in final and all(listed[i].state == "terminated" and listed[i].transitioned_at
                                              for i in ids):
             rows = [{"instance_id": i, "instance_type": listed[i].type, "market": listed[i].market,
                      "zone": listed[i].zone, "launched_at": listed[i].launched_at.isoformat(),
                      "terminated_at": cast(datetime, listed[i].transitioned_at).isoformat()} for i in ids]
             try:
-                runstore.put_settled(s3, bucket, user, run_id, rows)
+                runstore_records.put_settled(s3, bucket, user, run_id, rows)
             except AwsError:
                 pass
     return found
@@ -377,40 +377,41 @@ def _on_demand(itype: str, region: str, home: Path) -> tuple[float | None, str]:
 
 # --- `ec2gpu runs --remote` ---------------------------------------------------------------------------
 
-#: status.json reads at once (GetObject; boto3's clients are thread-safe, its sessions are not)
+#: record reads at once (GetObject; boto3's clients are thread-safe, its sessions are not)
 WORKERS = 8
 
 
 def remote_runs(aws: Aws, home: Path, volume_gib: float | None, limit: int, since: datetime | None = None,
                 workers: int = WORKERS) -> dict[str, Any]:
-    """The caller's detached runs in the region's run store (aws/runstore.list_runs: those under
+    """The caller's detached runs in the region's run store (aws/runstore_records.list_runs: those under
     the caller's own prefix ``runs/USER_ID/``), newest first, at most
     ``limit`` of them (started since ``since``, by the UTC time in the run id), each with its
-    status.json (runstore.validate_status) and its cost (``gather``), and whether this machine's
+    record (wire/run_record.view) and its cost (``gather``), and whether this machine's
     ledger ($EC2GPU_HOME/ledger.sqlite, read once; an unreadable one counts as holding none) has it.
     The status objects are read by ``workers`` threads (1: one after the other); one that cannot be
     read (AwsError) gives its run state "unknown" and the error as its "problem".
 
-    Returns {"bucket", "region", "in_store": runs in the store, "runs": [validate_status' fields
+    Returns {"bucket", "region", "in_store": runs in the store, "runs": [run_record.view's fields
     (state, attempt, restarts, interruptions, launches, instance_id, started_at, updated_at,
     ended_at, message, problem...) + "billed_seconds" (s), "cost_usd" (USD or None), "upper_bound",
     "cost" (``cost``'s whole dict), "in_ledger" (bool), "ledger_status" (its row's status or None)]}.
     Raises AwsError (S3, EC2, Auto Scaling), NoCredentials."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from ...aws import runstore
+    from ...aws import runstore_records
     from ...errors import AwsError
+    from ...wire import run_record
     from ..settle import ledger
     from .fetch import store
     s3, bucket, user = store(aws)
-    ids = runstore.list_runs(s3, bucket, user)
+    ids = runstore_records.list_runs(s3, bucket, user)
     picked = [r for r in reversed(ids) if since is None or _started(r) >= since][:max(0, limit)]
 
     failed: dict[str, str] = {}
 
     def read(run_id: str) -> tuple[str, bytes | None]:
         try:
-            return run_id, runstore.get_status_bytes(s3, bucket, user, run_id)
+            return run_id, runstore_records.get_status_bytes(s3, bucket, user, run_id)
         except AwsError as exc:  # one run's object (403 on it, say): that run says so, the rest are listed
             failed[run_id] = exc.message
             return run_id, None
@@ -420,14 +421,14 @@ def remote_runs(aws: Aws, home: Path, volume_gib: float | None, limit: int, sinc
     else:
         got = dict(map(read, picked))
     rows = {r["run_id"]: r for r in ledger.runs(home, tolerant=True)}
-    records = {r: None if data is None else runstore.validate_status(data, r) for r, data in got.items()}
-    launches = {r: [] if data is None else runstore.launches(data, r) for r, data in got.items()}
-    final = {r for r, rec in records.items() if rec is not None and rec["state"] in runstore.FINAL_STATES}
+    records = {r: None if data is None else run_record.view(data, r) for r, data in got.items()}
+    launches = {r: [] if data is None else runstore_records.launches(data, r) for r, data in got.items()}
+    final = {r for r, rec in records.items() if rec is not None and rec["state"] in run_record.FINAL_STATES}
     costs = gather(aws, home, launches, rows, volume_gib, store=(s3, bucket, user), final=final)
     out = []
     for r in picked:
-        rec = records[r] or {**runstore.validate_status(b"{}", r), "state": "unknown",
-                             "problem": failed.get(r) or _no_status(s3, bucket, user, r)}
+        rec = records[r] or {**run_record.unreadable(r, failed.get(r) or _no_status(s3, bucket, user, r)),
+                             "state": "unknown"}
         c = costs[r]
         out.append({**rec, "billed_seconds": c["billed_seconds"], "cost_usd": c["cost_usd"],
                     "upper_bound": c["upper_bound"], "cost": c, "in_ledger": r in rows,
@@ -436,16 +437,16 @@ def remote_runs(aws: Aws, home: Path, volume_gib: float | None, limit: int, sinc
 
 
 def _no_status(s3: Any, bucket: str, user: str, run_id: str) -> str:
-    """Why a run in the store has no status.json: a run in the foreground whose instance handed its
+    """Why a run in the store has no record (state.json): a run in the foreground whose instance handed its
     outputs over (runs/recover/handover.py), or a launch that did not get that far (or expired)."""
-    from ...aws import runstore
+    from ...aws import runstore, runstore_objects
     from ...errors import AwsError
     try:
-        handed = runstore.read_head(s3, bucket, runstore.handover_keys(user, run_id)["status"], 1) is not None
+        handed = runstore_objects.read_head(s3, bucket, runstore.handover_keys(user, run_id)["record"], 1) is not None
     except AwsError:
         handed = False
     return ("a run in the foreground whose controller was lost: its instance handed its outputs over "
-            "(`ec2gpu fetch RUN`)") if handed else "no status.json (its launch did not get that far, or it expired)"
+            "(`ec2gpu fetch RUN`)") if handed else "no state.json (its launch did not get that far, or it expired)"
 
 
 def _started(run_id: str) -> datetime:

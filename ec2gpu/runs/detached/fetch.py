@@ -13,19 +13,20 @@ comes home from an instance:
   with no symbolic link or special file on the way;
 - what is brought home is capped per directory in count and bytes (remote/files.Limits: --max-download,
   --max-files, settings.download_limits); each object is read through the size it was listed
-  with; at most runstore.MAX_LISTED objects are looked at; the rest is named, never silently dropped;
+  with; at most runstore_objects.MAX_LISTED objects are looked at; the rest is named, never silently dropped;
 - a file is written beside its place as a hidden ``.part`` file (O_NOFOLLOW) and renamed into it;
 - names and the log are printed inert (ec2gpu.inert) by whoever shows them.
 
 The job's log (``logs/job.log``) is uploaded whole by the agent every 60 s and at the end, at most
-its last 64 MiB (agent/detached.py), so `logs --follow` polls it (HeadObject) and reads only the new
+its last 64 MiB (agent/mirror.py), so `logs --follow` polls it (HeadObject) and reads only the new
 bytes (Range GETs from the size already shown, IfMatch its ETag). When it stops is decided from
-status.json's state (runstore.FINAL_STATES) and the run's Auto Scaling group, never from the log's text.
+the run's record (state.json: its state, wire/run_record.FINAL_STATES) and the run's Auto Scaling
+group, never from the log's text.
 
 `logs --follow` reads the log live over SSH while the run's group has an instance in service and
 this machine has the run's private key (the machine that started it): the agent lets the SSH user
 read job.log in its run directory (``${EC2GPU_STATE_DIR:-/var/lib/ec2gpu}/detached/ec2gpu/runs/RUN``,
-agent/detached.share_log), the host key is checked against the console output as for any
+agent/prepare.share_log), the host key is checked against the console output as for any
 instance, and the bytes shown are the store's (the instance's log masked over its bytes as the
 agent masks the copy it uploads, with the run's secrets read from SSM Parameter Store with these
 credentials: ``_Masker``), so when the instance goes (a spot interruption) or SSH drops,
@@ -42,21 +43,22 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from ...aws import groups, runstore
+from ...aws import groups, runstore, runstore_objects, runstore_records
 from ...aws.session import Aws
 from ...errors import UsageError
-from ...agent.detached import mask  # the agent's own rule: the live log's bytes are the store's
+from ...agent.mirror import mask  # the agent's own rule: the live log's bytes are the store's
 from ...remote import files
+from ...wire import run_record
 
 Note = Callable[[str], object]
 #: ``write(chunk: bytes, final=False)``: where a log's bytes go as they come
 Write = Callable[..., object]
 
-#: bytes of job.log the agent keeps in the store, its last ones (agent/detached.LOG_MAX)
+#: bytes of job.log the agent keeps in the store, its last ones (agent/mirror.LOG_MAX)
 AGENT_LOG_MAX = 64 << 20
 #: bytes of job.log brought home or printed at first: its last ones
 MAX_LOG_BYTES = AGENT_LOG_MAX
-#: seconds between two looks at the log and status.json with --follow
+#: seconds between two looks at the log and the run's record with --follow
 POLL_S = 5.0
 #: with --follow, the group is looked at every this many polls (the run may end without its agent)
 GROUP_EVERY = 6
@@ -78,13 +80,13 @@ def store(aws: Aws) -> tuple[Any, str, str]:
 
 
 def status_of(aws: Aws, run_id: str) -> dict[str, Any] | None:
-    """The detached run ``run_id``'s status record (runstore.get_status: validated) when the
+    """The detached run ``run_id``'s status record (runstore_records.get_status: validated) when the
     region's store holds one, else None (also for a value that is not a run id: a Name tag, an
     instance id). Raises NoCredentials, AwsError."""
     if not isinstance(run_id, str) or not runstore.RUN_ID.fullmatch(run_id):
         return None
     s3, bucket, user = store(aws)
-    return runstore.get_status(s3, bucket, user, run_id)
+    return runstore_records.get_status(s3, bucket, user, run_id)
 
 
 # --- fetch ------------------------------------------------------------------------------------
@@ -102,9 +104,9 @@ def pull(s3: Any, bucket: str, key_prefix: str, root: Path, limits: files.Limits
     docstring's rules applied; ``what`` names the directory in what is said to ``warn`` (one line
     per kind of object not brought home). Returns (the names written, relative to ``root``, sorted;
     the selection: ``skipped`` (name, why) and ``left`` above the limits). Raises AwsError."""
-    listed, more = runstore.list_objects(s3, bucket, key_prefix)
+    listed, more = runstore_objects.list_objects(s3, bucket, key_prefix)
     if more:
-        warn(f"{what}: more than {runstore.MAX_LISTED:,} objects under s3://{bucket}/{key_prefix}; "
+        warn(f"{what}: more than {runstore_objects.MAX_LISTED:,} objects under s3://{bucket}/{key_prefix}; "
              "only the first ones were looked at")
     names = [(key[len(key_prefix):], size) for key, size in listed if key.startswith(key_prefix)]
     dirs = {n.rsplit("/", i)[0] for n, _ in names for i in range(1, n.count("/") + 1)}
@@ -150,9 +152,9 @@ def _write(s3: Any, bucket: str, key: str, root: Path, f: files.RemoteFile) -> s
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
         with os.fdopen(fd, "wb") as out:
-            runstore.download(s3, bucket, key, out, f.size)
+            runstore_objects.download(s3, bucket, key, out, f.size)
         os.replace(tmp, target)
-    except runstore.TooLarge:
+    except runstore_objects.TooLarge:
         tmp.unlink(missing_ok=True)
         return "larger than when it was listed"
     except FileNotFoundError:
@@ -171,7 +173,7 @@ def fetch(aws: Aws, run_id: str, out: Path, limits: files.Limits, note: Note,
           got: dict[str, Any] | None = None, schema: str = "task") -> dict[str, Any]:
     """Bring home what the detached run ``run_id`` has in its store: ``outputs/`` to
     ``out``/outputs and ``checkpoints/`` to ``out``/checkpoints (each at most ``limits``),
-    ``logs/job.log`` (its last MAX_LOG_BYTES) and status.json (the validated record, ``got`` when
+    ``logs/job.log`` (its last MAX_LOG_BYTES) and state.json (the validated record, ``got`` when
     already read) to ``out``. What is not brought home is said to ``note``. The job's
     outputs/summary.json, when it wrote one, is read as runs/execute/job_summary.read_summary
     reads a run's (hostile input, checked against ``schema``: "mnist" for the built-in trainer; the
@@ -179,12 +181,12 @@ def fetch(aws: Aws, run_id: str, out: Path, limits: files.Limits, note: Note,
     when they cannot be read its figures are kept out of "columns", said), and its test accuracy said.
 
     Returns {"outputs": [...], "checkpoints": [...], "files": [...] (names relative to their
-    directory), "state": status.json's state, "skipped": objects refused for their name or place,
+    directory), "state": the record's state, "skipped": objects refused for their name or place,
     "left": objects above the limits, "columns": the ledger's fields from the summary
     (job_summary.columns: summary, summary_schema, test_acc ...; {} without one)}. Raises UsageError
     for a run the store does not hold, NoCredentials, AwsError, OSError (``out`` cannot be written)."""
     s3, bucket, user = store(aws)
-    got = got or runstore.get_status(s3, bucket, user, run_id)
+    got = got or runstore_records.get_status(s3, bucket, user, run_id)
     if got is None:
         raise UsageError(f"no detached run {run_id} in s3://{bucket}/{runstore.user_prefix(user)} ({aws.region})",
                          NOT_FOUND_HINT)
@@ -197,10 +199,10 @@ def fetch(aws: Aws, run_id: str, out: Path, limits: files.Limits, note: Note,
     log = read_log(s3, bucket, user, run_id, MAX_LOG_BYTES)
     if log is not None and write_small(out, "job.log", log):
         done.append("job.log")
-    if write_small(out, "status.json", json.dumps(got, indent=2).encode()):
-        done.append("status.json")
+    if write_small(out, run_record.NAME, json.dumps(got, indent=2).encode()):
+        done.append(run_record.NAME)
     state = got.get("state")
-    if state not in runstore.FINAL_STATES:
+    if state not in run_record.FINAL_STATES:
         note(f"run {run_id} is {state}: its outputs reach s3://{bucket}/{runstore.outputs_prefix(user, run_id)} at "
              "its end")
     note(f"{len(outputs)} output file(s), {len(checkpoints)} checkpoint file(s) and "
@@ -243,7 +245,7 @@ def log_key(user: str, run_id: str) -> str:
 def read_log(s3: Any, bucket: str, user: str, run_id: str, max_bytes: int = MAX_LOG_BYTES) -> bytes | None:
     """The last ``max_bytes`` bytes (at most) of the run's job.log in the store, or None when there
     is none yet. Raises AwsError."""
-    head = runstore.head_object(s3, bucket, log_key(user, run_id))
+    head = runstore_objects.head_object(s3, bucket, log_key(user, run_id))
     if head is None:
         return None
     if head["size"] == 0:
@@ -258,7 +260,7 @@ def _read(s3: Any, bucket: str, key: str, start: int, end: int, etag: str) -> by
     out = bytearray()
     while start + len(out) < end:
         at = start + len(out)
-        got = runstore.read_range(s3, bucket, key, at, min(end, at + runstore.CHUNK_BYTES) - 1, etag)
+        got = runstore_objects.read_range(s3, bucket, key, at, min(end, at + runstore_objects.CHUNK_BYTES) - 1, etag)
         if got is None:
             return None
         if not got:
@@ -289,7 +291,7 @@ class LiveLog(Protocol):
 
 #: seconds between two tries of the live log when none was had (no instance in service yet)
 LIVE_EVERY_S = 20.0
-#: with the live log, seconds between two reads of status.json
+#: with the live log, seconds between two reads of the run's record
 LIVE_STATUS_S = 5.0
 
 
@@ -312,7 +314,7 @@ class _Shown:
 
 
 class _Masker:
-    """Bytes masked as the agent masks the copy it uploads (agent/detached.mask: each secret value,
+    """Bytes masked as the agent masks the copy it uploads (agent/mirror.mask: each secret value,
     longest first, replaced by ****, over the bytes as they are: no line splitting, no decoding),
     fed in pieces: the last bytes that could be the start of a secret are held back until the next
     piece (or ``flush``), so a value cut between two reads is masked whole and the bytes written
@@ -441,7 +443,7 @@ def run_secrets(aws: Aws, s3: Any, bucket: str, user: str, run_id: str) -> list[
     (then the log is not read live)."""
     from ...aws import parameters
     try:
-        names = runstore.secret_names(s3, bucket, user, run_id)
+        names = runstore_records.secret_names(s3, bucket, user, run_id)
         if not names:
             return []
         got = parameters.read(aws.client("ssm"), run_id, names)
@@ -456,7 +458,7 @@ def show_log(aws: Aws, run_id: str, write: Write, note: Note, follow: bool = Fal
              clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
     """Write the detached run ``run_id``'s job.log from its store to ``write`` (raw bytes; its last
     ``max_bytes`` when longer), then ``write(b"", final=True)``. With ``follow``: poll every
-    ``poll_s`` seconds and write only the bytes added since, until status.json's state is final
+    ``poll_s`` seconds and write only the bytes added since, until the record's state is final
     (the log is then whole: the agent uploads it before the final record) or the run's group
     has ended without one (its log is then all there will be). ``live()``: the log on the run's
     instance (``live_log``), tried with ``follow`` while the run is not over, at most every
@@ -468,7 +470,7 @@ def show_log(aws: Aws, run_id: str, write: Write, note: Note, follow: bool = Fal
     does not hold, NoCredentials, AwsError."""
     s3, bucket, user = store(aws)
     key = log_key(user, run_id)
-    got = runstore.get_status(s3, bucket, user, run_id)
+    got = runstore_records.get_status(s3, bucket, user, run_id)
     if got is None:
         raise UsageError(f"no detached run {run_id} in s3://{bucket}/{runstore.user_prefix(user)} ({aws.region})",
                          NOT_FOUND_HINT)
@@ -479,8 +481,8 @@ def show_log(aws: Aws, run_id: str, write: Write, note: Note, follow: bool = Fal
     ahead: tuple[int, bytes] | None = None
     try:
         while True:
-            final = got.get("state") in runstore.FINAL_STATES  # read before the log: the log is then whole
-            head = runstore.head_object(s3, bucket, key)
+            final = got.get("state") in run_record.FINAL_STATES  # read before the log: the log is then whole
+            head = runstore_objects.head_object(s3, bucket, key)
             if ahead is not None and head is not None and head["etag"] != etag and head["size"] <= shown:
                 etag = head["etag"]  # behind what the live log showed: the agent's next upload catches up
             elif head is not None and head["etag"] != etag:
@@ -519,9 +521,9 @@ def show_log(aws: Aws, run_id: str, write: Write, note: Note, follow: bool = Fal
 
                 def is_final() -> bool:
                     nonlocal got
-                    now = runstore.get_status(s3, bucket, user, run_id)
+                    now = runstore_records.get_status(s3, bucket, user, run_id)
                     got = now or got
-                    return now is not None and now.get("state") in runstore.FINAL_STATES
+                    return now is not None and now.get("state") in run_record.FINAL_STATES
                 if not _follow_live(src, seen, secrets, is_final, min(poll_s, 1.0), sleep, clock):
                     note(f"the live log of {src.instance_id} stopped (SSH, or past {AGENT_LOG_MAX >> 20} MiB): "
                          "following S3")
@@ -534,13 +536,13 @@ def show_log(aws: Aws, run_id: str, write: Write, note: Note, follow: bool = Fal
                 next_live = clock() + LIVE_EVERY_S
             polls += 1
             if polls % GROUP_EVERY == 0 and _ended(aws, run_id):
-                got = runstore.get_status(s3, bucket, user, run_id) or got  # its last word, if it had one
-                if got.get("state") not in runstore.FINAL_STATES:
-                    note(f"run {run_id}: its group has ended and status.json still says {got.get('state')}")
+                got = runstore_records.get_status(s3, bucket, user, run_id) or got  # its last word, if it had one
+                if got.get("state") not in run_record.FINAL_STATES:
+                    note(f"run {run_id}: its group has ended and its record still says {got.get('state')}")
                     break
                 continue
             sleep(poll_s)
-            got = runstore.get_status(s3, bucket, user, run_id) or got
+            got = runstore_records.get_status(s3, bucket, user, run_id) or got
     finally:
         write(b"", final=True)
     if not etag:
@@ -548,7 +550,7 @@ def show_log(aws: Aws, run_id: str, write: Write, note: Note, follow: bool = Fal
              "it every 60 s once the job runs, and at its end")
     state = got.get("state")
     exit_status = None
-    if state in runstore.FINAL_STATES:
+    if state in run_record.FINAL_STATES:
         code = got.get("exit_code")
         exit_status = 0 if state == "succeeded" else (code if isinstance(code, int) and code else 1)
     return {"state": state, "exit_status": exit_status}

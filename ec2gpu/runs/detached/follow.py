@@ -1,8 +1,8 @@
 """Follow a detached run from any machine with the same AWS identity: `ec2gpu status RUN`, `ec2gpu cancel RUN`.
 
-What a detached run is doing is in two places, both AWS's: its ``status.json`` in the run store
-(aws/runstore.py; written by the agent on its instance, so read as hostile input:
-runstore.validate_status) and its Auto Scaling group (aws/groups.py: desired capacity, the
+What a detached run is doing is in two places, both AWS's: its record ``state.json`` in the run store
+(aws/runstore_records.py; written by the agent on its instance, so read as hostile input:
+wire/run_record.view) and its Auto Scaling group (aws/groups.py: desired capacity, the
 instances it holds). Neither is this machine's ledger, so a run started on a laptop is followed
 from another one, with credentials of the same user id (the run store keeps each user's runs under
 ``runs/USER_ID/``: aws/runstore.py).
@@ -17,35 +17,33 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from ...aws import groups, runstore, sweep
+from ...aws import groups, runstore, runstore_records, sweep
 from ...aws.session import Aws
 from ...errors import UsageError
 from ...settings import Settings
+from ...wire import run_record
 from .fetch import NOT_FOUND_HINT, store
 
-#: the states after which the agent does nothing more (runstore.STATES' final ones for a detached
-#: run: an "interrupted" attempt is followed by the replacement's)
-DONE = ("succeeded", "failed", "cancelled")
+#: the states after which the agent does nothing more (an "interrupted" attempt is followed by the replacement's)
+DONE = run_record.FINAL_STATES
 #: how long `cancel` waits (s) for the agent to stop the job and save its outputs before it ends the
 #: group itself
 CANCEL_WAIT_S = 180.0
 
 
-
-
 def status(aws: Aws, settings: Settings, run_id: str, log: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
-    """The detached run ``run_id`` as AWS knows it: status.json's fields (runstore.validate_status:
+    """The detached run ``run_id`` as AWS knows it: its record's fields (wire/run_record.view:
     state, attempt, restarts, interruptions, instance, times, message; "problem" when the record is
     not readable), plus "group" (its desired capacity and instances: id, state, zone, health, or
     None once it is gone) and "removed" (what ``remove_finished`` removed now). Raises UsageError
     for a run id that is not one or a run the caller's prefix of the store does not hold; AwsError."""
     runstore.check_run_id(run_id)
     s3, bucket, user = store(aws)
-    data = runstore.get_status_bytes(s3, bucket, user, run_id)
+    data = runstore_records.get_status_bytes(s3, bucket, user, run_id)
     if data is None:
         raise UsageError(f"no detached run {run_id} in s3://{bucket}/{runstore.user_prefix(user)} ({aws.region})",
                          NOT_FOUND_HINT)
-    got = runstore.validate_status(data, run_id)
+    got = run_record.view(data, run_id)
     group = groups.summary(aws.client("autoscaling"), run_id)
     if got["state"] not in DONE and got["state"] != "unreadable" and _stopped(group):
         got = _ended_without_agent(s3, bucket, user, got, log)
@@ -75,7 +73,7 @@ def _cost(aws: Aws, settings: Settings, run_id: str, data: bytes, row: dict[str,
     settled.json once EC2 lists every instance terminated), or None, said, when AWS does not answer."""
     from . import costs
     try:
-        return costs.gather(aws, settings.home, {run_id: runstore.launches(data, run_id)},
+        return costs.gather(aws, settings.home, {run_id: runstore_records.launches(data, run_id)},
                             {run_id: row} if row is not None else {},
                             settings.root_volume_gib, store=store, final={run_id} if over else set())[run_id]
     except Exception as exc:  # noqa: BLE001 - AwsError or botocore's: the status is shown without its cost
@@ -99,12 +97,12 @@ def _ended_without_agent(s3: Any, bucket: str, user: str, got: dict[str, Any],
     why = (f"ended without its agent's word while {got['state']}: its group is gone or at 0 "
            "(the run's deadline, or `ec2gpu down`/`cleanup`)")
     try:
-        wrote = runstore.end_status(s3, bucket, user, got["run_id"], "failed", why, _now())
+        wrote = runstore_records.end_status(s3, bucket, user, got["run_id"], "failed", why, _now())
     except Exception as exc:  # noqa: BLE001 - said; the next `status` tries again
         log(f"could not record the run's end ({type(exc).__name__})")
         return got
     if not wrote:  # an end recorded meanwhile (the agent's): read it
-        return runstore.get_status(s3, bucket, user, got["run_id"]) or got
+        return runstore_records.get_status(s3, bucket, user, got["run_id"]) or got
     log(f"run {got['run_id']}: {why}")
     return {**got, "state": "failed", "message": why}
 
@@ -176,19 +174,19 @@ def cancel(aws: Aws, settings: Settings, run_id: str, log: Callable[[str], None]
         return {**status(aws, settings, run_id, log), "removed": {k: v for k, v in removed.items() if v},
                 "waited_s": 0.0}
     s3, bucket, user = store(aws)
-    runstore.put_cancel(s3, bucket, user, run_id)
+    runstore_records.put_cancel(s3, bucket, user, run_id)
     log(f"asked the agent of {run_id} to stop the job and save its outputs "
         f"(s3://{bucket}/{runstore.prefix(user, run_id)})")
     start, got = clock(), first
     while clock() - start < wait_s and first.get("group") and first["group"]["instances"]:
-        got = runstore.get_status(s3, bucket, user, run_id) or got
+        got = runstore_records.get_status(s3, bucket, user, run_id) or got
         if got.get("state") in DONE:
             break
         sleep(poll_s)
     waited = round(clock() - start, 1)
     if got.get("state") not in DONE:
         log(f"the agent did not answer in {waited:.0f} s: ending the group without it")
-        runstore.end_status(s3, bucket, user, run_id, "cancelled", "cancelled: the group was ended by `ec2gpu cancel`",
+        runstore_records.end_status(s3, bucket, user, run_id, "cancelled", "cancelled: the group was ended by `ec2gpu cancel`",
                             _now())
     removed = sweep.delete_run(aws.ec2, run_id, settings.keys_dir, log=log, iam=aws.client("iam"),
                                autoscaling=aws.client("autoscaling"),

@@ -10,8 +10,8 @@ one before it worked:
 2. the run store (aws/runstore.ensure: bucket ``ec2gpu-ACCOUNT-REGION``, public access blocked,
    encrypted, TLS only, expiring); under ``runs/USER_ID/RUN_ID/`` (USER_ID: the caller's,
    aws/runstore.user_id): the workdir (``workdir.tar.gz``: the
-   files remote/sync.manifest sends), the agent (``agent/agent.py``, ``agent/detached.py``) and
-   ``spec.json`` (``spec_document``: what the agent runs); each local file_mounts source as
+   files remote/sync.manifest sends), the agent (AGENT_FILES: ``agent/detached.py`` and its modules) and
+   ``spec.json`` (``spec_document``: what the agent runs, checked here as the agent checks it); each local file_mounts source as
    ``mounts/N.tar.gz`` (a directory, packed like the workdir) or ``mounts/N`` (a file);
 3. the run's key pair (SSH, for `ec2gpu logs --follow` while an instance is up), its security group
    (SSH from this machine's /32 only) and its own instance role (aws/iam_detached.detached_policy: its own
@@ -25,7 +25,7 @@ one before it worked:
 4. a launch template and an Auto Scaling group of one instance (aws/groups.create), whose user
    data starts the agent (``boot_script``: no credentials in it; the role's come from IMDSv2),
    with the scheduled action that sets the group to 0 at the run's deadline, whoever is left;
-5. ``status.json`` (state "pending") and the ledger row (status "detached": no controller here
+5. the run's record ``state.json`` (state "pending": wire/run_record.py) and the ledger row (status "detached": no controller here
    to settle it, runs/recover/reconcile.py leaves it alone).
 
 Whatever fails on the way removes what was made (aws/sweep.delete_run, the group first) before
@@ -43,12 +43,14 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from ...aws import capacity, groups, iam, iam_boundary, iam_detached, instances, network, parameters, runstore, sweep
+from ...aws import (capacity, groups, iam, iam_boundary, iam_detached, instances, network, parameters, runstore,
+                    runstore_objects, runstore_records, sweep)
 from ...aws.session import Aws
 from ...backend import Backend
 from ...errors import UsageError
 from ...settings import Settings
-from ...wire import bounded_json
+from ...wire import bounded_json, names, run_spec
+from ...wire.run_record import MAX_BYTES as RECORD_MAX_BYTES, VERSION as RECORD_VERSION
 from ..options import RunOptions
 from ..plan import checks
 from ..provision import pipeline
@@ -61,9 +63,13 @@ if TYPE_CHECKING:
     from ..execute.reporter import ReporterLike
 
 AGENT_DIR = Path(__file__).resolve().parents[2] / "agent"
-#: the instance-side files, uploaded under runs/USER_ID/RUN_ID/agent/ and fetched by ``boot_script``;
-#: all from AGENT_DIR but the one JSON reader they import (agent_source)
-AGENT_FILES = ("agent.py", "detached.py", "gang.py", "reaper.py", "s3files.py", "bounded_json.py")
+WIRE_DIR = Path(bounded_json.__file__).resolve().parent
+#: the instance-side files, uploaded under runs/USER_ID/RUN_ID/agent/ and fetched by ``boot_script``:
+#: detached.py (what the boot script runs) and every module it imports, the agent's from AGENT_DIR and
+#: the records' (WIRE_FILES) from ec2gpu/wire/ (agent_source)
+WIRE_FILES = ("bounded_json.py", "names.py", "run_spec.py", "run_record.py", "agent_record.py")
+AGENT_FILES = ("detached.py", "context.py", "store.py", "prepare.py", "mirror.py", "attempt.py", "members.py",
+               "several.py", "gang.py", "agent.py", "reaper.py", "s3files.py") + WIRE_FILES
 #: instances a detached run may launch in all (first plus replacements) when --max-attempts is not
 #: given: a spot run rides out several interruptions; an on-demand one gets one replacement
 #: (an instance AWS retired, a failed status check)
@@ -71,8 +77,8 @@ DEFAULT_LAUNCHES = {True: 10, False: 2}
 
 
 def agent_source(name: str) -> Path:
-    """The file on this machine of AGENT_FILES' ``name``: ec2gpu/wire/'s for the JSON reader, else agent/'s."""
-    return Path(bounded_json.__file__) if name == "bounded_json.py" else AGENT_DIR / name
+    """The file on this machine of AGENT_FILES' ``name``: ec2gpu/wire/'s for WIRE_FILES, else agent/'s."""
+    return WIRE_DIR / name if name in WIRE_FILES else AGENT_DIR / name
 
 
 def check(opts: RunOptions) -> TaskJob:
@@ -95,9 +101,9 @@ def secret_env(job: TaskJob) -> dict[str, str]:
 
 
 #: Pythons that may have boto3, first found first: the Deep Learning AMI's PyTorch environments
-#: (agent/detached.PYTHONS), then the image's python3
+#: (agent/attempt.PYTHONS), then the image's python3
 BOOT_PYTHONS = ("/opt/pytorch/bin/python3", "/opt/conda/envs/pytorch/bin/python3", "python3")
-#: the most bytes the boot script reads of one agent file (the largest, detached.py, is ~110 KB)
+#: the most bytes the boot script reads of one agent file (the largest, agent.py, is ~30 KB)
 MAX_AGENT_BYTES = 4 * 1024 * 1024
 #: the boot script's exit status when a fetched file is not the one the run was launched with
 EXIT_TAMPERED = 3
@@ -117,8 +123,8 @@ def agent_hashes(directory: Path | None = None) -> dict[str, str]:
     return {name: hashlib.sha256(data).hexdigest() for name, data in agent_files(directory).items()}
 
 
-#: the most bytes of spec.json the agent reads (agent/detached.MAX_SPEC_BYTES; a test compares them)
-MAX_SPEC_BYTES = 1024 * 1024
+#: the most bytes of spec.json the agent reads
+MAX_SPEC_BYTES = run_spec.MAX_BYTES
 
 
 def spec_body(spec: dict[str, Any]) -> bytes:
@@ -152,7 +158,7 @@ def boot_script(bucket: str, user: str, run_id: str, region: str, group: str, ha
     says what code the run is: each file fetched (at most MAX_AGENT_BYTES) is checked against
     its hash before any is written where it could run. A file that differs (rewritten in S3 after
     launch, by anyone who can write the run's prefix, the run's own job included) is refused:
-    none is kept or run, status.json says why (state "failed"), the group is ended, and the
+    none is kept or run, the run's record says why (state "failed"), the group is ended, and the
     script exits EXIT_TAMPERED without trying again. ``spec_sha256`` (of ``spec_body``) goes to
     the agent, which refuses a spec.json with other bytes the same way (agent/detached.py: the
     controller writes it once, before launch, and nothing rewrites it).
@@ -202,26 +208,25 @@ def _fetch_script(bucket: str, user: str, run_id: str, region: str, group: str, 
     """The Python that ``boot_script`` runs to fetch the agent (pure): every file of AGENT_FILES read
     into memory and checked against ``hashes`` before any is written (into ``sys.argv[1]``); a file
     that differs ends the run failed, its group ended, exit EXIT_TAMPERED."""
-    prefix = runstore.prefix(user, run_id)
-    want = {name: [f"{prefix}agent/{name}", hashes[name]] for name in AGENT_FILES}
+    want = {name: hashes[name] for name in AGENT_FILES}  # each file's key: A + its name (one prefix, said once)
     return (  # double quotes only: the script goes into single ones
         "import datetime, hashlib, json, os, sys, boto3\n"
         f"B, G, R, RUN = {json.dumps(bucket)}, {json.dumps(group)}, {json.dumps(region)}, {json.dumps(run_id)}\n"
-        f"STATUS = {json.dumps(runstore.status_key(user, run_id))}\n"
+        f"STATUS, A = {json.dumps(runstore.record_key(user, run_id))}, {json.dumps(runstore.agent_prefix(user, run_id))}\n"
         "s3 = boto3.client(\"s3\", region_name=R)\n"
         "def refuse(name):\n"
         "    msg = (\"the agent code in S3 is not the code this run was launched with (\" + name + \" has another \"\n"
         "           \"sha256 than its launch template says): refused, none of it ran\")\n"
         "    print(\"ec2gpu: \" + msg, file=sys.stderr)\n"
-        "    try:\n"  # status.json as it is (its launches and attempts: the run's cost), with this end
-        f"        st = json.loads(s3.get_object(Bucket=B, Key=STATUS)[\"Body\"].read({runstore.MAX_STATUS_BYTES}))\n"
+        "    try:\n"  # the record as it is (its launches and attempts: the run's cost), with this end
+        f"        st = json.loads(s3.get_object(Bucket=B, Key=STATUS)[\"Body\"].read({RECORD_MAX_BYTES}))\n"
         "    except Exception:\n"  # none, too large, not JSON or nested too deep: a new record
         "        st = {}\n"
         "    st = st if isinstance(st, dict) and st.get(\"run_id\") == RUN else {\"run_id\": RUN}\n"
         "    try:\n"
         "        if st.get(\"state\") not in (\"succeeded\", \"failed\", \"cancelled\"):\n"
         "            at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec=\"seconds\")\n"
-        "            st.update(state=\"failed\", message=msg, reason=msg, ended_at=at)\n"
+        f"            st.update(state=\"failed\", message=msg, ended_at=at, version={RECORD_VERSION})\n"
         "            s3.put_object(Bucket=B, Key=STATUS, Body=json.dumps(st).encode(), ContentType=\"application/json\")\n"
         "        boto3.client(\"autoscaling\", region_name=R).update_auto_scaling_group(\n"
         "            AutoScalingGroupName=G, MinSize=0, MaxSize=0, DesiredCapacity=0)\n"
@@ -229,8 +234,8 @@ def _fetch_script(bucket: str, user: str, run_id: str, region: str, group: str, 
         "        print(\"ec2gpu: \" + type(exc).__name__ + \": \" + str(exc)[:300], file=sys.stderr)\n"
         f"    sys.exit({EXIT_TAMPERED})\n"
         "got = {}\n"
-        f"for name, (key, sha) in {json.dumps(want)}.items():\n"
-        f"    got[name] = s3.get_object(Bucket=B, Key=key)[\"Body\"].read({MAX_AGENT_BYTES} + 1)\n"
+        f"for name, sha in {json.dumps(want)}.items():\n"
+        f"    got[name] = s3.get_object(Bucket=B, Key=A + name)[\"Body\"].read({MAX_AGENT_BYTES} + 1)\n"
         "    if hashlib.sha256(got[name]).hexdigest() != sha:\n"
         "        refuse(name)\n"
         "for name, body in got.items():\n"  # written only once every file is the launched one
@@ -240,19 +245,20 @@ def _fetch_script(bucket: str, user: str, run_id: str, region: str, group: str, 
 
 def spec_document(job: TaskJob, opts: RunOptions, user: str, run_id: str, group: str, deadline: datetime,
                   max_launches: int, log_reader: str | None = None) -> dict[str, Any]:
-    """spec.json (pure): what the agent on each instance of the run runs, as agent/detached.py
-    reads it (its docstring has the fields). ``deadline``: when the group's scheduled action sets
+    """spec.json (pure): what the agent on each instance of the run runs, checked by the schema the
+    agent reads it with (wire/run_spec.py: its docstring has the fields). ``deadline``: when the group's scheduled action sets
     it to 0 (UTC); the job gets SIGTERM ``limits.lead_seconds`` before it (its grace to checkpoint,
     then the time its outputs, log and status take to reach S3 and the agent to end the group:
     the same lead a run in the foreground gets before its instance's shutdown), SIGKILL after its
     grace (runs/plan/limits.py). The secrets' values are not in it: ``secrets`` names them, and
     the agent reads each from its parameter (aws/parameters.name_of). ``log_reader``: the SSH user,
-    who may read the job's log on the instance (`ec2gpu logs --follow`, live)."""
+    who may read the job's log on the instance (`ec2gpu logs --follow`, live). Raises UsageError for
+    a spec the agent would refuse on the instance (run_spec.parse), before anything is made."""
     from ..plan import limits
     minutes = max(1, opts.max_runtime_minutes or 0)
     grace, lead = limits.grace_seconds(minutes), limits.lead_seconds(minutes)
     secret = secret_env(job)
-    return {
+    doc = {
         "version": 1, "run_id": run_id, "name": job.name, "group": group,
         "setup": job.task.setup, "run": job.task.run, "args": list(job.args),
         "envs": {k: v for k, v in job.env.items() if k not in secret}, "secrets": sorted(secret),
@@ -263,6 +269,12 @@ def spec_document(job: TaskJob, opts: RunOptions, user: str, run_id: str, group:
         "limit_at": deadline.timestamp() - lead, "limit_grace_s": grace, "spot": opts.spot,
         "mounts": mounts_document(job, user, run_id), "log_reader": log_reader,
     }
+    try:
+        run_spec.parse(doc, run_id, runstore.prefix(user, run_id))
+    except names.Refused as exc:
+        raise UsageError(f"a detached run's agent would refuse this run: {exc}",
+                         "fix the task file or the flags named (docs/detached.md has what a detached run takes)") from None
+    return doc
 
 
 def mounts_document(job: TaskJob, user: str, run_id: str) -> list[dict[str, Any]]:
@@ -356,8 +368,8 @@ def start(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
                 boot=boot_script(bucket, user, run_id, aws.region, group, hashes, spec_sha256))
             subnets = list(capacity.default_subnets(aws.ec2).values())
             # before the group: its first instance's agent writes the next record, never under this one
-            runstore.put_status(s3, bucket, user, run_id, {"run_id": run_id, "state": "pending", "attempt": 0,
-                                                     "updated_at": _now()})
+            runstore_records.put_status(s3, bucket, user, run_id, {"run_id": run_id, "state": "pending", "attempt": 0,
+                                                             "updated_at": _now()})
             groups.create(aws.ec2, aws.client("autoscaling"), spec, opts.instance_types, subnets, opts.nodes, limit_at)
     except BaseException:
         if made:
@@ -391,23 +403,23 @@ def _upload(s3: Any, bucket: str, user: str, run_id: str, job: TaskJob, spec: by
         else:
             with tarfile.open(archive, "w:gz"):
                 pass
-        runstore.put_file(s3, bucket, runstore.workdir_key(user, run_id), archive)
+        runstore_objects.put_file(s3, bucket, runstore.workdir_key(user, run_id), archive)
     for i, m in enumerate(job.mounts):  # local file_mounts sources, where mounts_document says
         if m.kind != "local":
             continue
         key = f"{runstore.prefix(user, run_id)}mounts/{i}"
         if m.is_file:
-            runstore.put_file(s3, bucket, key, Path(m.source))
+            runstore_objects.put_file(s3, bucket, key, Path(m.source))
             continue
         with tempfile.TemporaryDirectory(prefix="ec2gpu-detach-") as tmp:
             archive = Path(tmp) / "mount.tar.gz"
             pack(job.mount_manifests[m.target], archive)
-            runstore.put_file(s3, bucket, key + ".tar.gz", archive)
+            runstore_objects.put_file(s3, bucket, key + ".tar.gz", archive)
     hashes = {}
     for name, data in agent_files().items():
         hashes[name] = hashlib.sha256(data).hexdigest()
-        runstore.put_bytes(s3, bucket, runstore.agent_prefix(user, run_id) + name, data)
-    runstore.put_bytes(s3, bucket, runstore.spec_key(user, run_id), spec, "application/json")
+        runstore_objects.put_bytes(s3, bucket, runstore.agent_prefix(user, run_id) + name, data)
+    runstore_objects.put_bytes(s3, bucket, runstore.spec_key(user, run_id), spec, "application/json")
     return hashes, hashlib.sha256(spec).hexdigest()
 
 

@@ -6,7 +6,7 @@ An attempt, on every node at once: SSH (host key verified) -> the workdir up (rs
 machine setup (ec2gpu/ami/setup-gpu.sh) and the task's ``setup`` (skipped when the same text
 already ran on that instance) -> the job, started detached under the instance agent
 (ec2gpu/agent/agent.py) -> its log followed live -> outputs home -> judged from the agent's
-status.json. Provisioning, replacement after a spot interruption (the job restarts with
+agent-record.json. Provisioning, replacement after a spot interruption (the job restarts with
 EC2GPU_RESUME=1 and its checkpoint directory as last brought home), teardown, billing and the
 ledger are the managed-run machinery of provision/pipeline.py, provision/resources.py and recover/recovery.py.
 
@@ -34,10 +34,10 @@ from ...errors import LimitReached, RemoteError
 from . import status
 from .nodes import PROGRESS_FILE, record_steps
 from .nodes import copy_log as copy_log  # re-exported: engine.copy_log (scripts/bench_big_log.py)
-from .status import as_number
+from ...wire.agent_record import as_number
 from ...remote import files, sync
 from ...tasks.load import LoadedTask
-from ...agent.agent import PYTHON_FLAGS
+from ...agent.agent import BESIDE, PYTHON_FLAGS
 from ...wire import bounded_json
 from .job_summary import MASK as MASK  # re-exported: engine.MASK
 
@@ -50,6 +50,8 @@ if TYPE_CHECKING:
     from .nodes import Node
 
 AGENT = Path(__file__).resolve().parents[2] / "agent" / "agent.py"
+#: the records' modules agent.py loads from beside it (agent.BESIDE: the JSON reader, its record's schema), from ec2gpu/wire/
+AGENT_BESIDE = tuple(Path(bounded_json.__file__).resolve().parent / name for name in BESIDE)
 REAPER = AGENT.with_name("reaper.py")  # runs the setup and ends all it leaves running
 TAIL_LINES = 20  # log lines shown when a job fails
 
@@ -264,7 +266,8 @@ def upload_node(nd: Node, job: TaskJob, ssh_config: Path | None, run_id: str, ad
                          f'ln -sfn {shlex.quote(workdir)} "$HOME/sky_workdir"; fi')
     # a pool's worker ends its instance with it (pool/node.py); start_agent puts it again after the setup
     files.put_file(nd.conn, AGENT, f"{nd.run_dir}/agent.py")
-    files.put_file(nd.conn, Path(bounded_json.__file__), f"{nd.run_dir}/bounded_json.py")  # agent.py imports it
+    for path in AGENT_BESIDE:  # agent.py loads them by their path
+        files.put_file(nd.conn, path, f"{nd.run_dir}/{path.name}")
     # the setup reads it (SkyPilot gives the setup the task's envs); the agent's key comes later (start_agent)
     files.write_private(nd.conn, f"{nd.run_dir}/job.env.json", json.dumps(env))
     # the names (never the values) of the secrets, so `ec2gpu logs` can mask job.log as it shows it
@@ -382,9 +385,10 @@ def start_agent(nd: Node, argv: list[str], handover: str | None = None) -> int:
     # never written through a link left there; the JSON reader too: agent.py imports it by its path, and Python
     # would take a .pyc the setup planted in __pycache__ for it (an unchecked hash-based one whatever the source)
     d = shlex.quote(nd.run_dir)
-    ssh.run(nd.conn, f"rm -f {d}/agent.py {d}/bounded_json.py && rm -rf {d}/__pycache__")
+    ssh.run(nd.conn, f"rm -f {d}/agent.py {' '.join(f'{d}/{p.name}' for p in AGENT_BESIDE)} && rm -rf {d}/__pycache__")
     files.put_file(nd.conn, AGENT, f"{nd.run_dir}/agent.py")
-    files.put_file(nd.conn, Path(bounded_json.__file__), f"{nd.run_dir}/bounded_json.py")
+    for path in AGENT_BESIDE:
+        files.put_file(nd.conn, path, f"{nd.run_dir}/{path.name}")
     nd.agent_key = status.new_key()
     private = {"agent.key": nd.agent_key, **({"handover.json": handover} if handover is not None else {})}
     return jobs.start(nd.conn, nd.run_dir, argv, private=private)
@@ -401,7 +405,7 @@ def job_argv(nd: Node, job: TaskJob, limit_minutes: int | None = None, grace_s: 
              handover: bool = False) -> list[str]:
     """The agent's command line on node ``nd`` (pure apart from the node's facts): the task's run
     script in an interactive bash (INTERACTIVE), $0 the task's name, "$@" the job's args; the agent signs its
-    status.json with the key start_agent leaves in agent.key (runs/execute/status.py). With the run's
+    record (agent-record.json) with the key start_agent leaves in agent.key (runs/execute/status.py). With the run's
     ``limit_minutes`` (--max-runtime) the agent gives the job SIGTERM ``grace_s`` seconds (at most
     half the limit) before the instance ends itself (runs/plan/limits.py). ``handover``: start_agent
     leaves RUN_DIR/handover.json (runs/recover/handover.py), which the agent reads and deletes."""
@@ -418,7 +422,7 @@ def job_argv(nd: Node, job: TaskJob, limit_minutes: int | None = None, grace_s: 
 
 
 def judge(nodes: list[Node], job: TaskJob) -> None:
-    """The attempt's outcome from the agents' status.json files: return when every node's job
+    """The attempt's outcome from the agents' records (agent-record.json): return when every node's job
     succeeded; raise recovery.Interrupted for a lost node or a spot notice, RemoteError (exit 5,
     with the exit code and the last log lines) for a job that failed."""
     from ...remote import jobs
@@ -457,7 +461,7 @@ def judge(nodes: list[Node], job: TaskJob) -> None:
     first = root_cause_node(bad, statuses)
     st = statuses[first.index]
     if st is None:
-        how = "did not start (no status.json from the agent)"
+        how = "did not start (no record from the agent)"
         tail = jobs.tail(first.conn, f"{first.run_dir}/console.log", TAIL_LINES)
     elif st.get("problem"):  # unreadable, or not written by the agent: the job's own word is not taken
         how = f"ended, and its agent's record cannot be believed ({st['problem']})"
@@ -481,7 +485,7 @@ def judge(nodes: list[Node], job: TaskJob) -> None:
 def root_cause_node(bad: list[Node], statuses: dict[int, dict[str, Any] | None]) -> Node:
     """Of the nodes whose job failed, the one that failed first (pure): a node whose worker was
     killed by a signal (its peers' collectives then fail), else the earliest torchelastic error
-    (status.json's ``error``), else the first node that failed without one; node order breaks ties."""
+    (its record's ``error``), else the first node that failed without one; node order breaks ties."""
     def key(nd: Node) -> tuple[int, float, int]:
         err = (statuses.get(nd.index) or {}).get("error") or {}
         code, stamp = err.get("exit_code"), err.get("timestamp")
@@ -492,7 +496,7 @@ def root_cause_node(bad: list[Node], statuses: dict[int, dict[str, Any] | None])
 
 
 def worker_failure(error: dict[str, Any] | None) -> str:
-    """' (a worker died of SIGKILL)' or ' (rank 3 failed: ValueError: ...)' from status.json's
+    """' (a worker died of SIGKILL)' or ' (rank 3 failed: ValueError: ...)' from the agent record's
     ``error`` (pure); '' without one."""
     if not error:
         return ""

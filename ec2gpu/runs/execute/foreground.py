@@ -135,7 +135,7 @@ def same_ports_for(host: object, same_ports: tuple[int, ...]) -> tuple[int, ...]
 
 def snapshot_statuses(nodes: list[Node]) -> None:
     """Read each node's agent record once, now that its log has ended (``nd.status``,
-    runs/execute/status.py: signature checked, fields validated); the verdict and the status.json written
+    runs/execute/status.py: signature checked, fields validated); the verdict and the agent-record.json written
     at home use this copy, whatever the instance's file says later. Nodes whose follow ended
     without an exit status (lost, stopped by an error) keep None. Raises the connection's errors."""
     for nd in nodes:

@@ -14,8 +14,8 @@ from typing import Any
 
 from ...errors import RemoteError, UsageError
 from ...settings import Settings
+from ...wire import agent_record
 from . import engine, job_summary
-from . import status as agent_status
 from ..settle import record as run_record
 from ..options import TrainOptions
 from ..provision.pipeline import _ledger, _with_summary, builtin_task, new_run_id
@@ -98,7 +98,8 @@ def run_local(job: engine.TaskJob, run_id: str, out: Path, ui: ReporterLike, pol
         lines.flush()
         env_file.unlink(missing_ok=True)
     # the agent's record, read as any agent's (bounded, validated)
-    status = agent_status.parse((out / "status.json").read_bytes() if (out / "status.json").exists() else None, None) or {}
+    record = out / agent_record.NAME
+    status = agent_record.parse(record.read_bytes() if record.exists() else None, None) or {}
     if status.get("state") != "succeeded":
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-engine.TAIL_LINES:]) if log_path.exists() else ""
         code = status.get("exit_code")

@@ -11,7 +11,7 @@ from pathlib import Path
 from ...agent.agent import MAX_ENV_BYTES
 from ...errors import RemoteError, UsageError
 from ...pool import records
-from ...wire import bounded_json
+from ...wire import agent_record, bounded_json
 
 if TYPE_CHECKING:
     from ...aws.instances import Instance
@@ -117,13 +117,13 @@ def element_log(home: Path, row: dict[str, Any] | None, name: str, index: int) -
 
 #: seconds between looks at a running element's log (and at the head's record of it) with --follow
 ELEMENT_POLL_S = 1.0
-#: secret_names.json: the names of at most 100 secrets (agent/detached.MAX_SECRETS), each an environment variable's
+#: secret_names.json: the names of at most 100 secrets (wire/run_spec.MAX_SECRETS), each an environment variable's
 MAX_NAMES_BYTES = 64 * 1024
 
 
 def running_element(record: bytes | None, index: int) -> tuple[str | None, Any]:
     """(the address of the node that runs element ``index`` now, or None; the element's exit status
-    once it has ended, else None) from the bytes of the pool driver's status.json on the head
+    once it has ended, else None) from the bytes of the pool driver's table.json on the head
     (ec2gpu/pool/driver.py: hostile input, read as such: pure, never raises)."""
     import ipaddress
     try:
@@ -162,7 +162,7 @@ def stream_element(ctx: Context, row: dict[str, Any], index: int, follow: bool, 
 
         def look() -> tuple[str | None, Any]:
             try:
-                return running_element(jobs.read_from(hconn, f"{head_dir}/pool/status.json", 0,
+                return running_element(jobs.read_from(hconn, f"{head_dir}/pool/{records.TABLE}", 0,
                                                       records.MAX_STATUS_BYTES + 1), index)
             except jobs.CONNECTION_ERRORS as exc:
                 raise RemoteError(f"{head.id}: the connection to the pool's head was lost ({type(exc).__name__})",
@@ -235,7 +235,7 @@ def stream(ctx: Context, inst: Instance, follow: bool, write: Callable[[bytes], 
     status = None
     splitter = None
     try:
-        if not jobs.read_from(conn, f"{run_dir}/status.json", 0):
+        if not jobs.read_from(conn, f"{run_dir}/{agent_record.NAME}", 0):
             raise UsageError(f"no job has run on {iid} yet (run {run_id})",
                              "start one there with `ec2gpu exec NAME TASK.yaml` (or `-- CMD`)")
         secrets = secret_values(conn, run_dir, note)
@@ -329,8 +329,8 @@ def fetch(ctx: Context, inst: Instance, run_id: str, out: Path, note: Callable[[
             got["files"].append("job.log")
         record = status.read(conn, run_dir, None)  # the key died with the controller: validated, not verified
         if record is not None:
-            (out / "status.json").write_text(json.dumps(record, indent=2))
-            got["files"].append("status.json")
+            (out / agent_record.NAME).write_text(json.dumps(record, indent=2))
+            got["files"].append(agent_record.NAME)
     finally:
         conn.close()
     note(f"{iid}: {len(got['outputs'])} output file(s), {len(got['checkpoints'])} checkpoint file(s) and "

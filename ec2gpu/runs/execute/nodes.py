@@ -53,7 +53,7 @@ class Node:
     pid: int | None = None
     watch: Any = None  # recovery.InstanceWatch, from open_node on
     result: object = None  # exit status, Interrupted, or another exception
-    agent_key: str | None = None  # the key the agent signs status.json with (runs/execute/status.py)
+    agent_key: str | None = None  # the key the agent signs its record with (runs/execute/status.py)
     status: dict[str, Any] | None = None  # the agent's record, read once when the job ended (foreground.snapshot_statuses)
 
     @property
@@ -311,16 +311,16 @@ def copy_log(conn: Any, remote: str, local: Path, mask: Callable[[str], str]) ->
 def record_steps(nodes: list[Node], mask: Callable[[str], str], local_out: Path,
                  only: list[Node] | None = None) -> list[tuple[str, Callable[..., object]]]:
     """[(name, step)]: each node's job.log (``mask`` applied line by line, its last MAX_LOG_BYTES)
-    and its status record (the copy already read into ``nd.status``) to ``local_out``: job.log and
-    status.json, job-node-K.log and status-node-K.json for a cluster; ``only``: those nodes alone."""
+    and its record (the copy already read into ``nd.status``) to ``local_out``: job.log and
+    agent-record.json, job-node-K.log and agent-record-node-K.json for a cluster; ``only``: those nodes alone."""
     steps: list[tuple[str, Callable[..., object]]] = []
     for nd in nodes if only is None else [nd for nd in nodes if any(nd is o for o in only)]:
         suffix = "" if len(nodes) == 1 else f"-node-{nd.index}"
         steps.append((f"job{suffix}.log", lambda nd=nd, suffix=suffix: copy_log(
             nd.conn, f"{nd.run_dir}/job.log", local_out / f"job{suffix}.log", mask)))
         if nd.status is not None:
-            steps.append((f"status{suffix}.json", lambda nd=nd, suffix=suffix: (local_out / f"status{suffix}.json")
-                          .write_text(json.dumps(nd.status, indent=2))))
+            steps.append((f"agent-record{suffix}.json", lambda nd=nd, suffix=suffix: (
+                local_out / f"agent-record{suffix}.json").write_text(json.dumps(nd.status, indent=2))))
     return steps
 
 

@@ -13,7 +13,7 @@ then stayed on an instance that its idle rule terminated. Now the run hands over
    (Heartbeat), and writes ``collected`` there once the outputs are home (runs/execute/attempt.mark);
 3. an agent whose job has ended and whose heartbeat has been silent ``handover_wait_seconds``
    (setting, default 300) with no ``collected`` puts the outputs (one tar.gz), job.log (secrets
-   masked), an array's element table and logs (pool/attempt.py) and status.json through the URLs,
+   masked), an array's element table and logs (pool/attempt.py) and its record (agent-record.json) through the URLs,
    then (the head, once all of it is in S3) ends its instance with ``shutdown -h now`` (the run's
    instances terminate on shutdown) unless the instances outlive the run (``--keep``);
 4. `ec2gpu fetch RUN` brings them home from S3 (fetch); a controller that comes back (a laptop that
@@ -35,10 +35,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from ...aws import runstore
+from ...aws import runstore, runstore_objects
 from ...errors import Ec2GpuError
 from ...inert import inert
-from ...wire import bounded_json
+from ...wire import agent_record, bounded_json
 
 if TYPE_CHECKING:
     from ...aws.session import Aws
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 Log = Callable[[str], None]
 
-#: the objects handed over are read at most this large: the status record and the log
+#: the objects handed over are read at most this large: the agent's record and the log
 MAX_STATUS_BYTES = 256 * 1024
 MAX_LOG_BYTES = 64 << 20
 ARCHIVE_SLACK_BYTES = 64 << 20  # the outputs archive may be this much larger than the download limit
@@ -58,7 +58,7 @@ HEARTBEAT_S = 30.0  # the longest between two heartbeats of a live controller
 @dataclass(frozen=True)
 class Handover:
     """Where a run's agent puts what its lost controller did not collect: ``urls`` ({"outputs",
-    "log", "status": presigned PUT URL}), in ``bucket``; the agent waits ``wait_s`` seconds (s)."""
+    "log", "pool", "record": presigned PUT URL}), in ``bucket``; the agent waits ``wait_s`` seconds (s)."""
     bucket: str
     urls: dict[str, str]
     wait_s: int
@@ -94,8 +94,8 @@ def prepare(aws: Aws, settings: Settings, run_id: str, max_runtime_minutes: int 
         account = account or aws.check_credentials()["Account"]
         user = runstore.user_id(aws.check_credentials())
         bucket = runstore.ensure(s3, account, aws.region, settings.owner, settings.run_store_expire_days, log=log)
-        lasts = (max_runtime_minutes * 60 if max_runtime_minutes else runstore.PRESIGN_MAX_S) + wait + EXPIRY_MARGIN_S
-        urls = runstore.presign_puts(s3, bucket, runstore.handover_keys(user, run_id), lasts)
+        lasts = (max_runtime_minutes * 60 if max_runtime_minutes else runstore_objects.PRESIGN_MAX_S) + wait + EXPIRY_MARGIN_S
+        urls = runstore_objects.presign_puts(s3, bucket, runstore.handover_keys(user, run_id), lasts)
     except Exception as exc:  # noqa: BLE001 - the run goes on without it, whatever went wrong
         why = exc.message if isinstance(exc, Ec2GpuError) else type(exc).__name__
         log(f"warning: no run store for this run ({why}): if this command is lost before the job ends, "
@@ -169,12 +169,12 @@ def fetch(aws: Aws, run_id: str, out: Path, limits: Limits, note: Log,
     """Bring home what the agent of run ``run_id`` handed over (module docstring), or None when the
     run store holds nothing of it: the outputs archive unpacked to ``out``/outputs (hostile input:
     regular files and directories only, each name checked as remote/files.check_name checks an
-    instance's, none outside, at most ``limits``), job.log and status.json to ``out``; an array's
+    instance's, none outside, at most ``limits``), job.log and agent-record.json to ``out``; an array's
     element table to ``out``/pool.json and its element logs to ``out``/logs/INDEX.log (fetch_pool;
     ``submitted``: the array's elements, when known, that the table is checked against; each
     element's test accuracy read from its summary.json, checked against ``schema``).
 
-    Returns {"outputs": [names], "files": ["job.log", "status.json", "pool.json"...], "state": the
+    Returns {"outputs": [names], "files": ["agent-record.json", "job.log", "pool.json"...], "state": the
     record's state or None, "handover": the record's, "skipped": members refused, "left": 1 when the
     reading stopped at a member above the limits (what follows it is not read), else 0, "array":
     the element table as pool/records.parse_status gives it, None for a run that is no array or
@@ -183,14 +183,14 @@ def fetch(aws: Aws, run_id: str, out: Path, limits: Limits, note: Log,
     from ..detached.fetch import store
     s3, bucket, user = store(aws)  # the caller's own prefix: runs/USER_ID/RUN_ID/handover/
     keys = runstore.handover_keys(user, run_id)
-    status_bytes = runstore.read_head(s3, bucket, keys["status"], MAX_STATUS_BYTES + 1)
-    if status_bytes is None:
+    record_bytes = runstore_objects.read_head(s3, bucket, keys["record"], MAX_STATUS_BYTES + 1)
+    if record_bytes is None:
         return None
-    record = _record(status_bytes)
+    record = _record(record_bytes)
     from ..detached.fetch import write_small
     out.mkdir(parents=True, exist_ok=True)
-    log_bytes = runstore.read_head(s3, bucket, keys["log"], MAX_LOG_BYTES)
-    done = [name for name, data in (("status.json", json.dumps(record, indent=2).encode()), ("job.log", log_bytes))
+    log_bytes = runstore_objects.read_head(s3, bucket, keys["log"], MAX_LOG_BYTES)
+    done = [name for name, data in ((agent_record.NAME, json.dumps(record, indent=2).encode()), ("job.log", log_bytes))
             if data is not None and write_small(out, name, data)]
     names: list[str] = []
     skipped = left = 0
@@ -207,8 +207,8 @@ def fetch(aws: Aws, run_id: str, out: Path, limits: Limits, note: Log,
     note(f"{len(names)} output file(s) and {', '.join(done)} brought home from "
          f"s3://{bucket}/{runstore.prefix(user, run_id)}{runstore.HANDOVER} to {out} (its instance handed them over: "
          "the controller was gone when the job ended)")
-    if record.get("problem"):  # the record refused (status.parse): nothing of it is taken
-        note(f"warning: the handed-over status.json is not accepted ({record['problem']})")
+    if record.get("problem"):  # the record refused (agent_record.parse): nothing of it is taken
+        note(f"warning: the handed-over {agent_record.NAME} is not accepted ({record['problem']})")
     elif record.get("state"):
         code = record.get("exit_code")
         note(f"the job {record['state']}" + ("" if code is None else f" (exit status {code})")
@@ -228,7 +228,7 @@ ELEMENT_LOG = re.compile(r"logs/(0|[1-9][0-9]{0,3})\.log")
 def fetch_pool(s3: Any, bucket: str, key: str, out: Path, limits: Limits, note: Log,
                submitted: list[dict[str, Any]] | None, schema: str = "task") -> dict[str, Any] | None:
     """An array's hand-over at ``key`` (the tar.gz of its driver's RUN_DIR/pool; hostile): unpacked
-    within ``limits`` in a directory of its own under ``out``, its status.json checked
+    within ``limits`` in a directory of its own under ``out``, its table.json checked
     (pool/records.parse_status against ``submitted``, or each record's own parameters), each
     element's test accuracy added from the outputs already home (records.accuracies), and written
     as ``out``/pool.json, each element log (logs/INDEX.log, nothing else) moved to ``out``/logs,
@@ -245,9 +245,10 @@ def fetch_pool(s3: Any, bucket: str, key: str, out: Path, limits: Limits, note: 
             return None
         names = got[0]
         status = None
-        if "status.json" in names and (Path(tmp) / "pool" / "status.json").stat().st_size <= records.MAX_STATUS_BYTES:
+        table = Path(tmp) / "pool" / records.TABLE
+        if records.TABLE in names and table.stat().st_size <= records.MAX_STATUS_BYTES:
             try:
-                status = records.parse_status((Path(tmp) / "pool" / "status.json").read_bytes(), submitted)
+                status = records.parse_status(table.read_bytes(), submitted)
             except records.BadStatus as exc:
                 note(f"warning: the array's table handed over is not accepted ({inert(str(exc))})")
         if status is not None:
@@ -282,7 +283,7 @@ def adopt(aws: Aws, run_id: str, out: Path, job: Any, limits: Limits, note: Log)
         return None
     note("the instance ended itself after handing its outputs over to S3 while this command was away: they are "
          "home, and the job is not run again")
-    record = bounded_json.loads((out / "status.json").read_bytes(), max_bytes=MAX_STATUS_BYTES)  # fetch's checked copy
+    record = bounded_json.loads((out / agent_record.NAME).read_bytes(), max_bytes=MAX_STATUS_BYTES)  # fetch's checked copy
     if got["state"] != "succeeded":
         code = record.get("exit_code")
         raise RemoteError(f"the job exited {code if code is not None else 'with an error'} (handed over by its "
@@ -306,19 +307,18 @@ def handed(aws: Aws, run_id: str) -> dict[str, Any] | None:
     ...), or None when there is none. Raises AwsError (S3), NoCredentials."""
     from ..detached.fetch import store
     s3, bucket, user = store(aws)
-    data = runstore.read_head(s3, bucket, runstore.handover_keys(user, run_id)["status"], MAX_STATUS_BYTES + 1)
+    data = runstore_objects.read_head(s3, bucket, runstore.handover_keys(user, run_id)["record"], MAX_STATUS_BYTES + 1)
     return _record(data) if data is not None else None
 
 
 def _record(data: bytes) -> dict[str, Any]:
-    """The handed-over status record (hostile: written by the instance) as runs/execute/status.parse
+    """The handed-over agent's record (hostile: written by the instance) as wire/agent_record.parse
     checks an agent's, without its signature (the key died with the controller), and its
     ``handover`` as bounded text."""
-    from ..execute import status
-    got = status.parse(data[:MAX_STATUS_BYTES + 1], None) or {}
+    got = agent_record.parse(data[:MAX_STATUS_BYTES + 1], None) or {}
     try:
         raw = bounded_json.loads(data, max_bytes=MAX_STATUS_BYTES)
-    except bounded_json.Refused:  # said by status.parse, as the record's problem
+    except bounded_json.Refused:  # said by agent_record.parse, as the record's problem
         raw = {}
     said = raw.get("handover") if isinstance(raw, dict) else None
     from ...pool.records import counts_of
@@ -337,7 +337,7 @@ def download_unpack(s3: Any, bucket: str, key: str, tmp: Path, root: Path, limit
     ``note``: it stays in S3). Raises AwsError."""
     archive = tmp / key.rsplit("/", 1)[-1]
     cap = limits.bytes + ARCHIVE_SLACK_BYTES
-    size = runstore.download_head(s3, bucket, key, archive, cap)
+    size = runstore_objects.download_head(s3, bucket, key, archive, cap)
     if size is None:
         return None
     if size > cap:

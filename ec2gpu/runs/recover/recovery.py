@@ -5,7 +5,7 @@ replacement, the checkpoint directory as last brought home), the job started wit
 EC2GPU_RESUME=1, its log followed. While it runs, node 0's checkpoint directory is brought home
 (and to ``--checkpoint-uri s3://...``) as it changes. The attempt is *interrupted* when
 
-- the instance agent saw a spot interruption notice and stopped the job (status.json's state
+- the instance agent saw a spot interruption notice and stopped the job (its record's state
   "interrupted"),
 - EC2 reports an instance shutting down, stopping or terminated (checked every 5 s, and at once
   whenever SSH drops), or
