@@ -48,7 +48,7 @@ import typing
 
 if __package__:  # in the package (tests)
     from ..remote import files, unpack as unpacking
-else:  # on the head: beside this file (pool/attempt.SHIPPED)
+else:  # on the head: beside this file (pool/ray_nodes.SHIPPED)
     files = importlib.import_module("ec2gpu_files")
     unpacking = importlib.import_module("ec2gpu_unpack")
 
@@ -111,7 +111,7 @@ except OSError:
 sys.exit(code if code >= 0 else 128 - code)
 """
 #: the pool's Ray token on each node, in its run directory: written 0600 over the run's SSH
-#: connection by the controller (pool/attempt.launch_ray), named to Ray as RAY_AUTH_TOKEN_PATH in
+#: connection by the controller (pool/ray_nodes.launch_ray), named to Ray as RAY_AUTH_TOKEN_PATH in
 #: the environment of the node's Ray and of this driver (pool/node.ray_env)
 TOKEN_FILE = "ray/auth_token"
 REAPER_GRACE_S = 10.0  # an element's group gets this long between SIGTERM and SIGKILL (s)

@@ -6,17 +6,17 @@ A pool's first launch asks EC2 for up to ``--workers`` instances with MinCount 1
 starts with those. While more elements wait than its instances have free slots, the controller
 launches one more at a time, as for a replacement (``lost`` None), until the pool has its size;
 a launch that fails (no capacity on the whole list of types and zones) is asked again a minute
-later (pool/attempt.GROW_RETRY_S), and none once nothing waits.
+later (pool/follow.GROW_RETRY_S), and none once nothing waits.
 
 When a worker is lost (EC2 says it is no longer running, or its Ray ended) and elements still
-wait, the controller (pool/attempt._follow) starts one ``Replacement``: in a thread of its own, so
+wait, the controller (pool/follow.follow) starts one ``Replacement``: in a thread of its own, so
 that the live line, the shrinking and the results coming home go on meanwhile, it launches one
 instance into the run's security group and key pair (runs/provision/resources.provision, the
 same types, market and zones, the lost worker's zone last), tags it as the pool's next node, adds
 it to the run's attempts (so it is billed and torn down with the run), opens it (host key
 checked), sets it up, sends the workdir (and its copy of the task's file_mounts), installs this
 machine's Ray version and starts Ray as a worker that joins the head with the pool's Ray token
-(the attempt's ``join``: pool/attempt.join_ray).
+(the attempt's ``join``: pool/ray_nodes.join_ray).
 Ray schedules waiting elements on it as soon as it joins. The
 controller takes the ready node at its next poll; from then on it is a member like any other
 (released once nothing waits, watched for loss).
@@ -177,10 +177,8 @@ def _make(ctx: Context, rep: Replacement, lost_zone: str | None, addresses: list
     step()
     assert ctx.prov.key_path is not None
     # an SSH config of its own (rsync's, for this node alone): the pool's stays the main thread's
-    config = Path(ctx.ssh_config).with_name(f"{ctx.run_id}-node-{rep.index}.config")
-    sc.write(config, sc.render([sc.HostEntry((nd.instance_id,), nd.host, nd.port, ctx.settings.ssh_user,
-                                             ctx.prov.key_path, ctx.settings.home / "known_hosts" / nd.instance_id)],
-                               config))
+    config = sc.ssh_config_for([nd], Path(ctx.ssh_config).with_name(f"{ctx.run_id}-node-{rep.index}.config"),
+                               ctx.settings.ssh_user, ctx.prov.key_path, ctx.settings.home / "known_hosts")
     try:
         N.prepare_node(nd, say)
         step()

@@ -207,7 +207,7 @@ def argv(args: argparse.Namespace, port: int | None, ports: list[int]) -> list[s
 
 def run_driver(raw: list[str]) -> int:
     """``node.py driver --ip IP --token-file FILE -- ARGV...``: the pool's driver (ARGV, started by
-    the head's agent, pool/attempt._start_driver) run in the environment this node's Ray has
+    the head's agent, pool/ray_nodes.start_driver) run in the environment this node's Ray has
     (ray_env: the pool's token, and in the sandbox the bind shim: its ray.init starts a core worker
     whose gRPC server would listen on every address), in place of this process (exec: the agent's
     child is the driver). Refuses (exit 2, one line) as main does."""

@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Iterable, Protocol
 
 
 @dataclass(frozen=True)
@@ -55,3 +56,22 @@ def write(path: Path, text: str) -> None:
     with os.fdopen(fd, "w") as f:
         f.write(text)
     os.replace(tmp, path)
+
+
+class Reachable(Protocol):
+    """A node as a run's SSH config needs it (runs/execute/nodes.Node): its instance id, and the
+    address and port its SSH answers on."""
+
+    @property
+    def instance_id(self) -> str: ...
+    host: str
+    port: int
+
+
+def ssh_config_for(nodes: Iterable[Reachable], path: Path, user: str, key_path: Path, known_hosts: Path) -> Path:
+    """Write a run's own SSH config (rsync's, the tunnels') to ``path``, 0600: one entry per node,
+    named by its instance id, with the run's key ``key_path`` and the host key pinned in
+    ``known_hosts``/<instance id> (remote/ssh.py). Returns ``path``. Raises OSError."""
+    write(path, render([HostEntry((nd.instance_id,), nd.host, nd.port, user, key_path, known_hosts / nd.instance_id)
+                        for nd in nodes], path))
+    return path

@@ -44,7 +44,7 @@ from typing import IO, Any, Union, cast
 
 if __package__:  # in the package
     from . import files
-else:  # on a pool's head, beside its driver (pool/attempt.SHIPPED): stdlib only
+else:  # on a pool's head, beside its driver (pool/ray_nodes.SHIPPED): stdlib only
     import importlib
     files = importlib.import_module("ec2gpu_files")
 

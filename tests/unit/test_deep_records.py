@@ -89,7 +89,7 @@ def _pool(**over):
                          ids=["the-whole-file", "inside-an-element"])
 def test_a_deep_pool_status_is_said_once_and_the_array_goes_on(monkeypatch, record):
     """The status is bounded at 16 MiB: the 100 KB document is refused for its depth."""
-    from ec2gpu.pool import attempt
+    from ec2gpu.pool import follow
     remote = Remote({"table.json": record})
     monkeypatch.setattr(jobs, "read_from", remote.read_from)
     ui = SimpleNamespace(notes=[])
@@ -97,10 +97,10 @@ def test_a_deep_pool_status_is_said_once_and_the_array_goes_on(monkeypatch, reco
     head = SimpleNamespace(conn=object(), run_dir="/home/u/ec2gpu/runs/r")
     opts = SimpleNamespace(elements=[SimpleNamespace(as_dict=lambda: {"index": 0, "params": {}})],
                            task=SimpleNamespace(secret_values=[]))
-    assert [attempt._read_status(head, opts, ui) for _ in range(3)] == [None] * 3
+    assert [follow.read_status(head, opts, ui) for _ in range(3)] == [None] * 3
     assert "pool's status not accepted" in one_inert_line(ui.notes, REFUSED)
     remote.files["table.json"] = _pool()  # the driver writes it again: read as ever
-    assert attempt._read_status(head, opts, ui)["counts"]["running"] == 1 and len(ui.notes) == 1
+    assert follow.read_status(head, opts, ui)["counts"]["running"] == 1 and len(ui.notes) == 1
 
 
 # --- the hand-over record, brought home by `ec2gpu fetch` (and by a controller back from sleep) ----

@@ -13,7 +13,7 @@ import pytest
 
 from ec2gpu import api, cli
 from ec2gpu.errors import UsageError
-from ec2gpu.pool import attempt, driver, node, records
+from ec2gpu.pool import attempt, driver, follow, node, records
 from ec2gpu.tasks import arrays
 
 SUBMITTED = [e.as_dict() for e in arrays.elements(None, {"lr": [0.1, 0.2]})]
@@ -271,8 +271,8 @@ def test_the_eta_comes_from_the_finished_elements():
     st = {"counts": {"queued": 4, "running": 2}, "elements": [
         {"status": "succeeded", "seconds": 10.0}, {"status": "failed", "seconds": 20.0}, {"status": "running",
                                                                                         "seconds": None}]}
-    assert attempt.eta_s(st, 2) == 15.0 * 5 / 2
-    assert attempt.eta_s({"counts": {}, "elements": []}, 2) is None
+    assert follow.eta_s(st, 2) == 15.0 * 5 / 2
+    assert follow.eta_s({"counts": {}, "elements": []}, 2) is None
 
 
 def test_an_elements_log_comes_from_the_finished_runs_artifacts(tmp_path):
@@ -349,7 +349,7 @@ def test_a_secret_an_element_printed_is_masked_in_its_log_and_its_last_lines(tmp
     raw = status(elements=[{"index": 0, "status": "failed", "tail": ["key hunter2"], "error": "hunter2!"}])
     from ec2gpu.remote import jobs
     monkeypatch.setattr(jobs, "read_from", lambda *a, **k: raw)
-    got = attempt._read_status(Head(), Opts(), type("UI", (), {"notes": [], "note": lambda self, t: None})())
+    got = follow.read_status(Head(), Opts(), type("UI", (), {"notes": [], "note": lambda self, t: None})())
     assert got["elements"][0]["tail"] == ["key ****"] and got["elements"][0]["error"] == "****!"
 
 
@@ -467,7 +467,7 @@ def _node(k, iid, launched_epoch):
 
 def test_the_cost_so_far_bills_each_instance_from_launch_until_it_left_with_the_minute_minimum():
     t0 = 1.8e9
-    pool = attempt.Pool([_node(0, "i-h", t0), _node(1, "i-w", t0), _node(2, "i-x", t0 + 3590)])
+    pool = follow.Pool([_node(0, "i-h", t0), _node(1, "i-w", t0), _node(2, "i-x", t0 + 3590)])
     pool.left_at["i-w"] = t0 + 1800  # released after half an hour
     pool.usd_per_hour = {"i-h": 1.0, "i-w": 2.0, "i-x": 0.36}
     # head: 1 h at $1; the worker it let go: 0.5 h at $2; the last: 10 s, billed 60 s at $0.36
@@ -493,8 +493,8 @@ def test_status_of_an_array_reads_its_live_line_then_its_final_counts(tmp_path, 
     (tmp_path / "det" / "pool.json").write_text("{}")
     assert attempt.local_status(tmp_path / "home", "r-det") is None  # a detached run's status is in S3
     out.mkdir()
-    attempt._write_progress(out / attempt.PROGRESS_FILE, attempt._progress(
-        attempt.Pool([]), json.loads(status(counts={"done": 5, "failed": 1, "running": 3, "queued": 3})), 12))
+    follow.write_progress(out / follow.PROGRESS_FILE, follow._progress(
+        follow.Pool([]), json.loads(status(counts={"done": 5, "failed": 1, "running": 3, "queued": 3})), 12))
     got = api.status("r-arr")
     assert got["state"] == "running" and got["array"]["counts"] == {"done": 5, "failed": 1, "running": 3, "queued": 3}
     assert got["array"]["instances"] == 0 and got["array"]["cost_so_far_usd"] == 0.0
@@ -503,7 +503,7 @@ def test_status_of_an_array_reads_its_live_line_then_its_final_counts(tmp_path, 
     assert "run r-arr: running (an array of task arr)" in said and "5 done, 3 running, 3 queued, 1 failed" in said
     assert "$0.0000 so far" in said
     # hostile or broken figures read as absent, never as an error
-    (out / attempt.PROGRESS_FILE).write_text('{"instances": "3", "eta_s": Infinity, "cost_so_far_usd": -1, '
+    (out / follow.PROGRESS_FILE).write_text('{"instances": "3", "eta_s": Infinity, "cost_so_far_usd": -1, '
                                              '"counts": {"done": "x", "failed": -2, "queued": NaN}, "at": 1e30}')
     got = api.status("r-arr")
     assert got["array"]["counts"] == {} and got["array"]["instances"] is None and got["array"]["updated_at"] is None
@@ -528,7 +528,7 @@ def test_an_array_whose_controller_is_gone_says_so_and_shows_what_its_head_hande
     monkeypatch.setenv("EC2GPU_HOME", str(tmp_path / "home"))
     out = tmp_path / "run"
     out.mkdir()
-    attempt._write_progress(out / attempt.PROGRESS_FILE, {"instances": 2, "total": 4, "at": 1.8e9, "eta_s": 30,
+    follow.write_progress(out / follow.PROGRESS_FILE, {"instances": 2, "total": 4, "at": 1.8e9, "eta_s": 30,
                                                            "counts": {"done": 0, "running": 2, "queued": 2}})
     ledger.record(tmp_path / "home", {  # its controller, on this host, exited: a pid no process has
         "run_id": "r-lost", "command": "run", "backend": "sandbox", "status": "running", "task": "arr",
@@ -568,33 +568,33 @@ def test_a_lost_worker_is_replaced_one_at_a_time_while_elements_wait_and_the_poo
         return rep
 
     monkeypatch.setattr(grow, "start", start)
-    monkeypatch.setattr(attempt, "prices_of", lambda aws, settings, nodes: {nd.instance_id: 0.5 for nd in nodes})
+    monkeypatch.setattr(follow, "prices_of", lambda aws, settings, nodes: {nd.instance_id: 0.5 for nd in nodes})
     monkeypatch.setattr(instances, "terminate", lambda ec2, ids, wait=True: ended.extend(ids))
     nodes = [_node(k, f"i-{k}", 1.8e9) for k in range(3)]
     for k, nd in enumerate(nodes):
         nd.instance.zone = f"us-east-1{'abc'[k]}"
-    pool = attempt.Pool(nodes, members={nd.instance_id: nd for nd in nodes})
+    pool = follow.Pool(nodes, members={nd.instance_id: nd for nd in nodes})
     ctx = SimpleNamespace(opts=SimpleNamespace(nodes=3), settings=None)
     addresses, ui, aws = {0: "10.0.0.0", 1: "10.0.0.1", 2: "10.0.0.2"}, Reporter(), SimpleNamespace(ec2=None)
     waiting = {"counts": {"queued": 4}}
-    attempt._grow(aws, pool, waiting, ctx, addresses, ui)
+    follow._grow(aws, pool, waiting, ctx, addresses, ui)
     assert started == []  # nothing lost yet: the pool is at its size
     pool.members.pop("i-2")
     pool.lost.append("i-2")
-    attempt._grow(aws, pool, {"counts": {"queued": 0}}, ctx, addresses, ui)
+    follow._grow(aws, pool, {"counts": {"queued": 0}}, ctx, addresses, ui)
     assert started == []  # nothing waits: the pool is shrinking, not growing
-    attempt._grow(aws, pool, waiting, None, addresses, ui)
+    follow._grow(aws, pool, waiting, None, addresses, ui)
     assert started == []  # no way to launch one (a caller without a grow context)
-    attempt._grow(aws, pool, waiting, ctx, addresses, ui)
+    follow._grow(aws, pool, waiting, ctx, addresses, ui)
     assert started == [("i-2", "us-east-1c", 3, ["10.0.0.0", "10.0.0.1", "10.0.0.2"])]
-    attempt._grow(aws, pool, waiting, ctx, addresses, ui)
+    follow._grow(aws, pool, waiting, ctx, addresses, ui)
     assert len(started) == 1  # one at a time
     # it joined: a member like the others, at the next index and address
     rep = pool.growing
     rep.node, rep.address, rep.instance_id = _node(3, "i-3", 1.8e9), "10.0.0.3", "i-3"
     gates[-1].set()
     rep.thread.join()
-    attempt._grow(aws, pool, waiting, ctx, addresses, ui)
+    follow._grow(aws, pool, waiting, ctx, addresses, ui)
     assert pool.growing is None and "i-3" in pool.members and pool.nodes[3].instance_id == "i-3"
     assert addresses[3] == "10.0.0.3" and pool.usd_per_hour["i-3"] == 0.5
     assert pool.replacements == [{"for": "i-2", "instance_id": "i-3", "node": 3, "joined": True, "error": None}]
@@ -602,21 +602,21 @@ def test_a_lost_worker_is_replaced_one_at_a_time_while_elements_wait_and_the_poo
     # a replacement that failed: its instance ends, and the pool goes on without it
     pool.lost.append("i-1")
     pool.members.pop("i-1")
-    attempt._grow(aws, pool, waiting, ctx, addresses, ui)
+    follow._grow(aws, pool, waiting, ctx, addresses, ui)
     assert started[-1][0] == "i-1" and started[-1][2] == 4
     rep = pool.growing
     rep.instance_id, rep.error = "i-9", "WaitTimeout: no SSH"
     gates[-1].set()
     rep.thread.join()
-    attempt._grow(aws, pool, {"counts": {"queued": 0}}, ctx, addresses, ui)
+    follow._grow(aws, pool, {"counts": {"queued": 0}}, ctx, addresses, ui)
     assert ended == ["i-9"] and pool.replacements[-1]["joined"] is False and "i-9" not in pool.members
     assert any("no replacement for i-1 (WaitTimeout: no SSH)" in n for n in ui.notes)
     # one being made when nothing waits any more is stopped (its instance is ended by its thread)
     pool.lost.append("i-0x")
-    attempt._grow(aws, pool, waiting, ctx, addresses, ui)
+    follow._grow(aws, pool, waiting, ctx, addresses, ui)
     assert started[-1][0] == "i-0x" and not pool.growing.stop.is_set()
     assert started[-1][2] == 5  # not 4 again: the failed one's instance was tagged node 4
-    attempt._grow(aws, pool, {"counts": {"queued": 0}}, ctx, addresses, ui)
+    follow._grow(aws, pool, {"counts": {"queued": 0}}, ctx, addresses, ui)
     assert pool.growing.stop.is_set() and any("the replacement for i-0x stops" in n for n in ui.notes)
     gates[-1].set()
     pool.growing.thread.join()
@@ -644,20 +644,20 @@ def test_a_pool_that_started_small_grows_while_more_elements_wait_than_it_has_fr
     monkeypatch.setattr(grow, "start", start)
     monkeypatch.setattr(instances, "terminate", lambda ec2, ids, wait=True: None)
     nodes = [_node(0, "i-0", 1.8e9)]
-    pool = attempt.Pool(nodes, members={"i-0": nodes[0]}, slots_per_node=2)
+    pool = follow.Pool(nodes, members={"i-0": nodes[0]}, slots_per_node=2)
     ctx = SimpleNamespace(opts=SimpleNamespace(nodes=2), settings=None)
     addresses, ui, aws = {0: "10.0.0.0"}, Reporter(), SimpleNamespace(ec2=None)
-    attempt._grow(aws, pool, {"counts": {"queued": 1, "running": 1}}, ctx, addresses, ui)
+    follow._grow(aws, pool, {"counts": {"queued": 1, "running": 1}}, ctx, addresses, ui)
     assert started == []  # the one waiting has a free slot (Ray has not placed it yet)
-    attempt._grow(aws, pool, {"counts": {"queued": 3, "running": 2}}, ctx, addresses, ui)
+    follow._grow(aws, pool, {"counts": {"queued": 3, "running": 2}}, ctx, addresses, ui)
     assert started == [(None, None, 1)] and "launching one more" in ui.notes[-1]
-    attempt._grow(aws, pool, {"counts": {"queued": 3, "running": 2}}, ctx, addresses, ui)  # it failed
+    follow._grow(aws, pool, {"counts": {"queued": 3, "running": 2}}, ctx, addresses, ui)  # it failed
     assert pool.growing is None and pool.replacements[-1]["for"] is None
     assert "no instance the pool grows by (CapacityError" in ui.notes[-1] and "asked again in 60 s" in ui.notes[-1]
-    attempt._grow(aws, pool, {"counts": {"queued": 3, "running": 2}}, ctx, addresses, ui)
+    follow._grow(aws, pool, {"counts": {"queued": 3, "running": 2}}, ctx, addresses, ui)
     assert len(started) == 1  # not asked again at once
     pool.grow_after = 0.0  # a minute later
-    attempt._grow(aws, pool, {"counts": {"queued": 3, "running": 2}}, ctx, addresses, ui)
+    follow._grow(aws, pool, {"counts": {"queued": 3, "running": 2}}, ctx, addresses, ui)
     assert started[-1] == (None, None, 2)  # the next number: the failed launch's is never reused
 
 
@@ -667,8 +667,8 @@ def test_the_pool_follows_its_head_through_a_dropped_connection_and_counts_it_lo
     from ec2gpu.runs.recover import recovery
 
     clock = [0.0]
-    monkeypatch.setattr(attempt.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
-    monkeypatch.setattr(attempt.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(follow.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    monkeypatch.setattr(follow.time, "monotonic", lambda: clock[0])
     outcomes = [OSError("reset"), EOFError(), (False, {"counts": {}}), (True, {"final": True})]
 
     def poll(*a, **k):
@@ -677,20 +677,20 @@ def test_the_pool_follows_its_head_through_a_dropped_connection_and_counts_it_lo
             raise got
         return got
 
-    monkeypatch.setattr(attempt, "_poll", poll)
+    monkeypatch.setattr(follow, "_poll", poll)
     connects = []
     head = SimpleNamespace(instance_id="i-h", watch=None, close=lambda: None, conn=None,
                            connect=lambda: connects.append(1) or "conn")
     opts = SimpleNamespace(unreachable_s=120.0, task=SimpleNamespace(mask=lambda x: x), elements=())
     ui = Reporter()
-    assert attempt._follow_loop(None, None, head, opts, [], ui, None, None, None) == {"final": True}
+    assert follow._follow_loop(None, None, head, opts, [], ui, None, None, None) == {"final": True}
     assert len(connects) == 2 and head.conn == "conn"
     assert any("did not answer (OSError); reconnecting" in n for n in ui.notes)
     assert any("answers again" in n for n in ui.notes)
     # unreachable longer than the bound: the head counts as lost, the run's next attempt goes on
     outcomes[:] = [OSError("down")] * 100
     with pytest.raises(recovery.Interrupted, match="unreachable over SSH"):
-        attempt._follow_loop(None, None, head, opts, [], ui, None, None, None)
+        follow._follow_loop(None, None, head, opts, [], ui, None, None, None)
     assert clock[0] > 120
     # EC2 says the head is gone: lost at once, without waiting for the bound
     outcomes[:] = [OSError("down")] * 100
@@ -700,7 +700,7 @@ def test_the_pool_follows_its_head_through_a_dropped_connection_and_counts_it_lo
         raise recovery.Interrupted("EC2 reports the instance terminated")
     head.watch = SimpleNamespace(check=gone)
     with pytest.raises(recovery.Interrupted, match="terminated"):
-        attempt._follow_loop(None, None, head, opts, [], ui, None, None, None)
+        follow._follow_loop(None, None, head, opts, [], ui, None, None, None)
     assert clock[0] - start < 1
 
 

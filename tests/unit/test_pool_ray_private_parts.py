@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from ec2gpu.errors import UsageError
-from ec2gpu.pool import attempt, driver, node
+from ec2gpu.pool import attempt, driver, node, ray_nodes
 
 
 def _args(role="head", **over):
@@ -118,19 +118,19 @@ def test_the_pools_token_reaches_each_node_in_a_private_file_and_never_its_comma
     monkeypatch.setattr(ssh, "run", lambda conn, command, **kw: "")
     monkeypatch.setattr(jobs, "start", lambda conn, run_dir, argv, env=None, private=None:
                         started.append((run_dir, argv, env, private)) or 42)
-    monkeypatch.setattr(attempt, "_gpus", lambda nd, job: 1)
-    monkeypatch.setattr(attempt, "_cpus", lambda nd: 4)
+    monkeypatch.setattr(ray_nodes, "node_gpus", lambda nd, job: 1)
+    monkeypatch.setattr(ray_nodes, "_cpus", lambda nd: 4)
     nd = SimpleNamespace(conn=None, run_dir="/home/ubuntu/ec2gpu/runs/r1", info={}, pid=None)
-    token = attempt.new_token()
-    assert len(token) == 64 and token != attempt.new_token()  # 256 random bits, a new one per pool
-    attempt.launch_ray(nd, attempt.worker_role("10.0.0.1:6379", nd, False), "10.0.0.2", None, token)
+    token = ray_nodes.new_token()
+    assert len(token) == 64 and token != ray_nodes.new_token()  # 256 random bits, a new one per pool
+    ray_nodes.launch_ray(nd, ray_nodes.worker_role("10.0.0.1:6379", nd, False), "10.0.0.2", None, token)
     path = "/home/ubuntu/ec2gpu/runs/r1/ray/auth_token"
     [(run_dir, argv, env, private)] = started
     # written 0600 by the command that starts node.py, the token on its stdin (remote/jobs.start)
     assert f"{run_dir}/{next(iter(private))}" == path and private == {"auth_token": token}
     assert token not in " ".join(argv) and env is None and argv[argv.index("--token-file") + 1] == path
     # the driver on the head gets the same file, named by node.py: the token is in no spec or command line
-    drv = attempt.driver_argv("python3", "/home/ubuntu/ec2gpu/runs/r1", "10.0.0.1")
+    drv = ray_nodes.driver_argv("python3", "/home/ubuntu/ec2gpu/runs/r1", "10.0.0.1")
     assert drv[drv.index("--token-file") + 1] == path and token not in " ".join(drv)
     spec = attempt.pool_spec("r1", SimpleNamespace(max_retries=0, elements=()), SimpleNamespace(
         task=SimpleNamespace(run="true"), name="t", args=[]), "10.0.0.1:6379", 1)
@@ -145,7 +145,7 @@ def _head_run_dir(tmp_path):
     (run_dir / "ray").mkdir(parents=True)
     (run_dir / "pool.json").write_text("{}")
     shutil.copy(driver.__file__, run_dir / "pool_driver.py")  # as the head has it: what it imports beside it
-    for name, module in attempt.SHIPPED.items():
+    for name, module in ray_nodes.SHIPPED.items():
         shutil.copy(Path(attempt.__file__).parents[1] / module, run_dir / name)
     shutil.copy(node.__file__, run_dir / "ray" / "node.py")
     (run_dir / driver.TOKEN_FILE).touch(mode=0o600)
@@ -163,7 +163,7 @@ def test_the_driver_gets_the_environment_of_its_nodes_ray_before_ray_is_imported
     """Ray reads RAY_AUTH_MODE and the token's path when it is imported (set later, ray.init
     connects without a token and is refused), and in the sandbox the driver's ray.init starts a
     core worker whose gRPC server binds every address without the shim, which must be preloaded
-    when the process starts: the agent starts the driver through node.py (attempt.driver_argv),
+    when the process starts: the agent starts the driver through node.py (ray_nodes.driver_argv),
     which gives it node.ray_env's environment, the one its Ray has."""
     fake = tmp_path / "fake" / "ray"
     fake.mkdir(parents=True)
@@ -175,7 +175,7 @@ def test_the_driver_gets_the_environment_of_its_nodes_ray_before_ray_is_imported
     env.pop("LD_PRELOAD", None)
     if sandbox:
         env.update({node.SANDBOX_MARKER: "i-1", node.SHIM_VAR: str(shim)})
-    done = subprocess.run(attempt.driver_argv(sys.executable, str(run_dir), "127.0.0.9"), timeout=60,
+    done = subprocess.run(ray_nodes.driver_argv(sys.executable, str(run_dir), "127.0.0.9"), timeout=60,
                           capture_output=True, text=True,
                           env={**env, "PYTHONPATH": str(tmp_path / "fake"), "SEEN": str(tmp_path / "seen.json")})
     assert done.returncode == 7, done.stdout + done.stderr
@@ -189,7 +189,7 @@ def test_a_driver_that_would_be_exposed_is_not_started(tmp_path):
     can read. Exit 2, one line, the driver never run."""
     run_dir = _head_run_dir(tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "EC2GPU_SANDBOX"))}
-    argv = attempt.driver_argv(sys.executable, str(run_dir), "127.0.0.9")
+    argv = ray_nodes.driver_argv(sys.executable, str(run_dir), "127.0.0.9")
     argv[argv.index("--") + 1:] = [sys.executable, "-c", "print('driver ran')"]
     done = subprocess.run(argv, timeout=60, capture_output=True, text=True, env={**env, node.SANDBOX_MARKER: "i-1"})
     assert done.returncode == 2 and "driver ran" not in done.stdout
@@ -227,8 +227,8 @@ def local_instance(tmp_path, monkeypatch):
         assert done.returncode == 0, done.stderr
         return done.stdout + done.stderr
     monkeypatch.setattr(ssh, "with_input", with_input)
-    monkeypatch.setattr(attempt, "_gpus", lambda nd, job: 1)
-    monkeypatch.setattr(attempt, "_cpus", lambda nd: 1)
+    monkeypatch.setattr(ray_nodes, "node_gpus", lambda nd, job: 1)
+    monkeypatch.setattr(ray_nodes, "_cpus", lambda nd: 1)
     run_dir = tmp_path / "home" / "ec2gpu" / "runs" / "r1"
     (run_dir / "ray").mkdir(parents=True)
     return SimpleNamespace(conn=LocalConn(), run_dir=str(run_dir), info={"python": "true"}, pid=None, instance=None,
@@ -244,8 +244,8 @@ def test_a_link_the_setup_left_where_the_token_and_node_py_go_is_not_written_thr
         victims[name] = tmp_path / f"victim-{name}"
         victims[name].write_text("the user's own\n")
         os.symlink(victims[name], Path(nd.run_dir) / "ray" / name)
-    token = attempt.new_token()
-    attempt.launch_ray(nd, ["head", "--ready-file", f"{nd.run_dir}/ray/ready"], "127.0.0.9", None, token)
+    token = ray_nodes.new_token()
+    ray_nodes.launch_ray(nd, ["head", "--ready-file", f"{nd.run_dir}/ray/ready"], "127.0.0.9", None, token)
     assert {name: v.read_text() for name, v in victims.items()} == {n: "the user's own\n" for n in victims}
     st = os.lstat(Path(nd.run_dir) / driver.TOKEN_FILE)
     assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
@@ -255,12 +255,12 @@ def test_a_link_the_setup_left_where_the_token_and_node_py_go_is_not_written_thr
 
 def test_a_link_the_setup_left_where_the_driver_and_its_modules_go_is_not_written_through(local_instance, tmp_path):
     nd = local_instance
-    names = ["pool_driver.py", "pool.json", *attempt.SHIPPED]
+    names = ["pool_driver.py", "pool.json", *ray_nodes.SHIPPED]
     for name in names:
         (tmp_path / f"victim-{name}").write_text("the user's own\n")
         os.symlink(tmp_path / f"victim-{name}", Path(nd.run_dir) / name)
     opts = SimpleNamespace(max_runtime_minutes=None)
-    attempt._start_driver(nd, {"head_ip": "127.0.0.9"}, opts, SimpleNamespace(limit_grace_seconds=120.0))
+    ray_nodes.start_driver(nd, {"head_ip": "127.0.0.9"}, opts, SimpleNamespace(limit_grace_seconds=120.0))
     assert [(tmp_path / f"victim-{n}").read_text() for n in names] == ["the user's own\n"] * len(names)
     assert all(stat.S_ISREG(os.lstat(Path(nd.run_dir) / n).st_mode) for n in names)
     assert (Path(nd.run_dir) / "pool_driver.py").read_bytes() == Path(driver.__file__).read_bytes()
@@ -282,20 +282,20 @@ def test_a_ray_without_token_authentication_is_refused_before_anything_is_create
     monkeypatch.setattr(importlib.metadata, "version", lambda name: version)
     built = []
     with pytest.raises(UsageError) as exc:
-        attempt.ray_here(lambda: built.append(1))
+        ray_nodes.ray_here(lambda: built.append(1))
     assert exc.value.message == (f"an array or a sweep needs Ray 2.60 or later (Ray's token authentication keeps "
                                  f"strangers off the pool); this machine has Ray {version}")
     assert exc.value.hint == "pip install 'ray>=2.60,<3'" and built == []
     monkeypatch.setattr(importlib.metadata, "version", lambda name: "2.60.0")
-    assert attempt.ray_here(lambda: built.append(1)) == "2.60.0" and built == [1]
+    assert ray_nodes.ray_here(lambda: built.append(1)) == "2.60.0" and built == [1]
 
 
 def test_the_oldest_ray_accepted_is_the_pool_extras():
     import tomllib
     extras = tomllib.loads((Path(attempt.__file__).parents[2] / "pyproject.toml").read_text())["project"][
         "optional-dependencies"]
-    assert extras["pool"] == [attempt.RAY_REQUIREMENT]
-    assert attempt.RAY_REQUIREMENT.startswith(f"ray>={attempt.MIN_RAY[0]}.{attempt.MIN_RAY[1]},")
+    assert extras["pool"] == [ray_nodes.RAY_REQUIREMENT]
+    assert ray_nodes.RAY_REQUIREMENT.startswith(f"ray>={ray_nodes.MIN_RAY[0]}.{ray_nodes.MIN_RAY[1]},")
 
 
 def test_pool_never_imports_sandbox():

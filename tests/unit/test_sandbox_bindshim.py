@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from ec2gpu.errors import UsageError
-from ec2gpu.pool import attempt
+from ec2gpu.pool import ray_nodes
 from ec2gpu.sandbox import bindshim
 
 needs_cc = pytest.mark.skipif(not any(shutil.which(c) for c in bindshim.COMPILERS), reason="no C compiler here")
@@ -95,14 +95,14 @@ def test_without_a_c_compiler_a_sandbox_array_is_refused_before_anything_is_crea
     from ec2gpu.sandbox import control
     monkeypatch.setattr(bindshim.shutil, "which", lambda name: None)
     with pytest.raises(UsageError) as exc:
-        attempt.ray_here(lambda: bindshim.for_sandbox(tmp_path))
+        ray_nodes.ray_here(lambda: bindshim.for_sandbox(tmp_path))
     assert "an array in the sandbox needs a C compiler (cc)" in exc.value.message
     assert "apt-get install gcc" in exc.value.hint
     assert not (tmp_path / "sandbox").exists()
-    assert attempt.ray_here(None)  # on EC2 no shim is needed: the security group stands in front
+    assert ray_nodes.ray_here(None)  # on EC2 no shim is needed: the security group stands in front
     monkeypatch.undo()
     if any(shutil.which(c) for c in bindshim.COMPILERS):
-        assert attempt.ray_here(lambda: bindshim.for_sandbox(tmp_path))
+        assert ray_nodes.ray_here(lambda: bindshim.for_sandbox(tmp_path))
         assert bindshim.library(control.state_dir(tmp_path)).is_file()  # where the daemon names it (server.py)
 
 

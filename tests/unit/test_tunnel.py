@@ -89,10 +89,10 @@ def test_port_flags_are_checked_and_the_plan_says_which_local_port_each_gets(tmp
 
 
 def test_a_head_off_this_machine_gets_the_named_ports_and_one_on_its_loopback_none():
-    """engine.run_attempt forwards --port's ports to the same port here for an EC2 head, and to free
+    """foreground.run_attempt forwards --port's ports to the same port here for an EC2 head, and to free
     ports for a sandbox head on this machine's 127.0.0.N (it shares this machine's ports)."""
-    from ec2gpu.runs.execute import engine
-    assert engine.same_ports_for("54.210.3.4", (8888, 6006)) == (8888, 6006)
-    assert engine.same_ports_for("ec2-54-210-3-4.compute-1.amazonaws.com", (8888,)) == (8888,)
-    assert engine.same_ports_for("127.0.0.7", (8888, 6006)) == ()
-    assert engine.same_ports_for("54.210.3.4", ()) == ()
+    from ec2gpu.runs.execute import foreground
+    assert foreground.same_ports_for("54.210.3.4", (8888, 6006)) == (8888, 6006)
+    assert foreground.same_ports_for("ec2-54-210-3-4.compute-1.amazonaws.com", (8888,)) == (8888,)
+    assert foreground.same_ports_for("127.0.0.7", (8888, 6006)) == ()
+    assert foreground.same_ports_for("54.210.3.4", ()) == ()

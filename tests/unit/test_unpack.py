@@ -325,14 +325,14 @@ def test_every_tar_is_read_by_the_one_unpacker():
 
 def test_the_pools_driver_unpacks_with_the_same_unpacker_as_shipped_to_its_head(tmp_path):
     """On the head the driver is a file, not a package: it imports the unpacker from beside it
-    (pool/attempt.SHIPPED), and the unpacker its name checks; nothing else of ec2gpu is there."""
+    (pool/ray_nodes.SHIPPED), and the unpacker its name checks; nothing else of ec2gpu is there."""
     import subprocess
     import sys
 
-    from ec2gpu.pool import attempt
+    from ec2gpu.pool import ray_nodes
     src = Path(unpacking.__file__).parents[1]
     (tmp_path / "pool_driver.py").write_text((src / "pool" / "driver.py").read_text())
-    for name, module in attempt.SHIPPED.items():
+    for name, module in ray_nodes.SHIPPED.items():
         (tmp_path / name).write_text((src / module).read_text())
     (tmp_path / "outputs.tar").write_bytes(_tar([("ok.txt", b"1"), ("../up", b"x")], gz=False).getvalue())
     check = ("import sys, tarfile; import pool_driver as d; assert 'ec2gpu' not in sys.modules, sorted(sys.modules)\n"

@@ -1,5 +1,6 @@
-"""The one attempt engine: a task on N nodes (one instance is a cluster of one), for `ec2gpu run`,
-`ec2gpu exec` and `ec2gpu train mnist` (the built-in task tasks/builtin/mnist.yaml) alike.
+"""The steps of an attempt on its nodes: a task on N nodes (one instance is a cluster of one), for `ec2gpu run`,
+`ec2gpu exec` and `ec2gpu train mnist` (the built-in task tasks/builtin/mnist.yaml) alike. Their order is
+runs/execute/attempt.py's (the one lifecycle); the agent job's strategy is runs/execute/foreground.py.
 
 An attempt, on every node at once: SSH (host key verified) -> the workdir up (rsync, else SFTP) ->
 machine setup (ec2gpu/ami/setup-gpu.sh) and the task's ``setup`` (skipped when the same text
@@ -25,12 +26,11 @@ import hashlib
 import io
 import json
 import shlex
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, cast
 
-from ...errors import AwsError, LimitReached, RemoteError, WaitTimeout
+from ...errors import LimitReached, RemoteError
 from . import status
 from .nodes import PROGRESS_FILE, record_steps
 from .nodes import copy_log as copy_log  # re-exported: engine.copy_log (scripts/bench_big_log.py)
@@ -42,20 +42,12 @@ from ...wire import bounded_json
 from .job_summary import MASK as MASK  # re-exported: engine.MASK
 
 if TYPE_CHECKING:
-    from ...aws.instances import Instance
-    from ...aws.session import Aws
-    from ...backend import Backend
     from ...remote.files import Limits
-    from ...settings import Settings
     from ...tasks.mounts import Mount
     from ...tasks.spec import Task
-    from ..options import RunOptions
-    from ..provision.resources import Provisioned
-    from ..recover.handover import Handover
     from ..recover.recovery import DirCheckpoints
     from .job_summary import Checked
     from .nodes import Node
-    from .reporter import ReporterLike
 
 AGENT = Path(__file__).resolve().parents[2] / "agent" / "agent.py"
 #: the records' modules agent.py loads from beside it (agent.BESIDE: the JSON reader, its record's schema), from ec2gpu/wire/
@@ -429,23 +421,6 @@ def job_argv(nd: Node, job: TaskJob, limit_minutes: int | None = None, grace_s: 
             PROLOGUE + job.task.run, job.name, *job.args]
 
 
-def same_ports_for(host: object, same_ports: tuple[int, ...]) -> tuple[int, ...]:
-    """The ports forwarded to the same port here for a head at ``host`` (pure): ``same_ports``
-    (--port), but none for an instance on this machine's loopback (the sandbox's 127.0.0.N), which
-    shares this machine's ports: the same one would be taken twice."""
-    return () if str(host).startswith("127.") else tuple(same_ports)
-
-
-def snapshot_statuses(nodes: list[Node]) -> None:
-    """Read each node's agent record once, now that its log has ended (``nd.status``,
-    runs/execute/status.py: signature checked, fields validated); the verdict and the agent-record.json written
-    at home use this copy, whatever the instance's file says later. Nodes whose follow ended
-    without an exit status (lost, stopped by an error) keep None. Raises the connection's errors."""
-    for nd in nodes:
-        if isinstance(nd.result, int) and not isinstance(nd.result, bool):
-            nd.status = status.read(nd.conn, nd.run_dir, nd.agent_key)
-
-
 def judge(nodes: list[Node], job: TaskJob) -> None:
     """The attempt's outcome from the agents' records (agent-record.json): return when every node's job
     succeeded; raise recovery.Interrupted for a lost node or a spot notice, RemoteError (exit 5,
@@ -598,123 +573,3 @@ def _outputs_home(head: Node, job: TaskJob, local_out: Path, ssh_config: Path | 
     names, how = sync.pull(head.conn, f"{head.run_dir}/out", local_out / "outputs", job.task.outputs, ssh_config,
                            head.instance_id, limits, warn=lambda line: log(f"warning: {line}"))
     log(f"outputs: {len(names)} file(s) brought home" + (f" by {how}" if names else "") + f" to {local_out / 'outputs'}")
-
-
-def mark(nodes: list[Node], what: str) -> None:
-    """The controller's mark ``what`` ("controller": its heartbeat; "collected":
-    runs/recover/handover.py) in each node's run directory, so its agent does not hand over what
-    this controller brings home. A node that does not answer is passed over (its agent may then
-    hand over: a copy in S3, nothing lost)."""
-    from ...remote import jobs, ssh
-    from ..recover import handover as H
-    for nd in nodes:
-        if nd.conn is None:
-            continue
-        try:
-            ssh.execute(nd.conn, H.mark_command(nd.run_dir, what))
-        except (RemoteError, *jobs.CONNECTION_ERRORS):
-            pass
-
-
-def run_attempt(aws: Aws, settings: Settings, opts: RunOptions, run_id: str, ui: ReporterLike, prov: Provisioned,
-                instances_: list[Instance], local_out: Path, backend: Backend, n: int,
-                checkpoints: DirCheckpoints, handover: Future[Handover | None] | Handover | None = None,
-                shutdown: bool = False) -> dict[str, Any]:
-    """One attempt of the task ``opts.task`` (a TaskJob) on running instances (node 0 first);
-    return the job's summary.json ({} when it wrote none).
-
-    ``checkpoints`` (recovery.DirCheckpoints) brings node 0's checkpoint directory home while the
-    job runs. ``handover`` (runs/recover/handover.py; its Future while it is being made) lets the
-    agents hand the job's outputs over to S3 if this controller is lost, and with ``shutdown`` end
-    their instances then. Raises recovery.Interrupted when a node is lost or gets a spot notice, RemoteError
-    when the setup or the job fails (after its outputs came home), WaitTimeout when SSH never answers.
-    """
-    from dataclasses import replace
-
-    from ...remote import jobs, ssh_config as sc, tunnel
-    from . import nodes as N
-
-    job = cast(TaskJob, opts.task)  # pipeline.train and standing/hosts.py set it before any attempt
-    nodes = [N.Node(k, inst) for k, inst in enumerate(instances_)]
-    config = settings.home / "ssh" / f"{run_id}.config"
-    beating = None  # the heartbeat the agents watch (runs/recover/handover.py), while there is a plan
-
-    def say(nd: Node) -> Callable[[str], None]:
-        return (lambda line: ui.note(f"node {nd.index}: {line}")) if len(nodes) > 1 else ui.note
-    try:
-        with ui.phase("waiting for SSH"):
-            N.parallel(lambda nd: N.open_node(nd, aws, settings, prov, run_id, backend, ui.note), nodes)
-            nodes[0].watch.checkpoints = replace(checkpoints, remote=checkpoint_remote(job, nodes[0].run_dir))
-            known = settings.home / "known_hosts"
-            assert prov.key_path is not None  # open_node needed it: the run's key pair
-            sc.write(config, sc.render([sc.HostEntry((nd.instance_id,), nd.host, nd.port, settings.ssh_user,
-                                                     prov.key_path, known / nd.instance_id) for nd in nodes], config))
-        with ui.phase("setup"):
-            N.parallel(lambda nd: N.prepare_node(nd, say(nd)), nodes)
-        addresses = [backend.private_address(nd.instance) for nd in nodes]
-        with ui.phase("upload"):
-            # node 0's copy (its watch's) learns what it was given, so it is not brought home again
-            N.parallel(lambda nd: upload_node(nd, job, config, run_id, addresses, n > 1,
-                                              nd.watch.checkpoints if nd.index == 0 else checkpoints, say(nd)), nodes)
-            if job.mounts:
-                N.parallel(lambda nd: mounts_node(nd, job, config, say(nd)), nodes)
-            if any(m.write_back for m in job.mounts):  # written through while the job runs, as SkyPilot's MOUNT
-                for nd in nodes:
-                    nd.watch.write_back = _write_back_on(nd, say(nd))
-        if job.task.setup:
-            with ui.phase("setup"):
-                N.parallel(lambda nd: setup_node(nd, job, say(nd)), nodes)
-        plan = handover.result() if isinstance(handover, Future) else handover
-        if plan is not None:
-            from ..recover.handover import Heartbeat
-            mark(nodes, "controller")
-            beating = Heartbeat(lambda: mark(nodes, "controller"), plan.wait_s).start()
-        with ui.phase("running"):
-            try:
-                def start(nd: Node) -> None:  # the key and the hand-over's URLs go with it: after the setup and all it left
-                    nd.pid = start_agent(nd, job_argv(nd, job, opts.max_runtime_minutes, settings.limit_grace_seconds,
-                                                      plan is not None),
-                                         plan.document(nd.index == 0, shutdown, sorted(job.task.secrets)) if plan else None)
-                N.parallel(start, nodes)
-                ui.note(f"job started on {len(nodes)} node(s) under the agent"
-                        + (f" (head {addresses[0]})" if len(nodes) > 1 else "") + "; its log follows")
-                with tunnel.forwarding(config, nodes[0].instance_id, job.task.ports, ui.note,
-                                       same_ports=same_ports_for(nodes[0].host, job.same_ports)):
-                    N.follow_all(nodes, ui, local_out, n, opts.unreachable_s,
-                                 mask=job.mask if job.secret_values else None)
-            except KeyboardInterrupt:  # Ctrl-C or SIGTERM: what the job wrote comes home before the teardown
-                N.records_home_on_interrupt(nodes, job.mask, local_out, ui.note)
-                raise
-            for nd in nodes:  # AWS stopped answering about an instance: nothing more can be done on it
-                if isinstance(nd.result, AwsError):
-                    raise nd.result
-            snapshot_statuses(nodes)
-            for nd in nodes:  # the agent passed EC2's rebalance recommendation on to the job (docs/tasks.md)
-                rebalance = (nd.status or {}).get("rebalance")
-                if rebalance:
-                    say(nd)(f"EC2 recommended a rebalance at {rebalance['notice_time']} (this spot "
-                            "instance was at elevated risk of interruption); the job was told through "
-                            "$EC2GPU_REBALANCE_FILE")
-        brought, summary = None, None
-        with ui.phase("download"):
-            try:
-                summary = download(nodes, job, local_out, config, ui.note, settings.download_limits)
-            except RemoteError as exc:  # a part could not come home: the job's own failure is said first
-                brought = exc
-            if plan is not None:
-                mark(nodes, "collected")
-        judge(nodes, job)
-        if brought is not None:
-            raise brought
-        return summary or {}
-    except (*jobs.CONNECTION_ERRORS, WaitTimeout, RemoteError):
-        for nd in nodes:
-            if nd.watch:
-                nd.watch.check()  # a lost instance explains the failure: Interrupted
-        raise
-    finally:
-        if beating is not None:
-            beating.stop()
-        for nd in nodes:
-            nd.close()
-        config.unlink(missing_ok=True)

@@ -54,7 +54,7 @@ class Node:
     watch: Any = None  # recovery.InstanceWatch, from open_node on
     result: object = None  # exit status, Interrupted, or another exception
     agent_key: str | None = None  # the key the agent signs its record with (runs/execute/status.py)
-    status: dict[str, Any] | None = None  # the agent's record, read once when the job ended (engine.snapshot_statuses)
+    status: dict[str, Any] | None = None  # the agent's record, read once when the job ended (foreground.snapshot_statuses)
 
     @property
     def instance_id(self) -> str:

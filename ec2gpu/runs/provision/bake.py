@@ -1,7 +1,8 @@
 """`ec2gpu image bake|ls|rm`: machine images that already hold a task's setup, so its runs start sooner.
 
 A bake is a run (provision/pipeline.py: estimate, provision, teardown in ``finally``, bill, ledger with task
-"bake") whose attempt, instead of a job, makes an image of its builder instance:
+"bake") whose attempt (runs/execute/attempt.py's lifecycle, with ImageBake as its strategy), instead of a
+job, makes an image of its builder instance:
 
   SSH -> [bare Ubuntu: ami/install-cuda.sh, an EC2 reboot when the driver needs one, again]
   -> machine setup (ami/setup-gpu.sh) -> workdir up -> the task's setup -> pre-fetch (MNIST for the
@@ -27,6 +28,7 @@ from pathlib import Path
 
 from ...aws import baked, images
 from ...errors import RemoteError, UsageError, WaitTimeout
+from ..execute import attempt as lifecycle
 
 if TYPE_CHECKING:
     from ...aws.instances import Instance
@@ -123,38 +125,48 @@ def bake_attempt(aws: Aws, settings: Settings, opts: BakeOptions, run_id: str, u
     returns the bake's summary: the image's id, name, key, base, versions and snapshots. Raises
     RemoteError when the driver install, the setup or the cleaning fails, AwsError or WaitTimeout
     when the image does not become available: teardown then removes the half-made image."""
-    from ...remote import ssh_config as sc
-    from ..execute import engine
-    from ..execute import nodes as N
+    job = cast("TaskJob", opts.task)  # a bake (_run_attempts); train set the task
+    a = lifecycle.new(aws, settings, run_id, ui, prov, backend, job, instances_[:1], local_out, n)
+    return lifecycle.drive(a, ImageBake(opts))
 
-    job, bp = cast("TaskJob", opts.task), opts.plan  # a bake (_run_attempts); train set the task
-    nd = N.Node(0, instances_[0])
-    config = settings.home / "ssh" / f"{run_id}.config"
-    try:
-        with ui.phase("waiting for SSH"):
-            N.open_node(nd, aws, settings, prov, run_id, backend, ui.note)
-        if bp.base == "ubuntu-24.04":
-            with ui.phase("driver"):
-                install_driver(aws, nd, backend, ui.note,
-                               ends_at=max_runtime_deadline(nd.instance, opts.max_runtime_minutes))
-        # rsync's ssh_config, written after any reboot (a sandbox instance's sshd moves on one)
-        assert prov.key_path is not None  # open_node needed it: the run's key pair
-        sc.write(config, sc.render([sc.HostEntry((nd.instance_id,), nd.host, nd.port, settings.ssh_user,
-                                                 prov.key_path, settings.home / "known_hosts" / nd.instance_id)], config))
-        with ui.phase("setup"):
-            N.prepare_node(nd, ui.note)
-        with ui.phase("upload"):
-            engine.upload_node(nd, job, config, run_id, [backend.private_address(nd.instance)], False, None, ui.note)
-        with ui.phase("setup"):
-            engine.setup_node(nd, job, ui.note)
-            prefetch(nd, job, bp, ui.note)
-            keep_setup(nd, bp.name, ui.note)
-        with ui.phase("cleaning"):
-            run_script(nd, "clean-for-image.sh", [], ui.note)
-        return make_image(aws, settings, nd, job, bp, prov, run_id, ui)
-    finally:
-        nd.close()
-        config.unlink(missing_ok=True)
+
+class ImageBake(lifecycle.Strategy[dict[str, Any]]):
+    """The bake as an attempt's strategy (runs/execute/attempt.Strategy): the NVIDIA driver first
+    on bare Ubuntu, the workdir without file_mounts, the task's setup and the pre-fetch kept in
+    the image, then an image of the builder instead of a job."""
+
+    places_mounts = False  # an image holds the task's setup, not its data
+
+    def __init__(self, opts: BakeOptions) -> None:
+        self.opts, self.bp = opts, opts.plan
+        self.summary: dict[str, Any] = {}
+
+    def opened(self, a: lifecycle.Attempt) -> None:
+        """The driver on a bare Ubuntu builder (reboots included), before the run's SSH config is
+        written (a sandbox instance's sshd moves on a reboot)."""
+        if self.bp.base == "ubuntu-24.04":
+            nd = a.nodes[0]
+            with a.ui.phase("driver"):
+                install_driver(a.aws, nd, a.backend, a.ui.note,
+                               ends_at=max_runtime_deadline(nd.instance, self.opts.max_runtime_minutes))
+
+    def setup(self, a: lifecycle.Attempt) -> None:
+        nd = a.nodes[0]
+        with a.ui.phase("setup"):
+            lifecycle.task_setup(a)
+            prefetch(nd, a.job, self.bp, a.ui.note)
+            keep_setup(nd, self.bp.name, a.ui.note)
+
+    def watched(self, a: lifecycle.Attempt) -> list[Node]:
+        return []  # a bake has no hand-over
+
+    def run(self, a: lifecycle.Attempt) -> None:
+        with a.ui.phase("cleaning"):
+            run_script(a.nodes[0], "clean-for-image.sh", [], a.ui.note)
+        self.summary = make_image(a.aws, a.settings, a.nodes[0], a.job, self.bp, a.prov, a.run_id, a.ui)
+
+    def collect(self, a: lifecycle.Attempt) -> dict[str, Any]:
+        return self.summary
 
 
 def run_script(nd: Node, script: str, args: list[str], log: Callable[[str], None], ok: tuple[int, ...] = (0,)) -> int:

@@ -333,7 +333,7 @@ def _run_attempts(aws: Aws, settings: Settings, opts: RunOptions, run_id: str, u
     Raises recovery.AttemptsExhausted when the last attempt allowed is interrupted too.
     """
     from . import bake
-    from ..execute import engine
+    from ..execute import foreground
     from ..recover import recovery
 
     attempts = record["attempts"]
@@ -369,8 +369,8 @@ def _run_attempts(aws: Aws, settings: Settings, opts: RunOptions, run_id: str, u
                 from ...pool import attempt as pool
                 return pool.run_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, backend, n, checkpoints,
                                         cast(dict[str, Any], record), plan, shutdown=not opts.keep)
-            return engine.run_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, backend, n, checkpoints,
-                                      plan, shutdown=not opts.keep)
+            return foreground.run_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, backend, n, checkpoints,
+                                          plan, shutdown=not opts.keep)
         except recovery.Interrupted as why:
             # the instance ended itself after handing the job's outputs over while this controller was away
             # (an array's is taken in pool/attempt.py, which has its element table)

@@ -10,7 +10,7 @@ then stayed on an instance that its idle rule terminated. Now the run hands over
    region's run store (aws/runstore.py: the bucket detached runs use, made on first need); the head node's agent gets
    them in a 0600 file it reads and deletes before the job starts (agent/agent.py: read_handover);
 2. while the run goes on, the controller touches ``controller`` in each node's run directory
-   (Heartbeat), and writes ``collected`` there once the outputs are home (engine.mark);
+   (Heartbeat), and writes ``collected`` there once the outputs are home (runs/execute/attempt.mark);
 3. an agent whose job has ended and whose heartbeat has been silent ``handover_wait_seconds``
    (setting, default 300) with no ``collected`` puts the outputs (one tar.gz), job.log (secrets
    masked), an array's element table and logs (pool/attempt.py) and its record (agent-record.json) through the URLs,
@@ -141,7 +141,7 @@ def heartbeat_every(wait_s: float) -> float:
 
 
 class Heartbeat:
-    """While the controller lives: ``beat()`` (touch each node's heartbeat file, engine.mark) every
+    """While the controller lives: ``beat()`` (touch each node's heartbeat file, attempt.mark) every
     heartbeat_every(``wait_s``) seconds in a daemon thread, from ``start()`` to ``stop()``."""
 
     def __init__(self, beat: Callable[[], None], wait_s: float) -> None:

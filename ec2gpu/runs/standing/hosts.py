@@ -84,7 +84,7 @@ def exec_task(aws: Aws, settings: Settings, job: TaskJob, ui: ReporterLike, targ
     for the record (a built-in task's model and epochs)."""
     from ...aws import clusters, sweep
     from ...aws import tags as T
-    from ..execute import engine
+    from ..execute import foreground
     from ..recover import recovery
 
     if any(m.kind == "s3" for m in job.mounts):  # a standing instance has no run role to copy with
@@ -109,8 +109,8 @@ def exec_task(aws: Aws, settings: Settings, job: TaskJob, ui: ReporterLike, targ
     error = None
     try:
         checkpoints = recovery.DirCheckpoints(remote="", local=out / "checkpoints", log=ui.note)
-        return _with_summary(record, engine.run_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, backend, 1,
-                                                        checkpoints))
+        return _with_summary(record, foreground.run_attempt(aws, settings, opts, run_id, ui, prov, nodes, out,
+                                                            backend, 1, checkpoints))
     except BaseException as exc:
         error = exc
         raise
