@@ -202,7 +202,8 @@ def interrupt(home: Path, instance_id: str, notice_seconds: float, rebalance: bo
     the sandbox terminates the instance ``notice_seconds`` later. Returns the notice. With
     ``rebalance``, a rebalance recommendation instead, and nothing else (sandbox/imds.py).
 
-    Raises SandboxError when no sandbox runs, or for an unknown, stopped or on-demand instance.
+    Raises SandboxError when no sandbox runs; UsageError for an unknown, stopped or on-demand
+    instance (the sandbox's 400: what was asked cannot be done, exit 2).
     """
     return _control(home, "/control/interrupt", {"instance_id": instance_id, "notice_seconds": notice_seconds,
                                                  "rebalance": rebalance},
@@ -213,14 +214,16 @@ def capacity(home: Path, instance_type: str, count: int | None) -> dict:
     """Let at most ``count`` instances of ``instance_type`` be pending or running at once in the
     sandbox (None: no limit); RunInstances beyond it launches fewer, or answers
     InsufficientInstanceCapacity (sandbox/capacity.py). Returns {"limits": {type: count}}.
-    Raises SandboxError when no sandbox runs, or for a bad count."""
+    Raises SandboxError when no sandbox runs; UsageError for a bad count (the sandbox's 400)."""
     return _control(home, "/control/capacity", {"instance_type": instance_type, "count": count},
                     "e.g. `ec2gpu sandbox capacity g4dn.xlarge 1`")
 
 
 def _control(home: Path, path: str, payload: dict, hint: str) -> dict:
     """POST ``payload`` to the running sandbox's control endpoint ``path``; its JSON answer.
-    Raises SandboxError (with ``hint``) when none runs or it refuses."""
+    Raises SandboxError when none runs or it fails; UsageError (with ``hint``) when it answers 400,
+    which its control endpoints give for a request that cannot be done (an unknown instance, a bad
+    count: imds.handle, server.py): the user's input, exit 2."""
     import urllib.error
     import urllib.request
 
@@ -233,7 +236,10 @@ def _control(home: Path, path: str, payload: dict, hint: str) -> dict:
         with urllib.request.urlopen(req, timeout=10) as resp:
             return json.loads(resp.read())
     except urllib.error.HTTPError as exc:
-        raise SandboxError(json.loads(exc.read() or b"{}").get("error", str(exc)), hint)
+        message = json.loads(exc.read() or b"{}").get("error", str(exc))
+        if exc.code == 400:
+            raise UsageError(message, hint) from None
+        raise SandboxError(message, hint) from None
 
 
 def resolver(home: Path):

@@ -4,6 +4,13 @@ The "instance" is a directory: host key, sshd_config, authorized_keys (the run's
 a home. Sessions get HOME set to that home, so every instance has its own file system root for
 the tool's files, and EC2GPU_SANDBOX_INSTANCE so the sandbox can find and stop the processes an
 instance started (a detached training job too) when the instance is terminated.
+
+Not every process of an instance keeps that marker: Ray's raylet starts its ``ray::DashboardAgent``
+and ``ray::RuntimeEnvAgent`` with an environment of its own, and they outlive the raylet by a
+minute, reparented to PID 1. They keep the POSIX session (setsid(2)) of the process that started
+them, though, and every session holding a marked process was made by the instance (sshd gives each
+connection a session of its own, user data runs in one: cloudinit.py): so the processes of an
+instance are its marked ones and every process sharing a session with one (``instance_processes``).
 """
 from __future__ import annotations
 
@@ -110,13 +117,49 @@ def start(instance_id: str, directory: Path, host: str, public_key: str, env: di
     raise RuntimeError(f"sshd for {instance_id} did not start: {(directory / 'sshd.log').read_text()[-2000:]}")
 
 
-def instance_processes(instance_id: str) -> list[int]:
+def marked_processes(instance_id: str) -> list[int]:
     """Pids whose environment carries MARKER=instance_id (what the instance's sessions started)."""
     pids = []
     for proc in psutil.process_iter(["environ"]):
         env = proc.info.get("environ") or {}  # None where we may not read it (another user's process)
         if env.get(MARKER) == instance_id:
             pids.append(proc.pid)
+    return pids
+
+
+def instance_processes(instance_id: str, sessions: set[int] | None = None) -> list[int]:
+    """Pids of the instance's processes: those marked with MARKER=instance_id, and every process
+    in a session (setsid(2)) of one of them, as Ray's agents, started by the raylet without the
+    marker. ``sessions``: session ids seen before (their marked processes may be gone since); the
+    ones found now are added to it."""
+    marked = marked_processes(instance_id)
+    found = _sessions(marked)
+    if sessions is not None:
+        sessions |= found
+        found = sessions
+    return sorted(set(marked) | set(in_sessions(found)))
+
+
+def _sessions(pids: list[int]) -> set[int]:
+    """Session ids of ``pids``, less this process's own (a caller that started one without a
+    session of its own must never stop itself) and init's."""
+    own = os.getsid(0)
+    sids = set()
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            sids.add(os.getsid(pid))
+    return {sid for sid in sids if sid > 1 and sid != own}
+
+
+def in_sessions(sids: set[int]) -> list[int]:
+    """Pids of the live processes whose session id (setsid(2)) is in ``sids``."""
+    if not sids:
+        return []
+    pids = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if os.getsid(proc.pid) in sids:
+                pids.append(proc.pid)
     return pids
 
 
@@ -128,15 +171,24 @@ def orphans(instances_dir: Path, stop: bool = False) -> list[int]:
     process caught starting another (user data starting the idle watcher) leaves that one behind."""
     root = str(Path(instances_dir).resolve()) + os.sep
 
+    sessions: set[int] = set()  # of the instances' marked processes: Ray's agents are in them unmarked
+
     def scan() -> list:
-        found = []
+        found, marked = [], []
         for proc in psutil.process_iter(["cmdline", "environ"]):
             cmdline = proc.info.get("cmdline") or []
             env = proc.info.get("environ") or {}  # None where we may not read it (another user's process)
-            if any(a.startswith(root) and a.endswith("sshd_config") for a in cmdline) or \
-                    (env.get(MARKER) and env.get("HOME", "").startswith(root)):
+            if any(a.startswith(root) and a.endswith("sshd_config") for a in cmdline):
                 found.append(proc)
-        return found
+            elif env.get(MARKER) and env.get("HOME", "").startswith(root):
+                marked.append(proc)
+        sessions.update(_sessions([p.pid for p in marked]))
+        seen = {p.pid for p in found + marked}
+        for pid in in_sessions(sessions):
+            if pid not in seen:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    marked.append(psutil.Process(pid))
+        return found + marked
 
     every = []
     for _ in range(ROUNDS if stop else 1):
@@ -168,10 +220,12 @@ def descendants(pid: int) -> list[int]:
 def stop(sshd_pid: int, instance_id: str, grace_s: float = 3.0) -> None:
     """Stop the instance: its sshd and open SSH connections, and every process its sessions
     started (all by pid), as a terminated instance drops its connections. Looks again (up to
-    ROUNDS times) for processes started while the first ones were being stopped."""
-    _stop_pids([sshd_pid] + descendants(sshd_pid) + instance_processes(instance_id), grace_s)
+    ROUNDS times) for processes started while the first ones were being stopped, in the sessions
+    seen first too (Ray's agents outlive their raylet: instance_processes)."""
+    sessions: set[int] = set()
+    _stop_pids([sshd_pid] + descendants(sshd_pid) + instance_processes(instance_id, sessions), grace_s)
     for _ in range(ROUNDS - 1):
-        late = instance_processes(instance_id)
+        late = [pid for pid in instance_processes(instance_id, sessions) if _alive(pid)]
         if not late:
             return
         _stop_pids(late, grace_s)

@@ -5,7 +5,7 @@ refused. Nothing is left behind."""
 import pytest
 
 from ec2gpu.api import images, instances as ops, sandbox as sb
-from ec2gpu.errors import SandboxError, UsageError
+from ec2gpu.errors import UsageError
 from ec2gpu.sandbox import control
 
 from test_sandbox_train import leftovers  # same folder (pytest prepend import mode)
@@ -46,7 +46,7 @@ def test_a_standing_spot_instance_shows_in_the_status_and_takes_a_rebalance(sand
         done = sb.sandbox_interrupt(iid, rebalance=True)
         assert done["instance_id"] == iid and done["rebalance"]["noticeTime"]
         assert iid in {r["instance_id"] for r in ops.list_instances(sandbox=True)}  # it keeps running
-        with pytest.raises(SandboxError, match="not a running sandbox instance"):
+        with pytest.raises(UsageError, match="not a running sandbox instance"):  # the user's input: exit 2
             sb.sandbox_interrupt("i-0123456789abcdef0")
     finally:
         ops.down("api-sbx", sandbox=True)

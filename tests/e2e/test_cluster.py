@@ -37,6 +37,12 @@ def test_two_nodes_train_together_and_leave_nothing(sandbox_env, torchrun_port, 
     assert "(head 127.0.0." in captured.err  # torchrun's rendezvous on node 0's (private) address
     assert len(record["instance_ids"]) == 2 and {a["node"] for a in record["attempts"]} == {0, 1}
     assert record["billed_seconds"] == sum(a["billed_seconds"] for a in record["attempts"])
+    # the sandbox keeps placement groups as EC2 does (sandbox/placement.py): the run made its own and removed it
+    said = " ".join(captured.err.split())  # lines wrapped at the terminal's width
+    assert f"cluster placement group ec2gpu-{record['run_id']}" in said and "launching without" not in said
+    assert f"placement groups ec2gpu-{record['run_id']}" in said  # removed, and said
+    ec2 = boto3.client("ec2", endpoint_url=os.environ["AWS_ENDPOINT_URL"], region_name="us-east-1")
+    assert ec2.describe_placement_groups(Filters=[{"Name": "tag-key", "Values": ["ec2gpu:run"]}])["PlacementGroups"] == []
     assert leftovers(home) == ([], [], [])
     assert sandbox_settles(home)
     assert processes_gone(record["instance_ids"])

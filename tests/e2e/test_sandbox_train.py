@@ -322,7 +322,8 @@ def test_doctor_passes_in_the_sandbox_and_names_the_fix_for_a_loose_key_file(san
     checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)}
     assert {"credentials", "region", "default VPC", "GPU vCPU quota", "AMI", "your IP", "price", "ssh client",
             "key files", "sshd (sandbox)"} <= set(checks)
-    assert checks["GPU vCPU quota"]["ok"] is None  # moto has no EC2 quotas: reported, not failed
+    assert checks["GPU vCPU quota"]["ok"] is True  # the sandbox answers the G and VT quota (sandbox/quotas.py)
+    assert "L-DB2E81BA: 256 vCPUs" in checks["GPU vCPU quota"]["detail"]
     assert all(c["ok"] is not False for c in checks.values())
     loose = home / "keys" / "ec2gpu-loose.pem"
     loose.parent.mkdir(exist_ok=True)

@@ -14,18 +14,25 @@ if TYPE_CHECKING:
     from ...aws.session import Aws
     from ...settings import Settings
 
-#: what a check's function returns: (ok, detail) or (ok, detail, fix); ok None: could not tell
+#: what a check's function returns: (ok, detail) or (ok, detail, fix); ok None: could not tell;
+#: ok True with a fix: a warning (runs work, better with the fix; never fails `doctor`)
 Outcome = tuple[bool | None, str] | tuple[bool | None, str, str]
 
 
 @dataclass
 class Check:
-    """One line of the report. ``ok`` None means "could not tell" (not a failure)."""
+    """One line of the report. ``ok`` None means "could not tell" (not a failure); ``ok`` True with
+    a ``fix`` is a warning: runs work, and work better with the fix (``warning``)."""
 
     name: str
     ok: bool | None
     detail: str
     fix: str = ""
+
+    @property
+    def warning(self) -> bool:
+        """Whether the check passed with something to fix (not a failure: exit_code ignores it)."""
+        return self.ok is True and bool(self.fix)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -153,12 +160,13 @@ RSYNC_CHECKS_NAMES = (3, 2, 5)
 
 def rsync_check(local: Callable[[], tuple[str | None, str | None]] | None = None) -> Outcome:
     """(ok, detail[, fix]) of the rsync on this machine (``local() -> (path, version)``, default
-    remote/sync.local_rsync): missing is a failure (runs then send the whole workdir over SFTP
-    every time, README), one older than RSYNC_CHECKS_NAMES is said (docs/security.md)."""
+    remote/sync.local_rsync): missing is a warning, never a failure (every run works through the
+    SFTP fallback, sending the whole workdir every time: remote/sync.py), one older than
+    RSYNC_CHECKS_NAMES is said (docs/security.md)."""
     from ...remote import sync
     path, version = (local or sync.local_rsync)()
     if path is None:
-        return False, f"no rsync on this machine: runs fall back to SFTP ({sync.WITHOUT_RSYNC})", \
+        return True, f"no rsync on this machine: runs work, sending workdirs over SFTP ({sync.WITHOUT_RSYNC})", \
             "install rsync (apt-get install rsync; brew install rsync)"
     parts = tuple(int(x) for x in re.findall(r"\d+", version or "")[:3])
     old = bool(parts) and parts < RSYNC_CHECKS_NAMES
