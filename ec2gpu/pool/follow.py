@@ -20,7 +20,7 @@ from .ray_nodes import stop_ray
 
 if TYPE_CHECKING:
     from ..aws.session import Aws
-    from ..runs.execute.engine import TaskJob
+    from ..runs.job import TaskJob
     from ..runs.execute.nodes import Node
     from ..runs.execute.reporter import ReporterLike
     from ..runs.options import PoolOptions

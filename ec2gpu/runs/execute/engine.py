@@ -26,7 +26,6 @@ import hashlib
 import io
 import json
 import shlex
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, cast
 
@@ -40,6 +39,7 @@ from ...tasks.load import LoadedTask
 from ...agent.agent import BESIDE, PYTHON_FLAGS
 from ...wire import bounded_json
 from .job_summary import MASK as MASK  # re-exported: engine.MASK
+from ..job import TaskJob as TaskJob  # re-exported: engine.TaskJob (its home is runs/job.py, below every stage)
 
 if TYPE_CHECKING:
     from ...remote.files import Limits
@@ -75,48 +75,6 @@ PROLOGUE = ("trap 'exit 143' TERM; "
             'case "${EC2GPU_PYTHON:-}" in */*) export PATH="${EC2GPU_PYTHON%/*}:$PATH";; esac; '
             'cd "${EC2GPU_WORKDIR:-.}" || exit 1\n')
 
-
-@dataclass
-class TaskJob:
-    """A task made ready to run: the task, its environment (secrets resolved), the files to send."""
-
-    loaded: LoadedTask
-    env: dict[str, str]
-    manifest: sync.Manifest | None
-    include_secrets: bool = False
-    secret_values: list[str] = field(default_factory=list)
-    args: list[str] = field(default_factory=list)  # the run script's "$@" (a built-in task's flags)
-    builtin: str | None = None  # "mnist" for `ec2gpu train mnist`
-    # file_mounts target -> sync.Manifest of a local directory
-    mount_manifests: dict[str, sync.Manifest] = field(default_factory=dict)
-    bucket_regions: dict[str, str] = field(default_factory=dict)  # S3 file_mounts bucket -> region (pipeline fills it)
-    s3_files: set[str] = field(default_factory=set)  # S3 file_mounts targets whose prefix is one object (a file)
-    buckets_to_make: list[str] = field(default_factory=list)  # output buckets that do not exist yet (provision makes them)
-    role_policy: dict[str, Any] | None = None  # the run role's inline policy (aws/iam.s3_policy), checked before anything is made
-    role_boundary: str | None = None  # the account's ec2gpu-instance-boundary ARN, when it has one
-    # ports named by --port: forwarded to the same port here when it is free; the task file's others to a
-    # free port the kernel picks, so a task cannot take a well-known local port (5432, 6379, ...) that a
-    # client here would send its credentials to (remote/tunnel.forwarding)
-    same_ports: tuple[int, ...] = ()
-
-    @property
-    def mounts(self) -> list[Mount]:
-        """The task's file_mounts made ready (tasks/mounts.Mount)."""
-        return self.loaded.mounts
-
-    @property
-    def task(self) -> Task:
-        return self.loaded.task
-
-    @property
-    def name(self) -> str:
-        return self.task.name or (self.loaded.path.stem if self.loaded.path else "task")
-
-    def mask(self, text: str) -> str:
-        """``text`` with every secret value replaced by **** (job_summary.mask_text: longest first,
-        so a secret inside a longer one leaves nothing of the longer one)."""
-        from .job_summary import mask_text
-        return mask_text(text, self.secret_values)
 
 
 def prepare(loaded: LoadedTask, environ: Mapping[str, str], max_upload: int = sync.MAX_UPLOAD_BYTES,

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from ..provision.resources import Provisioned
     from ..recover.handover import Handover
     from ..recover.recovery import DirCheckpoints
-    from .engine import TaskJob
+    from ..job import TaskJob
     from .nodes import Node
     from .reporter import ReporterLike
 

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from ...aws.catalog import Price
     from ...aws.instances import Instance
     from ...aws.session import Aws
-    from ..execute.engine import TaskJob
+    from ..job import TaskJob
 
 #: Phase seconds assumed when the ledger has no earlier run of the same instance type and backend.
 #: Assumptions, not measurements: boot = requesting + pending -> running + first SSH login of a

@@ -22,7 +22,7 @@ from .runplan import RunPlan
 
 if TYPE_CHECKING:
     from ...tasks.mounts import Mount
-    from ..execute.engine import TaskJob
+    from ..job import TaskJob
     from .costs import Estimate
 
 PLAN_VERSION = 1

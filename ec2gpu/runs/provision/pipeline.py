@@ -31,7 +31,7 @@ from ..execute.reporter import Reporter as Reporter  # re-exported: pipeline.Rep
 from ..execute.reporter import ReporterLike
 
 if TYPE_CHECKING:
-    from ..execute.engine import TaskJob
+    from ..job import TaskJob
 
 _Run = TypeVar("_Run", bound=RunOptions)
 

@@ -18,8 +18,7 @@ from ..plan import costs
 
 if TYPE_CHECKING:  # annotations only: pipeline imports this module
     from ...aws.instances import Instance
-    from ..execute.engine import TaskJob
-    from .bake import BakePlan
+    from ..job import BakePlan, TaskJob
     from ..options import LaunchOptions
     from ..execute.reporter import ReporterLike
 

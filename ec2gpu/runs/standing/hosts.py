@@ -32,7 +32,7 @@ from ..execute.reporter import ReporterLike
 if TYPE_CHECKING:
     from ...aws.instances import Instance
     from ...remote.ssh_config import HostEntry
-    from ..execute.engine import TaskJob
+    from ..job import TaskJob
 
 
 def _standing(aws: Aws, settings: Settings, found: list[Instance], out: str | Path | None, backend: Backend,
