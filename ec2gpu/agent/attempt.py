@@ -40,7 +40,7 @@ HANDOFF = ('exec 2>&3 3>&-; for _ec2gpu_f in $(compgen -A function); do export -
 PROLOGUE = ("trap 'exit 143' TERM; "
             'case "${EC2GPU_PYTHON:-}" in */*) export PATH="${EC2GPU_PYTHON%/*}:$PATH";; esac; '
             'cd "${EC2GPU_WORKDIR:-.}" || exit 1\n')
-PROGRESS_FILE = "progress.json"  # runs/execute/nodes.PROGRESS_FILE
+PROGRESS_FILE = "progress.json"  # runs/job.PROGRESS_FILE
 HERE = os.path.dirname(os.path.abspath(__file__))  # agent.py and reaper.py lie beside this file
 
 

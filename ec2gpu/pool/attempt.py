@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from ..runs.execute.nodes import Node
     from ..runs.execute.reporter import ReporterLike
     from ..runs.options import PoolOptions
-    from ..runs.provision.resources import Provisioned
+    from ..runs.job import Provisioned
     from ..runs.recover.handover import Handover
     from ..runs.recover.recovery import DirCheckpoints
     from ..settings import Settings
@@ -415,7 +415,7 @@ def _complete(status: dict[str, Any], done: dict[str, dict[str, Any]], job: Task
 
 
 def _accuracies(status: dict[str, Any], job: TaskJob, local_out: Path) -> None:
-    from ..runs.execute import job_summary
+    from ..runs import job_summary
     records.accuracies(status, local_out, job_summary.schema_of(job), job.secret_values)
 
 

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from ..runs.execute.nodes import Node
     from ..runs.execute.reporter import ReporterLike
     from ..runs.options import PoolOptions
-    from ..runs.provision.resources import Provisioned
+    from ..runs.job import Provisioned
     from ..settings import Settings
 
 

@@ -134,10 +134,10 @@ def parse_status(data: bytes, submitted: Sequence[Mapping[str, Any]] | None) -> 
 def accuracies(status: dict[str, Any], out: Any, schema: str = "task", secrets: Sequence[str] = ()) -> None:
     """Each element of ``status`` (parse_status's) given its test accuracy, where its outputs under
     ``out`` (a run's directory: outputs/INDEX/) hold a summary.json that has one (the built-in
-    trainer's; read as hostile input, checked against ``schema``: runs/execute/job_summary.py)."""
+    trainer's; read as hostile input, checked against ``schema``: runs/job_summary.py)."""
     from pathlib import Path
 
-    from ..runs.execute import job_summary
+    from ..runs import job_summary
     for e in status["elements"]:
         path = Path(out) / "outputs" / str(e["index"]) / "summary.json"
         if path.is_file():

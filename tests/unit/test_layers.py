@@ -3,7 +3,9 @@ boto3 calls in aws/; runs/ calls their named functions. So no module of ec2gpu/r
 fabric's methods on a connection (a receiver named ``conn`` or ``*.conn``), imports fabric,
 paramiko, invoke, boto3 or botocore at module level, or calls a boto3 client's method (on a
 receiver named like a client: ``ec2``, ``s3``, ``*.ec2``, ``aws.client(...)``; or one of the
-transfer methods below, on any receiver). Passing a connection or a client on is fine."""
+transfer methods below, on any receiver). Passing a connection or a client on is fine.
+
+And (issue 45, item 3) runs/'s subpackages keep one order (RUNS_ORDER), counting every import."""
 import ast
 from pathlib import Path
 
@@ -154,3 +156,53 @@ def test_an_instance_is_read_from_ec2s_description_once():
     assert (on_demand.market, on_demand.state, on_demand.tags, on_demand.node, on_demand.state_reason) == (
         "on-demand", "pending", {}, None, "")
 
+
+
+# --- the order of runs/'s subpackages (issue 45, item 3) -----------------------------------------
+
+#: runs/'s subpackages, first the lowest: a module imports only its own and those before it, counting
+#: every import (TYPE_CHECKING and function-local ones too). "" is runs/'s own modules (options, job,
+#: job_summary: the types and the summary reader every stage shares). docs/architecture.md says why.
+RUNS_ORDER = ("", "settle", "plan", "recover", "execute", "provision", "detached", "standing")
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """scripts/structure_figures.py's graph of the package (every import counted): module -> modules."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("structure_figures", RUNS.parents[1] / "scripts" / "structure_figures.py")
+    figures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(figures)
+    mods = figures.modules()
+    return {m: {t for t, _ in figures.imports(m, p, mods, ast.parse(p.read_text()))} for m, p in mods.items()}
+
+
+def _stage(module: str) -> str | None:
+    """runs/'s subpackage of ``module`` ("" for runs/'s own modules), None outside runs/."""
+    parts = module.split(".")
+    if parts[0] != "runs":
+        return None
+    return parts[1] if len(parts) > 2 else ""
+
+
+def upward(graph: dict[str, set[str]]) -> list[str]:
+    """Every import in ``graph`` from a runs/ subpackage to one after it in RUNS_ORDER."""
+    out = []
+    for module, targets in sorted(graph.items()):
+        here = _stage(module)
+        for target in sorted(targets):
+            there = _stage(target)
+            if here is not None and there is not None and RUNS_ORDER.index(there) > RUNS_ORDER.index(here):
+                out.append(f"{module} -> {target}")
+    return out
+
+
+def test_runs_subpackages_import_only_those_before_them():
+    graph = _import_graph()
+    assert {_stage(m) for m in graph if m.startswith("runs.")} == set(RUNS_ORDER)  # every subpackage has its place
+    assert upward(graph) == []
+
+
+def test_the_order_check_sees_an_import_that_runs_back_up():
+    assert upward({"runs.plan.costs": {"runs.settle.ledger", "runs.job", "runs.execute.engine", "aws.catalog"},
+                   "runs.job": {"runs.job_summary"}, "runs.options": {"runs.provision.bake"}}) == [
+        "runs.options -> runs.provision.bake", "runs.plan.costs -> runs.execute.engine"]

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from ...aws.session import Aws
     from ...backend import Backend
     from ...settings import Settings
-    from ..provision.resources import Provisioned
+    from ..job import Provisioned
     from ..recover.handover import Handover, Heartbeat
     from ..recover.recovery import DirCheckpoints
     from ..job import TaskJob

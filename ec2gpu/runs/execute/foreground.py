@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from ...backend import Backend
     from ...settings import Settings
     from ..options import RunOptions
-    from ..provision.resources import Provisioned
+    from ..job import Provisioned
     from ..recover.handover import Handover
     from ..recover.recovery import DirCheckpoints
     from ..job import TaskJob

@@ -282,7 +282,7 @@ def secret_values(conn: Any, run_dir: str, note: Callable[[str], None] = lambda 
 
 def mask(line: str, secrets: list[str]) -> str:
     """``line`` with every secret value replaced by **** (pure; job_summary.mask_text)."""
-    from .job_summary import mask_text
+    from ..job_summary import mask_text
     return mask_text(line, secrets)
 
 

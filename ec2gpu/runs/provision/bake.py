@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from ..execute.reporter import ReporterLike
     from ..recover.recovery import DirCheckpoints
     from ..options import BakeOptions
-    from .resources import Provisioned
+    from ..job import Provisioned
 
 AMI_DIR = Path(__file__).resolve().parents[2] / "ami"
 #: exit status of ami/install-cuda.sh: the driver is installed and loads after a reboot

@@ -3,7 +3,7 @@
 `ec2gpu run TASK` and `ec2gpu train mnist` (the built-in task, tasks/builtin/mnist.yaml) both come
 here. Whatever happens after the first resource is created (an error, Ctrl-C, SIGTERM),
 ``finally`` tears down everything the run created (provision.teardown) unless the user asked to
-``keep`` it. Runs on standing instances are in standing/hosts.py, `--local` in execute/local.py.
+``keep`` it. Runs on standing instances are in standing/hosts.py, `--local` in provision/local.py.
 """
 from __future__ import annotations
 
@@ -286,7 +286,7 @@ def _teardown_and_bill(aws: Aws, settings: Settings, opts: RunOptions, prov: pro
         record["teardown_failed"] = provision.teardown(aws, settings, prov, ui)["failed"]
         try:
             provision.bill(aws, settings, [a for a in attempts if "billed_seconds" not in a], prov, ui)
-            record.update(cast(run_record.RunRecord, provision.totals(attempts)))
+            record.update(cast(run_record.RunRecord, costs.totals(attempts)))
         except Exception as exc:  # noqa: BLE001 - a bill we cannot compute must not hide the run's end
             ui.note(f"warning: could not compute the bill ({type(exc).__name__}: {exc})")
 
@@ -321,7 +321,7 @@ def _with_summary(record: run_record.RunRecord, summary: dict[str, Any]) -> run_
     built-in trainer's summary fills (test accuracy, epochs, train seconds, samples/s), as
     job_summary.columns checks them: a summary that failed its checks is kept marked, and a figure
     that is not a valid one is None."""
-    from ..execute import job_summary
+    from .. import job_summary
     record.update(cast(run_record.RunRecord, {"exit_status": 0, **job_summary.columns(summary)}))
     return record
 

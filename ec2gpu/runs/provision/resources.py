@@ -6,42 +6,20 @@ from __future__ import annotations
 
 import signal
 import time
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence, cast
 
 from ...aws import baked, capacity, images, instances, network, placement, sweep
 from ...aws.session import Aws
 from ...settings import Settings
 from ..plan import costs
+from ..job import Provisioned as Provisioned  # re-exported: resources.Provisioned (its home is runs/job.py)
 
 if TYPE_CHECKING:  # annotations only: pipeline imports this module
     from ...aws.instances import Instance
     from ..job import BakePlan, TaskJob
     from ..options import LaunchOptions
     from ..execute.reporter import ReporterLike
-
-
-@dataclass
-class Provisioned:
-    """What a run created, so teardown removes exactly that."""
-
-    run_id: str
-    key_name: str | None = None
-    key_path: Path | None = None
-    security_group_id: str | None = None
-    placement_group: str | None = None
-    ami: dict[str, Any] | None = None
-    bake: bool = False  # an image bake: teardown also removes the run's incomplete image and snapshots
-    instance_profile: str | None = None  # the run's own instance role and profile (aws/iam.py), same name
-    profile_created_at: float | None = None  # time.time() when it was made (EC2 sees it a moment later)
-    instances: list[Instance] = field(default_factory=list)  # every instance of the run, in launch order
-    ended: set[str] = field(default_factory=set)  # those already terminated (interrupted attempts)
-
-    @property
-    def instance_ids(self) -> list[str]:
-        return [i.id for i in self.instances]
 
 
 def provision(aws: Aws, settings: Settings, opts: LaunchOptions, run_id: str, ui: ReporterLike,
@@ -321,19 +299,3 @@ def bill(aws: Aws, settings: Settings, attempts: list[dict[str, Any]], prov: Pro
         start = datetime.fromisoformat(att["billing_started_at"]) if att.get("billing_started_at") else None
         att.update(costs.actual_cost(aws, settings.home, described[att["instance_id"]], ended, start,
                                      settings.root_volume_gib))
-
-
-def totals(attempts: list[dict[str, Any]]) -> dict[str, Any]:
-    """The run's bill from its attempts' bills (pure): sums, first launch, last termination."""
-    billed = [a for a in attempts if "billed_seconds" in a]
-    if not billed:
-        return {}
-    seconds = sum(a["billed_seconds"] for a in billed)
-    usd = None if any(a.get("cost_usd") is None for a in billed) else round(sum(a["cost_usd"] for a in billed), 6)
-    one = len(billed) == 1
-    return {"billed_seconds": round(seconds, 1), "cost_usd": usd,
-            "usd_per_hour": billed[0]["usd_per_hour"] if one else (None if usd is None else round(usd * 3600 / seconds, 6)),
-            "price_source": billed[0]["price_source"] if one else f"sum of {len(billed)} instances' bills",
-            "launched_at": billed[0]["launched_at"], "billing_started_at": billed[0].get("billing_started_at"),
-            "terminated_at": billed[-1]["terminated_at"]}
-

@@ -180,14 +180,14 @@ def fetch(aws: Aws, run_id: str, out: Path, limits: Limits, note: Log,
     the element table as pool/records.parse_status gives it, None for a run that is no array or
     whose table was not handed over or not accepted}. Raises AwsError (S3), UsageError (a bad run
     id), OSError (``out`` not writable)."""
-    from ..detached.fetch import store
+    from ...aws.runstore import store
     s3, bucket, user = store(aws)  # the caller's own prefix: runs/USER_ID/RUN_ID/handover/
     keys = runstore.handover_keys(user, run_id)
     record_bytes = runstore_objects.read_head(s3, bucket, keys["record"], MAX_STATUS_BYTES + 1)
     if record_bytes is None:
         return None
     record = _record(record_bytes)
-    from ..detached.fetch import write_small
+    from ...remote.files import write_small
     out.mkdir(parents=True, exist_ok=True)
     log_bytes = runstore_objects.read_head(s3, bucket, keys["log"], MAX_LOG_BYTES)
     done = [name for name, data in ((agent_record.NAME, json.dumps(record, indent=2).encode()), ("job.log", log_bytes))
@@ -236,7 +236,7 @@ def fetch_pool(s3: Any, bucket: str, key: str, out: Path, limits: Limits, note: 
     table is not accepted (said to ``note``). Raises AwsError, OSError (``out`` not writable)."""
     from ...pool import records
     from ...remote import files
-    from ..detached.fetch import write_small
+    from ...remote.files import write_small
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".handover-pool-", dir=out) as tmp:
         got = download_unpack(s3, bucket, key, Path(tmp), Path(tmp) / "pool", limits, note,
@@ -272,7 +272,7 @@ def adopt(aws: Aws, run_id: str, out: Path, job: Any, limits: Limits, note: Log)
     instance handed over no ended job (an interruption like any other: the run goes on), or the
     store cannot be read. Raises RemoteError when the handed-over job failed (its exit status)."""
     from ...errors import RemoteError
-    from ..execute import job_summary
+    from .. import job_summary
     try:
         if not ended(aws, run_id):
             return None
@@ -305,7 +305,7 @@ def ended(aws: Aws, run_id: str) -> bool:
 def handed(aws: Aws, run_id: str) -> dict[str, Any] | None:
     """The record the agent of run ``run_id`` handed over (_record: "state", "handover", "array"
     ...), or None when there is none. Raises AwsError (S3), NoCredentials."""
-    from ..detached.fetch import store
+    from ...aws.runstore import store
     s3, bucket, user = store(aws)
     data = runstore_objects.read_head(s3, bucket, runstore.handover_keys(user, run_id)["record"], MAX_STATUS_BYTES + 1)
     return _record(data) if data is not None else None
