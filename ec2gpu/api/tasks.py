@@ -285,7 +285,8 @@ def start(ctx: Any, planned: RunPlan, ui: ReporterLike) -> RunRecord:
                 topts = replace(topts, trainer_args=[*topts.trainer_args,
                                                      *pipeline.sandbox_data_args(topts.trainer_args)])
             opts = replace(opts, task=pipeline.builtin_task(topts, sandbox=ctx.backend.is_sandbox))
-        return pipeline.train(ctx.aws, settings, opts, ui, ctx.backend)
+        from ..pool import attempt as pool_attempt  # the pool's strategy, handed to runs/ (which never imports pool/)
+        return pipeline.train(ctx.aws, settings, opts, ui, ctx.backend, pool_attempt=pool_attempt.run_attempt)
     if planned.flags.detach:
         from ..runs.detached import launch
         return launch.start(ctx.aws, settings, opts, ui, ctx.backend)

@@ -125,7 +125,7 @@ TRUSTED = {
                       "travels to instances without wire/",
     "pool/driver.py": "on the pool's head among the job's own elements, as their user: the files the controller "
                       "put there (pool.json, job.env.json); a job that rewrites them harms its own run only, and "
-                      "what the driver writes the controller reads through bounded_json (pool/records.py)",
+                      "what the driver writes the controller reads through bounded_json (runs/element_table.py)",
 }
 #: json's parsing entry points, however reached
 PARSERS = {"load", "loads", "JSONDecoder", "raw_decode", "scanner", "decoder"}

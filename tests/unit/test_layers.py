@@ -206,3 +206,12 @@ def test_the_order_check_sees_an_import_that_runs_back_up():
     assert upward({"runs.plan.costs": {"runs.settle.ledger", "runs.job", "runs.execute.engine", "aws.catalog"},
                    "runs.job": {"runs.job_summary"}, "runs.options": {"runs.provision.bake"}}) == [
         "runs.options -> runs.provision.bake", "runs.plan.costs -> runs.execute.engine"]
+
+
+def test_runs_never_imports_pool():
+    """The pool plugs its strategy into runs/ (api/tasks.start hands pipeline.train pool/attempt.run_attempt);
+    no module of runs/ imports pool/, at module level, in a function or under TYPE_CHECKING."""
+    graph = _import_graph()
+    assert "runs.element_table" in graph["pool.follow"]  # the graph sees pool/'s imports of runs/
+    assert [f"{m} -> {t}" for m, ts in sorted(graph.items()) if m.startswith("runs.")
+            for t in sorted(ts) if t == "pool" or t.startswith("pool.")] == []

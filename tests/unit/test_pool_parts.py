@@ -13,7 +13,8 @@ import pytest
 
 from ec2gpu import api, cli
 from ec2gpu.errors import UsageError
-from ec2gpu.pool import attempt, driver, follow, node, records
+from ec2gpu.pool import attempt, driver, follow, node
+from ec2gpu.runs import element_table as records  # its home since runs/ stopped importing pool/
 from ec2gpu.tasks import arrays
 
 SUBMITTED = [e.as_dict() for e in arrays.elements(None, {"lr": [0.1, 0.2]})]

@@ -458,7 +458,7 @@ def element_minutes(home: Path, job: TaskJob, instance_type: str, expect_minutes
                     backend: str) -> tuple[float | None, str]:
     """Minutes one element of an array or a sweep of ``job`` should run, and where that figure comes
     from: the mean of the elements that succeeded in the ledger's past completed arrays of the same
-    task on the same instance type (weighted by their count; pool/records.element_seconds), else
+    task on the same instance type (weighted by their count; runs/element_table.element_seconds), else
     ``--expect`` (an element's time); (None, why) when neither says."""
     from ..settle import ledger
     count, total, runs = 0, 0.0, 0

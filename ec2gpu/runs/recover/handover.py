@@ -177,7 +177,7 @@ def fetch(aws: Aws, run_id: str, out: Path, limits: Limits, note: Log,
     Returns {"outputs": [names], "files": ["agent-record.json", "job.log", "pool.json"...], "state": the
     record's state or None, "handover": the record's, "skipped": members refused, "left": 1 when the
     reading stopped at a member above the limits (what follows it is not read), else 0, "array":
-    the element table as pool/records.parse_status gives it, None for a run that is no array or
+    the element table as runs/element_table.parse_status gives it, None for a run that is no array or
     whose table was not handed over or not accepted}. Raises AwsError (S3), UsageError (a bad run
     id), OSError (``out`` not writable)."""
     from ...aws.runstore import store
@@ -229,12 +229,12 @@ def fetch_pool(s3: Any, bucket: str, key: str, out: Path, limits: Limits, note: 
                submitted: list[dict[str, Any]] | None, schema: str = "task") -> dict[str, Any] | None:
     """An array's hand-over at ``key`` (the tar.gz of its driver's RUN_DIR/pool; hostile): unpacked
     within ``limits`` in a directory of its own under ``out``, its table.json checked
-    (pool/records.parse_status against ``submitted``, or each record's own parameters), each
-    element's test accuracy added from the outputs already home (records.accuracies), and written
+    (runs/element_table.parse_status against ``submitted``, or each record's own parameters), each
+    element's test accuracy added from the outputs already home (element_table.accuracies), and written
     as ``out``/pool.json, each element log (logs/INDEX.log, nothing else) moved to ``out``/logs,
     never through a link. Returns the checked table, or None when there is no such object or the
     table is not accepted (said to ``note``). Raises AwsError, OSError (``out`` not writable)."""
-    from ...pool import records
+    from .. import element_table
     from ...remote import files
     from ...remote.files import write_small
     out.mkdir(parents=True, exist_ok=True)
@@ -245,14 +245,14 @@ def fetch_pool(s3: Any, bucket: str, key: str, out: Path, limits: Limits, note: 
             return None
         names = got[0]
         status = None
-        table = Path(tmp) / "pool" / records.TABLE
-        if records.TABLE in names and table.stat().st_size <= records.MAX_STATUS_BYTES:
+        table = Path(tmp) / "pool" / element_table.TABLE
+        if element_table.TABLE in names and table.stat().st_size <= element_table.MAX_STATUS_BYTES:
             try:
-                status = records.parse_status(table.read_bytes(), submitted)
-            except records.BadStatus as exc:
+                status = element_table.parse_status(table.read_bytes(), submitted)
+            except element_table.BadStatus as exc:
                 note(f"warning: the array's table handed over is not accepted ({inert(str(exc))})")
         if status is not None:
-            records.accuracies(status, out, schema)
+            element_table.accuracies(status, out, schema)
             if not write_small(out, "pool.json", json.dumps(status, indent=2).encode()):
                 note(f"warning: the array's table not written: {out / 'pool.json'} is a link or not a file")
                 status = None
@@ -321,7 +321,7 @@ def _record(data: bytes) -> dict[str, Any]:
     except bounded_json.Refused:  # said by agent_record.parse, as the record's problem
         raw = {}
     said = raw.get("handover") if isinstance(raw, dict) else None
-    from ...pool.records import counts_of
+    from ..element_table import counts_of
     counts = raw.get("array") if isinstance(raw, dict) else None  # an array's (agent.array_counts)
     array = counts_of(counts) if isinstance(counts, dict) else None
     return {**got, "handover": inert(said[:300]) if isinstance(said, str) else None, "array": array,

@@ -67,7 +67,7 @@ MIGRATIONS: list[str] = [
     # (summary then holds {"invalid": why, "raw": text}); NULL on rows written before the checks
     "ALTER TABLE runs ADD COLUMN summary_schema TEXT",
     # 8: an array's or a sweep's element times (JSON: {"count", "mean_seconds"} of its succeeded
-    # elements; pool/records.element_seconds), from which the next run's estimate is made
+    # elements; runs/element_table.element_seconds), from which the next run's estimate is made
     "ALTER TABLE runs ADD COLUMN element_seconds TEXT",
 ]
 
