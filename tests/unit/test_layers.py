@@ -7,6 +7,7 @@ transfer methods below, on any receiver). Passing a connection or a client on is
 
 And (issue 45, item 3) runs/'s subpackages keep one order (RUNS_ORDER), counting every import."""
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -215,3 +216,85 @@ def test_runs_never_imports_pool():
     assert "runs.element_table" in graph["pool.follow"]  # the graph sees pool/'s imports of runs/
     assert [f"{m} -> {t}" for m, ts in sorted(graph.items()) if m.startswith("runs.")
             for t in sorted(ts) if t == "pool" or t.startswith("pool.")] == []
+
+
+# --- api/, pool/ and cli/ too: each library in the layer that owns it (issue 45, item 3) -----------
+
+PACKAGE = RUNS.parent
+#: the layers above aws/ and remote/ that call them (runs/ is checked above, module by module)
+ABOVE = sorted(p for top in ("api", "pool", "cli") for p in (PACKAGE / top).rglob("*.py"))
+#: who may import boto3 or botocore: aws/ (the one place that calls AWS), sandbox/ (the emulator: moto's
+#: server and its hooks) and agent/ (shipped to the instance with boto3 of its own)
+AWS_OWNERS = ("aws", "sandbox", "agent")
+#: who may use SSH: remote/ (fabric, paramiko, OpenSSH) and sandbox/ (the instance side: sshd and its host keys)
+SSH_OWNERS = ("remote", "sandbox")
+#: what is not in its layer yet, each with why; empty when every module keeps its layer
+ALLOWED: set[tuple[str, str]] = set()
+
+
+def _top(path: Path) -> str:
+    rel = path.relative_to(PACKAGE)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+def library_imports(source: str, libraries: set[str]) -> list[str]:
+    """Every import of one of ``libraries`` in ``source``, at any level (module, function, TYPE_CHECKING)."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+        out += [f"line {node.lineno}: imports {n}" for n in names if n.split(".")[0] in libraries]
+    return out
+
+
+def openssh_spawns(source: str) -> list[str]:
+    """Every argv list in ``source`` whose first word is OpenSSH's ``ssh`` ("ssh" or shutil.which("ssh") or ...)."""
+    return [f"line {node.lineno}: argv {ast.unparse(node)[:60]}" for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.List) and node.elts and re.search(r"""(^|\W)['"]ssh['"]""", ast.unparse(node.elts[0]))]
+
+
+def _offences_of(path: Path) -> list[str]:
+    rel = str(path.relative_to(PACKAGE))
+    source = path.read_text()
+    found = []
+    if _top(path) not in AWS_OWNERS:
+        found += library_imports(source, {"boto3", "botocore"})
+    if _top(path) not in SSH_OWNERS:
+        found += library_imports(source, {"fabric", "paramiko", "invoke"}) + openssh_spawns(source)
+    return [f for f in found if (rel, f.split(": ", 1)[1]) not in ALLOWED]
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_boto3_only_in_aws_and_ssh_only_in_remote(path):
+    """boto3 and botocore are imported in aws/ alone (sandbox/ and agent/ aside, see AWS_OWNERS): the layers
+    above catch aws/session's AWS_ERRORS and ClientError; fabric, paramiko and OpenSSH are used in remote/ alone
+    (api/access.ssh runs remote/ssh_config.openssh)."""
+    assert _offences_of(path) == []
+
+
+@pytest.mark.parametrize("path", ABOVE, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_api_pool_and_cli_call_remote_and_aws_not_fabric_or_boto3(path):
+    """runs/'s check (no fabric method on a connection, no boto3 client method) on api/, pool/ and cli/ too."""
+    assert offences(path.read_text()) == []
+
+
+def test_remote_imports_no_task_run_or_api_module():
+    """remote/ does what it is told on an instance: it imports errors, inert, wire/ and itself, nothing above
+    (remote/mounts reads a file_mounts entry through its own Protocol, not tasks/mounts)."""
+    graph = _import_graph()
+    assert {t.split(".")[0] for m, ts in graph.items() if m.startswith("remote.") for t in ts} <= {
+        "errors", "inert", "wire", "remote"}
+
+
+@pytest.mark.parametrize("source, found", [
+    ("import botocore.exceptions", 1),
+    ("def f():\n    from botocore.exceptions import ClientError", 1),  # inside a function counts here
+    ("if TYPE_CHECKING:\n    import boto3", 1),
+    ("from ..aws.session import AWS_ERRORS, ClientError", 0),
+    ("argv = [shutil.which('ssh') or 'ssh', '-F', c, host]", 1),
+    ("subprocess.call(['ssh', host])", 1),
+    ("subprocess.call(['rsync', '-e', 'ssh -F c', a, b])", 0),  # rsync's own -e: remote/sync builds it
+    ("from fabric import Connection", 1),
+])
+def test_the_library_check_sees_every_import_and_spawn(source, found):
+    assert len(library_imports(source, {"boto3", "botocore", "fabric"}) + openssh_spawns(source)) == found

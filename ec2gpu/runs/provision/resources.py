@@ -148,10 +148,8 @@ def _instance_role(aws: Aws, settings: Settings, opts: LaunchOptions, run_id: st
     s3 = [m for m in getattr(job, "mounts", []) if m.kind == "s3"]
     if not s3 or _bake(opts) is not None or getattr(job, "role_policy", None) is None:  # an image bake runs the setup only
         return
-    import botocore.exceptions
-
     from ...aws import iam, iam_boundary, runstore, storage
-    from ...aws.session import error_code
+    from ...aws.session import ClientError, error_code
     from ...errors import UsageError
     assert job is not None and job.role_policy is not None  # returned above otherwise (getattr of None)
     client, boundary = aws.client("iam"), job.role_boundary
@@ -159,7 +157,7 @@ def _instance_role(aws: Aws, settings: Settings, opts: LaunchOptions, run_id: st
     try:
         iam.create_run_role(client, run_id, settings.owner, job.role_policy,
                             user=runstore.user_id(aws.check_credentials()), region=aws.region, boundary=boundary)
-    except botocore.exceptions.ClientError as exc:
+    except ClientError as exc:
         if error_code(exc) in iam.REFUSED and exc.operation_name == "CreateRole":
             prov.instance_profile = None  # refused at its first call: nothing was made
             if boundary is None:

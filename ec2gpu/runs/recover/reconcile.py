@@ -60,10 +60,8 @@ def settle(aws: Aws, home: Path, row: dict[str, Any], log: Callable[[str], None]
     any of them still exists. Instances EC2 no longer lists (it forgets terminated ones after
     about an hour) are billed as unknown, and ``log`` says so. Raises botocore errors other than
     InvalidInstanceID.NotFound."""
-    import botocore.exceptions
-
     from ...aws import instances
-    from ...aws.session import error_code
+    from ...aws.session import ClientError, error_code
 
     attempts = row.get("attempts") or []
     ids = [a["instance_id"] for a in attempts]
@@ -71,7 +69,7 @@ def settle(aws: Aws, home: Path, row: dict[str, Any], log: Callable[[str], None]
     for iid in ids:  # one at a time: one forgotten id must not hide the others
         try:
             described.update({i.id: i for i in instances.describe_instances(aws.ec2, [iid])})
-        except botocore.exceptions.ClientError as exc:
+        except ClientError as exc:
             if error_code(exc) != "InvalidInstanceID.NotFound":
                 raise
     if any(i.state != "terminated" for i in described.values()):
