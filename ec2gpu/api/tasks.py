@@ -268,11 +268,11 @@ def ready_here(planned: RunPlan) -> None:
 def start(ctx: Any, planned: RunPlan, ui: ReporterLike) -> RunRecord:
     """Run ``planned`` (runs/plan/runplan.RunPlan) in the open backend.Context ``ctx``: the one
     dispatcher of a run on new instances. An array or a sweep goes to the pool (runs/provision/
-    pipeline.train with PoolOptions; Ray here and the sandbox's bind shim were checked by
-    ``ready_here`` before ``ctx`` was opened), a detached run to AWS (runs/detached/launch.start),
-    any other to runs/provision/pipeline.train. The options are runplan.options(planned): what the
-    plan says, nothing else; ``ctx`` gives the clients, the backend and the settings (the task's disk
-    size applied). Raises as ``run`` does."""
+    pipeline.train with PoolOptions, handed pool/attempt.run_attempt: runs/ never imports pool/; Ray
+    here and the sandbox's bind shim were checked by ``ready_here`` before ``ctx`` was opened), a
+    detached run to AWS (runs/detached/launch.start), any other to runs/provision/pipeline.train.
+    The options are runplan.options(planned): what the plan says, nothing else; ``ctx`` gives the
+    clients, the backend and the settings (the task's disk size applied). Raises as ``run`` does."""
     from ..runs.provision import pipeline  # boto3: a dry run never comes here
 
     disk = planned.job.task.resources.disk_gib
