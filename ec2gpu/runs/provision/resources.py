@@ -13,12 +13,12 @@ from ...aws import baked, capacity, images, instances, network, placement, sweep
 from ...aws.session import Aws
 from ...settings import Settings
 from ..plan import costs
+from ..options import LaunchOptions, PoolOptions, RunOptions
 from ..job import Provisioned as Provisioned  # re-exported: resources.Provisioned (its home is runs/job.py)
 
-if TYPE_CHECKING:  # annotations only: pipeline imports this module
+if TYPE_CHECKING:  # annotations only
     from ...aws.instances import Instance
     from ..job import BakePlan, TaskJob
-    from ..options import LaunchOptions
     from ..execute.reporter import ReporterLike
 
 
@@ -87,19 +87,16 @@ def _labels(opts: LaunchOptions) -> tuple[tuple[str, str], ...]:
 
 def _pool(opts: LaunchOptions) -> bool:
     """Whether ``opts`` runs an array or a sweep over a pool (PoolOptions)."""
-    from ..options import PoolOptions
     return isinstance(opts, PoolOptions)
 
 
 def _job(opts: LaunchOptions) -> TaskJob | None:
     """The task ``opts`` runs (RunOptions), None for instances alone (`ec2gpu launch`, notebook)."""
-    from ..options import RunOptions
     return opts.task if isinstance(opts, RunOptions) else None
 
 
 def _bake(opts: LaunchOptions) -> BakePlan | None:
     """The image ``opts`` makes (BakeOptions), else None."""
-    from ..options import RunOptions
     return opts.bake if isinstance(opts, RunOptions) else None
 
 
