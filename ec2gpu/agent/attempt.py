@@ -4,8 +4,8 @@ record in the run directory with a key this agent gave it (a job cannot forge it
 until it ends: the cancel object on every poll, the uploads every ``--every`` seconds and at once
 on a spot notice or a rebalance recommendation, and (several nodes) the generation it runs in.
 
-The job's environment and its shell words are the engine's (runs/execute/engine.py: a test compares
-them). Standard library only: shipped beside detached.py.
+The job's environment is the engine's (runs/execute/engine.py: a test compares them); its shell
+words are wire/shell.py's, as the engine's are. Standard library only: shipped beside detached.py.
 """
 from __future__ import annotations
 
@@ -22,24 +22,20 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 if __package__:  # in the package (tests, the controller)
-    from ..wire import agent_record, bounded_json, run_record
+    from ..wire import agent_record, bounded_json, run_record, shell
     from . import agent
 else:  # on the instance: beside this file (runs/detached/launch.AGENT_FILES)
     agent_record = importlib.import_module("agent_record")
     bounded_json = importlib.import_module("bounded_json")
     run_record = importlib.import_module("run_record")
+    shell = importlib.import_module("shell")
     agent = importlib.import_module("agent")
 
 SETUP_TIMEOUT_S = 3600  # runs/execute/engine.py's
 #: Pythons with torch on the Deep Learning AMIs (ami/setup-gpu.sh's order)
 PYTHONS = ("/opt/pytorch/bin/python", "/opt/pytorch/bin/python3", "/opt/conda/envs/pytorch/bin/python3")
-#: how engine.py starts setup and run (the same words: a test compares them)
-INTERACTIVE = 'exec bash -i -c "$0" "$@" 3>&2 2>/dev/null'
-HANDOFF = ('exec 2>&3 3>&-; for _ec2gpu_f in $(compgen -A function); do export -f "$_ec2gpu_f" 2>/dev/null; done; '
-           'unset _ec2gpu_f; exec bash -c "$0" "$@"')
-PROLOGUE = ("trap 'exit 143' TERM; "
-            'case "${EC2GPU_PYTHON:-}" in */*) export PATH="${EC2GPU_PYTHON%/*}:$PATH";; esac; '
-            'cd "${EC2GPU_WORKDIR:-.}" || exit 1\n')
+#: how setup and run are started: the engine's words (wire/shell.py, shipped beside this file)
+INTERACTIVE, HANDOFF, PROLOGUE = shell.INTERACTIVE, shell.HANDOFF, shell.PROLOGUE
 PROGRESS_FILE = "progress.json"  # runs/job.PROGRESS_FILE
 HERE = os.path.dirname(os.path.abspath(__file__))  # agent.py and reaper.py lie beside this file
 

@@ -55,7 +55,7 @@ def pool_spec(run_id: str, opts: PoolOptions, job: TaskJob, address: str, gpus_p
               controller_silent_s: float | None = None) -> dict[str, Any]:
     """pool.json, the driver's input (pure); ``controller_silent_s``: the hand-over wait, after
     which a silent controller counts as lost and the driver shrinks the pool itself (driver._release)."""
-    from ..runs.execute.engine import HANDOFF, INTERACTIVE, PROLOGUE
+    from ..wire.shell import HANDOFF, INTERACTIVE, PROLOGUE
     return {"run_id": run_id, "address": address, "head_ip": address.rsplit(":", 1)[0], "gpus_per_job": gpus_per_job,
             "max_retries": opts.max_retries,
             "elements": [e.as_dict() for e in opts.elements],

@@ -198,7 +198,7 @@ def test_launch_ls_ssh_down_in_the_sandbox(sandbox_env, capsys):
     (["train", "mnist", "--sandbox", "--cluster", "nolab"], 2, "no running cluster"),
     (["scale", "nolab", "2", "--sandbox"], 2, "no running cluster"),
     (["logs", "no-such-run", "--sandbox"], 2, "no running instance named"),
-    (["sandbox", "interrupt", "i-0123456789abcdef0"], 1, "not a running sandbox instance"),
+    (["sandbox", "interrupt", "i-0123456789abcdef0"], 2, "not a running sandbox instance"),
     (["train", "mnist", "--sandbox", "--ssh-cidr", "notacidr"], 2, "is not a CIDR"),
     (["train", "mnist", "--sandbox", "--instance-type", "g4dn.xlarge,,"], 2, "has an empty entry"),
     (["train", "mnist", "--sandbox", "--instance-type", ""], 2, "has an empty entry"),

@@ -808,8 +808,13 @@ def test_the_job_environment_is_the_engines_and_so_are_its_shell_words():
     ours = attempt.job_env(spec, rd, "/h/ec2gpu/workdirs/job", "10.0.0.5", 4, True, "/opt/pytorch/bin/python")
     theirs = engine.node_env(job, RUN_ID, rd, 0, ["10.0.0.5"], 4, True, "/opt/pytorch/bin/python")
     assert ours == theirs
+    # the shell words are one module's (wire/shell.py, shipped beside the agent): no copy to keep equal
+    from ec2gpu.wire import shell
     assert (attempt.INTERACTIVE, attempt.HANDOFF, attempt.PROLOGUE) == (engine.INTERACTIVE, engine.HANDOFF,
                                                                           engine.PROLOGUE)
+    assert all(getattr(m, w) is getattr(shell, w) for m in (attempt, engine) for w in ("INTERACTIVE", "HANDOFF", "PROLOGUE"))
+    from ec2gpu.runs.detached import launch
+    assert "shell.py" in launch.AGENT_FILES
     assert attempt.PROGRESS_FILE == nodes.PROGRESS_FILE and names.GROUP_PREFIX + RUN_ID == groups.name_of(RUN_ID)
     with_secret = attempt.job_env(spec, rd, "/h/ec2gpu/workdirs/job", "10.0.0.5", 4, True,
                                    "/opt/pytorch/bin/python", {"HF_TOKEN": "t"})
