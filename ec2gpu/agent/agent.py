@@ -295,7 +295,7 @@ def pack_outputs(out_dir: str, dest: str, max_bytes: int = PUT_MAX_BYTES,
     return packed, left
 
 
-MASK = "****"  # runs/execute/job_summary.MASK
+MASK = "****"  # runs/job_summary.MASK
 
 
 def mask_bytes(data: bytes, values: list[str]) -> bytes:

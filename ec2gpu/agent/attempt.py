@@ -36,7 +36,7 @@ SETUP_TIMEOUT_S = 3600  # runs/execute/engine.py's
 PYTHONS = ("/opt/pytorch/bin/python", "/opt/pytorch/bin/python3", "/opt/conda/envs/pytorch/bin/python3")
 #: how setup and run are started: the engine's words (wire/shell.py, shipped beside this file)
 INTERACTIVE, HANDOFF, PROLOGUE = shell.INTERACTIVE, shell.HANDOFF, shell.PROLOGUE
-PROGRESS_FILE = "progress.json"  # runs/execute/nodes.PROGRESS_FILE
+PROGRESS_FILE = "progress.json"  # runs/job.PROGRESS_FILE
 HERE = os.path.dirname(os.path.abspath(__file__))  # agent.py and reaper.py lie beside this file
 
 

@@ -32,7 +32,7 @@ else:  # on the instance: beside this file (runs/detached/launch.AGENT_FILES)
     store = importlib.import_module("store")
 
 LOG_MAX = 64 * 1024 ** 2  # bytes of job.log kept in S3 (the last ones)
-MASK = "****"  # runs/execute/job_summary.MASK
+MASK = "****"  # runs/job_summary.MASK
 
 
 def mask(data: bytes, values: list[str]) -> bytes:

@@ -71,16 +71,14 @@ def ssh(name: str, command: Union[str, Sequence[str]] = (), *, region: Optional[
     OpenSSH's own failure (a host key that is not the pinned one). Raises UsageError (no such
     running instance), NoCredentials, AwsError, RemoteError and WaitTimeout (its host key could not
     be pinned)."""
-    import shutil
-    import subprocess
+    from ..remote.ssh_config import openssh
 
     words = [command] if isinstance(command, str) else list(command)
     with _context(region, sandbox, log=log) as ctx:
         inst = find(ctx, name)[0]
         _pin_host_key(ctx, inst, log)
         config, _, _ = _write_ssh_config(ctx, warn or log, log)
-        argv = [shutil.which("ssh") or "ssh", "-F", str(config), "-o", "LogLevel=ERROR", inst.id, *words]
-        return subprocess.call(argv)
+        return openssh(config, inst.id, words)
 
 
 def ssh_config(*, region: Optional[str] = None, sandbox: bool = False, log: Log = _quiet,

@@ -181,8 +181,7 @@ def _up_to_date(home: Path, sandbox: bool, log: Log, warn: Log) -> None:
     with ``sandbox`` or its endpoint in AWS_ENDPOINT_URL), bring them up to date from AWS
     (api.instances.settle), in each of their regions. Where AWS cannot be reached (no credentials,
     no network), ``warn`` says so once. A sandbox that is not up is not started for this."""
-    import botocore.exceptions
-
+    from ..aws.session import AWS_ERRORS
     from ..errors import Ec2GpuError
     from ..runs.recover import reconcile
     from ..sandbox import control
@@ -198,7 +197,7 @@ def _up_to_date(home: Path, sandbox: bool, log: Log, warn: Log) -> None:
         for region in regions:
             with _context(region or None, sandbox, log=log) as ctx:
                 settle(ctx, log=log, warn=warn)
-    except (Ec2GpuError, botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+    except (Ec2GpuError, *AWS_ERRORS) as exc:
         warn(f"could not bring the ledger's open rows up to date from AWS ({type(exc).__name__}: {exc}); "
              "listed as they are")
 

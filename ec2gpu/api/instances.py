@@ -254,9 +254,7 @@ def cleanup(*, dry_run: bool = False, all_regions: bool = False, fetch: bool = T
             settle(ctx, set(), ended=False, log=log, warn=warn)  # a stopped instance's stop is dated before it goes
         regions = [ctx.aws.region]
         if all_regions:
-            known = set(ctx.aws.partition_regions())  # describe_regions may list other partitions' (China, GovCloud)
-            regions = sorted(r["RegionName"] for r in ctx.aws.ec2.describe_regions()["Regions"]
-                             if r["RegionName"] in known)
+            regions = ctx.aws.enabled_regions()
         for name in regions:
             aws = ctx.aws.in_region(name)
             say = _prefixed(log, f"{name}: ")

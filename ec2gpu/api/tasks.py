@@ -268,11 +268,11 @@ def ready_here(planned: RunPlan) -> None:
 def start(ctx: Any, planned: RunPlan, ui: ReporterLike) -> RunRecord:
     """Run ``planned`` (runs/plan/runplan.RunPlan) in the open backend.Context ``ctx``: the one
     dispatcher of a run on new instances. An array or a sweep goes to the pool (runs/provision/
-    pipeline.train with PoolOptions; Ray here and the sandbox's bind shim were checked by
-    ``ready_here`` before ``ctx`` was opened), a detached run to AWS (runs/detached/launch.start),
-    any other to runs/provision/pipeline.train. The options are runplan.options(planned): what the
-    plan says, nothing else; ``ctx`` gives the clients, the backend and the settings (the task's disk
-    size applied). Raises as ``run`` does."""
+    pipeline.train with PoolOptions, handed pool/attempt.run_attempt: runs/ never imports pool/; Ray
+    here and the sandbox's bind shim were checked by ``ready_here`` before ``ctx`` was opened), a
+    detached run to AWS (runs/detached/launch.start), any other to runs/provision/pipeline.train.
+    The options are runplan.options(planned): what the plan says, nothing else; ``ctx`` gives the
+    clients, the backend and the settings (the task's disk size applied). Raises as ``run`` does."""
     from ..runs.provision import pipeline  # boto3: a dry run never comes here
 
     disk = planned.job.task.resources.disk_gib
@@ -285,7 +285,8 @@ def start(ctx: Any, planned: RunPlan, ui: ReporterLike) -> RunRecord:
                 topts = replace(topts, trainer_args=[*topts.trainer_args,
                                                      *pipeline.sandbox_data_args(topts.trainer_args)])
             opts = replace(opts, task=pipeline.builtin_task(topts, sandbox=ctx.backend.is_sandbox))
-        return pipeline.train(ctx.aws, settings, opts, ui, ctx.backend)
+        from ..pool import attempt as pool_attempt  # the pool's strategy, handed to runs/ (which never imports pool/)
+        return pipeline.train(ctx.aws, settings, opts, ui, ctx.backend, pool_attempt=pool_attempt.run_attempt)
     if planned.flags.detach:
         from ..runs.detached import launch
         return launch.start(ctx.aws, settings, opts, ui, ctx.backend)

@@ -96,7 +96,7 @@ def train_mnist(*, instance_type: Optional[str] = None, spot: bool = False, spot
     from ..runs.execute.reporter import Reporter
     ui = reporter or Reporter()
     if local:
-        from ..runs.execute import local as run_local
+        from ..runs.provision import local as run_local
         return run_local.train_local(runplan.train_options(planned), ui, data_dir, settings_mod.load())
     tasks.ready_here(planned)  # a sweep's Ray, before anything is opened
     # a kept instance or a detached run outlives a sandbox this starts

@@ -54,7 +54,7 @@ from ..errors import AwsError, UsageError
 from ..wire import bounded_json, names, run_record, run_spec
 from . import tags as T
 from .runstore_objects import FORBIDDEN, MISSING_BUCKET, Forbidden, expected_owner, get_config, request
-from .session import Client, Item, Log, error_code
+from .session import Aws, Client, Item, Log, error_code
 
 # --- names and keys (pure) --------------------------------------------------------------------
 
@@ -502,3 +502,11 @@ def check(s3: Client, bucket: str, expire_days: int | None = None) -> list[str]:
     else:
         problems += _lifecycle_problems(life.get("Rules", []), expire_days)
     return problems
+
+
+def store(aws: Aws) -> tuple[Any, str, str]:
+    """(an S3 client, the run store's name, the caller's user id: whose prefix ``runs/USER_ID/``
+    holds the caller's runs) of ``aws``'s account and region. Raises NoCredentials, AwsError,
+    UsageError (a user id no tag holds: aws/runstore.user_id)."""
+    identity = aws.check_credentials()
+    return (aws.client("s3"), bucket_name(identity["Account"], aws.region), user_id(identity))

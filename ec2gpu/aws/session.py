@@ -38,6 +38,14 @@ EXTRA_ATTEMPTS = 7  # at most 7 retries: 0.25, 0.5, 1, 2, 4, 4, 4 s (about 16 s 
 #: a boto3 client (ec2, sts, iam, s3, pricing, ...): boto3 has no type information here (no
 #: boto3-stubs), so its clients are Any; the alias names what a parameter holds
 Client = Any
+#: What a boto3 call raises, by the names the layers above aws/ catch it (they never import botocore):
+#: AWS answered and refused (ClientError: its code is ``error_code(exc)``, its operation ``exc.operation_name``),
+#: or botocore's own failure (BotoCoreError: no network, an endpoint that does not answer;
+#: NoCredentialsError among them). botocore/exceptions.py defines them.
+ClientError = botocore.exceptions.ClientError
+BotoCoreError = botocore.exceptions.BotoCoreError
+NoCredentialsError = botocore.exceptions.NoCredentialsError
+AWS_ERRORS = (ClientError, BotoCoreError)
 #: a response item of a DescribeX / GetX call (an instance, an image, a volume): JSON as boto3 parses it
 Item = dict[str, Any]
 #: where a function's progress lines go (print, a reporter's log); what it returns is ignored
@@ -152,6 +160,14 @@ class Aws:
         """The EC2 regions of the standard AWS partition that botocore knows."""
         regions: list[str] = self._session.get_available_regions("ec2")
         return regions
+
+    def enabled_regions(self) -> list[str]:
+        """The EC2 regions this account has enabled (DescribeRegions, which lists only those by default:
+        https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_DescribeRegions.html) that are in the
+        standard partition botocore knows (partition_regions: DescribeRegions may list other partitions'
+        regions, China's or GovCloud's), sorted. Raises botocore's errors."""
+        known = set(self.partition_regions())
+        return sorted(r["RegionName"] for r in self.ec2.describe_regions()["Regions"] if r["RegionName"] in known)
 
     def pricing(self) -> Client:
         """A Price List API client; that API is served from us-east-1 whatever the region."""

@@ -36,12 +36,11 @@ def _aws_error(exc: Exception) -> Ec2GpuError | None:
     """An AwsError (exit 3) for a botocore error (its code, message and operation), else None."""
     if "botocore" not in sys.modules:  # nothing AWS ran: not an AWS error (and no import for it)
         return None
-    import botocore.exceptions
-
+    from ..aws.session import BotoCoreError, ClientError, NoCredentialsError
     from ..errors import AwsError
-    if isinstance(exc, botocore.exceptions.NoCredentialsError):
+    if isinstance(exc, NoCredentialsError):
         return _no_credentials(NoCredentials())
-    if isinstance(exc, botocore.exceptions.ClientError):
+    if isinstance(exc, ClientError):
         e = exc.response.get("Error", {})
         code, op = e.get("Code", "?"), getattr(exc, "operation_name", "?")
         hint = ("these credentials lack the permission: see docs/iam-policy.json"
@@ -49,7 +48,7 @@ def _aws_error(exc: Exception) -> Ec2GpuError | None:
                 else "AWS's own words are above; `ec2gpu doctor` checks every precondition")
         return AwsError(f"AWS refused {op}: {code}: {e.get('Message', '')}", hint + "; anything the run made is "
                         "removed by its teardown, or by `ec2gpu cleanup`")
-    if isinstance(exc, botocore.exceptions.BotoCoreError):
+    if isinstance(exc, BotoCoreError):
         return AwsError(f"AWS could not be reached or asked: {exc}",
                         "check the network and credentials (`ec2gpu doctor`); `ec2gpu cleanup` removes what a "
                         "run may have left")

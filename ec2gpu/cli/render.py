@@ -240,7 +240,7 @@ def _training_row(s: Mapping[str, Any]) -> str:
     After a resume the training seconds add up every attempt's; the wall time is the last attempt's."""
     if not s:
         return "- (no summary.json)"
-    if set(s) == {"invalid", "raw"}:  # runs/execute/job_summary.py's marker: what the job wrote failed its schema
+    if set(s) == {"invalid", "raw"}:  # runs/job_summary.py's marker: what the job wrote failed its schema
         return f"- (summary.json not accepted: {s['invalid']})"
     epochs = s.get("epochs")
     gpu = f" ({s['gpu_name']})" if s.get("gpu_name") else ""

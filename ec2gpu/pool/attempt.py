@@ -2,12 +2,12 @@
 
 runs/provision/pipeline.py provisions the pool's instances (up to ``opts.nodes``: as many as EC2
 has, pool/grow.py; the run's security group letting members reach each other and nobody else
-reach more than SSH) and calls
-``run_attempt``: the one attempt lifecycle (runs/execute/attempt.py) with this module's
+reach more than SSH) and calls ``run_attempt``, which api/tasks.start hands it (runs/ never
+imports pool/): the one attempt lifecycle (runs/execute/attempt.py) with this module's
 ``PoolDriver`` as its strategy. Every node is opened, set up and given the workdir as for any run,
 Ray starts on each (pool/ray_nodes.py; ec2gpu/pool/node.py: node 0 the head), and
 the driver (ec2gpu/pool/driver.py) runs on the head under the agent. While it runs, the controller
-reads the driver's table.json (ec2gpu/pool/records.py) every POLL_S seconds (pool/follow.py): the progress line,
+reads the driver's table.json (ec2gpu/runs/element_table.py) every POLL_S seconds (pool/follow.py): the progress line,
 and the pool's shrinking: once no element waits, each worker whose node runs none is released
 (its Ray node stopped, its instance terminated), so the last element does not keep every
 instance billing. A worker that is lost (a spot interruption) takes its running elements with it:
@@ -29,18 +29,19 @@ from ..runs.execute import attempt as lifecycle
 from ..runs.execute import nodes as N
 from ..runs.plan.checks import slots_per_node as slots_per_node  # how many a node runs: the run's plan decides it
 from ..wire import bounded_json
-from . import follow, grow, ray_nodes, records
+from . import follow, grow, ray_nodes
+from ..runs import element_table
 from .ray_nodes import ray_here as ray_here  # re-exported: api/ checks Ray here through pool/attempt.ray_here
 
 if TYPE_CHECKING:
     from ..aws.instances import Instance
     from ..aws.session import Aws
     from ..backend import Backend
-    from ..runs.execute.engine import TaskJob
+    from ..runs.job import TaskJob
     from ..runs.execute.nodes import Node
     from ..runs.execute.reporter import ReporterLike
     from ..runs.options import PoolOptions
-    from ..runs.provision.resources import Provisioned
+    from ..runs.job import Provisioned
     from ..runs.recover.handover import Handover
     from ..runs.recover.recovery import DirCheckpoints
     from ..settings import Settings
@@ -311,7 +312,7 @@ def local_status(home: Path, run_id: str) -> dict[str, Any] | None:
         array["updated_at"] = datetime.fromtimestamp(at, timezone.utc).isoformat() if at and at < 1e11 else None
     array["final"] = row["status"] != "running" and final is not None  # else the live line's, as last written
     counts = ((final if array["final"] else live or final) or {}).get("counts")
-    array["counts"] = records.counts_of(counts)
+    array["counts"] = element_table.counts_of(counts)
     if row["status"] != "running":
         array.update(instances=0, eta_s=None)
     from ..runs.recover import reconcile
@@ -334,7 +335,7 @@ def _figure(value: object) -> int | float | None:
 
 def _json_file(path: Path) -> dict[str, Any] | None:
     try:  # the run directory's records, as this tool wrote them (the element table: the driver's, checked)
-        got = bounded_json.loads(path.read_bytes(), max_bytes=records.MAX_TABLE_BYTES, allow_nan=True)
+        got = bounded_json.loads(path.read_bytes(), max_bytes=element_table.MAX_TABLE_BYTES, allow_nan=True)
     except (OSError, ValueError):
         return None
     return got if isinstance(got, dict) else None
@@ -415,8 +416,8 @@ def _complete(status: dict[str, Any], done: dict[str, dict[str, Any]], job: Task
 
 
 def _accuracies(status: dict[str, Any], job: TaskJob, local_out: Path) -> None:
-    from ..runs.execute import job_summary
-    records.accuracies(status, local_out, job_summary.schema_of(job), job.secret_values)
+    from ..runs import job_summary
+    element_table.accuracies(status, local_out, job_summary.schema_of(job), job.secret_values)
 
 
 def _pool_record(pool: follow.Pool, status: dict[str, Any] | None, opts: PoolOptions, per_job: int) -> dict[str, Any]:

@@ -24,7 +24,7 @@ head counts each element's attempts and where each runs.
 It writes its element table ``pool/table.json`` (atomically, about once a second, and at the end): counts (done,
 running, queued, failed), the live nodes and how many elements each runs, and one record per
 element (index, status, attempts, node, seconds, exit status, last lines). The controller reads
-it as hostile input (ec2gpu/pool/records.py).
+it as hostile input (ec2gpu/runs/element_table.py).
 
 The controller shrinks the pool. With ``controller_silent_s`` in pool.json (the run's hand-over
 wait, runs/recover/handover.py) the driver does it itself once the controller's heartbeat has been
@@ -258,7 +258,7 @@ def main(argv: list[str]) -> int:  # noqa: C901 - one loop that reads as the dri
         print(f"pool.json: {exc}", file=sys.stderr)
         return 2
     run_dir = os.path.dirname(os.path.abspath(argv[0]))
-    status_path = f"{run_dir}/pool/table.json"  # pool/records.TABLE (this file ships alone: a test compares them)
+    status_path = f"{run_dir}/pool/table.json"  # runs/element_table.TABLE (this file ships alone: a test compares them)
     os.makedirs(f"{run_dir}/pool/logs", exist_ok=True)
     ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
     head = ray.get_runtime_context().get_node_id()

@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, cast
 
 from ..errors import RemoteError
-from . import grow, records
+from . import grow
+from ..runs import element_table
 from .ray_nodes import stop_ray
 
 if TYPE_CHECKING:
     from ..aws.session import Aws
-    from ..runs.execute.engine import TaskJob
+    from ..runs.job import TaskJob
     from ..runs.execute.nodes import Node
     from ..runs.execute.reporter import ReporterLike
     from ..runs.options import PoolOptions
@@ -81,12 +82,12 @@ class Pool:
 
 def read_status(head: Node, opts: PoolOptions, ui: ReporterLike) -> dict[str, Any] | None:
     from ..remote import jobs
-    raw = jobs.read_from(head.conn, f"{head.run_dir}/pool/{records.TABLE}", 0, records.MAX_STATUS_BYTES + 1)
+    raw = jobs.read_from(head.conn, f"{head.run_dir}/pool/{element_table.TABLE}", 0, element_table.MAX_STATUS_BYTES + 1)
     if not raw:
         return None
     try:
-        status = records.parse_status(raw, [e.as_dict() for e in opts.elements])
-    except records.BadStatus as exc:
+        status = element_table.parse_status(raw, [e.as_dict() for e in opts.elements])
+    except element_table.BadStatus as exc:
         said = f"warning: the pool's status not accepted ({exc})"
         if said not in getattr(ui, "notes", ()):  # once, not at every poll
             ui.note(said)
@@ -351,12 +352,12 @@ def eta_s(status: dict[str, Any], slots: int) -> float | None:
 
 
 def _shrink(aws: Aws, pool: Pool, status: dict[str, Any], addresses: dict[int, str], ui: ReporterLike) -> None:
-    """Release the workers the pool no longer needs (records.idle_workers): Ray stopped on each,
+    """Release the workers the pool no longer needs (element_table.idle_workers): Ray stopped on each,
     then its instance terminated (without waiting)."""
     from ..aws import instances
     head = pool.nodes[0].instance_id
     workers = {iid: addresses[nd.index] for iid, nd in pool.members.items() if iid != head}
-    idle = records.idle_workers(status, workers)
+    idle = element_table.idle_workers(status, workers)
     for iid in idle:
         nd = pool.members.pop(iid)
         stop_ray(nd, ui.note)  # first: no element starts there meanwhile

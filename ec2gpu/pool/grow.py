@@ -36,11 +36,11 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager
 if TYPE_CHECKING:
     from ..aws.session import Aws
     from ..backend import Backend
-    from ..runs.execute.engine import TaskJob
+    from ..runs.job import TaskJob
     from ..runs.execute.nodes import Node
     from ..runs.execute.reporter import ReporterLike
     from ..runs.options import PoolOptions
-    from ..runs.provision.resources import Provisioned
+    from ..runs.job import Provisioned
     from ..settings import Settings
 
 

@@ -17,7 +17,7 @@ from ..errors import RemoteError, UsageError, WaitTimeout
 from .driver import TOKEN_FILE
 
 if TYPE_CHECKING:
-    from ..runs.execute.engine import TaskJob
+    from ..runs.job import TaskJob
     from ..runs.execute.nodes import Node
     from ..runs.options import PoolOptions
     from ..settings import Settings

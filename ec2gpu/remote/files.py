@@ -274,3 +274,19 @@ def pull_bounded(conn: Connection, remote_path: str, target: Path, max_bytes: in
     """``get_bounded`` over the connection's SFTP session: ``remote_path`` to ``target``, at most
     ``max_bytes`` bytes; the bytes written. Raises TooBig, FileNotFoundError as it does."""
     return get_bounded(conn.sftp(), remote_path, target, max_bytes)
+
+
+def write_small(root: Path, name: str, data: bytes) -> bool:
+    """Write ``data`` to ``root``/``name`` unless a link or special file is there; whether it was."""
+    target = local_target(root, name)
+    if target is None:
+        return False
+    tmp = target.with_name(f".{name}.part")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, target)
+    return True
+
+
+# --- logs -------------------------------------------------------------------------------------

@@ -14,18 +14,39 @@ import io
 import json
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING, AbstractSet, Any, Callable, Sequence
+from typing import TYPE_CHECKING, AbstractSet, Any, Callable, Optional, Protocol, Sequence
 
 from ..errors import RemoteError
 from ..inert import inert
-from ..tasks import mounts as M
 from ..wire import bounded_json
 from . import sync
 
 if TYPE_CHECKING:
     from fabric import Connection
-    from ..tasks.mounts import Mount
     from .sync import Manifest
+
+
+class Mount(Protocol):
+    """A file_mounts entry as this module reads it: tasks/mounts.Mount is one (remote/ imports no task
+    module: the task side says what an entry means, this side puts it in place)."""
+
+    @property
+    def target(self) -> str: ...
+    @property
+    def kind(self) -> str: ...  # "local" or "s3"
+    @property
+    def source(self) -> str: ...
+    @property
+    def bucket(self) -> Optional[str]: ...
+    @property
+    def prefix(self) -> str: ...
+    @property
+    def write_back(self) -> bool: ...
+    @property
+    def is_file(self) -> bool: ...
+
+    def on_instance(self, home: str, root: str = "") -> str: ...
+
 
 S3FILES = Path(__file__).resolve().parents[1] / "agent" / "s3files.py"
 MAX_RECORD_LINE = 2000  # bytes of one JSON line read back from s3files.py
@@ -60,7 +81,7 @@ def _writable(conn: Connection, path: str, is_file: bool) -> None:
                           exit_status=got.exited)
 
 
-def place(conn: Connection, mounts_: list[Mount], manifests: dict[str, Manifest], run_dir: str, python: str,
+def place(conn: Connection, mounts_: Sequence[Mount], manifests: dict[str, Manifest], run_dir: str, python: str,
           region_of: Callable[[str], str], ssh_config: Path | None, host_alias: str, log: Callable[[str], None],
           s3_files: AbstractSet[str] = frozenset()) -> None:
     """Put every entry of ``mounts_`` (tasks/mounts.Mount) on the instance behind ``conn``, in order.
@@ -75,7 +96,7 @@ def place(conn: Connection, mounts_: list[Mount], manifests: dict[str, Manifest]
     home, root = instance_paths(conn)
     s3: list[dict[str, Any]] = []
     for m in mounts_:
-        path = M.on_instance(m.target, home, root)
+        path = m.on_instance(home, root)
         _writable(conn, path, m.is_file or m.target in s3_files)
         if m.kind == "local" and m.is_file:
             conn.put(m.source, path)

@@ -11,10 +11,12 @@ written (runs/standing/hosts.write_ssh_config), never trusted on first use by Op
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterable, Protocol
+from typing import Iterable, Protocol, Sequence
 
 
 @dataclass(frozen=True)
@@ -75,3 +77,12 @@ def ssh_config_for(nodes: Iterable[Reachable], path: Path, user: str, key_path: 
     write(path, render([HostEntry((nd.instance_id,), nd.host, nd.port, user, key_path, known_hosts / nd.instance_id)
                         for nd in nodes], path))
     return path
+
+
+def openssh(config: Path, host: str, words: Sequence[str] = ()) -> int:
+    """Run OpenSSH (`ssh` on PATH) with ``config`` (this module's, which pins the host key under the
+    instance id) to ``host`` on this process's terminal: an interactive shell with no ``words``, else
+    the command they make (argv words, joined by OpenSSH with spaces). Returns ssh's exit status: the
+    remote command's, 255 for OpenSSH's own failure (a host key that is not the pinned one)."""
+    argv = [shutil.which("ssh") or "ssh", "-F", str(config), "-o", "LogLevel=ERROR", host, *words]
+    return subprocess.call(argv)

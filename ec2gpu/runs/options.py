@@ -25,9 +25,8 @@ from ..settings import DEFAULT_INSTANCE_TYPE
 
 if TYPE_CHECKING:
     from ..aws.instances import IdleRule
-    from .execute.engine import TaskJob
     from ..tasks.arrays import Element
-    from .provision.bake import BakePlan
+    from .job import BakePlan, TaskJob
 
 
 @dataclass(frozen=True, kw_only=True)

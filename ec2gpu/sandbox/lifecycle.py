@@ -4,7 +4,7 @@ EC2's DescribeInstances gives ``LaunchTime`` as "the time that the instance was 
 start after a stop sets it anew (https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_Instance.html,
 and the stop-start page: https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/Stop_Start.html),
 and billing runs per running interval. moto keeps the first launch's time forever; here (in the
-daemon only) a start sets it, so the tool's ledger of running intervals (runs/settle/intervals.py) meets
+daemon only) a start sets it, so the tool's ledger of running intervals (runs/plan/intervals.py) meets
 what it meets on EC2.
 """
 from __future__ import annotations

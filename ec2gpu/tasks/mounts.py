@@ -97,6 +97,10 @@ class Mount:
     def url(self) -> str:
         return f"s3://{self.bucket}/{self.prefix}" if self.kind == "s3" else self.source
 
+    def on_instance(self, home: str, root: str = "") -> str:
+        """This entry's absolute path on an instance (pure): module ``on_instance`` of its target."""
+        return on_instance(self.target, home, root)
+
     def words(self) -> str:
         """What this entry becomes, in one line (pure)."""
         if self.kind == "local":

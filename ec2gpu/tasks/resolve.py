@@ -6,7 +6,7 @@ The rules (docs/tasks.md, "GPUs"):
 - ``MODEL:N`` asks for exactly N GPUs of MODEL per node: the cheapest catalog type with exactly N.
   Where EC2 sells none (no 1 x A100 type; no 2 x L4 type) it is refused, naming what EC2 does sell
   for that GPU and the nearest types with N GPUs, unless ``resources.allow_larger``: then the
-  cheapest type with more, and the job sees only N of them (runs/execute/engine.node_env sets
+  cheapest type with more, and the job sees only N of them (runs/job.node_env sets
   CUDA_VISIBLE_DEVICES and SKYPILOT_NUM_GPUS_PER_NODE from ``gpus_asked``). SkyPilot, limited to AWS,
   finds no resources for such a request either.
 - ``MODEL`` with no count (ec2gpu's own ``resources.gpu`` and ``--gpu`` only; the loader writes

@@ -1,6 +1,6 @@
 """A job that writes a hostile summary.json, through a whole sandbox run: a summary that is not an
 object is kept marked and breaks no later command; a secret value the job writes into it is in
-none of what ec2gpu prints or keeps (runs/execute/job_summary.py)."""
+none of what ec2gpu prints or keeps (runs/job_summary.py)."""
 import json
 import sqlite3
 import textwrap

@@ -643,7 +643,7 @@ def test_a_missing_secret_ends_the_run_failed_before_the_setup(aws, tmp_path):
 
 def test_the_agent_reads_secrets_where_the_controller_puts_them_and_masks_as_the_controller_does():
     from ec2gpu.aws import parameters
-    from ec2gpu.runs.execute import job_summary
+    from ec2gpu.runs import job_summary
     assert parameters.name_of(RUN_ID, "X") == f"{prepare.SECRET_ROOT}{RUN_ID}/X"
     assert mirror.MASK == job_summary.MASK
     assert mirror.mask(b"a hunter2 b hunter", ["hunter", "hunter2"]) == b"a **** b ****"

@@ -29,7 +29,7 @@ def home(tmp_path, monkeypatch):
 def no_local_run(no_backend, monkeypatch):
     """As no_backend (tests/conftest.py), and no training started on this machine either."""
     from ec2gpu.runs.provision import bench
-    from ec2gpu.runs.execute import local
+    from ec2gpu.runs.provision import local
 
     def refuse(*args, **kwargs):
         raise AssertionError("a local run started for input that should have been refused")
@@ -144,7 +144,7 @@ def test_train_mnist_gives_the_pipeline_every_flag_and_returns_its_record(home, 
 
 
 def test_train_mnist_on_a_cluster_and_on_this_machine_go_where_they_should(home, fake_context, monkeypatch, tmp_path):
-    from ec2gpu.runs.execute import local
+    from ec2gpu.runs.provision import local
     from ec2gpu.runs.provision import pipeline
     from ec2gpu.runs.standing import hosts as standing
     monkeypatch.setattr(pipeline, "train", lambda *a, **k: pytest.fail("a new instance for --cluster or --local"))

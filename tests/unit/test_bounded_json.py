@@ -125,7 +125,7 @@ TRUSTED = {
                       "travels to instances without wire/",
     "pool/driver.py": "on the pool's head among the job's own elements, as their user: the files the controller "
                       "put there (pool.json, job.env.json); a job that rewrites them harms its own run only, and "
-                      "what the driver writes the controller reads through bounded_json (pool/records.py)",
+                      "what the driver writes the controller reads through bounded_json (runs/element_table.py)",
 }
 #: json's parsing entry points, however reached
 PARSERS = {"load", "loads", "JSONDecoder", "raw_decode", "scanner", "decoder"}
@@ -221,7 +221,7 @@ def test_agent_py_loaded_from_its_file_finds_the_reader_beside_it(tmp_path):
 
 
 def test_agent_py_run_from_the_source_tree_takes_the_reader_from_wire():
-    """runs/execute/local.py (ec2gpu run --local) and the detached agent's tests run agent.py where it lies."""
+    """runs/provision/local.py (ec2gpu run --local) and the detached agent's tests run agent.py where it lies."""
     got = subprocess.run([sys.executable, "-S", str(PACKAGE / "agent" / "agent.py"), "--help"], capture_output=True,
                          text=True, timeout=60)
     assert got.returncode == 0 and "--dir" in got.stdout, got.stderr

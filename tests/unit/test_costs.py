@@ -149,7 +149,7 @@ def test_the_price_list_gives_the_snapshot_price_of_the_standard_tier_not_the_ar
 
 
 def test_intervals_follow_a_stop_and_a_start_and_each_start_pays_its_own_minute():
-    from ec2gpu.runs.settle import intervals
+    from ec2gpu.runs.plan import intervals
     l1, s1, l2 = T0, T0 + timedelta(seconds=20), T0 + timedelta(hours=1)
     ivs = intervals.observe([], described("running", l1), l1, billing_start=l1 + timedelta(seconds=3))
     assert ivs == [{"launch": l1.isoformat(), "from": (l1 + timedelta(seconds=3)).isoformat(), "to": None}]
@@ -170,7 +170,7 @@ def test_intervals_follow_a_stop_and_a_start_and_each_start_pays_its_own_minute(
 
 
 def test_an_unseen_stop_closes_at_the_next_start_and_a_stopped_instance_terminated_keeps_its_stop():
-    from ec2gpu.runs.settle import intervals
+    from ec2gpu.runs.plan import intervals
     l1, s1, l2 = T0, T0 + timedelta(minutes=2), T0 + timedelta(hours=1)
     ivs = intervals.observe([], described("running", l1), l1)
     after_restart = intervals.observe(ivs, described("running", l2), l2)  # stopped and started, never seen stopped
@@ -181,7 +181,7 @@ def test_an_unseen_stop_closes_at_the_next_start_and_a_stopped_instance_terminat
 
 
 def test_a_terminated_standing_instance_is_billed_over_every_interval(tmp_path):
-    from ec2gpu.runs.settle import intervals
+    from ec2gpu.runs.plan import intervals
     l1, s1, l2, t2 = T0, T0 + timedelta(seconds=100), T0 + timedelta(hours=2), T0 + timedelta(hours=2, seconds=10)
     att = {"launched_at": l1.isoformat(), "volume_gib": 100,
            "intervals": intervals.observe(intervals.observe([], described("running", l1), l1),

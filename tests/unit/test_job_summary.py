@@ -1,6 +1,6 @@
 """A job's summary.json (and the bench's bench.json) is hostile input: bounded, masked, checked
 against its schema, kept marked when it fails, and never able to break a later `ec2gpu runs`,
-`runs show` or estimate, nor to feed an estimate a figure that cannot be (runs/execute/job_summary.py)."""
+`runs show` or estimate, nor to feed an estimate a figure that cannot be (runs/job_summary.py)."""
 import json
 import os
 import sqlite3
@@ -11,7 +11,8 @@ import pytest
 from ec2gpu import cli
 from ec2gpu.runs.provision import bench, pipeline
 from ec2gpu.runs.plan import costs
-from ec2gpu.runs.execute import engine, job_summary
+from ec2gpu.runs import job_summary
+from ec2gpu.runs.execute import engine
 from ec2gpu.runs.settle import ledger
 from ec2gpu.runs.settle import record as run_record
 from ec2gpu.tasks import load

@@ -3,8 +3,11 @@ boto3 calls in aws/; runs/ calls their named functions. So no module of ec2gpu/r
 fabric's methods on a connection (a receiver named ``conn`` or ``*.conn``), imports fabric,
 paramiko, invoke, boto3 or botocore at module level, or calls a boto3 client's method (on a
 receiver named like a client: ``ec2``, ``s3``, ``*.ec2``, ``aws.client(...)``; or one of the
-transfer methods below, on any receiver). Passing a connection or a client on is fine."""
+transfer methods below, on any receiver). Passing a connection or a client on is fine.
+
+And (issue 45, item 3) runs/'s subpackages keep one order (RUNS_ORDER), counting every import."""
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -154,3 +157,144 @@ def test_an_instance_is_read_from_ec2s_description_once():
     assert (on_demand.market, on_demand.state, on_demand.tags, on_demand.node, on_demand.state_reason) == (
         "on-demand", "pending", {}, None, "")
 
+
+
+# --- the order of runs/'s subpackages (issue 45, item 3) -----------------------------------------
+
+#: runs/'s subpackages, first the lowest: a module imports only its own and those before it, counting
+#: every import (TYPE_CHECKING and function-local ones too). "" is runs/'s own modules (options, job,
+#: job_summary: the types and the summary reader every stage shares). docs/architecture.md says why.
+RUNS_ORDER = ("", "settle", "plan", "recover", "execute", "provision", "detached", "standing")
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """scripts/structure_figures.py's graph of the package (every import counted): module -> modules."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("structure_figures", RUNS.parents[1] / "scripts" / "structure_figures.py")
+    figures = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(figures)
+    mods = figures.modules()
+    return {m: {t for t, _ in figures.imports(m, p, mods, ast.parse(p.read_text()))} for m, p in mods.items()}
+
+
+def _stage(module: str) -> str | None:
+    """runs/'s subpackage of ``module`` ("" for runs/'s own modules), None outside runs/."""
+    parts = module.split(".")
+    if parts[0] != "runs":
+        return None
+    return parts[1] if len(parts) > 2 else ""
+
+
+def upward(graph: dict[str, set[str]]) -> list[str]:
+    """Every import in ``graph`` from a runs/ subpackage to one after it in RUNS_ORDER."""
+    out = []
+    for module, targets in sorted(graph.items()):
+        here = _stage(module)
+        for target in sorted(targets):
+            there = _stage(target)
+            if here is not None and there is not None and RUNS_ORDER.index(there) > RUNS_ORDER.index(here):
+                out.append(f"{module} -> {target}")
+    return out
+
+
+def test_runs_subpackages_import_only_those_before_them():
+    graph = _import_graph()
+    assert {_stage(m) for m in graph if m.startswith("runs.")} == set(RUNS_ORDER)  # every subpackage has its place
+    assert upward(graph) == []
+
+
+def test_the_order_check_sees_an_import_that_runs_back_up():
+    assert upward({"runs.plan.costs": {"runs.settle.ledger", "runs.job", "runs.execute.engine", "aws.catalog"},
+                   "runs.job": {"runs.job_summary"}, "runs.options": {"runs.provision.bake"}}) == [
+        "runs.options -> runs.provision.bake", "runs.plan.costs -> runs.execute.engine"]
+
+
+def test_runs_never_imports_pool():
+    """The pool plugs its strategy into runs/ (api/tasks.start hands pipeline.train pool/attempt.run_attempt);
+    no module of runs/ imports pool/, at module level, in a function or under TYPE_CHECKING."""
+    graph = _import_graph()
+    assert "runs.element_table" in graph["pool.follow"]  # the graph sees pool/'s imports of runs/
+    assert [f"{m} -> {t}" for m, ts in sorted(graph.items()) if m.startswith("runs.")
+            for t in sorted(ts) if t == "pool" or t.startswith("pool.")] == []
+
+
+# --- api/, pool/ and cli/ too: each library in the layer that owns it (issue 45, item 3) -----------
+
+PACKAGE = RUNS.parent
+#: the layers above aws/ and remote/ that call them (runs/ is checked above, module by module)
+ABOVE = sorted(p for top in ("api", "pool", "cli") for p in (PACKAGE / top).rglob("*.py"))
+#: who may import boto3 or botocore: aws/ (the one place that calls AWS), sandbox/ (the emulator: moto's
+#: server and its hooks) and agent/ (shipped to the instance with boto3 of its own)
+AWS_OWNERS = ("aws", "sandbox", "agent")
+#: who may use SSH: remote/ (fabric, paramiko, OpenSSH) and sandbox/ (the instance side: sshd and its host keys)
+SSH_OWNERS = ("remote", "sandbox")
+#: what is not in its layer yet, each with why; empty when every module keeps its layer
+ALLOWED: set[tuple[str, str]] = set()
+
+
+def _top(path: Path) -> str:
+    rel = path.relative_to(PACKAGE)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+def library_imports(source: str, libraries: set[str]) -> list[str]:
+    """Every import of one of ``libraries`` in ``source``, at any level (module, function, TYPE_CHECKING)."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+        out += [f"line {node.lineno}: imports {n}" for n in names if n.split(".")[0] in libraries]
+    return out
+
+
+def openssh_spawns(source: str) -> list[str]:
+    """Every argv list in ``source`` whose first word is OpenSSH's ``ssh`` ("ssh" or shutil.which("ssh") or ...)."""
+    return [f"line {node.lineno}: argv {ast.unparse(node)[:60]}" for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.List) and node.elts and re.search(r"""(^|\W)['"]ssh['"]""", ast.unparse(node.elts[0]))]
+
+
+def _offences_of(path: Path) -> list[str]:
+    rel = str(path.relative_to(PACKAGE))
+    source = path.read_text()
+    found = []
+    if _top(path) not in AWS_OWNERS:
+        found += library_imports(source, {"boto3", "botocore"})
+    if _top(path) not in SSH_OWNERS:
+        found += library_imports(source, {"fabric", "paramiko", "invoke"}) + openssh_spawns(source)
+    return [f for f in found if (rel, f.split(": ", 1)[1]) not in ALLOWED]
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.rglob("*.py")), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_boto3_only_in_aws_and_ssh_only_in_remote(path):
+    """boto3 and botocore are imported in aws/ alone (sandbox/ and agent/ aside, see AWS_OWNERS): the layers
+    above catch aws/session's AWS_ERRORS and ClientError; fabric, paramiko and OpenSSH are used in remote/ alone
+    (api/access.ssh runs remote/ssh_config.openssh)."""
+    assert _offences_of(path) == []
+
+
+@pytest.mark.parametrize("path", ABOVE, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_api_pool_and_cli_call_remote_and_aws_not_fabric_or_boto3(path):
+    """runs/'s check (no fabric method on a connection, no boto3 client method) on api/, pool/ and cli/ too."""
+    assert offences(path.read_text()) == []
+
+
+def test_remote_imports_no_task_run_or_api_module():
+    """remote/ does what it is told on an instance: it imports errors, inert, wire/ and itself, nothing above
+    (remote/mounts reads a file_mounts entry through its own Protocol, not tasks/mounts)."""
+    graph = _import_graph()
+    assert {t.split(".")[0] for m, ts in graph.items() if m.startswith("remote.") for t in ts} <= {
+        "errors", "inert", "wire", "remote"}
+
+
+@pytest.mark.parametrize("source, found", [
+    ("import botocore.exceptions", 1),
+    ("def f():\n    from botocore.exceptions import ClientError", 1),  # inside a function counts here
+    ("if TYPE_CHECKING:\n    import boto3", 1),
+    ("from ..aws.session import AWS_ERRORS, ClientError", 0),
+    ("argv = [shutil.which('ssh') or 'ssh', '-F', c, host]", 1),
+    ("subprocess.call(['ssh', host])", 1),
+    ("subprocess.call(['rsync', '-e', 'ssh -F c', a, b])", 0),  # rsync's own -e: remote/sync builds it
+    ("from fabric import Connection", 1),
+])
+def test_the_library_check_sees_every_import_and_spawn(source, found):
+    assert len(library_imports(source, {"boto3", "botocore", "fabric"}) + openssh_spawns(source)) == found

@@ -21,7 +21,7 @@ PROJECT = PYPROJECT["project"]
 SUBPACKAGE_EXTRAS = {"train": "train", "sandbox": "sandbox", "pool": "pool"}
 # Modules outside those subpackages that import an extra's package behind a check that it is
 # installed (importlib.util.find_spec, a UsageError otherwise): (file, module) -> extra.
-GUARDED = {("runs/execute/local.py", "torch"): "train"}
+GUARDED = {("runs/provision/local.py", "torch"): "train"}
 
 
 def _name(requirement: str) -> str:

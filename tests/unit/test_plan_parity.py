@@ -180,7 +180,7 @@ def ran(project, monkeypatch):
 
     seen = []
 
-    def take(aws, settings, opts, ui, back):
+    def take(aws, settings, opts, ui, back, **handed):  # an array is handed its pool_attempt too
         seen.append(opts)
         raise Ran()
     monkeypatch.setattr(backend, "Context", Context)

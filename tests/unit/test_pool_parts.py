@@ -13,7 +13,8 @@ import pytest
 
 from ec2gpu import api, cli
 from ec2gpu.errors import UsageError
-from ec2gpu.pool import attempt, driver, follow, node, records
+from ec2gpu.pool import attempt, driver, follow, node
+from ec2gpu.runs import element_table as records  # its home since runs/ stopped importing pool/
 from ec2gpu.tasks import arrays
 
 SUBMITTED = [e.as_dict() for e in arrays.elements(None, {"lr": [0.1, 0.2]})]
@@ -792,3 +793,18 @@ def test_a_replacement_numbered_past_a_failed_one_gets_its_own_address_in_its_en
         note=lambda t: None, log=lambda t: None), ""))
     assert nd.index == 4 and rep.address == "10.0.0.4"  # the index stays the one its tags have
     assert sent["ips"][sent["rank"]] == "10.0.0.4" and sent["ips"][0] == "10.0.0.0"
+
+
+def test_an_array_run_is_refused_without_the_pool_handed_in():
+    """runs/ never imports pool/: pipeline.train runs an array only with the pool's attempt handed in
+    (api/tasks.start hands pool/attempt.run_attempt), and says so before anything else."""
+    from types import SimpleNamespace
+
+    from ec2gpu.runs.options import PoolOptions
+    from ec2gpu.runs.provision import pipeline
+
+    opts = PoolOptions(instance_type="g4dn.xlarge", nodes=2, task=SimpleNamespace(name="arr", builtin=None),
+                       elements=tuple(arrays.elements(2, None, None)))
+    touched = SimpleNamespace()  # no attribute: any AWS call would raise AttributeError, not ValueError
+    with pytest.raises(ValueError, match="pool_attempt"):
+        pipeline.train(touched, touched, opts, touched)

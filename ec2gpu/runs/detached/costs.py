@@ -402,7 +402,7 @@ def remote_runs(aws: Aws, home: Path, volume_gib: float | None, limit: int, sinc
     from ...errors import AwsError
     from ...wire import run_record
     from ..settle import ledger
-    from .fetch import store
+    from ...aws.runstore import store
     s3, bucket, user = store(aws)
     ids = runstore_records.list_runs(s3, bucket, user)
     picked = [r for r in reversed(ids) if since is None or _started(r) >= since][:max(0, limit)]

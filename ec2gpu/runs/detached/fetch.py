@@ -44,10 +44,12 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from ...aws import groups, runstore, runstore_objects, runstore_records
+from ...aws.runstore import store
 from ...aws.session import Aws
 from ...errors import UsageError
 from ...agent.mirror import mask  # the agent's own rule: the live log's bytes are the store's
 from ...remote import files
+from ...remote.files import write_small
 from ...wire import run_record
 
 Note = Callable[[str], object]
@@ -69,14 +71,6 @@ SEARCH_BYTES = 8 << 20
 #: the hint of a run id the caller's prefix does not hold (aws/runstore.py: each user's runs under runs/USER_ID/)
 NOT_FOUND_HINT = ("check the run id and --region; only your own runs are looked for (under your AWS user id), and "
                   "not those started before ec2gpu kept them per user: docs/detached.md")
-
-
-def store(aws: Aws) -> tuple[Any, str, str]:
-    """(an S3 client, the run store's name, the caller's user id: whose prefix ``runs/USER_ID/``
-    holds the caller's runs) of ``aws``'s account and region. Raises NoCredentials, AwsError,
-    UsageError (a user id no tag holds: aws/runstore.user_id)."""
-    identity = aws.check_credentials()
-    return (aws.client("s3"), runstore.bucket_name(identity["Account"], aws.region), runstore.user_id(identity))
 
 
 def status_of(aws: Aws, run_id: str) -> dict[str, Any] | None:
@@ -175,7 +169,7 @@ def fetch(aws: Aws, run_id: str, out: Path, limits: files.Limits, note: Note,
     ``out``/outputs and ``checkpoints/`` to ``out``/checkpoints (each at most ``limits``),
     ``logs/job.log`` (its last MAX_LOG_BYTES) and state.json (the validated record, ``got`` when
     already read) to ``out``. What is not brought home is said to ``note``. The job's
-    outputs/summary.json, when it wrote one, is read as runs/execute/job_summary.read_summary
+    outputs/summary.json, when it wrote one, is read as runs/job_summary.read_summary
     reads a run's (hostile input, checked against ``schema``: "mnist" for the built-in trainer; the
     run's secrets, read from SSM Parameter Store only then, masked in it as in any run's record;
     when they cannot be read its figures are kept out of "columns", said), and its test accuracy said.
@@ -213,26 +207,13 @@ def fetch(aws: Aws, run_id: str, out: Path, limits: files.Limits, note: Note,
         note("warning: the run's secrets could not be read from SSM Parameter Store: its summary is kept out of "
              "the ledger")
     elif secrets is not None:
-        from ..execute import job_summary
+        from .. import job_summary
         checked = job_summary.read_summary(out / "outputs" / "summary.json", schema, root=out, secrets=secrets)
         columns = job_summary.columns(checked, schema) if checked is not None else {}
         if columns.get("test_acc") is not None:
             note(f"test accuracy {columns['test_acc']:.2%} (outputs/summary.json)")
     return {"outputs": outputs, "checkpoints": checkpoints, "files": done, "state": state,
             "skipped": len(o.skipped) + len(c.skipped), "left": len(o.left) + len(c.left), "columns": columns}
-
-
-def write_small(root: Path, name: str, data: bytes) -> bool:
-    """Write ``data`` to ``root``/``name`` unless a link or special file is there; whether it was."""
-    target = files.local_target(root, name)
-    if target is None:
-        return False
-    tmp = target.with_name(f".{name}.part")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, target)
-    return True
 
 
 # --- logs -------------------------------------------------------------------------------------

@@ -22,7 +22,8 @@ from ...aws.session import Aws
 from ...errors import UsageError
 from ...settings import Settings
 from ...wire import run_record
-from .fetch import NOT_FOUND_HINT, store
+from ...aws.runstore import store
+from .fetch import NOT_FOUND_HINT
 
 #: the states after which the agent does nothing more (an "interrupted" attempt is followed by the replacement's)
 DONE = run_record.FINAL_STATES

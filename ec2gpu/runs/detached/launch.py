@@ -59,7 +59,7 @@ from ..settle import record as run_record
 
 if TYPE_CHECKING:
     from ...remote.sync import Manifest
-    from ..execute.engine import TaskJob
+    from ..job import TaskJob
     from ..execute.reporter import ReporterLike
 
 AGENT_DIR = Path(__file__).resolve().parents[2] / "agent"

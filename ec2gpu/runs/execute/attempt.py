@@ -31,10 +31,10 @@ if TYPE_CHECKING:
     from ...aws.session import Aws
     from ...backend import Backend
     from ...settings import Settings
-    from ..provision.resources import Provisioned
+    from ..job import Provisioned
     from ..recover.handover import Handover, Heartbeat
     from ..recover.recovery import DirCheckpoints
-    from .engine import TaskJob
+    from ..job import TaskJob
     from .nodes import Node
     from .reporter import ReporterLike
 

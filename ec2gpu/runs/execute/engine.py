@@ -26,13 +26,12 @@ import hashlib
 import io
 import json
 import shlex
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, cast
 
 from ...errors import LimitReached, RemoteError
 from . import status
-from .nodes import PROGRESS_FILE, record_steps
+from .nodes import record_steps
 from .nodes import copy_log as copy_log  # re-exported: engine.copy_log (scripts/bench_big_log.py)
 from ...wire.agent_record import as_number
 from ...remote import files, sync
@@ -40,14 +39,16 @@ from ...tasks.load import LoadedTask
 from ...agent.agent import BESIDE, PYTHON_FLAGS
 from ...wire import bounded_json
 from ...wire.shell import HANDOFF, INTERACTIVE, PROLOGUE
-from .job_summary import MASK as MASK  # re-exported: engine.MASK
+from ..job_summary import MASK as MASK  # re-exported: engine.MASK
+from ..job import TaskJob as TaskJob  # re-exported: engine.TaskJob (its home is runs/job.py, below every stage)
+from ..job import node_env as node_env, workdir_of as workdir_of  # re-exported: the job's contract lives in runs/job.py
 
 if TYPE_CHECKING:
     from ...remote.files import Limits
     from ...tasks.mounts import Mount
     from ...tasks.spec import Task
     from ..recover.recovery import DirCheckpoints
-    from .job_summary import Checked
+    from ..job_summary import Checked
     from .nodes import Node
 
 AGENT = Path(__file__).resolve().parents[2] / "agent" / "agent.py"
@@ -57,48 +58,6 @@ REAPER = AGENT.with_name("reaper.py")  # runs the setup and ends all it leaves r
 TAIL_LINES = 20  # log lines shown when a job fails
 
 
-
-@dataclass
-class TaskJob:
-    """A task made ready to run: the task, its environment (secrets resolved), the files to send."""
-
-    loaded: LoadedTask
-    env: dict[str, str]
-    manifest: sync.Manifest | None
-    include_secrets: bool = False
-    secret_values: list[str] = field(default_factory=list)
-    args: list[str] = field(default_factory=list)  # the run script's "$@" (a built-in task's flags)
-    builtin: str | None = None  # "mnist" for `ec2gpu train mnist`
-    # file_mounts target -> sync.Manifest of a local directory
-    mount_manifests: dict[str, sync.Manifest] = field(default_factory=dict)
-    bucket_regions: dict[str, str] = field(default_factory=dict)  # S3 file_mounts bucket -> region (pipeline fills it)
-    s3_files: set[str] = field(default_factory=set)  # S3 file_mounts targets whose prefix is one object (a file)
-    buckets_to_make: list[str] = field(default_factory=list)  # output buckets that do not exist yet (provision makes them)
-    role_policy: dict[str, Any] | None = None  # the run role's inline policy (aws/iam.s3_policy), checked before anything is made
-    role_boundary: str | None = None  # the account's ec2gpu-instance-boundary ARN, when it has one
-    # ports named by --port: forwarded to the same port here when it is free; the task file's others to a
-    # free port the kernel picks, so a task cannot take a well-known local port (5432, 6379, ...) that a
-    # client here would send its credentials to (remote/tunnel.forwarding)
-    same_ports: tuple[int, ...] = ()
-
-    @property
-    def mounts(self) -> list[Mount]:
-        """The task's file_mounts made ready (tasks/mounts.Mount)."""
-        return self.loaded.mounts
-
-    @property
-    def task(self) -> Task:
-        return self.loaded.task
-
-    @property
-    def name(self) -> str:
-        return self.task.name or (self.loaded.path.stem if self.loaded.path else "task")
-
-    def mask(self, text: str) -> str:
-        """``text`` with every secret value replaced by **** (job_summary.mask_text: longest first,
-        so a secret inside a longer one leaves nothing of the longer one)."""
-        from .job_summary import mask_text
-        return mask_text(text, self.secret_values)
 
 
 def prepare(loaded: LoadedTask, environ: Mapping[str, str], max_upload: int = sync.MAX_UPLOAD_BYTES,
@@ -175,46 +134,6 @@ def manifest_note(job: TaskJob) -> str | None:
 def setup_hash(task: Task) -> str:
     """What identifies a setup on an instance: the sha256 of its text (pure)."""
     return hashlib.sha256((task.setup or "").encode()).hexdigest()
-
-
-def workdir_of(run_dir: str, job: TaskJob) -> str:
-    """Where the task's workdir lives on an instance: $HOME/ec2gpu/workdirs/<task name>, the same for
-    every run of the task there, so a rerun (`ec2gpu exec`) sends only what changed (pure)."""
-    return f"{run_dir.rsplit('/runs/', 1)[0]}/workdirs/{job.name}"
-
-
-def node_env(job: TaskJob, run_id: str, run_dir: str, index: int, addresses: list[str], gpus: int,
-             resume: bool, python: str = "python3", instance_type: str | None = None) -> dict[str, str]:
-    """The environment of the job on node ``index`` (pure): the task's envs, then ours.
-
-    EC2GPU_PYTHON is the Python with torch that setup found (the Deep Learning AMI's is not the
-    first python3 on PATH): the agent and the setup put its directory first on PATH.
-
-    On a node whose type has more GPUs than the task asked for (taken because of
-    ``resources.allow_larger``: tasks/resolve.gpus_asked; ``instance_type`` is the node's type where
-    the caller knows it, else its ``gpus`` tell), the job sees only the count asked, N:
-    CUDA_VISIBLE_DEVICES=0,...,N-1, and EC2GPU_GPUS_PER_NODE and SKYPILOT_NUM_GPUS_PER_NODE are N.
-    """
-    from ...tasks.resolve import gpus_asked, visible_devices
-    limit = gpus_asked(job.task.resources, instance_type, gpus)
-    gpus = limit or gpus
-    workdir = workdir_of(run_dir, job)
-    ckpt = f"{workdir}/{job.task.checkpoint_dir}" if job.task.checkpoint_dir else f"{run_dir}/checkpoints"
-    ours = {
-        "EC2GPU_RUN_ID": run_id, "EC2GPU_OUTPUT_DIR": f"{run_dir}/out", "EC2GPU_CHECKPOINT_DIR": ckpt,
-        "EC2GPU_RESUME": "1" if resume else "0", "EC2GPU_NODE_RANK": str(index), "EC2GPU_NUM_NODES": str(len(addresses)),
-        "EC2GPU_HEAD_IP": addresses[0], "EC2GPU_NODE_IP": addresses[index], "EC2GPU_GPUS_PER_NODE": str(gpus),
-        "EC2GPU_PROGRESS_FILE": f"{run_dir}/{PROGRESS_FILE}",  # node 0's is read: nodes.ProgressReader
-        "EC2GPU_WORKDIR": workdir, "EC2GPU_PYTHON": python,
-        # SkyPilot's names, so its users' scripts run unchanged
-        "SKYPILOT_NODE_RANK": str(index), "SKYPILOT_NUM_NODES": str(len(addresses)),
-        "SKYPILOT_NODE_IPS": "\n".join(addresses), "SKYPILOT_NUM_GPUS_PER_NODE": str(gpus),
-        # the same for every node and attempt of the run (SkyPilot's: sky-<time>_<cluster>_<job id>)
-        "SKYPILOT_TASK_ID": f"ec2gpu-{run_id}_{job.name}",
-    }
-    if limit:
-        ours["CUDA_VISIBLE_DEVICES"] = visible_devices(limit)
-    return {**job.env, **ours}
 
 
 def checkpoint_remote(job: TaskJob, run_dir: str) -> str:
@@ -501,7 +420,7 @@ def download(nodes: list[Node], job: TaskJob, local_out: Path, ssh_config: Path 
     its outputs (the task's ``outputs`` globs, else all of $EC2GPU_OUTPUT_DIR, to
     ``local_out``/outputs, at most ``limits``: remote/files.Limits) and every node's job.log
     (masked, its last nodes.MAX_LOG_BYTES) and status record (the copy snapshot_statuses read)
-    home; return the job's summary.json when it wrote one (checked: runs/execute/job_summary.py). Each
+    home; return the job's summary.json when it wrote one (checked: runs/job_summary.py). Each
     part is tried on its own: a hostile or broken one is reported through ``log`` and the others
     still come home. Raises the connection's errors, and RemoteError for a transfer that failed
     once every other part came home."""
@@ -523,7 +442,7 @@ def download(nodes: list[Node], job: TaskJob, local_out: Path, ssh_config: Path 
             log(f"warning: {what} not brought home: {type(exc).__name__}: {exc}")
             if isinstance(exc, RemoteError):  # a transfer that failed (rsync's exit): the run fails, as before
                 failed = failed or exc
-    from . import job_summary  # hostile input: bounded, masked, checked against the job's schema
+    from .. import job_summary  # hostile input: bounded, masked, checked against the job's schema
     summary = job_summary.read_summary(local_out / "outputs" / "summary.json", job_summary.schema_of(job),
                                        job.secret_values, root=local_out)
     if summary is not None and summary.schema == "invalid":

@@ -21,10 +21,10 @@ if TYPE_CHECKING:
     from ...backend import Backend
     from ...settings import Settings
     from ..options import RunOptions
-    from ..provision.resources import Provisioned
+    from ..job import Provisioned
     from ..recover.handover import Handover
     from ..recover.recovery import DirCheckpoints
-    from .engine import TaskJob
+    from ..job import TaskJob
     from .nodes import Node
     from .reporter import ReporterLike
 

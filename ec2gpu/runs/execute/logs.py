@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ...agent.agent import MAX_ENV_BYTES
 from ...errors import RemoteError, UsageError
-from ...pool import records
+from .. import element_table
 from ...wire import agent_record, bounded_json
 
 if TYPE_CHECKING:
@@ -107,7 +107,7 @@ def element_log(home: Path, row: dict[str, Any] | None, name: str, index: int) -
                          "is it an array's run, with that index? its table: runs/RUN/pool.json")
     status = None
     try:
-        elements = bounded_json.loads((artifacts / "pool.json").read_bytes(), max_bytes=records.MAX_TABLE_BYTES)["elements"]
+        elements = bounded_json.loads((artifacts / "pool.json").read_bytes(), max_bytes=element_table.MAX_TABLE_BYTES)["elements"]
         got = [e.get("exit_status") for e in elements if e.get("index") == index]
         status = got[0] if got and isinstance(got[0], int) and not isinstance(got[0], bool) else None
     except (OSError, ValueError, KeyError, TypeError):
@@ -127,7 +127,7 @@ def running_element(record: bytes | None, index: int) -> tuple[str | None, Any]:
     (ec2gpu/pool/driver.py: hostile input, read as such: pure, never raises)."""
     import ipaddress
     try:
-        data = bounded_json.loads(record or b"{}", max_bytes=records.MAX_STATUS_BYTES)
+        data = bounded_json.loads(record or b"{}", max_bytes=element_table.MAX_STATUS_BYTES)
         element = next(e for e in data.get("elements", []) if isinstance(e, dict) and e.get("index") == index)
     except (ValueError, TypeError, AttributeError, StopIteration, RecursionError):
         return None, None
@@ -162,8 +162,8 @@ def stream_element(ctx: Context, row: dict[str, Any], index: int, follow: bool, 
 
         def look() -> tuple[str | None, Any]:
             try:
-                return running_element(jobs.read_from(hconn, f"{head_dir}/pool/{records.TABLE}", 0,
-                                                      records.MAX_STATUS_BYTES + 1), index)
+                return running_element(jobs.read_from(hconn, f"{head_dir}/pool/{element_table.TABLE}", 0,
+                                                      element_table.MAX_STATUS_BYTES + 1), index)
             except jobs.CONNECTION_ERRORS as exc:
                 raise RemoteError(f"{head.id}: the connection to the pool's head was lost ({type(exc).__name__})",
                                   f"run `ec2gpu logs {run_id} --index {index}` again") from None
@@ -282,7 +282,7 @@ def secret_values(conn: Any, run_dir: str, note: Callable[[str], None] = lambda 
 
 def mask(line: str, secrets: list[str]) -> str:
     """``line`` with every secret value replaced by **** (pure; job_summary.mask_text)."""
-    from .job_summary import mask_text
+    from ..job_summary import mask_text
     return mask_text(line, secrets)
 
 

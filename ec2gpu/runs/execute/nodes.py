@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Callable, TypeVar
 
 from ...wire import bounded_json
+from ..job import PROGRESS_FILE as PROGRESS_FILE  # re-exported: nodes.PROGRESS_FILE (node_env names it: runs/job.py)
 
 if TYPE_CHECKING:
     from ...aws.instances import Instance
     from ...aws.session import Aws
     from ...backend import Backend
     from ...settings import Settings
-    from ..provision.resources import Provisioned
+    from ..job import Provisioned
     from .reporter import ReporterLike
 
 T = TypeVar("T")
@@ -218,7 +219,6 @@ class ProgressReader:
             self.show(p)
 
 
-PROGRESS_FILE = "progress.json"  # in the run's directory on the instance: $EC2GPU_PROGRESS_FILE
 MAX_PROGRESS_BYTES = 32 * 1024  # a progress record (done, total, label, rate, eta_s) is a few hundred bytes
 
 

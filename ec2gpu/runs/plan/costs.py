@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from ...aws.catalog import Price
     from ...aws.instances import Instance
     from ...aws.session import Aws
-    from ..execute.engine import TaskJob
+    from ..job import TaskJob
 
 #: Phase seconds assumed when the ledger has no earlier run of the same instance type and backend.
 #: Assumptions, not measurements: boot = requesting + pending -> running + first SSH login of a
@@ -120,7 +120,7 @@ def estimate(instance_type: str, gpu: str, market: str, usd_per_hour: float | No
     the same model on the same GPU model, else from the samples/s `ec2gpu bench` measured on that
     type or GPU model (bench_speed); each falls back to the documented defaults above.
     """
-    from ..execute.job_summary import figure
+    from ..job_summary import figure
 
     def job_s(r: dict[str, Any]) -> float | None:  # the job's phase: "running" (before the one engine: "training")
         phases = r.get("phases") or {}
@@ -165,7 +165,7 @@ def bench_speed(history: list[dict[str, Any]], instance_type: str, gpu: str, mod
     figures are within physical bounds (job_summary.bench_figures: a -1 or 1e12 samples/s never
     counts). A full-size bench is preferred to a --quick one. Returns {"samples_per_second",
     "device", "instance_type", "run_id", "quick"} or None."""
-    from ..execute.job_summary import bench_figures
+    from ..job_summary import bench_figures
     found = []
     for r in history:
         if r.get("task") != "bench" or r.get("summary_schema") not in ("bench", None):
@@ -458,7 +458,7 @@ def element_minutes(home: Path, job: TaskJob, instance_type: str, expect_minutes
                     backend: str) -> tuple[float | None, str]:
     """Minutes one element of an array or a sweep of ``job`` should run, and where that figure comes
     from: the mean of the elements that succeeded in the ledger's past completed arrays of the same
-    task on the same instance type (weighted by their count; pool/records.element_seconds), else
+    task on the same instance type (weighted by their count; runs/element_table.element_seconds), else
     ``--expect`` (an element's time); (None, why) when neither says."""
     from ..settle import ledger
     count, total, runs = 0, 0.0, 0
@@ -528,3 +528,18 @@ def price_rows(aws: Aws, home: Path, gpu: str | None = None,
                 "last_known_on_demand_usd_per_hour": catalog.RETIRED_LAST_PRICE.get(n)}
                for n, (why, instead) in catalog.RETIRED.items() if not gpu or gpu.upper() in why.upper()]
     return rows, retired
+
+
+def totals(attempts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run's bill from its attempts' bills (pure): sums, first launch, last termination."""
+    billed = [a for a in attempts if "billed_seconds" in a]
+    if not billed:
+        return {}
+    seconds = sum(a["billed_seconds"] for a in billed)
+    usd = None if any(a.get("cost_usd") is None for a in billed) else round(sum(a["cost_usd"] for a in billed), 6)
+    one = len(billed) == 1
+    return {"billed_seconds": round(seconds, 1), "cost_usd": usd,
+            "usd_per_hour": billed[0]["usd_per_hour"] if one else (None if usd is None else round(usd * 3600 / seconds, 6)),
+            "price_source": billed[0]["price_source"] if one else f"sum of {len(billed)} instances' bills",
+            "launched_at": billed[0]["launched_at"], "billing_started_at": billed[0].get("billing_started_at"),
+            "terminated_at": billed[-1]["terminated_at"]}

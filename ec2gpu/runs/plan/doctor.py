@@ -40,13 +40,13 @@ class Check:
 
 def _run(name: str, fn: Callable[[], Outcome]) -> Check:
     """Call ``fn() -> (ok, detail[, fix])``; an Ec2GpuError or AWS error becomes a failed check."""
-    import botocore.exceptions
+    from ...aws.session import AWS_ERRORS
     try:
         ok, detail, *fix = fn()
         return Check(name, ok, detail, fix[0] if fix else "")
     except Ec2GpuError as exc:
         return Check(name, False, exc.message, exc.hint)
-    except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
+    except AWS_ERRORS as exc:
         return Check(name, False, str(exc).splitlines()[0][:200], "see docs/iam-policy.json and docs/troubleshooting.md")
 
 

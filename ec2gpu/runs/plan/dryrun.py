@@ -4,7 +4,7 @@ one the real run would run), as JSON and as lines for a terminal.
 Nothing is created and no AWS API is called (so no credentials are needed and a sandbox is not
 started): instance types come from the task (tasks/resolve.py) and the catalog, prices from the
 refreshed price cache or the shipped table (aws/catalog.py), the limit and the estimate from the
-ledger (runs/plan/limits.py, runs/plan/costs.py), the job's environment from engine.node_env with the
+ledger (runs/plan/limits.py, runs/plan/costs.py), the job's environment from runs/job.node_env with the
 values only a launch knows shown as <placeholders>. SkyPilot has the same: `sky launch --dryrun`.
 
 The JSON form (``plan`` below; ``--dry-run --json``) is stable: keys are only ever added. Its keys
@@ -19,10 +19,11 @@ from ...tasks import arrays, mounts, resolve
 from . import costs
 from .limits import Limit
 from .runplan import RunPlan
+from ..job import node_env, workdir_of  # the job's contract, as a launch gives it
 
 if TYPE_CHECKING:
     from ...tasks.mounts import Mount
-    from ..execute.engine import TaskJob
+    from ..job import TaskJob
     from .costs import Estimate
 
 PLAN_VERSION = 1
@@ -58,15 +59,13 @@ def plan(p: RunPlan) -> dict[str, Any]:
     USD/h, sizes in bytes and GiB, times in minutes.
 
     Raises UsageError as catalog.lookup does for a type ec2gpu cannot run. Calls no AWS API."""
-    from ..execute import engine  # node_env, workdir_of: the job's contract, as a launch gives it
-
     job, settings, nodes, est = p.job, p.settings, p.nodes, p.estimate
     res = job.task.resources
     rows = _type_rows(p)
     first = rows[0]
     run_dir = "~/ec2gpu/runs/<run id>"
-    env = engine.node_env(job, "<run id>", run_dir, 0, placeholders(nodes), first["gpu_count"], False,
-                          "<the python with torch>", instance_type=first["instance_type"])
+    env = node_env(job, "<run id>", run_dir, 0, placeholders(nodes), first["gpu_count"], False,
+                   "<the python with torch>", instance_type=first["instance_type"])
     m = job.manifest
     return {
         "kind": "plan", "version": PLAN_VERSION, "task": job.name, "source": _source(job),
@@ -89,7 +88,7 @@ def plan(p: RunPlan) -> dict[str, Any]:
             "meaning": "an instance with no job, SSH connection or busy GPU that long terminates itself"},
         "estimate": _estimate(p, rows),
         "budget": None if p.budget_usd is None or est is None else _budget(p.budget_usd, est, p.spot),
-        "workdir": {"local": str(m.root) if m else None, "remote": engine.workdir_of(run_dir, job),
+        "workdir": {"local": str(m.root) if m else None, "remote": workdir_of(run_dir, job),
                     "git": job.loaded.git,
                     "files": len(m.files) if m else 0, "bytes": m.bytes if m else 0,
                     "withheld": list(m.withheld) if m else []},

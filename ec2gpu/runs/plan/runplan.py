@@ -31,7 +31,7 @@ from . import checks, costs, limits
 
 if TYPE_CHECKING:
     from ...tasks.arrays import Element
-    from ..execute.engine import TaskJob
+    from ..job import TaskJob
 
 #: The models of the built-in trainer (train/presets.py), `train mnist --model`.
 MODELS = ("cnn", "lenet", "mlp", "dbn")

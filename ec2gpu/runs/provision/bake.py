@@ -22,25 +22,25 @@ from typing import TYPE_CHECKING, Any, Callable, cast
 import shlex
 import statistics
 import time
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from ...aws import baked, images
 from ...errors import RemoteError, UsageError, WaitTimeout
 from ..execute import attempt as lifecycle
+from ..job import BakePlan as BakePlan  # re-exported: bake.BakePlan (its home is runs/job.py)
 
 if TYPE_CHECKING:
     from ...aws.instances import Instance
     from ...aws.session import Aws
     from ...backend import Backend
     from ...settings import Settings
-    from ..execute.engine import TaskJob
+    from ..job import TaskJob
     from ..execute.nodes import Node
     from ..execute.reporter import ReporterLike
     from ..recover.recovery import DirCheckpoints
     from ..options import BakeOptions
-    from .resources import Provisioned
+    from ..job import Provisioned
 
 AMI_DIR = Path(__file__).resolve().parents[2] / "ami"
 #: exit status of ami/install-cuda.sh: the driver is installed and loads after a reboot
@@ -55,20 +55,6 @@ ASSUMED_MINUTES = {"dlami": 15.0, "ubuntu-24.04": 30.0}
 #: default is `run`'s and `launch`'s standing one; the least is 10: boot, setup and CreateImage's
 #: snapshot take minutes, and a bake whose estimate is longer is refused before anything is made.
 MAX_RUNTIME_MINUTES, MIN_MAX_RUNTIME_MINUTES = 120, 10
-
-
-@dataclass
-class BakePlan:
-    """What a bake makes: the image's name, its base, and its key (``bake_key``)."""
-
-    name: str
-    base: str  # one of aws.images.BASES
-    key: str
-    minutes: float  # the bake's expected time (its estimate)
-    minutes_source: str
-    data_dir: str | None = None  # pre-fetch MNIST from this directory (on the instance) instead of downloading
-    image_timeout_s: float = 1800.0
-    image_delay_s: float = 15.0  # the waiter's poll interval (s): the sandbox polls faster
 
 
 def builder_max_runtime(minutes: int | None) -> int:

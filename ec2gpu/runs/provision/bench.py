@@ -51,7 +51,7 @@ def usd_per_run(summary: dict[str, Any] | None, usd_per_hour: float | None) -> d
     what it ran is not a run that trains it. A summary that is not the bench's, or has a figure
     out of bounds (job_summary.bench_figures), gives {}."""
     from ...train.bench import TRAINED_MIN_ACC, trained
-    from ..execute.job_summary import bench_figures
+    from ..job_summary import bench_figures
     figures = bench_figures(summary)
     out: dict[str, dict[str, Any]] = {}
     for model, by_device in (figures.models if figures else {}).items():
@@ -83,7 +83,7 @@ def _result(record: Mapping[str, Any]) -> dict[str, Any]:
     """One bench's line: run id, type, market, price, status, the bench.json it brought home (as
     job_summary.read_bench_report checks it: None, with ``bench_invalid`` saying why, when it is
     not the bench's report)."""
-    from ..execute.job_summary import read_bench_report
+    from ..job_summary import read_bench_report
     out = Path(record.get("artifacts") or ".")
     report, why = read_bench_report(out / "outputs" / "bench.json", root=out)
     price = record.get("usd_per_hour")
@@ -131,7 +131,7 @@ def local(opts: BenchOptions, ui: ReporterLike, settings: Settings | None) -> li
     import importlib.util
 
     from ...errors import UsageError
-    from ..execute.local import run_local
+    from .local import run_local
     if importlib.util.find_spec("torch") is None:
         raise UsageError("--local needs PyTorch on this machine", "pip install 'ec2gpu[train]' (or make demo)")
     job = engine.builtin_job("bench", job_args(opts.quick, False, opts.data_dir))
@@ -140,7 +140,7 @@ def local(opts: BenchOptions, ui: ReporterLike, settings: Settings | None) -> li
     started = datetime.now(timezone.utc).isoformat()
     with ui.phase("running"):
         summary = run_local(job, run_id, out, ui)
-    from ..execute.job_summary import columns
+    from ..job_summary import columns
     record = run_record.new(run_id, opts.command, "local", out, status="completed", task="bench",
                             instance_type="local", market="local", phases=dict(ui.phases),
                             **columns(summary, "bench"), exit_status=0,

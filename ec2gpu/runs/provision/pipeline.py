@@ -3,7 +3,7 @@
 `ec2gpu run TASK` and `ec2gpu train mnist` (the built-in task, tasks/builtin/mnist.yaml) both come
 here. Whatever happens after the first resource is created (an error, Ctrl-C, SIGTERM),
 ``finally`` tears down everything the run created (provision.teardown) unless the user asked to
-``keep`` it. Runs on standing instances are in standing/hosts.py, `--local` in execute/local.py.
+``keep`` it. Runs on standing instances are in standing/hosts.py, `--local` in provision/local.py.
 """
 from __future__ import annotations
 
@@ -31,12 +31,15 @@ from ..execute.reporter import Reporter as Reporter  # re-exported: pipeline.Rep
 from ..execute.reporter import ReporterLike
 
 if TYPE_CHECKING:
-    from ..execute.engine import TaskJob
+    from ..job import TaskJob
 
 _Run = TypeVar("_Run", bound=RunOptions)
 
 PHASES = ("requesting", "waiting for running", "waiting for SSH", "setup", "upload", "running",
           "download", "terminating")
+#: an array's attempt over the pool: pool/attempt.run_attempt, with foreground.run_attempt's arguments and
+#: the run's record. api/tasks.start hands it to ``train``: the pool plugs into runs/, which never imports pool/.
+PoolAttempt = Callable[..., dict[str, Any]]
 
 
 def new_run_id() -> str:
@@ -194,7 +197,8 @@ def _ledger(settings: Settings, row: Mapping[str, Any], ui: ReporterLike) -> Non
             ui.note(said)
 
 
-def train(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, backend: Backend = AWS) -> run_record.RunRecord:
+def train(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, backend: Backend = AWS,
+          pool_attempt: PoolAttempt | None = None) -> run_record.RunRecord:
     """Run ``opts`` on a new instance end to end; return the run record (also saved as run.json).
 
     Shows the estimate first and refuses (UsageError, nothing created) a run above the budget. The
@@ -204,7 +208,12 @@ def train(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
     termination times. Raises UsageError before creating anything for a bad instance type or
     --checkpoint-uri; AwsError, CapacityError, RemoteError, WaitTimeout as they happen, and
     recovery.AttemptsExhausted (all after teardown); KeyboardInterrupt after teardown.
+
+    ``pool_attempt``: an array's attempt over the pool (pool/attempt.run_attempt), which api/tasks.start
+    hands in for PoolOptions: runs/ never imports pool/. Raises ValueError for PoolOptions without it.
     """
+    if isinstance(opts, PoolOptions) and pool_attempt is None:
+        raise ValueError("an array runs over the pool: pass pool_attempt (pool/attempt.run_attempt)")
     opts, itype = check_options(opts, ui)
     opts = with_task(opts, backend)
     job = cast("TaskJob", opts.task)
@@ -232,7 +241,8 @@ def train(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
     error: BaseException | None = None
     from ..recover.handover import Detached
     try:
-        return _with_summary(record, _run_attempts(aws, settings, opts, run_id, ui, prov, out, backend, record))
+        return _with_summary(record, _run_attempts(aws, settings, opts, run_id, ui, prov, out, backend, record,
+                                                  pool_attempt))
     except Detached:  # an array's --detach: its instances end themselves, and `ec2gpu ls`/`runs` settle it
         record.update({"detached": True, "instance_ids": prov.instance_ids, "phases": dict(ui.phases)})
         _ledger(settings, record, ui)  # "running" until then, its controller (this process) gone
@@ -261,9 +271,9 @@ def _end_run(aws: Aws, settings: Settings, opts: RunOptions, prov: provision.Pro
     if isinstance(error, RemoteError) and error.exit_status is not None:
         record["exit_status"] = error.exit_status
     if record.get("pool"):  # an array's: each element's share of the bill just made
-        from ...pool import records as pool_records
-        pool_records.with_cost_shares(record)
-        record["element_seconds"] = pool_records.element_seconds(record["pool"]["elements"])
+        from .. import element_table
+        element_table.with_cost_shares(record)
+        record["element_seconds"] = element_table.element_seconds(record["pool"]["elements"])
     _ledger(settings, record, ui)
     if out.exists() or record["status"] == "completed":
         run_record.save(record, out)
@@ -286,7 +296,7 @@ def _teardown_and_bill(aws: Aws, settings: Settings, opts: RunOptions, prov: pro
         record["teardown_failed"] = provision.teardown(aws, settings, prov, ui)["failed"]
         try:
             provision.bill(aws, settings, [a for a in attempts if "billed_seconds" not in a], prov, ui)
-            record.update(cast(run_record.RunRecord, provision.totals(attempts)))
+            record.update(cast(run_record.RunRecord, costs.totals(attempts)))
         except Exception as exc:  # noqa: BLE001 - a bill we cannot compute must not hide the run's end
             ui.note(f"warning: could not compute the bill ({type(exc).__name__}: {exc})")
 
@@ -321,13 +331,14 @@ def _with_summary(record: run_record.RunRecord, summary: dict[str, Any]) -> run_
     built-in trainer's summary fills (test accuracy, epochs, train seconds, samples/s), as
     job_summary.columns checks them: a summary that failed its checks is kept marked, and a figure
     that is not a valid one is None."""
-    from ..execute import job_summary
+    from .. import job_summary
     record.update(cast(run_record.RunRecord, {"exit_status": 0, **job_summary.columns(summary)}))
     return record
 
 
 def _run_attempts(aws: Aws, settings: Settings, opts: RunOptions, run_id: str, ui: ReporterLike, prov: provision.Provisioned,
-                  out: Path, backend: Backend, record: run_record.RunRecord) -> dict[str, Any]:
+                  out: Path, backend: Backend, record: run_record.RunRecord,
+                  pool_attempt: PoolAttempt | None = None) -> dict[str, Any]:
     """Attempt after attempt (recovery.py) of ``opts.task`` until its job finishes; return its summary.
 
     Raises recovery.AttemptsExhausted when the last attempt allowed is interrupted too.
@@ -365,10 +376,9 @@ def _run_attempts(aws: Aws, settings: Settings, opts: RunOptions, run_id: str, u
         try:
             if isinstance(opts, BakeOptions):
                 return bake.bake_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, backend, n, checkpoints)
-            if isinstance(opts, PoolOptions):
-                from ...pool import attempt as pool
-                return pool.run_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, backend, n, checkpoints,
-                                        cast(dict[str, Any], record), plan, shutdown=not opts.keep)
+            if isinstance(opts, PoolOptions) and pool_attempt is not None:  # train() refused one without it
+                return pool_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, backend, n, checkpoints,
+                                    cast(dict[str, Any], record), plan, shutdown=not opts.keep)
             return foreground.run_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, backend, n, checkpoints,
                                           plan, shutdown=not opts.keep)
         except recovery.Interrupted as why:

@@ -6,43 +6,20 @@ from __future__ import annotations
 
 import signal
 import time
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence, cast
 
 from ...aws import baked, capacity, images, instances, network, placement, sweep
 from ...aws.session import Aws
 from ...settings import Settings
 from ..plan import costs
+from ..options import LaunchOptions, PoolOptions, RunOptions
+from ..job import Provisioned as Provisioned  # re-exported: resources.Provisioned (its home is runs/job.py)
 
-if TYPE_CHECKING:  # annotations only: pipeline imports this module
+if TYPE_CHECKING:  # annotations only
     from ...aws.instances import Instance
-    from ..execute.engine import TaskJob
-    from .bake import BakePlan
-    from ..options import LaunchOptions
+    from ..job import BakePlan, TaskJob
     from ..execute.reporter import ReporterLike
-
-
-@dataclass
-class Provisioned:
-    """What a run created, so teardown removes exactly that."""
-
-    run_id: str
-    key_name: str | None = None
-    key_path: Path | None = None
-    security_group_id: str | None = None
-    placement_group: str | None = None
-    ami: dict[str, Any] | None = None
-    bake: bool = False  # an image bake: teardown also removes the run's incomplete image and snapshots
-    instance_profile: str | None = None  # the run's own instance role and profile (aws/iam.py), same name
-    profile_created_at: float | None = None  # time.time() when it was made (EC2 sees it a moment later)
-    instances: list[Instance] = field(default_factory=list)  # every instance of the run, in launch order
-    ended: set[str] = field(default_factory=set)  # those already terminated (interrupted attempts)
-
-    @property
-    def instance_ids(self) -> list[str]:
-        return [i.id for i in self.instances]
 
 
 def provision(aws: Aws, settings: Settings, opts: LaunchOptions, run_id: str, ui: ReporterLike,
@@ -110,19 +87,16 @@ def _labels(opts: LaunchOptions) -> tuple[tuple[str, str], ...]:
 
 def _pool(opts: LaunchOptions) -> bool:
     """Whether ``opts`` runs an array or a sweep over a pool (PoolOptions)."""
-    from ..options import PoolOptions
     return isinstance(opts, PoolOptions)
 
 
 def _job(opts: LaunchOptions) -> TaskJob | None:
     """The task ``opts`` runs (RunOptions), None for instances alone (`ec2gpu launch`, notebook)."""
-    from ..options import RunOptions
     return opts.task if isinstance(opts, RunOptions) else None
 
 
 def _bake(opts: LaunchOptions) -> BakePlan | None:
     """The image ``opts`` makes (BakeOptions), else None."""
-    from ..options import RunOptions
     return opts.bake if isinstance(opts, RunOptions) else None
 
 
@@ -171,10 +145,8 @@ def _instance_role(aws: Aws, settings: Settings, opts: LaunchOptions, run_id: st
     s3 = [m for m in getattr(job, "mounts", []) if m.kind == "s3"]
     if not s3 or _bake(opts) is not None or getattr(job, "role_policy", None) is None:  # an image bake runs the setup only
         return
-    import botocore.exceptions
-
     from ...aws import iam, iam_boundary, runstore, storage
-    from ...aws.session import error_code
+    from ...aws.session import ClientError, error_code
     from ...errors import UsageError
     assert job is not None and job.role_policy is not None  # returned above otherwise (getattr of None)
     client, boundary = aws.client("iam"), job.role_boundary
@@ -182,7 +154,7 @@ def _instance_role(aws: Aws, settings: Settings, opts: LaunchOptions, run_id: st
     try:
         iam.create_run_role(client, run_id, settings.owner, job.role_policy,
                             user=runstore.user_id(aws.check_credentials()), region=aws.region, boundary=boundary)
-    except botocore.exceptions.ClientError as exc:
+    except ClientError as exc:
         if error_code(exc) in iam.REFUSED and exc.operation_name == "CreateRole":
             prov.instance_profile = None  # refused at its first call: nothing was made
             if boundary is None:
@@ -322,19 +294,3 @@ def bill(aws: Aws, settings: Settings, attempts: list[dict[str, Any]], prov: Pro
         start = datetime.fromisoformat(att["billing_started_at"]) if att.get("billing_started_at") else None
         att.update(costs.actual_cost(aws, settings.home, described[att["instance_id"]], ended, start,
                                      settings.root_volume_gib))
-
-
-def totals(attempts: list[dict[str, Any]]) -> dict[str, Any]:
-    """The run's bill from its attempts' bills (pure): sums, first launch, last termination."""
-    billed = [a for a in attempts if "billed_seconds" in a]
-    if not billed:
-        return {}
-    seconds = sum(a["billed_seconds"] for a in billed)
-    usd = None if any(a.get("cost_usd") is None for a in billed) else round(sum(a["cost_usd"] for a in billed), 6)
-    one = len(billed) == 1
-    return {"billed_seconds": round(seconds, 1), "cost_usd": usd,
-            "usd_per_hour": billed[0]["usd_per_hour"] if one else (None if usd is None else round(usd * 3600 / seconds, 6)),
-            "price_source": billed[0]["price_source"] if one else f"sum of {len(billed)} instances' bills",
-            "launched_at": billed[0]["launched_at"], "billing_started_at": billed[0].get("billing_started_at"),
-            "terminated_at": billed[-1]["terminated_at"]}
-

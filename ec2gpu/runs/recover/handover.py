@@ -177,17 +177,17 @@ def fetch(aws: Aws, run_id: str, out: Path, limits: Limits, note: Log,
     Returns {"outputs": [names], "files": ["agent-record.json", "job.log", "pool.json"...], "state": the
     record's state or None, "handover": the record's, "skipped": members refused, "left": 1 when the
     reading stopped at a member above the limits (what follows it is not read), else 0, "array":
-    the element table as pool/records.parse_status gives it, None for a run that is no array or
+    the element table as runs/element_table.parse_status gives it, None for a run that is no array or
     whose table was not handed over or not accepted}. Raises AwsError (S3), UsageError (a bad run
     id), OSError (``out`` not writable)."""
-    from ..detached.fetch import store
+    from ...aws.runstore import store
     s3, bucket, user = store(aws)  # the caller's own prefix: runs/USER_ID/RUN_ID/handover/
     keys = runstore.handover_keys(user, run_id)
     record_bytes = runstore_objects.read_head(s3, bucket, keys["record"], MAX_STATUS_BYTES + 1)
     if record_bytes is None:
         return None
     record = _record(record_bytes)
-    from ..detached.fetch import write_small
+    from ...remote.files import write_small
     out.mkdir(parents=True, exist_ok=True)
     log_bytes = runstore_objects.read_head(s3, bucket, keys["log"], MAX_LOG_BYTES)
     done = [name for name, data in ((agent_record.NAME, json.dumps(record, indent=2).encode()), ("job.log", log_bytes))
@@ -229,14 +229,14 @@ def fetch_pool(s3: Any, bucket: str, key: str, out: Path, limits: Limits, note: 
                submitted: list[dict[str, Any]] | None, schema: str = "task") -> dict[str, Any] | None:
     """An array's hand-over at ``key`` (the tar.gz of its driver's RUN_DIR/pool; hostile): unpacked
     within ``limits`` in a directory of its own under ``out``, its table.json checked
-    (pool/records.parse_status against ``submitted``, or each record's own parameters), each
-    element's test accuracy added from the outputs already home (records.accuracies), and written
+    (runs/element_table.parse_status against ``submitted``, or each record's own parameters), each
+    element's test accuracy added from the outputs already home (element_table.accuracies), and written
     as ``out``/pool.json, each element log (logs/INDEX.log, nothing else) moved to ``out``/logs,
     never through a link. Returns the checked table, or None when there is no such object or the
     table is not accepted (said to ``note``). Raises AwsError, OSError (``out`` not writable)."""
-    from ...pool import records
+    from .. import element_table
     from ...remote import files
-    from ..detached.fetch import write_small
+    from ...remote.files import write_small
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".handover-pool-", dir=out) as tmp:
         got = download_unpack(s3, bucket, key, Path(tmp), Path(tmp) / "pool", limits, note,
@@ -245,14 +245,14 @@ def fetch_pool(s3: Any, bucket: str, key: str, out: Path, limits: Limits, note: 
             return None
         names = got[0]
         status = None
-        table = Path(tmp) / "pool" / records.TABLE
-        if records.TABLE in names and table.stat().st_size <= records.MAX_STATUS_BYTES:
+        table = Path(tmp) / "pool" / element_table.TABLE
+        if element_table.TABLE in names and table.stat().st_size <= element_table.MAX_STATUS_BYTES:
             try:
-                status = records.parse_status(table.read_bytes(), submitted)
-            except records.BadStatus as exc:
+                status = element_table.parse_status(table.read_bytes(), submitted)
+            except element_table.BadStatus as exc:
                 note(f"warning: the array's table handed over is not accepted ({inert(str(exc))})")
         if status is not None:
-            records.accuracies(status, out, schema)
+            element_table.accuracies(status, out, schema)
             if not write_small(out, "pool.json", json.dumps(status, indent=2).encode()):
                 note(f"warning: the array's table not written: {out / 'pool.json'} is a link or not a file")
                 status = None
@@ -272,7 +272,7 @@ def adopt(aws: Aws, run_id: str, out: Path, job: Any, limits: Limits, note: Log)
     instance handed over no ended job (an interruption like any other: the run goes on), or the
     store cannot be read. Raises RemoteError when the handed-over job failed (its exit status)."""
     from ...errors import RemoteError
-    from ..execute import job_summary
+    from .. import job_summary
     try:
         if not ended(aws, run_id):
             return None
@@ -305,7 +305,7 @@ def ended(aws: Aws, run_id: str) -> bool:
 def handed(aws: Aws, run_id: str) -> dict[str, Any] | None:
     """The record the agent of run ``run_id`` handed over (_record: "state", "handover", "array"
     ...), or None when there is none. Raises AwsError (S3), NoCredentials."""
-    from ..detached.fetch import store
+    from ...aws.runstore import store
     s3, bucket, user = store(aws)
     data = runstore_objects.read_head(s3, bucket, runstore.handover_keys(user, run_id)["record"], MAX_STATUS_BYTES + 1)
     return _record(data) if data is not None else None
@@ -321,7 +321,7 @@ def _record(data: bytes) -> dict[str, Any]:
     except bounded_json.Refused:  # said by agent_record.parse, as the record's problem
         raw = {}
     said = raw.get("handover") if isinstance(raw, dict) else None
-    from ...pool.records import counts_of
+    from ..element_table import counts_of
     counts = raw.get("array") if isinstance(raw, dict) else None  # an array's (agent.array_counts)
     array = counts_of(counts) if isinstance(counts, dict) else None
     return {**got, "handover": inert(said[:300]) if isinstance(said, str) else None, "array": array,

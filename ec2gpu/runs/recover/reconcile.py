@@ -9,7 +9,7 @@ terminated (by themselves after --max-runtime, or removed by down/cleanup): stat
 
 Standing instances (`launch`, `notebook`) have no controller waiting for them: their row opens
 with status ``standing`` and the same commands, and `runs`, settle it (status ``ended``) once every
-instance of the run has terminated, billed over each of its running intervals (runs/settle/intervals.py).
+instance of the run has terminated, billed over each of its running intervals (runs/plan/intervals.py).
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import socket
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, AbstractSet, Any, Callable
 
+from ..plan import costs
 from ..settle import ledger
 from ..settle.record import this_controller as this_controller  # re-exported
 
@@ -59,12 +60,8 @@ def settle(aws: Aws, home: Path, row: dict[str, Any], log: Callable[[str], None]
     any of them still exists. Instances EC2 no longer lists (it forgets terminated ones after
     about an hour) are billed as unknown, and ``log`` says so. Raises botocore errors other than
     InvalidInstanceID.NotFound."""
-    import botocore.exceptions
-
     from ...aws import instances
-    from ...aws.session import error_code
-    from ..plan import costs
-    from ..provision import resources as provision
+    from ...aws.session import ClientError, error_code
 
     attempts = row.get("attempts") or []
     ids = [a["instance_id"] for a in attempts]
@@ -72,7 +69,7 @@ def settle(aws: Aws, home: Path, row: dict[str, Any], log: Callable[[str], None]
     for iid in ids:  # one at a time: one forgotten id must not hide the others
         try:
             described.update({i.id: i for i in instances.describe_instances(aws.ec2, [iid])})
-        except botocore.exceptions.ClientError as exc:
+        except ClientError as exc:
             if error_code(exc) != "InvalidInstanceID.NotFound":
                 raise
     if any(i.state != "terminated" for i in described.values()):
@@ -89,7 +86,7 @@ def settle(aws: Aws, home: Path, row: dict[str, Any], log: Callable[[str], None]
             continue
         start = datetime.fromisoformat(att["billing_started_at"]) if att.get("billing_started_at") else None
         att.update(costs.actual_cost(aws, home, inst, now, start, volume_gib), ended=LOST if lost else att.get("ended"))
-    bill = provision.totals([a for a in attempts if "billed_seconds" in a])
+    bill = costs.totals([a for a in attempts if "billed_seconds" in a])
     if lost:
         row.update(status=LOST, ended_at=bill.get("terminated_at") or now.isoformat())
     row.update(bill)
@@ -139,7 +136,7 @@ ENDINGS = {"Client.InstanceInitiatedShutdown": "ended itself", "Server.SpotInsta
 def standing_attempt(instance: Instance, volume_gib: float | None, now: datetime) -> dict[str, Any]:
     """The ledger's record of one standing instance (``instance``: its description, from
     instances.wait_running where it has the billing start) (pure): its first interval opened."""
-    from ..settle import intervals
+    from ..plan import intervals
 
     return {"attempt": 1, "node": instance.node, "instance_id": instance.id,
             "instance_type": instance.type, "market": instance.market,
@@ -172,7 +169,7 @@ def open_rows(home: Path, backend: str | None = None) -> list[dict[str, Any]]:
 def sync_standing(aws: Aws, home: Path, backend: str, log: Callable[[str], None] = lambda msg: None) -> list[str]:
     """Bring every STANDING row of ``backend`` in ``aws``'s region up to date with what EC2 shows
     of its run's instances (one DescribeInstances, every state): intervals opened and closed
-    (runs/settle/intervals.py), nodes the run gained (`scale`) added, each terminated instance billed, and
+    (runs/plan/intervals.py), nodes the run gained (`scale`) added, each terminated instance billed, and
     the row settled (status ENDED, its bill the sum of its instances') once none is left. Returns
     the run ids settled; ``log`` says each. Raises botocore errors."""
     from ...aws import sweep
@@ -191,8 +188,7 @@ def _sync_row(aws: Aws, home: Path, row: dict[str, Any], described: list[Instanc
     """One STANDING row brought up to date with ``described`` (its run's instances); written when
     anything changed. Returns whether it was settled."""
     from ...aws import sweep
-    from ..settle import intervals
-    from ..provision import resources as provision
+    from ..plan import intervals
 
     now = datetime.now(timezone.utc)
     before = json.dumps(row, sort_keys=True, default=str)
@@ -224,7 +220,7 @@ def _sync_row(aws: Aws, home: Path, row: dict[str, Any], described: list[Instanc
                        billed_seconds=round(sum(costs_billed(i) for i in closed), 1))
     settled = all("billed_seconds" in a for a in row["attempts"])
     if settled:
-        row.update(provision.totals(row["attempts"]), status=ENDED)
+        row.update(costs.totals(row["attempts"]), status=ENDED)
         row["ended_at"] = row.get("terminated_at") or now.isoformat()
         usd = row.get("cost_usd")
         log(f"run {row['run_id']} ({row.get('command') or 'launch'}): every instance has ended; "
@@ -237,7 +233,6 @@ def _sync_row(aws: Aws, home: Path, row: dict[str, Any], described: list[Instanc
 
 def costs_billed(interval: dict[str, Any]) -> float:
     """Billed seconds of one closed interval (60 s minimum) (pure)."""
-    from ..plan import costs
     return costs.billed_seconds(datetime.fromisoformat(interval["from"]), datetime.fromisoformat(interval["to"]))
 
 

@@ -193,10 +193,10 @@ class InstanceWatch:
         """Raise Interrupted when EC2 reports the instance gone. An API error (botocore's) is not an
         interruption: it is reported and asked again at the next poll, up to MAX_API_FAILURES in a
         row, then AwsError (the run cannot watch its instance, so it stops and tears down)."""
-        import botocore.exceptions
+        from ...aws.session import AWS_ERRORS
         try:
             inst = instances.describe_instances(self.ec2, [self.instance_id])[0]
-        except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
+        except AWS_ERRORS as exc:
             self.failures += 1
             if self.failures <= MAX_API_FAILURES:
                 self.log(f"could not read the state of {self.instance_id} ({self.failures} of {MAX_API_FAILURES}): "

@@ -67,7 +67,7 @@ MIGRATIONS: list[str] = [
     # (summary then holds {"invalid": why, "raw": text}); NULL on rows written before the checks
     "ALTER TABLE runs ADD COLUMN summary_schema TEXT",
     # 8: an array's or a sweep's element times (JSON: {"count", "mean_seconds"} of its succeeded
-    # elements; pool/records.element_seconds), from which the next run's estimate is made
+    # elements; runs/element_table.element_seconds), from which the next run's estimate is made
     "ALTER TABLE runs ADD COLUMN element_seconds TEXT",
 ]
 
@@ -145,7 +145,7 @@ def record(home: Path, row: Mapping[str, Any]) -> None:
 def _checked(row: Mapping[str, Any]) -> dict[str, Any]:
     """``row`` with what a job wrote (its summary, the figures taken from it, its exit code) checked
     again (job_summary.py), whoever made it: nothing unchecked is stored."""
-    from ..execute import job_summary
+    from .. import job_summary
     row = dict(row)
     if "summary" in row:
         row["summary"], row["summary_schema"] = job_summary.for_ledger(row["summary"], row.get("summary_schema"))
@@ -169,7 +169,7 @@ def _row(r: sqlite3.Row) -> dict[str, Any]:
     """One run as a dict, JSON columns parsed. What a job wrote is checked again (job_summary.py):
     a row from an older version with a summary that is not an object, a test accuracy of "x" or
     a figure out of bounds reads as a marked summary and None figures, never as an error."""
-    from ..execute import job_summary
+    from .. import job_summary
     d = dict(r)
     d["summary"], d["summary_schema"] = job_summary.from_ledger(d.get("summary"), d.get("summary_schema"))
     for k in JSON_COLUMNS:

@@ -32,7 +32,7 @@ from ..execute.reporter import ReporterLike
 if TYPE_CHECKING:
     from ...aws.instances import Instance
     from ...remote.ssh_config import HostEntry
-    from ..execute.engine import TaskJob
+    from ..job import TaskJob
 
 
 def _standing(aws: Aws, settings: Settings, found: list[Instance], out: str | Path | None, backend: Backend,
@@ -267,7 +267,7 @@ def pin_all(aws: Aws, settings: Settings, backend: Backend, found: list[Instance
 
 def listing(aws: Aws, settings: Settings) -> list[dict[str, Any]]:
     """`ec2gpu ls`: every live instance of the tool (aws/instances.summary) with its age (s: the
-    time it has run, over every running interval its ledger row recorded, runs/settle/intervals.py), the
+    time it has run, over every running interval its ledger row recorded, runs/plan/intervals.py), the
     on-demand price (USD/h; the ceiling of a spot one) and the cost so far (USD: each interval's
     compute with its 60 s minimum, its public IPv4 address, its root volume; ``so_far`` has the
     parts); for a stopped one, its volumes and their monthly cost; for one with an idle rule, how
@@ -275,7 +275,7 @@ def listing(aws: Aws, settings: Settings) -> list[dict[str, Any]]:
     import time
 
     from ...aws import sweep
-    from ..settle import intervals
+    from ..plan import intervals
     from ..recover import reconcile
     described = sweep.find_instances(aws.ec2)
     rows = [instances.summary(i) for i in described]

@@ -1,5 +1,7 @@
 """The pool driver's element table (RUN_DIR/pool/table.json), read as hostile input, and the run's
-element table brought home (pure).
+element table brought home (pure). In runs/, below every stage, because a pool run is a run: its
+ledger row, its logs (`ec2gpu logs`) and its hand-over read the table as pool/ does (runs/ never
+imports pool/).
 
 The driver (ec2gpu/pool/driver.py) runs on an instance the job shares: what it writes is bounded,
 checked field by field and printed inert, like every record that comes from an instance.
@@ -7,10 +9,12 @@ checked field by field and printed inert, like every record that comes from an i
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..tasks.arrays import MAX_ELEMENTS, MAX_PARAMS
 from ..wire import bounded_json
+from . import job_summary
 
 TABLE = "table.json"  # in RUN_DIR/pool/, where the driver writes it (pool/driver.py)
 MAX_STATUS_BYTES = 16 * 1024 * 1024  # 10,000 elements' records with their last lines fit
@@ -134,10 +138,7 @@ def parse_status(data: bytes, submitted: Sequence[Mapping[str, Any]] | None) -> 
 def accuracies(status: dict[str, Any], out: Any, schema: str = "task", secrets: Sequence[str] = ()) -> None:
     """Each element of ``status`` (parse_status's) given its test accuracy, where its outputs under
     ``out`` (a run's directory: outputs/INDEX/) hold a summary.json that has one (the built-in
-    trainer's; read as hostile input, checked against ``schema``: runs/execute/job_summary.py)."""
-    from pathlib import Path
-
-    from ..runs.execute import job_summary
+    trainer's; read as hostile input, checked against ``schema``: runs/job_summary.py)."""
     for e in status["elements"]:
         path = Path(out) / "outputs" / str(e["index"]) / "summary.json"
         if path.is_file():

@@ -40,7 +40,7 @@ from typing import Annotated, Any, Literal, Mapping, Optional, Sequence, Union, 
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-from ...wire import bounded_json
+from ..wire import bounded_json
 
 MASK = "****"  # what a secret value becomes in every log, record and message (engine, logs use mask_text)
 MAX_BYTES = 64 * 1024  # a summary.json (and bench.json) at most; the trainer's is ~1 KiB, the bench's ~2 KiB

@@ -15,11 +15,12 @@ from typing import Any
 from ...errors import RemoteError, UsageError
 from ...settings import Settings
 from ...wire import agent_record
-from . import engine, job_summary
+from ..execute import engine
+from .. import job_summary
 from ..settle import record as run_record
 from ..options import TrainOptions
-from ..provision.pipeline import _ledger, _with_summary, builtin_task, new_run_id
-from .reporter import ReporterLike
+from .pipeline import _ledger, _with_summary, builtin_task, new_run_id
+from ..execute.reporter import ReporterLike
 
 
 def train_local(opts: TrainOptions, ui: ReporterLike, data_dir: str | None = None,

@@ -21,7 +21,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from ..plan import costs
+from . import costs
 
 if TYPE_CHECKING:
     from pathlib import Path
