@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Callable, NotRequired, TypedDict
 from .files import write_json
 
 if TYPE_CHECKING:  # mnist imports torch; this module imports it only when it measures
-    from .mnist import Summary
+    from .summary import Summary
 
 #: Datasheet peaks of the GPUs in ec2gpu's catalog (dense, without sparsity): memory bandwidth in
 #: GB/s and TFLOP/s. ``None``: the GPU has no such tensor-core mode. Sources, NVIDIA datasheets:

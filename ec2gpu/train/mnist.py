@@ -24,7 +24,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, TypedDict, cast
+from typing import Any, Callable, cast
 
 import numpy as np
 import torch
@@ -37,65 +37,13 @@ from .files import write_json
 from .models import build, pretrain_rbm
 from .presets import PRESETS, Hparams
 from .spot import EXIT_SPOT_INTERRUPTED, SpotWatcher
+from .summary import NodeRate, RankRate, Resumed, Summary
 
 EXIT_OK, EXIT_USAGE, EXIT_SIGTERM = 0, 2, 143
 MEAN, STD = 0.1307, 0.3081  # MNIST training-set pixel mean and std (after /255)
 LOSS_EVERY = 20  # steps between the training losses kept for curves.png (one .item() sync each)
 PROGRESS_EVERY_S = 1.0  # seconds between rewrites of $EC2GPU_PROGRESS_FILE
 log = logging.getLogger("ec2gpu.train")
-
-
-class RankRate(TypedDict):
-    """One rank's training throughput: its node (torchrun's GROUP_RANK), host name, samples/s."""
-
-    node_rank: int
-    host: str
-    samples_per_second: float
-
-
-class NodeRate(RankRate):
-    """One node's throughput: its ranks' samples/s summed, and how many ranks it ran."""
-
-    ranks: int
-
-
-class Resumed(TypedDict):
-    """Where a resumed run started: epochs done, step within the next."""
-
-    epoch: int
-    step: int
-
-
-class Summary(TypedDict):
-    """summary.json (docs/tasks.md): the last epoch's metrics (None: no epoch ran), seconds of
-    training and wall time, the first time --target-acc was reached (s, None: not reached), the
-    device, world size, parameter count, per-node throughput, the GPU's name (None: CPU), versions,
-    the autocast dtype (None: off), seed, hyperparameters, each data file's md5, and where a
-    resumed run started (None: from scratch)."""
-
-    status: str
-    model: str
-    epochs: int
-    test_acc: float | None
-    test_loss: float | None
-    train_seconds: float
-    wall_seconds: float
-    time_to_target_seconds: float | None
-    target_acc: float
-    samples_per_second: float | None
-    device: str
-    world_size: int
-    params: int
-    nodes: int
-    per_node: list[NodeRate]
-    gpu_name: str | None
-    torch_version: str
-    cuda_version: str | None
-    amp_dtype: str | None
-    seed: int
-    hparams: dict[str, Any]
-    data_md5: dict[str, str]
-    resumed_from: Resumed | None
 
 
 def parse_args(argv: list[str] | None) -> tuple[Hparams, argparse.Namespace]:
