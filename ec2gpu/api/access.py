@@ -14,16 +14,28 @@ first where it is not pinned yet: it refuses any other key.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
-from ..errors import UsageError
+from .. import settings as settings_mod
+from ..aws import network, runstore, sweep, tags
+from ..aws.instances import Instance
+from ..backend import Context
+from ..errors import AwsError, LedgerError, UsageError
+from ..remote import ssh as remote_ssh
+from ..remote import tunnel as port_forward
+from ..remote.ssh_config import openssh
+from ..runs.detached import fetch as detached
+from ..runs.execute import logs as run_logs
+from ..runs.execute.reporter import Reporter, ReporterLike
+from ..runs.options import LaunchOptions
+from ..runs.recover import handover
+from ..runs.settle import ledger
+from ..runs.standing import hosts as standing
+from ..runs.standing import notebook as jupyter
+from ..tasks.spec import size_bytes
 from .instances import Log, _context, _quiet, _types, find, idle_rule
-
-if TYPE_CHECKING:
-    from ..aws.instances import Instance
-    from ..backend import Context
-    from ..runs.execute.reporter import ReporterLike
 
 #: ``write(chunk, final=False)``: where ``logs`` sends a job log's bytes as they come (``final``: its end).
 Write = Callable[..., None]
@@ -38,7 +50,6 @@ def _port(value: Optional[int], flag: str) -> None:
 def _size(value: Union[int, str], flag: str) -> int:
     """Bytes of ``value``: an int, or a size as text ('500MB', '10G', '2GiB', '2048'; tasks.spec.size_bytes:
     pydantic's ByteSize). Raises UsageError naming ``flag`` for anything else, or a negative size."""
-    from ..tasks.spec import size_bytes
     try:
         return size_bytes(value)
     except ValueError as exc:
@@ -49,15 +60,12 @@ def _pin_host_key(ctx: Context, inst: Instance, log: Log) -> None:
     """Before OpenSSH connects (StrictHostKeyChecking yes, HostKeyAlias): pin the instance's host
     key under its instance id, verified against its console output, when it is not pinned yet.
     Raises RemoteError, WaitTimeout."""
-    from ..remote import ssh as remote_ssh
-    from ..runs.standing import hosts as standing
     if not remote_ssh.pin_under_alias(ctx.settings.home / "known_hosts" / inst.id, inst.id, log):
         standing.pin_host_key(ctx.aws, ctx.settings, ctx.backend, inst, log=log).close()
 
 
 def _write_ssh_config(ctx: Context, warn: Log, log: Log, pin: bool = False):
     """runs/standing/hosts.write_ssh_config for ``ctx``: (path, entries, {instance id: why it was left out})."""
-    from ..runs.standing import hosts as standing
     return standing.write_ssh_config(ctx.aws, ctx.settings, ctx.backend, warn, pin=pin, log=log)
 
 
@@ -71,7 +79,6 @@ def ssh(name: str, command: Union[str, Sequence[str]] = (), *, region: Optional[
     OpenSSH's own failure (a host key that is not the pinned one). Raises UsageError (no such
     running instance), NoCredentials, AwsError, RemoteError and WaitTimeout (its host key could not
     be pinned)."""
-    from ..remote.ssh_config import openssh
 
     words = [command] if isinstance(command, str) else list(command)
     with _context(region, sandbox, log=log) as ctx:
@@ -126,9 +133,6 @@ def logs(name: str, *, follow: bool = False, write: Optional[Write] = None, regi
     home by a run that did not end. Raises UsageError (no such run or running instance, no log
     brought home, no job has run there yet, its private key is not here), NoCredentials,
     AwsError, RemoteError (the instance stays unreachable)."""
-    from .. import settings as settings_mod
-    from ..runs.settle import ledger
-    from ..runs.execute import logs as run_logs
 
     collected = bytearray()
     emit: Write = write or (lambda chunk, final=False: collected.extend(chunk))
@@ -160,7 +164,6 @@ def logs(name: str, *, follow: bool = False, write: Optional[Write] = None, regi
         known = row if row is not None else _ledger_row(home, name)
         run_id = known["run_id"] if known is not None else name
         if _detached_status(ctx, run_id, known, log) is not None:
-            from ..runs.detached import fetch as detached
             said: set = set()
             shown = detached.show_log(ctx.aws, run_id, emit, log, follow=follow,
                                       live=lambda: detached.live_log(ctx.aws, ctx.settings, ctx.backend, run_id, log,
@@ -188,8 +191,6 @@ def logs(name: str, *, follow: bool = False, write: Optional[Write] = None, regi
 
 def _ledger_row(home: Path, name: str) -> Optional[dict]:
     """The ledger's row of run ``name`` (an id or a unique prefix), or None (none, several, no ledger)."""
-    from ..errors import LedgerError
-    from ..runs.settle import ledger
     try:
         return ledger.get(home, name)
     except (UsageError, LedgerError):
@@ -201,7 +202,6 @@ def _maybe_detached(row: Optional[dict], name: str = "") -> bool:
     may be a detached one, so the run store is asked: its id has the form of one
     (aws/runstore.RUN_ID) and no controller process is recorded (`run --detach` records none;
     every run in the foreground does since ledger migration 6)."""
-    from ..aws import runstore
     run_id = row["run_id"] if row is not None else name
     return (row is None or row.get("controller") is None) and bool(
         isinstance(run_id, str) and runstore.RUN_ID.fullmatch(run_id))
@@ -212,8 +212,6 @@ def _detached_status(ctx: Context, run_id: str, row: Optional[dict], log: Log) -
     (runs/detached/fetch.status_of), else None; not asked for a ``row`` of a run in the
     foreground. An S3 error (these credentials may not read the store) is said to ``log``, then
     None: the run is looked for as one in the foreground is."""
-    from ..errors import AwsError, UsageError
-    from ..runs.detached import fetch as detached
     if not _maybe_detached(row, run_id):
         return None
     try:
@@ -253,15 +251,11 @@ def fetch(run_id: str, *, out: Union[str, Path, None] = None, max_download: Unio
     default, the run's own where this machine's ledger has it, else the configured one. Raises
     UsageError (a bad limit; no such run; no running instance to fetch from), NoCredentials,
     AwsError, RemoteError."""
-    from dataclasses import replace
 
-    from ..runs.settle import ledger
-    from ..runs.execute import logs as run_logs
 
     size = None if max_download is None else _size(max_download, "--max-download")
     if max_files is not None and (isinstance(max_files, bool) or not isinstance(max_files, int) or max_files < 0):
         raise UsageError(f"--max-files {max_files!r} is not a count", "give 0 or more")
-    from .. import settings as settings_mod
     known = _ledger_row(settings_mod.load({"region": region, "sandbox": sandbox or None}).home, run_id)
     with _context(region or (known or {}).get("region"), sandbox, log=log) as ctx:  # the run's own region
         limits = ctx.settings.download_limits
@@ -276,7 +270,6 @@ def fetch(run_id: str, *, out: Union[str, Path, None] = None, max_download: Unio
         full = row["run_id"] if row is not None else run_id
         got = _detached_status(ctx, full, row, log)
         if got is not None:
-            from ..runs.detached import fetch as detached
             where = Path(out or (row or {}).get("artifacts") or Path("runs") / full).resolve()
             builtin = row is not None and row.get("task") == "mnist" and row.get("model") is not None
             done = detached.fetch(ctx.aws, full, where, limits, log, got, schema="mnist" if builtin else "task")
@@ -286,9 +279,6 @@ def fetch(run_id: str, *, out: Union[str, Path, None] = None, max_download: Unio
         head = None if row is None else run_logs.head_instance(ctx.aws.ec2, row)
         if head is None and (row is None or row.get("status") in ("running", "controller-lost")):
             # its controller was lost and its instance is gone: what its agent handed over, when it did
-            from ..aws import runstore
-            from ..errors import AwsError
-            from ..runs.recover import handover
             where = Path(out or (row or {}).get("artifacts") or Path("runs") / full).resolve()
             try:
                 builtin = row is not None and row.get("task") == "mnist" and row.get("model") is not None
@@ -313,8 +303,6 @@ def fetch(run_id: str, *, out: Union[str, Path, None] = None, max_download: Unio
 def _record_columns(ctx, row: dict, columns: dict, log: Log) -> None:
     """Put a detached run's summary figures (job_summary.columns) in this machine's ledger row; a
     ledger problem is said, never raised (the files are home either way)."""
-    from ..errors import LedgerError
-    from ..runs.settle import ledger
     try:
         ledger.record(ctx.settings.home, {**row, **columns})
     except LedgerError as exc:
@@ -333,15 +321,14 @@ def tunnel(name: str, port: int, *, local_port: Optional[int] = None, region: Op
     forward's ssh ended. Raises UsageError (a port out of 1 to 65535; ``local_port`` in use here;
     no such running instance), NoCredentials, AwsError, RemoteError (the forward ends by itself),
     WaitTimeout."""
-    from ..remote import tunnel as tn
 
     _port(port, "port")
     _port(local_port, "--local-port")
-    with _context(region, sandbox, log=log) as ctx, tn.hangup_interrupts():
+    with _context(region, sandbox, log=log) as ctx, port_forward.hangup_interrupts():
         inst = find(ctx, name)[0]
         _pin_host_key(ctx, inst, log)
         config, _, _ = _write_ssh_config(ctx, warn or log, log)
-        here = tn.free_local_port(local_port or port)
+        here = port_forward.free_local_port(local_port or port)
         if local_port and here != local_port:
             raise UsageError(f"--local-port {local_port} is in use on this machine", "choose another, or leave it out")
         info: dict[str, Any] = {"instance_id": inst.id, "name": name, "port": port, "local_port": here,
@@ -349,7 +336,7 @@ def tunnel(name: str, port: int, *, local_port: Optional[int] = None, region: Op
         if on_ready is not None:
             on_ready(info["url"])
         try:  # its ssh ends with this call, however it ends
-            tn.forward_until_interrupted(tn.argv(config, inst.id, port, here), here, log,
+            port_forward.forward_until_interrupted(port_forward.argv(config, inst.id, port, here), here, log,
                                          refresh=lambda: _write_ssh_config(ctx, warn or log, log))
         except KeyboardInterrupt:
             pass
@@ -381,14 +368,9 @@ def notebook(*, instance_type: Optional[str] = None, spot: bool = False, name: O
     "terminated": whether ``down_on_exit`` removed the instance, and with it "removed": {kind: [ids]}.
     Raises UsageError (a bad name, type, port, CIDR or idle rule, before anything is created; a
     stopped ``name``), NoCredentials, AwsError, CapacityError, RemoteError, WaitTimeout."""
-    from ..aws import network, sweep, tags as T
-    from ..remote import tunnel
-    from ..runs.standing import notebook as nb
-    from ..runs.options import LaunchOptions
-    from ..runs.execute.reporter import Reporter
 
     if name is not None:
-        T.check_name(name)
+        tags.check_name(name)
     _port(local_port, "--local-port")
     if max_runtime is not None and max_runtime < 1:
         raise UsageError(f"--max-runtime {max_runtime} is under 1 minute", "give the minutes it may live, e.g. 120")
@@ -397,16 +379,16 @@ def notebook(*, instance_type: Optional[str] = None, spot: bool = False, name: O
     idle = idle_rule(idle_stop, idle_down, no_idle, max_runtime, spot)
     types = None if instance_type is None else _types(instance_type)
     reporter = reporter or Reporter()
-    with _context(region, sandbox, True, log) as ctx, tunnel.hangup_interrupts():
+    with _context(region, sandbox, True, log) as ctx, port_forward.hangup_interrupts():
         opts = LaunchOptions(instance_type=",".join(types or _types(ctx.settings.instance_type)),
                              spot=spot, name=name, ssh_cidr=ssh_cidr, ami=ami,
                              max_runtime_minutes=max_runtime or 120, idle=idle)
-        info = nb.serve(ctx.aws, ctx.settings, ctx.backend, opts, reporter, on_ready or (lambda info: None),
+        info = jupyter.serve(ctx.aws, ctx.settings, ctx.backend, opts, reporter, on_ready or (lambda info: None),
                         local_port)
         done = {**info, "terminated": False}
         if down_on_exit:
             inst = sweep.find_instances(ctx.aws.ec2, states=["pending", "running", "stopping", "stopped"])
-            run_id = next((i.tags.get(T.RUN) for i in inst if i.id == info["instance_id"]),
+            run_id = next((i.tags.get(tags.RUN) for i in inst if i.id == info["instance_id"]),
                           None)
             if run_id:
                 done["removed"] = sweep.delete_run(ctx.aws.ec2, run_id, ctx.settings.keys_dir, log=log,

@@ -15,7 +15,16 @@ import os
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
-from ..errors import UsageError
+from ..aws import catalog, pricing
+from ..aws.session import AWS_ERRORS
+from ..backend import sandbox_from_env
+from ..errors import Ec2GpuError, UsageError
+from ..runs.detached import costs as detached_costs
+from ..runs.plan import costs
+from ..runs.recover import reconcile
+from ..runs.settle import ledger
+from ..sandbox import control
+from ..settings import load
 from .instances import Log, _context, _quiet, settle
 
 #: The models `estimate` knows: the built-in `train mnist` job's (train/presets.py).
@@ -40,9 +49,6 @@ def prices(*, gpu: Optional[str] = None, refresh: bool = False, region: Optional
     replacement, last_known_on_demand_usd_per_hour], and in the sandbox "note" (its spot prices
     are simulated)}. Raises UsageError (an unknown GPU model; ``refresh`` in the sandbox, which has
     no Price List API), NoCredentials, AwsError."""
-    from ..aws import catalog, pricing
-    from ..backend import sandbox_from_env
-    from ..runs.plan import costs
 
     known_gpus = sorted({t.gpu for t in catalog.CATALOG.values()})
     if gpu and gpu.upper() not in {g.upper() for g in known_gpus} | set(catalog.RETIRED_GPUS):
@@ -82,8 +88,6 @@ def estimate(instance_types: Union[str, Sequence[str]] = "g4dn.xlarge,g5.xlarge,
     billing, 60 s minimum), cost_usd, upper_bound; and backend ("aws" or "sandbox": whose ledger
     and prices). Raises UsageError (an unknown model or type, none given, ``max_price`` without
     ``spot`` or below every zone's spot price, epochs under 1), NoCredentials, AwsError."""
-    from ..aws import catalog
-    from ..runs.plan import costs
 
     if model not in MODELS:
         raise UsageError(f"unknown model {model!r}", "choose cnn, lenet, mlp or dbn")
@@ -143,10 +147,6 @@ def list_runs(*, since: Optional[str] = None, sandbox: bool = False, remote: boo
     "estimated_cost_usd"}: real money and simulated bills are never added up), "since": the start
     as ISO 8601, or None}. `ec2gpu runs --json` prints each run's RUN_KEYS. Raises UsageError (a
     ``since`` that is neither a duration nor a date), LedgerError (an unreadable ledger)."""
-    from ..backend import sandbox_from_env
-    from ..runs.settle import ledger
-    from ..runs.recover import reconcile
-    from ..settings import load
 
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise UsageError(f"--limit {limit!r} is not a whole number of runs, 1 or more", "e.g. --limit 20")
@@ -169,9 +169,8 @@ def list_runs(*, since: Optional[str] = None, sandbox: bool = False, remote: boo
 
 def _remote_runs(start, sandbox: bool, limit: int, region: Optional[str], log: Log) -> dict:
     """list_runs(remote=True): the region's run store, read (runs/detached/costs.remote_runs)."""
-    from ..runs.detached import costs as detached
     with _context(region, sandbox, log=log) as ctx:
-        found = detached.remote_runs(ctx.aws, ctx.settings.home, ctx.settings.root_volume_gib, limit, start)
+        found = detached_costs.remote_runs(ctx.aws, ctx.settings.home, ctx.settings.root_volume_gib, limit, start)
     return {**found, "limit": limit, "since": start.isoformat() if start else None}
 
 
@@ -181,10 +180,6 @@ def _up_to_date(home: Path, sandbox: bool, log: Log, warn: Log) -> None:
     with ``sandbox`` or its endpoint in AWS_ENDPOINT_URL), bring them up to date from AWS
     (api.instances.settle), in each of their regions. Where AWS cannot be reached (no credentials,
     no network), ``warn`` says so once. A sandbox that is not up is not started for this."""
-    from ..aws.session import AWS_ERRORS
-    from ..errors import Ec2GpuError
-    from ..runs.recover import reconcile
-    from ..sandbox import control
 
     pending = reconcile.open_rows(home) + reconcile.abandoned(home) + reconcile.kept(home)
     endpoint = (control.read_state(home) or {}).get("endpoint")
@@ -208,6 +203,4 @@ def show_run(run_id: str) -> dict:
     instance_ids, instance_type, market, phases (s), estimate and estimated_cost_usd, billed_seconds,
     cost_usd, attempts, summary, artifacts, started_at, ended_at...). This machine's ledger alone.
     Raises UsageError (no such run, or a prefix of several), LedgerError."""
-    from ..runs.settle import ledger
-    from ..settings import load
     return ledger.get(load().home, run_id)

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
+from .. import backend
+from ..runs.provision import bake
+
 Log = Callable[[str], None]
 
 
@@ -24,9 +27,7 @@ def list_images(*, region: Optional[str] = None, sandbox: bool = False) -> list[
     by size_basis), usd_per_month (USD, None where the region's price is unknown),
     usd_per_gb_month (USD per GB-month of EBS snapshot storage, or None), price_source (where that
     price comes from, or how to get it). [] when there are none. Raises NoCredentials, AwsError."""
-    from ..backend import Context
-    from ..runs.provision import bake
-    with Context(region, sandbox) as ctx:
+    with backend.Context(region, sandbox) as ctx:
         ctx.aws.check_credentials()
         return bake.listing(ctx.aws, ctx.settings.home)
 
@@ -36,8 +37,6 @@ def remove_image(image: str, *, region: Optional[str] = None, sandbox: bool = Fa
     image rm`. Each step is said to ``log``. Returns {"image_id": str, "name": str or None,
     "snapshots": [snapshot ids deleted]}. Raises UsageError when ec2gpu made no image by that name
     or id in the region; NoCredentials, AwsError."""
-    from ..backend import Context
-    from ..runs.provision import bake
-    with Context(region, sandbox, note=log) as ctx:
+    with backend.Context(region, sandbox, note=log) as ctx:
         ctx.aws.check_credentials()
         return bake.remove(ctx.aws, image, log=log)

@@ -10,15 +10,21 @@ AwsError, RemoteError, WaitTimeout. ``log(text)`` is told what happens on the wa
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, AbstractSet, Any, Callable, Optional, cast
+from typing import AbstractSet, Any, Callable, Optional, cast
 
-from ..errors import UsageError
-
-if TYPE_CHECKING:
-    from ..aws.instances import Instance
-    from ..aws.instances import IdleRule
-    from ..backend import Context
-    from ..runs.execute.reporter import ReporterLike
+from .. import backend
+from ..aws import catalog, clusters, network, sweep, tags
+from ..aws.instances import IdleRule, Instance
+from ..errors import Ec2GpuError, UsageError
+from ..remote.jobs import CONNECTION_ERRORS
+from ..runs.execute import logs as run_logs
+from ..runs.execute.reporter import Reporter, ReporterLike
+from ..runs.options import LaunchOptions
+from ..runs.plan import doctor as doctor_checks
+from ..runs.recover import reconcile
+from ..runs.standing import hosts as standing
+from ..runs.standing import stopstart
+from ..tasks.spec import minutes
 
 Log = Callable[[str], None]
 
@@ -27,10 +33,9 @@ def _quiet(text: str) -> None:
     """The default ``log``: says nothing."""
 
 
-def _context(region: Optional[str], sandbox: bool, persistent: bool = False, log: Log = _quiet) -> Context:
+def _context(region: Optional[str], sandbox: bool, persistent: bool = False, log: Log = _quiet) -> backend.Context:
     """A backend.Context (a context manager) for one operation; ``log`` is told when a sandbox is started for good."""
-    from ..backend import Context
-    return Context(region, sandbox, persistent, note=log)
+    return backend.Context(region, sandbox, persistent, note=log)
 
 
 # ---- shared by several commands -------------------------------------------------------------
@@ -46,8 +51,6 @@ def idle_rule(idle_stop: str | None, idle_down: str | None, no_idle: bool, max_r
     Raises UsageError for two rules at once, a duration that is not one (or under 10 s), --no-idle
     without --max-runtime, and --idle-stop on spot (EC2 cannot stop ec2gpu's one-time spot instances:
     https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/stop-start-spot-instances.html)."""
-    from ..aws.instances import IdleRule
-    from ..tasks.spec import minutes
 
     given = [(a, v) for a, v in (("stop", idle_stop), ("down", idle_down)) if v is not None]
     if len(given) + no_idle > 1:
@@ -70,14 +73,13 @@ def idle_rule(idle_stop: str | None, idle_down: str | None, no_idle: bool, max_r
     return IdleRule(action, seconds)
 
 
-def settle(ctx: Context, run_ids: set[str] | None = None, ended: bool = True, keep: AbstractSet[str] = frozenset(),
+def settle(ctx: backend.Context, run_ids: set[str] | None = None, ended: bool = True, keep: AbstractSet[str] = frozenset(),
            log: Log = _quiet, warn: Optional[Log] = None) -> None:
     """Bring the ledger up to date with the instances of ``ctx``'s backend and region (runs/recover/reconcile.py):
     settle the runs (only ``run_ids`` if given) whose controller died and whose instances have
     terminated, record the standing instances' running intervals and settle those that have all
     ended; and (``ended``) remove what runs whose instances have all ended left, but ``keep``'s.
     Each is said to ``log`` (a settled bill to ``warn``, default ``log``). Raises AwsError."""
-    from ..runs.recover import reconcile
     home = ctx.settings.home
     reconcile.settle_all(ctx.aws, home, ctx.backend.name, run_ids, log=warn or log,
                          volume_gib=ctx.settings.root_volume_gib)
@@ -86,36 +88,31 @@ def settle(ctx: Context, run_ids: set[str] | None = None, ended: bool = True, ke
         reconcile.remove_ended(ctx.aws, home, ctx.settings.keys_dir, keep, log=log)
 
 
-def fetch_abandoned(ctx: Context, run_ids: set[str] | None = None, log: Log = _quiet,
+def fetch_abandoned(ctx: backend.Context, run_ids: set[str] | None = None, log: Log = _quiet,
                     warn: Optional[Log] = None) -> list[str]:
     """Before their instances go: bring home what the jobs of runs whose controller died wrote
     (runs/recover/reconcile.abandoned, runs/execute/logs.fetch) to each run's artifacts directory (only ``run_ids``'
     if given). Returns the run ids that could not be reached, each also said to ``warn`` (default
     ``log``); removing them goes on."""
-    from ..errors import Ec2GpuError
-    from ..remote.jobs import CONNECTION_ERRORS
-    from ..runs.execute import logs
-    from ..runs.recover import reconcile
     missed = []
     for row in reconcile.abandoned(ctx.settings.home, ctx.backend.name):
         if run_ids is not None and row["run_id"] not in run_ids:
             continue
-        head = logs.head_instance(ctx.aws.ec2, row)
+        head = run_logs.head_instance(ctx.aws.ec2, row)
         if head is None:
             continue
         out = Path(row.get("artifacts") or Path("runs") / row["run_id"])
         try:
-            logs.fetch(ctx, head, row["run_id"], out, log)
+            run_logs.fetch(ctx, head, row["run_id"], out, log)
         except (Ec2GpuError, *CONNECTION_ERRORS) as exc:  # its words may quote the instance: printed inert
             missed.append(row["run_id"])
             (warn or log)(f"run {row['run_id']}: could not bring its files home first ({exc}); removing it anyway")
     return missed
 
 
-def find(ctx: Context, name: str) -> list[Instance]:
+def find(ctx: backend.Context, name: str) -> list[Instance]:
     """The running (or pending) instances called ``name`` (a Name tag, instance id, run id or
     cluster): DescribeInstances dicts. Raises UsageError saying what they are instead."""
-    from ..runs.standing import stopstart
     return stopstart.find(ctx.aws.ec2, name, ["pending", "running"])
 
 
@@ -124,7 +121,6 @@ def find(ctx: Context, name: str) -> list[Instance]:
 def _types(asked: str) -> list[str]:
     """The catalog's names of a comma-separated --instance-type (pure). Raises UsageError for an
     empty entry or a type the catalog does not know (a retired one names its replacement)."""
-    from ..aws import catalog
     if any(not t.strip() for t in asked.split(",")):
         raise UsageError(f"--instance-type {asked!r} has an empty entry", "name each type, e.g. g4dn.xlarge")
     return [catalog.lookup(t).name for t in asked.split(",")]
@@ -143,10 +139,6 @@ def launch(*, instance_type: Optional[str] = None, spot: bool = False, name: Opt
     Returns one dict per instance: name, instance_id, instance_type, market, state, public_ip, zone
     (runs/standing/hosts.launch). Raises UsageError (a bad name, CIDR, type or rule) before anything is
     created; AwsError, CapacityError, WaitTimeout."""
-    from ..aws import network, tags
-    from ..runs.options import LaunchOptions
-    from ..runs.standing import hosts as standing
-    from ..runs.execute.reporter import Reporter
 
     if name is not None:
         tags.check_name(name)  # it goes into tags, ssh_config Host lines and commands shown to the user
@@ -169,7 +161,6 @@ def stop(name: str, *, region: Optional[str] = None, sandbox: bool = False, log:
     and billed, its instance-store NVMe erased. Returns one dict per instance (runs/standing/stopstart.stop:
     name, instance_id, instance_type, state, instance_store_gb). Raises UsageError for an unknown
     name or a spot instance (EC2 cannot stop it), NoCredentials, AwsError, WaitTimeout."""
-    from ..runs.standing import stopstart
     with _context(region, sandbox, True, log) as ctx:
         ctx.aws.check_credentials()
         rows = stopstart.stop(ctx.aws, name, log=log)
@@ -183,7 +174,6 @@ def start(name: str, *, region: Optional[str] = None, sandbox: bool = False, log
     key at its new address, and schedule its --max-runtime shutdown again (a stop cancels it).
     Returns one dict per instance (runs/standing/stopstart.start: name, instance_id, state, public_ip).
     Raises UsageError for an unknown name, NoCredentials, AwsError, RemoteError, WaitTimeout."""
-    from ..runs.standing import stopstart
     with _context(region, sandbox, True, log) as ctx:
         ctx.aws.check_credentials()
         settle(ctx, ended=False, log=log, warn=warn)  # a stop no command has seen yet (--idle-stop) is recorded first
@@ -199,8 +189,6 @@ def scale(name: str, nodes: int, *, max_runtime: int = 120, region: Optional[str
     its console output, and end themselves after ``max_runtime`` minutes. Returns aws/clusters.scale's
     dict: {"nodes": int, "added": [instance ids], "removed": [instance ids]}. Raises UsageError
     (fewer than 1 node, no such cluster), NoCredentials, AwsError, RemoteError, WaitTimeout."""
-    from ..aws import clusters
-    from ..runs.standing import hosts as standing
     if nodes < 1:
         raise UsageError(f"a cluster keeps at least 1 node (asked {nodes})", "`ec2gpu down NAME` removes it all")
     if max_runtime < 5:
@@ -222,7 +210,6 @@ def list_instances(*, region: Optional[str] = None, sandbox: bool = False, log: 
     instance_type, market, zone, state, cluster, node, launched_at, age_seconds, usd_per_hour
     (on-demand: spot's ceiling), cost_so_far_usd, idle_rule, idle_seconds, busy, disk_gib,
     disk_usd_per_month, unsafe_tags. Raises NoCredentials, AwsError."""
-    from ..runs.standing import hosts as standing
     with _context(region, sandbox, False, log) as ctx:
         settle(ctx, log=log, warn=warn)  # bills of instances that have ended (by themselves, too), and what they left
         return standing.listing(ctx.aws, ctx.settings)
@@ -244,7 +231,6 @@ def cleanup(*, dry_run: bool = False, all_regions: bool = False, fetch: bool = T
     Returns {"dry_run": bool, "regions": {region: {kind: [ids], "left": [ids it could not remove]}},
     "searched": [regions looked in]} (regions where nothing was found are left out of "regions").
     Raises NoCredentials, AwsError."""
-    from ..aws import sweep
     report: dict[str, Any] = {}
     with _context(region, sandbox, False, log) as ctx:
         ctx.aws.check_credentials()
@@ -283,7 +269,6 @@ def down(name: Optional[str] = None, *, all: bool = False, fetch: bool = True,  
     times. Returns {run_id: {kind: [ids removed], "left": [ids it could not remove]}}. Raises
     UsageError (neither or both of ``name`` and ``all``; nothing of ec2gpu's called ``name``)
     before anything is removed; NoCredentials, AwsError."""
-    from ..aws import sweep, tags as T
     if bool(name) == all:
         raise UsageError("say which instances to remove", "ec2gpu down NAME, or ec2gpu down --all")
     with _context(region, sandbox, False, log) as ctx:
@@ -291,7 +276,7 @@ def down(name: Optional[str] = None, *, all: bool = False, fetch: bool = True,  
         runs: AbstractSet[str | None]
         if all:
             runs = {i.run_id for i in sweep.find_instances(ec2)} | {
-                T.as_dict(r.get("Tags")).get(T.RUN) for r in sweep.find_security_groups(ec2) + sweep.find_key_pairs(ec2)}
+                tags.as_dict(r.get("Tags")).get(tags.RUN) for r in sweep.find_security_groups(ec2) + sweep.find_key_pairs(ec2)}
         else:  # terminated instances too: an interrupted spot instance leaves its group and key pair
             runs = sweep.runs_named(ec2, cast(str, name))  # without --all a name is given (refused above)
             if not runs:
@@ -316,8 +301,7 @@ def doctor(*, instance_type: Optional[str] = None, spot: bool = False, region: O
     configured one). Returns one dict per check (runs/plan/doctor.Check.as_dict: name, ok (True, False,
     or None: could not tell), detail, fix); missing credentials are a failed "credentials" check,
     not an error. The command's exit code: runs/plan/doctor.exit_code([doctor.Check(**c) for c in rows])."""
-    from ..runs.plan import doctor as doc
     with _context(region, sandbox, False, log) as ctx:
-        checks = doc.run_checks(ctx.aws, ctx.settings, instance_type or ctx.settings.instance_type, spot,
+        checks = doctor_checks.run_checks(ctx.aws, ctx.settings, instance_type or ctx.settings.instance_type, spot,
                                 ctx.backend.is_sandbox)
     return [c.as_dict() for c in checks]

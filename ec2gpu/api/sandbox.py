@@ -11,7 +11,9 @@ from __future__ import annotations
 import math
 from typing import Callable, Optional
 
-from ..errors import UsageError
+from ..errors import SandboxError, UsageError
+from ..sandbox import control
+from ..settings import load
 
 Log = Callable[[str], None]
 
@@ -22,7 +24,6 @@ def _quiet(text: str) -> None:
 
 def _home():
     """EC2GPU_HOME (settings.load), whose sandbox these functions mean."""
-    from ..settings import load
     return load().home
 
 
@@ -35,7 +36,6 @@ def sandbox_up(like_aws: bool = False, *, log: Log = _quiet) -> dict:
     checkip_url, imds_url, like_aws, instances ({instance id: {host, port, sshd_pid, directory}}),
     shutdowns ({instance id: when its OS powers off, ISO 8601 UTC}). Raises UsageError without the
     `sandbox` extra (moto), SandboxError when sshd is missing or it does not come up in time."""
-    from ..sandbox import control
     state = control.up(_home(), like_aws=like_aws or None)
     if like_aws and not state.get("like_aws"):
         log("a sandbox without --like-aws is already running; `ec2gpu sandbox down` first")
@@ -44,14 +44,12 @@ def sandbox_up(like_aws: bool = False, *, log: Log = _quiet) -> dict:
 
 def sandbox_down() -> bool:
     """Stop the sandbox and every sshd and process it started. Returns whether one was running."""
-    from ..sandbox import control
     return control.down(_home())
 
 
 def sandbox_status() -> dict:
     """The running sandbox's state (as sandbox_up returns it: pid, endpoint, instances {instance
     id: {host, port, sshd_pid, directory}}, ...), or {"running": False} when none runs."""
-    from ..sandbox import control
     return control.read_state(_home()) or {"running": False}
 
 
@@ -64,7 +62,6 @@ def sandbox_interrupt(instance_id: str, notice_seconds: float = 120.0, rebalance
     {"instance_id", "rebalance": {"noticeTime"}, "published_at"}. Raises UsageError for a negative or non-finite
     ``notice_seconds``; SandboxError when no sandbox runs, or for an unknown, stopped or on-demand
     instance."""
-    from ..sandbox import control
     if not math.isfinite(notice_seconds) or notice_seconds < 0:
         raise UsageError(f"--notice-seconds {notice_seconds:g} is not a number of seconds, 0 or more",
                          "EC2 gives 120")
@@ -78,7 +75,6 @@ def sandbox_capacity(instance_type: str, count: Optional[int]) -> dict:
     fit, as EC2 does when a type is short (sandbox/capacity.py). Returns {"limits": {instance
     type: count}}, every limit in force. Raises UsageError for a negative count; SandboxError when
     no sandbox runs."""
-    from ..sandbox import control
     if count is not None and count < 0:
         raise UsageError(f"count {count} is below 0", "give 0 or more, or --unlimited")
     return control.capacity(_home(), instance_type, count)
@@ -88,8 +84,6 @@ def sandbox_env() -> dict[str, str]:
     """The environment variables that point AWS clients (boto3, the aws CLI) at the running
     sandbox: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN,
     AWS_DEFAULT_REGION, EC2GPU_CHECKIP_URL (sandbox/control.env_vars). Raises SandboxError when none runs."""
-    from ..errors import SandboxError
-    from ..sandbox import control
     state = control.read_state(_home())
     if not state:
         raise SandboxError("no sandbox is running", "start it with `ec2gpu sandbox up`")
