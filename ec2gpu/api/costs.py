@@ -12,8 +12,9 @@ before anything is opened, NoCredentials, AwsError. ``log(text)`` is told what h
 from __future__ import annotations
 
 import os
+from datetime import datetime
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 from ..aws import catalog, pricing
 from ..aws.session import AWS_ERRORS
@@ -37,7 +38,7 @@ RUN_KEYS = ("run_id", "status", "controller_gone", "backend", "command", "task",
 
 
 def prices(*, gpu: Optional[str] = None, refresh: bool = False, region: Optional[str] = None, sandbox: bool = False,
-           log: Log = _quiet) -> dict:
+           log: Log = _quiet) -> dict[str, Any]:
     """The GPU instance types of the region with their prices; `ec2gpu prices`.
 
     ``gpu``: only this GPU model (T4, A10G, L4, V100, A100, H100; case-insensitive). ``refresh``:
@@ -76,7 +77,7 @@ def prices(*, gpu: Optional[str] = None, refresh: bool = False, region: Optional
 
 def estimate(instance_types: Union[str, Sequence[str]] = "g4dn.xlarge,g5.xlarge,g6.xlarge", *, spot: bool = False,
              max_price: Optional[float] = None, model: str = "cnn", epochs: Optional[int] = None,
-             region: Optional[str] = None, sandbox: bool = False, log: Log = _quiet) -> list[dict]:
+             region: Optional[str] = None, sandbox: bool = False, log: Log = _quiet) -> list[dict[str, Any]]:
     """Estimate the seconds (boot, setup, training, teardown) and USD of `train mnist` on each of
     ``instance_types`` (comma-separated, or a list); `ec2gpu cost`.
 
@@ -118,7 +119,7 @@ REMOTE_KEYS = ("run_id", "state", "attempt", "restarts", "interruptions", "launc
 
 def list_runs(*, since: Optional[str] = None, sandbox: bool = False, remote: bool = False,
               limit: Optional[int] = None, region: Optional[str] = None, log: Log = _quiet,
-              warn: Optional[Log] = None) -> dict:
+              warn: Optional[Log] = None) -> dict[str, Any]:
     """The ledger's runs, newest first; `ec2gpu runs`. ``since``: only runs started since then
     (30m, 12h, 30d, 2w, or a date; UTC); ``sandbox``: only the sandbox's runs; ``limit``: at most
     this many (the newest; default all; the totals are of the runs listed).
@@ -167,7 +168,7 @@ def list_runs(*, since: Optional[str] = None, sandbox: bool = False, remote: boo
             "since": start.isoformat() if start else None}
 
 
-def _remote_runs(start, sandbox: bool, limit: int, region: Optional[str], log: Log) -> dict:
+def _remote_runs(start: Optional[datetime], sandbox: bool, limit: int, region: Optional[str], log: Log) -> dict[str, Any]:
     """list_runs(remote=True): the region's run store, read (runs/detached/costs.remote_runs)."""
     with _context(region, sandbox, log=log) as ctx:
         found = detached_costs.remote_runs(ctx.aws, ctx.settings.home, ctx.settings.root_volume_gib, limit, start)
@@ -197,7 +198,7 @@ def _up_to_date(home: Path, sandbox: bool, log: Log, warn: Log) -> None:
              "listed as they are")
 
 
-def show_run(run_id: str) -> dict:
+def show_run(run_id: str) -> dict[str, Any]:
     """Everything the ledger knows about one run (``run_id``: an id or a unique prefix); `ec2gpu runs
     show`: its row (runs/settle/ledger.py: command, status, exit_status, backend, region, zone,
     instance_ids, instance_type, market, phases (s), estimate and estimated_cost_usd, billed_seconds,

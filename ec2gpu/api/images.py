@@ -7,7 +7,7 @@ ec2gpu.errors tree: UsageError, NoCredentials, AwsError.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from .. import backend
 from ..runs.provision import bake
@@ -19,7 +19,7 @@ def _quiet(text: str) -> None:
     """The default ``log``: says nothing."""
 
 
-def list_images(*, region: Optional[str] = None, sandbox: bool = False) -> list[dict]:
+def list_images(*, region: Optional[str] = None, sandbox: bool = False) -> list[dict[str, Any]]:
     """The images `ec2gpu image bake` made in the region, newest first, with what is inside and
     what their snapshots cost; `ec2gpu image ls`. One dict each (runs/provision/bake.listing): name,
     image_id, state, created, task, setup_hash, base, base_image, run_id, torch, cuda, driver,
@@ -32,7 +32,7 @@ def list_images(*, region: Optional[str] = None, sandbox: bool = False) -> list[
         return bake.listing(ctx.aws, ctx.settings.home)
 
 
-def remove_image(image: str, *, region: Optional[str] = None, sandbox: bool = False, log: Log = _quiet) -> dict:
+def remove_image(image: str, *, region: Optional[str] = None, sandbox: bool = False, log: Log = _quiet) -> dict[str, Any]:
     """Deregister the baked image ``image`` (its name or AMI id) and delete its snapshots; `ec2gpu
     image rm`. Each step is said to ``log``. Returns {"image_id": str, "name": str or None,
     "snapshots": [snapshot ids deleted]}. Raises UsageError when ec2gpu made no image by that name

@@ -130,7 +130,7 @@ def launch(*, instance_type: Optional[str] = None, spot: bool = False, name: Opt
            ssh_cidr: Optional[str] = None, ami: Optional[str] = None, max_runtime: Optional[int] = None,
            idle_stop: Optional[str] = None, idle_down: Optional[str] = None, no_idle: bool = False, nodes: int = 1,
            region: Optional[str] = None, sandbox: bool = False, reporter: Optional[ReporterLike] = None, log: Log = _quiet,
-           warn: Optional[Log] = None) -> list[dict]:
+           warn: Optional[Log] = None) -> list[dict[str, Any]]:
     """Launch an instance (or a standing cluster of ``nodes``) and leave it running; `ec2gpu launch`.
 
     ``instance_type``: one type or several in order of preference (default: the configured one);
@@ -156,7 +156,7 @@ def launch(*, instance_type: Optional[str] = None, spot: bool = False, name: Opt
 
 
 def stop(name: str, *, region: Optional[str] = None, sandbox: bool = False, log: Log = _quiet,
-         warn: Optional[Log] = None) -> list[dict]:
+         warn: Optional[Log] = None) -> list[dict[str, Any]]:
     """Stop a standing on-demand instance (or every node of cluster ``name``): its EBS disk is kept
     and billed, its instance-store NVMe erased. Returns one dict per instance (runs/standing/stopstart.stop:
     name, instance_id, instance_type, state, instance_store_gb). Raises UsageError for an unknown
@@ -169,7 +169,7 @@ def stop(name: str, *, region: Optional[str] = None, sandbox: bool = False, log:
 
 
 def start(name: str, *, region: Optional[str] = None, sandbox: bool = False, log: Log = _quiet,
-          warn: Optional[Log] = None) -> list[dict]:
+          warn: Optional[Log] = None) -> list[dict[str, Any]]:
     """Start a stopped instance (or cluster) again: wait until it answers SSH with its pinned host
     key at its new address, and schedule its --max-runtime shutdown again (a stop cancels it).
     Returns one dict per instance (runs/standing/stopstart.start: name, instance_id, state, public_ip).
@@ -183,7 +183,7 @@ def start(name: str, *, region: Optional[str] = None, sandbox: bool = False, log
 
 
 def scale(name: str, nodes: int, *, max_runtime: int = 120, region: Optional[str] = None, sandbox: bool = False,
-          log: Log = _quiet, warn: Optional[Log] = None) -> dict:
+          log: Log = _quiet, warn: Optional[Log] = None) -> dict[str, Any]:
     """Grow or shrink the standing cluster ``name`` to ``nodes`` (node 0 always stays); new nodes
     join its security group, zone and placement group, each host key pinned and checked against
     its console output, and end themselves after ``max_runtime`` minutes. Returns aws/clusters.scale's
@@ -204,7 +204,7 @@ def scale(name: str, nodes: int, *, max_runtime: int = 120, region: Optional[str
 
 
 def list_instances(*, region: Optional[str] = None, sandbox: bool = False, log: Log = _quiet,
-                   warn: Optional[Log] = None) -> list[dict]:
+                   warn: Optional[Log] = None) -> list[dict[str, Any]]:
     """The instances ec2gpu launched that are still alive (running or stopped), after the ledger is
     brought up to date (settle). One dict each (runs/standing/hosts.listing): name, instance_id,
     instance_type, market, zone, state, cluster, node, launched_at, age_seconds, usd_per_hour
@@ -221,7 +221,7 @@ def _prefixed(log: Log, prefix: str) -> Log:
 
 
 def cleanup(*, dry_run: bool = False, all_regions: bool = False, fetch: bool = True, region: Optional[str] = None,
-            sandbox: bool = False, log: Log = _quiet, warn: Optional[Log] = None) -> dict:
+            sandbox: bool = False, log: Log = _quiet, warn: Optional[Log] = None) -> dict[str, Any]:
     """Find by tag and remove everything ec2gpu created (aws/sweep.KINDS: Auto Scaling groups,
     instances, spot requests, security groups, key pairs and their key files, placement groups,
     roles, launch templates, images and snapshots of bakes that did not complete, and the caller's
@@ -260,7 +260,7 @@ def cleanup(*, dry_run: bool = False, all_regions: bool = False, fetch: bool = T
 
 
 def down(name: Optional[str] = None, *, all: bool = False, fetch: bool = True,  # noqa: A002 - the flag's name
-         region: Optional[str] = None, sandbox: bool = False, log: Log = _quiet, warn: Optional[Log] = None) -> dict:
+         region: Optional[str] = None, sandbox: bool = False, log: Log = _quiet, warn: Optional[Log] = None) -> dict[str, Any]:
     """Terminate the instances of the runs called ``name`` (a Name tag, instance id, run id or
     cluster; or ``all`` of ec2gpu's in the region) and delete what they made (aws/sweep.delete_run:
     security groups, key pairs, placement groups, roles, a detached run's Auto Scaling group and
@@ -295,7 +295,7 @@ def down(name: Optional[str] = None, *, all: bool = False, fetch: bool = True,  
 
 
 def doctor(*, instance_type: Optional[str] = None, spot: bool = False, region: Optional[str] = None,
-           sandbox: bool = False, log: Log = _quiet) -> list[dict]:
+           sandbox: bool = False, log: Log = _quiet) -> list[dict[str, Any]]:
     """Check credentials, region, default VPC, GPU quota (on-demand, or spot with ``spot``), AMI,
     this machine's IP, prices, ssh, rsync and key files for ``instance_type`` (default: the
     configured one). Returns one dict per check (runs/plan/doctor.Check.as_dict: name, ok (True, False,

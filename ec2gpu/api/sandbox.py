@@ -9,7 +9,8 @@ input), SandboxError (no sandbox running, sshd missing, it did not come up, an u
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
+from pathlib import Path
+from typing import Any, Callable, Optional
 
 from ..errors import SandboxError, UsageError
 from ..sandbox import control
@@ -22,12 +23,12 @@ def _quiet(text: str) -> None:
     """The default ``log``: says nothing."""
 
 
-def _home():
+def _home() -> Path:
     """EC2GPU_HOME (settings.load), whose sandbox these functions mean."""
     return load().home
 
 
-def sandbox_up(like_aws: bool = False, *, log: Log = _quiet) -> dict:
+def sandbox_up(like_aws: bool = False, *, log: Log = _quiet) -> dict[str, Any]:
     """Start the sandbox in the background unless one runs; it keeps its state until sandbox_down.
     ``like_aws``: behave like EC2 where moto does not (instances pending a few seconds, late
     fingerprints, NotFound now and then, RequestLimitExceeded; also EC2GPU_SANDBOX_LIKE_AWS=1);
@@ -47,13 +48,13 @@ def sandbox_down() -> bool:
     return control.down(_home())
 
 
-def sandbox_status() -> dict:
+def sandbox_status() -> dict[str, Any]:
     """The running sandbox's state (as sandbox_up returns it: pid, endpoint, instances {instance
     id: {host, port, sshd_pid, directory}}, ...), or {"running": False} when none runs."""
     return control.read_state(_home()) or {"running": False}
 
 
-def sandbox_interrupt(instance_id: str, notice_seconds: float = 120.0, rebalance: bool = False) -> dict:
+def sandbox_interrupt(instance_id: str, notice_seconds: float = 120.0, rebalance: bool = False) -> dict[str, Any]:
     """Interrupt the sandbox's running spot instance ``instance_id`` as EC2 does: a spot
     interruption notice on its metadata service, then termination ``notice_seconds`` (s, EC2
     gives 120) later; with ``rebalance``, a rebalance recommendation instead and nothing else (it
@@ -68,7 +69,7 @@ def sandbox_interrupt(instance_id: str, notice_seconds: float = 120.0, rebalance
     return control.interrupt(_home(), instance_id, notice_seconds, rebalance=rebalance)
 
 
-def sandbox_capacity(instance_type: str, count: Optional[int]) -> dict:
+def sandbox_capacity(instance_type: str, count: Optional[int]) -> dict[str, Any]:
     """Let at most ``count`` instances of ``instance_type`` be pending or running at once in the
     sandbox, all zones together (None: no limit, the default). RunInstances then launches as many
     as fit, up to its MaxCount, and answers InsufficientInstanceCapacity when its MinCount do not

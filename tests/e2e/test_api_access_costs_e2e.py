@@ -51,8 +51,8 @@ def test_ssh_ssh_config_logs_and_a_tunnel_on_a_standing_instance(sandbox_env, ct
         assert access.ssh("api-access", ["exit", "3"], sandbox=True) == 3  # the remote command's exit status
         assert access.ssh("api-access", "echo kept > kept.txt", sandbox=True) == 0  # a str: one command line
         written = access.ssh_config(sandbox=True)
-        assert written["path"] == str(home / "ssh_config") and "api-access" in written["hosts"]
-        assert iid not in written["skipped"]
+        assert written.path == str(home / "ssh_config") and "api-access" in written.hosts
+        assert iid not in written.skipped
         with pytest.raises(UsageError, match="no job has run on"):
             access.logs("api-access", sandbox=True)
 
@@ -77,8 +77,8 @@ def test_ssh_ssh_config_logs_and_a_tunnel_on_a_standing_instance(sandbox_env, ct
             threading.Thread(target=get_then_interrupt, daemon=True).start()
         info = access.tunnel("api-access", port, sandbox=True, on_ready=ready)
         assert body == ["kept\n"]
-        assert info == {"instance_id": iid, "name": "api-access", "port": port, "local_port": info["local_port"],
-                        "url": f"http://127.0.0.1:{info['local_port']}"} and urls == [info["url"]]
+        assert info.to_json() == {"instance_id": iid, "name": "api-access", "port": port, "local_port": info.local_port,
+                        "url": f"http://127.0.0.1:{info.local_port}"} and urls == [info.url]
     finally:
         removed = ops.down("api-access", fetch=False, sandbox=True)
     assert any(iid in r["instances"] for r in removed.values())

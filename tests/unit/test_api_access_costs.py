@@ -153,11 +153,11 @@ def test_logs_of_a_finished_run_come_from_its_artifacts_without_aws(no_backend, 
     ledger.record(home, _row("r-done", artifacts=str(artifacts)))
     ledger.record(home, _row("r-failed", status="failed", exit_status=3, artifacts=str(artifacts)))
     shown = access.logs("r-done")
-    assert shown == {"exit_status": 0, "run_id": "r-done", "instance_id": None, "source": "saved",
+    assert shown.to_json() == {"exit_status": 0, "run_id": "r-done", "instance_id": None, "source": "saved",
                      "log": "epoch 1\n\ufffd\x1b[2Jdone\n"}  # the job's text: making it inert is the caller's
     chunks = []
     shown = access.logs("r-fail", write=lambda chunk, final=False: chunks.append((chunk, final)))
-    assert shown == {"exit_status": 3, "run_id": "r-failed", "instance_id": None, "source": "saved"}
+    assert shown.to_json() == {"exit_status": 3, "run_id": "r-failed", "instance_id": None, "source": "saved"}
     assert chunks == [(b"epoch 1\n\xff\x1b[2Jdone\n", True)]
 
 
@@ -180,11 +180,11 @@ def test_fetch_brings_home_to_the_runs_artifacts_with_the_limits_asked(home, tmp
     monkeypatch.setattr(run_logs, "fetch", fetch)
     said = []
     got = access.fetch("r-li", max_download="1M", max_files=7, log=said.append)
-    assert got == {"run_id": "r-live", "out": str(tmp_path / "a"), "outputs": ["o.txt"], "checkpoints": [],
+    assert got.to_json() == {"run_id": "r-live", "out": str(tmp_path / "a"), "outputs": ["o.txt"], "checkpoints": [],
                    "files": ["job.log"]}
     assert calls == [("i-1", "r-live", tmp_path / "a", Limits(files=7, bytes=10**6))] and said == ["brought home"]
     got = access.fetch("r-live", out=tmp_path / "elsewhere")  # the settings' limits
-    assert got["out"] == str(tmp_path / "elsewhere") and calls[-1][3] == Limits()
+    assert got.out == str(tmp_path / "elsewhere") and calls[-1][3] == Limits()
 
 
 def test_notebook_serves_on_the_types_asked_and_down_on_exit_removes_its_run(home, monkeypatch):
@@ -210,9 +210,9 @@ def test_notebook_serves_on_the_types_asked_and_down_on_exit_removes_its_run(hom
                         {"instances": ["i-1"]})
     shown = []
     kept = access.notebook(idle_down="30m", local_port=9999, on_ready=shown.append)
-    assert kept == {**info, "terminated": False} and shown == [info] and removed == []
+    assert kept.to_json() == {**info, "terminated": False} and shown == [info] and removed == []
     assert served[-1][:2] == ("g4dn.xlarge", False) and served[-1][2].action == "down"
     assert served[-1][2].seconds == 1800 and served[-1][3:] == (120, 9999)
     gone = access.notebook(instance_type="g5.xlarge,g6.xlarge", max_runtime=30, down_on_exit=True)
-    assert gone == {**info, "terminated": True, "removed": {"instances": ["i-1"]}}
+    assert gone.to_json() == {**info, "terminated": True, "removed": {"instances": ["i-1"]}}
     assert removed == [("run-nb", "iam client")] and served[-1][0] == "g5.xlarge,g6.xlarge" and served[-1][3] == 30
