@@ -20,13 +20,14 @@ NEEDS_MNIST = False
 
 def test_prices_and_a_spot_estimate_come_from_the_sandboxs_market(sandbox_env):
     found = costs.prices(gpu="t4", sandbox=True)
-    assert found["region"] == "us-east-1" and "simulated market" in found["note"]
-    assert {r["gpu"] for r in found["instance_types"]} == {"T4"}
-    g4 = next(r for r in found["instance_types"] if r["instance_type"] == "g4dn.xlarge")
+    assert found.region == "us-east-1" and found.note is not None and "simulated market" in found.note
+    assert {r["gpu"] for r in found.instance_types} == {"T4"}
+    g4 = next(r for r in found.instance_types if r["instance_type"] == "g4dn.xlarge")
     assert g4["on_demand_usd_per_hour"] == 0.526 and len(g4["spot_usd_per_hour"]) >= 2
-    [est] = costs.estimate("g4dn.xlarge", spot=True, sandbox=True)
-    assert est["market"] == "spot" and est["backend"] == "sandbox" and est["price_source"].startswith("spot now")
-    assert 0 < est["usd_per_hour"] < 0.526 and est["cost_usd"] > 0
+    estimated = costs.estimate("g4dn.xlarge", spot=True, sandbox=True)
+    [est] = estimated.estimates
+    assert est.market == "spot" and estimated.backend == "sandbox" and est.price_source.startswith("spot now")
+    assert est.usd_per_hour is not None and 0 < est.usd_per_hour < 0.526 and est.cost_usd and est.cost_usd > 0
     with pytest.raises(UsageError, match="below the spot price"):
         costs.estimate("g4dn.xlarge", spot=True, max_price=0.0001, sandbox=True)
 

@@ -93,15 +93,15 @@ def test_list_runs_adds_up_aws_and_sandbox_apart_filters_by_since_and_the_sandbo
     ledger.record(home, _row("r-aws"))
     ledger.record(home, _row("r-sb", backend="sandbox", cost_usd=1.0, started_at="2026-11-21T12:00:00+00:00"))
     listed = costs.list_runs()
-    assert [r["run_id"] for r in listed["runs"]] == ["r-sb", "r-aws", "r-old"]  # newest first
-    assert listed["since"] is None and all(r["controller_gone"] is False for r in listed["runs"])
-    assert listed["total"] == {"runs": 2, "billed_seconds": 200.0, "cost_usd": 0.5, "estimated_cost_usd": 0.6}
-    assert listed["sandbox_total"]["runs"] == 1 and listed["sandbox_total"]["cost_usd"] == 1.0
-    assert set(costs.RUN_KEYS) <= set(listed["runs"][0]) and listed["runs"][0]["attempts"]  # every column
+    assert [r["run_id"] for r in listed.runs] == ["r-sb", "r-aws", "r-old"]  # newest first
+    assert listed.since is None and all(r["controller_gone"] is False for r in listed.runs)
+    assert listed.total == {"runs": 2, "billed_seconds": 200.0, "cost_usd": 0.5, "estimated_cost_usd": 0.6}
+    assert listed.sandbox_total["runs"] == 1 and listed.sandbox_total["cost_usd"] == 1.0
+    assert set(costs.RUN_KEYS) <= set(listed.runs[0]) and listed.runs[0]["attempts"]  # every column
     recent = costs.list_runs(since="2026-11-01")
-    assert [r["run_id"] for r in recent["runs"]] == ["r-sb", "r-aws"]
-    assert recent["since"] == "2026-11-01T00:00:00+00:00" and recent["total"]["runs"] == 1
-    assert [r["run_id"] for r in costs.list_runs(sandbox=True)["runs"]] == ["r-sb"]
+    assert [r["run_id"] for r in recent.runs] == ["r-sb", "r-aws"]
+    assert recent.since == "2026-11-01T00:00:00+00:00" and recent.total["runs"] == 1
+    assert [r["run_id"] for r in costs.list_runs(sandbox=True).runs] == ["r-sb"]
 
 
 def test_list_runs_says_once_that_aws_cannot_be_reached_and_lists_the_ledger_as_it_is(home, monkeypatch):
@@ -120,11 +120,11 @@ def test_list_runs_says_once_that_aws_cannot_be_reached_and_lists_the_ledger_as_
     assert opened == [("eu-west-1", False)]  # the open row's own region, on AWS
     assert len(warned) == 1 and warned[0].startswith("could not bring the ledger's open rows up to date from AWS "
                                                      "(NoCredentials") and warned[0].endswith("listed as they are")
-    [row] = listed["runs"]
+    [row] = listed.runs
     assert row["run_id"] == "r-lost" and row["controller_gone"] is True and row["status"] == "running"
     # the sandbox's runs alone: a sandbox that is not up is not started (nor asked) for them
     opened.clear()
-    assert costs.list_runs(sandbox=True, warn=warned.append)["runs"] == [] and opened == []
+    assert costs.list_runs(sandbox=True, warn=warned.append).runs == [] and opened == []
 
 
 def _fake_context(home, backend="aws"):
@@ -137,14 +137,36 @@ def _fake_context(home, backend="aws"):
 def test_an_on_demand_estimate_prices_each_type_from_the_table_and_names_its_backend(home, monkeypatch):
     monkeypatch.setattr(costs, "_context", _fake_context(home))
     ests = costs.estimate(["g4dn.xlarge", "G5.XLARGE"], model="mlp", epochs=2)
-    assert [e["instance_type"] for e in ests] == ["g4dn.xlarge", "g5.xlarge"]
-    g4 = ests[0]
-    assert g4["market"] == "on-demand" and g4["usd_per_hour"] == 0.526 and g4["backend"] == "aws"
-    assert g4["billed_seconds"] >= 60 and g4["cost_usd"] == pytest.approx(g4["billed_seconds"] * 0.526 / 3600, abs=1e-4)
-    assert costs.estimate("g4dn.xlarge", model="mlp", epochs=2) == [g4]  # a comma-separated str is the same
-    longer = costs.estimate("g4dn.xlarge", model="mlp", epochs=20)[0]
-    assert longer["train_seconds"] > g4["train_seconds"]
+    assert [e.instance_type for e in ests.estimates] == ["g4dn.xlarge", "g5.xlarge"]
+    g4 = ests.estimates[0]
+    assert g4.market == "on-demand" and g4.usd_per_hour == 0.526 and ests.backend == "aws"
+    assert g4.billed_seconds >= 60 and g4.cost_usd == pytest.approx(g4.billed_seconds * 0.526 / 3600, abs=1e-4)
+    assert ests.to_json()[0] == {**g4.as_dict(), "backend": "aws"}  # --json: each estimate names its backend
+    assert costs.estimate("g4dn.xlarge", model="mlp", epochs=2).estimates == [g4]  # a comma-separated str: the same
+    longer = costs.estimate("g4dn.xlarge", model="mlp", epochs=20).estimates[0]
+    assert longer.train_seconds > g4.train_seconds
 
+
+
+def test_cost_and_runs_json_print_the_records_as_the_documents_they_were(home, monkeypatch, capsys):
+    """`cost --json` and `runs --since --json` print the api's records (CostEstimates, RunList) as the
+    dicts those functions returned before they were typed: same keys, same order, same values."""
+    import json
+
+    from ec2gpu import cli
+    monkeypatch.setattr(costs, "_context", _fake_context(home))
+    assert cli.main(["cost", "-t", "g4dn.xlarge", "--model", "mlp", "--epochs", "2", "--json"]) == 0
+    [printed] = json.loads(capsys.readouterr().out)
+    assert list(printed) == ["instance_type", "market", "usd_per_hour", "price_source", "boot_seconds", "setup_seconds",
+                             "train_seconds", "teardown_seconds", "time_source", "billed_seconds", "cost_usd",
+                             "upper_bound", "backend"]
+    assert printed["instance_type"] == "g4dn.xlarge" and printed["usd_per_hour"] == 0.526 and printed["backend"] == "aws"
+    ledger.record(home, _row("r-aws"))
+    assert cli.main(["runs", "--since", "2026-11-01", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert list(listed) == ["runs", "total", "sandbox_total", "since"] and listed["since"] == "2026-11-01T00:00:00+00:00"
+    assert [r["run_id"] for r in listed["runs"]] == ["r-aws"] and list(listed["runs"][0]) == list(costs.RUN_KEYS)
+    assert listed["total"] == {"runs": 1, "billed_seconds": 100.0, "cost_usd": 0.25, "estimated_cost_usd": 0.3}
 
 def test_logs_of_a_finished_run_come_from_its_artifacts_without_aws(no_backend, home, tmp_path):
     artifacts = tmp_path / "runs" / "r-done"
