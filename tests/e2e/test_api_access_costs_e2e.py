@@ -47,7 +47,7 @@ def test_ssh_ssh_config_logs_and_a_tunnel_on_a_standing_instance(sandbox_env, ct
     with pytest.raises(UsageError, match="no running instance named"):
         access.logs("no-such-run", sandbox=True)
     [row] = ops.launch(name="api-access", max_runtime=30, sandbox=True)
-    iid = row["instance_id"]
+    iid = row.instance_id
     try:
         assert access.ssh("api-access", ["exit", "3"], sandbox=True) == 3  # the remote command's exit status
         assert access.ssh("api-access", "echo kept > kept.txt", sandbox=True) == 0  # a str: one command line

@@ -31,7 +31,7 @@ def test_images_are_listed_and_an_unknown_one_is_refused(sandbox_env):
     rows = images.list_images(sandbox=True)
     assert isinstance(rows, list)
     for r in rows:  # other tests of the session may have baked one
-        assert {"name", "image_id", "snapshot_gib", "usd_per_month", "usd_per_gb_month", "price_source"} <= set(r)
+        assert {"name", "image_id", "snapshot_gib", "usd_per_month", "usd_per_gb_month", "price_source"} <= set(r.to_json())
     with pytest.raises(UsageError, match="no image of ec2gpu's named 'no-such-image' in us-east-1"):
         images.remove_image("no-such-image", sandbox=True)
 
@@ -39,13 +39,13 @@ def test_images_are_listed_and_an_unknown_one_is_refused(sandbox_env):
 def test_a_standing_spot_instance_shows_in_the_status_and_takes_a_rebalance(sandbox_env):
     home, _ = sandbox_env
     [row] = ops.launch(name="api-sbx", spot=True, max_runtime=30, sandbox=True)
-    iid = row["instance_id"]
+    iid = row.instance_id
     try:
         instances = sb.sandbox_status()["instances"]
         assert iid in instances and {"host", "port", "sshd_pid"} <= set(instances[iid])
         done = sb.sandbox_interrupt(iid, rebalance=True)
         assert done["instance_id"] == iid and done["rebalance"]["noticeTime"]
-        assert iid in {r["instance_id"] for r in ops.list_instances(sandbox=True)}  # it keeps running
+        assert iid in {r.instance_id for r in ops.list_instances(sandbox=True)}  # it keeps running
         with pytest.raises(UsageError, match="not a running sandbox instance"):  # the user's input: exit 2
             sb.sandbox_interrupt("i-0123456789abcdef0")
     finally:

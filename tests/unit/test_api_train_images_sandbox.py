@@ -184,17 +184,21 @@ def test_bench_says_the_sandbox_is_this_machine_and_returns_the_ranked_results(h
 
 def test_list_and_remove_images_check_credentials_and_return_the_layers_data(home, fake_context, monkeypatch):
     from ec2gpu.runs.provision import bake
-    rows = [{"name": "mnist-1", "image_id": "ami-1", "usd_per_month": 1.0}]
+    rows = [{"name": "mnist-1", "image_id": "ami-1", "state": "available", "created": "2026-11-20T10:00:00.000Z",
+             "task": "mnist", "setup_hash": "abc", "base": "dlami", "base_image": "ami-0", "run_id": "r1",
+             "torch": "2.5", "cuda": "12.4", "driver": "550", "snapshots": ["snap-1"], "snapshot_gib": 40.0,
+             "size_basis": "stored bytes", "usd_per_month": 1.0, "usd_per_gb_month": 0.05, "price_source": "table"}]
     monkeypatch.setattr(bake, "listing", lambda aws, where: rows if where == Path("h") else pytest.fail("home"))
-    assert images.list_images(region="eu-west-1", sandbox=True) == rows
+    [listed] = images.list_images(region="eu-west-1", sandbox=True)
+    assert listed.to_json() == rows[0] and list(listed.to_json()) == list(rows[0])  # --json: the layer's row as it was
     said = []
 
     def remove(aws, ref, log):
         log(f"deregistered {ref}")
         return {"image_id": "ami-1", "name": ref, "snapshots": ["snap-1"]}
     monkeypatch.setattr(bake, "remove", remove)
-    assert images.remove_image("mnist-1", log=said.append) == {"image_id": "ami-1", "name": "mnist-1",
-                                                              "snapshots": ["snap-1"]}
+    assert images.remove_image("mnist-1", log=said.append).to_json() == {"image_id": "ami-1", "name": "mnist-1",
+                                                                        "snapshots": ["snap-1"]}
     assert said == ["deregistered mnist-1"]
     assert fake_context == [("eu-west-1", True, False), (None, False, False)]
 
