@@ -22,8 +22,8 @@ def sandbox_up(like_aws: bool = typer.Option(False, "--like-aws", help="Behave l
     if as_json:
         render_json(state)
     else:
-        say(out, f"sandbox up{' (like AWS)' if state.get('like_aws') else ''}: AWS endpoint {state['endpoint']} "
-            f"(pid {state['pid']}); `eval \"$(ec2gpu sandbox env)\"` points any AWS client at it")
+        say(out, f"sandbox up{' (like AWS)' if state.like_aws else ''}: AWS endpoint {state.endpoint} "
+            f"(pid {state.pid}); `eval \"$(ec2gpu sandbox env)\"` points any AWS client at it")
 
 
 @sandbox_app.command("down")
@@ -39,13 +39,13 @@ def sandbox_status(as_json: bool = JSON) -> None:
     from ..api import sandbox as sandbox_api
     state = sandbox_api.sandbox_status()
     if as_json:
-        render_json(state)
-    elif state.get("running") is False:
+        render_json(state if state is not None else {"running": False})
+    elif state is None:
         say(out, "no sandbox is running (`ec2gpu sandbox up` starts one)")
     else:
-        say(out, f"sandbox running: pid {state['pid']}, AWS endpoint {state['endpoint']}, "
-            f"{len(state['instances'])} instance(s)")
-        for iid, i in state["instances"].items():
+        say(out, f"sandbox running: pid {state.pid}, AWS endpoint {state.endpoint}, "
+            f"{len(state.instances)} instance(s)")
+        for iid, i in state.instances.items():
             say(out, f"  {iid}: sshd {i['host']}:{i['port']} (pid {i['sshd_pid']})")
 
 
@@ -64,12 +64,13 @@ def sandbox_interrupt(instance_id: str = typer.Argument(..., help="A running spo
     done = sandbox_api.sandbox_interrupt(instance_id, notice_seconds, rebalance=rebalance)
     if as_json:
         render_json(done)
-    elif rebalance:
-        say(out, f"{instance_id}: rebalance recommendation published (noticeTime {done['rebalance']['noticeTime']}); "
+    elif done.rebalance is not None:
+        say(out, f"{instance_id}: rebalance recommendation published (noticeTime {done.rebalance['noticeTime']}); "
             "it keeps running")
     else:
-        say(out, f"{instance_id}: spot interruption notice published (action {done['notice']['action']} at "
-            f"{done['notice']['time']}); the sandbox terminates it in {notice_seconds:g} s")
+        notice = done.notice or {}
+        say(out, f"{instance_id}: spot interruption notice published (action {notice.get('action')} at "
+            f"{notice.get('time')}); the sandbox terminates it in {notice_seconds:g} s")
 
 
 @sandbox_app.command("capacity")
