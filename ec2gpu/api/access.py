@@ -1,7 +1,7 @@
 """Reaching an instance, as library functions: ssh, ssh_config, logs, fetch, tunnel, notebook.
 
 Each function opens its own backend.Context (``region``; ``sandbox``: the local sandbox instead of
-AWS, also EC2GPU_SANDBOX=1), returns plain data (what the CLI's ``--json`` prints) and raises the
+AWS, also EC2GPU_SANDBOX=1), returns a typed record (its ``to_json()`` is what the CLI's ``--json`` prints) and raises the
 ec2gpu.errors tree: UsageError for bad input before anything is opened or created, NoCredentials,
 AwsError, RemoteError (an instance that cannot be reached, or whose host key is not the one its
 console printed), WaitTimeout. ``log(text)`` is told what happens on the way (default: nothing);

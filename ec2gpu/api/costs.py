@@ -4,9 +4,10 @@ Prices are USD per hour (on-demand: the refreshed Price List cache, else the shi
 the newest price per zone), times are seconds, costs USD. prices and estimate open a
 backend.Context (``region``; ``sandbox``: the local sandbox instead of AWS, also
 EC2GPU_SANDBOX=1); list_runs and show_run read this machine's ledger ($EC2GPU_HOME/ledger.sqlite),
-list_runs first bringing its open rows up to date from AWS where it can. Each returns plain data
-(what the CLI's ``--json`` prints) and raises the ec2gpu.errors tree: UsageError for bad input
-before anything is opened, NoCredentials, AwsError. ``log(text)`` is told what happens on the way
+list_runs first bringing its open rows up to date from AWS where it can. Each returns a typed
+record (its ``to_json()`` is what the CLI's ``--json`` prints; show_run the ledger's row) and
+raises the ec2gpu.errors tree: UsageError for bad input before anything is opened, NoCredentials,
+AwsError. ``log(text)`` is told what happens on the way
 (default: nothing), ``warn(text)`` what the user should look at (default: ``log``).
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 (`ec2gpu image rm`); `image bake` is api.tasks.bake.
 
 Each function opens its own backend.Context (``region``; ``sandbox``: the local sandbox instead of
-AWS, also EC2GPU_SANDBOX=1), returns plain data (what the CLI's ``--json`` prints) and raises the
+AWS, also EC2GPU_SANDBOX=1), returns typed records (their ``to_json()`` is what the CLI's ``--json`` prints) and raises the
 ec2gpu.errors tree: UsageError, NoCredentials, AwsError.
 """
 from __future__ import annotations

@@ -3,7 +3,7 @@ down, cleanup, doctor; and what several commands share (settle the ledger, find 
 name, the idle rule of the --idle-* flags).
 
 Each function opens its own backend.Context (``region``; ``sandbox``: the local sandbox instead of
-AWS, also EC2GPU_SANDBOX=1), returns plain data (what the CLI's ``--json`` prints) and raises the
+AWS, also EC2GPU_SANDBOX=1), returns typed records (their ``to_json()`` is what the CLI's ``--json`` prints) and raises the
 ec2gpu.errors tree: UsageError for bad input before anything is created or changed, NoCredentials,
 AwsError, RemoteError, WaitTimeout. ``log(text)`` is told what happens on the way (default: nothing).
 """

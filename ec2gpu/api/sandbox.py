@@ -2,8 +2,8 @@
 sandbox_up, sandbox_down, sandbox_status, sandbox_interrupt, sandbox_env (`ec2gpu sandbox ...`).
 Named sandbox_* because ec2gpu.sandbox is the subpackage that implements it.
 
-The sandbox belongs to EC2GPU_HOME (settings.load().home); each function returns plain data (what
-the CLI's ``--json`` prints) and raises the ec2gpu.errors tree: UsageError (no moto installed, bad
+The sandbox belongs to EC2GPU_HOME (settings.load().home); each function returns a typed record (its
+``to_json()`` is what the CLI's ``--json`` prints) and raises the ec2gpu.errors tree: UsageError (no moto installed, bad
 input), SandboxError (no sandbox running, sshd missing, it did not come up, an unknown instance).
 """
 from __future__ import annotations
