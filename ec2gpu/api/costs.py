@@ -18,8 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union, cast
 
-from ..aws import catalog, pricing
-from ..aws.session import AWS_ERRORS
+from ..aws import catalog
 from ..backend import sandbox_from_env
 from ..errors import Ec2GpuError, UsageError
 from ..runs.detached import costs as detached_costs
@@ -31,6 +30,9 @@ from ..runs.settle.record import RunRecord
 from ..sandbox import control
 from ..settings import load
 from .instances import Log, _context, _quiet, settle
+
+# aws/pricing and aws/session load boto3: imported inside the functions that reach AWS, since `ec2gpu run
+# --dry-run` imports api/ and loads no AWS SDK (tests/unit/test_dry_run.py::test_a_dry_run_imports_no_aws_sdk).
 
 #: The models `estimate` knows: the built-in `train mnist` job's (train/presets.py).
 MODELS = ("cnn", "lenet", "mlp", "dbn")
@@ -122,6 +124,7 @@ def prices(*, gpu: Optional[str] = None, refresh: bool = False, region: Optional
     replacement, last_known_on_demand_usd_per_hour], and in the sandbox note (its spot prices
     are simulated). Raises UsageError (an unknown GPU model; ``refresh`` in the sandbox, which has
     no Price List API), NoCredentials, AwsError."""
+    from ..aws import pricing
 
     known_gpus = sorted({t.gpu for t in catalog.CATALOG.values()})
     if gpu and gpu.upper() not in {g.upper() for g in known_gpus} | set(catalog.RETIRED_GPUS):
@@ -255,6 +258,7 @@ def _up_to_date(home: Path, sandbox: bool, log: Log, warn: Log) -> None:
     with ``sandbox`` or its endpoint in AWS_ENDPOINT_URL), bring them up to date from AWS
     (api.instances.settle), in each of their regions. Where AWS cannot be reached (no credentials,
     no network), ``warn`` says so once. A sandbox that is not up is not started for this."""
+    from ..aws.session import AWS_ERRORS
 
     pending = reconcile.open_rows(home) + reconcile.abandoned(home) + reconcile.kept(home)
     endpoint = (control.read_state(home) or {}).get("endpoint")

@@ -11,7 +11,9 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Optional
 
 from .. import backend
-from ..runs.provision import bake
+
+# runs/provision/bake loads boto3 and fabric: imported inside the functions that reach AWS, since `ec2gpu run
+# --dry-run` imports api/ and loads neither (tests/unit/test_dry_run.py::test_a_dry_run_imports_no_aws_sdk).
 
 Log = Callable[[str], None]
 
@@ -74,6 +76,7 @@ def list_images(*, region: Optional[str] = None, sandbox: bool = False) -> list[
     by size_basis), usd_per_month (USD, None where the region's price is unknown),
     usd_per_gb_month (USD per GB-month of EBS snapshot storage, or None), price_source (where that
     price comes from, or how to get it). [] when there are none. Raises NoCredentials, AwsError."""
+    from ..runs.provision import bake
     with backend.Context(region, sandbox) as ctx:
         ctx.aws.check_credentials()
         return [ImageRow(**row) for row in bake.listing(ctx.aws, ctx.settings.home)]
@@ -85,6 +88,7 @@ def remove_image(image: str, *, region: Optional[str] = None, sandbox: bool = Fa
     image rm`. Each step is said to ``log``. Returns a RemovedImage (image_id, name: str or None,
     snapshots: the snapshot ids deleted). Raises UsageError when ec2gpu made no image by that name
     or id in the region; NoCredentials, AwsError."""
+    from ..runs.provision import bake
     with backend.Context(region, sandbox, note=log) as ctx:
         ctx.aws.check_credentials()
         return RemovedImage(**bake.remove(ctx.aws, image, log=log))
