@@ -645,8 +645,8 @@ def test_the_agent_reads_secrets_where_the_controller_puts_them_and_masks_as_the
     from ec2gpu.aws import parameters
     from ec2gpu.runs import job_summary
     assert parameters.name_of(RUN_ID, "X") == f"{prepare.SECRET_ROOT}{RUN_ID}/X"
-    assert mirror.MASK == job_summary.MASK
-    assert mirror.mask(b"a hunter2 b hunter", ["hunter", "hunter2"]) == b"a **** b ****"
+    assert agent.MASK == job_summary.MASK
+    assert agent.mask_bytes(b"a hunter2 b hunter", ["hunter", "hunter2"]) == b"a **** b ****"
 
 
 def test_file_mounts_are_in_place_before_the_setup_and_mount_mode_ones_are_written_back(aws, tmp_path, monkeypatch):

@@ -11,6 +11,7 @@ from pathlib import Path
 from ...agent.agent import MAX_ENV_BYTES
 from ...errors import RemoteError, UsageError
 from .. import element_table
+from ..job_summary import mask_text
 from ...wire import agent_record, bounded_json
 
 if TYPE_CHECKING:
@@ -184,7 +185,7 @@ def stream_element(ctx: Context, row: dict[str, Any], index: int, follow: bool, 
         try:
             run_dir = jobs.remote_run_dir(conn, run_id)
             secrets = secret_values(conn, run_dir, note)
-            splitter = jobs.LineSplitter(lambda line: write((mask(line, secrets) + "\n").encode()))
+            splitter = jobs.LineSplitter(lambda line: write((mask_text(line, secrets) + "\n").encode()))
             cursor, path = jobs.LogCursor(splitter), f"{run_dir}/elements/{index}/job.log"
             jobs.drain(conn, path, cursor)
             code = None
@@ -240,7 +241,7 @@ def stream(ctx: Context, inst: Instance, follow: bool, write: Callable[[bytes], 
                              "start one there with `ec2gpu exec NAME TASK.yaml` (or `-- CMD`)")
         secrets = secret_values(conn, run_dir, note)
         if secrets:  # masked line by line, as the run showed it; else byte for byte
-            splitter = jobs.LineSplitter(lambda line: write((mask(line, secrets) + "\n").encode()))
+            splitter = jobs.LineSplitter(lambda line: write((mask_text(line, secrets) + "\n").encode()))
         cursor = jobs.LogCursor(splitter or write)
         if follow:
             try:
@@ -278,12 +279,6 @@ def secret_values(conn: Any, run_dir: str, note: Callable[[str], None] = lambda 
         return []
     return sorted((env[k] for k in names if isinstance(k, str) and isinstance(env.get(k), str) and env[k]),
                   key=len, reverse=True)
-
-
-def mask(line: str, secrets: list[str]) -> str:
-    """``line`` with every secret value replaced by **** (pure; job_summary.mask_text)."""
-    from ..job_summary import mask_text
-    return mask_text(line, secrets)
 
 
 def head_instance(ec2: Any, row: dict[str, Any]) -> Instance | None:
@@ -325,7 +320,7 @@ def fetch(ctx: Context, inst: Instance, run_id: str, out: Path, note: Callable[[
                "files": []}
         secrets = secret_values(conn, run_dir, note)
         if jobs.size_of(conn, f"{run_dir}/job.log"):  # never job.env.json: it holds the secrets' values
-            copy_log(conn, f"{run_dir}/job.log", out / "job.log", lambda line: mask(line, secrets))
+            copy_log(conn, f"{run_dir}/job.log", out / "job.log", lambda line: mask_text(line, secrets))
             got["files"].append("job.log")
         record = status.read(conn, run_dir, None)  # the key died with the controller: validated, not verified
         if record is not None:
