@@ -4,6 +4,7 @@ import json
 import pytest
 
 from ec2gpu.errors import UsageError
+from ec2gpu.runs import job_summary
 from ec2gpu.runs.execute import engine
 from ec2gpu.tasks import load, resolve, spec
 
@@ -68,7 +69,7 @@ def test_the_job_environment_has_ours_and_skypilots_names(tmp_path):
 def test_secret_values_are_masked(tmp_path):
     task = load.parse("run: x\nworkdir: null\nenvs: {T: null}\nsecrets: [T]\n", "t.yaml", tmp_path)
     job = engine.prepare(task, {"T": "abc123"})
-    assert job.mask("token=abc123!") == "token=****!"
+    assert job_summary.mask_text("token=abc123!", job.secret_values) == "token=****!"
 
 
 # --- a hostile task file or flag: what it may send, how big and deep it may be, which names it may export ---
