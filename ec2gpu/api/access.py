@@ -25,7 +25,6 @@ from ..errors import AwsError, LedgerError, UsageError
 from ..remote.files import Limits
 from ..remote import tunnel as port_forward
 from ..remote.ssh_config import HostEntry, openssh
-from ..runs.execute import logs as run_logs
 from ..runs.execute.reporter import Reporter, ReporterLike
 from ..runs.options import LaunchOptions
 from ..runs.settle import ledger
@@ -35,9 +34,9 @@ from .instances import Log, _context, _quiet, _types, find, idle_rule
 if TYPE_CHECKING:
     from ..aws.instances import Instance
 
-# The modules that load boto3 (aws/runstore, sweep; runs/detached, recover, standing) or fabric (remote/ssh) are
-# imported inside the functions that reach AWS or an instance: `ec2gpu run --dry-run` imports api/ and
-# loads neither (tests/unit/test_dry_run.py::test_a_dry_run_imports_no_aws_sdk).
+# The modules that load boto3 (aws/runstore, sweep; runs/detached, recover, standing, execute/logs) or fabric
+# (remote/ssh) are imported inside the functions that reach AWS or an instance: `ec2gpu run --dry-run` imports
+# api/ and loads neither (tests/unit/test_dry_run.py::test_a_dry_run_imports_no_aws_sdk).
 
 #: ``write(chunk, final=False)``: where ``logs`` sends a job log's bytes as they come (``final``: its end).
 Write = Callable[..., None]
@@ -273,6 +272,7 @@ def logs(name: str, *, follow: bool = False, write: Optional[Write] = None, regi
 
 def _saved_log(home: Path, run_id: str, emit: Write, exit_status: Optional[int]) -> LogShown:
     """The job.log run ``run_id`` brought home (this machine's files alone), all of it to ``emit``."""
+    from ..runs.execute import logs as run_logs
     emit(run_logs.saved_log(home, run_id).read_bytes(), final=True)
     return LogShown(exit_status=exit_status, run_id=run_id, instance_id=None, source="saved")
 
@@ -280,6 +280,7 @@ def _saved_log(home: Path, run_id: str, emit: Write, exit_status: Optional[int])
 def _read_log(name: str, follow: bool, emit: Write, region: Optional[str], sandbox: bool, log: Log,
               index: Optional[int]) -> LogShown:
     """`logs` but what it collects: the log's bytes to ``emit``, from wherever the run's is (see logs)."""
+    from ..runs.execute import logs as run_logs
     from ..runs.detached import fetch as detached
     home = settings_mod.load({"region": region}).home
     row = run_logs.finished(home, name)
@@ -318,6 +319,7 @@ def _element_log(home: Path, row: Optional[dict[str, Any]], name: str, index: in
                  region: Optional[str], sandbox: bool, log: Log) -> LogShown:
     """`logs --index`: an array's element's log, as the run brought it home (this machine's files)
     once it ended, else from the worker that runs it now (runs/execute/logs.stream_element)."""
+    from ..runs.execute import logs as run_logs
     try:
         path, status = run_logs.element_log(home, row, name, index)
     except run_logs.NotEnded as running:  # from the worker that runs it now
@@ -395,6 +397,7 @@ def fetch(run_id: str, *, out: Union[str, Path, None] = None, max_download: Unio
     default, the run's own where this machine's ledger has it, else the configured one. Raises
     UsageError (a bad limit; no such run; no running instance to fetch from), NoCredentials,
     AwsError, RemoteError."""
+    from ..runs.execute import logs as run_logs
     size = None if max_download is None else _size(max_download, "--max-download")
     if max_files is not None and (isinstance(max_files, bool) or not isinstance(max_files, int) or max_files < 0):
         raise UsageError(f"--max-files {max_files!r} is not a count", "give 0 or more")

@@ -21,7 +21,6 @@ from typing import Any, Optional, Sequence, Union, cast
 from ..aws import catalog
 from ..backend import sandbox_from_env
 from ..errors import Ec2GpuError, UsageError
-from ..runs.detached import costs as detached_costs
 from ..runs.plan import costs
 from ..runs.plan.costs import Estimate
 from ..runs.recover import reconcile
@@ -31,7 +30,7 @@ from ..sandbox import control
 from ..settings import load
 from .instances import Log, _context, _quiet, settle
 
-# aws/pricing and aws/session load boto3: imported inside the functions that reach AWS, since `ec2gpu run
+# aws/pricing, aws/session and runs/detached/costs load boto3: imported inside the functions that reach AWS, since `ec2gpu run
 # --dry-run` imports api/ and loads no AWS SDK (tests/unit/test_dry_run.py::test_a_dry_run_imports_no_aws_sdk).
 
 #: The models `estimate` knows: the built-in `train mnist` job's (train/presets.py).
@@ -246,6 +245,7 @@ def list_runs(*, since: Optional[str] = None, sandbox: bool = False, remote: boo
 def _remote_runs(start: Optional[datetime], sandbox: bool, limit: int, region: Optional[str],
                  log: Log) -> RemoteRunList:
     """list_runs(remote=True): the region's run store, read (runs/detached/costs.remote_runs)."""
+    from ..runs.detached import costs as detached_costs
     with _context(region, sandbox, log=log) as ctx:
         found = detached_costs.remote_runs(ctx.aws, ctx.settings.home, ctx.settings.root_volume_gib, limit, start)
     return RemoteRunList(bucket=found["bucket"], region=found["region"], in_store=found["in_store"],

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, AbstractSet, Any, Callable, Optional, cast
 from .. import backend
 from ..aws import catalog, network, tags
 from ..errors import Ec2GpuError, UsageError
-from ..runs.execute import logs as run_logs
 from ..runs.execute.reporter import Reporter, ReporterLike
 from ..runs.options import LaunchOptions
 from ..runs.plan import doctor as doctor_checks
@@ -27,9 +26,9 @@ from ..tasks.spec import minutes
 if TYPE_CHECKING:
     from ..aws.instances import IdleRule, Instance
 
-# The modules that load boto3 (aws/clusters, instances, sweep; runs/standing/*) or fabric (remote/jobs) are
-# imported inside the functions that reach AWS or an instance: `ec2gpu run --dry-run` imports api/ and
-# loads neither (tests/unit/test_dry_run.py::test_a_dry_run_imports_no_aws_sdk).
+# The modules that load boto3 (aws/clusters, instances, sweep; runs/standing/*, runs/execute/logs) or fabric
+# (remote/jobs) are imported inside the functions that reach AWS or an instance: `ec2gpu run --dry-run` imports
+# api/ and loads neither (tests/unit/test_dry_run.py::test_a_dry_run_imports_no_aws_sdk).
 
 Log = Callable[[str], None]
 
@@ -199,6 +198,7 @@ def fetch_abandoned(ctx: backend.Context, run_ids: set[str] | None = None, log: 
     (runs/recover/reconcile.abandoned, runs/execute/logs.fetch) to each run's artifacts directory (only ``run_ids``'
     if given). Returns the run ids that could not be reached, each also said to ``warn`` (default
     ``log``); removing them goes on."""
+    from ..runs.execute import logs as run_logs
     from ..remote.jobs import CONNECTION_ERRORS
     missed = []
     for row in reconcile.abandoned(ctx.settings.home, ctx.backend.name):
