@@ -1,4 +1,6 @@
-"""A whole run on new instances: estimate -> provision -> attempts (execute/engine.py) -> teardown -> bill -> ledger.
+"""A whole run on new instances: estimate -> provision -> attempts (runs/execute/attempt.drive, the
+strategy picked per mode: foreground.ForegroundJob, the pool's PoolDriver handed in, bake.ImageBake)
+-> teardown -> bill -> ledger (``run_job``).
 
 `ec2gpu run TASK` and `ec2gpu train mnist` (the built-in task, tasks/builtin/mnist.yaml) both come
 here. Whatever happens after the first resource is created (an error, Ctrl-C, SIGTERM),
@@ -198,7 +200,10 @@ def _ledger(settings: Settings, row: Mapping[str, Any], ui: ReporterLike) -> Non
 
 def run_job(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, backend: Backend = AWS,
           pool_attempt: PoolAttempt | None = None) -> run_record.RunRecord:
-    """Run ``opts`` on a new instance end to end; return the run record (also saved as run.json).
+    """Run ``opts`` on new instances end to end, whatever the job: a task under the agent
+    (runs/execute/foreground.ForegroundJob), an array over the pool (``pool_attempt``) or an image
+    bake (runs/provision/bake.ImageBake), each attempt through runs/execute/attempt.drive; return
+    the run record (also saved as run.json).
 
     Shows the estimate first and refuses (UsageError, nothing created) a run above the budget. The
     run is in the ledger from its start; at the end it gets its status, its attempts (one per
