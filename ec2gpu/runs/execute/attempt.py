@@ -25,7 +25,8 @@ Which steps each mode supplies ("shared": Strategy's; "-": the step does not exi
   local: provision/local.LocalRun                 -       own      -       -       -          own  own      own
 
 ("opened": Strategy's open with the mode's ``opened`` hook; "watched": Strategy's heartbeat on the
-nodes the mode names.) The agent job is `ec2gpu run`, `exec` and `train mnist`; the pool plugs
+nodes the mode names.) ``failed`` raises the error again, but in ForegroundJob and PoolDriver,
+where a lost instance explains it (recovery.Interrupted). The agent job is `ec2gpu run`, `exec` and `train mnist`; the pool plugs
 PoolDriver in (runs/ never imports pool/); the bake makes an image of the builder instead of a job.
 The detached hand-off checks and writes the run's spec (prepare), puts the workdir, the agent and
 the spec in the run store (upload), makes the role, secrets, network and the Auto Scaling group
