@@ -119,7 +119,7 @@ class LocalRun(lifecycle.Lifecycle[LocalAttempt, dict[str, Any]]):
         argv = [*engine.agent_command(sys.executable, str(engine.AGENT.parent)), "--dir", str(a.out),
                 "--env-file", str(a.env_file), "--", "bash", "-c", job.task.run, job.name, *job.args]
         a.log_path.unlink(missing_ok=True)
-        lines = engine._LineWriter(lambda line: a.ui.log(job.mask(line)))
+        lines = engine._LineWriter(lambda line: a.ui.log(job_summary.mask_text(line, job.secret_values)))
         agent = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
         offset = 0
         try:
@@ -154,7 +154,8 @@ class LocalRun(lifecycle.Lifecycle[LocalAttempt, dict[str, Any]]):
             code = status.get("exit_code")
             raise RemoteError(f"the job on this machine {'exited ' + str(code) if code is not None else 'did not finish'}"
                               + engine.worker_failure(status.get("error")), f"its last lines are above; see {log_path}",
-                              command=job.task.run, host="local", exit_status=code or 1, tail=job.mask(tail))
+                              command=job.task.run, host="local", exit_status=code or 1,
+                              tail=job_summary.mask_text(tail, job.secret_values))
         return job_summary.read_summary(a.out / "outputs" / "summary.json", job_summary.schema_of(job),
                                         job.secret_values, root=a.out) or {}
 

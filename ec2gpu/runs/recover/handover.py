@@ -39,8 +39,8 @@ from ...aws import runstore, runstore_objects
 from ...errors import Ec2GpuError, RemoteError
 from ...inert import inert
 from ...remote import files
-from ...remote.unpack import unpack as unpack_archive
 from ...wire import agent_record, bounded_json
+from ...wire.unpack import unpack as unpack_archive
 from .. import element_table, job_summary
 
 if TYPE_CHECKING:
@@ -344,7 +344,7 @@ def download_unpack(s3: Any, bucket: str, key: str, tmp: Path, root: Path, limit
 
 def unpack(archive: Path, root: Path, limits: Limits, note: Log, what: str = "the outputs archive",
            where: str = "S3") -> tuple[list[str], int, int]:
-    """Unpack the tar.gz file ``archive`` (hostile) into ``root`` with remote/unpack.unpack's rules
+    """Unpack the tar.gz file ``archive`` (hostile) into ``root`` with wire/unpack.unpack's rules
     (regular files only, each name and place checked, tarfile's data filter, in one pass that stops
     at the first member over ``limits`` and after ``limits.bytes`` and a little more decompressed);
     what was not unpacked is said to ``note`` in one line per kind (``where``: where the archive
