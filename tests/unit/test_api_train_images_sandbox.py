@@ -116,7 +116,7 @@ def test_train_mnist_gives_the_pipeline_every_flag_and_returns_its_record(home, 
     def fake_train(aws, settings, opts, ui, back):
         seen.update(opts=opts, ui=ui, back=back)
         return {"run_id": "r1", "status": "completed"}
-    monkeypatch.setattr(pipeline, "train", fake_train)
+    monkeypatch.setattr(pipeline, "run_job", fake_train)
     monkeypatch.setenv("EC2GPU_INSTANCE_TYPE", "g6.xlarge")  # the configured type, read when the run is planned
     reporter = pipeline.Reporter()
     record = train.train_mnist(model="lenet", epochs=2, seed=7, spot=True, spot_fallback="on-demand", keep=True,
@@ -147,7 +147,7 @@ def test_train_mnist_on_a_cluster_and_on_this_machine_go_where_they_should(home,
     from ec2gpu.runs.provision import local
     from ec2gpu.runs.provision import pipeline
     from ec2gpu.runs.standing import hosts as standing
-    monkeypatch.setattr(pipeline, "train", lambda *a, **k: pytest.fail("a new instance for --cluster or --local"))
+    monkeypatch.setattr(pipeline, "run_job", lambda *a, **k: pytest.fail("a new instance for --cluster or --local"))
     calls = []
     monkeypatch.setattr(standing, "train_on_cluster",
                         lambda aws, settings, opts, ui, name, back: calls.append(("cluster", name)) or {"run_id": "c"})
