@@ -74,7 +74,6 @@ def prepare(loaded: LoadedTask, environ: Mapping[str, str], max_upload: int = sy
     not an environment variable name, a workdir or a local file_mounts source over ``max_upload``
     (each on its own), or a local file_mounts file the secrets rules withhold (sync.NEVER_SEND).
     """
-
     task = loaded.task
     for k in extra_env or {}:
         check_env_name(k, "env")

@@ -129,7 +129,6 @@ def local(opts: BenchOptions, ui: ReporterLike, settings: Settings | None) -> li
     """Bench this machine under the same agent and job contract as an instance (local.run_local);
     the run goes into the ledger as backend "local", instance type "local", no cost. Raises
     UsageError without torch, RemoteError when the bench fails."""
-
     if importlib.util.find_spec("torch") is None:
         raise UsageError("--local needs PyTorch on this machine", "pip install 'ec2gpu[train]' (or make demo)")
     job = engine.builtin_job("bench", job_args(opts.quick, False, opts.data_dir))
