@@ -15,14 +15,18 @@ until the bucket's lifecycle rule expires them.
 from __future__ import annotations
 
 import time
+from datetime import datetime, timezone
 from typing import Any, Callable
 
 from ...aws import groups, runstore, runstore_records, sweep
 from ...aws.session import Aws
-from ...errors import UsageError
+from ...errors import LedgerError, UsageError
 from ...settings import Settings
 from ...wire import run_record
 from ...aws.runstore import store
+from ..settle import ledger
+from . import costs
+from .costs import AGENT_TIMES
 from .fetch import NOT_FOUND_HINT
 
 #: the states after which the agent does nothing more (an "interrupted" attempt is followed by the replacement's)
@@ -59,8 +63,6 @@ def status(aws: Aws, settings: Settings, run_id: str, log: Callable[[str], None]
 
 def _ledger_row(settings: Settings, run_id: str) -> dict[str, Any] | None:
     """This machine's ledger row of ``run_id``; None when it has none (started elsewhere) or none can be read."""
-    from ...errors import LedgerError
-    from ..settle import ledger
     try:
         return ledger.get(settings.home, run_id)
     except (UsageError, LedgerError):
@@ -72,7 +74,6 @@ def _cost(aws: Aws, settings: Settings, run_id: str, data: bytes, row: dict[str,
     """The run's cost so far or in all (runs/detached/costs.gather: its instances' own times while
     EC2 lists them, then as its settled.json kept them, else its agent's; a run ``over`` gets its
     settled.json once EC2 lists every instance terminated), or None, said, when AWS does not answer."""
-    from . import costs
     try:
         return costs.gather(aws, settings.home, {run_id: runstore_records.launches(data, run_id)},
                             {run_id: row} if row is not None else {},
@@ -119,11 +120,8 @@ def _settle_row(settings: Settings, got: dict[str, Any], row: dict[str, Any] | N
     costs.gather's) once every instance has ended, billed from EC2's own times, at that call or a
     later one (``row``: its ledger row, None when this machine has none). A ledger problem is
     said, never raised: the run's record is in S3 either way."""
-    from ...errors import LedgerError
-    from ..settle import ledger
     if got.get("state") not in DONE or row is None:  # not over, or started on another machine
         return
-    from .costs import AGENT_TIMES
     billed = (cost is not None and cost["cost_usd"] is not None and not cost["running"]
               and not (cost.get("times_source") or {}).get(AGENT_TIMES))  # EC2's times (or kept), never a lower bound
     if row.get("status") != "detached" and not (billed and row.get("cost_usd") is None
@@ -197,5 +195,4 @@ def cancel(aws: Aws, settings: Settings, run_id: str, log: Callable[[str], None]
 
 
 def _now() -> str:
-    from datetime import datetime, timezone
     return datetime.now(timezone.utc).isoformat()

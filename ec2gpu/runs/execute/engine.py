@@ -26,19 +26,24 @@ import hashlib
 import io
 import json
 import shlex
+import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, cast
 
-from ...errors import LimitReached, RemoteError
+from ...errors import LimitReached, RemoteError, UsageError
+from ...inert import inert
 from . import status
-from .nodes import record_steps
+from .nodes import processes_per_node, record_steps
 from .nodes import copy_log as copy_log  # re-exported: engine.copy_log (scripts/bench_big_log.py)
 from ...wire.agent_record import as_number
-from ...remote import files, sync
-from ...tasks.load import LoadedTask
+from ...remote import files, mounts, sync
+from ...tasks import builtin
+from ...tasks.load import LoadedTask, check_env_name, env_values
 from ...agent.agent import BESIDE, PYTHON_FLAGS
 from ...wire import bounded_json
 from ...wire.shell import HANDOFF, INTERACTIVE, PROLOGUE
+from .. import job_summary  # hostile input (summary.json): bounded, masked, checked against the job's schema
+from ..plan.limits import grace_seconds, stop_at
 from ..job_summary import MASK as MASK  # re-exported: engine.MASK
 from ..job_summary import mask_text
 from ..job import TaskJob as TaskJob  # re-exported: engine.TaskJob (its home is runs/job.py, below every stage)
@@ -70,8 +75,6 @@ def prepare(loaded: LoadedTask, environ: Mapping[str, str], max_upload: int = sy
     not an environment variable name, a workdir or a local file_mounts source over ``max_upload``
     (each on its own), or a local file_mounts file the secrets rules withhold (sync.NEVER_SEND).
     """
-    from ...tasks.load import check_env_name, env_values
-
     task = loaded.task
     for k in extra_env or {}:
         check_env_name(k, "env")
@@ -92,7 +95,6 @@ def prepare(loaded: LoadedTask, environ: Mapping[str, str], max_upload: int = sy
 def _mount_manifests(mounts_: list[Mount], max_upload: int, include_secrets: bool) -> dict[str, sync.Manifest]:
     """target -> sync.Manifest of each local file_mounts directory (a file: checked, no manifest).
     Raises UsageError for a credentials file or a source above ``max_upload`` bytes."""
-    from ...errors import UsageError
     out: dict[str, sync.Manifest] = {}
     for m in mounts_:
         if m.kind != "local":
@@ -113,7 +115,6 @@ def _mount_manifests(mounts_: list[Mount], max_upload: int, include_secrets: boo
 def builtin_job(name: str, args: list[str]) -> TaskJob:
     """The built-in task ``name`` (tasks/builtin/NAME.yaml) with ``args`` as its "$@"; its workdir
     is ec2gpu's trainer: ec2gpu/__init__.py and ec2gpu/train/*.py (torch and numpy only)."""
-    from ...tasks import builtin
     package = Path(__file__).resolve().parents[2]
     shipped = ["ec2gpu/__init__.py"] + [f"ec2gpu/train/{p.name}" for p in sorted((package / "train").glob("*.py"))]
     manifest = sync.Manifest(package.parent, shipped, sum((package.parent / f).stat().st_size for f in shipped))
@@ -147,8 +148,7 @@ def upload_node(nd: Node, job: TaskJob, ssh_config: Path | None, run_id: str, ad
     output and checkpoint directories; on a replacement, the checkpoint directory brought home.
     ``rank``: the node's place in ``addresses`` where it is not its index (a pool's replacement,
     whose index may follow one of a replacement that failed and has no address)."""
-    from ...remote import ssh
-    from .nodes import processes_per_node
+    from ...remote import ssh  # here: a dry run imports no paramiko (test_dry_run.py)
     workdir = workdir_of(nd.run_dir, job)
     if job.manifest is not None:
         how = sync.push(nd.conn, job.manifest, workdir, ssh_config, nd.instance_id)
@@ -181,7 +181,6 @@ def upload_node(nd: Node, job: TaskJob, ssh_config: Path | None, run_id: str, ad
 
 def mounts_node(nd: Node, job: TaskJob, ssh_config: Path | None, log: Callable[[str], None]) -> None:
     """Put the task's file_mounts on node ``nd`` (remote/mounts.place), before its setup."""
-    from ...remote import mounts
     mounts.place(nd.conn, job.mounts, job.mount_manifests, nd.run_dir, str(nd.info.get("python") or "python3"),
                  lambda bucket: job.bucket_regions.get(bucket) or "us-east-1", ssh_config, nd.instance_id, log,
                  job.s3_files)
@@ -192,7 +191,7 @@ def clone_workdir(conn: Any, git: dict[str, Any], workdir: str, log: Callable[[s
     branch) in ``workdir`` on the instance, by the instance (git-clone(1); credentials for a private
     repository are not sent: a public one, or one the instance may read). Raises RemoteError with
     git's last lines when it fails."""
-    from ...remote import ssh
+    from ...remote import ssh  # here: a dry run imports no paramiko (test_dry_run.py)
     w, url = shlex.quote(workdir), shlex.quote(git["url"])
     checkout = f" && git -C {w} checkout --quiet {shlex.quote(git['ref'])} --" if git.get("ref") else ""
     # no prompt can wait for an answer: none for a password (https), none for a host key (ssh)
@@ -200,7 +199,6 @@ def clone_workdir(conn: Any, git: dict[str, Any], workdir: str, log: Callable[[s
                             f"git clone --quiet -- {url} {w}{checkout} && "
                             f"git -C {w} rev-parse HEAD", timeout_s=1800)
     if not got.ok:
-        from ...inert import inert
         raise RemoteError(f"workdir: git clone of {git['url']} failed on the instance (exit {got.exited})",
                           "check the URL and ref; a private repository needs access from the instance",
                           command="git clone", exit_status=got.exited,
@@ -217,8 +215,7 @@ def setup_node(nd: Node, job: TaskJob, log: Callable[[str], None]) -> None:
 
     Raises RemoteError (with the setup's last lines) when it fails.
     """
-    # paramiko (about 57 ms, through ssh): prepare, a dry run and --local import this module without it
-    from ...remote import setup, ssh
+    from ...remote import setup, ssh  # here: a dry run imports no paramiko (test_dry_run.py)
     task = job.task
     if not task.setup:
         return
@@ -283,7 +280,7 @@ def start_agent(nd: Node, argv: list[str], handover: str | None = None) -> int:
     the copies there), and the agent's key (new: ``nd.agent_key``, runs/execute/status.py) and ``handover`` (Handover.document's
     JSON, or None) are written, 0600, by the command that starts the agent (remote/jobs.start), which
     reads and deletes them before the job starts. Raises RemoteError, the connection's errors."""
-    from ...remote import jobs, ssh  # paramiko: as in setup_node
+    from ...remote import jobs, ssh  # here: a dry run imports no paramiko (test_dry_run.py)
     # never written through a link left there; the JSON reader too: agent.py imports it by its path, and Python
     # would take a .pyc the setup planted in __pycache__ for it (an unchecked hash-based one whatever the source)
     d = shlex.quote(nd.run_dir)
@@ -311,12 +308,11 @@ def job_argv(nd: Node, job: TaskJob, limit_minutes: int | None = None, grace_s: 
     ``limit_minutes`` (--max-runtime) the agent gives the job SIGTERM ``grace_s`` seconds (at most
     half the limit) before the instance ends itself (runs/plan/limits.py). ``handover``: start_agent
     leaves RUN_DIR/handover.json (runs/recover/handover.py), which the agent reads and deletes."""
-    from ..plan import limits
     python = nd.info.get("python") or "python3"
-    at = limits.stop_at(nd.instance, limit_minutes, grace_s)
+    at = stop_at(nd.instance, limit_minutes, grace_s)
     limit = [] if at is None else ["--limit-at", f"{at:.0f}",
                                    # stop_at is None without a limit
-                                   "--limit-grace", f"{limits.grace_seconds(cast(int, limit_minutes), grace_s):.0f}"]
+                                   "--limit-grace", f"{grace_seconds(cast(int, limit_minutes), grace_s):.0f}"]
     return [*agent_command(python, nd.run_dir), "--dir", nd.run_dir, "--env-file", f"{nd.run_dir}/job.env.json",
             "--key-file", f"{nd.run_dir}/agent.key", *limit,
             *(["--handover-file", f"{nd.run_dir}/handover.json"] if handover else []), "--", "bash", "-c", INTERACTIVE, HANDOFF,
@@ -327,8 +323,8 @@ def judge(nodes: list[Node], job: TaskJob) -> None:
     """The attempt's outcome from the agents' records (agent-record.json): return when every node's job
     succeeded; raise recovery.Interrupted for a lost node or a spot notice, RemoteError (exit 5,
     with the exit code and the last log lines) for a job that failed."""
-    from ...remote import jobs
-    from ..recover import recovery
+    from ...remote import jobs  # here: a dry run imports no paramiko (test_dry_run.py)
+    from ..recover import recovery  # here: a dry run imports no boto3 (test_dry_run.py)
 
     for nd in nodes:
         if isinstance(nd.result, recovery.Interrupted):
@@ -404,7 +400,6 @@ def worker_failure(error: dict[str, Any] | None) -> str:
         return ""
     code = error.get("exit_code")
     if isinstance(code, int) and code < 0:
-        import signal
         try:
             name = signal.Signals(-code).name
         except ValueError:
@@ -425,7 +420,7 @@ def download(nodes: list[Node], job: TaskJob, local_out: Path, ssh_config: Path 
     part is tried on its own: a hostile or broken one is reported through ``log`` and the others
     still come home. Raises the connection's errors, and RemoteError for a transfer that failed
     once every other part came home."""
-    from ...remote import jobs
+    from ...remote import jobs  # here: a dry run imports no paramiko (test_dry_run.py)
     head = nodes[0]
     steps: list[tuple[str, Callable[[], object]]] = [
         ("checkpoints", lambda: head.watch.checkpoints.sync(head.conn, force=True)),  # first: replacements resume from it
@@ -443,7 +438,6 @@ def download(nodes: list[Node], job: TaskJob, local_out: Path, ssh_config: Path 
             log(f"warning: {what} not brought home: {type(exc).__name__}: {exc}")
             if isinstance(exc, RemoteError):  # a transfer that failed (rsync's exit): the run fails, as before
                 failed = failed or exc
-    from .. import job_summary  # hostile input: bounded, masked, checked against the job's schema
     summary = job_summary.read_summary(local_out / "outputs" / "summary.json", job_summary.schema_of(job),
                                        job.secret_values, root=local_out)
     if summary is not None and summary.schema == "invalid":
@@ -456,15 +450,13 @@ def download(nodes: list[Node], job: TaskJob, local_out: Path, ssh_config: Path 
 
 def _write_back(nd: Node, log: Callable[[str], None]) -> Callable[[], None]:
     """fn(): node ``nd``'s MOUNT-mode file_mounts written back in full (the job has ended)."""
-    from ...remote import mounts
     return lambda: mounts.write_back(nd.conn, nd.run_dir, str(nd.info.get("python") or "python3"), log)
 
 
 def _write_back_on(nd: Node, log: Callable[[str], None]) -> Callable[[Any], None]:
     """fn(conn): node ``nd``'s MOUNT-mode file_mounts written back over ``conn`` (the watch's) while
     the job runs: settled files only, bounded in time (recovery.WRITE_BACK_*)."""
-    from ...remote import mounts
-    from ..recover import recovery
+    from ..recover import recovery  # here: a dry run imports no boto3 (test_dry_run.py)
     return lambda conn: mounts.write_back(conn, nd.run_dir, str(nd.info.get("python") or "python3"), log,
                                           settled_s=recovery.WRITE_BACK_SETTLED_S,
                                           timeout_s=recovery.WRITE_BACK_TIMEOUT_S)

@@ -18,7 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Callable, TypeVar
 
+from ...aws import network
+from ...errors import RemoteError, WaitTimeout
 from ...wire import bounded_json
+from . import status
 from ..job import PROGRESS_FILE as PROGRESS_FILE  # re-exported: nodes.PROGRESS_FILE (node_env names it: runs/job.py)
 
 if TYPE_CHECKING:
@@ -77,8 +80,8 @@ def connect_verified(aws: Aws, settings: Settings, backend: Backend, inst: Insta
     pair's, which must be on this machine). Returns (Connection, host, port, known_hosts path,
     key path). Raises RemoteError (a key the console does not list, or not the pinned one),
     WaitTimeout, UsageError (no private key here)."""
-    from ...aws import instances, network
-    from ...remote import ssh
+    from ...aws import instances  # here: a dry run imports no boto3 (test_dry_run.py)
+    from ...remote import ssh  # here: a dry run imports no paramiko (test_dry_run.py)
 
     iid = inst.id
     host, port = backend.ssh_target(inst)
@@ -95,8 +98,8 @@ def open_node(nd: Node, aws: Aws, settings: Settings, prov: Provisioned, run_id:
     its run directory, and give it an EC2 watch (bringing nothing home until the engine gives node
     0 its checkpoints). The watch exists before SSH answers, so a failed wait can ask EC2 whether
     the instance is gone. Raises WaitTimeout, RemoteError (host key)."""
-    from ...remote import jobs, ssh
-    from ..recover import recovery
+    from ...remote import jobs, ssh  # here: a dry run imports no paramiko (test_dry_run.py)
+    from ..recover import recovery  # here: a dry run imports no boto3 (test_dry_run.py)
 
     # the run's key pair: made by provision (found by standing/hosts.py) before any node is opened
     assert prov.key_path is not None
@@ -111,7 +114,7 @@ def open_node(nd: Node, aws: Aws, settings: Settings, prov: Provisioned, run_id:
 def prepare_node(nd: Node, log: Callable[[str], None]) -> None:
     """Run ec2gpu/ami/setup-gpu.sh on the node, or reuse what the same script found on this same
     instance (id and type) before (remote/setup.py); ``nd.info`` gets it (python, GPUs, ``reused``)."""
-    from ...remote import setup
+    from ...remote import setup  # here: a dry run imports no paramiko (test_dry_run.py)
     nd.info = setup.setup(nd.conn, nd.run_dir, log=log,
                           machine=f"{nd.instance_id} {nd.instance.type}")
 
@@ -204,7 +207,7 @@ class ProgressReader:
         if conn is None or time.monotonic() - self.last < self.every_s:
             return
         self.last = time.monotonic()
-        from ...remote import jobs
+        from ...remote import jobs  # here: a dry run imports no paramiko (test_dry_run.py)
         try:
             p = bounded_json.loads(jobs.read_from(conn, self.path, 0, MAX_PROGRESS_BYTES + 1) or b"null",
                                    max_bytes=MAX_PROGRESS_BYTES)
@@ -229,8 +232,8 @@ def _follow_node(nd: Node, tee_path: Path, log_name: str, unreachable_s: float, 
     way), each line to ``show`` and teed to ``tee_path`` (byte for byte, or masked line by line);
     set ``nd.result``: the exit status, "stopped" once ``stop`` is set, Interrupted when SSH stays
     unreachable, or the exception that ended it."""
-    from ...remote import jobs
-    from ..recover import recovery
+    from ...remote import jobs  # here: a dry run imports no paramiko (test_dry_run.py)
+    from ..recover import recovery  # here: a dry run imports no boto3 (test_dry_run.py)
 
     def on_poll(conn: Any) -> None:
         if stop.is_set():
@@ -251,10 +254,10 @@ def _follow_node(nd: Node, tee_path: Path, log_name: str, unreachable_s: float, 
                 tee.write(chunk)
             lines(chunk)
         try:
-            status, nd.conn = jobs.follow_reconnecting(nd.connect, nd.run_dir, log_name, jobs.LogCursor(deliver),
+            exited, nd.conn = jobs.follow_reconnecting(nd.connect, nd.run_dir, log_name, jobs.LogCursor(deliver),
                                                        conn=nd.conn, unreachable_s=unreachable_s, on_poll=on_poll,
                                                        log=note)
-            nd.result = status
+            nd.result = exited
         except _Stopped:
             nd.result = "stopped"
         except jobs.Unreachable as exc:
@@ -300,7 +303,7 @@ class LocalLog:
 def copy_log(conn: Any, remote: str, local: Path, mask: Callable[[str], str]) -> None:
     """Copy the remote log ``remote`` to ``local``, its last MAX_LOG_BYTES bytes, in chunks
     (memory stays bounded whatever its size), ``mask`` applied line by line."""
-    from ...remote import jobs
+    from ...remote import jobs  # here: a dry run imports no paramiko (test_dry_run.py)
     start = max(0, jobs.size_of(conn, remote) - MAX_LOG_BYTES)
     with open(local, "wb") as f:
         lines = jobs.LineSplitter(lambda line: f.write((mask(line) + "\n").encode()))
@@ -357,9 +360,7 @@ def records_home_on_interrupt(nodes: list[Node], mask: Callable[[str], str], loc
 def _records_home(nodes: list[Node], started: list[Node], mask: Callable[[str], str], local_out: Path,
                   log: Callable[[str], None], wait_s: float) -> None:
     """records_home_on_interrupt's work, on the nodes ``started`` of ``nodes``."""
-    from ...errors import RemoteError
-    from ...remote import jobs
-    from . import status
+    from ...remote import jobs  # here: a dry run imports no paramiko (test_dry_run.py)
     stopped = [stop_job(nd, log) for nd in started]
     deadline = time.monotonic() + wait_s
     for nd in started:
@@ -386,8 +387,7 @@ def stop_job(nd: Node, log: Callable[[str], None]) -> bool:
     """SIGTERM the node's job: its agent, which passes it to the job's process group (torchrun and
     its workers); whether it was sent. A node that cannot be reached is reported through ``log``;
     teardown ends it anyway."""
-    from ...errors import RemoteError, WaitTimeout
-    from ...remote import jobs, ssh
+    from ...remote import jobs, ssh  # here: a dry run imports no paramiko (test_dry_run.py)
     try:
         conn = nd.connect()
         try:

@@ -28,6 +28,6 @@ def read(conn: Any, run_dir: str, key: str | None) -> dict[str, Any] | None:
     """The agent's record on an instance (agent_record.parse of RUN_DIR/agent-record.json, read once,
     at most agent_record.MAX_BYTES + 1 bytes; ``key``: hex, None for none to check). Raises the
     connection's errors."""
-    from ...remote import jobs
+    from ...remote import jobs  # here: a dry run imports no paramiko (test_dry_run.py)
     return agent_record.parse(jobs.read_from(conn, f"{run_dir}/{agent_record.NAME}", 0, agent_record.MAX_BYTES + 1),
                               key)

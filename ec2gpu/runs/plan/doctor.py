@@ -8,7 +8,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from ...errors import Ec2GpuError
+from ...aws import capacity, catalog, images, network, runstore, types
+from ...aws.session import AWS_ERRORS
+from ...errors import Ec2GpuError, ExitCode
+from ...remote import sync
+from ...sandbox import sshd
 
 if TYPE_CHECKING:
     from ...aws.session import Aws
@@ -40,7 +44,6 @@ class Check:
 
 def _run(name: str, fn: Callable[[], Outcome]) -> Check:
     """Call ``fn() -> (ok, detail[, fix])``; an Ec2GpuError or AWS error becomes a failed check."""
-    from ...aws.session import AWS_ERRORS
     try:
         ok, detail, *fix = fn()
         return Check(name, ok, detail, fix[0] if fix else "")
@@ -54,7 +57,6 @@ def _spot_role(aws: Aws, spot: bool, sandbox: bool = False) -> Outcome:
     """The spot service-linked role: present (ok), unreadable (unknown), missing in the sandbox (ok:
     its first spot request creates it, as EC2 does for a caller that may: sandbox/market.py), or
     missing on AWS (a failure only when --spot is asked for), with the command that creates it."""
-    from ...aws import capacity
     exists = capacity.spot_role_exists(aws.client("iam"))
     if exists:
         return True, f"{capacity.SPOT_ROLE} exists"
@@ -73,7 +75,6 @@ def run_store(aws: Aws, settings: Settings) -> Outcome:
     """The run store of detached runs (aws/runstore.py), read only, never created here: not made
     yet (ok: the first detached run makes it), made with every setting ec2gpu gives it (ok), or
     what it lacks (a failure), with the fix."""
-    from ...aws import runstore
     bucket = runstore.bucket_name(aws.check_credentials()["Account"], aws.region)
     s3 = aws.client("s3")
     if not runstore.exists(s3, bucket):
@@ -90,15 +91,12 @@ def run_store(aws: Aws, settings: Settings) -> Outcome:
 
 def _type_facts(aws: Aws, instance_type: str) -> Outcome:
     """The instance type's GPUs and vCPUs as EC2 describes them (aws/types.py), and from where."""
-    from ...aws import types
     f = types.facts(aws.ec2, instance_type)
     return True, f"{f.name}: {f.gpu_count}x {f.gpu}, {f.vcpus} vCPUs ({f.source})"
 
 
 def run_checks(aws: Aws, settings: Settings, instance_type: str, spot: bool, sandbox: bool) -> list[Check]:
     """All checks for launching ``instance_type`` with ``aws`` (an aws.session.Aws) and ``settings``."""
-    from ...aws import capacity, catalog, images, network
-
     checks = [_run("credentials", lambda: (True, aws.check_credentials()["Arn"]))]
     if checks[0].ok is False:
         return checks  # nothing else can be asked without them
@@ -148,7 +146,6 @@ def run_checks(aws: Aws, settings: Settings, instance_type: str, spot: bool, san
         _run("key files", lambda: key_files(settings.keys_dir)),
     ]
     if sandbox:
-        from ...sandbox import sshd
         checks.append(_run("sshd (sandbox)", lambda: (True, sshd.sshd_binary())))
     return checks
 
@@ -163,7 +160,6 @@ def rsync_check(local: Callable[[], tuple[str | None, str | None]] | None = None
     remote/sync.local_rsync): missing is a warning, never a failure (every run works through the
     SFTP fallback, sending the whole workdir every time: remote/sync.py), one older than
     RSYNC_CHECKS_NAMES is said (docs/security.md)."""
-    from ...remote import sync
     path, version = (local or sync.local_rsync)()
     if path is None:
         return True, f"no rsync on this machine: runs work, sending workdirs over SFTP ({sync.WITHOUT_RSYNC})", \
@@ -178,7 +174,6 @@ def rsync_check(local: Callable[[], tuple[str | None, str | None]] | None = None
 def exit_code(checks: list[Check]) -> int:
     """`doctor`'s exit code (pure): 0 when no check failed, 3 (ExitCode.AWS) when the credentials
     failed (the README: without credentials every command exits 3), else 1."""
-    from ...errors import ExitCode
     if not any(c.ok is False for c in checks):
         return ExitCode.SUCCESS
     return ExitCode.AWS if any(c.name == "credentials" and c.ok is False for c in checks) else ExitCode.ERROR

@@ -27,7 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import UsageError
+from ...tasks.spec import max_runtime
 from ...tasks.spec import OFF_WORDS as OFF_WORDS  # re-exported: the words that remove the limit
+from ..settle import ledger
 
 if TYPE_CHECKING:
     from ...aws.instances import Instance
@@ -63,7 +65,6 @@ def parse(value: str | float | None) -> tuple[bool, int | None]:
     """(given, minutes) of a ``--max-runtime`` or ``max_runtime`` value (pure): None -> (False,
     None); 'none'/'off'/'never' -> (True, None); 90, '90m', '2h' -> (True, 90 / 120), whole
     minutes, at least 1. Raises UsageError for anything else."""
-    from ...tasks.spec import max_runtime
     try:
         return max_runtime(value)
     except ValueError as exc:
@@ -73,7 +74,6 @@ def parse(value: str | float | None) -> tuple[bool, int | None]:
 def longest_run(home: Path, task: str, backend: str) -> tuple[float, str] | None:
     """(seconds, run id) of the longest completed run of ``task`` on ``backend`` in the ledger
     (the sum of its phases: launch to termination), or None when it has none."""
-    from ..settle import ledger
     found = [(sum(v for v in (r.get("phases") or {}).values() if isinstance(v, (int, float))), r.get("run_id") or "?")
              for r in ledger.runs(home, backend=backend, limit=500, tolerant=True)
              if r.get("task") == task and r.get("status") == "completed"]

@@ -25,10 +25,15 @@ import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from ...aws import baked, images
+from ...aws import baked, catalog, images, instances, tags, types
 from ...errors import RemoteError, UsageError, WaitTimeout
+from ...remote import files, jobs, ssh
 from ..execute import attempt as lifecycle
 from ..job import BakePlan as BakePlan  # re-exported: bake.BakePlan (its home is runs/job.py)
+from ..settle import ledger
+from ..plan.costs import PHASE_GROUPS
+from ..execute.engine import TAIL_LINES, _LineWriter, workdir_of
+from ..plan.limits import schedule_shutdown_command
 
 if TYPE_CHECKING:
     from ...aws.instances import Instance
@@ -80,8 +85,6 @@ def plan(job: TaskJob, base: str, name: str | None, home: Path, backend: str, in
     per account and region), made a name CreateImage accepts (aws/baked.ami_name).
     The expected minutes: the mean of past completed bakes' own phases on ``instance_type``
     (ledger, ``bake_seconds``), else ASSUMED_MINUTES. Raises UsageError for an unknown base or a bad name."""
-    from ...aws import tags
-    from ..settle import ledger
     if base not in images.BASES:
         raise UsageError(f"--from {base!r} is not known", f"use one of: {', '.join(images.BASES)}")
     key = bake_key(job)
@@ -99,7 +102,6 @@ def plan(job: TaskJob, base: str, name: str | None, home: Path, backend: str, in
 
 def bake_seconds(phases: dict[str, float]) -> float:
     """A bake's seconds besides the boot, setup and teardown an estimate counts anyway (pure)."""
-    from ..plan.costs import PHASE_GROUPS
     counted = {name for group in PHASE_GROUPS.values() for name in group}
     return sum(secs for name, secs in phases.items() if name not in counted)
 
@@ -158,8 +160,6 @@ class ImageBake(lifecycle.Strategy[dict[str, Any]]):
 def run_script(nd: Node, script: str, args: list[str], log: Callable[[str], None], ok: tuple[int, ...] = (0,)) -> int:
     """Upload ami/SCRIPT to the node's run directory and run it, its lines to ``log``; its exit
     status when in ``ok``, else RemoteError with its last lines."""
-    from ...remote import files, ssh
-    from ..execute.engine import TAIL_LINES, _LineWriter
     files.make_dirs(nd.conn, nd.run_dir)
     files.put_file(nd.conn, AMI_DIR / script, f"{nd.run_dir}/{script}")
     out = _LineWriter(log)
@@ -181,7 +181,6 @@ def install_driver(aws: Aws, nd: Node, backend: Backend, log: Callable[[str], No
     when it asks for a reboot (exit 100), reboot the instance through EC2 and run it again,
     ``reboots`` times at most; ``ends_at`` (UTC) is when the builder's --max-runtime ends it, armed
     again after each reboot. Raises RemoteError."""
-    from ...aws import types
     itype = nd.instance.type
     gpus = 0 if backend.is_sandbox else types.facts(aws.ec2, itype, log).gpu_count
     for k in range(reboots + 1):
@@ -203,8 +202,6 @@ def reboot(aws: Aws, nd: Node, backend: Backend, log: Callable[[str], None], tim
     controller that dies during the reboot still leaves a builder that ends itself; not on a sandbox
     instance, whose system is this machine's) and over SSH once the instance is back. Raises
     WaitTimeout."""
-    from ...aws import instances
-    from ...remote import jobs, ssh
     before = ssh.boot_id(nd.conn)
     if ends_at is not None and not backend.is_sandbox:
         install_per_boot_script(nd, ends_at)
@@ -259,8 +256,6 @@ def minutes_left(deadline: datetime, now: datetime) -> int:
 def rearm_max_runtime(nd: Node, deadline: datetime, log: Callable[[str], None]) -> int:
     """Schedule the node's --max-runtime shutdown again, for the minutes left until ``deadline``
     (the deadline stays; a reboot does not give a fresh full period); the minutes scheduled."""
-    from ...remote import ssh
-    from ..plan.limits import schedule_shutdown_command
     now = datetime.now(timezone.utc)
     left = minutes_left(deadline, now)
     ssh.execute(nd.conn, schedule_shutdown_command(left))
@@ -292,7 +287,6 @@ def per_boot_install_command(source: str, path: str = PER_BOOT_SCRIPT) -> str:
 
 def install_per_boot_script(nd: Node, deadline: datetime) -> None:
     """Put per_boot_script on the node's instance at PER_BOOT_SCRIPT (through its run directory)."""
-    from ...remote import files, ssh
     source = f"{nd.run_dir}/ec2gpu-max-runtime.sh"
     files.make_dirs(nd.conn, nd.run_dir)
     files.write_text(nd.conn, source, per_boot_script(nd.instance_id, deadline))
@@ -303,8 +297,6 @@ def prefetch(nd: Node, job: TaskJob, bp: BakePlan, log: Callable[[str], None]) -
     """Put what the task declares it reads into the image: MNIST (checked) for the built-in task."""
     if job.builtin != "mnist":
         return
-    from ...remote import ssh
-    from ..execute.engine import workdir_of
     python = shlex.quote(str(nd.info.get("python") or "python3"))
     src = f" --data-dir {shlex.quote(bp.data_dir)}" if bp.data_dir else ""
     done = ssh.attempt(nd.conn, f"cd {shlex.quote(workdir_of(nd.run_dir, job))} && {python} -m ec2gpu.train.data "
@@ -319,7 +311,6 @@ def keep_setup(nd: Node, name: str, log: Callable[[str], None]) -> None:
     """Keep what setup-gpu.sh found as $HOME/.ec2gpu/baked-setup.json: on an instance of the image,
     the machine setup reads it instead of importing torch again (ami/setup-gpu.sh). The task's
     setup markers say which image holds them (engine.setup_node shows it when it skips)."""
-    from ...remote import ssh
     ssh.execute(nd.conn, keep_setup_command(nd.run_dir, name))
     log(f"machine setup kept for the image: python {nd.info.get('python')}, torch {nd.info.get('torch_version')}")
 
@@ -356,7 +347,6 @@ def listing(aws: Aws, home: Path | None = None) -> list[dict[str, Any]]:
     snapshot price (aws/catalog.ebs_price: ``home``'s refreshed price cache, else the shipped
     table); each row also has "usd_per_gb_month" (None, and "usd_per_month" None, where the
     region's price is not known) and "price_source" (where the price comes from, or how to get it)."""
-    from ...aws import catalog
     price = catalog.ebs_price("snapshot", aws.region, home)
     return [{**row, "usd_per_gb_month": price.usd_per_gb_month, "price_source": price.source}
             for row in baked.listing(aws.ec2, price.usd_per_gb_month)]

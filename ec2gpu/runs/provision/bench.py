@@ -8,20 +8,25 @@ assumed defaults for the same instance type and model (costs.bench_speed).
 """
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Mapping
 
+from ...aws import catalog
 from ...aws.session import Aws
 from ...backend import Backend
-from ...errors import Ec2GpuError
+from ...errors import Ec2GpuError, UsageError
 from ...settings import Settings
+from ...train.bench import TRAINED_MIN_ACC, trained
 from ..execute import engine
 from . import pipeline
 from ..settle import record as run_record
 from ..execute.reporter import ReporterLike
 from ..options import BenchOptions
+from ..job_summary import bench_figures, columns, read_bench_report
+from .local import run_local
 
 #: Minutes a bench's job is assumed to take for its first estimate (before the ledger has one on
 #: that instance type): measured on this project's 2-vCPU machine without a GPU, the full bench's
@@ -50,8 +55,6 @@ def usd_per_run(summary: dict[str, Any] | None, usd_per_hour: float | None) -> d
     did not train (train/bench.trained: its test accuracy near chance) has no seconds and no USD:
     what it ran is not a run that trains it. A summary that is not the bench's, or has a figure
     out of bounds (job_summary.bench_figures), gives {}."""
-    from ...train.bench import TRAINED_MIN_ACC, trained
-    from ..job_summary import bench_figures
     figures = bench_figures(summary)
     out: dict[str, dict[str, Any]] = {}
     for model, by_device in (figures.models if figures else {}).items():
@@ -83,7 +86,6 @@ def _result(record: Mapping[str, Any]) -> dict[str, Any]:
     """One bench's line: run id, type, market, price, status, the bench.json it brought home (as
     job_summary.read_bench_report checks it: None, with ``bench_invalid`` saying why, when it is
     not the bench's report)."""
-    from ..job_summary import read_bench_report
     out = Path(record.get("artifacts") or ".")
     report, why = read_bench_report(out / "outputs" / "bench.json", root=out)
     price = record.get("usd_per_hour")
@@ -104,7 +106,6 @@ def on_instances(aws: Aws, settings: Settings, opts: BenchOptions, ui: ReporterL
     Raises UsageError before anything is created for a bad type, no MNIST in the sandbox, or an
     estimate above the budget; KeyboardInterrupt after the current run's teardown.
     """
-    from ...aws import catalog
     types = [catalog.lookup(t).name for t in opts.instance_types]  # every type checked before any launch
     args = job_args(opts.quick, backend.is_sandbox, opts.data_dir)
     results = []
@@ -128,10 +129,6 @@ def local(opts: BenchOptions, ui: ReporterLike, settings: Settings | None) -> li
     """Bench this machine under the same agent and job contract as an instance (local.run_local);
     the run goes into the ledger as backend "local", instance type "local", no cost. Raises
     UsageError without torch, RemoteError when the bench fails."""
-    import importlib.util
-
-    from ...errors import UsageError
-    from .local import run_local
     if importlib.util.find_spec("torch") is None:
         raise UsageError("--local needs PyTorch on this machine", "pip install 'ec2gpu[train]' (or make demo)")
     job = engine.builtin_job("bench", job_args(opts.quick, False, opts.data_dir))
@@ -140,7 +137,6 @@ def local(opts: BenchOptions, ui: ReporterLike, settings: Settings | None) -> li
     started = datetime.now(timezone.utc).isoformat()
     with ui.phase("running"):
         summary = run_local(job, run_id, out, ui)
-    from ..job_summary import columns
     record = run_record.new(run_id, opts.command, "local", out, status="completed", task="bench",
                             instance_type="local", market="local", phases=dict(ui.phases),
                             **columns(summary, "bench"), exit_status=0,

@@ -5,13 +5,16 @@ resource), an interrupted attempt's instances ended, and each instance billed fr
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Mapping, Sequence, cast
 
-from ...aws import baked, capacity, images, instances, network, placement, sweep
-from ...aws.session import Aws
+from ...aws import baked, capacity, iam, iam_boundary, images, instances, network, placement, runstore, storage, sweep
+from ...aws.session import Aws, ClientError, error_code
+from ...errors import UsageError
 from ...settings import Settings
+from ...tasks import mounts
 from ..plan import costs
 from ..options import LaunchOptions, PoolOptions, RunOptions
 from ..job import Provisioned as Provisioned  # re-exported: resources.Provisioned (its home is runs/job.py)
@@ -112,9 +115,6 @@ def check_s3_access(aws: Aws, job: TaskJob) -> None:
     policy IAM would refuse (one of ec2gpu's own buckets, over its 10,240 characters) and for a
     caller's user id no tag can hold (aws/runstore.user_id); AwsError for other AWS errors.
     """
-    from ...aws import iam, iam_boundary, runstore, storage
-    from ...errors import UsageError
-    from ...tasks import mounts
     user = runstore.user_id(aws.check_credentials())  # the role is tagged with it (iam.run_tags), the buckets too
     s3 = [m for m in job.mounts if m.kind == "s3"]
     own = mounts.own_buckets(job.mounts)
@@ -145,9 +145,6 @@ def _instance_role(aws: Aws, settings: Settings, opts: LaunchOptions, run_id: st
     s3 = [m for m in getattr(job, "mounts", []) if m.kind == "s3"]
     if not s3 or _bake(opts) is not None or getattr(job, "role_policy", None) is None:  # an image bake runs the setup only
         return
-    from ...aws import iam, iam_boundary, runstore, storage
-    from ...aws.session import ClientError, error_code
-    from ...errors import UsageError
     assert job is not None and job.role_policy is not None  # returned above otherwise (getattr of None)
     client, boundary = aws.client("iam"), job.role_boundary
     prov.instance_profile = iam.role_name(run_id)  # set first: teardown removes whatever part of it was made
@@ -218,7 +215,7 @@ def teardown(aws: Aws, settings: Settings, prov: Provisioned, ui: ReporterLike) 
                 "instances": live, "security_groups": [prov.security_group_id], "key_pairs": [prov.key_name],
                 "placement_groups": [prov.placement_group], "instance_roles": [prov.instance_profile]}
             rows = {k: [{"id": x, "run_id": prov.run_id} for x in ids if x] for k, ids in found.items()}
-            iam = aws.client("iam") if prov.instance_profile else None
+            iam_client = aws.client("iam") if prov.instance_profile else None
             try:
                 if prov.bake:  # an image not yet complete, and snapshots no image holds: never kept
                     for kind in ("images", "snapshots"):
@@ -229,7 +226,7 @@ def teardown(aws: Aws, settings: Settings, prov: Provisioned, ui: ReporterLike) 
                 ui.note(f"could not remove the {label} {', '.join(ids)} ({why}); finish with `ec2gpu cleanup "
                         f"--region {aws.region}` (it finds everything by the ec2gpu:run tag {prov.run_id})")
             # a bake says what it takes back (the image and its snapshots), as `image rm` does
-            done = sweep.delete_everything(aws.ec2, rows, settings.keys_dir, iam=iam, on_failure=failed,
+            done = sweep.delete_everything(aws.ec2, rows, settings.keys_dir, iam=iam_client, on_failure=failed,
                                            log=ui.note if prov.bake else (lambda line: None))
             for k in kinds:
                 removed[k] = done.get(k, [])
@@ -263,7 +260,6 @@ def leftovers(prov: Provisioned, removed: Mapping[str, list[str]]) -> str:
 
 
 def _main_thread() -> bool:
-    import threading
     return threading.current_thread() is threading.main_thread()
 
 

@@ -18,8 +18,12 @@ import socket
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, AbstractSet, Any, Callable
 
-from ..plan import costs
-from ..settle import ledger
+import psutil
+
+from ...aws import instances, sweep, tags
+from ...aws.session import ClientError, error_code
+from ..plan import costs, intervals
+from ..settle import ledger, record as run_record
 from ..settle.record import this_controller as this_controller  # re-exported
 
 if TYPE_CHECKING:
@@ -35,7 +39,6 @@ LOST = "controller-lost"  # the status a settled row gets
 def controller_gone(row: dict[str, Any]) -> bool:
     """Whether ``row`` is ``running`` and the process that ran it, on this host, no longer exists.
     False for another host's runs (nothing here can tell) and rows without a ``controller``."""
-    import psutil
     c = row.get("controller") or {}
     if row.get("status") != "running" or not c or c.get("host") != socket.gethostname():
         return False
@@ -60,9 +63,6 @@ def settle(aws: Aws, home: Path, row: dict[str, Any], log: Callable[[str], None]
     any of them still exists. Instances EC2 no longer lists (it forgets terminated ones after
     about an hour) are billed as unknown, and ``log`` says so. Raises botocore errors other than
     InvalidInstanceID.NotFound."""
-    from ...aws import instances
-    from ...aws.session import ClientError, error_code
-
     attempts = row.get("attempts") or []
     ids = [a["instance_id"] for a in attempts]
     described: dict[str, Instance] = {}
@@ -136,8 +136,6 @@ ENDINGS = {"Client.InstanceInitiatedShutdown": "ended itself", "Server.SpotInsta
 def standing_attempt(instance: Instance, volume_gib: float | None, now: datetime) -> dict[str, Any]:
     """The ledger's record of one standing instance (``instance``: its description, from
     instances.wait_running where it has the billing start) (pure): its first interval opened."""
-    from ..plan import intervals
-
     return {"attempt": 1, "node": instance.node, "instance_id": instance.id,
             "instance_type": instance.type, "market": instance.market,
             "zone": instance.zone, "ended": "running",
@@ -149,8 +147,6 @@ def standing_row(backend: str, region: str, run_id: str, command: str, described
                  volume_gib: float | None) -> RunRecord:
     """The ledger row of the standing instances ``described`` just launched under ``run_id``
     (status STANDING, no cost yet; root volumes of ``volume_gib`` GiB)."""
-    from ..settle import record as run_record
-
     now = datetime.now(timezone.utc)
     first = described[0]
     row = run_record.new(run_id, command, backend, "", status=STANDING, region=region,
@@ -172,24 +168,18 @@ def sync_standing(aws: Aws, home: Path, backend: str, log: Callable[[str], None]
     (runs/plan/intervals.py), nodes the run gained (`scale`) added, each terminated instance billed, and
     the row settled (status ENDED, its bill the sum of its instances') once none is left. Returns
     the run ids settled; ``log`` says each. Raises botocore errors."""
-    from ...aws import sweep
-    from ...aws import tags as T
-
     rows = [r for r in open_rows(home, backend) if r.get("region") in (None, aws.region)]
     if not rows:
         return []
     found: dict[str, list[Instance]] = {}
     for inst in sweep.find_instances(aws.ec2, states=sweep.LIVE_STATES + ["terminated"]):
-        found.setdefault(inst.tags.get(T.RUN, ""), []).append(inst)
+        found.setdefault(inst.tags.get(tags.RUN, ""), []).append(inst)
     return [r["run_id"] for r in rows if _sync_row(aws, home, r, found.get(r["run_id"], []), log)]
 
 
 def _sync_row(aws: Aws, home: Path, row: dict[str, Any], described: list[Instance], log: Callable[[str], None]) -> bool:
     """One STANDING row brought up to date with ``described`` (its run's instances); written when
     anything changed. Returns whether it was settled."""
-    from ...aws import sweep
-    from ..plan import intervals
-
     now = datetime.now(timezone.utc)
     before = json.dumps(row, sort_keys=True, default=str)
     attempts = {a["instance_id"]: a for a in row.get("attempts") or []}
@@ -243,8 +233,6 @@ def remove_ended(aws: Aws, home: Path, keys_dir: Path, keep: AbstractSet[str] = 
     through ``log``. Never the runs of ``keep`` nor those a controller in this ledger may still be
     using (status running, its process not known to be gone). Returns run id -> {kind: ids}.
     Raises botocore errors."""
-    from ...aws import sweep
-
     busy = {r["run_id"] for r in ledger.runs(home, limit=500, tolerant=True)
             if r.get("status") == "running" and not controller_gone(r)}
     found = sweep.ended_leftovers(aws.ec2, busy | set(keep), iam=aws.client("iam"), autoscaling=aws.client("autoscaling"))

@@ -23,10 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, AbstractSet, Any, Callable
 
-from ...aws import instances
+from ...aws import instances, storage
+from ...aws.session import AWS_ERRORS
 from ...errors import AwsError, RemoteError
 # re-exported (recovery.Interrupted, recovery.AttemptsExhausted: what an attempt raises)
 from ...errors import AttemptsExhausted as AttemptsExhausted, Interrupted as Interrupted
+from ...remote import files
 from ..plan.checks import parse_checkpoint_uri as parse_checkpoint_uri  # a flag's check: the plan makes it first
 
 if TYPE_CHECKING:
@@ -85,7 +87,6 @@ class DirCheckpoints:
 
     def __post_init__(self) -> None:
         if self.limits is None:
-            from ...remote import files
             self.limits = files.Limits()
 
     def has_any(self) -> bool:
@@ -96,7 +97,6 @@ class DirCheckpoints:
         anything did. Names are the instance's (hostile input): each is checked and written only
         inside ``local`` (remote/files.py), at most ``limits`` files and bytes in all, and what is
         skipped is said once per name. Connection errors propagate."""
-        from ...remote import files
         if not force and time.monotonic() - self.last < self.every_s:
             return False
         self.last = time.monotonic()
@@ -128,7 +128,6 @@ class DirCheckpoints:
     def limits_left(self, replacing: AbstractSet[str] = frozenset()) -> Limits:
         """The download limits less what this directory already holds at home (the files named in
         ``replacing``, about to be replaced, left out)."""
-        from ...remote import files
         assert self.limits is not None  # __post_init__ gives the defaults
         have = [p for p in self.local.rglob("*") if p.is_file() and not p.is_symlink()
                 and p.relative_to(self.local).as_posix() not in replacing] if self.local.is_dir() else []
@@ -138,7 +137,6 @@ class DirCheckpoints:
     def _to_s3(self, path: Path, rel: str) -> None:
         if self.s3 is None or not self.target:
             return
-        from ...aws import storage
         try:
             storage.upload(self.s3, path, self.target[0], f"{self.target[1]}/{rel}".lstrip("/"))
         except Exception as exc:  # S3 is a second copy: a failure is reported, never fatal
@@ -146,7 +144,6 @@ class DirCheckpoints:
 
     def push(self, conn: Any, remote_dir: str) -> int:
         """Upload the local directory to ``remote_dir`` on a replacement; return the file count."""
-        from ...remote import files
         paths = [p for p in self.local.rglob("*") if p.is_file() and not p.name.startswith(".")]
         files.put_tree(conn, self.local, paths, remote_dir)
         if remote_dir == self.remote:  # what it has now came from here: not brought home again
@@ -158,7 +155,6 @@ class DirCheckpoints:
         """{relative path: remote_files.RemoteFile} of the regular files under ``remote_dir`` (none:
         {}), listed over SFTP (no shell), hidden ones (a file being written, by the atomic-rename
         convention) left out."""
-        from ...remote import files
         return {f.name: f for f in files.list_files(conn, remote_dir, hidden=False)}
 
 
@@ -193,7 +189,6 @@ class InstanceWatch:
         """Raise Interrupted when EC2 reports the instance gone. An API error (botocore's) is not an
         interruption: it is reported and asked again at the next poll, up to MAX_API_FAILURES in a
         row, then AwsError (the run cannot watch its instance, so it stops and tears down)."""
-        from ...aws.session import AWS_ERRORS
         try:
             inst = instances.describe_instances(self.ec2, [self.instance_id])[0]
         except AWS_ERRORS as exc:

@@ -17,6 +17,8 @@ from typing import Any, Mapping
 
 from ...errors import LedgerError, UsageError
 from ...settings import private_home
+from ...tasks.spec import minutes
+from .. import job_summary
 
 MIGRATIONS: list[str] = [
     # 1: the runs table
@@ -145,7 +147,6 @@ def record(home: Path, row: Mapping[str, Any]) -> None:
 def _checked(row: Mapping[str, Any]) -> dict[str, Any]:
     """``row`` with what a job wrote (its summary, the figures taken from it, its exit code) checked
     again (job_summary.py), whoever made it: nothing unchecked is stored."""
-    from .. import job_summary
     row = dict(row)
     if "summary" in row:
         row["summary"], row["summary_schema"] = job_summary.for_ledger(row["summary"], row.get("summary_schema"))
@@ -169,7 +170,6 @@ def _row(r: sqlite3.Row) -> dict[str, Any]:
     """One run as a dict, JSON columns parsed. What a job wrote is checked again (job_summary.py):
     a row from an older version with a summary that is not an object, a test accuracy of "x" or
     a figure out of bounds reads as a marked summary and None figures, never as an error."""
-    from .. import job_summary
     d = dict(r)
     d["summary"], d["summary_schema"] = job_summary.from_ledger(d.get("summary"), d.get("summary_schema"))
     for k in JSON_COLUMNS:
@@ -187,7 +187,6 @@ def parse_since(text: str, now: datetime | None = None) -> datetime:
 
     Raises UsageError for anything else.
     """
-    from ...tasks.spec import minutes
     now = now or datetime.now(timezone.utc)
     try:
         return now - timedelta(minutes=minutes(text, default_unit=None, max_minutes=None))

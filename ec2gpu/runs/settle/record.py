@@ -3,9 +3,14 @@
 ``new`` in every place a run starts, so the three kinds of run cannot drift apart."""
 from __future__ import annotations
 
+import json
+import os
+import socket
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional, TypedDict
+
+import psutil
 
 
 class RunRecord(TypedDict, total=False):
@@ -76,8 +81,6 @@ def save(record: RunRecord, out: str | Path) -> None:
     """Write ``record`` as ``out``/run.json (the folder made if need be): JSON indented 2, anything
     not JSON (a datetime, a Path) as its ``str()``; written whole or not at all (a temporary file
     renamed over it), so a reader never sees half a record. Raises OSError as the write does."""
-    import json
-    import os
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / ".run.json.tmp"
@@ -88,8 +91,4 @@ def save(record: RunRecord, out: str | Path) -> None:
 def this_controller() -> dict[str, Any]:
     """The ``controller`` column for a run this process starts: host name, pid, process start
     time (s since the epoch, psutil's create_time)."""
-    import os
-    import socket
-
-    import psutil
     return {"host": socket.gethostname(), "pid": os.getpid(), "started": psutil.Process().create_time()}

@@ -7,14 +7,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, cast
 
+import sys
+import threading
+import time
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ...aws import catalog, instances, network
+from ...aws import catalog, clusters, instances, network, sweep, tags
 from ...aws.session import Aws
 from ...backend import AWS, Backend
-from ...errors import RemoteError, UsageError
+from ...errors import Ec2GpuError, RemoteError, UsageError
+from ...remote import ssh, ssh_config
+from ...sandbox import control
 from ...settings import Settings
 from ..settle import record as run_record
 from ..options import LaunchOptions, RunOptions, TrainOptions
@@ -28,6 +33,11 @@ from ..provision.pipeline import (
 )
 from ..provision.resources import Provisioned
 from ..execute.reporter import ReporterLike
+from ..provision import resources
+from ..execute import foreground
+from ..execute.nodes import connect_verified
+from ..recover import reconcile, recovery
+from ..plan import intervals
 
 if TYPE_CHECKING:
     from ...aws.instances import Instance
@@ -40,14 +50,12 @@ def _standing(aws: Aws, settings: Settings, found: list[Instance], out: str | Pa
     """A run on standing instances ``found``: (their fresh descriptions in node order, run id,
     absolute artifacts dir, Provisioned with their key, the run record's common columns).
     Raises UsageError when their private key is not on this machine."""
-    from ...aws import tags as T
-
     key = network.require_private_key(settings.keys_dir, found[0].key_name or "")
     nodes = instances.wait_running(aws.ec2, [i.id for i in found])  # fresh descriptions
     nodes.sort(key=lambda i: i.node or 0)
     run_id = new_run_id()
     out = Path(out or Path("runs") / run_id).resolve()
-    prov = Provisioned(nodes[0].tags.get(T.RUN, run_id), key_name=nodes[0].key_name, key_path=key)
+    prov = Provisioned(nodes[0].tags.get(tags.RUN, run_id), key_name=nodes[0].key_name, key_path=key)
     record = run_record.new(run_id, command, backend.name, out, instance_type=nodes[0].type,
                             market=nodes[0].market, region=aws.region,
                             instance_ids=[i.id for i in nodes], instance_id=nodes[0].id,
@@ -60,8 +68,6 @@ def train_on_cluster(aws: Aws, settings: Settings, opts: TrainOptions, ui: Repor
     """Train MNIST on the nodes a standing cluster has now (``ec2gpu launch --nodes N --name NAME``)
     and leave the cluster running: ``exec_task`` with the built-in task. Raises UsageError for an
     unknown cluster or a missing key file; RemoteError/recovery.Interrupted as the attempt raises them."""
-    from ...aws import clusters
-
     nodes = clusters.members(aws.ec2, cluster_name)
     if not nodes:
         raise UsageError(f"no running cluster named {cluster_name!r}",
@@ -82,18 +88,13 @@ def exec_task(aws: Aws, settings: Settings, job: TaskJob, ui: ReporterLike, targ
     key file or S3 file_mounts (a standing instance has no run role to copy with); RemoteError,
     recovery.Interrupted as the attempt raises them. ``extra``: more columns
     for the record (a built-in task's model and epochs)."""
-    from ...aws import clusters, sweep
-    from ...aws import tags as T
-    from ..execute import foreground
-    from ..recover import recovery
-
     if any(m.kind == "s3" for m in job.mounts):  # a standing instance has no run role to copy with
         raise UsageError(f"{job.name}: file_mounts from S3 need an instance role of the run's own, and `exec` runs on "
                          f"a standing instance that has none", "run the task with `ec2gpu run` (it makes that role "
                          "and removes it after), or copy the data in the task's setup")
     found = clusters.members(aws.ec2, target) or [
         i for i in sweep.find_instances(aws.ec2, states=["pending", "running"])
-        if T.answers_to(i, target)]
+        if tags.answers_to(i, target)]
     if not found:
         raise UsageError(f"no running instance or cluster named {target!r}",
                          "start one with `ec2gpu launch --name NAME` (see `ec2gpu ls`)")
@@ -132,8 +133,6 @@ def launch(aws: Aws, settings: Settings, opts: LaunchOptions, ui: ReporterLike,
     return their summaries (aws/instances.summary). Whatever failed half-way is removed before the
     error is raised (UsageError, AwsError, CapacityError, WaitTimeout, RemoteError for a host key
     the console does not list, KeyboardInterrupt)."""
-    from ..provision import resources as provision
-    from ..recover import reconcile
     aws.check_credentials()
     run_id = new_run_id()
     prov = Provisioned(run_id)
@@ -144,7 +143,7 @@ def launch(aws: Aws, settings: Settings, opts: LaunchOptions, ui: ReporterLike,
                                                  settings.root_volume_gib), ui)
     try:
         try:
-            provision.provision(aws, settings, opts, run_id, ui, prov)
+            resources.provision(aws, settings, opts, run_id, ui, prov)
         finally:
             if prov.instances:  # also those a failed wait leaves: teardown ends them, a later command bills them
                 in_the_ledger()
@@ -154,7 +153,7 @@ def launch(aws: Aws, settings: Settings, opts: LaunchOptions, ui: ReporterLike,
         ui.note(f"wrote {path}: `ssh NAME` reaches the instance with its pinned host key once ~/.ssh/config has "
                 f"`Include {path}`")
     except BaseException:
-        provision.teardown(aws, settings, prov, ui)
+        resources.teardown(aws, settings, prov, ui)
         raise
     return [instances.summary(i) for i in prov.instances]
 
@@ -163,7 +162,6 @@ def _backend_name(aws: Aws, settings: Settings, backend: Backend) -> str:
     """The ledger's backend of instances launched through ``aws``: ``backend``'s, or "sandbox" where
     that is the default AWS but the client talks to the sandbox's endpoint (as backend.Context
     decides), so the sandbox's simulated bills never count as money."""
-    from ...sandbox import control
     state = control.read_state(settings.home) or {}
     return "sandbox" if backend.is_sandbox or (aws.endpoint_url and aws.endpoint_url == state.get("endpoint")) \
         else backend.name
@@ -171,7 +169,6 @@ def _backend_name(aws: Aws, settings: Settings, backend: Backend) -> str:
 
 def _command_line(default: str) -> str:
     """The command as typed (`ec2gpu launch --name dev`), else ``default`` (the API, tests)."""
-    import sys
     return " ".join(["ec2gpu", *sys.argv[1:]]) if sys.argv and sys.argv[0].endswith("ec2gpu") else default
 
 
@@ -186,12 +183,6 @@ def write_ssh_config(aws: Aws, settings: Settings, backend: Backend, warn: Calla
     instance id too (remote/ssh.pin_under_alias). A Name tag that is not safe in a Host line
     (tags.safe: anyone who can tag in the account could plant a ProxyCommand) is left out, and
     ``warn`` says so; the instance is still reachable by its id."""
-    from ...aws import sweep
-    from ...aws import tags as T
-    from ...errors import Ec2GpuError
-    from ...remote import ssh
-    from ...remote import ssh_config as sc
-
     entries, skipped = [], {}
     for inst in sweep.find_instances(aws.ec2, states=["running"]):
         iid = inst.id
@@ -209,16 +200,16 @@ def write_ssh_config(aws: Aws, settings: Settings, backend: Backend, warn: Calla
                 skipped[iid] = f"its host key could not be pinned: {exc.message}"
                 continue
         host, port = backend.ssh_target(inst)
-        name = inst.tags.get(T.NAME)
-        if name is not None and not T.safe(name):
+        name = inst.tags.get(tags.NAME)
+        if name is not None and not tags.safe(name):
             warn(f"{inst.id}: its Name tag {name!r} has characters that are not safe in an ssh_config; "
                  "left out (use the instance id)")
             name = None
-        entries.append(sc.HostEntry(tuple(a for a in (name, inst.id) if a), host, port,
-                                    settings.ssh_user, key, settings.home / "known_hosts" / inst.id))
+        entries.append(ssh_config.HostEntry(tuple(a for a in (name, inst.id) if a), host, port,
+                                            settings.ssh_user, key, settings.home / "known_hosts" / inst.id))
     path = settings.home / "ssh_config"
     (settings.home / "known_hosts").mkdir(parents=True, exist_ok=True)  # OpenSSH won't create it
-    sc.write(path, sc.render(entries, path))
+    ssh_config.write(path, ssh_config.render(entries, path))
     return path, entries, skipped
 
 
@@ -233,7 +224,6 @@ def pin_host_key(aws: Aws, settings: Settings, backend: Backend, inst: Instance,
     its console output) when it is not pinned yet; return the open Connection. Raises
     RemoteError (a key the console does not list, or not the pinned one), WaitTimeout (no answer
     in ``timeout_s`` seconds), UsageError (its private key is not on this machine)."""
-    from ..execute.nodes import connect_verified
     return connect_verified(aws, settings, backend, inst, log=log, timeout_s=timeout_s)[0]
 
 
@@ -243,8 +233,6 @@ def pin_all(aws: Aws, settings: Settings, backend: Backend, found: list[Instance
     a run does: remote/ssh.wait_for_ssh's default). Raises the first error (RemoteError,
     WaitTimeout, UsageError). The waits run in daemon threads, so that an interrupt here (the
     caller then removes the instances) does not wait for the others' SSH at exit."""
-    import threading
-
     if len(found) == 1:
         pin_host_key(aws, settings, backend, found[0], log, timeout_s=300.0).close()
         return
@@ -272,11 +260,6 @@ def listing(aws: Aws, settings: Settings) -> list[dict[str, Any]]:
     compute with its 60 s minimum, its public IPv4 address, its root volume; ``so_far`` has the
     parts); for a stopped one, its volumes and their monthly cost; for one with an idle rule, how
     long it has been idle or why it is busy."""
-    import time
-
-    from ...aws import sweep
-    from ..plan import intervals
-    from ..recover import reconcile
     described = sweep.find_instances(aws.ec2)
     rows = [instances.summary(i) for i in described]
     known = {a["instance_id"]: a for r in reconcile.open_rows(settings.home) for a in r.get("attempts") or []}

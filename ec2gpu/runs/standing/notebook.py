@@ -20,10 +20,13 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from ...aws import instances, sweep, tags
 from ...aws.session import Aws
 from ...errors import RemoteError, UsageError, WaitTimeout
+from ...remote import files, setup, ssh, tunnel
 from ...settings import Settings
 from ...wire import bounded_json
+from . import hosts as standing
 
 if TYPE_CHECKING:
     from ...aws.instances import Instance
@@ -45,12 +48,9 @@ def find_running(aws: Aws, opts: LaunchOptions, ui: ReporterLike) -> Instance | 
     """The running instance ``opts.name`` names (its description; said through ``ui.note``), or
     None when ``opts.name`` is None or names none. Raises UsageError for a name that is stopped
     (`ec2gpu start` it)."""
-    from ...aws import sweep
-    from ...aws import tags as T
-
     if not opts.name:
         return None
-    found = [i for i in sweep.find_instances(aws.ec2) if T.answers_to(i, opts.name)]
+    found = [i for i in sweep.find_instances(aws.ec2) if tags.answers_to(i, opts.name)]
     running = [i for i in found if i.state == "running"]
     if running:
         ui.note(f"{opts.name}: using the running instance {running[0].id}")
@@ -64,8 +64,6 @@ def open_server(conn: Any, log: Callable[[str], None]) -> dict[str, Any]:
     """The JupyterLab of the instance behind ``conn``: the one that runs there, else a new one
     (module docstring); {"port" (on the instance), "token", "pid", "python", "reused"}. Raises
     RemoteError when it cannot be installed, started, or its record is not one ec2gpu wrote."""
-    from ...remote import files, setup, ssh
-
     home = ssh.run(conn, 'printf %s "$HOME"').strip()
     directory = f"{home}/{REMOTE_DIR}"
     info = setup.setup(conn, directory, log=log)
@@ -132,14 +130,9 @@ def serve(aws: Aws, settings: Settings, backend: Backend, opts: LaunchOptions, u
     its security group, key pair and key file (``remove_launched``: the user never had the
     notebook) and is raised again. Raises UsageError, RemoteError, WaitTimeout before the URL is
     shown (an instance launched for it then stays, with its idle rule, to be looked at)."""
-    from ...aws import instances
-    from ...aws import tags as T
-    from ...remote import tunnel
-    from . import hosts as standing
-
     inst, launched, shown = find_running(aws, opts, ui), None, False
     info: dict[str, Any] = {} if inst is None else {"instance_id": inst.id,
-                                    "name": inst.tags.get(T.NAME) or inst.id}
+                                    "name": inst.tags.get(tags.NAME) or inst.id}
     try:
         if inst is None:  # interrupted, standing.launch removes what it made and raises
             launched = standing.launch(aws, settings, opts, ui, backend)[0]
@@ -183,9 +176,6 @@ def remove_launched(aws: Aws, settings: Settings, launched: dict[str, Any], ui: 
     that a second one cannot cut it short; say what was removed, or what may remain and how to
     remove it. Returns the ids removed, by kind ({} when it failed). Never raises an AWS error: the
     interrupt that brought it here is what the caller raises."""
-    from ...aws import sweep
-    from ...remote import tunnel
-
     run_id = launched["run_id"]
     if not run_id:  # a run tag summary() would not show: never a sweep without a run id (it would take all)
         ui.note(f"{launched['instance_id']} was not removed: its ec2gpu:run tag is not readable; "

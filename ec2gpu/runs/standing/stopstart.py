@@ -17,12 +17,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
-from ...aws import instances, sweep
-from ...aws import tags as T
+from ...aws import instances, network, sweep, tags, types
 from ...aws.session import Aws
 from ...errors import UsageError
+from ...remote import ssh
 from ...settings import Settings
 from ..plan.limits import schedule_shutdown_command as schedule_shutdown_command  # re-exported; it lives with the run's limits
+from ..execute.nodes import connect_verified
+from . import hosts as standing
 
 if TYPE_CHECKING:
     from ...aws.instances import Instance
@@ -36,7 +38,7 @@ DEFAULT_MAX_RUNTIME_MINUTES = 120
 def find(ec2: Any, name: str, states: list[str]) -> list[Instance]:
     """The tool's instances called ``name`` (Name, instance id, run id or cluster) in ``states``.
     Raises UsageError when there are none, naming the state they are in if they exist."""
-    every = [i for i in sweep.find_instances(ec2) if T.answers_to(i, name, (T.NAME, T.RUN, T.CLUSTER))]
+    every = [i for i in sweep.find_instances(ec2) if tags.answers_to(i, name, (tags.NAME, tags.RUN, tags.CLUSTER))]
     found = [i for i in every if i.state in states]
     if not found:
         if every:
@@ -62,7 +64,6 @@ def stop(aws: Aws, name: str, log: Callable[[str], None] = lambda msg: None, tim
     return their summaries (aws/instances.summary) with ``instance_store_gb``: the GB of
     instance-store NVMe the stop erased (0: none; None: not known; aws/types.Facts). Raises
     UsageError (none running, or spot), WaitTimeout."""
-    from ...aws import types
     found = find(aws.ec2, name, ["running", "pending"])
     refuse_spot(found, name)
     ids = [i.id for i in found]
@@ -80,10 +81,6 @@ def start(aws: Aws, settings: Settings, backend: Backend, name: str, log: Callab
     $EC2GPU_HOME/ssh_config (runs/standing/hosts.write_ssh_config: their new addresses); return their
     summaries. Raises UsageError (none stopped, or their private key is not here), WaitTimeout,
     RemoteError (a host key that is not the pinned one)."""
-    from ...aws import network
-    from ...remote import ssh
-    from ..execute.nodes import connect_verified
-
     found = find(aws.ec2, name, ["stopped"])
     ids = [i.id for i in found]
     key = network.require_private_key(settings.keys_dir, found[0].key_name or "")
@@ -98,7 +95,6 @@ def start(aws: Aws, settings: Settings, backend: Backend, name: str, log: Callab
             log(f"{inst.id} answers SSH at {host}:{port}; {max_runtime_words(inst, minutes)}")
         finally:
             conn.close()
-    from . import hosts as standing
     path, entries, _ = standing.write_ssh_config(aws, settings, backend, log=log)
     log(f"wrote {path} ({len(entries)} host(s)) with the new address{'es' if len(started) > 1 else ''}")
     return [instances.summary(i) for i in started]
@@ -108,7 +104,7 @@ def max_runtime_words(instance: Instance, minutes: int) -> str:
     """What the --max-runtime shutdown scheduled again in ``minutes`` does to ``instance`` (pure):
     `launch --idle-stop` set InstanceInitiatedShutdownBehavior "stop" (aws/instances.run_request,
     kept in the ec2gpu:idle tag), so it stops that one; every other instance terminates."""
-    rule = instances.parse_idle_tag(instance.tags.get(T.IDLE))
+    rule = instances.parse_idle_tag(instance.tags.get(tags.IDLE))
     if rule is not None and rule.action == "stop":
         return f"it stops itself in {minutes} min (--max-runtime, scheduled again; its EBS disk is kept)"
     return f"it terminates itself in {minutes} min (--max-runtime, scheduled again)"
@@ -117,7 +113,7 @@ def max_runtime_words(instance: Instance, minutes: int) -> str:
 def max_runtime_minutes(instance: Instance) -> int:
     """The instance's --max-runtime in minutes, from its ec2gpu:max-runtime tag (pure); the launch
     default for an instance without it."""
-    value = instance.tags.get(T.MAX_RUNTIME, "")
+    value = instance.tags.get(tags.MAX_RUNTIME, "")
     return int(value) if value.isdigit() and int(value) > 0 else DEFAULT_MAX_RUNTIME_MINUTES
 
 
