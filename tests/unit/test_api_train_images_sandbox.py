@@ -124,7 +124,7 @@ def test_train_mnist_gives_the_pipeline_every_flag_and_returns_its_record(home, 
                                max_attempts=4, checkpoint_uri="s3://b/p", unreachable_after=60.0, baked=False,
                                out=Path("o"), region="eu-west-1", sandbox=True, reporter=reporter,
                                as_typed="ec2gpu train mnist --spot")
-    assert record == {"run_id": "r1", "status": "completed"}
+    assert record.to_json() == {"run_id": "r1", "status": "completed"} and record.status == "completed"
     assert fake_context == [("eu-west-1", True, True)]  # --keep: a sandbox this starts outlives the command
     o = seen["opts"]
     assert type(o).__name__ == "TrainOptions"
@@ -151,10 +151,10 @@ def test_train_mnist_on_a_cluster_and_on_this_machine_go_where_they_should(home,
     calls = []
     monkeypatch.setattr(standing, "train_on_cluster",
                         lambda aws, settings, opts, ui, name, back: calls.append(("cluster", name)) or {"run_id": "c"})
-    assert train.train_mnist(cluster="lab", sandbox=True) == {"run_id": "c"}
+    assert train.train_mnist(cluster="lab", sandbox=True).run_id == "c"
     monkeypatch.setattr(local, "train_local",
                         lambda opts, ui, data_dir, settings: calls.append(("local", data_dir)) or {"run_id": "l"})
-    assert train.train_mnist(local=True, data_dir=str(tmp_path)) == {"run_id": "l"}
+    assert train.train_mnist(local=True, data_dir=str(tmp_path)).run_id == "l"
     assert calls == [("cluster", "lab"), ("local", str(tmp_path))]
     assert len(fake_context) == 1  # --local opens no backend
 
@@ -170,7 +170,7 @@ def test_bench_says_the_sandbox_is_this_machine_and_returns_the_ranked_results(h
     said = []
     got = train.bench(quick=True, data_dir=".", max_runtime=15, budget=0.5, sandbox=True, log=said.append,
                       as_typed="ec2gpu bench --sandbox")
-    assert got == [{"instance_type": "g6.xlarge", "usd_per_run": {}}]
+    assert [r.to_json() for r in got] == [{"instance_type": "g6.xlarge", "usd_per_run": {}}]
     assert said == ["sandbox: the instance is this machine, without a GPU: the figures are its CPU's"]
     o = seen["opts"]
     assert (o.instance_type, o.max_runtime_minutes, o.budget_usd, o.command) == \
