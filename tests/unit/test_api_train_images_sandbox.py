@@ -4,6 +4,7 @@ row), the flags reach the layers below as the CLI's did, and the sandbox functio
 home where no sandbox runs. tests/e2e/test_api_images_sandbox_e2e.py asks a running sandbox."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -238,3 +239,17 @@ def test_up_asks_the_sandbox_of_this_home_and_says_when_one_not_like_aws_runs(ho
     assert sb.sandbox_up(like_aws=True, log=said.append) == running
     assert said == ["a sandbox without --like-aws is already running; `ec2gpu sandbox down` first"]
     assert calls == [(home.resolve(), None), (home.resolve(), True)]
+
+
+def test_train_mnist_takes_runflags_and_a_trainer_and_keywords_set_the_same_fields(home, no_backend):
+    from ec2gpu import api
+    typed = train.train_mnist(dataclasses.replace(train.TRAIN_FLAGS, max_runtime=30, unreachable_s=60.0),
+                              api.Trainer(model="lenet", epochs=2), dry_run=True)
+    keywords = train.train_mnist(max_runtime=30, unreachable_after=60.0, model="lenet", epochs=2, dry_run=True)
+    assert isinstance(typed, api.RunPlan) and typed.flags == keywords.flags and typed.trainer == keywords.trainer
+    assert keywords.trainer.model == "lenet" and keywords.flags.unreachable_s == 60.0
+    # no flags given: `train mnist`'s own defaults (on-demand, one node, an element retried twice)
+    plain = train.train_mnist(dry_run=True).flags
+    assert (plain.spot, plain.nodes, plain.max_retries) == (False, 1, 2)
+    with pytest.raises(TypeError, match="'modle'"):
+        train.train_mnist(modle="lenet", dry_run=True)
