@@ -30,6 +30,7 @@ from ..remote.sync import MAX_UPLOAD_BYTES
 from ..runs.execute import engine
 from ..runs.execute.reporter import Reporter, ReporterLike
 from ..runs.job import TaskJob
+from ..runs.job_summary import mask_text
 from ..runs.options import BakeOptions, PoolOptions
 from ..runs.plan import runplan
 from ..runs.plan.runplan import RunFlags, RunPlan
@@ -342,7 +343,7 @@ def exec(target: str, task: Union[str, Path, Task, None] = None, *,  # noqa: A00
                        on_warning, workdir_outside, None, infra, allow_write_buckets, ports)
     with backend.Context(region, sandbox) as ctx:
         return RunResult(standing.exec_task(ctx.aws, ctx.settings, job, ui, target, ctx.backend, out,
-                                            job.mask(as_typed or f"ec2gpu.exec({target!r})")))
+                                            mask_text(as_typed or f"ec2gpu.exec({target!r})", job.secret_values)))
 
 
 def bake(task: Union[str, Path, Task], *, base: str = "dlami", name: Optional[str] = None,

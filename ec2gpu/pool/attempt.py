@@ -31,6 +31,7 @@ from ..runs.plan.checks import slots_per_node as slots_per_node  # how many a no
 from ..wire import bounded_json
 from . import follow, grow, ray_nodes
 from ..runs import element_table
+from ..runs.job_summary import mask_text
 from .ray_nodes import ray_here as ray_here  # re-exported: api/ checks Ray here through pool/attempt.ray_here
 
 if TYPE_CHECKING:
@@ -277,7 +278,7 @@ def _mask_logs(directory: Path, job: TaskJob) -> None:
     for path in directory.glob("*.log"):
         if path.is_file() and not path.is_symlink():
             text = path.read_text(encoding="utf-8", errors="replace")
-            masked = "".join(job.mask(line) for line in text.splitlines(keepends=True))
+            masked = "".join(mask_text(line, job.secret_values) for line in text.splitlines(keepends=True))
             if masked != text:
                 tmp = path.with_name(f".{path.name}.part")
                 tmp.write_text(masked)
@@ -394,7 +395,8 @@ def _home(head: Node, job: TaskJob, local_out: Path, config: Path, ui: ReporterL
     _mask_logs(local_out / "logs", job)
     from ..runs.execute.nodes import copy_log
     local_out.mkdir(parents=True, exist_ok=True)
-    copy_log(head.conn, f"{head.run_dir}/job.log", local_out / "job.log", job.mask)  # the driver's: `ec2gpu logs RUN`
+    copy_log(head.conn, f"{head.run_dir}/job.log", local_out / "job.log",
+             lambda line: mask_text(line, job.secret_values))  # the driver's: `ec2gpu logs RUN`
     status = follow.read_status(head, opts, ui)
     return _complete(status, done, job, local_out) if status is not None else None
 
