@@ -54,7 +54,7 @@ def one_run(task: str, baked: bool, data_dir: str | None) -> dict:
         with Context(None, True) as ctx:
             opts = TrainOptions(epochs=1, baked=baked, trainer_args=["--train-subset=2000"]
                                 + (["--data-dir", data_dir] if data_dir else []))
-            pipeline.train(ctx.aws, ctx.settings, opts, rep, ctx.backend)
+            pipeline.run_job(ctx.aws, ctx.settings, opts, rep, ctx.backend)
     else:
         api.run(task, sandbox=True, expect="1m", reporter=rep, baked=baked)
     keep = ("requesting", "waiting for running", "waiting for SSH", "setup", "upload")

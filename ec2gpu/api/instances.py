@@ -3,22 +3,32 @@ down, cleanup, doctor; and what several commands share (settle the ledger, find 
 name, the idle rule of the --idle-* flags).
 
 Each function opens its own backend.Context (``region``; ``sandbox``: the local sandbox instead of
-AWS, also EC2GPU_SANDBOX=1), returns plain data (what the CLI's ``--json`` prints) and raises the
+AWS, also EC2GPU_SANDBOX=1), returns typed records (their ``to_json()`` is what the CLI's ``--json`` prints) and raises the
 ec2gpu.errors tree: UsageError for bad input before anything is created or changed, NoCredentials,
 AwsError, RemoteError, WaitTimeout. ``log(text)`` is told what happens on the way (default: nothing).
 """
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, AbstractSet, Any, Callable, Optional, cast
 
-from ..errors import UsageError
+from .. import backend
+from ..aws import catalog, network, tags
+from ..errors import Ec2GpuError, UsageError
+from ..runs.execute.reporter import Reporter, ReporterLike
+from ..runs.options import LaunchOptions
+from ..runs.plan import doctor as doctor_checks
+from ..runs.plan.doctor import Check
+from ..runs.recover import reconcile
+from ..tasks.spec import minutes
 
 if TYPE_CHECKING:
-    from ..aws.instances import Instance
-    from ..aws.instances import IdleRule
-    from ..backend import Context
-    from ..runs.execute.reporter import ReporterLike
+    from ..aws.instances import IdleRule, Instance
+
+# The modules that load boto3 (aws/clusters, instances, sweep; runs/standing/*, runs/execute/logs) or fabric
+# (remote/jobs) are imported inside the functions that reach AWS or an instance: `ec2gpu run --dry-run` imports
+# api/ and loads neither (tests/unit/test_dry_run.py::test_a_dry_run_imports_no_aws_sdk).
 
 Log = Callable[[str], None]
 
@@ -27,10 +37,108 @@ def _quiet(text: str) -> None:
     """The default ``log``: says nothing."""
 
 
-def _context(region: Optional[str], sandbox: bool, persistent: bool = False, log: Log = _quiet) -> Context:
+def _context(region: Optional[str], sandbox: bool, persistent: bool = False, log: Log = _quiet) -> backend.Context:
     """A backend.Context (a context manager) for one operation; ``log`` is told when a sandbox is started for good."""
-    from ..backend import Context
-    return Context(region, sandbox, persistent, note=log)
+    return backend.Context(region, sandbox, persistent, note=log)
+
+
+# ---- what these functions return (the CLI's ``--json`` prints each one's ``to_json()``) ----------
+
+@dataclass(frozen=True)
+class InstanceSummary:
+    """One instance as aws/instances.summary gives it (`launch`, `start`): its Name (``name``) and
+    ``run_id`` tags ("" when absent or not safe to show: ``unsafe_tags`` names those), ``cluster``
+    and ``node`` (None outside a cluster), ``market`` (on-demand | spot), ``state`` (EC2's),
+    addresses (None without one), ``zone``, ``launched_at`` (ISO 8601 UTC) and ``idle_rule`` (its
+    tag: "stop 1800" / "down 3600", seconds; None without one)."""
+    name: str
+    run_id: str
+    instance_id: str
+    cluster: Optional[str]
+    node: Optional[int]
+    instance_type: str
+    market: str
+    state: str
+    public_ip: Optional[str]
+    private_ip: Optional[str]
+    zone: Optional[str]
+    launched_at: Optional[str]
+    idle_rule: Optional[str]
+    unsafe_tags: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        """Every field, in aws/instances.summary's order."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class StoppedInstance(InstanceSummary):
+    """An instance `stop` stopped: its summary and ``instance_store_gb``, the GB of instance-store
+    NVMe the stop erased (0: none; None: not known; aws/types.Facts)."""
+    instance_store_gb: Optional[int]
+
+
+#: InstanceRow's fields a running instance's row has not (its volumes: runs/standing/hosts._stopped_disks).
+STOPPED_ONLY = ("disk_gib", "disk_usd_per_month")
+
+
+@dataclass(frozen=True)
+class InstanceRow(InstanceSummary):
+    """One live instance as `ec2gpu ls` lists it (runs/standing/hosts.listing): its summary, with
+    ``age_seconds`` (s it has run, over ``running_intervals`` intervals; ``intervals_recorded``:
+    whether its ledger row recorded them), ``first_launched_at`` (ISO 8601), ``usd_per_hour``
+    (on-demand, a spot one's ceiling; None while stopped or not known) and its ``price_source``,
+    ``so_far`` (the parts of) ``cost_so_far_usd`` (USD); a stopped (or stopping) one's volumes
+    ``disk_gib`` and their ``disk_usd_per_month`` (USD, gp3); and for a running one with an idle
+    rule, ``idle_seconds`` (s) or why it is ``busy``."""
+    age_seconds: int
+    running_intervals: int
+    intervals_recorded: bool
+    first_launched_at: str
+    usd_per_hour: Optional[float]
+    price_source: str
+    so_far: dict[str, Any]
+    cost_so_far_usd: Optional[float]
+    disk_gib: Optional[int] = None
+    disk_usd_per_month: Optional[float] = None
+    idle_seconds: Optional[float] = None
+    busy: Optional[str] = None
+
+    def to_json(self) -> dict[str, Any]:
+        """Every field in this order; the disk's two for a stopped (or stopping) instance alone."""
+        row = asdict(self)
+        if self.state not in ("stopping", "stopped"):
+            for key in STOPPED_ONLY:
+                del row[key]
+        return row
+
+
+@dataclass(frozen=True)
+class Scaled:
+    """What `scale` did to ``cluster``: the instance ids ``added`` and ``removed``, and how many
+    ``nodes`` it has now (aws/clusters.scale)."""
+    cluster: str
+    added: list[str]
+    removed: list[str]
+    nodes: int
+
+    def to_json(self) -> dict[str, Any]:
+        """{"cluster", "added", "removed", "nodes"}."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Cleanup:
+    """What `cleanup` found (``dry_run``) or removed: ``regions``, {region: {kind: [ids], "left":
+    [ids it could not remove]}} (regions where nothing was found left out); ``searched``, the
+    regions looked in."""
+    dry_run: bool
+    regions: dict[str, dict[str, list[str]]]
+    searched: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        """{"dry_run", "regions", "searched"}."""
+        return asdict(self)
 
 
 # ---- shared by several commands -------------------------------------------------------------
@@ -47,7 +155,6 @@ def idle_rule(idle_stop: str | None, idle_down: str | None, no_idle: bool, max_r
     without --max-runtime, and --idle-stop on spot (EC2 cannot stop ec2gpu's one-time spot instances:
     https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/stop-start-spot-instances.html)."""
     from ..aws.instances import IdleRule
-    from ..tasks.spec import minutes
 
     given = [(a, v) for a, v in (("stop", idle_stop), ("down", idle_down)) if v is not None]
     if len(given) + no_idle > 1:
@@ -70,14 +177,13 @@ def idle_rule(idle_stop: str | None, idle_down: str | None, no_idle: bool, max_r
     return IdleRule(action, seconds)
 
 
-def settle(ctx: Context, run_ids: set[str] | None = None, ended: bool = True, keep: AbstractSet[str] = frozenset(),
+def settle(ctx: backend.Context, run_ids: set[str] | None = None, ended: bool = True, keep: AbstractSet[str] = frozenset(),
            log: Log = _quiet, warn: Optional[Log] = None) -> None:
     """Bring the ledger up to date with the instances of ``ctx``'s backend and region (runs/recover/reconcile.py):
     settle the runs (only ``run_ids`` if given) whose controller died and whose instances have
     terminated, record the standing instances' running intervals and settle those that have all
     ended; and (``ended``) remove what runs whose instances have all ended left, but ``keep``'s.
     Each is said to ``log`` (a settled bill to ``warn``, default ``log``). Raises AwsError."""
-    from ..runs.recover import reconcile
     home = ctx.settings.home
     reconcile.settle_all(ctx.aws, home, ctx.backend.name, run_ids, log=warn or log,
                          volume_gib=ctx.settings.root_volume_gib)
@@ -86,33 +192,31 @@ def settle(ctx: Context, run_ids: set[str] | None = None, ended: bool = True, ke
         reconcile.remove_ended(ctx.aws, home, ctx.settings.keys_dir, keep, log=log)
 
 
-def fetch_abandoned(ctx: Context, run_ids: set[str] | None = None, log: Log = _quiet,
+def fetch_abandoned(ctx: backend.Context, run_ids: set[str] | None = None, log: Log = _quiet,
                     warn: Optional[Log] = None) -> list[str]:
     """Before their instances go: bring home what the jobs of runs whose controller died wrote
     (runs/recover/reconcile.abandoned, runs/execute/logs.fetch) to each run's artifacts directory (only ``run_ids``'
     if given). Returns the run ids that could not be reached, each also said to ``warn`` (default
     ``log``); removing them goes on."""
-    from ..errors import Ec2GpuError
+    from ..runs.execute import logs as run_logs
     from ..remote.jobs import CONNECTION_ERRORS
-    from ..runs.execute import logs
-    from ..runs.recover import reconcile
     missed = []
     for row in reconcile.abandoned(ctx.settings.home, ctx.backend.name):
         if run_ids is not None and row["run_id"] not in run_ids:
             continue
-        head = logs.head_instance(ctx.aws.ec2, row)
+        head = run_logs.head_instance(ctx.aws.ec2, row)
         if head is None:
             continue
         out = Path(row.get("artifacts") or Path("runs") / row["run_id"])
         try:
-            logs.fetch(ctx, head, row["run_id"], out, log)
+            run_logs.fetch(ctx, head, row["run_id"], out, log)
         except (Ec2GpuError, *CONNECTION_ERRORS) as exc:  # its words may quote the instance: printed inert
             missed.append(row["run_id"])
             (warn or log)(f"run {row['run_id']}: could not bring its files home first ({exc}); removing it anyway")
     return missed
 
 
-def find(ctx: Context, name: str) -> list[Instance]:
+def find(ctx: backend.Context, name: str) -> list[Instance]:
     """The running (or pending) instances called ``name`` (a Name tag, instance id, run id or
     cluster): DescribeInstances dicts. Raises UsageError saying what they are instead."""
     from ..runs.standing import stopstart
@@ -124,7 +228,6 @@ def find(ctx: Context, name: str) -> list[Instance]:
 def _types(asked: str) -> list[str]:
     """The catalog's names of a comma-separated --instance-type (pure). Raises UsageError for an
     empty entry or a type the catalog does not know (a retired one names its replacement)."""
-    from ..aws import catalog
     if any(not t.strip() for t in asked.split(",")):
         raise UsageError(f"--instance-type {asked!r} has an empty entry", "name each type, e.g. g4dn.xlarge")
     return [catalog.lookup(t).name for t in asked.split(",")]
@@ -134,19 +237,16 @@ def launch(*, instance_type: Optional[str] = None, spot: bool = False, name: Opt
            ssh_cidr: Optional[str] = None, ami: Optional[str] = None, max_runtime: Optional[int] = None,
            idle_stop: Optional[str] = None, idle_down: Optional[str] = None, no_idle: bool = False, nodes: int = 1,
            region: Optional[str] = None, sandbox: bool = False, reporter: Optional[ReporterLike] = None, log: Log = _quiet,
-           warn: Optional[Log] = None) -> list[dict]:
+           warn: Optional[Log] = None) -> list[InstanceSummary]:
     """Launch an instance (or a standing cluster of ``nodes``) and leave it running; `ec2gpu launch`.
 
     ``instance_type``: one type or several in order of preference (default: the configured one);
     ``max_runtime``: minutes after boot when it ends itself (default 120); the idle rule from
     ``idle_stop``/``idle_down``/``no_idle`` (idle_rule: by default it terminates after 60 idle min).
-    Returns one dict per instance: name, instance_id, instance_type, market, state, public_ip, zone
-    (runs/standing/hosts.launch). Raises UsageError (a bad name, CIDR, type or rule) before anything is
+    Returns one InstanceSummary per instance (runs/standing/hosts.launch: name, instance_id,
+    instance_type, market, state, public_ip, zone ...). Raises UsageError (a bad name, CIDR, type or rule) before anything is
     created; AwsError, CapacityError, WaitTimeout."""
-    from ..aws import network, tags
-    from ..runs.options import LaunchOptions
     from ..runs.standing import hosts as standing
-    from ..runs.execute.reporter import Reporter
 
     if name is not None:
         tags.check_name(name)  # it goes into tags, ssh_config Host lines and commands shown to the user
@@ -160,28 +260,30 @@ def launch(*, instance_type: Optional[str] = None, spot: bool = False, name: Opt
         types = asked or _types(ctx.settings.instance_type)
         opts = LaunchOptions(instance_type=",".join(types), spot=spot, name=name, ssh_cidr=ssh_cidr, ami=ami,
                              max_runtime_minutes=max_runtime or 120, nodes=nodes, idle=idle)
-        return standing.launch(ctx.aws, ctx.settings, opts, reporter or Reporter(), ctx.backend)
+        return [InstanceSummary(**row) for row in standing.launch(ctx.aws, ctx.settings, opts, reporter or Reporter(),
+                                                                  ctx.backend)]
 
 
 def stop(name: str, *, region: Optional[str] = None, sandbox: bool = False, log: Log = _quiet,
-         warn: Optional[Log] = None) -> list[dict]:
+         warn: Optional[Log] = None) -> list[StoppedInstance]:
     """Stop a standing on-demand instance (or every node of cluster ``name``): its EBS disk is kept
-    and billed, its instance-store NVMe erased. Returns one dict per instance (runs/standing/stopstart.stop:
-    name, instance_id, instance_type, state, instance_store_gb). Raises UsageError for an unknown
-    name or a spot instance (EC2 cannot stop it), NoCredentials, AwsError, WaitTimeout."""
+    and billed, its instance-store NVMe erased. Returns one StoppedInstance per instance
+    (runs/standing/stopstart.stop: name, instance_id, instance_type, state, instance_store_gb ...).
+    Raises UsageError for an unknown name or a spot instance (EC2 cannot stop it), NoCredentials, AwsError, WaitTimeout."""
     from ..runs.standing import stopstart
     with _context(region, sandbox, True, log) as ctx:
         ctx.aws.check_credentials()
         rows = stopstart.stop(ctx.aws, name, log=log)
         settle(ctx, ended=False, log=log, warn=warn)  # the stop, dated by EC2, ends a running interval in the ledger
-    return rows
+    return [StoppedInstance(**row) for row in rows]
 
 
 def start(name: str, *, region: Optional[str] = None, sandbox: bool = False, log: Log = _quiet,
-          warn: Optional[Log] = None) -> list[dict]:
+          warn: Optional[Log] = None) -> list[InstanceSummary]:
     """Start a stopped instance (or cluster) again: wait until it answers SSH with its pinned host
     key at its new address, and schedule its --max-runtime shutdown again (a stop cancels it).
-    Returns one dict per instance (runs/standing/stopstart.start: name, instance_id, state, public_ip).
+    Returns one InstanceSummary per instance (runs/standing/stopstart.start: name, instance_id, state,
+    public_ip ...).
     Raises UsageError for an unknown name, NoCredentials, AwsError, RemoteError, WaitTimeout."""
     from ..runs.standing import stopstart
     with _context(region, sandbox, True, log) as ctx:
@@ -189,15 +291,15 @@ def start(name: str, *, region: Optional[str] = None, sandbox: bool = False, log
         settle(ctx, ended=False, log=log, warn=warn)  # a stop no command has seen yet (--idle-stop) is recorded first
         rows = stopstart.start(ctx.aws, ctx.settings, ctx.backend, name, log=log)
         settle(ctx, ended=False, log=log, warn=warn)  # ... and the new running interval
-    return rows
+    return [InstanceSummary(**row) for row in rows]
 
 
 def scale(name: str, nodes: int, *, max_runtime: int = 120, region: Optional[str] = None, sandbox: bool = False,
-          log: Log = _quiet, warn: Optional[Log] = None) -> dict:
+          log: Log = _quiet, warn: Optional[Log] = None) -> Scaled:
     """Grow or shrink the standing cluster ``name`` to ``nodes`` (node 0 always stays); new nodes
     join its security group, zone and placement group, each host key pinned and checked against
-    its console output, and end themselves after ``max_runtime`` minutes. Returns aws/clusters.scale's
-    dict: {"nodes": int, "added": [instance ids], "removed": [instance ids]}. Raises UsageError
+    its console output, and end themselves after ``max_runtime`` minutes. Returns a Scaled
+    (aws/clusters.scale's: cluster, added and removed instance ids, nodes now). Raises UsageError
     (fewer than 1 node, no such cluster), NoCredentials, AwsError, RemoteError, WaitTimeout."""
     from ..aws import clusters
     from ..runs.standing import hosts as standing
@@ -212,20 +314,20 @@ def scale(name: str, nodes: int, *, max_runtime: int = 120, region: Optional[str
         if done["added"] or done["removed"]:
             standing.write_ssh_config(ctx.aws, ctx.settings, ctx.backend, log, log=log)
             settle(ctx, ended=False, log=log, warn=warn)  # the nodes' running intervals, while EC2 lists the ended
-    return done
+    return Scaled(**done)
 
 
 def list_instances(*, region: Optional[str] = None, sandbox: bool = False, log: Log = _quiet,
-                   warn: Optional[Log] = None) -> list[dict]:
+                   warn: Optional[Log] = None) -> list[InstanceRow]:
     """The instances ec2gpu launched that are still alive (running or stopped), after the ledger is
-    brought up to date (settle). One dict each (runs/standing/hosts.listing): name, instance_id,
+    brought up to date (settle). One InstanceRow each (runs/standing/hosts.listing): name, instance_id,
     instance_type, market, zone, state, cluster, node, launched_at, age_seconds, usd_per_hour
     (on-demand: spot's ceiling), cost_so_far_usd, idle_rule, idle_seconds, busy, disk_gib,
     disk_usd_per_month, unsafe_tags. Raises NoCredentials, AwsError."""
     from ..runs.standing import hosts as standing
     with _context(region, sandbox, False, log) as ctx:
         settle(ctx, log=log, warn=warn)  # bills of instances that have ended (by themselves, too), and what they left
-        return standing.listing(ctx.aws, ctx.settings)
+        return [InstanceRow(**row) for row in standing.listing(ctx.aws, ctx.settings)]
 
 
 def _prefixed(log: Log, prefix: str) -> Log:
@@ -234,15 +336,15 @@ def _prefixed(log: Log, prefix: str) -> Log:
 
 
 def cleanup(*, dry_run: bool = False, all_regions: bool = False, fetch: bool = True, region: Optional[str] = None,
-            sandbox: bool = False, log: Log = _quiet, warn: Optional[Log] = None) -> dict:
+            sandbox: bool = False, log: Log = _quiet, warn: Optional[Log] = None) -> Cleanup:
     """Find by tag and remove everything ec2gpu created (aws/sweep.KINDS: Auto Scaling groups,
     instances, spot requests, security groups, key pairs and their key files, placement groups,
     roles, launch templates, images and snapshots of bakes that did not complete, and the caller's
     own detached runs' secrets: another user's are theirs to remove), best-effort: a
     kind that cannot go is left and named, the rest still goes. ``fetch``: first bring home what
     the jobs of runs whose controller died wrote.
-    Returns {"dry_run": bool, "regions": {region: {kind: [ids], "left": [ids it could not remove]}},
-    "searched": [regions looked in]} (regions where nothing was found are left out of "regions").
+    Returns a Cleanup: dry_run, regions {region: {kind: [ids], "left": [ids it could not remove]}}
+    (regions where nothing was found are left out), searched (the regions looked in).
     Raises NoCredentials, AwsError."""
     from ..aws import sweep
     report: dict[str, Any] = {}
@@ -270,11 +372,11 @@ def cleanup(*, dry_run: bool = False, all_regions: bool = False, fetch: bool = T
                                                        ssm=aws.client("ssm"))
         if not dry_run:
             settle(ctx, log=log, warn=warn)
-    return {"dry_run": dry_run, "regions": report, "searched": regions}
+    return Cleanup(dry_run=dry_run, regions=report, searched=regions)
 
 
 def down(name: Optional[str] = None, *, all: bool = False, fetch: bool = True,  # noqa: A002 - the flag's name
-         region: Optional[str] = None, sandbox: bool = False, log: Log = _quiet, warn: Optional[Log] = None) -> dict:
+         region: Optional[str] = None, sandbox: bool = False, log: Log = _quiet, warn: Optional[Log] = None) -> dict[str, Any]:
     """Terminate the instances of the runs called ``name`` (a Name tag, instance id, run id or
     cluster; or ``all`` of ec2gpu's in the region) and delete what they made (aws/sweep.delete_run:
     security groups, key pairs, placement groups, roles, a detached run's Auto Scaling group and
@@ -283,7 +385,7 @@ def down(name: Optional[str] = None, *, all: bool = False, fetch: bool = True,  
     times. Returns {run_id: {kind: [ids removed], "left": [ids it could not remove]}}. Raises
     UsageError (neither or both of ``name`` and ``all``; nothing of ec2gpu's called ``name``)
     before anything is removed; NoCredentials, AwsError."""
-    from ..aws import sweep, tags as T
+    from ..aws import sweep
     if bool(name) == all:
         raise UsageError("say which instances to remove", "ec2gpu down NAME, or ec2gpu down --all")
     with _context(region, sandbox, False, log) as ctx:
@@ -291,7 +393,7 @@ def down(name: Optional[str] = None, *, all: bool = False, fetch: bool = True,  
         runs: AbstractSet[str | None]
         if all:
             runs = {i.run_id for i in sweep.find_instances(ec2)} | {
-                T.as_dict(r.get("Tags")).get(T.RUN) for r in sweep.find_security_groups(ec2) + sweep.find_key_pairs(ec2)}
+                tags.as_dict(r.get("Tags")).get(tags.RUN) for r in sweep.find_security_groups(ec2) + sweep.find_key_pairs(ec2)}
         else:  # terminated instances too: an interrupted spot instance leaves its group and key pair
             runs = sweep.runs_named(ec2, cast(str, name))  # without --all a name is given (refused above)
             if not runs:
@@ -310,14 +412,13 @@ def down(name: Optional[str] = None, *, all: bool = False, fetch: bool = True,  
 
 
 def doctor(*, instance_type: Optional[str] = None, spot: bool = False, region: Optional[str] = None,
-           sandbox: bool = False, log: Log = _quiet) -> list[dict]:
+           sandbox: bool = False, log: Log = _quiet) -> list[Check]:
     """Check credentials, region, default VPC, GPU quota (on-demand, or spot with ``spot``), AMI,
     this machine's IP, prices, ssh, rsync and key files for ``instance_type`` (default: the
-    configured one). Returns one dict per check (runs/plan/doctor.Check.as_dict: name, ok (True, False,
-    or None: could not tell), detail, fix); missing credentials are a failed "credentials" check,
-    not an error. The command's exit code: runs/plan/doctor.exit_code([doctor.Check(**c) for c in rows])."""
-    from ..runs.plan import doctor as doc
+    configured one). Returns one runs/plan/doctor.Check per check (name, ok (True, False, or None:
+    could not tell), detail, fix; ``as_dict()`` is what --json prints); missing credentials are a
+    failed "credentials" check, not an error. The command's exit code: runs/plan/doctor.exit_code(checks)."""
     with _context(region, sandbox, False, log) as ctx:
-        checks = doc.run_checks(ctx.aws, ctx.settings, instance_type or ctx.settings.instance_type, spot,
+        checks = doctor_checks.run_checks(ctx.aws, ctx.settings, instance_type or ctx.settings.instance_type, spot,
                                 ctx.backend.is_sandbox)
-    return [c.as_dict() for c in checks]
+    return checks

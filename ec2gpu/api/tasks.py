@@ -299,9 +299,9 @@ def ready_here(planned: RunPlan) -> None:
 def start(ctx: backend.Context, planned: RunPlan, ui: ReporterLike) -> RunRecord:
     """Run ``planned`` (runs/plan/runplan.RunPlan) in the open backend.Context ``ctx``: the one
     dispatcher of a run on new instances. An array or a sweep goes to the pool (runs/provision/
-    pipeline.train with PoolOptions, handed pool/attempt.run_attempt: runs/ never imports pool/; Ray
+    pipeline.run_job with PoolOptions, handed pool/attempt.run_attempt: runs/ never imports pool/; Ray
     here and the sandbox's bind shim were checked by ``ready_here`` before ``ctx`` was opened), a
-    detached run to AWS (runs/detached/launch.start), any other to runs/provision/pipeline.train.
+    detached run to AWS (runs/detached/launch.start), any other to runs/provision/pipeline.run_job.
     The options are runplan.options(planned): what the plan says, nothing else; ``ctx`` gives the
     clients, the backend and the settings (the task's disk size applied). Raises as ``run`` does."""
     from ..runs.provision import pipeline  # boto3: a dry run never comes here
@@ -317,11 +317,11 @@ def start(ctx: backend.Context, planned: RunPlan, ui: ReporterLike) -> RunRecord
                                                      *pipeline.sandbox_data_args(topts.trainer_args)])
             opts = replace(opts, task=pipeline.builtin_task(topts, sandbox=ctx.backend.is_sandbox))
         # the pool's strategy, handed to runs/ (which never imports pool/)
-        return pipeline.train(ctx.aws, settings, opts, ui, ctx.backend, pool_attempt=pool_attempt.run_attempt)
+        return pipeline.run_job(ctx.aws, settings, opts, ui, ctx.backend, pool_attempt=pool_attempt.run_attempt)
     if planned.flags.detach:
         from ..runs.detached import launch
         return launch.start(ctx.aws, settings, opts, ui, ctx.backend)
-    return pipeline.train(ctx.aws, settings, opts, ui, ctx.backend)
+    return pipeline.run_job(ctx.aws, settings, opts, ui, ctx.backend)
 
 
 def exec(target: str, task: Union[str, Path, Task, None] = None, *,  # noqa: A001 - the command's name
@@ -381,7 +381,7 @@ def bake(task: Union[str, Path, Task], *, base: str = "dlami", name: Optional[st
         # the task's disk size: a run cannot launch from an image with a smaller root volume than the image's
         disk = job.task.resources.disk_gib
         settings = ctx.settings.model_copy(update={"root_volume_gib": disk}) if disk else ctx.settings
-        return RunResult(pipeline.train(ctx.aws, settings, opts, ui, ctx.backend))
+        return RunResult(pipeline.run_job(ctx.aws, settings, opts, ui, ctx.backend))
 
 
 def status(run_id: str, *, region: Optional[str] = None, sandbox: bool = False, log: Log = _quiet) -> RunStatus:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import codecs
 import sys
 from pathlib import Path
-from typing import Optional, cast
+from typing import Any, BinaryIO, Optional, cast
 
 import typer
 
@@ -18,7 +18,7 @@ from .render import err, note, out, render_json, say, warn
 
 @app.command("ssh", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def ssh_cmd(ctx_: typer.Context, name: str = typer.Argument(..., help="Name, instance id or run id."),
-            region: Optional[str] = REGION, sandbox: bool = SANDBOX):
+            region: Optional[str] = REGION, sandbox: bool = SANDBOX) -> None:
     """Open a shell on an instance, or run a command after `--`: ec2gpu ssh NAME -- nvidia-smi.
 
     Uses the config `ec2gpu ssh-config` writes and the instance's pinned host key (verified against
@@ -34,7 +34,7 @@ def logs(name: str = typer.Argument(..., help="Run id, name or instance id."),
          index: Optional[int] = typer.Option(None, "--index", help="An array's or a sweep's element: its own "
                                              "log (logs/INDEX.log of the run's artifacts once it ended; from "
                                              "the worker that runs it while it runs, --follow to its end)."),
-         region: Optional[str] = REGION, sandbox: bool = SANDBOX):
+         region: Optional[str] = REGION, sandbox: bool = SANDBOX) -> None:
     """Print a run's job log, from its instance or, once the run is over, from its artifacts.
 
     A detached run's (run --detach) comes from its S3 store, from any machine of the account: as
@@ -46,26 +46,26 @@ def logs(name: str = typer.Argument(..., help="Run id, name or instance id."),
     write = InertWriter(sys.stdout.buffer)
     shown = ops.logs(name, follow=follow, write=write, region=region, sandbox=_sandbox_flag(sandbox), log=note,
                      index=index)
-    if shown["source"] == "s3" and follow:
-        if shown["exit_status"] is None:
-            say(err, f"run {shown['run_id']} is {shown['state']} and its group has ended; "
-                f"`ec2gpu status {shown['run_id']}` says more", "dim")
+    if shown.source == "s3" and follow:
+        if shown.exit_status is None:
+            say(err, f"run {shown.run_id} is {shown.state} and its group has ended; "
+                f"`ec2gpu status {shown.run_id}` says more", "dim")
             raise typer.Exit(1)
-        say(err, f"run {shown['run_id']} {shown['state']} (exit status {shown['exit_status']})", "dim")
-        raise typer.Exit(shown["exit_status"])
-    if shown["source"] == "instance" and follow and index is not None:  # an element followed on its worker
-        if shown["exit_status"] is None:
-            say(err, f"element {index} is no longer running on {shown['instance_id']} and its end is not recorded "
-                f"(its worker lost: it runs again elsewhere); `ec2gpu status {shown['run_id']}` says more", "dim")
+        say(err, f"run {shown.run_id} {shown.state} (exit status {shown.exit_status})", "dim")
+        raise typer.Exit(shown.exit_status)
+    if shown.source == "instance" and follow and index is not None:  # an element followed on its worker
+        if shown.exit_status is None:
+            say(err, f"element {index} is no longer running on {shown.instance_id} and its end is not recorded "
+                f"(its worker lost: it runs again elsewhere); `ec2gpu status {shown.run_id}` says more", "dim")
             raise typer.Exit(1)
-        say(err, f"element {index} ended with exit status {shown['exit_status']}", "dim")
-        raise typer.Exit(shown["exit_status"] if 0 <= shown["exit_status"] <= 255 else 1)
-    if shown["source"] == "instance" and follow:
-        say(err, f"the job on {shown['instance_id']} ended with exit status {shown['exit_status']}; "
-            f"`ec2gpu down {shown['run_id']}` removes the instance", "dim")
-        raise typer.Exit(cast(int, shown["exit_status"]))  # the job's exit status, when it follows
-    if follow and shown["exit_status"] is not None:  # a finished run: its job's exit status
-        raise typer.Exit(shown["exit_status"])
+        say(err, f"element {index} ended with exit status {shown.exit_status}", "dim")
+        raise typer.Exit(shown.exit_status if 0 <= shown.exit_status <= 255 else 1)
+    if shown.source == "instance" and follow:
+        say(err, f"the job on {shown.instance_id} ended with exit status {shown.exit_status}; "
+            f"`ec2gpu down {shown.run_id}` removes the instance", "dim")
+        raise typer.Exit(cast(int, shown.exit_status))  # the job's exit status, when it follows
+    if follow and shown.exit_status is not None:  # a finished run: its job's exit status
+        raise typer.Exit(shown.exit_status)
 
 
 class InertWriter:
@@ -73,7 +73,7 @@ class InertWriter:
     across chunk boundaries (a byte that is not UTF-8 as U+FFFD), a CR at a chunk's end held until
     the next chunk says whether it ends a line. ``final``: the log's end (flush what is held)."""
 
-    def __init__(self, stream):
+    def __init__(self, stream: BinaryIO) -> None:
         self.stream, self.held = stream, ""
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
@@ -92,7 +92,7 @@ def tunnel(name: str = typer.Argument(..., help="Name or instance id of a runnin
                                       "127.0.0.1 is enough)."),
            local_port: Optional[int] = typer.Option(None, "--local-port", min=1, max=65535, help="The port here "
                                                     "(default: the same one when free, else any free one)."),
-           region: Optional[str] = REGION, sandbox: bool = SANDBOX):
+           region: Optional[str] = REGION, sandbox: bool = SANDBOX) -> None:
     """Forward a port of a running instance to 127.0.0.1 here over SSH, until Ctrl-C.
 
     TensorBoard, a notebook, any server. OpenSSH with the pinned host key; nothing is opened in the
@@ -122,7 +122,7 @@ def notebook(
     ssh_cidr: Optional[str] = typer.Option(None, "--ssh-cidr", help="CIDR allowed to SSH (default: your IP/32)."),
     ami: Optional[str] = typer.Option(None, "--ami", help="AMI id (default: the PyTorch Deep Learning AMI)."),
     region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
-):
+) -> None:
     """JupyterLab on an instance, at a local URL, until Ctrl-C.
 
     The instance is launched (or found by --name); JupyterLab starts in its torch Python on its
@@ -133,7 +133,7 @@ def notebook(
     from ..api import access as ops
     from .render import RichReporter
 
-    def show(info: dict) -> None:
+    def show(info: dict[str, Any]) -> None:
         if as_json:
             render_json(info)
             sys.stdout.flush()
@@ -147,16 +147,16 @@ def notebook(
                         sandbox=_sandbox_flag(sandbox), reporter=RichReporter(err, quiet=as_json), on_ready=show,
                         log=note)
     if down_on_exit:
-        say(err, f"notebook closed; {info['name']} terminated (--down-on-exit)")
+        say(err, f"notebook closed; {info.name} terminated (--down-on-exit)")
     else:
-        again = f"`ec2gpu tunnel {info['name']} {info['port']}`" if "port" in info else \
-            f"`ec2gpu notebook --name {info['name']}`"
-        say(err, f"notebook closed; {info['name']} keeps running with its idle rule (`ec2gpu ls`). "
-            f"{again} reopens it, `ec2gpu down {info['name']}` removes it")
+        again = f"`ec2gpu tunnel {info.name} {info.port}`" if info.port is not None else \
+            f"`ec2gpu notebook --name {info.name}`"
+        say(err, f"notebook closed; {info.name} keeps running with its idle rule (`ec2gpu ls`). "
+            f"{again} reopens it, `ec2gpu down {info.name}` removes it")
 
 
 @app.command("ssh-config")
-def ssh_config(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
+def ssh_config(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON) -> None:
     """Write ~/.ec2gpu/ssh_config so plain `ssh NAME`, scp and editors reach the running instances.
 
     Each entry insists on the instance's pinned host key (under its instance id, so a new address
@@ -167,9 +167,9 @@ def ssh_config(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json:
     if as_json:
         render_json(written)
         return
-    path = written["path"]
-    say(out, f"wrote {path} with {len(written['hosts'])} host(s): {', '.join(written['hosts']) or '-'}")
-    for iid, why in written["skipped"].items():  # the reason may quote the instance's console: inert
+    path = written.path
+    say(out, f"wrote {path} with {len(written.hosts)} host(s): {', '.join(written.hosts) or '-'}")
+    for iid, why in written.skipped.items():  # the reason may quote the instance's console: inert
         say(out, f"skipped {iid}: {why}", "yellow")
     say(out, f"add this line to ~/.ssh/config once: Include {path}", "dim")
 
@@ -182,7 +182,7 @@ def fetch(run_id: str = typer.Argument(..., help="Run id (or a unique prefix), a
                                                      "(500MB, 2GiB; default EC2GPU_MAX_DOWNLOAD_BYTES, else 4GiB)."),
           max_files: Optional[int] = typer.Option(None, "--max-files", min=0, help="Files brought home per directory "
                                                   "(default EC2GPU_MAX_DOWNLOAD_FILES, else 10000)."),
-          region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
+          region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON) -> None:
     """Bring home what a run's job has written so far, from its running instance.
 
     Outputs, checkpoints, job.log, the agent's record: for a run whose controller died, before

@@ -5,7 +5,7 @@ estimate, list_runs, show_run), over runs/plan/costs.py and runs/settle/ledger.p
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional, cast
 
 import typer
 
@@ -16,6 +16,9 @@ runs_app = group("The ledger of runs: what ran, how it ended, what it cost.", in
                  no_args_is_help=False)
 app.add_typer(runs_app, name="runs")
 
+if TYPE_CHECKING:  # cli/ imports api/ when a command runs (`--help` stays fast)
+    from ..api.costs import RemoteRunList
+
 
 def _usd(v: float | None, digits: int = 4) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
@@ -25,7 +28,7 @@ def _usd(v: float | None, digits: int = 4) -> str:
 def prices(gpu: Optional[str] = typer.Option(None, "--gpu", help="Only this GPU model: T4, A10G, L4, V100, A100, H100."),
            refresh: bool = typer.Option(False, "--refresh", help="Fetch on-demand prices from the AWS Price List "
                                         "API and cache them (otherwise the shipped table or the cache)."),
-           region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
+           region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON) -> None:
     """GPU instance types of the region: GPUs, vCPUs, RAM, on-demand and current spot USD/h, saving."""
     from ..api import costs as ops
     from ..aws import catalog
@@ -34,8 +37,7 @@ def prices(gpu: Optional[str] = typer.Option(None, "--gpu", help="Only this GPU 
     if as_json:
         render_json(found)
         return
-    region_name, rows, retired, sandbox_note = found["region"], found["instance_types"], found["retired"], \
-        found.get("note")
+    region_name, rows, retired, sandbox_note = found.region, found.instance_types, found.retired, found.note
     t = table("type", "GPUs", "vCPU/RAM", "on-demand", "spot $/h by zone", "saving",
               title=f"GPU instance types in {region_name}, USD/h")
     for r in rows:
@@ -66,7 +68,7 @@ def cost(instance_type: str = typer.Option("g4dn.xlarge,g5.xlarge,g6.xlarge", "-
          max_price: Optional[float] = typer.Option(None, "--max-price", min=0, help="With --spot: cap, USD/h."),
          model: str = typer.Option("cnn", "--model", "-m", help="cnn, lenet, mlp or dbn."),
          epochs: Optional[int] = typer.Option(None, "--epochs", "-e", min=1, help="Epochs (default: the preset's)."),
-         region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
+         region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON) -> None:
     """Estimate the seconds (boot, setup, training) and USD of `train mnist` on each candidate type."""
     from ..api import costs as ops
 
@@ -75,18 +77,18 @@ def cost(instance_type: str = typer.Option("g4dn.xlarge,g5.xlarge,g6.xlarge", "-
     if as_json:
         render_json(ests)
         return
-    backend = ests[0]["backend"]  # estimate refuses an empty list of types
+    backend = ests.backend
     t = table("type", "$/h", "boot", "setup", "train", "teardown", "billed", "USD",
               title=f"estimate: `train mnist --model {model}{f' --epochs {epochs}' if epochs else ''}`, "
               f"{'spot' if spot else 'on-demand'}, {backend}; seconds")
-    for e in ests:
-        table_row(t, e["instance_type"], _usd(e["usd_per_hour"]), f"{e['boot_seconds']:.0f}",
-                  f"{e['setup_seconds']:.0f}", f"{e['train_seconds']:.0f}", f"{e['teardown_seconds']:.0f}",
-                  f"{e['billed_seconds']:.0f}", _usd(e["cost_usd"]))
+    for e in ests.estimates:
+        table_row(t, e.instance_type, _usd(e.usd_per_hour), f"{e.boot_seconds:.0f}",
+                  f"{e.setup_seconds:.0f}", f"{e.train_seconds:.0f}", f"{e.teardown_seconds:.0f}",
+                  f"{e.billed_seconds:.0f}", _usd(e.cost_usd))
     say(out, t)
     say(out, "per-second billing, 60 s minimum.", "dim")
-    for e in ests:
-        say(out, f"{e['instance_type']}: price {e['price_source']}; times {e['time_source']}", "dim")
+    for e in ests.estimates:
+        say(out, f"{e.instance_type}: price {e.price_source}; times {e.time_source}", "dim")
 
 
 @runs_app.callback()
@@ -101,22 +103,25 @@ def runs(ctx: typer.Context,
                                              "(--remote: default 50)."),
          region: Optional[str] = typer.Option(None, "--region", help="With --remote: the region whose run store "
                                               "is read (default: the configured one)."),
-         as_json: bool = JSON):
+         as_json: bool = JSON) -> None:
     """List runs from the ledger, newest first (`ec2gpu runs show ID` for one)."""
     if ctx.invoked_subcommand:
         return
     from ..api import costs as ops
 
     if remote:
-        _remote(ops.list_runs(since=since, sandbox=_sandbox_flag(sandbox), remote=True, limit=limit, region=region,
-                              log=note), as_json)
+        found = ops.list_runs(since=since, sandbox=_sandbox_flag(sandbox), remote=True, limit=limit, region=region,
+                              log=note)
+        assert isinstance(found, ops.RemoteRunList)  # remote=True: the run store's
+        _remote(found, as_json)
         return
     listed = ops.list_runs(since=since, sandbox=_sandbox_flag(sandbox), limit=limit, region=region,
                            log=lambda m: say(err, m, "dim", soft_wrap=True), warn=lambda m: note(m, "yellow"))
-    rows, total, sandbox_total = listed["runs"], listed["total"], listed["sandbox_total"]
+    assert isinstance(listed, ops.RunList)  # remote=False: the ledger's
+    rows, total, sandbox_total = listed.runs, listed.total, listed.sandbox_total
     if as_json:
         body = [{k: r.get(k) for k in ops.RUN_KEYS} for r in rows]
-        render_json({**listed, "runs": body} if since else body)
+        render_json({**listed.to_json(), "runs": body} if since else body)
         return
     if not rows:
         say(out, f"no {'sandbox ' if _sandbox_flag(sandbox) else ''}runs in the ledger" +
@@ -141,7 +146,7 @@ def runs(ctx: typer.Context,
                         "instances' own times"))
     if since:
         from datetime import datetime
-        start = datetime.fromisoformat(listed["since"])
+        start = datetime.fromisoformat(cast(str, listed.since))  # --since was given: its start
         say(out, f"total on AWS since {start:%Y-%m-%d %H:%M} UTC: {total['runs']} run(s), "
             f"{total['billed_seconds']:.0f} s billed, ${total['cost_usd']:.4f} "
             f"(estimated ${total['estimated_cost_usd']:.4f})")
@@ -150,17 +155,17 @@ def runs(ctx: typer.Context,
                 f"(${sandbox_total['cost_usd']:.4f})", "dim")
 
 
-def _remote(listed: dict, as_json: bool) -> None:
+def _remote(listed: RemoteRunList, as_json: bool) -> None:
     """`ec2gpu runs --remote`: the run store's detached runs as a table (or --json: each run's
     api.costs.REMOTE_KEYS)."""
     from ..api import costs as ops
-    rows = listed["runs"]
+    rows = listed.runs
     if as_json:
-        render_json({**listed, "runs": [{k: r.get(k) for k in ops.REMOTE_KEYS} for r in rows]})
+        render_json({**listed.to_json(), "runs": [{k: r.get(k) for k in ops.REMOTE_KEYS} for r in rows]})
         return
-    where = f"s3://{listed['bucket']} ({listed['region']})"
+    where = f"s3://{listed.bucket} ({listed.region})"
     if not rows:
-        say(out, f"no detached runs in {where}" + (f" since {listed['since'][:16]}" if listed["since"] else ""))
+        say(out, f"no detached runs in {where}" + (f" since {listed.since[:16]}" if listed.since else ""))
         return
     from rich import box
     t = table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, padding=(0, 1),
@@ -177,7 +182,7 @@ def _remote(listed: dict, as_json: bool) -> None:
                   r["ledger_status"] or "in ledger" if r["in_ledger"] else "-")
     say(out, t)
     shown = len(rows)
-    say(out, f"{shown} of the {listed['in_store']} run(s) in the store (--limit {listed['limit']}). cost: per-second "
+    say(out, f"{shown} of the {listed.in_store} run(s) in the store (--limit {listed.limit}). cost: per-second "
         "billing, 60 s minimum, from each instance's own times while EC2 lists it, else the times its agent "
         "recorded; \"max\": a ceiling price was used. try: the job's attempt; intr: spot interruptions survived; "
         "started, ended: UTC. "
@@ -192,19 +197,19 @@ def _short(iso: str | None) -> str:
     return "-" if not iso else iso[5:16].replace("T", " ")
 
 
-def _task(r: dict) -> str:
+def _task(r: Mapping[str, Any]) -> str:
     """The task's name; for standing instances the command that made them (launch, notebook); for
     rows older than the task column, the built-in job (pure)."""
     from ..runs.recover import reconcile
     if r.get("task"):
-        return r["task"]
+        return str(r["task"])
     if r.get("status") in (reconcile.STANDING, reconcile.ENDED):
         words = str(r.get("command") or "").split()
         return words[1] if len(words) > 1 else "launch"
     return "mnist"
 
 
-def _result(r: dict) -> str:
+def _result(r: Mapping[str, Any]) -> str:
     """Test accuracy for the built-in MNIST job; the image a bake made; how standing instances
     ended; the job's own summary.json otherwise (compact)."""
     from ..runs.recover import reconcile
@@ -222,7 +227,7 @@ def _result(r: dict) -> str:
 
 
 @runs_app.command("show")
-def runs_show(run_id: str = typer.Argument(..., help="Run id (or a unique prefix)."), as_json: bool = JSON):
+def runs_show(run_id: str = typer.Argument(..., help="Run id (or a unique prefix)."), as_json: bool = JSON) -> None:
     """Everything the ledger knows about one run: instances, phases, estimate and actual cost."""
     import json
 
@@ -233,7 +238,8 @@ def runs_show(run_id: str = typer.Argument(..., help="Run id (or a unique prefix
         render_json(r)
         return
     t = table(show_header=False, box=None, title=f"run {r['run_id']}")
-    acc = "-" if r.get("test_acc") is None else f"{100 * r['test_acc']:.2f}%"
+    test_acc = r.get("test_acc")
+    acc = "-" if test_acc is None else f"{100 * test_acc:.2f}%"
     rows = [("command", r["command"]), ("status", f"{r['status']} (exit {r.get('exit_status')})"),
             ("where", f"{r['backend']} {r.get('region') or ''} {r.get('zone') or ''}"),
             ("instances", f"{', '.join(r.get('instance_ids') or []) or '-'} {r.get('instance_type')} {r.get('market')}"),

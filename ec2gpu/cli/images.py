@@ -70,20 +70,20 @@ def ls_cmd(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: boo
     for col in ("name", "image", "created", "GiB", "$/month"):
         if col in ("name", "image"):  # what a user copies (`image rm`): never cut, never wrapped
             key = "name" if col == "name" else "image_id"
-            t.add_column(col, no_wrap=True, min_width=max(len(r[key] or "") for r in rows))
+            t.add_column(col, no_wrap=True, min_width=max(len(getattr(r, key) or "") for r in rows))
         else:
             t.add_column(col, no_wrap=True, justify="right" if col in ("GiB", "$/month") else "left")
     for r in rows:  # names and tags of images in the account (the task's name from its file): never markup
-        table_row(t, r["name"], r["image_id"], (r["created"] or "")[:10], f"{r['snapshot_gib']:g}",
-                  "unknown" if r["usd_per_month"] is None else f"{r['usd_per_month']:.2f}")
+        table_row(t, r.name, r.image_id, (r.created or "")[:10], f"{r.snapshot_gib:g}",
+                  "unknown" if r.usd_per_month is None else f"{r.usd_per_month:.2f}")
     say(out, t)
     for r in rows:  # what is inside, a line each (it would crowd the table's columns)
-        inside = ", ".join([f"task {r['task']} from {r['base']}", f"torch {r['torch'] or '-'}"]
-                           + [f"{k} {r[k.lower()]}" for k in ("CUDA", "driver") if r.get(k.lower())])
-        say(out, f"{r['name']}: {inside}")
-    if any(r["size_basis"] != "stored bytes" for r in rows):
+        inside = ", ".join([f"task {r.task} from {r.base}", f"torch {r.torch or '-'}"]
+                           + [f"{k} {v}" for k, v in (("CUDA", r.cuda), ("driver", r.driver)) if v])
+        say(out, f"{r.name}: {inside}")
+    if any(r.size_basis != "stored bytes" for r in rows):
         say(out, "GiB: the snapshot's volume size where EC2 does not report its stored bytes (an upper bound)", "dim")
-    say(out, snapshot_price_words(where, rows[0]["usd_per_gb_month"], rows[0]["price_source"]), "dim")
+    say(out, snapshot_price_words(where, rows[0].usd_per_gb_month, rows[0].price_source), "dim")
 
 
 def snapshot_price_words(region: str, usd_per_gb_month: float | None, source: str) -> str:
@@ -104,5 +104,5 @@ def rm_cmd(image: str = typer.Argument(..., help="The image's name or AMI id (se
     if as_json:
         render_json(done)
     else:
-        say(out, f"removed image {done['image_id']} ({done['name']}) and snapshots "
-            f"{', '.join(done['snapshots']) or '-'}")
+        say(out, f"removed image {done.image_id} ({done.name}) and snapshots "
+            f"{', '.join(done.snapshots) or '-'}")

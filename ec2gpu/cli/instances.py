@@ -10,6 +10,7 @@ from .render import RichReporter, err, note, out, plain, render_json, say, table
 
 if TYPE_CHECKING:  # aws/ is imported inside the commands (`ec2gpu --help` stays fast)
     from ..aws.instances import IdleRule
+    from ..api.instances import InstanceRow
 
 
 
@@ -61,8 +62,8 @@ def launch(
         render_json(rows)
     else:
         for r in rows:
-            say(out, f"{r['name']}: {r['instance_id']} {r['instance_type']} {r['market']} {r['state']} "
-                f"{r['public_ip']}; `ec2gpu ssh {r['name']}` to log in, `ec2gpu down {r['name']}` to remove")
+            say(out, f"{r.name}: {r.instance_id} {r.instance_type} {r.market} {r.state} "
+                f"{r.public_ip}; `ec2gpu ssh {r.name}` to log in, `ec2gpu down {r.name}` to remove")
         say(out, lifetime_words(idle, max_runtime or 120, len(rows)))
 
 
@@ -97,7 +98,7 @@ def stop(name: str = typer.Argument(..., help="Name, instance id or cluster of a
         render_json(rows)
         return
     for r in rows:
-        say(out, stopped_words(r, name))
+        say(out, stopped_words(r.to_json(), name))
 
 
 def stopped_words(r: Mapping[str, Any], name: str) -> str:
@@ -125,7 +126,7 @@ def start(name: str = typer.Argument(..., help="Name, instance id or cluster of 
         render_json(rows)
         return
     for r in rows:
-        say(out, f"{r['name'] or r['instance_id']}: {r['state']} at {r['public_ip'] or '-'}; "
+        say(out, f"{r.name or r.instance_id}: {r.state} at {r.public_ip or '-'}; "
             f"`ec2gpu ssh {name}` to log in")
 
 
@@ -145,22 +146,22 @@ def scale(name: str = typer.Argument(..., help="The standing cluster's name (ec2
                      warn=_yellow)
     if as_json:
         render_json(done)
-    elif not done["added"] and not done["removed"]:
-        say(out, f"{name} already has {done['nodes']} node(s)")
+    elif not done.added and not done.removed:
+        say(out, f"{name} already has {done.nodes} node(s)")
     else:
-        change = f"added {', '.join(done['added'])}" if done["added"] else f"removed {', '.join(done['removed'])}"
-        say(out, f"{name}: {change}; {done['nodes']} node(s) now")
+        change = f"added {', '.join(done.added)}" if done.added else f"removed {', '.join(done.removed)}"
+        say(out, f"{name}: {change}; {done.nodes} node(s) now")
 
 
-def _idle_cell(r: Mapping[str, Any]) -> str:
+def _idle_cell(r: InstanceRow) -> str:
     from ..aws import instances
-    rule = instances.parse_idle_tag(r.get("idle_rule"))
+    rule = instances.parse_idle_tag(r.idle_rule)
     if rule is None:
         return "-"
     text = f"{rule.action} after {_duration(rule.seconds)}"
-    if r.get("idle_seconds") is not None:
-        return f"{text}; idle {_duration(r['idle_seconds'])}"
-    return f"{text}; busy ({r['busy']})" if r.get("busy") else text
+    if r.idle_seconds is not None:
+        return f"{text}; idle {_duration(r.idle_seconds)}"
+    return f"{text}; busy ({r.busy})" if r.busy else text
 
 
 def _duration(seconds: float) -> str:
@@ -170,11 +171,10 @@ def _duration(seconds: float) -> str:
     return (f"{m}m{s:02d}s" if s else f"{m}m") if m else f"{s}s"
 
 
-def _state_cell(r: Mapping[str, Any]) -> str:
-    if r.get("disk_usd_per_month") is None:
-        state: str = r["state"]  # an instance list row's (api/instances)
-        return state
-    return f"{r['state']}: disk {r['disk_gib']} GiB, ${r['disk_usd_per_month']:.2f}/month"
+def _state_cell(r: InstanceRow) -> str:
+    if r.disk_usd_per_month is None:
+        return r.state
+    return f"{r.state}: disk {r.disk_gib} GiB, ${r.disk_usd_per_month:.2f}/month"
 
 
 @app.command("ls")
@@ -192,32 +192,32 @@ def ls(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = 
     t = table(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, padding=(0, 1))
     for col in ("name", "instance id", "type", "zone", "state", "idle rule", "age", "$/h", "so far $"):
         if col == "instance id":  # what a user copies: it never wraps or shrinks; the other columns fold
-            t.add_column(col, no_wrap=True, min_width=max(len(r["instance_id"]) for r in rows))
+            t.add_column(col, no_wrap=True, min_width=max(len(r.instance_id) for r in rows))
         else:
             t.add_column(col, overflow="fold")
-    rows.sort(key=lambda r: (r["cluster"] is None, r["cluster"] or "", r["node"] or 0, r["launched_at"] or ""))
-    group = object()  # no group yet
+    rows.sort(key=lambda r: (r.cluster is None, r.cluster or "", r.node or 0, r.launched_at or ""))
+    group: object = object()  # no group yet
     for r in rows:
-        if r["cluster"] != group:  # one section per cluster, then the single instances
+        if r.cluster != group:  # one section per cluster, then the single instances
             if r is not rows[0]:
                 t.add_section()
-            group = r["cluster"]
+            group = r.cluster
             if group is not None:
-                n = sum(1 for x in rows if x["cluster"] == group)
+                n = sum(1 for x in rows if x.cluster == group)
                 table_row(t, plain(f"cluster {group}", "bold"), f"{n} node(s)", "", "", "", "", "", "", "")
-        m, sec = divmod(r["age_seconds"], 60)
+        m, sec = divmod(r.age_seconds, 60)
         # tags are set by ec2gpu, but anyone with the account's rights can change them: cells inert, never markup
-        table_row(t, r["name"], r["instance_id"], r["instance_type"] + (" spot" if r["market"] == "spot" else ""),
-                  r["zone"] or "", _state_cell(r), _idle_cell(r),
+        table_row(t, r.name, r.instance_id, r.instance_type + (" spot" if r.market == "spot" else ""),
+                  r.zone or "", _state_cell(r), _idle_cell(r),
                   f"{m // 60}h{m % 60:02d}m" if m >= 60 else f"{m}m{sec:02d}s",
-                  "-" if r["usd_per_hour"] is None else f"{r['usd_per_hour']:.4f}",
-                  "-" if r["cost_so_far_usd"] is None else f"{r['cost_so_far_usd']:.4f}")
+                  "-" if r.usd_per_hour is None else f"{r.usd_per_hour:.4f}",
+                  "-" if r.cost_so_far_usd is None else f"{r.cost_so_far_usd:.4f}")
     say(out, t)
     for r in rows:
-        if r["unsafe_tags"]:
-            warn(f"{r['instance_id']}: its {', '.join(r['unsafe_tags'])} tag has characters that are not safe to "
+        if r.unsafe_tags:
+            warn(f"{r.instance_id}: its {', '.join(r.unsafe_tags)} tag has characters that are not safe to "
                  "show or paste into a command; left out (use the instance id)")
-    if any(r["market"] == "spot" for r in rows):
+    if any(r.market == "spot" for r in rows):
         say(out, "spot instances are shown at the on-demand price (their ceiling); the bill uses the spot "
             "price history", "dim")
 
@@ -238,7 +238,7 @@ def cleanup(dry_run: bool = typer.Option(False, "--dry-run", help="Only list wha
     from ..api import instances as ops
     swept = ops.cleanup(dry_run=dry_run, all_regions=all_regions, fetch=not no_fetch, region=region,
                         sandbox=_sandbox_flag(sandbox), log=_one_line, warn=_yellow)
-    report, regions = swept["regions"], swept["searched"]
+    report, regions = swept.regions, swept.searched
     if as_json:
         render_json({"dry_run": dry_run, "regions": report})
         raise typer.Exit(1 if any(r.get("left") for r in report.values()) else 0)
@@ -279,8 +279,7 @@ def doctor(instance_type: Optional[str] = typer.Option(None, "--instance-type", 
     for every command); 1 when another check fails."""
     from ..api import instances as ops
     from ..runs.plan import doctor as doc
-    checks = [doc.Check(**c) for c in ops.doctor(instance_type=instance_type, spot=spot, region=region,
-                                                 sandbox=_sandbox_flag(sandbox), log=note)]
+    checks = ops.doctor(instance_type=instance_type, spot=spot, region=region, sandbox=_sandbox_flag(sandbox), log=note)
     failed = [c for c in checks if c.ok is False]
     if as_json:
         render_json([c.as_dict() for c in checks])

@@ -123,10 +123,17 @@ def table_row(t: Table, *cells: object) -> None:
 
 def render_json(obj: object) -> None:
     """The one way every command's ``--json`` is printed: ``obj`` (dicts, lists, numbers, strings;
-    anything else, e.g. a datetime or a Path, as its ``str()``) as JSON indented 2, on stdout, so
-    that ``ec2gpu ... --json | jq`` always gets the same shape of document."""
+    an api record, at any depth, as its ``to_json()``; anything else, e.g. a datetime or a Path, as
+    its ``str()``) as JSON indented 2, on stdout, so that ``ec2gpu ... --json | jq`` always gets the
+    same shape of document."""
     import json
-    print(json.dumps(obj, indent=2, default=str))
+    print(json.dumps(obj, indent=2, default=_jsonable))
+
+
+def _jsonable(obj: object) -> object:
+    """json.dumps' ``default``: an api record's ``to_json()`` document, else ``str(obj)``."""
+    to_json = getattr(obj, "to_json", None)
+    return to_json() if callable(to_json) else str(obj)
 
 
 class RichReporter:

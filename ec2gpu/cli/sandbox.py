@@ -17,35 +17,35 @@ def sandbox_up(like_aws: bool = typer.Option(False, "--like-aws", help="Behave l
                                              "EC2GPU_SANDBOX_LIKE_AWS=1."),
                as_json: bool = JSON) -> None:
     """Start the sandbox in the background; it keeps its state until `ec2gpu sandbox down`."""
-    from ..api import sandbox as sb
-    state = sb.sandbox_up(like_aws, log=lambda line: say(err, line, "yellow"))
+    from ..api import sandbox as sandbox_api
+    state = sandbox_api.sandbox_up(like_aws, log=lambda line: say(err, line, "yellow"))
     if as_json:
         render_json(state)
     else:
-        say(out, f"sandbox up{' (like AWS)' if state.get('like_aws') else ''}: AWS endpoint {state['endpoint']} "
-            f"(pid {state['pid']}); `eval \"$(ec2gpu sandbox env)\"` points any AWS client at it")
+        say(out, f"sandbox up{' (like AWS)' if state.like_aws else ''}: AWS endpoint {state.endpoint} "
+            f"(pid {state.pid}); `eval \"$(ec2gpu sandbox env)\"` points any AWS client at it")
 
 
 @sandbox_app.command("down")
 def sandbox_down() -> None:
     """Stop the sandbox and every sshd and process it started."""
-    from ..api import sandbox as sb
-    say(out, "sandbox stopped" if sb.sandbox_down() else "no sandbox was running")
+    from ..api import sandbox as sandbox_api
+    say(out, "sandbox stopped" if sandbox_api.sandbox_down() else "no sandbox was running")
 
 
 @sandbox_app.command("status")
 def sandbox_status(as_json: bool = JSON) -> None:
     """Say whether the sandbox runs, where, and which instances have an sshd."""
-    from ..api import sandbox as sb
-    state = sb.sandbox_status()
+    from ..api import sandbox as sandbox_api
+    state = sandbox_api.sandbox_status()
     if as_json:
-        render_json(state)
-    elif state.get("running") is False:
+        render_json(state if state is not None else {"running": False})
+    elif state is None:
         say(out, "no sandbox is running (`ec2gpu sandbox up` starts one)")
     else:
-        say(out, f"sandbox running: pid {state['pid']}, AWS endpoint {state['endpoint']}, "
-            f"{len(state['instances'])} instance(s)")
-        for iid, i in state["instances"].items():
+        say(out, f"sandbox running: pid {state.pid}, AWS endpoint {state.endpoint}, "
+            f"{len(state.instances)} instance(s)")
+        for iid, i in state.instances.items():
             say(out, f"  {iid}: sshd {i['host']}:{i['port']} (pid {i['sshd_pid']})")
 
 
@@ -60,16 +60,17 @@ def sandbox_interrupt(instance_id: str = typer.Argument(..., help="A running spo
                                                      "keeps running."),
                       as_json: bool = JSON) -> None:
     """Interrupt a spot instance as EC2 does: a notice on its metadata service, then termination."""
-    from ..api import sandbox as sb
-    done = sb.sandbox_interrupt(instance_id, notice_seconds, rebalance=rebalance)
+    from ..api import sandbox as sandbox_api
+    done = sandbox_api.sandbox_interrupt(instance_id, notice_seconds, rebalance=rebalance)
     if as_json:
         render_json(done)
-    elif rebalance:
-        say(out, f"{instance_id}: rebalance recommendation published (noticeTime {done['rebalance']['noticeTime']}); "
+    elif done.rebalance is not None:
+        say(out, f"{instance_id}: rebalance recommendation published (noticeTime {done.rebalance['noticeTime']}); "
             "it keeps running")
     else:
-        say(out, f"{instance_id}: spot interruption notice published (action {done['notice']['action']} at "
-            f"{done['notice']['time']}); the sandbox terminates it in {notice_seconds:g} s")
+        notice = done.notice or {}
+        say(out, f"{instance_id}: spot interruption notice published (action {notice.get('action')} at "
+            f"{notice.get('time')}); the sandbox terminates it in {notice_seconds:g} s")
 
 
 @sandbox_app.command("capacity")
@@ -81,12 +82,12 @@ def sandbox_capacity(instance_type: str = typer.Argument(..., help="An instance 
     """Make the sandbox short of an instance type, as EC2 can be.
 
     A launch beyond the limit gets fewer instances, or InsufficientInstanceCapacity."""
-    from ..api import sandbox as sb
+    from ..api import sandbox as sandbox_api
     from ..errors import UsageError
     if (count is None) == (not unlimited):
         raise UsageError("give a count or --unlimited, not both or neither", "e.g. `ec2gpu sandbox capacity "
                          "g4dn.xlarge 1`")
-    done = sb.sandbox_capacity(instance_type, None if unlimited else count)
+    done = sandbox_api.sandbox_capacity(instance_type, None if unlimited else count)
     if as_json:
         render_json(done)
     else:
@@ -98,6 +99,6 @@ def sandbox_env() -> None:
     """Print `export` lines that point AWS clients (boto3, the aws CLI) at the running sandbox."""
     import shlex
 
-    from ..api import sandbox as sb
-    for k, v in sb.sandbox_env().items():
+    from ..api import sandbox as sandbox_api
+    for k, v in sandbox_api.sandbox_env().items():
         print(f"export {k}={shlex.quote(v)}")

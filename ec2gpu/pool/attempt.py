@@ -88,7 +88,7 @@ def run_attempt(aws: Aws, settings: Settings, opts: PoolOptions, run_id: str, ui
     ``shutdown`` ends the head (the driver lets idle workers go, and a worker ends with its head:
     driver._release, node.py). With
     ``opts.detach`` this controller leaves as soon as the driver runs: the driver shrinks the pool
-    itself and the head's agent hands over at once (raises handover.Detached then, with
+    itself and the head's agent hands over at once (raises handover.HandedOver then, with
     ``record["pool"]`` the pool as it started). Raises RemoteError when an element failed (after
     every result came home) or Ray could not start, recovery.Interrupted when the head is lost.
     The lifecycle is runs/execute/attempt.drive's; PoolDriver is what an array does in it."""
@@ -154,10 +154,10 @@ class PoolDriver(lifecycle.Strategy[dict[str, Any]]):
             if not opts.detach:
                 self._follow(a, pool, head)
         if opts.detach:  # after the phase: it ended as it should (its line says "done", not "stopped")
-            from ..runs.recover.handover import Detached
+            from ..runs.recover.handover import HandedOver
             self.record["pool"] = {**_pool_record(pool, None, opts, self.per_job), "skipped": self.skipped,
                                    "ended_at": None}
-            raise Detached(a.run_id)
+            raise HandedOver(a.run_id)
 
     def _follow(self, a: lifecycle.Attempt, pool: follow.Pool, head: Node) -> None:
         address, token, job, limits = self.address, self.token, a.job, a.settings.download_limits

@@ -69,7 +69,7 @@ class LaunchOptions:
 class RunOptions(LaunchOptions):
     """A job on new instances: its task, where its results go, what it may cost, how it recovers."""
 
-    task: TaskJob | None = None  # engine.TaskJob; None only in TrainOptions before pipeline.train sets the built-in
+    task: TaskJob | None = None  # engine.TaskJob; None only in TrainOptions before pipeline.run_job sets the built-in
     out: Path | None = None  # default runs/<run-id>
     keep: bool = False  # leave the instances running after the job
     command: str = "ec2gpu run"  # as typed, for the ledger
@@ -146,7 +146,7 @@ class PoolOptions(RunOptions):
     gpus_per_job: int | None = None
     max_retries: int = 2
     #: `--detach`: this command leaves once the driver runs; the head's agent hands the results over
-    #: to S3 and the pool ends itself (pool/attempt.py, runs/recover/handover.Detached)
+    #: to S3 and the pool ends itself (pool/attempt.py, runs/recover/handover.HandedOver)
     detach: bool = False
 
     @property

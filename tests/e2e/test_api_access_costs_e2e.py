@@ -20,13 +20,14 @@ NEEDS_MNIST = False
 
 def test_prices_and_a_spot_estimate_come_from_the_sandboxs_market(sandbox_env):
     found = costs.prices(gpu="t4", sandbox=True)
-    assert found["region"] == "us-east-1" and "simulated market" in found["note"]
-    assert {r["gpu"] for r in found["instance_types"]} == {"T4"}
-    g4 = next(r for r in found["instance_types"] if r["instance_type"] == "g4dn.xlarge")
+    assert found.region == "us-east-1" and found.note is not None and "simulated market" in found.note
+    assert {r["gpu"] for r in found.instance_types} == {"T4"}
+    g4 = next(r for r in found.instance_types if r["instance_type"] == "g4dn.xlarge")
     assert g4["on_demand_usd_per_hour"] == 0.526 and len(g4["spot_usd_per_hour"]) >= 2
-    [est] = costs.estimate("g4dn.xlarge", spot=True, sandbox=True)
-    assert est["market"] == "spot" and est["backend"] == "sandbox" and est["price_source"].startswith("spot now")
-    assert 0 < est["usd_per_hour"] < 0.526 and est["cost_usd"] > 0
+    estimated = costs.estimate("g4dn.xlarge", spot=True, sandbox=True)
+    [est] = estimated.estimates
+    assert est.market == "spot" and estimated.backend == "sandbox" and est.price_source.startswith("spot now")
+    assert est.usd_per_hour is not None and 0 < est.usd_per_hour < 0.526 and est.cost_usd and est.cost_usd > 0
     with pytest.raises(UsageError, match="below the spot price"):
         costs.estimate("g4dn.xlarge", spot=True, max_price=0.0001, sandbox=True)
 
@@ -46,13 +47,13 @@ def test_ssh_ssh_config_logs_and_a_tunnel_on_a_standing_instance(sandbox_env, ct
     with pytest.raises(UsageError, match="no running instance named"):
         access.logs("no-such-run", sandbox=True)
     [row] = ops.launch(name="api-access", max_runtime=30, sandbox=True)
-    iid = row["instance_id"]
+    iid = row.instance_id
     try:
         assert access.ssh("api-access", ["exit", "3"], sandbox=True) == 3  # the remote command's exit status
         assert access.ssh("api-access", "echo kept > kept.txt", sandbox=True) == 0  # a str: one command line
         written = access.ssh_config(sandbox=True)
-        assert written["path"] == str(home / "ssh_config") and "api-access" in written["hosts"]
-        assert iid not in written["skipped"]
+        assert written.path == str(home / "ssh_config") and "api-access" in written.hosts
+        assert iid not in written.skipped
         with pytest.raises(UsageError, match="no job has run on"):
             access.logs("api-access", sandbox=True)
 
@@ -77,8 +78,8 @@ def test_ssh_ssh_config_logs_and_a_tunnel_on_a_standing_instance(sandbox_env, ct
             threading.Thread(target=get_then_interrupt, daemon=True).start()
         info = access.tunnel("api-access", port, sandbox=True, on_ready=ready)
         assert body == ["kept\n"]
-        assert info == {"instance_id": iid, "name": "api-access", "port": port, "local_port": info["local_port"],
-                        "url": f"http://127.0.0.1:{info['local_port']}"} and urls == [info["url"]]
+        assert info.to_json() == {"instance_id": iid, "name": "api-access", "port": port, "local_port": info.local_port,
+                        "url": f"http://127.0.0.1:{info.local_port}"} and urls == [info.url]
     finally:
         removed = ops.down("api-access", fetch=False, sandbox=True)
     assert any(iid in r["instances"] for r in removed.values())

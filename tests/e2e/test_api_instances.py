@@ -32,22 +32,22 @@ def test_launch_list_doctor_and_down_return_data_and_leave_nothing(sandbox_env):
     home, _ = sandbox_env
     said = []
     rows = ops.launch(name="api-dev", max_runtime=30, sandbox=True, log=said.append)
-    assert [(r["name"], r["state"], r["market"]) for r in rows] == [("api-dev", "running", "on-demand")]
-    iid = rows[0]["instance_id"]
+    assert [(r.name, r.state, r.market) for r in rows] == [("api-dev", "running", "on-demand")]
+    iid = rows[0].instance_id
     try:
-        listed = {r["instance_id"]: r for r in ops.list_instances(sandbox=True)}
-        assert listed[iid]["name"] == "api-dev" and listed[iid]["idle_rule"]  # the default idle rule, as a tag
+        listed = {r.instance_id: r for r in ops.list_instances(sandbox=True)}
+        assert listed[iid].name == "api-dev" and listed[iid].idle_rule  # the default idle rule, as a tag
         checks = ops.doctor(sandbox=True)
-        assert {c["name"] for c in checks} >= {"credentials"} and all(set(c) >= {"name", "ok", "detail"} for c in checks)
+        assert {c.name for c in checks} >= {"credentials"} and all(set(c.as_dict()) >= {"name", "ok", "detail"} for c in checks)
         with pytest.raises(UsageError, match="nothing of ec2gpu's is named"):
             ops.down("no-such-instance", sandbox=True)
     finally:
         removed = ops.down("api-dev", sandbox=True, log=said.append)
     [report] = removed.values()
     assert iid in report["instances"] and not report.get("left")
-    assert iid not in {r["instance_id"] for r in ops.list_instances(sandbox=True)}
+    assert iid not in {r.instance_id for r in ops.list_instances(sandbox=True)}
     swept = ops.cleanup(dry_run=True, sandbox=True)
-    assert swept["dry_run"] is True and swept["searched"] == ["us-east-1"]
+    assert swept.dry_run is True and swept.searched == ["us-east-1"]
     assert leftovers(home) == ([], [], [])
 
 

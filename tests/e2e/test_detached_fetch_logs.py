@@ -73,7 +73,7 @@ def test_logs_follow_reads_a_running_jobs_log_live_over_ssh_masked_and_stops_whe
 
     got = api.logs(run_id, follow=True, write=write, sandbox=True, log=notes.append)
     ended = time.monotonic()
-    assert got["source"] == "s3" and got["state"] == "failed" and got["exit_status"] == 3, got
+    assert got.source == "s3" and got.state == "failed" and got.exit_status == 3, got
     text = b"".join(c for _, c in came)
     assert text.count(b"first-line ****") == 1 and text.count(b"second-line") == 1, text  # nothing repeated
     assert b"live-secret" not in text

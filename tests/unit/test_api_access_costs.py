@@ -93,15 +93,15 @@ def test_list_runs_adds_up_aws_and_sandbox_apart_filters_by_since_and_the_sandbo
     ledger.record(home, _row("r-aws"))
     ledger.record(home, _row("r-sb", backend="sandbox", cost_usd=1.0, started_at="2026-11-21T12:00:00+00:00"))
     listed = costs.list_runs()
-    assert [r["run_id"] for r in listed["runs"]] == ["r-sb", "r-aws", "r-old"]  # newest first
-    assert listed["since"] is None and all(r["controller_gone"] is False for r in listed["runs"])
-    assert listed["total"] == {"runs": 2, "billed_seconds": 200.0, "cost_usd": 0.5, "estimated_cost_usd": 0.6}
-    assert listed["sandbox_total"]["runs"] == 1 and listed["sandbox_total"]["cost_usd"] == 1.0
-    assert set(costs.RUN_KEYS) <= set(listed["runs"][0]) and listed["runs"][0]["attempts"]  # every column
+    assert [r["run_id"] for r in listed.runs] == ["r-sb", "r-aws", "r-old"]  # newest first
+    assert listed.since is None and all(r["controller_gone"] is False for r in listed.runs)
+    assert listed.total == {"runs": 2, "billed_seconds": 200.0, "cost_usd": 0.5, "estimated_cost_usd": 0.6}
+    assert listed.sandbox_total["runs"] == 1 and listed.sandbox_total["cost_usd"] == 1.0
+    assert set(costs.RUN_KEYS) <= set(listed.runs[0]) and listed.runs[0]["attempts"]  # every column
     recent = costs.list_runs(since="2026-11-01")
-    assert [r["run_id"] for r in recent["runs"]] == ["r-sb", "r-aws"]
-    assert recent["since"] == "2026-11-01T00:00:00+00:00" and recent["total"]["runs"] == 1
-    assert [r["run_id"] for r in costs.list_runs(sandbox=True)["runs"]] == ["r-sb"]
+    assert [r["run_id"] for r in recent.runs] == ["r-sb", "r-aws"]
+    assert recent.since == "2026-11-01T00:00:00+00:00" and recent.total["runs"] == 1
+    assert [r["run_id"] for r in costs.list_runs(sandbox=True).runs] == ["r-sb"]
 
 
 def test_list_runs_says_once_that_aws_cannot_be_reached_and_lists_the_ledger_as_it_is(home, monkeypatch):
@@ -120,11 +120,11 @@ def test_list_runs_says_once_that_aws_cannot_be_reached_and_lists_the_ledger_as_
     assert opened == [("eu-west-1", False)]  # the open row's own region, on AWS
     assert len(warned) == 1 and warned[0].startswith("could not bring the ledger's open rows up to date from AWS "
                                                      "(NoCredentials") and warned[0].endswith("listed as they are")
-    [row] = listed["runs"]
+    [row] = listed.runs
     assert row["run_id"] == "r-lost" and row["controller_gone"] is True and row["status"] == "running"
     # the sandbox's runs alone: a sandbox that is not up is not started (nor asked) for them
     opened.clear()
-    assert costs.list_runs(sandbox=True, warn=warned.append)["runs"] == [] and opened == []
+    assert costs.list_runs(sandbox=True, warn=warned.append).runs == [] and opened == []
 
 
 def _fake_context(home, backend="aws"):
@@ -137,14 +137,36 @@ def _fake_context(home, backend="aws"):
 def test_an_on_demand_estimate_prices_each_type_from_the_table_and_names_its_backend(home, monkeypatch):
     monkeypatch.setattr(costs, "_context", _fake_context(home))
     ests = costs.estimate(["g4dn.xlarge", "G5.XLARGE"], model="mlp", epochs=2)
-    assert [e["instance_type"] for e in ests] == ["g4dn.xlarge", "g5.xlarge"]
-    g4 = ests[0]
-    assert g4["market"] == "on-demand" and g4["usd_per_hour"] == 0.526 and g4["backend"] == "aws"
-    assert g4["billed_seconds"] >= 60 and g4["cost_usd"] == pytest.approx(g4["billed_seconds"] * 0.526 / 3600, abs=1e-4)
-    assert costs.estimate("g4dn.xlarge", model="mlp", epochs=2) == [g4]  # a comma-separated str is the same
-    longer = costs.estimate("g4dn.xlarge", model="mlp", epochs=20)[0]
-    assert longer["train_seconds"] > g4["train_seconds"]
+    assert [e.instance_type for e in ests.estimates] == ["g4dn.xlarge", "g5.xlarge"]
+    g4 = ests.estimates[0]
+    assert g4.market == "on-demand" and g4.usd_per_hour == 0.526 and ests.backend == "aws"
+    assert g4.billed_seconds >= 60 and g4.cost_usd == pytest.approx(g4.billed_seconds * 0.526 / 3600, abs=1e-4)
+    assert ests.to_json()[0] == {**g4.as_dict(), "backend": "aws"}  # --json: each estimate names its backend
+    assert costs.estimate("g4dn.xlarge", model="mlp", epochs=2).estimates == [g4]  # a comma-separated str: the same
+    longer = costs.estimate("g4dn.xlarge", model="mlp", epochs=20).estimates[0]
+    assert longer.train_seconds > g4.train_seconds
 
+
+
+def test_cost_and_runs_json_print_the_records_as_the_documents_they_were(home, monkeypatch, capsys):
+    """`cost --json` and `runs --since --json` print the api's records (CostEstimates, RunList) as the
+    dicts those functions returned before they were typed: same keys, same order, same values."""
+    import json
+
+    from ec2gpu import cli
+    monkeypatch.setattr(costs, "_context", _fake_context(home))
+    assert cli.main(["cost", "-t", "g4dn.xlarge", "--model", "mlp", "--epochs", "2", "--json"]) == 0
+    [printed] = json.loads(capsys.readouterr().out)
+    assert list(printed) == ["instance_type", "market", "usd_per_hour", "price_source", "boot_seconds", "setup_seconds",
+                             "train_seconds", "teardown_seconds", "time_source", "billed_seconds", "cost_usd",
+                             "upper_bound", "backend"]
+    assert printed["instance_type"] == "g4dn.xlarge" and printed["usd_per_hour"] == 0.526 and printed["backend"] == "aws"
+    ledger.record(home, _row("r-aws"))
+    assert cli.main(["runs", "--since", "2026-11-01", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert list(listed) == ["runs", "total", "sandbox_total", "since"] and listed["since"] == "2026-11-01T00:00:00+00:00"
+    assert [r["run_id"] for r in listed["runs"]] == ["r-aws"] and list(listed["runs"][0]) == list(costs.RUN_KEYS)
+    assert listed["total"] == {"runs": 1, "billed_seconds": 100.0, "cost_usd": 0.25, "estimated_cost_usd": 0.3}
 
 def test_logs_of_a_finished_run_come_from_its_artifacts_without_aws(no_backend, home, tmp_path):
     artifacts = tmp_path / "runs" / "r-done"
@@ -153,11 +175,11 @@ def test_logs_of_a_finished_run_come_from_its_artifacts_without_aws(no_backend, 
     ledger.record(home, _row("r-done", artifacts=str(artifacts)))
     ledger.record(home, _row("r-failed", status="failed", exit_status=3, artifacts=str(artifacts)))
     shown = access.logs("r-done")
-    assert shown == {"exit_status": 0, "run_id": "r-done", "instance_id": None, "source": "saved",
+    assert shown.to_json() == {"exit_status": 0, "run_id": "r-done", "instance_id": None, "source": "saved",
                      "log": "epoch 1\n\ufffd\x1b[2Jdone\n"}  # the job's text: making it inert is the caller's
     chunks = []
     shown = access.logs("r-fail", write=lambda chunk, final=False: chunks.append((chunk, final)))
-    assert shown == {"exit_status": 3, "run_id": "r-failed", "instance_id": None, "source": "saved"}
+    assert shown.to_json() == {"exit_status": 3, "run_id": "r-failed", "instance_id": None, "source": "saved"}
     assert chunks == [(b"epoch 1\n\xff\x1b[2Jdone\n", True)]
 
 
@@ -180,11 +202,11 @@ def test_fetch_brings_home_to_the_runs_artifacts_with_the_limits_asked(home, tmp
     monkeypatch.setattr(run_logs, "fetch", fetch)
     said = []
     got = access.fetch("r-li", max_download="1M", max_files=7, log=said.append)
-    assert got == {"run_id": "r-live", "out": str(tmp_path / "a"), "outputs": ["o.txt"], "checkpoints": [],
+    assert got.to_json() == {"run_id": "r-live", "out": str(tmp_path / "a"), "outputs": ["o.txt"], "checkpoints": [],
                    "files": ["job.log"]}
     assert calls == [("i-1", "r-live", tmp_path / "a", Limits(files=7, bytes=10**6))] and said == ["brought home"]
     got = access.fetch("r-live", out=tmp_path / "elsewhere")  # the settings' limits
-    assert got["out"] == str(tmp_path / "elsewhere") and calls[-1][3] == Limits()
+    assert got.out == str(tmp_path / "elsewhere") and calls[-1][3] == Limits()
 
 
 def test_notebook_serves_on_the_types_asked_and_down_on_exit_removes_its_run(home, monkeypatch):
@@ -210,9 +232,9 @@ def test_notebook_serves_on_the_types_asked_and_down_on_exit_removes_its_run(hom
                         {"instances": ["i-1"]})
     shown = []
     kept = access.notebook(idle_down="30m", local_port=9999, on_ready=shown.append)
-    assert kept == {**info, "terminated": False} and shown == [info] and removed == []
+    assert kept.to_json() == {**info, "terminated": False} and shown == [info] and removed == []
     assert served[-1][:2] == ("g4dn.xlarge", False) and served[-1][2].action == "down"
     assert served[-1][2].seconds == 1800 and served[-1][3:] == (120, 9999)
     gone = access.notebook(instance_type="g5.xlarge,g6.xlarge", max_runtime=30, down_on_exit=True)
-    assert gone == {**info, "terminated": True, "removed": {"instances": ["i-1"]}}
+    assert gone.to_json() == {**info, "terminated": True, "removed": {"instances": ["i-1"]}}
     assert removed == [("run-nb", "iam client")] and served[-1][0] == "g5.xlarge,g6.xlarge" and served[-1][3] == 30

@@ -117,7 +117,7 @@ def test_train_mnist_gives_the_pipeline_every_flag_and_returns_its_record(home, 
     def fake_train(aws, settings, opts, ui, back):
         seen.update(opts=opts, ui=ui, back=back)
         return {"run_id": "r1", "status": "completed"}
-    monkeypatch.setattr(pipeline, "train", fake_train)
+    monkeypatch.setattr(pipeline, "run_job", fake_train)
     monkeypatch.setenv("EC2GPU_INSTANCE_TYPE", "g6.xlarge")  # the configured type, read when the run is planned
     reporter = pipeline.Reporter()
     record = train.train_mnist(model="lenet", epochs=2, seed=7, spot=True, spot_fallback="on-demand", keep=True,
@@ -148,7 +148,7 @@ def test_train_mnist_on_a_cluster_and_on_this_machine_go_where_they_should(home,
     from ec2gpu.runs.provision import local
     from ec2gpu.runs.provision import pipeline
     from ec2gpu.runs.standing import hosts as standing
-    monkeypatch.setattr(pipeline, "train", lambda *a, **k: pytest.fail("a new instance for --cluster or --local"))
+    monkeypatch.setattr(pipeline, "run_job", lambda *a, **k: pytest.fail("a new instance for --cluster or --local"))
     calls = []
     monkeypatch.setattr(standing, "train_on_cluster",
                         lambda aws, settings, opts, ui, name, back: calls.append(("cluster", name)) or {"run_id": "c"})
@@ -185,17 +185,21 @@ def test_bench_says_the_sandbox_is_this_machine_and_returns_the_ranked_results(h
 
 def test_list_and_remove_images_check_credentials_and_return_the_layers_data(home, fake_context, monkeypatch):
     from ec2gpu.runs.provision import bake
-    rows = [{"name": "mnist-1", "image_id": "ami-1", "usd_per_month": 1.0}]
+    rows = [{"name": "mnist-1", "image_id": "ami-1", "state": "available", "created": "2026-11-20T10:00:00.000Z",
+             "task": "mnist", "setup_hash": "abc", "base": "dlami", "base_image": "ami-0", "run_id": "r1",
+             "torch": "2.5", "cuda": "12.4", "driver": "550", "snapshots": ["snap-1"], "snapshot_gib": 40.0,
+             "size_basis": "stored bytes", "usd_per_month": 1.0, "usd_per_gb_month": 0.05, "price_source": "table"}]
     monkeypatch.setattr(bake, "listing", lambda aws, where: rows if where == Path("h") else pytest.fail("home"))
-    assert images.list_images(region="eu-west-1", sandbox=True) == rows
+    [listed] = images.list_images(region="eu-west-1", sandbox=True)
+    assert listed.to_json() == rows[0] and list(listed.to_json()) == list(rows[0])  # --json: the layer's row as it was
     said = []
 
     def remove(aws, ref, log):
         log(f"deregistered {ref}")
         return {"image_id": "ami-1", "name": ref, "snapshots": ["snap-1"]}
     monkeypatch.setattr(bake, "remove", remove)
-    assert images.remove_image("mnist-1", log=said.append) == {"image_id": "ami-1", "name": "mnist-1",
-                                                              "snapshots": ["snap-1"]}
+    assert images.remove_image("mnist-1", log=said.append).to_json() == {"image_id": "ami-1", "name": "mnist-1",
+                                                                        "snapshots": ["snap-1"]}
     assert said == ["deregistered mnist-1"]
     assert fake_context == [("eu-west-1", True, False), (None, False, False)]
 
@@ -212,8 +216,26 @@ def test_without_credentials_images_are_not_listed(home, fake_context, monkeypat
         images.list_images()
 
 
+def test_sandbox_status_json_prints_running_false_with_none_and_the_state_file_with_one(home, monkeypatch, capsys):
+    """`sandbox status --json` prints what it printed when sandbox_status returned dicts: {"running": false}
+    without a sandbox, else the state file's document (sandbox_status returns None, or a SandboxState)."""
+    import json
+
+    from ec2gpu import cli
+    from ec2gpu.sandbox import control
+    assert cli.main(["sandbox", "status", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"running": False}
+    state = {"pid": 1, "endpoint": "http://127.0.0.1:1", "checkip_url": "http://127.0.0.1:1/checkip",
+             "imds_url": "http://127.0.0.1:2", "like_aws": True, "instances": {"i-1": {"host": "127.0.0.2", "port": 22,
+                                                                                      "sshd_pid": 2, "directory": "/d"}},
+             "shutdowns": {}, "bind_shim": "/h/sandbox/bindshim.so"}
+    monkeypatch.setattr(control, "read_state", lambda where: state)
+    assert cli.main(["sandbox", "status", "--json"]) == 0
+    printed = capsys.readouterr().out
+    assert json.loads(printed) == state and list(json.loads(printed)) == list(state)
+
 def test_with_no_sandbox_running_status_says_so_env_refuses_and_down_finds_none(home):
-    assert sb.sandbox_status() == {"running": False}
+    assert sb.sandbox_status() is None  # `sandbox status --json` prints {"running": false}
     with pytest.raises(SandboxError, match="no sandbox is running"):
         sb.sandbox_env()
     with pytest.raises(SandboxError, match="no sandbox is running"):
@@ -232,11 +254,13 @@ def test_interrupt_refuses_a_notice_that_is_not_seconds_before_asking_the_sandbo
 def test_up_asks_the_sandbox_of_this_home_and_says_when_one_not_like_aws_runs(home, monkeypatch):
     from ec2gpu.sandbox import control
     calls = []
-    running = {"pid": 1, "endpoint": "http://127.0.0.1:1", "like_aws": False, "instances": {}}
+    running = {"pid": 1, "endpoint": "http://127.0.0.1:1", "checkip_url": "http://127.0.0.1:1/checkip",
+               "imds_url": "http://127.0.0.1:2", "like_aws": False, "instances": {}, "shutdowns": {},
+               "bind_shim": "/h/sandbox/bindshim.so"}  # a state.json's document
     monkeypatch.setattr(control, "up", lambda where, like_aws=None: calls.append((where, like_aws)) or running)
     said = []
-    assert sb.sandbox_up(log=said.append) == running and said == []
-    assert sb.sandbox_up(like_aws=True, log=said.append) == running
+    assert sb.sandbox_up(log=said.append).to_json() == running and said == []
+    assert sb.sandbox_up(like_aws=True, log=said.append).to_json() == running
     assert said == ["a sandbox without --like-aws is already running; `ec2gpu sandbox down` first"]
     assert calls == [(home.resolve(), None), (home.resolve(), True)]
 

@@ -132,3 +132,59 @@ def test_a_strategy_without_file_mounts_and_without_watched_nodes_gets_neither(s
     a = _attempt(tmp_path, steps, mounts=[SimpleNamespace(write_back=False)])
     lifecycle.drive(a, Bake(steps), SimpleNamespace(wait_s=3600.0))
     assert not any(s.startswith(("mounts", "mark")) for s in steps)
+
+
+class _Steps(lifecycle.Lifecycle[list, str]):
+    """A mode without nodes (the detached hand-off, --local): it supplies its steps, the driver orders them."""
+
+    def __init__(self, fail=None):
+        self.fail = fail
+
+    def open(self, a):
+        a.append("open")
+
+    def prepare(self, a):
+        a.append("prepare")
+
+    def upload(self, a):
+        a.append("upload")
+
+    def setup(self, a):
+        a.append("setup")
+
+    def run(self, a):
+        a.append("run")
+        if self.fail:
+            raise self.fail
+
+    def collect(self, a):
+        a.append("collect")
+        return "record"
+
+    def close(self, a):
+        a.append("close")
+
+
+def test_a_mode_without_nodes_gets_its_steps_in_the_drivers_order_and_its_close_on_every_way_out():
+    seen: list[str] = []
+    assert lifecycle.drive(seen, _Steps()) == "record"
+    assert seen == ["open", "prepare", "upload", "setup", "run", "collect", "close"]
+    for stop in (RemoteError("the job exited 3", "its last lines are above"), KeyboardInterrupt()):
+        seen = []
+        with pytest.raises(type(stop)):
+            lifecycle.drive(seen, _Steps(fail=stop))
+        assert seen == ["open", "prepare", "upload", "setup", "run", "close"]
+
+
+def test_a_lifecycle_step_a_mode_does_not_supply_is_no_step():
+    """Lifecycle's own steps do nothing but run and collect, which every mode must supply."""
+    class Only(lifecycle.Lifecycle[list, str]):
+        def run(self, a):
+            a.append("run")
+
+        def collect(self, a):
+            return "done"
+    seen: list[str] = []
+    assert lifecycle.drive(seen, Only(), SimpleNamespace(wait_s=3600.0)) == "done" and seen == ["run"]
+    with pytest.raises(NotImplementedError):
+        lifecycle.drive([], lifecycle.Lifecycle())

@@ -77,10 +77,13 @@ def test_ls_at_80_columns_keeps_each_instance_id_whole_on_one_line(monkeypatch):
     import ec2gpu.cli.instances as cli_instances
     from ec2gpu.runs.standing import hosts as standing
     buf = _console(monkeypatch, cli_instances)
-    row = {"name": "a-rather-long-instance-name-for-a-standing-box", "instance_id": "i-0123456789abcdef0",
+    row = {"name": "a-rather-long-instance-name-for-a-standing-box", "run_id": "", "instance_id": "i-0123456789abcdef0",
            "instance_type": "g4dn.xlarge", "market": "spot", "zone": "us-east-1a", "state": "running",
-           "idle": None, "age_seconds": 4000, "usd_per_hour": 0.526, "cost_so_far_usd": 0.5844, "cluster": None,
-           "node": None, "launched_at": "2026-11-22T17:00:00+00:00", "unsafe_tags": [], "disk_usd_per_month": None}
+           "public_ip": None, "private_ip": None, "idle_rule": "down 3600", "age_seconds": 4000,
+           "running_intervals": 1, "intervals_recorded": True, "first_launched_at": "2026-11-22T17:00:00+00:00",
+           "usd_per_hour": 0.526, "price_source": "table", "so_far": {}, "cost_so_far_usd": 0.5844, "cluster": None,
+           "node": None, "launched_at": "2026-11-22T17:00:00+00:00", "unsafe_tags": [], "idle_seconds": None,
+           "busy": None}  # runs/standing/hosts.listing's row of a running instance (api/instances.InstanceRow's fields)
 
     class Ctx:
         aws, settings = None, None
@@ -94,6 +97,36 @@ def test_ls_at_80_columns_keeps_each_instance_id_whole_on_one_line(monkeypatch):
     for iid in ("i-0123456789abcdef0", "i-0fedcba9876543210"):
         assert any(iid in line for line in lines), buf.getvalue()
 
+
+
+def test_ls_json_prints_each_listing_row_as_the_layer_made_it_a_stopped_ones_disk_alone(monkeypatch, capsys):
+    """`ls --json` prints api/instances.InstanceRow records as the dicts list_instances returned before they
+    were typed: the same keys in the same order, the disk's two for a stopped instance alone."""
+    import contextlib
+    import json
+
+    import ec2gpu.api.instances as ops
+    import ec2gpu.cli.instances as cli_instances
+    from ec2gpu.runs.standing import hosts as standing
+    running = {"name": "dev", "run_id": "r1", "instance_id": "i-1", "cluster": None, "node": None,
+               "instance_type": "g4dn.xlarge", "market": "on-demand", "state": "running", "public_ip": "1.2.3.4",
+               "private_ip": "10.0.0.1", "zone": "us-east-1a", "launched_at": "2026-11-22T17:00:00+00:00",
+               "idle_rule": "down 3600", "unsafe_tags": [], "age_seconds": 60, "running_intervals": 1,
+               "intervals_recorded": True, "first_launched_at": "2026-11-22T17:00:00+00:00", "usd_per_hour": 0.526,
+               "price_source": "table", "so_far": {"cost_usd": 0.01}, "cost_so_far_usd": 0.01, "idle_seconds": 30,
+               "busy": None}
+    stopped = {**{k: v for k, v in running.items() if k not in ("idle_seconds", "busy")}, "instance_id": "i-2",
+               "state": "stopped", "usd_per_hour": None, "disk_gib": 100, "disk_usd_per_month": 8.0,
+               "idle_seconds": None, "busy": None}
+
+    class Ctx:
+        aws, settings = None, None
+    monkeypatch.setattr(ops, "_context", lambda *a, **k: contextlib.nullcontext(Ctx()))
+    monkeypatch.setattr(ops, "settle", lambda ctx, **k: None)
+    monkeypatch.setattr(standing, "listing", lambda aws, settings: [dict(running), dict(stopped)])
+    cli_instances.ls(region=None, sandbox=False, as_json=True)
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == [running, stopped] and [list(r) for r in printed] == [list(running), list(stopped)]
 
 def test_the_progress_reader_shows_each_new_well_formed_progress_once_and_skips_the_rest(monkeypatch):
     from ec2gpu.remote import jobs

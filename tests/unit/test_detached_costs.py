@@ -261,9 +261,9 @@ def test_runs_remote_renders_the_store_and_says_what_is_unknown(monkeypatch, cap
     from ec2gpu import cli
     from ec2gpu.api import costs as ops
 
-    def rows(**_):
-        return {"bucket": "ec2gpu-123456789012-us-east-1", "region": "us-east-1", "in_store": 3, "limit": 50,
-                "since": None, "runs": [
+    def rows(**_):  # list_runs(remote=True)'s record
+        return ops.RemoteRunList(bucket="ec2gpu-123456789012-us-east-1", region="us-east-1", in_store=3, limit=50,
+                                 since=None, runs=[
                     {"run_id": RUN, "state": "running", "attempt": 2, "interruptions": 1,
                      "started_at": "2026-11-25T10:00:00+00:00", "ended_at": None, "cost_usd": 0.1234,
                      "upper_bound": True, "cost": {"running": True, "unknown": []}, "in_ledger": True,
@@ -271,7 +271,7 @@ def test_runs_remote_renders_the_store_and_says_what_is_unknown(monkeypatch, cap
                     {"run_id": "20261125-090000-0000", "state": "unreadable", "attempt": None, "interruptions": None,
                      "started_at": None, "ended_at": None, "cost_usd": None, "upper_bound": False,
                      "cost": {"running": False, "unknown": ["i-00000001: no on-demand price\x1b[31m"]},
-                     "in_ledger": False, "ledger_status": None}]}
+                     "in_ledger": False, "ledger_status": None}])
     monkeypatch.setattr(ops, "list_runs", rows)
     assert cli.main(["runs", "--remote"]) == 0
     shown = capsys.readouterr().out

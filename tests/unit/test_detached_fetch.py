@@ -434,8 +434,25 @@ def test_fetch_of_a_detached_run_in_the_ledger_goes_to_the_store_by_a_prefix(api
     _status(aws)
     _put(aws, PREFIX + "outputs/r.txt", b"r")
     got = access.fetch(RUN[:15], max_files=5)
-    assert got["run_id"] == RUN and got["source"] == "s3" and got["out"] == str((tmp_path / "art").resolve())
-    assert got["outputs"] == ["r.txt"] and (tmp_path / "art/outputs/r.txt").read_bytes() == b"r"
+    assert got.run_id == RUN and got.source == "s3" and got.out == str((tmp_path / "art").resolve())
+    assert got.outputs == ["r.txt"] and (tmp_path / "art/outputs/r.txt").read_bytes() == b"r"
+
+
+def test_fetch_json_of_a_detached_run_prints_the_documents_keys_in_their_order(api_ctx, aws, tmp_path, monkeypatch,
+                                                                                capsys):
+    """`ec2gpu fetch --json` prints the api's Fetched record as the dict it returned before it was typed:
+    the same keys, in the same order, with the same values."""
+    from ec2gpu import cli
+    monkeypatch.chdir(tmp_path)
+    _status(aws)
+    _put(aws, PREFIX + "outputs/r.txt", b"r")
+    assert cli.main(["fetch", RUN, "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert list(printed) == ["run_id", "out", "source", "outputs", "checkpoints", "files", "state", "skipped", "left",
+                             "columns"]
+    assert printed == {"run_id": RUN, "out": str((tmp_path / "runs" / RUN).resolve()), "source": "s3",
+                       "outputs": ["r.txt"], "checkpoints": [], "files": ["state.json"], "state": "succeeded",
+                       "skipped": 0, "left": 0, "columns": {}}
 
 
 def test_fetch_of_a_run_only_the_store_holds_defaults_to_runs_run_id(api_ctx, aws, tmp_path, monkeypatch):
@@ -443,7 +460,7 @@ def test_fetch_of_a_run_only_the_store_holds_defaults_to_runs_run_id(api_ctx, aw
     monkeypatch.chdir(tmp_path)
     _status(aws)
     got = access.fetch(RUN)
-    assert got["out"] == str((tmp_path / "runs" / RUN).resolve()) and got["files"] == ["state.json"]
+    assert got.out == str((tmp_path / "runs" / RUN).resolve()) and got.files == ["state.json"]
     with pytest.raises(UsageError, match="no run"):  # neither here nor in the store: today's answer
         access.fetch("20261125-103000-ffff")
 
@@ -455,7 +472,7 @@ def test_logs_of_a_detached_run_come_from_the_store_and_a_foreground_runs_from_i
     _put(aws, PREFIX + "logs/job.log", b"from s3\n")
     ledger.record(home, _row(RUN))  # status "detached", no controller
     shown = access.logs(RUN)
-    assert shown == {"exit_status": 7, "run_id": RUN, "instance_id": None, "source": "s3", "state": "failed",
+    assert shown.to_json() == {"exit_status": 7, "run_id": RUN, "instance_id": None, "source": "s3", "state": "failed",
                      "log": "from s3\n"}
     art = tmp_path / "fg"
     art.mkdir()
@@ -464,4 +481,4 @@ def test_logs_of_a_detached_run_come_from_the_store_and_a_foreground_runs_from_i
     ledger.record(home, _row(fg, status="completed", exit_status=0, artifacts=str(art),
                              controller={"host": "h", "pid": 1, "started": 1.0}))
     _put(aws, f"runs/{USER}/{fg}/state.json", b"{}")
-    assert access.logs(fg)["log"] == "saved here\n"
+    assert access.logs(fg).log == "saved here\n"

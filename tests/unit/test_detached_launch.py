@@ -361,5 +361,5 @@ def test_what_is_said_of_the_secrets_names_everyone_who_may_read_them():
     assert "instance role" in parameters.READERS and "you" in parameters.READERS
     assert "administrator" in parameters.READERS and "account's own policies" in parameters.READERS
     source = inspect.getsource(launch) + inspect.getsource(parameters)
-    assert "parameters.READERS" in inspect.getsource(launch.start)
+    assert "parameters.READERS" in inspect.getsource(launch.DetachedJob.run)  # the hand-off's step that puts them
     assert "only this run's instance role may read" not in source.replace("\n", " ")

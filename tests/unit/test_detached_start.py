@@ -149,6 +149,32 @@ def test_a_spec_over_what_the_agent_reads_is_refused_before_anything_is_made(sta
     assert boto3.client("ec2", region_name="us-east-1").describe_key_pairs()["KeyPairs"] == []
 
 
+@pytest.mark.parametrize("group", ["interrupted", "made"])
+def test_a_hand_off_stopped_before_its_group_removes_what_it_made_and_one_handed_over_removes_nothing(
+        started, aws, tmp_path, monkeypatch, group):
+    """The hand-off's close (launch.DetachedJob.close, on every way out of the lifecycle): Ctrl-C
+    while the role, key pair and security group are being made, before the group exists, removes
+    what the run made (aws/sweep.delete_run with its run id) and lets the interrupt go on; once
+    the group is made the run is the agent's, and nothing is removed: the record comes back."""
+    swept: list[str] = []
+
+    def create(*a, **k):
+        if group == "interrupted":
+            raise KeyboardInterrupt
+    monkeypatch.setattr(groups, "create", create)
+    monkeypatch.setattr(launch.sweep, "delete_run", lambda ec2, run_id, *a, **k: swept.append(run_id))
+    ui = Reporter()
+    if group == "interrupted":
+        with pytest.raises(KeyboardInterrupt):
+            launch.start(aws, settings_mod.load({}), _opts(tmp_path), ui, SimpleNamespace(name="aws", is_sandbox=False))
+        assert len(swept) == 1 and f"removing what run {swept[0]} made" in ui.notes
+    else:
+        record = launch.start(aws, settings_mod.load({}), _opts(tmp_path), ui,
+                              SimpleNamespace(name="aws", is_sandbox=False))
+        assert record["status"] == "detached" and record["group"] == groups.name_of(record["run_id"])
+        assert swept == [] and not any(n.startswith("removing what run") for n in ui.notes)
+
+
 def test_the_agent_refuses_a_spec_over_what_it_reads_as_too_large(aws):
     """On the instance a spec.json over the bound (written there by other means) is refused for its
     size, not as a rewritten one: its hash is never taken of the bytes read short of its end."""

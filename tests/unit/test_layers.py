@@ -210,7 +210,7 @@ def test_the_order_check_sees_an_import_that_runs_back_up():
 
 
 def test_runs_never_imports_pool():
-    """The pool plugs its strategy into runs/ (api/tasks.start hands pipeline.train pool/attempt.run_attempt);
+    """The pool plugs its strategy into runs/ (api/tasks.start hands pipeline.run_job pool/attempt.run_attempt);
     no module of runs/ imports pool/, at module level, in a function or under TYPE_CHECKING."""
     graph = _import_graph()
     assert "runs.element_table" in graph["pool.follow"]  # the graph sees pool/'s imports of runs/

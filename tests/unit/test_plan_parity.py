@@ -184,7 +184,7 @@ def ran(project, monkeypatch):
         seen.append(opts)
         raise Ran()
     monkeypatch.setattr(backend, "Context", Context)
-    monkeypatch.setattr(pipeline, "train", take)
+    monkeypatch.setattr(pipeline, "run_job", take)
     monkeypatch.setattr(launch, "start", take)
     monkeypatch.setattr(pool_attempt, "ray_here", lambda shim=None: "2.0")
     return seen

@@ -793,7 +793,7 @@ def test_a_replacement_numbered_past_a_failed_one_gets_its_own_address_in_its_en
 
 
 def test_an_array_run_is_refused_without_the_pool_handed_in():
-    """runs/ never imports pool/: pipeline.train runs an array only with the pool's attempt handed in
+    """runs/ never imports pool/: pipeline.run_job runs an array only with the pool's attempt handed in
     (api/tasks.start hands pool/attempt.run_attempt), and says so before anything else."""
     from types import SimpleNamespace
 
@@ -804,4 +804,4 @@ def test_an_array_run_is_refused_without_the_pool_handed_in():
                        elements=tuple(arrays.elements(2, None, None)))
     touched = SimpleNamespace()  # no attribute: any AWS call would raise AttributeError, not ValueError
     with pytest.raises(ValueError, match="pool_attempt"):
-        pipeline.train(touched, touched, opts, touched)
+        pipeline.run_job(touched, touched, opts, touched)

@@ -231,10 +231,13 @@ def test_ls_shows_a_hostile_name_tag_inert(terminal, monkeypatch):
     import ec2gpu.cli.instances as cli_instances
     from ec2gpu.runs.standing import hosts as standing
     out, _ = terminal
-    row = {"name": HOSTILE, "instance_id": "i-0123456789abcdef0", "instance_type": "g4dn.xlarge", "market": "on-demand",
-           "zone": "us-east-1a", "state": "running", "age_seconds": 60, "usd_per_hour": 0.526, "cost_so_far_usd": 0.01,
-           "cluster": HOSTILE, "node": 0, "launched_at": "2026-11-22T17:00:00+00:00", "unsafe_tags": [],
-           "disk_usd_per_month": None}
+    row = {"name": HOSTILE, "run_id": "", "instance_id": "i-0123456789abcdef0", "instance_type": "g4dn.xlarge",
+           "market": "on-demand", "zone": "us-east-1a", "state": "running", "public_ip": None, "private_ip": None,
+           "idle_rule": None, "age_seconds": 60, "running_intervals": 1, "intervals_recorded": True,
+           "first_launched_at": "2026-11-22T17:00:00+00:00", "usd_per_hour": 0.526, "price_source": "table",
+           "so_far": {}, "cost_so_far_usd": 0.01, "cluster": HOSTILE, "node": 0,
+           "launched_at": "2026-11-22T17:00:00+00:00", "unsafe_tags": [], "idle_seconds": None,
+           "busy": None}  # runs/standing/hosts.listing's row (api/instances.InstanceRow's fields)
 
     class Ctx:
         aws, settings = None, None

@@ -39,20 +39,24 @@ import re
 import shlex
 import tarfile
 import tempfile
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from ...aws import (capacity, groups, iam, iam_boundary, iam_detached, instances, network, parameters, runstore,
-                    runstore_objects, runstore_records, sweep)
+from ...aws import (capacity, catalog, groups, iam, iam_boundary, iam_detached, instances, network, parameters,
+                    runstore, runstore_objects, runstore_records, storage, sweep)
 from ...aws.session import Aws
 from ...backend import Backend
 from ...errors import UsageError
 from ...settings import Settings
+from ...tasks import mounts as file_mounts
 from ...wire import bounded_json, names, run_spec
 from ...wire.run_record import MAX_BYTES as RECORD_MAX_BYTES, VERSION as RECORD_VERSION
+from ..execute import attempt as lifecycle
 from ..options import RunOptions
-from ..plan import checks
+from ..plan import checks, limits
+from ..plan.costs import Estimate
 from ..provision import pipeline
 from ..provision import resources as provision
 from ..settle import record as run_record
@@ -254,7 +258,6 @@ def spec_document(job: TaskJob, opts: RunOptions, user: str, run_id: str, group:
     the agent reads each from its parameter (aws/parameters.name_of). ``log_reader``: the SSH user,
     who may read the job's log on the instance (`ec2gpu logs --follow`, live). Raises UsageError for
     a spec the agent would refuse on the instance (run_spec.parse), before anything is made."""
-    from ..plan import limits
     minutes = max(1, opts.max_runtime_minutes or 0)
     grace, lead = limits.grace_seconds(minutes), limits.lead_seconds(minutes)
     secret = secret_env(job)
@@ -283,10 +286,9 @@ def mounts_document(job: TaskJob, user: str, run_id: str) -> list[dict[str, Any]
     uploaded to (``_upload``: ``runs/USER_ID/RUN_ID/mounts/N.tar.gz`` for a directory, ``.../mounts/N`` for a
     file); an S3 one as its bucket, prefix and the bucket's region (resources.check_s3_access found
     it), ``file`` when the prefix is one object, and ``write_back`` for the MOUNT modes."""
-    from ...tasks import mounts as M
     out: list[dict[str, Any]] = []
     for i, m in enumerate(job.mounts):
-        target = M.normal_target(m.target)
+        target = file_mounts.normal_target(m.target)
         if m.kind == "local":
             key = f"{runstore.prefix(user, run_id)}mounts/{i}" + ("" if m.is_file else ".tar.gz")
             out.append({"target": target, "kind": "local", "key": key, "is_file": m.is_file})
@@ -314,10 +316,12 @@ def pack(manifest: Manifest, path: Path) -> int:
 
 def start(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, backend: Backend) -> run_record.RunRecord:
     """Start ``opts``' task as a detached run (the module docstring's steps); return its run
-    record (status "detached", "bucket", "group", "deadline") once the group is made. Raises
-    UsageError before anything is made (``check``, the estimate and --budget, a bad option);
-    CapacityError for the quota; AwsError and botocore's ClientError as AWS answers, after removing
-    what was made."""
+    record (status "detached", "bucket", "group", "deadline") once the group is made. The checks
+    of any run come first (step 1), then the hand-off is an attempt of the one lifecycle
+    (runs/execute/attempt.drive) with DetachedJob as its strategy. Raises UsageError before
+    anything is made (``check``, the estimate and --budget, a bad option, the permissions
+    boundary); CapacityError for the quota; AwsError and botocore's ClientError as AWS answers,
+    after removing what was made."""
     opts, itype = pipeline.check_options(opts, ui)
     opts = pipeline.with_task(opts, backend)  # `train mnist --detach`: the built-in task and its data
     job = check(opts)
@@ -329,66 +333,142 @@ def start(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
     secret = secret_env(job)
     if any(m.kind == "s3" for m in job.mounts):  # before anything is made: sources there, buckets readable
         provision.check_s3_access(aws, job)
-    boundary = check_boundary(aws, run_id, account, ui, secrets=bool(secret), extra=job.role_policy,
-                              several=opts.nodes > 1)
-    limit_at = datetime.now(timezone.utc) + timedelta(minutes=opts.max_runtime_minutes or 0)
-    launches = opts.max_attempts or DEFAULT_LAUNCHES[opts.spot] * opts.nodes
-    group = groups.name_of(run_id)
-    body = spec_body(spec_document(job, opts, user, run_id, group, limit_at, launches, settings.ssh_user))
-    s3 = aws.client("s3")
-    with ui.phase("upload"):
-        bucket = runstore.ensure(s3, account, aws.region, settings.owner, settings.run_store_expire_days, log=ui.note)
-        hashes, spec_sha256 = _upload(s3, bucket, user, run_id, job, body)
-        ui.note(f"run store s3://{bucket}/{runstore.prefix(user, run_id)}: workdir, agent and spec")
-    made = False
-    try:
-        with ui.phase("requesting"):
-            made = True
-            profile = _role(aws, settings, user, run_id, bucket, account, boundary, bool(secret), job.role_policy,
-                            several=opts.nodes > 1)
+    a = Handoff(aws, settings, opts, ui, backend, job, itype, est, account, user, run_id, secret)
+    return lifecycle.drive(a, DetachedJob())
+
+
+@dataclass
+class Handoff:
+    """A detached run's hand-off as the lifecycle sees it: what ``start`` checked before anything
+    is made, then what each step learns (the deadline, the group's name and the spec's bytes in
+    prepare; the bucket and the hashes of what was put there in upload)."""
+
+    aws: Aws
+    settings: Settings
+    opts: RunOptions
+    ui: ReporterLike
+    backend: Backend
+    job: TaskJob
+    itype: catalog.InstanceType
+    est: Estimate
+    account: str
+    user: str  # the caller's user id (aws/runstore.user_id), whose prefix holds the run
+    run_id: str
+    secret: dict[str, str]  # secret_env: name -> value, for SSM Parameter Store
+    boundary: str | None = None
+    limit_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
+    launches: int = 0
+    spec: bytes = b""
+    bucket: str = ""
+    hashes: dict[str, str] = field(default_factory=dict)
+    spec_sha256: str = ""
+
+    @property
+    def group(self) -> str:
+        return groups.name_of(self.run_id)
+
+
+class DetachedJob(lifecycle.Lifecycle[Handoff, run_record.RunRecord]):
+    """The detached hand-off as a strategy of the one lifecycle (runs/execute/attempt.py says what
+    each mode supplies): nothing to open here, and the setup is the agent's on the instance.
+    prepare: the boundary and the spec (step 1's last checks); upload: the run store (step 2);
+    run: the role, secrets, network and the group (steps 3-4), the agent owns the run from there;
+    collect: the run's record (step 5); close: what was made removed, when the group was not."""
+
+    def __init__(self) -> None:
+        self.made = False  # something of the run's exists in AWS (its objects in S3 aside)
+        self.handed = False  # the group exists: the run is the agent's
+
+    def prepare(self, a: Handoff) -> None:
+        """The account's permissions boundary checked, the deadline and the spec.json bytes (spec_body;
+        the agent's own checks applied), all before anything is made."""
+        opts = a.opts
+        a.boundary = check_boundary(a.aws, a.run_id, a.account, a.ui, secrets=bool(a.secret),
+                                    extra=a.job.role_policy, several=opts.nodes > 1)
+        a.limit_at = datetime.now(timezone.utc) + timedelta(minutes=opts.max_runtime_minutes or 0)
+        a.launches = opts.max_attempts or DEFAULT_LAUNCHES[opts.spot] * opts.nodes
+        a.spec = spec_body(spec_document(a.job, opts, a.user, a.run_id, a.group, a.limit_at, a.launches,
+                                         a.settings.ssh_user))
+
+    def upload(self, a: Handoff) -> None:
+        """The run store made if need be; the workdir, the local file_mounts, the agent and the spec
+        under the run's prefix (``_upload``)."""
+        with a.ui.phase("upload"):
+            a.bucket = runstore.ensure(a.aws.client("s3"), a.account, a.aws.region, a.settings.owner,
+                                       a.settings.run_store_expire_days, log=a.ui.note)
+            a.hashes, a.spec_sha256 = _upload(a.aws.client("s3"), a.bucket, a.user, a.run_id, a.job, a.spec)
+            a.ui.note(f"run store s3://{a.bucket}/{runstore.prefix(a.user, a.run_id)}: workdir, agent and spec")
+
+    def run(self, a: Handoff) -> None:
+        """The run's role, its buckets to make, its secrets, key pair and security group, then its
+        record "pending" and the Auto Scaling group whose instance's agent runs the job (the
+        "requesting" phase). This controller follows nothing: the agent owns the run from here."""
+        aws, settings, opts, job = a.aws, a.settings, a.opts, a.job
+        with a.ui.phase("requesting"):
+            self.made = True
+            profile = _role(aws, settings, a.user, a.run_id, a.bucket, a.account, a.boundary, bool(a.secret),
+                            job.role_policy, several=opts.nodes > 1)
             if job.buckets_to_make:
-                from ...aws import storage
-                storage.make_buckets(s3, job.buckets_to_make, aws.region, settings.owner, user, ui.note)
-            if secret:
-                names = parameters.put(aws.client("ssm"), run_id, settings.owner, user, secret)
-                ui.note(f"{len(names)} secret(s) in SSM Parameter Store under {parameters.ROOT}{run_id}/ "
-                        f"(SecureString; {parameters.READERS})")
-            cidr = network.ssh_cidr(opts.ssh_cidr, aws.checkip_url)
-            key_name, _ = network.create_key_pair(aws.ec2, run_id, settings.owner, settings.keys_dir)
-            sg = network.create_security_group(aws.ec2, run_id, settings.owner, cidr)
-            if opts.nodes > 1:  # the nodes reach each other (torchrun, NCCL), and nothing else does
-                network.allow_within_group(aws.ec2, sg)
-            ami = provision.choose_image(aws, opts)
-            spec = instances.LaunchSpec(
-                run_id=run_id, owner=settings.owner, name=opts.name or f"ec2gpu-{run_id}",
-                instance_type=opts.instance_types[0], image_id=ami["ImageId"], root_device_name=ami["RootDeviceName"],
-                key_name=key_name, security_group_id=sg, spot=opts.spot, root_volume_gib=settings.root_volume_gib,
-                max_runtime_minutes=None,  # a shutdown would only be replaced: the group's deadline ends it
-                max_price=opts.max_price if opts.spot else None, instance_profile=profile,
-                boot=boot_script(bucket, user, run_id, aws.region, group, hashes, spec_sha256))
+                storage.make_buckets(aws.client("s3"), job.buckets_to_make, aws.region, settings.owner, a.user,
+                                     a.ui.note)
+            if a.secret:
+                stored = parameters.put(aws.client("ssm"), a.run_id, settings.owner, a.user, a.secret)
+                a.ui.note(f"{len(stored)} secret(s) in SSM Parameter Store under {parameters.ROOT}{a.run_id}/ "
+                          f"(SecureString; {parameters.READERS})")
+            spec = _launch_spec(a, profile)
             subnets = list(capacity.default_subnets(aws.ec2).values())
             # before the group: its first instance's agent writes the next record, never under this one
-            runstore_records.put_status(s3, bucket, user, run_id, {"run_id": run_id, "state": "pending", "attempt": 0,
-                                                             "updated_at": _now()})
-            groups.create(aws.ec2, aws.client("autoscaling"), spec, opts.instance_types, subnets, opts.nodes, limit_at)
-    except BaseException:
-        if made:
-            ui.note(f"removing what run {run_id} made")
-            sweep.delete_run(aws.ec2, run_id, settings.keys_dir, log=ui.note, iam=aws.client("iam"),
-                             autoscaling=aws.client("autoscaling"), ssm=aws.client("ssm"), user=user)
-        raise
-    ui.note(f"Auto Scaling group {group}: {opts.nodes} {'spot' if opts.spot else 'on-demand'} instance(s) of "
-            f"{', '.join(opts.instance_types)}; it goes to 0 at {limit_at:%Y-%m-%d %H:%M} UTC at the latest")
-    out = Path(opts.out or Path("runs") / run_id).resolve()
-    mnist, (model, epochs) = job.builtin == "mnist", pipeline.preset(opts)
-    record = run_record.new(run_id, opts.command, backend.name, out, status="detached", task=job.name,
-                            model=model if mnist else None, epochs=epochs if mnist else None,
-                            instance_type=itype.name, gpu=itype.gpu, market="spot" if opts.spot else "on-demand",
-                            region=aws.region, estimated_cost_usd=None if est.upper_bound else est.cost_usd,
-                            estimate=est.as_dict())
-    record.update({"bucket": bucket, "group": group, "deadline": limit_at.isoformat()})
-    pipeline._ledger(settings, record, ui)
-    return record
+            runstore_records.put_status(aws.client("s3"), a.bucket, a.user, a.run_id,
+                                        {"run_id": a.run_id, "state": "pending", "attempt": 0, "updated_at": _now()})
+            groups.create(aws.ec2, aws.client("autoscaling"), spec, opts.instance_types, subnets, opts.nodes,
+                          a.limit_at)
+            self.handed = True
+
+    def collect(self, a: Handoff) -> run_record.RunRecord:
+        """The run's record (status "detached", its bucket, group and deadline), in the ledger."""
+        opts, job, est = a.opts, a.job, a.est
+        a.ui.note(f"Auto Scaling group {a.group}: {opts.nodes} {'spot' if opts.spot else 'on-demand'} instance(s) of "
+                  f"{', '.join(opts.instance_types)}; it goes to 0 at {a.limit_at:%Y-%m-%d %H:%M} UTC at the latest")
+        out = Path(opts.out or Path("runs") / a.run_id).resolve()
+        mnist, (model, epochs) = job.builtin == "mnist", pipeline.preset(opts)
+        record = run_record.new(a.run_id, opts.command, a.backend.name, out, status="detached", task=job.name,
+                                model=model if mnist else None, epochs=epochs if mnist else None,
+                                instance_type=a.itype.name, gpu=a.itype.gpu,
+                                market="spot" if opts.spot else "on-demand", region=a.aws.region,
+                                estimated_cost_usd=None if est.upper_bound else est.cost_usd, estimate=est.as_dict())
+        record.update({"bucket": a.bucket, "group": a.group, "deadline": a.limit_at.isoformat()})
+        pipeline._ledger(a.settings, record, a.ui)
+        return record
+
+    def close(self, a: Handoff) -> None:
+        """What the run made in AWS removed (aws/sweep.delete_run, the group first) when the
+        hand-off stopped before its group was made (an error, Ctrl-C); its objects in S3 stay for
+        the bucket's lifecycle rule."""
+        if self.made and not self.handed:
+            a.ui.note(f"removing what run {a.run_id} made")
+            sweep.delete_run(a.aws.ec2, a.run_id, a.settings.keys_dir, log=a.ui.note, iam=a.aws.client("iam"),
+                             autoscaling=a.aws.client("autoscaling"), ssm=a.aws.client("ssm"), user=a.user)
+
+
+def _launch_spec(a: Handoff, profile: str) -> instances.LaunchSpec:
+    """The group's launch template's spec (inside the "requesting" phase): the run's key pair and
+    security group made (SSH from ``opts.ssh_cidr``, else this machine's /32; the nodes reach
+    each other when there are several), its image, its instance profile ``profile`` and the
+    boot script that starts the agent (``boot_script``)."""
+    aws, settings, opts = a.aws, a.settings, a.opts
+    cidr = network.ssh_cidr(opts.ssh_cidr, aws.checkip_url)
+    key_name, _ = network.create_key_pair(aws.ec2, a.run_id, settings.owner, settings.keys_dir)
+    sg = network.create_security_group(aws.ec2, a.run_id, settings.owner, cidr)
+    if opts.nodes > 1:  # the nodes reach each other (torchrun, NCCL), and nothing else does
+        network.allow_within_group(aws.ec2, sg)
+    ami = provision.choose_image(aws, opts)
+    return instances.LaunchSpec(
+        run_id=a.run_id, owner=settings.owner, name=opts.name or f"ec2gpu-{a.run_id}",
+        instance_type=opts.instance_types[0], image_id=ami["ImageId"], root_device_name=ami["RootDeviceName"],
+        key_name=key_name, security_group_id=sg, spot=opts.spot, root_volume_gib=settings.root_volume_gib,
+        max_runtime_minutes=None,  # a shutdown would only be replaced: the group's deadline ends it
+        max_price=opts.max_price if opts.spot else None, instance_profile=profile,
+        boot=boot_script(a.bucket, a.user, a.run_id, aws.region, a.group, a.hashes, a.spec_sha256))
 
 
 def _upload(s3: Any, bucket: str, user: str, run_id: str, job: TaskJob, spec: bytes) -> tuple[dict[str, str], str]:

@@ -1,17 +1,41 @@
-"""One attempt, whatever it runs: the lifecycle every way of running a job on instances shares,
-written once, with a Strategy that supplies only what differs (issue 45, item 2).
+"""One attempt, whatever it runs: the lifecycle every way of running a job shares, written once
+(``drive``), with a strategy that supplies only what differs (issue 45, item 2).
 
-  open nodes (SSH, host key checked) -> [strategy.opened] -> the run's SSH config (one entry per node:
-  remote/ssh_config.ssh_config_for) -> prepare (machine setup) -> upload (workdir, then file_mounts) ->
-  [strategy.setup: the task's setup, and what the mode adds] -> hand-over heartbeat (while there is
-  a hand-over plan: runs/recover/handover.py) -> [strategy.run: start and follow] ->
-  [strategy.collect: results home, the verdict] -> close (every exit path: heartbeat stopped,
-  connections closed, the SSH config removed)
+  open -> prepare -> upload -> setup -> [hand-over heartbeat] -> run (start, follow) -> collect,
+  and close on every exit path (an error from any step goes to the strategy's ``failed`` first)
 
-The strategies: runs/execute/foreground.ForegroundJob (the task under the agent, `ec2gpu run`,
-`exec`, `train mnist`), pool/attempt.PoolDriver (an array's Ray driver on the pool's head; pool/
-plugs it in: runs/ never imports pool/) and runs/provision/bake.ImageBake (an image of the
-builder instead of a job). Each phase is timed by the reporter (``ui.phase``): "waiting for SSH",
+``Lifecycle[A, R]`` names the steps, each a no-op by default but ``run`` and ``collect``: ``A`` is
+what the mode's attempt holds, ``R`` what its ``collect`` returns. ``Strategy[R]`` is the lifecycle
+of an attempt on instances (``Attempt``: its nodes over SSH), with the steps those modes share:
+
+  open: every node over SSH, host key checked -> [strategy.opened] -> the run's SSH config (one
+  entry per node: remote/ssh_config.ssh_config_for); prepare: machine setup, the nodes' private
+  addresses; upload: workdir, then file_mounts; setup: the task's setup (and what the mode adds);
+  heartbeat: while there is a hand-over plan (runs/recover/handover.py); close: the heartbeat
+  stopped, connections closed, the SSH config removed.
+
+Which steps each mode supplies ("shared": Strategy's; "-": the step does not exist in that mode):
+
+  mode: strategy                                  open    prepare  upload  setup   heartbeat  run  collect  close
+  ----------------------------------------------  ------  -------  ------  ------  ---------  ---  -------  ------
+  agent job: execute/foreground.ForegroundJob     opened  shared   shared  shared  shared     own  own      shared
+  Ray driver: pool/attempt.PoolDriver             shared  shared   shared  own     watched    own  own      shared
+  image bake: provision/bake.ImageBake            opened  shared   shared  own     watched    own  own      shared
+  detached hand-off: detached/launch.DetachedJob  -       own      own     -       -          own  own      own
+  local: provision/local.LocalRun                 -       own      -       -       -          own  own      own
+
+("opened": Strategy's open with the mode's ``opened`` hook; "watched": Strategy's heartbeat on the
+nodes the mode names.) ``failed`` raises the error again, but in ForegroundJob and PoolDriver,
+where a lost instance explains it (recovery.Interrupted). The agent job is `ec2gpu run`, `exec` and `train mnist`; the pool plugs
+PoolDriver in (runs/ never imports pool/); the bake makes an image of the builder instead of a job.
+The detached hand-off checks and writes the run's spec (prepare), puts the workdir, the agent and
+the spec in the run store (upload), makes the role, secrets, network and the Auto Scaling group
+that hands the run to the instance's agent (run: the agent sets up, starts and follows the job
+there), and returns the run's record (collect); its close removes what was made when the hand-off
+did not complete. `--local` writes the job's environment (prepare), starts the agent on this
+machine and follows its log (run: the workdir is used where it is, nothing is uploaded), reads the
+agent's record and the job's summary (collect), and removes the environment file (close). The
+steps of an attempt on instances are timed by the reporter (``ui.phase``): "waiting for SSH",
 "setup", "upload", then the strategy's own.
 """
 from __future__ import annotations
@@ -22,9 +46,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Generic, TypeVar
 
 from ...errors import RemoteError
-from ...remote import ssh_config as sc
+from ...remote import jobs, ssh
+from ...remote import ssh_config
+from ..recover import handover as handing_over
 from . import engine
-from . import nodes as N
+from . import nodes as node_steps
 
 if TYPE_CHECKING:
     from ...aws.instances import Instance
@@ -38,14 +64,15 @@ if TYPE_CHECKING:
     from .nodes import Node
     from .reporter import ReporterLike
 
+A = TypeVar("A")
 R = TypeVar("R")
 
 
 @dataclass
 class Attempt:
-    """One attempt as every strategy sees it: the run's context, its nodes (node 0 first), the
-    run's SSH config (rsync's and the tunnels'), the nodes' private addresses (once prepared) and
-    the hand-over plan (None without one)."""
+    """One attempt on instances as every strategy sees it: the run's context, its nodes (node 0
+    first), the run's SSH config (rsync's and the tunnels'), the nodes' private addresses (once
+    prepared) and the hand-over plan (None without one)."""
 
     aws: Aws
     settings: Settings
@@ -72,18 +99,77 @@ def new(aws: Aws, settings: Settings, run_id: str, ui: ReporterLike, prov: Provi
     """The attempt of ``job`` on ``instances_`` (node 0 first): a Node each, and the run's SSH
     config path, $EC2GPU_HOME/ssh/<run id>.config (written once the nodes answer)."""
     return Attempt(aws, settings, run_id, ui, prov, backend, job, local_out, n,
-                   [N.Node(k, inst) for k, inst in enumerate(instances_)], settings.home / "ssh" / f"{run_id}.config")
+                   [node_steps.Node(k, inst) for k, inst in enumerate(instances_)],
+                   settings.home / "ssh" / f"{run_id}.config")
 
 
-class Strategy(Generic[R]):
-    """What differs between the ways an attempt runs; the defaults are what most modes do. ``run``
-    and ``collect`` are each mode's own. A strategy object serves one attempt (it keeps what its
-    ``run`` learned for its ``collect``)."""
+class Lifecycle(Generic[A, R]):
+    """The steps of one attempt, in ``drive``'s order: what a mode supplies. Each is a no-op here
+    (a step that does not exist in the mode) but ``run`` and ``collect``, which every mode has. A
+    lifecycle object serves one attempt (it keeps what its ``run`` learned for its ``collect``)."""
+
+    def open(self, a: A) -> None:
+        """Reach where the job runs."""
+
+    def prepare(self, a: A) -> None:
+        """Make it ready for the job (machine setup; a hand-off's spec)."""
+
+    def upload(self, a: A) -> None:
+        """Send the workdir, the agent and the file_mounts where the job runs."""
+
+    def setup(self, a: A) -> None:
+        """The task's setup, and what the mode adds."""
+
+    def heartbeat(self, a: A, handover: Future[Handover | None] | Handover | None) -> Heartbeat | None:
+        """After the setup: the hand-over plan taken and this controller's heartbeat started where
+        an agent watches it; None (nothing to stop at the close) where nothing does."""
+        return None
+
+    def run(self, a: A) -> None:
+        """Start the mode's work and follow it as far as this controller does."""
+        raise NotImplementedError
+
+    def collect(self, a: A) -> R:
+        """Bring the results home and judge them; the attempt's result."""
+        raise NotImplementedError
+
+    def failed(self, a: A, exc: Exception) -> R:
+        """What an error from any step becomes (raised again by default; ``close`` runs after)."""
+        raise exc
+
+    def close(self, a: A) -> None:
+        """Release what the attempt holds, on every exit path (an error, Ctrl-C, the end)."""
+
+
+class Strategy(Lifecycle[Attempt, R]):
+    """An attempt on instances: the steps those modes share (this module's docstring); a mode
+    supplies ``run`` and ``collect``, and changes the hooks below where it differs."""
 
     places_mounts = True  # the task's file_mounts go on every node (a bake's image holds none)
 
+    def open(self, a: Attempt) -> None:
+        """Every node over SSH (host key checked), the strategy's ``opened``, then the run's SSH config."""
+        with a.ui.phase("waiting for SSH"):
+            node_steps.parallel(lambda nd: node_steps.open_node(nd, a.aws, a.settings, a.prov, a.run_id, a.backend,
+                                                                a.ui.note), a.nodes)
+        self.opened(a)
+        assert a.prov.key_path is not None  # open_node needed it: the run's key pair
+        # written after the strategy's opening (a bake's reboots: a sandbox instance's sshd moves on one)
+        ssh_config.ssh_config_for(a.nodes, a.config, a.settings.ssh_user, a.prov.key_path,
+                                  a.settings.home / "known_hosts")
+
     def opened(self, a: Attempt) -> None:
         """After every node answers, before the SSH config is written (a bake's driver install)."""
+
+    def prepare(self, a: Attempt) -> None:
+        """The machine setup on every node (the "setup" phase), then the nodes' private addresses."""
+        with a.ui.phase("setup"):
+            node_steps.parallel(lambda nd: node_steps.prepare_node(nd, a.say(nd)), a.nodes)
+        a.addresses = [a.backend.private_address(nd.instance) for nd in a.nodes]
+
+    def upload(self, a: Attempt) -> None:
+        with a.ui.phase("upload"):
+            upload(a, self)
 
     def resume(self, a: Attempt) -> bool:
         """Whether the job resumes (EC2GPU_RESUME=1, the checkpoint directory pushed)."""
@@ -100,46 +186,38 @@ class Strategy(Generic[R]):
             with a.ui.phase("setup"):
                 task_setup(a)
 
+    def heartbeat(self, a: Attempt, handover: Future[Handover | None] | Handover | None) -> Heartbeat | None:
+        """The hand-over plan (``handover``'s Future resolved now that the setup is done) and, with
+        one, this controller's heartbeat on the nodes ``watched`` names."""
+        a.plan = handover.result() if isinstance(handover, Future) else handover
+        return heartbeat(a, self.watched(a))
+
     def watched(self, a: Attempt) -> list[Node]:
         """The nodes whose agents watch this controller's heartbeat while there is a hand-over plan."""
         return a.nodes
 
-    def run(self, a: Attempt) -> None:
-        """Start the mode's work on the nodes and follow it to its end."""
-        raise NotImplementedError
-
-    def collect(self, a: Attempt) -> R:
-        """Bring the results home and judge them; the attempt's result."""
-        raise NotImplementedError
-
-    def failed(self, a: Attempt, exc: Exception) -> R:
-        """What an error from any step becomes (raised again by default; the nodes are closed after)."""
-        raise exc
+    def close(self, a: Attempt) -> None:
+        """Every node's connection closed and the run's SSH config removed."""
+        for nd in a.nodes:
+            nd.close()
+        a.config.unlink(missing_ok=True)
 
 
-def drive(a: Attempt, strategy: Strategy[R], handover: Future[Handover | None] | Handover | None = None) -> R:
+def drive(a: A, strategy: Lifecycle[A, R], handover: Future[Handover | None] | Handover | None = None) -> R:
     """Run the attempt ``a`` through its lifecycle (this module's docstring) with ``strategy``;
     return what its ``collect`` (or on an error its ``failed``) returns. ``handover`` (its Future
-    while runs/recover/handover.start makes it) is resolved once the setup is done. Whatever ends
-    the attempt, its heartbeat stops, every node's connection closes and its SSH config goes.
-    Raises what the steps raise (RemoteError, WaitTimeout, recovery.Interrupted, ...) as
+    while runs/recover/handover.start makes it) is given to the strategy's heartbeat once the setup
+    is done. Whatever ends the attempt, its heartbeat stops and the strategy's ``close`` runs (on an
+    attempt on instances: every node's connection closes and its SSH config goes). Raises what the
+    steps raise (RemoteError, WaitTimeout, recovery.Interrupted, UsageError, ...) as
     ``strategy.failed`` lets through."""
     beating = None
     try:
-        with a.ui.phase("waiting for SSH"):
-            N.parallel(lambda nd: N.open_node(nd, a.aws, a.settings, a.prov, a.run_id, a.backend, a.ui.note), a.nodes)
-        strategy.opened(a)
-        assert a.prov.key_path is not None  # open_node needed it: the run's key pair
-        # written after the strategy's opening (a bake's reboots: a sandbox instance's sshd moves on one)
-        sc.ssh_config_for(a.nodes, a.config, a.settings.ssh_user, a.prov.key_path, a.settings.home / "known_hosts")
-        with a.ui.phase("setup"):
-            N.parallel(lambda nd: N.prepare_node(nd, a.say(nd)), a.nodes)
-        a.addresses = [a.backend.private_address(nd.instance) for nd in a.nodes]
-        with a.ui.phase("upload"):
-            upload(a, strategy)
+        strategy.open(a)
+        strategy.prepare(a)
+        strategy.upload(a)
         strategy.setup(a)
-        a.plan = handover.result() if isinstance(handover, Future) else handover
-        beating = heartbeat(a, strategy.watched(a))
+        beating = strategy.heartbeat(a, handover)
         strategy.run(a)
         return strategy.collect(a)
     except Exception as exc:  # noqa: BLE001 - the strategy decides; by default raised again as it was
@@ -147,25 +225,23 @@ def drive(a: Attempt, strategy: Strategy[R], handover: Future[Handover | None] |
     finally:
         if beating is not None:
             beating.stop()
-        for nd in a.nodes:
-            nd.close()
-        a.config.unlink(missing_ok=True)
+        strategy.close(a)
 
 
 def upload(a: Attempt, strategy: Strategy[R]) -> None:
     """The workdir, the agent and the job's environment to every node (engine.upload_node), then
     the task's file_mounts (engine.mounts_node) where the strategy places them."""
     job = a.job
-    N.parallel(lambda nd: engine.upload_node(nd, job, a.config, a.run_id, a.addresses, strategy.resume(a),
-                                             strategy.checkpoints_for(a, nd), a.say(nd)), a.nodes)
+    node_steps.parallel(lambda nd: engine.upload_node(nd, job, a.config, a.run_id, a.addresses, strategy.resume(a),
+                                                      strategy.checkpoints_for(a, nd), a.say(nd)), a.nodes)
     if strategy.places_mounts and job.mounts:
-        N.parallel(lambda nd: engine.mounts_node(nd, job, a.config, a.say(nd)), a.nodes)
+        node_steps.parallel(lambda nd: engine.mounts_node(nd, job, a.config, a.say(nd)), a.nodes)
 
 
 def task_setup(a: Attempt) -> None:
     """The task's setup on every node at once (engine.setup_node; nothing without one)."""
     if a.job.task.setup:
-        N.parallel(lambda nd: engine.setup_node(nd, a.job, a.say(nd)), a.nodes)
+        node_steps.parallel(lambda nd: engine.setup_node(nd, a.job, a.say(nd)), a.nodes)
 
 
 def heartbeat(a: Attempt, watched: list[Node]) -> Heartbeat | None:
@@ -173,9 +249,8 @@ def heartbeat(a: Attempt, watched: list[Node]) -> Heartbeat | None:
     Heartbeat that renews it (runs/recover/handover.py); None otherwise."""
     if a.plan is None or not watched:
         return None
-    from ..recover.handover import Heartbeat
     mark(watched, "controller")
-    return Heartbeat(lambda: mark(watched, "controller"), a.plan.wait_s).start()
+    return handing_over.Heartbeat(lambda: mark(watched, "controller"), a.plan.wait_s).start()
 
 
 def mark(nodes: list[Node], what: str) -> None:
@@ -183,12 +258,10 @@ def mark(nodes: list[Node], what: str) -> None:
     runs/recover/handover.py) in each node's run directory, so its agent does not hand over what
     this controller brings home. A node that does not answer is passed over (its agent may then
     hand over: a copy in S3, nothing lost)."""
-    from ...remote import jobs, ssh
-    from ..recover import handover as H
     for nd in nodes:
         if nd.conn is None:
             continue
         try:
-            ssh.execute(nd.conn, H.mark_command(nd.run_dir, what))
+            ssh.execute(nd.conn, handing_over.mark_command(nd.run_dir, what))
         except (RemoteError, *jobs.CONNECTION_ERRORS):
             pass

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from ...errors import AwsError, RemoteError, WaitTimeout
+from ...remote import jobs, tunnel
 from . import engine, status
 from . import attempt as lifecycle
-from . import nodes as N
+from . import nodes as node_steps
 from ..job_summary import mask_text
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ def run_attempt(aws: Aws, settings: Settings, opts: RunOptions, run_id: str, ui:
     their instances then. Raises recovery.Interrupted when a node is lost or gets a spot notice, RemoteError
     when the setup or the job fails (after its outputs came home), WaitTimeout when SSH never answers.
     """
-    job = cast("TaskJob", opts.task)  # pipeline.train and standing/hosts.py set it before any attempt
+    job = cast("TaskJob", opts.task)  # pipeline.run_job and standing/hosts.py set it before any attempt
     a = lifecycle.new(aws, settings, run_id, ui, prov, backend, job, instances_, local_out, n)
     return lifecycle.drive(a, ForegroundJob(opts, checkpoints, shutdown), handover)
 
@@ -69,7 +70,6 @@ class ForegroundJob(lifecycle.Strategy[dict[str, Any]]):
     def run(self, a: lifecycle.Attempt) -> None:
         """The job started under each node's agent (after the setup and all it left), its log
         followed (the task's ports forwarded meanwhile), each node's record read once it ended."""
-        from ...remote import tunnel
         nodes, job, ui, plan = a.nodes, a.job, a.ui, a.plan
         if any(m.write_back for m in job.mounts):  # written through while the job runs, as SkyPilot's MOUNT
             for nd in nodes:
@@ -81,15 +81,17 @@ class ForegroundJob(lifecycle.Strategy[dict[str, Any]]):
                                                                     a.settings.limit_grace_seconds, plan is not None),
                                                 plan.document(nd.index == 0, self.shutdown, sorted(job.task.secrets))
                                                 if plan else None)
-                N.parallel(start, nodes)
+                node_steps.parallel(start, nodes)
                 ui.note(f"job started on {len(nodes)} node(s) under the agent"
                         + (f" (head {a.addresses[0]})" if len(nodes) > 1 else "") + "; its log follows")
                 with tunnel.forwarding(a.config, nodes[0].instance_id, job.task.ports, ui.note,
                                        same_ports=same_ports_for(nodes[0].host, job.same_ports)):
-                    N.follow_all(nodes, ui, a.local_out, a.n, self.opts.unreachable_s,
-                                 mask=(lambda line: mask_text(line, job.secret_values)) if job.secret_values else None)
+                    node_steps.follow_all(nodes, ui, a.local_out, a.n, self.opts.unreachable_s,
+                                          mask=(lambda line: mask_text(line, job.secret_values))
+                                          if job.secret_values else None)
             except KeyboardInterrupt:  # Ctrl-C or SIGTERM: what the job wrote comes home before the teardown
-                N.records_home_on_interrupt(nodes, lambda line: mask_text(line, job.secret_values), a.local_out, ui.note)
+                node_steps.records_home_on_interrupt(nodes, lambda line: mask_text(line, job.secret_values),
+                                                     a.local_out, ui.note)
                 raise
             for nd in nodes:  # AWS stopped answering about an instance: nothing more can be done on it
                 if isinstance(nd.result, AwsError):
@@ -119,7 +121,6 @@ class ForegroundJob(lifecycle.Strategy[dict[str, Any]]):
         return summary or {}
 
     def failed(self, a: lifecycle.Attempt, exc: Exception) -> dict[str, Any]:
-        from ...remote import jobs
         if isinstance(exc, (*jobs.CONNECTION_ERRORS, WaitTimeout, RemoteError)):
             for nd in a.nodes:
                 if nd.watch:

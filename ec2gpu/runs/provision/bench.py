@@ -98,7 +98,7 @@ def _result(record: Mapping[str, Any]) -> dict[str, Any]:
 def on_instances(aws: Aws, settings: Settings, opts: BenchOptions, ui: ReporterLike,
                  backend: Backend) -> list[dict[str, Any]]:
     """Bench each of ``opts.instance_types`` on its own new instance, one after another (each
-    launched, measured, brought home and terminated by pipeline.train); return one result per type
+    launched, measured, brought home and terminated by pipeline.run_job); return one result per type
     (``_result``, plus ``error`` for a type whose run failed: the others still run), cheapest first.
 
     Raises UsageError before anything is created for a bad type, no MNIST in the sandbox, or an
@@ -115,7 +115,7 @@ def on_instances(aws: Aws, settings: Settings, opts: BenchOptions, ui: ReporterL
         if len(types) > 1:
             ui.note(f"bench {itype} ({types.index(itype) + 1} of {len(types)})")
         try:
-            results.append(_result(pipeline.train(aws, settings, one, ui, backend)))
+            results.append(_result(pipeline.run_job(aws, settings, one, ui, backend)))
         except Ec2GpuError as exc:
             if len(types) == 1:
                 raise

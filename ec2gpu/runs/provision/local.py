@@ -1,13 +1,19 @@
-"""`ec2gpu train mnist --local`: the built-in task on this machine, under the same agent and with
-the same job contract as on an instance (no AWS, no SSH, no cost)."""
+"""`ec2gpu train mnist --local` (and `bench --local`): the built-in task on this machine, under the
+same agent and with the same job contract as on an instance (no AWS, no SSH, no cost).
+
+The run is an attempt of the one lifecycle (runs/execute/attempt.drive) with LocalRun as its
+strategy: there is nothing to open and nothing to upload (the workdir is used where it is), so it
+supplies prepare (the job's environment file), run (the agent started here, its log followed),
+collect (the agent's record, the job's summary) and close (the environment file removed).
+"""
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import replace
 import json
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -15,6 +21,7 @@ from typing import Any
 from ...errors import RemoteError, UsageError
 from ...settings import Settings
 from ...wire import agent_record
+from ..execute import attempt as lifecycle
 from ..execute import engine
 from .. import job_summary
 from ..settle import record as run_record
@@ -54,60 +61,104 @@ def train_local(opts: TrainOptions, ui: ReporterLike, data_dir: str | None = Non
 
 def run_local(job: engine.TaskJob, run_id: str, out: Path, ui: ReporterLike, poll_s: float = 0.2) -> dict[str, Any]:
     """Run ``job`` on this machine as node 0 of 1, under the same agent and job contract as on an
-    instance: the workdir is used where it is (nothing is copied), outputs go to ``out``/outputs,
-    checkpoints to ``out``/checkpoints, the log to ``out``/job.log (followed live through ``ui.log``).
+    instance (LocalRun through runs/execute/attempt.drive): the workdir is used where it is (nothing
+    is copied), outputs go to ``out``/outputs, checkpoints to ``out``/checkpoints, the log to
+    ``out``/job.log (followed live through ``ui.log``, every ``poll_s`` seconds).
     Returns the job's summary.json ({} when it wrote none). Raises RemoteError (exit 5) when the
     job fails, with its exit code and last log lines."""
-    out.mkdir(parents=True, exist_ok=True)
-    gpus = 0
-    try:
-        import torch
-        gpus = torch.cuda.device_count()
-    except ImportError:
-        pass
-    workdir = job.manifest.root if job.manifest is not None else (job.loaded.workdir or Path.cwd())
-    env = {**engine.node_env(job, run_id, str(out), 0, ["127.0.0.1"], gpus, False, sys.executable),
-           "EC2GPU_OUTPUT_DIR": str(out / "outputs"), "EC2GPU_CHECKPOINT_DIR": str(out / "checkpoints"),
-           "EC2GPU_WORKDIR": str(workdir)}
-    env_file = out / "job.env.json"
-    env_file.touch(mode=0o600)
-    env_file.write_text(json.dumps(env))
-    argv = [*engine.agent_command(sys.executable, str(engine.AGENT.parent)), "--dir", str(out), "--env-file", str(env_file), "--",
-            "bash", "-c", job.task.run, job.name, *job.args]
-    log_path = out / "job.log"
-    log_path.unlink(missing_ok=True)
-    lines = engine._LineWriter(lambda line: ui.log(job_summary.mask_text(line, job.secret_values)))
-    agent = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
-    offset = 0
-    try:
-        while True:
-            done = agent.poll() is not None
-            if log_path.exists():
-                with open(log_path, "rb") as f:
-                    f.seek(offset)
-                    chunk = f.read()
-                offset += len(chunk)
-                lines.write(chunk.decode(errors="replace"))
-            if done:
-                break
-            time.sleep(poll_s)
-    except BaseException:
-        agent.terminate()  # the agent forwards SIGTERM to the job's process group
-        agent.wait(30)
-        raise
-    finally:
-        lines.flush()
-        env_file.unlink(missing_ok=True)
-    # the agent's record, read as any agent's (bounded, validated)
-    record = out / agent_record.NAME
-    status = agent_record.parse(record.read_bytes() if record.exists() else None, None) or {}
-    if status.get("state") != "succeeded":
-        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-engine.TAIL_LINES:]) if log_path.exists() else ""
-        code = status.get("exit_code")
-        raise RemoteError(f"the job on this machine {'exited ' + str(code) if code is not None else 'did not finish'}"
-                          + engine.worker_failure(status.get("error")), f"its last lines are above; see {log_path}",
-                          command=job.task.run, host="local", exit_status=code or 1,
-                          tail=job_summary.mask_text(tail, job.secret_values))
-    # bounded, masked, checked against the job's schema, as from an instance
-    return job_summary.read_summary(out / "outputs" / "summary.json", job_summary.schema_of(job), job.secret_values,
-                                    root=out) or {}
+    return lifecycle.drive(LocalAttempt(job, run_id, out, ui, poll_s), LocalRun())
+
+
+@dataclass
+class LocalAttempt:
+    """The one attempt of a run on this machine: its job, its run id, its directory ``out`` (the
+    run directory the agent writes, as on an instance), where its lines go, the log's poll period (s)."""
+
+    job: engine.TaskJob
+    run_id: str
+    out: Path
+    ui: ReporterLike
+    poll_s: float = 0.2
+
+    @property
+    def env_file(self) -> Path:
+        """The job's environment as the agent reads it (0600; removed at the close)."""
+        return self.out / "job.env.json"
+
+    @property
+    def log_path(self) -> Path:
+        return self.out / "job.log"
+
+
+class LocalRun(lifecycle.Lifecycle[LocalAttempt, dict[str, Any]]):
+    """A run on this machine as a strategy of the one lifecycle: prepare, run, collect, close
+    (this module's docstring; runs/execute/attempt.py says what each mode supplies)."""
+
+    def prepare(self, a: LocalAttempt) -> None:
+        """The run directory and the job's environment (engine.node_env as node 0 of 1, with this
+        machine's GPUs and the outputs, checkpoints and workdir here), written 0600 for the agent."""
+        job, out = a.job, a.out
+        out.mkdir(parents=True, exist_ok=True)
+        gpus = 0
+        try:
+            import torch  # the train extra, optional here: without it the job sees no GPU
+            gpus = torch.cuda.device_count()
+        except ImportError:
+            pass
+        workdir = job.manifest.root if job.manifest is not None else (job.loaded.workdir or Path.cwd())
+        env = {**engine.node_env(job, a.run_id, str(out), 0, ["127.0.0.1"], gpus, False, sys.executable),
+               "EC2GPU_OUTPUT_DIR": str(out / "outputs"), "EC2GPU_CHECKPOINT_DIR": str(out / "checkpoints"),
+               "EC2GPU_WORKDIR": str(workdir)}
+        a.env_file.touch(mode=0o600)
+        a.env_file.write_text(json.dumps(env))
+
+    def run(self, a: LocalAttempt) -> None:
+        """The agent started on this machine (it starts the job in its own process group), its
+        log followed to its end; Ctrl-C or an error stops the agent (which forwards SIGTERM to the job)."""
+        job = a.job
+        argv = [*engine.agent_command(sys.executable, str(engine.AGENT.parent)), "--dir", str(a.out),
+                "--env-file", str(a.env_file), "--", "bash", "-c", job.task.run, job.name, *job.args]
+        a.log_path.unlink(missing_ok=True)
+        lines = engine._LineWriter(lambda line: a.ui.log(job_summary.mask_text(line, job.secret_values)))
+        agent = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
+        offset = 0
+        try:
+            while True:
+                done = agent.poll() is not None
+                if a.log_path.exists():
+                    with open(a.log_path, "rb") as f:
+                        f.seek(offset)
+                        chunk = f.read()
+                    offset += len(chunk)
+                    lines.write(chunk.decode(errors="replace"))
+                if done:
+                    break
+                time.sleep(a.poll_s)
+        except BaseException:
+            agent.terminate()  # the agent forwards SIGTERM to the job's process group
+            agent.wait(30)
+            raise
+        finally:
+            lines.flush()
+
+    def collect(self, a: LocalAttempt) -> dict[str, Any]:
+        """The agent's record, read as any agent's (bounded, validated): the job's summary.json
+        (bounded, masked, checked against the job's schema, as from an instance; {} without one),
+        or RemoteError with its exit code and last lines when it did not succeed."""
+        job, log_path = a.job, a.log_path
+        record = a.out / agent_record.NAME
+        status = agent_record.parse(record.read_bytes() if record.exists() else None, None) or {}
+        if status.get("state") != "succeeded":
+            tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-engine.TAIL_LINES:]) \
+                if log_path.exists() else ""
+            code = status.get("exit_code")
+            raise RemoteError(f"the job on this machine {'exited ' + str(code) if code is not None else 'did not finish'}"
+                              + engine.worker_failure(status.get("error")), f"its last lines are above; see {log_path}",
+                              command=job.task.run, host="local", exit_status=code or 1,
+                              tail=job_summary.mask_text(tail, job.secret_values))
+        return job_summary.read_summary(a.out / "outputs" / "summary.json", job_summary.schema_of(job),
+                                        job.secret_values, root=a.out) or {}
+
+    def close(self, a: LocalAttempt) -> None:
+        """The environment file removed (it may hold the job's secrets)."""
+        a.env_file.unlink(missing_ok=True)

@@ -1,4 +1,6 @@
-"""A whole run on new instances: estimate -> provision -> attempts (execute/engine.py) -> teardown -> bill -> ledger.
+"""A whole run on new instances: estimate -> provision -> attempts (runs/execute/attempt.drive, the
+strategy picked per mode: foreground.ForegroundJob, the pool's PoolDriver handed in, bake.ImageBake)
+-> teardown -> bill -> ledger (``run_job``).
 
 `ec2gpu run TASK` and `ec2gpu train mnist` (the built-in task, tasks/builtin/mnist.yaml) both come
 here. Whatever happens after the first resource is created (an error, Ctrl-C, SIGTERM),
@@ -10,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import urllib.error
+import urllib.request
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -18,13 +22,18 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, TypeVar, cast
 from ...aws import capacity, catalog
 from ...aws.session import Aws
 from ...backend import AWS, Backend
-from ...errors import RemoteError, UsageError
+from ...errors import AwsError, LedgerError, RemoteError, UsageError
 from ...settings import Settings
+from ...train import sources
+from .. import element_table, job_summary
+from ..execute import engine, foreground
 from ..options import BakeOptions, LaunchOptions, PoolOptions, RunOptions, TrainOptions
 from ..options import mnist_args as mnist_args  # re-exported: the built-in trainer's flags live with TrainOptions
-from ..plan import checks, costs
+from ..plan import checks, costs, limits
 from ..plan.costs import budget_hint as budget_hint, preset as preset  # re-exported: a run's estimate is decided there
+from ..recover import handover, recovery
 from ..settle import ledger
+from . import bake
 from . import resources as provision
 from ..settle import record as run_record
 from ..execute.reporter import Reporter as Reporter  # re-exported: pipeline.Reporter; its home is the light reporter.py
@@ -38,7 +47,7 @@ _Run = TypeVar("_Run", bound=RunOptions)
 PHASES = ("requesting", "waiting for running", "waiting for SSH", "setup", "upload", "running",
           "download", "terminating")
 #: an array's attempt over the pool: pool/attempt.run_attempt, with foreground.run_attempt's arguments and
-#: the run's record. api/tasks.start hands it to ``train``: the pool plugs into runs/, which never imports pool/.
+#: the run's record. api/tasks.start hands it to ``run_job``: the pool plugs into runs/, which never imports pool/.
 PoolAttempt = Callable[..., dict[str, Any]]
 
 
@@ -63,7 +72,6 @@ def sandbox_data_args(trainer_args: list[str], reachable: Callable[[str], bool] 
     or when there is no data here and the mirrors cannot be reached (its hint: ``give``, the
     command's own way to name the data).
     """
-    from ...train import sources
     if any(a == "--data-dir" or a.startswith("--data-dir=") for a in trainer_args):
         return []
     given = os.environ.get("EC2GPU_DATA_DIR")
@@ -84,8 +92,6 @@ def sandbox_data_args(trainer_args: list[str], reachable: Callable[[str], bool] 
 
 def _reachable(url: str, timeout_s: float = 5.0) -> bool:
     """Whether ``url``'s host answers HTTP within ``timeout_s`` (any status counts)."""
-    import urllib.error
-    import urllib.request
     try:
         urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout_s).close()
         return True
@@ -107,7 +113,6 @@ def with_task(opts: RunOptions, backend: Backend) -> RunOptions:
 def builtin_task(opts: RunOptions, sandbox: bool = False) -> TaskJob:
     """``opts.task``, or for TrainOptions without one the built-in MNIST task with its trainer
     flags (an engine.TaskJob). Raises ValueError for other options without a task."""
-    from ..execute import engine
     if opts.task is not None:
         return opts.task
     if not isinstance(opts, TrainOptions):
@@ -126,7 +131,7 @@ def check_estimate(aws: Aws, settings: Settings, opts: RunOptions, backend: str,
     if est.upper_bound:
         _say_at_most(est, opts, ui)
     else:
-        job = cast("TaskJob", opts.task)  # train() sets opts.task before it asks for the estimate
+        job = cast("TaskJob", opts.task)  # run_job() sets opts.task before it asks for the estimate
         what = ("bake" if opts.bake else "elements" if isinstance(opts, PoolOptions) else
                 "training" if job.builtin == "mnist" else "job")
         cost = "unknown (no price)" if est.cost_usd is None else f"${est.cost_usd:.4f}"
@@ -157,7 +162,6 @@ def _say_at_most(est: costs.Estimate, opts: RunOptions, ui: ReporterLike) -> Non
 
 
 def _limit_words(opts: LaunchOptions) -> str:
-    from ..plan import limits
     return limits.Limit(opts.max_runtime_minutes, opts.limit_source or "").words()
 
 
@@ -166,9 +170,8 @@ def _say_limit(opts: LaunchOptions, ui: ReporterLike) -> None:
     if opts.limit_source is None:
         return
     if opts.max_runtime_minutes is None:
-        from ..plan.limits import NO_LIMIT_IDLE_SECONDS
         ui.note(f"max runtime: none ({opts.limit_source}); an instance left idle (no job, SSH connection or busy "
-                f"GPU) ends itself after {NO_LIMIT_IDLE_SECONDS // 60} min")
+                f"GPU) ends itself after {limits.NO_LIMIT_IDLE_SECONDS // 60} min")
     else:
         ui.note(f"max runtime: {_limit_words(opts)} ({opts.limit_source}); the job gets SIGTERM before it, to "
                 "checkpoint (--max-runtime 8h raises it, none removes it)")
@@ -179,8 +182,7 @@ def _status(exc: BaseException | None, spot: bool = False) -> str:
         return "completed"
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted"
-    from ..recover.recovery import AttemptsExhausted
-    if isinstance(exc, AttemptsExhausted):
+    if isinstance(exc, recovery.AttemptsExhausted):
         return "spot-interrupted" if spot else "failed"
     return "failed"
 
@@ -188,7 +190,6 @@ def _status(exc: BaseException | None, spot: bool = False) -> str:
 def _ledger(settings: Settings, row: Mapping[str, Any], ui: ReporterLike) -> None:
     """Write ``row`` to the ledger; a ledger problem is reported (once per run), never allowed to
     stop a run."""
-    from ...errors import LedgerError
     try:
         ledger.record(settings.home, row)
     except LedgerError as exc:
@@ -197,9 +198,12 @@ def _ledger(settings: Settings, row: Mapping[str, Any], ui: ReporterLike) -> Non
             ui.note(said)
 
 
-def train(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, backend: Backend = AWS,
+def run_job(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, backend: Backend = AWS,
           pool_attempt: PoolAttempt | None = None) -> run_record.RunRecord:
-    """Run ``opts`` on a new instance end to end; return the run record (also saved as run.json).
+    """Run ``opts`` on new instances end to end, whatever the job: a task under the agent
+    (runs/execute/foreground.ForegroundJob), an array over the pool (``pool_attempt``) or an image
+    bake (runs/provision/bake.ImageBake), each attempt through runs/execute/attempt.drive; return
+    the run record (also saved as run.json).
 
     Shows the estimate first and refuses (UsageError, nothing created) a run above the budget. The
     run is in the ledger from its start; at the end it gets its status, its attempts (one per
@@ -239,11 +243,10 @@ def train(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
     attempts: list[dict[str, Any]] = []
     record["attempts"] = attempts
     error: BaseException | None = None
-    from ..recover.handover import Detached
     try:
         return _with_summary(record, _run_attempts(aws, settings, opts, run_id, ui, prov, out, backend, record,
                                                   pool_attempt))
-    except Detached:  # an array's --detach: its instances end themselves, and `ec2gpu ls`/`runs` settle it
+    except handover.HandedOver:  # an array's --detach: its instances end themselves, and `ec2gpu ls`/`runs` settle it
         record.update({"detached": True, "instance_ids": prov.instance_ids, "phases": dict(ui.phases)})
         _ledger(settings, record, ui)  # "running" until then, its controller (this process) gone
         run_record.save(record, out)
@@ -271,14 +274,12 @@ def _end_run(aws: Aws, settings: Settings, opts: RunOptions, prov: provision.Pro
     if isinstance(error, RemoteError) and error.exit_status is not None:
         record["exit_status"] = error.exit_status
     if record.get("pool"):  # an array's: each element's share of the bill just made
-        from .. import element_table
         element_table.with_cost_shares(record)
         record["element_seconds"] = element_table.element_seconds(record["pool"]["elements"])
     _ledger(settings, record, ui)
     if out.exists() or record["status"] == "completed":
         run_record.save(record, out)
     if error is None and record.get("teardown_failed"):
-        from ...errors import AwsError
         raise AwsError(f"the run {record['status']}, but teardown left: {'; '.join(record['teardown_failed'])}",
                        f"remove it now: ec2gpu cleanup --region {aws.region} (everything carries ec2gpu:run "
                        f"{run_id}); the instances also terminate themselves after --max-runtime")
@@ -315,11 +316,10 @@ def check_options(opts: _Run, ui: ReporterLike) -> tuple[_Run, catalog.InstanceT
 def _close_attempts(attempts: list[dict[str, Any]], prov: provision.Provisioned, error: BaseException | None) -> None:
     """Give every attempt row its end: instances launched but stopped before their attempt began
     (Ctrl-C while requesting) get a row, and rows still "running" end as the run did."""
-    from ..recover.recovery import attempt_row
     known, n = {a["instance_id"] for a in attempts}, max((a["attempt"] for a in attempts), default=0) + 1
     for inst in prov.instances:
         if inst.id not in known:
-            attempts.append(attempt_row(n, inst))
+            attempts.append(recovery.attempt_row(n, inst))
     for att in attempts:
         if att["ended"] == "running":
             att["ended"] = "completed" if error is None else \
@@ -331,7 +331,6 @@ def _with_summary(record: run_record.RunRecord, summary: dict[str, Any]) -> run_
     built-in trainer's summary fills (test accuracy, epochs, train seconds, samples/s), as
     job_summary.columns checks them: a summary that failed its checks is kept marked, and a figure
     that is not a valid one is None."""
-    from .. import job_summary
     record.update(cast(run_record.RunRecord, {"exit_status": 0, **job_summary.columns(summary)}))
     return record
 
@@ -343,14 +342,9 @@ def _run_attempts(aws: Aws, settings: Settings, opts: RunOptions, run_id: str, u
 
     Raises recovery.AttemptsExhausted when the last attempt allowed is interrupted too.
     """
-    from . import bake
-    from ..execute import foreground
-    from ..recover import recovery
-
     attempts = record["attempts"]
     checkpoints = recovery.DirCheckpoints(remote="", local=out / "checkpoints", log=ui.note,
                                           **recovery.s3_home(aws, opts.checkpoint_uri, run_id))
-    from ..recover import handover
     # a job's outputs outlive this controller (runs/recover/handover.py): made beside provisioning
     detach = isinstance(opts, PoolOptions) and opts.detach
     plan = None if isinstance(opts, BakeOptions) else \
@@ -376,7 +370,7 @@ def _run_attempts(aws: Aws, settings: Settings, opts: RunOptions, run_id: str, u
         try:
             if isinstance(opts, BakeOptions):
                 return bake.bake_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, backend, n, checkpoints)
-            if isinstance(opts, PoolOptions) and pool_attempt is not None:  # train() refused one without it
+            if isinstance(opts, PoolOptions) and pool_attempt is not None:  # run_job() refused one without it
                 return pool_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, backend, n, checkpoints,
                                     cast(dict[str, Any], record), plan, shutdown=not opts.keep)
             return foreground.run_attempt(aws, settings, opts, run_id, ui, prov, nodes, out, backend, n, checkpoints,

@@ -36,10 +36,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from ...aws import runstore, runstore_objects
-from ...errors import Ec2GpuError
+from ...errors import Ec2GpuError, RemoteError
 from ...inert import inert
+from ...remote import files
 from ...wire import agent_record, bounded_json
 from ...wire.unpack import unpack as unpack_archive
+from .. import element_table, job_summary
 
 if TYPE_CHECKING:
     from ...aws.session import Aws
@@ -73,10 +75,11 @@ class Handover:
                            "secret_names": sorted(secret_names)})
 
 
-class Detached(Exception):
-    """The controller leaves a run on purpose (an array's `--detach`): its head's agent hands the
-    results over without waiting for it (pool/attempt.py). Not an error: the pipeline leaves the
-    run's instances and resources to end themselves (runs/provision/pipeline.train)."""
+class HandedOver(Exception):
+    """The controller leaves a run on purpose (an array's `--detach`): its run is handed over to its
+    head's agent, which hands the results over to S3 without waiting for it (pool/attempt.py). Not
+    an error: the pipeline leaves the run's instances and resources to end themselves
+    (runs/provision/pipeline.run_job)."""
 
 
 def prepare(aws: Aws, settings: Settings, run_id: str, max_runtime_minutes: int | None, log: Log,
@@ -181,18 +184,16 @@ def fetch(aws: Aws, run_id: str, out: Path, limits: Limits, note: Log,
     the element table as runs/element_table.parse_status gives it, None for a run that is no array or
     whose table was not handed over or not accepted}. Raises AwsError (S3), UsageError (a bad run
     id), OSError (``out`` not writable)."""
-    from ...aws.runstore import store
-    s3, bucket, user = store(aws)  # the caller's own prefix: runs/USER_ID/RUN_ID/handover/
+    s3, bucket, user = runstore.store(aws)  # the caller's own prefix: runs/USER_ID/RUN_ID/handover/
     keys = runstore.handover_keys(user, run_id)
     record_bytes = runstore_objects.read_head(s3, bucket, keys["record"], MAX_STATUS_BYTES + 1)
     if record_bytes is None:
         return None
     record = _record(record_bytes)
-    from ...remote.files import write_small
     out.mkdir(parents=True, exist_ok=True)
     log_bytes = runstore_objects.read_head(s3, bucket, keys["log"], MAX_LOG_BYTES)
     done = [name for name, data in ((agent_record.NAME, json.dumps(record, indent=2).encode()), ("job.log", log_bytes))
-            if data is not None and write_small(out, name, data)]
+            if data is not None and files.write_small(out, name, data)]
     names: list[str] = []
     skipped = left = 0
     with tempfile.TemporaryDirectory(prefix="ec2gpu-handover-") as tmp:
@@ -235,9 +236,6 @@ def fetch_pool(s3: Any, bucket: str, key: str, out: Path, limits: Limits, note: 
     as ``out``/pool.json, each element log (logs/INDEX.log, nothing else) moved to ``out``/logs,
     never through a link. Returns the checked table, or None when there is no such object or the
     table is not accepted (said to ``note``). Raises AwsError, OSError (``out`` not writable)."""
-    from .. import element_table
-    from ...remote import files
-    from ...remote.files import write_small
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".handover-pool-", dir=out) as tmp:
         got = download_unpack(s3, bucket, key, Path(tmp), Path(tmp) / "pool", limits, note,
@@ -254,7 +252,7 @@ def fetch_pool(s3: Any, bucket: str, key: str, out: Path, limits: Limits, note: 
                 note(f"warning: the array's table handed over is not accepted ({inert(str(exc))})")
         if status is not None:
             element_table.accuracies(status, out, schema)
-            if not write_small(out, "pool.json", json.dumps(status, indent=2).encode()):
+            if not files.write_small(out, "pool.json", json.dumps(status, indent=2).encode()):
                 note(f"warning: the array's table not written: {out / 'pool.json'} is a link or not a file")
                 status = None
         for name in names:
@@ -272,8 +270,6 @@ def adopt(aws: Aws, run_id: str, out: Path, job: Any, limits: Limits, note: Log)
     against the TaskJob ``job``'s schema; {} without one) when the job succeeded. None when the
     instance handed over no ended job (an interruption like any other: the run goes on), or the
     store cannot be read. Raises RemoteError when the handed-over job failed (its exit status)."""
-    from ...errors import RemoteError
-    from .. import job_summary
     try:
         if not ended(aws, run_id):
             return None
@@ -306,8 +302,7 @@ def ended(aws: Aws, run_id: str) -> bool:
 def handed(aws: Aws, run_id: str) -> dict[str, Any] | None:
     """The record the agent of run ``run_id`` handed over (_record: "state", "handover", "array"
     ...), or None when there is none. Raises AwsError (S3), NoCredentials."""
-    from ...aws.runstore import store
-    s3, bucket, user = store(aws)
+    s3, bucket, user = runstore.store(aws)
     data = runstore_objects.read_head(s3, bucket, runstore.handover_keys(user, run_id)["record"], MAX_STATUS_BYTES + 1)
     return _record(data) if data is not None else None
 
@@ -322,9 +317,8 @@ def _record(data: bytes) -> dict[str, Any]:
     except bounded_json.Refused:  # said by agent_record.parse, as the record's problem
         raw = {}
     said = raw.get("handover") if isinstance(raw, dict) else None
-    from ..element_table import counts_of
     counts = raw.get("array") if isinstance(raw, dict) else None  # an array's (agent.array_counts)
-    array = counts_of(counts) if isinstance(counts, dict) else None
+    array = element_table.counts_of(counts) if isinstance(counts, dict) else None
     return {**got, "handover": inert(said[:300]) if isinstance(said, str) else None, "array": array,
             "handover_at": inert(raw["handover_at"][:40]) if isinstance(raw, dict)
             and isinstance(raw.get("handover_at"), str) else None, "signature_checked": False}
