@@ -9,8 +9,8 @@ as run.json and in the ledger), ``status`` and ``cancel`` a RunStatus; each rais
 tree (UsageError for bad input before anything is created; AwsError, CapacityError, RemoteError for
 a failed job (its outputs still come home), WaitTimeout).
 
-The modules that import boto3 (runs/provision, runs/detached, runs/standing, runs/recover/handover)
-are imported where a function reaches AWS, not here: a dry run imports no AWS SDK
+The modules that import boto3 or fabric (runs/provision, runs/detached, runs/standing,
+runs/recover/handover, pool/attempt) are imported where a function reaches AWS, not here: a dry run imports no AWS SDK
 (tests/unit/test_dry_run.py::test_a_dry_run_imports_no_aws_sdk), and the CLI imports this module for one.
 """
 from __future__ import annotations
@@ -25,7 +25,6 @@ from typing import Any, Callable, Literal, Mapping, Optional, Sequence, Union, o
 from .. import backend, settings as settings_mod
 from ..aws.tags import check_name
 from ..errors import AwsError, UsageError
-from ..pool import attempt as pool_attempt
 from ..remote.sync import MAX_UPLOAD_BYTES
 from ..runs.execute import engine
 from ..runs.execute.reporter import Reporter, ReporterLike
@@ -293,6 +292,7 @@ def ready_here(planned: RunPlan) -> None:
     if not planned.elements or planned.where != "new instances":
         return
     home = planned.settings.home
+    from ..pool import attempt as pool_attempt  # fabric, boto3: see the module docstring
     pool_attempt.ray_here((lambda: bindshim.for_sandbox(home)) if planned.backend == "sandbox" else None)
 
 
@@ -317,6 +317,7 @@ def start(ctx: backend.Context, planned: RunPlan, ui: ReporterLike) -> RunRecord
                                                      *pipeline.sandbox_data_args(topts.trainer_args)])
             opts = replace(opts, task=pipeline.builtin_task(topts, sandbox=ctx.backend.is_sandbox))
         # the pool's strategy, handed to runs/ (which never imports pool/)
+        from ..pool import attempt as pool_attempt  # fabric, boto3: see the module docstring
         return pipeline.run_job(ctx.aws, settings, opts, ui, ctx.backend, pool_attempt=pool_attempt.run_attempt)
     if planned.flags.detach:
         from ..runs.detached import launch
@@ -400,6 +401,7 @@ def status(run_id: str, *, region: Optional[str] = None, sandbox: bool = False, 
     AwsError."""
     from ..runs.detached import follow  # boto3: see the module docstring
 
+    from ..pool import attempt as pool_attempt  # fabric, boto3: see the module docstring
     local = pool_attempt.local_status(settings_mod.load({"region": region, "sandbox": sandbox or None}).home, run_id)
     if local is not None and local["state"] == "controller-lost" and not local["array"]["final"]:
         with backend.Context(region or local.get("region"), sandbox, False, note=log) as ctx:  # its store: the run's region
