@@ -16,15 +16,17 @@ DOC = Path(__file__).resolve().parent.parent / "docs" / "api.md"
 
 #: An example per function, run as written against the sandbox (`sandbox=True`: no AWS account).
 EXAMPLES = {
-    "run": 'record = ec2gpu.run("examples/quickstart/task.yaml", sandbox=True, expect="1m")\n'
-           'print(record["status"], record["cost_usd"], record["summary"])',
+    "run": 'result = ec2gpu.run("examples/quickstart/task.yaml", sandbox=True, expect="1m")\n'
+           'print(result.status, result.cost_usd, result.summary)\n'
+           'options = ec2gpu.RunFlags(sandbox=True, expect="1m", gpu="T4")  # the same flags, typed\n'
+           'print(ec2gpu.run("examples/quickstart/task.yaml", options, dry_run=True).instance_types)',
     "status": 'run = ec2gpu.run("examples/quickstart/task.yaml", sandbox=True, max_runtime="1h", detach=True)\n'
-              'print(ec2gpu.status(run["run_id"], sandbox=True)["state"])',
-    "cancel": 'done = ec2gpu.cancel("20261125-041200-ab12", sandbox=True)\nprint(done["state"], done["removed"])',
-    "exec": 'record = ec2gpu.exec("dev", "examples/quickstart/task.yaml", sandbox=True)',
-    "bake": 'record = ec2gpu.bake("examples/quickstart/task.yaml", sandbox=True)\nprint(record["summary"]["image_id"])',
-    "train_mnist": 'record = ec2gpu.train_mnist(epochs=1, sandbox=True)\nprint(record["test_acc"])',
-    "bench": 'result = ec2gpu.bench(sandbox=True)',
+              'print(ec2gpu.status(run.run_id, sandbox=True).state)',
+    "cancel": 'done = ec2gpu.cancel("20261125-041200-ab12", sandbox=True)\nprint(done.state, done.removed)',
+    "exec": 'result = ec2gpu.exec("dev", "examples/quickstart/task.yaml", sandbox=True)',
+    "bake": 'result = ec2gpu.bake("examples/quickstart/task.yaml", sandbox=True)\nprint(result.summary["image_id"])',
+    "train_mnist": 'result = ec2gpu.train_mnist(epochs=1, sandbox=True)\nprint(result.test_acc)',
+    "bench": 'for row in ec2gpu.bench(sandbox=True):\n    print(row.instance_type, row.usd_per_run)',
     "launch": 'rows = ec2gpu.launch(name="dev", max_runtime=60, sandbox=True)\nprint(rows[0].instance_id)',
     "stop": 'ec2gpu.stop("dev", sandbox=True)',
     "start": 'ec2gpu.start("dev", sandbox=True)',
@@ -66,7 +68,8 @@ def signature(func) -> str:
         if p.kind is p.KEYWORD_ONLY and not star:
             out.append("*")
             star = True
-        text = p.name
+        text = {p.VAR_KEYWORD: "**", p.VAR_POSITIONAL: "*"}.get(p.kind, "") + p.name
+        star = star or p.kind is p.VAR_POSITIONAL
         if p.annotation is not p.empty:
             text += f": {p.annotation if isinstance(p.annotation, str) else inspect.formatannotation(p.annotation)}"
         if p.default is not p.empty:

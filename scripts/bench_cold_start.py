@@ -86,7 +86,7 @@ def main() -> int:
             t0 = time.monotonic()
             bake = api.bake(task, sandbox=True)
             results[f"{label}: bake"] = [{"bake (whole command)": round(time.monotonic() - t0, 1),
-                                          **{k: v for k, v in bake["phases"].items()}}]
+                                          **{k: v for k, v in bake.record["phases"].items()}}]
             results[f"{label}, baked image"] = [one_run(task, True, args.data_dir) for _ in range(args.repeat)]
     finally:
         with contextlib.suppress(Exception), Context(None, True) as ctx:

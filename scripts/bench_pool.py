@@ -71,7 +71,7 @@ def main() -> None:
     record = api.run(str(home / "task.yaml"), array=args.elements, workers=args.workers, sandbox=True,
                      out=home / "run")
     wall = time.monotonic() - t0
-    got = figures(record)
+    got = figures(record.to_json())
     print(f"machine: {platform.node()} {os.cpu_count()} cores, {platform.python_version()}; sandbox")
     print(f"{got['elements']} trivial elements on {got['workers']} sandbox workers: command {wall:.1f} s, "
           f"elements' busy span {got['span_s']} s, their own processes {got['job_s']} s, attempts {got['attempts']}")

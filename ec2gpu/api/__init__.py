@@ -1,8 +1,13 @@
 """The Python API: one function per `ec2gpu` command, each returning data (docs/api.md).
 
     import ec2gpu
-    record = ec2gpu.run("examples/quickstart/task.yaml", sandbox=True, expect="1m")
-    print(record["status"], record["cost_usd"], record["summary"])
+    result = ec2gpu.run("examples/quickstart/task.yaml", sandbox=True, expect="1m")
+    print(result.status, result.cost_usd, result.summary)
+
+``run`` and ``train_mnist`` take a task and a typed options object, RunFlags (``train_mnist`` also a
+Trainer); their keyword arguments are a convenience that sets RunFlags' fields of the same names.
+The run commands return frozen records (api/run_results.py: RunResult, RunStatus, BenchResult;
+``to_json()``: what ``--json`` prints); a dry run returns the RunPlan.
 
 The CLI (ec2gpu/cli/) only parses flags, calls these and renders what they return. Every function
 raises the ec2gpu.errors tree (UsageError for bad input before anything is created; NoCredentials;
@@ -21,6 +26,8 @@ from .costs import estimate, list_runs, prices, show_run
 from .images import list_images, remove_image
 from .instances import cleanup, doctor, down, idle_rule, launch, list_instances, scale, start, stop
 from .sandbox import sandbox_capacity, sandbox_down, sandbox_env, sandbox_interrupt, sandbox_status, sandbox_up
+from ..runs.plan.runplan import RunFlags, RunPlan, Trainer
+from .run_results import BenchResult, RunResult, RunStatus
 from .tasks import bake, cancel, exec, load_task, run, status  # noqa: A004 - `exec` is the command's name
 from .train import bench, train_mnist
 
@@ -38,8 +45,8 @@ COMMANDS = {
     "sandbox interrupt": "sandbox_interrupt", "sandbox capacity": "sandbox_capacity", "sandbox env": "sandbox_env",
 }
 
-__all__ = ["COMMANDS", "bake", "bench", "cancel", "cleanup", "doctor", "down", "estimate", "exec", "fetch",
-           "idle_rule", "launch", "list_images", "list_instances", "list_runs", "load_task", "logs", "notebook",
-           "prices", "remove_image", "run", "sandbox_capacity", "sandbox_down", "sandbox_env", "sandbox_interrupt",
-           "sandbox_status", "sandbox_up", "scale", "show_run", "ssh", "ssh_config", "start", "status", "stop",
-           "train_mnist", "tunnel"]
+__all__ = ["COMMANDS", "BenchResult", "RunFlags", "RunPlan", "RunResult", "RunStatus", "Trainer", "bake", "bench",
+           "cancel", "cleanup", "doctor", "down", "estimate", "exec", "fetch", "idle_rule", "launch", "list_images",
+           "list_instances", "list_runs", "load_task", "logs", "notebook", "prices", "remove_image", "run",
+           "sandbox_capacity", "sandbox_down", "sandbox_env", "sandbox_interrupt", "sandbox_status", "sandbox_up",
+           "scale", "show_run", "ssh", "ssh_config", "start", "status", "stop", "train_mnist", "tunnel"]

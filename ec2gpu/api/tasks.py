@@ -1,37 +1,57 @@
 """The Python API: what the CLI's `run` and `exec` call, for scripts and notebooks.
 
     import ec2gpu
-    record = ec2gpu.run("examples/quickstart/task.yaml", sandbox=True, expect="1m")
-    print(record["status"], record["cost_usd"], record["summary"])
+    result = ec2gpu.run("examples/quickstart/task.yaml", sandbox=True, expect="1m")
+    print(result.status, result.cost_usd, result.summary)
 
-Every function returns the run record (the dict also saved as run.json and in the ledger) and
-raises the ec2gpu.errors tree (UsageError for bad input before anything is created; AwsError,
-CapacityError, RemoteError for a failed job (its outputs still come home), WaitTimeout).
+``run``, ``exec`` and ``bake`` return a RunResult (api/run_results.py: the run record, also saved
+as run.json and in the ledger), ``status`` and ``cancel`` a RunStatus; each raises the ec2gpu.errors
+tree (UsageError for bad input before anything is created; AwsError, CapacityError, RemoteError for
+a failed job (its outputs still come home), WaitTimeout).
+
+The modules that import boto3 or fabric (runs/provision, runs/detached, runs/standing,
+runs/recover/handover, pool/attempt) are imported where a function reaches AWS, not here: a dry run imports no AWS SDK
+(tests/unit/test_dry_run.py::test_a_dry_run_imports_no_aws_sdk), and the CLI imports this module for one.
 """
 from __future__ import annotations
 
 import os
 import re
 import shlex
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union, cast
+from typing import Any, Callable, Literal, Mapping, Optional, Sequence, Union, overload
 
 from .. import backend, settings as settings_mod
-from ..errors import UsageError
-from ..runs.options import PoolOptions
-from ..runs.plan import dryrun, runplan
+from ..aws.tags import check_name
+from ..errors import AwsError, UsageError
+from ..remote.sync import MAX_UPLOAD_BYTES
+from ..runs.execute import engine
+from ..runs.execute.reporter import Reporter, ReporterLike
+from ..runs.job import TaskJob
 from ..runs.job_summary import mask_text
+from ..runs.options import BakeOptions, PoolOptions
+from ..runs.plan import runplan
 from ..runs.plan.runplan import RunFlags, RunPlan
+from ..runs.settle.record import RunRecord
+from ..sandbox import bindshim  # the sandbox's part is given to pool/, which never imports sandbox/
+from ..tasks import load, resolve
+from ..tasks.mounts import access, access_words
+from ..tasks.spec import Task
+from .run_results import RunResult, RunStatus
 
-if TYPE_CHECKING:
-    from ..runs.settle.record import RunRecord
-    from ..runs.execute.reporter import ReporterLike
+Log = Callable[[str], None]
 
 
-def load_task(task=None, command: Optional[Sequence[str]] = None, workdir: Optional[str] = None,
-              name: Optional[str] = None, workdir_outside: bool = False, overrides: Optional[dict] = None,
-              infra: Optional[str] = None, env: Optional[dict] = None, allow_write_buckets: Sequence[str] = ()):
+def _quiet(text: str) -> None:
+    """The default ``on_warning`` and ``log``: says nothing."""
+
+
+def load_task(task: Union[str, Path, Task, None] = None, command: Optional[Sequence[str]] = None,
+              workdir: Optional[str] = None, name: Optional[str] = None, workdir_outside: bool = False,
+              overrides: Optional[Mapping[str, Any]] = None, infra: Optional[str] = None,
+              env: Optional[Mapping[str, Optional[str]]] = None,
+              allow_write_buckets: Sequence[str] = ()) -> load.LoadedTask:
     """A tasks.load.LoadedTask from a task file path, a Task, or a ``command`` run in ``workdir``;
     ``overrides``: resources fields set by flags, ``infra``: the --infra flag (tasks.load.parse).
 
@@ -43,10 +63,7 @@ def load_task(task=None, command: Optional[Sequence[str]] = None, workdir: Optio
     Raises UsageError when neither or both are given, for a bad task file, or a refused directory
     or bucket.
     """
-    from ..tasks import load
-    from ..tasks.spec import Task
     if name is not None:
-        from ..aws.tags import check_name
         check_name(name)
     if (task is None) == (not command):
         raise UsageError("say what to run: a task file, or a command",
@@ -54,18 +71,18 @@ def load_task(task=None, command: Optional[Sequence[str]] = None, workdir: Optio
     if isinstance(task, (str, Path)):
         if workdir:
             raise UsageError("--workdir is for a command; a task file names its own workdir", "set workdir: in the file")
-        loaded = load.load(task, workdir_outside, overrides, infra, env, allow_write_buckets)
+        loaded = load.load(task, workdir_outside, dict(overrides) if overrides else None, infra,
+                           dict(env) if env else None, allow_write_buckets)
     elif isinstance(task, Task):
         base = Path(workdir or ".").resolve()
         loaded = load.LoadedTask(task, None, None if task.workdir is None else _sendable(base / task.workdir, workdir))
     else:
+        assert command  # neither or both are refused above: a command is given here
         base = _sendable(Path(workdir or "."), workdir)
         if not base.is_dir():
             raise UsageError(f"--workdir {base} is not a directory", "give the directory to send")
         default = re.sub(r"[^A-Za-z0-9_.-]", "-", base.name).strip("-.")[:63] or "task"
-        # a command is given here: neither or both are refused above
-        loaded = load.LoadedTask(Task(name=name or default, workdir=str(base), run=shlex.join(cast(Sequence[str], command))),
-                                 None, base)
+        loaded = load.LoadedTask(Task(name=name or default, workdir=str(base), run=shlex.join(command)), None, base)
     if name:
         loaded.task = loaded.task.model_copy(update={"name": name})
     if overrides and loaded.path is None:  # a file's are in place already
@@ -76,7 +93,6 @@ def load_task(task=None, command: Optional[Sequence[str]] = None, workdir: Optio
 def _sendable(path: Path, workdir: Optional[str]) -> Path:
     """``path`` resolved, when a command's (or a Task object's) directory may be sent: never the home
     directory or a credentials one (tasks.load.check_local_source). Raises UsageError naming the fix."""
-    from ..tasks import load
     try:
         return load.check_local_source(path)
     except UsageError as exc:
@@ -85,15 +101,14 @@ def _sendable(path: Path, workdir: Optional[str]) -> Path:
                          "cd into your project's directory first (or give --workdir PROJECT): only it is sent")
 
 
-def _prepare(task, command, workdir, name, env, secrets, max_upload, include_secrets, reporter, on_warning,
-             workdir_outside: bool = False, overrides: Optional[dict] = None, infra: Optional[str] = None,
-             allow_write_buckets: Sequence[str] = (), ports: Sequence[int] = ()):
+def _prepare(task: Union[str, Path, Task, None], command: Optional[Sequence[str]], workdir: Optional[str],
+             name: Optional[str], env: Optional[Mapping[str, Optional[str]]], secrets: Sequence[str],
+             max_upload: Optional[int], include_secrets: bool, reporter: Optional[ReporterLike], on_warning: Log,
+             workdir_outside: bool = False, overrides: Optional[Mapping[str, Any]] = None, infra: Optional[str] = None,
+             allow_write_buckets: Sequence[str] = (), ports: Sequence[int] = ()) -> tuple[TaskJob, ReporterLike]:
     """(engine.TaskJob, reporter): the task loaded, its warnings said, its environment resolved (the names taken
     from this machine said), its workdir listed (what will be sent said) and the buckets the job may read and write
     said, before anything is created; ``ports`` (--port) forwarded too, each to the same port here (_ports)."""
-    from ..runs.execute import engine
-    from ..runs.execute.reporter import Reporter
-    from ..tasks import load
     loaded = load_task(task, command, workdir, name, workdir_outside, overrides, infra, env, allow_write_buckets)
     for w in loaded.warnings:
         on_warning(w)
@@ -101,7 +116,6 @@ def _prepare(task, command, workdir, name, env, secrets, max_upload, include_sec
     if secrets:
         loaded.task = loaded.task.model_copy(update={"secrets": sorted(set(loaded.task.secrets) | set(secrets))})
     if max_upload is None:
-        from ..remote.sync import MAX_UPLOAD_BYTES
         max_upload = MAX_UPLOAD_BYTES
     job = engine.prepare(loaded, os.environ, max_upload, include_secrets, {**{k: None for k in secrets}, **(env or {})})
     reporter = reporter or Reporter()
@@ -110,9 +124,9 @@ def _prepare(task, command, workdir, name, env, secrets, max_upload, include_sec
         secret = set(job.task.secrets)
         reporter.note("from this machine's environment: " + ", ".join(
             f"{k} (secret, masked)" if k in secret else k for k in taken))
-    if engine.manifest_note(job):
-        reporter.note(engine.manifest_note(job))
-    from ..tasks.mounts import access, access_words
+    note = engine.manifest_note(job)
+    if note:
+        reporter.note(note)
     said = access_words(access(job.mounts))
     if said:  # the buckets the job may read and write, before anything is created
         reporter.note(said)
@@ -120,13 +134,12 @@ def _prepare(task, command, workdir, name, env, secrets, max_upload, include_sec
     return job, reporter
 
 
-def _ports(ports: Sequence[int], loaded: Any = None) -> tuple[int, ...]:
+def _ports(ports: Sequence[int], loaded: Optional[load.LoadedTask] = None) -> tuple[int, ...]:
     """The --port values checked, each a TCP port (1 to 65535), repeats once, and added to ``loaded``'s
     task's ports (a tasks.load.LoadedTask; None: checked only). Only a port named here is forwarded to
     the same port on this machine; a task file's go to a free port the kernel picks
     (remote/tunnel.forwarding: issue 44.7). Raises UsageError, also for more than tasks.load.MAX_PORTS
     ports in all."""
-    from ..tasks import load
     for p in ports:
         if isinstance(p, bool) or not isinstance(p, int) or not 1 <= p <= 65535:
             raise UsageError(f"--port {p!r} is not a TCP port", "give a number from 1 to 65535, e.g. --port 6006")
@@ -140,22 +153,33 @@ def _ports(ports: Sequence[int], loaded: Any = None) -> tuple[int, ...]:
     return same
 
 
-def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequence[str]] = None,
-        workdir: Optional[str] = None, name: Optional[str] = None, gpu: Optional[str] = None,
-        instance_type: Optional[str] = None, spot: Optional[bool] = None, spot_fallback: Optional[str] = None,
-        nodes: Optional[int] = None, env: Optional[dict] = None, secrets: Sequence[str] = (),
-        max_runtime: Union[str, float, None] = None, expect: Union[str, float, None] = None,
-        budget: Optional[float] = None, max_price: Optional[float] = None, max_attempts: Optional[int] = None,
-        max_upload: Optional[int] = None, include_secrets: bool = False, out: Optional[Path] = None,
-        ssh_cidr: Optional[str] = None, ami: Optional[str] = None, region: Optional[str] = None,
-        sandbox: bool = False, reporter: Optional[ReporterLike] = None, on_warning=lambda text: None,
-        as_typed: Optional[str] = None, baked: bool = True, workdir_outside: bool = False,
-        allow_larger: bool = False, dry_run: bool = False, infra: Optional[str] = None,
-        detach: bool = False, array: Union[int, str, None] = None, workers: Optional[int] = None,
-        gpus_per_job: Optional[int] = None, max_retries: Optional[int] = None,
-        allow_write_buckets: Sequence[str] = (), ports: Sequence[int] = ()) -> Union[dict, RunRecord]:
+@overload
+def run(task: Union[str, Path, Task, None] = None, options: Optional[RunFlags] = None, *,
+        reporter: Optional[ReporterLike] = None, on_warning: Log = _quiet, dry_run: Literal[False] = False,
+        **flags: Any) -> RunResult: ...
+
+
+@overload
+def run(task: Union[str, Path, Task, None] = None, options: Optional[RunFlags] = None, *,
+        reporter: Optional[ReporterLike] = None, on_warning: Log = _quiet, dry_run: Literal[True],
+        **flags: Any) -> RunPlan: ...
+
+
+@overload
+def run(task: Union[str, Path, Task, None] = None, options: Optional[RunFlags] = None, *,
+        reporter: Optional[ReporterLike] = None, on_warning: Log = _quiet, dry_run: bool,
+        **flags: Any) -> Union[RunResult, RunPlan]: ...
+
+
+def run(task: Union[str, Path, Task, None] = None, options: Optional[RunFlags] = None, *,
+        reporter: Optional[ReporterLike] = None, on_warning: Log = _quiet, dry_run: bool = False,
+        **flags: Any) -> Union[RunResult, RunPlan]:
     """Run a task on new instances end to end (estimate, launch, sync, setup, job, outputs home,
-    teardown, bill); return its run record.
+    teardown, bill); return its RunResult (api/run_results.py: the run record, run.json's).
+
+    ``options``: what the caller asks of the run, a runs.plan.runplan.RunFlags (the one type of
+    `ec2gpu run`'s flags); keyword arguments ``flags`` are a convenience that sets RunFlags' fields
+    of the same names over ``options`` (TypeError for a name RunFlags has not). The fields:
 
     ``task``: a task file path or a tasks.spec.Task; or ``command`` (argv) run in ``workdir``.
     ``workdir_outside``: send a task file's workdir that lies outside the file's directory.
@@ -173,10 +197,10 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
     ``max_price`` (USD/h), ``max_upload`` (bytes; default remote/sync.MAX_UPLOAD_BYTES, 1 GiB). ``reporter``:
     a runs.provision.pipeline.Reporter (default: silent). ``baked``: launch from the newest image baked for
     the task's setup (`ec2gpu image bake`) when the region has one. ``dry_run``: return the run's
-    plan instead (runs/plan/runplan.plan, as runs/plan/dryrun.plan shows it: instance types, prices, limit,
-    environment, where each value comes from, what changes), having created nothing and called no AWS API;
-    the run itself runs that same plan, and refuses what it would refuse, with the same line, before
-    anything is opened. ``infra``: SkyPilot's override flag, 'aws' or
+    plan instead (a runs/plan/runplan.RunPlan; runs/plan/dryrun.plan shows it as `--dry-run --json` does:
+    instance types, prices, limit, environment, where each value comes from, what changes), having created
+    nothing and called no AWS API; the run itself runs that same plan, and refuses what it would refuse,
+    with the same line, before anything is opened. ``infra``: SkyPilot's override flag, 'aws' or
     'aws/REGION[/ZONE]': a SkyPilot file naming another cloud runs on AWS (tasks.load.parse), and its
     region is the run's. The region: ``region``, else the one ``infra`` names, else the task's
     (resources.region: SkyPilot's infra/region), else the configured one; the AMI: ``ami``, else the
@@ -200,24 +224,32 @@ def run(task: Union[str, Path, object, None] = None, *, command: Optional[Sequen
     Raises as the module docstring says.
     """
 
-    flags = RunFlags(
-        command=command, workdir=workdir, name=name, env=env, secrets=tuple(secrets), max_upload=max_upload,
-        include_secrets=include_secrets, workdir_outside=workdir_outside, allow_write_buckets=tuple(allow_write_buckets),
-        ports=tuple(ports), infra=infra, allow_larger=allow_larger, gpu=gpu, instance_type=instance_type, spot=spot,
-        spot_fallback=spot_fallback, nodes=nodes, max_price=max_price, ssh_cidr=ssh_cidr, ami=ami, baked=baked,
-        region=region, sandbox=sandbox, max_runtime=max_runtime, expect=expect, budget=budget,
-        max_attempts=max_attempts, detach=detach, out=out, as_typed=as_typed, array=array, workers=workers,
-        gpus_per_job=gpus_per_job, max_retries=max_retries)
-    planned, reporter = plan_run(task, flags, reporter, on_warning)
+    asked = with_flags(options or RunFlags(), flags)
+    planned, ui = plan_run(task, asked, reporter, on_warning)
     if dry_run:  # this machine's files alone: no Context (no sandbox started, no AWS client made)
-        return dryrun.plan(planned)
+        return planned
     ready_here(planned)
-    with backend.Context(planned.region, sandbox, persistent=planned.persistent, note=reporter.note) as ctx:
-        return start(ctx, planned, reporter)
+    with backend.Context(planned.region, asked.sandbox, persistent=planned.persistent, note=ui.note) as ctx:
+        return RunResult(start(ctx, planned, ui))
 
 
-def plan_run(task: Union[str, Path, object, None], flags: RunFlags, reporter: Optional[ReporterLike] = None,
-             on_warning: Callable[[str], None] = lambda text: None) -> tuple[RunPlan, ReporterLike]:
+#: RunFlags' fields given as sequences: kept as tuples, so that a frozen RunFlags holds no list
+_TUPLES = ("secrets", "allow_write_buckets", "ports")
+
+
+def with_flags(options: RunFlags, flags: Mapping[str, Any]) -> RunFlags:
+    """``options`` with ``flags`` ({RunFlags field: value}, api.run's keyword arguments) set over it
+    (pure); a sequence given for secrets, allow_write_buckets or ports becomes a tuple. Raises
+    TypeError for a name that is not one of RunFlags' fields, as a call with a wrong keyword does."""
+    unknown = sorted(set(flags) - {f.name for f in fields(RunFlags)})
+    if unknown:
+        raise TypeError(f"unexpected keyword argument(s) {', '.join(map(repr, unknown))}: not RunFlags fields")
+    given: dict[str, Any] = {k: tuple(v) if k in _TUPLES else v for k, v in flags.items()}
+    return replace(options, **given)
+
+
+def plan_run(task: Union[str, Path, Task, None], flags: RunFlags, reporter: Optional[ReporterLike] = None,
+             on_warning: Log = _quiet) -> tuple[RunPlan, ReporterLike]:
     """(the run's plan, its reporter): ``task`` (a task file path, a tasks.spec.Task, or None for
     ``flags.command``) loaded and made ready as ``flags`` ask (_prepare: its warnings said to
     ``on_warning``, what it takes from this machine and sends said to ``reporter``), then planned
@@ -230,10 +262,9 @@ def plan_run(task: Union[str, Path, object, None], flags: RunFlags, reporter: Op
         on_warning(text)
 
     runplan.infra_of(flags.infra, flags.region)  # the flag itself, before the task file it may be needed to read
-    job, ui = _prepare(task, flags.command, flags.workdir, flags.name, dict(flags.env) if flags.env else None,
-                       flags.secrets, flags.max_upload, flags.include_secrets, reporter, warn,
-                       flags.workdir_outside, _overrides(flags) or None, flags.infra, flags.allow_write_buckets,
-                       flags.ports)
+    job, ui = _prepare(task, flags.command, flags.workdir, flags.name, flags.env or None, flags.secrets,
+                       flags.max_upload, flags.include_secrets, reporter, warn, flags.workdir_outside,
+                       _overrides(flags) or None, flags.infra, flags.allow_write_buckets, flags.ports)
     planned = runplan.plan(job, flags, settings_mod.load({"sandbox": flags.sandbox or None}), warnings=warned)
     for text in planned.warnings[len(warned):]:  # the plan's own (a zone --infra names)
         on_warning(text)
@@ -260,13 +291,12 @@ def ready_here(planned: RunPlan) -> None:
     part of the plan: a dry run shows an array's plan on a machine without Ray, and builds nothing."""
     if not planned.elements or planned.where != "new instances":
         return
-    from ..pool import attempt as pool_attempt
-    from ..sandbox import bindshim  # the sandbox's part is given to pool/, which never imports sandbox/
     home = planned.settings.home
+    from ..pool import attempt as pool_attempt  # fabric, boto3: see the module docstring
     pool_attempt.ray_here((lambda: bindshim.for_sandbox(home)) if planned.backend == "sandbox" else None)
 
 
-def start(ctx: Any, planned: RunPlan, ui: ReporterLike) -> RunRecord:
+def start(ctx: backend.Context, planned: RunPlan, ui: ReporterLike) -> RunRecord:
     """Run ``planned`` (runs/plan/runplan.RunPlan) in the open backend.Context ``ctx``: the one
     dispatcher of a run on new instances. An array or a sweep goes to the pool (runs/provision/
     pipeline.run_job with PoolOptions, handed pool/attempt.run_attempt: runs/ never imports pool/; Ray
@@ -286,7 +316,8 @@ def start(ctx: Any, planned: RunPlan, ui: ReporterLike) -> RunRecord:
                 topts = replace(topts, trainer_args=[*topts.trainer_args,
                                                      *pipeline.sandbox_data_args(topts.trainer_args)])
             opts = replace(opts, task=pipeline.builtin_task(topts, sandbox=ctx.backend.is_sandbox))
-        from ..pool import attempt as pool_attempt  # the pool's strategy, handed to runs/ (which never imports pool/)
+        # the pool's strategy, handed to runs/ (which never imports pool/)
+        from ..pool import attempt as pool_attempt  # fabric, boto3: see the module docstring
         return pipeline.run_job(ctx.aws, settings, opts, ui, ctx.backend, pool_attempt=pool_attempt.run_attempt)
     if planned.flags.detach:
         from ..runs.detached import launch
@@ -294,35 +325,36 @@ def start(ctx: Any, planned: RunPlan, ui: ReporterLike) -> RunRecord:
     return pipeline.run_job(ctx.aws, settings, opts, ui, ctx.backend)
 
 
-def exec(target: str, task=None, *, command: Optional[Sequence[str]] = None, workdir: Optional[str] = None,  # noqa: A001
-         env: Optional[dict] = None, secrets: Sequence[str] = (), max_upload: Optional[int] = None,
-         include_secrets: bool = False, out: Optional[Path] = None, region: Optional[str] = None,
-         sandbox: bool = False, reporter: Optional[ReporterLike] = None, on_warning=lambda text: None,
-         as_typed: Optional[str] = None, workdir_outside: bool = False, infra: Optional[str] = None,
-         allow_write_buckets: Sequence[str] = (), ports: Sequence[int] = ()) -> RunRecord:
+def exec(target: str, task: Union[str, Path, Task, None] = None, *,  # noqa: A001 - the command's name
+         command: Optional[Sequence[str]] = None, workdir: Optional[str] = None,
+         env: Optional[Mapping[str, Optional[str]]] = None, secrets: Sequence[str] = (),
+         max_upload: Optional[int] = None, include_secrets: bool = False, out: Optional[Path] = None,
+         region: Optional[str] = None, sandbox: bool = False, reporter: Optional[ReporterLike] = None,
+         on_warning: Log = _quiet, as_typed: Optional[str] = None, workdir_outside: bool = False,
+         infra: Optional[str] = None, allow_write_buckets: Sequence[str] = (), ports: Sequence[int] = ()) -> RunResult:
     """Run a task once on the standing instance or cluster ``target`` and leave it running; return
-    the run record. A setup that already ran there is skipped; rsync sends only what changed.
+    its RunResult (the run record). A setup that already ran there is skipped; rsync sends only what changed.
     ``workdir_outside``, ``allow_write_buckets`` and ``ports`` as for ``run``; ``infra`` ('aws'): a
     SkyPilot file naming another cloud is read as for ``run`` (the target's own region and type are
     what run it)."""
-    from ..backend import Context
-    from ..runs.standing import hosts as standing
+    from ..runs.standing import hosts as standing  # boto3: see the module docstring
 
     runplan.infra_of(infra, None)
-    job, reporter = _prepare(task, command, workdir, None, env, secrets, max_upload, include_secrets, reporter,
-                             on_warning, workdir_outside, None, infra, allow_write_buckets, ports)
-    with Context(region, sandbox) as ctx:
-        return standing.exec_task(ctx.aws, ctx.settings, job, reporter, target,
-                                  ctx.backend, out, mask_text(as_typed or f"ec2gpu.exec({target!r})", job.secret_values))
+    job, ui = _prepare(task, command, workdir, None, env, secrets, max_upload, include_secrets, reporter,
+                       on_warning, workdir_outside, None, infra, allow_write_buckets, ports)
+    with backend.Context(region, sandbox) as ctx:
+        return RunResult(standing.exec_task(ctx.aws, ctx.settings, job, ui, target, ctx.backend, out,
+                                            mask_text(as_typed or f"ec2gpu.exec({target!r})", job.secret_values)))
 
 
-def bake(task: Union[str, Path, object], *, base: str = "dlami", name: Optional[str] = None,
+def bake(task: Union[str, Path, Task], *, base: str = "dlami", name: Optional[str] = None,
          instance_type: Optional[str] = None, spot: bool = False, ssh_cidr: Optional[str] = None,
-         ami: Optional[str] = None, region: Optional[str] = None, sandbox: bool = False, reporter: Optional[ReporterLike] = None,
-         on_warning=lambda text: None, as_typed: Optional[str] = None, workdir_outside: bool = False,
-         max_runtime: Optional[int] = None, allow_write_buckets: Sequence[str] = ()) -> RunRecord:
+         ami: Optional[str] = None, region: Optional[str] = None, sandbox: bool = False,
+         reporter: Optional[ReporterLike] = None, on_warning: Log = _quiet, as_typed: Optional[str] = None,
+         workdir_outside: bool = False, max_runtime: Optional[int] = None,
+         allow_write_buckets: Sequence[str] = ()) -> RunResult:
     """Bake a machine image holding ``task``'s setup (a task file, a Task, or "mnist" for the
-    built-in job) from ``base`` ("dlami" or "ubuntu-24.04"); return the bake's run record, whose
+    built-in job) from ``base`` ("dlami" or "ubuntu-24.04"); return the bake's RunResult, whose
     summary names the image. Runs of a task with the same setup then launch from the image.
     ``workdir_outside`` as for ``run`` (the workdir is baked into the image); ``allow_write_buckets``
     as for ``run`` (a task file is checked as a run checks it; a bake copies no S3 entry). ``max_runtime``:
@@ -331,20 +363,15 @@ def bake(task: Union[str, Path, object], *, base: str = "dlami", name: Optional[
     Raises as the module docstring says; UsageError for an unknown base or a max_runtime under 10
     before anything is created.
     """
-
-    from ..backend import Context
-    from ..runs.options import BakeOptions
-    from ..runs.provision import bake as baking, pipeline
-    from ..runs.execute import engine
-    from ..tasks import resolve
+    from ..runs.provision import bake as baking, pipeline  # boto3: see the module docstring
 
     limit = baking.builder_max_runtime(max_runtime)
     if str(task) == "mnist":
-        job, reporter = engine.builtin_job("mnist", []), reporter or pipeline.Reporter()
+        job, ui = engine.builtin_job("mnist", []), reporter or Reporter()
     else:
-        job, reporter = _prepare(task, None, None, None, None, (), None, False, reporter, on_warning,
-                                 workdir_outside, allow_write_buckets=allow_write_buckets)
-    with Context(region, sandbox, persistent=True, note=reporter.note) as ctx:  # the image outlives the command
+        job, ui = _prepare(task, None, None, None, None, (), None, False, reporter, on_warning,
+                           workdir_outside, allow_write_buckets=allow_write_buckets)
+    with backend.Context(region, sandbox, persistent=True, note=ui.note) as ctx:  # the image outlives the command
         types = instance_type.split(",") if instance_type is not None else \
             resolve.instance_types(job.task.resources, ctx.settings.instance_type)
         data = pipeline.sandbox_data_args([]) if ctx.backend.is_sandbox and job.builtin == "mnist" else []
@@ -355,14 +382,13 @@ def bake(task: Union[str, Path, object], *, base: str = "dlami", name: Optional[
         # the task's disk size: a run cannot launch from an image with a smaller root volume than the image's
         disk = job.task.resources.disk_gib
         settings = ctx.settings.model_copy(update={"root_volume_gib": disk}) if disk else ctx.settings
-        return pipeline.run_job(ctx.aws, settings, opts, reporter, ctx.backend)
+        return RunResult(pipeline.run_job(ctx.aws, settings, opts, ui, ctx.backend))
 
 
-def status(run_id: str, *, region: Optional[str] = None, sandbox: bool = False,
-           log=lambda text: None) -> dict:
-    """A detached run (`ec2gpu run --detach`) as AWS knows it, from any machine of the account:
-    its record (state.json) in the run store (state: pending, running, interrupted, succeeded, failed or
-    cancelled; attempt, restarts, interruptions survived, instance, times, message) and its Auto
+def status(run_id: str, *, region: Optional[str] = None, sandbox: bool = False, log: Log = _quiet) -> RunStatus:
+    """A detached run (`ec2gpu run --detach`) as AWS knows it, from any machine of the account, as a
+    RunStatus whose fields are: its record (state.json) in the run store (state: pending, running, interrupted,
+    succeeded, failed or cancelled; attempt, restarts, interruptions survived, instance, times, message) and its Auto
     Scaling group ("group": desired capacity and instances, None once gone). A run that is over has
     what it made removed by this call ("removed", by kind; runs/detached/follow.remove_finished).
     An array or a sweep this machine runs (or ran) is answered from its ledger and run directory
@@ -373,29 +399,27 @@ def status(run_id: str, *, region: Optional[str] = None, sandbox: bool = False,
     which "array" then shows), None before it did.
     Raises UsageError for a bad run id or one the region's store does not hold; NoCredentials,
     AwsError."""
-    from .. import settings as settings_mod
-    from ..pool.attempt import local_status
-    from ..runs.detached import follow
-    from .instances import _context
-    local = local_status(settings_mod.load({"region": region, "sandbox": sandbox or None}).home, run_id)
+    from ..runs.detached import follow  # boto3: see the module docstring
+
+    from ..pool import attempt as pool_attempt  # fabric, boto3: see the module docstring
+    local = pool_attempt.local_status(settings_mod.load({"region": region, "sandbox": sandbox or None}).home, run_id)
     if local is not None and local["state"] == "controller-lost" and not local["array"]["final"]:
-        with _context(region or local.get("region"), sandbox, False, log) as ctx:  # its store: the run's region
+        with backend.Context(region or local.get("region"), sandbox, False, note=log) as ctx:  # its store: the run's region
             local["handover"] = _handed(ctx, local["run_id"], log)
             counts = (local["handover"] or {}).get("array")
             if counts:  # the driver's own counts, as its head handed them over
                 local["array"].update(counts=counts, final=True)
     if local is not None:
-        return local
-    with _context(region, sandbox, False, log) as ctx:
-        return follow.status(ctx.aws, ctx.settings, run_id, log)
+        return RunStatus(local)
+    with backend.Context(region, sandbox, False, note=log) as ctx:
+        return RunStatus(follow.status(ctx.aws, ctx.settings, run_id, log))
 
 
-def _handed(ctx, run_id: str, log) -> Optional[dict]:
+def _handed(ctx: backend.Context, run_id: str, log: Log) -> Optional[dict[str, Any]]:
     """What the head of run ``run_id`` (an array whose controller was lost) handed over to S3:
     {"state" (the driver's), "handover" (how it went), "handover_at", "array" (its counts)}, or
     None when nothing was (yet); an S3 error is said to ``log``, then None."""
-    from ..errors import AwsError
-    from ..runs.recover import handover
+    from ..runs.recover import handover  # boto3: see the module docstring
     try:
         got = handover.handed(ctx.aws, run_id)
     except AwsError as exc:
@@ -405,14 +429,14 @@ def _handed(ctx, run_id: str, log) -> Optional[dict]:
 
 
 def cancel(run_id: str, *, wait: float = 180.0, region: Optional[str] = None, sandbox: bool = False,
-           log=lambda text: None) -> dict:
+           log: Log = _quiet) -> RunStatus:
     """Cancel a detached run: its agent stops the job and saves its outputs and log to S3 (waited
     for up to ``wait`` seconds), then its group (and instances), launch template, security group,
-    key pair and role are removed (runs/detached/follow.cancel). Returns ``status``' dict after it,
-    with "removed" and "waited_s". A run already over is only cleaned up. Raises as ``status``."""
-    from ..runs.detached import follow
-    from .instances import _context
+    key pair and role are removed (runs/detached/follow.cancel). Returns ``status``' RunStatus after it,
+    with "removed" and "waited_s" among its fields. A run already over is only cleaned up. Raises as ``status``."""
+    from ..runs.detached import follow  # boto3: see the module docstring
+
     if wait < 0:
         raise UsageError(f"--wait {wait} is negative", "give the seconds to wait for the agent, 0 or more")
-    with _context(region, sandbox, False, log) as ctx:
-        return follow.cancel(ctx.aws, ctx.settings, run_id, log, wait_s=wait)
+    with backend.Context(region, sandbox, False, note=log) as ctx:
+        return RunStatus(follow.cancel(ctx.aws, ctx.settings, run_id, log, wait_s=wait))

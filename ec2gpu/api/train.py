@@ -2,49 +2,69 @@
 
 Each function validates its arguments before anything is created (UsageError), opens its own
 backend.Context (``region``; ``sandbox``: the local sandbox instead of AWS, also EC2GPU_SANDBOX=1),
-returns plain data (what the CLI's ``--json`` prints) and raises the ec2gpu.errors tree: UsageError,
-NoCredentials, AwsError, CapacityError, RemoteError, WaitTimeout.
+returns a frozen record (api/run_results.py: RunResult, BenchResult; ``to_json()`` is what the CLI's
+``--json`` prints) and raises the ec2gpu.errors tree: UsageError, NoCredentials, AwsError,
+CapacityError, RemoteError, WaitTimeout. The modules that import boto3 (runs/provision, runs/standing)
+are imported where a function reaches AWS: a dry run imports no AWS SDK (api/tasks.py says why).
 """
 from __future__ import annotations
 
+from dataclasses import fields, replace
 from pathlib import Path
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Literal, Optional, Union, overload
 
 from .. import backend, settings as settings_mod
 from ..errors import UsageError
 from ..runs.execute import engine
-from ..runs.options import TrainOptions, mnist_args
-from ..runs.plan import checks, dryrun, runplan
+from ..runs.execute.reporter import Reporter, ReporterLike
+from ..runs.options import BenchOptions, TrainOptions, mnist_args
+from ..runs.plan import checks, runplan
 from ..runs.plan.runplan import MODELS as MODELS, RunFlags, RunPlan, Trainer  # MODELS: `train mnist --model`'s
 from . import tasks
-
-if TYPE_CHECKING:
-    from ..runs.settle.record import RunRecord
-    from ..runs.execute.reporter import ReporterLike
+from .run_results import BenchResult, RunResult
 
 Log = Callable[[str], None]
+
+#: `train mnist`'s flags when none are given: RunFlags' defaults but on-demand, one node, an element
+#: of a sweep run again twice (the defaults `train mnist` has always had)
+TRAIN_FLAGS = RunFlags(spot=False, nodes=1, max_retries=2)
+#: Trainer's fields, set by train_mnist's keyword arguments of the same names
+_TRAINER_FIELDS = frozenset(f.name for f in fields(Trainer))
 
 
 def _quiet(text: str) -> None:
     """The default ``log``: says nothing."""
 
 
-def train_mnist(*, instance_type: Optional[str] = None, spot: bool = False, spot_fallback: Optional[str] = None,
-                model: str = "cnn", epochs: Optional[int] = None, seed: int = 0, keep: bool = False,
-                out: Optional[Path] = None, local: bool = False, ssh_cidr: Optional[str] = None,
-                ami: Optional[str] = None, baked: bool = True, max_runtime: Optional[int] = None,
-                data_dir: Optional[str] = None, trainer_args: Sequence[str] = (), budget: Optional[float] = None,
-                max_price: Optional[float] = None, cluster: Optional[str] = None, nodes: int = 1,
-                max_attempts: Optional[int] = None, checkpoint_uri: Optional[str] = None,
-                unreachable_after: float = 120.0, region: Optional[str] = None, sandbox: bool = False,
-                reporter: Optional[ReporterLike] = None, as_typed: Optional[str] = None,
-                sweep: Optional[Mapping[str, Sequence[Any]]] = None, workers: Optional[int] = None,
-                max_retries: int = 2, detach: bool = False, dry_run: bool = False) -> Union[RunRecord, dict]:
+@overload
+def train_mnist(options: Optional[RunFlags] = None, trainer: Optional[Trainer] = None, *,
+                reporter: Optional[ReporterLike] = None, dry_run: Literal[False] = False,
+                **given: Any) -> RunResult: ...
+
+
+@overload
+def train_mnist(options: Optional[RunFlags] = None, trainer: Optional[Trainer] = None, *,
+                reporter: Optional[ReporterLike] = None, dry_run: Literal[True], **given: Any) -> RunPlan: ...
+
+
+@overload
+def train_mnist(options: Optional[RunFlags] = None, trainer: Optional[Trainer] = None, *,
+                reporter: Optional[ReporterLike] = None, dry_run: bool, **given: Any) -> Union[RunResult, RunPlan]: ...
+
+
+def train_mnist(options: Optional[RunFlags] = None, trainer: Optional[Trainer] = None, *,
+                reporter: Optional[ReporterLike] = None, dry_run: bool = False,
+                **given: Any) -> Union[RunResult, RunPlan]:
     """Train the built-in MNIST job on a new instance (or ``nodes`` of them through torchrun), bring
-    its results home and terminate everything; `ec2gpu train mnist`. Returns the run record (also
-    saved as run.json and in the ledger: run_id, status, instance_type, market, test_acc, phases
+    its results home and terminate everything; `ec2gpu train mnist`. Returns a RunResult: the run record
+    (also saved as run.json and in the ledger: run_id, status, instance_type, market, test_acc, phases
     (s), billed_seconds, cost_usd (USD), artifacts, summary, attempts ...).
+
+    ``options``: the run's flags, a runs.plan.runplan.RunFlags (default TRAIN_FLAGS); ``trainer``: the
+    trainer's, a runs.plan.runplan.Trainer (model, epochs, seed, trainer_args, sweep, data_dir, local,
+    cluster). Keyword arguments ``given`` are a convenience that sets the fields of the same names over
+    them (a Trainer's name over ``trainer``, any other over ``options``; ``unreachable_after`` is
+    RunFlags' unreachable_s); TypeError for a name neither has. The fields:
 
     ``instance_type``: one type or several in order of preference ('g4dn.xlarge,g5.xlarge'; default
     the configured one); ``spot`` (managed: an interrupted instance is replaced and training resumes
@@ -69,8 +89,8 @@ def train_mnist(*, instance_type: Optional[str] = None, spot: bool = False, spot
     and training resumes from the last checkpoint there; `status`, `logs`, `fetch` and `cancel`
     follow it from any machine of the account; ``max_runtime``, default 120, is the group's deadline);
     a sweep with ``detach`` returns once its pool's driver runs, as `run --detach` of an array does.
-    ``dry_run``: return the run's plan instead, as `run`'s ``dry_run`` does (runs/plan/runplan.plan,
-    shown by runs/plan/dryrun.plan), having created nothing and called no AWS API; the training runs
+    ``dry_run``: return the run's plan (a runs/plan/runplan.RunPlan) instead, as `run`'s ``dry_run`` does
+    (shown by runs/plan/dryrun.plan), having created nothing and called no AWS API; the training runs
     that same plan (new instances only: not with ``local`` or ``cluster``).
 
     Raises UsageError before anything is created, with ``dry_run`` or not (runs/plan/runplan.plan):
@@ -80,32 +100,39 @@ def train_mnist(*, instance_type: Optional[str] = None, spot: bool = False, spot
     on-demand prices) or longer than ``max_runtime``, ``detach`` with ``cluster``/``local``/``keep``;
     then NoCredentials, AwsError, CapacityError, RemoteError, WaitTimeout, recovery.AttemptsExhausted.
     """
-    flags = RunFlags(instance_type=instance_type, spot=spot, spot_fallback=spot_fallback, keep=keep, out=out,
-                     ssh_cidr=ssh_cidr, ami=ami, baked=baked, max_runtime=max_runtime, budget=budget,
-                     max_price=max_price, nodes=nodes, max_attempts=max_attempts, checkpoint_uri=checkpoint_uri,
-                     unreachable_s=unreachable_after, region=region, sandbox=sandbox, as_typed=as_typed,
-                     workers=workers, max_retries=max_retries, detach=detach)
-    trainer = Trainer(model=model, epochs=epochs, seed=seed, trainer_args=tuple(trainer_args), sweep=sweep,
-                      data_dir=data_dir, local=local, cluster=cluster)
-    planned = plan_training(flags, trainer)
+    asked, training = _asked(options, trainer, given)
+    planned = plan_training(asked, training)
     if dry_run:
         if planned.where != "new instances":
             raise UsageError(f"--dry-run shows a run on new instances, and this one trains on {planned.where}",
                              "drop --dry-run, or drop --local/--cluster")
-        return dryrun.plan(planned)
-    from ..runs.execute.reporter import Reporter
+        return planned
     ui = reporter or Reporter()
-    if local:
-        from ..runs.provision import local as run_local
-        return run_local.train_local(runplan.train_options(planned), ui, data_dir, settings_mod.load())
+    if training.local:
+        from ..runs.provision import local as run_local  # boto3: see the module docstring
+        return RunResult(run_local.train_local(runplan.train_options(planned), ui, training.data_dir,
+                                               settings_mod.load()))
     tasks.ready_here(planned)  # a sweep's Ray, before anything is opened
     # a kept instance or a detached run outlives a sandbox this starts
-    with backend.Context(planned.region, sandbox, persistent=planned.persistent, note=ui.note) as ctx:
-        if cluster:
-            from ..runs.standing import hosts as standing
-            return standing.train_on_cluster(ctx.aws, ctx.settings, runplan.train_options(planned), ui, cluster,
-                                             ctx.backend)
-        return tasks.start(ctx, planned, ui)
+    with backend.Context(planned.region, asked.sandbox, persistent=planned.persistent, note=ui.note) as ctx:
+        if training.cluster:
+            from ..runs.standing import hosts as standing  # boto3: see the module docstring
+            return RunResult(standing.train_on_cluster(ctx.aws, ctx.settings, runplan.train_options(planned), ui,
+                                                       training.cluster, ctx.backend))
+        return RunResult(tasks.start(ctx, planned, ui))
+
+
+def _asked(options: Optional[RunFlags], trainer: Optional[Trainer], given: dict[str, Any]) -> tuple[RunFlags, Trainer]:
+    """(the run's flags, the trainer's): ``given`` (train_mnist's keyword arguments) set over
+    ``options`` (default TRAIN_FLAGS) and ``trainer`` (default Trainer()) by name (pure). Raises
+    TypeError for a name neither has, as a call with a wrong keyword does."""
+    given = dict(given)
+    if "unreachable_after" in given:  # `--unreachable-after`'s name; RunFlags calls it unreachable_s
+        given["unreachable_s"] = given.pop("unreachable_after")
+    training: dict[str, Any] = {k: given.pop(k) for k in list(given) if k in _TRAINER_FIELDS}
+    if "trainer_args" in training:
+        training["trainer_args"] = tuple(training["trainer_args"])
+    return tasks.with_flags(options or TRAIN_FLAGS, given), replace(trainer or Trainer(), **training)
 
 
 def plan_training(flags: RunFlags, trainer: Trainer) -> RunPlan:
@@ -123,7 +150,7 @@ def bench(*, instance_type: Optional[str] = None, spot: bool = False, local: boo
           data_dir: Optional[str] = None, out: Optional[Path] = None, max_runtime: int = 60,
           budget: Optional[float] = None, ssh_cidr: Optional[str] = None, ami: Optional[str] = None,
           region: Optional[str] = None, sandbox: bool = False, reporter: Optional[ReporterLike] = None, log: Log = _quiet,
-          as_typed: Optional[str] = None) -> list[dict]:
+          as_typed: Optional[str] = None) -> list[BenchResult]:
     """Is the GPU worth it: measure an instance's memory bandwidth, matmul TFLOP/s and the seed
     experiment (dbn and cnn on its CPU and its GPU); `ec2gpu bench`. Each of ``instance_type``'s
     types (comma-separated; default the configured one) is benched on its own new instance, one
@@ -137,7 +164,7 @@ def bench(*, instance_type: Optional[str] = None, spot: bool = False, local: boo
     ``log`` is told that the sandbox's figures are this machine's CPU's; ``as_typed``: the command
     line, for the ledger.
 
-    Returns one dict per type, cheapest USD per run first (runs/provision/bench._result: run_id,
+    Returns one BenchResult per type (api/run_results.py), cheapest USD per run first (runs/provision/bench._result: run_id,
     instance_type, market, status, usd_per_hour (USD/h), cost_usd (USD), artifacts, usd_per_run
     ({model: {seconds, usd, basis}}), bench (bench.json's report, None with "bench_invalid" saying
     why); with several types, one whose run failed is {instance_type, status, error, usd_per_run}
@@ -148,8 +175,7 @@ def bench(*, instance_type: Optional[str] = None, spot: bool = False, local: boo
     under 1, a negative budget, a bad type, an estimate above the budget; then NoCredentials,
     AwsError, RemoteError (``local``: the bench failed), KeyboardInterrupt after teardown.
     """
-    from ..backend import sandbox_from_env
-    in_sandbox = sandbox_from_env(sandbox)
+    in_sandbox = backend.sandbox_from_env(sandbox)
     if local and (instance_type or spot or in_sandbox):
         raise UsageError("--local benches this machine", "drop --instance-type/--spot/--sandbox, or drop --local")
     runplan.check_data_dir(data_dir)
@@ -159,18 +185,15 @@ def bench(*, instance_type: Optional[str] = None, spot: bool = False, local: boo
     checks.at_least(max_runtime, 1, "--max-runtime", "give at least 1 minute")
     checks.at_least(budget, 0, "--budget", "give a budget in USD, 0 or more")
 
-    from ..runs.options import BenchOptions
-    from ..runs.provision import bench as benching
-    from ..runs.execute.reporter import Reporter
+    from ..runs.provision import bench as benching  # boto3: see the module docstring
+
     opts = BenchOptions(spot=spot, out=out, ssh_cidr=ssh_cidr, ami=ami, max_runtime_minutes=max_runtime,
                         budget_usd=budget, quick=quick, data_dir=data_dir, command=as_typed or "ec2gpu.bench()")
     ui = reporter or Reporter()
     if local:
-        from ..settings import load
-        return benching.local(opts, ui, load())
-    from ..backend import Context
-    with Context(region, in_sandbox) as ctx:
+        return [BenchResult(row) for row in benching.local(opts, ui, settings_mod.load())]
+    with backend.Context(region, in_sandbox) as ctx:
         opts = replace(opts, instance_type=instance_type or ctx.settings.instance_type)
         if ctx.backend.is_sandbox:
             log("sandbox: the instance is this machine, without a GPU: the figures are its CPU's")
-        return benching.on_instances(ctx.aws, ctx.settings, opts, ui, ctx.backend)
+        return [BenchResult(row) for row in benching.on_instances(ctx.aws, ctx.settings, opts, ui, ctx.backend)]

@@ -45,10 +45,11 @@ def bench_cmd(
     docs/why-gpus.md explains the figures. In the sandbox the instance is this machine: CPU only."""
     from ..api import train as training
     as_typed = " ".join(["ec2gpu", *sys.argv[1:]]) if sys.argv[0].endswith("ec2gpu") else "ec2gpu bench"
-    results = training.bench(instance_type=instance_type, spot=spot, local=local, quick=quick, data_dir=data_dir,
+    benched = training.bench(instance_type=instance_type, spot=spot, local=local, quick=quick, data_dir=data_dir,
                              out=out_dir, max_runtime=max_runtime, budget=budget, ssh_cidr=ssh_cidr, ami=ami,
                              region=region, sandbox=_sandbox_flag(sandbox), reporter=RichReporter(err, quiet=as_json),
                              log=lambda line: say(err, line, "dim"), as_typed=as_typed)
+    results = [r.to_json() for r in benched]
     if as_json:
         render_json(results)
         return

@@ -44,7 +44,7 @@ def bake_cmd(
                       region=region, sandbox=_sandbox_flag(sandbox), reporter=RichReporter(err),
                       on_warning=warn, as_typed=" ".join(["ec2gpu", *sys.argv[1:]]), workdir_outside=workdir_outside,
                       max_runtime=max_runtime, allow_write_buckets=allow_write_bucket)
-    _print_record(record, as_json)
+    _print_record(record.to_json(), as_json)
 
 
 @image_app.command("ls")

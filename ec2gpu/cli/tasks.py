@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, List, Mapping, Optional
+from typing import TYPE_CHECKING, Any, List, Mapping, Optional, Union
 
 import typer
 
@@ -11,6 +11,10 @@ from ..errors import UsageError
 from ..inert import inert
 from .app import JSON, REGION, SANDBOX, _sandbox_flag, app
 from .render import RichReporter, _print_record, err, out, render_json, say, table, table_row, warn
+
+if TYPE_CHECKING:  # cli/ imports api/ when a command runs, not for --help
+    from ..api import RunResult
+    from ..runs.plan.runplan import RunPlan
 
 
 def _one_line(text: str) -> None:
@@ -62,72 +66,79 @@ PORT = typer.Option([], "--port", help="A port of node 0 to forward to the same 
                     "printed when the job starts, so a task cannot take a port a local client trusts.")
 
 
+# the options of `run` (module level: the command's signature stays readable)
+RUN_ARGS = typer.Argument(None, help="A task file (task.yaml), or after -- the command to run in the current directory: "
+                          "ec2gpu run --gpu T4 -- python train.py --epochs 3")
+GPU = typer.Option(None, "--gpu", help="GPU model and count, e.g. T4, A10G:4 (the cheapest type with exactly that "
+                   "many); overrides the task's resources.")
+ALLOW_LARGER = typer.Option(False, "--allow-larger", help="Where no instance type has exactly the GPU count asked, "
+                            "take the cheapest with more: the job sees only the count asked (CUDA_VISIBLE_DEVICES) "
+                            "and the whole instance is billed.")
+INSTANCE_TYPE = typer.Option(None, "--instance-type", "-t", help="Instance type, or several in order of preference "
+                             "(g5.xlarge,g6.xlarge).")
+SPOT = typer.Option(None, "--spot/--on-demand", help="Spot (managed: a lost instance is replaced and the job restarts "
+                    "with EC2GPU_RESUME=1) or on-demand.")
+SPOT_FALLBACK = typer.Option(None, "--spot-fallback", help="on-demand: a last on-demand try.")
+NODES = typer.Option(None, "--nodes", "-n", min=1, max=64, help="Instances running the job together.")
+ENV = typer.Option([], "--env", "-e", help="K=V, or K to take it from this environment; repeatable.")
+SECRET = typer.Option([], "--secret", help="K: like --env K, and its value is masked everywhere.")
+WORKDIR = typer.Option(None, "--workdir", help="For a command: the directory to send (default .).")
+NAME = typer.Option(None, "--name", help="The run's name (default: the task's, or the directory's).")
+MAX_RUNTIME = typer.Option(None, "--max-runtime", help="Minutes (or 90m, 2h) after which the instances terminate "
+                           "themselves; the job gets SIGTERM 7 min before (2 to checkpoint, 5 for outputs). "
+                           "none: no limit (an idle instance still ends itself). Default: the task's, else 3 x its "
+                           "longest run, else 24 h.")
+EXPECT = typer.Option(None, "--expect", help="How long the job (an array's: one element) should run (20m, 1h), for "
+                      "the estimate when no earlier run of the task says (a first run starts without it).")
+BUDGET = typer.Option(None, "--budget", min=0, help="Refuse the run if its estimate in USD is above.")
+MAX_PRICE = typer.Option(None, "--max-price", min=0, help="Spot: the highest USD/h to pay.")
+MAX_ATTEMPTS = typer.Option(None, "--max-attempts", min=1, help="Instances to try (default 3 with spot, else 1).")
+MAX_UPLOAD = typer.Option("1GiB", "--max-upload", help="Refuse a workdir larger than this: bytes, or 500MB, 2GiB "
+                          "(MB, GB: 10^6, 10^9 bytes; MiB, GiB: 2^20, 2^30).")
+INCLUDE_SECRETS = typer.Option(False, "--include-secrets", help="Also send .git/, .env*, keys and the credential "
+                               "files docs/tasks.md lists (never sent otherwise).")
+OUT_DIR = typer.Option(None, "--out", help="Where outputs and logs come home (default runs/<run-id>/).")
+SSH_CIDR = typer.Option(None, "--ssh-cidr", help="CIDR allowed to SSH (default: your public IP/32).")
+AMI = typer.Option(None, "--ami", help="AMI id (default: the newest image baked for the task's setup, else the "
+                   "PyTorch Deep Learning AMI).")
+NO_BAKED = typer.Option(False, "--no-baked", help="Boot the Deep Learning AMI even when an image baked for this "
+                        "setup exists (`ec2gpu image ls`).")
+DRY_RUN = typer.Option(False, "--dry-run", help="Print the plan (instance types in order with GPUs and prices, limit, "
+                       "most it can cost, the job's environment, setup and run, what changes) and create nothing; "
+                       "needs no AWS credentials. With --json: its keys are in docs/tasks.md.")
+INFRA = typer.Option(None, "--infra", help="aws, aws/REGION or aws/REGION/ZONE (SkyPilot's override flag): a "
+                     "SkyPilot task file naming another cloud runs on AWS; a region here is the run's (the zone is "
+                     "chosen at launch).")
+DETACH = typer.Option(False, "--detach", help="Hand the run to AWS and return: an Auto Scaling group runs it (a spot "
+                      "instance lost is replaced and the job resumes from its last checkpoint in S3), with nobody "
+                      "watching; `ec2gpu status RUN` follows it. An array returns once its driver runs on the pool's "
+                      "head, which puts the results in S3.")
+ARRAY = typer.Option(None, "--array", help="Run the task's run once per index over a pool scheduled by Ray: 100 "
+                     "(indices 0-99), 0-99, or 3,7,12 to rerun some; each element gets EC2GPU_ARRAY_INDEX and "
+                     "EC2GPU_ARRAY_SIZE, its outputs come home under outputs/INDEX/. A task's array: or sweep: needs "
+                     "no flag.")
+WORKERS = typer.Option(None, "--workers", help="An array's pool: instances at most (default: the task's max_workers, "
+                       "else 1); it shrinks as the queue drains.")
+GPUS_PER_JOB = typer.Option(None, "--gpus-per-job", help="An array's elements: GPUs each (default: the task's GPU "
+                            "count).")
+MAX_RETRIES = typer.Option(None, "--max-retries", help="An array's elements: runs again of one that exits non-zero "
+                           "(default 2); one on a lost instance always runs again.")
+
+
 @app.command("run")
 def run_cmd(
-    args: List[str] = typer.Argument(None, help="A task file (task.yaml), or after -- the command to run in the "
-                                     "current directory: ec2gpu run --gpu T4 -- python train.py --epochs 3"),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU model and count, e.g. T4, A10G:4 (the cheapest type "
-                                      "with exactly that many); overrides the task's resources."),
-    allow_larger: bool = typer.Option(False, "--allow-larger", help="Where no instance type has exactly the GPU "
-                                      "count asked, take the cheapest with more: the job sees only the count asked "
-                                      "(CUDA_VISIBLE_DEVICES) and the whole instance is billed."),
-    instance_type: Optional[str] = typer.Option(None, "--instance-type", "-t", help="Instance type, or several in "
-                                                "order of preference (g5.xlarge,g6.xlarge)."),
-    spot: Optional[bool] = typer.Option(None, "--spot/--on-demand", help="Spot (managed: a lost instance is replaced "
-                                        "and the job restarts with EC2GPU_RESUME=1) or on-demand."),
-    spot_fallback: Optional[str] = typer.Option(None, "--spot-fallback", help="on-demand: a last on-demand try."),
-    nodes: Optional[int] = typer.Option(None, "--nodes", "-n", min=1, max=64, help="Instances running the job together."),
-    env: List[str] = typer.Option([], "--env", "-e", help="K=V, or K to take it from this environment; repeatable."),
-    secret: List[str] = typer.Option([], "--secret", help="K: like --env K, and its value is masked everywhere."),
-    workdir: Optional[str] = typer.Option(None, "--workdir", help="For a command: the directory to send (default .)."),
-    name: Optional[str] = typer.Option(None, "--name", help="The run's name (default: the task's, or the directory's)."),
-    max_runtime: Optional[str] = typer.Option(None, "--max-runtime", help="Minutes (or 90m, 2h) after which the "
-                                              "instances terminate themselves; the job gets SIGTERM 7 min before "
-                                              "(2 to checkpoint, 5 for outputs). "
-                                              "none: no limit (an idle instance still ends itself). Default: the "
-                                              "task's, else 3 x its longest run, else 24 h."),
-    expect: Optional[str] = typer.Option(None, "--expect", help="How long the job (an array's: one element) should "
-                                         "run (20m, 1h), for the estimate when no earlier run of the task says "
-                                         "(a first run starts without it)."),
-    budget: Optional[float] = typer.Option(None, "--budget", min=0, help="Refuse the run if its estimate in USD is above."),
-    max_price: Optional[float] = typer.Option(None, "--max-price", min=0, help="Spot: the highest USD/h to pay."),
-    max_attempts: Optional[int] = typer.Option(None, "--max-attempts", min=1, help="Instances to try (default 3 "
-                                               "with spot, else 1)."),
-    max_upload: str = typer.Option("1GiB", "--max-upload", help="Refuse a workdir larger than this: bytes, or "
-                                   "500MB, 2GiB (MB, GB: 10^6, 10^9 bytes; MiB, GiB: 2^20, 2^30)."),
-    include_secrets: bool = typer.Option(False, "--include-secrets", help="Also send .git/, .env*, keys and the "
-                                         "credential files docs/tasks.md lists (never sent otherwise)."),
-    out_dir: Optional[Path] = typer.Option(None, "--out", help="Where outputs and logs come home (default runs/<run-id>/)."),
-    ssh_cidr: Optional[str] = typer.Option(None, "--ssh-cidr", help="CIDR allowed to SSH (default: your public IP/32)."),
-    ami: Optional[str] = typer.Option(None, "--ami", help="AMI id (default: the newest image baked for the task's "
-                                      "setup, else the PyTorch Deep Learning AMI)."),
-    no_baked: bool = typer.Option(False, "--no-baked", help="Boot the Deep Learning AMI even when an image baked for "
-                                  "this setup exists (`ec2gpu image ls`)."),
+    args: List[str] = RUN_ARGS, gpu: Optional[str] = GPU, allow_larger: bool = ALLOW_LARGER,
+    instance_type: Optional[str] = INSTANCE_TYPE, spot: Optional[bool] = SPOT, spot_fallback: Optional[str] = SPOT_FALLBACK,
+    nodes: Optional[int] = NODES, env: List[str] = ENV, secret: List[str] = SECRET, workdir: Optional[str] = WORKDIR,
+    name: Optional[str] = NAME, max_runtime: Optional[str] = MAX_RUNTIME, expect: Optional[str] = EXPECT,
+    budget: Optional[float] = BUDGET, max_price: Optional[float] = MAX_PRICE, max_attempts: Optional[int] = MAX_ATTEMPTS,
+    max_upload: str = MAX_UPLOAD, include_secrets: bool = INCLUDE_SECRETS, out_dir: Optional[Path] = OUT_DIR,
+    ssh_cidr: Optional[str] = SSH_CIDR, ami: Optional[str] = AMI, no_baked: bool = NO_BAKED,
     workdir_outside: bool = WORKDIR_OUTSIDE, allow_write_bucket: List[str] = ALLOW_WRITE_BUCKET,
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (instance types in order with GPUs and "
-                                 "prices, limit, most it can cost, the job's environment, setup and run, what "
-                                 "changes) and create nothing; needs no AWS credentials. With --json: its keys "
-                                 "are in docs/tasks.md."),
-    infra: Optional[str] = typer.Option(None, "--infra", help="aws, aws/REGION or aws/REGION/ZONE (SkyPilot's "
-                                        "override flag): a SkyPilot task file naming another cloud runs on AWS; "
-                                        "a region here is the run's (the zone is chosen at launch)."),
-    detach: bool = typer.Option(False, "--detach", help="Hand the run to AWS and return: an Auto Scaling group "
-                                "runs it (a spot instance lost is replaced and the job resumes from its last "
-                                "checkpoint in S3), with nobody watching; `ec2gpu status RUN` follows it. An array "
-                                "returns once its driver runs on the pool's head, which puts the results in S3."),
-    array: Optional[str] = typer.Option(None, "--array", help="Run the task's run once per index over a pool "
-                                        "scheduled by Ray: 100 (indices 0-99), 0-99, or 3,7,12 to rerun some; each "
-                                        "element gets EC2GPU_ARRAY_INDEX and EC2GPU_ARRAY_SIZE, its outputs come "
-                                        "home under outputs/INDEX/. A task's array: or sweep: needs no flag."),
-    workers: Optional[int] = typer.Option(None, "--workers", help="An array's pool: instances at most (default: "
-                                          "the task's max_workers, else 1); it shrinks as the queue drains."),
-    gpus_per_job: Optional[int] = typer.Option(None, "--gpus-per-job", help="An array's elements: GPUs each "
-                                               "(default: the task's GPU count)."),
-    max_retries: Optional[int] = typer.Option(None, "--max-retries", help="An array's elements: runs again of one "
-                                              "that exits non-zero (default 2); one on a lost instance always runs "
-                                              "again."),
+    dry_run: bool = DRY_RUN, infra: Optional[str] = INFRA, detach: bool = DETACH, array: Optional[str] = ARRAY,
+    workers: Optional[int] = WORKERS, gpus_per_job: Optional[int] = GPUS_PER_JOB, max_retries: Optional[int] = MAX_RETRIES,
     port: List[int] = PORT, region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
-):
+) -> None:
     """Run your own job on new GPU instances: send the workdir, set up, run, bring outputs home, terminate.
 
     The job runs in the synced workdir with EC2GPU_OUTPUT_DIR, EC2GPU_CHECKPOINT_DIR, EC2GPU_RESUME,
@@ -137,30 +148,40 @@ def run_cmd(
     from .. import api
 
     task_file = _task_file(args)
-    record = api.run(
-        task_file, command=None if task_file else list(args or []) or None, workdir=workdir, name=name, gpu=gpu,
+    options = api.RunFlags(
+        command=None if task_file else list(args or []) or None, workdir=workdir, name=name, gpu=gpu,
         instance_type=instance_type, spot=spot, spot_fallback=spot_fallback, nodes=nodes, env=_env_flags(env, secret),
-        secrets=secret, max_runtime=max_runtime, expect=expect, budget=budget, max_price=max_price,
+        secrets=tuple(secret), max_runtime=max_runtime, expect=expect, budget=budget, max_price=max_price,
         max_attempts=max_attempts, max_upload=_size(max_upload), include_secrets=include_secrets, out=out_dir,
-        ssh_cidr=ssh_cidr, ami=ami, region=region, sandbox=_sandbox_flag(sandbox), reporter=RichReporter(err),
-        on_warning=_warn, as_typed=" ".join(["ec2gpu", *sys.argv[1:]]), baked=not no_baked, workdir_outside=workdir_outside,
-        allow_larger=allow_larger, dry_run=dry_run, infra=infra, detach=detach, array=array, workers=workers,
-        gpus_per_job=gpus_per_job, max_retries=max_retries, allow_write_buckets=allow_write_bucket, ports=port)
-    if dry_run:
-        _print_plan(record, as_json)
+        ssh_cidr=ssh_cidr, ami=ami, region=region, sandbox=_sandbox_flag(sandbox),
+        as_typed=" ".join(["ec2gpu", *sys.argv[1:]]), baked=not no_baked, workdir_outside=workdir_outside,
+        allow_larger=allow_larger, infra=infra, detach=detach, array=array, workers=workers,
+        gpus_per_job=gpus_per_job, max_retries=max_retries, allow_write_buckets=tuple(allow_write_bucket),
+        ports=tuple(port))
+    got = api.run(task_file, options=options, reporter=RichReporter(err), on_warning=_warn, dry_run=dry_run)
+    print_outcome(got, as_json, detach, sandbox)
+
+
+def print_outcome(got: Union[RunResult, RunPlan], as_json: bool, detach: bool, sandbox: bool) -> None:
+    """What `run` and `train mnist` print: a dry run's plan (runs/plan/dryrun.plan), a detached run's
+    or array's start, or the run record (with an array's table first)."""
+    from ..api import RunPlan
+    from ..runs.plan import dryrun
+    if isinstance(got, RunPlan):  # a dry run: the plan
+        _print_plan(dryrun.plan(got), as_json)
         return
+    record = got.to_json()
     if detach and record.get("pool") is not None:
         _print_detached_array(record, as_json, sandbox)
-        return
-    if detach:
+    elif detach:
         _print_detached(record, as_json)
-        return
-    if record.get("pool") and not as_json:
-        _print_pool(record["pool"])
-    _print_record(record, as_json)
+    else:
+        if record.get("pool") and not as_json:
+            _print_pool(record["pool"])
+        _print_record(record, as_json)
 
 
-def _print_pool(pool) -> None:
+def _print_pool(pool: Mapping[str, Any]) -> None:
     """An array's table: index, status, attempts, instance address, seconds, exit status, cost
     share, and where there are any, the sweep's parameters and each element's test accuracy (every
     value inert: it came from the instance)."""
@@ -183,7 +204,7 @@ def _print_pool(pool) -> None:
     say(out, f"instances over time: {over}", "dim")
 
 
-def _print_detached_array(record, as_json: bool, sandbox: bool) -> None:
+def _print_detached_array(record: Mapping[str, Any], as_json: bool, sandbox: bool) -> None:
     """A detached array's start: its id, its pool, what happens without this command, and how to follow it."""
     if as_json:
         render_json(record)
@@ -196,7 +217,7 @@ def _print_detached_array(record, as_json: bool, sandbox: bool) -> None:
              f"the results, once it ended: ec2gpu fetch {run_id}{where}")
 
 
-def _print_detached(record, as_json: bool) -> None:
+def _print_detached(record: Mapping[str, Any], as_json: bool) -> None:
     """A detached run's start: its id, where it lives, its deadline, and the command that follows it."""
     if as_json:
         render_json(record)
@@ -222,7 +243,7 @@ def exec_cmd(
     infra: Optional[str] = typer.Option(None, "--infra", help="aws: read a SkyPilot task file written for another "
                                         "cloud (SkyPilot's override flag); the standing instance runs it."),
     port: List[int] = PORT, region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
-):
+) -> None:
     """Run a task on a standing instance or cluster and leave it running.
 
     The workdir is synced again (rsync sends only what changed) and a setup that already ran there
@@ -235,10 +256,10 @@ def exec_cmd(
                       include_secrets=include_secrets, out=out_dir, region=region, sandbox=_sandbox_flag(sandbox),
                       reporter=RichReporter(err), on_warning=_warn, as_typed=" ".join(["ec2gpu", *sys.argv[1:]]),
                       workdir_outside=workdir_outside, infra=infra, allow_write_buckets=allow_write_bucket, ports=port)
-    _print_record(record, as_json)
+    _print_record(record.to_json(), as_json)
 
 
-def _task_file(args) -> str | None:
+def _task_file(args: Optional[List[str]]) -> str | None:
     """ARGS is a task file when it is one *.yaml / *.yml path; otherwise a command."""
     return args[0] if args and len(args) == 1 and args[0].endswith((".yaml", ".yml")) else None
 
@@ -250,7 +271,7 @@ def _warn(text: str) -> None:
 
 @app.command("status")
 def status_cmd(run_id: str = typer.Argument(..., help="The run id `ec2gpu run --detach` (or an array) printed."),
-               region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
+               region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON) -> None:
     """Show a detached run from any machine of the account: state, attempt, instance, interruptions.
 
     Read from the run's record (state.json) in S3 (written by its agent) and its Auto Scaling group. A run
@@ -258,7 +279,7 @@ def status_cmd(run_id: str = typer.Argument(..., help="The run id `ec2gpu run --
     An array or a sweep this machine runs: its elements done, running, queued and failed, its
     instances, the cost so far and the ETA, as its live line shows them (no AWS call)."""
     from .. import api
-    got = api.status(run_id, region=region, sandbox=_sandbox_flag(sandbox), log=_one_line)
+    got = api.status(run_id, region=region, sandbox=_sandbox_flag(sandbox), log=_one_line).to_json()
     if as_json:
         render_json(got)
         return
@@ -269,10 +290,10 @@ def status_cmd(run_id: str = typer.Argument(..., help="The run id `ec2gpu run --
 def cancel_cmd(run_id: str = typer.Argument(..., help="The run id `ec2gpu run --detach` printed."),
                wait: float = typer.Option(180.0, "--wait", min=0, help="Seconds to give the agent to stop the job "
                                           "and save its outputs to S3 before the group is removed."),
-               region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON):
+               region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON) -> None:
     """Cancel a detached run: the job is stopped, its outputs saved to S3, everything it made removed."""
     from .. import api
-    got = api.cancel(run_id, wait=wait, region=region, sandbox=_sandbox_flag(sandbox), log=_one_line)
+    got = api.cancel(run_id, wait=wait, region=region, sandbox=_sandbox_flag(sandbox), log=_one_line).to_json()
     if as_json:
         render_json(got)
         return

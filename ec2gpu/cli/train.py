@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 
 from .app import JSON, REGION, SANDBOX, _sandbox_flag, train_app
-from .render import RichReporter, _print_record, err
+from .render import RichReporter, err
 
 
 # the options of `train mnist` (module level: the command's signature stays readable)
@@ -96,35 +96,22 @@ def train_mnist(
     workers: Optional[int] = WORKERS_OPT, max_retries: int = MAX_RETRIES_OPT, detach: bool = DETACH_OPT,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan, as `run --dry-run` does, and create nothing."),
     region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = JSON,
-):
+) -> None:
     """Launch a GPU instance, train MNIST on it, download the results, terminate everything.
 
     With --spot the run is managed: on an interruption the newest checkpoint (brought home as the
     trainer writes it) goes to a replacement instance, which resumes training. With --detach AWS
     owns the run and this command returns at once (see `ec2gpu run --help`).
     """
-    from ..api import train as training
+    from .. import api
+    from .tasks import print_outcome
     as_typed = " ".join(["ec2gpu"] + sys.argv[1:]) if sys.argv[0].endswith("ec2gpu") else "ec2gpu train mnist"
-    record = training.train_mnist(
-        instance_type=instance_type, spot=spot, spot_fallback=spot_fallback, model=model, epochs=epochs, seed=seed,
-        keep=keep, out=out_dir, local=local, ssh_cidr=ssh_cidr, ami=ami, baked=not no_baked, max_runtime=max_runtime,
-        data_dir=data_dir, trainer_args=trainer_arg, budget=budget, max_price=max_price, cluster=on_cluster,
-        nodes=nodes, max_attempts=max_attempts, checkpoint_uri=checkpoint_uri, unreachable_after=unreachable_after,
-        region=region, sandbox=_sandbox_flag(sandbox), reporter=RichReporter(err), as_typed=as_typed,
-        sweep=sweep_flags(sweep) or None, workers=workers, max_retries=max_retries, detach=detach, dry_run=dry_run)
-    if dry_run:
-        from .tasks import _print_plan
-        _print_plan(record, as_json)
-        return
-    if detach and record.get("pool") is not None:  # a sweep: its pool's driver runs on without this command
-        from .tasks import _print_detached_array
-        _print_detached_array(record, as_json, sandbox)
-        return
-    if detach:
-        from .tasks import _print_detached
-        _print_detached(record, as_json)
-        return
-    if record.get("pool") and not as_json:
-        from .tasks import _print_pool
-        _print_pool(record["pool"])
-    _print_record(record, as_json)
+    options = api.RunFlags(
+        instance_type=instance_type, spot=spot, spot_fallback=spot_fallback, keep=keep, out=out_dir, ssh_cidr=ssh_cidr,
+        ami=ami, baked=not no_baked, max_runtime=max_runtime, budget=budget, max_price=max_price, nodes=nodes,
+        max_attempts=max_attempts, checkpoint_uri=checkpoint_uri, unreachable_s=unreachable_after, region=region,
+        sandbox=_sandbox_flag(sandbox), as_typed=as_typed, workers=workers, max_retries=max_retries, detach=detach)
+    trainer = api.Trainer(model=model, epochs=epochs, seed=seed, trainer_args=tuple(trainer_arg),
+                          sweep=sweep_flags(sweep) or None, data_dir=data_dir, local=local, cluster=on_cluster)
+    got = api.train_mnist(options, trainer, reporter=RichReporter(err), dry_run=dry_run)
+    print_outcome(got, as_json, detach, sandbox)

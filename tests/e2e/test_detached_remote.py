@@ -24,7 +24,7 @@ def _task(tmp_path: Path) -> Path:
 def _wait(run_id: str, timeout_s: float = 180.0) -> dict:
     deadline, got = time.monotonic() + timeout_s, {}
     while time.monotonic() < deadline:
-        got = api.status(run_id, sandbox=True)
+        got = api.status(run_id, sandbox=True).to_json()
         if got["state"] in ("succeeded", "failed", "cancelled"):
             return got
         time.sleep(2)

@@ -43,7 +43,7 @@ def _task(tmp_path: Path, run: str, setup: bool = True) -> Path:
 def _wait(run_id: str, states: tuple[str, ...], timeout_s: float = 180.0) -> dict:
     deadline, got = time.monotonic() + timeout_s, {}
     while time.monotonic() < deadline:
-        got = api.status(run_id, sandbox=True)
+        got = api.status(run_id, sandbox=True).to_json()
         if got["state"] in states:
             return got
         time.sleep(2)
@@ -159,14 +159,14 @@ def test_with_its_agent_killed_a_detached_run_still_ends_at_its_deadline(sandbox
         os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + 150
     while time.monotonic() < deadline:
-        group = api.status(run_id, sandbox=True)["group"]
+        group = api.status(run_id, sandbox=True).group
         if group and group["desired"] == 0 and not group["instances"]:
             break
         time.sleep(3)
     assert group["desired"] == 0 and not group["instances"], group
     assert time.monotonic() - started >= 40  # at the deadline, not before (the run's limit is 60 s from launch)
     assert processes_gone([got["instance_id"]], timeout_s=30)
-    ended = api.status(run_id, sandbox=True)  # the next look at it records its end and removes what it made
+    ended = api.status(run_id, sandbox=True).to_json()  # the next look at it records its end and removes what it made
     assert ended["state"] == "failed" and "without its agent" in ended["message"], ended
     left = _nothing_left(run_id)
     assert not any(left.values()), left
@@ -225,7 +225,7 @@ def test_a_spot_interruption_is_ridden_out_by_a_replacement_that_resumes_from_th
     assert [r["instance_id"] for r in kept] == [first["instance_id"], done["instance_id"]], kept
     # this machine's ledger (`ec2gpu runs`) has the run's end and its whole cost
     row = ledger.get(sandbox_env[0], run_id)
-    assert row["status"] == "completed" and row["cost_usd"] == api.status(run_id, sandbox=True)["cost_usd"] > 0, row
+    assert row["status"] == "completed" and row["cost_usd"] == api.status(run_id, sandbox=True).cost_usd > 0, row
 
 
 def test_an_agent_rewritten_in_s3_after_launch_is_refused_on_the_instance_and_none_of_it_runs(
@@ -250,7 +250,7 @@ def test_an_agent_rewritten_in_s3_after_launch_is_refused_on_the_instance_and_no
     deadline, got = time.monotonic() + 180, {}
     while time.monotonic() < deadline:
         assert not marker.exists(), "the rewritten agent ran"
-        got = api.status(run_id, sandbox=True)
+        got = api.status(run_id, sandbox=True).to_json()
         if got["state"] in ("succeeded", "failed", "cancelled"):
             break
         time.sleep(2)

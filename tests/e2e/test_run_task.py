@@ -298,9 +298,10 @@ def test_the_python_api_runs_a_task_and_returns_its_record(sandbox_env, project,
 
         def progress(self, p):
             self.seen.append(p)
-    record = ec2gpu.run(project / "task.yaml", sandbox=True, expect="1m", env={"EPOCHS": "12", "SECONDS_PER_EPOCH": "0.25"},
+    result = ec2gpu.run(project / "task.yaml", sandbox=True, expect="1m", env={"EPOCHS": "12", "SECONDS_PER_EPOCH": "0.25"},
                         out=tmp_path / "r", reporter=Recording())
-    assert record["status"] == "completed" and record["summary"]["epochs"] == 12
+    record = result.to_json()
+    assert result.status == "completed" and result.summary["epochs"] == 12
     # the progress the job wrote reached the reporter, as written (no log text parsed)
     assert Recording.seen and all(p["total"] == 12 and p["label"] == f"epoch {p['done']}/12" for p in Recording.seen)
     assert json.loads((tmp_path / "r" / "run.json").read_text())["run_id"] == record["run_id"]

@@ -4,6 +4,7 @@ row), the flags reach the layers below as the CLI's did, and the sandbox functio
 home where no sandbox runs. tests/e2e/test_api_images_sandbox_e2e.py asks a running sandbox."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -124,7 +125,7 @@ def test_train_mnist_gives_the_pipeline_every_flag_and_returns_its_record(home, 
                                max_attempts=4, checkpoint_uri="s3://b/p", unreachable_after=60.0, baked=False,
                                out=Path("o"), region="eu-west-1", sandbox=True, reporter=reporter,
                                as_typed="ec2gpu train mnist --spot")
-    assert record == {"run_id": "r1", "status": "completed"}
+    assert record.to_json() == {"run_id": "r1", "status": "completed"} and record.status == "completed"
     assert fake_context == [("eu-west-1", True, True)]  # --keep: a sandbox this starts outlives the command
     o = seen["opts"]
     assert type(o).__name__ == "TrainOptions"
@@ -151,10 +152,10 @@ def test_train_mnist_on_a_cluster_and_on_this_machine_go_where_they_should(home,
     calls = []
     monkeypatch.setattr(standing, "train_on_cluster",
                         lambda aws, settings, opts, ui, name, back: calls.append(("cluster", name)) or {"run_id": "c"})
-    assert train.train_mnist(cluster="lab", sandbox=True) == {"run_id": "c"}
+    assert train.train_mnist(cluster="lab", sandbox=True).run_id == "c"
     monkeypatch.setattr(local, "train_local",
                         lambda opts, ui, data_dir, settings: calls.append(("local", data_dir)) or {"run_id": "l"})
-    assert train.train_mnist(local=True, data_dir=str(tmp_path)) == {"run_id": "l"}
+    assert train.train_mnist(local=True, data_dir=str(tmp_path)).run_id == "l"
     assert calls == [("cluster", "lab"), ("local", str(tmp_path))]
     assert len(fake_context) == 1  # --local opens no backend
 
@@ -170,7 +171,7 @@ def test_bench_says_the_sandbox_is_this_machine_and_returns_the_ranked_results(h
     said = []
     got = train.bench(quick=True, data_dir=".", max_runtime=15, budget=0.5, sandbox=True, log=said.append,
                       as_typed="ec2gpu bench --sandbox")
-    assert got == [{"instance_type": "g6.xlarge", "usd_per_run": {}}]
+    assert [r.to_json() for r in got] == [{"instance_type": "g6.xlarge", "usd_per_run": {}}]
     assert said == ["sandbox: the instance is this machine, without a GPU: the figures are its CPU's"]
     o = seen["opts"]
     assert (o.instance_type, o.max_runtime_minutes, o.budget_usd, o.command) == \
@@ -262,3 +263,17 @@ def test_up_asks_the_sandbox_of_this_home_and_says_when_one_not_like_aws_runs(ho
     assert sb.sandbox_up(like_aws=True, log=said.append).to_json() == running
     assert said == ["a sandbox without --like-aws is already running; `ec2gpu sandbox down` first"]
     assert calls == [(home.resolve(), None), (home.resolve(), True)]
+
+
+def test_train_mnist_takes_runflags_and_a_trainer_and_keywords_set_the_same_fields(home, no_backend):
+    from ec2gpu import api
+    typed = train.train_mnist(dataclasses.replace(train.TRAIN_FLAGS, max_runtime=30, unreachable_s=60.0),
+                              api.Trainer(model="lenet", epochs=2), dry_run=True)
+    keywords = train.train_mnist(max_runtime=30, unreachable_after=60.0, model="lenet", epochs=2, dry_run=True)
+    assert isinstance(typed, api.RunPlan) and typed.flags == keywords.flags and typed.trainer == keywords.trainer
+    assert keywords.trainer.model == "lenet" and keywords.flags.unreachable_s == 60.0
+    # no flags given: `train mnist`'s own defaults (on-demand, one node, an element retried twice)
+    plain = train.train_mnist(dry_run=True).flags
+    assert (plain.spot, plain.nodes, plain.max_retries) == (False, 1, 2)
+    with pytest.raises(TypeError, match="'modle'"):
+        train.train_mnist(modle="lenet", dry_run=True)

@@ -85,8 +85,9 @@ def test_a_warning_and_a_note_of_a_run_and_its_table_print_their_brackets_as_typ
     def run(task_file, *, reporter, on_warning, **kw):
         on_warning(WARNING)
         reporter.note(NOTE)
-        return {"run_id": "r1", "market": "local", "instance_type": "local", "task": "[bold]proj", "exit_status": 0,
-                "summary": {"msg": "[/]summary [bold]x"}, "phases": {}, "artifacts": "[/]runs/[bold]r1"}
+        return api.RunResult({"run_id": "r1", "market": "local", "instance_type": "local", "task": "[bold]proj",
+                              "exit_status": 0, "summary": {"msg": "[/]summary [bold]x"}, "phases": {},
+                              "artifacts": "[/]runs/[bold]r1"})
     monkeypatch.setattr(api, "run", run)
     assert cli.main(["run", "t.yaml"]) == 0
     got = capsys.readouterr()

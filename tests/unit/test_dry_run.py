@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from ec2gpu import api, cli
+from ec2gpu.runs.plan import dryrun
 
 SKY = """name: demo
 resources:
@@ -80,7 +81,7 @@ def test_a_dry_run_refuses_what_the_run_would_refuse_in_one_line(project, capsys
 
 def test_a_flag_replaces_the_files_request_and_is_what_the_plan_shows(project, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "x")
-    plan = api.run("sky.yaml", gpu="L4", dry_run=True)  # the file's A100:1 alone is refused: the flag wins
+    plan = dryrun.plan(api.run("sky.yaml", gpu="L4", dry_run=True))  # the file's A100:1 alone is refused: the flag wins
     # ... and the file's cpus: 8+ still holds: the cheapest 1 x L4 type with 8 vCPUs or more
     assert [r["instance_type"] for r in plan["instance_types"]] == ["g6.2xlarge"]
     assert plan["env"]["SKYPILOT_NUM_GPUS_PER_NODE"] == "1" and "CUDA_VISIBLE_DEVICES" not in plan["env"]

@@ -494,8 +494,8 @@ def test_status_of_an_array_reads_its_live_line_then_its_final_counts(tmp_path, 
     follow.write_progress(out / follow.PROGRESS_FILE, follow._progress(
         follow.Pool([]), json.loads(status(counts={"done": 5, "failed": 1, "running": 3, "queued": 3})), 12))
     got = api.status("r-arr")
-    assert got["state"] == "running" and got["array"]["counts"] == {"done": 5, "failed": 1, "running": 3, "queued": 3}
-    assert got["array"]["instances"] == 0 and got["array"]["cost_so_far_usd"] == 0.0
+    assert got.state == "running" and got.array["counts"] == {"done": 5, "failed": 1, "running": 3, "queued": 3}
+    assert got.array["instances"] == 0 and got.array["cost_so_far_usd"] == 0.0
     assert cli.main(["status", "r-arr"]) == 0
     said = capsys.readouterr().out
     assert "run r-arr: running (an array of task arr)" in said and "5 done, 3 running, 3 queued, 1 failed" in said
@@ -504,8 +504,8 @@ def test_status_of_an_array_reads_its_live_line_then_its_final_counts(tmp_path, 
     (out / follow.PROGRESS_FILE).write_text('{"instances": "3", "eta_s": Infinity, "cost_so_far_usd": -1, '
                                              '"counts": {"done": "x", "failed": -2, "queued": NaN}, "at": 1e30}')
     got = api.status("r-arr")
-    assert got["array"]["counts"] == {} and got["array"]["instances"] is None and got["array"]["updated_at"] is None
-    assert got["array"]["eta_s"] is None and got["array"]["cost_so_far_usd"] is None
+    assert got.array["counts"] == {} and got.array["instances"] is None and got.array["updated_at"] is None
+    assert got.array["eta_s"] is None and got.array["cost_so_far_usd"] is None
     assert cli.main(["status", "r-arr"]) == 0 and "0 done, 0 running" in capsys.readouterr().out
     # over: the driver's final counts and the run's cost
     (out / "pool.json").write_text(json.dumps({"counts": {"done": 12, "failed": 0, "running": 0, "queued": 0}}))
@@ -520,7 +520,7 @@ def test_an_array_whose_controller_is_gone_says_so_and_shows_what_its_head_hande
     import contextlib
     import socket as _socket
     from types import SimpleNamespace
-    from ec2gpu.api import instances as api_instances
+    from ec2gpu import backend
     from ec2gpu.runs.recover import handover
     from ec2gpu.runs.settle import ledger
     monkeypatch.setenv("EC2GPU_HOME", str(tmp_path / "home"))
@@ -536,10 +536,10 @@ def test_an_array_whose_controller_is_gone_says_so_and_shows_what_its_head_hande
     assert got["state"] == "controller-lost" and got["array"]["instances"] is None and got["array"]["eta_s"] is None
     handed = {"state": "succeeded", "handover": "uploaded", "handover_at": "2026-11-27T10:05:00+00:00",
               "array": {"done": 4, "failed": 0, "running": 0, "queued": 0}}
-    monkeypatch.setattr(api_instances, "_context", lambda *a, **k: contextlib.nullcontext(SimpleNamespace(aws=None)))
+    monkeypatch.setattr(backend, "Context", lambda *a, **k: contextlib.nullcontext(SimpleNamespace(aws=None)))
     monkeypatch.setattr(handover, "handed", lambda aws, run_id: handed)
     got = api.status("r-lost")
-    assert got["array"]["counts"]["done"] == 4 and got["array"]["final"] and got["handover"]["state"] == "succeeded"
+    assert got.array["counts"]["done"] == 4 and got.array["final"] and got.handover["state"] == "succeeded"
     assert cli.main(["status", "r-lost", "--sandbox"]) == 0
     said = " ".join(capsys.readouterr().out.split())
     assert "4 done" in said and "handed the results over to S3" in said and "`ec2gpu fetch r-lost --sandbox`" in said

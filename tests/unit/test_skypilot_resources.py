@@ -1,14 +1,15 @@
 """SkyPilot's `resources` fields beyond the GPU (issue 28, item 6): cpus and memory choose the type
 with the GPU; infra/cloud/region/zone, image_id, ports, autostop and job_recovery become the run's
 region, AMI, forwarded ports and idle rule, or are refused or warned about in one line; `--infra aws`
-runs a file written for another cloud on AWS. Pure: load.parse, and api.run(..., dry_run=True),
-which calls no AWS API."""
+runs a file written for another cloud on AWS. Pure: load.parse, and api.run(..., dry_run=True) (its RunPlan
+as runs/plan/dryrun.plan shows it), which calls no AWS API."""
 import json
 
 import pytest
 
 from ec2gpu import api, cli
 from ec2gpu.errors import UsageError
+from ec2gpu.runs.plan import dryrun
 from ec2gpu.tasks import load, resolve
 
 GPU = "run: x\nresources:\n  accelerators: {gpu}\n"
@@ -143,7 +144,7 @@ def test_the_infra_flag_sets_the_runs_region_and_a_file_on_another_cloud_runs_on
     with pytest.raises(UsageError, match="another cloud than AWS"):
         api.run(name, dry_run=True)
     warned = []
-    plan = api.run(name, dry_run=True, infra="aws/us-west-2/us-west-2b", on_warning=warned.append)
+    plan = dryrun.plan(api.run(name, dry_run=True, infra="aws/us-west-2/us-west-2b", on_warning=warned.append))
     assert plan["region"] == "us-west-2" and plan["region_source"] == "--infra"
     assert any("replaced by --infra" in w for w in warned) and any("us-west-2b" in w for w in warned)
     with pytest.raises(UsageError, match="ec2gpu runs on AWS only"):
@@ -154,8 +155,8 @@ def test_the_infra_flag_sets_the_runs_region_and_a_file_on_another_cloud_runs_on
 
 def test_the_files_aws_region_is_the_runs_unless_a_flag_names_one(no_aws):
     name = write(no_aws, "workdir: null\nresources:\n  infra: aws/us-east-2\n  accelerators: L4:1\nrun: x\n")
-    assert api.run(name, dry_run=True)["region"] == "us-east-2"
-    assert api.run(name, dry_run=True, region="us-west-2")["region"] == "us-west-2"
+    assert dryrun.plan(api.run(name, dry_run=True))["region"] == "us-east-2"
+    assert dryrun.plan(api.run(name, dry_run=True, region="us-west-2"))["region"] == "us-west-2"
 
 
 # -- image_id -------------------------------------------------------------------------------------
@@ -163,13 +164,13 @@ def test_the_files_aws_region_is_the_runs_unless_a_flag_names_one(no_aws):
 def test_image_id_an_ami_or_one_per_region_is_the_runs_ami_for_its_region(no_aws):
     one = write(no_aws, "workdir: null\nresources:\n  image_id: ami-0123456789abcdef0\n  accelerators: L4:1\n"
                         "run: x\n", "one.yaml")
-    plan = api.run(one, dry_run=True)
+    plan = dryrun.plan(api.run(one, dry_run=True))
     assert plan["ami"] == "ami-0123456789abcdef0" and plan["image"] == "ami-0123456789abcdef0"
     per_region = write(no_aws, "workdir: null\nresources:\n  image_id:\n    us-east-1: ami-0729d913a335efca7\n"
                                "    us-west-2: ami-050814f384259894c\n  accelerators: L4:1\nrun: x\n", "map.yaml")
-    assert api.run(per_region, dry_run=True, region="us-west-2")["ami"] == "ami-050814f384259894c"
-    assert api.run(per_region, dry_run=True, region="us-west-2", ami="ami-0aaaaaaaaaaaaaaaa")["ami"] == \
-        "ami-0aaaaaaaaaaaaaaaa"  # --ami wins
+    assert dryrun.plan(api.run(per_region, dry_run=True, region="us-west-2"))["ami"] == "ami-050814f384259894c"
+    assert dryrun.plan(api.run(per_region, dry_run=True, region="us-west-2",
+                               ami="ami-0aaaaaaaaaaaaaaaa"))["ami"] == "ami-0aaaaaaaaaaaaaaaa"  # --ami wins
     with pytest.raises(UsageError, match="has no AMI for eu-west-1: it names us-east-1, us-west-2"):
         api.run(per_region, dry_run=True, region="eu-west-1")
 
@@ -197,12 +198,12 @@ def test_ports_are_forwarded_over_ssh_not_opened_and_the_warning_says_so(no_aws)
     [warning] = got.warnings
     assert "forwarded from node 0 to 127.0.0.1" in warning and "not opened to the internet" in warning
     name = write(no_aws, "workdir: null\nresources:\n  ports: 8265\n  accelerators: L4:1\nrun: x\n")
-    [port] = api.run(name, dry_run=True)["ports"]
+    [port] = dryrun.plan(api.run(name, dry_run=True))["ports"]
     # a task file's port goes to a free port here, never its own number (issue 44.7: a task must not take
     # a local port a client here trusts); --port names one that keeps it
     assert port["port"] == 8265 and port["local"] == "127.0.0.1:(a free port, said when the job starts)"
     assert "not opened" in port["how"]
-    [port] = api.run(name, dry_run=True, ports=[8265])["ports"]
+    [port] = dryrun.plan(api.run(name, dry_run=True, ports=[8265]))["ports"]
     assert port["local"] == "127.0.0.1:8265"
 
 
@@ -217,11 +218,11 @@ def test_autostop_becomes_the_idle_rule_of_at_least_ten_minutes(autostop, minute
 def test_autostop_is_the_idle_rule_the_run_launches_with(no_aws):
     name = write(no_aws, "workdir: null\nresources:\n  autostop: {idle_minutes: 30, down: false}\n"
                          "  accelerators: L4:1\nrun: x\n")
-    plan = api.run(name, dry_run=True)
+    plan = dryrun.plan(api.run(name, dry_run=True))
     assert plan["idle_rule"]["minutes"] == plan["idle_rule_minutes"] == 30
     assert plan["idle_rule"]["action"] == "terminate" and "autostop" in plan["idle_rule"]["source"]
     assert any("terminated, not stopped" in c for c in plan["changes"])
-    assert api.run(write(no_aws, GPU.format(gpu="L4:1"), "plain.yaml"), dry_run=True)["idle_rule"] is None
+    assert dryrun.plan(api.run(write(no_aws, GPU.format(gpu="L4:1"), "plain.yaml"), dry_run=True))["idle_rule"] is None
 
 
 def test_autostop_false_leaves_no_idle_rule_and_says_the_run_still_ends_its_instances():

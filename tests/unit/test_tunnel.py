@@ -77,9 +77,10 @@ def test_a_task_files_ports_go_to_free_ports_here_and_only_ports_the_user_named_
 def test_port_flags_are_checked_and_the_plan_says_which_local_port_each_gets(tmp_path):
     from ec2gpu import api
     from ec2gpu.errors import UsageError
+    from ec2gpu.runs.plan import dryrun
     task = tmp_path / "task.yaml"
     task.write_text("name: p\nworkdir: null\nrun: python serve.py\nports: [5432]\n")
-    plan = api.run(str(task), dry_run=True, ports=[6006])
+    plan = dryrun.plan(api.run(str(task), dry_run=True, ports=[6006]))
     assert [(p["port"], p["local"]) for p in plan["ports"]] == [
         (5432, "127.0.0.1:(a free port, said when the job starts)"), (6006, "127.0.0.1:6006")]
     import pytest
