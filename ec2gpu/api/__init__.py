@@ -6,8 +6,9 @@
 
 ``run`` and ``train_mnist`` take a task and a typed options object, RunFlags (``train_mnist`` also a
 Trainer); their keyword arguments are a convenience that sets RunFlags' fields of the same names.
-The run commands return frozen records (api/run_results.py: RunResult, RunStatus, BenchResult;
-``to_json()``: what ``--json`` prints); a dry run returns the RunPlan.
+Every command returns a frozen record (RunResult, RunStatus, BenchResult in api/run_results.py; the
+others beside their functions: InstanceRow, PriceList, RunList, ...; ``to_json()``: what ``--json``
+prints); a dry run returns the RunPlan.
 
 The CLI (ec2gpu/cli/) only parses flags, calls these and renders what they return. Every function
 raises the ec2gpu.errors tree (UsageError for bad input before anything is created; NoCredentials;
@@ -21,11 +22,13 @@ mnist, bench), instances (standing instances and clusters), access (reaching an 
 (prices, estimates, the ledger), images (baked images), sandbox (the local stand-in for AWS).
 COMMANDS maps each command to its function.
 """
-from .access import fetch, logs, notebook, ssh, ssh_config, tunnel
-from .costs import estimate, list_runs, prices, show_run
-from .images import list_images, remove_image
-from .instances import cleanup, doctor, down, idle_rule, launch, list_instances, scale, start, stop
-from .sandbox import sandbox_capacity, sandbox_down, sandbox_env, sandbox_interrupt, sandbox_status, sandbox_up
+from .access import Fetched, LogShown, Notebook, SshConfig, Tunnel, fetch, logs, notebook, ssh, ssh_config, tunnel
+from .costs import CostEstimates, PriceList, RemoteRunList, RunList, estimate, list_runs, prices, show_run
+from .images import ImageRow, RemovedImage, list_images, remove_image
+from .instances import (Cleanup, InstanceRow, InstanceSummary, Scaled, StoppedInstance, cleanup, doctor, down, idle_rule,
+                        launch, list_instances, scale, start, stop)
+from .sandbox import (CapacityLimits, Interruption, SandboxState, sandbox_capacity, sandbox_down, sandbox_env,
+                      sandbox_interrupt, sandbox_status, sandbox_up)
 from ..runs.plan.runplan import RunFlags, RunPlan, Trainer
 from .run_results import BenchResult, RunResult, RunStatus
 from .tasks import bake, cancel, exec, load_task, run, status  # noqa: A004 - `exec` is the command's name
@@ -45,8 +48,11 @@ COMMANDS = {
     "sandbox interrupt": "sandbox_interrupt", "sandbox capacity": "sandbox_capacity", "sandbox env": "sandbox_env",
 }
 
-__all__ = ["COMMANDS", "BenchResult", "RunFlags", "RunPlan", "RunResult", "RunStatus", "Trainer", "bake", "bench",
-           "cancel", "cleanup", "doctor", "down", "estimate", "exec", "fetch", "idle_rule", "launch", "list_images",
-           "list_instances", "list_runs", "load_task", "logs", "notebook", "prices", "remove_image", "run",
-           "sandbox_capacity", "sandbox_down", "sandbox_env", "sandbox_interrupt", "sandbox_status", "sandbox_up",
-           "scale", "show_run", "ssh", "ssh_config", "start", "status", "stop", "train_mnist", "tunnel"]
+__all__ = ["COMMANDS", "BenchResult", "CapacityLimits", "Cleanup", "CostEstimates", "Fetched", "ImageRow",
+           "InstanceRow", "InstanceSummary", "Interruption", "LogShown", "Notebook", "PriceList", "RemoteRunList",
+           "RemovedImage", "RunFlags", "RunList", "RunPlan", "RunResult", "RunStatus", "SandboxState", "Scaled",
+           "SshConfig", "StoppedInstance", "Trainer", "Tunnel", "bake", "bench", "cancel", "cleanup", "doctor",
+           "down", "estimate", "exec", "fetch", "idle_rule", "launch", "list_images", "list_instances", "list_runs",
+           "load_task", "logs", "notebook", "prices", "remove_image", "run", "sandbox_capacity", "sandbox_down",
+           "sandbox_env", "sandbox_interrupt", "sandbox_status", "sandbox_up", "scale", "show_run", "ssh",
+           "ssh_config", "start", "status", "stop", "train_mnist", "tunnel"]
