@@ -22,17 +22,54 @@ mnist, bench), instances (standing instances and clusters), access (reaching an 
 (prices, estimates, the ledger), images (baked images), sandbox (the local stand-in for AWS).
 COMMANDS maps each command to its function.
 """
-from .access import Fetched, LogShown, Notebook, SshConfig, Tunnel, fetch, logs, notebook, ssh, ssh_config, tunnel
-from .costs import CostEstimates, PriceList, RemoteRunList, RunList, estimate, list_runs, prices, show_run
-from .images import ImageRow, RemovedImage, list_images, remove_image
-from .instances import (Cleanup, InstanceRow, InstanceSummary, Scaled, StoppedInstance, cleanup, doctor, down, idle_rule,
-                        launch, list_instances, scale, start, stop)
-from .sandbox import (CapacityLimits, Interruption, SandboxState, sandbox_capacity, sandbox_down, sandbox_env,
-                      sandbox_interrupt, sandbox_status, sandbox_up)
-from ..runs.plan.runplan import RunFlags, RunPlan, Trainer
-from .run_results import BenchResult, RunResult, RunStatus
-from .tasks import bake, cancel, exec, load_task, run, status  # noqa: A004 - `exec` is the command's name
-from .train import bench, train_mnist
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what mypy and readers see; at run time each name is imported on first use (__getattr__)
+    from .access import Fetched, LogShown, Notebook, SshConfig, Tunnel, fetch, logs, notebook, ssh, ssh_config, tunnel
+    from .costs import CostEstimates, PriceList, RemoteRunList, RunList, estimate, list_runs, prices, show_run
+    from .images import ImageRow, RemovedImage, list_images, remove_image
+    from .instances import (Cleanup, InstanceRow, InstanceSummary, Scaled, StoppedInstance, cleanup, doctor, down, idle_rule,
+                            launch, list_instances, scale, start, stop)
+    from .sandbox import (CapacityLimits, Interruption, SandboxState, sandbox_capacity, sandbox_down, sandbox_env,
+                          sandbox_interrupt, sandbox_status, sandbox_up)
+    from ..runs.plan.runplan import RunFlags, RunPlan, Trainer
+    from .run_results import BenchResult, RunResult, RunStatus
+    from .tasks import bake, cancel, exec, load_task, run, status  # noqa: A004 - `exec` is the command's name
+    from .train import bench, train_mnist
+
+#: where each public name lives: a module is imported when one of its names is first used, so that
+#: `ec2gpu run --dry-run` (api.run) loads neither boto3 nor paramiko (tests/unit/test_dry_run.py), as a
+#: plain import of every module here would (api/instances, api/access reach AWS and SSH)
+_HOMES = {
+    ".access": ("Fetched", "LogShown", "Notebook", "SshConfig", "Tunnel", "fetch", "logs", "notebook", "ssh",
+                "ssh_config", "tunnel"),
+    ".costs": ("CostEstimates", "PriceList", "RemoteRunList", "RunList", "estimate", "list_runs", "prices", "show_run"),
+    ".images": ("ImageRow", "RemovedImage", "list_images", "remove_image"),
+    ".instances": ("Cleanup", "InstanceRow", "InstanceSummary", "Scaled", "StoppedInstance", "cleanup", "doctor",
+                   "down", "idle_rule", "launch", "list_instances", "scale", "start", "stop"),
+    ".sandbox": ("CapacityLimits", "Interruption", "SandboxState", "sandbox_capacity", "sandbox_down", "sandbox_env",
+                 "sandbox_interrupt", "sandbox_status", "sandbox_up"),
+    "..runs.plan.runplan": ("RunFlags", "RunPlan", "Trainer"),
+    ".run_results": ("BenchResult", "RunResult", "RunStatus"),
+    ".tasks": ("bake", "cancel", "exec", "load_task", "run", "status"),
+    ".train": ("bench", "train_mnist"),
+}
+_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:  # Any: whichever API function or record ``name`` is
+    """The public name ``name``, its module imported now (PEP 562). Raises AttributeError for another."""
+    if name not in _HOME_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOME_OF[name], __name__), name)
+    globals()[name] = value  # once: the next use is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOME_OF))
+
 
 #: The command each function does (docs/api.md is generated from this and the docstrings).
 COMMANDS = {

@@ -18,13 +18,12 @@ from ..aws import catalog, network, tags
 from ..errors import Ec2GpuError, UsageError
 from ..runs.execute.reporter import Reporter, ReporterLike
 from ..runs.options import LaunchOptions
-from ..runs.plan import doctor as doctor_checks
-from ..runs.plan.doctor import Check
 from ..runs.recover import reconcile
 from ..tasks.spec import minutes
 
 if TYPE_CHECKING:
     from ..aws.instances import IdleRule, Instance
+    from ..runs.plan.doctor import Check
 
 # The modules that load boto3 (aws/clusters, instances, sweep; runs/standing/*, runs/execute/logs) or fabric
 # (remote/jobs) are imported inside the functions that reach AWS or an instance: `ec2gpu run --dry-run` imports
@@ -418,6 +417,7 @@ def doctor(*, instance_type: Optional[str] = None, spot: bool = False, region: O
     configured one). Returns one runs/plan/doctor.Check per check (name, ok (True, False, or None:
     could not tell), detail, fix; ``as_dict()`` is what --json prints); missing credentials are a
     failed "credentials" check, not an error. The command's exit code: runs/plan/doctor.exit_code(checks)."""
+    from ..runs.plan import doctor as doctor_checks  # here: it loads boto3, and a dry run imports api/ (test_dry_run.py)
     with _context(region, sandbox, False, log) as ctx:
         checks = doctor_checks.run_checks(ctx.aws, ctx.settings, instance_type or ctx.settings.instance_type, spot,
                                 ctx.backend.is_sandbox)

@@ -29,9 +29,9 @@ SSH_CIDR_OPT = typer.Option(None, "--ssh-cidr", help="CIDR allowed to SSH (defau
 AMI_OPT = typer.Option(None, "--ami", help="AMI id (default: the newest image baked for mnist, "
                        "`ec2gpu image bake mnist`, else the AWS Deep Learning AMI, PyTorch).")
 NO_BAKED_OPT = typer.Option(False, "--no-baked", help="Boot the Deep Learning AMI even when a baked image exists.")
-MAX_RUNTIME_OPT = typer.Option(None, "--max-runtime", min=1, help="Minutes after which the instance "
-                               "shuts itself down (= terminates), whatever happens to this command "
-                               "(default 120; --keep needs it given explicitly).")
+MAX_RUNTIME_OPT = typer.Option(None, "--max-runtime", help="Minutes (or 90m, 2h) after which the instance "
+                               "shuts itself down (= terminates), whatever happens to this command; the job gets "
+                               "SIGTERM 7 min before, to checkpoint (default 2h; --keep needs it given explicitly).")
 DATA_DIR_OPT = typer.Option(None, "--data-dir", help="MNIST directory for --local "
                             "(default EC2GPU_DATA_DIR, else downloaded).")
 TRAINER_ARG_OPT = typer.Option([], "--trainer-arg", help="Extra trainer flag, repeatable: "
@@ -87,7 +87,7 @@ def train_mnist(
     instance_type: Optional[str] = INSTANCE_TYPE_OPT, spot: bool = SPOT_OPT, spot_fallback: Optional[str] = SPOT_FALLBACK_OPT,
     model: str = MODEL_OPT, epochs: Optional[int] = EPOCHS_OPT, seed: int = SEED_OPT, keep: bool = KEEP_OPT,
     out_dir: Optional[Path] = OUT_DIR_OPT, local: bool = LOCAL_OPT, ssh_cidr: Optional[str] = SSH_CIDR_OPT,
-    ami: Optional[str] = AMI_OPT, no_baked: bool = NO_BAKED_OPT, max_runtime: Optional[int] = MAX_RUNTIME_OPT,
+    ami: Optional[str] = AMI_OPT, no_baked: bool = NO_BAKED_OPT, max_runtime: Optional[str] = MAX_RUNTIME_OPT,
     data_dir: Optional[str] = DATA_DIR_OPT, trainer_arg: List[str] = TRAINER_ARG_OPT,
     budget: Optional[float] = BUDGET_OPT, max_price: Optional[float] = MAX_PRICE_OPT,
     on_cluster: Optional[str] = ON_CLUSTER_OPT, nodes: int = NODES_OPT,

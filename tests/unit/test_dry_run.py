@@ -136,3 +136,20 @@ def test_a_dry_run_imports_no_aws_sdk(project):
     got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**os.environ, "HF_TOKEN": "x"})
     assert got.stdout.strip().splitlines()[-1] == "0 []", got.stdout + got.stderr
+
+
+def test_the_plans_cost_is_the_figure_the_run_says_boot_setup_and_ec2s_minimum_billed(project, capsys):
+    """Issue 48 item 3: a sandbox dry run said "~$0.0008 for 0.1 min of job" where the run it plans said
+    "$0.0088 for ~60 s billed". The plan's one cost line is the run's own estimate (costs.estimate_for,
+    which the run prints and judges --budget by): boot, setup and teardown in, 60 s at least, all nodes."""
+    (project / "proj" / "t.yaml").write_text("name: short\nrun: echo hi\nresources:\n  gpu: T4\n")
+    assert cli.main(["run", "t.yaml", "--dry-run", "--json", "--sandbox", "--expect", "6s", "--nodes", "2"]) == 0
+    est = json.loads(capsys.readouterr().out)["estimate"]
+    run = est["run"]
+    assert run["billed_seconds"] >= 60 and run["billed_seconds"] > run["train_seconds"]
+    assert est["expected_usd"] == run["cost_usd"] and run["cost_usd"] > 2 * 6 / 3600 * 0.526  # 2 nodes, more than 6 s
+    assert cli.main(["run", "t.yaml", "--dry-run", "--sandbox", "--expect", "6s", "--nodes", "2"]) == 0
+    text = capsys.readouterr().out
+    [line] = [ln for ln in text.splitlines() if "$" in ln and "cost" in ln]
+    assert f"~${run['cost_usd']:.4f} for ~{run['billed_seconds']:.0f} s billed x 2 node(s)" in line
+    assert "the run's estimate" not in text

@@ -128,13 +128,17 @@ def _estimate(p: RunPlan, rows: list[dict[str, Any]]) -> dict[str, Any]:
     source = "" if est is None else est.time_source.removeprefix("unknown: ") if est.upper_bound else est.time_source
     worst = max((r["on_demand_usd_per_hour"] for r in rows if r["on_demand_usd_per_hour"] is not None), default=None)
     price = rows[0]["on_demand_usd_per_hour"]
+    run = None if est is None else est.as_dict()
+    # the figure the run itself prints and judges its budget by: boot, setup, teardown and EC2's 60 s
+    # minimum billed too (issue 48 item 3: the job's minutes alone said $0.0008 where the run said $0.0088)
+    expected = (run["cost_usd"] if run and not run["upper_bound"] and run["cost_usd"] is not None
+                else None if minutes is None or price is None else round(costs.cost_usd(minutes * 60.0, price) * p.nodes, 4))
     return {"job_minutes": None if minutes is None else round(minutes, 2), "source": source,
-            "expected_usd": None if minutes is None or price is None else
-            round(costs.cost_usd(minutes * 60.0, price) * p.nodes, 4),
+            "expected_usd": expected,
             "at_most_usd": None if p.limit.minutes is None or worst is None else
             round(costs.cost_usd(p.limit.minutes * 60.0, worst) * p.nodes, 2),
             "note": "on-demand list prices; spot pays the zone's spot price, at most the on-demand one",
-            "run": None if est is None else est.as_dict()}
+            "run": run}
 
 
 def _type_rows(p: RunPlan) -> list[dict[str, Any]]:
@@ -246,17 +250,18 @@ def render(p: Mapping[str, Any]) -> list[str]:
     if p.get("budget"):
         out.append(f"  budget: {'the run would be REFUSED: ' if p['budget']['refused'] else ''}{p['budget']['why']}")
     out += [f"  port {q['port']} of node 0 -> {q['local']} here ({q['how']})" for q in p.get("ports", [])]
-    cost = (f"~${est['expected_usd']:.4f} for {est['job_minutes']} min of job ({est['source']})"
-            if est["expected_usd"] is not None else f"job time unknown ({est['source']})")
-    out.append(f"  cost: {cost}; at most "
-               + ("unbounded (no max runtime)" if est["at_most_usd"] is None else f"${est['at_most_usd']:.2f}")
-               + " at the max runtime")
     run = est.get("run")
-    if run and not run["upper_bound"] and run["cost_usd"] is not None:
-        out.append(f"  the run's estimate, as it judges its budget: ${run['cost_usd']:.4f} for ~{run['billed_seconds']:.0f} s "
-                   f"billed (boot {run['boot_seconds']:.0f} s, setup {run['setup_seconds']:.0f} s, job "
-                   f"{run['train_seconds']:.0f} s, teardown {run['teardown_seconds']:.0f} s), x {p['nodes']} node(s) "
-                   "at on-demand prices")
+    if run and not run["upper_bound"] and run["cost_usd"] is not None:  # what the run will say, and judge --budget by
+        cost = (f"~${run['cost_usd']:.4f} for ~{run['billed_seconds']:.0f} s billed x {p['nodes']} node(s) (boot "
+                f"{run['boot_seconds']:.0f} s, setup {run['setup_seconds']:.0f} s, job {run['train_seconds']:.0f} s "
+                f"({est['source']}), teardown {run['teardown_seconds']:.0f} s; 60 s at least)")
+    elif est["expected_usd"] is not None:
+        cost = f"~${est['expected_usd']:.4f} for {est['job_minutes']} min of job ({est['source']})"
+    else:
+        cost = f"job time unknown ({est['source']})"
+    out.append(f"  cost: {cost}; "
+               + ("no upper bound (no max runtime)" if est["at_most_usd"] is None
+                  else f"at most ${est['at_most_usd']:.2f} at the max runtime"))
     w = p["workdir"]
     git = w.get("git")
     sent = (f"git clone {git['url']} at {git['ref'] or 'its default branch'}, on the instance" if git
