@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
+from types import TracebackType
 from typing import TYPE_CHECKING, Callable, Optional
 
 from .errors import RemoteError
@@ -29,7 +30,7 @@ class Backend:
     endpoint_url: Optional[str] = None
     resolve: Optional[Callable[..., tuple[str, int]]] = None
     #: the sandbox's (access key id, secret, session token) and checkip URL; None on AWS (boto3's chain)
-    credentials: Optional[tuple] = None
+    credentials: Optional[tuple[str, str, str | None]] = None
     checkip_url: Optional[str] = None
 
     @property
@@ -91,11 +92,12 @@ class Context:
     ``note(text)`` is told when a sandbox is started for good.
     """
 
-    def __init__(self, region: str | None, sandbox: bool, persistent: bool = False, note=lambda text: None):
+    def __init__(self, region: str | None, sandbox: bool, persistent: bool = False,
+                 note: Callable[[str], None] = lambda text: None):
         self.settings = load({"region": region, "sandbox": sandbox or None})
         self.sandbox, self.persistent, self.note = self.settings.sandbox, persistent, note
 
-    def __enter__(self):
+    def __enter__(self) -> Context:
         import getpass
 
         from .aws.session import Aws  # boto3 (and the sandbox's modules): only a command that reaches AWS
@@ -122,5 +124,6 @@ class Context:
                        checkip_url=self.backend.checkip_url)
         return self
 
-    def __exit__(self, *exc):
-        return self._stack.__exit__(*exc)
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> bool | None:
+        return self._stack.__exit__(exc_type, exc, tb)

@@ -364,7 +364,9 @@ def _bring_done(head: Node, status: dict[str, Any], done: dict[str, dict[str, An
     new = [e for e in status["elements"] if e["status"] == "succeeded" and str(e["index"]) not in done]
     if not new:
         return
-    warn = lambda line: ui.note(f"warning: {line}")  # noqa: E731
+
+    def warn(line: str) -> None:
+        ui.note(f"warning: {line}")
     try:
         sync.pull(head.conn, f"{head.run_dir}/out", local_out / "outputs", element_patterns(job.task.outputs), config,
                   head.instance_id, limits, warn=warn)

@@ -344,11 +344,12 @@ def eta_s(status: dict[str, Any], slots: int) -> float | None:
     """Seconds until the array ends, as its finished elements say (pure): their mean time for
     each element still to run, ``slots`` at a time, the running ones half done; None before any
     element has finished."""
-    times = [e["seconds"] for e in status["elements"] if e["status"] in ("succeeded", "failed") and e["seconds"]]
+    times: list[float] = [e["seconds"] for e in status["elements"] if e["status"] in ("succeeded", "failed") and e["seconds"]]
     if not times or slots < 1:
         return None
     mean, c = sum(times) / len(times), status["counts"]
-    return round(mean * (c["queued"] + c["running"] / 2) / slots, 1)
+    left: float = c["queued"] + c["running"] / 2
+    return round(mean * left / slots, 1)
 
 
 def _shrink(aws: Aws, pool: Pool, status: dict[str, Any], addresses: dict[int, str], ui: ReporterLike) -> None:
