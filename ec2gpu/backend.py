@@ -5,12 +5,14 @@ the Python API both use them, and everything below is handed the ``Backend``: no
 from __future__ import annotations
 
 import contextlib
+import getpass
 import os
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Callable, Optional
 
 from .errors import RemoteError
+from .sandbox import control
 from .settings import Settings, load, private_home
 
 if TYPE_CHECKING:
@@ -80,7 +82,6 @@ def name_for(settings: Settings) -> str:
     endpoint = os.environ.get("AWS_ENDPOINT_URL")
     if not endpoint:
         return "aws"
-    from .sandbox import control  # the sandbox's state file: read only where an endpoint is exported
     state = control.read_state(settings.home)
     return "sandbox" if state and state["endpoint"] == endpoint else "aws"
 
@@ -98,10 +99,9 @@ class Context:
         self.sandbox, self.persistent, self.note = self.settings.sandbox, persistent, note
 
     def __enter__(self) -> Context:
-        import getpass
-
-        from .aws.session import Aws  # boto3 (and the sandbox's modules): only a command that reaches AWS
-        from .sandbox import control
+        # boto3: only a command that reaches AWS (a dry run imports this module and never does: test_dry_run's
+        # test_a_dry_run_imports_no_aws_sdk)
+        from .aws.session import Aws
 
         self._stack = contextlib.ExitStack()
         self.backend = AWS

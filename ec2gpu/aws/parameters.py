@@ -47,7 +47,7 @@ import re
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import UsageError
-from . import tags as T
+from . import tags
 
 if TYPE_CHECKING:  # a name only: a run's plan checks its secrets here without the AWS SDK (runs/plan/checks.py)
     from .session import Client
@@ -99,10 +99,10 @@ def put(ssm: Client, run_id: str, owner: str, user: str, values: dict[str, str])
     from .runstore import check_user_id
     check_values(values)
     names = [name_of(run_id, k) for k in values]
-    tags = [{"Key": T.RUN, "Value": run_id}, {"Key": T.OWNER, "Value": owner},
-            {"Key": T.USER, "Value": check_user_id(user)}]
+    parameter_tags = [{"Key": tags.RUN, "Value": run_id}, {"Key": tags.OWNER, "Value": owner},
+            {"Key": tags.USER, "Value": check_user_id(user)}]
     for name, value in zip(names, values.values(), strict=True):
-        ssm.put_parameter(Name=name, Value=value, Type="SecureString", Tier="Standard", Tags=tags,
+        ssm.put_parameter(Name=name, Value=value, Type="SecureString", Tier="Standard", Tags=parameter_tags,
                           Description="ec2gpu: a detached run's secret, read by its instance role")
     return names
 
@@ -130,7 +130,7 @@ def find(ssm: Client, run_id: str | None = None, user: str | None = None) -> lis
     option = "Recursive" if run_id is None else "OneLevel"
     filters = [{"Key": "Path", "Option": option, "Values": [path]}]
     if user is not None:  # DescribeParameters' tag:KEY filter (the SSM API reference, ParameterStringFilter)
-        filters.append({"Key": f"tag:{T.USER}", "Option": "Equals", "Values": [user]})
+        filters.append({"Key": f"tag:{tags.USER}", "Option": "Equals", "Values": [user]})
     out = []
     for page in ssm.get_paginator("describe_parameters").paginate(ParameterFilters=filters):
         for p in page.get("Parameters", []):
