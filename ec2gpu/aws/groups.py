@@ -25,7 +25,7 @@ from datetime import datetime
 from typing import Any, cast
 
 from . import tags
-from .session import Client
+from .session import Client, error_code
 from .instances import LaunchSpec, run_request
 
 #: the name of a run's launch template and group: one of each per run
@@ -157,8 +157,6 @@ def delete_group(autoscaling: Client, name: str, wait_s: float = 60.0, delay_s: 
     listed is fine. Raises botocore's ClientError otherwise (or the last BUSY one)."""
     import botocore.exceptions
     import tenacity
-
-    from .session import error_code
 
     def busy(exc: BaseException) -> bool:
         return isinstance(exc, botocore.exceptions.ClientError) and error_code(exc) in BUSY

@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 import botocore.exceptions
 
 from . import tags
+from .runstore import BUCKET_PREFIX, check_user_id
 from .session import Client, Item, error_code
 
 _T = TypeVar("_T")
@@ -111,7 +112,6 @@ def _patterns(p: str) -> list[str]:
 def _merged(entries: Iterable[tuple[str, object]]) -> dict[str, list[str]]:
     """{bucket: prefixes} of (bucket, prefix) ``entries``: buckets checked, duplicates merged, and a
     prefix dropped when a shorter one of the same bucket already covers it (pure)."""
-    from .runstore import BUCKET_PREFIX
     by_bucket: dict[str, set[str]] = {}
     for bucket, prefix in entries:
         if not isinstance(prefix, str):
@@ -231,7 +231,6 @@ def run_tags(run_id: str, owner: str, name: str, region: str | None = None, *, u
     user id: the boundary reads it as ``${aws:PrincipalTag/ec2gpu:user}`` and docs/iam-policy.json
     compares it with ``${aws:userid}``, so it is never rewritten). Raises UsageError for a user id
     not of aws/runstore.USER_ID's form (which an IAM tag value holds)."""
-    from .runstore import check_user_id
     out = [{"Key": t["Key"], "Value": tag_value(t["Value"])} for t in tags.tags(run_id, owner, name)]
     return (out + ([{"Key": REGION, "Value": tag_value(region)}] if region else [])
             + [{"Key": tags.USER, "Value": check_user_id(user)}])

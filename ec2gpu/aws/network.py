@@ -150,7 +150,6 @@ def private_key_path(keys_dir: Path, name: str) -> Path:
 
 def require_private_key(keys_dir: Path, name: str) -> Path:
     """The private key file of key pair ``name``; UsageError when it is not on this machine."""
-    from ..errors import UsageError
     path = private_key_path(keys_dir, name)
     if not path.exists():
         raise UsageError(f"the private key {path} is missing", "it lives on the machine that launched the instance")

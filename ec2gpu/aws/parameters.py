@@ -68,6 +68,8 @@ _NAME = re.compile(r"/ec2gpu/runs/(\d{8}-\d{6}-[0-9a-f]{4})/([A-Za-z_][A-Za-z0-9
 def name_of(run_id: str, env_name: str) -> str:
     """The parameter that holds ``env_name``'s value for run ``run_id`` (pure). Raises UsageError
     for a run id or an environment variable name that is not one (so nothing leaves the run's path)."""
+    # here, not at the top: iam_detached loads botocore (through aws/iam), and a dry run imports this module
+    # (test_dry_run's test_a_dry_run_imports_no_aws_sdk)
     from .iam_detached import check_run_id
     check_run_id(run_id)
     if not _ENV_NAME.fullmatch(env_name):
@@ -96,7 +98,7 @@ def put(ssm: Client, run_id: str, owner: str, user: str, values: dict[str, str])
     tagged with it); return the parameter names, in ``values``' order. Raises UsageError
     (check_values, name_of, a bad user id) before any is stored, and botocore's ClientError as SSM
     answers (ParameterAlreadyExists for a run id used before: never overwritten)."""
-    from .runstore import check_user_id
+    from .runstore import check_user_id  # botocore: not at the top, as name_of's import says
     check_values(values)
     names = [name_of(run_id, k) for k in values]
     parameter_tags = [{"Key": tags.RUN, "Value": run_id}, {"Key": tags.OWNER, "Value": owner},
