@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 DATA ?= $(firstword $(wildcard ../shared/data/mnist) $(EC2GPU_DATA_DIR))
 
-.PHONY: demo test test-fast lint install clean bench
+.PHONY: demo test test-fast lint install clean bench docs
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,8 +38,12 @@ lint: install  # ruff.toml and mypy.ini, checked in (issue 29, item 8)
 test-fast: install
 	EC2GPU_DATA_DIR=$(abspath $(DATA)) $(BIN)/python -m pytest -q --durations=10 -n 2 --dist loadfile tests/unit tests/aws tests/remote
 
+# the documentation site from docs/ (mkdocs.yml) into site/; tests/unit/test_docs_site.py builds it --strict
+docs: install
+	$(BIN)/mkdocs build --strict
+
 bench: install
 	$(BIN)/python scripts/bench_trainer.py --data-dir $(abspath $(DATA))
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs site .pytest_cache

@@ -4,7 +4,9 @@ Only the CLI turns these into output (one line + hint, or a traceback with --deb
 """
 from __future__ import annotations
 
+import reprlib
 from enum import IntEnum
+from typing import Any, Mapping
 
 
 class ExitCode(IntEnum):
@@ -123,3 +125,33 @@ class SandboxError(Ec2GpuError):
     """The local sandbox (moto server, sshd) could not be started or reached."""
 
     exit_code = ExitCode.ERROR
+
+
+#: pydantic's error types (https://docs.pydantic.dev/latest/errors/validation_errors/) -> what the field
+#: takes, in words; {…} are the error's ``ctx`` values
+_TAKES = {
+    "int_parsing": "a whole number", "int_type": "a whole number", "int_from_float": "a whole number",
+    "float_parsing": "a number", "float_type": "a number", "bool_parsing": "true or false",
+    "bool_type": "true or false", "string_type": "text", "list_type": "a list (- item lines)",
+    "dict_type": "a mapping (key: value lines)", "model_type": "a mapping (key: value lines)",
+    "model_attributes_type": "a mapping (key: value lines)",
+    "greater_than": "a number above {gt}", "greater_than_equal": "a number of at least {ge}",
+    "less_than": "a number below {lt}", "less_than_equal": "a number of at most {le}",
+    "literal_error": "one of {expected}", "enum": "one of {expected}",
+    "string_too_short": "at least {min_length} character(s)", "string_too_long": "at most {max_length} characters",
+    "too_short": "at least {min_length} item(s)", "too_long": "at most {max_length} items",
+}
+
+
+def in_words(err: Mapping[str, Any], patterns: Mapping[str, str] | None = None) -> str:
+    """What pydantic's error ``err`` (one item of ``ValidationError.errors()``) says, in the user's
+    words: the value given and what the field takes, never a regular expression or pydantic's
+    phrasing (issue 48 item 12); a message of ours (a validator's ValueError) as it is (pure).
+    ``patterns``: {a field's regular expression: what it allows, in words}."""
+    kind, ctx = err["type"], err.get("ctx") or {}
+    given = reprlib.repr(err.get("input"))  # bounded: a task file's value can be long
+    if kind == "string_pattern_mismatch":
+        return f"{given}: should be {(patterns or {}).get(ctx.get('pattern', ''), 'other characters')}"
+    if kind in _TAKES:
+        return f"{given}: should be {_TAKES[kind].format(**ctx)}"
+    return str(err["msg"]).removeprefix("Value error, ")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextvars
 import getpass
 import os
+import reprlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -14,7 +15,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import (BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict,
                                TomlConfigSettingsSource)
 
-from .errors import UsageError
+from .errors import UsageError, in_words
 
 if TYPE_CHECKING:  # imported where it is used: `import ec2gpu.settings` stays light for the CLI
     from .remote.files import Limits
@@ -166,5 +167,7 @@ def _usage_error(exc: ValidationError, path: Optional[Path]) -> UsageError:
     if err["type"] == "extra_forbidden":
         known = ", ".join(Settings.model_fields)
         return UsageError(f"{path or 'settings'}: unknown setting {name}", f"known: {known}")
-    return UsageError(f"setting {name}: {err['msg']} (got {str(err.get('input'))[:64]!r})",
+    said, given = in_words(err), reprlib.repr(err.get("input"))
+    said = said if said.startswith(given) else f"{given}: {said}"  # a validator's own words: the value first too
+    return UsageError(f"setting {name}: {said}",
                       f"fix it in {where}EC2GPU_{name.upper()} or the flag")

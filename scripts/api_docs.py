@@ -86,7 +86,7 @@ def render() -> str:
              "<!-- written by scripts/api_docs.py from ec2gpu/api/; do not edit: run the script -->\n",
              inspect.cleandoc(api.__doc__ or "") + "\n",
              "| command | function |\n|---|---|"]
-    parts += [f"| `ec2gpu {cmd}` | [`ec2gpu.{fn}`](#{fn.replace('_', '')}) |" for cmd, fn in api.COMMANDS.items()]
+    parts += [f"| `ec2gpu {cmd}` | [`ec2gpu.{fn}`](#{fn}) |" for cmd, fn in api.COMMANDS.items()]
     parts.append("")
     for cmd, fn in api.COMMANDS.items():
         func = getattr(api, fn)

@@ -301,7 +301,8 @@ MASK = "****"  # runs/job_summary.MASK
 
 def mask_bytes(data: bytes, values: list[str]) -> bytes:
     """``data`` with each of ``values`` replaced by MASK, longest first (pure; job_summary.mask_text's
-    rule; agent/mirror.py masks with it too)."""
+    rule): the instance side's one masking function (agent/mirror.py masks the log it uploads with it,
+    runs/detached/fetch.py the live log it reads over SSH)."""
     for v in sorted((v for v in values if v), key=len, reverse=True):
         data = data.replace(v.encode("utf-8", "surrogateescape"), MASK.encode())
     return data

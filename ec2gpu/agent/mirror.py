@@ -32,12 +32,6 @@ else:  # on the instance: beside this file (runs/detached/launch.AGENT_FILES)
     store = importlib.import_module("store")
 
 LOG_MAX = 64 * 1024 ** 2  # bytes of job.log kept in S3 (the last ones)
-MASK = "****"  # runs/job_summary.MASK
-
-
-def mask(data: bytes, values: list[str]) -> bytes:
-    """``data`` with each of ``values`` replaced by MASK, longest first: agent.mask_bytes, the one rule."""
-    return agent.mask_bytes(data, values)
 
 
 def wanted(rel: str, patterns: list[str]) -> bool:
@@ -181,7 +175,7 @@ class Uploads:
                 data = data[data.find(b"\n") + 1:] if b"\n" in data else b""
             else:
                 data = base + f.read(LOG_MAX)
-            data = mask(data, list(self.ctx.secrets.values()))
+            data = agent.mask_bytes(data, list(self.ctx.secrets.values()))
         # several nodes: the head's is the run's log; each other's is its own (logs/nodes/ID.log)
         key = "logs/job.log" if self.writer else f"logs/nodes/{self.iid}.log"
         store = self.ctx.store

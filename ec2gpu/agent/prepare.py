@@ -11,17 +11,17 @@ import importlib
 import os
 import shutil
 import subprocess
-import tarfile
 import urllib.error
 import urllib.request
 from typing import Any, Callable
 
 if __package__:  # in the package (tests, the controller)
-    from ..wire import names, run_spec
+    from ..wire import names, run_spec, unpack
     from . import s3files
 else:  # on the instance: beside this file (runs/detached/launch.AGENT_FILES)
     names = importlib.import_module("names")
     run_spec = importlib.import_module("run_spec")
+    unpack = importlib.import_module("unpack")
     s3files = importlib.import_module("s3files")
 
 Refused = names.Refused
@@ -65,7 +65,7 @@ def get_workdir(ctx: Any, key: str | None, workdir: str) -> None:
         if os.path.getsize(archive) > MAX_ARCHIVE_BYTES:
             raise Refused(f"workdir archive: over {MAX_ARCHIVE_BYTES:,} bytes")
         extract_workdir(archive, workdir)
-    except (tarfile.TarError, EOFError, OSError) as exc:
+    except OSError as exc:  # the one unpacker raises only for its source or target, never for what the archive holds
         shutil.rmtree(workdir, ignore_errors=True)
         raise Refused(f"workdir archive: unreadable ({type(exc).__name__}: {exc})") from None
     finally:
@@ -74,100 +74,33 @@ def get_workdir(ctx: Any, key: str | None, workdir: str) -> None:
 
 def extract_workdir(archive: str, dest: str, max_bytes: int = MAX_WORKDIR_BYTES,
                     max_members: int = MAX_WORKDIR_MEMBERS) -> int:
-    """Unpack the gzip'd tar ``archive`` into ``dest`` (which must not exist), as hostile input:
-    every member checked before anything is written; Refused (and ``dest`` removed) for an
-    absolute name, a '..' part, a device, FIFO or other special file, a hard link to anything but
-    an earlier regular member, a symbolic link whose target is absolute or resolves outside
-    ``dest`` (links are made last and each resolved after all are made), a duplicate name, more
-    than ``max_members`` members or ``max_bytes`` bytes. Files keep their owner's permission bits
-    (setuid, setgid and sticky dropped) and get this process's owner. Returns the file count."""
-    root = os.path.realpath(dest)
-    with tarfile.open(archive, "r:gz") as tar:
-        members = _checked(tar, max_bytes, max_members)
-        os.makedirs(root)
-        try:
-            count = _unpack(tar, members, root)
-        except BaseException:
-            shutil.rmtree(root, ignore_errors=True)
-            raise
-    return count
-
-
-def _checked(tar: tarfile.TarFile, max_bytes: int, max_members: int) -> list[tarfile.TarInfo]:
-    """Every member of ``tar`` checked (extract_workdir's rules), its name made plain; Refused for one that breaks them."""
-    members: list[tarfile.TarInfo] = []
-    total, seen = 0, set()
-    for m in tar:
-        if len(members) >= max_members:
-            raise Refused(f"workdir archive: more than {max_members} members")
-        name = m.name[2:] if m.name.startswith("./") else m.name
-        name = name.rstrip("/") if m.isdir() else name
-        if name in ("", "."):
-            continue
-        if names.safe_rel(name) is None:
-            raise Refused(f"workdir archive: member {m.name[:200]!r} is absolute or leaves the workdir")
-        if name in seen:
-            raise Refused(f"workdir archive: member {name[:200]!r} appears twice")
-        if m.issym():
-            if m.linkname.startswith("/") or "\0" in m.linkname:
-                raise Refused(f"workdir archive: link {name[:200]!r} points outside ({m.linkname[:200]!r})")
-        elif m.islnk():
-            target = m.linkname[2:] if m.linkname.startswith("./") else m.linkname
-            if target not in seen or not next((x for x in members if x.name == target and x.isreg()), None):
-                raise Refused(f"workdir archive: hard link {name[:200]!r} to {m.linkname[:200]!r}, not an earlier file")
-        elif not (m.isreg() or m.isdir()):
-            raise Refused(f"workdir archive: member {name[:200]!r} is a device, FIFO or other special file")
-        total += max(0, m.size)
-        if total > max_bytes:
-            raise Refused(f"workdir archive: more than {max_bytes:,} bytes")
-        m.name = name
-        if m.islnk():
-            m.linkname = m.linkname[2:] if m.linkname.startswith("./") else m.linkname
-        seen.add(name)
-        members.append(m)
-    return members
-
-
-def _unpack(tar: tarfile.TarFile, members: list[tarfile.TarInfo], root: str) -> int:
-    """Write checked ``members`` under ``root``: directories and files first (never through a
-    link: there is none yet, and O_NOFOLLOW|O_EXCL), links last, then each link resolved."""
-    count = 0
-    for m in members:
-        path = os.path.join(root, m.name)
-        if m.isdir():
-            os.makedirs(path, exist_ok=True)
-            os.chmod(path, (m.mode & 0o777) | 0o700)
-            continue
-        if not (m.isreg() or m.islnk()):
-            continue
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        src = m if m.isreg() else tar.getmember(m.linkname)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "wb") as out:
-            if m.isreg():
-                data = tar.extractfile(m)
-                left = m.size
-                while left > 0 and data is not None:
-                    chunk = data.read(min(left, 1024 * 1024))
-                    if not chunk:
-                        break
-                    out.write(chunk)
-                    left -= len(chunk)
-            else:  # a copy of the earlier file, not a link
-                with open(os.path.join(root, src.name), "rb") as f:
-                    shutil.copyfileobj(f, out)
-        os.chmod(path, (src.mode & 0o777) | 0o600)
-        count += 1
-    links = [m for m in members if m.issym()]
-    for m in links:
-        path = os.path.join(root, m.name)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        os.symlink(m.linkname, path)
-    for m in links:  # resolved now that every link exists: a chain cannot lead out either
-        real = os.path.realpath(os.path.join(root, m.name))
-        if real != root and not real.startswith(root + os.sep):
-            raise Refused(f"workdir archive: link {m.name[:200]!r} points outside ({m.linkname[:200]!r})")
-    return count
+    """Unpack the gzip'd tar ``archive`` into ``dest`` (which must not exist), as hostile input, with
+    ec2gpu's one unpacker (wire/unpack.py: one pass, regular files only, each name and place
+    checked, tarfile's data filter, the bounds it keeps on reading), each file keeping its
+    permission bits (setuid, setgid and sticky dropped) and this process's owner. The workdir
+    `run --detach` packs holds regular files only (runs/detached/launch.pack: remote/sync.manifest
+    leaves links out), so anything else makes the whole archive Refused, ``dest`` removed: a
+    member refused (a link, a device or FIFO, an absolute name or one with a '..' part...), a name
+    twice, more than ``max_members`` files or ``max_bytes`` bytes, an archive broken or cut short.
+    Returns the file count."""
+    if os.path.lexists(dest):
+        raise Refused(f"workdir archive: {dest} is there already")
+    got = unpack.unpack(archive, dest, max_files=max_members, max_bytes=max_bytes, modes=True)
+    why = None
+    if got.refused:
+        name, reason = got.refused[0]
+        why = f"member {name[:200]!r} refused ({reason})" + (f", and {len(got.refused) - 1} more" if len(got.refused) > 1
+                                                              else "")
+    elif got.left is not None:
+        why = f"more than {max_members:,} members or {max_bytes:,} bytes (not read past {got.left[0][:200]!r})"
+    elif got.unread is not None:
+        why = got.unread
+    elif got.files != len(got.names):
+        why = "a member's name appears twice"
+    if why is not None:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise Refused(f"workdir archive: {why}")
+    return got.files
 
 
 def read_secrets(ssm: Any, run_id: str, names_: list[str]) -> dict[str, str]:

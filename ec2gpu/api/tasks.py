@@ -21,6 +21,7 @@ from .. import backend, settings as settings_mod
 from ..errors import UsageError
 from ..runs.options import PoolOptions
 from ..runs.plan import dryrun, runplan
+from ..runs.job_summary import mask_text
 from ..runs.plan.runplan import RunFlags, RunPlan
 
 if TYPE_CHECKING:
@@ -312,7 +313,7 @@ def exec(target: str, task=None, *, command: Optional[Sequence[str]] = None, wor
                              on_warning, workdir_outside, None, infra, allow_write_buckets, ports)
     with Context(region, sandbox) as ctx:
         return standing.exec_task(ctx.aws, ctx.settings, job, reporter, target,
-                                  ctx.backend, out, job.mask(as_typed or f"ec2gpu.exec({target!r})"))
+                                  ctx.backend, out, mask_text(as_typed or f"ec2gpu.exec({target!r})", job.secret_values))
 
 
 def bake(task: Union[str, Path, object], *, base: str = "dlami", name: Optional[str] = None,

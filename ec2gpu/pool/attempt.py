@@ -31,6 +31,7 @@ from ..remote import files, jobs, sync
 from ..runs import element_table, job_summary
 from ..runs.execute import attempt as lifecycle
 from ..runs.execute import nodes as run_nodes
+from ..runs.job_summary import mask_text
 from ..runs.plan.checks import slots_per_node as slots_per_node  # how many a node runs: the run's plan decides it
 from ..runs.recover import handover as run_handover  # as run_handover: run_attempt's ``handover`` is the hand-over itself
 from ..runs.recover import reconcile, recovery
@@ -273,7 +274,7 @@ def _mask_logs(directory: Path, job: TaskJob) -> None:
     for path in directory.glob("*.log"):
         if path.is_file() and not path.is_symlink():
             text = path.read_text(encoding="utf-8", errors="replace")
-            masked = "".join(job.mask(line) for line in text.splitlines(keepends=True))
+            masked = "".join(mask_text(line, job.secret_values) for line in text.splitlines(keepends=True))
             if masked != text:
                 tmp = path.with_name(f".{path.name}.part")
                 tmp.write_text(masked)
@@ -384,7 +385,8 @@ def _home(head: Node, job: TaskJob, local_out: Path, config: Path, ui: ReporterL
               limits, warn=lambda line: ui.note(f"warning: {line}"))
     _mask_logs(local_out / "logs", job)
     local_out.mkdir(parents=True, exist_ok=True)
-    run_nodes.copy_log(head.conn, f"{head.run_dir}/job.log", local_out / "job.log", job.mask)  # the driver's: `ec2gpu logs RUN`
+    run_nodes.copy_log(head.conn, f"{head.run_dir}/job.log", local_out / "job.log",
+                       lambda line: mask_text(line, job.secret_values))  # the driver's: `ec2gpu logs RUN`
     status = follow.read_status(head, opts, ui)
     return _complete(status, done, job, local_out) if status is not None else None
 

@@ -11,9 +11,9 @@ CUDA_VISIBLE_DEVICES per task). A task runs the task's ``run`` in the node's wor
 node's job environment, the element's EC2GPU_ARRAY_INDEX/SIZE, its sweep parameters, and an
 output directory of its own; it returns the exit status, the log's last lines and the outputs
 (a tar, at most ``max_output_bytes``), which the driver unpacks on the head under
-``out/<index>/`` with ec2gpu's one unpacker (remote/unpack.py, shipped beside this file as
-ec2gpu_unpack.py with remote/files.py as ec2gpu_files.py: regular files only, names checked,
-tarfile's "data" filter, at most ``max_output_bytes`` and MAX_OUTPUT_FILES files).
+``out/<index>/`` with ec2gpu's one unpacker (wire/unpack.py, shipped beside this file as
+ec2gpu_unpack.py: regular files only, names checked, tarfile's "data" filter, at most
+``max_output_bytes`` and MAX_OUTPUT_FILES files).
 
 Retries: an element on a node that was lost (a spot interruption, a dead instance) is run again
 by Ray itself (``max_retries`` of the task: Ray's fault tolerance,
@@ -47,9 +47,8 @@ import time
 import typing
 
 if __package__:  # in the package (tests)
-    from ..remote import files, unpack as unpacking
+    from ..wire import unpack as unpacking
 else:  # on the head: beside this file (pool/ray_nodes.SHIPPED)
-    files = importlib.import_module("ec2gpu_files")
     unpacking = importlib.import_module("ec2gpu_unpack")
 
 #: The element's keeper (``python -I -c REAPER PARENT_PID GRACE_S -- ARGV``), between the Ray worker
@@ -118,7 +117,7 @@ REAPER_GRACE_S = 10.0  # an element's group gets this long between SIGTERM and S
 NODE_LOSS_RETRIES = 8  # Ray's retries of an element whose node was lost (not counted as its failures)
 TAIL_LINES = 20
 STATUS_EVERY_S = 1.0
-MAX_OUTPUT_FILES = files.MAX_LISTED  # an element's files unpacked: the most that come home from a listing
+MAX_OUTPUT_FILES = unpacking.MAX_LISTED  # an element's files unpacked: the most that come home from a listing
 
 
 def _write_json(path: str, data: object) -> None:

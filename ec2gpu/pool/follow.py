@@ -19,6 +19,7 @@ from ..errors import RemoteError
 from ..inert import inert
 from ..remote import jobs, mounts
 from ..runs import element_table
+from ..runs.job_summary import mask_text
 from ..runs.plan import costs
 from ..runs.recover import recovery
 from . import grow
@@ -103,8 +104,8 @@ def masked(status: dict[str, Any], job: TaskJob) -> dict[str, Any]:
     (the job's own lines: a secret it printed is never shown or kept)."""
     if job.secret_values:
         for e in status["elements"]:
-            e["tail"] = [job.mask(line) for line in e["tail"]]
-            e["error"] = job.mask(e["error"]) if e["error"] else e["error"]
+            e["tail"] = [mask_text(line, job.secret_values) for line in e["tail"]]
+            e["error"] = mask_text(e["error"], job.secret_values) if e["error"] else e["error"]
     return status
 
 
@@ -189,7 +190,7 @@ def _follow_loop(aws: Aws, pool: Pool, head: Node, opts: PoolOptions, addresses:
     reconnects (0.5 s doubling to 8 s) for up to ``opts.unreachable_s``, then the head counts as
     lost (recovery.Interrupted: the run goes on as a new attempt where attempts are left)."""
     job = cast("TaskJob", opts.task)
-    cursor = jobs.LogCursor(jobs.LineSplitter(lambda line: ui.log(inert(job.mask(line)))))
+    cursor = jobs.LogCursor(jobs.LineSplitter(lambda line: ui.log(inert(mask_text(line, job.secret_values)))))
     state: dict[str, Any] = {"status": None, "described": 0.0, "brought": 0.0}
     unreachable_since, wait = None, 0.5
     while True:

@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 
 HERE = Path(__file__).parent
 #: what the driver imports from beside it on the head (name there: file of ec2gpu here): ec2gpu's
-#: one unpacker (pool/driver._unpack) and the name checks it uses, both stdlib only
-SHIPPED = {"ec2gpu_unpack.py": "remote/unpack.py", "ec2gpu_files.py": "remote/files.py"}
+#: one unpacker (pool/driver._unpack) with the name checks it makes, stdlib only
+SHIPPED = {"ec2gpu_unpack.py": "wire/unpack.py"}
 HEAD_PORT_WAIT_S = 300.0  # the head's Ray starts within this (s; node.py tries up to 3 times)
 WORKER_JOIN_WAIT_S = 120.0  # the driver starts once every worker's Ray is up, or this has passed (s)
 #: the Ray a pool runs on: the `pool` extra's (pyproject.toml; tests/unit/test_pool_ray_private_parts.py

@@ -6,9 +6,10 @@ run over SSH would call (``~/.bashrc`` is read by sshd's non-interactive command
 
 - files are listed over SFTP (``listdir_attr``: the server's lstat of each entry; no shell, no
   ``find``), regular files only, symbolic links never followed on the instance's side;
-- every name is checked before it touches this machine (``check_name``): relative, no ``..`` or
+- every name is checked before it touches this machine (``check_name``, wire/unpack.py's: the
+  rules the one unpacker applies to an archive's members, on every side): relative, no ``..`` or
   empty component, no NUL, within Linux's length limits; and the place it would be written
-  (``local_target``) must lie inside its directory with no symbolic link or special file on the
+  (``local_target``, wire/unpack.py's too) must lie inside its directory with no symbolic link or special file on the
   way (this machine's side: only the user can have made one there, ec2gpu never does);
 - what is brought home is capped in count and bytes (``Limits``), the rest named, never silently
   dropped; each file is read through a size bound, so a file that grows after it was listed (or a
@@ -26,16 +27,18 @@ import os
 import shlex
 import stat
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
+
+# the name rules and the listing bound are the one unpacker's (shipped stdlib-only to a pool's head
+# and a detached run's instance): re-exported, every caller's files.check_name is that one
+from ..wire.unpack import MAX_COMPONENT_BYTES as MAX_COMPONENT_BYTES, MAX_LISTED as MAX_LISTED
+from ..wire.unpack import MAX_NAME_BYTES as MAX_NAME_BYTES, check_name as check_name, local_target as local_target
 
 if TYPE_CHECKING:
     from fabric import Connection
 
-MAX_NAME_BYTES = 4096  # PATH_MAX on Linux (limits.h)
-MAX_COMPONENT_BYTES = 255  # NAME_MAX on Linux (limits.h)
 MAX_DEPTH = 32  # directory levels walked below the listed directory
-MAX_LISTED = 100_000  # entries looked at in one listing: bounds the controller's memory, not the files brought home
 DEFAULT_MAX_FILES = 10_000  # files brought home from one directory (EC2GPU_MAX_DOWNLOAD_FILES)
 DEFAULT_MAX_BYTES = 4 << 30  # bytes brought home from one directory: 4 GiB (EC2GPU_MAX_DOWNLOAD_BYTES)
 
@@ -85,62 +88,6 @@ class Selection:
                        "EC2GPU_MAX_DOWNLOAD_FILES / EC2GPU_MAX_DOWNLOAD_BYTES (or ec2gpu.toml) for the next run; from "
                        "an instance that still stands, `ec2gpu fetch RUN --max-download SIZE --max-files N` brings them")
         return out
-
-
-def check_name(name: str) -> str | None:
-    """Why ``name`` (a path relative to a directory, as an instance gave it) may not be written
-    under that directory on this machine, or None when it may (pure).
-
-    Refused: empty, absolute, a ``.``, ``..`` or empty component, a NUL or backslash-free but
-    over-long name (over 4096 bytes, or a component over 255: Linux's PATH_MAX and NAME_MAX).
-    Control characters are allowed in a name (Linux allows them); they are made visible wherever
-    the name is printed.
-    """
-    if not name:
-        return "empty name"
-    if "\0" in name:
-        return "NUL in the name"
-    if name.startswith("/"):
-        return "absolute name"
-    raw = name.encode("utf-8", "surrogateescape")
-    if len(raw) > MAX_NAME_BYTES:
-        return "name too long"
-    parts = name.split("/")
-    if any(p in ("", ".", "..") for p in parts):
-        return "'..', '.' or empty component"
-    if any(len(p.encode("utf-8", "surrogateescape")) > MAX_COMPONENT_BYTES for p in parts):
-        return "component too long"
-    return None
-
-
-def local_target(root: Path, name: str) -> Path | None:
-    """Where ``name`` (checked by ``check_name``) goes under ``root`` on this machine, or None when
-    that place is unsafe: a component on the way that exists and is a symbolic link or not a
-    directory, a final path that exists and is not a regular file (a link, a directory, a FIFO, a
-    device), or a resolved path outside ``root``. Creates nothing."""
-    root = Path(root)
-    path = root
-    for part in PurePosixPath(name).parts[:-1]:
-        path = path / part
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            break  # created as a directory when the file is written
-        if not stat.S_ISDIR(st.st_mode):  # a symbolic link (lstat does not follow it) or a file
-            return None
-    target = root / name
-    try:
-        st = os.lstat(target)
-        if not stat.S_ISREG(st.st_mode):
-            return None
-    except FileNotFoundError:
-        pass
-    except OSError:  # e.g. a component that is a file: ENOTDIR
-        return None
-    real_root = root.resolve()
-    if not target.resolve().is_relative_to(real_root):
-        return None
-    return target
 
 
 def listing(sftp: Any, remote_dir: str, hidden: bool = True, max_entries: int = MAX_LISTED) -> list[RemoteFile]:

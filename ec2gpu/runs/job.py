@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..tasks.resolve import gpus_asked, visible_devices
-from .job_summary import mask_text
 
 if TYPE_CHECKING:
     from ..aws.instances import Instance
@@ -60,11 +59,6 @@ class TaskJob:
     @property
     def name(self) -> str:
         return self.task.name or (self.loaded.path.stem if self.loaded.path else "task")
-
-    def mask(self, text: str) -> str:
-        """``text`` with every secret value replaced by **** (job_summary.mask_text: longest first,
-        so a secret inside a longer one leaves nothing of the longer one)."""
-        return mask_text(text, self.secret_values)
 
 
 @dataclass

@@ -8,8 +8,10 @@ load.py maps each field to its line as it composes the YAML (load._lines); the S
 from __future__ import annotations
 
 import difflib
-from typing import Iterable
+from typing import Any, Iterable, Mapping
 
+from ..aws.tags import NAME_RE
+from .. import errors
 from ..errors import UsageError
 
 DOCS = "see docs/tasks.md for every field"
@@ -19,6 +21,16 @@ Loc = tuple[str | int, ...]
 Lines = dict[Loc, int]
 #: {our field path: the file's (SkyPilot's)}, ("nodes",): ("num_nodes",)
 Renamed = dict[tuple[str, ...], tuple[str, ...]]
+
+
+#: what a field's pattern allows, in words: pydantic's own message quotes the regular expression
+PATTERN_WORDS = {NAME_RE: "letters, digits, `.`, `_` and `-`, starting with a letter or a digit, "
+                          "at most 63 characters"}
+
+
+def in_words(err: Mapping[str, Any]) -> str:
+    """errors.in_words with the task file's patterns named in words (PATTERN_WORDS) (pure)."""
+    return errors.in_words(err, PATTERN_WORDS)
 
 
 def line_of(lines: Lines, loc: Loc) -> int:

@@ -35,7 +35,7 @@ from ..errors import UsageError
 from . import mounts, resolve
 from .infra import aws_infra as aws_infra  # api/tasks.py reads it here too
 from .infra import zone_note as zone_note  # api/tasks.py reads it here (a re-export)
-from .lines import DOCS, Lines, Loc, Renamed, line_of, names_hint
+from .lines import DOCS, Lines, Loc, Renamed, in_words, line_of, names_hint
 from .mounts import Mount, check_flag
 from .skypilot import SKYPILOT_FIELDS, SKYPILOT_RESOURCE_FIELDS, from_skypilot, git_workdir, is_skypilot
 from .spec import ENV_NAME_RE, Resources, Task
@@ -453,7 +453,9 @@ def check_env_name(name: str, what: str = "--env") -> str:
 
 def _first_error(exc: ValidationError, source: str, lines: Lines, renamed: Renamed,
                  skypilot: bool = False) -> UsageError:
-    err = exc.errors()[0]
+    errors = exc.errors()
+    # an unknown field first: `runn:` is a misspelt `run:`, and "run: missing" would hide it
+    err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     loc = tuple(err["loc"])
     ours = next((o for o in renamed if loc[:len(o)] == o), None)
     shown = renamed[ours] + loc[len(ours):] if ours else loc  # the file's own names (num_nodes, not nodes)
@@ -471,9 +473,9 @@ def _first_error(exc: ValidationError, source: str, lines: Lines, renamed: Renam
         return UsageError(f"{source}:{line}: {name}: unknown field", names_hint(loc[-1], parent, theirs))
     if err["type"] == "missing":
         return UsageError(f"{source}:{line}: {name}: missing", f"add `{loc[-1]}:`; {DOCS}")
-    msg = err["msg"].removeprefix("Value error, ")
-    if skypilot and isinstance(err.get("input"), (dict, list)) and msg.startswith("Input should be a valid"):
-        msg = f"{err['input']!r} is not what ec2gpu reads here ({msg[0].lower() + msg[1:]})"
+    msg = in_words(err)
+    if skypilot and isinstance(err.get("input"), (dict, list)) and err["type"].endswith("_type"):
+        msg = f"{err['input']!r} is not what ec2gpu reads here ({msg})"
     return UsageError(f"{source}:{line}: {name}: {msg}", DOCS)
 
 

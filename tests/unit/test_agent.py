@@ -148,7 +148,7 @@ def test_a_failed_job_with_hostile_records_is_judged_failed_not_crashed():
             return None
     nodes = [SimpleNamespace(index=k, result=255, status=r, watch=Watch(), conn=None, run_dir="/r", instance_id=f"i-{k}",
                              host="h") for k, r in enumerate(records)]
-    job = SimpleNamespace(task=SimpleNamespace(run="x"), mask=lambda t: t)
+    job = SimpleNamespace(task=SimpleNamespace(run="x"), secret_values=[])
     tails = []
     orig = jobs.tail
     jobs.tail = lambda conn, path, lines=20: tails.append(path) or "last line"

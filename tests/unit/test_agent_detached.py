@@ -523,19 +523,34 @@ def test_devices_too_many_members_and_too_many_bytes_are_refused(tmp_path):
         assert not (tmp_path / "wd").exists()
 
 
-def test_a_fair_archive_with_inside_links_is_unpacked(tmp_path):
-    path = tmp_path / "w.tar.gz"
+def test_a_fair_archive_is_unpacked_with_its_modes_and_one_link_refuses_it_whole(tmp_path):
+    """The workdir `run --detach` packs (launch.pack) holds regular files, modes kept (an executable
+    stays one; setuid dropped); it never holds a link (remote/sync.manifest leaves them out), so the
+    one unpacker's rule applies on the instance as on this machine: a link, even one inside, is
+    refused, and with it the whole archive (issue 45 item 2: one unpacker)."""
     setuid = tarfile.TarInfo("run.sh")
     setuid.size, setuid.mode = 3, 0o4755
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        tar.addfile(setuid, io.BytesIO(b"hi\n"))
-        tar.addfile(link("sub/up", "../run.sh"))
-        tar.addfile(link("copy", "run.sh", tarfile.LNKTYPE))
-    path.write_bytes(buf.getvalue())
-    assert prepare.extract_workdir(str(path), str(tmp_path / "wd")) == 2
-    assert (tmp_path / "wd" / "sub" / "up").read_text() == "hi\n" and (tmp_path / "wd" / "copy").read_text() == "hi\n"
-    assert not (tmp_path / "wd" / "copy").is_symlink() and (tmp_path / "wd" / "run.sh").stat().st_mode & 0o7777 == 0o755
+    plain = tarfile.TarInfo("sub/data.txt")
+    plain.size, plain.mode = 2, 0o644
+
+    def packed(*links):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+            tar.addfile(setuid, io.BytesIO(b"hi\n"))
+            tar.addfile(plain, io.BytesIO(b"ok"))
+            for link_member in links:
+                tar.addfile(link_member)
+        path = tmp_path / "w.tar.gz"
+        path.write_bytes(buf.getvalue())
+        return str(path)
+    assert prepare.extract_workdir(packed(), str(tmp_path / "wd")) == 2
+    assert (tmp_path / "wd" / "run.sh").read_text() == "hi\n" and (tmp_path / "wd" / "sub" / "data.txt").read_text() == "ok"
+    assert (tmp_path / "wd" / "run.sh").stat().st_mode & 0o7777 == 0o755
+    assert (tmp_path / "wd" / "sub" / "data.txt").stat().st_mode & 0o7777 == 0o644
+    for inside in (link("sub/up", "../run.sh"), link("copy", "run.sh", tarfile.LNKTYPE)):
+        with pytest.raises(detached.Refused, match="refused"):
+            prepare.extract_workdir(packed(inside), str(tmp_path / "wd2"))
+        assert not (tmp_path / "wd2").exists()
 
 
 def test_a_hostile_archive_in_a_run_ends_it_failed_without_running(aws, tmp_path):
@@ -645,8 +660,8 @@ def test_the_agent_reads_secrets_where_the_controller_puts_them_and_masks_as_the
     from ec2gpu.aws import parameters
     from ec2gpu.runs import job_summary
     assert parameters.name_of(RUN_ID, "X") == f"{prepare.SECRET_ROOT}{RUN_ID}/X"
-    assert mirror.MASK == job_summary.MASK
-    assert mirror.mask(b"a hunter2 b hunter", ["hunter", "hunter2"]) == b"a **** b ****"
+    assert agent.MASK == job_summary.MASK
+    assert agent.mask_bytes(b"a hunter2 b hunter", ["hunter", "hunter2"]) == b"a **** b ****"
 
 
 def test_file_mounts_are_in_place_before_the_setup_and_mount_mode_ones_are_written_back(aws, tmp_path, monkeypatch):

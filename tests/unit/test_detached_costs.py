@@ -107,6 +107,38 @@ def test_spot_pays_its_zones_price_history_and_without_it_the_on_demand_ceiling(
     assert ceiling["compute_usd"] == pytest.approx(600 * 0.526 / 3600, abs=1e-6)
 
 
+@pytest.mark.parametrize("market", ["spot", "on-demand"])
+def test_a_detached_instance_is_billed_exactly_as_a_foreground_one(tmp_path, market):
+    """One costs module (issue 45 item 2): an instance of a detached run, with the same times and
+    prices, gets the very bill runs/plan/costs.actual_cost gives a foreground run's instance: its
+    compute (spot price history or on-demand), its address and its volume, and their words."""
+    from types import SimpleNamespace
+
+    from ec2gpu.aws import catalog
+    from ec2gpu.runs.plan import costs as plan
+    ended = T0 + timedelta(seconds=3725)
+    inst = Instance(id="i-00000001", type="g4dn.xlarge", state="terminated", launched_at=T0, market=market,
+                    zone="us-east-1a", transitioned_at=ended)
+    history = [(T0 - timedelta(hours=1), 0.2), (T0 + timedelta(seconds=300), 0.3)]
+
+    class Ec2:  # DescribeSpotPriceHistory of that zone, for actual_cost
+        def get_paginator(self, name):
+            return self
+
+        def paginate(self, **kw):
+            return [{"SpotPriceHistory": [{"InstanceType": "g4dn.xlarge", "AvailabilityZone": "us-east-1a",
+                                           "Timestamp": ts, "SpotPrice": str(usd)} for ts, usd in history]}]
+    foreground = plan.actual_cost(SimpleNamespace(ec2=Ec2(), region="us-east-1"), tmp_path, inst, ended,
+                                  volume_gib=100)
+    od = catalog.on_demand_price("g4dn.xlarge", "us-east-1", tmp_path)
+    prices = costs.Prices({"g4dn.xlarge": (od.usd_per_hour, od.source)}, {("g4dn.xlarge", "us-east-1a"): history},
+                          catalog.ebs_price("gp3", "us-east-1", tmp_path).usd_per_gb_month, 100, ended)
+    [detached] = costs.cost([_launch("i-00000001", 10, 3700)], prices, instances={"i-00000001": inst})["per_instance"]
+    same = ("billed_seconds", "usd_per_hour", "compute_usd", "public_ipv4_usd", "ebs_usd", "cost_usd")
+    assert {k: detached[k] for k in same} == {k: foreground[k] for k in same}
+    assert detached["price_source"] == ("on-demand " if market == "on-demand" else "") + foreground["price_source"]
+
+
 def test_a_group_of_several_types_bills_the_dearest_as_an_upper_bound():
     group = {"AutoScalingGroupName": f"ec2gpu-{RUN}", "MixedInstancesPolicy": {
         "LaunchTemplate": {"Overrides": [{"InstanceType": "g4dn.xlarge"}, {"InstanceType": "g5.xlarge"}]},

@@ -336,8 +336,8 @@ def test_when_the_live_log_drops_follow_goes_on_from_s3_at_the_same_byte(aws, mo
 def test_a_secret_cut_between_two_reads_or_across_lines_is_masked_and_the_bytes_are_the_stores():
     """The live log is masked over its bytes as the agent masks the copy it uploads: a value cut
     between two reads, or holding a newline, is masked whole; nothing is added, so the bytes
-    written, fed in any pieces, are agent/mirror.mask's of the whole."""
-    from ec2gpu.agent import mirror as agent_side
+    written, fed in any pieces, are agent/agent.mask_bytes's of the whole."""
+    from ec2gpu.agent import agent as agent_side
     secrets = ["hunter2", "-----BEGIN KEY-----\nabc\n-----END KEY-----"]
     whole = (b"a hunter2 b\n" + "-----BEGIN KEY-----\nabc\n-----END KEY-----".encode() + b"\ntqdm 50%\r" + b"x" * 70_000
              + b" hunt" + b"er2 end")
@@ -347,8 +347,8 @@ def test_a_secret_cut_between_two_reads_or_across_lines_is_masked_and_the_bytes_
         for i in range(0, len(whole), size):
             m.feed(whole[i:i + size])
         m.flush()
-        assert b"".join(out) == agent_side.mask(whole, secrets), size
-    assert b"hunter" not in agent_side.mask(whole, secrets) and b"abc" not in agent_side.mask(whole, secrets)
+        assert b"".join(out) == agent_side.mask_bytes(whole, secrets), size
+    assert b"hunter" not in agent_side.mask_bytes(whole, secrets) and b"abc" not in agent_side.mask_bytes(whole, secrets)
 
 
 def test_a_live_log_that_drops_inside_a_secret_goes_on_from_s3_with_nothing_shown_twice_or_unmasked(aws, monkeypatch):

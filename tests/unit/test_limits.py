@@ -97,7 +97,7 @@ def test_the_run_says_the_limit_ended_the_job_and_how_to_raise_it():
             return None
     nd = SimpleNamespace(index=0, result=143, status=record, watch=Watch(), conn=None, run_dir="/r",
                          instance_id="i-1", host="h")
-    job = SimpleNamespace(task=SimpleNamespace(run="x"), mask=lambda t: t)
+    job = SimpleNamespace(task=SimpleNamespace(run="x"), secret_values=[])
     from ec2gpu.remote import jobs
     orig, jobs.tail = jobs.tail, lambda conn, path, lines=20: "step 900"
     try:

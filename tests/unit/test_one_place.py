@@ -2,14 +2,26 @@
 
 
 def test_a_secret_inside_a_longer_one_leaves_nothing_of_either_in_logs():
-    """One masking function (job_summary.mask_text) for the live log, `ec2gpu logs` and records:
-    longest first, so 'abc' inside 'abcdef' does not leave 'def' readable."""
-    from ec2gpu.runs.execute import engine, logs
+    """One masking function per side (issue 45 item 2): job_summary.mask_text on the controller (the
+    live log, `ec2gpu logs`, records, a dry run), agent/agent.mask_bytes on the instance (the log it
+    uploads; `ec2gpu logs --follow` masks the live log with it too): longest first, so 'abc' inside
+    'abcdef' does not leave 'def' readable. No other module of the package defines a masking
+    function that callers would go through instead (a wrapper is a second way)."""
+    import ast
+    from pathlib import Path
+
+    from ec2gpu.agent import agent
+    from ec2gpu.runs import job_summary
     line = "token abcdef and abc"
-    assert logs.mask(line, ["abc", "abcdef"]) == "token **** and ****"
-    job = engine.TaskJob.__new__(engine.TaskJob)
-    job.secret_values = ["abc", "abcdef"]
-    assert job.mask(line) == "token **** and ****"
+    assert job_summary.mask_text(line, ["abc", "abcdef"]) == "token **** and ****"
+    assert agent.mask_bytes(line.encode(), ["abc", "abcdef"]) == b"token **** and ****"
+    package = Path(job_summary.__file__).parents[1]
+    found = sorted(f"{p.relative_to(package)}:{node.name}" for p in package.rglob("*.py")
+                   for node in ast.walk(ast.parse(p.read_text()))
+                   if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in ("mask", "masked")
+                   or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("mask_"))
+    assert found == ["agent/agent.py:mask_bytes", "pool/follow.py:masked", "runs/job_summary.py:mask",
+                     "runs/job_summary.py:mask_text"]
 
 
 def test_run_json_is_written_whole_by_one_function(tmp_path):

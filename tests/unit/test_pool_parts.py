@@ -326,12 +326,9 @@ def test_the_node_running_an_element_is_read_from_the_heads_record_as_hostile_in
 
 
 class _Job:
-    """A stand-in TaskJob: its secret values and its mask (engine.TaskJob.mask's rule)."""
+    """A stand-in TaskJob: its secret values (masked with job_summary.mask_text)."""
 
     secret_values = ["hunter2"]
-
-    def mask(self, text):
-        return text.replace("hunter2", "****")
 
 
 def test_a_secret_an_element_printed_is_masked_in_its_log_and_its_last_lines(tmp_path, monkeypatch):
@@ -682,7 +679,7 @@ def test_the_pool_follows_its_head_through_a_dropped_connection_and_counts_it_lo
     connects = []
     head = SimpleNamespace(instance_id="i-h", watch=None, close=lambda: None, conn=None,
                            connect=lambda: connects.append(1) or "conn")
-    opts = SimpleNamespace(unreachable_s=120.0, task=SimpleNamespace(mask=lambda x: x), elements=())
+    opts = SimpleNamespace(unreachable_s=120.0, task=SimpleNamespace(secret_values=[]), elements=())
     ui = Reporter()
     assert follow._follow_loop(None, None, head, opts, [], ui, None, None, None) == {"final": True}
     assert len(connects) == 2 and head.conn == "conn"

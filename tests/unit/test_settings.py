@@ -65,8 +65,10 @@ def test_every_command_reads_ec2gpu_sandbox_as_the_settings_do(clean_env):
 def test_a_bad_value_is_one_usage_error_naming_the_setting(clean_env, name, value):
     """pydantic validates every setting: a typo is refused, never read as a default (issue 29 item 12)."""
     clean_env.setenv(name, value)
-    with pytest.raises(UsageError, match=name.removeprefix("EC2GPU_").lower()):
+    with pytest.raises(UsageError, match=name.removeprefix("EC2GPU_").lower()) as exc:
         settings.load({})
+    assert f"{value!r}: " in exc.value.message  # the value, then what it takes in words (issue 48 item 12)
+    assert "Input should" not in exc.value.message
 
 
 def test_sizes_in_settings_are_byte_sizes(clean_env):

@@ -4,6 +4,7 @@ import json
 import pytest
 
 from ec2gpu.errors import UsageError
+from ec2gpu.runs import job_summary
 from ec2gpu.runs.execute import engine
 from ec2gpu.tasks import load, resolve, spec
 
@@ -68,7 +69,7 @@ def test_the_job_environment_has_ours_and_skypilots_names(tmp_path):
 def test_secret_values_are_masked(tmp_path):
     task = load.parse("run: x\nworkdir: null\nenvs: {T: null}\nsecrets: [T]\n", "t.yaml", tmp_path)
     job = engine.prepare(task, {"T": "abc123"})
-    assert job.mask("token=abc123!") == "token=****!"
+    assert job_summary.mask_text("token=abc123!", job.secret_values) == "token=****!"
 
 
 # --- a hostile task file or flag: what it may send, how big and deep it may be, which names it may export ---
@@ -258,3 +259,31 @@ def test_every_export_line_checks_its_names_and_quotes_its_values(tmp_path):
     env.write_text(json.dumps({"X;touch pwned;Y": "1"}))
     done = subprocess.run([sys.executable, "-c", engine._EXPORTS, str(env)], capture_output=True, text=True)
     assert done.returncode == 1 and done.stdout == "" and "not an environment variable name" in done.stderr
+
+
+def test_a_misspelt_field_is_named_unknown_with_the_field_it_may_be_rather_than_the_one_missing():
+    """`runn:` for `run:` (issue 48 item 12): the unknown field, at its line, with "did you mean run?",
+    not "run: missing", which pydantic lists first."""
+    with pytest.raises(UsageError) as exc:
+        load.parse("name: x\nrunn: echo hi\n", "task.yaml")
+    assert exc.value.message == "task.yaml:2: runn: unknown field"
+    assert exc.value.hint.startswith("did you mean run?")
+
+
+@pytest.mark.parametrize("text, says", [
+    ('name: "bad name!"\nrun: x\n',
+     "task.yaml:1: name: 'bad name!': should be letters, digits, `.`, `_` and `-`, starting with a letter or a digit"),
+    ("name: x\nrun: [1, 2]\n", "task.yaml:2: run: [1, 2]: should be text"),
+    ("name: x\nrun: x\nresources: 3\n", "task.yaml:3: resources: 3: should be a mapping (key: value lines)"),
+    ("name: x\nrun: x\nresources:\n  spot: maybe\n", "task.yaml:4: resources.spot: 'maybe': should be true or false"),
+    ("name: x\nrun: x\narray: 3\nmax_workers: 0\n", "task.yaml:4: max_workers: 0: should be a number of at least 1"),
+    ("name: x\nrun: x\nnodes: two\n", "task.yaml:3: nodes: 'two': should be a whole number"),
+])
+def test_a_field_of_the_wrong_kind_is_refused_in_the_task_writers_words(text, says):
+    """Every refusal names the value and what the field takes, never a regular expression or
+    pydantic's own phrasing ("String should match pattern '^[A-Za-z0-9]...'", "Input should be")."""
+    with pytest.raises(UsageError) as exc:
+        load.parse(text, "task.yaml")
+    assert exc.value.message.startswith(says)
+    assert "Input should" not in exc.value.message and "pattern" not in exc.value.message
+    assert "^" not in exc.value.message

@@ -1,4 +1,4 @@
-"""remote/unpack.py: one unpacker for every archive ec2gpu reads, in one pass within count and byte limits
+"""wire/unpack.py: one unpacker for every archive ec2gpu reads, in one pass within count and byte limits
 (issue 44, item 5: a 4 MB hand-over archive took 19 s, skipping a member over the limits by decompressing it)."""
 import ast
 import gzip
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ec2gpu.remote import unpack as unpacking
+from ec2gpu.wire import unpack as unpacking
 from ec2gpu.remote.files import DEFAULT_MAX_BYTES, DEFAULT_MAX_FILES
 
 CHUNK = 64 << 20  # bytes of zeros in one gzip member of a bomb
@@ -231,19 +231,18 @@ def test_refused_members_are_named_and_the_others_written(tmp_path):
 
 
 def test_tarfiles_data_filter_refuses_what_the_name_checks_would_let_through(tmp_path, monkeypatch):
-    """The data filter is applied too (where this Python has it), not only remote/files' checks."""
+    """The data filter is applied too (where this Python has it), not only the name checks."""
     if not hasattr(tarfile, "data_filter"):
         pytest.skip("this Python's tarfile has no data filter")
-    monkeypatch.setattr(unpacking.files, "check_name", lambda name: None)
-    monkeypatch.setattr(unpacking.files, "local_target", lambda root, name: Path(root) / name)
+    monkeypatch.setattr(unpacking, "check_name", lambda name: None)
+    monkeypatch.setattr(unpacking, "local_target", lambda root, name: Path(root) / name)
     got = unpacking.unpack(_tar([("../up", b"x"), ("ok", b"1")]), tmp_path / "out", max_files=10, max_bytes=100)
     assert got.names == ["ok"] and "data filter" in got.refused[0][1] and not (tmp_path / "up").exists()
 
 
-#: the modules that open a tar to read it: the one unpacker; and the detached agent on its instance,
-#: whose workdir archive (made by this machine's launch, links kept, refused whole on any bad
-#: member) follows rules of its own (agent/prepare.extract_workdir, shipped stdlib-only on its own)
-READERS = {"remote/unpack.py", "agent/prepare.py"}
+#: the modules that open a tar to read it: the one unpacker, on every side (the detached agent's
+#: workdir too: agent/prepare.extract_workdir unpacks with it, issue 45 item 2)
+READERS = {"wire/unpack.py"}
 
 
 #: what opens an archive to read it, by the name it has where it is defined (a mode that is not a
@@ -311,7 +310,7 @@ def tar_reads(source):
     ("from tarfile import open\nopen(p, 'w')", False), ("open(p)", False),
     ("import tarfile as t\nt.open(p)", True), ("from tarfile import TarFile\nTarFile.open(p)", True),
     ("opener = tarfile.open", True), ("import zipfile\nzipfile.ZipFile(p)", True),
-    ("from ..remote.unpack import unpack as unpack_archive\nunpack_archive(a, b)", False),
+    ("from ..wire.unpack import unpack as unpack_archive\nunpack_archive(a, b)", False),
 ])
 def test_the_source_check_finds_each_way_of_reading_an_archive(source, reads):
     assert bool(tar_reads(source)) is reads
@@ -325,7 +324,7 @@ def test_every_tar_is_read_by_the_one_unpacker():
 
 def test_the_pools_driver_unpacks_with_the_same_unpacker_as_shipped_to_its_head(tmp_path):
     """On the head the driver is a file, not a package: it imports the unpacker from beside it
-    (pool/ray_nodes.SHIPPED), and the unpacker its name checks; nothing else of ec2gpu is there."""
+    (pool/ray_nodes.SHIPPED), with its name checks in it; nothing else of ec2gpu is there."""
     import subprocess
     import sys
 

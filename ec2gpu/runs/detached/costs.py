@@ -2,9 +2,10 @@
 its record (state.json) and the prices that applied, as docs/cost-model.md bills every run.
 
 Each launch of the run (the record's ``instances``, read by aws/runstore_records.launches: one per
-instance that started the agent) is billed per second with a 60-second minimum
-(runs/plan/costs.billed_seconds), plus its public IPv4 address and its root volume
-(runs/plan/costs' rules). Its times:
+instance that started the agent) is billed as every run's instance is, by runs/plan/costs (the one
+costs module; this module finds the times, types and prices, and bills nothing itself): per second
+with a 60-second minimum (``spot_bill``, ``on_demand_bill``), plus its public IPv4 address and its
+root volume (``address_and_disk_usd``). Its times:
 
 - **the instance's own**, while DescribeInstances still lists it: from its ``LaunchTime``
   (``Instance.launched_at``) to the time in its StateTransitionReason (``Instance.transitioned_at``,
@@ -33,8 +34,8 @@ first `ec2gpu status` that sees it over (runs/detached/follow.py), and nothing i
 run knows it.
 
 Prices: on-demand from the catalog (the Price List cache, else the shipped table); spot from the
-zone's spot price history over the instance's time (runs/plan/costs.spot_cost_usd: each second
-at the price then in effect); a spot instance whose zone or history is unknown is billed at the
+zone's spot price history over the instance's time (runs/plan/costs.spot_bill: each second at
+the price then in effect); a spot instance whose zone or history is unknown is billed at the
 on-demand price, spot's ceiling (an upper bound, said).
 
 ``cost`` is pure (tested without AWS); ``gather`` fetches what it needs (DescribeInstances by the
@@ -42,17 +43,21 @@ run's tag, the groups, spot price history) for several runs at once.
 """
 from __future__ import annotations
 
+from collections.abc import Collection
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from collections.abc import Collection
 from typing import TYPE_CHECKING, Any, cast
 
-from ...aws.catalog import BILLING_MINIMUM_SECONDS, EBS_MONTH_SECONDS, PUBLIC_IPV4_USD_PER_HOUR
+from ...aws import catalog, groups, pricing, runstore, runstore_objects, runstore_records, sweep
+from ...aws.instances import Instance
+from ...errors import AwsError, UsageError
+from ...wire import run_record
 from ..plan import costs as plan
+from ..settle import ledger
 
 if TYPE_CHECKING:
-    from ...aws.instances import Instance
     from ...aws.session import Aws
 
 #: where an instance's times came from (``times_source``)
@@ -138,17 +143,15 @@ def one(launch: dict[str, Any], instance: Instance | None, facts: Facts | None, 
         "from": s["from"].isoformat(), "to": s["to"].isoformat(), "times_source": s["times_source"],
         "running": s["running"], "billed_seconds": round(seconds, 1), "usd_per_hour": None, "compute_usd": None,
         "price_source": None, "upper_bound": False, "unknown": None}
-    row.update(_compute(s["from"], s["to"], seconds, facts, prices))
-    running_s, life_s = (s["to"] - s["from"]).total_seconds(), (s["to"] - s["from"]).total_seconds()
-    row["public_ipv4_usd"] = round(max(0.0, running_s) * PUBLIC_IPV4_USD_PER_HOUR / 3600, 6)
-    row["ebs_usd"] = None if prices.volume_gib is None or prices.gp3_usd_per_gb_month is None else round(
-        prices.volume_gib * prices.gp3_usd_per_gb_month * max(float(BILLING_MINIMUM_SECONDS), life_s)
-        / EBS_MONTH_SECONDS, 6)
+    row.update(_compute(s["from"], s["to"], facts, prices))
+    alive_s = (s["to"] - s["from"]).total_seconds()  # running and alive alike: the span is all that is known
+    row.update(plan.address_and_disk_usd(alive_s, alive_s, prices.volume_gib, prices.gp3_usd_per_gb_month))
     return plan.with_total(row)
 
 
-def _compute(start: datetime, end: datetime, seconds: float, facts: Facts | None, prices: Prices) -> dict[str, Any]:
-    """{"usd_per_hour", "compute_usd", "price_source", "upper_bound", "unknown"} of one span."""
+def _compute(start: datetime, end: datetime, facts: Facts | None, prices: Prices) -> dict[str, Any]:
+    """{"usd_per_hour", "compute_usd", "price_source", "upper_bound", "unknown"} of one span, billed
+    by runs/plan/costs' rules (``spot_bill``, ``on_demand_bill``), as every run is."""
     if facts is None or (facts.type is None and not facts.types):
         return {"unknown": "its instance type is not known (DescribeInstances no longer lists it, its group is "
                            "gone and this machine's ledger has no row of the run)"}
@@ -158,21 +161,18 @@ def _compute(start: datetime, end: datetime, seconds: float, facts: Facts | None
         if len(priced) < len(facts.types):
             return {"unknown": f"no on-demand price for every type of the group ({', '.join(facts.types)})"}
         dearest, itype, src = max(priced)
-        return {"usd_per_hour": dearest, "compute_usd": round(plan.cost_usd(seconds, dearest), 6), "upper_bound": True,
-                "price_source": f"on-demand price of {itype}, the dearest of the group's types ({src}): an upper "
-                                "bound"}
+        return {**plan.on_demand_bill(dearest, f"on-demand price of {itype}, the dearest of the group's types "
+                                               f"({src}): an upper bound", start, end), "upper_bound": True}
     history = prices.spot.get((facts.type, facts.zone or "")) if facts.market == "spot" else None
     if history:
-        usd = plan.spot_cost_usd(history, start, end)
-        return {"usd_per_hour": round(usd * 3600 / seconds, 6), "compute_usd": round(usd, 6),
-                "price_source": f"spot price history of {facts.zone} ({len(history)} price(s))"}
+        return plan.spot_bill(history, facts.zone, start, end)
     usd_h, src = prices.on_demand.get(facts.type, (None, "no price"))
     if usd_h is None:
         return {"unknown": f"no on-demand price for {facts.type} ({src})"}
     ceiling = facts.market != "on-demand"  # spot with no zone or no history; or a market not known
-    return {"usd_per_hour": usd_h, "compute_usd": round(plan.cost_usd(seconds, usd_h), 6), "upper_bound": ceiling,
-            "price_source": f"on-demand {src}" + (": spot's ceiling, an upper bound (no spot price history of its "
-                                                  "zone)" if ceiling else "")}
+    return {**plan.on_demand_bill(usd_h, f"on-demand {src}" + (": spot's ceiling, an upper bound (no spot price "
+                                                              "history of its zone)" if ceiling else ""), start, end),
+            "upper_bound": ceiling}
 
 
 def cost(launches: list[dict[str, Any]], prices: Prices, instances: dict[str, Instance] | None = None,
@@ -244,7 +244,6 @@ def group_facts(group: dict[str, Any]) -> Facts | None:
     """The type(s) and market of a run's Auto Scaling group (a DescribeAutoScalingGroups entry:
     aws/runstore_records.group_launches reads its launch template overrides and InstancesDistribution): one
     type, that type; several, candidates (the dearest is billed). None when it names no type (pure)."""
-    from ...aws import runstore_records
     types, market = runstore_records.group_launches(group)
     if not types:
         return None
@@ -277,7 +276,6 @@ def gather(aws: Aws, home: Path, runs: dict[str, list[dict[str, Any]]], rows: di
     (``own_launches``; a final run's that neither EC2 nor its settled.json names: ``settle``) are
     left out and named in the dict's "not_this_runs". Returns run id ->
     ``cost``'s dict. Raises AwsError, botocore's errors as AWS answers."""
-    from ...aws import catalog, groups, pricing, sweep
     if not runs:
         return {}
     now = now or datetime.now(timezone.utc)
@@ -329,9 +327,6 @@ def settle(store: tuple[Any, str, str], runs: dict[str, list[dict[str, Any]]], l
     instance ids), when given, gets the launches of a run of ``final`` that EC2 no longer lists and
     its settled.json, which held every launch of the run at its end, does not name: another run's
     instance its record named after, not billed here."""
-    from ...aws import runstore_records
-    from ...aws.instances import Instance
-    from ...errors import AwsError
     s3, bucket, user = store
     found: dict[str, Instance] = {}
     for run_id, launches in runs.items():
@@ -366,8 +361,6 @@ def settle(store: tuple[Any, str, str], runs: dict[str, list[dict[str, Any]]], l
 def _on_demand(itype: str, region: str, home: Path) -> tuple[float | None, str]:
     """(USD/h, source) of ``itype`` on-demand in ``region`` (aws/catalog.on_demand_price); (None,
     why) for a type ec2gpu's catalog does not know."""
-    from ...aws import catalog
-    from ...errors import UsageError
     try:
         p = catalog.on_demand_price(itype, region, home)
     except UsageError:
@@ -396,14 +389,7 @@ def remote_runs(aws: Aws, home: Path, volume_gib: float | None, limit: int, sinc
     ended_at, message, problem...) + "billed_seconds" (s), "cost_usd" (USD or None), "upper_bound",
     "cost" (``cost``'s whole dict), "in_ledger" (bool), "ledger_status" (its row's status or None)]}.
     Raises AwsError (S3, EC2, Auto Scaling), NoCredentials."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from ...aws import runstore_records
-    from ...errors import AwsError
-    from ...wire import run_record
-    from ..settle import ledger
-    from ...aws.runstore import store
-    s3, bucket, user = store(aws)
+    s3, bucket, user = runstore.store(aws)
     ids = runstore_records.list_runs(s3, bucket, user)
     picked = [r for r in reversed(ids) if since is None or _started(r) >= since][:max(0, limit)]
 
@@ -439,8 +425,6 @@ def remote_runs(aws: Aws, home: Path, volume_gib: float | None, limit: int, sinc
 def _no_status(s3: Any, bucket: str, user: str, run_id: str) -> str:
     """Why a run in the store has no record (state.json): a run in the foreground whose instance handed its
     outputs over (runs/recover/handover.py), or a launch that did not get that far (or expired)."""
-    from ...aws import runstore, runstore_objects
-    from ...errors import AwsError
     try:
         handed = runstore_objects.read_head(s3, bucket, runstore.handover_keys(user, run_id)["record"], 1) is not None
     except AwsError:

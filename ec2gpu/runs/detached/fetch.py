@@ -41,16 +41,19 @@ import json
 import os
 import time
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
-from ...aws import groups, runstore, runstore_objects, runstore_records
+from ...agent.agent import mask_bytes  # the agent's own rule: the live log's bytes are the store's
+from ...aws import groups, instances, network, parameters, runstore, runstore_objects, runstore_records
 from ...aws.runstore import store
 from ...aws.session import Aws
-from ...errors import UsageError
-from ...agent.mirror import mask  # the agent's own rule: the live log's bytes are the store's
-from ...remote import files
+from ...errors import RemoteError, UsageError, WaitTimeout
+from ...remote import files, jobs, ssh
 from ...remote.files import write_small
 from ...wire import run_record
+from .. import job_summary
+from ..execute import nodes
 
 Note = Callable[[str], object]
 #: ``write(chunk: bytes, final=False)``: where a log's bytes go as they come
@@ -207,7 +210,6 @@ def fetch(aws: Aws, run_id: str, out: Path, limits: files.Limits, note: Note,
         note("warning: the run's secrets could not be read from SSM Parameter Store: its summary is kept out of "
              "the ledger")
     elif secrets is not None:
-        from .. import job_summary
         checked = job_summary.read_summary(out / "outputs" / "summary.json", schema, root=out, secrets=secrets)
         columns = job_summary.columns(checked, schema) if checked is not None else {}
         if columns.get("test_acc") is not None:
@@ -295,7 +297,7 @@ class _Shown:
 
 
 class _Masker:
-    """Bytes masked as the agent masks the copy it uploads (agent/mirror.mask: each secret value,
+    """Bytes masked as the agent masks the copy it uploads (agent/agent.mask_bytes: each secret value,
     longest first, replaced by ****, over the bytes as they are: no line splitting, no decoding),
     fed in pieces: the last bytes that could be the start of a secret are held back until the next
     piece (or ``flush``), so a value cut between two reads is masked whole and the bytes written
@@ -318,12 +320,12 @@ class _Masker:
                 if 0 <= at < cut < at + len(v):
                     cut, moved = at, True
         if cut > 0:
-            self.out(mask(self.pending[:cut], self.secrets))
+            self.out(mask_bytes(self.pending[:cut], self.secrets))
             self.pending = self.pending[cut:]
 
     def flush(self) -> None:
         if self.pending:
-            self.out(mask(self.pending, self.secrets))
+            self.out(mask_bytes(self.pending, self.secrets))
             self.pending = b""
 
 
@@ -335,7 +337,6 @@ def _follow_live(src: LiveLog, shown: _Shown, secrets: list[str], is_final: Call
     store's copy then lost its start, so its offsets are no longer the instance's: False; held
     bytes are dropped, S3 has them). The instance's log holds what the store holds (its earlier
     launches' part came from there, masked), so the first ``shown.count`` bytes are passed over."""
-    from ...remote import jobs
     masker = _Masker(secrets, shown.emit)
     offset, done = 0, False
     shown.skip = shown.count
@@ -372,10 +373,6 @@ def live_log(aws: Aws, settings: Any, backend: Any, run_id: str, note: Note,
     """The job's log on the run's instance in service, over SSH (the host key checked against its
     console output), or None: no instance in service, its private key not on this machine (said
     once: ``said`` keeps what was), or SSH not answering in 30 s (said)."""
-    from ...aws import instances, network
-    from ...errors import RemoteError, WaitTimeout
-    from ...remote import jobs, ssh
-    from ..execute.nodes import connect_verified
     group = groups.summary(aws.client("autoscaling"), run_id)
     ids = [i["id"] for i in (group or {}).get("instances", []) if i.get("state") == "InService" and i.get("id")]
     if not ids:
@@ -391,7 +388,7 @@ def live_log(aws: Aws, settings: Any, backend: Any, run_id: str, note: Note,
                  "from S3, uploaded every minute")
         return None
     try:
-        conn, *_ = connect_verified(aws, settings, backend, inst, log=lambda msg: None, timeout_s=30)
+        conn, *_ = nodes.connect_verified(aws, settings, backend, inst, log=lambda msg: None, timeout_s=30)
     except (RemoteError, WaitTimeout, UsageError) as exc:
         note(f"the live log of {inst.id} is not reachable ({exc}); following S3")
         return None
@@ -422,7 +419,6 @@ def run_secrets(aws: Aws, s3: Any, bucket: str, user: str, run_id: str) -> list[
     credentials: docs/iam-policy.json lets a user read the secrets they made, no other's), to mask
     its live log as the agent masks the copy in S3; [] without any; None when they cannot be had
     (then the log is not read live)."""
-    from ...aws import parameters
     try:
         names = runstore_records.secret_names(s3, bucket, user, run_id)
         if not names:
@@ -431,6 +427,21 @@ def run_secrets(aws: Aws, s3: Any, bucket: str, user: str, run_id: str) -> list[
         return list(got.values()) if len(got) == len(names) else None
     except Exception:  # noqa: BLE001 - no live log then; S3's is masked by the agent
         return None
+
+
+@dataclass
+class _LogRead:
+    """Where ``show_log`` is: ``got`` the run's last record read; ``shown`` bytes written (the
+    store's offset to go on from), ``etag`` of the store's copy they came from ("": read it again),
+    ``tail`` their last TAIL_BYTES; ``ahead``: after a live read, (what S3 had shown before it, its
+    tail) until S3's copy is checked again; ``retries``: reads of a copy replaced while read."""
+
+    got: dict[str, Any]
+    shown: int = 0
+    etag: str = ""
+    tail: bytes = b""
+    ahead: tuple[int, bytes] | None = None
+    retries: int = 0
 
 
 def show_log(aws: Aws, run_id: str, write: Write, note: Note, follow: bool = False, poll_s: float = POLL_S,
@@ -455,80 +466,102 @@ def show_log(aws: Aws, run_id: str, write: Write, note: Note, follow: bool = Fal
     if got is None:
         raise UsageError(f"no detached run {run_id} in s3://{bucket}/{runstore.user_prefix(user)} ({aws.region})",
                          NOT_FOUND_HINT)
-    shown, etag, tail, polls, retries = 0, "", b"", 0, 0
+    st, polls, next_live = _LogRead(got), 0, clock()
     secrets: list[str] | None = None
-    next_live = clock()
-    #: after a live read: (what S3 had shown before it, its tail), until S3's copy is checked again
-    ahead: tuple[int, bytes] | None = None
     try:
         while True:
-            final = got.get("state") in run_record.FINAL_STATES  # read before the log: the log is then whole
-            head = runstore_objects.head_object(s3, bucket, key)
-            if ahead is not None and head is not None and head["etag"] != etag and head["size"] <= shown:
-                etag = head["etag"]  # behind what the live log showed: the agent's next upload catches up
-            elif head is not None and head["etag"] != etag:
-                if ahead is not None:  # the store's copy goes on from what the live log showed, or not
-                    if tail and _read(s3, bucket, key, shown - len(tail), shown, head["etag"]) != tail:
-                        note("the lines shown live after the store's last copy went with the instance; the log goes "
-                             "on from that copy (some lines may show twice)")
-                        shown, tail = ahead
-                    ahead = None
-                if shown == 0:
-                    start = max(0, head["size"] - max_bytes)
-                    if start:
-                        note(f"job.log of {run_id}: its first {start:,} bytes not shown (the last {max_bytes:,} are)")
-                else:
-                    start = _where(s3, bucket, key, head, shown, tail, note)
-                data = _read(s3, bucket, key, start, head["size"], head["etag"]) if head["size"] > start else b""
-                if data is None and retries < 3:  # replaced meanwhile: read it again
-                    retries += 1
-                    continue
-                if data is not None:
-                    if data:
-                        write(data)
-                    shown, etag, tail = head["size"], head["etag"], (tail + data)[-TAIL_BYTES:]
+            final = st.got.get("state") in run_record.FINAL_STATES  # read before the log: the log is then whole
+            if _from_store(s3, bucket, key, run_id, st, write, note, max_bytes):
+                continue  # replaced while read: read it again
             if not follow or final:
                 break
-            if live is not None and clock() >= next_live and shown < AGENT_LOG_MAX and (src := live()) is not None:
-                if secrets is None:
-                    secrets = run_secrets(aws, s3, bucket, user, run_id)
+            if live is not None and clock() >= next_live and st.shown < AGENT_LOG_MAX and (src := live()) is not None:
+                secrets = run_secrets(aws, s3, bucket, user, run_id) if secrets is None else secrets
                 if secrets is None:
                     src.close()
                     live = None
                     note("the run's secrets could not be read to mask its live log: following S3")
                     continue
-                note(f"following job.log live on {src.instance_id} over SSH")
-                seen = _Shown(write, shown, tail)
-
-                def is_final() -> bool:
-                    nonlocal got
-                    now = runstore_records.get_status(s3, bucket, user, run_id)
-                    got = now or got
-                    return now is not None and now.get("state") in run_record.FINAL_STATES
-                if not _follow_live(src, seen, secrets, is_final, min(poll_s, 1.0), sleep, clock):
-                    note(f"the live log of {src.instance_id} stopped (SSH, or past {AGENT_LOG_MAX >> 20} MiB): "
-                         "following S3")
-                if seen.count > shown:
-                    ahead = (shown, tail)
-                shown, tail, etag = seen.count, seen.tail, ""  # S3 again, from the same byte
+                _from_live(src, st, secrets, write, note, lambda: runstore_records.get_status(s3, bucket, user, run_id),
+                           min(poll_s, 1.0), sleep, clock)
                 next_live = clock() + LIVE_EVERY_S
                 continue
             if live is not None and clock() >= next_live:
                 next_live = clock() + LIVE_EVERY_S
             polls += 1
             if polls % GROUP_EVERY == 0 and _ended(aws, run_id):
-                got = runstore_records.get_status(s3, bucket, user, run_id) or got  # its last word, if it had one
-                if got.get("state") not in run_record.FINAL_STATES:
-                    note(f"run {run_id}: its group has ended and its record still says {got.get('state')}")
+                st.got = runstore_records.get_status(s3, bucket, user, run_id) or st.got  # its last word, if any
+                if st.got.get("state") not in run_record.FINAL_STATES:
+                    note(f"run {run_id}: its group has ended and its record still says {st.got.get('state')}")
                     break
                 continue
             sleep(poll_s)
-            got = runstore_records.get_status(s3, bucket, user, run_id) or got
+            st.got = runstore_records.get_status(s3, bucket, user, run_id) or st.got
     finally:
         write(b"", final=True)
-    if not etag:
+    if not st.etag:
         note(f"run {run_id} has no job.log in s3://{bucket}/{runstore.logs_prefix(user, run_id)} yet: its agent uploads "
              "it every 60 s once the job runs, and at its end")
+    return _outcome(st.got)
+
+
+def _from_store(s3: Any, bucket: str, key: str, run_id: str, st: _LogRead, write: Write, note: Note,
+                max_bytes: int) -> bool:
+    """Write what the store's copy of the log (``key``) holds past ``st.shown`` (at first its last
+    ``max_bytes``), ``st`` moved on; True when the copy was replaced while read and should be read
+    again now (up to 3 times)."""
+    head = runstore_objects.head_object(s3, bucket, key)
+    if head is None or head["etag"] == st.etag:
+        return False
+    if st.ahead is not None and head["size"] <= st.shown:
+        st.etag = head["etag"]  # behind what the live log showed: the agent's next upload catches up
+        return False
+    if st.ahead is not None:  # the store's copy goes on from what the live log showed, or not
+        if st.tail and _read(s3, bucket, key, st.shown - len(st.tail), st.shown, head["etag"]) != st.tail:
+            note("the lines shown live after the store's last copy went with the instance; the log goes "
+                 "on from that copy (some lines may show twice)")
+            st.shown, st.tail = st.ahead
+        st.ahead = None
+    if st.shown == 0:
+        start = max(0, head["size"] - max_bytes)
+        if start:
+            note(f"job.log of {run_id}: its first {start:,} bytes not shown (the last {max_bytes:,} are)")
+    else:
+        start = _where(s3, bucket, key, head, st.shown, st.tail, note)
+    data = _read(s3, bucket, key, start, head["size"], head["etag"]) if head["size"] > start else b""
+    if data is None and st.retries < 3:
+        st.retries += 1
+        return True
+    if data is not None:
+        if data:
+            write(data)
+        st.shown, st.etag, st.tail = head["size"], head["etag"], (st.tail + data)[-TAIL_BYTES:]
+    return False
+
+
+def _from_live(src: LiveLog, st: _LogRead, secrets: list[str], write: Write, note: Note,
+               status: Callable[[], dict[str, Any] | None], poll_s: float, sleep: Callable[[float], None],
+               clock: Callable[[], float]) -> None:
+    """Write the live log of ``src`` from ``st.shown`` (``_follow_live``) until it stops, reading the
+    run's record with ``status()`` (None: none) into ``st.got``; then ``st`` says to read S3's copy
+    again from the same byte, and what the live log showed beyond it (``st.ahead``)."""
+    note(f"following job.log live on {src.instance_id} over SSH")
+    seen = _Shown(write, st.shown, st.tail)
+
+    def is_final() -> bool:
+        now = status()
+        st.got = now or st.got
+        return now is not None and now.get("state") in run_record.FINAL_STATES
+    if not _follow_live(src, seen, secrets, is_final, poll_s, sleep, clock):
+        note(f"the live log of {src.instance_id} stopped (SSH, or past {AGENT_LOG_MAX >> 20} MiB): following S3")
+    if seen.count > st.shown:
+        st.ahead = (st.shown, st.tail)
+    st.shown, st.tail, st.etag = seen.count, seen.tail, ""  # S3 again, from the same byte
+
+
+def _outcome(got: dict[str, Any]) -> dict[str, Any]:
+    """``show_log``'s answer from the run's last record ``got``: {"state", "exit_status" (for a final
+    state: 0 succeeded, else the job's exit code, 1 when it has none or 0; else None)}."""
     state = got.get("state")
     exit_status = None
     if state in run_record.FINAL_STATES:

@@ -67,7 +67,7 @@ WIRE_DIR = Path(bounded_json.__file__).resolve().parent
 #: the instance-side files, uploaded under runs/USER_ID/RUN_ID/agent/ and fetched by ``boot_script``:
 #: detached.py (what the boot script runs) and every module it imports, the agent's from AGENT_DIR and
 #: the records' (WIRE_FILES) from ec2gpu/wire/ (agent_source)
-WIRE_FILES = ("bounded_json.py", "names.py", "run_spec.py", "run_record.py", "agent_record.py", "shell.py")
+WIRE_FILES = ("bounded_json.py", "names.py", "run_spec.py", "run_record.py", "agent_record.py", "shell.py", "unpack.py")
 AGENT_FILES = ("detached.py", "context.py", "store.py", "prepare.py", "mirror.py", "attempt.py", "members.py",
                "several.py", "gang.py", "agent.py", "reaper.py", "s3files.py") + WIRE_FILES
 #: instances a detached run may launch in all (first plus replacements) when --max-attempts is not

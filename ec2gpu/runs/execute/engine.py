@@ -40,6 +40,7 @@ from ...agent.agent import BESIDE, PYTHON_FLAGS
 from ...wire import bounded_json
 from ...wire.shell import HANDOFF, INTERACTIVE, PROLOGUE
 from ..job_summary import MASK as MASK  # re-exported: engine.MASK
+from ..job_summary import mask_text
 from ..job import TaskJob as TaskJob  # re-exported: engine.TaskJob (its home is runs/job.py, below every stage)
 from ..job import node_env as node_env, workdir_of as workdir_of  # re-exported: the job's contract lives in runs/job.py
 
@@ -233,14 +234,14 @@ def setup_node(nd: Node, job: TaskJob, log: Callable[[str], None]) -> None:
               'export SKYPILOT_SETUP_NODE_RANK="$SKYPILOT_NODE_RANK" SKYPILOT_SETUP_NODE_IPS="$SKYPILOT_NODE_IPS" '
               'SKYPILOT_SETUP_NUM_GPUS_PER_NODE="$SKYPILOT_NUM_GPUS_PER_NODE"; '
               f"{PROLOGUE}{task.setup}")
-    out = _LineWriter(lambda line: log(job.mask(line)))
+    out = _LineWriter(lambda line: log(mask_text(line, job.secret_values)))
     files.put_file(nd.conn, REAPER, f"{nd.run_dir}/reaper.py")
     result = ssh.attempt(nd.conn, f"{shlex.join(agent_command(python, nd.run_dir, 'reaper.py'))} -- "
                                   f"bash -c {shlex.quote(INTERACTIVE)} {shlex.quote(HANDOFF)} {shlex.quote(script)} setup",
                          timeout_s=3600, stream=out)
     out.flush()
     if not result.ok:
-        tail = "\n".join(job.mask(result.stdout + result.stderr).strip().splitlines()[-TAIL_LINES:])
+        tail = "\n".join(mask_text(result.stdout + result.stderr, job.secret_values).strip().splitlines()[-TAIL_LINES:])
         raise RemoteError(f"the task's setup on node {nd.index} ({nd.instance_id}) exited {result.exited}",
                           "fix the setup (its output is shown above); nothing else ran", command="setup",
                           host=nd.host, exit_status=result.exited, tail=tail)
@@ -358,7 +359,7 @@ def judge(nodes: list[Node], job: TaskJob) -> None:
                            "raise the limit: --max-runtime 8h (or max_runtime: in the task file); --max-runtime none "
                            "removes it. Outputs were brought home and every instance is terminated",
                            command=job.task.run, host=limited.host, exit_status=124,
-                           tail=job.mask(jobs.tail(limited.conn, f"{limited.run_dir}/job.log", TAIL_LINES)))
+                           tail=mask_text(jobs.tail(limited.conn, f"{limited.run_dir}/job.log", TAIL_LINES), job.secret_values))
     first = root_cause_node(bad, statuses)
     st = statuses[first.index]
     if st is None:
@@ -380,7 +381,7 @@ def judge(nodes: list[Node], job: TaskJob) -> None:
                       + (f"; then {', '.join(others)} failed too" if others else ""),
                       "its last lines are above; outputs were brought home and every instance is terminated",
                       command=job.task.run, host=first.host,
-                      exit_status=(st or {}).get("exit_code") or 1, tail=job.mask(tail))
+                      exit_status=(st or {}).get("exit_code") or 1, tail=mask_text(tail, job.secret_values))
 
 
 def root_cause_node(bad: list[Node], statuses: dict[int, dict[str, Any] | None]) -> Node:
@@ -431,7 +432,7 @@ def download(nodes: list[Node], job: TaskJob, local_out: Path, ssh_config: Path 
         *[(f"file_mounts of node {nd.index} (written back)", _write_back(nd, log))
           for nd in nodes if any(m.write_back for m in job.mounts)],
         ("outputs", lambda: _outputs_home(head, job, local_out, ssh_config, log, limits or files.Limits())),
-        *record_steps(nodes, job.mask, local_out)]
+        *record_steps(nodes, lambda line: mask_text(line, job.secret_values), local_out)]
     failed = None  # the first transfer that failed: raised once every other part came home
     for what, step in steps:
         try:

@@ -14,6 +14,7 @@ from ...errors import AwsError, RemoteError, WaitTimeout
 from . import engine, status
 from . import attempt as lifecycle
 from . import nodes as N
+from ..job_summary import mask_text
 
 if TYPE_CHECKING:
     from ...aws.instances import Instance
@@ -86,9 +87,9 @@ class ForegroundJob(lifecycle.Strategy[dict[str, Any]]):
                 with tunnel.forwarding(a.config, nodes[0].instance_id, job.task.ports, ui.note,
                                        same_ports=same_ports_for(nodes[0].host, job.same_ports)):
                     N.follow_all(nodes, ui, a.local_out, a.n, self.opts.unreachable_s,
-                                 mask=job.mask if job.secret_values else None)
+                                 mask=(lambda line: mask_text(line, job.secret_values)) if job.secret_values else None)
             except KeyboardInterrupt:  # Ctrl-C or SIGTERM: what the job wrote comes home before the teardown
-                N.records_home_on_interrupt(nodes, job.mask, a.local_out, ui.note)
+                N.records_home_on_interrupt(nodes, lambda line: mask_text(line, job.secret_values), a.local_out, ui.note)
                 raise
             for nd in nodes:  # AWS stopped answering about an instance: nothing more can be done on it
                 if isinstance(nd.result, AwsError):

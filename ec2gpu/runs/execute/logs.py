@@ -2,16 +2,22 @@
 through dropped connections), else from the artifacts brought home."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
-
+import ipaddress
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
 
 from ...agent.agent import MAX_ENV_BYTES
+from ...aws import sweep, tags
 from ...errors import RemoteError, UsageError
-from .. import element_table
+from ...remote import jobs, ssh, sync
 from ...wire import agent_record, bounded_json
+from .. import element_table
+from ..job_summary import mask_text
+from ..settle import ledger
+from . import status
+from .nodes import connect_verified, copy_log
 
 if TYPE_CHECKING:
     from ...aws.instances import Instance
@@ -22,7 +28,6 @@ if TYPE_CHECKING:
 def finished(home: Path, name: str) -> dict[str, Any] | None:
     """The ledger's row for run ``name`` (an id or a unique prefix) once it is over, else None: its
     log is then on this machine and needs no AWS."""
-    from ..settle import ledger
     try:
         row = ledger.get(home, name)
     except UsageError:
@@ -41,13 +46,11 @@ def exit_status_of(row: dict[str, Any]) -> int:
 def run_id_on(home: Path, inst: Instance) -> str:
     """The newest run on instance ``inst``: the ledger's newest row that lists it (an `ec2gpu exec`
     on a standing instance has its own run id), else the run id of its tag."""
-    from ...aws import tags as T
-    from ..settle import ledger
     for row in ledger.runs(home, limit=200):
         if inst.id in (row.get("instance_ids") or []):
             run_id: str = row["run_id"]
             return run_id
-    return inst.tags.get(T.RUN, "")
+    return inst.tags.get(tags.RUN, "")
 
 
 def saved_log(home: Path, name: str) -> Path:
@@ -55,7 +58,6 @@ def saved_log(home: Path, name: str) -> Path:
 
     Raises UsageError when the ledger has no such run or its artifacts hold no log.
     """
-    from ..settle import ledger
     try:
         artifacts = Path(ledger.get(home, name).get("artifacts") or "")
     except UsageError as exc:
@@ -84,7 +86,6 @@ def element_log(home: Path, row: dict[str, Any] | None, name: str, index: int) -
     Raises NotEnded for an element of a run that goes on whose log is not home yet; UsageError: a
     run not known, no such element or no log of it."""
     if row is None:
-        from ..settle import ledger
         try:
             running = ledger.get(home, name)
         except UsageError:
@@ -105,14 +106,14 @@ def element_log(home: Path, row: dict[str, Any] | None, name: str, index: int) -
     if not path.is_file():
         raise UsageError(f"run {row['run_id']} has no log of element {index} at {path}",
                          "is it an array's run, with that index? its table: runs/RUN/pool.json")
-    status = None
+    exit_status = None
     try:
         elements = bounded_json.loads((artifacts / "pool.json").read_bytes(), max_bytes=element_table.MAX_TABLE_BYTES)["elements"]
         got = [e.get("exit_status") for e in elements if e.get("index") == index]
-        status = got[0] if got and isinstance(got[0], int) and not isinstance(got[0], bool) else None
+        exit_status = got[0] if got and isinstance(got[0], int) and not isinstance(got[0], bool) else None
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    return path, status
+    return path, exit_status
 
 
 #: seconds between looks at a running element's log (and at the head's record of it) with --follow
@@ -125,7 +126,6 @@ def running_element(record: bytes | None, index: int) -> tuple[str | None, Any]:
     """(the address of the node that runs element ``index`` now, or None; the element's exit status
     once it has ended, else None) from the bytes of the pool driver's table.json on the head
     (ec2gpu/pool/driver.py: hostile input, read as such: pure, never raises)."""
-    import ipaddress
     try:
         data = bounded_json.loads(record or b"{}", max_bytes=element_table.MAX_STATUS_BYTES)
         element = next(e for e in data.get("elements", []) if isinstance(e, dict) and e.get("index") == index)
@@ -151,7 +151,6 @@ def stream_element(ctx: Context, row: dict[str, Any], index: int, follow: bool, 
     Host keys are checked against the console output. Raises UsageError when the run has no head
     running, or the element is not running (queued, or ended: its log comes home within 10 s).
     RemoteError when an instance cannot be reached."""
-    from ...remote import jobs
     run_id = row["run_id"]
     head = head_instance(ctx.aws.ec2, row)
     if head is None:
@@ -173,7 +172,6 @@ def stream_element(ctx: Context, row: dict[str, Any], index: int, follow: bool, 
                              "log comes home within 10 s of its end)",
                              f"ec2gpu status {run_id} shows the elements; try again in a moment")
         ids = set(row.get("instance_ids") or [])
-        from ...aws import sweep
         inst = next((i for i in sweep.find_instances(ctx.aws.ec2, states=["running"])
                      if i.id in ids and ctx.backend.private_address(i) == address), None)
         if inst is None:
@@ -184,7 +182,7 @@ def stream_element(ctx: Context, row: dict[str, Any], index: int, follow: bool, 
         try:
             run_dir = jobs.remote_run_dir(conn, run_id)
             secrets = secret_values(conn, run_dir, note)
-            splitter = jobs.LineSplitter(lambda line: write((mask(line, secrets) + "\n").encode()))
+            splitter = jobs.LineSplitter(lambda line: write((mask_text(line, secrets) + "\n").encode()))
             cursor, path = jobs.LogCursor(splitter), f"{run_dir}/elements/{index}/job.log"
             jobs.drain(conn, path, cursor)
             code = None
@@ -211,8 +209,6 @@ def _open(ctx: Context, inst: Instance, note: Callable[[str], None]) -> tuple[An
     """(an SSH connection to ``inst``, a function that opens another): the run's key, the host key
     pinned (checked against the console output first if it is not yet). Raises RemoteError or
     WaitTimeout when it does not answer in 60 s, UsageError without the private key."""
-    from ...remote import ssh
-    from .nodes import connect_verified
 
     conn, host, port, known, key = connect_verified(ctx.aws, ctx.settings, ctx.backend, inst, log=note, timeout_s=60)
     return conn, lambda: ssh.connect(host, port, ctx.settings.ssh_user, key, known, note)
@@ -227,12 +223,11 @@ def stream(ctx: Context, inst: Instance, follow: bool, write: Callable[[bytes], 
     Raises RemoteError when the instance stays unreachable, UsageError without its private key or
     when no job has run there.
     """
-    from ...remote import jobs
 
     run_id, iid = run_id_on(ctx.settings.home, inst), inst.id
     conn, reconnect = _open(ctx, inst, note)
     run_dir = jobs.remote_run_dir(conn, run_id)
-    status = None
+    exit_status = None
     splitter = None
     try:
         if not jobs.read_from(conn, f"{run_dir}/{agent_record.NAME}", 0):
@@ -240,11 +235,11 @@ def stream(ctx: Context, inst: Instance, follow: bool, write: Callable[[bytes], 
                              "start one there with `ec2gpu exec NAME TASK.yaml` (or `-- CMD`)")
         secrets = secret_values(conn, run_dir, note)
         if secrets:  # masked line by line, as the run showed it; else byte for byte
-            splitter = jobs.LineSplitter(lambda line: write((mask(line, secrets) + "\n").encode()))
+            splitter = jobs.LineSplitter(lambda line: write((mask_text(line, secrets) + "\n").encode()))
         cursor = jobs.LogCursor(splitter or write)
         if follow:
             try:
-                status, conn = jobs.follow_reconnecting(
+                exit_status, conn = jobs.follow_reconnecting(
                     reconnect, run_dir,
                     "job.log", cursor, conn=conn, log=note)
             except jobs.Unreachable as exc:
@@ -255,14 +250,13 @@ def stream(ctx: Context, inst: Instance, follow: bool, write: Callable[[bytes], 
         if splitter:
             splitter.flush()
         conn.close()
-    return status, run_id
+    return exit_status, run_id
 
 
 def secret_values(conn: Any, run_dir: str, note: Callable[[str], None] = lambda m: None) -> list[str]:
     """The values of the run's secrets (names in secret_names.json, values in the 0600
     job.env.json), longest first; [] for a run without secrets. A file the reader refuses
     (bounded_json) is said to ``note``: the log is then not masked."""
-    from ...remote import jobs  # paramiko (about 57 ms): a finished run's log is read here without it
 
     def read(name: str, limit: int, empty: bytes) -> Any:
         return bounded_json.loads(jobs.read_from(conn, f"{run_dir}/{name}", 0, limit + 1) or empty, max_bytes=limit)
@@ -280,16 +274,9 @@ def secret_values(conn: Any, run_dir: str, note: Callable[[str], None] = lambda 
                   key=len, reverse=True)
 
 
-def mask(line: str, secrets: list[str]) -> str:
-    """``line`` with every secret value replaced by **** (pure; job_summary.mask_text)."""
-    from ..job_summary import mask_text
-    return mask_text(line, secrets)
-
-
 def head_instance(ec2: Any, row: dict[str, Any]) -> Instance | None:
     """The running instance of ledger row ``row`` whose job's files count (node 0 of its newest
     attempt: the first of its ``instance_ids`` still running), or None."""
-    from ...aws import sweep
     ids = row.get("instance_ids") or []
     live = {i.id: i for i in sweep.find_instances(ec2, states=["running"]) if i.id in ids}
     return next((live[i] for i in ids if i in live), None)
@@ -309,9 +296,6 @@ def fetch(ctx: Context, inst: Instance, run_id: str, out: Path, note: Callable[[
 
     Raises RemoteError when the instance cannot be reached, UsageError without its private key.
     """
-    from ...remote import jobs, sync
-    from . import status
-    from .nodes import copy_log
 
     iid = inst.id
     limits = limits or ctx.settings.download_limits
@@ -325,7 +309,7 @@ def fetch(ctx: Context, inst: Instance, run_id: str, out: Path, note: Callable[[
                "files": []}
         secrets = secret_values(conn, run_dir, note)
         if jobs.size_of(conn, f"{run_dir}/job.log"):  # never job.env.json: it holds the secrets' values
-            copy_log(conn, f"{run_dir}/job.log", out / "job.log", lambda line: mask(line, secrets))
+            copy_log(conn, f"{run_dir}/job.log", out / "job.log", lambda line: mask_text(line, secrets))
             got["files"].append("job.log")
         record = status.read(conn, run_dir, None)  # the key died with the controller: validated, not verified
         if record is not None:

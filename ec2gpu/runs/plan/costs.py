@@ -15,9 +15,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, cast
 
+from ...aws import catalog
 from ...aws.catalog import BILLING_MINIMUM_SECONDS
 from ...errors import UsageError
+from ...train.presets import PRESETS
+from ..job_summary import bench_figures, figure
 from ..options import PoolOptions, RunOptions, TrainOptions
+from ..settle import ledger
 from .checks import slots_per_node
 from .limits import Limit
 
@@ -120,8 +124,6 @@ def estimate(instance_type: str, gpu: str, market: str, usd_per_hour: float | No
     the same model on the same GPU model, else from the samples/s `ec2gpu bench` measured on that
     type or GPU model (bench_speed); each falls back to the documented defaults above.
     """
-    from ..job_summary import figure
-
     def job_s(r: dict[str, Any]) -> float | None:  # the job's phase: "running" (before the one engine: "training")
         phases = r.get("phases") or {}
         seconds: float | None = phases.get("running") or phases.get("training")
@@ -165,7 +167,6 @@ def bench_speed(history: list[dict[str, Any]], instance_type: str, gpu: str, mod
     figures are within physical bounds (job_summary.bench_figures: a -1 or 1e12 samples/s never
     counts). A full-size bench is preferred to a --quick one. Returns {"samples_per_second",
     "device", "instance_type", "run_id", "quick"} or None."""
-    from ..job_summary import bench_figures
     found = []
     for r in history:
         if r.get("task") != "bench" or r.get("summary_schema") not in ("bench", None):
@@ -212,9 +213,6 @@ def estimate_job(aws: Aws | PriceTable, home: Path, instance_type: str, spot: bo
                  backend: str, max_price: float | None = None) -> Estimate:
     """Estimate a user's task: its job runs ``job_seconds`` (said by ``job_source``); boot, setup
     and teardown from the ledger's runs on the same instance type, else the defaults."""
-    from ...aws import catalog
-    from ..settle import ledger
-
     itype = catalog.lookup(instance_type)
     price = hourly_price(aws, home, itype.name, spot, max_price)
     history = [r for r in ledger.runs(home, backend=backend, limit=50, tolerant=True) if r["status"] == "completed"]
@@ -242,14 +240,14 @@ def hourly_price(aws: Aws | PriceTable, home: Path, instance_type: str, spot: bo
     UsageError when ``max_price`` is below the spot price in every zone (no launch could succeed),
     ValueError for a spot price asked of a PriceTable.
     """
-    from ...aws import catalog
-
     on_demand = catalog.on_demand_price(instance_type, aws.region, home)
     if not spot:
         return on_demand
     if isinstance(aws, PriceTable):
         raise ValueError("a spot price needs AWS (pricing.current_spot_prices), not the price table")
-    from ...aws import pricing  # boto3: an on-demand price (a run's plan, a dry run) is the table's alone
+    # boto3 (aws/pricing -> aws/session): an on-demand price (a run's plan, a dry run) is the table's alone, and a
+    # dry run imports no AWS SDK (tests/unit/test_dry_run.py::test_a_dry_run_imports_no_aws_sdk)
+    from ...aws import pricing
     zones = pricing.current_spot_prices(aws.ec2, [instance_type]).get(instance_type, {})
     if not zones:
         return catalog.Price(on_demand.usd_per_hour, "no spot price found; on-demand price as the ceiling")
@@ -265,10 +263,6 @@ def hourly_price(aws: Aws | PriceTable, home: Path, instance_type: str, spot: bo
 def estimate_run(aws: Aws | PriceTable, home: Path, instance_type: str, spot: bool, model: str, epochs: int | None,
                  backend: str, max_price: float | None = None) -> Estimate:
     """Estimate time and cost of one `train` run from current prices and the ledger's history."""
-    from ...aws import catalog
-    from ...train.presets import PRESETS
-    from ..settle import ledger
-
     itype = catalog.lookup(instance_type)
     price = hourly_price(aws, home, itype.name, spot, max_price)
     history = [r for r in ledger.runs(home, backend=backend, limit=50, tolerant=True) if r["status"] == "completed"]
@@ -398,20 +392,36 @@ def actual_cost(aws: Aws, home: Path, instance: Instance, ended_fallback: dateti
 def compute_cost(aws: Aws, home: Path, instance: Instance, start: datetime, ended: datetime) -> dict[str, Any]:
     """The compute bill of ``instance`` running from ``start`` to ``ended`` (one running interval,
     60 s minimum): {"usd_per_hour", "compute_usd" (None when no price is known), "price_source"}.
-    Spot: the zone's spot price history over the interval; on-demand: the catalog's price."""
-    from ...aws import catalog, pricing
+    Spot: the zone's spot price history over the interval (``spot_bill``); on-demand, or a spot
+    instance whose history is empty: the catalog's price (``on_demand_bill``)."""
+    from ...aws import pricing  # boto3: a dry run imports none (hourly_price)
 
-    seconds = billed_seconds(start, ended)
-    itype, zone = instance.type, instance.zone
     if instance.market == "spot":
-        history = pricing.spot_price_history(aws.ec2, itype, zone or "", start, ended)
+        history = pricing.spot_price_history(aws.ec2, instance.type, instance.zone or "", start, ended)
         if history:
-            usd = spot_cost_usd(history, start, ended)
-            return {"usd_per_hour": round(usd * 3600 / seconds, 6), "compute_usd": round(usd, 6),
-                    "price_source": f"spot price history of {zone} ({len(history)} price(s) in effect)"}
-    price = catalog.on_demand_price(itype, aws.region, home)
-    cost = None if price.usd_per_hour is None else round(cost_usd(seconds, price.usd_per_hour), 6)
-    return {"usd_per_hour": price.usd_per_hour, "compute_usd": cost, "price_source": price.source}
+            return spot_bill(history, instance.zone, start, ended)
+    price = catalog.on_demand_price(instance.type, aws.region, home)
+    return on_demand_bill(price.usd_per_hour, price.source, start, ended)
+
+
+def spot_bill(history: list[tuple[datetime, float]], zone: str | None, start: datetime,
+              ended: datetime) -> dict[str, Any]:
+    """The compute bill of a spot instance in ``zone`` running from ``start`` to ``ended``, at its
+    zone's spot price ``history`` (not empty; ``spot_cost_usd``: each second at the price then in
+    effect, 60 s minimum) (pure): {"usd_per_hour" (the mean, USD/h), "compute_usd" (USD),
+    "price_source"}. Every bill of a run's compute, foreground or detached, is this or
+    ``on_demand_bill``."""
+    usd = spot_cost_usd(history, start, ended)
+    return {"usd_per_hour": round(usd * 3600 / billed_seconds(start, ended), 6), "compute_usd": round(usd, 6),
+            "price_source": f"spot price history of {zone} ({len(history)} price(s) in effect)"}
+
+
+def on_demand_bill(usd_per_hour: float | None, source: str, start: datetime, ended: datetime) -> dict[str, Any]:
+    """The compute bill of an instance running from ``start`` to ``ended`` at ``usd_per_hour``
+    (None: unknown) said by ``source``, per second with a 60 s minimum (pure): {"usd_per_hour",
+    "compute_usd" (USD; None without a price), "price_source"}."""
+    usd = None if usd_per_hour is None else round(cost_usd(billed_seconds(start, ended), usd_per_hour), 6)
+    return {"usd_per_hour": usd_per_hour, "compute_usd": usd, "price_source": source}
 
 
 def address_and_disk(region: str, home: Path, running_s: float, life_s: float, volume_gib: float | None) -> dict[str, Any]:
@@ -420,13 +430,18 @@ def address_and_disk(region: str, home: Path, running_s: float, life_s: float, v
     ``volume_gib`` GiB for the ``life_s`` seconds it existed, stopped or not (catalog.ebs_price,
     by the second, 60 s minimum, a 30-day month). Returns {"public_ipv4_usd", "ebs_usd" (None
     when the size or the region's price is unknown), "volume_gib", "ebs_price_source"}."""
-    from ...aws import catalog
-
     gp3 = catalog.ebs_price("gp3", region, home)
-    ebs = None if volume_gib is None or gp3.usd_per_gb_month is None else round(
-        volume_gib * gp3.usd_per_gb_month * max(float(BILLING_MINIMUM_SECONDS), life_s) / catalog.EBS_MONTH_SECONDS, 6)
-    return {"public_ipv4_usd": round(max(0.0, running_s) * catalog.PUBLIC_IPV4_USD_PER_HOUR / 3600, 6),
-            "ebs_usd": ebs, "volume_gib": volume_gib, "ebs_price_source": f"gp3 {gp3.source}"}
+    return {**address_and_disk_usd(running_s, life_s, volume_gib, gp3.usd_per_gb_month), "volume_gib": volume_gib,
+            "ebs_price_source": f"gp3 {gp3.source}"}
+
+
+def address_and_disk_usd(running_s: float, life_s: float, volume_gib: float | None,
+                         gp3_usd_per_gb_month: float | None) -> dict[str, float | None]:
+    """``address_and_disk``'s figures at a known gp3 price (``gp3_usd_per_gb_month``, USD per GB-month;
+    None: unknown) (pure): {"public_ipv4_usd", "ebs_usd" (None when the size or the price is unknown)}."""
+    ebs = None if volume_gib is None or gp3_usd_per_gb_month is None else round(
+        volume_gib * gp3_usd_per_gb_month * max(float(BILLING_MINIMUM_SECONDS), life_s) / catalog.EBS_MONTH_SECONDS, 6)
+    return {"public_ipv4_usd": round(max(0.0, running_s) * catalog.PUBLIC_IPV4_USD_PER_HOUR / 3600, 6), "ebs_usd": ebs}
 
 
 def with_total(row: dict[str, Any]) -> dict[str, Any]:
@@ -442,7 +457,6 @@ def estimate_minutes(home: Path, job: TaskJob, instance_type: str, expect_minute
     """Minutes the job should run, and where that figure comes from: the ledger's past completed
     runs of the same task on the same instance type (their mean), else ``--expect``; (None, why)
     when neither says (a task's first run: its cost is then bounded by its --max-runtime)."""
-    from ..settle import ledger
     past = [r for r in ledger.runs(home, backend=backend, limit=200, tolerant=True)
             if r.get("task") == job.name and r.get("instance_type") == instance_type and r["status"] == "completed"
             and (r.get("phases") or {}).get("running") and not r.get("element_seconds")]  # an array's: per element
@@ -460,7 +474,6 @@ def element_minutes(home: Path, job: TaskJob, instance_type: str, expect_minutes
     from: the mean of the elements that succeeded in the ledger's past completed arrays of the same
     task on the same instance type (weighted by their count; runs/element_table.element_seconds), else
     ``--expect`` (an element's time); (None, why) when neither says."""
-    from ..settle import ledger
     count, total, runs = 0, 0.0, 0
     for r in ledger.runs(home, backend=backend, limit=200, tolerant=True):
         got = r.get("element_seconds")
@@ -482,7 +495,6 @@ def element_minutes(home: Path, job: TaskJob, instance_type: str, expect_minutes
 def in_rounds(est: Estimate, rounds: int, why: str) -> Estimate:
     """``est`` (of one element) with its job run ``rounds`` times one after another, as an array's
     pool runs them (pool_rounds), billed again; ``why`` joins its time source (pure)."""
-    from dataclasses import replace
     return _priced(replace(est, train_seconds=round(est.train_seconds * rounds, 1),
                            time_source=f"{est.time_source}; {why}"))
 
@@ -506,7 +518,7 @@ def price_rows(aws: Aws, home: Path, gpu: str | None = None,
     offers: GPUs, vCPUs and memory as EC2 describes them (aws/types.py, with their source), the
     on-demand USD/h and its source, the newest spot USD/h per zone and the saving (percent). Retired
     types (of ``gpu``) with their last known price and replacement."""
-    from ...aws import capacity, catalog, pricing, types as type_facts
+    from ...aws import capacity, pricing, types as type_facts  # boto3: a dry run imports none (hourly_price)
     types = [t for t in catalog.CATALOG.values() if not gpu or t.gpu.upper() == gpu.upper()]
     offered = capacity.offered_in_region(aws.ec2, [t.name for t in types]) if types else set()
     if offered is not None:

@@ -20,6 +20,7 @@ from . import costs
 from .limits import Limit
 from .runplan import RunPlan
 from ..job import node_env, workdir_of  # the job's contract, as a launch gives it
+from ..job_summary import mask_text
 
 if TYPE_CHECKING:
     from ...tasks.mounts import Mount
@@ -92,8 +93,8 @@ def plan(p: RunPlan) -> dict[str, Any]:
                     "git": job.loaded.git,
                     "files": len(m.files) if m else 0, "bytes": m.bytes if m else 0,
                     "withheld": list(m.withheld) if m else []},
-        "env": {k: job.mask(v) for k, v in sorted(env.items())},
-        "setup": job.mask(job.task.setup or ""), "run": job.mask(job.task.run),
+        "env": {k: mask_text(v, job.secret_values) for k, v in sorted(env.items())},
+        "setup": mask_text(job.task.setup or "", job.secret_values), "run": mask_text(job.task.run, job.secret_values),
         "outputs": list(job.task.outputs),
         "ports": [{"port": port, "node": 0,
                    "local": f"127.0.0.1:{port}" if port in job.same_ports else
@@ -112,7 +113,7 @@ def plan(p: RunPlan) -> dict[str, Any]:
             "scheduler": "Ray on the pool's instances (ec2gpu/pool); the pool shrinks as the queue drains"},
         "trainer": None if p.trainer is None else {
             "model": p.trainer.model, "epochs": p.trainer.epochs, "seed": p.trainer.seed,
-            "trainer_args": job.mask(" ".join(p.trainer.trainer_args))},
+            "trainer_args": mask_text(" ".join(p.trainer.trainer_args), job.secret_values)},
         "sources": dict(p.sources),
     }
 

@@ -28,6 +28,7 @@ from ...tasks.load import aws_infra, zone_note
 from ...tasks.spec import minutes
 from ..options import PoolOptions, RunOptions, TrainOptions
 from . import checks, costs, limits
+from ..job_summary import mask_text
 
 if TYPE_CHECKING:
     from ...tasks.arrays import Element
@@ -191,7 +192,8 @@ def plan(job: TaskJob, flags: RunFlags, settings: Settings, trainer: Trainer | N
                 nodes=flags.nodes or job.task.nodes, limit=limit, idle_seconds=idle_seconds(job.task, limit),
                 ami=None, budget_usd=flags.budget if flags.budget is not None else job.task.budget,
                 expect_minutes=expect, elements=tuple(elements), warnings=tuple(said), sources=sources,
-                command=job.mask(flags.as_typed or ("ec2gpu.train_mnist()" if trainer else f"ec2gpu.run({job.name!r})")))
+                command=mask_text(flags.as_typed or ("ec2gpu.train_mnist()" if trainer else f"ec2gpu.run({job.name!r})"),
+                                  job.secret_values))
     if p.where != "new instances":  # `train mnist --local` or --cluster: no instance is launched, nothing is priced
         return replace(p, instance_types=(flags.instance_type or st.instance_type,))
     return _on_new_instances(p)

@@ -76,7 +76,7 @@ def run_local(job: engine.TaskJob, run_id: str, out: Path, ui: ReporterLike, pol
             "bash", "-c", job.task.run, job.name, *job.args]
     log_path = out / "job.log"
     log_path.unlink(missing_ok=True)
-    lines = engine._LineWriter(lambda line: ui.log(job.mask(line)))
+    lines = engine._LineWriter(lambda line: ui.log(job_summary.mask_text(line, job.secret_values)))
     agent = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
     offset = 0
     try:
@@ -106,7 +106,8 @@ def run_local(job: engine.TaskJob, run_id: str, out: Path, ui: ReporterLike, pol
         code = status.get("exit_code")
         raise RemoteError(f"the job on this machine {'exited ' + str(code) if code is not None else 'did not finish'}"
                           + engine.worker_failure(status.get("error")), f"its last lines are above; see {log_path}",
-                          command=job.task.run, host="local", exit_status=code or 1, tail=job.mask(tail))
+                          command=job.task.run, host="local", exit_status=code or 1,
+                          tail=job_summary.mask_text(tail, job.secret_values))
     # bounded, masked, checked against the job's schema, as from an instance
     return job_summary.read_summary(out / "outputs" / "summary.json", job_summary.schema_of(job), job.secret_values,
                                     root=out) or {}

@@ -39,6 +39,7 @@ from ...aws import runstore, runstore_objects
 from ...errors import Ec2GpuError
 from ...inert import inert
 from ...wire import agent_record, bounded_json
+from ...wire.unpack import unpack as unpack_archive
 
 if TYPE_CHECKING:
     from ...aws.session import Aws
@@ -349,13 +350,12 @@ def download_unpack(s3: Any, bucket: str, key: str, tmp: Path, root: Path, limit
 
 def unpack(archive: Path, root: Path, limits: Limits, note: Log, what: str = "the outputs archive",
            where: str = "S3") -> tuple[list[str], int, int]:
-    """Unpack the tar.gz file ``archive`` (hostile) into ``root`` with remote/unpack.unpack's rules
+    """Unpack the tar.gz file ``archive`` (hostile) into ``root`` with wire/unpack.unpack's rules
     (regular files only, each name and place checked, tarfile's data filter, in one pass that stops
     at the first member over ``limits`` and after ``limits.bytes`` and a little more decompressed);
     what was not unpacked is said to ``note`` in one line per kind (``where``: where the archive
     stays). Returns (the names written, sorted; members refused; 1 when the reading stopped at a
     member over the limits, else 0: what follows it is not read)."""
-    from ...remote.unpack import unpack as unpack_archive
     got = unpack_archive(archive, root, max_files=limits.files, max_bytes=limits.bytes)
     hint = (f"it stays in {where}: `ec2gpu fetch RUN --max-download SIZE --max-files N` brings it "
             "(EC2GPU_MAX_DOWNLOAD_FILES / EC2GPU_MAX_DOWNLOAD_BYTES)")
