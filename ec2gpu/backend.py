@@ -5,11 +5,14 @@ the Python API both use them, and everything below is handed the ``Backend``: no
 from __future__ import annotations
 
 import contextlib
+import getpass
 import os
 from dataclasses import dataclass
+from types import TracebackType
 from typing import TYPE_CHECKING, Callable, Optional
 
 from .errors import RemoteError
+from .sandbox import control
 from .settings import Settings, load, private_home
 
 if TYPE_CHECKING:
@@ -29,7 +32,7 @@ class Backend:
     endpoint_url: Optional[str] = None
     resolve: Optional[Callable[..., tuple[str, int]]] = None
     #: the sandbox's (access key id, secret, session token) and checkip URL; None on AWS (boto3's chain)
-    credentials: Optional[tuple] = None
+    credentials: Optional[tuple[str, str, str | None]] = None
     checkip_url: Optional[str] = None
 
     @property
@@ -79,7 +82,6 @@ def name_for(settings: Settings) -> str:
     endpoint = os.environ.get("AWS_ENDPOINT_URL")
     if not endpoint:
         return "aws"
-    from .sandbox import control  # the sandbox's state file: read only where an endpoint is exported
     state = control.read_state(settings.home)
     return "sandbox" if state and state["endpoint"] == endpoint else "aws"
 
@@ -91,15 +93,15 @@ class Context:
     ``note(text)`` is told when a sandbox is started for good.
     """
 
-    def __init__(self, region: str | None, sandbox: bool, persistent: bool = False, note=lambda text: None):
+    def __init__(self, region: str | None, sandbox: bool, persistent: bool = False,
+                 note: Callable[[str], None] = lambda text: None):
         self.settings = load({"region": region, "sandbox": sandbox or None})
         self.sandbox, self.persistent, self.note = self.settings.sandbox, persistent, note
 
-    def __enter__(self):
-        import getpass
-
-        from .aws.session import Aws  # boto3 (and the sandbox's modules): only a command that reaches AWS
-        from .sandbox import control
+    def __enter__(self) -> Context:
+        # boto3: only a command that reaches AWS (a dry run imports this module and never does: test_dry_run's
+        # test_a_dry_run_imports_no_aws_sdk)
+        from .aws.session import Aws
 
         self._stack = contextlib.ExitStack()
         self.backend = AWS
@@ -122,5 +124,6 @@ class Context:
                        checkip_url=self.backend.checkip_url)
         return self
 
-    def __exit__(self, *exc):
-        return self._stack.__exit__(*exc)
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> bool | None:
+        return self._stack.__exit__(exc_type, exc, tb)

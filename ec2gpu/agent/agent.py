@@ -73,6 +73,7 @@ import time
 import urllib.error
 import urllib.request
 from datetime import datetime, timezone
+from collections.abc import Callable
 from typing import Any
 
 #: the agent's Python flags (engine.job_argv, the pool's driver, --local, detached.py): -I, neither the script's
@@ -126,7 +127,7 @@ def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def write_record(run_dir: str, status: dict, key: bytes | None = None) -> None:
+def write_record(run_dir: str, status: dict[str, Any], key: bytes | None = None) -> None:
     """RUN_DIR/agent-record.json (wire/agent_record.dumps: its fields, signed with ``key`` when there is one),
     replaced atomically (a reader sees the old or the new, never half)."""
     with _WRITING:  # the watcher thread writes too (a notice, a rebalance recommendation): one at a time
@@ -142,7 +143,7 @@ def undumpable() -> bool:
     ptrace this one or read its /proc/PID/mem, Yama or not; root still may. The job (execve) is dumpable
     again; the hand-over's fork child is not. Whether it worked (False elsewhere)."""
     try:
-        return sys.platform.startswith("linux") and ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
+        return sys.platform.startswith("linux") and bool(ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0)
     except (OSError, AttributeError):
         return False
 
@@ -170,7 +171,7 @@ def end_group(pgid: int, grace_s: float = 5.0) -> None:
             return
 
 
-def metadata(endpoint: str, paths: list[str], timeout_s: float = 2.0) -> dict:
+def metadata(endpoint: str, paths: list[str], timeout_s: float = 2.0) -> dict[str, Any]:
     """{path: its JSON value} for each of ``paths`` the metadata service publishes now, under one IMDSv2 token;
     a path it does not publish (404) is left out, and so is every path when it cannot be reached."""
     try:
@@ -191,7 +192,7 @@ def metadata(endpoint: str, paths: list[str], timeout_s: float = 2.0) -> dict:
     return found
 
 
-def rebalance_record(item) -> dict:
+def rebalance_record(item: object) -> dict[str, Any]:
     """What the agent keeps of a rebalance recommendation (``{"noticeTime": "..."}`` on EC2):
     ``{"notice_time": str | None, "seen_at": now}`` (the instance's text, bounded)."""
     notice = item.get("noticeTime") if isinstance(item, dict) else None
@@ -206,7 +207,7 @@ def write_atomic(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
-def root_cause(error_file: str) -> dict | None:
+def root_cause(error_file: str) -> dict[str, Any] | None:
     """A torchelastic error file (written by torchrun, or by ec2gpu.train.launch) as
     ``{"message", "exit_code", "rank", "timestamp"}``; None when there is none or it is unreadable."""
     try:
@@ -220,7 +221,7 @@ def root_cause(error_file: str) -> dict | None:
             "rank": data.get("rank"), "timestamp": extra.get("timestamp")}
 
 
-def read_handover(path: str | None) -> dict | None:
+def read_handover(path: str | None) -> dict[str, Any] | None:
     """The controller's handover file at ``path`` (deleted at once, before the job starts) as ``{"urls":
     {"outputs"|"log"|"pool"|"record": URL}, "wait_s": s, "shutdown": bool, "secret_names": [...]}``; None without one.
     What it holds is checked: unknown names and URLs that are not http(s) are dropped."""
@@ -352,7 +353,8 @@ def put(url: str, data: bytes | None = None, path: str | None = None, tries: int
     return why
 
 
-def hand_over(run_dir: str, handover: dict, status: dict, key: bytes | None, env: dict) -> None:
+def hand_over(run_dir: str, handover: dict[str, Any], status: dict[str, Any], key: bytes | None,
+              env: dict[str, str]) -> None:
     """What the controller would have brought home, put into S3 through ``handover``'s URLs
     (module docstring), ``status["handover"]`` set to how it went and the record written again."""
     urls = handover["urls"]
@@ -386,7 +388,7 @@ def hand_over(run_dir: str, handover: dict, status: dict, key: bytes | None, env
     write_record(run_dir, status, key)
 
 
-def array_counts(path: str, max_bytes: int = 16 << 20) -> dict | None:
+def array_counts(path: str, max_bytes: int = 16 << 20) -> dict[str, Any] | None:
     """The element counts ({"done", "failed", "running", "queued"}: integers) of the pool driver's
     table.json at ``path`` (ec2gpu/pool/driver.py), None when it cannot be read."""
     try:
@@ -430,7 +432,8 @@ def end_instance() -> None:
                        timeout=60, check=False)
 
 
-def after_end(run_dir: str, handover: dict, status: dict, key: bytes | None, env: dict) -> None:
+def after_end(run_dir: str, handover: dict[str, Any], status: dict[str, Any], key: bytes | None,
+              env: dict[str, str]) -> None:
     """Once the job has ended: wait for the controller to collect; when it does not, hand over and, with
     ``shutdown``, end the instance (module docstring). A job stopped by a spot notice or the run's limit is
     waited for 30 s at most, or until 60 s before the limit's end, and its instance is left to end as it
@@ -459,17 +462,18 @@ def _forked() -> bool:
     return os.fork() != 0
 
 
-def run(run_dir: str, argv: list[str], endpoint: str, poll_s: float, grace_s: float, env: dict | None = None,
-        key: bytes | None = None, limit: tuple[float, float] | None = None, handover: dict | None = None,
-        background: bool = False) -> int:
+def run(run_dir: str, argv: list[str], endpoint: str, poll_s: float, grace_s: float,
+        env: dict[str, str] | None = None, key: bytes | None = None, limit: tuple[float, float] | None = None,
+        handover: dict[str, Any] | None = None, background: bool = False) -> int:
     """Run ``argv`` to its end under the rules above, with ``env`` added to the environment, each record
     signed with ``key``; ``limit`` is (SIGTERM at, grace s), POSIX seconds, or None; ``handover``
     (read_handover's) makes the run survive its controller's loss (after_end): with ``background`` (the command
     line's agent) in a child process, so that this one returns at once and the controller, which waits for the
     agent's exit status, can collect. Return the agent's exit code (the job's, 128+N for signal N, or 75 when a
     notice stopped it)."""
-    status: dict = {"state": "running", "started_at": now(), "exit_code": None, "signal": None, "ended_at": None,
-              "notice": None, "rebalance": None, "limit": None, "error": None, "agent_pid": os.getpid()}
+    status: dict[str, Any] = {"state": "running", "started_at": now(), "exit_code": None, "signal": None,
+                              "ended_at": None, "notice": None, "rebalance": None, "limit": None, "error": None,
+                              "agent_pid": os.getpid()}
     rebalance_file = os.path.join(run_dir, REBALANCE_FILE)
     full_env = {**os.environ, **(env or {}), "EC2GPU_AGENT": "1", "EC2GPU_REBALANCE_FILE": rebalance_file}
     error_file = full_env.setdefault("TORCHELASTIC_ERROR_FILE", os.path.join(run_dir, "error.json"))
@@ -484,7 +488,7 @@ def run(run_dir: str, argv: list[str], endpoint: str, poll_s: float, grace_s: fl
     status["pid"] = job.pid
     write_record(run_dir, status, key)
 
-    def stop_job(*_):
+    def stop_job(*_: object) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(job.pid, signal.SIGTERM)
     previous = {s: signal.signal(s, stop_job) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -525,8 +529,8 @@ def run(run_dir: str, argv: list[str], endpoint: str, poll_s: float, grace_s: fl
     return code if code >= 0 else 128 - code
 
 
-def watch(job, stop_job, status: dict, run_dir: str, key: bytes | None, endpoint: str, poll_s: float,
-          grace_s: float, limit: tuple[float, float] | None = None) -> None:
+def watch(job: subprocess.Popen[bytes], stop_job: Callable[[], None], status: dict[str, Any], run_dir: str,
+          key: bytes | None, endpoint: str, poll_s: float, grace_s: float, limit: tuple[float, float] | None = None) -> None:
     """Poll the metadata service every ``poll_s`` seconds while ``job`` runs (module docstring): a rebalance
     recommendation goes to the job's EC2GPU_REBALANCE_FILE and ``status``, once; a spot notice goes to ``status``
     and stops the job (``stop_job``), SIGKILL after ``grace_s``. At ``limit`` (SIGTERM at, grace s) the job is
@@ -555,7 +559,7 @@ def watch(job, stop_job, status: dict, run_dir: str, key: bytes | None, endpoint
         time.sleep(poll_s if not limit else max(0.05, min(poll_s, limit[0] - time.time())))
 
 
-def _kill_after(job, grace_s: float) -> None:
+def _kill_after(job: subprocess.Popen[bytes], grace_s: float) -> None:
     """SIGKILL ``job``'s process group unless it ends within ``grace_s`` seconds."""
     deadline = time.monotonic() + grace_s
     while job.poll() is None and time.monotonic() < deadline:

@@ -193,9 +193,10 @@ class Uploads:
         """Checkpoints (changed files), the MOUNT-mode file_mounts and the log to S3; errors said,
         not raised (the next push sends what this one could not)."""
         ckpt = self.ckpt
-        for what, step in (("checkpoints", lambda: ckpt and ckpt.push(self.ctx.settled_s if settled else 0.0,
-                                                                      self.ctx.clock())),
-                           ("file_mounts", lambda: self.write_back(settled)), ("log", self.push_log)):
+        steps: tuple[tuple[str, Callable[[], object]], ...] = (
+            ("checkpoints", lambda: ckpt and ckpt.push(self.ctx.settled_s if settled else 0.0, self.ctx.clock())),
+            ("file_mounts", lambda: self.write_back(settled)), ("log", self.push_log))
+        for what, step in steps:
             try:
                 step()
             except Exception as exc:

@@ -10,6 +10,8 @@ command line, which `ps` shows every user), in a session of its own so that it o
 session, its output appended to DIR/jupyter.log. Prints one JSON line: {"reused": bool, "port",
 "pid", "token"}. Exits 1 with a line on stderr when the started one does not answer within WAIT_S.
 """
+from __future__ import annotations
+
 import fcntl
 import importlib
 import json
@@ -21,6 +23,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 
 if __package__:  # in the package (the tests)
     from ..wire import bounded_json
@@ -41,7 +44,7 @@ def answers(port: int, token: str) -> bool:
     req = urllib.request.Request(f"http://127.0.0.1:{port}/api/status", headers={"Authorization": f"token {token}"})
     try:
         with urllib.request.urlopen(req, timeout=5) as r:
-            return r.status == 200
+            return bool(r.status == 200)
     except (OSError, ValueError):
         return False
 
@@ -55,7 +58,7 @@ def is_jupyterlab(pid: int) -> bool:
         return False
 
 
-def wait_answering(port: int, token: str, alive) -> bool:
+def wait_answering(port: int, token: str, alive: Callable[[], bool]) -> bool:
     """Poll until the JupyterLab on ``port`` answers (True), ``alive()`` says it is gone or WAIT_S
     passed (False)."""
     deadline = time.monotonic() + WAIT_S
@@ -68,7 +71,7 @@ def wait_answering(port: int, token: str, alive) -> bool:
     return False
 
 
-def recorded(directory: str):
+def recorded(directory: str) -> tuple[int, int, str] | None:
     """(port, pid, token) of the JupyterLab started here last, or None."""
     try:
         record = bounded_json.read(os.path.join(directory, "server.json"), max_bytes=MAX_RECORD_BYTES)
@@ -89,7 +92,7 @@ def write_private(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
-def start(directory: str):
+def start(directory: str) -> tuple[int, subprocess.Popen[bytes], str]:
     """Start JupyterLab (module docstring); return (port, its Popen, token)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -236,7 +236,7 @@ def imds_reader(endpoint: str, timeout_s: float = 2.0) -> Callable[[str], str | 
                 token = resp.read(4096).decode()
             get = urllib.request.Request(f"{endpoint}{path}", headers={"X-aws-ec2-metadata-token": token})
             with urllib.request.urlopen(get, timeout=timeout_s) as resp:
-                return resp.read(4096).decode().strip()
+                return str(resp.read(4096).decode().strip())
         except (urllib.error.URLError, OSError, ValueError, UnicodeDecodeError):
             return None
     return read

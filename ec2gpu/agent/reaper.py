@@ -36,6 +36,8 @@ import signal
 import subprocess
 import sys
 import time
+from types import FrameType
+from typing import NoReturn
 
 PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 GRACE_S = 5.0  # from SIGTERM to SIGKILL (s)
@@ -55,7 +57,7 @@ def subreaper() -> bool:
         return False
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+        return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
     except (OSError, AttributeError):
         return False
 
@@ -163,7 +165,7 @@ def _end_group(pgid: int, grace_s: float) -> None:
             time.sleep(TICK_S)
 
 
-def _stop(signum, frame):  # noqa: ANN001 - a signal handler's signature
+def _stop(signum: int, frame: FrameType | None) -> NoReturn:
     for s in SIGNALS:  # a second signal must not end this process before what is left is ended
         signal.signal(s, signal.SIG_IGN)
     raise Stopped(signum)

@@ -25,6 +25,7 @@ import os
 import shutil
 import subprocess
 import sys
+from typing import Any
 
 if __package__:  # in the package (the controller, the tests)
     from ..wire import bounded_json
@@ -52,7 +53,7 @@ def _inside(target: str, rel: str) -> str | None:
     return path if path.startswith(target.rstrip("/") + "/") else None
 
 
-def _copy_in(s3, m: dict) -> dict:
+def _copy_in(s3: Any, m: dict[str, Any]) -> dict[str, Any]:
     """Copy the objects under ``m``'s prefix into its target (one object to the target path itself
     when ``m["file"]``: the controller found the prefix to be one object's whole key) and record
     each file written (path -> [size, mtime]). Returns the mount's record line."""
@@ -87,7 +88,7 @@ def _copy_in(s3, m: dict) -> dict:
     return {"target": target, "files": done, "bytes": total, "skipped": skipped}
 
 
-def _record(path: str) -> dict:
+def _record(path: str) -> dict[str, Any]:
     """The record at ``path`` ({relative path or ".": [size, mtime]}); {} when there is none, or it
     is refused or not an object (the job may have rewritten it): every file then counts as changed."""
     try:
@@ -97,14 +98,14 @@ def _record(path: str) -> dict:
     return record if isinstance(record, dict) else {}
 
 
-def _settled(path: str, st, settled_s: float, now: float) -> bool:
+def _settled(path: str, st: os.stat_result, settled_s: float, now: float) -> bool:
     """Whether ``path`` (stat ``st``) may be sent now: always at the end (``settled_s`` 0); while the
     job runs, not a hidden file (the atomic-rename convention's file being written) nor one
     modified in the last ``settled_s`` seconds."""
     return not settled_s or (not os.path.basename(path).startswith(".") and now - st.st_mtime >= settled_s)
 
 
-def _write_back(s3, m: dict, settled_s: float = 0) -> dict:
+def _write_back(s3: Any, m: dict[str, Any], settled_s: float = 0) -> dict[str, Any]:
     """Upload each regular file under ``m``'s target that is new or changed since its record (and
     ``_settled``), and record it. Returns the mount's record line."""
     import time
@@ -141,7 +142,7 @@ def _write_back(s3, m: dict, settled_s: float = 0) -> dict:
     return {"target": target, "files": done, "bytes": total, "skipped": 0}
 
 
-def _with_cli(direction: str, m: dict) -> dict:
+def _with_cli(direction: str, m: dict[str, Any]) -> dict[str, Any]:
     """``aws s3 sync`` one way for ``m`` (no boto3 on the instance). Returns the mount's record line."""
     url = f"s3://{m['bucket']}/{m['prefix']}"
     src, dst = (url, m["target"]) if direction == "in" else (m["target"], url)

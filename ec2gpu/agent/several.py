@@ -41,7 +41,8 @@ class Several:
     ``ctx`` (context.Context), ``lease`` (store.Lease), ``uploads`` (mirror.Uploads), ``job``
     (attempt.Job), ``members`` (members.Members)."""
 
-    def __init__(self, ctx: Any, spec: dict[str, Any], lease: Any, uploads: Any, job: Any, members: Any):
+    def __init__(self, ctx: context.Context, spec: dict[str, Any], lease: store.Lease, uploads: mirror.Uploads,
+                 job: attempt.Job, members: Any):
         self.ctx, self.spec, self.lease, self.uploads, self.job, self.members = ctx, spec, lease, uploads, job, members
         self.gang: dict[str, Any] | None = None
         self.next_nodes_read = 0.0
@@ -134,7 +135,9 @@ class Several:
         run ends here (errors of S3 or the disk MAX_ERRORS_IN_ROW generations in a row)."""
         ctx, members, last = self.ctx, self.members, g["generation"]
         try:
-            found = self.uploads.ckpt.pull()  # the head's latest, on every node
+            ckpt = self.uploads.ckpt
+            assert ckpt is not None, "Uploads.start made it before the first generation (loop)"
+            found = ckpt.pull()  # the head's latest, on every node
         except Exception as exc:
             ctx.log(f"checkpoints not downloaded: {type(exc).__name__}: {exc}"[:300])
             found = 0
@@ -282,6 +285,7 @@ class Several:
             members.node_write(state="ended")
             lease.end_group()
             return 0
+        g: dict[str, Any] | None  # members.Members.read_gang's
         g, etag = members.read_gang()
         records = members.read_nodes()
         over = self.spec["limit_at"] is not None and ctx.clock() >= self.spec["limit_at"]

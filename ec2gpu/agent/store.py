@@ -199,6 +199,7 @@ class Lease:
     def _read(self, tagged: bool) -> bytes | None:
         """The record's bytes (its ETag kept with ``tagged``). Raises Refused for one over
         run_record.MAX_BYTES or not JSON, S3's errors."""
+        data: bytes | None  # Store.get_tagged's
         data, etag = self.ctx.store.get_tagged(RECORD, run_record.MAX_BYTES)
         if tagged:
             self.etag = etag

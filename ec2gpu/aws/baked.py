@@ -29,7 +29,7 @@ import botocore.waiter
 
 from ..errors import AwsError, WaitTimeout
 from . import catalog
-from . import tags as T
+from . import tags
 from .images import described as described_images
 from .session import Client, Item, Log
 
@@ -80,7 +80,7 @@ def image_tags(run_id: str, owner: str, name: str, setup_hash: str, task: str, b
     instance's setup.json (torch_version, cuda_version, driver_version; None values are left out)."""
     extra = {IMAGE: name, SETUP_HASH: setup_hash, TASK: task, BASE: base, BASE_IMAGE: base_image, BAKE: "incomplete"}
     extra.update({tag: str(versions[key]) for key, tag in VERSIONS.items() if versions.get(key)})
-    return T.tags(run_id, owner, name) + [{"Key": k, "Value": v} for k, v in extra.items()]
+    return tags.tags(run_id, owner, name) + [{"Key": k, "Value": v} for k, v in extra.items()]
 
 
 def create(ec2: Client, instance_id: str, name: str, description: str, tag_list: list[dict[str, str]]) -> str:
@@ -148,10 +148,10 @@ def images(ec2: Client, run_id: str | None = None, complete: bool | None = True)
     only complete (True), only incomplete (False) or all (None)."""
     filters = [{"Name": "tag-key", "Values": [IMAGE]}]
     if run_id:
-        filters.append({"Name": f"tag:{T.RUN}", "Values": [run_id]})
+        filters.append({"Name": f"tag:{tags.RUN}", "Values": [run_id]})
     found = described_images(ec2, Owners=["self"], Filters=filters)
     if complete is not None:
-        found = [i for i in found if (T.as_dict(i.get("Tags")).get(BAKE) == "complete") == complete]
+        found = [i for i in found if (tags.as_dict(i.get("Tags")).get(BAKE) == "complete") == complete]
     return sorted(found, key=lambda i: i.get("CreationDate", ""), reverse=True)
 
 
@@ -167,7 +167,7 @@ def snapshots(ec2: Client, run_id: str | None = None) -> list[Item]:
     """Snapshots tagged by an image bake (optionally one run's)."""
     filters = [{"Name": "tag-key", "Values": [IMAGE]}]
     if run_id:
-        filters.append({"Name": f"tag:{T.RUN}", "Values": [run_id]})
+        filters.append({"Name": f"tag:{tags.RUN}", "Values": [run_id]})
     pages = ec2.get_paginator("describe_snapshots").paginate(OwnerIds=["self"], Filters=filters)
     return [s for page in pages for s in page["Snapshots"]]
 
@@ -175,7 +175,7 @@ def snapshots(ec2: Client, run_id: str | None = None) -> list[Item]:
 def find(ec2: Client, ref: str) -> Item | None:
     """A complete or incomplete image of the tool by AMI id or by name (the newest of that name)."""
     for image in images(ec2, complete=None):
-        if ref in (image["ImageId"], T.as_dict(image.get("Tags")).get(IMAGE)):
+        if ref in (image["ImageId"], tags.as_dict(image.get("Tags")).get(IMAGE)):
             return image
     return None
 
@@ -184,7 +184,7 @@ def delete(ec2: Client, image: Item, log: Log = lambda msg: None) -> list[str]:
     """Deregister ``image`` with its snapshots (DeleteAssociatedSnapshots), then delete any other
     snapshot tagged with its run; return the snapshot ids deleted. Raises AwsError for a snapshot
     still in use after the retries (delete_snapshots), ClientError for EC2's other refusals."""
-    run_id = T.as_dict(image.get("Tags")).get(T.RUN)
+    run_id = tags.as_dict(image.get("Tags")).get(tags.RUN)
     deleted = deregister(ec2, image["ImageId"], log)
     ids = set(snapshot_ids(image))
     if run_id:  # a bake run makes one image: every snapshot of the run is this image's
@@ -299,13 +299,13 @@ def listing(ec2: Client, usd_per_gb_month: float | None) -> list[dict[str, Any]]
     snaps = {s["SnapshotId"]: s for s in snapshots(ec2)}
     rows = []
     for image in images(ec2):
-        tg = T.as_dict(image.get("Tags"))
+        tg = tags.as_dict(image.get("Tags"))
         sizes = [stored_gib(snaps[s]) for s in snapshot_ids(image) if s in snaps]
         gib = sum(g for g, _ in sizes)
         rows.append({
             "name": tg.get(IMAGE), "image_id": image["ImageId"], "state": image.get("State"),
             "created": image.get("CreationDate"), "task": tg.get(TASK), "setup_hash": tg.get(SETUP_HASH),
-            "base": tg.get(BASE), "base_image": tg.get(BASE_IMAGE), "run_id": tg.get(T.RUN),
+            "base": tg.get(BASE), "base_image": tg.get(BASE_IMAGE), "run_id": tg.get(tags.RUN),
             **{key.removesuffix("_version"): tg.get(tag) for key, tag in VERSIONS.items()},
             "snapshots": snapshot_ids(image), "snapshot_gib": round(gib, 2),
             "size_basis": sizes[0][1] if sizes else "no snapshot found",

@@ -18,6 +18,8 @@ from dataclasses import dataclass, replace
 import botocore.exceptions
 
 from ..errors import AwsError, CapacityError, SpotRoleMissing
+from . import types
+from .iam import profile_not_ready
 from .instances import Instance, LaunchSpec, run_request
 from .session import Client, describe, error_code
 
@@ -152,7 +154,6 @@ def _run_waiting_for_profile(ec2: Client, request: dict[str, Any], profile_creat
                              sleep: Callable[[float], None]) -> list[Instance]:
     """run_instances, repeated every 3 s while EC2 does not see a just-made instance profile yet
     (https://docs.aws.amazon.com/IAM/latest/UserGuide/troubleshoot_iam-ec2.html)."""
-    from .iam import profile_not_ready
     while True:
         try:
             return run_instances(ec2, request)
@@ -194,7 +195,6 @@ def quota_hint(market: str) -> str:
 def gvt_vcpus_in_use(ec2: Client, spot: bool) -> int:
     """vCPUs of pending/running G and VT instances of the market: each type's from
     DescribeInstanceTypes (types.py), else the instance's own CpuOptions."""
-    from . import types
     pages = ec2.get_paginator("describe_instances").paginate(
         Filters=[{"Name": "instance-state-name", "Values": ["pending", "running"]}])
     running = [i for page in pages for r in page["Reservations"] for i in r["Instances"]
@@ -225,7 +225,6 @@ def check_quota(quotas: Client, ec2: Client, instance_type: str, spot: bool, cou
         why = describe(exc) if isinstance(exc, botocore.exceptions.ClientError) else str(exc)
         log(f"could not read the vCPU quota {code} ({why.splitlines()[0]}); not checked")
         return None
-    from . import types
     needed = types.facts(ec2, instance_type, log).vcpus * count  # EC2's own figure, the table offline
     in_use = gvt_vcpus_in_use(ec2, spot)
     if in_use + needed > value:

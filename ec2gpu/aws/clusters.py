@@ -12,7 +12,7 @@ import botocore.exceptions
 
 from ..errors import AwsError, CapacityError, UsageError
 from . import capacity, images, instances, sweep
-from . import tags as T
+from . import tags
 from .session import Client, describe, error_code
 
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 def members(ec2: Client, name: str) -> list[instances.Instance]:
     """The pending/running instances of cluster ``name`` (tag ec2gpu:cluster), in node order."""
-    found = [i for i in sweep.find_instances(ec2, states=["pending", "running"]) if i.tags.get(T.CLUSTER) == name]
+    found = [i for i in sweep.find_instances(ec2, states=["pending", "running"]) if i.tags.get(tags.CLUSTER) == name]
     return sorted(found, key=lambda i: i.node or 0)
 
 
@@ -55,13 +55,13 @@ def scale(aws: Aws, settings: Settings, name: str, target: int, max_runtime_minu
         tg = head.tags
         image = images.described(aws.ec2, ImageIds=[head.image_id])[0]
         spec = instances.LaunchSpec(
-            run_id=tg[T.RUN], owner=tg.get(T.OWNER, settings.owner), name=name, instance_type=head.type,
+            run_id=tg[tags.RUN], owner=tg.get(tags.OWNER, settings.owner), name=name, instance_type=head.type,
             image_id=head.image_id or "", root_device_name=image.get("RootDeviceName", "/dev/sda1"),
             key_name=head.key_name or "", security_group_id=head.security_group_ids[0],
             spot=head.market == "spot", root_volume_gib=settings.root_volume_gib,
             max_runtime_minutes=max_runtime_minutes, subnet_id=head.subnet_id,
             placement_group=head.placement_group, cluster=name,
-            idle=instances.parse_idle_tag(tg.get(T.IDLE)))  # new nodes keep the rule
+            idle=instances.parse_idle_tag(tg.get(tags.IDLE)))  # new nodes keep the rule
         spec = replace(spec, count=target - current)
         try:
             new = capacity.run_instances(aws.client("ec2", fail_fast=True), instances.run_request(spec))

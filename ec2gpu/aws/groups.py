@@ -24,8 +24,8 @@ import base64
 from datetime import datetime
 from typing import Any, cast
 
-from . import tags as T
-from .session import Client
+from . import tags
+from .session import Client, error_code
 from .instances import LaunchSpec, run_request
 
 #: the name of a run's launch template and group: one of each per run
@@ -53,7 +53,7 @@ def template_request(spec: LaunchSpec) -> dict[str, Any]:
     data["InstanceInitiatedShutdownBehavior"] = "terminate"
     data["TagSpecifications"] = [ts for ts in req["TagSpecifications"] if ts["ResourceType"] in ("instance", "volume")]
     return {"LaunchTemplateName": name_of(spec.run_id), "LaunchTemplateData": data,
-            "TagSpecifications": [T.tag_spec("launch-template", spec.run_id, spec.owner, spec.name)]}
+            "TagSpecifications": [tags.tag_spec("launch-template", spec.run_id, spec.owner, spec.name)]}
 
 
 def group_request(spec: LaunchSpec, instance_types: list[str], subnet_ids: list[str], size: int) -> dict[str, Any]:
@@ -80,7 +80,7 @@ def group_request(spec: LaunchSpec, instance_types: list[str], subnet_ids: list[
                                "Overrides": [{"InstanceType": t} for t in instance_types]},
             "InstancesDistribution": distribution},
         "Tags": [{"Key": t["Key"], "Value": t["Value"], "PropagateAtLaunch": True, "ResourceId": name,
-                  "ResourceType": "auto-scaling-group"} for t in T.tags(spec.run_id, spec.owner, spec.name)],
+                  "ResourceType": "auto-scaling-group"} for t in tags.tags(spec.run_id, spec.owner, spec.name)],
     }
     if spec.placement_group:
         req["PlacementGroup"] = spec.placement_group
@@ -120,7 +120,7 @@ def end(autoscaling: Client, run_id: str) -> None:
 
 def find_groups(autoscaling: Client, run_id: str | None = None) -> list[dict[str, Any]]:
     """Groups tagged by the tool (optionally one run's), as DescribeAutoScalingGroups lists them."""
-    filters = T.run_filters(run_id)
+    filters = tags.run_filters(run_id)
     pages = autoscaling.get_paginator("describe_auto_scaling_groups").paginate(Filters=filters)
     return [g for page in pages for g in cast("list[dict[str, Any]]", page["AutoScalingGroups"])]
 
@@ -141,7 +141,7 @@ def summary(autoscaling: Client, run_id: str) -> dict[str, Any] | None:
 
 def find_templates(ec2: Client, run_id: str | None = None) -> list[dict[str, Any]]:
     """Launch templates tagged by the tool (optionally one run's)."""
-    filters = T.run_filters(run_id)
+    filters = tags.run_filters(run_id)
     pages = ec2.get_paginator("describe_launch_templates").paginate(Filters=filters)
     return [t for page in pages for t in cast("list[dict[str, Any]]", page["LaunchTemplates"])]
 
@@ -157,8 +157,6 @@ def delete_group(autoscaling: Client, name: str, wait_s: float = 60.0, delay_s: 
     listed is fine. Raises botocore's ClientError otherwise (or the last BUSY one)."""
     import botocore.exceptions
     import tenacity
-
-    from .session import error_code
 
     def busy(exc: BaseException) -> bool:
         return isinstance(exc, botocore.exceptions.ClientError) and error_code(exc) in BUSY

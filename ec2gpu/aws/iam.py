@@ -37,7 +37,8 @@ from typing import Any, TypeVar
 
 import botocore.exceptions
 
-from . import tags as T
+from . import tags
+from .runstore import BUCKET_PREFIX, check_user_id
 from .session import Client, Item, error_code
 
 _T = TypeVar("_T")
@@ -111,7 +112,6 @@ def _patterns(p: str) -> list[str]:
 def _merged(entries: Iterable[tuple[str, object]]) -> dict[str, list[str]]:
     """{bucket: prefixes} of (bucket, prefix) ``entries``: buckets checked, duplicates merged, and a
     prefix dropped when a shorter one of the same bucket already covers it (pure)."""
-    from .runstore import BUCKET_PREFIX
     by_bucket: dict[str, set[str]] = {}
     for bucket, prefix in entries:
         if not isinstance(prefix, str):
@@ -231,10 +231,9 @@ def run_tags(run_id: str, owner: str, name: str, region: str | None = None, *, u
     user id: the boundary reads it as ``${aws:PrincipalTag/ec2gpu:user}`` and docs/iam-policy.json
     compares it with ``${aws:userid}``, so it is never rewritten). Raises UsageError for a user id
     not of aws/runstore.USER_ID's form (which an IAM tag value holds)."""
-    from .runstore import check_user_id
-    out = [{"Key": t["Key"], "Value": tag_value(t["Value"])} for t in T.tags(run_id, owner, name)]
+    out = [{"Key": t["Key"], "Value": tag_value(t["Value"])} for t in tags.tags(run_id, owner, name)]
     return (out + ([{"Key": REGION, "Value": tag_value(region)}] if region else [])
-            + [{"Key": T.USER, "Value": check_user_id(user)}])
+            + [{"Key": tags.USER, "Value": check_user_id(user)}])
 
 
 def _retry_gone(call: Callable[[], _T], sleep: Callable[[float], object], tries: int = 5) -> _T | None:
@@ -276,10 +275,10 @@ def create_run_role(iam: Client, run_id: str, owner: str, policy: dict[str, Any]
     user id that is not one (before anything is made), botocore's ClientError or WaiterError otherwise.
     """
     name = role_name(run_id)
-    tags = run_tags(run_id, owner, name, region, user=user)
+    role_tags = run_tags(run_id, owner, name, region, user=user)
     made: list[str] = []
     try:
-        iam.create_role(RoleName=name, Path=PATH, AssumeRolePolicyDocument=json.dumps(TRUST), Tags=tags,
+        iam.create_role(RoleName=name, Path=PATH, AssumeRolePolicyDocument=json.dumps(TRUST), Tags=role_tags,
                         Description=f"ec2gpu run {run_id}: its instance's S3 access (detached: its own group's end); "
                                     "removed with the run",
                         **({"PermissionsBoundary": boundary} if boundary else {}))
@@ -287,7 +286,7 @@ def create_run_role(iam: Client, run_id: str, owner: str, policy: dict[str, Any]
         _retry_gone(lambda: iam.put_role_policy(RoleName=name, PolicyName=POLICY_NAME,
                                                 PolicyDocument=json.dumps(policy)), sleep)
         made.append("policy")
-        iam.create_instance_profile(InstanceProfileName=name, Path=PATH, Tags=tags)
+        iam.create_instance_profile(InstanceProfileName=name, Path=PATH, Tags=role_tags)
         made.append("profile")
         _retry_gone(lambda: iam.add_role_to_instance_profile(InstanceProfileName=name, RoleName=name), sleep)
         made.append("in profile")
@@ -408,7 +407,7 @@ def _tags(iam: Client, name: str) -> dict[str, str]:
     """The tags of role ``name`` ({} once it is gone). ListRoles does not return them."""
     try:
         pages = iam.get_paginator("list_role_tags").paginate(RoleName=name)
-        return T.as_dict([t for page in pages for t in page["Tags"]])
+        return tags.as_dict([t for page in pages for t in page["Tags"]])
     except botocore.exceptions.ClientError as exc:
         if error_code(exc) == GONE:
             return {}
@@ -419,9 +418,9 @@ def _profile_tags(iam: Client, profile: Item) -> dict[str, str] | None:
     """The tags of an instance profile entry of ListInstanceProfiles (which need not return them:
     then GetInstanceProfile); None once it is gone."""
     if "Tags" in profile:
-        return T.as_dict(profile["Tags"])
+        return tags.as_dict(profile["Tags"])
     try:
-        return T.as_dict(iam.get_instance_profile(InstanceProfileName=profile["InstanceProfileName"])
+        return tags.as_dict(iam.get_instance_profile(InstanceProfileName=profile["InstanceProfileName"])
                          ["InstanceProfile"].get("Tags"))
     except botocore.exceptions.ClientError as exc:
         if error_code(exc) == GONE:
@@ -445,18 +444,18 @@ def find_run_roles(iam: Client, run_id: str | None = None, owner: str | None = N
     iam:ListRoleTags, iam:ListInstanceProfiles).
     """
     def wanted(tg: dict[str, str]) -> bool:
-        return (bool(tg.get(T.RUN)) and (run_id is None or tg.get(T.RUN) == run_id)
-                and (owner is None or tg.get(T.OWNER) == tag_value(owner))
+        return (bool(tg.get(tags.RUN)) and (run_id is None or tg.get(tags.RUN) == run_id)
+                and (owner is None or tg.get(tags.OWNER) == tag_value(owner))
                 and (region is None or tg.get(REGION) == region))
 
     def row(name: str, tg: dict[str, str], created: datetime | None, kind: str) -> dict[str, Any]:
-        return {"name": name, "run_id": tg.get(T.RUN, ""), "owner": tg.get(T.OWNER, ""), "region": tg.get(REGION, ""),
+        return {"name": name, "run_id": tg.get(tags.RUN, ""), "owner": tg.get(tags.OWNER, ""), "region": tg.get(REGION, ""),
                 "created": created, "kind": kind}
 
     roles = [r for page in iam.get_paginator("list_roles").paginate(PathPrefix=PATH) for r in page["Roles"]]
     found = []
     for r in sorted(roles, key=lambda r: r["RoleName"]):
-        tg = T.as_dict(r["Tags"]) if "Tags" in r else _tags(iam, r["RoleName"])
+        tg = tags.as_dict(r["Tags"]) if "Tags" in r else _tags(iam, r["RoleName"])
         if wanted(tg):
             found.append(row(r["RoleName"], tg, r.get("CreateDate"), "role"))
     role_names = {r["RoleName"] for r in roles}

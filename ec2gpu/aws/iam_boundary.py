@@ -17,6 +17,7 @@ import botocore.exceptions
 
 from .iam import GONE, PATH, REFUSED
 from .iam_match import arn_pattern, listed, names_action, statements
+from .runstore import BUCKET_PREFIX
 from .session import Client, error_code
 
 #: the permissions boundary every run role gets when the account has it (docs/iam-instance-boundary.json,
@@ -112,7 +113,6 @@ def reaches_other_runs(document: dict[str, Any] | None, user: str, run_id: str, 
     https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_grammar.html).
     Conditions are not read: those the shipped boundary sets (s3:ResourceAccount, ec2:SourceInstanceARN)
     hold for any run role of the account on its instance. [] for None."""
-    from .runstore import BUCKET_PREFIX
     other = "AIDAEC2GPUANOTHERUSER" if user != "AIDAEC2GPUANOTHERUSER" else "AIDAEC2GPUYETANOTHER"
     probe = f"arn:aws:s3:::{BUCKET_PREFIX}{account}-us-east-1/runs/{other}/{run_id}/agent/detached.py"
     values = {"aws:PrincipalTag/ec2gpu:user": user, "aws:PrincipalTag/ec2gpu:run": run_id,

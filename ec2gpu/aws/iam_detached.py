@@ -14,6 +14,7 @@ import re
 from typing import Any
 
 from ..errors import UsageError
+from . import runstore
 from .iam import check_bucket
 from .tags import RUN, USER
 
@@ -33,8 +34,7 @@ def run_prefix(user: str, run_id: str) -> str:
     """The key prefix of run ``run_id`` of the user ``user`` in the run bucket,
     ``runs/USER_ID/RUN_ID/`` (aws/runstore.prefix, pure). Raises UsageError for a run id not of the
     form new_run_id makes (``check_run_id``) or a user id not of aws/runstore.USER_ID's."""
-    from .runstore import prefix
-    return prefix(user, check_run_id(run_id))
+    return runstore.prefix(user, check_run_id(run_id))
 
 
 def check_run_id(run_id: str) -> str:
@@ -92,8 +92,7 @@ def detached_policy(bucket: str, run_id: str, group_name: str, region: str, acco
         raise UsageError(str(exc), "the run bucket is ec2gpu-ACCOUNT-REGION (`ec2gpu doctor` checks it)") from None
     prefix = run_prefix(user, run_id)
     _check_group_region_account(run_id, group_name, region, account_id)
-    from .runstore import partition  # aws-cn, aws-us-gov: their ARNs say so
-    arn = f"arn:{partition(region)}"
+    arn = f"arn:{runstore.partition(region)}"  # aws-cn, aws-us-gov: their ARNs say so
     group = f"{arn}:autoscaling:{region}:{account_id}:autoScalingGroup:*:autoScalingGroupName/{group_name}"
     statements = _run_object_statements(arn, bucket, prefix, account_id) + _own_group_statements(group, run_id, several)
     if secrets:

@@ -15,7 +15,7 @@ from typing import Any
 import botocore.exceptions
 
 from ..errors import AwsError, WaitTimeout
-from . import tags as T
+from . import tags
 # the idle rule is the ec2gpu:idle tag's value: its home is tags.py, light enough for a run's plan
 from .tags import IdleRule as IdleRule, parse_idle_tag as parse_idle_tag
 from .session import Client, error_code
@@ -78,7 +78,7 @@ class Instance:
             public_ip=d.get("PublicIpAddress"), private_ip=d.get("PrivateIpAddress"), key_name=d.get("KeyName"),
             image_id=d.get("ImageId"), subnet_id=d.get("SubnetId"),
             security_group_ids=tuple(g["GroupId"] for g in d.get("SecurityGroups") or []),
-            launched_at=d["LaunchTime"], billing_start=billing_start, tags=T.as_dict(d.get("Tags")),
+            launched_at=d["LaunchTime"], billing_start=billing_start, tags=tags.as_dict(d.get("Tags")),
             launch_index=int(d.get("AmiLaunchIndex") or 0), state_reason_code=(d.get("StateReason") or {}).get("Code"),
             state_reason=(d.get("StateReason") or {}).get("Message") or transition,
             transitioned_at=_reason_time(transition))
@@ -86,17 +86,17 @@ class Instance:
     @property
     def name(self) -> str | None:
         """Its Name tag."""
-        return self.tags.get(T.NAME)
+        return self.tags.get(tags.NAME)
 
     @property
     def run_id(self) -> str | None:
         """Its ec2gpu:run tag."""
-        return self.tags.get(T.RUN)
+        return self.tags.get(tags.RUN)
 
     @property
     def node(self) -> int | None:
         """Its ec2gpu:node tag (the node index in its cluster or run), None without a valid one."""
-        value = self.tags.get(T.NODE, "")
+        value = self.tags.get(tags.NODE, "")
         return int(value) if value.isdigit() else None
 
 
@@ -191,11 +191,11 @@ def run_request(spec: LaunchSpec) -> dict[str, Any]:
         # base64_encode_user_data); encoding it here too would hand the instance base64 text that
         # cloud-init never runs (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/user-data.html)
         "UserData": user_data(spec.max_runtime_minutes, spec.idle, spec.boot),
-        "TagSpecifications": [T.tag_spec("instance", spec.run_id, spec.owner, spec.name),
-                              T.tag_spec("volume", spec.run_id, spec.owner, spec.name)],
+        "TagSpecifications": [tags.tag_spec("instance", spec.run_id, spec.owner, spec.name),
+                              tags.tag_spec("volume", spec.run_id, spec.owner, spec.name)],
     }
     if spec.spot:
-        req["TagSpecifications"].append(T.tag_spec("spot-instances-request", spec.run_id, spec.owner, spec.name))
+        req["TagSpecifications"].append(tags.tag_spec("spot-instances-request", spec.run_id, spec.owner, spec.name))
         req["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
             "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}
         if spec.max_price is not None:
@@ -210,11 +210,11 @@ def run_request(spec: LaunchSpec) -> dict[str, Any]:
         req["Placement"] = {"GroupName": spec.placement_group}
     if spec.cluster:
         for ts in req["TagSpecifications"]:
-            ts["Tags"].append({"Key": T.CLUSTER, "Value": spec.cluster})
+            ts["Tags"].append({"Key": tags.CLUSTER, "Value": spec.cluster})
     if spec.max_runtime_minutes:
-        req["TagSpecifications"][0]["Tags"].append({"Key": T.MAX_RUNTIME, "Value": str(int(spec.max_runtime_minutes))})
+        req["TagSpecifications"][0]["Tags"].append({"Key": tags.MAX_RUNTIME, "Value": str(int(spec.max_runtime_minutes))})
     if spec.idle:
-        req["TagSpecifications"][0]["Tags"].append({"Key": T.IDLE, "Value": spec.idle.tag()})
+        req["TagSpecifications"][0]["Tags"].append({"Key": tags.IDLE, "Value": spec.idle.tag()})
     return req
 
 
@@ -224,9 +224,9 @@ def tag_nodes(ec2: Client, instances_: list[Instance], name: str, first_index: i
     ordered = sorted(instances_, key=lambda i: i.launch_index)
     out = []
     for k, inst in enumerate(ordered, start=first_index):
-        ec2.create_tags(Resources=[inst.id], Tags=[{"Key": T.NODE, "Value": str(k)},
-                                                   {"Key": T.NAME, "Value": f"{name}-{k}"}])
-        out.append(replace(inst, tags={**inst.tags, T.NODE: str(k), T.NAME: f"{name}-{k}"}))
+        ec2.create_tags(Resources=[inst.id], Tags=[{"Key": tags.NODE, "Value": str(k)},
+                                                   {"Key": tags.NAME, "Value": f"{name}-{k}"}])
+        out.append(replace(inst, tags={**inst.tags, tags.NODE: str(k), tags.NAME: f"{name}-{k}"}))
     return out
 
 
@@ -346,17 +346,17 @@ def summary(instance: Instance) -> dict[str, Any]:
     tag that is not safe to show or paste into a command (tags.safe) is left out ("" / None) and
     ``unsafe_tags`` names it."""
     tg = instance.tags
-    unsafe = [k for k in (T.NAME, T.RUN, T.CLUSTER) if k in tg and not T.safe(tg[k])]
+    unsafe = [k for k in (tags.NAME, tags.RUN, tags.CLUSTER) if k in tg and not tags.safe(tg[k])]
     tg = {k: v for k, v in tg.items() if k not in unsafe}
     launched = instance.launched_at
     return {
-        "name": tg.get(T.NAME, ""), "run_id": tg.get(T.RUN, ""), "instance_id": instance.id,
-        "cluster": tg.get(T.CLUSTER), "node": instance.node,
+        "name": tg.get(tags.NAME, ""), "run_id": tg.get(tags.RUN, ""), "instance_id": instance.id,
+        "cluster": tg.get(tags.CLUSTER), "node": instance.node,
         "instance_type": instance.type, "market": instance.market,
         "state": instance.state, "public_ip": instance.public_ip, "private_ip": instance.private_ip,
         "zone": instance.zone,
         "launched_at": launched.isoformat() if isinstance(launched, datetime) else launched,
-        "idle_rule": tg.get(T.IDLE),  # "stop 1800" / "down 3600" (IdleRule.tag), None without one
+        "idle_rule": tg.get(tags.IDLE),  # "stop 1800" / "down 3600" (IdleRule.tag), None without one
         "unsafe_tags": unsafe,
     }
 

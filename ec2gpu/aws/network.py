@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from ..errors import AwsError, UsageError
-from . import tags as T
+from . import tags
 
 if TYPE_CHECKING:  # names only: a run's plan checks --ssh-cidr here without the AWS SDK (runs/plan/runplan.py)
     from .session import Client, Log
@@ -75,7 +75,7 @@ def security_group_request(run_id: str, owner: str, vpc_id: str) -> dict[str, An
     name = f"ec2gpu-{run_id}"
     return {"GroupName": name, "VpcId": vpc_id,
             "Description": f"ec2gpu run {run_id}: SSH from the caller only",
-            "TagSpecifications": [T.tag_spec("security-group", run_id, owner, name)]}
+            "TagSpecifications": [tags.tag_spec("security-group", run_id, owner, name)]}
 
 
 def ingress_request(group_id: str, cidr: str) -> dict[str, Any]:
@@ -130,7 +130,7 @@ def create_key_pair(ec2: Client, run_id: str, owner: str, keys_dir: Path) -> tup
     write_private_key(path, private)
     try:
         ec2.import_key_pair(KeyName=name, PublicKeyMaterial=public.encode(),
-                            TagSpecifications=[T.tag_spec("key-pair", run_id, owner, name)])
+                            TagSpecifications=[tags.tag_spec("key-pair", run_id, owner, name)])
     except Exception:
         path.unlink(missing_ok=True)
         raise
@@ -150,7 +150,6 @@ def private_key_path(keys_dir: Path, name: str) -> Path:
 
 def require_private_key(keys_dir: Path, name: str) -> Path:
     """The private key file of key pair ``name``; UsageError when it is not on this machine."""
-    from ..errors import UsageError
     path = private_key_path(keys_dir, name)
     if not path.exists():
         raise UsageError(f"the private key {path} is missing", "it lives on the machine that launched the instance")

@@ -47,7 +47,7 @@ import re
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import UsageError
-from . import tags as T
+from . import tags
 
 if TYPE_CHECKING:  # a name only: a run's plan checks its secrets here without the AWS SDK (runs/plan/checks.py)
     from .session import Client
@@ -68,6 +68,8 @@ _NAME = re.compile(r"/ec2gpu/runs/(\d{8}-\d{6}-[0-9a-f]{4})/([A-Za-z_][A-Za-z0-9
 def name_of(run_id: str, env_name: str) -> str:
     """The parameter that holds ``env_name``'s value for run ``run_id`` (pure). Raises UsageError
     for a run id or an environment variable name that is not one (so nothing leaves the run's path)."""
+    # here, not at the top: iam_detached loads botocore (through aws/iam), and a dry run imports this module
+    # (test_dry_run's test_a_dry_run_imports_no_aws_sdk)
     from .iam_detached import check_run_id
     check_run_id(run_id)
     if not _ENV_NAME.fullmatch(env_name):
@@ -96,13 +98,13 @@ def put(ssm: Client, run_id: str, owner: str, user: str, values: dict[str, str])
     tagged with it); return the parameter names, in ``values``' order. Raises UsageError
     (check_values, name_of, a bad user id) before any is stored, and botocore's ClientError as SSM
     answers (ParameterAlreadyExists for a run id used before: never overwritten)."""
-    from .runstore import check_user_id
+    from .runstore import check_user_id  # botocore: not at the top, as name_of's import says
     check_values(values)
     names = [name_of(run_id, k) for k in values]
-    tags = [{"Key": T.RUN, "Value": run_id}, {"Key": T.OWNER, "Value": owner},
-            {"Key": T.USER, "Value": check_user_id(user)}]
+    parameter_tags = [{"Key": tags.RUN, "Value": run_id}, {"Key": tags.OWNER, "Value": owner},
+            {"Key": tags.USER, "Value": check_user_id(user)}]
     for name, value in zip(names, values.values(), strict=True):
-        ssm.put_parameter(Name=name, Value=value, Type="SecureString", Tier="Standard", Tags=tags,
+        ssm.put_parameter(Name=name, Value=value, Type="SecureString", Tier="Standard", Tags=parameter_tags,
                           Description="ec2gpu: a detached run's secret, read by its instance role")
     return names
 
@@ -130,7 +132,7 @@ def find(ssm: Client, run_id: str | None = None, user: str | None = None) -> lis
     option = "Recursive" if run_id is None else "OneLevel"
     filters = [{"Key": "Path", "Option": option, "Values": [path]}]
     if user is not None:  # DescribeParameters' tag:KEY filter (the SSM API reference, ParameterStringFilter)
-        filters.append({"Key": f"tag:{T.USER}", "Option": "Equals", "Values": [user]})
+        filters.append({"Key": f"tag:{tags.USER}", "Option": "Equals", "Values": [user]})
     out = []
     for page in ssm.get_paginator("describe_parameters").paginate(ParameterFilters=filters):
         for p in page.get("Parameters", []):

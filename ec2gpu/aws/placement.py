@@ -12,7 +12,7 @@ from __future__ import annotations
 import botocore.exceptions
 import botocore.parsers
 
-from . import tags as T
+from . import tags
 from . import types
 from .catalog import CLUSTER_FAMILIES  # noqa: F401 - the families' list lives with the catalog's facts
 from .session import Client, Item, Log, describe
@@ -27,7 +27,7 @@ def create(ec2: Client, run_id: str, owner: str, name: str, instance_type: str) 
     group = f"ec2gpu-{run_id}"
     try:
         ec2.create_placement_group(GroupName=group, Strategy="cluster", TagSpecifications=[
-            {"ResourceType": "placement-group", "Tags": T.tags(run_id, owner, name)}])
+            {"ResourceType": "placement-group", "Tags": tags.tags(run_id, owner, name)}])
     except Exception as exc:  # noqa: BLE001 - any refusal (moto answers 500) means "go on without one"
         why = describe(exc) if isinstance(exc, botocore.exceptions.ClientError) else f"{type(exc).__name__}"
         return None, f"no placement group (CreatePlacementGroup refused: {why.splitlines()[0][:120]}); launching without"
@@ -49,7 +49,7 @@ def unavailable(exc: Exception) -> bool:
 def find(ec2: Client, run_id: str | None = None, log: Log = lambda msg: None) -> list[Item]:
     """Placement groups tagged by the tool (optionally one run). Where the API is unavailable
     (``unavailable``) there are none to find, and ``log`` says so; any other error propagates."""
-    filters = T.run_filters(run_id)
+    filters = tags.run_filters(run_id)
     try:
         groups: list[Item] = ec2.describe_placement_groups(Filters=filters)["PlacementGroups"]
         return groups

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..errors import AwsError
 from . import catalog
-from .session import Client
+from .session import Client, describe
 
 PRICING_API_REGION = "us-east-1"
 SPOT_PRODUCT = "Linux/UNIX"  # ProductDescription of Linux spot prices in a VPC
@@ -65,7 +65,6 @@ def fetch_on_demand(pricing: Client, region: str) -> dict[str, float]:
         for page in pages:
             prices.update(parse_price_list(page.get("PriceList", [])))
     except (ClientError, BotoCoreError) as exc:
-        from .session import describe
         why = describe(exc) if isinstance(exc, ClientError) else str(exc)
         raise AwsError(f"the AWS Price List API did not answer: {why.splitlines()[0][:200]}",
                        "it needs the pricing:GetProducts permission; the sandbox has no Price List API, "

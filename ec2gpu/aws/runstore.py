@@ -52,7 +52,7 @@ import botocore.exceptions
 
 from ..errors import AwsError, UsageError
 from ..wire import bounded_json, names, run_record, run_spec
-from . import tags as T
+from . import tags
 from .runstore_objects import FORBIDDEN, MISSING_BUCKET, Forbidden, expected_owner, get_config, request
 from .session import Aws, Client, Item, Log, error_code
 
@@ -392,9 +392,9 @@ def _apply(s3: Client, bucket: str, region: str, owner: str, days: int) -> tuple
             f"lifecycle: runs/ expire after {days} days, incomplete uploads aborted after {ABORT_DAYS}",
             LifecycleConfiguration=lifecycle(days, rules))
     tag_set = (get_config(s3, "get_bucket_tagging", bucket) or {}).get("TagSet", [])
-    if not any(t.get("Key") == T.OWNER for t in tag_set):
-        put("put_bucket_tagging", f"tagged {T.OWNER}",
-            Tagging={"TagSet": [*tag_set, {"Key": T.OWNER, "Value": owner_tag(owner)}]})
+    if not any(t.get("Key") == tags.OWNER for t in tag_set):
+        put("put_bucket_tagging", f"tagged {tags.OWNER}",
+            Tagging={"TagSet": [*tag_set, {"Key": tags.OWNER, "Value": owner_tag(owner)}]})
     return done, refused
 
 

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import botocore.exceptions
 
 from ..errors import AwsError, UsageError
-from . import tags as T
+from . import tags
 from .session import Client, Log, error_code
 
 #: HeadBucket answers with an HTTP status and no body: its error code is the status
@@ -95,8 +95,8 @@ def create_private_bucket(s3: Client, bucket: str, region: str, owner: str, user
         "BlockPublicAcls": True, "IgnorePublicAcls": True, "BlockPublicPolicy": True, "RestrictPublicBuckets": True})
     s3.put_bucket_encryption(Bucket=bucket, ServerSideEncryptionConfiguration={
         "Rules": [{"ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}]})
-    s3.put_bucket_tagging(Bucket=bucket, Tagging={"TagSet": [{"Key": T.OWNER, "Value": owner},
-                                                             {"Key": T.USER, "Value": user}]})
+    s3.put_bucket_tagging(Bucket=bucket, Tagging={"TagSet": [{"Key": tags.OWNER, "Value": owner},
+                                                             {"Key": tags.USER, "Value": user}]})
 
 
 def check_buckets(s3: Client, mounts_: Sequence[S3Mount], region: str, user: str) -> tuple[dict[str, str], list[str]]:
@@ -149,13 +149,13 @@ def _check_own(s3: Client, mounts_: Sequence[S3Mount], user: str) -> None:
             raise AwsError(f"file_mounts: s3://{bucket}: GetBucketTagging failed ({error_code(exc)})",
                            "try again") from None
         tag_set = []
-    tags = {t.get("Key"): t.get("Value") for t in tag_set if isinstance(t, dict)}
-    if tags.get(T.USER) != user:
+    bucket_tags = {t.get("Key"): t.get("Value") for t in tag_set if isinstance(t, dict)}
+    if bucket_tags.get(tags.USER) != user:
         raise UsageError(f"file_mounts.{writes[0].target}: s3://{bucket} exists and is not a bucket ec2gpu made for "
-                         f"you (no {T.USER} tag of your AWS user id {user}): mode {writes[0].mode} would let the job "
+                         f"you (no {tags.USER} tag of your AWS user id {user}): mode {writes[0].mode} would let the job "
                          "change or replace what is in it",
                          f"give --allow-write-bucket {bucket} to let the job write there (a bucket ec2gpu made for "
-                         f"you before it tagged buckets with {T.USER} needs it too), or name a new bucket")
+                         f"you before it tagged buckets with {tags.USER} needs it too), or name a new bucket")
 
 
 def make_buckets(s3: Client, buckets: list[str], region: str, owner: str, user: str,

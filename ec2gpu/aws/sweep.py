@@ -10,17 +10,19 @@ client is given (``ssm``).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import AbstractSet, Any, Callable, cast
 
 import botocore.exceptions
 
-from . import baked
+from . import baked, groups, parameters
+from . import iam as roles  # as roles: ``iam`` is the IAM client here
 from . import instances as inst
 from . import placement
-from . import tags as T
+from . import tags
 from . import network
 from .session import Client, error_code
 
@@ -33,23 +35,23 @@ LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
 def find_instances(ec2: Client, run_id: str | None = None, name: str | None = None,
                    states: list[str] | None = None) -> list[inst.Instance]:
     """Instances tagged by the tool (optionally one run or Name), in ``states`` (default: live)."""
-    filters = T.run_filters(run_id, {"Name": "instance-state-name", "Values": states or LIVE_STATES})
+    filters = tags.run_filters(run_id, {"Name": "instance-state-name", "Values": states or LIVE_STATES})
     if name:
-        filters.append({"Name": f"tag:{T.NAME}", "Values": [name]})
+        filters.append({"Name": f"tag:{tags.NAME}", "Values": [name]})
     pages = ec2.get_paginator("describe_instances").paginate(Filters=filters)
     return [i for page in pages for i in inst.described(page["Reservations"])]
 
 
 def find_security_groups(ec2: Client, run_id: str | None = None) -> list[dict[str, Any]]:
     """Security groups tagged by the tool (optionally one run)."""
-    filters = T.run_filters(run_id)
+    filters = tags.run_filters(run_id)
     pages = ec2.get_paginator("describe_security_groups").paginate(Filters=filters)
     return [g for page in pages for g in page["SecurityGroups"]]
 
 
 def find_key_pairs(ec2: Client, run_id: str | None = None) -> list[dict[str, Any]]:
     """Key pairs tagged by the tool (optionally one run)."""
-    filters = T.run_filters(run_id)
+    filters = tags.run_filters(run_id)
     return cast("list[dict[str, Any]]", ec2.describe_key_pairs(Filters=filters)["KeyPairs"])
 
 
@@ -57,16 +59,16 @@ def runs_named(ec2: Client, name: str) -> set[str]:
     """The run ids whose resources answer to ``name`` (an instance id, a Name, run or cluster tag),
     found in every instance state (an interrupted spot instance is ``terminated`` and still listed
     by EC2 for a while) and on security groups and key pairs, which outlive their instances."""
-    keys = (T.NAME, T.RUN, T.CLUSTER)
-    found = {i.run_id for i in find_instances(ec2, states=LIVE_STATES + ["terminated"]) if T.answers_to(i, name, keys)}
-    found |= {T.as_dict(r.get("Tags")).get(T.RUN) for r in find_security_groups(ec2) + find_key_pairs(ec2)
-              if T.answers_to(r, name, keys)}
+    keys = (tags.NAME, tags.RUN, tags.CLUSTER)
+    found = {i.run_id for i in find_instances(ec2, states=LIVE_STATES + ["terminated"]) if tags.answers_to(i, name, keys)}
+    found |= {tags.as_dict(r.get("Tags")).get(tags.RUN) for r in find_security_groups(ec2) + find_key_pairs(ec2)
+              if tags.answers_to(r, name, keys)}
     return {r for r in found if r}
 
 
 def find_spot_requests(ec2: Client, run_id: str | None = None) -> list[dict[str, Any]]:
     """Open or active spot instance requests tagged by the tool (optionally one run)."""
-    filters = T.run_filters(run_id, {"Name": "state", "Values": ["open", "active"]})
+    filters = tags.run_filters(run_id, {"Name": "state", "Values": ["open", "active"]})
     pages = ec2.get_paginator("describe_spot_instance_requests").paginate(Filters=filters)
     return [r for page in pages for r in page["SpotInstanceRequests"]]
 
@@ -79,7 +81,6 @@ def find_instance_roles(iam: Client, ec2: Client, run_id: str | None = None, run
     in this region): never the role of a run that may be running in another region. Where these
     credentials may not list IAM roles (AccessDenied: a policy from before the instance roles)
     there are none, and ``log`` says so; other errors propagate (botocore's ClientError)."""
-    from . import iam as roles
     try:
         found = roles.find_run_roles(iam, run_id)
     except botocore.exceptions.ClientError as exc:
@@ -135,8 +136,8 @@ class Clients:
 
 
 def _row(res: dict[str, Any], id_key: str, **extra: Any) -> dict[str, Any]:
-    tg = T.as_dict(res.get("Tags"))
-    return {"id": res[id_key], "run_id": tg.get(T.RUN, ""), "name": tg.get(T.NAME, ""), **extra}
+    tg = tags.as_dict(res.get("Tags"))
+    return {"id": res[id_key], "run_id": tg.get(tags.RUN, ""), "name": tg.get(tags.NAME, ""), **extra}
 
 
 def _find_roles(c: Clients, run_id: str | None, log: Log, here: AbstractSet[str] = frozenset()) -> list[dict[str, Any]]:
@@ -157,7 +158,6 @@ def _terminate(c: Clients, ids: list[str], log: Log) -> list[str]:
 
 
 def _delete_group(c: Clients, group_id: str, log: Log) -> None:
-    import time
     if c.group_deadline is None:  # one wait shared by every group of the sweep
         c.group_deadline = time.monotonic() + c.group_wait_s
     log(f"deleting security group {group_id}")
@@ -165,7 +165,6 @@ def _delete_group(c: Clients, group_id: str, log: Log) -> None:
 
 
 def _delete_role(c: Clients, name: str, log: Log) -> None:
-    from . import iam as roles
     log(f"deleting instance role {name}")
     roles.delete_run_role(c.iam, name)
 
@@ -180,7 +179,6 @@ def _find_groups(c: Clients, run_id: str | None, log: Log) -> list[dict[str, Any
     """The run's Auto Scaling groups (aws/groups.find_groups), less those already being deleted
     (Status "Delete in progress": their instances are going with them); none where these
     credentials may not list groups, which ``log`` hears."""
-    from . import groups
     try:
         found = groups.find_groups(c.autoscaling, run_id)
     except botocore.exceptions.ClientError as exc:
@@ -197,7 +195,6 @@ def _find_groups(c: Clients, run_id: str | None, log: Log) -> list[dict[str, Any
 def _find_templates(c: Clients, run_id: str | None, log: Log) -> list[dict[str, Any]]:
     """The run's launch templates (aws/groups.find_templates), by id; none where these
     credentials may not list them, which ``log`` hears."""
-    from . import groups
     try:
         return [_row(t, "LaunchTemplateId", template_name=t.get("LaunchTemplateName"))
                 for t in groups.find_templates(c.ec2, run_id)]
@@ -209,13 +206,11 @@ def _find_templates(c: Clients, run_id: str | None, log: Log) -> list[dict[str, 
 
 
 def _delete_asg(c: Clients, name: str, log: Log) -> None:
-    from . import groups
     log(f"deleting Auto Scaling group {name} (and its instances)")
     groups.delete_group(c.autoscaling, name)
 
 
 def _delete_template(c: Clients, template_id: str, log: Log) -> None:
-    from . import groups
     log(f"deleting launch template {template_id}")
     groups.delete_template(c.ec2, template_id=template_id)
 
@@ -223,7 +218,6 @@ def _delete_template(c: Clients, template_id: str, log: Log) -> None:
 def _find_parameters(c: Clients, run_id: str | None, log: Log) -> list[dict[str, Any]]:
     """A detached run's secret parameters (aws/parameters.find); none where these credentials may
     not list them, which ``log`` hears."""
-    from . import parameters
     try:
         return parameters.find(c.ssm, run_id, c.user)
     except botocore.exceptions.ClientError as exc:
@@ -234,7 +228,6 @@ def _find_parameters(c: Clients, run_id: str | None, log: Log) -> list[dict[str,
 
 
 def _delete_parameters(c: Clients, names: list[str], log: Log) -> list[str]:
-    from . import parameters
     return parameters.delete(c.ssm, names, log)
 
 
@@ -453,7 +446,7 @@ def ended_runs(described: list[inst.Instance], key_pairs: list[dict[str, Any]], 
         by_run.setdefault(described_one.run_id or "", []).append(described_one)
     created: dict[str | None, Any] = {}
     for k in key_pairs:
-        run, at = T.as_dict(k.get("Tags")).get(T.RUN), k.get("CreateTime")
+        run, at = tags.as_dict(k.get("Tags")).get(tags.RUN), k.get("CreateTime")
         if at:
             created[run] = max(created.get(run, at), at)
     out = {}
@@ -476,17 +469,16 @@ def ended_leftovers(ec2: Client, keep: AbstractSet[str] = frozenset(), iam: Clie
     replacement has no instance listed, and its template needs its security group, key pair and
     role for the next launch. Where the placement group API is unavailable, or these credentials
     may not list IAM roles, there are none of those (`cleanup` says so). Raises botocore errors."""
-    from datetime import timezone
-
     held = {"security_groups": [(g, "GroupId") for g in find_security_groups(ec2)],
             "key_pairs": [(k, "KeyName") for k in find_key_pairs(ec2)],
             "placement_groups": [(g, "GroupName") for g in placement.find(ec2)]}
     if iam is not None:
-        here = cast(set[str], {T.as_dict(r.get("Tags")).get(T.RUN) for found in held.values() for r, _ in found} - {None, ""})
-        held["instance_roles"] = [({"Tags": [{"Key": T.RUN, "Value": r["run_id"]}], "Name": r["name"],
+        here = cast(set[str], {tags.as_dict(r.get("Tags")).get(tags.RUN) for found in held.values() for r, _ in found}
+                    - {None, ""})
+        held["instance_roles"] = [({"Tags": [{"Key": tags.RUN, "Value": r["run_id"]}], "Name": r["name"],
                                     "CreateTime": r["created"]}, "Name")
                                   for r in find_instance_roles(iam, ec2, runs_here=here)]
-    runs = cast(set[str], {T.as_dict(r.get("Tags")).get(T.RUN) for found in held.values() for r, _ in found} - {None, ""})
+    runs = cast(set[str], {tags.as_dict(r.get("Tags")).get(tags.RUN) for found in held.values() for r, _ in found} - {None, ""})
     if not runs:
         return {}
     dated = [k for k, _ in held["key_pairs"] + held.get("instance_roles", [])]
@@ -494,7 +486,7 @@ def ended_leftovers(ec2: Client, keep: AbstractSet[str] = frozenset(), iam: Clie
         keep = set(keep) | {g["run_id"] for g in _find_groups(Clients(ec2, iam, autoscaling), None, lambda m: None)}
     ended = ended_runs(find_instances(ec2, states=LIVE_STATES + ["terminated"]), dated,
                        runs, datetime.now(timezone.utc), keep)
-    return {run: {"why": why, **{kind: [r[key] for r, key in found if T.as_dict(r.get("Tags")).get(T.RUN) == run]
+    return {run: {"why": why, **{kind: [r[key] for r, key in found if tags.as_dict(r.get("Tags")).get(tags.RUN) == run]
                                  for kind, found in held.items()}}
             for run, why in ended.items()}
 

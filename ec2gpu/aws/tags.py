@@ -5,6 +5,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ..errors import UsageError
+
 RUN = "ec2gpu:run"
 OWNER = "ec2gpu:owner"
 #: the user id (STS GetCallerIdentity's UserId = ${aws:userid}: aws/runstore.user_id) of whoever made a
@@ -37,7 +39,6 @@ def safe(value: str | None) -> bool:
 def check_name(name: str, flag: str = "--name") -> str:
     """``name`` if all of it matches NAME_RE (a final newline too: it would split an ssh_config Host
     line); else UsageError naming the allowed characters."""
-    from ..errors import UsageError
     if re.fullmatch(NAME_RE, name) is None:
         raise UsageError(f"{flag} {name!r} is not a safe name",
                          "use letters, digits, '.', '_' and '-' (starting with a letter or digit), 63 at most")

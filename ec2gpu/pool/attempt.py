@@ -18,20 +18,28 @@ instance count over time.
 from __future__ import annotations
 
 import json
+import math
 import time
 from concurrent.futures import Future
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from ..errors import RemoteError, UsageError, WaitTimeout
+from ..errors import Ec2GpuError, LedgerError, RemoteError, UsageError, WaitTimeout
+from ..remote import files, jobs, sync
+from ..runs import element_table, job_summary
 from ..runs.execute import attempt as lifecycle
-from ..runs.execute import nodes as N
-from ..runs.plan.checks import slots_per_node as slots_per_node  # how many a node runs: the run's plan decides it
-from ..wire import bounded_json
-from . import follow, grow, ray_nodes
-from ..runs import element_table
+from ..runs.execute import nodes as run_nodes
 from ..runs.job_summary import mask_text
+from ..runs.plan.checks import slots_per_node as slots_per_node  # how many a node runs: the run's plan decides it
+from ..runs.recover import handover as run_handover  # as run_handover: run_attempt's ``handover`` is the hand-over itself
+from ..runs.recover import reconcile, recovery
+from ..runs.settle import ledger
+from ..tasks import arrays
+from ..wire import bounded_json
+from ..wire.shell import HANDOFF, INTERACTIVE, PROLOGUE
+from . import follow, grow, ray_nodes
 from .ray_nodes import ray_here as ray_here  # re-exported: api/ checks Ray here through pool/attempt.ray_here
 
 if TYPE_CHECKING:
@@ -56,7 +64,6 @@ def pool_spec(run_id: str, opts: PoolOptions, job: TaskJob, address: str, gpus_p
               controller_silent_s: float | None = None) -> dict[str, Any]:
     """pool.json, the driver's input (pure); ``controller_silent_s``: the hand-over wait, after
     which a silent controller counts as lost and the driver shrinks the pool itself (driver._release)."""
-    from ..wire.shell import HANDOFF, INTERACTIVE, PROLOGUE
     return {"run_id": run_id, "address": address, "head_ip": address.rsplit(":", 1)[0], "gpus_per_job": gpus_per_job,
             "max_retries": opts.max_retries,
             "elements": [e.as_dict() for e in opts.elements],
@@ -92,8 +99,6 @@ def run_attempt(aws: Aws, settings: Settings, opts: PoolOptions, run_id: str, ui
     ``record["pool"]`` the pool as it started). Raises RemoteError when an element failed (after
     every result came home) or Ray could not start, recovery.Interrupted when the head is lost.
     The lifecycle is runs/execute/attempt.drive's; PoolDriver is what an array does in it."""
-    from dataclasses import replace
-
     job = cast("TaskJob", opts.task)
     done: dict[str, dict[str, Any]] = record.setdefault("pool_done", {})  # index -> its record, outputs home
     skipped = sorted(int(k) for k in done)
@@ -128,7 +133,7 @@ class PoolDriver(lifecycle.Strategy[dict[str, Any]]):
         with a.ui.phase("setup"):
             lifecycle.task_setup(a)
             want = ray_nodes.ray_version()
-            N.parallel(lambda nd: ray_nodes.check_ray(nd, want, a.say(nd)), nodes)
+            run_nodes.parallel(lambda nd: ray_nodes.check_ray(nd, want, a.say(nd)), nodes)
             self.token = ray_nodes.new_token()  # this attempt's pool's, to its nodes over SSH only
             self.address = ray_nodes.start_ray(nodes, self.addresses, job, a.ui.note, self.token,
                                                end_with_head=self.shutdown)
@@ -154,10 +159,9 @@ class PoolDriver(lifecycle.Strategy[dict[str, Any]]):
             if not opts.detach:
                 self._follow(a, pool, head)
         if opts.detach:  # after the phase: it ended as it should (its line says "done", not "stopped")
-            from ..runs.recover.handover import HandedOver
             self.record["pool"] = {**_pool_record(pool, None, opts, self.per_job), "skipped": self.skipped,
                                    "ended_at": None}
-            raise HandedOver(a.run_id)
+            raise run_handover.HandedOver(a.run_id)
 
     def _follow(self, a: lifecycle.Attempt, pool: follow.Pool, head: Node) -> None:
         address, token, job, limits = self.address, self.token, a.job, a.settings.download_limits
@@ -174,7 +178,7 @@ class PoolDriver(lifecycle.Strategy[dict[str, Any]]):
         pool, head, ui = self.pool, a.nodes[0], a.ui
         with ui.phase("download"):
             if pool.write_back:  # the nodes still in the pool (the others wrote theirs back as they left)
-                N.parallel(lambda nd: follow.write_back(nd, ui), list(pool.members.values()))
+                run_nodes.parallel(lambda nd: follow.write_back(nd, ui), list(pool.members.values()))
             self.status = _home(head, a.job, a.local_out, a.config, ui, self.opts, self.done,
                                 a.settings.download_limits) or self.status
             if a.plan is not None:
@@ -184,8 +188,6 @@ class PoolDriver(lifecycle.Strategy[dict[str, Any]]):
     def failed(self, a: lifecycle.Attempt, exc: Exception) -> dict[str, Any]:
         """A lost head (EC2 says so) explains the failure: recovery.Interrupted, unless its agent
         handed over a driver that ended, whose results are adopted from S3."""
-        from ..remote import jobs
-        from ..runs.recover import recovery
         if not isinstance(exc, (*jobs.CONNECTION_ERRORS, WaitTimeout, RemoteError, recovery.Interrupted)):
             raise exc
         lost = exc if isinstance(exc, recovery.Interrupted) else _lost(a.nodes[0])  # a lost head explains it
@@ -221,7 +223,6 @@ def _conclude(record: dict[str, Any], pool: follow.Pool, status: dict[str, Any] 
 
 def _lost(head: Node) -> Exception | None:
     """recovery.Interrupted when EC2 says the head ``head`` is gone (its watch), else None."""
-    from ..runs.recover import recovery
     try:
         if head.watch:
             head.watch.check()
@@ -234,10 +235,8 @@ def _handed_over(aws: Aws, run_id: str) -> bool:
     """Whether the lost head's agent handed over a driver that ended (runs/recover/handover.ended):
     the head ended itself while this controller was away (a laptop asleep past the wait). An S3
     error reads as no: the elements not brought home run again, as for any lost head."""
-    from ..errors import Ec2GpuError
-    from ..runs.recover import handover
     try:
-        return handover.ended(aws, run_id)
+        return run_handover.ended(aws, run_id)
     except Ec2GpuError:
         return False
 
@@ -248,11 +247,9 @@ def _adopt(aws: Aws, run_id: str, opts: PoolOptions, local_out: Path, done: dict
     run again (runs/recover/handover.fetch): the outputs (``outputs/<index>/``), the element logs
     and table, the table checked against ``opts.elements`` and completed as _home completes it.
     Returns the table, None when it did not come (an S3 error, or not accepted)."""
-    from ..errors import Ec2GpuError
-    from ..runs.recover import handover
     job = cast("TaskJob", opts.task)
     try:
-        got = handover.fetch(aws, run_id, local_out, limits, ui.note, [e.as_dict() for e in opts.elements])
+        got = run_handover.fetch(aws, run_id, local_out, limits, ui.note, [e.as_dict() for e in opts.elements])
     except Ec2GpuError as exc:
         ui.note(f"warning: what the pool's head handed over could not be read ({exc.message})")
         return None
@@ -266,8 +263,7 @@ def _adopt(aws: Aws, run_id: str, opts: PoolOptions, local_out: Path, done: dict
 
 
 def records_words(opts: PoolOptions) -> str:
-    from ..tasks.arrays import describe
-    return describe(list(opts.elements))
+    return arrays.describe(list(opts.elements))
 
 
 def _mask_logs(directory: Path, job: TaskJob) -> None:
@@ -293,8 +289,6 @@ def local_status(home: Path, run_id: str) -> dict[str, Any] | None:
     counts, instances, ETA (s) and cost so far (USD) of the live line (its progress.json), or once
     the run is over the driver's final counts (pool.json; "final" True). Files that do not parse
     read as absent."""
-    from ..errors import LedgerError
-    from ..runs.settle import ledger
     try:
         row = ledger.get(home, run_id)
     except (UsageError, LedgerError):
@@ -316,7 +310,6 @@ def local_status(home: Path, run_id: str) -> dict[str, Any] | None:
     array["counts"] = element_table.counts_of(counts)
     if row["status"] != "running":
         array.update(instances=0, eta_s=None)
-    from ..runs.recover import reconcile
     state = reconcile.LOST if row["status"] == "running" and reconcile.controller_gone(row) else row["status"]
     if state != row["status"]:  # its controller is gone: what is left running is not known here
         array.update(instances=None, eta_s=None)
@@ -328,7 +321,6 @@ def local_status(home: Path, run_id: str) -> dict[str, Any] | None:
 
 def _figure(value: object) -> int | float | None:
     """``value`` when it is a finite number from 0 to 1e12 (not a bool), else None (pure)."""
-    import math
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and 0 <= value <= 1e12:
         return value
     return None
@@ -360,12 +352,12 @@ def _bring_done(head: Node, status: dict[str, Any], done: dict[str, dict[str, An
     """The outputs and logs of the elements that succeeded since the last look, home now (rsync
     sends only what is new), so that a lost head loses none of them: ``done`` gets their records
     (the next attempt skips them). Raises the connection's errors (a lost head)."""
-    from ..remote import files, sync
-    from ..errors import RemoteError
     new = [e for e in status["elements"] if e["status"] == "succeeded" and str(e["index"]) not in done]
     if not new:
         return
-    warn = lambda line: ui.note(f"warning: {line}")  # noqa: E731
+
+    def warn(line: str) -> None:
+        ui.note(f"warning: {line}")
     try:
         sync.pull(head.conn, f"{head.run_dir}/out", local_out / "outputs", element_patterns(job.task.outputs), config,
                   head.instance_id, limits, warn=warn)
@@ -384,7 +376,6 @@ def _home(head: Node, job: TaskJob, local_out: Path, config: Path, ui: ReporterL
     """Outputs (``outputs/<index>/``), element logs (``logs/<index>.log``) and the driver's
     record (``pool.json``) home from the head; the record as checked, with the elements an
     earlier attempt finished (``done``) in it."""
-    from ..remote import files, sync
     limits = files.Limits()
     names, how = sync.pull(head.conn, f"{head.run_dir}/out", local_out / "outputs", element_patterns(job.task.outputs),
                            config, head.instance_id, limits_, warn=lambda line: ui.note(f"warning: {line}"))
@@ -393,10 +384,9 @@ def _home(head: Node, job: TaskJob, local_out: Path, config: Path, ui: ReporterL
     sync.pull(head.conn, f"{head.run_dir}/pool/logs", local_out / "logs", [], config, head.instance_id,
               limits, warn=lambda line: ui.note(f"warning: {line}"))
     _mask_logs(local_out / "logs", job)
-    from ..runs.execute.nodes import copy_log
     local_out.mkdir(parents=True, exist_ok=True)
-    copy_log(head.conn, f"{head.run_dir}/job.log", local_out / "job.log",
-             lambda line: mask_text(line, job.secret_values))  # the driver's: `ec2gpu logs RUN`
+    run_nodes.copy_log(head.conn, f"{head.run_dir}/job.log", local_out / "job.log",
+                       lambda line: mask_text(line, job.secret_values))  # the driver's: `ec2gpu logs RUN`
     status = follow.read_status(head, opts, ui)
     return _complete(status, done, job, local_out) if status is not None else None
 
@@ -418,7 +408,6 @@ def _complete(status: dict[str, Any], done: dict[str, dict[str, Any]], job: Task
 
 
 def _accuracies(status: dict[str, Any], job: TaskJob, local_out: Path) -> None:
-    from ..runs import job_summary
     element_table.accuracies(status, local_out, job_summary.schema_of(job), job.secret_values)
 
 

@@ -160,7 +160,7 @@ def _pack(directory: str, max_bytes: int) -> tuple[bytes, str | None]:
     return buf.getvalue(), why
 
 
-def keep(argv: list[str], cwd: str, env: dict, log: typing.IO[bytes]) -> int:
+def keep(argv: list[str], cwd: str, env: dict[str, str], log: typing.IO[bytes]) -> int:
     """Run ``argv`` under its keeper (REAPER) with output to ``log`` (a file); return its exit
     status. Interrupted here (Ray cancelling the task), the keeper gets SIGTERM and ends the
     element's group before this returns (SIGKILL, which subprocess.run would send, would leave it)."""
@@ -178,7 +178,7 @@ def keep(argv: list[str], cwd: str, env: dict, log: typing.IO[bytes]) -> int:
         raise
 
 
-def run_element(spec: dict, element: dict, tracker: object) -> dict:
+def run_element(spec: dict[str, typing.Any], element: dict[str, typing.Any], tracker: object) -> dict[str, typing.Any]:
     """One attempt of one element on whichever node Ray chose (a Ray task's body)."""
     import ray
     node = ray.util.get_node_ip_address()
@@ -268,9 +268,9 @@ def main(argv: list[str]) -> int:  # noqa: C901 - one loop that reads as the dri
                                            retry_exceptions=False)
     records = {e["index"]: {"index": e["index"], "status": "queued", "attempts": 0, "failures": 0,
                             "params": e["params"]} for e in elements}
-    pending: dict = {}
+    pending: dict[typing.Any, dict[str, typing.Any]] = {}  # Ray's ObjectRef -> its element
 
-    def submit(element: dict) -> None:
+    def submit(element: dict[str, typing.Any]) -> None:
         element = {**element, "attempt": records[element["index"]]["failures"] + 1}
         pending[task.remote(spec, element, tracker)] = element
 
@@ -278,7 +278,7 @@ def main(argv: list[str]) -> int:  # noqa: C901 - one loop that reads as the dri
         submit(element)
     print(f"pool: {len(elements)} element(s) submitted, {gpus} GPU(s) each", flush=True)
     last, started_at = 0.0, time.time()
-    released: dict = {}  # Ray node id -> address: the workers this driver let go (_release)
+    released: dict[str, str] = {}  # Ray node id -> address: the workers this driver let go (_release)
     while pending:
         ready, _ = ray.wait(list(pending), num_returns=1, timeout=STATUS_EVERY_S)
         if ready:  # and every other one that is ready: one status write for all of them
@@ -331,14 +331,15 @@ def controller_silent(path: str, silent_s: float, since: float, now: float | Non
     return (time.time() if now is None else now) - beat >= silent_s
 
 
-def to_release(queued: int, nodes: list, busy: dict, head_id: str, released: dict) -> list:
+def to_release(queued: int, nodes: list[dict[str, typing.Any]], busy: dict[str, int], head_id: str,
+               released: dict[str, str]) -> list[dict[str, typing.Any]]:
     """The worker nodes the driver lets go itself once its controller is silent (pure): none while
     an element waits; else each live node of ``nodes`` (ray.nodes()'s records) but the head that
     runs no element (``busy``: {address: elements running}) and was not let go already."""
     if queued:
         return []
     return [n for n in nodes if n.get("Alive") and n.get("NodeID") != head_id and n.get("NodeID") not in released
-            and not busy.get(n.get("NodeManagerAddress"))]
+            and not busy.get(n.get("NodeManagerAddress", ""))]
 
 
 def end_node(run_id: str) -> None:
@@ -349,7 +350,8 @@ def end_node(run_id: str) -> None:
     subprocess.run([sys.executable, node, "end"], stdin=subprocess.DEVNULL, check=False, timeout=900)
 
 
-def _release(status: dict, spec: dict, head_id: str, released: dict, started_at: float) -> dict:
+def _release(status: dict[str, typing.Any], spec: dict[str, typing.Any], head_id: str, released: dict[str, str],
+             started_at: float) -> dict[str, typing.Any]:
     """Shrink the pool without its controller: once the controller's heartbeat has been silent
     ``spec["controller_silent_s"]`` (its hand-over wait; absent: the controller shrinks the pool
     itself), each worker node to_release names ends its instance (end_node, pinned to it). The
@@ -369,7 +371,7 @@ def _release(status: dict, spec: dict, head_id: str, released: dict, started_at:
     return status
 
 
-def _status(records: dict, tracker: object, final: bool) -> dict:
+def _status(records: dict[int, dict[str, typing.Any]], tracker: object, final: bool) -> dict[str, typing.Any]:
     """The pool's record: counts, live nodes and what each runs, each element's record."""
     import ray
     attempts, running, where = ray.get(tracker.state.remote())  # type: ignore[attr-defined]

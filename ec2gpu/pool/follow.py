@@ -14,10 +14,15 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, cast
 
+from ..aws import catalog, instances
 from ..errors import RemoteError
-from . import grow
+from ..inert import inert
+from ..remote import jobs, mounts
 from ..runs import element_table
 from ..runs.job_summary import mask_text
+from ..runs.plan import costs
+from ..runs.recover import recovery
+from . import grow
 from .ray_nodes import stop_ray
 
 if TYPE_CHECKING:
@@ -65,14 +70,13 @@ class Pool:
         """USD the pool's instances have cost until ``now`` (epoch s): each instance's compute
         from its launch to when it left the pool (or ``now``), with EC2's 60 s minimum, at its
         price (``usd_per_hour``; prices_of). None while an instance has no price."""
-        from ..aws.catalog import BILLING_MINIMUM_SECONDS
         total = 0.0
         for nd in self.nodes:
             price = self.usd_per_hour.get(nd.instance_id)
             if price is None:
                 return None
             seconds = min(now, self.left_at.get(nd.instance_id, now)) - nd.instance.launched_at.timestamp()
-            total += max(float(BILLING_MINIMUM_SECONDS), seconds) * price / 3600
+            total += max(float(catalog.BILLING_MINIMUM_SECONDS), seconds) * price / 3600
         return round(total, 4)
 
     def count(self) -> None:
@@ -82,7 +86,6 @@ class Pool:
 
 
 def read_status(head: Node, opts: PoolOptions, ui: ReporterLike) -> dict[str, Any] | None:
-    from ..remote import jobs
     raw = jobs.read_from(head.conn, f"{head.run_dir}/pool/{element_table.TABLE}", 0, element_table.MAX_STATUS_BYTES + 1)
     if not raw:
         return None
@@ -131,7 +134,6 @@ def _grow(aws: Aws, pool: Pool, status: dict[str, Any] | None, ctx: grow.Context
           ui: ReporterLike) -> None:
     """Take a replacement that is over into the pool (or say why there is none), and start the
     next one while a lost worker is owed one, elements wait, and the pool is below its size."""
-    from ..aws import instances
     rep = pool.growing
     if rep is not None:
         if not rep.over:
@@ -187,9 +189,6 @@ def _follow_loop(aws: Aws, pool: Pool, head: Node, opts: PoolOptions, addresses:
     """follow's loop: a poll every POLL_S; through a dropped SSH connection to the head it
     reconnects (0.5 s doubling to 8 s) for up to ``opts.unreachable_s``, then the head counts as
     lost (recovery.Interrupted: the run goes on as a new attempt where attempts are left)."""
-    from ..inert import inert
-    from ..remote import jobs
-    from ..runs.recover import recovery
     job = cast("TaskJob", opts.task)
     cursor = jobs.LogCursor(jobs.LineSplitter(lambda line: ui.log(inert(mask_text(line, job.secret_values)))))
     state: dict[str, Any] = {"status": None, "described": 0.0, "brought": 0.0}
@@ -233,8 +232,6 @@ def _poll(aws: Aws, pool: Pool, head: Node, opts: PoolOptions, addresses: dict[i
           state: dict[str, Any]) -> tuple[bool, dict[str, Any] | None]:
     """One poll of the driver on the head: (ended, its last status). Raises the connection's
     errors (jobs.CONNECTION_ERRORS) as they come; ``state`` carries the last status and times."""
-    from ..aws import instances
-    from ..remote import jobs
     jobs.drain(head.conn, f"{head.run_dir}/job.log", cursor)
     status = state["status"] = read_status(head, opts, ui) or state["status"]
     if status is not None:
@@ -268,7 +265,6 @@ def _poll(aws: Aws, pool: Pool, head: Node, opts: PoolOptions, addresses: dict[i
     if code is not None:
         jobs.drain(head.conn, f"{head.run_dir}/job.log", cursor)
         if code == EXIT_NOTICE:  # the agent stopped the driver for the head's spot notice: a lost head
-            from ..runs.recover import recovery
             raise recovery.Interrupted(f"the pool's head ({head.instance_id}) got a spot interruption notice")
         return True, read_status(head, opts, ui) or status
     grow_step(status)  # only while the driver runs
@@ -280,7 +276,6 @@ def prices_of(aws: Aws, settings: Settings, nodes: list[Node]) -> dict[str, floa
     (runs/plan/costs.compute_cost: a spot instance its zone's spot price history since its launch,
     an on-demand one the price table; asked once per type, market and zone), for the cost so far
     on the live line."""
-    from ..runs.plan import costs
     now = datetime.now(timezone.utc)
     prices: dict[str, float | None] = {}
     asked: dict[tuple[str, str, str | None], float | None] = {}  # one lookup per type, market and zone
@@ -325,8 +320,6 @@ def write_progress(path: Path | None, progress: dict[str, Any]) -> None:
 
 def _ray_ended(aws: Aws, pool: Pool, iid: str, ui: ReporterLike) -> None:
     """A worker whose Ray has ended (it could not join, or died) is no use to the pool: released."""
-    from ..aws import instances
-    from ..remote import jobs
     nd = pool.members[iid]
     try:
         code = jobs.exit_status(nd.conn, f"{nd.run_dir}/ray")
@@ -345,17 +338,17 @@ def eta_s(status: dict[str, Any], slots: int) -> float | None:
     """Seconds until the array ends, as its finished elements say (pure): their mean time for
     each element still to run, ``slots`` at a time, the running ones half done; None before any
     element has finished."""
-    times = [e["seconds"] for e in status["elements"] if e["status"] in ("succeeded", "failed") and e["seconds"]]
+    times: list[float] = [e["seconds"] for e in status["elements"] if e["status"] in ("succeeded", "failed") and e["seconds"]]
     if not times or slots < 1:
         return None
     mean, c = sum(times) / len(times), status["counts"]
-    return round(mean * (c["queued"] + c["running"] / 2) / slots, 1)
+    left: float = c["queued"] + c["running"] / 2
+    return round(mean * left / slots, 1)
 
 
 def _shrink(aws: Aws, pool: Pool, status: dict[str, Any], addresses: dict[int, str], ui: ReporterLike) -> None:
     """Release the workers the pool no longer needs (element_table.idle_workers): Ray stopped on each,
     then its instance terminated (without waiting)."""
-    from ..aws import instances
     head = pool.nodes[0].instance_id
     workers = {iid: addresses[nd.index] for iid, nd in pool.members.items() if iid != head}
     idle = element_table.idle_workers(status, workers)
@@ -379,11 +372,8 @@ RELEASE_WRITE_BACK_S = 600.0
 def write_back(nd: Node, ui: ReporterLike, timeout_s: float = 6 * 3600) -> None:
     """Node ``nd``'s MOUNT-mode file_mounts written back to their buckets (remote/mounts.write_back:
     what its elements wrote there) within ``timeout_s``; a failure is said, and the run goes on."""
-    from ..remote import mounts
-    from ..remote.jobs import CONNECTION_ERRORS
-    from ..errors import RemoteError
     try:
         mounts.write_back(nd.conn, nd.run_dir, str(nd.info.get("python") or "python3"),
                           lambda line: ui.note(f"node {nd.index}: {line}"), timeout_s=timeout_s)
-    except (RemoteError, *CONNECTION_ERRORS) as exc:
+    except (RemoteError, *jobs.CONNECTION_ERRORS) as exc:
         ui.note(f"warning: node {nd.index}: file_mounts not written back ({type(exc).__name__}: {exc})")

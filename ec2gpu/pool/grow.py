@@ -33,6 +33,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
+from ..aws import instances
+from ..remote import ssh_config
+from ..runs.execute import engine
+from ..runs.execute import nodes as run_nodes
+from ..runs.provision import resources
+from ..runs.recover import recovery
+
 if TYPE_CHECKING:
     from ..aws.session import Aws
     from ..backend import Backend
@@ -147,7 +154,6 @@ def start(ctx: Context, lost: str | None, lost_zone: str | None, index: int, add
 
 
 def _end(ctx: Context, instance_id: str) -> None:
-    from ..aws import instances
     try:
         instances.terminate(ctx.aws.ec2, [instance_id], wait=False)
     except Exception:  # noqa: BLE001 - its max runtime and idle rule end it; `ec2gpu cleanup` finds it by tag
@@ -155,32 +161,26 @@ def _end(ctx: Context, instance_id: str) -> None:
 
 
 def _make(ctx: Context, rep: Replacement, lost_zone: str | None, addresses: list[str], ui: _Aside) -> Node:
-    from ..aws import instances
-    from ..remote import ssh_config as sc
-    from ..runs.execute import engine, nodes as N
-    from ..runs.provision import resources as provision
-    from ..runs.recover import recovery
-
     def step() -> None:
         if rep.stop.is_set():
             raise Stopped()
 
     say: Callable[[str], None] = ui.note
-    [inst] = provision.provision(ctx.aws, ctx.settings, replace(ctx.opts, nodes=1), ctx.run_id, ui, ctx.prov,
+    [inst] = resources.provision(ctx.aws, ctx.settings, replace(ctx.opts, nodes=1), ctx.run_id, ui, ctx.prov,
                                  avoid_zones=[lost_zone] if lost_zone else [])
     rep.instance_id = inst.id
     [inst] = instances.tag_nodes(ctx.aws.ec2, [inst], ctx.opts.name or f"ec2gpu-{ctx.run_id}", first_index=rep.index)
     ctx.attempts.append(recovery.attempt_row(ctx.attempt, inst, rep.index))
     step()
-    nd = rep.pending = N.Node(rep.index, inst)
-    N.open_node(nd, ctx.aws, ctx.settings, ctx.prov, ctx.run_id, ctx.backend, say)
+    nd = rep.pending = run_nodes.Node(rep.index, inst)
+    run_nodes.open_node(nd, ctx.aws, ctx.settings, ctx.prov, ctx.run_id, ctx.backend, say)
     step()
     assert ctx.prov.key_path is not None
     # an SSH config of its own (rsync's, for this node alone): the pool's stays the main thread's
-    config = sc.ssh_config_for([nd], Path(ctx.ssh_config).with_name(f"{ctx.run_id}-node-{rep.index}.config"),
-                               ctx.settings.ssh_user, ctx.prov.key_path, ctx.settings.home / "known_hosts")
+    config = ssh_config.ssh_config_for([nd], Path(ctx.ssh_config).with_name(f"{ctx.run_id}-node-{rep.index}.config"),
+                                       ctx.settings.ssh_user, ctx.prov.key_path, ctx.settings.home / "known_hosts")
     try:
-        N.prepare_node(nd, say)
+        run_nodes.prepare_node(nd, say)
         step()
         address = ctx.backend.private_address(nd.instance)
         engine.upload_node(nd, ctx.job, config, ctx.run_id, [*addresses, address], False, None, say,

@@ -346,7 +346,7 @@ def end_instance() -> None:
     agent.end_instance()
 
 
-def _ready(proc: subprocess.Popen, targets: list[tuple[str, int]], timeout_s: float = STARTUP_S) -> bool:
+def _ready(proc: subprocess.Popen[bytes], targets: list[tuple[str, int]], timeout_s: float = STARTUP_S) -> bool:
     """Whether every (address, port) of ``targets`` accepts connections before ``proc`` ends or
     ``timeout_s`` passes."""
     deadline = time.monotonic() + timeout_s
@@ -362,7 +362,7 @@ def _ready(proc: subprocess.Popen, targets: list[tuple[str, int]], timeout_s: fl
     return False
 
 
-def _end(proc: subprocess.Popen) -> None:
+def _end(proc: subprocess.Popen[bytes]) -> None:
     proc.terminate()
     try:
         proc.wait(timeout=10)

@@ -10,10 +10,17 @@ import re
 import secrets
 import shlex
 import time
+from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, cast
 
+from ..aws import catalog
 from ..errors import RemoteError, UsageError, WaitTimeout
+from ..remote import files, jobs, ssh
+from ..runs.execute import engine
+from ..runs.execute import nodes as run_nodes
+from ..runs.plan import limits
+from ..tasks import resolve
 from .driver import TOKEN_FILE
 
 if TYPE_CHECKING:
@@ -39,7 +46,6 @@ MIN_RAY = (2, 60)
 def ray_version() -> str:
     """This machine's Ray (the `pool` extra), which check_ray installs on the nodes. Raises
     UsageError, with the install line, without it or when it is older than MIN_RAY."""
-    from importlib import metadata
     try:
         version = metadata.version("ray")
     except metadata.PackageNotFoundError:
@@ -74,7 +80,6 @@ def check_ray(nd: Node, want: str, log: Callable[[str], None]) -> None:
     """Make the node's Python have Ray ``want`` (this machine's version: the driver's pickles and
     Ray's protocol need the same on both sides): kept when it has it, else installed with pip.
     Raises RemoteError when it cannot be."""
-    from ..remote import ssh
     python = shlex.quote(str(nd.info.get("python") or "python3"))
     probe = f"{python} -c 'import ray; print(ray.__version__)' 2>/dev/null"
     got = ssh.attempt(nd.conn, probe, timeout_s=120)
@@ -93,15 +98,12 @@ def check_ray(nd: Node, want: str, log: Callable[[str], None]) -> None:
 def node_gpus(nd: Node, job: TaskJob) -> int:
     """The GPUs of node ``nd`` the pool may hand out: its type's, or the count the task asked of
     a larger type (tasks/resolve.gpus_asked)."""
-    from ..aws import catalog
-    from ..tasks.resolve import gpus_asked
     got = catalog.CATALOG.get(nd.instance.type)
     count = got.gpu_count if got else int(nd.info.get("gpu_count") or 0)
-    return gpus_asked(job.task.resources, nd.instance.type, count) or count
+    return resolve.gpus_asked(job.task.resources, nd.instance.type, count) or count
 
 
 def _cpus(nd: Node) -> int:
-    from ..aws import catalog
     got = catalog.CATALOG.get(nd.instance.type)
     return got.vcpus if got else 1
 
@@ -113,8 +115,6 @@ def start_ray(nodes: list[Node], addresses: dict[int, str], job: TaskJob, log: C
     ``RUN_DIR/ray`` (``nd.pid``: its process group); with ``end_with_head`` a worker ends its
     instance once its Ray ends by itself (node.py's --end-instance: the head gone). Raises
     RemoteError / WaitTimeout when the head's Ray does not start."""
-    from ..runs.execute import nodes as N
-
     def launch(nd: Node, role: list[str]) -> None:
         launch_ray(nd, role, addresses[nd.index], job, token)
 
@@ -125,8 +125,8 @@ def start_ray(nodes: list[Node], addresses: dict[int, str], job: TaskJob, log: C
         raise RemoteError(f"Ray's head on {head.instance_id} gave no GCS port", "its log is above",
                           command="ray start --head", host=head.host)
     address = f"{addresses[0]}:{int(raw)}"
-    N.parallel(lambda nd: launch(nd, worker_role(address, nd, end_with_head)), nodes[1:])
-    joined = N.parallel(lambda nd: wait_ready(nd, WORKER_JOIN_WAIT_S, required=False) is not None, nodes[1:])
+    run_nodes.parallel(lambda nd: launch(nd, worker_role(address, nd, end_with_head)), nodes[1:])
+    joined = run_nodes.parallel(lambda nd: wait_ready(nd, WORKER_JOIN_WAIT_S, required=False) is not None, nodes[1:])
     late = [nd.instance_id for nd, ok in zip(nodes[1:], joined, strict=True) if not ok]
     log(f"Ray started on {len(nodes) - len(late)} of {len(nodes)} node(s), head {address}"
         + (f"; not yet on {', '.join(late)} (they join when they can, or are let go)" if late else ""))
@@ -158,7 +158,6 @@ def launch_ray(nd: Node, role: list[str], address: str, job: TaskJob, token: str
     command that starts it (remote/jobs.start's ``private``: the token on its stdin). What the
     task's setup (the same user, earlier) left under those names, a link among them, is removed
     first, never written through."""
-    from ..remote import files, jobs, ssh
     ray_dir = f"{nd.run_dir}/ray"  # TOKEN_FILE's directory: jobs.start writes its private files where it starts
     files.make_dirs(nd.conn, ray_dir)
     ssh.run(nd.conn, f"rm -f -- {shlex.quote(ray_dir + '/node.py')}")
@@ -174,7 +173,6 @@ def wait_ready(nd: Node, timeout_s: float, required: bool = True) -> str | None:
     """The text of the node's ready file (ec2gpu/pool/node.py: the head's GCS port, a worker's
     "up") once its Ray is up, within ``timeout_s`` (s). Raises RemoteError when its Ray ended
     first, WaitTimeout when it does not come (``required``; else None for either)."""
-    from ..remote import jobs
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         raw = jobs.read_from(nd.conn, f"{nd.run_dir}/ray/ready", 0, 16).decode("ascii", "replace").strip()
@@ -195,7 +193,6 @@ def stop_ray(nd: Node, log: Callable[[str], None]) -> None:
     """End node ``nd``'s Ray: SIGTERM to its process group (it leaves at once: node.py's
     HEALTH_CHECKS), without waiting, as its instance is terminated next; a node that cannot be
     reached is left to that termination."""
-    from ..remote import jobs, ssh
     if nd.pid is None:
         return
     try:
@@ -212,9 +209,6 @@ def start_driver(head: Node, spec: dict[str, Any], opts: PoolOptions, settings: 
     ``handover``: the hand-over's document, which the agent reads from RUN_DIR/handover.json,
     runs/recover/handover.py), through the head's RUN_DIR/ray/node.py (``node.py driver``: the
     environment of the node's own Ray, the pool's token and in the sandbox the bind shim)."""
-    from ..remote import files, ssh
-    from ..runs.execute import engine
-    from ..runs.plan import limits
     put = {"pool_driver.py": HERE / "driver.py", **{name: HERE.parent / module for name, module in SHIPPED.items()}}
     ssh.run(head.conn, f"cd {shlex.quote(head.run_dir)} && rm -f -- pool.json "
                        + " ".join(shlex.quote(name) for name in put))

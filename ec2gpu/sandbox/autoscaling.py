@@ -215,12 +215,15 @@ def install() -> None:
     template, scheduled actions per group and refused in the past, no synchronous replacement in
     TerminateInstances (the health check in ``Scaler.reconcile`` replaces), DeleteAutoScalingGroup
     refused without ForceDelete while the group has instances, and every API call under LOCK."""
-    from moto.autoscaling.exceptions import AutoscalingClientError, ValidationError
-    from moto.autoscaling.models import AutoScalingBackend, FakeAutoScalingGroup
-    from moto.autoscaling.responses import AutoScalingResponse
+    _patch_group()
+    _patch_backend()
+    _patch_responses()
 
-    class InUse(AutoscalingClientError):
-        code = "ResourceInUse"
+
+def _patch_group() -> None:
+    """moto's groups: launches from the template (``launch``), launching instances counted as
+    capacity, and UpdateAutoScalingGroup keeping the group's mixed instances policy."""
+    from moto.autoscaling.models import FakeAutoScalingGroup
 
     def replace_instances(self, count_needed: int, propagated_tags: dict) -> None:
         launch(self, count_needed)
@@ -243,6 +246,13 @@ def install() -> None:
     FakeAutoScalingGroup.replace_autoscaling_group_instances = replace_instances
     FakeAutoScalingGroup.active_instances = active_instances
     FakeAutoScalingGroup.update = update_keeping_policy
+
+
+def _patch_backend() -> None:
+    """moto's Auto Scaling backend: scheduled actions per group (refused in the past, deleted with
+    their group), no replacement in TerminateInstances, and every public method under LOCK."""
+    from moto.autoscaling.exceptions import ValidationError
+    from moto.autoscaling.models import AutoScalingBackend
 
     put = AutoScalingBackend.put_scheduled_update_group_action
 
@@ -278,6 +288,16 @@ def install() -> None:
     for attr, fn in list(vars(AutoScalingBackend).items()):
         if inspect.isfunction(fn) and not attr.startswith("_"):
             setattr(AutoScalingBackend, attr, _locked(fn))
+
+
+def _patch_responses() -> None:
+    """moto's Auto Scaling responses: DeleteAutoScalingGroup refused (ResourceInUse) without
+    ForceDelete while the group has instances."""
+    from moto.autoscaling.exceptions import AutoscalingClientError
+    from moto.autoscaling.responses import AutoScalingResponse
+
+    class InUse(AutoscalingClientError):
+        code = "ResourceInUse"
 
     respond = AutoScalingResponse.delete_auto_scaling_group
 

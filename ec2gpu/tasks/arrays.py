@@ -19,6 +19,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence, Union
 
+from ..errors import UsageError
+
 #: the most elements of one array: AWS Batch's limit (array_jobs.html: "between 2 and 10,000")
 MAX_ELEMENTS = 10_000
 MAX_PARAMS = 32  # parameters of one sweep element
@@ -184,7 +186,6 @@ FLAG_RANGES = {"--workers": (1, 64, "e.g. --workers 3"), "--gpus-per-job": (1, 6
 def check_flags(**given: int | None) -> None:
     """Each pool flag given (``workers=``, ``gpus_per_job=``, ``max_retries=``; None: not given) in
     its range (FLAG_RANGES). Raises UsageError naming the flag, its range and an example."""
-    from ..errors import UsageError
     for key, value in given.items():
         flag = "--" + key.replace("_", "-")
         low, high, example = FLAG_RANGES[flag]

@@ -32,7 +32,7 @@ from pydantic import ValidationError
 from ..aws import catalog
 from .. import settings
 from ..errors import UsageError
-from . import resolve
+from . import mounts, resolve
 from .infra import aws_infra as aws_infra  # api/tasks.py reads it here too
 from .infra import zone_note as zone_note  # api/tasks.py reads it here (a re-export)
 from .lines import DOCS, Lines, Loc, Renamed, in_words, line_of, names_hint
@@ -304,7 +304,6 @@ def _file_mounts(task: Task, base: Path, allow_outside: bool, source: str, lines
     --workdir-outside), none in ec2gpu's own buckets, and a MOUNT entry only of the task's own
     buckets or of ``allowed`` (--allow-write-bucket: mounts.check_write). Raises UsageError at the
     entry's line."""
-    from . import mounts
     out = []
     for target, value in task.file_mounts.items():
         where = f"{source}:{line_of(lines, ('file_mounts', target))}: file_mounts.{target}"

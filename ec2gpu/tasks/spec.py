@@ -15,7 +15,8 @@ from typing import Annotated, Any, Optional, Self, Union, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from ..aws.tags import NAME_RE
+from ..aws.tags import NAME_RE, check_label
+from . import arrays
 from .mounts import Storage, check_target
 
 SCHEMA_PATH = Path(__file__).with_name("task.schema.json")
@@ -254,7 +255,6 @@ class Resources(BaseModel):
     @field_validator("labels")
     @classmethod
     def _label_tags(cls, v: dict[str, str]) -> dict[str, str]:
-        from ..aws.tags import check_label
         for k, x in v.items():
             check_label(k, x)
         if len(v) > MAX_LABELS:
@@ -439,25 +439,22 @@ class Task(BaseModel):
     @field_validator("array")
     @classmethod
     def _array(cls, v: Union[int, str, None]) -> Union[int, str, None]:
-        from .arrays import parse_array
         if v is not None:
-            parse_array(v)
+            arrays.parse_array(v)
         return v
 
     @field_validator("sweep")
     @classmethod
     def _sweep(cls, v: Any) -> Any:
-        from .arrays import sweep_sets
         if v is not None:
-            sweep_sets(v)
+            arrays.sweep_sets(v)
         return v
 
     @model_validator(mode="after")
     def _array_fits(self) -> Self:
         if self.array is None and self.sweep is None:
             return self
-        from .arrays import elements
-        elements(self.array, self.sweep)
+        arrays.elements(self.array, self.sweep)
         if self.nodes > 1:
             raise ValueError("an array or a sweep runs each element on one instance: drop nodes (or num_nodes), "
                              "or run one job over several instances without array/sweep")
