@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping, Optional, Sequence, Union, overload
@@ -81,6 +82,7 @@ def load_task(task: Union[str, Path, Task, None] = None, command: Optional[Seque
         base = _sendable(Path(workdir or "."), workdir)
         if not base.is_dir():
             raise UsageError(f"--workdir {base} is not a directory", "give the directory to send")
+        _check_program(command, base)
         default = re.sub(r"[^A-Za-z0-9_.-]", "-", base.name).strip("-.")[:63] or "task"
         loaded = load.LoadedTask(Task(name=name or default, workdir=str(base), run=shlex.join(command)), None, base)
     if name:
@@ -88,6 +90,21 @@ def load_task(task: Union[str, Path, Task, None] = None, command: Optional[Seque
     if overrides and loaded.path is None:  # a file's are in place already
         loaded.task = loaded.task.model_copy(update={"resources": loaded.task.resources.model_copy(update=overrides)})
     return loaded
+
+
+def _check_program(command: Sequence[str], base: Path) -> None:
+    """Refuse, before launch, a command whose program is a file of the workdir named without a path
+    (`ec2gpu run train.py`): bash on the instance looks a bare name up on PATH, not in the workdir, and
+    the job would end in "command not found" (issue 48 item 9). A name with a "/" (./run.sh), or a
+    program this machine has on PATH, passes. Raises UsageError with the command that works."""
+    program = command[0]
+    if "/" in program or shutil.which(program) or not (base / program).is_file():
+        return
+    how = (["python", program] if program.endswith(".py") else [f"./{program}"] if os.access(base / program, os.X_OK)
+           else ["bash", program])
+    raise UsageError(f"{program} is a file of the workdir, not a program: on the instance the job would end in "
+                     "\"command not found\"", f"run it with `ec2gpu run -- {shlex.join([*how, *command[1:]])}`, "
+                     "or name a task file (*.yaml)")
 
 
 def _sendable(path: Path, workdir: Optional[str]) -> Path:

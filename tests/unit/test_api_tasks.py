@@ -9,6 +9,7 @@ import pytest
 
 from ec2gpu import api, cli
 from ec2gpu.api import tasks
+from ec2gpu.errors import UsageError
 from ec2gpu.runs.plan import dryrun
 
 TASK = "name: t\nworkdir: null\nresources:\n  accelerators: T4:1\nrun: python train.py\n"
@@ -59,3 +60,21 @@ def test_status_prints_with_json_the_document_the_api_returned(no_aws, capsys, m
     monkeypatch.setattr(api, "status", lambda run_id, **kw: api.RunStatus(dict(doc, run_id=run_id)))
     assert cli.main(["status", "20261125-041200-ab12", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == doc
+
+
+def test_a_command_whose_program_is_a_file_of_the_workdir_named_bare_is_refused_with_the_command_that_works(tmp_path):
+    """`ec2gpu run train.py` launched an instance whose job ended in "command not found" (issue 48 item 9):
+    bash looks a bare name up on PATH, not in the workdir. Refused before anything is made, with the fix."""
+    from ec2gpu.api.tasks import load_task
+    (tmp_path / "train.py").write_text("print(1)\n")
+    (tmp_path / "go.sh").write_text("#!/bin/sh\necho hi\n")
+    (tmp_path / "go.sh").chmod(0o755)
+    (tmp_path / "notes").write_text("x\n")
+    for command, fix in ((["train.py", "--epochs", "3"], "ec2gpu run -- python train.py --epochs 3"),
+                         (["go.sh"], "ec2gpu run -- ./go.sh"), (["notes"], "ec2gpu run -- bash notes")):
+        with pytest.raises(UsageError) as exc:
+            load_task(command=command, workdir=str(tmp_path))
+        assert exc.value.message.startswith(f"{command[0]} is a file of the workdir, not a program")
+        assert fix in exc.value.hint
+    for fine in (["python", "train.py"], ["./go.sh"], ["echo", "hi"], ["./missing.sh"]):
+        assert load_task(command=fine, workdir=str(tmp_path)).task.run.startswith(fine[0])
