@@ -19,24 +19,26 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
 from .. import settings as settings_mod
-from ..aws import network, tags
+from ..aws import network, runstore, sweep, tags
 from ..backend import Context
 from ..errors import AwsError, LedgerError, UsageError
-from ..remote.files import Limits
+from ..remote import ssh as remote_ssh
 from ..remote import tunnel as port_forward
+from ..remote.files import Limits
 from ..remote.ssh_config import HostEntry, openssh
+from ..runs.detached import fetch as detached
+from ..runs.execute import logs as run_logs
 from ..runs.execute.reporter import Reporter, ReporterLike
 from ..runs.options import LaunchOptions
+from ..runs.recover import handover
 from ..runs.settle import ledger
+from ..runs.standing import hosts as standing
+from ..runs.standing import notebook as jupyter
 from ..tasks.spec import size_bytes
 from .instances import Log, _context, _quiet, _types, find, idle_rule
 
 if TYPE_CHECKING:
     from ..aws.instances import Instance
-
-# The modules that load boto3 (aws/runstore, sweep; runs/detached, recover, standing, execute/logs) or fabric
-# (remote/ssh) are imported inside the functions that reach AWS or an instance: `ec2gpu run --dry-run` imports
-# api/ and loads neither (tests/unit/test_dry_run.py::test_a_dry_run_imports_no_aws_sdk).
 
 #: ``write(chunk, final=False)``: where ``logs`` sends a job log's bytes as they come (``final``: its end).
 Write = Callable[..., None]
@@ -187,15 +189,12 @@ def _pin_host_key(ctx: Context, inst: Instance, log: Log) -> None:
     """Before OpenSSH connects (StrictHostKeyChecking yes, HostKeyAlias): pin the instance's host
     key under its instance id, verified against its console output, when it is not pinned yet.
     Raises RemoteError, WaitTimeout."""
-    from ..remote import ssh as remote_ssh
-    from ..runs.standing import hosts as standing
     if not remote_ssh.pin_under_alias(ctx.settings.home / "known_hosts" / inst.id, inst.id, log):
         standing.pin_host_key(ctx.aws, ctx.settings, ctx.backend, inst, log=log).close()
 
 
 def _write_ssh_config(ctx: Context, warn: Log, log: Log, pin: bool = False) -> tuple[Path, list[HostEntry], dict[str, str]]:
     """runs/standing/hosts.write_ssh_config for ``ctx``: (path, entries, {instance id: why it was left out})."""
-    from ..runs.standing import hosts as standing
     return standing.write_ssh_config(ctx.aws, ctx.settings, ctx.backend, warn, pin=pin, log=log)
 
 
@@ -272,7 +271,6 @@ def logs(name: str, *, follow: bool = False, write: Optional[Write] = None, regi
 
 def _saved_log(home: Path, run_id: str, emit: Write, exit_status: Optional[int]) -> LogShown:
     """The job.log run ``run_id`` brought home (this machine's files alone), all of it to ``emit``."""
-    from ..runs.execute import logs as run_logs
     emit(run_logs.saved_log(home, run_id).read_bytes(), final=True)
     return LogShown(exit_status=exit_status, run_id=run_id, instance_id=None, source="saved")
 
@@ -280,8 +278,6 @@ def _saved_log(home: Path, run_id: str, emit: Write, exit_status: Optional[int])
 def _read_log(name: str, follow: bool, emit: Write, region: Optional[str], sandbox: bool, log: Log,
               index: Optional[int]) -> LogShown:
     """`logs` but what it collects: the log's bytes to ``emit``, from wherever the run's is (see logs)."""
-    from ..runs.execute import logs as run_logs
-    from ..runs.detached import fetch as detached
     home = settings_mod.load({"region": region}).home
     row = run_logs.finished(home, name)
     if index is not None:
@@ -319,7 +315,6 @@ def _element_log(home: Path, row: Optional[dict[str, Any]], name: str, index: in
                  region: Optional[str], sandbox: bool, log: Log) -> LogShown:
     """`logs --index`: an array's element's log, as the run brought it home (this machine's files)
     once it ended, else from the worker that runs it now (runs/execute/logs.stream_element)."""
-    from ..runs.execute import logs as run_logs
     try:
         path, status = run_logs.element_log(home, row, name, index)
     except run_logs.NotEnded as running:  # from the worker that runs it now
@@ -346,7 +341,6 @@ def _maybe_detached(row: Optional[dict[str, Any]], name: str = "") -> bool:
     may be a detached one, so the run store is asked: its id has the form of one
     (aws/runstore.RUN_ID) and no controller process is recorded (`run --detach` records none;
     every run in the foreground does since ledger migration 6)."""
-    from ..aws import runstore
     run_id = row["run_id"] if row is not None else name
     return (row is None or row.get("controller") is None) and bool(
         isinstance(run_id, str) and runstore.RUN_ID.fullmatch(run_id))
@@ -357,7 +351,6 @@ def _detached_status(ctx: Context, run_id: str, row: Optional[dict[str, Any]], l
     (runs/detached/fetch.status_of), else None; not asked for a ``row`` of a run in the
     foreground. An S3 error (these credentials may not read the store) is said to ``log``, then
     None: the run is looked for as one in the foreground is."""
-    from ..runs.detached import fetch as detached
     if not _maybe_detached(row, run_id):
         return None
     try:
@@ -397,7 +390,6 @@ def fetch(run_id: str, *, out: Union[str, Path, None] = None, max_download: Unio
     default, the run's own where this machine's ledger has it, else the configured one. Raises
     UsageError (a bad limit; no such run; no running instance to fetch from), NoCredentials,
     AwsError, RemoteError."""
-    from ..runs.execute import logs as run_logs
     size = None if max_download is None else _size(max_download, "--max-download")
     if max_files is not None and (isinstance(max_files, bool) or not isinstance(max_files, int) or max_files < 0):
         raise UsageError(f"--max-files {max_files!r} is not a count", "give 0 or more")
@@ -442,7 +434,6 @@ def _fetch_detached(ctx: Context, run_id: str, row: Optional[dict[str, Any]], wh
                     got: dict[str, Any], log: Log) -> Fetched:
     """`fetch` of detached run ``run_id`` (``got``: its status record) from its S3 store into
     ``where`` (runs/detached/fetch.fetch); its summary figures put in this machine's ledger ``row``."""
-    from ..runs.detached import fetch as detached
     done = detached.fetch(ctx.aws, run_id, where, limits, log, got, schema=_schema(row))
     if row is not None and done["columns"].get("summary") is not None:  # `runs` shows its test accuracy
         _record_columns(ctx, row, done["columns"], log)
@@ -456,8 +447,6 @@ def _fetch_handed_over(ctx: Context, run_id: str, row: Optional[dict[str, Any]],
     """`fetch` of a run whose controller was lost and whose instance is gone: what its agent handed
     over to S3 (runs/recover/handover.fetch), into ``where``; None when it handed nothing over, or
     the run store cannot be read with these credentials (said to ``log``)."""
-    from ..aws import runstore
-    from ..runs.recover import handover
     try:
         handed = handover.fetch(ctx.aws, run_id, where, limits, log, schema=_schema(row)) \
             if runstore.RUN_ID.fullmatch(run_id) else None
@@ -538,8 +527,6 @@ def notebook(*, instance_type: Optional[str] = None, spot: bool = False, name: O
     terminated: whether ``down_on_exit`` removed the instance, and with it removed: {kind: [ids]}.
     Raises UsageError (a bad name, type, port, CIDR or idle rule, before anything is created; a
     stopped ``name``), NoCredentials, AwsError, CapacityError, RemoteError, WaitTimeout."""
-    from ..aws import sweep
-    from ..runs.standing import notebook as jupyter
     if name is not None:
         tags.check_name(name)
     _port(local_port, "--local-port")

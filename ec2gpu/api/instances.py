@@ -11,23 +11,22 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, AbstractSet, Any, Callable, Optional, cast
+from typing import AbstractSet, Any, Callable, Optional, cast
 
 from .. import backend
-from ..aws import catalog, network, tags
+from ..aws import catalog, clusters, network, sweep, tags
+from ..aws.instances import IdleRule, Instance
 from ..errors import Ec2GpuError, UsageError
+from ..remote.jobs import CONNECTION_ERRORS
+from ..runs.execute import logs as run_logs
 from ..runs.execute.reporter import Reporter, ReporterLike
 from ..runs.options import LaunchOptions
+from ..runs.plan import doctor as doctor_checks
+from ..runs.plan.doctor import Check
 from ..runs.recover import reconcile
+from ..runs.standing import hosts as standing
+from ..runs.standing import stopstart
 from ..tasks.spec import minutes
-
-if TYPE_CHECKING:
-    from ..aws.instances import IdleRule, Instance
-    from ..runs.plan.doctor import Check
-
-# The modules that load boto3 (aws/clusters, instances, sweep; runs/standing/*, runs/execute/logs) or fabric
-# (remote/jobs) are imported inside the functions that reach AWS or an instance: `ec2gpu run --dry-run` imports
-# api/ and loads neither (tests/unit/test_dry_run.py::test_a_dry_run_imports_no_aws_sdk).
 
 Log = Callable[[str], None]
 
@@ -153,7 +152,6 @@ def idle_rule(idle_stop: str | None, idle_down: str | None, no_idle: bool, max_r
     Raises UsageError for two rules at once, a duration that is not one (or under 10 s), --no-idle
     without --max-runtime, and --idle-stop on spot (EC2 cannot stop ec2gpu's one-time spot instances:
     https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/stop-start-spot-instances.html)."""
-    from ..aws.instances import IdleRule
 
     given = [(a, v) for a, v in (("stop", idle_stop), ("down", idle_down)) if v is not None]
     if len(given) + no_idle > 1:
@@ -197,8 +195,6 @@ def fetch_abandoned(ctx: backend.Context, run_ids: set[str] | None = None, log: 
     (runs/recover/reconcile.abandoned, runs/execute/logs.fetch) to each run's artifacts directory (only ``run_ids``'
     if given). Returns the run ids that could not be reached, each also said to ``warn`` (default
     ``log``); removing them goes on."""
-    from ..runs.execute import logs as run_logs
-    from ..remote.jobs import CONNECTION_ERRORS
     missed = []
     for row in reconcile.abandoned(ctx.settings.home, ctx.backend.name):
         if run_ids is not None and row["run_id"] not in run_ids:
@@ -218,7 +214,6 @@ def fetch_abandoned(ctx: backend.Context, run_ids: set[str] | None = None, log: 
 def find(ctx: backend.Context, name: str) -> list[Instance]:
     """The running (or pending) instances called ``name`` (a Name tag, instance id, run id or
     cluster): DescribeInstances dicts. Raises UsageError saying what they are instead."""
-    from ..runs.standing import stopstart
     return stopstart.find(ctx.aws.ec2, name, ["pending", "running"])
 
 
@@ -245,7 +240,6 @@ def launch(*, instance_type: Optional[str] = None, spot: bool = False, name: Opt
     Returns one InstanceSummary per instance (runs/standing/hosts.launch: name, instance_id,
     instance_type, market, state, public_ip, zone ...). Raises UsageError (a bad name, CIDR, type or rule) before anything is
     created; AwsError, CapacityError, WaitTimeout."""
-    from ..runs.standing import hosts as standing
 
     if name is not None:
         tags.check_name(name)  # it goes into tags, ssh_config Host lines and commands shown to the user
@@ -269,7 +263,6 @@ def stop(name: str, *, region: Optional[str] = None, sandbox: bool = False, log:
     and billed, its instance-store NVMe erased. Returns one StoppedInstance per instance
     (runs/standing/stopstart.stop: name, instance_id, instance_type, state, instance_store_gb ...).
     Raises UsageError for an unknown name or a spot instance (EC2 cannot stop it), NoCredentials, AwsError, WaitTimeout."""
-    from ..runs.standing import stopstart
     with _context(region, sandbox, True, log) as ctx:
         ctx.aws.check_credentials()
         rows = stopstart.stop(ctx.aws, name, log=log)
@@ -284,7 +277,6 @@ def start(name: str, *, region: Optional[str] = None, sandbox: bool = False, log
     Returns one InstanceSummary per instance (runs/standing/stopstart.start: name, instance_id, state,
     public_ip ...).
     Raises UsageError for an unknown name, NoCredentials, AwsError, RemoteError, WaitTimeout."""
-    from ..runs.standing import stopstart
     with _context(region, sandbox, True, log) as ctx:
         ctx.aws.check_credentials()
         settle(ctx, ended=False, log=log, warn=warn)  # a stop no command has seen yet (--idle-stop) is recorded first
@@ -300,8 +292,6 @@ def scale(name: str, nodes: int, *, max_runtime: int = 120, region: Optional[str
     its console output, and end themselves after ``max_runtime`` minutes. Returns a Scaled
     (aws/clusters.scale's: cluster, added and removed instance ids, nodes now). Raises UsageError
     (fewer than 1 node, no such cluster), NoCredentials, AwsError, RemoteError, WaitTimeout."""
-    from ..aws import clusters
-    from ..runs.standing import hosts as standing
     if nodes < 1:
         raise UsageError(f"a cluster keeps at least 1 node (asked {nodes})", "`ec2gpu down NAME` removes it all")
     if max_runtime < 5:
@@ -323,7 +313,6 @@ def list_instances(*, region: Optional[str] = None, sandbox: bool = False, log: 
     instance_type, market, zone, state, cluster, node, launched_at, age_seconds, usd_per_hour
     (on-demand: spot's ceiling), cost_so_far_usd, idle_rule, idle_seconds, busy, disk_gib,
     disk_usd_per_month, unsafe_tags. Raises NoCredentials, AwsError."""
-    from ..runs.standing import hosts as standing
     with _context(region, sandbox, False, log) as ctx:
         settle(ctx, log=log, warn=warn)  # bills of instances that have ended (by themselves, too), and what they left
         return [InstanceRow(**row) for row in standing.listing(ctx.aws, ctx.settings)]
@@ -345,7 +334,6 @@ def cleanup(*, dry_run: bool = False, all_regions: bool = False, fetch: bool = T
     Returns a Cleanup: dry_run, regions {region: {kind: [ids], "left": [ids it could not remove]}}
     (regions where nothing was found are left out), searched (the regions looked in).
     Raises NoCredentials, AwsError."""
-    from ..aws import sweep
     report: dict[str, Any] = {}
     with _context(region, sandbox, False, log) as ctx:
         ctx.aws.check_credentials()
@@ -384,7 +372,6 @@ def down(name: Optional[str] = None, *, all: bool = False, fetch: bool = True,  
     times. Returns {run_id: {kind: [ids removed], "left": [ids it could not remove]}}. Raises
     UsageError (neither or both of ``name`` and ``all``; nothing of ec2gpu's called ``name``)
     before anything is removed; NoCredentials, AwsError."""
-    from ..aws import sweep
     if bool(name) == all:
         raise UsageError("say which instances to remove", "ec2gpu down NAME, or ec2gpu down --all")
     with _context(region, sandbox, False, log) as ctx:
@@ -417,7 +404,6 @@ def doctor(*, instance_type: Optional[str] = None, spot: bool = False, region: O
     configured one). Returns one runs/plan/doctor.Check per check (name, ok (True, False, or None:
     could not tell), detail, fix; ``as_dict()`` is what --json prints); missing credentials are a
     failed "credentials" check, not an error. The command's exit code: runs/plan/doctor.exit_code(checks)."""
-    from ..runs.plan import doctor as doctor_checks  # here: it loads boto3, and a dry run imports api/ (test_dry_run.py)
     with _context(region, sandbox, False, log) as ctx:
         checks = doctor_checks.run_checks(ctx.aws, ctx.settings, instance_type or ctx.settings.instance_type, spot,
                                 ctx.backend.is_sandbox)
