@@ -66,6 +66,10 @@ def _raylet(home, instance_id):
         assert time.monotonic() < deadline, "the stand-in raylet did not start its agent"
         time.sleep(0.05)
     agent = psutil.Process(int((home / "agent.pid").read_text()))
+    # `$!` names the forked shell before it execs `env -u ...` and then sleep: until then it still has the marker
+    while agent.name() != "sleep":
+        assert time.monotonic() < deadline, "the stand-in agent did not exec sleep"
+        time.sleep(0.01)
     assert sshd.MARKER not in agent.environ()
     return agent
 
