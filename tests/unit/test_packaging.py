@@ -4,11 +4,13 @@ without its extra is one line and exit 2, and the wheel carries LICENSE and py.t
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.metadata
 import re
 import sys
 import tomllib
 from pathlib import Path
+from typing import Mapping
 
 import pytest
 
@@ -60,9 +62,15 @@ def _third_party_imports() -> dict[tuple[str, str], str]:
     return out
 
 
+@functools.cache
+def _providers() -> Mapping[str, list[str]]:
+    """{top-level module: its distributions}, read once: each call walks every installed distribution."""
+    return importlib.metadata.packages_distributions()
+
+
 def _distributions(module: str) -> set[str]:
     """The distributions that provide ``module`` (one not installed: assumed to be its own name)."""
-    dists = importlib.metadata.packages_distributions().get(module) or [module]
+    dists = _providers().get(module) or [module]
     return {_canonical(d) for d in dists}
 
 
