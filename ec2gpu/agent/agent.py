@@ -12,8 +12,8 @@ Shipped with every `ec2gpu run` job and started detached from SSH as ``python3 -
   sends SIGTERM to the job's process group at T so it can checkpoint before the instance ends itself, records
   ``limit`` (``{"ends_at", "stopped_at"}``) and state "failed", and sends SIGKILL 5 s before the instance's end if
   the job is still running;
-- polls the instance metadata service (IMDSv2: a token PUT, then ``/latest/meta-data/spot/instance-action``)
-  every EC2GPU_SPOT_POLL_SECONDS (SPOT_POLL_S, 2) seconds; on a notice it records it and sends SIGTERM to the job's process
+- polls the instance metadata service (IMDSv2: a token PUT, then ``/latest/meta-data/spot/instance-action``) every
+  EC2GPU_SPOT_POLL_SECONDS (SPOT_POLL_S, 2) seconds; on a notice it records it and sends SIGTERM to the job's process
   group, then SIGKILL after EC2GPU_STOP_GRACE_SECONDS (90) if the job has not ended
   (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/spot-instance-termination-notices.html);
 - on the same polls, ``/latest/meta-data/events/recommendations/rebalance``: EC2's rebalance recommendation
@@ -110,11 +110,7 @@ SPOT_ACTION = "/latest/meta-data/spot/instance-action"
 REBALANCE = "/latest/meta-data/events/recommendations/rebalance"
 REBALANCE_FILE = "rebalance.json"  # in the run directory: the job's EC2GPU_REBALANCE_FILE
 EXIT_NOTICE = 75  # the agent's exit code when a notice stopped the job (EX_TEMPFAIL: try again elsewhere)
-#: seconds between looks for the notice (EC2GPU_SPOT_POLL_SECONDS overrides). AWS suggests every 5 s
-#: (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/spot-instance-termination-notices.html), which also
-#: says notices are "emitted on a best effort basis": each second of the wait is a second less of the two
-#: minutes for the job's checkpoint and its upload, for the cost of a local HTTP request (issue 51 item 11)
-SPOT_POLL_S = 2.0
+SPOT_POLL_S = 2.0  # s between looks for the notice; AWS suggests 5 (page above): sooner leaves the job more of its 2 min
 COLLECTED, HEARTBEAT = "collected", "controller"  # in the run directory: the controller's marks
 #: S3's largest single PUT, 5 GB (https://docs.aws.amazon.com/AmazonS3/latest/userguide/upload-objects.html)
 PUT_MAX_BYTES = 5 * 10 ** 9
