@@ -155,8 +155,8 @@ class Mirror:
         """Upload the files new or changed since the last push; delete in S3 those sent before that
         are gone here. With ``running`` (the job may be writing them): hidden files are left out,
         and each file goes up from a consistent_copy made in the directory ``copies`` (one file at a
-        time, removed after), so S3 never holds a half-written one (an upload is whole or absent:
-        https://docs.aws.amazon.com/AmazonS3/latest/userguide/upload-objects.html); a file that
+        time, removed after), so S3 never holds a half-written one ("updates to a single key are
+        atomic": https://docs.aws.amazon.com/AmazonS3/latest/userguide/Welcome.html#ConsistencyModel); a file that
         changed during each copy is said and waits for the next push. Returns the files sent."""
         files = self.files()
         sent, self.unsteady = 0, []
