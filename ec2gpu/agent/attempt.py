@@ -250,8 +250,8 @@ class Job:
             if isinstance(rec.get("notice"), dict):
                 hooks.noticed()  # several nodes: the others stop theirs now, not at the stale time
             if urgent or ctx.clock() >= next_push:
+                next_push = ctx.clock() + ctx.every_s  # from the push's start: a slow upload does not stretch the cycle
                 hooks.tick()
-                next_push = ctx.clock() + ctx.every_s
             ctx.sleep(min(ctx.poll_s, ctx.agent_poll_s))
         return None
 

@@ -241,6 +241,31 @@ def test_the_detached_agent_acts_on_a_notice_within_two_of_its_polls_whatever_it
     assert len(cancel_looks) == 1  # S3 is still asked at its own pace
 
 
+def test_the_periodic_upload_starts_every_every_s_however_long_one_takes(tmp_path):
+    """A copy every minute: the next upload is due every_s after the last one started, not after it
+    ended (a 30 s upload of a large checkpoint made the cycle 90 s)."""
+    clock = FakeClock()
+    ctx = context.Context(store=SimpleNamespace(run_id=RUN_ID), asg=None, home=str(tmp_path), imds=lambda p: None,
+                          imds_endpoint="", gpus=lambda: 0, clock=clock, sleep=clock.sleep, poll_s=5.0,
+                          agent_poll_s=2.0, every_s=60.0)
+    os.makedirs(ctx.run_dir)
+    proc = subprocess.Popen(["sleep", "30"])
+    start, ticks = clock(), []
+
+    def tick():  # each upload takes 30 s
+        ticks.append(clock() - start)
+        clock.t += 30
+        if len(ticks) == 3:
+            proc.kill()
+    try:
+        attempt.Job(ctx, {}, str(tmp_path)).supervise(proc, b"k" * 32, {"notice": None, "rebalance": None},
+                                                      attempt.Hooks(cancelled=lambda: False, tick=tick))
+    finally:
+        proc.kill()
+        proc.wait()
+    assert [round(t) for t in ticks] == [60, 120, 180], ticks
+
+
 def test_the_agent_looks_for_the_spot_notice_at_least_every_2_s(s3, monkeypatch, tmp_path):
     """Both agent.py's default (a foreground run's job, and the detached run's) and the detached agent's."""
     assert agent.SPOT_POLL_S <= 2
