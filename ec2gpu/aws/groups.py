@@ -109,9 +109,10 @@ def mixed_instances_policy(spec: LaunchSpec, instance_types: Sequence[str]) -> d
             "InstancesDistribution": distribution}
 
 
-#: Auto Scaling processes a run's group goes without: AZRebalance ends healthy instances to even
-#: out the zones ("launches new instances before terminating the old ones"), a restart of the job
-#: (https://docs.aws.amazon.com/autoscaling/ec2/userguide/ec2-auto-scaling-availability-zone-balanced.html)
+#: Auto Scaling processes a run's group goes without: AZRebalance "balances the number of EC2
+#: instances in the group evenly across all of the specified Availability Zones when the group
+#: becomes unbalanced", ending a healthy instance (a restart of the job) to launch one elsewhere
+#: (https://docs.aws.amazon.com/autoscaling/ec2/userguide/as-suspend-resume-processes.html)
 SUSPENDED = ("AZRebalance",)
 
 
@@ -156,8 +157,8 @@ def move_request(spec: LaunchSpec, subnet_id: str, instance_types: Sequence[str]
 
 #: an activity's StatusCode that means its launch did not happen (API_Activity.html)
 LAUNCH_FAILED = frozenset({"Failed", "Cancelled"})
-#: how long (s) the group may take in one zone before the next is tried: Auto Scaling starts a
-#: launch within seconds of its group's creation and a capacity refusal fails it at once
+#: how long (s) the group may take in one zone before the next is tried; a refusal (no capacity,
+#: the type not offered) ends the launch's activity Failed sooner
 ZONE_WAIT_S = 120.0
 
 
