@@ -159,10 +159,10 @@ def test_a_hand_off_stopped_before_its_group_removes_what_it_made_and_one_handed
     the group is made the run is the agent's, and nothing is removed: the record comes back."""
     swept: list[str] = []
 
-    def create(*a, **k):
+    def make_group(*a, **k):  # the group's step: create, SuspendProcesses, its zone found
         if group == "interrupted":
             raise KeyboardInterrupt
-    monkeypatch.setattr(groups, "create", create)
+    monkeypatch.setattr(launch, "_group", make_group)
     monkeypatch.setattr(launch.sweep, "delete_run", lambda ec2, run_id, *a, **k: swept.append(run_id))
     ui = Reporter()
     if group == "interrupted":

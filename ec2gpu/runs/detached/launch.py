@@ -23,9 +23,11 @@ one before it worked:
    the secrets (``--secret``, a task's ``secrets``) as SecureString parameters in SSM Parameter
    Store (aws/parameters.py, tagged with the caller's user id), never in S3 nor in the user data:
    spec.json names them only;
-4. a launch template and an Auto Scaling group of one instance (aws/groups.create), whose user
-   data starts the agent (``boot_script``: no credentials in it; the role's come from IMDSv2),
-   with the scheduled action that sets the group to 0 at the run's deadline, whoever is left;
+4. a launch template and an Auto Scaling group of ``--nodes`` instances (aws/groups.create; one node
+   in any zone that offers its types, several in one zone, the first where the group finds
+   capacity, and a cluster placement group: ``_group``), whose user data starts the agent
+   (``boot_script``: no credentials in it; the role's come from IMDSv2), with the scheduled action
+   that sets the group to 0 at the run's deadline, whoever is left;
 5. the run's record ``state.json`` (state "pending": wire/run_record.py) and the ledger row (status "detached": no controller here
    to settle it, runs/recover/reconcile.py leaves it alone).
 
@@ -46,7 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from ...aws import (capacity, catalog, groups, iam, iam_boundary, iam_detached, instances, network, parameters,
-                    runstore, runstore_objects, runstore_records, storage, sweep)
+                    placement, runstore, runstore_objects, runstore_records, storage, sweep)
 from ...aws.session import Aws
 from ...backend import Backend
 from ...errors import UsageError
@@ -321,6 +323,7 @@ class DetachedJob(lifecycle.Lifecycle[Handoff, run_record.RunRecord]):
         "requesting" phase). This controller follows nothing: the agent owns the run from here."""
         aws, settings, opts, job = a.aws, a.settings, a.opts, a.job
         with a.ui.phase("requesting"):
+            choices = groups.zones(aws.ec2, opts.instance_types)  # before anything is made
             self.made = True
             profile = _role(aws, settings, a.user, a.run_id, a.bucket, a.account, a.boundary, bool(a.secret),
                             job.role_policy, several=opts.nodes > 1)
@@ -332,12 +335,10 @@ class DetachedJob(lifecycle.Lifecycle[Handoff, run_record.RunRecord]):
                 a.ui.note(f"{len(stored)} secret(s) in SSM Parameter Store under {parameters.ROOT}{a.run_id}/ "
                           f"(SecureString; {parameters.READERS})")
             spec = _launch_spec(a, profile)
-            subnets = list(capacity.default_subnets(aws.ec2).values())
             # before the group: its first instance's agent writes the next record, never under this one
             runstore_records.put_status(aws.client("s3"), a.bucket, a.user, a.run_id,
                                         {"run_id": a.run_id, "state": "pending", "attempt": 0, "updated_at": _now()})
-            groups.create(aws.ec2, aws.client("autoscaling"), spec, opts.instance_types, subnets, opts.nodes,
-                          a.limit_at)
+            _group(a, spec, choices)
             self.handed = True
 
     def collect(self, a: Handoff) -> run_record.RunRecord:
@@ -366,24 +367,47 @@ class DetachedJob(lifecycle.Lifecycle[Handoff, run_record.RunRecord]):
                              autoscaling=a.aws.client("autoscaling"), ssm=a.aws.client("ssm"), user=a.user)
 
 
+def _group(a: Handoff, spec: instances.LaunchSpec, choices: list[tuple[str, str, list[str]]]) -> None:
+    """The run's Auto Scaling group (aws/groups.create), AZRebalance suspended. One node may launch in
+    any zone of ``choices`` (AWS picks); several share one, the first where the group finds capacity
+    (aws/groups.find_zone), in the run's cluster placement group when it has one: NCCL across zones
+    is slow, billed per GB and without EFA."""
+    autoscaling = a.aws.client("autoscaling")
+    if a.opts.nodes == 1:
+        groups.create(a.aws.ec2, autoscaling, spec, a.opts.instance_types, [c[1] for c in choices], 1, a.limit_at)
+    else:
+        _, subnet, types = choices[0]
+        groups.create(a.aws.ec2, autoscaling, spec, types, [subnet], a.opts.nodes, a.limit_at)
+    autoscaling.suspend_processes(**groups.suspend_request(a.run_id))
+    if a.opts.nodes > 1:
+        zone = groups.find_zone(autoscaling, spec, choices, log=a.ui.note)
+        a.ui.note(f"the {a.opts.nodes} nodes launch in {zone}"
+                  + (f", placement group {spec.placement_group}" if spec.placement_group else ""))
+
+
 def _launch_spec(a: Handoff, profile: str) -> instances.LaunchSpec:
     """The group's launch template's spec (inside the "requesting" phase): the run's key pair and
     security group made (SSH from ``opts.ssh_cidr``, else this machine's /32; the nodes reach
-    each other when there are several), its image, its instance profile ``profile`` and the
-    boot script that starts the agent (``boot_script``)."""
+    each other when there are several, in a cluster placement group where the type supports one:
+    aws/placement.create), its image, its instance profile ``profile`` and the boot script that
+    starts the agent (``boot_script``)."""
     aws, settings, opts = a.aws, a.settings, a.opts
+    name = opts.name or f"ec2gpu-{a.run_id}"
     cidr = network.ssh_cidr(opts.ssh_cidr, aws.checkip_url)
     key_name, _ = network.create_key_pair(aws.ec2, a.run_id, settings.owner, settings.keys_dir)
     sg = network.create_security_group(aws.ec2, a.run_id, settings.owner, cidr)
+    group = None
     if opts.nodes > 1:  # the nodes reach each other (torchrun, NCCL), and nothing else does
         network.allow_within_group(aws.ec2, sg)
+        group, how = placement.create(aws.ec2, a.run_id, settings.owner, name, opts.instance_types[0])
+        a.ui.note(how)
     ami = provision.choose_image(aws, opts)
     return instances.LaunchSpec(
-        run_id=a.run_id, owner=settings.owner, name=opts.name or f"ec2gpu-{a.run_id}",
+        run_id=a.run_id, owner=settings.owner, name=name,
         instance_type=opts.instance_types[0], image_id=ami["ImageId"], root_device_name=ami["RootDeviceName"],
         key_name=key_name, security_group_id=sg, spot=opts.spot, root_volume_gib=settings.root_volume_gib,
         max_runtime_minutes=None,  # a shutdown would only be replaced: the group's deadline ends it
-        max_price=opts.max_price if opts.spot else None, instance_profile=profile,
+        max_price=opts.max_price if opts.spot else None, instance_profile=profile, placement_group=group,
         boot=boot_script(a.bucket, a.user, a.run_id, aws.region, a.group, a.hashes, a.spec_sha256))
 
 
