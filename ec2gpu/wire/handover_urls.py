@@ -63,8 +63,10 @@ def renewed(run_dir: str, urls: dict[str, str], read: Callable[..., Any]) -> dic
     except (OSError, ValueError, RecursionError):
         return dict(urls)
     finally:
-        if os.path.lexists(path):
+        try:
             os.remove(path)
+        except OSError:  # none, or a directory the job made there: nothing taken from it
+            pass
     fresh = got.get("urls") if isinstance(got, dict) else None
     fresh = fresh if isinstance(fresh, dict) else {}
     return {name: fresh[name] if isinstance(fresh.get(name), str) and fresh[name].startswith(("https://", "http://"))

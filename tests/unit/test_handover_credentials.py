@@ -194,6 +194,16 @@ def test_the_agent_takes_renewed_urls_for_the_same_objects_only_and_deletes_the_
     assert handover_urls.renewed(str(tmp_path), old, bounded_json.read) == old
     assert not os.path.lexists(tmp_path / handover_urls.RENEWED)
     assert handover_urls.renewed(str(tmp_path), old, bounded_json.read) == old  # none
+    (tmp_path / handover_urls.RENEWED).mkdir()  # a directory the job made: nothing taken, nothing raised
+    assert handover_urls.renewed(str(tmp_path), old, bounded_json.read) == old
+
+
+def test_the_controller_that_collects_removes_the_renewed_urls(tmp_path):
+    import subprocess
+    (tmp_path / handover.RENEWED).write_text("{}")
+    subprocess.run(["bash", "-c", handover.mark_command(str(tmp_path), "collected")], check=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["collected"]
+    subprocess.run(["bash", "-c", handover.mark_command(str(tmp_path), "collected")], check=True)  # none: as well
 
 
 def test_the_agents_signature_is_botocores():

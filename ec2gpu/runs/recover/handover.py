@@ -242,11 +242,13 @@ def start(aws: Aws, settings: Settings, run_id: str, max_runtime_minutes: int | 
 
 def mark_command(run_dir: str, what: str) -> str:
     """The shell command that writes the controller's mark ``what`` ("controller": its heartbeat,
-    or "collected") in ``run_dir`` on an instance (agent/agent.py: HEARTBEAT, COLLECTED)."""
+    or "collected") in ``run_dir`` on an instance (agent/agent.py: HEARTBEAT, COLLECTED); with
+    "collected", the renewed URLs (RENEWED) go first: nothing is left to hand over."""
     import shlex
     if what not in ("controller", "collected"):
         raise ValueError(what)
-    return f"touch {shlex.quote(run_dir + '/' + what)}"
+    done = f"touch {shlex.quote(run_dir + '/' + what)}"
+    return f"rm -f {shlex.quote(run_dir + '/' + RENEWED)} && {done}" if what == "collected" else done
 
 
 def heartbeat_every(wait_s: float) -> float:
