@@ -2,18 +2,20 @@
 takes any signature, so without this a hand-over URL never dies in the sandbox.
 
 Only requests signed in the query string (SigV4: ``X-Amz-Signature``, a credential scope of
-service ``s3``) are looked at, and only two things about them, as S3 answers them
+service ``s3``; SigV2's ``Signature``, ``Expires``, ``AWSAccessKeyId`` too) are looked at, and
+only two things about them, as S3 answers them
 (https://docs.aws.amazon.com/AmazonS3/latest/API/sigv4-query-string-auth.html,
 https://docs.aws.amazon.com/AmazonS3/latest/API/ErrorResponses.html):
 
-- ``X-Amz-Date`` plus ``X-Amz-Expires`` seconds is past: 403 AccessDenied, "Request has expired";
+- ``X-Amz-Date`` plus ``X-Amz-Expires`` seconds (SigV2: ``Expires``) is past: 403 AccessDenied,
+  "Request has expired";
 - the access key is one of temporary credentials that have ended (moto's STS AssumeRole: the
   sandbox's instance roles, roles.mint, and any session a test assumes): 400 ExpiredToken, "The
   provided token has expired." A URL presigned with temporary credentials stops working when they
   end, whatever its ExpiresIn (https://docs.aws.amazon.com/AmazonS3/latest/userguide/using-presigned-url.html).
 
 Every other request goes to moto as it came. On in every sandbox (server.py), as on AWS; kept on by
-tests/e2e/test_handover_credentials.py and tests/unit/test_sandbox_presigned.py.
+tests/e2e/test_handover_credentials.py and tests/unit/test_handover_credentials.py.
 """
 from __future__ import annotations
 
@@ -45,19 +47,27 @@ def refusal(query: dict[str, list[str]], now: float, expiry_of: Callable[[str], 
     """(HTTP status line, S3 error code, message) for a presigned S3 request whose parsed ``query``
     AWS would refuse at ``now`` (POSIX s; module docstring), else None. ``expiry_of``: when an
     access key's credentials end (sts_expiry)."""
-    if "X-Amz-Signature" not in query:
+    if "X-Amz-Signature" in query:
+        scope = query.get("X-Amz-Credential", [""])[0].split("/")
+        if len(scope) != 5 or scope[3] != "s3":
+            return None
+        key_id = scope[0]
+        try:
+            signed = datetime.strptime(query["X-Amz-Date"][0], "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc).timestamp()
+            end = signed + int(query["X-Amz-Expires"][0])
+        except (KeyError, ValueError):
+            return "400 Bad Request", "AuthorizationQueryParametersError", "X-Amz-Date and X-Amz-Expires must be given"
+    elif "Signature" in query and "AWSAccessKeyId" in query:  # SigV2 (a client without s3v4): Expires is POSIX s
+        key_id = query["AWSAccessKeyId"][0]
+        try:
+            end = int(query.get("Expires", [""])[0])
+        except ValueError:
+            return "403 Forbidden", "AccessDenied", "Expires must be a number of seconds"
+    else:
         return None
-    scope = query.get("X-Amz-Credential", [""])[0].split("/")
-    if len(scope) != 5 or scope[3] != "s3":
-        return None
-    try:
-        signed = datetime.strptime(query["X-Amz-Date"][0], "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc).timestamp()
-        lasts = int(query["X-Amz-Expires"][0])
-    except (KeyError, ValueError):
-        return "400 Bad Request", "AuthorizationQueryParametersError", "X-Amz-Date and X-Amz-Expires must be given"
-    if now > signed + lasts:
+    if now > end:
         return "403 Forbidden", "AccessDenied", "Request has expired"
-    ends = expiry_of(scope[0])
+    ends = expiry_of(key_id)
     if ends is not None and now >= ends:
         return "400 Bad Request", "ExpiredToken", "The provided token has expired."
     return None

@@ -320,6 +320,9 @@ def test_the_sandbox_refuses_a_presigned_url_past_its_expiry_or_its_credentials_
     assert presigned.refusal({"Action": ["DescribeInstances"]}, now, expiry) is None  # not presigned
     other = {**_presigned_query("ASIAENDED"), "X-Amz-Credential": ["ASIAENDED/20260101/us-east-1/sts/aws4_request"]}
     assert presigned.refusal(other, now, expiry) is None  # S3's URLs only
+    v2 = {"AWSAccessKeyId": ["AKIAUSER"], "Signature": ["x"], "Expires": [str(int(now) - 1)]}  # SigV2: a POSIX end
+    assert presigned.refusal(v2, now, expiry) == ("403 Forbidden", "AccessDenied", "Request has expired")
+    assert presigned.refusal({**v2, "Expires": [str(int(now) + 60)]}, now, expiry) is None
 
 
 def test_the_sandbox_middleware_answers_an_s3_error_and_lets_the_rest_through():
