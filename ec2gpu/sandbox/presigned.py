@@ -15,7 +15,7 @@ https://docs.aws.amazon.com/AmazonS3/latest/API/ErrorResponses.html):
   end, whatever its ExpiresIn (https://docs.aws.amazon.com/AmazonS3/latest/userguide/using-presigned-url.html).
 
 Every other request goes to moto as it came. On in every sandbox (server.py), as on AWS; kept on by
-tests/e2e/test_handover_credentials.py and tests/unit/test_handover_credentials.py.
+tests/e2e/test_handover_credentials_e2e.py and tests/unit/test_handover_credentials.py.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ credentials end (botocore's RefreshableCredentials), signs the URLs for no longe
 when they end before the run's limit, renews them on its heartbeat; the agent takes the renewed ones
 and signs a refused URL again with the instance role (wire/handover_urls.py); the sandbox's S3
 refuses a URL past its end (sandbox/presigned.py). The sandbox end to end:
-tests/e2e/test_handover_credentials.py."""
+tests/e2e/test_handover_credentials_e2e.py."""
 import http.server
 import json
 import os

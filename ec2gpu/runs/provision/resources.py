@@ -150,7 +150,7 @@ def _instance_role(aws: Aws, settings: Settings, opts: LaunchOptions, run_id: st
     client, boundary = aws.client("iam"), job.role_boundary
     user, policy = runstore.user_id(aws.check_credentials()), job.role_policy
     if settings.handover_wait_seconds > 0 or getattr(opts, "detach", False):  # its agent's fallback (runs/recover/handover.py)
-        with contextlib.suppress(ValueError):  # over IAM's size with it: the links alone, as before
+        with contextlib.suppress(ValueError, UsageError):  # over IAM's size, or no run store's name: the links alone
             policy = iam.combined(policy, iam.handover_policy(
                 runstore.bucket_name(aws.check_credentials()["Account"], aws.region), user, run_id))
     prov.instance_profile = iam.role_name(run_id)  # set first: teardown removes whatever part of it was made
