@@ -64,8 +64,9 @@ class SshConfig:
 class LogShown:
     """What `logs` read. ``source``: "saved" (brought home), "s3" (a detached run's store) or
     "instance" (its running instance); ``instance_id`` None but for "instance"; ``exit_status``
-    the job's where known, else None; ``state`` a detached run's record's state (source "s3"
-    alone); ``log`` the log as text (UTF-8, an undecodable byte as U+FFFD) when no ``write`` was
+    the job's where known, else None; ``state`` a detached run's record's state (source "s3"),
+    or for source "instance" why EC2 ended the instance while it was followed (None while it
+    stands: runs/execute/logs.stream); ``log`` the log as text (UTF-8, an undecodable byte as U+FFFD) when no ``write`` was
     given, else None."""
     exit_status: Optional[int]
     run_id: str
@@ -78,7 +79,7 @@ class LogShown:
         """{"exit_status", "run_id", "instance_id", "source"}, "state" for source "s3", "log" when collected."""
         shown: dict[str, Any] = {"exit_status": self.exit_status, "run_id": self.run_id,
                                  "instance_id": self.instance_id, "source": self.source}
-        if self.source == "s3":
+        if self.source == "s3" or self.state is not None:
             shown["state"] = self.state
         if self.log is not None:
             shown["log"] = self.log
@@ -305,10 +306,10 @@ def _read_log(name: str, follow: bool, emit: Write, region: Optional[str], sandb
             return LogShown(exit_status=None, run_id=ledger.get(ctx.settings.home, name)["run_id"], instance_id=None,
                             source="saved")
         try:
-            status, run_id = run_logs.stream(ctx, inst, follow, emit, note=log)
+            status, run_id, ended = run_logs.stream(ctx, inst, follow, emit, note=log)
         finally:
             emit(b"", final=True)
-    return LogShown(exit_status=status, run_id=run_id, instance_id=inst.id, source="instance")
+    return LogShown(exit_status=status, run_id=run_id, instance_id=inst.id, source="instance", state=ended)
 
 
 def _element_log(home: Path, row: Optional[dict[str, Any]], name: str, index: int, follow: bool, emit: Write,

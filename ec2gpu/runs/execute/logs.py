@@ -214,20 +214,33 @@ def _open(ctx: Context, inst: Instance, note: Callable[[str], None]) -> tuple[An
     return conn, lambda: ssh.connect(host, port, ctx.settings.ssh_user, key, known, note)
 
 
+#: how long `logs --follow` waits, once the instance it followed is gone, for the ledger to record
+#: the run's end (its controller writes it after its teardown and bill), polled every LEDGER_POLL_S
+ENDED_WAIT_S = 30.0
+LEDGER_POLL_S = 1.0
+
+
 def stream(ctx: Context, inst: Instance, follow: bool, write: Callable[[bytes], object],
-           note: Callable[[str], None]) -> tuple[int | None, str]:
+           note: Callable[[str], None]) -> tuple[int | None, str, str | None]:
     """Write the job log of the run on instance ``inst`` (a DescribeInstances dict) to ``write``
     (bytes), as it is now or, with ``follow``, to the job's end; return (the job's exit status, or
-    None without ``follow``; the run id). The host key is checked against the console output.
+    None without ``follow``; the run id; None, or why the instance ended while it was followed).
+
+    With ``follow``, EC2 is asked about the instance every recovery.STATE_EVERY_S seconds, and at
+    once whenever SSH drops (recovery.InstanceWatch): once EC2 reports it shutting down, stopping,
+    stopped or terminated (a foreground run's controller ended it), the follow ends at once instead
+    of reconnecting for 120 s, and the exit status is the ledger's (``ended_status``). The host key
+    is checked against the console output.
 
     Raises RemoteError when the instance stays unreachable, UsageError without its private key or
     when no job has run there.
     """
+    from ..recover import recovery  # here: the watch's module imports boto3's errors
 
     run_id, iid = run_id_on(ctx.settings.home, inst), inst.id
     conn, reconnect = _open(ctx, inst, note)
     run_dir = jobs.remote_run_dir(conn, run_id)
-    exit_status = None
+    exit_status, ended = None, None
     splitter = None
     try:
         if not jobs.read_from(conn, f"{run_dir}/{agent_record.NAME}", 0):
@@ -238,19 +251,40 @@ def stream(ctx: Context, inst: Instance, follow: bool, write: Callable[[bytes], 
             splitter = jobs.LineSplitter(lambda line: write((mask_text(line, secrets) + "\n").encode()))
         cursor = jobs.LogCursor(splitter or write)
         if follow:
+            watch = recovery.InstanceWatch(ctx.aws.ec2, iid, recovery.NoCheckpoints(), note)
             try:
                 exit_status, conn = jobs.follow_reconnecting(
                     reconnect, run_dir,
-                    "job.log", cursor, conn=conn, log=note)
+                    "job.log", cursor, conn=conn, log=note, on_poll=watch)
             except jobs.Unreachable as exc:
                 raise RemoteError(f"{iid}: {exc}", "see `ec2gpu ls`; the instance may have been terminated")
+            except recovery.Interrupted as gone:
+                ended = gone.reason
+                exit_status = ended_status(ctx.settings.home, run_id)
         else:
             jobs.drain(conn, f"{run_dir}/job.log", cursor)
     finally:
         if splitter:
             splitter.flush()
         conn.close()
-    return exit_status, run_id
+    return exit_status, run_id, ended
+
+
+def ended_status(home: Path, run_id: str, wait_s: float = ENDED_WAIT_S,
+                 sleep: Callable[[float], object] = time.sleep) -> int | None:
+    """The exit status of run ``run_id`` once the ledger says it is over (exit_status_of), waiting
+    up to ``wait_s`` seconds (polled every LEDGER_POLL_S) for its controller to record its end;
+    None when it does not (its controller is gone, or elsewhere), or at once for a run this
+    machine's ledger does not know."""
+    for _ in range(max(1, int(wait_s / LEDGER_POLL_S) + 1)):
+        try:
+            row = ledger.get(home, run_id)
+        except UsageError:  # not this machine's run: nothing here will record its end
+            return None
+        if row["status"] != "running":
+            return exit_status_of(row)
+        sleep(LEDGER_POLL_S)
+    return None
 
 
 def secret_values(conn: Any, run_dir: str, note: Callable[[str], None] = lambda m: None) -> list[str]:
