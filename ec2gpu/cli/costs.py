@@ -226,6 +226,23 @@ def _result(r: Mapping[str, Any]) -> str:
     return "-" if r.get("exit_status") in (None, 0) else f"exit {r['exit_status']}"
 
 
+#: why a run that is over has no exit status, by its ledger status (pure words; runs/settle/record.RunRecord)
+NO_EXIT_STATUS = {"interrupted": "stopped by Ctrl-C or a signal before its job ended",
+                  "spot-interrupted": "its spot instances were reclaimed before its job ended",
+                  "controller-lost": "its controller ended before the job did"}
+
+
+def status_words(r: Mapping[str, Any]) -> str:
+    """A ledger row's status with its job's exit status, or why it has none (pure): 'failed (exit
+    3)', 'interrupted (stopped by Ctrl-C or a signal before its job ended)', 'running'."""
+    code, status = r.get("exit_status"), str(r.get("status"))
+    if code is not None:
+        return f"{status} (exit {code})"
+    if status in ("running", "standing", "ended", "detached"):
+        return status
+    return f"{status} ({NO_EXIT_STATUS.get(status, 'before its job ended: no exit status')})"
+
+
 @runs_app.command("show")
 def runs_show(run_id: str = typer.Argument(..., help="Run id (or a unique prefix)."), as_json: bool = JSON) -> None:
     """Everything the ledger knows about one run: instances, phases, estimate and actual cost."""
@@ -240,12 +257,13 @@ def runs_show(run_id: str = typer.Argument(..., help="Run id (or a unique prefix
     t = table(show_header=False, box=None, title=f"run {r['run_id']}")
     test_acc = r.get("test_acc")
     acc = "-" if test_acc is None else f"{100 * test_acc:.2f}%"
-    rows = [("command", r["command"]), ("status", f"{r['status']} (exit {r.get('exit_status')})"),
-            ("where", f"{r['backend']} {r.get('region') or ''} {r.get('zone') or ''}"),
-            ("instances", f"{', '.join(r.get('instance_ids') or []) or '-'} {r.get('instance_type')} {r.get('market')}"),
+    rows = [("command", r["command"]), ("status", status_words(r)),
+            ("where", f"{r['backend']} {r.get('region') or ''} {r.get('zone') or ''}".strip()),
+            ("instances", " ".join([", ".join(r.get("instance_ids") or []) or "-",
+                                    *(str(r[k]) for k in ("instance_type", "market") if r.get(k))])),
             (("model", f"{r.get('model')} x {r.get('epochs')} epochs; test accuracy {acc}") if r.get("model") else
              ("how they ended", _result(r)) if r["status"] in ("standing", "ended") else
-             ("task", f"{r.get('task')}: summary {json.dumps(r.get('summary')) if r.get('summary') else '-'}")),
+             ("task", f"{r.get('task') or '-'}: summary {json.dumps(r.get('summary')) if r.get('summary') else '-'}")),
             ("started", r["started_at"]), ("ended", r.get("ended_at") or "-")]
     rows += [(f"  {k}", f"{v:.1f} s") for k, v in (r.get("phases") or {}).items()]
     rows += cost_rows(r)
