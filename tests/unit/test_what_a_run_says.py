@@ -21,3 +21,92 @@ def test_runs_show_of_a_run_stopped_by_ctrl_c_says_why_it_has_no_exit_status(tmp
     assert "None" not in said and "interrupted (stopped by Ctrl-C or a signal before its job ended)" in said
     assert cli.main(["runs", "show", "r-bad"]) == 0
     assert "failed (exit 3)" in capsys.readouterr().out
+
+
+def _failing_run(monkeypatch, tmp_path, attempts_made):
+    """pipeline.run_job of a run in the sandbox whose attempt fails with the job's exit status 3,
+    every AWS step stood in for; returns (the reporter, the error raised, the notes said before
+    its attempt began)."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    from ec2gpu.aws import catalog
+    from ec2gpu.errors import RemoteError
+    from ec2gpu.runs.execute.reporter import Reporter
+    from ec2gpu.runs.options import RunOptions
+    from ec2gpu.runs.provision import pipeline
+    ui, before = Reporter(), []
+
+    def attempts(aws, settings, opts, run_id, ui_, prov, out, backend, record, pool_attempt=None):
+        before.extend(ui.notes)
+        record["attempts"] += attempts_made
+        raise RemoteError("the job failed", exit_status=3)
+
+    def bill(aws, settings, opts, prov, record, ui_):
+        if record["attempts"]:
+            record.update(billed_seconds=60.0, cost_usd=0.0088)
+    est = SimpleNamespace(upper_bound=False, cost_usd=0.0088, as_dict=lambda: {})
+    monkeypatch.setattr(pipeline, "check_options", lambda opts, ui: (opts, catalog.lookup("g4dn.xlarge")))
+    monkeypatch.setattr(pipeline, "with_task", lambda opts, backend: opts)
+    monkeypatch.setattr(pipeline, "check_estimate", lambda *a: est)
+    monkeypatch.setattr(pipeline.capacity, "check_quota", lambda *a, **k: None)
+    monkeypatch.setattr(pipeline, "_run_attempts", attempts)
+    monkeypatch.setattr(pipeline, "_teardown_and_bill", bill)
+    opts = RunOptions(task=SimpleNamespace(builtin=None, name="train", mounts=[]), command="ec2gpu run -- python t.py",
+                      out=tmp_path / "out")
+    aws = SimpleNamespace(check_credentials=lambda: None, region="us-east-1", client=lambda name: None, ec2=None)
+    with pytest.raises(RemoteError) as failed:
+        pipeline.run_job(aws, SimpleNamespace(home=tmp_path), opts, ui, SimpleNamespace(name="sandbox", is_sandbox=True))
+    return ui, failed.value, before
+
+
+def test_a_run_says_its_id_and_the_commands_that_follow_it_before_it_launches(monkeypatch, tmp_path):
+    ui, error, before = _failing_run(monkeypatch, tmp_path, [])
+    run_id = error.run_record["run_id"]
+    assert before == [f"run {run_id}: from another terminal, ec2gpu logs {run_id} --sandbox --follow; once it "
+                      f"ended, ec2gpu runs show {run_id}"]
+
+
+def test_a_failed_run_says_what_it_cost_and_its_error_carries_its_record(monkeypatch, tmp_path):
+    ui, error, _ = _failing_run(monkeypatch, tmp_path, [{"attempt": 1, "instance_id": "i-1", "ended": "running"}])
+    run_id = error.run_record["run_id"]
+    assert ui.notes[-1] == f"run {run_id} failed: $0.0088 for 60 s billed (1 instance); ec2gpu runs show {run_id}"
+    assert error.run_record["status"] == "failed" and error.run_record["exit_status"] == 3
+    assert ledger.get(tmp_path, run_id)["cost_usd"] == 0.0088
+
+
+def test_a_run_that_failed_before_any_launch_says_nothing_was_billed(monkeypatch, tmp_path):
+    ui, error, _ = _failing_run(monkeypatch, tmp_path, [])
+    assert ui.notes[-1] == f"run {error.run_record['run_id']} failed: no instance was launched, nothing billed"
+
+
+def test_a_failed_array_prints_its_element_table_before_its_error(monkeypatch, capsys):
+    import pytest
+
+    from ec2gpu.cli.tasks import failed_array_table
+    from ec2gpu.errors import RemoteError
+    monkeypatch.setenv("COLUMNS", "200")
+    error = RemoteError("1 element(s) of the array failed")
+    error.run_record = {"run_id": "r-1", "pool": {"gpus_per_job": 1, "instances_over_time": [], "elements": [
+        {"index": 0, "status": "succeeded", "attempts": 1, "node": "10.0.0.1", "seconds": 12.0, "exit_status": 0,
+         "cost_usd": 0.0044},
+        {"index": 1, "status": "failed", "attempts": 3, "node": "10.0.0.2", "seconds": 2.0, "exit_status": 1,
+         "cost_usd": 0.0044}]}}
+    with pytest.raises(RemoteError), failed_array_table(as_json=False):
+        raise error
+    table = capsys.readouterr().out
+    assert "array: 2 elements" in table and "failed" in table and "0.0044" in table
+
+
+def test_status_of_a_run_in_the_foreground_points_to_runs_show_and_logs_without_asking_aws(tmp_path, monkeypatch,
+                                                                                          capsys):
+    from ec2gpu.api import tasks
+    monkeypatch.setenv("EC2GPU_HOME", str(tmp_path))
+    monkeypatch.setattr(tasks.backend, "Context", None)  # no AWS, no sandbox: the ledger answers
+    run_id = "20261120-100000-abcd"
+    ledger.record(tmp_path, _row(run_id, status="running", controller={"host": "h", "pid": 1, "started": 1.0}))
+    assert cli.main(["status", run_id]) == 2
+    err = capsys.readouterr().err
+    assert "runs in the foreground" in err and f"ec2gpu runs show {run_id}" in err
+    assert f"ec2gpu logs {run_id} --sandbox --follow" in err

@@ -253,6 +253,18 @@ def get(home: Path, run_id: str) -> dict[str, Any]:
     return run
 
 
+def in_foreground(home: Path, run_id: str) -> dict[str, Any] | None:
+    """The ledger's row of run ``run_id`` (an id or a unique prefix) when it ran in the foreground
+    (a controller process is recorded: `run --detach` records none, every run in the foreground
+    does since migration 6) and is no array (an array's status is its own); else None, and None
+    when the ledger cannot be read."""
+    try:
+        row = get(home, run_id)
+    except (UsageError, LedgerError):
+        return None
+    return row if row.get("controller") is not None and not row.get("element_seconds") else None
+
+
 def _find(home: Path, run_id: str) -> list[Any]:
     """[the run ``run_id`` decoded] when it exists, else [the one run whose id starts with it,
     decoded], else the ids that start with it (none, or several: nothing decoded)."""
