@@ -189,6 +189,7 @@ def run_job(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, ba
     mnist, (model, epochs) = job.builtin == "mnist" and opts.bake is None, preset(opts)
     record = run_record.new(run_id, opts.command, backend.name, out, instance_type=itype.name, gpu=itype.gpu,
                             market="spot" if opts.spot else "on-demand", task="bake" if opts.bake else job.name,
+                            task_key="bake" if opts.bake else job.history_key,
                             model=model if mnist else None, epochs=epochs if mnist else None,
                             region=aws.region, estimated_cost_usd=None if est.upper_bound else est.cost_usd,
                             estimate=est.as_dict())
