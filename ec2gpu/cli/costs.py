@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional, cast
 
 import typer
 
+from ..words import count
 from .app import JSON, REGION, SANDBOX, _sandbox_flag, app, group
 from .render import attempt_rows, cost_rows, err, note, out, plain, render_json, say, table, table_row
 
@@ -217,8 +218,13 @@ def _result(r: Mapping[str, Any]) -> str:
         return ", ".join(f"{a.get('instance_id')} {a.get('ended') or 'running'}" for a in r.get("attempts") or [])
     if r.get("task") == "bake" and (r.get("summary") or {}).get("image_id"):
         return f"image {r['summary']['image_id']} ({r['summary'].get('task')})"
-    if r.get("test_acc") is not None:
-        return f"acc {100 * r['test_acc']:.2f}%"
+    if r.get("test_acc") is not None:  # an array's or a sweep's: its best element's
+        return f"{'best ' if r.get('element_seconds') else ''}acc {100 * r['test_acc']:.2f}%"
+    if isinstance(r.get("element_seconds"), dict) and isinstance(r["element_seconds"].get("count"), int):
+        e = r["element_seconds"]  # an array's: its elements that succeeded
+        return (f"{count(e['count'], 'element')} succeeded" + (f", {e['mean_seconds']:.0f} s each"
+                if isinstance(e.get("mean_seconds"), (int, float)) else "")
+                + ("" if r.get("exit_status") in (None, 0) else f"; exit {r['exit_status']}"))
     if r.get("summary_schema") == "invalid":
         return f"summary.json not accepted ({(r.get('summary') or {}).get('invalid')})"
     if r.get("summary"):

@@ -256,6 +256,23 @@ def _training_row(s: Mapping[str, Any]) -> str:
             f"{s.get('train_seconds') or 0:.2f} s training, {s.get('wall_seconds') or 0:.1f} s wall{resumed}")
 
 
+def _pool_rows(pool: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """An array's or a sweep's lines in its run's table (pure): its elements by how they ended and,
+    where they report one, the best test accuracy and its element (runs/element_table.best_accuracy)."""
+    from ..runs import element_table
+    from ..words import count
+    elements = pool.get("elements") or []
+    ended: dict[str, int] = {}
+    for e in elements:
+        ended[str(e.get("status"))] = ended.get(str(e.get("status")), 0) + 1
+    rows = [("elements", count(len(elements), "element") + (": " if ended else "")
+             + ", ".join(f"{n} {status}" for status, n in sorted(ended.items())))]
+    best = element_table.best_accuracy(elements)
+    if best is not None:
+        rows.append(("best test accuracy", f"{100 * best[0]:.2f}% (element {best[1]})"))
+    return rows
+
+
 def _print_record(record: Mapping[str, Any], as_json: bool) -> None:
     if as_json:
         render_json(record)
@@ -270,6 +287,8 @@ def _print_record(record: Mapping[str, Any], as_json: bool) -> None:
     if record.get("task") == "bake":  # an image bake: the image it made
         rows.append(("image", f"{s.get('image_id', '-')} {s.get('name', '')} (task {s.get('task')}, from {s.get('base')}; "
                               f"torch {s.get('torch_version')})" if s else "- (none made)"))
+    elif record.get("pool"):  # an array or a sweep: its elements (the table above), its best accuracy
+        rows += _pool_rows(record["pool"])
     elif record.get("task") not in (None, "mnist"):  # a user's task: its exit and its own summary.json
         code = record.get("exit_status")
         rows += [("task", f"{record['task']}: " + (f"exit {code}" if code is not None else record.get("status", "?"))),

@@ -215,7 +215,7 @@ def _print_pool(pool: Mapping[str, Any]) -> None:
                   "-" if e.get("exit_status") is None else str(e["exit_status"]),
                   "-" if share is None else f"{share:.4f}",
                   *([" ".join(f"{k}={inert(v)}" for k, v in e.get("params", {}).items())] if params else []),
-                  *(["-" if e.get("test_accuracy") is None else f"{e['test_accuracy']:.4f}"] if accuracy else []))
+                  *(["-" if e.get("test_accuracy") is None else f"{100 * e['test_accuracy']:.2f}%"] if accuracy else []))
     say(out, t)
     over = ", ".join(f"{p['instances']} at {p['seconds']:.0f} s" for p in pool.get("instances_over_time", []))
     if over:

@@ -53,7 +53,7 @@ def _failing_run(monkeypatch, tmp_path, attempts_made):
     monkeypatch.setattr(pipeline.capacity, "check_quota", lambda *a, **k: None)
     monkeypatch.setattr(pipeline, "_run_attempts", attempts)
     monkeypatch.setattr(pipeline, "_teardown_and_bill", bill)
-    opts = RunOptions(task=SimpleNamespace(builtin=None, name="train", mounts=[]), command="ec2gpu run -- python t.py",
+    opts = RunOptions(task=SimpleNamespace(builtin=None, name="train", history_key="train", mounts=[]), command="ec2gpu run -- python t.py",
                       out=tmp_path / "out")
     aws = SimpleNamespace(check_credentials=lambda: None, region="us-east-1", client=lambda name: None, ec2=None)
     with pytest.raises(RemoteError) as failed:
@@ -110,3 +110,39 @@ def test_status_of_a_run_in_the_foreground_points_to_runs_show_and_logs_without_
     err = capsys.readouterr().err
     assert "runs in the foreground" in err and f"ec2gpu runs show {run_id}" in err
     assert f"ec2gpu logs {run_id} --sandbox --follow" in err
+
+
+SWEEP = {"gpus_per_job": 1, "instances_over_time": [{"instances": 2, "seconds": 0}], "elements": [
+    {"index": 0, "status": "succeeded", "attempts": 1, "node": "10.0.0.1", "seconds": 30.0, "exit_status": 0,
+     "params": {"lr": "0.1"}, "test_accuracy": 0.9605},
+    {"index": 1, "status": "succeeded", "attempts": 1, "node": "10.0.0.2", "seconds": 30.0, "exit_status": 0,
+     "params": {"lr": "0.05"}, "test_accuracy": 0.9712},
+    {"index": 2, "status": "failed", "attempts": 3, "node": "10.0.0.2", "seconds": 3.0, "exit_status": 1,
+     "params": {"lr": "9"}, "test_accuracy": None}]}
+
+
+def test_a_sweeps_tables_give_accuracy_in_percent_and_its_best_element_never_a_dash(monkeypatch, capsys, tmp_path):
+    from ec2gpu.cli.render import _print_record
+    from ec2gpu.cli.tasks import _print_pool
+    monkeypatch.setenv("COLUMNS", "200")
+    _print_pool(SWEEP)
+    _print_record({"run_id": "r-1", "task": "mnist", "instance_id": "i-1", "instance_type": "g4dn.xlarge",
+                   "market": "on-demand", "artifacts": str(tmp_path), "pool": SWEEP, "test_acc": 0.9712}, False)
+    said = capsys.readouterr().out
+    assert "96.05%" in said and "0.9605" not in said
+    assert "best test accuracy  97.12% (element 1)" in said and "test accuracy -" not in said
+    assert "elements            3 elements: 1 failed, 2 succeeded" in said
+
+
+def test_runs_lists_an_arrays_result_and_a_sweeps_best_accuracy(tmp_path, monkeypatch, capsys):
+    from ec2gpu.runs import element_table
+    monkeypatch.setenv("EC2GPU_HOME", str(tmp_path))
+    monkeypatch.setenv("COLUMNS", "250")
+    assert element_table.best_accuracy(SWEEP["elements"]) == (0.9712, 1)
+    ledger.record(tmp_path, _row("r-sweep", task="mnist", test_acc=0.9712, exit_status=0,
+                                 element_seconds={"count": 2, "mean_seconds": 30.0}))
+    ledger.record(tmp_path, _row("r-array", task="render", exit_status=0,
+                                 element_seconds={"count": 4, "mean_seconds": 12.0}))
+    assert cli.main(["runs"]) == 0
+    said = capsys.readouterr().out
+    assert "best acc 97.12%" in said and "4 elements succeeded, 12 s each" in said

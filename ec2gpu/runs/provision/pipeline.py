@@ -252,6 +252,9 @@ def _end_run(aws: Aws, settings: Settings, opts: RunOptions, prov: provision.Pro
     if record.get("pool"):  # an array's: each element's share of the bill just made
         element_table.with_cost_shares(record)
         record["element_seconds"] = element_table.element_seconds(record["pool"]["elements"])
+        best = element_table.best_accuracy(record["pool"]["elements"])
+        if best is not None and record.get("test_acc") is None:  # a sweep's result: its best element's
+            record["test_acc"] = best[0]
     _ledger(settings, record, ui)
     if error is not None:  # a success says its cost in its record's table; a failure's is worth most
         ui.note(cost_line(record))
