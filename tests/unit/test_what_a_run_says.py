@@ -53,8 +53,8 @@ def _failing_run(monkeypatch, tmp_path, attempts_made):
     monkeypatch.setattr(pipeline.capacity, "check_quota", lambda *a, **k: None)
     monkeypatch.setattr(pipeline, "_run_attempts", attempts)
     monkeypatch.setattr(pipeline, "_teardown_and_bill", bill)
-    opts = RunOptions(task=SimpleNamespace(builtin=None, name="train", history_key="train", mounts=[]), command="ec2gpu run -- python t.py",
-                      out=tmp_path / "out")
+    job = SimpleNamespace(builtin=None, name="train", history_key="train", mounts=[])
+    opts = RunOptions(task=job, command="ec2gpu run -- python t.py", out=tmp_path / "out")
     aws = SimpleNamespace(check_credentials=lambda: None, region="us-east-1", client=lambda name: None, ec2=None)
     with pytest.raises(RemoteError) as failed:
         pipeline.run_job(aws, SimpleNamespace(home=tmp_path), opts, ui, SimpleNamespace(name="sandbox", is_sandbox=True))
