@@ -463,4 +463,5 @@ def test_an_unreadable_ledger_leaves_the_expected_minutes_to_expect(tmp_path):
     from ec2gpu.runs.settle import ledger
 
     ledger.path_in(tmp_path).write_bytes(b"this is not a database" * 100)
-    assert costs.estimate_minutes(tmp_path, SimpleNamespace(name="t", history_key="t"), "g5.xlarge", 12.0, "aws") == (12.0, "--expect")
+    job = SimpleNamespace(name="t", history_key="t")
+    assert costs.estimate_minutes(tmp_path, job, "g5.xlarge", 12.0, "aws") == (12.0, "--expect")
