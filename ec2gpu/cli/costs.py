@@ -145,15 +145,16 @@ def runs(ctx: typer.Context,
             say(out, plain(f"run {r['run_id']}: its controller ended without closing it", "yellow")
                 + plain(f" (killed?); `ec2gpu down {r['run_id']}` removes what it left and bills it from the "
                         "instances' own times"))
-    if since:
-        from datetime import datetime
-        start = datetime.fromisoformat(cast(str, listed.since))  # --since was given: its start
-        say(out, f"total on AWS since {start:%Y-%m-%d %H:%M} UTC: {total['runs']} run(s), "
-            f"{total['billed_seconds']:.0f} s billed, ${total['cost_usd']:.4f} "
-            f"(estimated ${total['estimated_cost_usd']:.4f})")
-        if sandbox_total["runs"]:
-            say(out, f"not counted: {sandbox_total['runs']} sandbox run(s), whose bills are simulated "
-                f"(${sandbox_total['cost_usd']:.4f})", "dim")
+    from datetime import datetime
+    # the runs listed: since --since, or the newest --limit, or every run the ledger holds
+    listed_words = f"since {datetime.fromisoformat(cast(str, listed.since)):%Y-%m-%d %H:%M} UTC" if since else \
+        f"in the {count(len(rows), 'run')} listed" if limit else "in the ledger"
+    say(out, f"total on AWS {listed_words}: {count(total['runs'], 'run')}, "
+        f"{total['billed_seconds']:.0f} s billed, ${total['cost_usd']:.4f} "
+        f"(estimated ${total['estimated_cost_usd']:.4f})")
+    if sandbox_total["runs"]:
+        say(out, f"not counted: {count(sandbox_total['runs'], 'sandbox run')}, whose bills are simulated "
+            f"(${sandbox_total['cost_usd']:.4f})", "dim")
 
 
 def _remote(listed: RemoteRunList, as_json: bool) -> None:

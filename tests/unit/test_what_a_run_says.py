@@ -146,3 +146,17 @@ def test_runs_lists_an_arrays_result_and_a_sweeps_best_accuracy(tmp_path, monkey
     assert cli.main(["runs"]) == 0
     said = capsys.readouterr().out
     assert "best acc 97.12%" in said and "4 elements succeeded, 12 s each" in said
+
+
+def test_runs_says_its_total_without_since(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("EC2GPU_HOME", str(tmp_path))
+    monkeypatch.setenv("COLUMNS", "250")
+    ledger.record(tmp_path, _row("r-aws", backend="aws", billed_seconds=60.0, cost_usd=0.0088,
+                                 estimated_cost_usd=0.01))
+    ledger.record(tmp_path, _row("r-sandbox", cost_usd=0.5, billed_seconds=60.0))
+    assert cli.main(["runs"]) == 0
+    said = capsys.readouterr().out
+    assert "total on AWS in the ledger: 1 run, 60 s billed, $0.0088 (estimated $0.0100)" in said
+    assert "not counted: 1 sandbox run, whose bills are simulated ($0.5000)" in said
+    assert cli.main(["runs", "--limit", "1"]) == 0
+    assert "total on AWS in the 1 run listed: " in capsys.readouterr().out

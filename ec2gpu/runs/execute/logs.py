@@ -13,6 +13,7 @@ from ...aws import sweep, tags
 from ...errors import RemoteError, UsageError
 from ...remote import jobs, ssh, sync
 from ...wire import agent_record, bounded_json
+from ...words import count
 from .. import element_table
 from ..job_summary import mask_text
 from ..settle import ledger
@@ -351,6 +352,6 @@ def fetch(ctx: Context, inst: Instance, run_id: str, out: Path, note: Callable[[
             got["files"].append(agent_record.NAME)
     finally:
         conn.close()
-    note(f"{iid}: {len(got['outputs'])} output file(s), {len(got['checkpoints'])} checkpoint file(s) and "
+    note(f"{iid}: {count(len(got['outputs']), 'output file')}, {count(len(got['checkpoints']), 'checkpoint file')} and "
          f"{', '.join(got['files']) or 'no log'} brought home to {out}")
     return got
