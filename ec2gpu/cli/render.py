@@ -78,9 +78,28 @@ def say(console: Console | LazyConsole, text: object, style: str = "", *, label:
     ``plain``, a Text made by ``plain`` or ``labelled``) is printed as it is. ``options`` go to
     Console.print (``soft_wrap=True``: one line, however wide)."""
     from rich.console import ConsoleRenderable  # a runtime-checkable Protocol: has __rich_console__
+    from rich.table import Table
     if not isinstance(text, ConsoleRenderable):
         text = labelled(label, label_style, text, style) if label else plain(text, style)
+    elif isinstance(text, Table):  # no line of a table ends in the spaces that pad it to its width
+        text = unpadded(console, text)
     console.print(text, highlight=False, **options)
+
+
+def unpadded(console: Console | LazyConsole, renderable: Any) -> Any:
+    """``renderable`` (a rich renderable) as ``console`` renders it, each line without the blank
+    cells at its end (a table pads every line to its width, a copied line ends in spaces): rich
+    Segments, printed as they are."""
+    from rich.segment import Segment, Segments
+    out: list[Segment] = []
+    for line in console.render_lines(renderable, console.options, pad=False, new_lines=False):
+        while line and not line[-1].text.strip() and not line[-1].control:
+            line = line[:-1]
+        if line:
+            last = line[-1]
+            line = [*line[:-1], Segment(last.text.rstrip(" "), last.style, last.control)]
+        out += [*line, Segment.line()]
+    return Segments(out)
 
 
 def note(text: str, style: str = "dim") -> None:

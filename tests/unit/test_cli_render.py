@@ -189,3 +189,15 @@ def test_on_a_terminal_the_bar_says_the_progress_and_no_line_is_added():
         ui.progress({"total": 10, "done": 3, "label": "epoch 1"})
         ui.tick()
     assert "running: " not in buf.getvalue()
+
+
+def test_no_line_of_a_printed_table_ends_in_the_spaces_that_pad_it(monkeypatch, capsys):
+    """Issue 48 item 16: a table's lines were padded to its width, a copied line ending in spaces."""
+    from ec2gpu.cli import render
+    monkeypatch.setenv("COLUMNS", "120")
+    t = render.table("run id", "status", title="runs")
+    render.table_row(t, "r-1", "a much longer status")
+    render.table_row(t, "r-22222", "ok")
+    render.say(render.LazyConsole(), t)
+    lines = capsys.readouterr().out.splitlines()
+    assert any("r-22222" in line for line in lines) and all(line == line.rstrip() for line in lines)
