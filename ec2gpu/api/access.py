@@ -537,7 +537,7 @@ def notebook(*, instance_type: Optional[str] = None, spot: bool = False, name: O
         network.check_cidr(ssh_cidr)  # refused here; a wide one is warned of at launch
     idle = idle_rule(idle_stop, idle_down, no_idle, max_runtime, spot)
     types = None if instance_type is None else _types(instance_type)
-    reporter = reporter or Reporter()
+    reporter = reporter or Reporter(log)
     with _context(region, sandbox, True, log) as ctx, port_forward.hangup_interrupts():
         opts = LaunchOptions(instance_type=",".join(types or _types(ctx.settings.instance_type)),
                              spot=spot, name=name, ssh_cidr=ssh_cidr, ami=ami,

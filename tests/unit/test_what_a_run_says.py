@@ -160,3 +160,21 @@ def test_runs_says_its_total_without_since(tmp_path, monkeypatch, capsys):
     assert "not counted: 1 sandbox run, whose bills are simulated ($0.5000)" in said
     assert cli.main(["runs", "--limit", "1"]) == 0
     assert "total on AWS in the 1 run listed: " in capsys.readouterr().out
+
+
+def test_launch_through_the_api_says_what_it_does_to_its_log(monkeypatch):
+    """Issue 48 item 16: `launch(log=print)` printed nothing (its notes went to a silent reporter)."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from ec2gpu.api import instances
+
+    def launch(aws, settings, opts, ui, backend):
+        ui.note("launching g4dn.xlarge")
+        return []
+    monkeypatch.setattr(instances, "_context", lambda *a, **k: contextlib.nullcontext(
+        SimpleNamespace(aws=None, settings=SimpleNamespace(instance_type="g4dn.xlarge"), backend=None)))
+    monkeypatch.setattr(instances.standing, "launch", launch)
+    said = []
+    assert instances.launch(instance_type="g4dn.xlarge", log=said.append) == []
+    assert said == ["launching g4dn.xlarge"]
