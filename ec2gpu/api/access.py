@@ -65,9 +65,9 @@ class LogShown:
     """What `logs` read. ``source``: "saved" (brought home), "s3" (a detached run's store) or
     "instance" (its running instance); ``instance_id`` None but for "instance"; ``exit_status``
     the job's where known, else None; ``state`` a detached run's record's state (source "s3"),
-    or for source "instance" why EC2 ended the instance while it was followed (None while it
-    stands: runs/execute/logs.stream); ``log`` the log as text (UTF-8, an undecodable byte as U+FFFD) when no ``write`` was
-    given, else None."""
+    or for source "instance" what ends the instance once its job ended (why EC2 ended it, or its
+    run's controller; None while it stands for `down`: runs/execute/logs.stream); ``log`` the
+    log as text (UTF-8, an undecodable byte as U+FFFD) when no ``write`` was given, else None."""
     exit_status: Optional[int]
     run_id: str
     instance_id: Optional[str]

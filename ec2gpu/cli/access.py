@@ -60,10 +60,11 @@ def logs(name: str = typer.Argument(..., help="Run id, name or instance id."),
             raise typer.Exit(1)
         say(err, f"element {index} ended with exit status {shown.exit_status}", "dim")
         raise typer.Exit(shown.exit_status if 0 <= shown.exit_status <= 255 else 1)
-    if shown.source == "instance" and follow and shown.state is not None:  # its instance was ended meanwhile
-        ended = "" if shown.exit_status is None else f"; the run ended with exit status {shown.exit_status}"
-        say(err, f"{shown.instance_id} is gone ({shown.state}){ended}; `ec2gpu runs show {shown.run_id}` "
-            "says how it ended", "dim", soft_wrap=True)
+    if shown.source == "instance" and follow and shown.state is not None:  # its instance ends without `down`
+        said = f"the job on {shown.instance_id} ended with exit status {shown.exit_status}; " \
+            if shown.exit_status is not None else f"{shown.instance_id}: "
+        say(err, f"{said}{shown.state}; `ec2gpu runs show {shown.run_id}` says how the run ended", "dim",
+            soft_wrap=True)
         raise typer.Exit(1 if shown.exit_status is None else shown.exit_status)
     if shown.source == "instance" and follow:
         say(err, f"the job on {shown.instance_id} ended with exit status {shown.exit_status}; "

@@ -108,3 +108,22 @@ def test_the_wait_for_the_ledger_is_bounded_and_a_run_not_known_here_is_not_wait
     monkeypatch.setattr(ledger, "get", unknown)
     slept.clear()
     assert logs.ended_status(Path("/x"), RUN, sleep=slept.append) is None and slept == []
+
+
+def test_once_the_job_ended_its_instance_is_said_to_be_its_controllers_or_gone_or_standing(monkeypatch, tmp_path):
+    """Issue 48 item 11: the end of a follow suggested `ec2gpu down` for an instance its run's
+    controller was about to end, or had ended."""
+    import os
+
+    import psutil
+
+    from ec2gpu.runs.execute import logs
+    from ec2gpu.runs.recover import recovery
+    from ec2gpu.runs.settle import ledger
+    me = {"host": __import__("socket").gethostname(), "pid": os.getpid(), "started": psutil.Process().create_time()}
+    watch = lambda state: recovery.InstanceWatch(_EC2(state), IID, recovery.NoCheckpoints(), lambda m: None)  # noqa: E731
+    monkeypatch.setattr(ledger, "get", lambda home, name: {"run_id": RUN, "status": "running", "controller": me})
+    assert logs.what_ends(tmp_path, RUN, watch("running")) == logs.CONTROLLER_ENDS  # this process runs it
+    monkeypatch.setattr(ledger, "get", lambda home, name: {"run_id": RUN, "status": "completed", "controller": me})
+    assert logs.what_ends(tmp_path, RUN, watch("shutting-down")).startswith("EC2 reports the instance shutting-down")
+    assert logs.what_ends(tmp_path, RUN, watch("running")) is None  # it stands (--keep, exec): `down` removes it

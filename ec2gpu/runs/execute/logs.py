@@ -225,7 +225,8 @@ def stream(ctx: Context, inst: Instance, follow: bool, write: Callable[[bytes], 
            note: Callable[[str], None]) -> tuple[int | None, str, str | None]:
     """Write the job log of the run on instance ``inst`` (a DescribeInstances dict) to ``write``
     (bytes), as it is now or, with ``follow``, to the job's end; return (the job's exit status, or
-    None without ``follow``; the run id; None, or why the instance ended while it was followed).
+    None without ``follow``; the run id; None while the instance stands for the user to remove,
+    else what ends it: why EC2 ended it, or its run's controller (``what_ends``)).
 
     With ``follow``, EC2 is asked about the instance every recovery.STATE_EVERY_S seconds, and at
     once whenever SSH drops (recovery.InstanceWatch): once EC2 reports it shutting down, stopping,
@@ -262,6 +263,8 @@ def stream(ctx: Context, inst: Instance, follow: bool, write: Callable[[bytes], 
             except recovery.Interrupted as gone:
                 ended = gone.reason
                 exit_status = ended_status(ctx.settings.home, run_id)
+            else:  # the job ended: whether the instance stands for the user to remove
+                ended = what_ends(ctx.settings.home, run_id, watch)
         else:
             jobs.drain(conn, f"{run_dir}/job.log", cursor)
     finally:
@@ -269,6 +272,29 @@ def stream(ctx: Context, inst: Instance, follow: bool, write: Callable[[bytes], 
             splitter.flush()
         conn.close()
     return exit_status, run_id, ended
+
+
+#: what ``what_ends`` says of an instance whose run's controller, alive on this machine, ends it
+CONTROLLER_ENDS = "its run's controller brings the outputs home and ends it"
+
+
+def what_ends(home: Path, run_id: str, watch: Any) -> str | None:
+    """Once a followed job ended: what ends its instance (None: nothing, it stands for `ec2gpu
+    down`): its run's controller while the ledger says the run goes on under a live one on this
+    machine (runs/recover/reconcile.controller_gone), else why EC2 reports it gone (``watch``, a
+    recovery.InstanceWatch, asked now: a controller that was quicker has ended it)."""
+    from ..recover import reconcile, recovery
+    try:
+        row = ledger.get(home, run_id)
+    except UsageError:
+        row = None
+    if row is not None and row["status"] == "running" and row.get("controller") and not reconcile.controller_gone(row):
+        return CONTROLLER_ENDS
+    try:
+        watch.check()
+    except recovery.Interrupted as gone:
+        return gone.reason
+    return None
 
 
 def ended_status(home: Path, run_id: str, wait_s: float = ENDED_WAIT_S,
