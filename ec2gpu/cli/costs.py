@@ -245,7 +245,7 @@ def status_words(r: Mapping[str, Any]) -> str:
     code, status = r.get("exit_status"), str(r.get("status"))
     if code is not None:
         return f"{status} (exit {code})"
-    if status in ("running", "standing", "ended", "detached"):
+    if status in ("running", "completed", "standing", "ended", "detached"):
         return status
     return f"{status} ({NO_EXIT_STATUS.get(status, 'before its job ended: no exit status')})"
 
@@ -268,7 +268,8 @@ def runs_show(run_id: str = typer.Argument(..., help="Run id (or a unique prefix
             ("where", f"{r['backend']} {r.get('region') or ''} {r.get('zone') or ''}".strip()),
             ("instances", " ".join([", ".join(r.get("instance_ids") or []) or "-",
                                     *(str(r[k]) for k in ("instance_type", "market") if r.get(k))])),
-            (("model", f"{r.get('model')} x {r.get('epochs')} epochs; test accuracy {acc}") if r.get("model") else
+            (("model", f"{r.get('model')} x {r.get('epochs')} epochs; "
+                       f"{'best ' if r.get('element_seconds') else ''}test accuracy {acc}") if r.get("model") else
              ("how they ended", _result(r)) if r["status"] in ("standing", "ended") else
              ("task", f"{r.get('task') or '-'}: summary {json.dumps(r.get('summary')) if r.get('summary') else '-'}")),
             ("started", r["started_at"]), ("ended", r.get("ended_at") or "-")]

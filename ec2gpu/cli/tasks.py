@@ -174,7 +174,7 @@ def failed_array_table(as_json: bool) -> Iterator[None]:
         yield
     except BaseException as exc:
         record = getattr(exc, "run_record", None)
-        if isinstance(record, Mapping) and record.get("pool") and not as_json:
+        if isinstance(record, Mapping) and (record.get("pool") or {}).get("elements") and not as_json:
             _print_pool(record["pool"])
         raise
 
