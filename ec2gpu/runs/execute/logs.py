@@ -231,8 +231,11 @@ def stream(ctx: Context, inst: Instance, follow: bool, write: Callable[[bytes], 
     With ``follow``, EC2 is asked about the instance every recovery.STATE_EVERY_S seconds, and at
     once whenever SSH drops (recovery.InstanceWatch): once EC2 reports it shutting down, stopping,
     stopped or terminated (a foreground run's controller ended it), the follow ends at once instead
-    of reconnecting for 120 s, and the exit status is the ledger's (``ended_status``). The host key
-    is checked against the console output.
+    of reconnecting for 120 s, and the exit status is the ledger's (``ended_status``). EC2 says so at
+    once: "When you terminate an instance, it enters the shutting-down state and then the terminated
+    state" (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/monitoring-instance-state-changes.html);
+    the sandbox's DescribeInstances answers the same (moto). The host key is checked against the
+    console output.
 
     Raises RemoteError when the instance stays unreachable, UsageError without its private key or
     when no job has run there.
