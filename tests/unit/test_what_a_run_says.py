@@ -122,9 +122,12 @@ SWEEP = {"gpus_per_job": 1, "instances_over_time": [{"instances": 2, "seconds": 
 
 
 def test_a_sweeps_tables_give_accuracy_in_percent_and_its_best_element_never_a_dash(monkeypatch, capsys, tmp_path):
+    from ec2gpu.cli import render, tasks
     from ec2gpu.cli.render import _print_record
     from ec2gpu.cli.tasks import _print_pool
-    monkeypatch.setenv("COLUMNS", "200")
+    wide = render.LazyConsole(width=200)  # a console made earlier in this process keeps its own width
+    monkeypatch.setattr(render, "out", wide)
+    monkeypatch.setattr(tasks, "out", wide)
     _print_pool(SWEEP)
     _print_record({"run_id": "r-1", "task": "mnist", "instance_id": "i-1", "instance_type": "g4dn.xlarge",
                    "market": "on-demand", "artifacts": str(tmp_path), "pool": SWEEP, "test_acc": 0.9712}, False)
@@ -143,9 +146,10 @@ def test_runs_lists_an_arrays_result_and_a_sweeps_best_accuracy(tmp_path, monkey
                                  element_seconds={"count": 2, "mean_seconds": 30.0}))
     ledger.record(tmp_path, _row("r-array", task="render", exit_status=0,
                                  element_seconds={"count": 4, "mean_seconds": 12.0}))
+    from ec2gpu.cli.costs import _result  # the table's result column (a console made earlier keeps its width)
     assert cli.main(["runs"]) == 0
-    said = capsys.readouterr().out
-    assert "best acc 97.12%" in said and "4 elements succeeded, 12 s each" in said
+    assert _result(ledger.get(tmp_path, "r-sweep")) == "best acc 97.12%"
+    assert _result(ledger.get(tmp_path, "r-array")) == "4 elements succeeded, 12 s each"
 
 
 def test_runs_says_its_total_without_since(tmp_path, monkeypatch, capsys):
