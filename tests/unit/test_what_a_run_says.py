@@ -182,3 +182,17 @@ def test_launch_through_the_api_says_what_it_does_to_its_log(monkeypatch):
     said = []
     assert instances.launch(instance_type="g4dn.xlarge", log=said.append) == []
     assert said == ["launching g4dn.xlarge"]
+
+
+def test_a_sweeps_record_and_ledger_row_take_its_best_elements_accuracy(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from ec2gpu.runs.execute.reporter import Reporter
+    from ec2gpu.runs.provision import pipeline
+    monkeypatch.setattr(pipeline, "_teardown_and_bill", lambda *a: None)
+    record = {**_row("r-sweep", task="mnist", exit_status=0), "attempts": [], "pool": {
+        "elements": [dict(e) for e in SWEEP["elements"]]}}
+    prov = SimpleNamespace(instances=[], instance_ids=[])
+    pipeline._end_run(None, SimpleNamespace(home=tmp_path), SimpleNamespace(spot=False), prov, record, Reporter(),
+                      tmp_path / "out", None)
+    assert record["test_acc"] == 0.9712 and ledger.get(tmp_path, "r-sweep")["test_acc"] == 0.9712
