@@ -411,8 +411,9 @@ def status(run_id: str, *, region: Optional[str] = None, sandbox: bool = False, 
     that was detached) also has "handover", read from the run store of the run's region: what its
     head handed over (the driver's state, how the hand-over went, when, and the final counts,
     which "array" then shows), None before it did.
-    Raises UsageError for a bad run id or one the region's store does not hold; NoCredentials,
-    AwsError."""
+    Raises UsageError for a bad run id, one the region's store does not hold, or a run in the
+    foreground of this machine's ledger (its message points to `runs show` and `logs`);
+    NoCredentials, AwsError."""
     from ..runs.detached import follow  # boto3: see the module docstring
 
     from ..pool import attempt as pool_attempt  # fabric, boto3: see the module docstring
@@ -425,6 +426,13 @@ def status(run_id: str, *, region: Optional[str] = None, sandbox: bool = False, 
                 local["array"].update(counts=counts, final=True)
     if local is not None:
         return RunStatus(local)
+    from ..runs.settle import ledger
+    row = ledger.in_foreground(settings_mod.load({"region": region, "sandbox": sandbox or None}).home, run_id)
+    if row is not None:  # its record and log are this machine's: never looked for in the run store
+        where = " --sandbox" if row.get("backend") == "sandbox" and row["status"] == "running" else ""
+        raise UsageError(f"run {row['run_id']} runs in the foreground (it was not started with --detach): status "
+                         "shows detached runs and arrays", f"its record: ec2gpu runs show {row['run_id']}; its log: "
+                         f"ec2gpu logs {row['run_id']}{where}" + (" --follow" if row["status"] == "running" else ""))
     with backend.Context(region, sandbox, False, note=log) as ctx:
         return RunStatus(follow.status(ctx.aws, ctx.settings, run_id, log))
 

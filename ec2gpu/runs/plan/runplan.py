@@ -423,7 +423,7 @@ def _expect(expect: str | float | None) -> float | None:
 def _limit(job: TaskJob, flags: RunFlags, st: Settings, backend: str, trainer: Trainer | None) -> limits.Limit:
     """The run's limit (runs/plan/limits.for_task); `train mnist`'s: --max-runtime, else TRAINER_LIMIT_MINUTES."""
     if trainer is None:
-        return limits.for_task(st.home, job.name, backend, flags.max_runtime, job.task.max_runtime)
+        return limits.for_task(st.home, job.history_key, backend, flags.max_runtime, job.task.max_runtime)
     given, minutes_ = limits.parse(flags.max_runtime)
     return limits.Limit(minutes_, "--max-runtime") if given else \
         limits.Limit(TRAINER_LIMIT_MINUTES, f"the built-in trainer's default ({TRAINER_LIMIT_MINUTES} min)")
