@@ -163,3 +163,35 @@ def test_a_skypilot_task_file_gets_skypilots_disk_unless_it_names_one():
     assert load.parse(sky.format("")).task.resources.disk_gib == skypilot.DEFAULT_DISK_GIB == 256
     assert load.parse(sky.format("  disk_size: 100\n")).task.resources.disk_gib == 100
     assert load.parse("name: e\nresources: {gpu: T4}\nrun: python x.py\n").task.resources.disk_gib is None  # ours
+
+
+def test_a_detached_runs_spec_carries_the_install_lines_to_its_agent():
+    """A detached run's agent runs spec.json's setup (agent/attempt.py): the lines are in it, so the
+    instance gets uv as a run in the foreground does."""
+    from datetime import datetime, timezone
+
+    from ec2gpu.runs.detached import launch
+    from ec2gpu.runs.execute import engine
+    from ec2gpu.runs.options import RunOptions
+    job = engine.TaskJob(load.parse("name: d\nrun: uv run train.py\n"), {}, None)
+    run_id, at = "20261125-103000-1a2b", datetime(2026, 11, 25, 18, 0, tzinfo=timezone.utc)
+    spec = launch.spec_document(job, RunOptions(task=job, max_runtime_minutes=60), "AIDAEXAMPLEUSER0001", run_id,
+                                f"ec2gpu-{run_id}", at, 2)
+    assert spec["setup"] == tools.install_lines(("uv",))
+
+
+def test_an_image_baked_from_the_task_keeps_the_tools(tmp_path):
+    """ami/clean-for-image.sh removes keys, histories and run directories before CreateImage, not
+    what the setup installed: ~/.local/bin/uv and ~/miniforge3 are in the image, and its runs install
+    nothing (their setup finds them)."""
+    home = tmp_path / "home"
+    (home / ".local" / "bin").mkdir(parents=True)
+    (home / ".local" / "bin" / "uv").write_text("#!/bin/sh\n")
+    (home / "miniforge3" / "bin").mkdir(parents=True)
+    (home / "miniforge3" / "bin" / "conda").write_text("#!/bin/sh\n")
+    script = Path(tools.__file__).parents[1] / "ami" / "clean-for-image.sh"
+    got = subprocess.run(["bash", str(script)], env={"HOME": str(home), "PATH": "/usr/bin:/bin",
+                                                     "EC2GPU_SANDBOX_INSTANCE": "1"},
+                         capture_output=True, text=True, timeout=60)
+    assert got.returncode == 0, got.stderr
+    assert (home / ".local" / "bin" / "uv").is_file() and (home / "miniforge3" / "bin" / "conda").is_file()

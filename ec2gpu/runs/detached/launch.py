@@ -10,7 +10,8 @@ one before it worked:
 2. the run store (aws/runstore.ensure: bucket ``ec2gpu-ACCOUNT-REGION``, public access blocked,
    encrypted, TLS only, expiring); under ``runs/USER_ID/RUN_ID/`` (USER_ID: the caller's,
    aws/runstore.user_id): the workdir (``workdir.tar.gz``: the
-   files remote/sync.manifest sends), the agent (AGENT_FILES: ``agent/detached.py`` and its modules) and
+   files remote/sync.manifest sends), the agent (AGENT_FILES: ``agent/detached.py`` and its modules, and
+   its own boto3: ``agent/boto3.zip``, agent_runtime.py) and
    ``spec.json`` (``spec_document``: what the agent runs, checked here as the agent checks it); each local file_mounts source as
    ``mounts/N.tar.gz`` (a directory, packed like the workdir) or ``mounts/N`` (a file);
 3. the run's key pair (SSH, for `ec2gpu logs --follow` while an instance is up), its security group
