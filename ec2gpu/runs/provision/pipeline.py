@@ -10,10 +10,7 @@ here. Whatever happens after the first resource is created (an error, Ctrl-C, SI
 from __future__ import annotations
 
 import json
-import os
 import secrets
-import urllib.error
-import urllib.request
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,7 +21,6 @@ from ...aws.session import Aws
 from ...backend import AWS, Backend
 from ...errors import AwsError, LedgerError, RemoteError, UsageError
 from ...settings import Settings
-from ...train import sources
 from .. import element_table, job_summary
 from ..execute import engine, foreground
 from ..options import BakeOptions, LaunchOptions, PoolOptions, RunOptions, TrainOptions
@@ -57,56 +53,10 @@ def new_run_id() -> str:
 
 
 #: how to give the sandbox MNIST, said when it has none (`ec2gpu train mnist`'s words; others pass theirs)
-GIVE_DATA = "EC2GPU_DATA_DIR=/path/to/mnist ec2gpu train mnist --sandbox (or DATA=/path/to/mnist make demo)"
-
-
-def sandbox_data_args(trainer_args: list[str], reachable: Callable[[str], bool] | None = None,
-                      give: str = GIVE_DATA) -> list[str]:
-    """The trainer flags that give a sandbox instance this run's MNIST: ``--data-dir`` with
-    $EC2GPU_DATA_DIR as this command has it (so each run's own setting reaches its instance, not
-    the one the sandbox started with), else with this machine's cache when it holds the files;
-    [] when the user passed --data-dir, or when the public mirrors answer (the instance downloads
-    from them, as a real one does). ``reachable(url) -> bool`` asks the first mirror.
-
-    Raises UsageError, before anything is created, for a $EC2GPU_DATA_DIR that is not a directory,
-    or when there is no data here and the mirrors cannot be reached (its hint: ``give``, the
-    command's own way to name the data).
-    """
-    if any(a == "--data-dir" or a.startswith("--data-dir=") for a in trainer_args):
-        return []
-    given = os.environ.get("EC2GPU_DATA_DIR")
-    if given:
-        path = Path(given).expanduser().resolve()
-        if not path.is_dir():
-            raise UsageError(f"EC2GPU_DATA_DIR {path} is not a directory",
-                             "point it at the four MNIST IDX files, e.g. DATA=/path/to/mnist make demo")
-        return ["--data-dir", str(path)]
-    if sources.has_all(sources.DEFAULT_CACHE):
-        return ["--data-dir", str(sources.DEFAULT_CACHE)]
-    if (reachable or _reachable)(sources.MIRRORS[0]):
-        return []
-    raise UsageError("no MNIST for the sandbox: EC2GPU_DATA_DIR is not set, this machine has no cached copy, and the "
-                     f"public mirrors ({sources.MIRRORS[0]}) cannot be reached from here",
-                     f"give the four IDX files: {give}")
-
-
-def _reachable(url: str, timeout_s: float = 5.0) -> bool:
-    """Whether ``url``'s host answers HTTP within ``timeout_s`` (any status counts)."""
-    try:
-        urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout_s).close()
-        return True
-    except urllib.error.HTTPError:
-        return True  # it answered
-    except (OSError, ValueError):
-        return False
-
-
 def with_task(opts: RunOptions, backend: Backend) -> RunOptions:
-    """``opts`` with its task made: the built-in MNIST task for TrainOptions without one, its
-    trainer flags giving a sandbox instance this machine's data first (``sandbox_data_args``:
-    UsageError when there is none and the mirrors cannot be reached)."""
-    if backend.is_sandbox and opts.task is None and isinstance(opts, TrainOptions):
-        opts = replace(opts, trainer_args=[*opts.trainer_args, *sandbox_data_args(opts.trainer_args)])
+    """``opts`` with its task made: the built-in MNIST task for TrainOptions without one (its
+    trainer flags give a sandbox instance this machine's data: the plan put them there,
+    runs/plan/sandbox_data.py)."""
     return replace(opts, task=builtin_task(opts, sandbox=backend.is_sandbox))
 
 
