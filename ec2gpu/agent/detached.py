@@ -138,7 +138,8 @@ class Detached:
         at = ctx.clock()
         st = lease.load()
         if not lease.conditional:
-            ctx.log(f"this boto3 cannot write S3 objects conditionally: {run_record.NAME} is written without a check")
+            ctx.log(f"this boto3 cannot write S3 objects conditionally (botocore {store.MIN_CONDITIONAL_BOTOCORE} or "
+                    f"later can): {run_record.NAME} is written without a check")
         instance_id = self.count_launch(at)
         try:
             data = ctx.store.get_json(run_spec.NAME, run_spec.MAX_BYTES, self.spec_sha256)

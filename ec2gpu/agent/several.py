@@ -68,7 +68,8 @@ class Several:
             return 0
         if not lease.conditional:  # gang.json could not be formed: fail now rather than wait to the deadline
             return self.end_several("failed", "this instance's boto3 cannot write S3 objects conditionally, "
-                                              "which a run of several nodes needs (boto3 1.35.36 or later)")
+                                              "which a run of several nodes needs (boto3 and botocore "
+                                              f"{store.MIN_CONDITIONAL_BOTOCORE} or later)")
         if lease.cancelled():
             return self.end_several("cancelled", "cancelled before this launch ran anything")
         if spec["limit_at"] is not None and at >= spec["limit_at"]:

@@ -31,6 +31,10 @@ Refused = names.Refused
 #: since; https://docs.aws.amazon.com/AmazonS3/latest/userguide/conditional-writes.html); the same
 #: as aws/runstore_objects.py's, which this file cannot import (it ships alone; a test compares them)
 CONFLICT_CODES = ("PreconditionFailed", "412", "ConditionalRequestConflict", "409", "NoSuchKey", "404")
+#: the first botocore whose S3 model has PutObject's IfMatch (botocore CHANGELOG.rst 1.35.69: "Add support
+#: for ETag based conditional writes in PutObject"; IfNoneMatch came in 1.35.2), boto3 1.35.69 requiring it:
+#: the least a run of several nodes needs (the agent's own boto3 is its controller's: launch.agent_files)
+MIN_CONDITIONAL_BOTOCORE = "1.35.69"
 CONFLICT_TRIES = 5  # record writes tried again after a conflict that does not supersede this launch
 END_SAVE_TRIES = 8  # the run's end written before its group is ended (Lease.end): ~4 min
 MAX_TRANSFER_FILES = 100_000  # checkpoint and output files listed at once
@@ -72,7 +76,7 @@ class Store:
     @property
     def conditional(self) -> bool:
         """Whether this machine's botocore can write conditionally (PutObject's IfMatch and
-        IfNoneMatch, in its models since late 2024): an older one writes unconditionally."""
+        IfNoneMatch, both in its model from MIN_CONDITIONAL_BOTOCORE): an older one writes unconditionally."""
         shape = self.s3.meta.service_model.operation_model("PutObject").input_shape
         return "IfMatch" in shape.members and "IfNoneMatch" in shape.members
 

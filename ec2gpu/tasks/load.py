@@ -33,6 +33,7 @@ from ..aws import catalog
 from .. import settings
 from ..errors import UsageError
 from . import mounts, resolve
+from .tools import with_tools
 from .infra import aws_infra as aws_infra  # api/tasks.py reads it here too
 from .infra import zone_note as zone_note  # api/tasks.py reads it here (a re-export)
 from .lines import DOCS, Lines, Loc, Renamed, in_words, line_of, names_hint
@@ -74,6 +75,14 @@ class LoadedTask:
     skypilot: bool = False
     mounts: list[Mount] = field(default_factory=list)  # file_mounts made ready: tasks/mounts.Mount, in the file's order
     git: dict[str, str | None] | None = None  # SkyPilot's git workdir {url, ref}: cloned on each instance (engine.upload_node)
+    #: uv, conda: the tools the task calls that the image may lack, installed on first use by the lines
+    #: its setup starts with (tasks/tools.py), whichever way the task came (a file, a Task, a command)
+    tools: tuple[str, ...] = field(init=False, default=())
+
+    def __post_init__(self) -> None:
+        setup, self.tools = with_tools(self.task.setup, self.task.run)
+        if setup != self.task.setup:
+            self.task = self.task.model_copy(update={"setup": setup})
 
 
 class _TooComplex(yaml.MarkedYAMLError):  # type: ignore[misc]  # yaml has no type information here

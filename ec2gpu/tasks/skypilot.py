@@ -6,7 +6,8 @@ form ``{url, ref}``), ``setup``, ``run``, ``envs``, ``secrets``, ``num_nodes``,
 ``resources.accelerators`` (and its alias ``gpus``: ``T4:1``, ``{T4: 1}``, ``{A100:8}``, a set
 ``{H100:8, H200:8}`` tried cheapest first, a list ``[A100:8, H100:8]`` tried in order, SkyPilot's
 memory form ``40GB+:1``), ``resources.any_of``/``ordered`` (candidates), ``resources.instance_type``,
-``resources.use_spot``, ``resources.disk_size``, ``resources.cpus``/``memory`` (choose the type with
+``resources.use_spot``, ``resources.disk_size`` (SkyPilot's 256 GB when not given: DEFAULT_DISK_GIB),
+``resources.cpus``/``memory`` (choose the type with
 the GPU: resolve.Need), ``resources.infra``/``cloud``/``region``/``zone`` (AWS and its region:
 infra.py), ``resources.image_id`` (an AMI, or one per region), ``resources.ports`` (forwarded over
 SSH, not opened), ``resources.autostop`` (the idle rule), ``resources.job_recovery`` (ec2gpu's own
@@ -53,6 +54,9 @@ SKYPILOT_RESOURCE_FIELDS = ("infra", "cloud", "region", "zone", "accelerators", 
                             "memory", "instance_type", "use_spot", "job_recovery", "spot_recovery", "disk_size",
                             "disk_tier", "network_tier", "ports", "labels", "image_id", "autostop", "any_of", "ordered",
                             "priority", "volumes", "max_hourly_cost")
+#: the root volume of a SkyPilot task file that names no disk_size, GiB: SkyPilot's default
+#: (sky/resources.py, _DEFAULT_DISK_SIZE_GB = 256), where ec2gpu's own default is smaller (settings.py)
+DEFAULT_DISK_GIB = 256
 #: SkyPilot's alias in resources and in each candidate (sky/resources.py, RESOURCE_CONFIG_ALIASES)
 SKYPILOT_ALIASES = {"gpus": "accelerators"}
 
@@ -88,6 +92,9 @@ def from_skypilot(data: dict[str, Any], warnings: list[str], source: str = "<tas
             value = list(dict.fromkeys(dest[ours[-1]] + value))
         dest[ours[-1]] = value
         renamed[ours] = theirs
+    res = data.setdefault("resources", {})
+    if isinstance(res, dict) and res.get("disk_gib") is None:  # the disk SkyPilot would give the task
+        res["disk_gib"] = DEFAULT_DISK_GIB
     if isinstance(data.get("secrets"), dict):  # SkyPilot: a map like envs, values hidden
         secrets = data.pop("secrets")
         envs = data.get("envs") or {}

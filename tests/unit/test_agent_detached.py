@@ -863,3 +863,17 @@ def test_the_only_credentials_are_the_instance_roles(monkeypatch, tmp_path):
     resolver = session._session.get_component("credential_provider")
     assert [p.METHOD for p in resolver.providers] == ["iam-role"]
     assert session.get_credentials() is None  # no metadata service here: none, not the keys above
+
+
+def test_a_run_of_several_nodes_on_a_boto3_without_conditional_writes_ends_naming_the_botocore_it_needs(
+        aws, tmp_path, monkeypatch):
+    """Issue 51 item 5: the message named boto3 1.35.36, which has PutObject's IfNoneMatch but not its
+    IfMatch (botocore's CHANGELOG: 1.35.69). The agent runs on its own boto3 (runs/detached/agent_runtime.py),
+    so this is a guard: it names the least botocore that has both."""
+    from ec2gpu.agent import store
+    put_spec(aws, nodes=2, max_launches=4)
+    monkeypatch.setattr(store.Store, "conditional", property(lambda self: False))
+    make(aws, tmp_path / "home").execute()
+    st = status(aws)
+    assert st["state"] == "failed" and "botocore 1.35.69 or later" in st["message"], st
+    assert store.MIN_CONDITIONAL_BOTOCORE == "1.35.69"

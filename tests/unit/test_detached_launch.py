@@ -1,12 +1,14 @@
 """A detached run's launch, the parts without AWS (runs/detached/launch.py): what it refuses, its
 boot script, its spec and its workdir archive."""
 import hashlib
+import io
 import json
 import shutil
 import subprocess
 import sys
 import tarfile
 import time
+import zipfile
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -15,7 +17,7 @@ import pytest
 from ec2gpu.aws import instances
 from ec2gpu.errors import UsageError
 from ec2gpu.remote import sync
-from ec2gpu.runs.detached import launch
+from ec2gpu.runs.detached import agent_runtime, launch
 from ec2gpu.runs.execute import engine
 from ec2gpu.runs.options import RunOptions
 from ec2gpu.runs.plan import detached_spec
@@ -211,6 +213,8 @@ def test_the_detached_start_says_the_command_that_follows_it(capsys, backend, fl
 FAKE_BOTO3 = '''"""boto3 for the boot script's test: S3 is a directory (FAKE_S3/BUCKET/KEY), Auto Scaling a log."""
 import json, os
 
+WHOSE = "the image"
+
 
 class _Body:
     def __init__(self, data):
@@ -273,10 +277,16 @@ def _instance(tmp_path, files: dict) -> tuple[dict, callable]:
 
 
 def _agent(tmp_path) -> dict:
-    """Stand-in agent files: detached.py writes a marker where it ran; the others are inert."""
+    """Stand-in agent files: detached.py writes a marker where it ran, with the boto3 it imports and its
+    Python; the others are inert; the boto3 zip holds a stand-in boto3 (agent_runtime.RUNTIME)."""
     marker = tmp_path / "agent-ran"
     files = {name: f"# {name}\n".encode() for name in launch.AGENT_FILES}
-    files["detached.py"] = f"open({str(marker)!r}, 'w').write('ran')\n".encode()
+    files["detached.py"] = (f"import boto3, sys\nopen({str(marker)!r}, 'w').write("
+                            "'ran ' + boto3.WHOSE + ' ' + boto3.__file__ + ' ' + sys.executable)\n").encode()
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr("boto3/__init__.py", "WHOSE = 'the run'\n")
+    files[agent_runtime.RUNTIME] = buf.getvalue()
     return files
 
 
@@ -292,11 +302,30 @@ def test_the_launched_agent_is_fetched_checked_and_started(tmp_path):
     while not (tmp_path / "agent-ran").exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert (tmp_path / "agent-ran").exists()  # started in the background (nohup ... &)
-    assert {p.name: p.read_bytes() for p in state.iterdir() if p.suffix == ".py"} == files
+    assert {p.name: p.read_bytes() for p in state.iterdir() if p.suffix == ".py"} == {
+        n: b for n, b in files.items() if n != agent_runtime.RUNTIME}
     assert not (tmp_path / "asg-calls").exists() and not (tmp_path / "aws-calls").exists()
 
 
-@pytest.mark.parametrize("rewritten", launch.AGENT_FILES)
+def test_the_agent_runs_on_its_own_boto3_in_a_venv_never_the_images(tmp_path):
+    """Issue 51 item 5: the image's boto3 (here the fake one, first on PYTHONPATH) only fetches;
+    the agent runs with the venv the user data made, on the boto3 the run was launched with
+    (agent_runtime.RUNTIME, unpacked there), whatever PYTHONPATH says."""
+    files = _agent(tmp_path)
+    _, boot = _instance(tmp_path, files)
+    state = boot({name: _sha(body) for name, body in files.items()})
+    deadline = time.monotonic() + 20
+    while not (tmp_path / "agent-ran").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    venv = state / "venv"
+    said = (tmp_path / "agent-ran").read_text()  # "ran WHOSE BOTO3_FILE PYTHON"
+    assert said.startswith("ran the run ")  # the image's boto3 says "the image"
+    assert f" {venv}/lib/" in said and "/site-packages/boto3/__init__.py " in said
+    assert said.endswith(f" {venv}/bin/python3")
+    assert (venv / "pyvenv.cfg").read_text().count("include-system-site-packages = false") == 1
+
+
+@pytest.mark.parametrize("rewritten", launch.BOOT_FILES)
 def test_an_agent_file_rewritten_in_s3_is_refused_and_none_of_it_runs(tmp_path, rewritten):
     """The launch template's user data holds each agent file's sha256; a file in S3 with another
     (rewritten after launch: by anyone who may write the run's prefix, the job included) is
@@ -312,6 +341,7 @@ def test_an_agent_file_rewritten_in_s3_is_refused_and_none_of_it_runs(tmp_path, 
     time.sleep(0.5)
     assert not (tmp_path / "agent-ran").exists() and not (tmp_path / "rewritten-ran").exists()
     assert not [p for p in state.iterdir() if p.suffix == ".py"]  # none of the files was written
+    assert not list((state / "venv").rglob("boto3"))  # nor the run's boto3 unpacked
     st = json.loads((tmp_path / "s3" / BUCKET / "runs" / USER / RUN / "state.json").read_text())
     assert st["state"] == "failed" and st["launches"] == 2 and st["ended_at"]
     assert "reason" not in st and st["message"] == (  # the record's one vocabulary (wire/run_record.py)
@@ -325,8 +355,9 @@ def test_an_agent_file_rewritten_in_s3_is_refused_and_none_of_it_runs(tmp_path, 
 
 def test_the_hashes_come_from_the_agent_files_tuple_and_each_is_required(tmp_path, monkeypatch):
     hashes = launch.agent_hashes()
-    assert list(hashes) == list(launch.AGENT_FILES)
-    assert all(h == _sha(launch.agent_source(n).read_bytes()) for n, h in hashes.items())
+    assert list(hashes) == list(launch.BOOT_FILES) == [*launch.AGENT_FILES, agent_runtime.RUNTIME]
+    assert all(h == _sha(launch.agent_source(n).read_bytes()) for n, h in hashes.items() if n in launch.AGENT_FILES)
+    assert hashes[agent_runtime.RUNTIME] == _sha(agent_runtime.bundle())
     boot = _boot()
     assert all(f'"{h}"' in boot for h in hashes.values()) and f"--spec-sha256 {SPEC_SHA}" in boot
     with pytest.raises(ValueError, match="a sha256 for each of"):
@@ -340,6 +371,7 @@ def test_the_hashes_come_from_the_agent_files_tuple_and_each_is_required(tmp_pat
     for name in launch.AGENT_FILES:
         (tmp_path / name).write_bytes(launch.agent_source(name).read_bytes())
     monkeypatch.setattr(launch, "AGENT_FILES", (*launch.AGENT_FILES, "extra.py"))
+    monkeypatch.setattr(launch, "BOOT_FILES", (*launch.AGENT_FILES, agent_runtime.RUNTIME))  # as the module makes it
     more = launch.agent_hashes(tmp_path)
     assert more["extra.py"] == _sha(b"x = 1\n")
     assert f'"extra.py": "{more["extra.py"]}"' in _boot(hashes=more)  # fetched as the agent's prefix + its name

@@ -130,7 +130,7 @@ def test_the_user_data_holds_the_hashes_of_exactly_the_uploaded_bytes(started, a
 
     def sha(key: str) -> str:
         return hashlib.sha256(s3.get_object(Bucket=bucket, Key=key)["Body"].read()).hexdigest()
-    uploaded = {name: sha(runstore.agent_prefix(user, run_id) + name) for name in launch.AGENT_FILES}
+    uploaded = {name: sha(runstore.agent_prefix(user, run_id) + name) for name in launch.BOOT_FILES}
     assert spec.boot == launch.boot_script(bucket, user, run_id, "us-east-1", groups.name_of(run_id), uploaded,
                                            sha(runstore.spec_key(user, run_id)))
     assert all(n == 1 for n in reads.values()), reads

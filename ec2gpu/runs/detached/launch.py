@@ -10,7 +10,8 @@ one before it worked:
 2. the run store (aws/runstore.ensure: bucket ``ec2gpu-ACCOUNT-REGION``, public access blocked,
    encrypted, TLS only, expiring); under ``runs/USER_ID/RUN_ID/`` (USER_ID: the caller's,
    aws/runstore.user_id): the workdir (``workdir.tar.gz``: the
-   files remote/sync.manifest sends), the agent (AGENT_FILES: ``agent/detached.py`` and its modules) and
+   files remote/sync.manifest sends), the agent (AGENT_FILES: ``agent/detached.py`` and its modules, and
+   its own boto3: ``agent/boto3.zip``, agent_runtime.py) and
    ``spec.json`` (runs/plan/detached_spec.spec_document: what the agent runs, checked as the agent
    checks it); each local file_mounts source as
    ``mounts/N.tar.gz`` (a directory, packed like the workdir) or ``mounts/N`` (a file);
@@ -55,6 +56,7 @@ from ...errors import UsageError
 from ...settings import Settings
 from ...wire import bounded_json
 from ...wire.run_record import MAX_BYTES as RECORD_MAX_BYTES, VERSION as RECORD_VERSION
+from . import agent_runtime
 from ..execute import attempt as lifecycle
 from ..options import RunOptions
 from ..plan import checks
@@ -96,8 +98,12 @@ def check(opts: RunOptions) -> TaskJob:
 
 
 #: Pythons that may have boto3, first found first: the Deep Learning AMI's PyTorch environments
-#: (agent/attempt.PYTHONS), then the image's python3
+#: (agent/attempt.PYTHONS), then the image's python3. The one found fetches the agent (any boto3 can
+#: GetObject) and makes the agent's venv; the agent runs on its own boto3 there (agent_runtime.py)
 BOOT_PYTHONS = ("/opt/pytorch/bin/python3", "/opt/conda/envs/pytorch/bin/python3", "python3")
+#: every object the boot script fetches from the run's agent/ prefix and checks against its sha256:
+#: the agent's files, then its own boto3 (agent_runtime.RUNTIME, unpacked into the venv)
+BOOT_FILES = AGENT_FILES + (agent_runtime.RUNTIME,)
 #: the most bytes the boot script reads of one agent file (the largest, agent.py, is ~30 KB)
 MAX_AGENT_BYTES = 4 * 1024 * 1024
 #: the boot script's exit status when a fetched file is not the one the run was launched with
@@ -106,31 +112,38 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def agent_files(directory: Path | None = None) -> dict[str, bytes]:
-    """{name: its bytes} of each of AGENT_FILES as uploaded (agent_source), or in ``directory``, each
-    read once: ``_upload`` hashes and uploads these same bytes, so an ec2gpu upgraded between the
-    two never makes a run refuse its own agent. Raises OSError for a file that cannot be read."""
-    return {name: (directory / name if directory else agent_source(name)).read_bytes() for name in AGENT_FILES}
+    """{name: its bytes} of each of BOOT_FILES as uploaded: AGENT_FILES' (agent_source, or in
+    ``directory``), each read once, then the agent's boto3 (agent_runtime.bundle): ``_upload`` hashes
+    and uploads these same bytes, so an ec2gpu upgraded between the two never makes a run refuse its
+    own agent. Raises OSError for a file that cannot be read."""
+    files = {name: (directory / name if directory else agent_source(name)).read_bytes() for name in AGENT_FILES}
+    return {**files, agent_runtime.RUNTIME: agent_runtime.bundle()}
 
 
 def agent_hashes(directory: Path | None = None) -> dict[str, str]:
-    """{name: sha256 of its bytes, lowercase hex} of ``agent_files``: what ``boot_script`` checks the
-    fetched agent against. Raises OSError for a file that cannot be read."""
+    """{name: sha256 of its bytes, lowercase hex} of ``agent_files`` (BOOT_FILES): what ``boot_script``
+    checks the fetched agent and its boto3 against. Raises OSError for a file that cannot be read."""
     return {name: hashlib.sha256(data).hexdigest() for name, data in agent_files(directory).items()}
 
 
 def boot_script(bucket: str, user: str, run_id: str, region: str, group: str, hashes: Mapping[str, str],
                 spec_sha256: str) -> str:
     """The user data lines that start the agent of a detached run (pure): the first of
-    BOOT_PYTHONS that imports boto3 fetches the agent from the run's prefix with the instance
-    role's credentials, tried for up to 5 min (a new role reaches EC2 a little later: IAM is
-    eventually consistent), then runs detached.py in the background, its log in the state
-    directory. Where no Python has boto3 or the fetch keeps failing, the instance ends its own
-    group (the AWS CLI, with the role's credentials) rather than idle, billed, until the deadline.
+    BOOT_PYTHONS that imports boto3 makes a venv (``python -m venv --without-pip``: no pip, no
+    network, not the image's site-packages) and fetches the agent and its own boto3
+    (agent_runtime.RUNTIME, unpacked into the venv) from the run's prefix with the instance role's
+    credentials, tried for up to 5 min (a new role reaches EC2 a little later: IAM is eventually
+    consistent), then runs detached.py with the venv's Python (``-E -s``: neither PYTHONPATH nor the
+    user's site can put another boto3 first) in the background, its log in the state directory.
+    Where no Python has boto3, the venv cannot be made, the fetch keeps failing or the venv's boto3
+    does not import, the instance ends its own group (the AWS CLI, with the role's credentials)
+    rather than idle, billed, until the deadline.
 
-    ``hashes`` ({name: sha256 hex}, one per AGENT_FILES: ``agent_hashes``) are written into the
+    ``hashes`` ({name: sha256 hex}, one per BOOT_FILES: ``agent_hashes``) are written into the
     script, so the launch template's user data, which only the user's credentials can change,
-    says what code the run is: each file fetched (at most MAX_AGENT_BYTES) is checked against
-    its hash before any is written where it could run. A file that differs (rewritten in S3 after
+    says what code the run is, its boto3 included: each file fetched (at most MAX_AGENT_BYTES, the
+    boto3 zip agent_runtime.MAX_BYTES) is checked against its hash before any is written where it
+    could run. A file that differs (rewritten in S3 after
     launch, by anyone who can write the run's prefix, the run's own job included) is refused:
     none is kept or run, the run's record says why (state "failed"), the group is ended, and the
     script exits EXIT_TAMPERED without trying again. ``spec_sha256`` (of ``spec_body``) goes to
@@ -139,14 +152,15 @@ def boot_script(bucket: str, user: str, run_id: str, region: str, group: str, ha
     It holds no secret: the bucket, the user id (whose prefix holds the run), the run id, the
     region, the group's name and the hashes only.
 
-    Raises ValueError when ``hashes`` does not name each of AGENT_FILES with a sha256, or
+    Raises ValueError when ``hashes`` does not name each of BOOT_FILES with a sha256, or
     ``spec_sha256`` is not one; UsageError for a bad user or run id."""
-    if set(hashes) != set(AGENT_FILES) or not all(_SHA256.fullmatch(str(h)) for h in hashes.values()):
-        raise ValueError(f"boot_script: hashes must give a sha256 for each of {', '.join(AGENT_FILES)}")
+    if set(hashes) != set(BOOT_FILES) or not all(_SHA256.fullmatch(str(h)) for h in hashes.values()):
+        raise ValueError(f"boot_script: hashes must give a sha256 for each of {', '.join(BOOT_FILES)}")
     if not _SHA256.fullmatch(str(spec_sha256)):
         raise ValueError("boot_script: spec_sha256 is not a sha256 (64 lowercase hex digits)")
     q = shlex.quote
     fetch_py = _fetch_script(bucket, user, run_id, region, group, hashes)
+    purelib = q('import sysconfig; print(sysconfig.get_paths()["purelib"])')
     return "\n".join([
         f'dir={instances.STATE_DIR}/detached',
         'mkdir -p "$dir" && chmod 700 "$dir"',
@@ -154,17 +168,25 @@ def boot_script(bucket: str, user: str, run_id: str, region: str, group: str, ha
         f'for p in {" ".join(BOOT_PYTHONS)}; do',
         '  if command -v "$p" >/dev/null && "$p" -c "import boto3" 2>/dev/null; then py="$p"; break; fi',
         "done",
+        'venv="$dir/venv"; site=""',  # the agent's own Python and boto3, never the image's
+        'if [ -n "$py" ] && "$py" -m venv --without-pip --clear "$venv" >>"$dir/boot.log" 2>&1; then',
+        f'  site=$("$venv/bin/python3" -E -s -c {purelib} 2>>"$dir/boot.log")',
+        "fi",
         "ok=0",
-        'if [ -z "$py" ]; then echo "ec2gpu: no Python with boto3 on this image" >>"$dir/boot.log"; fi',
+        'if [ -z "$py" ]; then echo "ec2gpu: no Python with boto3 on this image" >>"$dir/boot.log"; '
+        'elif [ -z "$site" ]; then echo "ec2gpu: $py could not make the agent\'s venv $venv" >>"$dir/boot.log"; fi',
         'for _ in $(seq 30); do',
-        '  [ -n "$py" ] || break',
-        f'  "$py" -c {q(fetch_py)} "$dir" 2>>"$dir/boot.log"; rc=$?',
+        '  [ -n "$site" ] || break',
+        f'  "$py" -c {q(fetch_py)} "$dir" "$site" 2>>"$dir/boot.log"; rc=$?',
         '  if [ "$rc" = 0 ]; then ok=1; break; fi',
         f'  if [ "$rc" = {EXIT_TAMPERED} ]; then ok={EXIT_TAMPERED}; break; fi',
         "  sleep 10",
         "done",
+        'if [ "$ok" = 1 ] && ! "$venv/bin/python3" -E -s -c "import boto3" 2>>"$dir/boot.log"; then',
+        '  echo "ec2gpu: the agent\'s own boto3 does not import in $venv" >>"$dir/boot.log"; ok=0',
+        "fi",
         'if [ "$ok" = 1 ]; then',
-        f'  nohup "$py" "$dir/detached.py" --bucket {q(bucket)} --user {q(user)} --run-id {q(run_id)} '
+        f'  nohup "$venv/bin/python3" -E -s "$dir/detached.py" --bucket {q(bucket)} --user {q(user)} --run-id {q(run_id)} '
         f'--region {q(region)} --spec-sha256 {q(spec_sha256)} --home "$dir" >>"$dir/detached.log" 2>&1 </dev/null &',
         "else",
         f'  if [ "$ok" = {EXIT_TAMPERED} ]; then',
@@ -179,12 +201,14 @@ def boot_script(bucket: str, user: str, run_id: str, region: str, group: str, ha
 
 
 def _fetch_script(bucket: str, user: str, run_id: str, region: str, group: str, hashes: Mapping[str, str]) -> str:
-    """The Python that ``boot_script`` runs to fetch the agent (pure): every file of AGENT_FILES read
-    into memory and checked against ``hashes`` before any is written (into ``sys.argv[1]``); a file
-    that differs ends the run failed, its group ended, exit EXIT_TAMPERED."""
-    want = {name: hashes[name] for name in AGENT_FILES}  # each file's key: A + its name (one prefix, said once)
+    """The Python that ``boot_script`` runs to fetch the agent (pure): every file of BOOT_FILES read
+    into memory and checked against ``hashes`` before any is written (AGENT_FILES into ``sys.argv[1]``,
+    the boto3 zip unpacked into the venv's site-packages, ``sys.argv[2]``); a file that differs ends
+    the run failed, its group ended, exit EXIT_TAMPERED."""
+    want = {name: hashes[name] for name in BOOT_FILES}  # each file's key: A + its name (one prefix, said once)
+    rt, limits = agent_runtime.RUNTIME, {agent_runtime.RUNTIME: agent_runtime.MAX_BYTES}
     return (  # double quotes only: the script goes into single ones
-        "import datetime, hashlib, json, os, sys, boto3\n"
+        "import datetime, hashlib, io, json, os, sys, zipfile, boto3\n"
         f"B, G, R, RUN = {json.dumps(bucket)}, {json.dumps(group)}, {json.dumps(region)}, {json.dumps(run_id)}\n"
         f"STATUS, A = {json.dumps(runstore.record_key(user, run_id))}, {json.dumps(runstore.agent_prefix(user, run_id))}\n"
         "s3 = boto3.client(\"s3\", region_name=R)\n"
@@ -209,10 +233,12 @@ def _fetch_script(bucket: str, user: str, run_id: str, region: str, group: str, 
         f"    sys.exit({EXIT_TAMPERED})\n"
         "got = {}\n"
         f"for name, sha in {json.dumps(want)}.items():\n"
-        f"    got[name] = s3.get_object(Bucket=B, Key=A + name)[\"Body\"].read({MAX_AGENT_BYTES} + 1)\n"
+        f"    most = {json.dumps(limits)}.get(name, {MAX_AGENT_BYTES})\n"
+        "    got[name] = s3.get_object(Bucket=B, Key=A + name)[\"Body\"].read(most + 1)\n"
         "    if hashlib.sha256(got[name]).hexdigest() != sha:\n"
         "        refuse(name)\n"
-        "for name, body in got.items():\n"  # written only once every file is the launched one
+        f"zipfile.ZipFile(io.BytesIO(got.pop({json.dumps(rt)}))).extractall(sys.argv[2])\n"  # once every file is the launched one
+        "for name, body in got.items():\n"
         "    with open(os.path.join(sys.argv[1], name), \"wb\") as f:\n"
         "        f.write(body)\n")
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping
 
 from ...aws import catalog, network
-from ...tasks import arrays, mounts, resolve
+from ...tasks import arrays, mounts, resolve, tools
 from . import costs
 from .limits import Limit
 from .runplan import RunPlan
@@ -110,7 +110,10 @@ def plan(p: RunPlan) -> dict[str, Any]:
                     "files": len(m.files) if m else 0, "bytes": m.bytes if m else 0,
                     "withheld": list(m.withheld) if m else []},
         "env": {k: mask_text(v, job.secret_values) for k, v in sorted(env.items())},
-        "setup": mask_text(job.task.setup or "", job.secret_values), "run": mask_text(job.task.run, job.secret_values),
+        # the setup as the task wrote it; "tools" says what runs before it (tasks/tools.py)
+        "setup": mask_text(tools.own_setup(job.task.setup, job.loaded.tools) or "", job.secret_values),
+        "run": mask_text(job.task.run, job.secret_values),
+        "tools": [{"tool": t, "how": tools.WHERE[t]} for t in job.loaded.tools],
         "outputs": list(job.task.outputs),
         "ports": [{"port": port, "node": 0,
                    "local": f"127.0.0.1:{port}" if port in job.same_ports else
@@ -294,6 +297,10 @@ def render(p: Mapping[str, Any]) -> list[str]:
     # a value is shown on one line: SKYPILOT_NODE_IPS holds one address per line
     out.append(f"  environment of {'element 0' if p.get('array') else 'node 0'}: "
                + ", ".join(f"{k}={v}".replace("\n", "\\n") for k, v in p["env"].items()))
+    if p.get("tools"):
+        out.append(f"  tools: {', '.join(t['tool'] for t in p['tools'])} installed by the setup on first use, "
+                   f"before its own lines ({'; '.join(t['how'] for t in p['tools'])}): the Deep Learning AMI has "
+                   "neither, SkyPilot's images both")
     if p["setup"]:
         out.append("  setup (bash, once per instance, in the workdir):")
         out += [f"    {line}" for line in p["setup"].splitlines()]
