@@ -12,8 +12,8 @@ Shipped with every `ec2gpu run` job and started detached from SSH as ``python3 -
   sends SIGTERM to the job's process group at T so it can checkpoint before the instance ends itself, records
   ``limit`` (``{"ends_at", "stopped_at"}``) and state "failed", and sends SIGKILL 5 s before the instance's end if
   the job is still running;
-- polls the instance metadata service (IMDSv2: a token PUT, then ``/latest/meta-data/spot/instance-action``)
-  every EC2GPU_SPOT_POLL_SECONDS (5) seconds; on a notice it records it and sends SIGTERM to the job's process
+- polls the instance metadata service (IMDSv2: a token PUT, then ``/latest/meta-data/spot/instance-action``) every
+  EC2GPU_SPOT_POLL_SECONDS (SPOT_POLL_S, 2) seconds; on a notice it records it and sends SIGTERM to the job's process
   group, then SIGKILL after EC2GPU_STOP_GRACE_SECONDS (90) if the job has not ended
   (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/spot-instance-termination-notices.html);
 - on the same polls, ``/latest/meta-data/events/recommendations/rebalance``: EC2's rebalance recommendation
@@ -113,7 +113,7 @@ IMDS = "http://169.254.169.254"
 SPOT_ACTION = "/latest/meta-data/spot/instance-action"
 REBALANCE = "/latest/meta-data/events/recommendations/rebalance"
 REBALANCE_FILE = "rebalance.json"  # in the run directory: the job's EC2GPU_REBALANCE_FILE
-EXIT_NOTICE = 75  # the agent's exit code when a notice stopped the job (EX_TEMPFAIL: try again elsewhere)
+EXIT_NOTICE, SPOT_POLL_S = 75, 2.0  # exit code when a notice stopped the job (EX_TEMPFAIL); s between looks (AWS says 5)
 COLLECTED, HEARTBEAT = "collected", "controller"  # in the run directory: the controller's marks
 #: S3's largest single PUT, 5 GB (https://docs.aws.amazon.com/AmazonS3/latest/userguide/upload-objects.html)
 PUT_MAX_BYTES = 5 * 10 ** 9
@@ -589,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.env_file:
         env = {str(k): str(v) for k, v in bounded_json.read(args.env_file, max_bytes=MAX_ENV_BYTES).items()}
     return run(args.dir, command, os.environ.get("EC2GPU_IMDS_ENDPOINT", IMDS),
-               float(os.environ.get("EC2GPU_SPOT_POLL_SECONDS", "5")),
+               float(os.environ.get("EC2GPU_SPOT_POLL_SECONDS", SPOT_POLL_S)),
                float(os.environ.get("EC2GPU_STOP_GRACE_SECONDS", "90")), env, key,
                (args.limit_at, args.limit_grace) if args.limit_at else None, handover, background=True)
 

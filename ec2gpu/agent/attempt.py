@@ -221,21 +221,26 @@ class Job:
         return outcome, {"exit_code": attempt["exit_code"], "signal": attempt["signal"]}
 
     def supervise(self, proc: subprocess.Popen[bytes], key: bytes, attempt: dict[str, Any], hooks: Hooks) -> str | None:
-        """Watch the agent until it ends: the cancel object on every poll; ``hooks.tick`` every
-        ``every_s`` seconds, and at once on a spot notice or a rebalance recommendation. Returns
+        """Watch the agent until it ends: the cancel object (and ``hooks.watch``) every ``poll_s``
+        seconds; the agent's record every ``agent_poll_s`` (as often as agent.py looks for a notice);
+        ``hooks.tick`` every ``every_s`` seconds, and at once on a spot notice or a rebalance
+        recommendation (within 2 x agent_poll_s of EC2 publishing it). Returns
         "cancelled" when this agent stopped the job, "regroup" when it stopped it because
         ``hooks.watch`` said why (several nodes), else None (the agent's record decides)."""
         ctx = self.ctx
         next_push = ctx.clock() + ctx.every_s
+        next_look = ctx.clock()  # S3 (the cancel object, the generation) every poll_s; the record every agent_poll_s
         while proc.poll() is None:
-            if hooks.cancelled():
-                self.stop(proc, key)
-                return "cancelled"
-            why = hooks.watch()
-            if why:
-                ctx.log(f"{why}: the job is stopped, to start again with the next generation")
-                self.stop(proc, key)
-                return "regroup"
+            if ctx.clock() >= next_look:
+                next_look = ctx.clock() + ctx.poll_s
+                if hooks.cancelled():
+                    self.stop(proc, key)
+                    return "cancelled"
+                why = hooks.watch()
+                if why:
+                    ctx.log(f"{why}: the job is stopped, to start again with the next generation")
+                    self.stop(proc, key)
+                    return "regroup"
             rec = self.agent_record(key) or {}
             urgent = False
             for k, check in (("notice", run_record.notice), ("rebalance", run_record.rebalance)):
@@ -245,9 +250,9 @@ class Job:
             if isinstance(rec.get("notice"), dict):
                 hooks.noticed()  # several nodes: the others stop theirs now, not at the stale time
             if urgent or ctx.clock() >= next_push:
+                next_push = ctx.clock() + ctx.every_s  # from the push's start: a slow upload does not stretch the cycle
                 hooks.tick()
-                next_push = ctx.clock() + ctx.every_s
-            ctx.sleep(ctx.poll_s)
+            ctx.sleep(min(ctx.poll_s, ctx.agent_poll_s))
         return None
 
     def stop(self, proc: subprocess.Popen[bytes], key: bytes) -> None:

@@ -24,9 +24,12 @@ class Context:
     ``home``: the job's HOME; ``run_dir``: HOME/ec2gpu/runs/RUN_ID (remote/jobs.run_dir's);
     ``secrets``: name -> value, read at this launch (prepare.read_secrets), never written anywhere.
     Seconds: ``every_s`` between uploads of the log and checkpoints (and the heartbeat), ``poll_s``
-    between looks at the job and the cancel object, ``agent_poll_s`` agent.py's metadata polls,
-    ``stop_grace_s`` from SIGTERM to SIGKILL, ``settled_s`` a file unchanged this long is uploaded
-    while the job runs, ``stale_s`` a node record older than this is a node gone (agent/gang.py)."""
+    between looks at the cancel object (and, several nodes, the generation), ``agent_poll_s``
+    agent.py's metadata polls and the looks at its record (a spot notice is acted on within
+    2 x agent_poll_s), ``stop_grace_s`` from SIGTERM to SIGKILL, ``settled_s`` a MOUNT-mode
+    file_mounts file unchanged this long is written back while the job runs (checkpoints are sent
+    from consistent copies instead: mirror.consistent_copy), ``stale_s`` a node record older than
+    this is a node gone (agent/gang.py)."""
 
     store: Any
     asg: Any
@@ -41,7 +44,7 @@ class Context:
     log: Callable[[str], None] = _say
     every_s: float = 60.0
     poll_s: float = 5.0
-    agent_poll_s: float = 5.0
+    agent_poll_s: float = 2.0  # agent.SPOT_POLL_S
     stop_grace_s: float = 90.0
     settled_s: float = 5.0
     stale_s: float = 120.0

@@ -99,7 +99,7 @@ class Detached:
                  clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
                  imds: Callable[[str], str | None] | None = None, imds_endpoint: str = agent.IMDS,
                  gpus: Callable[[], int] = prepare.gpu_count, every_s: float = 60.0, poll_s: float = 5.0,
-                 agent_poll_s: float = 5.0, stop_grace_s: float = 90.0, settled_s: float = 5.0,
+                 agent_poll_s: float = agent.SPOT_POLL_S, stop_grace_s: float = 90.0, settled_s: float = 5.0,
                  spec_sha256: str | None = None,
                  log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)):
         endpoint = imds_endpoint.rstrip("/")

@@ -3,7 +3,10 @@
 - ``checkpoints/...`` a mirror of EC2GPU_CHECKPOINT_DIR: downloaded at the start (then the job
   gets EC2GPU_RESUME=1), files new or changed uploaded every ``--every`` seconds, at once on a spot
   notice or rebalance recommendation, and at the end; a file the job deleted is deleted there too
-  (``Mirror``);
+  (``Mirror``). While the job runs each file goes up from a copy taken when it held still
+  (``consistent_copy``: its size and mtime the same after the copy as before it), however often the
+  job rewrites it; hidden files (an atomic rename's temporary) wait for the end (docs/tasks.md,
+  "Checkpoints");
 - ``outputs/...`` EC2GPU_OUTPUT_DIR (the ``outputs`` globs of it, else all: ``wanted``), at the end;
 - ``logs/job.log`` the job's log (the setup's output too), whole, at most LOG_MAX bytes (its last
   ones), every ``--every`` seconds and at the end, each secret's value masked; a replacement
@@ -18,7 +21,9 @@ from __future__ import annotations
 import fnmatch
 import importlib
 import os
+import shutil
 import stat
+import tempfile
 import time
 from typing import Any, Callable
 
@@ -32,6 +37,54 @@ else:  # on the instance: beside this file (runs/detached/launch.AGENT_FILES)
     store = importlib.import_module("store")
 
 LOG_MAX = 64 * 1024 ** 2  # bytes of job.log kept in S3 (the last ones)
+#: Linux stamps a file's mtime from its coarse clock, which moves one tick (1/CONFIG_HZ s: 10 ms at
+#: HZ=100, the slowest it is built with) at a time: a write within the tick of the mtime read before a
+#: copy leaves the mtime as it was, so a file modified less than this long ago is copied only once it
+#: is that old and has not changed meanwhile
+MTIME_TICK_S = 0.01
+COPY_TRIES = 3  # copies of one file in one push while the job runs; one that changed during each waits for the next
+COPY_CHUNK = 1 << 20  # bytes read at a time
+
+
+def consistent_copy(path: str, copy: Any, tries: int = COPY_TRIES) -> os.stat_result | None:
+    """Copy the regular file ``path`` into ``copy`` (a file object open for binary writing, written
+    over at each try) so that what it holds is one version of the file, however the job rewrites
+    it: copied, then kept only when the file's version_of (size, mtime ns, inode) after the copy is
+    the one before it and as many bytes came. A file replaced by a rename during the copy was not
+    changed: the copy is of the version that was opened, whole (the next push sends the new one).
+    A file last modified within MTIME_TICK_S is copied once it is that old and unchanged (a write in
+    the same clock tick would not move its mtime): one rewritten in place more often than that is
+    not copied while the job runs (one written by a rename is, however often). Returns the stat of
+    the version copied; None when the file changed during each of ``tries`` tries, is gone, or is
+    not a regular file (a link is never followed)."""
+    for _ in range(tries):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:  # gone, or a link put there since it was listed
+            return None
+        with os.fdopen(fd, "rb") as src:
+            before = os.fstat(fd)
+            if not stat.S_ISREG(before.st_mode):
+                return None
+            young = before.st_mtime + MTIME_TICK_S - time.time()
+            if young > 0:
+                time.sleep(young)
+                if version_of(os.fstat(fd)) != version_of(before):  # still being written
+                    continue
+            copy.seek(0)
+            copy.truncate()
+            shutil.copyfileobj(src, copy, COPY_CHUNK)
+            copy.flush()
+            after = os.fstat(fd)
+        if version_of(after) == version_of(before) and copy.tell() == before.st_size:
+            return before
+    return None
+
+
+def version_of(st: os.stat_result) -> tuple[int, int, int]:
+    """What tells one version of a file from another: (size, mtime ns, inode); the inode moves with
+    an atomic rename even within one mtime tick."""
+    return st.st_size, st.st_mtime_ns, st.st_ino
 
 
 def wanted(rel: str, patterns: list[str]) -> bool:
@@ -63,11 +116,13 @@ def wanted(rel: str, patterns: list[str]) -> bool:
 
 class Mirror:
     """A local directory kept in S3 under ``rel_dir`` (checkpoints/, outputs/): what was sent (or
-    found there) is remembered as path -> (size, mtime_ns), so each push sends only what changed."""
+    found there) is remembered as path -> version_of (size, mtime_ns, inode), so each push sends
+    only what changed."""
 
     def __init__(self, runs: Any, rel_dir: str, local: str):
         self.store, self.rel_dir, self.local = runs, rel_dir, local
-        self.sent: dict[str, tuple[int, int]] = {}
+        self.sent: dict[str, tuple[int, int, int]] = {}
+        self.unsteady: list[str] = []  # the last running push's files that changed during each copy
 
     def pull(self) -> int:
         """Download every object under the prefix into the directory; returns the file count."""
@@ -79,8 +134,7 @@ class Mirror:
             if os.path.islink(path):
                 os.remove(path)
             self.store.s3.download_file(self.store.bucket, self.store.key(f"{self.rel_dir}/{rel}"), path)
-            st = os.stat(path)
-            self.sent[rel] = (st.st_size, st.st_mtime_ns)
+            self.sent[rel] = version_of(os.stat(path))
             count += 1
         return count
 
@@ -96,22 +150,34 @@ class Mirror:
                     found[rel] = st
         return found
 
-    def push(self, settled_s: float = 0.0, now: float | None = None, want: Callable[[str], bool] = lambda rel: True,
-             delete: bool = True) -> int:
-        """Upload the files new or changed since the last push (with ``settled_s``: not hidden
-        ones, nor those modified in the last ``settled_s`` seconds: still being written); delete
-        in S3 those sent before that are gone here. Returns the files sent."""
-        now = time.time() if now is None else now
+    def push(self, running: bool = False, want: Callable[[str], bool] = lambda rel: True, delete: bool = True,
+             copies: str | None = None) -> int:
+        """Upload the files new or changed since the last push; delete in S3 those sent before that
+        are gone here. With ``running`` (the job may be writing them): hidden files are left out,
+        and each file goes up from a consistent_copy made in the directory ``copies`` (one file at a
+        time, removed after), so S3 never holds a half-written one ("updates to a single key are
+        atomic": https://docs.aws.amazon.com/AmazonS3/latest/userguide/Welcome.html#ConsistencyModel); a file that
+        changed during each copy is said and waits for the next push. Returns the files sent."""
         files = self.files()
-        sent = 0
+        sent, self.unsteady = 0, []
         for rel, st in sorted(files.items()):
-            if not want(rel) or self.sent.get(rel) == (st.st_size, st.st_mtime_ns):
+            if not want(rel) or self.sent.get(rel) == version_of(st):
                 continue
-            if settled_s and (os.path.basename(rel).startswith(".") or now - st.st_mtime < settled_s):
+            path, key = os.path.join(self.local, *rel.split("/")), self.store.key(f"{self.rel_dir}/{rel}")
+            if not running:
+                self.store.s3.upload_file(path, self.store.bucket, key)
+            elif os.path.basename(rel).startswith("."):
                 continue
-            self.store.s3.upload_file(os.path.join(self.local, *rel.split("/")), self.store.bucket,
-                                      self.store.key(f"{self.rel_dir}/{rel}"))
-            self.sent[rel] = (st.st_size, st.st_mtime_ns)
+            else:
+                with tempfile.TemporaryFile(dir=copies) as copy:
+                    got = consistent_copy(path, copy)
+                    if got is None:
+                        self.unsteady.append(rel)
+                        continue
+                    copy.seek(0)
+                    self.store.s3.upload_fileobj(copy, self.store.bucket, key)
+                st = got
+            self.sent[rel] = version_of(st)
             sent += 1
         if delete:
             for rel in [r for r in self.sent if r not in files]:
@@ -191,16 +257,26 @@ class Uploads:
 
     def push(self, settled: bool) -> None:
         """Checkpoints (changed files), the MOUNT-mode file_mounts and the log to S3; errors said,
-        not raised (the next push sends what this one could not)."""
-        ckpt = self.ckpt
+        not raised (the next push sends what this one could not). ``settled`` (the job may be
+        running): checkpoints from consistent copies, file_mounts' files once settled_s old."""
         steps: tuple[tuple[str, Callable[[], object]], ...] = (
-            ("checkpoints", lambda: ckpt and ckpt.push(self.ctx.settled_s if settled else 0.0, self.ctx.clock())),
+            ("checkpoints", lambda: self.push_checkpoints(running=settled)),
             ("file_mounts", lambda: self.write_back(settled)), ("log", self.push_log))
         for what, step in steps:
             try:
                 step()
             except Exception as exc:
                 self.ctx.log(f"{what} not uploaded: {type(exc).__name__}: {exc}"[:500])
+
+    def push_checkpoints(self, running: bool) -> None:
+        """The checkpoint directory's changes to S3 (Mirror.push; ``running``: from consistent copies,
+        made in the run's directory), the files that changed during each copy said."""
+        if self.ckpt is None:
+            return
+        self.ckpt.push(running=running, copies=self.ctx.run_dir)
+        if self.ckpt.unsteady:
+            self.ctx.log(f"checkpoints changed during each of {COPY_TRIES} copies, left for the next upload: "
+                         f"{', '.join(self.ckpt.unsteady)}"[:500])
 
     def write_back(self, settled: bool) -> None:
         """What the job wrote under each MOUNT-mode target, new or changed, to its bucket

@@ -218,6 +218,10 @@ class Spy:
         self.uploads.append((key[len(PREFIX):], self.noted()))
         return self.s3.upload_file(path, bucket, key, *a, **kw)
 
+    def upload_fileobj(self, f, bucket, key, *a, **kw):  # while the job runs: a checkpoint's consistent copy
+        self.uploads.append((key[len(PREFIX):], self.noted()))
+        return self.s3.upload_fileobj(f, bucket, key, *a, **kw)
+
     def __getattr__(self, name):
         return getattr(self.s3, name)
 
