@@ -37,7 +37,8 @@ EC2GPU_RESUME=1 while ``restarts`` < max_restarts_on_errors, else outputs, log, 
 the group; a spot notice -> checkpoints and log at once, ``interrupted``, and the group is NOT
 ended: AWS replaces the instance and the next launch resumes; cancel -> SIGTERM (agent.py forwards
 it to the job), outputs, log, ``cancelled``, end the group. A launch that finds a later launch
-recorded (Capacity Rebalancing starts the replacement before it ends this one) stops its job and
+recorded (the group may start a replacement while this one still runs: a failed health check
+of a live instance; Capacity Rebalancing, off in a run's group, would too) stops its job and
 writes nothing more: the later one owns the prefix.
 
 A secret that is missing (deleted, or the role may not read it) ends the run failed before the

@@ -3,7 +3,8 @@
 conditional on the ETag this launch last read or wrote (S3 conditional writes), so a newer launch's
 record written between this launch's check and its write is never lost under it, and of two
 launches that read the record at once only the first takes the number. A launch that finds a
-later launch recorded (Capacity Rebalancing starts the replacement before it ends this one), or an
+later launch recorded (the group may start a replacement while this one still runs: a failed health check
+of a live instance; Capacity Rebalancing, off in a run's group, would too), or an
 end it did not write, is Superseded: it writes nothing more. The record's schema is
 wire/run_record.py. Standard library and boto3 only: shipped beside detached.py.
 
