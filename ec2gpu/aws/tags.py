@@ -18,6 +18,15 @@ CLUSTER = "ec2gpu:cluster"  # the cluster's name, on every node of a multi-node 
 IDLE = "ec2gpu:idle"  # a standing instance's idle rule: "stop 1800" or "down 3600" (IdleRule)
 MAX_RUNTIME = "ec2gpu:max-runtime"  # minutes: `start` schedules the shutdown again (runs/standing/stopstart.py)
 NODE = "ec2gpu:node"  # the node's index in its cluster (0 hosts the torchrun rendezvous)
+#: every tag ec2gpu may put on one instance or its volume (aws/instances.run_request, tag_nodes):
+#: a several-node run's with an idle rule and a max runtime carries them all
+INSTANCE_TAGS = (RUN, OWNER, NAME, CLUSTER, NODE, MAX_RUNTIME, IDLE)
+#: EC2's tags per resource; those whose key starts with aws: (Auto Scaling's aws:autoscaling:groupName)
+#: do not count (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/Using_Tags.html#tag-restrictions)
+MAX_TAGS = 50
+#: a task's labels (SkyPilot's resources.labels: tags of its instances and volumes): what EC2's
+#: limit leaves once ec2gpu's own are counted, all of them, as on a several-node run
+MAX_LABELS = MAX_TAGS - len(INSTANCE_TAGS)
 
 
 #: a name the user gives (--name, a task's name): safe in tags, file names, an ssh_config Host
