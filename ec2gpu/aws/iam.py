@@ -68,9 +68,6 @@ _RESERVED_END = ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
 #: IAM role names: 64 characters at most, letters, digits and +=,.@_-
 #: (https://docs.aws.amazon.com/IAM/latest/APIReference/API_CreateRole.html)
 _ROLE_NAME = re.compile(r"[\w+=,.@-]{1,64}", re.ASCII)
-#: characters an IAM tag value may not hold, replaced by "_"; 256 characters at most
-#: (https://docs.aws.amazon.com/IAM/latest/APIReference/API_Tag.html)
-_TAG_VALUE_BAD = re.compile(r"[^\w .:/=+\-@]")
 #: characters with a meaning in an IAM Resource or StringLike value, written as IAM's fixed policy
 #: variables so that an S3 key holding them is matched literally and never widens the grant
 #: (https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_variables.html, special characters)
@@ -218,21 +215,14 @@ def role_name(run_id: str) -> str:
     return name
 
 
-def tag_value(value: str) -> str:
-    """``value`` as IAM accepts a tag value (pure): characters outside letters, digits, spaces and
-    ``_ . : / = + - @`` become "_", 256 characters at most. EC2 takes any character, IAM not
-    (an owner such as ``DOMAIN\\user``)."""
-    return _TAG_VALUE_BAD.sub("_", value or "")[:256]
-
-
 def run_tags(run_id: str, owner: str, name: str, region: str | None = None, *, user: str) -> list[dict[str, str]]:
     """The tags of a run's role and profile (pure): tags.tags' three, values made IAM-safe
-    (``tag_value``), ``REGION`` when given, and ``ec2gpu:user`` = ``user`` as it is (the caller's
+    (``tags.tag_value``), ``REGION`` when given, and ``ec2gpu:user`` = ``user`` as it is (the caller's
     user id: the boundary reads it as ``${aws:PrincipalTag/ec2gpu:user}`` and docs/iam-policy.json
     compares it with ``${aws:userid}``, so it is never rewritten). Raises UsageError for a user id
     not of aws/runstore.USER_ID's form (which an IAM tag value holds)."""
-    out = [{"Key": t["Key"], "Value": tag_value(t["Value"])} for t in tags.tags(run_id, owner, name)]
-    return (out + ([{"Key": REGION, "Value": tag_value(region)}] if region else [])
+    out = [{"Key": t["Key"], "Value": tags.tag_value(t["Value"])} for t in tags.tags(run_id, owner, name)]
+    return (out + ([{"Key": REGION, "Value": tags.tag_value(region)}] if region else [])
             + [{"Key": tags.USER, "Value": check_user_id(user)}])
 
 
@@ -435,7 +425,7 @@ def find_run_roles(iam: Client, run_id: str | None = None, owner: str | None = N
     Roles under ``/ec2gpu/`` (ListRoles with PathPrefix, paginated; their tags from ListRoleTags)
     that carry the ec2gpu:run tag; and instance profiles under ``/ec2gpu/`` that carry it and hold
     no role of those (the role is gone: an orphan profile, which ``delete_run_role`` removes by the
-    same name). ``owner`` is compared as tagged (``tag_value``); ``region`` keeps those tagged
+    same name). ``owner`` is compared as tagged (``tags.tag_value``); ``region`` keeps those tagged
     ``REGION`` with it (an untagged one is left out).
 
     Returns [{"name": role or profile name, "run_id", "owner", "region" ("" when untagged),
@@ -445,7 +435,7 @@ def find_run_roles(iam: Client, run_id: str | None = None, owner: str | None = N
     """
     def wanted(tg: dict[str, str]) -> bool:
         return (bool(tg.get(tags.RUN)) and (run_id is None or tg.get(tags.RUN) == run_id)
-                and (owner is None or tg.get(tags.OWNER) == tag_value(owner))
+                and (owner is None or tg.get(tags.OWNER) == tags.tag_value(owner))
                 and (region is None or tg.get(REGION) == region))
 
     def row(name: str, tg: dict[str, str], created: datetime | None, kind: str) -> dict[str, Any]:

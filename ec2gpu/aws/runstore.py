@@ -265,12 +265,9 @@ def _days(expire_days: int) -> int:
     return expire_days
 
 
-_TAG_BAD = re.compile(r"[^\w .:/=+\-@]")  # S3 tag values: letters, digits, spaces and _ . : / = + - @
-
-
 def owner_tag(owner: str) -> str:
-    """``owner`` as an S3 tag value (pure): other characters become "_", 256 at most."""
-    return _TAG_BAD.sub("_", owner or "")[:256] or "unknown"
+    """``owner`` as an S3 tag value (pure): tags.tag_value, "unknown" for none."""
+    return tags.tag_value(owner) or "unknown"
 
 
 # --- ensure and check -------------------------------------------------------------------------

@@ -95,7 +95,7 @@ def create_private_bucket(s3: Client, bucket: str, region: str, owner: str, user
         "BlockPublicAcls": True, "IgnorePublicAcls": True, "BlockPublicPolicy": True, "RestrictPublicBuckets": True})
     s3.put_bucket_encryption(Bucket=bucket, ServerSideEncryptionConfiguration={
         "Rules": [{"ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}]})
-    s3.put_bucket_tagging(Bucket=bucket, Tagging={"TagSet": [{"Key": tags.OWNER, "Value": owner},
+    s3.put_bucket_tagging(Bucket=bucket, Tagging={"TagSet": [{"Key": tags.OWNER, "Value": tags.tag_value(owner)},
                                                              {"Key": tags.USER, "Value": user}]})
 
 

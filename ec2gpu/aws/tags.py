@@ -58,6 +58,17 @@ def check_name(name: str, flag: str = "--name") -> str:
 #: characters, values at most 256; keys starting with aws: are AWS's
 #: (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/Using_Tags.html#tag-restrictions)
 _TAG_TEXT = re.compile(r"[\w .:/=+\-@]*")
+_TAG_BAD = re.compile(r"[^\w .:/=+\-@]")
+
+
+def tag_value(value: str) -> str:
+    """``value`` (an owner, a run's name) as every service ec2gpu tags accepts a tag value (pure):
+    characters outside letters, digits, spaces and ``_ . : / = + - @`` become "_", 256 at most.
+    EC2 takes any character; IAM, SSM and S3 refuse the others (an owner such as ``DOMAIN\\user``
+    or ``O'Brien``): botocore's models give IAM's tagValueType and SSM's TagValue the pattern
+    ``[\\p{L}\\p{Z}\\p{N}_.:/=+\\-@]*``, 256 at most, and S3 answers InvalidTag
+    (https://docs.aws.amazon.com/AmazonS3/latest/API/API_PutBucketTagging.html)."""
+    return _TAG_BAD.sub("_", value or "")[:256]
 
 
 def check_label(key: str, value: str) -> None:

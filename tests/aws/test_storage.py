@@ -131,3 +131,11 @@ class _Null:
 
     def __exit__(self, *exc):
         return False
+
+
+def test_a_file_mounts_buckets_owner_tag_is_a_value_s3_takes_whatever_the_login_name(s3):
+    """S3 answers InvalidTag for a tag value outside letters, digits, spaces and _ . : / = + - @: the
+    bucket ec2gpu makes is tagged with the login name as the run store tags it (tags.tag_value)."""
+    bucket = "corp-results-51"
+    storage.create_private_bucket(s3, bucket, "us-east-1", "CORP\\o'brien", ALICE)
+    assert {"Key": "ec2gpu:owner", "Value": "CORP_o_brien"} in s3.get_bucket_tagging(Bucket=bucket)["TagSet"]

@@ -6,6 +6,7 @@ import botocore.exceptions
 import pytest
 
 from ec2gpu.aws import iam
+from ec2gpu.aws.tags import tag_value
 from ec2gpu.errors import UsageError
 
 
@@ -140,7 +141,7 @@ def test_role_names_and_tags_are_what_iam_accepts():
     for bad in ("AROAX:a,b", "a/b", "*", "", "x" * 200):
         with pytest.raises(UsageError):
             iam.run_tags("r-1", "alice", "n", user=bad)
-    assert iam.tag_value("alice@example.com") == "alice@example.com" and len(iam.tag_value("x" * 300)) == 256
+    assert tag_value("alice@example.com") == "alice@example.com" and len(tag_value("x" * 300)) == 256
 
 
 def test_the_trust_policy_lets_ec2_alone_assume_the_role():
