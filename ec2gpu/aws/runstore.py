@@ -44,6 +44,7 @@ whose prefix is ``runs/`` still, expires them with the rest.
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import Any
@@ -107,14 +108,17 @@ def bucket_name(account_id: str, region: str) -> str:
     return name
 
 
+@functools.lru_cache(maxsize=32)
 def partition(region: str) -> str:
-    """The ARN partition of ``region`` (pure): aws-cn for cn-*, aws-us-gov for us-gov-*, else aws
-    (https://docs.aws.amazon.com/IAM/latest/UserGuide/reference-arns.html)."""
-    if region.startswith("cn-"):
-        return "aws-cn"
-    if region.startswith("us-gov-"):
-        return "aws-us-gov"
-    return "aws"
+    """The ARN partition of ``region`` (no AWS call; once per region and process): botocore's
+    partition data (its endpoints.json, read by Session.get_partition_for_region: aws-cn for cn-*,
+    aws-us-gov for us-gov-*, aws-iso, aws-iso-b, aws-iso-e...), "aws" for a region it does not know
+    (the sandbox's "local") (https://docs.aws.amazon.com/IAM/latest/UserGuide/reference-arns.html)."""
+    import botocore.session
+    try:
+        return str(botocore.session.get_session().get_partition_for_region(region))
+    except (botocore.exceptions.UnknownRegionError, ValueError):
+        return "aws"
 
 
 def check_run_id(run_id: str) -> str:

@@ -230,11 +230,11 @@ def test_the_accounts_permissions_boundary_is_found_and_given_to_the_role(aws, i
     through CreateRole + PutRolePolicy + PassRole): the role gets it when the account has it."""
     from pathlib import Path
     account = aws.check_credentials()["Account"]
-    assert iam_boundary.boundary_arn(iam, account) is None
+    assert iam_boundary.boundary_arn(iam, account, aws.region) is None
     doc = (Path(__file__).resolve().parents[2] / "docs" / "iam-instance-boundary.json").read_text()
     arn = iam.create_policy(PolicyName=iam_boundary.BOUNDARY_NAME, Path="/ec2gpu/", PolicyDocument=doc)["Policy"]["Arn"]
     try:
-        assert iam_boundary.boundary_arn(iam, account) == arn
+        assert iam_boundary.boundary_arn(iam, account, aws.region) == arn
         name = roles.create_run_role(iam, "run-role-b", "alice", POLICY, user=USER, boundary=arn)
         try:
             assert iam.get_role(RoleName=name)["Role"]["PermissionsBoundary"]["PermissionsBoundaryArn"] == arn

@@ -515,7 +515,7 @@ def check_boundary(aws: Aws, run_id: str, account: str, ui: ReporterLike, secret
     YOUR-FILE-MOUNTS-BUCKET stands), which no IAM statement can take back. Raises UsageError then,
     with the command that updates it; a boundary these credentials may not read is said, not refused."""
     client = aws.client("iam")
-    boundary = iam_boundary.boundary_arn(client, account)
+    boundary = iam_boundary.boundary_arn(client, account, aws.region)
     if boundary is None:
         return None
     user = runstore.user_id(aws.check_credentials())
