@@ -426,6 +426,46 @@ def _covers_runs(rule: Item) -> bool:
     return rule.get("Status") == "Enabled" and p is not None and RUNS.startswith(p)
 
 
+def runs_expire_days(rules: list[Item]) -> int | None:
+    """The fewest days after which an Enabled lifecycle rule of ``rules`` (GetBucketLifecycleConfiguration's
+    Rules, anyone's) expires an object under runs/ (its Expiration.Days), None when none does (pure).
+    S3 adds the days to the object's creation and rounds up to the next midnight UTC, so an object
+    lives at least that long (https://docs.aws.amazon.com/AmazonS3/latest/userguide/intro-lifecycle-rules.html)."""
+    days = [r["Expiration"]["Days"] for r in rules if isinstance(r, dict) and _covers_runs(r)
+            and isinstance((r.get("Expiration") or {}).get("Days"), int)]
+    return min(days) if days else None
+
+
+#: a detached run's files must outlive its limit by this much (s): the upload before its deadline is
+#: taken, and clocks
+STORE_MARGIN_S = 3600
+
+
+def check_keeps(s3: Client, bucket: str, expire_days: int, minutes: int) -> None:
+    """Refuse (UsageError, nothing made) a detached run whose limit (``minutes``) outlasts its files
+    in the run store: every instance its group launches, a spot replacement days in too, fetches the
+    agent, spec.json, the workdir and the local file_mounts from the run's prefix, and the bucket's
+    lifecycle expires them ``days`` after they were written (S3 rounds up to the next midnight UTC:
+    runs_expire_days). ``days``: the fewest of the bucket's rules that expire runs/ (anyone's,
+    as GetBucketLifecycleConfiguration answers; none for a bucket not made yet) and of ``expire_days``
+    (run_store_expire_days, which ``ensure`` sets where these credentials may). Raises AwsError
+    when the rules cannot be read."""
+    rules = (get_config(s3, "get_bucket_lifecycle_configuration", bucket) or {}).get("Rules", [])
+    found = runs_expire_days(rules if isinstance(rules, list) else [])
+    days = min(d for d in (found, expire_days) if d)
+    if minutes * 60 + STORE_MARGIN_S <= days * 86400:
+        return
+    source = f"s3://{bucket}'s lifecycle rule" if found == days else "run_store_expire_days"
+    limit = (f"{minutes // 1440}d" if minutes % 1440 == 0 else f"{minutes // 60}h" if minutes % 60 == 0
+             else f"{minutes}m")  # the spelling --max-runtime takes
+    raise UsageError(f"a detached run's limit of {limit} outlasts its files in the run store: {source} expires "
+                     f"them after {days} days, and an instance launched after that (a spot replacement) could not "
+                     "fetch its agent, spec and workdir",
+                     f"give --max-runtime {days * 24 - 1}h or less, or raise run_store_expire_days (ec2gpu.toml, "
+                     "EC2GPU_RUN_STORE_EXPIRE_DAYS; the bucket's rule is set by credentials that may: "
+                     "docs/iam-policy.json)")
+
+
 def _lifecycle_problems(rules: list[Item], expire_days: int | None) -> list[str]:
     out = []
     expiring = [r for r in rules if _covers_runs(r) and isinstance((r.get("Expiration") or {}).get("Days"), int)]

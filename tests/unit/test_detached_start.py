@@ -186,3 +186,64 @@ def test_the_agent_refuses_a_spec_over_what_it_reads_as_too_large(aws):
     store = agent_store.Store(s3, bucket, user, run_id)
     with pytest.raises(names.Refused, match=r"^spec.json is too large: over 1,048,576 bytes"):
         store.get_json("spec.json", run_spec.MAX_BYTES, hashlib.sha256(body).hexdigest())
+
+
+def test_the_deadline_is_taken_once_the_runs_files_are_in_s3(started, aws, tmp_path, monkeypatch):
+    """Issue 51 item 8: a slow upload of the workdir no longer comes out of the job's limit, nor
+    leaves the group's scheduled end behind: the group's deadline and spec.json's limit_at are
+    taken after the workdir, the file_mounts and the agent are in S3, just before the spec goes."""
+    import time
+    from datetime import datetime, timedelta, timezone
+
+    from ec2gpu.runs.plan import limits
+    put_file, uploaded = launch.runstore_objects.put_file, []
+
+    def slow_put_file(s3, bucket, key, path, *a, **k):
+        time.sleep(2.0)  # a large workdir on a slow link
+        got = put_file(s3, bucket, key, path, *a, **k)
+        uploaded.append(datetime.now(timezone.utc))
+        return got
+    monkeypatch.setattr(launch.runstore_objects, "put_file", slow_put_file)
+    deadlines = []
+    monkeypatch.setattr(groups, "create", lambda *a, **k: deadlines.append(a[-1]))
+    record = launch.start(aws, settings_mod.load({}), _opts(tmp_path), Reporter(),
+                          SimpleNamespace(name="aws", is_sandbox=False))
+    (deadline,) = deadlines
+    assert uploaded and deadline >= uploaded[-1] + timedelta(minutes=30)
+    assert record["deadline"] == deadline.isoformat()
+    user = runstore.user_id(aws.check_credentials())
+    bucket = runstore.bucket_name(aws.check_credentials()["Account"], "us-east-1")
+    body = boto3.client("s3", region_name="us-east-1").get_object(
+        Bucket=bucket, Key=runstore.spec_key(user, record["run_id"]))["Body"].read()
+    assert json.loads(body)["limit_at"] == deadline.timestamp() - limits.lead_seconds(30)
+
+
+@pytest.mark.parametrize("rule_days, setting, source", [(7, 30, "lifecycle rule expires them after 7 days"),
+                                                        (None, 5, "run_store_expire_days expires them after 5 days")])
+def test_a_run_that_outlasts_its_files_in_the_run_store_is_refused_before_anything_is_made(
+        started, aws, tmp_path, monkeypatch, rule_days, setting, source):
+    """Issue 51 item 8: every instance of a detached run (a spot replacement days in too) fetches its
+    agent, spec and workdir from the run store, whose lifecycle rule expires them: a limit longer
+    than the bucket's rule (anyone's) or run_store_expire_days is refused before anything is made,
+    with the --max-runtime that fits; a limit that fits starts."""
+    s3 = boto3.client("s3", region_name="us-east-1")
+    bucket = runstore.bucket_name(aws.check_credentials()["Account"], "us-east-1")
+    if rule_days:
+        s3.create_bucket(Bucket=bucket)
+        s3.put_bucket_lifecycle_configuration(Bucket=bucket, LifecycleConfiguration={"Rules": [
+            {"ID": "admins", "Filter": {"Prefix": ""}, "Status": "Enabled", "Expiration": {"Days": rule_days}}]})
+    days = rule_days or setting
+    settings = settings_mod.load({"run_store_expire_days": setting})
+    opts = RunOptions(task=_opts(tmp_path).task, max_runtime_minutes=days * 1440, out=tmp_path / "out")
+    with pytest.raises(UsageError) as err:
+        launch.start(aws, settings, opts, Reporter(), SimpleNamespace(name="aws", is_sandbox=False))
+    assert f"a detached run's limit of {days}d outlasts its files in the run store" in err.value.message
+    assert source in err.value.message and f"give --max-runtime {days * 24 - 1}h or less" in err.value.hint
+    assert boto3.client("iam", region_name="us-east-1").list_roles()["Roles"] == []
+    assert boto3.client("ec2", region_name="us-east-1").describe_key_pairs()["KeyPairs"] == []
+    assert [b["Name"] for b in s3.list_buckets()["Buckets"]] == ([bucket] if rule_days else [])
+    monkeypatch.setattr(launch.sweep, "delete_run", lambda *a, **k: None)
+    with pytest.raises(Grouped):  # the longest that fits starts (the group's creation is caught)
+        launch.start(aws, settings, RunOptions(task=opts.task, max_runtime_minutes=days * 1440 - 60,
+                                               out=tmp_path / "out"),
+                     Reporter(), SimpleNamespace(name="aws", is_sandbox=False))
