@@ -132,7 +132,8 @@ def check_s3_access(aws: Aws, job: TaskJob) -> None:
     client = aws.client("s3")
     job.bucket_regions, job.buckets_to_make = storage.check_buckets(client, job.mounts, aws.region, user)
     job.s3_files = storage.single_objects(client, job.mounts)
-    job.role_boundary = iam_boundary.boundary_arn(aws.client("iam"), aws.check_credentials()["Account"])
+    job.role_boundary = iam_boundary.boundary_arn(aws.client("iam"), aws.check_credentials()["Account"],
+                                                    aws.region)
 
 
 def _instance_role(aws: Aws, settings: Settings, opts: LaunchOptions, run_id: str, prov: Provisioned, ui: ReporterLike) -> None:
