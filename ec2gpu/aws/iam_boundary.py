@@ -6,7 +6,10 @@ with it, the user policy docs/iam-policy.json lets ec2gpu create roles only unde
 (https://docs.aws.amazon.com/IAM/latest/UserGuide/access_policies_boundaries.html). Before a run
 role is made, ``boundary_gaps`` says which of its actions the boundary would not allow, and
 ``reaches_other_runs`` which of its statements would let any run role of the account reach another
-user's runs (runs/detached/launch.check_boundary; docs/security.md).
+user's runs (runs/detached/launch.check_boundary; docs/security.md). The shipped boundary lets a
+run role use a file_mounts bucket's KMS key (kms:Decrypt, kms:GenerateDataKey) only through S3 and
+for those buckets' objects: an older one without it is a gap for a run whose bucket uses SSE-KMS
+(aws/iam.key_statements).
 """
 from __future__ import annotations
 

@@ -50,6 +50,8 @@ def aws(monkeypatch, tmp_path):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("EC2GPU_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(FakeBucket, "get_permission", _over_tls)
+    from ec2gpu.sandbox import ebskeys
+    ebskeys.install()  # GetEbsDefaultKmsKeyId, as the sandbox's daemon answers it (moto has none)
     with mock_aws():
         yield Aws("us-east-1")
 
@@ -247,3 +249,62 @@ def test_a_run_that_outlasts_its_files_in_the_run_store_is_refused_before_anythi
         launch.start(aws, settings, RunOptions(task=opts.task, max_runtime_minutes=days * 1440 - 60,
                                                out=tmp_path / "out"),
                      Reporter(), SimpleNamespace(name="aws", is_sandbox=False))
+
+
+def _customer_key(policy: dict | None = None) -> str:
+    """A customer managed KMS key made the account's default for EBS encryption; its ARN."""
+    kms = boto3.client("kms", region_name="us-east-1")
+    key = kms.create_key(**({"Policy": json.dumps(policy)} if policy else {}))["KeyMetadata"]
+    boto3.client("ec2", region_name="us-east-1").modify_ebs_default_kms_key_id(KmsKeyId=key["KeyId"])
+    return key["Arn"]
+
+
+@pytest.mark.parametrize("given", ["nothing", "grant", "key policy"])
+def test_a_customer_managed_ebs_key_auto_scaling_may_not_use_is_refused_before_anything_is_made(
+        started, aws, tmp_path, given):
+    """Issue 51 item 6: Auto Scaling's service-linked role launches a detached run's encrypted volumes
+    with the account's default EBS key; a customer managed key lets it only through its key policy
+    or a grant (else every launch fails, Client.InternalError). Without either the run is refused
+    before anything is made, with the grant that is needed; with one it starts."""
+    from ec2gpu.aws import iam_detached
+    role = iam_detached.autoscaling_role_arn("123456789012", "us-east-1")
+    policy = {"Version": "2012-10-17", "Statement": [
+        {"Sid": "Admins", "Effect": "Allow", "Principal": {"AWS": "arn:aws:iam::123456789012:root"}, "Action": "kms:*",
+         "Resource": "*"}]}
+    if given == "key policy":  # the two statements of AWS's page, as one
+        policy["Statement"].append({"Sid": "AutoScaling", "Effect": "Allow", "Principal": {"AWS": [role]},
+                                    "Action": ["kms:Encrypt", "kms:Decrypt", "kms:ReEncrypt*", "kms:GenerateDataKey*",
+                                               "kms:DescribeKey", "kms:CreateGrant"], "Resource": "*"})
+    arn = _customer_key(policy)
+    if given == "grant":
+        boto3.client("kms", region_name="us-east-1").create_grant(
+            KeyId=arn, GranteePrincipal=role, Operations=list(iam_detached.AUTOSCALING_GRANT))
+    if given != "nothing":
+        started(_opts(tmp_path))  # the group is reached
+        return
+    with pytest.raises(UsageError) as err:
+        launch.start(aws, settings_mod.load({}), _opts(tmp_path), Reporter(), SimpleNamespace(name="aws", is_sandbox=False))
+    assert f"the account's default key for EBS encryption, {arn}, is a customer managed key" in err.value.message
+    assert f"aws kms create-grant --region us-east-1 --key-id {arn} --grantee-principal {role}" in err.value.hint
+    assert boto3.client("iam", region_name="us-east-1").list_roles()["Roles"] == []
+    assert boto3.client("ec2", region_name="us-east-1").describe_key_pairs()["KeyPairs"] == []
+
+
+def test_the_aws_managed_ebs_key_needs_no_grant_and_an_unreadable_key_is_said(started, aws, tmp_path, monkeypatch):
+    """The AWS managed key (alias/aws/ebs, a new account's) needs nothing; a key whose policy and
+    grants these credentials may not read is a warning naming the grant, not a refusal."""
+    ui, _ = started(_opts(tmp_path))
+    assert not any("default key for EBS" in n for n in ui.notes)
+    _customer_key()
+    import botocore.client
+    from botocore.exceptions import ClientError
+    real = botocore.client.BaseClient._make_api_call
+
+    def call(self, name, params):  # these credentials may not read the key's policy and grants
+        if name in ("GetKeyPolicy", "ListGrants"):
+            raise ClientError({"Error": {"Code": "AccessDeniedException", "Message": "no"}}, name)
+        return real(self, name, params)
+    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", call)
+    ui, _ = started(_opts(tmp_path))
+    assert any(n.startswith("warning: could not read the key policy and grants of arn:aws:kms:us-east-1:")
+               and "aws kms create-grant" in n for n in ui.notes), ui.notes

@@ -381,7 +381,8 @@ class DetachedJob(lifecycle.Lifecycle[Handoff, run_record.RunRecord]):
 
     def prepare(self, a: Handoff) -> None:
         """The account's permissions boundary checked, the run store's lifecycle against the run's
-        limit (aws/runstore.check_keeps), and the spec.json bytes (spec_body; the agent's own checks
+        limit (aws/runstore.check_keeps), the account's default key for EBS against Auto Scaling's
+        role (aws/iam_detached.check_ebs_key), and the spec.json bytes (spec_body; the agent's own checks
         applied) with a deadline from now, all before anything is made: ``upload`` takes the
         deadline again once the run's files are in S3."""
         opts = a.opts
@@ -389,6 +390,7 @@ class DetachedJob(lifecycle.Lifecycle[Handoff, run_record.RunRecord]):
                                     extra=a.job.role_policy, several=opts.nodes > 1)
         runstore.check_keeps(a.aws.client("s3"), runstore.bucket_name(a.account, a.aws.region),
                              a.settings.run_store_expire_days, opts.max_runtime_minutes or 0)
+        iam_detached.check_ebs_key(a.aws.ec2, a.aws.client("kms"), a.account, a.aws.region, a.ui.note)
         a.launches = opts.max_attempts or DEFAULT_LAUNCHES[opts.spot] * opts.nodes
         a.spec = _spec_from_now(a)
 
