@@ -226,3 +226,17 @@ def test_a_several_node_run_with_the_most_labels_stays_within_ec2s_tags_per_reso
         own = {k for k in node.tags if k not in dict(labels)}
         assert own == set(tags.INSTANCE_TAGS)  # every tag ec2gpu puts is counted in INSTANCE_TAGS
         assert len(node.tags) == tags.MAX_TAGS
+
+
+def test_the_sandbox_answers_the_accounts_default_ebs_key_as_ec2_does(sandbox_env):
+    """GetEbsDefaultKmsKeyId (sandbox/ebskeys.py; moto has none): alias/aws/ebs, the AWS managed key,
+    also once volumes were encrypted (moto then keeps a key of its own as the default), until
+    ModifyEbsDefaultKmsKeyId names another: then its ARN. us-west-2: no other test's region."""
+    import os
+    aws = Aws("us-west-2", endpoint_url=os.environ["AWS_ENDPOINT_URL"])
+    ec2, kms = aws.ec2, aws.client("kms")
+    ec2.create_volume(AvailabilityZone="us-west-2a", Size=1, Encrypted=True)
+    assert ec2.get_ebs_default_kms_key_id()["KmsKeyId"] == "alias/aws/ebs"
+    key = kms.create_key()["KeyMetadata"]
+    ec2.modify_ebs_default_kms_key_id(KmsKeyId=key["KeyId"])
+    assert ec2.get_ebs_default_kms_key_id()["KmsKeyId"] == key["Arn"]
