@@ -54,7 +54,7 @@ import botocore.exceptions
 from ..errors import AwsError, UsageError
 from ..wire import bounded_json, names, run_record, run_spec
 from . import tags
-from .runstore_objects import FORBIDDEN, MISSING_BUCKET, Forbidden, expected_owner, get_config, request
+from .runstore_objects import FORBIDDEN, MISSING_BUCKET, Forbidden, absent, expected_owner, get_config, request
 from .session import Aws, Client, Item, Log, error_code
 
 # --- names and keys (pure) --------------------------------------------------------------------
@@ -448,9 +448,16 @@ def check_keeps(s3: Client, bucket: str, expire_days: int, minutes: int) -> None
     lifecycle expires them ``days`` after they were written (S3 rounds up to the next midnight UTC:
     runs_expire_days). ``days``: the fewest of the bucket's rules that expire runs/ (anyone's,
     as GetBucketLifecycleConfiguration answers; none for a bucket not made yet) and of ``expire_days``
-    (run_store_expire_days, which ``ensure`` sets where these credentials may). Raises AwsError
-    when the rules cannot be read."""
-    rules = (get_config(s3, "get_bucket_lifecycle_configuration", bucket) or {}).get("Rules", [])
+    (run_store_expire_days, which ``ensure`` sets where these credentials may; alone when they may
+    not read the rules: s3:GetLifecycleConfiguration, which docs/iam-policy.json grants). Raises
+    AwsError for other errors."""
+    try:
+        rules = s3.get_bucket_lifecycle_configuration(Bucket=bucket, **expected_owner(bucket)).get("Rules", [])
+    except botocore.exceptions.ClientError as exc:
+        if not absent(error_code(exc)) and error_code(exc) not in FORBIDDEN:
+            raise AwsError(f"run store: s3://{bucket}: GetBucketLifecycleConfiguration failed ({error_code(exc)})",
+                           "try again") from None
+        rules = []
     found = runs_expire_days(rules if isinstance(rules, list) else [])
     days = min(d for d in (found, expire_days) if d)
     if minutes * 60 + STORE_MARGIN_S <= days * 86400:

@@ -308,3 +308,16 @@ def test_the_aws_managed_ebs_key_needs_no_grant_and_an_unreadable_key_is_said(st
     ui, _ = started(_opts(tmp_path))
     assert any(n.startswith("warning: could not read the key policy and grants of arn:aws:kms:us-east-1:")
                and "aws kms create-grant" in n for n in ui.notes), ui.notes
+
+
+def test_rules_these_credentials_may_not_read_leave_the_setting_to_decide():
+    """A user without s3:GetLifecycleConfiguration on the run store is not refused for it: the run's
+    limit is held to run_store_expire_days alone (runstore.check_keeps)."""
+    from botocore.exceptions import ClientError
+
+    class Refusing:
+        def get_bucket_lifecycle_configuration(self, **kw):
+            raise ClientError({"Error": {"Code": "AccessDenied", "Message": "no"}}, "GetBucketLifecycleConfiguration")
+    runstore.check_keeps(Refusing(), "ec2gpu-123456789012-us-east-1", 30, 29 * 1440)
+    with pytest.raises(UsageError, match="run_store_expire_days expires them after 3 days"):
+        runstore.check_keeps(Refusing(), "ec2gpu-123456789012-us-east-1", 3, 3 * 1440)
