@@ -207,6 +207,8 @@ AUTOSCALING_ROLE = "role/aws-service-role/autoscaling.amazonaws.com/AWSServiceRo
 AUTOSCALING_GRANT = ("Encrypt", "Decrypt", "ReEncryptFrom", "ReEncryptTo", "GenerateDataKey",
                      "GenerateDataKeyWithoutPlaintext", "DescribeKey", "CreateGrant")
 _REFUSED = frozenset({"AccessDenied", "AccessDeniedException", "UnauthorizedOperation"})
+#: a key policy is 32 KB at most (https://docs.aws.amazon.com/kms/latest/developerguide/resource-limits.html)
+MAX_KEY_POLICY_BYTES = 32 * 1024
 
 
 def autoscaling_role_arn(account_id: str, region: str) -> str:
@@ -240,10 +242,9 @@ def check_ebs_key(ec2: Any, kms: Any, account_id: str, region: str, log: Callabl
     with the grant that is needed, when the key's policy and grants were read and let it not (each
     launch would fail with Client.InternalError and the run end); ``log`` hears a warning naming the
     grant when these credentials may not read them. Raises botocore's ClientError for other errors."""
-    import json
-
     import botocore.exceptions
 
+    from ..wire import bounded_json
     from .session import error_code
 
     def read(call: Callable[[], Any]) -> Any:
@@ -263,7 +264,7 @@ def check_ebs_key(ec2: Any, kms: Any, account_id: str, region: str, log: Callabl
     arn, role = str((meta or {}).get("Arn") or key), autoscaling_role_arn(account_id, region)
     raw = read(lambda: kms.get_key_policy(KeyId=arn, PolicyName="default")["Policy"]) if key else None
     try:
-        policy = json.loads(raw) if isinstance(raw, str) else None
+        policy = bounded_json.loads(raw, max_bytes=MAX_KEY_POLICY_BYTES) if isinstance(raw, str) else None
     except ValueError:
         policy = None
     grants = read(lambda: kms.list_grants(KeyId=arn).get("Grants", [])) if key else None
