@@ -217,19 +217,23 @@ def autoscaling_role_arn(account_id: str, region: str) -> str:
 
 
 def key_lets(policy: dict[str, Any] | None, grants: list[dict[str, Any]] | None, role: str) -> bool | None:
-    """Whether a KMS key lets ``role`` (an ARN) launch volumes with it (pure): an Allow of the key's
-    ``policy`` (its document as GetKeyPolicy answers) whose Principal names ``role`` (or is ``*``)
-    and whose actions hold kms:CreateGrant and kms:Decrypt, or one of its ``grants`` (ListGrants')
-    to ``role`` with CreateGrant and Decrypt. None when neither could be read."""
+    """Whether a KMS key lets ``role`` (an ARN) launch volumes with it (pure): Allow statements of
+    the key's ``policy`` (its document as GetKeyPolicy answers) whose Principal names ``role`` (or
+    is ``*``) give it kms:Decrypt and kms:CreateGrant, in one statement or two (AWS's page puts
+    CreateGrant in a second one, under kms:GrantIsForAWSResource, which Auto Scaling's use meets:
+    conditions are not read), or one of its ``grants`` (ListGrants') to ``role`` holds CreateGrant
+    and Decrypt. None when neither could be read."""
     from .iam_match import listed, names_action, statements
     if policy is None and grants is None:
         return None
+    given: set[str] = set()
     for st in statements(policy or {}):
         principal = st.get("Principal")
         names = ["*"] if principal == "*" else listed(principal.get("AWS")) if isinstance(principal, dict) else []
-        if (st.get("Effect") == "Allow" and "Condition" not in st and ("*" in names or role in names)
-                and names_action(st, "kms:creategrant") and names_action(st, "kms:decrypt")):
-            return True
+        if st.get("Effect") == "Allow" and ("*" in names or role in names):
+            given |= {a for a in ("kms:decrypt", "kms:creategrant") if names_action(st, a)}
+    if given == {"kms:decrypt", "kms:creategrant"}:
+        return True
     return any(g.get("GranteePrincipal") == role and {"CreateGrant", "Decrypt"} <= set(g.get("Operations") or [])
                for g in grants or [] if isinstance(g, dict))
 

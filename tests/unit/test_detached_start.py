@@ -207,17 +207,20 @@ def test_the_deadline_is_taken_once_the_runs_files_are_in_s3(started, aws, tmp_p
         uploaded.append(datetime.now(timezone.utc))
         return got
     monkeypatch.setattr(launch.runstore_objects, "put_file", slow_put_file)
-    deadlines = []
-    monkeypatch.setattr(groups, "create", lambda *a, **k: deadlines.append(a[-1]))
-    record = launch.start(aws, settings_mod.load({}), _opts(tmp_path), Reporter(),
-                          SimpleNamespace(name="aws", is_sandbox=False))
-    (deadline,) = deadlines
+    made = []
+
+    def create(ec2, autoscaling, spec, *a):  # the group's deadline, then the group's creation caught
+        made.append((spec.run_id, a[-1]))
+        raise Grouped
+    monkeypatch.setattr(groups, "create", create)
+    with pytest.raises(Grouped):
+        launch.start(aws, settings_mod.load({}), _opts(tmp_path), Reporter(), SimpleNamespace(name="aws", is_sandbox=False))
+    ((run_id, deadline),) = made
     assert uploaded and deadline >= uploaded[-1] + timedelta(minutes=30)
-    assert record["deadline"] == deadline.isoformat()
     user = runstore.user_id(aws.check_credentials())
     bucket = runstore.bucket_name(aws.check_credentials()["Account"], "us-east-1")
     body = boto3.client("s3", region_name="us-east-1").get_object(
-        Bucket=bucket, Key=runstore.spec_key(user, record["run_id"]))["Body"].read()
+        Bucket=bucket, Key=runstore.spec_key(user, run_id))["Body"].read()
     assert json.loads(body)["limit_at"] == deadline.timestamp() - limits.lead_seconds(30)
 
 
@@ -260,7 +263,7 @@ def _customer_key(policy: dict | None = None) -> str:
     return key["Arn"]
 
 
-@pytest.mark.parametrize("given", ["nothing", "grant", "key policy"])
+@pytest.mark.parametrize("given", ["nothing", "grant", "key policy", "aws's two statements"])
 def test_a_customer_managed_ebs_key_auto_scaling_may_not_use_is_refused_before_anything_is_made(
         started, aws, tmp_path, given):
     """Issue 51 item 6: Auto Scaling's service-linked role launches a detached run's encrypted volumes
@@ -276,6 +279,12 @@ def test_a_customer_managed_ebs_key_auto_scaling_may_not_use_is_refused_before_a
         policy["Statement"].append({"Sid": "AutoScaling", "Effect": "Allow", "Principal": {"AWS": [role]},
                                     "Action": ["kms:Encrypt", "kms:Decrypt", "kms:ReEncrypt*", "kms:GenerateDataKey*",
                                                "kms:DescribeKey", "kms:CreateGrant"], "Resource": "*"})
+    if given == "aws's two statements":  # the page's example: CreateGrant apart, for AWS resources only
+        policy["Statement"] += [
+            {"Sid": "Use", "Effect": "Allow", "Principal": {"AWS": role}, "Resource": "*",
+             "Action": ["kms:Encrypt", "kms:Decrypt", "kms:ReEncrypt*", "kms:GenerateDataKey*", "kms:DescribeKey"]},
+            {"Sid": "Attach", "Effect": "Allow", "Principal": {"AWS": role}, "Action": "kms:CreateGrant", "Resource": "*",
+             "Condition": {"Bool": {"kms:GrantIsForAWSResource": True}}}]
     arn = _customer_key(policy)
     if given == "grant":
         boto3.client("kms", region_name="us-east-1").create_grant(
