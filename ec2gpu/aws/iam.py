@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -68,9 +68,6 @@ _RESERVED_END = ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
 #: IAM role names: 64 characters at most, letters, digits and +=,.@_-
 #: (https://docs.aws.amazon.com/IAM/latest/APIReference/API_CreateRole.html)
 _ROLE_NAME = re.compile(r"[\w+=,.@-]{1,64}", re.ASCII)
-#: characters an IAM tag value may not hold, replaced by "_"; 256 characters at most
-#: (https://docs.aws.amazon.com/IAM/latest/APIReference/API_Tag.html)
-_TAG_VALUE_BAD = re.compile(r"[^\w .:/=+\-@]")
 #: characters with a meaning in an IAM Resource or StringLike value, written as IAM's fixed policy
 #: variables so that an S3 key holding them is matched literally and never widens the grant
 #: (https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_policies_variables.html, special characters)
@@ -130,9 +127,12 @@ def _merged(entries: Iterable[tuple[str, object]]) -> dict[str, list[str]]:
     return out
 
 
-def s3_policy(reads: list[tuple[str, str]], writes: list[tuple[str, str]]) -> dict[str, Any]:
+def s3_policy(reads: list[tuple[str, str]], writes: list[tuple[str, str]],
+              keys: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The role's inline policy (pure): read access to the ``reads`` prefixes, read and write access
     to the ``writes`` ones, and nothing else. Each entry is (bucket, key prefix); "" is the whole bucket.
+    ``keys``: {bucket: the KMS key its default encryption names (SSE-KMS: storage.bucket_keys)}: the
+    role may use that key through S3 for that bucket's objects (``key_statements``).
 
     Returns an IAM policy document {"Version": "2012-10-17", "Statement": [...]} with, in order:
     "Read": s3:GetObject on ``arn:aws:s3:::BUCKET/PREFIX`` and ``BUCKET/PREFIX/*`` (``PREFIX*`` for a
@@ -140,7 +140,8 @@ def s3_policy(reads: list[tuple[str, str]], writes: list[tuple[str, str]]) -> di
     "Write" (only with writes): s3:AbortMultipartUpload and s3:PutObject on those of the writes;
     "List1", "List2", ...: one per bucket, s3:ListBucket on ``arn:aws:s3:::BUCKET`` with
     ``{"StringLike": {"s3:prefix": [the same patterns]}}`` (no condition when a prefix is "");
-    "Locate": s3:GetBucketLocation on the buckets. Duplicates are merged, a prefix another of the
+    "Locate": s3:GetBucketLocation on the buckets; "ReadKeys" / "WriteKeys" (``key_statements``) for
+    the buckets of ``keys``. Duplicates are merged, a prefix another of the
     same bucket covers is dropped, and ``*``, ``?`` and ``$`` in a prefix are written as IAM's
     ``${*}``, ``${?}``, ``${$}`` (matched literally). Actions and resource types:
     https://docs.aws.amazon.com/service-authorization/latest/reference/list_amazons3.html.
@@ -169,6 +170,7 @@ def s3_policy(reads: list[tuple[str, str]], writes: list[tuple[str, str]]) -> di
         statements.append(listing)
     statements.append({"Sid": "Locate", "Effect": "Allow", "Action": ["s3:GetBucketLocation"],
                        "Resource": [f"arn:aws:s3:::{b}" for b in read]})
+    statements += key_statements({b: k for b, k in (keys or {}).items() if b in read}, set(write))
     policy = {"Version": "2012-10-17", "Statement": statements}
     size = len(json.dumps(policy, separators=(",", ":")))
     if size > MAX_POLICY_CHARS:
@@ -176,6 +178,51 @@ def s3_policy(reads: list[tuple[str, str]], writes: list[tuple[str, str]]) -> di
                          "(name fewer prefixes, or one shared prefix)")
     return policy
 
+
+
+#: a KMS key as IAM names it in a Resource: its ARN (arn:PARTITION:kms:REGION:ACCOUNT:key/ID)
+_KEY_ARN = re.compile(r"arn:[a-z-]+:kms:[a-z0-9-]+:[0-9]{12}:key/[A-Za-z0-9-]{1,128}")
+_KEY_ID = re.compile(r"(mrk-)?[A-Za-z0-9-]{1,128}")
+_ALIAS = re.compile(r"(arn:[a-z-]+:kms:[a-z0-9-]+:[0-9]{12}:)?(alias/[A-Za-z0-9/_-]{1,250})")
+
+
+def key_statements(keys: Mapping[str, str], writes: set[str]) -> list[dict[str, Any]]:
+    """The statements that let a run role use the KMS keys of SSE-KMS buckets (pure): ``keys`` is
+    {bucket: the key S3 names in its default encryption, GetBucketEncryption's KMSMasterKeyID: a key
+    ARN, a key id or an alias}; the buckets of ``writes`` are written too. A GetObject of an SSE-KMS
+    object needs kms:Decrypt on its key, a PutObject kms:GenerateDataKey (and kms:Decrypt for a
+    multipart upload): https://docs.aws.amazon.com/AmazonS3/latest/userguide/UsingKMSEncryption.html
+    (permissions). "ReadKeys" (kms:Decrypt) and "WriteKeys" (kms:Decrypt, kms:GenerateDataKey),
+    each only through S3 (kms:ViaService) and for those buckets' objects (S3's encryption context,
+    kms:EncryptionContext:aws:s3:arn: the object's ARN, or the bucket's with S3 Bucket Keys);
+    a key named by alias is matched by kms:ResourceAliases
+    (https://docs.aws.amazon.com/kms/latest/developerguide/conditions-kms.html). Raises ValueError
+    for a key S3 cannot have named."""
+    out: list[dict[str, Any]] = []
+    for sid, actions, buckets in (("ReadKeys", ["kms:Decrypt"], sorted(set(keys) - writes)),
+                                  ("WriteKeys", ["kms:Decrypt", "kms:GenerateDataKey"], sorted(set(keys) & writes))):
+        arns, aliases = set(), set()
+        for b in buckets:
+            key = keys[b]
+            alias = _ALIAS.fullmatch(key)
+            if _KEY_ARN.fullmatch(key):
+                arns.add(key)
+            elif alias:
+                aliases.add(alias.group(2))
+            elif _KEY_ID.fullmatch(key):
+                arns.add(f"arn:*:kms:*:*:key/{key}")
+            else:
+                raise ValueError(f"s3://{b}: {key[:80]!r} is not a KMS key S3 could name")
+        context = {"kms:ViaService": "s3.*.amazonaws.com",
+                   "kms:EncryptionContext:aws:s3:arn": [x for b in buckets for x in (f"arn:aws:s3:::{b}", f"arn:aws:s3:::{b}/*")]}
+        if arns:
+            out.append({"Sid": sid, "Effect": "Allow", "Action": actions, "Resource": sorted(arns),
+                        "Condition": {"StringLike": context}})
+        if aliases:
+            out.append({"Sid": sid + "ByAlias", "Effect": "Allow", "Action": actions, "Resource": "arn:*:kms:*:*:key/*",
+                        "Condition": {"StringLike": context,
+                                      "ForAnyValue:StringEquals": {"kms:ResourceAliases": sorted(aliases)}}})
+    return out
 
 
 def handover_policy(bucket: str, user: str, run_id: str) -> dict[str, Any]:
@@ -232,21 +279,14 @@ def role_name(run_id: str) -> str:
     return name
 
 
-def tag_value(value: str) -> str:
-    """``value`` as IAM accepts a tag value (pure): characters outside letters, digits, spaces and
-    ``_ . : / = + - @`` become "_", 256 characters at most. EC2 takes any character, IAM not
-    (an owner such as ``DOMAIN\\user``)."""
-    return _TAG_VALUE_BAD.sub("_", value or "")[:256]
-
-
 def run_tags(run_id: str, owner: str, name: str, region: str | None = None, *, user: str) -> list[dict[str, str]]:
     """The tags of a run's role and profile (pure): tags.tags' three, values made IAM-safe
-    (``tag_value``), ``REGION`` when given, and ``ec2gpu:user`` = ``user`` as it is (the caller's
+    (``tags.tag_value``), ``REGION`` when given, and ``ec2gpu:user`` = ``user`` as it is (the caller's
     user id: the boundary reads it as ``${aws:PrincipalTag/ec2gpu:user}`` and docs/iam-policy.json
     compares it with ``${aws:userid}``, so it is never rewritten). Raises UsageError for a user id
     not of aws/runstore.USER_ID's form (which an IAM tag value holds)."""
-    out = [{"Key": t["Key"], "Value": tag_value(t["Value"])} for t in tags.tags(run_id, owner, name)]
-    return (out + ([{"Key": REGION, "Value": tag_value(region)}] if region else [])
+    out = [{"Key": t["Key"], "Value": tags.tag_value(t["Value"])} for t in tags.tags(run_id, owner, name)]
+    return (out + ([{"Key": REGION, "Value": tags.tag_value(region)}] if region else [])
             + [{"Key": tags.USER, "Value": check_user_id(user)}])
 
 
@@ -449,7 +489,7 @@ def find_run_roles(iam: Client, run_id: str | None = None, owner: str | None = N
     Roles under ``/ec2gpu/`` (ListRoles with PathPrefix, paginated; their tags from ListRoleTags)
     that carry the ec2gpu:run tag; and instance profiles under ``/ec2gpu/`` that carry it and hold
     no role of those (the role is gone: an orphan profile, which ``delete_run_role`` removes by the
-    same name). ``owner`` is compared as tagged (``tag_value``); ``region`` keeps those tagged
+    same name). ``owner`` is compared as tagged (``tags.tag_value``); ``region`` keeps those tagged
     ``REGION`` with it (an untagged one is left out).
 
     Returns [{"name": role or profile name, "run_id", "owner", "region" ("" when untagged),
@@ -459,7 +499,7 @@ def find_run_roles(iam: Client, run_id: str | None = None, owner: str | None = N
     """
     def wanted(tg: dict[str, str]) -> bool:
         return (bool(tg.get(tags.RUN)) and (run_id is None or tg.get(tags.RUN) == run_id)
-                and (owner is None or tg.get(tags.OWNER) == tag_value(owner))
+                and (owner is None or tg.get(tags.OWNER) == tags.tag_value(owner))
                 and (region is None or tg.get(REGION) == region))
 
     def row(name: str, tg: dict[str, str], created: datetime | None, kind: str) -> dict[str, Any]:

@@ -6,7 +6,10 @@ with it, the user policy docs/iam-policy.json lets ec2gpu create roles only unde
 (https://docs.aws.amazon.com/IAM/latest/UserGuide/access_policies_boundaries.html). Before a run
 role is made, ``boundary_gaps`` says which of its actions the boundary would not allow, and
 ``reaches_other_runs`` which of its statements would let any run role of the account reach another
-user's runs (runs/detached/launch.check_boundary; docs/security.md).
+user's runs (runs/detached/launch.check_boundary; docs/security.md). The shipped boundary lets a
+run role use a file_mounts bucket's KMS key (kms:Decrypt, kms:GenerateDataKey) only through S3 and
+for those buckets' objects: an older one without it is a gap for a run whose bucket uses SSE-KMS
+(aws/iam.key_statements).
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import botocore.exceptions
 
 from .iam import GONE, PATH, REFUSED
 from .iam_match import arn_pattern, listed, names_action, statements
-from .runstore import BUCKET_PREFIX
+from .runstore import BUCKET_PREFIX, partition
 from .session import Client, error_code
 
 #: the permissions boundary every run role gets when the account has it (docs/iam-instance-boundary.json,
@@ -33,10 +36,12 @@ BOUNDARY_USER = "${aws:PrincipalTag/ec2gpu:user}"
 BOUNDARY_RUN = "${aws:PrincipalTag/ec2gpu:run}"
 
 
-def boundary_arn(iam: Client, account_id: str) -> str | None:
-    """The ARN of the account's BOUNDARY_NAME policy under PATH, or None when it has none (or
-    these credentials may not read it: GetPolicy). Raises botocore's ClientError for other errors."""
-    arn = f"arn:aws:iam::{account_id}:policy{PATH}{BOUNDARY_NAME}"
+def boundary_arn(iam: Client, account_id: str, region: str) -> str | None:
+    """The ARN of the account's BOUNDARY_NAME policy under PATH, in ``region``'s partition
+    (runstore.partition: arn:aws-cn:iam::... in China, arn:aws-us-gov:... in GovCloud, where an
+    arn:aws: one is refused as malformed), or None when it has none (or these credentials may not
+    read it: GetPolicy). Raises botocore's ClientError for other errors."""
+    arn = f"arn:{partition(region)}:iam::{account_id}:policy{PATH}{BOUNDARY_NAME}"
     try:
         iam.get_policy(PolicyArn=arn)
     except botocore.exceptions.ClientError as exc:

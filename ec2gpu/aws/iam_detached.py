@@ -11,7 +11,7 @@ detached run's instance reaches only its own run").
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import UsageError
 from . import runstore
@@ -190,3 +190,102 @@ def _own_secrets_statement(arn: str, region: str, account_id: str, run_id: str, 
     return {"Sid": "ReadOwnSecrets", "Effect": "Allow", "Action": ["ssm:GetParameters"],
             "Resource": f"{arn}:ssm:{region}:{account_id}:parameter/ec2gpu/runs/{run_id}/*",
             "Condition": {"StringEquals": {f"aws:ResourceTag/{USER}": user}}}
+
+
+# --- the account's default key for EBS, as Auto Scaling's service-linked role meets it ------------
+
+#: the AWS managed key for EBS: what GetEbsDefaultKmsKeyId answers in an account that never named
+#: another (https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_GetEbsDefaultKmsKeyId.html)
+EBS_AWS_MANAGED = "alias/aws/ebs"
+#: Auto Scaling's service-linked role (under the account's ARN), which launches a detached run's
+#: instances and creates their encrypted volumes: it may use the AWS managed key, a customer managed
+#: one only where that key's policy lets it (kms:Encrypt, Decrypt, ReEncrypt*, GenerateDataKey*,
+#: DescribeKey, and kms:CreateGrant for AWS resources) or a grant does; else each launch fails with
+#: Client.InternalError (https://docs.aws.amazon.com/autoscaling/ec2/userguide/key-policy-requirements-EBS-encryption.html)
+AUTOSCALING_ROLE = "role/aws-service-role/autoscaling.amazonaws.com/AWSServiceRoleForAutoScaling"
+#: the operations of a grant that lets that role use a key (the page above, cross-account example)
+AUTOSCALING_GRANT = ("Encrypt", "Decrypt", "ReEncryptFrom", "ReEncryptTo", "GenerateDataKey",
+                     "GenerateDataKeyWithoutPlaintext", "DescribeKey", "CreateGrant")
+_REFUSED = frozenset({"AccessDenied", "AccessDeniedException", "UnauthorizedOperation"})
+#: a key policy is 32 KB at most (https://docs.aws.amazon.com/kms/latest/developerguide/resource-limits.html)
+MAX_KEY_POLICY_BYTES = 32 * 1024
+
+
+def autoscaling_role_arn(account_id: str, region: str) -> str:
+    """The ARN of Auto Scaling's service-linked role in ``account_id``, in ``region``'s partition (pure)."""
+    return f"arn:{runstore.partition(region)}:iam::{account_id}:{AUTOSCALING_ROLE}"
+
+
+def key_lets(policy: dict[str, Any] | None, grants: list[dict[str, Any]] | None, role: str) -> bool | None:
+    """Whether a KMS key lets ``role`` (an ARN) launch volumes with it (pure): Allow statements of
+    the key's ``policy`` (its document as GetKeyPolicy answers) whose Principal names ``role`` (or
+    is ``*``) give it kms:Decrypt and kms:CreateGrant, in one statement or two (AWS's page puts
+    CreateGrant in a second one, under kms:GrantIsForAWSResource, which Auto Scaling's use meets:
+    conditions are not read), or one of its ``grants`` (ListGrants') to ``role`` holds CreateGrant
+    and Decrypt. None when neither could be read."""
+    from .iam_match import listed, names_action, statements
+    if policy is None and grants is None:
+        return None
+    given: set[str] = set()
+    for st in statements(policy or {}):
+        principal = st.get("Principal")
+        names = ["*"] if principal == "*" else listed(principal.get("AWS")) if isinstance(principal, dict) else []
+        if st.get("Effect") == "Allow" and ("*" in names or role in names):
+            given |= {a for a in ("kms:decrypt", "kms:creategrant") if names_action(st, a)}
+    if given == {"kms:decrypt", "kms:creategrant"}:
+        return True
+    return any(g.get("GranteePrincipal") == role and {"CreateGrant", "Decrypt"} <= set(g.get("Operations") or [])
+               for g in grants or [] if isinstance(g, dict))
+
+
+def check_ebs_key(ec2: Any, kms: Any, account_id: str, region: str, log: Callable[[str], None]) -> None:
+    """Before a detached run makes anything: the account's default key for EBS encryption
+    (GetEbsDefaultKmsKeyId), which encrypts its instances' volumes (aws/instances.run_request names
+    none), is the AWS managed one, or a customer managed one that Auto Scaling's service-linked role
+    may use (key_lets: its key policy, GetKeyPolicy, or a grant, ListGrants). Raises UsageError,
+    with the grant that is needed, when the key's policy and grants were read and let it not (each
+    launch would fail with Client.InternalError and the run end); ``log`` hears a warning naming the
+    grant when these credentials may not read them. Raises botocore's ClientError for other errors."""
+    import botocore.exceptions
+
+    from ..wire import bounded_json
+    from .session import error_code
+
+    def read(call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except botocore.exceptions.ClientError as exc:
+            if error_code(exc) in _REFUSED:
+                return None
+            raise
+    got = read(lambda: ec2.get_ebs_default_kms_key_id())
+    key = str((got or {}).get("KmsKeyId") or "")
+    if got is not None and (key == EBS_AWS_MANAGED or key.endswith(":" + EBS_AWS_MANAGED)):
+        return
+    meta = read(lambda: kms.describe_key(KeyId=key)["KeyMetadata"]) if key else None
+    if meta is not None and meta.get("KeyManager") == "AWS":
+        return
+    arn, role = str((meta or {}).get("Arn") or key), autoscaling_role_arn(account_id, region)
+    raw = read(lambda: kms.get_key_policy(KeyId=arn, PolicyName="default")["Policy"]) if key else None
+    try:
+        policy = bounded_json.loads(raw, max_bytes=MAX_KEY_POLICY_BYTES) if isinstance(raw, str) else None
+    except ValueError:
+        policy = None
+    grants = read(lambda: kms.list_grants(KeyId=arn).get("Grants", [])) if key else None
+    lets = key_lets(policy if isinstance(policy, dict) else None, grants, role)
+    if lets:
+        return
+    grant = (f"aws kms create-grant --region {region} --key-id {arn or 'KEY'} --grantee-principal {role} "
+             f"--operations {' '.join(AUTOSCALING_GRANT)}")
+    page = "https://docs.aws.amazon.com/autoscaling/ec2/userguide/key-policy-requirements-EBS-encryption.html"
+    if lets is None:
+        what = (f"the key policy and grants of {arn}, the account's default key for EBS encryption," if key else
+                "the account's default key for EBS encryption (ec2:GetEbsDefaultKmsKeyId)")
+        log(f"warning: could not read {what} here: if it is a customer managed key that Auto Scaling's service-linked "
+            f"role may not use, every launch fails (Client.InternalError); its administrator lets it: {grant} ({page})")
+        return
+    raise UsageError(f"the account's default key for EBS encryption, {arn}, is a customer managed key that Auto Scaling's "
+                     f"service-linked role may not use (neither its key policy nor a grant lets {role}): every launch "
+                     "of a detached run would fail (Client.InternalError)",
+                     f"the key's administrator gives it once: {grant} (or the key policy statements of {page}); "
+                     "or run in the foreground (no --detach: your own credentials launch the instance)")

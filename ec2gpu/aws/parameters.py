@@ -93,7 +93,7 @@ def check_values(values: dict[str, str]) -> None:
 
 def put(ssm: Client, run_id: str, owner: str, user: str, values: dict[str, str]) -> list[str]:
     """Store each of ``values`` (env name -> non-empty value) as a SecureString parameter of run
-    ``run_id``, tagged with the run, ``owner`` and ``user`` (the caller's user id,
+    ``run_id``, tagged with the run, ``owner`` (tags.tag_value) and ``user`` (the caller's user id,
     aws/runstore.user_id: docs/iam-policy.json lets the caller read and delete only parameters
     tagged with it); return the parameter names, in ``values``' order. Raises UsageError
     (check_values, name_of, a bad user id) before any is stored, and botocore's ClientError as SSM
@@ -101,8 +101,9 @@ def put(ssm: Client, run_id: str, owner: str, user: str, values: dict[str, str])
     from .runstore import check_user_id  # botocore: not at the top, as name_of's import says
     check_values(values)
     names = [name_of(run_id, k) for k in values]
-    parameter_tags = [{"Key": tags.RUN, "Value": run_id}, {"Key": tags.OWNER, "Value": owner},
-            {"Key": tags.USER, "Value": check_user_id(user)}]
+    # the owner as SSM takes a tag value (ValidationException for DOMAIN\user), as the run store's
+    parameter_tags = [{"Key": tags.RUN, "Value": run_id}, {"Key": tags.OWNER, "Value": tags.tag_value(owner)},
+                      {"Key": tags.USER, "Value": check_user_id(user)}]
     for name, value in zip(names, values.values(), strict=True):
         ssm.put_parameter(Name=name, Value=value, Type="SecureString", Tier="Standard", Tags=parameter_tags,
                           Description="ec2gpu: a detached run's secret, read by its instance role")

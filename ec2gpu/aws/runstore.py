@@ -44,6 +44,7 @@ whose prefix is ``runs/`` still, expires them with the rest.
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import Any
@@ -53,7 +54,7 @@ import botocore.exceptions
 from ..errors import AwsError, UsageError
 from ..wire import bounded_json, names, run_record, run_spec
 from . import tags
-from .runstore_objects import FORBIDDEN, MISSING_BUCKET, Forbidden, expected_owner, get_config, request
+from .runstore_objects import FORBIDDEN, MISSING_BUCKET, Forbidden, absent, expected_owner, get_config, request
 from .session import Aws, Client, Item, Log, error_code
 
 # --- names and keys (pure) --------------------------------------------------------------------
@@ -107,14 +108,17 @@ def bucket_name(account_id: str, region: str) -> str:
     return name
 
 
+@functools.lru_cache(maxsize=32)
 def partition(region: str) -> str:
-    """The ARN partition of ``region`` (pure): aws-cn for cn-*, aws-us-gov for us-gov-*, else aws
-    (https://docs.aws.amazon.com/IAM/latest/UserGuide/reference-arns.html)."""
-    if region.startswith("cn-"):
-        return "aws-cn"
-    if region.startswith("us-gov-"):
-        return "aws-us-gov"
-    return "aws"
+    """The ARN partition of ``region`` (no AWS call; once per region and process): botocore's
+    partition data (its endpoints.json, read by Session.get_partition_for_region: aws-cn for cn-*,
+    aws-us-gov for us-gov-*, aws-iso, aws-iso-b, aws-iso-e...), "aws" for a region it does not know
+    (the sandbox's "local") (https://docs.aws.amazon.com/IAM/latest/UserGuide/reference-arns.html)."""
+    import botocore.session
+    try:
+        return str(botocore.session.get_session().get_partition_for_region(region))
+    except (botocore.exceptions.UnknownRegionError, ValueError):
+        return "aws"
 
 
 def check_run_id(run_id: str) -> str:
@@ -265,12 +269,9 @@ def _days(expire_days: int) -> int:
     return expire_days
 
 
-_TAG_BAD = re.compile(r"[^\w .:/=+\-@]")  # S3 tag values: letters, digits, spaces and _ . : / = + - @
-
-
 def owner_tag(owner: str) -> str:
-    """``owner`` as an S3 tag value (pure): other characters become "_", 256 at most."""
-    return _TAG_BAD.sub("_", owner or "")[:256] or "unknown"
+    """``owner`` as an S3 tag value (pure): tags.tag_value, "unknown" for none."""
+    return tags.tag_value(owner) or "unknown"
 
 
 # --- ensure and check -------------------------------------------------------------------------
@@ -423,6 +424,53 @@ def _rule_prefix(rule: Item) -> str | None:
 def _covers_runs(rule: Item) -> bool:
     p = _rule_prefix(rule)
     return rule.get("Status") == "Enabled" and p is not None and RUNS.startswith(p)
+
+
+def runs_expire_days(rules: list[Item]) -> int | None:
+    """The fewest days after which an Enabled lifecycle rule of ``rules`` (GetBucketLifecycleConfiguration's
+    Rules, anyone's) expires an object under runs/ (its Expiration.Days), None when none does (pure).
+    S3 adds the days to the object's creation and rounds up to the next midnight UTC, so an object
+    lives at least that long (https://docs.aws.amazon.com/AmazonS3/latest/userguide/intro-lifecycle-rules.html)."""
+    days = [r["Expiration"]["Days"] for r in rules if isinstance(r, dict) and _covers_runs(r)
+            and isinstance((r.get("Expiration") or {}).get("Days"), int)]
+    return min(days) if days else None
+
+
+#: a detached run's files must outlive its limit by this much (s): the upload before its deadline is
+#: taken, and clocks
+STORE_MARGIN_S = 3600
+
+
+def check_keeps(s3: Client, bucket: str, expire_days: int, minutes: int) -> None:
+    """Refuse (UsageError, nothing made) a detached run whose limit (``minutes``) outlasts its files
+    in the run store: every instance its group launches, a spot replacement days in too, fetches the
+    agent, spec.json, the workdir and the local file_mounts from the run's prefix, and the bucket's
+    lifecycle expires them ``days`` after they were written (S3 rounds up to the next midnight UTC:
+    runs_expire_days). ``days``: the fewest of the bucket's rules that expire runs/ (anyone's,
+    as GetBucketLifecycleConfiguration answers; none for a bucket not made yet) and of ``expire_days``
+    (run_store_expire_days, which ``ensure`` sets where these credentials may; alone when they may
+    not read the rules: s3:GetLifecycleConfiguration, which docs/iam-policy.json grants). Raises
+    AwsError for other errors."""
+    try:
+        rules = s3.get_bucket_lifecycle_configuration(Bucket=bucket, **expected_owner(bucket)).get("Rules", [])
+    except botocore.exceptions.ClientError as exc:
+        if not absent(error_code(exc)) and error_code(exc) not in FORBIDDEN:
+            raise AwsError(f"run store: s3://{bucket}: GetBucketLifecycleConfiguration failed ({error_code(exc)})",
+                           "try again") from None
+        rules = []
+    found = runs_expire_days(rules if isinstance(rules, list) else [])
+    days = min(d for d in (found, expire_days) if d)
+    if minutes * 60 + STORE_MARGIN_S <= days * 86400:
+        return
+    source = f"s3://{bucket}'s lifecycle rule" if found == days else "run_store_expire_days"
+    limit = (f"{minutes // 1440}d" if minutes % 1440 == 0 else f"{minutes // 60}h" if minutes % 60 == 0
+             else f"{minutes}m")  # the spelling --max-runtime takes
+    raise UsageError(f"a detached run's limit of {limit} outlasts its files in the run store: {source} expires "
+                     f"them after {days} days, and an instance launched after that (a spot replacement) could not "
+                     "fetch its agent, spec and workdir",
+                     f"give --max-runtime {days * 24 - 1}h or less, or raise run_store_expire_days (ec2gpu.toml, "
+                     "EC2GPU_RUN_STORE_EXPIRE_DAYS; the bucket's rule is set by credentials that may: "
+                     "docs/iam-policy.json)")
 
 
 def _lifecycle_problems(rules: list[Item], expire_days: int | None) -> list[str]:

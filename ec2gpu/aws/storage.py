@@ -95,7 +95,7 @@ def create_private_bucket(s3: Client, bucket: str, region: str, owner: str, user
         "BlockPublicAcls": True, "IgnorePublicAcls": True, "BlockPublicPolicy": True, "RestrictPublicBuckets": True})
     s3.put_bucket_encryption(Bucket=bucket, ServerSideEncryptionConfiguration={
         "Rules": [{"ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}]})
-    s3.put_bucket_tagging(Bucket=bucket, Tagging={"TagSet": [{"Key": tags.OWNER, "Value": owner},
+    s3.put_bucket_tagging(Bucket=bucket, Tagging={"TagSet": [{"Key": tags.OWNER, "Value": tags.tag_value(owner)},
                                                              {"Key": tags.USER, "Value": user}]})
 
 
@@ -215,3 +215,28 @@ def _exists(s3: Client, bucket: str, key: str) -> bool:
         if error_code(exc) in MISSING or error_code(exc) == "NoSuchKey":
             return False
         raise
+
+
+def bucket_keys(s3: Client, buckets: Sequence[str]) -> dict[str, str]:
+    """{bucket: the KMS key its default encryption names} for those of ``buckets`` that encrypt
+    with SSE-KMS or DSSE-KMS and a key of their own (GetBucketEncryption's KMSMasterKeyID: a key
+    ARN, id or alias, as the bucket's owner set it): the run role needs kms:Decrypt on it to read,
+    kms:GenerateDataKey to write (aws/iam.key_statements). A bucket with SSE-S3, with SSE-KMS and
+    no key named (the AWS managed aws/s3, which every principal of the account may use through S3:
+    https://docs.aws.amazon.com/AmazonS3/latest/userguide/UsingKMSEncryption.html), or whose
+    configuration these credentials may not read is left out. Raises AwsError for other errors."""
+    out: dict[str, str] = {}
+    for bucket in dict.fromkeys(buckets):
+        try:
+            rules = s3.get_bucket_encryption(Bucket=bucket)["ServerSideEncryptionConfiguration"]["Rules"]
+        except botocore.exceptions.ClientError as exc:
+            if error_code(exc) in FORBIDDEN | {"ServerSideEncryptionConfigurationNotFoundError", "NoSuchBucket"}:
+                continue
+            raise AwsError(f"file_mounts: s3://{bucket}: GetBucketEncryption failed ({error_code(exc)})",
+                           "try again") from None
+        for rule in rules if isinstance(rules, list) else []:
+            default = rule.get("ApplyServerSideEncryptionByDefault") if isinstance(rule, dict) else None
+            key = (default or {}).get("KMSMasterKeyID")
+            if str((default or {}).get("SSEAlgorithm", "")).startswith("aws:kms") and isinstance(key, str) and key:
+                out[bucket] = key
+    return out

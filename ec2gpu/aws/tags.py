@@ -18,6 +18,15 @@ CLUSTER = "ec2gpu:cluster"  # the cluster's name, on every node of a multi-node 
 IDLE = "ec2gpu:idle"  # a standing instance's idle rule: "stop 1800" or "down 3600" (IdleRule)
 MAX_RUNTIME = "ec2gpu:max-runtime"  # minutes: `start` schedules the shutdown again (runs/standing/stopstart.py)
 NODE = "ec2gpu:node"  # the node's index in its cluster (0 hosts the torchrun rendezvous)
+#: every tag ec2gpu may put on one instance or its volume (aws/instances.run_request, tag_nodes):
+#: a several-node run's with an idle rule and a max runtime carries them all
+INSTANCE_TAGS = (RUN, OWNER, NAME, CLUSTER, NODE, MAX_RUNTIME, IDLE)
+#: EC2's tags per resource; those whose key starts with aws: (Auto Scaling's aws:autoscaling:groupName)
+#: do not count (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/Using_Tags.html#tag-restrictions)
+MAX_TAGS = 50
+#: a task's labels (SkyPilot's resources.labels: tags of its instances and volumes): what EC2's
+#: limit leaves once ec2gpu's own are counted, all of them, as on a several-node run
+MAX_LABELS = MAX_TAGS - len(INSTANCE_TAGS)
 
 
 #: a name the user gives (--name, a task's name): safe in tags, file names, an ssh_config Host
@@ -49,6 +58,17 @@ def check_name(name: str, flag: str = "--name") -> str:
 #: characters, values at most 256; keys starting with aws: are AWS's
 #: (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/Using_Tags.html#tag-restrictions)
 _TAG_TEXT = re.compile(r"[\w .:/=+\-@]*")
+_TAG_BAD = re.compile(r"[^\w .:/=+\-@]")
+
+
+def tag_value(value: str) -> str:
+    """``value`` (an owner, a run's name) as every service ec2gpu tags accepts a tag value (pure):
+    characters outside letters, digits, spaces and ``_ . : / = + - @`` become "_", 256 at most.
+    EC2 takes any character; IAM, SSM and S3 refuse the others (an owner such as ``DOMAIN\\user``
+    or ``O'Brien``): botocore's models give IAM's tagValueType and SSM's TagValue the pattern
+    ``[\\p{L}\\p{Z}\\p{N}_.:/=+\\-@]*``, 256 at most, and S3 answers InvalidTag
+    (https://docs.aws.amazon.com/AmazonS3/latest/API/API_PutBucketTagging.html)."""
+    return _TAG_BAD.sub("_", value or "")[:256]
 
 
 def check_label(key: str, value: str) -> None:

@@ -66,7 +66,14 @@ def gcs_port(preferred: int = DEFAULT_GCS_PORT) -> int:
 #: (ports_for). On EC2 each node has its machine to itself; the block is as good as Ray's defaults.
 PORT_FLAGS = ("--object-manager-port", "--node-manager-port", "--dashboard-agent-listen-port",
               "--dashboard-agent-grpc-port", "--runtime-env-agent-port", "--metrics-export-port")
-WORKER_PORTS = 24  # ports for Ray's worker processes on this node (--worker-port-list)
+#: ports for Ray's worker processes on this node (--worker-port-list): each worker process (and the
+#: driver, an actor, an IO worker) binds one of its own for as long as it lives (Ray's "Configuring
+#: Ray", ports: https://docs.ray.io/en/latest/ray-core/configure.html), and the raylet starts as many
+#: workers as the node has CPUs (--num-cpus: 96 on p4d, 192 on p5) and one more for each task that
+#: blocks in ray.get; with too few every further worker fails "No available ports" and Ray may hang
+#: (ray-project/ray#28071). So two per CPU, and WORKER_PORTS more for the driver, actors, IO workers
+#: and workers still exiting (worker_ports)
+WORKER_PORTS, WORKER_PORTS_PER_CPU = 24, 2
 #: how a node leaves: at once on SIGTERM (an instance shutting down, or one the pool lets go), not
 #: after Ray's 30 s drain (RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S, ray/_private/ray_constants.py), which
 #: held a lost worker's elements back that long before they ran again (seen here); and a node that
@@ -165,13 +172,24 @@ def refusal(environ: Mapping[str, str], token_file: str) -> str | None:
     return None
 
 
-def ports_for(ip: str) -> list[int]:
-    """This node's ports (pure): a block of PORT_BLOCK from PORT_BASE, chosen by the last two
-    bytes of its address, so that the nodes of one machine (the sandbox's loopback addresses)
-    never pick the same ones."""
+def worker_ports(cpus: int) -> int:
+    """How many ports Ray's worker processes of a node with ``cpus`` CPUs (its --num-cpus) get
+    (pure): WORKER_PORTS_PER_CPU for each, WORKER_PORTS more."""
+    return WORKER_PORTS_PER_CPU * max(cpus, 0) + WORKER_PORTS
+
+
+def ports_for(ip: str, cpus: int) -> list[int]:
+    """This node's ports (pure): a block from PORT_BASE, one per PORT_FLAGS entry then
+    worker_ports(cpus), chosen by the last two bytes of its address, so that the nodes of one size
+    on one machine (the sandbox's loopback addresses) never pick the same ones (nodes of several
+    sizes may: _run then takes free ones). Blocks are PORT_BLOCK
+    apart, or a multiple of it for a node whose ports do not fit one (a large instance: on EC2 each
+    node has its machine to itself), and all lie below PORT_BASE + PORT_BLOCK * PORT_BLOCKS."""
+    count = len(PORT_FLAGS) + worker_ports(cpus)
+    stride = -(-count // PORT_BLOCK) * PORT_BLOCK
     parts = [int(x) for x in ip.split(".")] if ip.count(".") == 3 else [0, 0, 0, 0]
-    start = PORT_BASE + ((parts[2] * 256 + parts[3]) % PORT_BLOCKS) * PORT_BLOCK
-    return list(range(start, start + len(PORT_FLAGS) + WORKER_PORTS))
+    start = PORT_BASE + ((parts[2] * 256 + parts[3]) % (PORT_BLOCK * PORT_BLOCKS // stride)) * stride
+    return list(range(start, start + count))
 
 
 def _all_free(ports: list[int]) -> bool:
@@ -282,7 +300,7 @@ def _run(args: argparse.Namespace, env: dict[str, str]) -> int | None:
     for attempt in range(1, START_TRIES + 1):
         if args.role == "head" and attempt > 1:
             port = gcs_port(0)
-        ports = ports_for(args.ip)
+        ports = ports_for(args.ip, args.cpus)
         if attempt > 1 or not _all_free(ports):
             ports = free_ports(len(ports))
         proc = subprocess.Popen(argv(args, port, ports), env=env)  # the same process group: ending the group ends Ray too

@@ -33,8 +33,8 @@ from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
 
-from . import (autoscaling, bindshim, capacity, cloudinit, console, dlami, images, imds, lifecycle, likeaws, placement, presigned,
-               quotas, roles, sshd, tls)
+from . import (autoscaling, bindshim, capacity, cloudinit, console, dlami, ebskeys, images, imds, lifecycle, likeaws,
+               placement, presigned, quotas, roles, sshd, tls)
 
 def write_json(path: Path, data: dict) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
@@ -206,6 +206,7 @@ class Sandbox:
         capacity.install()  # RunInstances launches up to MaxCount, within `sandbox capacity` limits
         autoscaling.install()  # groups launch from their templates; scheduled actions per group
         placement.install()  # placement groups kept, described and deleted as EC2 does
+        ebskeys.install()  # GetEbsDefaultKmsKeyId: alias/aws/ebs until ModifyEbsDefaultKmsKeyId
         quotas.install()  # Service Quotas answers for the G and VT vCPU quotas, as for an account
         images.install(self.state_dir,  # CreateImage keeps the builder's home; reboots reboot
                        pending_s=self.like_aws.image_pending_s if self.like_aws else 0.0)

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Optional, Self, Union, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from ..aws.tags import NAME_RE, check_label
+from ..aws.tags import MAX_LABELS, MAX_TAGS, NAME_RE, check_label
 from . import arrays
 from .mounts import Storage, check_target
 
@@ -33,7 +33,6 @@ MAX_MINUTES = 30 * 1440  # the longest duration a task or flag may give (max_run
 #: the most a setup or run text may hold, bytes: each is one argument of bash on the instance, and
 #: Linux refuses one over MAX_ARG_STRLEN (32 pages, 128 KiB: execve(2), "Limits on size of arguments")
 MAX_SCRIPT_BYTES = 100 * 1024
-MAX_LABELS = 45  # EC2's 50 tags per resource, less the ones ec2gpu puts (tags.py)
 MAX_FILE_MOUNTS = 32  # entries in one task's file_mounts
 MAX_PORTS = 64  # ports forwarded from one task (each is an SSH forward held while the job runs)
 #: the one duration grammar of every flag and field (--max-runtime, --expect, --since, --idle,
@@ -258,7 +257,8 @@ class Resources(BaseModel):
         for k, x in v.items():
             check_label(k, x)
         if len(v) > MAX_LABELS:
-            raise ValueError(f"{len(v)} labels: at most {MAX_LABELS} (EC2 allows 50 tags, ec2gpu keeps 5 of them)")
+            raise ValueError(f"{len(v)} labels: at most {MAX_LABELS} (EC2 allows {MAX_TAGS} tags, "
+                             f"ec2gpu keeps {MAX_TAGS - MAX_LABELS} of them)")
         return v
 
     @field_validator("cpus", "memory")

@@ -91,3 +91,16 @@ def test_a_user_id_no_tag_holds_is_refused_before_anything_is_stored(aws):
 def test_a_name_never_leaves_the_runs_path(run_id, name):
     with pytest.raises(UsageError):
         parameters.name_of(run_id, name)
+
+
+def test_a_secrets_owner_tag_is_a_value_ssm_takes_whatever_the_login_name(aws):
+    """SSM's TagValue allows letters, digits, spaces and _ . : / = + - @ (botocore's model): a login
+    name such as CORP\\alice is tagged as the run store tags it (tags.tag_value), never as it is."""
+    ssm = aws.client("ssm")
+    (name,) = parameters.put(ssm, RUN, "CORP\\o'brien", USER, {"HF_TOKEN": "t0ken"})
+    try:
+        got = ssm.list_tags_for_resource(ResourceType="Parameter", ResourceId=name)["TagList"]
+        assert {"Key": "ec2gpu:owner", "Value": "CORP_o_brien"} in got
+        assert {"Key": "ec2gpu:user", "Value": USER} in got
+    finally:
+        parameters.delete(ssm, [name])

@@ -209,3 +209,34 @@ def test_cleanup_removes_what_it_can_names_what_it_cannot_and_exits_1(aws, tmp_p
     assert sweep.find_key_pairs(aws.ec2, "run-left") == [] and sweep.find_security_groups(aws.ec2, "run-left")
     assert cli.main(["cleanup", "--sandbox", "--no-fetch"]) == 0
     assert sweep.find_security_groups(aws.ec2, "run-left") == []
+
+
+def test_a_several_node_run_with_the_most_labels_stays_within_ec2s_tags_per_resource(aws, spec):
+    """EC2 refuses a 51st tag (TagLimitExceeded, which moto shows too): a task's labels and every
+    tag of ec2gpu's own on a node of a several-node run (cluster, node, idle rule, max runtime)
+    fit, the node's number (tag_nodes, after the launch) included."""
+    from dataclasses import replace
+    from ec2gpu.aws import tags
+    labels = tuple((f"label-{k:02d}", "x") for k in range(tags.MAX_LABELS))
+    spec = replace(spec, count=2, cluster="big", idle=tags.IdleRule("down", 3600), labels=labels)
+    launched = aws.ec2.run_instances(**instances.run_request(spec))["Instances"]
+    nodes = instances.tag_nodes(aws.ec2, instances.describe_instances(aws.ec2, [i["InstanceId"] for i in launched]),
+                                "big")
+    for node in instances.describe_instances(aws.ec2, [n.id for n in nodes]):
+        own = {k for k in node.tags if k not in dict(labels)}
+        assert own == set(tags.INSTANCE_TAGS)  # every tag ec2gpu puts is counted in INSTANCE_TAGS
+        assert len(node.tags) == tags.MAX_TAGS
+
+
+def test_the_sandbox_answers_the_accounts_default_ebs_key_as_ec2_does(sandbox_env):
+    """GetEbsDefaultKmsKeyId (sandbox/ebskeys.py; moto has none): alias/aws/ebs, the AWS managed key,
+    also once volumes were encrypted (moto then keeps a key of its own as the default), until
+    ModifyEbsDefaultKmsKeyId names another: then its ARN. us-west-2: no other test's region."""
+    import os
+    aws = Aws("us-west-2", endpoint_url=os.environ["AWS_ENDPOINT_URL"])
+    ec2, kms = aws.ec2, aws.client("kms")
+    ec2.create_volume(AvailabilityZone="us-west-2a", Size=1, Encrypted=True)
+    assert ec2.get_ebs_default_kms_key_id()["KmsKeyId"] == "alias/aws/ebs"
+    key = kms.create_key()["KeyMetadata"]
+    ec2.modify_ebs_default_kms_key_id(KmsKeyId=key["KeyId"])
+    assert ec2.get_ebs_default_kms_key_id()["KmsKeyId"] == key["Arn"]

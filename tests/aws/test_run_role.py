@@ -230,11 +230,11 @@ def test_the_accounts_permissions_boundary_is_found_and_given_to_the_role(aws, i
     through CreateRole + PutRolePolicy + PassRole): the role gets it when the account has it."""
     from pathlib import Path
     account = aws.check_credentials()["Account"]
-    assert iam_boundary.boundary_arn(iam, account) is None
+    assert iam_boundary.boundary_arn(iam, account, aws.region) is None
     doc = (Path(__file__).resolve().parents[2] / "docs" / "iam-instance-boundary.json").read_text()
     arn = iam.create_policy(PolicyName=iam_boundary.BOUNDARY_NAME, Path="/ec2gpu/", PolicyDocument=doc)["Policy"]["Arn"]
     try:
-        assert iam_boundary.boundary_arn(iam, account) == arn
+        assert iam_boundary.boundary_arn(iam, account, aws.region) == arn
         name = roles.create_run_role(iam, "run-role-b", "alice", POLICY, user=USER, boundary=arn)
         try:
             assert iam.get_role(RoleName=name)["Role"]["PermissionsBoundary"]["PermissionsBoundaryArn"] == arn
@@ -247,7 +247,8 @@ def test_the_accounts_permissions_boundary_is_found_and_given_to_the_role(aws, i
                        "s3:GetBucketLocation", "autoscaling:UpdateAutoScalingGroup", "autoscaling:SetDesiredCapacity",
                        "s3:DeleteObject",  # a detached run's own checkpoints/ only
                        "ssm:GetParameters",  # a detached run's own secrets only
-                       "autoscaling:SetInstanceHealth"}  # a run of several nodes': its own group's instances
+                       "autoscaling:SetInstanceHealth",  # a run of several nodes': its own group's instances
+                       "kms:Decrypt", "kms:GenerateDataKey"}  # SSE-KMS file_mounts buckets' keys, through S3 only
 
 
 RUN = "20261125-100000-ab12"
@@ -301,7 +302,17 @@ def test_the_boundary_reaches_no_bucket_the_users_own_policy_does_not():
     boundary = json.loads((docs / "iam-instance-boundary.json").read_text())
     user = json.loads((docs / "iam-policy.json").read_text())
     reach = _resources(boundary)
-    assert "*" not in reach and all(r.startswith(("arn:aws:s3:::", "arn:aws:autoscaling:", "arn:aws:ssm:")) for r in reach)
+    assert "*" not in reach and all(r.startswith(("arn:aws:s3:::", "arn:aws:autoscaling:", "arn:aws:ssm:", "arn:aws:kms:"))
+                                    for r in reach)
+    # a file_mounts bucket's KMS key (issue 51 item 6): any key, but only through S3 and only for the
+    # objects of the buckets the user's policy names for file_mounts (S3's encryption context)
+    keys = "RunRolesMayUseTheFileMountsBucketsKeysOnlyThroughS3ForThoseBuckets"
+    (kms,) = [s for s in boundary["Statement"] if s["Sid"] == keys]
+    assert kms["Resource"] == "arn:aws:kms:*:*:key/*" and kms["Condition"] == {"StringLike": {
+        "kms:ViaService": "s3.*.amazonaws.com",
+        "kms:EncryptionContext:aws:s3:arn": sorted(_resources(user, {"FileMountsObjects",
+                                                                     "FileMountsBucketsCheckedOrCreated"}))}}
+    boundary["Statement"].remove(kms)
     file_mounts = {"RunRolesMayOnlyReadAndWriteObjectsOfTheFileMountsBuckets", "RunRolesMayListTheFileMountsBuckets"}
     assert _resources(boundary, file_mounts) == _resources(user, {"FileMountsObjects",
                                                                   "FileMountsBucketsCheckedOrCreated"})

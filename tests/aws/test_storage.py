@@ -132,3 +132,42 @@ class _Null:
 
     def __exit__(self, *exc):
         return False
+
+
+def test_a_file_mounts_buckets_owner_tag_is_a_value_s3_takes_whatever_the_login_name(s3):
+    """S3 answers InvalidTag for a tag value outside letters, digits, spaces and _ . : / = + - @: the
+    bucket ec2gpu makes is tagged with the login name as the run store tags it (tags.tag_value)."""
+    bucket = "corp-results-51"
+    storage.create_private_bucket(s3, bucket, "us-east-1", "CORP\\o'brien", ALICE)
+    assert {"Key": "ec2gpu:owner", "Value": "CORP_o_brien"} in s3.get_bucket_tagging(Bucket=bucket)["TagSet"]
+
+
+def test_an_sse_kms_buckets_key_reaches_the_run_roles_policy(s3, tmp_path):
+    """Issue 51 item 6: the controller's own check of a file_mounts bucket passes with its user's
+    credentials, but its instance gets AccessDenied on objects encrypted with the bucket's KMS key
+    unless the run role may use it: check_s3_access reads each bucket's default encryption
+    (GetBucketEncryption) and gives the role kms:Decrypt on the key of a bucket it reads, and
+    kms:GenerateDataKey too on one it writes; SSE-S3 buckets and the AWS managed aws/s3 need none."""
+    import os
+
+    import boto3
+    from ec2gpu.aws.session import Aws
+    from ec2gpu.runs.execute import engine
+    from ec2gpu.tasks import load
+    kms = boto3.client("kms", endpoint_url=os.environ["AWS_ENDPOINT_URL"], region_name="us-east-1")
+    key = kms.create_key()["KeyMetadata"]["Arn"]
+    for bucket, rule in (("kms-data-51", {"SSEAlgorithm": "aws:kms", "KMSMasterKeyID": key}),
+                         ("aws-managed-51", {"SSEAlgorithm": "aws:kms"}), ("sse-s3-51", {"SSEAlgorithm": "AES256"})):
+        s3.create_bucket(Bucket=bucket)
+        s3.put_bucket_encryption(Bucket=bucket, ServerSideEncryptionConfiguration={
+            "Rules": [{"ApplyServerSideEncryptionByDefault": rule}]})
+        s3.put_object(Bucket=bucket, Key="in/x.csv", Body=b"1")
+    assert storage.bucket_keys(s3, ["kms-data-51", "aws-managed-51", "sse-s3-51", BUCKET]) == {"kms-data-51": key}
+    (tmp_path / "t.yaml").write_text("file_mounts:\n  /data: s3://kms-data-51/in/\n  /plain: s3://sse-s3-51/in/\n"
+                                     "  /managed: s3://aws-managed-51/in/\nrun: x\n")
+    job = engine.TaskJob(load.load(tmp_path / "t.yaml"), {}, None)
+    provision.check_s3_access(Aws("us-east-1", endpoint_url=os.environ["AWS_ENDPOINT_URL"]), job)
+    (keys,) = [s for s in job.role_policy["Statement"] if s["Sid"].endswith("Keys")]
+    assert keys["Sid"] == "ReadKeys" and keys["Resource"] == [key] and keys["Action"] == ["kms:Decrypt"]
+    assert keys["Condition"]["StringLike"]["kms:EncryptionContext:aws:s3:arn"] == [
+        "arn:aws:s3:::kms-data-51", "arn:aws:s3:::kms-data-51/*"]

@@ -465,3 +465,21 @@ def test_a_run_of_several_nodes_may_set_its_own_groups_instances_unhealthy_and_n
         {"Sid": "ReplaceOwnNodes", "Effect": "Allow", "Action": ["autoscaling:SetInstanceHealth"],
          "Resource": f"arn:aws:autoscaling:{REGION}:{ACCOUNT}:autoScalingGroup:*:autoScalingGroupName/{GROUP}",
          "Condition": {"StringEquals": {"autoscaling:ResourceTag/ec2gpu:run": RUN}}}]
+
+
+@pytest.mark.parametrize("region, partition", [("cn-northwest-1", "aws-cn"), ("us-gov-east-1", "aws-us-gov"),
+                                               ("us-isob-east-1", "aws-iso-b"), ("ap-south-2", "aws"),
+                                               ("local", "aws")])
+def test_the_boundary_is_looked_up_in_the_regions_partition(region, partition):
+    """GetPolicy refuses an arn:aws: ARN in China or GovCloud: the boundary's ARN takes the region's
+    partition from botocore's partition data (runstore.partition), the sandbox's "local" is aws."""
+    class Iam:
+        asked: list[str] = []
+
+        def get_policy(self, PolicyArn):
+            self.asked.append(PolicyArn)
+            return {"Policy": {"Arn": PolicyArn}}
+
+    iam = Iam()
+    arn = iam_boundary.boundary_arn(iam, ACCOUNT, region)
+    assert arn == iam.asked[0] == f"arn:{partition}:iam::{ACCOUNT}:policy/ec2gpu/ec2gpu-instance-boundary"

@@ -51,6 +51,8 @@ def aws(monkeypatch, tmp_path):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("EC2GPU_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(FakeBucket, "get_permission", _over_tls)
+    from ec2gpu.sandbox import ebskeys
+    ebskeys.install()  # GetEbsDefaultKmsKeyId, as the sandbox's daemon answers it (moto has none)
     with mock_aws():
         yield Aws("us-east-1")
 
@@ -187,3 +189,145 @@ def test_the_agent_refuses_a_spec_over_what_it_reads_as_too_large(aws):
     store = agent_store.Store(s3, bucket, user, run_id)
     with pytest.raises(names.Refused, match=r"^spec.json is too large: over 1,048,576 bytes"):
         store.get_json("spec.json", run_spec.MAX_BYTES, hashlib.sha256(body).hexdigest())
+
+
+def test_the_deadline_is_taken_once_the_runs_files_are_in_s3(started, aws, tmp_path, monkeypatch):
+    """Issue 51 item 8: a slow upload of the workdir no longer comes out of the job's limit, nor
+    leaves the group's scheduled end behind: the group's deadline and spec.json's limit_at are
+    taken after the workdir, the file_mounts and the agent are in S3, just before the spec goes."""
+    import time
+    from datetime import datetime, timedelta, timezone
+
+    from ec2gpu.runs.plan import limits
+    put_file, uploaded = launch.runstore_objects.put_file, []
+
+    def slow_put_file(s3, bucket, key, path, *a, **k):
+        time.sleep(2.0)  # a large workdir on a slow link
+        got = put_file(s3, bucket, key, path, *a, **k)
+        uploaded.append(datetime.now(timezone.utc))
+        return got
+    monkeypatch.setattr(launch.runstore_objects, "put_file", slow_put_file)
+    made = []
+
+    def create(ec2, autoscaling, spec, *a):  # the group's deadline, then the group's creation caught
+        made.append((spec.run_id, a[-1]))
+        raise Grouped
+    monkeypatch.setattr(groups, "create", create)
+    with pytest.raises(Grouped):
+        launch.start(aws, settings_mod.load({}), _opts(tmp_path), Reporter(), SimpleNamespace(name="aws", is_sandbox=False))
+    ((run_id, deadline),) = made
+    assert uploaded and deadline >= uploaded[-1] + timedelta(minutes=30)
+    user = runstore.user_id(aws.check_credentials())
+    bucket = runstore.bucket_name(aws.check_credentials()["Account"], "us-east-1")
+    body = boto3.client("s3", region_name="us-east-1").get_object(
+        Bucket=bucket, Key=runstore.spec_key(user, run_id))["Body"].read()
+    assert json.loads(body)["limit_at"] == deadline.timestamp() - limits.lead_seconds(30)
+
+
+@pytest.mark.parametrize("rule_days, setting, source", [(7, 30, "lifecycle rule expires them after 7 days"),
+                                                        (None, 5, "run_store_expire_days expires them after 5 days")])
+def test_a_run_that_outlasts_its_files_in_the_run_store_is_refused_before_anything_is_made(
+        started, aws, tmp_path, monkeypatch, rule_days, setting, source):
+    """Issue 51 item 8: every instance of a detached run (a spot replacement days in too) fetches its
+    agent, spec and workdir from the run store, whose lifecycle rule expires them: a limit longer
+    than the bucket's rule (anyone's) or run_store_expire_days is refused before anything is made,
+    with the --max-runtime that fits; a limit that fits starts."""
+    s3 = boto3.client("s3", region_name="us-east-1")
+    bucket = runstore.bucket_name(aws.check_credentials()["Account"], "us-east-1")
+    if rule_days:
+        s3.create_bucket(Bucket=bucket)
+        s3.put_bucket_lifecycle_configuration(Bucket=bucket, LifecycleConfiguration={"Rules": [
+            {"ID": "admins", "Filter": {"Prefix": ""}, "Status": "Enabled", "Expiration": {"Days": rule_days}}]})
+    days = rule_days or setting
+    settings = settings_mod.load({"run_store_expire_days": setting})
+    opts = RunOptions(task=_opts(tmp_path).task, max_runtime_minutes=days * 1440, out=tmp_path / "out")
+    with pytest.raises(UsageError) as err:
+        launch.start(aws, settings, opts, Reporter(), SimpleNamespace(name="aws", is_sandbox=False))
+    assert f"a detached run's limit of {days}d outlasts its files in the run store" in err.value.message
+    assert source in err.value.message and f"give --max-runtime {days * 24 - 1}h or less" in err.value.hint
+    assert boto3.client("iam", region_name="us-east-1").list_roles()["Roles"] == []
+    assert boto3.client("ec2", region_name="us-east-1").describe_key_pairs()["KeyPairs"] == []
+    assert [b["Name"] for b in s3.list_buckets()["Buckets"]] == ([bucket] if rule_days else [])
+    monkeypatch.setattr(launch.sweep, "delete_run", lambda *a, **k: None)
+    with pytest.raises(Grouped):  # the longest that fits starts (the group's creation is caught)
+        launch.start(aws, settings, RunOptions(task=opts.task, max_runtime_minutes=days * 1440 - 60,
+                                               out=tmp_path / "out"),
+                     Reporter(), SimpleNamespace(name="aws", is_sandbox=False))
+
+
+def _customer_key(policy: dict | None = None) -> str:
+    """A customer managed KMS key made the account's default for EBS encryption; its ARN."""
+    kms = boto3.client("kms", region_name="us-east-1")
+    key = kms.create_key(**({"Policy": json.dumps(policy)} if policy else {}))["KeyMetadata"]
+    boto3.client("ec2", region_name="us-east-1").modify_ebs_default_kms_key_id(KmsKeyId=key["KeyId"])
+    return key["Arn"]
+
+
+@pytest.mark.parametrize("given", ["nothing", "grant", "key policy", "aws's two statements"])
+def test_a_customer_managed_ebs_key_auto_scaling_may_not_use_is_refused_before_anything_is_made(
+        started, aws, tmp_path, given):
+    """Issue 51 item 6: Auto Scaling's service-linked role launches a detached run's encrypted volumes
+    with the account's default EBS key; a customer managed key lets it only through its key policy
+    or a grant (else every launch fails, Client.InternalError). Without either the run is refused
+    before anything is made, with the grant that is needed; with one it starts."""
+    from ec2gpu.aws import iam_detached
+    role = iam_detached.autoscaling_role_arn("123456789012", "us-east-1")
+    policy = {"Version": "2012-10-17", "Statement": [
+        {"Sid": "Admins", "Effect": "Allow", "Principal": {"AWS": "arn:aws:iam::123456789012:root"}, "Action": "kms:*",
+         "Resource": "*"}]}
+    if given == "key policy":  # the two statements of AWS's page, as one
+        policy["Statement"].append({"Sid": "AutoScaling", "Effect": "Allow", "Principal": {"AWS": [role]},
+                                    "Action": ["kms:Encrypt", "kms:Decrypt", "kms:ReEncrypt*", "kms:GenerateDataKey*",
+                                               "kms:DescribeKey", "kms:CreateGrant"], "Resource": "*"})
+    if given == "aws's two statements":  # the page's example: CreateGrant apart, for AWS resources only
+        policy["Statement"] += [
+            {"Sid": "Use", "Effect": "Allow", "Principal": {"AWS": role}, "Resource": "*",
+             "Action": ["kms:Encrypt", "kms:Decrypt", "kms:ReEncrypt*", "kms:GenerateDataKey*", "kms:DescribeKey"]},
+            {"Sid": "Attach", "Effect": "Allow", "Principal": {"AWS": role}, "Action": "kms:CreateGrant", "Resource": "*",
+             "Condition": {"Bool": {"kms:GrantIsForAWSResource": True}}}]
+    arn = _customer_key(policy)
+    if given == "grant":
+        boto3.client("kms", region_name="us-east-1").create_grant(
+            KeyId=arn, GranteePrincipal=role, Operations=list(iam_detached.AUTOSCALING_GRANT))
+    if given != "nothing":
+        started(_opts(tmp_path))  # the group is reached
+        return
+    with pytest.raises(UsageError) as err:
+        launch.start(aws, settings_mod.load({}), _opts(tmp_path), Reporter(), SimpleNamespace(name="aws", is_sandbox=False))
+    assert f"the account's default key for EBS encryption, {arn}, is a customer managed key" in err.value.message
+    assert f"aws kms create-grant --region us-east-1 --key-id {arn} --grantee-principal {role}" in err.value.hint
+    assert boto3.client("iam", region_name="us-east-1").list_roles()["Roles"] == []
+    assert boto3.client("ec2", region_name="us-east-1").describe_key_pairs()["KeyPairs"] == []
+
+
+def test_the_aws_managed_ebs_key_needs_no_grant_and_an_unreadable_key_is_said(started, aws, tmp_path, monkeypatch):
+    """The AWS managed key (alias/aws/ebs, a new account's) needs nothing; a key whose policy and
+    grants these credentials may not read is a warning naming the grant, not a refusal."""
+    ui, _ = started(_opts(tmp_path))
+    assert not any("default key for EBS" in n for n in ui.notes)
+    _customer_key()
+    import botocore.client
+    from botocore.exceptions import ClientError
+    real = botocore.client.BaseClient._make_api_call
+
+    def call(self, name, params):  # these credentials may not read the key's policy and grants
+        if name in ("GetKeyPolicy", "ListGrants"):
+            raise ClientError({"Error": {"Code": "AccessDeniedException", "Message": "no"}}, name)
+        return real(self, name, params)
+    monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", call)
+    ui, _ = started(_opts(tmp_path))
+    assert any(n.startswith("warning: could not read the key policy and grants of arn:aws:kms:us-east-1:")
+               and "aws kms create-grant" in n for n in ui.notes), ui.notes
+
+
+def test_rules_these_credentials_may_not_read_leave_the_setting_to_decide():
+    """A user without s3:GetLifecycleConfiguration on the run store is not refused for it: the run's
+    limit is held to run_store_expire_days alone (runstore.check_keeps)."""
+    from botocore.exceptions import ClientError
+
+    class Refusing:
+        def get_bucket_lifecycle_configuration(self, **kw):
+            raise ClientError({"Error": {"Code": "AccessDenied", "Message": "no"}}, "GetBucketLifecycleConfiguration")
+    runstore.check_keeps(Refusing(), "ec2gpu-123456789012-us-east-1", 30, 29 * 1440)
+    with pytest.raises(UsageError, match="run_store_expire_days expires them after 3 days"):
+        runstore.check_keeps(Refusing(), "ec2gpu-123456789012-us-east-1", 3, 3 * 1440)

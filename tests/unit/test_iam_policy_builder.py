@@ -6,6 +6,7 @@ import botocore.exceptions
 import pytest
 
 from ec2gpu.aws import iam
+from ec2gpu.aws.tags import tag_value
 from ec2gpu.errors import UsageError
 
 
@@ -140,7 +141,7 @@ def test_role_names_and_tags_are_what_iam_accepts():
     for bad in ("AROAX:a,b", "a/b", "*", "", "x" * 200):
         with pytest.raises(UsageError):
             iam.run_tags("r-1", "alice", "n", user=bad)
-    assert iam.tag_value("alice@example.com") == "alice@example.com" and len(iam.tag_value("x" * 300)) == 256
+    assert tag_value("alice@example.com") == "alice@example.com" and len(tag_value("x" * 300)) == 256
 
 
 def test_the_trust_policy_lets_ec2_alone_assume_the_role():
@@ -206,3 +207,43 @@ def test_no_file_mounts_role_reaches_ec2gpus_own_buckets():
             iam.s3_policy([(bucket, "")], [])
         with pytest.raises(ValueError, match="is ec2gpu's own bucket"):
             iam.s3_policy([("data-bucket", "x/")], [(bucket, "runs/")])
+
+
+def test_a_role_uses_an_sse_kms_buckets_key_only_through_s3_for_that_buckets_objects():
+    """Issue 51 item 6: a file_mounts bucket whose default encryption names a KMS key gives
+    AccessDenied on the instance unless the run role may use that key: kms:Decrypt to read,
+    kms:GenerateDataKey too to write; only through S3 (kms:ViaService) and for that bucket's objects
+    (S3's encryption context), under the shipped boundary as well."""
+    from pathlib import Path
+
+    from iam_eval import allowed
+    read_key = "arn:aws:kms:us-east-1:111122223333:key/0b7c1c4e-1111-4a0e-9e0a-0123456789ab"
+    policy = iam.s3_policy([("team-data", "in/"), ("team-out", "")], [("team-out", "")],
+                           keys={"team-data": read_key, "team-out": "mrk-1234abcd", "elsewhere": "alias/x"})
+    sids = [s["Sid"] for s in policy["Statement"]]
+    assert sids[-2:] == ["ReadKeys", "WriteKeys"]  # a key of a bucket the role never reaches gives nothing
+    boundary_text = (Path(__file__).resolve().parents[2] / "docs" / "iam-instance-boundary.json").read_text()
+
+    def request(action, key, obj, via="s3.us-east-1.amazonaws.com"):
+        context = {"kms:EncryptionContext:aws:s3:arn": obj, **({"kms:ViaService": via} if via else {})}
+        return action, key, context
+
+    def ok(req, bucket):
+        boundary = json.loads(boundary_text.replace("YOUR-FILE-MOUNTS-BUCKET", bucket))
+        return allowed(policy, req) and allowed(policy, req, boundary)
+    out_key = "arn:aws:kms:eu-west-1:111122223333:key/mrk-1234abcd"
+    assert ok(request("kms:Decrypt", read_key, "arn:aws:s3:::team-data/in/x.csv"), "team-data")
+    assert ok(request("kms:Decrypt", read_key, "arn:aws:s3:::team-data"), "team-data")  # S3 Bucket Keys
+    assert ok(request("kms:GenerateDataKey", out_key, "arn:aws:s3:::team-out/model.pt"), "team-out")
+    assert not allowed(policy, request("kms:GenerateDataKey", read_key, "arn:aws:s3:::team-data/in/x"))
+    assert not allowed(policy, request("kms:Decrypt", read_key, "arn:aws:s3:::team-data/in/x", via=None))  # KMS itself
+    assert not allowed(policy, request("kms:Decrypt", read_key, "arn:aws:s3:::other-bucket/x"))
+    assert not allowed(policy, request("kms:Decrypt", "arn:aws:kms:us-east-1:111122223333:key/another",
+                                       "arn:aws:s3:::team-data/in/x"))
+    by_alias = iam.s3_policy([("team-data", "")], [], keys={"team-data": "arn:aws:kms:us-east-1:111122223333:alias/data"})
+    (alias,) = [s for s in by_alias["Statement"] if s["Sid"] == "ReadKeysByAlias"]
+    assert alias["Condition"]["ForAnyValue:StringEquals"] == {"kms:ResourceAliases": ["alias/data"]}
+    assert alias["Action"] == ["kms:Decrypt"] and "kms:ViaService" in alias["Condition"]["StringLike"]
+    assert [s["Sid"] for s in iam.s3_policy([("team-data", "")], [])["Statement"]][-1] == "Locate"  # no key: none
+    with pytest.raises(ValueError, match="is not a KMS key"):
+        iam.s3_policy([("team-data", "")], [], keys={"team-data": "key with spaces"})

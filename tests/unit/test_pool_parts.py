@@ -12,6 +12,7 @@ from dataclasses import replace
 import pytest
 
 from ec2gpu import api, cli
+from ec2gpu.aws import catalog
 from ec2gpu.errors import UsageError
 from ec2gpu.pool import attempt, driver, follow, node
 from ec2gpu.runs import element_table as records  # its home since runs/ stopped importing pool/
@@ -101,7 +102,7 @@ def _args(role, **over):
 
 
 def test_a_node_command_line():
-    ports = node.ports_for("127.0.0.7")
+    ports = node.ports_for("127.0.0.7", 8)
     head = node.argv(_args("head"), 6380, ports)
     assert "--head" in head and "--port=6380" in head and "--include-dashboard=false" in head
     assert "--num-gpus=4" in head and "--block" in head and "--temp-dir=/tmp/ec2gpu-ray-a1b2c3/ray" in head
@@ -173,10 +174,27 @@ def test_the_driver_lets_idle_workers_go_once_its_controller_is_silent_and_nothi
 
 
 def test_the_nodes_of_one_machine_take_ports_of_their_own():
-    a, b = node.ports_for("127.0.0.2"), node.ports_for("127.0.0.3")
-    assert not set(a) & set(b) and len(a) == len(set(a)) == len(node.PORT_FLAGS) + node.WORKER_PORTS
+    a, b = node.ports_for("127.0.0.2", 4), node.ports_for("127.0.0.3", 4)
+    assert not set(a) & set(b) and len(a) == len(set(a)) == len(node.PORT_FLAGS) + node.worker_ports(4)
     assert all(node.PORT_BASE <= p < 32768 for p in a + b)  # below Linux's ephemeral ports
-    assert node.ports_for("10.1.2.3") == node.ports_for("10.9.2.3")  # one machine per address on EC2
+    assert node.ports_for("10.1.2.3", 4) == node.ports_for("10.9.2.3", 4)  # one machine per address on EC2
+
+
+def test_the_largest_catalog_type_gets_a_worker_port_for_each_of_its_cpus_and_more():
+    """--num-cpus is the type's vCPUs (192 on p5.48xlarge): Ray starts that many workers, each on a
+    port of --worker-port-list, and with fewer ports they fail "No available ports" (ray#28071)."""
+    largest = max(catalog.CATALOG.values(), key=lambda t: t.vcpus)
+    args = _args("worker", cpus=largest.vcpus)
+    addresses = [f"10.0.{n // 256}.{n % 256}" for n in range(0, 65536, 97)]
+    for ip in addresses[:50]:
+        ports = node.ports_for(ip, largest.vcpus)
+        flags = dict(a.split("=", 1) for a in node.argv(args, None, ports) if a.startswith("--") and "=" in a)
+        workers = flags["--worker-port-list"].split(",")
+        assert len(workers) == len(set(workers)) >= 2 * largest.vcpus + node.WORKER_PORTS
+        assert flags["--num-cpus"] == str(largest.vcpus)
+        assert all(node.PORT_BASE <= p < 32768 for p in ports) and len(set(ports)) == len(ports)
+    first, second = node.ports_for("127.0.0.2", largest.vcpus), node.ports_for("127.0.0.3", largest.vcpus)
+    assert not set(first) & set(second)  # two large nodes of one machine still take ports of their own
 
 
 def test_the_head_takes_rays_default_port_unless_it_is_taken():

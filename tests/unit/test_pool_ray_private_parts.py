@@ -33,7 +33,7 @@ def test_each_node_gets_a_new_private_ray_directory_short_enough_for_rays_socket
             st = os.stat(path)
             assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.getuid(), oct(st.st_mode)
             assert os.path.dirname(path) == "/tmp" and os.path.basename(path).startswith("ec2gpu-ray-")
-            assert f"--temp-dir={node.ray_dir(path)}" in node.argv(_args(temp_dir=path), 6379, node.ports_for("127.0.0.7"))
+            assert f"--temp-dir={node.ray_dir(path)}" in node.argv(_args(temp_dir=path), 6379, node.ports_for("127.0.0.7", 1))
             # Ray's longest socket under it: its session's name (a pid of up to 7 digits) and plasma_store.N
             session = f"session_{datetime.now().strftime('%Y-%m-%d_%H-%M-%S_%f')}_{4194304}"
             longest = f"{node.ray_dir(path)}/{session}/sockets/plasma_store.999"

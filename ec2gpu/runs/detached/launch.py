@@ -46,7 +46,7 @@ import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from ...aws import (capacity, catalog, groups, iam, iam_boundary, iam_detached, instances, network, parameters,
                     placement, runstore, runstore_objects, runstore_records, storage, sweep)
@@ -284,8 +284,8 @@ def start(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, back
 @dataclass
 class Handoff:
     """A detached run's hand-off as the lifecycle sees it: what ``start`` checked before anything
-    is made, then what each step learns (the deadline, the group's name and the spec's bytes in
-    prepare; the bucket and the hashes of what was put there in upload)."""
+    is made, then what each step learns (the launches and the spec's bytes, checked, in prepare;
+    the bucket, the deadline, the spec with it and the hashes of what was put there in upload)."""
 
     aws: Aws
     settings: Settings
@@ -324,23 +324,32 @@ class DetachedJob(lifecycle.Lifecycle[Handoff, run_record.RunRecord]):
         self.handed = False  # the group exists: the run is the agent's
 
     def prepare(self, a: Handoff) -> None:
-        """The account's permissions boundary checked, the deadline and the spec.json bytes (spec_body;
-        the agent's own checks applied), all before anything is made."""
+        """The account's permissions boundary checked, the run store's lifecycle against the run's
+        limit (aws/runstore.check_keeps), the account's default key for EBS against Auto Scaling's
+        role (aws/iam_detached.check_ebs_key), and the spec.json bytes (spec_body; the agent's own checks
+        applied) with a deadline from now, all before anything is made: ``upload`` takes the
+        deadline again once the run's files are in S3."""
         opts = a.opts
         a.boundary = check_boundary(a.aws, a.run_id, a.account, a.ui, secrets=bool(a.secret),
                                     extra=a.job.role_policy, several=opts.nodes > 1)
-        a.limit_at = datetime.now(timezone.utc) + timedelta(minutes=opts.max_runtime_minutes or 0)
+        runstore.check_keeps(a.aws.client("s3"), runstore.bucket_name(a.account, a.aws.region),
+                             a.settings.run_store_expire_days, opts.max_runtime_minutes or 0)
+        iam_detached.check_ebs_key(a.aws.ec2, a.aws.client("kms"), a.account, a.aws.region, a.ui.note)
         a.launches = launches(opts)
-        a.spec = spec_body(spec_document(a.job, opts, a.user, a.run_id, a.group, a.limit_at, a.launches,
-                                         a.settings.ssh_user))
+        a.spec = _spec_from_now(a)
 
     def upload(self, a: Handoff) -> None:
         """The run store made if need be; the workdir, the local file_mounts, the agent and the spec
-        under the run's prefix (``_upload``)."""
+        under the run's prefix (``_upload``). The deadline (the group's scheduled end, the spec's
+        limit_at) is taken once the rest is in S3, just before the spec goes: a slow upload of a
+        large workdir no longer comes out of the job's limit, nor leaves the scheduled action's
+        StartTime behind the time the group is made (PutScheduledUpdateGroupAction refuses a
+        StartTime in the past: https://docs.aws.amazon.com/autoscaling/ec2/userguide/ec2-auto-scaling-scheduled-scaling.html)."""
         with a.ui.phase("upload"):
             a.bucket = runstore.ensure(a.aws.client("s3"), a.account, a.aws.region, a.settings.owner,
                                        a.settings.run_store_expire_days, log=a.ui.note)
-            a.hashes, a.spec_sha256 = _upload(a.aws.client("s3"), a.bucket, a.user, a.run_id, a.job, a.spec)
+            a.hashes, a.spec_sha256 = _upload(a.aws.client("s3"), a.bucket, a.user, a.run_id, a.job,
+                                              lambda: _spec_from_now(a))
             a.ui.note(f"run store s3://{a.bucket}/{runstore.prefix(a.user, a.run_id)}: workdir, agent and spec")
 
     def run(self, a: Handoff) -> None:
@@ -393,6 +402,16 @@ class DetachedJob(lifecycle.Lifecycle[Handoff, run_record.RunRecord]):
                              autoscaling=a.aws.client("autoscaling"), ssm=a.aws.client("ssm"), user=a.user)
 
 
+def _spec_from_now(a: Handoff) -> bytes:
+    """spec.json's bytes (spec_body of spec_document) with the run's deadline taken now: its limit
+    from this moment (``a.limit_at``, which the group's scheduled action and the run's record get
+    too; ``a.spec``). Raises UsageError for a spec the agent would refuse."""
+    a.limit_at = datetime.now(timezone.utc) + timedelta(minutes=a.opts.max_runtime_minutes or 0)
+    a.spec = spec_body(spec_document(a.job, a.opts, a.user, a.run_id, a.group, a.limit_at, a.launches,
+                                     a.settings.ssh_user))
+    return a.spec
+
+
 def _group(a: Handoff, spec: instances.LaunchSpec, choices: list[tuple[str, str, list[str]]]) -> None:
     """The run's Auto Scaling group (aws/groups.create), AZRebalance suspended. One node may launch in
     any zone of ``choices`` (AWS picks); several share one, the first where the group finds capacity
@@ -437,11 +456,13 @@ def _launch_spec(a: Handoff, profile: str) -> instances.LaunchSpec:
         boot=boot_script(a.bucket, a.user, a.run_id, aws.region, a.group, a.hashes, a.spec_sha256))
 
 
-def _upload(s3: Any, bucket: str, user: str, run_id: str, job: TaskJob, spec: bytes) -> tuple[dict[str, str], str]:
-    """The run's workdir, agent and spec (``spec``: spec.json's bytes, spec_body) under its prefix
-    (spec last: an agent that finds it finds the rest). Returns ({name: sha256} of the agent files'
-    bytes as uploaded, the sha256 of ``spec``), for ``boot_script``: the hashes of exactly the bytes
-    put, each file read once (agent_files)."""
+def _upload(s3: Any, bucket: str, user: str, run_id: str, job: TaskJob,
+            spec: Callable[[], bytes]) -> tuple[dict[str, str], str]:
+    """The run's workdir, local file_mounts, agent and spec under its prefix; spec.json's bytes are
+    ``spec()``'s (spec_body), asked for once the rest is up, and put last (an agent that finds it
+    finds the rest). Returns ({name: sha256} of the agent files' bytes as uploaded, the sha256 of
+    the spec's), for ``boot_script``: the hashes of exactly the bytes put, each file read once
+    (agent_files)."""
     with tempfile.TemporaryDirectory(prefix="ec2gpu-detach-") as tmp:
         archive = Path(tmp) / "workdir.tar.gz"
         if job.manifest is not None:
@@ -465,8 +486,9 @@ def _upload(s3: Any, bucket: str, user: str, run_id: str, job: TaskJob, spec: by
     for name, data in agent_files().items():
         hashes[name] = hashlib.sha256(data).hexdigest()
         runstore_objects.put_bytes(s3, bucket, runstore.agent_prefix(user, run_id) + name, data)
-    runstore_objects.put_bytes(s3, bucket, runstore.spec_key(user, run_id), spec, "application/json")
-    return hashes, hashlib.sha256(spec).hexdigest()
+    body = spec()
+    runstore_objects.put_bytes(s3, bucket, runstore.spec_key(user, run_id), body, "application/json")
+    return hashes, hashlib.sha256(body).hexdigest()
 
 
 def check_boundary(aws: Aws, run_id: str, account: str, ui: ReporterLike, secrets: bool = False,
@@ -481,7 +503,7 @@ def check_boundary(aws: Aws, run_id: str, account: str, ui: ReporterLike, secret
     YOUR-FILE-MOUNTS-BUCKET stands), which no IAM statement can take back. Raises UsageError then,
     with the command that updates it; a boundary these credentials may not read is said, not refused."""
     client = aws.client("iam")
-    boundary = iam_boundary.boundary_arn(client, account)
+    boundary = iam_boundary.boundary_arn(client, account, aws.region)
     if boundary is None:
         return None
     user = runstore.user_id(aws.check_credentials())

@@ -125,15 +125,27 @@ def check_s3_access(aws: Aws, job: TaskJob) -> None:
             mounts.check_write(m, own, frozenset(cast(str, w.bucket) for w in s3 if w.write_allowed))
         except UsageError as exc:
             raise UsageError(f"file_mounts.{m.target}: {exc.message}", exc.hint) from None
-    try:  # an S3 entry always names its bucket (tasks/mounts.Mount: None is for local sources)
-        job.role_policy = iam.s3_policy([(cast(str, m.bucket), m.prefix) for m in s3],
-                                        [(cast(str, m.bucket), m.prefix) for m in s3 if m.write_back])
-    except ValueError as exc:
-        raise UsageError(f"file_mounts: {exc}", "name fewer S3 prefixes, or one prefix that holds them") from None
+    # an S3 entry always names its bucket (tasks/mounts.Mount: None is for local sources)
+    reads = [(cast(str, m.bucket), m.prefix) for m in s3]
+    writes = [(cast(str, m.bucket), m.prefix) for m in s3 if m.write_back]
+    job.role_policy = _s3_policy(reads, writes)
     client = aws.client("s3")
     job.bucket_regions, job.buckets_to_make = storage.check_buckets(client, job.mounts, aws.region, user)
+    keys = storage.bucket_keys(client, [b for b in job.bucket_regions if b not in job.buckets_to_make])
+    if keys:  # SSE-KMS buckets: the role uses their keys through S3 (issue 51 item 6)
+        job.role_policy = _s3_policy(reads, writes, keys)
     job.s3_files = storage.single_objects(client, job.mounts)
-    job.role_boundary = iam_boundary.boundary_arn(aws.client("iam"), aws.check_credentials()["Account"])
+    job.role_boundary = iam_boundary.boundary_arn(aws.client("iam"), aws.check_credentials()["Account"],
+                                                    aws.region)
+
+
+def _s3_policy(reads: list[tuple[str, str]], writes: list[tuple[str, str]],
+               keys: dict[str, str] | None = None) -> dict[str, Any]:
+    """aws/iam.s3_policy, its ValueError as the UsageError of a task's file_mounts."""
+    try:
+        return iam.s3_policy(reads, writes, keys)
+    except ValueError as exc:
+        raise UsageError(f"file_mounts: {exc}", "name fewer S3 prefixes, or one prefix that holds them") from None
 
 
 def _instance_role(aws: Aws, settings: Settings, opts: LaunchOptions, run_id: str, prov: Provisioned, ui: ReporterLike) -> None:
