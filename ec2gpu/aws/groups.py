@@ -24,8 +24,8 @@ import base64
 from datetime import datetime
 from typing import Any, cast
 
-from . import tags
-from .session import Client, error_code
+from . import consistency, tags
+from .session import Client, Log, error_code
 from .instances import LaunchSpec, run_request
 
 #: the name of a run's launch template and group: one of each per run
@@ -95,13 +95,17 @@ def deadline_request(run_id: str, at: datetime) -> dict[str, Any]:
 
 
 def create(ec2: Client, autoscaling: Client, spec: LaunchSpec, instance_types: list[str], subnet_ids: list[str],
-           size: int, deadline: datetime | None) -> str:
+           size: int, deadline: datetime | None, made_at: float | None = None, log: Log = lambda line: None) -> str:
     """Create the run's launch template, its group (``group_request``) and, with a ``deadline``,
-    the scheduled action that ends it then; return the group's name. What was made before a
-    refusal is removed again (``delete``) before the error is raised: botocore's ClientError."""
-    ec2.create_launch_template(**template_request(spec))
+    the scheduled action that ends it then; return the group's name. ``made_at`` (time.time()):
+    when the run's instance profile and security group were made; while EC2 does not see them yet
+    the template and the group are asked for again (consistency.when_visible, for about two
+    minutes after, saying so through ``log``). What was made before a refusal is removed again
+    (``delete``) before the error is raised: botocore's ClientError."""
+    consistency.when_visible(lambda: ec2.create_launch_template(**template_request(spec)), made_at, log)
     try:
-        autoscaling.create_auto_scaling_group(**group_request(spec, instance_types, subnet_ids, size))
+        request = group_request(spec, instance_types, subnet_ids, size)
+        consistency.when_visible(lambda: autoscaling.create_auto_scaling_group(**request), made_at, log)
         if deadline is not None:
             autoscaling.put_scheduled_update_group_action(**deadline_request(spec.run_id, deadline))
     except BaseException:

@@ -39,6 +39,7 @@ import re
 import shlex
 import tarfile
 import tempfile
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -408,6 +409,7 @@ class DetachedJob(lifecycle.Lifecycle[Handoff, run_record.RunRecord]):
             self.made = True
             profile = _role(aws, settings, a.user, a.run_id, a.bucket, a.account, a.boundary, bool(a.secret),
                             job.role_policy, several=opts.nodes > 1)
+            made_at = time.time()  # EC2 sees the new profile (and the security group made next) a while later
             if job.buckets_to_make:
                 storage.make_buckets(aws.client("s3"), job.buckets_to_make, aws.region, settings.owner, a.user,
                                      a.ui.note)
@@ -421,7 +423,7 @@ class DetachedJob(lifecycle.Lifecycle[Handoff, run_record.RunRecord]):
             runstore_records.put_status(aws.client("s3"), a.bucket, a.user, a.run_id,
                                         {"run_id": a.run_id, "state": "pending", "attempt": 0, "updated_at": _now()})
             groups.create(aws.ec2, aws.client("autoscaling"), spec, opts.instance_types, subnets, opts.nodes,
-                          a.limit_at)
+                          a.limit_at, made_at=made_at, log=a.ui.note)
             self.handed = True
 
     def collect(self, a: Handoff) -> run_record.RunRecord:
