@@ -44,7 +44,9 @@ PROPAGATION_S = 120.0
 #: the refusals, per operation, that mean "a fresh instance profile, role, security group or key
 #: pair is not visible yet". RunInstances and CreateFleet: InvalidParameterValue ("Value (NAME) for
 #: parameter iamInstanceProfile.name is invalid"), InvalidGroup.NotFound, InvalidKeyPair.NotFound
-#: (the EC2 page above); a launch template names the same; Auto Scaling: ValidationError.
+#: (the EC2 page above); CreateLaunchTemplate does not fully validate what it names
+#: (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/launch-template-restrictions.html), so its
+#: codes are there for a check EC2 may add; Auto Scaling: ValidationError.
 NOT_VISIBLE: dict[str, frozenset[str]] = {
     "RunInstances": frozenset({"InvalidParameterValue", "InvalidGroup.NotFound", "InvalidKeyPair.NotFound"}),
     "CreateFleet": frozenset({"InvalidParameterValue", "InvalidGroup.NotFound", "InvalidKeyPair.NotFound"}),

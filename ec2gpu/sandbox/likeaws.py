@@ -26,7 +26,9 @@ break on AWS. In this mode the sandbox behaves the way EC2 does, in the places t
   iamInstanceProfile.name is invalid. Invalid IAM Instance Profile name"), and CreateAutoScalingGroup
   whose launch template names one answers ``ValidationError`` ("You must use a valid fully-formed
   launch template. Value (NAME) ..."), as AWS does for tens of seconds
-  (https://github.com/eksctl-io/eksctl/issues/8039, aws/consistency.py);
+  (https://github.com/eksctl-io/eksctl/issues/8039, aws/consistency.py); CreateLaunchTemplate
+  takes it, as EC2 does ("Launch template parameters are not fully validated when you create the
+  launch template": https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/launch-template-restrictions.html);
 - **a new security group**: for its first ``group_unseen_s``, RunInstances naming it answers
   ``InvalidGroup.NotFound`` and CreateAutoScalingGroup whose template names it ``ValidationError``
   (https://docs.aws.amazon.com/ec2/latest/devguide/eventual-consistency.html);
