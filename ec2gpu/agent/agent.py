@@ -52,7 +52,8 @@ stands ("pending", then "collected", "uploaded", "nothing to upload" or "failed:
 pending one as busy (ami/idle-watch.sh). Then, with ``shutdown`` and once all of it is in S3, it ends its instance
 (``shutdown -h now``: the instance's shutdown behaviour is terminate); a failed hand-over leaves the instance to
 its idle rule, its files there for `ec2gpu fetch`. A presigned URL lets its holder write one object and nothing
-else (https://docs.aws.amazon.com/AmazonS3/latest/userguide/using-presigned-url.html).
+else (https://docs.aws.amazon.com/AmazonS3/latest/userguide/using-presigned-url.html); it takes the URLs its controller
+renewed, and signs a URL S3 refuses again with the instance role's credentials (wire/handover_urls.py, issue 51.2).
 
 The controller reads the record; it never parses the log.
 """
@@ -61,6 +62,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import functools
 import http.client
 import importlib.util
 import json
@@ -84,8 +86,8 @@ PYTHON_FLAGS = ("-I", "-S", "-B")
 PR_SET_DUMPABLE = 4  # <linux/prctl.h>
 
 #: the records' modules it loads from beside it (shipped flat with it: runs/execute/engine.AGENT_BESIDE,
-#: runs/detached/launch.AGENT_FILES)
-BESIDE = ("bounded_json.py", "agent_record.py")
+#: runs/detached/launch.AGENT_FILES, which has no handover_urls.py: a detached run hands nothing over)
+BESIDE = ("bounded_json.py", "agent_record.py", "handover_urls.py")
 
 
 def _beside(name: str) -> Any:
@@ -101,9 +103,11 @@ def _beside(name: str) -> Any:
 
 
 if __package__:  # in the package (the controller, the tests)
-    from ..wire import agent_record, bounded_json
+    from ..wire import agent_record, bounded_json, handover_urls
 else:  # a script (or loaded by its path: pool/node.py, detached.py)
     bounded_json, agent_record = _beside("bounded_json.py"), _beside("agent_record.py")
+    with contextlib.suppress(OSError):  # before the job, as the others; detached.py ships none (it hands nothing over)
+        handover_urls = _beside("handover_urls.py")
 
 IMDS = "http://169.254.169.254"
 SPOT_ACTION = "/latest/meta-data/spot/instance-action"
@@ -333,14 +337,9 @@ def put(url: str, data: bytes | None = None, path: str | None = None, tries: int
         if n:
             time.sleep(2 ** (n - 1))
         try:
-            if path is not None:
-                with open(path, "rb") as f:
-                    req = urllib.request.Request(url, data=f, method="PUT",
-                                                 headers={"Content-Length": str(os.path.getsize(path)), **BINARY})
-                    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-                        resp.read(1024)
-            else:
-                req = urllib.request.Request(url, data=data or b"", method="PUT", headers=BINARY)
+            with open(path, "rb") if path is not None else contextlib.nullcontext(data or b"") as body:
+                size = {"Content-Length": str(os.path.getsize(path))} if path is not None else {}  # urllib sizes bytes
+                req = urllib.request.Request(url, data=body, method="PUT", headers={**size, **BINARY})
                 with urllib.request.urlopen(req, timeout=timeout_s) as resp:
                     resp.read(1024)
             return None
@@ -357,32 +356,33 @@ def hand_over(run_dir: str, handover: dict[str, Any], status: dict[str, Any], ke
               env: dict[str, str]) -> None:
     """What the controller would have brought home, put into S3 through ``handover``'s URLs
     (module docstring), ``status["handover"]`` set to how it went and the record written again."""
-    urls = handover["urls"]
+    urls = handover_urls.renewed(run_dir, handover["urls"], bounded_json.read)  # the controller's latest
+    send = functools.partial(handover_urls.put_or_role, put, imds=handover.get("imds") or IMDS, loads=bounded_json.loads)
     secrets = [env.get(n, "") for n in handover["secret_names"]]
     problems = []
     status["handover_at"] = now()
     if "outputs" in urls:
         packed, problem = put_packed(urls["outputs"], env.get("EC2GPU_OUTPUT_DIR") or os.path.join(run_dir, "out"),
-                                     os.path.join(run_dir, ".handover-outputs.tar.gz"))
+                                     os.path.join(run_dir, ".handover-outputs.tar.gz"), send=send)
         if packed is not None:
             status["handover_files"] = {"packed": packed[0], "left": packed[1]}
         if problem:
             problems.append(f"outputs: {problem}")
     if "log" in urls:
-        problem = put(urls["log"], log_tail(os.path.join(run_dir, "job.log"), secrets))
+        problem = send(urls["log"], data=log_tail(os.path.join(run_dir, "job.log"), secrets))
         if problem:
             problems.append(f"log: {problem}")
     if "pool" in urls and os.path.isdir(os.path.join(run_dir, "pool")):  # an array's: its element table and logs
         status["array"] = array_counts(os.path.join(run_dir, "pool", "table.json"))  # for `ec2gpu status RUN`
         # table.json is JSON: a secret's quotes, backslashes and non-ASCII are escaped there
         _, problem = put_packed(urls["pool"], os.path.join(run_dir, "pool"), os.path.join(run_dir, ".handover-pool.tar.gz"),
-                                mask=secrets + [json.dumps(v)[1:-1] for v in secrets if v])
+                                mask=secrets + [json.dumps(v)[1:-1] for v in secrets if v], send=send)
         if problem:
             problems.append(f"pool: {problem}")
     status["handover"] = ("failed: " + "; ".join(problems) if problems else "uploaded" if urls
                           else "nothing to upload (a run's outputs are its head node's)")
     if "record" in urls:
-        problem = put(urls["record"], agent_record.dumps(status, key).encode())
+        problem = send(urls["record"], data=agent_record.dumps(status, key).encode())
         if problem:
             status["handover"] = "failed: " + "; ".join(problems + [f"record: {problem}"])
     write_record(run_dir, status, key)
@@ -401,13 +401,13 @@ def array_counts(path: str, max_bytes: int = 16 << 20) -> dict[str, Any] | None:
             if isinstance(counts.get(k), int) and not isinstance(counts.get(k), bool)}
 
 
-def put_packed(url: str, src: str, archive: str, mask: list[str] | None = None
-               ) -> tuple[tuple[int, int] | None, str | None]:
-    """``src`` packed into ``archive`` (pack_outputs, ``mask``) and PUT to the presigned ``url``,
+def put_packed(url: str, src: str, archive: str, mask: list[str] | None = None,
+               send: Callable[..., str | None] = put) -> tuple[tuple[int, int] | None, str | None]:
+    """``src`` packed into ``archive`` (pack_outputs, ``mask``) and PUT to the presigned ``url`` by ``send`` (put),
     the archive removed after: ((files packed, files left out) or None, what went wrong or None)."""
     try:
         packed = pack_outputs(src, archive, mask=mask)
-        return packed, put(url, path=archive)
+        return packed, send(url, path=archive)
     except OSError as exc:
         return None, type(exc).__name__
     finally:
@@ -512,6 +512,7 @@ def run(run_dir: str, argv: list[str], endpoint: str, poll_s: float, grace_s: fl
             signal.signal(sig, handler)
     if handover:
         watcher.join(poll_s + 10)  # it ends with the job: never fork while it may hold _WRITING
+        handover = {**handover, "imds": endpoint}  # where hand_over asks for the instance role's credentials
     if handover and not (background and _forked()):
         if background:  # the child: the agent's exit status was given (the controller judges by it)
             try:

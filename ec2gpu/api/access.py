@@ -64,9 +64,10 @@ class SshConfig:
 class LogShown:
     """What `logs` read. ``source``: "saved" (brought home), "s3" (a detached run's store) or
     "instance" (its running instance); ``instance_id`` None but for "instance"; ``exit_status``
-    the job's where known, else None; ``state`` a detached run's record's state (source "s3"
-    alone); ``log`` the log as text (UTF-8, an undecodable byte as U+FFFD) when no ``write`` was
-    given, else None."""
+    the job's where known, else None; ``state`` a detached run's record's state (source "s3"),
+    or for source "instance" what ends the instance once its job ended (why EC2 ended it, or its
+    run's controller; None while it stands for `down`: runs/execute/logs.stream); ``log`` the
+    log as text (UTF-8, an undecodable byte as U+FFFD) when no ``write`` was given, else None."""
     exit_status: Optional[int]
     run_id: str
     instance_id: Optional[str]
@@ -78,7 +79,7 @@ class LogShown:
         """{"exit_status", "run_id", "instance_id", "source"}, "state" for source "s3", "log" when collected."""
         shown: dict[str, Any] = {"exit_status": self.exit_status, "run_id": self.run_id,
                                  "instance_id": self.instance_id, "source": self.source}
-        if self.source == "s3":
+        if self.source == "s3" or self.state is not None:
             shown["state"] = self.state
         if self.log is not None:
             shown["log"] = self.log
@@ -305,10 +306,10 @@ def _read_log(name: str, follow: bool, emit: Write, region: Optional[str], sandb
             return LogShown(exit_status=None, run_id=ledger.get(ctx.settings.home, name)["run_id"], instance_id=None,
                             source="saved")
         try:
-            status, run_id = run_logs.stream(ctx, inst, follow, emit, note=log)
+            status, run_id, ended = run_logs.stream(ctx, inst, follow, emit, note=log)
         finally:
             emit(b"", final=True)
-    return LogShown(exit_status=status, run_id=run_id, instance_id=inst.id, source="instance")
+    return LogShown(exit_status=status, run_id=run_id, instance_id=inst.id, source="instance", state=ended)
 
 
 def _element_log(home: Path, row: Optional[dict[str, Any]], name: str, index: int, follow: bool, emit: Write,
@@ -536,7 +537,7 @@ def notebook(*, instance_type: Optional[str] = None, spot: bool = False, name: O
         network.check_cidr(ssh_cidr)  # refused here; a wide one is warned of at launch
     idle = idle_rule(idle_stop, idle_down, no_idle, max_runtime, spot)
     types = None if instance_type is None else _types(instance_type)
-    reporter = reporter or Reporter()
+    reporter = reporter or Reporter(log)
     with _context(region, sandbox, True, log) as ctx, port_forward.hangup_interrupts():
         opts = LaunchOptions(instance_type=",".join(types or _types(ctx.settings.instance_type)),
                              spot=spot, name=name, ssh_cidr=ssh_cidr, ami=ami,

@@ -238,7 +238,8 @@ def launch(*, instance_type: Optional[str] = None, spot: bool = False, name: Opt
     ``max_runtime``: minutes after boot when it ends itself (default 120); the idle rule from
     ``idle_stop``/``idle_down``/``no_idle`` (idle_rule: by default it terminates after 60 idle min).
     Returns one InstanceSummary per instance (runs/standing/hosts.launch: name, instance_id,
-    instance_type, market, state, public_ip, zone ...). Raises UsageError (a bad name, CIDR, type or rule) before anything is
+    instance_type, market, state, public_ip, zone ...). Without a ``reporter``, what the launch says
+    goes to ``log``. Raises UsageError (a bad name, CIDR, type or rule) before anything is
     created; AwsError, CapacityError, WaitTimeout."""
 
     if name is not None:
@@ -253,7 +254,7 @@ def launch(*, instance_type: Optional[str] = None, spot: bool = False, name: Opt
         types = asked or _types(ctx.settings.instance_type)
         opts = LaunchOptions(instance_type=",".join(types), spot=spot, name=name, ssh_cidr=ssh_cidr, ami=ami,
                              max_runtime_minutes=max_runtime or 120, nodes=nodes, idle=idle)
-        return [InstanceSummary(**row) for row in standing.launch(ctx.aws, ctx.settings, opts, reporter or Reporter(),
+        return [InstanceSummary(**row) for row in standing.launch(ctx.aws, ctx.settings, opts, reporter or Reporter(log),
                                                                   ctx.backend)]
 
 

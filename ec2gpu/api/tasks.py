@@ -32,7 +32,7 @@ from ..runs.execute.reporter import Reporter, ReporterLike
 from ..runs.job import TaskJob
 from ..runs.job_summary import mask_text
 from ..runs.options import BakeOptions, PoolOptions
-from ..runs.plan import runplan
+from ..runs.plan import runplan, sandbox_data
 from ..runs.plan.runplan import RunFlags, RunPlan
 from ..runs.settle.record import RunRecord
 from ..sandbox import bindshim  # the sandbox's part is given to pool/, which never imports sandbox/
@@ -328,10 +328,7 @@ def start(ctx: backend.Context, planned: RunPlan, ui: ReporterLike) -> RunRecord
     opts = runplan.options(planned)
     if isinstance(opts, PoolOptions):
         if planned.trainer is not None:  # a sweep's task: the built-in one, given the sandbox's data there
-            topts = runplan.train_options(planned)
-            if ctx.backend.is_sandbox:
-                topts = replace(topts, trainer_args=[*topts.trainer_args,
-                                                     *pipeline.sandbox_data_args(topts.trainer_args)])
+            topts = runplan.train_options(planned)  # the sandbox's data in its flags (runs/plan/sandbox_data.py)
             opts = replace(opts, task=pipeline.builtin_task(topts, sandbox=ctx.backend.is_sandbox))
         # the pool's strategy, handed to runs/ (which never imports pool/)
         from ..pool import attempt as pool_attempt  # fabric, boto3: see the module docstring
@@ -391,7 +388,7 @@ def bake(task: Union[str, Path, Task], *, base: str = "dlami", name: Optional[st
     with backend.Context(region, sandbox, persistent=True, note=ui.note) as ctx:  # the image outlives the command
         types = instance_type.split(",") if instance_type is not None else \
             resolve.instance_types(job.task.resources, ctx.settings.instance_type)
-        data = pipeline.sandbox_data_args([]) if ctx.backend.is_sandbox and job.builtin == "mnist" else []
+        data = sandbox_data.sandbox_data_args([]) if ctx.backend.is_sandbox and job.builtin == "mnist" else []
         plan = baking.plan(job, base, name, ctx.settings.home, ctx.backend.name, types[0].strip(),
                            ctx.backend.is_sandbox, data[1] if data else None)
         opts = BakeOptions(instance_type=",".join(types), spot=spot, ssh_cidr=ssh_cidr, ami=ami, task=job, plan=plan,
@@ -414,8 +411,9 @@ def status(run_id: str, *, region: Optional[str] = None, sandbox: bool = False, 
     that was detached) also has "handover", read from the run store of the run's region: what its
     head handed over (the driver's state, how the hand-over went, when, and the final counts,
     which "array" then shows), None before it did.
-    Raises UsageError for a bad run id or one the region's store does not hold; NoCredentials,
-    AwsError."""
+    Raises UsageError for a bad run id, one the region's store does not hold, or a run in the
+    foreground of this machine's ledger (its message points to `runs show` and `logs`);
+    NoCredentials, AwsError."""
     from ..runs.detached import follow  # boto3: see the module docstring
 
     from ..pool import attempt as pool_attempt  # fabric, boto3: see the module docstring
@@ -428,6 +426,13 @@ def status(run_id: str, *, region: Optional[str] = None, sandbox: bool = False, 
                 local["array"].update(counts=counts, final=True)
     if local is not None:
         return RunStatus(local)
+    from ..runs.settle import ledger
+    row = ledger.in_foreground(settings_mod.load({"region": region, "sandbox": sandbox or None}).home, run_id)
+    if row is not None:  # its record and log are this machine's: never looked for in the run store
+        where = " --sandbox" if row.get("backend") == "sandbox" and row["status"] == "running" else ""
+        raise UsageError(f"run {row['run_id']} runs in the foreground (it was not started with --detach): status "
+                         "shows detached runs and arrays", f"its record: ec2gpu runs show {row['run_id']}; its log: "
+                         f"ec2gpu logs {row['run_id']}{where}" + (" --follow" if row["status"] == "running" else ""))
     with backend.Context(region, sandbox, False, note=log) as ctx:
         return RunStatus(follow.status(ctx.aws, ctx.settings, run_id, log))
 

@@ -13,7 +13,14 @@ AWS documentation this module follows:
 - Mixed instances groups: https://docs.aws.amazon.com/autoscaling/ec2/userguide/ec2-auto-scaling-mixed-instances-groups.html
   (spot through ``InstancesDistribution``; a template that itself requests spot is refused there)
 - price-capacity-optimized: https://docs.aws.amazon.com/autoscaling/ec2/userguide/allocation-strategies.html
-- Capacity Rebalancing: https://docs.aws.amazon.com/autoscaling/ec2/userguide/ec2-auto-scaling-capacity-rebalancing.html
+- Capacity Rebalancing, off (docs/detached.md, "Rebalance recommendations"):
+  https://docs.aws.amazon.com/autoscaling/ec2/userguide/ec2-auto-scaling-capacity-rebalancing.html
+- One zone and a cluster placement group for several nodes ("You cannot specify multiple Availability
+  Zones and a cluster placement group": CreateAutoScalingGroup's PlacementGroup, botocore's
+  autoscaling model), AZRebalance suspended:
+  https://docs.aws.amazon.com/autoscaling/ec2/userguide/as-suspend-resume-processes.html
+- The group's launches, as scaling activities (StatusCode Successful, Failed, ...):
+  https://docs.aws.amazon.com/autoscaling/ec2/APIReference/API_Activity.html
 - Scheduled actions: https://docs.aws.amazon.com/autoscaling/ec2/userguide/ec2-auto-scaling-scheduled-scaling.html
 - DeleteAutoScalingGroup with ForceDelete terminates the group's instances:
   https://docs.aws.amazon.com/autoscaling/ec2/APIReference/API_DeleteAutoScalingGroup.html
@@ -21,10 +28,14 @@ AWS documentation this module follows:
 from __future__ import annotations
 
 import base64
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, cast
 
-from . import consistency, tags
+from ..errors import CapacityError
+from ..inert import inert
+from . import capacity, consistency, tags
 from .session import Client, Log, error_code
 from .instances import LaunchSpec, run_request
 
@@ -59,32 +70,140 @@ def template_request(spec: LaunchSpec) -> dict[str, Any]:
 def group_request(spec: LaunchSpec, instance_types: list[str], subnet_ids: list[str], size: int) -> dict[str, Any]:
     """CreateAutoScalingGroup kwargs (pure): ``size`` instances (at most that many: MaxSize) of the
     run's template, the first of ``instance_types`` that has capacity in ``subnet_ids``' zones.
-    Spot (``spec.spot``): every instance spot, price-capacity-optimized across the types, Capacity
-    Rebalancing on, ``spec.max_price`` the most paid; else every instance on-demand, types tried
-    in the order given. The group's tags reach its instances (PropagateAtLaunch). Raises
-    ValueError for no type, no subnet or a size below 1."""
+    Spot (``spec.spot``): every instance spot, price-capacity-optimized across the types,
+    ``spec.max_price`` the most paid; else every instance on-demand, types tried in the order
+    given. Capacity Rebalancing is off: a rebalance recommendation alone would end a healthy
+    instance as soon as its replacement runs, a restart of the job (docs/detached.md). With
+    ``spec.placement_group`` (a cluster placement group: one zone) the group launches into it. The
+    group's tags reach its instances (PropagateAtLaunch). Raises ValueError for no type, no subnet,
+    a size below 1, or a placement group with several subnets (AWS refuses it)."""
     if not instance_types or not subnet_ids or size < 1:
         raise ValueError("a group needs an instance type, a subnet and a size of at least 1")
+    if spec.placement_group and len(subnet_ids) > 1:
+        raise ValueError("a cluster placement group is in one zone: give one subnet")
     name = name_of(spec.run_id)
-    distribution: dict[str, Any] = {"OnDemandBaseCapacity": 0, "OnDemandAllocationStrategy": "prioritized",
-                                    "OnDemandPercentageAboveBaseCapacity": 0 if spec.spot else 100}
-    if spec.spot:
-        distribution["SpotAllocationStrategy"] = "price-capacity-optimized"
-        if spec.max_price is not None:
-            distribution["SpotMaxPrice"] = f"{spec.max_price:.4f}"
     req: dict[str, Any] = {
         "AutoScalingGroupName": name, "MinSize": 0, "MaxSize": size, "DesiredCapacity": size,
-        "VPCZoneIdentifier": ",".join(subnet_ids), "CapacityRebalance": spec.spot, "HealthCheckType": "EC2",
-        "MixedInstancesPolicy": {
-            "LaunchTemplate": {"LaunchTemplateSpecification": {"LaunchTemplateName": name, "Version": "$Latest"},
-                               "Overrides": [{"InstanceType": t} for t in instance_types]},
-            "InstancesDistribution": distribution},
+        "VPCZoneIdentifier": ",".join(subnet_ids), "CapacityRebalance": False, "HealthCheckType": "EC2",
+        "MixedInstancesPolicy": mixed_instances_policy(spec, instance_types),
         "Tags": [{"Key": t["Key"], "Value": t["Value"], "PropagateAtLaunch": True, "ResourceId": name,
                   "ResourceType": "auto-scaling-group"} for t in tags.tags(spec.run_id, spec.owner, spec.name)],
     }
     if spec.placement_group:
         req["PlacementGroup"] = spec.placement_group
     return req
+
+
+def mixed_instances_policy(spec: LaunchSpec, instance_types: Sequence[str]) -> dict[str, Any]:
+    """The group's MixedInstancesPolicy (pure): the run's template with ``instance_types`` as its
+    Overrides, spot or on-demand as ``group_request`` says."""
+    distribution: dict[str, Any] = {"OnDemandBaseCapacity": 0, "OnDemandAllocationStrategy": "prioritized",
+                                    "OnDemandPercentageAboveBaseCapacity": 0 if spec.spot else 100}
+    if spec.spot:
+        distribution["SpotAllocationStrategy"] = "price-capacity-optimized"
+        if spec.max_price is not None:
+            distribution["SpotMaxPrice"] = f"{spec.max_price:.4f}"
+    return {"LaunchTemplate": {"LaunchTemplateSpecification": {"LaunchTemplateName": name_of(spec.run_id),
+                                                               "Version": "$Latest"},
+                               "Overrides": [{"InstanceType": t} for t in instance_types]},
+            "InstancesDistribution": distribution}
+
+
+#: Auto Scaling processes a run's group goes without: AZRebalance "balances the number of EC2
+#: instances in the group evenly across all of the specified Availability Zones when the group
+#: becomes unbalanced", ending a healthy instance (a restart of the job) to launch one elsewhere
+#: (https://docs.aws.amazon.com/autoscaling/ec2/userguide/as-suspend-resume-processes.html)
+SUSPENDED = ("AZRebalance",)
+
+
+def suspend_request(run_id: str) -> dict[str, Any]:
+    """SuspendProcesses kwargs that keep the run's group from moving instances between zones (pure)."""
+    return {"AutoScalingGroupName": name_of(run_id), "ScalingProcesses": list(SUSPENDED)}
+
+
+def zone_choices(offered: Mapping[str, Iterable[str]], subnets: Mapping[str, str],
+                 instance_types: Sequence[str]) -> list[tuple[str, str, list[str]]]:
+    """Where the run's group may launch (pure): [(zone, its default subnet, the ``instance_types``
+    offered there, in their order)] for each zone that has a default subnet and offers at least one
+    of the types (``offered``: type -> its zones, DescribeInstanceTypeOfferings:
+    aws/capacity.zones_offering); zones that offer the earlier types first, then by name. A zone
+    that offers none of them is never given: every launch there would fail."""
+    found = []
+    for zone, subnet in subnets.items():
+        here = [t for t in instance_types if zone in set(offered.get(t, ()))]
+        if here:
+            found.append((zone, subnet, here))
+    return sorted(found, key=lambda c: ([t not in c[2] for t in instance_types], c[0]))
+
+
+def zones(ec2: Client, instance_types: Sequence[str]) -> list[tuple[str, str, list[str]]]:
+    """``zone_choices`` of the region's default subnets and the zones offering each of
+    ``instance_types`` (DescribeInstanceTypeOfferings). Raises CapacityError when no zone with a
+    default subnet offers any of them."""
+    offered = {t: capacity.zones_offering(ec2, t) for t in instance_types}
+    choices = zone_choices(offered, capacity.default_subnets(ec2), instance_types)
+    if not choices:
+        raise CapacityError(f"no availability zone of this region with a default subnet offers "
+                            f"{', '.join(instance_types)}", "try another --region or --instance-type")
+    return choices
+
+
+def move_request(spec: LaunchSpec, subnet_id: str, instance_types: Sequence[str]) -> dict[str, Any]:
+    """UpdateAutoScalingGroup kwargs that send the run's group to another zone (pure): its subnet
+    there and the types that zone offers."""
+    return {"AutoScalingGroupName": name_of(spec.run_id), "VPCZoneIdentifier": subnet_id,
+            "MixedInstancesPolicy": mixed_instances_policy(spec, instance_types)}
+
+
+#: an activity's StatusCode that means its launch did not happen (API_Activity.html)
+LAUNCH_FAILED = frozenset({"Failed", "Cancelled"})
+#: how long (s) the group may take in one zone before the next is tried; a refusal (no capacity,
+#: the type not offered) ends the launch's activity Failed sooner
+ZONE_WAIT_S = 120.0
+
+
+def launch_outcome(group: Mapping[str, Any], activities: Iterable[Mapping[str, Any]]) -> str | None:
+    """How the group's launch went (pure): "launched" once it has an instance (DescribeAutoScalingGroups'
+    Instances), "failed" when one of ``activities`` (DescribeScalingActivities') ended in
+    LAUNCH_FAILED before any, None while it is still trying."""
+    if group.get("Instances"):
+        return "launched"
+    return "failed" if any(a.get("StatusCode") in LAUNCH_FAILED for a in activities) else None
+
+
+def find_zone(autoscaling: Client, spec: LaunchSpec, choices: Sequence[tuple[str, str, list[str]]],
+              log: Callable[[str], None] = lambda msg: None, wait_s: float = ZONE_WAIT_S, poll_s: float = 3.0,
+              sleep: Callable[[float], None] = time.sleep,
+              clock: Callable[[], float] = time.monotonic) -> str:
+    """The zone the run's group found capacity in; return it. The group (made in ``choices[0]``,
+    zone_choices' order) is watched until it has an instance; a zone whose launch failed (an activity
+    in LAUNCH_FAILED), or that launched nothing in ``wait_s`` seconds, gives way to the next
+    (``move_request``): the group never spans zones. Raises CapacityError naming each zone and why
+    (AWS's StatusMessage, inert) when none launched."""
+    name, seen, tried = name_of(spec.run_id), set[str](), []
+    for i, (zone, subnet, types) in enumerate(choices):
+        if i:
+            autoscaling.update_auto_scaling_group(**move_request(spec, subnet, types))
+            log(f"trying {zone} ({', '.join(types)})")
+        until = clock() + wait_s
+        while True:
+            (group,) = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[name])["AutoScalingGroups"]
+            acts = [a for a in autoscaling.describe_scaling_activities(AutoScalingGroupName=name)["Activities"]
+                    if a.get("ActivityId") not in seen]
+            outcome = launch_outcome(group, acts)
+            if outcome == "launched":
+                return zone
+            if outcome == "failed" or clock() >= until:
+                failed = [a for a in acts if a.get("StatusCode") in LAUNCH_FAILED]
+                why = inert(str(failed[0].get("StatusMessage") or failed[0]["StatusCode"]))[:300] if failed \
+                    else f"nothing launched in {wait_s:.0f} s"
+                tried.append(f"{zone}: {why}")
+                log(f"no launch in {zone}: {why}")
+                seen |= {str(a.get("ActivityId")) for a in acts}
+                break
+            sleep(poll_s)
+    raise CapacityError(f"no zone had capacity for the run's nodes together ({len(tried)} tried): " + "; ".join(tried),
+                        "try later, another --region, more types (--instance-type a,b,c)")
 
 
 def deadline_request(run_id: str, at: datetime) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 import botocore.exceptions
 
 from . import tags
-from .runstore import BUCKET_PREFIX, check_user_id
+from .runstore import BUCKET_PREFIX, HANDOVER, check_user_id, prefix as run_prefix
 from .session import Client, Item, error_code
 
 _T = TypeVar("_T")
@@ -172,6 +172,20 @@ def s3_policy(reads: list[tuple[str, str]], writes: list[tuple[str, str]]) -> di
                          "(name fewer prefixes, or one shared prefix)")
     return policy
 
+
+
+def handover_policy(bucket: str, user: str, run_id: str) -> dict[str, Any]:
+    """A run in the foreground's own hand-over objects (pure), for its role beside its file_mounts
+    policy (``combined``): "HandOver", s3:PutObject and s3:AbortMultipartUpload on
+    ``arn:aws:s3:::BUCKET/runs/USER_ID/RUN_ID/handover/*`` only (aws/runstore.handover_keys), so
+    that its agent may sign again a hand-over URL S3 refuses once the controller's temporary
+    credentials have ended (wire/handover_urls.py; issue 51, item 2). The permissions boundary
+    already holds a run role to ``runs/${ec2gpu:user}/${ec2gpu:run}/*`` (iam_boundary.py). Raises
+    ValueError for a bucket name S3 does not allow, UsageError for a user or run id of another form
+    (runstore.prefix)."""
+    return {"Version": "2012-10-17", "Statement": [
+        {"Sid": "HandOver", "Effect": "Allow", "Action": ["s3:AbortMultipartUpload", "s3:PutObject"],
+         "Resource": f"arn:aws:s3:::{check_bucket(bucket)}/{run_prefix(user, run_id)}{HANDOVER}*"}]}
 
 
 def combined(*policies: dict[str, Any]) -> dict[str, Any]:

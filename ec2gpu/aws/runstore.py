@@ -81,7 +81,7 @@ LEGACY_RECORD = run_record.LEGACY_NAME  # its name before this release, read for
 LOGS = "logs/"
 OUTPUTS = "outputs/"
 CHECKPOINTS = "checkpoints/"
-WORKDIR = "workdir.tar.gz"
+WORKDIR = names.WORKDIR
 CANCEL = "cancel"
 SPEC = run_spec.NAME
 AGENT = "agent/"
@@ -193,7 +193,7 @@ def cancel_key(user: str, run_id: str) -> str:
 
 
 def spec_key(user: str, run_id: str) -> str:
-    """``runs/<user>/<run_id>/spec.json``: what the agent runs (runs/detached/launch.spec_document)."""
+    """``runs/<user>/<run_id>/spec.json``: what the agent runs (runs/plan/detached_spec.spec_document)."""
     return prefix(user, run_id) + SPEC
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from typing import Any
 
 import boto3.exceptions
@@ -113,13 +114,24 @@ def request(s3: Client, op: str, bucket: str, **kw: Any) -> None:
                     "see docs/iam-policy.json") from None
 
 
-def presign_puts(s3: Client, bucket: str, keys: dict[str, str], expires_s: int) -> dict[str, str]:
+def presign_puts(s3: Client, bucket: str, keys: dict[str, str], expires_s: int,
+                 credentials_end: float | None = None, now: float | None = None) -> dict[str, str]:
     """{name: a presigned URL that lets its holder PUT that one key of ``keys`` and nothing else}
-    (SigV4, signed here with the caller's credentials; no AWS call), lasting ``expires_s`` seconds,
-    at most PRESIGN_MAX_S."""
-    expires = max(1, min(int(expires_s), PRESIGN_MAX_S))
+    (SigV4, signed here with the caller's credentials; no AWS call), lasting ``presign_seconds``:
+    ``expires_s`` seconds, at most PRESIGN_MAX_S, and no longer than the credentials that sign
+    them (``credentials_end``, POSIX s: Aws.credentials_expire_at, read before signing; S3 refuses
+    the URL from then on whatever its ExpiresIn says)."""
+    expires = presign_seconds(expires_s, credentials_end, time.time() if now is None else now)
     return {what: s3.generate_presigned_url("put_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=expires)
             for what, key in keys.items()}
+
+
+def presign_seconds(expires_s: float, credentials_end: float | None, now: float) -> int:
+    """The ExpiresIn (s) of a URL wanted for ``expires_s`` seconds from ``now`` (POSIX s), signed
+    with credentials that end at ``credentials_end`` (POSIX s; None: they do not): at least 1, at
+    most PRESIGN_MAX_S and the seconds left to the credentials (pure)."""
+    cap = PRESIGN_MAX_S if credentials_end is None else min(PRESIGN_MAX_S, credentials_end - now)
+    return max(1, int(min(expires_s, cap)))
 
 
 def put_file(s3: Client, bucket: str, key: str, path: str | os.PathLike[str]) -> None:

@@ -7,10 +7,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 import boto3
 import botocore.config
+import botocore.credentials
 import botocore.exceptions
 
 from ..errors import AwsError, NoCredentials, UsageError
@@ -181,6 +183,27 @@ class Aws:
     @property
     def ec2(self) -> Client:
         return self.client("ec2")
+
+    def credentials_expire_at(self) -> datetime | None:
+        """When the credentials that sign this Aws's requests (and the URLs it presigns) stop
+        working (UTC), or None when they do not expire: an IAM user's access keys, the sandbox's.
+
+        Temporary credentials (SSO, an assumed role, an instance profile, AWS_CREDENTIAL_EXPIRATION
+        beside environment keys) are botocore's RefreshableCredentials, whose ``_expiry_time`` is
+        their end (botocore/credentials.py: ``refresh_needed`` reads it). They are refreshed first
+        when near their end (``get_frozen_credentials``: within botocore's advisory 15 min), so the
+        time said is that of the credentials the next signature uses. A URL presigned with them
+        stops working at that time, whatever its ExpiresIn
+        (https://docs.aws.amazon.com/AmazonS3/latest/userguide/using-presigned-url.html).
+        Raises botocore's errors when a refresh fails (an expired SSO session: TokenRetrievalError)."""
+        creds = self._session.get_credentials()  # the botocore object (boto3 returns it as it is)
+        if not isinstance(creds, botocore.credentials.RefreshableCredentials):
+            return None
+        creds.get_frozen_credentials()  # refreshed now if near its end; a deferred one is fetched
+        expiry: datetime | None = creds._expiry_time
+        if expiry is None:
+            return None
+        return (expiry if expiry.tzinfo else expiry.replace(tzinfo=timezone.utc)).astimezone(timezone.utc)
 
     def check_credentials(self) -> Item:
         """Return the caller identity (Account, Arn, UserId): asked of STS once per ``Aws`` (a run

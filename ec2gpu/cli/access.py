@@ -60,9 +60,15 @@ def logs(name: str = typer.Argument(..., help="Run id, name or instance id."),
             raise typer.Exit(1)
         say(err, f"element {index} ended with exit status {shown.exit_status}", "dim")
         raise typer.Exit(shown.exit_status if 0 <= shown.exit_status <= 255 else 1)
+    if shown.source == "instance" and follow and shown.state is not None:  # its instance ends without `down`
+        said = f"the job on {shown.instance_id} ended with exit status {shown.exit_status}; " \
+            if shown.exit_status is not None else f"{shown.instance_id}: "
+        say(err, f"{said}{shown.state}; `ec2gpu runs show {shown.run_id}` says how the run ended", "dim",
+            soft_wrap=True)
+        raise typer.Exit(1 if shown.exit_status is None else shown.exit_status)
     if shown.source == "instance" and follow:
         say(err, f"the job on {shown.instance_id} ended with exit status {shown.exit_status}; "
-            f"`ec2gpu down {shown.run_id}` removes the instance", "dim")
+            f"`ec2gpu down {shown.run_id}` removes the instance", "dim", soft_wrap=True)  # the command stays whole
         raise typer.Exit(cast(int, shown.exit_status))  # the job's exit status, when it follows
     if follow and shown.exit_status is not None:  # a finished run: its job's exit status
         raise typer.Exit(shown.exit_status)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional, cast
 
 import typer
 
+from ..words import count
 from .app import JSON, REGION, SANDBOX, _sandbox_flag, app, group
 from .render import attempt_rows, cost_rows, err, note, out, plain, render_json, say, table, table_row
 
@@ -144,15 +145,16 @@ def runs(ctx: typer.Context,
             say(out, plain(f"run {r['run_id']}: its controller ended without closing it", "yellow")
                 + plain(f" (killed?); `ec2gpu down {r['run_id']}` removes what it left and bills it from the "
                         "instances' own times"))
-    if since:
-        from datetime import datetime
-        start = datetime.fromisoformat(cast(str, listed.since))  # --since was given: its start
-        say(out, f"total on AWS since {start:%Y-%m-%d %H:%M} UTC: {total['runs']} run(s), "
-            f"{total['billed_seconds']:.0f} s billed, ${total['cost_usd']:.4f} "
-            f"(estimated ${total['estimated_cost_usd']:.4f})")
-        if sandbox_total["runs"]:
-            say(out, f"not counted: {sandbox_total['runs']} sandbox run(s), whose bills are simulated "
-                f"(${sandbox_total['cost_usd']:.4f})", "dim")
+    from datetime import datetime
+    # the runs listed: since --since, or the newest --limit, or every run the ledger holds
+    listed_words = f"since {datetime.fromisoformat(cast(str, listed.since)):%Y-%m-%d %H:%M} UTC" if since else \
+        f"in the {count(len(rows), 'run')} listed" if limit else "in the ledger"
+    say(out, f"total on AWS {listed_words}: {count(total['runs'], 'run')}, "
+        f"{total['billed_seconds']:.0f} s billed, ${total['cost_usd']:.4f} "
+        f"(estimated ${total['estimated_cost_usd']:.4f})")
+    if sandbox_total["runs"]:
+        say(out, f"not counted: {count(sandbox_total['runs'], 'sandbox run')}, whose bills are simulated "
+            f"(${sandbox_total['cost_usd']:.4f})", "dim")
 
 
 def _remote(listed: RemoteRunList, as_json: bool) -> None:
@@ -217,13 +219,35 @@ def _result(r: Mapping[str, Any]) -> str:
         return ", ".join(f"{a.get('instance_id')} {a.get('ended') or 'running'}" for a in r.get("attempts") or [])
     if r.get("task") == "bake" and (r.get("summary") or {}).get("image_id"):
         return f"image {r['summary']['image_id']} ({r['summary'].get('task')})"
-    if r.get("test_acc") is not None:
-        return f"acc {100 * r['test_acc']:.2f}%"
+    if r.get("test_acc") is not None:  # an array's or a sweep's: its best element's
+        return f"{'best ' if r.get('element_seconds') else ''}acc {100 * r['test_acc']:.2f}%"
+    if isinstance(r.get("element_seconds"), dict) and isinstance(r["element_seconds"].get("count"), int):
+        e = r["element_seconds"]  # an array's: its elements that succeeded
+        return (f"{count(e['count'], 'element')} succeeded" + (f", {e['mean_seconds']:.0f} s each"
+                if isinstance(e.get("mean_seconds"), (int, float)) else "")
+                + ("" if r.get("exit_status") in (None, 0) else f"; exit {r['exit_status']}"))
     if r.get("summary_schema") == "invalid":
         return f"summary.json not accepted ({(r.get('summary') or {}).get('invalid')})"
     if r.get("summary"):
         return ", ".join(f"{k} {v}" for k, v in list(r["summary"].items())[:3])
     return "-" if r.get("exit_status") in (None, 0) else f"exit {r['exit_status']}"
+
+
+#: why a run that is over has no exit status, by its ledger status (pure words; runs/settle/record.RunRecord)
+NO_EXIT_STATUS = {"interrupted": "stopped by Ctrl-C or a signal before its job ended",
+                  "spot-interrupted": "its spot instances were reclaimed before its job ended",
+                  "controller-lost": "its controller ended before the job did"}
+
+
+def status_words(r: Mapping[str, Any]) -> str:
+    """A ledger row's status with its job's exit status, or why it has none (pure): 'failed (exit
+    3)', 'interrupted (stopped by Ctrl-C or a signal before its job ended)', 'running'."""
+    code, status = r.get("exit_status"), str(r.get("status"))
+    if code is not None:
+        return f"{status} (exit {code})"
+    if status in ("running", "completed", "standing", "ended", "detached"):
+        return status
+    return f"{status} ({NO_EXIT_STATUS.get(status, 'before its job ended: no exit status')})"
 
 
 @runs_app.command("show")
@@ -240,12 +264,14 @@ def runs_show(run_id: str = typer.Argument(..., help="Run id (or a unique prefix
     t = table(show_header=False, box=None, title=f"run {r['run_id']}")
     test_acc = r.get("test_acc")
     acc = "-" if test_acc is None else f"{100 * test_acc:.2f}%"
-    rows = [("command", r["command"]), ("status", f"{r['status']} (exit {r.get('exit_status')})"),
-            ("where", f"{r['backend']} {r.get('region') or ''} {r.get('zone') or ''}"),
-            ("instances", f"{', '.join(r.get('instance_ids') or []) or '-'} {r.get('instance_type')} {r.get('market')}"),
-            (("model", f"{r.get('model')} x {r.get('epochs')} epochs; test accuracy {acc}") if r.get("model") else
+    rows = [("command", r["command"]), ("status", status_words(r)),
+            ("where", f"{r['backend']} {r.get('region') or ''} {r.get('zone') or ''}".strip()),
+            ("instances", " ".join([", ".join(r.get("instance_ids") or []) or "-",
+                                    *(str(r[k]) for k in ("instance_type", "market") if r.get(k))])),
+            (("model", f"{r.get('model')} x {r.get('epochs')} epochs; "
+                       f"{'best ' if r.get('element_seconds') else ''}test accuracy {acc}") if r.get("model") else
              ("how they ended", _result(r)) if r["status"] in ("standing", "ended") else
-             ("task", f"{r.get('task')}: summary {json.dumps(r.get('summary')) if r.get('summary') else '-'}")),
+             ("task", f"{r.get('task') or '-'}: summary {json.dumps(r.get('summary')) if r.get('summary') else '-'}")),
             ("started", r["started_at"]), ("ended", r.get("ended_at") or "-")]
     rows += [(f"  {k}", f"{v:.1f} s") for k, v in (r.get("phases") or {}).items()]
     rows += cost_rows(r)

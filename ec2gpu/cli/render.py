@@ -9,7 +9,7 @@ not import it (tests/unit/test_cli_text.py).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ContextManager, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Mapping, Sequence
 
 from ..inert import inert
 
@@ -78,9 +78,28 @@ def say(console: Console | LazyConsole, text: object, style: str = "", *, label:
     ``plain``, a Text made by ``plain`` or ``labelled``) is printed as it is. ``options`` go to
     Console.print (``soft_wrap=True``: one line, however wide)."""
     from rich.console import ConsoleRenderable  # a runtime-checkable Protocol: has __rich_console__
+    from rich.table import Table
     if not isinstance(text, ConsoleRenderable):
         text = labelled(label, label_style, text, style) if label else plain(text, style)
+    elif isinstance(text, Table):  # no line of a table ends in the spaces that pad it to its width
+        text = unpadded(console, text)
     console.print(text, highlight=False, **options)
+
+
+def unpadded(console: Console | LazyConsole, renderable: Any) -> Any:
+    """``renderable`` (a rich renderable) as ``console`` renders it, each line without the blank
+    cells at its end (a table pads every line to its width, a copied line ends in spaces): rich
+    Segments, printed as they are."""
+    from rich.segment import Segment, Segments
+    out: list[Segment] = []
+    for line in console.render_lines(renderable, console.options, pad=False, new_lines=False):
+        while line and not line[-1].text.strip() and not line[-1].control:
+            line = line[:-1]
+        if line:
+            last = line[-1]
+            line = [*line[:-1], Segment(last.text.rstrip(" "), last.style, last.control)]
+        out += [*line, Segment.line()]
+    return Segments(out)
 
 
 def note(text: str, style: str = "dim") -> None:
@@ -136,18 +155,72 @@ def _jsonable(obj: object) -> object:
     return to_json() if callable(to_json) else str(obj)
 
 
+#: without a terminal (CI, a pipe, a log file) no bar can redraw, and rich's Progress prints nothing
+#: there: a phase says where it is in a line of its own whenever nothing was printed for this long
+#: (seconds), as tqdm prints a line per update where it cannot redraw
+PROGRESS_EVERY_S = 30.0
+
+
+def progress_words(p: Mapping[str, Any]) -> str:
+    """The job's progress (runs/execute/nodes.ProgressReader's record) as the bar's detail shows
+    it (pure; the job's words made inert): 'epoch 2  2,000 samples/s  ETA 1:05'."""
+    rate = f"{p['rate']:,.0f} {p.get('rate_unit', '/s')}" if isinstance(p.get("rate"), (int, float)) else ""
+    eta = p.get("eta_s")
+    eta = f"ETA {int(eta) // 60}:{int(eta) % 60:02d}" if isinstance(eta, (int, float)) else ""
+    return inert("  ".join(x for x in (str(p.get("label") or ""), rate, eta) if x))
+
+
 class RichReporter:
     """Pipeline reporter: per phase a spinner with its live elapsed seconds and, once the job
     writes progress (its $EC2GPU_PROGRESS_FILE), a bar with its label, rate and ETA; log lines
-    above them; a "done"/"stopped" line with the seconds when the phase ends."""
+    above them; a "done"/"stopped" line with the seconds when the phase ends. Without a terminal,
+    a line saying the phase, its seconds and the job's progress every ``every_s`` seconds of
+    silence instead (``tick``; ``clock``: time.monotonic, a test's own)."""
 
-    def __init__(self, console: Console | LazyConsole, quiet: bool = False) -> None:
+    def __init__(self, console: Console | LazyConsole, quiet: bool = False, clock: Callable[[], float] | None = None,
+                 every_s: float = PROGRESS_EVERY_S) -> None:
+        import time
+
         from ..runs.execute.reporter import Reporter
         console = console.get() if isinstance(console, LazyConsole) else console  # rich's Live needs a Console
         self.inner, self.console, self.quiet = Reporter(), console, quiet
         self.phases = self.inner.phases
         self.notes = self.inner.notes
         self._live: tuple[Progress, TaskID] | None = None  # (rich Progress, task id) of the phase under way
+        self.clock, self.every_s = clock or time.monotonic, every_s
+        self._said_at = self.clock()  # when a line was last printed
+        self._under_way: tuple[str, float] | None = None  # (phase, its start by ``clock``) without a terminal
+        self._progress: Mapping[str, Any] | None = None  # the job's last progress in that phase
+
+    def tick(self) -> None:
+        """Without a terminal: say the phase under way, its seconds and the job's last progress when
+        nothing was printed for ``every_s`` seconds (a phase's ticker calls this; a test may)."""
+        if self._under_way is None or self.clock() - self._said_at < self.every_s:
+            return
+        name, t0 = self._under_way
+        p = self._progress
+        done = f", {p['done']:,}/{p['total']:,}" if p and isinstance(p.get("done"), int) and \
+            isinstance(p.get("total"), int) else ""
+        detail = progress_words(p) if p else ""
+        self._print(plain(f"{name}: {self.clock() - t0:.0f} s{done}" + (f"  {detail}" if detail else ""), "dim"))
+
+    def _ticking(self, name: str) -> Callable[[], None]:
+        """Start the ticker of phase ``name`` (no terminal: a daemon thread that calls ``tick``);
+        return what stops it."""
+        import threading
+        outer = self._under_way  # a phase within a phase: the outer one is said again once this one ends
+        self._under_way, self._progress, self._said_at = (name, self.clock()), None, self.clock()
+        stop = threading.Event()
+
+        def ticker() -> None:
+            while not stop.wait(min(self.every_s, 5.0)):
+                self.tick()
+        threading.Thread(target=ticker, name=f"ec2gpu-{name}-ticker", daemon=True).start()
+
+        def stopped() -> None:
+            stop.set()
+            self._under_way = outer
+        return stopped
 
     def phase(self, name: str) -> ContextManager[None]:
         import contextlib
@@ -165,6 +238,7 @@ class RichReporter:
             if live:
                 self._live = (live, live.add_task(name, total=None, detail="", start=True))
                 live.start()
+            stop_ticker = self._ticking(name) if live is None and not self.quiet else None
             ok = False
             try:
                 with self.inner.phase(name):
@@ -174,6 +248,8 @@ class RichReporter:
                 if live:
                     live.stop()
                     self._live = None
+                if stop_ticker:
+                    stop_ticker()
                 from rich.text import Text
                 self._print(Text.assemble(("done", "green") if ok else ("stopped", "red"), " ", inert(name), " ",
                                           (f"{time.monotonic() - t0:.1f} s", "dim")))
@@ -182,14 +258,13 @@ class RichReporter:
     def progress(self, p: dict[str, Any]) -> None:
         """Show the job's progress (runs/execute/nodes.ProgressReader) as the phase's bar."""
         self.inner.progress(p)
-        if self._live is None:
+        if self._live is None:  # no terminal: the ticker says it (tick)
+            self._progress = p
+            self.tick()
             return
         live, task = self._live
-        rate = f"{p['rate']:,.0f} {p.get('rate_unit', '/s')}" if isinstance(p.get("rate"), (int, float)) else ""
-        eta = p.get("eta_s")
-        eta = f"ETA {int(eta) // 60}:{int(eta) % 60:02d}" if isinstance(eta, (int, float)) else ""
         live.update(task, total=p["total"], completed=p["done"],  # the job's words: inert, not markup
-                    detail=inert("  ".join(x for x in (str(p.get("label") or ""), rate, eta) if x)))
+                    detail=progress_words(p))
 
     def log(self, line: str) -> None:
         from rich.text import Text
@@ -202,6 +277,7 @@ class RichReporter:
     def _print(self, text: object) -> None:
         if not self.quiet:
             say(self.console, text)
+            self._said_at = self.clock()
 
 
 def cost_rows(record: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -256,6 +332,23 @@ def _training_row(s: Mapping[str, Any]) -> str:
             f"{s.get('train_seconds') or 0:.2f} s training, {s.get('wall_seconds') or 0:.1f} s wall{resumed}")
 
 
+def _pool_rows(pool: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """An array's or a sweep's lines in its run's table (pure): its elements by how they ended and,
+    where they report one, the best test accuracy and its element (runs/element_table.best_accuracy)."""
+    from ..runs import element_table
+    from ..words import count
+    elements = pool.get("elements") or []
+    ended: dict[str, int] = {}
+    for e in elements:
+        ended[str(e.get("status"))] = ended.get(str(e.get("status")), 0) + 1
+    rows = [("elements", count(len(elements), "element") + (": " if ended else "")
+             + ", ".join(f"{n} {status}" for status, n in sorted(ended.items())))]
+    best = element_table.best_accuracy(elements)
+    if best is not None:
+        rows.append(("best test accuracy", f"{100 * best[0]:.2f}% (element {best[1]})"))
+    return rows
+
+
 def _print_record(record: Mapping[str, Any], as_json: bool) -> None:
     if as_json:
         render_json(record)
@@ -270,6 +363,8 @@ def _print_record(record: Mapping[str, Any], as_json: bool) -> None:
     if record.get("task") == "bake":  # an image bake: the image it made
         rows.append(("image", f"{s.get('image_id', '-')} {s.get('name', '')} (task {s.get('task')}, from {s.get('base')}; "
                               f"torch {s.get('torch_version')})" if s else "- (none made)"))
+    elif record.get("pool"):  # an array or a sweep: its elements (the table above), its best accuracy
+        rows += _pool_rows(record["pool"])
     elif record.get("task") not in (None, "mnist"):  # a user's task: its exit and its own summary.json
         code = record.get("exit_status")
         rows += [("task", f"{record['task']}: " + (f"exit {code}" if code is not None else record.get("status", "?"))),

@@ -1,14 +1,16 @@
 """`ec2gpu run` and `ec2gpu exec`: the user's own job (a task file, or a command) on new or standing instances."""
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, List, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Any, Iterator, List, Mapping, Optional, Union
 
 import typer
 
 from ..errors import UsageError
 from ..inert import inert
+from ..words import count
 from .app import JSON, REGION, SANDBOX, _sandbox_flag, app
 from .render import RichReporter, _print_record, err, out, render_json, say, table, table_row, warn
 
@@ -158,8 +160,23 @@ def run_cmd(
         allow_larger=allow_larger, infra=infra, detach=detach, array=array, workers=workers,
         gpus_per_job=gpus_per_job, max_retries=max_retries, allow_write_buckets=tuple(allow_write_bucket),
         ports=tuple(port))
-    got = api.run(task_file, options=options, reporter=RichReporter(err), on_warning=_warn, dry_run=dry_run)
+    with failed_array_table(as_json):
+        got = api.run(task_file, options=options, reporter=RichReporter(err), on_warning=_warn, dry_run=dry_run)
     print_outcome(got, as_json, detach, sandbox)
+
+
+@contextlib.contextmanager
+def failed_array_table(as_json: bool) -> Iterator[None]:
+    """Print the element table of an array or a sweep that failed (what the error carries as
+    ``run_record``: runs/provision/pipeline.run_job) before the error is said: which elements
+    failed, what each cost. Its cost line was said above it (pipeline.cost_line)."""
+    try:
+        yield
+    except BaseException as exc:
+        record = getattr(exc, "run_record", None)
+        if isinstance(record, Mapping) and (record.get("pool") or {}).get("elements") and not as_json:
+            _print_pool(record["pool"])
+        raise
 
 
 def print_outcome(got: Union[RunResult, RunPlan], as_json: bool, detach: bool, sandbox: bool) -> None:
@@ -190,7 +207,7 @@ def _print_pool(pool: Mapping[str, Any]) -> None:
     accuracy = any(e.get("test_accuracy") is not None for e in elements)
     t = table("index", "status", "tries", "node", "s", "exit", "USD", *(["parameters"] if params else []),
               *(["test acc"] if accuracy else []),
-              title=f"array: {len(elements)} element(s), {pool['gpus_per_job']} GPU(s) each")
+              title=f"array: {count(len(elements), 'element')}, {count(pool['gpus_per_job'], 'GPU')} each")
     for e in elements:
         share = e.get("cost_usd")
         table_row(t, str(e["index"]), e["status"], str(e["attempts"]), inert(e.get("node") or "-"),
@@ -198,10 +215,11 @@ def _print_pool(pool: Mapping[str, Any]) -> None:
                   "-" if e.get("exit_status") is None else str(e["exit_status"]),
                   "-" if share is None else f"{share:.4f}",
                   *([" ".join(f"{k}={inert(v)}" for k, v in e.get("params", {}).items())] if params else []),
-                  *(["-" if e.get("test_accuracy") is None else f"{e['test_accuracy']:.4f}"] if accuracy else []))
+                  *(["-" if e.get("test_accuracy") is None else f"{100 * e['test_accuracy']:.2f}%"] if accuracy else []))
     say(out, t)
     over = ", ".join(f"{p['instances']} at {p['seconds']:.0f} s" for p in pool.get("instances_over_time", []))
-    say(out, f"instances over time: {over}", "dim")
+    if over:
+        say(out, f"instances over time: {over}", "dim")
 
 
 def _print_detached_array(record: Mapping[str, Any], as_json: bool, sandbox: bool) -> None:

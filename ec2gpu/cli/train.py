@@ -104,7 +104,7 @@ def train_mnist(
     owns the run and this command returns at once (see `ec2gpu run --help`).
     """
     from .. import api
-    from .tasks import print_outcome
+    from .tasks import failed_array_table, print_outcome
     as_typed = " ".join(["ec2gpu"] + sys.argv[1:]) if sys.argv[0].endswith("ec2gpu") else "ec2gpu train mnist"
     options = api.RunFlags(
         instance_type=instance_type, spot=spot, spot_fallback=spot_fallback, keep=keep, out=out_dir, ssh_cidr=ssh_cidr,
@@ -113,5 +113,6 @@ def train_mnist(
         sandbox=_sandbox_flag(sandbox), as_typed=as_typed, workers=workers, max_retries=max_retries, detach=detach)
     trainer = api.Trainer(model=model, epochs=epochs, seed=seed, trainer_args=tuple(trainer_arg),
                           sweep=sweep_flags(sweep) or None, data_dir=data_dir, local=local, cluster=on_cluster)
-    got = api.train_mnist(options, trainer, reporter=RichReporter(err), dry_run=dry_run)
+    with failed_array_table(as_json):
+        got = api.train_mnist(options, trainer, reporter=RichReporter(err), dry_run=dry_run)
     print_outcome(got, as_json, detach, sandbox)

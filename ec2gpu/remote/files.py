@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 # the name rules and the listing bound are the one unpacker's (shipped stdlib-only to a pool's head
 # and a detached run's instance): re-exported, every caller's files.check_name is that one
+from ..words import count
 from ..wire.unpack import MAX_COMPONENT_BYTES as MAX_COMPONENT_BYTES, MAX_LISTED as MAX_LISTED
 from ..wire.unpack import MAX_NAME_BYTES as MAX_NAME_BYTES, check_name as check_name, local_target as local_target
 
@@ -79,24 +80,27 @@ class Selection:
         out = []
         if self.skipped:
             named = ", ".join(f"{n!r} ({why})" for n, why in self.skipped[:5])
-            out.append(f"{what}: {len(self.skipped)} file(s) not brought home, their names or places are unsafe: "
+            out.append(f"{what}: {count(len(self.skipped), 'file')} not brought home, their names or places are unsafe: "
                        f"{named}" + (" ..." if len(self.skipped) > 5 else ""))
         if self.left:
             size = sum(f.size for f in self.left)
-            out.append(f"{what}: {len(self.left):,} file(s), {size:,} bytes, not brought home: above the limit of "
+            out.append(f"{what}: {count(len(self.left), 'file')}, {size:,} bytes, not brought home: above the limit of "
                        f"{limits.files:,} files and {limits.bytes:,} bytes (first left: {self.left[0].name!r}); raise "
                        "EC2GPU_MAX_DOWNLOAD_FILES / EC2GPU_MAX_DOWNLOAD_BYTES (or ec2gpu.toml) for the next run; from "
                        "an instance that still stands, `ec2gpu fetch RUN --max-download SIZE --max-files N` brings them")
         return out
 
 
-def listing(sftp: Any, remote_dir: str, hidden: bool = True, max_entries: int = MAX_LISTED) -> list[RemoteFile]:
+def listing(sftp: Any, remote_dir: str, hidden: bool = True, max_entries: int = MAX_LISTED,
+            links: list[str] | None = None) -> list[RemoteFile]:
     """The regular files under ``remote_dir`` on the instance, recursively, sorted by name, through
     SFTP's READDIR (paramiko ``listdir_attr``): entries are the server's lstat, so a symbolic link
     is neither listed nor followed. ``hidden`` False leaves out names with a component starting
     with '.' (a file being written, by the atomic-rename convention). A missing ``remote_dir``
     lists nothing. At most ``max_entries`` entries are looked at and ``MAX_DEPTH`` levels walked
-    (memory stays bounded whatever the instance holds). Raises the connection's errors."""
+    (memory stays bounded whatever the instance holds). The symbolic links met are appended to
+    ``links`` (their names) when it is given, so a caller can say what it did not bring. Raises the
+    connection's errors."""
     out: list[RemoteFile] = []
     seen = 0
     stack = [("", 0)]
@@ -122,7 +126,16 @@ def listing(sftp: Any, remote_dir: str, hidden: bool = True, max_entries: int = 
                 stack.append((name, depth + 1))
             elif stat.S_ISREG(mode):
                 out.append(RemoteFile(name, int(e.st_size or 0), float(e.st_mtime or 0)))
+            elif stat.S_ISLNK(mode) and links is not None:
+                links.append(name)
     return sorted(out, key=lambda f: f.name)
+
+
+def links_words(where: str, links: list[str]) -> str:
+    """The line that says the symbolic links a pull from ``where`` did not bring home (pure)."""
+    named = ", ".join(repr(n) for n in sorted(links)[:5]) + (" ..." if len(links) > 5 else "")
+    return (f"{where}: {count(len(links), 'symbolic link')} not brought home (a link is never followed: write the "
+            f"file itself there): {named}")
 
 
 def select(files: list[RemoteFile], root: Path, limits: Limits, wanted: Callable[[str], bool] | None = None) -> Selection:

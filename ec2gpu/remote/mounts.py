@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, AbstractSet, Any, Callable, Optional, Protocol
 
 from ..errors import RemoteError
 from ..inert import inert
+from ..words import count
 from ..wire import bounded_json
 from . import sync
 
@@ -104,7 +105,7 @@ def place(conn: Connection, mounts_: Sequence[Mount], manifests: dict[str, Manif
         elif m.kind == "local":
             man = manifests[m.target]
             how = sync.push(conn, man, path, ssh_config, host_alias)
-            log(f"file_mounts: {m.source}: {len(man.files):,} files, {man.bytes:,} bytes sent to {m.target} by {how}")
+            log(f"file_mounts: {m.source}: {count(len(man.files), 'file')}, {man.bytes:,} bytes sent to {m.target} by {how}")
         else:
             s3.append({"target": path, "bucket": m.bucket, "prefix": m.prefix, "region": region_of(m.bucket or ""),
                        "file": m.target in s3_files,
@@ -131,7 +132,7 @@ def write_back(conn: Connection, run_dir: str, python: str, log: Callable[[str],
         return
     for rec in _s3files(conn, python, run_dir, "out", [f"--settled={settled_s:g}"] if settled_s else [], timeout_s):
         if rec.get("files"):
-            log(f"file_mounts: {rec['files']} file(s), {rec.get('bytes')} bytes written back from "
+            log(f"file_mounts: {count(int(rec['files']), 'file')}, {rec.get('bytes')} bytes written back from "
                 f"{inert(str(rec.get('target'))[:200])}")
 
 

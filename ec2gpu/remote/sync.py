@@ -308,9 +308,13 @@ def pull(conn: Connection, remote_dir: str, local_dir: Path, patterns: list[str]
     local_dir.mkdir(parents=True, exist_ok=True)
     sftp = conn.sftp()
     spec = pathspec.GitIgnoreSpec.from_lines(patterns) if patterns else None
-    sel = files.select(files.listing(sftp, remote_dir), local_dir, limits, spec.match_file if spec else None)
+    links: list[str] = []
+    sel = files.select(files.listing(sftp, remote_dir, links=links), local_dir, limits,
+                       spec.match_file if spec else None)
     for line in sel.warnings(f"{remote_dir}", limits):
         warn(line)
+    if links:
+        warn(files.links_words(remote_dir, links))
     names = [f.name for f in sel.files]
     if not names:
         return [], "none"

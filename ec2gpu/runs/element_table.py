@@ -195,3 +195,11 @@ def with_cost_shares(record: Any) -> Any:
         for element, share in zip(pool["elements"], cost_shares(pool["elements"], record.get("cost_usd")), strict=True):
             element["cost_usd"] = share
     return record
+
+
+def best_accuracy(elements: Sequence[Mapping[str, Any]]) -> tuple[float, int] | None:
+    """(the highest test accuracy, a fraction 0..1, of the elements that succeeded; its element's
+    index), or None when none has one (pure): a sweep's result, as `runs` and the run's table say it."""
+    got = [(float(e["test_accuracy"]), int(e["index"])) for e in elements if e.get("status") == "succeeded"
+           and isinstance(e.get("test_accuracy"), (int, float)) and not isinstance(e.get("test_accuracy"), bool)]
+    return max(got, key=lambda a: (a[0], -a[1])) if got else None

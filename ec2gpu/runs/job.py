@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ..tasks.spec import Task
 
 
+MAX_KEY_CHARS = 1000  # a history key (TaskJob.history_key) is cut here: a long command is still told apart
 PROGRESS_FILE = "progress.json"  # in the run's directory on the instance: $EC2GPU_PROGRESS_FILE
 
 
@@ -59,6 +60,17 @@ class TaskJob:
     @property
     def name(self) -> str:
         return self.task.name or (self.loaded.path.stem if self.loaded.path else "task")
+
+    @property
+    def history_key(self) -> str:
+        """What the ledger's history of this job is keyed by (runs/settle/ledger.history_key: its
+        limit and its estimates come from earlier runs with the same key): the task's name for a
+        task file or a built-in job; for a command (`ec2gpu run -- CMD`, named for its directory)
+        the name and the command, so a smoke test and a training run in one directory never share
+        a history."""
+        if self.loaded.path is not None or self.builtin:
+            return self.name
+        return f"{self.name}: {self.task.run or ''}"[:MAX_KEY_CHARS]
 
 
 @dataclass

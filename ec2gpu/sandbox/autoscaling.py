@@ -12,12 +12,24 @@ only, ``install()`` and ``Scaler.reconcile()``, run by the daemon's loop) a grou
   shutdown behaviour); the group's PropagateAtLaunch tags and ``aws:autoscaling:groupName``; an
   instance type from the MixedInstancesPolicy's Overrides (the first, or for a spot allocation
   strategy that weighs price, the one the simulated market (market.py) prices lowest in the zone);
-  the zone (subnet) with the fewest of the group's instances, as AWS balances zones; and spot or
+  the zone (subnet) with the fewest of the group's instances, as AWS balances zones; spot or
   on-demand as the InstancesDistribution says (OnDemandBaseCapacity,
-  OnDemandPercentageAboveBaseCapacity), so `ec2gpu sandbox interrupt` can interrupt it.
+  OnDemandPercentageAboveBaseCapacity), so `ec2gpu sandbox interrupt` can interrupt it; and the
+  group's placement group (its Placement.GroupName).
   https://docs.aws.amazon.com/autoscaling/ec2/userguide/ec2-auto-scaling-mixed-instances-groups.html
   https://docs.aws.amazon.com/autoscaling/ec2/userguide/allocation-strategies.html
   https://docs.aws.amazon.com/autoscaling/ec2/userguide/ec2-auto-scaling-availability-zone-balanced.html
+- **launches that fail** (``refusal``): a type that the zone does not offer
+  (DescribeInstanceTypeOfferings: moto's data has us-east-1e without the GPU types, as AWS) or that
+  is out of capacity (`ec2gpu sandbox capacity TYPE N`, sandbox/capacity.py) is not launched
+  there: the next of the group's zones is tried, and each refusal is a ``Failed`` scaling activity
+  with EC2's reason as its StatusMessage; a group no zone could launch for stays short and tries
+  again at its next check. DescribeScalingActivities lists the group's activities, newest first
+  (moto lists none). https://docs.aws.amazon.com/autoscaling/ec2/APIReference/API_Activity.html
+- **a cluster placement group is in one zone**: CreateAutoScalingGroup or UpdateAutoScalingGroup
+  that gives one with subnets in several zones is refused (``ValidationError``), as AWS refuses it
+  ("You cannot specify multiple Availability Zones and a cluster placement group": botocore's
+  autoscaling model, PlacementGroup; moto takes it).
 - **health checks and replacement**: an instance of a group that is no longer pending or running
   (terminated by anyone, reclaimed by spot, ended by its own ``shutdown``, stopped) fails the EC2
   health check; it is taken out of the group (a stopped one is terminated) and, while the group's
@@ -53,10 +65,10 @@ only, ``install()`` and ``Scaler.reconcile()``, run by the daemon's loop) a grou
   https://docs.aws.amazon.com/autoscaling/ec2/APIReference/API_DeleteAutoScalingGroup.html
 
 Not emulated: recurring actions (Recurrence: logged once and never run), lifecycle hooks, warm
-pools, instance refresh, suspended processes, scaling policies, SpotMaxPrice (ignored: spot launches
-whatever the simulated price),
-launch failures for want of capacity, and the minutes AWS takes (a launch here is immediate, a
-replacement ``replace_after_s`` after the health check fails).
+pools, instance refresh, scaling policies, AZRebalance (moto keeps SuspendProcesses' list, and
+nothing here moves instances between zones whether it is suspended or not), SpotMaxPrice (ignored:
+spot launches whatever the simulated price), and the minutes AWS takes (a launch here is
+immediate, a replacement ``replace_after_s`` after the health check fails).
 """
 from __future__ import annotations
 
@@ -119,10 +131,50 @@ def choose_type(overrides: list[str], default: str, zone: str, spot: bool, strat
     return overrides[0]
 
 
-def choose_subnet(subnets: list[tuple[str, str]], counts: dict[str, int]) -> tuple[str, str]:
-    """(subnet id, zone) of the next launch (pure): the zone with the fewest of the group's
-    instances (``counts``: zone -> instances), ties in the group's order, as AWS balances zones."""
-    return min(subnets, key=lambda s: (counts.get(s[1], 0), subnets.index(s)))
+def zone_order(subnets: list[tuple[str, str]], counts: dict[str, int]) -> list[tuple[str, str]]:
+    """[(subnet id, zone)] in the order the next launch tries them (pure): the zone with the fewest
+    of the group's instances first (``counts``: zone -> instances), ties in the group's order, as
+    AWS balances zones; a zone that refuses the launch gives way to the next."""
+    return sorted(subnets, key=lambda s: (counts.get(s[1], 0), subnets.index(s)))
+
+
+#: the most scaling activities kept per group (DescribeScalingActivities: newest first)
+MAX_ACTIVITIES = 100
+_ACTIVITIES: dict[str, list[dict[str, Any]]] = {}  # group ARN -> its activities, newest first
+
+
+def record_activity(group, status: str, description: str, message: str = "") -> dict[str, Any]:
+    """Keep one scaling activity of ``group`` as AWS lists it (API_Activity.html: StatusCode
+    Successful or Failed, StatusMessage the launch's refusal); return it."""
+    import uuid
+    now = datetime.now(timezone.utc)
+    activity = {"ActivityId": str(uuid.uuid4()), "AutoScalingGroupName": group.name, "AutoScalingGroupARN": group.arn,
+                "Description": description, "Cause": f"At {now:%Y-%m-%dT%H:%M:%SZ} an instance was started in response "
+                "to a difference between desired and actual capacity.", "StartTime": now, "EndTime": now,
+                "StatusCode": status, "Progress": 100, "Details": "{}"}
+    if message:
+        activity["StatusMessage"] = message
+    kept = _ACTIVITIES.setdefault(group.arn, [])
+    kept.insert(0, activity)
+    del kept[MAX_ACTIVITIES:]
+    return activity
+
+
+def refusal(ec2, instance_type: str, zone: str) -> str | None:
+    """Why EC2 refuses one more ``instance_type`` in ``zone`` for a group (None: it launches): a
+    zone that does not offer the type (DescribeInstanceTypeOfferings; EC2's ``Unsupported``), or
+    the type out of capacity (`ec2gpu sandbox capacity`: ``InsufficientInstanceCapacity``)."""
+    from . import capacity
+    offered = ec2.describe_instance_type_offerings(
+        location_type="availability-zone", filters={"instance-type": [instance_type], "location": [zone]})
+    if not offered:
+        return (f"Your requested instance type ({instance_type}) is not supported in your requested Availability "
+                f"Zone ({zone}).")
+    in_use = sum(1 for i in ec2.all_instances() if i.instance_type == instance_type and i.state in HEALTHY)
+    if not capacity.room(instance_type, in_use):
+        return (f"We currently do not have sufficient {instance_type} capacity in the Availability Zone you "
+                f"requested ({zone}). Our system will be working on provisioning additional capacity.")
+    return None
 
 
 def _template_data(group) -> dict[str, Any]:
@@ -147,7 +199,7 @@ def launch(group, count: int) -> list:
     """Launch ``count`` instances for moto's FakeAutoScalingGroup ``group`` as AWS does from its
     launch template (module docstring); return moto's Instances. The replacement of moto's
     ``replace_autoscaling_group_instances``. Raises what moto's EC2 raises for a launch it refuses."""
-    from moto.autoscaling.models import ASG_NAME_TAG, InstanceState
+    from moto.autoscaling.models import ASG_NAME_TAG
     from moto.ec2.utils import convert_tag_spec
 
     from . import market
@@ -175,34 +227,36 @@ def launch(group, count: int) -> list:
         counts: dict[str, int] = {}
         for s in group.instance_states:
             counts[s.instance.placement.zone] = counts.get(s.instance.placement.zone, 0) + 1
-        subnet_id, zone = choose_subnet(subnets, counts)
         spot = _spot_next(group, data)
-        itype = choose_type(overrides, group.instance_type, zone, spot, strategy, market.spot_price)
-        kwargs: dict[str, Any] = {
-            "instance_type": itype, "is_instance_type_default": False, "region_name": group.region,
-            "placement": zone, "key_name": key_name,
-            "security_group_ids": list(data.get("SecurityGroupIds") or []),
-            "tags": {"instance": {**template_tags.get("instance", {}), **tags}, "volume": template_tags.get("volume", {})},
-            "metadata_options": data.get("MetadataOptions") or {},
-            "instance_initiated_shutdown_behavior": data.get("InstanceInitiatedShutdownBehavior"),
-            "disable_api_termination": bool(data.get("DisableApiTermination")),
-            "ebs_optimized": bool(data.get("EbsOptimized")),
-            "launch_template": template, "launch_config": group.launch_config,
-        }
-        if subnet_id:
-            kwargs["subnet_id"] = subnet_id
-        if spot:
-            kwargs["instance_market_options"] = "spot"  # what moto's RunInstances passes: MarketType
-        reservation = ec2.run_instances(group.image_id, 1, group.user_data, sg_names, **kwargs)
-        for inst in reservation.instances:
-            if profile.get("Name") or profile.get("Arn"):
-                ec2.associate_iam_instance_profile(instance_id=inst.id, iam_instance_profile_name=profile.get("Name"),
-                                                   iam_instance_profile_arn=profile.get("Arn"))
-            inst.autoscaling_group = group
-            group.instance_states.append(InstanceState(
-                inst, lifecycle_state="Pending" if inst.state == "pending" else "InService",
-                protected_from_scale_in=group.new_instances_protected_from_scale_in))
-            launched.append(inst)
+        for subnet_id, zone in zone_order(subnets, counts):
+            here = [t for t in overrides if refusal(ec2, t, zone) is None] or overrides
+            itype = choose_type(here, group.instance_type, zone, spot, strategy, market.spot_price)
+            why = refusal(ec2, itype, zone)
+            if why is not None:
+                record_activity(group, "Failed", f"Launching a new EC2 instance. Status Reason: {why} "
+                                "Launching EC2 instance failed.", why)
+                log(f"{group.name}: no {itype} in {zone}: {why}")
+                continue
+            kwargs: dict[str, Any] = {
+                "instance_type": itype, "is_instance_type_default": False, "region_name": group.region,
+                "placement": zone, "key_name": key_name,
+                "security_group_ids": list(data.get("SecurityGroupIds") or []),
+                "tags": {"instance": {**template_tags.get("instance", {}), **tags},
+                         "volume": template_tags.get("volume", {})},
+                "metadata_options": data.get("MetadataOptions") or {},
+                "instance_initiated_shutdown_behavior": data.get("InstanceInitiatedShutdownBehavior"),
+                "disable_api_termination": bool(data.get("DisableApiTermination")),
+                "ebs_optimized": bool(data.get("EbsOptimized")),
+                "launch_template": template, "launch_config": group.launch_config, "sg_names": sg_names,
+            }
+            if subnet_id:
+                kwargs["subnet_id"] = subnet_id
+            if spot:
+                kwargs["instance_market_options"] = "spot"  # what moto's RunInstances passes: MarketType
+            launched += _run(group, ec2, kwargs, profile)
+            break
+        else:
+            break  # no zone launched: the group stays short and tries again at its next check
     if launched:
         log(f"{group.name}: launched " + ", ".join(
             f"{i.id} ({i.instance_type}, {'spot' if i.lifecycle == 'spot' else 'on-demand'}, {i.placement.zone})"
@@ -210,11 +264,29 @@ def launch(group, count: int) -> list:
     return launched
 
 
+def _run(group, ec2, kwargs: dict[str, Any], profile: dict[str, Any]) -> list:
+    """One instance of ``group`` launched with moto's ``kwargs``: its instance profile associated,
+    in the group's placement group, in the group (Pending or InService) and a Successful activity."""
+    from moto.autoscaling.models import InstanceState
+
+    reservation = ec2.run_instances(group.image_id, 1, group.user_data, list(kwargs.pop("sg_names")), **kwargs)
+    for inst in reservation.instances:
+        if profile.get("Name") or profile.get("Arn"):
+            ec2.associate_iam_instance_profile(instance_id=inst.id, iam_instance_profile_name=profile.get("Name"),
+                                               iam_instance_profile_arn=profile.get("Arn"))
+        inst.placement.group_name = group.placement_group or ""
+        inst.autoscaling_group = group
+        group.instance_states.append(InstanceState(
+            inst, lifecycle_state="Pending" if inst.state == "pending" else "InService",
+            protected_from_scale_in=group.new_instances_protected_from_scale_in))
+        record_activity(group, "Successful", f"Launching a new EC2 instance: {inst.id}")
+    return list(reservation.instances)
 def install() -> None:
     """Patch moto's Auto Scaling (in the daemon, after moto is imported): launches from the
     template, scheduled actions per group and refused in the past, no synchronous replacement in
     TerminateInstances (the health check in ``Scaler.reconcile`` replaces), DeleteAutoScalingGroup
-    refused without ForceDelete while the group has instances, and every API call under LOCK."""
+    refused without ForceDelete while the group has instances, a cluster placement group refused
+    with several zones, the groups' scaling activities listed, and every API call under LOCK."""
     _patch_group()
     _patch_backend()
     _patch_responses()
@@ -250,7 +322,8 @@ def _patch_group() -> None:
 
 def _patch_backend() -> None:
     """moto's Auto Scaling backend: scheduled actions per group (refused in the past, deleted with
-    their group), no replacement in TerminateInstances, and every public method under LOCK."""
+    their group), no replacement in TerminateInstances, a cluster placement group in one zone only,
+    and every public method under LOCK."""
     from moto.autoscaling.exceptions import ValidationError
     from moto.autoscaling.models import AutoScalingBackend
 
@@ -274,13 +347,31 @@ def _patch_backend() -> None:
     delete_group = AutoScalingBackend.delete_auto_scaling_group
 
     def delete_auto_scaling_group(self, group_name):
+        group = self.autoscaling_groups.get(group_name)
         delete_group(self, group_name)
+        if group is not None:
+            _ACTIVITIES.pop(group.arn, None)
         for key in [k for k, a in self.scheduled_actions.items() if a.auto_scaling_group_name == group_name]:
             del self.scheduled_actions[key]
 
     def notify_terminate_instances(self, instance_ids):
         pass  # the group notices at its next health check (Scaler.reconcile), as on AWS
 
+    create = AutoScalingBackend.create_auto_scaling_group
+    update = AutoScalingBackend.update_auto_scaling_group
+
+    def create_auto_scaling_group(self, name, *args, **kwargs):
+        _one_zone_for_a_cluster(self, kwargs.get("placement_group"), kwargs.get("vpc_zone_identifier"))
+        return create(self, name, *args, **kwargs)
+
+    def update_auto_scaling_group(self, name, *args, **kwargs):
+        group = self.autoscaling_groups.get(name)
+        if group is not None and kwargs.get("vpc_zone_identifier"):
+            _one_zone_for_a_cluster(self, group.placement_group, kwargs["vpc_zone_identifier"])
+        return update(self, name, *args, **kwargs)
+
+    AutoScalingBackend.create_auto_scaling_group = create_auto_scaling_group
+    AutoScalingBackend.update_auto_scaling_group = update_auto_scaling_group
     AutoScalingBackend.put_scheduled_update_group_action = put_scheduled_update_group_action
     AutoScalingBackend.delete_scheduled_action = delete_scheduled_action
     AutoScalingBackend.delete_auto_scaling_group = delete_auto_scaling_group
@@ -290,9 +381,29 @@ def _patch_backend() -> None:
             setattr(AutoScalingBackend, attr, _locked(fn))
 
 
+def _one_zone_for_a_cluster(backend, placement_group: str | None, vpc_zone_identifier: str | None) -> None:
+    """Refuse a cluster placement group with subnets in several zones, as AWS does: "A cluster
+    placement group is a logical grouping of instances within a single Availability Zone. You
+    cannot specify multiple Availability Zones and a cluster placement group." (botocore's
+    autoscaling model, CreateAutoScalingGroup's and UpdateAutoScalingGroup's PlacementGroup;
+    moto takes both). Raises moto's ValidationError."""
+    from moto.autoscaling.exceptions import ValidationError
+
+    from . import placement
+
+    ids = [s for s in (vpc_zone_identifier or "").split(",") if s]
+    if not placement_group or len(ids) < 2:
+        return
+    if placement.strategy(backend.account_id, backend.region_name, placement_group) != "cluster":
+        return
+    zones = {s.availability_zone for s in backend.ec2_backend.describe_subnets(subnet_ids=ids)}
+    if len(zones) > 1:
+        raise ValidationError("You cannot specify multiple Availability Zones and a cluster placement group.")
+
+
 def _patch_responses() -> None:
     """moto's Auto Scaling responses: DeleteAutoScalingGroup refused (ResourceInUse) without
-    ForceDelete while the group has instances."""
+    ForceDelete while the group has instances; DescribeScalingActivities with the group's launches."""
     from moto.autoscaling.exceptions import AutoscalingClientError
     from moto.autoscaling.responses import AutoScalingResponse
 
@@ -311,7 +422,14 @@ def _patch_responses() -> None:
                         "instance request(s) still in the group.")
         return respond(self)
 
+    def describe_scaling_activities(self):
+        # moto answers none: here the group's launches as ``launch`` recorded them, newest first
+        from moto.core.responses import ActionResult
+        group = self.autoscaling_backend.autoscaling_groups.get(self._get_param("AutoScalingGroupName"))
+        return ActionResult({"Activities": list(_ACTIVITIES.get(group.arn, [])) if group is not None else []})
+
     AutoScalingResponse.delete_auto_scaling_group = delete_response
+    AutoScalingResponse.describe_scaling_activities = describe_scaling_activities
 
 
 def _locked(fn):
@@ -393,9 +511,10 @@ class Scaler:
                 s.lifecycle_state = "Pending" if state == "pending" else "InService"
                 if inst.id in at_risk and inst.lifecycle == "spot" and inst.id not in self.rebalancing \
                         and state == "running":
-                    (new,) = launch(group, 1)
-                    self.rebalancing[inst.id] = new.id
-                    log(f"{group.name}: {inst.id} received a rebalance recommendation: {new.id} launched to replace it")
+                    for new in launch(group, 1):
+                        self.rebalancing[inst.id] = new.id
+                        log(f"{group.name}: {inst.id} received a rebalance recommendation: {new.id} launched to "
+                            "replace it")
                 continue
             s.health_status = "Unhealthy"
             group.instance_states.remove(s)

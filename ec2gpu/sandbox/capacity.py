@@ -12,7 +12,8 @@ unlimited capacity and launches MinCount instances, MaxCount unread. Here:
 - ``install()`` patches RunInstances: it launches MaxCount instances where the type has no limit
   (EC2 with the capacity), else as many as fit up to MaxCount, or answers
   ``InsufficientInstanceCapacity`` when MinCount do not fit. Auto Scaling's own launches
-  (sandbox/autoscaling.py) do not go through RunInstances and are not limited.
+  (sandbox/autoscaling.py) do not go through RunInstances; they ask ``room`` and record a failed
+  scaling activity when there is none, as AWS's group does.
 """
 from __future__ import annotations
 
@@ -35,6 +36,12 @@ def limit(instance_type: str, count: int | None) -> dict[str, int]:
         else:
             _LIMITS[instance_type] = count
         return dict(_LIMITS)
+
+
+def room(instance_type: str, in_use: int) -> bool:
+    """Whether one more instance of ``instance_type`` fits beside ``in_use`` pending or running ones."""
+    with _LOCK:
+        return launchable(1, 1, _LIMITS.get(instance_type), in_use) == 1
 
 
 def launchable(want_min: int, want_max: int, limit_: int | None, in_use: int) -> int:

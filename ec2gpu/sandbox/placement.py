@@ -42,6 +42,13 @@ def matches(group: dict[str, Any], filters: dict[str, list[str]]) -> bool:
     return True
 
 
+def strategy(account: str, region: str, name: str) -> str | None:
+    """The strategy of the placement group ``name`` of that account and region, or None without one."""
+    with _LOCK:
+        group = _GROUPS.get((account, region, name))
+    return None if group is None else str(group["Strategy"])
+
+
 def install() -> None:
     """Give moto's EC2 the three actions (call in the daemon after importing moto)."""
     from moto.ec2.exceptions import EC2ClientError

@@ -33,7 +33,7 @@ from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
 
-from . import (autoscaling, bindshim, capacity, cloudinit, console, dlami, images, imds, lifecycle, likeaws, placement,
+from . import (autoscaling, bindshim, capacity, cloudinit, console, dlami, images, imds, lifecycle, likeaws, placement, presigned,
                quotas, roles, sshd, tls)
 
 def write_json(path: Path, data: dict) -> None:
@@ -211,10 +211,12 @@ class Sandbox:
                        pending_s=self.like_aws.image_pending_s if self.like_aws else 0.0)
         console.install(self.state_dir / "instances",  # cloud-init's host key fingerprints
                         delay_s=self.like_aws.console_delay_s if self.like_aws else 0.0)
-        middleware = None
-        if self.like_aws:
-            likeaws.install_pending(self.like_aws)
-            middleware = lambda app: likeaws.Middleware(app, self.like_aws)  # noqa: E731
+        like_aws = self.like_aws
+        if like_aws:
+            likeaws.install_pending(like_aws)
+
+        def middleware(app: Any) -> Any:  # S3 refuses a presigned URL past its end, as on AWS (presigned.py)
+            return presigned.Middleware(likeaws.Middleware(app, like_aws) if like_aws else app)
 
         port = sshd.free_port(self.host)
         self.moto = moto_server(self.host, port, middleware)

@@ -28,6 +28,10 @@ USER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_+=.@:-]{0,127}")
 RUNS = "runs/"
 #: a detached run's Auto Scaling group is GROUP_PREFIX + its run id (aws/groups.name_of)
 GROUP_PREFIX = "ec2gpu-"
+#: the task's workdir, packed, under the run's prefix (what a replacement instance pulls)
+WORKDIR = "workdir.tar.gz"
+#: the local file_mounts sources under the run's prefix: ``mounts/N.tar.gz`` (a directory) or ``mounts/N`` (a file)
+MOUNTS = "mounts/"
 
 
 class Refused(ValueError):

@@ -1,5 +1,5 @@
 """A detached run's spec.json: what its agent runs, one schema for the controller that writes it
-(runs/detached/launch.spec_document checks its document here before anything is made) and the agent
+(runs/plan/detached_spec.spec_document checks its document here before anything is made) and the agent
 that reads it back from S3 (agent/detached.py: hostile input, anyone holding the run's role may
 have rewritten the object; the agent also checks its sha256 against the launch template's).
 
@@ -26,7 +26,7 @@ run the job together, agent/gang.py, and ``max_launches`` counts every node's la
 ``gpus_limit`` (int or null: the GPUs the job may use when
 the instance has more, resources.allow_larger); ``python`` (absolute path or null: EC2GPU_PYTHON;
 null: the Deep Learning AMI's PyTorch Python when there, else python3); ``mounts`` (list, default []:
-the task's file_mounts, runs/detached/launch.mounts_document: each ``target`` ``~/PATH`` or
+the task's file_mounts, runs/plan/detached_spec.mounts_document: each ``target`` ``~/PATH`` or
 ``/PATH`` (no ``..``; an absolute one under EC2GPU_SANDBOX_ROOT in the sandbox) and ``kind``
 "local" (``key`` under ``runs/<user>/<run_id>/``, ``is_file``: the file itself, else a gzipped tar unpacked
 with the workdir's rules) or "s3" (``bucket``, ``prefix``, ``region``, ``file``, ``write_back``:
@@ -55,6 +55,7 @@ MAX_SCRIPT_BYTES = 100 * 1024  # tasks/spec.MAX_SCRIPT_BYTES
 MAX_SECRETS = 100  # names in ``secrets``
 MAX_NODES = 64  # cli --nodes' maximum
 MAX_MOUNTS = 100
+MAX_LAUNCHES = 1000  # max_launches; runs/plan/checks.check_detached refuses a larger --max-attempts
 NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: a file_mounts target as the controller writes it (tasks/mounts.TARGET_RE, normal_target's spelling)
@@ -130,8 +131,8 @@ def _limits(get: Any, run_id: str) -> dict[str, Any]:
     """spec.json's bounds on the run: restarts, launches, group, nodes, time limit, GPUs, Python."""
     restarts = get("max_restarts_on_errors", (int,), 0)
     launches = get("max_launches", (int,), 10)
-    if not 0 <= restarts <= 1000 or not 1 <= launches <= 1000:
-        raise Refused("spec.json: max_restarts_on_errors must be 0-1000 and max_launches 1-1000")
+    if not 0 <= restarts <= 1000 or not 1 <= launches <= MAX_LAUNCHES:
+        raise Refused(f"spec.json: max_restarts_on_errors must be 0-1000 and max_launches 1-{MAX_LAUNCHES}")
     group = get("group", (str,), names.GROUP_PREFIX + run_id)
     if group != names.GROUP_PREFIX + run_id:
         raise Refused(f"spec.json: group {group[:120]!r} is not this run's ({names.GROUP_PREFIX}{run_id})")

@@ -11,6 +11,7 @@ from botocore.awsrequest import AWSResponse
 
 from ec2gpu.aws import capacity, groups, instances, sweep
 from ec2gpu.aws.instances import IdleRule
+from ec2gpu.errors import CapacityError
 
 RUN_ID = "run-asg"
 
@@ -39,11 +40,13 @@ def test_the_template_is_the_run_request_less_what_the_group_decides():
     assert req["TagSpecifications"][0]["ResourceType"] == "launch-template" and tags["ec2gpu:run"] == "r1"
 
 
-def test_a_spot_group_spreads_over_the_types_price_capacity_optimized_with_rebalancing():
+def test_a_spot_group_spreads_over_the_types_price_capacity_optimized_without_capacity_rebalancing():
     req = groups.group_request(_spec(spot=True, max_price=0.3), ["g5.xlarge", "g6.xlarge"], ["subnet-a", "subnet-b"], 2)
     dist = req["MixedInstancesPolicy"]["InstancesDistribution"]
     assert (req["MinSize"], req["MaxSize"], req["DesiredCapacity"]) == (0, 2, 2)
-    assert req["VPCZoneIdentifier"] == "subnet-a,subnet-b" and req["CapacityRebalance"] is True
+    # a rebalance recommendation alone must not end a healthy instance (docs/detached.md): off on spot too
+    assert req["VPCZoneIdentifier"] == "subnet-a,subnet-b" and req["CapacityRebalance"] is False
+    assert "PlacementGroup" not in req
     assert dist["OnDemandPercentageAboveBaseCapacity"] == 0 and dist["OnDemandBaseCapacity"] == 0
     assert dist["SpotAllocationStrategy"] == "price-capacity-optimized" and dist["SpotMaxPrice"] == "0.3000"
     lt = req["MixedInstancesPolicy"]["LaunchTemplate"]
@@ -59,6 +62,92 @@ def test_an_on_demand_group_takes_the_types_in_order_and_no_spot():
     assert "SpotAllocationStrategy" not in dist and req["CapacityRebalance"] is False
     with pytest.raises(ValueError):
         groups.group_request(_spec(), ["g5.xlarge"], [], 1)
+
+
+def test_several_nodes_go_to_one_subnet_in_their_cluster_placement_group():
+    req = groups.group_request(_spec(spot=True, placement_group="ec2gpu-r1"), ["p4d.24xlarge"], ["subnet-a"], 2)
+    assert req["PlacementGroup"] == "ec2gpu-r1" and req["VPCZoneIdentifier"] == "subnet-a"
+    with pytest.raises(ValueError, match="one zone"):  # AWS refuses a cluster placement group over zones
+        groups.group_request(_spec(placement_group="ec2gpu-r1"), ["p4d.24xlarge"], ["subnet-a", "subnet-b"], 2)
+
+
+def test_az_rebalance_is_suspended_for_the_runs_group():
+    assert groups.suspend_request("r1") == {"AutoScalingGroupName": "ec2gpu-r1", "ScalingProcesses": ["AZRebalance"]}
+
+
+def test_a_zone_that_offers_none_of_the_types_is_never_given():
+    offered = {"p4d.24xlarge": ["us-east-1b", "us-east-1c"], "p5.48xlarge": ["us-east-1a", "us-east-1c"]}
+    subnets = {"us-east-1a": "subnet-a", "us-east-1b": "subnet-b", "us-east-1c": "subnet-c", "us-east-1e": "subnet-e"}
+    choices = groups.zone_choices(offered, subnets, ["p4d.24xlarge", "p5.48xlarge"])
+    # zones that offer the first type first (both types before one), then by name; 1e offers neither
+    assert choices == [("us-east-1c", "subnet-c", ["p4d.24xlarge", "p5.48xlarge"]),
+                       ("us-east-1b", "subnet-b", ["p4d.24xlarge"]),
+                       ("us-east-1a", "subnet-a", ["p5.48xlarge"])]
+    assert groups.zone_choices({"p4d.24xlarge": ["us-east-1d"]}, subnets, ["p4d.24xlarge"]) == []
+
+
+def test_the_zones_of_the_sandbox_region_leave_out_the_one_without_gpus(aws):
+    """moto's us-east-1e, as AWS's, offers none of the GPU types: its default subnet is never given."""
+    choices = groups.zones(aws.ec2, ["g4dn.xlarge"])
+    zones = [z for z, _, _ in choices]
+    assert "us-east-1e" not in zones and zones == sorted(zones) and len(zones) >= 2
+    assert "us-east-1e" in capacity.default_subnets(aws.ec2)
+    with pytest.raises(CapacityError):
+        groups.zones(aws.ec2, ["x9.none"])
+
+
+def test_a_launch_is_found_from_the_groups_instances_or_its_failed_activities():
+    assert groups.launch_outcome({"Instances": [{"InstanceId": "i-1"}]}, [{"StatusCode": "Failed"}]) == "launched"
+    assert groups.launch_outcome({"Instances": []}, [{"StatusCode": "Successful"}, {"StatusCode": "Failed"}]) == "failed"
+    assert groups.launch_outcome({"Instances": []}, [{"StatusCode": "InProgress"}]) is None
+
+
+class Activities:
+    """An Auto Scaling client whose group launches nothing in the zones ``refusing`` (a Failed
+    activity each time it is asked) and one instance elsewhere."""
+
+    def __init__(self, refusing, zone_of):
+        self.refusing, self.zone_of, self.subnet, self.updates, self.n = refusing, zone_of, "subnet-a", [], 0
+
+    def update_auto_scaling_group(self, **kw):
+        self.updates.append(kw)
+        self.subnet = kw["VPCZoneIdentifier"]
+
+    def describe_auto_scaling_groups(self, **kw):
+        here = self.zone_of[self.subnet] not in self.refusing
+        return {"AutoScalingGroups": [{"Instances": [{"InstanceId": "i-1"}] if here else []}]}
+
+    def describe_scaling_activities(self, **kw):
+        self.n += 1
+        return {"Activities": [{"ActivityId": f"a{self.n}", "StatusCode": "Failed",
+                                "StatusMessage": "no capacity\x1b[2J here"}]}
+
+
+def test_find_zone_moves_the_group_to_the_next_zone_when_its_launch_fails():
+    client = Activities({"us-east-1a"}, {"subnet-a": "us-east-1a", "subnet-b": "us-east-1b"})
+    said = []
+    choices = [("us-east-1a", "subnet-a", ["g5.xlarge"]), ("us-east-1b", "subnet-b", ["g5.xlarge"])]
+    assert groups.find_zone(client, _spec(spot=True), choices, log=said.append, sleep=lambda s: None) == "us-east-1b"
+    (moved,) = client.updates
+    assert moved["VPCZoneIdentifier"] == "subnet-b" and moved["AutoScalingGroupName"] == "ec2gpu-r1"
+    assert moved["MixedInstancesPolicy"]["LaunchTemplate"]["Overrides"] == [{"InstanceType": "g5.xlarge"}]
+    assert said[0].startswith("no launch in us-east-1a: no capacity\\x1b[2J")  # AWS's reason, inert
+
+
+def test_find_zone_names_each_zone_and_why_when_none_launched():
+    client = Activities({"us-east-1a", "us-east-1b"}, {"subnet-a": "us-east-1a", "subnet-b": "us-east-1b"})
+    choices = [("us-east-1a", "subnet-a", ["g5.xlarge"]), ("us-east-1b", "subnet-b", ["g5.xlarge"])]
+    with pytest.raises(CapacityError, match="us-east-1a: no capacity.*us-east-1b: no capacity"):
+        groups.find_zone(client, _spec(), choices, sleep=lambda s: None)
+
+
+def test_find_zone_gives_a_zone_that_launched_nothing_in_time_way_to_the_next():
+    client = Activities({"us-east-1a"}, {"subnet-a": "us-east-1a", "subnet-b": "us-east-1b"})
+    client.describe_scaling_activities = lambda **kw: {"Activities": [{"ActivityId": "x", "StatusCode": "InProgress"}]}
+    clock = iter(range(0, 10_000, 50))
+    choices = [("us-east-1a", "subnet-a", ["g5.xlarge"]), ("us-east-1b", "subnet-b", ["g5.xlarge"])]
+    assert groups.find_zone(client, _spec(), choices, sleep=lambda s: None, wait_s=120,
+                            clock=lambda: float(next(clock))) == "us-east-1b"
 
 
 def test_the_deadline_sets_the_group_to_zero_at_that_time():
@@ -220,3 +309,74 @@ def test_a_group_aws_will_not_delete_keeps_its_own_runs_instances_but_no_other_r
     finally:
         sweep.delete_run(aws.ec2, run, tmp_path, autoscaling=asg)
         sweep.delete_run(aws.ec2, other, tmp_path)
+
+
+def test_a_cluster_placement_group_over_several_zones_is_refused_as_aws_refuses_it(aws, spec):
+    """The sandbox answers as AWS: ValidationError (CreateAutoScalingGroup's PlacementGroup)."""
+    from ec2gpu.aws import placement
+    asg, run = aws.client("autoscaling"), "run-asg-pg"
+    pg, _ = placement.create(aws.ec2, run, "alice", "test", "g4dn.xlarge")
+    assert pg is not None
+    subnets = [s for _, s, _ in groups.zones(aws.ec2, ["g4dn.xlarge"])][:2]
+    req = groups.group_request(replace(spec, run_id=run, placement_group=pg), ["g4dn.xlarge"], subnets[:1], 1)
+    aws.ec2.create_launch_template(**groups.template_request(replace(spec, run_id=run)))
+    try:
+        with pytest.raises(botocore.exceptions.ClientError, match="multiple Availability Zones"):
+            asg.create_auto_scaling_group(**{**req, "VPCZoneIdentifier": ",".join(subnets)})
+        asg.create_auto_scaling_group(**req)  # one zone: made, its instance in the placement group
+        (inst,) = sweep.find_instances(aws.ec2, run, states=["pending", "running"])
+        assert inst.placement_group == pg
+        with pytest.raises(botocore.exceptions.ClientError, match="multiple Availability Zones"):
+            asg.update_auto_scaling_group(AutoScalingGroupName=groups.name_of(run), VPCZoneIdentifier=",".join(subnets))
+    finally:
+        groups.delete(aws.ec2, asg, run)
+        placement.delete(aws.ec2, pg)
+
+
+def test_a_group_in_a_zone_without_its_type_fails_there_and_find_zone_moves_it(aws, spec):
+    """The sandbox's group launches nothing in us-east-1e (no g4dn there, as on AWS): a Failed
+    activity with EC2's reason; find_zone sends the group to the next zone, where both nodes launch,
+    with AZRebalance suspended."""
+    asg, run = aws.client("autoscaling"), "run-asg-zone"
+    subnets = capacity.default_subnets(aws.ec2)
+    bad = ("us-east-1e", subnets["us-east-1e"], ["g4dn.xlarge"])
+    good = groups.zones(aws.ec2, ["g4dn.xlarge"])[0]
+    run_spec = replace(spec, run_id=run)
+    groups.create(aws.ec2, asg, run_spec, ["g4dn.xlarge"], [bad[1]], 2, None)
+    try:
+        asg.suspend_processes(**groups.suspend_request(run))
+        failed = asg.describe_scaling_activities(AutoScalingGroupName=groups.name_of(run))["Activities"]
+        assert failed and {a["StatusCode"] for a in failed} == {"Failed"}
+        assert "not supported in your requested Availability Zone (us-east-1e)" in failed[0]["StatusMessage"]
+        assert groups.find_zone(asg, run_spec, [bad, good], poll_s=0.2, wait_s=30) == good[0]
+        wait_until = time.monotonic() + 30
+        while len(sweep.find_instances(aws.ec2, run, states=["pending", "running"])) < 2:
+            assert time.monotonic() < wait_until, "the group did not launch its 2 nodes"
+            time.sleep(0.2)
+        found = sweep.find_instances(aws.ec2, run, states=["pending", "running"])
+        assert {i.zone for i in found} == {good[0]}
+        (group,) = groups.find_groups(asg, run)
+        assert group["VPCZoneIdentifier"] == good[1]
+        assert [p["ProcessName"] for p in group["SuspendedProcesses"]] == ["AZRebalance"]
+    finally:
+        groups.delete(aws.ec2, asg, run)
+
+
+def test_a_group_with_no_capacity_in_any_zone_is_refused_naming_each_zone(aws, spec, sandbox_env):
+    """`ec2gpu sandbox capacity g6.xlarge 0`: the group's launch fails in every zone (a Failed
+    activity, InsufficientInstanceCapacity's reason), and find_zone says so for each."""
+    from ec2gpu.sandbox import control
+    asg, run, home = aws.client("autoscaling"), "run-asg-full", sandbox_env[0]
+    choices = groups.zones(aws.ec2, ["g6.xlarge"])[:2]
+    run_spec = replace(spec, run_id=run)
+    control.capacity(home, "g6.xlarge", 0)
+    try:
+        groups.create(aws.ec2, asg, run_spec, choices[0][2], [choices[0][1]], 2, None)
+        with pytest.raises(CapacityError) as got:
+            groups.find_zone(asg, run_spec, choices, poll_s=0.2, wait_s=30)
+        assert all(f"{z}: We currently do not have sufficient g6.xlarge capacity" in got.value.message
+                   for z, _, _ in choices)
+        assert sweep.find_instances(aws.ec2, run, states=["pending", "running"]) == []
+    finally:
+        control.capacity(home, "g6.xlarge", None)
+        groups.delete(aws.ec2, asg, run)

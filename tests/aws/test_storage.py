@@ -121,7 +121,8 @@ def test_a_run_role_iam_refuses_stops_the_run_before_its_key_pair(monkeypatch, t
     prov = provision.Provisioned("run-refused")
     ui = SimpleNamespace(note=lambda line: None, phase=lambda name: _Null())
     with pytest.raises(UsageError, match="permissions boundary ec2gpu-instance-boundary"):
-        provision.provision(aws, SimpleNamespace(owner="alice", keys_dir=tmp_path), opts, "run-refused", ui, prov)
+        provision.provision(aws, SimpleNamespace(owner="alice", keys_dir=tmp_path, handover_wait_seconds=300), opts,
+                            "run-refused", ui, prov)
     assert made == [] and prov.instance_profile is None and prov.key_name is None
 
 

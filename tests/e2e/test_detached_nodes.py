@@ -59,6 +59,13 @@ def _gang(bucket: str, run_id: str) -> dict:
         return {}
 
 
+def _placed(instance_ids: list[str]) -> set[tuple[str, str]]:
+    """{(zone, placement group)} of the instances (EC2 keeps a terminated one's for a while)."""
+    found = _client("ec2").describe_instances(InstanceIds=instance_ids)["Reservations"]
+    return {(i["Placement"]["AvailabilityZone"], i["Placement"].get("GroupName", "")) for r in found
+            for i in r["Instances"]}
+
+
 @pytest.mark.parametrize("lost", [1, 0], ids=["worker", "head"])
 def test_a_detached_run_of_two_nodes_restarts_both_when_one_is_replaced(sandbox_env, tmp_path, capsys, lost):
     """``lost``: the rank of the node interrupted. The head lost, the worker heads the next
@@ -76,6 +83,13 @@ def test_a_detached_run_of_two_nodes_restarts_both_when_one_is_replaced(sandbox_
     _wait(run_id, ("running",), timeout_s=240)
     first = _gang(bucket, run_id)
     assert first["generation"] == 1 and len(first["members"]) == 2
+    # one zone, the run's cluster placement group, and AZRebalance suspended (issue 51 item 3)
+    ((zone, placement_group),) = _placed(first["members"])
+    assert placement_group == f"ec2gpu-{run_id}"
+    (group,) = _client("autoscaling").describe_auto_scaling_groups(
+        AutoScalingGroupNames=[record["group"]])["AutoScalingGroups"]
+    assert len(group["VPCZoneIdentifier"].split(",")) == 1
+    assert [p["ProcessName"] for p in group["SuspendedProcesses"]] == ["AZRebalance"]
     head_log = (sandbox_env[0] / "sandbox" / "instances" / first["members"][0] / "state" / "detached" / "ec2gpu"
                 / "runs" / run_id / "job.log")
     deadline = time.monotonic() + 120
@@ -99,5 +113,6 @@ def test_a_detached_run_of_two_nodes_restarts_both_when_one_is_replaced(sandbox_
     assert summary["world_size"] == 2 and summary["ips"] == last["ips"]  # the new SKYPILOT_NODE_IPS
     assert 0 < summary["started_at_step"] < STEPS, agents  # resumed from the head's checkpoint
     assert done["launches"] == 3
+    assert _placed(last["members"]) == {(zone, placement_group)}  # the replacement too
     left = _nothing_left(run_id)
     assert not any(left.values()), left

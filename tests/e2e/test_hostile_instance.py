@@ -51,7 +51,7 @@ def test_names_the_instance_lists_never_leave_the_run_directory(sandbox_env, tmp
     assert victim.read_text() == "the user's own file\n"
     assert not (tmp_path / "abs_written.txt").exists() and not (tmp_path / "dotdot_written.txt").exists()
     assert sorted(p.name for p in (out / "outputs").iterdir()) == ["summary.json"]
-    assert "1 file(s), 2,147,483,648 bytes, not brought home" in " ".join(err.split())
+    assert "1 file, 2,147,483,648 bytes, not brought home" in " ".join(err.split())
     assert (out / "checkpoints" / "step\n1.pt").read_text() == "state"
     assert not [p for p in out.rglob("*") if p.is_symlink()]
     assert_nothing_left(home, record)

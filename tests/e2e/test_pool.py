@@ -4,6 +4,7 @@ and `ec2gpu train mnist --sweep` of a 2 x 3 grid. Ray's head and workers start o
 instances' own loopback addresses; everything is removed afterwards."""
 import json
 import os
+import re
 import subprocess
 import time
 
@@ -140,7 +141,7 @@ def test_an_array_over_three_workers_shrinks_its_pool_before_its_last_element_en
     listed = boto3.client("s3", endpoint_url=state["endpoint"], region_name="us-east-1").list_objects_v2(
         Bucket="test-pool-results")
     assert sorted(o["Key"] for o in listed.get("Contents", [])) == sorted(f"{k}.txt" for k in range(12)), listed
-    assert "file(s)" in err and "written back from" in " ".join(err.split())
+    assert re.search(r"file_mounts: [\d,]+ files?, ", err) and "written back from" in " ".join(err.split())
     running_log = seen["running_log"]
     assert running_log.returncode == 0 and running_log.stdout.startswith("element 11 of 12 on "), running_log
     out, err_ = seen["following"].communicate(timeout=60)

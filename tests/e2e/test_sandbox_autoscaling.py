@@ -4,8 +4,8 @@ aws/groups.create launches instances from its launch template that are whole san
 IMDSv2, spot, the group's tags); an instance that is terminated, interrupted or shuts itself down
 is replaced by a new one; capacity 0 ends them all for good; the run's deadline (a scheduled
 action) brings the group to 0 with nobody calling anything; a rebalance recommendation gets the
-at-risk instance replaced first. Each test removes its group and finds no process of its
-instances left."""
+at-risk instance replaced first in a group with Capacity Rebalancing on, and nothing in a run's.
+Each test removes its group and finds no process of its instances left."""
 import hashlib
 import json
 import subprocess
@@ -306,7 +306,9 @@ def test_the_deadline_brings_the_group_to_zero_by_itself(run):
     assert run.described(first["InstanceId"])["State"]["Name"] == "terminated"
 
 
-def test_a_rebalance_recommendation_gets_the_at_risk_instance_replaced_first(run):
+def test_a_rebalance_recommendation_gets_the_at_risk_instance_replaced_first(run, monkeypatch):
+    made = groups.group_request  # a run's group has Capacity Rebalancing off: this one has it on, as AWS allows
+    monkeypatch.setattr(groups, "group_request", lambda *a: {**made(*a), "CapacityRebalance": True})
     run.create()  # spot: CapacityRebalance on
     first, _ = run.one_booted()
     control.interrupt(run.home, first["InstanceId"], 0, rebalance=True)
@@ -314,6 +316,17 @@ def test_a_rebalance_recommendation_gets_the_at_risk_instance_replaced_first(run
     # the group ended it, before the spot service did, and the group is back at its size
     assert run.described(first["InstanceId"])["StateReason"]["Code"] != "Server.SpotInstanceTermination"
     assert run.group()["DesiredCapacity"] == 1
+
+
+def test_a_rebalance_recommendation_alone_launches_nothing_in_a_runs_group(run):
+    """A run's group (aws/groups.group_request: Capacity Rebalancing off) keeps its at-risk instance
+    and launches no replacement: a recommendation is not an interruption (docs/detached.md)."""
+    run.create()
+    first, _ = run.one_booted()
+    control.interrupt(run.home, first["InstanceId"], 0, rebalance=True)
+    time.sleep(4)  # the sandbox's group checks every tick and replaces after 1 s
+    assert [i["InstanceId"] for i in run.live()] == [first["InstanceId"]]
+    assert [i["InstanceId"] for i in run.group()["Instances"]] == [first["InstanceId"]]
 
 
 def test_like_aws_a_group_instance_is_pending_first(like_aws_home, tmp_path, monkeypatch):

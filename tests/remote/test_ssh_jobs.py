@@ -234,7 +234,7 @@ def test_pull_stops_at_its_limits_and_names_what_it_left(server, tmp_path):
     got, _ = sync.pull(conn, f"{run_dir}/out", tmp_path / "o", [], None, "i", files.Limits(files=10, bytes=1 << 20),
                        warn=warned.append)
     assert len(got) == 10 and not (tmp_path / "o" / "sparse.bin").exists()
-    assert len(warned) == 1 and "41 file(s)" in warned[0] and "ec2gpu fetch RUN --max-download" in warned[0]
+    assert len(warned) == 1 and "41 files" in warned[0] and "ec2gpu fetch RUN --max-download" in warned[0]
     conn.close()
 
 

@@ -368,8 +368,9 @@ def test_a_controller_that_collects_stops_the_handover_and_a_refused_put_is_reco
         agent.run(str(tmp_path), ["bash", "-c", "true"], "http://127.0.0.1:9", 0.1, 2.0, {}, None, handover=refused)
     finally:
         server.shutdown()
-    # an expired URL (403) is not tried again, and what went wrong is in the record handed over
-    assert json.loads(_Puts.got["/record"])["handover"] == "failed: outputs: HTTP 403"
+    # an expired URL (403) is not tried again, and what went wrong is in the record handed over (with no
+    # instance role to sign it again: the metadata service at 127.0.0.1:9 does not answer)
+    assert json.loads(_Puts.got["/record"])["handover"] == "failed: outputs: HTTP 403, and no instance role to sign it again"
 
 
 def test_the_handover_file_is_read_checked_and_deleted_before_the_job_starts(tmp_path):

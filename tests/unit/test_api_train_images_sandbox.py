@@ -119,6 +119,7 @@ def test_train_mnist_gives_the_pipeline_every_flag_and_returns_its_record(home, 
         return {"run_id": "r1", "status": "completed"}
     monkeypatch.setattr(pipeline, "run_job", fake_train)
     monkeypatch.setenv("EC2GPU_INSTANCE_TYPE", "g6.xlarge")  # the configured type, read when the run is planned
+    monkeypatch.setenv("EC2GPU_DATA_DIR", str(home.parent))  # the sandbox instance's MNIST, planned with the run
     reporter = pipeline.Reporter()
     record = train.train_mnist(model="lenet", epochs=2, seed=7, spot=True, spot_fallback="on-demand", keep=True,
                                max_runtime=30, trainer_args=("--lr=0.05",), budget=1.5, max_price=0.4, nodes=2,
@@ -132,7 +133,7 @@ def test_train_mnist_gives_the_pipeline_every_flag_and_returns_its_record(home, 
     assert (o.model, o.epochs, o.seed, o.spot, o.spot_fallback, o.keep, o.max_runtime_minutes) == \
         ("lenet", 2, 7, True, "on-demand", True, 30)
     assert (o.trainer_args, o.budget_usd, o.max_price, o.nodes, o.max_attempts, o.checkpoint_uri) == \
-        (["--lr=0.05"], 1.5, 0.4, 2, 4, "s3://b/p")
+        (["--lr=0.05", "--data-dir", str(home.parent.resolve())], 1.5, 0.4, 2, 4, "s3://b/p")
     assert (o.unreachable_s, o.baked, o.out, o.command) == (60.0, False, Path("o"), "ec2gpu train mnist --spot")
     assert o.instance_type == "g6.xlarge"  # none given: the configured type
     assert seen["ui"] is reporter and seen["back"].is_sandbox
@@ -149,6 +150,7 @@ def test_train_mnist_on_a_cluster_and_on_this_machine_go_where_they_should(home,
     from ec2gpu.runs.provision import pipeline
     from ec2gpu.runs.standing import hosts as standing
     monkeypatch.setattr(pipeline, "run_job", lambda *a, **k: pytest.fail("a new instance for --cluster or --local"))
+    monkeypatch.setenv("EC2GPU_DATA_DIR", str(tmp_path))  # a sandbox cluster's MNIST, planned with the run
     calls = []
     monkeypatch.setattr(standing, "train_on_cluster",
                         lambda aws, settings, opts, ui, name, back: calls.append(("cluster", name)) or {"run_id": "c"})

@@ -142,3 +142,62 @@ def test_the_progress_reader_shows_each_new_well_formed_progress_once_and_skips_
     assert [p["done"] for p in shown] == [10, 469]  # the repeat, the partial write and the non-dict are skipped
     reader(None)  # no connection (SSH dropped): nothing, no error
     assert len(shown) == 2
+
+
+def test_without_a_terminal_a_long_phase_says_where_it_is_every_so_often():
+    """Issue 48 item 15: with output piped (CI) rich's bar prints nothing; a line with the phase,
+    its seconds and the job's progress comes whenever nothing was printed for every_s seconds."""
+    import io
+
+    from ec2gpu.cli import render
+    now = [100.0]
+    buf = io.StringIO()
+    ui = render.RichReporter(render.LazyConsole(file=buf, force_terminal=False, width=200), clock=lambda: now[0],
+                             every_s=30)
+    with ui.phase("running"):
+        now[0] += 10
+        ui.progress({"total": 60000, "done": 6000, "label": "epoch 1", "rate": 2000.0, "eta_s": 27})
+        assert buf.getvalue() == ""  # 10 s of silence: nothing yet
+        now[0] += 25
+        ui.tick()
+        assert buf.getvalue() == "running: 35 s, 6,000/60,000  epoch 1  2,000 /s  ETA 0:27\n"
+        ui.tick()  # said just now: not again
+        now[0] += 20
+        ui.log("a line of the job's")  # a line printed is news enough
+        now[0] += 20
+        ui.tick()
+        assert buf.getvalue().count("running:") == 1
+        now[0] += 15
+        ui.progress({"total": 60000, "done": 12000, "label": "epoch 1"})
+        assert buf.getvalue().splitlines()[-1] == "running: 90 s, 12,000/60,000  epoch 1"
+    assert buf.getvalue().splitlines()[-1].startswith("done running")
+    now[0] += 100
+    ui.tick()  # no phase under way: nothing to say
+    assert buf.getvalue().splitlines()[-1].startswith("done running")
+
+
+def test_on_a_terminal_the_bar_says_the_progress_and_no_line_is_added():
+    import io
+
+    from ec2gpu.cli import render
+    now = [0.0]
+    buf = io.StringIO()
+    ui = render.RichReporter(render.LazyConsole(file=buf, force_terminal=True, width=120), clock=lambda: now[0],
+                             every_s=30)
+    with ui.phase("running"):
+        now[0] += 100
+        ui.progress({"total": 10, "done": 3, "label": "epoch 1"})
+        ui.tick()
+    assert "running: " not in buf.getvalue()
+
+
+def test_no_line_of_a_printed_table_ends_in_the_spaces_that_pad_it(monkeypatch, capsys):
+    """Issue 48 item 16: a table's lines were padded to its width, a copied line ending in spaces."""
+    from ec2gpu.cli import render
+    monkeypatch.setenv("COLUMNS", "120")
+    t = render.table("run id", "status", title="runs")
+    render.table_row(t, "r-1", "a much longer status")
+    render.table_row(t, "r-22222", "ok")
+    render.say(render.LazyConsole(), t)
+    lines = capsys.readouterr().out.splitlines()
+    assert any("r-22222" in line for line in lines) and all(line == line.rstrip() for line in lines)

@@ -443,7 +443,7 @@ def test_the_expected_minutes_are_the_mean_of_this_tasks_completed_runs_on_this_
     from ec2gpu.runs.plan import costs
     from ec2gpu.runs.settle import ledger
 
-    job = SimpleNamespace(name="t")
+    job = SimpleNamespace(name="t", history_key="t")
     assert costs.estimate_minutes(tmp_path, job, "g5.xlarge", None, "aws") == (
         None, "task t has not run on g5.xlarge before")
     assert costs.estimate_minutes(tmp_path, job, "g5.xlarge", 12.0, "aws") == (12.0, "--expect")
@@ -463,4 +463,5 @@ def test_an_unreadable_ledger_leaves_the_expected_minutes_to_expect(tmp_path):
     from ec2gpu.runs.settle import ledger
 
     ledger.path_in(tmp_path).write_bytes(b"this is not a database" * 100)
-    assert costs.estimate_minutes(tmp_path, SimpleNamespace(name="t"), "g5.xlarge", 12.0, "aws") == (12.0, "--expect")
+    job = SimpleNamespace(name="t", history_key="t")
+    assert costs.estimate_minutes(tmp_path, job, "g5.xlarge", 12.0, "aws") == (12.0, "--expect")

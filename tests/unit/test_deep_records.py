@@ -149,7 +149,7 @@ def test_a_deep_secret_names_file_is_said_and_the_log_still_shown(monkeypatch, d
     monkeypatch.setattr(logs, "_open", lambda ctx, inst, note: (SimpleNamespace(close=lambda: None), None))
     written, said = [], []
     ctx = SimpleNamespace(settings=SimpleNamespace(home=Path("/nowhere")))
-    assert logs.stream(ctx, SimpleNamespace(id="i-0123456789abcdef0"), False, written.append, said.append) == (None, RUN)
+    assert logs.stream(ctx, SimpleNamespace(id="i-0123456789abcdef0"), False, written.append, said.append) == (None, RUN, None)
     assert b"".join(written) == b"line 1\nline 2\n"
     assert "secret_names.json" in one_inert_line(said, why)
 

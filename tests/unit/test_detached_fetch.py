@@ -181,7 +181,7 @@ def test_too_many_keys_are_left_and_counted(aws, tmp_path):
     got = detached.fetch(aws, RUN, tmp_path / "out", Limits(files=3, bytes=1 << 20), warned.append)
     assert got["outputs"] == ["f0.txt", "f1.txt", "f2.txt"] and got["left"] == 4
     assert len(list((tmp_path / "out/outputs").iterdir())) == 3
-    assert any("4 file(s), 4 bytes, not brought home" in w for w in warned)
+    assert any("4 files, 4 bytes, not brought home" in w for w in warned)
 
 
 def test_too_many_bytes_are_left_and_counted(aws, tmp_path):

@@ -18,6 +18,7 @@ from ec2gpu.remote import sync
 from ec2gpu.runs.detached import launch
 from ec2gpu.runs.execute import engine
 from ec2gpu.runs.options import RunOptions
+from ec2gpu.runs.plan import detached_spec
 from ec2gpu.tasks import load
 from ec2gpu.wire import run_record, run_spec
 
@@ -108,8 +109,8 @@ def test_the_spec_names_the_secrets_and_holds_none_of_their_values():
     """A secret's value goes to SSM Parameter Store (aws/parameters.py), never into spec.json (S3):
     the spec names it, and keeps only what is not secret (an empty secret holds nothing)."""
     job = _secret_job()
-    assert launch.secret_env(job) == {"HF_TOKEN": "hunter2"}
-    spec = launch.spec_document(job, RunOptions(task=job, max_runtime_minutes=60), USER, RUN, f"ec2gpu-{RUN}",
+    assert detached_spec.secret_env(job) == {"HF_TOKEN": "hunter2"}
+    spec = detached_spec.spec_document(job, RunOptions(task=job, max_runtime_minutes=60), USER, RUN, f"ec2gpu-{RUN}",
                                 datetime(2026, 11, 25, 18, 0, tzinfo=timezone.utc), 2)
     assert spec["secrets"] == ["HF_TOKEN"] and spec["envs"] == {"EMPTY": "", "PLAIN": "p"}
     assert "hunter2" not in repr(spec)
@@ -125,7 +126,7 @@ def test_the_spec_lists_the_file_mounts_as_the_agent_reads_them(tmp_path):
     job = engine.TaskJob(load.parse(text, base=tmp_path), {}, None)
     job.bucket_regions = {"some-bucket": "eu-west-1", "out-bucket": "us-east-1"}
     job.s3_files = set()
-    doc = launch.mounts_document(job, USER, RUN)
+    doc = detached_spec.mounts_document(job, USER, RUN)
     assert doc == [
         {"target": "~/data", "kind": "local", "key": f"runs/{USER}/{RUN}/mounts/0.tar.gz", "is_file": False},
         {"target": "/etc/app/cfg.txt", "kind": "local", "key": f"runs/{USER}/{RUN}/mounts/1", "is_file": True},
@@ -139,7 +140,7 @@ def test_the_spec_lists_the_file_mounts_as_the_agent_reads_them(tmp_path):
 def test_the_spec_says_what_the_agent_runs_and_until_when():
     at = datetime(2026, 11, 25, 18, 0, tzinfo=timezone.utc)
     job = _job("name: mine\nsetup: pip install x\nrun: python train.py\noutputs: ['*.pt']\n")
-    spec = launch.spec_document(job, RunOptions(task=job, spot=True, max_runtime_minutes=60), USER, RUN,
+    spec = detached_spec.spec_document(job, RunOptions(task=job, spot=True, max_runtime_minutes=60), USER, RUN,
                                 f"ec2gpu-{RUN}",
                                 at, 10)
     assert (spec["run_id"], spec["name"], spec["group"]) == (RUN, "mine", f"ec2gpu-{RUN}")
@@ -186,6 +187,7 @@ def test_a_detached_run_keeps_running_a_sandbox_its_command_starts(monkeypatch, 
         raise Opened
 
     monkeypatch.setenv("EC2GPU_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("EC2GPU_DATA_DIR", str(tmp_path))  # the sandbox's MNIST: the plan checks it is there
     monkeypatch.setattr(backend, "Context", context)
     with pytest.raises(Opened):
         if call == "run":

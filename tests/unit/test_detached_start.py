@@ -21,6 +21,7 @@ from ec2gpu.runs.detached import launch
 from ec2gpu.runs.execute import engine
 from ec2gpu.runs.execute.reporter import Reporter
 from ec2gpu.runs.options import RunOptions
+from ec2gpu.runs.plan import detached_spec
 from ec2gpu.runs.recover import handover
 from ec2gpu.tasks import load
 
@@ -139,7 +140,7 @@ def test_a_spec_over_what_the_agent_reads_is_refused_before_anything_is_made(sta
     """The agent reads at most run_spec.MAX_BYTES (wire/run_spec.py) of spec.json, and a larger one would end the run on the
     instance after the bucket, role and group were made: refused at once instead, naming what
     makes it large; no bucket, role or key pair exists after."""
-    assert launch.MAX_SPEC_BYTES == run_spec.MAX_BYTES
+    assert detached_spec.MAX_SPEC_BYTES == run_spec.MAX_BYTES
     with pytest.raises(UsageError) as err:
         started(_opts(tmp_path, {"BIG": "x" * (1024 * 1024), "A": "1"}))
     assert "over the 1,048,576 a detached run's agent reads: envs 1,048,5" in err.value.message
@@ -158,10 +159,10 @@ def test_a_hand_off_stopped_before_its_group_removes_what_it_made_and_one_handed
     the group is made the run is the agent's, and nothing is removed: the record comes back."""
     swept: list[str] = []
 
-    def create(*a, **k):
+    def make_group(*a, **k):  # the group's step: create, SuspendProcesses, its zone found
         if group == "interrupted":
             raise KeyboardInterrupt
-    monkeypatch.setattr(groups, "create", create)
+    monkeypatch.setattr(launch, "_group", make_group)
     monkeypatch.setattr(launch.sweep, "delete_run", lambda ec2, run_id, *a, **k: swept.append(run_id))
     ui = Reporter()
     if group == "interrupted":

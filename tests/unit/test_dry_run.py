@@ -153,3 +153,24 @@ def test_the_plans_cost_is_the_figure_the_run_says_boot_setup_and_ec2s_minimum_b
     [line] = [ln for ln in text.splitlines() if "$" in ln and "cost" in ln]
     assert f"~${run['cost_usd']:.4f} for ~{run['billed_seconds']:.0f} s billed x 2 node(s)" in line
     assert "the run's estimate" not in text
+
+
+def test_an_arrays_plan_shows_element_0s_own_environment_one_node_and_no_raw_newline(project, capsys):
+    """Issue 48 item 4: each element is a one-node job on its own instance (pool/driver.run_element);
+    a two-node plan's SKYPILOT_NODE_IPS is shown on one line, its newline as \\n."""
+    (project / "proj" / "t.yaml").write_text("workdir: .\nrun: echo hi\narray: 12\nmax_workers: 2\n"
+                                             "resources:\n  instance_type: g4dn.xlarge\n")
+    assert cli.main(["run", "t.yaml", "--dry-run", "--json", "--sandbox"]) == 0
+    env = json.loads(capsys.readouterr().out)["env"]
+    assert env["EC2GPU_NUM_NODES"] == env["SKYPILOT_NUM_NODES"] == "1" and env["EC2GPU_NODE_RANK"] == "0"
+    assert env["SKYPILOT_NODE_IPS"] == env["EC2GPU_HEAD_IP"] == "<its instance's private IP>"
+    assert env["EC2GPU_ARRAY_INDEX"] == "0" and env["EC2GPU_OUTPUT_DIR"].endswith("/elements/0/out")
+    assert cli.main(["run", "t.yaml", "--dry-run", "--sandbox"]) == 0
+    said = capsys.readouterr().out
+    assert "environment of element 0: " in said and "EC2GPU_NUM_NODES=1," in said
+    (project / "proj" / "two.yaml").write_text("workdir: .\nrun: echo hi\nnum_nodes: 2\n"
+                                               "resources:\n  instance_type: g4dn.xlarge\n")
+    capsys.readouterr()
+    assert cli.main(["run", "two.yaml", "--dry-run", "--sandbox"]) == 0, capsys.readouterr().err
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if "environment of node 0" in ln)
+    assert "SKYPILOT_NODE_IPS=<node 0 private IP>\\n<node 1 private IP>," in line

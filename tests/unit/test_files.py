@@ -78,7 +78,8 @@ def test_a_hostile_listing_writes_nothing_outside_the_run_directory(tmp_path):
     assert how == "sftp" and got == ["ok.txt", "sub/fine.bin"]
     assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()) == [
         "a/b/outputs/ok.txt", "a/b/outputs/sub/fine.bin"]
-    assert len(warned) == 1 and "3 file(s) not brought home" in warned[0] and "'../../dotdot_written.txt'" in warned[0]
+    assert len(warned) == 2 and "3 files not brought home" in warned[0] and "'../../dotdot_written.txt'" in warned[0]
+    assert "1 symbolic link not brought home" in warned[1]  # said, never followed
     assert "/r/out/link" not in sftp.got  # a link on the instance is neither listed nor followed
 
 
@@ -163,3 +164,20 @@ def test_a_tree_goes_up_with_one_mkdir_for_all_its_directories(tmp_path):
     files.put_tree(Conn(), tmp_path, paths, "/r/ckpt")
     assert ran == ["mkdir -p /r/ckpt /r/ckpt/x /r/ckpt/x/y"]
     assert put == ["/r/ckpt/a.pt", "/r/ckpt/x/b.pt", "/r/ckpt/x/c.pt", "/r/ckpt/x/y/d.pt"]
+
+
+def test_a_pull_says_the_symbolic_links_in_the_outputs_it_did_not_bring_home(tmp_path):
+    """Issue 48 item 16: a link is never followed (nor listed as a file), and now said."""
+    import stat as stat_
+    from types import SimpleNamespace
+
+    from ec2gpu.remote import sync
+
+    class Sftp:
+        def listdir_attr(self, path):
+            return [SimpleNamespace(filename="latest.pt", st_mode=stat_.S_IFLNK | 0o777, st_size=9, st_mtime=1.0)]
+    warned = []
+    got = sync.pull(SimpleNamespace(sftp=Sftp), "/r/out", tmp_path / "home", [], None, "i-1", warn=warned.append)
+    assert got == ([], "none")
+    assert warned == ["/r/out: 1 symbolic link not brought home (a link is never followed: write the file itself "
+                      "there): 'latest.pt'"]

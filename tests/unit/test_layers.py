@@ -279,11 +279,11 @@ def test_api_pool_and_cli_call_remote_and_aws_not_fabric_or_boto3(path):
 
 
 def test_remote_imports_no_task_run_or_api_module():
-    """remote/ does what it is told on an instance: it imports errors, inert, wire/ and itself, nothing above
-    (remote/mounts reads a file_mounts entry through its own Protocol, not tasks/mounts)."""
+    """remote/ does what it is told on an instance: it imports errors, inert, words, wire/ and itself, nothing
+    above (remote/mounts reads a file_mounts entry through its own Protocol, not tasks/mounts)."""
     graph = _import_graph()
     assert {t.split(".")[0] for m, ts in graph.items() if m.startswith("remote.") for t in ts} <= {
-        "errors", "inert", "wire", "remote"}
+        "errors", "inert", "words", "wire", "remote"}
 
 
 @pytest.mark.parametrize("source, found", [

@@ -230,3 +230,36 @@ def test_the_longest_run_looks_back_500_runs(tmp_path):
         ledger.record(tmp_path, {**_run(f"r{i:03}", "t", {"running": 10.0 + i}),
                                  "started_at": (T0 + timedelta(seconds=i)).isoformat()})
     assert limits.longest_run(tmp_path, "t", "aws") == (509.0, "r499")
+
+
+def _command_job(tmp_path, command):
+    """The TaskJob of `ec2gpu run -- COMMAND` in directory ``tmp_path`` (api/tasks.load_task's)."""
+    from ec2gpu.api.tasks import load_task
+    (tmp_path / "train.py").write_text("print(1)\n")
+    return engine.TaskJob(load_task(command=command, workdir=str(tmp_path)), {}, None)
+
+
+def test_two_commands_run_in_one_directory_keep_histories_of_their_own(tmp_path):
+    """Issue 48 item 8: a 20 s smoke test does not give the next long training run there a
+    60-minute limit, nor its mean to the training run's estimate."""
+    smoke = _command_job(tmp_path, ["python", "train.py", "--smoke"])
+    train = _command_job(tmp_path, ["python", "train.py", "--epochs", "50"])
+    assert smoke.name == train.name and smoke.history_key != train.history_key
+    assert smoke.history_key.endswith("python train.py --smoke")
+    ledger.record(tmp_path, {**_row("r1", smoke.name, {"running": 20.0}), "task_key": smoke.history_key,
+                             "instance_type": "g4dn.xlarge"})
+    assert limits.for_task(tmp_path, smoke.history_key, "sandbox").minutes == limits.MIN_MINUTES
+    assert limits.for_task(tmp_path, train.history_key, "sandbox").minutes == limits.FIRST_RUN_MINUTES
+    assert costs.estimate_minutes(tmp_path, train, "g4dn.xlarge", None, "sandbox")[0] is None
+    assert costs.estimate_minutes(tmp_path, smoke, "g4dn.xlarge", None, "sandbox")[0] == pytest.approx(20 / 60)
+
+
+def test_rows_written_before_the_history_key_are_read_by_their_task_name_as_before(tmp_path):
+    """The ledger is a user's file that exists today: a row without task_key (migration 9) counts
+    for its task's name, which a task file's (and a built-in job's) history key still is."""
+    ledger.record(tmp_path, _row("r1", "finetune", {"setup": 60.0, "running": 1740.0}))
+    assert ledger.get(tmp_path, "r1")["task_key"] is None
+    assert limits.for_task(tmp_path, "finetune", "sandbox").minutes == 90
+    (tmp_path / "task.yaml").write_text("name: finetune\nrun: python train.py\n")
+    from ec2gpu.api.tasks import load_task
+    assert engine.TaskJob(load_task(tmp_path / "task.yaml"), {}, None).history_key == "finetune"

@@ -68,6 +68,8 @@ RUN_REFUSALS = [
     (["--detach", "--max-runtime", "none"], "--detach needs a limit"),
     (["--detach", "--max-runtime", "1h", "--nodes", "2", "--max-attempts", "1"], "--max-attempts 1 is below --nodes 2"),
     (["--detach", "--max-runtime", "1h", "--secret", "BIG"], "the secret BIG is 5,000 bytes"),
+    # one the detached run's agent would refuse in its spec (runs/plan/detached_spec.check)
+    (["--detach", "--max-runtime", "1h", "--max-attempts", "1001"], "--max-attempts 1001: a detached run launches at most"),
     (["--expect", "soon"], "--expect:"),
     (["--max-runtime", "soon"], "--max-runtime"),
     (["--max-runtime", "0"], "--max-runtime"),
@@ -153,6 +155,38 @@ def test_train_mnist_and_its_dry_run_refuse_the_same_input_with_the_same_line_be
     real, dry = both(capsys, ["train", "mnist", *flags])
     assert real == dry and real[0] == 2, (real, dry)
     assert words in real[1]
+
+
+def test_a_detached_spec_over_what_its_agent_reads_is_refused_by_both_paths_before_any_backend(project, capsys):
+    """spec.json over the 1 MiB the agent reads (runs/plan/detached_spec.check, with ids of the
+    longest form): refused by the plan, not after the credentials check; eleven values of 100 kB
+    each (one environment variable may hold at most 128 KiB on Linux: MAX_ARG_STRLEN)."""
+    envs = [a for i in range(11) for a in ("--env", f"V{i}=" + "x" * 100_000)]
+    real, dry = both(capsys, ["run", "t.yaml", "--detach", "--max-runtime", "1h", *envs])
+    assert real == dry and real[0] == 2, (real[0], dry[0], real[1][:200])
+    assert "the run's spec would be 1,1" in real[1] and "largest environment variables" in real[1]
+
+
+def test_train_mnist_on_the_sandbox_without_data_is_refused_by_both_paths_before_any_backend(project, capsys,
+                                                                                            monkeypatch):
+    """No MNIST here (no EC2GPU_DATA_DIR, no cached copy) and no mirror reachable: the sandbox
+    instance would have nothing to train on; refused by the plan (runs/plan/sandbox_data.py), so
+    the dry run says it too and no sandbox is started for it."""
+    from ec2gpu.runs.plan import sandbox_data
+    from ec2gpu.train import sources
+    monkeypatch.delenv("EC2GPU_DATA_DIR", raising=False)
+    monkeypatch.setattr(sources, "DEFAULT_CACHE", project / "no-cache")
+    monkeypatch.setattr(sandbox_data, "_reachable", lambda url: False)
+    real, dry = both(capsys, ["train", "mnist", "--sandbox"])
+    assert real == dry and real[0] == 2, (real, dry)
+    assert "no MNIST for the sandbox" in real[1]
+
+
+def test_train_mnist_on_the_sandbox_plans_the_data_its_instance_reads(project, capsys, monkeypatch):
+    """The data directory the sandbox instance gets is in the plan the dry run prints."""
+    monkeypatch.setenv("EC2GPU_DATA_DIR", str(project))
+    assert cli.main(["train", "mnist", "--sandbox", "--dry-run", "--json"]) == 0
+    assert f"--data-dir {project.resolve()}" in capsys.readouterr().out
 
 
 class Ran(Exception):

@@ -401,7 +401,7 @@ def test_an_elements_time_comes_from_the_past_arrays_of_the_task_weighted_by_the
     from ec2gpu.runs.plan import costs
     from ec2gpu.runs.settle import ledger
 
-    job = SimpleNamespace(name="arr")
+    job = SimpleNamespace(name="arr", history_key="arr")
     assert records.element_seconds([{"status": "failed", "seconds": 9.0}, {"status": "succeeded", "seconds": 0}]) is None
     assert costs.element_minutes(tmp_path, job, "g4dn.xlarge", None, "sandbox") == (
         None, "no element of task arr has run on g4dn.xlarge before")
@@ -445,7 +445,8 @@ def test_an_arrays_estimate_is_an_elements_time_from_history_times_its_rounds(no
     from ec2gpu.runs.options import PoolOptions
     from ec2gpu.runs.provision import pipeline
 
-    opts = PoolOptions(instance_type="g4dn.xlarge", spot=False, nodes=2, task=SimpleNamespace(name="arr", builtin=None),
+    job = SimpleNamespace(name="arr", history_key="arr", builtin=None)
+    opts = PoolOptions(instance_type="g4dn.xlarge", spot=False, nodes=2, task=job,
                        elements=tuple(arrays.elements(12, None, None)), max_runtime_minutes=60)
     ui = Reporter()
     aws = SimpleNamespace(region="us-east-1")  # on-demand: the price table, no AWS call

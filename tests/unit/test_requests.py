@@ -8,7 +8,7 @@ from ec2gpu.aws import catalog, instances, network
 from ec2gpu.aws.instances import Instance
 from ec2gpu.errors import RetiredInstanceType, UsageError
 from ec2gpu.remote import jobs
-from ec2gpu.runs.plan import costs
+from ec2gpu.runs.plan import costs, sandbox_data
 from ec2gpu.runs.options import TrainOptions
 from ec2gpu.runs.provision import pipeline
 
@@ -318,17 +318,17 @@ def test_the_sandbox_gets_this_runs_data_directory_or_a_clear_refusal_before_any
     from ec2gpu.train import sources
     monkeypatch.setattr(sources, "DEFAULT_CACHE", tmp_path / "no-cache")
     monkeypatch.setenv("EC2GPU_DATA_DIR", str(tmp_path))
-    assert pipeline.sandbox_data_args([]) == ["--data-dir", str(tmp_path.resolve())]  # this run's, not the sandbox's
-    assert pipeline.sandbox_data_args(["--data-dir=/x"]) == []  # the user's own wins
+    assert sandbox_data.sandbox_data_args([]) == ["--data-dir", str(tmp_path.resolve())]  # this run's, not the sandbox's
+    assert sandbox_data.sandbox_data_args(["--data-dir=/x"]) == []  # the user's own wins
     monkeypatch.setenv("EC2GPU_DATA_DIR", str(tmp_path / "missing"))
     with pytest.raises(UsageError, match="is not a directory"):
-        pipeline.sandbox_data_args([])
+        sandbox_data.sandbox_data_args([])
     monkeypatch.delenv("EC2GPU_DATA_DIR")
-    assert pipeline.sandbox_data_args([], reachable=lambda url: True) == []  # the instance downloads, as on EC2
+    assert sandbox_data.sandbox_data_args([], reachable=lambda url: True) == []  # the instance downloads, as on EC2
     with pytest.raises(UsageError, match="cannot be reached from here") as exc:
-        pipeline.sandbox_data_args([], reachable=lambda url: False)
+        sandbox_data.sandbox_data_args([], reachable=lambda url: False)
     assert "EC2GPU_DATA_DIR=/path/to/mnist" in exc.value.hint
     for name in sources.FILES:  # a cached copy on this machine is used
         (tmp_path / "no-cache").mkdir(exist_ok=True)
         (tmp_path / "no-cache" / f"{name}.gz").write_bytes(b"")
-    assert pipeline.sandbox_data_args([], reachable=lambda url: False) == ["--data-dir", str(tmp_path / "no-cache")]
+    assert sandbox_data.sandbox_data_args([], reachable=lambda url: False) == ["--data-dir", str(tmp_path / "no-cache")]

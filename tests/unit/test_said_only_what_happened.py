@@ -303,17 +303,18 @@ def test_the_bench_table_says_did_not_train_beside_a_figure_at_chance(monkeypatc
 
 def test_the_bench_without_data_names_its_own_data_option(monkeypatch, tmp_path):
     from ec2gpu.errors import UsageError
-    from ec2gpu.runs.provision import bench, pipeline
+    from ec2gpu.runs.plan import sandbox_data
+    from ec2gpu.runs.provision import bench
     from ec2gpu.train import sources
     monkeypatch.delenv("EC2GPU_DATA_DIR", raising=False)
     monkeypatch.setattr(sources, "DEFAULT_CACHE", tmp_path / "no-cache")
-    monkeypatch.setattr(pipeline, "_reachable", lambda url: False)
+    monkeypatch.setattr(sandbox_data, "_reachable", lambda url: False)
     with pytest.raises(UsageError) as info:
         bench.job_args(True, sandbox=True)
     assert "ec2gpu bench --sandbox --data-dir /path/to/mnist" in info.value.hint
     assert "train mnist" not in info.value.hint
     with pytest.raises(UsageError) as info:  # `train mnist`'s own words are unchanged
-        pipeline.sandbox_data_args([])
+        sandbox_data.sandbox_data_args([])
     assert "EC2GPU_DATA_DIR=/path/to/mnist ec2gpu train mnist --sandbox" in info.value.hint
 
 

@@ -70,14 +70,15 @@ def _ledger_row(settings: Settings, run_id: str) -> dict[str, Any] | None:
 
 
 def _cost(aws: Aws, settings: Settings, run_id: str, data: bytes, row: dict[str, Any] | None, over: bool,
-          store: tuple[Any, str, str], log: Callable[[str], None]) -> dict[str, Any] | None:
+          found: tuple[Any, str, str], log: Callable[[str], None]) -> dict[str, Any] | None:
     """The run's cost so far or in all (runs/detached/costs.gather: its instances' own times while
     EC2 lists them, then as its settled.json kept them, else its agent's; a run ``over`` gets its
-    settled.json once EC2 lists every instance terminated), or None, said, when AWS does not answer."""
+    settled.json once EC2 lists every instance terminated), or None, said, when AWS does not answer.
+    ``found``: (s3 client, bucket, user id), the run store ``store`` found."""
     try:
         return costs.gather(aws, settings.home, {run_id: runstore_records.launches(data, run_id)},
                             {run_id: row} if row is not None else {},
-                            settings.root_volume_gib, store=store, final={run_id} if over else set())[run_id]
+                            settings.root_volume_gib, store=found, final={run_id} if over else set())[run_id]
     except Exception as exc:  # noqa: BLE001 - AwsError or botocore's: the status is shown without its cost
         log(f"the run's cost could not be had ({type(exc).__name__}); `ec2gpu runs --remote` tries again")
         return None

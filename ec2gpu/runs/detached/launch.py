@@ -11,7 +11,8 @@ one before it worked:
    encrypted, TLS only, expiring); under ``runs/USER_ID/RUN_ID/`` (USER_ID: the caller's,
    aws/runstore.user_id): the workdir (``workdir.tar.gz``: the
    files remote/sync.manifest sends), the agent (AGENT_FILES: ``agent/detached.py`` and its modules) and
-   ``spec.json`` (``spec_document``: what the agent runs, checked here as the agent checks it); each local file_mounts source as
+   ``spec.json`` (runs/plan/detached_spec.spec_document: what the agent runs, checked as the agent
+   checks it); each local file_mounts source as
    ``mounts/N.tar.gz`` (a directory, packed like the workdir) or ``mounts/N`` (a file);
 3. the run's key pair (SSH, for `ec2gpu logs --follow` while an instance is up), its security group
    (SSH from this machine's /32 only) and its own instance role (aws/iam_detached.detached_policy: its own
@@ -22,9 +23,11 @@ one before it worked:
    the secrets (``--secret``, a task's ``secrets``) as SecureString parameters in SSM Parameter
    Store (aws/parameters.py, tagged with the caller's user id), never in S3 nor in the user data:
    spec.json names them only;
-4. a launch template and an Auto Scaling group of one instance (aws/groups.create), whose user
-   data starts the agent (``boot_script``: no credentials in it; the role's come from IMDSv2),
-   with the scheduled action that sets the group to 0 at the run's deadline, whoever is left;
+4. a launch template and an Auto Scaling group of ``--nodes`` instances (aws/groups.create; one node
+   in any zone that offers its types, several in one zone, the first where the group finds
+   capacity, and a cluster placement group: ``_group``), whose user data starts the agent
+   (``boot_script``: no credentials in it; the role's come from IMDSv2), with the scheduled action
+   that sets the group to 0 at the run's deadline, whoever is left;
 5. the run's record ``state.json`` (state "pending": wire/run_record.py) and the ledger row (status "detached": no controller here
    to settle it, runs/recover/reconcile.py leaves it alone).
 
@@ -46,17 +49,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from ...aws import (capacity, catalog, groups, iam, iam_boundary, iam_detached, instances, network, parameters,
-                    runstore, runstore_objects, runstore_records, storage, sweep)
+                    placement, runstore, runstore_objects, runstore_records, storage, sweep)
 from ...aws.session import Aws
 from ...backend import Backend
 from ...errors import UsageError
 from ...settings import Settings
-from ...tasks import mounts as file_mounts
-from ...wire import bounded_json, names, run_spec
+from ...wire import bounded_json
 from ...wire.run_record import MAX_BYTES as RECORD_MAX_BYTES, VERSION as RECORD_VERSION
 from ..execute import attempt as lifecycle
 from ..options import RunOptions
-from ..plan import checks, limits
+from ..plan import checks
+from ..plan.detached_spec import launches, mount_key, secret_env, spec_body, spec_document
 from ..plan.costs import Estimate
 from ..provision import pipeline
 from ..provision import resources as provision
@@ -75,12 +78,6 @@ WIRE_DIR = Path(bounded_json.__file__).resolve().parent
 WIRE_FILES = ("bounded_json.py", "names.py", "run_spec.py", "run_record.py", "agent_record.py", "shell.py", "unpack.py")
 AGENT_FILES = ("detached.py", "context.py", "store.py", "prepare.py", "mirror.py", "attempt.py", "members.py",
                "several.py", "gang.py", "agent.py", "reaper.py", "s3files.py") + WIRE_FILES
-#: instances a detached run may launch in all (first plus replacements) when --max-attempts is not
-#: given: a spot run rides out several interruptions; an on-demand one gets one replacement
-#: (an instance AWS retired, a failed status check)
-DEFAULT_LAUNCHES = {True: 10, False: 2}
-
-
 def agent_source(name: str) -> Path:
     """The file on this machine of AGENT_FILES' ``name``: ec2gpu/wire/'s for WIRE_FILES, else agent/'s."""
     return WIRE_DIR / name if name in WIRE_FILES else AGENT_DIR / name
@@ -97,12 +94,6 @@ def check(opts: RunOptions) -> TaskJob:
     checks.check_detached(max_runtime_minutes=opts.max_runtime_minutes, max_attempts=opts.max_attempts,
                           nodes=opts.nodes, keep=opts.keep, secrets=secret_env(job))
     return job
-
-
-def secret_env(job: TaskJob) -> dict[str, str]:
-    """The task's secrets that have a value (pure): name -> value, for SSM Parameter Store
-    (runs/plan/checks.secret_env)."""
-    return checks.secret_env(job.env, job.task.secrets)
 
 
 #: Pythons that may have boto3, first found first: the Deep Learning AMI's PyTorch environments
@@ -126,27 +117,6 @@ def agent_hashes(directory: Path | None = None) -> dict[str, str]:
     """{name: sha256 of its bytes, lowercase hex} of ``agent_files``: what ``boot_script`` checks the
     fetched agent against. Raises OSError for a file that cannot be read."""
     return {name: hashlib.sha256(data).hexdigest() for name, data in agent_files(directory).items()}
-
-
-#: the most bytes of spec.json the agent reads
-MAX_SPEC_BYTES = run_spec.MAX_BYTES
-
-
-def spec_body(spec: dict[str, Any]) -> bytes:
-    """spec.json's bytes as uploaded (pure): ``boot_script`` hands their sha256 to the agent.
-    Raises UsageError when they are over MAX_SPEC_BYTES, which the agent would refuse on the
-    instance after everything was made, naming the fields that make it large."""
-    body = json.dumps(spec, indent=2, sort_keys=True).encode()
-    if len(body) <= MAX_SPEC_BYTES:
-        return body
-    sizes = sorted(((len(json.dumps(v)), k) for k, v in spec.items()), reverse=True)[:3]
-    envs: dict[str, Any] = spec["envs"] if isinstance(spec.get("envs"), dict) else {}
-    largest = sorted(envs, key=lambda k: -len(json.dumps(envs[k])))[:3]
-    raise UsageError(f"the run's spec would be {len(body):,} bytes, over the {MAX_SPEC_BYTES:,} a detached run's "
-                     "agent reads: " + ", ".join(f"{k} {n:,} bytes" for n, k in sizes)
-                     + (f" (largest environment variables: {', '.join(largest)})"
-                        if largest and "envs" in [k for _, k in sizes] else ""),
-                     "keep large values out of envs, the command and the setup: put them in a file of the workdir")
 
 
 def boot_script(bucket: str, user: str, run_id: str, region: str, group: str, hashes: Mapping[str, str],
@@ -248,58 +218,6 @@ def _fetch_script(bucket: str, user: str, run_id: str, region: str, group: str, 
         "        f.write(body)\n")
 
 
-def spec_document(job: TaskJob, opts: RunOptions, user: str, run_id: str, group: str, deadline: datetime,
-                  max_launches: int, log_reader: str | None = None) -> dict[str, Any]:
-    """spec.json (pure): what the agent on each instance of the run runs, checked by the schema the
-    agent reads it with (wire/run_spec.py: its docstring has the fields). ``deadline``: when the group's scheduled action sets
-    it to 0 (UTC); the job gets SIGTERM ``limits.lead_seconds`` before it (its grace to checkpoint,
-    then the time its outputs, log and status take to reach S3 and the agent to end the group:
-    the same lead a run in the foreground gets before its instance's shutdown), SIGKILL after its
-    grace (runs/plan/limits.py). The secrets' values are not in it: ``secrets`` names them, and
-    the agent reads each from its parameter (aws/parameters.name_of). ``log_reader``: the SSH user,
-    who may read the job's log on the instance (`ec2gpu logs --follow`, live). Raises UsageError for
-    a spec the agent would refuse on the instance (run_spec.parse), before anything is made."""
-    minutes = max(1, opts.max_runtime_minutes or 0)
-    grace, lead = limits.grace_seconds(minutes), limits.lead_seconds(minutes)
-    secret = secret_env(job)
-    doc = {
-        "version": 1, "run_id": run_id, "name": job.name, "group": group,
-        "setup": job.task.setup, "run": job.task.run, "args": list(job.args),
-        "envs": {k: v for k, v in job.env.items() if k not in secret}, "secrets": sorted(secret),
-        "workdir_key": runstore.workdir_key(user, run_id),
-        "outputs": list(job.task.outputs), "checkpoint_dir": job.task.checkpoint_dir,
-        "max_restarts_on_errors": job.task.resources.max_restarts_on_errors, "max_launches": max_launches,
-        "nodes": opts.nodes,
-        "limit_at": deadline.timestamp() - lead, "limit_grace_s": grace, "spot": opts.spot,
-        "mounts": mounts_document(job, user, run_id), "log_reader": log_reader,
-    }
-    try:
-        run_spec.parse(doc, run_id, runstore.prefix(user, run_id))
-    except names.Refused as exc:
-        raise UsageError(f"a detached run's agent would refuse this run: {exc}",
-                         "fix the task file or the flags named (docs/detached.md has what a detached run takes)") from None
-    return doc
-
-
-def mounts_document(job: TaskJob, user: str, run_id: str) -> list[dict[str, Any]]:
-    """spec.json's ``mounts`` (pure): one entry per file_mounts entry, in order, its target in
-    tasks/mounts.normal_target's spelling (``~/x`` or ``/x``): a local source as the key it is
-    uploaded to (``_upload``: ``runs/USER_ID/RUN_ID/mounts/N.tar.gz`` for a directory, ``.../mounts/N`` for a
-    file); an S3 one as its bucket, prefix and the bucket's region (resources.check_s3_access found
-    it), ``file`` when the prefix is one object, and ``write_back`` for the MOUNT modes."""
-    out: list[dict[str, Any]] = []
-    for i, m in enumerate(job.mounts):
-        target = file_mounts.normal_target(m.target)
-        if m.kind == "local":
-            key = f"{runstore.prefix(user, run_id)}mounts/{i}" + ("" if m.is_file else ".tar.gz")
-            out.append({"target": target, "kind": "local", "key": key, "is_file": m.is_file})
-        else:
-            out.append({"target": target, "kind": "s3", "bucket": m.bucket, "prefix": m.prefix,
-                        "region": job.bucket_regions.get(m.bucket or "") or "us-east-1",
-                        "file": m.target in job.s3_files, "write_back": m.write_back})
-    return out
-
-
 def pack(manifest: Manifest, path: Path) -> int:
     """Write the files of ``manifest`` (remote/sync.manifest: regular files, ignore rules applied,
     secrets withheld) to ``path`` as a gzipped tar, each a plain file owned by nobody in
@@ -387,7 +305,7 @@ class DetachedJob(lifecycle.Lifecycle[Handoff, run_record.RunRecord]):
         a.boundary = check_boundary(a.aws, a.run_id, a.account, a.ui, secrets=bool(a.secret),
                                     extra=a.job.role_policy, several=opts.nodes > 1)
         a.limit_at = datetime.now(timezone.utc) + timedelta(minutes=opts.max_runtime_minutes or 0)
-        a.launches = opts.max_attempts or DEFAULT_LAUNCHES[opts.spot] * opts.nodes
+        a.launches = launches(opts)
         a.spec = spec_body(spec_document(a.job, opts, a.user, a.run_id, a.group, a.limit_at, a.launches,
                                          a.settings.ssh_user))
 
@@ -406,6 +324,7 @@ class DetachedJob(lifecycle.Lifecycle[Handoff, run_record.RunRecord]):
         "requesting" phase). This controller follows nothing: the agent owns the run from here."""
         aws, settings, opts, job = a.aws, a.settings, a.opts, a.job
         with a.ui.phase("requesting"):
+            choices = groups.zones(aws.ec2, opts.instance_types)  # before anything is made
             self.made = True
             profile = _role(aws, settings, a.user, a.run_id, a.bucket, a.account, a.boundary, bool(a.secret),
                             job.role_policy, several=opts.nodes > 1)
@@ -418,12 +337,10 @@ class DetachedJob(lifecycle.Lifecycle[Handoff, run_record.RunRecord]):
                 a.ui.note(f"{len(stored)} secret(s) in SSM Parameter Store under {parameters.ROOT}{a.run_id}/ "
                           f"(SecureString; {parameters.READERS})")
             spec = _launch_spec(a, profile)
-            subnets = list(capacity.default_subnets(aws.ec2).values())
             # before the group: its first instance's agent writes the next record, never under this one
             runstore_records.put_status(aws.client("s3"), a.bucket, a.user, a.run_id,
                                         {"run_id": a.run_id, "state": "pending", "attempt": 0, "updated_at": _now()})
-            groups.create(aws.ec2, aws.client("autoscaling"), spec, opts.instance_types, subnets, opts.nodes,
-                          a.limit_at, made_at=made_at, log=a.ui.note)
+            _group(a, spec, choices, made_at)
             self.handed = True
 
     def collect(self, a: Handoff) -> run_record.RunRecord:
@@ -452,24 +369,50 @@ class DetachedJob(lifecycle.Lifecycle[Handoff, run_record.RunRecord]):
                              autoscaling=a.aws.client("autoscaling"), ssm=a.aws.client("ssm"), user=a.user)
 
 
+def _group(a: Handoff, spec: instances.LaunchSpec, choices: list[tuple[str, str, list[str]]], made_at: float) -> None:
+    """The run's Auto Scaling group (aws/groups.create), AZRebalance suspended. One node may launch in
+    any zone of ``choices`` (AWS picks); several share one, the first where the group finds capacity
+    (aws/groups.find_zone), in the run's cluster placement group when it has one: NCCL across zones
+    is slow, billed per GB and without EFA. ``made_at`` (time.time()): when the run's instance
+    profile was made; the group waits while AWS does not see it yet (aws/consistency.when_visible)."""
+    autoscaling = a.aws.client("autoscaling")
+    if a.opts.nodes == 1:
+        groups.create(a.aws.ec2, autoscaling, spec, a.opts.instance_types, [c[1] for c in choices], 1, a.limit_at,
+                      made_at=made_at, log=a.ui.note)
+    else:
+        _, subnet, types = choices[0]
+        groups.create(a.aws.ec2, autoscaling, spec, types, [subnet], a.opts.nodes, a.limit_at, made_at=made_at,
+                      log=a.ui.note)
+    autoscaling.suspend_processes(**groups.suspend_request(a.run_id))
+    if a.opts.nodes > 1:
+        zone = groups.find_zone(autoscaling, spec, choices, log=a.ui.note)
+        a.ui.note(f"the {a.opts.nodes} nodes launch in {zone}"
+                  + (f", placement group {spec.placement_group}" if spec.placement_group else ""))
+
+
 def _launch_spec(a: Handoff, profile: str) -> instances.LaunchSpec:
     """The group's launch template's spec (inside the "requesting" phase): the run's key pair and
     security group made (SSH from ``opts.ssh_cidr``, else this machine's /32; the nodes reach
-    each other when there are several), its image, its instance profile ``profile`` and the
-    boot script that starts the agent (``boot_script``)."""
+    each other when there are several, in a cluster placement group where the type supports one:
+    aws/placement.create), its image, its instance profile ``profile`` and the boot script that
+    starts the agent (``boot_script``)."""
     aws, settings, opts = a.aws, a.settings, a.opts
+    name = opts.name or f"ec2gpu-{a.run_id}"
     cidr = network.ssh_cidr(opts.ssh_cidr, aws.checkip_url)
     key_name, _ = network.create_key_pair(aws.ec2, a.run_id, settings.owner, settings.keys_dir)
     sg = network.create_security_group(aws.ec2, a.run_id, settings.owner, cidr)
+    group = None
     if opts.nodes > 1:  # the nodes reach each other (torchrun, NCCL), and nothing else does
         network.allow_within_group(aws.ec2, sg)
+        group, how = placement.create(aws.ec2, a.run_id, settings.owner, name, opts.instance_types[0])
+        a.ui.note(how)
     ami = provision.choose_image(aws, opts)
     return instances.LaunchSpec(
-        run_id=a.run_id, owner=settings.owner, name=opts.name or f"ec2gpu-{a.run_id}",
+        run_id=a.run_id, owner=settings.owner, name=name,
         instance_type=opts.instance_types[0], image_id=ami["ImageId"], root_device_name=ami["RootDeviceName"],
         key_name=key_name, security_group_id=sg, spot=opts.spot, root_volume_gib=settings.root_volume_gib,
         max_runtime_minutes=None,  # a shutdown would only be replaced: the group's deadline ends it
-        max_price=opts.max_price if opts.spot else None, instance_profile=profile,
+        max_price=opts.max_price if opts.spot else None, instance_profile=profile, placement_group=group,
         boot=boot_script(a.bucket, a.user, a.run_id, aws.region, a.group, a.hashes, a.spec_sha256))
 
 
@@ -489,14 +432,14 @@ def _upload(s3: Any, bucket: str, user: str, run_id: str, job: TaskJob, spec: by
     for i, m in enumerate(job.mounts):  # local file_mounts sources, where mounts_document says
         if m.kind != "local":
             continue
-        key = f"{runstore.prefix(user, run_id)}mounts/{i}"
+        key = mount_key(user, run_id, i, m.is_file)
         if m.is_file:
             runstore_objects.put_file(s3, bucket, key, Path(m.source))
             continue
         with tempfile.TemporaryDirectory(prefix="ec2gpu-detach-") as tmp:
             archive = Path(tmp) / "mount.tar.gz"
             pack(job.mount_manifests[m.target], archive)
-            runstore_objects.put_file(s3, bucket, key + ".tar.gz", archive)
+            runstore_objects.put_file(s3, bucket, key, archive)
     hashes = {}
     for name, data in agent_files().items():
         hashes[name] = hashlib.sha256(data).hexdigest()

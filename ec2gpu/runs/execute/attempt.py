@@ -246,11 +246,15 @@ def task_setup(a: Attempt) -> None:
 
 def heartbeat(a: Attempt, watched: list[Node]) -> Heartbeat | None:
     """While there is a hand-over plan: this controller's mark on ``watched`` now, and a
-    Heartbeat that renews it (runs/recover/handover.py); None otherwise."""
+    Heartbeat that renews it and the head's hand-over URLs before they stop working
+    (runs/recover/handover.py: Renewal); None otherwise."""
     if a.plan is None or not watched:
         return None
     mark(watched, "controller")
-    return handing_over.Heartbeat(lambda: mark(watched, "controller"), a.plan.wait_s).start()
+    head = a.nodes[0]  # the node whose agent holds the URLs (Handover.document)
+    renewal = handing_over.Renewal(a.aws, a.plan, lambda doc: ssh.with_input(
+        head.conn, handing_over.urls_command(head.run_dir), doc), a.ui.note)
+    return handing_over.Heartbeat(lambda: mark(watched, "controller"), a.plan.wait_s, renewal.renew).start()
 
 
 def mark(nodes: list[Node], what: str) -> None:

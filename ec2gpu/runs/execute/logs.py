@@ -13,6 +13,7 @@ from ...aws import sweep, tags
 from ...errors import RemoteError, UsageError
 from ...remote import jobs, ssh, sync
 from ...wire import agent_record, bounded_json
+from ...words import count
 from .. import element_table
 from ..job_summary import mask_text
 from ..settle import ledger
@@ -214,20 +215,37 @@ def _open(ctx: Context, inst: Instance, note: Callable[[str], None]) -> tuple[An
     return conn, lambda: ssh.connect(host, port, ctx.settings.ssh_user, key, known, note)
 
 
+#: how long `logs --follow` waits, once the instance it followed is gone, for the ledger to record
+#: the run's end (its controller writes it after its teardown and bill), polled every LEDGER_POLL_S
+ENDED_WAIT_S = 30.0
+LEDGER_POLL_S = 1.0
+
+
 def stream(ctx: Context, inst: Instance, follow: bool, write: Callable[[bytes], object],
-           note: Callable[[str], None]) -> tuple[int | None, str]:
+           note: Callable[[str], None]) -> tuple[int | None, str, str | None]:
     """Write the job log of the run on instance ``inst`` (a DescribeInstances dict) to ``write``
     (bytes), as it is now or, with ``follow``, to the job's end; return (the job's exit status, or
-    None without ``follow``; the run id). The host key is checked against the console output.
+    None without ``follow``; the run id; None while the instance stands for the user to remove,
+    else what ends it: why EC2 ended it, or its run's controller (``what_ends``)).
+
+    With ``follow``, EC2 is asked about the instance every recovery.STATE_EVERY_S seconds, and at
+    once whenever SSH drops (recovery.InstanceWatch): once EC2 reports it shutting down, stopping,
+    stopped or terminated (a foreground run's controller ended it), the follow ends at once instead
+    of reconnecting for 120 s, and the exit status is the ledger's (``ended_status``). EC2 says so at
+    once: "When you terminate an instance, it enters the shutting-down state and then the terminated
+    state" (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/monitoring-instance-state-changes.html);
+    the sandbox's DescribeInstances answers the same (moto). The host key is checked against the
+    console output.
 
     Raises RemoteError when the instance stays unreachable, UsageError without its private key or
     when no job has run there.
     """
+    from ..recover import recovery  # here: the watch's module imports boto3's errors
 
     run_id, iid = run_id_on(ctx.settings.home, inst), inst.id
     conn, reconnect = _open(ctx, inst, note)
     run_dir = jobs.remote_run_dir(conn, run_id)
-    exit_status = None
+    exit_status, ended = None, None
     splitter = None
     try:
         if not jobs.read_from(conn, f"{run_dir}/{agent_record.NAME}", 0):
@@ -238,19 +256,65 @@ def stream(ctx: Context, inst: Instance, follow: bool, write: Callable[[bytes], 
             splitter = jobs.LineSplitter(lambda line: write((mask_text(line, secrets) + "\n").encode()))
         cursor = jobs.LogCursor(splitter or write)
         if follow:
+            watch = recovery.InstanceWatch(ctx.aws.ec2, iid, recovery.NoCheckpoints(), note)
             try:
                 exit_status, conn = jobs.follow_reconnecting(
                     reconnect, run_dir,
-                    "job.log", cursor, conn=conn, log=note)
+                    "job.log", cursor, conn=conn, log=note, on_poll=watch)
             except jobs.Unreachable as exc:
                 raise RemoteError(f"{iid}: {exc}", "see `ec2gpu ls`; the instance may have been terminated")
+            except recovery.Interrupted as gone:
+                ended = gone.reason
+                exit_status = ended_status(ctx.settings.home, run_id)
+            else:  # the job ended: whether the instance stands for the user to remove
+                ended = what_ends(ctx.settings.home, run_id, watch)
         else:
             jobs.drain(conn, f"{run_dir}/job.log", cursor)
     finally:
         if splitter:
             splitter.flush()
         conn.close()
-    return exit_status, run_id
+    return exit_status, run_id, ended
+
+
+#: what ``what_ends`` says of an instance whose run's controller, alive on this machine, ends it
+CONTROLLER_ENDS = "its run's controller brings the outputs home and ends it"
+
+
+def what_ends(home: Path, run_id: str, watch: Any) -> str | None:
+    """Once a followed job ended: what ends its instance (None: nothing, it stands for `ec2gpu
+    down`): its run's controller while the ledger says the run goes on under a live one on this
+    machine (runs/recover/reconcile.controller_gone), else why EC2 reports it gone (``watch``, a
+    recovery.InstanceWatch, asked now: a controller that was quicker has ended it)."""
+    from ..recover import reconcile, recovery
+    try:
+        row = ledger.get(home, run_id)
+    except UsageError:
+        row = None
+    if row is not None and row["status"] == "running" and row.get("controller") and not reconcile.controller_gone(row):
+        return CONTROLLER_ENDS
+    try:
+        watch.check()
+    except recovery.Interrupted as gone:
+        return gone.reason
+    return None
+
+
+def ended_status(home: Path, run_id: str, wait_s: float = ENDED_WAIT_S,
+                 sleep: Callable[[float], object] = time.sleep) -> int | None:
+    """The exit status of run ``run_id`` once the ledger says it is over (exit_status_of), waiting
+    up to ``wait_s`` seconds (polled every LEDGER_POLL_S) for its controller to record its end;
+    None when it does not (its controller is gone, or elsewhere), or at once for a run this
+    machine's ledger does not know."""
+    for _ in range(max(1, int(wait_s / LEDGER_POLL_S) + 1)):
+        try:
+            row = ledger.get(home, run_id)
+        except UsageError:  # not this machine's run: nothing here will record its end
+            return None
+        if row["status"] != "running":
+            return exit_status_of(row)
+        sleep(LEDGER_POLL_S)
+    return None
 
 
 def secret_values(conn: Any, run_dir: str, note: Callable[[str], None] = lambda m: None) -> list[str]:
@@ -317,6 +381,6 @@ def fetch(ctx: Context, inst: Instance, run_id: str, out: Path, note: Callable[[
             got["files"].append(agent_record.NAME)
     finally:
         conn.close()
-    note(f"{iid}: {len(got['outputs'])} output file(s), {len(got['checkpoints'])} checkpoint file(s) and "
+    note(f"{iid}: {count(len(got['outputs']), 'output file')}, {count(len(got['checkpoints']), 'checkpoint file')} and "
          f"{', '.join(got['files']) or 'no log'} brought home to {out}")
     return got

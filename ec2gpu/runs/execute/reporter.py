@@ -18,9 +18,11 @@ class Reporter:
 
     after_phase: Callable[[str], object] | None = None
 
-    def __init__(self) -> None:
+    def __init__(self, log: Callable[[str], object] | None = None) -> None:
+        """``log``: each note is also said to it as it comes (an API caller's ``log=print``)."""
         self.phases: dict[str, float] = {}
         self.notes: list[str] = []
+        self.said = log
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -42,6 +44,8 @@ class Reporter:
 
     def note(self, text: str) -> None:
         self.notes.append(text)
+        if self.said is not None:
+            self.said(text)
 
 
 class ReporterLike(Protocol):

@@ -14,6 +14,7 @@ from typing import Callable, Iterable, Mapping
 
 from ...aws import catalog, network, parameters, tags
 from ...errors import UsageError
+from ...wire import run_spec
 
 #: the most instances a run launches together (tasks/spec.Task.nodes' range; `--nodes` in the CLI)
 MAX_NODES = 64
@@ -101,6 +102,9 @@ def check_detached(*, max_runtime_minutes: int | None, max_attempts: int | None,
     if max_attempts is not None and max_attempts < nodes:
         raise UsageError(f"--max-attempts {max_attempts} is below --nodes {nodes}: a detached run counts "
                          "every instance it launches", f"give --max-attempts {nodes} or more")
+    if max_attempts is not None and max_attempts > run_spec.MAX_LAUNCHES:
+        raise UsageError(f"--max-attempts {max_attempts}: a detached run launches at most {run_spec.MAX_LAUNCHES:,} "
+                         "instances in all (its agent refuses more)", f"give --max-attempts {run_spec.MAX_LAUNCHES} or fewer")
     parameters.check_values(dict(secrets))
     if keep:
         raise UsageError("--keep has no meaning with --detach: the group ends when the job does", "drop --keep")

@@ -458,14 +458,15 @@ def estimate_minutes(home: Path, job: TaskJob, instance_type: str, expect_minute
     runs of the same task on the same instance type (their mean), else ``--expect``; (None, why)
     when neither says (a task's first run: its cost is then bounded by its --max-runtime)."""
     past = [r for r in ledger.runs(home, backend=backend, limit=200, tolerant=True)
-            if r.get("task") == job.name and r.get("instance_type") == instance_type and r["status"] == "completed"
+            if ledger.history_key(r) == job.history_key and r.get("instance_type") == instance_type
+            and r["status"] == "completed"
             and (r.get("phases") or {}).get("running") and not r.get("element_seconds")]  # an array's: per element
     if past:
         mean = sum(r["phases"]["running"] for r in past) / len(past) / 60
-        return mean, f"mean of {len(past)} past run(s) of task {job.name} on {instance_type} (ledger)"
+        return mean, f"mean of {len(past)} past run(s) of task {job.history_key} on {instance_type} (ledger)"
     if expect_minutes:
         return expect_minutes, "--expect"
-    return None, f"task {job.name} has not run on {instance_type} before"
+    return None, f"task {job.history_key} has not run on {instance_type} before"
 
 
 def element_minutes(home: Path, job: TaskJob, instance_type: str, expect_minutes: float | None,
@@ -477,7 +478,7 @@ def element_minutes(home: Path, job: TaskJob, instance_type: str, expect_minutes
     count, total, runs = 0, 0.0, 0
     for r in ledger.runs(home, backend=backend, limit=200, tolerant=True):
         got = r.get("element_seconds")
-        if (r.get("task") != job.name or r.get("instance_type") != instance_type or r["status"] != "completed"
+        if (ledger.history_key(r) != job.history_key or r.get("instance_type") != instance_type or r["status"] != "completed"
                 or not isinstance(got, dict)):
             continue
         n, mean = got.get("count"), got.get("mean_seconds")
@@ -485,11 +486,11 @@ def element_minutes(home: Path, job: TaskJob, instance_type: str, expect_minutes
                 and not isinstance(mean, bool) and math.isfinite(mean) and mean >= 0):
             count, total, runs = count + n, total + n * mean, runs + 1
     if count:
-        return total / count / 60, (f"mean of {count} element(s) of {runs} past array(s) of task {job.name} on "
+        return total / count / 60, (f"mean of {count} element(s) of {runs} past array(s) of task {job.history_key} on "
                                     f"{instance_type} (ledger)")
     if expect_minutes:
         return expect_minutes, "--expect (an element's)"
-    return None, f"no element of task {job.name} has run on {instance_type} before"
+    return None, f"no element of task {job.history_key} has run on {instance_type} before"
 
 
 def in_rounds(est: Estimate, rounds: int, why: str) -> Estimate:

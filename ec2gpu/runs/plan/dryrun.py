@@ -49,6 +49,21 @@ def placeholders(nodes: int) -> list[str]:
     return [f"<node {i} private IP>" for i in range(nodes)]
 
 
+def element_env(p: RunPlan, run_dir: str, first: dict[str, Any]) -> dict[str, str]:
+    """Element 0's environment in the plan of an array or a sweep (pure): each element is a one-node
+    job on the instance Ray chose, holding the GPUs it was given (pool/driver.run_element, which
+    sets these on the node's own environment): one node, its own address, its element's index,
+    size, output and checkpoint directories and parameters."""
+    gpus = p.gpus_per_job or first["gpu_count"]
+    here = "<its instance's private IP>"
+    env = node_env(p.job, "<run id>", run_dir, 0, [here], gpus, False, "<the python with torch>",
+                   instance_type=first["instance_type"])
+    element = p.elements[0]
+    edir = f"{run_dir}/elements/{element.index}"
+    return {**env, **element.env(), "EC2GPU_OUTPUT_DIR": f"{edir}/out", "EC2GPU_CHECKPOINT_DIR": f"{edir}/checkpoints",
+            "EC2GPU_POOL_HEAD_IP": placeholders(1)[0]}
+
+
 def plan(p: RunPlan) -> dict[str, Any]:
     """The run plan ``p`` (runs/plan/runplan.plan, already checked: what the run would refuse was
     refused while it was made) as a JSON-ready dict: its instance types in the order they are
@@ -66,7 +81,8 @@ def plan(p: RunPlan) -> dict[str, Any]:
     first = rows[0]
     run_dir = "~/ec2gpu/runs/<run id>"
     env = node_env(job, "<run id>", run_dir, 0, placeholders(nodes), first["gpu_count"], False,
-                   "<the python with torch>", instance_type=first["instance_type"])
+                   "<the python with torch>", instance_type=first["instance_type"]) if not p.elements else \
+        element_env(p, run_dir, first)
     m = job.manifest
     return {
         "kind": "plan", "version": PLAN_VERSION, "task": job.name, "source": _source(job),
@@ -275,7 +291,9 @@ def render(p: Mapping[str, Any]) -> list[str]:
     access = mounts.access_words(p.get("s3_access") or {})
     if access:
         out.append(f"  {access}")
-    out.append("  environment of node 0: " + ", ".join(f"{k}={v}" for k, v in p["env"].items()))
+    # a value is shown on one line: SKYPILOT_NODE_IPS holds one address per line
+    out.append(f"  environment of {'element 0' if p.get('array') else 'node 0'}: "
+               + ", ".join(f"{k}={v}".replace("\n", "\\n") for k, v in p["env"].items()))
     if p["setup"]:
         out.append("  setup (bash, once per instance, in the workdir):")
         out += [f"    {line}" for line in p["setup"].splitlines()]

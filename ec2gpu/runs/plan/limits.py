@@ -72,18 +72,20 @@ def parse(value: str | float | None) -> tuple[bool, int | None]:
 
 
 def longest_run(home: Path, task: str, backend: str) -> tuple[float, str] | None:
-    """(seconds, run id) of the longest completed run of ``task`` on ``backend`` in the ledger
-    (the sum of its phases: launch to termination), or None when it has none."""
+    """(seconds, run id) of the longest completed run with the history key ``task`` (runs/job.
+    TaskJob.history_key; ledger.history_key) on ``backend`` in the ledger (the sum of its phases:
+    launch to termination), or None when it has none."""
     found = [(sum(v for v in (r.get("phases") or {}).values() if isinstance(v, (int, float))), r.get("run_id") or "?")
              for r in ledger.runs(home, backend=backend, limit=500, tolerant=True)
-             if r.get("task") == task and r.get("status") == "completed"]
+             if ledger.history_key(r) == task and r.get("status") == "completed"]
     found = [f for f in found if f[0] > 0]
     return max(found) if found else None
 
 
 def for_task(home: Path, task_name: str, backend: str, flag: str | float | None = None,
              task_value: str | float | None = None) -> Limit:
-    """The limit of a run of ``task_name`` (module docstring): ``flag`` (--max-runtime), else
+    """The limit of a run of ``task_name`` (its history key: runs/job.TaskJob.history_key, a
+    command's with the command; module docstring): ``flag`` (--max-runtime), else
     ``task_value`` (the task's max_runtime), else from the ledger's history, else FIRST_RUN_MINUTES.
     Raises UsageError for a value ``parse`` refuses."""
     for value, where in ((flag, "--max-runtime"), (task_value, "the task's max_runtime")):

@@ -27,7 +27,7 @@ from ...tasks import arrays, resolve
 from ...tasks.load import aws_infra, zone_note
 from ...tasks.spec import minutes
 from ..options import PoolOptions, RunOptions, TrainOptions
-from . import checks, costs, limits
+from . import checks, costs, detached_spec, limits, sandbox_data
 from ..job_summary import mask_text
 
 if TYPE_CHECKING:
@@ -195,13 +195,31 @@ def plan(job: TaskJob, flags: RunFlags, settings: Settings, trainer: Trainer | N
                 command=mask_text(flags.as_typed or ("ec2gpu.train_mnist()" if trainer else f"ec2gpu.run({job.name!r})"),
                                   job.secret_values))
     if p.where != "new instances":  # `train mnist --local` or --cluster: no instance is launched, nothing is priced
-        return replace(p, instance_types=(flags.instance_type or st.instance_type,))
-    return _on_new_instances(p)
+        p = replace(p, instance_types=(flags.instance_type or st.instance_type,))
+    else:
+        p = _on_new_instances(p)
+    return _with_sandbox_data(p)
+
+
+def _with_sandbox_data(p: RunPlan) -> RunPlan:
+    """``p``, for `train mnist` on sandbox instances (new ones or a cluster's), with the trainer
+    flags that give them MNIST (sandbox_data.sandbox_data_args: this machine's files, or none when
+    the instance can download them); UsageError when there is none here and the mirrors cannot be
+    reached, in a dry run as in the real run."""
+    t = p.trainer
+    if t is None or t.local or p.backend != "sandbox":
+        return p
+    data = sandbox_data.sandbox_data_args(list(t.trainer_args))
+    if not data:
+        return p
+    return replace(p, trainer=replace(t, trainer_args=(*t.trainer_args, *data)),
+                   job=replace(p.job, args=[*p.job.args, *data]))  # mnist_args ends with the trainer's flags
 
 
 def _on_new_instances(p: RunPlan) -> RunPlan:
     """``p`` with what new instances need decided (types, market, nodes, AMI, SSH, estimate) and
-    checked as the run checks its options (checks.check_launch, checks.check_detached, costs.refusal)."""
+    checked as the run checks its options (checks.check_launch, checks.check_detached, a detached
+    run's spec as its agent checks it: detached_spec.check, costs.refusal)."""
     flags, res, st = p.flags, p.job.task.resources, p.settings
     _check_region(st.region)
     types, types_source = _types(flags, res, st.instance_type)
@@ -227,6 +245,7 @@ def _on_new_instances(p: RunPlan) -> RunPlan:
     if flags.detach and not p.elements:
         checks.check_detached(max_runtime_minutes=opts.max_runtime_minutes, max_attempts=opts.max_attempts,
                               nodes=opts.nodes, keep=opts.keep, secrets=checks.secret_env(p.job.env, p.job.task.secrets))
+        detached_spec.check(p.job, opts, st.ssh_user)  # a spec its agent would refuse, or one too large
     # spot's price is AWS's: judged here at the on-demand price, its ceiling, on what needs no price
     prices = costs.PriceTable(st.region)
     est = costs.estimate_for(prices, st.home, replace(opts, spot=False), p.backend)
@@ -404,7 +423,7 @@ def _expect(expect: str | float | None) -> float | None:
 def _limit(job: TaskJob, flags: RunFlags, st: Settings, backend: str, trainer: Trainer | None) -> limits.Limit:
     """The run's limit (runs/plan/limits.for_task); `train mnist`'s: --max-runtime, else TRAINER_LIMIT_MINUTES."""
     if trainer is None:
-        return limits.for_task(st.home, job.name, backend, flags.max_runtime, job.task.max_runtime)
+        return limits.for_task(st.home, job.history_key, backend, flags.max_runtime, job.task.max_runtime)
     given, minutes_ = limits.parse(flags.max_runtime)
     return limits.Limit(minutes_, "--max-runtime") if given else \
         limits.Limit(TRAINER_LIMIT_MINUTES, f"the built-in trainer's default ({TRAINER_LIMIT_MINUTES} min)")

@@ -22,6 +22,7 @@ from ...settings import Settings
 from ...train.bench import TRAINED_MIN_ACC, trained
 from ..execute import engine
 from . import pipeline
+from ..plan import sandbox_data
 from ..settle import record as run_record
 from ..execute.reporter import ReporterLike
 from ..options import BenchOptions
@@ -39,13 +40,13 @@ RANK_MODELS = ("cnn", "dbn")
 
 
 def job_args(quick: bool, sandbox: bool, data_dir: str | None = None) -> list[str]:
-    """bench.yaml's "$@": --quick, and MNIST for a sandbox instance (pipeline.sandbox_data_args:
+    """bench.yaml's "$@": --quick, and MNIST for a sandbox instance (runs/plan/sandbox_data.sandbox_data_args:
     raises UsageError, before anything is created, when there is none)."""
     args = ["--quick"] if quick else []
     if data_dir:
         return args + ["--data-dir", data_dir]
     give = "ec2gpu bench --sandbox --data-dir /path/to/mnist (or EC2GPU_DATA_DIR=/path/to/mnist)"
-    return args + (pipeline.sandbox_data_args([], give=give) if sandbox else [])
+    return args + (sandbox_data.sandbox_data_args([], give=give) if sandbox else [])
 
 
 def usd_per_run(summary: dict[str, Any] | None, usd_per_hour: float | None) -> dict[str, dict[str, Any]]:

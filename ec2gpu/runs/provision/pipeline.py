@@ -10,10 +10,7 @@ here. Whatever happens after the first resource is created (an error, Ctrl-C, SI
 from __future__ import annotations
 
 import json
-import os
 import secrets
-import urllib.error
-import urllib.request
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,7 +21,7 @@ from ...aws.session import Aws
 from ...backend import AWS, Backend
 from ...errors import AwsError, LedgerError, RemoteError, UsageError
 from ...settings import Settings
-from ...train import sources
+from ...words import count
 from .. import element_table, job_summary
 from ..execute import engine, foreground
 from ..options import BakeOptions, LaunchOptions, PoolOptions, RunOptions, TrainOptions
@@ -57,56 +54,10 @@ def new_run_id() -> str:
 
 
 #: how to give the sandbox MNIST, said when it has none (`ec2gpu train mnist`'s words; others pass theirs)
-GIVE_DATA = "EC2GPU_DATA_DIR=/path/to/mnist ec2gpu train mnist --sandbox (or DATA=/path/to/mnist make demo)"
-
-
-def sandbox_data_args(trainer_args: list[str], reachable: Callable[[str], bool] | None = None,
-                      give: str = GIVE_DATA) -> list[str]:
-    """The trainer flags that give a sandbox instance this run's MNIST: ``--data-dir`` with
-    $EC2GPU_DATA_DIR as this command has it (so each run's own setting reaches its instance, not
-    the one the sandbox started with), else with this machine's cache when it holds the files;
-    [] when the user passed --data-dir, or when the public mirrors answer (the instance downloads
-    from them, as a real one does). ``reachable(url) -> bool`` asks the first mirror.
-
-    Raises UsageError, before anything is created, for a $EC2GPU_DATA_DIR that is not a directory,
-    or when there is no data here and the mirrors cannot be reached (its hint: ``give``, the
-    command's own way to name the data).
-    """
-    if any(a == "--data-dir" or a.startswith("--data-dir=") for a in trainer_args):
-        return []
-    given = os.environ.get("EC2GPU_DATA_DIR")
-    if given:
-        path = Path(given).expanduser().resolve()
-        if not path.is_dir():
-            raise UsageError(f"EC2GPU_DATA_DIR {path} is not a directory",
-                             "point it at the four MNIST IDX files, e.g. DATA=/path/to/mnist make demo")
-        return ["--data-dir", str(path)]
-    if sources.has_all(sources.DEFAULT_CACHE):
-        return ["--data-dir", str(sources.DEFAULT_CACHE)]
-    if (reachable or _reachable)(sources.MIRRORS[0]):
-        return []
-    raise UsageError("no MNIST for the sandbox: EC2GPU_DATA_DIR is not set, this machine has no cached copy, and the "
-                     f"public mirrors ({sources.MIRRORS[0]}) cannot be reached from here",
-                     f"give the four IDX files: {give}")
-
-
-def _reachable(url: str, timeout_s: float = 5.0) -> bool:
-    """Whether ``url``'s host answers HTTP within ``timeout_s`` (any status counts)."""
-    try:
-        urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout_s).close()
-        return True
-    except urllib.error.HTTPError:
-        return True  # it answered
-    except (OSError, ValueError):
-        return False
-
-
 def with_task(opts: RunOptions, backend: Backend) -> RunOptions:
-    """``opts`` with its task made: the built-in MNIST task for TrainOptions without one, its
-    trainer flags giving a sandbox instance this machine's data first (``sandbox_data_args``:
-    UsageError when there is none and the mirrors cannot be reached)."""
-    if backend.is_sandbox and opts.task is None and isinstance(opts, TrainOptions):
-        opts = replace(opts, trainer_args=[*opts.trainer_args, *sandbox_data_args(opts.trainer_args)])
+    """``opts`` with its task made: the built-in MNIST task for TrainOptions without one (its
+    trainer flags give a sandbox instance this machine's data: the plan put them there,
+    runs/plan/sandbox_data.py)."""
     return replace(opts, task=builtin_task(opts, sandbox=backend.is_sandbox))
 
 
@@ -211,7 +162,9 @@ def run_job(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, ba
     ``opts.attempts_allowed``), and billed seconds and cost from each instance's own launch and
     termination times. Raises UsageError before creating anything for a bad instance type or
     --checkpoint-uri; AwsError, CapacityError, RemoteError, WaitTimeout as they happen, and
-    recovery.AttemptsExhausted (all after teardown); KeyboardInterrupt after teardown.
+    recovery.AttemptsExhausted (all after teardown); KeyboardInterrupt after teardown. Once the run
+    has started, what it raises carries its record, ended and billed, as ``run_record`` (an array's
+    element table in its ``pool``), and its cost was said (``cost_line``) before it.
 
     ``pool_attempt``: an array's attempt over the pool (pool/attempt.run_attempt), which api/tasks.start
     hands in for PoolOptions: runs/ never imports pool/. Raises ValueError for PoolOptions without it.
@@ -236,10 +189,12 @@ def run_job(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, ba
     mnist, (model, epochs) = job.builtin == "mnist" and opts.bake is None, preset(opts)
     record = run_record.new(run_id, opts.command, backend.name, out, instance_type=itype.name, gpu=itype.gpu,
                             market="spot" if opts.spot else "on-demand", task="bake" if opts.bake else job.name,
+                            task_key="bake" if opts.bake else job.history_key,
                             model=model if mnist else None, epochs=epochs if mnist else None,
                             region=aws.region, estimated_cost_usd=None if est.upper_bound else est.cost_usd,
                             estimate=est.as_dict())
     _ledger(settings, record, ui)
+    ui.note(followed_by(run_id, backend.is_sandbox, isinstance(opts, PoolOptions)))
     attempts: list[dict[str, Any]] = []
     record["attempts"] = attempts
     error: BaseException | None = None
@@ -253,10 +208,31 @@ def run_job(aws: Aws, settings: Settings, opts: RunOptions, ui: ReporterLike, ba
         return record
     except BaseException as exc:
         error = exc
+        exc.run_record = record  # type: ignore[attr-defined]  # what it cost, its element table: said on every path
         raise
     finally:
         if not record.get("detached"):
             _end_run(aws, settings, opts, prov, record, ui, out, error)
+
+
+def followed_by(run_id: str, sandbox: bool, array: bool) -> str:
+    """The first line of a run this command runs in the foreground (pure): its id, and the commands
+    that follow it from another terminal (an array's progress by `status`, a job's log by `logs`)."""
+    where = " --sandbox" if sandbox else ""
+    how = f"ec2gpu status {run_id}{where}" if array else f"ec2gpu logs {run_id}{where} --follow"
+    return f"run {run_id}: from another terminal, {how}; once it ended, ec2gpu runs show {run_id}"
+
+
+def cost_line(record: Mapping[str, Any]) -> str:
+    """What a run that did not complete cost (pure): 'run RUN failed: $0.0088 for 60 s billed ...',
+    or that nothing was billed when no instance was launched."""
+    head = f"run {record['run_id']} {record.get('status')}"
+    if not record.get("attempts"):
+        return f"{head}: no instance was launched, nothing billed"
+    usd, billed = record.get("cost_usd"), record.get("billed_seconds")
+    cost = "cost unknown (the bill could not be computed)" if usd is None or billed is None else \
+        f"${usd:.4f} for {billed:.0f} s billed"
+    return f"{head}: {cost} ({count(len(record['attempts']), 'instance')}); ec2gpu runs show {record['run_id']}"
 
 
 def _end_run(aws: Aws, settings: Settings, opts: RunOptions, prov: provision.Provisioned,
@@ -276,7 +252,12 @@ def _end_run(aws: Aws, settings: Settings, opts: RunOptions, prov: provision.Pro
     if record.get("pool"):  # an array's: each element's share of the bill just made
         element_table.with_cost_shares(record)
         record["element_seconds"] = element_table.element_seconds(record["pool"]["elements"])
+        best = element_table.best_accuracy(record["pool"]["elements"])
+        if best is not None and record.get("test_acc") is None:  # a sweep's result: its best element's
+            record["test_acc"] = best[0]
     _ledger(settings, record, ui)
+    if error is not None:  # a success says its cost in its record's table; a failure's is worth most
+        ui.note(cost_line(record))
     if out.exists() or record["status"] == "completed":
         run_record.save(record, out)
     if error is None and record.get("teardown_failed"):

@@ -4,6 +4,7 @@ resource), an interrupted attempt's instances ended, and each instance billed fr
 """
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
@@ -147,10 +148,14 @@ def _instance_role(aws: Aws, settings: Settings, opts: LaunchOptions, run_id: st
         return
     assert job is not None and job.role_policy is not None  # returned above otherwise (getattr of None)
     client, boundary = aws.client("iam"), job.role_boundary
+    user, policy = runstore.user_id(aws.check_credentials()), job.role_policy
+    if settings.handover_wait_seconds > 0 or getattr(opts, "detach", False):  # its agent's fallback (runs/recover/handover.py)
+        with contextlib.suppress(ValueError, UsageError):  # over IAM's size, or no run store's name: the links alone
+            policy = iam.combined(policy, iam.handover_policy(
+                runstore.bucket_name(aws.check_credentials()["Account"], aws.region), user, run_id))
     prov.instance_profile = iam.role_name(run_id)  # set first: teardown removes whatever part of it was made
     try:
-        iam.create_run_role(client, run_id, settings.owner, job.role_policy,
-                            user=runstore.user_id(aws.check_credentials()), region=aws.region, boundary=boundary)
+        iam.create_run_role(client, run_id, settings.owner, policy, user=user, region=aws.region, boundary=boundary)
     except ClientError as exc:
         if error_code(exc) in iam.REFUSED and exc.operation_name == "CreateRole":
             prov.instance_profile = None  # refused at its first call: nothing was made
@@ -164,7 +169,8 @@ def _instance_role(aws: Aws, settings: Settings, opts: LaunchOptions, run_id: st
     ui.note(f"instance role {prov.instance_profile}{under}"
             ": reads " + ", ".join(sorted({m.url for m in s3}))
             + ("; writes " + ", ".join(sorted({m.url for m in s3 if m.write_back})) if any(m.write_back for m in s3)
-               else "") + " (nothing else; removed with the run)")
+               else "") + ("; writes its own hand-over objects in the run store" if policy is not job.role_policy else "")
+            + " (nothing else; removed with the run)")
     storage.make_buckets(aws.client("s3"), job.buckets_to_make, aws.region, settings.owner,
                          runstore.user_id(aws.check_credentials()), ui.note)
 

@@ -21,9 +21,17 @@ then stayed on an instance that its idle rule terminated. Now the run hands over
    rather than run the job again.
 
 The instance gets no AWS credentials: a presigned URL lets its holder write that one object, until
-it expires (the run's --max-runtime plus an hour, at most 7 days; less when this machine's
-credentials are temporary, whose URLs end with them:
-https://docs.aws.amazon.com/AmazonS3/latest/userguide/using-presigned-url.html).
+it expires (the run's --max-runtime plus the wait and an hour, at most 7 days), and no longer than
+the credentials that signed it: temporary ones (SSO, an assumed role, an instance profile) end in
+1-12 h, and their URLs with them, whatever ExpiresIn says
+(https://docs.aws.amazon.com/AmazonS3/latest/userguide/using-presigned-url.html). So (issue 51,
+item 2) the URLs are signed for no longer than the credentials last (Aws.credentials_expire_at),
+a launch whose credentials end before the run's limit says so (``expiry_warning``), the
+controller signs them again on its heartbeat while it lives (``Renewal``: botocore refreshes the
+credentials first) and sends them to the head, whose agent takes them when it hands over; and a
+URL S3 refuses (400 ExpiredToken, 403) is signed again by the agent with the run's own instance
+role when the instance has one (a task with S3 file_mounts; its policy has PutObject on this run's
+``handover/`` prefix and nothing more: aws/iam.handover_policy).
 """
 from __future__ import annotations
 
@@ -31,7 +39,9 @@ import json
 import re
 import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+import time
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -56,15 +66,28 @@ MAX_LOG_BYTES = 64 << 20
 ARCHIVE_SLACK_BYTES = 64 << 20  # the outputs archive may be this much larger than the download limit
 EXPIRY_MARGIN_S = 3600
 HEARTBEAT_S = 30.0  # the longest between two heartbeats of a live controller
+#: URLs that stop working sooner than this are signed again on the heartbeat: botocore refreshes
+#: temporary credentials once they are within 15 min of their end (its advisory refresh timeout,
+#: botocore/credentials.py), so the URLs the agent holds last at least about that long while the
+#: controller lives
+RENEW_BEFORE_S = 20 * 60
+#: the file the controller writes renewed URLs to in the head's run directory (agent/agent.py: RENEWED)
+RENEWED = "handover-urls.json"
 
 
 @dataclass(frozen=True)
 class Handover:
     """Where a run's agent puts what its lost controller did not collect: ``urls`` ({"outputs",
-    "log", "pool", "record": presigned PUT URL}), in ``bucket``; the agent waits ``wait_s`` seconds (s)."""
+    "log", "pool", "record": presigned PUT URL}) of ``keys`` (the same names: their keys), in
+    ``bucket``; the agent waits ``wait_s`` seconds (s). The URLs stop working at ``expires_at``
+    (POSIX s: their ExpiresIn or their credentials' end, whichever is first) and are wanted until
+    ``wanted_until`` (POSIX s: the run's limit, the wait and an hour); None: not known."""
     bucket: str
     urls: dict[str, str]
     wait_s: int
+    keys: dict[str, str] = field(default_factory=dict)
+    expires_at: float | None = None
+    wanted_until: float | None = None
 
     def document(self, head: bool, shutdown: bool, secret_names: list[str], pool: bool = False) -> str:
         """The agent's handover file (JSON): the URLs on the head node only (its outputs are the
@@ -85,11 +108,12 @@ class HandedOver(Exception):
 def prepare(aws: Aws, settings: Settings, run_id: str, max_runtime_minutes: int | None, log: Log,
             s3: Any = None, account: str | None = None, wait_s: int | None = None) -> Handover | None:
     """The run's Handover: the run store made if need be (runstore.ensure) and the URLs signed,
-    lasting the run's --max-runtime (minutes; 7 days without one) plus the wait and an hour. The
-    wait is ``handover_wait_seconds``, or ``wait_s`` (0: at once, for a run its controller leaves
-    on purpose). None with a wait of 0 from the setting, or when the store cannot be used (said to
-    ``log`` as a warning: the run goes on as before, its outputs safe as long as this command
-    lives). Never raises."""
+    lasting the run's --max-runtime (minutes; 7 days without one) plus the wait and an hour, and no
+    longer than this machine's credentials (sign). The wait is ``handover_wait_seconds``, or
+    ``wait_s`` (0: at once, for a run its controller leaves on purpose). Credentials that end
+    before the run's limit are said to ``log`` in one line (expiry_warning). None with a wait of 0
+    from the setting, or when the store cannot be used (said to ``log`` as a warning: the run goes
+    on as before, its outputs safe as long as this command lives). Never raises."""
     if wait_s is None and settings.handover_wait_seconds <= 0:
         return None
     wait = settings.handover_wait_seconds if wait_s is None else wait_s
@@ -98,14 +122,101 @@ def prepare(aws: Aws, settings: Settings, run_id: str, max_runtime_minutes: int 
         account = account or aws.check_credentials()["Account"]
         user = runstore.user_id(aws.check_credentials())
         bucket = runstore.ensure(s3, account, aws.region, settings.owner, settings.run_store_expire_days, log=log)
+        now = time.time()
         lasts = (max_runtime_minutes * 60 if max_runtime_minutes else runstore_objects.PRESIGN_MAX_S) + wait + EXPIRY_MARGIN_S
-        urls = runstore_objects.presign_puts(s3, bucket, runstore.handover_keys(user, run_id), lasts)
+        plan = sign(aws, s3, Handover(bucket, {}, wait, runstore.handover_keys(user, run_id), None, now + lasts), now)
     except Exception as exc:  # noqa: BLE001 - the run goes on without it, whatever went wrong
         why = exc.message if isinstance(exc, Ec2GpuError) else type(exc).__name__
         log(f"warning: no run store for this run ({why}): if this command is lost before the job ends, "
             "its outputs stay on the instance until it ends itself (`ec2gpu fetch` while it runs)")
         return None
-    return Handover(bucket, urls, wait)
+    try:
+        ends = aws.credentials_expire_at()  # just refreshed by sign: no AWS call
+    except Exception:  # noqa: BLE001 - sign had them a moment ago; nothing to say then
+        ends = None
+    said = expiry_warning(ends.timestamp() if ends else None,
+                          now + max_runtime_minutes * 60 if max_runtime_minutes else None, now)
+    if said:
+        log(said)
+    return plan
+
+
+def sign(aws: Aws, s3: Any, plan: Handover, now: float) -> Handover:
+    """``plan`` with its URLs signed now (``now``: POSIX s) for the objects of its ``keys``, lasting
+    until its ``wanted_until`` and no longer than the credentials that sign them (read first:
+    Aws.credentials_expire_at, which refreshes them when near their end), and its ``expires_at``
+    set to when they stop working. Raises botocore's errors (credentials that cannot be had)."""
+    ends = aws.credentials_expire_at()
+    credentials_end = ends.timestamp() if ends is not None else None
+    wanted = (plan.wanted_until or now + runstore_objects.PRESIGN_MAX_S) - now
+    lasts = runstore_objects.presign_seconds(wanted, credentials_end, now)
+    urls = runstore_objects.presign_puts(s3, plan.bucket, plan.keys, lasts, credentials_end, now)
+    return replace(plan, urls=urls, expires_at=now + lasts)
+
+
+def expiry_warning(credentials_end: float | None, limit_at: float | None, now: float) -> str | None:
+    """The one line a launch says when the credentials that sign the hand-over's URLs end
+    (``credentials_end``, POSIX s; None: they do not) before the run's limit (``limit_at``, POSIX s;
+    None: no --max-runtime, so any end may come first), else None (pure)."""
+    if credentials_end is None or (limit_at is not None and credentials_end >= limit_at):
+        return None
+    expires_at = credentials_end
+    def hhmm(t: float) -> str:
+        return datetime.fromtimestamp(t, timezone.utc).strftime("%H:%M UTC")
+    limit = "no --max-runtime" if limit_at is None else f"its --max-runtime ends at {hhmm(limit_at)}"
+    return (f"warning: these AWS credentials expire at {hhmm(expires_at)} (in {max(0, round((expires_at - now) / 60))} "
+            f"min) and this run may outlive them ({limit}): if this command is lost after then, the links its instance "
+            "hands the outputs over to S3 with die with them (an instance role, a task with S3 file_mounts, still "
+            "hands them over); keep this command running, or use credentials that last the run (a longer SSO or role "
+            "session)")
+
+
+class Renewal:
+    """The hand-over's URLs signed again before they stop working (``renew``, on each heartbeat),
+    and the new ones given to ``deliver`` (the head's agent takes them: urls_command), while the
+    controller lives. ``log`` gets one warning when they cannot be renewed."""
+
+    def __init__(self, aws: Aws, plan: Handover, deliver: Callable[[str], object], log: Log,
+                 before_s: float = RENEW_BEFORE_S) -> None:
+        self.aws, self.plan, self._deliver, self._log, self._before_s = aws, plan, deliver, log, before_s
+        self._warned = False
+
+    def renew(self, now: float | None = None) -> bool:
+        """When the URLs stop working within ``before_s`` seconds of ``now`` (POSIX s) and are wanted
+        longer: sign them again (sign: botocore refreshes the credentials first) and, when the new
+        ones last longer, deliver them (a JSON object {"urls": {...}}) and keep them. Whether new
+        URLs were delivered. Never raises: a failure (credentials that cannot be refreshed, an
+        SSH write that fails) is said once and tried again at the next heartbeat."""
+        now = time.time() if now is None else now
+        plan = self.plan
+        if plan.expires_at is None or plan.expires_at - now > self._before_s or \
+                (plan.wanted_until is not None and plan.expires_at >= plan.wanted_until):
+            return False
+        try:
+            fresh = sign(self.aws, self.aws.client("s3"), plan, now)
+            if fresh.expires_at is None or fresh.expires_at <= plan.expires_at + 1:
+                return False  # the same credentials' end: nothing gained
+            self._deliver(json.dumps({"urls": fresh.urls}))
+        except Exception as exc:  # noqa: BLE001 - said once; the heartbeat goes on
+            if not self._warned:
+                why = exc.message if isinstance(exc, Ec2GpuError) else type(exc).__name__
+                self._log(f"warning: the hand-over links could not be renewed ({why}): if this command is lost "
+                          "after they stop working, the outputs stay on the instance; `aws sso login` (or new "
+                          "credentials) lets the next heartbeat renew them")
+                self._warned = True
+            return False
+        self.plan = fresh
+        return True
+
+
+def urls_command(run_dir: str) -> str:
+    """The shell command that writes its standard input (the renewed URLs) to RENEWED in
+    ``run_dir`` on an instance: 0600 from the start (mktemp), whole or not at all (a rename), never
+    through a link left under that name (the rename replaces it)."""
+    import shlex
+    d = shlex.quote(run_dir)
+    return (f't=$(mktemp {d}/.{RENEWED}.XXXXXX) && {{ cat > "$t" && mv -f "$t" {d}/{RENEWED}; }} '
+            f'|| {{ rm -f "$t"; exit 1; }}')
 
 
 def start(aws: Aws, settings: Settings, run_id: str, max_runtime_minutes: int | None, log: Log,
@@ -131,11 +242,13 @@ def start(aws: Aws, settings: Settings, run_id: str, max_runtime_minutes: int | 
 
 def mark_command(run_dir: str, what: str) -> str:
     """The shell command that writes the controller's mark ``what`` ("controller": its heartbeat,
-    or "collected") in ``run_dir`` on an instance (agent/agent.py: HEARTBEAT, COLLECTED)."""
+    or "collected") in ``run_dir`` on an instance (agent/agent.py: HEARTBEAT, COLLECTED); with
+    "collected", the renewed URLs (RENEWED) go first: nothing is left to hand over."""
     import shlex
     if what not in ("controller", "collected"):
         raise ValueError(what)
-    return f"touch {shlex.quote(run_dir + '/' + what)}"
+    done = f"touch {shlex.quote(run_dir + '/' + what)}"
+    return f"rm -f {shlex.quote(run_dir + '/' + RENEWED)} && {done}" if what == "collected" else done
 
 
 def heartbeat_every(wait_s: float) -> float:
@@ -145,18 +258,21 @@ def heartbeat_every(wait_s: float) -> float:
 
 
 class Heartbeat:
-    """While the controller lives: ``beat()`` (touch each node's heartbeat file, attempt.mark) every
+    """While the controller lives: ``beat()`` (touch each node's heartbeat file, attempt.mark), then
+    ``renew()`` when given (Renewal.renew: the URLs signed again before they stop working), every
     heartbeat_every(``wait_s``) seconds in a daemon thread, from ``start()`` to ``stop()``."""
 
-    def __init__(self, beat: Callable[[], None], wait_s: float) -> None:
+    def __init__(self, beat: Callable[[], None], wait_s: float, renew: Callable[[], object] | None = None) -> None:
         import threading
-        self._beat, self._every = beat, heartbeat_every(wait_s)
+        self._beat, self._every, self._renew = beat, heartbeat_every(wait_s), renew
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="heartbeat", daemon=True)
 
     def _run(self) -> None:
         while not self._stop.wait(self._every):
             self._beat()
+            if self._renew is not None:
+                self._renew()
 
     def start(self) -> "Heartbeat":
         self._thread.start()

@@ -71,6 +71,9 @@ MIGRATIONS: list[str] = [
     # 8: an array's or a sweep's element times (JSON: {"count", "mean_seconds"} of its succeeded
     # elements; runs/element_table.element_seconds), from which the next run's estimate is made
     "ALTER TABLE runs ADD COLUMN element_seconds TEXT",
+    # 9: what the run's history is keyed by (runs/job.TaskJob.history_key: a command's is its task's
+    # name and the command); NULL on older rows, whose key is their task's name (``history_key``)
+    "ALTER TABLE runs ADD COLUMN task_key TEXT",
 ]
 
 JSON_COLUMNS = ("instance_ids", "estimate", "phases", "attempts", "summary", "controller", "element_seconds")
@@ -251,6 +254,25 @@ def get(home: Path, run_id: str) -> dict[str, Any]:
                          "see `ec2gpu runs` for the ids")
     run: dict[str, Any] = found[0]  # one match: the run itself, decoded
     return run
+
+
+def history_key(row: Mapping[str, Any]) -> Any:
+    """The key of a ledger row in the history that limits and estimates read (pure): its
+    ``task_key``, else (a row written before migration 9, or by a run that records none) its
+    task's name, as such rows were always read."""
+    return row.get("task_key") or row.get("task")
+
+
+def in_foreground(home: Path, run_id: str) -> dict[str, Any] | None:
+    """The ledger's row of run ``run_id`` (an id or a unique prefix) when it ran in the foreground
+    (a controller process is recorded: `run --detach` records none, every run in the foreground
+    does since migration 6) and is no array (an array's status is its own); else None, and None
+    when the ledger cannot be read."""
+    try:
+        row = get(home, run_id)
+    except (UsageError, LedgerError):
+        return None
+    return row if row.get("controller") is not None and not row.get("element_seconds") else None
 
 
 def _find(home: Path, run_id: str) -> list[Any]:

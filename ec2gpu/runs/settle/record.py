@@ -24,6 +24,7 @@ class RunRecord(TypedDict, total=False):
     ended_at: Optional[str]
     controller: Optional[dict[str, Any]]  # host, pid, started (reconcile.py)
     task: Optional[str]
+    task_key: Optional[str]  # what its history is keyed by (runs/job.TaskJob.history_key; ledger.history_key)
     model: Optional[str]  # the built-in job's preset
     epochs: Optional[int]
     region: Optional[str]

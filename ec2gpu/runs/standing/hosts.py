@@ -29,7 +29,6 @@ from ..provision.pipeline import (
     _with_summary,
     builtin_task,
     new_run_id,
-    sandbox_data_args,
 )
 from ..provision.resources import Provisioned
 from ..execute.reporter import ReporterLike
@@ -72,9 +71,7 @@ def train_on_cluster(aws: Aws, settings: Settings, opts: TrainOptions, ui: Repor
     if not nodes:
         raise UsageError(f"no running cluster named {cluster_name!r}",
                          "start one with `ec2gpu launch --nodes N --name NAME` (see `ec2gpu ls`)")
-    opts = replace(opts, nodes=len(nodes))
-    if backend.is_sandbox:
-        opts = replace(opts, trainer_args=[*opts.trainer_args, *sandbox_data_args(opts.trainer_args)])
+    opts = replace(opts, nodes=len(nodes))  # the sandbox's data: in the trainer's flags (runs/plan/sandbox_data.py)
     job = builtin_task(opts, sandbox=backend.is_sandbox)
     return exec_task(aws, settings, job, ui, cluster_name, backend, opts.out, opts.command,
                      extra={"model": opts.model, "epochs": opts.epochs})
