@@ -14,12 +14,12 @@ import time
 from typing import Any, Callable
 
 from dataclasses import dataclass, replace
+from functools import partial
 
 import botocore.exceptions
 
 from ..errors import AwsError, CapacityError, SpotRoleMissing
-from . import types
-from .iam import profile_not_ready
+from . import consistency, types
 from .instances import Instance, LaunchSpec, run_request
 from .session import Client, describe, error_code
 
@@ -112,9 +112,9 @@ def launch_with_fallback(ec2: Client, spec: LaunchSpec, instance_types: list[str
 
     ``ec2`` should be a fail-fast client (no SDK retries). ``avoid_zones`` are tried last (plan). Each failed attempt is reported
     through ``log``. ``profile_created_at`` (time.time()): when the run's instance profile was made;
-    EC2 may not see it for some seconds (InvalidParameterValue), so the same try is repeated then
-    (iam.profile_not_ready). Raises CapacityError listing every attempt when none succeeds (or at once
-    for an account limit), AwsError for any other error.
+    EC2 may not see it for a while, so each try is repeated while it is refused for that
+    (consistency.when_visible, which says so through ``log``). Raises CapacityError listing every
+    attempt when none succeeds (or at once for an account limit), AwsError for any other error.
     """
     attempts: list[Attempt] = []
     order = plan(ec2, instance_types, spec.spot, spot_fallback_on_demand, avoid_zones)
@@ -126,7 +126,7 @@ def launch_with_fallback(ec2: Client, spec: LaunchSpec, instance_types: list[str
         try_spec = replace(spec, instance_type=itype, subnet_id=subnet, spot=spot,
                            max_price=spec.max_price if spot else None)
         try:
-            found = _run_waiting_for_profile(ec2, run_request(try_spec), profile_created_at, sleep)
+            found = consistency.when_visible(partial(run_instances, ec2, run_request(try_spec)), profile_created_at, log, sleep)
         except botocore.exceptions.ClientError as exc:
             code = error_code(exc)
             attempts.append(Attempt(itype, zone, market, code or "?", describe(exc)))
@@ -148,19 +148,6 @@ def launch_with_fallback(ec2: Client, spec: LaunchSpec, instance_types: list[str
     raise CapacityError(f"no capacity for {', '.join(instance_types)} in {len(attempts)} attempt(s): {tried}",
                         "try later, another --region, more types (--instance-type a,b,c)"
                         + ("" if spot_fallback_on_demand or not spec.spot else ", or --spot-fallback on-demand"))
-
-
-def _run_waiting_for_profile(ec2: Client, request: dict[str, Any], profile_created_at: float | None,
-                             sleep: Callable[[float], None]) -> list[Instance]:
-    """run_instances, repeated every 3 s while EC2 does not see a just-made instance profile yet
-    (https://docs.aws.amazon.com/IAM/latest/UserGuide/troubleshoot_iam-ec2.html)."""
-    while True:
-        try:
-            return run_instances(ec2, request)
-        except botocore.exceptions.ClientError as exc:
-            if profile_created_at is None or not profile_not_ready(exc, profile_created_at, time.time()):
-                raise
-            sleep(3.0)
 
 
 def spot_role_message() -> str:

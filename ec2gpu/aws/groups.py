@@ -30,19 +30,24 @@ from __future__ import annotations
 import base64
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from typing import Any, cast
 
 from ..errors import CapacityError
 from ..inert import inert
-from . import capacity, tags
-from .session import Client, error_code
+from . import capacity, consistency, tags
+from .session import Client, Log, error_code
 from .instances import LaunchSpec, run_request
 
 #: the name of a run's launch template and group: one of each per run
 PREFIX = "ec2gpu-"
 #: the scheduled action that ends a run at its deadline (max runtime, or the idle rule's)
 DEADLINE_ACTION = "ec2gpu-deadline"
+#: the soonest a deadline is scheduled, in s from now: Auto Scaling refuses a scheduled action whose
+#: StartTime is in the past (PutScheduledUpdateGroupAction: "If you try to schedule your action in
+#: the past, Amazon EC2 Auto Scaling returns an error message":
+#: https://docs.aws.amazon.com/autoscaling/ec2/APIReference/API_PutScheduledUpdateGroupAction.html)
+SCHEDULE_LEAD_S = 60
 #: RunInstances fields a launch template does not take, or that a group decides per instance:
 #: how many (the group's size), where (its subnets), and the market (its InstancesDistribution)
 _NOT_IN_TEMPLATE = ("MinCount", "MaxCount", "SubnetId", "Placement", "InstanceMarketOptions")
@@ -214,15 +219,21 @@ def deadline_request(run_id: str, at: datetime) -> dict[str, Any]:
 
 
 def create(ec2: Client, autoscaling: Client, spec: LaunchSpec, instance_types: list[str], subnet_ids: list[str],
-           size: int, deadline: datetime | None) -> str:
+           size: int, deadline: datetime | None, made_at: float | None = None, log: Log = lambda line: None) -> str:
     """Create the run's launch template, its group (``group_request``) and, with a ``deadline``,
-    the scheduled action that ends it then; return the group's name. What was made before a
-    refusal is removed again (``delete``) before the error is raised: botocore's ClientError."""
-    ec2.create_launch_template(**template_request(spec))
+    the scheduled action that ends it then; return the group's name. ``made_at`` (time.time()):
+    when the run's instance profile and security group were made; while EC2 does not see them yet
+    the template and the group are asked for again (consistency.when_visible, for about two
+    minutes after, saying so through ``log``). What was made before a refusal is removed again
+    (``delete``) before the error is raised: botocore's ClientError."""
+    consistency.when_visible(lambda: ec2.create_launch_template(**template_request(spec)), made_at, log)
     try:
-        autoscaling.create_auto_scaling_group(**group_request(spec, instance_types, subnet_ids, size))
-        if deadline is not None:
-            autoscaling.put_scheduled_update_group_action(**deadline_request(spec.run_id, deadline))
+        request = group_request(spec, instance_types, subnet_ids, size)
+        consistency.when_visible(lambda: autoscaling.create_auto_scaling_group(**request), made_at, log)
+        if deadline is not None:  # never in the past, which Auto Scaling refuses: a short limit spent on the
+            # requests above; the agent ends the job at its own limit_at whatever the group's time
+            soonest = datetime.now(timezone.utc) + timedelta(seconds=SCHEDULE_LEAD_S)
+            autoscaling.put_scheduled_update_group_action(**deadline_request(spec.run_id, max(deadline, soonest)))
     except BaseException:
         delete(ec2, autoscaling, spec.run_id)
         raise

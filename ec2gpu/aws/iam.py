@@ -50,10 +50,6 @@ REGION = "ec2gpu:region"
 #: the role's trust policy: EC2 may assume it for an instance, nothing else may
 TRUST = {"Version": "2012-10-17", "Statement": [
     {"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]}
-#: EC2 may refuse a launch with a just-made instance profile for some seconds (InvalidParameterValue):
-#: https://docs.aws.amazon.com/IAM/latest/UserGuide/troubleshoot_iam-ec2.html ("If you create the
-#: instance profile and immediately launch, you may see an error"). Retried this long after creation.
-PROFILE_PROPAGATION_S = 60.0
 #: the aggregate size of a role's inline policies, not counting white space
 #: (https://docs.aws.amazon.com/IAM/latest/UserGuide/reference_iam-quotas.html)
 MAX_POLICY_CHARS = 10_240
@@ -255,16 +251,6 @@ def combined(*policies: dict[str, Any]) -> dict[str, Any]:
     if size > MAX_POLICY_CHARS:
         raise ValueError(f"combined: {size} characters, over IAM's {MAX_POLICY_CHARS} for a role's inline policies")
     return policy
-
-
-def profile_not_ready(exc: BaseException, profile_created_at: float, now: float) -> bool:
-    """Whether a RunInstances error ``exc`` is EC2 not seeing a just-made instance profile yet (pure):
-    a ClientError coded InvalidParameterValue less than PROFILE_PROPAGATION_S (60 s) after
-    ``profile_created_at`` (both time.time() seconds; a clock stepped back counts as "just now" for
-    at most as long). Decided from the error code, never its message:
-    https://docs.aws.amazon.com/IAM/latest/UserGuide/troubleshoot_iam-ec2.html."""
-    age = now - profile_created_at
-    return error_code(exc) == "InvalidParameterValue" and -PROFILE_PROPAGATION_S < age < PROFILE_PROPAGATION_S
 
 
 # --- the role ---------------------------------------------------------------------------------

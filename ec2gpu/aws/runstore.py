@@ -53,7 +53,7 @@ import botocore.exceptions
 
 from ..errors import AwsError, UsageError
 from ..wire import bounded_json, names, run_record, run_spec
-from . import tags
+from . import consistency, tags
 from .runstore_objects import FORBIDDEN, MISSING_BUCKET, Forbidden, absent, expected_owner, get_config, request
 from .session import Aws, Client, Item, Log, error_code
 
@@ -306,7 +306,9 @@ def ensure(s3: Client, account_id: str, region: str, owner: str, expire_days: in
     Idempotent: a bucket that exists keeps its data, and each setting of the module docstring that
     differs (Block Public Access, SSE-S3, the TLS-deny statement, the lifecycle rule with
     ``expire_days`` (>= 1), an ``ec2gpu:owner`` tag when it has none) is set again; the user's own
-    policy statements, lifecycle rules and tags are kept. ``log`` hears one line per change.
+    policy statements, lifecycle rules and tags are kept. ``log`` hears one line per change. A
+    bucket made here is configured through consistency.FreshBucket: S3 may answer NoSuchBucket for
+    a moment after CreateBucket, and those answers are tried again.
 
     A setting these credentials may not make (403) is left as it is, and ``log`` hears one line
     naming them: docs/iam-policy.json gives a user no s3:PutBucketPolicy, PutLifecycleConfiguration,
@@ -322,7 +324,7 @@ def ensure(s3: Client, account_id: str, region: str, owner: str, expire_days: in
     bucket = bucket_name(account_id, region)
     days = _days(expire_days)
     if not exists(s3, bucket):
-        _create(s3, bucket, region)
+        s3 = _create(s3, bucket, region)
         log(f"run store: created s3://{bucket} in {region}")
     done, refused = _apply(s3, bucket, region, owner, days)
     for what in done:
@@ -334,7 +336,10 @@ def ensure(s3: Client, account_id: str, region: str, owner: str, expire_days: in
     return bucket
 
 
-def _create(s3: Client, bucket: str, region: str) -> None:
+def _create(s3: Client, bucket: str, region: str) -> Client:
+    """CreateBucket of ``bucket`` in ``region``; returns the client for its configuration calls,
+    which tries them again while S3 does not see the new bucket yet (consistency.FreshBucket).
+    Raises UsageError for a name another account took, AwsError for other S3 errors."""
     req: dict[str, Any] = {"Bucket": bucket}  # ACLs off: S3's default for new buckets since April 2023
     if region != "us-east-1":  # us-east-1 refuses its own name as a LocationConstraint
         req["CreateBucketConfiguration"] = {"LocationConstraint": region}
@@ -343,13 +348,14 @@ def _create(s3: Client, bucket: str, region: str) -> None:
     except botocore.exceptions.ClientError as exc:
         code = error_code(exc)
         if code == "BucketAlreadyOwnedByYou":  # made meanwhile by another command of this account
-            return
+            return consistency.FreshBucket(s3, bucket)
         if code == "BucketAlreadyExists":
             raise UsageError(f"run store: the bucket name {bucket} is taken by another AWS account",
                              "S3 bucket names are global and this one is ec2gpu's for this account and region: "
                              "detached runs cannot use it (runs in the foreground still work); docs/security.md, "
                              "'The run store'") from None
         raise AwsError(f"run store: could not create s3://{bucket} ({code})", "see docs/iam-policy.json") from None
+    return consistency.FreshBucket(s3, bucket)
 
 
 #: S3 keeps a bucket policy to 20 KB (https://docs.aws.amazon.com/AmazonS3/latest/userguide/using-iam-policies.html)

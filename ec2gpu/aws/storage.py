@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import botocore.exceptions
 
 from ..errors import AwsError, UsageError
-from . import tags
+from . import consistency, tags
 from .session import Client, Log, error_code
 
 #: HeadBucket answers with an HTTP status and no body: its error code is the status
@@ -77,7 +77,8 @@ def bucket_region(s3: Client, bucket: str, default_region: str) -> str | None:
 def create_private_bucket(s3: Client, bucket: str, region: str, owner: str, user: str) -> None:
     """Create ``bucket`` in ``region``: public access blocked, SSE-S3 default encryption, tagged
     ``ec2gpu:owner`` (``owner``, the local login name: for people) and ``ec2gpu:user`` (``user``, the
-    caller's AWS user id: what ``check_buckets`` compares). Raises UsageError when the name is taken
+    caller's AWS user id: what ``check_buckets`` compares); each setting tried again while S3 does
+    not see the new bucket yet (consistency.FreshBucket). Raises UsageError when the name is taken
     by another account (BucketAlreadyExists), AwsError for other errors."""
     req: dict[str, Any] = {"Bucket": bucket}
     if region != "us-east-1":  # us-east-1 refuses its own name as a LocationConstraint
@@ -91,6 +92,7 @@ def create_private_bucket(s3: Client, bucket: str, region: str, owner: str, user
             raise UsageError(f"file_mounts: the bucket name {bucket} is taken by another AWS account",
                              "S3 bucket names are global: choose another name")
         raise AwsError(f"file_mounts: could not create s3://{bucket} ({error_code(exc)})", "see docs/iam-policy.json")
+    s3 = consistency.FreshBucket(s3, bucket)  # S3 may not see the new bucket yet: NoSuchBucket is tried again
     s3.put_public_access_block(Bucket=bucket, PublicAccessBlockConfiguration={
         "BlockPublicAcls": True, "IgnorePublicAcls": True, "BlockPublicPolicy": True, "RestrictPublicBuckets": True})
     s3.put_bucket_encryption(Bucket=bucket, ServerSideEncryptionConfiguration={

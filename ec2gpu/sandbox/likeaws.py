@@ -21,6 +21,17 @@ break on AWS. In this mode the sandbox behaves the way EC2 does, in the places t
   ``fresh_s`` ago answers ``InvalidInstanceID.NotFound`` / ``InvalidGroup.NotFound`` /
   ``InvalidKeyPair.NotFound`` with probability ``not_found_p``
   (https://docs.aws.amazon.com/ec2/latest/devguide/eventual-consistency.html);
+- **a new instance profile**: RunInstances naming an instance profile made (CreateInstanceProfile)
+  less than ``profile_unseen_s`` ago answers ``InvalidParameterValue`` ("Value (NAME) for parameter
+  iamInstanceProfile.name is invalid. Invalid IAM Instance Profile name"), and CreateAutoScalingGroup
+  whose launch template names one answers ``ValidationError`` ("You must use a valid fully-formed
+  launch template. Value (NAME) ..."), as AWS does for tens of seconds
+  (https://github.com/eksctl-io/eksctl/issues/8039, aws/consistency.py); CreateLaunchTemplate
+  takes it, as EC2 does ("Launch template parameters are not fully validated when you create the
+  launch template": https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/launch-template-restrictions.html);
+- **a new security group**: for its first ``group_unseen_s``, RunInstances naming it answers
+  ``InvalidGroup.NotFound`` and CreateAutoScalingGroup whose template names it ``ValidationError``
+  (https://docs.aws.amazon.com/ec2/latest/devguide/eventual-consistency.html);
 - **throttling**: any EC2 request answers ``RequestLimitExceeded`` (HTTP 503) with probability
   ``throttle_p`` (https://docs.aws.amazon.com/ec2/latest/devguide/ec2-api-throttling.html).
 
@@ -30,6 +41,7 @@ it can vary, so a run is repeatable in its rates, not request for request. Nothi
 """
 from __future__ import annotations
 
+import html
 import io
 import os
 from typing import Any
@@ -42,6 +54,8 @@ from urllib.parse import parse_qs
 
 ENV = "EC2GPU_SANDBOX_LIKE_AWS"
 EC2_API_VERSION = "2016-11-15"  # the Version parameter of every EC2 query request
+IAM_API_VERSION = "2010-05-08"
+AUTOSCALING_API_VERSION = "2011-01-01"
 
 
 @dataclass
@@ -55,6 +69,8 @@ class Behaviour:
     image_pending_s: float = 3.0  # CreateImage: pending this long, then available (sandbox/images.py)
     snapshot_in_use_s: float = 2.0  # DeregisterImage: its snapshots answer InUse this long
     fresh_s: float = 15.0
+    profile_unseen_s: float = 20.0  # EC2 and Auto Scaling refuse a new instance profile this long
+    group_unseen_s: float = 3.0  # ... and a new security group this long
     not_found_p: float = 0.5
     throttle_p: float = 0.03
 
@@ -70,9 +86,15 @@ class Behaviour:
         return cls(seed=int(value)) if value.isdigit() and value != "1" else cls()
 
 
-def _error(status: int, code: str, message: str) -> tuple[str, bytes]:
+def _error(status: int, code: str, message: str, version: str = EC2_API_VERSION) -> tuple[str, bytes]:
+    """An error answer as the service of ``version`` gives it: EC2's <Response><Errors>, the other
+    query APIs' (Auto Scaling's) <ErrorResponse>."""
+    message = html.escape(message, quote=False)
     body = (f'<?xml version="1.0" encoding="UTF-8"?>\n<Response><Errors><Error><Code>{code}</Code>'
-            f"<Message>{message}</Message></Error></Errors><RequestID>sandbox-like-aws</RequestID></Response>")
+            f"<Message>{message}</Message></Error></Errors><RequestID>sandbox-like-aws</RequestID></Response>"
+            if version == EC2_API_VERSION else
+            f'<?xml version="1.0" encoding="UTF-8"?>\n<ErrorResponse><Error><Type>Sender</Type><Code>{code}</Code>'
+            f"<Message>{message}</Message></Error><RequestId>sandbox-like-aws</RequestId></ErrorResponse>")
     return {400: "400 Bad Request", 503: "503 Service Unavailable"}[status], body.encode()
 
 
@@ -84,6 +106,8 @@ class Consistency:
     behaviour: Behaviour
     created: dict[str, float] = field(default_factory=dict)  # resource id or key name -> monotonic time
     released: dict[str, tuple[str, float]] = field(default_factory=dict)  # snapshot -> (its image, deregistered at)
+    made: dict[str, float] = field(default_factory=dict)  # "profile:NAME" or a security group id -> monotonic time
+    templates: dict[str, list[str]] = field(default_factory=dict)  # launch template name -> what it names (made keys)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self):
@@ -113,6 +137,20 @@ class Consistency:
             image_id, at = self.released.get(snapshot_id, ("", float("-inf")))
             return image_id if time.monotonic() - at < self.behaviour.snapshot_in_use_s else None
 
+    def made_now(self, *keys: str) -> None:
+        """``keys`` ("profile:NAME", a security group id) were made just now."""
+        with self.lock:
+            for k in keys:
+                self.made[k] = time.monotonic()
+
+    def unseen(self, key: str) -> bool:
+        """Whether ``key`` was made too recently to be seen: a profile within ``profile_unseen_s``,
+        a security group within ``group_unseen_s``."""
+        with self.lock:
+            born = self.made.get(key)
+        window = self.behaviour.profile_unseen_s if key.startswith("profile:") else self.behaviour.group_unseen_s
+        return born is not None and time.monotonic() - born < window
+
     def throttled(self) -> bool:
         with self.lock:
             return self.rng.random() < self.behaviour.throttle_p
@@ -136,9 +174,12 @@ def fault_for(action: str, params: dict, state: Consistency) -> tuple[str, str] 
     groups = _values(params, "GroupId") if action == "AuthorizeSecurityGroupIngress" else \
         _values(params, "SecurityGroupId") if action == "RunInstances" else []
     for gid in groups:
-        if state.first_touch(gid):
+        if (action == "RunInstances" and state.unseen(gid)) or state.first_touch(gid):
             return "InvalidGroup.NotFound", f"The security group '{gid}' does not exist"
     if action == "RunInstances":
+        refused = _profile_fault(params, "IamInstanceProfile", state)
+        if refused:
+            return "InvalidParameterValue", refused
         for key in _values(params, "KeyName"):
             if state.first_touch(f"key:{key}"):
                 return "InvalidKeyPair.NotFound", f"The key pair '{key}' does not exist"
@@ -151,6 +192,46 @@ def fault_for(action: str, params: dict, state: Consistency) -> tuple[str, str] 
             image_id = state.in_use_by(sid)
             if image_id:
                 return "InvalidSnapshot.InUse", f"The snapshot {sid} is currently in use by {image_id}"
+    return None
+
+
+def _profile_fault(params: dict, prefix: str, state: Consistency) -> str | None:
+    """EC2's words for an instance profile (``prefix``.Name or ``prefix``.Arn of a request) it does
+    not see yet, or None. The messages are those AWS gives (eksctl#8039, terraform-provider-aws#4769)."""
+    for field_, what in (("Name", "name"), ("Arn", "ARN")):
+        for value in _values(params, f"{prefix}.{field_}"):
+            if state.unseen(f"profile:{value.rsplit('/', 1)[-1]}"):
+                return f"Value ({value}) for parameter iamInstanceProfile.{field_.lower()} is invalid. " \
+                       f"Invalid IAM Instance Profile {what}"
+    return None
+
+
+def template_names(params: dict) -> list[str]:
+    """What a CreateLaunchTemplate request's data names that may be too new to be seen: its
+    instance profile ("profile:NAME") and its security groups."""
+    data = "LaunchTemplateData"
+    return [f"profile:{v.rsplit('/', 1)[-1]}" for f in ("Name", "Arn")
+            for v in _values(params, f"{data}.IamInstanceProfile.{f}")] + _values(params, f"{data}.SecurityGroupId")
+
+
+def group_fault(action: str, params: dict, state: Consistency) -> tuple[str, str] | None:
+    """(code, message) of CreateAutoScalingGroup naming a launch template whose instance profile or
+    security group Auto Scaling does not see yet, or None (it goes to moto)."""
+    if action != "CreateAutoScalingGroup":
+        return None
+    names = _values(params, "LaunchTemplate.LaunchTemplateName") + _values(
+        params, "MixedInstancesPolicy.LaunchTemplate.LaunchTemplateSpecification.LaunchTemplateName")
+    for template in names:
+        with state.lock:
+            named = list(state.templates.get(template, []))
+        for key in named:
+            if key.startswith("profile:") and state.unseen(key):
+                return "ValidationError", ("You must use a valid fully-formed launch template. Value "
+                                           f"({key.split(':', 1)[1]}) for parameter iamInstanceProfile.name is "
+                                           "invalid. Invalid IAM Instance Profile name")
+            if not key.startswith("profile:") and state.unseen(key):
+                return "ValidationError", (f"You must use a valid fully-formed launch template. The security group "
+                                           f"'{key}' does not exist")
     return None
 
 
@@ -179,11 +260,13 @@ class Middleware:
         environ["wsgi.input"] = io.BytesIO(body)
         params = parse_qs(body.decode(errors="replace")) if body else {}
         action = (params.get("Action") or [""])[0]
-        if (params.get("Version") or [""])[0] != EC2_API_VERSION:
-            return self.app(environ, start_response)  # not EC2 (STS, SSM, Service Quotas, S3...)
-        fault = fault_for(action, params, self.state)
+        version = (params.get("Version") or [""])[0]
+        if version not in (EC2_API_VERSION, IAM_API_VERSION, AUTOSCALING_API_VERSION):
+            return self.app(environ, start_response)  # not EC2, IAM or Auto Scaling (STS, SSM, S3...)
+        fault = fault_for(action, params, self.state) if version == EC2_API_VERSION else \
+            group_fault(action, params, self.state) if version == AUTOSCALING_API_VERSION else None
         if fault:
-            status, payload = _error(503 if fault[0] == "RequestLimitExceeded" else 400, *fault)
+            status, payload = _error(503 if fault[0] == "RequestLimitExceeded" else 400, *fault, version=version)
             start_response(status, [("Content-Type", "text/xml"), ("Content-Length", str(len(payload)))])
             return [payload]
         held = self.image_snapshots((params.get("ImageId") or [""])[0]) if action == "DeregisterImage" else []
@@ -210,7 +293,15 @@ class Middleware:
         if action == "RunInstances":
             self.state.record(*re.findall(r"<instanceId>(i-[0-9a-f]+)</instanceId>", text))
         elif action == "CreateSecurityGroup":
-            self.state.record(*re.findall(r"<groupId>(sg-[0-9a-f]+)</groupId>", text))
+            made = re.findall(r"<groupId>(sg-[0-9a-f]+)</groupId>", text)
+            self.state.record(*made)
+            self.state.made_now(*made)
+        elif action == "CreateInstanceProfile":
+            self.state.made_now(*(f"profile:{n}" for n in _values(params, "InstanceProfileName")))
+        elif action == "CreateLaunchTemplate":
+            with self.state.lock:
+                for name in _values(params, "LaunchTemplateName"):
+                    self.state.templates[name] = template_names(params)
         elif action == "ImportKeyPair":
             self.state.record(*(f"key:{k}" for k in _values(params, "KeyName")))
         elif action == "CreateImage":

@@ -1,13 +1,14 @@
 """Capacity fallback and quota checks against moto, with AWS errors injected through botocore's
 event hooks (a `before-call` handler that answers instead of the server)."""
 import os
+import time
 
 import pytest
 from botocore.awsrequest import AWSResponse
 
 from ec2gpu.aws import capacity, instances, sweep
 from ec2gpu.aws.session import Aws
-from ec2gpu.errors import CapacityError
+from ec2gpu.errors import AwsError, CapacityError
 
 
 RUN_ID = "run-cap"  # the spec fixture's (conftest.py)
@@ -160,6 +161,21 @@ def test_throttling_is_retried_in_place_with_backoff_even_by_the_fail_fast_clien
     assert calls["RunInstances"] == 3 and sleeps == [0.25, 0.25, 0.5]  # in place, backing off
     assert [a.outcome for a in attempts] == ["launched"]  # one attempt: the zone was not given up
     assert found[0].zone == zone
+
+
+def test_a_launch_refused_while_ec2_does_not_see_the_new_instance_profile_is_tried_again_in_place(
+        aws, spec, wire_errors):
+    inject, calls, _ = wire_errors
+    ec2, said, waited = aws.client("ec2", fail_fast=True), [], []
+    inject(ec2, "RunInstances", "InvalidParameterValue", times=2)
+    found, attempts = capacity.launch_with_fallback(ec2, spec, ["g4dn.xlarge"], log=said.append,
+                                                    profile_created_at=time.time(), sleep=waited.append)
+    assert calls["RunInstances"] == 3 and waited == [1, 2] and [a.outcome for a in attempts] == ["launched"]
+    assert "RunInstances: InvalidParameterValue" in said[0] and len(found) == 1
+    inject(ec2, "RunInstances", "InvalidParameterValue", times=1)  # no new profile: a bad request, at once
+    with pytest.raises(AwsError, match="InvalidParameterValue"):
+        capacity.launch_with_fallback(ec2, spec, ["g4dn.xlarge"], sleep=waited.append)
+    assert waited == [1, 2]
 
 
 def test_a_capacity_error_is_not_retried_in_place(aws, spec, wire_errors):

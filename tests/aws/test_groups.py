@@ -7,6 +7,7 @@ from datetime import datetime, timedelta, timezone
 
 import botocore.exceptions
 import pytest
+from botocore.awsrequest import AWSResponse
 
 from ec2gpu.aws import capacity, groups, instances, sweep
 from ec2gpu.aws.instances import IdleRule
@@ -179,11 +180,51 @@ def test_a_group_runs_its_size_ends_at_zero_and_is_removed_with_its_template(aws
     assert groups.delete(aws.ec2, asg, RUN_ID) == []  # nothing left: nothing to do, no error
 
 
+def test_a_deadline_already_past_when_the_group_is_made_is_scheduled_a_minute_ahead(aws, spec):
+    """A short limit spent on the requests before the group: Auto Scaling refuses a scheduled action
+    in the past (the sandbox does too), so the group's end is scheduled SCHEDULE_LEAD_S from now,
+    and the run is not torn down for it (the agent stops the job at its own limit_at)."""
+    asg = aws.client("autoscaling")
+    subnets = list(capacity.default_subnets(aws.ec2).values())[:1]
+    before = datetime.now(timezone.utc)
+    name = groups.create(aws.ec2, asg, spec, ["g4dn.xlarge"], subnets, 1, before - timedelta(seconds=30))
+    try:
+        (action,) = asg.describe_scheduled_actions(AutoScalingGroupName=name)["ScheduledUpdateGroupActions"]
+        assert action["StartTime"] >= before + timedelta(seconds=groups.SCHEDULE_LEAD_S - 1)
+    finally:
+        groups.delete(aws.ec2, asg, RUN_ID)
+
+
 def test_a_group_aws_refuses_leaves_no_launch_template(aws, spec):
     asg = aws.client("autoscaling")
     with pytest.raises(botocore.exceptions.ClientError):
         groups.create(aws.ec2, asg, spec, ["g4dn.xlarge"], ["subnet-doesnotexist"], 1, None)
     assert groups.find_templates(aws.ec2, RUN_ID) == [] and groups.find_groups(asg, RUN_ID) == []
+
+
+def test_a_group_refused_while_auto_scaling_does_not_see_the_new_profile_is_made_once_it_does(aws, spec):
+    """CreateAutoScalingGroup answers ValidationError for tens of seconds after CreateInstanceProfile
+    (eksctl#8039; aws/consistency.py): the group is asked for again, and the run is told it waits."""
+    asg, left, said = aws.client("autoscaling"), {"n": 2}, []
+    message = ("You must use a valid fully-formed launch template. Value (ec2gpu-run-asg) for parameter "
+               "iamInstanceProfile.name is invalid. Invalid IAM Instance Profile name")
+
+    def not_seen_yet(**_):
+        if left["n"] <= 0:
+            return None
+        left["n"] -= 1
+        return AWSResponse("https://autoscaling.amazonaws.com/", 400, {}, None), {
+            "Error": {"Code": "ValidationError", "Message": message}, "ResponseMetadata": {"HTTPStatusCode": 400}}
+    asg.meta.events.register("before-call.auto-scaling.CreateAutoScalingGroup", not_seen_yet)
+    subnets = list(capacity.default_subnets(aws.ec2).values())[:1]
+    try:
+        name = groups.create(aws.ec2, asg, spec, ["g4dn.xlarge"], subnets, 1, None, made_at=time.time(), log=said.append)
+        assert left["n"] == 0 and [g["AutoScalingGroupName"] for g in groups.find_groups(asg, RUN_ID)] == [name]
+        assert "CreateAutoScalingGroup: ValidationError" in said[0] and "iamInstanceProfile.name" in said[0]
+        assert said[-1] == "AWS sees it now: went through after 2 refusal(s)"
+    finally:
+        asg.meta.events.unregister("before-call.auto-scaling.CreateAutoScalingGroup", not_seen_yet)
+        groups.delete(aws.ec2, asg, RUN_ID)
 
 
 def test_a_sweep_removes_a_runs_group_before_its_instances_and_its_template_after(aws, spec, tmp_path):

@@ -303,6 +303,35 @@ def test_a_user_who_may_not_change_the_buckets_settings_still_gets_the_store_and
     assert runstore.check(s3, BUCKET, 30) == [] and not any("not set" in line for line in said)
 
 
+class _NotSeenYet:
+    """moto's S3 client as S3 answers a moment after CreateBucket: the first ``times`` calls that
+    configure the bucket (Get/Put of its settings) answer NoSuchBucket, as bucket configurations
+    are eventually consistent (aws/consistency.py)."""
+
+    def __init__(self, s3, times: int):
+        self.s3, self.left, self.refused = s3, times, []
+
+    def __getattr__(self, name):
+        method = getattr(self.s3, name)
+        if not name.startswith(("put_bucket", "get_bucket", "put_public", "get_public")) or \
+                name == "get_bucket_location":
+            return method
+
+        def call(**kw):
+            if self.left > 0:
+                self.left -= 1
+                self.refused.append(name)
+                raise botocore.exceptions.ClientError({"Error": {"Code": "NoSuchBucket", "Message": ""}}, name)
+            return method(**kw)
+        return call
+
+
+def test_a_new_stores_settings_are_made_while_s3_does_not_see_the_new_bucket_yet(s3):
+    slow = _NotSeenYet(s3, 2)
+    assert runstore.ensure(slow, ACCOUNT, "us-east-1", "alice", 30) == BUCKET
+    assert len(slow.refused) == 2 and runstore.check(s3, BUCKET, 30) == []
+
+
 def test_a_name_another_account_took_is_refused_with_what_to_do():
     with pytest.raises(UsageError, match="taken by another AWS account") as err:
         runstore.ensure(_Refusing("404", "BucketAlreadyExists"), ACCOUNT, "us-east-1", "alice", 30)

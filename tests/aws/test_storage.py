@@ -171,3 +171,37 @@ def test_an_sse_kms_buckets_key_reaches_the_run_roles_policy(s3, tmp_path):
     assert keys["Sid"] == "ReadKeys" and keys["Resource"] == [key] and keys["Action"] == ["kms:Decrypt"]
     assert keys["Condition"]["StringLike"]["kms:EncryptionContext:aws:s3:arn"] == [
         "arn:aws:s3:::kms-data-51", "arn:aws:s3:::kms-data-51/*"]
+
+
+def test_a_new_output_bucket_is_made_private_while_s3_does_not_see_it_yet(s3):
+    """S3 answers NoSuchBucket to the first configuration calls after CreateBucket for a moment
+    (aws/consistency.py): they are tried again, and the bucket ends private, encrypted and tagged."""
+    bucket, left = "ec2gpu-test-storage-new", {"n": 2}
+
+    def not_seen_yet(request, **_):
+        if left["n"] <= 0:
+            return None
+        left["n"] -= 1
+        from botocore.awsrequest import AWSResponse
+        body = b"<Error><Code>NoSuchBucket</Code><Message>The specified bucket does not exist</Message></Error>"
+        return AWSResponse(request.url, 404, {}, _Raw(body))
+    s3.meta.events.register("before-send.s3.PutPublicAccessBlock", not_seen_yet)
+    try:
+        storage.create_private_bucket(s3, bucket, "us-east-1", "alice", ALICE)
+        assert left["n"] == 0
+        assert all(s3.get_public_access_block(Bucket=bucket)["PublicAccessBlockConfiguration"].values())
+        assert s3.get_bucket_encryption(Bucket=bucket)["ServerSideEncryptionConfiguration"]["Rules"]
+        assert {"Key": "ec2gpu:user", "Value": ALICE} in s3.get_bucket_tagging(Bucket=bucket)["TagSet"]
+    finally:
+        s3.meta.events.unregister("before-send.s3.PutPublicAccessBlock", not_seen_yet)
+        s3.delete_bucket(Bucket=bucket)
+
+
+class _Raw:
+    """The body of a canned HTTP response, as botocore reads it (AWSResponse.raw.stream())."""
+
+    def __init__(self, body: bytes):
+        self.body = body
+
+    def stream(self, **_):
+        yield self.body

@@ -15,10 +15,12 @@ from datetime import datetime, timedelta, timezone
 import botocore.exceptions
 import pytest
 
+from ec2gpu import cli
 from ec2gpu.aws import capacity, groups, images, instances, network, sweep
 from ec2gpu.aws.session import Aws
 from ec2gpu.sandbox import control
 
+from test_detached_run import _nothing_left, _task, _wait  # same folder (pytest prepend import mode)
 from test_sandbox_train import processes_gone, sandbox_settles  # same folder (pytest prepend import mode)
 
 pytestmark = pytest.mark.e2e
@@ -75,6 +77,7 @@ class Run:
         self.profile = f"ec2gpu-{run_id}"
         self.iam.create_role(RoleName=self.profile, AssumeRolePolicyDocument=TRUST)
         self.iam.create_instance_profile(InstanceProfileName=self.profile)
+        self.made_at = time.time()  # the profile and security group: AWS (and --like-aws) sees them a while later
         self.iam.add_role_to_instance_profile(InstanceProfileName=self.profile, RoleName=self.profile)
         self.ami = images.resolve_ami(self.aws.client("ssm"), self.ec2)
         self.subnets = list(capacity.default_subnets(self.ec2).values())[:2]
@@ -94,7 +97,7 @@ class Run:
 
     def create(self, spot: bool = True, deadline: datetime | None = None, run_id: str | None = None) -> str:
         return groups.create(self.ec2, self.asg, self.spec(spot, run_id), ["g5.xlarge", "g4dn.xlarge"], self.subnets,
-                             1, deadline)
+                             1, deadline, made_at=self.made_at)
 
     def live(self, run_id: str | None = None) -> list[dict]:
         """The run's pending and running instances, as DescribeInstances lists them."""
@@ -182,7 +185,7 @@ def run(sandbox_env, tmp_path, request, monkeypatch):
 
 @pytest.fixture(scope="module")
 def like_aws_home(tmp_path_factory):
-    """A sandbox of its own in the AWS-like mode (likeaws.py), for the one test that needs it."""
+    """A sandbox of its own in the AWS-like mode (likeaws.py), for the tests that need it."""
     home = tmp_path_factory.mktemp("asg-like-aws-home")
     state = control.up(home, like_aws=True)
     assert state["like_aws"]
@@ -344,3 +347,26 @@ def test_like_aws_a_group_instance_is_pending_first(like_aws_home, tmp_path, mon
         assert_whole_instance(made, running, ran)
     finally:
         finish(made)
+
+
+def test_like_aws_a_detached_run_starts_on_the_first_try_while_aws_does_not_see_its_new_profile(
+        like_aws_home, tmp_path, monkeypatch, capsys):
+    """--like-aws refuses the run's new instance profile for 20 s, as AWS refuses it for tens of
+    seconds after CreateInstanceProfile (eksctl#8039): the hand-off waits for it, says so, and the
+    run starts and succeeds on its first group, with nothing left after."""
+    home, state = like_aws_home
+    monkeypatch.setenv("EC2GPU_HOME", str(home))
+    for k, v in control.env_vars(state).items():
+        monkeypatch.setenv(k, v)
+    task = _task(tmp_path, 'cat data.txt > "$EC2GPU_OUTPUT_DIR/result.txt"', setup=False)
+    assert cli.main(["run", str(task), "--sandbox", "--detach", "--max-runtime", "30m", "--json"]) == 0
+    out = capsys.readouterr()
+    record = json.loads(out.out)
+    said = " ".join(out.err.split())  # the console wraps its lines
+    assert record["status"] == "detached", said
+    assert "CreateAutoScalingGroup: ValidationError" in said and "Invalid IAM Instance Profile name" in said
+    assert "AWS sees it now" in said
+    done = _wait(record["run_id"], ("succeeded", "failed", "cancelled"), timeout_s=300)
+    assert done["state"] == "succeeded" and done["exit_code"] == 0, f"{done.get('message')!r} {done}"
+    left = _nothing_left(record["run_id"])
+    assert not any(left.values()), left

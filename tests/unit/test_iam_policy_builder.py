@@ -2,7 +2,6 @@
 for a just-made instance profile."""
 import json
 
-import botocore.exceptions
 import pytest
 
 from ec2gpu.aws import iam
@@ -97,31 +96,6 @@ def test_a_policy_over_iams_size_limit_is_refused():
     many = [("data-bucket", f"prefix-{i:04d}-" + "x" * 40 + "/") for i in range(300)]
     with pytest.raises(ValueError, match="10240"):
         iam.s3_policy(many, [])
-
-
-def _error(code: str) -> botocore.exceptions.ClientError:
-    return botocore.exceptions.ClientError({"Error": {"Code": code, "Message": "anything at all"}}, "RunInstances")
-
-
-def test_profile_not_ready_only_for_invalid_parameter_value_within_a_minute():
-    created = 1_000_000.0
-    assert iam.profile_not_ready(_error("InvalidParameterValue"), created, created + 0.5)
-    assert iam.profile_not_ready(_error("InvalidParameterValue"), created, created + 59.9)
-    assert not iam.profile_not_ready(_error("InvalidParameterValue"), created, created + 60)
-    assert not iam.profile_not_ready(_error("InvalidParameterValue"), created, created + 3600)
-    assert iam.profile_not_ready(_error("InvalidParameterValue"), created, created - 5)  # clock stepped back
-    assert not iam.profile_not_ready(_error("InvalidParameterValue"), created, created - 3600)
-    for code in ("InsufficientInstanceCapacity", "UnauthorizedOperation", "InvalidParameterCombination"):
-        assert not iam.profile_not_ready(_error(code), created, created + 1)
-    assert not iam.profile_not_ready(ValueError("InvalidParameterValue"), created, created + 1)
-
-
-def test_message_text_decides_nothing():
-    exc = botocore.exceptions.ClientError({"Error": {"Code": "InvalidParameterValue", "Message": ""}}, "RunInstances")
-    assert iam.profile_not_ready(exc, 0.0, 1.0)
-    msg = "Value (ec2gpu-x) for parameter iamInstanceProfile.name is invalid. Invalid IAM Instance Profile name"
-    other = botocore.exceptions.ClientError({"Error": {"Code": "Unsupported", "Message": msg}}, "RunInstances")
-    assert not iam.profile_not_ready(other, 0.0, 1.0)
 
 
 def test_role_names_and_tags_are_what_iam_accepts():

@@ -43,6 +43,7 @@ import re
 import shlex
 import tarfile
 import tempfile
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -362,6 +363,7 @@ class DetachedJob(lifecycle.Lifecycle[Handoff, run_record.RunRecord]):
             self.made = True
             profile = _role(aws, settings, a.user, a.run_id, a.bucket, a.account, a.boundary, bool(a.secret),
                             job.role_policy, several=opts.nodes > 1)
+            made_at = time.time()  # EC2 sees the new profile (and the security group made next) a while later
             if job.buckets_to_make:
                 storage.make_buckets(aws.client("s3"), job.buckets_to_make, aws.region, settings.owner, a.user,
                                      a.ui.note)
@@ -373,7 +375,7 @@ class DetachedJob(lifecycle.Lifecycle[Handoff, run_record.RunRecord]):
             # before the group: its first instance's agent writes the next record, never under this one
             runstore_records.put_status(aws.client("s3"), a.bucket, a.user, a.run_id,
                                         {"run_id": a.run_id, "state": "pending", "attempt": 0, "updated_at": _now()})
-            _group(a, spec, choices)
+            _group(a, spec, choices, made_at)
             self.handed = True
 
     def collect(self, a: Handoff) -> run_record.RunRecord:
@@ -412,17 +414,20 @@ def _spec_from_now(a: Handoff) -> bytes:
     return a.spec
 
 
-def _group(a: Handoff, spec: instances.LaunchSpec, choices: list[tuple[str, str, list[str]]]) -> None:
+def _group(a: Handoff, spec: instances.LaunchSpec, choices: list[tuple[str, str, list[str]]], made_at: float) -> None:
     """The run's Auto Scaling group (aws/groups.create), AZRebalance suspended. One node may launch in
     any zone of ``choices`` (AWS picks); several share one, the first where the group finds capacity
     (aws/groups.find_zone), in the run's cluster placement group when it has one: NCCL across zones
-    is slow, billed per GB and without EFA."""
+    is slow, billed per GB and without EFA. ``made_at`` (time.time()): when the run's instance
+    profile was made; the group waits while AWS does not see it yet (aws/consistency.when_visible)."""
     autoscaling = a.aws.client("autoscaling")
     if a.opts.nodes == 1:
-        groups.create(a.aws.ec2, autoscaling, spec, a.opts.instance_types, [c[1] for c in choices], 1, a.limit_at)
+        groups.create(a.aws.ec2, autoscaling, spec, a.opts.instance_types, [c[1] for c in choices], 1, a.limit_at,
+                      made_at=made_at, log=a.ui.note)
     else:
         _, subnet, types = choices[0]
-        groups.create(a.aws.ec2, autoscaling, spec, types, [subnet], a.opts.nodes, a.limit_at)
+        groups.create(a.aws.ec2, autoscaling, spec, types, [subnet], a.opts.nodes, a.limit_at, made_at=made_at,
+                      log=a.ui.note)
     autoscaling.suspend_processes(**groups.suspend_request(a.run_id))
     if a.opts.nodes > 1:
         zone = groups.find_zone(autoscaling, spec, choices, log=a.ui.note)
