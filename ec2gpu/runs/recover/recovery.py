@@ -57,9 +57,10 @@ WRITE_BACK_TIMEOUT_S = 300.0
 MAX_API_FAILURES = 12  # DescribeInstances errors in a row (about a minute of polls) before the run gives up
 #: after a step on a node failed the way a reclaimed instance makes it fail (its SSH connection
 #: dropped, SSH never answered), how long EC2 is asked whether the instance is gone (s), every
-#: LOST_ASK_EVERY_S: a spot instance's OS shuts down as EC2 marks it shutting-down, and
-#: DescribeInstances is eventually consistent ("may not be immediately reflected":
-#: https://docs.aws.amazon.com/ec2/latest/devguide/eventual-consistency.html)
+#: LOST_ASK_EVERY_S: EC2 stops or terminates a spot instance two minutes after its notice
+#: (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/spot-instance-termination-notices.html),
+#: and what DescribeInstances says of it follows "eventually", so it is asked again for a few
+#: seconds (https://docs.aws.amazon.com/ec2/latest/devguide/eventual-consistency.html)
 LOST_CONFIRM_S = 10.0
 LOST_ASK_EVERY_S = 2.0
 DROP, RELAUNCH = "drop", "relaunch"  # after_loss's answers
