@@ -108,6 +108,9 @@ def _cpus(nd: Node) -> int:
     return got.vcpus if got else 1
 
 
+Each = Callable[[Callable[["Node"], Any], list["Node"]], dict[int, Any]]  # start_ray's ``each``
+
+
 def start_ray(nodes: list[Node], addresses: dict[int, str], job: TaskJob, log: Callable[[str], None],
               token: str, end_with_head: bool = False, each: Each | None = None) -> str:
     """Start Ray on every node (the head first; ec2gpu/pool/node.py) with the pool's ``token``
@@ -138,9 +141,6 @@ def start_ray(nodes: list[Node], addresses: dict[int, str], job: TaskJob, log: C
     log(f"Ray started on {up} of {up + len(late)} node(s), head {address}"
         + (f"; not yet on {', '.join(late)} (they join when they can, or are let go)" if late else ""))
     return address
-
-
-Each = Callable[[Callable[["Node"], Any], list["Node"]], dict[int, Any]]  # start_ray's ``each``
 
 
 def _every(fn: Callable[[Node], Any], nodes: list[Node]) -> dict[int, Any]:

@@ -63,7 +63,7 @@ class _Conn:
 #: each that the tests replace (open: nodes.open_node; the others: the engine's and the pool's)
 PHASES = {"wait for SSH": "open_node", "machine setup": "prepare_node", "upload": "upload_node",
           "file_mounts": "mounts_node", "task setup": "setup_node"}
-POOL_PHASES = {**{k: v for k, v in PHASES.items() if k != "wait for SSH"},
+POOL_PHASES = {**PHASES,
                "Ray start": "check_ray", "Ray start (its Ray launched)": "launch_ray",
                "Ray start (its Ray awaited)": "wait_ready"}
 
