@@ -210,11 +210,12 @@ class PoolDriver(lifecycle.Strategy[dict[str, Any]]):
         super().close(a)
 
     def failed(self, a: lifecycle.Attempt, exc: Exception) -> dict[str, Any]:
-        """A lost head (EC2 says so) explains the failure: recovery.Interrupted, unless its agent
-        handed over a driver that ended, whose results are adopted from S3."""
+        """A lost head (EC2 says so: recovery.lost, asked for a few seconds after a dropped
+        connection) explains the failure: recovery.Interrupted, unless its agent handed over a
+        driver that ended, whose results are adopted from S3."""
         if not isinstance(exc, (*jobs.CONNECTION_ERRORS, WaitTimeout, RemoteError, recovery.Interrupted)):
             raise exc
-        lost = exc if isinstance(exc, recovery.Interrupted) else _lost(a.nodes[0])  # a lost head explains it
+        lost = recovery.lost(a.nodes[0].watch, exc)  # a lost head explains it (EC2 asked a few seconds)
         if lost is None:
             raise exc
         if a.plan is None or not _handed_over(a.aws, a.run_id):  # lost: what it had not brought home runs again
@@ -243,16 +244,6 @@ def _conclude(record: dict[str, Any], pool: follow.Pool, status: dict[str, Any] 
                           command="pool", host=head.host, exit_status=first["exit_status"] if first else None,
                           tail="\n".join(first["tail"]) if first else "")
     return {}
-
-
-def _lost(head: Node) -> Exception | None:
-    """recovery.Interrupted when EC2 says the head ``head`` is gone (its watch), else None."""
-    try:
-        if head.watch:
-            head.watch.check()
-    except recovery.Interrupted as exc:
-        return exc
-    return None
 
 
 def _handed_over(aws: Aws, run_id: str) -> bool:
