@@ -260,3 +260,44 @@ def test_an_instance_reclaimed_while_it_boots_is_not_waited_for_over_ssh(monkeyp
         N.connect_verified(SimpleNamespace(ec2=ec2), settings, backend, inst, tmp_path / "k", timeout_s=30,
                            gone=watch.check)
     assert looked == [] and tried == [] and ec2.asked == 1
+
+
+def test_a_step_held_by_a_reclaimed_instance_ends_when_ec2_says_it_is_gone_not_when_tcp_gives_up(world, monkeypatch):
+    """A reclaimed instance's packets may vanish without a reset: its step would wait for TCP
+    (many minutes). EC2 is asked while the steps run; the gone node's connection is closed, its
+    step fails at once, and the pool drops it."""
+    import threading
+
+    class Held(_Conn):  # what runs on it returns only once its connection is closed
+        def __init__(self):
+            self.closed = threading.Event()
+
+        def close(self):
+            self.closed.set()
+
+    def prepare(nd, say):
+        world.seen.append(f"prepare_node {nd.index}")
+        if nd.index == 2:
+            world.ec2.gone.add(nd.instance_id)  # reclaimed: nothing comes back on its connection
+            nd.conn = held = Held()
+            if not held.closed.wait(30):
+                raise AssertionError("never closed")
+            raise EOFError()
+    monkeypatch.setattr(N, "prepare_node", prepare)
+    monkeypatch.setattr(recovery, "STATE_EVERY_S", 0.05)
+    a, pool, driver = _pool(world)
+    driver.open(a)
+    driver.prepare(a)
+    assert [nd.index for nd in a.nodes] == [0, 1] and pool.lost == ["i-2"]
+
+
+def test_ec2_not_answering_while_steps_run_stops_no_step():
+    import botocore.exceptions
+
+    class Silent:
+        def describe_instances(self, **kw):
+            raise botocore.exceptions.EndpointConnectionError(endpoint_url="http://x")
+    ec2 = Ec2()
+    ec2.gone.add("i-2")
+    assert recovery.gone_now(Silent(), ["i-1", "i-2"]) == {}
+    assert recovery.gone_now(ec2, ["i-1", "i-2"]) == {"i-2": f"EC2 reports the instance terminated ({RECLAIMED})"}

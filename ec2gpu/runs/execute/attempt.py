@@ -279,8 +279,15 @@ def on_nodes(a: Attempt, phase: str, fn: Callable[[Node], T], strategy: Strategy
     (recovery.lost: the node's watch asked, for a few seconds after a dropped connection) is a
     recovery.Loss; with any, ``strategy.lost(a, losses)`` decides (Strategy's by default: raises
     recovery.Interrupted) after every node's step has ended. Raises the first other failure as it
-    was (a setup that failed on a running instance fails the run, whatever was lost beside it)."""
-    outcomes = node_steps.each(fn, list(a.nodes if nodes is None else nodes))
+    was (a setup that failed on a running instance fails the run, whatever was lost beside it).
+    While the steps run, EC2 is asked about the nodes still in theirs every
+    recovery.STATE_EVERY_S (one DescribeInstances), and a gone one's connection is closed, so its
+    step ends now (nodes.each)."""
+    def gone(busy: list[Node]) -> list[Node]:
+        watched = [nd for nd in busy if nd.watch is not None]
+        found = recovery.gone_now(watched[0].watch.ec2, [nd.instance_id for nd in watched]) if watched else {}
+        return [nd for nd in watched if nd.instance_id in found]
+    outcomes = node_steps.each(fn, list(a.nodes if nodes is None else nodes), gone, recovery.STATE_EVERY_S)
     raised = {nd.index: exc for nd, _, exc in outcomes if exc is not None}
     failed = [nd for nd, _, exc in outcomes if exc is not None]
     why = node_steps.parallel(lambda nd: recovery.lost(nd.watch, raised[nd.index]), failed)

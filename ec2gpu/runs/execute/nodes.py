@@ -13,6 +13,7 @@ import contextlib
 import json
 import threading
 import time
+from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,16 +141,30 @@ def parallel(fn: Callable[[Node], T], nodes: list[Node]) -> list[T]:
         return list(pool.map(fn, nodes))
 
 
-def each(fn: Callable[[Node], T], nodes: list[Node]) -> list[tuple[Node, T | None, Exception | None]]:
+def each(fn: Callable[[Node], T], nodes: list[Node], gone: Callable[[list[Node]], list[Node]] | None = None,
+         every_s: float = 5.0) -> list[tuple[Node, T | None, Exception | None]]:
     """``fn(node)`` for every node at once, as ``parallel``, but each node's outcome kept: [(node,
     its result, None) or (node, None, the exception its step raised)], in ``nodes``' order, so that
-    a node lost in the step can be told from the others (runs/execute/attempt.on_nodes)."""
+    a node lost in the step can be told from the others (runs/execute/attempt.on_nodes). While
+    steps run, ``gone(busy)`` is asked every ``every_s`` seconds which of the nodes still in their
+    step have lost their instance (EC2 says so): each one's connection is closed, so that what runs
+    there fails now, not once TCP gives up on a peer whose packets vanish (many minutes)."""
     def one(nd: Node) -> tuple[Node, T | None, Exception | None]:
         try:
             return nd, fn(nd), None
         except Exception as exc:  # noqa: BLE001 - kept for the caller, who decides what it means
             return nd, None, exc
-    return parallel(one, nodes)
+    if not nodes:
+        return []
+    with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
+        running = [pool.submit(one, nd) for nd in nodes]
+        halted: set[int] = set()
+        while gone is not None and futures.wait(running, timeout=every_s).not_done:
+            busy = [nd for nd, f in zip(nodes, running, strict=True) if not f.done() and nd.index not in halted]
+            for nd in gone(busy) if busy else []:
+                halted.add(nd.index)
+                nd.close()
+        return [f.result() for f in running]
 
 
 def follow_all(nodes: list[Node], ui: ReporterLike, local_out: Path, attempt: int, unreachable_s: float,
