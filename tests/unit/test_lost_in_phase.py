@@ -4,7 +4,7 @@ whose third worker got its notice in the machine setup stopped everything ("stop
 decided from structured data (EC2's state for the node, the exception its step raised): a pool's
 worker is dropped and the pool goes on (a replacement follows while elements wait); a run's node,
 any node of a several-node run and a pool's head end the attempt as Interrupted, which the run's
-recovery relaunches. Each phase is tried here; tests/e2e/test_lost_in_phase.py is the user's case."""
+recovery relaunches. Each phase is tried here; tests/e2e/test_reclaimed_before_the_job.py is the user's case."""
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from types import SimpleNamespace
