@@ -301,3 +301,19 @@ def test_ec2_not_answering_while_steps_run_stops_no_step():
     ec2.gone.add("i-2")
     assert recovery.gone_now(Silent(), ["i-1", "i-2"]) == {}
     assert recovery.gone_now(ec2, ["i-1", "i-2"]) == {"i-2": f"EC2 reports the instance terminated ({RECLAIMED})"}
+
+
+def test_a_worker_dropped_before_the_driver_is_owed_a_replacement_at_a_new_index_away_from_its_zone(world, monkeypatch):
+    from ec2gpu.pool import grow
+
+    world.reclaim[("prepare_node", 2)] = OSError("Socket is closed")
+    a, pool, driver = _pool(world)
+    a.nodes[2].instance.zone = "us-east-1c"
+    _until_the_driver(a, driver)
+    started = []
+    monkeypatch.setattr(grow, "start", lambda ctx, lost, zone, index, addresses, ui: started.append(
+        (lost, zone, index, addresses)) or grow.Replacement(lost, index))
+    ctx = SimpleNamespace(opts=SimpleNamespace(nodes=3), settings=None)
+    follow._grow(a.aws, pool, {"counts": {"queued": 5, "running": 2}}, ctx, driver.addresses, a.ui)
+    # the lost worker's replacement: the next index (2 is kept by the lost one's tags), its zone last
+    assert started == [("i-2", "us-east-1c", 3, ["10.0.0.0", "10.0.0.1"])]
