@@ -107,7 +107,8 @@ def run_attempt(aws: Aws, settings: Settings, opts: PoolOptions, run_id: str, ui
         ui.note(f"pool: {len(done)} element(s) finished in an earlier attempt, their outputs home; "
                 f"running the other {len(opts.elements)}")
     a = lifecycle.new(aws, settings, run_id, ui, prov, backend, job, instances_, local_out, n)
-    pool = follow.Pool(a.nodes, members={nd.instance_id: nd for nd in a.nodes},
+    # every node the pool had (a lost one's cost and index kept); a.nodes: those the next steps run on
+    pool = follow.Pool(list(a.nodes), members={nd.instance_id: nd for nd in a.nodes},
                        write_back=any(m.write_back for m in job.mounts))
     pool.count()
     return lifecycle.drive(a, PoolDriver(opts, pool, record, done, skipped, shutdown), handover)
@@ -127,18 +128,34 @@ class PoolDriver(lifecycle.Strategy[dict[str, Any]]):
         self.status: dict[str, Any] | None = None
 
     def setup(self, a: lifecycle.Attempt) -> None:
-        """The task's setup, this machine's Ray on every node, Ray started with a new token."""
-        nodes, job = a.nodes, a.job
-        self.addresses = dict(enumerate(a.addresses))
+        """The task's setup, this machine's Ray on every node, Ray started with a new token; a
+        worker lost meanwhile is dropped (``lost``)."""
+        job = a.job
+        self.addresses = {nd.index: address for nd, address in zip(a.nodes, a.addresses, strict=True)}
         with a.ui.phase("setup"):
-            lifecycle.task_setup(a)
+            lifecycle.task_setup(a, self)
             want = ray_nodes.ray_version()
-            run_nodes.parallel(lambda nd: ray_nodes.check_ray(nd, want, a.say(nd)), nodes)
+            lifecycle.on_nodes(a, "Ray start", lambda nd: ray_nodes.check_ray(nd, want, a.say(nd)), self)
             self.token = ray_nodes.new_token()  # this attempt's pool's, to its nodes over SSH only
-            self.address = ray_nodes.start_ray(nodes, self.addresses, job, a.ui.note, self.token,
-                                               end_with_head=self.shutdown)
-        self.per_job = gpus_per_job(self.opts, ray_nodes.node_gpus(nodes[0], job))
-        self.pool.slots_per_node = max(1, ray_nodes.node_gpus(nodes[0], job) // self.per_job)
+            self.address = ray_nodes.start_ray(a.nodes, self.addresses, job, a.ui.note, self.token,
+                                               end_with_head=self.shutdown,
+                                               each=lambda fn, nodes: lifecycle.on_nodes(a, "Ray start", fn, self, nodes))
+        self.per_job = gpus_per_job(self.opts, ray_nodes.node_gpus(a.nodes[0], job))
+        self.pool.slots_per_node = max(1, ray_nodes.node_gpus(a.nodes[0], job) // self.per_job)
+
+    def lost(self, a: lifecycle.Attempt, losses: list[recovery.Loss]) -> None:
+        """Nodes lost before the driver runs (recovery.after_loss): lost workers are dropped, and
+        the pool goes on without them (follow.follow launches a replacement for each while
+        elements wait: ``pool.lost``); a lost head ends the attempt (recovery.Interrupted: the run's
+        recovery launches a new pool)."""
+        if recovery.after_loss(losses, pool=True) != recovery.DROP:
+            raise recovery.interrupted_by(losses)
+        for x in losses:
+            a.ui.note(f"pool: worker {x.words()}; dropped, the others go on (a replacement is launched while "
+                      "elements wait)")
+        follow.drop(a.aws, self.pool, a.drop({x.instance_id for x in losses}), a.ui)
+        for x in losses:
+            self.addresses.pop(x.node, None)
 
     def watched(self, a: lifecycle.Attempt) -> list[Node]:
         # a controller that stays: its heartbeat (detached, none: the head is on its own)
@@ -165,7 +182,7 @@ class PoolDriver(lifecycle.Strategy[dict[str, Any]]):
 
     def _follow(self, a: lifecycle.Attempt, pool: follow.Pool, head: Node) -> None:
         address, token, job, limits = self.address, self.token, a.job, a.settings.download_limits
-        pool.usd_per_hour = follow.prices_of(a.aws, a.settings, a.nodes)
+        pool.usd_per_hour = follow.prices_of(a.aws, a.settings, pool.nodes)
         growing = grow.Context(a.aws, a.settings, self.opts, a.run_id, a.prov, a.backend, job, a.n,
                                self.record.setdefault("attempts", []), a.config,
                                lambda nd, at, log: ray_nodes.join_ray(nd, at, address, job, log, token, self.shutdown))
@@ -185,12 +202,20 @@ class PoolDriver(lifecycle.Strategy[dict[str, Any]]):
                 lifecycle.mark([head], "collected")
         return _conclude(self.record, pool, self.status, self.opts, self.per_job, self.skipped, a.local_out, head)
 
+    def close(self, a: lifecycle.Attempt) -> None:
+        """Every node the pool had closed (a replacement is the pool's, not in ``a.nodes``), then
+        Strategy's close."""
+        for nd in self.pool.nodes:
+            nd.close()
+        super().close(a)
+
     def failed(self, a: lifecycle.Attempt, exc: Exception) -> dict[str, Any]:
-        """A lost head (EC2 says so) explains the failure: recovery.Interrupted, unless its agent
-        handed over a driver that ended, whose results are adopted from S3."""
+        """A lost head (EC2 says so: recovery.lost, asked for a few seconds after a dropped
+        connection) explains the failure: recovery.Interrupted, unless its agent handed over a
+        driver that ended, whose results are adopted from S3."""
         if not isinstance(exc, (*jobs.CONNECTION_ERRORS, WaitTimeout, RemoteError, recovery.Interrupted)):
             raise exc
-        lost = exc if isinstance(exc, recovery.Interrupted) else _lost(a.nodes[0])  # a lost head explains it
+        lost = recovery.lost(a.nodes[0].watch, exc)  # a lost head explains it (EC2 asked a few seconds)
         if lost is None:
             raise exc
         if a.plan is None or not _handed_over(a.aws, a.run_id):  # lost: what it had not brought home runs again
@@ -219,16 +244,6 @@ def _conclude(record: dict[str, Any], pool: follow.Pool, status: dict[str, Any] 
                           command="pool", host=head.host, exit_status=first["exit_status"] if first else None,
                           tail="\n".join(first["tail"]) if first else "")
     return {}
-
-
-def _lost(head: Node) -> Exception | None:
-    """recovery.Interrupted when EC2 says the head ``head`` is gone (its watch), else None."""
-    try:
-        if head.watch:
-            head.watch.check()
-    except recovery.Interrupted as exc:
-        return exc
-    return None
 
 
 def _handed_over(aws: Aws, run_id: str) -> bool:

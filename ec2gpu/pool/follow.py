@@ -318,6 +318,24 @@ def write_progress(path: Path | None, progress: dict[str, Any]) -> None:
         pass
 
 
+def drop(aws: Aws, pool: Pool, nodes: list[Node], ui: ReporterLike) -> None:
+    """Take ``nodes`` (workers lost before the driver ran: PoolDriver.lost) out of the pool: each
+    is no member any more, counted as lost (so follow's _grow owes it a replacement while
+    elements wait) from now (``left_at``: its cost stops), its connection closed and its instance
+    terminated without waiting (EC2 reports it gone already; a stopped one is ended)."""
+    for nd in nodes:
+        pool.members.pop(nd.instance_id, None)
+        nd.close()
+        try:
+            instances.terminate(aws.ec2, [nd.instance_id], wait=False)
+        except Exception as exc:  # noqa: BLE001 - one of the run's: the teardown ends it
+            ui.note(f"warning: {nd.instance_id} not ended now ({type(exc).__name__}); the teardown ends it")
+        pool.lost.append(nd.instance_id)
+        pool.left_at[nd.instance_id] = round(time.time(), 3)
+    if nodes:
+        pool.count()
+
+
 def _ray_ended(aws: Aws, pool: Pool, iid: str, ui: ReporterLike) -> None:
     """A worker whose Ray has ended (it could not join, or died) is no use to the pool: released."""
     nd = pool.members[iid]

@@ -108,16 +108,23 @@ def _cpus(nd: Node) -> int:
     return got.vcpus if got else 1
 
 
+Each = Callable[[Callable[["Node"], Any], list["Node"]], dict[int, Any]]  # start_ray's ``each``
+
+
 def start_ray(nodes: list[Node], addresses: dict[int, str], job: TaskJob, log: Callable[[str], None],
-              token: str, end_with_head: bool = False) -> str:
+              token: str, end_with_head: bool = False, each: Each | None = None) -> str:
     """Start Ray on every node (the head first; ec2gpu/pool/node.py) with the pool's ``token``
     (new_token) and return the head's address (IP:PORT). Each node's Ray runs detached from SSH in
     ``RUN_DIR/ray`` (``nd.pid``: its process group); with ``end_with_head`` a worker ends its
-    instance once its Ray ends by itself (node.py's --end-instance: the head gone). Raises
-    RemoteError / WaitTimeout when the head's Ray does not start."""
+    instance once its Ray ends by itself (node.py's --end-instance: the head gone). ``each(fn,
+    workers)`` runs a step on the workers at once and returns {node index: result} of those still
+    in the pool (PoolDriver's: runs/execute/attempt.on_nodes, which drops a worker lost meanwhile;
+    default: all of them, the first error raised). Raises RemoteError / WaitTimeout when the
+    head's Ray does not start."""
     def launch(nd: Node, role: list[str]) -> None:
         launch_ray(nd, role, addresses[nd.index], job, token)
 
+    on = each or _every
     head = nodes[0]
     launch(head, ["head", "--ready-file", f"{head.run_dir}/ray/ready"])
     raw = wait_ready(head, HEAD_PORT_WAIT_S) or ""
@@ -125,12 +132,20 @@ def start_ray(nodes: list[Node], addresses: dict[int, str], job: TaskJob, log: C
         raise RemoteError(f"Ray's head on {head.instance_id} gave no GCS port", "its log is above",
                           command="ray start --head", host=head.host)
     address = f"{addresses[0]}:{int(raw)}"
-    run_nodes.parallel(lambda nd: launch(nd, worker_role(address, nd, end_with_head)), nodes[1:])
-    joined = run_nodes.parallel(lambda nd: wait_ready(nd, WORKER_JOIN_WAIT_S, required=False) is not None, nodes[1:])
-    late = [nd.instance_id for nd, ok in zip(nodes[1:], joined, strict=True) if not ok]
-    log(f"Ray started on {len(nodes) - len(late)} of {len(nodes)} node(s), head {address}"
+    workers = nodes[1:]
+    launched = on(lambda nd: launch(nd, worker_role(address, nd, end_with_head)), workers)
+    workers = [nd for nd in workers if nd.index in launched]
+    joined = on(lambda nd: wait_ready(nd, WORKER_JOIN_WAIT_S, required=False) is not None, workers)
+    late = [nd.instance_id for nd in workers if nd.index in joined and not joined[nd.index]]
+    up = 1 + sum(1 for ok in joined.values() if ok)
+    log(f"Ray started on {up} of {up + len(late)} node(s), head {address}"
         + (f"; not yet on {', '.join(late)} (they join when they can, or are let go)" if late else ""))
     return address
+
+
+def _every(fn: Callable[[Node], Any], nodes: list[Node]) -> dict[int, Any]:
+    """``fn`` on every node at once, {node index: result} (run_nodes.parallel: the first error raised)."""
+    return {nd.index: got for nd, got in zip(nodes, run_nodes.parallel(fn, nodes), strict=True)}
 
 
 def join_ray(nd: Node, address: str, head_address: str, job: TaskJob, log: Callable[[str], None],

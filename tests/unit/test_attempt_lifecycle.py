@@ -45,7 +45,7 @@ def steps(monkeypatch, tmp_path):
         seen.append(f"open {nd.index}")
     monkeypatch.setattr(N, "open_node", open_node)
     monkeypatch.setattr(N, "prepare_node", lambda nd, say: seen.append(f"prepare {nd.index}"))
-    monkeypatch.setattr(engine, "upload_node", lambda nd, job, config, run_id, addresses, resume, ckpt, say:
+    monkeypatch.setattr(engine, "upload_node", lambda nd, job, config, run_id, addresses, resume, ckpt, say, rank=None:
                         seen.append(f"upload {nd.index} {config.name} {addresses} resume={resume}"))
     monkeypatch.setattr(engine, "mounts_node", lambda nd, job, config, say: seen.append(f"mounts {nd.index}"))
     monkeypatch.setattr(engine, "setup_node", lambda nd, job, say: seen.append(f"setup {nd.index}"))

@@ -25,7 +25,11 @@ Which steps each mode supplies ("shared": Strategy's; "-": the step does not exi
   local: provision/local.LocalRun                 -       own      -       -       -          own  own      own
 
 ("opened": Strategy's open with the mode's ``opened`` hook; "watched": Strategy's heartbeat on the
-nodes the mode names.) ``failed`` raises the error again, but in ForegroundJob and PoolDriver,
+nodes the mode names.) Each step on every node goes through ``on_nodes``: a node whose step fails
+while EC2 says its instance is gone (a spot reclaim in the machine setup, the upload, ...) is a
+recovery.Loss, and the strategy's ``lost`` decides (recovery.after_loss): Strategy's ends the
+attempt as Interrupted, which the run's recovery relaunches; PoolDriver's drops a lost worker and
+the pool goes on (issue 51, item 10). ``failed`` raises the error again, but in ForegroundJob and PoolDriver,
 where a lost instance explains it (recovery.Interrupted). The agent job is `ec2gpu run`, `exec` and `train mnist`; the pool plugs
 PoolDriver in (runs/ never imports pool/); the bake makes an image of the builder instead of a job.
 The detached hand-off checks and writes the run's spec (prepare), puts the workdir, the agent and
@@ -43,12 +47,13 @@ from __future__ import annotations
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Generic, TypeVar, cast
 
 from ...errors import RemoteError
 from ...remote import jobs, ssh
 from ...remote import ssh_config
 from ..recover import handover as handing_over
+from ..recover import recovery
 from . import engine
 from . import nodes as node_steps
 
@@ -66,6 +71,7 @@ if TYPE_CHECKING:
 
 A = TypeVar("A")
 R = TypeVar("R")
+T = TypeVar("T")
 
 
 @dataclass
@@ -87,6 +93,16 @@ class Attempt:
     config: Path
     addresses: list[str] = field(default_factory=list)
     plan: Handover | None = None
+
+    def drop(self, instance_ids: set[str]) -> list[Node]:
+        """Take the nodes of ``instance_ids`` out of the attempt (a pool's lost workers: the
+        later steps run on the others), with their private addresses once known; return them."""
+        keep = [k for k, nd in enumerate(self.nodes) if nd.instance_id not in instance_ids]
+        gone = [nd for nd in self.nodes if nd.instance_id in instance_ids]
+        if len(self.addresses) == len(self.nodes):
+            self.addresses[:] = [self.addresses[k] for k in keep]
+        self.nodes[:] = [self.nodes[k] for k in keep]
+        return gone
 
     def say(self, nd: Node) -> Callable[[str], None]:
         """Where node ``nd``'s lines go: ``node K: line`` on a cluster, the line alone on one node."""
@@ -150,8 +166,8 @@ class Strategy(Lifecycle[Attempt, R]):
     def open(self, a: Attempt) -> None:
         """Every node over SSH (host key checked), the strategy's ``opened``, then the run's SSH config."""
         with a.ui.phase("waiting for SSH"):
-            node_steps.parallel(lambda nd: node_steps.open_node(nd, a.aws, a.settings, a.prov, a.run_id, a.backend,
-                                                                a.ui.note), a.nodes)
+            on_nodes(a, "wait for SSH", lambda nd: node_steps.open_node(nd, a.aws, a.settings, a.prov, a.run_id,
+                                                                        a.backend, a.ui.note), self)
         self.opened(a)
         assert a.prov.key_path is not None  # open_node needed it: the run's key pair
         # written after the strategy's opening (a bake's reboots: a sandbox instance's sshd moves on one)
@@ -164,7 +180,7 @@ class Strategy(Lifecycle[Attempt, R]):
     def prepare(self, a: Attempt) -> None:
         """The machine setup on every node (the "setup" phase), then the nodes' private addresses."""
         with a.ui.phase("setup"):
-            node_steps.parallel(lambda nd: node_steps.prepare_node(nd, a.say(nd)), a.nodes)
+            on_nodes(a, "machine setup", lambda nd: node_steps.prepare_node(nd, a.say(nd)), self)
         a.addresses = [a.backend.private_address(nd.instance) for nd in a.nodes]
 
     def upload(self, a: Attempt) -> None:
@@ -184,7 +200,7 @@ class Strategy(Lifecycle[Attempt, R]):
         same text already ran: engine.setup_node), when the task has one."""
         if a.job.task.setup:
             with a.ui.phase("setup"):
-                task_setup(a)
+                task_setup(a, self)
 
     def heartbeat(self, a: Attempt, handover: Future[Handover | None] | Handover | None) -> Heartbeat | None:
         """The hand-over plan (``handover``'s Future resolved now that the setup is done) and, with
@@ -195,6 +211,13 @@ class Strategy(Lifecycle[Attempt, R]):
     def watched(self, a: Attempt) -> list[Node]:
         """The nodes whose agents watch this controller's heartbeat while there is a hand-over plan."""
         return a.nodes
+
+    def lost(self, a: Attempt, losses: list[recovery.Loss]) -> None:
+        """Nodes lost in a step on every node (``on_nodes``): recovery.after_loss decides; here
+        (a run's node, any of a several-node run's, a bake's builder) it is RELAUNCH, so the attempt
+        ends as recovery.Interrupted, which the run's recovery launches again
+        (runs/provision/pipeline.py). PoolDriver drops a lost worker instead."""
+        raise recovery.interrupted_by(losses)
 
     def close(self, a: Attempt) -> None:
         """Every node's connection closed and the run's SSH config removed."""
@@ -230,18 +253,52 @@ def drive(a: A, strategy: Lifecycle[A, R], handover: Future[Handover | None] | H
 
 def upload(a: Attempt, strategy: Strategy[R]) -> None:
     """The workdir, the agent and the job's environment to every node (engine.upload_node), then
-    the task's file_mounts (engine.mounts_node) where the strategy places them."""
+    the task's file_mounts (engine.mounts_node) where the strategy places them; a node lost
+    meanwhile goes to ``strategy.lost`` (on_nodes)."""
     job = a.job
-    node_steps.parallel(lambda nd: engine.upload_node(nd, job, a.config, a.run_id, a.addresses, strategy.resume(a),
-                                                      strategy.checkpoints_for(a, nd), a.say(nd)), a.nodes)
+    rank = {nd.index: k for k, nd in enumerate(a.nodes)}  # its place in a.addresses: a pool may have dropped one
+    on_nodes(a, "upload", lambda nd: engine.upload_node(nd, job, a.config, a.run_id, a.addresses, strategy.resume(a),
+                                                        strategy.checkpoints_for(a, nd), a.say(nd),
+                                                        rank=rank[nd.index]), strategy)
     if strategy.places_mounts and job.mounts:
-        node_steps.parallel(lambda nd: engine.mounts_node(nd, job, a.config, a.say(nd)), a.nodes)
+        on_nodes(a, "file_mounts", lambda nd: engine.mounts_node(nd, job, a.config, a.say(nd)), strategy)
 
 
-def task_setup(a: Attempt) -> None:
-    """The task's setup on every node at once (engine.setup_node; nothing without one)."""
+def task_setup(a: Attempt, strategy: Strategy[Any] | None = None) -> None:
+    """The task's setup on every node at once (engine.setup_node; nothing without one); a node
+    lost meanwhile goes to ``strategy.lost`` (on_nodes; None: Strategy's, the attempt relaunched)."""
     if a.job.task.setup:
-        node_steps.parallel(lambda nd: engine.setup_node(nd, a.job, a.say(nd)), a.nodes)
+        on_nodes(a, "task setup", lambda nd: engine.setup_node(nd, a.job, a.say(nd)), strategy)
+
+
+def on_nodes(a: Attempt, phase: str, fn: Callable[[Node], T], strategy: Strategy[Any] | None = None,
+             nodes: list[Node] | None = None) -> dict[int, T]:
+    """``fn(node)`` on every node of the attempt (or of ``nodes``) at once, in the step ``phase``
+    (the words a Loss gives: "machine setup", "upload", ...); return {node index: its result} for
+    the nodes whose step succeeded. A node whose step failed and whose instance EC2 says is gone
+    (recovery.lost: the node's watch asked, for a few seconds after a dropped connection) is a
+    recovery.Loss; with any, ``strategy.lost(a, losses)`` decides (Strategy's by default: raises
+    recovery.Interrupted) after every node's step has ended. Raises the first other failure as it
+    was (a setup that failed on a running instance fails the run, whatever was lost beside it).
+    While the steps run, EC2 is asked about the nodes still in theirs every
+    recovery.STATE_EVERY_S (one DescribeInstances), and a gone one's connection is closed, so its
+    step ends now (nodes.each)."""
+    def gone(busy: list[Node]) -> list[Node]:
+        watched = [nd for nd in busy if nd.watch is not None]
+        found = recovery.gone_now(watched[0].watch.ec2, [nd.instance_id for nd in watched]) if watched else {}
+        return [nd for nd in watched if nd.instance_id in found]
+    outcomes = node_steps.each(fn, list(a.nodes if nodes is None else nodes), gone, recovery.STATE_EVERY_S)
+    raised = {nd.index: exc for nd, _, exc in outcomes if exc is not None}
+    failed = [nd for nd, _, exc in outcomes if exc is not None]
+    why = node_steps.parallel(lambda nd: recovery.lost(nd.watch, raised[nd.index]), failed)
+    errors = [raised[nd.index] for nd, gone in zip(failed, why, strict=True) if gone is None]
+    if errors:
+        raise errors[0]
+    losses = [recovery.Loss(nd.index, nd.instance_id, phase, gone.reason)
+              for nd, gone in zip(failed, why, strict=True) if gone is not None]
+    if losses:
+        (strategy or Strategy()).lost(a, losses)
+    return {nd.index: cast(T, got) for nd, got, exc in outcomes if exc is None}
 
 
 def heartbeat(a: Attempt, watched: list[Node]) -> Heartbeat | None:

@@ -13,6 +13,7 @@ import contextlib
 import json
 import threading
 import time
+from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,14 +73,17 @@ class Node:
 
 def connect_verified(aws: Aws, settings: Settings, backend: Backend, inst: Instance, key: Path | None = None,
                      log: Callable[[str], None] = lambda msg: None,
-                     timeout_s: float = 300.0) -> tuple[Any, str, int, Path, Path]:
+                     timeout_s: float = 300.0, gone: Callable[[], None] | None = None) -> tuple[Any, str, int, Path, Path]:
     """The one way ec2gpu opens SSH to an instance it has not pinned yet (or has): wait until SSH
     answers (``timeout_s`` seconds, s), its host key checked against the fingerprints the
     instance published in its console output and pinned under its instance id
     ($EC2GPU_HOME/known_hosts/ID). ``key``: the private key file (default: the instance's key
     pair's, which must be on this machine). Returns (Connection, host, port, known_hosts path,
-    key path). Raises RemoteError (a key the console does not list, or not the pinned one),
-    WaitTimeout, UsageError (no private key here)."""
+    key path). ``gone()``, called before each look at the console while its fingerprints are
+    awaited, raises (recovery.InstanceWatch.check: Interrupted) when the instance is gone, so a
+    spot instance reclaimed while it boots is not waited for. Raises RemoteError (a key the console
+    does not list, or not the pinned one), WaitTimeout, UsageError (no private key here), what
+    ``gone`` raises."""
     from ...aws import instances  # here: a dry run imports no boto3 (test_dry_run.py)
     from ...remote import ssh  # here: a dry run imports no paramiko (test_dry_run.py)
 
@@ -87,8 +91,12 @@ def connect_verified(aws: Aws, settings: Settings, backend: Backend, inst: Insta
     host, port = backend.ssh_target(inst)
     key = key or network.require_private_key(settings.keys_dir, inst.key_name or "")
     known = settings.home / "known_hosts" / iid
+    def fingerprints() -> list[str]:
+        if gone is not None:
+            gone()
+        return instances.host_key_fingerprints(aws.ec2, iid)
     conn = ssh.wait_for_ssh(host, port, settings.ssh_user, key, known, timeout_s=timeout_s, log=log,
-                            fingerprints=lambda: instances.host_key_fingerprints(aws.ec2, iid))
+                            fingerprints=fingerprints)
     return conn, host, port, known, key
 
 
@@ -97,7 +105,8 @@ def open_node(nd: Node, aws: Aws, settings: Settings, prov: Provisioned, run_id:
     """Connect to a node (waiting for SSH; the host key checked against its console output), find
     its run directory, and give it an EC2 watch (bringing nothing home until the engine gives node
     0 its checkpoints). The watch exists before SSH answers, so a failed wait can ask EC2 whether
-    the instance is gone. Raises WaitTimeout, RemoteError (host key)."""
+    the instance is gone, and is asked while the console's fingerprints are awaited. Raises
+    WaitTimeout, RemoteError (host key), recovery.Interrupted (EC2 says it is gone)."""
     from ...remote import jobs, ssh  # here: a dry run imports no paramiko (test_dry_run.py)
     from ..recover import recovery  # here: a dry run imports no boto3 (test_dry_run.py)
 
@@ -107,7 +116,7 @@ def open_node(nd: Node, aws: Aws, settings: Settings, prov: Provisioned, run_id:
     nd.host, nd.port = backend.ssh_target(nd.instance)
     known = settings.home / "known_hosts" / nd.instance_id
     nd.connect = lambda: ssh.connect(nd.host, nd.port, settings.ssh_user, prov.key_path, known, log)
-    nd.conn = connect_verified(aws, settings, backend, nd.instance, prov.key_path, log)[0]
+    nd.conn = connect_verified(aws, settings, backend, nd.instance, prov.key_path, log, gone=nd.watch.check)[0]
     nd.run_dir = jobs.remote_run_dir(nd.conn, run_id)
 
 
@@ -130,6 +139,32 @@ def parallel(fn: Callable[[Node], T], nodes: list[Node]) -> list[T]:
         return []
     with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
         return list(pool.map(fn, nodes))
+
+
+def each(fn: Callable[[Node], T], nodes: list[Node], gone: Callable[[list[Node]], list[Node]] | None = None,
+         every_s: float = 5.0) -> list[tuple[Node, T | None, Exception | None]]:
+    """``fn(node)`` for every node at once, as ``parallel``, but each node's outcome kept: [(node,
+    its result, None) or (node, None, the exception its step raised)], in ``nodes``' order, so that
+    a node lost in the step can be told from the others (runs/execute/attempt.on_nodes). While
+    steps run, ``gone(busy)`` is asked every ``every_s`` seconds which of the nodes still in their
+    step have lost their instance (EC2 says so): each one's connection is closed, so that what runs
+    there fails now, not once TCP gives up on a peer whose packets vanish (many minutes)."""
+    def one(nd: Node) -> tuple[Node, T | None, Exception | None]:
+        try:
+            return nd, fn(nd), None
+        except Exception as exc:  # noqa: BLE001 - kept for the caller, who decides what it means
+            return nd, None, exc
+    if not nodes:
+        return []
+    with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
+        running = [pool.submit(one, nd) for nd in nodes]
+        halted: set[int] = set()
+        while gone is not None and futures.wait(running, timeout=every_s).not_done:
+            busy = [nd for nd, f in zip(nodes, running, strict=True) if not f.done() and nd.index not in halted]
+            for nd in gone(busy) if busy else []:
+                halted.add(nd.index)
+                nd.close()
+        return [f.result() for f in running]
 
 
 def follow_all(nodes: list[Node], ui: ReporterLike, local_out: Path, attempt: int, unreachable_s: float,

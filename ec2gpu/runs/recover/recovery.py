@@ -15,6 +15,14 @@ Then the instance is terminated (if EC2 has not done it), billed, and a replacem
 same type in another zone first, then the next type of ``--instance-type``, then on-demand with
 ``--spot-fallback on-demand``; up to ``--max-attempts``. A dropped SSH connection alone is not an
 interruption: the job runs detached, and the log resumes from the byte it had reached.
+
+The same holds before the job runs (issue 51, item 10): a step on a node that fails while its
+instance is being reclaimed (SSH dropped in the machine setup, the upload, the file_mounts, the
+task's setup, Ray's start) is a ``Loss`` once EC2 says the instance is gone (``lost``), and
+``after_loss`` says what the attempt does: a pool's worker is dropped (its pool goes on and
+launches a replacement while elements wait: pool/follow.py), any other node (a run's, one of a
+several-node run's, a pool's head) ends the attempt as Interrupted, which the run's recovery above
+relaunches.
 """
 from __future__ import annotations
 
@@ -25,7 +33,7 @@ from typing import TYPE_CHECKING, AbstractSet, Any, Callable
 
 from ...aws import instances, storage
 from ...aws.session import AWS_ERRORS
-from ...errors import AwsError, RemoteError
+from ...errors import AwsError, RemoteError, WaitTimeout
 # re-exported (recovery.Interrupted, recovery.AttemptsExhausted: what an attempt raises)
 from ...errors import AttemptsExhausted as AttemptsExhausted, Interrupted as Interrupted
 from ...remote import files
@@ -47,6 +55,15 @@ WRITE_BACK_EVERY_S = 60.0
 WRITE_BACK_SETTLED_S = 30.0
 WRITE_BACK_TIMEOUT_S = 300.0
 MAX_API_FAILURES = 12  # DescribeInstances errors in a row (about a minute of polls) before the run gives up
+#: after a step on a node failed the way a reclaimed instance makes it fail (its SSH connection
+#: dropped, SSH never answered), how long EC2 is asked whether the instance is gone (s), every
+#: LOST_ASK_EVERY_S: EC2 stops or terminates a spot instance two minutes after its notice
+#: (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/spot-instance-termination-notices.html),
+#: and what DescribeInstances says of it follows "eventually", so it is asked again for a few
+#: seconds (https://docs.aws.amazon.com/ec2/latest/devguide/eventual-consistency.html)
+LOST_CONFIRM_S = 10.0
+LOST_ASK_EVERY_S = 2.0
+DROP, RELAUNCH = "drop", "relaunch"  # after_loss's answers
 
 
 def s3_home(aws: Aws, uri: str | None, run_id: str) -> dict[str, Any]:
@@ -202,10 +219,98 @@ class InstanceWatch:
                                "`ec2gpu cleanup` removes what the run left (listed above)") from exc
             return
         self.failures = 0
-        state = inst.state
-        if state in GONE_STATES:
-            why = inst.state_reason
-            raise Interrupted(f"EC2 reports the instance {state}" + (f" ({why})" if why else ""))
+        why = gone_reason(inst.state, inst.state_reason)
+        if why is not None:
+            raise Interrupted(why)
+
+
+def gone_reason(state: str, reason: str | None) -> str | None:
+    """Why an instance in EC2 ``state`` (StateReason's ``reason``, or None) is gone, in the words an
+    Interrupted gives; None while it is not (pure)."""
+    if state not in GONE_STATES:
+        return None
+    return f"EC2 reports the instance {state}" + (f" ({reason})" if reason else "")
+
+
+def gone_now(ec2: Any, instance_ids: list[str]) -> dict[str, str]:
+    """{instance id: gone_reason's words} of those of ``instance_ids`` EC2 says are gone, asked in
+    one DescribeInstances; {} when EC2 does not answer (botocore's errors: the next look asks
+    again; a step is never stopped for an API error)."""
+    try:
+        found = instances.describe_instances(ec2, instance_ids)
+    except AWS_ERRORS:
+        return {}
+    return {i.id: why for i in found if (why := gone_reason(i.state, i.state_reason)) is not None}
+
+
+@dataclass(frozen=True)
+class Loss:
+    """A node lost before or while its job ran: node ``node`` (its index in the attempt), its
+    instance, the ``phase`` it was lost in ("machine setup", "upload", "file_mounts", "task
+    setup", "Ray start", ...) and EC2's ``reason`` (gone_reason's words)."""
+
+    node: int
+    instance_id: str
+    phase: str
+    reason: str
+
+    def words(self) -> str:
+        return f"node {self.node} ({self.instance_id}) lost in the {self.phase}: {self.reason}"
+
+
+def confirm_wait_s(exc: BaseException) -> float | None:
+    """How long (s) EC2 is asked whether a node is gone after a step on it raised ``exc`` (pure):
+    LOST_CONFIRM_S for what a reclaimed instance makes a step raise (a dropped connection: an
+    OSError, EOFError or paramiko's SSHException; SSH that never answered: WaitTimeout; a command
+    whose channel closed without an exit status: RemoteError with exit status None or -1), 0 (asked
+    once) for a command that ended with its own exit status, None for anything else (a usage
+    error, this machine's bug: no instance explains it)."""
+    from ...remote import jobs  # here: a dry run imports no paramiko (test_dry_run.py)
+    if isinstance(exc, RemoteError):
+        return LOST_CONFIRM_S if exc.exit_status in (None, -1) else 0.0
+    if isinstance(exc, (*jobs.CONNECTION_ERRORS, WaitTimeout)):
+        return LOST_CONFIRM_S
+    return None
+
+
+def lost(watch: InstanceWatch | None, exc: BaseException, wait_s: float | None = None,
+         every_s: float = LOST_ASK_EVERY_S) -> Interrupted | None:
+    """The Interrupted that explains ``exc``, raised by a step on the node ``watch`` watches: ``exc``
+    itself when it is one (SSH unreachable past its bound), else the watch's when EC2 says the
+    instance is gone, asked for up to ``wait_s`` seconds (default: confirm_wait_s(exc)) every
+    ``every_s``; None when it is not (the step failed for its own reasons). An EC2 error while
+    asking is no answer (InstanceWatch.check), and AwsError after MAX_API_FAILURES passes through."""
+    if isinstance(exc, Interrupted):
+        return exc
+    wait = confirm_wait_s(exc) if wait_s is None else wait_s
+    if watch is None or wait is None:
+        return None
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            watch.check()
+        except Interrupted as gone:
+            return gone
+        if time.monotonic() + every_s > deadline:
+            return None
+        time.sleep(every_s)
+
+
+def after_loss(losses: list[Loss], pool: bool) -> str:
+    """What an attempt does once ``losses`` (nodes lost in a step before the job ran) are known
+    (pure): DROP when it is a pool's (``pool``) and its head (node 0) is not among them: the workers
+    leave the pool, which goes on and is given replacements while elements wait (pool/follow.py);
+    RELAUNCH otherwise (a run's node, any node of a several-node run, a pool's head, whose driver
+    and Ray's scheduler go with it): the attempt ends as Interrupted, and the run's recovery
+    launches it again (runs/provision/pipeline.py, up to --max-attempts)."""
+    return DROP if pool and losses and all(x.node != 0 for x in losses) else RELAUNCH
+
+
+def interrupted_by(losses: list[Loss]) -> Interrupted:
+    """The Interrupted that ends an attempt for ``losses`` (after_loss's RELAUNCH): the first one's
+    words, and how many more."""
+    more = f" (and {len(losses) - 1} more node(s))" if len(losses) > 1 else ""
+    return Interrupted(losses[0].words() + more)
 
 
 def attempt_row(n: int, instance: Instance, node: int | None = None) -> dict[str, Any]:
