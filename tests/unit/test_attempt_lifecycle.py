@@ -90,7 +90,7 @@ def test_an_attempt_goes_open_config_prepare_upload_setup_heartbeat_run_collect_
     assert steps[7:10] == ["phase upload", "upload 0 r1.config ['10.0.0.0', '10.0.0.1'] resume=False",
                            "upload 1 r1.config ['10.0.0.0', '10.0.0.1'] resume=False"]
     assert steps[10:12] == ["mounts 0", "mounts 1"]
-    assert steps[12:15] == ["phase setup", "setup 0", "setup 1"]
+    assert steps[12:15] == ["phase task setup", "setup 0", "setup 1"]  # the task's setup: its own phase
     assert steps[15:] == ["mark controller [0, 1]", "run, config written: True", "collect", "closed i-0", "closed i-1"]
     assert not a.config.exists()  # the run's SSH config goes with the attempt
 
@@ -107,7 +107,7 @@ def test_a_step_that_fails_reaches_the_strategy_and_the_nodes_close_and_the_conf
     with pytest.raises(RemoteError, match="exited 3"):
         lifecycle.drive(a, Failing(steps, fail=failure))
     assert seen_by_strategy == [failure]
-    assert "phase setup" not in steps[5:]  # no setup phase for a task without one
+    assert "phase task setup" not in steps  # no task setup phase for a task without one
     assert "collect" not in steps and steps[-2:] == ["closed i-0", "closed i-1"]
     assert not a.config.exists()
     assert not any(s.startswith("mark") for s in steps)  # no hand-over plan: no heartbeat

@@ -196,10 +196,11 @@ class Strategy(Lifecycle[Attempt, R]):
         return None
 
     def setup(self, a: Attempt) -> None:
-        """The "setup" phase after the upload: the task's setup on every node (skipped where the
-        same text already ran: engine.setup_node), when the task has one."""
+        """The "task setup" phase after the upload (the machine's is "setup", in prepare): the task's
+        setup on every node (skipped where the same text already ran: engine.setup_node), when the
+        task has one."""
         if a.job.task.setup:
-            with a.ui.phase("setup"):
+            with a.ui.phase("task setup"):
                 task_setup(a, self)
 
     def heartbeat(self, a: Attempt, handover: Future[Handover | None] | Handover | None) -> Heartbeat | None:

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 _Run = TypeVar("_Run", bound=RunOptions)
 
-PHASES = ("requesting", "waiting for running", "waiting for SSH", "setup", "upload", "running",
+PHASES = ("requesting", "waiting for running", "waiting for SSH", "setup", "upload", "task setup", "running",
           "download", "terminating")
 #: an array's attempt over the pool: pool/attempt.run_attempt, with foreground.run_attempt's arguments and
 #: the run's record. api/tasks.start hands it to ``run_job``: the pool plugs into runs/, which never imports pool/.
