@@ -36,6 +36,11 @@ class HostEntry:
         return self.known_hosts.name
 
 
+#: OpenSSH's keep-alive: a probe after ALIVE_INTERVAL_S s of silence, the connection closed after
+#: ALIVE_COUNT unanswered ones (ssh_config(5): ServerAliveInterval, ServerAliveCountMax)
+ALIVE_INTERVAL_S, ALIVE_COUNT = 15, 3
+
+
 def render(entries: list[HostEntry], include_path: Path) -> str:
     """The config text for ``entries`` (pure). Each entry insists on the key its known_hosts file
     pins under its instance id; OpenSSH refuses the host while none is pinned."""
@@ -46,7 +51,10 @@ def render(entries: list[HostEntry], include_path: Path) -> str:
                   f"    HostName {e.host}", f"    Port {e.port}", f"    User {e.user}",
                   f"    IdentityFile {e.identity_file}", "    IdentitiesOnly yes",
                   f"    UserKnownHostsFile {e.known_hosts}", f"    HostKeyAlias {e.host_key_alias}",
-                  "    CheckHostIP no", "    StrictHostKeyChecking yes", ""]
+                  "    CheckHostIP no", "    StrictHostKeyChecking yes",
+                  # a reclaimed instance's packets vanish without a reset: rsync and ssh give up after
+                  # 45 s of silence rather than when TCP does (many minutes); remote/tunnel.py does the same
+                  f"    ServerAliveInterval {ALIVE_INTERVAL_S}", f"    ServerAliveCountMax {ALIVE_COUNT}", ""]
     return "\n".join(lines)
 
 

@@ -18,5 +18,7 @@ def test_a_runs_ssh_config_names_each_node_by_its_instance_id_with_its_own_pinne
     second = blocks[1]
     for line in ("HostName 127.0.0.9", "Port 2222", "User ubuntu", f"IdentityFile {tmp_path / 'k.pem'}",
                  f"UserKnownHostsFile {tmp_path / 'known_hosts' / 'i-0b'}", "HostKeyAlias i-0b",
-                 "StrictHostKeyChecking yes"):
+                 "StrictHostKeyChecking yes",
+                 # rsync over a reclaimed instance whose packets vanish ends in 45 s, not when TCP gives up
+                 "ServerAliveInterval 15", "ServerAliveCountMax 3"):
         assert f"    {line}" in second.splitlines()
