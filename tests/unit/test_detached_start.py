@@ -175,6 +175,7 @@ def test_a_hand_off_stopped_before_its_group_removes_what_it_made_and_one_handed
         record = launch.start(aws, settings_mod.load({}), _opts(tmp_path), ui,
                               SimpleNamespace(name="aws", is_sandbox=False))
         assert record["status"] == "detached" and record["group"] == groups.name_of(record["run_id"])
+        assert record["task_key"] == _opts(tmp_path).task.history_key  # its history: the task's own (issue 48 item 8)
         assert swept == [] and not any(n.startswith("removing what run") for n in ui.notes)
 
 
@@ -209,8 +210,8 @@ def test_the_deadline_is_taken_once_the_runs_files_are_in_s3(started, aws, tmp_p
     monkeypatch.setattr(launch.runstore_objects, "put_file", slow_put_file)
     made = []
 
-    def create(ec2, autoscaling, spec, *a):  # the group's deadline, then the group's creation caught
-        made.append((spec.run_id, a[-1]))
+    def create(ec2, autoscaling, spec, types, subnets, size, deadline, **_):  # the deadline; the creation caught
+        made.append((spec.run_id, deadline))
         raise Grouped
     monkeypatch.setattr(groups, "create", create)
     with pytest.raises(Grouped):

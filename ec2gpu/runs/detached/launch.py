@@ -386,6 +386,7 @@ class DetachedJob(lifecycle.Lifecycle[Handoff, run_record.RunRecord]):
         out = Path(opts.out or Path("runs") / a.run_id).resolve()
         mnist, (model, epochs) = job.builtin == "mnist", pipeline.preset(opts)
         record = run_record.new(a.run_id, opts.command, a.backend.name, out, status="detached", task=job.name,
+                                task_key=job.history_key,
                                 model=model if mnist else None, epochs=epochs if mnist else None,
                                 instance_type=a.itype.name, gpu=a.itype.gpu,
                                 market="spot" if opts.spot else "on-demand", region=a.aws.region,

@@ -99,7 +99,8 @@ def exec_task(aws: Aws, settings: Settings, job: TaskJob, ui: ReporterLike, targ
     # no limit of the run's own: a standing instance keeps the one it was launched with (and a stop
     # and start clears user data's shutdown), so the agent is given none to stop the job before
     opts = RunOptions(task=job, nodes=len(nodes), command=command, max_runtime_minutes=None)
-    record.update(cast(run_record.RunRecord, {"task": job.name, **(extra or {})}))  # extra: RunRecord's columns
+    # extra: RunRecord's columns
+    record.update(cast(run_record.RunRecord, {"task": job.name, "task_key": job.history_key, **(extra or {})}))
     itype = catalog.CATALOG.get(nodes[0].type)
     record["gpu"] = itype.gpu if itype else None
     ui.note(f"{target}: {len(nodes)} node(s); they keep running afterwards")
