@@ -132,8 +132,10 @@ class PoolDriver(lifecycle.Strategy[dict[str, Any]]):
         worker lost meanwhile is dropped (``lost``)."""
         job = a.job
         self.addresses = {nd.index: address for nd, address in zip(a.nodes, a.addresses, strict=True)}
-        with a.ui.phase("setup"):
-            lifecycle.task_setup(a, self)
+        if job.task.setup:
+            with a.ui.phase("task setup"):  # as a run's (runs/execute/attempt.Strategy.setup)
+                lifecycle.task_setup(a, self)
+        with a.ui.phase("Ray start"):
             want = ray_nodes.ray_version()
             lifecycle.on_nodes(a, "Ray start", lambda nd: ray_nodes.check_ray(nd, want, a.say(nd)), self)
             self.token = ray_nodes.new_token()  # this attempt's pool's, to its nodes over SSH only

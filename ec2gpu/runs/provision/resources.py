@@ -78,9 +78,24 @@ def provision(aws: Aws, settings: Settings, opts: LaunchOptions, run_id: str, ui
                 + (f": {len(ids)} of the {opts.nodes} asked for (EC2 had no more); the pool grows as capacity comes"
                    if len(ids) < opts.nodes else ""))
     with ui.phase("waiting for running"):
-        running = {i.id: i for i in instances.wait_running(ec2, ids)}
+        running = _running(ec2, ids, _pool(opts), ui)
         prov.instances = [running.get(i.id, i) for i in prov.instances]
-    return [running[i] for i in ids]
+    return [running[i] for i in ids if i in running]
+
+
+def _running(ec2: Any, ids: list[str], pool: bool, ui: ReporterLike) -> dict[str, instances.Instance]:
+    """{id: instance} of ``ids`` once running (instances.wait_running). An array's pool goes on with
+    those of its instances that did not end before running (a spot instance reclaimed at launch:
+    EC2 billed nothing for it; the pool grows as capacity comes, pool/grow.py); any other run
+    raises instances.EndedBeforeRunning, and its attempt is launched again (pipeline._run_attempts)."""
+    try:
+        return {i.id: i for i in instances.wait_running(ec2, ids)}
+    except instances.EndedBeforeRunning as exc:
+        left = [i for i in ids if i not in exc.ended]
+        if not pool or not left:
+            raise
+        ui.note(f"{exc.message}: the pool goes on with {len(left)} of {len(ids)} instances and grows as capacity comes")
+        return _running(ec2, left, pool, ui)
 
 
 def _labels(opts: LaunchOptions) -> tuple[tuple[str, str], ...]:
