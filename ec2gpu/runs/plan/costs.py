@@ -183,8 +183,8 @@ def bench_speed(history: list[dict[str, Any]], instance_type: str, gpu: str, mod
 
 
 #: the run phases an estimate counts as boot, setup and teardown; the rest is the job's (or a bake's)
-PHASE_GROUPS = {"boot": ("requesting", "waiting for running", "waiting for SSH"), "setup": ("setup", "upload", "task setup", "Ray start"),
-                "teardown": ("download", "terminating")}
+PHASE_GROUPS = {"boot": ("requesting", "waiting for running", "waiting for SSH"),
+                "setup": ("setup", "upload", "task setup", "Ray start"), "teardown": ("download", "terminating")}
 
 
 def _phase_seconds(history: list[dict[str, Any]], instance_type: str) -> tuple[float, float, float, list[dict[str, Any]]]:
