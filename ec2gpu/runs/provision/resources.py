@@ -11,6 +11,7 @@ import time
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Mapping, Sequence, cast
 
+from ... import words
 from ...aws import baked, capacity, iam, iam_boundary, images, instances, network, placement, runstore, storage, sweep
 from ...aws.session import Aws, ClientError, error_code
 from ...errors import UsageError
@@ -52,7 +53,7 @@ def provision(aws: Aws, settings: Settings, opts: LaunchOptions, run_id: str, ui
                 if opts.needs_placement_group:
                     prov.placement_group, how = placement.create(ec2, run_id, settings.owner, name,
                                                                  opts.instance_types[0])
-                ui.note(f"{opts.nodes} node(s): one security group that also admits its own members; {how}")
+                ui.note(f"{words.count(opts.nodes, 'node')}: one security group that also admits its own members; {how}")
         # the AMI and the security group are chosen and made with the key pair, at the first attempt
         assert ami is not None and prov.security_group_id is not None
         spec = instances.LaunchSpec(
@@ -74,7 +75,7 @@ def provision(aws: Aws, settings: Settings, opts: LaunchOptions, run_id: str, ui
         ids = [i.id for i in new]
         got = attempts[-1]
         ui.note(f"launched {', '.join(ids)} ({got.instance_type}, {got.market}, {got.zone or 'any zone'}"
-                f"{f', after {len(attempts) - 1} refusal(s)' if len(attempts) > 1 else ''})"
+                f"{', after ' + words.count(len(attempts) - 1, 'refusal') if len(attempts) > 1 else ''})"
                 + (f": {len(ids)} of the {opts.nodes} asked for (EC2 had no more); the pool grows as capacity comes"
                    if len(ids) < opts.nodes else ""))
     with ui.phase("waiting for running"):
