@@ -259,9 +259,10 @@ def teardown(aws: Aws, settings: Settings, prov: Provisioned, ui: ReporterLike) 
             def failed(label: str, ids: list[str], why: str) -> None:
                 ui.note(f"could not remove the {label} {', '.join(ids)} ({why}); finish with `ec2gpu cleanup "
                         f"--region {aws.region}` (it finds everything by the ec2gpu:run tag {prov.run_id})")
-            # a bake says what it takes back (the image and its snapshots), as `image rm` does
+            # said once, when removed ("removed: ..." below, a bake's image and snapshots too), never
+            # also as "deleting X" before it
             done = sweep.delete_everything(aws.ec2, rows, settings.keys_dir, iam=iam_client, on_failure=failed,
-                                           log=ui.note if prov.bake else (lambda line: None))
+                                           log=lambda line: None)
             for k in kinds:
                 removed[k] = done.get(k, [])
             removed["failed"] += done["left"]
