@@ -70,7 +70,7 @@ def test_spot_run_interrupted_after_the_first_epoch_resumes_on_a_replacement(san
          "--checkpoint-uri", "s3://ckpt/mnist"],
         # EC2 gives two minutes' notice (AWS docs, "Spot Instance interruption notices"); 10 s is
         # enough for the job to write its checkpoint and for the controller to bring it home
-        [("epoch 1/2", interrupt(home, 10.0))])
+        [("epoch 1/2 train_loss", interrupt(home, 10.0))])  # the end of epoch 1 (not its progress line)
     assert code == 0, err
     record = json.loads(stdout)
     assert record["status"] == "completed" and record["test_acc"] >= 0.99, err
