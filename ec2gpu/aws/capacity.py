@@ -18,6 +18,7 @@ from functools import partial
 
 import botocore.exceptions
 
+from .. import words
 from ..errors import AwsError, CapacityError, SpotRoleMissing
 from . import consistency, types
 from .instances import Instance, LaunchSpec, run_request
@@ -145,7 +146,7 @@ def launch_with_fallback(ec2: Client, spec: LaunchSpec, instance_types: list[str
         attempts.append(Attempt(itype, zone, market, "launched"))
         return found, attempts
     tried = "; ".join(f"{a.instance_type} {a.market} {a.zone or ''}: {a.outcome}" for a in attempts)
-    raise CapacityError(f"no capacity for {', '.join(instance_types)} in {len(attempts)} attempt(s): {tried}",
+    raise CapacityError(f"no capacity for {', '.join(instance_types)} in {words.count(len(attempts), 'attempt')}: {tried}",
                         "try later, another --region, more types (--instance-type a,b,c)"
                         + ("" if spot_fallback_on_demand or not spec.spot else ", or --spot-fallback on-demand"))
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import botocore.exceptions
 
+from .. import words
 from ..errors import AwsError, CapacityError, UsageError
 from . import capacity, images, instances, sweep
 from . import tags
@@ -67,7 +68,7 @@ def scale(aws: Aws, settings: Settings, name: str, target: int, max_runtime_minu
             new = capacity.run_instances(aws.client("ec2", fail_fast=True), instances.run_request(spec))
         except botocore.exceptions.ClientError as exc:
             err = CapacityError if error_code(exc) in capacity.NEXT_ZONE | capacity.LIMITS else AwsError
-            raise err(f"could not add {target - current} node(s) to {name}: {describe(exc)}",
+            raise err(f"could not add {words.count(target - current, 'node')} to {name}: {describe(exc)}",
                       "try again later, or a smaller target")
         added = [i.id for i in new]
         try:

@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 import botocore.exceptions
 import tenacity
 
+from .. import words
 from .session import Client, Log, error_code
 
 _T = TypeVar("_T")
@@ -99,7 +100,7 @@ def when_visible(call: Callable[[], _T], made_at: float | None, log: Log = lambd
         with attempt:
             result = call()
     if waited["tries"]:
-        log(f"AWS sees it now: went through after {waited['tries']} refusal(s)")
+        log(f"AWS sees it now: went through after {words.count(waited['tries'], 'refusal')}")
     return result
 
 

@@ -239,10 +239,27 @@ def _waiter_config(timeout_s: float, delay_s: float) -> dict[str, Any]:
 #: (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/ec2-instance-lifecycle.html), and reports
 #: no time for that transition; the last moment it was seen ``pending`` (its LaunchTime at the
 #: least) is the earliest it can have started, so billing from there never bills too little.
+#: the states of an instance that ended before it was running (the instance_running waiter fails on them)
+ENDED_STATES = ("shutting-down", "terminated", "stopping", "stopped")
+
+
+class EndedBeforeRunning(AwsError):
+    """Instances that ended before they were running: a spot instance reclaimed at launch
+    (StateReason Server.SpotInstanceTermination), a volume limit, an internal error. ``ended``:
+    {instance id: (state, its StateReason code or None)}; the others of the launch may still be
+    pending or running. EC2 bills an instance from when it is running, so these cost nothing
+    (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/ec2-instance-lifecycle.html)."""
+
+    def __init__(self, message: str, hint: str, ended: dict[str, tuple[str, str | None]]):
+        super().__init__(message, hint)
+        self.ended = ended
+
+
 def wait_running(ec2: Client, instance_ids: list[str], timeout_s: float = 600, delay_s: float = 2) -> list[Instance]:
     """Wait until the instances are running; return them, each with its ``billing_start``.
 
-    Raises WaitTimeout after ``timeout_s`` seconds, AwsError if one terminated instead.
+    Raises WaitTimeout after ``timeout_s`` seconds, EndedBeforeRunning (an AwsError) if one ended
+    instead (its state and StateReason code from the waiter's last DescribeInstances).
     """
     seen_pending: dict[str, datetime] = {}
 
@@ -258,12 +275,13 @@ def wait_running(ec2: Client, instance_ids: list[str], timeout_s: float = 600, d
         ec2.get_waiter("instance_running").wait(InstanceIds=instance_ids,
                                                 WaiterConfig=_waiter_config(timeout_s, delay_s))
     except botocore.exceptions.WaiterError as exc:
-        states = {i.get("InstanceId"): i.get("State", {}).get("Name")
-                  for r in (exc.last_response or {}).get("Reservations", []) for i in r.get("Instances", [])}
-        ended = {i: st for i, st in states.items() if st in ("shutting-down", "terminated", "stopping", "stopped")}
+        described = [i for r in (exc.last_response or {}).get("Reservations", []) for i in r.get("Instances", [])]
+        ended = {str(i.get("InstanceId")): (str(i.get("State", {}).get("Name")), (i.get("StateReason") or {}).get("Code"))
+                 for i in described if i.get("State", {}).get("Name") in ENDED_STATES}
         if ended:
-            raise AwsError(f"instance {', '.join(f'{i} ({st})' for i, st in ended.items())} stopped before running",
-                           "see `aws ec2 describe-instances` for its StateReason")
+            said = ", ".join(f"{i} ({st}: {why})" if why else f"{i} ({st})" for i, (st, why) in ended.items())
+            raise EndedBeforeRunning(f"instance {said} ended before running",
+                                     "see `aws ec2 describe-instances` for its StateReason", ended) from None
         raise WaitTimeout(f"instance {', '.join(instance_ids)} not running after {timeout_s:.0f} s",
                           "AWS may be short of capacity; try another zone or type")
     finally:

@@ -11,6 +11,7 @@ from typing import Any, BinaryIO, Optional, cast
 
 import typer
 
+from .. import words
 from ..inert import inert
 from .app import JSON, REGION, SANDBOX, _sandbox_flag, app
 from .render import err, note, out, render_json, say, warn
@@ -174,7 +175,7 @@ def ssh_config(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json:
         render_json(written)
         return
     path = written.path
-    say(out, f"wrote {path} with {len(written.hosts)} host(s): {', '.join(written.hosts) or '-'}")
+    say(out, f"wrote {path} with {words.count(len(written.hosts), 'host')}: {', '.join(written.hosts) or '-'}")
     for iid, why in written.skipped.items():  # the reason may quote the instance's console: inert
         say(out, f"skipped {iid}: {why}", "yellow")
     say(out, f"add this line to ~/.ssh/config once: Include {path}", "dim")

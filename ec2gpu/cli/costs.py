@@ -184,7 +184,7 @@ def _remote(listed: RemoteRunList, as_json: bool) -> None:
                   r["ledger_status"] or "in ledger" if r["in_ledger"] else "-")
     say(out, t)
     shown = len(rows)
-    say(out, f"{shown} of the {listed.in_store} run(s) in the store (--limit {listed.limit}). cost: per-second "
+    say(out, f"{shown} of the {count(listed.in_store, 'run')} in the store (--limit {listed.limit}). cost: per-second "
         "billing, 60 s minimum, from each instance's own times while EC2 lists it, else the times its agent "
         "recorded; \"max\": a ceiling price was used. try: the job's attempt; intr: spot interruptions survived; "
         "started, ended: UTC. "

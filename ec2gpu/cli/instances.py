@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 import typer
 
+from .. import words
 from .app import JSON, REGION, SANDBOX, _sandbox_flag, app
 from .render import RichReporter, err, note, out, plain, render_json, say, table, table_row, warn
 
@@ -147,10 +148,10 @@ def scale(name: str = typer.Argument(..., help="The standing cluster's name (ec2
     if as_json:
         render_json(done)
     elif not done.added and not done.removed:
-        say(out, f"{name} already has {done.nodes} node(s)")
+        say(out, f"{name} already has {words.count(done.nodes, 'node')}")
     else:
         change = f"added {', '.join(done.added)}" if done.added else f"removed {', '.join(done.removed)}"
-        say(out, f"{name}: {change}; {done.nodes} node(s) now")
+        say(out, f"{name}: {change}; {words.count(done.nodes, 'node')} now")
 
 
 def _idle_cell(r: InstanceRow) -> str:
@@ -204,7 +205,7 @@ def ls(region: Optional[str] = REGION, sandbox: bool = SANDBOX, as_json: bool = 
             group = r.cluster
             if group is not None:
                 n = sum(1 for x in rows if x.cluster == group)
-                table_row(t, plain(f"cluster {group}", "bold"), f"{n} node(s)", "", "", "", "", "", "", "")
+                table_row(t, plain(f"cluster {group}", "bold"), f"{words.count(n, 'node')}", "", "", "", "", "", "", "")
         m, sec = divmod(r.age_seconds, 60)
         # tags are set by ec2gpu, but anyone with the account's rights can change them: cells inert, never markup
         table_row(t, r.name, r.instance_id, r.instance_type + (" spot" if r.market == "spot" else ""),
@@ -292,7 +293,7 @@ def doctor(instance_type: Optional[str] = typer.Option(None, "--instance-type", 
         unknown = [c.name for c in checks if c.ok is None]
         could_not = f"; could not tell: {', '.join(unknown)}" if unknown else ""
         if failed:
-            say(out, f"{', '.join(c.name for c in failed)}{could_not}", label=f"{len(failed)} check(s) failed:",
+            say(out, f"{', '.join(c.name for c in failed)}{could_not}", label=f"{words.count(len(failed), 'check')} failed:",
                 label_style="red")
         else:
             say(out, f"{len(checks) - len(unknown)} of {len(checks)} checks passed{could_not}")

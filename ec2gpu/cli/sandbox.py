@@ -5,6 +5,7 @@ from typing import Optional
 
 import typer
 
+from .. import words
 from .app import JSON, sandbox_app
 from .render import err, out, render_json, say
 
@@ -44,7 +45,7 @@ def sandbox_status(as_json: bool = JSON) -> None:
         say(out, "no sandbox is running (`ec2gpu sandbox up` starts one)")
     else:
         say(out, f"sandbox running: pid {state.pid}, AWS endpoint {state.endpoint}, "
-            f"{len(state.instances)} instance(s)")
+            f"{words.count(len(state.instances), 'instance')}")
         for iid, i in state.instances.items():
             say(out, f"  {iid}: sshd {i['host']}:{i['port']} (pid {i['sshd_pid']})")
 

@@ -328,7 +328,7 @@ def _say_array(got: Mapping[str, Any], sandbox: bool = False) -> None:
     parts = [f"elements: {c.get('done', 0)} done, {c.get('running', 0)} running, {c.get('queued', 0)} queued, "
              f"{c.get('failed', 0)} failed"]
     if a.get("instances") is not None:
-        parts.append(f"{a['instances']} instance(s)")
+        parts.append(f"{count(a['instances'], 'instance')}")
     if got.get("cost_usd") is not None:
         parts.append(f"cost ${got['cost_usd']:.4f}")
     elif a.get("cost_so_far_usd") is not None:
@@ -360,9 +360,9 @@ def _say_status(got: Mapping[str, Any], sandbox: bool = False) -> None:
     if got.get("attempt"):
         line += f", attempt {got['attempt']}"
     if got.get("interruptions"):
-        line += f", {got['interruptions']} spot interruption(s) survived"
+        line += f", {count(got['interruptions'], 'spot interruption')} survived"
     if got.get("restarts"):
-        line += f", {got['restarts']} restart(s) after errors"
+        line += f", {count(got['restarts'], 'restart')} after errors"
     say(out, line)
     if got.get("instance_id"):
         facts = ", ".join(str(got[k]) for k in ("instance_type", "market") if got.get(k))

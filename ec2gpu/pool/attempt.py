@@ -26,6 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from .. import words
 from ..errors import Ec2GpuError, LedgerError, RemoteError, UsageError, WaitTimeout
 from ..remote import files, jobs, sync
 from ..runs import element_table, job_summary
@@ -78,7 +79,7 @@ def gpus_per_job(opts: PoolOptions, node_gpus: int) -> int:
     UsageError when it is more than a node has."""
     want = opts.gpus_per_job or max(1, node_gpus)
     if node_gpus and want > node_gpus:
-        raise UsageError(f"--gpus-per-job {want}: the pool's instances have {node_gpus} GPU(s) each",
+        raise UsageError(f"--gpus-per-job {want}: the pool's instances have {words.count(node_gpus, 'GPU')} each",
                          f"ask for at most {node_gpus}, or for a larger instance type (--gpu A10G:{want})")
     return want
 
@@ -104,7 +105,7 @@ def run_attempt(aws: Aws, settings: Settings, opts: PoolOptions, run_id: str, ui
     skipped = sorted(int(k) for k in done)
     if done:  # an earlier attempt's head was lost: what it finished (and brought home) is not run again
         opts = replace(opts, elements=tuple(e for e in opts.elements if str(e.index) not in done))
-        ui.note(f"pool: {len(done)} element(s) finished in an earlier attempt, their outputs home; "
+        ui.note(f"pool: {words.count(len(done), 'element')} finished in an earlier attempt, their outputs home; "
                 f"running the other {len(opts.elements)}")
     a = lifecycle.new(aws, settings, run_id, ui, prov, backend, job, instances_, local_out, n)
     # every node the pool had (a lost one's cost and index kept); a.nodes: those the next steps run on
@@ -132,8 +133,10 @@ class PoolDriver(lifecycle.Strategy[dict[str, Any]]):
         worker lost meanwhile is dropped (``lost``)."""
         job = a.job
         self.addresses = {nd.index: address for nd, address in zip(a.nodes, a.addresses, strict=True)}
-        with a.ui.phase("setup"):
-            lifecycle.task_setup(a, self)
+        if job.task.setup:
+            with a.ui.phase("task setup"):  # as a run's (runs/execute/attempt.Strategy.setup)
+                lifecycle.task_setup(a, self)
+        with a.ui.phase("Ray start"):
             want = ray_nodes.ray_version()
             lifecycle.on_nodes(a, "Ray start", lambda nd: ray_nodes.check_ray(nd, want, a.say(nd)), self)
             self.token = ray_nodes.new_token()  # this attempt's pool's, to its nodes over SSH only
@@ -171,7 +174,8 @@ class PoolDriver(lifecycle.Strategy[dict[str, Any]]):
             spec = pool_spec(a.run_id, opts, job, self.address, self.per_job, plan.wait_s if plan else None)
             ray_nodes.start_driver(head, spec, opts, a.settings,
                                    plan.document(True, self.shutdown, sorted(job.task.secrets), pool=True) if plan else None)
-            ui.note(f"pool: {records_words(opts)} over {len(a.nodes)} instance(s), {self.per_job} GPU(s) each; the "
+            ui.note(f"pool: {records_words(opts)} over {words.count(len(a.nodes), 'instance')}, "
+                    f"{words.count(self.per_job, 'GPU')} each; the "
                     f"driver runs on the head ({self.addresses[0]})")
             if not opts.detach:
                 self._follow(a, pool, head)
@@ -238,7 +242,8 @@ def _conclude(record: dict[str, Any], pool: follow.Pool, status: dict[str, Any] 
         first = failed[0] if failed else None
         raise RemoteError(f"{len(failed) if status else 'the'} element(s) of the array failed"
                           + (f", first: element {first['index']} (exit status {first['exit_status']}, "
-                             f"{first['attempts']} attempt(s))" if first else ": the pool's record did not come home"),
+                             f"{words.count(first['attempts'], 'attempt')})" if first
+                             else ": the pool's record did not come home"),
                           f"its log: {local_out / 'logs'}; run those again with --array "
                           + ",".join(str(e["index"]) for e in failed[:20]),
                           command="pool", host=head.host, exit_status=first["exit_status"] if first else None,
@@ -394,7 +399,7 @@ def _home(head: Node, job: TaskJob, local_out: Path, config: Path, ui: ReporterL
     limits = files.Limits()
     names, how = sync.pull(head.conn, f"{head.run_dir}/out", local_out / "outputs", element_patterns(job.task.outputs),
                            config, head.instance_id, limits_, warn=lambda line: ui.note(f"warning: {line}"))
-    ui.note(f"outputs: {len(names)} file(s) brought home" + (f" by {how}" if names else "") +
+    ui.note(f"outputs: {words.count(len(names), 'file')} brought home" + (f" by {how}" if names else "") +
             f" to {local_out / 'outputs'}")
     sync.pull(head.conn, f"{head.run_dir}/pool/logs", local_out / "logs", [], config, head.instance_id,
               limits, warn=lambda line: ui.note(f"warning: {line}"))

@@ -14,6 +14,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, cast
 
+from .. import words
 from ..aws import catalog, instances
 from ..errors import RemoteError
 from ..inert import inert
@@ -151,7 +152,7 @@ def _grow(aws: Aws, pool: Pool, status: dict[str, Any] | None, ctx: grow.Context
             pool.usd_per_hour.update(prices_of(aws, ctx.settings, [nd]))
             pool.count()
             ui.note(f"pool: {nd.instance_id} joined as node {nd.index}, "
-                    f"{f'replacing {rep.lost}' if rep.lost else 'the pool grows'} ({len(pool.members)} instance(s))")
+                    f"{f'replacing {rep.lost}' if rep.lost else 'the pool grows'} ({words.count(len(pool.members), 'instance')})")
         else:
             pool.grow_after = time.monotonic() + GROW_RETRY_S
             ui.note(f"pool: no {_what(rep.lost)} ({rep.error}); the others go on"
@@ -171,8 +172,8 @@ def _grow(aws: Aws, pool: Pool, status: dict[str, Any] | None, ctx: grow.Context
         return
     lost = owed[0] if owed else None
     zone = next((nd.instance.zone for nd in pool.nodes if nd.instance_id == lost), None)
-    ui.note(f"pool: {c['queued']} element(s) wait and " + (f"{lost} is lost: launching a replacement" if lost else
-            f"the pool has {len(pool.members)} of its {ctx.opts.nodes} instance(s): launching one more"))
+    ui.note(f"pool: {words.count(c['queued'], 'element')} wait and " + (f"{lost} is lost: launching a replacement" if lost else
+            f"the pool has {len(pool.members)} of its {words.count(ctx.opts.nodes, 'instance')}: launching one more"))
     # the next node index: never one a replacement that failed had (its tags and attempt row keep it)
     index = 1 + max([nd.index for nd in pool.nodes] + [int(r["node"]) for r in pool.replacements])
     pool.growing = grow.start(ctx, lost, zone, index, list(addresses.values()), ui)
@@ -301,7 +302,7 @@ def _progress(pool: Pool, status: dict[str, Any], total: int) -> dict[str, Any]:
             "eta_s": eta_s(status, len(pool.members) * pool.slots_per_node), "cost_so_far_usd": cost,
             "at": round(time.time(), 3),
             "label": f"elements: {c['done']} done, {c['running']} running, {c['queued']} queued, {c['failed']} failed; "
-                     f"{len(pool.members)} instance(s)" + ("" if cost is None else f"; ${cost:.4f} so far")}
+                     f"{words.count(len(pool.members), 'instance')}" + ("" if cost is None else f"; ${cost:.4f} so far")}
 
 
 def write_progress(path: Path | None, progress: dict[str, Any]) -> None:
@@ -379,7 +380,7 @@ def _shrink(aws: Aws, pool: Pool, status: dict[str, Any], addresses: dict[int, s
         instances.terminate(aws.ec2, [iid], wait=False)
         pool.released.append(iid)
         pool.left_at[iid] = round(time.time(), 3)
-        ui.note(f"pool: no element waits, released {iid} ({len(pool.members)} instance(s) left)")
+        ui.note(f"pool: no element waits, released {iid} ({words.count(len(pool.members), 'instance')} left)")
     if idle:
         pool.count()
 #: the longest a worker being released may take to write its MOUNT-mode file_mounts back (the

@@ -14,6 +14,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, cast
 
+from .. import words
 from ..aws import catalog
 from ..errors import RemoteError, UsageError, WaitTimeout
 from ..remote import files, jobs, ssh
@@ -138,7 +139,7 @@ def start_ray(nodes: list[Node], addresses: dict[int, str], job: TaskJob, log: C
     joined = on(lambda nd: wait_ready(nd, WORKER_JOIN_WAIT_S, required=False) is not None, workers)
     late = [nd.instance_id for nd in workers if nd.index in joined and not joined[nd.index]]
     up = 1 + sum(1 for ok in joined.values() if ok)
-    log(f"Ray started on {up} of {up + len(late)} node(s), head {address}"
+    log(f"Ray started on {up} of {words.count(up + len(late), 'node')}, head {address}"
         + (f"; not yet on {', '.join(late)} (they join when they can, or are let go)" if late else ""))
     return address
 

@@ -117,7 +117,7 @@ def place(conn: Connection, mounts_: Sequence[Mount], manifests: dict[str, Manif
         for rec in _s3files(conn, python, run_dir, "in"):
             shown = next((x["shown"] for x in s3 if x["target"] == rec.get("target")), "?")
             log(f"file_mounts: {rec.get('files')} object(s), {rec.get('bytes')} bytes copied from S3 to {shown} "
-                "by the instance's role" + (f"; {rec['skipped']} key(s) skipped (outside the target)"
+                "by the instance's role" + (f"; {count(rec['skipped'], 'key')} skipped (outside the target)"
                                             if rec.get("skipped") else ""))
 
 

@@ -221,7 +221,7 @@ def test_a_group_refused_while_auto_scaling_does_not_see_the_new_profile_is_made
         name = groups.create(aws.ec2, asg, spec, ["g4dn.xlarge"], subnets, 1, None, made_at=time.time(), log=said.append)
         assert left["n"] == 0 and [g["AutoScalingGroupName"] for g in groups.find_groups(asg, RUN_ID)] == [name]
         assert "CreateAutoScalingGroup: ValidationError" in said[0] and "iamInstanceProfile.name" in said[0]
-        assert said[-1] == "AWS sees it now: went through after 2 refusal(s)"
+        assert said[-1] == "AWS sees it now: went through after 2 refusals"
     finally:
         asg.meta.events.unregister("before-call.auto-scaling.CreateAutoScalingGroup", not_seen_yet)
         groups.delete(aws.ec2, asg, RUN_ID)

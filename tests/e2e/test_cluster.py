@@ -109,7 +109,7 @@ def test_a_standing_cluster_grows_and_shrinks(sandbox_env, torchrun_port, tmp_pa
         trained = ec2gpu("train", "mnist", "--cluster", "lab", "--epochs", "1", "--trainer-arg=--train-subset=6000",
                          "--out", str(tmp_path / "elastic"), "--json")
         assert trained.returncode == 0, trained.stderr
-        assert "lab: 2 node(s); they keep running afterwards" in " ".join(trained.stderr.split())
+        assert "lab: 2 nodes; they keep running afterwards" in " ".join(trained.stderr.split())
         assert json.loads((tmp_path / "elastic" / "outputs" / "summary.json").read_text())["world_size"] == 2
         assert nodes() == [("lab-0", 0), ("lab-1", 1)]  # still up
         grown = ec2gpu("scale", "lab", "4", "--json")
@@ -119,7 +119,7 @@ def test_a_standing_cluster_grows_and_shrinks(sandbox_env, torchrun_port, tmp_pa
         ssh = ec2gpu("ssh", "lab-3", "--", "echo", "ok")  # a new node is a real instance with an sshd
         assert ssh.returncode == 0 and ssh.stdout.strip() == "ok", ssh.stderr
         shrunk = ec2gpu("scale", "lab", "1")
-        assert shrunk.returncode == 0 and "1 node(s) now" in " ".join(shrunk.stdout.split())
+        assert shrunk.returncode == 0 and "1 node now" in " ".join(shrunk.stdout.split())
         assert nodes() == [("lab-0", 0)]
         bad = ec2gpu("scale", "lab", "0")
         assert bad.returncode == 2 and "at least 1 node" in bad.stderr

@@ -212,7 +212,7 @@ def test_a_spot_interruption_is_ridden_out_by_a_replacement_that_resumes_from_th
         first["instance_id"], done["instance_id"]], done.get("cost")
     assert cli.main(["status", run_id, "--sandbox"]) == 0
     said = capsys.readouterr().out
-    assert "1 spot interruption(s) survived" in said and "cost $" in said and "billed" in said, said
+    assert "1 spot interruption survived" in said and "cost $" in said and "billed" in said, said
     prefix = _prefix(run_id)
     assert _object(bucket, prefix + "outputs/resumed-from") == "7\n"
     log = _object(bucket, prefix + "logs/job.log")

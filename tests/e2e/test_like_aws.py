@@ -92,7 +92,7 @@ def test_spot_interruption_recovers_verifies_host_keys_and_bills_from_running(li
     code, stdout, err = drive(
         ["train", "mnist", "--sandbox", "--spot", "--epochs", "2", "--json", "--out", str(tmp_path / "r"),
          "--trainer-arg=--train-subset=10000"],
-        [("epoch 1/2", interrupt(home, 2.0))])
+        [("epoch 1/2 train_loss", interrupt(home, 2.0))])  # the end of epoch 1 (not its progress line)
     assert code == 0, err
     record = json.loads(stdout)
     first, second = record["attempts"]

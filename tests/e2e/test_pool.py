@@ -174,7 +174,7 @@ def test_an_array_over_three_workers_shrinks_its_pool_before_its_last_element_en
                for pair in rule.get("UserIdGroupPairs", []))
     # independent elements: no cluster placement group (it would hold the pool to one zone), but
     # one cluster, as `ec2gpu ls` shows it: every instance tagged with the pool's name
-    assert "3 node(s): one security group that also admits its own members; no placement group" in " ".join(err.split())
+    assert "3 nodes: one security group that also admits its own members; no placement group" in " ".join(err.split())
     assert set(_cluster_tags(state, record["instance_ids"]).values()) == {f"ec2gpu-{record['run_id']}"}
     shown = subprocess.run([EC2GPU, "logs", record["run_id"], "--index", "11"], capture_output=True, text=True,
                            env=dict(os.environ), timeout=60)  # an element's own log, from the artifacts
@@ -183,13 +183,13 @@ def test_an_array_over_three_workers_shrinks_its_pool_before_its_last_element_en
     plan = subprocess.run([EC2GPU, "run", str(tmp_path / "task.yaml"), "--sandbox", "--dry-run", "--json"],
                           capture_output=True, text=True, env=dict(os.environ), timeout=60)
     estimate = json.loads(plan.stdout)["estimate"]
-    assert estimate["source"].startswith("mean of 12 element(s) of 1 past array(s) of task pool-array"), estimate
+    assert estimate["source"].startswith("mean of 12 elements of 1 past array of task pool-array"), estimate
     mean = sum(e["seconds"] for e in elements) / 12
     # an element's estimate holds its seconds to a tenth (costs.estimate_job) before the 4 rounds
     # multiply them, and minutes are said to a hundredth: the two roundings together stay within
     # 4 x 0.05 s + 0.005 min of the exact figure (exact equality failed when they crossed: 0.41 vs 0.42)
     assert abs(estimate["job_minutes"] - mean * 4 / 60) <= 4 * 0.05 / 60 + 0.005 + 1e-9, (estimate, mean)
-    assert "x 4 round(s)" in estimate["source"], estimate
+    assert "x 4 rounds" in estimate["source"], estimate
     assert_nothing_left(home, record)
 
 

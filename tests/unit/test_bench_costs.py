@@ -94,4 +94,4 @@ def test_runs_of_the_model_itself_still_come_before_a_bench():
                {"instance_type": "g4dn.xlarge", "gpu": "T4", "model": "cnn", "train_seconds": 8.0, "epochs": 2,
                 "phases": {"running": 40.0}, "status": "completed"}]
     e = costs.estimate("g4dn.xlarge", "T4", "on-demand", 0.526, "table", "cnn", 2, history)
-    assert e.time_source.startswith("ledger (1 earlier run(s) of cnn on T4)")
+    assert e.time_source.startswith("ledger (1 earlier run of cnn on T4)")

@@ -76,7 +76,7 @@ def test_a_group_refused_while_the_new_profile_is_unseen_is_made_once_aws_sees_i
     assert consistency.when_visible(call, NOW, said.append, sleep=clock.sleep, clock=clock) == "made"
     assert calls["n"] == 4 and clock.slept == [1, 2, 4]
     assert len(said) == 2 and "CreateAutoScalingGroup: ValidationError" in said[0] and "ec2gpu-r1" in said[0]
-    assert "up to 120 s" in said[0] and "3 refusal(s)" in said[1]
+    assert "up to 120 s" in said[0] and "3 refusals" in said[1]
 
 
 def test_a_refusal_that_lasts_is_raised_about_two_minutes_after_the_profile_was_made():

@@ -60,7 +60,7 @@ def test_estimate_uses_the_ledger_when_it_has_runs_of_the_same_model_and_gpu():
     assert (e.boot_seconds, e.setup_seconds, e.teardown_seconds) == (10, 3, 4)
     assert e.train_seconds == pytest.approx(6.0 + 4 * 2.0)  # start-up 10-4 s, then 2 s per epoch
     assert e.billed_seconds == 60  # 31 s of run, billed as the minimum
-    assert e.time_source.startswith("ledger (1 earlier run(s) of cnn on T4)")
+    assert e.time_source.startswith("ledger (1 earlier run of cnn on T4)")
 
 
 def test_estimate_without_a_price_has_no_cost():
@@ -223,7 +223,7 @@ def test_the_spot_estimate_is_the_dearest_zones_price_an_upper_bound(tmp_path):
 
     price = costs.hourly_price(_spot_aws(ZONES), tmp_path, "g4dn.xlarge", spot=True)
     assert price.usd_per_hour == pytest.approx(0.35)
-    assert price.source == "spot now, highest of 3 zone(s)"
+    assert price.source == "spot now, highest of 3 zones"
     assert price.usd_per_hour >= max(ZONES.values())
 
 
@@ -363,7 +363,7 @@ def test_a_spot_bill_follows_its_own_zones_price_history(tmp_path):
     aws = SimpleNamespace(ec2=ec2, region="us-east-1")
     got = costs.compute_cost(aws, tmp_path, _instance(spot=True), T0_BILL, T0_BILL + timedelta(hours=1))
     assert got == {"usd_per_hour": 0.4, "compute_usd": 0.4,
-                   "price_source": "spot price history of us-east-1b (2 price(s) in effect)"}
+                   "price_source": "spot price history of us-east-1b (2 prices in effect)"}
     assert ec2.asked == [(("g4dn.xlarge",), "us-east-1b")]
 
 
@@ -455,7 +455,7 @@ def test_the_expected_minutes_are_the_mean_of_this_tasks_completed_runs_on_this_
                                  "instance_type": itype})
     ledger.record(tmp_path, {**_run("g", "t", {"running": 6000.0}), "instance_type": "g5.xlarge", "backend": "sandbox"})
     assert costs.estimate_minutes(tmp_path, job, "g5.xlarge", 99.0, "aws") == (
-        15.0, "mean of 2 past run(s) of task t on g5.xlarge (ledger)")
+        15.0, "mean of 2 past runs of task t on g5.xlarge (ledger)")
 
 
 def test_an_unreadable_ledger_leaves_the_expected_minutes_to_expect(tmp_path):

@@ -275,7 +275,7 @@ def test_runs_remote_renders_the_store_and_says_what_is_unknown(monkeypatch, cap
     monkeypatch.setattr(ops, "list_runs", rows)
     assert cli.main(["runs", "--remote"]) == 0
     shown = capsys.readouterr().out
-    assert "0.1234 max so far" in shown and "detached" in shown and "2 of the 3 run(s) in the store" in shown
+    assert "0.1234 max so far" in shown and "detached" in shown and "2 of the 3 runs in the store" in shown
     assert "cost unknown: i-00000001: no on-demand price" in shown and "\x1b[31m" not in shown
     assert cli.main(["runs", "--remote", "--json"]) == 0
     body = json.loads(capsys.readouterr().out)

@@ -63,7 +63,7 @@ def test_fetch_brings_outputs_checkpoints_log_and_status_home(aws, tmp_path):
     assert (out / "job.log").read_bytes() == b"line 1\nline 2\n"
     assert json.loads((out / "state.json").read_text())["state"] == "succeeded"
     assert not [p for p in _tree(out) if p.endswith(".part")]
-    assert any("2 output file(s), 1 checkpoint file(s)" in n for n in notes)
+    assert any("2 output files, 1 checkpoint file" in n for n in notes)
 
 
 def test_a_summary_is_read_as_any_runs_with_the_runs_secrets_masked(aws, tmp_path, monkeypatch):

@@ -151,7 +151,7 @@ def test_the_plans_cost_is_the_figure_the_run_says_boot_setup_and_ec2s_minimum_b
     assert cli.main(["run", "t.yaml", "--dry-run", "--sandbox", "--expect", "6s", "--nodes", "2"]) == 0
     text = capsys.readouterr().out
     [line] = [ln for ln in text.splitlines() if "$" in ln and "cost" in ln]
-    assert f"~${run['cost_usd']:.4f} for ~{run['billed_seconds']:.0f} s billed x 2 node(s)" in line
+    assert f"~${run['cost_usd']:.4f} for ~{run['billed_seconds']:.0f} s billed x 2 nodes" in line
     assert "the run's estimate" not in text
 
 

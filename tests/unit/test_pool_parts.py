@@ -283,7 +283,7 @@ def test_a_dry_run_shows_the_array(no_aws, monkeypatch, capsys):
     assert plan["array"]["elements"] == 12 and plan["array"]["workers"] == 3 and plan["nodes"] == 3
     assert plan["array"]["first"][0] == {"EC2GPU_ARRAY_INDEX": "0", "EC2GPU_ARRAY_SIZE": "12"}
     assert cli.main(["run", "t.yaml", "--dry-run", "--sandbox", "--array", "3,7"]) == 0
-    assert "array: 2 of 12 elements (3, 7) over at most 2 instance(s)" in capsys.readouterr().out
+    assert "array: 2 of 12 elements (3, 7) over at most 2 instances" in capsys.readouterr().out
 
 
 def test_the_eta_comes_from_the_finished_elements():
@@ -431,7 +431,7 @@ def test_an_elements_time_comes_from_the_past_arrays_of_the_task_weighted_by_the
         ledger.record(tmp_path, other)
     ledger.record(tmp_path, {**_array_run("f", [1.0]), "element_seconds": {"count": True, "mean_seconds": "x"}})
     assert costs.element_minutes(tmp_path, job, "g4dn.xlarge", 99.0, "sandbox") == (
-        (3 * 90.0 + 180.0) / 4 / 60, "mean of 4 element(s) of 2 past array(s) of task arr on g4dn.xlarge (ledger)")
+        (3 * 90.0 + 180.0) / 4 / 60, "mean of 4 elements of 2 past arrays of task arr on g4dn.xlarge (ledger)")
     # the whole array's running time is no single job's: the task's next plain run is not estimated from it
     assert costs.estimate_minutes(tmp_path, job, "g4dn.xlarge", None, "sandbox")[0] is None
 
@@ -450,12 +450,12 @@ def test_an_arrays_estimate_is_an_elements_time_from_history_times_its_rounds(no
                                    "  instance_type: g4dn.xlarge\n")
     assert cli.main(["run", "t.yaml", "--dry-run", "--json", "--sandbox", "--expect", "2m"]) == 0
     estimate = json.loads(capsys.readouterr().out)["estimate"]
-    assert estimate["job_minutes"] == 8.0 and "--expect (an element's); x 4 round(s)" in estimate["source"]
+    assert estimate["job_minutes"] == 8.0 and "--expect (an element's); x 4 rounds" in estimate["source"]
     ledger.record(no_aws / "home", _array_run("a", [30.0, 90.0]))  # an element: 1 min
     assert cli.main(["run", "t.yaml", "--dry-run", "--json", "--sandbox", "--expect", "2m", "--workers", "2"]) == 0
     estimate = json.loads(capsys.readouterr().out)["estimate"]
     assert estimate["job_minutes"] == 6.0, estimate  # 12 elements over 2 instances: 6 rounds of 1 min
-    assert estimate["source"].startswith("mean of 2 element(s) of 1 past array(s) of task arr"), estimate
+    assert estimate["source"].startswith("mean of 2 elements of 1 past array of task arr"), estimate
     # the run's own estimate (pipeline.check_estimate) says the same, and a --budget below it is refused
     from types import SimpleNamespace
     from ec2gpu import settings as settings_mod
@@ -469,7 +469,7 @@ def test_an_arrays_estimate_is_an_elements_time_from_history_times_its_rounds(no
     ui = Reporter()
     aws = SimpleNamespace(region="us-east-1")  # on-demand: the price table, no AWS call
     est = pipeline.check_estimate(aws, settings_mod.load({}), opts, "sandbox", ui)
-    assert est.train_seconds == 360.0 and "x 6 round(s): 12 element(s) over 2 instance(s)" in est.time_source
+    assert est.train_seconds == 360.0 and "x 6 rounds: 12 elements over 2 instances" in est.time_source
     assert any("elements 360 s" in line for line in ui.notes), ui.notes
     with pytest.raises(UsageError, match="above --budget"):
         pipeline.check_estimate(aws, settings_mod.load({}), replace(opts, budget_usd=est.cost_usd / 2), "sandbox", ui)

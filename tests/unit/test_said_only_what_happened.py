@@ -227,7 +227,7 @@ def test_no_outputs_are_said_as_none_brought_home_not_by_none(monkeypatch, tmp_p
     head = SimpleNamespace(conn=None, run_dir="/r", instance_id="i-1")
     engine._outputs_home(head, SimpleNamespace(task=SimpleNamespace(outputs=[])), tmp_path, None, said.append,
                          files.Limits())
-    assert said == [f"outputs: 0 file(s) brought home to {tmp_path / 'outputs'}"]
+    assert said == [f"outputs: 0 files brought home to {tmp_path / 'outputs'}"]
 
 
 def test_image_bake_name_help_names_the_default_the_code_makes():

@@ -87,7 +87,7 @@ def test_a_failed_array_prints_its_element_table_before_its_error(monkeypatch, c
     from ec2gpu.cli.tasks import failed_array_table
     from ec2gpu.errors import RemoteError
     monkeypatch.setenv("COLUMNS", "200")
-    error = RemoteError("1 element(s) of the array failed")
+    error = RemoteError("1 element of the array failed")
     error.run_record = {"run_id": "r-1", "pool": {"gpus_per_job": 1, "instances_over_time": [], "elements": [
         {"index": 0, "status": "succeeded", "attempts": 1, "node": "10.0.0.1", "seconds": 12.0, "exit_status": 0,
          "cost_usd": 0.0044},

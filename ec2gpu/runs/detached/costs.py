@@ -50,6 +50,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from ... import words
 from ...aws import catalog, groups, pricing, runstore, runstore_objects, runstore_records, sweep
 from ...aws.instances import Instance
 from ...errors import AwsError, UsageError
@@ -248,7 +249,7 @@ def group_facts(group: dict[str, Any]) -> Facts | None:
     if not types:
         return None
     return Facts(types[0] if len(types) == 1 else None, market, None,
-                 f"the run's Auto Scaling group ({len(types)} type(s))", types if len(types) > 1 else ())
+                 f"the run's Auto Scaling group ({words.count(len(types), 'type')})", types if len(types) > 1 else ())
 
 
 def ledger_facts(row: dict[str, Any] | None) -> Facts | None:

@@ -44,6 +44,7 @@ from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
+from ... import words
 from ...agent.agent import mask_bytes  # the agent's own rule: the live log's bytes are the store's
 from ...aws import groups, instances, network, parameters, runstore, runstore_objects, runstore_records
 from ...aws.runstore import store
@@ -202,7 +203,7 @@ def fetch(aws: Aws, run_id: str, out: Path, limits: files.Limits, note: Note,
     if state not in run_record.FINAL_STATES:
         note(f"run {run_id} is {state}: its outputs reach s3://{bucket}/{runstore.outputs_prefix(user, run_id)} at "
              "its end")
-    note(f"{len(outputs)} output file(s), {len(checkpoints)} checkpoint file(s) and "
+    note(f"{words.count(len(outputs), 'output file')}, {words.count(len(checkpoints), 'checkpoint file')} and "
          f"{', '.join(done) or 'no log'} brought home from s3://{bucket}/{runstore.prefix(user, run_id)} to {out}")
     columns: dict[str, Any] = {}
     secrets = run_secrets(aws, s3, bucket, user, run_id) if "summary.json" in outputs else None

@@ -49,6 +49,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
+from ... import words
 from ...aws import (capacity, catalog, groups, iam, iam_boundary, iam_detached, instances, network, parameters,
                     placement, runstore, runstore_objects, runstore_records, storage, sweep)
 from ...aws.session import Aws
@@ -369,7 +370,7 @@ class DetachedJob(lifecycle.Lifecycle[Handoff, run_record.RunRecord]):
                                      a.ui.note)
             if a.secret:
                 stored = parameters.put(aws.client("ssm"), a.run_id, settings.owner, a.user, a.secret)
-                a.ui.note(f"{len(stored)} secret(s) in SSM Parameter Store under {parameters.ROOT}{a.run_id}/ "
+                a.ui.note(f"{words.count(len(stored), 'secret')} in SSM Parameter Store under {parameters.ROOT}{a.run_id}/ "
                           f"(SecureString; {parameters.READERS})")
             spec = _launch_spec(a, profile)
             # before the group: its first instance's agent writes the next record, never under this one

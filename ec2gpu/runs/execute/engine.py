@@ -30,6 +30,7 @@ import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, cast
 
+from ... import words
 from ...errors import LimitReached, RemoteError, UsageError
 from ...inert import inert
 from . import status
@@ -176,7 +177,7 @@ def upload_node(nd: Node, job: TaskJob, ssh_config: Path | None, run_id: str, ad
     files.write_text(nd.conn, f"{nd.run_dir}/secret_names.json", json.dumps(sorted(job.task.secrets)))
     if resume and checkpoints is not None and checkpoints.has_any():
         count = checkpoints.push(nd.conn, env["EC2GPU_CHECKPOINT_DIR"])
-        log(f"pushed the checkpoint directory ({count} file(s)); the job resumes with EC2GPU_RESUME=1")
+        log(f"pushed the checkpoint directory ({words.count(count, 'file')}); the job resumes with EC2GPU_RESUME=1")
 
 
 def mounts_node(nd: Node, job: TaskJob, ssh_config: Path | None, log: Callable[[str], None]) -> None:
@@ -466,4 +467,5 @@ def _outputs_home(head: Node, job: TaskJob, local_out: Path, ssh_config: Path | 
                   limits: Limits) -> None:
     names, how = sync.pull(head.conn, f"{head.run_dir}/out", local_out / "outputs", job.task.outputs, ssh_config,
                            head.instance_id, limits, warn=lambda line: log(f"warning: {line}"))
-    log(f"outputs: {len(names)} file(s) brought home" + (f" by {how}" if names else "") + f" to {local_out / 'outputs'}")
+    log(f"outputs: {words.count(len(names), 'file')} brought home" + (f" by {how}" if names else "")
+        + f" to {local_out / 'outputs'}")

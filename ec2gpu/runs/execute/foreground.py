@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from ... import words
 from ...errors import AwsError, RemoteError, WaitTimeout
 from ...remote import jobs, tunnel
 from . import engine, status
@@ -82,7 +83,7 @@ class ForegroundJob(lifecycle.Strategy[dict[str, Any]]):
                                                 plan.document(nd.index == 0, self.shutdown, sorted(job.task.secrets))
                                                 if plan else None)
                 node_steps.parallel(start, nodes)
-                ui.note(f"job started on {len(nodes)} node(s) under the agent"
+                ui.note(f"job started on {words.count(len(nodes), 'node')} under the agent"
                         + (f" (head {a.addresses[0]})" if len(nodes) > 1 else "") + "; its log follows")
                 with tunnel.forwarding(a.config, nodes[0].instance_id, job.task.ports, ui.note,
                                        same_ports=same_ports_for(nodes[0].host, job.same_ports)):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Mapping
 
+from ... import words
 from ...aws import catalog, network, parameters, tags
 from ...errors import UsageError
 from ...wire import run_spec
@@ -117,6 +118,6 @@ def slots_per_node(types: list[str], per_job: int | None) -> int:
     counts = {t: catalog.lookup(t).gpu_count for t in types}
     small = [t for t, n in counts.items() if per_job and n < per_job]
     if small:
-        raise UsageError(f"--gpus-per-job {per_job}: {small[0]} has {counts[small[0]]} GPU(s)",
+        raise UsageError(f"--gpus-per-job {per_job}: {small[0]} has {words.count(counts[small[0]], 'GPU')}",
                          f"ask for at most {counts[small[0]]}, or a type with more (--gpu A10G:{per_job})")
     return max(1, counts[types[0]] // per_job) if per_job else 1

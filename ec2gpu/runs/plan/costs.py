@@ -15,6 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, cast
 
+from ... import words
 from ...aws import catalog
 from ...aws.catalog import BILLING_MINIMUM_SECONDS
 from ...errors import UsageError
@@ -141,7 +142,7 @@ def estimate(instance_type: str, gpu: str, market: str, usd_per_hour: float | No
         got = [(tr, js) for tr, js in ((trained(r), job_s(r)) for r in same_gpu) if tr and js]
         epoch_s = cast(float, _median([t[0] / t[1] for t, _ in got]))
         startup = cast(float, _median([max(0.0, s - t[0]) for t, s in got]))
-        source = f"ledger ({len(same_gpu)} earlier run(s) of {model} on {gpu})"
+        source = f"ledger ({words.count(len(same_gpu), 'earlier run')} of {model} on {gpu})"
     elif measured:
         epoch_s = TRAIN_IMAGES / measured["samples_per_second"]
         startup = DEFAULT_TRAINER_STARTUP_SECONDS
@@ -154,7 +155,7 @@ def estimate(instance_type: str, gpu: str, market: str, usd_per_hour: float | No
         startup = DEFAULT_TRAINER_STARTUP_SECONDS
         source = f"default for {gpu} (assumed, docs/cost-model.md)"
     if same_type and not same_gpu:
-        source += f"; phases from ledger ({len(same_type)} run(s))"
+        source += f"; phases from ledger ({words.count(len(same_type), 'run')})"
     return _priced(Estimate(instance_type, market, usd_per_hour, price_source, round(boot, 1), round(setup, 1),
                             round(startup + epochs * epoch_s, 1), round(teardown, 1), source))
 
@@ -183,8 +184,8 @@ def bench_speed(history: list[dict[str, Any]], instance_type: str, gpu: str, mod
 
 
 #: the run phases an estimate counts as boot, setup and teardown; the rest is the job's (or a bake's)
-PHASE_GROUPS = {"boot": ("requesting", "waiting for running", "waiting for SSH"), "setup": ("setup", "upload", "task setup"),
-                "teardown": ("download", "terminating")}
+PHASE_GROUPS = {"boot": ("requesting", "waiting for running", "waiting for SSH"),
+                "setup": ("setup", "upload", "task setup", "Ray start"), "teardown": ("download", "terminating")}
 
 
 def _phase_seconds(history: list[dict[str, Any]], instance_type: str) -> tuple[float, float, float, list[dict[str, Any]]]:
@@ -257,7 +258,7 @@ def hourly_price(aws: Aws | PriceTable, home: Path, instance_type: str, spot: bo
                          f"zone (lowest {lowest:.4f} USD/h now)", "raise --max-price, or see `ec2gpu prices`")
     if max_price is not None and max_price < worst:
         return catalog.Price(max_price, f"--max-price (current spot {lowest:.4f}-{worst:.4f} USD/h)")
-    return catalog.Price(worst, f"spot now, highest of {len(zones)} zone(s)")
+    return catalog.Price(worst, f"spot now, highest of {words.count(len(zones), 'zone')}")
 
 
 def estimate_run(aws: Aws | PriceTable, home: Path, instance_type: str, spot: bool, model: str, epochs: int | None,
@@ -413,7 +414,7 @@ def spot_bill(history: list[tuple[datetime, float]], zone: str | None, start: da
     ``on_demand_bill``."""
     usd = spot_cost_usd(history, start, ended)
     return {"usd_per_hour": round(usd * 3600 / billed_seconds(start, ended), 6), "compute_usd": round(usd, 6),
-            "price_source": f"spot price history of {zone} ({len(history)} price(s) in effect)"}
+            "price_source": f"spot price history of {zone} ({words.count(len(history), 'price')} in effect)"}
 
 
 def on_demand_bill(usd_per_hour: float | None, source: str, start: datetime, ended: datetime) -> dict[str, Any]:
@@ -463,7 +464,7 @@ def estimate_minutes(home: Path, job: TaskJob, instance_type: str, expect_minute
             and (r.get("phases") or {}).get("running") and not r.get("element_seconds")]  # an array's: per element
     if past:
         mean = sum(r["phases"]["running"] for r in past) / len(past) / 60
-        return mean, f"mean of {len(past)} past run(s) of task {job.history_key} on {instance_type} (ledger)"
+        return mean, f"mean of {words.count(len(past), 'past run')} of task {job.history_key} on {instance_type} (ledger)"
     if expect_minutes:
         return expect_minutes, "--expect"
     return None, f"task {job.history_key} has not run on {instance_type} before"
@@ -486,8 +487,8 @@ def element_minutes(home: Path, job: TaskJob, instance_type: str, expect_minutes
                 and not isinstance(mean, bool) and math.isfinite(mean) and mean >= 0):
             count, total, runs = count + n, total + n * mean, runs + 1
     if count:
-        return total / count / 60, (f"mean of {count} element(s) of {runs} past array(s) of task {job.history_key} on "
-                                    f"{instance_type} (ledger)")
+        return total / count / 60, (f"mean of {words.count(count, 'element')} of {words.count(runs, 'past array')} "
+                                    f"of task {job.history_key} on {instance_type} (ledger)")
     if expect_minutes:
         return expect_minutes, "--expect (an element's)"
     return None, f"no element of task {job.history_key} has run on {instance_type} before"
@@ -510,7 +511,8 @@ def pool_rounds(elements: int, instances: int, slots: int) -> int:
 def rounds_words(elements: int, instances: int, slots: int) -> tuple[int, str]:
     """(pool_rounds, the words an estimate's time source gets for them) (pure)."""
     rounds = pool_rounds(elements, instances, slots)
-    return rounds, f"x {rounds} round(s): {elements} element(s) over {instances} instance(s), {slots} at once on each"
+    return rounds, (f"x {words.count(rounds, 'round')}: {words.count(elements, 'element')} over "
+                    f"{words.count(instances, 'instance')}, {slots} at once on each")
 
 
 def price_rows(aws: Aws, home: Path, gpu: str | None = None,

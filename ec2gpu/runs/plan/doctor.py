@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from ... import words
 from ...aws import capacity, catalog, images, network, runstore, types
 from ...aws.session import AWS_ERRORS
 from ...errors import Ec2GpuError, ExitCode
@@ -184,6 +185,6 @@ def key_files(keys_dir: Path) -> Outcome:
     keys = sorted(keys_dir.glob("*.pem")) if keys_dir.is_dir() else []
     loose = [k for k in keys if stat.S_IMODE(k.stat().st_mode) & 0o077]
     if loose:
-        return False, f"{len(loose)} key file(s) readable by others: {', '.join(k.name for k in loose)}", \
+        return False, f"{words.count(len(loose), 'key file')} readable by others: {', '.join(k.name for k in loose)}", \
             f"chmod 600 {' '.join(str(k) for k in loose)}"
-    return True, f"{len(keys)} key file(s) in {keys_dir}, all 0600" if keys else f"none yet ({keys_dir})"
+    return True, f"{words.count(len(keys), 'key file')} in {keys_dir}, all 0600" if keys else f"none yet ({keys_dir})"

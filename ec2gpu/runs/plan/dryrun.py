@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
 
+from ... import words
 from ...aws import catalog, network
 from ...tasks import arrays, mounts, resolve, tools
 from . import costs
@@ -246,9 +247,9 @@ def render(p: Mapping[str, Any]) -> list[str]:
     out += [f"  skipped: {s}" for s in p["skipped"]]
     if p.get("array"):
         a = p["array"]
-        out.append(f"  array: {a['described']} over at most {a['workers']} instance(s), scheduled by Ray; "
+        out.append(f"  array: {a['described']} over at most {words.count(a['workers'], 'instance')}, scheduled by Ray; "
                    f"element 0's environment: {' '.join(f'{k}={v}' for k, v in a['first'][0].items())}")
-    out.append(f"  {p['nodes']} node(s), {p['market']}"
+    out.append(f"  {words.count(p['nodes'], 'node')}, {p['market']}"
                + (f" (then {p['spot_fallback']})" if p["spot_fallback"] else "") + f"; zones: {p['zones']}")
     if p.get("mode") not in (None, "foreground", "array"):
         out.append(f"  {p['mode']}: AWS runs it with nobody watching (an Auto Scaling group, or the pool's head), "
@@ -271,7 +272,7 @@ def render(p: Mapping[str, Any]) -> list[str]:
     out += [f"  port {q['port']} of node 0 -> {q['local']} here ({q['how']})" for q in p.get("ports", [])]
     run = est.get("run")
     if run and not run["upper_bound"] and run["cost_usd"] is not None:  # what the run will say, and judge --budget by
-        cost = (f"~${run['cost_usd']:.4f} for ~{run['billed_seconds']:.0f} s billed x {p['nodes']} node(s) (boot "
+        cost = (f"~${run['cost_usd']:.4f} for ~{run['billed_seconds']:.0f} s billed x {words.count(p['nodes'], 'node')} (boot "
                 f"{run['boot_seconds']:.0f} s, setup {run['setup_seconds']:.0f} s, job {run['train_seconds']:.0f} s "
                 f"({est['source']}), teardown {run['teardown_seconds']:.0f} s; 60 s at least)")
     elif est["expected_usd"] is not None:

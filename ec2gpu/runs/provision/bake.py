@@ -25,6 +25,7 @@ import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+from ... import words
 from ...aws import baked, catalog, images, instances, tags, types
 from ...errors import RemoteError, UsageError, WaitTimeout
 from ...remote import files, jobs, ssh
@@ -94,7 +95,7 @@ def plan(job: TaskJob, base: str, name: str | None, home: Path, backend: str, in
     if past:  # the bake's own phases (driver, cleaning, imaging, waiting for image): the estimate adds
         # boot, setup and teardown from the ledger itself (costs.PHASE_GROUPS)
         minutes = statistics.mean(bake_seconds(r.get("phases") or {}) for r in past) / 60
-        source = f"mean of {len(past)} past bake(s) on {instance_type} (ledger)"
+        source = f"mean of {words.count(len(past), 'past bake')} on {instance_type} (ledger)"
     else:
         minutes, source = ASSUMED_MINUTES[base], f"assumed {ASSUMED_MINUTES[base]:g} min for a bake from {base}"
     return BakePlan(name, base, key, minutes, source, data_dir=data_dir, image_delay_s=1.0 if sandbox else 15.0)
@@ -189,7 +190,7 @@ def install_driver(aws: Aws, nd: Node, backend: Backend, log: Callable[[str], No
         if k == reboots:
             break
         reboot(aws, nd, backend, log, ends_at=ends_at)
-    raise RemoteError(f"the NVIDIA driver still does not load on {nd.instance_id} after {reboots} reboot(s)",
+    raise RemoteError(f"the NVIDIA driver still does not load on {nd.instance_id} after {words.count(reboots, 'reboot')}",
                       "bake --from dlami (the Deep Learning AMI has the driver), or check the driver for this GPU")
 
 

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, TypeVar, cast
 
-from ...aws import capacity, catalog
+from ...aws import capacity, catalog, instances
 from ...aws.session import Aws
 from ...backend import AWS, Backend
 from ...errors import AwsError, LedgerError, RemoteError, UsageError
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 _Run = TypeVar("_Run", bound=RunOptions)
 
-PHASES = ("requesting", "waiting for running", "waiting for SSH", "setup", "upload", "task setup", "running",
+PHASES = ("requesting", "waiting for running", "waiting for SSH", "setup", "upload", "task setup", "Ray start", "running",
           "download", "terminating")
 #: an array's attempt over the pool: pool/attempt.run_attempt, with foreground.run_attempt's arguments and
 #: the run's record. api/tasks.start hands it to ``run_job``: the pool plugs into runs/, which never imports pool/.
@@ -338,7 +338,12 @@ def _run_attempts(aws: Aws, settings: Settings, opts: RunOptions, run_id: str, u
         if n > 1:
             ui.note(f"attempt {n} of {opts.attempts_allowed}: launching a replacement"
                     + (f" (zones {', '.join(avoid)} last)" if avoid else ""))
-        nodes = provision.provision(aws, settings, opts, run_id, ui, prov, avoid_zones=avoid)
+        try:
+            nodes = provision.provision(aws, settings, opts, run_id, ui, prov, avoid_zones=avoid)
+        except instances.EndedBeforeRunning as lost:  # reclaimed at launch: this attempt again, elsewhere
+            _ended_at_launch(aws, settings, n, lost, prov, attempts, avoid, ui)
+            _ledger(settings, record, ui)
+            continue
         instance = nodes[0]
         mine = [recovery.attempt_row(n, i, k if opts.nodes > 1 else None) for k, i in enumerate(nodes)]
         attempts += mine
@@ -374,6 +379,33 @@ def _run_attempts(aws: Aws, settings: Settings, opts: RunOptions, run_id: str, u
             provision.bill(aws, settings, mine, prov, ui)
             _ledger(settings, record, ui)
     raise recovery.exhausted(attempts, checkpoints.local, opts.spot, opts.attempts_allowed)
+
+
+def _ended_at_launch(aws: Aws, settings: Settings, n: int, lost: instances.EndedBeforeRunning,
+                     prov: provision.Provisioned, attempts: list[dict[str, Any]], avoid: list[str],
+                     ui: ReporterLike) -> None:
+    """Attempt ``n`` whose instance (or one of its nodes) ended before running (``lost``): the
+    others of its launch ended too and billed as an interrupted attempt's are (from their own
+    times: one that never ran costs nothing, as EC2 bills from running), their rows added to
+    ``attempts``; the zones it was in tried last (``avoid``)."""
+    ui.note(f"attempt {n}: {lost.message}")
+    launch = [i for i in prov.instances if i.id not in prov.ended]
+    for i in launch:
+        if i.zone and i.zone not in avoid:
+            avoid.append(i.zone)
+    if launch:
+        provision.end_instances(aws, prov, [i.id for i in launch], ui)
+    mine = [recovery.attempt_row(n, i, k if len(launch) > 1 else None) for k, i in enumerate(launch)]
+    never = [att for att in mine if att["instance_id"] in lost.ended]
+    for att in mine:
+        state, code = lost.ended.get(att["instance_id"], ("", None))
+        att["ended"] = f"ended before running ({state}{f': {code}' if code else ''})" if state \
+            else "another node of its launch ended before running"
+    for att in never:  # EC2 bills an instance from running: nothing
+        att.update({"billed_seconds": 0.0, "compute_usd": 0.0, "public_ipv4_usd": 0.0, "ebs_usd": 0.0,
+                    "cost_usd": 0.0, "price_source": "none: it ended before running"})
+    provision.bill(aws, settings, [att for att in mine if att not in never], prov, ui)
+    attempts += mine
 
 
 def as_json(record: Mapping[str, Any]) -> str:

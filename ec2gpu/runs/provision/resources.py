@@ -11,6 +11,7 @@ import time
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Mapping, Sequence, cast
 
+from ... import words
 from ...aws import baked, capacity, iam, iam_boundary, images, instances, network, placement, runstore, storage, sweep
 from ...aws.session import Aws, ClientError, error_code
 from ...errors import UsageError
@@ -52,7 +53,7 @@ def provision(aws: Aws, settings: Settings, opts: LaunchOptions, run_id: str, ui
                 if opts.needs_placement_group:
                     prov.placement_group, how = placement.create(ec2, run_id, settings.owner, name,
                                                                  opts.instance_types[0])
-                ui.note(f"{opts.nodes} node(s): one security group that also admits its own members; {how}")
+                ui.note(f"{words.count(opts.nodes, 'node')}: one security group that also admits its own members; {how}")
         # the AMI and the security group are chosen and made with the key pair, at the first attempt
         assert ami is not None and prov.security_group_id is not None
         spec = instances.LaunchSpec(
@@ -74,13 +75,28 @@ def provision(aws: Aws, settings: Settings, opts: LaunchOptions, run_id: str, ui
         ids = [i.id for i in new]
         got = attempts[-1]
         ui.note(f"launched {', '.join(ids)} ({got.instance_type}, {got.market}, {got.zone or 'any zone'}"
-                f"{f', after {len(attempts) - 1} refusal(s)' if len(attempts) > 1 else ''})"
+                f"{', after ' + words.count(len(attempts) - 1, 'refusal') if len(attempts) > 1 else ''})"
                 + (f": {len(ids)} of the {opts.nodes} asked for (EC2 had no more); the pool grows as capacity comes"
                    if len(ids) < opts.nodes else ""))
     with ui.phase("waiting for running"):
-        running = {i.id: i for i in instances.wait_running(ec2, ids)}
+        running = _running(ec2, ids, _pool(opts), ui)
         prov.instances = [running.get(i.id, i) for i in prov.instances]
-    return [running[i] for i in ids]
+    return [running[i] for i in ids if i in running]
+
+
+def _running(ec2: Any, ids: list[str], pool: bool, ui: ReporterLike) -> dict[str, instances.Instance]:
+    """{id: instance} of ``ids`` once running (instances.wait_running). An array's pool goes on with
+    those of its instances that did not end before running (a spot instance reclaimed at launch:
+    EC2 billed nothing for it; the pool grows as capacity comes, pool/grow.py); any other run
+    raises instances.EndedBeforeRunning, and its attempt is launched again (pipeline._run_attempts)."""
+    try:
+        return {i.id: i for i in instances.wait_running(ec2, ids)}
+    except instances.EndedBeforeRunning as exc:
+        left = [i for i in ids if i not in exc.ended]
+        if not pool or not left:
+            raise
+        ui.note(f"{exc.message}: the pool goes on with {len(left)} of {len(ids)} instances and grows as capacity comes")
+        return _running(ec2, left, pool, ui)
 
 
 def _labels(opts: LaunchOptions) -> tuple[tuple[str, str], ...]:
@@ -243,9 +259,10 @@ def teardown(aws: Aws, settings: Settings, prov: Provisioned, ui: ReporterLike) 
             def failed(label: str, ids: list[str], why: str) -> None:
                 ui.note(f"could not remove the {label} {', '.join(ids)} ({why}); finish with `ec2gpu cleanup "
                         f"--region {aws.region}` (it finds everything by the ec2gpu:run tag {prov.run_id})")
-            # a bake says what it takes back (the image and its snapshots), as `image rm` does
+            # said once, when removed ("removed: ..." below, a bake's image and snapshots too), never
+            # also as "deleting X" before it
             done = sweep.delete_everything(aws.ec2, rows, settings.keys_dir, iam=iam_client, on_failure=failed,
-                                           log=ui.note if prov.bake else (lambda line: None))
+                                           log=lambda line: None)
             for k in kinds:
                 removed[k] = done.get(k, [])
             removed["failed"] += done["left"]

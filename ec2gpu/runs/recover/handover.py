@@ -45,6 +45,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from ... import words
 from ...aws import runstore, runstore_objects
 from ...errors import Ec2GpuError, RemoteError
 from ...inert import inert
@@ -322,7 +323,7 @@ def fetch(aws: Aws, run_id: str, out: Path, limits: Limits, note: Log,
     array = fetch_pool(s3, bucket, keys["pool"], out, rest, note, submitted, schema)
     if array is not None:
         done.append("pool.json")
-    note(f"{len(names)} output file(s) and {', '.join(done)} brought home from "
+    note(f"{words.count(len(names), 'output file')} and {', '.join(done)} brought home from "
          f"s3://{bucket}/{runstore.prefix(user, run_id)}{runstore.HANDOVER} to {out} (its instance handed them over: "
          "the controller was gone when the job ended)")
     if record.get("problem"):  # the record refused (agent_record.parse): nothing of it is taken
@@ -333,7 +334,7 @@ def fetch(aws: Aws, run_id: str, out: Path, limits: Limits, note: Log,
              + f"; its agent's hand-over: {record.get('handover') or 'not said'}")
     if array is not None:
         c = array["counts"]
-        note(f"the array: {c['done']} element(s) succeeded, {c['failed']} failed, {c['running'] + c['queued']} not "
+        note(f"the array: {words.count(c['done'], 'element')} succeeded, {c['failed']} failed, {c['running'] + c['queued']} not "
              f"ended (its table: {out / 'pool.json'}; each element's log: {out / 'logs'}/INDEX.log)")
     return {"outputs": names, "files": done, "state": record.get("state"), "handover": record.get("handover"),
             "skipped": skipped, "left": left, "array": array}

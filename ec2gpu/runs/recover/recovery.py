@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, AbstractSet, Any, Callable
 
+from ... import words
 from ...aws import instances, storage
 from ...aws.session import AWS_ERRORS
 from ...errors import AwsError, RemoteError, WaitTimeout
@@ -139,7 +140,7 @@ class DirCheckpoints:
             self._to_s3(target, f.name)
         if copied:
             also = f" and s3://{'/'.join(self.target)}/" if self.s3 is not None and self.target else ""
-            self.log(f"checkpoint directory: {copied} file(s) brought home to {self.local}{also}")
+            self.log(f"checkpoint directory: {words.count(copied, 'file')} brought home to {self.local}{also}")
         return bool(copied)
 
     def limits_left(self, replacing: AbstractSet[str] = frozenset()) -> Limits:
@@ -309,7 +310,7 @@ def after_loss(losses: list[Loss], pool: bool) -> str:
 def interrupted_by(losses: list[Loss]) -> Interrupted:
     """The Interrupted that ends an attempt for ``losses`` (after_loss's RELAUNCH): the first one's
     words, and how many more."""
-    more = f" (and {len(losses) - 1} more node(s))" if len(losses) > 1 else ""
+    more = f" (and {words.count(len(losses) - 1, 'more node')})" if len(losses) > 1 else ""
     return Interrupted(losses[0].words() + more)
 
 
@@ -325,5 +326,5 @@ def exhausted(attempts: list[dict[str, Any]], local_ckpt: Path, spot: bool, allo
     """The error for a run whose last allowed attempt was interrupted."""
     where = f"the last checkpoints are in {local_ckpt}" if local_ckpt.exists() else "no checkpoint was brought home"
     return AttemptsExhausted(
-        f"stopped after {allowed} attempt(s), each interrupted (last: {attempts[-1]['ended']}); {where}",
+        f"stopped after {words.count(allowed, 'attempt')}, each interrupted (last: {attempts[-1]['ended']}); {where}",
         "raise --max-attempts" + (", add --spot-fallback on-demand, or run on-demand" if spot else ""))

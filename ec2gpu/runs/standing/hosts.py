@@ -14,6 +14,7 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
+from ... import words
 from ...aws import catalog, clusters, instances, network, sweep, tags
 from ...aws.session import Aws
 from ...backend import AWS, Backend
@@ -103,7 +104,7 @@ def exec_task(aws: Aws, settings: Settings, job: TaskJob, ui: ReporterLike, targ
     record.update(cast(run_record.RunRecord, {"task": job.name, "task_key": job.history_key, **(extra or {})}))
     itype = catalog.CATALOG.get(nodes[0].type)
     record["gpu"] = itype.gpu if itype else None
-    ui.note(f"{target}: {len(nodes)} node(s); they keep running afterwards")
+    ui.note(f"{target}: {words.count(len(nodes), 'node')}; they keep running afterwards")
     _ledger(settings, record, ui)
     error = None
     try:

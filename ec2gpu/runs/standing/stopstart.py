@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
+from ... import words
 from ...aws import instances, network, sweep, tags, types
 from ...aws.session import Aws
 from ...errors import UsageError
@@ -96,7 +97,7 @@ def start(aws: Aws, settings: Settings, backend: Backend, name: str, log: Callab
         finally:
             conn.close()
     path, entries, _ = standing.write_ssh_config(aws, settings, backend, log=log)
-    log(f"wrote {path} ({len(entries)} host(s)) with the new address{'es' if len(started) > 1 else ''}")
+    log(f"wrote {path} ({words.count(len(entries), 'host')}) with the new address{'es' if len(started) > 1 else ''}")
     return [instances.summary(i) for i in started]
 
 
