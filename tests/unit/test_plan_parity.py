@@ -76,7 +76,7 @@ RUN_REFUSALS = [
     (["--array", "3", "--nodes", "2"], "--nodes runs one job over several instances"),
     (["--workers", "2"], "--workers is for an array or a sweep"),
     (["--array", "5-1"], "--array:"),
-    (["--array", "2", "--gpus-per-job", "8"], "--gpus-per-job 8: g4dn.xlarge has 1 GPU(s)"),
+    (["--array", "2", "--gpus-per-job", "8"], "--gpus-per-job 8: g4dn.xlarge has 1 GPU"),
     (["--budget", "1"], "--budget $1.00: task t has not run on g4dn.xlarge before"),
     (["--budget", "0.001", "--expect", "10m"], "is above --budget $0.0010"),
     (["--spot", "--budget", "1", "--max-runtime", "none"], "it could cost without bound"),
