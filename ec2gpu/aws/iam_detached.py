@@ -13,9 +13,14 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
+import botocore.exceptions
+
 from ..errors import UsageError
+from ..wire import bounded_json
 from . import runstore
 from .iam import check_bucket
+from .iam_match import listed, names_action, statements
+from .session import error_code
 from .tags import RUN, USER
 
 #: run ids as runs/provision/pipeline.new_run_id makes them: YYYYmmdd-HHMMSS-xxxx (UTC; 4 lowercase hex)
@@ -223,7 +228,6 @@ def key_lets(policy: dict[str, Any] | None, grants: list[dict[str, Any]] | None,
     CreateGrant in a second one, under kms:GrantIsForAWSResource, which Auto Scaling's use meets:
     conditions are not read), or one of its ``grants`` (ListGrants') to ``role`` holds CreateGrant
     and Decrypt. None when neither could be read."""
-    from .iam_match import listed, names_action, statements
     if policy is None and grants is None:
         return None
     given: set[str] = set()
@@ -246,11 +250,6 @@ def check_ebs_key(ec2: Any, kms: Any, account_id: str, region: str, log: Callabl
     with the grant that is needed, when the key's policy and grants were read and let it not (each
     launch would fail with Client.InternalError and the run end); ``log`` hears a warning naming the
     grant when these credentials may not read them. Raises botocore's ClientError for other errors."""
-    import botocore.exceptions
-
-    from ..wire import bounded_json
-    from .session import error_code
-
     def read(call: Callable[[], Any]) -> Any:
         try:
             return call()
