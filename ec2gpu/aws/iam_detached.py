@@ -17,9 +17,8 @@ import botocore.exceptions
 
 from ..errors import UsageError
 from ..wire import bounded_json
-from . import runstore
+from . import iam_match, runstore
 from .iam import check_bucket
-from .iam_match import listed, names_action, statements
 from .session import error_code
 from .tags import RUN, USER
 
@@ -231,11 +230,11 @@ def key_lets(policy: dict[str, Any] | None, grants: list[dict[str, Any]] | None,
     if policy is None and grants is None:
         return None
     given: set[str] = set()
-    for st in statements(policy or {}):
+    for st in iam_match.statements(policy or {}):
         principal = st.get("Principal")
-        names = ["*"] if principal == "*" else listed(principal.get("AWS")) if isinstance(principal, dict) else []
+        names = ["*"] if principal == "*" else iam_match.listed(principal.get("AWS")) if isinstance(principal, dict) else []
         if st.get("Effect") == "Allow" and ("*" in names or role in names):
-            given |= {a for a in ("kms:decrypt", "kms:creategrant") if names_action(st, a)}
+            given |= {a for a in ("kms:decrypt", "kms:creategrant") if iam_match.names_action(st, a)}
     if given == {"kms:decrypt", "kms:creategrant"}:
         return True
     return any(g.get("GranteePrincipal") == role and {"CreateGrant", "Decrypt"} <= set(g.get("Operations") or [])
