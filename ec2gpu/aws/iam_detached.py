@@ -13,9 +13,13 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
+import botocore.exceptions
+
 from ..errors import UsageError
-from . import runstore
+from ..wire import bounded_json
+from . import iam_match, runstore
 from .iam import check_bucket
+from .session import error_code
 from .tags import RUN, USER
 
 #: run ids as runs/provision/pipeline.new_run_id makes them: YYYYmmdd-HHMMSS-xxxx (UTC; 4 lowercase hex)
@@ -223,15 +227,14 @@ def key_lets(policy: dict[str, Any] | None, grants: list[dict[str, Any]] | None,
     CreateGrant in a second one, under kms:GrantIsForAWSResource, which Auto Scaling's use meets:
     conditions are not read), or one of its ``grants`` (ListGrants') to ``role`` holds CreateGrant
     and Decrypt. None when neither could be read."""
-    from .iam_match import listed, names_action, statements
     if policy is None and grants is None:
         return None
     given: set[str] = set()
-    for st in statements(policy or {}):
+    for st in iam_match.statements(policy or {}):
         principal = st.get("Principal")
-        names = ["*"] if principal == "*" else listed(principal.get("AWS")) if isinstance(principal, dict) else []
+        names = ["*"] if principal == "*" else iam_match.listed(principal.get("AWS")) if isinstance(principal, dict) else []
         if st.get("Effect") == "Allow" and ("*" in names or role in names):
-            given |= {a for a in ("kms:decrypt", "kms:creategrant") if names_action(st, a)}
+            given |= {a for a in ("kms:decrypt", "kms:creategrant") if iam_match.names_action(st, a)}
     if given == {"kms:decrypt", "kms:creategrant"}:
         return True
     return any(g.get("GranteePrincipal") == role and {"CreateGrant", "Decrypt"} <= set(g.get("Operations") or [])
@@ -246,11 +249,6 @@ def check_ebs_key(ec2: Any, kms: Any, account_id: str, region: str, log: Callabl
     with the grant that is needed, when the key's policy and grants were read and let it not (each
     launch would fail with Client.InternalError and the run end); ``log`` hears a warning naming the
     grant when these credentials may not read them. Raises botocore's ClientError for other errors."""
-    import botocore.exceptions
-
-    from ..wire import bounded_json
-    from .session import error_code
-
     def read(call: Callable[[], Any]) -> Any:
         try:
             return call()

@@ -259,10 +259,9 @@ def teardown(aws: Aws, settings: Settings, prov: Provisioned, ui: ReporterLike) 
             def failed(label: str, ids: list[str], why: str) -> None:
                 ui.note(f"could not remove the {label} {', '.join(ids)} ({why}); finish with `ec2gpu cleanup "
                         f"--region {aws.region}` (it finds everything by the ec2gpu:run tag {prov.run_id})")
-            # said once, when removed ("removed: ..." below, a bake's image and snapshots too), never
-            # also as "deleting X" before it
+            # a bake says what it takes back (the image and its snapshots), as `image rm` does
             done = sweep.delete_everything(aws.ec2, rows, settings.keys_dir, iam=iam_client, on_failure=failed,
-                                           log=lambda line: None)
+                                           log=ui.note if prov.bake else (lambda line: None))
             for k in kinds:
                 removed[k] = done.get(k, [])
             removed["failed"] += done["left"]
